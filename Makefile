@@ -1,0 +1,40 @@
+# Two entry points: `make up` runs the pipeline, `make test` proves it. Both bootstrap .venv.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+EXTRAS ?= cpu,dev
+
+.PHONY: venv up test lint typecheck unit models bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+models: venv
+	$(BIN)/conveyor models prepare
+
+up: models
+	$(BIN)/conveyor up
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv models
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+test: lint typecheck unit
+
+bench: models
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

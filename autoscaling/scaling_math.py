@@ -1,0 +1,148 @@
+"""What KEDA's redis-streams scaler and the HPA behind it will decide, reproduced from their
+source so tests (against a real Redis) and the local autoscaler predict the cluster exactly.
+
+Sources: kedacore/keda `pkg/scalers/redis_streams_scaler.go` (metric per trigger mode, activity
+is `value > activationLagCount`), go-redis v9 (a NULL `XINFO GROUPS` lag reads as -1) and
+kubernetes `pkg/controller/podautoscaler/replica_calculator.go` (AverageValue external metrics:
+`ceil(value / target)` unless within the 10 % tolerance of the current count)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import redis
+
+Mode = Literal["streamLength", "lagCount", "pendingEntriesCount"]
+
+HPA_TOLERANCE = 0.1
+NULL_LAG = -1  # what go-redis v9 (and so KEDA) reports when Redis answers `lag: nil`
+_KEDA_DEFAULT_TARGET = 5  # `pendingEntriesCount` and `streamLength` default in KEDA
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTrigger:
+    """One `redis-streams` trigger, interpreted the way KEDA's metadata `Validate()` does."""
+
+    stream: str
+    mode: Mode
+    target: int
+    activation: int
+    consumer_group: str | None
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, str]) -> StreamTrigger:
+        """consumerGroup + lagCount → lag; consumerGroup alone → pending; no group → XLEN."""
+        group = metadata.get("consumerGroup") or None
+        lag_target = int(metadata.get("lagCount", "0"))
+        mode: Mode
+        if group is None:
+            mode, target = "streamLength", int(metadata.get("streamLength", _KEDA_DEFAULT_TARGET))
+        elif lag_target != 0:
+            mode, target = "lagCount", lag_target
+        else:
+            mode = "pendingEntriesCount"
+            target = int(metadata.get("pendingEntriesCount", _KEDA_DEFAULT_TARGET))
+        return cls(
+            stream=metadata["stream"],
+            mode=mode,
+            target=target,
+            activation=int(metadata.get("activationLagCount", "0")),
+            consumer_group=group,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One trigger's metric value at one poll."""
+
+    trigger: StreamTrigger
+    value: int
+
+    @property
+    def active(self) -> bool:
+        return self.value > self.trigger.activation
+
+
+def stream_length(client: redis.Redis, stream: str) -> int:
+    """XLEN: with acked entries deleted, this is queued plus in-flight work (0 when absent)."""
+    return int(client.xlen(stream))
+
+
+def pending_entries(client: redis.Redis, stream: str, group: str) -> int:
+    """XPENDING summary count: entries delivered to a consumer and not yet acknowledged."""
+    return int(client.xpending(stream, group)["pending"])
+
+
+def group_lag(client: redis.Redis, stream: str, group: str) -> int:
+    """XINFO GROUPS lag as KEDA reads it: 0 for a missing stream, XLEN for a missing group,
+    -1 when Redis cannot compute it (tombstones from XDEL ahead of the group's position)."""
+    _require_redis_7(client)
+    try:
+        groups = client.xinfo_groups(stream)
+    except redis.ResponseError as exc:
+        if "no such key" in str(exc):
+            return 0
+        raise
+    for info in groups:
+        if _text(info["name"]) == group:
+            lag = info.get("lag")
+            return NULL_LAG if lag is None else int(lag)
+    return stream_length(client, stream)
+
+
+def read_metric(client: redis.Redis, trigger: StreamTrigger) -> Reading:
+    """Poll one trigger exactly as the scaler's `getEntriesCountFn` does."""
+    if trigger.mode == "streamLength":
+        value = stream_length(client, trigger.stream)
+    else:
+        group = trigger.consumer_group or ""
+        reader = group_lag if trigger.mode == "lagCount" else pending_entries
+        value = reader(client, trigger.stream, group)
+    return Reading(trigger, value)
+
+
+def replicas_for_metric(
+    value: float, target: float, current: int, tolerance: float = HPA_TOLERANCE
+) -> int:
+    """The HPA's count for one AverageValue external metric, before min/max clamping."""
+    if target <= 0:
+        raise ValueError("an AverageValue target must be positive")
+    current = max(current, 1)
+    if abs(1.0 - value / (target * current)) <= tolerance:
+        return current
+    return math.ceil(value / target)
+
+
+def desired_replicas(
+    readings: Iterable[Reading], min_replicas: int, max_replicas: int, current: int
+) -> int:
+    """Steady-state replica count of one ScaledObject: 0 when no trigger is active and min is 0
+    (KEDA, after cooldown), otherwise the HPA's max over metrics, clamped to [max(min,1), max].
+    Time-based HPA behaviour (scale-up rate, scale-down stabilization) is not modelled."""
+    readings = list(readings)
+    if min_replicas == 0 and not any(r.active for r in readings):
+        return 0
+    floor = max(min_replicas, 1)
+    # KEDA first lifts a scaled-to-zero target to the HPA's minimum; the HPA continues from there.
+    start = current if current > 0 else floor
+    counts = [replicas_for_metric(r.value, r.trigger.target, start) for r in readings]
+    return min(max(max(counts, default=floor), floor), max_replicas)
+
+
+def poll(client: redis.Redis, triggers: Iterable[StreamTrigger]) -> list[Reading]:
+    """Read every trigger of one ScaledObject."""
+    return [read_metric(client, trigger) for trigger in triggers]
+
+
+def _require_redis_7(client: redis.Redis) -> None:
+    """KEDA refuses `lagCount` below Redis 7 (XINFO GROUPS has no lag field there)."""
+    version = str(client.info("server")["redis_version"])
+    if int(version.split(".")[0]) < 7:
+        raise RuntimeError(f"lagCount needs Redis 7+, server reports {version}")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

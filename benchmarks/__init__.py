@@ -1,0 +1,1 @@
+"""Reproducible benchmarks: ratios measured in one run (see benchmarks/README.md)."""

@@ -1,0 +1,1 @@
+"""Conveyor's user-facing layer: the `conveyor` command line and the Python client."""

@@ -1,0 +1,1 @@
+"""Subcommands of `conveyor`; each module exposes a click `command`."""

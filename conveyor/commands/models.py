@@ -1,0 +1,38 @@
+"""`conveyor models prepare|list`: build example-model artifacts offline and show the repository."""
+
+from __future__ import annotations
+
+import click
+
+from shared.model_repository import ModelRepository
+from shared.settings import get_settings
+from workers.model_prep import preparer
+
+
+@click.group("models")
+def command() -> None:
+    """Model repository tools."""
+
+
+@command.command("prepare")
+@click.argument("names", nargs=-1)
+@click.option("--force", is_flag=True, help="Rebuild even when cached artifacts exist.")
+def prepare(names: tuple[str, ...], force: bool) -> None:
+    """Build artifacts for the models that need preparing (all by default); cached."""
+    settings = get_settings()
+    repository = ModelRepository.load(settings.model_repository)
+    for config in repository:
+        if config.prepare is None or (names and config.name not in names):
+            continue
+        out_dir = settings.artifact_dir / config.name
+        click.echo(f"preparing {config.name} → {out_dir}")
+        preparer(config.prepare)(config, out_dir, force)
+
+
+@command.command("list")
+def list_models() -> None:
+    """Print each model with its kind, backend and variants."""
+    repository = ModelRepository.load(get_settings().model_repository)
+    for config in repository:
+        variants = ", ".join(config.variants)
+        click.echo(f"{config.name}\t{config.kind}\t{config.backend}\t{variants}")

@@ -1,0 +1,60 @@
+"""Every error leaves as `{"error": {"type", "message"}}` with the right status; nothing a client
+sends turns into a 500, and Redis being down is a 503 with Retry-After, not a crash."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import ORJSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.exceptions import HTTPException
+
+
+class ConveyorError(Exception):
+    def __init__(
+        self, status: int, type_: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+        self.message = message
+        self.headers = headers
+
+
+def error_response(
+    status: int, type_: str, message: str, headers: dict[str, str] | None = None
+) -> ORJSONResponse:
+    body = {"error": {"type": type_, "message": message}}
+    return ORJSONResponse(body, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ConveyorError)
+    async def _conveyor(_: Request, exc: ConveyorError) -> ORJSONResponse:
+        return error_response(exc.status, exc.type, exc.message, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> ORJSONResponse:
+        return error_response(422, "invalid_request", _validation_message(exc))
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> ORJSONResponse:
+        type_ = "not_found" if exc.status_code == 404 else "http_error"
+        headers = dict(exc.headers) if exc.headers else None
+        return error_response(exc.status_code, type_, str(exc.detail), headers)
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def _redis_down(_: Request, exc: Exception) -> ORJSONResponse:
+        return error_response(
+            503, "unavailable", "the queue is unreachable; retry shortly", {"Retry-After": "1"}
+        )

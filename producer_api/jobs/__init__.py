@@ -1,0 +1,1 @@
+"""The jobs resource: submit, read (long-poll), cancel, predict."""

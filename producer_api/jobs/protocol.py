@@ -1,0 +1,53 @@
+"""Request and response bodies of the jobs resource."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+
+
+class PredictRequest(BaseModel):
+    """A job body without the model (the path names it). Unknown fields are refused, since a
+    typo such as `input` would otherwise be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    variant: str | None = Field(default=None, pattern=NAME)
+    inputs: dict[str, Any]
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    routing_key: str | None = Field(default=None, max_length=256)
+    deadline: float | None = Field(default=None, description="Unix time after which not to run")
+    ttl_s: float | None = Field(default=None, gt=0, description="Seconds from now to deadline")
+    priority: Literal["online", "bulk"] = "online"
+
+
+class JobRequest(PredictRequest):
+    model: str = Field(pattern=NAME)
+
+
+class JobUrls(BaseModel):
+    self: str
+    events: str
+
+
+class JobAccepted(BaseModel):
+    id: str
+    status: str
+    model: str
+    variant: str
+    urls: JobUrls
+
+
+class JobView(BaseModel):
+    id: str
+    status: str
+    model: str | None = None
+    variant: str | None = None
+    outputs: Any = None
+    error: dict[str, str] | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+    batch_size: int | None = None
+    attempts: int | None = None

@@ -1,0 +1,129 @@
+"""The jobs logic without HTTP: validate against the model repository, pick the partition,
+enqueue, wait for results through the reply listener, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from producer_api.errors import ConveyorError
+from producer_api.jobs.protocol import PredictRequest
+from producer_api.state import ProducerState
+from shared.codec import RequestEntry
+from shared.job_states import IllegalTransition, JobStatus
+from shared.job_store import JobNotFound, now_ms
+from shared.model_repository import ModelConfig
+from shared.routing import UnknownVariant, choose_variant
+
+
+def not_found(job_id: str) -> ConveyorError:
+    return ConveyorError(404, "not_found", f"job {job_id} not found")
+
+
+class JobsService:
+    def __init__(self, state: ProducerState) -> None:
+        self.state = state
+
+    def resolve(self, model: str, body: PredictRequest) -> tuple[ModelConfig, str]:
+        config = self.state.repository.get(model)
+        if config is None:
+            raise ConveyorError(404, "not_found", f"model {model!r} not found")
+        try:
+            variant = choose_variant(config, body.variant, body.routing_key)
+        except UnknownVariant as exc:
+            raise ConveyorError(404, "not_found", str(exc)) from None
+        if errors := config.input_errors(body.inputs):
+            raise ConveyorError(422, "invalid_request", "; ".join(errors))
+        return config, variant
+
+    def build(self, model: str, body: PredictRequest) -> tuple[RequestEntry, ModelConfig, str]:
+        config, variant = self.resolve(model, body)
+        entry = RequestEntry(
+            job_id=uuid.uuid4().hex,
+            payload={"inputs": body.inputs, "parameters": body.parameters},
+            enqueued_ms=now_ms(),
+            deadline_ms=_deadline_ms(body),
+            reply=self.state.replies.channel,
+        )
+        return entry, config, variant
+
+    async def enqueue(
+        self, entry: RequestEntry, config: ModelConfig, variant: str, body: PredictRequest
+    ) -> None:
+        keys = self.state.keys
+        lane = keys.bulk_queue if body.priority == "bulk" else keys.queue
+        fields: dict[str, str | int] = {
+            "model": config.name,
+            "variant": variant,
+            "deadline": entry.deadline_ms,
+        }
+        await self.state.store.create(entry, lane(config.name, variant), fields)
+
+    async def submit(self, model: str, body: PredictRequest) -> tuple[RequestEntry, str]:
+        entry, config, variant = self.build(model, body)
+        await self.enqueue(entry, config, variant, body)
+        return entry, variant
+
+    async def submit_and_wait(
+        self, model: str, body: PredictRequest, timeout: float
+    ) -> tuple[str, str, dict[str, Any] | None]:
+        """Enqueue with the waiter registered first, so a fast worker cannot beat us to it."""
+        entry, config, variant = self.build(model, body)
+        future = self.state.replies.register(entry.job_id)
+        try:
+            await self.enqueue(entry, config, variant, body)
+            view = await self._await_reply(entry.job_id, future, timeout)
+        finally:
+            self.state.replies.unregister(entry.job_id, future)
+        return entry.job_id, variant, view
+
+    async def get(self, job_id: str, wait: float) -> dict[str, Any]:
+        replies = self.state.replies
+        future = replies.register(job_id) if wait > 0 else None
+        try:
+            record = await self.state.store.get(job_id)
+            if record is None:
+                raise not_found(job_id)
+            if future is None or record.status.terminal:
+                return record.view()
+            await replies.follow(record.fields.get("reply", ""))
+            view = await self._await_reply(job_id, future, wait)
+        finally:
+            if future is not None:
+                replies.unregister(job_id, future)
+        return view if view is not None else await self._read(job_id)
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        try:
+            record = await self.state.store.transition(job_id, JobStatus.CANCELLED)
+        except JobNotFound:
+            raise not_found(job_id) from None
+        except IllegalTransition as exc:
+            raise ConveyorError(
+                409, "conflict", f"job {job_id} is already {exc.current}; cannot cancel"
+            ) from None
+        return record.view()
+
+    async def _await_reply(
+        self, job_id: str, future: asyncio.Future[dict[str, Any]], timeout: float
+    ) -> dict[str, Any] | None:
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            return None
+
+    async def _read(self, job_id: str) -> dict[str, Any]:
+        record = await self.state.store.get(job_id)
+        if record is None:
+            raise not_found(job_id)
+        return record.view()
+
+
+def _deadline_ms(body: PredictRequest) -> int:
+    if body.deadline is not None:
+        return int(body.deadline * 1000)
+    if body.ttl_s is not None:
+        return int((time.time() + body.ttl_s) * 1000)
+    return 0

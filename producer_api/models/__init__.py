@@ -1,0 +1,1 @@
+"""The models resource: what is served and how deep its queues are."""

@@ -1,0 +1,31 @@
+"""Response bodies of the models resource (OpenAI's list shape plus Conveyor's fields)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class PartitionStats(BaseModel):
+    variant: str
+    stream: str
+    length: int
+    lag: int | None
+    pending: int
+    consumers: int
+    bulk_length: int
+    dlq_depth: int
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: str = "model"
+    owned_by: str = "conveyor"
+    kind: str
+    backend: str
+    default_variant: str
+    partitions: list[PartitionStats]
+
+
+class ModelList(BaseModel):
+    object: str = "list"
+    data: list[ModelCard]

@@ -1,0 +1,68 @@
+"""One pub/sub subscription per producer wakes every waiter (long-poll, submit-and-wait) when
+a worker publishes a terminal job: no polling, and one connection however many requests wait."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from shared.codec import loads
+
+log = logging.getLogger(__name__)
+
+
+class ReplyListener:
+    def __init__(self, client: aioredis.Redis, channel: str) -> None:
+        self.channel = channel
+        self._pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self._waiters: dict[str, set[asyncio.Future[dict[str, Any]]]] = defaultdict(set)
+        self._channels = {channel}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._pubsub.subscribe(self.channel)
+        self._task = asyncio.create_task(self._listen(), name="reply-listener")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._pubsub.aclose()
+
+    async def follow(self, channel: str) -> None:
+        """Also hear another producer's replies (a job submitted through another replica)."""
+        if channel and channel not in self._channels:
+            self._channels.add(channel)
+            await self._pubsub.subscribe(channel)
+
+    def register(self, job_id: str) -> asyncio.Future[dict[str, Any]]:
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiters[job_id].add(future)
+        return future
+
+    def unregister(self, job_id: str, future: asyncio.Future[dict[str, Any]]) -> None:
+        waiters = self._waiters.get(job_id)
+        if waiters is not None:
+            waiters.discard(future)
+            if not waiters:
+                del self._waiters[job_id]
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async for message in self._pubsub.listen():
+                    if message["type"] == "message":
+                        self._deliver(loads(message["data"]))
+            except RedisConnectionError:
+                log.warning("reply channel lost; resubscribing")
+                await asyncio.sleep(0.5)
+
+    def _deliver(self, view: dict[str, Any]) -> None:
+        for future in self._waiters.pop(view.get("id", ""), ()):
+            if not future.done():
+                future.set_result(view)

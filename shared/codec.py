@@ -1,0 +1,55 @@
+"""One codec for everything that crosses Redis: JSON via orjson (numpy arrays included), and the
+flat field layout of a request entry in a partition stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+
+def dumps(value: Any) -> bytes:
+    return orjson.dumps(value, option=_OPTIONS)
+
+
+def loads(data: bytes | str) -> Any:
+    return orjson.loads(data)
+
+
+@dataclass(slots=True)
+class RequestEntry:
+    """What a stream entry carries (DESIGN.md): enough for a worker to run, expire and reply."""
+
+    job_id: str
+    payload: dict[str, Any]
+    enqueued_ms: int
+    deadline_ms: int = 0
+    tenant: str = "default"
+    reply: str = ""
+    traceparent: str = ""
+
+    def encode(self) -> dict[str, bytes | str | int]:
+        return {
+            "id": self.job_id,
+            "payload": dumps(self.payload),
+            "enq": self.enqueued_ms,
+            "deadline": self.deadline_ms,
+            "tenant": self.tenant,
+            "reply": self.reply,
+            "tp": self.traceparent,
+        }
+
+    @classmethod
+    def decode(cls, fields: dict[bytes, bytes]) -> RequestEntry:
+        return cls(
+            job_id=fields[b"id"].decode(),
+            payload=loads(fields[b"payload"]),
+            enqueued_ms=int(fields[b"enq"]),
+            deadline_ms=int(fields.get(b"deadline", b"0")),
+            tenant=fields.get(b"tenant", b"default").decode(),
+            reply=fields.get(b"reply", b"").decode(),
+            traceparent=fields.get(b"tp", b"").decode(),
+        )

@@ -1,0 +1,114 @@
+"""Lua scripts that change job state atomically with the stream: a result is visible if and only
+if its entry is acknowledged (DESIGN.md), which needs one server-side step, not several calls."""
+
+from __future__ import annotations
+
+from shared.job_states import lua_transition_table
+
+_PRELUDE = (
+    lua_transition_table()
+    + """
+local function can(cur, to)
+  local t = cur and ALLOWED[cur]
+  return t ~= nil and t[to] == 1
+end
+
+-- Claim one job for running: queued|running -> running, attempts+1. Returns its status after.
+local function claim(jk, now, worker)
+  local cur = redis.call('HGET', jk, 'status')
+  if not cur then return 'missing' end
+  if not can(cur, 'running') then return cur end
+  redis.call('HSET', jk, 'status', 'running', 'started', now, 'worker', worker)
+  redis.call('HINCRBY', jk, 'attempts', 1)
+  return 'running'
+end
+
+local function field(fields, name)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+  return nil
+end
+"""
+)
+
+# KEYS[1]=stream; ARGV: group, consumer, count, job-key prefix, now_ms.
+# Non-blocking XREADGROUP plus claim in one round trip; returns {entry_id, fields, status} triples.
+TAKE = (
+    _PRELUDE
+    + """
+local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
+                       'STREAMS', KEYS[1], '>')
+if not res then return {} end
+local out = {}
+for _, e in ipairs(res[1][2]) do
+  local jid = field(e[2], 'id')
+  local status = jid and claim(ARGV[4] .. jid, ARGV[5], ARGV[2]) or 'missing'
+  table.insert(out, {e[1], e[2], status})
+end
+return out
+"""
+)
+
+# ARGV: job-key prefix, now_ms, worker, job ids... → statuses after claiming.
+CLAIM = (
+    _PRELUDE
+    + """
+local out = {}
+for i = 4, #ARGV do
+  table.insert(out, claim(ARGV[1] .. ARGV[i], ARGV[2], ARGV[3]))
+end
+return out
+"""
+)
+
+# KEYS[1]=stream; ARGV: group, ttl_s, job-key prefix, then per job a record:
+#   entry_id, job_id, reply_channel, message, status, nfields, field, value, ...
+# status '' means only acknowledge (job already terminal, cancelled or gone).
+# Writes each allowed result, publishes it, then XACK + XDEL the whole batch.
+FINISH = (
+    _PRELUDE
+    + """
+local i = 4
+local ids = {}
+local written = 0
+while i <= #ARGV do
+  local eid, jid, reply, msg, status = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
+  local n = tonumber(ARGV[i+5])
+  table.insert(ids, eid)
+  if status ~= '' then
+    local jk = ARGV[3] .. jid
+    if can(redis.call('HGET', jk, 'status'), status) then
+      local args = {'status', status}
+      for j = 1, n * 2 do table.insert(args, ARGV[i + 5 + j]) end
+      redis.call('HSET', jk, unpack(args))
+      redis.call('EXPIRE', jk, ARGV[2])
+      if reply ~= '' then redis.call('PUBLISH', reply, msg) end
+      written = written + 1
+    end
+  end
+  i = i + 6 + n * 2
+end
+if #ids > 0 then
+  redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
+  redis.call('XDEL', KEYS[1], unpack(ids))
+end
+return written
+"""
+)
+
+# KEYS[1]=job key; ARGV: target status, reply channel, message, ttl_s, field, value, ...
+# Returns {ok(0|1), status before}.
+TRANSITION = (
+    _PRELUDE
+    + """
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not can(cur, ARGV[1]) then return {0, cur or false} end
+local args = {'status', ARGV[1]}
+for j = 5, #ARGV do table.insert(args, ARGV[j]) end
+redis.call('HSET', KEYS[1], unpack(args))
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+return {1, cur}
+"""
+)

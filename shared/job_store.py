@@ -1,0 +1,136 @@
+"""Job hashes (`cv:job:{id}`): create with the stream entry in one transaction, read, and move
+through the state machine atomically; the producer and the workers share this module."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from shared import job_scripts
+from shared.codec import RequestEntry, dumps, loads
+from shared.job_states import IllegalTransition, JobStatus
+from shared.keys import Keys
+
+_TIMING_FIELDS = ("queue_wait_ms", "engine_ms", "ttft_ms", "tpot_ms")
+_COUNT_FIELDS = ("batch_size", "attempts", "prompt_tokens", "completion_tokens")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def job_view(job_id: str, fields: Mapping[str, str | bytes]) -> dict[str, Any]:
+    """The public shape of a job (`{id, status, model, variant, outputs?, error?, timings}`),
+    built the same way from a hash read and from a worker's reply message."""
+    get = {k: _text(v) for k, v in fields.items()}.get
+    view: dict[str, Any] = {
+        "id": job_id,
+        "status": get("status"),
+        "model": get("model"),
+        "variant": get("variant"),
+    }
+    if (outputs := get("outputs")) is not None:
+        view["outputs"] = loads(outputs)
+    if (error := get("error")) is not None:
+        view["error"] = loads(error)
+    timings: dict[str, Any] = {}
+    for name in ("created", "started", "finished"):
+        if (stamp := get(name)) is not None:
+            timings[name] = int(stamp) / 1000.0
+    for name in _TIMING_FIELDS:
+        if (value := get(name)) is not None:
+            timings[name] = float(value)
+    if "finished" in timings and "created" in timings:
+        timings["total_ms"] = round((timings["finished"] - timings["created"]) * 1000.0, 3)
+    view["timings"] = timings
+    for name in _COUNT_FIELDS:
+        if (value := get(name)) is not None:
+            view[name] = int(value)
+    return view
+
+
+@dataclass(slots=True)
+class JobRecord:
+    job_id: str
+    fields: dict[str, str]
+
+    @property
+    def status(self) -> JobStatus:
+        return JobStatus(self.fields["status"])
+
+    def view(self) -> dict[str, Any]:
+        return job_view(self.job_id, self.fields)
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+class JobStore:
+    """Every read and write of job hashes goes through here (or the worker's batch scripts)."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+        self.redis = client
+        self.keys = keys
+        self.ttl_s = ttl_s
+        self._transition = client.register_script(job_scripts.TRANSITION)
+
+    async def create(
+        self, entry: RequestEntry, stream: str, fields: Mapping[str, str | int]
+    ) -> None:
+        """Write the queued job and append its entry in one MULTI/EXEC: never one alone."""
+        key = self.keys.job(entry.job_id)
+        pipe = self.redis.pipeline(transaction=True)
+        mapping: dict[Any, Any] = {
+            **fields,
+            "status": JobStatus.QUEUED.value,
+            "created": entry.enqueued_ms,
+            "reply": entry.reply,
+            "tenant": entry.tenant,
+        }
+        pipe.hset(key, mapping=mapping)
+        pipe.expire(key, self.ttl_s)
+        pipe.xadd(stream, entry.encode())  # type: ignore[arg-type]
+        await pipe.execute()
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        raw = await self.redis.hgetall(self.keys.job(job_id))
+        if not raw:
+            return None
+        return JobRecord(job_id, {_text(k): _text(v) for k, v in raw.items()})
+
+    async def transition(
+        self, job_id: str, target: JobStatus, fields: Mapping[str, str | int] | None = None
+    ) -> JobRecord:
+        """Move a job to `target` if the state machine allows it, then tell its waiters."""
+        record = await self.get(job_id)
+        if record is None:
+            raise JobNotFound(job_id)
+        extra: dict[str, str | int] = {"finished": now_ms(), **(fields or {})}
+        if not target.terminal:
+            extra.pop("finished")
+        message = dumps(job_view(job_id, {**record.fields, **_strs(extra), "status": target}))
+        flat = [str(part) for pair in extra.items() for part in pair]
+        ok, before = await self._transition(
+            keys=[self.keys.job(job_id)],
+            args=[target.value, record.fields.get("reply", ""), message, self.ttl_s, *flat],
+        )
+        if not ok:
+            current = before.decode() if isinstance(before, bytes) else None
+            raise IllegalTransition(job_id, current, target.value)
+        updated = await self.get(job_id)
+        if updated is None:
+            raise JobNotFound(job_id)
+        return updated
+
+
+def _strs(fields: Mapping[str, str | int]) -> dict[str, str]:
+    return {k: str(v) for k, v in fields.items()}

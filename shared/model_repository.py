@@ -1,0 +1,139 @@
+"""Triton-style model repository: `model_repository/<model>/config.yaml` is the one description
+of a model, read here by the producer (validation, routing), the workers (engine, batching),
+autoscaling (KEDA rendering) and the benchmarks alike."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from jsonschema import Draft202012Validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+class ModelConfigError(ValueError):
+    """A config.yaml that cannot describe a servable model."""
+
+
+class Variant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    weight: int = Field(default=100, ge=0)
+    shadow: bool = False
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class QueueLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_length: int = Field(default=10_000, ge=1)
+    max_queue_time_s: float = Field(default=600.0, gt=0)
+    visibility_timeout_s: float = Field(default=60.0, gt=0)
+    max_deliveries: int = Field(default=3, ge=1)
+
+
+class AutoscalingHints(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lag_per_replica: int = Field(default=32, ge=1)
+    activation_lag: int = Field(default=0, ge=0)
+    min_replicas: int = Field(default=0, ge=0)
+    max_replicas: int = Field(default=4, ge=1)
+    cooldown_s: int = Field(default=120, ge=0)
+    polling_interval_s: int = Field(default=5, ge=1)
+    # Longest one micro-batch (or, for generate models, one whole generation) may run: a
+    # worker's drain timeout and the pod's termination grace period must both exceed it.
+    slowest_batch_s: float = Field(default=30.0, gt=0)
+
+
+class ModelConfig(BaseModel):
+    """One model: what engine runs it, what it accepts, how it batches, queues and scales."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    name: str
+    kind: Literal["batch", "generate"]
+    backend: str
+    artifact: str | None = None
+    prepare: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    max_batch_size: int = Field(default=32, ge=1)
+    max_queue_delay_ms: float = Field(default=2.0, ge=0)
+    max_num_seqs: int = Field(default=16, ge=1)
+    queue: QueueLimits = Field(default_factory=QueueLimits)
+    variants: dict[str, Variant] = Field(default_factory=lambda: {"default": Variant()})
+    default_variant: str = "default"
+    autoscaling: AutoscalingHints = Field(default_factory=AutoscalingHints)
+    directory: Path = Path()
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        for name in [self.name, *self.variants]:
+            if not NAME_PATTERN.match(name):
+                raise ModelConfigError(f"{name!r} is not a valid model or variant name")
+        if self.default_variant not in self.variants:
+            raise ModelConfigError(
+                f"model {self.name}: default_variant {self.default_variant!r} is not a variant"
+            )
+        Draft202012Validator.check_schema(self.input_schema)
+        return self
+
+    @cached_property
+    def input_validator(self) -> Draft202012Validator:
+        return Draft202012Validator(self.input_schema)
+
+    def input_errors(self, inputs: Any) -> list[str]:
+        """Readable messages for every way `inputs` breaks the schema (empty when valid)."""
+        errors = sorted(self.input_validator.iter_errors(inputs), key=lambda e: list(e.path))
+        return [f"inputs{''.join(f'[{p!r}]' for p in e.path)}: {e.message}" for e in errors]
+
+    def variant_parameters(self, variant: str) -> dict[str, Any]:
+        return {**self.parameters, **self.variants[variant].parameters}
+
+
+class ModelRepository:
+    """All models under one folder, discovered by walking it (like Triton's repository)."""
+
+    def __init__(self, models: dict[str, ModelConfig]) -> None:
+        self.models = models
+
+    @classmethod
+    def load(cls, root: Path) -> ModelRepository:
+        models: dict[str, ModelConfig] = {}
+        for config_path in sorted(root.glob("*/config.yaml")):
+            raw = yaml.safe_load(config_path.read_text()) or {}
+            raw.setdefault("name", config_path.parent.name)
+            try:
+                config = ModelConfig.model_validate({**raw, "directory": config_path.parent})
+            except ValueError as exc:
+                raise ModelConfigError(f"{config_path}: {exc}") from exc
+            if config.name != config_path.parent.name:
+                raise ModelConfigError(f"{config_path}: name must match its folder")
+            models[config.name] = config
+        return cls(models)
+
+    def get(self, name: str) -> ModelConfig | None:
+        return self.models.get(name)
+
+    def __iter__(self) -> Iterator[ModelConfig]:
+        return iter(self.models.values())
+
+    def partitions(self, selectors: list[str]) -> list[tuple[ModelConfig, str]]:
+        """Resolve `model` (all its variants) or `model:variant` selectors to partitions."""
+        chosen: list[tuple[ModelConfig, str]] = []
+        for selector in selectors:
+            name, _, variant = selector.partition(":")
+            config = self.models.get(name)
+            if config is None:
+                raise ModelConfigError(f"unknown model {name!r} in CONVEYOR_MODELS")
+            if variant and variant not in config.variants:
+                raise ModelConfigError(f"model {name} has no variant {variant!r}")
+            chosen.extend((config, v) for v in ([variant] if variant else config.variants))
+        return chosen

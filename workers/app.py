@@ -1,0 +1,20 @@
+"""The Celery application workers run as (`celery -A workers.app worker --pool=solo`): Celery
+owns the process lifecycle; the StreamConsumer bootstep does the inference work."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from shared.settings import get_settings
+from workers.stream_consumer import StreamConsumer
+
+settings = get_settings()
+
+app = Celery("conveyor", broker=settings.redis_url)
+app.conf.update(
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    worker_prefetch_multiplier=1,
+    task_acks_late=True,
+)
+app.steps["worker"].add(StreamConsumer)

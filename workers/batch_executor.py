@@ -1,0 +1,51 @@
+"""Runs a micro-batch through the engine; when the engine raises, bisects the batch so only the
+items that fail on their own fail, with the exception's type and message as their error."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from workers.engines.base import BatchEngine
+
+
+@dataclass(slots=True)
+class Outcome:
+    output: dict[str, Any] | None
+    error: dict[str, str] | None
+    engine_ms: float
+    batch_size: int
+    batch_id: str
+
+
+async def execute(engine: BatchEngine, inputs: list[dict[str, Any]]) -> list[Outcome]:
+    if not inputs:
+        return []
+    started = time.perf_counter()
+    try:
+        outputs = await _call(engine, inputs)
+    except Exception as exc:
+        if len(inputs) == 1:
+            error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
+            return [Outcome(None, error, _ms_since(started), 1, uuid.uuid4().hex)]
+        middle = len(inputs) // 2
+        return [*await execute(engine, inputs[:middle]), *await execute(engine, inputs[middle:])]
+    engine_ms = _ms_since(started)
+    batch_id = uuid.uuid4().hex
+    return [Outcome(out, None, engine_ms, len(inputs), batch_id) for out in outputs]
+
+
+async def _call(engine: BatchEngine, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    outputs = (
+        engine.infer(inputs) if engine.inline else await asyncio.to_thread(engine.infer, inputs)
+    )
+    if len(outputs) != len(inputs):
+        raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(inputs)} inputs")
+    return outputs
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000.0, 3)

@@ -1,0 +1,100 @@
+"""The dynamic-batching loop of one partition of a `batch` model: read a micro-batch, drop what
+must not run (cancelled, expired), run the rest in one engine call, write everything back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from shared.codec import dumps
+from shared.job_states import JobStatus
+from shared.job_store import now_ms
+from shared.model_repository import ModelConfig
+from workers.batch_executor import Outcome, execute
+from workers.engines.base import BatchEngine
+from workers.result_writer import Finish, ResultWriter
+from workers.stream_reader import Delivery, StreamReader
+
+log = logging.getLogger(__name__)
+
+
+class BatchingLoop:
+    def __init__(
+        self,
+        config: ModelConfig,
+        variant: str,
+        engine: BatchEngine,
+        reader: StreamReader,
+        writer: ResultWriter,
+        block_ms: int,
+    ) -> None:
+        self.config = config
+        self.variant = variant
+        self.engine = engine
+        self.reader = reader
+        self.writer = writer
+        self.block_ms = block_ms
+        self.stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        """Serve until asked to stop; the batch in hand is always finished and acknowledged."""
+        await self.reader.ensure_group()
+        while not self.stopping.is_set():
+            batch = await self.reader.next_batch(
+                self.config.max_batch_size, self.config.max_queue_delay_ms, self.block_ms
+            )
+            if batch:
+                await self.process(batch)
+
+    async def process(self, batch: list[Delivery]) -> None:
+        finishes: list[Finish] = []
+        runnable: list[Delivery] = []
+        for delivery in batch:
+            finish = self._skip_or_expire(delivery)
+            if finish is None:
+                runnable.append(delivery)
+            else:
+                finishes.append(finish)
+        inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry is not None]
+        outcomes = await execute(self.engine, inputs)
+        finishes += [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
+        await self.writer.finish(self.reader.stream, finishes)
+
+    def _skip_or_expire(self, delivery: Delivery) -> Finish | None:
+        entry = delivery.entry
+        if entry is None or delivery.status != JobStatus.RUNNING:
+            return Finish(delivery.entry_id)
+        now = delivery.claimed_ms
+        max_wait_ms = self.config.queue.max_queue_time_s * 1000.0
+        if (entry.deadline_ms and now > entry.deadline_ms) or now - entry.enqueued_ms > max_wait_ms:
+            error = {"type": "DeadlineExceeded", "message": "job expired before it could run"}
+            return self._finish(delivery, JobStatus.EXPIRED, {"error": dumps(error).decode()})
+        return None
+
+    def _result(self, delivery: Delivery, outcome: Outcome) -> Finish:
+        fields = {
+            "engine_ms": str(outcome.engine_ms),
+            "batch_size": str(outcome.batch_size),
+            "batch_id": outcome.batch_id,
+        }
+        if outcome.error is not None:
+            fields["error"] = dumps(outcome.error).decode()
+            return self._finish(delivery, JobStatus.FAILED, fields)
+        fields["outputs"] = dumps(outcome.output).decode()
+        return self._finish(delivery, JobStatus.SUCCEEDED, fields)
+
+    def _finish(self, delivery: Delivery, status: JobStatus, fields: dict[str, str]) -> Finish:
+        assert delivery.entry is not None
+        entry = delivery.entry
+        fields = {
+            **fields,
+            "finished": str(now_ms()),
+            "queue_wait_ms": str(delivery.claimed_ms - entry.enqueued_ms),
+        }
+        context = {
+            "model": self.config.name,
+            "variant": self.variant,
+            "created": str(entry.enqueued_ms),
+            "started": str(delivery.claimed_ms),
+        }
+        return Finish(delivery.entry_id, entry.job_id, entry.reply, status, fields, context)

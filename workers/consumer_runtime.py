@@ -1,0 +1,96 @@
+"""Hosts the partition loops of one worker process on an asyncio loop in its own thread, so the
+Celery worker's main thread stays free for Celery's own work (remote control, tasks, shutdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from concurrent.futures import Future
+
+import redis.asyncio as aioredis
+
+from shared.keys import Keys
+from shared.model_repository import ModelConfig, ModelRepository
+from shared.settings import Settings
+from workers.batching_loop import BatchingLoop
+from workers.engines.base import BatchEngine
+from workers.engines.registry import create_engine
+from workers.result_writer import ResultWriter
+from workers.stream_reader import StreamReader
+
+log = logging.getLogger(__name__)
+
+
+def consumer_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ConsumerRuntime:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+        self.repository = ModelRepository.load(settings.model_repository)
+        self.partitions = self.repository.partitions(settings.models)
+        self.consumer = consumer_name()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_thread, name="conveyor-consumer")
+        self._ready: Future[None] = Future()
+        self._loops: list[BatchingLoop] = []
+        self._engines: list[BatchEngine] = []
+
+    def start(self, timeout: float = 600.0) -> None:
+        """Load every engine and start serving; returns once all partitions are being read."""
+        self._thread.start()
+        self._ready.result(timeout=timeout)
+
+    def stop(self) -> None:
+        """Warm shutdown: stop reading, finish the batch in hand, acknowledge, then return."""
+        for partition_loop in self._loops:
+            self.loop.call_soon_threadsafe(partition_loop.stopping.set)
+        self._thread.join(timeout=self.settings.shutdown_grace_s)
+        if self._thread.is_alive():
+            log.error("consumer did not drain within %.0fs", self.settings.shutdown_grace_s)
+
+    def _run_thread(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._serve())
+        except BaseException as exc:
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+            raise
+        finally:
+            self.loop.close()
+
+    async def _serve(self) -> None:
+        client = aioredis.Redis.from_url(self.settings.redis_url)
+        writer = ResultWriter(client, self.keys, self.settings.result_ttl_s)
+        for config, variant in self.partitions:
+            engine = await self._load_engine(config, variant)
+            reader = StreamReader(
+                client, self.keys, self.keys.queue(config.name, variant), self.consumer
+            )
+            await reader.ensure_group()
+            self._loops.append(
+                BatchingLoop(config, variant, engine, reader, writer, self.settings.block_ms)
+            )
+        self._ready.set_result(None)
+        log.info("serving %s as %s", [f"{c.name}:{v}" for c, v in self.partitions], self.consumer)
+        try:
+            await asyncio.gather(*(partition_loop.run() for partition_loop in self._loops))
+        finally:
+            for engine in self._engines:
+                engine.close()
+            await client.aclose()
+
+    async def _load_engine(self, config: ModelConfig, variant: str) -> BatchEngine:
+        engine = create_engine(config, variant, self.settings.artifact_dir)
+        if not isinstance(engine, BatchEngine):
+            raise TypeError(f"model {config.name}: generate models are not served yet")
+        await asyncio.to_thread(engine.load)
+        await asyncio.to_thread(engine.warmup)
+        self._engines.append(engine)
+        return engine

@@ -1,0 +1,1 @@
+"""Inference engines behind one small interface, chosen by a model's `backend`."""

@@ -1,0 +1,93 @@
+"""The engine interface the batching loops drive; every backend implements one of these two."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.model_repository import ModelConfig
+
+
+class BatchEngine(ABC):
+    """Dynamic-batching engine: one `infer` call per micro-batch, outputs in input order.
+
+    `inline` engines are cheap enough to run on the event loop; others run in a thread so the
+    loop keeps serving Redis while the engine computes.
+    """
+
+    inline: bool = False
+
+    def __init__(self, config: ModelConfig, variant: str, artifact_dir: str) -> None:
+        self.config = config
+        self.variant = variant
+        self.artifact_dir = artifact_dir
+        self.parameters = config.variant_parameters(variant)
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load weights and build sessions; called once before serving."""
+
+    def warmup(self) -> None:
+        """Run a representative call so the first real batch does not pay for lazy init."""
+
+    @abstractmethod
+    def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Run one micro-batch; raising fails the batch (the loop bisects to find the culprit)."""
+
+    def close(self) -> None:
+        """Release engine resources on warm shutdown."""
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    """One generation job as the engine sees it (sampling parameters already validated)."""
+
+    request_id: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    max_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class TokenChunk:
+    """New text of one engine step for one request; the last chunk carries the finish reason."""
+
+    text: str
+    token_count: int = 1
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class GenerateEngine(ABC):
+    """Continuous-batching engine: many concurrent `generate` streams share the engine."""
+
+    def __init__(self, config: ModelConfig, variant: str, artifact_dir: str) -> None:
+        self.config = config
+        self.variant = variant
+        self.artifact_dir = artifact_dir
+        self.parameters = config.variant_parameters(variant)
+
+    @abstractmethod
+    async def load(self) -> None:
+        """Start the engine (may spawn engine processes)."""
+
+    async def warmup(self) -> None:
+        """Generate a few tokens so the first user request does not pay for lazy init."""
+
+    @abstractmethod
+    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        """Stream the request's new text, one chunk per engine step."""
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Stop a running request within one engine step and free its slot."""
+
+    async def close(self) -> None:
+        """Shut the engine down on warm shutdown."""

@@ -1,0 +1,34 @@
+"""Backend name → engine class, imported lazily so GPU libraries load only where they are used."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from shared.model_repository import ModelConfig
+from workers.engines.base import BatchEngine, GenerateEngine
+
+BACKENDS: dict[str, str] = {
+    "identity": "workers.engines.identity_engine:IdentityEngine",
+    "onnxruntime": "workers.engines.onnxruntime_engine:OnnxRuntimeEngine",
+    "tensorrt": "workers.engines.tensorrt_engine:TensorRTEngine",
+    "vllm": "workers.engines.vllm_engine:VllmEngine",
+}
+
+
+def engine_class(backend: str) -> type[BatchEngine] | type[GenerateEngine]:
+    try:
+        module_name, _, class_name = BACKENDS[backend].partition(":")
+    except KeyError:
+        raise ValueError(f"unknown backend {backend!r}; known: {sorted(BACKENDS)}") from None
+    cls: type[BatchEngine] | type[GenerateEngine] = getattr(
+        importlib.import_module(module_name), class_name
+    )
+    return cls
+
+
+def create_engine(
+    config: ModelConfig, variant: str, artifact_root: Path
+) -> BatchEngine | GenerateEngine:
+    """Build (not load) the engine for one partition; its artifacts live in `<root>/<model>/`."""
+    return engine_class(config.backend)(config, variant, str(artifact_root / config.name))

@@ -1,0 +1,52 @@
+"""Write-back for a whole micro-batch in one round trip: results, replies, XACK and XDEL happen
+in one Lua script, so a result is visible if and only if its entry is acknowledged."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from shared import job_scripts
+from shared.codec import dumps
+from shared.job_store import job_view
+from shared.keys import GROUP, Keys
+
+
+@dataclass(slots=True)
+class Finish:
+    """One entry's fate: `status` '' only acknowledges it (already terminal, cancelled, gone)."""
+
+    entry_id: bytes
+    job_id: str = ""
+    reply: str = ""
+    status: str = ""
+    fields: dict[str, str] = field(default_factory=dict)
+    context: Mapping[str, str] = field(default_factory=dict)
+
+    def message(self) -> bytes:
+        """The reply published to the waiting producer: the job's public view."""
+        if not self.status:
+            return b""
+        return dumps(job_view(self.job_id, {**self.context, **self.fields, "status": self.status}))
+
+
+class ResultWriter:
+    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+        self.keys = keys
+        self.ttl_s = ttl_s
+        self._finish = client.register_script(job_scripts.FINISH)
+
+    async def finish(self, stream: str, batch: list[Finish]) -> int:
+        """Returns how many results were written (the rest were acknowledged only)."""
+        if not batch:
+            return 0
+        args: list[str | bytes | int] = [GROUP, self.ttl_s, self.keys.job_prefix]
+        for item in batch:
+            args += [item.entry_id, item.job_id, item.reply, item.message(), item.status]
+            args.append(len(item.fields))
+            for name, value in item.fields.items():
+                args += [name, value]
+        written: int = await self._finish(keys=[stream], args=args)
+        return written

@@ -1,0 +1,125 @@
+"""Reads one partition stream through the consumer group and claims each job in the same round
+trip (Lua), so a micro-batch costs one read under load; blocks only when the stream is empty."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from shared import job_scripts
+from shared.codec import RequestEntry
+from shared.job_store import now_ms
+from shared.keys import GROUP, Keys
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One entry handed to this consumer; `status` is the job's state after claiming it:
+    `running` means run it, anything else means acknowledge and skip."""
+
+    entry_id: bytes
+    entry: RequestEntry | None
+    status: str
+    claimed_ms: int
+
+
+class StreamReader:
+    def __init__(self, client: aioredis.Redis, keys: Keys, stream: str, consumer: str) -> None:
+        self.redis = client
+        self.keys = keys
+        self.stream = stream
+        self.consumer = consumer
+        self._take = client.register_script(job_scripts.TAKE)
+        self._claim = client.register_script(job_scripts.CLAIM)
+
+    async def ensure_group(self) -> None:
+        """Create the group at id 0 so entries added before any worker existed are served."""
+        try:
+            await self.redis.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def take(self, count: int) -> list[Delivery]:
+        """Non-blocking read of up to `count` new entries, claimed atomically."""
+        now = now_ms()
+        rows = await self._guarded(
+            self._take,
+            keys=[self.stream],
+            args=[GROUP, self.consumer, count, self.keys.job_prefix, now],
+        )
+        return [_delivery(eid, _pairs(fields), status, now) for eid, fields, status in rows or []]
+
+    async def wait(self, count: int, block_ms: int) -> list[Delivery]:
+        """Block up to `block_ms` for new entries, then claim what arrived."""
+        reply = await self._guarded(
+            self.redis.xreadgroup,
+            GROUP,
+            self.consumer,
+            {self.stream: ">"},
+            count=count,
+            block=max(block_ms, 1),
+        )
+        if not reply:
+            return []
+        entries = [(eid, RequestEntry.decode(fields)) for eid, fields in reply[0][1]]
+        now = now_ms()
+        statuses = await self._claim(
+            args=[self.keys.job_prefix, now, self.consumer, *(e.job_id for _, e in entries)]
+        )
+        return [
+            Delivery(eid, entry, _text(status), now)
+            for (eid, entry), status in zip(entries, statuses, strict=True)
+        ]
+
+    async def next_batch(self, max_items: int, delay_ms: float, block_ms: int) -> list[Delivery]:
+        """Dynamic batching: wait for a first entry, then gather until `max_items` or until
+        `delay_ms` has passed since it arrived (Triton's max_queue_delay)."""
+        batch = await self.take(max_items) or await self.wait(max_items, block_ms)
+        if not batch or delay_ms <= 0:
+            return batch
+        deadline = time.monotonic() + delay_ms / 1000.0
+        while len(batch) < max_items:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                break
+            more = await self.take(max_items - len(batch)) or await self.wait(
+                max_items - len(batch), remaining_ms
+            )
+            batch.extend(more)
+        return batch
+
+    async def _guarded(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """Recreate a vanished group (Redis restarted empty, or flushed) instead of dying."""
+        try:
+            return await call(*args, **kwargs)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning("consumer group missing on %s; recreating", self.stream)
+            await self.ensure_group()
+            return None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _delivery(entry_id: bytes, fields: dict[bytes, bytes], status: bytes, now: int) -> Delivery:
+    try:
+        entry: RequestEntry | None = RequestEntry.decode(fields)
+    except (KeyError, ValueError):
+        log.error("undecodable entry %r on stream; acknowledging it", entry_id)
+        entry = None
+    return Delivery(entry_id, entry, _text(status), now)
