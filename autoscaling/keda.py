@@ -26,6 +26,7 @@ SECRET_NAME = "conveyor-redis"  # keys: address (host:port), password, url (for 
 WORKER_PREFIX = "worker"
 PART_OF = "conveyor"
 _DNS_LABEL_MAX = 63
+_HPA_MAX_WINDOW_S = 3600  # the HPA rejects longer stabilization windows
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 
 
@@ -49,7 +50,10 @@ def worker_name(model: str, variant: str) -> str:
 def pool_triggers(config: ModelConfig, variant: str, keys: Keys) -> list[dict[str, Any]]:
     """One `streamLength` trigger per lane; both scale on the model's lag_per_replica."""
     hints = config.autoscaling
-    lanes = (("online", keys.queue(config.name, variant)), ("bulk", keys.bulk_queue(config.name, variant)))
+    lanes = (
+        ("online", keys.queue(config.name, variant)),
+        ("bulk", keys.bulk_queue(config.name, variant)),
+    )
     return [
         {
             "type": "redis-streams",
@@ -122,7 +126,7 @@ def _behavior(config: ModelConfig) -> dict[str, Any]:
     a time, so a draining worker is never joined by many others at once."""
     return {
         "scaleDown": {
-            "stabilizationWindowSeconds": config.autoscaling.cooldown_s,
+            "stabilizationWindowSeconds": min(config.autoscaling.cooldown_s, _HPA_MAX_WINDOW_S),
             "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
         }
     }
@@ -133,7 +137,11 @@ def _metadata(
 ) -> dict[str, Any]:
     labels = {"app.kubernetes.io/part-of": PART_OF, "app.kubernetes.io/managed-by": "conveyor"}
     if model is not None and variant is not None:
-        labels |= {"conveyor.dev/model": model, "conveyor.dev/variant": variant}
+        # Label values must end alphanumeric; model names may end in `-`, `.` or `_`.
+        labels |= {
+            "conveyor.dev/model": model.rstrip("-._"),
+            "conveyor.dev/variant": variant.rstrip("-._"),
+        }
     meta: dict[str, Any] = {"name": name, "labels": labels}
     if namespace:
         meta["namespace"] = namespace

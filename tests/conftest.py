@@ -12,6 +12,7 @@ import redis
 import redis.asyncio as aioredis
 
 from conveyor.embedded_valkey import start_embedded_valkey
+from conveyor.stack import Stack, free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,3 +44,36 @@ async def aredis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     await client.flushdb()
     yield client
     await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A real pipeline: its own embedded Valkey and a producer on a free port; tests add workers."""
+    pipeline = Stack.create(tmp_path_factory.mktemp("stack"))
+    try:
+        pipeline.start_producer(free_port())
+        yield pipeline
+    finally:
+        pipeline.stop()
+
+
+@pytest.fixture(scope="session")
+def base_url(stack: Stack) -> str:
+    return stack.base_url
+
+
+@pytest.fixture(scope="session")
+def identity_worker(stack: Stack) -> int:
+    return stack.start_worker("identity:default")
+
+
+@pytest.fixture(scope="session")
+def minilm_worker(stack: Stack) -> int:
+    return stack.start_worker("minilm")
+
+
+@pytest.fixture
+def stack_redis(stack: Stack) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+    yield client
+    client.close()

@@ -13,7 +13,7 @@ from producer_api.jobs.serving import JobsService
 from producer_api.state import ProducerState, producer_state
 
 router = APIRouter(tags=["jobs"])
-JOB_ID = Path(pattern=r"^[0-9a-f]{32}$", description="Job id")
+JOB_ID = Path(max_length=128, description="Job id")
 WAIT = Query(default=0.0, ge=0, le=600, description="Seconds to wait for a terminal state")
 
 

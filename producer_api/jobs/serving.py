@@ -4,6 +4,7 @@ enqueue, wait for results through the reply listener, cancel."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from typing import Any
@@ -18,8 +19,18 @@ from shared.model_repository import ModelConfig
 from shared.routing import UnknownVariant, choose_variant
 
 
+JOB_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
 def not_found(job_id: str) -> ConveyorError:
     return ConveyorError(404, "not_found", f"job {job_id} not found")
+
+
+def checked_id(job_id: str) -> str:
+    """Ids are never guessed into Redis keys: anything not shaped like one is simply unknown."""
+    if not JOB_ID.match(job_id):
+        raise not_found(job_id)
+    return job_id
 
 
 class JobsService:
@@ -80,6 +91,7 @@ class JobsService:
         return entry.job_id, variant, view
 
     async def get(self, job_id: str, wait: float) -> dict[str, Any]:
+        checked_id(job_id)
         replies = self.state.replies
         future = replies.register(job_id) if wait > 0 else None
         try:
@@ -96,6 +108,7 @@ class JobsService:
         return view if view is not None else await self._read(job_id)
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
+        checked_id(job_id)
         try:
             record = await self.state.store.transition(job_id, JobStatus.CANCELLED)
         except JobNotFound:

@@ -1,0 +1,47 @@
+"""`conveyor render keda`: write the KEDA objects for every worker pool, so the Kubernetes
+manifests are generated from model_repository/ and never drift from it by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from autoscaling.keda import render, to_yaml
+from shared.keys import Keys
+from shared.model_repository import ModelRepository
+from shared.settings import get_settings
+
+KEDA_FILE = "keda.yaml"
+
+
+@click.group("render")
+def command() -> None:
+    """Render deployment manifests from the model repository."""
+
+
+@command.command("keda")
+@click.option("--namespace", default=None, help="metadata.namespace (default: none, for kustomize)")
+@click.option(
+    "--out",
+    default="-",
+    show_default=True,
+    help=f"'-' for stdout, or a directory to write {KEDA_FILE} into.",
+)
+@click.option("--model-repository", type=click.Path(path_type=Path, file_okay=False), default=None)
+@click.option("--key-prefix", default=None, help="Redis key prefix (default: CONVEYOR_KEY_PREFIX).")
+def keda(
+    namespace: str | None, out: str, model_repository: Path | None, key_prefix: str | None
+) -> None:
+    """TriggerAuthentication plus one ScaledObject per (model, variant), as multi-doc YAML."""
+    settings = get_settings()
+    repository = ModelRepository.load(model_repository or settings.model_repository)
+    keys = Keys(key_prefix if key_prefix is not None else settings.key_prefix)
+    text = to_yaml(render(repository, keys, namespace))
+    if out == "-":
+        click.echo(text, nl=False)
+        return
+    target = Path(out) / KEDA_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    click.echo(f"wrote {target}", err=True)

@@ -1,0 +1,199 @@
+"""Starts and stops the pipeline's processes on one machine (`conveyor up`, the tests and the
+benchmarks share it): an embedded Valkey unless a Redis URL is given, the producer, workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from shared.keys import GROUP, Keys
+from shared.model_repository import ModelRepository
+from shared.settings import Settings
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Stack:
+    """A running pipeline; `stop()` sends SIGTERM so workers drain, then kills stragglers."""
+
+    settings: Settings
+    log_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @classmethod
+    def create(
+        cls,
+        log_dir: Path,
+        redis_url: str | None = None,
+        valkey_config: dict[str, str] | None = None,
+    ) -> Stack:
+        """Use `redis_url`, or start an embedded Valkey (in its own session) when it is None."""
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        stack = cls(settings=Settings(redis_url=redis_url or ""), log_dir=log_dir, env=env)
+        if redis_url is None:
+            stack.start_valkey(valkey_config or {})
+        stack.env["CONVEYOR_REDIS_URL"] = stack.redis_url
+        return stack
+
+    def start_valkey(self, config: dict[str, str]) -> None:
+        port = free_port()
+        command = [
+            sys.executable,
+            "-m",
+            "conveyor.embedded_valkey",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(self.log_dir / "valkey"),
+            *(f"--set={key}={value}" for key, value in config.items()),
+        ]
+        process = self._spawn("valkey", command, {})
+        self.settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0")
+        self._wait(self._pings, "embedded valkey", process)
+
+    base_url: str = ""
+
+    @property
+    def redis_url(self) -> str:
+        return self.settings.redis_url
+
+    def consumer_name(self, pid: int) -> str:
+        """The consumer-group name a worker process reads under (`{host}-{pid}`)."""
+        return f"{socket.gethostname()}-{pid}"
+
+    def start_producer(self, port: int, name: str = "producer", **env: str) -> str:
+        command = [
+            str(BIN / "uvicorn"),
+            "producer_api.app:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+        ]
+        self._spawn(name, command, {"CONVEYOR_INSTANCE_ID": name, **env})
+        base_url = f"http://127.0.0.1:{port}"
+        self._wait(lambda: _ready(base_url), f"{name} at {base_url}")
+        self.base_url = self.base_url or base_url
+        return base_url
+
+    def start_worker(self, models: str, name: str | None = None, **env: str) -> int:
+        """Start a Celery worker serving `models` (`model` or `model:variant`, comma-separated);
+        returns its pid once every partition has a reading consumer."""
+        name = name or models.replace(":", "-").replace(",", "_")
+        command = [
+            str(BIN / "celery"),
+            "-A",
+            "workers.app",
+            "worker",
+            "--pool=solo",
+            "--loglevel=INFO",
+            f"--hostname={name}@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+        process = self._spawn(name, command, {"CONVEYOR_MODELS": models, **env})
+        streams = self._streams(models, env)
+        consumer = self.consumer_name(process.pid)
+        self._wait(lambda: self._consuming(consumer, streams), f"worker {name}", process)
+        return process.pid
+
+    def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        process = self.processes.pop(name)
+        if process.poll() is None:
+            process.send_signal(sig)
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait()
+
+    def stop(self) -> None:
+        """Stop in reverse start order: workers drain before the producer and Redis go."""
+        for name in reversed(list(self.processes)):
+            self.stop_process(name)
+
+    def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = (self.log_dir / f"{name}.log").open("ab")
+        # A session of its own: a terminal's Ctrl-C reaches only `conveyor up`, which then
+        # stops the children in order (workers drain on SIGTERM).
+        process = subprocess.Popen(
+            command,
+            env={**self.env, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.processes[name] = process
+        return process
+
+    def _streams(self, models: str, env: dict[str, str]) -> list[str]:
+        root = Path(env.get("CONVEYOR_MODEL_REPOSITORY", str(self.settings.model_repository)))
+        keys = Keys(env.get("CONVEYOR_KEY_PREFIX", self.settings.key_prefix))
+        partitions = ModelRepository.load(root).partitions(models.split(","))
+        return [keys.queue(config.name, variant) for config, variant in partitions]
+
+    def _pings(self) -> bool:
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+        finally:
+            client.close()
+
+    def _consuming(self, consumer: str, streams: list[str]) -> bool:
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            for stream in streams:
+                names = {c["name"] for c in client.xinfo_consumers(stream, GROUP)}
+                if consumer.encode() not in names:
+                    return False
+            return True
+        except redis.ResponseError:
+            return False
+        finally:
+            client.close()
+
+    def _wait(
+        self,
+        check: Callable[[], bool],
+        what: str,
+        process: subprocess.Popen[bytes] | None = None,
+        timeout: float = 300.0,
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if check():
+                return
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"{what} exited with {process.returncode}; see {self.log_dir}")
+            time.sleep(0.2)
+        raise TimeoutError(f"{what} not ready after {timeout:.0f}s; see {self.log_dir}")
+
+
+def _ready(base_url: str) -> bool:
+    try:
+        return httpx.get(f"{base_url}/readyz", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False

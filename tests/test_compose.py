@@ -1,0 +1,291 @@
+"""The compose stack and its images: docker-compose.yml satisfies the Compose Specification, every
+service the pipeline needs is there and talks to the same Redis, Prometheus/Grafana/Jaeger are
+wired to what the services expose, and both Dockerfiles hold up to a real parse."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+from jsonschema import Draft7Validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_DIR = REPO_ROOT / "compose"
+SCHEMA = Path(__file__).parent / "fixtures" / "compose-spec.json"
+PIPELINE = {"redis", "producer", "worker-cpu", "worker-gpu", "prometheus", "grafana", "jaeger"}
+METRICS = {
+    "conveyor_jobs_submitted_total",
+    "conveyor_jobs_finished_total",
+    "conveyor_e2e_latency_seconds",
+    "conveyor_queue_wait_seconds",
+    "conveyor_engine_seconds",
+    "conveyor_batch_size",
+    "conveyor_partition_lag",
+    "conveyor_partition_pending",
+    "conveyor_dlq_depth",
+    "conveyor_oldest_queued_age_seconds",
+    "conveyor_ttft_seconds",
+    "conveyor_tpot_seconds",
+    "conveyor_tokens_generated_total",
+}
+
+
+@cache
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
+
+
+def service(name: str) -> dict[str, Any]:
+    return compose()["services"][name]
+
+
+def env(name: str) -> dict[str, str]:
+    raw = service(name).get("environment", {})
+    if isinstance(raw, list):
+        raw = dict(item.split("=", 1) for item in raw)
+    return {k: str(v) for k, v in raw.items()}
+
+
+def argv(name: str) -> list[str]:
+    command = service(name).get("command", [])
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def host_mounts(name: str) -> dict[str, Path]:
+    """Container path → host path for the bind mounts of one service."""
+    mounts = {}
+    for volume in service(name).get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("."):
+            mounts[target] = (COMPOSE_DIR / source).resolve()
+    return mounts
+
+
+# ---------------------------------------------------------------- compose
+
+
+def test_compose_file_satisfies_the_compose_specification():
+    validator = Draft7Validator(json.loads(SCHEMA.read_text()))
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(compose())]
+    assert errors == []
+    broken = dict(compose(), services={"x": {"imag": "redis:7", "ports": "6379"}})
+    assert not validator.is_valid(broken)  # strict enough to catch a misspelt key
+
+
+def test_every_pipeline_service_is_present():
+    assert set(compose()["services"]) >= PIPELINE
+
+
+def test_redis_is_7_with_an_append_only_file():
+    redis = service("redis")
+    assert redis["image"].startswith("redis:7")
+    args = argv("redis")
+    assert args[args.index("--appendonly") + 1] == "yes"
+    assert args[args.index("--appendfsync") + 1] == "everysec"
+    assert any(v.split(":")[1] == "/data" for v in redis["volumes"])
+
+
+def test_producer_and_workers_share_one_redis():
+    users = ["producer", "worker-cpu", "worker-gpu"]
+    urls = {env(name)["CONVEYOR_REDIS_URL"] for name in users}
+    assert len(urls) == 1
+    url = urlparse(urls.pop())
+    assert (url.hostname, url.port or 6379) == ("redis", 6379)
+    assert "--port" not in argv("redis")  # so the server listens on the default 6379
+    for name in users:
+        assert service(name)["depends_on"]["redis"]["condition"] == "service_healthy", name
+
+
+def test_workers_run_celery_and_the_gpu_one_reserves_a_gpu():
+    for name in ("worker-cpu", "worker-gpu"):
+        assert argv(name)[:5] == ["celery", "-A", "workers.app", "worker", "--pool=solo"], name
+        assert env(name)["CONVEYOR_MODELS"], name
+    assert "profiles" not in service("worker-cpu")
+    gpu = service("worker-gpu")
+    assert gpu["profiles"] == ["gpu"]
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    assert gpu["build"]["dockerfile"] == "compose/Dockerfile.gpu"
+    assert service("producer")["build"]["dockerfile"] == "compose/Dockerfile"
+
+
+def test_prometheus_scrapes_what_the_services_expose():
+    config_path = host_mounts("prometheus")["/etc/prometheus/prometheus.yml"]
+    config = yaml.safe_load(config_path.read_text())
+    producer_args = argv("producer")
+    exposed = {f"producer:{producer_args[producer_args.index('--port') + 1]}"} | {
+        f"{name}:{env(name)['CONVEYOR_METRICS_PORT']}" for name in ("worker-cpu", "worker-gpu")
+    }
+    targets = {
+        target
+        for job in config["scrape_configs"]
+        for static in job["static_configs"]
+        for target in static["targets"]
+    }
+    assert targets == exposed
+
+
+def test_grafana_is_provisioned_with_prometheus_and_the_dashboard():
+    mounts = host_mounts("grafana")
+    provisioning = mounts["/etc/grafana/provisioning"]
+    sources = yaml.safe_load((provisioning / "datasources" / "datasources.yml").read_text())
+    prometheus = next(d for d in sources["datasources"] if d["type"] == "prometheus")
+    assert urlparse(prometheus["url"]).hostname == "prometheus"
+    assert "9090:9090" in service("prometheus")["ports"]
+    providers = yaml.safe_load((provisioning / "dashboards" / "conveyor.yml").read_text())
+    dashboard_dir = providers["providers"][0]["options"]["path"]
+    assert (mounts[dashboard_dir] / "conveyor.json").is_file()
+    uids = {panel["datasource"]["uid"] for panel in dashboard()["panels"] if panel["type"] != "row"}
+    assert uids == {prometheus["uid"]}
+
+
+def test_traces_go_to_jaeger_over_otlp():
+    jaeger = service("jaeger")
+    assert env("jaeger")["COLLECTOR_OTLP_ENABLED"] == "true"
+    for name in ("producer", "worker-cpu", "worker-gpu"):
+        endpoint = urlparse(env(name)["OTEL_EXPORTER_OTLP_ENDPOINT"])
+        assert endpoint.hostname == "jaeger", name
+        assert f"{endpoint.port}:{endpoint.port}" in jaeger["ports"], name
+
+
+# ---------------------------------------------------------------- dashboard
+
+
+def dashboard() -> dict[str, Any]:
+    return json.loads((COMPOSE_DIR / "grafana" / "dashboards" / "conveyor.json").read_text())
+
+
+def dashboard_exprs() -> dict[str, list[str]]:
+    return {
+        panel["title"]: [t["expr"] for t in panel.get("targets", [])]
+        for panel in dashboard()["panels"]
+        if panel["type"] != "row"
+    }
+
+
+def test_dashboard_queries_only_metrics_conveyor_exports():
+    used = set()
+    for exprs in dashboard_exprs().values():
+        for expr in exprs:
+            for name in re.findall(r"\bconveyor_[a-z0-9_]+", expr):
+                base = re.sub(r"_(bucket|sum|count)$", "", name)
+                assert base in METRICS, name
+                used.add(base)
+    assert used == METRICS  # every exported family has a panel
+
+
+@pytest.mark.parametrize(
+    ("what", "pattern"),
+    [
+        ("throughput", r"rate\(conveyor_jobs_finished_total"),
+        (
+            "latency percentiles",
+            r"histogram_quantile\(0\.99, .*conveyor_e2e_latency_seconds_bucket",
+        ),
+        ("queue lag per partition", r"sum by \(model, variant\) \(conveyor_partition_lag"),
+        ("batch sizes", r"conveyor_batch_size_bucket"),
+        ("time to first token", r"histogram_quantile\(0\.5, .*conveyor_ttft_seconds_bucket"),
+    ],
+)
+def test_dashboard_shows(what, pattern):
+    exprs = [e for group in dashboard_exprs().values() for e in group]
+    assert any(re.search(pattern, e) for e in exprs), what
+
+
+# ---------------------------------------------------------------- Dockerfiles
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def args(self, keyword: str) -> list[str]:
+        return [rest for kw, rest in self.instructions if kw == keyword]
+
+
+def parse_dockerfile(path: Path) -> tuple[list[tuple[str, str]], list[Stage]]:
+    """Instructions (continuations joined, comments dropped) and the stages they build."""
+    logical, pending = [], ""
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("#") or not line.strip():
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    assert not pending, "dangling line continuation"
+    instructions = [
+        (kw.upper(), rest.strip()) for kw, _, rest in (s.strip().partition(" ") for s in logical)
+    ]
+    defaults = {}
+    stages: list[Stage] = []
+    for keyword, rest in instructions:
+        if keyword == "ARG" and not stages:
+            key, _, value = rest.partition("=")
+            defaults[key] = value
+        elif keyword == "FROM":
+            words = [w for w in rest.split() if not w.startswith("--")]
+            base = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], words[0])
+            stages.append(Stage(base, words[2] if len(words) > 2 else None))
+        else:
+            assert stages, f"{keyword} before the first FROM"
+            stages[-1].instructions.append((keyword, rest))
+    return instructions, stages
+
+
+def copy_sources(stage: Stage) -> list[str]:
+    sources = []
+    for rest in stage.args("COPY"):
+        words = rest.split()
+        if any(w.startswith("--from=") for w in words):
+            continue
+        sources += [w for w in words if not w.startswith("--")][:-1]
+    return sources
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "base_prefix", "extra"),
+    [("Dockerfile", "python:3.11-slim", ".[cpu]"), ("Dockerfile.gpu", "nvidia/cuda:", ".[gpu]")],
+)
+def test_dockerfile(dockerfile, base_prefix, extra):
+    instructions, stages = parse_dockerfile(COMPOSE_DIR / dockerfile)
+    assert next(kw for kw, _ in instructions if kw != "ARG") == "FROM"
+    final = stages[-1]
+    assert final.base.startswith(base_prefix)
+    users = final.args("USER")
+    assert users and users[-1].split(":")[0] not in {"root", "0"}, "final stage must drop root"
+    assert json.loads(final.args("CMD")[-1])  # exec form, so signals reach the process
+    runs = [r for s in stages for r in s.args("RUN")]
+    assert any("pip install" in r and f'"{extra}"' in r for r in runs), extra
+    assert any("conveyor models prepare" in r for r in runs)
+    names = [s.name for s in stages]
+    for i, stage in enumerate(stages):
+        for rest in stage.args("COPY"):
+            for word in rest.split():
+                if word.startswith("--from="):
+                    assert word.removeprefix("--from=") in names[:i], word
+        for source in copy_sources(stage):
+            # README.md is pyproject's `readme`: the lead's README lands with the Operate section.
+            assert (REPO_ROOT / source).exists() or source == "README.md", source
+    ignore = (COMPOSE_DIR / f"{dockerfile}.dockerignore").read_text().splitlines()
+    for source in {s for stage in stages for s in copy_sources(stage)}:
+        assert f"!{source}" in ignore or f"!{source}/**" in ignore, f"{source} is ignored"
+
+
+def test_gpu_image_gets_artifacts_from_a_stage_that_prepares_them():
+    _, stages = parse_dockerfile(COMPOSE_DIR / "Dockerfile.gpu")
+    by_name = {s.name: s for s in stages if s.name}
+    copies = [c for c in stages[-1].args("COPY") if "--from=artifacts" in c]
+    assert copies and "/app/var/models" in copies[0]
+    assert any("conveyor models prepare" in r for r in by_name["artifacts"].args("RUN"))

