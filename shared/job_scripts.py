@@ -62,7 +62,70 @@ return out
 """
 )
 
-# KEYS[1]=stream; ARGV: group, ttl_s, job-key prefix, then per job a record:
+# KEYS[1]=job key, KEYS[2]=stream; ARGV: max_length (0: none), ttl_s, n hash pairs, hash
+# field/value pairs..., entry field/value pairs... Admission control and enqueue in one atomic
+# step: a full partition refuses (returns {0, length}); nothing accepted is ever trimmed.
+ENQUEUE = """
+local max_length = tonumber(ARGV[1])
+local length = redis.call('XLEN', KEYS[2])
+if max_length > 0 and length >= max_length then return {0, length} end
+local n = tonumber(ARGV[3])
+local hash = {}
+for i = 4, 3 + n * 2 do table.insert(hash, ARGV[i]) end
+local entry = {}
+for i = 4 + n * 2, #ARGV do table.insert(entry, ARGV[i]) end
+redis.call('HSET', KEYS[1], unpack(hash))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('XADD', KEYS[2], '*', unpack(entry))
+return {1, length + 1}
+"""
+
+# KEYS[1]=stream, KEYS[2]=dead-letter stream; ARGV: group, consumer, min_idle_ms, count,
+# job-key prefix, now_ms, max_deliveries, ttl_s. Takes over entries idle past the visibility
+# timeout (a dead or stuck consumer's); past max_deliveries they move to the DLQ and their job
+# fails with the reason, otherwise they are claimed for running again.
+RECLAIM = (
+    _PRELUDE
+    + """
+local res = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
+local out = {}
+for _, e in ipairs(res[2]) do
+  local eid, fields = e[1], e[2]
+  local info = redis.call('XPENDING', KEYS[1], ARGV[1], eid, eid, 1)
+  local deliveries = info[1] and tonumber(info[1][4]) or 1
+  local jid = field(fields, 'id')
+  if deliveries > tonumber(ARGV[7]) then
+    local reason = 'dead-lettered after ' .. deliveries .. ' deliveries without finishing'
+      .. ' (max_deliveries ' .. ARGV[7] .. ')'
+    local dead = {'entry', eid, 'reason', reason, 'deliveries', deliveries}
+    for i = 1, #fields do table.insert(dead, fields[i]) end
+    redis.call('XADD', KEYS[2], '*', unpack(dead))
+    local jk = jid and (ARGV[5] .. jid)
+    if jk and can(redis.call('HGET', jk, 'status'), 'failed') then
+      local err = cjson.encode({type = 'DeadLettered', message = reason})
+      redis.call('HSET', jk, 'status', 'failed', 'error', err, 'finished', ARGV[6])
+      redis.call('EXPIRE', jk, ARGV[8])
+      local reply = field(fields, 'reply')
+      if reply and reply ~= '' then
+        local m = redis.call('HMGET', jk, 'model', 'variant')
+        redis.call('PUBLISH', reply, cjson.encode({id = jid, status = 'failed', model = m[1],
+          variant = m[2], error = {type = 'DeadLettered', message = reason}}))
+      end
+    end
+    redis.call('XACK', KEYS[1], ARGV[1], eid)
+    redis.call('XDEL', KEYS[1], eid)
+    table.insert(out, {eid, fields, 'dead'})
+  else
+    local status = jid and claim(ARGV[5] .. jid, ARGV[6], ARGV[2]) or 'missing'
+    table.insert(out, {eid, fields, status})
+  end
+end
+return out
+"""
+)
+
+# KEYS[1]=stream, KEYS[2]=this second's drained counter; ARGV: group, ttl_s, job-key prefix,
+# then per job a record:
 #   entry_id, job_id, reply_channel, message, status, nfields, field, value, ...
 # status '' means only acknowledge (job already terminal, cancelled or gone).
 # Writes each allowed result, publishes it, then XACK + XDEL the whole batch.
@@ -82,6 +145,7 @@ while i <= #ARGV do
       local args = {'status', status}
       for j = 1, n * 2 do table.insert(args, ARGV[i + 5 + j]) end
       redis.call('HSET', jk, unpack(args))
+      redis.call('HINCRBY', jk, 'writes', 1)
       redis.call('EXPIRE', jk, ARGV[2])
       if reply ~= '' then redis.call('PUBLISH', reply, msg) end
       written = written + 1
@@ -92,6 +156,8 @@ end
 if #ids > 0 then
   redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
   redis.call('XDEL', KEYS[1], unpack(ids))
+  redis.call('INCRBY', KEYS[2], #ids)
+  redis.call('EXPIRE', KEYS[2], 120)
 end
 return written
 """

@@ -74,6 +74,15 @@ class JobNotFound(LookupError):
     pass
 
 
+class QueueFull(Exception):
+    """The partition is at its `max_length` (queued plus in flight): admission refused."""
+
+    def __init__(self, stream: str, length: int) -> None:
+        super().__init__(f"{stream} holds {length} entries")
+        self.stream = stream
+        self.length = length
+
+
 class JobStore:
     """Every read and write of job hashes goes through here (or the worker's batch scripts)."""
 
@@ -82,24 +91,32 @@ class JobStore:
         self.keys = keys
         self.ttl_s = ttl_s
         self._transition = client.register_script(job_scripts.TRANSITION)
+        self._enqueue = client.register_script(job_scripts.ENQUEUE)
 
     async def create(
-        self, entry: RequestEntry, stream: str, fields: Mapping[str, str | int]
+        self,
+        entry: RequestEntry,
+        stream: str,
+        fields: Mapping[str, str | int],
+        max_length: int = 0,
     ) -> None:
-        """Write the queued job and append its entry in one MULTI/EXEC: never one alone."""
-        key = self.keys.job(entry.job_id)
-        pipe = self.redis.pipeline(transaction=True)
-        mapping: dict[Any, Any] = {
+        """Write the queued job and append its entry atomically (never one alone), unless the
+        partition already holds `max_length` entries: then raise QueueFull and write nothing."""
+        mapping: dict[str, str | int] = {
             **fields,
             "status": JobStatus.QUEUED.value,
             "created": entry.enqueued_ms,
             "reply": entry.reply,
             "tenant": entry.tenant,
         }
-        pipe.hset(key, mapping=mapping)
-        pipe.expire(key, self.ttl_s)
-        pipe.xadd(stream, entry.encode())  # type: ignore[arg-type]
-        await pipe.execute()
+        hash_args = [part for pair in mapping.items() for part in pair]
+        entry_args = [part for pair in entry.encode().items() for part in pair]
+        admitted, length = await self._enqueue(
+            keys=[self.keys.job(entry.job_id), stream],
+            args=[max_length, self.ttl_s, len(mapping), *hash_args, *entry_args],
+        )
+        if not admitted:
+            raise QueueFull(stream, int(length))
 
     async def get(self, job_id: str) -> JobRecord | None:
         raw = await self.redis.hgetall(self.keys.job(job_id))

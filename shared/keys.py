@@ -32,6 +32,10 @@ class Keys:
     def reply(self, producer: str) -> str:
         return f"{self.prefix}reply:{producer}"
 
+    def drained(self, stream: str, second: int) -> str:
+        """Entries a partition finished in one wall-clock second (drain rate for Retry-After)."""
+        return f"{stream}:drained:{second}"
+
     def dlq(self, model: str, variant: str) -> str:
         return f"{self.prefix}dlq:{model}:{variant}"
 

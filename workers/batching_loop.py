@@ -12,6 +12,8 @@ from shared.job_store import now_ms
 from shared.model_repository import ModelConfig
 from workers.batch_executor import Outcome, execute
 from workers.engines.base import BatchEngine
+from workers.reclaim import Reclaimer
+from workers.redis_backoff import OUTAGE, Backoff, until_done
 from workers.result_writer import Finish, ResultWriter
 from workers.stream_reader import Delivery, StreamReader
 
@@ -26,6 +28,7 @@ class BatchingLoop:
         engine: BatchEngine,
         reader: StreamReader,
         writer: ResultWriter,
+        reclaimer: Reclaimer,
         block_ms: int,
     ) -> None:
         self.config = config
@@ -33,18 +36,32 @@ class BatchingLoop:
         self.engine = engine
         self.reader = reader
         self.writer = writer
+        self.reclaimer = reclaimer
         self.block_ms = block_ms
         self.stopping = asyncio.Event()
 
     async def run(self) -> None:
-        """Serve until asked to stop; the batch in hand is always finished and acknowledged."""
-        await self.reader.ensure_group()
+        """Serve until asked to stop; the batch in hand is always finished and acknowledged.
+        Redis outages pause the loop (capped backoff) without losing the consumer's entries."""
+        backoff = Backoff()
         while not self.stopping.is_set():
-            batch = await self.reader.next_batch(
-                self.config.max_batch_size, self.config.max_queue_delay_ms, self.block_ms
-            )
-            if batch:
-                await self.process(batch)
+            try:
+                await self.step()
+                backoff.reset()
+            except OUTAGE as exc:
+                await backoff.sleep(exc)
+
+    async def step(self) -> None:
+        if self.reclaimer.due():
+            await self.reader.ensure_group()
+            if abandoned := await self.reclaimer.reclaim():
+                await self.process(abandoned)
+                return
+        batch = await self.reader.next_batch(
+            self.config.max_batch_size, self.config.max_queue_delay_ms, self.block_ms
+        )
+        if batch:
+            await self.process(batch)
 
     async def process(self, batch: list[Delivery]) -> None:
         finishes: list[Finish] = []
@@ -58,7 +75,7 @@ class BatchingLoop:
         inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry is not None]
         outcomes = await execute(self.engine, inputs)
         finishes += [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
-        await self.writer.finish(self.reader.stream, finishes)
+        await until_done(lambda: self.writer.finish(self.reader.stream, finishes))
 
     def _skip_or_expire(self, delivery: Delivery) -> Finish | None:
         entry = delivery.entry

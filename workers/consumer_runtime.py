@@ -18,6 +18,7 @@ from shared.settings import Settings
 from workers.batching_loop import BatchingLoop
 from workers.engines.base import BatchEngine
 from workers.engines.registry import create_engine
+from workers.reclaim import Reclaimer
 from workers.result_writer import ResultWriter
 from workers.stream_reader import StreamReader
 
@@ -69,14 +70,7 @@ class ConsumerRuntime:
         client = aioredis.Redis.from_url(self.settings.redis_url)
         writer = ResultWriter(client, self.keys, self.settings.result_ttl_s)
         for config, variant in self.partitions:
-            engine = await self._load_engine(config, variant)
-            reader = StreamReader(
-                client, self.keys, self.keys.queue(config.name, variant), self.consumer
-            )
-            await reader.ensure_group()
-            self._loops.append(
-                BatchingLoop(config, variant, engine, reader, writer, self.settings.block_ms)
-            )
+            self._loops.append(await self._build_loop(client, writer, config, variant))
         self._ready.set_result(None)
         log.info("serving %s as %s", [f"{c.name}:{v}" for c, v in self.partitions], self.consumer)
         try:
@@ -85,6 +79,20 @@ class ConsumerRuntime:
             for engine in self._engines:
                 engine.close()
             await client.aclose()
+
+    async def _build_loop(
+        self, client: aioredis.Redis, writer: ResultWriter, config: ModelConfig, variant: str
+    ) -> BatchingLoop:
+        engine = await self._load_engine(config, variant)
+        stream = self.keys.queue(config.name, variant)
+        reader = StreamReader(client, self.keys, stream, self.consumer)
+        await reader.ensure_group()
+        reclaimer = Reclaimer(
+            client, self.keys, config, variant, stream, self.consumer, self.settings.result_ttl_s
+        )
+        return BatchingLoop(
+            config, variant, engine, reader, writer, reclaimer, self.settings.block_ms
+        )
 
     async def _load_engine(self, config: ModelConfig, variant: str) -> BatchEngine:
         engine = create_engine(config, variant, self.settings.artifact_dir)

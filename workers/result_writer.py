@@ -3,6 +3,7 @@ in one Lua script, so a result is visible if and only if its entry is acknowledg
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -43,10 +44,11 @@ class ResultWriter:
         if not batch:
             return 0
         args: list[str | bytes | int] = [GROUP, self.ttl_s, self.keys.job_prefix]
+        drained = self.keys.drained(stream, int(time.time()))
         for item in batch:
             args += [item.entry_id, item.job_id, item.reply, item.message(), item.status]
             args.append(len(item.fields))
             for name, value in item.fields.items():
                 args += [name, value]
-        written: int = await self._finish(keys=[stream], args=args)
+        written: int = await self._finish(keys=[stream, drained], args=args)
         return written

@@ -55,7 +55,7 @@ class StreamReader:
             keys=[self.stream],
             args=[GROUP, self.consumer, count, self.keys.job_prefix, now],
         )
-        return [_delivery(eid, _pairs(fields), status, now) for eid, fields, status in rows or []]
+        return [decode_delivery(eid, fields, status, now) for eid, fields, status in rows or []]
 
     async def wait(self, count: int, block_ms: int) -> list[Delivery]:
         """Block up to `block_ms` for new entries, then claim what arrived."""
@@ -112,13 +112,12 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def _delivery(entry_id: bytes, fields: dict[bytes, bytes], status: bytes, now: int) -> Delivery:
+def decode_delivery(entry_id: bytes, flat: list[bytes], status: bytes, now: int) -> Delivery:
+    """A Lua script's `{id, fields, status}` row as a Delivery (undecodable: entry None)."""
     try:
-        entry: RequestEntry | None = RequestEntry.decode(fields)
+        entry: RequestEntry | None = RequestEntry.decode(
+            dict(zip(flat[::2], flat[1::2], strict=True))
+        )
     except (KeyError, ValueError):
         log.error("undecodable entry %r on stream; acknowledging it", entry_id)
         entry = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import ORJSONResponse
 
 from producer_api.errors import ConveyorError
@@ -14,6 +14,9 @@ from producer_api.state import ProducerState, producer_state
 
 router = APIRouter(tags=["jobs"])
 JOB_ID = Path(max_length=128, description="Job id")
+IDEMPOTENCY_KEY = Header(
+    default=None, alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$"
+)
 WAIT = Query(default=0.0, ge=0, le=600, description="Seconds to wait for a terminal state")
 
 
@@ -25,8 +28,10 @@ Service = Annotated[JobsService, Depends(jobs_service)]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "Unknown model, variant or job"},
+    409: {"description": "Idempotency-Key reused with another body, or job already ended"},
     413: {"description": "Body too large"},
     422: {"description": "Invalid request"},
+    429: {"description": "Partition full; see Retry-After"},
     503: {"description": "Queue unreachable"},
 }
 
@@ -51,9 +56,19 @@ def _wait_limit(request: Request, wait: float) -> float:
 
 @router.post("/v1/jobs", status_code=202, response_model=JobAccepted, responses=_ERRORS)
 async def submit_job(
-    body: JobRequest, request: Request, service: Service, wait: float = WAIT
+    body: JobRequest,
+    request: Request,
+    service: Service,
+    wait: float = WAIT,
+    idempotency_key: str | None = IDEMPOTENCY_KEY,
 ) -> ORJSONResponse:
-    """Enqueue a job; with `wait`, answer 200 with the finished job if it ends in time."""
+    """Enqueue a job; with `wait`, answer 200 with the finished job if it ends in time. A
+    repeated `Idempotency-Key` with the same body answers 200 with the original job."""
+    if idempotency_key is not None:
+        job_id, variant, created = await service.submit(body.model, body, idempotency_key)
+        if not created:
+            return ORJSONResponse(await service.get(job_id, _wait_limit(request, wait)))
+        return ORJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
     if wait > 0:
         job_id, variant, view = await service.submit_and_wait(
             body.model, body, _wait_limit(request, wait)
@@ -61,8 +76,8 @@ async def submit_job(
         if view is not None:
             return ORJSONResponse(view, status_code=200)
         return ORJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
-    entry, variant = await service.submit(body.model, body)
-    return ORJSONResponse(_accepted(request, entry.job_id, "queued", body.model, variant), 202)
+    job_id, variant, _ = await service.submit(body.model, body)
+    return ORJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
 
 
 @router.get("/v1/jobs/{job_id}", name="get_job", response_model=JobView, responses=_ERRORS)

@@ -10,14 +10,14 @@ import uuid
 from typing import Any
 
 from producer_api.errors import ConveyorError
+from producer_api.jobs.admission import IdempotencyKeys, fingerprint, queue_full_error
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.state import ProducerState
 from shared.codec import RequestEntry
 from shared.job_states import IllegalTransition, JobStatus
-from shared.job_store import JobNotFound, now_ms
+from shared.job_store import JobNotFound, QueueFull, now_ms
 from shared.model_repository import ModelConfig
 from shared.routing import UnknownVariant, choose_variant
-
 
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -63,19 +63,40 @@ class JobsService:
     async def enqueue(
         self, entry: RequestEntry, config: ModelConfig, variant: str, body: PredictRequest
     ) -> None:
+        """Append to the partition, or 429 when it holds `queue.max_length` entries already."""
         keys = self.state.keys
         lane = keys.bulk_queue if body.priority == "bulk" else keys.queue
+        stream = lane(config.name, variant)
         fields: dict[str, str | int] = {
             "model": config.name,
             "variant": variant,
             "deadline": entry.deadline_ms,
         }
-        await self.state.store.create(entry, lane(config.name, variant), fields)
+        try:
+            await self.state.store.create(entry, stream, fields, config.queue.max_length)
+        except QueueFull as full:
+            raise await queue_full_error(self.state, stream, full.length) from None
 
-    async def submit(self, model: str, body: PredictRequest) -> tuple[RequestEntry, str]:
+    async def submit(
+        self, model: str, body: PredictRequest, idempotency_key: str | None = None
+    ) -> tuple[str, str, bool]:
+        """Enqueue a job; returns (job id, variant, created). With an idempotency key seen
+        before (same body), nothing is enqueued and the first job's id comes back."""
         entry, config, variant = self.build(model, body)
-        await self.enqueue(entry, config, variant, body)
-        return entry, variant
+        if idempotency_key is None:
+            await self.enqueue(entry, config, variant, body)
+            return entry.job_id, variant, True
+        idempotency = IdempotencyKeys(self.state)
+        body_print = fingerprint({"model": model, **body.model_dump(mode="json")})
+        first = await idempotency.claim(entry.tenant, idempotency_key, entry.job_id, body_print)
+        if first is not None:
+            return first, variant, False
+        try:
+            await self.enqueue(entry, config, variant, body)
+        except BaseException:
+            await idempotency.release(entry.tenant, idempotency_key)
+            raise
+        return entry.job_id, variant, True
 
     async def submit_and_wait(
         self, model: str, body: PredictRequest, timeout: float

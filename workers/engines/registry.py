@@ -17,10 +17,12 @@ BACKENDS: dict[str, str] = {
 
 
 def engine_class(backend: str) -> type[BatchEngine] | type[GenerateEngine]:
-    try:
-        module_name, _, class_name = BACKENDS[backend].partition(":")
-    except KeyError:
-        raise ValueError(f"unknown backend {backend!r}; known: {sorted(BACKENDS)}") from None
+    """A known backend name, or `package.module:Class` for a custom engine (like Triton's
+    Python backend: the engine's code lives with the deployment, not in Conveyor)."""
+    target = BACKENDS.get(backend, backend if ":" in backend else None)
+    if target is None:
+        raise ValueError(f"unknown backend {backend!r}; known: {sorted(BACKENDS)}")
+    module_name, _, class_name = target.partition(":")
     cls: type[BatchEngine] | type[GenerateEngine] = getattr(
         importlib.import_module(module_name), class_name
     )

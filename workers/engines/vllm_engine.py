@@ -150,7 +150,9 @@ class VllmEngine(GenerateEngine):
         max_model_len = self._running_engine().model_config.max_model_len
         room = max_model_len - prompt_tokens
         if room < 1:
-            raise ValueError(f"prompt has {prompt_tokens} tokens; the context holds {max_model_len}")
+            raise ValueError(
+                f"prompt has {prompt_tokens} tokens; the context holds {max_model_len}"
+            )
         limit = int(self.parameters.get("max_tokens_limit", room))
         return SamplingParams(
             n=1,

@@ -1,0 +1,149 @@
+"""The minilm example on ONNX Runtime: the offline export serves the same vectors as the PyTorch
+weights (as sentence-transformers computes them), per text, whatever the micro-batch around it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.minilm_reference import (
+    DIMENSION,
+    MAX_SEQ_LENGTH,
+    SENTENCES,
+    minilm_config,
+    model_dir,
+    prepared_artifacts,
+    reference_embeddings,
+)
+from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
+from workers.engines.registry import create_engine
+from workers.engines.text_encoding import TokenBatch
+from workers.model_prep.minilm import prepare
+
+SHORT_TEXTS = ["hi", "a cat", "queues and workers", "one more short sentence here"]
+
+
+class RecordingEngine(OnnxRuntimeEngine):
+    """The real engine, noting the shape of every session call it makes."""
+
+    def load(self) -> None:
+        super().load()
+        self.call_shapes: list[tuple[int, int]] = []
+
+    def run_batch(self, batch: TokenBatch) -> np.ndarray:
+        self.call_shapes.append(batch.shape)
+        return super().run_batch(batch)
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    return prepared_artifacts()
+
+
+def make_engine(artifacts: Path, **parameters: Any) -> RecordingEngine:
+    config = minilm_config()
+    config = config.model_copy(update={"parameters": {**config.parameters, **parameters}})
+    engine = RecordingEngine(config, "default", str(artifacts))
+    engine.load()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engine(artifacts: Path) -> RecordingEngine:
+    engine = make_engine(artifacts)
+    engine.warmup()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def reference() -> np.ndarray:
+    return reference_embeddings(SENTENCES)
+
+
+def vectors(outputs: list[dict[str, Any]]) -> np.ndarray:
+    return np.array([v for out in outputs for v in out["embeddings"]], dtype=np.float64)
+
+
+def test_embeddings_equal_the_pytorch_reference(engine, reference):
+    engine.call_shapes.clear()
+    outputs = engine.infer([{"texts": SENTENCES}])
+    got = vectors(outputs)
+    assert got.shape == (len(SENTENCES), DIMENSION)
+    assert all(type(x) is float for x in outputs[0]["embeddings"][0])
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    cosines = (got * reference).sum(axis=1)
+    assert cosines.min() >= 0.999, dict(zip(SENTENCES, cosines.round(6), strict=True))
+    # The long sentence was truncated to the model's limit, so the call was exactly that wide.
+    assert engine.call_shapes == [(len(SENTENCES), MAX_SEQ_LENGTH)]
+
+
+def test_reference_is_what_sentence_transformers_computes(reference):
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(model_dir()), device="cpu", local_files_only=True)
+    assert model.max_seq_length == MAX_SEQ_LENGTH
+    expected = model.encode(SENTENCES, normalize_embeddings=True)
+    assert (expected * reference).sum(axis=1).min() >= 0.99999
+
+
+def test_padding_is_to_the_longest_text_of_the_micro_batch(engine):
+    engine.call_shapes.clear()
+    together = vectors(engine.infer([{"texts": SHORT_TEXTS}]))
+    longest = max(len(engine.encoder.tokenize([t]).input_ids[0]) for t in SHORT_TEXTS)
+    assert engine.call_shapes == [(len(SHORT_TEXTS), longest)]
+    assert longest < 16
+    alone = vectors([out for text in SHORT_TEXTS for out in engine.infer([{"texts": [text]}])])
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+
+
+def test_one_call_serves_every_job_and_splits_back_per_job(engine, reference):
+    jobs = [{"texts": SENTENCES[:3]}, {"texts": [SENTENCES[3]]}, {"texts": SENTENCES[4:]}]
+    engine.call_shapes.clear()
+    outputs = engine.infer(jobs)
+    assert len(engine.call_shapes) == 1
+    assert [len(out["embeddings"]) for out in outputs] == [3, 1, len(SENTENCES) - 4]
+    assert (vectors(outputs) * reference).sum(axis=1).min() >= 0.999
+
+
+def test_a_huge_micro_batch_is_split_into_calls_of_bounded_size(artifacts, reference):
+    engine = make_engine(artifacts, max_texts_per_call=5)
+    got = vectors(engine.infer([{"texts": SENTENCES[:7]}, {"texts": SENTENCES[7:]}]))
+    assert [rows for rows, _ in engine.call_shapes] == [5, 5, 2]
+    assert (got * reference).sum(axis=1).min() >= 0.999
+
+
+def test_a_job_without_texts_gets_no_vectors(engine):
+    outputs = engine.infer([{"texts": []}, {"texts": ["only me"]}])
+    assert outputs[0] == {"embeddings": []}
+    assert len(outputs[1]["embeddings"]) == 1
+
+
+def test_bad_input_raises_so_the_loop_can_isolate_it(engine):
+    with pytest.raises(ValueError, match="list of strings"):
+        engine.infer([{"texts": ["fine", 3]}])
+    with pytest.raises(ValueError, match="list of strings"):
+        engine.infer([{"text": "wrong key"}])
+
+
+def test_a_provider_that_is_not_installed_fails_loudly(artifacts):
+    with pytest.raises(RuntimeError, match="NoSuchExecutionProvider"):
+        make_engine(artifacts, providers=[{"NoSuchExecutionProvider": {"device_id": 0}}])
+
+
+def test_the_registry_builds_this_engine_for_the_minilm_config(artifacts):
+    engine = create_engine(minilm_config(), "default", artifacts.parent)
+    assert isinstance(engine, OnnxRuntimeEngine)
+    assert Path(engine.artifact_dir) == artifacts
+
+
+def test_prepare_keeps_cached_artifacts_unless_forced(artifacts):
+    onnx_path = artifacts / "model.onnx"
+    before = onnx_path.stat().st_mtime_ns
+    prepare(minilm_config(), artifacts, False)
+    assert onnx_path.stat().st_mtime_ns == before
+    assert not [p.name for p in artifacts.iterdir() if p.name.endswith(".tmp")]

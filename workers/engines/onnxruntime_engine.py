@@ -1,0 +1,94 @@
+"""Sentence-encoder engine on ONNX Runtime: the CPU backend of the example models, and on a GPU
+the CUDA or TensorRT execution providers, chosen by the model config's `providers`."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from workers.engines.base import BatchEngine
+from workers.engines.text_encoding import (
+    DEFAULT_MAX_SEQ_LENGTH,
+    DEFAULT_MAX_TEXTS_PER_CALL,
+    TextEncoder,
+    TokenBatch,
+    embed_jobs,
+)
+
+log = logging.getLogger(__name__)
+
+ProviderSpec = str | tuple[str, dict[str, Any]]
+
+
+def provider_specs(configured: list[Any]) -> list[ProviderSpec]:
+    """Config entries are a provider name or `{name: {option: value}}` (like
+    `{CUDAExecutionProvider: {device_id: 0}}`); ONNX Runtime takes names or (name, options)."""
+    specs: list[ProviderSpec] = []
+    for entry in configured:
+        if isinstance(entry, str):
+            specs.append(entry)
+        elif isinstance(entry, dict) and len(entry) == 1:
+            [(name, options)] = entry.items()
+            specs.append((str(name), dict(options or {})))
+        else:
+            raise ValueError(f"providers entry {entry!r} is neither a name nor {{name: options}}")
+    available = set(ort.get_available_providers())
+    missing = [_name(s) for s in specs if _name(s) not in available]
+    if missing:
+        # ONNX Runtime would silently fall back to the CPU; a GPU pool must not.
+        raise RuntimeError(f"providers {missing} are not available here; have {sorted(available)}")
+    return specs
+
+
+def _name(spec: ProviderSpec) -> str:
+    return spec if isinstance(spec, str) else spec[0]
+
+
+class OnnxRuntimeEngine(BatchEngine):
+    """Runs each micro-batch as one session call over all its texts, padded to the longest."""
+
+    def load(self) -> None:
+        artifact_dir = Path(self.artifact_dir)
+        max_seq_length = int(self.parameters.get("max_seq_length", DEFAULT_MAX_SEQ_LENGTH))
+        self.encoder = TextEncoder.from_artifacts(artifact_dir, max_seq_length)
+        self.max_texts_per_call = int(
+            self.parameters.get("max_texts_per_call", DEFAULT_MAX_TEXTS_PER_CALL)
+        )
+        model_path = artifact_dir / (self.config.artifact or "model.onnx")
+        if not model_path.is_file():
+            raise FileNotFoundError(f"{model_path} is missing; run `conveyor models prepare`")
+        self.session = ort.InferenceSession(
+            str(model_path),
+            sess_options=self._session_options(),
+            providers=provider_specs(self.parameters.get("providers") or ["CPUExecutionProvider"]),
+        )
+        self.input_names = {i.name for i in self.session.get_inputs()}
+        log.info("onnxruntime session for %s uses %s", model_path, self.session.get_providers())
+
+    def _session_options(self) -> ort.SessionOptions:
+        """`intra_op_threads` 0 lets ONNX Runtime use every core; a worker pinned to a share of
+        the machine sets it lower."""
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = int(self.parameters.get("intra_op_threads", 0))
+        options.inter_op_num_threads = 1
+        return options
+
+    def warmup(self) -> None:
+        self.infer([{"texts": ["warm up the session", "and its kernels for a batch"]}])
+
+    def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return embed_jobs(inputs, self.encoder, self.run_batch, self.max_texts_per_call)
+
+    def run_batch(self, batch: TokenBatch) -> np.ndarray:
+        """One session call: token batch → last hidden states (batch, sequence, 384)."""
+        feeds = {name: value for name, value in batch.feeds().items() if name in self.input_names}
+        hidden: np.ndarray = self.session.run(None, feeds)[0]
+        return hidden
+
+    def close(self) -> None:
+        self.__dict__.pop("session", None)
