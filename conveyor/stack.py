@@ -38,6 +38,7 @@ class Stack:
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    valkey_command: list[str] = field(default_factory=list)
 
     @classmethod
     def create(
@@ -67,8 +68,19 @@ class Stack:
             str(self.log_dir / "valkey"),
             *(f"--set={key}={value}" for key, value in config.items()),
         ]
-        process = self._spawn("valkey", command, {})
+        self.valkey_command = command
         self.settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0")
+        self._spawn_valkey()
+
+    def restart_valkey(self, down_s: float = 0.0) -> None:
+        """Stop the embedded server (it flushes its AOF), stay down `down_s`, start it again on
+        the same port and data."""
+        self.stop_process("valkey")
+        time.sleep(down_s)
+        self._spawn_valkey()
+
+    def _spawn_valkey(self) -> None:
+        process = self._spawn("valkey", self.valkey_command, {})
         self._wait(self._pings, "embedded valkey", process)
 
     base_url: str = ""
@@ -129,8 +141,8 @@ class Stack:
             return process.wait()
 
     def stop(self) -> None:
-        """Stop in reverse start order: workers drain before the producer and Redis go."""
-        for name in reversed(list(self.processes)):
+        """Stop in reverse start order, Redis last: workers drain before the producer goes."""
+        for name in sorted(reversed(list(self.processes)), key=lambda n: n == "valkey"):
             self.stop_process(name)
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -148,6 +160,7 @@ class Stack:
         return process
 
     def _streams(self, models: str, env: dict[str, str]) -> list[str]:
+        env = {**self.env, **env}
         root = Path(env.get("CONVEYOR_MODEL_REPOSITORY", str(self.settings.model_repository)))
         keys = Keys(env.get("CONVEYOR_KEY_PREFIX", self.settings.key_prefix))
         partitions = ModelRepository.load(root).partitions(models.split(","))

@@ -21,6 +21,7 @@ from producer_api.state import ProducerState
 from shared.job_store import JobStore
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
+from shared.redis_client import connect
 from shared.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         keys = Keys(settings.key_prefix)
-        client = aioredis.Redis.from_url(settings.redis_url, health_check_interval=10)
+        client = connect(settings.redis_url)
         repository = ModelRepository.load(settings.model_repository)
         replies = ReplyListener(client, keys.reply(settings.instance_id))
         try:

@@ -3,12 +3,17 @@ sends turns into a 500, and Redis being down is a 503 with Retry-After, not a cr
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
+
+from producer_api.responses import FastJSONResponse
+
+log = logging.getLogger(__name__)
 
 
 class ConveyorError(Exception):
@@ -24,9 +29,9 @@ class ConveyorError(Exception):
 
 def error_response(
     status: int, type_: str, message: str, headers: dict[str, str] | None = None
-) -> ORJSONResponse:
+) -> FastJSONResponse:
     body = {"error": {"type": type_, "message": message}}
-    return ORJSONResponse(body, status_code=status, headers=headers)
+    return FastJSONResponse(body, status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -39,22 +44,23 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ConveyorError)
-    async def _conveyor(_: Request, exc: ConveyorError) -> ORJSONResponse:
+    async def _conveyor(_: Request, exc: ConveyorError) -> FastJSONResponse:
         return error_response(exc.status, exc.type, exc.message, exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> ORJSONResponse:
+    async def _invalid(_: Request, exc: RequestValidationError) -> FastJSONResponse:
         return error_response(422, "invalid_request", _validation_message(exc))
 
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException) -> ORJSONResponse:
+    async def _http(_: Request, exc: HTTPException) -> FastJSONResponse:
         type_ = "not_found" if exc.status_code == 404 else "http_error"
         headers = dict(exc.headers) if exc.headers else None
         return error_response(exc.status_code, type_, str(exc.detail), headers)
 
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)
-    async def _redis_down(_: Request, exc: Exception) -> ORJSONResponse:
+    async def _redis_down(_: Request, exc: Exception) -> FastJSONResponse:
+        log.warning("redis unavailable: %r", exc)
         return error_response(
             503, "unavailable", "the queue is unreachable; retry shortly", {"Retry-After": "1"}
         )

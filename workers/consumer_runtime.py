@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelRepository
+from shared.redis_client import connect
 from shared.settings import Settings
 from workers.batching_loop import BatchingLoop
 from workers.engines.base import BatchEngine
@@ -67,7 +68,7 @@ class ConsumerRuntime:
             self.loop.close()
 
     async def _serve(self) -> None:
-        client = aioredis.Redis.from_url(self.settings.redis_url)
+        client = connect(self.settings.redis_url)
         writer = ResultWriter(client, self.keys, self.settings.result_ttl_s)
         for config, variant in self.partitions:
             self._loops.append(await self._build_loop(client, writer, config, variant))

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import ORJSONResponse
 from redis.exceptions import RedisError
 
 from producer_api.errors import error_response
+from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
 
 router = APIRouter(tags=["health"])
@@ -20,11 +20,11 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(state: Annotated[ProducerState, Depends(producer_state)]) -> ORJSONResponse:
+async def readyz(state: Annotated[ProducerState, Depends(producer_state)]) -> FastJSONResponse:
     try:
         await state.redis.ping()
     except RedisError as exc:
         return error_response(503, "unavailable", f"redis unreachable: {exc}", {"Retry-After": "1"})
     if not state.repository.models:
         return error_response(503, "unavailable", "no models in the repository")
-    return ORJSONResponse({"status": "ready", "models": sorted(state.repository.models)})
+    return FastJSONResponse({"status": "ready", "models": sorted(state.repository.models)})

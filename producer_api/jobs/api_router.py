@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
-from fastapi.responses import ORJSONResponse
 
 from producer_api.errors import ConveyorError
 from producer_api.jobs.protocol import JobAccepted, JobRequest, JobView, PredictRequest
 from producer_api.jobs.serving import JobsService
+from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
 
 router = APIRouter(tags=["jobs"])
@@ -61,37 +61,37 @@ async def submit_job(
     service: Service,
     wait: float = WAIT,
     idempotency_key: str | None = IDEMPOTENCY_KEY,
-) -> ORJSONResponse:
+) -> FastJSONResponse:
     """Enqueue a job; with `wait`, answer 200 with the finished job if it ends in time. A
     repeated `Idempotency-Key` with the same body answers 200 with the original job."""
     if idempotency_key is not None:
         job_id, variant, created = await service.submit(body.model, body, idempotency_key)
         if not created:
-            return ORJSONResponse(await service.get(job_id, _wait_limit(request, wait)))
-        return ORJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
+            return FastJSONResponse(await service.get(job_id, _wait_limit(request, wait)))
+        return FastJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
     if wait > 0:
         job_id, variant, view = await service.submit_and_wait(
             body.model, body, _wait_limit(request, wait)
         )
         if view is not None:
-            return ORJSONResponse(view, status_code=200)
-        return ORJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
+            return FastJSONResponse(view, status_code=200)
+        return FastJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
     job_id, variant, _ = await service.submit(body.model, body)
-    return ORJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
+    return FastJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
 
 
 @router.get("/v1/jobs/{job_id}", name="get_job", response_model=JobView, responses=_ERRORS)
 async def get_job(
     request: Request, service: Service, job_id: str = JOB_ID, wait: float = WAIT
-) -> ORJSONResponse:
+) -> FastJSONResponse:
     """Read a job; with `wait`, long-poll until it is terminal or the wait ends."""
-    return ORJSONResponse(await service.get(job_id, _wait_limit(request, wait)))
+    return FastJSONResponse(await service.get(job_id, _wait_limit(request, wait)))
 
 
 @router.delete("/v1/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
-async def cancel_job(service: Service, job_id: str = JOB_ID) -> ORJSONResponse:
+async def cancel_job(service: Service, job_id: str = JOB_ID) -> FastJSONResponse:
     """Cancel a queued or running job (409 if it already ended)."""
-    return ORJSONResponse(await service.cancel(job_id))
+    return FastJSONResponse(await service.cancel(job_id))
 
 
 @router.post("/v1/models/{model}/predict", response_model=JobView, responses=_ERRORS)
@@ -101,20 +101,20 @@ async def predict(
     service: Service,
     model: str = Path(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
     timeout: float = Query(default=30.0, gt=0, le=600),
-) -> ORJSONResponse:
+) -> FastJSONResponse:
     """Submit and wait: 200 with outputs, or 202 with the job's URLs if it is still running."""
     job_id, variant, view = await service.submit_and_wait(
         model, body, _wait_limit(request, timeout)
     )
     if view is None:
-        return ORJSONResponse(_accepted(request, job_id, "queued", model, variant), 202)
+        return FastJSONResponse(_accepted(request, job_id, "queued", model, variant), 202)
     return _predict_response(view)
 
 
-def _predict_response(view: dict[str, Any]) -> ORJSONResponse:
+def _predict_response(view: dict[str, Any]) -> FastJSONResponse:
     status = view.get("status")
     if status == "succeeded":
-        return ORJSONResponse(view)
+        return FastJSONResponse(view)
     error = view.get("error") or {}
     message = f"job {view['id']} {status}: {error.get('message', '')}".rstrip(": ")
     codes = {"failed": 422, "cancelled": 409, "expired": 504}

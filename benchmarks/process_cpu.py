@@ -1,0 +1,54 @@
+"""CPU time each process spends per request: on a small shared machine wall-clock throughput
+drifts with the neighbours, but CPU milliseconds per request show which process costs what."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import psutil
+
+
+def _cpu_s(pid: int, children: bool) -> float:
+    """User + system seconds of a process, and of its children when asked (the embedded
+    Valkey's launcher runs the server binary as a child)."""
+    try:
+        process = psutil.Process(pid)
+        members = [process, *(process.children(recursive=True) if children else [])]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for member in members:
+        try:
+            times = member.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+class CpuMeter:
+    """CPU seconds used by named processes between `start()` and `stop()`; the load generator
+    (this process) is always counted as `load generator`."""
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self.pids = dict(pids)
+        self._before: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        # The load generator's children are the servers themselves: count it alone.
+        now = {name: _cpu_s(pid, children=True) for name, pid in self.pids.items()}
+        return {**now, "load generator": _cpu_s(os.getpid(), children=False)}
+
+    def start(self) -> None:
+        self._before = self._now()
+
+    def stop(self) -> dict[str, float]:
+        return {name: value - self._before[name] for name, value in self._now().items()}
+
+
+def per_request_ms(cpu_s: Mapping[str, float], requests: int) -> dict[str, float]:
+    """CPU milliseconds per completed request, by process."""
+    if requests <= 0:
+        return {name: float("nan") for name in cpu_s}
+    return {name: round(seconds * 1000.0 / requests, 3) for name, seconds in cpu_s.items()}

@@ -1,0 +1,69 @@
+"""How big a benchmark run is: `full` is `make bench` (under 15 minutes on 2 cores), `quick` is a
+look in about a minute per part, `smoke` only proves the code still runs (the test suite)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    name: str
+    # Measured seconds per configuration, and unmeasured warm-up before each.
+    seconds: float
+    warmup_s: float
+    # Upper bound on requests per configuration, whatever the time.
+    max_requests: int
+    # Part A: closed-loop concurrencies.
+    concurrencies: tuple[int, ...]
+    # Part B: engine batch sizes in-process; offered rates as fractions of the engine's best
+    # throughput; max_queue_delay_ms settings of the pipeline.
+    engine_batch_sizes: tuple[int, ...]
+    rate_fractions: tuple[float, ...]
+    queue_delays_ms: tuple[float, ...]
+    # Part D: jobs per phase.
+    redis_jobs: int
+    # Seconds py-spy samples the pipeline's processes for the "where the time goes" section.
+    profile_s: float
+
+
+FULL = Scale(
+    name="full",
+    seconds=4.0,
+    warmup_s=1.0,
+    max_requests=50_000,
+    concurrencies=(1, 8, 32, 128),
+    engine_batch_sizes=(1, 2, 4, 8, 16, 32, 64),
+    rate_fractions=(0.25, 0.5, 0.7, 0.85, 1.0, 1.2),
+    queue_delays_ms=(0.0, 2.0, 5.0, 10.0),
+    redis_jobs=2_000,
+    profile_s=5.0,
+)
+
+QUICK = Scale(
+    name="quick",
+    seconds=2.0,
+    warmup_s=0.5,
+    max_requests=20_000,
+    concurrencies=(1, 8, 32, 128),
+    engine_batch_sizes=(1, 4, 16, 64),
+    rate_fractions=(0.5, 0.85, 1.2),
+    queue_delays_ms=(0.0, 2.0, 5.0, 10.0),
+    redis_jobs=500,
+    profile_s=2.0,
+)
+
+SMOKE = Scale(
+    name="smoke",
+    seconds=0.5,
+    warmup_s=0.2,
+    max_requests=500,
+    concurrencies=(1, 8),
+    engine_batch_sizes=(1, 4),
+    rate_fractions=(0.3, 1.2),
+    queue_delays_ms=(2.0,),
+    redis_jobs=40,
+    profile_s=1.0,
+)
+
+SCALES = {scale.name: scale for scale in (FULL, QUICK, SMOKE)}

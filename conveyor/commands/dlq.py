@@ -1,0 +1,70 @@
+"""`conveyor dlq list|replay|purge MODEL [--variant V]`: manage a partition's dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import click
+
+from shared.dead_letters import DeadLetters
+from shared.job_store import JobStore
+from shared.keys import Keys
+from shared.redis_client import connect
+from shared.settings import get_settings
+
+T = TypeVar("T")
+
+
+def _run(model: str, variant: str, action: Callable[[DeadLetters], Awaitable[T]]) -> T:
+    async def main() -> T:
+        settings = get_settings()
+        client = connect(settings.redis_url)
+        keys = Keys(settings.key_prefix)
+        try:
+            store = JobStore(client, keys, settings.result_ttl_s)
+            return await action(DeadLetters(store, keys, model, variant))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+@click.group("dlq")
+def command() -> None:
+    """Dead-letter queues (entries that exhausted max_deliveries)."""
+
+
+model_argument = click.argument("model")
+variant_option = click.option("--variant", default="default", show_default=True)
+ids_option = click.option("--id", "ids", multiple=True, help="Only these DLQ entry ids.")
+
+
+@command.command("list")
+@model_argument
+@variant_option
+def list_letters(model: str, variant: str) -> None:
+    """Print each dead letter: DLQ id, job id, deliveries, reason."""
+    for letter in _run(model, variant, lambda d: d.entries()):
+        click.echo(f"{letter.dlq_id}\t{letter.job_id}\t{letter.deliveries}\t{letter.reason}")
+
+
+@command.command("replay")
+@model_argument
+@variant_option
+@ids_option
+def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
+    """Enqueue dead letters again as new jobs (prints old → new job id)."""
+    for old, new in _run(model, variant, lambda d: d.replay(list(ids) or None)):
+        click.echo(f"{old} -> {new}")
+
+
+@command.command("purge")
+@model_argument
+@variant_option
+@ids_option
+def purge(model: str, variant: str, ids: tuple[str, ...]) -> None:
+    """Delete dead letters (all of the partition's, or the given ids)."""
+    removed = _run(model, variant, lambda d: d.purge(list(ids) or None))
+    click.echo(f"purged {removed}")

@@ -1,0 +1,73 @@
+"""The dead-letter stream of a partition (`cv:dlq:{model}:{variant}`): list what died and why,
+replay it as new jobs once the cause is fixed, or purge it. Dead-lettered jobs stay `failed`
+(terminal states never change); a replay is a new job that records `replay_of`."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from shared.codec import RequestEntry
+from shared.job_store import JobStore, now_ms
+from shared.keys import Keys
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    dlq_id: str
+    job_id: str
+    reason: str
+    deliveries: int
+    entry: RequestEntry
+
+
+class DeadLetters:
+    def __init__(self, store: JobStore, keys: Keys, model: str, variant: str) -> None:
+        self.store = store
+        self.redis = store.redis
+        self.keys = keys
+        self.model = model
+        self.variant = variant
+        self.stream = keys.dlq(model, variant)
+
+    async def entries(self, count: int = 1000) -> list[DeadLetter]:
+        rows: Any = await self.redis.xrange(self.stream, count=count)
+        return [_dead_letter(dlq_id, fields) for dlq_id, fields in rows]
+
+    async def replay(self, ids: list[str] | None = None) -> list[tuple[str, str]]:
+        """Enqueue each dead letter again as a new job; returns (old job id, new job id)."""
+        replayed = []
+        for letter in await self.entries():
+            if ids and letter.dlq_id not in ids:
+                continue
+            entry = RequestEntry(
+                job_id=uuid.uuid4().hex,
+                payload=letter.entry.payload,
+                enqueued_ms=now_ms(),
+                tenant=letter.entry.tenant,
+            )
+            fields = {"model": self.model, "variant": self.variant, "replay_of": letter.job_id}
+            await self.store.create(entry, self.keys.queue(self.model, self.variant), fields)
+            await self.redis.xdel(self.stream, letter.dlq_id)
+            replayed.append((letter.job_id, entry.job_id))
+        return replayed
+
+    async def purge(self, ids: list[str] | None = None) -> int:
+        if ids:
+            removed: int = await self.redis.xdel(self.stream, *ids)
+            return removed
+        depth: int = await self.redis.xlen(self.stream)
+        await self.redis.delete(self.stream)
+        return depth
+
+
+def _dead_letter(dlq_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
+    entry = RequestEntry.decode(fields)
+    return DeadLetter(
+        dlq_id=dlq_id.decode(),
+        job_id=entry.job_id,
+        reason=fields.get(b"reason", b"").decode(),
+        deliveries=int(fields.get(b"deliveries", b"0")),
+        entry=entry,
+    )

@@ -1,0 +1,129 @@
+"""The minilm encoder on TensorRT: an FP16 engine built from the exported ONNX serves the same
+vectors as the PyTorch weights, padding per call, and its plan is built once and reused.
+Runs only where a CUDA GPU with tensorrt and pycuda exists."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.minilm_reference import (
+    DIMENSION,
+    SENTENCES,
+    minilm_config,
+    prepared_artifacts,
+    reference_embeddings,
+)
+from workers.engines.tensorrt_engine import BuildSettings, TensorRTEngine, tensorrt_available
+from workers.engines.text_encoding import TokenBatch
+
+needs_gpu = pytest.mark.skipif(not tensorrt_available(), reason="needs a CUDA GPU (TensorRT)")
+
+SHORT_TEXTS = ["hi", "a cat", "queues and workers", "one more short sentence here"]
+
+
+class RecordingEngine(TensorRTEngine):
+    """The real engine, noting the shape of every execution it runs."""
+
+    def load(self) -> None:
+        super().load()
+        self.call_shapes: list[tuple[int, int]] = []
+
+    def run_batch(self, batch: TokenBatch) -> np.ndarray:
+        self.call_shapes.append(batch.shape)
+        return super().run_batch(batch)
+
+
+@pytest.fixture(scope="module")
+def artifact_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The exported artifacts linked into a temporary folder, so built plans land there."""
+    source = prepared_artifacts()
+    folder = tmp_path_factory.mktemp("minilm-trt")
+    for name in ("model.onnx", "tokenizer.json"):
+        (folder / name).symlink_to(source / name)
+    return folder
+
+
+def make_engine(artifact_dir: Path, **parameters: Any) -> RecordingEngine:
+    config = minilm_config()
+    config = config.model_copy(
+        update={"backend": "tensorrt", "parameters": {**config.parameters, **parameters}}
+    )
+    engine = RecordingEngine(config, "default", str(artifact_dir))
+    engine.load()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engine(artifact_dir: Path) -> Iterator[RecordingEngine]:
+    engine = make_engine(artifact_dir, precision="fp16", max_batch=16, opt_batch=8)
+    engine.warmup()
+    yield engine
+    engine.close()
+
+
+def vectors(outputs: list[dict[str, Any]]) -> np.ndarray:
+    return np.array([v for out in outputs for v in out["embeddings"]], dtype=np.float64)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_fp16_embeddings_equal_the_pytorch_reference(engine):
+    engine.call_shapes.clear()
+    got = vectors(engine.infer([{"texts": SENTENCES[:5]}, {"texts": SENTENCES[5:]}]))
+    assert got.shape == (len(SENTENCES), DIMENSION)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4)
+    cosines = (got * reference_embeddings(SENTENCES)).sum(axis=1)
+    assert cosines.min() >= 0.999, dict(zip(SENTENCES, cosines.round(6), strict=True))
+    assert engine.call_shapes == [(len(SENTENCES), 256)]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_padding_is_per_call_and_does_not_change_vectors(engine):
+    engine.call_shapes.clear()
+    together = vectors(engine.infer([{"texts": SHORT_TEXTS}]))
+    rows, width = engine.call_shapes[0]
+    assert rows == len(SHORT_TEXTS) and width < 16
+    alone = vectors([out for t in SHORT_TEXTS for out in engine.infer([{"texts": [t]}])])
+    assert (together * alone).sum(axis=1).min() >= 0.9999
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_more_texts_than_the_profile_allows_run_as_several_calls(engine):
+    engine.call_shapes.clear()
+    texts = [f"sentence number {i}" for i in range(40)]
+    outputs = engine.infer([{"texts": texts[:25]}, {"texts": texts[25:]}])
+    assert [rows for rows, _ in engine.call_shapes] == [16, 16, 8]
+    assert [len(out["embeddings"]) for out in outputs] == [25, 15]
+    assert (vectors(outputs) * reference_embeddings(texts)).sum(axis=1).min() >= 0.999
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_the_plan_is_built_once_and_reused(engine, artifact_dir):
+    plans = sorted((artifact_dir / "tensorrt").glob("model.fp16.*.plan"))
+    assert len(plans) == 1
+    built_at = plans[0].stat().st_mtime_ns
+    again = make_engine(artifact_dir, precision="fp16", max_batch=16, opt_batch=8)
+    try:
+        got = vectors(again.infer([{"texts": SHORT_TEXTS}]))
+    finally:
+        again.close()
+    assert plans[0].stat().st_mtime_ns == built_at
+    assert (got * reference_embeddings(SHORT_TEXTS)).sum(axis=1).min() >= 0.999
+
+
+def test_settings_refuse_what_tensorrt_cannot_build():
+    """Plain configuration checks: they run on any machine, before a GPU is touched."""
+    with pytest.raises(ValueError, match="precision"):
+        BuildSettings.from_parameters({"precision": "fp8"}, 32)
+    with pytest.raises(ValueError, match="calibration_file"):
+        BuildSettings.from_parameters({"precision": "int8"}, 32)
+    with pytest.raises(ValueError, match="opt <= max"):
+        BuildSettings.from_parameters({"opt_batch": 64}, 32)
