@@ -24,6 +24,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 ARTIFACT_DIR = REPO_ROOT / "var" / "models"
 BIN = Path(sys.executable).parent
+# What parts A, B and D send the identity model: small, like a typical JSON inference request.
+IDENTITY_PAYLOAD: dict[str, Any] = {
+    "inputs": {"text": "a short sentence of the kind people send to a model", "n": 1}
+}
 
 
 def repository_copy(workdir: Path, name: str, overrides: dict[str, dict[str, Any]]) -> Path:
@@ -80,7 +84,7 @@ def spawn(stack: Stack, name: str, command: list[str], env: dict[str, str]) -> i
 
 
 def wait_until_answers(url: str, body: dict[str, Any], timeout: float = 120.0) -> None:
-    """Block until a POST of `body` to `url` answers 200 (a server and what it depends on are up)."""
+    """Block until a POST of `body` to `url` answers 200: the server and its backends are up."""
     deadline = time.monotonic() + timeout
     last = "no answer"
     while time.monotonic() < deadline:

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI
 from redis.exceptions import RedisError, ResponseError
 
+from producer_api.batches.api_router import router as batches_router
 from producer_api.body_limit import BodyLimitMiddleware
 from producer_api.errors import install_error_handlers
 from producer_api.health.api_router import router as health_router
@@ -67,7 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    for router in (jobs_router, models_router, health_router):
+    for router in (jobs_router, batches_router, models_router, health_router):
         app.include_router(router)
     return app
 

@@ -4,7 +4,7 @@ through the state machine atomically; the producer and the workers share this mo
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,15 @@ class JobRecord:
         return job_view(self.job_id, self.fields)
 
 
+@dataclass(slots=True)
+class NewJob:
+    """One job to enqueue: its stream entry, the partition stream, extra job-hash fields."""
+
+    entry: RequestEntry
+    stream: str
+    fields: Mapping[str, str | int]
+
+
 class JobNotFound(LookupError):
     pass
 
@@ -102,8 +111,27 @@ class JobStore:
     ) -> None:
         """Write the queued job and append its entry atomically (never one alone), unless the
         partition already holds `max_length` entries: then raise QueueFull and write nothing."""
+        keys, args = self._enqueue_call(NewJob(entry, stream, fields), max_length)
+        admitted, length = await self._enqueue(keys=keys, args=args)
+        if not admitted:
+            raise QueueFull(stream, int(length))
+
+    async def create_many(self, jobs: Sequence[NewJob], max_length: int = 0) -> list[int]:
+        """`create` for many jobs in one pipelined round trip (each still one atomic ENQUEUE);
+        returns the indexes of the jobs refused because their partition was full."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job in jobs:
+                keys, args = self._enqueue_call(job, max_length)
+                await self._enqueue(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute()
+        return [index for index, (admitted, _) in enumerate(replies) if not admitted]
+
+    def _enqueue_call(
+        self, job: NewJob, max_length: int
+    ) -> tuple[list[str], list[str | bytes | int]]:
+        entry = job.entry
         mapping: dict[str, str | int] = {
-            **fields,
+            **job.fields,
             "status": JobStatus.QUEUED.value,
             "created": entry.enqueued_ms,
             "reply": entry.reply,
@@ -111,12 +139,8 @@ class JobStore:
         }
         hash_args = [part for pair in mapping.items() for part in pair]
         entry_args = [part for pair in entry.encode().items() for part in pair]
-        admitted, length = await self._enqueue(
-            keys=[self.keys.job(entry.job_id), stream],
-            args=[max_length, self.ttl_s, len(mapping), *hash_args, *entry_args],
-        )
-        if not admitted:
-            raise QueueFull(stream, int(length))
+        keys = [self.keys.job(entry.job_id), job.stream]
+        return keys, [max_length, self.ttl_s, len(mapping), *hash_args, *entry_args]
 
     async def get(self, job_id: str) -> JobRecord | None:
         raw = await self.redis.hgetall(self.keys.job(job_id))
@@ -147,6 +171,23 @@ class JobStore:
         if updated is None:
             raise JobNotFound(job_id)
         return updated
+
+    async def settle_many(
+        self, job_ids: Sequence[str], target: JobStatus, fields: Mapping[str, str | int]
+    ) -> int:
+        """Move many jobs that nobody waits on (no reply channel, e.g. batch items) to a
+        terminal `target` in one pipelined round trip; jobs already terminal stay as they are.
+        Returns how many moved."""
+        flat = [str(part) for pair in {"finished": now_ms(), **fields}.items() for part in pair]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                await self._transition(
+                    keys=[self.keys.job(job_id)],
+                    args=[target.value, "", "", self.ttl_s, *flat],
+                    client=pipe,
+                )
+            replies = await pipe.execute()
+        return sum(1 for ok, _ in replies if ok)
 
 
 def _strs(fields: Mapping[str, str | int]) -> dict[str, str]:

@@ -44,3 +44,45 @@ class Keys:
 
     def routes(self, model: str) -> str:
         return f"{self.prefix}routes:{model}"
+
+    def batch(self, batch_id: str) -> str:
+        """A batch's metadata, counters and webhook log (hash)."""
+        return f"{self.prefix}batch:{batch_id}"
+
+    def batch_items(self, batch_id: str) -> str:
+        """Job ids of a batch's enqueued lines, in line order (list)."""
+        return f"{self.prefix}batch:{batch_id}:items"
+
+    def batch_open(self, batch_id: str, model: str, variant: str) -> str:
+        """Job ids of one partition not yet seen terminal, in stream order (list)."""
+        return f"{self.prefix}batch:{batch_id}:open:{model}:{variant}"
+
+    def batch_rejected(self, batch_id: str) -> str:
+        """Lines refused at submit (invalid, or their partition was full), in line order."""
+        return f"{self.prefix}batch:{batch_id}:rejected"
+
+    @property
+    def batches_active(self) -> str:
+        """Batches not yet finished, scored by their expiry time in ms (sorted set)."""
+        return f"{self.prefix}batches:active"
+
+    def api_key(self, key_id: str) -> str:
+        """One API key's record (hash): sha-256 of the key, tenant, scopes, limits; never the key."""
+        return f"{self.prefix}apikey:{key_id}"
+
+    @property
+    def api_key_index(self) -> str:
+        """Ids of every API key (set), for `conveyor keys list`."""
+        return f"{self.prefix}apikeys"
+
+    def rate_bucket(self, key_id: str) -> str:
+        """Token bucket of one API key (hash: tokens, ms timestamp), shared by all producers."""
+        return f"{self.prefix}rl:{key_id}"
+
+    def in_flight(self, key_id: str) -> str:
+        """Jobs of one API key not yet seen terminal (sorted set: job id by admission ms)."""
+        return f"{self.prefix}inflight:{key_id}"
+
+    def in_flight_scan(self, key_id: str) -> str:
+        """Marker that limits full rescans of an at-cap in-flight set to one per second."""
+        return f"{self.prefix}inflight:{key_id}:scan"

@@ -67,6 +67,7 @@ class ModelConfig(BaseModel):
     max_batch_size: int = Field(default=32, ge=1)
     max_queue_delay_ms: float = Field(default=2.0, ge=0)
     max_num_seqs: int = Field(default=16, ge=1)
+    bulk_share: float = Field(default=0.2, ge=0.0, le=1.0)
     queue: QueueLimits = Field(default_factory=QueueLimits)
     variants: dict[str, Variant] = Field(default_factory=lambda: {"default": Variant()})
     default_variant: str = "default"

@@ -6,7 +6,7 @@ import os
 import socket
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -35,12 +35,25 @@ class Settings(BaseSettings):
     result_ttl_s: int = 86_400
     log_level: str = "INFO"
 
+    # API keys (shared/api_keys.py); `disabled` serves everyone as tenant "default" (local use).
+    auth: Literal["enabled", "disabled"] = "enabled"
+    dev_api_key: str = ""
+    # Per-key defaults; a key may carry its own (`conveyor keys create --rate ...`).
+    rate_limit_per_s: float = Field(default=100.0, gt=0)
+    rate_limit_burst: int = Field(default=200, ge=1)
+    max_in_flight: int = Field(default=1_000, ge=1)
+
+    webhook_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_secret: str = ""
+    webhook_retry_for_s: float = 3_600.0
+    webhook_timeout_s: float = 10.0
+
     block_ms: int = 1_000
     shutdown_grace_s: float = 30.0
 
-    @field_validator("models", mode="before")
+    @field_validator("models", "webhook_allowlist", mode="before")
     @classmethod
-    def _split_models(cls, value: object) -> object:
+    def _split_lists(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value

@@ -69,7 +69,9 @@ def _wait_terminal(r: redis.Redis, ids: list[str], timeout: float = 120) -> list
 
 async def _submit_many(base_url: str, bodies: list[dict[str, Any]], rate: float) -> list[str]:
     """Open-loop submits at `rate` per second; returns ids of the accepted (202) jobs."""
-    async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+    timeout = httpx.Timeout(60, pool=None)  # a loaded 2-core machine queues requests a while
+    limits = httpx.Limits(max_connections=32)
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
 
         async def one(delay: float, body: dict[str, Any]) -> str:
             await asyncio.sleep(delay)
@@ -104,9 +106,9 @@ def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: r
 
     killer = threading.Thread(target=kill_mid_batch)
     killer.start()
-    ids = asyncio.run(_submit_many(fault_stack.base_url, bodies, rate=300))
-    killer.join()
     try:
+        ids = asyncio.run(_submit_many(fault_stack.base_url, bodies, rate=300))
+        killer.join()
         assert killed.get("pending", 0) >= 2, "the victim was never caught mid-batch"
         jobs = _wait_terminal(r, ids)
     finally:

@@ -10,7 +10,7 @@ from workers.stream_consumer import StreamConsumer
 
 settings = get_settings()
 
-app = Celery("conveyor", broker=settings.redis_url)
+app = Celery("conveyor", broker=settings.redis_url, include=["workers.webhooks"])
 app.conf.update(
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,

@@ -12,10 +12,11 @@ from shared.job_store import now_ms
 from shared.model_repository import ModelConfig
 from workers.batch_executor import Outcome, execute
 from workers.engines.base import BatchEngine
+from workers.lane_scheduler import LaneScheduler
 from workers.reclaim import Reclaimer
 from workers.redis_backoff import OUTAGE, Backoff, until_done
 from workers.result_writer import Finish, ResultWriter
-from workers.stream_reader import Delivery, StreamReader
+from workers.stream_reader import Delivery
 
 log = logging.getLogger(__name__)
 
@@ -26,17 +27,17 @@ class BatchingLoop:
         config: ModelConfig,
         variant: str,
         engine: BatchEngine,
-        reader: StreamReader,
+        lanes: LaneScheduler,
         writer: ResultWriter,
-        reclaimer: Reclaimer,
+        reclaimers: list[Reclaimer],
         block_ms: int,
     ) -> None:
         self.config = config
         self.variant = variant
         self.engine = engine
-        self.reader = reader
+        self.lanes = lanes
         self.writer = writer
-        self.reclaimer = reclaimer
+        self.reclaimers = reclaimers
         self.block_ms = block_ms
         self.stopping = asyncio.Event()
 
@@ -52,18 +53,17 @@ class BatchingLoop:
                 await backoff.sleep(exc)
 
     async def step(self) -> None:
-        if self.reclaimer.due():
-            await self.reader.ensure_group()
-            if abandoned := await self.reclaimer.reclaim():
-                await self.process(abandoned)
+        for reclaimer in self.reclaimers:
+            if reclaimer.due() and (abandoned := await reclaimer.reclaim()):
+                await self.process(reclaimer.stream, abandoned)
                 return
-        batch = await self.reader.next_batch(
+        batches = await self.lanes.next_batch(
             self.config.max_batch_size, self.config.max_queue_delay_ms, self.block_ms
         )
-        if batch:
-            await self.process(batch)
+        for reader, batch in batches:
+            await self.process(reader.stream, batch)
 
-    async def process(self, batch: list[Delivery]) -> None:
+    async def process(self, stream: str, batch: list[Delivery]) -> None:
         finishes: list[Finish] = []
         runnable: list[Delivery] = []
         for delivery in batch:
@@ -75,7 +75,7 @@ class BatchingLoop:
         inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry is not None]
         outcomes = await execute(self.engine, inputs)
         finishes += [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
-        await until_done(lambda: self.writer.finish(self.reader.stream, finishes))
+        await until_done(lambda: self.writer.finish(stream, finishes))
 
     def _skip_or_expire(self, delivery: Delivery) -> Finish | None:
         entry = delivery.entry

@@ -19,6 +19,7 @@ from shared.settings import Settings
 from workers.batching_loop import BatchingLoop
 from workers.engines.base import BatchEngine
 from workers.engines.registry import create_engine
+from workers.lane_scheduler import LaneScheduler
 from workers.reclaim import Reclaimer
 from workers.result_writer import ResultWriter
 from workers.stream_reader import StreamReader
@@ -85,14 +86,22 @@ class ConsumerRuntime:
         self, client: aioredis.Redis, writer: ResultWriter, config: ModelConfig, variant: str
     ) -> BatchingLoop:
         engine = await self._load_engine(config, variant)
-        stream = self.keys.queue(config.name, variant)
-        reader = StreamReader(client, self.keys, stream, self.consumer)
-        await reader.ensure_group()
-        reclaimer = Reclaimer(
-            client, self.keys, config, variant, stream, self.consumer, self.settings.result_ttl_s
-        )
+        streams = [
+            self.keys.queue(config.name, variant),
+            self.keys.bulk_queue(config.name, variant),
+        ]
+        readers = [StreamReader(client, self.keys, s, self.consumer) for s in streams]
+        for reader in readers:
+            await reader.ensure_group()
+        reclaimers = [
+            Reclaimer(
+                client, self.keys, config, variant, s, self.consumer, self.settings.result_ttl_s
+            )
+            for s in streams
+        ]
+        lanes = LaneScheduler(readers[0], readers[1], config.bulk_share)
         return BatchingLoop(
-            config, variant, engine, reader, writer, reclaimer, self.settings.block_ms
+            config, variant, engine, lanes, writer, reclaimers, self.settings.block_ms
         )
 
     async def _load_engine(self, config: ModelConfig, variant: str) -> BatchEngine:

@@ -69,7 +69,11 @@ class StreamReader:
         )
         if not reply:
             return []
-        entries = [(eid, RequestEntry.decode(fields)) for eid, fields in reply[0][1]]
+        return await self.claim(reply[0][1])
+
+    async def claim(self, rows: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Delivery]:
+        """Claim entries that a plain XREADGROUP delivered (one Lua call for all of them)."""
+        entries = [(eid, RequestEntry.decode(fields)) for eid, fields in rows]
         now = now_ms()
         statuses = await self._claim(
             args=[self.keys.job_prefix, now, self.consumer, *(e.job_id for _, e in entries)]
@@ -83,6 +87,12 @@ class StreamReader:
         """Dynamic batching: wait for a first entry, then gather until `max_items` or until
         `delay_ms` has passed since it arrived (Triton's max_queue_delay)."""
         batch = await self.take(max_items) or await self.wait(max_items, block_ms)
+        return await self.gather(batch, max_items, delay_ms)
+
+    async def gather(
+        self, batch: list[Delivery], max_items: int, delay_ms: float
+    ) -> list[Delivery]:
+        """Top a non-empty batch up from this stream until full or `delay_ms` has passed."""
         if not batch or delay_ms <= 0:
             return batch
         deadline = time.monotonic() + delay_ms / 1000.0

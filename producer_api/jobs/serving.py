@@ -1,5 +1,6 @@
 """The jobs logic without HTTP: validate against the model repository, pick the partition,
-enqueue, wait for results through the reply listener, cancel."""
+enqueue, wait for results through the reply listener, cancel. Every job belongs to the tenant
+of the principal that submitted it; another tenant's job reads as unknown (404)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,20 @@ import asyncio
 import re
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import IdempotencyKeys, fingerprint, queue_full_error
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.state import ProducerState
 from shared.codec import RequestEntry
 from shared.job_states import IllegalTransition, JobStatus
-from shared.job_store import JobNotFound, QueueFull, now_ms
+from shared.job_store import JobNotFound, JobRecord, QueueFull, now_ms
 from shared.model_repository import ModelConfig
+from shared.rate_limit import InFlightLimiter
 from shared.routing import UnknownVariant, choose_variant
 
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -34,19 +39,23 @@ def checked_id(job_id: str) -> str:
 
 
 class JobsService:
-    def __init__(self, state: ProducerState) -> None:
+    def __init__(self, state: ProducerState, principal: Principal = ANONYMOUS) -> None:
         self.state = state
+        self.principal = principal
 
     def resolve(self, model: str, body: PredictRequest) -> tuple[ModelConfig, str]:
         config = self.state.repository.get(model)
         if config is None:
             raise ConveyorError(404, "not_found", f"model {model!r} not found")
+        if not self.principal.may_use(model):
+            raise ConveyorError(403, "forbidden", f"this API key may not use model {model!r}")
         try:
             variant = choose_variant(config, body.variant, body.routing_key)
         except UnknownVariant as exc:
             raise ConveyorError(404, "not_found", str(exc)) from None
         if errors := config.input_errors(body.inputs):
             raise ConveyorError(422, "invalid_request", "; ".join(errors))
+        _check_max_tokens(config, body.parameters)
         return config, variant
 
     def build(self, model: str, body: PredictRequest) -> tuple[RequestEntry, ModelConfig, str]:
@@ -56,6 +65,7 @@ class JobsService:
             payload={"inputs": body.inputs, "parameters": body.parameters},
             enqueued_ms=now_ms(),
             deadline_ms=_deadline_ms(body),
+            tenant=self.principal.tenant,
             reply=self.state.replies.channel,
         )
         return entry, config, variant
@@ -63,7 +73,8 @@ class JobsService:
     async def enqueue(
         self, entry: RequestEntry, config: ModelConfig, variant: str, body: PredictRequest
     ) -> None:
-        """Append to the partition, or 429 when it holds `queue.max_length` entries already."""
+        """Append to the partition, or 429 when it holds `queue.max_length` entries already or
+        the key has its `max_in_flight` jobs queued or running."""
         keys = self.state.keys
         lane = keys.bulk_queue if body.priority == "bulk" else keys.queue
         stream = lane(config.name, variant)
@@ -72,10 +83,40 @@ class JobsService:
             "variant": variant,
             "deadline": entry.deadline_ms,
         }
+        async with self._in_flight_slot(entry.job_id, fields):
+            try:
+                await self.state.store.create(entry, stream, fields, config.queue.max_length)
+            except QueueFull as full:
+                raise await queue_full_error(self.state, stream, full.length) from None
+
+    @asynccontextmanager
+    async def _in_flight_slot(
+        self, job_id: str, fields: dict[str, str | int]
+    ) -> AsyncIterator[None]:
+        """Hold one of the key's in-flight slots for the job, given back if it is not enqueued.
+        The job hash names its slot (`inflight`) so whoever ends the job can free it."""
+        quota = self.principal.quota
+        if quota is None:
+            yield
+            return
+        limiter = self._in_flight()
+        if not await limiter.admit(self.principal.key_id, job_id, quota.max_in_flight):
+            raise ConveyorError(
+                429,
+                "too_many_in_flight",
+                f"this API key has {quota.max_in_flight} jobs queued or running; retry when"
+                " one ends",
+                {"Retry-After": "1"},
+            )
+        fields["inflight"] = self.state.keys.in_flight(self.principal.key_id)
         try:
-            await self.state.store.create(entry, stream, fields, config.queue.max_length)
-        except QueueFull as full:
-            raise await queue_full_error(self.state, stream, full.length) from None
+            yield
+        except BaseException:
+            await limiter.release(self.principal.key_id, job_id)
+            raise
+
+    def _in_flight(self) -> InFlightLimiter:
+        return InFlightLimiter(self.state.redis, self.state.keys, self.state.settings.result_ttl_s)
 
     async def submit(
         self, model: str, body: PredictRequest, idempotency_key: str | None = None
@@ -111,14 +152,21 @@ class JobsService:
             self.state.replies.unregister(entry.job_id, future)
         return entry.job_id, variant, view
 
+    async def owned(self, job_id: str) -> JobRecord:
+        """The caller's job, or 404 when it is unknown or another tenant's (ids do not leak).
+        Every route that shows or changes a job (events too) goes through here."""
+        checked_id(job_id)
+        record = await self.state.store.get(job_id)
+        if record is None or record.fields.get("tenant", "default") != self.principal.tenant:
+            raise not_found(job_id)
+        return record
+
     async def get(self, job_id: str, wait: float) -> dict[str, Any]:
         checked_id(job_id)
         replies = self.state.replies
         future = replies.register(job_id) if wait > 0 else None
         try:
-            record = await self.state.store.get(job_id)
-            if record is None:
-                raise not_found(job_id)
+            record = await self.owned(job_id)
             if future is None or record.status.terminal:
                 return record.view()
             await replies.follow(record.fields.get("reply", ""))
@@ -129,7 +177,7 @@ class JobsService:
         return view if view is not None else await self._read(job_id)
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
-        checked_id(job_id)
+        owned = await self.owned(job_id)
         try:
             record = await self.state.store.transition(job_id, JobStatus.CANCELLED)
         except JobNotFound:
@@ -138,6 +186,8 @@ class JobsService:
             raise ConveyorError(
                 409, "conflict", f"job {job_id} is already {exc.current}; cannot cancel"
             ) from None
+        if slot := owned.fields.get("inflight"):
+            await self.state.redis.zrem(slot, job_id)
         return record.view()
 
     async def _await_reply(
@@ -149,10 +199,21 @@ class JobsService:
             return None
 
     async def _read(self, job_id: str) -> dict[str, Any]:
-        record = await self.state.store.get(job_id)
-        if record is None:
-            raise not_found(job_id)
-        return record.view()
+        return (await self.owned(job_id)).view()
+
+
+def _check_max_tokens(config: ModelConfig, parameters: dict[str, Any]) -> None:
+    """A generate model's `max_tokens` must be a positive integer within its configured
+    `max_tokens_limit`: refused here (422) rather than silently cut by the engine."""
+    if config.kind != "generate" or "max_tokens" not in parameters:
+        return
+    value = parameters["max_tokens"]
+    limit = config.parameters.get("max_tokens_limit")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConveyorError(422, "invalid_request", "parameters.max_tokens: a positive integer")
+    if limit is not None and value > int(limit):
+        message = f"parameters.max_tokens: at most {limit} for model {config.name}"
+        raise ConveyorError(422, "invalid_request", message)
 
 
 def _deadline_ms(body: PredictRequest) -> int:

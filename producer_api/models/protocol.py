@@ -12,6 +12,7 @@ class PartitionStats(BaseModel):
     lag: int | None
     pending: int
     consumers: int
+    oldest_queued_age_s: float
     bulk_length: int
     dlq_depth: int
 

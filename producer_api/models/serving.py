@@ -1,12 +1,11 @@
-"""Queue statistics per partition, read with XINFO in one pipelined round trip for all models."""
+"""The models list: each model of the repository with its partitions' queue state."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from producer_api.state import ProducerState
-from shared.keys import GROUP
-from shared.model_repository import ModelConfig
+from shared.partition_stats import PartitionStats, read_partition_stats
 
 
 class ModelsService:
@@ -14,57 +13,35 @@ class ModelsService:
         self.state = state
 
     async def list_models(self) -> dict[str, Any]:
-        partitions = [(c, v) for c in self.state.repository for v in c.variants]
-        keys = self.state.keys
-        pipe = self.state.redis.pipeline(transaction=False)
-        for config, variant in partitions:
-            pipe.xinfo_groups(keys.queue(config.name, variant))
-            pipe.xlen(keys.queue(config.name, variant))
-            pipe.xlen(keys.bulk_queue(config.name, variant))
-            pipe.xlen(keys.dlq(config.name, variant))
-        results = await pipe.execute(raise_on_error=False)
-        cards: dict[str, dict[str, Any]] = {}
-        for index, (config, variant) in enumerate(partitions):
-            groups, length, bulk, dlq = results[index * 4 : index * 4 + 4]
-            card = cards.setdefault(config.name, _card(config))
-            card["partitions"].append(
-                {
-                    "variant": variant,
-                    "stream": keys.queue(config.name, variant),
-                    "length": _int(length),
-                    "bulk_length": _int(bulk),
-                    "dlq_depth": _int(dlq),
-                    **_group_stats(groups),
-                }
-            )
+        state = self.state
+        stats = await read_partition_stats(state.redis, state.keys, state.repository)
+        cards: dict[str, dict[str, Any]] = {
+            config.name: {
+                "id": config.name,
+                "object": "model",
+                "owned_by": "conveyor",
+                "kind": config.kind,
+                "backend": config.backend,
+                "default_variant": config.default_variant,
+                "partitions": [],
+            }
+            for config in state.repository
+        }
+        for partition in stats:
+            cards[partition.model]["partitions"].append(_partition(partition))
         return {"object": "list", "data": list(cards.values())}
 
 
-def _card(config: ModelConfig) -> dict[str, Any]:
+def _partition(stats: PartitionStats) -> dict[str, Any]:
+    online = stats.online
     return {
-        "id": config.name,
-        "object": "model",
-        "owned_by": "conveyor",
-        "kind": config.kind,
-        "backend": config.backend,
-        "default_variant": config.default_variant,
-        "partitions": [],
+        "variant": stats.variant,
+        "stream": online.stream,
+        "length": online.length,
+        "lag": online.lag,
+        "pending": online.pending,
+        "consumers": online.consumers,
+        "oldest_queued_age_s": round(online.oldest_age_s, 3),
+        "bulk_length": stats.bulk.length,
+        "dlq_depth": stats.dlq_depth,
     }
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) else 0
-
-
-def _group_stats(groups: Any) -> dict[str, Any]:
-    """Lag, pending and consumers of the `workers` group (zeros before any worker started)."""
-    for group in groups if isinstance(groups, list) else []:
-        name = group.get("name")
-        if name in (GROUP, GROUP.encode()):
-            lag = group.get("lag")
-            return {
-                "lag": None if lag is None else int(lag),
-                "pending": int(group.get("pending", 0)),
-                "consumers": int(group.get("consumers", 0)),
-            }
-    return {"lag": 0, "pending": 0, "consumers": 0}

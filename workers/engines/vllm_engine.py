@@ -9,6 +9,7 @@ this engine need an `if __name__ == "__main__":` guard.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ class VllmEngine(GenerateEngine):
 
     async def load(self) -> None:
         """Start the engine-core process (weights, KV cache) and load the chat tokenizer."""
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before the imports: weights are local
         from transformers import AutoTokenizer
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -165,6 +167,11 @@ class VllmEngine(GenerateEngine):
             frequency_penalty=request.frequency_penalty,
             output_kind=RequestOutputKind.DELTA,
         )
+
+    @property
+    def device_type(self) -> str:
+        """Where vLLM runs the model ("cuda", "cpu", ...), for logs and the GPU tests."""
+        return str(self._running_engine().vllm_config.device_config.device_type)
 
     def _running_engine(self) -> AsyncLLM:
         if self._engine is None:

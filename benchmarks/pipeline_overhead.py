@@ -1,0 +1,194 @@
+"""Part A, pipeline overhead: the identity engine does no work, so closed-loop HTTP load measures
+queueing, Redis and HTTP alone — through Conveyor, through the FastAPI + Celery baseline users
+would build instead, and through the same endpoint answering in-process (the HTTP ceiling)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.celery_baseline import start_baseline
+from benchmarks.load import Target as LoadTarget
+from benchmarks.load import closed_loop, drive
+from benchmarks.pipeline_stack import IDENTITY_PAYLOAD as PAYLOAD
+from benchmarks.pipeline_stack import running_stack, start_worker
+from benchmarks.process_cpu import CpuMeter, per_request_ms
+from benchmarks.profiling import profile_during
+from benchmarks.report import PartResult, Plot, Series, Table, Target, ratio
+from benchmarks.scales import Scale
+
+TITLE = "Pipeline overhead (identity engine)"
+CONVEYOR, CELERY, IN_PROCESS = "Conveyor", "FastAPI + Celery", "in-process"
+LOAD_GENERATOR = "load generator"
+
+
+def run(scale: Scale, workdir: Path) -> PartResult:
+    with running_stack(workdir) as stack:
+        worker = start_worker(stack, workdir, "identity:default", "identity", {})
+        baseline_url, baseline = start_baseline(stack, PAYLOAD)
+        valkey = stack.processes["valkey"].pid
+        producer = stack.processes["producer"].pid
+        systems = {
+            CONVEYOR: (
+                f"{stack.base_url}/v1/models/identity/predict",
+                {"producer": producer, "worker": worker, "valkey": valkey},
+            ),
+            CELERY: (f"{baseline_url}/celery/predict", {**baseline, "valkey": valkey}),
+            IN_PROCESS: (
+                f"{baseline_url}/inprocess/predict",
+                {"baseline api": baseline["baseline api"]},
+            ),
+        }
+        # Systems interleaved per concurrency, so drift on a shared machine hits all three.
+        runs = [
+            measure(system, url, pids, concurrency, scale)
+            for concurrency in scale.concurrencies
+            for system, (url, pids) in systems.items()
+        ]
+        concurrency = _mid_concurrency(scale.concurrencies)
+        profile = profile_during(
+            {"producer": producer, "worker": worker},
+            scale.profile_s,
+            workdir / "profile",
+            f"Conveyor, closed loop at concurrency {concurrency}",
+            closed_loop(
+                LoadTarget.post(systems[CONVEYOR][0], [PAYLOAD]),
+                concurrency,
+                scale.profile_s,
+                scale.max_requests,
+            ),
+        )
+    return PartResult(
+        part="A",
+        title=TITLE,
+        tables=[_latency_table(runs), _cpu_table(runs)],
+        targets=targets(runs),
+        plots=_plots(runs),
+        notes=[
+            "Closed loop: each client sends its next request when the last one answers. CPU "
+            "ms per request sums the processes that serve it (Conveyor: producer, worker, Valkey; "
+            "baseline: API, Celery worker, Valkey), read from /proc over the measured window; the "
+            "load generator's own cost is listed apart.",
+        ],
+        profile=profile,
+        data={"payload": PAYLOAD, "runs": runs},
+    )
+
+
+def measure(
+    system: str, url: str, pids: dict[str, int], concurrency: int, scale: Scale
+) -> dict[str, Any]:
+    meter = CpuMeter(pids)
+    meter.start()
+    load = drive(
+        closed_loop(
+            LoadTarget.post(url, [PAYLOAD]),
+            concurrency,
+            scale.seconds,
+            scale.max_requests,
+            scale.warmup_s,
+        )
+    )
+    cpu = per_request_ms(meter.stop(), load.completed)
+    return {"system": system, "concurrency": concurrency, **load.summary(), "cpu_ms": cpu}
+
+
+def _mid_concurrency(concurrencies: tuple[int, ...]) -> int:
+    """The issue sets the throughput target at concurrency 32 (else the closest below)."""
+    return max((c for c in concurrencies if c <= 32), default=concurrencies[0])
+
+
+def targets(runs: list[dict[str, Any]]) -> list[Target]:
+    by = {(r["system"], r["concurrency"]): r for r in runs}
+    concurrencies = sorted({r["concurrency"] for r in runs})
+    mid, low = _mid_concurrency(tuple(concurrencies)), concurrencies[0]
+
+    def peak(system: str) -> float:
+        return max(r["rps"] for r in runs if r["system"] == system)
+
+    conveyor_mid, celery_mid = by[CONVEYOR, mid]["rps"], by[CELERY, mid]["rps"]
+    conveyor_p50, celery_p50 = by[CONVEYOR, low]["p50_ms"], by[CELERY, low]["p50_ms"]
+    return [
+        Target(
+            f"Conveyor ÷ Celery throughput at concurrency {mid}",
+            ratio(conveyor_mid, celery_mid),
+            3.0,
+            higher_is_better=True,
+            detail=f"{conveyor_mid:.0f} vs {celery_mid:.0f} requests/s.",
+        ),
+        Target(
+            f"Conveyor ÷ Celery p50 latency at concurrency {low}",
+            ratio(conveyor_p50, celery_p50),
+            1 / 3,
+            higher_is_better=False,
+            detail=f"{conveyor_p50:.2f} vs {celery_p50:.2f} ms.",
+        ),
+        Target(
+            "Conveyor ÷ in-process peak throughput",
+            ratio(peak(CONVEYOR), peak(IN_PROCESS)),
+            0.5,
+            higher_is_better=True,
+            detail=f"{peak(CONVEYOR):.0f} vs {peak(IN_PROCESS):.0f} requests/s "
+            "(best over the concurrencies).",
+        ),
+    ]
+
+
+def _latency_table(runs: list[dict[str, Any]]) -> Table:
+    return Table(
+        "Closed-loop identity requests over HTTP",
+        ["concurrency", "system", "requests/s", "p50 ms", "p99 ms", "errors"],
+        [
+            [r["concurrency"], r["system"], r["rps"], r["p50_ms"], r["p99_ms"], r["errors"]]
+            for r in runs
+        ],
+    )
+
+
+def _cpu_table(runs: list[dict[str, Any]]) -> Table:
+    rows = []
+    for r in runs:
+        servers = {k: v for k, v in r["cpu_ms"].items() if k != LOAD_GENERATOR}
+        by_process = ", ".join(f"{k} {v:.2f}" for k, v in servers.items())
+        rows.append(
+            [
+                r["concurrency"],
+                r["system"],
+                round(sum(servers.values()), 3),
+                by_process,
+                r["cpu_ms"][LOAD_GENERATOR],
+            ]
+        )
+    return Table(
+        "CPU milliseconds per request",
+        ["concurrency", "system", "servers", "by process", "load generator"],
+        rows,
+    )
+
+
+def _plots(runs: list[dict[str, Any]]) -> list[Plot]:
+    systems = list(dict.fromkeys(r["system"] for r in runs))
+
+    def series(system: str, field: str, label: str) -> Series:
+        mine = [r for r in runs if r["system"] == system]
+        return Series(label, [r["concurrency"] for r in mine], [r[field] for r in mine])
+
+    return [
+        Plot(
+            "A_throughput.png",
+            "Identity requests/s by concurrency",
+            "concurrent clients",
+            "requests/s",
+            [series(s, "rps", s) for s in systems],
+            xscale="log",
+        ),
+        Plot(
+            "A_latency.png",
+            "Identity latency by concurrency",
+            "concurrent clients",
+            "latency (ms)",
+            [series(s, f, f"{s} {f[:3]}") for s in systems for f in ("p50_ms", "p99_ms")],
+            xscale="log",
+            yscale="log",
+        ),
+    ]

@@ -1,0 +1,76 @@
+"""`python -m benchmarks.run [--parts A,B,D] [--quick]`: runs the parts, prints their tables,
+writes `results/<part>.json` and rebuilds `results/REPORT.md` (what `make bench` runs).
+
+Each part is one module with `run(scale, workdir) -> PartResult`; adding a part (C, LLM
+streaming, once the LLM path exists) is one module and one line in PARTS."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from benchmarks.report import (
+    REPO_ROOT,
+    RESULTS_DIR,
+    PartResult,
+    print_part,
+    started_now,
+    write_part,
+    write_report,
+)
+from benchmarks.scales import FULL, QUICK, SCALES, Scale
+
+PARTS = {
+    "A": "benchmarks.pipeline_overhead",
+    "B": "benchmarks.batching_efficiency",
+    "D": "benchmarks.redis_cost",
+}
+
+
+def run_parts(parts: list[str], scale: Scale, results_dir: Path) -> list[Path]:
+    """Run `parts` in order at `scale`; returns the JSON files written."""
+    # Workers and the baseline run as subprocesses that import from the checkout.
+    os.chdir(REPO_ROOT)
+    console = Console()
+    written = []
+    for part in parts:
+        module = importlib.import_module(PARTS[part])
+        run: Callable[[Scale, Path], PartResult] = module.run
+        started, begin = started_now(), time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix=f"conveyor-bench-{part}-") as workdir:
+            result = run(scale, Path(workdir))
+        print_part(result, console)
+        written.append(
+            write_part(result, results_dir, scale.name, started, time.perf_counter() - begin)
+        )
+    report = write_report(results_dir)
+    console.print(f"wrote {', '.join(str(p) for p in written)} and {report}")
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated, e.g. A,D")
+    parser.add_argument(
+        "--quick", action="store_true", help="the quick scale (a look, not a result)"
+    )
+    parser.add_argument("--scale", choices=sorted(SCALES), help="overrides --quick")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+    parts = [p.strip().upper() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown parts {unknown}; known: {sorted(PARTS)}")
+    scale = SCALES[args.scale] if args.scale else (QUICK if args.quick else FULL)
+    run_parts(parts, scale, args.results_dir.resolve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""Who may call the producer: API keys, scopes, tenants and per-key quotas.
+
+A route opts in with one dependency, which authenticates the key, checks the scope, takes a
+rate-limit token and hands the route the caller's `Principal`:
+
+    from producer_api.auth import Principal, require
+
+    @router.get("/v1/things/{id}")
+    async def get_thing(principal: Annotated[Principal, Depends(require("read"))]) -> ...:
+        ...  # principal.tenant owns what this route may show
+
+`/healthz`, `/readyz` and `/metrics` stay open; everything else names a scope.
+"""
+
+from producer_api.auth.dependencies import AUTH_RESPONSES, require
+from producer_api.auth.principal import ANONYMOUS, Principal
+
+__all__ = ["ANONYMOUS", "AUTH_RESPONSES", "Principal", "require"]

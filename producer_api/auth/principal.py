@@ -1,0 +1,40 @@
+"""The authenticated caller as routes and services see it: a tenant that owns its jobs, the
+scopes and models its key allows, and the quota its requests are counted against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.api_keys import SCOPES, ApiKey
+from shared.rate_limit import Quota
+from shared.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    tenant: str
+    scopes: frozenset[str]
+    models: frozenset[str]
+    key_id: str
+    quota: Quota | None
+
+    def may(self, scope: str) -> bool:
+        """`admin` includes `submit` and `read`."""
+        return scope in self.scopes or "admin" in self.scopes
+
+    def may_use(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+    @classmethod
+    def of(cls, key: ApiKey, settings: Settings) -> Principal:
+        spec = key.spec
+        quota = Quota(
+            rate_per_s=spec.rate_per_s or settings.rate_limit_per_s,
+            burst=spec.burst or settings.rate_limit_burst,
+            max_in_flight=spec.max_in_flight or settings.max_in_flight,
+        )
+        return cls(spec.tenant, spec.scopes, spec.models, key.key_id, quota)
+
+
+# Every caller when CONVEYOR_AUTH=disabled: one tenant, every scope, no quota.
+ANONYMOUS = Principal("default", frozenset(SCOPES), frozenset(), "anonymous", None)

@@ -1,0 +1,111 @@
+"""HTTP routes of the batches resource: parse, call BatchesService, return."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from producer_api.batches.progress import BatchProgress, view
+from producer_api.batches.protocol import WINDOW, BatchOptions, BatchView
+from producer_api.batches.serving import BatchesService
+from producer_api.batches.sweeper import batches_lifespan
+from producer_api.errors import ConveyorError
+from producer_api.responses import FastJSONResponse
+from producer_api.state import ProducerState, producer_state
+from shared.batch_store import Refresh
+
+router = APIRouter(tags=["batches"], lifespan=batches_lifespan)
+BATCH_ID = Path(max_length=64, description="Batch id")
+JSONL = "application/jsonl"
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"description": "Unknown batch or model"},
+    409: {"description": "Batch not running (cancel) or not ended (files)"},
+    413: {"description": "Body too large, or more items than the bulk lane can ever hold"},
+    422: {"description": "No lines, bad options, or a webhook URL outside the allow-list"},
+    429: {"description": "Bulk lane full; see Retry-After"},
+    503: {"description": "Queue unreachable"},
+}
+
+
+def batches_service(
+    request: Request, state: Annotated[ProducerState, Depends(producer_state)]
+) -> BatchesService:
+    progress: BatchProgress = request.app.state.batches
+    return BatchesService(state, progress)
+
+
+Service = Annotated[BatchesService, Depends(batches_service)]
+
+
+def _respond(request: Request, batch_id: str, progress: Refresh, status: int = 200) -> Any:
+    base = str(request.url_for("get_batch", batch_id=batch_id))
+    return FastJSONResponse(view(batch_id, progress, base), status_code=status)
+
+
+async def _upload(request: Request, options: dict[str, Any]) -> tuple[bytes, BatchOptions]:
+    """The JSONL as the raw body, or as the `file` field of a multipart form whose other fields
+    are the options."""
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        form = await request.form()
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise ConveyorError(422, "invalid_request", "multipart body needs a `file` field")
+        source = await upload.read()
+        options.update({k: v for k, v in form.items() if k != "file" and isinstance(v, str)})
+    else:
+        source = await request.body()
+    try:
+        return source, BatchOptions.model_validate(options)
+    except ValidationError as exc:
+        message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConveyorError(422, "invalid_request", message) from None
+
+
+@router.post("/v1/batches", status_code=202, response_model=BatchView, responses=_ERRORS)
+async def create_batch(
+    request: Request,
+    service: Service,
+    model: str | None = Query(default=None, description="Model for lines that name none"),
+    completion_window: str = Query(default="24h", pattern=WINDOW),
+    webhook: str | None = Query(default=None, max_length=2048),
+) -> Any:
+    """Create a batch from JSONL (`application/jsonl` body, or a multipart `file` upload with
+    the same options as form fields). One line per request: `{"custom_id", "body": {job}}`.
+    Invalid lines go to the errors file with their line number and reason; the rest run on
+    the bulk lane."""
+    options = {"model": model, "completion_window": completion_window, "webhook": webhook}
+    source, parsed = await _upload(request, {k: v for k, v in options.items() if v is not None})
+    batch_id, progress = await service.create(source, parsed)
+    return _respond(request, batch_id, progress, 202)
+
+
+@router.get("/v1/batches/{batch_id}", name="get_batch", response_model=BatchView)
+async def get_batch(request: Request, service: Service, batch_id: str = BATCH_ID) -> Any:
+    """State, counts (total = succeeded + failed + pending) and timestamps."""
+    return _respond(request, batch_id, await service.get(batch_id))
+
+
+@router.post("/v1/batches/{batch_id}/cancel", response_model=BatchView, responses=_ERRORS)
+async def cancel_batch(request: Request, service: Service, batch_id: str = BATCH_ID) -> Any:
+    """Cancel what has not finished; the batch ends `cancelled` (409 if it already ended)."""
+    return _respond(request, batch_id, await service.cancel(batch_id))
+
+
+@router.get("/v1/batches/{batch_id}/output", responses=_ERRORS)
+async def batch_output(service: Service, batch_id: str = BATCH_ID) -> StreamingResponse:
+    """JSONL, one line per succeeded item in input order: `{id, custom_id, line, outputs}`."""
+    await service.ended(batch_id)
+    return StreamingResponse(service.output(batch_id), media_type=JSONL)
+
+
+@router.get("/v1/batches/{batch_id}/errors", responses=_ERRORS)
+async def batch_errors(service: Service, batch_id: str = BATCH_ID) -> StreamingResponse:
+    """JSONL, one line per line that did not succeed, in input order: `{custom_id, line,
+    status, error: {type, message}}` (and the job `id` where the line became one)."""
+    await service.ended(batch_id)
+    return StreamingResponse(service.errors(batch_id), media_type=JSONL)

@@ -1,0 +1,117 @@
+"""Reads a batch's JSONL: each line becomes a job ready to enqueue, or a rejection with its line
+number and reason, so one bad line never sinks the batch. Runs in a thread (CPU-bound)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from producer_api.batches.protocol import BatchItemBody, BatchLine
+from producer_api.errors import ConveyorError
+from producer_api.jobs.protocol import PredictRequest
+from shared.codec import RequestEntry, loads
+from shared.model_repository import ModelConfig
+
+Build = Callable[[str, PredictRequest], tuple[RequestEntry, ModelConfig, str]]
+
+
+@dataclass(slots=True)
+class Item:
+    line: int
+    custom_id: str
+    entry: RequestEntry
+    config: ModelConfig
+    variant: str
+
+
+class LineError(Exception):
+    def __init__(self, type_: str, message: str, custom_id: str | None = None) -> None:
+        super().__init__(message)
+        self.type = type_
+        self.message = message
+        self.custom_id = custom_id
+
+
+def rejection(line: int, custom_id: str | None, type_: str, message: str) -> dict[str, Any]:
+    """An errors-file line for a line that never became a job."""
+    return {
+        "custom_id": custom_id,
+        "line": line,
+        "status": "invalid",
+        "error": {"type": type_, "message": message},
+    }
+
+
+def _describe(exc: ValidationError, prefix: str) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in (prefix, *err["loc"]) if p)
+        parts.append(f"{where or 'line'}: {err['msg']}")
+    return "; ".join(parts)
+
+
+@dataclass
+class ParsedBatch:
+    """The batch's model is the one asked for, else the first line's; every line must use it
+    (one model per batch, as in OpenAI's Batch API)."""
+
+    model: str | None
+    build: Build
+    items: list[Item] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    _seen: set[str] = field(default_factory=set)
+
+    def add(self, number: int, raw: bytes) -> None:
+        try:
+            self.items.append(self._item(number, raw))
+        except LineError as err:
+            self.rejected.append(rejection(number, err.custom_id, err.type, err.message))
+
+    def _item(self, number: int, raw: bytes) -> Item:
+        line = _line(raw)
+        if line.custom_id in self._seen:
+            raise LineError("duplicate_custom_id", "custom_id already used by an earlier line")
+        self._seen.add(line.custom_id)
+        try:
+            body = BatchItemBody.model_validate(line.body)
+        except ValidationError as exc:
+            raise LineError("invalid_request", _describe(exc, "body"), line.custom_id) from None
+        model = body.model or self.model
+        if model is None:
+            message = "no model: name it on the batch or in the line's body"
+            raise LineError("invalid_request", message, line.custom_id)
+        if self.model is not None and model != self.model:
+            message = f"line is for model {model!r}; this batch is for {self.model!r}"
+            raise LineError("model_mismatch", message, line.custom_id)
+        try:
+            entry, config, variant = self.build(model, body)
+        except ConveyorError as exc:
+            raise LineError(exc.type, exc.message, line.custom_id) from None
+        self.model = model
+        return Item(number, line.custom_id, entry, config, variant)
+
+
+def _line(raw: bytes) -> BatchLine:
+    try:
+        obj = loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise LineError("invalid_json", f"not a JSON object: {exc}") from None
+    custom_id = obj.get("custom_id") if isinstance(obj, dict) else None
+    try:
+        return BatchLine.model_validate(obj)
+    except ValidationError as exc:
+        known = custom_id if isinstance(custom_id, str) else None
+        raise LineError("invalid_request", _describe(exc, ""), known) from None
+
+
+def parse(source: bytes, model: str | None, build: Build) -> ParsedBatch:
+    """Line numbers count every physical line (1-based); blank lines are skipped."""
+    parsed = ParsedBatch(model, build)
+    for number, raw in enumerate(source.splitlines(), start=1):
+        if raw.strip():
+            parsed.add(number, raw)
+    return parsed

@@ -1,0 +1,89 @@
+"""Request and response bodies of the batches resource, and the shape of one input line."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from producer_api.jobs.protocol import NAME, PredictRequest
+
+WINDOW = r"^[1-9][0-9]{0,6}[smhd]$"
+
+
+class BatchLine(BaseModel):
+    """One JSONL line, OpenAI's batch input shape: `{"custom_id", "body", "method"?, "url"?}`;
+    `body` is a job body (`POST /v1/jobs`), whose `model` may be left to the batch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    custom_id: str = Field(min_length=1, max_length=512)
+    method: Literal["POST"] = "POST"
+    url: Literal["/v1/jobs"] = "/v1/jobs"
+    body: dict[str, Any]
+
+
+class BatchItemBody(PredictRequest):
+    """A line's job body; `priority` is accepted but batch items always take the bulk lane."""
+
+    model: str | None = Field(default=None, pattern=NAME)
+
+
+class BatchOptions(BaseModel):
+    """Query parameters (JSONL body) or form fields (file upload) of `POST /v1/batches`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(default=None, pattern=NAME, description="Default for every line")
+    completion_window: str = Field(
+        default="24h", pattern=WINDOW, description="e.g. 30m, 24h; what is left then expires"
+    )
+    webhook: str | None = Field(
+        default=None, max_length=2048, description="POSTed a signed event when the batch ends"
+    )
+
+
+class BatchCounts(BaseModel):
+    """`total` = `succeeded` + `failed` + `pending`; `failed` counts every line of the errors
+    file: `invalid` lines, and items that failed, were `cancelled` or `expired`."""
+
+    total: int
+    succeeded: int
+    failed: int
+    pending: int
+    invalid: int
+    cancelled: int
+    expired: int
+
+
+class BatchUrls(BaseModel):
+    self: str
+    output: str
+    errors: str
+
+
+class WebhookState(BaseModel):
+    url: str
+    status: str | None = None
+    attempts: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class BatchView(BaseModel):
+    id: str
+    object: Literal["batch"] = "batch"
+    status: Literal[
+        "validating", "in_progress", "finalizing", "completed", "failed", "cancelled", "expired"
+    ]
+    model: str | None
+    completion_window: str
+    counts: BatchCounts
+    created_at: float
+    in_progress_at: float | None = None
+    finalizing_at: float | None = None
+    completed_at: float | None = None
+    failed_at: float | None = None
+    cancelled_at: float | None = None
+    expired_at: float | None = None
+    expires_at: float
+    webhook: WebhookState | None = None
+    urls: BatchUrls

@@ -1,0 +1,196 @@
+"""API keys: who may call the producer, as which tenant, with which scopes and limits.
+
+A key is shown once, at creation, and stored only as its SHA-256 (`cv:apikey:{key_id}`, where
+`key_id` is the first 16 hex digits of that digest): keys are 256-bit random tokens, so a fast
+hash is enough (a slow password hash protects low-entropy secrets), and a leaked Redis dump
+yields no usable key. Lookup goes by `key_id`, then the full digest is compared in constant
+time. Revocation and expiry take effect on the next request, on every producer replica."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Literal, cast, get_args
+
+import redis.asyncio as aioredis
+
+from shared.keys import Keys
+
+Scope = Literal["submit", "read", "admin"]
+SCOPES: tuple[Scope, ...] = get_args(Scope)
+TENANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+KEY_ID = re.compile(r"^[0-9a-f]{16}$")
+# What a presented key may look like before anything is hashed or looked up.
+PRESENTED = re.compile(r"^[\x21-\x7e]{8,256}$")
+KEY_PREFIX = "cvk_"
+
+
+class InvalidKeySpec(ValueError):
+    """A key that cannot be created as asked (bad tenant, scope or model name)."""
+
+
+def digest_of(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_id_of(key: str) -> str:
+    """A key's public id: a prefix of its digest, so any key string (a chosen dev key too) has
+    one, and the id reveals nothing of the key."""
+    return digest_of(key)[:16]
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    """What a key allows: its tenant, scopes, models (empty: every model), expiry (0: never)
+    and limits (None: the producer's defaults from settings)."""
+
+    tenant: str
+    scopes: frozenset[str]
+    models: frozenset[str] = frozenset()
+    name: str = ""
+    expires_at: float = 0.0
+    rate_per_s: float | None = None
+    burst: int | None = None
+    max_in_flight: int | None = None
+
+    def check(self) -> None:
+        """Tenants and model names end up in Redis key names: only validated identifiers."""
+        if not TENANT.match(self.tenant):
+            raise InvalidKeySpec(f"tenant {self.tenant!r} must match {TENANT.pattern}")
+        if unknown := set(self.scopes) - set(SCOPES):
+            raise InvalidKeySpec(f"unknown scopes {sorted(unknown)}; choose from {list(SCOPES)}")
+        if not self.scopes:
+            raise InvalidKeySpec("a key needs at least one scope")
+        if bad := sorted(m for m in self.models if not TENANT.match(m)):
+            raise InvalidKeySpec(f"invalid model names {bad}")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A stored key: its public id, the digest of the secret, and what it allows."""
+
+    key_id: str
+    digest: str
+    spec: KeySpec
+    created_at: float = 0.0
+    revoked_at: float = 0.0
+
+    def matches(self, key: str) -> bool:
+        return hmac.compare_digest(self.digest, digest_of(key))
+
+    def refusal(self, now: float) -> str | None:
+        """Why this key may not be used now (revoked, expired), or None."""
+        if self.revoked_at:
+            return "API key revoked"
+        if self.spec.expires_at and now >= self.spec.expires_at:
+            return "API key expired"
+        return None
+
+    def to_fields(self) -> dict[str | bytes, str]:
+        out: dict[str | bytes, str] = {
+            "key_id": self.key_id,
+            "digest": self.digest,
+            "created_at": str(self.created_at),
+        }
+        for f in fields(self.spec):
+            value = getattr(self.spec, f.name)
+            if value is not None:
+                out[f.name] = (
+                    ",".join(sorted(value)) if isinstance(value, frozenset) else str(value)
+                )
+        return out
+
+    @classmethod
+    def from_fields(cls, raw: Mapping[bytes | str, bytes | str]) -> ApiKey:
+        text = {_text(k): _text(v) for k, v in raw.items()}
+
+        def number(name: str, kind: type[float] | type[int]) -> float | int | None:
+            value = text.get(name)
+            return kind(value) if value else None
+
+        spec = KeySpec(
+            tenant=text["tenant"],
+            scopes=_split(text.get("scopes", "")),
+            models=_split(text.get("models", "")),
+            name=text.get("name", ""),
+            expires_at=float(text.get("expires_at") or 0),
+            rate_per_s=cast(float | None, number("rate_per_s", float)),
+            burst=cast(int | None, number("burst", int)),
+            max_in_flight=cast(int | None, number("max_in_flight", int)),
+        )
+        return cls(
+            key_id=text["key_id"],
+            digest=text["digest"],
+            spec=spec,
+            created_at=float(text.get("created_at") or 0),
+            revoked_at=float(text.get("revoked_at") or 0),
+        )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _split(value: str) -> frozenset[str]:
+    return frozenset(part for part in value.split(",") if part)
+
+
+class ApiKeyStore:
+    """Create, verify, list and revoke keys; the producer and `conveyor keys` share it."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+
+    async def create(self, spec: KeySpec, secret: str | None = None) -> tuple[str, ApiKey]:
+        """Store a new key and return it in plain text, the only time it exists outside the
+        caller's hands. A given `secret` (the development key) is stored the same way; storing
+        it again replaces its record."""
+        spec.check()
+        key = secret or new_key()
+        if not PRESENTED.match(key):
+            raise InvalidKeySpec("a key is 8 to 256 printable ASCII characters, no spaces")
+        record = ApiKey(key_id_of(key), digest_of(key), spec, created_at=time.time())
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.api_key(record.key_id))
+            flat = [part for pair in record.to_fields().items() for part in pair]
+            pipe.hset(self.keys.api_key(record.key_id), items=flat)
+            pipe.sadd(self.keys.api_key_index, record.key_id)
+            await pipe.execute()
+        return key, record
+
+    async def verify(self, presented: str) -> ApiKey | None:
+        """The record of a presented key, or None when no stored key matches it."""
+        if not PRESENTED.match(presented):
+            return None
+        record = await self.get(key_id_of(presented))
+        if record is None or not record.matches(presented):
+            return None
+        return record
+
+    async def get(self, key_id: str) -> ApiKey | None:
+        if not KEY_ID.match(key_id):
+            return None
+        raw = await self.redis.hgetall(self.keys.api_key(key_id))
+        return ApiKey.from_fields(raw) if raw else None
+
+    async def list(self) -> list[ApiKey]:
+        ids = sorted(_text(i) for i in await self.redis.smembers(self.keys.api_key_index))
+        records = [await self.get(key_id) for key_id in ids]
+        return [r for r in records if r is not None]
+
+    async def revoke(self, key_id: str) -> bool:
+        """Mark a key revoked (kept for `list`); False if there is no such key."""
+        if await self.get(key_id) is None:
+            return False
+        await self.redis.hset(self.keys.api_key(key_id), "revoked_at", str(time.time()))
+        return True

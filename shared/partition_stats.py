@@ -1,0 +1,93 @@
+"""Queue state of every partition and lane, read in two pipelined round trips however many
+models there are (XINFO GROUPS + XLEN, then XRANGE after each group's last delivered id): what
+`GET /v1/models` shows and what the Prometheus gauges report."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from shared.keys import GROUP, Keys
+from shared.model_repository import ModelRepository
+
+
+@dataclass(slots=True)
+class LaneStats:
+    stream: str
+    length: int = 0
+    lag: int | None = 0
+    pending: int = 0
+    consumers: int = 0
+    last_delivered: str = "0-0"
+    oldest_age_s: float = 0.0
+
+
+@dataclass(slots=True)
+class PartitionStats:
+    model: str
+    variant: str
+    online: LaneStats
+    bulk: LaneStats
+    dlq_depth: int = 0
+
+
+async def read_partition_stats(
+    client: aioredis.Redis, keys: Keys, repository: ModelRepository
+) -> list[PartitionStats]:
+    partitions = [
+        PartitionStats(
+            c.name, v, LaneStats(keys.queue(c.name, v)), LaneStats(keys.bulk_queue(c.name, v))
+        )
+        for c in repository
+        for v in c.variants
+    ]
+    pipe = client.pipeline(transaction=False)
+    for partition in partitions:
+        for lane in (partition.online, partition.bulk):
+            pipe.xinfo_groups(lane.stream)
+            pipe.xlen(lane.stream)
+        pipe.xlen(keys.dlq(partition.model, partition.variant))
+    results = iter(await pipe.execute(raise_on_error=False))
+    for partition in partitions:
+        for lane in (partition.online, partition.bulk):
+            _apply_group(lane, next(results))
+            lane.length = _int(next(results))
+        partition.dlq_depth = _int(next(results))
+    await _oldest_ages(client, [lane for p in partitions for lane in (p.online, p.bulk)])
+    return partitions
+
+
+def _apply_group(lane: LaneStats, groups: Any) -> None:
+    for group in groups if isinstance(groups, list) else []:
+        if _text(group.get("name")) == GROUP:
+            lag = group.get("lag")
+            lane.lag = None if lag is None else int(lag)
+            lane.pending = int(group.get("pending", 0))
+            lane.consumers = int(group.get("consumers", 0))
+            lane.last_delivered = _text(group.get("last-delivered-id", "0-0"))
+
+
+async def _oldest_ages(client: aioredis.Redis, lanes: list[LaneStats]) -> None:
+    """Age of the first entry after the group's last delivered id: the oldest still queued."""
+    busy = [lane for lane in lanes if lane.length > lane.pending]
+    if not busy:
+        return
+    pipe = client.pipeline(transaction=False)
+    for lane in busy:
+        pipe.xrange(lane.stream, min=f"({lane.last_delivered}", count=1)
+    now_ms = time.time() * 1000
+    for lane, rows in zip(busy, await pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(rows, list) and rows:
+            first_ms = int(_text(rows[0][0]).split("-")[0])
+            lane.oldest_age_s = max(0.0, (now_ms - first_ms) / 1000)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

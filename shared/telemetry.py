@@ -1,0 +1,89 @@
+"""Tracing and structured logs shared by producer and workers. Tracing is off unless the
+standard `OTEL_TRACES_EXPORTER` asks for an exporter (`otlp` or `console`); the W3C
+`traceparent` of the producer's span travels in the stream entry so a worker's batch span links
+to every request it served."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from pythonjsonlogger.json import JsonFormatter
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def configure_tracing(service_name: str) -> bool:
+    """Install an SDK tracer provider with the exporter OTEL_* names; False when tracing is off."""
+    choice = os.environ.get("OTEL_TRACES_EXPORTER", "none").strip().lower()
+    if choice in ("", "none"):
+        return False
+    exporter: SpanExporter
+    if choice == "console":
+        exporter = ConsoleSpanExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    name = os.environ.get("OTEL_SERVICE_NAME", service_name)
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return True
+
+
+def current_traceparent() -> str:
+    """The active span's context as a W3C traceparent ('' when nothing is being traced)."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+def span_context_of(traceparent: str) -> trace.SpanContext | None:
+    if not traceparent:
+        return None
+    ctx = _PROPAGATOR.extract({"traceparent": traceparent})
+    span_context = trace.get_current_span(ctx).get_span_context()
+    return span_context if span_context.is_valid else None
+
+
+def trace_id_of(traceparent: str) -> str:
+    span_context = span_context_of(traceparent)
+    return format(span_context.trace_id, "032x") if span_context else ""
+
+
+def detach_all() -> None:
+    """Start from an empty context (a worker thread must not inherit a stale one)."""
+    otel_context.attach(otel_context.Context())
+
+
+class _TraceFields(logging.Filter):
+    """Stamp every record with the current trace id, so logs and traces join up."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        span_context = trace.get_current_span().get_span_context()
+        if not hasattr(record, "trace_id"):
+            record.trace_id = format(span_context.trace_id, "032x") if span_context.is_valid else ""
+        return True
+
+
+def configure_logging(level: str) -> None:
+    """One JSON object per line on stderr, with job ids (passed as `extra`) and trace ids."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter(
+            "%(asctime)s %(levelname)s %(name)s %(message)s",
+            rename_fields={"levelname": "level", "asctime": "time"},
+        )
+    )
+    handler.addFilter(_TraceFields())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,106 @@
+"""What producer and workers agree on about webhooks: which URLs may be called (the allow-list,
+so a client cannot make Conveyor reach internal services), the event envelope, and how a
+delivery is handed to the Celery task that performs it (`workers/webhooks.py`), so deliveries
+survive producer restarts."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Literal
+from urllib.parse import SplitResult, urlsplit
+
+from celery import Celery
+
+from shared.settings import Settings
+
+TASK_NAME = "conveyor.deliver_webhook"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+TargetKind = Literal["job", "batch"]
+
+
+def _port(parts: SplitResult) -> int | None:
+    try:
+        return parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:
+        return None
+
+
+def _host_matches(host: str, pattern: str) -> bool:
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:]) and len(host) > len(pattern) - 1
+    return host == pattern
+
+
+def _path_matches(path: str, prefix: str) -> bool:
+    if prefix in ("", "/") or path == prefix:
+        return True
+    return path.startswith(prefix if prefix.endswith("/") else prefix + "/")
+
+
+def allowed(url: str, allowlist: list[str]) -> bool:
+    """True if `url` matches an entry `scheme://host[:port][/path-prefix]` of the allow-list
+    (`*.example.com` matches subdomains). Scheme, host and port must match exactly; URLs with
+    credentials, fragments or other schemes never match."""
+    parts = urlsplit(url)
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname or "@" in parts.netloc:
+        return False
+    if parts.fragment:
+        return False
+    for entry in allowlist:
+        rule = urlsplit(entry.strip())
+        if (
+            rule.scheme == parts.scheme
+            and rule.hostname is not None
+            and _host_matches(parts.hostname, rule.hostname)
+            and _port(rule) == _port(parts)
+            and _path_matches(parts.path or "/", rule.path)
+        ):
+            return True
+    return False
+
+
+def refusal(url: str, settings: Settings) -> str | None:
+    """Why a webhook URL cannot be accepted at submit, or None when it can."""
+    if not settings.webhook_secret:
+        return "webhooks are disabled: CONVEYOR_WEBHOOK_SECRET is not set"
+    if not allowed(url, settings.webhook_allowlist):
+        return f"webhook URL {url!r} is not in CONVEYOR_WEBHOOK_ALLOWLIST"
+    return None
+
+
+def event(event_type: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The JSON body of one delivery; `id` is stable across retries so receivers can dedupe."""
+    return {
+        "id": f"evt_{uuid.uuid4().hex}",
+        "type": event_type,
+        "created": int(time.time()),
+        "data": data,
+    }
+
+
+@dataclass
+class WebhookDispatcher:
+    """Hands deliveries to the Celery task by name (no import of the worker code)."""
+
+    broker_url: str
+
+    @cached_property
+    def _celery(self) -> Celery:
+        return Celery("conveyor", broker=self.broker_url)
+
+    def send(self, kind: TargetKind, target_id: str, url: str, body: dict[str, Any]) -> None:
+        """Blocking (the broker publish): call it from a thread in async code."""
+        self._celery.send_task(
+            TASK_NAME,
+            kwargs={
+                "kind": kind,
+                "target_id": target_id,
+                "url": url,
+                "event": body,
+                "first_attempt_at": time.time(),
+            },
+        )

@@ -1,0 +1,112 @@
+"""Webhook delivery as a Celery task, so a delivery outlives the process that asked for it:
+POST the signed event, retry with exponential backoff and jitter for a bounded time
+(`CONVEYOR_WEBHOOK_RETRY_FOR_S`), and record every attempt on the job's or batch's hash.
+
+The producer sends it by name (`shared.webhooks.WebhookDispatcher`) when a batch ends; the
+worker's result path can do the same for jobs that carry a webhook."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from functools import cache
+from typing import Any
+
+import httpx
+import redis
+from celery import Task
+
+from shared.codec import dumps, loads
+from shared.keys import Keys
+from shared.settings import get_settings
+from shared.webhook_signing import HEADER, sign
+from shared.webhooks import TASK_NAME, TargetKind, allowed
+from workers.app import app
+
+log = logging.getLogger(__name__)
+
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 300.0
+
+
+def backoff_s(attempt: int) -> float:
+    """Equal jitter: half of the exponential step is fixed, half random, so a failing receiver
+    is not hit by all its retries at once and no retry comes back immediately."""
+    step = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
+    return step / 2 + random.uniform(0, step / 2)
+
+
+@cache
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(get_settings().redis_url)
+
+
+def _target_key(kind: TargetKind, target_id: str) -> str:
+    keys = Keys(get_settings().key_prefix)
+    return keys.batch(target_id) if kind == "batch" else keys.job(target_id)
+
+
+def _record(key: str, attempt: dict[str, Any], status: str) -> None:
+    """Append the attempt to the hash's `webhook_attempts` (a delivery's attempts run one at a
+    time, so read-then-write is safe); a hash that expired is not brought back."""
+    client = _redis()
+    current = client.hget(key, "webhook_attempts")
+    if current is None and not client.exists(key):
+        return
+    attempts = [*loads(current or b"[]"), attempt]  # type: ignore[arg-type]
+    client.hset(key, mapping={"webhook_attempts": dumps(attempts), "webhook_status": status})
+
+
+def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
+    """One attempt; never raises. Redirects are not followed (they could leave the allow-list)."""
+    settings = get_settings()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "Conveyor-Webhooks/1",
+        "Conveyor-Event-Id": str(event.get("id", "")),
+        "Conveyor-Event-Type": str(event.get("type", "")),
+        HEADER: sign(settings.webhook_secret, body),
+    }
+    started = time.monotonic()
+    outcome: dict[str, Any] = {"at": round(time.time(), 3), "status_code": None, "error": None}
+    try:
+        response = httpx.post(
+            url, content=body, headers=headers, timeout=settings.webhook_timeout_s
+        )
+        outcome["status_code"] = response.status_code
+        if not response.is_success:
+            outcome["error"] = f"HTTP {response.status_code}"
+    except httpx.HTTPError as exc:
+        outcome["error"] = f"{type(exc).__name__}: {exc}"
+    outcome["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    return outcome
+
+
+@app.task(name=TASK_NAME, bind=True, acks_late=True, max_retries=None)
+def deliver_webhook(
+    self: Task,
+    kind: TargetKind,
+    target_id: str,
+    url: str,
+    event: dict[str, Any],
+    first_attempt_at: float,
+) -> str:
+    """Returns the delivery's status: `delivered`, or `failed` once retrying would pass the
+    bound (or the URL is no longer allowed); raises Celery's Retry in between."""
+    settings = get_settings()
+    number = self.request.retries + 1
+    if allowed(url, settings.webhook_allowlist) and settings.webhook_secret:
+        attempt = {"attempt": number, **_post(url, dumps(event), event)}
+    else:
+        attempt = {"attempt": number, "at": time.time(), "error": "URL not allowed, or no secret"}
+    delay = backoff_s(number)
+    status = "delivered" if attempt.get("error") is None else "retrying"
+    giving_up = time.time() + delay > first_attempt_at + settings.webhook_retry_for_s
+    if status == "retrying" and ("status_code" not in attempt or giving_up):
+        status = "failed"
+    _record(_target_key(kind, target_id), attempt, status)
+    log.info("webhook %s %s attempt %d: %s", event.get("id"), url, number, status)
+    if status == "retrying":
+        raise self.retry(countdown=delay)
+    return status
