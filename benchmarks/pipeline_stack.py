@@ -45,8 +45,10 @@ def repository_copy(workdir: Path, name: str, overrides: dict[str, dict[str, Any
 
 @contextmanager
 def running_stack(workdir: Path) -> Iterator[Stack]:
-    """Valkey and a producer (reading an unmodified copy of the repository); stopped on exit."""
+    """Valkey and a producer (reading an unmodified copy of the repository); stopped on exit.
+    API keys are off: the baseline has none, and per-key rate limits would cap the load."""
     stack = Stack.create(workdir / "logs")
+    stack.env["CONVEYOR_AUTH"] = "disabled"
     try:
         repository = repository_copy(workdir, "model_repository", {})
         stack.start_producer(free_port(), CONVEYOR_MODEL_REPOSITORY=str(repository))

@@ -62,7 +62,7 @@ SMOKE = Scale(
     engine_batch_sizes=(1, 4),
     rate_fractions=(0.3, 1.2),
     queue_delays_ms=(2.0,),
-    redis_jobs=40,
+    redis_jobs=200,
     profile_s=1.0,
 )
 

@@ -39,6 +39,7 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     valkey_command: list[str] = field(default_factory=list)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -124,7 +125,9 @@ class Stack:
             "--without-mingle",
             "--without-gossip",
         ]
-        process = self._spawn(name, command, {"CONVEYOR_MODELS": models, **env})
+        self.metrics_ports[name] = int(env.get("CONVEYOR_METRICS_PORT", free_port()))
+        worker_env = {"CONVEYOR_METRICS_PORT": str(self.metrics_ports[name]), **env}
+        process = self._spawn(name, command, {"CONVEYOR_MODELS": models, **worker_env})
         streams = self._streams(models, env)
         consumer = self.consumer_name(process.pid)
         self._wait(lambda: self._consuming(consumer, streams), f"worker {name}", process)

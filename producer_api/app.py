@@ -9,13 +9,16 @@ from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from redis.exceptions import RedisError, ResponseError
 
 from producer_api.batches.api_router import router as batches_router
 from producer_api.body_limit import BodyLimitMiddleware
 from producer_api.errors import install_error_handlers
 from producer_api.health.api_router import router as health_router
+from producer_api.http_metrics import HttpMetricsMiddleware
 from producer_api.jobs.api_router import router as jobs_router
+from producer_api.metrics.api_router import router as metrics_router
 from producer_api.models.api_router import router as models_router
 from producer_api.reply_listener import ReplyListener
 from producer_api.state import ProducerState
@@ -24,6 +27,7 @@ from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
 from shared.redis_client import connect
 from shared.settings import Settings, get_settings
+from shared.telemetry import configure_logging, configure_tracing
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        configure_logging(settings.log_level)
         keys = Keys(settings.key_prefix)
         client = connect(settings.redis_url)
         repository = ModelRepository.load(settings.model_repository)
@@ -68,7 +73,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    for router in (jobs_router, batches_router, models_router, health_router):
+    app.add_middleware(HttpMetricsMiddleware)
+    if configure_tracing("conveyor-producer"):
+        FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
+    for router in (jobs_router, batches_router, models_router, health_router, metrics_router):
         app.include_router(router)
     return app
 

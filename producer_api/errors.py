@@ -7,6 +7,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
@@ -14,6 +15,18 @@ from starlette.exceptions import HTTPException
 from producer_api.responses import FastJSONResponse
 
 log = logging.getLogger(__name__)
+
+
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """The body of every error response, declared so the OpenAPI documents (and schema-checked
+    clients and fuzzers can verify) what an error looks like."""
+
+    error: ErrorDetail
 
 
 class ConveyorError(Exception):

@@ -142,7 +142,8 @@ class InFlightLimiter:
         self._admit = client.register_script(IN_FLIGHT)
 
     async def admit(self, key_id: str, job_id: str, cap: int) -> bool:
-        args = [cap, job_id, self.keys.job_prefix, self.SCAN, self.GRACE_MS, self.ttl_ms]
+        prefix = self.keys.job_prefix
+        args: list[str | int] = [cap, job_id, prefix, self.SCAN, self.GRACE_MS, self.ttl_ms]
         admitted, _ = await self._admit(
             keys=[self.keys.in_flight(key_id), self.keys.in_flight_scan(key_id)], args=args
         )

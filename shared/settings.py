@@ -48,6 +48,7 @@ class Settings(BaseSettings):
     webhook_retry_for_s: float = 3_600.0
     webhook_timeout_s: float = 10.0
 
+    metrics_port: int = 9_100
     block_ms: int = 1_000
     shutdown_grace_s: float = 30.0
 

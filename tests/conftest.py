@@ -3,9 +3,11 @@ CONVEYOR_REDIS_URL points at one), and a clean keyspace per test."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -13,6 +15,9 @@ import redis.asyncio as aioredis
 
 from conveyor.embedded_valkey import start_embedded_valkey
 from conveyor.stack import Stack, free_port
+from shared.api_keys import ApiKeyStore, KeySpec
+from shared.keys import Keys
+from shared.redis_client import connect
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,6 +55,7 @@ async def aredis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A real pipeline: its own embedded Valkey and a producer on a free port; tests add workers."""
     pipeline = Stack.create(tmp_path_factory.mktemp("stack"))
+    pipeline.env["CONVEYOR_AUTH"] = "disabled"  # these tests are not about keys (test_auth is)
     try:
         pipeline.start_producer(free_port())
         yield pipeline
@@ -77,3 +83,31 @@ def stack_redis(stack: Stack) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def auth_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A pipeline with API keys enforced, as in production (auth, rate-limit and fuzz tests)."""
+    pipeline = Stack.create(tmp_path_factory.mktemp("auth-stack"))
+    pipeline.env["CONVEYOR_AUTH"] = "enabled"
+    try:
+        pipeline.start_producer(free_port())
+        yield pipeline
+    finally:
+        pipeline.stop()
+
+
+def issue_key(redis_url: str, tenant: str, *scopes: str, **spec: Any) -> str:
+    """Store a new API key on the server at `redis_url` and return it in plain text:
+    issue_key(url, "acme", "submit", "read", max_in_flight=5)."""
+
+    async def create() -> str:
+        client = connect(redis_url)
+        try:
+            key_spec = KeySpec(tenant=tenant, scopes=frozenset(scopes), **spec)
+            key, _ = await ApiKeyStore(client, Keys()).create(key_spec)
+            return key
+        finally:
+            await client.aclose()
+
+    return asyncio.run(create())

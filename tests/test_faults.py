@@ -37,6 +37,7 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     )
     stack.env["CONVEYOR_MODEL_REPOSITORY"] = str(FIXTURES)
     stack.env["PYTHONPATH"] = str(REPO_ROOT)  # the custom backend lives in tests/
+    stack.env["CONVEYOR_AUTH"] = "disabled"  # faults, not keys, are under test here
     try:
         stack.start_producer(free_port())
         yield stack

@@ -4,11 +4,17 @@ owns the process lifecycle; the StreamConsumer bootstep does the inference work.
 from __future__ import annotations
 
 from celery import Celery
+from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from shared.settings import get_settings
+from shared.telemetry import configure_logging, configure_tracing
+from workers.metrics_server import MetricsServer
 from workers.stream_consumer import StreamConsumer
 
 settings = get_settings()
+configure_logging(settings.log_level)
+if configure_tracing("conveyor-worker"):
+    CeleryInstrumentor().instrument()
 
 app = Celery("conveyor", broker=settings.redis_url, include=["workers.webhooks"])
 app.conf.update(
@@ -18,3 +24,4 @@ app.conf.update(
     task_acks_late=True,
 )
 app.steps["worker"].add(StreamConsumer)
+app.steps["worker"].add(MetricsServer)

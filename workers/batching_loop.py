@@ -11,6 +11,7 @@ from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.model_repository import ModelConfig
 from workers.batch_executor import Outcome, execute
+from workers.batch_telemetry import batch_span, log_batch, record_batch, tracer
 from workers.engines.base import BatchEngine
 from workers.lane_scheduler import LaneScheduler
 from workers.reclaim import Reclaimer
@@ -72,10 +73,18 @@ class BatchingLoop:
                 runnable.append(delivery)
             else:
                 finishes.append(finish)
-        inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry is not None]
-        outcomes = await execute(self.engine, inputs)
-        finishes += [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
-        await until_done(lambda: self.writer.finish(stream, finishes))
+        model, variant = self.config.name, self.variant
+        with batch_span(model, variant, runnable):
+            with tracer.start_as_current_span("decode"):
+                inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry]
+            with tracer.start_as_current_span("engine"):
+                outcomes = await execute(self.engine, inputs)
+            finishes += [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
+            with tracer.start_as_current_span("write"):
+                await until_done(lambda: self.writer.finish(stream, finishes))
+        record_batch(model, variant, finishes, outcomes)
+        if runnable:
+            log_batch(model, runnable, outcomes)
 
     def _skip_or_expire(self, delivery: Delivery) -> Finish | None:
         entry = delivery.entry

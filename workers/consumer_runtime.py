@@ -49,6 +49,10 @@ class ConsumerRuntime:
         self._thread.start()
         self._ready.result(timeout=timeout)
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self._ready.done()
+
     def stop(self) -> None:
         """Warm shutdown: stop reading, finish the batch in hand, acknowledge, then return."""
         for partition_loop in self._loops:

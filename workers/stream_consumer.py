@@ -21,6 +21,7 @@ class StreamConsumer(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         self.runtime = ConsumerRuntime(get_settings())
         self.runtime.start()
+        worker.conveyor_runtime = self.runtime
 
     def stop(self, worker: Any) -> None:
         if self.runtime is not None:

@@ -54,7 +54,7 @@ def _record(key: str, attempt: dict[str, Any], status: str) -> None:
     current = client.hget(key, "webhook_attempts")
     if current is None and not client.exists(key):
         return
-    attempts = [*loads(current or b"[]"), attempt]  # type: ignore[arg-type]
+    attempts = [*loads(current or b"[]"), attempt]
     client.hset(key, mapping={"webhook_attempts": dumps(attempts), "webhook_status": status})
 
 
@@ -96,17 +96,18 @@ def deliver_webhook(
     bound (or the URL is no longer allowed); raises Celery's Retry in between."""
     settings = get_settings()
     number = self.request.retries + 1
-    if allowed(url, settings.webhook_allowlist) and settings.webhook_secret:
-        attempt = {"attempt": number, **_post(url, dumps(event), event)}
-    else:
-        attempt = {"attempt": number, "at": time.time(), "error": "URL not allowed, or no secret"}
     delay = backoff_s(number)
-    status = "delivered" if attempt.get("error") is None else "retrying"
-    giving_up = time.time() + delay > first_attempt_at + settings.webhook_retry_for_s
-    if status == "retrying" and ("status_code" not in attempt or giving_up):
+    if not (settings.webhook_secret and allowed(url, settings.webhook_allowlist)):
+        attempt = {"at": round(time.time(), 3), "error": "refused: URL not allowed or no secret"}
         status = "failed"
-    _record(_target_key(kind, target_id), attempt, status)
-    log.info("webhook %s %s attempt %d: %s", event.get("id"), url, number, status)
+    else:
+        attempt = _post(url, dumps(event), event)
+        out_of_time = time.time() + delay > first_attempt_at + settings.webhook_retry_for_s
+        status = (
+            "delivered" if attempt["error"] is None else "failed" if out_of_time else "retrying"
+        )
+    _record(_target_key(kind, target_id), {"attempt": number, **attempt}, status)
+    log.info("webhook %s to %s, attempt %d: %s", event.get("id"), url, number, status)
     if status == "retrying":
         raise self.retry(countdown=delay)
     return status

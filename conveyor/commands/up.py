@@ -9,24 +9,25 @@ from pathlib import Path
 
 import click
 
+from conveyor.commands.keys import create_dev_key
 from conveyor.stack import Stack
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
 
-EXAMPLES = """
+EXAMPLES = """{key_note}
 Conveyor is up: producer {url}, workers for {models}.
 
   # embeddings, submit and wait
-  curl -s {url}/v1/models/minilm/predict -H 'content-type: application/json' \\
+  curl -s {url}/v1/models/minilm/predict{auth} -H 'content-type: application/json' \\
        -d '{{"inputs": {{"texts": ["a queue in front of a model", "hello world"]}}}}'
 
   # submit, then long-poll the job
-  curl -s {url}/v1/jobs -H 'content-type: application/json' \\
+  curl -s {url}/v1/jobs{auth} -H 'content-type: application/json' \\
        -d '{{"model": "identity", "inputs": {{"hello": "world"}}}}'
-  curl -s '{url}/v1/jobs/<id>?wait=10'
+  curl -s '{url}/v1/jobs/<id>?wait=10'{auth}
 
   # models and their queues
-  curl -s {url}/v1/models
+  curl -s {url}/v1/models{auth}
 
 Ctrl-C stops everything (workers drain first).
 """
@@ -56,11 +57,21 @@ def command(port: int | None, models: str | None, state_dir: Path) -> None:
         url = stack.start_producer(port or settings.port)
         for name in names:
             stack.start_worker(name)
-        click.echo(EXAMPLES.format(url=url, models=", ".join(names)), nl=True)
+        click.echo(EXAMPLES.format(url=url, models=", ".join(names), **_auth(stack)), nl=True)
         _wait_for_signal(stack)
     finally:
         click.echo("stopping: workers drain their batches first")
         stack.stop()
+
+
+def _auth(stack: Stack) -> dict[str, str]:
+    """Auth stays on under `make up`: a development key is created and shown instead."""
+    settings = get_settings()
+    if settings.auth == "disabled":
+        return {"key_note": "\nAuth is disabled (CONVEYOR_AUTH=disabled).", "auth": ""}
+    key = create_dev_key(settings.model_copy(update={"redis_url": stack.redis_url}))
+    note = f"\nDevelopment API key (tenant dev, all scopes): {key}"
+    return {"key_note": note, "auth": f" -H 'authorization: Bearer {key}'"}
 
 
 def _wait_for_signal(stack: Stack) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -9,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
+from producer_api.auth import AUTH_RESPONSES, Principal, require
 from producer_api.batches.progress import BatchProgress, view
 from producer_api.batches.protocol import WINDOW, BatchOptions, BatchView
 from producer_api.batches.serving import BatchesService
@@ -16,6 +18,7 @@ from producer_api.batches.sweeper import batches_lifespan
 from producer_api.errors import ConveyorError
 from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
+from shared.api_keys import Scope
 from shared.batch_store import Refresh
 
 router = APIRouter(tags=["batches"], lifespan=batches_lifespan)
@@ -23,6 +26,7 @@ BATCH_ID = Path(max_length=64, description="Batch id")
 JSONL = "application/jsonl"
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    **AUTH_RESPONSES,
     404: {"description": "Unknown batch or model"},
     409: {"description": "Batch not running (cancel) or not ended (files)"},
     413: {"description": "Body too large, or more items than the bulk lane can ever hold"},
@@ -32,14 +36,24 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def batches_service(
-    request: Request, state: Annotated[ProducerState, Depends(producer_state)]
-) -> BatchesService:
-    progress: BatchProgress = request.app.state.batches
-    return BatchesService(state, progress)
+def _service(scope: Scope) -> Callable[..., BatchesService]:
+    """A BatchesService acting for the caller, who must hold `scope`."""
+
+    caller = Depends(require(scope))  # a default, not an annotation: annotations are strings
+
+    def dependency(
+        request: Request,
+        state: Annotated[ProducerState, Depends(producer_state)],
+        principal: Principal = caller,
+    ) -> BatchesService:
+        progress: BatchProgress = request.app.state.batches
+        return BatchesService(state, progress, principal)
+
+    return dependency
 
 
-Service = Annotated[BatchesService, Depends(batches_service)]
+SubmitService = Annotated[BatchesService, Depends(_service("submit"))]
+ReadService = Annotated[BatchesService, Depends(_service("read"))]
 
 
 def _respond(request: Request, batch_id: str, progress: Refresh, status: int = 200) -> Any:
@@ -69,7 +83,7 @@ async def _upload(request: Request, options: dict[str, Any]) -> tuple[bytes, Bat
 @router.post("/v1/batches", status_code=202, response_model=BatchView, responses=_ERRORS)
 async def create_batch(
     request: Request,
-    service: Service,
+    service: SubmitService,
     model: str | None = Query(default=None, description="Model for lines that name none"),
     completion_window: str = Query(default="24h", pattern=WINDOW),
     webhook: str | None = Query(default=None, max_length=2048),
@@ -84,27 +98,27 @@ async def create_batch(
     return _respond(request, batch_id, progress, 202)
 
 
-@router.get("/v1/batches/{batch_id}", name="get_batch", response_model=BatchView)
-async def get_batch(request: Request, service: Service, batch_id: str = BATCH_ID) -> Any:
+@router.get("/v1/batches/{batch_id}", name="get_batch", response_model=BatchView, responses=_ERRORS)
+async def get_batch(request: Request, service: ReadService, batch_id: str = BATCH_ID) -> Any:
     """State, counts (total = succeeded + failed + pending) and timestamps."""
     return _respond(request, batch_id, await service.get(batch_id))
 
 
 @router.post("/v1/batches/{batch_id}/cancel", response_model=BatchView, responses=_ERRORS)
-async def cancel_batch(request: Request, service: Service, batch_id: str = BATCH_ID) -> Any:
+async def cancel_batch(request: Request, service: SubmitService, batch_id: str = BATCH_ID) -> Any:
     """Cancel what has not finished; the batch ends `cancelled` (409 if it already ended)."""
     return _respond(request, batch_id, await service.cancel(batch_id))
 
 
 @router.get("/v1/batches/{batch_id}/output", responses=_ERRORS)
-async def batch_output(service: Service, batch_id: str = BATCH_ID) -> StreamingResponse:
+async def batch_output(service: ReadService, batch_id: str = BATCH_ID) -> StreamingResponse:
     """JSONL, one line per succeeded item in input order: `{id, custom_id, line, outputs}`."""
     await service.ended(batch_id)
     return StreamingResponse(service.output(batch_id), media_type=JSONL)
 
 
 @router.get("/v1/batches/{batch_id}/errors", responses=_ERRORS)
-async def batch_errors(service: Service, batch_id: str = BATCH_ID) -> StreamingResponse:
+async def batch_errors(service: ReadService, batch_id: str = BATCH_ID) -> StreamingResponse:
     """JSONL, one line per line that did not succeed, in input order: `{custom_id, line,
     status, error: {type, message}}` (and the job `id` where the line became one)."""
     await service.ended(batch_id)

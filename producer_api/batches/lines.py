@@ -74,7 +74,8 @@ class ParsedBatch:
     def _item(self, number: int, raw: bytes) -> Item:
         line = _line(raw)
         if line.custom_id in self._seen:
-            raise LineError("duplicate_custom_id", "custom_id already used by an earlier line")
+            message = "custom_id already used by an earlier line"
+            raise LineError("duplicate_custom_id", message, line.custom_id)
         self._seen.add(line.custom_id)
         try:
             body = BatchItemBody.model_validate(line.body)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
+from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batches import lines
 from producer_api.batches.progress import BatchProgress
 from producer_api.batches.protocol import BatchOptions
@@ -27,8 +29,7 @@ from shared.webhooks import refusal
 log = logging.getLogger(__name__)
 
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
-TENANT = "default"  # until API keys (issue 7) say whose a request is
-WINDOW = 1024  # items looked at past each open head: covers micro-batches finishing out of order
+WINDOW = 256  # items looked at past each open head: micro-batches in flight finish out of order
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -41,10 +42,13 @@ def _line(record: dict[str, Any]) -> bytes:
 
 
 class BatchesService:
-    def __init__(self, state: ProducerState, progress: BatchProgress) -> None:
+    def __init__(
+        self, state: ProducerState, progress: BatchProgress, principal: Principal = ANONYMOUS
+    ) -> None:
         self.state = state
         self.progress = progress
         self.store = progress.store
+        self.principal = principal
 
     async def create(self, source: bytes, options: BatchOptions) -> tuple[str, Refresh]:
         window_s = self._window_s(options.completion_window)
@@ -52,7 +56,7 @@ class BatchesService:
             raise ConveyorError(422, "invalid_request", why)
         if options.model is not None and self.state.repository.get(options.model) is None:
             raise ConveyorError(404, "not_found", f"model {options.model!r} not found")
-        build = JobsService(self.state).build
+        build = JobsService(self.state, self.principal).build
         parsed = await asyncio.to_thread(lines.parse, source, options.model, build)
         if not parsed.items and not parsed.rejected:
             raise ConveyorError(422, "invalid_request", "the batch has no lines")
@@ -60,7 +64,7 @@ class BatchesService:
         batch_id = f"batch_{uuid.uuid4().hex}"
         expires_ms = now_ms() + window_s * 1000
         meta: dict[str, str | int] = {
-            "tenant": TENANT,
+            "tenant": self.principal.tenant,
             "model": parsed.model or "",
             "completion_window": options.completion_window,
             "expires_at": expires_ms,
@@ -114,7 +118,7 @@ class BatchesService:
         items and rejections for those refused by a lane that filled up meanwhile."""
         accepted: list[tuple[str, str]] = []
         refused: list[dict[str, Any]] = []
-        round_trips = 0
+        round_trips, started = 0, time.perf_counter()
         for start in range(0, len(items), CHUNK):
             chunk = items[start : start + CHUNK]
             jobs = [self._job(batch_id, item, expires_ms) for item in chunk]
@@ -129,7 +133,9 @@ class BatchesService:
                 else:
                     open_list = self.state.keys.batch_open(batch_id, item.config.name, item.variant)
                     accepted.append((item.entry.job_id, open_list))
-        log.info("batch %s: %d jobs enqueued in %d round trips", batch_id, len(items), round_trips)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        message = "batch %s: %d jobs enqueued in %d round trips, %.0f ms"
+        log.info(message, batch_id, len(items), round_trips, elapsed_ms)
         return accepted, refused
 
     def _job(self, batch_id: str, item: lines.Item, expires_ms: int) -> NewJob:
@@ -152,7 +158,7 @@ class BatchesService:
         if not BATCH_ID.match(batch_id):
             raise not_found(batch_id)
         progress = await self.progress.refresh(batch_id, WINDOW)
-        if progress is None or progress.fields.get("tenant") != TENANT:
+        if progress is None or progress.fields.get("tenant") != self.principal.tenant:
             raise not_found(batch_id)
         return progress
 

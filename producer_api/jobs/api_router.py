@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 
-from producer_api.errors import ConveyorError
+from producer_api.auth import AUTH_RESPONSES, Principal, require
+from producer_api.errors import ConveyorError, ErrorBody
 from producer_api.jobs.protocol import JobAccepted, JobRequest, JobView, PredictRequest
 from producer_api.jobs.serving import JobsService
 from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
+from shared.api_keys import Scope
 
 router = APIRouter(tags=["jobs"])
 JOB_ID = Path(max_length=128, description="Job id")
@@ -20,19 +23,33 @@ IDEMPOTENCY_KEY = Header(
 WAIT = Query(default=0.0, ge=0, le=600, description="Seconds to wait for a terminal state")
 
 
-def jobs_service(state: Annotated[ProducerState, Depends(producer_state)]) -> JobsService:
-    return JobsService(state)
+def _service(scope: Scope) -> Callable[..., JobsService]:
+    """A JobsService acting for the caller, who must hold `scope`."""
+
+    caller = Depends(require(scope))  # a default, not an annotation: annotations are strings
+
+    def dependency(
+        state: Annotated[ProducerState, Depends(producer_state)], principal: Principal = caller
+    ) -> JobsService:
+        return JobsService(state, principal)
+
+    return dependency
 
 
-Service = Annotated[JobsService, Depends(jobs_service)]
+SubmitService = Annotated[JobsService, Depends(_service("submit"))]
+ReadService = Annotated[JobsService, Depends(_service("read"))]
 
+_DESCRIPTIONS = {
+    404: "Unknown model, variant or job",
+    409: "Idempotency-Key reused with another body, or job already ended",
+    413: "Body too large",
+    422: "Invalid request",
+    429: "Partition full, rate limited or too many jobs in flight; see Retry-After",
+    503: "Queue unreachable",
+}
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    404: {"description": "Unknown model, variant or job"},
-    409: {"description": "Idempotency-Key reused with another body, or job already ended"},
-    413: {"description": "Body too large"},
-    422: {"description": "Invalid request"},
-    429: {"description": "Partition full; see Retry-After"},
-    503: {"description": "Queue unreachable"},
+    **AUTH_RESPONSES,
+    **{code: {"model": ErrorBody, "description": text} for code, text in _DESCRIPTIONS.items()},
 }
 
 
@@ -54,11 +71,16 @@ def _wait_limit(request: Request, wait: float) -> float:
     return min(wait, state.settings.max_wait_s)
 
 
-@router.post("/v1/jobs", status_code=202, response_model=JobAccepted, responses=_ERRORS)
+@router.post(
+    "/v1/jobs",
+    status_code=202,
+    response_model=JobAccepted,
+    responses={200: {"model": JobView, "description": "Finished within `wait`"}, **_ERRORS},
+)
 async def submit_job(
     body: JobRequest,
     request: Request,
-    service: Service,
+    service: SubmitService,
     wait: float = WAIT,
     idempotency_key: str | None = IDEMPOTENCY_KEY,
 ) -> FastJSONResponse:
@@ -82,23 +104,27 @@ async def submit_job(
 
 @router.get("/v1/jobs/{job_id}", name="get_job", response_model=JobView, responses=_ERRORS)
 async def get_job(
-    request: Request, service: Service, job_id: str = JOB_ID, wait: float = WAIT
+    request: Request, service: ReadService, job_id: str = JOB_ID, wait: float = WAIT
 ) -> FastJSONResponse:
     """Read a job; with `wait`, long-poll until it is terminal or the wait ends."""
     return FastJSONResponse(await service.get(job_id, _wait_limit(request, wait)))
 
 
 @router.delete("/v1/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
-async def cancel_job(service: Service, job_id: str = JOB_ID) -> FastJSONResponse:
+async def cancel_job(service: SubmitService, job_id: str = JOB_ID) -> FastJSONResponse:
     """Cancel a queued or running job (409 if it already ended)."""
     return FastJSONResponse(await service.cancel(job_id))
 
 
-@router.post("/v1/models/{model}/predict", response_model=JobView, responses=_ERRORS)
+@router.post(
+    "/v1/models/{model}/predict",
+    response_model=JobView,
+    responses={202: {"model": JobAccepted, "description": "Still running"}, **_ERRORS},
+)
 async def predict(
     body: PredictRequest,
     request: Request,
-    service: Service,
+    service: SubmitService,
     model: str = Path(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
     timeout: float = Query(default=30.0, gt=0, le=600),
 ) -> FastJSONResponse:

@@ -11,16 +11,21 @@ NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
 class PredictRequest(BaseModel):
     """A job body without the model (the path names it). Unknown fields are refused, since a
-    typo such as `input` would otherwise be silently ignored."""
+    typo such as `input` would otherwise be silently ignored. Infinite or NaN times are
+    refused (422) rather than reaching the deadline arithmetic."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     variant: str | None = Field(default=None, pattern=NAME)
     inputs: dict[str, Any]
     parameters: dict[str, Any] = Field(default_factory=dict)
     routing_key: str | None = Field(default=None, max_length=256)
-    deadline: float | None = Field(default=None, description="Unix time after which not to run")
-    ttl_s: float | None = Field(default=None, gt=0, description="Seconds from now to deadline")
+    deadline: float | None = Field(
+        default=None, le=1e11, description="Unix time after which not to run"
+    )
+    ttl_s: float | None = Field(
+        default=None, gt=0, le=1e9, description="Seconds from now to deadline"
+    )
     priority: Literal["online", "bulk"] = "online"
 
 

@@ -5,6 +5,7 @@ of the principal that submitted it; another tenant's job reads as unknown (404).
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 import uuid
@@ -20,9 +21,13 @@ from producer_api.state import ProducerState
 from shared.codec import RequestEntry
 from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, now_ms
+from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.model_repository import ModelConfig
 from shared.rate_limit import InFlightLimiter
 from shared.routing import UnknownVariant, choose_variant
+from shared.telemetry import current_traceparent
+
+log = logging.getLogger(__name__)
 
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -67,6 +72,7 @@ class JobsService:
             deadline_ms=_deadline_ms(body),
             tenant=self.principal.tenant,
             reply=self.state.replies.channel,
+            traceparent=current_traceparent(),
         )
         return entry, config, variant
 
@@ -87,7 +93,10 @@ class JobsService:
             try:
                 await self.state.store.create(entry, stream, fields, config.queue.max_length)
             except QueueFull as full:
+                JOBS_REJECTED.labels(config.name, variant, "queue_full").inc()
                 raise await queue_full_error(self.state, stream, full.length) from None
+        JOBS_SUBMITTED.labels(config.name, variant, body.priority).inc()
+        log.info("job accepted", extra={"job_id": entry.job_id, "model": config.name})
 
     @asynccontextmanager
     async def _in_flight_slot(

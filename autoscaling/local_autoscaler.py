@@ -1,0 +1,87 @@
+"""`conveyor autoscale`: KEDA's decision for one machine. Each pool (model, variant) is polled
+with the same triggers and formula KEDA and the HPA use (`scaling_math`), and worker processes
+are started or stopped between min and max replicas; stops are SIGTERM, so workers drain."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from autoscaling.keda import pool_triggers
+from autoscaling.scaling_math import StreamTrigger, desired_replicas, poll
+from shared.keys import Keys
+from shared.model_repository import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PoolScaler:
+    """One pool. Up at once to what the formula asks; down one worker per tick, and only after
+    `cooldown_s` without any active trigger (KEDA's cooldown, the HPA's slow scale-down)."""
+
+    name: str
+    triggers: list[StreamTrigger]
+    min_replicas: int
+    max_replicas: int
+    cooldown_s: float
+    start_worker: Callable[[str], str]
+    stop_worker: Callable[[str], None]
+    workers: list[str] = field(default_factory=list)
+    last_active: float = 0.0
+    started: int = 0
+
+    @classmethod
+    def for_partition(
+        cls,
+        config: ModelConfig,
+        variant: str,
+        keys: Keys,
+        start_worker: Callable[[str], str],
+        stop_worker: Callable[[str], None],
+    ) -> PoolScaler:
+        hints = config.autoscaling
+        triggers = [
+            StreamTrigger.from_metadata(t["metadata"]) for t in pool_triggers(config, variant, keys)
+        ]
+        return cls(
+            f"{config.name}:{variant}",
+            triggers,
+            hints.min_replicas,
+            hints.max_replicas,
+            hints.cooldown_s,
+            start_worker,
+            stop_worker,
+        )
+
+    def tick(self, client: redis.Redis, now: float | None = None) -> int:
+        """Poll once and act; returns the worker count afterwards."""
+        now = time.monotonic() if now is None else now
+        readings = poll(client, self.triggers)
+        if any(r.active for r in readings):
+            self.last_active = now
+        current = len(self.workers)
+        desired = desired_replicas(readings, self.min_replicas, self.max_replicas, current)
+        if desired > current:
+            self._scale_up(desired - current)
+        elif desired < current and now - self.last_active >= self.cooldown_s:
+            self._scale_down()
+        return len(self.workers)
+
+    def stop_all(self) -> None:
+        while self.workers:
+            self._scale_down()
+
+    def _scale_up(self, count: int) -> None:
+        log.info("scale up", extra={"pool": self.name, "from": len(self.workers), "by": count})
+        for _ in range(count):
+            self.started += 1
+            self.workers.append(self.start_worker(f"{self.name.replace(':', '-')}-{self.started}"))
+
+    def _scale_down(self) -> None:
+        log.info("scale down", extra={"pool": self.name, "from": len(self.workers)})
+        self.stop_worker(self.workers.pop())

@@ -1,0 +1,64 @@
+"""`conveyor.client`: the Python SDK. `Client` (blocking) and `AsyncClient` (asyncio) share one
+implementation of every operation; both read `CONVEYOR_URL` and `CONVEYOR_API_KEY`.
+
+    from conveyor.client import Client
+
+    with Client() as client:
+        job = client.predict("minilm", {"texts": ["hello"]})
+        batch = client.batches.create("prompts.jsonl", model="minilm")
+        client.batches.wait(batch.id, progress=lambda b: print(b.counts))
+        results = client.batches.results(batch.id)
+"""
+
+from conveyor.client.async_client import AsyncBatches, AsyncClient
+from conveyor.client.errors import (
+    APIError,
+    AuthError,
+    Conflict,
+    ConveyorError,
+    NotFound,
+    RateLimited,
+    StreamError,
+    Unavailable,
+    WaitTimeout,
+)
+from conveyor.client.retries import RetryEvent, RetryPolicy
+from conveyor.client.sync_client import Batches, Client
+from conveyor.client.types import (
+    Batch,
+    BatchCounts,
+    BatchError,
+    BatchOutput,
+    BatchResults,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Event,
+    Job,
+)
+
+__all__ = [
+    "APIError",
+    "AsyncBatches",
+    "AsyncClient",
+    "AuthError",
+    "Batch",
+    "BatchCounts",
+    "BatchError",
+    "BatchOutput",
+    "BatchResults",
+    "Batches",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "Client",
+    "Conflict",
+    "ConveyorError",
+    "Event",
+    "Job",
+    "NotFound",
+    "RateLimited",
+    "RetryEvent",
+    "RetryPolicy",
+    "StreamError",
+    "Unavailable",
+    "WaitTimeout",
+]

@@ -1,0 +1,192 @@
+"""`AsyncClient`: the asyncio SDK. The same operations (`calls.py`), retry policy and stream
+resumption as `Client`, driven with `await`; only the I/O differs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any, TypeVar
+
+import httpx
+from typing_extensions import Unpack
+
+from conveyor.client import calls
+from conveyor.client.calls import Call, JobOptions, Op, Pause, Progress
+from conveyor.client.connection import http_options
+from conveyor.client.errors import raise_for_error
+from conveyor.client.retries import OnRetry, RetryEvent, RetryPolicy
+from conveyor.client.sse import EventStream
+from conveyor.client.types import (
+    Batch,
+    BatchResults,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Event,
+    Job,
+)
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """`AsyncClient(base_url=None, api_key=None)`; methods as `Client`'s, awaitable. Use as an
+    async context manager, or `await aclose()`."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        on_retry: OnRetry | None = None,
+    ) -> None:
+        self.http = httpx.AsyncClient(**http_options(base_url, api_key, timeout))
+        self.retry = retry or RetryPolicy()
+        self.on_retry = on_retry
+        self.batches = AsyncBatches(self)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def submit(
+        self,
+        model: str,
+        inputs: dict[str, Any],
+        idempotency_key: str | None = None,
+        **options: Unpack[JobOptions],
+    ) -> Job:
+        return await self.run(calls.submit(model, inputs, idempotency_key, options))
+
+    async def get(self, job_id: str) -> Job:
+        return await self.run(calls.get(job_id))
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        return await self.run(calls.wait(job_id, timeout))
+
+    async def cancel(self, job_id: str) -> Job:
+        return await self.run(calls.cancel(job_id))
+
+    async def predict(
+        self,
+        model: str,
+        inputs: dict[str, Any],
+        timeout: float = 60.0,
+        **options: Unpack[JobOptions],
+    ) -> Job:
+        return await self.run(calls.predict(model, inputs, timeout, options))
+
+    async def chat(
+        self, model: str, messages: list[dict[str, Any]], **params: Any
+    ) -> ChatCompletion:
+        return await self.run(calls.chat(model, messages, params))
+
+    async def chat_stream(
+        self, model: str, messages: list[dict[str, Any]], **params: Any
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        call = calls.chat_stream_call(model, messages, params)
+        async for event in self.events(EventStream(call, resumable=False)):
+            if (chunk := calls.chat_chunk(event)) is not None:
+                yield chunk
+
+    def stream(self, job_id: str, last_event_id: str | None = None) -> AsyncIterator[Event]:
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        call = Call("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=None)
+        return self.events(EventStream(call))
+
+    async def run(self, op: Op[T]) -> T:
+        reply: httpx.Response | None = None
+        while True:
+            try:
+                step = op.send(reply)
+            except StopIteration as stop:
+                result: T = stop.value
+                return result
+            if isinstance(step, Pause):
+                await asyncio.sleep(step.seconds)
+                reply = None
+            else:
+                reply = await self.send(step)
+
+    async def send(self, call: Call) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                response = await self.http.send(call.build(self.http))
+            except httpx.TransportError as exc:
+                pause = self.retry.after_error(attempt, exc, call.repeatable)
+                if pause is None:
+                    raise
+            else:
+                pause = self.retry.after_response(attempt, response)
+                if pause is None:
+                    return raise_for_error(response)
+            await self._pause(pause)
+            attempt += 1
+
+    async def _pause(self, pause: RetryEvent) -> None:
+        if self.on_retry is not None:
+            self.on_retry(pause)
+        await asyncio.sleep(pause.delay_s)
+
+    async def events(self, stream: EventStream) -> AsyncIterator[Event]:
+        while not stream.done:
+            try:
+                response = await self.http.send(stream.next_call().build(self.http), stream=True)
+                try:
+                    if response.is_error:
+                        await response.aread()
+                    stream.opened(raise_for_error(response))
+                    async for line in response.aiter_lines():
+                        if (event := stream.feed(line)) is not None:
+                            yield event
+                        if stream.done:
+                            break
+                finally:
+                    await response.aclose()
+                if not stream.done:
+                    stream.closed()
+            except httpx.TransportError as exc:
+                await asyncio.sleep(stream.dropped(exc))
+
+
+class AsyncBatches:
+    """`client.batches` of an AsyncClient."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    async def create(
+        self,
+        source: bytes | str | os.PathLike[str] | Iterable[Mapping[str, Any]],
+        model: str | None = None,
+        completion_window: str | None = None,
+        webhook: str | None = None,
+    ) -> Batch:
+        body = calls.jsonl(source)
+        return await self.client.run(calls.create_batch(body, model, completion_window, webhook))
+
+    async def get(self, batch_id: str) -> Batch:
+        return await self.client.run(calls.get_batch(batch_id))
+
+    async def cancel(self, batch_id: str) -> Batch:
+        return await self.client.run(calls.cancel_batch(batch_id))
+
+    async def wait(
+        self,
+        batch_id: str,
+        progress: Progress | None = None,
+        poll_s: float = 1.0,
+        timeout: float | None = None,
+    ) -> Batch:
+        return await self.client.run(calls.wait_batch(batch_id, poll_s, timeout, progress))
+
+    async def results(self, batch_id: str) -> BatchResults:
+        return await self.client.run(calls.batch_results(batch_id))

@@ -1,0 +1,228 @@
+"""Every SDK operation, written once as a generator that yields what to do (`Call` an endpoint,
+`Pause`) and receives the responses; `Client` and `AsyncClient` only run them, so waiting,
+polling and parsing have one implementation for both."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Generator, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict, TypeVar
+
+import httpx
+import orjson
+
+from conveyor.client.errors import APIError, WaitTimeout
+from conveyor.client.types import (
+    Batch,
+    BatchError,
+    BatchOutput,
+    BatchResults,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Event,
+    Job,
+)
+
+T = TypeVar("T")
+LONG_POLL_S = 30.0  # one long-poll request; the server caps it at CONVEYOR_MAX_WAIT_S anyway
+SLACK_S = 15.0  # HTTP timeout beyond the time the server was asked to wait
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One HTTP request; `repeatable` says sending it twice does no harm (for retries)."""
+
+    method: str
+    path: str
+    params: Mapping[str, Any] | None = None
+    json: Any = None
+    content: bytes | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    repeatable: bool = True
+
+    def build(self, client: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        timeout = client.timeout if self.timeout is None else httpx.Timeout(self.timeout)
+        return client.build_request(
+            self.method,
+            self.path,
+            params=self.params,
+            json=self.json,
+            content=self.content,
+            headers=self.headers,
+            timeout=timeout,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    seconds: float
+
+
+Op = Generator[Call | Pause, Any, T]
+Progress = Callable[[Batch], None]
+
+
+class JobOptions(TypedDict, total=False):
+    variant: str
+    parameters: dict[str, Any]
+    routing_key: str
+    deadline: float
+    ttl_s: float
+    priority: str
+    webhook: str
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _left(deadline: float | None, most: float) -> float:
+    return most if deadline is None else max(0.0, min(most, deadline - time.monotonic()))
+
+
+def submit(
+    model: str, inputs: dict[str, Any], idempotency_key: str | None, options: JobOptions
+) -> Op[Job]:
+    """An Idempotency-Key is always sent (a fresh one by default), so retrying a submit whose
+    answer was lost never enqueues the job twice."""
+    headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
+    body = {"model": model, "inputs": inputs, **options}
+    response = yield Call("POST", "/v1/jobs", json=body, headers=headers)
+    return Job.model_validate(response.json())
+
+
+def get(job_id: str) -> Op[Job]:
+    response = yield Call("GET", f"/v1/jobs/{job_id}")
+    return Job.model_validate(response.json())
+
+
+def wait(job_id: str, timeout: float | None) -> Op[Job]:
+    """Long-polls (the server answers as soon as the job ends), so no request is wasted."""
+    deadline = _deadline(timeout)
+    while True:
+        slice_s = _left(deadline, LONG_POLL_S)
+        response = yield Call(
+            "GET", f"/v1/jobs/{job_id}", params={"wait": slice_s}, timeout=slice_s + SLACK_S
+        )
+        job = Job.model_validate(response.json())
+        if job.done:
+            return job
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimeout(f"job {job_id} still {job.status} after {timeout}s", job)
+
+
+def cancel(job_id: str) -> Op[Job]:
+    response = yield Call("DELETE", f"/v1/jobs/{job_id}")
+    return Job.model_validate(response.json())
+
+
+_FAILED_AS = {"failed": 422, "cancelled": 409, "expired": 504}
+
+
+def predict(model: str, inputs: dict[str, Any], timeout: float, options: JobOptions) -> Op[Job]:
+    """Submit and wait: the finished job, or the APIError the server gives for a job that
+    failed (422), was cancelled (409) or expired (504), even when it ended after the call."""
+    deadline = _deadline(timeout)
+    asked = _left(deadline, LONG_POLL_S * 2)
+    response = yield Call(
+        "POST",
+        f"/v1/models/{model}/predict",
+        params={"timeout": asked},
+        json={"inputs": inputs, **options},
+        timeout=asked + SLACK_S,
+        repeatable=False,
+    )
+    job = Job.model_validate(response.json())
+    if response.status_code == 202:
+        job = yield from wait(job.id, _left(deadline, float("inf")))
+    if not job.succeeded:
+        error = job.error
+        message = f"job {job.id} {job.status}: {error.message if error else ''}"
+        raise APIError(
+            _FAILED_AS.get(job.status, 500), error.type if error else job.status, message
+        )
+    return job
+
+
+def chat(model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> Op[ChatCompletion]:
+    body = {"model": model, "messages": messages, **params, "stream": False}
+    response = yield Call("POST", "/v1/chat/completions", json=body, timeout=600, repeatable=False)
+    return ChatCompletion.model_validate(response.json())
+
+
+def jsonl(source: bytes | str | os.PathLike[str] | Iterable[Mapping[str, Any]]) -> bytes:
+    """A batch's JSONL from bytes, a file path, or an iterable of lines
+    (`{"custom_id", "body": {...}}` mappings)."""
+    if isinstance(source, bytes):
+        return source
+    if isinstance(source, str | os.PathLike):
+        return Path(source).read_bytes()
+    return b"".join(orjson.dumps(line) + b"\n" for line in source)
+
+
+def create_batch(
+    source: bytes, model: str | None, completion_window: str | None, webhook: str | None
+) -> Op[Batch]:
+    options = {"model": model, "completion_window": completion_window, "webhook": webhook}
+    response = yield Call(
+        "POST",
+        "/v1/batches",
+        params={k: v for k, v in options.items() if v is not None},
+        content=source,
+        headers={"Content-Type": "application/jsonl"},
+        timeout=300,
+        repeatable=False,
+    )
+    return Batch.model_validate(response.json())
+
+
+def get_batch(batch_id: str) -> Op[Batch]:
+    response = yield Call("GET", f"/v1/batches/{batch_id}")
+    return Batch.model_validate(response.json())
+
+
+def cancel_batch(batch_id: str) -> Op[Batch]:
+    response = yield Call("POST", f"/v1/batches/{batch_id}/cancel")
+    return Batch.model_validate(response.json())
+
+
+def wait_batch(
+    batch_id: str, poll_s: float, timeout: float | None, progress: Progress | None
+) -> Op[Batch]:
+    """Poll until the batch ends, calling `progress` with each look."""
+    deadline = _deadline(timeout)
+    while True:
+        batch = yield from get_batch(batch_id)
+        if progress is not None:
+            progress(batch)
+        if batch.done:
+            return batch
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimeout(f"batch {batch_id} still {batch.status} after {timeout}s", batch)
+        yield Pause(_left(deadline, poll_s))
+
+
+def batch_results(batch_id: str) -> Op[BatchResults]:
+    outputs = yield Call("GET", f"/v1/batches/{batch_id}/output", timeout=600)
+    errors = yield Call("GET", f"/v1/batches/{batch_id}/errors", timeout=600)
+    return BatchResults(
+        outputs=[BatchOutput.model_validate_json(line) for line in outputs.content.splitlines()],
+        errors=[BatchError.model_validate_json(line) for line in errors.content.splitlines()],
+    )
+
+
+def chat_stream_call(model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> Call:
+    body = {"model": model, "messages": messages, **params, "stream": True}
+    return Call("POST", "/v1/chat/completions", json=body, timeout=600, repeatable=False)
+
+
+def chat_chunk(event: Event) -> ChatCompletionChunk | None:
+    """A chunk of a streamed chat completion; None for the closing `[DONE]`."""
+    if event.data == "[DONE]":
+        return None
+    return ChatCompletionChunk.model_validate_json(event.data)

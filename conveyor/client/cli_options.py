@@ -1,0 +1,66 @@
+"""What every SDK-backed command shares: `--url` / `--api-key` (else `CONVEYOR_URL` /
+`CONVEYOR_API_KEY`, as the SDK reads them), and a client whose failures end the command with
+one readable line instead of a traceback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+import httpx
+
+from conveyor.client.errors import ConveyorError, WaitTimeout
+from conveyor.client.retries import RetryEvent
+from conveyor.client.sync_client import Client
+from conveyor.client.types import Job
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def connection_options(command: F) -> F:
+    command = click.option(
+        "--url",
+        envvar="CONVEYOR_URL",
+        help="Producer URL [env CONVEYOR_URL; http://127.0.0.1:8000]",
+    )(command)
+    return click.option(
+        "--api-key", envvar="CONVEYOR_API_KEY", help="API key [env CONVEYOR_API_KEY]"
+    )(command)
+
+
+def _say_retry(event: RetryEvent) -> None:
+    click.echo(f"{event.reason}; retry {event.attempt} in {event.delay_s:.1f}s", err=True)
+
+
+@contextmanager
+def connect(url: str | None, api_key: str | None) -> Iterator[Client]:
+    try:
+        with Client(url, api_key, on_retry=_say_retry) as client:
+            yield client
+    except ConveyorError as exc:
+        raise click.ClickException(str(exc)) from None
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach the producer: {exc!r}") from None
+
+
+def json_argument(text: str) -> Any:
+    """A JSON value given inline, or `@path` to read it from a file."""
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as source:
+            text = source.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}") from None
+
+
+def wait_or_last(client: Client, job_id: str, timeout: float) -> Job:
+    """The job once it ends, or as it stands when `timeout` runs out."""
+    try:
+        return client.wait(job_id, timeout)
+    except WaitTimeout as late:
+        job: Job = late.last
+        return job

@@ -1,0 +1,79 @@
+"""Errors the SDK raises: the server's `{"error": {type, message}}` as a typed exception (one
+class per status a caller is likely to handle), and timeouts of client-side waits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+class ConveyorError(Exception):
+    """Base of everything the SDK raises on purpose."""
+
+
+class APIError(ConveyorError):
+    def __init__(
+        self, status: int, type_: str, message: str, headers: httpx.Headers | None = None
+    ) -> None:
+        super().__init__(f"{status} {type_}: {message}")
+        self.status = status
+        self.type = type_
+        self.message = message
+        self.headers = headers or httpx.Headers()
+
+
+class AuthError(APIError):
+    """401 or 403: the API key is missing, unknown, or not allowed to do this."""
+
+
+class NotFound(APIError):
+    pass
+
+
+class Conflict(APIError):
+    """409: e.g. cancelling something that already ended, or reading files of a running batch."""
+
+
+class RateLimited(APIError):
+    """429 after the retries ran out; `Retry-After` is in `headers`."""
+
+
+class Unavailable(APIError):
+    """503 after the retries ran out."""
+
+
+_BY_STATUS: dict[int, type[APIError]] = {
+    401: AuthError,
+    403: AuthError,
+    404: NotFound,
+    409: Conflict,
+    429: RateLimited,
+    503: Unavailable,
+}
+
+
+def raise_for_error(response: httpx.Response) -> httpx.Response:
+    """Return the response when it succeeded, else raise its APIError."""
+    if response.status_code < 400:
+        return response
+    type_, message = "http_error", response.reason_phrase
+    try:
+        body: Any = response.json()
+        type_, message = body["error"]["type"], body["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = response.text[:500] or message
+    cls = _BY_STATUS.get(response.status_code, APIError)
+    raise cls(response.status_code, type_, message, response.headers)
+
+
+class WaitTimeout(ConveyorError, TimeoutError):
+    """A client-side wait ended first; `last` is the job or batch as last seen."""
+
+    def __init__(self, message: str, last: Any) -> None:
+        super().__init__(message)
+        self.last = last
+
+
+class StreamError(ConveyorError):
+    """An event stream could not be resumed (the reconnects ran out)."""

@@ -1,0 +1,78 @@
+"""When to try a request again: on 429 and 503 (after `Retry-After` when the server gives one,
+else exponential backoff with full jitter), and on transport errors when repeating the request
+cannot do anything twice. Sans I/O: the sync and async clients only sleep where it says."""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+RETRY_STATUSES = frozenset({429, 503})
+
+
+@dataclass(frozen=True, slots=True)
+class RetryEvent:
+    """Passed to `on_retry` before each pause: which try failed, why, and how long we wait."""
+
+    attempt: int
+    delay_s: float
+    reason: str
+
+
+OnRetry = Callable[[RetryEvent], None]
+
+
+def retry_after_s(response: httpx.Response) -> float | None:
+    """`Retry-After` as seconds (it may be a number or an HTTP date), or None."""
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    if value.strip().isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_retries: int = 5
+    base_s: float = 0.5
+    cap_s: float = 30.0
+    max_retry_after_s: float = 300.0
+
+    def backoff_s(self, attempt: int) -> float:
+        """Full jitter (uniform up to the exponential step) spreads out clients that failed
+        together, which is what a 429 or 503 usually means."""
+        return random.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
+
+    def after_response(self, attempt: int, response: httpx.Response) -> RetryEvent | None:
+        """The pause before retry number `attempt + 1`, or None to accept `response`."""
+        if response.status_code not in RETRY_STATUSES or attempt >= self.max_retries:
+            return None
+        asked = retry_after_s(response)
+        if asked is None:
+            delay = self.backoff_s(attempt)
+        elif asked > self.max_retry_after_s:
+            return None
+        else:
+            # never earlier than asked; a little later, so clients told the same do not collide
+            delay = asked + random.uniform(0, min(1.0, asked * 0.1))
+        return RetryEvent(attempt + 1, delay, f"HTTP {response.status_code}")
+
+    def after_error(
+        self, attempt: int, error: httpx.TransportError, repeatable: bool
+    ) -> RetryEvent | None:
+        """A request that never reached the server (connect failed) is always safe to send
+        again; one that may have arrived only if sending it twice does no harm."""
+        never_sent = isinstance(error, httpx.ConnectError | httpx.ConnectTimeout)
+        if attempt >= self.max_retries or not (never_sent or repeatable):
+            return None
+        return RetryEvent(attempt + 1, self.backoff_s(attempt), f"{type(error).__name__}")

@@ -1,0 +1,119 @@
+"""Server-sent events over as many connections as it takes: a decoder for the wire format
+(`id:` / `event:` / `data:` / `retry:` lines, a blank line ends an event) and the state that
+resumes a dropped stream with `Last-Event-ID`, so every event arrives exactly once."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+
+import httpx
+
+from conveyor.client.calls import Call
+from conveyor.client.errors import StreamError
+from conveyor.client.types import Event
+
+# Event types after which the server has nothing more to send (DESIGN.md: progress, tokens,
+# final; a cancelled job's stream ends with a cancellation event). `data: [DONE]` ends an
+# OpenAI-style stream.
+TERMINAL_EVENTS = frozenset({"final", "done", "end", "cancelled", "failed", "expired"})
+
+
+@dataclass
+class SSEDecoder:
+    """The WHATWG event-stream parsing rules, fed one line at a time. An `id:` counts only
+    once its event is complete, so a connection cut mid-event resumes before that event."""
+
+    last_id: str | None = None
+    retry_ms: int | None = None
+    _event: str = ""
+    _data: list[str] = field(default_factory=list)
+    _id: str | None = None
+
+    def __post_init__(self) -> None:
+        self._id = self.last_id
+
+    def feed(self, line: str) -> Event | None:
+        if not line:
+            return self._dispatch()
+        if line.startswith(":"):
+            return None  # a comment: keep-alive ping
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        elif name == "retry" and value.isdigit():
+            self.retry_ms = int(value)
+        return None
+
+    def _dispatch(self) -> Event | None:
+        self.last_id = self._id
+        event, data = self._event or "message", self._data
+        self._event, self._data = "", []
+        if not data:
+            return None
+        return Event(id=self.last_id, event=event, data="\n".join(data))
+
+
+@dataclass
+class EventStream:
+    """One logical stream. It ends on a terminal event, on 204 (the spec's "stop"), or when a
+    resume twice in a row brings nothing new; a dropped connection is resumed after a backoff
+    (the server's `retry:` if it sent one), up to `max_reconnects` times in a row without
+    progress. A stream that is not `resumable` (a chat completion) ends with its connection."""
+
+    call: Call
+    resumable: bool = True
+    max_reconnects: int = 8
+    done: bool = False
+    _decoder: SSEDecoder = field(default_factory=SSEDecoder)
+    _failures: int = 0
+    _empty_closes: int = 0
+    _received: int = 0
+
+    def __post_init__(self) -> None:
+        self._decoder = SSEDecoder(last_id=self.call.headers.get("Last-Event-ID"))
+
+    @property
+    def last_id(self) -> str | None:
+        return self._decoder.last_id
+
+    def next_call(self) -> Call:
+        headers = {**self.call.headers, "Accept": "text/event-stream", "Cache-Control": "no-cache"}
+        if self.last_id is not None:
+            headers["Last-Event-ID"] = self.last_id
+        self._received = 0
+        self._decoder = SSEDecoder(last_id=self.last_id, retry_ms=self._decoder.retry_ms)
+        return replace(self.call, headers=headers)
+
+    def opened(self, response: httpx.Response) -> None:
+        if response.status_code == 204:
+            self.done = True
+
+    def feed(self, line: str) -> Event | None:
+        event = self._decoder.feed(line)
+        if event is not None:
+            self._received += 1
+            self._failures = self._empty_closes = 0
+            if event.event in TERMINAL_EVENTS or event.data == "[DONE]":
+                self.done = True
+        return event
+
+    def closed(self) -> None:
+        """The server ended the response cleanly."""
+        self._empty_closes = 0 if self._received else self._empty_closes + 1
+        if not self.resumable or self._empty_closes >= 2:
+            self.done = True
+
+    def dropped(self, error: httpx.TransportError) -> float:
+        """Seconds to wait before resuming; StreamError when it is time to give up."""
+        self._failures += 1
+        if not self.resumable or self._failures > self.max_reconnects:
+            raise StreamError(f"event stream lost after {self._failures} tries: {error!r}")
+        if self._decoder.retry_ms is not None:
+            return self._decoder.retry_ms / 1000.0
+        return random.uniform(0, min(10.0, 0.25 * 2**self._failures))

@@ -1,0 +1,203 @@
+"""`Client`: the blocking SDK. It runs the operations of `calls.py`, retrying 429/503 and
+lost connections by `RetryPolicy`, and resumes event streams by `sse.EventStream`."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import httpx
+from typing_extensions import Unpack
+
+from conveyor.client import calls
+from conveyor.client.calls import Call, JobOptions, Op, Pause, Progress
+from conveyor.client.connection import http_options
+from conveyor.client.errors import raise_for_error
+from conveyor.client.retries import OnRetry, RetryEvent, RetryPolicy
+from conveyor.client.sse import EventStream
+from conveyor.client.types import (
+    Batch,
+    BatchResults,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Event,
+    Job,
+)
+
+T = TypeVar("T")
+
+
+class Client:
+    """`Client(base_url=None, api_key=None)`: defaults from `CONVEYOR_URL` and
+    `CONVEYOR_API_KEY`. Use as a context manager, or call `close()`."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        on_retry: OnRetry | None = None,
+    ) -> None:
+        self.http = httpx.Client(**http_options(base_url, api_key, timeout))
+        self.retry = retry or RetryPolicy()
+        self.on_retry = on_retry
+        self.batches = Batches(self)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def submit(
+        self,
+        model: str,
+        inputs: dict[str, Any],
+        idempotency_key: str | None = None,
+        **options: Unpack[JobOptions],
+    ) -> Job:
+        """Enqueue a job (202); `options`: variant, parameters, routing_key, deadline, ttl_s,
+        priority ("online" | "bulk"), webhook."""
+        return self.run(calls.submit(model, inputs, idempotency_key, options))
+
+    def get(self, job_id: str) -> Job:
+        return self.run(calls.get(job_id))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        """The job once it ends (WaitTimeout after `timeout` seconds)."""
+        return self.run(calls.wait(job_id, timeout))
+
+    def cancel(self, job_id: str) -> Job:
+        return self.run(calls.cancel(job_id))
+
+    def predict(
+        self,
+        model: str,
+        inputs: dict[str, Any],
+        timeout: float = 60.0,
+        **options: Unpack[JobOptions],
+    ) -> Job:
+        """Submit and wait for a succeeded job (APIError if it failed, was cancelled or expired)."""
+        return self.run(calls.predict(model, inputs, timeout, options))
+
+    def chat(self, model: str, messages: list[dict[str, Any]], **params: Any) -> ChatCompletion:
+        """OpenAI-style chat completion (`POST /v1/chat/completions`)."""
+        return self.run(calls.chat(model, messages, params))
+
+    def chat_stream(
+        self, model: str, messages: list[dict[str, Any]], **params: Any
+    ) -> Iterator[ChatCompletionChunk]:
+        """The same, streamed (`stream: true`): chunks until `data: [DONE]`."""
+        call = calls.chat_stream_call(model, messages, params)
+        for event in self.events(EventStream(call, resumable=False)):
+            if (chunk := calls.chat_chunk(event)) is not None:
+                yield chunk
+
+    def stream(self, job_id: str, last_event_id: str | None = None) -> Iterator[Event]:
+        """The job's events (`GET /v1/jobs/{id}/events`), each exactly once, resuming after a
+        dropped connection from the last event received."""
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        call = Call("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=None)
+        return self.events(EventStream(call))
+
+    def run(self, op: Op[T]) -> T:
+        """Drive an operation of `calls.py` to its result."""
+        reply: httpx.Response | None = None
+        while True:
+            try:
+                step = op.send(reply)
+            except StopIteration as stop:
+                result: T = stop.value
+                return result
+            if isinstance(step, Pause):
+                time.sleep(step.seconds)
+                reply = None
+            else:
+                reply = self.send(step)
+
+    def send(self, call: Call) -> httpx.Response:
+        """One call, retried by the policy; raises APIError for an error status."""
+        attempt = 0
+        while True:
+            try:
+                response = self.http.send(call.build(self.http))
+            except httpx.TransportError as exc:
+                pause = self.retry.after_error(attempt, exc, call.repeatable)
+                if pause is None:
+                    raise
+            else:
+                pause = self.retry.after_response(attempt, response)
+                if pause is None:
+                    return raise_for_error(response)
+            self._pause(pause)
+            attempt += 1
+
+    def _pause(self, pause: RetryEvent) -> None:
+        if self.on_retry is not None:
+            self.on_retry(pause)
+        time.sleep(pause.delay_s)
+
+    def events(self, stream: EventStream) -> Iterator[Event]:
+        while not stream.done:
+            try:
+                response = self.http.send(stream.next_call().build(self.http), stream=True)
+                try:
+                    if response.is_error:
+                        response.read()
+                    stream.opened(raise_for_error(response))
+                    for line in response.iter_lines():
+                        if (event := stream.feed(line)) is not None:
+                            yield event
+                        if stream.done:
+                            break
+                finally:
+                    response.close()
+                if not stream.done:
+                    stream.closed()
+            except httpx.TransportError as exc:
+                time.sleep(stream.dropped(exc))
+
+
+class Batches:
+    """`client.batches`: JSONL batches on the bulk lane."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def create(
+        self,
+        source: bytes | str | os.PathLike[str] | Iterable[Mapping[str, Any]],
+        model: str | None = None,
+        completion_window: str | None = None,
+        webhook: str | None = None,
+    ) -> Batch:
+        """`source`: JSONL bytes, a file path, or lines `{"custom_id", "body": {...}}`."""
+        body = calls.jsonl(source)
+        return self.client.run(calls.create_batch(body, model, completion_window, webhook))
+
+    def get(self, batch_id: str) -> Batch:
+        return self.client.run(calls.get_batch(batch_id))
+
+    def cancel(self, batch_id: str) -> Batch:
+        return self.client.run(calls.cancel_batch(batch_id))
+
+    def wait(
+        self,
+        batch_id: str,
+        progress: Progress | None = None,
+        poll_s: float = 1.0,
+        timeout: float | None = None,
+    ) -> Batch:
+        """Poll until the batch ends; `progress(batch)` is called after every look."""
+        return self.client.run(calls.wait_batch(batch_id, poll_s, timeout, progress))
+
+    def results(self, batch_id: str) -> BatchResults:
+        """Outputs and errors of an ended batch, in line order."""
+        return self.client.run(calls.batch_results(batch_id))

@@ -1,0 +1,158 @@
+"""Typed results of the SDK. Unknown fields are kept (servers add fields before clients learn
+them), so a newer producer never breaks an older client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+JOB_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "expired"})
+BATCH_TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+class ErrorInfo(_Open):
+    type: str
+    message: str = ""
+
+
+class Job(_Open):
+    id: str
+    status: str
+    model: str | None = None
+    variant: str | None = None
+    outputs: Any = None
+    error: ErrorInfo | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+    urls: dict[str, str] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in JOB_TERMINAL
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "succeeded"
+
+
+class BatchCounts(_Open):
+    total: int
+    succeeded: int
+    failed: int
+    pending: int
+    invalid: int = 0
+    cancelled: int = 0
+    expired: int = 0
+
+    @property
+    def finished(self) -> int:
+        return self.succeeded + self.failed
+
+
+class Batch(_Open):
+    id: str
+    status: str
+    model: str | None = None
+    completion_window: str | None = None
+    counts: BatchCounts
+    created_at: float
+    in_progress_at: float | None = None
+    finalizing_at: float | None = None
+    completed_at: float | None = None
+    failed_at: float | None = None
+    cancelled_at: float | None = None
+    expired_at: float | None = None
+    expires_at: float | None = None
+    webhook: dict[str, Any] | None = None
+    urls: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.status in BATCH_TERMINAL
+
+
+class BatchOutput(_Open):
+    """One line of a batch's output file."""
+
+    id: str
+    custom_id: str
+    line: int
+    outputs: Any = None
+
+
+class BatchError(_Open):
+    """One line of a batch's errors file; `id` is absent for lines that never became jobs."""
+
+    custom_id: str | None = None
+    line: int
+    status: str
+    error: ErrorInfo
+    id: str | None = None
+
+
+class BatchResults(_Open):
+    outputs: list[BatchOutput]
+    errors: list[BatchError]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One server-sent event."""
+
+    id: str | None
+    event: str
+    data: str
+
+    def json(self) -> Any:
+        return orjson.loads(self.data)
+
+
+class ChatMessage(_Open):
+    role: str
+    content: str | None = None
+
+
+class ChatChoice(_Open):
+    index: int
+    message: ChatMessage
+    finish_reason: str | None = None
+
+
+class Usage(_Open):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ChatCompletion(_Open):
+    id: str
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].message.content or "" if self.choices else ""
+
+
+class ChunkDelta(_Open):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChunkChoice(_Open):
+    index: int
+    delta: ChunkDelta
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(_Open):
+    id: str
+    model: str
+    choices: list[ChunkChoice]

@@ -1,0 +1,62 @@
+"""`conveyor autoscale`: run worker processes for the given pools and scale them from queue
+depth with KEDA's formula, until Ctrl-C (which drains them)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import click
+import redis
+
+from autoscaling.local_autoscaler import PoolScaler
+from conveyor.stack import Stack
+from shared.keys import Keys
+from shared.model_repository import ModelRepository
+from shared.settings import get_settings
+
+
+@click.command("autoscale")
+@click.option("--models", required=True, help="Pools: `model` (all variants) or `model:variant`.")
+@click.option("--interval", default=None, type=float, help="Seconds between polls.")
+@click.option(
+    "--state-dir", default=Path("var/autoscale"), type=click.Path(path_type=Path), help="Logs."
+)
+def command(models: str, interval: float | None, state_dir: Path) -> None:
+    """Scale workers between each model's min and max replicas, as KEDA would."""
+    settings = get_settings()
+    stack = Stack.create(state_dir, os.environ.get("CONVEYOR_REDIS_URL", settings.redis_url))
+    keys = Keys(settings.key_prefix)
+    partitions = ModelRepository.load(settings.model_repository).partitions(models.split(","))
+    scalers = [
+        PoolScaler.for_partition(
+            config,
+            variant,
+            keys,
+            lambda name, pool=f"{config.name}:{variant}": _start(stack, pool, name),
+            stack.stop_process,
+        )
+        for config, variant in partitions
+    ]
+    period = interval or min(c.autoscaling.polling_interval_s for c, _ in partitions)
+    client = redis.Redis.from_url(stack.redis_url)
+    stopping: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _: stopping.append(signum))
+    signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
+    try:
+        while not stopping:
+            for scaler in scalers:
+                count = scaler.tick(client)
+                click.echo(f"{scaler.name} replicas={count}", nl=True)
+            time.sleep(period)
+    finally:
+        for scaler in scalers:
+            scaler.stop_all()
+        client.close()
+
+
+def _start(stack: Stack, pool: str, name: str) -> str:
+    stack.start_worker(pool, name=name)
+    return name

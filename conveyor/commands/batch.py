@@ -1,0 +1,141 @@
+"""`conveyor batch submit FILE.jsonl --model M [--wait]`: run a JSONL batch on the bulk lane
+through the SDK, with a live progress bar (rate, ETA), then write `FILE.output.jsonl` and
+`FILE.errors.jsonl` beside it. Also `get`, `cancel` and `results` for a batch id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import orjson
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+from conveyor.client.cli_options import connect, connection_options
+from conveyor.client.sync_client import Client
+from conveyor.client.types import Batch, BatchResults
+
+console = Console(stderr=True)
+
+
+class RateColumn(ProgressColumn):
+    """Items finished per second (rich's own speed column counts bytes)."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.0f}/s" if speed else "-/s", style="progress.data.speed")
+
+
+def result_paths(source: Path) -> tuple[Path, Path]:
+    """`data.jsonl` → `data.output.jsonl`, `data.errors.jsonl` (beside the input)."""
+    stem = source.with_suffix("") if source.suffix == ".jsonl" else source
+    return stem.parent / f"{stem.name}.output.jsonl", stem.parent / f"{stem.name}.errors.jsonl"
+
+
+def write_results(results: BatchResults, output: Path, errors: Path) -> None:
+    output.write_bytes(b"".join(orjson.dumps(o.model_dump()) + b"\n" for o in results.outputs))
+    errors.write_bytes(
+        b"".join(orjson.dumps(e.model_dump(exclude_none=True)) + b"\n" for e in results.errors)
+    )
+
+
+def follow(client: Client, batch: Batch) -> Batch:
+    """Wait for the batch with a progress bar of finished lines (succeeded + failed)."""
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        RateColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[failed]} failed"),
+    )
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(batch.id, total=batch.counts.total, failed=0)
+
+        def update(seen: Batch) -> None:
+            counts = seen.counts
+            bar.update(
+                task, completed=counts.finished, failed=counts.failed, description=seen.status
+            )
+
+        return client.batches.wait(batch.id, progress=update, poll_s=0.5)
+
+
+@click.group("batch")
+def command() -> None:
+    """JSONL batches on the bulk lane."""
+
+
+@command.command("submit")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--model", default=None, help="Model for lines whose body names none.")
+@click.option("--completion-window", default="24h", show_default=True, help="e.g. 30m, 24h.")
+@click.option("--webhook", default=None, help="URL POSTed a signed event when the batch ends.")
+@click.option("--wait", is_flag=True, help="Follow progress, then write the result files.")
+@connection_options
+def submit(
+    file: Path,
+    model: str | None,
+    completion_window: str,
+    webhook: str | None,
+    wait: bool,
+    url: str | None,
+    api_key: str | None,
+) -> None:
+    """Submit FILE (one `{"custom_id", "body": {...}}` per line); prints the batch id. With
+    --wait, writes FILE.output.jsonl and FILE.errors.jsonl once it ends."""
+    with connect(url, api_key) as client:
+        batch = client.batches.create(file, model, completion_window, webhook)
+        if not wait:
+            click.echo(batch.id)
+            return
+        batch = follow(client, batch)
+        output, errors = result_paths(file)
+        write_results(client.batches.results(batch.id), output, errors)
+    counts = batch.counts
+    click.echo(f"{batch.id} {batch.status}: {counts.succeeded} succeeded, {counts.failed} failed")
+    click.echo(f"{output}\n{errors}")
+
+
+@command.command("get")
+@click.argument("batch_id")
+@connection_options
+def get(batch_id: str, url: str | None, api_key: str | None) -> None:
+    """Print the batch: status, counts, timestamps."""
+    with connect(url, api_key) as client:
+        click.echo(client.batches.get(batch_id).model_dump_json(indent=2))
+
+
+@command.command("cancel")
+@click.argument("batch_id")
+@connection_options
+def cancel(batch_id: str, url: str | None, api_key: str | None) -> None:
+    """Cancel what is left of a batch."""
+    with connect(url, api_key) as client:
+        click.echo(client.batches.cancel(batch_id).model_dump_json(indent=2))
+
+
+@command.command("results")
+@click.argument("batch_id")
+@click.argument("prefix", type=click.Path(dir_okay=False, path_type=Path))
+@connection_options
+def results(batch_id: str, prefix: Path, url: str | None, api_key: str | None) -> None:
+    """Write PREFIX.output.jsonl and PREFIX.errors.jsonl of an ended batch."""
+    output, errors = result_paths(prefix)
+    with connect(url, api_key) as client:
+        write_results(client.batches.results(batch_id), output, errors)
+    click.echo(f"{output}\n{errors}")

@@ -1,0 +1,45 @@
+"""`conveyor submit MODEL --input JSON`: submit one job through the SDK, optionally waiting."""
+
+from __future__ import annotations
+
+import click
+
+from conveyor.client.calls import JobOptions
+from conveyor.client.cli_options import (
+    connect,
+    connection_options,
+    json_argument,
+    wait_or_last,
+)
+
+
+@click.command("submit")
+@click.argument("model")
+@click.option("--input", "inputs", required=True, help="The job's inputs: JSON, or @file.json.")
+@click.option("--variant", default=None, help="A variant instead of the weighted split.")
+@click.option("--priority", type=click.Choice(["online", "bulk"]), default="online")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for the result.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait.")
+@connection_options
+def command(
+    model: str,
+    inputs: str,
+    variant: str | None,
+    priority: str,
+    wait: bool,
+    timeout: float,
+    url: str | None,
+    api_key: str | None,
+) -> None:
+    """Submit a job to MODEL and print it (the finished job, with --wait)."""
+    body = json_argument(inputs)
+    if not isinstance(body, dict):
+        raise click.BadParameter("inputs must be a JSON object", param_hint="--input")
+    with connect(url, api_key) as client:
+        options: JobOptions = {"priority": priority}
+        if variant:
+            options["variant"] = variant
+        job = client.submit(model, body, **options)
+        if wait:
+            job = wait_or_last(client, job.id, timeout)
+    click.echo(job.model_dump_json(indent=2, exclude_none=True))

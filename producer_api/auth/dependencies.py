@@ -1,0 +1,84 @@
+"""`require(scope)`: the FastAPI dependency that guards a route. It reads the key from
+`Authorization: Bearer` or `X-API-Key`, verifies it (401), checks the scope (403), takes a
+token from the key's bucket (429 with Retry-After and RateLimit-* headers) and returns the
+caller's Principal. With CONVEYOR_AUTH=disabled every caller is the anonymous principal."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from functools import cache
+from typing import Annotated, Any
+
+from fastapi import Request, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from producer_api.auth.principal import ANONYMOUS, Principal
+from producer_api.errors import ConveyorError, ErrorBody
+from producer_api.state import ProducerState, producer_state
+from shared.api_keys import ApiKeyStore, Scope
+from shared.rate_limit import RateLimiter
+
+_BEARER = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
+_HEADER = APIKeyHeader(name="X-API-Key", auto_error=False, description="The API key")
+
+AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Missing, unknown, expired or revoked API key"},
+    403: {"model": ErrorBody, "description": "The key lacks the scope or the model"},
+    429: {"model": ErrorBody, "description": "Rate limited or too many jobs in flight"},
+}
+
+
+def _unauthorized(message: str) -> ConveyorError:
+    return ConveyorError(401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
+
+
+def _presented(bearer: HTTPAuthorizationCredentials | None, header: str | None) -> str | None:
+    return bearer.credentials if bearer is not None else header
+
+
+async def authenticate(state: ProducerState, presented: str | None) -> Principal:
+    if state.settings.auth == "disabled":
+        return ANONYMOUS
+    if not presented:
+        raise _unauthorized("an API key is required: `Authorization: Bearer <key>` or X-API-Key")
+    key = await ApiKeyStore(state.redis, state.keys).verify(presented)
+    if key is None:
+        raise _unauthorized("unknown API key")
+    if reason := key.refusal(time.time()):
+        raise _unauthorized(reason)
+    return Principal.of(key, state.settings)
+
+
+async def throttle(state: ProducerState, principal: Principal) -> None:
+    """One token per request from the key's bucket, shared by every producer replica."""
+    if principal.quota is None:
+        return
+    bucket = await RateLimiter(state.redis, state.keys).take(principal.key_id, principal.quota)
+    if not bucket.allowed:
+        message = (
+            f"rate limit of {principal.quota.rate_per_s:g}/s (burst {principal.quota.burst})"
+            f" reached; retry in {bucket.retry_after_s}s"
+        )
+        raise ConveyorError(429, "rate_limited", message, bucket.headers())
+
+
+@cache
+def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
+    """The dependency for routes that need `scope`; cached, so each scope is one dependency
+    and FastAPI resolves it once per request however many parameters use it."""
+
+    async def dependency(
+        request: Request,
+        bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
+        header: Annotated[str | None, Security(_HEADER)],
+    ) -> Principal:
+        state = producer_state(request)
+        principal = await authenticate(state, _presented(bearer, header))
+        if not principal.may(scope):
+            raise ConveyorError(403, "forbidden", f"this API key lacks the {scope!r} scope")
+        await throttle(state, principal)
+        return principal
+
+    dependency.__name__ = f"require_{scope}"
+    return dependency

@@ -1,0 +1,1 @@
+"""Prometheus scrape endpoint of the producer."""

@@ -1,0 +1,220 @@
+"""Batches end to end on the real pipeline: a 2,000-line JSONL batch against the real minilm
+encoder with malformed lines among the valid ones, cancellation, expiry of what a completion
+window leaves, tenancy, and how much a progress read costs Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import redis
+
+from conveyor.stack import Stack
+from tests.conftest import issue_key
+from tests.minilm_reference import reference_embeddings
+
+pytestmark = pytest.mark.slow
+ENDED = {"completed", "failed", "cancelled", "expired"}
+
+# Twenty malformed lines, two of each kind, at lines 50, 150, ..., 1950 (1-based): what each
+# holds and the error type the errors file must give it.
+MALFORMED: list[tuple[str, str]] = [
+    ('{"custom_id": "broken", "body": {', "invalid_json"),
+    ('{"body": {"inputs": {"texts": ["no custom_id"]}}}', "invalid_request"),
+    (
+        '{"custom_id": "item-0", "body": {"inputs": {"texts": ["duplicate"]}}}',
+        "duplicate_custom_id",
+    ),
+    ('{"custom_id": "bad-{n}", "body": {"inputs": {"texts": "not a list"}}}', "invalid_request"),
+    ('{"custom_id": "bad-{n}", "body": {"input": {"texts": ["typo"]}}}', "invalid_request"),
+    ('{"custom_id": "bad-{n}", "body": {"model": "identity", "inputs": {}}}', "model_mismatch"),
+    ("[1, 2, 3]", "invalid_request"),
+    ('{"custom_id": "bad-{n}", "body": {"inputs": {"texts": []}}}', "invalid_request"),
+    (
+        '{"custom_id": "bad-{n}", "body": {"variant": "nope", "inputs": {"texts": ["x"]}}}',
+        "not_found",
+    ),
+    ('{"custom_id": "bad-{n}", "url": "/v1/other", "body": {"inputs": {}}}', "invalid_request"),
+]
+
+
+def _text(i: int) -> str:
+    return f"sentence {i}: a queue in front of a model lets bursts wait"
+
+
+def _minilm_batch() -> tuple[str, dict[int, str], dict[int, str]]:
+    """(JSONL, valid line → custom_id, malformed line → expected error type)."""
+    lines: list[str] = []
+    valid: dict[int, str] = {}
+    malformed: dict[int, str] = {}
+    for number in range(1, 2001):
+        if number % 100 == 50:
+            content, expected = MALFORMED[len(malformed) % len(MALFORMED)]
+            lines.append(content.replace("{n}", str(number)))
+            malformed[number] = expected
+        else:
+            custom_id = f"item-{len(valid)}"
+            lines.append(
+                json.dumps({"custom_id": custom_id, "body": {"inputs": {"texts": [_text(number)]}}})
+            )
+            valid[number] = custom_id
+    return "\n".join(lines) + "\n", valid, malformed
+
+
+def _create(base_url: str, source: str | bytes, **params: Any) -> dict[str, Any]:
+    response = httpx.post(
+        f"{base_url}/v1/batches",
+        params=params,
+        content=source,
+        headers={"Content-Type": "application/jsonl"},
+        timeout=120,
+    )
+    assert response.status_code == 202, response.text
+    batch: dict[str, Any] = response.json()
+    return batch
+
+
+def _wait_ended(base_url: str, batch_id: str, timeout: float = 240) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch: dict[str, Any] = httpx.get(f"{base_url}/v1/batches/{batch_id}", timeout=30).json()
+        if batch["status"] in ENDED:
+            return batch
+        time.sleep(0.25)
+    raise AssertionError(f"batch {batch_id} still {batch['status']}: {batch['counts']}")
+
+
+def _jsonl(base_url: str, batch_id: str, name: str) -> list[dict[str, Any]]:
+    response = httpx.get(f"{base_url}/v1/batches/{batch_id}/{name}", timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/jsonl")
+    return [json.loads(line) for line in response.text.splitlines()]
+
+
+def test_2000_line_batch_against_minilm(base_url: str, minilm_worker: int) -> None:
+    source, valid, malformed = _minilm_batch()
+    started = time.monotonic()
+    created = _create(base_url, source, model="minilm")
+    batch = _wait_ended(base_url, created["id"])
+    elapsed = time.monotonic() - started
+    print(f"\n2,000-line minilm batch: {elapsed:.1f}s from POST to completed")
+
+    assert batch["status"] == "completed"
+    counts = batch["counts"]
+    assert counts == {
+        "total": 2000, "succeeded": 1980, "failed": 20, "pending": 0,
+        "invalid": 20, "cancelled": 0, "expired": 0,
+    }  # fmt: skip
+    assert batch["in_progress_at"] <= batch["finalizing_at"] <= batch["completed_at"]
+
+    outputs = _jsonl(base_url, batch["id"], "output")
+    assert len(outputs) == 1980
+    assert {o["line"]: o["custom_id"] for o in outputs} == valid
+    sample = outputs[::45]
+    got = np.array([o["outputs"]["embeddings"][0] for o in sample])
+    expected = reference_embeddings([_text(o["line"]) for o in sample])
+    cosines = np.sum(got * expected, axis=1) / (
+        np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1)
+    )
+    assert cosines.min() >= 0.999, cosines
+
+    errors = _jsonl(base_url, batch["id"], "errors")
+    assert {e["line"]: e["error"]["type"] for e in errors} == malformed
+    assert all(e["status"] == "invalid" and e["error"]["message"] for e in errors)
+    assert [e["line"] for e in errors] == sorted(malformed)
+
+
+def _canary_lines(count: int) -> str:
+    """identity:canary has no worker in these tests: its items stay queued until acted on."""
+    body = {"variant": "canary", "inputs": {"n": 1}}
+    return "".join(json.dumps({"custom_id": f"c{i}", "body": body}) + "\n" for i in range(count))
+
+
+def _hgets(client: redis.Redis) -> int:
+    stats: dict[str, Any] = client.info("commandstats")  # type: ignore[assignment]
+    return int(stats.get("cmdstat_hget", {}).get("calls", 0))
+
+
+def test_cancel_stops_the_rest(base_url: str, stack_redis: redis.Redis) -> None:
+    files = {"file": ("items.jsonl", _canary_lines(600).encode(), "application/jsonl")}
+    response = httpx.post(
+        f"{base_url}/v1/batches", data={"model": "identity"}, files=files, timeout=60
+    )
+    assert response.status_code == 202, response.text
+    batch_id = response.json()["id"]
+    assert httpx.get(f"{base_url}/v1/batches/{batch_id}/output").status_code == 409
+
+    before = _hgets(stack_redis)
+    look = httpx.get(f"{base_url}/v1/batches/{batch_id}").json()
+    looked = _hgets(stack_redis) - before
+    assert look["status"] == "in_progress" and look["counts"]["pending"] == 600
+    assert looked < 400, f"one progress read cost {looked} HGETs for 600 open items"
+
+    cancelled = httpx.post(f"{base_url}/v1/batches/{batch_id}/cancel", timeout=30)
+    assert cancelled.status_code == 200, cancelled.text
+    batch = cancelled.json()
+    assert batch["status"] == "cancelled" and batch["cancelled_at"] is not None
+    assert batch["counts"]["cancelled"] == 600 and batch["counts"]["pending"] == 0
+    again = httpx.post(f"{base_url}/v1/batches/{batch_id}/cancel", timeout=30)
+    assert again.status_code == 409 and again.json()["error"]["type"] == "conflict"
+
+    errors = _jsonl(base_url, batch_id, "errors")
+    assert [e["custom_id"] for e in errors] == [f"c{i}" for i in range(600)]
+    assert {(e["status"], e["error"]["type"]) for e in errors} == {("cancelled", "cancelled")}
+    assert _jsonl(base_url, batch_id, "output") == []
+    job = stack_redis.hgetall(f"cv:job:{errors[0]['id']}")
+    assert job["status"] == "cancelled" and job["batch"] == batch_id
+
+    before = _hgets(stack_redis)
+    httpx.get(f"{base_url}/v1/batches/{batch_id}")
+    assert _hgets(stack_redis) - before < 10, "an ended batch's read touched its items"
+
+
+def test_completion_window_expires_the_rest(base_url: str) -> None:
+    created = _create(base_url, _canary_lines(50), model="identity", completion_window="2s")
+    assert created["expires_at"] - created["created_at"] == pytest.approx(2.0, abs=0.01)
+    batch = _wait_ended(base_url, created["id"], timeout=30)
+    assert batch["status"] == "expired" and batch["expired_at"] >= batch["expires_at"]
+    assert batch["counts"]["expired"] == 50 and batch["counts"]["failed"] == 50
+    errors = _jsonl(base_url, batch["id"], "errors")
+    assert len(errors) == 50 and {e["error"]["type"] for e in errors} == {"expired"}
+
+
+def test_refused_batches(base_url: str) -> None:
+    def post(source: bytes, **params: Any) -> httpx.Response:
+        return httpx.post(f"{base_url}/v1/batches", params=params, content=source, timeout=30)
+
+    empty = post(b"\n\n", model="identity")
+    assert empty.status_code == 422 and "no lines" in empty.json()["error"]["message"]
+    unknown = post(b'{"custom_id": "a", "body": {"inputs": {}}}', model="nope")
+    assert unknown.status_code == 404
+    window = post(b'{"custom_id": "a", "body": {"inputs": {}}}', completion_window="24x")
+    assert window.status_code == 422
+    assert httpx.get(f"{base_url}/v1/batches/batch_{'0' * 32}").status_code == 404
+    assert httpx.get(f"{base_url}/v1/batches/not-an-id").status_code == 404
+
+    all_bad = _create(base_url, b"{oops\n[]\n", model="identity")
+    assert all_bad["status"] == "failed" and all_bad["counts"]["invalid"] == 2
+    assert [e["line"] for e in _jsonl(base_url, all_bad["id"], "errors")] == [1, 2]
+
+
+def test_batches_belong_to_their_tenant(auth_stack: Stack) -> None:
+    acme = issue_key(auth_stack.redis_url, "acme", "submit", "read")
+    other = issue_key(auth_stack.redis_url, "globex", "submit", "read")
+    url = f"{auth_stack.base_url}/v1/batches"
+    source = _canary_lines(3).encode()
+    anonymous = httpx.post(url, params={"model": "identity"}, content=source)
+    assert anonymous.status_code == 401
+    created = httpx.post(
+        url, params={"model": "identity"}, content=source, headers={"X-API-Key": acme}
+    )
+    assert created.status_code == 202, created.text
+    batch_id = created.json()["id"]
+    mine = httpx.get(f"{url}/{batch_id}", headers={"X-API-Key": acme})
+    theirs = httpx.get(f"{url}/{batch_id}", headers={"X-API-Key": other})
+    assert mine.status_code == 200 and theirs.status_code == 404
+    assert httpx.post(f"{url}/{batch_id}/cancel", headers={"X-API-Key": other}).status_code == 404

@@ -1,0 +1,102 @@
+"""Each benchmark part at the `smoke` scale (seconds of load, real servers and models), so the
+benchmark code cannot rot: the JSON it writes has the promised shape and sane values. Speed
+itself is never asserted here; `make bench` measures it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.batching_efficiency import NO_BATCHING
+from benchmarks.run import run_parts
+from benchmarks.scales import SMOKE
+
+pytestmark = pytest.mark.slow
+PNG = b"\x89PNG"
+
+
+def _run(part: str, results: Path) -> dict[str, Any]:
+    [written] = run_parts([part], SMOKE, results)
+    assert written == results / f"{part}.json"
+    document: dict[str, Any] = json.loads(written.read_text())
+    return document
+
+
+def _check_common(document: dict[str, Any], part: str, results: Path) -> None:
+    assert document["part"] == part and document["scale"] == "smoke"
+    assert document["machine"]["cores"] >= 1 and document["machine"]["packages"]["celery"]
+    for table in document["tables"]:
+        assert table["rows"], table["title"]
+        assert all(len(row) == len(table["columns"]) for row in table["rows"]), table["title"]
+    assert document["targets"]
+    for target in document["targets"]:
+        assert target["measured"] is not None and math.isfinite(target["measured"]), target
+        assert target["measured"] > 0 and target["met"] in (True, False)
+    for plot in document["plots"]:
+        assert (results / plot["file"]).read_bytes().startswith(PNG)
+        assert all(len(s["x"]) == len(s["y"]) > 0 for s in plot["series"])
+    report = (results / "REPORT.md").read_text()
+    assert f"## {part}. {document['title']}" in report and "## Machine" in report
+    for target in document["targets"]:
+        assert target["name"] in report
+
+
+def _check_profile(profile: dict[str, Any]) -> None:
+    assert set(profile["processes"]) == {"producer", "worker"}
+    for summary in profile["processes"].values():
+        if "error" not in summary:
+            assert summary["samples"] > 0
+            assert all(0 < share <= 1 for _, share in summary["self"])
+
+
+def test_part_a_pipeline_overhead(tmp_path: Path) -> None:
+    document = _run("A", tmp_path)
+    _check_common(document, "A", tmp_path)
+    runs = document["data"]["runs"]
+    systems = {"Conveyor", "FastAPI + Celery", "in-process"}
+    assert {(r["system"], r["concurrency"]) for r in runs} == {
+        (s, c) for s in systems for c in SMOKE.concurrencies
+    }
+    for run in runs:
+        assert run["completed"] > 0 and run["errors"] == 0, run
+        assert run["rps"] > 0 and run["p99_ms"] >= run["p50_ms"] > 0
+        assert sum(v for k, v in run["cpu_ms"].items() if k != "load generator") > 0
+    _check_profile(document["profile"])
+
+
+def test_part_b_batching_efficiency(tmp_path: Path) -> None:
+    document = _run("B", tmp_path)
+    _check_common(document, "B", tmp_path)
+    data = document["data"]
+    assert [r["batch_size"] for r in data["engine"]] == list(SMOKE.engine_batch_sizes)
+    assert all(r["sentences_per_s"] > 0 for r in data["engine"])
+    configs = {p["config"] for p in data["pipeline"]}
+    assert configs == {f"max_queue_delay_ms {d:g}" for d in SMOKE.queue_delays_ms} | {NO_BATCHING}
+    for point in data["pipeline"]:
+        assert point["achieved_per_s"] > 0 and point["errors"] == 0, point
+        batches = {int(size): count for size, count in point["batches"].items()}
+        assert sum(batches.values()) > 0
+        if point["config"] == NO_BATCHING:
+            assert set(batches) == {1}
+    assert set(data["saturation"]) == configs
+    assert [r["max_batch_size"] for r in data["identity"]] == [64, 1]
+    assert all(r["completed"] > 0 and r["errors"] == 0 for r in data["identity"])
+    _check_profile(document["profile"])
+
+
+def test_part_d_redis_cost(tmp_path: Path) -> None:
+    document = _run("D", tmp_path)
+    _check_common(document, "D", tmp_path)
+    data = document["data"]
+    assert data["jobs"] == SMOKE.redis_jobs
+    for phase in data["phases"].values():
+        assert phase["commands_per_job"] > 0
+        assert sum(phase["round_trips_per_job"].values()) > 0
+    for load in data["micro_batches"].values():
+        assert load["batches"] > 0 and load["mean_batch"] >= 1
+        assert load["write_back_per_batch"] > 0 and load["read_per_batch"] > 0
+    assert all(v > 0 for v in data["commands_per_job"].values())

@@ -1,0 +1,116 @@
+"""`conveyor autoscale` on a real pipeline: a burst scales the pool up to its max, an empty
+queue scales it back to zero after the cooldown, every job succeeds."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from conveyor.stack import Stack, free_port
+from tests.conftest import REPO_ROOT
+
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def elastic_stack(tmp_path: Path) -> Iterator[Stack]:
+    stack = Stack.create(tmp_path / "stack")
+    stack.env.update(
+        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES), PYTHONPATH=str(REPO_ROOT), CONVEYOR_AUTH="disabled"
+    )
+    try:
+        stack.start_producer(free_port())
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _lines(process: subprocess.Popen[str]) -> queue.Queue[str]:
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line.strip())
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def _wait_for(lines: queue.Queue[str], wanted: str, timeout: float) -> list[str]:
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        if line == wanted:
+            return seen
+    raise AssertionError(f"never saw {wanted!r}; last lines: {seen[-5:]}")
+
+
+async def _burst(base_url: str, count: int) -> list[str]:
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        responses = await asyncio.gather(
+            *(
+                client.post("/v1/jobs", json={"model": "elastic", "inputs": {"sleep_ms": 100}})
+                for _ in range(count)
+            )
+        )
+    return [r.json()["id"] for r in responses]
+
+
+def test_burst_scales_up_then_idle_scales_to_zero(elastic_stack: Stack, tmp_path: Path) -> None:
+    conveyor = Path(sys.executable).parent / "conveyor"
+    process = subprocess.Popen(
+        [
+            conveyor,
+            "autoscale",
+            "--models",
+            "elastic",
+            "--interval",
+            "0.5",
+            "--state-dir",
+            str(tmp_path / "scaler"),
+        ],
+        env={**os.environ, **elastic_stack.env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    lines = _lines(process)
+    try:
+        _wait_for(lines, "elastic:default replicas=0", timeout=60)
+        ids = asyncio.run(_burst(elastic_stack.base_url, 150))
+        _wait_for(lines, "elastic:default replicas=3", timeout=120)
+        client = redis.Redis.from_url(elastic_stack.redis_url, decode_responses=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            statuses = [client.hget(f"cv:job:{i}", "status") for i in ids]
+            if all(s == "succeeded" for s in statuses):
+                break
+            time.sleep(0.5)
+        assert statuses == ["succeeded"] * len(ids)
+        workers = {client.hget(f"cv:job:{i}", "worker") for i in ids}
+        assert len(workers) > 1
+        after = _wait_for(lines, "elastic:default replicas=0", timeout=120)
+        assert "elastic:default replicas=2" in after and "elastic:default replicas=1" in after
+        client.close()
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)

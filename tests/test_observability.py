@@ -1,0 +1,130 @@
+"""Metrics that match a known workload exactly, a trace that joins the producer's request span
+to the worker's batch span, and JSON log lines carrying job and trace ids."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+from opentelemetry import trace
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from conveyor.stack import Stack
+from producer_api.app import create_app
+from shared.settings import Settings
+from workers.consumer_runtime import ConsumerRuntime
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str) -> Samples:
+    text = httpx.get(url, timeout=10).text
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def test_metrics_match_a_known_workload(
+    stack: Stack, base_url: str, identity_worker: int, stack_redis: redis.Redis
+) -> None:
+    worker_url = f"http://127.0.0.1:{stack.metrics_ports['identity-default']}/metrics"
+    part = {"model": "identity", "variant": "default"}
+    before_p, before_w = scrape(f"{base_url}/metrics"), scrape(worker_url)
+    ids = []
+    for i in range(10):
+        response = httpx.post(
+            f"{base_url}/v1/models/identity/predict", json={"inputs": {"i": i}}, timeout=30
+        )
+        ids.append(response.json()["id"])
+    canary = [
+        httpx.post(
+            f"{base_url}/v1/jobs",
+            json={"model": "identity", "variant": "canary", "inputs": {}},
+            timeout=10,
+        ).json()["id"]
+        for _ in range(3)
+    ]
+    after_p, after_w = scrape(f"{base_url}/metrics"), scrape(worker_url)
+
+    def delta(after: Samples, before: Samples, name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta(after_p, before_p, "conveyor_jobs_submitted_total", **part, lane="online") == 10
+    assert delta(after_w, before_w, "conveyor_jobs_finished_total", **part, state="succeeded") == 10
+    assert delta(after_w, before_w, "conveyor_queue_wait_seconds_count", **part) == 10
+    assert delta(after_w, before_w, "conveyor_e2e_latency_seconds_count", **part) == 10
+    batches = {stack_redis.hget(f"cv:job:{i}", "batch_id") for i in ids}
+    assert delta(after_w, before_w, "conveyor_batch_size_count", **part) == len(batches)
+    assert delta(after_w, before_w, "conveyor_batch_size_sum", **part) == 10
+    route = {"method": "POST", "route": "/v1/models/{model}/predict", "status": "200"}
+    assert delta(after_p, before_p, "conveyor_http_requests_total", **route) == 10
+    lag = value(
+        after_p, "conveyor_partition_lag", model="identity", variant="canary", lane="online"
+    )
+    assert lag == stack_redis.xlen("cv:q:identity:canary") >= 3
+    age = "conveyor_oldest_queued_age_seconds"
+    assert value(after_p, age, model="identity", variant="canary", lane="online") >= 0
+    for job_id in canary:
+        httpx.delete(f"{base_url}/v1/jobs/{job_id}", timeout=10)
+
+
+def test_worker_logs_are_json_with_job_ids(stack: Stack, identity_worker: int) -> None:
+    job = httpx.post(
+        f"{stack.base_url}/v1/models/identity/predict", json={"inputs": {"log": 1}}, timeout=30
+    ).json()
+    lines = (stack.log_dir / "identity-default.log").read_text().splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    batch_events = [e for e in events if e.get("message") == "batch finished"]
+    assert any(job["id"] in e["job_ids"] for e in batch_events)
+    assert all({"time", "level", "name", "trace_id"} <= e.keys() for e in batch_events)
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace._TRACER_PROVIDER = None  # a fresh global provider for this test only
+    trace._TRACER_PROVIDER_SET_ONCE._done = False
+    trace.set_tracer_provider(provider)
+    yield exporter
+    provider.shutdown()
+
+
+def test_request_span_links_to_worker_batch_span(
+    redis_url: str, spans: InMemorySpanExporter
+) -> None:
+    settings = Settings(
+        redis_url=redis_url, key_prefix="trace:", models=["identity:default"], auth="disabled"
+    )
+    runtime = ConsumerRuntime(settings)
+    runtime.start()
+    app = create_app(settings)
+    FastAPIInstrumentor.instrument_app(app)
+    try:
+        with TestClient(app) as client:
+            response = client.post("/v1/models/identity/predict", json={"inputs": {"t": 1}})
+            assert response.status_code == 200
+    finally:
+        runtime.stop()
+    finished = spans.get_finished_spans()
+    server = next(s for s in finished if s.name == "POST /v1/models/{model}/predict")
+    batch = next(s for s in finished if s.name == "batch identity:default")
+    assert batch.context.trace_id == server.context.trace_id
+    assert [link.context.span_id for link in batch.links] == [server.context.span_id]
+    children = {s.name for s in finished if s.parent and s.parent.span_id == batch.context.span_id}
+    assert {"decode", "engine", "write"} <= children

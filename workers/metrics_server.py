@@ -1,0 +1,64 @@
+"""Celery worker bootstep serving `/metrics` (Prometheus) and `/healthz` (the consumer thread is
+alive: the liveness probe) on `CONVEYOR_METRICS_PORT`; 0 turns it off."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from celery import bootsteps
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from shared.settings import get_settings
+from workers.stream_consumer import StreamConsumer
+
+log = logging.getLogger(__name__)
+
+
+class MetricsServer(bootsteps.StartStopStep):
+    requires = (StreamConsumer,)
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.server: ThreadingHTTPServer | None = None
+
+    def start(self, worker: Any) -> None:
+        port = get_settings().metrics_port
+        if port == 0:
+            return
+        self.server = ThreadingHTTPServer(("0.0.0.0", port), _handler(worker))
+        threading.Thread(target=self.server.serve_forever, name="metrics", daemon=True).start()
+        log.info("metrics on :%d", port)
+
+    def stop(self, worker: Any) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+def _handler(worker: Any) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                runtime = getattr(worker, "conveyor_runtime", None)
+                alive = runtime is not None and runtime.alive
+                self._reply(200 if alive else 503, b"ok" if alive else b"down", "text/plain")
+            else:
+                self._reply(404, b"not found", "text/plain")
+
+        def _reply(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Scrapes every few seconds would flood the worker's log."""
+
+    return Handler
