@@ -15,11 +15,13 @@ from redis.exceptions import RedisError, ResponseError
 from producer_api.batches.api_router import router as batches_router
 from producer_api.body_limit import BodyLimitMiddleware
 from producer_api.errors import install_error_handlers
+from producer_api.events.api_router import router as events_router
 from producer_api.health.api_router import router as health_router
 from producer_api.http_metrics import HttpMetricsMiddleware
 from producer_api.jobs.api_router import router as jobs_router
 from producer_api.metrics.api_router import router as metrics_router
 from producer_api.models.api_router import router as models_router
+from producer_api.openai.api_router import router as openai_router
 from producer_api.reply_listener import ReplyListener
 from producer_api.state import ProducerState
 from shared.job_store import JobStore
@@ -76,7 +78,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(HttpMetricsMiddleware)
     if configure_tracing("conveyor-producer"):
         FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
-    for router in (jobs_router, batches_router, models_router, health_router, metrics_router):
+    routers = (jobs_router, events_router, openai_router, batches_router, models_router)
+    for router in (*routers, health_router, metrics_router):
         app.include_router(router)
     return app
 

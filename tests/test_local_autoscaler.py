@@ -68,10 +68,12 @@ async def _burst(base_url: str, count: int) -> list[str]:
     async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
         responses = await asyncio.gather(
             *(
-                client.post("/v1/jobs", json={"model": "elastic", "inputs": {"sleep_ms": 100}})
+                client.post("/v1/jobs", json={"model": "elastic", "inputs": {"sleep_ms": 400}})
                 for _ in range(count)
             )
         )
+    bad = [r for r in responses if r.status_code != 202]
+    assert not bad, bad[0].text
     return [r.json()["id"] for r in responses]
 
 
@@ -96,7 +98,7 @@ def test_burst_scales_up_then_idle_scales_to_zero(elastic_stack: Stack, tmp_path
     lines = _lines(process)
     try:
         _wait_for(lines, "elastic:default replicas=0", timeout=60)
-        ids = asyncio.run(_burst(elastic_stack.base_url, 150))
+        ids = asyncio.run(_burst(elastic_stack.base_url, 200))
         _wait_for(lines, "elastic:default replicas=3", timeout=120)
         client = redis.Redis.from_url(elastic_stack.redis_url, decode_responses=True)
         deadline = time.monotonic() + 120

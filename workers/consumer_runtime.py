@@ -17,14 +17,18 @@ from shared.model_repository import ModelConfig, ModelRepository
 from shared.redis_client import connect
 from shared.settings import Settings
 from workers.batching_loop import BatchingLoop
-from workers.engines.base import BatchEngine
+from workers.engines.base import BatchEngine, GenerateEngine
 from workers.engines.registry import create_engine
+from workers.generate_loop import GenerateLoop
 from workers.lane_scheduler import LaneScheduler
 from workers.reclaim import Reclaimer
 from workers.result_writer import ResultWriter
 from workers.stream_reader import StreamReader
+from workers.token_writer import TokenWriter
 
 log = logging.getLogger(__name__)
+# Of the shutdown grace, what a generate engine's own shutdown needs after the drain.
+ENGINE_CLOSE_S = 10.0
 
 
 def consumer_name() -> str:
@@ -41,8 +45,8 @@ class ConsumerRuntime:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_thread, name="conveyor-consumer")
         self._ready: Future[None] = Future()
-        self._loops: list[BatchingLoop] = []
-        self._engines: list[BatchEngine] = []
+        self._loops: list[BatchingLoop | GenerateLoop] = []
+        self._engines: list[BatchEngine | GenerateEngine] = []
 
     def start(self, timeout: float = 600.0) -> None:
         """Load every engine and start serving; returns once all partitions are being read."""
@@ -83,12 +87,15 @@ class ConsumerRuntime:
             await asyncio.gather(*(partition_loop.run() for partition_loop in self._loops))
         finally:
             for engine in self._engines:
-                engine.close()
+                if isinstance(engine, GenerateEngine):
+                    await engine.close()  # blocks the loop a few seconds; nothing else runs now
+                else:
+                    engine.close()
             await client.aclose()
 
     async def _build_loop(
         self, client: aioredis.Redis, writer: ResultWriter, config: ModelConfig, variant: str
-    ) -> BatchingLoop:
+    ) -> BatchingLoop | GenerateLoop:
         engine = await self._load_engine(config, variant)
         streams = [
             self.keys.queue(config.name, variant),
@@ -104,15 +111,32 @@ class ConsumerRuntime:
             for s in streams
         ]
         lanes = LaneScheduler(readers[0], readers[1], config.bulk_share)
+        if isinstance(engine, GenerateEngine):
+            tokens = TokenWriter(client, self.keys, self.settings.result_ttl_s)
+            drain_s = max(0.0, self.settings.shutdown_grace_s - ENGINE_CLOSE_S)
+            return GenerateLoop(
+                config,
+                variant,
+                engine,
+                lanes,
+                writer,
+                tokens,
+                reclaimers,
+                self.settings.block_ms,
+                drain_s,
+            )
         return BatchingLoop(
             config, variant, engine, lanes, writer, reclaimers, self.settings.block_ms
         )
 
-    async def _load_engine(self, config: ModelConfig, variant: str) -> BatchEngine:
+    async def _load_engine(self, config: ModelConfig, variant: str) -> BatchEngine | GenerateEngine:
         engine = create_engine(config, variant, self.settings.artifact_dir)
-        if not isinstance(engine, BatchEngine):
-            raise TypeError(f"model {config.name}: generate models are not served yet")
-        await asyncio.to_thread(engine.load)
-        await asyncio.to_thread(engine.warmup)
+        if isinstance(engine, GenerateEngine):
+            # on this loop: the engine's output handler lives on the loop that serves it
+            await engine.load()
+            await engine.warmup()
+        else:
+            await asyncio.to_thread(engine.load)
+            await asyncio.to_thread(engine.warmup)
         self._engines.append(engine)
         return engine

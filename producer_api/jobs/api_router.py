@@ -40,6 +40,7 @@ SubmitService = Annotated[JobsService, Depends(_service("submit"))]
 ReadService = Annotated[JobsService, Depends(_service("read"))]
 
 _DESCRIPTIONS = {
+    400: "Body is not decodable JSON",
     404: "Unknown model, variant or job",
     409: "Idempotency-Key reused with another body, or job already ended",
     413: "Body too large",

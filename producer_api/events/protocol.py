@@ -1,0 +1,46 @@
+"""What the job-events stream carries. Each SSE event has a name (`token`, `restart`, `final`),
+an id (the token stream's entry id, so `Last-Event-ID` resumes exactly after it) and JSON data;
+the models below document that data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+# A token-stream entry id, as Redis writes it (`<ms>-<seq>`).
+EVENT_ID = r"^\d{1,20}-\d{1,20}$"
+
+
+@dataclass(slots=True)
+class JobEvent:
+    """One event to send: `id` is None where there is nothing to resume from."""
+
+    event: str
+    data: dict[str, Any]
+    id: str | None = None
+
+
+class TokenData(BaseModel):
+    """`event: token`: new text of one engine step."""
+
+    text: str
+    tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class FinalData(BaseModel):
+    """`event: final` of an LLM job: how it ended. (For other jobs the final event's data is
+    the job itself, as `GET /v1/jobs/{id}` shows it.) `restart` (no data) means the job was
+    redelivered after its worker died: discard the text received so far."""
+
+    status: str
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: dict[str, str] | None = None

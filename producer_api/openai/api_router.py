@@ -1,0 +1,77 @@
+"""HTTP routes of the OpenAI-compatible resource: parse, submit the job, answer with the whole
+completion or stream its chunks (`text/event-stream`, `data: [DONE]` last)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from sse_starlette import EventSourceResponse
+from starlette.responses import Response
+
+from producer_api.auth import AUTH_RESPONSES, Principal, require
+from producer_api.errors import ErrorBody
+from producer_api.openai.protocol import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+)
+from producer_api.openai.serving import ChatRenderer, CompletionRenderer, OpenAIService, Renderer
+from producer_api.responses import FastJSONResponse
+from producer_api.state import ProducerState, producer_state
+
+router = APIRouter(tags=["openai"])
+JOB_HEADER = "X-Conveyor-Job-Id"
+PING_S = 15
+
+_DESCRIPTIONS = {
+    400: "The model does not generate text",
+    404: "Unknown model or variant",
+    409: "The job was cancelled",
+    422: "Invalid request, or the model failed on it",
+    429: "Queue full, rate limited or too many jobs in flight; see Retry-After",
+    503: "Queue unreachable",
+    504: "The job expired before it ran",
+}
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **AUTH_RESPONSES,
+    **{code: {"model": ErrorBody, "description": text} for code, text in _DESCRIPTIONS.items()},
+}
+
+
+def openai_service(
+    state: Annotated[ProducerState, Depends(producer_state)],
+    principal: Annotated[Principal, Depends(require("submit"))],
+) -> OpenAIService:
+    return OpenAIService(state, principal)
+
+
+Service = Annotated[OpenAIService, Depends(openai_service)]
+
+
+async def _answer(
+    service: OpenAIService, job_id: str, renderer: Renderer, stream: bool
+) -> Response:
+    headers = {JOB_HEADER: job_id}
+    if stream:
+        chunks = service.stream(job_id, renderer)
+        return EventSourceResponse(chunks, ping=PING_S, headers=headers)
+    generation = await service.complete(job_id)
+    body = renderer.response(generation).model_dump(mode="json")
+    return FastJSONResponse(body, headers=headers)
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletion, responses=_RESPONSES)
+async def chat_completions(body: ChatCompletionRequest, service: Service) -> Response:
+    """OpenAI's chat completion, run as a Conveyor job (its id in `X-Conveyor-Job-Id`); with
+    `stream: true`, chunks as server-sent events; closing the stream early cancels the job."""
+    job_id = await service.submit(body, body.inputs())
+    return await _answer(service, job_id, ChatRenderer(job_id, body), body.stream)
+
+
+@router.post("/v1/completions", response_model=Completion, responses=_RESPONSES)
+async def completions(body: CompletionRequest, service: Service) -> Response:
+    """OpenAI's (legacy) text completion of a raw prompt, run as a Conveyor job."""
+    job_id = await service.submit(body, body.inputs())
+    return await _answer(service, job_id, CompletionRenderer(job_id, body), body.stream)

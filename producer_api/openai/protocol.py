@@ -1,0 +1,172 @@
+"""OpenAI's request and response bodies for (chat) completions, as far as Conveyor serves them.
+Fields OpenAI defines that a local model cannot honour (tools, logprobs, response_format) are
+accepted and ignored, as vLLM's server does, so existing client code runs unchanged."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
+
+from producer_api.jobs.protocol import NAME
+
+SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed")
+PENALTIES = ("presence_penalty", "frequency_penalty")
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """What both endpoints share: the model, sampling, streaming, and Conveyor's `variant`.
+    `user` doubles as the routing key, so one user stays on one variant."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: str = Field(pattern=NAME)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: Literal[1] = Field(default=1, description="Only one choice per request")
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(default=None, max_length=256)
+    variant: str | None = Field(default=None, pattern=NAME, description="Conveyor: a variant")
+
+    def parameters(self) -> dict[str, Any]:
+        """The job's `parameters`: only what the client set."""
+        values = {name: getattr(self, name) for name in (*SAMPLING, *PENALTIES)}
+        return {name: value for name, value in values.items() if value is not None}
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """`developer` is OpenAI's newer name for `system`; text parts are joined."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def as_input(self) -> dict[str, str]:
+        role = "system" if self.role == "developer" else self.role
+        content = self.content
+        text = content if isinstance(content, str) else "".join(p.text for p in content)
+        return {"role": role, "content": text}
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def inputs(self) -> dict[str, Any]:
+        return {"messages": [message.as_input() for message in self.messages]}
+
+    def parameters(self) -> dict[str, Any]:
+        parameters = super().parameters()
+        if self.max_completion_tokens is not None:
+            parameters["max_tokens"] = self.max_completion_tokens
+        return parameters
+
+
+class CompletionRequest(SamplingRequest):
+    """`max_tokens` defaults to 16, as in OpenAI's API; one prompt per request."""
+
+    prompt: str | list[str] = Field(min_length=1)
+    max_tokens: int | None = Field(default=16, ge=1)
+
+    def inputs(self) -> dict[str, Any]:
+        prompt = self.prompt
+        return {"prompt": prompt if isinstance(prompt, str) else "".join(prompt)}
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+    @field_serializer("delta")
+    def _delta(self, delta: ChatDelta) -> dict[str, str]:
+        """OpenAI's deltas name only what they carry (`{"content": "..."}`)."""
+        return delta.model_dump(exclude_none=True)
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    """Both the whole completion and each streamed chunk (OpenAI uses one shape for both)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ErrorChunk(BaseModel):
+    """A streamed job that did not succeed ends with this chunk: OpenAI's clients raise on it."""
+
+    error: dict[str, str]

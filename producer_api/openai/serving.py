@@ -1,0 +1,225 @@
+"""OpenAI-compatible completions without HTTP: each request is one Conveyor job (same validation,
+routing, quotas and queue as `/v1/jobs`), read back from its token stream, so a queued request
+waits its turn instead of failing. A streamed job belongs to its listener: if the stream ends
+before the job does (client gone), the job is cancelled and the engine frees its slot."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from pydantic import BaseModel
+
+from producer_api.auth.principal import Principal
+from producer_api.errors import ConveyorError
+from producer_api.jobs.protocol import PredictRequest
+from producer_api.jobs.serving import JobsService
+from producer_api.openai.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    ErrorChunk,
+    SamplingRequest,
+    Usage,
+)
+from producer_api.state import ProducerState
+from shared.job_states import JobStatus
+from shared.token_stream import TokenEvent, TokenStreamReader
+
+DONE = "[DONE]"
+# HTTP status of a non-streamed request whose job did not succeed (as `/predict` answers).
+FAILURE_STATUS = {"failed": 422, "cancelled": 409, "expired": 504}
+
+
+@dataclass(slots=True)
+class Generation:
+    """A finished job as OpenAI reports it."""
+
+    text: str
+    finish_reason: str | None
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+class Renderer(ABC):
+    """One endpoint's response shapes (chat or plain completion) for one job."""
+
+    prefix = ""
+
+    def __init__(self, job_id: str, request: SamplingRequest) -> None:
+        self.id = f"{self.prefix}{job_id}"
+        self.created = int(time.time())
+        self.model = request.model
+        self.include_usage = request.include_usage
+
+    @abstractmethod
+    def response(self, generation: Generation) -> BaseModel:
+        """The whole non-streamed response."""
+
+    def opening(self) -> BaseModel | None:
+        """A chunk sent before any text (chat announces the assistant role)."""
+        return None
+
+    @abstractmethod
+    def chunk(self, text: str | None, finish_reason: str | None = None) -> BaseModel:
+        """A streamed chunk with new text, or the closing one with the finish reason."""
+
+    @abstractmethod
+    def usage_chunk(self, usage: Usage) -> BaseModel:
+        """The last chunk when `stream_options.include_usage`: no choices, only usage."""
+
+    def encode(self, chunk: BaseModel) -> str:
+        """Chunks carry `usage: null` only when the client asked for a usage chunk."""
+        return chunk.model_dump_json(exclude=None if self.include_usage else {"usage"})
+
+
+class ChatRenderer(Renderer):
+    prefix = "chatcmpl-"
+
+    def response(self, generation: Generation) -> ChatCompletion:
+        choice = ChatChoice(
+            message=AssistantMessage(content=generation.text),
+            finish_reason=generation.finish_reason,
+        )
+        return ChatCompletion(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[choice],
+            usage=Usage(**generation.usage),
+        )
+
+    def opening(self) -> ChatCompletionChunk:
+        return self._chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])
+
+    def chunk(self, text: str | None, finish_reason: str | None = None) -> ChatCompletionChunk:
+        choice = ChatChunkChoice(delta=ChatDelta(content=text), finish_reason=finish_reason)
+        return self._chunk([choice])
+
+    def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
+        return self._chunk([], usage)
+
+    def _chunk(
+        self, choices: list[ChatChunkChoice], usage: Usage | None = None
+    ) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+
+
+class CompletionRenderer(Renderer):
+    prefix = "cmpl-"
+
+    def response(self, generation: Generation) -> Completion:
+        choice = CompletionChoice(text=generation.text, finish_reason=generation.finish_reason)
+        return self._completion([choice], Usage(**generation.usage))
+
+    def chunk(self, text: str | None, finish_reason: str | None = None) -> Completion:
+        return self._completion([CompletionChoice(text=text or "", finish_reason=finish_reason)])
+
+    def usage_chunk(self, usage: Usage) -> Completion:
+        return self._completion([], usage)
+
+    def _completion(
+        self, choices: list[CompletionChoice], usage: Usage | None = None
+    ) -> Completion:
+        return Completion(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+
+
+def _failure(final: TokenEvent) -> ConveyorError:
+    error = final.error or {}
+    message = f"job {final.status}: {error.get('message', '')}".rstrip(": ")
+    code = FAILURE_STATUS.get(final.status, 500)
+    return ConveyorError(code, error.get("type", final.status), message)
+
+
+class OpenAIService:
+    def __init__(self, state: ProducerState, principal: Principal) -> None:
+        self.state = state
+        self.jobs = JobsService(state, principal)
+
+    async def submit(self, request: SamplingRequest, inputs: dict[str, Any]) -> str:
+        """Enqueue the request as a job of a `generate` model; returns its id."""
+        config = self.state.repository.get(request.model)
+        if config is not None and config.kind != "generate":
+            message = f"model {request.model!r} does not generate text; use /v1/jobs"
+            raise ConveyorError(400, "invalid_request", message)
+        body = PredictRequest(
+            inputs=inputs,
+            parameters=request.parameters(),
+            routing_key=request.user,
+            variant=request.variant,
+        )
+        job_id, _, _ = await self.jobs.submit(request.model, body)
+        return job_id
+
+    def _follow(self, job_id: str) -> AsyncIterator[TokenEvent]:
+        return TokenStreamReader(self.state.redis, self.state.store).follow(job_id)
+
+    async def complete(self, job_id: str) -> Generation:
+        """Wait for the job by reading its token stream; raises if it did not succeed."""
+        text: list[str] = []
+        async for event in self._follow(job_id):
+            if event.kind == "restart":
+                text.clear()
+            elif event.kind == "token":
+                text.append(event.text)
+            elif event.status != JobStatus.SUCCEEDED:
+                raise _failure(event)
+            else:
+                return Generation("".join(text), event.finish_reason, event.usage)
+        raise ConveyorError(404, "not_found", f"job {job_id} expired")
+
+    async def stream(self, job_id: str, renderer: Renderer) -> AsyncIterator[str]:
+        """The job's chunks in OpenAI's format, ending with `[DONE]`. A stream that stops
+        before the job's final event (client disconnected) cancels the job."""
+        ended = False
+        try:
+            if (opening := renderer.opening()) is not None:
+                yield renderer.encode(opening)
+            async for event in self._follow(job_id):
+                if event.kind == "restart":
+                    yield _error_chunk("restarted", "the job's worker died; retry the request")
+                    break
+                if event.kind == "token":
+                    yield renderer.encode(renderer.chunk(event.text))
+                    continue
+                ended = True
+                for chunk in self._closing(renderer, event):
+                    yield chunk
+            yield DONE
+        finally:
+            if not ended:
+                with anyio.CancelScope(shield=True):
+                    await self.cancel(job_id)
+
+    def _closing(self, renderer: Renderer, final: TokenEvent) -> list[str]:
+        if final.status != JobStatus.SUCCEEDED:
+            failure = _failure(final)
+            return [_error_chunk(failure.type, failure.message)]
+        chunks = [renderer.encode(renderer.chunk(None, final.finish_reason))]
+        if renderer.include_usage and final.usage:
+            chunks.append(renderer.encode(renderer.usage_chunk(Usage(**final.usage))))
+        return chunks
+
+    async def cancel(self, job_id: str) -> None:
+        """Cancel a job nobody listens to any more; one that already ended stays as it is."""
+        try:
+            await self.jobs.cancel(job_id)
+        except ConveyorError as exc:
+            if exc.status != 409:
+                raise
+
+
+def _error_chunk(type_: str, message: str) -> str:
+    return ErrorChunk(error={"type": type_, "message": message}).model_dump_json()

@@ -1,0 +1,144 @@
+"""The layout of an LLM job's token stream (`cv:tok:{id}`) and how to follow it, shared by the
+worker that appends to it and the producer routes that stream it (SSE, OpenAI): entry ids are
+the SSE event ids, so a reader that resumes after an id misses nothing and repeats nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+
+from shared.codec import dumps, loads
+from shared.job_store import JobRecord, JobStore
+
+# token: new text of one engine step; final: the job ended (status, finish reason, usage);
+# restart: a redelivered job starts over (its worker died mid-generation): drop the text so far.
+EventKind = Literal["token", "final", "restart"]
+READ_COUNT = 512
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    kind: EventKind
+    text: str = ""
+    tokens: int = 0
+    status: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    error: dict[str, str] | None = None
+    id: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.kind == "final"
+
+    def encode(self) -> dict[str, str | int]:
+        """Entry fields: only what the kind needs, so a token entry stays two short fields."""
+        if self.kind == "token":
+            return {"kind": "token", "text": self.text, "tokens": self.tokens}
+        if self.kind == "restart":
+            return {"kind": "restart"}
+        fields: dict[str, str | int] = {"kind": "final", "status": self.status}
+        if self.finish_reason:
+            fields["finish_reason"] = self.finish_reason
+        if self.usage:
+            fields["usage"] = dumps(self.usage).decode()
+        if self.error:
+            fields["error"] = dumps(self.error).decode()
+        return fields
+
+    @classmethod
+    def decode(cls, entry_id: bytes | str, raw: Mapping[bytes, bytes]) -> TokenEvent:
+        get = {k.decode(): v.decode() for k, v in raw.items()}.get
+        kind: Any = get("kind", "token")
+        return cls(
+            kind=kind,
+            text=get("text", ""),
+            tokens=int(get("tokens", "0")),
+            status=get("status", ""),
+            finish_reason=get("finish_reason"),
+            usage=loads(usage) if (usage := get("usage")) else {},
+            error=loads(error) if (error := get("error")) else None,
+            id=entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+        )
+
+    def data(self) -> dict[str, Any]:
+        """The event's public payload (SSE `data`)."""
+        if self.kind == "token":
+            return {"text": self.text, "tokens": self.tokens}
+        if self.kind == "restart":
+            return {}
+        data: dict[str, Any] = {"status": self.status, "finish_reason": self.finish_reason}
+        if self.usage:
+            data["usage"] = self.usage
+        if self.error:
+            data["error"] = self.error
+        return data
+
+
+def usage_of(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def final_from_job(record: JobRecord) -> TokenEvent:
+    """The final event of a job that ended without one in its stream (cancelled or expired
+    while queued, dead-lettered, failed before its first token, stream expired)."""
+    view = record.view()
+    raw_outputs = view.get("outputs")
+    outputs: dict[str, Any] = raw_outputs if isinstance(raw_outputs, dict) else {}
+    usage = outputs.get("usage") or (
+        usage_of(view["prompt_tokens"], view["completion_tokens"])
+        if "prompt_tokens" in view and "completion_tokens" in view
+        else {}
+    )
+    return TokenEvent(
+        kind="final",
+        status=str(view["status"]),
+        finish_reason=outputs.get("finish_reason"),
+        usage=usage,
+        error=view.get("error"),
+    )
+
+
+class TokenStreamReader:
+    """Follows one job's token stream: blocking XREAD from the last id seen, and a look at the
+    job hash whenever a read times out, so a job that ends without a final event (cancelled
+    while queued, expired) still ends the stream."""
+
+    def __init__(self, client: aioredis.Redis, store: JobStore, block_ms: int = 1000) -> None:
+        self.redis = client
+        self.store = store
+        self.block_ms = block_ms
+
+    async def follow(self, job_id: str, after: str = "0-0") -> AsyncIterator[TokenEvent]:
+        """Every event after `after`, live ones as they come, ending with exactly one final."""
+        record: JobRecord | None = None
+        live = True
+        while True:
+            events = await self._read(job_id, after, self.block_ms if live else None)
+            for event in events:
+                yield event
+                if event.final:
+                    return
+                after = event.id
+            if events:
+                continue
+            if not live:
+                if record is not None:
+                    yield final_from_job(record)
+                return
+            record = await self.store.get(job_id)
+            # The worker appends its final event before it marks the job terminal: once the
+            # hash is terminal, what is left in the stream is readable without blocking.
+            live = record is not None and not record.status.terminal
+
+    async def _read(self, job_id: str, after: str, block_ms: int | None) -> list[TokenEvent]:
+        key = self.store.keys.tokens(job_id)
+        reply: Any = await self.redis.xread({key: after}, count=READ_COUNT, block=block_ms)
+        return [TokenEvent.decode(eid, raw) for _, rows in reply or [] for eid, raw in rows]

@@ -1,0 +1,76 @@
+"""The CLI as a user runs it (a subprocess) against the real pipeline: `conveyor batch submit
+--wait` writes the output and errors files beside the input; `submit` and `jobs` print jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+CONVEYOR = str(Path(sys.executable).parent / "conveyor")
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [CONVEYOR, *args], capture_output=True, text=True, timeout=180, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_batch_submit_wait_writes_both_files(
+    base_url: str, identity_worker: int, tmp_path: Path
+) -> None:
+    source = tmp_path / "requests.jsonl"
+    lines = [json.dumps({"custom_id": f"r{i}", "body": {"inputs": {"i": i}}}) for i in range(300)]
+    lines[10] = '{"custom_id": "r10", "body": '  # malformed: line 11
+    source.write_text("\n".join(lines) + "\n")
+
+    result = _run(
+        "batch", "submit", str(source), "--model", "identity", "--wait", "--url", base_url
+    )
+
+    output = [
+        json.loads(line) for line in (tmp_path / "requests.output.jsonl").read_text().splitlines()
+    ]
+    errors = [
+        json.loads(line) for line in (tmp_path / "requests.errors.jsonl").read_text().splitlines()
+    ]
+    assert [o["custom_id"] for o in output] == [f"r{i}" for i in range(300) if i != 10]
+    assert all(o["outputs"] == {"i": int(o["custom_id"][1:])} for o in output)
+    assert [(e["line"], e["error"]["type"]) for e in errors] == [(11, "invalid_json")]
+    assert "completed: 299 succeeded, 1 failed" in result.stdout
+
+
+def test_submit_and_jobs(base_url: str, identity_worker: int) -> None:
+    env = {**os.environ, "CONVEYOR_URL": base_url}
+    job = json.loads(_run("submit", "identity", "--input", '{"a": [1, 2]}', env=env).stdout)
+    assert job["status"] == "succeeded" and job["outputs"] == {"a": [1, 2]}
+    again = json.loads(_run("jobs", "get", job["id"], env=env).stdout)
+    assert again["id"] == job["id"] and again["outputs"] == {"a": [1, 2]}
+
+    queued = json.loads(
+        _run(
+            "submit",
+            "identity",
+            "--variant",
+            "canary",
+            "--input",
+            "{}",
+            "--no-wait",
+            "--url",
+            base_url,
+        ).stdout
+    )
+    cancelled = json.loads(_run("jobs", "cancel", queued["id"], "--url", base_url).stdout)
+    assert cancelled["status"] == "cancelled"
+    refused = subprocess.run(
+        [CONVEYOR, "jobs", "cancel", queued["id"], "--url", base_url],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "409 conflict" in refused.stderr

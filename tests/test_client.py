@@ -1,0 +1,204 @@
+"""The Python SDK against the real pipeline (submit, get, wait, cancel, predict, batches, sync
+and async, API keys from the environment), retrying a real 429 after its Retry-After, and
+resuming an event stream whose connection is cut mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from conveyor.client import (
+    APIError,
+    AsyncClient,
+    AuthError,
+    Batch,
+    Client,
+    Conflict,
+    RetryEvent,
+)
+from conveyor.stack import Stack, free_port
+from tests.conftest import REPO_ROOT, issue_key
+
+pytestmark = pytest.mark.slow
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
+
+
+def test_submit_get_wait_cancel(base_url: str, identity_worker: int) -> None:
+    with Client(base_url) as client:
+        job = client.submit("identity", {"x": [1, 2]})
+        assert job.status == "queued" and job.urls is not None
+        done = client.wait(job.id, timeout=30)
+        assert done.succeeded and done.outputs == {"x": [1, 2]}
+        assert client.get(job.id).status == "succeeded"
+
+        first = client.submit("identity", {"k": 1}, idempotency_key="client-test-1")
+        again = client.submit("identity", {"k": 1}, idempotency_key="client-test-1")
+        assert again.id == first.id
+
+        waiting = client.submit("identity", {"n": 1}, variant="canary")  # no canary worker
+        assert client.cancel(waiting.id).status == "cancelled"
+        with pytest.raises(Conflict):
+            client.cancel(waiting.id)
+
+
+def test_predict(base_url: str, minilm_worker: int) -> None:
+    with Client(base_url) as client:
+        job = client.predict("minilm", {"texts": ["hello", "world"]})
+        assert len(job.outputs["embeddings"]) == 2 and len(job.outputs["embeddings"][0]) == 384
+        with pytest.raises(APIError) as refused:
+            client.predict("minilm", {"texts": "not a list"})
+    assert refused.value.status == 422 and refused.value.type == "invalid_request"
+
+
+async def test_async_client_runs_a_batch(base_url: str, identity_worker: int) -> None:
+    seen: list[Batch] = []
+    lines = [{"custom_id": f"a{i}", "body": {"inputs": {"i": i}}} for i in range(200)]
+    lines.append({"custom_id": "bad", "body": {"nope": 1}})
+    async with AsyncClient(base_url) as client:
+        job = await client.predict("identity", {"hello": "async"})
+        assert job.outputs == {"hello": "async"}
+        batch = await client.batches.create(lines, model="identity")
+        done = await client.batches.wait(batch.id, progress=seen.append, poll_s=0.1)
+        results = await client.batches.results(batch.id)
+    assert done.status == "completed" and done.counts.succeeded == 200
+    assert seen[-1].status == "completed" and all(s.id == batch.id for s in seen)
+    assert [o.outputs["i"] for o in results.outputs] == list(range(200))
+    assert [(e.custom_id, e.line, e.error.type) for e in results.errors] == [
+        ("bad", 201, "invalid_request")
+    ]
+
+
+def test_environment_names_the_producer_and_the_key(
+    auth_stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = issue_key(auth_stack.redis_url, "acme", "submit", "read")
+    monkeypatch.setenv("CONVEYOR_URL", auth_stack.base_url)
+    monkeypatch.setenv("CONVEYOR_API_KEY", key)
+    with Client() as client:
+        job = client.submit("identity", {"who": "acme"})
+        assert client.get(job.id).status == "queued"
+    with Client(api_key="cv_not-a-key") as client, pytest.raises(AuthError) as refused:
+        client.get(job.id)
+    assert refused.value.status == 401
+
+
+@pytest.fixture(scope="module")
+def fixtures_url(stack: Stack) -> Iterator[str]:
+    """A second producer on the same Valkey, serving the test models (`tiny` holds 5 jobs)."""
+    name = "fixtures-producer"
+    url = stack.start_producer(free_port(), name=name, CONVEYOR_MODEL_REPOSITORY=str(FIXTURES))
+    yield url
+    stack.stop_process(name)
+
+
+def test_retries_honour_retry_after_on_a_real_429(stack: Stack, fixtures_url: str) -> None:
+    pid = stack.start_worker("tiny", name="tiny", CONVEYOR_MODEL_REPOSITORY=str(FIXTURES))
+    try:
+        with Client(fixtures_url) as warm:  # a drain rate, from which the server's Retry-After
+            for i in range(10):
+                warm.wait(warm.submit("tiny", {"warm": i}).id, timeout=30)
+        os.kill(pid, signal.SIGSTOP)  # the worker stops draining: the partition fills up
+        codes = [
+            httpx.post(f"{fixtures_url}/v1/jobs", json={"model": "tiny", "inputs": {}})
+            for _ in range(6)
+        ]
+        assert [c.status_code for c in codes] == [202] * 5 + [429]
+        probe = codes[-1]
+        retry_after = float(probe.headers["Retry-After"])
+
+        retries: list[RetryEvent] = []
+        threading.Timer(0.3, os.kill, (pid, signal.SIGCONT)).start()  # room soon after
+        started = time.monotonic()
+        with Client(fixtures_url, on_retry=retries.append) as client:
+            job = client.submit("tiny", {"after": "429"})
+            elapsed = time.monotonic() - started
+            assert client.wait(job.id, timeout=30).succeeded
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        stack.stop_process("tiny")
+    assert retries and retries[0].reason == "HTTP 429"
+    assert retries[0].delay_s >= retry_after
+    assert elapsed >= retry_after
+
+
+class EventServer(ThreadingHTTPServer):
+    """A tiny real SSE server: the events of a job are `token` 1..10 then `final` 11; the first
+    connection is cut mid-event after event 4, the second ends cleanly (without the final
+    event) after event 7, and each resumes from `Last-Event-ID`."""
+
+    EVENTS = [(str(i), "token", f"chunk {i}") for i in range(1, 11)] + [("11", "final", "{}")]
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _EventHandler)
+        self.resumed_from: list[str | None] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _EventHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: EventServer
+
+    def do_GET(self) -> None:
+        last = self.headers.get("Last-Event-ID")
+        self.server.resumed_from.append(last)
+        start = int(last) if last else 0
+        stop = {0: 4, 4: 7}.get(start, len(EventServer.EVENTS))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._chunk("retry: 50\n: keep-alive\n\n")
+        for event_id, name, data in EventServer.EVENTS[start:stop]:
+            self._chunk(f"id: {event_id}\nevent: {name}\ndata: {data}\n\n")
+        if start == 0:  # cut mid-event: the half-sent event 5 must not be delivered
+            self._chunk("id: 5\nevent: token\ndata: chunk")
+            self.connection.shutdown(2)
+            return
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _chunk(self, text: str) -> None:
+        data = text.encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def event_server() -> Iterator[EventServer]:
+    server = EventServer()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+EXPECTED = list(EventServer.EVENTS)
+
+
+def test_stream_resumes_after_the_connection_drops(event_server: EventServer) -> None:
+    with Client(event_server.url) as client:
+        got = [(e.id, e.event, e.data) for e in client.stream("job-1")]
+    assert got == EXPECTED
+    assert event_server.resumed_from == [None, "4", "7"]
+
+
+def test_async_stream_resumes_after_the_connection_drops(event_server: EventServer) -> None:
+    async def collect() -> list[tuple[str | None, str, str]]:
+        async with AsyncClient(event_server.url) as client:
+            return [(e.id, e.event, e.data) async for e in client.stream("job-1")]
+
+    assert asyncio.run(collect()) == EXPECTED
+    assert event_server.resumed_from == [None, "4", "7"]

@@ -1,0 +1,183 @@
+"""Webhooks for real: a local HTTP receiver that fails twice before accepting, a Celery worker
+that delivers the signed event with backoff and records every attempt, and the allow-list that
+refuses other URLs at submit."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from conveyor.stack import Stack, free_port
+from shared.webhook_signing import HEADER, InvalidSignature, sign, verify
+from shared.webhooks import allowed
+
+pytestmark = pytest.mark.slow
+SECRET = "whsec-test-1234"
+
+
+class Receiver(ThreadingHTTPServer):
+    """Answers each path with its scripted statuses in turn (then 200), recording deliveries."""
+
+    def __init__(self, script: dict[str, list[int]]) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.script = script
+        self.deliveries: list[dict[str, Any]] = []
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        statuses = self.server.script.get(self.path, [])
+        status = statuses.pop(0) if statuses else 200
+        self.server.deliveries.append(
+            {"path": self.path, "at": time.monotonic(), "headers": dict(self.headers),
+             "body": body, "status": status}
+        )  # fmt: skip
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    server = Receiver({"/hooks/flaky": [500, 500]})
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hook_stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Stack]:
+    """Producer and an identity worker (which also runs the Celery webhook task), both allowed
+    to call only the receiver's /hooks/ paths."""
+    stack = Stack.create(tmp_path_factory.mktemp("webhooks"))
+    stack.env.update(
+        CONVEYOR_AUTH="disabled",
+        CONVEYOR_WEBHOOK_SECRET=SECRET,
+        CONVEYOR_WEBHOOK_ALLOWLIST=f"{receiver.base}/hooks/",
+    )
+    try:
+        stack.start_producer(free_port())
+        stack.start_worker("identity:default")
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _lines(count: int) -> bytes:
+    return b"".join(
+        json.dumps({"custom_id": f"w{i}", "body": {"inputs": {"i": i}}}).encode() + b"\n"
+        for i in range(count)
+    )
+
+
+def _until(check: Any, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not true after {timeout}s")
+
+
+def test_batch_webhook_is_signed_and_retried_until_accepted(
+    hook_stack: Stack, receiver: Receiver
+) -> None:
+    url = f"{receiver.base}/hooks/flaky"
+    created = httpx.post(
+        f"{hook_stack.base_url}/v1/batches",
+        params={"model": "identity", "webhook": url},
+        content=_lines(3),
+        timeout=30,
+    )
+    assert created.status_code == 202, created.text
+    batch_id = created.json()["id"]
+    batch_url = f"{hook_stack.base_url}/v1/batches/{batch_id}"
+
+    def delivered() -> dict[str, Any] | None:
+        batch: dict[str, Any] = httpx.get(batch_url).json()
+        return batch if (batch["webhook"] or {}).get("status") == "delivered" else None
+
+    batch = _until(delivered)
+    attempts = [d for d in receiver.deliveries if d["path"] == "/hooks/flaky"]
+    assert [d["status"] for d in attempts] == [500, 500, 200]
+    for delivery in attempts:
+        verify(SECRET, delivery["body"], delivery["headers"][HEADER])
+    events = [json.loads(d["body"]) for d in attempts]
+    assert len({e["id"] for e in events}) == 1, "retries must carry the same event id"
+    assert events[0]["type"] == "batch.completed"
+    assert events[0]["data"]["id"] == batch_id and events[0]["data"]["counts"]["succeeded"] == 3
+    gaps = [later["at"] - earlier["at"] for earlier, later in itertools.pairwise(attempts)]
+    assert gaps[0] >= 0.5 and gaps[1] >= 1.0, f"no exponential backoff between tries: {gaps}"
+    recorded = batch["webhook"]["attempts"]
+    assert [a["status_code"] for a in recorded] == [500, 500, 200]
+    assert [a["attempt"] for a in recorded] == [1, 2, 3]
+
+
+def test_urls_outside_the_allow_list_are_refused_at_submit(
+    hook_stack: Stack, receiver: Receiver
+) -> None:
+    port = receiver.server_address[1]
+    for url in (
+        f"{receiver.base}/elsewhere",
+        f"{receiver.base}/hooks-evil/x",
+        f"https://127.0.0.1:{port}/hooks/x",
+        f"http://user:pw@127.0.0.1:{port}/hooks/x",
+        f"http://127.0.0.1:{port + 1}/hooks/x",
+        "http://169.254.169.254/hooks/",
+    ):
+        response = httpx.post(
+            f"{hook_stack.base_url}/v1/batches",
+            params={"model": "identity", "webhook": url},
+            content=_lines(1),
+        )
+        assert response.status_code == 422, url
+        assert "ALLOWLIST" in response.json()["error"]["message"]
+
+
+def test_allow_list_matching() -> None:
+    rules = ["https://hooks.example.com/conveyor", "https://*.acme.io", "http://10.0.0.5:8080/"]
+    assert allowed("https://hooks.example.com/conveyor/batches?x=1", rules)
+    assert allowed("https://hooks.example.com/conveyor", rules)
+    assert not allowed("https://hooks.example.com/conveyorx", rules)
+    assert not allowed("https://hooks.example.com:8443/conveyor/", rules)
+    assert allowed("https://a.b.acme.io/any", rules)
+    assert not allowed("https://acme.io/", rules)
+    assert not allowed("https://evilacme.io/", rules)
+    assert allowed("http://10.0.0.5:8080/x", rules)
+    assert not allowed("http://10.0.0.5/x", rules)
+    assert not allowed("ftp://hooks.example.com/conveyor/", rules)
+    assert not allowed("https://hooks.example.com/conveyor/#frag", rules)
+
+
+def test_signatures_reject_tampering_and_stale_timestamps() -> None:
+    body = b'{"id": "evt_1"}'
+    header = sign(SECRET, body, timestamp=1_000_000)
+    assert verify(SECRET, body, header, now=1_000_100) == 1_000_000
+    for secret, payload, now in (
+        ("other-secret", body, 1_000_100),
+        (SECRET, body + b" ", 1_000_100),
+        (SECRET, body, 1_000_301),
+    ):
+        with pytest.raises(InvalidSignature):
+            verify(secret, payload, header, tolerance_s=300, now=now)
+    with pytest.raises(InvalidSignature):
+        verify(SECRET, body, "v1=abc")

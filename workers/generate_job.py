@@ -1,0 +1,147 @@
+"""One generate job while the engine runs it: the request the engine sees (built from the job's
+payload), the text and token timings as chunks arrive, and what it ends with: the token
+stream's final event and the job-hash fields (outputs, TTFT, TPOT, token counts)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.codec import dumps
+from shared.job_states import JobStatus
+from shared.job_store import now_ms
+from shared.token_stream import TokenEvent, usage_of
+from workers.engines.base import GenerateRequest, TokenChunk
+from workers.stream_reader import Delivery
+
+FLOAT_PARAMETERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+
+
+def generate_request(
+    job_id: str, payload: dict[str, Any], defaults: dict[str, Any]
+) -> GenerateRequest:
+    """The engine request of a job; a malformed parameter raises (TypeError or ValueError) and
+    fails that job alone. `max_tokens` defaults to the model's `default_max_tokens`."""
+    inputs = payload.get("inputs") or {}
+    parameters = payload.get("parameters") or {}
+    stop = parameters.get("stop") or []
+    request = GenerateRequest(
+        request_id=job_id,
+        prompt=inputs.get("prompt"),
+        messages=inputs.get("messages"),
+        max_tokens=int(parameters.get("max_tokens") or defaults.get("default_max_tokens", 128)),
+        stop=[stop] if isinstance(stop, str) else [str(s) for s in stop],
+        seed=None if parameters.get("seed") is None else int(parameters["seed"]),
+    )
+    for name in FLOAT_PARAMETERS:
+        if parameters.get(name) is not None:
+            setattr(request, name, float(parameters[name]))
+    return request
+
+
+@dataclass(slots=True)
+class RunningJob:
+    """A job inside the engine. `ended_as` is a terminal status someone else gave it (the API
+    cancelled it): the loop aborted it. `abandoned` means aborted for shutdown: it is left
+    unacknowledged so another worker runs it again."""
+
+    delivery: Delivery
+    stream: str
+    request: GenerateRequest
+    redelivered: bool
+    task: asyncio.Task[None] | None = None
+    text: list[str] = field(default_factory=list)
+    first_token_ms: int = 0
+    last_token_ms: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    error: dict[str, str] | None = None
+    ended_as: str | None = None
+    abandoned: bool = False
+    peak_running: int = 0
+    streamed: bool = False
+
+    @property
+    def job_id(self) -> str:
+        return self.request.request_id
+
+    def take(self, chunk: TokenChunk, at_ms: int, engine_running: int) -> list[TokenEvent]:
+        """Account for one chunk; returns the token-stream events it becomes (a redelivered
+        job's first write starts with `restart`, so readers drop the dead attempt's text)."""
+        events = [TokenEvent("restart")] if self.redelivered and not self.streamed else []
+        self.streamed = True
+        self.peak_running = max(self.peak_running, engine_running)
+        if chunk.token_count:
+            self.first_token_ms = self.first_token_ms or at_ms
+            self.last_token_ms = at_ms
+        self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
+        self.completion_tokens = chunk.completion_tokens or self.completion_tokens
+        self.finish_reason = chunk.finish_reason or self.finish_reason
+        if chunk.text:
+            self.text.append(chunk.text)
+            events.append(TokenEvent("token", text=chunk.text, tokens=chunk.token_count))
+        return events
+
+    @property
+    def status(self) -> JobStatus:
+        if self.ended_as is not None:
+            return JobStatus(self.ended_as)
+        if self.error is not None or self.finish_reason not in ("stop", "length"):
+            return JobStatus.FAILED
+        return JobStatus.SUCCEEDED
+
+    @property
+    def failure(self) -> dict[str, str]:
+        return self.error or {
+            "type": "EngineAborted",
+            "message": f"the engine ended the generation ({self.finish_reason or 'no reason'})",
+        }
+
+    def final_event(self) -> TokenEvent:
+        status = self.status
+        return TokenEvent(
+            "final",
+            status=status.value,
+            finish_reason="abort" if self.ended_as else self.finish_reason,
+            usage=usage_of(self.prompt_tokens, self.completion_tokens),
+            error=self.failure if status == JobStatus.FAILED else None,
+        )
+
+    @property
+    def ttft_ms(self) -> int | None:
+        """Submit to first token: what the client waits, queue wait included."""
+        entry = self.delivery.entry
+        if not self.first_token_ms or entry is None:
+            return None
+        return self.first_token_ms - entry.enqueued_ms
+
+    @property
+    def tpot_ms(self) -> float | None:
+        if self.completion_tokens < 2:
+            return None
+        return round((self.last_token_ms - self.first_token_ms) / (self.completion_tokens - 1), 3)
+
+    def fields(self) -> dict[str, str]:
+        """The job-hash fields of the result (outputs or error, timings, token counts)."""
+        fields = {
+            "prompt_tokens": str(self.prompt_tokens),
+            "completion_tokens": str(self.completion_tokens),
+            "batch_size": str(self.peak_running),
+            "engine_ms": str(now_ms() - self.delivery.claimed_ms),
+        }
+        if (ttft := self.ttft_ms) is not None:
+            fields["ttft_ms"] = str(ttft)
+        if (tpot := self.tpot_ms) is not None:
+            fields["tpot_ms"] = str(tpot)
+        if self.status == JobStatus.FAILED:
+            fields["error"] = dumps(self.failure).decode()
+        else:
+            outputs = {
+                "text": "".join(self.text),
+                "finish_reason": self.finish_reason,
+                "usage": usage_of(self.prompt_tokens, self.completion_tokens),
+            }
+            fields["outputs"] = dumps(outputs).decode()
+        return fields

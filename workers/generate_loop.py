@@ -1,0 +1,265 @@
+"""The continuous-batching loop of one partition of a `generate` model. Admission is not tied to
+micro-batches: whenever an engine slot is free the loop reads (and claims) as many entries as
+there are free slots and starts them at once. Every engine step's new text of ALL running jobs
+goes to their token streams in one pipelined round trip, which also reads back their statuses
+(a cancelled job is aborted after the next step), and each job is acknowledged as it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from shared.codec import dumps
+from shared.job_states import TERMINAL, JobStatus
+from shared.job_store import now_ms
+from shared.keys import GROUP
+from shared.metrics import BATCH_SIZE, TOKENS, TPOT, TTFT
+from shared.model_repository import ModelConfig
+from shared.token_stream import TokenEvent
+from workers.batch_telemetry import record_batch
+from workers.engines.base import GenerateEngine, TokenChunk
+from workers.generate_job import RunningJob, generate_request
+from workers.job_finish import finish, skip_or_expire
+from workers.lane_scheduler import LaneScheduler
+from workers.reclaim import Reclaimer
+from workers.redis_backoff import OUTAGE, Backoff, until_done
+from workers.result_writer import Finish, ResultWriter
+from workers.stream_reader import Delivery
+from workers.token_writer import TokenWriter
+
+log = logging.getLogger(__name__)
+TERMINAL_STATES = frozenset(s.value for s in TERMINAL)
+
+
+class GenerateLoop:
+    def __init__(
+        self,
+        config: ModelConfig,
+        variant: str,
+        engine: GenerateEngine,
+        lanes: LaneScheduler,
+        writer: ResultWriter,
+        tokens: TokenWriter,
+        reclaimers: list[Reclaimer],
+        block_ms: int,
+        drain_s: float,
+    ) -> None:
+        self.config = config
+        self.variant = variant
+        self.engine = engine
+        self.lanes = lanes
+        self.writer = writer
+        self.tokens = tokens
+        self.reclaimers = reclaimers
+        self.block_ms = block_ms
+        self.drain_s = drain_s
+        self.capacity = config.max_num_seqs
+        self.running: dict[str, RunningJob] = {}
+        self.stopping = asyncio.Event()
+        self._chunks: list[tuple[RunningJob, TokenChunk, int]] = []
+        self._ended: list[RunningJob] = []
+        self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        # Running entries are re-claimed (idle reset) well within the visibility timeout, so a
+        # long generation is never mistaken for an abandoned one and run twice.
+        self._touch_every_s = config.queue.visibility_timeout_s / 3
+        self._next_touch = time.monotonic() + self._touch_every_s
+
+    async def run(self) -> None:
+        """Serve until asked to stop; then admit nothing more, give running generations up to
+        `drain_s` to finish, and abort the rest unacknowledged (another worker reruns them)."""
+        publisher = asyncio.create_task(self._publish_loop(), name="token-publisher")
+        try:
+            await self._admit_loop(publisher)
+        finally:
+            self.stopping.set()
+            await self._drain()
+            self._wake.set()
+            await publisher
+
+    async def _admit_loop(self, publisher: asyncio.Task[None]) -> None:
+        """Admit until asked to stop, or until the publisher died (its error then surfaces)."""
+        backoff = Backoff()
+        while not self.stopping.is_set() and not publisher.done():
+            try:
+                await self._admit()
+                backoff.reset()
+            except OUTAGE as exc:
+                await backoff.sleep(exc)
+
+    async def _admit(self) -> None:
+        """Fill free slots: reclaimed entries first, then online before bulk; blocks (up to
+        `block_ms`) only while every slot is free of new work or none is free."""
+        await self._touch_running()
+        free = self.capacity - len(self.running)
+        if free <= 0:
+            self._slot_freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_freed.wait(), self.block_ms / 1000)
+            return
+        for reclaimer in self.reclaimers:
+            if reclaimer.due() and (abandoned := await reclaimer.reclaim()):
+                await self._start_all(reclaimer.stream, abandoned, redelivered=True)
+                return
+        for reader, deliveries in await self.lanes.next_batch(free, 0, self.block_ms):
+            await self._start_all(reader.stream, deliveries, redelivered=False)
+
+    async def _start_all(self, stream: str, deliveries: list[Delivery], redelivered: bool) -> None:
+        settled: list[Finish] = []
+        for delivery in deliveries:
+            if delivery.entry is not None and delivery.entry.job_id in self.running:
+                continue  # our own entry, reclaimed while it runs: it is still ours
+            outcome = skip_or_expire(self.config, self.variant, delivery) or self._start(
+                stream, delivery, redelivered
+            )
+            if outcome is not None:
+                settled.append(outcome)
+        await self._settle(stream, settled)
+
+    def _start(self, stream: str, delivery: Delivery, redelivered: bool) -> Finish | None:
+        """Start generating; a job whose parameters the engine cannot take fails alone."""
+        assert delivery.entry is not None
+        entry = delivery.entry
+        try:
+            request = generate_request(entry.job_id, entry.payload, self.engine.parameters)
+        except (TypeError, ValueError) as exc:
+            error = dumps({"type": "InvalidParameters", "message": str(exc)}).decode()
+            return finish(self.config, self.variant, delivery, JobStatus.FAILED, {"error": error})
+        job = RunningJob(delivery, stream, request, redelivered)
+        self.running[entry.job_id] = job
+        job.task = asyncio.create_task(self._generate(job), name=f"generate {entry.job_id}")
+        return None
+
+    async def _generate(self, job: RunningJob) -> None:
+        """Feed the job's chunks to the publisher; an engine error fails this job only."""
+        try:
+            async for chunk in self.engine.generate(job.request):
+                self._chunks.append((job, chunk, now_ms()))
+                self._wake.set()
+        except Exception as exc:
+            job.error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
+            log.warning("generation failed", extra={"job_id": job.job_id, "error": job.error})
+        self._ended.append(job)
+        self._wake.set()
+
+    async def _publish_loop(self) -> None:
+        while self.running or self._chunks or self._ended or not self.stopping.is_set():
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(0)  # the rest of this engine step's chunks land in this tick
+            chunks, self._chunks = self._chunks, []
+            ended, self._ended = self._ended, []
+            await self._publish(chunks, ended)
+
+    async def _publish(
+        self, chunks: list[tuple[RunningJob, TokenChunk, int]], ended: list[RunningJob]
+    ) -> None:
+        """One tick: the step's token events, finals of ended jobs, one round trip; then abort
+        what the API cancelled and acknowledge what ended."""
+        running_now = self._engine_running()
+        events: list[tuple[str, TokenEvent]] = []
+        expire: set[str] = set()  # a stream's first and last writes set its TTL
+        stepped: dict[str, RunningJob] = {}
+        for job, chunk, at_ms in chunks:
+            if not job.streamed:
+                expire.add(job.job_id)
+            events += [(job.job_id, e) for e in job.take(chunk, at_ms, running_now)]
+            stepped[job.job_id] = job
+        for job in ended:
+            if not job.abandoned:
+                events.append((job.job_id, job.final_event()))
+                expire.add(job.job_id)
+        ended_ids = {job.job_id for job in ended}
+        watch = [job_id for job_id in stepped if job_id not in ended_ids]
+        statuses = await until_done(lambda: self.tokens.write(events, expire, watch))
+        self._observe_step(chunks, len(stepped))
+        await self._abort_ended(statuses)
+        await self._finish(ended)
+
+    def _engine_running(self) -> int:
+        """Requests the engine decoded in its last step, where the engine reports it."""
+        stats = getattr(self.engine, "step_stats", None)
+        running = getattr(stats, "last_running", 0)
+        return int(running) if running else len(self.running)
+
+    def _observe_step(self, chunks: list[tuple[RunningJob, TokenChunk, int]], jobs: int) -> None:
+        partition = (self.config.name, self.variant)
+        if jobs:
+            BATCH_SIZE.labels(*partition).observe(jobs)
+        if tokens := sum(chunk.token_count for _, chunk, _ in chunks):
+            TOKENS.labels(*partition).inc(tokens)
+
+    async def _abort_ended(self, statuses: dict[str, str | None]) -> None:
+        """A job whose hash turned terminal behind our back (cancelled through the API) or
+        vanished is aborted: the engine frees its slot within one step."""
+        for job_id, status in statuses.items():
+            job = self.running.get(job_id)
+            if job is None or job.ended_as is not None:
+                continue
+            if status is None or status in TERMINAL_STATES:
+                job.ended_as = status or JobStatus.CANCELLED.value
+                log.info("aborting %s job", job.ended_as, extra={"job_id": job_id})
+                await self.engine.abort(job_id)
+
+    async def _finish(self, ended: list[RunningJob]) -> None:
+        by_stream: dict[str, list[Finish]] = defaultdict(list)
+        for job in ended:
+            self.running.pop(job.job_id, None)
+            if job.abandoned:
+                continue
+            by_stream[job.stream].append(
+                finish(self.config, self.variant, job.delivery, job.status, job.fields())
+            )
+            self._observe_job(job)
+        for stream, finishes in by_stream.items():
+            await self._settle(stream, finishes)
+        if ended:
+            self._slot_freed.set()
+
+    async def _settle(self, stream: str, finishes: list[Finish]) -> None:
+        """Write results, reply, XACK and XDEL in one script call, then count them."""
+        if finishes:
+            await until_done(lambda: self.writer.finish(stream, finishes))
+            record_batch(self.config.name, self.variant, finishes, [])
+
+    def _observe_job(self, job: RunningJob) -> None:
+        partition = (self.config.name, self.variant)
+        if (ttft := job.ttft_ms) is not None:
+            TTFT.labels(*partition).observe(ttft / 1e3)
+        if (tpot := job.tpot_ms) is not None:
+            TPOT.labels(*partition).observe(tpot / 1e3)
+
+    async def _touch_running(self) -> None:
+        """XCLAIM (JUSTID: the delivery count stays) the entries of running jobs."""
+        if time.monotonic() < self._next_touch or not self.running:
+            return
+        self._next_touch = time.monotonic() + self._touch_every_s
+        for stream, entry_ids in _entries_by_stream(self.running.values()).items():
+            await self.lanes.online.redis.xclaim(
+                stream, GROUP, self.lanes.online.consumer, 0, entry_ids, justid=True
+            )
+
+    async def _drain(self) -> None:
+        jobs = list(self.running.values())
+        tasks = [job.task for job in jobs if job.task is not None]
+        if not tasks:
+            return
+        await asyncio.wait(tasks, timeout=self.drain_s)
+        for job in jobs:
+            if job.task is not None and not job.task.done():
+                job.abandoned = True
+                log.warning("abandoning unfinished generation", extra={"job_id": job.job_id})
+                await self.engine.abort(job.job_id)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _entries_by_stream(jobs: Iterable[RunningJob]) -> dict[str, list[Any]]:
+    entries: dict[str, list[Any]] = defaultdict(list)
+    for job in jobs:
+        entries[job.stream].append(job.delivery.entry_id)
+    return entries

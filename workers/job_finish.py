@@ -1,0 +1,50 @@
+"""How a delivered entry ends, for every partition loop alike: entries that must not run
+(already ended, cancelled, gone) are only acknowledged, late ones expire, and every result
+carries the same timing and context fields."""
+
+from __future__ import annotations
+
+from shared.codec import dumps
+from shared.job_states import JobStatus
+from shared.job_store import now_ms
+from shared.model_repository import ModelConfig
+from workers.result_writer import Finish
+from workers.stream_reader import Delivery
+
+
+def skip_or_expire(config: ModelConfig, variant: str, delivery: Delivery) -> Finish | None:
+    """The Finish of an entry that must not run, or None when it should run."""
+    entry = delivery.entry
+    if entry is None or delivery.status != JobStatus.RUNNING:
+        return Finish(delivery.entry_id)
+    now = delivery.claimed_ms
+    max_wait_ms = config.queue.max_queue_time_s * 1000.0
+    if (entry.deadline_ms and now > entry.deadline_ms) or now - entry.enqueued_ms > max_wait_ms:
+        error = {"type": "DeadlineExceeded", "message": "job expired before it could run"}
+        fields = {"error": dumps(error).decode()}
+        return finish(config, variant, delivery, JobStatus.EXPIRED, fields)
+    return None
+
+
+def finish(
+    config: ModelConfig,
+    variant: str,
+    delivery: Delivery,
+    status: JobStatus,
+    fields: dict[str, str],
+) -> Finish:
+    """A result for the writer, with `finished`, `queue_wait_ms` and the reply's context."""
+    assert delivery.entry is not None
+    entry = delivery.entry
+    fields = {
+        **fields,
+        "finished": str(now_ms()),
+        "queue_wait_ms": str(delivery.claimed_ms - entry.enqueued_ms),
+    }
+    context = {
+        "model": config.name,
+        "variant": variant,
+        "created": str(entry.enqueued_ms),
+        "started": str(delivery.claimed_ms),
+    }
+    return Finish(delivery.entry_id, entry.job_id, entry.reply, status, fields, context)
