@@ -33,8 +33,10 @@ from workers.engines.registry import create_engine
 
 TITLE = "Micro-batching efficiency (minilm, ONNX Runtime on CPU)"
 NO_BATCHING = "max_batch_size 1"
-# An offered rate counts as past saturation when less than this share of it is achieved.
+# An offered rate counts as past saturation when less than this share of it is achieved; rates
+# stop rising after this many such points in a row (one alone may be a neighbour's burst).
 SATURATED = 0.9
+SATURATED_POINTS = 2
 IDENTITY_CONCURRENCY = 64
 BUCKETS = ((1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 10**9))
 VOCABULARY = (
@@ -80,9 +82,11 @@ def run(scale: Scale, workdir: Path) -> PartResult:
             f"{len(texts)} generated sentences of {_mean_tokens(texts):.1f} tokens on average, "
             "the same ones in-process and through the pipeline (one sentence per job). Pipeline "
             f"batching configurations use max_batch_size {best['batch_size']}, the engine's best "
-            "batch in this run. An offered rate is the last one tried for a configuration once "
-            f"under {SATURATED:.0%} of it is achieved; the achieved rate counts until the last "
-            "answer, so past saturation it is the configuration's capacity.",
+            "batch in this run. Offered is the arrivals actually sent per second; achieved is "
+            "answers per second between the first and the last answer, which past saturation is "
+            "the configuration's capacity. Rates stop rising for a configuration after "
+            f"{SATURATED_POINTS} rates in a row where under {SATURATED:.0%} of the offered rate "
+            "is achieved.",
             "Batch-size shares come from each answer's `batch_size` (jobs in a batch of size b "
             "÷ b = batches of size b).",
         ],
@@ -164,15 +168,21 @@ def pipeline_sweep(
     for index, (label, overrides) in enumerate(_configs(scale, best["batch_size"])):
         name = f"minilm-{index}"
         start_worker(stack, workdir, "minilm:default", name, {"minilm": overrides})
+        saturated = 0
         for fraction in scale.rate_fractions:
             point = _open_loop_point(
                 stack, target, scale, label, fraction * best["sentences_per_s"]
             )
             points.append(point)
-            if point["achieved_per_s"] < SATURATED * point["offered_per_s"]:
+            saturated = saturated + 1 if _saturated(point) else 0
+            if saturated == SATURATED_POINTS:
                 break
         stack.stop_process(name)
     return points
+
+
+def _saturated(point: dict[str, Any]) -> bool:
+    return bool(point["achieved_per_s"] < SATURATED * point["offered_per_s"])
 
 
 def _minilm_target(stack: Stack, texts: list[str]) -> LoadTarget:
@@ -189,8 +199,9 @@ def _open_loop_point(
     jobs = sum(size * count for size, count in batches.items())
     return {
         "config": label,
-        "offered_per_s": round(rate, 1),
-        "achieved_per_s": round(load.rps, 1),
+        "rate": round(rate, 1),
+        "offered_per_s": round(load.offered_rps, 1),
+        "achieved_per_s": round(load.achieved_rps, 1),
         "p50_ms": round(load.percentile_ms(50), 1),
         "p99_ms": round(load.percentile_ms(99), 1),
         "errors": load.errors,

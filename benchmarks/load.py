@@ -35,6 +35,10 @@ class LoadResult:
 
     elapsed_s: float = 0.0
     offered: int = 0
+    # Seconds over which the requests were sent (open loop: the arrival schedule).
+    sending_s: float = 0.0
+    first_done: float = 0.0
+    last_done: float = 0.0
     latencies_s: list[float] = field(default_factory=list)
     errors: int = 0
     dropped: int = 0
@@ -48,6 +52,18 @@ class LoadResult:
     @property
     def rps(self) -> float:
         return self.completed / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def offered_rps(self) -> float:
+        return self.offered / self.sending_s if self.sending_s > 0 else 0.0
+
+    @property
+    def achieved_rps(self) -> float:
+        """Answers per second between the first and the last answer: the offered rate while
+        the system keeps up (the answers trail the sends by one latency at both ends), its
+        capacity once it does not."""
+        span = self.last_done - self.first_done
+        return (self.completed - 1) / span if self.completed > 1 and span > 0 else 0.0
 
     def percentile_ms(self, q: float) -> float:
         if not self.latencies_s:
@@ -69,6 +85,8 @@ class LoadResult:
         if not ok:
             self.errors += 1
             return
+        self.last_done = time.perf_counter()
+        self.first_done = self.first_done or self.last_done
         self.latencies_s.append(latency_s)
         body = orjson.loads(payload)
         if "id" in body:
@@ -196,8 +214,7 @@ async def open_loop(
     seed: int = 0,
 ) -> LoadResult:
     """Poisson arrivals at `rate`/s for `seconds`; an arrival finding `max_in_flight` requests
-    outstanding is dropped (counted). `elapsed_s` ends at the last answer, so under overload the
-    achieved rate is the system's capacity, not the offered rate."""
+    outstanding is dropped (counted). See `achieved_rps` for what the system sustained."""
     rng = random.Random(seed)
     result = LoadResult()
     tasks: set[asyncio.Task[None]] = set()
@@ -213,6 +230,7 @@ async def open_loop(
             task = asyncio.create_task(target.send(result, scheduled))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+        result.sending_s = time.perf_counter() - begin
         if tasks:
             _, late = await asyncio.wait(set(tasks), timeout=drain_s)
             for task in late:

@@ -35,26 +35,24 @@ class Sampler:
     def __enter__(self) -> Sampler:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         for name, pid in self.pids.items():
-            output = self.out_dir / f"{name.replace(' ', '-')}.txt"
-            command = [
-                str(PY_SPY),
-                "record",
-                "--pid",
-                str(pid),
-                "--duration",
-                str(max(1, round(self.seconds))),
-                "--rate",
-                "100",
-                "--format",
-                "raw",
-                "--function",
-                "--nonblocking",
-                "--output",
-                str(output),
-            ]
-            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            self.runs[name] = (process, output)
+            self._start(name, pid)
         return self
+
+    def _start(self, name: str, pid: int) -> None:
+        output = self.out_dir / f"{name.replace(' ', '-')}.txt"
+        duration = str(max(1, round(self.seconds)))
+        command = [str(PY_SPY), "record", "--pid", str(pid), "--duration", duration]
+        command += ["--rate", "100", "--format", "raw", "--function", "--nonblocking"]
+        try:
+            process = subprocess.Popen(
+                [*command, "--output", str(output)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        except OSError as exc:  # py-spy not installed (the `bench` extra)
+            self.profiles[name] = {"error": f"py-spy did not start: {exc}"}
+            return
+        self.runs[name] = (process, output)
 
     def __exit__(
         self,

@@ -21,6 +21,8 @@ from rich.table import Table as RichTable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+# Written by hand after a full run (what the profiles and ratios mean); REPORT.md includes it.
+ANALYSIS = "ANALYSIS.md"
 PACKAGES = (
     "fastapi",
     "uvicorn",
@@ -207,6 +209,9 @@ def write_report(results_dir: Path) -> Path:
         lines += _machine_section(documents[-1])
     for document in documents:
         lines += _part_section(document)
+    analysis = results_dir / ANALYSIS
+    if analysis.is_file():
+        lines += ["## Where the time goes: analysis of this run", "", analysis.read_text()]
     path = results_dir / "REPORT.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -238,8 +243,8 @@ def _machine_section(document: dict[str, Any]) -> list[str]:
         "",
         f"- CPU: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), "
         f"{m['memory_gib']} GiB memory",
-        f"- load average when the last part started: {m['load_average']} "
-        "(other work on the machine shares these cores)",
+        "- other work shares these cores: each part gives the 1-minute load average when it "
+        "started",
         f"- {m['os']}, Python {m['python']}, commit {m['commit']}",
         f"- {packages}",
         "",
@@ -250,8 +255,8 @@ def _part_section(document: dict[str, Any]) -> list[str]:
     lines = [
         f"## {document['part']}. {document['title']}",
         "",
-        f"Scale `{document['scale']}`, started {document['started']}, "
-        f"took {document['duration_s']} s.",
+        f"Scale `{document['scale']}`, started {document['started']} (load average "
+        f"{document['machine']['load_average'][0]}), took {document['duration_s']} s.",
         "",
     ]
     for table in document["tables"]:

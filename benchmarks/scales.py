@@ -14,8 +14,10 @@ class Scale:
     warmup_s: float
     # Upper bound on requests per configuration, whatever the time.
     max_requests: int
-    # Part A: closed-loop concurrencies.
+    # Part A: closed-loop concurrencies, and rounds over all of them (the best round of each
+    # configuration counts: neighbours on a shared machine only ever slow a round down).
     concurrencies: tuple[int, ...]
+    rounds: int
     # Part B: engine batch sizes in-process; offered rates as fractions of the engine's best
     # throughput; max_queue_delay_ms settings of the pipeline.
     engine_batch_sizes: tuple[int, ...]
@@ -30,9 +32,10 @@ class Scale:
 FULL = Scale(
     name="full",
     seconds=4.0,
-    warmup_s=1.0,
+    warmup_s=0.5,
     max_requests=50_000,
     concurrencies=(1, 8, 32, 128),
+    rounds=2,
     engine_batch_sizes=(1, 2, 4, 8, 16, 32, 64),
     rate_fractions=(0.25, 0.5, 0.7, 0.85, 1.0, 1.2),
     queue_delays_ms=(0.0, 2.0, 5.0, 10.0),
@@ -46,6 +49,7 @@ QUICK = Scale(
     warmup_s=0.5,
     max_requests=20_000,
     concurrencies=(1, 8, 32, 128),
+    rounds=1,
     engine_batch_sizes=(1, 4, 16, 64),
     rate_fractions=(0.5, 0.85, 1.2),
     queue_delays_ms=(0.0, 2.0, 5.0, 10.0),
@@ -59,6 +63,7 @@ SMOKE = Scale(
     warmup_s=0.2,
     max_requests=500,
     concurrencies=(1, 8),
+    rounds=1,
     engine_batch_sizes=(1, 4),
     rate_fractions=(0.3, 1.2),
     queue_delays_ms=(2.0,),

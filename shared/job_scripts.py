@@ -23,6 +23,12 @@ local function claim(jk, now, worker)
   return 'running'
 end
 
+-- A finished job gives back its API key's in-flight slot (the hash names the slot's key).
+local function free_slot(jk, jid)
+  local slot = redis.call('HGET', jk, 'inflight')
+  if slot then redis.call('ZREM', slot, jid) end
+end
+
 local function field(fields, name)
   for i = 1, #fields, 2 do
     if fields[i] == name then return fields[i + 1] end
@@ -105,6 +111,7 @@ for _, e in ipairs(res[2]) do
       local err = cjson.encode({type = 'DeadLettered', message = reason})
       redis.call('HSET', jk, 'status', 'failed', 'error', err, 'finished', ARGV[6])
       redis.call('EXPIRE', jk, ARGV[8])
+      free_slot(jk, jid)
       local reply = field(fields, 'reply')
       if reply and reply ~= '' then
         local m = redis.call('HMGET', jk, 'model', 'variant')
@@ -134,7 +141,7 @@ FINISH = (
     + """
 local i = 4
 local ids = {}
-local written = 0
+local written = {}
 while i <= #ARGV do
   local eid, jid, reply, msg, status = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
   local n = tonumber(ARGV[i+5])
@@ -148,7 +155,8 @@ while i <= #ARGV do
       redis.call('HINCRBY', jk, 'writes', 1)
       redis.call('EXPIRE', jk, ARGV[2])
       if reply ~= '' then redis.call('PUBLISH', reply, msg) end
-      written = written + 1
+      free_slot(jk, jid)
+      table.insert(written, jid)
     end
   end
   i = i + 6 + n * 2
@@ -163,18 +171,19 @@ return written
 """
 )
 
-# KEYS[1]=job key; ARGV: target status, reply channel, message, ttl_s, field, value, ...
-# Returns {ok(0|1), status before}.
+# KEYS[1]=job key; ARGV: target status, reply channel, message, ttl_s, job id, field, value, ...
+# Returns {ok(0|1), status before}. A terminal target frees the job's in-flight slot.
 TRANSITION = (
     _PRELUDE
     + """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not can(cur, ARGV[1]) then return {0, cur or false} end
 local args = {'status', ARGV[1]}
-for j = 5, #ARGV do table.insert(args, ARGV[j]) end
+for j = 6, #ARGV do table.insert(args, ARGV[j]) end
 redis.call('HSET', KEYS[1], unpack(args))
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+if not ALLOWED[ARGV[1]] then free_slot(KEYS[1], ARGV[5]) end
 return {1, cur}
 """
 )

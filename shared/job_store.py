@@ -162,7 +162,14 @@ class JobStore:
         flat = [str(part) for pair in extra.items() for part in pair]
         ok, before = await self._transition(
             keys=[self.keys.job(job_id)],
-            args=[target.value, record.fields.get("reply", ""), message, self.ttl_s, *flat],
+            args=[
+                target.value,
+                record.fields.get("reply", ""),
+                message,
+                self.ttl_s,
+                job_id,
+                *flat,
+            ],
         )
         if not ok:
             current = before.decode() if isinstance(before, bytes) else None
@@ -183,7 +190,7 @@ class JobStore:
             for job_id in job_ids:
                 await self._transition(
                     keys=[self.keys.job(job_id)],
-                    args=[target.value, "", "", self.ttl_s, *flat],
+                    args=[target.value, "", "", self.ttl_s, job_id, *flat],
                     client=pipe,
                 )
             replies = await pipe.execute()

@@ -67,7 +67,7 @@ class Keys:
         return f"{self.prefix}batches:active"
 
     def api_key(self, key_id: str) -> str:
-        """One API key's record (hash): sha-256 of the key, tenant, scopes, limits; never the key."""
+        """One API key's record (hash): sha-256 of the key, tenant, scopes, limits; no key."""
         return f"{self.prefix}apikey:{key_id}"
 
     @property

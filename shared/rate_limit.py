@@ -127,10 +127,10 @@ class RateLimiter:
 
 class InFlightLimiter:
     """Jobs a key has queued or running, as a sorted set of job ids. The producer adds a job at
-    admission and removes it when it cancels one; jobs that end on a worker are pruned here
-    when the set reaches its cap (so the cap is never exceeded; a finished job may hold its
-    slot until the next prune), or removed at once by the worker hook proposed in the
-    report (ZREM of the job hash's `inflight` field in the write-back script)."""
+    admission and removes it when it cancels one. Jobs that end on a worker are pruned when
+    the set reaches its cap, so the cap is never exceeded and needs no worker change; a
+    write-back script may also free the slot at once (ZREM of the job id from the set the job
+    hash names in its `inflight` field; ZREM is idempotent, so every terminal path may)."""
 
     SCAN = 64
     GRACE_MS = 10_000
@@ -151,6 +151,3 @@ class InFlightLimiter:
 
     async def release(self, key_id: str, job_id: str) -> None:
         await self.redis.zrem(self.keys.in_flight(key_id), job_id)
-
-    async def count(self, key_id: str) -> int:
-        return int(await self.redis.zcard(self.keys.in_flight(key_id)))

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,8 @@ def _call(
     client: httpx.Client, method: str, path: str, headers: dict[str, str] | None = None
 ) -> httpx.Response:
     body = JOB if path == "/v1/jobs" else {"inputs": {"x": 1}}
-    kwargs: dict[str, Any] = {"headers": headers or {}}
+    # No worker serves these jobs: a submit-and-wait gives up at once instead of after 30 s.
+    kwargs: dict[str, Any] = {"headers": headers or {}, "params": {"timeout": 0.01}}
     if method in ("POST", "PUT", "PATCH"):
         kwargs["json"] = body
     return client.request(method, path, **kwargs)
@@ -139,7 +140,7 @@ def test_another_tenants_job_is_404_on_every_job_route(
 
 def test_idempotency_keys_are_per_tenant(api: httpx.Client, keys: dict[str, str]) -> None:
     header = {"Idempotency-Key": f"retry-{uuid.uuid4().hex}"}
-    ids = {}
+    ids: dict[str, set[str]] = {}
     for tenant in ("acme", "beta"):
         for _ in range(2):
             response = api.post("/v1/jobs", json=JOB, headers={**_bearer(keys[tenant]), **header})
@@ -202,18 +203,19 @@ def test_cli_create_list_revoke(auth_stack: Stack, api: httpx.Client) -> None:
 
 def _everything_stored(client: redis.Redis) -> bytes:
     """Every key name and value in the database, whatever its type, as one blob."""
-    readers = {
-        b"string": lambda k: [client.get(k)],
-        b"hash": lambda k: [p for kv in client.hgetall(k).items() for p in kv],
-        b"set": lambda k: list(client.smembers(k)),
-        b"zset": lambda k: [m for m, _ in client.zrange(k, 0, -1, withscores=True)],
-        b"list": lambda k: client.lrange(k, 0, -1),
-        b"stream": lambda k: [p for _, f in client.xrange(k) for kv in f.items() for p in kv],
+    r: Any = client  # redis-py types sync replies as unions with awaitables
+    readers: dict[bytes, Callable[[bytes], list[Any]]] = {
+        b"string": lambda k: [r.get(k)],
+        b"hash": lambda k: [p for kv in r.hgetall(k).items() for p in kv],
+        b"set": lambda k: list(r.smembers(k)),
+        b"zset": lambda k: [m for m, _ in r.zrange(k, 0, -1, withscores=True)],
+        b"list": lambda k: list(r.lrange(k, 0, -1)),
+        b"stream": lambda k: [p for _, f in r.xrange(k) for kv in f.items() for p in kv],
     }
-    blob = []
-    for name in client.scan_iter(count=1000):
+    blob: list[bytes] = []
+    for name in r.scan_iter(count=1000):
         blob.append(name)
-        blob.extend(v for v in readers[client.type(name)](name) if isinstance(v, bytes))
+        blob.extend(v for v in readers[r.type(name)](name) if isinstance(v, bytes))
     return b"\n".join(blob)
 
 

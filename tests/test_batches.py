@@ -138,7 +138,7 @@ def _canary_lines(count: int) -> str:
 
 
 def _hgets(client: redis.Redis) -> int:
-    stats: dict[str, Any] = client.info("commandstats")  # type: ignore[assignment]
+    stats: dict[str, Any] = client.info("commandstats")
     return int(stats.get("cmdstat_hget", {}).get("calls", 0))
 
 

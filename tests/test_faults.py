@@ -91,7 +91,7 @@ def _faulty(inputs: dict[str, Any]) -> dict[str, Any]:
 def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: redis.Redis) -> None:
     victim = fault_stack.start_worker("faulty", name="victim")
     survivor = fault_stack.start_worker("faulty", name="survivor")
-    bodies = [_faulty({"n": i, "sleep_ms": 40}) for i in range(600)]
+    bodies = [_faulty({"n": i, "sleep_ms": 100}) for i in range(600)]
     killed: dict[str, int] = {}
 
     def kill_mid_batch() -> None:
@@ -101,7 +101,10 @@ def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: r
             pending = r.xpending_range(STREAM, "workers", "-", "+", 1000, consumer)
             if len(pending) >= 2:
                 os.kill(victim, signal.SIGKILL)
-                killed["pending"] = len(pending)
+                fault_stack.processes["victim"].wait()
+                # what the dead consumer still owns once it is gone: these must be reclaimed
+                left = r.xpending_range(STREAM, "workers", "-", "+", 1000, consumer)
+                killed["pending"] = len(left)
                 return
             time.sleep(0.005)
 
@@ -110,7 +113,7 @@ def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: r
     try:
         ids = asyncio.run(_submit_many(fault_stack.base_url, bodies, rate=300))
         killer.join()
-        assert killed.get("pending", 0) >= 2, "the victim was never caught mid-batch"
+        assert killed.get("pending", 0) >= 1, "the victim was never caught mid-batch"
         jobs = _wait_terminal(r, ids)
     finally:
         fault_stack.stop_process("survivor")
@@ -118,7 +121,7 @@ def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: r
     assert [j["status"] for j in jobs] == ["succeeded"] * len(ids)
     assert [j["writes"] for j in jobs] == ["1"] * len(ids)
     reclaimed = [j for j in jobs if int(j["attempts"]) > 1]
-    assert len(reclaimed) >= killed["pending"] - 1
+    assert len(reclaimed) >= killed["pending"]
     assert all(j["worker"] == fault_stack.consumer_name(survivor) for j in reclaimed)
     assert r.xlen(STREAM) == 0
 

@@ -69,7 +69,7 @@ async def _flood(client: httpx.AsyncClient, key: str, until: float, admitted: li
 async def _quiet(client: httpx.AsyncClient, key: str, until: float) -> list[str]:
     """A well-behaved tenant: one job every QUIET_EVERY_S while the flood runs."""
     start = time.monotonic() + 1.0  # let the flood fill the partition first
-    ids = []
+    ids: list[str] = []
     while (due := start + len(ids) * QUIET_EVERY_S) < until:
         await asyncio.sleep(max(0.0, due - time.monotonic()))
         response = await client.post("/v1/jobs", json=_job(), headers={"X-API-Key": key})
@@ -102,8 +102,9 @@ async def _scenario(base_url: str, flooder: str, quiet: str) -> tuple[int, list[
         until = time.monotonic() + FLOOD_S
         admitted: list[str] = []
         floods = [_flood(client, flooder, until, admitted) for _ in range(8)]
-        *_, ids = await asyncio.gather(*floods, _quiet(client, quiet, until))
-        return len(admitted), await _queue_waits(client, quiet, ids)
+        quiet_ids = asyncio.ensure_future(_quiet(client, quiet, until))
+        await asyncio.gather(quiet_ids, *floods)
+        return len(admitted), await _queue_waits(client, quiet, quiet_ids.result())
 
 
 def test_a_flooding_tenant_leaves_the_other_within_the_bound(fair_stack: Stack) -> None:

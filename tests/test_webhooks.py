@@ -181,3 +181,39 @@ def test_signatures_reject_tampering_and_stale_timestamps() -> None:
             verify(secret, payload, header, tolerance_s=300, now=now)
     with pytest.raises(InvalidSignature):
         verify(SECRET, body, "v1=abc")
+
+
+def test_job_webhooks_fire_once_on_success_and_on_cancel(
+    hook_stack: Stack, receiver: Receiver
+) -> None:
+    url = f"{receiver.base}/hooks/jobs"
+    done = httpx.post(
+        f"{hook_stack.base_url}/v1/jobs",
+        json={"model": "identity", "inputs": {"n": 1}, "webhook": url},
+        params={"wait": 30},
+    ).json()
+    assert done["status"] == "succeeded"
+    queued = httpx.post(
+        f"{hook_stack.base_url}/v1/jobs",
+        json={"model": "identity", "variant": "canary", "inputs": {}, "webhook": url},
+    ).json()
+    httpx.delete(f"{hook_stack.base_url}/v1/jobs/{queued['id']}")
+
+    def two_deliveries() -> list[dict[str, Any]] | None:
+        got = [d for d in receiver.deliveries if d["path"] == "/hooks/jobs"]
+        return got if len(got) >= 2 else None
+
+    deliveries = _until(two_deliveries)
+    for delivery in deliveries:
+        verify(SECRET, delivery["body"], delivery["headers"][HEADER])
+    events = {json.loads(d["body"])["data"]["id"]: json.loads(d["body"]) for d in deliveries}
+    assert events[done["id"]]["type"] == "job.succeeded"
+    assert events[done["id"]]["data"]["outputs"] == {"n": 1}
+    assert events[queued["id"]]["type"] == "job.cancelled"
+    time.sleep(1.0)
+    assert len([d for d in receiver.deliveries if d["path"] == "/hooks/jobs"]) == 2
+    refused = httpx.post(
+        f"{hook_stack.base_url}/v1/jobs",
+        json={"model": "identity", "inputs": {}, "webhook": "http://169.254.169.254/x"},
+    )
+    assert refused.status_code == 422 and "ALLOWLIST" in refused.json()["error"]["message"]

@@ -13,6 +13,7 @@ from shared.model_repository import ModelConfig
 from workers.batch_executor import Outcome, execute
 from workers.batch_telemetry import batch_span, log_batch, record_batch, tracer
 from workers.engines.base import BatchEngine
+from workers.job_webhooks import JobWebhooks
 from workers.lane_scheduler import LaneScheduler
 from workers.reclaim import Reclaimer
 from workers.redis_backoff import OUTAGE, Backoff, until_done
@@ -31,6 +32,7 @@ class BatchingLoop:
         lanes: LaneScheduler,
         writer: ResultWriter,
         reclaimers: list[Reclaimer],
+        webhooks: JobWebhooks,
         block_ms: int,
     ) -> None:
         self.config = config
@@ -39,6 +41,7 @@ class BatchingLoop:
         self.lanes = lanes
         self.writer = writer
         self.reclaimers = reclaimers
+        self.webhooks = webhooks
         self.block_ms = block_ms
         self.stopping = asyncio.Event()
 
@@ -81,7 +84,8 @@ class BatchingLoop:
                 outcomes = await execute(self.engine, inputs)
             finishes += [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
             with tracer.start_as_current_span("write"):
-                await until_done(lambda: self.writer.finish(stream, finishes))
+                written = await until_done(lambda: self.writer.finish(stream, finishes))
+        await self.webhooks.notify(written)
         record_batch(model, variant, finishes, outcomes)
         if runnable:
             log_batch(model, runnable, outcomes)
@@ -123,4 +127,7 @@ class BatchingLoop:
             "created": str(entry.enqueued_ms),
             "started": str(delivery.claimed_ms),
         }
-        return Finish(delivery.entry_id, entry.job_id, entry.reply, status, fields, context)
+        webhook = str(entry.payload.get("webhook", ""))
+        return Finish(
+            delivery.entry_id, entry.job_id, entry.reply, status, fields, context, webhook
+        )

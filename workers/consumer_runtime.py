@@ -20,6 +20,7 @@ from workers.batching_loop import BatchingLoop
 from workers.engines.base import BatchEngine, GenerateEngine
 from workers.engines.registry import create_engine
 from workers.generate_loop import GenerateLoop
+from workers.job_webhooks import JobWebhooks
 from workers.lane_scheduler import LaneScheduler
 from workers.reclaim import Reclaimer
 from workers.result_writer import ResultWriter
@@ -111,6 +112,7 @@ class ConsumerRuntime:
             for s in streams
         ]
         lanes = LaneScheduler(readers[0], readers[1], config.bulk_share)
+        webhooks = JobWebhooks(self.settings.redis_url)
         if isinstance(engine, GenerateEngine):
             tokens = TokenWriter(client, self.keys, self.settings.result_ttl_s)
             drain_s = max(0.0, self.settings.shutdown_grace_s - ENGINE_CLOSE_S)
@@ -122,11 +124,12 @@ class ConsumerRuntime:
                 writer,
                 tokens,
                 reclaimers,
+                webhooks,
                 self.settings.block_ms,
                 drain_s,
             )
         return BatchingLoop(
-            config, variant, engine, lanes, writer, reclaimers, self.settings.block_ms
+            config, variant, engine, lanes, writer, reclaimers, webhooks, self.settings.block_ms
         )
 
     async def _load_engine(self, config: ModelConfig, variant: str) -> BatchEngine | GenerateEngine:

