@@ -14,9 +14,10 @@ class Scale:
     warmup_s: float
     # Upper bound on requests per configuration, whatever the time.
     max_requests: int
-    # Part A: closed-loop concurrencies, and rounds over all of them (the best round of each
-    # configuration counts: neighbours on a shared machine only ever slow a round down).
+    # Part A: closed-loop concurrencies.
     concurrencies: tuple[int, ...]
+    # Rounds over A's configurations and B's engine batch sizes, interleaved; the best round of
+    # each counts (neighbours on a shared machine only ever slow a round down).
     rounds: int
     # Part B: engine batch sizes in-process; offered rates as fractions of the engine's best
     # throughput; max_queue_delay_ms settings of the pipeline.

@@ -8,11 +8,11 @@ import logging
 
 from shared.codec import dumps
 from shared.job_states import JobStatus
-from shared.job_store import now_ms
 from shared.model_repository import ModelConfig
 from workers.batch_executor import Outcome, execute
 from workers.batch_telemetry import batch_span, log_batch, record_batch, tracer
 from workers.engines.base import BatchEngine
+from workers.job_finish import finish, skip_or_expire
 from workers.job_webhooks import JobWebhooks
 from workers.lane_scheduler import LaneScheduler
 from workers.reclaim import Reclaimer
@@ -91,15 +91,7 @@ class BatchingLoop:
             log_batch(model, runnable, outcomes)
 
     def _skip_or_expire(self, delivery: Delivery) -> Finish | None:
-        entry = delivery.entry
-        if entry is None or delivery.status != JobStatus.RUNNING:
-            return Finish(delivery.entry_id)
-        now = delivery.claimed_ms
-        max_wait_ms = self.config.queue.max_queue_time_s * 1000.0
-        if (entry.deadline_ms and now > entry.deadline_ms) or now - entry.enqueued_ms > max_wait_ms:
-            error = {"type": "DeadlineExceeded", "message": "job expired before it could run"}
-            return self._finish(delivery, JobStatus.EXPIRED, {"error": dumps(error).decode()})
-        return None
+        return skip_or_expire(self.config, self.variant, delivery)
 
     def _result(self, delivery: Delivery, outcome: Outcome) -> Finish:
         fields = {
@@ -114,20 +106,4 @@ class BatchingLoop:
         return self._finish(delivery, JobStatus.SUCCEEDED, fields)
 
     def _finish(self, delivery: Delivery, status: JobStatus, fields: dict[str, str]) -> Finish:
-        assert delivery.entry is not None
-        entry = delivery.entry
-        fields = {
-            **fields,
-            "finished": str(now_ms()),
-            "queue_wait_ms": str(delivery.claimed_ms - entry.enqueued_ms),
-        }
-        context = {
-            "model": self.config.name,
-            "variant": self.variant,
-            "created": str(entry.enqueued_ms),
-            "started": str(delivery.claimed_ms),
-        }
-        webhook = str(entry.payload.get("webhook", ""))
-        return Finish(
-            delivery.entry_id, entry.job_id, entry.reply, status, fields, context, webhook
-        )
+        return finish(self.config, self.variant, delivery, status, fields)

@@ -10,7 +10,17 @@ from typing import Any
 from shared.model_repository import ModelConfig
 
 
-class BatchEngine(ABC):
+class EngineBase(ABC):  # noqa: B024 (the two kinds below declare the abstract methods)
+    """What every engine is built from: its model's config, variant and artifact folder."""
+
+    def __init__(self, config: ModelConfig, variant: str, artifact_dir: str) -> None:
+        self.config = config
+        self.variant = variant
+        self.artifact_dir = artifact_dir
+        self.parameters = config.variant_parameters(variant)
+
+
+class BatchEngine(EngineBase):
     """Dynamic-batching engine: one `infer` call per micro-batch, outputs in input order.
 
     `inline` engines are cheap enough to run on the event loop; others run in a thread so the
@@ -18,12 +28,6 @@ class BatchEngine(ABC):
     """
 
     inline: bool = False
-
-    def __init__(self, config: ModelConfig, variant: str, artifact_dir: str) -> None:
-        self.config = config
-        self.variant = variant
-        self.artifact_dir = artifact_dir
-        self.parameters = config.variant_parameters(variant)
 
     @abstractmethod
     def load(self) -> None:
@@ -67,14 +71,8 @@ class TokenChunk:
     completion_tokens: int = 0
 
 
-class GenerateEngine(ABC):
+class GenerateEngine(EngineBase):
     """Continuous-batching engine: many concurrent `generate` streams share the engine."""
-
-    def __init__(self, config: ModelConfig, variant: str, artifact_dir: str) -> None:
-        self.config = config
-        self.variant = variant
-        self.artifact_dir = artifact_dir
-        self.parameters = config.variant_parameters(variant)
 
     @abstractmethod
     async def load(self) -> None:
