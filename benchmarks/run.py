@@ -30,6 +30,7 @@ from benchmarks.scales import FULL, QUICK, SCALES, Scale
 PARTS = {
     "A": "benchmarks.pipeline_overhead",
     "B": "benchmarks.batching_efficiency",
+    "C": "benchmarks.llm_streaming",
     "D": "benchmarks.redis_cost",
 }
 

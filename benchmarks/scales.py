@@ -28,6 +28,12 @@ class Scale:
     redis_jobs: int
     # Seconds py-spy samples the pipeline's processes for the "where the time goes" section.
     profile_s: float
+    # Part C: concurrent streams; generations per concurrency (at least `llm_rounds` per
+    # client); max_tokens of each greedy generation.
+    llm_streams: tuple[int, ...]
+    llm_requests: int
+    llm_rounds: int
+    llm_max_tokens: int
 
 
 FULL = Scale(
@@ -42,6 +48,10 @@ FULL = Scale(
     queue_delays_ms=(0.0, 2.0, 5.0, 10.0),
     redis_jobs=2_000,
     profile_s=5.0,
+    llm_streams=(1, 4, 16),
+    llm_requests=8,
+    llm_rounds=2,
+    llm_max_tokens=48,
 )
 
 QUICK = Scale(
@@ -56,6 +66,10 @@ QUICK = Scale(
     queue_delays_ms=(0.0, 2.0, 5.0, 10.0),
     redis_jobs=500,
     profile_s=2.0,
+    llm_streams=(1, 4, 16),
+    llm_requests=4,
+    llm_rounds=1,
+    llm_max_tokens=32,
 )
 
 SMOKE = Scale(
@@ -70,6 +84,11 @@ SMOKE = Scale(
     queue_delays_ms=(2.0,),
     redis_jobs=200,
     profile_s=1.0,
+    # C still starts vLLM twice (45-100 s each here): the smoke test runs it only on request.
+    llm_streams=(1, 2),
+    llm_requests=2,
+    llm_rounds=1,
+    llm_max_tokens=4,
 )
 
 SCALES = {scale.name: scale for scale in (FULL, QUICK, SMOKE)}

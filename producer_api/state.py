@@ -24,6 +24,12 @@ class ProducerState:
     replies: ReplyListener
 
 
-def producer_state(request: Request) -> ProducerState:
+def state_of(request: Request) -> ProducerState:
     state: ProducerState = request.app.state.conveyor
     return state
+
+
+async def producer_state(request: Request) -> ProducerState:
+    """The dependency form. Async on purpose: FastAPI runs plain `def` dependencies in its
+    thread pool, a thread hand-off per request on the hot path."""
+    return state_of(request)

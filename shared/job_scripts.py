@@ -38,21 +38,26 @@ end
 """
 )
 
-# KEYS[1]=stream; ARGV: group, consumer, count, job-key prefix, now_ms.
-# Non-blocking XREADGROUP plus claim in one round trip; returns {entry_id, fields, status} triples.
+# KEYS: streams in order of preference (lanes); ARGV: group, consumer, count, job-key prefix,
+# now_ms. Non-blocking XREADGROUP of the first stream that has new entries, plus claim, in one
+# round trip; returns {index of that stream (0: none), {entry_id, fields, status} triples}.
 TAKE = (
     _PRELUDE
     + """
-local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
-                       'STREAMS', KEYS[1], '>')
-if not res then return {} end
-local out = {}
-for _, e in ipairs(res[1][2]) do
-  local jid = field(e[2], 'id')
-  local status = jid and claim(ARGV[4] .. jid, ARGV[5], ARGV[2]) or 'missing'
-  table.insert(out, {e[1], e[2], status})
+for k = 1, #KEYS do
+  local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
+                         'STREAMS', KEYS[k], '>')
+  if res then
+    local out = {}
+    for _, e in ipairs(res[1][2]) do
+      local jid = field(e[2], 'id')
+      local status = jid and claim(ARGV[4] .. jid, ARGV[5], ARGV[2]) or 'missing'
+      table.insert(out, {e[1], e[2], status})
+    end
+    return {k, out}
+  end
 end
-return out
+return {0, {}}
 """
 )
 

@@ -9,7 +9,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from shared.keys import GROUP
-from workers.stream_reader import Delivery, StreamReader
+from workers.stream_reader import Delivery, StreamReader, take_first
 
 
 class LaneScheduler:
@@ -22,18 +22,19 @@ class LaneScheduler:
     async def next_batch(
         self, max_items: int, delay_ms: float, block_ms: int
     ) -> list[tuple[StreamReader, list[Delivery]]]:
-        """One micro-batch (rarely two, when a blocking read returns from both lanes)."""
-        if self.credit >= 1.0:
-            if bulk := await self.bulk.take(max_items):
-                self.credit -= 1.0
-                return [(self.bulk, await self.bulk.gather(bulk, max_items, delay_ms))]
-            self.credit = 0.0
-        if online := await self.online.take(max_items):
-            self.credit = min(self.credit + self.bulk_share, 1.0)
-            return [(self.online, await self.online.gather(online, max_items, delay_ms))]
-        if bulk := await self.bulk.take(max_items):
-            return [(self.bulk, await self.bulk.gather(bulk, max_items, delay_ms))]
-        return await self._wait_either(max_items, delay_ms, block_ms)
+        """One micro-batch (rarely two, when a blocking read returns from both lanes). Under
+        load this is one round trip: the lane preferred now, else the other, in one script."""
+        bulk_turn = self.credit >= 1.0
+        order = [self.bulk, self.online] if bulk_turn else [self.online, self.bulk]
+        reader, batch = await take_first(order, max_items)
+        if reader is None:
+            return await self._wait_either(max_items, delay_ms, block_ms)
+        if reader is self.online:
+            # the bulk lane was empty on its turn, or it was online's turn
+            self.credit = 0.0 if bulk_turn else min(self.credit + self.bulk_share, 1.0)
+        elif bulk_turn:
+            self.credit -= 1.0
+        return [(reader, await reader.gather(batch, max_items, delay_ms))]
 
     async def _wait_either(
         self, max_items: int, delay_ms: float, block_ms: int

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,13 +50,7 @@ class StreamReader:
 
     async def take(self, count: int) -> list[Delivery]:
         """Non-blocking read of up to `count` new entries, claimed atomically."""
-        now = now_ms()
-        rows = await self._guarded(
-            self._take,
-            keys=[self.stream],
-            args=[GROUP, self.consumer, count, self.keys.job_prefix, now],
-        )
-        return [decode_delivery(eid, fields, status, now) for eid, fields, status in rows or []]
+        return (await take_first([self], count))[1]
 
     async def wait(self, count: int, block_ms: int) -> list[Delivery]:
         """Block up to `block_ms` for new entries, then claim what arrived."""
@@ -116,6 +111,31 @@ class StreamReader:
             log.warning("consumer group missing on %s; recreating", self.stream)
             await self.ensure_group()
             return None
+
+
+async def take_first(
+    readers: Sequence[StreamReader], count: int
+) -> tuple[StreamReader | None, list[Delivery]]:
+    """One round trip: up to `count` new entries of the first reader's stream that has any
+    (the lanes of a partition, in the order the scheduler prefers), claimed atomically."""
+    first = readers[0]
+    now = now_ms()
+    try:
+        index, rows = await first._take(
+            keys=[reader.stream for reader in readers],
+            args=[GROUP, first.consumer, count, first.keys.job_prefix, now],
+        )
+    except ResponseError as exc:
+        if "NOGROUP" not in str(exc):
+            raise
+        log.warning("a consumer group is missing; recreating")
+        for reader in readers:
+            await reader.ensure_group()
+        return None, []
+    if not index:
+        return None, []
+    deliveries = [decode_delivery(eid, fields, status, now) for eid, fields, status in rows]
+    return readers[index - 1], deliveries
 
 
 def _text(value: bytes | str) -> str:

@@ -15,7 +15,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.errors import ConveyorError, ErrorBody
-from producer_api.state import ProducerState, producer_state
+from producer_api.state import ProducerState, state_of
 from shared.api_keys import ApiKeyStore, Scope
 from shared.rate_limit import RateLimiter
 
@@ -73,7 +73,7 @@ def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
         bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
         header: Annotated[str | None, Security(_HEADER)],
     ) -> Principal:
-        state = producer_state(request)
+        state = state_of(request)
         principal = await authenticate(state, _presented(bearer, header))
         if not principal.may(scope):
             raise ConveyorError(403, "forbidden", f"this API key lacks the {scope!r} scope")

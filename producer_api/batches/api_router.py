@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -36,12 +36,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _service(scope: Scope) -> Callable[..., BatchesService]:
+def _service(scope: Scope) -> Callable[..., Awaitable[BatchesService]]:
     """A BatchesService acting for the caller, who must hold `scope`."""
 
     caller = Depends(require(scope))  # a default, not an annotation: annotations are strings
 
-    def dependency(
+    async def dependency(
         request: Request,
         state: Annotated[ProducerState, Depends(producer_state)],
         principal: Principal = caller,

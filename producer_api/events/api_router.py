@@ -25,7 +25,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def events_service(
+async def events_service(
     state: Annotated[ProducerState, Depends(producer_state)],
     principal: Annotated[Principal, Depends(require("read"))],
 ) -> EventsService:

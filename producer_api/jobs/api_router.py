@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
@@ -23,12 +23,12 @@ IDEMPOTENCY_KEY = Header(
 WAIT = Query(default=0.0, ge=0, le=600, description="Seconds to wait for a terminal state")
 
 
-def _service(scope: Scope) -> Callable[..., JobsService]:
+def _service(scope: Scope) -> Callable[..., Awaitable[JobsService]]:
     """A JobsService acting for the caller, who must hold `scope`."""
 
     caller = Depends(require(scope))  # a default, not an annotation: annotations are strings
 
-    def dependency(
+    async def dependency(
         state: Annotated[ProducerState, Depends(producer_state)], principal: Principal = caller
     ) -> JobsService:
         return JobsService(state, principal)

@@ -40,7 +40,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def openai_service(
+async def openai_service(
     state: Annotated[ProducerState, Depends(producer_state)],
     principal: Annotated[Principal, Depends(require("submit"))],
 ) -> OpenAIService:
