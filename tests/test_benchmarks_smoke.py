@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -101,20 +100,3 @@ def test_part_d_redis_cost(tmp_path: Path) -> None:
         assert load["batches"] > 0 and load["mean_batch"] >= 1
         assert load["write_back_per_batch"] > 0 and load["read_per_batch"] > 0
     assert all(v > 0 for v in data["commands_per_job"].values())
-
-
-@pytest.mark.skipif(
-    os.environ.get("CONVEYOR_BENCH_LLM") != "1",
-    reason="part C starts vLLM twice (45-100 s each on 2 cores), too slow for a smoke run; "
-    "set CONVEYOR_BENCH_LLM=1 to run it",
-)
-def test_part_c_llm_streaming(tmp_path: Path) -> None:
-    document = _run("C", tmp_path)
-    _check_common(document, "C", tmp_path)
-    runs = document["data"]["runs"]
-    assert {(r["system"], r["concurrency"]) for r in runs} == {
-        (s, c) for s in ("pipeline (SSE)", "engine in-process") for c in SMOKE.llm_streams
-    }
-    for run in runs:
-        assert run["generations"] >= SMOKE.llm_requests and run["tokens"] > 0, run
-        assert run["tokens_per_s"] > 0 and run["ttft_p50_ms"] > 0
