@@ -100,3 +100,15 @@ def test_part_d_redis_cost(tmp_path: Path) -> None:
         assert load["batches"] > 0 and load["mean_batch"] >= 1
         assert load["write_back_per_batch"] > 0 and load["read_per_batch"] > 0
     assert all(v > 0 for v in data["commands_per_job"].values())
+
+
+def test_part_c_llm_streaming(tmp_path: Path) -> None:
+    document = _run("C", tmp_path)
+    _check_common(document, "C", tmp_path)
+    runs = document["data"]["runs"]
+    assert {(r["system"], r["concurrency"]) for r in runs} == {
+        (s, c) for s in ("pipeline (SSE)", "engine in-process") for c in SMOKE.llm_streams
+    }
+    for run in runs:
+        assert run["generations"] >= SMOKE.llm_requests and run["tokens"] > 0, run
+        assert run["tokens_per_s"] > 0 and run["ttft_p50_ms"] > 0
