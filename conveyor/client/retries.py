@@ -22,6 +22,7 @@ class RetryEvent:
     attempt: int
     delay_s: float
     reason: str
+    retry_after_s: float | None = None  # what the server asked for, when it said
 
 
 OnRetry = Callable[[RetryEvent], None]
@@ -65,7 +66,7 @@ class RetryPolicy:
         else:
             # never earlier than asked; a little later, so clients told the same do not collide
             delay = asked + random.uniform(0, min(1.0, asked * 0.1))
-        return RetryEvent(attempt + 1, delay, f"HTTP {response.status_code}")
+        return RetryEvent(attempt + 1, delay, f"HTTP {response.status_code}", asked)
 
     def after_error(
         self, attempt: int, error: httpx.TransportError, repeatable: bool
