@@ -21,6 +21,7 @@ import redis
 from conveyor.stack import Stack
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
+from tests.test_llm_engine import QUESTIONS
 from workers.engines.base import GenerateRequest
 from workers.engines.registry import create_engine
 from workers.engines.vllm_engine import VllmEngine
@@ -31,16 +32,6 @@ PARIS = [{"role": "user", "content": "What is the capital of France?"}]
 POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
 ONCE = "Once upon a time"
-QUESTIONS = [
-    "What is the capital of France?",
-    "Name three colors.",
-    "What is 2 + 2?",
-    "Say hello in Spanish.",
-    "What is the largest planet?",
-    "Give me a word that rhymes with cat.",
-    "What do bees make?",
-    "How many days are in a week?",
-]
 # What the engine is asked directly and through the pipeline, greedy: name → (request, tokens).
 REFERENCE: dict[str, tuple[dict[str, Any], int]] = {
     "paris": ({"messages": PARIS}, 32),
