@@ -94,7 +94,8 @@ return {1, length + 1}
 # KEYS[1]=stream, KEYS[2]=dead-letter stream; ARGV: group, consumer, min_idle_ms, count,
 # job-key prefix, now_ms, max_deliveries, ttl_s. Takes over entries idle past the visibility
 # timeout (a dead or stuck consumer's); past max_deliveries they move to the DLQ and their job
-# fails with the reason, otherwise they are claimed for running again.
+# fails with the reason (row status 'dead'; 'dead-ended' when the job had already ended),
+# otherwise they are claimed for running again.
 RECLAIM = (
     _PRELUDE
     + """
@@ -112,7 +113,9 @@ for _, e in ipairs(res[2]) do
     for i = 1, #fields do table.insert(dead, fields[i]) end
     redis.call('XADD', KEYS[2], '*', unpack(dead))
     local jk = jid and (ARGV[5] .. jid)
+    local fate = 'dead-ended'
     if jk and can(redis.call('HGET', jk, 'status'), 'failed') then
+      fate = 'dead'
       local err = cjson.encode({type = 'DeadLettered', message = reason})
       redis.call('HSET', jk, 'status', 'failed', 'error', err, 'finished', ARGV[6])
       redis.call('EXPIRE', jk, ARGV[8])
@@ -126,7 +129,7 @@ for _, e in ipairs(res[2]) do
     end
     redis.call('XACK', KEYS[1], ARGV[1], eid)
     redis.call('XDEL', KEYS[1], eid)
-    table.insert(out, {eid, fields, 'dead'})
+    table.insert(out, {eid, fields, fate})
   else
     local status = jid and claim(ARGV[5] .. jid, ARGV[6], ARGV[2]) or 'missing'
     table.insert(out, {eid, fields, status})

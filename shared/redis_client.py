@@ -12,11 +12,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
-def connect(url: str, max_connections: int = 64) -> aioredis.Redis:
+def connect(url: str, max_connections: int = 64, name: str | None = None) -> aioredis.Redis:
     """A client whose commands retry a few times (jittered backoff capped at 1 s) before they
-    raise; callers map what still fails to 503 or to their own backoff."""
+    raise; callers map what still fails to 503 or to their own backoff. `name` labels its
+    connections in CLIENT LIST (a worker uses its consumer name)."""
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        client_name=name,
         max_connections=max_connections,
         timeout=10,
         retry=Retry(ExponentialWithJitterBackoff(base=0.02, cap=1.0), retries=3),

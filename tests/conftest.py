@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,13 @@ def issue_key(redis_url: str, tenant: str, *scopes: str, **spec: Any) -> str:
             await client.aclose()
 
     return asyncio.run(create())
+
+
+def until(check: Callable[[], Any], timeout: float = 30) -> Any:
+    """`check()`'s first truthy value, polled every 0.1 s for up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not true after {timeout}s")

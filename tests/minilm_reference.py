@@ -9,11 +9,16 @@ import importlib.resources
 import os
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from shared.model_repository import ModelConfig, ModelRepository
+from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
+from workers.engines.tensorrt_engine import TensorRTEngine
+from workers.engines.text_encoding import TokenBatch
+
+Engine = TypeVar("Engine", OnnxRuntimeEngine, TensorRTEngine)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARTIFACT_DIR = REPO_ROOT / "var" / "models" / "minilm"  # where `conveyor models prepare` puts them
@@ -80,3 +85,24 @@ def reference_embeddings(texts: list[str]) -> np.ndarray:
     pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
     normalised: np.ndarray = torch.nn.functional.normalize(pooled, p=2, dim=1).numpy()
     return normalised
+
+
+def recording_engine(engine_class: type[Engine], config: ModelConfig, artifacts: Path) -> Engine:
+    """The real engine, loaded; its `call_shapes` notes the shape of every execution it runs."""
+    engine = engine_class(config, "default", str(artifacts))
+    engine.load()
+    shapes: list[tuple[int, int]] = []
+    run_batch = engine.run_batch
+
+    def recorded(batch: TokenBatch) -> np.ndarray:
+        shapes.append(batch.shape)
+        return run_batch(batch)
+
+    engine.run_batch = recorded  # type: ignore[method-assign]
+    engine.call_shapes = shapes  # type: ignore[union-attr]
+    return engine
+
+
+def vectors(outputs: list[dict[str, Any]]) -> np.ndarray:
+    """The embeddings of the engine's per-job outputs, one row per text."""
+    return np.array([v for out in outputs for v in out["embeddings"]], dtype=np.float64)

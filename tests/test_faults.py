@@ -5,6 +5,7 @@ load, deadlines, idempotency, backpressure and SIGTERM drains."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -20,8 +21,9 @@ import pytest
 import redis
 
 from conveyor.stack import Stack, free_port
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, until
 from tests.fault_engine import FIXED_ENV
+from tests.webhook_receiver import Receiver, serving
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 STREAM = "cv:q:faulty:default"
@@ -29,7 +31,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def receiver() -> Iterator[Receiver]:
+    with serving() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def fault_stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Stack]:
     """Its own Valkey with AOF fsync on every write, and a producer over the test models."""
     stack = Stack.create(
         tmp_path_factory.mktemp("faults"),
@@ -38,6 +46,8 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack.env["CONVEYOR_MODEL_REPOSITORY"] = str(FIXTURES)
     stack.env["PYTHONPATH"] = str(REPO_ROOT)  # the custom backend lives in tests/
     stack.env["CONVEYOR_AUTH"] = "disabled"  # faults, not keys, are under test here
+    stack.env["CONVEYOR_WEBHOOK_ALLOWLIST"] = f"{receiver.base}/"
+    stack.env["CONVEYOR_WEBHOOK_SECRET"] = "whsec-faults"
     try:
         stack.start_producer(free_port())
         yield stack
@@ -84,6 +94,10 @@ async def _submit_many(base_url: str, bodies: list[dict[str, Any]], rate: float)
         return list(await asyncio.gather(*(one(i / rate, b) for i, b in enumerate(bodies))))
 
 
+def _connections_of(r: redis.Redis, name: str) -> list[dict[str, Any]]:
+    return [c for c in r.client_list() if c.get("name") == name]
+
+
 def _faulty(inputs: dict[str, Any]) -> dict[str, Any]:
     return {"model": "faulty", "inputs": inputs}
 
@@ -102,6 +116,9 @@ def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: r
             if len(pending) >= 2:
                 os.kill(victim, signal.SIGKILL)
                 fault_stack.processes["victim"].wait()
+                # Commands it sent before dying still run until the server sees its
+                # connections close; only then is what it owns final.
+                until(lambda: not _connections_of(r, consumer), timeout=10)
                 # what the dead consumer still owns once it is gone: these must be reclaimed
                 left = r.xpending_range(STREAM, "workers", "-", "+", 1000, consumer)
                 killed["pending"] = len(left)
@@ -145,9 +162,13 @@ def test_poison_item_fails_alone(fault_stack: Stack, r: redis.Redis) -> None:
         fault_stack.stop_process("poison")
 
 
-def test_crashing_entry_is_dead_lettered_then_replayed(fault_stack: Stack, r: redis.Redis) -> None:
+def test_crashing_entry_is_dead_lettered_then_replayed(
+    fault_stack: Stack, r: redis.Redis, receiver: Receiver
+) -> None:
+    hook = f"{receiver.base}/dead"
     accepted = httpx.post(
-        f"{fault_stack.base_url}/v1/jobs", json=_faulty({"action": "crash", "tag": "killer"})
+        f"{fault_stack.base_url}/v1/jobs",
+        json={**_faulty({"action": "crash", "tag": "killer"}), "webhook": hook},
     )
     job_id = accepted.json()["id"]
     for attempt in range(3):  # max_deliveries is 2: deliveries 1 and 2 crash, the 3rd is dead
@@ -175,6 +196,11 @@ def test_crashing_entry_is_dead_lettered_then_replayed(fault_stack: Stack, r: re
     assert job_id in listed.stdout and "max_deliveries 2" in listed.stdout
     fault_stack.start_worker("faulty", name="fixed", **{FIXED_ENV: "1"})
     try:
+        until(lambda: receiver.at("/dead"))  # queued by the worker that dead-lettered it
+        (delivery,) = receiver.at("/dead")
+        notified = json.loads(delivery["body"])
+        assert notified["type"] == "job.failed" and notified["data"]["id"] == job_id
+        assert notified["data"]["error"]["type"] == "DeadLettered"
         replayed = subprocess.run(
             [conveyor, "dlq", "replay", "faulty"],
             env=env,

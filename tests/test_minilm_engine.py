@@ -17,26 +17,15 @@ from tests.minilm_reference import (
     minilm_config,
     model_dir,
     prepared_artifacts,
+    recording_engine,
     reference_embeddings,
+    vectors,
 )
 from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
 from workers.engines.registry import create_engine
-from workers.engines.text_encoding import TokenBatch
 from workers.model_prep.minilm import prepare
 
 SHORT_TEXTS = ["hi", "a cat", "queues and workers", "one more short sentence here"]
-
-
-class RecordingEngine(OnnxRuntimeEngine):
-    """The real engine, noting the shape of every session call it makes."""
-
-    def load(self) -> None:
-        super().load()
-        self.call_shapes: list[tuple[int, int]] = []
-
-    def run_batch(self, batch: TokenBatch) -> np.ndarray:
-        self.call_shapes.append(batch.shape)
-        return super().run_batch(batch)
 
 
 @pytest.fixture(scope="session")
@@ -44,16 +33,14 @@ def artifacts() -> Path:
     return prepared_artifacts()
 
 
-def make_engine(artifacts: Path, **parameters: Any) -> RecordingEngine:
+def make_engine(artifacts: Path, **parameters: Any) -> OnnxRuntimeEngine:
     config = minilm_config()
     config = config.model_copy(update={"parameters": {**config.parameters, **parameters}})
-    engine = RecordingEngine(config, "default", str(artifacts))
-    engine.load()
-    return engine
+    return recording_engine(OnnxRuntimeEngine, config, artifacts)
 
 
 @pytest.fixture(scope="module")
-def engine(artifacts: Path) -> RecordingEngine:
+def engine(artifacts: Path) -> OnnxRuntimeEngine:
     engine = make_engine(artifacts)
     engine.warmup()
     return engine
@@ -62,10 +49,6 @@ def engine(artifacts: Path) -> RecordingEngine:
 @pytest.fixture(scope="module")
 def reference() -> np.ndarray:
     return reference_embeddings(SENTENCES)
-
-
-def vectors(outputs: list[dict[str, Any]]) -> np.ndarray:
-    return np.array([v for out in outputs for v in out["embeddings"]], dtype=np.float64)
 
 
 def test_embeddings_equal_the_pytorch_reference(engine, reference):

@@ -16,26 +16,15 @@ from tests.minilm_reference import (
     SENTENCES,
     minilm_config,
     prepared_artifacts,
+    recording_engine,
     reference_embeddings,
+    vectors,
 )
 from workers.engines.tensorrt_engine import BuildSettings, TensorRTEngine, tensorrt_available
-from workers.engines.text_encoding import TokenBatch
 
 needs_gpu = pytest.mark.skipif(not tensorrt_available(), reason="needs a CUDA GPU (TensorRT)")
 
 SHORT_TEXTS = ["hi", "a cat", "queues and workers", "one more short sentence here"]
-
-
-class RecordingEngine(TensorRTEngine):
-    """The real engine, noting the shape of every execution it runs."""
-
-    def load(self) -> None:
-        super().load()
-        self.call_shapes: list[tuple[int, int]] = []
-
-    def run_batch(self, batch: TokenBatch) -> np.ndarray:
-        self.call_shapes.append(batch.shape)
-        return super().run_batch(batch)
 
 
 @pytest.fixture(scope="module")
@@ -48,26 +37,20 @@ def artifact_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def make_engine(artifact_dir: Path, **parameters: Any) -> RecordingEngine:
+def make_engine(artifact_dir: Path, **parameters: Any) -> TensorRTEngine:
     config = minilm_config()
     config = config.model_copy(
         update={"backend": "tensorrt", "parameters": {**config.parameters, **parameters}}
     )
-    engine = RecordingEngine(config, "default", str(artifact_dir))
-    engine.load()
-    return engine
+    return recording_engine(TensorRTEngine, config, artifact_dir)
 
 
 @pytest.fixture(scope="module")
-def engine(artifact_dir: Path) -> Iterator[RecordingEngine]:
+def engine(artifact_dir: Path) -> Iterator[TensorRTEngine]:
     engine = make_engine(artifact_dir, precision="fp16", max_batch=16, opt_batch=8)
     engine.warmup()
     yield engine
     engine.close()
-
-
-def vectors(outputs: list[dict[str, Any]]) -> np.ndarray:
-    return np.array([v for out in outputs for v in out["embeddings"]], dtype=np.float64)
 
 
 @pytest.mark.gpu

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -18,50 +16,17 @@ import pytest
 from conveyor.stack import Stack, free_port
 from shared.webhook_signing import HEADER, InvalidSignature, sign, verify
 from shared.webhooks import allowed
+from tests.conftest import until
+from tests.webhook_receiver import Receiver, serving
 
 pytestmark = pytest.mark.slow
 SECRET = "whsec-test-1234"
 
 
-class Receiver(ThreadingHTTPServer):
-    """Answers each path with its scripted statuses in turn (then 200), recording deliveries."""
-
-    def __init__(self, script: dict[str, list[int]]) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.script = script
-        self.deliveries: list[dict[str, Any]] = []
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Receiver
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        statuses = self.server.script.get(self.path, [])
-        status = statuses.pop(0) if statuses else 200
-        self.server.deliveries.append(
-            {"path": self.path, "at": time.monotonic(), "headers": dict(self.headers),
-             "body": body, "status": status}
-        )  # fmt: skip
-        self.send_response(status)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *_: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
-    server = Receiver({"/hooks/flaky": [500, 500]})
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
+    with serving({"/hooks/flaky": [500, 500]}) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +54,6 @@ def _lines(count: int) -> bytes:
     )
 
 
-def _until(check: Any, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not true after {timeout}s")
-
-
 def test_batch_webhook_is_signed_and_retried_until_accepted(
     hook_stack: Stack, receiver: Receiver
 ) -> None:
@@ -116,8 +72,8 @@ def test_batch_webhook_is_signed_and_retried_until_accepted(
         batch: dict[str, Any] = httpx.get(batch_url).json()
         return batch if (batch["webhook"] or {}).get("status") == "delivered" else None
 
-    batch = _until(delivered)
-    attempts = [d for d in receiver.deliveries if d["path"] == "/hooks/flaky"]
+    batch = until(delivered)
+    attempts = receiver.at("/hooks/flaky")
     assert [d["status"] for d in attempts] == [500, 500, 200]
     for delivery in attempts:
         verify(SECRET, delivery["body"], delivery["headers"][HEADER])
@@ -200,10 +156,10 @@ def test_job_webhooks_fire_once_on_success_and_on_cancel(
     httpx.delete(f"{hook_stack.base_url}/v1/jobs/{queued['id']}")
 
     def two_deliveries() -> list[dict[str, Any]] | None:
-        got = [d for d in receiver.deliveries if d["path"] == "/hooks/jobs"]
+        got = receiver.at("/hooks/jobs")
         return got if len(got) >= 2 else None
 
-    deliveries = _until(two_deliveries)
+    deliveries = until(two_deliveries)
     for delivery in deliveries:
         verify(SECRET, delivery["body"], delivery["headers"][HEADER])
     events = {json.loads(d["body"])["data"]["id"]: json.loads(d["body"]) for d in deliveries}
@@ -211,7 +167,7 @@ def test_job_webhooks_fire_once_on_success_and_on_cancel(
     assert events[done["id"]]["data"]["outputs"] == {"n": 1}
     assert events[queued["id"]]["type"] == "job.cancelled"
     time.sleep(1.0)
-    assert len([d for d in receiver.deliveries if d["path"] == "/hooks/jobs"]) == 2
+    assert len(receiver.at("/hooks/jobs")) == 2
     refused = httpx.post(
         f"{hook_stack.base_url}/v1/jobs",
         json={"model": "identity", "inputs": {}, "webhook": "http://169.254.169.254/x"},

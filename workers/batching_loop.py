@@ -8,41 +8,21 @@ import logging
 
 from shared.codec import dumps
 from shared.job_states import JobStatus
-from shared.model_repository import ModelConfig
 from workers.batch_executor import Outcome, execute
 from workers.batch_telemetry import batch_span, log_batch, record_batch, tracer
 from workers.engines.base import BatchEngine
-from workers.job_finish import finish, skip_or_expire
-from workers.job_webhooks import JobWebhooks
-from workers.lane_scheduler import LaneScheduler
-from workers.reclaim import Reclaimer
+from workers.partition_io import PartitionIO
 from workers.redis_backoff import OUTAGE, Backoff, until_done
-from workers.result_writer import Finish, ResultWriter
+from workers.result_writer import Finish
 from workers.stream_reader import Delivery
 
 log = logging.getLogger(__name__)
 
 
 class BatchingLoop:
-    def __init__(
-        self,
-        config: ModelConfig,
-        variant: str,
-        engine: BatchEngine,
-        lanes: LaneScheduler,
-        writer: ResultWriter,
-        reclaimers: list[Reclaimer],
-        webhooks: JobWebhooks,
-        block_ms: int,
-    ) -> None:
-        self.config = config
-        self.variant = variant
+    def __init__(self, io: PartitionIO, engine: BatchEngine) -> None:
+        self.io = io
         self.engine = engine
-        self.lanes = lanes
-        self.writer = writer
-        self.reclaimers = reclaimers
-        self.webhooks = webhooks
-        self.block_ms = block_ms
         self.stopping = asyncio.Event()
 
     async def run(self) -> None:
@@ -57,12 +37,11 @@ class BatchingLoop:
                 await backoff.sleep(exc)
 
     async def step(self) -> None:
-        for reclaimer in self.reclaimers:
-            if reclaimer.due() and (abandoned := await reclaimer.reclaim()):
-                await self.process(reclaimer.stream, abandoned)
-                return
-        batches = await self.lanes.next_batch(
-            self.config.max_batch_size, self.config.max_queue_delay_ms, self.block_ms
+        if reclaimed := await self.io.reclaimed():
+            await self.process(*reclaimed)
+            return
+        batches = await self.io.lanes.next_batch(
+            self.io.config.max_batch_size, self.io.config.max_queue_delay_ms, self.io.block_ms
         )
         for reader, batch in batches:
             await self.process(reader.stream, batch)
@@ -76,7 +55,7 @@ class BatchingLoop:
                 runnable.append(delivery)
             else:
                 finishes.append(finish)
-        model, variant = self.config.name, self.variant
+        model, variant = self.io.config.name, self.io.variant
         with batch_span(model, variant, runnable):
             with tracer.start_as_current_span("decode"):
                 inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry]
@@ -84,14 +63,14 @@ class BatchingLoop:
                 outcomes = await execute(self.engine, inputs)
             finishes += [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
             with tracer.start_as_current_span("write"):
-                written = await until_done(lambda: self.writer.finish(stream, finishes))
-        await self.webhooks.notify(written)
+                written = await until_done(lambda: self.io.writer.finish(stream, finishes))
+        await self.io.webhooks.notify(written)
         record_batch(model, variant, finishes, outcomes)
         if runnable:
             log_batch(model, runnable, outcomes)
 
     def _skip_or_expire(self, delivery: Delivery) -> Finish | None:
-        return skip_or_expire(self.config, self.variant, delivery)
+        return self.io.skip_or_expire(delivery)
 
     def _result(self, delivery: Delivery, outcome: Outcome) -> Finish:
         fields = {
@@ -106,4 +85,4 @@ class BatchingLoop:
         return self._finish(delivery, JobStatus.SUCCEEDED, fields)
 
     def _finish(self, delivery: Delivery, status: JobStatus, fields: dict[str, str]) -> Finish:
-        return finish(self.config, self.variant, delivery, status, fields)
+        return self.io.finish(delivery, status, fields)

@@ -22,6 +22,7 @@ from workers.engines.registry import create_engine
 from workers.generate_loop import GenerateLoop
 from workers.job_webhooks import JobWebhooks
 from workers.lane_scheduler import LaneScheduler
+from workers.partition_io import PartitionIO
 from workers.reclaim import Reclaimer
 from workers.result_writer import ResultWriter
 from workers.stream_reader import StreamReader
@@ -78,7 +79,7 @@ class ConsumerRuntime:
             self.loop.close()
 
     async def _serve(self) -> None:
-        client = connect(self.settings.redis_url)
+        client = connect(self.settings.redis_url, name=self.consumer)
         writer = ResultWriter(client, self.keys, self.settings.result_ttl_s)
         for config, variant in self.partitions:
             self._loops.append(await self._build_loop(client, writer, config, variant))
@@ -105,32 +106,21 @@ class ConsumerRuntime:
         readers = [StreamReader(client, self.keys, s, self.consumer) for s in streams]
         for reader in readers:
             await reader.ensure_group()
+        webhooks = JobWebhooks(self.settings.redis_url)
+        ttl_s = self.settings.result_ttl_s
         reclaimers = [
-            Reclaimer(
-                client, self.keys, config, variant, s, self.consumer, self.settings.result_ttl_s
-            )
+            Reclaimer(client, self.keys, config, variant, s, self.consumer, ttl_s, webhooks)
             for s in streams
         ]
         lanes = LaneScheduler(readers[0], readers[1], config.bulk_share)
-        webhooks = JobWebhooks(self.settings.redis_url)
+        io = PartitionIO(
+            config, variant, lanes, writer, reclaimers, webhooks, self.settings.block_ms
+        )
         if isinstance(engine, GenerateEngine):
             tokens = TokenWriter(client, self.keys, self.settings.result_ttl_s)
             drain_s = max(0.0, self.settings.shutdown_grace_s - ENGINE_CLOSE_S)
-            return GenerateLoop(
-                config,
-                variant,
-                engine,
-                lanes,
-                writer,
-                tokens,
-                reclaimers,
-                webhooks,
-                self.settings.block_ms,
-                drain_s,
-            )
-        return BatchingLoop(
-            config, variant, engine, lanes, writer, reclaimers, webhooks, self.settings.block_ms
-        )
+            return GenerateLoop(io, engine, tokens, drain_s)
+        return BatchingLoop(io, engine)
 
     async def _load_engine(self, config: ModelConfig, variant: str) -> BatchEngine | GenerateEngine:
         engine = create_engine(config, variant, self.settings.artifact_dir)

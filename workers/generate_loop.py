@@ -21,17 +21,13 @@ from shared.job_states import TERMINAL, JobStatus
 from shared.job_store import now_ms
 from shared.keys import GROUP
 from shared.metrics import BATCH_SIZE, TOKENS, TPOT, TTFT
-from shared.model_repository import ModelConfig
 from shared.token_stream import TokenEvent
 from workers.batch_telemetry import record_batch
 from workers.engines.base import GenerateEngine, TokenChunk
 from workers.generate_job import RunningJob, generate_request
-from workers.job_finish import finish, skip_or_expire
-from workers.job_webhooks import JobWebhooks
-from workers.lane_scheduler import LaneScheduler
-from workers.reclaim import Reclaimer
+from workers.partition_io import PartitionIO
 from workers.redis_backoff import OUTAGE, Backoff, until_done
-from workers.result_writer import Finish, ResultWriter
+from workers.result_writer import Finish
 from workers.stream_reader import Delivery
 from workers.token_writer import TokenWriter
 
@@ -41,29 +37,13 @@ TERMINAL_STATES = frozenset(s.value for s in TERMINAL)
 
 class GenerateLoop:
     def __init__(
-        self,
-        config: ModelConfig,
-        variant: str,
-        engine: GenerateEngine,
-        lanes: LaneScheduler,
-        writer: ResultWriter,
-        tokens: TokenWriter,
-        reclaimers: list[Reclaimer],
-        webhooks: JobWebhooks,
-        block_ms: int,
-        drain_s: float,
+        self, io: PartitionIO, engine: GenerateEngine, tokens: TokenWriter, drain_s: float
     ) -> None:
-        self.config = config
-        self.variant = variant
+        self.io = io
         self.engine = engine
-        self.lanes = lanes
-        self.writer = writer
         self.tokens = tokens
-        self.reclaimers = reclaimers
-        self.webhooks = webhooks
-        self.block_ms = block_ms
         self.drain_s = drain_s
-        self.capacity = config.max_num_seqs
+        self.capacity = io.config.max_num_seqs
         self.running: dict[str, RunningJob] = {}
         self.stopping = asyncio.Event()
         self._chunks: list[tuple[RunningJob, TokenChunk, int]] = []
@@ -72,7 +52,7 @@ class GenerateLoop:
         self._slot_freed = asyncio.Event()
         # Running entries are re-claimed (idle reset) well within the visibility timeout, so a
         # long generation is never mistaken for an abandoned one and run twice.
-        self._touch_every_s = config.queue.visibility_timeout_s / 3
+        self._touch_every_s = io.config.queue.visibility_timeout_s / 3
         self._next_touch = time.monotonic() + self._touch_every_s
 
     async def run(self) -> None:
@@ -105,13 +85,12 @@ class GenerateLoop:
         if free <= 0:
             self._slot_freed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_freed.wait(), self.block_ms / 1000)
+                await asyncio.wait_for(self._slot_freed.wait(), self.io.block_ms / 1000)
             return
-        for reclaimer in self.reclaimers:
-            if reclaimer.due() and (abandoned := await reclaimer.reclaim()):
-                await self._start_all(reclaimer.stream, abandoned, redelivered=True)
-                return
-        for reader, deliveries in await self.lanes.next_batch(free, 0, self.block_ms):
+        if reclaimed := await self.io.reclaimed():
+            await self._start_all(*reclaimed, redelivered=True)
+            return
+        for reader, deliveries in await self.io.lanes.next_batch(free, 0, self.io.block_ms):
             await self._start_all(reader.stream, deliveries, redelivered=False)
 
     async def _start_all(self, stream: str, deliveries: list[Delivery], redelivered: bool) -> None:
@@ -119,9 +98,7 @@ class GenerateLoop:
         for delivery in deliveries:
             if delivery.entry is not None and delivery.entry.job_id in self.running:
                 continue  # our own entry, reclaimed while it runs: it is still ours
-            outcome = skip_or_expire(self.config, self.variant, delivery) or self._start(
-                stream, delivery, redelivered
-            )
+            outcome = self.io.skip_or_expire(delivery) or self._start(stream, delivery, redelivered)
             if outcome is not None:
                 settled.append(outcome)
         await self._settle(stream, settled)
@@ -134,7 +111,7 @@ class GenerateLoop:
             request = generate_request(entry.job_id, entry.payload, self.engine.parameters)
         except (TypeError, ValueError) as exc:
             error = dumps({"type": "InvalidParameters", "message": str(exc)}).decode()
-            return finish(self.config, self.variant, delivery, JobStatus.FAILED, {"error": error})
+            return self.io.finish(delivery, JobStatus.FAILED, {"error": error})
         job = RunningJob(delivery, stream, request, redelivered)
         self.running[entry.job_id] = job
         job.task = asyncio.create_task(self._generate(job), name=f"generate {entry.job_id}")
@@ -193,7 +170,7 @@ class GenerateLoop:
         return int(running) if running else len(self.running)
 
     def _observe_step(self, chunks: list[tuple[RunningJob, TokenChunk, int]], jobs: int) -> None:
-        partition = (self.config.name, self.variant)
+        partition = (self.io.config.name, self.io.variant)
         if jobs:
             BATCH_SIZE.labels(*partition).observe(jobs)
         if tokens := sum(chunk.token_count for _, chunk, _ in chunks):
@@ -217,9 +194,7 @@ class GenerateLoop:
             self.running.pop(job.job_id, None)
             if job.abandoned:
                 continue
-            by_stream[job.stream].append(
-                finish(self.config, self.variant, job.delivery, job.status, job.fields())
-            )
+            by_stream[job.stream].append(self.io.finish(job.delivery, job.status, job.fields()))
             self._observe_job(job)
         for stream, finishes in by_stream.items():
             await self._settle(stream, finishes)
@@ -229,12 +204,12 @@ class GenerateLoop:
     async def _settle(self, stream: str, finishes: list[Finish]) -> None:
         """Write results, reply, XACK and XDEL in one script call, then notify and count."""
         if finishes:
-            written = await until_done(lambda: self.writer.finish(stream, finishes))
-            await self.webhooks.notify(written)
-            record_batch(self.config.name, self.variant, finishes, [])
+            written = await until_done(lambda: self.io.writer.finish(stream, finishes))
+            await self.io.webhooks.notify(written)
+            record_batch(self.io.config.name, self.io.variant, finishes, [])
 
     def _observe_job(self, job: RunningJob) -> None:
-        partition = (self.config.name, self.variant)
+        partition = (self.io.config.name, self.io.variant)
         if (ttft := job.ttft_ms) is not None:
             TTFT.labels(*partition).observe(ttft / 1e3)
         if (tpot := job.tpot_ms) is not None:
@@ -245,7 +220,7 @@ class GenerateLoop:
         if time.monotonic() < self._next_touch or not self.running:
             return
         self._next_touch = time.monotonic() + self._touch_every_s
-        reader = self.lanes.online
+        reader = self.io.lanes.online
         for stream, entry_ids in _entries_by_stream(self.running.values()).items():
             with contextlib.suppress(ResponseError):  # group gone (flushed): nothing to keep
                 await reader.redis.xclaim(stream, GROUP, reader.consumer, 0, entry_ids, justid=True)

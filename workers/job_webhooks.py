@@ -1,10 +1,11 @@
-"""Webhooks of single jobs: once a result is written (and only then, so a redelivered job does
-not notify twice), its signed event is handed to the Celery delivery task, which retries with
-backoff and survives this worker."""
+"""Webhooks of single jobs: once a result is written or a job is dead-lettered (and only then,
+so a redelivered job does not notify twice), its signed event is handed to the Celery delivery
+task, which retries with backoff and survives this worker."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from shared.webhooks import WebhookDispatcher, event
 from workers.result_writer import Finish
@@ -17,7 +18,8 @@ class JobWebhooks:
     async def notify(self, written: list[Finish]) -> None:
         for item in written:
             if item.webhook:
-                body = event(f"job.{item.status}", item.view())
-                await asyncio.to_thread(
-                    self.dispatcher.send, "job", item.job_id, item.webhook, body
-                )
+                await self.send(item.job_id, item.webhook, item.view())
+
+    async def send(self, job_id: str, url: str, view: dict[str, Any]) -> None:
+        body = event(f"job.{view['status']}", view)
+        await asyncio.to_thread(self.dispatcher.send, "job", job_id, url, body)

@@ -1,6 +1,7 @@
 """Crash recovery for one partition: entries idle past the visibility timeout in any consumer's
 pending list are taken over (XAUTOCLAIM) and run again, or dead-lettered after
-`max_deliveries`; consumers that are gone and own nothing are removed from the group."""
+`max_deliveries` (the job fails and its webhook is called); consumers that are gone and own
+nothing are removed from the group."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import time
 import redis.asyncio as aioredis
 
 from shared import job_scripts
-from shared.job_store import now_ms
+from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig
+from workers.job_webhooks import JobWebhooks
 from workers.stream_reader import Delivery, decode_delivery
 
 log = logging.getLogger(__name__)
+DEAD = ("dead", "dead-ended")  # dead-lettered by the script; "dead": the job failed just now
 
 
 class Reclaimer:
@@ -28,8 +31,11 @@ class Reclaimer:
         stream: str,
         consumer: str,
         ttl_s: int,
+        webhooks: JobWebhooks,
     ) -> None:
         self.redis = client
+        self.store = JobStore(client, keys, ttl_s)
+        self.webhooks = webhooks
         self.keys = keys
         self.stream = stream
         self.dlq = keys.dlq(config.name, variant)
@@ -63,12 +69,21 @@ class Reclaimer:
             ],
         )
         deliveries = [decode_delivery(eid, fields, status, now) for eid, fields, status in rows]
-        for dead in (d for d in deliveries if d.status == "dead"):
-            log.error("dead-lettered entry %r of %s", dead.entry_id, self.stream)
+        dead = [d for d in deliveries if d.status in DEAD]
+        for delivery in dead:
+            log.error("dead-lettered entry %r of %s", delivery.entry_id, self.stream)
+            if delivery.status == "dead" and delivery.entry is not None:
+                await self._notify(delivery.entry.job_id)
         if deliveries:
             log.warning("reclaimed %d abandoned entries of %s", len(deliveries), self.stream)
         await self.prune_consumers()
-        return [d for d in deliveries if d.status != "dead"]
+        return [d for d in deliveries if d.status not in DEAD]
+
+    async def _notify(self, job_id: str) -> None:
+        """The failed job's webhook, with the view a client reading the job would get."""
+        record = await self.store.get(job_id)
+        if record is not None and (url := record.fields.get("webhook")):
+            await self.webhooks.send(job_id, url, record.view())
 
     async def prune_consumers(self) -> list[str]:
         """Forget consumers idle past the visibility timeout that own no pending entries (live
