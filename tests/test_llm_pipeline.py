@@ -335,6 +335,23 @@ def test_closing_an_interactive_stream_cancels_its_job(llm: str) -> None:
     assert job["status"] == "cancelled"
 
 
+def test_a_client_that_stops_waiting_for_a_whole_answer_cancels_its_job(
+    llm: str, stack_redis: redis.Redis
+) -> None:
+    before = set(stack_redis.scan_iter("cv:job:*"))
+    with pytest.raises(httpx.ReadTimeout):  # httpx then closes the connection
+        httpx.post(
+            f"{llm}/v1/chat/completions",
+            json=chat_body(STORY, 1000),
+            timeout=httpx.Timeout(30, read=3),
+        )
+    (key,) = set(stack_redis.scan_iter("cv:job:*")) - before
+    job = get_job(llm, str(key).removeprefix("cv:job:"), wait=30)
+    assert job["status"] == "cancelled"
+    stream = _token_stream(stack_redis, job["id"])
+    assert stream[-1]["kind"] == "final" and stream[-1]["finish_reason"] == "abort"
+
+
 def test_official_openai_client_with_and_without_streaming(
     llm: str, engine_greedy: dict[str, str]
 ) -> None:

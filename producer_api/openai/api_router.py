@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends
 from sse_starlette import EventSourceResponse
+from starlette.requests import Request
 from starlette.responses import Response
 
 from producer_api.auth import AUTH_RESPONSES, Principal, require
+from producer_api.client_disconnect import ClientDisconnected, unless_disconnected
 from producer_api.errors import ErrorBody
 from producer_api.openai.protocol import (
     ChatCompletion,
@@ -24,6 +27,7 @@ from producer_api.state import ProducerState, producer_state
 router = APIRouter(tags=["openai"])
 JOB_HEADER = "X-Conveyor-Job-Id"
 PING_S = 15
+CLIENT_CLOSED_REQUEST = 499  # nginx's code for it; nobody reads it, but logs and metrics do
 
 _DESCRIPTIONS = {
     400: "The model does not generate text",
@@ -51,27 +55,37 @@ Service = Annotated[OpenAIService, Depends(openai_service)]
 
 
 async def _answer(
-    service: OpenAIService, job_id: str, renderer: Renderer, stream: bool
+    request: Request, service: OpenAIService, job_id: str, renderer: Renderer, stream: bool
 ) -> Response:
+    """Interactive requests: a client that goes away (stream closed early, or the whole answer
+    no longer awaited) cancels its job, so the engine does not generate for nobody."""
     headers = {JOB_HEADER: job_id}
     if stream:
         chunks = service.stream(job_id, renderer)
         return EventSourceResponse(chunks, ping=PING_S, headers=headers)
-    generation = await service.complete(job_id)
+    try:
+        generation = await unless_disconnected(request, service.complete(job_id))
+    except ClientDisconnected:
+        with anyio.CancelScope(shield=True):  # the server may be cancelling this handler
+            await service.cancel(job_id)
+        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
     body = renderer.response(generation).model_dump(mode="json")
     return FastJSONResponse(body, headers=headers)
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses=_RESPONSES)
-async def chat_completions(body: ChatCompletionRequest, service: Service) -> Response:
+async def chat_completions(
+    request: Request, body: ChatCompletionRequest, service: Service
+) -> Response:
     """OpenAI's chat completion, run as a Conveyor job (its id in `X-Conveyor-Job-Id`); with
-    `stream: true`, chunks as server-sent events; closing the stream early cancels the job."""
+    `stream: true`, chunks as server-sent events. A client that disconnects before the answer
+    (streamed or not) cancels the job."""
     job_id = await service.submit(body, body.inputs())
-    return await _answer(service, job_id, ChatRenderer(job_id, body), body.stream)
+    return await _answer(request, service, job_id, ChatRenderer(job_id, body), body.stream)
 
 
 @router.post("/v1/completions", response_model=Completion, responses=_RESPONSES)
-async def completions(body: CompletionRequest, service: Service) -> Response:
+async def completions(request: Request, body: CompletionRequest, service: Service) -> Response:
     """OpenAI's (legacy) text completion of a raw prompt, run as a Conveyor job."""
     job_id = await service.submit(body, body.inputs())
-    return await _answer(service, job_id, CompletionRenderer(job_id, body), body.stream)
+    return await _answer(request, service, job_id, CompletionRenderer(job_id, body), body.stream)
