@@ -24,6 +24,7 @@ from producer_api.models.api_router import router as models_router
 from producer_api.openai.api_router import router as openai_router
 from producer_api.reply_listener import ReplyListener
 from producer_api.state import ProducerState
+from producer_api.token_hub import TokenHub
 from shared.job_store import JobStore
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
@@ -53,17 +54,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         configure_logging(settings.log_level)
         keys = Keys(settings.key_prefix)
-        client = connect(settings.redis_url)
+        name = f"producer-{settings.instance_id}"
+        client = connect(settings.redis_url, name=name)
         repository = ModelRepository.load(settings.model_repository)
         replies = ReplyListener(client, keys.reply(settings.instance_id))
+        wake = keys.token_hub_wake(settings.instance_id)
+        tokens = TokenHub(settings.redis_url, client, wake, f"{name}-tokens")
         try:
             await _ensure_groups(client, keys, repository)
             await replies.start()
         except RedisError as exc:
             log.warning("redis not reachable at startup (%s); readyz will say so", exc)
+        await tokens.start()
         store = JobStore(client, keys, settings.result_ttl_s)
-        app.state.conveyor = ProducerState(settings, keys, client, store, repository, replies)
+        app.state.conveyor = ProducerState(
+            settings, keys, client, store, repository, replies, tokens
+        )
         yield
+        await tokens.stop()
         await replies.stop()
         await client.aclose()
 

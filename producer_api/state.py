@@ -8,6 +8,7 @@ import redis.asyncio as aioredis
 from fastapi import Request
 
 from producer_api.reply_listener import ReplyListener
+from producer_api.token_hub import TokenHub
 from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
@@ -22,6 +23,7 @@ class ProducerState:
     store: JobStore
     repository: ModelRepository
     replies: ReplyListener
+    tokens: TokenHub
 
 
 def state_of(request: Request) -> ProducerState:

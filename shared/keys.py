@@ -32,6 +32,10 @@ class Keys:
     def reply(self, producer: str) -> str:
         return f"{self.prefix}reply:{producer}"
 
+    def token_hub_wake(self, producer: str) -> str:
+        """A tiny stream a producer's token hub also reads, so a new listener can wake it."""
+        return f"{self.prefix}hub:{producer}"
+
     def drained(self, stream: str, second: int) -> str:
         """Entries a partition finished in one wall-clock second (drain rate for Retry-After)."""
         return f"{stream}:drained:{second}"

@@ -1,17 +1,16 @@
-"""The layout of an LLM job's token stream (`cv:tok:{id}`) and how to follow it, shared by the
-worker that appends to it and the producer routes that stream it (SSE, OpenAI): entry ids are
-the SSE event ids, so a reader that resumes after an id misses nothing and repeats nothing."""
+"""The layout of an LLM job's token stream (`cv:tok:{id}`), shared by the worker that appends to
+it and the producer routes that stream it (SSE, OpenAI; `producer_api/token_hub.py` follows
+it): entry ids are the SSE event ids, so a reader that resumes after an id misses nothing and
+repeats nothing."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import redis.asyncio as aioredis
-
 from shared.codec import dumps, loads
-from shared.job_store import JobRecord, JobStore
+from shared.job_store import JobRecord
 
 # token: new text of one engine step; final: the job ended (status, finish reason, usage);
 # restart: a redelivered job starts over (its worker died mid-generation): drop the text so far.
@@ -104,41 +103,3 @@ def final_from_job(record: JobRecord) -> TokenEvent:
         usage=usage,
         error=view.get("error"),
     )
-
-
-class TokenStreamReader:
-    """Follows one job's token stream: blocking XREAD from the last id seen, and a look at the
-    job hash whenever a read times out, so a job that ends without a final event (cancelled
-    while queued, expired) still ends the stream."""
-
-    def __init__(self, client: aioredis.Redis, store: JobStore, block_ms: int = 1000) -> None:
-        self.redis = client
-        self.store = store
-        self.block_ms = block_ms
-
-    async def follow(self, job_id: str, after: str = "0-0") -> AsyncIterator[TokenEvent]:
-        """Every event after `after`, live ones as they come, ending with exactly one final."""
-        record: JobRecord | None = None
-        live = True
-        while True:
-            events = await self._read(job_id, after, self.block_ms if live else None)
-            for event in events:
-                yield event
-                if event.final:
-                    return
-                after = event.id
-            if events:
-                continue
-            if not live:
-                if record is not None:
-                    yield final_from_job(record)
-                return
-            record = await self.store.get(job_id)
-            # The worker appends its final event before it marks the job terminal: once the
-            # hash is terminal, what is left in the stream is readable without blocking.
-            live = record is not None and not record.status.terminal
-
-    async def _read(self, job_id: str, after: str, block_ms: int | None) -> list[TokenEvent]:
-        key = self.store.keys.tokens(job_id)
-        reply: Any = await self.redis.xread({key: after}, count=READ_COUNT, block=block_ms)
-        return [TokenEvent.decode(eid, raw) for _, rows in reply or [] for eid, raw in rows]

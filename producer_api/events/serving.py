@@ -10,8 +10,8 @@ from producer_api.auth.principal import Principal
 from producer_api.events.protocol import JobEvent
 from producer_api.jobs.serving import JobsService
 from producer_api.state import ProducerState
+from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
-from shared.token_stream import TokenStreamReader
 
 START = "0-0"
 
@@ -31,8 +31,8 @@ class EventsService:
         return self._final(job_id)
 
     async def _tokens(self, job_id: str, after: str) -> AsyncIterator[JobEvent]:
-        reader = TokenStreamReader(self.state.redis, self.state.store)
-        async for event in reader.follow(job_id, after):
+        follower = TokenFollower(self.state.tokens, self.state.store)
+        async for event in follower.follow(job_id, after):
             yield JobEvent(event.kind, event.data(), event.id or None)
 
     async def _final(self, job_id: str) -> AsyncIterator[JobEvent]:

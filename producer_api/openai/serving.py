@@ -32,8 +32,9 @@ from producer_api.openai.protocol import (
     Usage,
 )
 from producer_api.state import ProducerState
+from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
-from shared.token_stream import TokenEvent, TokenStreamReader
+from shared.token_stream import TokenEvent
 
 DONE = "[DONE]"
 # HTTP status of a non-streamed request whose job did not succeed (as `/predict` answers).
@@ -164,7 +165,7 @@ class OpenAIService:
         return job_id
 
     def _follow(self, job_id: str) -> AsyncIterator[TokenEvent]:
-        return TokenStreamReader(self.state.redis, self.state.store).follow(job_id)
+        return TokenFollower(self.state.tokens, self.state.store).follow(job_id)
 
     async def complete(self, job_id: str) -> Generation:
         """Wait for the job by reading its token stream; raises if it did not succeed."""

@@ -1,0 +1,168 @@
+"""One blocking XREAD per producer for every token stream its clients follow (SSE and OpenAI
+streaming): an open stream costs a queue, not a Redis connection held in a blocking read, and
+one read returns the new entries of many streams at once. A listener on a stream the hub does
+not read yet wakes it through a small per-producer stream that the hub always reads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shared.job_store import JobRecord, JobStore
+from shared.redis_client import connect
+from shared.token_stream import READ_COUNT, TokenEvent, final_from_job
+
+log = logging.getLogger(__name__)
+Rows = list[tuple[Any, Any]]
+HUB_BLOCK_MS = 5000  # a read returns sooner whenever any followed stream (or the wake) grows
+WAKE_MAXLEN = 64
+WAKE_TTL_S = 86_400
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class TokenHub:
+    def __init__(self, url: str, client: aioredis.Redis, wake_key: str, name: str) -> None:
+        self.redis = client  # the shared pool: short reads and the wake-ups
+        self._reader = connect(url, max_connections=1, name=name)  # only the blocking XREAD
+        self.wake_key = wake_key
+        self._cursors: dict[str, str] = {}
+        self._queues: dict[str, set[asyncio.Queue[Rows]]] = defaultdict(set)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="token-hub")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._reader.aclose()
+
+    @asynccontextmanager
+    async def listen(self, key: str, after: str) -> AsyncIterator[asyncio.Queue[Rows]]:
+        """Every batch of entries the hub reads from `key` from now on (possibly some at or
+        before `after`: the caller drops what it has already seen)."""
+        queue: asyncio.Queue[Rows] = asyncio.Queue()
+        self._queues[key].add(queue)
+        try:
+            if key not in self._cursors:
+                self._cursors[key] = after
+                await self._wake()
+            yield queue
+        finally:
+            self._queues[key].discard(queue)
+            if not self._queues[key]:
+                del self._queues[key]
+                self._cursors.pop(key, None)
+
+    async def _run(self) -> None:
+        wake = await self._wake_cursor()
+        while True:
+            try:
+                streams: dict[Any, Any] = {self.wake_key: wake, **self._cursors}
+                reply: Any = await self._reader.xread(streams, count=READ_COUNT, block=HUB_BLOCK_MS)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                log.warning("token hub read failed (%r); retrying", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for raw_key, rows in reply or []:
+                key, last = _text(raw_key), _text(rows[-1][0])
+                if key == self.wake_key:
+                    wake = last
+                elif key in self._cursors:
+                    self._cursors[key] = last
+                    for queue in self._queues[key]:
+                        queue.put_nowait(rows)
+
+    async def _wake_cursor(self) -> str:
+        """The id after which wake-ups count: the hub's own first entry."""
+        while True:
+            try:
+                return await self._wake()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                log.warning("token hub cannot start yet (%r)", exc)
+                await asyncio.sleep(0.5)
+
+    async def _wake(self) -> str:
+        """Append to the wake stream (kept short, and gone a day after this producer is)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(self.wake_key, {"w": 1}, maxlen=WAKE_MAXLEN)
+            pipe.expire(self.wake_key, WAKE_TTL_S)
+            entry_id, _ = await pipe.execute()
+        return _text(entry_id)
+
+
+class TokenFollower:
+    """Follows one job's token stream from where the client left off: what already exists is
+    read directly, live entries come from the hub; whenever nothing came for `block_ms`, a
+    look at the job hash ends a stream whose job ended without a final event (cancelled while
+    queued, expired)."""
+
+    def __init__(self, hub: TokenHub, store: JobStore, block_ms: int = 1000) -> None:
+        self.hub = hub
+        self.store = store
+        self.block_ms = block_ms
+
+    async def follow(self, job_id: str, after: str = "0-0") -> AsyncIterator[TokenEvent]:
+        """Every event after `after`, live ones as they come, ending with exactly one final."""
+        key = self.store.keys.tokens(job_id)
+        async with self.hub.listen(key, after) as queue:
+            events, over, record = await self._read(key, after), False, None
+            while True:
+                for event in events:
+                    if _id(event.id) <= _id(after):
+                        continue  # the hub's read and ours overlap
+                    yield event
+                    if event.final:
+                        return
+                    after = event.id
+                if over:
+                    if record is not None:  # the job ended without a final event
+                        yield final_from_job(record)
+                    return
+                events, over, record = await self._next(job_id, key, after, queue)
+
+    async def _next(
+        self, job_id: str, key: str, after: str, queue: asyncio.Queue[Rows]
+    ) -> tuple[list[TokenEvent], bool, JobRecord | None]:
+        """(events, over, record): the next live entries; or, after `block_ms` without any, a
+        look at the job, and once it is over (or gone) what is left of its stream."""
+        try:
+            rows = await asyncio.wait_for(queue.get(), self.block_ms / 1000)
+        except TimeoutError:
+            record = await self.store.get(job_id)
+            # The worker appends its final event before it marks the job terminal: once the
+            # hash is terminal, what is left in the stream is readable without blocking.
+            if record is not None and not record.status.terminal:
+                return [], False, None
+            return await self._read(key, after), True, record
+        while not queue.empty():
+            rows = rows + queue.get_nowait()
+        return [TokenEvent.decode(eid, raw) for eid, raw in rows], False, None
+
+    async def _read(self, key: str, after: str) -> list[TokenEvent]:
+        """Everything the stream holds after `after` now (no blocking), however long."""
+        events: list[TokenEvent] = []
+        while True:
+            reply: Any = await self.hub.redis.xread({key: after}, count=READ_COUNT)
+            read = [TokenEvent.decode(eid, raw) for _, rows in reply or [] for eid, raw in rows]
+            events += read
+            if len(read) < READ_COUNT:
+                return events
+            after = read[-1].id
