@@ -7,6 +7,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +53,27 @@ async def aredis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A real pipeline: its own embedded Valkey and a producer on a free port; tests add workers."""
-    pipeline = Stack.create(tmp_path_factory.mktemp("stack"))
-    pipeline.env["CONVEYOR_AUTH"] = "disabled"  # these tests are not about keys (test_auth is)
+@contextmanager
+def running_stack(
+    folder: Path, valkey_config: dict[str, str] | None = None, **env: str
+) -> Iterator[Stack]:
+    """Its own embedded Valkey and a producer on a free port, with `env` set for every process
+    it starts; stopped (workers included) on the way out."""
+    pipeline = Stack.create(folder, valkey_config=valkey_config)
+    pipeline.env.update(env)
     try:
         pipeline.start_producer(free_port())
         yield pipeline
     finally:
         pipeline.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A real pipeline: its own embedded Valkey and a producer on a free port; tests add workers."""
+    # these tests are not about keys (test_auth is)
+    with running_stack(tmp_path_factory.mktemp("stack"), CONVEYOR_AUTH="disabled") as pipeline:
+        yield pipeline
 
 
 @pytest.fixture(scope="session")
@@ -89,13 +101,8 @@ def stack_redis(stack: Stack) -> Iterator[redis.Redis]:
 @pytest.fixture(scope="session")
 def auth_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A pipeline with API keys enforced, as in production (auth, rate-limit and fuzz tests)."""
-    pipeline = Stack.create(tmp_path_factory.mktemp("auth-stack"))
-    pipeline.env["CONVEYOR_AUTH"] = "enabled"
-    try:
-        pipeline.start_producer(free_port())
+    with running_stack(tmp_path_factory.mktemp("auth-stack"), CONVEYOR_AUTH="enabled") as pipeline:
         yield pipeline
-    finally:
-        pipeline.stop()
 
 
 def issue_key(redis_url: str, tenant: str, *scopes: str, **spec: Any) -> str:

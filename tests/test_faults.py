@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from conveyor.stack import Stack, free_port
-from tests.conftest import REPO_ROOT, until
+from tests.conftest import REPO_ROOT, running_stack, until
 from tests.fault_engine import FIXED_ENV
 from tests.webhook_receiver import Receiver, serving
 
@@ -39,20 +39,16 @@ def receiver() -> Iterator[Receiver]:
 @pytest.fixture(scope="module")
 def fault_stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Stack]:
     """Its own Valkey with AOF fsync on every write, and a producer over the test models."""
-    stack = Stack.create(
+    with running_stack(
         tmp_path_factory.mktemp("faults"),
         valkey_config={"appendonly": "yes", "appendfsync": "always"},
-    )
-    stack.env["CONVEYOR_MODEL_REPOSITORY"] = str(FIXTURES)
-    stack.env["PYTHONPATH"] = str(REPO_ROOT)  # the custom backend lives in tests/
-    stack.env["CONVEYOR_AUTH"] = "disabled"  # faults, not keys, are under test here
-    stack.env["CONVEYOR_WEBHOOK_ALLOWLIST"] = f"{receiver.base}/"
-    stack.env["CONVEYOR_WEBHOOK_SECRET"] = "whsec-faults"
-    try:
-        stack.start_producer(free_port())
+        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
+        PYTHONPATH=str(REPO_ROOT),  # the custom backend lives in tests/
+        CONVEYOR_AUTH="disabled",  # faults, not keys, are under test here
+        CONVEYOR_WEBHOOK_ALLOWLIST=f"{receiver.base}/",
+        CONVEYOR_WEBHOOK_SECRET="whsec-faults",
+    ) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ import httpx
 import pytest
 import redis
 
-from conveyor.stack import Stack, free_port
-from tests.conftest import REPO_ROOT
+from conveyor.stack import Stack
+from tests.conftest import REPO_ROOT, running_stack
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 pytestmark = pytest.mark.slow
@@ -27,15 +27,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def elastic_stack(tmp_path: Path) -> Iterator[Stack]:
-    stack = Stack.create(tmp_path / "stack")
-    stack.env.update(
-        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES), PYTHONPATH=str(REPO_ROOT), CONVEYOR_AUTH="disabled"
-    )
-    try:
-        stack.start_producer(free_port())
+    with running_stack(
+        tmp_path / "stack",
+        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
+        PYTHONPATH=str(REPO_ROOT),
+        CONVEYOR_AUTH="disabled",
+    ) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def _lines(process: subprocess.Popen[str]) -> queue.Queue[str]:

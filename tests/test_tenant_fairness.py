@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from conveyor.stack import Stack, free_port
-from tests.conftest import REPO_ROOT, issue_key
+from conveyor.stack import Stack
+from tests.conftest import REPO_ROOT, issue_key, running_stack
 
 pytestmark = pytest.mark.slow
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "fairness_repository"
@@ -36,18 +36,14 @@ NO_LIMITS = {"rate_per_s": 100_000.0, "burst": 100_000}
 @pytest.fixture(scope="module")
 def fair_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Auth on, the `slow` test model and one worker serving it."""
-    stack = Stack.create(tmp_path_factory.mktemp("fairness"))
-    stack.env.update(
+    with running_stack(
+        tmp_path_factory.mktemp("fairness"),
         CONVEYOR_AUTH="enabled",
         CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
         PYTHONPATH=str(REPO_ROOT),  # the fault engine lives in tests/
-    )
-    try:
-        stack.start_producer(free_port())
+    ) as stack:
         stack.start_worker("slow")
         yield stack
-    finally:
-        stack.stop()
 
 
 def _job() -> dict[str, Any]:

@@ -13,7 +13,8 @@ import httpx
 import pytest
 import redis
 
-from conveyor.stack import Stack, free_port
+from conveyor.stack import Stack
+from tests.conftest import running_stack
 from tests.test_llm_pipeline import sse_events
 
 pytestmark = pytest.mark.slow
@@ -23,13 +24,8 @@ LISTENERS = 80  # more than the producer's Redis pool (64), so one connection ea
 @pytest.fixture(scope="module")
 def producer_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A producer and no worker: every smollm2 job stays queued until cancelled."""
-    stack = Stack.create(tmp_path_factory.mktemp("token-hub"))
-    stack.env["CONVEYOR_AUTH"] = "disabled"
-    try:
-        stack.start_producer(free_port())
+    with running_stack(tmp_path_factory.mktemp("token-hub"), CONVEYOR_AUTH="disabled") as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def _blocked_producer_reads(r: redis.Redis) -> int:

@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-from conveyor.stack import Stack, free_port
+from conveyor.stack import Stack
 from shared.webhook_signing import HEADER, InvalidSignature, sign, verify
 from shared.webhooks import allowed
-from tests.conftest import until
+from tests.conftest import running_stack, until
 from tests.webhook_receiver import Receiver, serving
 
 pytestmark = pytest.mark.slow
@@ -33,18 +33,14 @@ def receiver() -> Iterator[Receiver]:
 def hook_stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Stack]:
     """Producer and an identity worker (which also runs the Celery webhook task), both allowed
     to call only the receiver's /hooks/ paths."""
-    stack = Stack.create(tmp_path_factory.mktemp("webhooks"))
-    stack.env.update(
+    with running_stack(
+        tmp_path_factory.mktemp("webhooks"),
         CONVEYOR_AUTH="disabled",
         CONVEYOR_WEBHOOK_SECRET=SECRET,
         CONVEYOR_WEBHOOK_ALLOWLIST=f"{receiver.base}/hooks/",
-    )
-    try:
-        stack.start_producer(free_port())
+    ) as stack:
         stack.start_worker("identity:default")
         yield stack
-    finally:
-        stack.stop()
 
 
 def _lines(count: int) -> bytes:
