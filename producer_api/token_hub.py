@@ -14,6 +14,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.job_store import JobRecord, JobStore
@@ -79,6 +80,10 @@ class TokenHub:
                 reply: Any = await self._reader.xread(streams, count=READ_COUNT, block=HUB_BLOCK_MS)
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 log.warning("token hub read failed (%r); retrying", exc)
+                await asyncio.sleep(0.5)
+                continue
+            except RedisError:  # never let one bad reply stop every stream of this producer
+                log.exception("token hub read failed; retrying")
                 await asyncio.sleep(0.5)
                 continue
             for raw_key, rows in reply or []:
