@@ -17,6 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from shared.codec import as_text, stream_id
 from shared.job_store import JobRecord, JobStore
 from shared.redis_client import connect
 from shared.token_stream import READ_COUNT, TokenEvent, final_from_job
@@ -26,15 +27,6 @@ Rows = list[tuple[Any, Any]]
 HUB_BLOCK_MS = 5000  # a read returns sooner whenever any followed stream (or the wake) grows
 WAKE_MAXLEN = 64
 WAKE_TTL_S = 86_400
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _id(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 class TokenHub:
@@ -87,7 +79,7 @@ class TokenHub:
                 await asyncio.sleep(0.5)
                 continue
             for raw_key, rows in reply or []:
-                key, last = _text(raw_key), _text(rows[-1][0])
+                key, last = as_text(raw_key), as_text(rows[-1][0])
                 if key == self.wake_key:
                     wake = last
                 elif key in self._cursors:
@@ -110,7 +102,7 @@ class TokenHub:
             pipe.xadd(self.wake_key, {"w": 1}, maxlen=WAKE_MAXLEN)
             pipe.expire(self.wake_key, WAKE_TTL_S)
             entry_id, _ = await pipe.execute()
-        return _text(entry_id)
+        return as_text(entry_id)
 
 
 class TokenFollower:
@@ -131,7 +123,7 @@ class TokenFollower:
             events, over, record = await self._read(key, after), False, None
             while True:
                 for event in events:
-                    if _id(event.id) <= _id(after):
+                    if stream_id(event.id) <= stream_id(after):
                         continue  # the hub's read and ours overlap
                     yield event
                     if event.final:

@@ -19,6 +19,7 @@ from typing import Literal, cast, get_args
 
 import redis.asyncio as aioredis
 
+from shared.codec import as_text
 from shared.keys import Keys
 
 Scope = Literal["submit", "read", "admin"]
@@ -111,7 +112,7 @@ class ApiKey:
 
     @classmethod
     def from_fields(cls, raw: Mapping[bytes | str, bytes | str]) -> ApiKey:
-        text = {_text(k): _text(v) for k, v in raw.items()}
+        text = {as_text(k): as_text(v) for k, v in raw.items()}
 
         def number(name: str, kind: type[float] | type[int]) -> float | int | None:
             value = text.get(name)
@@ -134,10 +135,6 @@ class ApiKey:
             created_at=float(text.get("created_at") or 0),
             revoked_at=float(text.get("revoked_at") or 0),
         )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _split(value: str) -> frozenset[str]:
@@ -184,7 +181,7 @@ class ApiKeyStore:
         return ApiKey.from_fields(raw) if raw else None
 
     async def list(self) -> list[ApiKey]:
-        ids = sorted(_text(i) for i in await self.redis.smembers(self.keys.api_key_index))
+        ids = sorted(as_text(i) for i in await self.redis.smembers(self.keys.api_key_index))
         records = [await self.get(key_id) for key_id in ids]
         return [r for r in records if r is not None]
 

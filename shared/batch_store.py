@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
 from shared import batch_scripts
-from shared.codec import dumps, loads
+from shared.codec import as_text, dumps, loads
 from shared.job_store import now_ms
 from shared.keys import Keys
 
@@ -35,16 +35,12 @@ class BatchStatus(StrEnum):
         return self in {self.COMPLETED, self.FAILED, self.CANCELLED, self.EXPIRED}
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _flat(fields: Mapping[str, str | int]) -> list[EncodableT]:
     return [part for pair in fields.items() for part in pair]
 
 
 def _fields(flat: Sequence[str | bytes]) -> dict[str, str]:
-    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+    return {as_text(flat[i]): as_text(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 @dataclass(slots=True)
@@ -127,7 +123,7 @@ class BatchStore:
 
     async def read(self, batch_id: str) -> dict[str, str] | None:
         raw = await self.redis.hgetall(self.keys.batch(batch_id))
-        return {_text(k): _text(v) for k, v in raw.items()} if raw else None
+        return {as_text(k): as_text(v) for k, v in raw.items()} if raw else None
 
     async def refresh(
         self, batch_id: str, window: int, budget: int = 4 * CHUNK, stale_ms: int = 60_000
@@ -156,8 +152,8 @@ class BatchStore:
             keys=[self.keys.batch(batch_id)], args=[ending.value, now_ms()]
         )
         return (
-            _text(status) if status else None,
-            BatchStatus(_text(in_force)) if in_force else None,
+            as_text(status) if status else None,
+            BatchStatus(as_text(in_force)) if in_force else None,
         )
 
     async def open_ids(self, batch_id: str, open_lists: list[str]) -> list[str]:
@@ -166,13 +162,13 @@ class BatchStore:
             for open_list in open_lists:
                 pipe.lrange(open_list, 0, -1)
             lists = await pipe.execute()
-        return [_text(job_id) for ids in lists for job_id in ids]
+        return [as_text(job_id) for ids in lists for job_id in ids]
 
     async def items(self, batch_id: str) -> AsyncIterator[list[ItemState]]:
         """Items in line order, a chunk per round trip (one LRANGE plus pipelined HMGETs)."""
         key = self.keys.batch_items(batch_id)
         for start in range(0, await self.redis.llen(key), CHUNK):
-            ids = [_text(i) for i in await self.redis.lrange(key, start, start + CHUNK - 1)]
+            ids = [as_text(i) for i in await self.redis.lrange(key, start, start + CHUNK - 1)]
             async with self.redis.pipeline(transaction=False) as pipe:
                 for job_id in ids:
                     pipe.hmget(
@@ -208,7 +204,7 @@ class BatchStore:
     async def active(self) -> list[tuple[str, int]]:
         """Running batches with their expiry (ms)."""
         rows: list[Any] = await self.redis.zrange(self.keys.batches_active, 0, -1, withscores=True)
-        return [(_text(batch_id), int(score)) for batch_id, score in rows]
+        return [(as_text(batch_id), int(score)) for batch_id, score in rows]
 
     async def set_fields(self, batch_id: str, fields: Mapping[str, str | int]) -> None:
         await self.redis.hset(self.keys.batch(batch_id), items=_flat(fields))
@@ -218,8 +214,8 @@ def _item(job_id: str, row: list[bytes | None]) -> ItemState:
     status, custom_id, line, outputs, error = row
     return ItemState(
         job_id=job_id,
-        status=_text(status) if status is not None else None,
-        custom_id=_text(custom_id) if custom_id is not None else None,
+        status=as_text(status) if status is not None else None,
+        custom_id=as_text(custom_id) if custom_id is not None else None,
         line=int(line) if line is not None else 0,
         outputs=outputs,
         error=error,

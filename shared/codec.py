@@ -53,3 +53,14 @@ class RequestEntry:
             reply=fields.get(b"reply", b"").decode(),
             traceparent=fields.get(b"tp", b"").decode(),
         )
+
+
+def as_text(value: bytes | str) -> str:
+    """A Redis reply value as text (clients here do not decode responses)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def stream_id(entry_id: bytes | str) -> tuple[int, int]:
+    """A stream entry id as (milliseconds, sequence): it orders as the stream does."""
+    ms, _, seq = as_text(entry_id).partition("-")
+    return int(ms), int(seq or 0)

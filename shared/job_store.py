@@ -11,7 +11,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from shared import job_scripts
-from shared.codec import RequestEntry, dumps, loads
+from shared.codec import RequestEntry, as_text, dumps, loads
 from shared.job_states import IllegalTransition, JobStatus
 from shared.keys import Keys
 
@@ -23,14 +23,10 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def job_view(job_id: str, fields: Mapping[str, str | bytes]) -> dict[str, Any]:
     """The public shape of a job (`{id, status, model, variant, outputs?, error?, timings}`),
     built the same way from a hash read and from a worker's reply message."""
-    get = {k: _text(v) for k, v in fields.items()}.get
+    get = {k: as_text(v) for k, v in fields.items()}.get
     view: dict[str, Any] = {
         "id": job_id,
         "status": get("status"),
@@ -146,7 +142,7 @@ class JobStore:
         raw = await self.redis.hgetall(self.keys.job(job_id))
         if not raw:
             return None
-        return JobRecord(job_id, {_text(k): _text(v) for k, v in raw.items()})
+        return JobRecord(job_id, {as_text(k): as_text(v) for k, v in raw.items()})
 
     async def transition(
         self, job_id: str, target: JobStatus, fields: Mapping[str, str | int] | None = None

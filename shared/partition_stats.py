@@ -10,6 +10,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from shared.codec import as_text, stream_id
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
 
@@ -62,12 +63,12 @@ async def read_partition_stats(
 
 def _apply_group(lane: LaneStats, groups: Any) -> None:
     for group in groups if isinstance(groups, list) else []:
-        if _text(group.get("name")) == GROUP:
+        if as_text(group.get("name")) == GROUP:
             lag = group.get("lag")
             lane.lag = None if lag is None else int(lag)
             lane.pending = int(group.get("pending", 0))
             lane.consumers = int(group.get("consumers", 0))
-            lane.last_delivered = _text(group.get("last-delivered-id", "0-0"))
+            lane.last_delivered = as_text(group.get("last-delivered-id", "0-0"))
 
 
 async def _oldest_ages(client: aioredis.Redis, lanes: list[LaneStats]) -> None:
@@ -81,13 +82,9 @@ async def _oldest_ages(client: aioredis.Redis, lanes: list[LaneStats]) -> None:
     now_ms = time.time() * 1000
     for lane, rows in zip(busy, await pipe.execute(raise_on_error=False), strict=True):
         if isinstance(rows, list) and rows:
-            first_ms = int(_text(rows[0][0]).split("-")[0])
+            first_ms = stream_id(rows[0][0])[0]
             lane.oldest_age_s = max(0.0, (now_ms - first_ms) / 1000)
 
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) else 0
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

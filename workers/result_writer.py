@@ -11,7 +11,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from shared import job_scripts
-from shared.codec import dumps
+from shared.codec import as_text, dumps
 from shared.job_store import job_view
 from shared.keys import GROUP, Keys
 
@@ -55,10 +55,6 @@ class ResultWriter:
             for name, value in item.fields.items():
                 args += [name, value]
         written = {
-            _text(job_id) for job_id in await self._finish(keys=[stream, drained], args=args)
+            as_text(job_id) for job_id in await self._finish(keys=[stream, drained], args=args)
         }
         return [item for item in batch if item.job_id in written]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

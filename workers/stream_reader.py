@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from shared import job_scripts
-from shared.codec import RequestEntry
+from shared.codec import RequestEntry, as_text
 from shared.job_store import now_ms
 from shared.keys import GROUP, Keys
 
@@ -74,7 +74,7 @@ class StreamReader:
             args=[self.keys.job_prefix, now, self.consumer, *(e.job_id for _, e in entries)]
         )
         return [
-            Delivery(eid, entry, _text(status), now)
+            Delivery(eid, entry, as_text(status), now)
             for (eid, entry), status in zip(entries, statuses, strict=True)
         ]
 
@@ -138,10 +138,6 @@ async def take_first(
     return readers[index - 1], deliveries
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def decode_delivery(entry_id: bytes, flat: list[bytes], status: bytes, now: int) -> Delivery:
     """A Lua script's `{id, fields, status}` row as a Delivery (undecodable: entry None)."""
     try:
@@ -151,4 +147,4 @@ def decode_delivery(entry_id: bytes, flat: list[bytes], status: bytes, now: int)
     except (KeyError, ValueError):
         log.error("undecodable entry %r on stream; acknowledging it", entry_id)
         entry = None
-    return Delivery(entry_id, entry, _text(status), now)
+    return Delivery(entry_id, entry, as_text(status), now)
