@@ -78,12 +78,6 @@ class StreamReader:
             for (eid, entry), status in zip(entries, statuses, strict=True)
         ]
 
-    async def next_batch(self, max_items: int, delay_ms: float, block_ms: int) -> list[Delivery]:
-        """Dynamic batching: wait for a first entry, then gather until `max_items` or until
-        `delay_ms` has passed since it arrived (Triton's max_queue_delay)."""
-        batch = await self.take(max_items) or await self.wait(max_items, block_ms)
-        return await self.gather(batch, max_items, delay_ms)
-
     async def gather(
         self, batch: list[Delivery], max_items: int, delay_ms: float
     ) -> list[Delivery]:
