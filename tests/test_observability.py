@@ -21,7 +21,7 @@ from conveyor.stack import Stack
 from producer_api.app import create_app
 from shared.settings import Settings
 from tests.conftest import until
-from workers.consumer_runtime import ConsumerRuntime
+from workers.runtime.consumer_runtime import ConsumerRuntime
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from conveyor.stack import Stack
+from shared.webhook_events import allowed
 from shared.webhook_signing import HEADER, InvalidSignature, sign, verify
-from shared.webhooks import allowed
 from tests.conftest import running_stack, until
 from tests.webhook_receiver import Receiver, serving
 

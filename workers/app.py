@@ -8,15 +8,15 @@ from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from shared.settings import get_settings
 from shared.telemetry import configure_logging, configure_tracing
-from workers.metrics_server import MetricsServer
-from workers.stream_consumer import StreamConsumer
+from workers.runtime.metrics_server import MetricsServer
+from workers.runtime.stream_consumer import StreamConsumer
 
 settings = get_settings()
 configure_logging(settings.log_level)
 if configure_tracing("conveyor-worker"):
     CeleryInstrumentor().instrument()
 
-app = Celery("conveyor", broker=settings.redis_url, include=["workers.webhooks"])
+app = Celery("conveyor", broker=settings.redis_url, include=["workers.webhook_delivery"])
 app.conf.update(
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,

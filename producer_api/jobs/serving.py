@@ -26,7 +26,7 @@ from shared.model_repository import ModelConfig
 from shared.rate_limit import InFlightLimiter
 from shared.routing import UnknownVariant, choose_variant
 from shared.telemetry import current_traceparent
-from shared.webhooks import WebhookDispatcher, event, refusal
+from shared.webhook_events import WebhookDispatcher, event, refusal
 
 log = logging.getLogger(__name__)
 

@@ -16,17 +16,17 @@ from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.redis_client import connect
 from shared.settings import Settings
-from workers.batching_loop import BatchingLoop
+from workers.batching.micro_batch_loop import MicroBatchLoop
 from workers.engines.base import BatchEngine, GenerateEngine
 from workers.engines.registry import create_engine
-from workers.generate_loop import GenerateLoop
-from workers.job_webhooks import JobWebhooks
-from workers.lane_scheduler import LaneScheduler
-from workers.partition_io import PartitionIO
-from workers.reclaim import Reclaimer
-from workers.result_writer import ResultWriter
-from workers.stream_reader import StreamReader
-from workers.token_writer import TokenWriter
+from workers.generation.generate_loop import GenerateLoop
+from workers.partition.job_events import JobEvents
+from workers.partition.lane_scheduler import LaneScheduler
+from workers.partition.partition_io import PartitionIO
+from workers.partition.reclaim import Reclaimer
+from workers.partition.result_writer import ResultWriter
+from workers.partition.stream_reader import StreamReader
+from workers.partition.token_writer import TokenWriter
 
 log = logging.getLogger(__name__)
 # Of the shutdown grace, what a generate engine's own shutdown needs after the drain.
@@ -47,7 +47,7 @@ class ConsumerRuntime:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_thread, name="conveyor-consumer")
         self._ready: Future[None] = Future()
-        self._loops: list[BatchingLoop | GenerateLoop] = []
+        self._loops: list[MicroBatchLoop | GenerateLoop] = []
         self._engines: list[BatchEngine | GenerateEngine] = []
 
     def start(self, timeout: float = 600.0) -> None:
@@ -97,7 +97,7 @@ class ConsumerRuntime:
 
     async def _build_loop(
         self, client: aioredis.Redis, writer: ResultWriter, config: ModelConfig, variant: str
-    ) -> BatchingLoop | GenerateLoop:
+    ) -> MicroBatchLoop | GenerateLoop:
         engine = await self._load_engine(config, variant)
         streams = [
             self.keys.queue(config.name, variant),
@@ -106,7 +106,7 @@ class ConsumerRuntime:
         readers = [StreamReader(client, self.keys, s, self.consumer) for s in streams]
         for reader in readers:
             await reader.ensure_group()
-        webhooks = JobWebhooks(self.settings.redis_url)
+        webhooks = JobEvents(self.settings.redis_url)
         ttl_s = self.settings.result_ttl_s
         reclaimers = [
             Reclaimer(client, self.keys, config, variant, s, self.consumer, ttl_s, webhooks)
@@ -120,7 +120,7 @@ class ConsumerRuntime:
             tokens = TokenWriter(client, self.keys, self.settings.result_ttl_s)
             drain_s = max(0.0, self.settings.shutdown_grace_s - ENGINE_CLOSE_S)
             return GenerateLoop(io, engine, tokens, drain_s)
-        return BatchingLoop(io, engine)
+        return MicroBatchLoop(io, engine)
 
     async def _load_engine(self, config: ModelConfig, variant: str) -> BatchEngine | GenerateEngine:
         engine = create_engine(config, variant, self.settings.artifact_dir)

@@ -12,7 +12,7 @@ from celery import bootsteps
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shared.settings import get_settings
-from workers.stream_consumer import StreamConsumer
+from workers.runtime.stream_consumer import StreamConsumer
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from shared.keys import GROUP
-from workers.stream_reader import Delivery, StreamReader, take_first
+from workers.partition.stream_reader import Delivery, StreamReader, take_first
 
 
 class LaneScheduler:

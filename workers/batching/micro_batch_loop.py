@@ -8,18 +8,18 @@ import logging
 
 from shared.codec import dumps
 from shared.job_states import JobStatus
-from workers.batch_executor import Outcome, execute
-from workers.batch_telemetry import batch_span, log_batch, record_batch, tracer
+from workers.batching.micro_batch_executor import Outcome, execute
+from workers.batching.micro_batch_telemetry import batch_span, log_batch, record_batch, tracer
 from workers.engines.base import BatchEngine
-from workers.partition_io import PartitionIO
-from workers.redis_backoff import OUTAGE, Backoff, until_done
-from workers.result_writer import Finish
-from workers.stream_reader import Delivery
+from workers.partition.partition_io import PartitionIO
+from workers.partition.result_writer import Finish
+from workers.partition.stream_reader import Delivery
+from workers.runtime.redis_backoff import OUTAGE, Backoff, until_done
 
 log = logging.getLogger(__name__)
 
 
-class BatchingLoop:
+class MicroBatchLoop:
     def __init__(self, io: PartitionIO, engine: BatchEngine) -> None:
         self.io = io
         self.engine = engine

@@ -8,7 +8,7 @@ from typing import Any
 from celery import bootsteps
 
 from shared.settings import get_settings
-from workers.consumer_runtime import ConsumerRuntime
+from workers.runtime.consumer_runtime import ConsumerRuntime
 
 
 class StreamConsumer(bootsteps.StartStopStep):

@@ -2,7 +2,7 @@
 POST the signed event, retry with exponential backoff and jitter for a bounded time
 (`CONVEYOR_WEBHOOK_RETRY_FOR_S`), and record every attempt on the job's or batch's hash.
 
-The producer sends it by name (`shared.webhooks.WebhookDispatcher`) when a batch ends; the
+The producer sends it by name (`shared.webhook_events.WebhookDispatcher`) when a batch ends; the
 worker's result path can do the same for jobs that carry a webhook."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from celery import Task
 from shared.codec import dumps, loads
 from shared.keys import Keys
 from shared.settings import get_settings
+from shared.webhook_events import TASK_NAME, TargetKind, allowed
 from shared.webhook_signing import HEADER, sign
-from shared.webhooks import TASK_NAME, TargetKind, allowed
 from workers.app import app
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.token_stream import TokenEvent, usage_of
 from workers.engines.base import GenerateRequest, TokenChunk
-from workers.stream_reader import Delivery
+from workers.partition.stream_reader import Delivery
 
 FLOAT_PARAMETERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 

@@ -8,8 +8,8 @@ from shared.codec import dumps
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.model_repository import ModelConfig
-from workers.result_writer import Finish
-from workers.stream_reader import Delivery
+from workers.partition.result_writer import Finish
+from workers.partition.stream_reader import Delivery
 
 
 def skip_or_expire(config: ModelConfig, variant: str, delivery: Delivery) -> Finish | None:

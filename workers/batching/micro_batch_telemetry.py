@@ -13,9 +13,9 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span
 
 from shared.metrics import BATCH_SIZE, E2E_LATENCY, ENGINE_TIME, JOBS_FINISHED, QUEUE_WAIT
 from shared.telemetry import span_context_of, trace_id_of
-from workers.batch_executor import Outcome
-from workers.result_writer import Finish
-from workers.stream_reader import Delivery
+from workers.batching.micro_batch_executor import Outcome
+from workers.partition.result_writer import Finish
+from workers.partition.stream_reader import Delivery
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("conveyor.worker")

@@ -22,14 +22,14 @@ from shared.job_store import now_ms
 from shared.keys import GROUP
 from shared.metrics import BATCH_SIZE, TOKENS, TPOT, TTFT
 from shared.token_stream import TokenEvent
-from workers.batch_telemetry import record_batch
+from workers.batching.micro_batch_telemetry import record_batch
 from workers.engines.base import GenerateEngine, TokenChunk
-from workers.generate_job import RunningJob, generate_request
-from workers.partition_io import PartitionIO
-from workers.redis_backoff import OUTAGE, Backoff, until_done
-from workers.result_writer import Finish
-from workers.stream_reader import Delivery
-from workers.token_writer import TokenWriter
+from workers.generation.generate_job import RunningJob, generate_request
+from workers.partition.partition_io import PartitionIO
+from workers.partition.result_writer import Finish
+from workers.partition.stream_reader import Delivery
+from workers.partition.token_writer import TokenWriter
+from workers.runtime.redis_backoff import OUTAGE, Backoff, until_done
 
 log = logging.getLogger(__name__)
 TERMINAL_STATES = frozenset(s.value for s in TERMINAL)

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 from shared.job_states import JobStatus
 from shared.model_repository import ModelConfig
-from workers import job_finish
-from workers.job_webhooks import JobWebhooks
-from workers.lane_scheduler import LaneScheduler
-from workers.reclaim import Reclaimer
-from workers.result_writer import Finish, ResultWriter
-from workers.stream_reader import Delivery
+from workers.partition import job_finish
+from workers.partition.job_events import JobEvents
+from workers.partition.lane_scheduler import LaneScheduler
+from workers.partition.reclaim import Reclaimer
+from workers.partition.result_writer import Finish, ResultWriter
+from workers.partition.stream_reader import Delivery
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +23,7 @@ class PartitionIO:
     lanes: LaneScheduler
     writer: ResultWriter
     reclaimers: list[Reclaimer]
-    webhooks: JobWebhooks
+    webhooks: JobEvents
     block_ms: int
 
     async def reclaimed(self) -> tuple[str, list[Delivery]] | None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from shared.webhooks import WebhookDispatcher, event
-from workers.result_writer import Finish
+from shared.webhook_events import WebhookDispatcher, event
+from workers.partition.result_writer import Finish
 
 
-class JobWebhooks:
+class JobEvents:
     def __init__(self, broker_url: str) -> None:
         self.dispatcher = WebhookDispatcher(broker_url)
 

@@ -14,8 +14,8 @@ from shared import job_scripts
 from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig
-from workers.job_webhooks import JobWebhooks
-from workers.stream_reader import Delivery, decode_delivery
+from workers.partition.job_events import JobEvents
+from workers.partition.stream_reader import Delivery, decode_delivery
 
 log = logging.getLogger(__name__)
 DEAD = ("dead", "dead-ended")  # dead-lettered by the script; "dead": the job failed just now
@@ -31,7 +31,7 @@ class Reclaimer:
         stream: str,
         consumer: str,
         ttl_s: int,
-        webhooks: JobWebhooks,
+        webhooks: JobEvents,
     ) -> None:
         self.redis = client
         self.store = JobStore(client, keys, ttl_s)

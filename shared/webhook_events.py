@@ -1,7 +1,7 @@
-"""What producer and workers agree on about webhooks: which URLs may be called (the allow-list,
-so a client cannot make Conveyor reach internal services), the event envelope, and how a
-delivery is handed to the Celery task that performs it (`workers/webhooks.py`), so deliveries
-survive producer restarts."""
+"""Webhook events, as producer and workers agree on them: which URLs may be called (the
+allow-list, so a client cannot make Conveyor reach internal services), the event envelope, and
+how an event is handed to the Celery task that delivers it (`workers/webhook_delivery.py`), so
+deliveries survive producer restarts."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Continuous batching of `generate` models: admit into free engine slots, stream tokens."""
