@@ -1,5 +1,6 @@
 """The producer ASGI app (`uvicorn producer_api.app:app`): wires routers, error handlers, the
-body limit and the Redis-backed state built in the lifespan."""
+body limit, and, in its one lifespan, builds every Redis-backed service once and starts
+and stops the background loops in order."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from redis.exceptions import RedisError, ResponseError
 
-from producer_api.batches.api_router import router as batches_router
+from producer_api.batch_api.api_router import router as batch_api_router
+from producer_api.batch_api.progress import BatchApiProgress
+from producer_api.batch_api.sweeper import BatchApiSweeper
 from producer_api.body_limit import BodyLimitMiddleware
 from producer_api.errors import install_error_handlers
 from producer_api.events.api_router import router as events_router
 from producer_api.health.api_router import router as health_router
 from producer_api.http_metrics import HttpMetricsMiddleware
+from producer_api.jobs.admission import Backpressure, IdempotencyKeys
 from producer_api.jobs.api_router import router as jobs_router
 from producer_api.metrics.api_router import router as metrics_router
 from producer_api.models.api_router import router as models_router
@@ -25,12 +29,16 @@ from producer_api.openai.api_router import router as openai_router
 from producer_api.reply_listener import ReplyListener
 from producer_api.state import ProducerState
 from producer_api.token_hub import TokenHub
+from shared.api_keys import ApiKeyStore
+from shared.batch_api_store import BatchApiStore
 from shared.job_store import JobStore
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
+from shared.rate_limit import InFlightLimiter, RateLimiter
 from shared.redis_client import connect
 from shared.settings import Settings, get_settings
 from shared.telemetry import configure_logging, configure_tracing
+from shared.webhook_events import WebhookDispatcher
 
 log = logging.getLogger(__name__)
 
@@ -47,33 +55,74 @@ async def _ensure_groups(client: aioredis.Redis, keys: Keys, repository: ModelRe
                         raise
 
 
+def build_state(settings: Settings) -> ProducerState:
+    """Every service of the producer, built once (no I/O yet): each store and limiter holds the
+    one Redis pool and registers its Lua scripts here, not per request."""
+    keys = Keys(settings.key_prefix)
+    name = f"producer-{settings.instance_id}"
+    client = connect(settings.redis_url, name=name)
+    ttl_s = settings.result_ttl_s
+    job_store = JobStore(client, keys, ttl_s)
+    batch_store = BatchApiStore(client, keys, ttl_s)
+    webhooks = WebhookDispatcher(settings.redis_url)
+    wake = keys.token_hub_wake(settings.instance_id)
+    return ProducerState(
+        settings=settings,
+        keys=keys,
+        redis=client,
+        repository=ModelRepository.load(settings.model_repository),
+        replies=ReplyListener(client, keys.reply(settings.instance_id)),
+        tokens=TokenHub(settings.redis_url, client, wake, f"{name}-tokens"),
+        job_store=job_store,
+        batch_store=batch_store,
+        batch_progress=BatchApiProgress(job_store, batch_store, webhooks),
+        api_keys=ApiKeyStore(client, keys),
+        rate_limiter=RateLimiter(client, keys),
+        in_flight=InFlightLimiter(client, keys, ttl_s),
+        idempotency=IdempotencyKeys(client, keys, ttl_s),
+        backpressure=Backpressure(client, keys),
+        webhooks=webhooks,
+    )
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Everything the producer starts, in order, and stops, in reverse order."""
+    settings: Settings = app.state.settings
+    configure_logging(settings.log_level)
+    state = build_state(settings)
+    app.state.conveyor = state
+    try:
+        await _ensure_groups(state.redis, state.keys, state.repository)
+        await state.replies.start()
+    except RedisError as exc:
+        log.warning("redis not reachable at startup (%s); readyz will say so", exc)
+    await state.tokens.start()
+    sweeper = BatchApiSweeper(state.batch_store, state.batch_progress)
+    sweeper.start()
+    try:
+        yield
+    finally:
+        await sweeper.stop()
+        await state.tokens.stop()
+        await state.replies.stop()
+        await state.redis.aclose()
+
+
+# Every resource's routes; a new resource adds its router here.
+ROUTERS = (
+    jobs_router,
+    events_router,
+    openai_router,
+    batch_api_router,
+    models_router,
+    health_router,
+    metrics_router,
+)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        configure_logging(settings.log_level)
-        keys = Keys(settings.key_prefix)
-        name = f"producer-{settings.instance_id}"
-        client = connect(settings.redis_url, name=name)
-        repository = ModelRepository.load(settings.model_repository)
-        replies = ReplyListener(client, keys.reply(settings.instance_id))
-        wake = keys.token_hub_wake(settings.instance_id)
-        tokens = TokenHub(settings.redis_url, client, wake, f"{name}-tokens")
-        try:
-            await _ensure_groups(client, keys, repository)
-            await replies.start()
-        except RedisError as exc:
-            log.warning("redis not reachable at startup (%s); readyz will say so", exc)
-        await tokens.start()
-        store = JobStore(client, keys, settings.result_ttl_s)
-        app.state.conveyor = ProducerState(
-            settings, keys, client, store, repository, replies, tokens
-        )
-        yield
-        await tokens.stop()
-        await replies.stop()
-        await client.aclose()
 
     app = FastAPI(
         title="Conveyor",
@@ -81,13 +130,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Queue-driven asynchronous inference",
         lifespan=lifespan,
     )
+    app.state.settings = settings
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(HttpMetricsMiddleware)
     if configure_tracing("conveyor-producer"):
         FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
-    routers = (jobs_router, events_router, openai_router, batches_router, models_router)
-    for router in (*routers, health_router, metrics_router):
+    for router in ROUTERS:
         app.include_router(router)
     return app
 

@@ -1,4 +1,6 @@
-"""What every route needs, built once in the app's lifespan and reached through `app.state`."""
+"""What every route needs, built once in the app's lifespan (`producer_api/app.py`) and reached
+through `app.state`: the Redis-backed stores, limiters and dispatchers are long-lived objects
+(each registers its Lua scripts once), never rebuilt per request."""
 
 from __future__ import annotations
 
@@ -7,31 +9,41 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from fastapi import Request
 
+from producer_api.batch_api.progress import BatchApiProgress
+from producer_api.jobs.admission import Backpressure, IdempotencyKeys
 from producer_api.reply_listener import ReplyListener
 from producer_api.token_hub import TokenHub
+from shared.api_keys import ApiKeyStore
+from shared.batch_api_store import BatchApiStore
 from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
+from shared.rate_limit import InFlightLimiter, RateLimiter
 from shared.settings import Settings
+from shared.webhook_events import WebhookDispatcher
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class ProducerState:
     settings: Settings
     keys: Keys
     redis: aioredis.Redis
-    store: JobStore
     repository: ModelRepository
     replies: ReplyListener
     tokens: TokenHub
-
-
-def state_of(request: Request) -> ProducerState:
-    state: ProducerState = request.app.state.conveyor
-    return state
+    job_store: JobStore
+    batch_store: BatchApiStore
+    batch_progress: BatchApiProgress
+    api_keys: ApiKeyStore
+    rate_limiter: RateLimiter
+    in_flight: InFlightLimiter
+    idempotency: IdempotencyKeys
+    backpressure: Backpressure
+    webhooks: WebhookDispatcher
 
 
 async def producer_state(request: Request) -> ProducerState:
-    """The dependency form. Async on purpose: FastAPI runs plain `def` dependencies in its
-    thread pool, a thread hand-off per request on the hot path."""
-    return state_of(request)
+    """The dependency every route's services come from. Async on purpose: FastAPI runs plain
+    `def` dependencies in its thread pool, a thread hand-off per request on the hot path."""
+    state: ProducerState = request.app.state.conveyor
+    return state

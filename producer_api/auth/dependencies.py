@@ -10,14 +10,13 @@ from collections.abc import Awaitable, Callable
 from functools import cache
 from typing import Annotated, Any
 
-from fastapi import Request, Security
+from fastapi import Depends, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.errors import ConveyorError, ErrorBody
-from producer_api.state import ProducerState, state_of
-from shared.api_keys import ApiKeyStore, Scope
-from shared.rate_limit import RateLimiter
+from producer_api.state import ProducerState, producer_state
+from shared.api_keys import Scope
 
 _BEARER = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
 _HEADER = APIKeyHeader(name="X-API-Key", auto_error=False, description="The API key")
@@ -42,7 +41,7 @@ async def authenticate(state: ProducerState, presented: str | None) -> Principal
         return ANONYMOUS
     if not presented:
         raise _unauthorized("an API key is required: `Authorization: Bearer <key>` or X-API-Key")
-    key = await ApiKeyStore(state.redis, state.keys).verify(presented)
+    key = await state.api_keys.verify(presented)
     if key is None:
         raise _unauthorized("unknown API key")
     if reason := key.refusal(time.time()):
@@ -54,7 +53,7 @@ async def throttle(state: ProducerState, principal: Principal) -> None:
     """One token per request from the key's bucket, shared by every producer replica."""
     if principal.quota is None:
         return
-    bucket = await RateLimiter(state.redis, state.keys).take(principal.key_id, principal.quota)
+    bucket = await state.rate_limiter.take(principal.key_id, principal.quota)
     if not bucket.allowed:
         message = (
             f"rate limit of {principal.quota.rate_per_s:g}/s (burst {principal.quota.burst})"
@@ -69,11 +68,10 @@ def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
     and FastAPI resolves it once per request however many parameters use it."""
 
     async def dependency(
-        request: Request,
+        state: Annotated[ProducerState, Depends(producer_state)],
         bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
         header: Annotated[str | None, Security(_HEADER)],
     ) -> Principal:
-        state = state_of(request)
         principal = await authenticate(state, _presented(bearer, header))
         if not principal.may(scope):
             raise ConveyorError(403, "forbidden", f"this API key lacks the {scope!r} scope")

@@ -8,9 +8,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 
 from producer_api.auth import AUTH_RESPONSES, Principal, require
-from producer_api.errors import ConveyorError, ErrorBody
+from producer_api.errors import ErrorBody
 from producer_api.jobs.protocol import JobAccepted, JobRequest, JobView, PredictRequest
-from producer_api.jobs.serving import JobsService
+from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
 from shared.api_keys import Scope
@@ -67,11 +67,6 @@ def _accepted(
     }
 
 
-def _wait_limit(request: Request, wait: float) -> float:
-    state: ProducerState = request.app.state.conveyor
-    return min(wait, state.settings.max_wait_s)
-
-
 @router.post(
     "/v1/jobs",
     status_code=202,
@@ -90,12 +85,10 @@ async def submit_job(
     if idempotency_key is not None:
         job_id, variant, created = await service.submit(body.model, body, idempotency_key)
         if not created:
-            return FastJSONResponse(await service.get(job_id, _wait_limit(request, wait)))
+            return FastJSONResponse(await service.get(job_id, wait))
         return FastJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
     if wait > 0:
-        job_id, variant, view = await service.submit_and_wait(
-            body.model, body, _wait_limit(request, wait)
-        )
+        job_id, variant, view = await service.submit_and_wait(body.model, body, wait)
         if view is not None:
             return FastJSONResponse(view, status_code=200)
         return FastJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
@@ -105,10 +98,10 @@ async def submit_job(
 
 @router.get("/v1/jobs/{job_id}", name="get_job", response_model=JobView, responses=_ERRORS)
 async def get_job(
-    request: Request, service: ReadService, job_id: str = JOB_ID, wait: float = WAIT
+    service: ReadService, job_id: str = JOB_ID, wait: float = WAIT
 ) -> FastJSONResponse:
     """Read a job; with `wait`, long-poll until it is terminal or the wait ends."""
-    return FastJSONResponse(await service.get(job_id, _wait_limit(request, wait)))
+    return FastJSONResponse(await service.get(job_id, wait))
 
 
 @router.delete("/v1/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
@@ -130,19 +123,14 @@ async def predict(
     timeout: float = Query(default=30.0, gt=0, le=600),
 ) -> FastJSONResponse:
     """Submit and wait: 200 with outputs, or 202 with the job's URLs if it is still running."""
-    job_id, variant, view = await service.submit_and_wait(
-        model, body, _wait_limit(request, timeout)
-    )
+    job_id, variant, view = await service.submit_and_wait(model, body, timeout)
     if view is None:
         return FastJSONResponse(_accepted(request, job_id, "queued", model, variant), 202)
     return _predict_response(view)
 
 
 def _predict_response(view: dict[str, Any]) -> FastJSONResponse:
-    status = view.get("status")
+    status = str(view.get("status"))
     if status == "succeeded":
         return FastJSONResponse(view)
-    error = view.get("error") or {}
-    message = f"job {view['id']} {status}: {error.get('message', '')}".rstrip(": ")
-    codes = {"failed": 422, "cancelled": 409, "expired": 504}
-    raise ConveyorError(codes.get(str(status), 500), error.get("type", str(status)), message)
+    raise unsuccessful(f"job {view['id']}", status, view.get("error"))

@@ -15,7 +15,7 @@ from typing import Any
 
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
-from producer_api.jobs.admission import IdempotencyKeys, fingerprint, queue_full_error
+from producer_api.jobs.admission import fingerprint
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.state import ProducerState
 from shared.codec import RequestEntry
@@ -23,14 +23,30 @@ from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, now_ms
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.model_repository import ModelConfig
-from shared.rate_limit import InFlightLimiter
 from shared.routing import UnknownVariant, choose_variant
 from shared.telemetry import current_traceparent
-from shared.webhook_events import WebhookDispatcher, event, refusal
+from shared.webhook_events import event, refusal
 
 log = logging.getLogger(__name__)
 
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+# The HTTP status of a job that ended without succeeding, where a route answers with its result
+# (`/predict`, non-streamed OpenAI completions).
+UNSUCCESSFUL_STATUS: dict[str, int] = {
+    JobStatus.FAILED: 422,
+    JobStatus.CANCELLED: 409,
+    JobStatus.EXPIRED: 504,
+}
+
+
+def unsuccessful(subject: str, status: str, error: dict[str, Any] | None) -> ConveyorError:
+    """The error a route answers for `subject` (a job) that ended `status` with `error`."""
+    error = error or {}
+    message = f"{subject} {status}: {error.get('message', '')}".rstrip(": ")
+    code = UNSUCCESSFUL_STATUS.get(status, 500)  # a StrEnum key matches its string
+    return ConveyorError(code, error.get("type", status), message)
 
 
 def not_found(job_id: str) -> ConveyorError:
@@ -100,10 +116,10 @@ class JobsService:
             fields["webhook"] = body.webhook
         async with self._in_flight_slot(entry.job_id, fields):
             try:
-                await self.state.store.create(entry, stream, fields, config.queue.max_length)
+                await self.state.job_store.create(entry, stream, fields, config.queue.max_length)
             except QueueFull as full:
                 JOBS_REJECTED.labels(config.name, variant, "queue_full").inc()
-                raise await queue_full_error(self.state, stream, full.length) from None
+                raise await self.state.backpressure.queue_full(stream, full.length) from None
         JOBS_SUBMITTED.labels(config.name, variant, body.priority).inc()
         log.info("job accepted", extra={"job_id": entry.job_id, "model": config.name})
 
@@ -117,9 +133,7 @@ class JobsService:
         if quota is None:
             yield
             return
-        limiter = InFlightLimiter(
-            self.state.redis, self.state.keys, self.state.settings.result_ttl_s
-        )
+        limiter = self.state.in_flight
         if not await limiter.admit(self.principal.key_id, job_id, quota.max_in_flight):
             raise ConveyorError(
                 429,
@@ -144,7 +158,7 @@ class JobsService:
         if idempotency_key is None:
             await self.enqueue(entry, config, variant, body)
             return entry.job_id, variant, True
-        idempotency = IdempotencyKeys(self.state)
+        idempotency = self.state.idempotency
         body_print = fingerprint({"model": model, **body.model_dump(mode="json")})
         first = await idempotency.claim(entry.tenant, idempotency_key, entry.job_id, body_print)
         if first is not None:
@@ -173,7 +187,7 @@ class JobsService:
         """The caller's job, or 404 when it is unknown or another tenant's (ids do not leak).
         Every route that shows or changes a job (events too) goes through here."""
         checked_id(job_id)
-        record = await self.state.store.get(job_id)
+        record = await self.state.job_store.get(job_id)
         if record is None or record.fields.get("tenant", "default") != self.principal.tenant:
             raise not_found(job_id)
         return record
@@ -196,7 +210,7 @@ class JobsService:
     async def cancel(self, job_id: str) -> dict[str, Any]:
         await self.owned(job_id)  # another tenant's job reads as unknown
         try:
-            record = await self.state.store.transition(job_id, JobStatus.CANCELLED)
+            record = await self.state.job_store.transition(job_id, JobStatus.CANCELLED)
         except JobNotFound:
             raise not_found(job_id) from None
         except IllegalTransition as exc:
@@ -205,15 +219,16 @@ class JobsService:
             ) from None
         view = record.view()
         if url := record.fields.get("webhook"):
-            dispatcher = WebhookDispatcher(self.state.settings.redis_url)
             await asyncio.to_thread(
-                dispatcher.send, "job", job_id, url, event("job.cancelled", view)
+                self.state.webhooks.send, "job", job_id, url, event("job.cancelled", view)
             )
         return view
 
     async def _await_reply(
         self, job_id: str, future: asyncio.Future[dict[str, Any]], timeout: float
     ) -> dict[str, Any] | None:
+        """The job's terminal view, or None after `timeout` (at most `max_wait_s`)."""
+        timeout = min(timeout, self.state.settings.max_wait_s)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:

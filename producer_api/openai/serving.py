@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.jobs.protocol import PredictRequest
-from producer_api.jobs.serving import JobsService
+from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -37,8 +37,6 @@ from shared.job_states import JobStatus
 from shared.token_stream import TokenEvent
 
 DONE = "[DONE]"
-# HTTP status of a non-streamed request whose job did not succeed (as `/predict` answers).
-FAILURE_STATUS = {"failed": 422, "cancelled": 409, "expired": 504}
 
 
 @dataclass(slots=True)
@@ -138,10 +136,8 @@ class CompletionRenderer(Renderer):
 
 
 def _failure(final: TokenEvent) -> ConveyorError:
-    error = final.error or {}
-    message = f"job {final.status}: {error.get('message', '')}".rstrip(": ")
-    code = FAILURE_STATUS.get(final.status, 500)
-    return ConveyorError(code, error.get("type", final.status), message)
+    """As `/predict` answers a job that did not succeed."""
+    return unsuccessful("job", final.status, final.error)
 
 
 class OpenAIService:
@@ -165,7 +161,7 @@ class OpenAIService:
         return job_id
 
     def _follow(self, job_id: str) -> AsyncIterator[TokenEvent]:
-        return TokenFollower(self.state.tokens, self.state.store).follow(job_id)
+        return TokenFollower(self.state.tokens, self.state.job_store).follow(job_id)
 
     async def complete(self, job_id: str) -> Generation:
         """Wait for the job by reading its token stream; raises if it did not succeed."""

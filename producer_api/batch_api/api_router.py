@@ -1,4 +1,4 @@
-"""HTTP routes of the batches resource: parse, call BatchesService, return."""
+"""HTTP routes of the Batch API resource: parse, call BatchApiService, return."""
 
 from __future__ import annotations
 
@@ -11,17 +11,16 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from producer_api.auth import AUTH_RESPONSES, Principal, require
-from producer_api.batches.progress import BatchProgress, view
-from producer_api.batches.protocol import WINDOW, BatchOptions, BatchView
-from producer_api.batches.serving import BatchesService
-from producer_api.batches.sweeper import batches_lifespan
+from producer_api.batch_api.progress import view
+from producer_api.batch_api.protocol import WINDOW, BatchOptions, BatchView
+from producer_api.batch_api.serving import BatchApiService
 from producer_api.errors import ConveyorError
 from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
 from shared.api_keys import Scope
-from shared.batch_store import Refresh
+from shared.batch_api_store import Refresh
 
-router = APIRouter(tags=["batches"], lifespan=batches_lifespan)
+router = APIRouter(tags=["batches"])
 BATCH_ID = Path(max_length=64, description="Batch id")
 JSONL = "application/jsonl"
 
@@ -36,24 +35,21 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _service(scope: Scope) -> Callable[..., Awaitable[BatchesService]]:
-    """A BatchesService acting for the caller, who must hold `scope`."""
+def _service(scope: Scope) -> Callable[..., Awaitable[BatchApiService]]:
+    """A BatchApiService acting for the caller, who must hold `scope`."""
 
     caller = Depends(require(scope))  # a default, not an annotation: annotations are strings
 
     async def dependency(
-        request: Request,
-        state: Annotated[ProducerState, Depends(producer_state)],
-        principal: Principal = caller,
-    ) -> BatchesService:
-        progress: BatchProgress = request.app.state.batches
-        return BatchesService(state, progress, principal)
+        state: Annotated[ProducerState, Depends(producer_state)], principal: Principal = caller
+    ) -> BatchApiService:
+        return BatchApiService(state, principal)
 
     return dependency
 
 
-SubmitService = Annotated[BatchesService, Depends(_service("submit"))]
-ReadService = Annotated[BatchesService, Depends(_service("read"))]
+SubmitService = Annotated[BatchApiService, Depends(_service("submit"))]
+ReadService = Annotated[BatchApiService, Depends(_service("read"))]
 
 
 def _respond(request: Request, batch_id: str, progress: Refresh, status: int = 200) -> Any:

@@ -1,8 +1,22 @@
-"""Lua scripts over a batch's keys (`shared/batch_store.py`): progress is derived from the item
-job hashes without a per-item poll from the client, and a batch is handed to exactly one
-finalizer, however many producers look at it at once."""
+"""Lua scripts over a Batch API batch's keys (`shared/batch_api_store.py`): progress is derived
+from the item job hashes without a per-item poll from the client, and a batch is handed to
+exactly one finalizer, however many producers look at it at once."""
 
 from __future__ import annotations
+
+from shared.job_states import TERMINAL, JobStatus
+
+# The states an item ends in, in the enum's order: the order of `seen` in REFRESH's reply.
+ITEM_STATES = tuple(status.value for status in JobStatus if status in TERMINAL)
+
+
+def _lua_table(value: str) -> str:
+    return "{" + ", ".join(f"{state}={value}" for state in ITEM_STATES) + "}"
+
+
+_PRELUDE = f"local TERMINAL = {_lua_table('true')}\nlocal seen = {_lua_table('0')}\n"
+_SEEN = "{" + ", ".join(f"seen.{state}" for state in ITEM_STATES) + "}"
+
 
 # KEYS[1]=batch hash; ARGV: job-key prefix, window, pop budget, now_ms, stale_ms.
 # Each open list holds one partition's items not yet seen terminal, in stream order. Terminal
@@ -12,8 +26,9 @@ from __future__ import annotations
 # looked at and counted for this answer only. When no item is open, the batch moves to
 # `finalizing` and the caller that saw it move (or that found a finalizer silent for
 # `stale_ms`) is told to finalize. Returns {open, more, finalize, hash fields..., seen...}.
-REFRESH = """
-local TERMINAL = {succeeded=true, failed=true, cancelled=true, expired=true}
+REFRESH = (
+    _PRELUDE
+    + """
 local prefix, window, budget = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now, stale = tonumber(ARGV[4]), tonumber(ARGV[5])
 local lists = redis.call('HGET', KEYS[1], 'open_lists')
@@ -21,7 +36,6 @@ if not lists then return false end
 local function status(jid)
   return redis.call('HGET', prefix .. jid, 'status') or 'expired'
 end
-local seen = {succeeded=0, failed=0, cancelled=0, expired=0}
 local open, more = 0, 0
 for _, list in ipairs(cjson.decode(lists)) do
   local blocked = false
@@ -57,9 +71,10 @@ if open == 0 then
     finalize = 1
   end
 end
-return {open, more, finalize, redis.call('HGETALL', KEYS[1]),
-        {seen.succeeded, seen.failed, seen.cancelled, seen.expired}}
-"""
+return {open, more, finalize, redis.call('HGETALL', KEYS[1]), """
+    + _SEEN
+    + "}\n"
+)
 
 # KEYS[1]=batch hash; ARGV: ending (cancelled|expired), now_ms. Records, once and only while
 # the batch runs, that it is to end early; a second request finds the first one's ending.

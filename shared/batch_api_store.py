@@ -1,6 +1,7 @@
-"""Batches in Redis: a hash per batch (metadata, counters, webhook log), the item job ids in line
-order, the lines refused at submit, and one "open" list per partition from which finished items
-are popped, so progress costs work proportional to what changed, not to the batch's size."""
+"""Batch API batches in Redis (not the workers' micro-batches): a hash per batch (metadata,
+counters, webhook log), the item job ids in line order, the lines refused at submit, and one
+"open" list per partition from which finished items are popped, so progress costs work
+proportional to what changed, not to the batch's size."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
-from shared import batch_scripts
+from shared import batch_api_scripts
+from shared.batch_api_scripts import ITEM_STATES
 from shared.codec import as_text, dumps, loads
 from shared.job_store import now_ms
 from shared.keys import Keys
 
 CHUNK = 500
-ITEM_STATES = ("succeeded", "failed", "cancelled", "expired")
 
 
 class BatchStatus(StrEnum):
@@ -65,13 +66,13 @@ class ItemState:
     error: bytes | None
 
 
-class BatchStore:
+class BatchApiStore:
     def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
         self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
-        self._refresh = client.register_script(batch_scripts.REFRESH)
-        self._request_end = client.register_script(batch_scripts.REQUEST_END)
+        self._refresh = client.register_script(batch_api_scripts.REFRESH)
+        self._request_end = client.register_script(batch_api_scripts.REQUEST_END)
 
     async def create(self, batch_id: str, fields: Mapping[str, str | int], ttl_s: int) -> None:
         key = self.keys.batch(batch_id)

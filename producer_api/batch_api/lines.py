@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from producer_api.batches.protocol import BatchItemBody, BatchLine
+from producer_api.batch_api.protocol import BatchItemBody, BatchLine
 from producer_api.errors import ConveyorError
 from producer_api.jobs.protocol import PredictRequest
 from shared.codec import RequestEntry, loads

@@ -1,0 +1,124 @@
+"""A Batch API batch's progress and its end: counts from the item job hashes (popped as they
+finish, so each look costs what changed), finalization by exactly one caller, early ends
+(cancel, expiry) and the webhook. Shared by `GET /v1/batches/{id}` and the sweeper, so a batch
+finishes and notifies even when no client is polling."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from shared.batch_api_store import CHUNK, BatchApiStore, BatchStatus, Refresh
+from shared.codec import dumps, loads
+from shared.job_states import JobStatus
+from shared.job_store import JobStore
+from shared.webhook_events import WebhookDispatcher, event
+
+log = logging.getLogger(__name__)
+
+_TIMESTAMPS = (
+    "created",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "cancelled",
+    "expired",
+    "expires",
+)
+_ENDED_EARLY = {
+    BatchStatus.CANCELLED: "the batch was cancelled before this job finished",
+    BatchStatus.EXPIRED: "the batch's completion window ended before this job finished",
+}
+
+
+def _seconds(fields: dict[str, str], name: str) -> float | None:
+    value = fields.get(name)
+    return int(value) / 1000.0 if value else None
+
+
+def open_lists(fields: dict[str, str]) -> list[str]:
+    lists: list[str] = loads(fields.get("open_lists") or "[]")
+    return lists
+
+
+def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
+    """The public shape of a batch (`BatchView`); `base` is its URL (or path)."""
+    fields, counts = progress.fields, progress.counts
+    total, invalid = int(fields.get("total", 0)), int(fields.get("invalid", 0))
+    failed = invalid + counts["failed"] + counts["cancelled"] + counts["expired"]
+    body: dict[str, Any] = {
+        "id": batch_id,
+        "object": "batch",
+        "status": fields["status"],
+        "model": fields.get("model") or None,
+        "completion_window": fields.get("completion_window", ""),
+        "counts": {
+            "total": total,
+            "succeeded": counts["succeeded"],
+            "failed": failed,
+            "pending": total - counts["succeeded"] - failed,
+            "invalid": invalid,
+            "cancelled": counts["cancelled"],
+            "expired": counts["expired"],
+        },
+        **{f"{name}_at": _seconds(fields, f"{name}_at") for name in _TIMESTAMPS},
+        "webhook": None,
+        "urls": {"self": base, "output": f"{base}/output", "errors": f"{base}/errors"},
+    }
+    if url := fields.get("webhook"):
+        attempts = loads(fields.get("webhook_attempts") or "[]")
+        body["webhook"] = {"url": url, "status": fields.get("webhook_status"), "attempts": attempts}
+    return body
+
+
+class BatchApiProgress:
+    def __init__(self, jobs: JobStore, store: BatchApiStore, webhooks: WebhookDispatcher) -> None:
+        self.jobs = jobs
+        self.store = store
+        self.webhooks = webhooks
+
+    async def refresh(self, batch_id: str, window: int) -> Refresh | None:
+        """Count what finished (looking `window` items past each open head for stragglers
+        finished out of order); finalize when nothing is left. None: no such batch."""
+        progress = await self.store.refresh(batch_id, window)
+        while progress is not None and progress.more:
+            progress = await self.store.refresh(batch_id, window)
+        if progress is not None and progress.finalize:
+            await self._finalize(batch_id, progress)
+        return progress
+
+    async def end(self, batch_id: str, ending: BatchStatus) -> BatchStatus | None:
+        """Cancel or expire what is left of a running batch; returns the ending in force (an
+        earlier request's, if there was one) or None when the batch is not running. Settling
+        is idempotent, so a producer that died half-way is simply repeated."""
+        _, in_force = await self.store.request_end(batch_id, ending)
+        if in_force is None:
+            return None
+        fields = await self.store.read(batch_id) or {}
+        ids = await self.store.open_ids(batch_id, open_lists(fields))
+        error = dumps({"type": in_force.value, "message": _ENDED_EARLY[in_force]}).decode()
+        for start in range(0, len(ids), CHUNK):
+            chunk = ids[start : start + CHUNK]
+            await self.jobs.settle_many(chunk, JobStatus(in_force.value), {"error": error})
+        await self.refresh(batch_id, window=0)
+        return in_force
+
+    async def notify(self, batch_id: str, progress: Refresh) -> None:
+        """Hand the batch's terminal view to the webhook task (Celery, so it survives us)."""
+        url = progress.fields.get("webhook")
+        if not url:
+            return
+        data = view(batch_id, progress, f"/v1/batches/{batch_id}")
+        body = event(f"batch.{progress.fields['status']}", data)
+        await self.store.set_fields(batch_id, {"webhook_status": "pending"})
+        await asyncio.to_thread(self.webhooks.send, "batch", batch_id, url, body)
+
+    async def _finalize(self, batch_id: str, progress: Refresh) -> None:
+        status = BatchStatus(progress.fields.get("ending") or BatchStatus.COMPLETED)
+        await self.store.finish(batch_id, status, open_lists(progress.fields))
+        fresh = await self.store.read(batch_id)
+        progress.fields = fresh or {**progress.fields, "status": status.value}
+        log.info("batch %s %s: %s", batch_id, status.value, progress.counts)
+        await self.notify(batch_id, progress)

@@ -1,0 +1,228 @@
+"""The Batch API logic without HTTP: validate every line, enqueue the valid ones on the bulk lane
+in pipelined chunks, read progress, cancel, and stream results and errors as JSONL."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from producer_api.auth.principal import ANONYMOUS, Principal
+from producer_api.batch_api import lines
+from producer_api.batch_api.protocol import BatchOptions
+from producer_api.errors import ConveyorError
+from producer_api.jobs.serving import JobsService
+from producer_api.state import ProducerState
+from shared.batch_api_store import CHUNK, BatchStatus, ItemState, Refresh
+from shared.codec import dumps
+from shared.job_store import NewJob, now_ms
+from shared.webhook_events import refusal
+
+log = logging.getLogger(__name__)
+
+BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
+WINDOW = 256  # items looked at past each open head: micro-batches in flight finish out of order
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def not_found(batch_id: str) -> ConveyorError:
+    return ConveyorError(404, "not_found", f"batch {batch_id} not found")
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return dumps(record) + b"\n"
+
+
+class BatchApiService:
+    def __init__(self, state: ProducerState, principal: Principal = ANONYMOUS) -> None:
+        self.state = state
+        self.progress = state.batch_progress
+        self.store = state.batch_store
+        self.principal = principal
+
+    async def create(self, source: bytes, options: BatchOptions) -> tuple[str, Refresh]:
+        window_s = self._window_s(options.completion_window)
+        if options.webhook is not None and (why := refusal(options.webhook, self.state.settings)):
+            raise ConveyorError(422, "invalid_request", why)
+        if options.model is not None and self.state.repository.get(options.model) is None:
+            raise ConveyorError(404, "not_found", f"model {options.model!r} not found")
+        build = JobsService(self.state, self.principal).build
+        parsed = await asyncio.to_thread(lines.parse, source, options.model, build)
+        if not parsed.items and not parsed.rejected:
+            raise ConveyorError(422, "invalid_request", "the batch has no lines")
+        await self._check_room(parsed.items)
+        batch_id = f"batch_{uuid.uuid4().hex}"
+        expires_ms = now_ms() + window_s * 1000
+        meta: dict[str, str | int] = {
+            "tenant": self.principal.tenant,
+            "model": parsed.model or "",
+            "completion_window": options.completion_window,
+            "expires_at": expires_ms,
+            "total": len(parsed.items) + len(parsed.rejected),
+            **({"webhook": options.webhook} if options.webhook else {}),
+        }
+        await self.store.create(batch_id, meta, window_s + self.state.settings.result_ttl_s)
+        accepted, refused = await self._enqueue(batch_id, parsed.items, expires_ms)
+        rejected = sorted(parsed.rejected + refused, key=lambda r: int(r["line"]))
+        await self.store.add_items(batch_id, accepted, [dumps(r) for r in rejected])
+        open_lists = sorted({open_list for _, open_list in accepted})
+        await self.store.start(batch_id, open_lists, {"invalid": len(rejected)}, expires_ms)
+        progress = await self._look(batch_id)
+        if progress.fields["status"] == BatchStatus.FAILED:
+            await self.progress.notify(batch_id, progress)
+        return batch_id, progress
+
+    def _window_s(self, window: str) -> int:
+        seconds = int(window[:-1]) * _UNITS[window[-1]]
+        longest = self.state.settings.result_ttl_s
+        if seconds > longest:
+            message = f"completion_window {window} is longer than the result TTL ({longest}s)"
+            raise ConveyorError(422, "invalid_request", message)
+        return seconds
+
+    async def _check_room(self, items: list[lines.Item]) -> None:
+        """All or nothing: 429 (Retry-After) when the bulk lane lacks room for the batch now,
+        413 when it never could hold it."""
+        wanted: dict[str, int] = {}
+        for item in items:
+            stream = self.state.keys.bulk_queue(item.config.name, item.variant)
+            wanted[stream] = wanted.get(stream, 0) + 1
+        if not wanted:
+            return
+        limit = items[0].config.queue.max_length
+        async with self.state.redis.pipeline(transaction=False) as pipe:
+            for stream in wanted:
+                pipe.xlen(stream)
+            lengths = await pipe.execute()
+        for (stream, count), length in zip(wanted.items(), lengths, strict=True):
+            if count > limit:
+                message = f"{count} items for {stream}, whose limit is {limit}; split the batch"
+                raise ConveyorError(413, "payload_too_large", message)
+            if length + count > limit:
+                raise await self.state.backpressure.queue_full(stream, int(length))
+
+    async def _enqueue(
+        self, batch_id: str, items: list[lines.Item], expires_ms: int
+    ) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+        """Pipelined, CHUNK jobs per round trip; returns (job id, open list) of the enqueued
+        items and rejections for those refused by a lane that filled up meanwhile."""
+        accepted: list[tuple[str, str]] = []
+        refused: list[dict[str, Any]] = []
+        round_trips, started = 0, time.perf_counter()
+        for start in range(0, len(items), CHUNK):
+            chunk = items[start : start + CHUNK]
+            jobs = [self._job(batch_id, item, expires_ms) for item in chunk]
+            limit = chunk[0].config.queue.max_length
+            full = set(await self.state.job_store.create_many(jobs, limit))
+            round_trips += 1
+            for index, item in enumerate(chunk):
+                if index in full:
+                    message = f"the bulk lane of {item.config.name}:{item.variant} was full"
+                    refused.append(
+                        lines.rejection(item.line, item.custom_id, "queue_full", message)
+                    )
+                else:
+                    open_list = self.state.keys.batch_open(batch_id, item.config.name, item.variant)
+                    accepted.append((item.entry.job_id, open_list))
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        message = "batch %s: %d jobs enqueued in %d round trips, %.0f ms"
+        log.info(message, batch_id, len(items), round_trips, elapsed_ms)
+        return accepted, refused
+
+    def _job(self, batch_id: str, item: lines.Item, expires_ms: int) -> NewJob:
+        """Batch items reply to nobody (no pub/sub per item) and expire with the batch."""
+        entry = item.entry
+        entry.reply = ""
+        entry.deadline_ms = min(entry.deadline_ms or expires_ms, expires_ms)
+        fields: dict[str, str | int] = {
+            "model": item.config.name,
+            "variant": item.variant,
+            "deadline": entry.deadline_ms,
+            "batch": batch_id,
+            "line": item.line,
+            "custom_id": item.custom_id,
+        }
+        stream = self.state.keys.bulk_queue(item.config.name, item.variant)
+        return NewJob(entry, stream, fields)
+
+    async def _look(self, batch_id: str) -> Refresh:
+        if not BATCH_ID.match(batch_id):
+            raise not_found(batch_id)
+        progress = await self.progress.refresh(batch_id, WINDOW)
+        if progress is None or progress.fields.get("tenant") != self.principal.tenant:
+            raise not_found(batch_id)
+        return progress
+
+    async def get(self, batch_id: str) -> Refresh:
+        return await self._look(batch_id)
+
+    async def cancel(self, batch_id: str) -> Refresh:
+        """Cancel every item not yet finished (running ones included; their results are then
+        discarded) and end the batch as `cancelled`."""
+        current = await self._look(batch_id)
+        in_force = await self.progress.end(batch_id, BatchStatus.CANCELLED)
+        if in_force != BatchStatus.CANCELLED:
+            status = in_force.value if in_force else current.fields["status"]
+            message = f"batch {batch_id} is {status}; cannot cancel"
+            raise ConveyorError(409, "conflict", message)
+        return await self._look(batch_id)
+
+    async def ended(self, batch_id: str) -> None:
+        """Results are read once a batch has ended (completed, failed, cancelled, expired)."""
+        status = BatchStatus((await self._look(batch_id)).fields["status"])
+        if not status.terminal:
+            message = f"batch {batch_id} is {status.value}; its files are ready when it ends"
+            raise ConveyorError(409, "conflict", message)
+
+    async def output(self, batch_id: str) -> AsyncIterator[bytes]:
+        """One line per succeeded item, in line order: `{id, custom_id, line, outputs}`."""
+        async for chunk in self.store.items(batch_id):
+            yield b"".join(_line(_output(item)) for item in chunk if item.status == "succeeded")
+
+    async def errors(self, batch_id: str) -> AsyncIterator[bytes]:
+        """One line per line that did not succeed, in line order: `{custom_id, line, status,
+        error: {type, message}}` (plus `id` for lines that became jobs)."""
+        rejected: list[dict[str, Any]] = []
+        async for chunk in self.store.rejected(batch_id):
+            rejected.extend(chunk)
+        rejected.reverse()
+        async for items in self.store.items(batch_id):
+            out: list[bytes] = []
+            for item in items:
+                while rejected and int(str(rejected[-1]["line"])) < item.line:
+                    out.append(_line(rejected.pop()))
+                if item.status != "succeeded":
+                    out.append(_line(_error(item)))
+            yield b"".join(out)
+        yield b"".join(_line(record) for record in reversed(rejected))
+
+
+def _output(item: ItemState) -> dict[str, Any]:
+    return {
+        "id": item.job_id,
+        "custom_id": item.custom_id,
+        "line": item.line,
+        "outputs": orjson.Fragment(item.outputs or b"null"),
+    }
+
+
+def _error(item: ItemState) -> dict[str, Any]:
+    status = item.status or "expired"
+    error: Any = {"type": status, "message": f"the job ended {status}"}
+    if item.status is None:
+        error["message"] = "the job's record expired"
+    if item.error is not None:
+        error = orjson.Fragment(item.error)
+    return {
+        "id": item.job_id,
+        "custom_id": item.custom_id,
+        "line": item.line,
+        "status": status,
+        "error": error,
+    }
