@@ -168,7 +168,7 @@ class JobStore:
             ],
         )
         if not ok:
-            current = before.decode() if isinstance(before, bytes) else None
+            current = as_text(before) if before else None
             raise IllegalTransition(job_id, current, target.value)
         updated = await self.get(job_id)
         if updated is None:

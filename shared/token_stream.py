@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from shared.codec import dumps, loads
+from shared.codec import as_text, dumps, loads
 from shared.job_store import JobRecord
 
 # token: new text of one engine step; final: the job ended (status, finish reason, usage);
@@ -50,7 +50,7 @@ class TokenEvent:
 
     @classmethod
     def decode(cls, entry_id: bytes | str, raw: Mapping[bytes, bytes]) -> TokenEvent:
-        get = {k.decode(): v.decode() for k, v in raw.items()}.get
+        get = {as_text(k): as_text(v) for k, v in raw.items()}.get
         kind: Any = get("kind", "token")
         return cls(
             kind=kind,
@@ -60,7 +60,7 @@ class TokenEvent:
             finish_reason=get("finish_reason"),
             usage=loads(usage) if (usage := get("usage")) else {},
             error=loads(error) if (error := get("error")) else None,
-            id=entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+            id=as_text(entry_id),
         )
 
     def data(self) -> dict[str, Any]:
