@@ -11,51 +11,64 @@ from shared.job_states import JobStatus
 from workers.batching.micro_batch_executor import Outcome, execute
 from workers.batching.micro_batch_telemetry import batch_span, log_batch, record_batch, tracer
 from workers.engines.base import BatchEngine
-from workers.partition.partition_io import PartitionIO
-from workers.partition.result_writer import Finish
+from workers.partition.finish import Finish
+from workers.partition.lane_scheduler import LaneScheduler
+from workers.partition.partition import Partition
+from workers.partition.redis_backoff import OUTAGE, Backoff, Stopped, until_done
+from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import Delivery
-from workers.runtime.redis_backoff import OUTAGE, Backoff, until_done
 
 log = logging.getLogger(__name__)
 
 
 class MicroBatchLoop:
-    def __init__(self, io: PartitionIO, engine: BatchEngine) -> None:
-        self.io = io
+    def __init__(
+        self,
+        partition: Partition,
+        lanes: LaneScheduler,
+        writer: ResultWriter,
+        engine: BatchEngine,
+        block_ms: int,
+    ) -> None:
+        self.partition = partition
+        self.lanes = lanes
+        self.writer = writer
         self.engine = engine
+        self.block_ms = block_ms
         self.stopping = asyncio.Event()
 
     async def run(self) -> None:
-        """Serve until asked to stop; the batch in hand is always finished and acknowledged.
-        Redis outages pause the loop (capped backoff) without losing the consumer's entries."""
-        backoff = Backoff()
+        """Serve until asked to stop; the micro-batch in hand is finished and acknowledged (or,
+        when Redis is gone at stop, left pending for another worker to reclaim). Redis outages
+        pause the loop (capped backoff) without losing the consumer's entries."""
+        backoff = Backoff(self.stopping)
         while not self.stopping.is_set():
             try:
                 await self.step()
                 backoff.reset()
             except OUTAGE as exc:
                 await backoff.sleep(exc)
+            except Stopped:
+                return
 
     async def step(self) -> None:
-        if reclaimed := await self.io.reclaimed():
-            await self.process(*reclaimed)
-            return
-        batches = await self.io.lanes.next_batch(
-            self.io.config.max_batch_size, self.io.config.max_queue_delay_ms, self.io.block_ms
+        config = self.partition.config
+        batches = await self.lanes.next_batch(
+            config.max_batch_size, config.max_queue_delay_ms, self.block_ms
         )
-        for reader, batch in batches:
-            await self.process(reader.stream, batch)
+        for stream, batch in batches:
+            await self.process(stream, batch)
 
     async def process(self, stream: str, batch: list[Delivery]) -> None:
         finishes: list[Finish] = []
         runnable: list[Delivery] = []
         for delivery in batch:
-            finish = self._skip_or_expire(delivery)
+            finish = self.partition.skip_or_expire(delivery)
             if finish is None:
                 runnable.append(delivery)
             else:
                 finishes.append(finish)
-        model, variant = self.io.config.name, self.io.variant
+        model, variant = self.partition.labels
         with batch_span(model, variant, runnable):
             with tracer.start_as_current_span("decode"):
                 inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry]
@@ -63,14 +76,10 @@ class MicroBatchLoop:
                 outcomes = await execute(self.engine, inputs)
             finishes += [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
             with tracer.start_as_current_span("write"):
-                written = await until_done(lambda: self.io.writer.finish(stream, finishes))
-        await self.io.webhooks.notify(written)
+                await until_done(lambda: self.writer.finish(stream, finishes), self.stopping)
         record_batch(model, variant, finishes, outcomes)
         if runnable:
             log_batch(model, runnable, outcomes)
-
-    def _skip_or_expire(self, delivery: Delivery) -> Finish | None:
-        return self.io.skip_or_expire(delivery)
 
     def _result(self, delivery: Delivery, outcome: Outcome) -> Finish:
         fields = {
@@ -80,9 +89,6 @@ class MicroBatchLoop:
         }
         if outcome.error is not None:
             fields["error"] = dumps(outcome.error).decode()
-            return self._finish(delivery, JobStatus.FAILED, fields)
+            return self.partition.finish(delivery, JobStatus.FAILED, fields)
         fields["outputs"] = dumps(outcome.output).decode()
-        return self._finish(delivery, JobStatus.SUCCEEDED, fields)
-
-    def _finish(self, delivery: Delivery, status: JobStatus, fields: dict[str, str]) -> Finish:
-        return self.io.finish(delivery, status, fields)
+        return self.partition.finish(delivery, JobStatus.SUCCEEDED, fields)

@@ -14,7 +14,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span
 from shared.metrics import BATCH_SIZE, E2E_LATENCY, ENGINE_TIME, JOBS_FINISHED, QUEUE_WAIT
 from shared.telemetry import span_context_of, trace_id_of
 from workers.batching.micro_batch_executor import Outcome
-from workers.partition.result_writer import Finish
+from workers.partition.finish import Finish
 from workers.partition.stream_reader import Delivery
 
 log = logging.getLogger(__name__)

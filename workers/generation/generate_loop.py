@@ -12,24 +12,22 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
-
-from redis.exceptions import ResponseError
 
 from shared.codec import dumps
 from shared.job_states import TERMINAL, JobStatus
 from shared.job_store import now_ms
-from shared.keys import GROUP
 from shared.metrics import BATCH_SIZE, TOKENS, TPOT, TTFT
 from shared.token_stream import TokenEvent
 from workers.batching.micro_batch_telemetry import record_batch
 from workers.engines.base import GenerateEngine, TokenChunk
 from workers.generation.generate_job import RunningJob, generate_request
-from workers.partition.partition_io import PartitionIO
-from workers.partition.result_writer import Finish
-from workers.partition.stream_reader import Delivery
+from workers.partition.finish import Finish
+from workers.partition.lane_scheduler import LaneScheduler
+from workers.partition.partition import Partition
+from workers.partition.redis_backoff import OUTAGE, Backoff, Stopped, until_done
+from workers.partition.result_writer import ResultWriter
+from workers.partition.stream_reader import Delivery, StreamReader
 from workers.partition.token_writer import TokenWriter
-from workers.runtime.redis_backoff import OUTAGE, Backoff, until_done
 
 log = logging.getLogger(__name__)
 TERMINAL_STATES = frozenset(s.value for s in TERMINAL)
@@ -37,13 +35,25 @@ TERMINAL_STATES = frozenset(s.value for s in TERMINAL)
 
 class GenerateLoop:
     def __init__(
-        self, io: PartitionIO, engine: GenerateEngine, tokens: TokenWriter, drain_s: float
+        self,
+        partition: Partition,
+        lanes: LaneScheduler,
+        reader: StreamReader,
+        writer: ResultWriter,
+        tokens: TokenWriter,
+        engine: GenerateEngine,
+        block_ms: int,
+        drain_s: float,
     ) -> None:
-        self.io = io
-        self.engine = engine
+        self.partition = partition
+        self.lanes = lanes
+        self.reader = reader
+        self.writer = writer
         self.tokens = tokens
+        self.engine = engine
+        self.block_ms = block_ms
         self.drain_s = drain_s
-        self.capacity = io.config.max_num_seqs
+        self.capacity = partition.config.max_num_seqs
         self.running: dict[str, RunningJob] = {}
         self.stopping = asyncio.Event()
         self._chunks: list[tuple[RunningJob, TokenChunk, int]] = []
@@ -52,12 +62,13 @@ class GenerateLoop:
         self._slot_freed = asyncio.Event()
         # Running entries are re-claimed (idle reset) well within the visibility timeout, so a
         # long generation is never mistaken for an abandoned one and run twice.
-        self._touch_every_s = io.config.queue.visibility_timeout_s / 3
+        self._touch_every_s = partition.config.queue.visibility_timeout_s / 3
         self._next_touch = time.monotonic() + self._touch_every_s
 
     async def run(self) -> None:
         """Serve until asked to stop; then admit nothing more, give running generations up to
-        `drain_s` to finish, and abort the rest unacknowledged (another worker reruns them)."""
+        `drain_s` to finish, and abort the rest unacknowledged (another worker reruns them). With
+        Redis gone at stop, what is unwritten stays pending for another worker to reclaim."""
         publisher = asyncio.create_task(self._publish_loop(), name="token-publisher")
         try:
             await self._admit_loop(publisher)
@@ -65,17 +76,20 @@ class GenerateLoop:
             self.stopping.set()
             await self._drain()
             self._wake.set()
-            await publisher
+            with contextlib.suppress(Stopped):
+                await publisher
 
     async def _admit_loop(self, publisher: asyncio.Task[None]) -> None:
         """Admit until asked to stop, or until the publisher died (its error then surfaces)."""
-        backoff = Backoff()
+        backoff = Backoff(self.stopping)
         while not self.stopping.is_set() and not publisher.done():
             try:
                 await self._admit()
                 backoff.reset()
             except OUTAGE as exc:
                 await backoff.sleep(exc)
+            except Stopped:
+                return
 
     async def _admit(self) -> None:
         """Fill free slots: reclaimed entries first, then online before bulk. Blocks up to
@@ -85,25 +99,22 @@ class GenerateLoop:
         if free <= 0:
             self._slot_freed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_freed.wait(), self.io.block_ms / 1000)
+                await asyncio.wait_for(self._slot_freed.wait(), self.block_ms / 1000)
             return
-        if reclaimed := await self.io.reclaimed():
-            await self._start_all(*reclaimed, redelivered=True)
-            return
-        for reader, deliveries in await self.io.lanes.next_batch(free, 0, self.io.block_ms):
-            await self._start_all(reader.stream, deliveries, redelivered=False)
+        for stream, deliveries in await self.lanes.next_batch(free, 0, self.block_ms):
+            await self._start_all(stream, deliveries)
 
-    async def _start_all(self, stream: str, deliveries: list[Delivery], redelivered: bool) -> None:
+    async def _start_all(self, stream: str, deliveries: list[Delivery]) -> None:
         settled: list[Finish] = []
         for delivery in deliveries:
             if delivery.entry is not None and delivery.entry.job_id in self.running:
                 continue  # our own entry, reclaimed while it runs: it is still ours
-            outcome = self.io.skip_or_expire(delivery) or self._start(stream, delivery, redelivered)
+            outcome = self.partition.skip_or_expire(delivery) or self._start(stream, delivery)
             if outcome is not None:
                 settled.append(outcome)
         await self._settle(stream, settled)
 
-    def _start(self, stream: str, delivery: Delivery, redelivered: bool) -> Finish | None:
+    def _start(self, stream: str, delivery: Delivery) -> Finish | None:
         """Start generating; a job whose parameters the engine cannot take fails alone."""
         assert delivery.entry is not None
         entry = delivery.entry
@@ -111,8 +122,8 @@ class GenerateLoop:
             request = generate_request(entry.job_id, entry.payload, self.engine.parameters)
         except (TypeError, ValueError) as exc:
             error = dumps({"type": "InvalidParameters", "message": str(exc)}).decode()
-            return self.io.finish(delivery, JobStatus.FAILED, {"error": error})
-        job = RunningJob(delivery, stream, request, redelivered)
+            return self.partition.finish(delivery, JobStatus.FAILED, {"error": error})
+        job = RunningJob(delivery, stream, request, delivery.redelivered)
         self.running[entry.job_id] = job
         job.task = asyncio.create_task(self._generate(job), name=f"generate {entry.job_id}")
         return None
@@ -158,7 +169,7 @@ class GenerateLoop:
                 expire.add(job.job_id)
         ended_ids = {job.job_id for job in ended}
         watch = [job_id for job_id in stepped if job_id not in ended_ids]
-        statuses = await until_done(lambda: self.tokens.write(events, expire, watch))
+        statuses = await until_done(lambda: self.tokens.write(events, expire, watch), self.stopping)
         self._observe_step(chunks, len(stepped))
         await self._abort_ended(statuses)
         await self._finish(ended)
@@ -170,7 +181,7 @@ class GenerateLoop:
         return int(running) if running else len(self.running)
 
     def _observe_step(self, chunks: list[tuple[RunningJob, TokenChunk, int]], jobs: int) -> None:
-        partition = (self.io.config.name, self.io.variant)
+        partition = self.partition.labels
         if jobs:
             BATCH_SIZE.labels(*partition).observe(jobs)
         if tokens := sum(chunk.token_count for _, chunk, _ in chunks):
@@ -194,7 +205,8 @@ class GenerateLoop:
             self.running.pop(job.job_id, None)
             if job.abandoned:
                 continue
-            by_stream[job.stream].append(self.io.finish(job.delivery, job.status, job.fields()))
+            finish = self.partition.finish(job.delivery, job.status, job.fields())
+            by_stream[job.stream].append(finish)
             self._observe_job(job)
         for stream, finishes in by_stream.items():
             await self._settle(stream, finishes)
@@ -204,12 +216,11 @@ class GenerateLoop:
     async def _settle(self, stream: str, finishes: list[Finish]) -> None:
         """Write results, reply, XACK and XDEL in one script call, then notify and count."""
         if finishes:
-            written = await until_done(lambda: self.io.writer.finish(stream, finishes))
-            await self.io.webhooks.notify(written)
-            record_batch(self.io.config.name, self.io.variant, finishes, [])
+            await until_done(lambda: self.writer.finish(stream, finishes), self.stopping)
+            record_batch(*self.partition.labels, finishes, [])
 
     def _observe_job(self, job: RunningJob) -> None:
-        partition = (self.io.config.name, self.io.variant)
+        partition = self.partition.labels
         if (ttft := job.ttft_ms) is not None:
             TTFT.labels(*partition).observe(ttft / 1e3)
         if (tpot := job.tpot_ms) is not None:
@@ -220,10 +231,8 @@ class GenerateLoop:
         if time.monotonic() < self._next_touch or not self.running:
             return
         self._next_touch = time.monotonic() + self._touch_every_s
-        reader = self.io.lanes.online
         for stream, entry_ids in _entries_by_stream(self.running.values()).items():
-            with contextlib.suppress(ResponseError):  # group gone (flushed): nothing to keep
-                await reader.redis.xclaim(stream, GROUP, reader.consumer, 0, entry_ids, justid=True)
+            await self.reader.touch(stream, entry_ids)
 
     async def _drain(self) -> None:
         jobs = list(self.running.values())
@@ -239,8 +248,8 @@ class GenerateLoop:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _entries_by_stream(jobs: Iterable[RunningJob]) -> dict[str, list[Any]]:
-    entries: dict[str, list[Any]] = defaultdict(list)
+def _entries_by_stream(jobs: Iterable[RunningJob]) -> dict[str, list[bytes]]:
+    entries: dict[str, list[bytes]] = defaultdict(list)
     for job in jobs:
         entries[job.stream].append(job.delivery.entry_id)
     return entries

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from shared.webhook_events import WebhookDispatcher, event
-from workers.partition.result_writer import Finish
+from workers.partition.finish import Finish
 
 
 class JobEvents:

@@ -11,52 +11,59 @@ import time
 import redis.asyncio as aioredis
 
 from shared import job_scripts
+from shared.codec import as_text
 from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
-from shared.model_repository import ModelConfig
 from workers.partition.job_events import JobEvents
-from workers.partition.stream_reader import Delivery, decode_delivery
+from workers.partition.partition import Partition
+from workers.partition.stream_reader import Batch, Delivery, decode_delivery
 
 log = logging.getLogger(__name__)
 DEAD = ("dead", "dead-ended")  # dead-lettered by the script; "dead": the job failed just now
 
 
 class Reclaimer:
+    """Reclaims both lane streams of one partition, online first, each at most every half
+    visibility timeout."""
+
     def __init__(
         self,
         client: aioredis.Redis,
         keys: Keys,
-        config: ModelConfig,
-        variant: str,
-        stream: str,
+        partition: Partition,
         consumer: str,
         ttl_s: int,
-        webhooks: JobEvents,
+        events: JobEvents,
     ) -> None:
+        queue = partition.config.queue
         self.redis = client
         self.store = JobStore(client, keys, ttl_s)
-        self.webhooks = webhooks
+        self.events = events
         self.keys = keys
-        self.stream = stream
-        self.dlq = keys.dlq(config.name, variant)
+        self.streams = partition.streams
+        self.dlq = keys.dlq(partition.config.name, partition.variant)
         self.consumer = consumer
         self.ttl_s = ttl_s
-        self.idle_ms = int(config.queue.visibility_timeout_s * 1000)
-        self.max_deliveries = config.queue.max_deliveries
-        self.interval_s = max(0.25, config.queue.visibility_timeout_s / 2)
-        self.batch = config.max_batch_size
-        self._next = 0.0
+        self.idle_ms = int(queue.visibility_timeout_s * 1000)
+        self.max_deliveries = queue.max_deliveries
+        self.interval_s = max(0.25, queue.visibility_timeout_s / 2)
+        self.batch = partition.config.max_batch_size
+        self._next = dict.fromkeys(self.streams, 0.0)
         self._script = client.register_script(job_scripts.RECLAIM)
 
-    def due(self) -> bool:
-        return time.monotonic() >= self._next
+    async def due(self) -> Batch | None:
+        """The first lane's abandoned entries whose reclaim is due: (stream, deliveries)."""
+        for stream in self.streams:
+            if time.monotonic() >= self._next[stream] and (abandoned := await self.reclaim(stream)):
+                return stream, abandoned
+        return None
 
-    async def reclaim(self) -> list[Delivery]:
+    async def reclaim(self, stream: str) -> list[Delivery]:
         """Claim a batch of abandoned entries; dead-lettered ones are already settled."""
-        self._next = time.monotonic() + self.interval_s
+        self._next[stream] = time.monotonic() + self.interval_s
         now = now_ms()
         rows = await self._script(
-            keys=[self.stream, self.dlq],
+            keys=[stream, self.dlq],
             args=[
                 GROUP,
                 self.consumer,
@@ -68,30 +75,33 @@ class Reclaimer:
                 self.ttl_s,
             ],
         )
-        deliveries = [decode_delivery(eid, fields, status, now) for eid, fields, status in rows]
+        deliveries = [
+            decode_delivery(eid, fields, status, now, redelivered=True)
+            for eid, fields, status in rows
+        ]
         dead = [d for d in deliveries if d.status in DEAD]
         for delivery in dead:
-            log.error("dead-lettered entry %r of %s", delivery.entry_id, self.stream)
+            log.error("dead-lettered entry %r of %s", delivery.entry_id, stream)
             if delivery.status == "dead" and delivery.entry is not None:
                 await self._notify(delivery.entry.job_id)
         if deliveries:
-            log.warning("reclaimed %d abandoned entries of %s", len(deliveries), self.stream)
-        await self.prune_consumers()
+            log.warning("reclaimed %d abandoned entries of %s", len(deliveries), stream)
+        await self.prune_consumers(stream)
         return [d for d in deliveries if d.status not in DEAD]
 
     async def _notify(self, job_id: str) -> None:
         """The failed job's webhook, with the view a client reading the job would get."""
         record = await self.store.get(job_id)
         if record is not None and (url := record.fields.get("webhook")):
-            await self.webhooks.send(job_id, url, record.view())
+            await self.events.send(job_id, url, record.view())
 
-    async def prune_consumers(self) -> list[str]:
+    async def prune_consumers(self, stream: str) -> list[str]:
         """Forget consumers idle past the visibility timeout that own no pending entries (live
         consumers re-read every block interval, so their idle time stays small)."""
         removed = []
-        for info in await self.redis.xinfo_consumers(self.stream, GROUP):
-            name = info["name"].decode() if isinstance(info["name"], bytes) else info["name"]
+        for info in await self.redis.xinfo_consumers(stream, GROUP):
+            name = as_text(info["name"])
             if name != self.consumer and not info["pending"] and info["idle"] > self.idle_ms:
-                await self.redis.xgroup_delconsumer(self.stream, GROUP, name)
+                await self.redis.xgroup_delconsumer(stream, GROUP, name)
                 removed.append(name)
         return removed

@@ -4,47 +4,36 @@ in one Lua script, so a result is visible if and only if its entry is acknowledg
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 import redis.asyncio as aioredis
 
 from shared import job_scripts
-from shared.codec import as_text, dumps
-from shared.job_store import job_view
+from shared.codec import as_text
 from shared.keys import GROUP, Keys
-
-
-@dataclass(slots=True)
-class Finish:
-    """One entry's fate: `status` '' only acknowledges it (already terminal, cancelled, gone)."""
-
-    entry_id: bytes
-    job_id: str = ""
-    reply: str = ""
-    status: str = ""
-    fields: dict[str, str] = field(default_factory=dict)
-    context: Mapping[str, str] = field(default_factory=dict)
-    webhook: str = ""
-
-    def view(self) -> dict[str, Any]:
-        return job_view(self.job_id, {**self.context, **self.fields, "status": self.status})
-
-    def message(self) -> bytes:
-        """The reply published to the waiting producer: the job's public view."""
-        return dumps(self.view()) if self.status else b""
+from shared.variant_stats import VariantStats
+from workers.partition.finish import Finish
+from workers.partition.job_events import JobEvents
 
 
 class ResultWriter:
-    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int, events: JobEvents) -> None:
         self.keys = keys
         self.ttl_s = ttl_s
+        self.events = events
         self._finish = client.register_script(job_scripts.FINISH)
+        self.stats = VariantStats(client, keys)
 
     async def finish(self, stream: str, batch: list[Finish]) -> list[Finish]:
-        """Write and acknowledge the batch; returns the finishes whose results were written (the
-        rest were acknowledged only: already terminal, cancelled, or gone)."""
+        """Write and acknowledge the batch, then hand the webhook events of the written ones to
+        delivery (only then, so a redelivered job does not notify twice); returns the finishes
+        whose results were written (the rest were acknowledged only: already terminal,
+        cancelled, or gone)."""
+        written = await self._write(stream, batch)
+        await self.stats.record_views([item.view() for item in written])
+        await self.events.notify(written)
+        return written
+
+    async def _write(self, stream: str, batch: list[Finish]) -> list[Finish]:
         if not batch:
             return []
         args: list[str | bytes | int] = [GROUP, self.ttl_s, self.keys.job_prefix]

@@ -22,7 +22,7 @@ from workers.engines.registry import create_engine
 from workers.generation.generate_loop import GenerateLoop
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
-from workers.partition.partition_io import PartitionIO
+from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import StreamReader
@@ -45,7 +45,10 @@ class ConsumerRuntime:
         self.partitions = self.repository.partitions(settings.models)
         self.consumer = consumer_name()
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run_thread, name="conveyor-consumer")
+        # daemon: a consumer that cannot drain in the grace must not keep the process alive
+        self._thread = threading.Thread(
+            target=self._run_thread, name="conveyor-consumer", daemon=True
+        )
         self._ready: Future[None] = Future()
         self._loops: list[MicroBatchLoop | GenerateLoop] = []
         self._engines: list[BatchEngine | GenerateEngine] = []
@@ -80,9 +83,11 @@ class ConsumerRuntime:
 
     async def _serve(self) -> None:
         client = connect(self.settings.redis_url, name=self.consumer)
-        writer = ResultWriter(client, self.keys, self.settings.result_ttl_s)
+        events = JobEvents(self.settings.redis_url)
+        writer = ResultWriter(client, self.keys, self.settings.result_ttl_s, events)
         for config, variant in self.partitions:
-            self._loops.append(await self._build_loop(client, writer, config, variant))
+            partition = Partition.of(self.keys, config, variant)
+            self._loops.append(await self._build_loop(client, writer, events, partition))
         self._ready.set_result(None)
         log.info("serving %s as %s", [f"{c.name}:{v}" for c, v in self.partitions], self.consumer)
         try:
@@ -96,31 +101,20 @@ class ConsumerRuntime:
             await client.aclose()
 
     async def _build_loop(
-        self, client: aioredis.Redis, writer: ResultWriter, config: ModelConfig, variant: str
+        self, client: aioredis.Redis, writer: ResultWriter, events: JobEvents, partition: Partition
     ) -> MicroBatchLoop | GenerateLoop:
-        engine = await self._load_engine(config, variant)
-        streams = [
-            self.keys.queue(config.name, variant),
-            self.keys.bulk_queue(config.name, variant),
-        ]
-        readers = [StreamReader(client, self.keys, s, self.consumer) for s in streams]
-        for reader in readers:
-            await reader.ensure_group()
-        webhooks = JobEvents(self.settings.redis_url)
+        engine = await self._load_engine(partition.config, partition.variant)
+        reader = StreamReader(client, self.keys, partition.streams, self.consumer)
+        await reader.ensure_groups()
         ttl_s = self.settings.result_ttl_s
-        reclaimers = [
-            Reclaimer(client, self.keys, config, variant, s, self.consumer, ttl_s, webhooks)
-            for s in streams
-        ]
-        lanes = LaneScheduler(readers[0], readers[1], config.bulk_share)
-        io = PartitionIO(
-            config, variant, lanes, writer, reclaimers, webhooks, self.settings.block_ms
-        )
+        reclaimer = Reclaimer(client, self.keys, partition, self.consumer, ttl_s, events)
+        lanes = LaneScheduler(partition, reader, reclaimer)
+        block_ms = self.settings.block_ms
         if isinstance(engine, GenerateEngine):
-            tokens = TokenWriter(client, self.keys, self.settings.result_ttl_s)
+            tokens = TokenWriter(client, self.keys, ttl_s)
             drain_s = max(0.0, self.settings.shutdown_grace_s - ENGINE_CLOSE_S)
-            return GenerateLoop(io, engine, tokens, drain_s)
-        return MicroBatchLoop(io, engine)
+            return GenerateLoop(partition, lanes, reader, writer, tokens, engine, block_ms, drain_s)
+        return MicroBatchLoop(partition, lanes, writer, engine, block_ms)
 
     async def _load_engine(self, config: ModelConfig, variant: str) -> BatchEngine | GenerateEngine:
         engine = create_engine(config, variant, self.settings.artifact_dir)

@@ -1,0 +1,31 @@
+"""What becomes of one delivered entry: the result the writer stores and acknowledges, the reply
+the waiting producer gets, and the webhook event, all from one value."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.codec import dumps
+from shared.job_store import job_view
+
+
+@dataclass(slots=True)
+class Finish:
+    """One entry's fate: `status` '' only acknowledges it (already terminal, cancelled, gone)."""
+
+    entry_id: bytes
+    job_id: str = ""
+    reply: str = ""
+    status: str = ""
+    fields: dict[str, str] = field(default_factory=dict)
+    context: Mapping[str, str] = field(default_factory=dict)
+    webhook: str = ""
+
+    def view(self) -> dict[str, Any]:
+        return job_view(self.job_id, {**self.context, **self.fields, "status": self.status})
+
+    def message(self) -> bytes:
+        """The reply published to the waiting producer: the job's public view."""
+        return dumps(self.view()) if self.status else b""

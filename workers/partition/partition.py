@@ -1,0 +1,73 @@
+"""One partition a worker serves, (model, variant) with its two lane streams, and how a delivered
+entry of it ends, for every partition loop alike: entries that must not run (already ended,
+cancelled, gone) are only acknowledged, late ones expire, and every result carries the same
+timing and context fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.codec import dumps
+from shared.job_states import JobStatus
+from shared.job_store import now_ms
+from shared.keys import Keys
+from shared.model_repository import ModelConfig
+from workers.partition.finish import Finish
+from workers.partition.stream_reader import Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    config: ModelConfig
+    variant: str
+    online: str
+    bulk: str
+
+    @classmethod
+    def of(cls, keys: Keys, config: ModelConfig, variant: str) -> Partition:
+        return cls(
+            config, variant, keys.queue(config.name, variant), keys.bulk_queue(config.name, variant)
+        )
+
+    @property
+    def streams(self) -> tuple[str, str]:
+        """The lane streams, online first (the order reclaim serves them in)."""
+        return self.online, self.bulk
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        """The Prometheus labels of this partition: (model, variant)."""
+        return self.config.name, self.variant
+
+    def skip_or_expire(self, delivery: Delivery) -> Finish | None:
+        """The Finish of an entry that must not run, or None when it should run."""
+        entry = delivery.entry
+        if entry is None or delivery.status != JobStatus.RUNNING:
+            return Finish(delivery.entry_id)
+        now = delivery.claimed_ms
+        max_wait_ms = self.config.queue.max_queue_time_s * 1000.0
+        if (entry.deadline_ms and now > entry.deadline_ms) or now - entry.enqueued_ms > max_wait_ms:
+            error = {"type": "DeadlineExceeded", "message": "job expired before it could run"}
+            return self.finish(delivery, JobStatus.EXPIRED, {"error": dumps(error).decode()})
+        return None
+
+    def finish(self, delivery: Delivery, status: JobStatus, fields: dict[str, str]) -> Finish:
+        """A result for the writer, with `finished`, `queue_wait_ms`, the reply's context and
+        the job's webhook."""
+        assert delivery.entry is not None
+        entry = delivery.entry
+        fields = {
+            **fields,
+            "finished": str(now_ms()),
+            "queue_wait_ms": str(delivery.claimed_ms - entry.enqueued_ms),
+        }
+        context = {
+            "model": self.config.name,
+            "variant": self.variant,
+            "created": str(entry.enqueued_ms),
+            "started": str(delivery.claimed_ms),
+        }
+        webhook = str(entry.payload.get("webhook", ""))
+        return Finish(
+            delivery.entry_id, entry.job_id, entry.reply, status, fields, context, webhook
+        )

@@ -1,0 +1,71 @@
+"""Capped exponential backoff with jitter for Redis outages: workers keep their consumer name
+(and so their pending entries) and resume by themselves when the server is back. A backoff
+logs one line when Redis goes away and one when it is back, not one per retry, and its sleeps
+end as soon as the loop is asked to stop, so a worker whose Redis is gone still exits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from redis.exceptions import BusyLoadingError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+OUTAGE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError)
+
+
+class Stopped(Exception):
+    """Asked to stop while Redis was unreachable: what was in hand stays unacknowledged, so
+    another worker reclaims and reruns it."""
+
+
+class Backoff:
+    def __init__(self, stop: asyncio.Event, first_s: float = 0.1, cap_s: float = 5.0) -> None:
+        self.stop = stop
+        self.first_s = first_s
+        self.cap_s = cap_s
+        self.attempt = 0
+        self._down_since = 0.0
+
+    def reset(self) -> None:
+        """Redis answered: log the end of an outage, once."""
+        if self.attempt:
+            log.warning("redis reachable again after %.1fs", time.monotonic() - self._down_since)
+        self.attempt = 0
+
+    async def sleep(self, reason: BaseException) -> None:
+        """Wait before the next retry, or less if asked to stop meanwhile."""
+        delay = min(self.cap_s, self.first_s * 2**self.attempt) * random.uniform(0.5, 1.0)
+        if not self.attempt:
+            self._down_since = time.monotonic()
+            log.warning("redis unavailable (%s); retrying with backoff", reason)
+        else:
+            log.debug("redis still unavailable (%s); retrying in %.2fs", reason, delay)
+        self.attempt += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), delay)
+
+
+async def until_done(call: Callable[[], Awaitable[T]], stop: asyncio.Event) -> T:
+    """Retry `call` through an outage; for writes that must not be lost (a finished batch).
+    Raises Stopped when asked to stop while Redis is still unreachable."""
+    backoff = Backoff(stop)
+    while True:
+        try:
+            result = await call()
+        except OUTAGE as exc:
+            if stop.is_set():
+                raise Stopped from exc
+            await backoff.sleep(exc)
+            continue
+        backoff.reset()
+        return result
