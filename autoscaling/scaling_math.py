@@ -15,6 +15,8 @@ from typing import Literal
 
 import redis
 
+from shared.codec import as_text
+
 Mode = Literal["streamLength", "lagCount", "pendingEntriesCount"]
 
 HPA_TOLERANCE = 0.1
@@ -87,7 +89,7 @@ def group_lag(client: redis.Redis, stream: str, group: str) -> int:
             return 0
         raise
     for info in groups:
-        if _text(info["name"]) == group:
+        if as_text(info["name"]) == group:
             lag = info.get("lag")
             return NULL_LAG if lag is None else int(lag)
     return stream_length(client, stream)
@@ -142,7 +144,3 @@ def _require_redis_7(client: redis.Redis) -> None:
     version = str(client.info("server")["redis_version"])
     if int(version.split(".")[0]) < 7:
         raise RuntimeError(f"lagCount needs Redis 7+, server reports {version}")
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

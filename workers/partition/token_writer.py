@@ -9,6 +9,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from shared.codec import as_text
 from shared.keys import Keys
 from shared.token_stream import TokenEvent
 
@@ -40,8 +41,7 @@ class TokenWriter:
                 pipe.hget(self.keys.job(job_id), "status")
             replies = await pipe.execute()
         statuses = replies[len(replies) - len(watch) :]
-        return {job_id: _text(s) for job_id, s in zip(watch, statuses, strict=True)}
-
-
-def _text(value: bytes | None) -> str | None:
-    return value.decode() if value is not None else None
+        return {
+            job_id: None if status is None else as_text(status)
+            for job_id, status in zip(watch, statuses, strict=True)
+        }
