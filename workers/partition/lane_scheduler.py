@@ -20,7 +20,8 @@ class LaneCredit:
         self.credit = 0.0
 
     def bulk_turn(self) -> bool:
-        return self.credit >= 1.0
+        # tolerant: ten additions of 0.1 sum to 0.9999999999999999, which must count as a turn
+        return self.credit >= 1.0 - 1e-9
 
     def served(self, bulk: bool) -> None:
         """Account for a micro-batch just taken from the bulk lane (`bulk`) or the online one,

@@ -1,0 +1,85 @@
+"""Stack-free: how a partition decides an entry must not run (already ended, gone) or has
+expired (past its deadline, or queued longer than `max_queue_time_s`), and what its result
+carries."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.codec import RequestEntry, loads
+from shared.job_states import JobStatus
+from shared.keys import Keys
+from shared.model_repository import ModelConfig, QueueLimits
+from workers.partition.partition import Partition
+from workers.partition.stream_reader import Delivery
+
+CLAIMED_MS = 1_000_000
+
+
+@pytest.fixture
+def partition() -> Partition:
+    config = ModelConfig(
+        name="m", kind="batch", backend="identity", queue=QueueLimits(max_queue_time_s=10)
+    )
+    return Partition.of(Keys(), config, "default")
+
+
+def _delivery(
+    status: str = "running", enqueued_ms: int = CLAIMED_MS - 1, deadline_ms: int = 0
+) -> Delivery:
+    request = RequestEntry(
+        job_id="j1", payload={"inputs": {}}, enqueued_ms=enqueued_ms, deadline_ms=deadline_ms
+    )
+    request.reply = "r1"
+    return Delivery(b"1-0", request, status, CLAIMED_MS)
+
+
+def test_a_fresh_running_entry_runs(partition: Partition) -> None:
+    assert partition.skip_or_expire(_delivery()) is None
+
+
+def test_a_deadline_in_the_future_runs(partition: Partition) -> None:
+    assert partition.skip_or_expire(_delivery(deadline_ms=CLAIMED_MS + 1)) is None
+
+
+@pytest.mark.parametrize("status", ["succeeded", "cancelled", "failed", "missing"])
+def test_an_entry_whose_job_is_not_running_is_only_acknowledged(
+    partition: Partition, status: str
+) -> None:
+    finish = partition.skip_or_expire(_delivery(status))
+    assert finish is not None
+    assert (finish.entry_id, finish.status, finish.job_id, finish.fields) == (b"1-0", "", "", {})
+
+
+def test_an_undecodable_entry_is_only_acknowledged(partition: Partition) -> None:
+    finish = partition.skip_or_expire(Delivery(b"2-0", None, "running", CLAIMED_MS))
+    assert finish is not None and finish.entry_id == b"2-0" and finish.status == ""
+
+
+def test_past_its_deadline_the_job_expires(partition: Partition) -> None:
+    finish = partition.skip_or_expire(_delivery(deadline_ms=CLAIMED_MS - 1))
+    assert finish is not None and finish.status == JobStatus.EXPIRED
+    assert loads(finish.fields["error"])["type"] == "DeadlineExceeded"
+    assert finish.job_id == "j1" and finish.reply == "r1"
+
+
+def test_queued_longer_than_max_queue_time_the_job_expires(partition: Partition) -> None:
+    assert partition.skip_or_expire(_delivery(enqueued_ms=CLAIMED_MS - 10_000)) is None
+    finish = partition.skip_or_expire(_delivery(enqueued_ms=CLAIMED_MS - 10_001))
+    assert finish is not None and finish.status == JobStatus.EXPIRED
+    assert finish.fields["queue_wait_ms"] == "10001"
+
+
+def test_a_result_carries_timing_context_and_webhook(partition: Partition) -> None:
+    delivery = _delivery(enqueued_ms=CLAIMED_MS - 250)
+    assert delivery.entry is not None
+    delivery.entry.payload["webhook"] = "https://hooks.example/x"
+    finish = partition.finish(delivery, JobStatus.SUCCEEDED, {"outputs": "{}"})
+    assert finish.fields["queue_wait_ms"] == "250" and "finished" in finish.fields
+    assert finish.context == {
+        "model": "m",
+        "variant": "default",
+        "created": str(CLAIMED_MS - 250),
+        "started": str(CLAIMED_MS),
+    }
+    assert finish.webhook == "https://hooks.example/x"

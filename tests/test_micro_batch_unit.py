@@ -1,0 +1,66 @@
+"""Stack-free: how a failing micro-batch is bisected so that only the inputs that fail on their
+own fail, with their exception as the error, and every other input still gets its output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.model_repository import ModelConfig
+from tests.fault_engine import FaultEngine
+from workers.batching.micro_batch_executor import Outcome, execute
+
+
+@pytest.fixture
+def engine() -> FaultEngine:
+    config = ModelConfig(name="faulty", kind="batch", backend="tests.fault_engine:FaultEngine")
+    fault_engine = FaultEngine(config, "default", "")
+    fault_engine.load()
+    return fault_engine
+
+
+def _inputs(n: int, bad: set[int]) -> list[dict[str, Any]]:
+    return [
+        {"n": i, "action": "raise", "tag": f"bad-{i}"} if i in bad else {"n": i} for i in range(n)
+    ]
+
+
+async def test_a_healthy_batch_is_one_engine_call(engine: FaultEngine) -> None:
+    outcomes = await execute(engine, _inputs(8, bad=set()))
+    assert [o.output["n"] for o in outcomes if o.output] == list(range(8))
+    assert {o.batch_id for o in outcomes} == {outcomes[0].batch_id}
+    assert {o.batch_size for o in outcomes} == {8}
+
+
+async def test_one_bad_input_fails_alone_and_the_batch_is_halved_towards_it(
+    engine: FaultEngine,
+) -> None:
+    outcomes = await execute(engine, _inputs(8, bad={5}))
+    failed = [i for i, o in enumerate(outcomes) if o.error is not None]
+    assert failed == [5]
+    assert outcomes[5].error == {"type": "ValueError", "message": "poison item ['bad-5']"}
+    assert outcomes[5].output is None
+    assert [o.output["n"] for o in outcomes if o.output] == [0, 1, 2, 3, 4, 6, 7]
+    # [0..7] fails -> [0..3] runs; [4..7] fails -> [4, 5] fails -> [4] runs, [5] fails; [6, 7] runs
+    assert [o.batch_size for o in outcomes] == [4, 4, 4, 4, 1, 1, 2, 2]
+    assert len({o.batch_id for o in outcomes}) == 4
+
+
+async def test_bad_inputs_in_both_halves_each_fail_alone(engine: FaultEngine) -> None:
+    outcomes = await execute(engine, _inputs(6, bad={0, 4}))
+    assert [i for i, o in enumerate(outcomes) if o.error] == [0, 4]
+    assert [(i, output["n"]) for i, output in _outputs(outcomes)] == [
+        (1, 1),
+        (2, 2),
+        (3, 3),
+        (5, 5),
+    ]
+
+
+async def test_an_empty_batch_calls_nothing(engine: FaultEngine) -> None:
+    assert await execute(engine, []) == []
+
+
+def _outputs(outcomes: list[Outcome]) -> list[tuple[int, dict[str, Any]]]:
+    return [(i, o.output) for i, o in enumerate(outcomes) if o.output is not None]
