@@ -64,14 +64,13 @@ def _job(r: redis.Redis, job_id: str) -> dict[str, str]:
 
 
 def _wait_terminal(r: redis.Redis, ids: list[str], timeout: float = 120) -> list[dict[str, str]]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ended() -> list[dict[str, str]] | None:
         jobs = [_job(r, i) for i in ids]
-        if all(j.get("status") in {"succeeded", "failed", "cancelled", "expired"} for j in jobs):
-            return jobs
-        time.sleep(0.2)
-    pending = [i for i, j in zip(ids, jobs, strict=True) if j.get("status") == "queued"]
-    raise AssertionError(f"{len(pending)} jobs never ended, e.g. {pending[:3]}")
+        terminal = {"succeeded", "failed", "cancelled", "expired"}
+        return jobs if all(j.get("status") in terminal for j in jobs) else None
+
+    jobs: list[dict[str, str]] = until(ended, timeout)
+    return jobs
 
 
 async def _submit_many(base_url: str, bodies: list[dict[str, Any]], rate: float) -> list[str]:
@@ -117,7 +116,9 @@ def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: r
                 until(lambda: not _connections_of(r, consumer), timeout=10)
                 # what the dead consumer still owns once it is gone: these must be reclaimed
                 for row in r.xpending_range(STREAM, "workers", "-", "+", 1000, consumer):
-                    entry = r.xrange(STREAM, row["message_id"], row["message_id"])
+                    entry: list[tuple[str, dict[str, str]]] = r.xrange(  # type: ignore[assignment]
+                        STREAM, row["message_id"], row["message_id"]
+                    )
                     orphans.extend(fields["id"] for _, fields in entry)  # none: reclaimed already
                 return
             time.sleep(0.005)
@@ -172,11 +173,8 @@ def test_crashing_entry_is_dead_lettered_then_replayed(
     for attempt in range(3):  # max_deliveries is 2: deliveries 1 and 2 crash, the 3rd is dead
         name = f"crash-{attempt}"
         process_pid = fault_stack.start_worker("faulty", name=name)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and _job(r, job_id)["status"] != "failed":
-            if fault_stack.processes[name].poll() is not None:
-                break
-            time.sleep(0.1)
+        worker = fault_stack.processes[name]
+        until(lambda: _job(r, job_id)["status"] == "failed" or worker.poll() is not None)  # noqa: B023
         exit_code = fault_stack.stop_process(name)
         assert (exit_code == 3) == (attempt < 2), (attempt, exit_code, process_pid)
     job = _job(r, job_id)
@@ -239,9 +237,10 @@ def test_redis_restart_under_load_answers_503_and_loses_nothing(
     loader = threading.Thread(target=load)
     loader.start()
     try:
-        time.sleep(1.5)
+        until(lambda: len(accepted) >= 50)  # under load
         fault_stack.restart_valkey(down_s=2.0)
-        time.sleep(3.0)
+        served_before = len(accepted)
+        until(lambda: len(accepted) >= served_before + 50)  # and under load again after
     finally:
         stop.set()
         loader.join()
@@ -297,11 +296,7 @@ def test_sigterm_drains_the_batch_in_hand(fault_stack: Stack, r: redis.Redis) ->
     ids = asyncio.run(_submit_many(fault_stack.base_url, bodies, rate=10_000))
     pid = fault_stack.start_worker("faulty", name="drain")
     consumer = fault_stack.consumer_name(pid)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not r.xpending_range(
-        STREAM, "workers", "-", "+", 10, consumer
-    ):
-        time.sleep(0.01)
+    until(lambda: r.xpending_range(STREAM, "workers", "-", "+", 10, consumer))
     started = time.monotonic()
     assert fault_stack.stop_process("drain", signal.SIGTERM) == 0
     assert time.monotonic() - started < 30
@@ -315,10 +310,10 @@ def test_sigterm_drains_the_batch_in_hand(fault_stack: Stack, r: redis.Redis) ->
         fault_stack.stop_process("finisher")
 
 
-def test_producer_sigterm_finishes_in_flight_requests(fault_stack: Stack) -> None:
+def test_producer_sigterm_finishes_in_flight_requests(fault_stack: Stack, r: redis.Redis) -> None:
     port = free_port()
     base_url = fault_stack.start_producer(port, name="producer-2")
-    fault_stack.start_worker("faulty", name="slow")
+    consumer = fault_stack.consumer_name(fault_stack.start_worker("faulty", name="slow"))
     result: dict[str, Any] = {}
 
     def predict() -> None:
@@ -331,7 +326,8 @@ def test_producer_sigterm_finishes_in_flight_requests(fault_stack: Stack) -> Non
 
     caller = threading.Thread(target=predict)
     caller.start()
-    time.sleep(0.5)
+    # the request is in flight once the worker holds its job
+    until(lambda: r.xpending_range(STREAM, "workers", "-", "+", 10, consumer))
     try:
         # uvicorn re-raises the signal after its graceful shutdown, hence -SIGTERM
         assert fault_stack.stop_process("producer-2", signal.SIGTERM) in (0, -signal.SIGTERM)
