@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import yaml
 from jsonschema import Draft202012Validator
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
@@ -26,7 +26,41 @@ class Variant(BaseModel):
 
     weight: int = Field(default=100, ge=0)
     shadow: bool = False
+    # A shadow variant's share of online requests copied to its bulk lane (live routes seed).
+    sample_rate: float = Field(default=1.0, ge=0.0, le=1.0)
     parameters: dict[str, Any] = Field(default_factory=dict)
+    # A variant may run the same model on another engine (A/B of backends through one API).
+    backend: str | None = None
+    preferred_batch_sizes: list[int] | None = None
+
+
+class CudaGraphBuckets(BaseModel):
+    """Shapes a micro-batch is padded up to; one CUDA graph is captured per (batch, seq) pair."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_buckets: list[int] = Field(default_factory=lambda: [1, 8, 32, 64, 128, 256])
+    seq_buckets: list[int] = Field(default_factory=lambda: [32, 64, 128, 256])
+
+    @model_validator(mode="after")
+    def _sorted_positive(self) -> CudaGraphBuckets:
+        for name in ("batch_buckets", "seq_buckets"):
+            values = getattr(self, name)
+            if not values or any(v < 1 for v in values) or values != sorted(set(values)):
+                raise ValueError(f"{name} must be positive, ascending and unique, got {values}")
+        return self
+
+
+class TorchOptions(BaseModel):
+    """`parameters.torch` of a variant whose backend is `torch`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+    cuda_graphs: CudaGraphBuckets | None = None
+    compile: bool = False
+    tokenizer_threads: int = Field(default=2, ge=1, le=64)
 
 
 class QueueLimits(BaseModel):
@@ -66,6 +100,7 @@ class ModelConfig(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     max_batch_size: int = Field(default=32, ge=1)
     max_queue_delay_ms: float = Field(default=2.0, ge=0)
+    preferred_batch_sizes: list[int] = Field(default_factory=list)
     max_num_seqs: int = Field(default=16, ge=1)
     bulk_share: float = Field(default=0.2, ge=0.0, le=1.0)
     queue: QueueLimits = Field(default_factory=QueueLimits)
@@ -84,7 +119,19 @@ class ModelConfig(BaseModel):
                 f"model {self.name}: default_variant {self.default_variant!r} is not a variant"
             )
         Draft202012Validator.check_schema(self.input_schema)
+        for variant in self.variants:
+            self._check_variant(variant)
         return self
+
+    def _check_variant(self, variant: str) -> None:
+        sizes = self.preferred_batch_sizes_of(variant)
+        if any(not 1 <= size <= self.max_batch_size for size in sizes):
+            raise ModelConfigError(
+                f"model {self.name} variant {variant}: preferred_batch_sizes {sizes} must lie in "
+                f"1..max_batch_size ({self.max_batch_size})"
+            )
+        if self.backend_of(variant) == "torch":
+            self.torch_options(variant)
 
     @cached_property
     def input_validator(self) -> Draft202012Validator:
@@ -97,6 +144,26 @@ class ModelConfig(BaseModel):
 
     def variant_parameters(self, variant: str) -> dict[str, Any]:
         return {**self.parameters, **self.variants[variant].parameters}
+
+    def backend_of(self, variant: str) -> str:
+        return self.variants[variant].backend or self.backend
+
+    def preferred_batch_sizes_of(self, variant: str) -> list[int]:
+        """Ascending micro-batch sizes the batcher stops gathering at when the queue is shallow
+        (Triton's `preferred_batch_size`): sizes that fill an engine's shape bucket."""
+        own = self.variants[variant].preferred_batch_sizes
+        return sorted(set(self.preferred_batch_sizes if own is None else own))
+
+    def torch_options(self, variant: str) -> TorchOptions:
+        try:
+            return TorchOptions.model_validate(self.variant_parameters(variant).get("torch") or {})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'torch'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ModelConfigError(
+                f"model {self.name} variant {variant}: parameters.torch: {problems}"
+            ) from None
 
 
 class ModelRepository:

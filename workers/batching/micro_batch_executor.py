@@ -33,6 +33,13 @@ async def execute(engine: BatchEngine, inputs: list[dict[str, Any]]) -> list[Out
             return [Outcome(None, error, _ms_since(started), 1, uuid.uuid4().hex)]
         middle = len(inputs) // 2
         return [*await execute(engine, inputs[:middle]), *await execute(engine, inputs[middle:])]
+    return succeeded(inputs, outputs, started)
+
+
+def succeeded(
+    inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], started: float
+) -> list[Outcome]:
+    """One engine call's outcomes: same batch id, size and engine time for every job."""
     engine_ms = _ms_since(started)
     batch_id = uuid.uuid4().hex
     return [Outcome(out, None, engine_ms, len(inputs), batch_id) for out in outputs]
@@ -42,6 +49,13 @@ async def _call(engine: BatchEngine, inputs: list[dict[str, Any]]) -> list[dict[
     outputs = (
         engine.infer(inputs) if engine.inline else await asyncio.to_thread(engine.infer, inputs)
     )
+    return one_per_input(inputs, outputs)
+
+
+def one_per_input(
+    inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`outputs`, after checking the engine returned exactly one per input."""
     if len(outputs) != len(inputs):
         raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(inputs)} inputs")
     return outputs

@@ -44,6 +44,31 @@ class BatchEngine(EngineBase):
         """Release engine resources on warm shutdown."""
 
 
+class StagedBatchEngine(BatchEngine):
+    """A batch engine cut into host and device stages, so the batching loop can tokenise and
+    pad micro-batch n+1 (`prepare`) and encode the results of n-1 (`finish`) while the device
+    runs n (`run`). `prepare` and `finish` may run on `host_threads` threads at once; `run`
+    is called from one thread at a time, in submission order. `infer` chains the three, so the
+    loop's one-call fallback (bisecting a failed micro-batch) still works."""
+
+    host_threads: int = 1
+
+    @abstractmethod
+    def prepare(self, inputs: list[dict[str, Any]]) -> Any:
+        """Host work before the device: validate, tokenise, pad (raises on bad input)."""
+
+    @abstractmethod
+    def run(self, prepared: Any) -> Any:
+        """Queue the device work of a prepared micro-batch; may return before it completes."""
+
+    @abstractmethod
+    def finish(self, running: Any) -> list[dict[str, Any]]:
+        """Wait for the device work of `run` and encode one output per input, in order."""
+
+    def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return self.finish(self.run(self.prepare(inputs)))
+
+
 @dataclass(slots=True)
 class GenerateRequest:
     """One generation job as the engine sees it (sampling parameters already validated)."""

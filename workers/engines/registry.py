@@ -12,6 +12,7 @@ BACKENDS: dict[str, str] = {
     "identity": "workers.engines.identity_engine:IdentityEngine",
     "onnxruntime": "workers.engines.onnxruntime_engine:OnnxRuntimeEngine",
     "tensorrt": "workers.engines.tensorrt_engine:TensorRTEngine",
+    "torch": "workers.engines.torch_engine:TorchEngine",
     "vllm": "workers.engines.vllm_engine:VllmEngine",
 }
 
@@ -32,5 +33,7 @@ def engine_class(backend: str) -> type[BatchEngine] | type[GenerateEngine]:
 def create_engine(
     config: ModelConfig, variant: str, artifact_root: Path
 ) -> BatchEngine | GenerateEngine:
-    """Build (not load) the engine for one partition; its artifacts live in `<root>/<model>/`."""
-    return engine_class(config.backend)(config, variant, str(artifact_root / config.name))
+    """Build (not load) the engine for one partition (a variant may name its own backend); its
+    artifacts live in `<root>/<model>/`."""
+    cls = engine_class(config.backend_of(variant))
+    return cls(config, variant, str(artifact_root / config.name))

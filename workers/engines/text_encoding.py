@@ -55,11 +55,15 @@ class TextEncoder:
     def from_artifacts(cls, artifact_dir: Path, max_seq_length: int) -> TextEncoder:
         return cls(Tokenizer.from_file(str(artifact_dir / TOKENIZER_FILE)), max_seq_length)
 
-    def tokenize(self, texts: Sequence[str], pad_to: int | None = None) -> TokenBatch:
-        """Tokenise `texts`, padded to the longest of them, or padded or cut to exactly `pad_to`
-        tokens (for a fixed shape, like INT8 calibration's)."""
+    def tokenize(
+        self, texts: Sequence[str], pad_to: int | None = None, widths: Sequence[int] = ()
+    ) -> TokenBatch:
+        """Tokenise `texts`, padded to the longest of them, or to the first of the ascending
+        `widths` that holds it (a CUDA graph's shape bucket), or padded or cut to exactly
+        `pad_to` tokens (for a fixed shape, like INT8 calibration's)."""
         encodings = self._tokenizer.encode_batch(list(texts))
-        width = pad_to or max(len(e.ids) for e in encodings)
+        longest = max(len(e.ids) for e in encodings)
+        width = pad_to or next((w for w in widths if w >= longest), longest)
         return TokenBatch(
             input_ids=_matrix([e.ids for e in encodings], width),
             attention_mask=_matrix([e.attention_mask for e in encodings], width),

