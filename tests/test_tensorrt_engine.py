@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.gpu_requirements import needs_gpu
 from tests.minilm_reference import (
     DIMENSION,
     SENTENCES,
@@ -20,9 +21,9 @@ from tests.minilm_reference import (
     reference_embeddings,
     vectors,
 )
-from workers.engines.tensorrt_engine import BuildSettings, TensorRTEngine, tensorrt_available
+from workers.engines.tensorrt_engine import BuildSettings, TensorRTEngine
 
-needs_gpu = pytest.mark.skipif(not tensorrt_available(), reason="needs a CUDA GPU (TensorRT)")
+on_tensorrt = needs_gpu("tensorrt", "pycuda")
 
 SHORT_TEXTS = ["hi", "a cat", "queues and workers", "one more short sentence here"]
 
@@ -54,7 +55,7 @@ def engine(artifact_dir: Path) -> Iterator[TensorRTEngine]:
 
 
 @pytest.mark.gpu
-@needs_gpu
+@on_tensorrt
 def test_fp16_embeddings_equal_the_pytorch_reference(engine):
     engine.call_shapes.clear()
     got = vectors(engine.infer([{"texts": SENTENCES[:5]}, {"texts": SENTENCES[5:]}]))
@@ -66,7 +67,7 @@ def test_fp16_embeddings_equal_the_pytorch_reference(engine):
 
 
 @pytest.mark.gpu
-@needs_gpu
+@on_tensorrt
 def test_padding_is_per_call_and_does_not_change_vectors(engine):
     engine.call_shapes.clear()
     together = vectors(engine.infer([{"texts": SHORT_TEXTS}]))
@@ -77,7 +78,7 @@ def test_padding_is_per_call_and_does_not_change_vectors(engine):
 
 
 @pytest.mark.gpu
-@needs_gpu
+@on_tensorrt
 def test_more_texts_than_the_profile_allows_run_as_several_calls(engine):
     engine.call_shapes.clear()
     texts = [f"sentence number {i}" for i in range(40)]
@@ -88,7 +89,7 @@ def test_more_texts_than_the_profile_allows_run_as_several_calls(engine):
 
 
 @pytest.mark.gpu
-@needs_gpu
+@on_tensorrt
 def test_the_plan_is_built_once_and_reused(engine, artifact_dir):
     plans = sorted((artifact_dir / "tensorrt").glob("model.fp16.*.plan"))
     assert len(plans) == 1

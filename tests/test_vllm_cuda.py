@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
+from tests.gpu_requirements import needs_gpu
 from tests.test_llm_engine import PARIS, QUESTIONS, STORY, collect, greedy, text_of
 from workers.engines.registry import create_engine
 from workers.engines.vllm_engine import VllmEngine
@@ -21,18 +21,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 GPU_PARAMETERS = {"dtype": "bfloat16", "enforce_eager": False, "gpu_memory_utilization": 0.3}
 
 
-def cuda_device_count() -> int:
-    if find_spec("torch") is None:
-        return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(cuda_device_count() == 0, reason="needs a CUDA GPU; torch sees none"),
-    pytest.mark.skipif(find_spec("vllm") is None, reason="needs the CUDA build of vllm"),
+    needs_gpu("torch", "vllm"),
 ]
 
 
