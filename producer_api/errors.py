@@ -4,6 +4,7 @@ sends turns into a 500, and Redis being down is a 503 with Retry-After, not a cr
 from __future__ import annotations
 
 import logging
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 class ErrorDetail(BaseModel):
     type: str
     message: str
+    request_id: str | None = None  # only on `internal` errors: what to quote to the operator
 
 
 class ErrorBody(BaseModel):
@@ -69,6 +71,28 @@ def install_error_handlers(app: FastAPI) -> None:
         type_ = "not_found" if exc.status_code == 404 else "http_error"
         headers = dict(exc.headers) if exc.headers else None
         return error_response(exc.status_code, type_, str(exc.detail), headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> FastJSONResponse:
+        """The safety net: a bug still answers in the documented shape, and its traceback is
+        logged under an id the client can quote."""
+        request_id = uuid.uuid4().hex
+        log.error(
+            "unhandled error on %s %s (request %s)",
+            request.method,
+            request.url.path,
+            request_id,
+            exc_info=exc,
+            extra={"request_id": request_id},
+        )
+        body = {
+            "error": {
+                "type": "internal",
+                "message": f"internal error; quote request id {request_id}",
+                "request_id": request_id,
+            }
+        }
+        return FastJSONResponse(body, status_code=500, headers={"X-Request-ID": request_id})
 
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)

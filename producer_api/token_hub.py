@@ -1,7 +1,11 @@
 """One blocking XREAD per producer for every token stream its clients follow (SSE and OpenAI
 streaming): an open stream costs a queue, not a Redis connection held in a blocking read, and
 one read returns the new entries of many streams at once. A listener on a stream the hub does
-not read yet wakes it through a small per-producer stream that the hub always reads."""
+not read yet wakes it through a small per-producer stream that the hub always reads.
+
+The read is shared, so no listener's input may fail it: the hub accepts only valid entry ids as
+cursors, and should Redis still refuse the read (a key that is no stream), the streams it
+refuses are found and dropped, each listener of theirs told, while every other stream goes on."""
 
 from __future__ import annotations
 
@@ -14,16 +18,24 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shared.codec import as_text, stream_id
+from producer_api.task_cancel import cancel_and_wait
+from shared.codec import as_text, is_stream_id, stream_id
 from shared.job_store import JobRecord, JobStore
 from shared.redis_client import connect
 from shared.token_stream import READ_COUNT, TokenEvent, final_from_job
 
 log = logging.getLogger(__name__)
 Rows = list[tuple[Any, Any]]
+
+
+class StreamUnreadable(RuntimeError):
+    """Redis refused to read a followed stream; its listeners get this instead of rows."""
+
+
+Delivery = Rows | StreamUnreadable
 HUB_BLOCK_MS = 5000  # a read returns sooner whenever any followed stream (or the wake) grows
 WAKE_MAXLEN = 64
 WAKE_TTL_S = 86_400
@@ -32,26 +44,31 @@ WAKE_TTL_S = 86_400
 class TokenHub:
     def __init__(self, url: str, client: aioredis.Redis, wake_key: str, name: str) -> None:
         self.redis = client  # the shared pool: short reads and the wake-ups
-        self._reader = connect(url, max_connections=1, name=name)  # only the blocking XREAD
+        # only the blocking XREAD
+        self._reader = connect(url, max_connections=1, name=name, blocks_ms=HUB_BLOCK_MS)
         self.wake_key = wake_key
         self._cursors: dict[str, str] = {}
-        self._queues: dict[str, set[asyncio.Queue[Rows]]] = defaultdict(set)
+        self._queues: dict[str, set[asyncio.Queue[Delivery]]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="token-hub")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        """Cancel the read loop. The flag ends it too where the Redis client swallows the
+        cancellation of a blocked read (it then returns within one read)."""
+        self._stopping = True
+        await cancel_and_wait(self._task)
         await self._reader.aclose()
 
     @asynccontextmanager
-    async def listen(self, key: str, after: str) -> AsyncIterator[asyncio.Queue[Rows]]:
+    async def listen(self, key: str, after: str) -> AsyncIterator[asyncio.Queue[Delivery]]:
         """Every batch of entries the hub reads from `key` from now on (possibly some at or
-        before `after`: the caller drops what it has already seen)."""
-        queue: asyncio.Queue[Rows] = asyncio.Queue()
+        before `after`: the caller drops what it has already seen), or StreamUnreadable."""
+        if not is_stream_id(after):
+            raise ValueError(f"not a stream entry id: {after[:48]!r}")
+        queue: asyncio.Queue[Delivery] = asyncio.Queue()
         self._queues[key].add(queue)
         try:
             if key not in self._cursors:
@@ -66,13 +83,21 @@ class TokenHub:
 
     async def _run(self) -> None:
         wake = await self._wake_cursor()
-        while True:
+        while not self._stopping:
             try:
                 streams: dict[Any, Any] = {self.wake_key: wake, **self._cursors}
                 reply: Any = await self._reader.xread(streams, count=READ_COUNT, block=HUB_BLOCK_MS)
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+            except RedisTimeoutError as exc:  # an idle connection's health check, a slow server
+                log.debug("token hub read timed out (%r); retrying", exc)
+                continue
+            except RedisConnectionError as exc:
                 log.warning("token hub read failed (%r); retrying", exc)
                 await asyncio.sleep(0.5)
+                continue
+            except ResponseError as exc:  # one stream's fault must not stall the others
+                log.warning("token hub read refused (%s); dropping the streams at fault", exc)
+                if not await self._drop_unreadable():
+                    await asyncio.sleep(0.5)
                 continue
             except RedisError:  # never let one bad reply stop every stream of this producer
                 log.exception("token hub read failed; retrying")
@@ -86,6 +111,22 @@ class TokenHub:
                     self._cursors[key] = last
                     for queue in self._queues[key]:
                         queue.put_nowait(rows)
+
+    async def _drop_unreadable(self) -> int:
+        """Read each followed stream alone (not blocking) and stop following those Redis
+        refuses; their listeners get StreamUnreadable, everyone else carries on. Returns how
+        many were dropped."""
+        dropped = 0
+        for key, cursor in list(self._cursors.items()):
+            try:
+                await self.redis.xread({key: cursor}, count=1)
+            except ResponseError as exc:
+                log.warning("token hub dropped %s (%s)", key, exc)
+                self._cursors.pop(key, None)
+                dropped += 1
+                for queue in self._queues.get(key, ()):
+                    queue.put_nowait(StreamUnreadable(f"{key}: {exc}"))
+        return dropped
 
     async def _wake_cursor(self) -> str:
         """The id after which wake-ups count: the hub's own first entry."""
@@ -136,12 +177,12 @@ class TokenFollower:
                 events, over, record = await self._next(job_id, key, after, queue)
 
     async def _next(
-        self, job_id: str, key: str, after: str, queue: asyncio.Queue[Rows]
+        self, job_id: str, key: str, after: str, queue: asyncio.Queue[Delivery]
     ) -> tuple[list[TokenEvent], bool, JobRecord | None]:
         """(events, over, record): the next live entries; or, after `block_ms` without any, a
         look at the job, and once it is over (or gone) what is left of its stream."""
         try:
-            rows = await asyncio.wait_for(queue.get(), self.block_ms / 1000)
+            delivery = await asyncio.wait_for(queue.get(), self.block_ms / 1000)
         except TimeoutError:
             record = await self.store.get(job_id)
             # The worker appends its final event before it marks the job terminal: once the
@@ -149,8 +190,14 @@ class TokenFollower:
             if record is not None and not record.status.terminal:
                 return [], False, None
             return await self._read(key, after), True, record
+        deliveries = [delivery]
         while not queue.empty():
-            rows = rows + queue.get_nowait()
+            deliveries.append(queue.get_nowait())
+        rows: Rows = []
+        for item in deliveries:
+            if isinstance(item, StreamUnreadable):
+                raise item
+            rows += item
         return [TokenEvent.decode(eid, raw) for eid, raw in rows], False, None
 
     async def _read(self, key: str, after: str) -> list[TokenEvent]:

@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+_ID_PART_MAX = 2**64 - 1  # each half of a stream entry id is an unsigned 64-bit integer
+
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
@@ -64,3 +66,19 @@ def stream_id(entry_id: bytes | str) -> tuple[int, int]:
     """A stream entry id as (milliseconds, sequence): it orders as the stream does."""
     ms, _, seq = as_text(entry_id).partition("-")
     return int(ms), int(seq or 0)
+
+
+def is_stream_id(text: str) -> bool:
+    """True for an entry id Redis accepts as a read cursor (`<ms>-<seq>`, both within 64 bits):
+    checked before a client's id reaches a read that other clients share."""
+    ms, dash, seq = text.partition("-")
+    return (
+        dash == "-"
+        and len(text) <= 41
+        and ms.isascii()
+        and ms.isdigit()
+        and seq.isascii()
+        and seq.isdigit()
+        and int(ms) <= _ID_PART_MAX
+        and int(seq) <= _ID_PART_MAX
+    )

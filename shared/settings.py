@@ -31,6 +31,10 @@ class Settings(BaseSettings):
     port: int = 8000
     instance_id: str = Field(default_factory=_default_instance_id)
     max_body_bytes: int = 1_048_576
+    # Request boundary (producer_api/request_boundary.py): deepest JSON nesting accepted.
+    max_json_depth: int = Field(default=64, ge=2)
+    # Longest wait on Redis for one command, a connection or a free pooled connection.
+    redis_timeout_s: float = Field(default=2.0, gt=0)
     max_wait_s: float = 60.0
     result_ttl_s: int = 86_400
     log_level: str = "INFO"

@@ -5,15 +5,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends, Header, Path
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from producer_api.auth import AUTH_RESPONSES, Principal, require
-from producer_api.errors import ErrorBody
+from producer_api.errors import ConveyorError, ErrorBody
 from producer_api.events.protocol import EVENT_ID, JobEvent
 from producer_api.events.serving import EventsService
 from producer_api.state import ProducerState, producer_state
-from shared.codec import dumps
+from producer_api.stream_shutdown import GRACE_S, MESSAGE, RECONNECT_MS, until_shutdown
+from shared.codec import dumps, is_stream_id
 
 router = APIRouter(tags=["events"])
 PING_S = 15
@@ -22,6 +24,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
     200: {"content": {"text/event-stream": {}}, "description": "token, restart, final events"},
     404: {"model": ErrorBody, "description": "Unknown job"},
+    422: {"model": ErrorBody, "description": "Last-Event-ID is not a stream entry id"},
 }
 
 
@@ -32,9 +35,16 @@ async def events_service(
     return EventsService(state, principal)
 
 
-async def server_sent(events: AsyncIterator[JobEvent]) -> AsyncIterator[ServerSentEvent]:
-    async for event in events:
+async def server_sent(
+    events: AsyncIterator[JobEvent], shutdown: anyio.Event
+) -> AsyncIterator[ServerSentEvent]:
+    """The job's events; if the producer shuts down first, an `error` event (type
+    `unavailable`) with `retry:` ends the stream: reconnect with Last-Event-ID to resume."""
+    async for event in until_shutdown(events, shutdown):
         yield ServerSentEvent(data=dumps(event.data).decode(), event=event.event, id=event.id)
+    if shutdown.is_set():
+        error = {"type": "unavailable", "message": MESSAGE}
+        yield ServerSentEvent(data=dumps(error).decode(), event="error", retry=RECONNECT_MS)
 
 
 @router.get("/v1/jobs/{job_id}/events", response_class=EventSourceResponse, responses=_RESPONSES)
@@ -46,6 +56,17 @@ async def job_events(
     """Stream a job's events. LLM jobs: one `token` event per engine step (id = token-stream
     entry id), then a `final` event with the finish reason and usage; reconnecting with
     `Last-Event-ID` resumes right after that event. Other jobs: one `final` event with the job
-    when it ends. The job keeps running when the client goes away."""
+    when it ends. The job keeps running when the client goes away, or when this producer
+    shuts down (the stream then ends with an `error` event carrying `retry:`). A
+    `Last-Event-ID` that no stream could hold (parts beyond 64 bits) is refused (422)."""
+    if last_event_id is not None and not is_stream_id(last_event_id):
+        message = "Last-Event-ID: not a token-stream entry id (<ms>-<seq>, each within 64 bits)"
+        raise ConveyorError(422, "invalid_request", message)
     events = await service.open(job_id, last_event_id)
-    return EventSourceResponse(server_sent(events), ping=PING_S)
+    shutdown = anyio.Event()
+    return EventSourceResponse(
+        server_sent(events, shutdown),
+        ping=PING_S,
+        shutdown_event=shutdown,
+        shutdown_grace_period=GRACE_S,
+    )

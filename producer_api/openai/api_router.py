@@ -23,6 +23,7 @@ from producer_api.openai.protocol import (
 from producer_api.openai.serving import ChatRenderer, CompletionRenderer, OpenAIService, Renderer
 from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
+from producer_api.stream_shutdown import GRACE_S
 
 router = APIRouter(tags=["openai"])
 JOB_HEADER = "X-Conveyor-Job-Id"
@@ -61,8 +62,14 @@ async def _answer(
     no longer awaited) cancels its job, so the engine does not generate for nobody."""
     headers = {JOB_HEADER: job_id}
     if stream:
-        chunks = service.stream(job_id, renderer)
-        return EventSourceResponse(chunks, ping=PING_S, headers=headers)
+        shutdown = anyio.Event()
+        return EventSourceResponse(
+            service.stream(job_id, renderer, shutdown),
+            ping=PING_S,
+            headers=headers,
+            shutdown_event=shutdown,
+            shutdown_grace_period=GRACE_S,
+        )
     try:
         generation = await unless_disconnected(request, service.complete(job_id))
     except ClientDisconnected:

@@ -32,6 +32,7 @@ from producer_api.openai.protocol import (
     Usage,
 )
 from producer_api.state import ProducerState
+from producer_api.stream_shutdown import MESSAGE, until_shutdown
 from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
 from shared.token_stream import TokenEvent
@@ -177,14 +178,17 @@ class OpenAIService:
                 return Generation("".join(text), event.finish_reason, event.usage)
         raise ConveyorError(404, "not_found", f"job {job_id} expired")
 
-    async def stream(self, job_id: str, renderer: Renderer) -> AsyncIterator[str]:
+    async def stream(
+        self, job_id: str, renderer: Renderer, shutdown: anyio.Event
+    ) -> AsyncIterator[str]:
         """The job's chunks in OpenAI's format, ending with `[DONE]`. A stream that stops
-        before the job's final event (client disconnected) cancels the job."""
+        before the job's final event (client disconnected) cancels the job; one cut by this
+        producer's shutdown ends with an error chunk and `[DONE]`, and its job runs on."""
         ended = False
         try:
             if (opening := renderer.opening()) is not None:
                 yield renderer.encode(opening)
-            async for event in self._follow(job_id):
+            async for event in until_shutdown(self._follow(job_id), shutdown):
                 if event.kind == "restart":
                     yield _error_chunk("restarted", "the job's worker died; retry the request")
                     break
@@ -194,6 +198,9 @@ class OpenAIService:
                 ended = True
                 for chunk in self._closing(renderer, event):
                     yield chunk
+            if shutdown.is_set():
+                ended = True  # not the client's choice: the job runs on
+                yield _error_chunk("unavailable", f"{MESSAGE}; job {job_id} runs on")
             yield DONE
         finally:
             if not ended:

@@ -1,0 +1,168 @@
+"""The one edge every request body crosses before a route sees it: bodies are bounded (413,
+declared or chunked), and a JSON body must hold only what Conveyor can store and serialise —
+valid Unicode (no lone surrogates), integers within 64 bits, finite numbers, at most
+`CONVEYOR_MAX_JSON_DEPTH` levels of nesting — anywhere, free-form `inputs` and `parameters`
+included (422). Checking here, once, means nothing deeper (orjson, pydantic, Redis) ever meets
+a value it would fail on."""
+
+from __future__ import annotations
+
+import json
+import math
+from email.message import Message as MimeHeader
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from producer_api.errors import error_response
+
+# What orjson serialises: signed and unsigned 64-bit integers.
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class UnstorableJson(ValueError):
+    """A JSON body that parses but holds a value Conveyor cannot store."""
+
+
+def _checked_int(text: str) -> int:
+    value = int(text)
+    if not INT_MIN <= value <= INT_MAX:
+        raise UnstorableJson(f"integer {text[:24]}... does not fit in 64 bits")
+    return value
+
+
+def _checked_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise UnstorableJson(f"number {text[:24]} is not finite")
+    return value
+
+
+def _no_constant(name: str) -> None:
+    raise UnstorableJson(f"{name} is not a number JSON allows (numbers must be finite)")
+
+
+def _where(path: tuple[str | int, ...]) -> str:
+    return ".".join(str(part) for part in path) or "body"
+
+
+def _check_text(text: str, path: tuple[str | int, ...]) -> None:
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise UnstorableJson(f"{_where(path)}: a lone surrogate is not valid Unicode") from None
+
+
+def check_value(value: Any, max_depth: int) -> None:
+    """Raise UnstorableJson when a parsed JSON value nests deeper than `max_depth` or holds a
+    string (keys too) that is not valid Unicode. Iterative, so depth costs no recursion."""
+    pending: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while pending:
+        item, path = pending.pop()
+        if isinstance(item, str):
+            _check_text(item, path)
+            continue
+        if not isinstance(item, dict | list):
+            continue
+        if len(path) >= max_depth:
+            raise UnstorableJson(f"{_where(path)}: nested deeper than {max_depth} levels")
+        if isinstance(item, dict):
+            for key, child in item.items():
+                _check_text(key, path)
+                pending.append((child, (*path, key)))
+        else:
+            pending.extend((child, (*path, index)) for index, child in enumerate(item))
+
+
+def parse_json(body: bytes, max_depth: int) -> Any:
+    """The body as JSON, or UnstorableJson / ValueError saying why it cannot be accepted."""
+    try:
+        value = json.loads(
+            body,
+            parse_int=_checked_int,
+            parse_float=_checked_float,
+            parse_constant=_no_constant,
+        )
+    except RecursionError:
+        raise UnstorableJson(f"body: nested deeper than {max_depth} levels") from None
+    check_value(value, max_depth)
+    return value
+
+
+def _is_json(scope: Scope) -> bool:
+    """As FastAPI decides: no content type, `application/json` or `application/*+json`."""
+    raw = dict(scope.get("headers", [])).get(b"content-type")
+    if raw is None:
+        return True
+    header = MimeHeader()
+    header["content-type"] = raw.decode("latin-1")
+    subtype = header.get_content_subtype()
+    return header.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+class RequestBoundaryMiddleware:
+    """Reads the whole body (up to `max_bytes`, else 413 before anything is parsed), checks a
+    JSON body (else 422), then replays the body to the app; later `receive` calls (disconnects)
+    pass straight through."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, max_depth: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.max_depth = max_depth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        try:
+            if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+                raise BodyTooLarge
+            body = await self._read(receive)
+        except BodyTooLarge:
+            message = f"request body exceeds {self.max_bytes} bytes"
+            await error_response(413, "payload_too_large", message)(scope, receive, send)
+            return
+        if body and _is_json(scope):
+            try:
+                parse_json(body, self.max_depth)
+            except ValueError as exc:  # UnstorableJson, JSONDecodeError, UnicodeDecodeError
+                message = f"body is not acceptable JSON: {exc}"
+                await error_response(422, "invalid_request", message)(scope, receive, send)
+                return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _read(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        seen = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return b""  # the client left; the app will see the disconnect
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.max_bytes:
+                raise BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed

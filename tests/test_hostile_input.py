@@ -1,0 +1,279 @@
+"""Nothing a client sends gets a 5xx, and no client's input disturbs another's stream: what a
+hostile-input probe found (issue 18), each through the real producer and a real Valkey. Lone
+surrogates, integers beyond 64 bits, non-finite numbers (inside free-form `inputs` and
+`parameters` too) and deep nesting answer 422; chunked bodies over the limit 413; an unexpected
+exception answers `internal` with a request id; a resume id beyond 64 bits is refused before the
+shared token hub, which drops a stream Redis refuses without stalling the others."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+
+from conveyor.stack import Stack
+from producer_api.app import create_app
+from producer_api.token_hub import StreamUnreadable, TokenHub
+from shared.redis_client import connect
+from shared.settings import Settings
+from tests.conftest import issue_key, until
+from tests.test_llm_pipeline import sse_events
+
+pytestmark = pytest.mark.slow
+SURROGATE = rb'"\ud800"'
+TOO_BIG = b"18446744073709551616"  # 2**64
+JSON = {"content-type": "application/json"}
+
+
+def _post(base_url: str, path: str, body: bytes, **headers: str) -> httpx.Response:
+    return httpx.post(f"{base_url}{path}", content=body, headers={**JSON, **headers}, timeout=30)
+
+
+def _refused(response: httpx.Response, status: int = 422) -> dict[str, str]:
+    """The documented error shape with `status`; returns the error object."""
+    assert response.status_code == status, (response.status_code, response.text)
+    error: dict[str, str] = response.json()["error"]
+    assert isinstance(error["type"], str) and isinstance(error["message"], str)
+    return error
+
+
+def _nested(depth: int) -> bytes:
+    """`inputs.x` holding `depth` nested lists (the body itself is two levels more)."""
+    return b'{"model": "identity", "inputs": {"x": ' + b"[" * depth + b"]" * depth + b"}}"
+
+
+CHAT = b'{"model": "smollm2", "messages": [{"role": "user", "content": %s}]}'
+HOSTILE_STRINGS = {
+    "job inputs": ("/v1/jobs", b'{"model": "identity", "inputs": {"a": %s}}'),
+    "an inputs key": ("/v1/jobs", b'{"model": "identity", "inputs": {%s: 1}}'),
+    "chat content": ("/v1/chat/completions", CHAT),
+    "minilm texts": ("/v1/models/minilm/predict", b'{"inputs": {"texts": [%s]}}'),
+}
+
+
+@pytest.mark.parametrize("where", HOSTILE_STRINGS)
+def test_a_lone_surrogate_is_422(base_url: str, where: str) -> None:
+    path, template = HOSTILE_STRINGS[where]
+    error = _refused(_post(base_url, path, template % SURROGATE))
+    assert "surrogate" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/jobs", b'{"model": "identity", "inputs": {"x": %s}}' % TOO_BIG),
+        ("/v1/jobs", b'{"model": "identity", "inputs": {"x": -9223372036854775809}}'),
+        ("/v1/chat/completions", b'{"model": "smollm2", "seed": %s, "messages": []}' % TOO_BIG),
+    ],
+)
+def test_an_integer_beyond_64_bits_is_422(base_url: str, path: str, body: bytes) -> None:
+    assert "64 bits" in _refused(_post(base_url, path, body))["message"]
+
+
+def test_the_largest_64_bit_integers_round_trip(base_url: str, identity_worker: int) -> None:
+    body = (
+        b'{"model": "identity", "inputs": {"u": 18446744073709551615, "i": -9223372036854775808}}'
+    )
+    response = _post(base_url, "/v1/jobs?wait=20", body)
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"] == {"u": 2**64 - 1, "i": -(2**63)}
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"])
+@pytest.mark.parametrize(
+    "template",
+    [
+        b'{"model": "identity", "inputs": {"x": {"deep": [%s]}}}',
+        b'{"model": "identity", "inputs": {}, "parameters": {"p": %s}}',
+    ],
+)
+def test_a_non_finite_number_in_a_free_form_object_is_422(
+    base_url: str, number: bytes, template: bytes
+) -> None:
+    assert "finite" in _refused(_post(base_url, "/v1/jobs", template % number))["message"]
+
+
+@pytest.mark.parametrize("depth", [63, 255, 600, 990, 5000])
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_nesting_deeper_than_the_limit_is_422(base_url: str, depth: int, idempotent: bool) -> None:
+    headers = {"Idempotency-Key": f"deep-{depth}"} if idempotent else {}
+    error = _refused(_post(base_url, "/v1/jobs", _nested(depth), **headers))
+    assert "nested deeper than 64" in error["message"]
+
+
+def test_nesting_within_the_limit_round_trips(base_url: str, identity_worker: int) -> None:
+    response = _post(base_url, "/v1/jobs?wait=20", _nested(60), **{"Idempotency-Key": "deep-60"})
+    assert response.status_code == 202 or response.json()["status"] == "succeeded", response.text
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/jobs", "/v1/chat/completions", "/v1/models/identity/predict"]
+)
+def test_a_chunked_body_over_the_limit_is_413(base_url: str, path: str) -> None:
+    """No Content-Length: the limit (1 MiB) is found while reading, still a 413."""
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"model": "identity", "inputs": {"x": "'
+        for _ in range(80):
+            yield b"a" * 16_384
+        yield b'"}}'
+
+    response = httpx.post(f"{base_url}{path}", content=chunks(), headers=JSON, timeout=30)
+    assert response.request.headers.get("transfer-encoding") == "chunked"
+    assert _refused(response, 413)["type"] == "payload_too_large"
+
+
+async def test_an_unexpected_exception_answers_internal_with_a_request_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The safety net itself: a route that raises (a bug) still answers the documented shape,
+    and the traceback is logged under the id the client got."""
+    app = create_app(Settings(auth="disabled"))
+
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    app.add_api_route("/broken", broken)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    with caplog.at_level(logging.ERROR, logger="producer_api.errors"):
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            response = await client.get("/broken")
+    error = _refused(response, 500)
+    assert error["type"] == "internal"
+    request_id = error["request_id"]
+    assert response.headers["x-request-id"] == request_id and request_id in error["message"]
+    logged = [r for r in caplog.records if request_id in r.getMessage()]
+    assert logged and logged[0].exc_info is not None and "a bug" in str(logged[0].exc_info[1])
+
+
+@pytest.mark.parametrize("bad", ["99999999999999999999-0", "1-18446744073709551616"])
+def test_a_resume_id_beyond_64_bits_is_422(base_url: str, identity_worker: int, bad: str) -> None:
+    job = _post(base_url, "/v1/jobs", b'{"model": "identity", "inputs": {}}').json()
+    response = httpx.get(
+        f"{base_url}/v1/jobs/{job['id']}/events", headers={"Last-Event-ID": bad}, timeout=30
+    )
+    assert "Last-Event-ID" in _refused(response)["message"]
+
+
+async def test_the_hub_drops_a_stream_redis_refuses_and_serves_the_others(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A followed key that is no stream makes Redis refuse the hub's whole XREAD: only its
+    listener is told, and the good stream's new entry still arrives at once."""
+    redis_client.set("bad-stream", "not a stream")
+    client = connect(redis_url, blocks_ms=0)
+    hub = TokenHub(redis_url, client, "hub-wake", "hub-test")
+    await hub.start()
+    try:
+        with pytest.raises(ValueError, match="not a stream entry id"):
+            async with hub.listen("good-stream", "99999999999999999999-0"):
+                pass
+        async with hub.listen("good-stream", "0-0") as good, hub.listen("bad-stream", "0-0") as bad:
+            dropped = await asyncio.wait_for(bad.get(), 5)
+            assert isinstance(dropped, StreamUnreadable)
+            await client.xadd("good-stream", {"kind": "token", "text": "hi", "tokens": 1})
+            rows = await asyncio.wait_for(good.get(), 2)
+            assert not isinstance(rows, StreamUnreadable) and rows[0][1][b"text"] == b"hi"
+    finally:
+        await hub.stop()
+        await client.aclose()
+
+
+# Two tenants on one producer: one follows a long generation, the other keeps asking to resume
+# streams from an id beyond 64 bits (which once failed the shared hub's read for everyone).
+ATTACKS = 30
+ATTACK_EVERY_S = 0.1
+
+
+def smollm2_worker(stack: Stack) -> None:
+    """One smollm2 worker on `stack`, started by whichever test needs it first."""
+    if "smollm2" not in stack.processes:
+        stack.start_worker("smollm2")
+
+
+def _token_times(base_url: str, key: str, job_id: str) -> list[float]:
+    headers = {"authorization": f"Bearer {key}"}
+    times: list[float] = []
+    url = f"{base_url}/v1/jobs/{job_id}/events"
+    with httpx.stream("GET", url, headers=headers, timeout=120) as response:
+        lines = (line for line in response.iter_lines() if _stamp(line, times))
+        events = list(sse_events(lines))
+    assert events[-1]["event"] == "final", events[-1]
+    return times
+
+
+def _stamp(line: str, times: list[float]) -> bool:
+    if line.startswith("event: token"):
+        times.append(time.monotonic())
+    return True
+
+
+async def _attack(base_url: str, key: str, job_id: str) -> list[int]:
+    headers = {"authorization": f"Bearer {key}", "Last-Event-ID": "99999999999999999999-0"}
+    codes = []
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
+        for _ in range(ATTACKS):
+            codes.append((await client.get(f"/v1/jobs/{job_id}/events")).status_code)
+            await asyncio.sleep(ATTACK_EVERY_S)
+    return codes
+
+
+def _max_gap(times: list[float], start: float, end: float) -> float:
+    inside = [t for t in times if start <= t <= end]
+    return max((b - a for a, b in itertools.pairwise(inside)), default=0.0)
+
+
+def test_a_tenant_with_bad_resume_ids_does_not_slow_another_tenants_tokens(
+    auth_stack: Stack,
+) -> None:
+    smollm2_worker(auth_stack)
+    url = auth_stack.base_url
+    victim = issue_key(auth_stack.redis_url, "victim", "submit", "read")
+    attacker = issue_key(auth_stack.redis_url, "attacker", "submit", "read")
+
+    def submit(key: str, max_tokens: int) -> str:
+        body = {
+            "model": "smollm2",
+            "inputs": {"prompt": "Write a long story about a lighthouse keeper."},
+            "parameters": {"max_tokens": max_tokens, "temperature": 0},
+        }
+        headers = {"authorization": f"Bearer {key}"}
+        response = httpx.post(f"{url}/v1/jobs", json=body, headers=headers, timeout=30)
+        assert response.status_code == 202, response.text
+        job_id: str = response.json()["id"]
+        return job_id
+
+    attacker_job = submit(attacker, 8)
+    victim_job = submit(victim, 400)
+
+    async def scenario() -> tuple[list[float], list[int], float, float]:
+        follow = asyncio.create_task(asyncio.to_thread(_token_times, url, victim, victim_job))
+        await asyncio.sleep(0)
+        await asyncio.to_thread(until, lambda: _tokens_so_far(auth_stack, victim_job) >= 40, 120)
+        start = time.monotonic()
+        codes = await _attack(url, attacker, attacker_job)
+        end = time.monotonic()
+        return await follow, codes, start, end
+
+    times, codes, start, end = asyncio.run(scenario())
+    assert set(codes) == {422}, codes
+    assert times[-1] > end, "the generation ended before the attack did; make it longer"
+    baseline = _max_gap(times, times[0], start)
+    attacked = _max_gap(times, start, end)
+    # Generous: the victim's worst gap under attack stays near its own worst gap before it
+    # (once, each bad request stalled every stream ~0.5 s).
+    assert attacked <= 2 * baseline + 0.25, (baseline, attacked)
+
+
+def _tokens_so_far(stack: Stack, job_id: str) -> int:
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        return int(client.xlen(f"cv:tok:{job_id}"))
+    finally:
+        client.close()
