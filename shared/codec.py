@@ -23,7 +23,8 @@ def loads(data: bytes | str) -> Any:
 
 @dataclass(slots=True)
 class RequestEntry:
-    """What a stream entry carries (DESIGN.md): enough for a worker to run, expire and reply."""
+    """What a stream entry carries (docs/architecture.md): enough for a worker to run, expire
+    and reply."""
 
     job_id: str
     payload: dict[str, Any]

@@ -1,5 +1,6 @@
 """Lua scripts that change job state atomically with the stream: a result is visible if and only
-if its entry is acknowledged (DESIGN.md), which needs one server-side step, not several calls."""
+if its entry is acknowledged (docs/architecture.md), which needs one server-side step, not
+several calls."""
 
 from __future__ import annotations
 

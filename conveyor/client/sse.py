@@ -13,8 +13,8 @@ from conveyor.client.calls import Call
 from conveyor.client.errors import StreamError
 from conveyor.client.types import Event
 
-# Event types after which the server has nothing more to send (DESIGN.md: progress, tokens,
-# final; a cancelled job's stream ends with a cancellation event). `data: [DONE]` ends an
+# Event types after which the server has nothing more to send (docs/architecture.md; progress,
+# tokens, final; a cancelled job's stream ends with a cancellation event). `data: [DONE]` ends an
 # OpenAI-style stream.
 TERMINAL_EVENTS = frozenset({"final", "done", "end", "cancelled", "failed", "expired"})
 
