@@ -11,6 +11,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from producer_api.task_cancel import cancel_and_wait
 from shared.codec import loads
 
 log = logging.getLogger(__name__)
@@ -29,9 +30,7 @@ class ReplyListener:
         self._task = asyncio.create_task(self._listen(), name="reply-listener")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
         await self._pubsub.aclose()
 
     async def follow(self, channel: str) -> None:

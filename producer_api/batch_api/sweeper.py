@@ -11,6 +11,7 @@ import logging
 from redis.exceptions import RedisError
 
 from producer_api.batch_api.progress import BatchApiProgress
+from producer_api.task_cancel import cancel_and_wait
 from shared.batch_api_store import BatchApiStore, BatchStatus
 from shared.job_store import now_ms
 
@@ -46,6 +47,4 @@ class BatchApiSweeper:
         self._task = asyncio.create_task(self.run(), name="batch-sweeper")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
