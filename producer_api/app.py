@@ -16,9 +16,11 @@ from redis.exceptions import RedisError, ResponseError
 from producer_api.batch_api.api_router import router as batch_api_router
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.batch_api.sweeper import BatchApiSweeper
+from producer_api.canary.api_router import router as canary_router
 from producer_api.body_limit import BodyLimitMiddleware
 from producer_api.errors import install_error_handlers
 from producer_api.events.api_router import router as events_router
+from producer_api.experiments.api_router import router as experiments_router
 from producer_api.health.api_router import router as health_router
 from producer_api.http_metrics import HttpMetricsMiddleware
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
@@ -27,8 +29,10 @@ from producer_api.metrics.api_router import router as metrics_router
 from producer_api.models.api_router import router as models_router
 from producer_api.openai.api_router import router as openai_router
 from producer_api.reply_listener import ReplyListener
+from producer_api.routes.api_router import router as routes_router
 from producer_api.state import ProducerState
 from producer_api.token_hub import TokenHub
+from producer_api.traffic_control import TrafficControl
 from shared.api_keys import ApiKeyStore
 from shared.batch_api_store import BatchApiStore
 from shared.job_store import JobStore
@@ -66,11 +70,12 @@ def build_state(settings: Settings) -> ProducerState:
     batch_store = BatchApiStore(client, keys, ttl_s)
     webhooks = WebhookDispatcher(settings.redis_url)
     wake = keys.token_hub_wake(settings.instance_id)
+    repository = ModelRepository.load(settings.model_repository)
     return ProducerState(
         settings=settings,
         keys=keys,
         redis=client,
-        repository=ModelRepository.load(settings.model_repository),
+        repository=repository,
         replies=ReplyListener(client, keys.reply(settings.instance_id)),
         tokens=TokenHub(settings.redis_url, client, wake, f"{name}-tokens"),
         job_store=job_store,
@@ -82,6 +87,7 @@ def build_state(settings: Settings) -> ProducerState:
         idempotency=IdempotencyKeys(client, keys, ttl_s),
         backpressure=Backpressure(client, keys),
         webhooks=webhooks,
+        traffic=TrafficControl.build(client, keys, settings, repository, job_store, webhooks),
     )
 
 
@@ -100,9 +106,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     await state.tokens.start()
     sweeper = BatchApiSweeper(state.batch_store, state.batch_progress)
     sweeper.start()
+    state.traffic.start()
     try:
         yield
     finally:
+        await state.traffic.stop()
         await sweeper.stop()
         await state.tokens.stop()
         await state.replies.stop()
@@ -116,6 +124,9 @@ ROUTERS = (
     openai_router,
     batch_api_router,
     models_router,
+    routes_router,
+    canary_router,
+    experiments_router,
     health_router,
     metrics_router,
 )

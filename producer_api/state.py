@@ -13,6 +13,7 @@ from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
 from producer_api.reply_listener import ReplyListener
 from producer_api.token_hub import TokenHub
+from producer_api.traffic_control import TrafficControl
 from shared.api_keys import ApiKeyStore
 from shared.batch_api_store import BatchApiStore
 from shared.job_store import JobStore
@@ -40,6 +41,7 @@ class ProducerState:
     idempotency: IdempotencyKeys
     backpressure: Backpressure
     webhooks: WebhookDispatcher
+    traffic: TrafficControl
 
 
 async def producer_state(request: Request) -> ProducerState:

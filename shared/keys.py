@@ -9,7 +9,8 @@ GROUP = "workers"
 
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """Key names under a configurable prefix (default `cv:`); see DESIGN.md's data-plane table."""
+    """Key names under a configurable prefix (default `cv:`); docs/architecture.md's data plane
+    table says what each holds and who writes it."""
 
     prefix: str = "cv:"
 
@@ -47,7 +48,51 @@ class Keys:
         return f"{self.prefix}idem:{tenant}:{key}"
 
     def routes(self, model: str) -> str:
+        """A model's live routes (hash: `doc` JSON, `version`); see shared/route_store.py."""
         return f"{self.prefix}routes:{model}"
+
+    def routes_log(self, model: str) -> str:
+        """Every change of a model's routes, oldest first (list of JSON: who, when, old, new)."""
+        return f"{self.prefix}routes:{model}:log"
+
+    @property
+    def routes_version(self) -> str:
+        """Bumped on every routes change of any model: what producers poll (one GET)."""
+        return f"{self.prefix}routes:version"
+
+    def variant_stats(self, model: str, variant: str, bucket: int) -> str:
+        """One variant's counters over one time bucket (hash; shared/variant_stats.py)."""
+        return f"{self.prefix}vstats:{model}:{variant}:{bucket}"
+
+    def variant_samples(self, model: str, variant: str, bucket: int) -> str:
+        """One variant's latency samples over one time bucket (list, capped)."""
+        return f"{self.prefix}vlat:{model}:{variant}:{bucket}"
+
+    def shadow_pairs(self, model: str) -> str:
+        """Primary/shadow job pairs not yet compared (sorted set by submit ms)."""
+        return f"{self.prefix}shadow:{model}:pending"
+
+    def shadow_result(self, job_id: str) -> str:
+        """The comparison of a primary job with its shadow copy (hash, result TTL)."""
+        return f"{self.prefix}shadow:{job_id}"
+
+    def canary(self, model: str) -> str:
+        """A model's canary rollout (hash: `doc` JSON of its state)."""
+        return f"{self.prefix}canary:{model}"
+
+    def canary_events(self, model: str) -> str:
+        """Every decision of a model's canaries, oldest first (list of JSON)."""
+        return f"{self.prefix}canary:{model}:events"
+
+    @property
+    def canaries_active(self) -> str:
+        """Models with a canary in progress (set)."""
+        return f"{self.prefix}canaries"
+
+    @property
+    def traffic_leader(self) -> str:
+        """The lock one producer holds to run canaries and shadow comparisons (string, PX)."""
+        return f"{self.prefix}leader:traffic"
 
     def batch(self, batch_id: str) -> str:
         """A batch's metadata, counters and webhook log (hash)."""
@@ -69,6 +114,15 @@ class Keys:
     def batches_active(self) -> str:
         """Batches not yet finished, scored by their expiry time in ms (sorted set)."""
         return f"{self.prefix}batches:active"
+
+    def worker(self, name: str) -> str:
+        """One worker's latest heartbeat (hash with a TTL; shared/worker_registry.py)."""
+        return f"{self.prefix}worker:{name}"
+
+    @property
+    def workers(self) -> str:
+        """Names of workers that sent a heartbeat, scored by its time in ms (sorted set)."""
+        return f"{self.prefix}workers"
 
     def api_key(self, key_id: str) -> str:
         """One API key's record (hash): sha-256 of the key, tenant, scopes, limits; no key."""

@@ -61,3 +61,14 @@ HTTP_LATENCY = Histogram(
     ("method", "route"),
     buckets=LATENCY_BUCKETS,
 )
+
+# Live traffic (issue 13): what the routes say, what shadows and canaries do.
+ROUTE_WEIGHT = Gauge("conveyor_route_weight", "Live routes: percent of requests", PARTITION)
+ROUTES_VERSION = Gauge("conveyor_routes_version", "Global routes version this producer applies")
+SHADOW_COPIES = Counter(
+    "conveyor_shadow_copies", "Shadow copies of online requests", (*PARTITION, "outcome")
+)
+CANARY_WEIGHT = Gauge("conveyor_canary_weight", "Percent of traffic on a canary", PARTITION)
+CANARY_STATE = Gauge(
+    "conveyor_canary_state", "1 for the canary's current state", (*PARTITION, "state")
+)

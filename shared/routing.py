@@ -1,37 +1,120 @@
-"""Which variant serves a request: the explicit one, else a weighted split that is sticky per
-routing key (a hash of, say, the user id) so one user stays on one variant."""
+"""Which variant serves a request: the explicit one, else the model's live routes (weights that
+sum to 100) picked by weighted rendezvous hashing over (sticky key, model, variant), so one user
+stays on one variant and a weight change moves only the minimum share of users, all of them
+towards the variant that gained weight."""
 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from shared.model_repository import ModelConfig
+
+StickyBy = Literal["routing_key", "tenant"]
+WEIGHT_TOTAL = 100.0
+_TOLERANCE = 1e-6
+_SCALE = float(2**64)
 
 
 class UnknownVariant(LookupError):
     pass
 
 
-def choose_variant(config: ModelConfig, explicit: str | None, routing_key: str | None) -> str:
+class InvalidRoutes(ValueError):
+    """Routes that cannot serve the model (weights that don't sum, negative rates...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """A model's live split: primary weights (percent, summing to 100), shadow variants with
+    the share of online requests copied to them, and what stickiness is keyed by."""
+
+    weights: dict[str, float]
+    shadows: dict[str, float] = field(default_factory=dict)
+    sticky_by: StickyBy = "routing_key"
+    version: int = 0
+
+    def document(self) -> dict[str, Any]:
+        """The stored and served shape (the version travels beside it)."""
+        return {"weights": self.weights, "shadows": self.shadows, "sticky_by": self.sticky_by}
+
+    @classmethod
+    def of(cls, document: dict[str, Any], version: int = 0) -> Routes:
+        return cls(
+            weights={k: float(v) for k, v in document.get("weights", {}).items()},
+            shadows={k: float(v) for k, v in document.get("shadows", {}).items()},
+            sticky_by=document.get("sticky_by", "routing_key"),
+            version=version,
+        )
+
+    def check(self, config: ModelConfig) -> None:
+        """Raise UnknownVariant or InvalidRoutes unless these routes can serve `config`."""
+        for name in [*self.weights, *self.shadows]:
+            if name not in config.variants:
+                raise UnknownVariant(f"model {config.name} has no variant {name!r}")
+        if any(not math.isfinite(w) or w < 0 for w in self.weights.values()):
+            raise InvalidRoutes("weights must be finite and not negative")
+        total = sum(self.weights.values())
+        if abs(total - WEIGHT_TOTAL) > _TOLERANCE:
+            raise InvalidRoutes(f"weights must sum to 100, not {total:g}")
+        for name, rate in self.shadows.items():
+            if not math.isfinite(rate) or not 0.0 <= rate <= 1.0:
+                raise InvalidRoutes(f"shadow {name}: sample rate must lie in [0, 1], not {rate}")
+            if self.weights.get(name, 0.0) > 0:
+                raise InvalidRoutes(f"variant {name} cannot both serve and shadow")
+        if self.sticky_by not in ("routing_key", "tenant"):
+            raise InvalidRoutes("sticky_by must be `routing_key` or `tenant`")
+
+    def with_share(self, variant: str, percent: float) -> Routes:
+        """The same routes with `variant` at `percent`, the other primaries scaled so their
+        ratios hold (all to `fallback` when they had no weight): a canary step or rollback."""
+        others = {k: w for k, w in self.weights.items() if k != variant}
+        rest = sum(others.values())
+        left = WEIGHT_TOTAL - percent
+        if rest > 0:
+            scaled = {k: w * left / rest for k, w in others.items()}
+        else:
+            scaled = {k: (left if i == 0 else 0.0) for i, k in enumerate(others)}
+        return Routes({**scaled, variant: percent}, self.shadows, self.sticky_by, self.version)
+
+
+def seed_routes(config: ModelConfig) -> Routes:
+    """The routes config.yaml describes: primary weights normalised to percent (the default
+    variant takes everything when none has weight), shadows at their sample rate."""
+    primaries = {n: float(v.weight) for n, v in config.variants.items() if not v.shadow}
+    total = sum(primaries.values())
+    if total > 0:
+        weights = {n: w * WEIGHT_TOTAL / total for n, w in primaries.items()}
+    else:
+        weights = {n: WEIGHT_TOTAL if n == config.default_variant else 0.0 for n in primaries}
+    shadows = {n: v.sample_rate for n, v in config.variants.items() if v.shadow}
+    return Routes(weights, shadows)
+
+
+def choose_variant(
+    config: ModelConfig, explicit: str | None, sticky_key: str | None, routes: Routes | None = None
+) -> str:
     if explicit is not None:
         if explicit not in config.variants:
             raise UnknownVariant(f"model {config.name} has no variant {explicit!r}")
         return explicit
-    weighted = [(n, v.weight) for n, v in config.variants.items() if v.weight > 0 and not v.shadow]
-    total = sum(weight for _, weight in weighted)
-    if total == 0:
+    weights = (routes or seed_routes(config)).weights
+    candidates = [(name, w) for name, w in weights.items() if w > 0]
+    if not candidates:
         return config.default_variant
-    point = _bucket(routing_key, total)
-    for name, weight in weighted:
-        if point < weight:
-            return name
-        point -= weight
-    return config.default_variant
+    if sticky_key is None:
+        names, shares = zip(*candidates, strict=True)
+        return random.choices(names, shares)[0]
+    return max(candidates, key=lambda c: _score(sticky_key, config.name, c[0], c[1]))[0]
 
 
-def _bucket(routing_key: str | None, total: int) -> int:
-    if routing_key is None:
-        return random.randrange(total)
-    digest = hashlib.blake2b(routing_key.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % total
+def _score(key: str, model: str, variant: str, weight: float) -> float:
+    """Weighted rendezvous score: -w / ln(u), u uniform in (0, 1) from a hash. The variant with
+    the highest score wins with probability w / sum(w); raising one weight (others scaled) only
+    moves keys to it."""
+    digest = hashlib.blake2b(f"{model}\0{variant}\0{key}".encode(), digest_size=8).digest()
+    unit = (int.from_bytes(digest, "big") + 0.5) / _SCALE
+    return -weight / math.log(unit)

@@ -4,10 +4,12 @@ the batch can take time, so the tests inject faults through ordinary job inputs.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from typing import Any
 
+from shared.codec import dumps
 from workers.engines.base import BatchEngine
 
 FIXED_ENV = "CONVEYOR_TEST_POISON_FIXED"
@@ -18,6 +20,9 @@ class FaultEngine(BatchEngine):
 
     def load(self) -> None:
         self.fixed = os.environ.get(FIXED_ENV) == "1"
+        # A variant's `fail_percent` fails that share of distinct inputs, the same ones every
+        # time (a hash of the item), so a flaky canary fails at a known rate.
+        self.fail_percent = float(self.parameters.get("fail_percent", 0))
 
     def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         actions = {item.get("action") for item in inputs}
@@ -26,5 +31,13 @@ class FaultEngine(BatchEngine):
         if "raise" in actions:
             tags = [item.get("tag") for item in inputs if item.get("action") == "raise"]
             raise ValueError(f"poison item {tags}")
+        if unlucky := [item for item in inputs if self._fails(item)]:
+            raise RuntimeError(f"injected failure on {len(unlucky)} items")
         time.sleep(max((item.get("sleep_ms", 0) for item in inputs), default=0) / 1000)
         return [{**item, "pid": os.getpid()} for item in inputs]
+
+    def _fails(self, item: dict[str, Any]) -> bool:
+        if not self.fail_percent:
+            return False
+        digest = hashlib.blake2b(dumps(item), digest_size=8).digest()
+        return int.from_bytes(digest, "big") % 10_000 < self.fail_percent * 100

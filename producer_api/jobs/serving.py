@@ -23,7 +23,7 @@ from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, now_ms
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.model_repository import ModelConfig
-from shared.routing import UnknownVariant, choose_variant
+from shared.routing import UnknownVariant
 from shared.telemetry import current_traceparent
 from shared.webhook_events import event, refusal
 
@@ -72,7 +72,9 @@ class JobsService:
         if not self.principal.may_use(model):
             raise ConveyorError(403, "forbidden", f"this API key may not use model {model!r}")
         try:
-            variant = choose_variant(config, body.variant, body.routing_key)
+            variant = self.state.traffic.route(
+                config, body.variant, body.routing_key, self.principal.tenant
+            )
         except UnknownVariant as exc:
             raise ConveyorError(404, "not_found", str(exc)) from None
         if errors := config.input_errors(body.inputs):
@@ -121,6 +123,8 @@ class JobsService:
                 JOBS_REJECTED.labels(config.name, variant, "queue_full").inc()
                 raise await self.state.backpressure.queue_full(stream, full.length) from None
         JOBS_SUBMITTED.labels(config.name, variant, body.priority).inc()
+        if body.priority == "online":
+            self.state.traffic.shadow(config, entry, variant)
         log.info("job accepted", extra={"job_id": entry.job_id, "model": config.name})
 
     @asynccontextmanager

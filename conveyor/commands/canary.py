@@ -1,0 +1,109 @@
+"""`conveyor canary start|status|abort MODEL`: roll a variant out step by step while its error
+rate and p99 stay within bounds; the producers roll it back to 0 % the moment they don't."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+
+from conveyor.client.admin_http import admin_call
+from conveyor.client.cli_options import connection_options
+
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def seconds(text: str) -> float:
+    match = DURATION.match(text.strip())
+    if not match:
+        raise click.BadParameter(f"{text!r}: a duration like 60s, 5m or 500ms")
+    return float(match[1]) * _UNITS[match[2] or "s"]
+
+
+def steps(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: comma-separated percents like 5,25,50,100") from None
+
+
+@click.group("canary")
+def command() -> None:
+    """Canary rollouts of a model's variants (needs an admin key)."""
+
+
+def print_canary(view: dict[str, Any], events: int) -> None:
+    canary = view["canary"]
+    if canary is None:
+        click.echo("no canary")
+        return
+    click.echo(
+        f"{canary['model']}:{canary['variant']} vs {canary['baseline']}: {canary['state']},"
+        f" {canary['weight']:g} % (steps {','.join(f'{s:g}' for s in canary['steps'])})"
+    )
+    for item in view["events"][-events:]:
+        numbers = "".join(
+            f"  {side} {item[side]['requests']} req, {item[side]['error_rate']:.2%} errors,"
+            f" p99 {item[side]['p99_ms']} ms"
+            for side in ("canary", "baseline")
+            if side in item
+        )
+        reason = f" ({item['reason']})" if item.get("reason") else ""
+        click.echo(f"  {item['at']:.0f} {item['type']} -> {item['weight']:g} %{reason}{numbers}")
+
+
+@command.command("start")
+@click.argument("model")
+@click.argument("variant")
+@click.option("--steps", "step_list", default="5,25,50,100", show_default=True)
+@click.option("--interval", default="60s", show_default=True, help="Time per step.")
+@click.option("--max-error-rate", default=0.01, show_default=True, type=float)
+@click.option("--max-p99-ms", default=500.0, show_default=True, type=float)
+@click.option("--min-requests", default=200, show_default=True, type=int)
+@click.option("--baseline", default=None, help="Default: the model's default variant.")
+@click.option("--webhook", default=None, help="URL that receives model.canary.* events.")
+@connection_options
+def start(
+    model: str,
+    variant: str,
+    step_list: str,
+    interval: str,
+    max_error_rate: float,
+    max_p99_ms: float,
+    min_requests: int,
+    baseline: str | None,
+    webhook: str | None,
+    url: str | None,
+    api_key: str | None,
+) -> None:
+    """Start the canary and print it."""
+    body = {
+        "variant": variant,
+        "steps": steps(step_list),
+        "interval_s": seconds(interval),
+        "max_error_rate": max_error_rate,
+        "max_p99_ms": max_p99_ms,
+        "min_requests": min_requests,
+        "baseline": baseline,
+        "webhook": webhook,
+    }
+    print_canary(admin_call("POST", f"/v1/models/{model}/canary", url, api_key, body), 5)
+
+
+@command.command("status")
+@click.argument("model")
+@click.option("--events", default=20, show_default=True, help="How many decisions to show.")
+@connection_options
+def status(model: str, events: int, url: str | None, api_key: str | None) -> None:
+    """Print the latest canary and its decisions with their numbers."""
+    print_canary(admin_call("GET", f"/v1/models/{model}/canary", url, api_key), events)
+
+
+@command.command("abort")
+@click.argument("model")
+@connection_options
+def abort(model: str, url: str | None, api_key: str | None) -> None:
+    """Stop the running canary and put it back to 0 %."""
+    print_canary(admin_call("DELETE", f"/v1/models/{model}/canary", url, api_key), 1)

@@ -1,0 +1,80 @@
+"""`conveyor routes show|set MODEL`: read or change a model's live split between variants,
+its shadows and its stickiness; every producer applies a change within a second."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from conveyor.client.admin_http import admin_call
+from conveyor.client.cli_options import connection_options
+
+
+@click.group("routes")
+def command() -> None:
+    """Live routes of a model (needs an admin key)."""
+
+
+def _pairs(values: tuple[str, ...], what: str) -> dict[str, float]:
+    out = {}
+    for value in values:
+        name, sep, number = value.partition("=")
+        try:
+            out[name] = float(number)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise click.BadParameter(f"{value!r}: expected VARIANT=NUMBER", param_hint=what)
+    return out
+
+
+def print_routes(view: dict[str, Any]) -> None:
+    click.echo(f"{view['model']}  version {view['version']}  sticky by {view['sticky_by']}")
+    for name, weight in sorted(view["weights"].items(), key=lambda kv: -kv[1]):
+        click.echo(f"  {name:<20} {weight:6.2f} %")
+    for name, rate in view["shadows"].items():
+        click.echo(f"  {name:<20} shadow, {rate:.0%} of online requests")
+    for change in view.get("history", []):
+        new = change["new"]
+        click.echo(
+            f"  v{change['version']} by {change['by']} at {change['at']:.0f}: {json.dumps(new)}"
+        )
+
+
+@command.command("show")
+@click.argument("model")
+@click.option("--history", default=5, show_default=True, help="How many past changes to show.")
+@connection_options
+def show(model: str, history: int, url: str | None, api_key: str | None) -> None:
+    """Print the routes, their version and the latest changes."""
+    print_routes(admin_call("GET", f"/v1/models/{model}/routes?history={history}", url, api_key))
+
+
+@command.command("set")
+@click.argument("model")
+@click.option("--weight", "weights", multiple=True, help="VARIANT=PERCENT; all must sum to 100.")
+@click.option("--shadow", "shadows", multiple=True, help="VARIANT=RATE (0..1); default: as now.")
+@click.option("--no-shadows", is_flag=True, help="Stop every shadow.")
+@click.option("--sticky-by", type=click.Choice(["routing_key", "tenant"]), help="Default: as now.")
+@connection_options
+def set_routes(
+    model: str,
+    weights: tuple[str, ...],
+    shadows: tuple[str, ...],
+    no_shadows: bool,
+    sticky_by: str | None,
+    url: str | None,
+    api_key: str | None,
+) -> None:
+    """Replace the routes (what is not given stays as it is) and print the new ones."""
+    current = admin_call("GET", f"/v1/models/{model}/routes?history=0", url, api_key)
+    body = {
+        "weights": _pairs(weights, "--weight") or current["weights"],
+        "shadows": {} if no_shadows else _pairs(shadows, "--shadow") or current["shadows"],
+        "sticky_by": sticky_by or current["sticky_by"],
+        "expected_version": current["version"],
+    }
+    view = admin_call("PUT", f"/v1/models/{model}/routes", url, api_key, body)
+    print_routes({**view, "history": view["history"][-1:]})

@@ -1,0 +1,147 @@
+"""Drives running canaries, one decision per look (the traffic leader looks every LOOK_S): the
+first step at start; the next step once the step has lasted `interval_s` with `min_requests`
+seen and the bounds held; a rollback to 0 % the moment `min_requests` are seen and a bound is
+broken (error rate above the baseline's by more than `max_error_rate`, or p99 above
+`max_p99_ms`); completion after a healthy interval at the last step. Every decision is an
+event with its numbers, and a `model.canary.*` webhook when the canary has one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from shared.canary_store import Canary, CanaryState, CanaryStore
+from shared.metrics import CANARY_STATE, CANARY_WEIGHT
+from shared.model_repository import ModelRepository
+from shared.route_store import RouteStore
+from shared.variant_stats import VariantStats, Window
+from shared.webhook_events import WebhookDispatcher, event
+
+log = logging.getLogger(__name__)
+
+STATES: tuple[CanaryState, ...] = ("running", "completed", "rolled_back", "aborted")
+
+
+def numbers(window: Window) -> dict[str, Any]:
+    """What a decision is based on, for one variant."""
+    totals = [s.total_ms for s in window.samples]
+    p99 = float(np.percentile(totals, 99)) if totals else None
+    return {
+        "requests": window.requests,
+        "errors": window.errors,
+        "error_rate": round(window.error_rate, 6),
+        "p99_ms": None if p99 is None else round(p99, 3),
+    }
+
+
+def breach(canary: Canary, mine: dict[str, Any], base: dict[str, Any]) -> str | None:
+    """Why the canary must roll back, or None while it stays within its bounds."""
+    excess = mine["error_rate"] - base["error_rate"]
+    if excess > canary.max_error_rate:
+        return (
+            f"error rate {mine['error_rate']:.4f} exceeds the baseline's"
+            f" {base['error_rate']:.4f} by more than {canary.max_error_rate}"
+        )
+    if mine["p99_ms"] is not None and mine["p99_ms"] > canary.max_p99_ms:
+        return f"p99 {mine['p99_ms']:.1f} ms is above {canary.max_p99_ms} ms"
+    return None
+
+
+class CanaryController:
+    def __init__(
+        self,
+        store: CanaryStore,
+        routes: RouteStore,
+        stats: VariantStats,
+        repository: ModelRepository,
+        webhooks: WebhookDispatcher,
+    ) -> None:
+        self.store = store
+        self.routes = routes
+        self.stats = stats
+        self.repository = repository
+        self.webhooks = webhooks
+
+    async def look(self) -> None:
+        for model in await self.store.active():
+            canary = await self.store.get(model)
+            if canary is not None and canary.state == "running":
+                await self.decide(canary)
+
+    async def decide(self, canary: Canary) -> None:
+        if canary.step < 0:
+            await self.move(canary, 0, "step", None, {})
+            return
+        variants = [canary.variant, canary.baseline]
+        windows = await self.stats.window(canary.model, variants, canary.step_started_at)
+        seen = {"canary": numbers(windows[canary.variant])}
+        seen["baseline"] = numbers(windows[canary.baseline])
+        if seen["canary"]["requests"] < canary.min_requests:
+            return
+        if reason := breach(canary, seen["canary"], seen["baseline"]):
+            await self.end(canary, "rolled_back", 0.0, reason, seen)
+        elif time.time() - canary.step_started_at >= canary.interval_s:
+            if canary.step + 1 < len(canary.steps):
+                await self.move(canary, canary.step + 1, "step", "bounds held", seen)
+            else:
+                await self.end(canary, "completed", canary.weight, "bounds held", seen)
+
+    async def move(
+        self, canary: Canary, step: int, kind: str, reason: str | None, seen: dict[str, Any]
+    ) -> None:
+        canary.step = step
+        canary.weight = canary.steps[step]
+        canary.step_started_at = time.time()
+        await self.set_weight(canary, canary.weight)
+        await self.store.save(canary)
+        await self.announce(canary, kind, reason, seen)
+
+    async def end(
+        self,
+        canary: Canary,
+        state: CanaryState,
+        weight: float,
+        reason: str | None,
+        seen: dict[str, Any],
+    ) -> None:
+        """Finish the rollout; a rollback or an abort puts the canary back to 0 % first."""
+        if weight != canary.weight:
+            await self.set_weight(canary, weight)
+        canary.state, canary.weight = state, weight
+        await self.store.save(canary)
+        await self.announce(canary, state, reason, seen)
+
+    async def set_weight(self, canary: Canary, percent: float) -> None:
+        current = (await self.routes.get_many([canary.model]))[canary.model]
+        await self.routes.put(
+            canary.model, current.with_share(canary.variant, percent), f"canary:{canary.variant}"
+        )
+
+    async def announce(
+        self, canary: Canary, kind: str, reason: str | None, seen: dict[str, Any]
+    ) -> None:
+        """The decision as an event (stored, logged, webhooked) and as gauges."""
+        record = {
+            "at": round(time.time(), 3),
+            "type": kind,
+            "model": canary.model,
+            "variant": canary.variant,
+            "baseline": canary.baseline,
+            "state": canary.state,
+            "weight": canary.weight,
+            "reason": reason,
+            **seen,
+        }
+        await self.store.record(canary.model, record)
+        log.info("canary %s:%s %s at %g%%", canary.model, canary.variant, kind, canary.weight)
+        CANARY_WEIGHT.labels(canary.model, canary.variant).set(canary.weight)
+        for state in STATES:
+            CANARY_STATE.labels(canary.model, canary.variant, state).set(canary.state == state)
+        if canary.webhook:
+            body = event(f"model.canary.{kind}", record)
+            target = f"canary-{canary.model}"
+            await asyncio.to_thread(self.webhooks.send, "job", target, canary.webhook, body)

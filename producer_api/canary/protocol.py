@@ -1,0 +1,25 @@
+"""Request and response bodies of the canary resource."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CanaryStart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    variant: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
+    baseline: str | None = Field(default=None, description="Default: the model's default variant")
+    steps: list[float] = Field(default=[5, 25, 50, 100], min_length=1, max_length=100)
+    interval_s: float = Field(default=60.0, gt=0, le=86_400)
+    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    max_p99_ms: float = Field(default=500.0, gt=0)
+    min_requests: int = Field(default=200, ge=1)
+    webhook: str | None = Field(default=None, max_length=2048)
+
+
+class CanaryView(BaseModel):
+    canary: dict[str, Any] | None
+    events: list[dict[str, Any]]

@@ -1,0 +1,80 @@
+"""The canary logic without HTTP: start a rollout (checked against the model and its routes),
+show it with its decisions, abort it (back to 0 %). The leader's controller does the rest."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from producer_api.auth.principal import Principal
+from producer_api.canary.protocol import CanaryStart
+from producer_api.errors import ConveyorError
+from producer_api.state import ProducerState
+from shared.canary_store import Canary
+from shared.model_repository import ModelConfig
+from shared.webhook_events import refusal
+
+
+class CanaryService:
+    def __init__(self, state: ProducerState, principal: Principal) -> None:
+        self.state = state
+        self.principal = principal
+        self.store = state.traffic.canaries
+        self.controller = state.traffic.controller
+
+    def config(self, model: str) -> ModelConfig:
+        config = self.state.repository.get(model)
+        if config is None:
+            raise ConveyorError(404, "not_found", f"model {model!r} not found")
+        if not self.principal.may_use(model):
+            raise ConveyorError(403, "forbidden", f"this API key may not use model {model!r}")
+        return config
+
+    async def start(self, model: str, body: CanaryStart) -> dict[str, Any]:
+        config = self.config(model)
+        baseline = body.baseline or config.default_variant
+        self._check(config, body, baseline)
+        canary = Canary(
+            model=model,
+            variant=body.variant,
+            baseline=baseline,
+            steps=body.steps,
+            interval_s=body.interval_s,
+            max_error_rate=body.max_error_rate,
+            max_p99_ms=body.max_p99_ms,
+            min_requests=body.min_requests,
+            webhook=body.webhook or "",
+            by=f"key:{self.principal.key_id} ({self.principal.tenant})",
+        )
+        if not await self.store.start(canary):
+            raise ConveyorError(409, "conflict", f"model {model} has a canary running already")
+        await self.controller.announce(canary, "started", None, {})
+        return await self.show(model)
+
+    def _check(self, config: ModelConfig, body: CanaryStart, baseline: str) -> None:
+        for name in (body.variant, baseline):
+            if name not in config.variants or config.variants[name].shadow:
+                message = f"model {config.name} has no serving variant {name!r}"
+                raise ConveyorError(422, "unknown_variant", message)
+        if body.variant == baseline:
+            raise ConveyorError(422, "invalid_request", "the canary and its baseline are one")
+        if any(not 0 < s <= 100 for s in body.steps) or body.steps != sorted(set(body.steps)):
+            raise ConveyorError(422, "invalid_request", "steps: ascending percents in (0, 100]")
+        if body.webhook and (why := refusal(body.webhook, self.state.settings)):
+            raise ConveyorError(422, "invalid_request", why)
+
+    async def show(self, model: str, limit: int = 100) -> dict[str, Any]:
+        self.config(model)
+        canary = await self.store.get(model)
+        events = await self.store.events(model, limit)
+        return {"canary": asdict(canary) if canary else None, "events": events}
+
+    async def abort(self, model: str) -> dict[str, Any]:
+        self.config(model)
+        canary = await self.store.get(model)
+        if canary is None or canary.state != "running":
+            raise ConveyorError(409, "conflict", f"model {model} has no canary running")
+        reason = f"aborted by key:{self.principal.key_id} at {time.time():.0f}"
+        await self.controller.end(canary, "aborted", 0.0, reason, {})
+        return await self.show(model)

@@ -1,0 +1,1 @@
+"""The experiments resource: how each variant of a model is doing, against its baseline."""

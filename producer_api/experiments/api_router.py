@@ -1,0 +1,38 @@
+"""HTTP route of the experiments resource: parse, call ExperimentsService, return."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query
+
+from producer_api.auth import AUTH_RESPONSES, Principal, require
+from producer_api.errors import ErrorBody
+from producer_api.experiments.protocol import ExperimentReport
+from producer_api.experiments.serving import ExperimentsService
+from producer_api.responses import FastJSONResponse
+from producer_api.state import ProducerState, producer_state
+
+router = APIRouter(tags=["experiments"])
+
+
+@router.get(
+    "/v1/experiments/{model}",
+    response_model=ExperimentReport,
+    responses={
+        **AUTH_RESPONSES,
+        404: {"model": ErrorBody, "description": "Unknown model"},
+        422: {"model": ErrorBody, "description": "Unknown baseline variant"},
+    },
+)
+async def experiment(
+    state: Annotated[ProducerState, Depends(producer_state)],
+    principal: Annotated[Principal, Depends(require("read"))],
+    model: str = Path(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
+    window_s: float = Query(default=3600.0, gt=0, le=86_400),
+    baseline: str | None = Query(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
+) -> FastJSONResponse:
+    """Per variant over the window: requests, success rate, queue/service/total latency
+    percentiles, shadow agreement, and z / Mann-Whitney tests against the baseline."""
+    report = await ExperimentsService(state, principal).report(model, window_s, baseline)
+    return FastJSONResponse(report)

@@ -1,0 +1,49 @@
+"""Response body of the experiments resource."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class Percentiles(BaseModel):
+    p50: float
+    p95: float
+    p99: float
+
+
+class Latencies(BaseModel):
+    queue: Percentiles | None
+    service: Percentiles | None
+    total: Percentiles | None
+
+
+class VersusBaseline(BaseModel):
+    baseline: str
+    success_rate_z: float
+    success_rate_p: float
+    latency_u: float | None
+    latency_p: float | None
+    verdict: str
+
+
+class VariantReport(BaseModel):
+    variant: str
+    role: str
+    weight: float
+    shadow_rate: float | None
+    requests: int
+    succeeded: int
+    failed: int
+    success_rate: float | None
+    latency_ms: Latencies
+    shadow: dict[str, Any] | None
+    vs_baseline: VersusBaseline | None
+
+
+class ExperimentReport(BaseModel):
+    model: str
+    window_s: float
+    baseline: str
+    variants: list[VariantReport]

@@ -1,0 +1,54 @@
+"""The experiments logic without HTTP: every variant of a model over a window, from the counters
+workers and producers keep in Redis, tested against the baseline."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from producer_api.auth.principal import Principal
+from producer_api.errors import ConveyorError
+from producer_api.experiments.statistics import summary, versus
+from producer_api.state import ProducerState
+
+
+class ExperimentsService:
+    def __init__(self, state: ProducerState, principal: Principal) -> None:
+        self.state = state
+        self.principal = principal
+
+    async def report(self, model: str, window_s: float, baseline: str | None) -> dict[str, Any]:
+        config = self.state.repository.get(model)
+        if config is None or not self.principal.may_use(model):
+            raise ConveyorError(404, "not_found", f"model {model!r} not found")
+        baseline = baseline or config.default_variant
+        if baseline not in config.variants:
+            raise ConveyorError(
+                422, "unknown_variant", f"model {model} has no variant {baseline!r}"
+            )
+        traffic = self.state.traffic
+        routes = traffic.routes.of(config)
+        now = time.time()
+        windows = await traffic.stats.window(model, config.variants, now - window_s, now)
+        variants = []
+        for name, window in windows.items():
+            role = (
+                "baseline"
+                if name == baseline
+                else "shadow"
+                if name in routes.shadows
+                else "variant"
+            )
+            variants.append(
+                {
+                    "variant": name,
+                    "role": role,
+                    "weight": routes.weights.get(name, 0.0),
+                    "shadow_rate": routes.shadows.get(name),
+                    **summary(window),
+                    "vs_baseline": None
+                    if name == baseline
+                    else versus(baseline, windows[baseline], window),
+                }
+            )
+        return {"model": model, "window_s": window_s, "baseline": baseline, "variants": variants}

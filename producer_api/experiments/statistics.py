@@ -1,0 +1,103 @@
+"""Experiment statistics from per-variant windows (shared/variant_stats): latency percentiles,
+success rates, shadow agreement, and tests against the baseline — a two-proportion z-test on
+success rates and Mann-Whitney U (scipy, asymptotic with continuity correction) on service
+times — with a verdict in plain words at ALPHA."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from shared.variant_stats import Window
+
+ALPHA = 0.05
+PERCENTILES = (50, 95, 99)
+
+
+def percentiles(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    points = np.percentile(values, PERCENTILES)
+    return {f"p{p}": round(float(v), 3) for p, v in zip(PERCENTILES, points, strict=True)}
+
+
+def summary(window: Window) -> dict[str, Any]:
+    """One variant over the window."""
+    counters, samples = window.counters, window.samples
+    pairs = int(counters["shadow_pairs"])
+    return {
+        "requests": window.requests,
+        "succeeded": window.requests - window.errors,
+        "failed": window.errors,
+        "success_rate": round(1 - window.error_rate, 6) if window.requests else None,
+        "latency_ms": {
+            "queue": percentiles([s.queue_ms for s in samples]),
+            "service": percentiles([s.service_ms for s in samples]),
+            "total": percentiles([s.total_ms for s in samples]),
+        },
+        "shadow": None
+        if not pairs
+        else {
+            "pairs": pairs,
+            "agreement": round(counters["shadow_agree"] / pairs, 6),
+            "mean_similarity": round(counters["shadow_similarity"] / pairs, 6),
+            "mean_latency_delta_ms": round(counters["shadow_latency_delta_ms"] / pairs, 3),
+            "error_delta": round(counters["shadow_error_delta"] / pairs, 6),
+        },
+    }
+
+
+def two_proportion_z(success_a: int, n_a: int, success_b: int, n_b: int) -> tuple[float, float]:
+    """(z, two-sided p) for success rate b against a, pooled standard error."""
+    pooled = (success_a + success_b) / (n_a + n_b)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n_a + 1 / n_b))
+    if se == 0:
+        return 0.0, 1.0
+    z = (success_b / n_b - success_a / n_a) / se
+    return z, float(2 * stats.norm.sf(abs(z)))
+
+
+def versus(baseline_name: str, baseline: Window, other: Window) -> dict[str, Any] | None:
+    """Tests of `other` against the baseline, with a verdict; None without data on both."""
+    if not baseline.requests or not other.requests:
+        return None
+    base_ok, other_ok = baseline.requests - baseline.errors, other.requests - other.errors
+    z, p_success = two_proportion_z(base_ok, baseline.requests, other_ok, other.requests)
+    mine = [s.service_ms for s in other.samples]
+    theirs = [s.service_ms for s in baseline.samples]
+    u, p_latency = None, None
+    if mine and theirs:
+        result = stats.mannwhitneyu(mine, theirs, alternative="two-sided", method="asymptotic")
+        u, p_latency = float(result.statistic), float(result.pvalue)
+    words = [_success_words(baseline_name, baseline, other, p_success)]
+    if p_latency is not None:
+        words.append(_latency_words(baseline_name, theirs, mine, p_latency))
+    return {
+        "baseline": baseline_name,
+        "success_rate_z": round(z, 6),
+        "success_rate_p": p_success,
+        "latency_u": u,
+        "latency_p": p_latency,
+        "verdict": "; ".join(words),
+    }
+
+
+def _success_words(name: str, baseline: Window, other: Window, p: float) -> str:
+    mine, theirs = 1 - other.error_rate, 1 - baseline.error_rate
+    if p >= ALPHA:
+        return f"success rate {mine:.1%} vs {theirs:.1%}: no significant difference (p={p:.3g})"
+    better = "higher" if mine > theirs else "lower"
+    return (
+        f"success rate {mine:.1%} is significantly {better} than {name}'s {theirs:.1%} (p={p:.3g})"
+    )
+
+
+def _latency_words(name: str, theirs: list[float], mine: list[float], p: float) -> str:
+    a, b = float(np.median(mine)), float(np.median(theirs))
+    if p >= ALPHA:
+        return f"median service {a:.1f} ms vs {b:.1f} ms: no significant difference (p={p:.3g})"
+    faster = "faster" if a < b else "slower"
+    return f"significantly {faster} than {name} (median service {a:.1f} vs {b:.1f} ms, p={p:.3g})"

@@ -1,0 +1,1 @@
+"""The routes resource: a model's live split between variants, shadows and stickiness."""

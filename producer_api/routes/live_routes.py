@@ -1,0 +1,47 @@
+"""This producer's copy of every model's live routes. One cheap GET of the global routes
+version every POLL_S tells it whether anything changed; only then are the routes read again, so
+a change made through any replica applies here within POLL_S plus one round trip, without a
+restart. Models without live routes yet are seeded from config.yaml on the first poll."""
+
+from __future__ import annotations
+
+import logging
+
+from shared.metrics import ROUTES_VERSION
+from shared.model_repository import ModelConfig, ModelRepository
+from shared.route_store import RouteStore
+from shared.routing import Routes, seed_routes
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.1
+
+
+class LiveRoutes:
+    def __init__(self, store: RouteStore, repository: ModelRepository) -> None:
+        self.store = store
+        self.repository = repository
+        self._routes: dict[str, Routes] = {}
+        self._version = -1
+
+    def of(self, config: ModelConfig) -> Routes:
+        """The model's live routes (config.yaml's until the first poll has read them)."""
+        return self._routes.get(config.name) or seed_routes(config)
+
+    async def refresh(self) -> None:
+        """Reload every model's routes if the global version moved since the last look."""
+        version = await self.store.version()
+        if version == self._version:
+            return
+        names = [config.name for config in self.repository]
+        routes = await self.store.get_many(names)
+        missing = [config for config in self.repository if config.name not in routes]
+        for config in missing:
+            await self.store.seed(config.name, seed_routes(config))
+        if missing:
+            return  # seeding moved the version: the next poll reads everything
+        if self._version >= 0:
+            log.info("routes reloaded at version %d", version)
+        self._routes = routes
+        self._version = version
+        ROUTES_VERSION.set(version)

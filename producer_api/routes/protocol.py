@@ -1,0 +1,38 @@
+"""Request and response bodies of the routes resource."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.routing import StickyBy
+
+
+class RoutesBody(BaseModel):
+    """A model's new routes: every serving variant's percent (summing to 100), shadow variants
+    with the share of online requests copied to them, and what keeps a user on its variant."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weights: dict[str, float]
+    shadows: dict[str, float] = Field(default_factory=dict)
+    sticky_by: StickyBy = "routing_key"
+    expected_version: int | None = Field(
+        default=None, description="Refuse (409) unless the routes are still at this version"
+    )
+
+
+class RouteChange(BaseModel):
+    version: int
+    at: float
+    by: str
+    old: dict[str, object] | None
+    new: dict[str, object]
+
+
+class RoutesView(BaseModel):
+    model: str
+    version: int
+    weights: dict[str, float]
+    shadows: dict[str, float]
+    sticky_by: StickyBy
+    history: list[RouteChange]

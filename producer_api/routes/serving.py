@@ -1,0 +1,55 @@
+"""The routes logic without HTTP: read a model's live routes with their change log, and replace
+them after checking them against the model (nothing is stored unless they are valid)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from producer_api.auth.principal import Principal
+from producer_api.errors import ConveyorError
+from producer_api.routes.protocol import RoutesBody
+from producer_api.state import ProducerState
+from shared.model_repository import ModelConfig
+from shared.route_store import VersionConflict
+from shared.routing import InvalidRoutes, Routes, UnknownVariant, seed_routes
+
+
+class RoutesService:
+    def __init__(self, state: ProducerState, principal: Principal) -> None:
+        self.state = state
+        self.principal = principal
+        self.store = state.traffic.route_store
+
+    def config(self, model: str) -> ModelConfig:
+        config = self.state.repository.get(model)
+        if config is None:
+            raise ConveyorError(404, "not_found", f"model {model!r} not found")
+        if not self.principal.may_use(model):
+            raise ConveyorError(403, "forbidden", f"this API key may not use model {model!r}")
+        return config
+
+    async def show(self, model: str, history: int = 20) -> dict[str, Any]:
+        config = self.config(model)
+        routes = (await self.store.get_many([model])).get(model) or seed_routes(config)
+        changes = [asdict(change) for change in await self.store.history(model, history)]
+        return {"model": model, "version": routes.version, **routes.document(), "history": changes}
+
+    async def replace(self, model: str, body: RoutesBody) -> dict[str, Any]:
+        config = self.config(model)
+        routes = Routes(body.weights, body.shadows, body.sticky_by)
+        try:
+            routes.check(config)
+        except UnknownVariant as exc:
+            raise ConveyorError(422, "unknown_variant", str(exc)) from None
+        except InvalidRoutes as exc:
+            raise ConveyorError(422, "invalid_routes", str(exc)) from None
+        by = f"key:{self.principal.key_id} ({self.principal.tenant})"
+        try:
+            await self.store.put(model, routes, by, body.expected_version)
+        except VersionConflict as exc:
+            raise ConveyorError(
+                409, "conflict", f"routes of {model} changed meanwhile: now version {exc.current}"
+            ) from None
+        await self.state.traffic.routes.refresh()
+        return await self.show(model)

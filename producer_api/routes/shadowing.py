@@ -1,0 +1,111 @@
+"""Shadow traffic on the producer. `ShadowCopies` copies a sampled share of online requests to
+each shadow variant's bulk lane in the background (the client's request never waits for it, a
+full lane drops the copy); the copy belongs to a tenant no API key can have, has no reply
+channel and no webhook, so its result never reaches the client. `ShadowComparisons` compares
+finished pairs (run by the traffic leader) and adds the outcome to the shadow's counters."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+
+from redis.exceptions import RedisError
+
+from shared.codec import RequestEntry
+from shared.job_store import JobStore, QueueFull, now_ms
+from shared.keys import Keys
+from shared.metrics import SHADOW_COPIES
+from shared.model_repository import ModelConfig, ModelRepository
+from shared.routing import Routes
+from shared.shadow_compare import compare
+from shared.shadow_pairs import ShadowPair, ShadowPairs
+from shared.variant_stats import VariantStats
+
+log = logging.getLogger(__name__)
+
+# Not a valid tenant name (shared/api_keys.TENANT), so no API key can read a shadow job.
+SHADOW_TENANT = "~shadow"
+PAIRS_PER_LOOK = 256
+MAX_PAIR_AGE_MS = 15 * 60 * 1000
+
+
+class ShadowCopies:
+    def __init__(self, job_store: JobStore, pairs: ShadowPairs, keys: Keys) -> None:
+        self.job_store = job_store
+        self.pairs = pairs
+        self.keys = keys
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def copy(self, config: ModelConfig, routes: Routes, entry: RequestEntry, variant: str) -> None:
+        """Start the sampled copies of one accepted online request; returns at once."""
+        for shadow, rate in routes.shadows.items():
+            if rate > 0 and random.random() < rate:
+                task = asyncio.create_task(self._enqueue(config, shadow, entry, variant))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _enqueue(
+        self, config: ModelConfig, shadow: str, entry: RequestEntry, variant: str
+    ) -> None:
+        copy = RequestEntry(
+            job_id=uuid.uuid4().hex,
+            payload={k: v for k, v in entry.payload.items() if k != "webhook"},
+            enqueued_ms=now_ms(),
+            deadline_ms=entry.deadline_ms,
+            tenant=SHADOW_TENANT,
+            traceparent=entry.traceparent,
+        )
+        stream = self.keys.bulk_queue(config.name, shadow)
+        fields: dict[str, str | int] = {
+            "model": config.name,
+            "variant": shadow,
+            "deadline": copy.deadline_ms,
+            "shadow_of": entry.job_id,
+        }
+        try:
+            await self.job_store.create(copy, stream, fields, config.queue.max_length)
+            pair = ShadowPair(entry.job_id, copy.job_id, variant, shadow)
+            await self.pairs.add(config.name, pair)
+        except (QueueFull, RedisError) as exc:
+            SHADOW_COPIES.labels(config.name, shadow, "dropped").inc()
+            log.info("shadow copy of %s dropped: %r", entry.job_id, exc)
+            return
+        SHADOW_COPIES.labels(config.name, shadow, "enqueued").inc()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class ShadowComparisons:
+    def __init__(
+        self, pairs: ShadowPairs, stats: VariantStats, repository: ModelRepository
+    ) -> None:
+        self.pairs = pairs
+        self.stats = stats
+        self.repository = repository
+
+    async def look(self) -> None:
+        for config in self.repository:
+            await self.settle(config.name)
+
+    async def settle(self, model: str) -> None:
+        """Compare every pending pair whose two jobs ended; drop pairs too old to finish."""
+        pending = await self.pairs.pending(model, PAIRS_PER_LOOK)
+        if not pending:
+            return
+        records = await self.pairs.jobs([pair for pair, _ in pending])
+        oldest = now_ms() - MAX_PAIR_AGE_MS
+        for (pair, at_ms), (primary, shadow) in zip(pending, records, strict=True):
+            if primary is None or shadow is None:
+                await self.pairs.settle(model, pair, None)
+            elif primary.status.terminal and shadow.status.terminal:
+                comparison = compare(primary.view(), shadow.view())
+                await self.stats.add_counts(model, pair.shadow_variant, comparison.counts())
+                fields = {"primary_variant": pair.primary_variant, **comparison.fields()}
+                await self.pairs.settle(
+                    model, pair, {"shadow_variant": pair.shadow_variant, **fields}
+                )
+            elif at_ms < oldest:
+                await self.pairs.settle(model, pair, None)

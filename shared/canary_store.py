@@ -1,0 +1,93 @@
+"""The one owner of canary state in Redis: `cv:canary:{model}` (hash, `doc`: the rollout as
+JSON), its decisions `cv:canary:{model}:events` (list) and `cv:canaries` (set of models with
+one running). State lives here, not in a process, so a canary outlives the producer that
+drives it: whichever producer leads next picks it up where it stood."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+
+from shared.codec import as_text, dumps, loads
+from shared.keys import Keys
+
+CanaryState = Literal["running", "completed", "rolled_back", "aborted"]
+EVENTS_KEPT = 500
+
+# KEYS[1]=canary hash, KEYS[2]=active set; ARGV: doc JSON, model. Starts unless one is running.
+_START = """
+local doc = redis.call('HGET', KEYS[1], 'doc')
+if doc and cjson.decode(doc).state == 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'doc', ARGV[1])
+redis.call('SADD', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+@dataclass(slots=True)
+class Canary:
+    """One rollout: `variant` climbs `steps` (percent of traffic) against `baseline`."""
+
+    model: str
+    variant: str
+    baseline: str
+    steps: list[float]
+    interval_s: float
+    max_error_rate: float
+    max_p99_ms: float
+    min_requests: int
+    webhook: str = ""
+    by: str = ""
+    state: CanaryState = "running"
+    step: int = -1  # index into steps; -1 before the first
+    weight: float = 0.0
+    started_at: float = field(default_factory=time.time)
+    step_started_at: float = 0.0
+
+    def to_json(self) -> bytes:
+        return dumps(asdict(self))
+
+    @classmethod
+    def of(cls, raw: bytes | str) -> Canary:
+        return cls(**loads(raw))
+
+
+class CanaryStore:
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+        self._start = client.register_script(_START)
+
+    async def start(self, canary: Canary) -> bool:
+        """Store a new running canary; False if the model has one running already."""
+        keys = [self.keys.canary(canary.model), self.keys.canaries_active]
+        return bool(await self._start(keys=keys, args=[canary.to_json(), canary.model]))
+
+    async def get(self, model: str) -> Canary | None:
+        raw = await self.redis.hget(self.keys.canary(model), "doc")
+        return Canary.of(raw) if raw is not None else None
+
+    async def save(self, canary: Canary) -> None:
+        """Store its new state; a canary that ended leaves the active set."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.canary(canary.model), "doc", canary.to_json())
+            if canary.state != "running":
+                pipe.srem(self.keys.canaries_active, canary.model)
+            await pipe.execute()
+
+    async def active(self) -> list[str]:
+        return sorted(as_text(m) for m in await self.redis.smembers(self.keys.canaries_active))
+
+    async def record(self, model: str, event: dict[str, Any]) -> None:
+        key = self.keys.canary_events(model)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.rpush(key, dumps(event))
+            pipe.ltrim(key, -EVENTS_KEPT, -1)
+            await pipe.execute()
+
+    async def events(self, model: str, limit: int = 100) -> list[dict[str, Any]]:
+        rows = await self.redis.lrange(self.keys.canary_events(model), -limit, -1)
+        return [loads(row) for row in rows]

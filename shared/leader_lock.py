@@ -1,0 +1,29 @@
+"""A lease in Redis that makes one process the leader of some background work: taken with
+SET NX PX, renewed only by its holder (Lua), lost when the holder stops renewing, so another
+process takes over within one lease after the leader dies."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+# KEYS[1]=lock; ARGV: owner, lease ms. 1 if `owner` holds the lease now.
+_HOLD = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+class LeaderLock:
+    def __init__(self, client: aioredis.Redis, key: str, owner: str, lease_ms: int) -> None:
+        self.key = key
+        self.owner = owner
+        self.lease_ms = lease_ms
+        self._hold = client.register_script(_HOLD)
+
+    async def hold(self) -> bool:
+        """Take or renew the lease; True while this process leads."""
+        return bool(await self._hold(keys=[self.key], args=[self.owner, self.lease_ms]))

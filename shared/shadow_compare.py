@@ -1,0 +1,83 @@
+"""How a shadow variant's answer compares with the primary's for the same request: agreement by
+output kind (embeddings: cosine at or above a threshold; generated text: exact match, with a
+cheap similarity beside it; anything else: equality), the latency delta and the error delta."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+COSINE_THRESHOLD = 0.99
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    agree: bool
+    similarity: float
+    latency_delta_ms: float  # shadow minus primary, service time (the queues differ by design)
+    error_delta: int  # 1: only the shadow failed, -1: only the primary failed, 0: same fate
+
+    def counts(self) -> dict[str, float]:
+        """What one comparison adds to the shadow variant's counters (shared/variant_stats)."""
+        return {
+            "shadow_pairs": 1,
+            "shadow_agree": int(self.agree),
+            "shadow_similarity": self.similarity,
+            "shadow_latency_delta_ms": self.latency_delta_ms,
+            "shadow_error_delta": self.error_delta,
+        }
+
+    def fields(self) -> dict[str, str]:
+        return {
+            "agree": str(int(self.agree)),
+            "similarity": f"{self.similarity:.6f}",
+            "latency_delta_ms": f"{self.latency_delta_ms:.3f}",
+            "error_delta": str(self.error_delta),
+        }
+
+
+def compare(primary: dict[str, Any], shadow: dict[str, Any]) -> Comparison:
+    """Compare two finished job views of the same request."""
+    ok_p, ok_s = primary.get("status") == "succeeded", shadow.get("status") == "succeeded"
+    if ok_p and ok_s:
+        agree, similarity = agreement(primary.get("outputs"), shadow.get("outputs"))
+    else:
+        agree, similarity = ok_p == ok_s, float(ok_p == ok_s)
+    return Comparison(
+        agree, similarity, _service_ms(shadow) - _service_ms(primary), int(ok_p) - int(ok_s)
+    )
+
+
+def agreement(primary: Any, shadow: Any) -> tuple[bool, float]:
+    """(agree, similarity in [0, 1]) of two outputs."""
+    if isinstance(primary, dict) and isinstance(shadow, dict):
+        if "embeddings" in primary and "embeddings" in shadow:
+            cosine = min_cosine(primary["embeddings"], shadow["embeddings"])
+            return cosine >= COSINE_THRESHOLD, cosine
+        if isinstance(primary.get("text"), str) and isinstance(shadow.get("text"), str):
+            ratio = difflib.SequenceMatcher(None, primary["text"], shadow["text"]).ratio()
+            return primary["text"] == shadow["text"], ratio
+    return primary == shadow, float(primary == shadow)
+
+
+def min_cosine(first: list[list[float]], second: list[list[float]]) -> float:
+    """The lowest cosine similarity over the texts of a request (0 if the shapes differ)."""
+    if len(first) != len(second) or not first:
+        return 0.0
+    return min(_cosine(a, b) for a, b in zip(first, second, strict=True))
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    if len(a) != len(b):
+        return 0.0
+    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return sum(x * y for x, y in zip(a, b, strict=True)) / norm if norm else 0.0
+
+
+def _service_ms(view: dict[str, Any]) -> float:
+    timings = view.get("timings", {})
+    if "started" in timings and "finished" in timings:
+        return float((timings["finished"] - timings["started"]) * 1000.0)
+    return 0.0

@@ -1,0 +1,79 @@
+"""The one owner of shadow pairs in Redis: a primary job and its shadow copy wait in
+`cv:shadow:{model}:pending` (sorted set by submit ms) until both ended; their comparison is then
+stored beside the primary as `cv:shadow:{primary id}` (hash, result TTL), a key the job API
+never reads, so a shadow result cannot reach the client."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+
+from shared.codec import as_text, dumps, loads
+from shared.job_store import JobRecord, now_ms
+from shared.keys import Keys
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowPair:
+    primary_id: str
+    shadow_id: str
+    primary_variant: str
+    shadow_variant: str
+
+    def member(self) -> bytes:
+        return dumps([self.primary_id, self.shadow_id, self.primary_variant, self.shadow_variant])
+
+    @classmethod
+    def of(cls, member: bytes | str) -> ShadowPair:
+        primary_id, shadow_id, primary_variant, shadow_variant = loads(member)
+        return cls(primary_id, shadow_id, primary_variant, shadow_variant)
+
+
+class ShadowPairs:
+    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+        self.redis = client
+        self.keys = keys
+        self.ttl_s = ttl_s
+
+    async def add(self, model: str, pair: ShadowPair) -> None:
+        await self.redis.zadd(self.keys.shadow_pairs(model), {pair.member(): now_ms()})
+
+    async def pending(self, model: str, limit: int) -> list[tuple[ShadowPair, int]]:
+        """The oldest `limit` pairs not yet compared, with their submit ms."""
+        rows = await self.redis.zrange(self.keys.shadow_pairs(model), 0, limit - 1, withscores=True)
+        return [(ShadowPair.of(row[0]), int(row[1])) for row in cast(list[Any], rows)]
+
+    async def jobs(self, pairs: list[ShadowPair]) -> list[tuple[JobRecord | None, ...]]:
+        """Both job hashes of every pair, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for pair in pairs:
+                pipe.hgetall(self.keys.job(pair.primary_id))
+                pipe.hgetall(self.keys.job(pair.shadow_id))
+            replies = iter(await pipe.execute())
+        out = []
+        for pair in pairs:
+            records = []
+            for job_id in (pair.primary_id, pair.shadow_id):
+                raw = next(replies)
+                text = {as_text(k): as_text(v) for k, v in raw.items()}
+                records.append(JobRecord(job_id, text) if text else None)
+            out.append(tuple(records))
+        return out
+
+    async def settle(self, model: str, pair: ShadowPair, fields: Mapping[str, str] | None) -> None:
+        """Store the comparison beside the primary (None: a side vanished, drop the pair)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if fields is not None:
+                key = self.keys.shadow_result(pair.primary_id)
+                flat = [part for item in fields.items() for part in item]
+                pipe.hset(key, items=["shadow_id", pair.shadow_id, *flat])
+                pipe.expire(key, self.ttl_s)
+            pipe.zrem(self.keys.shadow_pairs(model), pair.member())
+            await pipe.execute()
+
+    async def result(self, primary_id: str) -> dict[str, str]:
+        raw = await self.redis.hgetall(self.keys.shadow_result(primary_id))
+        return {as_text(k): as_text(v) for k, v in raw.items()}

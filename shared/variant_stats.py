@@ -1,0 +1,164 @@
+"""Per-variant counters and latency samples in Redis, in time buckets of BUCKET_S seconds, so
+every worker (where jobs finish) and every producer (shadow comparisons) contributes to one
+picture that canaries and experiment statistics read. Writes are aggregated: one script call
+per micro-batch and variant, never one command per job."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from shared.codec import as_text
+from shared.keys import Keys
+
+BUCKET_S = 10
+SAMPLES_PER_BUCKET = 5_000
+RETENTION_S = 2 * 86_400
+COUNTED = ("succeeded", "failed")
+
+# KEYS[1]=counters hash, KEYS[2]=samples list; ARGV: ttl, sample cap, n, n (field, increment)
+# pairs, then samples. Adds the increments, appends the samples while the bucket has room.
+_RECORD = """
+local n = tonumber(ARGV[3])
+for i = 4, 3 + n * 2, 2 do redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+local first = 4 + n * 2
+if first > #ARGV then return 0 end
+local room = tonumber(ARGV[2]) - redis.call('LLEN', KEYS[2])
+if room <= 0 then return 0 end
+local last = math.min(#ARGV, first + room - 1)
+redis.call('RPUSH', KEYS[2], unpack(ARGV, first, last))
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+return last - first + 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One finished job: whether it succeeded, its queue wait and its service time (claim to
+    result), in milliseconds."""
+
+    ok: bool
+    queue_ms: float
+    service_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.queue_ms + self.service_ms
+
+    def encode(self) -> str:
+        return f"{int(self.ok)},{self.queue_ms:.3f},{self.service_ms:.3f}"
+
+    @classmethod
+    def decode(cls, text: str) -> Sample:
+        ok, queue_ms, service_ms = text.split(",")
+        return cls(ok == "1", float(queue_ms), float(service_ms))
+
+
+@dataclass(slots=True)
+class Window:
+    """What one variant did over a time window: counters (requests, errors, shadow_pairs,
+    shadow_agree, shadow_latency_delta_ms, shadow_error_delta) and the latency samples."""
+
+    counters: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def requests(self) -> int:
+        return int(self.counters["requests"])
+
+    @property
+    def errors(self) -> int:
+        return int(self.counters["errors"])
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+
+def sample_of(view: Mapping[str, Any]) -> Sample | None:
+    """The sample of a finished job's view (None unless it succeeded or failed with timings)."""
+    timings = view.get("timings", {})
+    if view.get("status") not in COUNTED or not {"created", "started", "finished"} <= set(timings):
+        return None
+    queue_ms = (timings["started"] - timings["created"]) * 1000.0
+    service_ms = (timings["finished"] - timings["started"]) * 1000.0
+    return Sample(view["status"] == "succeeded", max(queue_ms, 0.0), max(service_ms, 0.0))
+
+
+def bucket_of(at_s: float) -> int:
+    return int(at_s // BUCKET_S)
+
+
+class VariantStats:
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+        self._record = client.register_script(_RECORD)
+
+    async def record_views(self, views: Iterable[Mapping[str, Any]]) -> None:
+        """Count finished jobs (their public views) and keep their latencies: one script call
+        per variant among them, all in one round trip."""
+        by_variant: dict[tuple[str, str], list[Sample]] = defaultdict(list)
+        for view in views:
+            if (sample := sample_of(view)) is not None:
+                by_variant[(str(view["model"]), str(view["variant"]))].append(sample)
+        if not by_variant:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for (model, variant), samples in by_variant.items():
+                errors = sum(1 for s in samples if not s.ok)
+                counts = {"requests": len(samples), "errors": errors}
+                await self._add(pipe, model, variant, counts, samples)
+            await pipe.execute()
+
+    async def add_counts(self, model: str, variant: str, counts: Mapping[str, float]) -> None:
+        """Add to a variant's counters of the current bucket (shadow comparisons)."""
+        await self._add(self.redis, model, variant, counts, [])
+
+    async def _add(
+        self,
+        client: aioredis.Redis,
+        model: str,
+        variant: str,
+        counts: Mapping[str, float],
+        samples: list[Sample],
+    ) -> Any:
+        bucket = bucket_of(time.time())
+        keys = [
+            self.keys.variant_stats(model, variant, bucket),
+            self.keys.variant_samples(model, variant, bucket),
+        ]
+        flat = [part for pair in counts.items() for part in pair]
+        args = [RETENTION_S, SAMPLES_PER_BUCKET, len(counts), *flat]
+        return await self._record(
+            keys=keys, args=[*args, *(s.encode() for s in samples)], client=client
+        )
+
+    async def window(
+        self, model: str, variants: Iterable[str], since_s: float, until_s: float | None = None
+    ) -> dict[str, Window]:
+        """Each variant's counters and samples over the buckets from `since_s` to `until_s`
+        (now), in one round trip. Buckets are whole: the window starts up to BUCKET_S early."""
+        names = list(variants)
+        buckets = range(bucket_of(since_s), bucket_of(until_s or time.time()) + 1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for variant in names:
+                for bucket in buckets:
+                    pipe.hgetall(self.keys.variant_stats(model, variant, bucket))
+                    pipe.lrange(self.keys.variant_samples(model, variant, bucket), 0, -1)
+            replies = iter(await pipe.execute())
+        windows = {}
+        for variant in names:
+            window = Window()
+            for _ in buckets:
+                for name, value in next(replies).items():
+                    window.counters[as_text(name)] += float(value)
+                window.samples += [Sample.decode(as_text(row)) for row in next(replies)]
+            windows[variant] = window
+        return windows

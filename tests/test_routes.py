@@ -1,0 +1,270 @@
+"""Live routes: weighted rendezvous splits hold their proportions and move only the minimum share
+of keys when a weight changes; a change made through one producer is applied by another within
+a second; bad routes get a clear 4xx and leave the live ones as they were; every change is
+versioned and logged; shadow copies run on the bulk lane and never reach the client."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from click.testing import CliRunner
+
+from conveyor.cli import main
+from conveyor.stack import Stack, free_port
+from shared.keys import Keys
+from shared.model_repository import ModelRepository
+from shared.routing import Routes, choose_variant, seed_routes
+from tests.conftest import REPO_ROOT, issue_key, running_stack, until
+
+TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
+AB = ModelRepository.load(TRAFFIC).models["ab"]
+KEYS = Keys()
+HTTP = httpx.Client(timeout=30)  # one pool: a client per call would pay for TLS setup each time
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_http() -> Iterator[None]:
+    yield
+    HTTP.close()
+
+
+def test_seed_routes_normalise_config_weights_to_percent() -> None:
+    routes = seed_routes(AB)
+    assert routes.weights == {"stable": 100.0, "candidate": 0.0, "flaky": 0.0}
+    assert routes.shadows == {"mirror": 1.0}
+    assert routes.sticky_by == "routing_key"
+
+
+def test_split_holds_its_proportions_over_10k_keys() -> None:
+    routes = Routes({"stable": 70.0, "candidate": 20.0, "flaky": 10.0})
+    counts = Counter(choose_variant(AB, None, f"user-{i}", routes) for i in range(10_000))
+    for variant, weight in routes.weights.items():
+        assert counts[variant] / 10_000 == pytest.approx(weight / 100, abs=0.015), counts
+    unsticky = Counter(choose_variant(AB, None, None, routes) for _ in range(10_000))
+    assert unsticky["stable"] / 10_000 == pytest.approx(0.7, abs=0.02), unsticky
+
+
+def test_raising_a_weight_moves_only_its_share_and_only_to_it() -> None:
+    before = Routes({"candidate": 10.0, "stable": 45.0, "flaky": 45.0})
+    after = before.with_share("candidate", 20.0)
+    assert after.weights == {"stable": 40.0, "flaky": 40.0, "candidate": 20.0}
+    keys = [f"user-{i}" for i in range(100_000)]
+    moved = Counter(
+        (old, new)
+        for key in keys
+        if (old := choose_variant(AB, None, key, before))
+        != (new := choose_variant(AB, None, key, after))
+    )
+    assert sum(moved.values()) / len(keys) == pytest.approx(0.10, abs=0.01), moved
+    assert {new for _, new in moved} == {"candidate"}, moved
+
+
+# --- the real pipeline: two producers, one worker serving every variant of `ab` ---
+
+
+@pytest.fixture(scope="module")
+def traffic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    folder = tmp_path_factory.mktemp("routes-stack")
+    with running_stack(
+        folder, CONVEYOR_MODEL_REPOSITORY=str(TRAFFIC), PYTHONPATH=str(REPO_ROOT)
+    ) as stack:
+        stack.start_worker("ab", name="ab-worker")
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def urls(traffic: Stack) -> list[str]:
+    """Two producer replicas on the same Redis."""
+    return [traffic.base_url, traffic.start_producer(free_port(), name="producer-b")]
+
+
+@pytest.fixture(scope="module")
+def admin(traffic: Stack) -> dict[str, str]:
+    return {"X-API-Key": issue_key(traffic.redis_url, "ops", "admin")}
+
+
+@pytest.fixture(scope="module")
+def client_key(traffic: Stack) -> dict[str, str]:
+    return {"X-API-Key": issue_key(traffic.redis_url, "acme", "submit", "read")}
+
+
+def _put(url: str, headers: dict[str, str], **body: Any) -> httpx.Response:
+    return HTTP.put(f"{url}/v1/models/ab/routes", json=body, headers=headers)
+
+
+def _routes(url: str, headers: dict[str, str]) -> dict[str, Any]:
+    response = HTTP.get(f"{url}/v1/models/ab/routes", headers=headers)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _submit(url: str, headers: dict[str, str], **body: Any) -> dict[str, Any]:
+    response = HTTP.post(f"{url}/v1/jobs", json={"model": "ab", **body}, headers=headers)
+    assert response.status_code in (200, 202), response.text
+    job: dict[str, Any] = response.json()
+    return job
+
+
+def test_a_change_reaches_the_other_producer_within_a_second(
+    urls: list[str], admin: dict[str, str], client_key: dict[str, str]
+) -> None:
+    first, second = urls
+    assert _put(first, admin, weights={"stable": 100}).status_code == 200
+    until(lambda: _submit(second, client_key, inputs={})["variant"] == "stable")
+    changed = _put(first, admin, weights={"stable": 0, "candidate": 100})
+    assert changed.status_code == 200, changed.text
+    applied_at = time.monotonic()
+
+    def routed_to_candidate() -> float | None:
+        if _submit(second, client_key, inputs={})["variant"] == "candidate":
+            return time.monotonic() - applied_at
+        return None
+
+    delay = until(routed_to_candidate, timeout=5)
+    assert delay < 1.0, f"second producer applied the change after {delay:.2f}s"
+    scrape = HTTP.get(f"{second}/metrics").text
+    assert 'conveyor_route_weight{model="ab",variant="candidate"} 100.0' in scrape
+
+
+def test_live_split_and_stickiness_through_both_producers(
+    traffic: Stack, urls: list[str], admin: dict[str, str], client_key: dict[str, str]
+) -> None:
+    _put(urls[0], admin, weights={"stable": 75, "candidate": 25})
+    _until_applied(traffic, urls)
+    variants: Counter[str] = Counter()
+    for i in range(300):
+        key = f"user-{i}"
+        picks = {_submit(url, client_key, inputs={}, routing_key=key)["variant"] for url in urls}
+        assert len(picks) == 1, f"{key} was split across variants {picks}"
+        variants[picks.pop()] += 1
+    assert variants["candidate"] / 300 == pytest.approx(0.25, abs=0.075), variants
+    assert variants["stable"] + variants["candidate"] == 300
+
+
+def _until_applied(traffic: Stack, urls: list[str]) -> None:
+    """Wait until every producer applies the latest routes (its `conveyor_routes_version`)."""
+    client = redis.Redis.from_url(traffic.redis_url)
+    latest = int(client.get(KEYS.routes_version) or 0)
+    client.close()
+    pattern = re.compile(r"^conveyor_routes_version (\S+)$", re.MULTILINE)
+
+    def applied(url: str) -> bool:
+        match = pattern.search(HTTP.get(f"{url}/metrics").text)
+        return match is not None and float(match[1]) >= latest
+
+    until(lambda: all(applied(url) for url in urls), timeout=5)
+
+
+def test_bad_routes_get_a_clear_4xx_and_change_nothing(
+    traffic: Stack, urls: list[str], admin: dict[str, str], client_key: dict[str, str]
+) -> None:
+    url = urls[0]
+    before = _routes(url, admin)
+    cases: list[tuple[dict[str, str], dict[str, Any], int, str]] = [
+        (admin, {"weights": {"stable": 50, "nope": 50}}, 422, "no variant 'nope'"),
+        (admin, {"weights": {"stable": 50, "candidate": 40}}, 422, "sum to 100"),
+        (admin, {"weights": {"stable": 110, "candidate": -10}}, 422, "not negative"),
+        (admin, {"weights": {"stable": 100}, "shadows": {"mirror": -0.5}}, 422, "[0, 1]"),
+        (admin, {"weights": {"stable": 90, "mirror": 10}, "shadows": {"mirror": 1}}, 422, "both"),
+        (admin, {"weights": {"stable": 100}, "sticky_by": "ip"}, 422, "sticky_by"),
+        (client_key, {"weights": {"stable": 100}}, 403, "admin"),
+        ({}, {"weights": {"stable": 100}}, 401, "API key"),
+    ]
+    for headers, body, status, words in cases:
+        response = _put(url, headers, **body)
+        assert response.status_code == status, (body, response.text)
+        assert words in response.json()["error"]["message"], response.text
+    stale = _put(url, admin, weights={"stable": 100}, expected_version=before["version"] - 1)
+    assert stale.status_code == 409, stale.text
+    assert HTTP.get(f"{url}/v1/models/nope/routes", headers=admin).status_code == 404
+    assert _routes(url, admin) == before
+
+
+def test_every_change_is_versioned_and_logged(urls: list[str], admin: dict[str, str]) -> None:
+    url = urls[0]
+    start = _routes(url, admin)
+    _put(url, admin, weights={"stable": 60, "candidate": 40}, sticky_by="tenant")
+    after = _put(url, admin, weights={"stable": 100}).json()
+    assert after["version"] == start["version"] + 2
+    last_two = after["history"][-2:]
+    assert [c["version"] for c in last_two] == [start["version"] + 1, start["version"] + 2]
+    assert last_two[0]["old"]["weights"] == start["weights"]
+    assert last_two[0]["new"] == {
+        "weights": {"stable": 60.0, "candidate": 40.0},
+        "shadows": start["shadows"],
+        "sticky_by": "tenant",
+    }
+    assert last_two[1]["old"] == last_two[0]["new"]
+    assert all(c["by"].startswith("key:") and "(ops)" in c["by"] for c in last_two)
+    assert all(abs(c["at"] - time.time()) < 60 for c in last_two)
+
+
+def test_cli_sets_and_shows_routes(traffic: Stack, urls: list[str], admin: dict[str, str]) -> None:
+    env = {"CONVEYOR_URL": urls[1], "CONVEYOR_API_KEY": admin["X-API-Key"]}
+    runner = CliRunner()
+    result = runner.invoke(
+        main, ["routes", "set", "ab", "--weight", "stable=90", "--weight", "candidate=10"], env=env
+    )
+    assert result.exit_code == 0, result.output
+    assert "candidate" in result.output and "10.00 %" in result.output
+    assert _routes(urls[0], admin)["weights"] == {"stable": 90.0, "candidate": 10.0}
+    refused = runner.invoke(main, ["routes", "set", "ab", "--weight", "stable=50"], env=env)
+    assert refused.exit_code != 0 and "422 invalid_routes" in refused.output
+    shown = runner.invoke(main, ["routes", "show", "ab"], env=env)
+    assert shown.exit_code == 0 and "sticky by routing_key" in shown.output
+
+
+def _predict(url: str, headers: dict[str, str], inputs: dict[str, Any]) -> dict[str, Any]:
+    body = {"model": "ab", "inputs": inputs, "routing_key": "u1"}
+    response = HTTP.post(f"{url}/v1/jobs?wait=10", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    job: dict[str, Any] = response.json()
+    return job
+
+
+def _comparable(job: dict[str, Any]) -> dict[str, Any]:
+    """What the client gets, less what differs between any two jobs: the id, the timings, and
+    how many other jobs shared its micro-batch."""
+    return {k: v for k, v in job.items() if k not in ("id", "timings", "batch_size")}
+
+
+def test_shadow_copies_run_on_the_bulk_lane_and_never_reach_the_client(
+    traffic: Stack, urls: list[str], admin: dict[str, str], client_key: dict[str, str]
+) -> None:
+    url = urls[0]  # a PUT applies at once on the producer that took it
+    inputs = {"text": f"shadowed {uuid.uuid4().hex}"}
+    client = redis.Redis.from_url(traffic.redis_url)
+    online, bulk = KEYS.queue("ab", "mirror"), KEYS.bulk_queue("ab", "mirror")
+    _put(url, admin, weights={"stable": 100}, shadows={})
+    plain = _predict(url, client_key, inputs)
+    bulk_before = _entries_added(client, bulk)
+    _put(url, admin, weights={"stable": 100}, shadows={"mirror": 1.0})
+    done = _predict(url, client_key, inputs)
+    assert _comparable(done) == _comparable(plain)
+    assert set(done) == set(plain) and set(done["timings"]) == set(plain["timings"])
+
+    result = until(lambda: client.hgetall(KEYS.shadow_result(done["id"])), timeout=15)
+    shadow_id = result[b"shadow_id"].decode()
+    assert result[b"agree"] == b"1" and result[b"shadow_variant"] == b"mirror"
+    assert _entries_added(client, bulk) == bulk_before + 1
+    assert _entries_added(client, online) == 0, "a shadow copy went to the online lane"
+    shadow = client.hgetall(KEYS.job(shadow_id))
+    assert shadow[b"variant"] == b"mirror" and shadow[b"status"] == b"succeeded"
+    assert shadow[b"shadow_of"] == done["id"].encode()
+    for headers in (client_key, admin):
+        hidden = HTTP.get(f"{url}/v1/jobs/{shadow_id}", headers=headers)
+        assert hidden.status_code == 404, hidden.text
+    _put(url, admin, weights={"stable": 100}, shadows={})
+
+
+def _entries_added(client: redis.Redis, stream: str) -> int:
+    return int(client.xinfo_stream(stream)["entries-added"])
