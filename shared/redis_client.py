@@ -39,7 +39,11 @@ def connect(
         client_name=name,
         max_connections=max_connections,
         timeout=timeout,
-        retry=Retry(ExponentialWithJitterBackoff(base=0.02, cap=1.0), retries=3),
+        retry=Retry(
+            ExponentialWithJitterBackoff(base=0.02, cap=1.0),
+            retries=3,
+            supported_errors=(RedisConnectionError,),  # the default would retry timeouts too
+        ),
         retry_on_error=[RedisConnectionError],
         health_check_interval=15,
         socket_connect_timeout=timeout,

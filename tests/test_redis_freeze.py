@@ -1,0 +1,75 @@
+"""A frozen Redis (SIGSTOP: connections stay open, nothing answers) is a fast 503, not a hang:
+`/readyz` answers 503 within a load balancer's probe timeout, and submits, more of them at once
+than the producer's pool holds, each answer 503 with Retry-After within a bounded time set by
+`CONVEYOR_REDIS_TIMEOUT_S`. After SIGCONT everything recovers by itself. Its own stack, so a
+frozen server never touches another test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from conveyor.stack import Stack
+from tests.conftest import running_stack, until
+
+pytestmark = pytest.mark.slow
+REDIS_TIMEOUT_S = 1.0
+CLIENTS = 80  # more than the producer's pool (64): some wait for a connection first
+# What a submit may take while Redis is frozen: a command's timeout, after waiting as long for
+# a pooled connection, plus slack for a loaded machine. Before, submits hung as long as Redis.
+SUBMIT_BOUND_S = 4 * REDIS_TIMEOUT_S + 4
+BODY = {"model": "identity", "inputs": {"x": 1}}
+
+
+@pytest.fixture(scope="module")
+def freezable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    folder = tmp_path_factory.mktemp("freeze")
+    timeout = str(REDIS_TIMEOUT_S)
+    with running_stack(folder, CONVEYOR_AUTH="disabled", CONVEYOR_REDIS_TIMEOUT_S=timeout) as stack:
+        yield stack
+
+
+@contextmanager
+def frozen(stack: Stack) -> Iterator[None]:
+    """Valkey stopped (SIGSTOP to its process group: the wrapper and the server), and always
+    continued on the way out."""
+    group = os.getpgid(stack.processes["valkey"].pid)
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(group, signal.SIGCONT)
+
+
+async def _submits(base_url: str) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=CLIENTS)
+    async with httpx.AsyncClient(base_url=base_url, timeout=SUBMIT_BOUND_S, limits=limits) as c:
+        return list(await asyncio.gather(*(c.post("/v1/jobs", json=BODY) for _ in range(CLIENTS))))
+
+
+def _unavailable(response: httpx.Response) -> bool:
+    return (
+        response.status_code == 503
+        and response.headers.get("retry-after") is not None
+        and response.json()["error"]["type"] == "unavailable"
+    )
+
+
+def test_a_frozen_redis_is_a_fast_503_and_recovers(freezable: Stack) -> None:
+    url = freezable.base_url
+    assert httpx.post(f"{url}/v1/jobs", json=BODY, timeout=30).status_code == 202
+    with frozen(freezable):
+        # A load balancer's probe with a 1 s timeout sees a 503 rather than timing out.
+        ready = httpx.get(f"{url}/readyz", timeout=1.0)
+        assert ready.status_code == 503 and ready.json()["error"]["type"] == "unavailable"
+        # No submit times out (the client's timeout is the bound); each is a 503 to retry.
+        responses = asyncio.run(_submits(url))
+        assert all(_unavailable(r) for r in responses), {r.status_code for r in responses}
+    until(lambda: httpx.get(f"{url}/readyz", timeout=5).status_code == 200)
+    assert httpx.post(f"{url}/v1/jobs", json=BODY, timeout=30).status_code == 202
