@@ -6,6 +6,7 @@ check fp16, CUDA graphs and the served variant on a CUDA device."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+from shared.codec import RequestEntry
+from shared.job_store import JobStore, now_ms
+from shared.keys import Keys
 from shared.model_repository import ModelConfigError, ModelRepository
 from tests.conftest import REPO_ROOT
 from tests.minilm_reference import (
@@ -29,6 +33,7 @@ from workers.batching.stage_pipeline import StagePipeline
 from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
 from workers.engines.registry import create_engine
 from workers.engines.torch_engine import TorchEngine
+from workers.partition.stream_reader import StreamReader
 
 CUDA_MISSING = (
     "torch built without CUDA"
@@ -187,6 +192,34 @@ async def test_the_stage_pipeline_keeps_results_with_their_jobs(cpu_engine):
             assert {(o.batch_id, o.batch_size) for o in results[n]} == {
                 (results[n][0].batch_id, len(jobs))
             }
+
+
+async def test_gathering_stops_at_a_preferred_size_when_the_queue_runs_dry(aredis):
+    """3 jobs in hand, preferred size 4: the gather waits for one more job, then returns at 4
+    rather than waiting out its 60 s delay for a full batch of 32."""
+    keys = Keys()
+    stream = keys.queue("minilm", "torch")
+    store = JobStore(aredis, keys, ttl_s=60)
+    reader = StreamReader(aredis, keys, [stream], "gatherer")
+    await reader.ensure_groups()
+
+    async def enqueue(n: int) -> None:
+        for _ in range(n):
+            entry = RequestEntry(uuid.uuid4().hex, {"inputs": {"texts": ["x"]}}, now_ms())
+            await store.create(entry, stream, {"model": "minilm", "variant": "torch"})
+
+    await enqueue(3)
+    batch = await reader.take([stream], 32)
+    assert batch is not None and len(batch[1]) == 3
+    gathering = asyncio.create_task(reader.gather(batch, 32, 60_000, preferred=[4, 16]))
+    await asyncio.sleep(0.2)
+    assert not gathering.done()  # 3 is not a preferred size: it keeps gathering
+    await enqueue(1)
+    _, deliveries = await asyncio.wait_for(gathering, 30)
+    assert len(deliveries) == 4
+    await enqueue(1)
+    assert await aredis.xlen(stream) == 5  # the later job stays queued for the next batch
+    assert len((await reader.take([stream], 32) or ("", []))[1]) == 1
 
 
 def test_invalid_torch_options_fail_with_a_clear_error(tmp_path):

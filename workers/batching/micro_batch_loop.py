@@ -1,16 +1,21 @@
 """The dynamic-batching loop of one partition of a `batch` model: read a micro-batch, drop what
-must not run (cancelled, expired), run the rest in one engine call, write everything back."""
+must not run (cancelled, expired), run the rest in one engine call, write everything back. A
+staged engine's micro-batches go through a stage pipeline instead, so the loop reads and
+tokenises the next micro-batch while the device runs this one."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from functools import partial
 
 from shared.codec import dumps
 from shared.job_states import JobStatus
 from workers.batching.micro_batch_executor import Outcome, execute
 from workers.batching.micro_batch_telemetry import batch_span, log_batch, record_batch, tracer
-from workers.engines.base import BatchEngine
+from workers.batching.stage_pipeline import StagePipeline
+from workers.engines.base import BatchEngine, StagedBatchEngine
 from workers.partition.finish import Finish
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
@@ -36,6 +41,7 @@ class MicroBatchLoop:
         self.engine = engine
         self.block_ms = block_ms
         self.stopping = asyncio.Event()
+        self.stages = StagePipeline(engine) if isinstance(engine, StagedBatchEngine) else None
 
     async def run(self) -> None:
         """Serve until asked to stop; the micro-batch in hand is finished and acknowledged (or,
@@ -49,7 +55,16 @@ class MicroBatchLoop:
             except OUTAGE as exc:
                 await backoff.sleep(exc)
             except Stopped:
-                return
+                break
+        await self._drain()
+
+    async def _drain(self) -> None:
+        """Finish and write back the micro-batches still in the stage pipeline."""
+        if self.stages is None:
+            return
+        with contextlib.suppress(Stopped):
+            await self.stages.drain()
+        self.stages.close()
 
     async def step(self) -> None:
         config = self.partition.config
@@ -72,11 +87,21 @@ class MicroBatchLoop:
         with batch_span(model, variant, runnable):
             with tracer.start_as_current_span("decode"):
                 inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry]
+            if self.stages is not None and inputs:
+                await self.stages.submit(inputs, partial(self.complete, stream, runnable, finishes))
+                return
             with tracer.start_as_current_span("engine"):
                 outcomes = await execute(self.engine, inputs)
-            finishes += [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
-            with tracer.start_as_current_span("write"):
-                await until_done(lambda: self.writer.finish(stream, finishes), self.stopping)
+            await self.complete(stream, runnable, finishes, outcomes)
+
+    async def complete(
+        self, stream: str, runnable: list[Delivery], skipped: list[Finish], outcomes: list[Outcome]
+    ) -> None:
+        """Write a micro-batch's results and its skipped entries back in one round trip."""
+        model, variant = self.partition.labels
+        finishes = skipped + [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
+        with tracer.start_as_current_span("write"):
+            await until_done(lambda: self.writer.finish(stream, finishes), self.stopping)
         record_batch(model, variant, finishes, outcomes)
         if runnable:
             log_batch(model, runnable, outcomes)

@@ -40,6 +40,7 @@ class LaneScheduler:
         self.online = partition.online
         self.bulk = partition.bulk
         self.credit = LaneCredit(partition.config.bulk_share)
+        self.preferred = partition.config.preferred_batch_sizes_of(partition.variant)
 
     async def next_batch(self, max_items: int, delay_ms: float, block_ms: int) -> list[Batch]:
         """One micro-batch (rarely two, when a blocking read returns from both lanes): reclaimed
@@ -51,6 +52,8 @@ class LaneScheduler:
         batch = await self.reader.take(order, max_items)
         if batch is None:
             waited = await self.reader.wait([self.online, self.bulk], max_items, block_ms)
-            return [await self.reader.gather(b, max_items, delay_ms) for b in waited]
+            return [
+                await self.reader.gather(b, max_items, delay_ms, self.preferred) for b in waited
+            ]
         self.credit.served(bulk=batch[0] == self.bulk)
-        return [await self.reader.gather(batch, max_items, delay_ms)]
+        return [await self.reader.gather(batch, max_items, delay_ms, self.preferred)]

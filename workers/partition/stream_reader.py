@@ -16,6 +16,7 @@ from redis.exceptions import ResponseError
 
 from shared import job_scripts
 from shared.codec import RequestEntry, as_text
+from shared.consumer_groups import ensure_groups
 from shared.job_store import now_ms
 from shared.keys import GROUP, Keys
 
@@ -51,14 +52,8 @@ class StreamReader:
         self._claim = client.register_script(job_scripts.CLAIM)
 
     async def ensure_groups(self) -> None:
-        """Create each stream's group at id 0 so entries added before any worker existed are
-        served; a group that exists already (BUSYGROUP) is kept as it is."""
-        for stream in self.streams:
-            try:
-                await self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+        """Create the lanes' groups where missing (`shared/consumer_groups.py`)."""
+        await ensure_groups(self.redis, self.streams)
 
     async def take(self, streams: Sequence[str], count: int) -> Batch | None:
         """One non-blocking round trip: up to `count` new entries of the first of `streams`
@@ -88,8 +83,12 @@ class StreamReader:
         )
         return [(as_text(stream), await self._claim_rows(rows)) for stream, rows in reply or []]
 
-    async def gather(self, batch: Batch, max_items: int, delay_ms: float) -> Batch:
-        """Top a non-empty batch up from its own stream until full or `delay_ms` has passed."""
+    async def gather(
+        self, batch: Batch, max_items: int, delay_ms: float, preferred: Sequence[int] = ()
+    ) -> Batch:
+        """Top a non-empty batch up from its own stream until full or `delay_ms` has passed;
+        when the stream runs dry at one of the `preferred` sizes (a size that fills an engine's
+        shape bucket, as Triton's `preferred_batch_size`), stop there instead of waiting."""
         stream, deliveries = batch
         if not deliveries or delay_ms <= 0:
             return batch
@@ -99,9 +98,10 @@ class StreamReader:
             if remaining_ms <= 0:
                 break
             wanted = max_items - len(deliveries)
-            more = await self.take([stream], wanted) or next(
-                iter(await self.wait([stream], wanted, remaining_ms)), None
-            )
+            more = await self.take([stream], wanted)
+            if more is None and len(deliveries) in preferred:
+                break
+            more = more or next(iter(await self.wait([stream], wanted, remaining_ms)), None)
             if more is not None:
                 deliveries.extend(more[1])
         return batch
