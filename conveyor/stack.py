@@ -40,6 +40,7 @@ class Stack:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     valkey_command: list[str] = field(default_factory=list)
     metrics_ports: dict[str, int] = field(default_factory=dict)
+    commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -81,7 +82,7 @@ class Stack:
         self._spawn_valkey()
 
     def _spawn_valkey(self) -> None:
-        process = self._spawn("valkey", self.valkey_command, {})
+        process = self.spawn("valkey", self.valkey_command, {})
         self._wait(self._pings, "embedded valkey", process)
 
     base_url: str = ""
@@ -95,6 +96,25 @@ class Stack:
         return f"{socket.gethostname()}-{pid}"
 
     def start_producer(self, port: int, name: str = "producer", **env: str) -> str:
+        """Start a producer and return its URL once it is ready and answers as itself (its
+        instance id), not as some other server that already had the port."""
+        instance = env.get("CONVEYOR_INSTANCE_ID", name)
+        process = self.start_producer_process(port, name, **env)
+        base_url = f"http://127.0.0.1:{port}"
+        self._wait(lambda: _ready(base_url), f"{name} at {base_url}", process)
+        answering = _instance(base_url)
+        if answering != instance:
+            raise RuntimeError(
+                f"{base_url} answers as producer {answering!r}, not {instance!r}: "
+                "another server has the port"
+            )
+        self.base_url = self.base_url or base_url
+        return base_url
+
+    def start_producer_process(
+        self, port: int, name: str = "producer", **env: str
+    ) -> subprocess.Popen[bytes]:
+        """Spawn a producer on `port` without waiting for it (it may never be ready)."""
         command = [
             str(BIN / "uvicorn"),
             "producer_api.app:app",
@@ -104,11 +124,7 @@ class Stack:
             str(port),
             "--no-access-log",
         ]
-        self._spawn(name, command, {"CONVEYOR_INSTANCE_ID": name, **env})
-        base_url = f"http://127.0.0.1:{port}"
-        self._wait(lambda: _ready(base_url), f"{name} at {base_url}")
-        self.base_url = self.base_url or base_url
-        return base_url
+        return self.spawn(name, command, {"CONVEYOR_INSTANCE_ID": name, **env})
 
     def start_worker(self, models: str, name: str | None = None, **env: str) -> int:
         """Start a Celery worker serving `models` (`model` or `model:variant`, comma-separated);
@@ -127,7 +143,7 @@ class Stack:
         ]
         self.metrics_ports[name] = int(env.get("CONVEYOR_METRICS_PORT", free_port()))
         worker_env = {"CONVEYOR_METRICS_PORT": str(self.metrics_ports[name]), **env}
-        process = self._spawn(name, command, {"CONVEYOR_MODELS": models, **worker_env})
+        process = self.spawn(name, command, {"CONVEYOR_MODELS": models, **worker_env})
         streams = self._streams(models, env)
         consumer = self.consumer_name(process.pid)
         self._wait(lambda: self._consuming(consumer, streams), f"worker {name}", process)
@@ -148,7 +164,19 @@ class Stack:
         for name in sorted(reversed(list(self.processes)), key=lambda n: n == "valkey"):
             self.stop_process(name)
 
-    def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def respawn(self, name: str) -> subprocess.Popen[bytes]:
+        """Start `name` again as it was first started (same command, environment and log)."""
+        return self.spawn(name, *self.commands[name])
+
+    def log_tail(self, name: str, lines: int = 20) -> list[str]:
+        """The last `lines` lines `name` wrote."""
+        path = self.log_dir / f"{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return text.splitlines()[-lines:]
+
+    def spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start a child named `name`, its output appended to `<log_dir>/<name>.log`."""
+        self.commands[name] = (command, env)
         log = (self.log_dir / f"{name}.log").open("ab")
         # A session of its own: a terminal's Ctrl-C reaches only `conveyor up`, which then
         # stops the children in order (workers drain on SIGTERM).
@@ -206,6 +234,12 @@ class Stack:
                 raise RuntimeError(f"{what} exited with {process.returncode}; see {self.log_dir}")
             time.sleep(0.2)
         raise TimeoutError(f"{what} not ready after {timeout:.0f}s; see {self.log_dir}")
+
+
+def _instance(base_url: str) -> str:
+    """The instance id of the producer answering at `base_url`."""
+    answer: str = httpx.get(f"{base_url}/healthz", timeout=5.0).json().get("instance", "")
+    return answer
 
 
 def _ready(base_url: str) -> bool:

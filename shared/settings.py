@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     # API keys (shared/api_keys.py); `disabled` serves everyone as tenant "default" (local use).
     auth: Literal["enabled", "disabled"] = "enabled"
     dev_api_key: str = ""
+    # `conveyor up`'s logs, embedded Valkey data, dev key and stack.json (read by the CLI).
+    state_dir: Path = Path("var/run")
     # Per-key defaults; a key may carry its own (`conveyor keys create --rate ...`).
     rate_limit_per_s: float = Field(default=100.0, gt=0)
     rate_limit_burst: int = Field(default=200, ge=1)

@@ -208,6 +208,7 @@ def test_models_lists_partitions_with_queue_stats(base_url: str, identity_worker
 
 
 def test_health_and_readiness(base_url: str) -> None:
-    assert httpx.get(f"{base_url}/healthz", timeout=10).json() == {"status": "ok"}
+    health = httpx.get(f"{base_url}/healthz", timeout=10).json()
+    assert health == {"status": "ok", "instance": "producer"}  # the stack's instance id
     ready = httpx.get(f"{base_url}/readyz", timeout=10).json()
     assert ready["status"] == "ready" and "minilm" in ready["models"]

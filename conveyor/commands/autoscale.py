@@ -4,7 +4,6 @@ depth with KEDA's formula, until Ctrl-C (which drains them)."""
 from __future__ import annotations
 
 import functools
-import os
 import signal
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ import click
 import redis
 
 from autoscaling.local_autoscaler import PoolScaler
+from conveyor.local_stack import redis_url
 from conveyor.stack import Stack
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
@@ -28,7 +28,7 @@ from shared.settings import get_settings
 def command(models: str, interval: float | None, state_dir: Path) -> None:
     """Scale workers between each model's min and max replicas, as KEDA would."""
     settings = get_settings()
-    stack = Stack.create(state_dir, os.environ.get("CONVEYOR_REDIS_URL", settings.redis_url))
+    stack = Stack.create(state_dir, redis_url(settings))
     keys = Keys(settings.key_prefix)
     partitions = ModelRepository.load(settings.model_repository).partitions(models.split(","))
     scalers = [

@@ -2,33 +2,28 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import click
+import redis.asyncio as aioredis
 
+from conveyor.local_stack import with_redis
 from shared.dead_letters import DeadLetters
 from shared.job_store import JobStore
 from shared.keys import Keys
-from shared.redis_client import connect
-from shared.settings import get_settings
+from shared.settings import Settings
 
 T = TypeVar("T")
 
 
 def _run(model: str, variant: str, action: Callable[[DeadLetters], Awaitable[T]]) -> T:
-    async def main() -> T:
-        settings = get_settings()
-        client = connect(settings.redis_url)
+    async def on(client: aioredis.Redis, settings: Settings) -> T:
         keys = Keys(settings.key_prefix)
-        try:
-            store = JobStore(client, keys, settings.result_ttl_s)
-            return await action(DeadLetters(store, keys, model, variant))
-        finally:
-            await client.aclose()
+        store = JobStore(client, keys, settings.result_ttl_s)
+        return await action(DeadLetters(store, keys, model, variant))
 
-    return asyncio.run(main())
+    return with_redis(on)
 
 
 @click.group("dlq")

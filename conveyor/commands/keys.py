@@ -8,14 +8,16 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from shared.api_keys import SCOPES, ApiKey, ApiKeyStore, InvalidKeySpec, KeySpec
+from conveyor.local_stack import with_redis
+from shared.api_keys import SCOPES, ApiKey, ApiKeyStore, InvalidKeySpec, KeySpec, key_id_of
 from shared.keys import Keys
 from shared.redis_client import connect
-from shared.settings import Settings, get_settings
+from shared.settings import Settings
 
 T = TypeVar("T")
 DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -23,27 +25,50 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 DEV_KEY_SPEC = KeySpec(tenant="dev", scopes=frozenset(SCOPES), name="development key (conveyor up)")
 
 
-def _run(action: Callable[[ApiKeyStore], Awaitable[T]], settings: Settings | None = None) -> T:
-    async def main() -> T:
-        chosen = settings or get_settings()
-        client = connect(chosen.redis_url)
+def _run(action: Callable[[ApiKeyStore], Awaitable[T]]) -> T:
+    return with_redis(
+        lambda client, settings: action(ApiKeyStore(client, Keys(settings.key_prefix)))
+    )
+
+
+def dev_key(settings: Settings, key_file: Path) -> str:
+    """The development key `conveyor up` prints and keeps in `key_file` (mode 0600):
+    CONVEYOR_DEV_API_KEY if set (so scripts can use a known key), else the previous run's key
+    while Redis still accepts it, else a fresh one. Every other development key is revoked, so
+    repeated `make up` leaves one admin key active, not one more each time."""
+    previous = key_file.read_text().strip() if key_file.exists() else ""
+
+    async def choose() -> str:
+        client = connect(settings.redis_url, blocks_ms=0)
         try:
-            return await action(ApiKeyStore(client, Keys(chosen.key_prefix)))
+            store = ApiKeyStore(client, Keys(settings.key_prefix))
+            key = await _dev_key(store, settings.dev_api_key, previous)
+            await _revoke_dev_keys_but(store, key_id_of(key))
+            return key
         finally:
             await client.aclose()
 
-    return asyncio.run(main())
+    key = asyncio.run(choose())
+    key_file.touch(mode=0o600)
+    key_file.write_text(key + "\n")
+    return key
 
 
-def create_dev_key(settings: Settings) -> str:
-    """The development key `conveyor up` prints: CONVEYOR_DEV_API_KEY if set (so scripts can
-    use a known key), else a fresh random one."""
+async def _dev_key(store: ApiKeyStore, chosen: str, previous: str) -> str:
+    if not chosen and previous:
+        record = await store.verify(previous)
+        if record is not None and record.refusal(time.time()) is None:
+            return previous
+    key, _ = await store.create(DEV_KEY_SPEC, chosen or None)
+    return key
 
-    async def create(store: ApiKeyStore) -> str:
-        key, _ = await store.create(DEV_KEY_SPEC, settings.dev_api_key or None)
-        return key
 
-    return _run(create, settings)
+async def _revoke_dev_keys_but(store: ApiKeyStore, key_id: str) -> None:
+    now = time.time()
+    for record in await store.list():
+        is_dev = record.spec.name == DEV_KEY_SPEC.name and record.spec.tenant == DEV_KEY_SPEC.tenant
+        if is_dev and record.key_id != key_id and record.refusal(now) is None:
+            await store.revoke(record.key_id)
 
 
 def _seconds(duration: str | None) -> float:

@@ -1,16 +1,21 @@
-"""`conveyor up`: the whole pipeline on this machine (what `make up` runs), until Ctrl-C."""
+"""`conveyor up`: the whole pipeline on this machine (what `make up` runs), supervised until
+Ctrl-C: a child that dies is restarted (`conveyor/supervisor.py`), and the CLI finds the stack
+through `<state dir>/stack.json` (`conveyor/local_stack.py`)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
 import click
 
-from conveyor.commands.keys import create_dev_key
+from conveyor.commands.keys import dev_key
+from conveyor.local_stack import StackState
 from conveyor.stack import Stack
+from conveyor.supervisor import Supervisor
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
 
@@ -29,8 +34,12 @@ Conveyor is up: producer {url}, workers for {models}.
   # models and their queues
   curl -s {url}/v1/models{auth}
 
-Ctrl-C stops everything (workers drain first).
+  # the CLI (.venv/bin/conveyor) and the SDK from another shell
+  export CONVEYOR_REDIS_URL={redis_url} CONVEYOR_URL={url}{key_export}
+
+Ctrl-C stops everything (workers drain first); a child that dies is restarted.
 """
+SUPERVISE_EVERY_S = 0.5
 
 
 @click.command("up")
@@ -38,43 +47,72 @@ Ctrl-C stops everything (workers drain first).
 @click.option("--models", default=None, help="Comma-separated models; default: all examples.")
 @click.option(
     "--state-dir",
-    default=Path("var/run"),
+    default=None,
     type=click.Path(path_type=Path),
-    help="Logs and the embedded server's data.",
+    help="Logs, the embedded server's data, the dev key, stack.json (CONVEYOR_STATE_DIR).",
 )
-def command(port: int | None, models: str | None, state_dir: Path) -> None:
+def command(port: int | None, models: str | None, state_dir: Path | None) -> None:
     """Run the pipeline: embedded Valkey (unless CONVEYOR_REDIS_URL), producer, one worker each."""
     settings = get_settings()
+    port = port or settings.port
+    state_dir = state_dir or settings.state_dir
     names = (
         models.split(",")
         if models
         else list(ModelRepository.load(settings.model_repository).models)
     )
+    _refuse_taken(port)
     redis_url = os.environ.get("CONVEYOR_REDIS_URL")
     valkey_config = {"appendonly": "yes"} if redis_url is None else None
     stack = Stack.create(state_dir, redis_url, valkey_config)
     try:
-        url = stack.start_producer(port or settings.port)
+        url = stack.start_producer(port, CONVEYOR_INSTANCE_ID=f"up-{os.getpid()}")
         for name in names:
             stack.start_worker(name)
-        click.echo(EXAMPLES.format(url=url, models=", ".join(names), **_auth(stack)), nl=True)
-        _wait_for_signal(stack)
+        key_file = state_dir / "dev-api-key"
+        auth = _auth(stack, key_file)
+        StackState(stack.redis_url, url, str(key_file) if auth["auth"] else "").write(state_dir)
+        banner = EXAMPLES.format(
+            url=url, models=", ".join(names), redis_url=stack.redis_url, **auth
+        )
+        click.echo(banner, nl=True)
+        _supervise(stack)
     finally:
         click.echo("stopping: workers drain their batches first")
+        StackState.remove(state_dir)
         stack.stop()
 
 
-def _auth(stack: Stack) -> dict[str, str]:
-    """Auth stays on under `make up`: a development key is created and shown instead."""
+def _refuse_taken(port: int) -> None:
+    """Another server on the port would answer in our place: say so instead of starting."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise click.ClickException(
+                f"port {port} is in use ({exc.strerror}): another `conveyor up`? "
+                "Stop it, or choose another port with --port or CONVEYOR_PORT."
+            ) from None
+
+
+def _auth(stack: Stack, key_file: Path) -> dict[str, str]:
+    """Auth stays on under `make up`: a development key is chosen (reused from the previous
+    run when it still works) and shown instead."""
     settings = get_settings()
     if settings.auth == "disabled":
-        return {"key_note": "\nAuth is disabled (CONVEYOR_AUTH=disabled).", "auth": ""}
-    key = create_dev_key(settings.model_copy(update={"redis_url": stack.redis_url}))
-    note = f"\nDevelopment API key (tenant dev, all scopes): {key}"
-    return {"key_note": note, "auth": f" -H 'authorization: Bearer {key}'"}
+        note = "\nAuth is disabled (CONVEYOR_AUTH=disabled)."
+        return {"key_note": note, "auth": "", "key_export": ""}
+    key = dev_key(settings.model_copy(update={"redis_url": stack.redis_url}), key_file)
+    return {
+        "key_note": f"\nDevelopment API key (tenant dev, all scopes): {key}",
+        "auth": f" -H 'authorization: Bearer {key}'",
+        "key_export": f" CONVEYOR_API_KEY=$(cat {key_file})",
+    }
 
 
-def _wait_for_signal(stack: Stack) -> None:
+def _supervise(stack: Stack) -> None:
+    """Restart children that die until SIGINT or SIGTERM."""
     stopping = False
 
     def _stop(signum: int, _frame: object) -> None:
@@ -83,8 +121,7 @@ def _wait_for_signal(stack: Stack) -> None:
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
+    supervisor = Supervisor(stack, lambda line: click.echo(line, err=True))
     while not stopping:
-        for name, process in stack.processes.items():
-            if process.poll() is not None:
-                raise click.ClickException(f"{name} exited with {process.returncode}")
-        time.sleep(0.5)
+        supervisor.check()
+        time.sleep(SUPERVISE_EVERY_S)

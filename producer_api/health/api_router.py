@@ -19,8 +19,9 @@ READY_TIMEOUT_S = 0.5
 
 
 @router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+async def healthz(state: Annotated[ProducerState, Depends(producer_state)]) -> dict[str, str]:
+    """Alive, and which producer this is (`conveyor up` checks its port answers as its own)."""
+    return {"status": "ok", "instance": state.settings.instance_id}
 
 
 @router.get("/readyz")

@@ -1,0 +1,76 @@
+"""How the CLI finds the stack `conveyor up` runs on this machine: `up` writes its Redis URL,
+producer URL and development key file to `<CONVEYOR_STATE_DIR>/stack.json` (the embedded
+Valkey listens on a random port), and the Redis-backed commands (`keys`, `dlq`, `autoscale`)
+read it when `CONVEYOR_REDIS_URL` is not set. A Redis they cannot reach ends the command with
+one line that says where they looked, not a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import click
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shared.redis_client import connect
+from shared.settings import Settings, get_settings
+
+T = TypeVar("T")
+STATE_FILE = "stack.json"
+
+
+@dataclass(frozen=True)
+class StackState:
+    redis_url: str
+    producer_url: str
+    dev_key_file: str
+
+    def write(self, state_dir: Path) -> Path:
+        path = state_dir / STATE_FILE
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def read(cls, state_dir: Path) -> StackState | None:
+        path = state_dir / STATE_FILE
+        return cls(**json.loads(path.read_text())) if path.exists() else None
+
+    @staticmethod
+    def remove(state_dir: Path) -> None:
+        (state_dir / STATE_FILE).unlink(missing_ok=True)
+
+
+def redis_url(settings: Settings) -> str:
+    """CONVEYOR_REDIS_URL when set, else the running `conveyor up`'s, else the default."""
+    if "CONVEYOR_REDIS_URL" in os.environ:
+        return settings.redis_url
+    state = StackState.read(settings.state_dir)
+    return state.redis_url if state is not None else settings.redis_url
+
+
+def with_redis(action: Callable[[aioredis.Redis, Settings], Awaitable[T]]) -> T:
+    """Run `action` on a client of the CLI's Redis; unreachable is one clear line."""
+    settings = get_settings()
+    url = redis_url(settings)
+
+    async def main() -> T:
+        client = connect(url, blocks_ms=0)
+        try:
+            return await action(client, settings)
+        finally:
+            await client.aclose()
+
+    try:
+        return asyncio.run(main())
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise click.ClickException(
+            f"cannot reach Redis at {url} ({exc}); start the stack with `conveyor up`, "
+            f"or set CONVEYOR_REDIS_URL (or CONVEYOR_STATE_DIR to the `conveyor up` state dir)"
+        ) from None

@@ -1,0 +1,166 @@
+"""`conveyor up` supervises instead of giving up: kill -9 a worker while jobs flow, and the
+producer keeps answering, a new worker takes over, and every accepted job succeeds. A child
+that keeps dying is marked failed with its last log lines while the others keep running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+import yaml
+
+from conveyor.local_stack import StackState
+from conveyor.stack import Stack, free_port
+from conveyor.supervisor import CRASH_LOOP_EXITS, Supervisor
+from shared.keys import GROUP
+from tests.conftest import REPO_ROOT, until
+
+pytestmark = pytest.mark.slow
+CONVEYOR = str(Path(sys.executable).parent / "conveyor")
+QUEUE = "cv:q:identity:default"
+
+
+def _repository(folder: Path) -> Path:
+    """The identity model alone, with a short visibility timeout: the dead worker's entries
+    are reclaimed in seconds rather than a minute."""
+    config = yaml.safe_load((REPO_ROOT / "model_repository/identity/config.yaml").read_text())
+    config["queue"] = {**config.get("queue", {}), "visibility_timeout_s": 3}
+    (folder / "identity").mkdir(parents=True)
+    (folder / "identity/config.yaml").write_text(yaml.safe_dump(config))
+    return folder
+
+
+def _worker_pids(client: redis.Redis) -> set[int]:
+    consumers = client.xinfo_consumers(QUEUE, GROUP)
+    return {int(c["name"].rsplit("-", 1)[1]) for c in consumers}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Submitter(threading.Thread):
+    """Submits identity jobs until stopped; every answer must be 202 (the producer serves)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self.accepted: list[str] = []
+        self.refused: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            while not self.stop.wait(0.05):
+                response = client.post("/v1/jobs", json={"model": "identity", "inputs": {"n": 1}})
+                if response.status_code == 202:
+                    self.accepted.append(response.json()["id"])
+                else:
+                    self.refused.append(f"{response.status_code} {response.text}")
+
+
+def test_killed_worker_is_replaced_and_no_accepted_job_is_lost(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "CONVEYOR_REDIS_URL"}
+    state_dir = tmp_path / "run"
+    up = subprocess.Popen(
+        [
+            CONVEYOR,
+            "up",
+            "--models",
+            "identity",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(state_dir),
+        ],
+        env={
+            **env,
+            "PYTHONUNBUFFERED": "1",
+            "CONVEYOR_AUTH": "disabled",
+            "CONVEYOR_MODEL_REPOSITORY": str(_repository(tmp_path / "repository")),
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert up.stdout is not None
+        lines: list[str] = []
+        while not any("Conveyor is up" in line for line in lines):
+            line = up.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        output = threading.Thread(target=lambda: lines.extend(up.stdout or []), daemon=True)
+        output.start()
+        state = StackState.read(state_dir)
+        assert state is not None
+        client = redis.Redis.from_url(state.redis_url, decode_responses=True)
+        (victim,) = _worker_pids(client)
+        submitter = Submitter(state.producer_url)
+        submitter.start()
+        try:
+            until(lambda: len(submitter.accepted) >= 20, timeout=60)
+            os.kill(victim, signal.SIGKILL)
+            replaced = until(lambda: {p for p in _worker_pids(client) if _alive(p)} - {victim}, 90)
+            count = len(submitter.accepted)
+            until(lambda: len(submitter.accepted) >= count + 20, timeout=60)  # still serving
+        finally:
+            submitter.stop.set()
+            submitter.join()
+        assert submitter.refused == []
+        assert any("identity: exited with -9; restarting" in line for line in lines), lines
+        assert len(replaced) == 1
+
+        def ended() -> list[str] | None:
+            statuses = [client.hget(f"cv:job:{i}", "status") for i in submitter.accepted]
+            terminal = {"succeeded", "failed", "cancelled", "expired"}
+            return statuses if all(s in terminal for s in statuses) else None
+
+        statuses = until(ended, timeout=120)
+        assert set(statuses) == {"succeeded"}, statuses
+        client.close()
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=60) == 0
+        assert StackState.read(state_dir) is None  # gone with the stack
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+def test_crash_loop_marks_the_child_failed_and_the_others_keep_running(tmp_path: Path) -> None:
+    stack = Stack.create(tmp_path, redis_url="redis://127.0.0.1:1/0")  # no Redis needed
+    crash = "import sys; print('cannot start: model file missing', flush=True); sys.exit(3)"
+    stack.spawn("crasher", [sys.executable, "-c", crash], {})
+    survivor = stack.spawn("survivor", [sys.executable, "-c", "import time; time.sleep(600)"], {})
+    said: list[str] = []
+    supervisor = Supervisor(stack, said.append)
+    try:
+
+        def failed() -> bool:
+            supervisor.check()
+            return "crasher" in supervisor.failed
+
+        until(failed, timeout=60)
+        restarts = [line for line in said if line.startswith("crasher: exited with 3")]
+        delays = [float(line.rsplit(" ", 1)[1].rstrip("s")) for line in restarts]
+        assert delays == sorted(delays) and delays[0] < delays[-1]  # backing off
+        assert len(restarts) == CRASH_LOOP_EXITS - 1
+        assert said[-1].startswith(f"crasher: failed ({CRASH_LOOP_EXITS} exits")
+        # its last log lines: each of its runs printed why it stopped
+        assert said[-1].count("| cannot start: model file missing") == CRASH_LOOP_EXITS
+        assert survivor.poll() is None and supervisor.failed == ["crasher"]
+    finally:
+        stack.stop()
