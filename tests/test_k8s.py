@@ -159,7 +159,8 @@ def test_gpu_pools_request_gpus_only_where_labelled(overlay):
         assert (gpus >= 1) == labelled, name
         assert ("gpu" in container["image"]) == labelled, name
         gpu_pools += labelled
-    assert gpu_pools == (2 if overlay == "prod" else 0)  # dev runs every pool on the CPU
+    # prod: minilm (ONNX and torch) and smollm2 on GPUs; dev runs every pool on the CPU
+    assert gpu_pools == (3 if overlay == "prod" else 0)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
