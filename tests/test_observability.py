@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -94,11 +95,17 @@ def test_worker_logs_are_json_with_job_ids(stack: Stack, identity_worker: int) -
     job = httpx.post(
         f"{stack.base_url}/v1/models/identity/predict", json={"inputs": {"log": 1}}, timeout=30
     ).json()
-    lines = (stack.log_dir / "identity-default.log").read_text().splitlines()
-    events = [json.loads(line) for line in lines if line.startswith("{")]
-    batch_events = [e for e in events if e.get("message") == "batch finished"]
-    assert any(job["id"] in e["job_ids"] for e in batch_events)
-    assert all({"time", "level", "name", "trace_id"} <= e.keys() for e in batch_events)
+
+    def batch_events() -> list[dict[str, Any]] | None:
+        """The worker's "batch finished" lines, once the one for this job is written (the
+        reply is published before the worker logs the micro-batch)."""
+        lines = (stack.log_dir / "identity-default.log").read_text().splitlines()
+        events = [json.loads(line) for line in lines if line.startswith("{")]
+        batches = [e for e in events if e.get("message") == "batch finished"]
+        return batches if any(job["id"] in e["job_ids"] for e in batches) else None
+
+    logged: list[dict[str, Any]] = until(batch_events, timeout=10)
+    assert all({"time", "level", "name", "trace_id"} <= e.keys() for e in logged)
 
 
 @pytest.fixture
