@@ -45,10 +45,9 @@ def print_canary(view: dict[str, Any], events: int) -> None:
     )
     for item in view["events"][-events:]:
         numbers = "".join(
-            f"  {side} {item[side]['requests']} req, {item[side]['error_rate']:.2%} errors,"
-            f" p99 {item[side]['p99_ms']} ms"
-            for side in ("canary", "baseline")
-            if side in item
+            f"  {side} {seen['requests']} req, {seen['error_rate']:.2%} errors,"
+            f" p99 {seen['p99_ms']} ms"
+            for side, seen in item.get("numbers", {}).items()
         )
         reason = f" ({item['reason']})" if item.get("reason") else ""
         click.echo(f"  {item['at']:.0f} {item['type']} -> {item['weight']:g} %{reason}{numbers}")

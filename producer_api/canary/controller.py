@@ -134,7 +134,7 @@ class CanaryController:
             "state": canary.state,
             "weight": canary.weight,
             "reason": reason,
-            **seen,
+            "numbers": seen,
         }
         await self.store.record(canary.model, record)
         log.info("canary %s:%s %s at %g%%", canary.model, canary.variant, kind, canary.weight)

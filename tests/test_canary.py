@@ -1,0 +1,185 @@
+"""Canary rollouts on the real pipeline while traffic flows: a variant whose engine fails 20 % of
+inputs is rolled back to 0 % with the numbers in its event (and its webhook), a healthy one
+climbs every step to 100 %, an abort puts the canary back to 0 %, and bad starts get a 4xx."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from conveyor.cli import main
+from shared.codec import loads
+from tests.conftest import REPO_ROOT, running_stack, until
+from tests.webhook_receiver import Receiver, serving
+
+TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    with serving() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[str]:
+    with running_stack(
+        tmp_path_factory.mktemp("canary-stack"),
+        CONVEYOR_MODEL_REPOSITORY=str(TRAFFIC),
+        PYTHONPATH=str(REPO_ROOT),  # the FaultEngine backend lives in tests/
+        CONVEYOR_AUTH="disabled",  # rollouts, not keys, are under test (test_routes has scopes)
+        CONVEYOR_WEBHOOK_SECRET="canary-secret",
+        CONVEYOR_WEBHOOK_ALLOWLIST=receiver.base,
+    ) as stack:
+        stack.start_worker("ab", name="ab-worker")
+        no_shadows = {"weights": {"stable": 100}, "shadows": {}}  # half the load on 2 cores
+        assert httpx.put(f"{stack.base_url}/v1/models/ab/routes", json=no_shadows).is_success
+        yield stack.base_url
+
+
+class Load:
+    """Distinct jobs for `ab` from a background thread (about 100 a second, random users)
+    until the block ends, so the canary always has fresh traffic to judge."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.sent = 0
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            for n in itertools.count():
+                if self.stop.wait(0.05):
+                    return
+                for i in range(5):
+                    job = {"model": "ab", "inputs": {"n": n * 5 + i, "salt": uuid.uuid4().hex}}
+                    client.post("/v1/jobs", json={**job, "routing_key": uuid.uuid4().hex})
+                    self.sent += 1
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def _start(url: str, **body: Any) -> httpx.Response:
+    return httpx.post(f"{url}/v1/models/ab/canary", json=body)
+
+
+def _status(url: str) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.get(f"{url}/v1/models/ab/canary").json()
+    return body
+
+
+def _weights(url: str) -> dict[str, float]:
+    weights: dict[str, float] = httpx.get(f"{url}/v1/models/ab/routes").json()["weights"]
+    return weights
+
+
+def _run(url: str, variant: str, **options: Any) -> dict[str, Any]:
+    """Start a canary and drive traffic until it ends; its final status."""
+    started = _start(url, variant=variant, **options)
+    assert started.status_code == 201, started.text
+    with Load(url):
+        until(lambda: _status(url)["canary"]["state"] != "running", timeout=90)
+    return _status(url)
+
+
+def test_a_failing_canary_rolls_back_with_its_numbers(url: str, receiver: Receiver) -> None:
+    hook = f"{receiver.base}/canary"
+    view = _run(
+        url,
+        "flaky",
+        steps=[50, 100],
+        interval_s=30,
+        max_error_rate=0.05,
+        max_p99_ms=5000,
+        min_requests=40,
+        webhook=hook,
+    )
+    canary, events = view["canary"], view["events"]
+    assert canary["state"] == "rolled_back" and canary["weight"] == 0
+    assert [e["type"] for e in events] == ["started", "step", "rolled_back"]
+    rollback = events[-1]
+    assert rollback["weight"] == 0 and "error rate" in rollback["reason"]
+    assert rollback["numbers"]["canary"]["requests"] >= 40
+    assert rollback["numbers"]["canary"]["error_rate"] > 0.05  # the engine fails 20 % of inputs
+    assert (
+        rollback["numbers"]["canary"]["errors"] / rollback["numbers"]["canary"]["requests"] > 0.05
+    )
+    assert rollback["numbers"]["baseline"]["error_rate"] == 0
+    assert _weights(url) == {"stable": 100.0, "flaky": 0.0}
+
+    def delivered() -> list[str]:
+        types = [loads(d["body"])["type"] for d in receiver.at("/canary")]
+        return types if "model.canary.rolled_back" in types else []
+
+    types = until(delivered, timeout=30)
+    assert {"model.canary.started", "model.canary.step"} <= set(types)
+    payload = next(loads(d["body"]) for d in receiver.at("/canary") if b"rolled_back" in d["body"])
+    assert payload["data"]["numbers"] == rollback["numbers"]
+
+
+def test_a_healthy_canary_reaches_100_percent(url: str) -> None:
+    view = _run(
+        url,
+        "candidate",
+        steps=[50, 100],
+        interval_s=1,
+        max_error_rate=0.05,
+        max_p99_ms=5000,
+        min_requests=20,
+    )
+    canary, events = view["canary"], view["events"]
+    assert canary["state"] == "completed" and canary["weight"] == 100
+    assert [(e["type"], e["weight"]) for e in events[-4:]] == [
+        ("started", 0),
+        ("step", 50),
+        ("step", 100),
+        ("completed", 100),
+    ]
+    assert all(e["numbers"]["canary"]["requests"] >= 20 for e in events[-2:])
+    assert _weights(url)["candidate"] == 100
+    restored = httpx.put(f"{url}/v1/models/ab/routes", json={"weights": {"stable": 100}})
+    assert restored.status_code == 200, restored.text
+
+
+def test_abort_and_bad_starts(url: str) -> None:
+    bad: list[tuple[dict[str, Any], int, str]] = [
+        ({"variant": "nope"}, 422, "no serving variant 'nope'"),
+        ({"variant": "mirror"}, 422, "no serving variant 'mirror'"),
+        ({"variant": "stable"}, 422, "are one"),
+        ({"variant": "candidate", "steps": [50, 10]}, 422, "ascending"),
+        ({"variant": "candidate", "max_error_rate": -1}, 422, "max_error_rate"),
+        ({"variant": "candidate", "webhook": "http://evil.example/x"}, 422, "ALLOWLIST"),
+    ]
+    for body, code, words in bad:
+        response = _start(url, **body)
+        assert response.status_code == code, (body, response.text)
+        assert words in response.json()["error"]["message"], response.text
+    env = {"CONVEYOR_URL": url}
+    runner = CliRunner()
+    args = ["canary", "start", "ab", "candidate", "--steps", "10,100", "--interval", "1h"]
+    started = runner.invoke(main, args, env=env)
+    assert started.exit_code == 0, started.output
+    until(lambda: _weights(url).get("candidate") == 10)
+    assert _start(url, variant="candidate").status_code == 409
+    status = runner.invoke(main, ["canary", "status", "ab"], env=env)
+    assert "running, 10 %" in status.output, status.output
+    aborted = runner.invoke(main, ["canary", "abort", "ab"], env=env)
+    assert aborted.exit_code == 0 and "aborted, 0 %" in aborted.output, aborted.output
+    assert _weights(url).get("candidate") == 0 and _weights(url)["stable"] == 100
+    again = runner.invoke(main, ["canary", "abort", "ab"], env=env)
+    assert again.exit_code != 0 and "409" in again.output
