@@ -1,9 +1,11 @@
 """Webhook delivery as a Celery task, so a delivery outlives the process that asked for it:
 POST the signed event, retry with exponential backoff and jitter for a bounded time
-(`CONVEYOR_WEBHOOK_RETRY_FOR_S`), and record every attempt on the job's or batch's hash.
+(`CONVEYOR_WEBHOOK_RETRY_FOR_S`), and record every attempt on the hash of the job or of the
+Batch API job (target kind `batch`) the event is about.
 
-The producer sends it by name (`shared.webhook_events.WebhookDispatcher`) when a batch ends; the
-worker's result path can do the same for jobs that carry a webhook."""
+Events are queued by name (`shared.webhook_events.WebhookDispatcher`): by the producer when a
+Batch API job ends or a job is cancelled, by workers when a job with a webhook ends
+(`workers/partition/job_events.py`)."""
 
 from __future__ import annotations
 
