@@ -30,6 +30,8 @@ class Job(_Open):
     outputs: Any = None
     error: ErrorInfo | None = None
     timings: dict[str, float] = Field(default_factory=dict)
+    batch_size: int | None = None
+    attempts: int | None = None
     urls: dict[str, str] | None = None
 
     @property
@@ -57,6 +59,7 @@ class BatchCounts(_Open):
 
 class Batch(_Open):
     id: str
+    object: str = "batch"
     status: str
     model: str | None = None
     completion_window: str | None = None
@@ -114,14 +117,15 @@ class Event:
 
 
 class ChatMessage(_Open):
-    role: str
+    role: str = "assistant"
     content: str | None = None
 
 
 class ChatChoice(_Open):
-    index: int
+    index: int = 0
     message: ChatMessage
     finish_reason: str | None = None
+    logprobs: Any = None
 
 
 class Usage(_Open):
@@ -132,6 +136,8 @@ class Usage(_Open):
 
 class ChatCompletion(_Open):
     id: str
+    object: str = "chat.completion"
+    created: int = 0
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
@@ -147,12 +153,16 @@ class ChunkDelta(_Open):
 
 
 class ChunkChoice(_Open):
-    index: int
+    index: int = 0
     delta: ChunkDelta
     finish_reason: str | None = None
+    logprobs: Any = None
 
 
 class ChatCompletionChunk(_Open):
     id: str
+    object: str = "chat.completion.chunk"
+    created: int = 0
     model: str
     choices: list[ChunkChoice]
+    usage: Usage | None = None

@@ -51,13 +51,20 @@ class JobAccepted(BaseModel):
     urls: JobUrls
 
 
+class JobError(BaseModel):
+    """Why a job did not succeed: an exception's name, `DeadlineExceeded`, `DeadLettered`..."""
+
+    type: str
+    message: str
+
+
 class JobView(BaseModel):
     id: str
     status: str
     model: str | None = None
     variant: str | None = None
     outputs: Any = None
-    error: dict[str, str] | None = None
+    error: JobError | None = None
     timings: dict[str, float] = Field(default_factory=dict)
     batch_size: int | None = None
     attempts: int | None = None
