@@ -1,0 +1,131 @@
+"""Experiment statistics match a hand computation: a fixed fixture of finished jobs and shadow
+comparisons is recorded through the same Redis counters workers and producers write, and
+`GET /v1/experiments/{model}` (the producer app in-process, on a real Redis) reports the
+percentiles, success rates, shadow agreement, z-test and Mann-Whitney U computed here by hand."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from producer_api.app import create_app
+from shared.keys import Keys
+from shared.settings import Settings
+from shared.shadow_compare import Comparison
+from shared.variant_stats import VariantStats
+from tests.conftest import REPO_ROOT
+
+TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
+
+# stable: 200 jobs, the last 10 failed; candidate: 100 jobs, the last 20 failed. Service times
+# never tie across the two (x.0/x.5 against x.25/x.75), so Mann-Whitney needs no tie correction.
+STABLE = [(2.0 + (i % 7), 10.0 + i * 0.5, i < 190) for i in range(200)]
+CANDIDATE = [(3.0 + (j % 5), 5.25 + j * 0.5, j < 80) for j in range(100)]
+COMPARISONS = [Comparison(i < 8, 1.0 if i < 8 else 0.5, 2.0, 0) for i in range(10)]
+
+
+def _view(variant: str, queue_ms: float, service_ms: float, ok: bool) -> dict[str, Any]:
+    created = 1_000.0
+    started = created + queue_ms / 1000
+    return {
+        "model": "ab",
+        "variant": variant,
+        "status": "succeeded" if ok else "failed",
+        "timings": {
+            "created": created,
+            "started": started,
+            "finished": started + service_ms / 1000,
+        },
+    }
+
+
+def _percentile(values: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), by hand."""
+    ordered = sorted(values)
+    rank = p / 100 * (len(ordered) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _normal_two_sided(z: float) -> float:
+    return math.erfc(abs(z) / math.sqrt(2))
+
+
+@pytest.fixture
+async def api(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
+    stats = VariantStats(aredis, Keys())
+    await stats.record_views(_view("stable", *row) for row in STABLE)
+    await stats.record_views(_view("candidate", *row) for row in CANDIDATE)
+    for comparison in COMPARISONS:
+        await stats.add_counts("ab", "mirror", comparison.counts())
+    settings = Settings(
+        redis_url=redis_url, model_repository=TRAFFIC, auth="disabled", instance_id="experiments"
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+async def test_statistics_match_a_hand_computation(api: httpx.AsyncClient) -> None:
+    response = await api.get("/v1/experiments/ab", params={"window_s": 600})
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report["baseline"] == "stable"
+    by_name = {v["variant"]: v for v in report["variants"]}
+    assert set(by_name) == {"stable", "candidate", "flaky", "mirror"}
+
+    stable, candidate = by_name["stable"], by_name["candidate"]
+    assert (stable["requests"], stable["failed"], stable["success_rate"]) == (200, 10, 0.95)
+    assert (candidate["requests"], candidate["failed"], candidate["success_rate"]) == (100, 20, 0.8)
+    for row, rows in ((stable, STABLE), (candidate, CANDIDATE)):
+        for kind, values in (
+            ("queue", [q for q, _, _ in rows]),
+            ("service", [s for _, s, _ in rows]),
+            ("total", [q + s for q, s, _ in rows]),
+        ):
+            for p in (50, 95, 99):
+                got = row["latency_ms"][kind][f"p{p}"]
+                assert got == pytest.approx(_percentile(values, p), abs=1e-3), (kind, p)
+
+    pooled = (190 + 80) / 300
+    z = (80 / 100 - 190 / 200) / math.sqrt(pooled * (1 - pooled) * (1 / 200 + 1 / 100))
+    versus = candidate["vs_baseline"]
+    assert versus["success_rate_z"] == pytest.approx(z, abs=1e-6)
+    assert versus["success_rate_p"] == pytest.approx(_normal_two_sided(z), rel=1e-9)
+
+    mine, theirs = [s for _, s, _ in CANDIDATE], [s for _, s, _ in STABLE]
+    u = sum(1.0 for x in mine for y in theirs if x > y)
+    mu = len(mine) * len(theirs) / 2
+    sigma = math.sqrt(len(mine) * len(theirs) * (len(mine) + len(theirs) + 1) / 12)
+    assert versus["latency_u"] == u
+    p_latency = _normal_two_sided((abs(u - mu) - 0.5) / sigma)
+    assert versus["latency_p"] == pytest.approx(p_latency, rel=1e-9)
+    assert "success rate 80.0% is significantly lower than stable's 95.0%" in versus["verdict"]
+    assert "significantly faster than stable" in versus["verdict"]
+    assert stable["vs_baseline"] is None and by_name["flaky"]["vs_baseline"] is None
+
+    mirror = by_name["mirror"]
+    assert mirror["role"] == "shadow" and mirror["shadow_rate"] == 1.0
+    assert mirror["shadow"] == {
+        "pairs": 10,
+        "agreement": 0.8,
+        "mean_similarity": 0.9,
+        "mean_latency_delta_ms": 2.0,
+        "error_delta": 0.0,
+    }
+
+
+async def test_unknown_model_or_baseline_is_a_4xx(api: httpx.AsyncClient) -> None:
+    assert (await api.get("/v1/experiments/nope")).status_code == 404
+    response = await api.get("/v1/experiments/ab", params={"baseline": "nope"})
+    assert response.status_code == 422 and "no variant 'nope'" in response.text
+    negative = await api.get("/v1/experiments/ab", params={"window_s": -1})
+    assert negative.status_code == 422
