@@ -102,6 +102,11 @@ class PartResult:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+class Skipped(Exception):
+    """A part that cannot run on this machine (part G without CUDA); the message says what is
+    missing. Nothing is written for it, so an earlier run's results stay."""
+
+
 def ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else float("nan")
 

@@ -20,6 +20,7 @@ from benchmarks.report import (
     REPO_ROOT,
     RESULTS_DIR,
     PartResult,
+    Skipped,
     print_part,
     started_now,
     write_part,
@@ -32,6 +33,7 @@ PARTS = {
     "B": "benchmarks.batching_efficiency",
     "C": "benchmarks.llm_streaming",
     "D": "benchmarks.redis_cost",
+    "G": "benchmarks.gpu_engine",
 }
 
 
@@ -45,14 +47,19 @@ def run_parts(parts: list[str], scale: Scale, results_dir: Path) -> list[Path]:
         module = importlib.import_module(PARTS[part])
         run: Callable[[Scale, Path], PartResult] = module.run
         started, begin = started_now(), time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix=f"conveyor-bench-{part}-") as workdir:
-            result = run(scale, Path(workdir))
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"conveyor-bench-{part}-") as workdir:
+                result = run(scale, Path(workdir))
+        except Skipped as skipped:
+            console.print(f"[yellow]{skipped}[/]")
+            continue
         print_part(result, console)
         written.append(
             write_part(result, results_dir, scale.name, started, time.perf_counter() - begin)
         )
-    report = write_report(results_dir)
-    console.print(f"wrote {', '.join(str(p) for p in written)} and {report}")
+    if written:
+        report = write_report(results_dir)
+        console.print(f"wrote {', '.join(str(p) for p in written)} and {report}")
     return written
 
 

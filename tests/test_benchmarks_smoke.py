@@ -112,3 +112,19 @@ def test_part_c_llm_streaming(tmp_path: Path) -> None:
     for run in runs:
         assert run["generations"] >= SMOKE.llm_requests and run["tokens"] > 0, run
         assert run["tokens_per_s"] > 0 and run["ttft_p50_ms"] > 0
+
+
+def test_part_g_gpu_engine(tmp_path: Path) -> None:
+    """Without CUDA part G says why and writes nothing (no numbers it did not measure)."""
+    from benchmarks.gpu_engine import BATCHES, JOB_SIZES, cuda_missing
+
+    if cuda_missing() is not None:
+        assert run_parts(["G"], SMOKE, tmp_path) == []
+        assert list(tmp_path.iterdir()) == []
+        return
+    document = _run("G", tmp_path)
+    _check_common(document, "G", tmp_path)
+    assert document["data"]["gpu"] in (tmp_path / "REPORT.md").read_text()
+    assert [r["batch"] for r in document["data"]["engine"]] == list(BATCHES)
+    assert [p["texts"] for p in document["data"]["pipeline"]] == list(JOB_SIZES)
+    assert all(p["errors"] == 0 and p["sentences_per_s"] > 0 for p in document["data"]["pipeline"])

@@ -1,0 +1,218 @@
+"""Part G: the PyTorch engine on a GPU. In-process, one engine call (tokens already prepared,
+seq 32) at batch 1/32/64/256 in fp32 eager, fp16 eager and fp16 with CUDA graphs; then the
+pipeline serving `minilm:torch` for jobs of 1 and of 32 texts, as a share of the engine's own
+limit at the micro-batch those jobs make. Needs CUDA: without it the part is skipped (nothing is
+written, so an earlier GPU run's results stay)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.batching_efficiency import sentences
+from benchmarks.load import Target as LoadTarget
+from benchmarks.load import closed_loop, drive
+from benchmarks.pipeline_stack import ARTIFACT_DIR, running_stack, start_worker
+from benchmarks.report import PartResult, Skipped, Table, Target, ratio
+from benchmarks.scales import Scale
+from shared.model_repository import ModelRepository
+
+TITLE = "PyTorch engine on a GPU: fp16, CUDA graphs, pipeline ÷ engine"
+SEQ = 32
+BATCHES = (1, 32, 64, 256)
+# (label, dtype, CUDA graphs)
+MODES = (
+    ("fp32 eager", "fp32", False),
+    ("fp16 eager", "fp16", False),
+    ("fp16 + graph", "fp16", True),
+)
+# Texts per job → the engine batch one micro-batch of such jobs runs at (max_batch_size 32
+# jobs of 1 text; 32 jobs of 32 texts are split into calls of the largest bucket, 256).
+JOB_SIZES = {1: 32, 32: 256}
+CONCURRENCY = 64
+
+
+def cuda_missing() -> str | None:
+    """What stops the part on this machine, or None when a CUDA device is usable."""
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return f"torch {torch.__version__} is built without CUDA"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    return None
+
+
+def run(scale: Scale, workdir: Path) -> PartResult:
+    if reason := cuda_missing():
+        raise Skipped(f"part G skipped: {reason}; it measures nothing without a GPU")
+    import torch
+
+    gpu = torch.cuda.get_device_name(0)
+    engine_rows = engine_table_rows(scale)
+    pipeline_rows = pipeline_points(scale, workdir, engine_rows)
+    result = PartResult("G", TITLE)
+    result.tables = [_engine_table(engine_rows), _pipeline_table(pipeline_rows)]
+    result.targets = [
+        Target(
+            f"pipeline ÷ engine, jobs of {row['texts']} text(s)",
+            row["share"],
+            0.5,
+            True,
+            f"{row['sentences_per_s']:,.0f} of {row['engine_per_s']:,.0f} sentences/s",
+        )
+        for row in pipeline_rows
+    ]
+    result.notes = [
+        f"GPU: {gpu} (torch {torch.__version__}, CUDA {torch.version.cuda}).",
+        f"Engine: one `run`+`finish` of prepared tokens (batch x {SEQ}), median of "
+        f"{_iterations(scale)} calls; the pipeline: {CONCURRENCY} closed-loop clients over HTTP.",
+    ]
+    result.data = {"gpu": gpu, "engine": engine_rows, "pipeline": pipeline_rows}
+    return result
+
+
+def _iterations(scale: Scale) -> int:
+    return max(10, int(scale.seconds * 50))
+
+
+def _engine(dtype: str, graphs: bool) -> Any:
+    from workers.engines.torch_engine import TorchEngine
+
+    config = _repository().get("minilm")
+    assert config is not None
+    variant = config.variants["torch"]
+    options = {**variant.parameters["torch"], "device": "cuda", "dtype": dtype}
+    if not graphs:
+        options["cuda_graphs"] = None
+    variant = variant.model_copy(update={"parameters": {**variant.parameters, "torch": options}})
+    config = config.model_copy(update={"variants": {**config.variants, "torch": variant}})
+    engine = TorchEngine(config, "torch", str(ARTIFACT_DIR / "minilm"))
+    engine.load()
+    engine.warmup()
+    return engine
+
+
+def _repository() -> ModelRepository:
+    from benchmarks.pipeline_stack import MODEL_REPOSITORY
+
+    return ModelRepository.load(MODEL_REPOSITORY)
+
+
+def engine_table_rows(scale: Scale) -> list[dict[str, Any]]:
+    """Median ms per engine call for every batch and mode (a new engine per mode, freed after)."""
+    import torch
+
+    texts = sentences(max(BATCHES))
+    timings: dict[str, dict[int, float]] = {}
+    for label, dtype, graphs in MODES:
+        engine = _engine(dtype, graphs)
+        timings[label] = _time_calls(engine, texts, scale)
+        engine.close()
+        torch.cuda.empty_cache()
+    return [
+        {
+            "batch": batch,
+            **{label: timings[label][batch] for label, _, _ in MODES},
+            "graph_sentences_per_s": batch / timings["fp16 + graph"][batch] * 1000.0,
+        }
+        for batch in BATCHES
+    ]
+
+
+def _time_calls(engine: Any, texts: list[str], scale: Scale) -> dict[int, float]:
+    from workers.engines.torch_engine import PreparedBatch
+
+    timings = {}
+    for batch in BATCHES:
+        tokens = engine.encoder.tokenize(texts[:batch], pad_to=SEQ)
+        prepared = PreparedBatch([batch], [(tokens, batch)])
+        timings[batch] = _median_ms(lambda p=prepared: engine.finish(engine.run(p)), scale)
+    return timings
+
+
+def _median_ms(call: Any, scale: Scale) -> float:
+    for _ in range(3):
+        call()
+    samples = []
+    for _ in range(_iterations(scale)):
+        began = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - began) * 1000.0)
+    return statistics.median(samples)
+
+
+def pipeline_points(
+    scale: Scale, workdir: Path, engine_rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Sentences/s through the whole pipeline (HTTP, Redis, worker) for each job size."""
+    engine_rate = {row["batch"]: row["graph_sentences_per_s"] for row in engine_rows}
+    texts = sentences(1024, seed=1)
+    points = []
+    with running_stack(workdir) as stack:
+        start_worker(stack, workdir, "minilm:torch", "gpu-worker", {})
+        url = f"{stack.base_url}/v1/models/minilm/predict"
+        for per_job, engine_batch in JOB_SIZES.items():
+            bodies = [
+                {"inputs": {"texts": texts[i : i + per_job]}, "variant": "torch"}
+                for i in range(0, len(texts), per_job)
+            ]
+            load = drive(
+                closed_loop(
+                    LoadTarget.post(url, bodies),
+                    CONCURRENCY,
+                    scale.seconds,
+                    scale.max_requests,
+                    scale.warmup_s,
+                )
+            )
+            per_s = load.rps * per_job
+            points.append(
+                {
+                    "texts": per_job,
+                    "jobs_per_s": load.rps,
+                    "sentences_per_s": per_s,
+                    "p50_ms": load.percentile_ms(50),
+                    "errors": load.errors,
+                    "engine_batch": engine_batch,
+                    "engine_per_s": engine_rate[engine_batch],
+                    "share": ratio(per_s, engine_rate[engine_batch]),
+                }
+            )
+    return points
+
+
+def _engine_table(rows: list[dict[str, Any]]) -> Table:
+    labels = [label for label, _, _ in MODES]
+    return Table(
+        f"Engine in-process: ms per call (seq {SEQ})",
+        ["batch", *(f"{label} ms" for label in labels), "fp16 + graph sentences/s"],
+        [[r["batch"], *(r[label] for label in labels), r["graph_sentences_per_s"]] for r in rows],
+    )
+
+
+def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
+    return Table(
+        f"Pipeline serving minilm:torch ({CONCURRENCY} clients)",
+        [
+            "texts per job",
+            "jobs/s",
+            "sentences/s",
+            "p50 ms",
+            "engine limit /s",
+            "pipeline ÷ engine",
+        ],
+        [
+            [
+                r["texts"],
+                r["jobs_per_s"],
+                r["sentences_per_s"],
+                r["p50_ms"],
+                r["engine_per_s"],
+                r["share"],
+            ]
+            for r in rows
+        ],
+    )
