@@ -1,5 +1,5 @@
 """The producer ASGI app (`uvicorn producer_api.app:app`): wires routers, error handlers, the
-body limit, and, in its one lifespan, builds every Redis-backed service once and starts
+request boundary, and, in its one lifespan, builds every Redis-backed service once and starts
 and stops the background loops in order."""
 
 from __future__ import annotations
@@ -8,16 +8,14 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from producer_api.batch_api.api_router import router as batch_api_router
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.batch_api.sweeper import BatchApiSweeper
 from producer_api.canary.api_router import router as canary_router
-from producer_api.body_limit import BodyLimitMiddleware
 from producer_api.errors import install_error_handlers
 from producer_api.events.api_router import router as events_router
 from producer_api.experiments.api_router import router as experiments_router
@@ -29,14 +27,16 @@ from producer_api.metrics.api_router import router as metrics_router
 from producer_api.models.api_router import router as models_router
 from producer_api.openai.api_router import router as openai_router
 from producer_api.reply_listener import ReplyListener
+from producer_api.request_boundary import RequestBoundaryMiddleware
 from producer_api.routes.api_router import router as routes_router
 from producer_api.state import ProducerState
 from producer_api.token_hub import TokenHub
 from producer_api.traffic_control import TrafficControl
 from shared.api_keys import ApiKeyStore
 from shared.batch_api_store import BatchApiStore
+from shared.consumer_groups import ensure_groups
 from shared.job_store import JobStore
-from shared.keys import GROUP, Keys
+from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.rate_limit import InFlightLimiter, RateLimiter
 from shared.redis_client import connect
@@ -47,16 +47,15 @@ from shared.webhook_events import WebhookDispatcher
 log = logging.getLogger(__name__)
 
 
-async def _ensure_groups(client: aioredis.Redis, keys: Keys, repository: ModelRepository) -> None:
-    """Create every partition's group up front so lag is measurable (KEDA) before any worker."""
-    for config in repository:
-        for variant in config.variants:
-            for stream in (keys.queue(config.name, variant), keys.bulk_queue(config.name, variant)):
-                try:
-                    await client.xgroup_create(stream, GROUP, id="0", mkstream=True)
-                except ResponseError as exc:
-                    if "BUSYGROUP" not in str(exc):
-                        raise
+def _partition_streams(keys: Keys, repository: ModelRepository) -> list[str]:
+    """Both lanes of every partition: their groups exist up front, so lag is measurable
+    (KEDA) before any worker runs."""
+    return [
+        lane(config.name, variant)
+        for config in repository
+        for variant in config.variants
+        for lane in (keys.queue, keys.bulk_queue)
+    ]
 
 
 def build_state(settings: Settings) -> ProducerState:
@@ -64,7 +63,7 @@ def build_state(settings: Settings) -> ProducerState:
     one Redis pool and registers its Lua scripts here, not per request."""
     keys = Keys(settings.key_prefix)
     name = f"producer-{settings.instance_id}"
-    client = connect(settings.redis_url, name=name)
+    client = connect(settings.redis_url, name=name, blocks_ms=0)
     ttl_s = settings.result_ttl_s
     job_store = JobStore(client, keys, ttl_s)
     batch_store = BatchApiStore(client, keys, ttl_s)
@@ -99,7 +98,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state = build_state(settings)
     app.state.conveyor = state
     try:
-        await _ensure_groups(state.redis, state.keys, state.repository)
+        await ensure_groups(state.redis, _partition_streams(state.keys, state.repository))
         await state.replies.start()
     except RedisError as exc:
         log.warning("redis not reachable at startup (%s); readyz will say so", exc)
@@ -143,7 +142,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        RequestBoundaryMiddleware,
+        max_bytes=settings.max_body_bytes,
+        max_depth=settings.max_json_depth,
+    )
     app.add_middleware(HttpMetricsMiddleware)
     if configure_tracing("conveyor-producer"):
         FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
