@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.stack import free_port
+
 pytestmark = pytest.mark.slow
 CONVEYOR = str(Path(sys.executable).parent / "conveyor")
 
@@ -74,3 +76,15 @@ def test_submit_and_jobs(base_url: str, identity_worker: int) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert refused.returncode != 0 and "409 conflict" in refused.stderr
+
+
+def test_unreachable_redis_is_one_clear_line() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    env = {**os.environ, "CONVEYOR_REDIS_URL": url}
+    for args in (("keys", "list"), ("dlq", "list", "identity")):
+        result = subprocess.run(
+            [CONVEYOR, *args], capture_output=True, text=True, timeout=120, env=env, check=False
+        )
+        assert result.returncode == 1, result.stdout
+        assert result.stderr.startswith(f"Error: cannot reach Redis at {url} ("), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr

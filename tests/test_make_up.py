@@ -1,39 +1,47 @@
 """`make up` works: the same command it runs (`conveyor up`, after `conveyor models prepare`)
 starts the real stack with auth on, prints a development key (CONVEYOR_DEV_API_KEY chooses it),
-serves a job over HTTP to that key only, and stops cleanly on Ctrl-C."""
+serves a job over HTTP to that key only, and stops cleanly on Ctrl-C. Run again, it reuses its
+key (and revokes older development keys) instead of adding one more admin key; the CLI finds
+its Redis through the state file; and a taken port is refused with a clear message."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
+from conveyor.local_stack import StackState
 from conveyor.stack import free_port
+from tests.conftest import issue_key
 
 CONVEYOR = Path(sys.executable).parent / "conveyor"
+DEV_KEY_LINE = "Development API key (tenant dev, all scopes): "
 
 
-def test_conveyor_up_serves_embeddings_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+def _env(**extra: str) -> dict[str, str]:
+    own = ("CONVEYOR_REDIS_URL", "CONVEYOR_AUTH", "CONVEYOR_DEV_API_KEY", "CONVEYOR_STATE_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in own}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+@contextmanager
+def conveyor_up(state_dir: Path, models: str, **env: str) -> Iterator[tuple[int, list[str]]]:
+    """`conveyor up` on a free port until it says it is up: (port, its lines so far); Ctrl-C
+    on the way out, which must stop it cleanly."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("CONVEYOR_REDIS_URL", "CONVEYOR_AUTH")}
-    dev_key = "dev-key-for-make-up-test"
+    command = [str(CONVEYOR), "up", "--port", str(port), "--models", models]
     process = subprocess.Popen(
-        [
-            str(CONVEYOR),
-            "up",
-            "--port",
-            str(port),
-            "--models",
-            "identity,minilm",
-            "--state-dir",
-            str(tmp_path),
-        ],
-        env={**env, "PYTHONUNBUFFERED": "1", "CONVEYOR_DEV_API_KEY": dev_key},
+        [*command, "--state-dir", str(state_dir)],
+        env=_env(**env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -45,19 +53,88 @@ def test_conveyor_up_serves_embeddings_and_stops_on_ctrl_c(tmp_path: Path) -> No
         while time.monotonic() < deadline:
             line = process.stdout.readline()
             lines.append(line)
-            if "Conveyor is up" in line or process.poll() is not None:
+            if "Ctrl-C stops everything" in line or process.poll() is not None:  # banner's end
                 break
         assert any("Conveyor is up" in line for line in lines), "".join(lines)
-        assert f"Development API key (tenant dev, all scopes): {dev_key}\n" in lines
-        url = f"http://127.0.0.1:{port}/v1/models/minilm/predict"
-        body = {"inputs": {"texts": ["a queue in front of a model", "hello world"]}}
-        assert httpx.post(url, json=body, timeout=60).status_code == 401
-        response = httpx.post(url, json=body, headers={"X-API-Key": dev_key}, timeout=60)
-        assert response.status_code == 200, response.text
-        assert len(response.json()["outputs"]["embeddings"]) == 2
+        yield port, lines
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def _cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it in another shell: no CONVEYOR_REDIS_URL, only the state dir."""
+    return subprocess.run(
+        [str(CONVEYOR), *args],
+        env=_env(CONVEYOR_STATE_DIR=str(state_dir)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _printed_key(lines: list[str]) -> str:
+    return next(line for line in lines if line.startswith(DEV_KEY_LINE))[
+        len(DEV_KEY_LINE) :
+    ].strip()
+
+
+def test_conveyor_up_serves_embeddings_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    dev_key = "dev-key-for-make-up-test"
+    with conveyor_up(tmp_path, "identity,minilm", CONVEYOR_DEV_API_KEY=dev_key) as (port, lines):
+        assert f"{DEV_KEY_LINE}{dev_key}\n" in lines
+        url = f"http://127.0.0.1:{port}/v1/models/minilm/predict"
+        body = {"inputs": {"texts": ["a queue in front of a model", "hello world"]}}
+        assert httpx.post(url, json=body, timeout=60).status_code == 401
+        response = httpx.post(url, json=body, headers={"X-API-Key": dev_key}, timeout=60)
+        assert response.status_code == 200, response.text
+        assert len(response.json()["outputs"]["embeddings"]) == 2
+
+
+def test_make_up_reuses_its_dev_key_and_the_cli_finds_its_redis(tmp_path: Path) -> None:
+    with conveyor_up(tmp_path, "identity") as (port, lines):
+        first = _printed_key(lines)
+        state = StackState.read(tmp_path)
+        assert state is not None
+        assert state.producer_url == f"http://127.0.0.1:{port}"
+        assert Path(state.dev_key_file).read_text().strip() == first
+        exports = next(line for line in lines if line.strip().startswith("export "))
+        assert f"CONVEYOR_REDIS_URL={state.redis_url}" in exports
+        assert f"CONVEYOR_API_KEY=$(cat {state.dev_key_file})" in exports
+        # an older development key, as earlier `make up` runs left them
+        issue_key(state.redis_url, "dev", "admin", name="development key (conveyor up)")
+        listed = _cli(tmp_path, "dlq", "list", "identity")
+        assert listed.returncode == 0 and listed.stdout == "", listed.stderr
+    assert StackState.read(tmp_path) is None  # Ctrl-C took it away
+    with conveyor_up(tmp_path, "identity") as (port, lines):
+        assert _printed_key(lines) == first  # the same Valkey data: the same key
+        keys = [
+            json.loads(line)
+            for line in _cli(tmp_path, "keys", "list", "--json").stdout.splitlines()
+        ]
+        dev = [key for key in keys if key["tenant"] == "dev"]
+        assert sorted(key["state"] for key in dev) == ["API key revoked", "active"]
+        response = httpx.get(
+            f"http://127.0.0.1:{port}/v1/models", headers={"X-API-Key": first}, timeout=30
+        )
+        assert response.status_code == 200, response.text
+
+
+def test_conveyor_up_refuses_a_taken_port(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [str(CONVEYOR), "up", "--port", str(port), "--state-dir", str(tmp_path)],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode != 0
+    assert f"port {port} is in use" in result.stderr, result.stderr
+    assert not (tmp_path / "valkey").exists()  # refused before starting anything
