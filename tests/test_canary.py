@@ -21,6 +21,7 @@ from tests.webhook_receiver import Receiver, serving
 
 TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
 pytestmark = pytest.mark.slow
+BOUNDS = {"max_error_rate": 0.05, "max_p99_ms": 5000}
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +105,8 @@ def test_a_failing_canary_rolls_back_with_its_numbers(url: str, receiver: Receiv
         "flaky",
         steps=[50, 100],
         interval_s=30,
-        max_error_rate=0.05,
-        max_p99_ms=5000,
         min_requests=40,
+        **BOUNDS,
         webhook=hook,
     )
     canary, events = view["canary"], view["events"]
@@ -138,9 +138,8 @@ def test_a_healthy_canary_reaches_100_percent(url: str) -> None:
         "candidate",
         steps=[50, 100],
         interval_s=1,
-        max_error_rate=0.05,
-        max_p99_ms=5000,
         min_requests=20,
+        **BOUNDS,
     )
     canary, events = view["canary"], view["events"]
     assert canary["state"] == "completed" and canary["weight"] == 100

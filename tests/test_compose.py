@@ -35,6 +35,10 @@ METRICS = {
     "conveyor_ttft_seconds",
     "conveyor_tpot_seconds",
     "conveyor_tokens_generated_total",
+    "conveyor_route_weight",
+    "conveyor_canary_weight",
+    "conveyor_canary_state",
+    "conveyor_shadow_copies_total",
 }
 
 

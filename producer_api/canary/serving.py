@@ -10,6 +10,7 @@ from typing import Any
 from producer_api.auth.principal import Principal
 from producer_api.canary.protocol import CanaryStart
 from producer_api.errors import ConveyorError
+from producer_api.routes.serving import model_of
 from producer_api.state import ProducerState
 from shared.canary_store import Canary
 from shared.model_repository import ModelConfig
@@ -24,12 +25,7 @@ class CanaryService:
         self.controller = state.traffic.controller
 
     def config(self, model: str) -> ModelConfig:
-        config = self.state.repository.get(model)
-        if config is None:
-            raise ConveyorError(404, "not_found", f"model {model!r} not found")
-        if not self.principal.may_use(model):
-            raise ConveyorError(403, "forbidden", f"this API key may not use model {model!r}")
-        return config
+        return model_of(self.state, self.principal, model)
 
     async def start(self, model: str, body: CanaryStart) -> dict[str, Any]:
         config = self.config(model)

@@ -9,6 +9,7 @@ from typing import Any
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.experiments.statistics import summary, versus
+from producer_api.routes.serving import model_of
 from producer_api.state import ProducerState
 
 
@@ -18,9 +19,7 @@ class ExperimentsService:
         self.principal = principal
 
     async def report(self, model: str, window_s: float, baseline: str | None) -> dict[str, Any]:
-        config = self.state.repository.get(model)
-        if config is None or not self.principal.may_use(model):
-            raise ConveyorError(404, "not_found", f"model {model!r} not found")
+        config = model_of(self.state, self.principal, model)
         baseline = baseline or config.default_variant
         if baseline not in config.variants:
             raise ConveyorError(

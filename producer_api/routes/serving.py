@@ -15,6 +15,16 @@ from shared.route_store import VersionConflict
 from shared.routing import InvalidRoutes, Routes, UnknownVariant, seed_routes
 
 
+def model_of(state: ProducerState, principal: Principal, model: str) -> ModelConfig:
+    """The model an admin route acts on: 404 when unknown, 403 when the key may not use it."""
+    config = state.repository.get(model)
+    if config is None:
+        raise ConveyorError(404, "not_found", f"model {model!r} not found")
+    if not principal.may_use(model):
+        raise ConveyorError(403, "forbidden", f"this API key may not use model {model!r}")
+    return config
+
+
 class RoutesService:
     def __init__(self, state: ProducerState, principal: Principal) -> None:
         self.state = state
@@ -22,12 +32,7 @@ class RoutesService:
         self.store = state.traffic.route_store
 
     def config(self, model: str) -> ModelConfig:
-        config = self.state.repository.get(model)
-        if config is None:
-            raise ConveyorError(404, "not_found", f"model {model!r} not found")
-        if not self.principal.may_use(model):
-            raise ConveyorError(403, "forbidden", f"this API key may not use model {model!r}")
-        return config
+        return model_of(self.state, self.principal, model)
 
     async def show(self, model: str, history: int = 20) -> dict[str, Any]:
         config = self.config(model)
