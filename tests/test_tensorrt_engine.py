@@ -21,7 +21,11 @@ from tests.minilm_reference import (
     reference_embeddings,
     vectors,
 )
-from workers.engines.tensorrt_engine import BuildSettings, TensorRTEngine
+from workers.engines.tensorrt_engine import (
+    BuildSettings,
+    TensorRTEngine,
+    check_precision_supported,
+)
 
 on_tensorrt = needs_gpu("tensorrt", "pycuda")
 
@@ -111,3 +115,12 @@ def test_settings_refuse_what_tensorrt_cannot_build():
         BuildSettings.from_parameters({"precision": "int8"}, 32)
     with pytest.raises(ValueError, match="opt <= max"):
         BuildSettings.from_parameters({"opt_batch": 64}, 32)
+
+
+def test_weak_typing_and_implicit_int8_are_refused_on_tensorrt_11():
+    """TensorRT 11 removed BuilderFlag.FP16/INT8 and the calibrators; 10.x still has them."""
+    for precision in ("fp16", "int8"):
+        check_precision_supported("10.13.0", precision)
+        with pytest.raises(RuntimeError, match="removed in TensorRT 11"):
+            check_precision_supported("11.1.0", precision)
+    check_precision_supported("11.1.0", "fp32")

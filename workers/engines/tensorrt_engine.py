@@ -4,7 +4,16 @@ profile in FP32, FP16 or INT8, then runs each micro-batch through preallocated p
 
 Tokenisation and pooling are those of the ONNX Runtime engine (`text_encoding`), so both serve
 the same vectors. tensorrt and pycuda are imported inside methods: this module imports on any
-machine, and `tensorrt_available()` tells whether it can run."""
+machine, and `tensorrt_available()` tells whether it can run.
+
+Precision, reviewed against the TensorRT 10 and 11 Python API docs: FP16 here is "weak typing"
+(BuilderFlag.FP16 plus per-layer precision constraints, deprecated in 10.12) and INT8 is implicit
+quantization (IInt8EntropyCalibrator2, `int8_calibrator`, `set_calibration_profile`, deprecated
+in 10.1). Both still work on every TensorRT 10.x and both are removed in 11, whose replacements
+(strongly typed FP16 graphs from ModelOpt AutoCast, explicit Q/DQ quantization) need a graph
+rewritten by NVIDIA's ModelOpt toolchain that this project cannot install or test. So they stay,
+for TensorRT 10 only (the `gpu` extra pins it): on 11, `fp32` builds and the other precisions
+fail with an error that says so, instead of an AttributeError deep in the build."""
 
 from __future__ import annotations
 
@@ -32,6 +41,18 @@ from workers.engines.text_encoding import (
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "int8")
+# The first TensorRT release without weak typing and implicit INT8 calibration.
+STRONG_TYPING_ONLY = 11
+
+
+def check_precision_supported(tensorrt_version: str, precision: str) -> None:
+    """Refuse fp16/int8 builds on a TensorRT that removed the APIs they use (see above)."""
+    if int(tensorrt_version.split(".")[0]) >= STRONG_TYPING_ONLY and precision != "fp32":
+        raise RuntimeError(
+            f"precision {precision} uses weak typing / implicit INT8 calibration, removed in "
+            f"TensorRT {STRONG_TYPING_ONLY} (this is {tensorrt_version}); use TensorRT 10, or "
+            "precision fp32, or an ONNX graph already cast/quantized with NVIDIA ModelOpt"
+        )
 
 
 def tensorrt_available() -> bool:
@@ -123,6 +144,7 @@ def build_plan(onnx_path: Path, settings: BuildSettings, encoder: TextEncoder) -
     """Parse the ONNX graph and build a serialized engine (takes a minute or more on a GPU)."""
     import tensorrt as trt
 
+    check_precision_supported(trt.__version__, settings.precision)
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(0)  # TensorRT 10 networks are always explicit-batch
