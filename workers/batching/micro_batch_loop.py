@@ -47,7 +47,7 @@ class MicroBatchLoop:
         """Serve until asked to stop; the micro-batch in hand is finished and acknowledged (or,
         when Redis is gone at stop, left pending for another worker to reclaim). Redis outages
         pause the loop (capped backoff) without losing the consumer's entries."""
-        backoff = Backoff(self.stopping)
+        backoff = Backoff(self.stopping, self.partition.name)
         while not self.stopping.is_set():
             try:
                 await self.step()
@@ -101,7 +101,9 @@ class MicroBatchLoop:
         model, variant = self.partition.labels
         finishes = skipped + [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
         with tracer.start_as_current_span("write"):
-            await until_done(lambda: self.writer.finish(stream, finishes), self.stopping)
+            await until_done(
+                lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name
+            )
         record_batch(model, variant, finishes, outcomes)
         if runnable:
             log_batch(model, runnable, outcomes)

@@ -81,7 +81,7 @@ class GenerateLoop:
 
     async def _admit_loop(self, publisher: asyncio.Task[None]) -> None:
         """Admit until asked to stop, or until the publisher died (its error then surfaces)."""
-        backoff = Backoff(self.stopping)
+        backoff = Backoff(self.stopping, self.partition.name)
         while not self.stopping.is_set() and not publisher.done():
             try:
                 await self._admit()
@@ -169,7 +169,9 @@ class GenerateLoop:
                 expire.add(job.job_id)
         ended_ids = {job.job_id for job in ended}
         watch = [job_id for job_id in stepped if job_id not in ended_ids]
-        statuses = await until_done(lambda: self.tokens.write(events, expire, watch), self.stopping)
+        statuses = await until_done(
+            lambda: self.tokens.write(events, expire, watch), self.stopping, self.partition.name
+        )
         self._observe_step(chunks, len(stepped))
         await self._abort_ended(statuses)
         await self._finish(ended)
@@ -216,7 +218,9 @@ class GenerateLoop:
     async def _settle(self, stream: str, finishes: list[Finish]) -> None:
         """Write results, reply, XACK and XDEL in one script call, then notify and count."""
         if finishes:
-            await until_done(lambda: self.writer.finish(stream, finishes), self.stopping)
+            await until_done(
+                lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name
+            )
             record_batch(*self.partition.labels, finishes, [])
 
     def _observe_job(self, job: RunningJob) -> None:

@@ -35,6 +35,11 @@ class Partition:
         return self.online, self.bulk
 
     @property
+    def name(self) -> str:
+        """`model:variant`, as logs and the CLI spell a partition."""
+        return f"{self.config.name}:{self.variant}"
+
+    @property
     def labels(self) -> tuple[str, str]:
         """The Prometheus labels of this partition: (model, variant)."""
         return self.config.name, self.variant

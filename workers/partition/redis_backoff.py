@@ -28,37 +28,56 @@ class Stopped(Exception):
     another worker reclaims and reruns it."""
 
 
+class OutageLog:
+    """One warning when Redis goes away and one when it answers again, however many retries
+    come between: an outage is two log lines, not one per attempt."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.down_since: float | None = None
+
+    def failed(self, reason: BaseException) -> None:
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            log.warning("%s: redis unavailable (%s); retrying with backoff", self.what, reason)
+        else:
+            log.debug("%s: redis still unavailable (%s)", self.what, reason)
+
+    def recovered(self) -> None:
+        if self.down_since is not None:
+            down_s = time.monotonic() - self.down_since
+            log.warning("%s: redis reachable again after %.1fs", self.what, down_s)
+            self.down_since = None
+
+
 class Backoff:
-    def __init__(self, stop: asyncio.Event, first_s: float = 0.1, cap_s: float = 5.0) -> None:
+    def __init__(
+        self, stop: asyncio.Event, what: str, first_s: float = 0.1, cap_s: float = 5.0
+    ) -> None:
         self.stop = stop
         self.first_s = first_s
         self.cap_s = cap_s
         self.attempt = 0
-        self._down_since = 0.0
+        self.outage = OutageLog(what)
 
     def reset(self) -> None:
-        """Redis answered: log the end of an outage, once."""
-        if self.attempt:
-            log.warning("redis reachable again after %.1fs", time.monotonic() - self._down_since)
+        """Redis answered."""
+        self.outage.recovered()
         self.attempt = 0
 
     async def sleep(self, reason: BaseException) -> None:
         """Wait before the next retry, or less if asked to stop meanwhile."""
         delay = min(self.cap_s, self.first_s * 2**self.attempt) * random.uniform(0.5, 1.0)
-        if not self.attempt:
-            self._down_since = time.monotonic()
-            log.warning("redis unavailable (%s); retrying with backoff", reason)
-        else:
-            log.debug("redis still unavailable (%s); retrying in %.2fs", reason, delay)
+        self.outage.failed(reason)
         self.attempt += 1
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.wait(), delay)
 
 
-async def until_done(call: Callable[[], Awaitable[T]], stop: asyncio.Event) -> T:
+async def until_done(call: Callable[[], Awaitable[T]], stop: asyncio.Event, what: str) -> T:
     """Retry `call` through an outage; for writes that must not be lost (a finished batch).
     Raises Stopped when asked to stop while Redis is still unreachable."""
-    backoff = Backoff(stop)
+    backoff = Backoff(stop, what)
     while True:
         try:
             result = await call()
