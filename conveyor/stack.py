@@ -72,16 +72,17 @@ class Stack:
         ]
         self.valkey_command = command
         self.settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0")
-        self._spawn_valkey()
+        self.spawn_valkey()
 
     def restart_valkey(self, down_s: float = 0.0) -> None:
         """Stop the embedded server (it flushes its AOF), stay down `down_s`, start it again on
         the same port and data."""
         self.stop_process("valkey")
         time.sleep(down_s)
-        self._spawn_valkey()
+        self.spawn_valkey()
 
-    def _spawn_valkey(self) -> None:
+    def spawn_valkey(self) -> None:
+        """Start the embedded server (again: same port and data) and wait until it answers."""
         process = self.spawn("valkey", self.valkey_command, {})
         self._wait(self._pings, "embedded valkey", process)
 

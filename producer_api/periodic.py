@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from redis.exceptions import RedisError
 
+from producer_api.redis_outage import RedisOutage
 from producer_api.task_cancel import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -23,14 +24,17 @@ class Periodic:
         self._task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
+        outage = RedisOutage(self.name)
         while True:
+            pause_s = self.interval_s
             try:
                 await self.step()
+                outage.recovered()
             except RedisError as exc:
-                log.warning("%s: redis unavailable (%r)", self.name, exc)
+                pause_s = max(pause_s, outage.failed(exc))
             except Exception:
                 log.exception("%s failed; next step in %.1fs", self.name, self.interval_s)
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(pause_s)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name=self.name)

@@ -11,6 +11,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from producer_api.redis_outage import RedisOutage
 from producer_api.task_cancel import cancel_and_wait
 from shared.codec import loads
 
@@ -52,14 +53,17 @@ class ReplyListener:
                 del self._waiters[job_id]
 
     async def _listen(self) -> None:
+        outage = RedisOutage("reply listener")
         while True:
             try:
+                if outage.failures:
+                    await self._pubsub.connect()  # reconnects, then resubscribes every channel
+                    outage.recovered()
                 async for message in self._pubsub.listen():
                     if message["type"] == "message":
                         self._deliver(loads(message["data"]))
-            except RedisConnectionError:
-                log.warning("reply channel lost; resubscribing")
-                await asyncio.sleep(0.5)
+            except RedisConnectionError as exc:
+                await asyncio.sleep(outage.failed(exc))
 
     def _deliver(self, view: dict[str, Any]) -> None:
         for future in self._waiters.pop(view.get("id", ""), ()):

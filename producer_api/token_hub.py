@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from producer_api.redis_outage import RedisOutage
 from producer_api.task_cancel import cancel_and_wait
 from shared.codec import as_text, is_stream_id, stream_id
 from shared.job_store import JobRecord, JobStore
@@ -82,7 +83,8 @@ class TokenHub:
                 self._cursors.pop(key, None)
 
     async def _run(self) -> None:
-        wake = await self._wake_cursor()
+        outage = RedisOutage("token hub")
+        wake = await self._wake_cursor(outage)
         while not self._stopping:
             try:
                 streams: dict[Any, Any] = {self.wake_key: wake, **self._cursors}
@@ -91,8 +93,7 @@ class TokenHub:
                 log.debug("token hub read timed out (%r); retrying", exc)
                 continue
             except RedisConnectionError as exc:
-                log.warning("token hub read failed (%r); retrying", exc)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(outage.failed(exc))
                 continue
             except ResponseError as exc:  # one stream's fault must not stall the others
                 log.warning("token hub read refused (%s); dropping the streams at fault", exc)
@@ -103,6 +104,7 @@ class TokenHub:
                 log.exception("token hub read failed; retrying")
                 await asyncio.sleep(0.5)
                 continue
+            outage.recovered()
             for raw_key, rows in reply or []:
                 key, last = as_text(raw_key), as_text(rows[-1][0])
                 if key == self.wake_key:
@@ -128,14 +130,13 @@ class TokenHub:
                     queue.put_nowait(StreamUnreadable(f"{key}: {exc}"))
         return dropped
 
-    async def _wake_cursor(self) -> str:
+    async def _wake_cursor(self, outage: RedisOutage) -> str:
         """The id after which wake-ups count: the hub's own first entry."""
         while True:
             try:
                 return await self._wake()
             except (RedisConnectionError, RedisTimeoutError) as exc:
-                log.warning("token hub cannot start yet (%r)", exc)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(outage.failed(exc))
 
     async def _wake(self) -> str:
         """Append to the wake stream (kept short, and gone a day after this producer is)."""

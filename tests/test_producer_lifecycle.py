@@ -1,6 +1,7 @@
 """The producer's process ends when it should: one that cannot bind its port exits non-zero
 (it used to hang in "Waiting for application shutdown", its background loops never ending), and
-SIGTERM stops it within its shutdown timeout even while its Redis is gone."""
+SIGTERM stops it within its shutdown timeout even while its Redis is gone. A Redis outage is
+one warning per background loop when it starts and one when it ends, not one per retry."""
 
 from __future__ import annotations
 
@@ -40,15 +41,27 @@ def test_producer_that_cannot_bind_exits_non_zero(stack: Stack) -> None:
             stack.stop_process("producer-port-taken", sig=signal.SIGKILL)
 
 
-def test_sigterm_stops_producer_while_redis_is_gone(tmp_path: Path) -> None:
-    with running_stack(tmp_path, CONVEYOR_AUTH="disabled") as pipeline:
+def test_redis_outage_logs_once_per_change_and_sigterm_still_stops(tmp_path: Path) -> None:
+    """Each background loop says once that Redis went away (retries, backing off, are debug
+    lines) and once that it is back; SIGTERM while Redis is gone stops the producer."""
+    env = {"CONVEYOR_AUTH": "disabled", "CONVEYOR_LOG_LEVEL": "DEBUG"}
+    with running_stack(tmp_path, **env) as pipeline:
         producer = pipeline.processes["producer"]
+        log = tmp_path / "producer.log"
+        pipeline.stop_process("valkey")
+        until(lambda: log.read_text().count("live-routes: redis still unavailable") >= 5, 60)
+        down = log.read_text()
+        for loop in ("live-routes", "traffic-leader", "batch sweeper", "token hub"):
+            assert down.count(f"{loop}: redis unavailable") == 1, loop
+        pipeline.spawn_valkey()
+        until(lambda: "live-routes: redis reachable again" in log.read_text(), 60)
+        assert log.read_text().count("live-routes: redis reachable again") == 1
+
         pipeline.stop_process("valkey")
         until(lambda: _unready(pipeline.base_url))
         producer.send_signal(signal.SIGTERM)
         producer.wait(timeout=Settings().shutdown_grace_s)  # raises if it is still running
-        log = (tmp_path / "producer.log").read_text()
-        assert "Application shutdown complete" in log
+        assert "Application shutdown complete" in log.read_text()
 
 
 def _unready(base_url: str) -> bool:

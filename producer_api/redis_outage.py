@@ -1,0 +1,40 @@
+"""A producer background loop's view of a Redis outage: one warning when Redis goes away and
+one when it is back, not one per retry (a 100 ms poller would otherwise log ten lines a second),
+and a capped exponential backoff between its retries. The workers' side of the same rule lives
+in `workers/partition/redis_backoff.py`."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+FIRST_RETRY_S = 0.1
+MAX_RETRY_S = 5.0
+
+
+class RedisOutage:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.failures = 0
+        self._since = 0.0
+
+    def failed(self, error: BaseException) -> float:
+        """Count a failed attempt (logging the outage's start once); returns the seconds to
+        wait before the next one."""
+        if not self.failures:
+            self._since = time.monotonic()
+            log.warning("%s: redis unavailable (%r); retrying with backoff", self.name, error)
+        else:
+            log.debug("%s: redis still unavailable (%r)", self.name, error)
+        delay = min(MAX_RETRY_S, FIRST_RETRY_S * 2**self.failures)
+        self.failures += 1
+        return delay
+
+    def recovered(self) -> None:
+        """Redis answered: log the outage's end, once."""
+        if self.failures:
+            down_s = time.monotonic() - self._since
+            log.warning("%s: redis reachable again after %.1fs", self.name, down_s)
+            self.failures = 0
