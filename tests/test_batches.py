@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from conveyor.stack import Stack
-from tests.conftest import issue_key
+from tests.conftest import issue_key, until
 
 pytestmark = pytest.mark.slow
 ENDED = {"completed", "failed", "cancelled", "expired"}
@@ -78,13 +78,12 @@ def _create(base_url: str, source: str | bytes, **params: Any) -> dict[str, Any]
 
 
 def _wait_ended(base_url: str, batch_id: str, timeout: float = 240) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ended() -> dict[str, Any] | None:
         batch: dict[str, Any] = httpx.get(f"{base_url}/v1/batches/{batch_id}", timeout=30).json()
-        if batch["status"] in ENDED:
-            return batch
-        time.sleep(0.25)
-    raise AssertionError(f"batch {batch_id} still {batch['status']}: {batch['counts']}")
+        return batch if batch["status"] in ENDED else None
+
+    batch: dict[str, Any] = until(ended, timeout)
+    return batch
 
 
 def _jsonl(base_url: str, batch_id: str, name: str) -> list[dict[str, Any]]:

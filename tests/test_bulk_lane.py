@@ -12,6 +12,8 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import until
+
 pytestmark = pytest.mark.slow
 BULK_ITEMS = 5000
 
@@ -27,6 +29,11 @@ def _online_waits(client: httpx.Client, count: int) -> list[float]:
         waits.append(response.json()["timings"]["queue_wait_ms"])
         time.sleep(0.1)
     return waits
+
+
+def _succeeded_at_least(client: httpx.Client, batch_id: str, wanted: int) -> int | None:
+    done = _counts(client, batch_id)["succeeded"]
+    return done if done >= wanted else None
 
 
 def _counts(client: httpx.Client, batch_id: str) -> dict[str, int]:
@@ -49,8 +56,7 @@ def test_online_jobs_stay_prompt_while_a_bulk_batch_drains(
         batch_id = created.json()["id"]
         try:
             started = time.monotonic()
-            while (done := _counts(client, batch_id)["succeeded"]) < 300:
-                time.sleep(0.2)
+            done: int = until(lambda: _succeeded_at_least(client, batch_id, 300), timeout=300)
             rate = done / (time.monotonic() - started)
             loaded = _online_waits(client, 10)
             pending = _counts(client, batch_id)["pending"]

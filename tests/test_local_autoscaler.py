@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from conveyor.stack import Stack
-from tests.conftest import REPO_ROOT, running_stack
+from tests.conftest import REPO_ROOT, running_stack, until
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 pytestmark = pytest.mark.slow
@@ -99,13 +99,7 @@ def test_burst_scales_up_then_idle_scales_to_zero(elastic_stack: Stack, tmp_path
         ids = asyncio.run(_burst(elastic_stack.base_url, 200))
         _wait_for(lines, "elastic:default replicas=3", timeout=120)
         client = redis.Redis.from_url(elastic_stack.redis_url, decode_responses=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            statuses = [client.hget(f"cv:job:{i}", "status") for i in ids]
-            if all(s == "succeeded" for s in statuses):
-                break
-            time.sleep(0.5)
-        assert statuses == ["succeeded"] * len(ids)
+        until(lambda: all(client.hget(f"cv:job:{i}", "status") == "succeeded" for i in ids), 120)
         workers = {client.hget(f"cv:job:{i}", "worker") for i in ids}
         assert len(workers) > 1
         after = _wait_for(lines, "elastic:default replicas=0", timeout=120)
