@@ -4,6 +4,7 @@ into one readable line instead of a traceback."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import click
@@ -26,3 +27,8 @@ def admin_call(
         detail = f"{error.get('type', 'error')}: {error.get('message', response.text)}"
         raise click.ClickException(f"{response.status_code} {detail}")
     return payload
+
+
+def clock(at: float) -> str:
+    """A Unix time as the UTC time of day, for the commands' event lines."""
+    return time.strftime("%H:%M:%S", time.gmtime(at))

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from conveyor.client.admin_http import admin_call
+from conveyor.client.admin_http import admin_call, clock
 from conveyor.client.cli_options import connection_options
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -43,14 +43,16 @@ def print_canary(view: dict[str, Any], events: int) -> None:
         f"{canary['model']}:{canary['variant']} vs {canary['baseline']}: {canary['state']},"
         f" {canary['weight']:g} % (steps {','.join(f'{s:g}' for s in canary['steps'])})"
     )
-    for item in view["events"][-events:]:
+    mine = [e for e in view["events"] if e["at"] >= canary["started_at"] - 1]  # this rollout's
+    for item in mine[-events:]:
         numbers = "".join(
             f"  {side} {seen['requests']} req, {seen['error_rate']:.2%} errors,"
             f" p99 {seen['p99_ms']} ms"
             for side, seen in item.get("numbers", {}).items()
         )
         reason = f" ({item['reason']})" if item.get("reason") else ""
-        click.echo(f"  {item['at']:.0f} {item['type']} -> {item['weight']:g} %{reason}{numbers}")
+        at = clock(item["at"])
+        click.echo(f"  {at} {item['type']} -> {item['weight']:g} %{reason}{numbers}")
 
 
 @command.command("start")

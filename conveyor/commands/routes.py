@@ -3,12 +3,11 @@ its shadows and its stickiness; every producer applies a change within a second.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
-from conveyor.client.admin_http import admin_call
+from conveyor.client.admin_http import admin_call, clock
 from conveyor.client.cli_options import connection_options
 
 
@@ -38,8 +37,11 @@ def print_routes(view: dict[str, Any]) -> None:
         click.echo(f"  {name:<20} shadow, {rate:.0%} of online requests")
     for change in view.get("history", []):
         new = change["new"]
+        weights = ", ".join(f"{k} {v:g}" for k, v in new["weights"].items())
+        shadows = ", ".join(f"{k} {v:g}" for k, v in new["shadows"].items()) or "none"
         click.echo(
-            f"  v{change['version']} by {change['by']} at {change['at']:.0f}: {json.dumps(new)}"
+            f"  v{change['version']} {clock(change['at'])} {change['by']}: {weights};"
+            f" shadows {shadows}; sticky by {new['sticky_by']}"
         )
 
 
