@@ -5,6 +5,7 @@ deliveries survive producer restarts."""
 
 from __future__ import annotations
 
+import posixpath
 import time
 import uuid
 from dataclasses import dataclass
@@ -41,6 +42,13 @@ def _path_matches(path: str, prefix: str) -> bool:
     return path.startswith(prefix if prefix.endswith("/") else prefix + "/")
 
 
+def _normalised(path: str) -> str:
+    """The path as the HTTP client sends it: dot segments, percent-encoded ones too, resolved
+    (RFC 3986), so `/hooks/../admin` is checked as `/admin`."""
+    plain = path.replace("%2e", ".").replace("%2E", ".")
+    return posixpath.normpath(plain) if plain else "/"
+
+
 def allowed(url: str, allowlist: list[str]) -> bool:
     """True if `url` matches an entry `scheme://host[:port][/path-prefix]` of the allow-list
     (`*.example.com` matches subdomains). Scheme, host and port must match exactly; URLs with
@@ -57,7 +65,7 @@ def allowed(url: str, allowlist: list[str]) -> bool:
             and rule.hostname is not None
             and _host_matches(parts.hostname, rule.hostname)
             and _port(rule) == _port(parts)
-            and _path_matches(parts.path or "/", rule.path)
+            and _path_matches(_normalised(parts.path), rule.path)
         ):
             return True
     return False

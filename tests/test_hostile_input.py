@@ -22,6 +22,7 @@ from producer_api.app import create_app
 from producer_api.token_hub import StreamUnreadable, TokenHub
 from shared.redis_client import connect
 from shared.settings import Settings
+from shared.webhook_events import allowed
 from tests.conftest import issue_key, until
 from tests.test_llm_pipeline import sse_events
 
@@ -277,3 +278,18 @@ def _tokens_so_far(stack: Stack, job_id: str) -> int:
         return int(client.xlen(f"cv:tok:{job_id}"))
     finally:
         client.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://hooks.example.com/conveyor/../../admin",
+        "https://hooks.example.com/conveyor/%2e%2e/admin",
+        "https://hooks.example.com/conveyor/./../admin",
+        "https://hooks.example.com/conveyor/..",
+    ],
+)
+def test_a_webhook_cannot_leave_its_allowed_prefix_through_dot_segments(url: str) -> None:
+    rules = ["https://hooks.example.com/conveyor"]
+    assert allowed("https://hooks.example.com/conveyor/a/../b", rules)  # still inside
+    assert not allowed(url, rules)
