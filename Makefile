@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= cpu,dev,llm,bench
 
-.PHONY: venv up test lint typecheck unit models bench clean
+.PHONY: venv up test lint typecheck unit browser models bench clean
 
 venv: $(STAMP)
 
@@ -33,8 +33,12 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-unit: venv models
+unit: venv models browser
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# The console tests drive Debian's chromium (Playwright cannot download its own browser here).
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
 test: lint typecheck unit
 

@@ -16,6 +16,8 @@ from producer_api.batch_api.api_router import router as batch_api_router
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.batch_api.sweeper import BatchApiSweeper
 from producer_api.canary.api_router import router as canary_router
+from producer_api.console import Console
+from producer_api.console import router as console_router
 from producer_api.errors import install_error_handlers
 from producer_api.events.api_router import router as events_router
 from producer_api.experiments.api_router import router as experiments_router
@@ -106,9 +108,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     sweeper = BatchApiSweeper(state.batch_store, state.batch_progress)
     sweeper.start()
     state.traffic.start()
+    app.state.console = console = Console.build(state)
+    console.start()
     try:
         yield
     finally:
+        await console.stop()
         await state.traffic.stop()
         await sweeper.stop()
         await state.tokens.stop()
@@ -127,6 +132,7 @@ ROUTERS = (
     canary_router,
     experiments_router,
     health_router,
+    console_router,
     metrics_router,
 )
 

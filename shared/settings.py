@@ -49,6 +49,11 @@ class Settings(BaseSettings):
     rate_limit_burst: int = Field(default=200, ge=1)
     max_in_flight: int = Field(default=1_000, ge=1)
 
+    # Signs the operator console's session cookies (producer_api/console/session.py); empty:
+    # a random secret per process (sessions then end when the producer restarts, and each
+    # replica needs its own login).
+    console_secret: str = ""
+
     webhook_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
     webhook_secret: str = ""
     webhook_retry_for_s: float = 3_600.0

@@ -8,6 +8,7 @@ from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from shared.settings import get_settings
 from shared.telemetry import configure_logging, configure_tracing
+from workers.runtime.heartbeat import WorkerHeartbeat
 from workers.runtime.metrics_server import MetricsServer
 from workers.runtime.stream_consumer import StreamConsumer
 
@@ -23,5 +24,6 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     task_acks_late=True,
 )
+app.steps["worker"].add(WorkerHeartbeat)
 app.steps["worker"].add(StreamConsumer)
 app.steps["worker"].add(MetricsServer)

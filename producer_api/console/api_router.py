@@ -1,0 +1,292 @@
+"""HTTP routes of the operator console (`/console`): server-rendered pages (Jinja2, autoescaped),
+one SSE stream of the per-process summaries, and POST actions guarded by a CSRF token. Every
+response carries a strict Content-Security-Policy: scripts and styles only from /console/static."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Form, HTTPException, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.templating import Jinja2Templates
+from sse_starlette import EventSourceResponse
+
+from producer_api.batch_api.serving import BatchApiService
+from producer_api.console.job_browser import JobFilter, job_page, recent_jobs
+from producer_api.console.service import Console
+from producer_api.console.session import (
+    COOKIE,
+    MAX_AGE_S,
+    ConsoleSession,
+    LoginRequired,
+    check_csrf,
+    current_session,
+    login_key,
+)
+from producer_api.errors import ConveyorError
+from producer_api.state import ProducerState, producer_state
+from shared.codec import as_text, dumps
+from shared.dead_letters import DeadLetters
+from shared.model_repository import ModelConfig
+from shared.route_store import RouteStore
+
+HERE = Path(__file__).parent
+STATIC = {"console.js": "text/javascript", "console.css": "text/css"}
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+templates = Jinja2Templates(directory=HERE / "templates")
+
+State = Annotated[ProducerState, Depends(producer_state)]
+
+
+async def console(request: Request) -> Console:
+    service: Console = request.app.state.console
+    return service
+
+
+async def session(request: Request, state: State) -> ConsoleSession:
+    """The caller's console session; without one, a redirect to the login page."""
+    try:
+        return await current_session(state, request.app.state.console.signer, request)
+    except LoginRequired:
+        raise HTTPException(303, "login required", {"Location": "/console/login"}) from None
+
+
+Session = Annotated[ConsoleSession, Depends(session)]
+Service = Annotated[Console, Depends(console)]
+
+
+async def admin(current: Session) -> ConsoleSession:
+    if not current.admin:
+        raise ConveyorError(403, "forbidden", "this page needs an admin key")
+    return current
+
+
+Admin = Annotated[ConsoleSession, Depends(admin)]
+
+
+def _secure(response: Response) -> Response:
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def _page(request: Request, name: str, current: ConsoleSession | None, **context: Any) -> Response:
+    context |= {"session": current, "page": name.removesuffix(".html")}
+    return _secure(templates.TemplateResponse(request, name, context))
+
+
+def _see(path: str) -> Response:
+    return _secure(RedirectResponse(path, status_code=303))
+
+
+@router.get("/static/{name}")
+async def static(name: str) -> Response:
+    if name not in STATIC:
+        raise ConveyorError(404, "not_found", "no such file")
+    return _secure(FileResponse(HERE / "static" / name, media_type=STATIC[name]))
+
+
+@router.get("/login")
+async def login_page(request: Request) -> Response:
+    return _page(request, "login.html", None, error="")
+
+
+@router.post("/login")
+async def login(request: Request, state: State, key: Annotated[str, Form()] = "") -> Response:
+    try:
+        principal = await login_key(state, key.strip())
+    except ConveyorError as refused:
+        page = _page(request, "login.html", None, error=refused.message)
+        page.status_code = refused.status
+        return page
+    response = _see("/console")
+    cookie = request.app.state.console.signer.issue(principal.key_id)
+    response.set_cookie(
+        COOKIE,
+        cookie,
+        max_age=MAX_AGE_S,
+        path="/console",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
+@router.post("/logout")
+async def logout(current: Session, csrf: Annotated[str, Form()] = "") -> Response:
+    check_csrf(current, csrf)
+    response = _see("/console/login")
+    response.delete_cookie(COOKIE, path="/console")
+    return response
+
+
+@router.get("")
+async def overview(request: Request, current: Session, service: Service) -> Response:
+    return _page(request, "overview.html", current, snapshot=service.summaries.snapshot)
+
+
+@router.get("/workers")
+async def workers(request: Request, current: Session, service: Service) -> Response:
+    return _page(request, "workers.html", current, snapshot=service.summaries.snapshot)
+
+
+@router.get("/stream")
+async def stream(current: Session, service: Service) -> Response:
+    """The one live feed of every console page: a summary per second, batches cut to the
+    viewer's tenant unless admin. Costs no Redis command per viewer."""
+
+    async def events() -> AsyncIterator[dict[str, str]]:
+        async for snapshot in service.summaries.follow():
+            shown = snapshot
+            if not current.admin:
+                tenant = current.principal.tenant
+                batches = [b for b in snapshot["batches"] if b["tenant"] == tenant]
+                shown = {**snapshot, "batches": batches}
+            yield {"event": "summary", "data": as_text(dumps(shown))}
+
+    return _secure(EventSourceResponse(events(), ping=15))
+
+
+@router.get("/jobs")
+async def jobs(
+    request: Request,
+    state: State,
+    current: Session,
+    id: str = "",
+    status: str = "",
+    model: str = "",
+    tenant: str = "",
+) -> Response:
+    if id.strip():
+        return _see(f"/console/jobs/{id.strip()}")
+    if not current.admin:
+        tenant = current.principal.tenant
+    wanted = JobFilter(status=status, model=model, tenant=tenant)
+    rows = await recent_jobs(state, wanted)
+    models = [config.name for config in state.repository]
+    return _page(request, "jobs.html", current, jobs=rows, wanted=wanted, models=models)
+
+
+@router.get("/jobs/{job_id}")
+async def job(request: Request, state: State, current: Session, job_id: str) -> Response:
+    record = await state.job_store.get(job_id) if len(job_id) <= 128 else None
+    owner = record.fields.get("tenant", "default") if record else None
+    if record is None or (not current.admin and owner != current.principal.tenant):
+        raise ConveyorError(404, "not_found", "no such job")
+    return _page(request, "job.html", current, job=await job_page(state, record))
+
+
+@router.get("/batches")
+async def batches(request: Request, current: Session, service: Service) -> Response:
+    return _page(request, "batches.html", current, snapshot=service.summaries.snapshot)
+
+
+@router.get("/batches/{batch_id}/{kind}")
+async def batch_file(state: State, current: Session, batch_id: str, kind: str) -> Response:
+    """The batch's output or errors file, as `GET /v1/batches/{id}/output` serves it."""
+    if kind not in ("output", "errors"):
+        raise ConveyorError(404, "not_found", "no such file")
+    batch_service = BatchApiService(state, current.principal)
+    await batch_service.ended(batch_id)
+    body = batch_service.output(batch_id) if kind == "output" else batch_service.errors(batch_id)
+    disposition = f'attachment; filename="{batch_id}-{kind}.jsonl"'
+    response = StreamingResponse(body, media_type="application/jsonl")
+    response.headers["Content-Disposition"] = disposition
+    return _secure(response)
+
+
+def _dead_letters(state: ProducerState, partition: str) -> DeadLetters:
+    model, _, variant = partition.partition(":")
+    config = state.repository.get(model)
+    if config is None or variant not in config.variants:
+        raise ConveyorError(404, "not_found", f"no partition {partition!r}")
+    return DeadLetters(state.job_store, state.keys, model, variant)
+
+
+@router.get("/dead-letters")
+async def dead_letters(request: Request, state: State, current: Admin) -> Response:
+    partitions = []
+    for config in state.repository:
+        for variant in config.variants:
+            name = f"{config.name}:{variant}"
+            letters = await _dead_letters(state, name).entries(count=200)
+            partitions.append((name, letters))
+    return _page(request, "dead_letters.html", current, partitions=partitions)
+
+
+@router.get("/dead-letters/confirm")
+async def confirm(
+    request: Request, state: State, current: Admin, action: str, partition: str, entry: str = ""
+) -> Response:
+    """The confirmation step of replay and discard (a page, so it works without scripts)."""
+    if action not in ("replay", "discard"):
+        raise ConveyorError(404, "not_found", "no such action")
+    depth = len(await _dead_letters(state, partition).entries())
+    count = 1 if entry else depth
+    context = {"action": action, "partition": partition, "entry": entry, "count": count}
+    return _page(request, "confirm.html", current, **context)
+
+
+@router.post("/dead-letters/{action}")
+async def act(
+    request: Request,
+    state: State,
+    current: Admin,
+    action: str,
+    partition: Annotated[str, Form()] = "",
+    entry: Annotated[str, Form()] = "",
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    check_csrf(current, csrf)
+    letters = _dead_letters(state, partition)
+    ids = [entry] if entry else None
+    if action == "replay":
+        replayed = await letters.replay(ids)
+        done = [new for _, new in replayed]
+        return _page(request, "done.html", current, action=action, partition=partition, jobs=done)
+    if action == "discard":
+        removed = await letters.purge(ids)
+        context = {"action": action, "partition": partition, "removed": removed}
+        return _page(request, "done.html", current, **context)
+    raise ConveyorError(404, "not_found", "no such action")
+
+
+def _percent(config: ModelConfig) -> dict[str, float]:
+    """config.yaml's primary variants' weights as percent (they need not sum to 100)."""
+    primary = {name: v.weight for name, v in config.variants.items() if not v.shadow}
+    total = sum(primary.values()) or 1
+    return {name: round(weight * 100 / total, 1) for name, weight in primary.items()}
+
+
+@router.get("/routes")
+async def routes(request: Request, state: State, current: Session) -> Response:
+    """Live routes where they are set (shared/route_store.py), else config.yaml's weights."""
+    names = [config.name for config in state.repository]
+    live = await RouteStore(state.redis, state.keys).get_many(names)
+    rows = []
+    for config in state.repository:
+        routes = live.get(config.name)
+        weights = routes.weights if routes else _percent(config)
+        rows.append(
+            {
+                "model": config.name,
+                "source": f"live, version {routes.version}" if routes else "config.yaml",
+                "weights": weights,
+                "shadows": routes.shadows if routes else {},
+            }
+        )
+    return _page(request, "routes.html", current, rows=rows)

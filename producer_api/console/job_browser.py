@@ -1,0 +1,123 @@
+"""Read-only views of jobs for the console, computed when a page asks (never per second): recent
+jobs (a bounded SCAN of job hashes, since jobs have no time index), one job with its timeline,
+and its stream entry (inputs and trace context) while the job is still queued or dead-lettered."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from producer_api.state import ProducerState
+from shared.codec import RequestEntry, as_text, dumps
+from shared.job_store import JobRecord
+from shared.keys import Keys
+
+SCAN_LIMIT = 5_000
+SHOWN = 100
+ENTRY_SCAN = 2_000
+PREVIEW_BYTES = 4_096
+_LISTED = ("status", "model", "variant", "tenant", "created")
+
+
+@dataclass(slots=True)
+class Preview:
+    """A JSON value as text, cut to PREVIEW_BYTES, with its full size."""
+
+    text: str
+    size: int
+    truncated: bool
+
+    @classmethod
+    def of(cls, value: Any) -> Preview:
+        raw = dumps(value)
+        cut = raw[:PREVIEW_BYTES].decode(errors="replace")
+        return cls(cut, len(raw), len(raw) > PREVIEW_BYTES)
+
+
+@dataclass(slots=True)
+class JobFilter:
+    status: str = ""
+    model: str = ""
+    tenant: str = ""
+
+    def admits(self, row: dict[str, str]) -> bool:
+        return all(
+            not wanted or row.get(name) == wanted
+            for name, wanted in (
+                ("status", self.status),
+                ("model", self.model),
+                ("tenant", self.tenant),
+            )
+        )
+
+
+@dataclass(slots=True)
+class JobPage:
+    record: JobRecord
+    view: dict[str, Any]
+    inputs: Preview | None = None
+    outputs: Preview | None = None
+    error: Preview | None = None
+    trace_id: str = ""
+    timeline: list[tuple[str, float | None]] = field(default_factory=list)
+
+
+async def recent_jobs(state: ProducerState, wanted: JobFilter) -> list[dict[str, str]]:
+    """Up to SHOWN jobs matching `wanted`, newest first, among the first SCAN_LIMIT job hashes
+    the keyspace yields (a console view, not an index: bounded cost on a large Redis)."""
+    ids: list[str] = []
+    prefix = state.keys.job_prefix
+    async for key in state.redis.scan_iter(match=f"{prefix}*", count=500):
+        ids.append(as_text(key)[len(prefix) :])
+        if len(ids) >= SCAN_LIMIT:
+            break
+    async with state.redis.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.hmget(state.keys.job(job_id), list(_LISTED))
+        rows = await pipe.execute()
+    jobs = []
+    for job_id, values in zip(ids, rows, strict=True):
+        row = {name: as_text(v) for name, v in zip(_LISTED, values, strict=True) if v is not None}
+        if "status" in row and wanted.admits(row):
+            jobs.append({"id": job_id, **row})
+    jobs.sort(key=lambda row: int(row.get("created", "0")), reverse=True)
+    return jobs[:SHOWN]
+
+
+async def find_entry(state: ProducerState, record: JobRecord) -> RequestEntry | None:
+    """The job's entry in its partition's lanes or dead letters (inputs are not kept in the
+    job hash, so they are shown only while an entry holds them)."""
+    model, variant = record.fields.get("model", ""), record.fields.get("variant", "")
+    keys: Keys = state.keys
+    lanes = (keys.queue, keys.bulk_queue, keys.dlq)
+    streams = [lane(model, variant) for lane in lanes]
+    for stream in streams:
+        rows: Any = await state.redis.xrange(stream, count=ENTRY_SCAN)
+        for _, fields in rows:
+            if fields.get(b"id", b"").decode() == record.job_id:
+                return RequestEntry.decode(fields)
+    return None
+
+
+def _trace_id(traceparent: str) -> str:
+    parts = traceparent.split("-")
+    return parts[1] if len(parts) == 4 else ""
+
+
+async def job_page(state: ProducerState, record: JobRecord) -> JobPage:
+    view = record.view()
+    timings = view["timings"]
+    page = JobPage(record, view)
+    page.timeline = [
+        ("submitted", timings.get("created")),
+        ("read by a worker", timings.get("started")),
+        ("finished", timings.get("finished")),
+    ]
+    if "outputs" in view:
+        page.outputs = Preview.of(view["outputs"])
+    if "error" in view:
+        page.error = Preview.of(view["error"])
+    if (entry := await find_entry(state, record)) is not None:
+        page.inputs = Preview.of(entry.payload)
+        page.trace_id = _trace_id(entry.traceparent)
+    return page

@@ -1,0 +1,97 @@
+"""Console sessions: an API key is presented once on the login page; the producer then keeps
+only the key's public id in an HttpOnly, SameSite=Strict cookie signed with HMAC-SHA256
+(CONVEYOR_CONSOLE_SECRET, random per process when unset). Each request re-reads the key's record,
+so revocation and expiry end a session at once. Each session carries a nonce; its CSRF token is
+an HMAC of that nonce, checked on every POST."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from producer_api.auth import ANONYMOUS, Principal
+from producer_api.auth.dependencies import authenticate
+from producer_api.errors import ConveyorError
+from producer_api.state import ProducerState
+from shared.codec import dumps, loads
+
+COOKIE = "conveyor_console"
+MAX_AGE_S = 12 * 3600
+
+
+class LoginRequired(Exception):
+    """No valid session: the router answers with a redirect to the login page."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSession:
+    principal: Principal
+    csrf: str
+
+    @property
+    def admin(self) -> bool:
+        return self.principal.may("admin")
+
+
+class SessionSigner:
+    def __init__(self, secret: str) -> None:
+        self._secret = secret.encode() if secret else secrets.token_bytes(32)
+
+    def _mac(self, purpose: str, data: bytes) -> str:
+        digest = hmac.new(self._secret, purpose.encode() + b"|" + data, hashlib.sha256)
+        return digest.hexdigest()
+
+    def issue(self, key_id: str) -> str:
+        """A cookie value: base64 JSON {key_id, nonce, expiry} and its MAC."""
+        payload = dumps({"k": key_id, "n": secrets.token_hex(16), "e": time.time() + MAX_AGE_S})
+        body = base64.urlsafe_b64encode(payload).decode()
+        return f"{body}.{self._mac('session', body.encode())}"
+
+    def read(self, cookie: str) -> tuple[str, str] | None:
+        """(key_id, nonce) of a cookie this producer signed and that has not expired."""
+        body, _, mac = cookie.partition(".")
+        if not hmac.compare_digest(mac, self._mac("session", body.encode())):
+            return None
+        payload = loads(base64.urlsafe_b64decode(body))
+        if payload["e"] < time.time():
+            return None
+        return str(payload["k"]), str(payload["n"])
+
+    def csrf(self, nonce: str) -> str:
+        return self._mac("csrf", nonce.encode())
+
+
+async def login_key(state: ProducerState, presented: str) -> Principal:
+    """The principal of a presented key, which must hold `read` (admin includes it)."""
+    principal = await authenticate(state, presented)
+    if not principal.may("read"):
+        raise ConveyorError(403, "forbidden", "the console needs a key with the read scope")
+    return principal
+
+
+async def current_session(
+    state: ProducerState, signer: SessionSigner, request: Request
+) -> ConsoleSession:
+    """The caller's session, or LoginRequired. With CONVEYOR_AUTH=disabled everyone is the
+    anonymous admin (local use), still with a CSRF token bound to a per-process nonce."""
+    if state.settings.auth == "disabled":
+        return ConsoleSession(ANONYMOUS, signer.csrf("anonymous"))
+    read = signer.read(request.cookies.get(COOKIE, ""))
+    if read is None:
+        raise LoginRequired
+    key_id, nonce = read
+    key = await state.api_keys.get(key_id)
+    if key is None or key.refusal(time.time()):
+        raise LoginRequired
+    return ConsoleSession(Principal.of(key, state.settings), signer.csrf(nonce))
+
+
+def check_csrf(session: ConsoleSession, presented: str | None) -> None:
+    if not presented or not hmac.compare_digest(presented, session.csrf):
+        raise ConveyorError(403, "forbidden", "missing or wrong CSRF token")

@@ -1,0 +1,139 @@
+// Conveyor console: one EventSource on /console/stream updates whichever page is open.
+// Job content is only ever set through textContent, never HTML.
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function cell(row, field) {
+  return row.querySelector(`[data-field="${field}"]`);
+}
+
+function setText(node, value) {
+  if (node && node.textContent !== String(value)) node.textContent = String(value);
+}
+
+function dash(value) {
+  return value === null || value === undefined ? "–" : value;
+}
+
+function sparkline(svg, values) {
+  const line = svg.querySelector("polyline");
+  if (!line || values.length === 0) return;
+  const top = Math.max(1, ...values);
+  const step = 120 / Math.max(1, values.length - 1);
+  const points = values.map((v, i) => `${(i * step).toFixed(1)},${(22 - (v / top) * 20).toFixed(1)}`);
+  line.setAttribute("points", points.join(" "));
+}
+
+function renderPartitions(partitions) {
+  for (const p of partitions) {
+    const row = document.querySelector(`tr[data-partition="${CSS.escape(p.id)}"]`);
+    if (!row) continue;
+    setText(cell(row, "online.length"), p.online.length);
+    setText(cell(row, "bulk.length"), p.bulk.length);
+    setText(cell(row, "lag"), (p.online.lag || 0) + (p.bulk.lag || 0));
+    setText(cell(row, "pending"), p.online.pending + p.bulk.pending);
+    setText(cell(row, "oldest"), `${Math.max(p.online.oldest_age_s, p.bulk.oldest_age_s).toFixed(1)} s`);
+    setText(cell(row, "dlq"), p.dlq);
+    setText(cell(row, "rate"), p.rate_per_s);
+    setText(cell(row, "p50"), dash(p.p50_ms));
+    setText(cell(row, "p99"), dash(p.p99_ms));
+    sparkline(cell(row, "spark"), p.history);
+  }
+}
+
+function row(values, className) {
+  const tr = document.createElement("tr");
+  for (const value of values) {
+    const td = document.createElement("td");
+    if (value instanceof Node) td.appendChild(value);
+    else td.textContent = String(value);
+    tr.appendChild(td);
+  }
+  if (className) tr.className = className;
+  return tr;
+}
+
+function badge(text, kind) {
+  const span = document.createElement("span");
+  span.className = `${kind} ${text}`;
+  span.textContent = text;
+  return span;
+}
+
+function replaceRows(tbody, rows, empty, columns) {
+  tbody.replaceChildren(...(rows.length ? rows : [row([empty], "empty")]));
+  if (!rows.length) tbody.firstChild.firstChild.colSpan = columns;
+}
+
+function renderWorkers(workers, at) {
+  const tbody = document.querySelector("#workers tbody");
+  if (!tbody) return;
+  const rows = workers.map((w) => {
+    const tr = row([w.name, badge(w.state, "state"), w.models.join(", "), w.engines.join(", "),
+      `${w.host} / ${w.pid}`, w.batch_size, w.jobs_done, `${Math.max(0, at - w.last_beat).toFixed(0)} s ago`]);
+    for (const i of [5, 6, 7]) tr.children[i].className = "num";
+    return tr;
+  });
+  replaceRows(tbody, rows, "No live workers.", 8);
+}
+
+function link(href, text) {
+  const a = document.createElement("a");
+  a.href = href;
+  a.textContent = text;
+  return a;
+}
+
+function renderBatches(batches) {
+  const tbody = document.querySelector("#batches tbody");
+  if (!tbody) return;
+  const rows = batches.map((b) => {
+    const done = b.counts.succeeded + b.counts.failed;
+    const bar = document.createElement("span");
+    const progress = document.createElement("progress");
+    progress.max = b.counts.total || 1;
+    progress.value = done;
+    const pct = document.createElement("span");
+    pct.className = "pct";
+    pct.textContent = ` ${Math.floor((done * 100) / (b.counts.total || 1))}%`;
+    bar.append(progress, pct);
+    const files = document.createElement("span");
+    files.append(link(`/console/batches/${encodeURIComponent(b.id)}/output`, "output"), " · ",
+      link(`/console/batches/${encodeURIComponent(b.id)}/errors`, "errors"));
+    const tr = row([b.id, b.status, bar, b.counts.succeeded, b.counts.failed, b.counts.total, files]);
+    tr.dataset.batch = b.id;
+    tr.children[0].className = "mono";
+    for (const i of [3, 4, 5]) tr.children[i].className = "num";
+    return tr;
+  });
+  replaceRows(tbody, rows, "No batches running.", 7);
+}
+
+function localTimes() {
+  for (const node of document.querySelectorAll(".time[data-ms], .time[data-s]")) {
+    const ms = node.dataset.ms ? Number(node.dataset.ms) : Number(node.dataset.s) * 1000;
+    if (ms) node.textContent = new Date(ms).toLocaleString();
+  }
+}
+
+function follow() {
+  const live = document.getElementById("live");
+  const page = document.body.dataset.page;
+  if (!live || !["overview", "workers", "batches"].includes(page)) return;
+  const source = new EventSource("/console/stream");
+  source.addEventListener("summary", (event) => {
+    const summary = JSON.parse(event.data);
+    live.classList.add("on");
+    renderPartitions(summary.partitions);
+    renderWorkers(summary.workers, summary.at);
+    renderBatches(summary.batches);
+    document.body.dataset.updated = String(summary.at);
+  });
+  source.addEventListener("error", () => live.classList.remove("on"));
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  localTimes();
+  follow();
+});

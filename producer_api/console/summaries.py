@@ -1,0 +1,135 @@
+"""What every open console shows live, computed once per second per producer process (not per
+viewer): partition queue state, throughput and service-time percentiles, live workers and
+Batch API progress. Viewers wait on the next snapshot in memory, so ten consoles cost Redis
+exactly what one does."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from producer_api.batch_api.progress import view as batch_view
+from producer_api.periodic import Periodic
+from producer_api.state import ProducerState
+from shared.batch_api_store import BatchStatus
+from shared.partition_stats import PartitionStats, read_partition_stats
+from shared.variant_stats import VariantStats, Window
+from shared.worker_registry import WorkerRegistry
+
+INTERVAL_S = 1.0
+HISTORY = 120  # points per sparkline: two minutes
+STATS_EVERY = 5  # throughput/percentile windows are re-read every this many ticks
+STATS_WINDOW_S = 60.0
+MAX_BATCHES = 20
+ENDED_BATCH_KEEP_S = 600.0
+_ENDED = {status.value for status in BatchStatus if status.terminal}
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 2) if values else None
+
+
+def _rates(window: Window, span_s: float) -> dict[str, Any]:
+    service = [sample.service_ms for sample in window.samples]
+    return {
+        "rate_per_s": round(window.requests / span_s, 2),
+        "errors": window.errors,
+        "p50_ms": _percentile(service, 50),
+        "p99_ms": _percentile(service, 99),
+    }
+
+
+class ConsoleSummaries:
+    def __init__(self, state: ProducerState) -> None:
+        self.state = state
+        self.workers = WorkerRegistry(state.redis, state.keys)
+        self.stats = VariantStats(state.redis, state.keys)
+        self.snapshot: dict[str, Any] = {"at": 0.0, "partitions": [], "workers": [], "batches": []}
+        self._history: dict[str, deque[int]] = {}
+        self._rates: dict[str, dict[str, Any]] = {}
+        self._ended: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._ticks = 0
+        self._changed = asyncio.Condition()
+        self._loop = Periodic("console-summaries", INTERVAL_S, self.step)
+
+    def start(self) -> None:
+        self._loop.start()
+
+    async def stop(self) -> None:
+        await self._loop.stop()
+
+    async def step(self) -> None:
+        if self._ticks % STATS_EVERY == 0:
+            await self._read_rates()
+        self._ticks += 1
+        partitions = await read_partition_stats(
+            self.state.redis, self.state.keys, self.state.repository
+        )
+        workers = await self.workers.live()
+        snapshot = {
+            "at": time.time(),
+            "partitions": [self._partition(p) for p in partitions],
+            "workers": [asdict(beat) for beat in workers],
+            "batches": await self._batches(),
+        }
+        async with self._changed:
+            self.snapshot = snapshot
+            self._changed.notify_all()
+
+    async def follow(self) -> AsyncIterator[dict[str, Any]]:
+        """The current snapshot, then each new one as it is published."""
+        yield self.snapshot
+        while True:
+            async with self._changed:
+                await self._changed.wait()
+                snapshot = self.snapshot
+            yield snapshot
+
+    def _partition(self, stats: PartitionStats) -> dict[str, Any]:
+        name = f"{stats.model}:{stats.variant}"
+        history = self._history.setdefault(name, deque(maxlen=HISTORY))
+        history.append(stats.online.length + stats.bulk.length)
+        empty = {"rate_per_s": 0.0, "errors": 0, "p50_ms": None, "p99_ms": None}
+        return {
+            "id": name,
+            "model": stats.model,
+            "variant": stats.variant,
+            "online": asdict(stats.online),
+            "bulk": asdict(stats.bulk),
+            "dlq": stats.dlq_depth,
+            "history": list(history),
+            **self._rates.get(name, empty),
+        }
+
+    async def _read_rates(self) -> None:
+        """Jobs per second and service-time p50/p99 over the last minute, per variant."""
+        now = time.time()
+        since = now - STATS_WINDOW_S
+        for config in self.state.repository:
+            windows = await self.stats.window(config.name, config.variants, since, now)
+            span_s = max(now - since + 10.0, 1.0)  # buckets are whole: the window starts early
+            for variant, window in windows.items():
+                self._rates[f"{config.name}:{variant}"] = _rates(window, span_s)
+
+    async def _batches(self) -> list[dict[str, Any]]:
+        """Running batches, refreshed as the sweeper does, plus those that ended lately."""
+        now = time.time()
+        active = [batch_id for batch_id, _ in await self.state.batch_store.active()]
+        # a batch the sweeper ended since the last look is read once more, for its final counts
+        ending = [b for b, (_, body) in self._ended.items() if body["status"] not in _ENDED]
+        for batch_id in dict.fromkeys([*active[:MAX_BATCHES], *ending]):
+            progress = await self.state.batch_progress.refresh(batch_id, window=0)
+            if progress is not None:
+                body = batch_view(batch_id, progress, f"/console/batches/{batch_id}")
+                body["tenant"] = progress.fields.get("tenant", "default")
+                self._ended[batch_id] = (now, body)
+        for batch_id, (seen, _) in list(self._ended.items()):
+            if now - seen > ENDED_BATCH_KEEP_S:
+                del self._ended[batch_id]
+        return [body for _, body in sorted(self._ended.values(), key=lambda pair: -pair[0])]

@@ -1,0 +1,85 @@
+"""Worker heartbeats: the one owner of `cv:worker:{name}` (a hash with a TTL, rewritten every
+few seconds by each worker) and the `cv:workers` index (sorted set by heartbeat ms). Workers
+publish; the producer's console lists. A worker that dies simply stops beating: its hash
+expires and `live()` leaves it out, so nobody has to clean up after a kill -9."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+
+from shared.codec import as_text, dumps, loads
+from shared.keys import Keys
+
+WorkerState = Literal["warming", "serving", "draining"]
+HEARTBEAT_S = 2.0
+# A worker is gone after missing this many heartbeats.
+TTL_S = 10
+
+
+@dataclass(slots=True)
+class Heartbeat:
+    """What a worker says about itself on every beat."""
+
+    name: str
+    host: str
+    pid: int
+    state: WorkerState
+    models: list[str] = field(default_factory=list)
+    engines: list[str] = field(default_factory=list)
+    batch_size: float = 0.0
+    jobs_done: int = 0
+    started_at: float = 0.0
+    last_beat: float = 0.0
+
+    def to_fields(self) -> dict[str, str]:
+        return {name: as_text(dumps(value)) for name, value in asdict(self).items()}
+
+    @classmethod
+    def from_fields(cls, raw: dict[bytes, bytes]) -> Heartbeat:
+        values = {as_text(k): loads(v) for k, v in raw.items()}
+        known = {name: values[name] for name in cls.__dataclass_fields__ if name in values}
+        return cls(**known)
+
+
+class WorkerRegistry:
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+
+    async def publish(self, beat: Heartbeat) -> None:
+        """Rewrite the worker's hash, renew its TTL and index it, in one transaction; drop
+        index entries of workers whose hashes have expired."""
+        now_ms = int(time.time() * 1000)
+        beat.last_beat = now_ms / 1000
+        key = self.keys.worker(beat.name)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            pipe.hset(key, mapping=beat.to_fields())  # type: ignore[arg-type]
+            pipe.expire(key, TTL_S)
+            pipe.zadd(self.keys.workers, {beat.name: now_ms})
+            pipe.zremrangebyscore(self.keys.workers, "-inf", now_ms - TTL_S * 1000)
+            await pipe.execute()
+
+    async def remove(self, name: str) -> None:
+        """A worker that exits cleanly leaves the list at once."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.worker(name))
+            pipe.zrem(self.keys.workers, name)
+            await pipe.execute()
+
+    async def live(self) -> list[Heartbeat]:
+        """Every worker that beat within the TTL, by name: two round trips however many."""
+        since_ms = int(time.time() * 1000) - TTL_S * 1000
+        names: Any = await self.redis.zrangebyscore(self.keys.workers, since_ms, "+inf")
+        if not names:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hgetall(self.keys.worker(as_text(name)))
+            rows = await pipe.execute()
+        beats = [Heartbeat.from_fields(row) for row in rows if row]
+        return sorted(beats, key=lambda beat: beat.name)

@@ -1,0 +1,275 @@
+"""The operator console in a real browser (Debian's chromium driven by Playwright): login,
+live partition lengths, workers, a failed job's error, dead-letter replay, batch progress,
+escaping of hostile job content, access rules, CSRF, and the cost of many viewers in Redis."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from conveyor.stack import Stack
+from tests.conftest import REPO_ROOT, issue_key, running_stack, until
+from tests.fault_engine import FIXED_ENV
+
+playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed")
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def console_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(
+        tmp_path_factory.mktemp("console"),
+        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
+        PYTHONPATH=str(REPO_ROOT),  # the faulty model's engine lives in tests/
+        CONVEYOR_AUTH="enabled",
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def admin_key(console_stack: Stack) -> str:
+    return issue_key(console_stack.redis_url, "ops", "admin")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as driver:
+        chromium = driver.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser: Any, console_stack: Stack, admin_key: str) -> Iterator[Any]:
+    """One logged-in admin tab for the module; every dialog it opens is recorded."""
+    context = browser.new_context(viewport={"width": 1360, "height": 860})
+    tab = context.new_page()
+    tab.dialogs = []
+    tab.on("dialog", lambda dialog: (tab.dialogs.append(dialog.message), dialog.dismiss()))
+    tab.goto(f"{console_stack.base_url}/console/login")
+    tab.fill("#key", admin_key)
+    tab.click("button[type=submit]")
+    tab.wait_for_url(f"{console_stack.base_url}/console")
+    yield tab
+    context.close()
+
+
+def _submit(stack: Stack, key: str, inputs: dict[str, Any], **extra: Any) -> str:
+    body = {"model": "faulty", "inputs": inputs, **extra}
+    response = httpx.post(
+        f"{stack.base_url}/v1/jobs", json=body, headers={"Authorization": f"Bearer {key}"}
+    )
+    assert response.status_code == 202, response.text
+    job_id: str = response.json()["id"]
+    return job_id
+
+
+def _status(r: redis.Redis, job_id: str) -> str:
+    return str(r.hget(f"cv:job:{job_id}", "status") or "")
+
+
+def _online_length(tab: Any) -> int:
+    cell = tab.locator('tr[data-partition="faulty:default"] [data-field="online.length"]')
+    return int(cell.inner_text())
+
+
+def _screenshot(tab: Any, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    tab.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+@pytest.fixture(scope="module")
+def r(console_stack: Stack) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(console_stack.redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def test_without_a_session_the_console_redirects_to_login(console_stack: Stack) -> None:
+    response = httpx.get(f"{console_stack.base_url}/console/jobs")
+    assert response.status_code == 303
+    assert response.headers["location"] == "/console/login"
+    login = httpx.get(f"{console_stack.base_url}/console/login")
+    assert "script-src 'self'" in login.headers["content-security-policy"]
+    refused = httpx.post(f"{console_stack.base_url}/console/login", data={"key": "cvk_wrong-key"})
+    assert refused.status_code == 401 and "unknown API key" in refused.text
+
+
+def test_queue_rises_without_worker_and_drains_when_one_starts(
+    console_stack: Stack, admin_key: str, page: Any, r: redis.Redis
+) -> None:
+    """Also leaves a dead letter behind: a crashing entry outlives two workers first."""
+    crash = _submit(console_stack, admin_key, {"action": "crash", "tag": "killer"})
+    for attempt in range(2):  # max_deliveries is 2: both deliveries crash their worker
+        name = f"crash-{attempt}"
+        console_stack.start_worker("faulty", name=name)
+        worker = console_stack.processes[name]
+        until(lambda: worker.poll() is not None, timeout=60)  # noqa: B023
+    before = _online_length(page)
+    ids = [_submit(console_stack, admin_key, {"n": n}) for n in range(5)]
+    until(lambda: _online_length(page) >= before + 5)
+    _screenshot(page, "overview.png")
+    console_stack.start_worker("faulty", name="fixed", **{FIXED_ENV: "1"})
+    until(lambda: _online_length(page) == 0, timeout=60)
+    until(lambda: all(_status(r, i) == "succeeded" for i in ids))
+    until(lambda: _status(r, crash) == "failed")
+
+
+def test_workers_page_lists_the_live_worker(console_stack: Stack, page: Any) -> None:
+    page.goto(f"{console_stack.base_url}/console/workers")
+    row = page.locator("#workers tbody tr", has_text="faulty:default")
+    until(lambda: row.count() == 1 and "serving" in row.inner_text())
+    assert "FaultEngine" in row.inner_text()
+
+
+def test_dead_letter_is_replayed_from_the_ui_and_succeeds(
+    console_stack: Stack, page: Any, r: redis.Redis
+) -> None:
+    page.goto(f"{console_stack.base_url}/console/dead-letters")
+    (dead_job,) = [row.get_attribute("data-job") for row in page.locator("tr[data-job]").all()]
+    page.locator(f'tr[data-job="{dead_job}"] a.button', has_text="Replay").click()
+    assert "Replay 1 dead letter of faulty:default?" in page.inner_text("h1")
+    page.click("#confirm")
+    new_job = page.locator("ul.replayed a").inner_text()
+    until(lambda: _status(r, new_job) == "succeeded")
+    assert r.hget(f"cv:job:{new_job}", "replay_of") == dead_job
+    assert r.xlen("cv:dlq:faulty:default") == 0
+
+
+def test_failed_job_page_shows_its_error(
+    console_stack: Stack, admin_key: str, page: Any, r: redis.Redis
+) -> None:
+    job_id = _submit(console_stack, admin_key, {"action": "raise", "tag": "bad-7"})
+    until(lambda: _status(r, job_id) == "failed")
+    page.goto(f"{console_stack.base_url}/console/jobs?id={job_id}")
+    assert "ValueError" in page.inner_text("#job-error")
+    assert "bad-7" in page.inner_text("#job-error")
+    assert page.inner_text("#job-status") == "failed"
+    _screenshot(page, "job.png")
+
+
+def test_hostile_input_renders_as_text(
+    console_stack: Stack, admin_key: str, page: Any, r: redis.Redis
+) -> None:
+    hostile = "<script>alert(1)</script>"
+    job_id = _submit(console_stack, admin_key, {"text": hostile})
+    until(lambda: _status(r, job_id) == "succeeded")
+    page.goto(f"{console_stack.base_url}/console/jobs/{job_id}")
+    assert hostile in page.inner_text("#job-outputs")
+    assert page.locator("#job-outputs script").count() == 0
+    page.wait_for_timeout(300)  # a script that ran would have opened its dialog by now
+    assert page.dialogs == []
+
+
+def test_batch_progress_reaches_100_percent(
+    console_stack: Stack, admin_key: str, page: Any
+) -> None:
+    # two micro-batches of a second each: the batch runs long enough to be seen running
+    line = '{{"custom_id": "c{0}", "body": {{"inputs": {{"n": {0}, "sleep_ms": 1000}}}}}}\n'
+    lines = "".join(line.format(n) for n in range(64))
+    response = httpx.post(
+        f"{console_stack.base_url}/v1/batches",
+        params={"model": "faulty"},
+        content=lines.encode(),
+        headers={"Authorization": f"Bearer {admin_key}", "content-type": "application/jsonl"},
+    )
+    assert response.status_code == 202, response.text
+    batch_id = response.json()["id"]
+    page.goto(f"{console_stack.base_url}/console/batches")
+    row = page.locator(f'tr[data-batch="{batch_id}"]')
+    until(lambda: row.count() == 1 and "100%" in row.inner_text(), timeout=60)
+    assert "completed" in row.inner_text()
+
+
+def test_tenant_cannot_open_another_tenants_job(
+    console_stack: Stack, admin_key: str, browser: Any, r: redis.Redis
+) -> None:
+    job_id = _submit(console_stack, admin_key, {"n": "private"})
+    # Playwright's sync API keeps an event loop on this thread; issue_key needs its own
+    with ThreadPoolExecutor(1) as pool:
+        tenant_key = pool.submit(issue_key, console_stack.redis_url, "acme", "read").result()
+    with httpx.Client(base_url=console_stack.base_url) as client:
+        assert client.post("/console/login", data={"key": tenant_key}).status_code == 303
+        assert client.get(f"/console/jobs/{job_id}").status_code == 404
+        assert client.get("/console/dead-letters").status_code == 403
+
+
+def test_post_without_csrf_token_is_refused(console_stack: Stack, admin_key: str) -> None:
+    with httpx.Client(base_url=console_stack.base_url) as client:
+        client.post("/console/login", data={"key": admin_key})
+        form = {"partition": "faulty:default"}
+        assert client.post("/console/dead-letters/discard", data=form).status_code == 403
+        forged = {**form, "csrf": "0" * 64}
+        assert client.post("/console/dead-letters/discard", data=forged).status_code == 403
+
+
+def _commands(r: redis.Redis) -> int:
+    stats: dict[str, Any] = r.info("commandstats")
+    return sum(int(value["calls"]) for value in stats.values())
+
+
+def _calls_during(r: redis.Redis, seconds: float) -> int:
+    start = _commands(r)
+    time.sleep(seconds)  # a measuring window, not a wait for a condition
+    return _commands(r) - start
+
+
+def test_ten_viewers_cost_redis_what_one_does(
+    console_stack: Stack, admin_key: str, r: redis.Redis
+) -> None:
+    """Every viewer reads the same in-memory summary: 10 streams add (almost) no commands."""
+    console_stack.stop_process("fixed")  # a worker's own polling would only add noise
+
+    def viewers(count: int) -> int:
+        stop = threading.Event()
+        received = [0] * count
+
+        def view(index: int) -> None:
+            with httpx.Client(base_url=console_stack.base_url, timeout=30) as client:
+                client.post("/console/login", data={"key": admin_key})
+                with client.stream("GET", "/console/stream") as events:
+                    for line in events.iter_lines():
+                        received[index] += line.startswith("event: summary")
+                        if stop.is_set():
+                            return
+
+        threads = [threading.Thread(target=view, args=(i,), daemon=True) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        until(lambda: all(n >= 2 for n in received))
+        calls = _calls_during(r, 4.0)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+        return calls
+
+    one = viewers(1)
+    ten = viewers(10)
+    assert ten < one * 1.5 + 40, (one, ten)

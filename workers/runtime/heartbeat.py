@@ -1,0 +1,118 @@
+"""Celery worker bootstep that publishes this worker's heartbeat (shared/worker_registry.py)
+every HEARTBEAT_S from its own thread: state (warming while engines load, serving, draining on
+warm shutdown), models, engines, the mean micro-batch size since the last beat and jobs done,
+the last two read from this process's Prometheus counters so no loop has to report to it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from celery import bootsteps
+from celery.worker import state as celery_state
+from redis.exceptions import RedisError
+
+from shared.keys import Keys
+from shared.metrics import BATCH_SIZE, JOBS_FINISHED
+from shared.model_repository import ModelRepository
+from shared.redis_client import connect
+from shared.settings import Settings, get_settings
+from shared.worker_registry import HEARTBEAT_S, Heartbeat, WorkerRegistry, WorkerState
+from workers.partition.redis_backoff import OutageLog
+from workers.runtime.consumer_runtime import consumer_name
+
+log = logging.getLogger(__name__)
+
+
+def _metric_total(metric: Any, suffix: str) -> float:
+    """Sum of one sample series (`_total`, `_sum`, `_count`) over every label set."""
+    return sum(
+        sample.value
+        for family in metric.collect()
+        for sample in family.samples
+        if sample.name.endswith(suffix)
+    )
+
+
+class _Beater:
+    """The heartbeat thread: one asyncio loop and one Redis client for the worker's life."""
+
+    def __init__(self, worker: Any, settings: Settings) -> None:
+        self.worker = worker
+        self.settings = settings
+        repository = ModelRepository.load(settings.model_repository)
+        partitions = repository.partitions(settings.models)
+        self.beat = Heartbeat(
+            name=consumer_name(),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            state="warming",
+            models=[f"{config.name}:{variant}" for config, variant in partitions],
+            engines=sorted({config.backend_of(variant) for config, variant in partitions}),
+            started_at=time.time(),
+        )
+        self.stopping = threading.Event()
+        self._batches = (0.0, 0.0)
+        self.thread = threading.Thread(target=self._run, name="conveyor-heartbeat", daemon=True)
+
+    def _state(self) -> WorkerState:
+        if celery_state.should_stop is not None or celery_state.should_terminate is not None:
+            return "draining"
+        runtime = getattr(self.worker, "conveyor_runtime", None)
+        return "serving" if runtime is not None and runtime.alive else "warming"
+
+    def _refresh(self) -> None:
+        total, count = _metric_total(BATCH_SIZE, "_sum"), _metric_total(BATCH_SIZE, "_count")
+        seen_total, seen_count = self._batches
+        if count > seen_count:
+            self.beat.batch_size = round((total - seen_total) / (count - seen_count), 2)
+        else:
+            self.beat.batch_size = 0.0
+        self._batches = (total, count)
+        self.beat.jobs_done = int(_metric_total(JOBS_FINISHED, "_total"))
+        self.beat.state = self._state()
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        client = connect(self.settings.redis_url, name=f"{self.beat.name}-heartbeat")
+        registry = WorkerRegistry(client, Keys(self.settings.key_prefix))
+        outage = OutageLog("heartbeat")  # one line per outage, not one per beat
+        try:
+            while not self.stopping.is_set():
+                self._refresh()
+                try:
+                    await registry.publish(self.beat)
+                    outage.recovered()
+                except RedisError as exc:
+                    outage.failed(exc)
+                await asyncio.to_thread(self.stopping.wait, HEARTBEAT_S)
+            await registry.remove(self.beat.name)
+        except RedisError as exc:
+            log.warning("heartbeat not removed (%r)", exc)
+        finally:
+            await client.aclose()
+
+
+class WorkerHeartbeat(bootsteps.StartStopStep):
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.beater: _Beater | None = None
+
+    def start(self, worker: Any) -> None:
+        self.beater = _Beater(worker, get_settings())
+        self.beater.thread.start()
+
+    def stop(self, worker: Any) -> None:
+        if self.beater is not None:
+            self.beater.stopping.set()
+            self.beater.thread.join(timeout=5)
+            self.beater = None
