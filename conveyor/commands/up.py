@@ -21,6 +21,7 @@ from shared.settings import get_settings
 
 EXAMPLES = """{key_note}
 Conveyor is up: producer {url}, workers for {models}.
+Operator console: {url}/console (log in with an API key that has the read or admin scope)
 
   # embeddings, submit and wait
   curl -s {url}/v1/models/minilm/predict{auth} -H 'content-type: application/json' \\
