@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from conveyor.stack import Stack
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
@@ -244,7 +245,9 @@ def test_cuda_without_a_device_fails_loudly(artifacts):
         torch_engine(artifacts, device="cuda")
 
 
-def test_the_pipeline_serves_minilm_torch(base_url: str, minilm_worker: int) -> None:
+def test_the_pipeline_serves_minilm_torch(stack: Stack, base_url: str, minilm_worker: int) -> None:
+    device = "cpu" if CUDA_MISSING else "cuda"  # `device: auto`
+    assert f"on {device} in" in (stack.log_dir / "minilm.log").read_text()
     response = httpx.post(
         f"{base_url}/v1/models/minilm/predict",
         json={"inputs": {"texts": SENTENCES}, "variant": "torch"},
@@ -288,6 +291,9 @@ def test_graph_replay_equals_eager_and_nothing_is_captured_after_warmup(artifact
 
 @pytest.mark.gpu
 @needs_cuda
-def test_the_worker_serves_minilm_torch_on_cuda(base_url: str, minilm_worker: int) -> None:
+def test_the_worker_serves_minilm_torch_on_cuda(
+    stack: Stack, base_url: str, minilm_worker: int
+) -> None:
     """The session's minilm worker loads `device: auto`, so with a CUDA device it is on CUDA."""
-    test_the_pipeline_serves_minilm_torch(base_url, minilm_worker)
+    assert "on cuda in" in (stack.log_dir / "minilm.log").read_text()
+    test_the_pipeline_serves_minilm_torch(stack, base_url, minilm_worker)
