@@ -9,10 +9,13 @@ rate-limit token and hands the route the caller's `Principal`:
     async def get_thing(principal: Annotated[Principal, Depends(require("read"))]) -> ...:
         ...  # principal.tenant owns what this route may show
 
+A resource's routes usually take their service ready-made for the caller instead:
+`Annotated[JobsService, Depends(acting_for("read", JobsService))]`.
+
 `/healthz`, `/readyz` and `/metrics` stay open; everything else names a scope.
 """
 
-from producer_api.auth.dependencies import AUTH_RESPONSES, require
+from producer_api.auth.dependencies import AUTH_RESPONSES, acting_for, require
 from producer_api.auth.principal import ANONYMOUS, Principal
 
-__all__ = ["ANONYMOUS", "AUTH_RESPONSES", "Principal", "require"]
+__all__ = ["ANONYMOUS", "AUTH_RESPONSES", "Principal", "acting_for", "require"]

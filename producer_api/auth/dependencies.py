@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from functools import cache
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -20,6 +20,8 @@ from shared.api_keys import Scope
 
 _BEARER = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
 _HEADER = APIKeyHeader(name="X-API-Key", auto_error=False, description="The API key")
+
+Service = TypeVar("Service")
 
 AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing, unknown, expired or revoked API key"},
@@ -79,4 +81,19 @@ def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
         return principal
 
     dependency.__name__ = f"require_{scope}"
+    return dependency
+
+
+def acting_for(
+    scope: Scope, service: Callable[[ProducerState, Principal], Service]
+) -> Callable[..., Awaitable[Service]]:
+    """The dependency that hands a route its service, built for a caller holding `scope`:
+    `Annotated[JobsService, Depends(acting_for("read", JobsService))]`."""
+    caller = Depends(require(scope))  # a default, not an annotation: annotations are strings
+
+    async def dependency(
+        state: Annotated[ProducerState, Depends(producer_state)], principal: Principal = caller
+    ) -> Service:
+        return service(state, principal)
+
     return dependency

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -10,14 +9,12 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from producer_api.auth import AUTH_RESPONSES, Principal, require
+from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.batch_api.progress import view
 from producer_api.batch_api.protocol import WINDOW, BatchOptions, BatchView
 from producer_api.batch_api.serving import BatchApiService
 from producer_api.errors import ConveyorError
 from producer_api.responses import FastJSONResponse
-from producer_api.state import ProducerState, producer_state
-from shared.api_keys import Scope
 from shared.batch_api_store import Refresh
 
 router = APIRouter(tags=["batches"])
@@ -35,21 +32,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _service(scope: Scope) -> Callable[..., Awaitable[BatchApiService]]:
-    """A BatchApiService acting for the caller, who must hold `scope`."""
-
-    caller = Depends(require(scope))  # a default, not an annotation: annotations are strings
-
-    async def dependency(
-        state: Annotated[ProducerState, Depends(producer_state)], principal: Principal = caller
-    ) -> BatchApiService:
-        return BatchApiService(state, principal)
-
-    return dependency
-
-
-SubmitService = Annotated[BatchApiService, Depends(_service("submit"))]
-ReadService = Annotated[BatchApiService, Depends(_service("read"))]
+SubmitService = Annotated[BatchApiService, Depends(acting_for("submit", BatchApiService))]
+ReadService = Annotated[BatchApiService, Depends(acting_for("read", BatchApiService))]
 
 
 def _respond(request: Request, batch_id: str, progress: Refresh, status: int = 200) -> Any:

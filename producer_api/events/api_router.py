@@ -9,11 +9,10 @@ import anyio
 from fastapi import APIRouter, Depends, Header, Path
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from producer_api.auth import AUTH_RESPONSES, Principal, require
+from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.errors import ConveyorError, ErrorBody
 from producer_api.events.protocol import EVENT_ID, JobEvent
 from producer_api.events.serving import EventsService
-from producer_api.state import ProducerState, producer_state
 from producer_api.stream_shutdown import GRACE_S, MESSAGE, RECONNECT_MS, until_shutdown
 from shared.codec import dumps, is_stream_id
 
@@ -26,13 +25,6 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "Unknown job"},
     422: {"model": ErrorBody, "description": "Last-Event-ID is not a stream entry id"},
 }
-
-
-async def events_service(
-    state: Annotated[ProducerState, Depends(producer_state)],
-    principal: Annotated[Principal, Depends(require("read"))],
-) -> EventsService:
-    return EventsService(state, principal)
 
 
 async def server_sent(
@@ -49,7 +41,7 @@ async def server_sent(
 
 @router.get("/v1/jobs/{job_id}/events", response_class=EventSourceResponse, responses=_RESPONSES)
 async def job_events(
-    service: Annotated[EventsService, Depends(events_service)],
+    service: Annotated[EventsService, Depends(acting_for("read", EventsService))],
     job_id: str = Path(max_length=128, description="Job id"),
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID", pattern=EVENT_ID),
 ) -> EventSourceResponse:

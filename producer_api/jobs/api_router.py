@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 
-from producer_api.auth import AUTH_RESPONSES, Principal, require
+from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.errors import ErrorBody
 from producer_api.jobs.protocol import JobAccepted, JobRequest, JobView, PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.responses import FastJSONResponse
-from producer_api.state import ProducerState, producer_state
-from shared.api_keys import Scope
 
 router = APIRouter(tags=["jobs"])
 JOB_ID = Path(max_length=128, description="Job id")
@@ -23,21 +20,8 @@ IDEMPOTENCY_KEY = Header(
 WAIT = Query(default=0.0, ge=0, le=600, description="Seconds to wait for a terminal state")
 
 
-def _service(scope: Scope) -> Callable[..., Awaitable[JobsService]]:
-    """A JobsService acting for the caller, who must hold `scope`."""
-
-    caller = Depends(require(scope))  # a default, not an annotation: annotations are strings
-
-    async def dependency(
-        state: Annotated[ProducerState, Depends(producer_state)], principal: Principal = caller
-    ) -> JobsService:
-        return JobsService(state, principal)
-
-    return dependency
-
-
-SubmitService = Annotated[JobsService, Depends(_service("submit"))]
-ReadService = Annotated[JobsService, Depends(_service("read"))]
+SubmitService = Annotated[JobsService, Depends(acting_for("submit", JobsService))]
+ReadService = Annotated[JobsService, Depends(acting_for("read", JobsService))]
 
 _DESCRIPTIONS = {
     400: "Body is not decodable JSON",

@@ -11,7 +11,7 @@ from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from producer_api.auth import AUTH_RESPONSES, Principal, require
+from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.client_disconnect import ClientDisconnected, unless_disconnected
 from producer_api.errors import ErrorBody
 from producer_api.openai.protocol import (
@@ -22,7 +22,6 @@ from producer_api.openai.protocol import (
 )
 from producer_api.openai.serving import ChatRenderer, CompletionRenderer, OpenAIService, Renderer
 from producer_api.responses import FastJSONResponse
-from producer_api.state import ProducerState, producer_state
 from producer_api.stream_shutdown import GRACE_S
 
 router = APIRouter(tags=["openai"])
@@ -45,14 +44,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def openai_service(
-    state: Annotated[ProducerState, Depends(producer_state)],
-    principal: Annotated[Principal, Depends(require("submit"))],
-) -> OpenAIService:
-    return OpenAIService(state, principal)
-
-
-Service = Annotated[OpenAIService, Depends(openai_service)]
+Service = Annotated[OpenAIService, Depends(acting_for("submit", OpenAIService))]
 
 
 async def _answer(
