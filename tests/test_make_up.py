@@ -8,61 +8,22 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
 from conveyor.local_stack import StackState
-from conveyor.stack import free_port
 from tests.conftest import issue_key
+from tests.up_process import CONVEYOR, conveyor_up
 
-CONVEYOR = Path(sys.executable).parent / "conveyor"
 DEV_KEY_LINE = "Development API key (tenant dev, all scopes): "
 
 
 def _env(**extra: str) -> dict[str, str]:
     own = ("CONVEYOR_REDIS_URL", "CONVEYOR_AUTH", "CONVEYOR_DEV_API_KEY", "CONVEYOR_STATE_DIR")
-    env = {k: v for k, v in os.environ.items() if k not in own}
-    return {**env, "PYTHONUNBUFFERED": "1", **extra}
-
-
-@contextmanager
-def conveyor_up(state_dir: Path, models: str, **env: str) -> Iterator[tuple[int, list[str]]]:
-    """`conveyor up` on a free port until it says it is up: (port, its lines so far); Ctrl-C
-    on the way out, which must stop it cleanly."""
-    port = free_port()
-    command = [str(CONVEYOR), "up", "--port", str(port), "--models", models]
-    process = subprocess.Popen(
-        [*command, "--state-dir", str(state_dir)],
-        env=_env(**env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        lines = []
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            line = process.stdout.readline()
-            lines.append(line)
-            if "Ctrl-C stops everything" in line or process.poll() is not None:  # banner's end
-                break
-        assert any("Conveyor is up" in line for line in lines), "".join(lines)
-        yield port, lines
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    return {**{k: v for k, v in os.environ.items() if k not in own}, **extra}
 
 
 def _cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -84,9 +45,9 @@ def _printed_key(lines: list[str]) -> str:
 
 def test_conveyor_up_serves_embeddings_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     dev_key = "dev-key-for-make-up-test"
-    with conveyor_up(tmp_path, "identity,minilm", CONVEYOR_DEV_API_KEY=dev_key) as (port, lines):
-        assert f"{DEV_KEY_LINE}{dev_key}\n" in lines
-        url = f"http://127.0.0.1:{port}/v1/models/minilm/predict"
+    with conveyor_up(tmp_path, "identity,minilm", _env(CONVEYOR_DEV_API_KEY=dev_key)) as up:
+        assert f"{DEV_KEY_LINE}{dev_key}\n" in up.lines
+        url = f"{up.url}/v1/models/minilm/predict"
         body = {"inputs": {"texts": ["a queue in front of a model", "hello world"]}}
         assert httpx.post(url, json=body, timeout=60).status_code == 401
         response = httpx.post(url, json=body, headers={"X-API-Key": dev_key}, timeout=60)
@@ -95,13 +56,13 @@ def test_conveyor_up_serves_embeddings_and_stops_on_ctrl_c(tmp_path: Path) -> No
 
 
 def test_make_up_reuses_its_dev_key_and_the_cli_finds_its_redis(tmp_path: Path) -> None:
-    with conveyor_up(tmp_path, "identity") as (port, lines):
-        first = _printed_key(lines)
+    with conveyor_up(tmp_path, "identity", _env()) as up:
+        first = _printed_key(up.lines)
         state = StackState.read(tmp_path)
         assert state is not None
-        assert state.producer_url == f"http://127.0.0.1:{port}"
+        assert state.producer_url == up.url
         assert Path(state.dev_key_file).read_text().strip() == first
-        exports = next(line for line in lines if line.strip().startswith("export "))
+        exports = next(line for line in up.lines if line.strip().startswith("export "))
         assert f"CONVEYOR_REDIS_URL={state.redis_url}" in exports
         assert f"CONVEYOR_API_KEY=$(cat {state.dev_key_file})" in exports
         # an older development key, as earlier `make up` runs left them
@@ -109,17 +70,15 @@ def test_make_up_reuses_its_dev_key_and_the_cli_finds_its_redis(tmp_path: Path) 
         listed = _cli(tmp_path, "dlq", "list", "identity")
         assert listed.returncode == 0 and listed.stdout == "", listed.stderr
     assert StackState.read(tmp_path) is None  # Ctrl-C took it away
-    with conveyor_up(tmp_path, "identity") as (port, lines):
-        assert _printed_key(lines) == first  # the same Valkey data: the same key
+    with conveyor_up(tmp_path, "identity", _env()) as up:
+        assert _printed_key(up.lines) == first  # the same Valkey data: the same key
         keys = [
             json.loads(line)
             for line in _cli(tmp_path, "keys", "list", "--json").stdout.splitlines()
         ]
         dev = [key for key in keys if key["tenant"] == "dev"]
         assert sorted(key["state"] for key in dev) == ["API key revoked", "active"]
-        response = httpx.get(
-            f"http://127.0.0.1:{port}/v1/models", headers={"X-API-Key": first}, timeout=30
-        )
+        response = httpx.get(f"{up.url}/v1/models", headers={"X-API-Key": first}, timeout=30)
         assert response.status_code == 200, response.text
 
 

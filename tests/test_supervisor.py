@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -17,13 +16,13 @@ import redis
 import yaml
 
 from conveyor.local_stack import StackState
-from conveyor.stack import Stack, free_port
+from conveyor.stack import Stack
 from conveyor.supervisor import CRASH_LOOP_EXITS, Supervisor
 from shared.keys import GROUP
 from tests.conftest import REPO_ROOT, until
+from tests.up_process import conveyor_up
 
 pytestmark = pytest.mark.slow
-CONVEYOR = str(Path(sys.executable).parent / "conveyor")
 QUEUE = "cv:q:identity:default"
 
 
@@ -71,44 +70,17 @@ class Submitter(threading.Thread):
 
 
 def test_killed_worker_is_replaced_and_no_accepted_job_is_lost(tmp_path: Path) -> None:
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "CONVEYOR_REDIS_URL"}
-    state_dir = tmp_path / "run"
-    up = subprocess.Popen(
-        [
-            CONVEYOR,
-            "up",
-            "--models",
-            "identity",
-            "--port",
-            str(port),
-            "--state-dir",
-            str(state_dir),
-        ],
-        env={
-            **env,
-            "PYTHONUNBUFFERED": "1",
-            "CONVEYOR_AUTH": "disabled",
-            "CONVEYOR_MODEL_REPOSITORY": str(_repository(tmp_path / "repository")),
-        },
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert up.stdout is not None
-        lines: list[str] = []
-        while not any("Conveyor is up" in line for line in lines):
-            line = up.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
-        output = threading.Thread(target=lambda: lines.extend(up.stdout or []), daemon=True)
-        output.start()
-        state = StackState.read(state_dir)
+    env |= {
+        "CONVEYOR_AUTH": "disabled",
+        "CONVEYOR_MODEL_REPOSITORY": str(_repository(tmp_path / "repository")),
+    }
+    with conveyor_up(tmp_path / "run", "identity", env) as up:
+        state = StackState.read(tmp_path / "run")
         assert state is not None
         client = redis.Redis.from_url(state.redis_url, decode_responses=True)
         (victim,) = _worker_pids(client)
-        submitter = Submitter(state.producer_url)
+        submitter = Submitter(up.url)
         submitter.start()
         try:
             until(lambda: len(submitter.accepted) >= 20, timeout=60)
@@ -120,24 +92,20 @@ def test_killed_worker_is_replaced_and_no_accepted_job_is_lost(tmp_path: Path) -
             submitter.stop.set()
             submitter.join()
         assert submitter.refused == []
-        assert any("identity: exited with -9; restarting" in line for line in lines), lines
+        assert any("identity: exited with -9; restarting" in line for line in up.lines), up.lines
         assert len(replaced) == 1
 
-        def ended() -> list[str] | None:
-            statuses = [client.hget(f"cv:job:{i}", "status") for i in submitter.accepted]
+        def ended() -> list[object] | None:
+            statuses: list[object] = [
+                client.hget(f"cv:job:{i}", "status") for i in submitter.accepted
+            ]
             terminal = {"succeeded", "failed", "cancelled", "expired"}
             return statuses if all(s in terminal for s in statuses) else None
 
         statuses = until(ended, timeout=120)
         assert set(statuses) == {"succeeded"}, statuses
         client.close()
-        up.send_signal(signal.SIGINT)
-        assert up.wait(timeout=60) == 0
-        assert StackState.read(state_dir) is None  # gone with the stack
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
+    assert StackState.read(tmp_path / "run") is None  # gone with the stack
 
 
 def test_crash_loop_marks_the_child_failed_and_the_others_keep_running(tmp_path: Path) -> None:
