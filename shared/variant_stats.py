@@ -81,14 +81,17 @@ class Window:
         return self.errors / self.requests if self.requests else 0.0
 
 
-def sample_of(view: Mapping[str, Any]) -> Sample | None:
-    """The sample of a finished job's view (None unless it succeeded or failed with timings)."""
-    timings = view.get("timings", {})
-    if view.get("status") not in COUNTED or not {"created", "started", "finished"} <= set(timings):
+def sample_of(fields: Mapping[str, str]) -> Sample | None:
+    """The sample of a finished job from its hash fields (`status`; `created`, `started` and
+    `finished` in ms), or None unless it succeeded or failed with all three stamps."""
+    if fields.get("status") not in COUNTED:
         return None
-    queue_ms = (timings["started"] - timings["created"]) * 1000.0
-    service_ms = (timings["finished"] - timings["started"]) * 1000.0
-    return Sample(view["status"] == "succeeded", max(queue_ms, 0.0), max(service_ms, 0.0))
+    try:
+        created, started, finished = (int(fields[k]) for k in ("created", "started", "finished"))
+    except (KeyError, ValueError):
+        return None
+    ok = fields["status"] == "succeeded"
+    return Sample(ok, float(max(started - created, 0)), float(max(finished - started, 0)))
 
 
 def bucket_of(at_s: float) -> int:
@@ -101,13 +104,13 @@ class VariantStats:
         self.keys = keys
         self._record = client.register_script(_RECORD)
 
-    async def record_views(self, views: Iterable[Mapping[str, Any]]) -> None:
-        """Count finished jobs (their public views) and keep their latencies: one script call
-        per variant among them, all in one round trip."""
+    async def record_finished(self, jobs: Iterable[Mapping[str, str]]) -> None:
+        """Count finished jobs (their hash fields: model, variant, status, stamps) and keep their
+        latencies: one script call per variant among them, all in one round trip."""
         by_variant: dict[tuple[str, str], list[Sample]] = defaultdict(list)
-        for view in views:
-            if (sample := sample_of(view)) is not None:
-                by_variant[(str(view["model"]), str(view["variant"]))].append(sample)
+        for fields in jobs:
+            if (sample := sample_of(fields)) is not None:
+                by_variant[(fields["model"], fields["variant"])].append(sample)
         if not by_variant:
             return
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from conveyor.cli import main
+from conveyor.stack import Stack
 from shared.codec import loads
 from tests.conftest import REPO_ROOT, running_stack, until
 from tests.webhook_receiver import Receiver, serving
@@ -31,7 +32,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[str]:
+def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Stack]:
     with running_stack(
         tmp_path_factory.mktemp("canary-stack"),
         CONVEYOR_MODEL_REPOSITORY=str(TRAFFIC),
@@ -39,11 +40,16 @@ def url(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterato
         CONVEYOR_AUTH="disabled",  # rollouts, not keys, are under test (test_routes has scopes)
         CONVEYOR_WEBHOOK_SECRET="canary-secret",
         CONVEYOR_WEBHOOK_ALLOWLIST=receiver.base,
-    ) as stack:
-        stack.start_worker("ab", name="ab-worker")
+    ) as pipeline:
+        pipeline.start_worker("ab", name="ab-worker")
         no_shadows = {"weights": {"stable": 100}, "shadows": {}}  # half the load on 2 cores
-        assert httpx.put(f"{stack.base_url}/v1/models/ab/routes", json=no_shadows).is_success
-        yield stack.base_url
+        assert httpx.put(f"{pipeline.base_url}/v1/models/ab/routes", json=no_shadows).is_success
+        yield pipeline
+
+
+@pytest.fixture(scope="module")
+def url(stack: Stack) -> str:
+    return stack.base_url
 
 
 class Load:
@@ -153,6 +159,28 @@ def test_a_healthy_canary_reaches_100_percent(url: str) -> None:
     assert _weights(url)["candidate"] == 100
     restored = httpx.put(f"{url}/v1/models/ab/routes", json={"weights": {"stable": 100}})
     assert restored.status_code == 200, restored.text
+
+
+def test_a_canary_survives_its_producer_restarting(stack: Stack, url: str) -> None:
+    """State lives in Redis: the producer that drives the canary stops after its first step, and
+    the one started in its place carries the rollout on to 100 %."""
+    options = {"steps": [20, 100], "interval_s": 1, "min_requests": 10, **BOUNDS}
+    assert _start(url, variant="candidate", **options).status_code == 201
+    until(lambda: _weights(url).get("candidate") == 20)
+    stack.stop_process("producer")
+    stack.start_producer(int(url.rsplit(":", 1)[1]), name="producer")
+    with Load(url):
+        until(lambda: _status(url)["canary"]["state"] != "running", timeout=90)
+    view = _status(url)
+    assert view["canary"]["state"] == "completed"
+    mine = [e for e in view["events"] if e["at"] >= view["canary"]["started_at"]]
+    assert [(e["type"], e["weight"]) for e in mine] == [
+        ("started", 0),
+        ("step", 20),
+        ("step", 100),
+        ("completed", 100),
+    ]
+    assert httpx.put(f"{url}/v1/models/ab/routes", json={"weights": {"stable": 100}}).is_success
 
 
 def test_abort_and_bad_starts(url: str) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import pytest
@@ -22,29 +21,28 @@ from tests.conftest import REPO_ROOT
 
 TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
 
-# stable: 200 jobs, the last 10 failed; candidate: 100 jobs, the last 20 failed. Service times
-# never tie across the two (x.0/x.5 against x.25/x.75), so Mann-Whitney needs no tie correction.
-STABLE = [(2.0 + (i % 7), 10.0 + i * 0.5, i < 190) for i in range(200)]
-CANDIDATE = [(3.0 + (j % 5), 5.25 + j * 0.5, j < 80) for j in range(100)]
+# stable: 200 jobs, the last 10 failed; candidate: 100 jobs, the last 20 failed (milliseconds, as
+# job hashes stamp them). Service times never tie across the two (even against odd), so
+# Mann-Whitney needs no tie correction.
+STABLE = [(2 + i % 7, 10 + 2 * i, i < 190) for i in range(200)]
+CANDIDATE = [(3 + j % 5, 5 + 2 * j, j < 80) for j in range(100)]
 COMPARISONS = [Comparison(i < 8, 1.0 if i < 8 else 0.5, 2.0, 0) for i in range(10)]
 
 
-def _view(variant: str, queue_ms: float, service_ms: float, ok: bool) -> dict[str, Any]:
-    created = 1_000.0
-    started = created + queue_ms / 1000
+def _job(variant: str, queue_ms: int, service_ms: int, ok: bool) -> dict[str, str]:
+    """A finished job's hash fields, as the worker's write-back leaves them."""
+    created = 1_700_000_000_000
     return {
         "model": "ab",
         "variant": variant,
         "status": "succeeded" if ok else "failed",
-        "timings": {
-            "created": created,
-            "started": started,
-            "finished": started + service_ms / 1000,
-        },
+        "created": str(created),
+        "started": str(created + queue_ms),
+        "finished": str(created + queue_ms + service_ms),
     }
 
 
-def _percentile(values: list[float], p: float) -> float:
+def _percentile(values: list[int], p: float) -> float:
     """Linear interpolation between closest ranks (numpy's default), by hand."""
     ordered = sorted(values)
     rank = p / 100 * (len(ordered) - 1)
@@ -60,8 +58,8 @@ def _normal_two_sided(z: float) -> float:
 @pytest.fixture
 async def api(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
     stats = VariantStats(aredis, Keys())
-    await stats.record_views(_view("stable", *row) for row in STABLE)
-    await stats.record_views(_view("candidate", *row) for row in CANDIDATE)
+    await stats.record_finished(_job("stable", *row) for row in STABLE)
+    await stats.record_finished(_job("candidate", *row) for row in CANDIDATE)
     for comparison in COMPARISONS:
         await stats.add_counts("ab", "mirror", comparison.counts())
     settings = Settings(

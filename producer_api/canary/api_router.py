@@ -6,12 +6,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query
 
-from producer_api.auth import AUTH_RESPONSES, Principal, require
+from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.canary.protocol import CanaryStart, CanaryView
 from producer_api.canary.serving import CanaryService
 from producer_api.errors import ErrorBody
 from producer_api.responses import FastJSONResponse
-from producer_api.state import ProducerState, producer_state
 
 router = APIRouter(tags=["canary"])
 MODEL = Path(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -23,14 +22,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def _service(
-    state: Annotated[ProducerState, Depends(producer_state)],
-    principal: Annotated[Principal, Depends(require("admin"))],
-) -> CanaryService:
-    return CanaryService(state, principal)
-
-
-Service = Annotated[CanaryService, Depends(_service)]
+Service = Annotated[CanaryService, Depends(acting_for("admin", CanaryService))]
 
 
 @router.post(

@@ -6,12 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
 
-from producer_api.auth import AUTH_RESPONSES, Principal, require
+from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.errors import ErrorBody
 from producer_api.experiments.protocol import ExperimentReport
 from producer_api.experiments.serving import ExperimentsService
 from producer_api.responses import FastJSONResponse
-from producer_api.state import ProducerState, producer_state
 
 router = APIRouter(tags=["experiments"])
 
@@ -26,13 +25,11 @@ router = APIRouter(tags=["experiments"])
     },
 )
 async def experiment(
-    state: Annotated[ProducerState, Depends(producer_state)],
-    principal: Annotated[Principal, Depends(require("read"))],
+    service: Annotated[ExperimentsService, Depends(acting_for("read", ExperimentsService))],
     model: str = Path(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
     window_s: float = Query(default=3600.0, gt=0, le=86_400),
     baseline: str | None = Query(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
 ) -> FastJSONResponse:
     """Per variant over the window: requests, success rate, queue/service/total latency
     percentiles, shadow agreement, and z / Mann-Whitney tests against the baseline."""
-    report = await ExperimentsService(state, principal).report(model, window_s, baseline)
-    return FastJSONResponse(report)
+    return FastJSONResponse(await service.report(model, window_s, baseline))

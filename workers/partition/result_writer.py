@@ -29,7 +29,9 @@ class ResultWriter:
         whose results were written (the rest were acknowledged only: already terminal,
         cancelled, or gone)."""
         written = await self._write(stream, batch)
-        await self.stats.record_views([item.view() for item in written])
+        await self.stats.record_finished(
+            {**i.context, **i.fields, "status": i.status} for i in written
+        )
         await self.events.notify(written)
         return written
 
