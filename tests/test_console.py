@@ -147,6 +147,7 @@ def test_workers_page_lists_the_live_worker(console_stack: Stack, page: Any) -> 
     row = page.locator("#workers tbody tr", has_text="faulty:default")
     until(lambda: row.count() == 1 and "serving" in row.inner_text())
     assert "FaultEngine" in row.inner_text()
+    _screenshot(page, "workers.png")
 
 
 def test_dead_letter_is_replayed_from_the_ui_and_succeeds(
@@ -154,6 +155,7 @@ def test_dead_letter_is_replayed_from_the_ui_and_succeeds(
 ) -> None:
     page.goto(f"{console_stack.base_url}/console/dead-letters")
     (dead_job,) = [row.get_attribute("data-job") for row in page.locator("tr[data-job]").all()]
+    _screenshot(page, "dead_letters.png")
     page.locator(f'tr[data-job="{dead_job}"] a.button', has_text="Replay").click()
     assert "Replay 1 dead letter of faulty:default?" in page.inner_text("h1")
     page.click("#confirm")
@@ -173,6 +175,11 @@ def test_failed_job_page_shows_its_error(
     assert "bad-7" in page.inner_text("#job-error")
     assert page.inner_text("#job-status") == "failed"
     _screenshot(page, "job.png")
+    page.goto(f"{console_stack.base_url}/console/jobs?status=failed&model=faulty")
+    listed = page.inner_text("#jobs")
+    assert job_id in listed
+    page.goto(f"{console_stack.base_url}/console/jobs?status=succeeded&model=faulty")
+    assert job_id not in page.inner_text("#jobs")
 
 
 def test_hostile_input_renders_as_text(
@@ -206,6 +213,7 @@ def test_batch_progress_reaches_100_percent(
     row = page.locator(f'tr[data-batch="{batch_id}"]')
     until(lambda: row.count() == 1 and "100%" in row.inner_text(), timeout=60)
     assert "completed" in row.inner_text()
+    _screenshot(page, "batches.png")
 
 
 def test_tenant_cannot_open_another_tenants_job(

@@ -5,6 +5,7 @@ response carries a strict Content-Security-Policy: scripts and styles only from 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,9 +27,11 @@ from producer_api.console.session import (
     login_key,
 )
 from producer_api.errors import ConveyorError
+from producer_api.events.serving import EventsService
 from producer_api.state import ProducerState, producer_state
 from shared.codec import as_text, dumps
 from shared.dead_letters import DeadLetters
+from shared.job_store import JobRecord
 from shared.model_repository import ModelConfig
 from shared.route_store import RouteStore
 
@@ -183,11 +186,35 @@ async def jobs(
 
 @router.get("/jobs/{job_id}")
 async def job(request: Request, state: State, current: Session, job_id: str) -> Response:
+    record = await _visible(state, current, job_id)
+    config = state.repository.get(record.fields.get("model", ""))
+    generates = config is not None and config.kind == "generate"
+    page = await job_page(state, record)
+    return _page(request, "job.html", current, job=page, generates=generates)
+
+
+async def _visible(state: ProducerState, current: ConsoleSession, job_id: str) -> JobRecord:
+    """The job if the session may see it (its tenant's, or any for admin); else 404."""
     record = await state.job_store.get(job_id) if len(job_id) <= 128 else None
     owner = record.fields.get("tenant", "default") if record else None
     if record is None or (not current.admin and owner != current.principal.tenant):
         raise ConveyorError(404, "not_found", "no such job")
-    return _page(request, "job.html", current, job=await job_page(state, record))
+    return record
+
+
+@router.get("/jobs/{job_id}/tokens")
+async def job_tokens(state: State, current: Session, job_id: str) -> Response:
+    """The live token view of an LLM job: its job-events stream (producer_api/events), read as
+    the job's own tenant, which an admin may act as."""
+    record = await _visible(state, current, job_id)
+    reader = replace(current.principal, tenant=record.fields.get("tenant", "default"))
+    events = await EventsService(state, reader).open(job_id, None)
+
+    async def sent() -> AsyncIterator[dict[str, str]]:
+        async for event in events:
+            yield {"event": event.event, "data": as_text(dumps(event.data))}
+
+    return _secure(EventSourceResponse(sent(), ping=15))
 
 
 @router.get("/batches")

@@ -52,6 +52,38 @@ class JobFilter:
 
 
 @dataclass(slots=True)
+class Step:
+    """One point of a job's timeline: when (unix s, None: not yet) and what it took."""
+
+    label: str
+    at: float | None
+    note: str = ""
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.1f} ms" if value is not None else ""
+
+
+def _timeline(view: dict[str, Any]) -> list[Step]:
+    """submitted → read by a worker (queue wait) → ran in a micro-batch (size, engine time) →
+    finished (total)."""
+    timings = view["timings"]
+    batch = view.get("batch_size")
+    engine = _ms(timings.get("engine_ms"))
+    queue_wait, total = _ms(timings.get("queue_wait_ms")), _ms(timings.get("total_ms"))
+    return [
+        Step("submitted", timings.get("created")),
+        Step("read by a worker", timings.get("started"), queue_wait and f"waited {queue_wait}"),
+        Step(
+            "ran in a micro-batch",
+            timings.get("finished") if batch is not None else None,
+            f"batch of {batch}, engine {engine}" if batch is not None else "",
+        ),
+        Step("finished", timings.get("finished"), total and f"total {total}"),
+    ]
+
+
+@dataclass(slots=True)
 class JobPage:
     record: JobRecord
     view: dict[str, Any]
@@ -59,7 +91,7 @@ class JobPage:
     outputs: Preview | None = None
     error: Preview | None = None
     trace_id: str = ""
-    timeline: list[tuple[str, float | None]] = field(default_factory=list)
+    timeline: list[Step] = field(default_factory=list)
 
 
 async def recent_jobs(state: ProducerState, wanted: JobFilter) -> list[dict[str, str]]:
@@ -106,13 +138,8 @@ def _trace_id(traceparent: str) -> str:
 
 async def job_page(state: ProducerState, record: JobRecord) -> JobPage:
     view = record.view()
-    timings = view["timings"]
     page = JobPage(record, view)
-    page.timeline = [
-        ("submitted", timings.get("created")),
-        ("read by a worker", timings.get("started")),
-        ("finished", timings.get("finished")),
-    ]
+    page.timeline = _timeline(view)
     if "outputs" in view:
         page.outputs = Preview.of(view["outputs"])
     if "error" in view:

@@ -133,7 +133,29 @@ function follow() {
   source.addEventListener("error", () => live.classList.remove("on"));
 }
 
+// An LLM job's page: its tokens as they are generated, then how it ended.
+function followTokens() {
+  const view = document.getElementById("job-tokens");
+  if (!view) return;
+  const count = document.getElementById("token-count");
+  const source = new EventSource(`/console/jobs/${encodeURIComponent(view.dataset.job)}/tokens`);
+  let tokens = 0;
+  source.addEventListener("token", (event) => {
+    const data = JSON.parse(event.data);
+    view.append(document.createTextNode(data.text));
+    tokens += data.tokens;
+    count.textContent = `${tokens} tokens`;
+  });
+  source.addEventListener("restart", () => { view.textContent = ""; tokens = 0; });
+  source.addEventListener("final", (event) => {
+    const data = JSON.parse(event.data);
+    count.textContent = `${tokens} tokens · ${data.status}${data.finish_reason ? ` (${data.finish_reason})` : ""}`;
+    source.close();
+  });
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   localTimes();
   follow();
+  followTokens();
 });
