@@ -1,15 +1,22 @@
 """Property-based fuzzing of the whole OpenAPI surface with schemathesis, against a real
 producer (auth on, a real Valkey): valid and invalid requests alike must never get a 5xx, and
 every response must match what the OpenAPI promises (status code, content type, headers and
-body schema). Bounded by examples per operation so it ends in a minute or two on two cores."""
+body schema). Bounded by examples per operation so it ends in a minute or two on two cores.
+Hostile values (lone surrogates, integers beyond 64 bits, non-finite numbers, deep nesting)
+planted anywhere in otherwise valid bodies must get a documented 4xx, never a 5xx."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -63,3 +70,61 @@ def test_no_5xx_and_every_response_matches_the_schema(
     case: schemathesis.Case, fuzz_url: str, fuzz_key: str
 ) -> None:
     case.call_and_validate(base_url=fuzz_url, headers={"X-API-Key": fuzz_key}, checks=CHECKS)
+
+
+# Hostile cases the generated ones rarely reach (issue 18): each is put somewhere in a valid
+# body, free-form `inputs` and `parameters` included, of every route that takes JSON.
+HOSTILE_EXAMPLES = 60
+HUGE_EXPONENT = "__1e400__"  # a literal Python cannot hold as a float: spliced in as text
+BODIES: dict[str, dict[str, Any]] = {
+    "/v1/jobs": {"model": "identity", "inputs": {"x": 1}, "parameters": {"p": 1}},
+    "/v1/models/identity/predict": {"inputs": {"x": 1}, "parameters": {"p": 1}},
+    "/v1/chat/completions": {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/completions": {"model": "smollm2", "prompt": "hi", "seed": 1},
+}
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+hostile_values = st.one_of(
+    st.sampled_from(["\ud800", "a\udfffb", "\udc00\ud800"]),  # lone surrogates
+    st.integers(min_value=2**64, max_value=2**200),
+    st.integers(min_value=-(2**200), max_value=-(2**63) - 1),
+    st.sampled_from([math.nan, math.inf, -math.inf, HUGE_EXPONENT]),
+    st.integers(min_value=65, max_value=900).map(_nested),  # json.dumps recurses
+)
+
+
+def _plant(body: dict[str, Any], value: Any, where: int) -> dict[str, Any]:
+    """`body` with `value` at one of its places: a free-form object, a key, a known field."""
+    planted = json.loads(json.dumps(body))
+    free_form = [planted[name] for name in ("inputs", "parameters") if name in planted]
+    place = where % 3
+    if place == 0 and free_form:
+        free_form[where % len(free_form)]["hostile"] = value
+    elif place == 1 and isinstance(value, str) and value != HUGE_EXPONENT:
+        (free_form[0] if free_form else planted)[value] = 1
+    elif "messages" in planted:
+        planted["messages"][0]["content"] = value
+    else:
+        planted["seed" if "seed" in planted else "routing_key"] = value
+    return planted
+
+
+@given(path=st.sampled_from(sorted(BODIES)), value=hostile_values, where=st.integers(0, 5))
+@settings(max_examples=HOSTILE_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_hostile_values_anywhere_get_a_documented_4xx(
+    fuzz_url: str, fuzz_key: str, path: str, value: Any, where: int
+) -> None:
+    text = json.dumps(_plant(BODIES[path], value, where))  # NaN/Infinity and "\ud800" as JSON
+    text = text.replace(f'"{HUGE_EXPONENT}"', "1e400")
+    headers = {"X-API-Key": fuzz_key, "content-type": "application/json"}
+    response = httpx.post(f"{fuzz_url}{path}", content=text.encode(), headers=headers, timeout=30)
+    assert response.status_code in (413, 422), (response.status_code, response.text[:300])
+    error = response.json()["error"]
+    assert isinstance(error["type"], str) and isinstance(error["message"], str)
