@@ -30,7 +30,8 @@ STATE_FILE = "stack.json"
 class StackState:
     redis_url: str
     producer_url: str
-    dev_key_file: str
+    dev_key_file: str  # empty when auth is disabled
+    pid: int  # the `conveyor up` process: a state file it left behind (kill -9) is ignored
 
     def write(self, state_dir: Path) -> Path:
         path = state_dir / STATE_FILE
@@ -39,12 +40,26 @@ class StackState:
 
     @classmethod
     def read(cls, state_dir: Path) -> StackState | None:
+        """The running stack's state, or None when there is none."""
         path = state_dir / STATE_FILE
-        return cls(**json.loads(path.read_text())) if path.exists() else None
+        state = cls(**json.loads(path.read_text())) if path.exists() else None
+        return state if state is not None and _alive(state.pid) else None
+
+    @property
+    def dev_key(self) -> str | None:
+        return Path(self.dev_key_file).read_text().strip() if self.dev_key_file else None
 
     @staticmethod
     def remove(state_dir: Path) -> None:
         (state_dir / STATE_FILE).unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def redis_url(settings: Settings) -> str:

@@ -69,6 +69,10 @@ def test_make_up_reuses_its_dev_key_and_the_cli_finds_its_redis(tmp_path: Path) 
         issue_key(state.redis_url, "dev", "admin", name="development key (conveyor up)")
         listed = _cli(tmp_path, "dlq", "list", "identity")
         assert listed.returncode == 0 and listed.stdout == "", listed.stderr
+        # the SDK-backed commands find its producer and its key
+        submitted = _cli(tmp_path, "submit", "identity", "--input", '{"a": 1}')
+        assert submitted.returncode == 0, submitted.stderr
+        assert json.loads(submitted.stdout)["outputs"] == {"a": 1}
     assert StackState.read(tmp_path) is None  # Ctrl-C took it away
     with conveyor_up(tmp_path, "identity", _env()) as up:
         assert _printed_key(up.lines) == first  # the same Valkey data: the same key

@@ -16,6 +16,8 @@ from conveyor.client.errors import ConveyorError, WaitTimeout
 from conveyor.client.retries import RetryEvent
 from conveyor.client.sync_client import Client
 from conveyor.client.types import Job
+from conveyor.local_stack import StackState
+from shared.settings import get_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,6 +39,11 @@ def _say_retry(event: RetryEvent) -> None:
 
 @contextmanager
 def connect(url: str | None, api_key: str | None) -> Iterator[Client]:
+    """A client of `url`; without one, of the running `conveyor up`'s producer (with its
+    development key unless a key is given), else the SDK's default."""
+    local = StackState.read(get_settings().state_dir) if url is None else None
+    if local is not None:
+        url, api_key = local.producer_url, api_key or local.dev_key
     try:
         with Client(url, api_key, on_retry=_say_retry) as client:
             yield client

@@ -72,7 +72,8 @@ def command(port: int | None, models: str | None, state_dir: Path | None) -> Non
             stack.start_worker(name)
         key_file = state_dir / "dev-api-key"
         auth = _auth(stack, key_file)
-        StackState(stack.redis_url, url, str(key_file) if auth["auth"] else "").write(state_dir)
+        dev_key_file = str(key_file) if auth["auth"] else ""
+        StackState(stack.redis_url, url, dev_key_file, os.getpid()).write(state_dir)
         banner = EXAMPLES.format(
             url=url, models=", ".join(names), redis_url=stack.redis_url, **auth
         )
