@@ -231,12 +231,14 @@ class JobsService:
     async def _await_reply(
         self, job_id: str, future: asyncio.Future[dict[str, Any]], timeout: float
     ) -> dict[str, Any] | None:
-        """The job's terminal view, or None after `timeout` (at most `max_wait_s`)."""
+        """The job's terminal view, or None after `timeout` (at most `max_wait_s`). A worker's
+        reply lacks what only the hash counts (`attempts`): then the hash is read."""
         timeout = min(timeout, self.state.settings.max_wait_s)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            view = await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
             return None
+        return view if "attempts" in view else await self._read(job_id)
 
     async def _read(self, job_id: str) -> dict[str, Any]:
         return (await self.owned(job_id)).view()
