@@ -60,13 +60,13 @@ class Keys:
         """Bumped on every routes change of any model: what producers poll (one GET)."""
         return f"{self.prefix}routes:version"
 
-    def variant_stats(self, model: str, variant: str, bucket: int) -> str:
-        """One variant's counters over one time bucket (hash; shared/variant_stats.py)."""
-        return f"{self.prefix}vstats:{model}:{variant}:{bucket}"
+    def variant_stats(self, model: str, variant: str) -> str:
+        """Prefix of one variant's counters: + a time bucket, a hash (shared/variant_stats.py)."""
+        return f"{self.prefix}vstats:{model}:{variant}:"
 
-    def variant_samples(self, model: str, variant: str, bucket: int) -> str:
-        """One variant's latency samples over one time bucket (list, capped)."""
-        return f"{self.prefix}vlat:{model}:{variant}:{bucket}"
+    def variant_samples(self, model: str, variant: str) -> str:
+        """Prefix of one variant's latency samples: + a time bucket, a capped list."""
+        return f"{self.prefix}vlat:{model}:{variant}:"
 
     def shadow_pairs(self, model: str) -> str:
         """Primary/shadow job pairs not yet compared (sorted set by submit ms)."""

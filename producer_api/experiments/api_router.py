@@ -27,7 +27,7 @@ router = APIRouter(tags=["experiments"])
 async def experiment(
     service: Annotated[ExperimentsService, Depends(acting_for("read", ExperimentsService))],
     model: str = Path(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
-    window_s: float = Query(default=3600.0, gt=0, le=86_400),
+    window_s: float = Query(default=3600.0, gt=0, le=21_600),
     baseline: str | None = Query(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
 ) -> FastJSONResponse:
     """Per variant over the window: requests, success rate, queue/service/total latency
