@@ -253,7 +253,10 @@ def test_ten_viewers_cost_redis_what_one_does(
     console_stack: Stack, admin_key: str, r: redis.Redis
 ) -> None:
     """Every viewer reads the same in-memory summary: 10 streams add (almost) no commands."""
+    fixed = console_stack.consumer_name(console_stack.processes["fixed"].pid)
+    assert r.hget(f"cv:worker:{fixed}", "state") == '"serving"'
     console_stack.stop_process("fixed")  # a worker's own polling would only add noise
+    assert not r.exists(f"cv:worker:{fixed}")  # a clean exit leaves the list at once
 
     def viewers(count: int) -> int:
         stop = threading.Event()
