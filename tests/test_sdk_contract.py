@@ -166,32 +166,20 @@ _TYPED: dict[str, Any] = {
 }
 
 
-def resolved(schema: Any) -> Any:
-    """The schema with every `#/components/schemas/...` reference replaced by its target."""
+def inlined(schema: Any, definitions: dict[str, Any]) -> Any:
+    """`schema` with every local reference (`#/components/schemas/X`, `#/$defs/X`) replaced by
+    its target in `definitions`."""
     if isinstance(schema, list):
-        return [resolved(item) for item in schema]
+        return [inlined(item, definitions) for item in schema]
     if not isinstance(schema, dict):
         return schema
     if ref := schema.get("$ref"):
-        return resolved(COMPONENTS[ref.rsplit("/", 1)[-1]])
-    return {key: resolved(value) for key, value in schema.items()}
+        return inlined(definitions[ref.rsplit("/", 1)[-1]], definitions)
+    return {key: inlined(value, definitions) for key, value in schema.items() if key != "$defs"}
 
 
-def resolved_defs(schema: dict[str, Any]) -> dict[str, Any]:
-    """A pydantic JSON schema with its `#/$defs/...` references inlined."""
-    defs = schema.get("$defs", {})
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            return [walk(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        if ref := node.get("$ref"):
-            return walk(defs[ref.rsplit("/", 1)[-1]])
-        return {key: walk(value) for key, value in node.items() if key != "$defs"}
-
-    resolved_schema: dict[str, Any] = walk(schema)
-    return resolved_schema
+def resolved(schema: Any) -> Any:
+    return inlined(schema, COMPONENTS)
 
 
 def json_responses() -> Iterator[tuple[str, str, str, dict[str, Any]]]:
@@ -292,7 +280,8 @@ def test_sdk_type_parses_every_response_the_schema_allows(
 def test_streamed_chat_chunks_parse_as_the_sdk_chunk() -> None:
     """Chunks go out as server-sent events, outside the OpenAPI document: their server model
     is the schema here."""
-    schema = resolved_defs(ServerChatCompletionChunk.model_json_schema(mode="serialization"))
+    raw = ServerChatCompletionChunk.model_json_schema(mode="serialization")
+    schema = inlined(raw, raw.get("$defs", {}))
     assert missing_fields(ChatCompletionChunk, schema) == []
     assert_parses(ChatCompletionChunk, schema)
 
