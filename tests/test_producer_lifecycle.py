@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 
 from conveyor.stack import Stack
 from shared.settings import Settings
@@ -39,6 +40,16 @@ def test_producer_that_cannot_bind_exits_non_zero(stack: Stack) -> None:
             assert process.wait(timeout=BIND_EXIT_S) != 0
         finally:
             stack.stop_process("producer-port-taken", sig=signal.SIGKILL)
+
+
+def test_start_producer_refuses_a_port_another_producer_answers(stack: Stack) -> None:
+    """`conveyor up` must not report up when the answer comes from someone else's server."""
+    port = int(stack.base_url.rsplit(":", 1)[1])
+    try:
+        with pytest.raises(RuntimeError, match="answers as producer 'producer', not 'intruder'"):
+            stack.start_producer(port, name="intruder")
+    finally:
+        stack.stop_process("intruder", sig=signal.SIGKILL)
 
 
 def test_redis_outage_logs_once_per_change_and_sigterm_still_stops(tmp_path: Path) -> None:
