@@ -39,8 +39,19 @@ def repository_copy(workdir: Path, name: str, overrides: dict[str, dict[str, Any
         path = target / model / "config.yaml"
         config = yaml.safe_load(path.read_text())
         config.update(fields)
+        if "max_batch_size" in fields:
+            _fit_preferred_sizes(config, fields["max_batch_size"])
         path.write_text(yaml.safe_dump(config, sort_keys=False))
     return target
+
+
+def _fit_preferred_sizes(config: dict[str, Any], max_batch_size: int) -> None:
+    """A lowered max_batch_size drops the variants' preferred batch sizes above it (the config
+    refuses sizes past the maximum)."""
+    for variant in (config.get("variants") or {}).values():
+        if isinstance(variant, dict) and "preferred_batch_sizes" in variant:
+            fitting = [n for n in variant["preferred_batch_sizes"] if n <= max_batch_size]
+            variant["preferred_batch_sizes"] = fitting or [max_batch_size]
 
 
 @contextmanager

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from redis.exceptions import RedisError
 
+from producer_api.batch_api.api_router import JSONL_UPLOADS
 from producer_api.batch_api.api_router import router as batch_api_router
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.batch_api.sweeper import BatchApiSweeper
@@ -152,6 +153,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         RequestBoundaryMiddleware,
         max_bytes=settings.max_body_bytes,
         max_depth=settings.max_json_depth,
+        own_format=JSONL_UPLOADS,
     )
     app.add_middleware(HttpMetricsMiddleware)
     if configure_tracing("conveyor-producer"):

@@ -94,8 +94,11 @@ def parse_json(body: bytes, max_depth: int) -> Any:
     return value
 
 
-def _is_json(scope: Scope) -> bool:
-    """As FastAPI decides: no content type, `application/json` or `application/*+json`."""
+def _is_json(scope: Scope, own_format: frozenset[str]) -> bool:
+    """As FastAPI decides: no content type, `application/json` or `application/*+json`; routes
+    in `own_format` (JSONL uploads) parse and check their bodies themselves, line by line."""
+    if scope["path"] in own_format and scope["method"] == "POST":
+        return False
     raw = dict(scope.get("headers", [])).get(b"content-type")
     if raw is None:
         return True
@@ -112,10 +115,13 @@ class RequestBoundaryMiddleware:
     JSON body (else 422), then replays the body to the app; later `receive` calls (disconnects)
     pass straight through."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, max_depth: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, max_depth: int, own_format: frozenset[str]
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_depth = max_depth
+        self.own_format = own_format
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -130,7 +136,7 @@ class RequestBoundaryMiddleware:
             message = f"request body exceeds {self.max_bytes} bytes"
             await error_response(413, "payload_too_large", message)(scope, receive, send)
             return
-        if body and _is_json(scope):
+        if body and _is_json(scope, self.own_format):
             try:
                 parse_json(body, self.max_depth)
             except ValueError as exc:  # UnstorableJson, JSONDecodeError, UnicodeDecodeError

@@ -121,6 +121,12 @@ def issue_key(redis_url: str, tenant: str, *scopes: str, **spec: Any) -> str:
     return asyncio.run(create())
 
 
+def serve(stack: Stack, model: str) -> None:
+    """One worker for `model` on a shared stack, started by whichever test needs it first."""
+    if model not in stack.processes:
+        stack.start_worker(model)
+
+
 def until(check: Callable[[], Any], timeout: float = 30) -> Any:
     """`check()`'s first truthy value, polled every 0.1 s for up to `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -63,9 +63,9 @@ def _call(
 
 
 def _needs(method: str, path: str) -> str:
-    """The scope a route asks for: admin routes `admin`, reads `read`, everything else
-    (submit, cancel) `submit`."""
-    if path.startswith("/v1/admin"):
+    """The scope a route asks for: admin routes (and a model's traffic: its routes and
+    canary) `admin`, reads `read`, everything else (submit, cancel) `submit`."""
+    if path.startswith("/v1/admin") or path.endswith(("/routes", "/canary")):
         return "admin"
     return "read" if method == "GET" else "submit"
 

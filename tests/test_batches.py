@@ -19,8 +19,9 @@ from tests.conftest import issue_key, until
 pytestmark = pytest.mark.slow
 ENDED = {"completed", "failed", "cancelled", "expired"}
 
-# Twenty malformed lines, two of each kind, at lines 50, 150, ..., 1950 (1-based): what each
-# holds and the error type the errors file must give it.
+# Twenty malformed lines, each kind at least once, at lines 50, 150, ..., 1950 (1-based): what
+# each holds and the error type the errors file must give it. The last two are JSON the request
+# boundary refuses in a JSON body (a lone surrogate, an integer beyond 64 bits).
 MALFORMED: list[tuple[str, str]] = [
     ('{"custom_id": "broken", "body": {', "invalid_json"),
     ('{"body": {"inputs": {"texts": ["no custom_id"]}}}', "invalid_request"),
@@ -38,6 +39,8 @@ MALFORMED: list[tuple[str, str]] = [
         "not_found",
     ),
     ('{"custom_id": "bad-{n}", "url": "/v1/other", "body": {"inputs": {}}}', "invalid_request"),
+    ('{"custom_id": "bad-{n}", "body": {"inputs": {"texts": ["\\ud800"]}}}', "invalid_json"),
+    ('{"custom_id": "bad-{n}", "body": {"inputs": {"n": 99999999999999999999}}}', "invalid_json"),
 ]
 
 

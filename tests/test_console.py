@@ -4,6 +4,7 @@ escaping of hostile job content, access rules, CSRF, and the cost of many viewer
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import time
@@ -95,6 +96,14 @@ def _status(r: redis.Redis, job_id: str) -> str:
     return str(r.hget(f"cv:job:{job_id}", "status") or "")
 
 
+def _login(client: httpx.Client, key: str) -> httpx.Response:
+    """Log in as the login form does: its CSRF token, tied to the pre-login cookie."""
+    form = client.get("/console/login").text
+    match = re.search(r'name="csrf" value="([0-9a-f]+)"', form)
+    assert match is not None
+    return client.post("/console/login", data={"key": key, "csrf": match[1]})
+
+
 def _online_length(tab: Any) -> int:
     cell = tab.locator('tr[data-partition="faulty:default"] [data-field="online.length"]')
     return int(cell.inner_text())
@@ -118,8 +127,10 @@ def test_without_a_session_the_console_redirects_to_login(console_stack: Stack) 
     assert response.headers["location"] == "/console/login"
     login = httpx.get(f"{console_stack.base_url}/console/login")
     assert "script-src 'self'" in login.headers["content-security-policy"]
-    refused = httpx.post(f"{console_stack.base_url}/console/login", data={"key": "cvk_wrong-key"})
-    assert refused.status_code == 401 and "unknown API key" in refused.text
+    with httpx.Client(base_url=console_stack.base_url) as client:
+        refused = _login(client, "cvk_wrong-key")
+        assert refused.status_code == 401 and "unknown API key" in refused.text
+        assert client.get("/console").status_code == 303
 
 
 def test_queue_rises_without_worker_and_drains_when_one_starts(
@@ -224,14 +235,16 @@ def test_tenant_cannot_open_another_tenants_job(
     with ThreadPoolExecutor(1) as pool:
         tenant_key = pool.submit(issue_key, console_stack.redis_url, "acme", "read").result()
     with httpx.Client(base_url=console_stack.base_url) as client:
-        assert client.post("/console/login", data={"key": tenant_key}).status_code == 303
+        assert _login(client, tenant_key).status_code == 303
         assert client.get(f"/console/jobs/{job_id}").status_code == 404
         assert client.get("/console/dead-letters").status_code == 403
 
 
 def test_post_without_csrf_token_is_refused(console_stack: Stack, admin_key: str) -> None:
     with httpx.Client(base_url=console_stack.base_url) as client:
-        client.post("/console/login", data={"key": admin_key})
+        without = client.post("/console/login", data={"key": admin_key})
+        assert without.status_code == 403  # no login CSRF either
+        assert _login(client, admin_key).status_code == 303
         form = {"partition": "faulty:default"}
         assert client.post("/console/dead-letters/discard", data=form).status_code == 403
         forged = {**form, "csrf": "0" * 64}
@@ -264,7 +277,7 @@ def test_ten_viewers_cost_redis_what_one_does(
 
         def view(index: int) -> None:
             with httpx.Client(base_url=console_stack.base_url, timeout=30) as client:
-                client.post("/console/login", data={"key": admin_key})
+                _login(client, admin_key)
                 with client.stream("GET", "/console/stream") as events:
                     for line in events.iter_lines():
                         received[index] += line.startswith("event: summary")

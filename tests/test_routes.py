@@ -15,12 +15,15 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 from click.testing import CliRunner
 
 from conveyor.cli import main
 from conveyor.stack import Stack, free_port
+from producer_api.routes.live_routes import LiveRoutes
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
+from shared.route_store import RouteStore
 from shared.routing import Routes, choose_variant, seed_routes
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
 
@@ -67,6 +70,23 @@ def test_raising_a_weight_moves_only_its_share_and_only_to_it() -> None:
     assert {new for _, new in moved} == {"candidate"}, moved
 
 
+async def test_stored_routes_that_no_longer_fit_the_model_are_ignored(
+    aredis: aioredis.Redis,
+) -> None:
+    store = RouteStore(aredis, KEYS)
+    repository = ModelRepository.load(TRAFFIC)
+    live = LiveRoutes(store, repository)
+    await live.refresh()  # seeds config.yaml's routes
+    await live.refresh()
+    assert live.of(AB).version == 1 and live.of(AB).weights == seed_routes(AB).weights
+    await store.put("ab", Routes({"stable": 50.0, "removed": 50.0}), "test")
+    await live.refresh()
+    assert live.of(AB).weights == seed_routes(AB).weights  # config.yaml's, not the stale ones
+    await store.put("ab", Routes({"stable": 50.0, "candidate": 50.0}), "test")
+    await live.refresh()
+    assert live.of(AB).weights == {"stable": 50.0, "candidate": 50.0}
+
+
 # --- the real pipeline: two producers, one worker serving every variant of `ab` ---
 
 
@@ -93,7 +113,9 @@ def admin(traffic: Stack) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def client_key(traffic: Stack) -> dict[str, str]:
-    return {"X-API-Key": issue_key(traffic.redis_url, "acme", "submit", "read")}
+    """Hundreds of submits a second: the tests count variants, not rate limits."""
+    limits = {"rate_per_s": 10_000.0, "burst": 10_000}
+    return {"X-API-Key": issue_key(traffic.redis_url, "acme", "submit", "read", **limits)}
 
 
 def _put(url: str, headers: dict[str, str], **body: Any) -> httpx.Response:

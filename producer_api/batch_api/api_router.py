@@ -20,6 +20,8 @@ from shared.batch_api_store import Refresh
 router = APIRouter(tags=["batches"])
 BATCH_ID = Path(max_length=64, description="Batch id")
 JSONL = "application/jsonl"
+# Bodies the request boundary leaves to lines.py, which checks each line as it checks JSON.
+JSONL_UPLOADS = frozenset({"/v1/batches"})
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,

@@ -7,13 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from pydantic import ValidationError
 
 from producer_api.batch_api.protocol import BatchItemBody, BatchLine
 from producer_api.errors import ConveyorError
 from producer_api.jobs.protocol import PredictRequest
-from shared.codec import RequestEntry, loads
+from producer_api.request_boundary import parse_json
+from shared.codec import RequestEntry
 from shared.model_repository import ModelConfig
 
 Build = Callable[[str, PredictRequest], tuple[RequestEntry, ModelConfig, str]]
@@ -61,6 +61,7 @@ class ParsedBatch:
 
     model: str | None
     build: Build
+    max_depth: int
     items: list[Item] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
@@ -72,7 +73,7 @@ class ParsedBatch:
             self.rejected.append(rejection(number, err.custom_id, err.type, err.message))
 
     def _item(self, number: int, raw: bytes) -> Item:
-        line = _line(raw)
+        line = _line(raw, self.max_depth)
         if line.custom_id in self._seen:
             message = "custom_id already used by an earlier line"
             raise LineError("duplicate_custom_id", message, line.custom_id)
@@ -96,11 +97,12 @@ class ParsedBatch:
         return Item(number, line.custom_id, entry, config, variant)
 
 
-def _line(raw: bytes) -> BatchLine:
+def _line(raw: bytes, max_depth: int) -> BatchLine:
+    """A line is held to what the request boundary asks of a JSON body."""
     try:
-        obj = loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise LineError("invalid_json", f"not a JSON object: {exc}") from None
+        obj = parse_json(raw, max_depth)
+    except ValueError as exc:  # UnstorableJson, JSONDecodeError, UnicodeDecodeError
+        raise LineError("invalid_json", f"not acceptable JSON: {exc}") from None
     custom_id = obj.get("custom_id") if isinstance(obj, dict) else None
     try:
         return BatchLine.model_validate(obj)
@@ -109,9 +111,9 @@ def _line(raw: bytes) -> BatchLine:
         raise LineError("invalid_request", _describe(exc, ""), known) from None
 
 
-def parse(source: bytes, model: str | None, build: Build) -> ParsedBatch:
+def parse(source: bytes, model: str | None, build: Build, max_depth: int) -> ParsedBatch:
     """Line numbers count every physical line (1-based); blank lines are skipped."""
-    parsed = ParsedBatch(model, build)
+    parsed = ParsedBatch(model, build, max_depth)
     for number, raw in enumerate(source.splitlines(), start=1):
         if raw.strip():
             parsed.add(number, raw)

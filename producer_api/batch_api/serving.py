@@ -53,7 +53,9 @@ class BatchApiService:
         if options.model is not None and self.state.repository.get(options.model) is None:
             raise ConveyorError(404, "not_found", f"model {options.model!r} not found")
         build = JobsService(self.state, self.principal).build
-        parsed = await asyncio.to_thread(lines.parse, source, options.model, build)
+        parsed = await asyncio.to_thread(
+            lines.parse, source, options.model, build, self.state.settings.max_json_depth
+        )
         if not parsed.items and not parsed.rejected:
             raise ConveyorError(422, "invalid_request", "the batch has no lines")
         await self._check_room(parsed.items)

@@ -17,7 +17,7 @@ import numpy as np
 from shared.canary_store import Canary, CanaryState, CanaryStore
 from shared.metrics import CANARY_STATE, CANARY_WEIGHT
 from shared.model_repository import ModelRepository
-from shared.route_store import RouteStore
+from shared.route_store import RouteStore, VersionConflict
 from shared.variant_stats import VariantStats, Window
 from shared.webhook_events import WebhookDispatcher, event
 
@@ -69,8 +69,12 @@ class CanaryController:
     async def look(self) -> None:
         for model in await self.store.active():
             canary = await self.store.get(model)
-            if canary is not None and canary.state == "running":
+            if canary is None or canary.state != "running":
+                continue
+            try:
                 await self.decide(canary)
+            except VersionConflict:
+                log.info("routes of %s changed while its canary moved; deciding again", model)
 
     async def decide(self, canary: Canary) -> None:
         if canary.step < 0:
@@ -117,9 +121,9 @@ class CanaryController:
 
     async def set_weight(self, canary: Canary, percent: float) -> None:
         current = (await self.routes.get_many([canary.model]))[canary.model]
-        await self.routes.put(
-            canary.model, current.with_share(canary.variant, percent), f"canary:{canary.variant}"
-        )
+        routes = current.with_share(canary.variant, percent)
+        # Conditional on the version read: an operator's change made meanwhile wins.
+        await self.routes.put(canary.model, routes, f"canary:{canary.variant}", current.version)
 
     async def announce(
         self, canary: Canary, kind: str, reason: str | None, seen: dict[str, Any]

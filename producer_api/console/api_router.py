@@ -19,10 +19,13 @@ from producer_api.console.job_browser import JobFilter, job_page, recent_jobs
 from producer_api.console.service import Console
 from producer_api.console.session import (
     COOKIE,
+    LOGIN_COOKIE,
+    LOGIN_MAX_AGE_S,
     MAX_AGE_S,
     ConsoleSession,
     LoginRequired,
     check_csrf,
+    check_login_csrf,
     current_session,
     login_key,
 )
@@ -104,28 +107,42 @@ async def static(name: str) -> Response:
 
 @router.get("/login")
 async def login_page(request: Request) -> Response:
-    return _page(request, "login.html", None, error="")
+    return _login_form(request, "", 200)
+
+
+def _login_form(request: Request, error: str, status: int) -> Response:
+    """The login page, with a fresh pre-login cookie and its CSRF token."""
+    cookie, csrf = request.app.state.console.signer.issue("", LOGIN_MAX_AGE_S)
+    page = _page(request, "login.html", None, error=error, csrf=csrf)
+    page.status_code = status
+    _set_cookie(request, page, LOGIN_COOKIE, cookie, LOGIN_MAX_AGE_S)
+    return page
+
+
+def _set_cookie(request: Request, response: Response, name: str, value: str, age: int) -> None:
+    secure = request.url.scheme == "https"
+    response.set_cookie(
+        name, value, max_age=age, path="/console", httponly=True, samesite="strict", secure=secure
+    )
 
 
 @router.post("/login")
-async def login(request: Request, state: State, key: Annotated[str, Form()] = "") -> Response:
+async def login(
+    request: Request,
+    state: State,
+    key: Annotated[str, Form()] = "",
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    signer = request.app.state.console.signer
+    check_login_csrf(signer, request.cookies.get(LOGIN_COOKIE, ""), csrf)
     try:
         principal = await login_key(state, key.strip())
     except ConveyorError as refused:
-        page = _page(request, "login.html", None, error=refused.message)
-        page.status_code = refused.status
-        return page
+        return _login_form(request, refused.message, refused.status)
     response = _see("/console")
-    cookie = request.app.state.console.signer.issue(principal.key_id)
-    response.set_cookie(
-        COOKIE,
-        cookie,
-        max_age=MAX_AGE_S,
-        path="/console",
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-    )
+    cookie, _ = signer.issue(principal.key_id)
+    _set_cookie(request, response, COOKIE, cookie, MAX_AGE_S)
+    response.delete_cookie(LOGIN_COOKIE, path="/console")
     return response
 
 

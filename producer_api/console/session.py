@@ -22,7 +22,9 @@ from producer_api.state import ProducerState
 from shared.codec import dumps, loads
 
 COOKIE = "conveyor_console"
+LOGIN_COOKIE = "conveyor_console_login"
 MAX_AGE_S = 12 * 3600
+LOGIN_MAX_AGE_S = 600
 
 
 class LoginRequired(Exception):
@@ -47,11 +49,14 @@ class SessionSigner:
         digest = hmac.new(self._secret, purpose.encode() + b"|" + data, hashlib.sha256)
         return digest.hexdigest()
 
-    def issue(self, key_id: str) -> str:
-        """A cookie value: base64 JSON {key_id, nonce, expiry} and its MAC."""
-        payload = dumps({"k": key_id, "n": secrets.token_hex(16), "e": time.time() + MAX_AGE_S})
+    def issue(self, key_id: str, max_age_s: float = MAX_AGE_S) -> tuple[str, str]:
+        """A cookie value (base64 JSON {key_id, nonce, expiry} and its MAC) and the CSRF token
+        that goes with it. The login form gets one with no key id, so logging in needs a
+        token too (no login CSRF)."""
+        nonce = secrets.token_hex(16)
+        payload = dumps({"k": key_id, "n": nonce, "e": time.time() + max_age_s})
         body = base64.urlsafe_b64encode(payload).decode()
-        return f"{body}.{self._mac('session', body.encode())}"
+        return f"{body}.{self._mac('session', body.encode())}", self.csrf(nonce)
 
     def read(self, cookie: str) -> tuple[str, str] | None:
         """(key_id, nonce) of a cookie this producer signed and that has not expired."""
@@ -95,3 +100,11 @@ async def current_session(
 def check_csrf(session: ConsoleSession, presented: str | None) -> None:
     if not presented or not hmac.compare_digest(presented, session.csrf):
         raise ConveyorError(403, "forbidden", "missing or wrong CSRF token")
+
+
+def check_login_csrf(signer: SessionSigner, cookie: str, presented: str) -> None:
+    """The login form's token must match the pre-login cookie the login page set."""
+    read = signer.read(cookie)
+    expected = signer.csrf(read[1]) if read is not None else ""
+    if not read or not presented or not hmac.compare_digest(presented, expected):
+        raise ConveyorError(403, "forbidden", "missing or wrong CSRF token; reload the login page")

@@ -10,7 +10,7 @@ import logging
 from shared.metrics import ROUTES_VERSION
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.route_store import RouteStore
-from shared.routing import Routes, seed_routes
+from shared.routing import InvalidRoutes, Routes, UnknownVariant, seed_routes
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,18 @@ class LiveRoutes:
             return  # seeding moved the version: the next poll reads everything
         if self._version >= 0:
             log.info("routes reloaded at version %d", version)
-        self._routes = routes
+        self._routes = {name: r for name, r in routes.items() if self._servable(name, r)}
         self._version = version
         ROUTES_VERSION.set(version)
+
+    def _servable(self, model: str, routes: Routes) -> bool:
+        """Stored routes that no longer fit the model (a variant removed from its config.yaml
+        since) are ignored, config.yaml's apply until someone fixes them."""
+        config = self.repository.get(model)
+        try:
+            if config is not None:
+                routes.check(config)
+                return True
+        except (UnknownVariant, InvalidRoutes) as exc:
+            log.warning("live routes of %s ignored: %s", model, exc)
+        return False

@@ -1,0 +1,130 @@
+"""The README's examples are true: every `curl` in README.md runs, in order, against a live stack
+with API keys on (the key filled in as `$KEY`, `<id>` and `<last id you saw>` from the answers
+before them) and answers 2xx. A finished job's view carries every field the README lists for it
+(`attempts` included), however it was read."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from conveyor.stack import Stack
+from tests.conftest import REPO_ROOT, issue_key, serve
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+README = REPO_ROOT / "README.md"
+BLOCK = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", re.DOTALL)
+README_ADDRESS = "localhost:8000"
+JOB_FIELDS = {"id", "status", "model", "variant", "timings", "batch_size", "attempts"}
+
+
+def readme_curls(text: str) -> Iterator[str]:
+    """Each `curl` command of the README's shell blocks, its continuation lines joined (a
+    command goes on while a line ends in a backslash or a quote is still open)."""
+    for block in BLOCK.findall(text):
+        command = ""
+        for line in block.splitlines():
+            if not command and not line.lstrip().startswith("curl "):
+                continue
+            command += line.removesuffix("\\") + ("\n" if not line.endswith("\\") else " ")
+            if line.endswith("\\") or not _complete(command):
+                continue
+            yield command.strip()
+            command = ""
+
+
+def _complete(command: str) -> bool:
+    try:
+        shlex.split(command, comments=True)
+    except ValueError:  # "No closing quotation"
+        return False
+    return True
+
+
+@dataclass
+class Session:
+    """What a reader following the README has seen so far: the last job id, an event id."""
+
+    base_url: str
+    key: str
+    job_id: str = ""
+    event_id: str = ""
+    answers: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def run(self, command: str) -> tuple[int, str]:
+        """The command as the reader would type it, against this stack: (HTTP status, body)."""
+        filled = (
+            command.replace(README_ADDRESS, self.base_url)
+            .replace("<id>", self.job_id)
+            .replace("<last id you saw>", self.event_id)
+        )
+        assert "<" not in filled.split("#")[0], f"a placeholder the test cannot fill: {command}"
+        # -w prints the status after the body; --max-time bounds a stream that never ends.
+        instrumented = filled.replace("curl ", "curl -w '\\n%{http_code}' --max-time 300 ", 1)
+        result = subprocess.run(
+            ["bash", "-c", instrumented],
+            env={**os.environ, "KEY": self.key},
+            capture_output=True,
+            text=True,
+            timeout=330,
+            check=False,
+        )
+        body, _, status = result.stdout.rpartition("\n")
+        assert result.returncode == 0, (command, result.returncode, result.stderr)
+        self._remember(body)
+        self.answers.append((command, int(status), body))
+        return int(status), body
+
+    def _remember(self, body: str) -> None:
+        if ids := re.findall(r"^id: (\S+)$", body, re.MULTILINE):
+            self.event_id = ids[0]  # resume after the first: "the rest" is then not empty
+            return
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            return
+        if isinstance(answer, dict) and isinstance(answer.get("id"), str):
+            self.job_id = answer["id"]
+
+
+@pytest.fixture(scope="module")
+def readme_stack(auth_stack: Stack) -> Stack:
+    """The README's models served, as `make up` serves them."""
+    for models in ("identity", "minilm"):
+        if models not in auth_stack.processes:
+            auth_stack.start_worker(models)
+    serve(auth_stack, "smollm2")
+    return auth_stack
+
+
+def test_the_readme_has_the_curls_it_should() -> None:
+    commands = list(readme_curls(README.read_text()))
+    assert len(commands) >= 9, commands
+    protected = [c for c in commands if not re.search(r"/(healthz|readyz|metrics)\b", c)]
+    assert all("Bearer $KEY" in c for c in protected), [c for c in protected if "$KEY" not in c]
+
+
+def test_every_readme_curl_answers_2xx(readme_stack: Stack) -> None:
+    key = issue_key(readme_stack.redis_url, "readme", "submit", "read")
+    session = Session(readme_stack.base_url.removeprefix("http://"), key)
+    for command in readme_curls(README.read_text()):
+        status, body = session.run(command)
+        assert 200 <= status < 300, (command, status, body)
+        if '"status":"succeeded"' in body.replace(" ", "") and body.startswith("{"):
+            view = json.loads(body)
+            if "outputs" in view and "choices" not in view:
+                assert set(view) >= JOB_FIELDS, (command, sorted(view))
+
+
+def test_a_command_that_fails_is_caught(readme_stack: Stack) -> None:
+    """The check can fail: a curl without the key answers 401 here."""
+    session = Session(readme_stack.base_url.removeprefix("http://"), "cvk_not_a_key")
+    status, _ = session.run(f"curl -s {README_ADDRESS}/v1/models")
+    assert status == 401

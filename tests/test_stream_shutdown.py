@@ -1,0 +1,178 @@
+"""Open token streams on a producer, through real processes (producers, a worker running the
+paced generate engine, Valkey), keys on:
+
+- SIGTERM ends them cleanly instead of cutting them: an SSE stream gets a last `error` event
+  with `retry:`, an OpenAI stream an error chunk then `data: [DONE]` (complete HTTP responses);
+  the producer exits, the jobs run on, and the SSE client resumes on another producer with
+  Last-Event-ID, missing nothing and repeating nothing.
+- One tenant asking again and again to resume from an id beyond 64 bits (which once failed the
+  shared token hub's read, stalling every stream ~0.5 s a time) does not slow another tenant's
+  tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from conveyor.stack import Stack, free_port
+from tests.conftest import REPO_ROOT, issue_key, running_stack, until
+from tests.test_llm_pipeline import sse_events
+
+pytestmark = pytest.mark.slow
+PACED = str(REPO_ROOT / "tests" / "fixtures" / "paced_repository")
+DOOMED = "doomed-producer"
+PROMPT = "the keeper climbed the stairs of the lighthouse as the storm came in"
+
+
+@pytest.fixture(scope="module")
+def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Keys on, the `paced` model (a token every 50 ms) and one worker serving it."""
+    folder = tmp_path_factory.mktemp("paced")
+    with running_stack(folder, CONVEYOR_MODEL_REPOSITORY=PACED) as stack:
+        # The engine lives in tests/, importable from the repository root.
+        stack.start_worker("paced", PYTHONPATH=str(REPO_ROOT))
+        yield stack
+
+
+def _headers(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def _submit(base_url: str, key: str, max_tokens: int) -> str:
+    body = {
+        "model": "paced",
+        "inputs": {"prompt": PROMPT},
+        "parameters": {"max_tokens": max_tokens},
+    }
+    response = httpx.post(f"{base_url}/v1/jobs", json=body, headers=_headers(key), timeout=30)
+    assert response.status_code == 202, response.text
+    job_id: str = response.json()["id"]
+    return job_id
+
+
+def _events(base_url: str, key: str, job_id: str, after: str | None = None) -> list[dict[str, str]]:
+    headers = _headers(key) | ({"Last-Event-ID": after} if after else {})
+    url = f"{base_url}/v1/jobs/{job_id}/events"
+    with httpx.stream("GET", url, headers=headers, timeout=120) as response:
+        assert response.status_code == 200
+        return list(sse_events(response.iter_lines()))
+
+
+class Reader(threading.Thread):
+    """Reads one streamed response to its end, keeping every event; `error` is what broke it."""
+
+    def __init__(self, method: str, url: str, key: str, body: Any = None) -> None:
+        super().__init__(daemon=True)
+        self.request = (method, url, _headers(key), body)
+        self.events: list[dict[str, str]] = []
+        self.error: Exception | None = None
+        self.job_id = ""
+
+    def run(self) -> None:
+        method, url, headers, body = self.request
+        try:
+            with httpx.stream(method, url, headers=headers, json=body, timeout=120) as response:
+                assert response.status_code == 200, response.read()
+                self.job_id = response.headers.get("x-conveyor-job-id", "")
+                self.events.extend(sse_events(response.iter_lines()))
+        except Exception as exc:  # an incomplete chunked read ends up here
+            self.error = exc
+
+    def count(self, needle: str) -> int:
+        return sum(1 for e in self.events if needle in e.get("event", "") + e.get("data", ""))
+
+
+def test_sigterm_ends_open_streams_cleanly_and_the_job_resumes_elsewhere(paced: Stack) -> None:
+    key = issue_key(paced.redis_url, "shutdown", "submit", "read")
+    doomed = paced.start_producer(free_port(), name=DOOMED)
+    job_id = _submit(paced.base_url, key, 200)  # 10 s of tokens
+    sse = Reader("GET", f"{doomed}/v1/jobs/{job_id}/events", key)
+    chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "stream": True}
+    openai = Reader("POST", f"{doomed}/v1/chat/completions", key, chat | {"max_tokens": 200})
+    sse.start()
+    openai.start()
+    until(lambda: sse.count("token") >= 3 and openai.count('"content"') >= 3)
+
+    exit_code = paced.stop_process(DOOMED)  # SIGTERM, then waits for the exit
+    sse.join(30)
+    openai.join(30)
+
+    assert exit_code in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once drained
+    assert sse.error is None and openai.error is None, (sse.error, openai.error)
+    last = sse.events[-1]
+    assert last["event"] == "error" and int(last["retry"]) > 0, last
+    assert '"unavailable"' in last["data"]
+    assert openai.events[-1]["data"] == "[DONE]"
+    assert '"error"' in openai.events[-2]["data"], openai.events[-2]
+
+    tokens = [e for e in sse.events if e["event"] == "token"]
+    rest = _events(paced.base_url, key, job_id, tokens[-1]["id"])
+    assert rest[-1]["event"] == "final" and '"succeeded"' in rest[-1]["data"], rest[-1]
+    seen = [e["id"] for e in tokens + rest if e["event"] == "token"]
+    whole = _events(paced.base_url, key, job_id)
+    assert seen == [e["id"] for e in whole if e["event"] == "token"]  # none missed or repeated
+
+    # The OpenAI stream's job was not cancelled by the cut: it runs to its end.
+    url = f"{paced.base_url}/v1/jobs/{openai.job_id}"
+    view = httpx.get(url, params={"wait": 30}, headers=_headers(key), timeout=60).json()
+    assert view["status"] == "succeeded", view
+
+
+ATTACKS = 30
+ATTACK_EVERY_S = 0.1
+
+
+def _token_times(base_url: str, key: str, job_id: str, times: list[float]) -> None:
+    url = f"{base_url}/v1/jobs/{job_id}/events"
+    with httpx.stream("GET", url, headers=_headers(key), timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("event: token"):
+                times.append(time.monotonic())
+
+
+async def _attack(base_url: str, key: str, job_id: str) -> list[int]:
+    headers = _headers(key) | {"Last-Event-ID": "99999999999999999999-0"}
+    codes = []
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
+        for _ in range(ATTACKS):
+            codes.append((await client.get(f"/v1/jobs/{job_id}/events")).status_code)
+            await asyncio.sleep(ATTACK_EVERY_S)
+    return codes
+
+
+def _max_gap(times: list[float], start: float, end: float) -> float:
+    inside = [t for t in times if start <= t <= end]
+    return max((b - a for a, b in itertools.pairwise(inside)), default=0.0)
+
+
+def test_a_tenant_with_bad_resume_ids_does_not_slow_another_tenants_tokens(paced: Stack) -> None:
+    victim = issue_key(paced.redis_url, "victim", "submit", "read")
+    attacker = issue_key(paced.redis_url, "attacker", "submit", "read")
+    attacker_job = _submit(paced.base_url, attacker, 2)
+    victim_job = _submit(paced.base_url, victim, 200)  # 10 s of tokens
+    times: list[float] = []
+    follow = threading.Thread(
+        target=_token_times, args=(paced.base_url, victim, victim_job, times), daemon=True
+    )
+    follow.start()
+    until(lambda: len(times) >= 40)  # its baseline: 2 s of undisturbed tokens
+    start = time.monotonic()
+    codes = asyncio.run(_attack(paced.base_url, attacker, attacker_job))
+    end = time.monotonic()
+    follow.join(60)
+
+    assert set(codes) == {422}, codes
+    assert times[-1] > end, "the stream ended before the attack did; make it longer"
+    baseline = _max_gap(times, times[0], start)
+    attacked = _max_gap(times, start, end)
+    # Generous: its worst gap under attack stays near its own worst gap before (each bad
+    # request once stalled every stream of the producer for ~0.5 s).
+    assert attacked <= 2 * baseline + 0.25, (baseline, attacked)
