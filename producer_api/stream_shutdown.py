@@ -1,22 +1,38 @@
-"""Streams end cleanly when the producer stops: on SIGTERM, sse-starlette sets each open
-stream's shutdown event and gives it `GRACE_S` to say goodbye before cutting it. A stream stops
-following its job at once and sends a last event telling the client to reconnect (the job keeps
-running; its token stream lives in Redis, so another producer resumes it from Last-Event-ID)."""
+"""Streams end cleanly, never cut mid-body. When the producer stops (SIGTERM), sse-starlette
+sets each open stream's shutdown event and gives it `GRACE_S` to say goodbye before cutting
+it; when Redis stops answering mid-stream (frozen or gone past `CONVEYOR_REDIS_TIMEOUT_S`),
+there is nothing more to send for now. Either way a stream stops following its job at once and
+sends a last event telling the client to reconnect: the job keeps running, its token stream
+lives in Redis, so this producer (once Redis is back) or another resumes it from
+Last-Event-ID."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 # Shorter than any orchestrator's kill timeout (Kubernetes: 30 s) and uvicorn's graceful one.
 GRACE_S = 3.0
 RECONNECT_MS = 1000
 MESSAGE = "the producer is shutting down; reconnect (with Last-Event-ID to resume)"
+UNREACHABLE = "the queue is unreachable; reconnect (with Last-Event-ID to resume)"
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """A stream ended before its job did, not by the client: `message` says why."""
+
+    message: str
 
 
 async def until_shutdown(events: AsyncIterator[T], shutdown: anyio.Event) -> AsyncIterator[T]:
@@ -41,3 +57,17 @@ async def until_shutdown(events: AsyncIterator[T], shutdown: anyio.Event) -> Asy
             await upcoming
         if (aclose := getattr(events, "aclose", None)) is not None:
             await aclose()
+
+
+async def until_cut(events: AsyncIterator[T], shutdown: anyio.Event) -> AsyncIterator[T | Cut]:
+    """`events` as they come; if the producer shuts down or Redis stops answering before they
+    end, one last `Cut` saying which (the caller turns it into its protocol's error event)."""
+    try:
+        async for item in until_shutdown(events, shutdown):
+            yield item
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        log.info("a stream ends early: redis unavailable (%r)", exc)
+        yield Cut(UNREACHABLE)
+        return
+    if shutdown.is_set():
+        yield Cut(MESSAGE)

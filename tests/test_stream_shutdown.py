@@ -5,6 +5,9 @@ paced generate engine, Valkey), keys on:
   with `retry:`, an OpenAI stream an error chunk then `data: [DONE]` (complete HTTP responses);
   the producer exits, the jobs run on, and the SSE client resumes on another producer with
   Last-Event-ID, missing nothing and repeating nothing.
+- A frozen Redis (SIGSTOP) ends them the same clean way once a read times out, instead of
+  cutting them mid-body: after SIGCONT the SSE client resumes with Last-Event-ID, missing
+  nothing and repeating nothing, and both jobs run to their end.
 - One tenant asking again and again to resume from an id beyond 64 bits (which once failed the
   shared token hub's read, stalling every stream ~0.5 s a time) does not slow another tenant's
   tokens."""
@@ -25,6 +28,7 @@ import pytest
 from conveyor.stack import Stack, free_port
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
 from tests.test_llm_pipeline import sse_events
+from tests.test_redis_freeze import frozen
 
 pytestmark = pytest.mark.slow
 PACED = str(REPO_ROOT / "tests" / "fixtures" / "paced_repository")
@@ -90,40 +94,67 @@ class Reader(threading.Thread):
         return sum(1 for e in self.events if needle in e.get("event", "") + e.get("data", ""))
 
 
-def test_sigterm_ends_open_streams_cleanly_and_the_job_resumes_elsewhere(paced: Stack) -> None:
-    key = issue_key(paced.redis_url, "shutdown", "submit", "read")
-    doomed = paced.start_producer(free_port(), name=DOOMED)
-    job_id = _submit(paced.base_url, key, 200)  # 10 s of tokens
-    sse = Reader("GET", f"{doomed}/v1/jobs/{job_id}/events", key)
+def _open_streams(base_url: str, key: str) -> tuple[Reader, Reader]:
+    """An SSE stream of a 10 s job and a streamed chat completion as long, both under way."""
+    job_id = _submit(base_url, key, 200)
+    sse = Reader("GET", f"{base_url}/v1/jobs/{job_id}/events", key)
     chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "stream": True}
-    openai = Reader("POST", f"{doomed}/v1/chat/completions", key, chat | {"max_tokens": 200})
+    openai = Reader("POST", f"{base_url}/v1/chat/completions", key, chat | {"max_tokens": 200})
     sse.start()
     openai.start()
     until(lambda: sse.count("token") >= 3 and openai.count('"content"') >= 3)
+    return sse, openai
+
+
+def _ended_cleanly(sse: Reader, openai: Reader, why: str) -> None:
+    """Both responses complete: SSE's last event an `unavailable` error with `retry:`, the
+    OpenAI stream's an error chunk then `[DONE]`."""
+    assert sse.error is None and openai.error is None, (sse.error, openai.error)
+    last = sse.events[-1]
+    assert last["event"] == "error" and int(last["retry"]) > 0, last
+    assert '"unavailable"' in last["data"] and why in last["data"], last
+    assert openai.events[-1]["data"] == "[DONE]"
+    assert '"unavailable"' in openai.events[-2]["data"], openai.events[-2]
+
+
+def _resumes_and_runs_on(stack: Stack, key: str, sse: Reader, openai: Reader) -> None:
+    """The SSE client resumes after the last token it saw, missing and repeating nothing, and
+    the OpenAI stream's job was not cancelled by the cut: it runs to its end."""
+    job_id = sse.request[1].split("/")[-2]
+    tokens = [e for e in sse.events if e["event"] == "token"]
+    rest = _events(stack.base_url, key, job_id, tokens[-1]["id"])
+    assert rest[-1]["event"] == "final" and '"succeeded"' in rest[-1]["data"], rest[-1]
+    seen = [e["id"] for e in tokens + rest if e["event"] == "token"]
+    whole = _events(stack.base_url, key, job_id)
+    assert seen == [e["id"] for e in whole if e["event"] == "token"]  # none missed or repeated
+    url = f"{stack.base_url}/v1/jobs/{openai.job_id}"
+    view = httpx.get(url, params={"wait": 30}, headers=_headers(key), timeout=60).json()
+    assert view["status"] == "succeeded", view
+
+
+def test_sigterm_ends_open_streams_cleanly_and_the_job_resumes_elsewhere(paced: Stack) -> None:
+    key = issue_key(paced.redis_url, "shutdown", "submit", "read")
+    doomed = paced.start_producer(free_port(), name=DOOMED)
+    sse, openai = _open_streams(doomed, key)
 
     exit_code = paced.stop_process(DOOMED)  # SIGTERM, then waits for the exit
     sse.join(30)
     openai.join(30)
 
     assert exit_code in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once drained
-    assert sse.error is None and openai.error is None, (sse.error, openai.error)
-    last = sse.events[-1]
-    assert last["event"] == "error" and int(last["retry"]) > 0, last
-    assert '"unavailable"' in last["data"]
-    assert openai.events[-1]["data"] == "[DONE]"
-    assert '"error"' in openai.events[-2]["data"], openai.events[-2]
+    _ended_cleanly(sse, openai, "shutting down")
+    _resumes_and_runs_on(paced, key, sse, openai)
 
-    tokens = [e for e in sse.events if e["event"] == "token"]
-    rest = _events(paced.base_url, key, job_id, tokens[-1]["id"])
-    assert rest[-1]["event"] == "final" and '"succeeded"' in rest[-1]["data"], rest[-1]
-    seen = [e["id"] for e in tokens + rest if e["event"] == "token"]
-    whole = _events(paced.base_url, key, job_id)
-    assert seen == [e["id"] for e in whole if e["event"] == "token"]  # none missed or repeated
 
-    # The OpenAI stream's job was not cancelled by the cut: it runs to its end.
-    url = f"{paced.base_url}/v1/jobs/{openai.job_id}"
-    view = httpx.get(url, params={"wait": 30}, headers=_headers(key), timeout=60).json()
-    assert view["status"] == "succeeded", view
+def test_a_frozen_redis_ends_open_streams_cleanly_and_they_resume(paced: Stack) -> None:
+    """Once, such a stream was cut mid-body (an incomplete chunked read) when a Redis read
+    timed out; now the producer ends it, Redis still frozen, within a read's timeout."""
+    key = issue_key(paced.redis_url, "freeze", "submit", "read")
+    sse, openai = _open_streams(paced.base_url, key)
+    with frozen(paced):
+        until(lambda: not sse.is_alive() and not openai.is_alive())
+    _ended_cleanly(sse, openai, "unreachable")
+    _resumes_and_runs_on(paced, key, sse, openai)
 
 
 ATTACKS = 30

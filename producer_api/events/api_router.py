@@ -13,7 +13,7 @@ from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.errors import ConveyorError, ErrorBody
 from producer_api.events.protocol import EVENT_ID, JobEvent
 from producer_api.events.serving import EventsService
-from producer_api.stream_shutdown import GRACE_S, MESSAGE, RECONNECT_MS, until_shutdown
+from producer_api.stream_shutdown import GRACE_S, RECONNECT_MS, Cut, until_cut
 from shared.codec import dumps, is_stream_id
 
 router = APIRouter(tags=["events"])
@@ -30,13 +30,15 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 async def server_sent(
     events: AsyncIterator[JobEvent], shutdown: anyio.Event
 ) -> AsyncIterator[ServerSentEvent]:
-    """The job's events; if the producer shuts down first, an `error` event (type
-    `unavailable`) with `retry:` ends the stream: reconnect with Last-Event-ID to resume."""
-    async for event in until_shutdown(events, shutdown):
-        yield ServerSentEvent(data=dumps(event.data).decode(), event=event.event, id=event.id)
-    if shutdown.is_set():
-        error = {"type": "unavailable", "message": MESSAGE}
-        yield ServerSentEvent(data=dumps(error).decode(), event="error", retry=RECONNECT_MS)
+    """The job's events; if the producer shuts down or Redis stops answering first, an
+    `error` event (type `unavailable`) with `retry:` ends the stream: reconnect with
+    Last-Event-ID to resume."""
+    async for event in until_cut(events, shutdown):
+        if isinstance(event, Cut):
+            error = {"type": "unavailable", "message": event.message}
+            yield ServerSentEvent(data=dumps(error).decode(), event="error", retry=RECONNECT_MS)
+        else:
+            yield ServerSentEvent(data=dumps(event.data).decode(), event=event.event, id=event.id)
 
 
 @router.get("/v1/jobs/{job_id}/events", response_class=EventSourceResponse, responses=_RESPONSES)
@@ -48,9 +50,10 @@ async def job_events(
     """Stream a job's events. LLM jobs: one `token` event per engine step (id = token-stream
     entry id), then a `final` event with the finish reason and usage; reconnecting with
     `Last-Event-ID` resumes right after that event. Other jobs: one `final` event with the job
-    when it ends. The job keeps running when the client goes away, or when this producer
-    shuts down (the stream then ends with an `error` event carrying `retry:`). A
-    `Last-Event-ID` that no stream could hold (parts beyond 64 bits) is refused (422)."""
+    when it ends. The job keeps running when the client goes away, when this producer shuts
+    down or when Redis stops answering (the stream then ends with an `error` event carrying
+    `retry:`). A `Last-Event-ID` that no stream could hold (parts beyond 64 bits) is refused
+    (422)."""
     if last_event_id is not None and not is_stream_id(last_event_id):
         message = "Last-Event-ID: not a token-stream entry id (<ms>-<seq>, each within 64 bits)"
         raise ConveyorError(422, "invalid_request", message)

@@ -32,7 +32,7 @@ from producer_api.openai.protocol import (
     Usage,
 )
 from producer_api.state import ProducerState
-from producer_api.stream_shutdown import MESSAGE, until_shutdown
+from producer_api.stream_shutdown import Cut, until_cut
 from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
 from shared.token_stream import TokenEvent
@@ -183,12 +183,17 @@ class OpenAIService:
     ) -> AsyncIterator[str]:
         """The job's chunks in OpenAI's format, ending with `[DONE]`. A stream that stops
         before the job's final event (client disconnected) cancels the job; one cut by this
-        producer's shutdown ends with an error chunk and `[DONE]`, and its job runs on."""
+        producer's shutdown or by Redis not answering ends with an error chunk and `[DONE]`,
+        and its job runs on."""
         ended = False
         try:
             if (opening := renderer.opening()) is not None:
                 yield renderer.encode(opening)
-            async for event in until_shutdown(self._follow(job_id), shutdown):
+            async for event in until_cut(self._follow(job_id), shutdown):
+                if isinstance(event, Cut):
+                    ended = True  # not the client's choice: the job runs on
+                    yield _error_chunk("unavailable", f"{event.message}; job {job_id} runs on")
+                    break
                 if event.kind == "restart":
                     yield _error_chunk("restarted", "the job's worker died; retry the request")
                     break
@@ -198,9 +203,6 @@ class OpenAIService:
                 ended = True
                 for chunk in self._closing(renderer, event):
                     yield chunk
-            if shutdown.is_set():
-                ended = True  # not the client's choice: the job runs on
-                yield _error_chunk("unavailable", f"{MESSAGE}; job {job_id} runs on")
             yield DONE
         finally:
             if not ended:
