@@ -1,6 +1,7 @@
-"""The README's examples are true: every `curl` in README.md runs, in order, against a live stack
-with API keys on (the key filled in as `$KEY`, `<id>` and `<last id you saw>` from the answers
-before them) and answers 2xx. A finished job's view carries every field the README lists for it
+"""The README's examples are true: every `curl` of README.md's shell blocks (any other is a
+recorded console transcript) runs, in order, against a live stack with API keys on (the key
+filled in as `$KEY`, `<id>` and `<last id you saw>` from the answers before them) and answers
+2xx. A finished job's view carries every field the README lists for it
 (`attempts` included), however it was read."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tests.conftest import REPO_ROOT, issue_key, serve
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 README = REPO_ROOT / "README.md"
 BLOCK = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", re.DOTALL)
+TRANSCRIPT = re.compile(r"```console\n(.*?)```", re.DOTALL)  # recorded `$ command` + output
 README_ADDRESS = "localhost:8000"
 JOB_FIELDS = {"id", "status", "model", "variant", "timings", "batch_size", "attempts"}
 
@@ -105,8 +107,13 @@ def readme_stack(auth_stack: Stack) -> Stack:
 
 
 def test_the_readme_has_the_curls_it_should() -> None:
-    commands = list(readme_curls(README.read_text()))
+    text = README.read_text()
+    commands = list(readme_curls(text))
     assert len(commands) >= 9, commands
+    # Any other curl must be a recorded console transcript (`$ curl` and its output, such as
+    # the traffic walkthrough's), never an example left out of the run below.
+    recorded = sum(len(re.findall(r"^\$ curl ", block, re.M)) for block in TRANSCRIPT.findall(text))
+    assert len(re.findall(r"^\s*(?:\$ )?curl ", text, re.M)) == len(commands) + recorded
     protected = [c for c in commands if not re.search(r"/(healthz|readyz|metrics)\b", c)]
     assert all("Bearer $KEY" in c for c in protected), [c for c in protected if "$KEY" not in c]
 
