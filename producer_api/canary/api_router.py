@@ -18,6 +18,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
     404: {"model": ErrorBody, "description": "Unknown model"},
     409: {"model": ErrorBody, "description": "A canary is (not) running"},
+    413: {"model": ErrorBody, "description": "Body over CONVEYOR_MAX_BODY_BYTES"},
     422: {"model": ErrorBody, "description": "Unknown variant, bad steps or webhook"},
 }
 

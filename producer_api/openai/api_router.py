@@ -33,6 +33,7 @@ _DESCRIPTIONS = {
     400: "The model does not generate text",
     404: "Unknown model or variant",
     409: "The job was cancelled",
+    413: "Body over CONVEYOR_MAX_BODY_BYTES (chunked too)",
     422: "Invalid request, or the model failed on it",
     429: "Queue full, rate limited or too many jobs in flight; see Retry-After",
     503: "Queue unreachable",
