@@ -91,6 +91,8 @@ def test_urls_outside_the_allow_list_are_refused_at_submit(
     for url in (
         f"{receiver.base}/elsewhere",
         f"{receiver.base}/hooks-evil/x",
+        f"{receiver.base}/hooks/../elsewhere",  # dot segments, resolved by the HTTP client
+        f"{receiver.base}/hooks/%2e%2e/elsewhere",
         f"https://127.0.0.1:{port}/hooks/x",
         f"http://user:pw@127.0.0.1:{port}/hooks/x",
         f"http://127.0.0.1:{port + 1}/hooks/x",
