@@ -127,6 +127,10 @@ def test_a_failing_canary_rolls_back_with_its_numbers(url: str, receiver: Receiv
     )
     assert rollback["numbers"]["baseline"]["error_rate"] == 0
     assert _weights(url) == {"stable": 100.0, "flaky": 0.0}
+    scrape = httpx.get(f"{url}/metrics").text
+    assert 'conveyor_canary_weight{model="ab",variant="flaky"} 0.0' in scrape
+    assert 'conveyor_canary_state{model="ab",state="rolled_back",variant="flaky"} 1.0' in scrape
+    assert 'conveyor_canary_state{model="ab",state="running",variant="flaky"} 0.0' in scrape
 
     def delivered() -> list[str]:
         types = [loads(d["body"])["type"] for d in receiver.at("/canary")]
@@ -157,6 +161,9 @@ def test_a_healthy_canary_reaches_100_percent(url: str) -> None:
     ]
     assert all(e["numbers"]["canary"]["requests"] >= 20 for e in events[-2:])
     assert _weights(url)["candidate"] == 100
+    scrape = httpx.get(f"{url}/metrics").text
+    assert 'conveyor_canary_weight{model="ab",variant="candidate"} 100.0' in scrape
+    assert 'conveyor_canary_state{model="ab",state="completed",variant="candidate"} 1.0' in scrape
     restored = httpx.put(f"{url}/v1/models/ab/routes", json={"weights": {"stable": 100}})
     assert restored.status_code == 200, restored.text
 
@@ -199,12 +206,24 @@ def test_abort_and_bad_starts(url: str) -> None:
     env = {"CONVEYOR_URL": url}
     runner = CliRunner()
     args = ["canary", "start", "ab", "candidate", "--steps", "10,100", "--interval", "1h"]
-    started = runner.invoke(main, args, env=env)
+    bounds = ["--max-error-rate", "0.02", "--max-p99-ms", "750", "--min-requests", "300"]
+    started = runner.invoke(main, [*args, *bounds], env=env)
     assert started.exit_code == 0, started.output
     until(lambda: _weights(url).get("candidate") == 10)
+    running = _status(url)["canary"]
+    assert (running["steps"], running["interval_s"]) == ([10, 100], 3600)
+    assert (running["max_error_rate"], running["max_p99_ms"], running["min_requests"]) == (
+        0.02,
+        750,
+        300,
+    )
     assert _start(url, variant="candidate").status_code == 409
     status = runner.invoke(main, ["canary", "status", "ab"], env=env)
     assert "running, 10 %" in status.output, status.output
+    board = httpx.get(f"{url}/console/routes")  # auth disabled: the console needs no login
+    assert board.status_code == 200, board.text
+    assert "running</span> candidate at 10% vs stable" in board.text, board.text
+    assert "steps 10, 100 · 3600 s each" in board.text and "p99 ≤ 750 ms" in board.text
     aborted = runner.invoke(main, ["canary", "abort", "ab"], env=env)
     assert aborted.exit_code == 0 and "aborted, 0 %" in aborted.output, aborted.output
     assert _weights(url).get("candidate") == 0 and _weights(url)["stable"] == 100

@@ -1,6 +1,7 @@
 """The operator console in a real browser (Debian's chromium driven by Playwright): login,
-live partition lengths, workers, a failed job's error, dead-letter replay, batch progress,
-escaping of hostile job content, access rules, CSRF, and the cost of many viewers in Redis."""
+live partition lengths and inline charts, workers, a failed job's error, an LLM job's live
+tokens, dead-letter replay, batch progress, escaping of hostile job content, access rules, the
+session cookie, CSRF, and the cost of many viewers in Redis."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import redis
 
 from conveyor.stack import Stack
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
+from tests.console_login import console_login
 from tests.fault_engine import FIXED_ENV
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed")
@@ -35,7 +37,7 @@ ARGS = [
     "--disable-sync",
 ]
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
-FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 pytestmark = [
     pytest.mark.slow,
@@ -45,10 +47,15 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def console_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`faulty` (a batch model that fails or crashes on demand) and `paced` (a generate model,
+    a token every 50 ms) in one repository."""
+    repository = tmp_path_factory.mktemp("console-models")
+    (repository / "faulty").symlink_to(FIXTURES / "model_repository" / "faulty")
+    (repository / "paced").symlink_to(FIXTURES / "paced_repository" / "paced")
     with running_stack(
         tmp_path_factory.mktemp("console"),
-        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
-        PYTHONPATH=str(REPO_ROOT),  # the faulty model's engine lives in tests/
+        CONVEYOR_MODEL_REPOSITORY=str(repository),
+        PYTHONPATH=str(REPO_ROOT),  # both models' engines live in tests/
         CONVEYOR_AUTH="enabled",
     ) as stack:
         yield stack
@@ -83,7 +90,7 @@ def page(browser: Any, console_stack: Stack, admin_key: str) -> Iterator[Any]:
 
 
 def _submit(stack: Stack, key: str, inputs: dict[str, Any], **extra: Any) -> str:
-    body = {"model": "faulty", "inputs": inputs, **extra}
+    body = {"model": "faulty", "inputs": inputs} | extra
     response = httpx.post(
         f"{stack.base_url}/v1/jobs", json=body, headers={"Authorization": f"Bearer {key}"}
     )
@@ -94,14 +101,6 @@ def _submit(stack: Stack, key: str, inputs: dict[str, Any], **extra: Any) -> str
 
 def _status(r: redis.Redis, job_id: str) -> str:
     return str(r.hget(f"cv:job:{job_id}", "status") or "")
-
-
-def _login(client: httpx.Client, key: str) -> httpx.Response:
-    """Log in as the login form does: its CSRF token, tied to the pre-login cookie."""
-    form = client.get("/console/login").text
-    match = re.search(r'name="csrf" value="([0-9a-f]+)"', form)
-    assert match is not None
-    return client.post("/console/login", data={"key": key, "csrf": match[1]})
 
 
 def _online_length(tab: Any) -> int:
@@ -128,7 +127,7 @@ def test_without_a_session_the_console_redirects_to_login(console_stack: Stack) 
     login = httpx.get(f"{console_stack.base_url}/console/login")
     assert "script-src 'self'" in login.headers["content-security-policy"]
     with httpx.Client(base_url=console_stack.base_url) as client:
-        refused = _login(client, "cvk_wrong-key")
+        refused = console_login(client, "cvk_wrong-key")
         assert refused.status_code == 401 and "unknown API key" in refused.text
         assert client.get("/console").status_code == 303
 
@@ -151,6 +150,12 @@ def test_queue_rises_without_worker_and_drains_when_one_starts(
     until(lambda: _online_length(page) == 0, timeout=60)
     until(lambda: all(_status(r, i) == "succeeded" for i in ids))
     until(lambda: _status(r, crash) == "failed")
+    row = page.locator('tr[data-partition="faulty:default"]')
+    until(lambda: float(row.locator('[data-field="rate"]').inner_text()) > 0)  # last minute's
+    for chart in ("spark", "throughput"):  # the inline SVG charts got points from the stream
+        points = row.locator(f'[data-field="{chart}"] polyline').get_attribute("points")
+        assert points is not None and len(points.split()) >= 2, (chart, points)
+    assert float(row.locator('[data-field="p99"]').inner_text()) >= 0  # a number, no dash
 
 
 def test_workers_page_lists_the_live_worker(console_stack: Stack, page: Any) -> None:
@@ -206,6 +211,22 @@ def test_hostile_input_renders_as_text(
     assert page.dialogs == []
 
 
+def test_llm_job_page_streams_its_tokens(
+    console_stack: Stack, admin_key: str, page: Any, r: redis.Redis
+) -> None:
+    console_stack.start_worker("paced", name="paced")
+    body = {"prompt": "tokens arrive live"}
+    job_id = _submit(console_stack, admin_key, body, model="paced", parameters={"max_tokens": 90})
+    page.goto(f"{console_stack.base_url}/console/jobs/{job_id}")
+    count = page.locator("#token-count")
+    # seen mid-stream (no final status yet), then to its end
+    until(lambda: re.fullmatch(r"([1-9]|[1-8]\d) tokens", count.inner_text()))
+    until(lambda: count.inner_text() == "90 tokens · succeeded (length)")
+    assert page.inner_text("#job-tokens").startswith("tokens arrive live tokens arrive ")
+    assert _status(r, job_id) == "succeeded"
+    console_stack.stop_process("paced")  # its polling would only add to the viewers' count
+
+
 def test_batch_progress_reaches_100_percent(
     console_stack: Stack, admin_key: str, page: Any
 ) -> None:
@@ -235,7 +256,7 @@ def test_tenant_cannot_open_another_tenants_job(
     with ThreadPoolExecutor(1) as pool:
         tenant_key = pool.submit(issue_key, console_stack.redis_url, "acme", "read").result()
     with httpx.Client(base_url=console_stack.base_url) as client:
-        assert _login(client, tenant_key).status_code == 303
+        assert console_login(client, tenant_key).status_code == 303
         assert client.get(f"/console/jobs/{job_id}").status_code == 404
         assert client.get("/console/dead-letters").status_code == 403
 
@@ -244,7 +265,12 @@ def test_post_without_csrf_token_is_refused(console_stack: Stack, admin_key: str
     with httpx.Client(base_url=console_stack.base_url) as client:
         without = client.post("/console/login", data={"key": admin_key})
         assert without.status_code == 403  # no login CSRF either
-        assert _login(client, admin_key).status_code == 303
+        login = console_login(client, admin_key)
+        assert login.status_code == 303 and admin_key not in login.headers["location"]
+        (session,) = [c for c in login.headers.get_list("set-cookie") if "_console=" in c]
+        attributes = {part.strip().lower() for part in session.split(";")[1:]}
+        assert {"httponly", "samesite=strict", "path=/console"} <= attributes, session
+        assert admin_key not in session  # the cookie holds the key's public id, signed
         form = {"partition": "faulty:default"}
         assert client.post("/console/dead-letters/discard", data=form).status_code == 403
         forged = {**form, "csrf": "0" * 64}
@@ -277,7 +303,7 @@ def test_ten_viewers_cost_redis_what_one_does(
 
         def view(index: int) -> None:
             with httpx.Client(base_url=console_stack.base_url, timeout=30) as client:
-                _login(client, admin_key)
+                console_login(client, admin_key)
                 with client.stream("GET", "/console/stream") as events:
                     for line in events.iter_lines():
                         received[index] += line.startswith("event: summary")

@@ -47,6 +47,9 @@ def test_conveyor_up_serves_embeddings_and_stops_on_ctrl_c(tmp_path: Path) -> No
     dev_key = "dev-key-for-make-up-test"
     with conveyor_up(tmp_path, "identity,minilm", _env(CONVEYOR_DEV_API_KEY=dev_key)) as up:
         assert f"{DEV_KEY_LINE}{dev_key}\n" in up.lines
+        console = f"{up.url}/console"
+        assert any(line.startswith(f"Operator console: {console} ") for line in up.lines)
+        assert httpx.get(console).headers["location"] == "/console/login"
         url = f"{up.url}/v1/models/minilm/predict"
         body = {"inputs": {"texts": ["a queue in front of a model", "hello world"]}}
         assert httpx.post(url, json=body, timeout=60).status_code == 401

@@ -5,6 +5,8 @@ versioned and logged; shadow copies run on the bulk lane and never reach the cli
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import time
 import uuid
@@ -20,12 +22,15 @@ from click.testing import CliRunner
 
 from conveyor.cli import main
 from conveyor.stack import Stack, free_port
+from producer_api.app import create_app
 from producer_api.routes.live_routes import LiveRoutes
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore
 from shared.routing import Routes, choose_variant, seed_routes
+from shared.settings import Settings
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
+from tests.console_login import console_login
 
 TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
 AB = ModelRepository.load(TRAFFIC).models["ab"]
@@ -68,6 +73,47 @@ def test_raising_a_weight_moves_only_its_share_and_only_to_it() -> None:
     )
     assert sum(moved.values()) / len(keys) == pytest.approx(0.10, abs=0.01), moved
     assert {new for _, new in moved} == {"candidate"}, moved
+
+
+@pytest.fixture
+def quiet() -> Iterator[None]:
+    """No INFO lines: 10k "job accepted" lines would only slow the test down."""
+    logging.disable(logging.INFO)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+async def test_live_split_holds_over_10k_submissions(
+    redis_url: str, aredis: aioredis.Redis, quiet: None
+) -> None:
+    """10 000 submits through the producer (in-process, on a real Redis, no worker): the
+    variants each accepted job was routed to keep the live weights within 1.5 points."""
+    settings = Settings(
+        redis_url=redis_url, model_repository=TRAFFIC, auth="disabled", instance_id="split"
+    )
+    app = create_app(settings)
+    weights = {"stable": 70, "candidate": 20, "flaky": 10}
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            put = await client.put("/v1/models/ab/routes", json={"weights": weights, "shadows": {}})
+            assert put.status_code == 200, put.text
+
+            async def submit(i: int) -> str:
+                body = {"model": "ab", "inputs": {}, "routing_key": f"user-{i}"}
+                response = await client.post("/v1/jobs", json=body)
+                assert response.status_code == 202, response.text
+                variant: str = response.json()["variant"]
+                return variant
+
+            variants: Counter[str] = Counter()
+            for start in range(0, 10_000, 100):
+                variants.update(await asyncio.gather(*(submit(start + i) for i in range(100))))
+    assert sum(variants.values()) == 10_000
+    for variant, weight in weights.items():
+        assert variants[variant] / 10_000 == pytest.approx(weight / 100, abs=0.015), variants
+    queued = {v: await aredis.xlen(KEYS.queue("ab", v)) for v in weights}
+    assert queued == {v: variants[v] for v in weights}  # each job sits in its variant's stream
 
 
 async def test_stored_routes_that_no_longer_fit_the_model_are_ignored(
@@ -170,6 +216,21 @@ def test_live_split_and_stickiness_through_both_producers(
         variants[picks.pop()] += 1
     assert variants["candidate"] / 300 == pytest.approx(0.25, abs=0.075), variants
     assert variants["stable"] + variants["candidate"] == 300
+
+
+def test_sticky_by_tenant_keeps_the_tenant_on_one_variant(
+    traffic: Stack, urls: list[str], admin: dict[str, str], client_key: dict[str, str]
+) -> None:
+    split = _put(urls[0], admin, weights={"stable": 50, "candidate": 50}, sticky_by="tenant")
+    assert split.status_code == 200, split.text
+    _until_applied(traffic, urls)
+    picks = {
+        _submit(url, client_key, inputs={}, routing_key=f"user-{i}")["variant"]
+        for i in range(40)
+        for url in urls
+    }
+    assert len(picks) == 1, f"one tenant's requests went to {picks}"
+    _put(urls[0], admin, weights={"stable": 100}, sticky_by="routing_key")
 
 
 def _until_applied(traffic: Stack, urls: list[str]) -> None:
@@ -282,9 +343,18 @@ def test_shadow_copies_run_on_the_bulk_lane_and_never_reach_the_client(
     shadow = client.hgetall(KEYS.job(shadow_id))
     assert shadow[b"variant"] == b"mirror" and shadow[b"status"] == b"succeeded"
     assert shadow[b"shadow_of"] == done["id"].encode()
+    assert shadow[b"tenant"] == b"~shadow"  # no key's tenant: not billed to or readable by one
     for headers in (client_key, admin):
         hidden = HTTP.get(f"{url}/v1/jobs/{shadow_id}", headers=headers)
         assert hidden.status_code == 404, hidden.text
+    with httpx.Client(base_url=url) as console:
+        assert console_login(console, admin["X-API-Key"]).status_code == 303
+        board = console.get("/console/routes").text
+    compared = re.search(
+        r"mirror: 100% of online requests\s*<br><small>(\d+) pairs · (\S+)% agree", board
+    )
+    assert compared is not None, board
+    assert int(compared[1]) >= 1 and compared[2] == "100", compared[0]
     _put(url, admin, weights={"stable": 100}, shadows={})
 
 

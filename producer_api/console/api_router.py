@@ -16,6 +16,7 @@ from sse_starlette import EventSourceResponse
 
 from producer_api.batch_api.serving import BatchApiService
 from producer_api.console.job_browser import JobFilter, job_page, recent_jobs
+from producer_api.console.route_board import route_board
 from producer_api.console.service import Console
 from producer_api.console.session import (
     COOKIE,
@@ -35,8 +36,6 @@ from producer_api.state import ProducerState, producer_state
 from shared.codec import as_text, dumps
 from shared.dead_letters import DeadLetters
 from shared.job_store import JobRecord
-from shared.model_repository import ModelConfig
-from shared.route_store import RouteStore
 
 HERE = Path(__file__).parent
 STATIC = {"console.js": "text/javascript", "console.css": "text/css"}
@@ -309,28 +308,8 @@ async def act(
     raise ConveyorError(404, "not_found", "no such action")
 
 
-def _percent(config: ModelConfig) -> dict[str, float]:
-    """config.yaml's primary variants' weights as percent (they need not sum to 100)."""
-    primary = {name: v.weight for name, v in config.variants.items() if not v.shadow}
-    total = sum(primary.values()) or 1
-    return {name: round(weight * 100 / total, 1) for name, weight in primary.items()}
-
-
 @router.get("/routes")
-async def routes(request: Request, state: State, current: Session) -> Response:
-    """Live routes where they are set (shared/route_store.py), else config.yaml's weights."""
-    names = [config.name for config in state.repository]
-    live = await RouteStore(state.redis, state.keys).get_many(names)
-    rows = []
-    for config in state.repository:
-        routes = live.get(config.name)
-        weights = routes.weights if routes else _percent(config)
-        rows.append(
-            {
-                "model": config.name,
-                "source": f"live, version {routes.version}" if routes else "config.yaml",
-                "weights": weights,
-                "shadows": routes.shadows if routes else {},
-            }
-        )
+async def routes(request: Request, state: State, current: Admin) -> Response:
+    """Weights, canary and shadow comparisons per model (producer_api/console/route_board.py)."""
+    rows = await route_board(state.traffic)
     return _page(request, "routes.html", current, rows=rows)

@@ -23,7 +23,7 @@ from shared.variant_stats import VariantStats, Window
 from shared.worker_registry import WorkerRegistry
 
 INTERVAL_S = 1.0
-HISTORY = 120  # points per sparkline: two minutes
+HISTORY = 120  # points per sparkline: two minutes of queue length, ten of throughput
 STATS_EVERY = 5  # throughput/percentile windows are re-read every this many ticks
 STATS_WINDOW_S = 60.0
 MAX_BATCHES = 20
@@ -52,6 +52,7 @@ class ConsoleSummaries:
         self.stats = VariantStats(state.redis, state.keys)
         self.snapshot: dict[str, Any] = {"at": 0.0, "partitions": [], "workers": [], "batches": []}
         self._history: dict[str, deque[int]] = {}
+        self._throughput: dict[str, deque[float]] = {}
         self._rates: dict[str, dict[str, Any]] = {}
         self._ended: dict[str, tuple[float, dict[str, Any]]] = {}
         self._ticks = 0
@@ -104,6 +105,7 @@ class ConsoleSummaries:
             "bulk": asdict(stats.bulk),
             "dlq": stats.dlq_depth,
             "history": list(history),
+            "throughput": list(self._throughput.get(name, ())),
             **self._rates.get(name, empty),
         }
 
@@ -115,7 +117,10 @@ class ConsoleSummaries:
             windows = await self.stats.window(config.name, config.variants, since, now)
             span_s = max(now - since + 10.0, 1.0)  # buckets are whole: the window starts early
             for variant, window in windows.items():
-                self._rates[f"{config.name}:{variant}"] = _rates(window, span_s)
+                name = f"{config.name}:{variant}"
+                self._rates[name] = _rates(window, span_s)
+                points = self._throughput.setdefault(name, deque(maxlen=HISTORY))
+                points.append(self._rates[name]["rate_per_s"])
 
     async def _batches(self) -> list[dict[str, Any]]:
         """Running batches, refreshed as the sweeper does, plus those that ended lately."""

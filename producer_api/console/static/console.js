@@ -19,7 +19,7 @@ function dash(value) {
 function sparkline(svg, values) {
   const line = svg.querySelector("polyline");
   if (!line || values.length === 0) return;
-  const top = Math.max(1, ...values);
+  const top = Math.max(...values) || 1;
   const step = 120 / Math.max(1, values.length - 1);
   const points = values.map((v, i) => `${(i * step).toFixed(1)},${(22 - (v / top) * 20).toFixed(1)}`);
   line.setAttribute("points", points.join(" "));
@@ -39,6 +39,7 @@ function renderPartitions(partitions) {
     setText(cell(row, "p50"), dash(p.p50_ms));
     setText(cell(row, "p99"), dash(p.p99_ms));
     sparkline(cell(row, "spark"), p.history);
+    sparkline(cell(row, "throughput"), p.throughput);
   }
 }
 

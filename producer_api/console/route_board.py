@@ -1,0 +1,51 @@
+"""What the console's Routes page shows per model: the live routes this producer serves (its copy,
+refreshed every 100 ms, so no Redis read), the model's canary with its latest decision, and each
+shadow variant's comparisons over the last hour, as `GET /v1/experiments` reports them."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from producer_api.experiments.statistics import summary
+from producer_api.traffic_control import TrafficControl
+
+SHADOW_WINDOW_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRow:
+    model: str
+    version: int
+    sticky_by: str
+    weights: dict[str, float]
+    shadows: list[dict[str, Any]]  # variant, rate and its comparisons (None before any pair)
+    canary: dict[str, Any] | None
+    decision: dict[str, Any] | None  # the canary's latest event
+
+
+async def route_board(traffic: TrafficControl) -> list[RouteRow]:
+    now = time.time()
+    rows = []
+    for config in traffic.repository:
+        routes = traffic.routes.of(config)
+        windows = await traffic.stats.window(config.name, routes.shadows, now - SHADOW_WINDOW_S)
+        shadows = [
+            {"variant": name, "rate": rate, "compared": summary(windows[name])["shadow"]}
+            for name, rate in routes.shadows.items()
+        ]
+        canary = await traffic.canaries.get(config.name)
+        events = await traffic.canaries.events(config.name, 1) if canary else []
+        rows.append(
+            RouteRow(
+                model=config.name,
+                version=routes.version,
+                sticky_by=routes.sticky_by,
+                weights=routes.weights,
+                shadows=shadows,
+                canary=asdict(canary) if canary else None,
+                decision=events[-1] if events else None,
+            )
+        )
+    return rows

@@ -1,0 +1,64 @@
+"""Stack-free: how a shadow's answer is compared with the primary's, per output kind (embeddings
+by cosine against the threshold, generated text by exact match with a similarity beside it,
+anything else by equality), with the service-time delta and the error delta."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from shared.shadow_compare import COSINE_THRESHOLD, compare
+
+
+def _job(outputs: Any, status: str = "succeeded", service_s: float = 0.010) -> dict[str, Any]:
+    timings = {"created": 100.0, "started": 100.5, "finished": 100.5 + service_s}
+    return {"status": status, "outputs": outputs, "timings": timings}
+
+
+def test_embeddings_agree_at_or_above_the_cosine_threshold() -> None:
+    primary = _job({"embeddings": [[1.0, 0.0], [0.0, 1.0]]})
+    close = math.cos(math.acos(COSINE_THRESHOLD) / 2)  # half the threshold angle away
+    near = _job({"embeddings": [[1.0, 0.0], [math.sqrt(1 - close**2), close]]})
+    far = _job({"embeddings": [[1.0, 0.0], [0.6, 0.8]]})  # the second text: cosine 0.8
+    agreed = compare(primary, near)
+    assert agreed.agree and agreed.similarity == pytest.approx(close)
+    differed = compare(primary, far)
+    assert not differed.agree and differed.similarity == pytest.approx(0.8)
+    shapes = compare(primary, _job({"embeddings": [[1.0, 0.0]]}))
+    assert not shapes.agree and shapes.similarity == 0.0
+
+
+def test_generated_text_agrees_on_exact_match_with_a_similarity_beside_it() -> None:
+    primary = _job({"text": "the queue is in front of the model", "finish_reason": "stop"})
+    same = compare(primary, _job({"text": "the queue is in front of the model"}))
+    assert same.agree and same.similarity == 1.0
+    close = compare(primary, _job({"text": "the queue is in front of a model"}))
+    assert not close.agree and 0.9 < close.similarity < 1.0
+    other = compare(primary, _job({"text": "xyz"}))
+    assert not other.agree and other.similarity < 0.2
+
+
+def test_other_outputs_agree_on_equality() -> None:
+    assert compare(_job({"a": [1, 2]}), _job({"a": [1, 2]})).agree
+    unequal = compare(_job({"a": [1, 2]}), _job({"a": [2, 1]}))
+    assert not unequal.agree and unequal.similarity == 0.0
+
+
+def test_latency_and_error_deltas() -> None:
+    slower = compare(_job({"x": 1}, service_s=0.010), _job({"x": 1}, service_s=0.035))
+    assert slower.latency_delta_ms == pytest.approx(25.0)
+    only_shadow_failed = compare(_job({"x": 1}), _job(None, status="failed"))
+    assert only_shadow_failed.error_delta == 1 and not only_shadow_failed.agree
+    only_primary_failed = compare(_job(None, status="failed"), _job({"x": 1}))
+    assert only_primary_failed.error_delta == -1
+    both_failed = compare(_job(None, status="failed"), _job(None, status="failed"))
+    assert both_failed.agree and both_failed.error_delta == 0
+    assert both_failed.counts() == {
+        "shadow_pairs": 1,
+        "shadow_agree": 1,
+        "shadow_similarity": 1.0,
+        "shadow_latency_delta_ms": 0.0,
+        "shadow_error_delta": 0,
+    }
