@@ -9,6 +9,7 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 import redis
 
 from conveyor.stack import Stack
+from shared.codec import RequestEntry
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
 from tests.console_login import console_login
 from tests.fault_engine import FIXED_ENV
@@ -37,6 +39,7 @@ ARGS = [
     "--disable-sync",
 ]
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
+DLQ = "cv:dlq:faulty:default"
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 pytestmark = [
@@ -178,7 +181,43 @@ def test_dead_letter_is_replayed_from_the_ui_and_succeeds(
     new_job = page.locator("ul.replayed a").inner_text()
     until(lambda: _status(r, new_job) == "succeeded")
     assert r.hget(f"cv:job:{new_job}", "replay_of") == dead_job
-    assert r.xlen("cv:dlq:faulty:default") == 0
+    assert r.xlen(DLQ) == 0
+
+
+def _dead_letter(r: redis.Redis, inputs: dict[str, Any]) -> str:
+    """A dead letter as a worker leaves one (the entry, why it died, its deliveries)."""
+    entry = RequestEntry(uuid.uuid4().hex, {"inputs": inputs}, int(time.time() * 1000))
+    reason = "dead-lettered after 3 deliveries without finishing (max_deliveries 2)"
+    fields: dict[Any, Any] = {"entry": "1-0", "reason": reason, "deliveries": 3}
+    fields |= entry.encode()
+    r.xadd(DLQ, fields)
+    return entry.job_id
+
+
+def test_dead_letters_are_replayed_all_at_once_or_discarded_after_a_confirmation(
+    console_stack: Stack, page: Any, r: redis.Redis
+) -> None:
+    for n in range(2):
+        _dead_letter(r, {"n": f"dead-{n}"})
+    page.goto(f"{console_stack.base_url}/console/dead-letters")
+    page.locator("a.button", has_text="Replay all").click()
+    assert "Replay 2 dead letters of faulty:default?" in page.inner_text("h1")
+    assert r.xlen(DLQ) == 2  # nothing happens before the confirmation
+    page.click("#confirm")
+    replayed = page.locator("ul.replayed a").all_inner_texts()
+    assert len(replayed) == 2 and r.xlen(DLQ) == 0
+    until(lambda: all(_status(r, job_id) == "succeeded" for job_id in replayed))
+
+    doomed = _dead_letter(r, {"n": "discarded"})
+    page.goto(f"{console_stack.base_url}/console/dead-letters")
+    page.locator(f'tr[data-job="{doomed}"] a.button', has_text="Discard").click()
+    assert "Discard 1 dead letter of faulty:default?" in page.inner_text("h1")
+    page.click("a.button >> text=Cancel")
+    assert r.xlen(DLQ) == 1
+    page.locator(f'tr[data-job="{doomed}"] a.button', has_text="Discard").click()
+    page.click("#confirm")
+    assert "Discarded 1 dead letter" in page.inner_text("h1")
+    assert r.xlen(DLQ) == 0 and not r.exists(f"cv:job:{doomed}")
 
 
 def test_failed_job_page_shows_its_error(
