@@ -1,6 +1,7 @@
-"""Canary rollouts on the real pipeline while traffic flows: a variant whose engine fails 20 % of
-inputs is rolled back to 0 % with the numbers in its event (and its webhook), a healthy one
-climbs every step to 100 %, an abort puts the canary back to 0 %, and bad starts get a 4xx."""
+"""Canary rollouts on the real pipeline while traffic flows, with two producers competing for
+the traffic lease: a variant whose engine fails 20 % of inputs is rolled back to 0 % with the
+numbers in its event (and its webhook), a healthy one climbs every step to 100 % (each decision
+made once), an abort puts the canary back to 0 %, and bad starts get a 4xx."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from conveyor.cli import main
-from conveyor.stack import Stack
+from conveyor.stack import Stack, free_port
 from shared.codec import loads
 from tests.conftest import REPO_ROOT, running_stack, until
 from tests.webhook_receiver import Receiver, serving
@@ -50,6 +51,28 @@ def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Itera
 @pytest.fixture(scope="module")
 def url(stack: Stack) -> str:
     return stack.base_url
+
+
+@pytest.fixture(scope="module")
+def producers(stack: Stack, url: str) -> list[str]:
+    """A second producer competes for the traffic lease: one leader decides, never both."""
+    return [url, stack.start_producer(free_port(), name="producer-b")]
+
+
+def _until_gauged(producers: list[str], variant: str, state: str, weight: float) -> None:
+    """Until the leader's gauges show the canary's end, while no producer still shows it
+    running (the gauges live in whichever producer led)."""
+    labels = f'model="ab",state="{{}}",variant="{variant}"'
+
+    def gauged() -> bool:
+        scrape = "".join(httpx.get(f"{producer}/metrics").text for producer in producers)
+        assert f"conveyor_canary_state{{{labels.format('running')}}} 1.0" not in scrape
+        return (
+            f"conveyor_canary_state{{{labels.format(state)}}} 1.0" in scrape
+            and f'conveyor_canary_weight{{model="ab",variant="{variant}"}} {weight:.1f}' in scrape
+        )
+
+    until(gauged, timeout=10)
 
 
 class Load:
@@ -104,7 +127,9 @@ def _run(url: str, variant: str, **options: Any) -> dict[str, Any]:
     return _status(url)
 
 
-def test_a_failing_canary_rolls_back_with_its_numbers(url: str, receiver: Receiver) -> None:
+def test_a_failing_canary_rolls_back_with_its_numbers(
+    url: str, producers: list[str], receiver: Receiver
+) -> None:
     hook = f"{receiver.base}/canary"
     view = _run(
         url,
@@ -127,10 +152,7 @@ def test_a_failing_canary_rolls_back_with_its_numbers(url: str, receiver: Receiv
     )
     assert rollback["numbers"]["baseline"]["error_rate"] == 0
     assert _weights(url) == {"stable": 100.0, "flaky": 0.0}
-    scrape = httpx.get(f"{url}/metrics").text
-    assert 'conveyor_canary_weight{model="ab",variant="flaky"} 0.0' in scrape
-    assert 'conveyor_canary_state{model="ab",state="rolled_back",variant="flaky"} 1.0' in scrape
-    assert 'conveyor_canary_state{model="ab",state="running",variant="flaky"} 0.0' in scrape
+    _until_gauged(producers, "flaky", "rolled_back", 0)
 
     def delivered() -> list[str]:
         types = [loads(d["body"])["type"] for d in receiver.at("/canary")]
@@ -142,7 +164,7 @@ def test_a_failing_canary_rolls_back_with_its_numbers(url: str, receiver: Receiv
     assert payload["data"]["numbers"] == rollback["numbers"]
 
 
-def test_a_healthy_canary_reaches_100_percent(url: str) -> None:
+def test_a_healthy_canary_reaches_100_percent(url: str, producers: list[str]) -> None:
     view = _run(
         url,
         "candidate",
@@ -161,16 +183,17 @@ def test_a_healthy_canary_reaches_100_percent(url: str) -> None:
     ]
     assert all(e["numbers"]["canary"]["requests"] >= 20 for e in events[-2:])
     assert _weights(url)["candidate"] == 100
-    scrape = httpx.get(f"{url}/metrics").text
-    assert 'conveyor_canary_weight{model="ab",variant="candidate"} 100.0' in scrape
-    assert 'conveyor_canary_state{model="ab",state="completed",variant="candidate"} 1.0' in scrape
+    _until_gauged(producers, "candidate", "completed", 100)
     restored = httpx.put(f"{url}/v1/models/ab/routes", json={"weights": {"stable": 100}})
     assert restored.status_code == 200, restored.text
 
 
-def test_a_canary_survives_its_producer_restarting(stack: Stack, url: str) -> None:
-    """State lives in Redis: the producer that drives the canary stops after its first step, and
-    the one started in its place carries the rollout on to 100 %."""
+def test_a_canary_survives_its_producer_restarting(
+    stack: Stack, url: str, producers: list[str]
+) -> None:
+    """State lives in Redis: a producer stops after the canary's first step and another starts
+    in its place; whichever producer leads next carries the rollout on to 100 %, each decision
+    made once."""
     options = {"steps": [20, 100], "interval_s": 1, "min_requests": 10, **BOUNDS}
     assert _start(url, variant="candidate", **options).status_code == 201
     until(lambda: _weights(url).get("candidate") == 20)
@@ -190,7 +213,7 @@ def test_a_canary_survives_its_producer_restarting(stack: Stack, url: str) -> No
     assert httpx.put(f"{url}/v1/models/ab/routes", json={"weights": {"stable": 100}}).is_success
 
 
-def test_abort_and_bad_starts(url: str) -> None:
+def test_abort_and_bad_starts(url: str, producers: list[str]) -> None:
     bad: list[tuple[dict[str, Any], int, str]] = [
         ({"variant": "nope"}, 422, "no serving variant 'nope'"),
         ({"variant": "mirror"}, 422, "no serving variant 'mirror'"),
@@ -227,5 +250,6 @@ def test_abort_and_bad_starts(url: str) -> None:
     aborted = runner.invoke(main, ["canary", "abort", "ab"], env=env)
     assert aborted.exit_code == 0 and "aborted, 0 %" in aborted.output, aborted.output
     assert _weights(url).get("candidate") == 0 and _weights(url)["stable"] == 100
+    _until_gauged(producers, "candidate", "aborted", 0)
     again = runner.invoke(main, ["canary", "abort", "ab"], env=env)
     assert again.exit_code != 0 and "409" in again.output

@@ -51,6 +51,12 @@ def breach(canary: Canary, mine: dict[str, Any], base: dict[str, Any]) -> str | 
     return None
 
 
+def show(canary: Canary) -> None:
+    CANARY_WEIGHT.labels(canary.model, canary.variant).set(canary.weight)
+    for state in STATES:
+        CANARY_STATE.labels(canary.model, canary.variant, state).set(canary.state == state)
+
+
 class CanaryController:
     def __init__(
         self,
@@ -65,16 +71,25 @@ class CanaryController:
         self.stats = stats
         self.repository = repository
         self.webhooks = webhooks
+        self._shown: set[str] = set()  # models whose canary this leader shows in the gauges
 
     async def look(self) -> None:
-        for model in await self.store.active():
+        """Decide for each running canary, then show its state in the gauges. Only the leader
+        sets them, and it shows a canary it saw running until it ended, even when another
+        producer ended it (an abort), so no producer keeps a stale `running`."""
+        active = await self.store.active()
+        for model in sorted({*active, *self._shown}):
             canary = await self.store.get(model)
-            if canary is None or canary.state != "running":
+            if canary is None:
                 continue
-            try:
-                await self.decide(canary)
-            except VersionConflict:
-                log.info("routes of %s changed while its canary moved; deciding again", model)
+            if canary.state == "running":
+                try:
+                    await self.decide(canary)
+                except VersionConflict:
+                    log.info("routes of %s changed while its canary moved; deciding again", model)
+                    continue
+            show(canary)
+        self._shown = set(active)
 
     async def decide(self, canary: Canary) -> None:
         if canary.step < 0:
@@ -128,7 +143,8 @@ class CanaryController:
     async def announce(
         self, canary: Canary, kind: str, reason: str | None, seen: dict[str, Any]
     ) -> None:
-        """The decision as an event (stored, logged, webhooked) and as gauges."""
+        """The decision as an event (stored, logged, webhooked); the leader's look shows it in
+        the gauges."""
         record = {
             "at": round(time.time(), 3),
             "type": kind,
@@ -142,9 +158,6 @@ class CanaryController:
         }
         await self.store.record(canary.model, record)
         log.info("canary %s:%s %s at %g%%", canary.model, canary.variant, kind, canary.weight)
-        CANARY_WEIGHT.labels(canary.model, canary.variant).set(canary.weight)
-        for state in STATES:
-            CANARY_STATE.labels(canary.model, canary.variant, state).set(canary.state == state)
         if canary.webhook:
             body = event(f"model.canary.{kind}", record)
             target = f"canary-{canary.model}"
