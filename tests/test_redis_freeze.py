@@ -33,8 +33,12 @@ BODY = {"model": "identity", "inputs": {"x": 1}}
 @pytest.fixture(scope="module")
 def freezable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     folder = tmp_path_factory.mktemp("freeze")
-    env = {"CONVEYOR_AUTH": "disabled", "CONVEYOR_REDIS_TIMEOUT_S": str(REDIS_TIMEOUT_S)}
-    with running_stack(folder, CONVEYOR_LOG_LEVEL="DEBUG", **env) as stack:
+    with running_stack(
+        folder,
+        CONVEYOR_AUTH="disabled",
+        CONVEYOR_REDIS_TIMEOUT_S=str(REDIS_TIMEOUT_S),
+        CONVEYOR_LOG_LEVEL="DEBUG",
+    ) as stack:
         yield stack
 
 
