@@ -229,12 +229,31 @@ def test_failed_job_page_shows_its_error(
     assert "ValueError" in page.inner_text("#job-error")
     assert "bad-7" in page.inner_text("#job-error")
     assert page.inner_text("#job-status") == "failed"
+    timeline = page.inner_text("ol.timeline")
+    assert page.locator("ol.timeline li.done").count() == 4, timeline  # every step happened
+    assert re.search(r"waited [\d.]+ ms", timeline) and re.search(r"engine [\d.]+ ms", timeline)
+    assert re.search(r"batch of \d+", timeline) and re.search(r"total [\d.]+ ms", timeline)
     _screenshot(page, "job.png")
     page.goto(f"{console_stack.base_url}/console/jobs?status=failed&model=faulty")
     listed = page.inner_text("#jobs")
     assert job_id in listed
     page.goto(f"{console_stack.base_url}/console/jobs?status=succeeded&model=faulty")
     assert job_id not in page.inner_text("#jobs")
+    page.goto(f"{console_stack.base_url}/console/jobs?model=faulty&tenant=ops")  # the key's
+    assert job_id in page.inner_text("#jobs")
+    page.goto(f"{console_stack.base_url}/console/jobs?model=faulty&tenant=acme")
+    assert job_id not in page.inner_text("#jobs")
+
+
+def test_large_outputs_are_cut_with_their_size_shown(
+    console_stack: Stack, admin_key: str, page: Any, r: redis.Redis
+) -> None:
+    job_id = _submit(console_stack, admin_key, {"text": "x" * 10_000})
+    until(lambda: _status(r, job_id) == "succeeded")
+    page.goto(f"{console_stack.base_url}/console/jobs/{job_id}")
+    size = re.search(r"Outputs (\d+) bytes, truncated", page.inner_text("main"))
+    assert size is not None and int(size[1]) > 10_000
+    assert len(page.inner_text("#job-outputs")) <= 4096
 
 
 def test_hostile_input_renders_as_text(
