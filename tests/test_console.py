@@ -59,6 +59,7 @@ def console_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         tmp_path_factory.mktemp("console"),
         CONVEYOR_MODEL_REPOSITORY=str(repository),
         PYTHONPATH=str(REPO_ROOT),  # both models' engines live in tests/
+        OTEL_TRACES_EXPORTER="console",  # spans to the processes' logs: jobs get trace ids
         CONVEYOR_AUTH="enabled",
     ) as stack:
         yield stack
@@ -229,6 +230,8 @@ def test_failed_job_page_shows_its_error(
     assert "ValueError" in page.inner_text("#job-error")
     assert "bad-7" in page.inner_text("#job-error")
     assert page.inner_text("#job-status") == "failed"
+    assert '"tag":"bad-7"' in page.inner_text("#job-inputs")  # kept: its entry is gone
+    assert re.fullmatch(r"[0-9a-f]{32}", page.inner_text("#job-trace"))
     timeline = page.inner_text("ol.timeline")
     assert page.locator("ol.timeline li.done").count() == 4, timeline  # every step happened
     assert re.search(r"waited [\d.]+ ms", timeline) and re.search(r"engine [\d.]+ ms", timeline)

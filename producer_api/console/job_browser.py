@@ -33,6 +33,14 @@ class Preview:
         cut = raw[:PREVIEW_BYTES].decode(errors="replace")
         return cls(cut, len(raw), len(raw) > PREVIEW_BYTES)
 
+    @classmethod
+    def kept(cls, fields: dict[str, str]) -> Preview | None:
+        """The inputs a worker kept in the hash of a job that did not succeed (already cut)."""
+        if (text := fields.get("inputs")) is None:
+            return None
+        size = int(fields.get("inputs_size") or len(text))
+        return cls(text, size, size > len(text.encode()))
+
 
 @dataclass(slots=True)
 class JobFilter:
@@ -117,8 +125,8 @@ async def recent_jobs(state: ProducerState, wanted: JobFilter) -> list[dict[str,
 
 
 async def find_entry(state: ProducerState, record: JobRecord) -> RequestEntry | None:
-    """The job's entry in its partition's lanes or dead letters (inputs are not kept in the
-    job hash, so they are shown only while an entry holds them)."""
+    """The job's entry in its partition's lanes or dead letters (the job hash keeps inputs
+    only for jobs that did not succeed, cut to 4 KiB)."""
     model, variant = record.fields.get("model", ""), record.fields.get("variant", "")
     keys: Keys = state.keys
     lanes = (keys.queue, keys.bulk_queue, keys.dlq)
@@ -147,4 +155,7 @@ async def job_page(state: ProducerState, record: JobRecord) -> JobPage:
     if (entry := await find_entry(state, record)) is not None:
         page.inputs = Preview.of(entry.payload)
         page.trace_id = _trace_id(entry.traceparent)
+    else:  # the entry is gone once the job ran: what the worker kept in the hash
+        page.inputs = Preview.kept(record.fields)
+        page.trace_id = _trace_id(record.fields.get("traceparent", ""))
     return page

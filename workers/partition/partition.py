@@ -15,6 +15,8 @@ from shared.model_repository import ModelConfig
 from workers.partition.finish import Finish
 from workers.partition.stream_reader import Delivery
 
+INPUTS_KEPT = 4_096  # bytes of a failed job's inputs kept in its hash (its entry is deleted)
+
 
 @dataclass(frozen=True, slots=True)
 class Partition:
@@ -66,6 +68,14 @@ class Partition:
             "finished": str(now_ms()),
             "queue_wait_ms": str(delivery.claimed_ms - entry.enqueued_ms),
         }
+        if status != JobStatus.SUCCEEDED:  # the console shows what a failed job was given
+            raw = dumps(entry.payload)
+            fields |= {
+                "inputs": raw[:INPUTS_KEPT].decode(errors="ignore"),
+                "inputs_size": str(len(raw)),
+            }
+        if entry.traceparent:
+            fields["traceparent"] = entry.traceparent
         context = {
             "model": self.config.name,
             "variant": self.variant,
