@@ -12,6 +12,7 @@ from workers.engines.base import GenerateEngine, GenerateRequest, TokenChunk
 
 class PacedEngine(GenerateEngine):
     async def load(self) -> None:
+        await asyncio.sleep(float(self.parameters.get("load_ms", 0)) / 1000)  # a slow start
         self.step_s = float(self.parameters.get("step_ms", 50)) / 1000
         self._aborted: set[str] = set()
 

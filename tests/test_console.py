@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import yaml
 
 from conveyor.stack import Stack
 from shared.codec import RequestEntry
@@ -51,10 +52,13 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def console_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`faulty` (a batch model that fails or crashes on demand) and `paced` (a generate model,
-    a token every 50 ms) in one repository."""
+    a token every 50 ms, 3 s to load) in one repository."""
     repository = tmp_path_factory.mktemp("console-models")
     (repository / "faulty").symlink_to(FIXTURES / "model_repository" / "faulty")
-    (repository / "paced").symlink_to(FIXTURES / "paced_repository" / "paced")
+    paced = yaml.safe_load((FIXTURES / "paced_repository" / "paced" / "config.yaml").read_text())
+    paced["parameters"]["load_ms"] = 3000  # long enough for heartbeats to show it warming
+    (repository / "paced").mkdir()
+    (repository / "paced" / "config.yaml").write_text(yaml.safe_dump(paced))
     with running_stack(
         tmp_path_factory.mktemp("console"),
         CONVEYOR_MODEL_REPOSITORY=str(repository),
@@ -272,20 +276,40 @@ def test_hostile_input_renders_as_text(
     assert page.dialogs == []
 
 
-def test_llm_job_page_streams_its_tokens(
+def test_llm_job_streams_its_tokens_while_its_worker_warms_serves_and_drains(
     console_stack: Stack, admin_key: str, page: Any, r: redis.Redis
 ) -> None:
+    """One tab on the workers page, one on an LLM job's page: the new worker shows `warming`
+    then `serving`; the job's tokens arrive live; SIGTERM mid-job shows `draining` while the
+    worker finishes the job, then the worker leaves the list."""
+    workers = page.context.new_page()
+    workers.goto(f"{console_stack.base_url}/console/workers")
+    row = workers.locator("#workers tbody tr", has_text="paced:default")
+    states: list[str] = []
+
+    def state() -> str:
+        shown = row.locator(".state").all_inner_texts()
+        states.extend(s for s in shown if not states or states[-1] != s)
+        return shown[0] if shown else ""
+
     console_stack.start_worker("paced", name="paced")
+    until(lambda: state() == "serving", timeout=60)
+    assert states == ["warming", "serving"], states
     body = {"prompt": "tokens arrive live"}
-    job_id = _submit(console_stack, admin_key, body, model="paced", parameters={"max_tokens": 90})
+    job_id = _submit(console_stack, admin_key, body, model="paced", parameters={"max_tokens": 160})
     page.goto(f"{console_stack.base_url}/console/jobs/{job_id}")
     count = page.locator("#token-count")
-    # seen mid-stream (no final status yet), then to its end
-    until(lambda: re.fullmatch(r"([1-9]|[1-8]\d) tokens", count.inner_text()))
-    until(lambda: count.inner_text() == "90 tokens · succeeded (length)")
+    until(lambda: re.fullmatch(r"[1-9]\d? tokens", count.inner_text()))  # mid-stream, no end
+    stopping = threading.Thread(target=console_stack.stop_process, args=("paced",))
+    stopping.start()  # SIGTERM, then waits for the worker to exit
+    until(lambda: state() == "draining")
+    until(lambda: count.inner_text() == "160 tokens · succeeded (length)")
     assert page.inner_text("#job-tokens").startswith("tokens arrive live tokens arrive ")
+    stopping.join()
+    until(lambda: row.count() == 0)  # a clean exit leaves the list at once
+    assert states == ["warming", "serving", "draining"], states
     assert _status(r, job_id) == "succeeded"
-    console_stack.stop_process("paced")  # its polling would only add to the viewers' count
+    workers.close()
 
 
 def test_batch_progress_reaches_100_percent(

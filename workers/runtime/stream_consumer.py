@@ -1,5 +1,6 @@
 """Celery worker bootstep that serves Conveyor's partition streams: started after the worker's
-pool, stopped on warm shutdown (stop reading, finish the batch in hand, acknowledge, exit)."""
+pool and its heartbeat, stopped before the heartbeat on warm shutdown (stop reading, finish the
+batch in hand, acknowledge, exit)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from celery import bootsteps
 
 from shared.settings import get_settings
 from workers.runtime.consumer_runtime import ConsumerRuntime
+from workers.runtime.heartbeat import WorkerHeartbeat
 
 
 class StreamConsumer(bootsteps.StartStopStep):
-    requires = ("celery.worker.components:Pool",)
+    # after the heartbeat: it shows `warming` while engines load, `draining` while this drains
+    requires = ("celery.worker.components:Pool", WorkerHeartbeat)
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
