@@ -5,6 +5,7 @@ session cookie, CSRF, and the cost of many viewers in Redis."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import threading
@@ -83,7 +84,7 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def page(browser: Any, console_stack: Stack, admin_key: str) -> Iterator[Any]:
+def page(admin_key: str, console_stack: Stack, browser: Any) -> Iterator[Any]:
     """One logged-in admin tab for the module; every dialog it opens is recorded."""
     context = browser.new_context(viewport={"width": 1360, "height": 860})
     tab = context.new_page()
@@ -172,6 +173,10 @@ def test_workers_page_lists_the_live_worker(console_stack: Stack, page: Any) -> 
     until(lambda: row.count() == 1 and "serving" in row.inner_text())
     assert "FaultEngine" in row.inner_text()
     _screenshot(page, "workers.png")
+    # the session is out of the page's reach: no script-visible cookie, storage or URL holds it
+    assert page.evaluate("document.cookie") == ""  # HttpOnly
+    assert page.evaluate("localStorage.length + sessionStorage.length") == 0
+    assert "key" not in page.url
 
 
 def test_dead_letter_is_replayed_from_the_ui_and_succeeds(
@@ -331,6 +336,11 @@ def test_batch_progress_reaches_100_percent(
     until(lambda: row.count() == 1 and "100%" in row.inner_text(), timeout=60)
     assert "completed" in row.inner_text()
     _screenshot(page, "batches.png")
+    with page.expect_download() as download:
+        row.locator("a", has_text="output").click()
+    results = Path(download.value.path()).read_text().splitlines()
+    ids = sorted(json.loads(result)["custom_id"] for result in results)
+    assert ids == sorted(f"c{n}" for n in range(64))
 
 
 def test_tenant_cannot_open_another_tenants_job(
@@ -343,7 +353,9 @@ def test_tenant_cannot_open_another_tenants_job(
     with httpx.Client(base_url=console_stack.base_url) as client:
         assert console_login(client, tenant_key).status_code == 303
         assert client.get(f"/console/jobs/{job_id}").status_code == 404
+        assert job_id not in client.get("/console/jobs", params={"tenant": "ops"}).text
         assert client.get("/console/dead-letters").status_code == 403
+        assert client.get("/console/routes").status_code == 403
 
 
 def test_post_without_csrf_token_is_refused(console_stack: Stack, admin_key: str) -> None:
