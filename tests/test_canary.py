@@ -13,17 +13,20 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from click.testing import CliRunner
 
 from conveyor.cli import main
 from conveyor.stack import Stack, free_port
 from shared.codec import loads
+from shared.keys import Keys
 from tests.conftest import REPO_ROOT, running_stack, until
 from tests.webhook_receiver import Receiver, serving
 
 TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
 pytestmark = pytest.mark.slow
 BOUNDS = {"max_error_rate": 0.05, "max_p99_ms": 5000}
+KEYS = Keys()
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +214,30 @@ def test_a_canary_survives_its_producer_restarting(
         ("completed", 100),
     ]
     assert httpx.put(f"{url}/v1/models/ab/routes", json={"weights": {"stable": 100}}).is_success
+
+
+def test_a_shadowed_request_notifies_only_its_own_webhook(
+    stack: Stack, url: str, receiver: Receiver
+) -> None:
+    """Shadows (issue 13) in this stack because it has a webhook receiver: the shadow copy of a
+    request with a webhook runs, but only the client's own job is delivered to its webhook."""
+    routes = f"{url}/v1/models/ab/routes"
+    shadowing = {"weights": {"stable": 100}, "shadows": {"mirror": 1.0}}
+    assert httpx.put(routes, json=shadowing).is_success
+    hook = f"{receiver.base}/shadowed"
+    body = {"model": "ab", "inputs": {"salt": uuid.uuid4().hex}, "webhook": hook}
+    done = httpx.post(f"{url}/v1/jobs", json=body, params={"wait": 30}).json()
+    assert done["status"] == "succeeded", done
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        compared = until(lambda: client.hgetall(KEYS.shadow_result(done["id"])), timeout=30)
+        shadow = client.hgetall(KEYS.job(compared[b"shadow_id"].decode()))
+        assert shadow[b"status"] == b"succeeded" and b"webhook" not in shadow
+        delivered = until(lambda: receiver.at("/shadowed"))
+        assert [loads(d["body"])["data"]["id"] for d in delivered] == [done["id"]]
+    finally:
+        client.close()
+        assert httpx.put(routes, json={"weights": {"stable": 100}, "shadows": {}}).is_success
 
 
 def test_abort_and_bad_starts(url: str, producers: list[str]) -> None:
