@@ -15,6 +15,7 @@ from urllib.parse import SplitResult, urlsplit
 
 from celery import Celery
 
+from shared.celery_broker import broker_app
 from shared.settings import Settings
 
 TASK_NAME = "conveyor.deliver_webhook"
@@ -98,7 +99,7 @@ class WebhookDispatcher:
 
     @cached_property
     def _celery(self) -> Celery:
-        return Celery("conveyor", broker=self.broker_url)
+        return broker_app(self.broker_url)
 
     def send(self, kind: TargetKind, target_id: str, url: str, body: dict[str, Any]) -> None:
         """Blocking (the broker publish): call it from a thread in async code."""

@@ -12,6 +12,8 @@ import json
 import os
 import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +21,8 @@ import httpx
 import pytest
 
 from conveyor.stack import Stack
+from shared.settings import get_settings
+from shared.webhook_events import WebhookDispatcher
 from tests.conftest import running_stack, until
 
 pytestmark = pytest.mark.slow
@@ -90,3 +94,24 @@ def test_a_frozen_redis_is_a_fast_503_and_recovers(freezable: Stack) -> None:
     until(lambda: httpx.get(f"{url}/readyz", timeout=5).status_code == 200)
     assert {line["level"] for line in _hub_lines(log)} == {"DEBUG"}, _hub_lines(log)
     assert httpx.post(f"{url}/v1/jobs", json=BODY, timeout=30).status_code == 202
+
+
+def test_a_webhook_publish_gives_up_on_a_frozen_broker(
+    freezable: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery's broker connections carry the same timeouts: handing a delivery to a frozen
+    Redis raises (the caller logs it and moves on) instead of blocking its thread forever."""
+    monkeypatch.setenv("CONVEYOR_REDIS_TIMEOUT_S", str(REDIS_TIMEOUT_S))
+    get_settings.cache_clear()
+    dispatcher = WebhookDispatcher(freezable.redis_url)
+    event = {"type": "job.completed", "id": "freeze-test"}
+    try:
+        with ThreadPoolExecutor(1) as pool, frozen(freezable):
+            sent = pool.submit(dispatcher.send, "job", "freeze-test", "http://127.0.0.1:9/", event)
+            # Frozen ends before the pool waits for its thread. Generous: kombu retries a
+            # failed publish a few times, each bounded by the timeout.
+            with pytest.raises(Exception) as raised:
+                sent.result(timeout=120)
+        assert not isinstance(raised.value, FutureTimeout), "the publish hung"
+    finally:
+        get_settings.cache_clear()

@@ -3,9 +3,9 @@ owns the process lifecycle; the StreamConsumer bootstep does the inference work.
 
 from __future__ import annotations
 
-from celery import Celery
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
+from shared.celery_broker import broker_app
 from shared.settings import get_settings
 from shared.telemetry import configure_logging, configure_tracing
 from workers.runtime.heartbeat import WorkerHeartbeat
@@ -17,7 +17,7 @@ configure_logging(settings.log_level)
 if configure_tracing("conveyor-worker"):
     CeleryInstrumentor().instrument()
 
-app = Celery("conveyor", broker=settings.redis_url, include=["workers.webhook_delivery"])
+app = broker_app(settings.redis_url, include=["workers.webhook_delivery"])
 app.conf.update(
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,

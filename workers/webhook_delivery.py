@@ -41,7 +41,11 @@ def backoff_s(attempt: int) -> float:
 
 @cache
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().redis_url)
+    settings = get_settings()
+    timeout = settings.redis_timeout_s
+    return redis.Redis.from_url(
+        settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
 
 
 def _target_key(kind: TargetKind, target_id: str) -> str:
