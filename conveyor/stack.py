@@ -112,6 +112,38 @@ class Stack:
         self.base_url = self.base_url or base_url
         return base_url
 
+    def start_producers(self, port: int, count: int, instance: str, **env: str) -> str:
+        """Start `count` producer processes sharing `port` (SO_REUSEPORT,
+        `conveyor/producer_server.py`), named `producer` when alone else `producer-<i>`, with
+        instance ids `<instance>` or `<instance>-<i>`; returns the URL once every one of them
+        has answered there, and no other server has."""
+        numbers = [""] if count == 1 else [f"-{i}" for i in range(1, count + 1)]
+        ids = {f"{instance}{number}" for number in numbers}
+        command = [sys.executable, "-m", "conveyor.producer_server", "--port", str(port)]
+        processes = [
+            self.spawn(f"producer{n}", command, {**env, "CONVEYOR_INSTANCE_ID": f"{instance}{n}"})
+            for n in numbers
+        ]
+        base_url = f"http://127.0.0.1:{port}"
+        seen: set[str] = set()
+
+        def all_answered() -> bool:
+            if any(process.poll() is not None for process in processes):
+                raise RuntimeError(f"a producer exited before it answered; see {self.log_dir}")
+            if not _ready(base_url):
+                return False
+            seen.add(_instance(base_url))
+            if not seen <= ids:
+                raise RuntimeError(
+                    f"{base_url} answers as producer {sorted(seen - ids)}, not one of "
+                    f"{sorted(ids)}: another server has the port"
+                )
+            return seen == ids
+
+        self._wait(all_answered, f"producers at {base_url}")
+        self.base_url = self.base_url or base_url
+        return base_url
+
     def start_producer_process(
         self, port: int, name: str = "producer", **env: str
     ) -> subprocess.Popen[bytes]:

@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     dev_api_key: str = ""
     # `conveyor up`'s logs, embedded Valkey data, dev key and stack.json (read by the CLI).
     state_dir: Path = Path("var/run")
+    # `conveyor up`'s producer processes on its one port: a quarter of the cores (at least
+    # one), since workers (the models) and Redis need the rest (README "Sizing a deployment").
+    producer_processes: int = Field(
+        default_factory=lambda: max(1, (os.cpu_count() or 1) // 4), ge=1
+    )
     # Per-key defaults; a key may carry its own (`conveyor keys create --rate ...`).
     rate_limit_per_s: float = Field(default=100.0, gt=0)
     rate_limit_burst: int = Field(default=200, ge=1)

@@ -36,9 +36,10 @@ def conveyor_up(
     env: dict[str, str],
     conveyor: Path = CONVEYOR,
     cwd: Path | None = None,
+    options: tuple[str, ...] = (),
 ) -> Iterator[Up]:
     up = Up(free_port())
-    command = [str(conveyor), "up", "--port", str(up.port), "--models", models]
+    command = [str(conveyor), "up", "--port", str(up.port), "--models", models, *options]
     process = subprocess.Popen(
         [*command, "--state-dir", str(state_dir)],
         env={**env, "PYTHONUNBUFFERED": "1"},

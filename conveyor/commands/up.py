@@ -5,6 +5,7 @@ through `<state dir>/stack.json` (`conveyor/local_stack.py`)."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import time
@@ -20,7 +21,7 @@ from shared.model_repository import ModelRepository
 from shared.settings import get_settings
 
 EXAMPLES = """{key_note}
-Conveyor is up: producer {url}, workers for {models}.
+Conveyor is up: producer {url} ({producers} processes), {workers} worker(s) each for {models}.
 Operator console: {url}/console (log in with an API key that has the read or admin scope)
 
   # embeddings, submit and wait
@@ -52,8 +53,26 @@ SUPERVISE_EVERY_S = 0.5
     type=click.Path(path_type=Path),
     help="Logs, the embedded server's data, the dev key, stack.json (CONVEYOR_STATE_DIR).",
 )
-def command(port: int | None, models: str | None, state_dir: Path | None) -> None:
-    """Run the pipeline: embedded Valkey (unless CONVEYOR_REDIS_URL), producer, one worker each."""
+@click.option(
+    "--producers",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Producer processes sharing the port (CONVEYOR_PRODUCER_PROCESSES, cores/4).",
+)
+@click.option(
+    "--workers-per-model",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Worker processes per model; default: the cores the producers leave, split by model.",
+)
+def command(
+    port: int | None,
+    models: str | None,
+    state_dir: Path | None,
+    producers: int | None,
+    workers_per_model: int | None,
+) -> None:
+    """Run the pipeline: embedded Valkey (unless CONVEYOR_REDIS_URL), producers, workers."""
     settings = get_settings()
     port = port or settings.port
     state_dir = state_dir or settings.state_dir
@@ -62,20 +81,32 @@ def command(port: int | None, models: str | None, state_dir: Path | None) -> Non
         if models
         else list(ModelRepository.load(settings.model_repository).models)
     )
+    producers = producers or settings.producer_processes
+    workers_per_model = workers_per_model or _workers_per_model(producers, len(names))
     _refuse_taken(port)
     redis_url = os.environ.get("CONVEYOR_REDIS_URL")
     valkey_config = {"appendonly": "yes"} if redis_url is None else None
     stack = Stack.create(state_dir, redis_url, valkey_config)
     try:
-        url = stack.start_producer(port, CONVEYOR_INSTANCE_ID=f"up-{os.getpid()}")
+        # One console secret for all producers: a session cookie is good on whichever answers.
+        secret = settings.console_secret or secrets.token_urlsafe(32)
+        url = stack.start_producers(
+            port, producers, f"up-{os.getpid()}", CONVEYOR_CONSOLE_SECRET=secret
+        )
         for name in names:
-            stack.start_worker(name)
+            for number in range(1, workers_per_model + 1):
+                stack.start_worker(name, name if number == 1 else f"{name}-{number}")
         key_file = state_dir / "dev-api-key"
         auth = _auth(stack, key_file)
         dev_key_file = str(key_file) if auth["auth"] else ""
         StackState(stack.redis_url, url, dev_key_file, os.getpid()).write(state_dir)
         banner = EXAMPLES.format(
-            url=url, models=", ".join(names), redis_url=stack.redis_url, **auth
+            url=url,
+            producers=producers,
+            workers=workers_per_model,
+            models=", ".join(names),
+            redis_url=stack.redis_url,
+            **auth,
         )
         click.echo(banner, nl=True)
         _supervise(stack)
@@ -83,6 +114,12 @@ def command(port: int | None, models: str | None, state_dir: Path | None) -> Non
         click.echo("stopping: workers drain their batches first")
         StackState.remove(state_dir)
         stack.stop()
+
+
+def _workers_per_model(producers: int, models: int) -> int:
+    """The cores the producers leave (Redis takes its share from them too) split by model, at
+    least one worker each: the workers run the models, the expensive part of a real job."""
+    return max(1, ((os.cpu_count() or 1) - producers) // max(1, models))
 
 
 def _refuse_taken(port: int) -> None:

@@ -1,0 +1,36 @@
+"""One of several producer processes serving one port (`conveyor up --producers N`): each binds
+its own SO_REUSEPORT socket, so the kernel spreads new connections across the live ones and a
+process that dies takes only its own socket away (the others keep answering while
+`conveyor up` restarts it). Each runs with its own CONVEYOR_INSTANCE_ID, hence its own reply
+channel: a job's result is published to the process that waits for it."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+
+import uvicorn
+
+APP = "producer_api.app:app"
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port` that other processes of this user may bind as well."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    config = uvicorn.Config(APP, host=args.host, port=args.port, access_log=False)
+    uvicorn.Server(config).run(sockets=[reuse_port_socket(args.host, args.port)])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""`conveyor up --producers N --workers-per-model M`: several producer processes share the one
+port, each answering as itself (its own instance id, hence its own reply channel), and jobs flow
+through them; one killed is restarted while the other keeps serving. Bad counts are refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from conveyor.local_stack import StackState
+from tests.conftest import until
+from tests.up_process import CONVEYOR, Up, conveyor_up
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    own = ("CONVEYOR_REDIS_URL", "CONVEYOR_STATE_DIR", "CONVEYOR_INSTANCE_ID")
+    env = {k: v for k, v in os.environ.items() if k not in own}
+    return {**env, "CONVEYOR_AUTH": "disabled"}
+
+
+def _answering(up: Up) -> str:
+    """The instance id of the producer that takes a new connection."""
+    instance: str = httpx.get(f"{up.url}/healthz", timeout=10).json()["instance"]
+    return instance
+
+
+def _seen_all(up: Up, ids: set[str]) -> bool:
+    seen = {_answering(up) for _ in range(40)}
+    assert seen <= ids, seen  # never a stranger
+    return seen == ids
+
+
+def _predict(up: Up, n: int) -> None:
+    """A submit-and-wait identity job on a fresh connection; its output is its input."""
+    url = f"{up.url}/v1/models/identity/predict"
+    response = httpx.post(url, json={"inputs": {"n": n}}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"] == {"n": n}
+
+
+def _producer_pid(instance: str) -> int:
+    for process in psutil.process_iter(["cmdline"]):
+        if "conveyor.producer_server" in " ".join(process.info["cmdline"] or []):
+            try:
+                if process.environ().get("CONVEYOR_INSTANCE_ID") == instance:
+                    return process.pid
+            except (psutil.AccessDenied, psutil.NoSuchProcess):
+                continue
+    raise AssertionError(f"no producer process {instance}")
+
+
+def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path) -> None:
+    options = ("--producers", "2", "--workers-per-model", "2")
+    with conveyor_up(tmp_path, "identity", _env(), options=options) as up:
+        banner = "".join(up.lines)
+        assert "(2 processes), 2 worker(s) each for identity" in banner
+        state = StackState.read(tmp_path)
+        assert state is not None
+        up_pid = state.pid
+        ids = {f"up-{up_pid}-1", f"up-{up_pid}-2"}
+        until(lambda: _seen_all(up, ids), timeout=60)
+        for n in range(30):  # each on a new connection: the kernel spreads them over both
+            _predict(up, n)
+        # the instance ids are the processes' own: each waits on its own reply channel
+        first = _producer_pid(f"up-{up_pid}-1")
+        os.kill(first, signal.SIGKILL)
+        for n in range(10):  # the other one keeps serving
+            _predict(up, n)
+        until(lambda: any("producer-1: restarted" in line for line in up.lines), timeout=60)
+        until(lambda: _seen_all(up, ids), timeout=60)
+        assert _producer_pid(f"up-{up_pid}-1") != first
+        for n in range(10):
+            _predict(up, n)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--producers", "0"), ("--producers", "two"), ("--workers-per-model", "-1")],
+)
+def test_bad_process_counts_are_refused(tmp_path: Path, option: str, value: str) -> None:
+    result = subprocess.run(
+        [str(CONVEYOR), "up", option, value, "--state-dir", str(tmp_path)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert f"Invalid value for '{option}'" in result.stderr, result.stderr
+    assert not (tmp_path / "valkey").exists()  # refused before starting anything
