@@ -1,5 +1,6 @@
 """One pub/sub subscription per producer wakes every waiter (long-poll, submit-and-wait) when
-a worker publishes a terminal job: no polling, and one connection however many requests wait."""
+a worker publishes terminal jobs (one message per micro-batch, an array of the job views this
+producer waits for): no polling, and one connection however many requests wait."""
 
 from __future__ import annotations
 
@@ -61,9 +62,15 @@ class ReplyListener:
                     outage.recovered()
                 async for message in self._pubsub.listen():
                     if message["type"] == "message":
-                        self._deliver(loads(message["data"]))
+                        self._deliver_all(loads(message["data"]))
             except RedisConnectionError as exc:
                 await asyncio.sleep(outage.failed(exc))
+
+    def _deliver_all(self, message: list[dict[str, Any]] | dict[str, Any]) -> None:
+        """A worker publishes one array per micro-batch (every job of it this producer waits
+        for); a cancel or a dead letter publishes one view alone."""
+        for view in message if isinstance(message, list) else [message]:
+            self._deliver(view)
 
     def _deliver(self, view: dict[str, Any]) -> None:
         for future in self._waiters.pop(view.get("id", ""), ()):

@@ -10,8 +10,8 @@ _PRELUDE = (
     lua_transition_table()
     + """
 local function can(cur, to)
-  local t = cur and ALLOWED[cur]
-  return t ~= nil and t[to] == 1
+  local t = cur and ALLOWED[cur]  -- a missing hash or field reads as false
+  return t ~= nil and t ~= false and t[to] == 1
 end
 
 -- Claim one job for running: queued|running -> running, attempts+1. Returns its status after.
@@ -141,40 +141,51 @@ return out
 )
 
 # KEYS[1]=stream, KEYS[2]=this second's drained counter; ARGV: group, ttl_s, job-key prefix,
-# then per job a record:
-#   entry_id, job_id, reply_channel, message, status, nfields, field, value, ...
+# worker, then per job a record:
+#   entry_id, job_id, reply_channel, view, status, nfields, field, value, ...
 # status '' means only acknowledge (job already terminal, cancelled or gone).
-# Writes each allowed result, publishes it, then XACK + XDEL the whole batch.
+# Per written job three commands (HMGET, HSET, EXPIRE); per micro-batch one PUBLISH per reply
+# channel (a JSON array of the views written for it), one ZREM per in-flight set, XACK, XDEL.
 FINISH = (
     _PRELUDE
     + """
-local i = 4
-local ids = {}
-local written = {}
+local i = 5
+local ids, written = {}, {}
+local replies, channels, slots, slot_keys = {}, {}, {}, {}
 while i <= #ARGV do
-  local eid, jid, reply, msg, status = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
+  local eid, jid, reply, view, status = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
   local n = tonumber(ARGV[i+5])
   table.insert(ids, eid)
   if status ~= '' then
     local jk = ARGV[3] .. jid
-    if can(redis.call('HGET', jk, 'status'), status) then
-      local args = {'status', status}
+    local cur = redis.call('HMGET', jk, 'status', 'inflight', 'writes')
+    if can(cur[1], status) then
+      local args = {'status', status, 'worker', ARGV[4], 'writes', (tonumber(cur[3]) or 0) + 1}
       for j = 1, n * 2 do table.insert(args, ARGV[i + 5 + j]) end
       redis.call('HSET', jk, unpack(args))
-      redis.call('HINCRBY', jk, 'writes', 1)
       redis.call('EXPIRE', jk, ARGV[2])
-      if reply ~= '' then redis.call('PUBLISH', reply, msg) end
-      free_slot(jk, jid)
+      if reply ~= '' then
+        if not replies[reply] then replies[reply] = {}; table.insert(channels, reply) end
+        table.insert(replies[reply], view)
+      end
+      local slot = cur[2]
+      if slot then
+        if not slots[slot] then slots[slot] = {}; table.insert(slot_keys, slot) end
+        table.insert(slots[slot], jid)
+      end
       table.insert(written, jid)
     end
   end
   i = i + 6 + n * 2
 end
+for _, reply in ipairs(channels) do
+  redis.call('PUBLISH', reply, '[' .. table.concat(replies[reply], ',') .. ']')
+end
+for _, slot in ipairs(slot_keys) do redis.call('ZREM', slot, unpack(slots[slot])) end
 if #ids > 0 then
   redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
   redis.call('XDEL', KEYS[1], unpack(ids))
-  redis.call('INCRBY', KEYS[2], #ids)
-  redis.call('EXPIRE', KEYS[2], 120)
+  if redis.call('INCRBY', KEYS[2], #ids) == #ids then redis.call('EXPIRE', KEYS[2], 120) end
 end
 return written
 """

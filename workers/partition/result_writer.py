@@ -1,5 +1,6 @@
-"""Write-back for a whole micro-batch in one round trip: results, replies, XACK and XDEL happen
-in one Lua script, so a result is visible if and only if its entry is acknowledged."""
+"""Write-back for a whole micro-batch in one round trip: results, replies (one PUBLISH per
+waiting producer, carrying all its jobs), XACK and XDEL happen in one Lua script, so a result is
+visible if and only if its entry is acknowledged."""
 
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ from workers.partition.job_events import JobEvents
 
 
 class ResultWriter:
-    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int, events: JobEvents) -> None:
+    def __init__(
+        self, client: aioredis.Redis, keys: Keys, ttl_s: int, events: JobEvents, worker: str
+    ) -> None:
         self.keys = keys
         self.ttl_s = ttl_s
+        self.worker = worker
         self.events = events
         self._finish = client.register_script(job_scripts.FINISH)
         self.stats = VariantStats(client, keys)
@@ -38,7 +42,7 @@ class ResultWriter:
     async def _write(self, stream: str, batch: list[Finish]) -> list[Finish]:
         if not batch:
             return []
-        args: list[str | bytes | int] = [GROUP, self.ttl_s, self.keys.job_prefix]
+        args: list[str | bytes | int] = [GROUP, self.ttl_s, self.keys.job_prefix, self.worker]
         drained = self.keys.drained(stream, int(time.time()))
         for item in batch:
             args += [item.entry_id, item.job_id, item.reply, item.message(), item.status]

@@ -84,7 +84,7 @@ class ConsumerRuntime:
     async def _serve(self) -> None:
         client = connect(self.settings.redis_url, name=self.consumer)
         events = JobEvents(self.settings.redis_url)
-        writer = ResultWriter(client, self.keys, self.settings.result_ttl_s, events)
+        writer = ResultWriter(client, self.keys, self.settings.result_ttl_s, events, self.consumer)
         for config, variant in self.partitions:
             partition = Partition.of(self.keys, config, variant)
             self._loops.append(await self._build_loop(client, writer, events, partition))
