@@ -33,6 +33,7 @@ PARTS = {
     "B": "benchmarks.batching_efficiency",
     "C": "benchmarks.llm_streaming",
     "D": "benchmarks.redis_cost",
+    "E": "benchmarks.scaling",
     "G": "benchmarks.gpu_engine",
 }
 

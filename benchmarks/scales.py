@@ -34,6 +34,10 @@ class Scale:
     llm_requests: int
     llm_rounds: int
     llm_max_tokens: int
+    # Part E: producer+worker pairs up to this many (0: the machine's cores); closed-loop
+    # clients per load-generator process (one process per producer).
+    scale_max_pairs: int
+    scale_concurrency: int
 
 
 FULL = Scale(
@@ -52,6 +56,8 @@ FULL = Scale(
     llm_requests=8,
     llm_rounds=2,
     llm_max_tokens=48,
+    scale_max_pairs=0,
+    scale_concurrency=32,
 )
 
 QUICK = Scale(
@@ -70,6 +76,8 @@ QUICK = Scale(
     llm_requests=4,
     llm_rounds=1,
     llm_max_tokens=32,
+    scale_max_pairs=0,
+    scale_concurrency=32,
 )
 
 SMOKE = Scale(
@@ -89,6 +97,8 @@ SMOKE = Scale(
     llm_requests=2,
     llm_rounds=1,
     llm_max_tokens=4,
+    scale_max_pairs=2,
+    scale_concurrency=8,
 )
 
 SCALES = {scale.name: scale for scale in (FULL, QUICK, SMOKE)}

@@ -102,6 +102,23 @@ def test_part_d_redis_cost(tmp_path: Path) -> None:
     assert all(v > 0 for v in data["commands_per_job"].values())
 
 
+def test_part_e_scale(tmp_path: Path) -> None:
+    document = _run("E", tmp_path)
+    _check_common(document, "E", tmp_path)
+    steps = document["data"]["steps"]
+    assert [s["pairs"] for s in steps] == [1, 2]  # the smoke scale stops at 2 pairs
+    for step in steps:
+        assert step["jobs"] > 0 and step["errors"] == 0, step
+        assert step["jobs_per_s"] > 0 and step["p99_ms"] >= step["p50_ms"] > 0
+        assert set(step["cpu_ms"]) == {"producer", "worker", "redis"}
+        assert all(v > 0 for v in step["cpu_ms"].values()), step
+        assert 0 < step["redis_utilisation"] <= 1.5  # one core, plus its I/O threads
+        assert step["redis_ceiling_per_s"] == round(1000 / step["cpu_ms"]["redis"])
+    [target] = document["targets"]
+    linear = 2 * steps[0]["jobs_per_s"]
+    assert target["measured"] == pytest.approx(steps[1]["jobs_per_s"] / linear)
+
+
 def test_part_c_llm_streaming(tmp_path: Path) -> None:
     document = _run("C", tmp_path)
     _check_common(document, "C", tmp_path)

@@ -1,0 +1,185 @@
+"""Part E, scale: P producers, P workers and P load-generator processes (closed loop, one per
+producer) at growing P up to the machine's cores, on one Redis. Each step adds producer+worker
+pairs to the running stack; throughput, latency and CPU per job by process group show whether
+the pipeline scales out and when the single Redis becomes the limit (1 ÷ its CPU per job)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.load import Target as LoadTarget
+from benchmarks.load import closed_loop, drive
+from benchmarks.pipeline_stack import IDENTITY_PAYLOAD as PAYLOAD
+from benchmarks.pipeline_stack import running_stack, start_worker
+from benchmarks.process_cpu import CpuMeter
+from benchmarks.report import PartResult, Plot, Series, Table, Target, ratio
+from benchmarks.scales import Scale
+from conveyor.stack import Stack, free_port
+
+TITLE = "Scale: producers and workers on one Redis"
+GROUPS = ("producer", "worker", "redis")
+LINEAR_TARGET = 0.8
+
+
+def pair_counts(max_pairs: int) -> list[int]:
+    """1, 2, 4, … below `max_pairs`, then `max_pairs` itself (the machine's cores)."""
+    counts, n = [], 1
+    while n < max_pairs:
+        counts.append(n)
+        n *= 2
+    return [*counts, max(1, max_pairs)]
+
+
+def run(scale: Scale, workdir: Path) -> PartResult:
+    counts = pair_counts(scale.scale_max_pairs or os.cpu_count() or 1)
+    urls: list[str] = []
+    pids: dict[str, int] = {}
+    steps = []
+    with running_stack(workdir) as stack:
+        urls.append(f"{stack.base_url}/v1/models/identity/predict")
+        pids["producer-1"] = stack.processes["producer"].pid
+        pids["redis"] = stack.processes["valkey"].pid
+        for pairs in counts:
+            _grow(stack, workdir, pairs, urls, pids)
+            steps.append(measure(pairs, urls, pids, scale))
+    return PartResult(
+        part="E",
+        title=TITLE,
+        tables=[_table(steps)],
+        targets=targets(steps),
+        plots=[_plot(steps)],
+        notes=[
+            f"Closed loop: {scale.scale_concurrency} clients per load-generator process, one "
+            "process per producer (each producer on its own port, so the load splits evenly), "
+            f"{scale.seconds:g} s per step after a {scale.warmup_s:g} s warm-up; the identity "
+            "model, so the pipeline's own cost is measured. CPU ms per job sums each group's "
+            "processes (/proc, over the measured window); Redis utilisation is its CPU seconds "
+            "per wall second, and the projected ceiling 1 ÷ its CPU per job: the jobs/s one "
+            "Redis core could carry were every other process on cores of its own. The load "
+            "generators run on the same cores as the pipeline, and so does anything else on "
+            "the machine: on few cores the growth from 1 to 2 pairs is bounded by the cores, "
+            "not by the design.",
+        ],
+        data={"payload": PAYLOAD, "steps": steps},
+    )
+
+
+def _grow(stack: Stack, workdir: Path, pairs: int, urls: list[str], pids: dict[str, int]) -> None:
+    """Add producer+worker pairs up to `pairs` (the stack came with the first producer); each
+    producer on a port of its own, reading the same repository copy."""
+    repository = str(workdir / "model_repository")
+    workers = sum(name.startswith("worker") for name in pids)
+    for number in range(workers + 1, pairs + 1):
+        if number > len(urls):
+            name = f"producer-{number}"
+            url = stack.start_producer(free_port(), name, CONVEYOR_MODEL_REPOSITORY=repository)
+            urls.append(f"{url}/v1/models/identity/predict")
+            pids[name] = stack.processes[name].pid
+        pids[f"worker-{number}"] = start_worker(
+            stack, workdir, "identity:default", f"identity-{number}", {}
+        )
+
+
+def _load(url: str, concurrency: int, seconds: float, max_requests: int) -> dict[str, Any]:
+    """One load-generator process's closed loop (runs in a pool process)."""
+    result = drive(closed_loop(LoadTarget.post(url, [PAYLOAD]), concurrency, seconds, max_requests))
+    return {
+        "latencies_s": result.latencies_s,
+        "errors": result.errors,
+        "elapsed_s": result.elapsed_s,
+    }
+
+
+def measure(pairs: int, urls: list[str], pids: dict[str, int], scale: Scale) -> dict[str, Any]:
+    """One step: warm every generator up, then all of them at once while CPU is metered."""
+    c, n = scale.scale_concurrency, scale.max_requests
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=pairs, mp_context=context) as pool:
+        list(pool.map(_load, urls, [c] * pairs, [scale.warmup_s] * pairs, [n] * pairs))
+        meter = CpuMeter(pids)
+        meter.start()
+        loads = list(pool.map(_load, urls, [c] * pairs, [scale.seconds] * pairs, [n] * pairs))
+        cpu_s = meter.stop()
+    latencies = np.array([s for load in loads for s in load["latencies_s"]]) * 1000.0
+    jobs = len(latencies)
+    wall_s = max(load["elapsed_s"] for load in loads)
+    by_group = {g: sum(v for k, v in cpu_s.items() if k.startswith(g)) for g in GROUPS}
+    cpu_ms = {g: round(s * 1000.0 / jobs, 3) if jobs else float("nan") for g, s in by_group.items()}
+    return {
+        "pairs": pairs,
+        "jobs": jobs,
+        "errors": sum(load["errors"] for load in loads),
+        "jobs_per_s": round(sum(len(x["latencies_s"]) / x["elapsed_s"] for x in loads), 1),
+        "p50_ms": round(float(np.percentile(latencies, 50)), 2) if jobs else float("nan"),
+        "p99_ms": round(float(np.percentile(latencies, 99)), 2) if jobs else float("nan"),
+        "cpu_ms": cpu_ms,
+        "redis_utilisation": round(by_group["redis"] / wall_s, 3),
+        "redis_ceiling_per_s": round(1000.0 / cpu_ms["redis"]) if cpu_ms["redis"] > 0 else None,
+    }
+
+
+def targets(steps: list[dict[str, Any]]) -> list[Target]:
+    by = {step["pairs"]: step["jobs_per_s"] for step in steps}
+    if 1 not in by or 2 not in by:
+        return []
+    return [
+        Target(
+            "jobs/s at 2 pairs ÷ twice jobs/s at 1 pair",
+            ratio(by[2], 2 * by[1]),
+            LINEAR_TARGET,
+            higher_is_better=True,
+            detail=f"{by[2]:.0f} vs {by[1]:.0f} jobs/s (producer+worker pairs on one Redis).",
+        )
+    ]
+
+
+def _table(steps: list[dict[str, Any]]) -> Table:
+    return Table(
+        "Closed-loop identity jobs by producer+worker pairs",
+        [
+            "pairs",
+            "jobs/s",
+            "p50 ms",
+            "p99 ms",
+            "errors",
+            "producer CPU ms/job",
+            "worker CPU ms/job",
+            "Redis CPU ms/job",
+            "Redis CPU utilisation",
+            "projected Redis ceiling jobs/s",
+        ],
+        [
+            [
+                s["pairs"],
+                s["jobs_per_s"],
+                s["p50_ms"],
+                s["p99_ms"],
+                s["errors"],
+                *(s["cpu_ms"][g] for g in GROUPS),
+                s["redis_utilisation"],
+                s["redis_ceiling_per_s"],
+            ]
+            for s in steps
+        ],
+    )
+
+
+def _plot(steps: list[dict[str, Any]]) -> Plot:
+    pairs = [s["pairs"] for s in steps]
+    first = steps[0]["jobs_per_s"] / steps[0]["pairs"]
+    return Plot(
+        "E_scale.png",
+        "Identity jobs/s by producer+worker pairs",
+        "producer+worker pairs",
+        "jobs/s",
+        [
+            Series("measured", pairs, [s["jobs_per_s"] for s in steps]),
+            Series("linear from 1 pair", pairs, [first * p for p in pairs]),
+        ],
+    )
