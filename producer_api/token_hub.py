@@ -25,6 +25,7 @@ from producer_api.redis_outage import RedisOutage
 from producer_api.task_cancel import cancel_and_wait
 from shared.codec import as_text, is_stream_id, stream_id
 from shared.job_store import JobRecord, JobStore
+from shared.keys import Keys
 from shared.redis_client import connect
 from shared.token_stream import READ_COUNT, TokenEvent, final_from_job
 
@@ -81,6 +82,11 @@ class TokenHub:
             if not self._queues[key]:
                 del self._queues[key]
                 self._cursors.pop(key, None)
+
+    async def read(self, key: str, after: str, count: int) -> Any:
+        """Up to `count` entries of `key` after `after`, now, without blocking (the shared
+        pool, not the hub's blocking reader)."""
+        return await self.redis.xread({key: after}, count=count)
 
     async def _run(self) -> None:
         outage = RedisOutage("token hub")
@@ -153,14 +159,15 @@ class TokenFollower:
     look at the job hash ends a stream whose job ended without a final event (cancelled while
     queued, expired)."""
 
-    def __init__(self, hub: TokenHub, store: JobStore, block_ms: int = 1000) -> None:
+    def __init__(self, hub: TokenHub, store: JobStore, keys: Keys, block_ms: int = 1000) -> None:
         self.hub = hub
         self.store = store
+        self.keys = keys
         self.block_ms = block_ms
 
     async def follow(self, job_id: str, after: str = "0-0") -> AsyncIterator[TokenEvent]:
         """Every event after `after`, live ones as they come, ending with exactly one final."""
-        key = self.store.keys.tokens(job_id)
+        key = self.keys.tokens(job_id)
         async with self.hub.listen(key, after) as queue:
             events, over, record = await self._read(key, after), False, None
             while True:
@@ -205,7 +212,7 @@ class TokenFollower:
         """Everything the stream holds after `after` now (no blocking), however long."""
         events: list[TokenEvent] = []
         while True:
-            reply: Any = await self.hub.redis.xread({key: after}, count=READ_COUNT)
+            reply = await self.hub.read(key, after, READ_COUNT)
             read = [TokenEvent.decode(eid, raw) for _, rows in reply or [] for eid, raw in rows]
             events += read
             if len(read) < READ_COUNT:

@@ -25,6 +25,7 @@ from producer_api.console.session import (
     MAX_AGE_S,
     ConsoleSession,
     LoginRequired,
+    SessionSigner,
     check_csrf,
     check_login_csrf,
     current_session,
@@ -62,10 +63,16 @@ async def console(request: Request) -> Console:
     return service
 
 
+def _signer(request: Request) -> SessionSigner:
+    """The console's session signer (built once, with the console, in the app's lifespan)."""
+    service: Console = request.app.state.console
+    return service.signer
+
+
 async def session(request: Request, state: State) -> ConsoleSession:
     """The caller's console session; without one, a redirect to the login page."""
     try:
-        return await current_session(state, request.app.state.console.signer, request)
+        return await current_session(state, _signer(request), request)
     except LoginRequired:
         raise HTTPException(303, "login required", {"Location": "/console/login"}) from None
 
@@ -111,7 +118,7 @@ async def login_page(request: Request) -> Response:
 
 def _login_form(request: Request, error: str, status: int) -> Response:
     """The login page, with a fresh pre-login cookie and its CSRF token."""
-    cookie, csrf = request.app.state.console.signer.issue("", LOGIN_MAX_AGE_S)
+    cookie, csrf = _signer(request).issue("", LOGIN_MAX_AGE_S)
     page = _page(request, "login.html", None, error=error, csrf=csrf)
     page.status_code = status
     _set_cookie(request, page, LOGIN_COOKIE, cookie, LOGIN_MAX_AGE_S)
@@ -132,7 +139,7 @@ async def login(
     key: Annotated[str, Form()] = "",
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
-    signer = request.app.state.console.signer
+    signer = _signer(request)
     check_login_csrf(signer, request.cookies.get(LOGIN_COOKIE, ""), csrf)
     try:
         principal = await login_key(state, key.strip())

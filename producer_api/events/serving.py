@@ -31,7 +31,7 @@ class EventsService:
         return self._final(job_id)
 
     async def _tokens(self, job_id: str, after: str) -> AsyncIterator[JobEvent]:
-        follower = TokenFollower(self.state.tokens, self.state.job_store)
+        follower = TokenFollower(self.state.tokens, self.state.job_store, self.state.keys)
         async for event in follower.follow(job_id, after):
             yield JobEvent(event.kind, event.data(), event.id or None)
 

@@ -162,7 +162,9 @@ class OpenAIService:
         return job_id
 
     def _follow(self, job_id: str) -> AsyncIterator[TokenEvent]:
-        return TokenFollower(self.state.tokens, self.state.job_store).follow(job_id)
+        return TokenFollower(self.state.tokens, self.state.job_store, self.state.keys).follow(
+            job_id
+        )
 
     async def complete(self, job_id: str) -> Generation:
         """Wait for the job by reading its token stream; raises if it did not succeed."""

@@ -56,5 +56,5 @@ class RoutesService:
             raise ConveyorError(
                 409, "conflict", f"routes of {model} changed meanwhile: now version {exc.current}"
             ) from None
-        await self.state.traffic.routes.refresh()
+        await self.state.traffic.refresh_routes()
         return await self.show(model)

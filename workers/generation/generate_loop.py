@@ -30,7 +30,6 @@ from workers.partition.stream_reader import Delivery, StreamReader
 from workers.partition.token_writer import TokenWriter
 
 log = logging.getLogger(__name__)
-TERMINAL_STATES = frozenset(s.value for s in TERMINAL)
 
 
 class GenerateLoop:
@@ -196,7 +195,7 @@ class GenerateLoop:
             job = self.running.get(job_id)
             if job is None or job.ended_as is not None:
                 continue
-            if status is None or status in TERMINAL_STATES:
+            if status is None or status in TERMINAL:  # a StrEnum member matches its string
                 job.ended_as = status or JobStatus.CANCELLED.value
                 log.info("aborting %s job", job.ended_as, extra={"job_id": job_id})
                 await self.engine.abort(job_id)

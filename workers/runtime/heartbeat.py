@@ -56,9 +56,17 @@ class _Beater:
             engines=sorted({config.backend_of(variant) for config, variant in partitions}),
             started_at=time.time(),
         )
-        self.stopping = threading.Event()
+        self._stopping = threading.Event()
         self._batches = (0.0, 0.0)
-        self.thread = threading.Thread(target=self._run, name="conveyor-heartbeat", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="conveyor-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating and remove the heartbeat (waits at most 5 s: a daemon thread)."""
+        self._stopping.set()
+        self._thread.join(timeout=5)
 
     def _state(self) -> WorkerState:
         if celery_state.should_stop is not None or celery_state.should_terminate is not None:
@@ -85,14 +93,14 @@ class _Beater:
         registry = WorkerRegistry(client, Keys(self.settings.key_prefix))
         outage = OutageLog("heartbeat")  # one line per outage, not one per beat
         try:
-            while not self.stopping.is_set():
+            while not self._stopping.is_set():
                 self._refresh()
                 try:
                     await registry.publish(self.beat)
                     outage.recovered()
                 except RedisError as exc:
                     outage.failed(exc)
-                await asyncio.to_thread(self.stopping.wait, HEARTBEAT_S)
+                await asyncio.to_thread(self._stopping.wait, HEARTBEAT_S)
             await registry.remove(self.beat.name)
         except RedisError as exc:
             log.warning("heartbeat not removed (%r)", exc)
@@ -109,10 +117,9 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
 
     def start(self, worker: Any) -> None:
         self.beater = _Beater(worker, get_settings())
-        self.beater.thread.start()
+        self.beater.start()
 
     def stop(self, worker: Any) -> None:
         if self.beater is not None:
-            self.beater.stopping.set()
-            self.beater.thread.join(timeout=5)
+            self.beater.stop()
             self.beater = None
