@@ -65,6 +65,10 @@ def test_part_a_pipeline_overhead(tmp_path: Path) -> None:
         assert run["completed"] > 0 and run["errors"] == 0, run
         assert run["rps"] > 0 and run["p99_ms"] >= run["p50_ms"] > 0
         assert sum(v for k, v in run["cpu_ms"].items() if k != "load generator") > 0
+    summed, *by_process = [t for t in document["targets"] if "CPU ms per job" in t["name"]]
+    assert [t["name"].rsplit(", ", 1)[1] for t in by_process] == ["producer", "worker", "valkey"]
+    assert summed["measured"] == pytest.approx(sum(t["measured"] for t in by_process))
+    assert "CPU ms per job at concurrency 8, all processes summed" in summed["name"]
     _check_profile(document["profile"])
 
 
