@@ -127,11 +127,11 @@ def serve(stack: Stack, model: str) -> None:
         stack.start_worker(model)
 
 
-def until(check: Callable[[], Any], timeout: float = 30) -> Any:
-    """`check()`'s first truthy value, polled every 0.1 s for up to `timeout` seconds."""
+def until(check: Callable[[], Any], timeout: float = 30, every: float = 0.1) -> Any:
+    """`check()`'s first truthy value, polled every `every` seconds for up to `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := check():
             return value
-        time.sleep(0.1)
+        time.sleep(every)
     raise AssertionError(f"not true after {timeout}s")

@@ -105,23 +105,22 @@ def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: r
 
     def kill_mid_batch() -> None:
         consumer = fault_stack.consumer_name(victim)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            pending = r.xpending_range(STREAM, "workers", "-", "+", 1000, consumer)
-            if len(pending) >= 2:
-                os.kill(victim, signal.SIGKILL)
-                fault_stack.processes["victim"].wait()
-                # Commands it sent before dying still run until the server sees its
-                # connections close; only then is what it owns final.
-                until(lambda: not _connections_of(r, consumer), timeout=10)
-                # what the dead consumer still owns once it is gone: these must be reclaimed
-                for row in r.xpending_range(STREAM, "workers", "-", "+", 1000, consumer):
-                    entry: list[tuple[str, dict[str, str]]] = r.xrange(  # type: ignore[assignment]
-                        STREAM, row["message_id"], row["message_id"]
-                    )
-                    orphans.extend(fields["id"] for _, fields in entry)  # none: reclaimed already
-                return
-            time.sleep(0.005)
+
+        def mid_batch() -> bool:
+            return len(r.xpending_range(STREAM, "workers", "-", "+", 1000, consumer)) >= 2
+
+        until(mid_batch, timeout=20, every=0.005)  # a micro-batch is in hand for ~0.1 s
+        os.kill(victim, signal.SIGKILL)
+        fault_stack.processes["victim"].wait()
+        # Commands it sent before dying still run until the server sees its
+        # connections close; only then is what it owns final.
+        until(lambda: not _connections_of(r, consumer), timeout=10)
+        # what the dead consumer still owns once it is gone: these must be reclaimed
+        for row in r.xpending_range(STREAM, "workers", "-", "+", 1000, consumer):
+            entry: list[tuple[str, dict[str, str]]] = r.xrange(  # type: ignore[assignment]
+                STREAM, row["message_id"], row["message_id"]
+            )
+            orphans.extend(fields["id"] for _, fields in entry)  # none: reclaimed already
 
     killer = threading.Thread(target=kill_mid_batch)
     killer.start()
