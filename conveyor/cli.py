@@ -4,13 +4,32 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import Any
 
 import click
+from pydantic import ValidationError
 
 from conveyor import commands
+from shared.settings import Settings
 
 
-@click.group()
+class _Group(click.Group):
+    """A bad `CONVEYOR_*` setting ends any command with one line per setting, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ValidationError as exc:
+            if exc.title != Settings.__name__:
+                raise
+            problems = "; ".join(
+                f"CONVEYOR_{'_'.join(map(str, e['loc'])).upper()}={e['input']!r}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise click.ClickException(f"bad setting: {problems}") from None
+
+
+@click.group(cls=_Group)
 def main() -> None:
     """Conveyor: queue-driven asynchronous inference."""
 

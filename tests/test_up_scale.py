@@ -96,3 +96,18 @@ def test_bad_process_counts_are_refused(tmp_path: Path, option: str, value: str)
     assert result.returncode == 2
     assert f"Invalid value for '{option}'" in result.stderr, result.stderr
     assert not (tmp_path / "valkey").exists()  # refused before starting anything
+
+
+def test_a_bad_producer_processes_setting_is_one_clear_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(CONVEYOR), "up", "--state-dir", str(tmp_path)],
+        env={**_env(), "CONVEYOR_PRODUCER_PROCESSES": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr
+    expected = "bad setting: CONVEYOR_PRODUCER_PROCESSES='0': Input should be greater than"
+    assert expected in result.stderr, result.stderr
+    assert not (tmp_path / "valkey").exists()
