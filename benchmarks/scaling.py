@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from benchmarks.load import Target as LoadTarget
 from benchmarks.load import closed_loop, drive
@@ -64,7 +65,8 @@ def run(scale: Scale, workdir: Path) -> PartResult:
             "Redis core could carry were every other process on cores of its own. The load "
             "generators run on the same cores as the pipeline, and so does anything else on "
             "the machine: on few cores the growth from 1 to 2 pairs is bounded by the cores, "
-            "not by the design.",
+            "not by the design. `machine CPU busy` is the share of all cores' time not idle "
+            "over the step (pipeline, load generators and any neighbours).",
         ],
         data={"payload": PAYLOAD, "steps": steps},
     )
@@ -104,8 +106,10 @@ def measure(pairs: int, urls: list[str], pids: dict[str, int], scale: Scale) -> 
         list(pool.map(_load, urls, [c] * pairs, [scale.warmup_s] * pairs, [n] * pairs))
         meter = CpuMeter(pids)
         meter.start()
+        machine = psutil.cpu_times()
         loads = list(pool.map(_load, urls, [c] * pairs, [scale.seconds] * pairs, [n] * pairs))
         cpu_s = meter.stop()
+        busy = _busy_share(machine, psutil.cpu_times())
     latencies = np.array([s for load in loads for s in load["latencies_s"]]) * 1000.0
     jobs = len(latencies)
     wall_s = max(load["elapsed_s"] for load in loads)
@@ -121,7 +125,17 @@ def measure(pairs: int, urls: list[str], pids: dict[str, int], scale: Scale) -> 
         "cpu_ms": cpu_ms,
         "redis_utilisation": round(by_group["redis"] / wall_s, 3),
         "redis_ceiling_per_s": round(1000.0 / cpu_ms["redis"]) if cpu_ms["redis"] > 0 else None,
+        "machine_busy": busy,
     }
+
+
+def _busy_share(before: Any, after: Any) -> float:
+    """Share of all cores' time not idle between two `psutil.cpu_times()`: near 1, the
+    machine (pipeline, load generators and neighbours together) is what limits the step."""
+    spent = {field: getattr(after, field) - getattr(before, field) for field in after._fields}
+    total = sum(spent.values())
+    idle = spent["idle"] + spent.get("iowait", 0.0)
+    return round(1.0 - idle / total, 3) if total > 0 else float("nan")
 
 
 def targets(steps: list[dict[str, Any]]) -> list[Target]:
@@ -153,6 +167,7 @@ def _table(steps: list[dict[str, Any]]) -> Table:
             "Redis CPU ms/job",
             "Redis CPU utilisation",
             "projected Redis ceiling jobs/s",
+            "machine CPU busy",
         ],
         [
             [
@@ -164,6 +179,7 @@ def _table(steps: list[dict[str, Any]]) -> Table:
                 *(s["cpu_ms"][g] for g in GROUPS),
                 s["redis_utilisation"],
                 s["redis_ceiling_per_s"],
+                s["machine_busy"],
             ]
             for s in steps
         ],

@@ -118,6 +118,7 @@ def test_part_e_scale(tmp_path: Path) -> None:
         assert all(v > 0 for v in step["cpu_ms"].values()), step
         assert 0 < step["redis_utilisation"] <= 1.5  # one core, plus its I/O threads
         assert step["redis_ceiling_per_s"] == round(1000 / step["cpu_ms"]["redis"])
+        assert 0 < step["machine_busy"] <= 1
     [target] = document["targets"]
     linear = 2 * steps[0]["jobs_per_s"]
     assert target["measured"] == pytest.approx(steps[1]["jobs_per_s"] / linear)
