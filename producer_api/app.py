@@ -26,6 +26,7 @@ from producer_api.health.api_router import router as health_router
 from producer_api.http_metrics import HttpMetricsMiddleware
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
 from producer_api.jobs.api_router import router as jobs_router
+from producer_api.jobs.group_commit import GroupCommitRedis
 from producer_api.metrics.api_router import router as metrics_router
 from producer_api.models.api_router import router as models_router
 from producer_api.openai.api_router import router as openai_router
@@ -67,8 +68,9 @@ def build_state(settings: Settings) -> ProducerState:
     keys = Keys(settings.key_prefix)
     name = f"producer-{settings.instance_id}"
     client = connect(settings.redis_url, name=name, blocks_ms=0)
+    hot = GroupCommitRedis.sharing(client)  # the submit path: one pipeline per loop turn
     ttl_s = settings.result_ttl_s
-    job_store = JobStore(client, keys, ttl_s)
+    job_store = JobStore(hot, keys, ttl_s)
     batch_store = BatchApiStore(client, keys, ttl_s)
     webhooks = WebhookDispatcher(settings.redis_url)
     wake = keys.token_hub_wake(settings.instance_id)
@@ -83,11 +85,11 @@ def build_state(settings: Settings) -> ProducerState:
         job_store=job_store,
         batch_store=batch_store,
         batch_progress=BatchApiProgress(job_store, batch_store, webhooks),
-        api_keys=ApiKeyStore(client, keys),
-        rate_limiter=RateLimiter(client, keys),
-        in_flight=InFlightLimiter(client, keys, ttl_s),
-        idempotency=IdempotencyKeys(client, keys, ttl_s),
-        backpressure=Backpressure(client, keys),
+        api_keys=ApiKeyStore(hot, keys),
+        rate_limiter=RateLimiter(hot, keys),
+        in_flight=InFlightLimiter(hot, keys, ttl_s),
+        idempotency=IdempotencyKeys(hot, keys, ttl_s),
+        backpressure=Backpressure(hot, keys),
         webhooks=webhooks,
         traffic=TrafficControl.build(client, keys, settings, repository, job_store, webhooks),
     )
