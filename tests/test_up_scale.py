@@ -13,8 +13,10 @@ import httpx
 import psutil
 import pytest
 
+from conveyor.commands.up import workers_by_model
 from conveyor.local_stack import StackState
-from tests.conftest import until
+from shared.model_repository import ModelRepository
+from tests.conftest import REPO_ROOT, until
 from tests.up_process import CONVEYOR, Up, conveyor_up
 
 pytestmark = pytest.mark.slow
@@ -61,7 +63,7 @@ def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path
     options = ("--producers", "2", "--workers-per-model", "2")
     with conveyor_up(tmp_path, "identity", _env(), options=options) as up:
         banner = "".join(up.lines)
-        assert "(2 processes), 2 worker(s) each for identity" in banner
+        assert "(2 processes), workers for identity (2)." in banner
         state = StackState.read(tmp_path)
         assert state is not None
         up_pid = state.pid
@@ -111,3 +113,19 @@ def test_a_bad_producer_processes_setting_is_one_clear_line(tmp_path: Path) -> N
     expected = "bad setting: CONVEYOR_PRODUCER_PROCESSES='0': Input should be greater than"
     assert expected in result.stderr, result.stderr
     assert not (tmp_path / "valkey").exists()
+
+
+def test_default_workers_split_the_cores_over_batch_models_and_an_llm_gets_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    repository = ModelRepository.load(REPO_ROOT / "model_repository")
+    models = ["identity", "minilm:default", "smollm2"]
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert workers_by_model(repository, models, 4, None) == {
+        "identity": 6,
+        "minilm:default": 6,
+        "smollm2": 1,
+    }
+    assert workers_by_model(repository, models, 4, 3) == dict.fromkeys(models, 3)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # this machine: one of each, as before
+    assert workers_by_model(repository, models, 1, None) == dict.fromkeys(models, 1)

@@ -21,7 +21,7 @@ from shared.model_repository import ModelRepository
 from shared.settings import get_settings
 
 EXAMPLES = """{key_note}
-Conveyor is up: producer {url} ({producers} processes), {workers} worker(s) each for {models}.
+Conveyor is up: producer {url} ({producers} processes), workers for {models}.
 Operator console: {url}/console (log in with an API key that has the read or admin scope)
 
   # embeddings, submit and wait
@@ -63,7 +63,8 @@ SUPERVISE_EVERY_S = 0.5
     "--workers-per-model",
     default=None,
     type=click.IntRange(min=1),
-    help="Worker processes per model; default: the cores the producers leave, split by model.",
+    help="Worker processes per model; default: the cores the producers leave, split over the "
+    "batch models (an LLM's engine batches itself: one worker).",
 )
 def command(
     port: int | None,
@@ -76,13 +77,10 @@ def command(
     settings = get_settings()
     port = port or settings.port
     state_dir = state_dir or settings.state_dir
-    names = (
-        models.split(",")
-        if models
-        else list(ModelRepository.load(settings.model_repository).models)
-    )
+    repository = ModelRepository.load(settings.model_repository)
+    names = models.split(",") if models else list(repository.models)
     producers = producers or settings.producer_processes
-    workers_per_model = workers_per_model or _workers_per_model(producers, len(names))
+    workers = workers_by_model(repository, names, producers, workers_per_model)
     _refuse_taken(port)
     redis_url = os.environ.get("CONVEYOR_REDIS_URL")
     valkey_config = {"appendonly": "yes"} if redis_url is None else None
@@ -93,8 +91,8 @@ def command(
         url = stack.start_producers(
             port, producers, f"up-{os.getpid()}", CONVEYOR_CONSOLE_SECRET=secret
         )
-        for name in names:
-            for number in range(1, workers_per_model + 1):
+        for name, count in workers.items():
+            for number in range(1, count + 1):
                 stack.start_worker(name, name if number == 1 else f"{name}-{number}")
         key_file = state_dir / "dev-api-key"
         auth = _auth(stack, key_file)
@@ -103,8 +101,7 @@ def command(
         banner = EXAMPLES.format(
             url=url,
             producers=producers,
-            workers=workers_per_model,
-            models=", ".join(names),
+            models=", ".join(f"{name} ({count})" for name, count in workers.items()),
             redis_url=stack.redis_url,
             **auth,
         )
@@ -116,10 +113,23 @@ def command(
         stack.stop()
 
 
-def _workers_per_model(producers: int, models: int) -> int:
-    """The cores the producers leave (Redis takes its share from them too) split by model, at
-    least one worker each: the workers run the models, the expensive part of a real job."""
-    return max(1, ((os.cpu_count() or 1) - producers) // max(1, models))
+def workers_by_model(
+    repository: ModelRepository, names: list[str], producers: int, per_model: int | None
+) -> dict[str, int]:
+    """Workers per model: `per_model` when given; else the cores the producers leave (Redis
+    takes its share from them too) split over the batch models, at least one each, since the
+    workers run the models, the expensive part of a real job. An LLM gets one: its engine
+    batches every stream itself and owns the device's memory."""
+    batch = [name for name in names if _batches(repository, name)]
+    share = max(1, ((os.cpu_count() or 1) - producers) // max(1, len(batch)))
+    return {name: per_model or (share if name in batch else 1) for name in names}
+
+
+def _batches(repository: ModelRepository, name: str) -> bool:
+    """`name` (`model` or `model:variant`) is a micro-batching model, not an LLM (an unknown
+    one counts as batching: its worker says what is wrong with it)."""
+    config = repository.get(name.split(":", 1)[0])
+    return config is None or config.kind == "batch"
 
 
 def _refuse_taken(port: int) -> None:
