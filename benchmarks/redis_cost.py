@@ -30,8 +30,9 @@ TITLE = "Redis cost per job and per micro-batch"
 CONCURRENCY = 32
 STREAM = Keys().queue("identity", "default")
 WORKER, BACKLOG_WORKER = "identity", "identity-backlog"
-# A TAKE of the bulk lane is labelled apart: the worker tries it too when online is empty.
-READ = frozenset({"evalsha TAKE", "evalsha TAKE bulk", "evalsha CLAIM", "xreadgroup"})
+# A TAKE of the bulk lane is labelled apart: after a full micro-batch the worker reads its
+# preferred lane, else the other, in one TAKE; otherwise it blocks in one XREADGROUP.
+READ = frozenset({"evalsha TAKE", "evalsha TAKE bulk", "xreadgroup"})
 WRITE_BACK = frozenset({"evalsha FINISH"})
 STOP = "conveyor-bench-monitor-stop"
 SCRIPTS = {
@@ -363,6 +364,14 @@ def summarise(
                 "closed-loop load, where reads often find the stream empty and block.",
             ),
             Target(
+                "Redis commands per submit-and-wait job (closed loop)",
+                comparison["Conveyor (submit and wait)"],
+                6.0,
+                higher_is_better=False,
+                detail=f"FastAPI + Celery: {comparison['FastAPI + Celery']}; worker phase "
+                f"(backlog): {phases['worker']['commands_per_job']} per job.",
+            ),
+            Target(
                 "worker write-back round trips per micro-batch (backlog)",
                 backlog_batch["write_back_per_batch"],
                 1.0,
@@ -379,8 +388,9 @@ def summarise(
             "inside Lua scripts included (INFO commandstats; idle background subtracted: "
             + ", ".join(f"{k} {v / idle_seconds:.1f}/s" for k, v in idle_trips.items())
             + "). Round trips count what each process itself sent (MONITOR); scripts are named "
-            "by their SHA. The worker's reads are TAKE (read and claim; `bulk` on the bulk "
-            "lane), XREADGROUP (block when both lanes are empty) and CLAIM after it; its "
+            "by their SHA. The worker's reads are TAKE (read with the jobs' statuses, after "
+            "a full micro-batch; `bulk` when the bulk lane is preferred) and XREADGROUP (idle "
+            "or keeping up: it blocks and hands the jobs over, no claim follows); its "
             "write-back is FINISH.",
         ],
         data={

@@ -14,13 +14,14 @@ local function can(cur, to)
   return t ~= nil and t ~= false and t[to] == 1
 end
 
--- Claim one job for running: queued|running -> running, attempts+1. Returns its status after.
-local function claim(jk, now, worker)
+-- Mark one job running (queued|running -> running) with its start, worker and attempt number.
+-- Returns its status after.
+local function claim(jk, now, worker, attempts)
   local cur = redis.call('HGET', jk, 'status')
   if not cur then return 'missing' end
   if not can(cur, 'running') then return cur end
-  redis.call('HSET', jk, 'status', 'running', 'started', now, 'worker', worker)
-  redis.call('HINCRBY', jk, 'attempts', 1)
+  redis.call('HSET', jk, 'status', 'running', 'started', now, 'worker', worker,
+             'attempts', attempts)
   return 'running'
 end
 
@@ -40,7 +41,8 @@ end
 )
 
 # KEYS: streams in order of preference (lanes); ARGV: group, consumer, count, job-key prefix,
-# now_ms. Non-blocking XREADGROUP of the first stream that has new entries, plus claim, in one
+# now_ms, mark ('1': mark the jobs running, as a generate loop wants; '': only read their status).
+# Non-blocking XREADGROUP of the first stream that has new entries, plus each job's status, in one
 # round trip; returns {index of that stream (0: none), {entry_id, fields, status} triples}.
 TAKE = (
     _PRELUDE
@@ -52,7 +54,12 @@ for k = 1, #KEYS do
     local out = {}
     for _, e in ipairs(res[1][2]) do
       local jid = field(e[2], 'id')
-      local status = jid and claim(ARGV[4] .. jid, ARGV[5], ARGV[2]) or 'missing'
+      local status = 'missing'
+      if jid and ARGV[6] == '1' then
+        status = claim(ARGV[4] .. jid, ARGV[5], ARGV[2], 1)
+      elseif jid then
+        status = redis.call('HGET', ARGV[4] .. jid, 'status') or 'missing'
+      end
       table.insert(out, {e[1], e[2], status})
     end
     return {k, out}
@@ -62,13 +69,14 @@ return {0, {}}
 """
 )
 
-# ARGV: job-key prefix, now_ms, worker, job ids... → statuses after claiming.
-CLAIM = (
+# ARGV: job-key prefix, worker, then per job: job id, started_ms, attempt → statuses after.
+# Marks jobs a plain XREADGROUP delivered as running, when their run is long enough to be seen.
+MARK_RUNNING = (
     _PRELUDE
     + """
 local out = {}
-for i = 4, #ARGV do
-  table.insert(out, claim(ARGV[1] .. ARGV[i], ARGV[2], ARGV[3]))
+for i = 3, #ARGV, 3 do
+  table.insert(out, claim(ARGV[1] .. ARGV[i], ARGV[i + 1], ARGV[2], ARGV[i + 2]))
 end
 return out
 """
@@ -96,7 +104,7 @@ return {1, length + 1}
 # job-key prefix, now_ms, max_deliveries, ttl_s. Takes over entries idle past the visibility
 # timeout (a dead or stuck consumer's); past max_deliveries they move to the DLQ and their job
 # fails with the reason (row status 'dead'; 'dead-ended' when the job had already ended),
-# otherwise they are claimed for running again.
+# otherwise they are claimed for running again. Rows: {entry_id, fields, status, deliveries}.
 RECLAIM = (
     _PRELUDE
     + """
@@ -130,10 +138,10 @@ for _, e in ipairs(res[2]) do
     end
     redis.call('XACK', KEYS[1], ARGV[1], eid)
     redis.call('XDEL', KEYS[1], eid)
-    table.insert(out, {eid, fields, fate})
+    table.insert(out, {eid, fields, fate, deliveries})
   else
-    local status = jid and claim(ARGV[5] .. jid, ARGV[6], ARGV[2]) or 'missing'
-    table.insert(out, {eid, fields, status})
+    local status = jid and claim(ARGV[5] .. jid, ARGV[6], ARGV[2], deliveries) or 'missing'
+    table.insert(out, {eid, fields, status, deliveries})
   end
 end
 return out
@@ -143,7 +151,8 @@ return out
 # KEYS[1]=stream, KEYS[2]=this second's drained counter; ARGV: group, ttl_s, job-key prefix,
 # worker, then per job a record:
 #   entry_id, job_id, reply_channel, view, status, nfields, field, value, ...
-# status '' means only acknowledge (job already terminal, cancelled or gone).
+# status '' means only acknowledge (job already terminal, cancelled or gone); a job still
+# `queued` ran unmarked (see stream_reader.py) and moves as if from `running`.
 # Per written job three commands (HMGET, HSET, EXPIRE); per micro-batch one PUBLISH per reply
 # channel (a JSON array of the views written for it), one ZREM per in-flight set, XACK, XDEL.
 FINISH = (
@@ -159,7 +168,9 @@ while i <= #ARGV do
   if status ~= '' then
     local jk = ARGV[3] .. jid
     local cur = redis.call('HMGET', jk, 'status', 'inflight', 'writes')
-    if can(cur[1], status) then
+    -- a job handed over by a plain XREADGROUP ran without its hash saying so: through running
+    local from = (cur[1] == 'queued' and can('queued', 'running')) and 'running' or cur[1]
+    if can(from, status) then
       local args = {'status', status, 'worker', ARGV[4], 'writes', (tonumber(cur[3]) or 0) + 1}
       for j = 1, n * 2 do table.insert(args, ARGV[i + 5 + j]) end
       redis.call('HSET', jk, unpack(args))

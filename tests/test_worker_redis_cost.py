@@ -5,6 +5,7 @@ its blocking XREADGROUP, with no empty TAKE and no claim round trip after it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
@@ -108,3 +109,19 @@ async def test_a_second_finish_of_the_same_jobs_writes_nothing(aredis: aioredis.
     again = await writer.finish(STREAM, [_succeeded(d) for d in deliveries])
     assert [f.job_id for f in first] == ["once"] and again == []
     assert await aredis.hget(KEYS.job("once"), "writes") == b"1"
+
+
+async def test_an_idle_worker_blocks_at_once_and_claims_nothing_after(
+    aredis: aioredis.Redis,
+) -> None:
+    reader = StreamReader(aredis, KEYS, [STREAM, f"{STREAM}:bulk"], WORKER)
+    await reader.ensure_groups()
+    await aredis.config_resetstat()
+    waiting = asyncio.create_task(reader.wait([STREAM, f"{STREAM}:bulk"], 64, 5_000))
+    await asyncio.sleep(0.2)
+    await _enqueue(aredis, [("lone", "", "")])
+    batches = await waiting
+    calls = await _commands(aredis)
+    assert [[d.entry.job_id for d in b[1] if d.entry] for b in batches] == [["lone"]]
+    assert calls["evalsha"] == 1  # the producer's ENQUEUE; no TAKE before, no CLAIM after
+    assert calls["xreadgroup"] == 1

@@ -21,9 +21,12 @@ from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
 from workers.partition.redis_backoff import OUTAGE, Backoff, Stopped, until_done
 from workers.partition.result_writer import ResultWriter
-from workers.partition.stream_reader import Delivery
+from workers.partition.stream_reader import Delivery, StreamReader
 
 log = logging.getLogger(__name__)
+# A micro-batch still running after this long has its jobs marked running (one round trip), so
+# a long run shows in the job view; a quick one never pays for the mark.
+RUNNING_MARK_S = 0.1
 
 
 class MicroBatchLoop:
@@ -31,12 +34,15 @@ class MicroBatchLoop:
         self,
         partition: Partition,
         lanes: LaneScheduler,
+        reader: StreamReader,
         writer: ResultWriter,
         engine: BatchEngine,
         block_ms: int,
     ) -> None:
         self.partition = partition
         self.lanes = lanes
+        self.reader = reader
+        self._marks: set[asyncio.Task[None]] = set()
         self.writer = writer
         self.engine = engine
         self.block_ms = block_ms
@@ -87,17 +93,37 @@ class MicroBatchLoop:
         with batch_span(model, variant, runnable):
             with tracer.start_as_current_span("decode"):
                 inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry]
+            mark = asyncio.get_running_loop().call_later(RUNNING_MARK_S, self._mark, runnable)
+            done = partial(self.complete, stream, runnable, finishes, mark)
             if self.stages is not None and inputs:
-                await self.stages.submit(inputs, partial(self.complete, stream, runnable, finishes))
+                await self.stages.submit(inputs, done)
                 return
             with tracer.start_as_current_span("engine"):
                 outcomes = await execute(self.engine, inputs)
-            await self.complete(stream, runnable, finishes, outcomes)
+            await done(outcomes)
+
+    def _mark(self, runnable: list[Delivery]) -> None:
+        """Mark a long run's jobs running, off the loop's path (a failure only logs)."""
+        if runnable:
+            task = asyncio.create_task(self.reader.mark_running(runnable))
+            self._marks.add(task)
+            task.add_done_callback(self._marked)
+
+    def _marked(self, task: asyncio.Task[None]) -> None:
+        self._marks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("could not mark a micro-batch running: %s", exc)
 
     async def complete(
-        self, stream: str, runnable: list[Delivery], skipped: list[Finish], outcomes: list[Outcome]
+        self,
+        stream: str,
+        runnable: list[Delivery],
+        skipped: list[Finish],
+        mark: asyncio.TimerHandle,
+        outcomes: list[Outcome],
     ) -> None:
         """Write a micro-batch's results and its skipped entries back in one round trip."""
+        mark.cancel()
         model, variant = self.partition.labels
         finishes = skipped + [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
         with tracer.start_as_current_span("write"):

@@ -5,6 +5,7 @@ drains at full speed alone and interactive jobs still go first when they arrive.
 
 from __future__ import annotations
 
+from workers.partition.arrival_rate import ArrivalRate
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
 from workers.partition.stream_reader import Batch, StreamReader
@@ -41,19 +42,29 @@ class LaneScheduler:
         self.bulk = partition.bulk
         self.credit = LaneCredit(partition.config.bulk_share)
         self.preferred = partition.config.preferred_batch_sizes_of(partition.variant)
+        self.arrivals = ArrivalRate()
+        self.backlog = False  # the last read filled a micro-batch: more is likely waiting
 
     async def next_batch(self, max_items: int, delay_ms: float, block_ms: int) -> list[Batch]:
-        """One micro-batch (rarely two, when a blocking read returns from both lanes): reclaimed
-        entries as they come, else under load one round trip: the lane preferred now, else the
-        other, in one script; blocks up to `block_ms` only when both lanes are empty."""
+        """One micro-batch (rarely two, when a blocking read returns from both lanes):
+        reclaimed entries as they come; after a full micro-batch (a backlog) one script reads
+        the lane preferred now, else the other; otherwise (idle, or keeping up) one blocking
+        XREADGROUP on both lanes, which returns at once when entries wait and hands them over
+        with no further round trip. Then the micro-batch is topped up while more are coming."""
         if reclaimed := await self.reclaimer.due():
             return [reclaimed]
-        order = [self.bulk, self.online] if self.credit.bulk_turn() else [self.online, self.bulk]
-        batch = await self.reader.take(order, max_items)
-        if batch is None:
-            waited = await self.reader.wait([self.online, self.bulk], max_items, block_ms)
-            return [
-                await self.reader.gather(b, max_items, delay_ms, self.preferred) for b in waited
-            ]
-        self.credit.served(bulk=batch[0] == self.bulk)
-        return [await self.reader.gather(batch, max_items, delay_ms, self.preferred)]
+        if self.backlog:
+            order = (
+                [self.bulk, self.online] if self.credit.bulk_turn() else [self.online, self.bulk]
+            )
+            if (batch := await self.reader.take(order, max_items)) is not None:
+                self.credit.served(bulk=batch[0] == self.bulk)
+                self.backlog = len(batch[1]) >= max_items
+                return [await self._topped_up(batch, max_items, delay_ms)]
+        waited = await self.reader.wait([self.online, self.bulk], max_items, block_ms)
+        self.backlog = any(len(deliveries) >= max_items for _, deliveries in waited)
+        return [await self._topped_up(b, max_items, delay_ms) for b in waited]
+
+    async def _topped_up(self, batch: Batch, max_items: int, delay_ms: float) -> Batch:
+        self.arrivals.arrived(len(batch[1]))
+        return await self.reader.gather(batch, max_items, delay_ms, self.preferred, self.arrivals)

@@ -49,7 +49,7 @@ class Partition:
     def skip_or_expire(self, delivery: Delivery) -> Finish | None:
         """The Finish of an entry that must not run, or None when it should run."""
         entry = delivery.entry
-        if entry is None or delivery.status != JobStatus.RUNNING:
+        if entry is None or not delivery.runnable:
             return Finish(delivery.entry_id)
         now = delivery.claimed_ms
         max_wait_ms = self.config.queue.max_queue_time_s * 1000.0
@@ -65,6 +65,8 @@ class Partition:
         entry = delivery.entry
         fields = {
             **fields,
+            "started": str(delivery.claimed_ms),  # when this worker read it: no claim writes it
+            "attempts": str(delivery.attempts),
             "finished": str(now_ms()),
             "queue_wait_ms": str(delivery.claimed_ms - entry.enqueued_ms),
         }

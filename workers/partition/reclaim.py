@@ -76,8 +76,8 @@ class Reclaimer:
             ],
         )
         deliveries = [
-            decode_delivery(eid, fields, status, now, redelivered=True)
-            for eid, fields, status in rows
+            decode_delivery(eid, fields, status, now, redelivered=True, attempts=int(count))
+            for eid, fields, status, count in rows
         ]
         dead = [d for d in deliveries if d.status in DEAD]
         for delivery in dead:

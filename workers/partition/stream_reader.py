@@ -1,7 +1,11 @@
-"""The one owner of a partition's consumer-group reads: reading both lane streams through the
-group and claiming each job in the same round trip (Lua), so a micro-batch costs one read under
-load; a blocking XREADGROUP only when both are empty; the XCLAIM that keeps long-running entries
-ours; and the recovery of a consumer group that vanished (Redis restarted empty, or flushed)."""
+"""The one owner of a partition's consumer-group reads. An idle worker blocks in one
+XREADGROUP on both lanes, which hands it the jobs directly: no claim round trip follows, since
+an entry in this consumer's pending list is what running means to the stream, and FINISH's state
+check refuses a result the job can no longer take (cancelled meanwhile). Under load one script
+reads the preferred lane with each job's status in the same round trip, so cancelled jobs are
+skipped. Also: marking jobs running (for runs long enough to be seen, and for generate models at
+once), the XCLAIM that keeps long-running entries ours, and the recovery of a consumer group
+that vanished (Redis restarted empty, or flushed)."""
 
 from __future__ import annotations
 
@@ -17,8 +21,10 @@ from redis.exceptions import ResponseError
 from shared import job_scripts
 from shared.codec import RequestEntry, as_text
 from shared.consumer_groups import ensure_groups
+from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.keys import GROUP, Keys
+from workers.partition.arrival_rate import ArrivalRate
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -26,15 +32,21 @@ T = TypeVar("T")
 
 @dataclass(slots=True)
 class Delivery:
-    """One entry handed to this consumer; `status` is the job's state after claiming it:
-    `running` means run it, anything else means acknowledge and skip. `redelivered`: taken over
-    from a consumer that abandoned it (a previous attempt may have streamed tokens)."""
+    """One entry handed to this consumer; `status` is the job's state when read: `queued` or
+    `running` means run it, anything else means acknowledge and skip (a blocking read's entries
+    are taken as `queued`). `attempts`: this entry's deliveries so far. `redelivered`: taken
+    over from a consumer that abandoned it (a previous attempt may have streamed tokens)."""
 
     entry_id: bytes
     entry: RequestEntry | None
     status: str
     claimed_ms: int
     redelivered: bool = False
+    attempts: int = 1
+
+    @property
+    def runnable(self) -> bool:
+        return self.entry is not None and self.status in (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
 Batch = tuple[str, list[Delivery]]  # (stream, deliveries read from it)
@@ -42,14 +54,22 @@ Batch = tuple[str, list[Delivery]]  # (stream, deliveries read from it)
 
 class StreamReader:
     def __init__(
-        self, client: aioredis.Redis, keys: Keys, streams: Sequence[str], consumer: str
+        self,
+        client: aioredis.Redis,
+        keys: Keys,
+        streams: Sequence[str],
+        consumer: str,
+        mark_on_read: bool = False,
     ) -> None:
+        """`mark_on_read`: mark jobs running as they are read (generate models, whose jobs
+        stream for seconds); otherwise only runs that last are marked (`mark_running`)."""
         self.redis = client
         self.keys = keys
         self.streams = tuple(streams)
         self.consumer = consumer
+        self.mark_on_read = mark_on_read
         self._take = client.register_script(job_scripts.TAKE)
-        self._claim = client.register_script(job_scripts.CLAIM)
+        self._mark = client.register_script(job_scripts.MARK_RUNNING)
 
     async def ensure_groups(self) -> None:
         """Create the lanes' groups where missing (`shared/consumer_groups.py`)."""
@@ -57,11 +77,13 @@ class StreamReader:
 
     async def take(self, streams: Sequence[str], count: int) -> Batch | None:
         """One non-blocking round trip: up to `count` new entries of the first of `streams`
-        that has any (in the order the caller prefers), claimed atomically."""
+        that has any (in the order the caller prefers), with their jobs' statuses."""
         now = now_ms()
+        mark = "1" if self.mark_on_read else ""
         reply = await self._recovering(
             lambda: self._take(
-                keys=list(streams), args=[GROUP, self.consumer, count, self.keys.job_prefix, now]
+                keys=list(streams),
+                args=[GROUP, self.consumer, count, self.keys.job_prefix, now, mark],
             )
         )
         if not reply or not reply[0]:
@@ -69,42 +91,74 @@ class StreamReader:
         index, rows = reply
         return streams[index - 1], [decode_delivery(eid, f, status, now) for eid, f, status in rows]
 
-    async def wait(self, streams: Sequence[str], count: int, block_ms: int) -> list[Batch]:
-        """Block up to `block_ms` on all of `streams` at once (wakes on whichever fills first),
-        then claim what arrived."""
+    async def wait(self, streams: Sequence[str], count: int, block_ms: int | None) -> list[Batch]:
+        """Block up to `block_ms` on all of `streams` at once (wakes on whichever fills first;
+        returns at once when entries wait; None: do not block). The jobs are handed over as
+        they are: no claim round trip (a generate loop's are marked running, one round trip)."""
         reply: Any = await self._recovering(
             lambda: self.redis.xreadgroup(
                 GROUP,
                 self.consumer,
                 dict.fromkeys(streams, ">"),
                 count=count,
-                block=max(block_ms, 1),
+                block=None if block_ms is None else max(block_ms, 1),
             )
         )
-        return [(as_text(stream), await self._claim_rows(rows)) for stream, rows in reply or []]
+        now = now_ms()
+        batches = [
+            (as_text(stream), [_delivered(eid, fields, now) for eid, fields in rows])
+            for stream, rows in reply or []
+        ]
+        if self.mark_on_read:
+            for _, deliveries in batches:
+                await self.mark_running(deliveries)
+        return batches
 
     async def gather(
-        self, batch: Batch, max_items: int, delay_ms: float, preferred: Sequence[int] = ()
+        self,
+        batch: Batch,
+        max_items: int,
+        delay_ms: float,
+        preferred: Sequence[int] = (),
+        arrivals: ArrivalRate | None = None,
     ) -> Batch:
-        """Top a non-empty batch up from its own stream until full or `delay_ms` has passed;
-        when the stream runs dry at one of the `preferred` sizes (a size that fills an engine's
-        shape bucket, as Triton's `preferred_batch_size`), stop there instead of waiting."""
+        """Top a non-empty batch up from its own stream until full or `delay_ms` has passed,
+        while `arrivals` (when given) expects another job before then: a lone job on an idle
+        partition is served at once. When the stream runs dry at one of the `preferred` sizes
+        (a size that fills an engine's shape bucket, as Triton's `preferred_batch_size`), stop
+        there instead of waiting."""
         stream, deliveries = batch
         if not deliveries or delay_ms <= 0:
             return batch
         deadline = time.monotonic() + delay_ms / 1000.0
         while len(deliveries) < max_items:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0.001 or (arrivals and not arrivals.expects_more(remaining_s)):
                 break
+            at_preferred = len(deliveries) in preferred
+            started = time.monotonic()
+            block_ms = None if at_preferred else int(remaining_s * 1000)
             wanted = max_items - len(deliveries)
-            more = await self.take([stream], wanted)
-            if more is None and len(deliveries) in preferred:
+            more = [d for _, got in await self.wait([stream], wanted, block_ms) for d in got]
+            if arrivals is not None:
+                arrivals.waited(time.monotonic() - started, len(more))
+                arrivals.arrived(len(more))
+            deliveries.extend(more)
+            if not more and at_preferred:
                 break
-            more = more or next(iter(await self.wait([stream], wanted, remaining_ms)), None)
-            if more is not None:
-                deliveries.extend(more[1])
         return batch
+
+    async def mark_running(self, deliveries: Sequence[Delivery]) -> None:
+        """Mark jobs running (those still queued or running), one round trip for all; each
+        delivery's status becomes its job's after the mark (a cancelled one's: cancelled)."""
+        marked = [d for d in deliveries if d.entry is not None]
+        args: list[str | int] = [self.keys.job_prefix, self.consumer]
+        for d in marked:
+            assert d.entry is not None
+            args += [d.entry.job_id, d.claimed_ms, d.attempts]
+        if marked:
+            for delivery, status in zip(marked, await self._mark(args=args), strict=True):
+                delivery.status = as_text(status)
 
     async def touch(self, stream: str, entry_ids: Sequence[bytes | str]) -> None:
         """XCLAIM (JUSTID: the delivery count stays) entries this consumer is still running, so
@@ -112,18 +166,6 @@ class StreamReader:
         await self._recovering(
             lambda: self.redis.xclaim(stream, GROUP, self.consumer, 0, list(entry_ids), justid=True)
         )
-
-    async def _claim_rows(self, rows: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Delivery]:
-        """Claim entries that a plain XREADGROUP delivered (one Lua call for all of them)."""
-        entries = [(eid, RequestEntry.decode(fields)) for eid, fields in rows]
-        now = now_ms()
-        statuses = await self._claim(
-            args=[self.keys.job_prefix, now, self.consumer, *(e.job_id for _, e in entries)]
-        )
-        return [
-            Delivery(eid, entry, as_text(status), now)
-            for (eid, entry), status in zip(entries, statuses, strict=True)
-        ]
 
     async def _recovering(self, call: Callable[[], Awaitable[T]]) -> T | None:
         """Recreate vanished groups (NOGROUP) instead of dying; the call then returns None."""
@@ -138,14 +180,28 @@ class StreamReader:
 
 
 def decode_delivery(
-    entry_id: bytes, flat: list[bytes], status: bytes, now: int, redelivered: bool = False
+    entry_id: bytes,
+    flat: list[bytes],
+    status: bytes,
+    now: int,
+    redelivered: bool = False,
+    attempts: int = 1,
 ) -> Delivery:
     """A Lua script's `{id, fields, status}` row as a Delivery (undecodable: entry None)."""
+    entry = _entry(entry_id, flat)
+    return Delivery(entry_id, entry, as_text(status), now, redelivered, attempts)
+
+
+def _delivered(entry_id: bytes, fields: dict[bytes, bytes], now: int) -> Delivery:
+    """An entry a plain XREADGROUP delivered: its job is taken as queued."""
+    return Delivery(entry_id, _entry(entry_id, fields), JobStatus.QUEUED.value, now)
+
+
+def _entry(entry_id: bytes, fields: list[bytes] | dict[bytes, bytes]) -> RequestEntry | None:
     try:
-        entry: RequestEntry | None = RequestEntry.decode(
-            dict(zip(flat[::2], flat[1::2], strict=True))
-        )
+        if isinstance(fields, list):
+            fields = dict(zip(fields[::2], fields[1::2], strict=True))
+        return RequestEntry.decode(fields)
     except (KeyError, ValueError):
         log.error("undecodable entry %r on stream; acknowledging it", entry_id)
-        entry = None
-    return Delivery(entry_id, entry, as_text(status), now, redelivered)
+        return None

@@ -104,7 +104,8 @@ class ConsumerRuntime:
         self, client: aioredis.Redis, writer: ResultWriter, events: JobEvents, partition: Partition
     ) -> MicroBatchLoop | GenerateLoop:
         engine = await self._load_engine(partition.config, partition.variant)
-        reader = StreamReader(client, self.keys, partition.streams, self.consumer)
+        generate = isinstance(engine, GenerateEngine)
+        reader = StreamReader(client, self.keys, partition.streams, self.consumer, generate)
         await reader.ensure_groups()
         ttl_s = self.settings.result_ttl_s
         reclaimer = Reclaimer(client, self.keys, partition, self.consumer, ttl_s, events)
@@ -114,7 +115,7 @@ class ConsumerRuntime:
             tokens = TokenWriter(client, self.keys, ttl_s)
             drain_s = max(0.0, self.settings.shutdown_grace_s - ENGINE_CLOSE_S)
             return GenerateLoop(partition, lanes, reader, writer, tokens, engine, block_ms, drain_s)
-        return MicroBatchLoop(partition, lanes, writer, engine, block_ms)
+        return MicroBatchLoop(partition, lanes, reader, writer, engine, block_ms)
 
     async def _load_engine(self, config: ModelConfig, variant: str) -> BatchEngine | GenerateEngine:
         engine = create_engine(config, variant, self.settings.artifact_dir)
