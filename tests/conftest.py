@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -134,4 +134,16 @@ def until(check: Callable[[], Any], timeout: float = 30, every: float = 0.1) -> 
         if value := check():
             return value
         time.sleep(every)
+    raise AssertionError(f"not true after {timeout}s")
+
+
+async def until_async(
+    check: Callable[[], Awaitable[Any]], timeout: float = 30, every: float = 0.1
+) -> Any:
+    """`until()` for a check that must run on the test's event loop."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := await check():
+            return value
+        await asyncio.sleep(every)
     raise AssertionError(f"not true after {timeout}s")

@@ -3,11 +3,10 @@ taken over by another process once the holder stops renewing (so a canary outliv
 
 from __future__ import annotations
 
-import asyncio
-
 import redis.asyncio as aioredis
 
 from shared.leader_lock import LeaderLock
+from tests.conftest import until_async
 
 KEY = "cv:leader:test"
 
@@ -24,7 +23,5 @@ async def test_one_holder_renews_and_another_takes_over_when_it_stops(
 
     # the holder's last renewal, then silence: the other takes over once the lease runs out
     assert await LeaderLock(aredis, KEY, "a", lease_ms=200).hold()
-    async with asyncio.timeout(10):
-        while not await second.hold():
-            await asyncio.sleep(0.05)
+    await until_async(second.hold, timeout=10, every=0.05)
     assert not await first.hold() and await aredis.get(KEY) == b"b"
