@@ -35,6 +35,7 @@ class GroupCommitRedis(aioredis.Redis):
     def __init__(self, pool: aioredis.ConnectionPool) -> None:
         super().__init__(connection_pool=pool)
         self._pending: list[_Pending] = []
+        self._sending: set[asyncio.Task[None]] = set()  # held, so no flush is collected mid-way
 
     @classmethod
     def sharing(cls, client: aioredis.Redis) -> GroupCommitRedis:
@@ -52,7 +53,9 @@ class GroupCommitRedis(aioredis.Redis):
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
-        asyncio.get_running_loop().create_task(self._send(batch))
+        task = asyncio.get_running_loop().create_task(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: list[_Pending]) -> None:
         """One pipeline for the whole batch; a reply that is an error fails its caller only,

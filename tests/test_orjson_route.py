@@ -1,0 +1,45 @@
+"""The jobs routes parse bodies with orjson: a body only the stdlib parser accepts (a NaN
+literal) is refused as invalid JSON, in FastAPI's own error shape, by an orjson route."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+from pydantic import BaseModel
+
+from producer_api.jobs.api_router import router as jobs_router
+from producer_api.jobs.orjson_route import OrjsonRoute
+
+
+class Body(BaseModel):
+    x: float
+
+
+def _client(route_class: type[APIRoute]) -> TestClient:
+    router = APIRouter(route_class=route_class)
+
+    @router.post("/echo")
+    async def echo(body: Body) -> dict[str, float]:
+        return {"x": body.x}
+
+    app = FastAPI()
+    app.include_router(router)
+    return TestClient(app)
+
+
+def test_an_orjson_route_parses_with_orjson() -> None:
+    headers = {"Content-Type": "application/json"}
+    assert _client(OrjsonRoute).post("/echo", content=b'{"x": 1.5}', headers=headers).json() == {
+        "x": 1.5
+    }
+    refused = _client(OrjsonRoute).post("/echo", content=b'{"x": NaN}', headers=headers)
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["type"] == "json_invalid"
+    stdlib = _client(APIRoute).post("/echo", content=b'{"x": NaN}', headers=headers)
+    assert stdlib.status_code == 200  # the stdlib parser takes it: the check above can fail
+
+
+def test_every_jobs_route_is_an_orjson_route() -> None:
+    assert jobs_router.routes
+    assert all(isinstance(route, OrjsonRoute) for route in jobs_router.routes)
