@@ -14,7 +14,8 @@ import yaml
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"  # a model's or a variant's name, wherever one is accepted
+NAME_PATTERN = re.compile(NAME)
 
 
 class ModelConfigError(ValueError):

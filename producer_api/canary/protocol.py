@@ -6,11 +6,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.model_repository import NAME
+
 
 class CanaryStart(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    variant: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
+    variant: str = Field(pattern=NAME)
     baseline: str | None = Field(default=None, description="Default: the model's default variant")
     steps: list[float] = Field(default=[5, 25, 50, 100], min_length=1, max_length=100)
     interval_s: float = Field(default=60.0, gt=0, le=86_400)

@@ -11,6 +11,7 @@ from producer_api.errors import ErrorBody
 from producer_api.experiments.protocol import ExperimentReport
 from producer_api.experiments.serving import ExperimentsService
 from producer_api.responses import FastJSONResponse
+from shared.model_repository import NAME
 
 router = APIRouter(tags=["experiments"])
 
@@ -26,9 +27,9 @@ router = APIRouter(tags=["experiments"])
 )
 async def experiment(
     service: Annotated[ExperimentsService, Depends(acting_for("read", ExperimentsService))],
-    model: str = Path(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
+    model: str = Path(pattern=NAME),
     window_s: float = Query(default=3600.0, gt=0, le=21_600),
-    baseline: str | None = Query(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
+    baseline: str | None = Query(default=None, pattern=NAME),
 ) -> FastJSONResponse:
     """Per variant over the window: requests, success rate, queue/service/total latency
     percentiles, shadow agreement, and z / Mann-Whitney tests against the baseline."""

@@ -11,9 +11,10 @@ from producer_api.errors import ErrorBody
 from producer_api.responses import FastJSONResponse
 from producer_api.routes.protocol import RoutesBody, RoutesView
 from producer_api.routes.serving import RoutesService
+from shared.model_repository import NAME
 
 router = APIRouter(tags=["routes"])
-MODEL = Path(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
+MODEL = Path(pattern=NAME)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
     404: {"model": ErrorBody, "description": "Unknown model"},
