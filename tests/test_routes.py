@@ -275,7 +275,9 @@ def test_bad_routes_get_a_clear_4xx_and_change_nothing(
 def test_every_change_is_versioned_and_logged(urls: list[str], admin: dict[str, str]) -> None:
     url = urls[0]
     start = _routes(url, admin)
-    _put(url, admin, weights={"stable": 60, "candidate": 40}, sticky_by="tenant")
+    # A PUT replaces the routes whole: it carries the shadows on to keep them.
+    weights = {"stable": 60, "candidate": 40}
+    _put(url, admin, weights=weights, shadows=start["shadows"], sticky_by="tenant")
     after = _put(url, admin, weights={"stable": 100}).json()
     assert after["version"] == start["version"] + 2
     last_two = after["history"][-2:]
