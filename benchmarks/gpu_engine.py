@@ -11,13 +11,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from benchmarks.batching_efficiency import sentences
 from benchmarks.load import Target as LoadTarget
 from benchmarks.load import closed_loop, drive
-from benchmarks.pipeline_stack import ARTIFACT_DIR, running_stack, start_worker
+from benchmarks.pipeline_stack import (
+    ARTIFACT_DIR,
+    MODEL_REPOSITORY,
+    running_stack,
+    start_worker,
+)
 from benchmarks.report import PartResult, Skipped, Table, Target, ratio
 from benchmarks.scales import Scale
 from shared.model_repository import ModelRepository
+from workers.engines.torch_engine import PreparedBatch, TorchEngine, cuda_missing
 
 TITLE = "PyTorch engine on a GPU: fp16, CUDA graphs, pipeline ÷ engine"
 SEQ = 32
@@ -32,24 +40,12 @@ MODES = (
 # jobs of 1 text; 32 jobs of 32 texts are split into calls of the largest bucket, 256).
 JOB_SIZES = {1: 32, 32: 256}
 CONCURRENCY = 64
-
-
-def cuda_missing() -> str | None:
-    """What stops the part on this machine, or None when a CUDA device is usable."""
-    import torch
-
-    if not torch.backends.cuda.is_built():
-        return f"torch {torch.__version__} is built without CUDA"
-    if not torch.cuda.is_available():
-        return "no CUDA device is visible"
-    return None
+WARM_CALLS = 3  # untimed calls before each batch size's timed ones
 
 
 def run(scale: Scale, workdir: Path) -> PartResult:
     if reason := cuda_missing():
         raise Skipped(f"part G skipped: {reason}; it measures nothing without a GPU")
-    import torch
-
     gpu = torch.cuda.get_device_name(0)
     engine_rows = engine_table_rows(scale)
     pipeline_rows = pipeline_points(scale, workdir, engine_rows)
@@ -78,10 +74,8 @@ def _iterations(scale: Scale) -> int:
     return max(10, int(scale.seconds * 50))
 
 
-def _engine(dtype: str, graphs: bool) -> Any:
-    from workers.engines.torch_engine import TorchEngine
-
-    config = _repository().get("minilm")
+def _engine(dtype: str, graphs: bool) -> TorchEngine:
+    config = ModelRepository.load(MODEL_REPOSITORY).get("minilm")
     assert config is not None
     variant = config.variants["torch"]
     options = {**variant.parameters["torch"], "device": "cuda", "dtype": dtype}
@@ -95,21 +89,16 @@ def _engine(dtype: str, graphs: bool) -> Any:
     return engine
 
 
-def _repository() -> ModelRepository:
-    from benchmarks.pipeline_stack import MODEL_REPOSITORY
-
-    return ModelRepository.load(MODEL_REPOSITORY)
-
-
 def engine_table_rows(scale: Scale) -> list[dict[str, Any]]:
     """Median ms per engine call for every batch and mode (a new engine per mode, freed after)."""
-    import torch
-
     texts = sentences(max(BATCHES))
     timings: dict[str, dict[int, float]] = {}
     for label, dtype, graphs in MODES:
         engine = _engine(dtype, graphs)
+        before = (engine.captures, engine.replays)
         timings[label] = _time_calls(engine, texts, scale)
+        calls = len(BATCHES) * (WARM_CALLS + _iterations(scale))
+        _check_graphs(label, engine, before, calls if graphs else 0)
         engine.close()
         torch.cuda.empty_cache()
     return [
@@ -122,9 +111,20 @@ def engine_table_rows(scale: Scale) -> list[dict[str, Any]]:
     ]
 
 
-def _time_calls(engine: Any, texts: list[str], scale: Scale) -> dict[int, float]:
-    from workers.engines.torch_engine import PreparedBatch
+def _check_graphs(
+    label: str, engine: TorchEngine, before: tuple[int, int], expected_replays: int
+) -> None:
+    """Refuse to report a mode's numbers unless it ran as labelled: every timed call a graph
+    replay with CUDA graphs (none eager), none without, and no capture while timed."""
+    captures, replays = engine.captures - before[0], engine.replays - before[1]
+    if captures or replays != expected_replays:
+        raise RuntimeError(
+            f"{label}: {captures} graphs captured and {replays} replayed while timed, "
+            f"expected 0 and {expected_replays}"
+        )
 
+
+def _time_calls(engine: TorchEngine, texts: list[str], scale: Scale) -> dict[int, float]:
     timings = {}
     for batch in BATCHES:
         tokens = engine.encoder.tokenize(texts[:batch], pad_to=SEQ)
@@ -134,7 +134,7 @@ def _time_calls(engine: Any, texts: list[str], scale: Scale) -> dict[int, float]
 
 
 def _median_ms(call: Any, scale: Scale) -> float:
-    for _ in range(3):
+    for _ in range(WARM_CALLS):
         call()
     samples = []
     for _ in range(_iterations(scale)):

@@ -6,13 +6,16 @@ check fp16, CUDA graphs and the served variant on a CUDA device."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+import redis
 import torch
 
 from conveyor.stack import Stack
@@ -33,16 +36,10 @@ from workers.batching.micro_batch_executor import Outcome
 from workers.batching.stage_pipeline import StagePipeline
 from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
 from workers.engines.registry import create_engine
-from workers.engines.torch_engine import TorchEngine
+from workers.engines.torch_engine import TorchEngine, cuda_missing
 from workers.partition.stream_reader import StreamReader
 
-CUDA_MISSING = (
-    "torch built without CUDA"
-    if not torch.backends.cuda.is_built()
-    else "no CUDA device"
-    if not torch.cuda.is_available()
-    else None
-)
+CUDA_MISSING = cuda_missing()
 needs_cuda = pytest.mark.skipif(CUDA_MISSING is not None, reason=CUDA_MISSING or "")
 
 
@@ -174,7 +171,7 @@ async def test_the_stage_pipeline_keeps_results_with_their_jobs(cpu_engine):
 
     try:
         for n, jobs in batches.items():
-            await pipeline.submit(jobs, lambda outcomes, n=n: collect(n, outcomes))
+            await pipeline.submit(jobs, partial(collect, n))
         await pipeline.drain()
     finally:
         pipeline.close()
@@ -193,6 +190,75 @@ async def test_the_stage_pipeline_keeps_results_with_their_jobs(cpu_engine):
             assert {(o.batch_id, o.batch_size) for o in results[n]} == {
                 (results[n][0].batch_id, len(jobs))
             }
+
+
+async def test_the_next_micro_batch_is_tokenised_while_the_device_runs(cpu_engine, monkeypatch):
+    """Micro-batch 0's device stage cannot end before micro-batch 1 has been tokenised: with
+    tokenising on the device's critical path (after its run, or on its thread) this would wait
+    out its timeout. Host stages run on the tokenizer pool the config sizes, the device stage
+    on one thread of its own."""
+    tokenised_next = threading.Event()
+    overlapped: list[bool] = []
+    threads: dict[str, set[str]] = {"prepare": set(), "run": set(), "finish": set()}
+    prepare, run, finish = cpu_engine.prepare, cpu_engine.run, cpu_engine.finish
+
+    def on_thread(stage: str) -> None:
+        threads[stage].add(threading.current_thread().name)
+
+    def preparing(inputs: list[dict[str, Any]]) -> Any:
+        on_thread("prepare")
+        prepared = prepare(inputs)
+        if inputs[0]["texts"] == ["the next micro-batch"]:
+            tokenised_next.set()
+        return prepared
+
+    def running(prepared: Any) -> Any:
+        on_thread("run")
+        overlapped.append(tokenised_next.wait(timeout=30))
+        return run(prepared)
+
+    def finishing(running: Any) -> list[dict[str, Any]]:
+        on_thread("finish")
+        return finish(running)
+
+    monkeypatch.setattr(cpu_engine, "prepare", preparing)
+    monkeypatch.setattr(cpu_engine, "run", running)
+    monkeypatch.setattr(cpu_engine, "finish", finishing)
+    outcomes: dict[int, list[Outcome]] = {}
+
+    async def keep(n: int, result: list[Outcome]) -> None:
+        outcomes[n] = result
+
+    pipeline = StagePipeline(cpu_engine)
+    try:
+        await pipeline.submit([{"texts": ["the first micro-batch"]}], partial(keep, 0))
+        await pipeline.submit([{"texts": ["the next micro-batch"]}], partial(keep, 1))
+        await pipeline.drain()
+    finally:
+        pipeline.close()
+    assert overlapped == [True, True]
+    assert [[o.error for o in outcomes[n]] for n in (0, 1)] == [[None], [None]]
+    configured = minilm_config().torch_options("torch").tokenizer_threads
+    assert cpu_engine.host_threads == configured
+    host_pool = {f"engine-host_{i}" for i in range(configured)}
+    assert threads["prepare"] | threads["finish"] <= host_pool
+    assert threads["run"] == {"engine-device_0"}
+
+
+def test_the_encoder_traces_whole_with_no_host_sync(cpu_engine):
+    """What a CUDA graph capture needs, checked on the CPU: the pooled encoder compiles as one
+    graph (dynamo's fullgraph: no graph break, so no data-dependent branch and no host read
+    such as `.item()` inside it), and that graph computes what eager does."""
+    [(batch, _)] = cpu_engine.prepare([{"texts": SENTENCES[:3]}]).calls
+    feeds = {name: torch.from_numpy(array) for name, array in batch.feeds().items()}
+    whole = torch.compile(cpu_engine.model, fullgraph=True, backend="eager", dynamic=False)
+    try:
+        with torch.no_grad():
+            traced, eager = whole(**feeds), cpu_engine.model(**feeds)
+    finally:
+        torch._dynamo.reset()
+    assert traced.shape == (8, DIMENSION)
+    assert torch.allclose(traced, eager, atol=1e-6)
 
 
 async def test_gathering_stops_at_a_preferred_size_when_the_queue_runs_dry(aredis):
@@ -260,6 +326,38 @@ def test_the_pipeline_serves_minilm_torch(stack: Stack, base_url: str, minilm_wo
     assert cosines(got, reference_embeddings(SENTENCES)).min() >= 0.999
 
 
+async def test_concurrent_jobs_on_minilm_torch_each_get_their_own_vectors(
+    base_url: str, minilm_worker: int, stack_redis: redis.Redis
+) -> None:
+    """Through the worker's stage pipeline: concurrent jobs share micro-batches, each gets its
+    own texts' vectors, and every job of one engine call records that call's size."""
+    rng = np.random.default_rng(11)
+    picks = [list(rng.choice(len(SENTENCES), rng.integers(1, 4))) for _ in range(24)]
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+        responses = await asyncio.gather(
+            *(
+                client.post(
+                    "/v1/models/minilm/predict",
+                    json={"inputs": {"texts": [SENTENCES[i] for i in pick]}, "variant": "torch"},
+                )
+                for pick in picks
+            )
+        )
+    reference = reference_embeddings(SENTENCES)
+    calls: dict[str, list[int]] = {}
+    for pick, response in zip(picks, responses, strict=True):
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["variant"] == "torch"
+        got = np.array(body["outputs"]["embeddings"])
+        assert got.shape == (len(pick), DIMENSION)
+        assert cosines(got, reference[pick]).min() >= 0.999
+        job: dict[str, str] = stack_redis.hgetall(Keys().job(body["id"]))  # type: ignore[assignment]
+        calls.setdefault(job["batch_id"], []).append(int(job["batch_size"]))
+    assert max(len(sizes) for sizes in calls.values()) > 1, calls  # jobs did share calls
+    assert all(sizes == [len(sizes)] * len(sizes) for sizes in calls.values()), calls
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_fp16_on_cuda_equals_fp32_on_the_cpu(artifacts):
@@ -278,15 +376,35 @@ def test_graph_replay_equals_eager_and_nothing_is_captured_after_warmup(artifact
     buckets = minilm_config().torch_options("torch").cuda_graphs
     assert buckets is not None
     assert graphs.captures == len(buckets.batch_buckets) * len(buckets.seq_buckets)
-    captured = graphs.captures
+    captured, replayed = graphs.captures, graphs.replays
     eager = torch_engine(artifacts, device="cuda", dtype="fp16")  # not warmed: no graphs
-    for size in (1, 3, 9, 33, 200, 300):
+    calls = 0
+    for size in (1, 3, 9, 33, 200, 300):  # 300 texts: two calls (256 + 44)
         jobs = [{"texts": [SENTENCES[i % len(SENTENCES)] for i in range(size)]}]
-        replayed = vectors(graphs.infer(jobs))
-        assert cosines(replayed, vectors(eager.infer(jobs))).min() >= 0.9999
-    assert eager.captures == 0
-    assert graphs.captures == captured
-    assert all(b.is_pinned() for free in graphs.buffers._free.values() for b in free)
+        assert cosines(vectors(graphs.infer(jobs)), vectors(eager.infer(jobs))).min() >= 0.9999
+        calls += -(-size // buckets.batch_buckets[-1])
+    assert (eager.captures, eager.replays) == (0, 0)
+    assert graphs.captures == captured  # nothing captured under load...
+    assert graphs.replays - replayed == calls  # ...and every call a replay, none eager
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_outputs_come_back_through_reused_pinned_buffers_on_cuda(artifacts):
+    """Each call copies its vectors asynchronously into a page-locked buffer; after warm-up,
+    micro-batches of one bucket reuse its buffer instead of allocating."""
+    engine = torch_engine(artifacts, device="cuda", dtype="fp16")
+    engine.warmup()  # its call leased and gave back the 8-row bucket's buffer
+    allocated = engine.buffers.allocated
+    buffers = set()
+    for texts in (["one", "two"], ["three"] * 5, ["four"]):
+        running = engine.run(engine.prepare([{"texts": texts}]))
+        [call] = running.calls
+        assert call.buffer.is_pinned() and call.done is not None
+        buffers.add(id(call.buffer))
+        engine.finish(running)
+    assert len(buffers) == 1
+    assert engine.buffers.allocated == allocated
 
 
 @pytest.mark.gpu

@@ -42,15 +42,24 @@ CAPTURE_WARMUP_ITERS = 3
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 
+def cuda_missing() -> str | None:
+    """What keeps this torch off a GPU ("torch built without CUDA", "no CUDA device"), or None
+    when it can use one; GPU tests and benchmark part G skip with this reason."""
+    if not torch.backends.cuda.is_built():
+        return "torch built without CUDA"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    return None
+
+
 def resolve_device(requested: str) -> torch.device:
     """`auto` is CUDA when this torch sees a device; `cuda` without one fails loudly (a GPU pool
     must not silently serve from the CPU), naming what is missing."""
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+    missing = cuda_missing()
+    if requested == "cpu" or (requested == "auto" and missing is not None):
         return torch.device("cpu")
-    if not torch.backends.cuda.is_built():
-        raise RuntimeError("device cuda requested but torch built without CUDA")
-    if not torch.cuda.is_available():
-        raise RuntimeError("device cuda requested but no CUDA device")
+    if missing is not None:
+        raise RuntimeError(f"device cuda requested but {missing}")
     return torch.device("cuda")
 
 
@@ -156,7 +165,9 @@ class TorchEngine(StagedBatchEngine):
         self.buffers = HostBuffers(int(encoder.config.hidden_size), pinned=on_cuda)
         self.stream = torch.cuda.Stream(self.device) if on_cuda else None
         self.graphs: dict[tuple[int, int], CapturedGraph] = {}
+        # Graphs captured and replayed so far: after warm-up only `replays` may grow.
         self.captures = 0
+        self.replays = 0
         self.device_lock = threading.Lock()
         log.info("torch engine for %s on %s in %s", artifact_dir, self.device, self.dtype)
 
@@ -252,6 +263,7 @@ class TorchEngine(StagedBatchEngine):
         for name, tensor in host.items():
             captured.inputs[name].copy_(tensor, non_blocking=True)
         captured.graph.replay()
+        self.replays += 1
         return captured.output
 
     def finish(self, running: RunningBatch) -> list[dict[str, Any]]:
