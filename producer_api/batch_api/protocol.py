@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from producer_api.jobs.protocol import NAME, PredictRequest
+from producer_api.jobs.protocol import PredictRequest
+from shared.model_repository import NAME
 
 WINDOW = r"^[1-9][0-9]{0,6}[smhd]$"
 

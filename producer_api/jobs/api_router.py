@@ -12,6 +12,7 @@ from producer_api.jobs.orjson_route import OrjsonRoute
 from producer_api.jobs.protocol import JobAccepted, JobRequest, JobView, PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.responses import FastJSONResponse
+from shared.model_repository import NAME
 
 router = APIRouter(tags=["jobs"], route_class=OrjsonRoute)
 JOB_ID = Path(max_length=128, description="Job id")
@@ -105,7 +106,7 @@ async def predict(
     body: PredictRequest,
     request: Request,
     service: SubmitService,
-    model: str = Path(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$"),
+    model: str = Path(pattern=NAME),
     timeout: float = Query(default=30.0, gt=0, le=600),
 ) -> FastJSONResponse:
     """Submit and wait: 200 with outputs, or 202 with the job's URLs if it is still running."""

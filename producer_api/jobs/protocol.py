@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+from shared.model_repository import NAME
 
 
 class PredictRequest(BaseModel):

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
-from producer_api.jobs.protocol import NAME
+from shared.model_repository import NAME
 
 SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed")
 PENALTIES = ("presence_penalty", "frequency_penalty")

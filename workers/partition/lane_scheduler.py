@@ -8,7 +8,7 @@ from __future__ import annotations
 from workers.partition.arrival_rate import ArrivalRate
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
-from workers.partition.stream_reader import Batch, StreamReader
+from workers.partition.stream_reader import MicroBatch, StreamReader
 
 
 class LaneCredit:
@@ -45,7 +45,7 @@ class LaneScheduler:
         self.arrivals = ArrivalRate()
         self.backlog = False  # the last read filled a micro-batch: more is likely waiting
 
-    async def next_batch(self, max_items: int, delay_ms: float, block_ms: int) -> list[Batch]:
+    async def next_batch(self, max_items: int, delay_ms: float, block_ms: int) -> list[MicroBatch]:
         """One micro-batch (rarely two, when a blocking read returns from both lanes):
         reclaimed entries as they come; after a full micro-batch (a backlog) one script reads
         the lane preferred now, else the other; otherwise (idle, or keeping up) one blocking
@@ -65,6 +65,6 @@ class LaneScheduler:
         self.backlog = any(len(deliveries) >= max_items for _, deliveries in waited)
         return [await self._topped_up(b, max_items, delay_ms) for b in waited]
 
-    async def _topped_up(self, batch: Batch, max_items: int, delay_ms: float) -> Batch:
+    async def _topped_up(self, batch: MicroBatch, max_items: int, delay_ms: float) -> MicroBatch:
         self.arrivals.arrived(len(batch[1]))
         return await self.reader.gather(batch, max_items, delay_ms, self.preferred, self.arrivals)

@@ -16,7 +16,7 @@ from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
-from workers.partition.stream_reader import Batch, Delivery, decode_delivery
+from workers.partition.stream_reader import Delivery, MicroBatch, decode_delivery
 
 log = logging.getLogger(__name__)
 DEAD = ("dead", "dead-ended")  # dead-lettered by the script; "dead": the job failed just now
@@ -51,7 +51,7 @@ class Reclaimer:
         self._next = dict.fromkeys(self.streams, 0.0)
         self._script = client.register_script(job_scripts.RECLAIM)
 
-    async def due(self) -> Batch | None:
+    async def due(self) -> MicroBatch | None:
         """The first lane's abandoned entries whose reclaim is due: (stream, deliveries)."""
         for stream in self.streams:
             if time.monotonic() >= self._next[stream] and (abandoned := await self.reclaim(stream)):

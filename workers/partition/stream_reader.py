@@ -49,7 +49,7 @@ class Delivery:
         return self.entry is not None and self.status in (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
-Batch = tuple[str, list[Delivery]]  # (stream, deliveries read from it)
+MicroBatch = tuple[str, list[Delivery]]  # (stream, deliveries read from it)
 
 
 class StreamReader:
@@ -75,7 +75,7 @@ class StreamReader:
         """Create the lanes' groups where missing (`shared/consumer_groups.py`)."""
         await ensure_groups(self.redis, self.streams)
 
-    async def take(self, streams: Sequence[str], count: int) -> Batch | None:
+    async def take(self, streams: Sequence[str], count: int) -> MicroBatch | None:
         """One non-blocking round trip: up to `count` new entries of the first of `streams`
         that has any (in the order the caller prefers), with their jobs' statuses."""
         now = now_ms()
@@ -91,7 +91,9 @@ class StreamReader:
         index, rows = reply
         return streams[index - 1], [decode_delivery(eid, f, status, now) for eid, f, status in rows]
 
-    async def wait(self, streams: Sequence[str], count: int, block_ms: int | None) -> list[Batch]:
+    async def wait(
+        self, streams: Sequence[str], count: int, block_ms: int | None
+    ) -> list[MicroBatch]:
         """Block up to `block_ms` on all of `streams` at once (wakes on whichever fills first;
         returns at once when entries wait; None: do not block). The jobs are handed over as
         they are: no claim round trip (a generate loop's are marked running, one round trip)."""
@@ -116,12 +118,12 @@ class StreamReader:
 
     async def gather(
         self,
-        batch: Batch,
+        batch: MicroBatch,
         max_items: int,
         delay_ms: float,
         preferred: Sequence[int] = (),
         arrivals: ArrivalRate | None = None,
-    ) -> Batch:
+    ) -> MicroBatch:
         """Top a non-empty batch up from its own stream until full or `delay_ms` has passed,
         while `arrivals` (when given) expects another job before then: a lone job on an idle
         partition is served at once. When the stream runs dry at one of the `preferred` sizes
