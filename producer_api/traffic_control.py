@@ -103,6 +103,8 @@ class TrafficControl:
         if await self.lease.hold():
             await self.controller.look()
             await self.comparisons.look()
+        else:
+            self.controller.step_down()
 
     def start(self) -> None:
         for loop in self.loops:

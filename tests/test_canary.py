@@ -69,9 +69,9 @@ def _until_gauged(producers: list[str], variant: str, state: str, weight: float)
 
     def gauged() -> bool:
         scrape = "".join(httpx.get(f"{producer}/metrics").text for producer in producers)
-        assert f"conveyor_canary_state{{{labels.format('running')}}} 1.0" not in scrape
         return (
-            f"conveyor_canary_state{{{labels.format(state)}}} 1.0" in scrape
+            f"conveyor_canary_state{{{labels.format('running')}}} 1.0" not in scrape
+            and f"conveyor_canary_state{{{labels.format(state)}}} 1.0" in scrape
             and f'conveyor_canary_weight{{model="ab",variant="{variant}"}} {weight:.1f}' in scrape
         )
 

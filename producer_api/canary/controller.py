@@ -71,17 +71,20 @@ class CanaryController:
         self.stats = stats
         self.repository = repository
         self.webhooks = webhooks
-        self._shown: set[str] = set()  # models whose canary this leader shows in the gauges
+        self._shown: dict[str, str] = {}  # model → canary variant this leader shows in gauges
 
     async def look(self) -> None:
         """Decide for each running canary, then show its state in the gauges. Only the leader
         sets them, and it shows a canary it saw running until it ended, even when another
         producer ended it (an abort), so no producer keeps a stale `running`."""
         active = await self.store.active()
+        shown: dict[str, str] = {}
         for model in sorted({*active, *self._shown}):
             canary = await self.store.get(model)
             if canary is None:
                 continue
+            if model in active:
+                shown[model] = canary.variant
             if canary.state == "running":
                 try:
                     await self.decide(canary)
@@ -89,7 +92,15 @@ class CanaryController:
                     log.info("routes of %s changed while its canary moved; deciding again", model)
                     continue
             show(canary)
-        self._shown = set(active)
+        self._shown = shown
+
+    def step_down(self) -> None:
+        """No longer the leader: stop showing canaries, so only the leader's gauges count."""
+        for model, variant in self._shown.items():
+            CANARY_WEIGHT.remove(model, variant)
+            for state in STATES:
+                CANARY_STATE.remove(model, variant, state)
+        self._shown = {}
 
     async def decide(self, canary: Canary) -> None:
         if canary.step < 0:
