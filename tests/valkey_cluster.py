@@ -43,11 +43,6 @@ class LocalCluster:
     node_timeout_ms: int
     killed: list[ClusterNode] = field(default_factory=list)
 
-    @property
-    def url(self) -> str:
-        """A startup node; redis-py's RedisCluster discovers the rest (`redis://` + cluster)."""
-        return f"redis://127.0.0.1:{self.masters[0].port}"
-
     def client(self) -> redis.RedisCluster:
         return redis.RedisCluster(host="127.0.0.1", port=self.masters[0].port, socket_timeout=5)
 
