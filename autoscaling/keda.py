@@ -6,13 +6,18 @@ Trigger design: `streamLength` (XLEN) on both lanes. Workers XACK and XDEL an en
 trip, so XLEN counts queued plus in-flight work: one queued job wakes a pool from zero, and a
 long batch keeps its replicas until it is acknowledged. `lagCount` is left out: XDEL leaves
 tombstones ahead of the group's position whenever jobs finish out of order, Redis then answers
-`lag: nil`, and KEDA reads that as -1 (no work) while work is waiting."""
+`lag: nil`, and KEDA reads that as -1 (no work) while work is waiting.
+
+A model with `autoscaling.metric: backlog_seconds` scales instead on seconds of work (one
+trigger on `conveyor_backlog_seconds`, shared/backlog.py), read by KEDA's `metrics-api` scaler
+from the producer's `/metrics/backlog/{model}/{variant}` or by its `prometheus` scaler."""
 
 from __future__ import annotations
 
 import hashlib
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -28,6 +33,7 @@ PART_OF = "conveyor"
 _DNS_LABEL_MAX = 63
 _HPA_MAX_WINDOW_S = 3600  # the HPA rejects longer stabilization windows
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
+PROMETHEUS_URL = "http://prometheus-server.monitoring.svc"  # the prometheus Helm chart's Service
 
 
 def dns_label(*parts: str) -> str:
@@ -47,9 +53,27 @@ def worker_name(model: str, variant: str) -> str:
     return dns_label(WORKER_PREFIX, model, variant)
 
 
-def pool_triggers(config: ModelConfig, variant: str, keys: Keys) -> list[dict[str, Any]]:
-    """One `streamLength` trigger per lane; both scale on the model's lag_per_replica."""
+@dataclass(frozen=True, slots=True)
+class MetricSources:
+    """Where KEDA reads backlog seconds: the producers' Service (metrics-api; no API key, like
+    `/metrics`) or a Prometheus server that scrapes them."""
+
+    producer_url: str = "http://producer.conveyor.svc"
+    prometheus_url: str = PROMETHEUS_URL
+
+    @classmethod
+    def for_namespace(cls, namespace: str | None) -> MetricSources:
+        return cls(producer_url=f"http://producer.{namespace or 'conveyor'}.svc")
+
+
+def pool_triggers(
+    config: ModelConfig, variant: str, keys: Keys, sources: MetricSources | None = None
+) -> list[dict[str, Any]]:
+    """One `streamLength` trigger per lane, both scaling on the model's lag_per_replica; or, for
+    `metric: backlog_seconds`, one trigger on the pool's seconds of backlog."""
     hints = config.autoscaling
+    if hints.metric == "backlog_seconds":
+        return [backlog_trigger(config, variant, sources or MetricSources())]
     lanes = (
         ("online", keys.queue(config.name, variant)),
         ("bulk", keys.bulk_queue(config.name, variant)),
@@ -70,8 +94,40 @@ def pool_triggers(config: ModelConfig, variant: str, keys: Keys) -> list[dict[st
     ]
 
 
+def backlog_trigger(config: ModelConfig, variant: str, sources: MetricSources) -> dict[str, Any]:
+    """Active above 0 s (one queued job wakes the pool); AverageValue `target_s` per replica."""
+    backlog = config.autoscaling.backlog
+    target = f"{backlog.target_s:g}"
+    if backlog.scaler == "prometheus":
+        # Every producer reports the same value (it is read from Redis): take one.
+        query = f'max(conveyor_backlog_seconds{{model="{config.name}",variant="{variant}"}})'
+        metadata = {
+            "serverAddress": sources.prometheus_url,
+            "query": query,
+            "threshold": target,
+            "activationThreshold": "0",
+        }
+    else:
+        metadata = {
+            "url": f"{sources.producer_url}/metrics/backlog/{config.name}/{variant}",
+            "valueLocation": "backlog_seconds",
+            "targetValue": target,
+            "activationTargetValue": "0",
+        }
+    return {
+        "type": backlog.scaler,
+        "name": "backlog",
+        "metricType": "AverageValue",
+        "metadata": metadata,
+    }
+
+
 def scaled_object(
-    config: ModelConfig, variant: str, keys: Keys, namespace: str | None = None
+    config: ModelConfig,
+    variant: str,
+    keys: Keys,
+    namespace: str | None = None,
+    sources: MetricSources | None = None,
 ) -> dict[str, Any]:
     """The ScaledObject for one pool; its target is the Deployment of the same name."""
     hints = config.autoscaling
@@ -87,7 +143,9 @@ def scaled_object(
             "minReplicaCount": hints.min_replicas,
             "maxReplicaCount": max(hints.max_replicas, hints.min_replicas),
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(config)}},
-            "triggers": pool_triggers(config, variant, keys),
+            "triggers": pool_triggers(
+                config, variant, keys, sources or MetricSources.for_namespace(namespace)
+            ),
         },
     }
 
@@ -104,12 +162,17 @@ def trigger_authentication(namespace: str | None = None) -> dict[str, Any]:
 
 
 def render(
-    repository: ModelRepository, keys: Keys, namespace: str | None = None
+    repository: ModelRepository,
+    keys: Keys,
+    namespace: str | None = None,
+    sources: MetricSources | None = None,
 ) -> list[dict[str, Any]]:
     """TriggerAuthentication first, then one ScaledObject per (model, variant), sorted."""
     objects = [trigger_authentication(namespace)]
     for config in sorted(repository, key=lambda c: c.name):
-        objects.extend(scaled_object(config, v, keys, namespace) for v in sorted(config.variants))
+        objects.extend(
+            scaled_object(config, v, keys, namespace, sources) for v in sorted(config.variants)
+        )
     _check_unique(objects)
     return objects
 

@@ -1,5 +1,6 @@
 """`conveyor autoscale`: KEDA's decision for one machine. Each pool (model, variant) is polled
-with the same triggers and formula KEDA and the HPA use (`scaling_math`), and worker processes
+with the same triggers and formula KEDA and the HPA use (`scaling_math`; a pool scaled on
+seconds of backlog reads them from Redis with the producer's formula), and worker processes
 are started or stopped between min and max replicas; stops are SIGTERM, so workers drain."""
 
 from __future__ import annotations
@@ -8,11 +9,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
 from autoscaling.keda import pool_triggers
-from autoscaling.scaling_math import StreamTrigger, desired_replicas, poll
+from autoscaling.scaling_math import (
+    BacklogTrigger,
+    StreamTrigger,
+    Trigger,
+    desired_replicas,
+    poll,
+)
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
 
@@ -25,7 +33,7 @@ class PoolScaler:
     `cooldown_s` without any active trigger (KEDA's cooldown, the HPA's slow scale-down)."""
 
     name: str
-    triggers: list[StreamTrigger]
+    triggers: list[Trigger]
     min_replicas: int
     max_replicas: int
     cooldown_s: float
@@ -46,7 +54,7 @@ class PoolScaler:
     ) -> PoolScaler:
         hints = config.autoscaling
         triggers = [
-            StreamTrigger.from_metadata(t["metadata"]) for t in pool_triggers(config, variant, keys)
+            _trigger(t, config, variant, keys) for t in pool_triggers(config, variant, keys)
         ]
         return cls(
             f"{config.name}:{variant}",
@@ -85,3 +93,10 @@ class PoolScaler:
     def _scale_down(self) -> None:
         log.info("scale down", extra={"pool": self.name, "from": len(self.workers)})
         self.stop_worker(self.workers.pop())
+
+
+def _trigger(rendered: dict[str, Any], config: ModelConfig, variant: str, keys: Keys) -> Trigger:
+    """The rendered trigger as the local autoscaler reads it."""
+    if rendered["type"] == "redis-streams":
+        return StreamTrigger.from_metadata(rendered["metadata"])
+    return BacklogTrigger.from_metadata(rendered["metadata"], config, variant, keys)

@@ -4,7 +4,9 @@ source so tests (against a real Redis) and the local autoscaler predict the clus
 Sources: kedacore/keda `pkg/scalers/redis_streams_scaler.go` (metric per trigger mode, activity
 is `value > activationLagCount`), go-redis v9 (a NULL `XINFO GROUPS` lag reads as -1) and
 kubernetes `pkg/controller/podautoscaler/replica_calculator.go` (AverageValue external metrics:
-`ceil(value / target)` unless within the 10 % tolerance of the current count)."""
+`ceil(value / target)` unless within the 10 % tolerance of the current count). A pool scaled on
+seconds of backlog (KEDA's metrics-api or prometheus scaler) is read here with the same formula
+the producer serves them (shared/backlog.py), straight from Redis."""
 
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from typing import Literal
 
 import redis
 
+from shared.backlog import READS, backlog_from, queue_backlog_read
 from shared.codec import as_text
+from shared.keys import Keys
+from shared.model_repository import ModelConfig
 
 Mode = Literal["streamLength", "lagCount", "pendingEntriesCount"]
 
@@ -55,13 +60,46 @@ class StreamTrigger:
             consumer_group=group,
         )
 
+    def read(self, client: redis.Redis) -> Reading:
+        return read_metric(client, self)
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogTrigger:
+    """A `metrics-api` or `prometheus` trigger on `conveyor_backlog_seconds` of one pool."""
+
+    config: ModelConfig
+    variant: str
+    keys: Keys
+    target: float
+    activation: float
+
+    @classmethod
+    def from_metadata(
+        cls, metadata: Mapping[str, str], config: ModelConfig, variant: str, keys: Keys
+    ) -> BacklogTrigger:
+        """Target and activation as rendered: metrics-api's `targetValue` and
+        `activationTargetValue`, or prometheus's `threshold` and `activationThreshold`."""
+        target = metadata.get("targetValue") or metadata["threshold"]
+        activation = metadata.get("activationTargetValue") or metadata.get("activationThreshold")
+        return cls(config, variant, keys, float(target), float(activation or 0))
+
+    def read(self, client: redis.Redis) -> Reading:
+        pipe = client.pipeline(transaction=False)
+        queue_backlog_read(pipe, self.keys, self.config.name, self.variant)
+        replies = pipe.execute()
+        return Reading(self, backlog_from(self.config, self.variant, replies[:READS]).seconds)
+
+
+Trigger = StreamTrigger | BacklogTrigger
+
 
 @dataclass(frozen=True, slots=True)
 class Reading:
     """One trigger's metric value at one poll."""
 
-    trigger: StreamTrigger
-    value: int
+    trigger: Trigger
+    value: float
 
     @property
     def active(self) -> bool:
@@ -134,9 +172,9 @@ def desired_replicas(
     return min(max(max(counts, default=floor), floor), max_replicas)
 
 
-def poll(client: redis.Redis, triggers: Iterable[StreamTrigger]) -> list[Reading]:
+def poll(client: redis.Redis, triggers: Iterable[Trigger]) -> list[Reading]:
     """Read every trigger of one ScaledObject."""
-    return [read_metric(client, trigger) for trigger in triggers]
+    return [trigger.read(client) for trigger in triggers]
 
 
 def _require_redis_7(client: redis.Redis) -> None:

@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GROUP = "workers"
+# Keys of a fair lane, named after its stream (docs/architecture.md, "Fair queuing"): a hash of
+# counters (`held`, `window`, `w:<tenant>` weight, `d:<tenant>` deficit), the round-robin list of
+# tenants with held jobs, and one list of held entries per tenant (suffix + tenant).
+ADDED_SUFFIX = ":added"
+FAIR_SUFFIX = ":fair"
+FAIR_RING_SUFFIX = ":fair:ring"
+HELD_SUFFIX = ":held:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +47,29 @@ class Keys:
     def drained(self, stream: str, second: int) -> str:
         """Entries a partition finished in one wall-clock second (drain rate for Retry-After)."""
         return f"{stream}:drained:{second}"
+
+    def added(self, stream: str) -> str:
+        """Entries ever added to a lane (counter, INCR by ENQUEUE only): a queued job's `seq`
+        against it gives the job's queue position in O(1) (shared/queue_position.py)."""
+        return f"{stream}{ADDED_SUFFIX}"
+
+    def fair(self, stream: str) -> str:
+        """A fair lane's counters (hash: held, window, per-tenant weight and deficit)."""
+        return f"{stream}{FAIR_SUFFIX}"
+
+    def fair_ring(self, stream: str) -> str:
+        """Tenants of a fair lane with held jobs, in round-robin order (list)."""
+        return f"{stream}{FAIR_RING_SUFFIX}"
+
+    def held(self, stream: str, tenant: str) -> str:
+        """One tenant's jobs held back from a fair lane's stream, oldest first (list of packed
+        entries)."""
+        return f"{stream}{HELD_SUFFIX}{tenant}"
+
+    def service_cost(self, model: str, variant: str) -> str:
+        """One replica's measured cost of a partition's work (hash: seconds per job or token,
+        tokens per job; shared/backlog.py), what backlog seconds divide by."""
+        return f"{self.prefix}cost:{model}:{variant}"
 
     def dlq(self, model: str, variant: str) -> str:
         return f"{self.prefix}dlq:{model}:{variant}"

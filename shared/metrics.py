@@ -42,12 +42,20 @@ TPOT = Histogram(
     "conveyor_tpot_seconds", "Time per output token", PARTITION, buckets=LATENCY_BUCKETS
 )
 TOKENS = Counter("conveyor_tokens_generated", "Completion tokens generated", PARTITION)
+GENERATE_BUSY = Counter(
+    "conveyor_generate_busy_seconds", "Wall time with a generation running", PARTITION
+)
 
 PARTITION_LAG = Gauge("conveyor_partition_lag", "Entries not yet delivered", (*PARTITION, "lane"))
 PARTITION_PENDING = Gauge(
     "conveyor_partition_pending", "Entries delivered, not yet acknowledged", (*PARTITION, "lane")
 )
 DLQ_DEPTH = Gauge("conveyor_dlq_depth", "Dead letters", PARTITION)
+BACKLOG_SECONDS = Gauge(
+    "conveyor_backlog_seconds",
+    "Seconds one replica needs for the partition's queued and running work",
+    PARTITION,
+)
 OLDEST_AGE = Gauge(
     "conveyor_oldest_queued_age_seconds",
     "Age of the oldest undelivered entry",

@@ -71,11 +71,37 @@ class QueueLimits(BaseModel):
     max_queue_time_s: float = Field(default=600.0, gt=0)
     visibility_timeout_s: float = Field(default=60.0, gt=0)
     max_deliveries: int = Field(default=3, ge=1)
+    # Refuse at submit (429 deadline_unmeetable) a job whose deadline falls before its ETA,
+    # rather than accept it and let it expire (producer_api/jobs/queue_eta.py).
+    admit_by_deadline: bool = False
+    # Serve tenants by weighted deficit round robin instead of in arrival order: once the lane's
+    # stream holds `fair_window` undelivered entries (default: max_batch_size), new jobs are held
+    # per tenant and moved in by weight (docs/architecture.md, "Fair queuing"). Off by default:
+    # held jobs are not in the stream, so KEDA's streamLength trigger does not see them.
+    fair: bool = False
+    fair_window: int | None = Field(default=None, ge=1)
+
+
+class BacklogScaling(BaseModel):
+    """`autoscaling.backlog`: how a pool scaled on seconds of backlog (shared/backlog.py) is
+    targeted and read by KEDA."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Seconds of queued work one replica should have: the HPA's AverageValue target.
+    target_s: float = Field(default=30.0, gt=0)
+    # One replica's seconds per job (batch) or per completion token (generate) until a worker
+    # has measured it.
+    cost_estimate_s: float = Field(default=0.05, gt=0)
+    scaler: Literal["metrics-api", "prometheus"] = "metrics-api"
 
 
 class AutoscalingHints(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # What the pool scales on: entries in its streams, or seconds of work they hold.
+    metric: Literal["stream_length", "backlog_seconds"] = "stream_length"
+    backlog: BacklogScaling = Field(default_factory=BacklogScaling)
     lag_per_replica: int = Field(default=32, ge=1)
     activation_lag: int = Field(default=0, ge=0)
     min_replicas: int = Field(default=0, ge=0)
@@ -142,6 +168,14 @@ class ModelConfig(BaseModel):
         """Readable messages for every way `inputs` breaks the schema (empty when valid)."""
         errors = sorted(self.input_validator.iter_errors(inputs), key=lambda e: list(e.path))
         return [f"inputs{''.join(f'[{p!r}]' for p in e.path)}: {e.message}" for e in errors]
+
+    @property
+    def fair_window(self) -> int:
+        """Undelivered entries a lane's stream may hold before jobs are held for fair queuing;
+        0 when the model does not queue fairly."""
+        if not self.queue.fair:
+            return 0
+        return self.queue.fair_window or self.max_batch_size
 
     def variant_parameters(self, variant: str) -> dict[str, Any]:
         return {**self.parameters, **self.variants[variant].parameters}

@@ -6,11 +6,13 @@ expires and `live()` leaves it out, so nobody has to clean up after a kill -9.""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
+from shared.backlog import ServiceCost, queue_cost_write
 from shared.codec import as_text, dumps, loads
 from shared.keys import Keys
 
@@ -50,9 +52,12 @@ class WorkerRegistry:
         self.redis = client
         self.keys = keys
 
-    async def publish(self, beat: Heartbeat) -> None:
+    async def publish(
+        self, beat: Heartbeat, costs: Mapping[tuple[str, str], ServiceCost] | None = None
+    ) -> None:
         """Rewrite the worker's hash, renew its TTL and index it, in one transaction; drop
-        index entries of workers whose hashes have expired."""
+        index entries of workers whose hashes have expired. The same transaction carries the
+        worker's latest measured cost of each (model, variant) it ran (shared/backlog.py)."""
         now_ms = int(time.time() * 1000)
         beat.last_beat = now_ms / 1000
         key = self.keys.worker(beat.name)
@@ -62,6 +67,8 @@ class WorkerRegistry:
             pipe.expire(key, TTL_S)
             pipe.zadd(self.keys.workers, {beat.name: now_ms})
             pipe.zremrangebyscore(self.keys.workers, "-inf", now_ms - TTL_S * 1000)
+            for (model, variant), cost in (costs or {}).items():
+                queue_cost_write(pipe, self.keys, model, variant, cost)
             await pipe.execute()
 
     async def remove(self, name: str) -> None:

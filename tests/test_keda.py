@@ -16,9 +16,11 @@ import yaml
 from click.testing import CliRunner
 from jsonschema import Draft7Validator
 
-from autoscaling.keda import render, scaled_object, worker_name
+from autoscaling.keda import MetricSources, render, scaled_object, worker_name
+from autoscaling.local_autoscaler import PoolScaler
 from autoscaling.scaling_math import (
     NULL_LAG,
+    BacklogTrigger,
     StreamTrigger,
     desired_replicas,
     group_lag,
@@ -149,6 +151,74 @@ def test_triggers_watch_both_lanes_with_the_model_hints(repository):
             assert {(t.mode, t.target, t.activation) for t in triggers} == {
                 ("streamLength", hints.lag_per_replica, hints.activation_lag)
             }
+
+
+def backlog_model(scaler: str) -> ModelConfig:
+    return ModelConfig.model_validate(
+        {
+            "name": f"costly.{scaler}",
+            "kind": "generate",
+            "backend": "vllm",
+            "autoscaling": {
+                "metric": "backlog_seconds",
+                "backlog": {"target_s": 12.5, "scaler": scaler},
+                "max_replicas": 6,
+            },
+        }
+    )
+
+
+def test_backlog_seconds_pools_render_one_valid_trigger_per_scaler():
+    sources = MetricSources("http://producer.inference.svc", "http://prom.monitoring.svc:9090")
+    metrics_api, prometheus = (
+        scaled_object(backlog_model(s), "default", KEYS, "inference", sources)
+        for s in ("metrics-api", "prometheus")
+    )
+    for obj in (metrics_api, prometheus):
+        assert crd_errors(obj) == [], obj["metadata"]["name"]
+        assert len(obj["spec"]["triggers"]) == 1  # instead of the two stream triggers
+    (trigger,) = metrics_api["spec"]["triggers"]
+    assert trigger["type"] == "metrics-api" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"] == {
+        "url": "http://producer.inference.svc/metrics/backlog/costly.metrics-api/default",
+        "valueLocation": "backlog_seconds",
+        "targetValue": "12.5",
+        "activationTargetValue": "0",
+    }
+    (trigger,) = prometheus["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metadata"] == {
+        "serverAddress": "http://prom.monitoring.svc:9090",
+        "query": 'max(conveyor_backlog_seconds{model="costly.prometheus",variant="default"})',
+        "threshold": "12.5",
+        "activationThreshold": "0",
+    }
+    # the namespace names the producer's Service when no URL is given
+    url = scaled_object(backlog_model("metrics-api"), "default", KEYS, "ml")["spec"]["triggers"]
+    assert url[0]["metadata"]["url"].startswith("http://producer.ml.svc/metrics/backlog/")
+
+
+@pytest.mark.parametrize("scaler", ["metrics-api", "prometheus"])
+def test_local_autoscaler_reads_the_rendered_backlog_target(scaler):
+    config = backlog_model(scaler)
+    pool = PoolScaler.for_partition(config, "default", KEYS, str, lambda _: None)
+    assert pool.triggers == [BacklogTrigger(config, "default", KEYS, 12.5, 0.0)]
+
+
+def test_render_cli_takes_the_metric_sources(tmp_path):
+    folder = tmp_path / "costly"
+    folder.mkdir()
+    body = {"kind": "batch", "backend": "identity", "autoscaling": {"metric": "backlog_seconds"}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(body))
+    args = ["render", "keda", "--model-repository", str(tmp_path)]
+    urls = ["--producer-url", "http://conveyor-api:8000", "--prometheus-url", "http://p:9090"]
+    result = CliRunner().invoke(main, [*args, *urls])
+    assert result.exit_code == 0, result.output
+    scaled = list(yaml.safe_load_all(result.stdout))[1]
+    assert crd_errors(scaled) == []
+    assert scaled["spec"]["triggers"][0]["metadata"]["url"] == (
+        "http://conveyor-api:8000/metrics/backlog/costly/default"
+    )
 
 
 def test_committed_manifest_is_a_fresh_render():

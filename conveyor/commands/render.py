@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from autoscaling.keda import render, to_yaml
+from autoscaling.keda import PROMETHEUS_URL, MetricSources, render, to_yaml
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
@@ -30,14 +30,33 @@ def command() -> None:
 )
 @click.option("--model-repository", type=click.Path(path_type=Path, file_okay=False), default=None)
 @click.option("--key-prefix", default=None, help="Redis key prefix (default: CONVEYOR_KEY_PREFIX).")
+@click.option(
+    "--producer-url",
+    default=None,
+    help="Producer Service KEDA's metrics-api reads backlog seconds from "
+    "(default: http://producer.<namespace or conveyor>.svc).",
+)
+@click.option(
+    "--prometheus-url",
+    default=PROMETHEUS_URL,
+    show_default=True,
+    help="Prometheus server for pools with `autoscaling.backlog.scaler: prometheus`.",
+)
 def keda(
-    namespace: str | None, out: str, model_repository: Path | None, key_prefix: str | None
+    namespace: str | None,
+    out: str,
+    model_repository: Path | None,
+    key_prefix: str | None,
+    producer_url: str | None,
+    prometheus_url: str,
 ) -> None:
     """TriggerAuthentication plus one ScaledObject per (model, variant), as multi-doc YAML."""
     settings = get_settings()
     repository = ModelRepository.load(model_repository or settings.model_repository)
     keys = Keys(key_prefix if key_prefix is not None else settings.key_prefix)
-    text = to_yaml(render(repository, keys, namespace))
+    default = MetricSources.for_namespace(namespace)
+    sources = MetricSources(producer_url or default.producer_url, prometheus_url)
+    text = to_yaml(render(repository, keys, namespace, sources))
     if out == "-":
         click.echo(text, nl=False)
         return

@@ -1,5 +1,7 @@
 """`GET /metrics`: the producer's own counters plus partition gauges (lag, pending, DLQ depth,
-oldest queued age) refreshed from Redis at most once a second, so a 5 s scrape stays cheap."""
+oldest queued age, backlog seconds) refreshed from Redis at most once a second, so a 5 s scrape
+stays cheap. `GET /metrics/backlog/{model}/{variant}`: one pool's backlog seconds as JSON, what
+KEDA's metrics-api scaler reads; like `/metrics` it needs no API key (queue depths only)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,23 @@ import contextlib
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Path
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
+from producer_api.errors import ConveyorError
+from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
-from shared.metrics import DLQ_DEPTH, OLDEST_AGE, PARTITION_LAG, PARTITION_PENDING
+from shared.backlog import read_backlogs
+from shared.metrics import (
+    BACKLOG_SECONDS,
+    DLQ_DEPTH,
+    OLDEST_AGE,
+    PARTITION_LAG,
+    PARTITION_PENDING,
+)
+from shared.model_repository import NAME
 from shared.partition_stats import read_partition_stats
 
 router = APIRouter(tags=["health"])
@@ -33,6 +45,9 @@ async def _refresh_gauges(state: ProducerState) -> None:
             PARTITION_PENDING.labels(*labels, lane_name).set(lane.pending)
             OLDEST_AGE.labels(*labels, lane_name).set(lane.oldest_age_s)
         DLQ_DEPTH.labels(*labels).set(partition.dlq_depth)
+    partitions = [(config, variant) for config in state.repository for variant in config.variants]
+    for backlog in await read_backlogs(state.redis, state.keys, partitions):
+        BACKLOG_SECONDS.labels(backlog.model, backlog.variant).set(backlog.seconds)
 
 
 @router.get("/metrics", include_in_schema=False)
@@ -40,3 +55,18 @@ async def metrics(state: Annotated[ProducerState, Depends(producer_state)]) -> R
     with contextlib.suppress(RedisError):  # still serve the process's counters if Redis is down
         await _refresh_gauges(state)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/metrics/backlog/{model}/{variant}", include_in_schema=False)
+async def backlog(
+    state: Annotated[ProducerState, Depends(producer_state)],
+    model: Annotated[str, Path(pattern=NAME)],
+    variant: Annotated[str, Path(pattern=NAME)],
+) -> FastJSONResponse:
+    """Seconds one replica needs for the pool's queued and running work, with the formula's
+    parts (shared/backlog.py); read from Redis on every call."""
+    config = state.repository.get(model)
+    if config is None or variant not in config.variants:
+        raise ConveyorError(404, "not_found", f"no pool {model}:{variant}")
+    (found,) = await read_backlogs(state.redis, state.keys, [(config, variant)])
+    return FastJSONResponse(found.view())

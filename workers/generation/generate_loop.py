@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from shared.codec import dumps
 from shared.job_states import TERMINAL, JobStatus
 from shared.job_store import now_ms
-from shared.metrics import BATCH_SIZE, TOKENS, TPOT, TTFT
+from shared.metrics import BATCH_SIZE, GENERATE_BUSY, TOKENS, TPOT, TTFT
 from shared.token_stream import TokenEvent
 from workers.batching.micro_batch_telemetry import record_batch
 from workers.engines.base import GenerateEngine, TokenChunk
@@ -63,6 +63,7 @@ class GenerateLoop:
         # long generation is never mistaken for an abandoned one and run twice.
         self._touch_every_s = partition.config.queue.visibility_timeout_s / 3
         self._next_touch = time.monotonic() + self._touch_every_s
+        self._busy_mark = time.monotonic()
 
     async def run(self) -> None:
         """Serve until asked to stop; then admit nothing more, give running generations up to
@@ -123,6 +124,7 @@ class GenerateLoop:
             error = dumps({"type": "InvalidParameters", "message": str(exc)}).decode()
             return self.partition.finish(delivery, JobStatus.FAILED, {"error": error})
         job = RunningJob(delivery, stream, request, delivery.redelivered)
+        self._clock_busy()
         self.running[entry.job_id] = job
         job.task = asyncio.create_task(self._generate(job), name=f"generate {entry.job_id}")
         return None
@@ -153,6 +155,7 @@ class GenerateLoop:
     ) -> None:
         """One tick: the step's token events, finals of ended jobs, one round trip; then abort
         what the API cancelled and acknowledge what ended."""
+        self._clock_busy()
         running_now = self._engine_running()
         events: list[tuple[str, TokenEvent]] = []
         expire: set[str] = set()  # a stream's first and last writes set its TTL
@@ -174,6 +177,14 @@ class GenerateLoop:
         self._observe_step(chunks, len(stepped))
         await self._abort_ended(statuses)
         await self._finish(ended)
+
+    def _clock_busy(self) -> None:
+        """Count the wall time since the last call if a generation ran through it: tokens per
+        busy second is the throughput a worker reports for backlog seconds (shared/backlog.py)."""
+        now = time.monotonic()
+        if self.running:
+            GENERATE_BUSY.labels(*self.partition.labels).inc(now - self._busy_mark)
+        self._busy_mark = now
 
     def _engine_running(self) -> int:
         """Requests the engine decoded in its last step, where the engine reports it."""

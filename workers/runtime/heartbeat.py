@@ -1,7 +1,8 @@
 """Celery worker bootstep that publishes this worker's heartbeat (shared/worker_registry.py)
 every HEARTBEAT_S from its own thread: state (warming while engines load, serving, draining on
 warm shutdown), models, engines, the mean micro-batch size since the last beat and jobs done,
-the last two read from this process's Prometheus counters so no loop has to report to it."""
+the last two read from this process's Prometheus counters so no loop has to report to it. The
+same beat carries what this worker measured its work to cost (cost_meter.py)."""
 
 from __future__ import annotations
 
@@ -25,18 +26,9 @@ from shared.settings import Settings, get_settings
 from shared.worker_registry import HEARTBEAT_S, Heartbeat, WorkerRegistry, WorkerState
 from workers.partition.redis_backoff import OutageLog
 from workers.runtime.consumer_runtime import consumer_name
+from workers.runtime.cost_meter import CostMeter, labelled_total
 
 log = logging.getLogger(__name__)
-
-
-def _metric_total(metric: Any, suffix: str) -> float:
-    """Sum of one sample series (`_total`, `_sum`, `_count`) over every label set."""
-    return sum(
-        sample.value
-        for family in metric.collect()
-        for sample in family.samples
-        if sample.name.endswith(suffix)
-    )
 
 
 class _Beater:
@@ -56,6 +48,7 @@ class _Beater:
             engines=sorted({config.backend_of(variant) for config, variant in partitions}),
             started_at=time.time(),
         )
+        self.costs = CostMeter(partitions)
         self._stopping = threading.Event()
         self._batches = (0.0, 0.0)
         self._thread = threading.Thread(target=self._run, name="conveyor-heartbeat", daemon=True)
@@ -75,14 +68,17 @@ class _Beater:
         return "serving" if runtime is not None and runtime.alive else "warming"
 
     def _refresh(self) -> None:
-        total, count = _metric_total(BATCH_SIZE, "_sum"), _metric_total(BATCH_SIZE, "_count")
+        total, count = (
+            labelled_total(BATCH_SIZE, "_sum", {}),
+            labelled_total(BATCH_SIZE, "_count", {}),
+        )
         seen_total, seen_count = self._batches
         if count > seen_count:
             self.beat.batch_size = round((total - seen_total) / (count - seen_count), 2)
         else:
             self.beat.batch_size = 0.0
         self._batches = (total, count)
-        self.beat.jobs_done = int(_metric_total(JOBS_FINISHED, "_total"))
+        self.beat.jobs_done = int(labelled_total(JOBS_FINISHED, "_total", {}))
         self.beat.state = self._state()
 
     def _run(self) -> None:
@@ -96,7 +92,7 @@ class _Beater:
             while not self._stopping.is_set():
                 self._refresh()
                 try:
-                    await registry.publish(self.beat)
+                    await registry.publish(self.beat, self.costs.measure())
                     outage.recovered()
                 except RedisError as exc:
                     outage.failed(exc)

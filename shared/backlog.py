@@ -1,0 +1,144 @@
+"""Seconds of backlog: how long one replica would need to finish the work a partition holds, so a
+pool can scale on work instead of entry counts (jobs that differ tenfold in cost are not alike).
+The one formula, read by the producer's `conveyor_backlog_seconds` gauge and JSON route and by
+the local autoscaler, and the one owner of `cv:cost:{model}:{variant}`.
+
+    backlog_seconds = entries * units_per_job * seconds_per_unit
+
+- entries: XLEN of the online and bulk streams, queued plus in flight (what `streamLength` counts).
+- unit: a job for `batch` models, a completion token for `generate` models; units_per_job is 1
+  for `batch` models and the measured mean completion length for `generate` models (before any
+  measurement: the model's `default_max_tokens`).
+- seconds_per_unit: one replica's measured cost, 1 ÷ its throughput. Workers measure it from
+  their own counters at every heartbeat (engine seconds per job run; for `generate` models wall
+  seconds with a generation running per token generated), smooth it and write it here in the
+  heartbeat's transaction; before any worker has, `autoscaling.backlog.cost_estimate_s`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from shared.codec import as_text
+from shared.keys import Keys
+from shared.model_repository import ModelConfig
+
+COST_TTL_S = 7 * 86_400  # a removed model's measurement goes; a pool idle for a week re-measures
+UNITS = {"batch": "job", "generate": "token"}
+_UNMEASURED_TOKENS = 128  # max_tokens of a job when the model names no default_max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceCost:
+    """What a replica measured: seconds per unit of work, and units per job."""
+
+    seconds_per_unit: float
+    units_per_job: float = 1.0
+
+    def fields(self, at_ms: int) -> dict[str, str]:
+        return {
+            "seconds_per_unit": f"{self.seconds_per_unit:.9g}",
+            "units_per_job": f"{self.units_per_job:.9g}",
+            "updated_ms": str(at_ms),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """One partition's backlog, with the parts of the formula for whoever wants to see them."""
+
+    model: str
+    variant: str
+    unit: str
+    entries: int
+    units_per_job: float
+    seconds_per_unit: float
+    measured: bool
+
+    @property
+    def seconds(self) -> float:
+        return self.entries * self.units_per_job * self.seconds_per_unit
+
+    def view(self) -> dict[str, Any]:
+        """The JSON the producer serves (KEDA's metrics-api reads `backlog_seconds`)."""
+        return {
+            "model": self.model,
+            "variant": self.variant,
+            "backlog_seconds": round(self.seconds, 6),
+            "entries": self.entries,
+            "unit": self.unit,
+            "units_per_job": round(self.units_per_job, 3),
+            "seconds_per_unit": self.seconds_per_unit,
+            "throughput_per_replica": round(1 / self.seconds_per_unit, 6),
+            "measured": self.measured,
+        }
+
+
+def backlog_of(config: ModelConfig, variant: str, entries: int, cost: Mapping[Any, Any]) -> Backlog:
+    """The formula: `cost` is the partition's cost hash as read (empty: not measured yet)."""
+    fields = {as_text(k): float(v) for k, v in cost.items() if as_text(k) != "updated_ms"}
+    seconds_per_unit = fields.get("seconds_per_unit", 0.0)
+    measured = seconds_per_unit > 0
+    units_per_job = fields.get("units_per_job", 0.0)
+    if units_per_job <= 0:
+        units_per_job = _unmeasured_units_per_job(config, variant)
+    return Backlog(
+        config.name,
+        variant,
+        UNITS[config.kind],
+        entries,
+        units_per_job,
+        seconds_per_unit if measured else config.autoscaling.backlog.cost_estimate_s,
+        measured,
+    )
+
+
+def queue_backlog_read(pipe: Any, keys: Keys, model: str, variant: str) -> None:
+    """Add what the formula reads of one partition to a pipeline (sync or asyncio alike): the
+    two lanes' XLEN and the cost hash, READS commands."""
+    pipe.xlen(keys.queue(model, variant))
+    pipe.xlen(keys.bulk_queue(model, variant))
+    pipe.hgetall(keys.service_cost(model, variant))
+
+
+READS = 3
+
+
+def backlog_from(config: ModelConfig, variant: str, replies: Sequence[Any]) -> Backlog:
+    """The backlog from the READS replies `queue_backlog_read` asked for."""
+    online, bulk, cost = replies
+    return backlog_of(config, variant, int(online) + int(bulk), cost or {})
+
+
+async def read_backlogs(
+    client: aioredis.Redis, keys: Keys, partitions: Iterable[tuple[ModelConfig, str]]
+) -> list[Backlog]:
+    """Every partition's backlog in one pipelined round trip."""
+    chosen = list(partitions)
+    pipe = client.pipeline(transaction=False)
+    for config, variant in chosen:
+        queue_backlog_read(pipe, keys, config.name, variant)
+    replies = await pipe.execute()
+    return [
+        backlog_from(config, variant, replies[i * READS : (i + 1) * READS])
+        for i, (config, variant) in enumerate(chosen)
+    ]
+
+
+def queue_cost_write(pipe: Any, keys: Keys, model: str, variant: str, cost: ServiceCost) -> None:
+    """Add the write of a replica's latest measurement to a pipeline (the heartbeat's)."""
+    key = keys.service_cost(model, variant)
+    pipe.hset(key, mapping=cost.fields(int(time.time() * 1000)))
+    pipe.expire(key, COST_TTL_S)
+
+
+def _unmeasured_units_per_job(config: ModelConfig, variant: str) -> float:
+    """Tokens a generate job is expected to produce before any was measured: its max_tokens
+    default (workers/generation/generate_job.py falls back to the same 128)."""
+    if config.kind == "batch":
+        return 1.0
+    return float(config.variant_parameters(variant).get("default_max_tokens", _UNMEASURED_TOKENS))
