@@ -5,7 +5,8 @@ the local autoscaler, and the one owner of `cv:cost:{model}:{variant}`.
 
     backlog_seconds = entries * units_per_job * seconds_per_unit
 
-- entries: XLEN of the online and bulk streams, queued plus in flight (what `streamLength` counts).
+- entries: XLEN of the online and bulk streams, queued plus in flight (what `streamLength`
+  counts), plus the jobs a fair lane holds back outside its stream (its `held` count).
 - unit: a job for `batch` models, a completion token for `generate` models; units_per_job is 1
   for `batch` models and the measured mean completion length for `generate` models (before any
   measurement: the model's `default_max_tokens`).
@@ -99,19 +100,21 @@ def backlog_of(config: ModelConfig, variant: str, entries: int, cost: Mapping[An
 
 def queue_backlog_read(pipe: Any, keys: Keys, model: str, variant: str) -> None:
     """Add what the formula reads of one partition to a pipeline (sync or asyncio alike): the
-    two lanes' XLEN and the cost hash, READS commands."""
-    pipe.xlen(keys.queue(model, variant))
-    pipe.xlen(keys.bulk_queue(model, variant))
+    two lanes' XLEN and jobs held back by fair queuing, and the cost hash, READS commands."""
+    for stream in (keys.queue(model, variant), keys.bulk_queue(model, variant)):
+        pipe.xlen(stream)
+        pipe.hget(keys.fair(stream), "held")
     pipe.hgetall(keys.service_cost(model, variant))
 
 
-READS = 3
+READS = 5
 
 
 def backlog_from(config: ModelConfig, variant: str, replies: Sequence[Any]) -> Backlog:
     """The backlog from the READS replies `queue_backlog_read` asked for."""
-    online, bulk, cost = replies
-    return backlog_of(config, variant, int(online) + int(bulk), cost or {})
+    online, online_held, bulk, bulk_held, cost = replies
+    entries = int(online) + int(online_held or 0) + int(bulk) + int(bulk_held or 0)
+    return backlog_of(config, variant, entries, cost or {})
 
 
 async def read_backlogs(
