@@ -38,6 +38,9 @@ class Scale:
     # clients per load-generator process (one process per producer).
     scale_max_pairs: int
     scale_concurrency: int
+    # Part F: the flooding tenant's jobs, and the quiet tenant's spaced ones.
+    fair_flood: int = 2_000
+    fair_quiet: int = 50
 
 
 FULL = Scale(
@@ -99,6 +102,8 @@ SMOKE = Scale(
     llm_max_tokens=4,
     scale_max_pairs=2,
     scale_concurrency=8,
+    fair_flood=200,
+    fair_quiet=8,
 )
 
 SCALES = {scale.name: scale for scale in (FULL, QUICK, SMOKE)}

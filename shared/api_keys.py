@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
 import secrets
 import time
@@ -29,6 +30,7 @@ KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 # What a presented key may look like before anything is hashed or looked up.
 PRESENTED = re.compile(r"^[\x21-\x7e]{8,256}$")
 KEY_PREFIX = "cvk_"
+MAX_WEIGHT = 1000.0  # a tenant's fair-queuing weight lies in (0, MAX_WEIGHT]
 
 
 class InvalidKeySpec(ValueError):
@@ -51,8 +53,9 @@ def new_key() -> str:
 
 @dataclass(frozen=True, slots=True)
 class KeySpec:
-    """What a key allows: its tenant, scopes, models (empty: every model), expiry (0: never)
-    and limits (None: the producer's defaults from settings)."""
+    """What a key allows: its tenant, scopes, models (empty: every model), expiry (0: never),
+    limits (None: the producer's defaults from settings) and its tenant's weight in fair
+    queuing (a fair lane serves tenants in proportion to it)."""
 
     tenant: str
     scopes: frozenset[str]
@@ -62,6 +65,7 @@ class KeySpec:
     rate_per_s: float | None = None
     burst: int | None = None
     max_in_flight: int | None = None
+    weight: float = 1.0
 
     def check(self) -> None:
         """Tenants and model names end up in Redis key names: only validated identifiers."""
@@ -73,6 +77,8 @@ class KeySpec:
             raise InvalidKeySpec("a key needs at least one scope")
         if bad := sorted(m for m in self.models if not TENANT.match(m)):
             raise InvalidKeySpec(f"invalid model names {bad}")
+        if not (math.isfinite(self.weight) and 0 < self.weight <= MAX_WEIGHT):
+            raise InvalidKeySpec(f"weight {self.weight} must be a number in (0, {MAX_WEIGHT:g}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +133,7 @@ class ApiKey:
             rate_per_s=cast(float | None, number("rate_per_s", float)),
             burst=cast(int | None, number("burst", int)),
             max_in_flight=cast(int | None, number("max_in_flight", int)),
+            weight=float(text.get("weight") or 1.0),
         )
         return cls(
             key_id=text["key_id"],

@@ -5,6 +5,7 @@ several calls."""
 from __future__ import annotations
 
 from shared.job_states import lua_transition_table
+from shared.keys import ADDED_SUFFIX, FAIR_RING_SUFFIX, FAIR_SUFFIX, HELD_SUFFIX
 
 _PRELUDE = (
     lua_transition_table()
@@ -14,14 +15,47 @@ local function can(cur, to)
   return t ~= nil and t ~= false and t[to] == 1
 end
 
--- Mark one job running (queued|running -> running) with its start, worker and attempt number.
--- Returns its status after.
-local function claim(jk, now, worker, attempts)
+-- One attempt of the job's history (`attempt_history`, a JSON list), as JSON: who ran it (the
+-- consumer `{host}-{pid}`, split), from when to when (ms), how it ended and the error (a JSON
+-- string or a table), if any.
+local function attempt(consumer, started, ended, outcome, err)
+  local host, pid = string.match(consumer or '', '^(.+)-(%d+)$')
+  if type(err) == 'string' then err = cjson.decode(err) end
+  return cjson.encode({consumer = consumer or nil, host = host, pid = tonumber(pid),
+    started = tonumber(started), ended = tonumber(ended), outcome = outcome, error = err})
+end
+
+-- `history` (a JSON list, or nothing yet) with `item` appended, without decoding it.
+local function appended(history, item)
+  if not history then return '[' .. item .. ']' end
+  return string.sub(history, 1, -2) .. ',' .. item .. ']'
+end
+
+-- The history of job `jk` after the attempt of `owner` (an XPENDING row: entry, consumer, idle
+-- ms) ended `outcome` at `now` without a result: it started when that consumer marked the job
+-- running, or else when the entry was last delivered to it (now - idle).
+local function abandoned(jk, owner, now, outcome, err)
+  local h = redis.call('HMGET', jk, 'worker', 'started', 'attempt_history')
+  local started = tonumber(now) - tonumber(owner[3])
+  if h[1] == owner[2] and h[2] then started = h[2] end
+  return appended(h[3], attempt(owner[2], started, now, outcome, err))
+end
+
+-- Mark one job running (queued|running -> running) with its start, worker and attempt number;
+-- `owner` (an XPENDING row) when the entry is taken over from a consumer that abandoned it: its
+-- attempt goes on record as crashed. Returns the job's status after.
+local function claim(jk, now, worker, attempts, owner)
   local cur = redis.call('HGET', jk, 'status')
   if not cur then return 'missing' end
   if not can(cur, 'running') then return cur end
-  redis.call('HSET', jk, 'status', 'running', 'started', now, 'worker', worker,
-             'attempts', attempts)
+  local args = {'status', 'running', 'started', now, 'worker', worker, 'attempts', attempts}
+  if owner then
+    local err = {type = 'WorkerLost', message = 'no result from ' .. owner[2] .. ' after '
+      .. owner[3] .. ' ms; taken over by ' .. worker}
+    table.insert(args, 'attempt_history')
+    table.insert(args, abandoned(jk, owner, now, 'crashed', err))
+  end
+  redis.call('HSET', jk, unpack(args))
   return 'running'
 end
 
@@ -38,15 +72,74 @@ local function field(fields, name)
   return nil
 end
 """
+    + f"""
+local ADDED, FAIR = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}'
+local FAIR_RING, HELD = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}'
+"""
+    + """
+-- Entries of a lane stream no consumer has been handed yet (acknowledged ones are deleted).
+local function undelivered(stream, group)
+  local ok, pel = pcall(redis.call, 'XPENDING', stream, group)
+  return redis.call('XLEN', stream) - (ok and pel[1] or 0)
+end
+
+-- Fair lanes: move held entries into the stream by weighted deficit round robin until it holds
+-- `window` undelivered ones. The tenant at the head of the ring gets `weight` more credit when
+-- its turn starts and moves one entry per credit; a tenant whose list empties leaves the ring
+-- (its credit reset), one out of credit goes to the back. A moved job gets its `seq` then (it
+-- joins the stream now); a held job no longer queued (cancelled, gone) is dropped, so it never
+-- reaches a worker.
+local function refill(stream, group, job_prefix)
+  local fair, ring, held = stream .. FAIR, stream .. FAIR_RING, stream .. HELD
+  local state = redis.call('HMGET', fair, 'held', 'window')
+  local left = tonumber(state[1]) or 0
+  if left <= 0 then return end
+  local room = tonumber(state[2]) - undelivered(stream, group)
+  while room > 0 and left > 0 do
+    local tenant = redis.call('LINDEX', ring, 0)
+    if not tenant then left = 0; break end
+    local list = held .. tenant
+    local credit = tonumber(redis.call('HGET', fair, 'd:' .. tenant)) or 0
+    if credit < 1 then
+      credit = credit + (tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 1)
+    end
+    while credit >= 1 and room > 0 do
+      local packed = redis.call('LPOP', list)
+      if not packed then break end
+      left = left - 1
+      credit = credit - 1
+      local entry = cmsgpack.unpack(packed)
+      local jk = job_prefix .. (field(entry, 'id') or '')
+      if can(redis.call('HGET', jk, 'status'), 'running') then
+        redis.call('XADD', stream, '*', unpack(entry))
+        redis.call('HSET', jk, 'seq', redis.call('INCR', stream .. ADDED))
+        redis.call('HDEL', jk, 'held')
+        room = room - 1
+      end
+    end
+    if redis.call('LLEN', list) == 0 then
+      redis.call('LPOP', ring)
+      redis.call('HDEL', fair, 'd:' .. tenant, 'w:' .. tenant)
+    else
+      redis.call('HSET', fair, 'd:' .. tenant, credit)
+      if credit < 1 then redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT') end
+    end
+  end
+  redis.call('HSET', fair, 'held', math.max(left, 0))
+end
+"""
 )
 
 # KEYS: streams in order of preference (lanes); ARGV: group, consumer, count, job-key prefix,
 # now_ms, mark ('1': mark the jobs running, as a generate loop wants; '': only read their status).
 # Non-blocking XREADGROUP of the first stream that has new entries, plus each job's status, in one
-# round trip; returns {index of that stream (0: none), {entry_id, fields, status} triples}.
+# round trip; returns {index of that stream (0: none), {entry_id, fields, status} triples}. Fair
+# lanes are refilled from their held jobs first, every lane, not only the one read: a lane left
+# empty with jobs held would strand them under a worker that next blocks on its stream.
 TAKE = (
     _PRELUDE
     + """
+for k = 1, #KEYS do refill(KEYS[k], ARGV[1], ARGV[4]) end
 for k = 1, #KEYS do
   local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
                          'STREAMS', KEYS[k], '>')
@@ -82,36 +175,72 @@ return out
 """
 )
 
-# KEYS[1]=job key, KEYS[2]=stream; ARGV: max_length (0: none), ttl_s, n hash pairs, hash
-# field/value pairs..., entry field/value pairs... Admission control and enqueue in one atomic
-# step: a full partition refuses (returns {0, length}); nothing accepted is ever trimmed.
-ENQUEUE = """
-local max_length = tonumber(ARGV[1])
-local length = redis.call('XLEN', KEYS[2])
-if max_length > 0 and length >= max_length then return {0, length} end
-local n = tonumber(ARGV[3])
-local hash = {}
-for i = 4, 3 + n * 2 do table.insert(hash, ARGV[i]) end
+# KEYS[1]=job key, KEYS[2]=stream, KEYS[3]=the lane's added counter; ARGV: max_length (0: none),
+# ttl_s, group, max_ahead (-1: none), fair window (0: not a fair lane), the tenant's weight,
+# job-key prefix, n hash pairs, hash field/value pairs..., entry field/value pairs... Admission
+# control and enqueue in one atomic step: a full partition (stream plus held jobs) refuses
+# (returns {0, length}), so does one with more than max_ahead entries undelivered ({2, ahead}:
+# the job would miss its deadline); nothing accepted is ever trimmed. Accepted: {1, ahead, seq},
+# where ahead = XLEN - pending (every acknowledged entry is deleted) and seq numbers the job's
+# entry in its lane (stored in the hash; shared/queue_position.py reads positions from it).
+# A fair lane whose stream holds `window` undelivered entries, or that holds jobs back already,
+# holds this one in its tenant's list instead (hash field `held` = 1, no seq until it joins the
+# stream; reply {1, ahead + held, 0}) for refill (TAKE, FINISH) to move by deficit round robin.
+ENQUEUE = (
+    _PRELUDE
+    + """
+local max_length, window = tonumber(ARGV[1]), tonumber(ARGV[5])
+local stream = KEYS[2]
+local length = redis.call('XLEN', stream)
+local held = window > 0 and (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) or 0
+if max_length > 0 and length + held >= max_length then return {0, length + held} end
+local ok, pel = pcall(redis.call, 'XPENDING', stream, ARGV[3])
+local ahead = math.max(0, length - (ok and pel[1] or 0))
+local max_ahead = tonumber(ARGV[4])
+if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
+local hold = window > 0 and (held > 0 or ahead >= window)
+local seq = hold and 0 or redis.call('INCR', KEYS[3])
+local n = tonumber(ARGV[8])
+local hash = hold and {'held', 1} or {'seq', seq}
+for i = 9, 8 + n * 2 do table.insert(hash, ARGV[i]) end
 local entry = {}
-for i = 4 + n * 2, #ARGV do table.insert(entry, ARGV[i]) end
+for i = 9 + n * 2, #ARGV do table.insert(entry, ARGV[i]) end
 redis.call('HSET', KEYS[1], unpack(hash))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('XADD', KEYS[2], '*', unpack(entry))
-return {1, length + 1}
+if not hold then
+  redis.call('XADD', stream, '*', unpack(entry))
+  return {1, ahead, seq}
+end
+local tenant = field(entry, 'tenant') or 'default'
+if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(entry)) == 1 then
+  redis.call('RPUSH', stream .. FAIR_RING, tenant)
+end
+redis.call('HSET', stream .. FAIR, 'w:' .. tenant, ARGV[6], 'window', window)
+redis.call('HINCRBY', stream .. FAIR, 'held', 1)
+refill(stream, ARGV[3], ARGV[7])
+return {1, ahead + held, 0}
 """
+)
 
 # KEYS[1]=stream, KEYS[2]=dead-letter stream; ARGV: group, consumer, min_idle_ms, count,
 # job-key prefix, now_ms, max_deliveries, ttl_s. Takes over entries idle past the visibility
 # timeout (a dead or stuck consumer's); past max_deliveries they move to the DLQ and their job
 # fails with the reason (row status 'dead'; 'dead-ended' when the job had already ended),
 # otherwise they are claimed for running again. Rows: {entry_id, fields, status, deliveries}.
+# The consumer that abandoned an entry (read before XAUTOCLAIM makes it ours) goes on the job's
+# attempt history: `crashed`, or `dead-lettered` for the last one.
 RECLAIM = (
     _PRELUDE
     + """
+local owners = {}
+for _, row in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+',
+                                ARGV[4])) do
+  owners[row[1]] = row
+end
 local res = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
 local out = {}
 for _, e in ipairs(res[2]) do
-  local eid, fields = e[1], e[2]
+  local eid, fields, owner = e[1], e[2], owners[e[1]]
   local info = redis.call('XPENDING', KEYS[1], ARGV[1], eid, eid, 1)
   local deliveries = info[1] and tonumber(info[1][4]) or 1
   local jid = field(fields, 'id')
@@ -126,7 +255,12 @@ for _, e in ipairs(res[2]) do
     if jk and can(redis.call('HGET', jk, 'status'), 'failed') then
       fate = 'dead'
       local err = cjson.encode({type = 'DeadLettered', message = reason})
-      redis.call('HSET', jk, 'status', 'failed', 'error', err, 'finished', ARGV[6])
+      local args = {'status', 'failed', 'error', err, 'finished', ARGV[6]}
+      if owner then
+        table.insert(args, 'attempt_history')
+        table.insert(args, abandoned(jk, owner, ARGV[6], 'dead-lettered', err))
+      end
+      redis.call('HSET', jk, unpack(args))
       redis.call('EXPIRE', jk, ARGV[8])
       free_slot(jk, jid)
       local reply = field(fields, 'reply')
@@ -140,10 +274,11 @@ for _, e in ipairs(res[2]) do
     redis.call('XDEL', KEYS[1], eid)
     table.insert(out, {eid, fields, fate, deliveries})
   else
-    local status = jid and claim(ARGV[5] .. jid, ARGV[6], ARGV[2], deliveries) or 'missing'
+    local status = jid and claim(ARGV[5] .. jid, ARGV[6], ARGV[2], deliveries, owner) or 'missing'
     table.insert(out, {eid, fields, status, deliveries})
   end
 end
+refill(KEYS[1], ARGV[1], ARGV[5])  -- a dead-lettered entry leaves room in a fair lane's stream
 return out
 """
 )
@@ -155,6 +290,9 @@ return out
 # `queued` ran unmarked (see stream_reader.py) and moves as if from `running`.
 # Per written job three commands (HMGET, HSET, EXPIRE); per micro-batch one PUBLISH per reply
 # channel (a JSON array of the views written for it), one ZREM per in-flight set, XACK, XDEL.
+# The written job's attempt history gains this worker's attempt, from the record's `started` (its
+# delivery) to `finished`, ended `status`, with its `error` (read and written in the same HMGET
+# and HSET).
 FINISH = (
     _PRELUDE
     + """
@@ -167,12 +305,16 @@ while i <= #ARGV do
   table.insert(ids, eid)
   if status ~= '' then
     local jk = ARGV[3] .. jid
-    local cur = redis.call('HMGET', jk, 'status', 'inflight', 'writes')
+    local cur = redis.call('HMGET', jk, 'status', 'inflight', 'writes', 'attempt_history')
     -- a job handed over by a plain XREADGROUP ran without its hash saying so: through running
     local from = (cur[1] == 'queued' and can('queued', 'running')) and 'running' or cur[1]
     if can(from, status) then
       local args = {'status', status, 'worker', ARGV[4], 'writes', (tonumber(cur[3]) or 0) + 1}
       for j = 1, n * 2 do table.insert(args, ARGV[i + 5 + j]) end
+      local run = attempt(ARGV[4], field(args, 'started'), field(args, 'finished'), status,
+                          field(args, 'error'))
+      table.insert(args, 'attempt_history')
+      table.insert(args, appended(cur[4], run))
       redis.call('HSET', jk, unpack(args))
       redis.call('EXPIRE', jk, ARGV[2])
       if reply ~= '' then
@@ -198,19 +340,28 @@ if #ids > 0 then
   redis.call('XDEL', KEYS[1], unpack(ids))
   if redis.call('INCRBY', KEYS[2], #ids) == #ids then redis.call('EXPIRE', KEYS[2], 120) end
 end
+refill(KEYS[1], ARGV[1], ARGV[3])  -- each write-back tops a fair lane's stream up
 return written
 """
 )
 
 # KEYS[1]=job key; ARGV: target status, reply channel, message, ttl_s, job id, field, value, ...
-# Returns {ok(0|1), status before}. A terminal target frees the job's in-flight slot.
+# Returns {ok(0|1), status before}. A terminal target frees the job's in-flight slot, and ends
+# the attempt of the worker running the job (its `worker` since its `started`) on the job's
+# attempt history, as `cancelled`, `expired` or `failed`.
 TRANSITION = (
     _PRELUDE
     + """
-local cur = redis.call('HGET', KEYS[1], 'status')
+local job = redis.call('HMGET', KEYS[1], 'status', 'worker', 'started', 'attempt_history')
+local cur = job[1]
 if not can(cur, ARGV[1]) then return {0, cur or false} end
 local args = {'status', ARGV[1]}
 for j = 6, #ARGV do table.insert(args, ARGV[j]) end
+if cur == 'running' and not ALLOWED[ARGV[1]] then
+  local run = attempt(job[2], job[3], field(args, 'finished'), ARGV[1], field(args, 'error'))
+  table.insert(args, 'attempt_history')
+  table.insert(args, appended(job[4], run))
+end
 redis.call('HSET', KEYS[1], unpack(args))
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
@@ -218,3 +369,13 @@ if not ALLOWED[ARGV[1]] then free_slot(KEYS[1], ARGV[5]) end
 return {1, cur}
 """
 )
+
+# KEYS[1]=stream, KEYS[2]=its added counter; ARGV: group, the job's seq. Read-only: how many
+# entries are still undelivered ahead of the job numbered seq (undelivered = XLEN - pending;
+# those added after it are undelivered too while it is), three O(1) commands in one round trip.
+POSITION = """
+local ok, pel = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
+local undelivered = redis.call('XLEN', KEYS[1]) - (ok and pel[1] or 0)
+local added = tonumber(redis.call('GET', KEYS[2]) or 0)
+return math.max(0, undelivered - (added - tonumber(ARGV[2])) - 1)
+"""

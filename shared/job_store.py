@@ -13,19 +13,23 @@ import redis.asyncio as aioredis
 from shared import job_scripts
 from shared.codec import RequestEntry, as_text, dumps, loads
 from shared.job_states import IllegalTransition, JobStatus
-from shared.keys import Keys
+from shared.keys import GROUP, Keys
 
 _TIMING_FIELDS = ("queue_wait_ms", "engine_ms", "ttft_ms", "tpot_ms")
 _COUNT_FIELDS = ("batch_size", "attempts", "prompt_tokens", "completion_tokens")
+_ATTEMPT_FIELDS = ("consumer", "host", "pid", "started", "ended", "outcome", "error")
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def job_view(job_id: str, fields: Mapping[str, str | bytes]) -> dict[str, Any]:
+def job_view(
+    job_id: str, fields: Mapping[str, str | bytes], history: bool = False
+) -> dict[str, Any]:
     """The public shape of a job (`{id, status, model, variant, outputs?, error?, timings}`),
-    built the same way from a hash read and from a worker's reply message."""
+    built the same way from a hash read and from a worker's reply message; with `history`, also
+    its `attempt_history` (asked for, since it grows with every redelivery)."""
     get = {k: as_text(v) for k, v in fields.items()}.get
     view: dict[str, Any] = {
         "id": job_id,
@@ -50,7 +54,19 @@ def job_view(job_id: str, fields: Mapping[str, str | bytes]) -> dict[str, Any]:
     for name in _COUNT_FIELDS:
         if (value := get(name)) is not None:
             view[name] = int(value)
+    if history:
+        view["attempt_history"] = [_attempt(run) for run in loads(get("attempt_history") or "[]")]
     return view
+
+
+def _attempt(run: dict[str, Any]) -> dict[str, Any]:
+    """One attempt as the Lua scripts record it (`job_scripts.attempt`, whose JSON keys come in
+    no set order), in a fixed order with times in seconds like the job's timings."""
+    shown = {name: run[name] for name in _ATTEMPT_FIELDS if name in run}
+    for name in ("started", "ended"):
+        if name in shown:
+            shown[name] = shown[name] / 1000.0
+    return shown
 
 
 @dataclass(slots=True)
@@ -62,17 +78,20 @@ class JobRecord:
     def status(self) -> JobStatus:
         return JobStatus(self.fields["status"])
 
-    def view(self) -> dict[str, Any]:
-        return job_view(self.job_id, self.fields)
+    def view(self, history: bool = False) -> dict[str, Any]:
+        return job_view(self.job_id, self.fields, history)
 
 
 @dataclass(slots=True)
 class NewJob:
-    """One job to enqueue: its stream entry, the partition stream, extra job-hash fields."""
+    """One job to enqueue: its stream entry, the partition stream, extra job-hash fields, and for
+    a fair lane its window (`queue.fair_window`; 0: not fair) and the tenant's weight."""
 
     entry: RequestEntry
     stream: str
     fields: Mapping[str, str | int]
+    fair_window: int = 0
+    weight: float = 1.0
 
 
 class JobNotFound(LookupError):
@@ -86,6 +105,15 @@ class QueueFull(Exception):
         super().__init__(f"{stream} holds {length} entries")
         self.stream = stream
         self.length = length
+
+
+class TooFarBack(Exception):
+    """More entries wait ahead in the lane than the job's deadline leaves time for."""
+
+    def __init__(self, stream: str, ahead: int) -> None:
+        super().__init__(f"{stream} has {ahead} entries ahead")
+        self.stream = stream
+        self.ahead = ahead
 
 
 class JobStore:
@@ -104,13 +132,22 @@ class JobStore:
         stream: str,
         fields: Mapping[str, str | int],
         max_length: int = 0,
-    ) -> None:
+        max_ahead: int = -1,
+        fair: tuple[int, float] = (0, 1.0),
+    ) -> int:
         """Write the queued job and append its entry atomically (never one alone), unless the
-        partition already holds `max_length` entries: then raise QueueFull and write nothing."""
-        keys, args = self._enqueue_call(NewJob(entry, stream, fields), max_length)
-        admitted, length = await self._enqueue(keys=keys, args=args)
-        if not admitted:
-            raise QueueFull(stream, int(length))
+        partition already holds `max_length` entries (QueueFull) or more than `max_ahead` (if
+        not -1) wait undelivered in the lane (TooFarBack): then write nothing. Returns the
+        number of entries ahead of the job: its queue position, from the same round trip.
+        `fair`: (window, tenant weight) of a fair lane, whose job may be held (NewJob)."""
+        job = NewJob(entry, stream, fields, *fair)
+        keys, args = self._enqueue_call(job, max_length, max_ahead)
+        admitted, count, *_ = await self._enqueue(keys=keys, args=args)
+        if admitted == 0:
+            raise QueueFull(stream, int(count))
+        if admitted == 2:
+            raise TooFarBack(stream, int(count))
+        return int(count)
 
     async def create_many(self, jobs: Sequence[NewJob], max_length: int = 0) -> list[int]:
         """`create` for many jobs in one pipelined round trip (each still one atomic ENQUEUE);
@@ -120,11 +157,11 @@ class JobStore:
                 keys, args = self._enqueue_call(job, max_length)
                 await self._enqueue(keys=keys, args=args, client=pipe)
             replies = await pipe.execute()
-        return [index for index, (admitted, _) in enumerate(replies) if not admitted]
+        return [index for index, (admitted, *_) in enumerate(replies) if not admitted]
 
     def _enqueue_call(
-        self, job: NewJob, max_length: int
-    ) -> tuple[list[str], list[str | bytes | int]]:
+        self, job: NewJob, max_length: int, max_ahead: int = -1
+    ) -> tuple[list[str], list[str | bytes | int | float]]:
         entry = job.entry
         mapping: dict[str, str | int] = {
             **job.fields,
@@ -132,11 +169,21 @@ class JobStore:
             "created": entry.enqueued_ms,
             "reply": entry.reply,
             "tenant": entry.tenant,
+            "stream": job.stream,  # where its queue position is read (shared/queue_position.py)
         }
         hash_args = [part for pair in mapping.items() for part in pair]
         entry_args = [part for pair in entry.encode().items() for part in pair]
-        keys = [self.keys.job(entry.job_id), job.stream]
-        return keys, [max_length, self.ttl_s, len(mapping), *hash_args, *entry_args]
+        keys = [self.keys.job(entry.job_id), job.stream, self.keys.added(job.stream)]
+        head: list[str | bytes | int | float] = [
+            max_length,
+            self.ttl_s,
+            GROUP,
+            max_ahead,
+            job.fair_window,
+            job.weight,
+        ]
+        head += [self.keys.job_prefix, len(mapping)]
+        return keys, [*head, *hash_args, *entry_args]
 
     async def get(self, job_id: str) -> JobRecord | None:
         raw = await self.redis.hgetall(self.keys.job(job_id))

@@ -1,6 +1,6 @@
 """Queue state of every partition and lane, read in two pipelined round trips however many
-models there are (XINFO GROUPS + XLEN, then XRANGE after each group's last delivered id): what
-`GET /v1/models` shows and what the Prometheus gauges report."""
+models there are (XINFO GROUPS + XLEN + the fair lane's held count, then XRANGE after each
+group's last delivered id): what `GET /v1/models` shows and what the Prometheus gauges report."""
 
 from __future__ import annotations
 
@@ -17,8 +17,11 @@ from shared.model_repository import ModelRepository
 
 @dataclass(slots=True)
 class LaneStats:
+    """`length`: entries queued or in flight, jobs held back by fair queuing (`held`) included."""
+
     stream: str
     length: int = 0
+    held: int = 0
     lag: int | None = 0
     pending: int = 0
     consumers: int = 0
@@ -50,12 +53,15 @@ async def read_partition_stats(
         for lane in (partition.online, partition.bulk):
             pipe.xinfo_groups(lane.stream)
             pipe.xlen(lane.stream)
+            pipe.hget(keys.fair(lane.stream), "held")
         pipe.xlen(keys.dlq(partition.model, partition.variant))
     results = iter(await pipe.execute(raise_on_error=False))
     for partition in partitions:
         for lane in (partition.online, partition.bulk):
             _apply_group(lane, next(results))
             lane.length = _int(next(results))
+            lane.held = int(next(results) or 0)
+            lane.length += lane.held
         partition.dlq_depth = _int(next(results))
     await _oldest_ages(client, [lane for p in partitions for lane in (p.online, p.bulk)])
     return partitions
@@ -73,7 +79,7 @@ def _apply_group(lane: LaneStats, groups: Any) -> None:
 
 async def _oldest_ages(client: aioredis.Redis, lanes: list[LaneStats]) -> None:
     """Age of the first entry after the group's last delivered id: the oldest still queued."""
-    busy = [lane for lane in lanes if lane.length > lane.pending]
+    busy = [lane for lane in lanes if lane.length - lane.held > lane.pending]
     if not busy:
         return
     pipe = client.pipeline(transaction=False)

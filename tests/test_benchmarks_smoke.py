@@ -124,6 +124,22 @@ def test_part_e_scale(tmp_path: Path) -> None:
     assert target["measured"] == pytest.approx(steps[1]["jobs_per_s"] / linear)
 
 
+def test_part_f_fairness(tmp_path: Path) -> None:
+    document = _run("F", tmp_path)
+    _check_common(document, "F", tmp_path)
+    runs = document["data"]["runs"]
+    assert [r["run"] for r in runs] == [
+        "B alone (unloaded)",
+        "flood, fair queuing off",
+        "flood, fair queuing on",
+    ]
+    assert all(len(r["quiet_waits_ms"]) == SMOKE.fair_quiet for r in runs)
+    assert all(len(r["flood_waits_ms"]) == SMOKE.fair_flood for r in runs[1:])
+    [target] = document["targets"]
+    unloaded, _, fair = (sorted(r["quiet_waits_ms"])[-1] for r in runs)  # p99 of 8: the max
+    assert target["measured"] == pytest.approx(fair / unloaded)
+
+
 def test_part_c_llm_streaming(tmp_path: Path) -> None:
     document = _run("C", tmp_path)
     _check_common(document, "C", tmp_path)

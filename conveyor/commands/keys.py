@@ -94,6 +94,7 @@ def _describe(key: ApiKey) -> dict[str, Any]:
         "rate_per_s": spec.rate_per_s,
         "burst": spec.burst,
         "max_in_flight": spec.max_in_flight,
+        "weight": spec.weight,
     }
 
 
@@ -119,6 +120,13 @@ def command() -> None:
 @click.option("--rate", type=float, default=None, help="Requests per second (default: settings).")
 @click.option("--burst", type=int, default=None, help="Bucket size (default: settings).")
 @click.option("--max-in-flight", type=int, default=None, help="Jobs queued or running at once.")
+@click.option(
+    "--weight",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="The tenant's share in fair queuing (a positive number, at most 1000).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the key and its record as JSON.")
 def create(
     tenant: str,
@@ -129,6 +137,7 @@ def create(
     rate: float | None,
     burst: int | None,
     max_in_flight: int | None,
+    weight: float,
     as_json: bool,
 ) -> None:
     """Create a key and print it: this is the only time it is shown."""
@@ -142,6 +151,7 @@ def create(
         rate_per_s=rate,
         burst=burst,
         max_in_flight=max_in_flight,
+        weight=weight,
     )
     try:
         key, record = _run(lambda store: store.create(spec))

@@ -17,6 +17,7 @@ class Principal:
     models: frozenset[str]
     key_id: str
     quota: Quota | None
+    weight: float = 1.0  # the tenant's share in fair queuing
 
     def may(self, scope: str) -> bool:
         """`admin` includes `submit` and `read`."""
@@ -33,7 +34,7 @@ class Principal:
             burst=spec.burst or settings.rate_limit_burst,
             max_in_flight=spec.max_in_flight or settings.max_in_flight,
         )
-        return cls(spec.tenant, spec.scopes, spec.models, key.key_id, quota)
+        return cls(spec.tenant, spec.scopes, spec.models, key.key_id, quota, spec.weight)
 
 
 # Every caller when CONVEYOR_AUTH=disabled: one tenant, every scope, no quota.

@@ -65,7 +65,8 @@ class ShadowCopies:
             "shadow_of": entry.job_id,
         }
         try:
-            await self.job_store.create(copy, stream, fields, config.queue.max_length)
+            limit, fair = config.queue.max_length, (config.fair_window, 1.0)
+            await self.job_store.create(copy, stream, fields, limit, fair=fair)
             pair = ShadowPair(entry.job_id, copy.job_id, variant, shadow)
             await self.pairs.add(config.name, pair)
         except (QueueFull, RedisError) as exc:

@@ -1,0 +1,235 @@
+"""Part F, fair queuing: tenant A floods minilm with `fair_flood` jobs at once, then tenant B sends
+`fair_quiet` jobs spaced QUIET_GAP_S apart while the flood drains. B's queue wait (from each
+job's own `queue_wait_ms`) with fair queuing off (arrival order) and on (weighted deficit round
+robin), against B alone on the idle pipeline. Target: B's p99 under the flood with fair queuing
+on at most 2x its unloaded p99. One worker serves both runs; each mode has its own producer,
+since `queue.fair` is read where jobs are enqueued."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from benchmarks.pipeline_stack import ARTIFACT_DIR, repository_copy
+from benchmarks.report import PartResult, Table, Target, ratio
+from benchmarks.scales import Scale
+from conveyor.stack import Stack, free_port
+from shared.api_keys import ApiKeyStore, KeySpec
+from shared.keys import Keys
+from shared.model_repository import ModelRepository
+from shared.redis_client import connect
+
+TITLE = "Fair queuing: a quiet tenant beside a flood"
+MODEL = "minilm"
+TEXT = "a short sentence of the kind people send to a model"
+QUIET_GAP_S = 0.02
+SUBMITTERS = 32  # the flood's concurrent clients
+TARGET_RATIO = 2.0
+NO_LIMITS: dict[str, Any] = {"rate_per_s": 1e6, "burst": 1_000_000, "max_in_flight": 10**7}
+
+
+def run(scale: Scale, workdir: Path) -> PartResult:
+    stack = Stack.create(workdir / "logs")
+    stack.env["CONVEYOR_AUTH"] = "enabled"
+    try:
+        urls = {mode: _producer(stack, workdir, mode) for mode in (False, True)}
+        repository = repository_copy(workdir, "repository-worker", {})
+        stack.start_worker(
+            f"{MODEL}:default",
+            CONVEYOR_MODEL_REPOSITORY=str(repository),
+            CONVEYOR_ARTIFACT_DIR=str(ARTIFACT_DIR),
+        )
+        flooder, quiet = asyncio.run(_keys(stack.redis_url))
+        asyncio.run(_quiet(urls[True], quiet, 4))  # warm-up: sessions, caches, the first batch
+        runs = [
+            {"run": "B alone (unloaded)", **asyncio.run(_quiet_run(urls[True], quiet, scale))},
+            _flood_run(stack, urls[False], flooder, quiet, scale, "flood, fair queuing off"),
+            _flood_run(stack, urls[True], flooder, quiet, scale, "flood, fair queuing on"),
+        ]
+    finally:
+        stack.stop()
+    return _result(runs, scale)
+
+
+def _producer(stack: Stack, workdir: Path, fair: bool) -> str:
+    """A producer whose minilm config has `queue.fair` = `fair` (the window: its default)."""
+    config = ModelRepository.load(repository_copy(workdir, "probe", {})).models[MODEL]
+    queue = {**config.queue.model_dump(exclude_defaults=True), "fair": fair}
+    repository = repository_copy(workdir, f"repository-fair-{fair}", {MODEL: {"queue": queue}})
+    name = "producer-fair" if fair else "producer-fifo"
+    return stack.start_producer(free_port(), name, CONVEYOR_MODEL_REPOSITORY=str(repository))
+
+
+async def _keys(redis_url: str) -> tuple[str, str]:
+    client = connect(redis_url)
+    try:
+        store = ApiKeyStore(client, Keys())
+        keys = []
+        for tenant in ("flood", "quiet"):
+            spec = KeySpec(tenant=tenant, scopes=frozenset({"submit", "read"}), **NO_LIMITS)
+            keys.append((await store.create(spec))[0])
+        return keys[0], keys[1]
+    finally:
+        await client.aclose()
+
+
+def _body() -> dict[str, Any]:
+    return {"model": MODEL, "inputs": {"texts": [TEXT]}}
+
+
+async def _submit(client: httpx.AsyncClient, key: str) -> str:
+    response = await client.post("/v1/jobs", json=_body(), headers={"X-API-Key": key})
+    response.raise_for_status()
+    return str(response.json()["id"])
+
+
+async def _quiet(url: str, key: str, count: int) -> list[str]:
+    """B: `count` jobs, one every QUIET_GAP_S."""
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        ids = []
+        for _ in range(count):
+            ids.append(await _submit(client, key))
+            await asyncio.sleep(QUIET_GAP_S)
+        return ids
+
+
+async def _timings(url: str, key: str, ids: list[str]) -> list[dict[str, Any]]:
+    """Each job's timings once it has ended (a long-poll per job, SUBMITTERS at a time)."""
+    gate = asyncio.Semaphore(SUBMITTERS)
+    async with httpx.AsyncClient(base_url=url, timeout=180) as client:
+
+        async def one(job_id: str) -> dict[str, Any]:
+            async with gate:
+                response = await client.get(
+                    f"/v1/jobs/{job_id}", params={"wait": 120}, headers={"X-API-Key": key}
+                )
+                job = response.json()
+                assert job["status"] == "succeeded", job
+                return dict(job["timings"])
+
+        return list(await asyncio.gather(*(one(i) for i in ids)))
+
+
+async def _quiet_run(url: str, key: str, scale: Scale) -> dict[str, Any]:
+    ids = await _quiet(url, key, scale.fair_quiet)
+    return {"quiet_waits_ms": [t["queue_wait_ms"] for t in await _timings(url, key, ids)]}
+
+
+def _flood_run(
+    stack: Stack, url: str, flooder: str, quiet: str, scale: Scale, label: str
+) -> dict[str, Any]:
+    async def scenario() -> dict[str, Any]:
+        started = time.perf_counter()
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            gate = asyncio.Semaphore(SUBMITTERS)
+
+            async def flood_one() -> str:
+                async with gate:
+                    return await _submit(client, flooder)
+
+            flood = await asyncio.gather(*(flood_one() for _ in range(scale.fair_flood)))
+        admitted_s = time.perf_counter() - started
+        quiet_ids = await _quiet(url, quiet, scale.fair_quiet)
+        quiet_timings = await _timings(url, quiet, quiet_ids)
+        flood_timings = await _timings(url, flooder, flood)
+        first = min(t["created"] for t in flood_timings)
+        drain_s = max(t["finished"] for t in flood_timings) - first
+        overlapped = sum(1 for t in quiet_timings if t["created"] - first < drain_s)
+        return {
+            "quiet_waits_ms": [t["queue_wait_ms"] for t in quiet_timings],
+            "flood_waits_ms": [t["queue_wait_ms"] for t in flood_timings],
+            "flood_admitted_s": round(admitted_s, 3),
+            "flood_drain_s": round(drain_s, 3),
+            "quiet_during_flood": overlapped,
+        }
+
+    result = {"run": label, **asyncio.run(scenario())}
+    _wait_drained(stack)
+    return result
+
+
+def _wait_drained(stack: Stack, timeout: float = 120.0) -> None:
+    """Nothing queued, in flight or held on the lane, so one run never spills into the next."""
+    client = redis.Redis.from_url(stack.redis_url)
+    stream = Keys().queue(MODEL, "default")
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not client.xlen(stream) and not int(client.hget(Keys().fair(stream), "held") or 0):
+                return
+            time.sleep(0.1)
+    finally:
+        client.close()
+    raise TimeoutError(f"{stream} still has entries after {timeout:.0f}s")
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
+
+
+def _result(runs: list[dict[str, Any]], scale: Scale) -> PartResult:
+    rows = []
+    for r in runs:
+        quiet, flood = r["quiet_waits_ms"], r.get("flood_waits_ms", [])
+        rows.append(
+            [
+                r["run"],
+                len(quiet),
+                round(statistics.median(quiet), 1),
+                round(_p(quiet, 0.99), 1),
+                r.get("quiet_during_flood", "-"),
+                len(flood) or "-",
+                round(statistics.median(flood), 1) if flood else "-",
+                r.get("flood_drain_s", "-"),
+            ]
+        )
+    unloaded, fifo, fair = (_p(r["quiet_waits_ms"], 0.99) for r in runs)
+    detail = (
+        f"B p99 {fair:.0f} ms with fair queuing on, {fifo:.0f} ms off, {unloaded:.0f} ms"
+        f" unloaded; the flood drained in {runs[2]['flood_drain_s']} s"
+    )
+    target = Target(
+        f"B's p99 queue wait under a {scale.fair_flood:,}-job flood with fair queuing on,"
+        " ÷ its unloaded p99",
+        ratio(fair, unloaded),
+        TARGET_RATIO,
+        higher_is_better=False,
+        detail=detail,
+    )
+    return PartResult(
+        part="F",
+        title=TITLE,
+        tables=[
+            Table(
+                f"Tenant B's queue wait (ms): {scale.fair_quiet} jobs {QUIET_GAP_S * 1000:.0f} ms"
+                f" apart, beside tenant A's {scale.fair_flood:,} jobs (minilm, one worker)",
+                [
+                    "run",
+                    "B jobs",
+                    "B p50",
+                    "B p99",
+                    "B during flood",
+                    "A jobs",
+                    "A p50",
+                    "A drain s",
+                ],
+                rows,
+            )
+        ],
+        targets=[target],
+        notes=[
+            "A's jobs are all admitted before B's first; 'B during flood' counts B's jobs"
+            " submitted before A's last one finished.",
+            "With fair queuing on a B job waits for the micro-batch in hand and its turn in the"
+            " ring (at most one window of undelivered entries, max_batch_size by default);"
+            " a micro-batch is not preempted, so that floor stays whatever the flood's size.",
+        ],
+        data={"runs": runs, "quiet_gap_s": QUIET_GAP_S},
+    )

@@ -1,0 +1,186 @@
+"""Fair queuing on a real Valkey, at the script level and through the worker's own read path
+(LaneScheduler, StreamReader, ResultWriter; no engine): held jobs move into a fair lane's stream
+by weighted deficit round robin, a short lane pays nothing, admission counts held jobs, a
+cancelled held job never reaches a worker, and a held backlog drains under a worker that was
+blocked on the empty stream when it arrived."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from click.testing import CliRunner
+
+from conveyor.commands.keys import command as keys_command
+from shared.api_keys import InvalidKeySpec, KeySpec
+from shared.codec import RequestEntry, as_text
+from shared.job_states import JobStatus
+from shared.job_store import JobStore, NewJob, QueueFull, now_ms
+from shared.keys import Keys
+from shared.model_repository import ModelConfig, QueueLimits
+from tests.conftest import until_async
+from workers.partition.job_events import JobEvents
+from workers.partition.lane_scheduler import LaneScheduler
+from workers.partition.partition import Partition
+from workers.partition.reclaim import Reclaimer
+from workers.partition.result_writer import ResultWriter
+from workers.partition.stream_reader import StreamReader
+
+KEYS = Keys("fq:")
+WORKER = "fair-worker-1"
+
+
+def _config(window: int, batch: int = 4) -> ModelConfig:
+    queue = QueueLimits(fair=True, fair_window=window, visibility_timeout_s=30)
+    return ModelConfig(
+        name="m", kind="batch", backend="identity", max_batch_size=batch, queue=queue
+    )
+
+
+def _job(config: ModelConfig, tenant: str, weight: float = 1.0) -> NewJob:
+    entry = RequestEntry(uuid.uuid4().hex, {"inputs": {"t": tenant}}, now_ms(), tenant=tenant)
+    fields: dict[str, str | int] = {"model": "m", "variant": "default"}
+    return NewJob(entry, KEYS.queue("m", "default"), fields, config.fair_window, weight)
+
+
+async def _enqueue(store: JobStore, jobs: list[NewJob], max_length: int = 0) -> list[int]:
+    return await store.create_many(jobs, max_length)
+
+
+async def _reader(client: aioredis.Redis, config: ModelConfig) -> StreamReader:
+    partition = Partition.of(KEYS, config, "default")
+    reader = StreamReader(client, KEYS, partition.streams, WORKER)
+    await reader.ensure_groups()
+    return reader
+
+
+async def _take_tenants(reader: StreamReader, stream: str, count: int) -> list[str]:
+    """Tenants of the jobs one TAKE hands over, in stream order."""
+    taken = await reader.take([stream], count)
+    return [d.entry.tenant for d in taken[1] if d.entry] if taken else []
+
+
+async def test_held_tenants_drain_in_proportion_to_their_weights(aredis: aioredis.Redis) -> None:
+    config = _config(window=4)
+    store = JobStore(aredis, KEYS, 60)
+    reader = await _reader(aredis, config)
+    stream = KEYS.queue("m", "default")
+    await _enqueue(store, [_job(config, "a", 1.0) for _ in range(24)])
+    await _enqueue(store, [_job(config, "b", 3.0) for _ in range(24)])
+    assert await aredis.xlen(stream) == 4  # the window; the rest is held
+    assert await aredis.hget(KEYS.fair(stream), "held") == b"44"
+
+    first = await _take_tenants(reader, stream, 4)
+    assert first == ["a"] * 4  # what the stream held already, in arrival order
+    served: list[str] = []
+    for _ in range(6):
+        served += await _take_tenants(reader, stream, 4)
+    # each round of the ring: a (weight 1) one job, b (weight 3) three
+    assert served.count("a") == 6 and served.count("b") == 18, served
+    assert served[:8] == ["a", "b", "b", "b", "a", "b", "b", "b"]
+    rest: list[str] = []
+    while more := await _take_tenants(reader, stream, 4):
+        rest += more
+    assert rest == ["a", "b", "b", "b"] * 2 + ["a"] * 12  # b runs out: a alone, to the end
+    assert await aredis.hget(KEYS.fair(stream), "held") == b"0"
+    assert not await aredis.exists(KEYS.fair_ring(stream), KEYS.held(stream, "a"))
+
+
+async def test_a_short_fair_lane_appends_at_once(aredis: aioredis.Redis) -> None:
+    config = _config(window=8)
+    store = JobStore(aredis, KEYS, 60)
+    await _reader(aredis, config)
+    jobs = [_job(config, "a") for _ in range(3)]
+    await _enqueue(store, jobs)
+    stream = KEYS.queue("m", "default")
+    assert await aredis.xlen(stream) == 3
+    for index, job in enumerate(jobs, start=1):
+        fields = await aredis.hgetall(KEYS.job(job.entry.job_id))
+        assert b"held" not in fields and fields[b"seq"] == str(index).encode()
+    assert not await aredis.exists(KEYS.fair(stream))
+
+
+async def test_admission_counts_held_jobs(aredis: aioredis.Redis) -> None:
+    config = _config(window=2)
+    store = JobStore(aredis, KEYS, 60)
+    await _reader(aredis, config)
+    jobs = [_job(config, "a") for _ in range(7)]
+    assert await _enqueue(store, jobs, max_length=5) == [5, 6]  # 2 in the stream, 3 held
+    job = _job(config, "b")
+    with pytest.raises(QueueFull) as full:
+        await store.create(job.entry, job.stream, job.fields, 5, fair=(config.fair_window, 1.0))
+    assert full.value.length == 5
+    held = await aredis.hgetall(KEYS.job(jobs[2].entry.job_id))
+    assert held[b"held"] == b"1" and b"seq" not in held  # its seq comes when it joins the stream
+
+
+async def test_a_cancelled_held_job_never_reaches_a_worker(aredis: aioredis.Redis) -> None:
+    config = _config(window=1)
+    store = JobStore(aredis, KEYS, 60)
+    reader = await _reader(aredis, config)
+    stream = KEYS.queue("m", "default")
+    jobs = [_job(config, "a") for _ in range(3)]
+    await _enqueue(store, jobs)
+    doomed = jobs[1].entry.job_id
+    await store.transition(doomed, JobStatus.CANCELLED)
+    seen: list[str] = []
+    while (taken := await reader.take([stream], 4)) is not None:
+        seen += [d.entry.job_id for d in taken[1] if d.entry]
+    assert seen == [jobs[0].entry.job_id, jobs[2].entry.job_id]
+    assert await aredis.hget(KEYS.job(doomed), "status") == b"cancelled"
+    assert await aredis.hget(KEYS.fair(stream), "held") == b"0"
+
+
+async def test_a_held_backlog_drains_under_a_worker_that_was_idle(aredis: aioredis.Redis) -> None:
+    """The worker blocks on the empty lanes (plain XREADGROUP) before the burst comes; the burst
+    fills the window and the rest is held. Every job must still run: the write-back of each
+    micro-batch refills the stream, and a full micro-batch switches the worker to TAKE."""
+    config = _config(window=4)
+    partition = Partition.of(KEYS, config, "default")
+    reader = await _reader(aredis, config)
+    events = JobEvents("redis://unused")
+    writer = ResultWriter(aredis, KEYS, 60, events, WORKER)
+    lanes = LaneScheduler(partition, reader, Reclaimer(aredis, KEYS, partition, WORKER, 60, events))
+    done: list[str] = []
+
+    async def serve() -> None:
+        while True:
+            for stream, batch in await lanes.next_batch(4, 0, 10_000):
+                finishes = [partition.finish(d, JobStatus.SUCCEEDED, {}) for d in batch]
+                done.extend(f.job_id for f in await writer.finish(stream, finishes))
+
+    worker = asyncio.create_task(serve())
+    await asyncio.sleep(0.3)  # blocked in XREADGROUP on both (empty) lanes
+    store = JobStore(aredis, KEYS, 60)
+    jobs = [_job(config, tenant) for _ in range(15) for tenant in ("a", "b")]
+    await _enqueue(store, jobs)
+    try:
+
+        async def all_done() -> bool:
+            return len(done) == len(jobs)
+
+        await until_async(all_done, timeout=20)
+    finally:
+        worker.cancel()
+    assert sorted(done) == sorted(j.entry.job_id for j in jobs)
+    assert await aredis.hget(KEYS.fair(partition.online), "held") == b"0"
+
+
+def test_a_weight_must_be_a_positive_number(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for bad in (0.0, -1.0, float("nan"), float("inf"), 1001.0):
+        with pytest.raises(InvalidKeySpec, match="weight"):
+            KeySpec(tenant="acme", scopes=frozenset({"submit"}), weight=bad).check()
+    url = redis_client.connection_pool.connection_kwargs
+    monkeypatch.setenv("CONVEYOR_REDIS_URL", f"redis://{url['host']}:{url['port']}/0")
+    refused = CliRunner().invoke(keys_command, ["create", "--tenant", "acme", "--weight", "0"])
+    assert refused.exit_code == 2 and "weight 0.0 must be a number in (0, 1000]" in refused.output
+    assert not redis_client.smembers("cv:apikeys")  # nothing stored
+    made = CliRunner().invoke(keys_command, ["create", "--tenant", "acme", "--weight", "2.5"])
+    assert made.exit_code == 0, made.output
+    [key_id] = redis_client.smembers("cv:apikeys")
+    assert redis_client.hget(f"cv:apikey:{as_text(key_id)}", "weight") == b"2.5"
