@@ -97,6 +97,13 @@ def _faulty(inputs: dict[str, Any]) -> dict[str, Any]:
     return {"model": "faulty", "inputs": inputs}
 
 
+def _attempts(stack: Stack, job_id: str) -> list[dict[str, Any]]:
+    """The job's attempt history, as `GET /v1/jobs/{id}?attempts=true` shows it."""
+    response = httpx.get(f"{stack.base_url}/v1/jobs/{job_id}", params={"attempts": "true"})
+    history: list[dict[str, Any]] = response.json()["attempt_history"]
+    return history
+
+
 def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: redis.Redis) -> None:
     victim = fault_stack.start_worker("faulty", name="victim")
     survivor = fault_stack.start_worker("faulty", name="survivor")
@@ -139,6 +146,16 @@ def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: r
     served_by = {job_id: _job(r, job_id)["worker"] for job_id in orphans}
     assert set(served_by.values()) == {fault_stack.consumer_name(survivor)}, served_by
     assert r.xlen(STREAM) == 0
+    # and each one's history names both workers: the victim's attempt crashed, the survivor's
+    # succeeded
+    both = [
+        (fault_stack.consumer_name(victim), "crashed"),
+        (fault_stack.consumer_name(survivor), "succeeded"),
+    ]
+    for job_id in orphans:
+        history = _attempts(fault_stack, job_id)
+        assert [(run["consumer"], run["outcome"]) for run in history] == both, history
+        assert history[0]["error"]["type"] == "WorkerLost"
 
 
 def test_poison_item_fails_alone(fault_stack: Stack, r: redis.Redis) -> None:
@@ -169,9 +186,11 @@ def test_crashing_entry_is_dead_lettered_then_replayed(
         json={**_faulty({"action": "crash", "tag": "killer"}), "webhook": hook},
     )
     job_id = accepted.json()["id"]
+    pids = []
     for attempt in range(3):  # max_deliveries is 2: deliveries 1 and 2 crash, the 3rd is dead
         name = f"crash-{attempt}"
         process_pid = fault_stack.start_worker("faulty", name=name)
+        pids.append(process_pid)
         worker = fault_stack.processes[name]
         until(lambda: _job(r, job_id)["status"] == "failed" or worker.poll() is not None)  # noqa: B023
         exit_code = fault_stack.stop_process(name)
@@ -179,6 +198,11 @@ def test_crashing_entry_is_dead_lettered_then_replayed(
     job = _job(r, job_id)
     assert job["status"] == "failed" and "DeadLettered" in job["error"]
     assert "dead-lettered after 3 deliveries" in job["error"]
+    history = [(run["consumer"], run["outcome"]) for run in _attempts(fault_stack, job_id)]
+    assert history == [
+        (fault_stack.consumer_name(pids[0]), "crashed"),
+        (fault_stack.consumer_name(pids[1]), "dead-lettered"),
+    ]
     models = httpx.get(f"{fault_stack.base_url}/v1/models").json()["data"]
     faulty = next(m for m in models if m["id"] == "faulty")
     assert faulty["partitions"][0]["dlq_depth"] == 1

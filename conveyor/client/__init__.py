@@ -25,6 +25,7 @@ from conveyor.client.errors import (
 from conveyor.client.retries import RetryEvent, RetryPolicy
 from conveyor.client.sync_client import Batches, Client
 from conveyor.client.types import (
+    Attempt,
     Batch,
     BatchCounts,
     BatchError,
@@ -40,6 +41,7 @@ __all__ = [
     "APIError",
     "AsyncBatches",
     "AsyncClient",
+    "Attempt",
     "AuthError",
     "Batch",
     "BatchCounts",

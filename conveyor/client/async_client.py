@@ -65,11 +65,11 @@ class AsyncClient:
     ) -> Job:
         return await self.run(calls.submit(model, inputs, idempotency_key, options))
 
-    async def get(self, job_id: str) -> Job:
-        return await self.run(calls.get(job_id))
+    async def get(self, job_id: str, attempts: bool = False) -> Job:
+        return await self.run(calls.get(job_id, attempts))
 
-    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
-        return await self.run(calls.wait(job_id, timeout))
+    async def wait(self, job_id: str, timeout: float | None = None, attempts: bool = False) -> Job:
+        return await self.run(calls.wait(job_id, timeout, attempts))
 
     async def cancel(self, job_id: str) -> Job:
         return await self.run(calls.cancel(job_id))

@@ -96,24 +96,28 @@ def submit(
     return Job.model_validate(response.json())
 
 
-def get(job_id: str) -> Op[Job]:
-    response = yield Call("GET", f"/v1/jobs/{job_id}")
+def get(job_id: str, attempts: bool = False) -> Op[Job]:
+    """`attempts`: with the job's `attempt_history`."""
+    response = yield Call("GET", f"/v1/jobs/{job_id}", params=_attempts(attempts))
     return Job.model_validate(response.json())
 
 
-def wait(job_id: str, timeout: float | None) -> Op[Job]:
+def wait(job_id: str, timeout: float | None, attempts: bool = False) -> Op[Job]:
     """Long-polls (the server answers as soon as the job ends), so no request is wasted."""
     deadline = _deadline(timeout)
     while True:
         slice_s = _left(deadline, LONG_POLL_S)
-        response = yield Call(
-            "GET", f"/v1/jobs/{job_id}", params={"wait": slice_s}, timeout=slice_s + SLACK_S
-        )
+        params = {"wait": slice_s, **_attempts(attempts)}
+        response = yield Call("GET", f"/v1/jobs/{job_id}", params=params, timeout=slice_s + SLACK_S)
         job = Job.model_validate(response.json())
         if job.done:
             return job
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"job {job_id} still {job.status} after {timeout}s", job)
+
+
+def _attempts(attempts: bool) -> dict[str, str]:
+    return {"attempts": "true"} if attempts else {}
 
 
 def cancel(job_id: str) -> Op[Job]:

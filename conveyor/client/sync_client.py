@@ -67,12 +67,13 @@ class Client:
         priority ("online" | "bulk"), webhook."""
         return self.run(calls.submit(model, inputs, idempotency_key, options))
 
-    def get(self, job_id: str) -> Job:
-        return self.run(calls.get(job_id))
+    def get(self, job_id: str, attempts: bool = False) -> Job:
+        """The job; `attempts`: with its `attempt_history` (worker, times, outcome, error)."""
+        return self.run(calls.get(job_id, attempts))
 
-    def wait(self, job_id: str, timeout: float | None = None) -> Job:
+    def wait(self, job_id: str, timeout: float | None = None, attempts: bool = False) -> Job:
         """The job once it ends (WaitTimeout after `timeout` seconds)."""
-        return self.run(calls.wait(job_id, timeout))
+        return self.run(calls.wait(job_id, timeout, attempts))
 
     def cancel(self, job_id: str) -> Job:
         return self.run(calls.cancel(job_id))

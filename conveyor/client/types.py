@@ -22,6 +22,20 @@ class ErrorInfo(_Open):
     message: str = ""
 
 
+class Attempt(_Open):
+    """One delivery of a job to a worker (`get(job_id, attempts=True)`): who ran it, from when
+    to when (Unix seconds) and how it ended (`succeeded`, `failed`, `crashed`, `expired`,
+    `cancelled`, `dead-lettered`)."""
+
+    outcome: str
+    consumer: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    started: float | None = None
+    ended: float | None = None
+    error: ErrorInfo | None = None
+
+
 class Job(_Open):
     id: str
     status: str
@@ -32,6 +46,7 @@ class Job(_Open):
     timings: dict[str, float] = Field(default_factory=dict)
     batch_size: int | None = None
     attempts: int | None = None
+    attempt_history: list[Attempt] | None = None
     urls: dict[str, str] | None = None
 
     @property

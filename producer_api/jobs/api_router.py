@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from pydantic import BeforeValidator
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.errors import ErrorBody
@@ -20,6 +21,20 @@ IDEMPOTENCY_KEY = Header(
     default=None, alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$"
 )
 WAIT = Query(default=0.0, ge=0, le=600, description="Seconds to wait for a terminal state")
+
+
+def _true_or_false(value: object) -> object:
+    """Only `true` or `false`: a lax `yes` or `1` is refused (422) rather than guessed at."""
+    if value not in ("true", "false", True, False):
+        raise ValueError("must be true or false")
+    return value
+
+
+ATTEMPTS = Annotated[
+    bool,
+    BeforeValidator(_true_or_false),
+    Query(description="Include the job's `attempt_history`: true or false"),
+]
 
 
 SubmitService = Annotated[JobsService, Depends(acting_for("submit", JobsService))]
@@ -85,10 +100,11 @@ async def submit_job(
 
 @router.get("/v1/jobs/{job_id}", name="get_job", response_model=JobView, responses=_ERRORS)
 async def get_job(
-    service: ReadService, job_id: str = JOB_ID, wait: float = WAIT
+    service: ReadService, job_id: str = JOB_ID, wait: float = WAIT, attempts: ATTEMPTS = False
 ) -> FastJSONResponse:
-    """Read a job; with `wait`, long-poll until it is terminal or the wait ends."""
-    return FastJSONResponse(await service.get(job_id, wait))
+    """Read a job; with `wait`, long-poll until it is terminal or the wait ends; with
+    `attempts`, include every attempt at it (worker, times, outcome, error)."""
+    return FastJSONResponse(await service.get(job_id, wait, attempts))
 
 
 @router.delete("/v1/jobs/{job_id}", response_model=JobView, responses=_ERRORS)

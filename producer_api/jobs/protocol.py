@@ -58,6 +58,19 @@ class JobError(BaseModel):
     message: str
 
 
+class Attempt(BaseModel):
+    """One delivery of a job to a worker and how it ended; `crashed`: the worker stopped
+    answering and another took the job over."""
+
+    consumer: str | None = Field(default=None, description="The worker's consumer name")
+    host: str | None = None
+    pid: int | None = None
+    started: float | None = Field(default=None, description="Unix time it was handed over")
+    ended: float | None = Field(default=None, description="Unix time it ended")
+    outcome: Literal["succeeded", "failed", "crashed", "expired", "cancelled", "dead-lettered"]
+    error: JobError | None = None
+
+
 class JobView(BaseModel):
     id: str
     status: str
@@ -68,3 +81,6 @@ class JobView(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     batch_size: int | None = None
     attempts: int | None = None
+    attempt_history: list[Attempt] | None = Field(
+        default=None, description="Every attempt, oldest first; only with `?attempts=true`"
+    )

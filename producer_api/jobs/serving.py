@@ -196,20 +196,22 @@ class JobsService:
             raise not_found(job_id)
         return record
 
-    async def get(self, job_id: str, wait: float) -> dict[str, Any]:
+    async def get(self, job_id: str, wait: float, history: bool = False) -> dict[str, Any]:
+        """The job's view (with its attempt history when asked: a reply lacks it, so after a
+        wait the hash is read again)."""
         checked_id(job_id)
         replies = self.state.replies
         future = replies.register(job_id) if wait > 0 else None
         try:
             record = await self.owned(job_id)
             if future is None or record.status.terminal:
-                return record.view()
+                return record.view(history)
             await replies.follow(record.fields.get("reply", ""))
             view = await self._await_reply(job_id, future, wait)
         finally:
             if future is not None:
                 replies.unregister(job_id, future)
-        return view if view is not None else await self._read(job_id)
+        return view if view is not None and not history else await self._read(job_id, history)
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
         await self.owned(job_id)  # another tenant's job reads as unknown
@@ -240,8 +242,8 @@ class JobsService:
             return None
         return view if "attempts" in view else await self._read(job_id)
 
-    async def _read(self, job_id: str) -> dict[str, Any]:
-        return (await self.owned(job_id)).view()
+    async def _read(self, job_id: str, history: bool = False) -> dict[str, Any]:
+        return (await self.owned(job_id)).view(history)
 
 
 def _check_max_tokens(config: ModelConfig, parameters: dict[str, Any]) -> None:

@@ -1,0 +1,218 @@
+"""Every attempt at a job on record (issue #17, part 5): the Lua scripts that end an attempt
+(FINISH, TRANSITION, RECLAIM) append it to the job's `attempt_history` without a round trip of
+their own; `GET /v1/jobs/{id}?attempts=true` and the SDK return it. The script-level tests run
+on a bare Valkey with made-up consumers; one stack test drives a real worker through success,
+engine failure, cancellation and expiry. Crashes under kill -9 and dead-lettering with real
+workers are asserted in tests/test_faults.py."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from conveyor.client import AsyncClient, Client
+from conveyor.stack import Stack
+from shared.codec import RequestEntry, dumps
+from shared.job_states import JobStatus
+from shared.job_store import JobStore, now_ms
+from shared.keys import Keys
+from shared.model_repository import ModelConfig, QueueLimits
+from tests.conftest import REPO_ROOT, running_stack, until
+from workers.partition.job_events import JobEvents
+from workers.partition.partition import Partition
+from workers.partition.reclaim import Reclaimer
+from workers.partition.result_writer import ResultWriter
+from workers.partition.stream_reader import Delivery, StreamReader
+
+KEYS = Keys("t:")
+CONFIG = ModelConfig(
+    name="m",
+    kind="batch",
+    backend="identity",
+    queue=QueueLimits(visibility_timeout_s=0.05, max_deliveries=2),
+)
+PARTITION = Partition.of(KEYS, CONFIG, "v")
+STREAM = PARTITION.online
+
+
+async def _queued(client: aioredis.Redis, *job_ids: str) -> JobStore:
+    store = JobStore(client, KEYS, ttl_s=60)
+    for job_id in job_ids:
+        entry = RequestEntry(job_id, {"inputs": {"x": job_id}}, now_ms())
+        await store.create(entry, STREAM, {"model": "m", "variant": "v"})
+    return store
+
+
+async def _read(client: aioredis.Redis, consumer: str) -> list[Delivery]:
+    reader = StreamReader(client, KEYS, PARTITION.streams, consumer)
+    await reader.ensure_groups()
+    batches = await reader.wait([STREAM], 100, 100)
+    return [d for _, deliveries in batches for d in deliveries]
+
+
+async def _history(store: JobStore, job_id: str) -> list[dict[str, Any]]:
+    record = await store.get(job_id)
+    assert record is not None
+    history: list[dict[str, Any]] = record.view(history=True)["attempt_history"]
+    return history
+
+
+async def test_finish_records_who_ran_it_when_and_how_it_ended(aredis: aioredis.Redis) -> None:
+    store = await _queued(aredis, "ok", "bad")
+    ok, bad = await _read(aredis, "box-1-4242")
+    error = {"type": "ValueError", "message": "poison"}
+    writer = ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), "box-1-4242")
+    await writer.finish(
+        STREAM,
+        [
+            PARTITION.finish(ok, JobStatus.SUCCEEDED, {"outputs": "{}"}),
+            PARTITION.finish(bad, JobStatus.FAILED, {"error": dumps(error).decode()}),
+        ],
+    )
+
+    (run,) = await _history(store, "ok")
+    assert run.pop("started") <= run.pop("ended")
+    assert run == {"consumer": "box-1-4242", "host": "box-1", "pid": 4242, "outcome": "succeeded"}
+    (failed,) = await _history(store, "bad")
+    assert failed["outcome"] == "failed" and failed["error"] == error
+    record = await store.get("ok")
+    assert record is not None and "attempt_history" not in record.view()  # only when asked
+
+
+async def test_cancel_and_expiry_end_the_running_attempt(aredis: aioredis.Redis) -> None:
+    store = await _queued(aredis, "cancel-me", "expire-me", "queued")
+    deliveries = await _read(aredis, "box-2-7")
+    reader = StreamReader(aredis, KEYS, PARTITION.streams, "box-2-7")
+    await reader.mark_running(deliveries[:2])
+
+    await store.transition("cancel-me", JobStatus.CANCELLED)
+    deadline = {"type": "DeadlineExceeded", "message": "too late"}
+    await store.transition("expire-me", JobStatus.EXPIRED, {"error": dumps(deadline).decode()})
+    await store.transition("queued", JobStatus.CANCELLED)  # never handed over: no attempt
+
+    (cancelled,) = await _history(store, "cancel-me")
+    assert cancelled["outcome"] == "cancelled" and cancelled["consumer"] == "box-2-7"
+    assert cancelled["started"] == deliveries[0].claimed_ms / 1000 <= cancelled["ended"]
+    (expired,) = await _history(store, "expire-me")
+    assert expired["outcome"] == "expired" and expired["error"] == deadline
+    assert await _history(store, "queued") == []
+    # the worker's result after a cancel is refused, and adds no attempt
+    writer = ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), "box-2-7")
+    await writer.finish(STREAM, [PARTITION.finish(deliveries[0], JobStatus.SUCCEEDED, {})])
+    assert [run["outcome"] for run in await _history(store, "cancel-me")] == ["cancelled"]
+
+
+async def test_reclaim_records_the_crashed_attempt_then_the_dead_lettered_one(
+    aredis: aioredis.Redis,
+) -> None:
+    store = await _queued(aredis, "orphan")
+    assert len(await _read(aredis, "lost-host-11")) == 1  # delivery 1, never finished
+
+    async def reclaim(consumer: str) -> list[Delivery]:
+        await asyncio.sleep(0.1)  # past the 50 ms visibility timeout
+        reclaimer = Reclaimer(aredis, KEYS, PARTITION, consumer, 60, JobEvents("redis://unused"))
+        return await reclaimer.reclaim(STREAM)
+
+    (second,) = await reclaim("rescuer-22")  # delivery 2: rescuer-22 runs it, then dies too
+    assert second.redelivered and second.attempts == 2
+    (crashed,) = await _history(store, "orphan")
+    assert crashed["outcome"] == "crashed" and crashed["consumer"] == "lost-host-11"
+    assert (crashed["host"], crashed["pid"]) == ("lost-host", 11)
+    assert crashed["error"]["type"] == "WorkerLost" and "rescuer-22" in crashed["error"]["message"]
+    # from its delivery (now - idle) to the takeover: at least the visibility timeout
+    assert crashed["ended"] - crashed["started"] >= 0.05
+    assert crashed["ended"] == second.claimed_ms / 1000
+
+    assert await reclaim("third-33") == []  # delivery 3 > max_deliveries 2: dead-lettered
+    runs = await _history(store, "orphan")
+    assert [(r["consumer"], r["outcome"]) for r in runs] == [
+        ("lost-host-11", "crashed"),
+        ("rescuer-22", "dead-lettered"),
+    ]
+    assert runs[1]["error"]["type"] == "DeadLettered"
+    assert runs[1]["started"] == second.claimed_ms / 1000  # when rescuer-22 marked it running
+
+
+# --- through the API and the SDK, with a real worker -------------------------------------------
+
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
+
+
+@pytest.fixture(scope="module")
+def faulty_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, int]]:
+    with running_stack(
+        tmp_path_factory.mktemp("attempts"),
+        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
+        PYTHONPATH=str(REPO_ROOT),  # the fault engine lives in tests/
+        CONVEYOR_AUTH="disabled",
+    ) as stack:
+        yield stack, stack.start_worker("faulty", name="attempts")
+
+
+def _submit(base_url: str, inputs: dict[str, Any], **body: Any) -> str:
+    response = httpx.post(f"{base_url}/v1/jobs", json={"model": "faulty", "inputs": inputs, **body})
+    assert response.status_code == 202, response.text
+    job_id: str = response.json()["id"]
+    return job_id
+
+
+@pytest.mark.slow
+def test_api_and_sdk_return_each_attempt(faulty_stack: tuple[Stack, int]) -> None:
+    stack, pid = faulty_stack
+    worker = {"consumer": stack.consumer_name(pid), "host": socket.gethostname(), "pid": pid}
+    url = stack.base_url
+    ok = _submit(url, {"n": 1})
+    bad = _submit(url, {"action": "raise", "tag": "t-1"})
+    slow = _submit(url, {"sleep_ms": 1500})
+    until(lambda: httpx.get(f"{url}/v1/jobs/{slow}").json()["status"] == "running")
+    late = _submit(url, {"n": 2}, ttl_s=0.3)  # waits behind `slow` past its deadline
+    assert httpx.delete(f"{url}/v1/jobs/{slow}").json()["status"] == "cancelled"
+
+    with Client(url) as client:
+        jobs = {job_id: client.wait(job_id, 60, attempts=True) for job_id in (ok, bad, late)}
+        jobs[slow] = client.get(slow, attempts=True)
+        assert client.get(ok).attempt_history is None  # the default view is unchanged
+    outcomes = {job_id: job.attempt_history for job_id, job in jobs.items()}
+    for history in outcomes.values():
+        assert history is not None and len(history) == 1
+        (run,) = history
+        assert run.model_dump(include={"consumer", "host", "pid"}) == worker
+        assert run.started is not None and run.ended is not None and run.started <= run.ended
+    ended = [
+        (run.outcome, run.error and run.error.type)
+        for job in jobs.values()
+        for run in job.attempt_history or []
+    ]
+    assert ended == [
+        ("succeeded", None),
+        ("failed", "ValueError"),
+        ("expired", "DeadlineExceeded"),
+        ("cancelled", None),
+    ]
+
+    async def read_async() -> list[str]:
+        async with AsyncClient(url) as client:
+            job = await client.get(ok, attempts=True)
+        return [run.outcome for run in job.attempt_history or []]
+
+    assert asyncio.run(read_async()) == ["succeeded"]
+    raw = httpx.get(f"{url}/v1/jobs/{ok}", params={"attempts": "true"}).json()
+    assert raw["attempt_history"][0]["outcome"] == "succeeded" and raw["attempts"] == 1
+    assert "attempt_history" not in httpx.get(f"{url}/v1/jobs/{ok}").json()
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "True", ""])
+def test_attempts_other_than_true_or_false_is_refused(
+    faulty_stack: tuple[Stack, int], value: str
+) -> None:
+    stack, _ = faulty_stack
+    job_id = _submit(stack.base_url, {"n": 3})
+    response = httpx.get(f"{stack.base_url}/v1/jobs/{job_id}", params={"attempts": value})
+    assert response.status_code == 422, response.text
+    assert "attempts" in response.text
