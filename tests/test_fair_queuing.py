@@ -20,7 +20,8 @@ from shared.codec import RequestEntry, as_text
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, QueueFull, now_ms
 from shared.keys import Keys
-from shared.model_repository import ModelConfig, QueueLimits
+from shared.model_repository import ModelConfig, ModelRepository, QueueLimits
+from shared.partition_stats import read_partition_stats
 from tests.conftest import until_async
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
@@ -115,6 +116,8 @@ async def test_admission_counts_held_jobs(aredis: aioredis.Redis) -> None:
     assert full.value.length == 5
     held = await aredis.hgetall(KEYS.job(jobs[2].entry.job_id))
     assert held[b"held"] == b"1" and b"seq" not in held  # its seq comes when it joins the stream
+    [stats] = await read_partition_stats(aredis, KEYS, ModelRepository({"m": config}))
+    assert (stats.online.length, stats.online.held) == (5, 3)  # what GET /v1/models shows
 
 
 async def test_a_cancelled_held_job_never_reaches_a_worker(aredis: aioredis.Redis) -> None:
