@@ -224,18 +224,23 @@ def _backlog(
     empty = stats.snapshot()
     submitted = _submit(stack, scale.redis_jobs)
     queued = stats.snapshot()
+    paths = [f"/v1/jobs/{job_id}" for job_id in submitted.job_ids]
+    drive(closed_loop(LoadTarget.get(stack.base_url, paths), CONCURRENCY, 600.0, len(paths)))
+    positioned = stats.snapshot()
     log.pids["worker"] = start_worker(stack, workdir, "identity:default", BACKLOG_WORKER, {})
     stats.wait_empty(STREAM)
     done = stats.snapshot()
-    paths = [f"/v1/jobs/{job_id}" for job_id in submitted.job_ids]
     drive(closed_loop(LoadTarget.get(stack.base_url, paths), CONCURRENCY, 600.0, len(paths)))
     read = stats.snapshot()
     return {
         "jobs": submitted.completed,
         "job_ids": submitted.job_ids,
         "submit": Window.of(empty, queued),
+        # Each queued job read once: its hash and its queue position (O(1), however long the
+        # queue), less the producer's once-a-second drain-rate refresh.
+        "position": Window.of(queued, positioned).minus_idle(idle),
         # Includes the worker's start (a few dozen commands: group, scripts, Celery's broker).
-        "worker": Window.of(queued, done).minus_idle(idle),
+        "worker": Window.of(positioned, done).minus_idle(idle),
         "result": Window.of(done, read).minus_idle(idle),
     }
 
@@ -313,9 +318,13 @@ def summarise(
 ) -> PartResult:
     jobs = backlog["jobs"]
     submit, worker, result = backlog["submit"], backlog["worker"], backlog["result"]
+    position = backlog["position"]
     phases = {
         "submit (producer)": _per_job(
             submit, log.between(submit.start, submit.end, "producer"), jobs
+        ),
+        "read a queued job, with its position (producer)": _per_job(
+            position, log.between(position.start, position.end, "producer"), jobs
         ),
         "worker": _per_job(worker, log.between(worker.start, worker.end, "worker"), jobs),
         "result (producer)": _per_job(
@@ -381,7 +390,9 @@ def summarise(
         ],
         notes=[
             f"Backlog: {jobs} jobs submitted (POST /v1/jobs, concurrency {CONCURRENCY}) while no "
-            "worker ran, then a worker started on them (its start-up commands count in the worker "
+            "worker ran, each read once while queued (GET /v1/jobs/{id}: the hash, then the "
+            "POSITION script, whose XPENDING, XLEN and GET cost the same at any queue length), "
+            "then a worker started on them (its start-up commands count in the worker "
             "phase), then each read back once (GET /v1/jobs/{id}). Closed loop: submit-and-wait "
             "requests, results delivered by pub/sub. Commands per job count every command the "
             "server ran, those "

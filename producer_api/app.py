@@ -27,6 +27,7 @@ from producer_api.http_metrics import HttpMetricsMiddleware
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
 from producer_api.jobs.api_router import router as jobs_router
 from producer_api.jobs.group_commit import GroupCommitRedis
+from producer_api.jobs.queue_eta import QueueEta
 from producer_api.metrics.api_router import router as metrics_router
 from producer_api.models.api_router import router as models_router
 from producer_api.openai.api_router import router as openai_router
@@ -42,6 +43,7 @@ from shared.consumer_groups import ensure_groups
 from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
+from shared.queue_position import QueuePositions
 from shared.rate_limit import InFlightLimiter, RateLimiter
 from shared.redis_client import connect
 from shared.settings import Settings, get_settings
@@ -90,6 +92,7 @@ def build_state(settings: Settings) -> ProducerState:
         in_flight=InFlightLimiter(hot, keys, ttl_s),
         idempotency=IdempotencyKeys(hot, keys, ttl_s),
         backpressure=Backpressure(hot, keys),
+        queue_eta=QueueEta(client, QueuePositions(hot, keys), repository),
         webhooks=webhooks,
         traffic=TrafficControl.build(client, keys, settings, repository, job_store, webhooks),
     )
@@ -111,12 +114,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     sweeper = BatchApiSweeper(state.batch_store, state.batch_progress)
     sweeper.start()
     state.traffic.start()
+    state.queue_eta.refresher.start()
     app.state.console = console = Console.build(state)
     console.start()
     try:
         yield
     finally:
         await console.stop()
+        await state.queue_eta.refresher.stop()
         await state.traffic.stop()
         await sweeper.stop()
         await state.tokens.stop()

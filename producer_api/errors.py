@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,6 +23,8 @@ class ErrorDetail(BaseModel):
     type: str
     message: str
     request_id: str | None = None  # only on `internal` errors: what to quote to the operator
+    # only on `deadline_unmeetable`: the ETA (ms until it would start) the job would have had
+    eta_ms: int | None = None
 
 
 class ErrorBody(BaseModel):
@@ -33,19 +36,29 @@ class ErrorBody(BaseModel):
 
 class ConveyorError(Exception):
     def __init__(
-        self, status: int, type_: str, message: str, headers: dict[str, str] | None = None
+        self,
+        status: int,
+        type_: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.type = type_
         self.message = message
         self.headers = headers
+        self.details = details  # more ErrorDetail fields, e.g. `eta_ms`
 
 
 def error_response(
-    status: int, type_: str, message: str, headers: dict[str, str] | None = None
+    status: int,
+    type_: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    details: dict[str, Any] | None = None,
 ) -> FastJSONResponse:
-    body = {"error": {"type": type_, "message": message}}
+    body = {"error": {"type": type_, "message": message, **(details or {})}}
     return FastJSONResponse(body, status_code=status, headers=headers)
 
 
@@ -60,7 +73,7 @@ def _validation_message(exc: RequestValidationError) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ConveyorError)
     async def _conveyor(_: Request, exc: ConveyorError) -> FastJSONResponse:
-        return error_response(exc.status, exc.type, exc.message, exc.headers)
+        return error_response(exc.status, exc.type, exc.message, exc.headers, exc.details)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> FastJSONResponse:

@@ -11,6 +11,7 @@ from fastapi import Request
 
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
+from producer_api.jobs.queue_eta import QueueEta
 from producer_api.reply_listener import ReplyListener
 from producer_api.token_hub import TokenHub
 from producer_api.traffic_control import TrafficControl
@@ -40,6 +41,7 @@ class ProducerState:
     in_flight: InFlightLimiter
     idempotency: IdempotencyKeys
     backpressure: Backpressure
+    queue_eta: QueueEta
     webhooks: WebhookDispatcher
     traffic: TrafficControl
 

@@ -54,7 +54,7 @@ async def test_a_refused_or_failing_command_fails_alone(aredis: aioredis.Redis) 
         return_exceptions=True,
     )
     assert FLUSHES._value.get() - flushes == 1
-    assert results[:3] == [None, None, None]
+    assert results[:3] == [0, 1, 2]  # each one's queue position: the jobs ahead of it
     assert all(isinstance(r, QueueFull) and r.length == 3 for r in results[3:5])
     assert isinstance(results[5], ResponseError) and "WRONGTYPE" in str(results[5])
     assert results[6] == 1

@@ -47,6 +47,10 @@ class Job(_Open):
     batch_size: int | None = None
     attempts: int | None = None
     attempt_history: list[Attempt] | None = None
+    # Only while queued: entries ahead of it in its lane, and ms until it should start (None
+    # while the producer knows no drain rate, e.g. no worker serves the partition yet).
+    queue_position: int | None = None
+    eta_ms: int | None = None
     urls: dict[str, str] | None = None
 
     @property

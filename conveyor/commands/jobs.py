@@ -1,9 +1,15 @@
-"""`conveyor jobs get|cancel ID`: read or cancel one job through the SDK."""
+"""`conveyor jobs get|wait|cancel ID`: read, follow or cancel one job through the SDK."""
 
 from __future__ import annotations
 
-import click
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
+import click
+from rich.console import Console
+
+from conveyor.client import Event
 from conveyor.client.cli_options import connect, connection_options, wait_or_last
 
 
@@ -21,6 +27,49 @@ def get(job_id: str, wait_s: float, url: str | None, api_key: str | None) -> Non
     with connect(url, api_key) as client:
         job = wait_or_last(client, job_id, wait_s) if wait_s > 0 else client.get(job_id)
     click.echo(job.model_dump_json(indent=2, exclude_none=True))
+
+
+@command.command("wait")
+@click.argument("job_id")
+@connection_options
+def wait(job_id: str, url: str | None, api_key: str | None) -> None:
+    """Follow the job's events with a progress line on stderr (its queue position and ETA,
+    or that a worker is being started), then print the finished job."""
+    last = None
+    with connect(url, api_key) as client, _progress_line() as show:
+        for event in client.stream(job_id):
+            if (line := _progress(event)) not in (None, last):
+                show(line)
+                last = line
+        job = client.get(job_id)
+    click.echo(job.model_dump_json(indent=2, exclude_none=True))
+
+
+def _progress(event: Event) -> str | None:
+    """What one event says about the job's progress, in a few words (None: nothing new)."""
+    if event.event == "queued":
+        data = event.json()
+        eta = data.get("eta_ms")
+        when = "start time not known yet" if eta is None else f"starts in ~{eta / 1000:.1f}s"
+        return f"queued: {data['queue_position']} ahead, {when}"
+    if event.event == "scaling":
+        return "queued: no worker serves this model yet; the autoscaler is starting one"
+    if event.event == "token":
+        return "running: streaming tokens"
+    if event.event == "restart":
+        return "restarted on another worker"
+    return None
+
+
+@contextmanager
+def _progress_line() -> Iterator[Any]:
+    """A live status line on a terminal; one line per change otherwise (logs, pipes)."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda line: console.print(line, highlight=False)
+        return
+    with console.status("waiting for the job's first event") as status:
+        yield status.update
 
 
 @command.command("cancel")

@@ -47,8 +47,10 @@ async def job_events(
     job_id: str = Path(max_length=128, description="Job id"),
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID", pattern=EVENT_ID),
 ) -> EventSourceResponse:
-    """Stream a job's events. LLM jobs: one `token` event per engine step (id = token-stream
-    entry id), then a `final` event with the finish reason and usage; reconnecting with
+    """Stream a job's events. While it is queued: `queued` events (position, ETA) when they
+    change, at most once a second, and `scaling` when no worker serves its partition. LLM
+    jobs: one `token` event per engine step (id = token-stream entry id), then a `final`
+    event with the finish reason and usage; reconnecting with
     `Last-Event-ID` resumes right after that event. Other jobs: one `final` event with the job
     when it ends. The job keeps running when the client goes away, when this producer shuts
     down or when Redis stops answering (the stream then ends with an `error` event carrying

@@ -22,6 +22,23 @@ class JobEvent:
     id: str | None = None
 
 
+class QueuedData(BaseModel):
+    """`event: queued`: where a queued job stands, sent when it changes, at most once a
+    second."""
+
+    queue_position: int
+    eta_ms: int | None = None
+
+
+class ScalingData(QueuedData):
+    """`event: scaling`: no worker serves the job's partition; the autoscaler starts one from
+    the queue depth (KEDA scales from zero on it)."""
+
+    consumers: int
+    warming: int  # workers starting (loading their engines) for the partition
+    message: str
+
+
 class TokenData(BaseModel):
     """`event: token`: new text of one engine step."""
 

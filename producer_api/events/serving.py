@@ -1,10 +1,14 @@
-"""Job events without HTTP. An LLM job streams its token stream from where the client left off
-(every missed chunk once, then live ones, then one final event); any other job sends a single
-final event when it ends, woken by the reply listener rather than by polling."""
+"""Job events without HTTP. While a job is queued it gets `queued` events (position, ETA) when
+they change, at most once a second, and one `scaling` event while no worker serves its
+partition. Then an LLM job streams its token stream from where the client left off (every
+missed chunk once, then live ones, then one final event); any other job sends a single final
+event when it ends, woken by the reply listener rather than by polling."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 from producer_api.auth.principal import Principal
 from producer_api.events.protocol import JobEvent
@@ -14,6 +18,11 @@ from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
 
 START = "0-0"
+QUEUED_EVERY_S = 1.0
+SCALING = (
+    "no worker serves this partition: the autoscaler starts one from its queue depth (KEDA"
+    " activates from zero replicas on it; `conveyor autoscale` likewise)"
+)
 
 
 class EventsService:
@@ -27,8 +36,52 @@ class EventsService:
         record = await self.jobs.owned(job_id)
         config = self.state.repository.get(record.fields.get("model", ""))
         if config is not None and config.kind == "generate":
-            return self._tokens(job_id, last_event_id or START)
-        return self._final(job_id)
+            return self._after_queue(job_id, self._tokens(job_id, last_event_id or START))
+        return self._after_queue(job_id, self._final(job_id))
+
+    async def _after_queue(
+        self, job_id: str, then: AsyncIterator[JobEvent]
+    ) -> AsyncIterator[JobEvent]:
+        """`then`'s events, with the job's standing before the first of them: `then` starts at
+        once, so its first event (a token, the final one) is never held up by the ticks."""
+        first = asyncio.ensure_future(anext(then, None))
+        try:
+            async for event in self._queued(job_id, first):
+                yield event
+            if (head := await first) is None:
+                return
+        finally:
+            first.cancel()
+        yield head
+        async for event in then:
+            yield event
+
+    async def _queued(
+        self, job_id: str, first: asyncio.Future[JobEvent | None]
+    ) -> AsyncIterator[JobEvent]:
+        """Until `first` is done: the job's standing when it changed, read once a second while
+        it is queued with something to wait for (jobs ahead, or no worker); a job at the head
+        of its lane with a worker serving is about to start and gets none."""
+        last: dict[str, Any] = {}
+        scaling = False
+        while not first.done():
+            view = await self.jobs.get(job_id, 0)
+            if view["status"] != JobStatus.QUEUED or "queue_position" not in view:
+                return
+            now = {"queue_position": view["queue_position"], "eta_ms": view.get("eta_ms")}
+            load = self.state.queue_eta.loads.get((view["model"], view["variant"]))
+            idle = load is None or load.serving == 0
+            if not idle and now["queue_position"] == 0:
+                return
+            if idle and not scaling:
+                warming = load.warming if load else 0
+                data = {"consumers": 0, "warming": warming, "message": SCALING, **now}
+                yield JobEvent("scaling", data)
+            scaling = idle
+            if now != last:
+                yield JobEvent("queued", now)
+                last = now
+            await asyncio.wait([first], timeout=QUEUED_EVERY_S)
 
     async def _tokens(self, job_id: str, after: str) -> AsyncIterator[JobEvent]:
         follower = TokenFollower(self.state.tokens, self.state.job_store, self.state.keys)

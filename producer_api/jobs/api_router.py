@@ -46,7 +46,8 @@ _DESCRIPTIONS = {
     409: "Idempotency-Key reused with another body, or job already ended",
     413: "Body too large",
     422: "Invalid request",
-    429: "Partition full, rate limited or too many jobs in flight; see Retry-After",
+    429: "Partition full, rate limited, too many jobs in flight, or the deadline cannot be met"
+    " (`deadline_unmeetable`, with the `eta_ms` it would have had); see Retry-After",
     503: "Queue unreachable",
 }
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -88,14 +89,16 @@ async def submit_job(
         job_id, variant, created = await service.submit(body.model, body, idempotency_key)
         if not created:
             return FastJSONResponse(await service.get(job_id, wait))
-        return FastJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
+        accepted = _accepted(request, job_id, "queued", body.model, variant)
+        return FastJSONResponse({**accepted, **service.standing}, 202)
     if wait > 0:
         job_id, variant, view = await service.submit_and_wait(body.model, body, wait)
         if view is not None:
             return FastJSONResponse(view, status_code=200)
         return FastJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
     job_id, variant, _ = await service.submit(body.model, body)
-    return FastJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
+    accepted = _accepted(request, job_id, "queued", body.model, variant)
+    return FastJSONResponse({**accepted, **service.standing}, 202)
 
 
 @router.get("/v1/jobs/{job_id}", name="get_job", response_model=JobView, responses=_ERRORS)

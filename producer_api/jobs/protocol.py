@@ -21,7 +21,10 @@ class PredictRequest(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     routing_key: str | None = Field(default=None, max_length=256)
     deadline: float | None = Field(
-        default=None, le=1e11, description="Unix time after which not to run"
+        default=None,
+        gt=0,
+        le=1e11,
+        description="Unix time after which not to run; one already past is refused (422)",
     )
     ttl_s: float | None = Field(
         default=None, gt=0, le=1e9, description="Seconds from now to deadline"
@@ -49,6 +52,12 @@ class JobAccepted(BaseModel):
     model: str
     variant: str
     urls: JobUrls
+    queue_position: int | None = Field(
+        default=None, description="Entries ahead of the job in its lane when it was enqueued"
+    )
+    eta_ms: int | None = Field(
+        default=None, description="Estimated ms until it starts; null while no rate is known"
+    )
 
 
 class JobError(BaseModel):
@@ -81,6 +90,12 @@ class JobView(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     batch_size: int | None = None
     attempts: int | None = None
+    queue_position: int | None = Field(
+        default=None, description="Only while queued: entries ahead of it in its lane"
+    )
+    eta_ms: int | None = Field(
+        default=None, description="Only while queued: estimated ms until it starts (or null)"
+    )
     attempt_history: list[Attempt] | None = Field(
         default=None, description="Every attempt, oldest first; only with `?attempts=true`"
     )

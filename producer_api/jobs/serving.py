@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 import uuid
@@ -17,10 +18,11 @@ from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import fingerprint
 from producer_api.jobs.protocol import PredictRequest
+from producer_api.jobs.queue_eta import Standing
 from producer_api.state import ProducerState
 from shared.codec import RequestEntry
 from shared.job_states import IllegalTransition, JobStatus
-from shared.job_store import JobNotFound, JobRecord, QueueFull, now_ms
+from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, now_ms
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.model_repository import ModelConfig
 from shared.routing import UnknownVariant
@@ -64,6 +66,8 @@ class JobsService:
     def __init__(self, state: ProducerState, principal: Principal) -> None:
         self.state = state
         self.principal = principal
+        # Where the job this service last enqueued stood at its ENQUEUE (what the 202 shows).
+        self.standing: dict[str, int | None] = {}
 
     def resolve(self, model: str, body: PredictRequest) -> tuple[ModelConfig, str]:
         config = self.state.repository.get(model)
@@ -104,10 +108,12 @@ class JobsService:
     async def enqueue(
         self, entry: RequestEntry, config: ModelConfig, variant: str, body: PredictRequest
     ) -> None:
-        """Append to the partition, or 429 when it holds `queue.max_length` entries already or
-        the key has its `max_in_flight` jobs queued or running."""
+        """Append to the partition, or 429 when it holds `queue.max_length` entries already,
+        the key has its `max_in_flight` jobs queued or running, or (`queue.admit_by_deadline`)
+        the job would start after its deadline."""
         keys = self.state.keys
-        lane = keys.bulk_queue if body.priority == "bulk" else keys.queue
+        bulk = body.priority == "bulk"
+        lane = keys.bulk_queue if bulk else keys.queue
         stream = lane(config.name, variant)
         fields: dict[str, str | int] = {
             "model": config.name,
@@ -116,12 +122,25 @@ class JobsService:
         }
         if body.webhook:
             fields["webhook"] = body.webhook
+        eta = self.state.queue_eta
+        max_ahead = eta.max_ahead(config, variant, bulk, entry.deadline_ms)
         async with self._in_flight_slot(entry.job_id, fields):
             try:
-                await self.state.job_store.create(entry, stream, fields, config.queue.max_length)
+                position = await self.state.job_store.create(
+                    entry,
+                    stream,
+                    fields,
+                    config.queue.max_length,
+                    max_ahead,
+                    (config.fair_window, self.principal.weight),
+                )
             except QueueFull as full:
                 JOBS_REJECTED.labels(config.name, variant, "queue_full").inc()
                 raise await self.state.backpressure.queue_full(stream, full.length) from None
+            except TooFarBack as late:
+                JOBS_REJECTED.labels(config.name, variant, "deadline_unmeetable").inc()
+                raise _unmeetable(eta.standing(config, variant, bulk, late.ahead), entry) from None
+        self.standing = eta.standing(config, variant, bulk, position).public()
         JOBS_SUBMITTED.labels(config.name, variant, body.priority).inc()
         if body.priority == "online":
             self.state.traffic.shadow(config, entry, variant)
@@ -205,7 +224,7 @@ class JobsService:
         try:
             record = await self.owned(job_id)
             if future is None or record.status.terminal:
-                return record.view(history)
+                return await self._view(record, history)
             await replies.follow(record.fields.get("reply", ""))
             view = await self._await_reply(job_id, future, wait)
         finally:
@@ -243,7 +262,15 @@ class JobsService:
         return view if "attempts" in view else await self._read(job_id)
 
     async def _read(self, job_id: str, history: bool = False) -> dict[str, Any]:
-        return (await self.owned(job_id)).view(history)
+        return await self._view(await self.owned(job_id), history)
+
+    async def _view(self, record: JobRecord, history: bool) -> dict[str, Any]:
+        """A queued job's view carries where it stands (`queue_position`, `eta_ms`)."""
+        view = record.view(history)
+        if record.status == JobStatus.QUEUED:
+            standing = await self.state.queue_eta.of(record)
+            view.update(standing.public() if standing else {})
+        return view
 
 
 def _check_max_tokens(config: ModelConfig, parameters: dict[str, Any]) -> None:
@@ -261,8 +288,27 @@ def _check_max_tokens(config: ModelConfig, parameters: dict[str, Any]) -> None:
 
 
 def _deadline_ms(body: PredictRequest) -> int:
+    """The job's deadline in Unix ms (0: none); one already past is refused (422), since the
+    job could only be accepted to expire."""
     if body.deadline is not None:
+        if body.deadline <= time.time():
+            raise ConveyorError(422, "invalid_request", "deadline: already past (Unix seconds)")
         return int(body.deadline * 1000)
     if body.ttl_s is not None:
         return int((time.time() + body.ttl_s) * 1000)
     return 0
+
+
+def _unmeetable(standing: Standing, entry: RequestEntry) -> ConveyorError:
+    """429 for a job that would start after its deadline; Retry-After is how long until as
+    many entries have drained as it was too far back (1 to 60 s)."""
+    eta_ms = standing.eta_ms or 0
+    late_s = (entry.enqueued_ms + eta_ms - entry.deadline_ms) / 1000
+    wait = min(60, max(1, math.ceil(late_s)))
+    message = (
+        f"{standing.queue_position} jobs are ahead: this job would start in about {eta_ms} ms,"
+        f" {late_s:.1f}s after its deadline; retry in {wait}s or with a later deadline"
+    )
+    return ConveyorError(
+        429, "deadline_unmeetable", message, {"Retry-After": str(wait)}, {"eta_ms": eta_ms}
+    )

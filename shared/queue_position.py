@@ -1,0 +1,69 @@
+"""Where a queued job stands, read in O(1) whatever the queue's length: its position in its lane
+(the POSITION script: XPENDING summary, XLEN, GET of the lane's added counter, one round trip),
+and what a partition drains and with how many workers (per-second drained counters and worker
+heartbeats), from which the producer estimates when the job will start (docs/architecture.md,
+"Queue position and ETA")."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from shared import job_scripts
+from shared.keys import GROUP, Keys
+from shared.worker_registry import WorkerRegistry
+
+# Complete seconds of drained counters a rate is measured over (the current second is partial).
+RATE_WINDOW_S = 5
+
+
+class QueuePositions:
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self.keys = keys
+        self._position = client.register_script(job_scripts.POSITION)
+
+    async def position(self, stream: str, seq: int) -> int:
+        """Entries still undelivered ahead of the job numbered `seq` in `stream`."""
+        args: list[str | int] = [GROUP, seq]
+        return int(await self._position(keys=[stream, self.keys.added(stream)], args=args))
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLoad:
+    """One partition's recent throughput per lane (entries finished per second over the last
+    RATE_WINDOW_S seconds) and its workers now, by heartbeat state."""
+
+    online_per_s: float = 0.0
+    bulk_per_s: float = 0.0
+    serving: int = 0
+    warming: int = 0
+
+
+async def read_partition_loads(
+    client: aioredis.Redis, keys: Keys, partitions: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], PartitionLoad]:
+    """Every partition's load: one MGET of the drained counters plus the worker registry's two
+    round trips, however many partitions. A worker counts while it beats (a killed one drops
+    out within the registry's TTL), unlike a consumer-group member, which stays until pruned."""
+    now = int(time.time())
+    seconds = range(now - RATE_WINDOW_S, now)
+    lanes = [(keys.queue(m, v), keys.bulk_queue(m, v)) for m, v in partitions]
+    names = [keys.drained(stream, s) for pair in lanes for stream in pair for s in seconds]
+    counts = [int(c) if c else 0 for c in await client.mget(names)] if names else []
+    beats = await WorkerRegistry(client, keys).live()
+    loads = {}
+    for index, (model, variant) in enumerate(partitions):
+        start = index * 2 * RATE_WINDOW_S
+        online = sum(counts[start : start + RATE_WINDOW_S])
+        bulk = sum(counts[start + RATE_WINDOW_S : start + 2 * RATE_WINDOW_S])
+        mine = [b for b in beats if f"{model}:{variant}" in b.models]
+        loads[(model, variant)] = PartitionLoad(
+            online / RATE_WINDOW_S,
+            bulk / RATE_WINDOW_S,
+            sum(1 for b in mine if b.state == "serving"),
+            sum(1 for b in mine if b.state == "warming"),
+        )
+    return loads

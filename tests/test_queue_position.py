@@ -1,0 +1,230 @@
+"""Queue position and ETA (issue #17, parts 1 and 2): a queued job's position falls as the jobs
+ahead of it finish; the ETA of a steady load is within ±50% of when jobs really started, once
+the drain rate is measured; the events stream says where a queued job stands, at most once a
+second, and when no worker serves its partition; a deadline the ETA cannot meet is refused at
+submit (429 deadline_unmeetable) and one it can is accepted; a deadline that is negative or
+already past is refused (422) with nothing enqueued."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator
+from itertools import pairwise
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from conveyor.stack import Stack
+from shared.keys import Keys
+from tests.conftest import REPO_ROOT, running_stack, until
+from tests.test_cli import CONVEYOR
+from tests.test_llm_pipeline import sse_events
+
+pytestmark = pytest.mark.slow
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "queue_repository"
+JOB_MS = 100  # one job per micro-batch, each sleeping this long: ~9 jobs/s with one worker
+KEYS = Keys()
+STEADY = KEYS.queue("steady", "default")
+
+
+@pytest.fixture(scope="module")
+def queue_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The `steady` model with one worker; `idle` with none."""
+    with running_stack(
+        tmp_path_factory.mktemp("queue-position"),
+        CONVEYOR_AUTH="disabled",
+        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
+        PYTHONPATH=str(REPO_ROOT),  # the fault engine lives in tests/
+    ) as stack:
+        stack.start_worker("steady")
+        yield stack
+
+
+@pytest.fixture
+def api(queue_stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=queue_stack.base_url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def store(queue_stack: Stack) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(queue_stack.redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def _job(model: str = "steady", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "inputs": {"sleep_ms": JOB_MS}, **extra}
+
+
+def _submit(api: httpx.Client, count: int) -> list[dict[str, Any]]:
+    accepted = []
+    for _ in range(count):
+        response = api.post("/v1/jobs", json=_job())
+        assert response.status_code == 202, response.text
+        accepted.append(response.json())
+    return accepted
+
+
+def _drained(store: redis.Redis) -> None:
+    until(lambda: store.xlen(STEADY) == 0, timeout=60)
+
+
+def _measured(api: httpx.Client) -> None:
+    """Wait until the producer knows the drain rate: a 202 behind a backlog carries an ETA."""
+
+    def known() -> bool:
+        [job] = _submit(api, 1)
+        return job["eta_ms"] is not None and job["queue_position"] > 0
+
+    _submit(api, 30)
+    until(known, timeout=30, every=0.5)
+
+
+def test_position_falls_as_the_jobs_ahead_finish(api: httpx.Client, store: redis.Redis) -> None:
+    _drained(store)
+    accepted = _submit(api, 15)
+    positions = [job["queue_position"] for job in accepted]
+    assert positions[-1] >= 10 and positions == sorted(positions), positions
+    last = accepted[-1]["id"]
+    seen: list[int] = []
+
+    def started() -> bool:
+        job = api.get(f"/v1/jobs/{last}").json()
+        if job["status"] != "queued":
+            return True
+        seen.append(job["queue_position"])
+        return False
+
+    until(started, timeout=30, every=0.05)
+    assert seen == sorted(seen, reverse=True), seen  # never rises
+    assert len(set(seen)) >= 5 and seen[-1] <= 1, seen
+    assert api.get(f"/v1/jobs/{last}", params={"wait": 30}).json()["status"] == "succeeded"
+    done = api.get(f"/v1/jobs/{last}").json()
+    assert "queue_position" not in done and "eta_ms" not in done
+
+
+def test_eta_error_on_a_steady_load(api: httpx.Client, store: redis.Redis) -> None:
+    """Bursts of 10 jobs a second for 8 s (a little over what the worker drains, so a backlog
+    stands throughout); each job's ETA at its 202 against its real wait (started - created),
+    for jobs submitted after the first 5 s (the rate window full) that waited at least 0.5 s."""
+    _drained(store)
+    start = time.monotonic()
+    jobs: list[tuple[float, dict[str, Any]]] = []
+    for second in range(8):
+        jobs += [(time.monotonic() - start, job) for job in _submit(api, 10)]
+        time.sleep(max(0.0, start + second + 1 - time.monotonic()))
+    errors = []
+    for at, accepted in jobs:
+        done = api.get(f"/v1/jobs/{accepted['id']}", params={"wait": 60}).json()
+        assert done["status"] == "succeeded", done
+        waited_ms = (done["timings"]["started"] - done["timings"]["created"]) * 1000
+        if at >= 5 and waited_ms >= 500:
+            assert accepted["eta_ms"] is not None, accepted
+            errors.append((accepted["eta_ms"] - waited_ms) / waited_ms)
+    assert len(errors) >= 15, errors
+    median = statistics.median(errors)
+    mean_abs = statistics.fmean(abs(e) for e in errors)
+    print(
+        f"\nETA error over {len(errors)} warm jobs: median {median:+.1%}, mean |error| "
+        f"{mean_abs:.1%}, range {min(errors):+.1%} to {max(errors):+.1%}"
+    )
+    assert abs(median) <= 0.5 and mean_abs <= 0.5
+
+
+def test_a_deadline_the_eta_cannot_meet_is_refused(api: httpx.Client, store: redis.Redis) -> None:
+    _drained(store)
+    _measured(api)  # ~3 s of jobs queued
+    before = store.xlen(STEADY), store.get(KEYS.added(STEADY))
+    response = api.post("/v1/jobs", json=_job(ttl_s=0.2))
+    assert response.status_code == 429, response.text
+    assert 1 <= int(response.headers["Retry-After"]) <= 60
+    error = response.json()["error"]
+    assert error["type"] == "deadline_unmeetable" and error["eta_ms"] > 200, error
+    assert store.get(KEYS.added(STEADY)) == before[1] and store.xlen(STEADY) <= before[0]
+    meetable = api.post("/v1/jobs", json=_job(deadline=time.time() + 120))
+    assert meetable.status_code == 202, meetable.text
+    job = api.get(f"/v1/jobs/{meetable.json()['id']}", params={"wait": 60}).json()
+    assert job["status"] == "succeeded", job
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"deadline": -5}, {"deadline": 0}, {"deadline": 1_000_000_000}, {"ttl_s": -1}],
+    ids=["negative", "zero", "past", "negative-ttl"],
+)
+def test_a_bad_deadline_is_refused_and_nothing_enqueued(
+    api: httpx.Client, store: redis.Redis, extra: dict[str, float]
+) -> None:
+    before = store.xlen(STEADY), store.get(KEYS.added(STEADY))
+    response = api.post("/v1/jobs", json={**_job(), **extra})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["type"] == "invalid_request"
+    assert "deadline" in response.json()["error"]["message"] or "ttl_s" in response.text
+    assert store.get(KEYS.added(STEADY)) == before[1] and store.xlen(STEADY) <= before[0]
+
+
+def _events_with_times(base_url: str, job_id: str, stop: str) -> list[tuple[float, dict[str, str]]]:
+    """The job's events, each with when it arrived, up to the first `stop` event."""
+    seen = []
+    with httpx.stream("GET", f"{base_url}/v1/jobs/{job_id}/events", timeout=60) as response:
+        assert response.status_code == 200
+        for event in sse_events(response.iter_lines()):
+            seen.append((time.monotonic(), event))
+            if event["event"] == stop:
+                return seen
+    raise AssertionError(f"no {stop} event in {seen}")
+
+
+def test_queued_events_at_most_once_a_second(
+    queue_stack: Stack, api: httpx.Client, store: redis.Redis
+) -> None:
+    _drained(store)
+    _measured(api)
+    *_, last = _submit(api, 30)  # ~3 s more of jobs ahead
+    events = _events_with_times(queue_stack.base_url, last["id"], "final")
+    queued = [(at, httpx.Response(200, content=e["data"]).json()) for at, e in events[:-1]]
+    assert all(e["event"] == "queued" for _, e in events[:-1]), events
+    assert len(queued) >= 3, events
+    positions = [data["queue_position"] for _, data in queued]
+    assert positions == sorted(positions, reverse=True) and positions[0] > positions[-1]
+    gaps = [later - earlier for (earlier, _), (later, _) in pairwise(queued)]
+    assert min(gaps) >= 0.8, gaps  # at most one a second (less the network's jitter)
+
+
+def test_scaling_event_when_no_worker_serves_the_partition(
+    queue_stack: Stack, api: httpx.Client
+) -> None:
+    response = api.post("/v1/jobs", json=_job("idle"))
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert job["queue_position"] == 0 and job["eta_ms"] is None
+
+    events = _events_with_times(queue_stack.base_url, job["id"], "queued")
+    names = [event["event"] for _, event in events]
+    assert names == ["scaling", "queued"], events
+    scaling = httpx.Response(200, content=events[0][1]["data"]).json()
+    assert scaling["consumers"] == 0 and scaling["eta_ms"] is None and "KEDA" in scaling["message"]
+    assert api.delete(f"/v1/jobs/{job['id']}").json()["status"] == "cancelled"
+
+
+def test_cli_jobs_wait_shows_progress(
+    queue_stack: Stack, api: httpx.Client, store: redis.Redis
+) -> None:
+    _drained(store)
+    _measured(api)
+    *_, job = _submit(api, 45)  # ~5 s of jobs ahead (the CLI takes a while to start)
+    result = subprocess.run(
+        [CONVEYOR, "jobs", "wait", job["id"], "--url", queue_stack.base_url],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["status"] == "succeeded"
+    lines = result.stderr.splitlines()
+    assert len(lines) >= 2 and all(line.startswith("queued: ") for line in lines), lines
+    assert " ahead, starts in ~" in lines[0], lines
