@@ -127,6 +127,21 @@ local function refill(stream, group, job_prefix)
   end
   redis.call('HSET', fair, 'held', math.max(left, 0))
 end
+
+-- Held jobs that deficit round robin moves into the stream before a new job of `tenant`
+-- (weight `weight`): its own tenant's held jobs, and per round the other tenants' weights'
+-- worth, for as many rounds as the tenant needs to reach it; never more than `held`.
+local function held_ahead(stream, tenant, weight, held)
+  local mine = redis.call('LLEN', stream .. HELD .. tenant)
+  local others = 0
+  for _, other in ipairs(redis.call('LRANGE', stream .. FAIR_RING, 0, -1)) do
+    if other ~= tenant then
+      others = others + (tonumber(redis.call('HGET', stream .. FAIR, 'w:' .. other)) or 1)
+    end
+  end
+  local rounds = math.ceil((mine + 1) / math.max(weight, 1e-9))
+  return math.min(held, mine + math.floor(rounds * others))
+end
 """
 )
 
@@ -185,7 +200,8 @@ return out
 # entry in its lane (stored in the hash; shared/queue_position.py reads positions from it).
 # A fair lane whose stream holds `window` undelivered entries, or that holds jobs back already,
 # holds this one in its tenant's list instead (hash field `held` = 1, no seq until it joins the
-# stream; reply {1, ahead + held, 0}) for refill (TAKE, FINISH) to move by deficit round robin.
+# stream; reply {1, ahead, 0}) for refill (TAKE, FINISH) to move by deficit round robin; its
+# ahead counts the held jobs the round robin serves first, and so does deadline admission.
 ENQUEUE = (
     _PRELUDE
     + """
@@ -196,29 +212,30 @@ local held = window > 0 and (tonumber(redis.call('HGET', stream .. FAIR, 'held')
 if max_length > 0 and length + held >= max_length then return {0, length + held} end
 local ok, pel = pcall(redis.call, 'XPENDING', stream, ARGV[3])
 local ahead = math.max(0, length - (ok and pel[1] or 0))
-local max_ahead = tonumber(ARGV[4])
-if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
 local hold = window > 0 and (held > 0 or ahead >= window)
-local seq = hold and 0 or redis.call('INCR', KEYS[3])
 local n = tonumber(ARGV[8])
-local hash = hold and {'held', 1} or {'seq', seq}
-for i = 9, 8 + n * 2 do table.insert(hash, ARGV[i]) end
 local entry = {}
 for i = 9 + n * 2, #ARGV do table.insert(entry, ARGV[i]) end
+local tenant = field(entry, 'tenant') or 'default'
+if hold then ahead = ahead + held_ahead(stream, tenant, tonumber(ARGV[6]), held) end
+local max_ahead = tonumber(ARGV[4])
+if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
+local seq = hold and 0 or redis.call('INCR', KEYS[3])
+local hash = hold and {'held', 1} or {'seq', seq}
+for i = 9, 8 + n * 2 do table.insert(hash, ARGV[i]) end
 redis.call('HSET', KEYS[1], unpack(hash))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if not hold then
   redis.call('XADD', stream, '*', unpack(entry))
   return {1, ahead, seq}
 end
-local tenant = field(entry, 'tenant') or 'default'
 if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(entry)) == 1 then
   redis.call('RPUSH', stream .. FAIR_RING, tenant)
 end
 redis.call('HSET', stream .. FAIR, 'w:' .. tenant, ARGV[6], 'window', window)
 redis.call('HINCRBY', stream .. FAIR, 'held', 1)
 refill(stream, ARGV[3], ARGV[7])
-return {1, ahead + held, 0}
+return {1, ahead, 0}
 """
 )
 

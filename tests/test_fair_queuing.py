@@ -20,7 +20,7 @@ from conveyor.commands.keys import command as keys_command
 from shared.api_keys import InvalidKeySpec, KeySpec
 from shared.codec import RequestEntry, as_text
 from shared.job_states import JobStatus
-from shared.job_store import JobStore, NewJob, QueueFull, now_ms
+from shared.job_store import JobStore, NewJob, QueueFull, TooFarBack, now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelRepository, QueueLimits
 from shared.partition_stats import read_partition_stats
@@ -90,6 +90,29 @@ async def test_held_tenants_drain_in_proportion_to_their_weights(aredis: aioredi
     assert rest == ["a", "b", "b", "b"] * 2 + ["a"] * 12  # b runs out: a alone, to the end
     assert await aredis.hget(KEYS.fair(stream), "held") == b"0"
     assert not await aredis.exists(KEYS.fair_ring(stream), KEYS.held(stream, "a"))
+
+
+async def test_a_newcomer_stands_behind_only_what_round_robin_serves_first(
+    aredis: aioredis.Redis,
+) -> None:
+    """A held job's 202 position counts the held jobs deficit round robin moves before it, not
+    every held job; deadline admission weighs that same position."""
+    config = _config(window=4)
+    store = JobStore(aredis, KEYS, 60)
+    await _reader(aredis, config)
+    stream = KEYS.queue("m", "default")
+    await _enqueue(store, [_job(config, "a") for _ in range(24)])  # 4 in the stream, 20 held
+    fair = (config.fair_window, 1.0)
+    flooder, newcomer = _job(config, "a"), _job(config, "b")
+    assert await store.create(flooder.entry, stream, flooder.fields, fair=fair) == 4 + 20
+    # b's first job: the stream's 4, then a's one job of the first round
+    assert await store.create(newcomer.entry, stream, newcomer.fields, fair=fair) == 4 + 1
+    late = _job(config, "c")
+    with pytest.raises(TooFarBack) as refused:
+        await store.create(late.entry, stream, late.fields, max_ahead=5, fair=fair)
+    assert refused.value.ahead == 4 + 2  # a's and b's turns come first
+    heavy = _job(config, "c", 3.0)
+    assert await store.create(heavy.entry, stream, heavy.fields, max_ahead=6, fair=(4, 3.0)) == 6
 
 
 async def test_a_short_fair_lane_appends_at_once(aredis: aioredis.Redis) -> None:
