@@ -128,19 +128,18 @@ local function refill(stream, group, job_prefix)
   redis.call('HSET', fair, 'held', math.max(left, 0))
 end
 
--- Held jobs that deficit round robin moves into the stream before a new job of `tenant`
--- (weight `weight`): its own tenant's held jobs, and per round the other tenants' weights'
--- worth, for as many rounds as the tenant needs to reach it; never more than `held`.
-local function held_ahead(stream, tenant, weight, held)
-  local mine = redis.call('LLEN', stream .. HELD .. tenant)
+-- Held jobs that deficit round robin moves into the stream before a job of `tenant` (weight
+-- `weight`) with `own` of its tenant's held jobs ahead of it: those, and per round the other
+-- tenants' weights' worth, for as many rounds as the tenant needs to reach it; at most `held`.
+local function held_ahead(stream, tenant, weight, held, own)
   local others = 0
   for _, other in ipairs(redis.call('LRANGE', stream .. FAIR_RING, 0, -1)) do
     if other ~= tenant then
       others = others + (tonumber(redis.call('HGET', stream .. FAIR, 'w:' .. other)) or 1)
     end
   end
-  local rounds = math.ceil((mine + 1) / math.max(weight, 1e-9))
-  return math.min(held, mine + math.floor(rounds * others))
+  local rounds = math.ceil((own + 1) / math.max(weight, 1e-9))
+  return math.max(0, math.min(held, own + math.floor(rounds * others)))
 end
 """
 )
@@ -217,7 +216,10 @@ local n = tonumber(ARGV[8])
 local entry = {}
 for i = 9 + n * 2, #ARGV do table.insert(entry, ARGV[i]) end
 local tenant = field(entry, 'tenant') or 'default'
-if hold then ahead = ahead + held_ahead(stream, tenant, tonumber(ARGV[6]), held) end
+if hold then
+  local own = redis.call('LLEN', stream .. HELD .. tenant)
+  ahead = ahead + held_ahead(stream, tenant, tonumber(ARGV[6]), held, own)
+end
 local max_ahead = tonumber(ARGV[4])
 if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
 local seq = hold and 0 or redis.call('INCR', KEYS[3])
@@ -387,12 +389,25 @@ return {1, cur}
 """
 )
 
-# KEYS[1]=stream, KEYS[2]=its added counter; ARGV: group, the job's seq. Read-only: how many
-# entries are still undelivered ahead of the job numbered seq (undelivered = XLEN - pending;
-# those added after it are undelivered too while it is), three O(1) commands in one round trip.
-POSITION = """
+# KEYS[1]=stream, KEYS[2]=its added counter; ARGV: group, the job's seq ('' for a job a fair
+# lane holds), its tenant. Read-only: how many entries are still undelivered ahead of the job
+# numbered seq (undelivered = XLEN - pending; those added after it are undelivered too while it
+# is), three O(1) commands in one round trip. A held job: the undelivered entries plus the held
+# ones deficit round robin serves first, counting it as its tenant's last held job (its place
+# in the list is not kept): a bound, O(tenants holding jobs).
+POSITION = (
+    _PRELUDE
+    + """
 local ok, pel = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
 local undelivered = redis.call('XLEN', KEYS[1]) - (ok and pel[1] or 0)
+if ARGV[2] == '' then
+  local fair, tenant = KEYS[1] .. FAIR, ARGV[3]
+  local held = (tonumber(redis.call('HGET', fair, 'held')) or 1) - 1
+  local own = math.max(0, redis.call('LLEN', KEYS[1] .. HELD .. tenant) - 1)
+  local weight = tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 1
+  return math.max(0, undelivered) + held_ahead(KEYS[1], tenant, weight, held, own)
+end
 local added = tonumber(redis.call('GET', KEYS[2]) or 0)
 return math.max(0, undelivered - (added - tonumber(ARGV[2])) - 1)
 """
+)

@@ -25,9 +25,10 @@ class QueuePositions:
         self.keys = keys
         self._position = client.register_script(job_scripts.POSITION)
 
-    async def position(self, stream: str, seq: int) -> int:
-        """Entries still undelivered ahead of the job numbered `seq` in `stream`."""
-        args: list[str | int] = [GROUP, seq]
+    async def position(self, stream: str, seq: int | None, tenant: str) -> int:
+        """Entries still undelivered ahead of the job numbered `seq` in `stream`; for a job a
+        fair lane holds (no `seq` yet), those plus the held ones served before it."""
+        args: list[str | int] = [GROUP, "" if seq is None else seq, tenant]
         return int(await self._position(keys=[stream, self.keys.added(stream)], args=args))
 
 

@@ -24,6 +24,7 @@ from shared.job_store import JobStore, NewJob, QueueFull, TooFarBack, now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelRepository, QueueLimits
 from shared.partition_stats import read_partition_stats
+from shared.queue_position import QueuePositions
 from tests.conftest import until, until_async
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
@@ -107,6 +108,9 @@ async def test_a_newcomer_stands_behind_only_what_round_robin_serves_first(
     assert await store.create(flooder.entry, stream, flooder.fields, fair=fair) == 4 + 20
     # b's first job: the stream's 4, then a's one job of the first round
     assert await store.create(newcomer.entry, stream, newcomer.fields, fair=fair) == 4 + 1
+    positions = QueuePositions(aredis, KEYS)
+    assert await positions.position(stream, None, "b") == 4 + 1  # what GET shows, held or not
+    assert await positions.position(stream, None, "a") == 4 + 21  # a's last: behind b's turn
     late = _job(config, "c")
     with pytest.raises(TooFarBack) as refused:
         await store.create(late.entry, stream, late.fields, max_ahead=5, fair=fair)

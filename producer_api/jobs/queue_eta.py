@@ -100,8 +100,9 @@ class QueueEta:
         fields = record.fields
         config = self.repository.get(fields.get("model", ""))
         stream, seq, variant = fields.get("stream"), fields.get("seq"), fields.get("variant", "")
-        if config is None or not stream or not seq:
+        if config is None or not stream or not (seq or fields.get("held")):
             return None
-        position = await self.positions.position(stream, int(seq))
+        tenant = fields.get("tenant", "default")
+        position = await self.positions.position(stream, int(seq) if seq else None, tenant)
         bulk = stream == self.keys.bulk_queue(config.name, variant)
         return self.standing(config, variant, bulk, position)
