@@ -49,4 +49,4 @@ def connect(
         socket_connect_timeout=timeout,
         socket_timeout=timeout + block_s,
     )
-    return aioredis.Redis(connection_pool=pool)
+    return aioredis.Redis.from_pool(pool)  # the client owns its pool: aclose() closes both
