@@ -210,6 +210,7 @@ def test_a_weight_must_be_a_positive_number(
             KeySpec(tenant="acme", scopes=frozenset({"submit"}), weight=bad).check()
     url = redis_client.connection_pool.connection_kwargs
     monkeypatch.setenv("CONVEYOR_REDIS_URL", f"redis://{url['host']}:{url['port']}/0")
+    connected = redis_client.info("clients")["connected_clients"]  # other tests' clients too
     refused = CliRunner().invoke(keys_command, ["create", "--tenant", "acme", "--weight", "0"])
     assert refused.exit_code == 2 and "weight 0.0 must be a number in (0, 1000]" in refused.output
     assert not redis_client.smembers("cv:apikeys")  # nothing stored
@@ -218,4 +219,4 @@ def test_a_weight_must_be_a_positive_number(
     [key_id] = redis_client.smembers("cv:apikeys")
     assert redis_client.hget(f"cv:apikey:{as_text(key_id)}", "weight") == b"2.5"
     # the CLI's client closes its connections as it ends: none outlives the command
-    assert redis_client.info("clients")["connected_clients"] == 1
+    assert redis_client.info("clients")["connected_clients"] <= connected
