@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -24,7 +25,8 @@ from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelRepository, QueueLimits
 from shared.partition_stats import read_partition_stats
 from shared.queue_position import QueuePositions
-from tests.conftest import until, until_async
+from shared.settings import get_settings
+from tests.conftest import until_async
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
@@ -202,14 +204,24 @@ async def test_a_held_backlog_drains_under_a_worker_that_was_idle(aredis: aiored
     assert await aredis.hget(KEYS.fair(partition.online), "held") == b"0"
 
 
-def test_a_weight_must_be_a_positive_number(
+@pytest.fixture
+def cli_on_test_server(
     redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> Iterator[None]:
+    """The CLI, run in this process, pointed at the test server: a process reads its settings
+    once (cached), so the cache is cleared on the way in and on the way out."""
+    url = redis_client.connection_pool.connection_kwargs
+    monkeypatch.setenv("CONVEYOR_REDIS_URL", f"redis://{url['host']}:{url['port']}/0")
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+@pytest.mark.usefixtures("cli_on_test_server")
+def test_a_weight_must_be_a_positive_number(redis_client: redis.Redis) -> None:
     for bad in (0.0, -1.0, float("nan"), float("inf"), 1001.0):
         with pytest.raises(InvalidKeySpec, match="weight"):
             KeySpec(tenant="acme", scopes=frozenset({"submit"}), weight=bad).check()
-    url = redis_client.connection_pool.connection_kwargs
-    monkeypatch.setenv("CONVEYOR_REDIS_URL", f"redis://{url['host']}:{url['port']}/0")
     connected = redis_client.info("clients")["connected_clients"]  # other tests' clients too
     refused = CliRunner().invoke(keys_command, ["create", "--tenant", "acme", "--weight", "0"])
     assert refused.exit_code == 2 and "weight 0.0 must be a number in (0, 1000]" in refused.output
