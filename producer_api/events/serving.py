@@ -69,7 +69,7 @@ class EventsService:
             if view["status"] != JobStatus.QUEUED or "queue_position" not in view:
                 return
             now = {"queue_position": view["queue_position"], "eta_ms": view.get("eta_ms")}
-            load = self.state.queue_eta.loads.get((view["model"], view["variant"]))
+            load = self.state.queue_eta.load(view["model"], view["variant"])
             idle = load is None or load.serving == 0
             if not idle and now["queue_position"] == 0:
                 return

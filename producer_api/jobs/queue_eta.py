@@ -63,6 +63,10 @@ class QueueEta:
             samples = self._serving.setdefault(partition, deque(maxlen=RATE_WINDOW_S))
             samples.append(load.serving)
 
+    def load(self, model: str, variant: str) -> PartitionLoad | None:
+        """The partition's load at the last refresh (None: not seen yet)."""
+        return self.loads.get((model, variant))
+
     def lane_rate(self, config: ModelConfig, variant: str, bulk: bool) -> float:
         """Entries per second the lane should drain at now (0: unknown)."""
         load = self.loads.get((config.name, variant), PartitionLoad())
