@@ -245,6 +245,9 @@ def test_failed_job_page_shows_its_error(
     assert page.locator("ol.timeline li.done").count() == 4, timeline  # every step happened
     assert re.search(r"waited [\d.]+ ms", timeline) and re.search(r"engine [\d.]+ ms", timeline)
     assert re.search(r"batch of \d+", timeline) and re.search(r"total [\d.]+ ms", timeline)
+    worker = r.hget(f"cv:job:{job_id}", "worker")
+    (attempt,) = page.locator("#job-attempts tr.attempt").all_inner_texts()  # which worker did what
+    assert worker in attempt and "failed" in attempt and "ValueError" in attempt
     _screenshot(page, "job.png")
     page.goto(f"{console_stack.base_url}/console/jobs?status=failed&model=faulty")
     listed = page.inner_text("#jobs")

@@ -145,7 +145,7 @@ def _trace_id(traceparent: str) -> str:
 
 
 async def job_page(state: ProducerState, record: JobRecord) -> JobPage:
-    view = record.view()
+    view = record.view(history=True)  # an operator asks which worker did what
     page = JobPage(record, view)
     page.timeline = _timeline(view)
     if "outputs" in view:
