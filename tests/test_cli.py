@@ -55,6 +55,10 @@ def test_submit_and_jobs(base_url: str, identity_worker: int) -> None:
     assert job["status"] == "succeeded" and job["outputs"] == {"a": [1, 2]}
     again = json.loads(_run("jobs", "get", job["id"], env=env).stdout)
     assert again["id"] == job["id"] and again["outputs"] == {"a": [1, 2]}
+    assert "attempt_history" not in again
+    history = json.loads(_run("jobs", "get", job["id"], "--attempts", env=env).stdout)
+    [run] = history["attempt_history"]
+    assert run["outcome"] == "succeeded" and run["consumer"] == f"{run['host']}-{run['pid']}"
 
     queued = json.loads(
         _run(

@@ -64,10 +64,11 @@ def json_argument(text: str) -> Any:
         raise click.BadParameter(f"not JSON: {exc}") from None
 
 
-def wait_or_last(client: Client, job_id: str, timeout: float) -> Job:
-    """The job once it ends, or as it stands when `timeout` runs out."""
+def wait_or_last(client: Client, job_id: str, timeout: float, attempts: bool = False) -> Job:
+    """The job once it ends, or as it stands when `timeout` runs out (`attempts`: with its
+    attempt history)."""
     try:
-        return client.wait(job_id, timeout)
+        return client.wait(job_id, timeout, attempts)
     except WaitTimeout as late:
         job: Job = late.last
         return job

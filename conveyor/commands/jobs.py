@@ -21,11 +21,15 @@ def command() -> None:
 @command.command("get")
 @click.argument("job_id")
 @click.option("--wait", "wait_s", default=0.0, help="Seconds to wait for the job to end.")
+@click.option("--attempts", is_flag=True, help="With every attempt: worker, times, outcome.")
 @connection_options
-def get(job_id: str, wait_s: float, url: str | None, api_key: str | None) -> None:
+def get(job_id: str, wait_s: float, attempts: bool, url: str | None, api_key: str | None) -> None:
     """Print the job (after waiting up to --wait seconds for it to end)."""
     with connect(url, api_key) as client:
-        job = wait_or_last(client, job_id, wait_s) if wait_s > 0 else client.get(job_id)
+        if wait_s > 0:
+            job = wait_or_last(client, job_id, wait_s, attempts)
+        else:
+            job = client.get(job_id, attempts)
     click.echo(job.model_dump_json(indent=2, exclude_none=True))
 
 
