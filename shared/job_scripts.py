@@ -398,16 +398,15 @@ return {1, cur}
 POSITION = (
     _PRELUDE
     + """
-local ok, pel = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1])
-local undelivered = redis.call('XLEN', KEYS[1]) - (ok and pel[1] or 0)
+local waiting = undelivered(KEYS[1], ARGV[1])
 if ARGV[2] == '' then
   local fair, tenant = KEYS[1] .. FAIR, ARGV[3]
   local held = (tonumber(redis.call('HGET', fair, 'held')) or 1) - 1
   local own = math.max(0, redis.call('LLEN', KEYS[1] .. HELD .. tenant) - 1)
   local weight = tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 1
-  return math.max(0, undelivered) + held_ahead(KEYS[1], tenant, weight, held, own)
+  return math.max(0, waiting) + held_ahead(KEYS[1], tenant, weight, held, own)
 end
 local added = tonumber(redis.call('GET', KEYS[2]) or 0)
-return math.max(0, undelivered - (added - tonumber(ARGV[2])) - 1)
+return math.max(0, waiting - (added - tonumber(ARGV[2])) - 1)
 """
 )
