@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 
+from shared.codec import as_text
 from shared.job_states import TERMINAL, JobStatus
 from shared.keys import Keys
 
@@ -41,40 +43,27 @@ return {allowed, math.floor(tokens), next_ms, full_ms}
 """
 )
 
-_LIVE = ", ".join(f"{s.value}=1" for s in JobStatus if s not in TERMINAL)
-
-# KEYS[1]=in-flight set, KEYS[2]=rescan marker; ARGV: cap, job id, job-key prefix, scan, grace
-# ms, ttl ms. Below the cap a job is added at once. At the cap, members whose job is terminal
-# (or never appeared within `grace`: a submit that died) are pruned first: the oldest `scan`
-# always, the whole set at most once a second. Returns {admitted (0|1), members after}.
+# KEYS[1]=in-flight set, KEYS[2]=rescan marker; ARGV: cap, job id, ttl ms, scan. Below the cap
+# the job is added at once. At the cap it is refused, with the members the caller should check
+# for jobs that ended (`scan` > 0): the oldest `scan` always, the whole set at most once a second.
+# The job hashes live in their partitions' slots, so the caller reads them, not this script.
+# Returns {admitted (0|1), now ms, members to check with their admission ms (flat)}.
 IN_FLIGHT = (
     _NOW_MS
-    + "local LIVE = {"
-    + _LIVE
-    + "}\n"
     + """
-local cap, jid, prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local scan, grace = tonumber(ARGV[4]), tonumber(ARGV[5])
-local function prune(last)
-  local rows = redis.call('ZRANGE', KEYS[1], 0, last, 'WITHSCORES')
-  for i = 1, #rows, 2 do
-    local status = redis.call('HGET', prefix .. rows[i], 'status')
-    local live = status and LIVE[status] or (not status and now - tonumber(rows[i + 1]) < grace)
-    if not live then redis.call('ZREM', KEYS[1], rows[i]) end
-  end
+local cap, scan = tonumber(ARGV[1]), tonumber(ARGV[4])
+if redis.call('ZCARD', KEYS[1]) < cap then
+  redis.call('ZADD', KEYS[1], now, ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {1, now, {}}
 end
-if redis.call('ZCARD', KEYS[1]) >= cap then
-  local last = scan - 1
-  if redis.call('SET', KEYS[2], 1, 'NX', 'PX', 1000) then last = -1 end
-  prune(last)
-end
-local count = redis.call('ZCARD', KEYS[1])
-if count >= cap then return {0, count} end
-redis.call('ZADD', KEYS[1], now, jid)
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
-return {1, count + 1}
+if scan == 0 then return {0, now, {}} end
+local last = scan - 1
+if redis.call('SET', KEYS[2], 1, 'NX', 'PX', 1000) then last = -1 end
+return {0, now, redis.call('ZRANGE', KEYS[1], 0, last, 'WITHSCORES')}
 """
 )
+_LIVE = frozenset(s.value for s in JobStatus if s not in TERMINAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +116,11 @@ class RateLimiter:
 
 class InFlightLimiter:
     """Jobs a key has queued or running, as a sorted set of job ids. The producer adds a job at
-    admission and removes it when it cancels one. Jobs that end on a worker are pruned when
-    the set reaches its cap, so the cap is never exceeded and needs no worker change; a
-    write-back script may also free the slot at once (ZREM of the job id from the set the job
-    hash names in its `inflight` field; ZREM is idempotent, so every terminal path may)."""
+    admission and removes it when it cancels one; whoever ends a job removes it beside the
+    ending script (ZREM of the job id from the set the job hash names in its `inflight` field;
+    ZREM is idempotent, so every terminal path may). A job whose removal was lost is pruned
+    when the set reaches its cap, so the cap is never exceeded and a lost removal costs a slot
+    only until the next refusal."""
 
     SCAN = 64
     GRACE_MS = 10_000
@@ -142,12 +132,39 @@ class InFlightLimiter:
         self._admit = client.register_script(IN_FLIGHT)
 
     async def admit(self, key_id: str, job_id: str, cap: int) -> bool:
-        prefix = self.keys.job_prefix
-        args: list[str | int] = [cap, job_id, prefix, self.SCAN, self.GRACE_MS, self.ttl_ms]
-        admitted, _ = await self._admit(
-            keys=[self.keys.in_flight(key_id), self.keys.in_flight_scan(key_id)], args=args
+        """Take a slot for the job; at the cap, prune the members whose jobs ended and try
+        once more."""
+        keys = [self.keys.in_flight(key_id), self.keys.in_flight_scan(key_id)]
+        admitted, now_ms, rows = await self._admit(
+            keys=keys, args=[cap, job_id, self.ttl_ms, self.SCAN]
         )
+        if admitted:
+            return True
+        if not await self._prune(keys[0], int(now_ms), rows):
+            return False
+        admitted, _, _ = await self._admit(keys=keys, args=[cap, job_id, self.ttl_ms, 0])
         return bool(admitted)
+
+    async def _prune(self, in_flight: str, now_ms: int, rows: list[Any]) -> int:
+        """Remove the members whose job is terminal, or has no hash `GRACE_MS` after its
+        admission (a submit that died). One pipeline reads their statuses: each job hash is in
+        its partition's slot, which a cluster pipeline reaches node by node."""
+        members = [(as_text(jid), float(ms)) for jid, ms in zip(rows[::2], rows[1::2], strict=True)]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id, _ in members:
+                pipe.hget(self.keys.job(job_id), "status")
+            statuses = await pipe.execute()
+        ended = [
+            job_id
+            for (job_id, admitted_ms), status in zip(members, statuses, strict=True)
+            if not _live(status, now_ms - admitted_ms, self.GRACE_MS)
+        ]
+        return int(await self.redis.zrem(in_flight, *ended)) if ended else 0
 
     async def release(self, key_id: str, job_id: str) -> None:
         await self.redis.zrem(self.keys.in_flight(key_id), job_id)
+
+
+def _live(status: bytes | str | None, age_ms: float, grace_ms: int) -> bool:
+    """Queued or running; without a hash, only while its submit may still be writing it."""
+    return as_text(status) in _LIVE if status is not None else age_ms < grace_ms

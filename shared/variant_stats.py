@@ -40,28 +40,27 @@ return last - first + 1
 """
 
 
-# ARGV: counters key prefix, samples key prefix, first bucket, last bucket, most samples.
-# Sums the counters of the buckets (keys named from the prefixes, like the finish script's job
-# keys) and returns {flat name/sum pairs, samples}; past `most` samples in all, each bucket
-# keeps its proportional share.
+# KEYS: the counters hashes of n buckets, then their samples lists (all in the model's slot);
+# ARGV: most samples. Sums the counters and returns {flat name/sum pairs, samples}; past `most`
+# samples in all, each bucket keeps its proportional share.
 _SUM = """
-local first, last, most = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local n, most = #KEYS / 2, tonumber(ARGV[1])
 local lengths, total = {}, 0
-for b = first, last do
-  lengths[b] = redis.call('LLEN', ARGV[2] .. b)
+for b = 1, n do
+  lengths[b] = redis.call('LLEN', KEYS[n + b])
   total = total + lengths[b]
 end
 local share = math.min(1, most / math.max(total, 1))
 local sums, names, samples = {}, {}, {}
-for b = first, last do
-  local flat = redis.call('HGETALL', ARGV[1] .. b)
+for b = 1, n do
+  local flat = redis.call('HGETALL', KEYS[b])
   for i = 1, #flat, 2 do
     if sums[flat[i]] == nil then sums[flat[i]] = 0; table.insert(names, flat[i]) end
     sums[flat[i]] = sums[flat[i]] + tonumber(flat[i + 1])
   end
   if lengths[b] > 0 then
     local keep = math.ceil(lengths[b] * share)
-    for _, row in ipairs(redis.call('LRANGE', ARGV[2] .. b, 0, keep - 1)) do
+    for _, row in ipairs(redis.call('LRANGE', KEYS[n + b], 0, keep - 1)) do
       table.insert(samples, row)
     end
   end
@@ -156,52 +155,41 @@ class VariantStats:
                 by_variant[(fields["model"], fields["variant"])].append(sample)
         await asyncio.gather(
             *(
-                self._add(self.redis, model, variant, _counts(samples), samples)
+                self._add(model, variant, _counts(samples), samples)
                 for (model, variant), samples in by_variant.items()
             )
         )
 
     async def add_counts(self, model: str, variant: str, counts: Mapping[str, float]) -> None:
         """Add to a variant's counters of the current bucket (shadow comparisons)."""
-        await self._add(self.redis, model, variant, counts, [])
+        await self._add(model, variant, counts, [])
 
     async def _add(
-        self,
-        client: aioredis.Redis,
-        model: str,
-        variant: str,
-        counts: Mapping[str, float],
-        samples: list[Sample],
+        self, model: str, variant: str, counts: Mapping[str, float], samples: list[Sample]
     ) -> Any:
-        bucket = bucket_of(time.time())
-        keys = [
-            f"{self.keys.variant_stats(model, variant)}{bucket}",
-            f"{self.keys.variant_samples(model, variant)}{bucket}",
-        ]
         flat = [part for pair in counts.items() for part in pair]
         args = [RETENTION_S, SAMPLES_PER_BUCKET, len(counts), *flat]
         return await self._record(
-            keys=keys, args=[*args, *(s.encode() for s in samples)], client=client
+            keys=self._bucket_keys(model, variant, [bucket_of(time.time())]),
+            args=[*args, *(s.encode() for s in samples)],
         )
 
     async def window(
         self, model: str, variants: Iterable[str], since_s: float, until_s: float | None = None
     ) -> dict[str, Window]:
         """Each variant's counters and samples over the buckets from `since_s` to `until_s`
-        (now): one script call per variant, all in one round trip, summed in Redis. Buckets are
-        whole (the window starts up to BUCKET_S early); past WINDOW_SAMPLES samples, each
-        bucket keeps its proportional share. A 6 h window (the API's longest, ~2 200 buckets)
-        costs about 25 ms of Redis time per variant."""
+        (now): one script call per variant, sent at once, summed in Redis. Buckets are whole
+        (the window starts up to BUCKET_S early); past WINDOW_SAMPLES samples, each bucket keeps
+        its proportional share. A 6 h window (the API's longest, ~2 200 buckets) costs about
+        25 ms of Redis time per variant."""
         names = list(variants)
-        first, last = bucket_of(since_s), bucket_of(until_s or time.time())
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for variant in names:
-                prefixes = [
-                    self.keys.variant_stats(model, variant),
-                    self.keys.variant_samples(model, variant),
-                ]
-                await self._sum(keys=[], args=[*prefixes, first, last, WINDOW_SAMPLES], client=pipe)
-            replies = await pipe.execute()
+        buckets = range(bucket_of(since_s), bucket_of(until_s or time.time()) + 1)
+        replies = await asyncio.gather(
+            *(
+                self._sum(keys=self._bucket_keys(model, v, buckets), args=[WINDOW_SAMPLES])
+                for v in names
+            )
+        )
         windows = {}
         for variant, (flat, rows) in zip(names, replies, strict=True):
             window = Window()
@@ -210,3 +198,15 @@ class VariantStats:
             window.samples = [Sample.decode(as_text(row)) for row in rows]
             windows[variant] = window
         return windows
+
+    def _bucket_keys(self, model: str, variant: str, buckets: Iterable[int]) -> list[str]:
+        """The counters hashes of `buckets`, then their samples lists: the keys a script over
+        them declares (one slot: both prefixes carry the model's tag)."""
+        return [
+            f"{prefix}{bucket}"
+            for prefix in (
+                self.keys.variant_stats(model, variant),
+                self.keys.variant_samples(model, variant),
+            )
+            for bucket in buckets
+        ]
