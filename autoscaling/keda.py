@@ -1,6 +1,9 @@
 """Render KEDA objects from the model repository: one ScaledObject per worker pool (model,
 variant) that scales on the pool's online and bulk streams, plus the TriggerAuthentication that
 gives KEDA the Redis address and password from a Secret. `conveyor render keda` writes them.
+On a Redis/Valkey Cluster (`CONVEYOR_REDIS_CLUSTER`, or `--redis-cluster`) the stream triggers
+are `redis-cluster-streams`, and KEDA reads the nodes' `addresses` instead of one `address`: each
+partition's streams carry its hash tag, so KEDA's cluster client finds the master that holds them.
 
 Trigger design: `streamLength` (XLEN) on both lanes. Workers XACK and XDEL an entry in one round
 trip, so XLEN counts queued plus in-flight work: one queued job wakes a pool from zero, and a
@@ -27,7 +30,14 @@ from shared.model_repository import ModelConfig, ModelRepository
 
 API_VERSION = "keda.sh/v1alpha1"
 AUTH_NAME = "conveyor-redis"  # the TriggerAuthentication
-SECRET_NAME = "conveyor-redis"  # keys: address (host:port), password, url (for the pods)
+# Secret keys: address (host:port) or, for a cluster, addresses (host:port,...); password; url
+# (CONVEYOR_REDIS_URL, for the pods).
+SECRET_NAME = "conveyor-redis"
+STREAMS_SCALER = "redis-streams"
+CLUSTER_STREAMS_SCALER = "redis-cluster-streams"
+# On every ScaledObject: the scaler its triggers use, so an overlay can select the stream-scaled
+# pools (k8s/overlays/prod-cluster switches them to the cluster scaler).
+SCALER_LABEL = "conveyor.dev/scaler"
 WORKER_PREFIX = "worker"
 PART_OF = "conveyor"
 _DNS_LABEL_MAX = 63
@@ -66,8 +76,24 @@ class MetricSources:
         return cls(producer_url=f"http://producer.{namespace or 'conveyor'}.svc")
 
 
+def streams_scaler(cluster: bool) -> str:
+    """KEDA's scaler for Redis Streams on one server, or on a cluster."""
+    return CLUSTER_STREAMS_SCALER if cluster else STREAMS_SCALER
+
+
+def pool_scaler(config: ModelConfig, cluster: bool) -> str:
+    """The scaler a pool's triggers use (the value of SCALER_LABEL)."""
+    if config.autoscaling.metric == "backlog_seconds":
+        return config.autoscaling.backlog.scaler
+    return streams_scaler(cluster)
+
+
 def pool_triggers(
-    config: ModelConfig, variant: str, keys: Keys, sources: MetricSources | None = None
+    config: ModelConfig,
+    variant: str,
+    keys: Keys,
+    sources: MetricSources | None = None,
+    cluster: bool = False,
 ) -> list[dict[str, Any]]:
     """One `streamLength` trigger per lane, both scaling on the model's lag_per_replica; or, for
     `metric: backlog_seconds`, one trigger on the pool's seconds of backlog."""
@@ -80,7 +106,7 @@ def pool_triggers(
     )
     return [
         {
-            "type": "redis-streams",
+            "type": streams_scaler(cluster),
             "name": lane,
             "metricType": "AverageValue",
             "metadata": {
@@ -128,14 +154,17 @@ def scaled_object(
     keys: Keys,
     namespace: str | None = None,
     sources: MetricSources | None = None,
+    cluster: bool = False,
 ) -> dict[str, Any]:
     """The ScaledObject for one pool; its target is the Deployment of the same name."""
     hints = config.autoscaling
     name = worker_name(config.name, variant)
+    metadata = _metadata(name, namespace, model=config.name, variant=variant)
+    metadata["labels"][SCALER_LABEL] = pool_scaler(config, cluster)
     return {
         "apiVersion": API_VERSION,
         "kind": "ScaledObject",
-        "metadata": _metadata(name, namespace, model=config.name, variant=variant),
+        "metadata": metadata,
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
             "pollingInterval": hints.polling_interval_s,
@@ -144,15 +173,17 @@ def scaled_object(
             "maxReplicaCount": max(hints.max_replicas, hints.min_replicas),
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(config)}},
             "triggers": pool_triggers(
-                config, variant, keys, sources or MetricSources.for_namespace(namespace)
+                config, variant, keys, sources or MetricSources.for_namespace(namespace), cluster
             ),
         },
     }
 
 
-def trigger_authentication(namespace: str | None = None) -> dict[str, Any]:
-    """KEDA reads `address` and `password` for every redis-streams trigger from one Secret."""
-    refs = [{"parameter": p, "name": SECRET_NAME, "key": p} for p in ("address", "password")]
+def trigger_authentication(namespace: str | None = None, cluster: bool = False) -> dict[str, Any]:
+    """KEDA reads the Redis address (`addresses` of a cluster's nodes, any subset: the client
+    discovers the rest) and `password` for every stream trigger from one Secret."""
+    address = "addresses" if cluster else "address"
+    refs = [{"parameter": p, "name": SECRET_NAME, "key": p} for p in (address, "password")]
     return {
         "apiVersion": API_VERSION,
         "kind": "TriggerAuthentication",
@@ -166,12 +197,14 @@ def render(
     keys: Keys,
     namespace: str | None = None,
     sources: MetricSources | None = None,
+    cluster: bool = False,
 ) -> list[dict[str, Any]]:
     """TriggerAuthentication first, then one ScaledObject per (model, variant), sorted."""
-    objects = [trigger_authentication(namespace)]
+    objects = [trigger_authentication(namespace, cluster)]
     for config in sorted(repository, key=lambda c: c.name):
         objects.extend(
-            scaled_object(config, v, keys, namespace, sources) for v in sorted(config.variants)
+            scaled_object(config, v, keys, namespace, sources, cluster)
+            for v in sorted(config.variants)
         )
     _check_unique(objects)
     return objects

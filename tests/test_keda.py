@@ -16,7 +16,16 @@ import yaml
 from click.testing import CliRunner
 from jsonschema import Draft7Validator
 
-from autoscaling.keda import MetricSources, render, scaled_object, worker_name
+from autoscaling.keda import (
+    CLUSTER_STREAMS_SCALER,
+    SCALER_LABEL,
+    SECRET_NAME,
+    STREAMS_SCALER,
+    MetricSources,
+    render,
+    scaled_object,
+    worker_name,
+)
 from autoscaling.local_autoscaler import PoolScaler
 from autoscaling.scaling_math import (
     NULL_LAG,
@@ -32,6 +41,8 @@ from autoscaling.scaling_math import (
 from conveyor.cli import main
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, ModelRepository
+from shared.settings import get_settings
+from tests.valkey_cluster import local_cluster
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = Path(__file__).parent / "fixtures" / "keda"
@@ -230,6 +241,73 @@ def test_committed_manifest_is_a_fresh_render():
     )
 
 
+def auth_refs(objects: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    (auth,) = [o for o in objects if o["kind"] == "TriggerAuthentication"]
+    return {(r["parameter"], r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
+
+
+def test_cluster_render_uses_redis_cluster_streams_on_the_tagged_streams(repository):
+    odd = ModelRepository({"odd": odd_model(), "costly": backlog_model("prometheus")})
+    objects = render(repository, KEYS, cluster=True) + render(odd, KEYS, "ml", cluster=True)
+    for obj in objects:
+        assert crd_errors(obj) == [], obj["metadata"]["name"]
+    assert auth_refs(objects[:1]) == {
+        ("addresses", SECRET_NAME, "addresses"),
+        ("password", SECRET_NAME, "password"),
+    }
+    for config in [*repository, odd_model()]:
+        for variant in config.variants:
+            obj = scaled_object(config, variant, KEYS, cluster=True)
+            assert obj["metadata"]["labels"][SCALER_LABEL] == CLUSTER_STREAMS_SCALER
+            triggers = obj["spec"]["triggers"]
+            assert {t["type"] for t in triggers} == {CLUSTER_STREAMS_SCALER}
+            tag = Keys.tag(config.name, variant)
+            online, bulk = (t["metadata"]["stream"] for t in triggers)
+            assert (online, bulk) == (KEYS.queue(config.name, variant), f"{online}:bulk")
+            assert tag in online  # one slot per partition: KEDA's cluster client finds its master
+            single = scaled_object(config, variant, KEYS)["spec"]["triggers"]
+            assert [t["metadata"] for t in triggers] == [t["metadata"] for t in single]
+    (backlog,) = scaled_object(backlog_model("prometheus"), "default", KEYS, cluster=True)["spec"][
+        "triggers"
+    ]
+    assert backlog["type"] == "prometheus"  # seconds of backlog do not come from Redis
+
+
+def test_single_server_render_keeps_redis_streams_and_one_address(repository):
+    objects = render(repository, KEYS)
+    assert auth_refs(objects) == {
+        ("address", SECRET_NAME, "address"),
+        ("password", SECRET_NAME, "password"),
+    }
+    for obj in objects[1:]:
+        assert obj["metadata"]["labels"][SCALER_LABEL] == STREAMS_SCALER
+        assert {t["type"] for t in obj["spec"]["triggers"]} == {STREAMS_SCALER}
+
+
+def test_render_cli_follows_the_cluster_setting_unless_told(monkeypatch):
+    monkeypatch.setenv("CONVEYOR_REDIS_CLUSTER", "1")
+    get_settings.cache_clear()
+    try:
+        args = ["render", "keda", "--model-repository", str(REPO_ROOT / "model_repository")]
+        runs = {
+            flag: CliRunner().invoke(main, [*args, *flag])
+            for flag in [(), ("--single-redis",), ("--redis-cluster",)]
+        }
+    finally:
+        get_settings.cache_clear()
+    types = {}
+    for flag, result in runs.items():
+        assert result.exit_code == 0, result.output
+        scaled = list(yaml.safe_load_all(result.stdout))[1]
+        assert crd_errors(scaled) == []
+        types[flag] = scaled["spec"]["triggers"][0]["type"]
+    assert types == {
+        (): CLUSTER_STREAMS_SCALER,
+        ("--single-redis",): STREAMS_SCALER,
+        ("--redis-cluster",): CLUSTER_STREAMS_SCALER,
+    }
+
+
 def test_render_to_a_directory_sets_the_namespace(tmp_path):
     args = ["render", "keda", "--out", str(tmp_path), "--namespace", "inference"]
     repository = str(REPO_ROOT / "model_repository")
@@ -316,6 +394,29 @@ def test_min_replicas_hold_an_idle_pool(redis_client, repository):
     triggers = [StreamTrigger.from_metadata(t["metadata"]) for t in spec["triggers"]]
     pool = (triggers, spec["minReplicaCount"], spec["maxReplicaCount"])
     assert decide(redis_client, pool, current=2) == 1
+
+
+def test_cluster_triggers_read_each_pool_on_its_own_master(tmp_path, repository):
+    """What KEDA's redis-cluster-streams scaler does: XLEN through a cluster client given one
+    node's address, for two pools whose streams sit on different masters."""
+    with local_cluster(tmp_path, masters=2) as cluster:
+        by_master = {
+            cluster.master_of(KEYS.queue(c.name, v)).port: (c, v)
+            for c in repository
+            for v in c.variants
+        }
+        assert len(by_master) == 2, "every pool hashed to one master"
+        (first, first_variant), (second, second_variant) = by_master.values()
+        client = cluster.client()
+        enqueue(client, KEYS.queue(first.name, first_variant), 3)  # type: ignore[arg-type]
+        enqueue(client, KEYS.bulk_queue(second.name, second_variant), 130)  # type: ignore[arg-type]
+        readings = []
+        for config, variant in by_master.values():
+            spec = scaled_object(config, variant, KEYS, cluster=True)["spec"]
+            triggers = [StreamTrigger.from_metadata(t["metadata"]) for t in spec["triggers"]]
+            readings.append([r.value for r in poll(client, triggers)])  # type: ignore[arg-type]
+        client.close()
+    assert readings == [[3, 0], [0, 130]]
 
 
 def test_lag_count_goes_blind_when_jobs_finish_out_of_order(redis_client):

@@ -42,6 +42,12 @@ def command() -> None:
     show_default=True,
     help="Prometheus server for pools with `autoscaling.backlog.scaler: prometheus`.",
 )
+@click.option(
+    "--redis-cluster/--single-redis",
+    default=None,
+    help="Scale on a Redis/Valkey Cluster (redis-cluster-streams triggers, the Secret's "
+    "`addresses`) or on one server (default: CONVEYOR_REDIS_CLUSTER).",
+)
 def keda(
     namespace: str | None,
     out: str,
@@ -49,6 +55,7 @@ def keda(
     key_prefix: str | None,
     producer_url: str | None,
     prometheus_url: str,
+    redis_cluster: bool | None,
 ) -> None:
     """TriggerAuthentication plus one ScaledObject per (model, variant), as multi-doc YAML."""
     settings = get_settings()
@@ -56,7 +63,8 @@ def keda(
     keys = Keys(key_prefix if key_prefix is not None else settings.key_prefix)
     default = MetricSources.for_namespace(namespace)
     sources = MetricSources(producer_url or default.producer_url, prometheus_url)
-    text = to_yaml(render(repository, keys, namespace, sources))
+    cluster = settings.redis_cluster if redis_cluster is None else redis_cluster
+    text = to_yaml(render(repository, keys, namespace, sources, cluster))
     if out == "-":
         click.echo(text, nl=False)
         return
