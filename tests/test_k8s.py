@@ -4,6 +4,7 @@ and pods are hardened, probed, wired to one Redis and given time to finish their
 
 from __future__ import annotations
 
+import copy
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from autoscaling.keda import SECRET_NAME, worker_name
+from autoscaling.keda import SECRET_NAME, render, worker_name
 from autoscaling.scaling_math import StreamTrigger
 from shared.keys import Keys
 from shared.model_repository import AutoscalingHints, ModelRepository
@@ -22,7 +23,9 @@ from shared.settings import Settings
 from tests.test_keda import crd_errors
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-OVERLAYS = ("dev", "prod")
+OVERLAYS = ("dev", "prod", "prod-cluster")
+PRODUCTION = ("prod", "prod-cluster")  # no in-cluster Redis, GPU pools on GPU nodes
+NAMESPACES = {"dev": "conveyor-dev", "prod": "conveyor", "prod-cluster": "conveyor"}
 KUBECTL = shutil.which("kubectl")
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
@@ -79,8 +82,8 @@ def test_keda_objects_validate_against_crds(overlay):
     assert {o["kind"] for o in keda} == {"ScaledObject", "TriggerAuthentication"}
     for obj in keda:
         assert crd_errors(obj) == [], obj["metadata"]["name"]
-    namespace = {"dev": "conveyor-dev", "prod": "conveyor"}[overlay]
-    assert {o["metadata"].get("namespace") for o in build(overlay)} - {None} == {namespace}
+    namespaces = {o["metadata"].get("namespace") for o in build(overlay)} - {None}
+    assert namespaces == {NAMESPACES[overlay]}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -160,7 +163,7 @@ def test_gpu_pools_request_gpus_only_where_labelled(overlay):
         assert ("gpu" in container["image"]) == labelled, name
         gpu_pools += labelled
     # prod: minilm (ONNX and torch) and smollm2 on GPUs; dev runs every pool on the CPU
-    assert gpu_pools == (3 if overlay == "prod" else 0)
+    assert gpu_pools == (3 if overlay in PRODUCTION else 0)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -172,7 +175,8 @@ def test_everything_reads_one_redis_secret(overlay):
                 assert url == {"secretKeyRef": {"name": SECRET_NAME, "key": "url"}}, name
     (auth,) = of_kind(overlay, "TriggerAuthentication").values()
     refs = {(r["parameter"], r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
-    assert refs == {("address", SECRET_NAME, "address"), ("password", SECRET_NAME, "password")}
+    address = "addresses" if overlay == "prod-cluster" else "address"
+    assert refs == {(address, SECRET_NAME, address), ("password", SECRET_NAME, "password")}
 
 
 def test_dev_redis_is_the_one_the_secret_names_and_keeps_an_aof():
@@ -188,14 +192,46 @@ def test_dev_redis_is_the_one_the_secret_names_and_keeps_an_aof():
     assert container["image"].startswith("redis:7")
 
 
-def test_prod_runs_bigger_pinned_and_without_in_cluster_redis():
-    kinds = {(o["kind"], o["metadata"]["name"]) for o in build("prod")}
+@pytest.mark.parametrize("overlay", PRODUCTION)
+def test_prod_runs_bigger_pinned_and_without_in_cluster_redis(overlay):
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in build(overlay)}
     assert ("StatefulSet", "redis") not in kinds and ("Secret", SECRET_NAME) not in kinds
-    for name, spec in pod_specs("prod"):
+    for name, spec in pod_specs(overlay):
         for container in spec["containers"]:
             image, _, tag = container["image"].rpartition(":")
             assert image and tag not in {"", "latest", "dev"}, f"{name}: unpinned image"
             limits = container.get("resources", {}).get("limits", {})
             assert {"cpu", "memory"} <= set(limits), f"{name}: no resource limits"
     replicas = {o: of_kind(o, "Deployment")["producer"]["spec"]["replicas"] for o in OVERLAYS}
-    assert replicas["prod"] > replicas["dev"]
+    assert replicas[overlay] > replicas["dev"]
+
+
+def test_prod_cluster_is_prod_in_cluster_mode_with_the_cluster_render(repository, monkeypatch):
+    """Every pod gets CONVEYOR_REDIS_CLUSTER and replica acks; KEDA's objects become what
+    `conveyor render keda --redis-cluster` emits, and nothing else of prod changes."""
+    prod, cluster = build("prod"), build("prod-cluster")
+    rendered = {
+        o["metadata"]["name"]: o
+        for o in render(repository, Keys(), namespace="conveyor", cluster=True)
+    }
+    assert len(prod) == len(cluster)
+    for before, after in zip(prod, cluster, strict=True):
+        name, kind = after["metadata"]["name"], after["kind"]
+        expected = copy.deepcopy(before)
+        if kind == "Deployment":
+            (container,) = expected["spec"]["template"]["spec"]["containers"]
+            container["env"] += [
+                {"name": "CONVEYOR_REDIS_CLUSTER", "value": "1"},
+                {"name": "CONVEYOR_REPLICA_ACKS", "value": "1"},
+            ]
+        elif kind == "TriggerAuthentication":
+            expected["spec"] = rendered[name]["spec"]
+        elif kind == "ScaledObject":
+            expected["spec"]["triggers"] = rendered[name]["spec"]["triggers"]
+            expected["metadata"]["labels"] = rendered[name]["metadata"]["labels"]
+        assert after == expected, f"{kind} {name}"
+    producer = of_kind("prod-cluster", "Deployment")["producer"]["spec"]["template"]["spec"]
+    for key, value in env_of(producer["containers"][0]).items():
+        if isinstance(value, str):
+            monkeypatch.setenv(key, value)
+    assert (Settings().redis_cluster, Settings().replica_acks) == (True, 1)
