@@ -10,7 +10,6 @@ import re
 import shutil
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +22,7 @@ import yaml
 
 from conveyor.stack import Stack
 from shared.codec import RequestEntry
+from shared.keys import Keys, new_job_id
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
 from tests.console_login import console_login
 from tests.fault_engine import FIXED_ENV
@@ -41,7 +41,8 @@ ARGS = [
     "--disable-sync",
 ]
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
-DLQ = "cv:dlq:faulty:default"
+KEYS = Keys()
+DLQ = KEYS.dlq("faulty", "default")
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 pytestmark = [
@@ -109,7 +110,14 @@ def _submit(stack: Stack, key: str, inputs: dict[str, Any], **extra: Any) -> str
 
 
 def _status(r: redis.Redis, job_id: str) -> str:
-    return str(r.hget(f"cv:job:{job_id}", "status") or "")
+    return str(r.hget(KEYS.job(job_id), "status") or "")
+
+
+def _listed(stack: Stack, key: str, **wanted: str) -> str:
+    """The job list page for `wanted` filters, fetched beside the browser tab."""
+    with httpx.Client(base_url=stack.base_url) as client:
+        console_login(client, key)
+        return client.get("/console/jobs", params=wanted).text
 
 
 def _online_length(tab: Any) -> int:
@@ -155,10 +163,13 @@ def test_queue_rises_without_worker_and_drains_when_one_starts(
     ids = [_submit(console_stack, admin_key, {"n": n}) for n in range(5)]
     until(lambda: _online_length(page) >= before + 5)
     _screenshot(page, "overview.png")
+    queued = _listed(console_stack, admin_key, status="queued", model="faulty")
+    assert all(job_id in queued for job_id in ids)  # read from the lane's stream
     console_stack.start_worker("faulty", name="fixed", **{FIXED_ENV: "1"})
     until(lambda: _online_length(page) == 0, timeout=60)
     until(lambda: all(_status(r, i) == "succeeded" for i in ids))
     until(lambda: _status(r, crash) == "failed")
+    assert crash in _listed(console_stack, admin_key, status="failed")  # dead-lettered
     row = page.locator('tr[data-partition="faulty:default"]')
     until(lambda: float(row.locator('[data-field="rate"]').inner_text()) > 0)  # last minute's
     for chart in ("spark", "throughput"):  # the inline SVG charts got points from the stream
@@ -190,13 +201,15 @@ def test_dead_letter_is_replayed_from_the_ui_and_succeeds(
     page.click("#confirm")
     new_job = page.locator("ul.replayed a").inner_text()
     until(lambda: _status(r, new_job) == "succeeded")
-    assert r.hget(f"cv:job:{new_job}", "replay_of") == dead_job
+    assert r.hget(KEYS.job(new_job), "replay_of") == dead_job
     assert r.xlen(DLQ) == 0
 
 
 def _dead_letter(r: redis.Redis, inputs: dict[str, Any]) -> str:
     """A dead letter as a worker leaves one (the entry, why it died, its deliveries)."""
-    entry = RequestEntry(uuid.uuid4().hex, {"inputs": inputs}, int(time.time() * 1000))
+    entry = RequestEntry(
+        new_job_id("faulty", "default"), {"inputs": inputs}, int(time.time() * 1000)
+    )
     reason = "dead-lettered after 3 deliveries without finishing (max_deliveries 2)"
     fields: dict[Any, Any] = {"entry": "1-0", "reason": reason, "deliveries": 3}
     fields |= entry.encode()
@@ -227,7 +240,7 @@ def test_dead_letters_are_replayed_all_at_once_or_discarded_after_a_confirmation
     page.locator(f'tr[data-job="{doomed}"] a.button', has_text="Discard").click()
     page.click("#confirm")
     assert "Discarded 1 dead letter" in page.inner_text("h1")
-    assert r.xlen(DLQ) == 0 and not r.exists(f"cv:job:{doomed}")
+    assert r.xlen(DLQ) == 0 and not r.exists(KEYS.job(doomed))
 
 
 def test_failed_job_page_shows_its_error(
@@ -245,7 +258,7 @@ def test_failed_job_page_shows_its_error(
     assert page.locator("ol.timeline li.done").count() == 4, timeline  # every step happened
     assert re.search(r"waited [\d.]+ ms", timeline) and re.search(r"engine [\d.]+ ms", timeline)
     assert re.search(r"batch of \d+", timeline) and re.search(r"total [\d.]+ ms", timeline)
-    worker = r.hget(f"cv:job:{job_id}", "worker")
+    worker = r.hget(KEYS.job(job_id), "worker")
     (attempt,) = page.locator("#job-attempts tr.attempt").all_inner_texts()  # which worker did what
     assert worker in attempt and "failed" in attempt and "ValueError" in attempt
     _screenshot(page, "job.png")
@@ -393,9 +406,9 @@ def test_ten_viewers_cost_redis_what_one_does(
 ) -> None:
     """Every viewer reads the same in-memory summary: 10 streams add (almost) no commands."""
     fixed = console_stack.consumer_name(console_stack.processes["fixed"].pid)
-    assert r.hget(f"cv:worker:{fixed}", "state") == '"serving"'
+    assert r.hget(KEYS.worker(fixed), "state") == '"serving"'
     console_stack.stop_process("fixed")  # a worker's own polling would only add noise
-    assert not r.exists(f"cv:worker:{fixed}")  # a clean exit leaves the list at once
+    assert not r.exists(KEYS.worker(fixed))  # a clean exit leaves the list at once
 
     def viewers(count: int) -> int:
         stop = threading.Event()

@@ -1,6 +1,8 @@
 """Read-only views of jobs for the console, computed when a page asks (never per second): recent
-jobs (a bounded SCAN of job hashes, since jobs have no time index), one job with its timeline,
-and its stream entry (inputs and trace context) while the job is still queued or dead-lettered."""
+jobs (the newest of each partition's lanes, of the jobs that ended in them and of its dead
+letters: jobs have no time index, and a SCAN of the keyspace would not work on a cluster), one
+job with its timeline, and its stream entry (inputs and trace context) while the job is still
+queued or dead-lettered."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from shared.codec import RequestEntry, as_text, dumps
 from shared.job_store import JobRecord
 from shared.keys import Keys
 
-SCAN_LIMIT = 5_000
+READ_LIMIT = 5_000  # job hashes one listing reads at most
 SHOWN = 100
 ENTRY_SCAN = 2_000
 PREVIEW_BYTES = 4_096
@@ -103,14 +105,10 @@ class JobPage:
 
 
 async def recent_jobs(state: ProducerState, wanted: JobFilter) -> list[dict[str, str]]:
-    """Up to SHOWN jobs matching `wanted`, newest first, among the first SCAN_LIMIT job hashes
-    the keyspace yields (a console view, not an index: bounded cost on a large Redis)."""
-    ids: list[str] = []
-    prefix = state.keys.job_prefix
-    async for key in state.redis.scan_iter(match=f"{prefix}*", count=500):
-        ids.append(as_text(key)[len(prefix) :])
-        if len(ids) >= SCAN_LIMIT:
-            break
+    """Up to SHOWN jobs matching `wanted`, newest first, among at most READ_LIMIT candidates
+    (a console view, not an index: bounded cost on a large Redis). The job hashes are read
+    with one pipeline, which a cluster client splits by node."""
+    ids = await _candidates(state, wanted.model)
     async with state.redis.pipeline(transaction=False) as pipe:
         for job_id in ids:
             pipe.hmget(state.keys.job(job_id), list(_LISTED))
@@ -122,6 +120,30 @@ async def recent_jobs(state: ProducerState, wanted: JobFilter) -> list[dict[str,
             jobs.append({"id": job_id, **row})
     jobs.sort(key=lambda row: int(row.get("created", "0")), reverse=True)
     return jobs[:SHOWN]
+
+
+async def _candidates(state: ProducerState, model: str) -> list[str]:
+    """Ids of the newest jobs of every partition of the repository (of `model` only, when
+    given): queued and running (the lanes' streams), ended there (`Keys.recent`) and dead
+    letters, READ_LIMIT shared among these sources; one pipeline of single-key reads."""
+    keys: Keys = state.keys
+    partitions = [
+        (c.name, v) for c in state.repository if model in ("", c.name) for v in c.variants
+    ]
+    lanes = [lane(m, v) for m, v in partitions for lane in (keys.queue, keys.bulk_queue)]
+    streams = [*lanes, *(keys.dlq(m, v) for m, v in partitions)]
+    each = max(SHOWN, READ_LIMIT // max(len(streams) + len(lanes), 1))
+    async with state.redis.pipeline(transaction=False) as pipe:
+        for stream in streams:
+            pipe.xrevrange(stream, count=each)
+        for lane in lanes:
+            pipe.lrange(keys.recent(lane), 0, each - 1)
+        replies = await pipe.execute()
+    entries: list[Any] = replies[: len(streams)]
+    ended: list[Any] = replies[len(streams) :]
+    ids = [as_text(fields[b"id"]) for rows in entries for _, fields in rows if b"id" in fields]
+    ids += [as_text(job_id) for rows in ended for job_id in rows]
+    return list(dict.fromkeys(ids))
 
 
 async def find_entry(state: ProducerState, record: JobRecord) -> RequestEntry | None:
