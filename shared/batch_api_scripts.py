@@ -1,12 +1,23 @@
 """Lua scripts over a Batch API batch's keys (`shared/batch_api_store.py`): progress is derived
 from the item job hashes without a per-item poll from the client, and a batch is handed to
-exactly one finalizer, however many producers look at it at once."""
+exactly one finalizer, however many producers look at it at once.
+
+A batch's items live in many partitions, hence many slots of a cluster, and its hash in one
+more, so no script sees them all (shared/keys.py): COUNT reads one partition's item job hashes
+in that partition's slot and writes nothing; ADVANCE applies what it counted to the batch hash,
+in the batch's slot. Each partition's item list is written once, before the batch starts, and
+the batch hash holds a cursor into it (`at:<index>`, how many of its items are counted). ADVANCE
+applies a count only if the cursor is still where the count started, then moves the cursor: a
+count is applied exactly once, whether two producers count the same items at once (the second
+finds the cursor moved and is dropped) or a producer dies between the two scripts (nothing was
+applied; the next look counts those items again)."""
 
 from __future__ import annotations
 
 from shared.job_states import TERMINAL, JobStatus
+from shared.keys import LUA_JOB_KEY
 
-# The states an item ends in, in the enum's order: the order of `seen` in REFRESH's reply.
+# The states an item ends in, in the enum's order: the order of counts in both scripts' replies.
 ITEM_STATES = tuple(status.value for status in JobStatus if status in TERMINAL)
 
 
@@ -14,66 +25,98 @@ def _lua_table(value: str) -> str:
     return "{" + ", ".join(f"{state}={value}" for state in ITEM_STATES) + "}"
 
 
-_PRELUDE = f"local TERMINAL = {_lua_table('true')}\nlocal seen = {_lua_table('0')}\n"
-_SEEN = "{" + ", ".join(f"seen.{state}" for state in ITEM_STATES) + "}"
+def _lua_list(table: str) -> str:
+    return ", ".join(f"{table}.{state}" for state in ITEM_STATES)
 
 
-# KEYS[1]=batch hash; ARGV: job-key prefix, window, pop budget, now_ms, stale_ms.
-# Each open list holds one partition's items not yet seen terminal, in stream order. Terminal
-# states never change, so the terminal head of every list is popped and counted for good
-# (`n_<status>`), at most `budget` items per call (`more` says to call again). Items finish a
-# little out of order (a micro-batch, several workers): a `window` of items behind each head is
-# looked at and counted for this answer only. When no item is open, the batch moves to
-# `finalizing` and the caller that saw it move (or that found a finalizer silent for
-# `stale_ms`) is told to finalize. Returns {open, more, finalize, hash fields..., seen...}.
-REFRESH = (
-    _PRELUDE
+_STATES = "{" + ", ".join(f"'{state}'" for state in ITEM_STATES) + "}"
+
+# KEYS[1]=one partition's item list; ARGV: job-key prefix, cursor, pop budget, window.
+# Terminal states never change, so the run of terminal items from the cursor on is counted for
+# good (`counts`), at most `budget` items per call (`more` says to call again from `at`). Items
+# finish a little out of order (a micro-batch, several workers): a `window` of items behind the
+# first unfinished one is looked at and counted for this answer only (`seen`). A job hash gone
+# (expired) counts as `expired`. Returns {at, more, counts..., seen...}.
+COUNT = (
+    LUA_JOB_KEY
+    + f"local TERMINAL = {_lua_table('true')}\n"
+    + f"local counts, seen = {_lua_table('0')}, {_lua_table('0')}\n"
     + """
-local prefix, window, budget = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local now, stale = tonumber(ARGV[4]), tonumber(ARGV[5])
-local lists = redis.call('HGET', KEYS[1], 'open_lists')
-if not lists then return false end
+local prefix, at = ARGV[1], tonumber(ARGV[2])
+local budget, window = tonumber(ARGV[3]), tonumber(ARGV[4])
 local function status(jid)
-  return redis.call('HGET', prefix .. jid, 'status') or 'expired'
+  return redis.call('HGET', jobkey(prefix, jid), 'status') or 'expired'
 end
-local open, more = 0, 0
-for _, list in ipairs(cjson.decode(lists)) do
-  local blocked = false
-  while not blocked and budget > 0 do
-    local ids = redis.call('LRANGE', list, 0, math.min(budget, 512) - 1)
-    if #ids == 0 then break end
-    local n = 0
-    for _, jid in ipairs(ids) do
-      local st = status(jid)
-      if not TERMINAL[st] then blocked = true break end
-      redis.call('HINCRBY', KEYS[1], 'n_' .. st, 1)
-      n = n + 1
-    end
-    if n > 0 then redis.call('LTRIM', list, n, -1) end
-    budget = budget - n
+local blocked = false
+while not blocked and budget > 0 do
+  local ids = redis.call('LRANGE', KEYS[1], at, at + math.min(budget, 512) - 1)
+  if #ids == 0 then break end
+  for _, jid in ipairs(ids) do
+    local st = status(jid)
+    if not TERMINAL[st] then blocked = true break end
+    counts[st] = counts[st] + 1
+    at = at + 1
+    budget = budget - 1
   end
-  local left = redis.call('LLEN', list)
-  if not blocked and left > 0 then more = 1 end
-  if window > 0 and left > 1 then
-    for _, jid in ipairs(redis.call('LRANGE', list, 1, window)) do
-      local st = status(jid)
-      if TERMINAL[st] then seen[st] = seen[st] + 1 end
+end
+local more = 0
+if not blocked and budget == 0 and redis.call('LLEN', KEYS[1]) > at then more = 1 end
+if blocked and window > 0 then
+  for _, jid in ipairs(redis.call('LRANGE', KEYS[1], at + 1, at + window)) do
+    local st = status(jid)
+    if TERMINAL[st] then seen[st] = seen[st] + 1 end
+  end
+end
+"""
+    + f"return {{at, more, {_lua_list('counts')}, {_lua_list('seen')}}}\n"
+)
+
+# KEYS[1]=batch hash; ARGV: now_ms, stale_ms, then per partition counted: index, cursor the
+# count started from, cursor it reached, counts..., seen... (COUNT's, in ITEM_STATES order).
+# A count whose start is still the partition's cursor (and only while the batch runs) moves
+# the cursor, adds to `n_<status>` and takes `open` down. Its `seen` (items past where it
+# stopped) joins this answer if the cursor is where it stopped: moved by it, or by a producer
+# that counted the same items at the same time; otherwise it is dropped, never counted twice.
+# When `open` is 0, the batch moves to `finalizing` and the caller that saw it move (or that
+# found a finalizer silent for `stale_ms`) is told to finalize. Returns false when the batch is
+# gone, else {finalize, hash fields..., seen...}.
+ADVANCE = (
+    f"local STATES = {_STATES}\n"
+    + f"local seen = {_lua_table('0')}\n"
+    + """
+local now, stale = tonumber(ARGV[1]), tonumber(ARGV[2])
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return false end
+local n = #STATES
+for i = 3, #ARGV, 3 + 2 * n do
+  local cursor = 'at:' .. ARGV[i]
+  local from, to = ARGV[i + 1], ARGV[i + 2]
+  local at = redis.call('HGET', KEYS[1], cursor) or '0'
+  if cur == 'in_progress' and at == from then
+    redis.call('HSET', KEYS[1], cursor, to)
+    redis.call('HINCRBY', KEYS[1], 'open', tonumber(from) - tonumber(to))
+    for s, state in ipairs(STATES) do
+      local counted = tonumber(ARGV[i + 2 + s])
+      if counted > 0 then redis.call('HINCRBY', KEYS[1], 'n_' .. state, counted) end
+    end
+    at = to
+  end
+  if at == to then
+    for s, state in ipairs(STATES) do
+      seen[state] = seen[state] + tonumber(ARGV[i + 2 + n + s])
     end
   end
-  open = open + left
 end
 local finalize = 0
-if open == 0 then
-  local cur = redis.call('HGET', KEYS[1], 'status')
+if tonumber(redis.call('HGET', KEYS[1], 'open') or '0') == 0 then
   local since = tonumber(redis.call('HGET', KEYS[1], 'finalizing_at') or '0')
   if cur == 'in_progress' or (cur == 'finalizing' and since < now - stale) then
     redis.call('HSET', KEYS[1], 'status', 'finalizing', 'finalizing_at', now)
     finalize = 1
   end
 end
-return {open, more, finalize, redis.call('HGETALL', KEYS[1]), """
-    + _SEEN
-    + "}\n"
+"""
+    + f"return {{finalize, redis.call('HGETALL', KEYS[1]), {_lua_list('seen')}}}\n"
 )
 
 # KEYS[1]=batch hash; ARGV: ending (cancelled|expired), now_ms. Records, once and only while

@@ -1,13 +1,18 @@
 """Batch API batches in Redis (not the workers' micro-batches): a hash per batch (metadata,
-counters, webhook log), the item job ids in line order, the lines refused at submit, and one
-"open" list per partition from which finished items are popped, so progress costs work
-proportional to what changed, not to the batch's size."""
+counters, webhook log), the item job ids in line order, the lines refused at submit, and per
+partition the batch's item ids in stream order, which the hash holds a cursor into: finished
+items are counted from the cursor on, so progress costs work proportional to what changed, not
+to the batch's size. The per-partition lists live in their partitions' slots, everything else in
+the batch's, the active index in the control plane's (shared/keys.py); no script or transaction
+spans two of them (shared/batch_api_scripts.py says how counting stays exact)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from itertools import chain
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -20,6 +25,8 @@ from shared.job_store import now_ms
 from shared.keys import Keys
 
 CHUNK = 500
+BUDGET = 4 * CHUNK  # items one COUNT call may count: bounds how long it holds its server
+STALE_MS = 60_000  # a finalizer silent this long is replaced
 
 
 class BatchStatus(StrEnum):
@@ -44,14 +51,25 @@ def _fields(flat: Sequence[str | bytes]) -> dict[str, str]:
     return {as_text(flat[i]): as_text(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
+def open_lists(fields: Mapping[str, str]) -> list[str]:
+    """A batch's per-partition item lists, in the order their cursors (`at:<index>`) number."""
+    lists: list[str] = loads(fields.get("open_lists") or "[]")
+    return lists
+
+
+def _counts(fields: Mapping[str, str], seen: Sequence[int | bytes]) -> dict[str, int]:
+    return {
+        state: int(fields.get(f"n_{state}", 0)) + int(extra)
+        for state, extra in zip(ITEM_STATES, seen, strict=True)
+    }
+
+
 @dataclass(slots=True)
 class Refresh:
-    """One look at a batch: its hash, the items still open, and the counts of finished items
-    (those popped for good plus those seen finished in the window)."""
+    """One look at a batch: its hash, the counts of finished items (those counted for good plus
+    those seen finished past the cursors), and whether this caller is to finalize it."""
 
     fields: dict[str, str]
-    open: int
-    more: bool
     finalize: bool
     counts: dict[str, int]
 
@@ -71,7 +89,8 @@ class BatchApiStore:
         self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
-        self._refresh = client.register_script(batch_api_scripts.REFRESH)
+        self._count = client.register_script(batch_api_scripts.COUNT)
+        self._advance = client.register_script(batch_api_scripts.ADVANCE)
         self._request_end = client.register_script(batch_api_scripts.REQUEST_END)
 
     async def create(self, batch_id: str, fields: Mapping[str, str | int], ttl_s: int) -> None:
@@ -83,10 +102,15 @@ class BatchApiStore:
             await pipe.execute()
 
     async def add_items(
-        self, batch_id: str, items: Sequence[tuple[str, str]], rejected: Sequence[bytes]
+        self,
+        batch_id: str,
+        items: Sequence[tuple[str, str]],
+        rejected: Sequence[bytes],
+        ttl_s: int,
     ) -> None:
         """Record enqueued items `(job_id, open list)` in line order and the refused lines, in
-        one round trip."""
+        one round trip (no transaction: the lists are in several slots, and the batch is not
+        read before `start`). They expire with the batch's hash unless `finish` renews them."""
         by_list: dict[str, list[str]] = {}
         for job_id, open_list in items:
             by_list.setdefault(open_list, []).append(job_id)
@@ -99,50 +123,78 @@ class BatchApiStore:
             for key, values in lists:
                 for start in range(0, len(values), CHUNK * 4):
                     pipe.rpush(key, *values[start : start + CHUNK * 4])
+                pipe.expire(key, ttl_s)
             await pipe.execute()
 
     async def start(
         self,
         batch_id: str,
-        open_lists: list[str],
+        lists: list[str],
+        items: int,
         fields: Mapping[str, str | int],
         expires_ms: int,
     ) -> None:
-        """validating → in_progress (or straight to failed when no line was valid)."""
-        status = BatchStatus.IN_PROGRESS if open_lists else BatchStatus.FAILED
+        """validating → in_progress with `items` open in `lists` (or straight to failed when no
+        line was valid).
+
+        The hash and the active index are in different slots, so this is two steps, the hash
+        first: a crash between leaves a running batch outside the index whose id nobody was
+        given (the create answered no 202), so nothing ever looks at it and its keys expire
+        with their TTL. The other order could leave the index naming a batch that never runs."""
+        status = BatchStatus.IN_PROGRESS if lists else BatchStatus.FAILED
         mapping = {
             **fields,
             "status": status.value,
             f"{status.value}_at": now_ms(),
-            "open_lists": dumps(open_lists).decode(),
+            "open_lists": dumps(lists).decode(),
+            "open": items,
         }
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys.batch(batch_id), items=_flat(mapping))
-            if open_lists:
-                pipe.zadd(self.keys.batches_active, {batch_id: expires_ms})
-            await pipe.execute()
+        await self.redis.hset(self.keys.batch(batch_id), items=_flat(mapping))
+        if lists:
+            await self.redis.zadd(self.keys.batches_active, {batch_id: expires_ms})
 
     async def read(self, batch_id: str) -> dict[str, str] | None:
         raw = await self.redis.hgetall(self.keys.batch(batch_id))
         return {as_text(k): as_text(v) for k, v in raw.items()} if raw else None
 
-    async def refresh(
-        self, batch_id: str, window: int, budget: int = 4 * CHUNK, stale_ms: int = 60_000
-    ) -> Refresh | None:
-        """Pop finished items and count them; None when the batch does not exist."""
-        reply = await self._refresh(
-            keys=[self.keys.batch(batch_id)],
-            args=[self.keys.job_prefix, window, budget, now_ms(), stale_ms],
+    async def refresh(self, batch_id: str, window: int, stale_ms: int = STALE_MS) -> Refresh | None:
+        """Count what finished in every partition, then apply it to the batch hash; None when
+        the batch does not exist. A batch not running costs one HGETALL."""
+        fields = await self.read(batch_id)
+        if fields is None:
+            return None
+        status = fields["status"]
+        if status not in {BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING}:
+            return Refresh(fields, False, _counts(fields, [0] * len(ITEM_STATES)))
+        counted: Sequence[list[int]] = []
+        if status == BatchStatus.IN_PROGRESS and int(fields.get("open", 0)) > 0:
+            counted = await asyncio.gather(
+                *(
+                    self._count_from(index, key, int(fields.get(f"at:{index}", 0)), window)
+                    for index, key in enumerate(open_lists(fields))
+                )
+            )
+        reply = await self._advance(
+            keys=[self.keys.batch(batch_id)], args=[now_ms(), stale_ms, *chain(*counted)]
         )
         if not reply:
             return None
-        open_items, more, finalize, flat, seen = reply
+        finalize, flat, *seen = reply
         fields = _fields(flat)
-        counts = {
-            state: int(fields.get(f"n_{state}", 0)) + int(extra)
-            for state, extra in zip(ITEM_STATES, seen, strict=True)
-        }
-        return Refresh(fields, int(open_items), bool(more), bool(finalize), counts)
+        return Refresh(fields, bool(finalize), _counts(fields, seen))
+
+    async def _count_from(self, index: int, key: str, at: int, window: int) -> list[int]:
+        """COUNT one partition from its cursor `at`, again while the budget cuts it short;
+        returns ADVANCE's arguments for it: index, from, to, counts..., seen...."""
+        start, states = at, len(ITEM_STATES)
+        counts = [0] * states
+        while True:
+            at, more, *rest = await self._count(
+                keys=[key], args=[self.keys.job_prefix, at, BUDGET, window]
+            )
+            counts = [total + int(n) for total, n in zip(counts, rest[:states], strict=True)]
+            if not more:
+                return [index, start, int(at), *counts, *(int(n) for n in rest[states:])]
 
     async def request_end(
         self, batch_id: str, ending: BatchStatus
@@ -157,11 +209,11 @@ class BatchApiStore:
             BatchStatus(as_text(in_force)) if in_force else None,
         )
 
-    async def open_ids(self, batch_id: str, open_lists: list[str]) -> list[str]:
-        """Every job id still in an open list (what a cancel or an expiry must settle)."""
+    async def open_ids(self, fields: Mapping[str, str]) -> list[str]:
+        """Every job id past its partition's cursor (what a cancel or an expiry must settle)."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            for open_list in open_lists:
-                pipe.lrange(open_list, 0, -1)
+            for index, key in enumerate(open_lists(fields)):
+                pipe.lrange(key, int(fields.get(f"at:{index}", 0)), -1)
             lists = await pipe.execute()
         return [as_text(job_id) for ids in lists for job_id in ids]
 
@@ -184,9 +236,11 @@ class BatchApiStore:
         for start in range(0, await self.redis.llen(key), CHUNK):
             yield [loads(line) for line in await self.redis.lrange(key, start, start + CHUNK - 1)]
 
-    async def finish(self, batch_id: str, status: BatchStatus, open_lists: list[str]) -> None:
+    async def finish(self, batch_id: str, status: BatchStatus, fields: Mapping[str, str]) -> None:
         """finalizing → `status`: every key of the batch, item job hashes included, now lives
-        `ttl_s` from here, so early items' output does not expire before the batch's."""
+        `ttl_s` from here, so early items' output does not expire before the batch's. The
+        batch's slot changes in one transaction, the commit point (a finalizer that dies before
+        it is replaced after STALE_MS); the keys in other slots are released after it."""
         async for chunk in self.items(batch_id):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for item in chunk:
@@ -197,8 +251,16 @@ class BatchApiStore:
             pipe.hset(key, items=["status", status.value, f"{status.value}_at", now_ms()])
             for name in (key, self.keys.batch_items(batch_id), self.keys.batch_rejected(batch_id)):
                 pipe.expire(name, self.ttl_s)
-            if open_lists:
-                pipe.delete(*open_lists)
+            await pipe.execute()
+        await self.release(batch_id, fields)
+
+    async def release(self, batch_id: str, fields: Mapping[str, str]) -> None:
+        """Drop an ended batch's per-partition lists and its active-index entry, one command
+        per slot. Idempotent: the sweeper repeats it for a finalizer that died after the
+        commit."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in open_lists(fields):
+                pipe.delete(key)
             pipe.zrem(self.keys.batches_active, batch_id)
             await pipe.execute()
 

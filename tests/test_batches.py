@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from conveyor.stack import Stack
+from shared.keys import Keys
 from tests.conftest import issue_key, until
 
 pytestmark = pytest.mark.slow
@@ -171,7 +172,7 @@ def test_cancel_stops_the_rest(base_url: str, stack_redis: redis.Redis) -> None:
     assert [e["custom_id"] for e in errors] == [f"c{i}" for i in range(600)]
     assert {(e["status"], e["error"]["type"]) for e in errors} == {("cancelled", "cancelled")}
     assert _jsonl(base_url, batch_id, "output") == []
-    job = stack_redis.hgetall(f"cv:job:{errors[0]['id']}")
+    job = stack_redis.hgetall(Keys().job(errors[0]["id"]))
     assert job["status"] == "cancelled" and job["batch"] == batch_id
 
     before = _hgets(stack_redis)

@@ -1,5 +1,5 @@
-"""A Batch API batch's progress and its end: counts from the item job hashes (popped as they
-finish, so each look costs what changed), finalization by exactly one caller, early ends
+"""A Batch API batch's progress and its end: counts from the item job hashes (counted once, as
+they finish, so each look costs what changed), finalization by exactly one caller, early ends
 (cancel, expiry) and the webhook. Shared by `GET /v1/batches/{id}` and the sweeper, so a batch
 finishes and notifies even when no client is polling."""
 
@@ -36,11 +36,6 @@ _ENDED_EARLY = {
 def _seconds(fields: dict[str, str], name: str) -> float | None:
     value = fields.get(name)
     return int(value) / 1000.0 if value else None
-
-
-def open_lists(fields: dict[str, str]) -> list[str]:
-    lists: list[str] = loads(fields.get("open_lists") or "[]")
-    return lists
 
 
 def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
@@ -80,11 +75,10 @@ class BatchApiProgress:
         self.webhooks = webhooks
 
     async def refresh(self, batch_id: str, window: int) -> Refresh | None:
-        """Count what finished (looking `window` items past each open head for stragglers
-        finished out of order); finalize when nothing is left. None: no such batch."""
+        """Count what finished (looking `window` items past each partition's first unfinished
+        one for stragglers finished out of order); finalize when nothing is left. None: no such
+        batch."""
         progress = await self.store.refresh(batch_id, window)
-        while progress is not None and progress.more:
-            progress = await self.store.refresh(batch_id, window)
         if progress is not None and progress.finalize:
             await self._finalize(batch_id, progress)
         return progress
@@ -97,7 +91,7 @@ class BatchApiProgress:
         if in_force is None:
             return None
         fields = await self.store.read(batch_id) or {}
-        ids = await self.store.open_ids(batch_id, open_lists(fields))
+        ids = await self.store.open_ids(fields)
         error = dumps({"type": in_force.value, "message": _ENDED_EARLY[in_force]}).decode()
         for start in range(0, len(ids), CHUNK):
             chunk = ids[start : start + CHUNK]
@@ -117,7 +111,7 @@ class BatchApiProgress:
 
     async def _finalize(self, batch_id: str, progress: Refresh) -> None:
         status = BatchStatus(progress.fields.get("ending") or BatchStatus.COMPLETED)
-        await self.store.finish(batch_id, status, open_lists(progress.fields))
+        await self.store.finish(batch_id, status, progress.fields)
         fresh = await self.store.read(batch_id)
         progress.fields = fresh or {**progress.fields, "status": status.value}
         log.info("batch %s %s: %s", batch_id, status.value, progress.counts)

@@ -69,12 +69,14 @@ class BatchApiService:
             "total": len(parsed.items) + len(parsed.rejected),
             **({"webhook": options.webhook} if options.webhook else {}),
         }
-        await self.store.create(batch_id, meta, window_s + self.state.settings.result_ttl_s)
+        ttl_s = window_s + self.state.settings.result_ttl_s
+        await self.store.create(batch_id, meta, ttl_s)
         accepted, refused = await self._enqueue(batch_id, parsed.items, expires_ms)
         rejected = sorted(parsed.rejected + refused, key=lambda r: int(r["line"]))
-        await self.store.add_items(batch_id, accepted, [dumps(r) for r in rejected])
+        await self.store.add_items(batch_id, accepted, [dumps(r) for r in rejected], ttl_s)
         open_lists = sorted({open_list for _, open_list in accepted})
-        await self.store.start(batch_id, open_lists, {"invalid": len(rejected)}, expires_ms)
+        invalid = {"invalid": len(rejected)}
+        await self.store.start(batch_id, open_lists, len(accepted), invalid, expires_ms)
         progress = await self._look(batch_id)
         if progress.fields["status"] == BatchStatus.FAILED:
             await self.progress.notify(batch_id, progress)

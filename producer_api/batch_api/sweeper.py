@@ -24,7 +24,13 @@ class BatchApiSweeper:
         for batch_id, expires_ms in await self.store.active():
             if expires_ms <= now:
                 await self.progress.end(batch_id, BatchStatus.EXPIRED)
-            await self.progress.refresh(batch_id, window=0)
+            progress = await self.progress.refresh(batch_id, window=0)
+            if progress is None:
+                await self.store.release(batch_id, {})
+            elif BatchStatus(progress.fields["status"]).terminal and not progress.finalize:
+                # Ended, yet still indexed: its finalizer died between the batch's commit and
+                # the release of its keys in other slots (BatchApiStore.finish).
+                await self.store.release(batch_id, progress.fields)
 
     def start(self) -> None:
         self._loop.start()

@@ -1,0 +1,160 @@
+"""Batch API progress on a real Valkey Cluster (#12): a batch whose items sit in partitions
+served by three different masters is counted in each partition's slot, applied to the batch's
+hash once however many producers look at it together, finalized by exactly one of them, and
+cancelled across masters. Items are enqueued through the real ENQUEUE; no worker runs them here
+(the full-stack cluster tests do): the test writes their terminal status into their job hashes
+as a worker's FINISH would."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import cast
+
+import pytest
+from redis.asyncio import RedisCluster
+from redis.crc import key_slot
+
+from producer_api.batch_api.progress import BatchApiProgress
+from producer_api.batch_api.sweeper import BatchApiSweeper
+from shared import job_scripts
+from shared.batch_api_store import BatchApiStore, BatchStatus, open_lists
+from shared.codec import RequestEntry
+from shared.job_store import JobStore, now_ms
+from shared.keys import Keys, new_job_id
+from shared.redis_client import RedisClient, preload
+from shared.webhook_events import WebhookDispatcher
+from tests.valkey_cluster import LocalCluster, local_cluster
+
+pytestmark = pytest.mark.slow
+KEYS = Keys()
+MODEL = "identity"
+TTL_S = 600
+LOOKERS = 8  # producers refreshing one batch at once
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with local_cluster(tmp_path_factory.mktemp("cluster")) as formed:
+        yield formed
+
+
+@pytest.fixture
+async def client(cluster: LocalCluster) -> AsyncIterator[RedisClient]:
+    nodes = RedisCluster.from_url(f"redis://127.0.0.1:{cluster.masters[0].port}/0")
+    yield cast(RedisClient, nodes)  # as shared.redis_client.connect types it
+    await nodes.aclose()
+
+
+def _variants(cluster: LocalCluster) -> list[str]:
+    """One variant of MODEL per master: its partition's keys land there."""
+    chosen: dict[int, str] = {}
+    for n in range(1_000):
+        master = cluster.master_of(KEYS.queue(MODEL, f"v{n}"))
+        chosen.setdefault(master.port, f"v{n}")
+        if len(chosen) == len(cluster.masters):
+            return list(chosen.values())
+    raise LookupError("no spread found")
+
+
+async def _submit(
+    cluster: LocalCluster, store: BatchApiStore, jobs: JobStore, per_variant: int
+) -> tuple[str, dict[str, list[str]]]:
+    """A running batch of `per_variant` items in each of three partitions on three masters,
+    lines interleaved across them as a batch file's are; returns its id and item ids by
+    variant, in stream order."""
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    variants = _variants(cluster)
+    owners = {cluster.master_of(KEYS.batch_open(batch_id, MODEL, v)).port for v in variants}
+    assert owners == {master.port for master in cluster.masters}
+    ids = {v: [new_job_id(MODEL, v) for _ in range(per_variant)] for v in variants}
+    for v in variants:  # each item list is in the slot of its items' job hashes
+        slots = {key_slot(KEYS.job(job_id).encode()) for job_id in ids[v]}
+        assert slots == {key_slot(KEYS.batch_open(batch_id, MODEL, v).encode())}
+    lines = [(ids[v][n], v) for n in range(per_variant) for v in variants]
+    await store.create(batch_id, {"tenant": "default", "total": len(lines)}, TTL_S)
+    await asyncio.gather(
+        *(
+            jobs.create(
+                RequestEntry(job_id, {"inputs": {"n": line}}, now_ms()),
+                KEYS.bulk_queue(MODEL, v),
+                {"model": MODEL, "variant": v, "batch": batch_id, "line": line},
+            )
+            for line, (job_id, v) in enumerate(lines, start=1)
+        )
+    )
+    items = [(job_id, KEYS.batch_open(batch_id, MODEL, v)) for job_id, v in lines]
+    await store.add_items(batch_id, items, [], TTL_S)
+    lists = sorted({open_list for _, open_list in items})
+    await store.start(batch_id, lists, len(items), {"invalid": 0}, now_ms() + TTL_S * 1000)
+    return batch_id, ids
+
+
+async def _end(client: RedisClient, status: str, job_ids: list[str]) -> None:
+    """What a worker's FINISH writes into each job hash, in its partition's slot."""
+    for job_id in job_ids:
+        await client.hset(KEYS.job(job_id), mapping={"status": status, "finished": now_ms()})
+
+
+def _services(client: RedisClient) -> tuple[BatchApiStore, JobStore, BatchApiProgress]:
+    store = BatchApiStore(client, KEYS, TTL_S)
+    jobs = JobStore(client, KEYS, TTL_S)
+    return store, jobs, BatchApiProgress(jobs, store, WebhookDispatcher("redis://unused"))
+
+
+async def test_progress_over_three_masters_counts_once_and_finalizes_once(
+    cluster: LocalCluster, client: RedisClient
+) -> None:
+    store, jobs, progress = _services(client)
+    batch_id, ids = await _submit(cluster, store, jobs, per_variant=40)
+    for items in ids.values():
+        await _end(client, "succeeded", items[:15] + items[25:30])  # 25-29: out of order
+        await _end(client, "failed", items[15:20])
+
+    # Every looker counts the same items from the same cursors: one count is applied.
+    looks = await asyncio.gather(*(progress.refresh(batch_id, 256) for _ in range(LOOKERS)))
+    for look in looks:
+        assert look is not None and look.fields["status"] == "in_progress"
+        assert look.counts == {"succeeded": 60, "failed": 15, "cancelled": 0, "expired": 0}
+    fields = await store.read(batch_id)
+    assert fields is not None  # stragglers are shown, counted for good once their head ends
+    assert (fields["n_succeeded"], fields["n_failed"], fields["open"]) == ("45", "15", "60")
+
+    for items in ids.values():
+        await _end(client, "succeeded", items[20:25] + items[30:])
+    looks = await asyncio.gather(*(progress.refresh(batch_id, 256) for _ in range(LOOKERS)))
+    assert sum(look.finalize for look in looks if look is not None) == 1
+    fields = await store.read(batch_id)
+    assert fields is not None and fields["status"] == "completed"
+    assert (fields["n_succeeded"], fields["n_failed"], fields["open"]) == ("105", "15", "0")
+    assert [await client.exists(key) for key in open_lists(fields)] == [0, 0, 0]
+    assert await client.zscore(KEYS.batches_active, batch_id) is None
+    again = await progress.refresh(batch_id, 256)
+    assert again is not None and not again.finalize and again.counts["succeeded"] == 105
+
+    # A finalizer that died after the batch's commit left it indexed: a sweep drops it.
+    await client.zadd(KEYS.batches_active, {batch_id: now_ms() + TTL_S * 1000})
+    await BatchApiSweeper(store, progress).sweep()
+    assert await client.zscore(KEYS.batches_active, batch_id) is None
+
+
+async def test_cancel_settles_every_partition_and_ends_the_batch(
+    cluster: LocalCluster, client: RedisClient
+) -> None:
+    await preload(client, job_scripts.ALL)  # settling pipelines TRANSITION, as the app does
+    store, jobs, progress = _services(client)
+    batch_id, ids = await _submit(cluster, store, jobs, per_variant=10)
+    for items in ids.values():
+        await _end(client, "succeeded", items[:3])
+
+    assert await progress.end(batch_id, BatchStatus.CANCELLED) == BatchStatus.CANCELLED
+    fields = await store.read(batch_id)
+    assert fields is not None and fields["status"] == "cancelled"
+    assert (fields["n_succeeded"], fields["n_cancelled"]) == ("9", "21")
+    for items in ids.values():
+        statuses = [(await jobs.get(job_id)) for job_id in items]
+        assert [record.fields["status"] for record in statuses if record] == (
+            ["succeeded"] * 3 + ["cancelled"] * 7
+        )
+    assert await progress.end(batch_id, BatchStatus.CANCELLED) is None
