@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -21,6 +22,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_DIR = REPO_ROOT / "compose"
 SCHEMA = Path(__file__).parent / "fixtures" / "compose-spec.json"
 PIPELINE = {"redis", "producer", "worker-cpu", "worker-gpu", "prometheus", "grafana", "jaeger"}
+# Profile `cluster`: the pipeline's services on a Valkey Cluster, beside their single-Redis twins.
+CLUSTER_TWINS = {"producer-cluster": "producer", "worker-cpu-cluster": "worker-cpu"}
+CLUSTER_INIT = "valkey-cluster-init"
+REDIS_ENV = {"CONVEYOR_REDIS_URL", "CONVEYOR_REDIS_CLUSTER", "CONVEYOR_REPLICA_ACKS"}
 METRICS = {
     "conveyor_jobs_submitted_total",
     "conveyor_jobs_finished_total",
@@ -95,6 +100,68 @@ def test_redis_is_7_with_an_append_only_file():
     assert args[args.index("--appendonly") + 1] == "yes"
     assert args[args.index("--appendfsync") + 1] == "everysec"
     assert any(v.split(":")[1] == "/data" for v in redis["volumes"])
+
+
+def cluster_nodes() -> dict[str, list[str]]:
+    """Valkey servers of the `cluster` profile → their argv."""
+    return {
+        name: argv(name)
+        for name, spec in compose()["services"].items()
+        if "cluster" in spec.get("profiles", []) and argv(name)[:1] == ["valkey-server"]
+    }
+
+
+def test_cluster_profile_runs_six_cluster_enabled_valkey_nodes():
+    nodes = cluster_nodes()
+    assert len(nodes) == 6  # 3 masters + 3 replicas
+    for name, args in nodes.items():
+        assert service(name)["image"].startswith("valkey/valkey:8"), name
+        assert args[args.index("--cluster-enabled") + 1] == "yes", name
+        assert args[args.index("--appendonly") + 1] == "yes", name
+        assert "--port" not in args, name  # 6379, as CONVEYOR_REDIS_URL and the init say
+        assert service(name)["healthcheck"]["test"] == ["CMD", "valkey-cli", "ping"], name
+
+
+def test_one_shot_init_joins_every_node_into_three_masters_with_a_replica_each():
+    init = service(CLUSTER_INIT)
+    assert init["profiles"] == ["cluster"] and init.get("restart") == "no"
+    nodes = set(cluster_nodes())
+    assert init["depends_on"] == {n: {"condition": "service_healthy"} for n in nodes}
+    shell, flags, script = argv(CLUSTER_INIT)
+    assert (shell, flags) == ("sh", "-ec")
+    script = script.replace("$$", "$")  # compose's escape for a literal `$`
+    subprocess.run(["sh", "-n", "-c", script], check=True)  # parses
+    (hosts,) = re.findall(r'^hosts="(.+)"$', script, re.MULTILINE)
+    assert set(hosts.split()) == nodes  # waits for, resolves and checks every node
+    (create,) = [line.split() for line in script.splitlines() if "--cluster create" in line]
+    assert create[:3] == ["valkey-cli", "--cluster", "create"]
+    replicas = int(create[create.index("--cluster-replicas") + 1])
+    assert (len(nodes) // (replicas + 1), replicas) == (3, 1)
+    assert "--cluster-yes" in create  # no prompt in a container without a terminal
+    assert "cluster_state:ok" in script  # a second `up` leaves a formed cluster alone
+    assert "master_link_status:up" in script  # replica acks work from the first submit
+
+
+def test_cluster_services_are_their_twins_pointed_at_the_cluster():
+    nodes = set(cluster_nodes())
+    ports = set()
+    for name, twin in CLUSTER_TWINS.items():
+        spec, cluster_env = service(name), env(name)
+        assert spec["profiles"] == ["cluster"], name
+        url = urlparse(cluster_env["CONVEYOR_REDIS_URL"])
+        assert (url.hostname in nodes, url.port, url.path) == (True, 6379, "/0"), name
+        assert (cluster_env["CONVEYOR_REDIS_CLUSTER"], cluster_env["CONVEYOR_REPLICA_ACKS"]) == (
+            "1",
+            "1",
+        ), name
+        same = {k: v for k, v in cluster_env.items() if k not in REDIS_ENV}
+        assert same == {k: v for k, v in env(twin).items() if k not in REDIS_ENV}, name
+        assert argv(name) == argv(twin), name
+        ready = spec["depends_on"][CLUSTER_INIT]["condition"]
+        assert ready == "service_completed_successfully", name
+        assert "redis" not in spec["depends_on"], name
+        ports |= set(spec.get("ports", []))
+    assert ports and not ports & set(service("producer")["ports"])  # both stacks can run at once
 
 
 def test_producer_and_workers_share_one_redis():
