@@ -1,6 +1,7 @@
-"""The per-key in-flight cap and the per-variant experiment counters on a real Valkey Cluster
-(#12): tenants and models whose keys live on different masters, job hashes in their partitions'
-slots, and every script touching only the keys it declares (a cluster refuses anything else)."""
+"""The per-key in-flight cap, the per-variant experiment counters and the console's job list
+on a real Valkey Cluster (#12): tenants, models and partitions whose keys live on different
+masters, job hashes in their partitions' slots, and every script touching only the keys it
+declares (a cluster refuses anything else)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import cast
 import pytest
 from redis.asyncio import RedisCluster
 
+from producer_api.console.job_browser import JobFilter, recent_jobs
 from shared.keys import Keys, new_job_id
+from shared.model_repository import ModelConfig, ModelRepository
 from shared.rate_limit import InFlightLimiter
 from shared.redis_client import RedisClient
 from shared.variant_stats import BUCKET_S, VariantStats, bucket_of
@@ -101,3 +104,36 @@ async def test_variant_stats_record_and_sum_on_the_models_masters(
             assert sorted(s.service_ms for s in window.samples) == [float(n) for n in range(1, 9)]
     shadowed = await stats.window(models[1], ["a"], now - BUCKET_S)
     assert shadowed["a"].counters["shadow_agree"] == 1
+
+
+async def test_console_lists_jobs_of_partitions_on_every_master(
+    cluster: LocalCluster, client: RedisClient
+) -> None:
+    models = _one_per_master(cluster, lambda m: KEYS.queue(m, "default"), "model-")
+    repository = ModelRepository(
+        {m: ModelConfig(name=m, kind="batch", backend="identity") for m in models}
+    )
+    written: list[tuple[str, str, str]] = []  # (job id, model, status), oldest first
+    for model in models:
+        for status, key in (
+            ("queued", KEYS.queue(model, "default")),  # its entry waits in the lane
+            ("succeeded", KEYS.recent(KEYS.bulk_queue(model, "default"))),  # ended there
+            ("failed", KEYS.dlq(model, "default")),  # dead-lettered
+        ):
+            job = new_job_id(model, "default")
+            created = len(written)
+            await client.hset(
+                KEYS.job(job), mapping={"status": status, "model": model, "created": created}
+            )
+            if status == "succeeded":
+                await client.lpush(key, job)
+            else:
+                await client.xadd(key, {"id": job})
+            written.append((job, model, status))
+    everything = await recent_jobs(client, KEYS, repository, JobFilter())
+    assert [row["id"] for row in everything] == [job for job, *_ in reversed(written)]
+    wanted = JobFilter(status="failed", model=models[1])
+    failed = await recent_jobs(client, KEYS, repository, wanted)
+    assert [row["id"] for row in failed] == [
+        job for job, model, status in written if (model, status) == (models[1], "failed")
+    ]

@@ -202,7 +202,7 @@ async def jobs(
     if not current.admin:
         tenant = current.principal.tenant
     wanted = JobFilter(status=status, model=model, tenant=tenant)
-    rows = await recent_jobs(state, wanted)
+    rows = await recent_jobs(state.redis, state.keys, state.repository, wanted)
     models = [config.name for config in state.repository]
     return _page(request, "jobs.html", current, jobs=rows, wanted=wanted, models=models)
 

@@ -13,6 +13,8 @@ from producer_api.state import ProducerState
 from shared.codec import RequestEntry, as_text, dumps
 from shared.job_store import JobRecord
 from shared.keys import Keys
+from shared.model_repository import ModelRepository
+from shared.redis_client import RedisClient
 
 READ_LIMIT = 5_000  # job hashes one listing reads at most
 SHOWN = 100
@@ -104,14 +106,16 @@ class JobPage:
     timeline: list[Step] = field(default_factory=list)
 
 
-async def recent_jobs(state: ProducerState, wanted: JobFilter) -> list[dict[str, str]]:
+async def recent_jobs(
+    client: RedisClient, keys: Keys, repository: ModelRepository, wanted: JobFilter
+) -> list[dict[str, str]]:
     """Up to SHOWN jobs matching `wanted`, newest first, among at most READ_LIMIT candidates
     (a console view, not an index: bounded cost on a large Redis). The job hashes are read
     with one pipeline, which a cluster client splits by node."""
-    ids = await _candidates(state, wanted.model)
-    async with state.redis.pipeline(transaction=False) as pipe:
+    ids = await _candidates(client, keys, repository, wanted.model)
+    async with client.pipeline(transaction=False) as pipe:
         for job_id in ids:
-            pipe.hmget(state.keys.job(job_id), list(_LISTED))
+            pipe.hmget(keys.job(job_id), list(_LISTED))
         rows = await pipe.execute()
     jobs = []
     for job_id, values in zip(ids, rows, strict=True):
@@ -122,18 +126,17 @@ async def recent_jobs(state: ProducerState, wanted: JobFilter) -> list[dict[str,
     return jobs[:SHOWN]
 
 
-async def _candidates(state: ProducerState, model: str) -> list[str]:
+async def _candidates(
+    client: RedisClient, keys: Keys, repository: ModelRepository, model: str
+) -> list[str]:
     """Ids of the newest jobs of every partition of the repository (of `model` only, when
     given): queued and running (the lanes' streams), ended there (`Keys.recent`) and dead
     letters, READ_LIMIT shared among these sources; one pipeline of single-key reads."""
-    keys: Keys = state.keys
-    partitions = [
-        (c.name, v) for c in state.repository if model in ("", c.name) for v in c.variants
-    ]
-    lanes = [lane(m, v) for m, v in partitions for lane in (keys.queue, keys.bulk_queue)]
+    partitions = [(c.name, v) for c in repository if model in ("", c.name) for v in c.variants]
+    lanes = [named(m, v) for m, v in partitions for named in (keys.queue, keys.bulk_queue)]
     streams = [*lanes, *(keys.dlq(m, v) for m, v in partitions)]
     each = max(SHOWN, READ_LIMIT // max(len(streams) + len(lanes), 1))
-    async with state.redis.pipeline(transaction=False) as pipe:
+    async with client.pipeline(transaction=False) as pipe:
         for stream in streams:
             pipe.xrevrange(stream, count=each)
         for lane in lanes:
