@@ -73,13 +73,13 @@ end
 
 # KEYS[1]=batch hash; ARGV: now_ms, stale_ms, then per partition counted: index, cursor the
 # count started from, cursor it reached, counts..., seen... (COUNT's, in ITEM_STATES order).
-# A count whose start is still the partition's cursor (and only while the batch runs) moves
-# the cursor, adds to `n_<status>` and takes `open` down. Its `seen` (items past where it
-# stopped) joins this answer if the cursor is where it stopped: moved by it, or by a producer
-# that counted the same items at the same time; otherwise it is dropped, never counted twice.
-# When `open` is 0, the batch moves to `finalizing` and the caller that saw it move (or that
-# found a finalizer silent for `stale_ms`) is told to finalize. Returns false when the batch is
-# gone, else {finalize, hash fields..., seen...}.
+# A count of some items whose start is still the partition's cursor (and only while the batch
+# runs) moves the cursor, adds to `n_<status>` and takes `open` down. Its `seen` (items past
+# where it stopped) joins this answer if the cursor is where it stopped: moved by it, or by a
+# producer that counted the same items at the same time; otherwise it is dropped, never counted
+# twice. When `open` is 0, the batch moves to `finalizing` and the caller that saw it move (or
+# that found a finalizer silent for `stale_ms`) is told to finalize. Returns false when the
+# batch is gone, else {finalize, hash fields..., seen...}.
 ADVANCE = (
     f"local STATES = {_STATES}\n"
     + f"local seen = {_lua_table('0')}\n"
@@ -92,7 +92,7 @@ for i = 3, #ARGV, 3 + 2 * n do
   local cursor = 'at:' .. ARGV[i]
   local from, to = ARGV[i + 1], ARGV[i + 2]
   local at = redis.call('HGET', KEYS[1], cursor) or '0'
-  if cur == 'in_progress' and at == from then
+  if cur == 'in_progress' and at == from and from ~= to then
     redis.call('HSET', KEYS[1], cursor, to)
     redis.call('HINCRBY', KEYS[1], 'open', tonumber(from) - tonumber(to))
     for s, state in ipairs(STATES) do
