@@ -1,7 +1,7 @@
 """Batch API progress on a real Valkey Cluster (#12): a batch whose items sit in partitions
 served by three different masters is counted in each partition's slot, applied to the batch's
 hash once however many producers look at it together, finalized by exactly one of them, and
-cancelled across masters. Items are enqueued through the real ENQUEUE; no worker runs them here
+cancelled across masters. Items are enqueued as the Batch API does; no worker runs them here
 (the full-stack cluster tests do): the test writes their terminal status into their job hashes
 as a worker's FINISH would."""
 
@@ -21,7 +21,7 @@ from producer_api.batch_api.sweeper import BatchApiSweeper
 from shared import job_scripts
 from shared.batch_api_store import BatchApiStore, BatchStatus, open_lists
 from shared.codec import RequestEntry
-from shared.job_store import JobStore, now_ms
+from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
 from shared.redis_client import RedisClient, preload
 from shared.webhook_events import WebhookDispatcher
@@ -43,6 +43,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 @pytest.fixture
 async def client(cluster: LocalCluster) -> AsyncIterator[RedisClient]:
     nodes = RedisCluster.from_url(f"redis://127.0.0.1:{cluster.masters[0].port}/0")
+    await preload(cast(RedisClient, nodes), job_scripts.ALL)  # pipelined, as the app does
     yield cast(RedisClient, nodes)  # as shared.redis_client.connect types it
     await nodes.aclose()
 
@@ -74,16 +75,15 @@ async def _submit(
         assert slots == {key_slot(KEYS.batch_open(batch_id, MODEL, v).encode())}
     lines = [(ids[v][n], v) for n in range(per_variant) for v in variants]
     await store.create(batch_id, {"tenant": "default", "total": len(lines)}, TTL_S)
-    await asyncio.gather(
-        *(
-            jobs.create(
-                RequestEntry(job_id, {"inputs": {"n": line}}, now_ms()),
-                KEYS.bulk_queue(MODEL, v),
-                {"model": MODEL, "variant": v, "batch": batch_id, "line": line},
-            )
-            for line, (job_id, v) in enumerate(lines, start=1)
+    new_jobs = [
+        NewJob(
+            RequestEntry(job_id, {"inputs": {"n": line}}, now_ms()),
+            KEYS.bulk_queue(MODEL, v),
+            {"model": MODEL, "variant": v, "batch": batch_id, "line": line},
         )
-    )
+        for line, (job_id, v) in enumerate(lines, start=1)
+    ]
+    assert await jobs.create_many(new_jobs) == []  # as BatchApiService enqueues
     items = [(job_id, KEYS.batch_open(batch_id, MODEL, v)) for job_id, v in lines]
     await store.add_items(batch_id, items, [], TTL_S)
     lists = sorted({open_list for _, open_list in items})
@@ -142,7 +142,6 @@ async def test_progress_over_three_masters_counts_once_and_finalizes_once(
 async def test_cancel_settles_every_partition_and_ends_the_batch(
     cluster: LocalCluster, client: RedisClient
 ) -> None:
-    await preload(client, job_scripts.ALL)  # settling pipelines TRANSITION, as the app does
     store, jobs, progress = _services(client)
     batch_id, ids = await _submit(cluster, store, jobs, per_variant=10)
     for items in ids.values():
