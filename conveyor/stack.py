@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import httpx
 import redis
@@ -48,15 +49,25 @@ class Stack:
         log_dir: Path,
         redis_url: str | None = None,
         valkey_config: dict[str, str] | None = None,
+        cluster: bool = False,
     ) -> Stack:
-        """Use `redis_url`, or start an embedded Valkey (in its own session) when it is None."""
+        """Use `redis_url` (any node of a Redis Cluster when `cluster`), or start an embedded
+        Valkey (in its own session) when it is None."""
         log_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        stack = cls(settings=Settings(redis_url=redis_url or ""), log_dir=log_dir, env=env)
+        settings = Settings(redis_url=redis_url or "", redis_cluster=cluster)
+        stack = cls(settings=settings, log_dir=log_dir, env=env)
         if redis_url is None:
             stack.start_valkey(valkey_config or {})
         stack.env["CONVEYOR_REDIS_URL"] = stack.redis_url
+        stack.env["CONVEYOR_REDIS_CLUSTER"] = "1" if cluster else "0"
         return stack
+
+    def client(self) -> redis.Redis:
+        """A blocking client of the stack's Redis (a cluster client on a cluster)."""
+        if self.settings.redis_cluster:
+            return cast(redis.Redis, redis.RedisCluster.from_url(self.redis_url))
+        return redis.Redis.from_url(self.redis_url)
 
     def start_valkey(self, config: dict[str, str]) -> None:
         port = free_port()
@@ -231,7 +242,7 @@ class Stack:
         return [keys.queue(config.name, variant) for config, variant in partitions]
 
     def _pings(self) -> bool:
-        client = redis.Redis.from_url(self.redis_url)
+        client = self.client()
         try:
             return bool(client.ping())
         except redis.ConnectionError:
@@ -240,7 +251,7 @@ class Stack:
             client.close()
 
     def _consuming(self, consumer: str, streams: list[str]) -> bool:
-        client = redis.Redis.from_url(self.redis_url)
+        client = self.client()
         try:
             for stream in streams:
                 names = {c["name"] for c in client.xinfo_consumers(stream, GROUP)}

@@ -26,7 +26,7 @@ from producer_api.health.api_router import router as health_router
 from producer_api.http_metrics import HttpMetricsMiddleware
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
 from producer_api.jobs.api_router import router as jobs_router
-from producer_api.jobs.group_commit import GroupCommitRedis
+from producer_api.jobs.group_commit import group_committing
 from producer_api.jobs.queue_eta import QueueEta
 from producer_api.metrics.api_router import router as metrics_router
 from producer_api.models.api_router import router as models_router
@@ -37,15 +37,16 @@ from producer_api.routes.api_router import router as routes_router
 from producer_api.state import ProducerState
 from producer_api.token_hub import TokenHub
 from producer_api.traffic_control import TrafficControl
+from shared import job_scripts
 from shared.api_keys import ApiKeyStore
 from shared.batch_api_store import BatchApiStore
 from shared.consumer_groups import ensure_groups
 from shared.job_store import JobStore
-from shared.keys import Keys
+from shared.keys import Keys, partition_tag
 from shared.model_repository import ModelRepository
 from shared.queue_position import QueuePositions
 from shared.rate_limit import InFlightLimiter, RateLimiter
-from shared.redis_client import connect
+from shared.redis_client import connect, preload
 from shared.settings import Settings, get_settings
 from shared.telemetry import configure_logging, configure_tracing
 from shared.webhook_events import WebhookDispatcher
@@ -64,26 +65,34 @@ def _partition_streams(keys: Keys, repository: ModelRepository) -> list[str]:
     ]
 
 
+def _partition_tags(repository: ModelRepository) -> set[str]:
+    """The hash tag of every partition (whose reply channels the producer subscribes to)."""
+    return {
+        partition_tag(config.name, variant) for config in repository for variant in config.variants
+    }
+
+
 def build_state(settings: Settings) -> ProducerState:
     """Every service of the producer, built once (no I/O yet): each store and limiter holds the
     one Redis pool and registers its Lua scripts here, not per request."""
     keys = Keys(settings.key_prefix)
     name = f"producer-{settings.instance_id}"
     client = connect(settings.redis_url, name=name, blocks_ms=0)
-    hot = GroupCommitRedis.sharing(client)  # the submit path: one pipeline per loop turn
+    hot = group_committing(
+        client, settings.redis_url, f"{name}-hot"
+    )  # the submit path: one pipeline per loop turn
     ttl_s = settings.result_ttl_s
     job_store = JobStore(hot, keys, ttl_s)
     batch_store = BatchApiStore(client, keys, ttl_s)
     webhooks = WebhookDispatcher(settings.redis_url)
-    wake = keys.token_hub_wake(settings.instance_id)
     repository = ModelRepository.load(settings.model_repository)
     return ProducerState(
         settings=settings,
         keys=keys,
         redis=client,
         repository=repository,
-        replies=ReplyListener(client, keys.reply(settings.instance_id)),
-        tokens=TokenHub(settings.redis_url, client, wake, f"{name}-tokens"),
+        replies=ReplyListener(client, keys, settings.instance_id, job_store),
+        tokens=TokenHub(settings.redis_url, client, keys, settings.instance_id),
         job_store=job_store,
         batch_store=batch_store,
         batch_progress=BatchApiProgress(job_store, batch_store, webhooks),
@@ -107,10 +116,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.conveyor = state
     try:
         await ensure_groups(state.redis, _partition_streams(state.keys, state.repository))
-        await state.replies.start()
+        await preload(state.redis, job_scripts.ALL)
+        await state.replies.start(_partition_tags(state.repository))
     except RedisError as exc:
         log.warning("redis not reachable at startup (%s); readyz will say so", exc)
-    await state.tokens.start()
     sweeper = BatchApiSweeper(state.batch_store, state.batch_progress)
     sweeper.start()
     state.traffic.start()

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
@@ -109,6 +110,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)
+    @app.exception_handler(ClusterDownError)
+    @app.exception_handler(TryAgainError)
+    @app.exception_handler(SlotNotCoveredError)
     async def _redis_down(_: Request, exc: Exception) -> FastJSONResponse:
         log.warning("redis unavailable: %r", exc)
         return error_response(

@@ -1,49 +1,76 @@
-"""One pub/sub subscription per producer wakes every waiter (long-poll, submit-and-wait) when
-a worker publishes terminal jobs (one message per micro-batch, an array of the job views this
-producer waits for): no polling, and one connection however many requests wait."""
+"""Sharded pub/sub wakes every waiter (long-poll, submit-and-wait) when a worker ends jobs (one
+message per micro-batch, an array of the job views this producer waits for): no polling, and
+one connection per Redis node however many requests wait.
+
+Each partition's replies to this producer go to its own channel in the partition's slot
+(`Keys.reply`), because the scripts that end jobs SPUBLISH from that slot; the listener
+SSUBSCRIBEs on the node that owns each channel. A message can be lost while a node fails over
+(pub/sub is not stored), so after any reconnection the listener reads every job it still waits
+for and wakes those that ended: a waiter never sits out its timeout for a reply it missed."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import logging
 from collections import defaultdict
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from producer_api.redis_outage import RedisOutage
 from producer_api.task_cancel import cancel_and_wait
-from shared.codec import loads
+from shared.codec import as_text, loads
+from shared.job_store import JobStore
+from shared.keys import Keys, job_tag
+from shared.redis_client import RedisClient, is_cluster
 
 log = logging.getLogger(__name__)
+Node = tuple[str, int]  # (host, port); one server is the node (None-less key: ("", 0))
+ONE_SERVER: Node = ("", 0)
 
 
 class ReplyListener:
-    def __init__(self, client: aioredis.Redis, channel: str) -> None:
-        self.channel = channel
-        self._pubsub = client.pubsub(ignore_subscribe_messages=True)
+    def __init__(self, client: RedisClient, keys: Keys, producer: str, jobs: JobStore) -> None:
+        self.redis = client
+        self.keys = keys
+        self.producer = producer
+        self.jobs = jobs
         self._waiters: dict[str, set[asyncio.Future[dict[str, Any]]]] = defaultdict(set)
-        self._channels = {channel}
-        self._task: asyncio.Task[None] | None = None
+        self._nodes: dict[Node, aioredis.client.PubSub] = {}
+        self._channels: dict[str, Node] = {}
+        self._tasks: dict[Node, asyncio.Task[None]] = {}
+        self._lock = asyncio.Lock()
 
-    async def start(self) -> None:
-        await self._pubsub.subscribe(self.channel)
-        self._task = asyncio.create_task(self._listen(), name="reply-listener")
+    def channel(self, job_id: str) -> str:
+        """Where workers reply to this producer about `job_id` (its partition's channel)."""
+        return self.keys.reply(self.producer, job_tag(job_id))
+
+    async def start(self, tags: Iterable[str]) -> None:
+        """Subscribe to this producer's channel of every partition tag known now (the model
+        repository's), so that the first job of each never races its subscription."""
+        await self._subscribe([self.keys.reply(self.producer, tag) for tag in tags])
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._task)
-        await self._pubsub.aclose()
+        for task in list(self._tasks.values()):
+            await cancel_and_wait(task)
+        for pubsub in self._nodes.values():
+            await pubsub.aclose()
 
     async def follow(self, channel: str) -> None:
-        """Also hear another producer's replies (a job submitted through another replica)."""
+        """Also hear a channel this producer did not subscribe yet (another producer's, for a
+        job submitted through another replica; a partition not known at start)."""
         if channel and channel not in self._channels:
-            self._channels.add(channel)
-            await self._pubsub.subscribe(channel)
+            await self._subscribe([channel])
 
-    def register(self, job_id: str) -> asyncio.Future[dict[str, Any]]:
+    async def register(self, job_id: str) -> asyncio.Future[dict[str, Any]]:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiters[job_id].add(future)
+        await self.follow(self.channel(job_id))
         return future
 
     def unregister(self, job_id: str, future: asyncio.Future[dict[str, Any]]) -> None:
@@ -53,18 +80,96 @@ class ReplyListener:
             if not waiters:
                 del self._waiters[job_id]
 
-    async def _listen(self) -> None:
+    async def _subscribe(self, channels: list[str]) -> None:
+        async with self._lock:
+            for channel in channels:
+                if channel in self._channels:
+                    continue
+                node = self._node_of(channel)
+                pubsub = self._pubsub(node)
+                await pubsub.ssubscribe(channel)
+                self._channels[channel] = node
+
+    def _node_of(self, channel: str) -> Node:
+        if not is_cluster(self.redis):
+            return ONE_SERVER
+        node = cast(Any, self.redis).get_node_from_key(channel)
+        return str(node.host), int(node.port)
+
+    def _pubsub(self, node: Node) -> aioredis.client.PubSub:
+        """The subscription connection to `node`, with its listening task (made on first use)."""
+        if node not in self._nodes:
+            if node == ONE_SERVER:
+                pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            else:
+                client = aioredis.Redis(host=node[0], port=node[1], **self._node_options())
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+            self._nodes[node] = pubsub
+            self._tasks[node] = asyncio.create_task(self._listen(node), name="reply-listener")
+        return self._nodes[node]
+
+    def _node_options(self) -> dict[str, Any]:
+        """Connection options of the cluster client (timeouts, retries, auth, TLS) for a plain
+        client on one of its nodes: pub/sub needs a connection of its own per node."""
+        manager: Any = cast(Any, self.redis).nodes_manager
+        accepted = inspect.signature(aioredis.Redis).parameters
+        skipped = {"host", "port", "max_connections", "connection_pool"}
+        return {
+            name: value
+            for name, value in manager.connection_kwargs.items()
+            if name in accepted and name not in skipped
+        }
+
+    async def _listen(self, node: Node) -> None:
         outage = RedisOutage("reply listener")
+        pubsub = self._nodes[node]
         while True:
             try:
                 if outage.failures:
-                    await self._pubsub.connect()  # reconnects, then resubscribes every channel
+                    await pubsub.connect()  # reconnects, then resubscribes its channels
                     outage.recovered()
-                async for message in self._pubsub.listen():
-                    if message["type"] == "message":
+                    await self._recheck()
+                async for message in pubsub.listen():
+                    if message["type"] == "smessage":
                         self._deliver_all(loads(message["data"]))
-            except RedisConnectionError as exc:
+                await asyncio.sleep(0.05)  # no channel subscribed here (yet)
+            except (RedisConnectionError, RedisError) as exc:
+                if is_cluster(self.redis) and node != ONE_SERVER:
+                    await self._move_off(node, exc)
+                    return
                 await asyncio.sleep(outage.failed(exc))
+
+    async def _move_off(self, node: Node, exc: Exception) -> None:
+        """A cluster node failed (or gave up a slot): subscribe its channels again wherever
+        their slots live now, once the cluster has a master for them, then recheck waiters."""
+        log.warning("reply listener lost %s:%s (%r); resubscribing elsewhere", *node, exc)
+        async with self._lock:
+            pubsub = self._nodes.pop(node)
+            self._tasks.pop(node, None)
+            moved = [channel for channel, owner in self._channels.items() if owner == node]
+            for channel in moved:
+                del self._channels[channel]
+        with contextlib.suppress(RedisError, OSError):
+            await pubsub.aclose()
+        outage = RedisOutage("reply listener")
+        while True:
+            try:
+                await cast(Any, self.redis).nodes_manager.initialize()
+                await self._subscribe(moved)
+                break
+            except (RedisConnectionError, RedisError) as error:
+                await asyncio.sleep(outage.failed(error))
+        await self._recheck()
+
+    async def _recheck(self) -> None:
+        """Wake waiters whose jobs ended while a reply could have been lost."""
+        for job_id in list(self._waiters):
+            try:
+                record = await self.jobs.get(job_id)
+            except RedisError:
+                return  # the next reconnection rechecks again
+            if record is not None and record.status.terminal:
+                self._deliver(record.view())
 
     def _deliver_all(self, message: list[dict[str, Any]] | dict[str, Any]) -> None:
         """A worker publishes one array per micro-batch (every job of it this producer waits
@@ -73,6 +178,6 @@ class ReplyListener:
             self._deliver(view)
 
     def _deliver(self, view: dict[str, Any]) -> None:
-        for future in self._waiters.pop(view.get("id", ""), ()):
+        for future in self._waiters.pop(as_text(view.get("id", "")), ()):
             if not future.done():
                 future.set_result(view)

@@ -1,7 +1,10 @@
-"""One blocking XREAD per producer for every token stream its clients follow (SSE and OpenAI
-streaming): an open stream costs a queue, not a Redis connection held in a blocking read, and
-one read returns the new entries of many streams at once. A listener on a stream the hub does
-not read yet wakes it through a small per-producer stream that the hub always reads.
+"""One blocking XREAD per producer and partition for every token stream its clients follow
+(SSE and OpenAI streaming): an open stream costs a queue, not a Redis connection held in a
+blocking read, and one read returns the new entries of many streams at once. A read spans one
+slot (a cluster refuses more), and a partition's token streams share its slot, so the hub keeps
+one reader per partition tag, started when the first of its streams is followed. A listener on
+a stream a reader does not read yet wakes it through a small per-producer stream in the same
+slot that the reader always reads.
 
 The read is shared, so no listener's input may fail it: the hub accepts only valid entry ids as
 cursors, and should Redis still refuse the read (a key that is no stream), the streams it
@@ -16,7 +19,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -25,8 +27,8 @@ from producer_api.redis_outage import RedisOutage
 from producer_api.task_cancel import cancel_and_wait
 from shared.codec import as_text, is_stream_id, stream_id
 from shared.job_store import JobRecord, JobStore
-from shared.keys import Keys
-from shared.redis_client import connect
+from shared.keys import Keys, job_tag
+from shared.redis_client import RedisClient, connect
 from shared.token_stream import READ_COUNT, TokenEvent, final_from_job
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,43 @@ WAKE_TTL_S = 86_400
 
 
 class TokenHub:
-    def __init__(self, url: str, client: aioredis.Redis, wake_key: str, name: str) -> None:
+    """The producer's readers of token streams, one per partition tag."""
+
+    def __init__(self, url: str, client: RedisClient, keys: Keys, producer: str) -> None:
+        self.redis = client  # the shared pool: short reads
+        self.url = url
+        self.keys = keys
+        self.producer = producer
+        self._readers: dict[str, TagReader] = {}
+
+    async def stop(self) -> None:
+        for reader in self._readers.values():
+            await reader.stop()
+
+    @asynccontextmanager
+    async def listen(
+        self, tag: str, key: str, after: str
+    ) -> AsyncIterator[asyncio.Queue[Delivery]]:
+        """`TagReader.listen` on the reader of `key`'s partition `tag`."""
+        if tag not in self._readers:
+            wake = self.keys.token_hub_wake(self.producer, tag)
+            name = f"producer-{self.producer}-tokens-{tag}"
+            reader = TagReader(self.url, self.redis, wake, name)
+            self._readers[tag] = reader
+            await reader.start()
+        async with self._readers[tag].listen(key, after) as queue:
+            yield queue
+
+    async def read(self, key: str, after: str, count: int) -> Any:
+        """Up to `count` entries of `key` after `after`, now, without blocking (the shared
+        pool, not a blocking reader)."""
+        return await self.redis.xread({key: after}, count=count)
+
+
+class TagReader:
+    """The blocking reader of one partition's token streams (and its wake stream)."""
+
+    def __init__(self, url: str, client: RedisClient, wake_key: str, name: str) -> None:
         self.redis = client  # the shared pool: short reads and the wake-ups
         # only the blocking XREAD
         self._reader = connect(url, max_connections=1, name=name, blocks_ms=HUB_BLOCK_MS)
@@ -82,11 +120,6 @@ class TokenHub:
             if not self._queues[key]:
                 del self._queues[key]
                 self._cursors.pop(key, None)
-
-    async def read(self, key: str, after: str, count: int) -> Any:
-        """Up to `count` entries of `key` after `after`, now, without blocking (the shared
-        pool, not the hub's blocking reader)."""
-        return await self.redis.xread({key: after}, count=count)
 
     async def _run(self) -> None:
         outage = RedisOutage("token hub")
@@ -168,7 +201,7 @@ class TokenFollower:
     async def follow(self, job_id: str, after: str = "0-0") -> AsyncIterator[TokenEvent]:
         """Every event after `after`, live ones as they come, ending with exactly one final."""
         key = self.keys.tokens(job_id)
-        async with self.hub.listen(key, after) as queue:
+        async with self.hub.listen(job_tag(job_id), key, after) as queue:
             events, over, record = await self._read(key, after), False, None
             while True:
                 for event in events:

@@ -33,9 +33,12 @@ class RequestEntry:
     tenant: str = "default"
     reply: str = ""
     traceparent: str = ""
+    # The API key's in-flight set holding the job (shared/rate_limit.py), freed by whoever
+    # ends the job: it lives in the key's slot, so the ender frees it beside its script.
+    inflight: str = ""
 
     def encode(self) -> dict[str, bytes | str | int]:
-        return {
+        fields: dict[str, bytes | str | int] = {
             "id": self.job_id,
             "payload": dumps(self.payload),
             "enq": self.enqueued_ms,
@@ -44,6 +47,9 @@ class RequestEntry:
             "reply": self.reply,
             "tp": self.traceparent,
         }
+        if self.inflight:
+            fields["inflight"] = self.inflight
+        return fields
 
     @classmethod
     def decode(cls, fields: dict[bytes, bytes]) -> RequestEntry:
@@ -55,6 +61,7 @@ class RequestEntry:
             tenant=fields.get(b"tenant", b"default").decode(),
             reply=fields.get(b"reply", b"").decode(),
             traceparent=fields.get(b"tp", b"").decode(),
+            inflight=fields.get(b"inflight", b"").decode(),
         )
 
 

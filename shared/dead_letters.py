@@ -4,13 +4,12 @@ replay it as new jobs once the cause is fixed, or purge it. Dead-lettered jobs s
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, now_ms
-from shared.keys import Keys
+from shared.keys import Keys, new_job_id
 
 
 @dataclass(slots=True)
@@ -42,7 +41,7 @@ class DeadLetters:
             if ids and letter.dlq_id not in ids:
                 continue
             entry = RequestEntry(
-                job_id=uuid.uuid4().hex,
+                job_id=new_job_id(self.model, self.variant),
                 payload=letter.entry.payload,
                 enqueued_ms=now_ms(),
                 tenant=letter.entry.tenant,

@@ -5,10 +5,19 @@ several calls."""
 from __future__ import annotations
 
 from shared.job_states import lua_transition_table
-from shared.keys import ADDED_SUFFIX, FAIR_RING_SUFFIX, FAIR_SUFFIX, HELD_SUFFIX
+from shared.keys import (
+    ADDED_SUFFIX,
+    FAIR_RING_SUFFIX,
+    FAIR_SUFFIX,
+    HELD_SUFFIX,
+    LUA_JOB_KEY,
+    RECENT_KEPT,
+    RECENT_SUFFIX,
+)
 
 _PRELUDE = (
     lua_transition_table()
+    + LUA_JOB_KEY
     + """
 local function can(cur, to)
   local t = cur and ALLOWED[cur]  -- a missing hash or field reads as false
@@ -59,12 +68,6 @@ local function claim(jk, now, worker, attempts, owner)
   return 'running'
 end
 
--- A finished job gives back its API key's in-flight slot (the hash names the slot's key).
-local function free_slot(jk, jid)
-  local slot = redis.call('HGET', jk, 'inflight')
-  if slot then redis.call('ZREM', slot, jid) end
-end
-
 local function field(fields, name)
   for i = 1, #fields, 2 do
     if fields[i] == name then return fields[i + 1] end
@@ -73,10 +76,18 @@ local function field(fields, name)
 end
 """
     + f"""
-local ADDED, FAIR = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}'
+local ADDED, FAIR, RECENT = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}', '{RECENT_SUFFIX}'
+local RECENT_KEPT = {RECENT_KEPT}
 local FAIR_RING, HELD = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}'
 """
     + """
+-- Jobs that ended in a lane, newest first and capped: what the console lists (no SCAN).
+local function remember(stream, ids)
+  if #ids == 0 then return end
+  redis.call('LPUSH', stream .. RECENT, unpack(ids))
+  redis.call('LTRIM', stream .. RECENT, 0, RECENT_KEPT - 1)
+end
+
 -- Entries of a lane stream no consumer has been handed yet (acknowledged ones are deleted).
 local function undelivered(stream, group)
   local ok, pel = pcall(redis.call, 'XPENDING', stream, group)
@@ -109,7 +120,7 @@ local function refill(stream, group, job_prefix)
       left = left - 1
       credit = credit - 1
       local entry = cmsgpack.unpack(packed)
-      local jk = job_prefix .. (field(entry, 'id') or '')
+      local jk = jobkey(job_prefix, field(entry, 'id') or '')
       if can(redis.call('HGET', jk, 'status'), 'running') then
         redis.call('XADD', stream, '*', unpack(entry))
         redis.call('HSET', jk, 'seq', redis.call('INCR', stream .. ADDED))
@@ -163,9 +174,9 @@ for k = 1, #KEYS do
       local jid = field(e[2], 'id')
       local status = 'missing'
       if jid and ARGV[6] == '1' then
-        status = claim(ARGV[4] .. jid, ARGV[5], ARGV[2], 1)
+        status = claim(jobkey(ARGV[4], jid), ARGV[5], ARGV[2], 1)
       elseif jid then
-        status = redis.call('HGET', ARGV[4] .. jid, 'status') or 'missing'
+        status = redis.call('HGET', jobkey(ARGV[4], jid), 'status') or 'missing'
       end
       table.insert(out, {e[1], e[2], status})
     end
@@ -183,7 +194,7 @@ MARK_RUNNING = (
     + """
 local out = {}
 for i = 3, #ARGV, 3 do
-  table.insert(out, claim(ARGV[1] .. ARGV[i], ARGV[i + 1], ARGV[2], ARGV[i + 2]))
+  table.insert(out, claim(jobkey(ARGV[1], ARGV[i]), ARGV[i + 1], ARGV[2], ARGV[i + 2]))
 end
 return out
 """
@@ -247,7 +258,8 @@ return {1, ahead, 0}
 # fails with the reason (row status 'dead'; 'dead-ended' when the job had already ended),
 # otherwise they are claimed for running again. Rows: {entry_id, fields, status, deliveries}.
 # The consumer that abandoned an entry (read before XAUTOCLAIM makes it ours) goes on the job's
-# attempt history: `crashed`, or `dead-lettered` for the last one.
+# attempt history: `crashed`, or `dead-lettered` for the last one. A dead job joins the lane's
+# recent list; the caller frees its in-flight slot (named by the entry).
 RECLAIM = (
     _PRELUDE
     + """
@@ -269,7 +281,7 @@ for _, e in ipairs(res[2]) do
     local dead = {'entry', eid, 'reason', reason, 'deliveries', deliveries}
     for i = 1, #fields do table.insert(dead, fields[i]) end
     redis.call('XADD', KEYS[2], '*', unpack(dead))
-    local jk = jid and (ARGV[5] .. jid)
+    local jk = jid and jobkey(ARGV[5], jid)
     local fate = 'dead-ended'
     if jk and can(redis.call('HGET', jk, 'status'), 'failed') then
       fate = 'dead'
@@ -281,19 +293,20 @@ for _, e in ipairs(res[2]) do
       end
       redis.call('HSET', jk, unpack(args))
       redis.call('EXPIRE', jk, ARGV[8])
-      free_slot(jk, jid)
       local reply = field(fields, 'reply')
       if reply and reply ~= '' then
         local m = redis.call('HMGET', jk, 'model', 'variant')
-        redis.call('PUBLISH', reply, cjson.encode({id = jid, status = 'failed', model = m[1],
+        redis.call('SPUBLISH', reply, cjson.encode({id = jid, status = 'failed', model = m[1],
           variant = m[2], error = {type = 'DeadLettered', message = reason}}))
       end
     end
     redis.call('XACK', KEYS[1], ARGV[1], eid)
     redis.call('XDEL', KEYS[1], eid)
+    if fate == 'dead' then remember(KEYS[1], {jid}) end
     table.insert(out, {eid, fields, fate, deliveries})
   else
-    local status = jid and claim(ARGV[5] .. jid, ARGV[6], ARGV[2], deliveries, owner) or 'missing'
+    local status = 'missing'
+    if jid then status = claim(jobkey(ARGV[5], jid), ARGV[6], ARGV[2], deliveries, owner) end
     table.insert(out, {eid, fields, status, deliveries})
   end
 end
@@ -307,8 +320,10 @@ return out
 #   entry_id, job_id, reply_channel, view, status, nfields, field, value, ...
 # status '' means only acknowledge (job already terminal, cancelled or gone); a job still
 # `queued` ran unmarked (see stream_reader.py) and moves as if from `running`.
-# Per written job three commands (HMGET, HSET, EXPIRE); per micro-batch one PUBLISH per reply
-# channel (a JSON array of the views written for it), one ZREM per in-flight set, XACK, XDEL.
+# Per written job three commands (HMGET, HSET, EXPIRE); per micro-batch one SPUBLISH per reply
+# channel (a JSON array of the views written for it; the channel is in the partition's slot),
+# XACK, XDEL, and the lane's recent list (LPUSH, LTRIM). In-flight slots live in their API keys'
+# slots: the writer frees them beside this script, in the same round trip.
 # The written job's attempt history gains this worker's attempt, from the record's `started` (its
 # delivery) to `finished`, ended `status`, with its `error` (read and written in the same HMGET
 # and HSET).
@@ -317,33 +332,28 @@ FINISH = (
     + """
 local i = 5
 local ids, written = {}, {}
-local replies, channels, slots, slot_keys = {}, {}, {}, {}
+local replies, channels = {}, {}
 while i <= #ARGV do
   local eid, jid, reply, view, status = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
   local n = tonumber(ARGV[i+5])
   table.insert(ids, eid)
   if status ~= '' then
-    local jk = ARGV[3] .. jid
-    local cur = redis.call('HMGET', jk, 'status', 'inflight', 'writes', 'attempt_history')
+    local jk = jobkey(ARGV[3], jid)
+    local cur = redis.call('HMGET', jk, 'status', 'writes', 'attempt_history')
     -- a job handed over by a plain XREADGROUP ran without its hash saying so: through running
     local from = (cur[1] == 'queued' and can('queued', 'running')) and 'running' or cur[1]
     if can(from, status) then
-      local args = {'status', status, 'worker', ARGV[4], 'writes', (tonumber(cur[3]) or 0) + 1}
+      local args = {'status', status, 'worker', ARGV[4], 'writes', (tonumber(cur[2]) or 0) + 1}
       for j = 1, n * 2 do table.insert(args, ARGV[i + 5 + j]) end
       local run = attempt(ARGV[4], field(args, 'started'), field(args, 'finished'), status,
                           field(args, 'error'))
       table.insert(args, 'attempt_history')
-      table.insert(args, appended(cur[4], run))
+      table.insert(args, appended(cur[3], run))
       redis.call('HSET', jk, unpack(args))
       redis.call('EXPIRE', jk, ARGV[2])
       if reply ~= '' then
         if not replies[reply] then replies[reply] = {}; table.insert(channels, reply) end
         table.insert(replies[reply], view)
-      end
-      local slot = cur[2]
-      if slot then
-        if not slots[slot] then slots[slot] = {}; table.insert(slot_keys, slot) end
-        table.insert(slots[slot], jid)
       end
       table.insert(written, jid)
     end
@@ -351,9 +361,9 @@ while i <= #ARGV do
   i = i + 6 + n * 2
 end
 for _, reply in ipairs(channels) do
-  redis.call('PUBLISH', reply, '[' .. table.concat(replies[reply], ',') .. ']')
+  redis.call('SPUBLISH', reply, '[' .. table.concat(replies[reply], ',') .. ']')
 end
-for _, slot in ipairs(slot_keys) do redis.call('ZREM', slot, unpack(slots[slot])) end
+remember(KEYS[1], written)
 if #ids > 0 then
   redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
   redis.call('XDEL', KEYS[1], unpack(ids))
@@ -365,13 +375,15 @@ return written
 )
 
 # KEYS[1]=job key; ARGV: target status, reply channel, message, ttl_s, job id, field, value, ...
-# Returns {ok(0|1), status before}. A terminal target frees the job's in-flight slot, and ends
-# the attempt of the worker running the job (its `worker` since its `started`) on the job's
-# attempt history, as `cancelled`, `expired` or `failed`.
+# Returns {ok(0|1), status before}. A terminal target puts the job on its lane's recent list
+# (the caller frees its in-flight slot, in the API key's slot), and ends the attempt of the
+# worker running the job (its `worker` since its `started`) on the job's attempt history, as
+# `cancelled`, `expired` or `failed`.
 TRANSITION = (
     _PRELUDE
     + """
-local job = redis.call('HMGET', KEYS[1], 'status', 'worker', 'started', 'attempt_history')
+local job = redis.call('HMGET', KEYS[1], 'status', 'worker', 'started', 'attempt_history',
+                      'stream')
 local cur = job[1]
 if not can(cur, ARGV[1]) then return {0, cur or false} end
 local args = {'status', ARGV[1]}
@@ -383,8 +395,8 @@ if cur == 'running' and not ALLOWED[ARGV[1]] then
 end
 redis.call('HSET', KEYS[1], unpack(args))
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
-if not ALLOWED[ARGV[1]] then free_slot(KEYS[1], ARGV[5]) end
+if ARGV[2] ~= '' then redis.call('SPUBLISH', ARGV[2], ARGV[3]) end
+if not ALLOWED[ARGV[1]] and job[5] then remember(job[5], {ARGV[5]}) end
 return {1, cur}
 """
 )
@@ -410,3 +422,7 @@ local added = tonumber(redis.call('GET', KEYS[2]) or 0)
 return math.max(0, waiting - (added - tonumber(ARGV[2])) - 1)
 """
 )
+
+# What a cluster client loads on every node at start (shared/redis_client.preload): these run in
+# pipelines, where a cluster client does not load a missing script itself.
+ALL = (TAKE, MARK_RUNNING, ENQUEUE, RECLAIM, FINISH, TRANSITION, POSITION)

@@ -1,5 +1,7 @@
-"""Job hashes (`cv:job:{id}`): create with the stream entry in one transaction, read, and move
-through the state machine atomically; the producer and the workers share this module."""
+"""Job hashes (`Keys.job`): create with the stream entry in one transaction, read, and move
+through the state machine atomically; the producer and the workers share this module. A job
+that ends gives back its API key's in-flight slot here too (`queue_slot_frees`): the set lives
+in the key's slot, not the job's, so it is freed beside the script that ends the job."""
 
 from __future__ import annotations
 
@@ -8,12 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from shared import job_scripts
 from shared.codec import RequestEntry, as_text, dumps, loads
 from shared.job_states import IllegalTransition, JobStatus
 from shared.keys import GROUP, Keys
+from shared.redis_client import RedisClient, queue_script
 
 _TIMING_FIELDS = ("queue_wait_ms", "engine_ms", "ttft_ms", "tpot_ms")
 _COUNT_FIELDS = ("batch_size", "attempts", "prompt_tokens", "completion_tokens")
@@ -119,7 +120,7 @@ class TooFarBack(Exception):
 class JobStore:
     """Every read and write of job hashes goes through here (or the worker's batch scripts)."""
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, ttl_s: int) -> None:
         self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
@@ -155,7 +156,7 @@ class JobStore:
         async with self.redis.pipeline(transaction=False) as pipe:
             for job in jobs:
                 keys, args = self._enqueue_call(job, max_length)
-                await self._enqueue(keys=keys, args=args, client=pipe)
+                queue_script(pipe, self._enqueue, keys, args)
             replies = await pipe.execute()
         return [index for index, (admitted, *_) in enumerate(replies) if not admitted]
 
@@ -203,17 +204,12 @@ class JobStore:
             extra.pop("finished")
         message = dumps(job_view(job_id, {**record.fields, **_strs(extra), "status": target}))
         flat = [str(part) for pair in extra.items() for part in pair]
-        ok, before = await self._transition(
-            keys=[self.keys.job(job_id)],
-            args=[
-                target.value,
-                record.fields.get("reply", ""),
-                message,
-                self.ttl_s,
-                job_id,
-                *flat,
-            ],
-        )
+        args = [target.value, record.fields.get("reply", ""), message, self.ttl_s, job_id, *flat]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            queue_script(pipe, self._transition, [self.keys.job(job_id)], args)
+            if target.terminal:  # ZREM is idempotent: a job that had ended is no longer held
+                queue_slot_frees(pipe, [(record.fields.get("inflight", ""), job_id)])
+            (ok, before), *_ = await pipe.execute()
         if not ok:
             current = as_text(before) if before else None
             raise IllegalTransition(job_id, current, target.value)
@@ -231,13 +227,21 @@ class JobStore:
         flat = [str(part) for pair in {"finished": now_ms(), **fields}.items() for part in pair]
         async with self.redis.pipeline(transaction=False) as pipe:
             for job_id in job_ids:
-                await self._transition(
-                    keys=[self.keys.job(job_id)],
-                    args=[target.value, "", "", self.ttl_s, job_id, *flat],
-                    client=pipe,
-                )
+                args = [target.value, "", "", self.ttl_s, job_id, *flat]
+                queue_script(pipe, self._transition, [self.keys.job(job_id)], args)
             replies = await pipe.execute()
         return sum(1 for ok, _ in replies if ok)
+
+
+def queue_slot_frees(pipe: Any, held: Sequence[tuple[str, str]]) -> None:
+    """Queue on `pipe` the release of each ended job's in-flight slot: (the set its entry or
+    hash names, job id), '' for a job that held none."""
+    by_set: dict[str, list[str]] = {}
+    for slot, job_id in held:
+        if slot:
+            by_set.setdefault(slot, []).append(job_id)
+    for slot, job_ids in by_set.items():
+        pipe.zrem(slot, *job_ids)
 
 
 def _strs(fields: Mapping[str, str | int]) -> dict[str, str]:

@@ -1,17 +1,70 @@
-"""The one place that names Redis keys, so producer, workers and tooling agree on them."""
+"""The one place that names Redis keys, so producer, workers and tooling agree on them.
+
+Keys are named for a Redis Cluster (docs/architecture.md, "Keys and slots"): every key a script
+or a transaction touches together carries the same hash tag (`{...}`), so it lands in one slot.
+- A partition's keys (its lanes' streams and their counters, fair-lane lists, DLQ, job hashes,
+  token streams, reply channels and token-hub wake streams) carry the partition's tag: four hex
+  digits of a hash of `model:variant`. A job id starts with them, so the job's hash is found
+  from its id alone (`GET /v1/jobs/{id}` stays one round trip) and the scripts that move a job
+  with its entry (ENQUEUE, TAKE, FINISH, RECLAIM) touch one slot.
+- An API key's per-request keys (rate bucket, in-flight set and its rescan marker) carry the
+  key id's tag: tenants spread over the masters.
+- A model's experiment counters and samples carry the model's tag.
+- A batch's keys carry the batch id's tag.
+- The control plane (API key records, routes, canaries, shadow pairs, workers and their
+  measured costs, the traffic leader lock, the active batches index) shares one tag, `{ctl}`:
+  it is small and changes rarely, and its transactions span several of its keys.
+Nothing spans slots: no script, no MULTI, no multi-key read. One server is a cluster of one."""
 
 from __future__ import annotations
 
+import hashlib
+import uuid
 from dataclasses import dataclass
 
 GROUP = "workers"
+TAG_LEN = 4  # hex digits of a partition's tag, and so the first characters of its job ids
+CONTROL = "{ctl}"
 # Keys of a fair lane, named after its stream (docs/architecture.md, "Fair queuing"): a hash of
 # counters (`held`, `window`, `w:<tenant>` weight, `d:<tenant>` deficit), the round-robin list of
 # tenants with held jobs, and one list of held entries per tenant (suffix + tenant).
 ADDED_SUFFIX = ":added"
+RECENT_SUFFIX = ":recent"
+RECENT_KEPT = 1_000
 FAIR_SUFFIX = ":fair"
 FAIR_RING_SUFFIX = ":fair:ring"
 HELD_SUFFIX = ":held:"
+
+
+def partition_tag(model: str, variant: str) -> str:
+    """The hash tag of a partition's keys (without braces): stable across processes, so every
+    producer and worker names the same slot."""
+    digest = hashlib.blake2s(f"{model}:{variant}".encode(), digest_size=TAG_LEN // 2)
+    return digest.hexdigest()
+
+
+def new_job_id(model: str, variant: str) -> str:
+    """32 hex digits, the first TAG_LEN the partition's tag."""
+    return partition_tag(model, variant) + uuid.uuid4().hex[TAG_LEN:]
+
+
+def job_tag(job_id: str) -> str:
+    """The partition tag a job id carries (any string names some slot: an unknown id simply
+    finds no hash)."""
+    return job_id[:TAG_LEN]
+
+
+def _in_slot(job_id: str) -> str:
+    """`{tag}rest`: the job id with its tag braced. LUA_JOB_KEY builds the same inside scripts."""
+    return f"{{{job_tag(job_id)}}}{job_id[TAG_LEN:]}"
+
+
+# The Lua twin of Keys.job, for scripts that find job hashes from the ids in stream entries.
+LUA_JOB_KEY = f"""
+local function jobkey(prefix, jid)
+  return prefix .. '{{' .. string.sub(jid, 1, {TAG_LEN}) .. '}}' .. string.sub(jid, {TAG_LEN + 1})
+end
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,28 +74,36 @@ class Keys:
 
     prefix: str = "cv:"
 
+    @staticmethod
+    def tag(model: str, variant: str) -> str:
+        """A partition's hash tag, braced."""
+        return f"{{{partition_tag(model, variant)}}}"
+
     def queue(self, model: str, variant: str) -> str:
-        return f"{self.prefix}q:{model}:{variant}"
+        return f"{self.prefix}q:{self.tag(model, variant)}:{model}:{variant}"
 
     def bulk_queue(self, model: str, variant: str) -> str:
-        return f"{self.prefix}q:{model}:{variant}:bulk"
+        return f"{self.queue(model, variant)}:bulk"
 
     def job(self, job_id: str) -> str:
-        return f"{self.prefix}job:{job_id}"
+        return f"{self.prefix}job:{_in_slot(job_id)}"
 
     @property
     def job_prefix(self) -> str:
         return f"{self.prefix}job:"
 
     def tokens(self, job_id: str) -> str:
-        return f"{self.prefix}tok:{job_id}"
+        return f"{self.prefix}tok:{_in_slot(job_id)}"
 
-    def reply(self, producer: str) -> str:
-        return f"{self.prefix}reply:{producer}"
+    def reply(self, producer: str, tag: str) -> str:
+        """The sharded pub/sub channel on which workers tell `producer` that jobs of the
+        partition tagged `tag` ended: SPUBLISHed by the scripts that end them, in their slot."""
+        return f"{self.prefix}reply:{{{tag}}}:{producer}"
 
-    def token_hub_wake(self, producer: str) -> str:
-        """A tiny stream a producer's token hub also reads, so a new listener can wake it."""
-        return f"{self.prefix}hub:{producer}"
+    def token_hub_wake(self, producer: str, tag: str) -> str:
+        """A tiny stream a producer's token hub for one partition tag also reads, so a new
+        listener can wake it (one blocking XREAD reads one slot's streams)."""
+        return f"{self.prefix}hub:{{{tag}}}:{producer}"
 
     def drained(self, stream: str, second: int) -> str:
         """Entries a partition finished in one wall-clock second (drain rate for Retry-After)."""
@@ -52,6 +113,12 @@ class Keys:
         """Entries ever added to a lane (counter, INCR by ENQUEUE only): a queued job's `seq`
         against it gives the job's queue position in O(1) (shared/queue_position.py)."""
         return f"{stream}{ADDED_SUFFIX}"
+
+    def recent(self, stream: str) -> str:
+        """Ids of a lane's jobs that ended there, newest first, capped at RECENT_KEPT (list,
+        LPUSHed by the scripts that end jobs): what the console lists jobs from, without a
+        SCAN of the keyspace."""
+        return f"{stream}{RECENT_SUFFIX}"
 
     def fair(self, stream: str) -> str:
         """A fair lane's counters (hash: held, window, per-tenant weight and deficit)."""
@@ -69,108 +136,110 @@ class Keys:
     def service_cost(self, model: str, variant: str) -> str:
         """One replica's measured cost of a partition's work (hash: seconds per job or token,
         tokens per job; shared/backlog.py), what backlog seconds divide by."""
-        return f"{self.prefix}cost:{model}:{variant}"
+        return f"{self.prefix}{CONTROL}cost:{model}:{variant}"
 
     def dlq(self, model: str, variant: str) -> str:
-        return f"{self.prefix}dlq:{model}:{variant}"
+        return f"{self.prefix}dlq:{self.tag(model, variant)}:{model}:{variant}"
 
     def idempotency(self, tenant: str, key: str) -> str:
         return f"{self.prefix}idem:{tenant}:{key}"
 
     def routes(self, model: str) -> str:
         """A model's live routes (hash: `doc` JSON, `version`); see shared/route_store.py."""
-        return f"{self.prefix}routes:{model}"
+        return f"{self.prefix}{CONTROL}routes:{model}"
 
     def routes_log(self, model: str) -> str:
         """Every change of a model's routes, oldest first (list of JSON: who, when, old, new)."""
-        return f"{self.prefix}routes:{model}:log"
+        return f"{self.prefix}{CONTROL}routes:{model}:log"
 
     @property
     def routes_version(self) -> str:
         """Bumped on every routes change of any model: what producers poll (one GET)."""
-        return f"{self.prefix}routes:version"
+        return f"{self.prefix}{CONTROL}routes:version"
 
     def variant_stats(self, model: str, variant: str) -> str:
         """Prefix of one variant's counters: + a time bucket, a hash (shared/variant_stats.py)."""
-        return f"{self.prefix}vstats:{model}:{variant}:"
+        return f"{self.prefix}vstats:{{{model}}}:{variant}:"
 
     def variant_samples(self, model: str, variant: str) -> str:
         """Prefix of one variant's latency samples: + a time bucket, a capped list."""
-        return f"{self.prefix}vlat:{model}:{variant}:"
+        return f"{self.prefix}vlat:{{{model}}}:{variant}:"
 
     def shadow_pairs(self, model: str) -> str:
         """Primary/shadow job pairs not yet compared (sorted set by submit ms)."""
-        return f"{self.prefix}shadow:{model}:pending"
+        return f"{self.prefix}{CONTROL}shadow:{model}:pending"
 
     def shadow_result(self, job_id: str) -> str:
         """The comparison of a primary job with its shadow copy (hash, result TTL)."""
-        return f"{self.prefix}shadow:{job_id}"
+        return f"{self.prefix}{CONTROL}shadow:{job_id}"
 
     def canary(self, model: str) -> str:
         """A model's canary rollout (hash: `doc` JSON of its state)."""
-        return f"{self.prefix}canary:{model}"
+        return f"{self.prefix}{CONTROL}canary:{model}"
 
     def canary_events(self, model: str) -> str:
         """Every decision of a model's canaries, oldest first (list of JSON)."""
-        return f"{self.prefix}canary:{model}:events"
+        return f"{self.prefix}{CONTROL}canary:{model}:events"
 
     @property
     def canaries_active(self) -> str:
         """Models with a canary in progress (set)."""
-        return f"{self.prefix}canaries"
+        return f"{self.prefix}{CONTROL}canaries"
 
     @property
     def traffic_leader(self) -> str:
         """The lock one producer holds to run canaries and shadow comparisons (string, PX)."""
-        return f"{self.prefix}leader:traffic"
+        return f"{self.prefix}{CONTROL}leader:traffic"
 
     def batch(self, batch_id: str) -> str:
         """A batch's metadata, counters and webhook log (hash)."""
-        return f"{self.prefix}batch:{batch_id}"
+        return f"{self.prefix}batch:{{{batch_id}}}"
 
     def batch_items(self, batch_id: str) -> str:
         """Job ids of a batch's enqueued lines, in line order (list)."""
-        return f"{self.prefix}batch:{batch_id}:items"
+        return f"{self.prefix}batch:{{{batch_id}}}:items"
 
     def batch_open(self, batch_id: str, model: str, variant: str) -> str:
-        """Job ids of one partition not yet seen terminal, in stream order (list)."""
-        return f"{self.prefix}batch:{batch_id}:open:{model}:{variant}"
+        """Job ids of a batch's items in one partition, in stream order (list, written once):
+        tagged with the PARTITION's tag, so the script that counts finished items reads their
+        job hashes in its own slot; the batch hash holds how far it has counted."""
+        return f"{self.prefix}batch:{self.tag(model, variant)}:open:{batch_id}:{model}:{variant}"
 
     def batch_rejected(self, batch_id: str) -> str:
         """Lines refused at submit (invalid, or their partition was full), in line order."""
-        return f"{self.prefix}batch:{batch_id}:rejected"
+        return f"{self.prefix}batch:{{{batch_id}}}:rejected"
 
     @property
     def batches_active(self) -> str:
         """Batches not yet finished, scored by their expiry time in ms (sorted set)."""
-        return f"{self.prefix}batches:active"
+        return f"{self.prefix}{CONTROL}batches:active"
 
     def worker(self, name: str) -> str:
         """One worker's latest heartbeat (hash with a TTL; shared/worker_registry.py)."""
-        return f"{self.prefix}worker:{name}"
+        return f"{self.prefix}{CONTROL}worker:{name}"
 
     @property
     def workers(self) -> str:
         """Names of workers that sent a heartbeat, scored by its time in ms (sorted set)."""
-        return f"{self.prefix}workers"
+        return f"{self.prefix}{CONTROL}workers"
 
     def api_key(self, key_id: str) -> str:
         """One API key's record (hash): sha-256 of the key, tenant, scopes, limits; no key."""
-        return f"{self.prefix}apikey:{key_id}"
+        return f"{self.prefix}{CONTROL}apikey:{key_id}"
 
     @property
     def api_key_index(self) -> str:
         """Ids of every API key (set), for `conveyor keys list`."""
-        return f"{self.prefix}apikeys"
+        return f"{self.prefix}{CONTROL}apikeys"
 
     def rate_bucket(self, key_id: str) -> str:
         """Token bucket of one API key (hash: tokens, ms timestamp), shared by all producers."""
-        return f"{self.prefix}rl:{key_id}"
+        return f"{self.prefix}rl:{{{key_id}}}"
 
     def in_flight(self, key_id: str) -> str:
         """Jobs of one API key not yet seen terminal (sorted set: job id by admission ms)."""
-        return f"{self.prefix}inflight:{key_id}"
+        return f"{self.prefix}inflight:{{{key_id}}}"
 
     def in_flight_scan(self, key_id: str) -> str:
         """Marker that limits full rescans of an at-cap in-flight set to one per second."""
-        return f"{self.prefix}inflight:{key_id}:scan"
+        return f"{self.prefix}inflight:{{{key_id}}}:scan"

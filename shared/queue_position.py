@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 from shared import job_scripts
 from shared.keys import GROUP, Keys
+from shared.redis_client import get_many
 from shared.worker_registry import WorkerRegistry
 
 # Complete seconds of drained counters a rate is measured over (the current second is partial).
@@ -46,14 +47,14 @@ class PartitionLoad:
 async def read_partition_loads(
     client: aioredis.Redis, keys: Keys, partitions: Sequence[tuple[str, str]]
 ) -> dict[tuple[str, str], PartitionLoad]:
-    """Every partition's load: one MGET of the drained counters plus the worker registry's two
+    """Every partition's load: one read of the drained counters plus the worker registry's two
     round trips, however many partitions. A worker counts while it beats (a killed one drops
     out within the registry's TTL), unlike a consumer-group member, which stays until pruned."""
     now = int(time.time())
     seconds = range(now - RATE_WINDOW_S, now)
     lanes = [(keys.queue(m, v), keys.bulk_queue(m, v)) for m, v in partitions]
     names = [keys.drained(stream, s) for pair in lanes for stream in pair for s in seconds]
-    counts = [int(c) if c else 0 for c in await client.mget(names)] if names else []
+    counts = [int(c) if c else 0 for c in await get_many(client, names)]
     beats = await WorkerRegistry(client, keys).live()
     loads = {}
     for index, (model, variant) in enumerate(partitions):

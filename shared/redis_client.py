@@ -1,18 +1,38 @@
 """One way to open a Redis client, so every process behaves the same under load, through a
-server restart and while Redis is frozen: a bounded pool that makes callers wait for a free
-connection (rather than fail when a burst needs more), commands that retry through dropped
-connections (`from_url` alone gives connections that never retry, so the first request after a
-restart would fail), and socket, connect and pool-wait timeouts of `CONVEYOR_REDIS_TIMEOUT_S`,
-so a Redis that stops answering is an error in seconds (the producer's 503), never a hang."""
+server restart, through a cluster failover and while Redis is frozen: commands that retry through
+dropped connections (`from_url` alone gives connections that never retry, so the first request
+after a restart would fail), and socket, connect and pool-wait timeouts of
+`CONVEYOR_REDIS_TIMEOUT_S`, so a Redis that stops answering is an error in seconds (the
+producer's 503), never a hang.
+
+`CONVEYOR_REDIS_CLUSTER=1` makes every client a `RedisCluster` on `CONVEYOR_REDIS_URL` (any node
+of the cluster: the rest is discovered). Keys are named so that nothing a script or a transaction
+touches spans slots (shared/keys.py), so the same calls work against one server and a cluster;
+`RedisClient` is the one type both sides annotate with."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeAlias, cast
+
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared.settings import get_settings
+
+# A cluster client answers the same commands; scripts, pipelines and pub/sub differ where noted
+# (`is_cluster`, `preload`, producer_api/reply_listener.py).
+RedisClient: TypeAlias = aioredis.Redis
+# What a cluster answers while a master fails over (no master for a slot yet, a slot moving):
+# an outage like a dropped connection (503, back off), not a fault of the request.
+CLUSTER_OUTAGE = (ClusterDownError, TryAgainError, SlotNotCoveredError)
+# Per node: a cluster node's pool raises rather than waits when it is exhausted.
+CLUSTER_CONNECTIONS = 1_024
 
 
 def connect(
@@ -22,7 +42,8 @@ def connect(
     *,
     blocks_ms: int | None = None,
     timeout_s: float | None = None,
-) -> aioredis.Redis:
+    cluster_class: type[RedisCluster] = RedisCluster,
+) -> RedisClient:
     """A client whose commands retry a few times through dropped connections (jittered backoff
     capped at 1 s) before they raise; callers map what still fails to 503 or to their own
     backoff. A timeout is not retried: it would multiply the wait on a frozen server.
@@ -30,23 +51,99 @@ def connect(
     `name` labels its connections in CLIENT LIST (a worker uses its consumer name).
     `blocks_ms` is the longest BLOCK its commands use (default `CONVEYOR_BLOCK_MS`, what a
     worker's reads block for; 0 for a client that never blocks): the socket timeout is
-    `timeout_s` (default `CONVEYOR_REDIS_TIMEOUT_S`) beyond it, so no blocking read is cut."""
+    `timeout_s` (default `CONVEYOR_REDIS_TIMEOUT_S`) beyond it, so no blocking read is cut.
+    `cluster_class`: the RedisCluster subclass a cluster client is made as."""
     settings = get_settings()
     timeout = settings.redis_timeout_s if timeout_s is None else timeout_s
     block_s = (settings.block_ms if blocks_ms is None else blocks_ms) / 1000
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url,
-        client_name=name,
-        max_connections=max_connections,
-        timeout=timeout,
-        retry=Retry(
+    options: dict[str, Any] = {
+        "client_name": name,
+        "retry": Retry(
             ExponentialWithJitterBackoff(base=0.02, cap=1.0),
             retries=3,
             supported_errors=(RedisConnectionError,),  # the default would retry timeouts too
         ),
+        "health_check_interval": 15,
+        "socket_connect_timeout": timeout,
+        "socket_timeout": timeout + block_s,
+    }
+    if settings.redis_cluster:
+        # A failover moves slots: the client re-reads the topology on MOVED and connection
+        # errors, for up to its retry attempts, before a command fails (503 upstream).
+        cluster = cluster_class.from_url(
+            url, max_connections=max(max_connections, CLUSTER_CONNECTIONS), **options
+        )
+        return cast(RedisClient, cluster)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=timeout,  # a burst waits for a free connection rather than failing
         retry_on_error=[RedisConnectionError],
-        health_check_interval=15,
-        socket_connect_timeout=timeout,
-        socket_timeout=timeout + block_s,
+        **options,
     )
     return aioredis.Redis.from_pool(pool)  # the client owns its pool: aclose() closes both
+
+
+def is_cluster(client: RedisClient) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+async def preload(client: RedisClient, scripts: Iterable[str]) -> None:
+    """Load scripts on every node, replicas included, so that a pipelined EVALSHA finds them
+    there and after a failover (a cluster pipeline, unlike a plain one, does not load missing
+    scripts itself, and a promoted replica has only what was loaded on it). One server: no-op,
+    its pipelines load what they miss."""
+    if not is_cluster(client):
+        return
+    cluster = cast(Any, client)
+    for script in scripts:
+        await cluster.execute_command("SCRIPT LOAD", script, target_nodes=RedisCluster.ALL_NODES)
+
+
+class ReplicaAckTimeout(RedisConnectionError):
+    """Fewer replicas than `CONVEYOR_REPLICA_ACKS` confirmed a write within the timeout: the
+    write may not survive a failover, so it is not acknowledged (the producer's 503)."""
+
+
+def queue_replica_wait(client: RedisClient, pipe: Any, key: str | None = None) -> int:
+    """Queue `WAIT CONVEYOR_REPLICA_ACKS` on `pipe` behind the writes it carries: on the
+    connection of `key`'s node (cluster; None: every master's), since WAIT counts only the
+    writes of its own connection. Returns how many WAITs were queued (0 when acks are off);
+    `check_replica_acks` reads their replies."""
+    settings = get_settings()
+    if settings.replica_acks == 0:
+        return 0
+    args = ("WAIT", settings.replica_acks, int(settings.redis_timeout_s * 1000))
+    if not is_cluster(client):
+        pipe.execute_command(*args)
+        return 1
+    cluster = cast(Any, client)
+    nodes = [cluster.get_node_from_key(key)] if key else cluster.get_primaries()
+    for node in nodes:
+        pipe.execute_command(*args, target_nodes=node)
+    return len(nodes)
+
+
+def check_replica_acks(replies: list[Any]) -> None:
+    """Raise ReplicaAckTimeout unless every WAIT reply reached `CONVEYOR_REPLICA_ACKS`."""
+    wanted = get_settings().replica_acks
+    if any(not isinstance(n, int) or n < wanted for n in replies):
+        raise ReplicaAckTimeout(f"fewer than {wanted} replicas confirmed the write: {replies}")
+
+
+async def get_many(client: RedisClient, keys: Sequence[str]) -> list[Any]:
+    """GET of many keys in one round trip wherever they live: MGET refuses keys of several
+    slots on a cluster, a pipeline is split per node and sent in parallel."""
+    async with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.get(key)
+        return list(await pipe.execute())
+
+
+def queue_script(pipe: Any, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> None:
+    """Queue a script call on a pipeline of either kind. redis-py refuses `evalsha` on a
+    cluster pipeline (its scripts are loaded on every node by `preload` instead); a plain
+    pipeline loads the script first if its server lacks it."""
+    if isinstance(pipe, aioredis.client.Pipeline):
+        pipe.scripts.add(cast(Any, script))
+    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)

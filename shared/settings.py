@@ -22,6 +22,12 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CONVEYOR_", extra="ignore")
 
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # `redis_url` names any node of a Redis/Valkey Cluster (shared/redis_client.py).
+    redis_cluster: bool = False
+    # Replicas that must hold an accepted job (and a written result) before the producer
+    # answers 202 (and before the worker tells the waiting producer): WAIT N after the write.
+    # 0: answer once the master has it (a failover may lose the last writes).
+    replica_acks: int = Field(default=0, ge=0)
     key_prefix: str = "cv:"
     model_repository: Path = Path("model_repository")
     artifact_dir: Path = Path("var/models")

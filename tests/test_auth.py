@@ -21,7 +21,10 @@ import pytest
 import redis
 
 from conveyor.stack import Stack
+from shared.keys import Keys
 from tests.conftest import issue_key
+
+KEYS = Keys("cv:")
 
 pytestmark = pytest.mark.slow
 CONVEYOR = Path(sys.executable).parent / "conveyor"
@@ -230,7 +233,7 @@ def test_keys_are_stored_hashed_and_never_logged(
         for key in keys.values():
             digest = hashlib.sha256(key.encode()).hexdigest()
             assert key.encode() not in stored
-            assert client.hget(f"cv:apikey:{digest[:16]}", "digest") == digest.encode()
+            assert client.hget(KEYS.api_key(digest[:16]), "digest") == digest.encode()
     finally:
         client.close()
     log = (auth_stack.log_dir / "producer.log").read_text()

@@ -35,6 +35,7 @@ from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import StreamReader
 
 KEYS = Keys("fq:")
+CLI_KEYS = Keys()  # where the CLI stores keys (the default prefix)
 WORKER = "fair-worker-1"
 
 
@@ -225,10 +226,10 @@ def test_a_weight_must_be_a_positive_number(redis_client: redis.Redis) -> None:
     connected = redis_client.info("clients")["connected_clients"]  # other tests' clients too
     refused = CliRunner().invoke(keys_command, ["create", "--tenant", "acme", "--weight", "0"])
     assert refused.exit_code == 2 and "weight 0.0 must be a number in (0, 1000]" in refused.output
-    assert not redis_client.smembers("cv:apikeys")  # nothing stored
+    assert not redis_client.smembers(CLI_KEYS.api_key_index)  # nothing stored
     made = CliRunner().invoke(keys_command, ["create", "--tenant", "acme", "--weight", "2.5"])
     assert made.exit_code == 0, made.output
-    [key_id] = redis_client.smembers("cv:apikeys")
-    assert redis_client.hget(f"cv:apikey:{as_text(key_id)}", "weight") == b"2.5"
+    [key_id] = redis_client.smembers(CLI_KEYS.api_key_index)
+    assert redis_client.hget(CLI_KEYS.api_key(as_text(key_id)), "weight") == b"2.5"
     # the CLI's client closes its connections as it ends: none outlives the command
     assert redis_client.info("clients")["connected_clients"] <= connected

@@ -21,12 +21,15 @@ import pytest
 import redis
 
 from conveyor.stack import Stack, free_port
+from shared.keys import Keys
 from tests.conftest import REPO_ROOT, running_stack, until
 from tests.fault_engine import FIXED_ENV
 from tests.webhook_receiver import Receiver, serving
 
+KEYS = Keys("cv:")
+
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
-STREAM = "cv:q:faulty:default"
+STREAM = KEYS.queue("faulty", "default")
 pytestmark = pytest.mark.slow
 
 
@@ -59,7 +62,7 @@ def r(fault_stack: Stack) -> Iterator[redis.Redis]:
 
 
 def _job(r: redis.Redis, job_id: str) -> dict[str, str]:
-    fields: dict[str, str] = r.hgetall(f"cv:job:{job_id}")  # type: ignore[assignment]
+    fields: dict[str, str] = r.hgetall(KEYS.job(job_id))  # type: ignore[assignment]
     return fields
 
 
@@ -233,7 +236,7 @@ def test_crashing_entry_is_dead_lettered_then_replayed(
         assert _job(r, new)["replay_of"] == job_id
     finally:
         fault_stack.stop_process("fixed")
-    assert r.xlen("cv:dlq:faulty:default") == 0
+    assert r.xlen(KEYS.dlq("faulty", "default")) == 0
 
 
 def test_redis_restart_under_load_answers_503_and_loses_nothing(
@@ -311,7 +314,7 @@ def test_queue_limit_answers_429_with_retry_after(fault_stack: Stack, r: redis.R
     assert [c.status_code for c in codes] == [202] * 5 + [429] * 3
     assert int(codes[-1].headers["Retry-After"]) >= 1
     assert codes[-1].json()["error"]["type"] == "queue_full"
-    assert r.xlen("cv:q:tiny:default") == 5
+    assert r.xlen(KEYS.queue("tiny", "default")) == 5
 
 
 def test_sigterm_drains_the_batch_in_hand(fault_stack: Stack, r: redis.Redis) -> None:

@@ -10,7 +10,7 @@ import uuid
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from producer_api.jobs.group_commit import FLUSHES, GroupCommitRedis
+from producer_api.jobs.group_commit import FLUSHES, group_committing
 from shared.codec import RequestEntry, as_text
 from shared.job_store import JobStore, QueueFull, now_ms
 from shared.keys import Keys
@@ -26,7 +26,7 @@ async def _reads(client: aioredis.Redis) -> int:
 
 
 async def test_one_turn_of_enqueues_is_one_round_trip(aredis: aioredis.Redis) -> None:
-    hot = GroupCommitRedis.sharing(aredis)
+    hot = group_committing(aredis, "", "hot")
     store = JobStore(hot, Keys("cv"), 60)
     await hot.ping()  # connect the pool and load nothing yet: the flush below is the first
     await store.create(_entry(), "cv:q:warm", {"model": "m"})  # the script is loaded now
@@ -43,7 +43,7 @@ async def test_one_turn_of_enqueues_is_one_round_trip(aredis: aioredis.Redis) ->
 
 
 async def test_a_refused_or_failing_command_fails_alone(aredis: aioredis.Redis) -> None:
-    hot = GroupCommitRedis.sharing(aredis)
+    hot = group_committing(aredis, "", "hot")
     store = JobStore(hot, Keys("cv"), 60)
     await aredis.set("cv:plain", "not a list")
     flushes = FLUSHES._value.get()
@@ -62,7 +62,7 @@ async def test_a_refused_or_failing_command_fails_alone(aredis: aioredis.Redis) 
 
 
 async def test_issue_order_is_kept_within_a_turn_and_per_caller(aredis: aioredis.Redis) -> None:
-    hot = GroupCommitRedis.sharing(aredis)
+    hot = group_committing(aredis, "", "hot")
 
     async def caller(name: str) -> list[str]:
         await hot.rpush("cv:log", f"{name}-1")
@@ -78,7 +78,7 @@ async def test_issue_order_is_kept_within_a_turn_and_per_caller(aredis: aioredis
 
 async def test_a_lost_script_is_loaded_again(aredis: aioredis.Redis) -> None:
     """A restarted Redis forgets its scripts: every caller of the batch reloads and retries."""
-    hot = GroupCommitRedis.sharing(aredis)
+    hot = group_committing(aredis, "", "hot")
     store = JobStore(hot, Keys("cv"), 60)
     await store.create(_entry(), "cv:q:m", {"model": "m"})
     await aredis.script_flush()

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from producer_api.app import create_app
-from producer_api.token_hub import StreamUnreadable, TokenHub
+from producer_api.token_hub import StreamUnreadable, TagReader
 from shared.redis_client import connect
 from shared.settings import Settings
 from shared.webhook_events import allowed
@@ -164,7 +164,7 @@ async def test_the_hub_drops_a_stream_redis_refuses_and_serves_the_others(
     listener is told, and the good stream's new entry still arrives at once."""
     redis_client.set("bad-stream", "not a stream")
     client = connect(redis_url, blocks_ms=0)
-    hub = TokenHub(redis_url, client, "hub-wake", "hub-test")
+    hub = TagReader(redis_url, client, "hub-wake", "hub-test")
     await hub.start()
     try:
         with pytest.raises(ValueError, match="not a stream entry id"):

@@ -59,7 +59,7 @@ async def test_transition_publishes_the_view(aredis: aioredis.Redis) -> None:
     entry = RequestEntry("a3", {"inputs": {}}, now_ms(), reply="t:reply:p1")
     await store.create(entry, KEYS.queue("m", "v"), {"model": "m", "variant": "v"})
     pubsub = aredis.pubsub(ignore_subscribe_messages=True)
-    await pubsub.subscribe("t:reply:p1")
+    await pubsub.ssubscribe("t:reply:p1")
     await store.transition("a3", JobStatus.CANCELLED)
     message = None
     for _ in range(50):

@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from conveyor.stack import Stack
+from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
 from tests.test_llm_engine import QUESTIONS
@@ -26,6 +27,8 @@ from workers.engines.base import GenerateRequest
 from workers.engines.registry import create_engine
 from workers.engines.vllm_engine import VllmEngine
 from workers.model_prep.smollm2 import prepare
+
+KEYS = Keys("cv:")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
@@ -280,7 +283,7 @@ async def test_eight_concurrent_streams_complete_and_share_the_engine(llm: str) 
 
 
 def _token_stream(stack_redis: redis.Redis, job_id: str) -> list[dict[str, str]]:
-    rows: Any = stack_redis.xrange(f"cv:tok:{job_id}")
+    rows: Any = stack_redis.xrange(KEYS.tokens(job_id))
     return [fields for _, fields in rows]
 
 
@@ -346,7 +349,8 @@ def test_a_client_that_stops_waiting_for_a_whole_answer_cancels_its_job(
             timeout=httpx.Timeout(30, read=3),
         )
     (key,) = set(stack_redis.scan_iter("cv:job:*")) - before
-    job = get_job(llm, str(key).removeprefix("cv:job:"), wait=30)
+    job_id = str(key).removeprefix("cv:job:").translate(str.maketrans("", "", "{}"))
+    job = get_job(llm, job_id, wait=30)
     assert job["status"] == "cancelled"
     stream = _token_stream(stack_redis, job["id"])
     assert stream[-1]["kind"] == "final" and stream[-1]["finish_reason"] == "abort"

@@ -19,7 +19,10 @@ import pytest
 import redis
 
 from conveyor.stack import Stack
+from shared.keys import Keys
 from tests.conftest import REPO_ROOT, running_stack, until
+
+KEYS = Keys("cv:")
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 pytestmark = pytest.mark.slow
@@ -99,8 +102,8 @@ def test_burst_scales_up_then_idle_scales_to_zero(elastic_stack: Stack, tmp_path
         ids = asyncio.run(_burst(elastic_stack.base_url, 200))
         _wait_for(lines, "elastic:default replicas=3", timeout=120)
         client = redis.Redis.from_url(elastic_stack.redis_url, decode_responses=True)
-        until(lambda: all(client.hget(f"cv:job:{i}", "status") == "succeeded" for i in ids), 120)
-        workers = {client.hget(f"cv:job:{i}", "worker") for i in ids}
+        until(lambda: all(client.hget(KEYS.job(i), "status") == "succeeded" for i in ids), 120)
+        workers = {client.hget(KEYS.job(i), "worker") for i in ids}
         assert len(workers) > 1
         after = _wait_for(lines, "elastic:default replicas=0", timeout=120)
         assert "elastic:default replicas=2" in after and "elastic:default replicas=1" in after

@@ -20,9 +20,12 @@ from starlette.testclient import TestClient
 
 from conveyor.stack import Stack
 from producer_api.app import create_app
+from shared.keys import Keys
 from shared.settings import Settings
 from tests.conftest import until
 from workers.runtime.consumer_runtime import ConsumerRuntime
+
+KEYS = Keys("cv:")
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -69,13 +72,13 @@ def test_metrics_match_a_known_workload(
     assert delta(after_w, before_w, "conveyor_jobs_finished_total", **part, state="succeeded") == 10
     assert delta(after_w, before_w, "conveyor_queue_wait_seconds_count", **part) == 10
     assert delta(after_w, before_w, "conveyor_e2e_latency_seconds_count", **part) == 10
-    batches = {stack_redis.hget(f"cv:job:{i}", "batch_id") for i in ids}
+    batches = {stack_redis.hget(KEYS.job(i), "batch_id") for i in ids}
     assert delta(after_w, before_w, "conveyor_batch_size_count", **part) == len(batches)
     assert delta(after_w, before_w, "conveyor_batch_size_sum", **part) == 10
     route = {"method": "POST", "route": "/v1/models/{model}/predict", "status": "200"}
     assert delta(after_p, before_p, "conveyor_http_requests_total", **route) == 10
     canary_lane = {"model": "identity", "variant": "canary", "lane": "online"}
-    queued = stack_redis.xlen("cv:q:identity:canary")
+    queued = stack_redis.xlen(KEYS.queue("identity", "canary"))
     assert queued >= 3
 
     # Partition gauges are refreshed at most once a second, so a scrape right after the

@@ -14,7 +14,10 @@ import pytest
 import redis
 
 from conveyor.stack import Stack
+from shared.keys import Keys
 from tests.minilm_reference import reference_embeddings
+
+KEYS = Keys("cv:")
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -37,7 +40,7 @@ def _submit(base_url: str, body: dict[str, Any], **params: Any) -> httpx.Respons
 
 
 def _job_hash(stack_redis: redis.Redis, job_id: str) -> dict[str, str]:
-    fields: dict[str, str] = stack_redis.hgetall(f"cv:job:{job_id}")  # type: ignore[assignment]
+    fields: dict[str, str] = stack_redis.hgetall(KEYS.job(job_id))  # type: ignore[assignment]
     return fields
 
 
@@ -122,7 +125,7 @@ def test_cancel_before_a_worker_reads_it(
     fields = _job_hash(stack_redis, job_id)
     assert fields["status"] == "cancelled"
     assert "started" not in fields and "attempts" not in fields
-    assert stack_redis.xlen("cv:q:identity:canary") == 0
+    assert stack_redis.xlen(KEYS.queue("identity", "canary")) == 0
 
 
 def test_variants_use_their_own_streams_and_workers(
@@ -130,7 +133,7 @@ def test_variants_use_their_own_streams_and_workers(
 ) -> None:
     queued = _submit(base_url, {"model": "identity", "variant": "canary", "inputs": {"v": "c"}})
     job_id = queued.json()["id"]
-    assert stack_redis.xlen("cv:q:identity:canary") == 1
+    assert stack_redis.xlen(KEYS.queue("identity", "canary")) == 1
     result: dict[str, Any] = {}
 
     def long_poll() -> None:
@@ -203,7 +206,7 @@ def test_models_lists_partitions_with_queue_stats(base_url: str, identity_worker
     assert models["object"] == "list"
     identity = next(m for m in models["data"] if m["id"] == "identity")
     default = next(p for p in identity["partitions"] if p["variant"] == "default")
-    assert default["stream"] == "cv:q:identity:default"
+    assert default["stream"] == KEYS.queue("identity", "default")
     assert default["consumers"] >= 1 and default["lag"] == 0 and default["pending"] == 0
 
 

@@ -18,12 +18,14 @@ import yaml
 from conveyor.local_stack import StackState
 from conveyor.stack import Stack
 from conveyor.supervisor import CRASH_LOOP_EXITS, Supervisor
-from shared.keys import GROUP
+from shared.keys import GROUP, Keys
 from tests.conftest import REPO_ROOT, until
 from tests.up_process import conveyor_up
 
+KEYS = Keys("cv:")
+
 pytestmark = pytest.mark.slow
-QUEUE = "cv:q:identity:default"
+QUEUE = KEYS.queue("identity", "default")
 
 
 def _repository(folder: Path) -> Path:
@@ -92,7 +94,7 @@ def test_killed_worker_is_replaced_and_no_accepted_job_is_lost(tmp_path: Path) -
 
         def ended() -> list[object] | None:
             statuses: list[object] = [
-                client.hget(f"cv:job:{i}", "status") for i in submitter.accepted
+                client.hget(KEYS.job(i), "status") for i in submitter.accepted
             ]
             terminal = {"succeeded", "failed", "cancelled", "expired"}
             return statuses if all(s in terminal for s in statuses) else None

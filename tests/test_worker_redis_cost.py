@@ -37,6 +37,7 @@ async def _enqueue(client: aioredis.Redis, jobs: list[tuple[str, str, str]]) -> 
     store = JobStore(client, KEYS, ttl_s=60)
     for job_id, reply, slot in jobs:
         entry = RequestEntry(job_id, {"inputs": {"x": job_id}}, now_ms(), reply=reply)
+        entry.inflight = slot
         fields: dict[str, str | int] = {"model": "m", "variant": "v"}
         if slot:
             fields["inflight"] = slot
@@ -66,7 +67,7 @@ async def test_finish_costs_three_commands_per_job_and_one_publish_per_producer(
     await reader.ensure_groups()
     (_, deliveries), *_ = await reader.wait([STREAM], 100, 100)
     pubsub = aredis.pubsub(ignore_subscribe_messages=True)
-    await pubsub.subscribe("t:reply:p0", "t:reply:p1")
+    await pubsub.ssubscribe("t:reply:p0", "t:reply:p1")
     await aredis.config_resetstat()
 
     written = await _writer(aredis).finish(STREAM, [_succeeded(d) for d in deliveries])
@@ -78,7 +79,7 @@ async def test_finish_costs_three_commands_per_job_and_one_publish_per_producer(
     # write of a second) and the variant statistics' two keys
     assert calls["hmget"] == 14 + 1 and calls["hset"] == 12 and 12 <= calls["expire"] <= 15
     assert calls["hget"] == 0 and calls["hincrby"] == 0
-    assert calls["publish"] == 2 and calls["zrem"] == 3 and calls["xack"] == calls["xdel"] == 1
+    assert calls["spublish"] == 2 and calls["zrem"] == 3 and calls["xack"] == calls["xdel"] == 1
     messages: list[dict[str, Any]] = []
     for _ in range(100):  # subscribe confirmations read as None
         if len(messages) == 2:

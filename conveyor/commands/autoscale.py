@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import click
-import redis
 
 from autoscaling.local_autoscaler import PoolScaler
 from conveyor.local_stack import redis_url
@@ -28,7 +27,7 @@ from shared.settings import get_settings
 def command(models: str, interval: float | None, state_dir: Path) -> None:
     """Scale workers between each model's min and max replicas, as KEDA would."""
     settings = get_settings()
-    stack = Stack.create(state_dir, redis_url(settings))
+    stack = Stack.create(state_dir, redis_url(settings), cluster=settings.redis_cluster)
     keys = Keys(settings.key_prefix)
     partitions = ModelRepository.load(settings.model_repository).partitions(models.split(","))
     scalers = [
@@ -42,7 +41,7 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
         for config, variant in partitions
     ]
     period = interval or min(c.autoscaling.polling_interval_s for c, _ in partitions)
-    client = redis.Redis.from_url(stack.redis_url)
+    client = stack.client()
     stopping: list[int] = []
     signal.signal(signal.SIGINT, lambda signum, _: stopping.append(signum))
     signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))

@@ -84,7 +84,7 @@ def command(
     _refuse_taken(port)
     redis_url = os.environ.get("CONVEYOR_REDIS_URL")
     valkey_config = {"appendonly": "yes"} if redis_url is None else None
-    stack = Stack.create(state_dir, redis_url, valkey_config)
+    stack = Stack.create(state_dir, redis_url, valkey_config, cluster=settings.redis_cluster)
     try:
         # One console secret for all producers: a session cookie is good on whichever answers.
         secret = settings.console_secret or secrets.token_urlsafe(32)

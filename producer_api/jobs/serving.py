@@ -9,7 +9,6 @@ import logging
 import math
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,6 +22,7 @@ from producer_api.state import ProducerState
 from shared.codec import RequestEntry
 from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, now_ms
+from shared.keys import new_job_id
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.model_repository import ModelConfig
 from shared.routing import UnknownVariant
@@ -90,8 +90,9 @@ class JobsService:
 
     def build(self, model: str, body: PredictRequest) -> tuple[RequestEntry, ModelConfig, str]:
         config, variant = self.resolve(model, body)
+        job_id = new_job_id(config.name, variant)
         entry = RequestEntry(
-            job_id=uuid.uuid4().hex,
+            job_id=job_id,
             payload={
                 "inputs": body.inputs,
                 "parameters": body.parameters,
@@ -100,7 +101,7 @@ class JobsService:
             enqueued_ms=now_ms(),
             deadline_ms=_deadline_ms(body),
             tenant=self.principal.tenant,
-            reply=self.state.replies.channel,
+            reply=self.state.replies.channel(job_id),
             traceparent=current_traceparent(),
         )
         return entry, config, variant
@@ -124,7 +125,7 @@ class JobsService:
             fields["webhook"] = body.webhook
         eta = self.state.queue_eta
         max_ahead = eta.max_ahead(config, variant, bulk, entry.deadline_ms)
-        async with self._in_flight_slot(entry.job_id, fields):
+        async with self._in_flight_slot(entry, fields):
             try:
                 position = await self.state.job_store.create(
                     entry,
@@ -148,7 +149,7 @@ class JobsService:
 
     @asynccontextmanager
     async def _in_flight_slot(
-        self, job_id: str, fields: dict[str, str | int]
+        self, entry: RequestEntry, fields: dict[str, str | int]
     ) -> AsyncIterator[None]:
         """Hold one of the key's in-flight slots for the job, given back if it is not enqueued.
         The job hash names its slot (`inflight`) so whoever ends the job can free it."""
@@ -157,7 +158,7 @@ class JobsService:
             yield
             return
         limiter = self.state.in_flight
-        if not await limiter.admit(self.principal.key_id, job_id, quota.max_in_flight):
+        if not await limiter.admit(self.principal.key_id, entry.job_id, quota.max_in_flight):
             raise ConveyorError(
                 429,
                 "too_many_in_flight",
@@ -165,11 +166,12 @@ class JobsService:
                 " one ends",
                 {"Retry-After": "1"},
             )
-        fields["inflight"] = self.state.keys.in_flight(self.principal.key_id)
+        entry.inflight = self.state.keys.in_flight(self.principal.key_id)
+        fields["inflight"] = entry.inflight
         try:
             yield
         except BaseException:
-            await limiter.release(self.principal.key_id, job_id)
+            await limiter.release(self.principal.key_id, entry.job_id)
             raise
 
     async def submit(
@@ -198,7 +200,7 @@ class JobsService:
     ) -> tuple[str, str, dict[str, Any] | None]:
         """Enqueue with the waiter registered first, so a fast worker cannot beat us to it."""
         entry, config, variant = self.build(model, body)
-        future = self.state.replies.register(entry.job_id)
+        future = await self.state.replies.register(entry.job_id)
         try:
             await self.enqueue(entry, config, variant, body)
             view = await self._await_reply(entry.job_id, future, timeout)
@@ -220,7 +222,7 @@ class JobsService:
         wait the hash is read again)."""
         checked_id(job_id)
         replies = self.state.replies
-        future = replies.register(job_id) if wait > 0 else None
+        future = await replies.register(job_id) if wait > 0 else None
         try:
             record = await self.owned(job_id)
             if future is None or record.status.terminal:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import uuid
 
 from redis.exceptions import RedisError
 
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, QueueFull, now_ms
-from shared.keys import Keys
+from shared.keys import Keys, new_job_id
 from shared.metrics import SHADOW_COPIES
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.routing import Routes
@@ -50,7 +49,7 @@ class ShadowCopies:
         self, config: ModelConfig, shadow: str, entry: RequestEntry, variant: str
     ) -> None:
         copy = RequestEntry(
-            job_id=uuid.uuid4().hex,
+            job_id=new_job_id(config.name, shadow),
             payload={k: v for k, v in entry.payload.items() if k != "webhook"},
             enqueued_ms=now_ms(),
             deadline_ms=entry.deadline_ms,

@@ -22,6 +22,7 @@ class Finish:
     fields: dict[str, str] = field(default_factory=dict)
     context: Mapping[str, str] = field(default_factory=dict)
     webhook: str = ""
+    inflight: str = ""  # the API key's in-flight set holding the job, freed with the write
 
     def view(self) -> dict[str, Any]:
         return job_view(self.job_id, {**self.context, **self.fields, "status": self.status})

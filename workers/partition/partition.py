@@ -86,5 +86,12 @@ class Partition:
         }
         webhook = str(entry.payload.get("webhook", ""))
         return Finish(
-            delivery.entry_id, entry.job_id, entry.reply, status, fields, context, webhook
+            delivery.entry_id,
+            entry.job_id,
+            entry.reply,
+            status,
+            fields,
+            context,
+            webhook,
+            entry.inflight,
         )

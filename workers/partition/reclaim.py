@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from shared import job_scripts
 from shared.codec import as_text
-from shared.job_store import JobStore, now_ms
+from shared.job_store import JobStore, now_ms, queue_slot_frees
 from shared.keys import GROUP, Keys
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
@@ -80,6 +80,7 @@ class Reclaimer:
             for eid, fields, status, count in rows
         ]
         dead = [d for d in deliveries if d.status in DEAD]
+        await self._free_slots([d for d in dead if d.status == "dead"])
         for delivery in dead:
             log.error("dead-lettered entry %r of %s", delivery.entry_id, stream)
             if delivery.status == "dead" and delivery.entry is not None:
@@ -88,6 +89,15 @@ class Reclaimer:
             log.warning("reclaimed %d abandoned entries of %s", len(deliveries), stream)
         await self.prune_consumers(stream)
         return [d for d in deliveries if d.status not in DEAD]
+
+    async def _free_slots(self, failed: list[Delivery]) -> None:
+        """Dead-lettered jobs give back their API keys' in-flight slots (in the keys' slots,
+        so not inside RECLAIM)."""
+        held = [(d.entry.inflight, d.entry.job_id) for d in failed if d.entry and d.entry.inflight]
+        if held:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                queue_slot_frees(pipe, held)
+                await pipe.execute()
 
     async def _notify(self, job_id: str) -> None:
         """The failed job's webhook, with the view a client reading the job would get."""

@@ -17,10 +17,12 @@ from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from shared.redis_client import CLUSTER_OUTAGE
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-OUTAGE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError)
+OUTAGE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, *CLUSTER_OUTAGE)
 
 
 class Stopped(Exception):

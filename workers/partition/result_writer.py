@@ -1,16 +1,28 @@
-"""Write-back for a whole micro-batch in one round trip: results, replies (one PUBLISH per
+"""Write-back for a whole micro-batch in one round trip: results, replies (one SPUBLISH per
 waiting producer, carrying all its jobs), XACK and XDEL happen in one Lua script, so a result is
-visible if and only if its entry is acknowledged."""
+visible if and only if its entry is acknowledged; the API keys' in-flight slots (in their own
+slots) are freed in the same pipeline.
+
+With `CONVEYOR_REPLICA_ACKS`, the pipeline ends with WAIT on the partition's master and the
+replies go out after it, in a second round trip: a producer never hears of a result a failover
+could lose."""
 
 from __future__ import annotations
 
 import time
-
-import redis.asyncio as aioredis
+from typing import Any
 
 from shared import job_scripts
 from shared.codec import as_text
+from shared.job_store import queue_slot_frees
 from shared.keys import GROUP, Keys
+from shared.redis_client import (
+    RedisClient,
+    check_replica_acks,
+    queue_replica_wait,
+    queue_script,
+)
+from shared.settings import get_settings
 from shared.variant_stats import VariantStats
 from workers.partition.finish import Finish
 from workers.partition.job_events import JobEvents
@@ -18,8 +30,9 @@ from workers.partition.job_events import JobEvents
 
 class ResultWriter:
     def __init__(
-        self, client: aioredis.Redis, keys: Keys, ttl_s: int, events: JobEvents, worker: str
+        self, client: RedisClient, keys: Keys, ttl_s: int, events: JobEvents, worker: str
     ) -> None:
+        self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
         self.worker = worker
@@ -42,14 +55,40 @@ class ResultWriter:
     async def _write(self, stream: str, batch: list[Finish]) -> list[Finish]:
         if not batch:
             return []
-        args: list[str | bytes | int] = [GROUP, self.ttl_s, self.keys.job_prefix, self.worker]
         drained = self.keys.drained(stream, int(time.time()))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            queue_script(pipe, self._finish, [stream, drained], self._args(batch))
+            queue_slot_frees(pipe, [(item.inflight, item.job_id) for item in batch if item.status])
+            waits = queue_replica_wait(self.redis, pipe, stream)
+            replies = await pipe.execute()
+        written_ids = {as_text(job_id) for job_id in replies[0]}
+        written = [item for item in batch if item.job_id in written_ids]
+        if waits:
+            check_replica_acks(replies[-waits:])
+            await self._publish(written)
+        return written
+
+    def _args(self, batch: list[Finish]) -> list[Any]:
+        """FINISH's arguments; its replies are left to `_publish` while replicas must confirm
+        first (a record's reply channel is sent empty)."""
+        publish = not get_settings().replica_acks
+        args: list[Any] = [GROUP, self.ttl_s, self.keys.job_prefix, self.worker]
         for item in batch:
-            args += [item.entry_id, item.job_id, item.reply, item.message(), item.status]
+            reply = item.reply if publish else ""
+            args += [item.entry_id, item.job_id, reply, item.message(), item.status]
             args.append(len(item.fields))
             for name, value in item.fields.items():
                 args += [name, value]
-        written = {
-            as_text(job_id) for job_id in await self._finish(keys=[stream, drained], args=args)
-        }
-        return [item for item in batch if item.job_id in written]
+        return args
+
+    async def _publish(self, written: list[Finish]) -> None:
+        """One SPUBLISH per reply channel, of the views of its written jobs (FINISH's own
+        message, sent once the replicas hold the results)."""
+        by_channel: dict[str, list[bytes]] = {}
+        for item in written:
+            if item.reply:
+                by_channel.setdefault(item.reply, []).append(item.message())
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for channel, views in by_channel.items():
+                pipe.spublish(channel, b"[" + b",".join(views) + b"]")
+            await pipe.execute()

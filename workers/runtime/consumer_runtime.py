@@ -12,9 +12,10 @@ from concurrent.futures import Future
 
 import redis.asyncio as aioredis
 
+from shared import job_scripts
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelRepository
-from shared.redis_client import connect
+from shared.redis_client import connect, preload
 from shared.settings import Settings
 from workers.batching.micro_batch_loop import MicroBatchLoop
 from workers.engines.base import BatchEngine, GenerateEngine
@@ -83,6 +84,7 @@ class ConsumerRuntime:
 
     async def _serve(self) -> None:
         client = connect(self.settings.redis_url, name=self.consumer)
+        await preload(client, job_scripts.ALL)
         events = JobEvents(self.settings.redis_url)
         writer = ResultWriter(client, self.keys, self.settings.result_ttl_s, events, self.consumer)
         for config, variant in self.partitions:
