@@ -60,7 +60,7 @@ async def read_partition_stats(
         for lane in (partition.online, partition.bulk):
             _apply_group(lane, next(results))
             lane.length = _int(next(results))
-            lane.held = int(next(results) or 0)
+            lane.held = _number(next(results))
             lane.length += lane.held
         partition.dlq_depth = _int(next(results))
     await _oldest_ages(client, [lane for p in partitions for lane in (p.online, p.bulk)])
@@ -94,3 +94,8 @@ async def _oldest_ages(client: aioredis.Redis, lanes: list[LaneStats]) -> None:
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) else 0
+
+
+def _number(value: Any) -> int:
+    """A counter read with HGET; an error reply (a node failing over) or none reads as 0."""
+    return int(value) if isinstance(value, bytes | str) else 0

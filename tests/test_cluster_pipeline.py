@@ -31,9 +31,12 @@ JOBS_EACH = 60
 
 
 @contextmanager
-def cluster_stack(root: Path, **env: str) -> Iterator[tuple[LocalCluster, Stack]]:
-    """A local 3+3 cluster, a producer on it and one identity worker per partition."""
-    with local_cluster(root / "cluster", node_timeout_ms=1000) as cluster:
+def cluster_stack(
+    root: Path, replicas: int = 1, **env: str
+) -> Iterator[tuple[LocalCluster, Stack]]:
+    """A local cluster of 3 masters with `replicas` each, a producer on it and one identity
+    worker per partition."""
+    with local_cluster(root / "cluster", node_timeout_ms=1000, replicas=replicas) as cluster:
         url = f"redis://127.0.0.1:{cluster.masters[0].port}/0"
         stack = Stack.create(root / "logs", url, cluster=True)
         stack.env.update({"CONVEYOR_AUTH": "disabled", **env})

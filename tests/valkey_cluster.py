@@ -94,6 +94,9 @@ def _start_node(data_dir: Path, node_timeout_ms: int) -> ClusterNode:
         "cluster-node-timeout": str(node_timeout_ms),
         "appendonly": "no",
         "repl-diskless-sync-delay": "0",  # a replica syncs at once, not after 5 s
+        # A master's failure stops only its own slots, not the whole cluster (docs/
+        # redis-cluster.md recommends the same for production).
+        "cluster-require-full-coverage": "no",
         "save": "",
     }
     server = ValkeyServer(data_dir=data_dir, config=config)
@@ -115,13 +118,15 @@ def _slot_ranges(masters: int) -> list[tuple[int, int]]:
 
 
 def _form(masters: list[ClusterNode], replicas: list[ClusterNode]) -> None:
-    """MEET every node, give each master its slot range, then attach one replica to each."""
+    """MEET every node, give each master its slot range, then attach the replicas to the
+    masters in turn."""
     first = masters[0].client()
     for node in masters[1:] + replicas:
         first.execute_command("CLUSTER MEET", "127.0.0.1", node.port)
     for node, (start, end) in zip(masters, _slot_ranges(len(masters)), strict=True):
         node.client().execute_command("CLUSTER ADDSLOTSRANGE", start, end)
-    for replica, master in zip(replicas, masters, strict=True):
+    for index, replica in enumerate(replicas):
+        master = masters[index % len(masters)]
         _until_known(replica, master.node_id)
         replica.client().execute_command("CLUSTER REPLICATE", master.node_id)
 
@@ -137,10 +142,11 @@ def _until_known(node: ClusterNode, node_id: str, timeout_s: float = 10.0) -> No
 
 @contextmanager
 def local_cluster(
-    root: Path, masters: int = 3, node_timeout_ms: int = 2000
+    root: Path, masters: int = 3, node_timeout_ms: int = 2000, replicas: int = 1
 ) -> Iterator[LocalCluster]:
-    """A formed, healthy cluster of `masters` masters with one replica each."""
-    nodes = [_start_node(root / f"node{i}", node_timeout_ms) for i in range(masters * 2)]
+    """A formed, healthy cluster of `masters` masters with `replicas` replicas each."""
+    count = masters * (1 + replicas)
+    nodes = [_start_node(root / f"node{i}", node_timeout_ms) for i in range(count)]
     cluster = LocalCluster(nodes[:masters], nodes[masters:], node_timeout_ms)
     try:
         _form(cluster.masters, cluster.replicas)

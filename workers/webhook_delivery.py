@@ -13,7 +13,7 @@ import logging
 import random
 import time
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import redis
@@ -41,11 +41,15 @@ def backoff_s(attempt: int) -> float:
 
 @cache
 def _redis() -> redis.Redis:
+    """The task's blocking client (a cluster client on a cluster: the hashes it records on
+    live in their jobs' or batches' slots)."""
     settings = get_settings()
     timeout = settings.redis_timeout_s
-    return redis.Redis.from_url(
+    kind = redis.RedisCluster if settings.redis_cluster else redis.Redis
+    client = kind.from_url(
         settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
     )
+    return cast(redis.Redis, client)
 
 
 def _target_key(kind: TargetKind, target_id: str) -> str:
