@@ -8,7 +8,7 @@ or a transaction touches together carries the same hash tag (`{...}`), so it lan
   from its id alone (`GET /v1/jobs/{id}` stays one round trip) and the scripts that move a job
   with its entry (ENQUEUE, TAKE, FINISH, RECLAIM) touch one slot.
 - An API key's per-request keys (rate bucket, in-flight set and its rescan marker) carry the
-  key id's tag: tenants spread over the masters.
+  key id's tag, idempotency claims their tenant's: tenants spread over the masters.
 - A model's experiment counters and samples carry the model's tag.
 - A batch's keys carry the batch id's tag.
 - The control plane (API key records, routes, canaries, shadow pairs, workers and their
@@ -142,7 +142,8 @@ class Keys:
         return f"{self.prefix}dlq:{self.tag(model, variant)}:{model}:{variant}"
 
     def idempotency(self, tenant: str, key: str) -> str:
-        return f"{self.prefix}idem:{tenant}:{key}"
+        """One idempotency key's claim (tagged by tenant: a tenant's claims share a slot)."""
+        return f"{self.prefix}idem:{{{tenant}}}:{key}"
 
     def routes(self, model: str) -> str:
         """A model's live routes (hash: `doc` JSON, `version`); see shared/route_store.py."""
