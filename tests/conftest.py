@@ -9,17 +9,20 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio import RedisCluster
 
 from conveyor.embedded_valkey import start_embedded_valkey
 from conveyor.stack import Stack, free_port
+from shared import job_scripts
 from shared.api_keys import ApiKeyStore, KeySpec
 from shared.keys import Keys
-from shared.redis_client import connect
+from shared.redis_client import RedisClient, connect, preload
+from tests.valkey_cluster import LocalCluster, local_cluster
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,6 +54,23 @@ async def aredis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     await client.flushdb()
     yield client
     await client.aclose()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A real local Valkey Cluster (3 masters, 3 replicas) for one test module."""
+    with local_cluster(tmp_path_factory.mktemp("cluster")) as formed:
+        yield formed
+
+
+@pytest.fixture
+async def cluster_client(cluster: LocalCluster) -> AsyncIterator[RedisClient]:
+    """An asyncio cluster client with the job scripts loaded on every node, as the app has."""
+    nodes = RedisCluster.from_url(f"redis://127.0.0.1:{cluster.masters[0].port}/0")
+    client = cast(RedisClient, nodes)  # as shared.redis_client.connect types it
+    await preload(client, job_scripts.ALL)
+    yield client
+    await nodes.aclose()
 
 
 @contextmanager

@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from typing import cast
 
 import pytest
-from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.batch_api.sweeper import BatchApiSweeper
-from shared import job_scripts
 from shared.batch_api_store import BatchApiStore, BatchStatus, open_lists
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
-from shared.redis_client import RedisClient, preload
+from shared.redis_client import RedisClient
 from shared.webhook_events import WebhookDispatcher
-from tests.valkey_cluster import LocalCluster, local_cluster
+from tests.valkey_cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 KEYS = Keys()
@@ -34,18 +30,9 @@ TTL_S = 600
 LOOKERS = 8  # producers refreshing one batch at once
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with local_cluster(tmp_path_factory.mktemp("cluster")) as formed:
-        yield formed
-
-
 @pytest.fixture
-async def client(cluster: LocalCluster) -> AsyncIterator[RedisClient]:
-    nodes = RedisCluster.from_url(f"redis://127.0.0.1:{cluster.masters[0].port}/0")
-    await preload(cast(RedisClient, nodes), job_scripts.ALL)  # pipelined, as the app does
-    yield cast(RedisClient, nodes)  # as shared.redis_client.connect types it
-    await nodes.aclose()
+def client(cluster_client: RedisClient) -> RedisClient:
+    return cluster_client
 
 
 def _variants(cluster: LocalCluster) -> list[str]:

@@ -6,11 +6,9 @@ declares (a cluster refuses anything else)."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import cast
+from collections.abc import Callable
 
 import pytest
-from redis.asyncio import RedisCluster
 
 from producer_api.console.job_browser import JobFilter, recent_jobs
 from shared.keys import Keys, new_job_id
@@ -18,24 +16,16 @@ from shared.model_repository import ModelConfig, ModelRepository
 from shared.rate_limit import InFlightLimiter
 from shared.redis_client import RedisClient
 from shared.variant_stats import BUCKET_S, VariantStats, bucket_of
-from tests.valkey_cluster import LocalCluster, local_cluster
+from tests.valkey_cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 KEYS = Keys()
 CAP = 3
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with local_cluster(tmp_path_factory.mktemp("cluster")) as formed:
-        yield formed
-
-
 @pytest.fixture
-async def client(cluster: LocalCluster) -> AsyncIterator[RedisClient]:
-    nodes = RedisCluster.from_url(f"redis://127.0.0.1:{cluster.masters[0].port}/0")
-    yield cast(RedisClient, nodes)  # as shared.redis_client.connect types it
-    await nodes.aclose()
+def client(cluster_client: RedisClient) -> RedisClient:
+    return cluster_client
 
 
 def _one_per_master(cluster: LocalCluster, key: Callable[[str], str], stem: str) -> list[str]:
