@@ -34,6 +34,7 @@ PARTS = {
     "C": "benchmarks.llm_streaming",
     "D": "benchmarks.redis_cost",
     "E": "benchmarks.scaling",
+    "EC": "benchmarks.cluster_scaling",
     "F": "benchmarks.fairness",
     "G": "benchmarks.gpu_engine",
 }

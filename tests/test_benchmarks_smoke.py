@@ -124,6 +124,21 @@ def test_part_e_scale(tmp_path: Path) -> None:
     assert target["measured"] == pytest.approx(steps[1]["jobs_per_s"] / linear)
 
 
+def test_part_ec_cluster_scale(tmp_path: Path) -> None:
+    document = _run("EC", tmp_path)
+    _check_common(document, "EC", tmp_path)
+    steps = document["data"]["steps"]
+    assert [s["masters"] for s in steps] == [1, 2]  # the smoke scale stops at 2 masters
+    for step in steps:
+        assert step["jobs"] > 0 and step["errors"] == 0, step
+        assert len(set(step["slots"])) == step["masters"] == len(step["jobs_per_s_by_master"])
+        assert all(rate > 0 for rate in step["jobs_per_s_by_master"]), step
+        assert all(0 < u <= 1.5 for u in step["master_utilisation"]), step
+        assert all(v > 0 for v in step["cpu_ms"].values()), step
+    [target] = document["targets"]
+    assert target["measured"] == pytest.approx(steps[1]["jobs_per_s"] / steps[0]["jobs_per_s"])
+
+
 def test_part_f_fairness(tmp_path: Path) -> None:
     document = _run("F", tmp_path)
     _check_common(document, "F", tmp_path)
