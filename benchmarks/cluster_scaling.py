@@ -91,7 +91,8 @@ def run(scale: Scale, workdir: Path) -> PartResult:
             "per master: identity variants whose hash tag's slot is on that master (chosen by "
             "slot, listed in the second table). Per partition one producer (its own port), one "
             f"worker and one load-generator process of {scale.scale_concurrency} closed-loop "
-            f"clients; {scale.seconds:g} s measured after a {scale.warmup_s:g} s warm-up. "
+            f"clients; {scale.seconds:g} s measured after a {scale.warmup_s:g} s warm-up, "
+            f"best of {scale.rounds} rounds per step (neighbours only ever slow a round). "
             f"Cores: {placement}. Valkey CPU utilisation is each master's CPU seconds per wall "
             "second (1.0 is one core saturated); while it stays well below 1 the masters are "
             "not what limits the step, and the 1→2 ratio measures the cores the rest of the "
@@ -109,18 +110,22 @@ def run(scale: Scale, workdir: Path) -> PartResult:
 
 
 def _step(masters: int, master_cores: list[int] | None, scale: Scale, root: Path) -> dict[str, Any]:
-    """A fresh cluster of `masters` masters and a stack on it, measured, then stopped."""
+    """A fresh cluster of `masters` masters and a stack on it, measured `scale.rounds` times
+    (the best round counts), then stopped."""
     with local_cluster(root / "cluster", masters=masters, replicas=0) as cluster:
         if master_cores:
             for node, core in zip(cluster.masters, master_cores, strict=False):
                 os.sched_setaffinity(node.pid(), {core})
         variants = partition_variants(cluster)
         with cluster_stack(cluster, root, variants) as (urls, pids):
-            step = measure(variants, urls, pids, scale)
+            rounds = [measure(variants, urls, pids, scale) for _ in range(scale.rounds)]
+    # Neighbours on a shared machine only ever slow a round down: the best one counts.
+    step = max(rounds, key=lambda r: r["jobs_per_s"])
     step.update(
         masters=masters,
         master_cores=master_cores[:masters] if master_cores else None,
         slots=[key_slot(Keys().queue(MODEL, v).encode()) for v in variants],
+        rounds_jobs_per_s=[r["jobs_per_s"] for r in rounds],
     )
     return step
 
