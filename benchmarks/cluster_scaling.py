@@ -26,8 +26,8 @@ from benchmarks.report import PartResult, Plot, Series, Table, Target, ratio
 from benchmarks.scales import Scale
 from benchmarks.scaling import _busy_share
 from conveyor.stack import Stack, free_port
+from conveyor.valkey_cluster import LocalCluster, local_cluster
 from shared.keys import Keys
-from tests.valkey_cluster import LocalCluster, local_cluster
 
 TITLE = "Scale: masters of a Redis Cluster"
 MODEL = "identity"

@@ -18,11 +18,11 @@ from redis.asyncio import RedisCluster
 
 from conveyor.embedded_valkey import start_embedded_valkey
 from conveyor.stack import Stack, free_port
+from conveyor.valkey_cluster import LocalCluster, local_cluster
 from shared import job_scripts
 from shared.api_keys import ApiKeyStore, KeySpec
 from shared.keys import Keys
 from shared.redis_client import RedisClient, connect, preload
-from tests.valkey_cluster import LocalCluster, local_cluster
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,6 +13,7 @@ import uuid
 import pytest
 from redis.crc import key_slot
 
+from conveyor.valkey_cluster import LocalCluster
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.batch_api.sweeper import BatchApiSweeper
 from shared.batch_api_store import BatchApiStore, BatchStatus, open_lists
@@ -21,7 +22,6 @@ from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
 from shared.redis_client import RedisClient
 from shared.webhook_events import WebhookDispatcher
-from tests.valkey_cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 KEYS = Keys()

@@ -10,13 +10,13 @@ from collections.abc import Callable
 
 import pytest
 
+from conveyor.valkey_cluster import LocalCluster
 from producer_api.console.job_browser import JobFilter, recent_jobs
 from shared.keys import Keys, new_job_id
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.rate_limit import InFlightLimiter
 from shared.redis_client import RedisClient
 from shared.variant_stats import BUCKET_S, VariantStats, bucket_of
-from tests.valkey_cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 KEYS = Keys()

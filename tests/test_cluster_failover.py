@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from conveyor.stack import Stack
+from conveyor.valkey_cluster import LocalCluster
 from shared.keys import Keys
 from tests.test_cluster_pipeline import PARTITIONS, cluster_stack
-from tests.valkey_cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 KEYS = Keys("cv:")

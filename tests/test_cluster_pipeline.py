@@ -17,10 +17,10 @@ import redis
 from redis.crc import key_slot
 
 from conveyor.stack import Stack, free_port
+from conveyor.valkey_cluster import LocalCluster, local_cluster
 from shared.codec import loads
 from shared.keys import Keys, job_tag, partition_tag
 from tests.test_llm_pipeline import sse_events
-from tests.valkey_cluster import LocalCluster, local_cluster
 
 pytestmark = pytest.mark.slow
 KEYS = Keys("cv:")

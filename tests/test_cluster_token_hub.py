@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from redis.crc import key_slot
 
+from conveyor.valkey_cluster import LocalCluster
 from producer_api.token_hub import StreamUnreadable, TokenHub
 from shared.keys import Keys, job_tag, new_job_id
 from shared.redis_client import RedisClient
 from shared.settings import get_settings
-from tests.valkey_cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 KEYS = Keys()

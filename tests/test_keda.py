@@ -39,10 +39,10 @@ from autoscaling.scaling_math import (
     replicas_for_metric,
 )
 from conveyor.cli import main
+from conveyor.valkey_cluster import local_cluster
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.settings import get_settings
-from tests.valkey_cluster import local_cluster
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = Path(__file__).parent / "fixtures" / "keda"

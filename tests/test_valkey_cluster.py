@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.valkey_cluster import SLOTS, local_cluster
+from conveyor.valkey_cluster import SLOTS, local_cluster
 
 pytestmark = pytest.mark.slow
 
