@@ -1,6 +1,6 @@
-"""A real local Valkey Cluster for the tests (#12): the embedded Valkey binary run as 3 masters
-and 3 replicas on loopback ports, joined, given slots and paired through CLUSTER commands — the
-same steps `valkey-cli --cluster create` takes, so the nodes behave as a managed cluster does
+"""A real local Valkey Cluster for tests and benchmarks (#12): the embedded Valkey binary run as
+masters and replicas on loopback ports, joined, given slots and paired through CLUSTER commands —
+the same steps `valkey-cli --cluster create` takes, so the nodes behave as a managed cluster does
 (MOVED/ASK redirections, replica promotion after `cluster-node-timeout`)."""
 
 from __future__ import annotations
