@@ -65,10 +65,14 @@ def _partition_streams(keys: Keys, repository: ModelRepository) -> list[str]:
     ]
 
 
-def _partition_tags(repository: ModelRepository) -> set[str]:
-    """The hash tag of every partition (whose reply channels the producer subscribes to)."""
+def _partition_tags(repository: ModelRepository, kind: str | None = None) -> set[str]:
+    """The hash tag of every partition (of models of `kind`, if given): whose reply channels
+    the producer subscribes to, whose token streams its hub reads."""
     return {
-        partition_tag(config.name, variant) for config in repository for variant in config.variants
+        partition_tag(config.name, variant)
+        for config in repository
+        if kind in (None, config.kind)
+        for variant in config.variants
     }
 
 
@@ -120,6 +124,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.replies.start(_partition_tags(state.repository))
     except RedisError as exc:
         log.warning("redis not reachable at startup (%s); readyz will say so", exc)
+    await state.tokens.start(_partition_tags(state.repository, "generate"))
     sweeper = BatchApiSweeper(state.batch_store, state.batch_progress)
     sweeper.start()
     state.traffic.start()

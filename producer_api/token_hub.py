@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -55,6 +55,12 @@ class TokenHub:
         self.producer = producer
         self._readers: dict[str, TagReader] = {}
 
+    async def start(self, tags: Iterable[str]) -> None:
+        """Start the readers of the partitions known to stream tokens (the repository's
+        generate models); any other starts when its first stream is followed."""
+        for tag in tags:
+            await self._reader(tag)
+
     async def stop(self) -> None:
         for reader in self._readers.values():
             await reader.stop()
@@ -64,14 +70,18 @@ class TokenHub:
         self, tag: str, key: str, after: str
     ) -> AsyncIterator[asyncio.Queue[Delivery]]:
         """`TagReader.listen` on the reader of `key`'s partition `tag`."""
+        reader = await self._reader(tag)
+        async with reader.listen(key, after) as queue:
+            yield queue
+
+    async def _reader(self, tag: str) -> TagReader:
         if tag not in self._readers:
             wake = self.keys.token_hub_wake(self.producer, tag)
             name = f"producer-{self.producer}-tokens-{tag}"
             reader = TagReader(self.url, self.redis, wake, name)
             self._readers[tag] = reader
             await reader.start()
-        async with self._readers[tag].listen(key, after) as queue:
-            yield queue
+        return self._readers[tag]
 
     async def read(self, key: str, after: str, count: int) -> Any:
         """Up to `count` entries of `key` after `after`, now, without blocking (the shared

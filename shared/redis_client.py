@@ -147,3 +147,13 @@ def queue_script(pipe: Any, script: AsyncScript, keys: Sequence[Any], args: Sequ
     if isinstance(pipe, aioredis.client.Pipeline):
         pipe.scripts.add(cast(Any, script))
     pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+async def executed(pipe: Any, raise_on_error: bool = True) -> list[Any]:
+    """The pipeline's replies. redis-py's cluster pipeline can fail with an AttributeError or a
+    RuntimeError (a closed transport) when a node's connection is torn down under it in a
+    failover: that is a lost connection (503, back off), not a fault of the caller."""
+    try:
+        return list(await pipe.execute(raise_on_error=raise_on_error))
+    except (AttributeError, RuntimeError) as exc:
+        raise RedisConnectionError(f"connection lost mid-pipeline: {exc!r}") from exc

@@ -20,12 +20,12 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from prometheus_client import Counter
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared.redis_client import (
     RedisClient,
     check_replica_acks,
     connect,
+    executed,
     is_cluster,
     queue_replica_wait,
 )
@@ -38,16 +38,6 @@ _DIRECT = frozenset({"BLPOP", "BRPOP", "BLMOVE", "BZPOPMIN", "BZPOPMAX", "WAIT",
 _DIRECT |= {"XREADGROUP", "SUBSCRIBE", "PSUBSCRIBE", "MONITOR", "SCRIPT LOAD"}
 
 _Pending = tuple[tuple[Any, ...], dict[str, Any], "asyncio.Future[Any]"]
-
-
-async def _executed(pipe: Any) -> list[Any]:
-    """The pipeline's replies. redis-py's cluster pipeline can fail with an AttributeError when
-    a node's connection is torn down under it (a failover): that is a lost connection (503),
-    not a fault of the request."""
-    try:
-        return list(await pipe.execute(raise_on_error=False))
-    except AttributeError as exc:
-        raise RedisConnectionError(f"connection lost mid-pipeline: {exc!r}") from exc
 
 
 def group_committing(client: RedisClient, url: str, name: str) -> RedisClient:
@@ -97,7 +87,7 @@ class GroupCommit:
             pipe.execute_command(*args, **options)
         waits = queue_replica_wait(cast(RedisClient, self), pipe)
         try:
-            replies = await _executed(pipe)
+            replies = await executed(pipe, raise_on_error=False)
             if waits:
                 check_replica_acks(replies[-waits:])
                 replies = replies[:-waits]

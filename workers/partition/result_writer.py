@@ -19,6 +19,7 @@ from shared.keys import GROUP, Keys
 from shared.redis_client import (
     RedisClient,
     check_replica_acks,
+    executed,
     queue_replica_wait,
     queue_script,
 )
@@ -60,7 +61,7 @@ class ResultWriter:
             queue_script(pipe, self._finish, [stream, drained], self._args(batch))
             queue_slot_frees(pipe, [(item.inflight, item.job_id) for item in batch if item.status])
             waits = queue_replica_wait(self.redis, pipe, stream)
-            replies = await pipe.execute()
+            replies = await executed(pipe)
         written_ids = {as_text(job_id) for job_id in replies[0]}
         written = [item for item in batch if item.job_id in written_ids]
         if waits:
