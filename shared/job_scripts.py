@@ -212,9 +212,14 @@ return out
 # holds this one in its tenant's list instead (hash field `held` = 1, no seq until it joins the
 # stream; reply {1, ahead, 0}) for refill (TAKE, FINISH) to move by deficit round robin; its
 # ahead counts the held jobs the round robin serves first, and so does deadline admission.
+# A job whose hash exists already changes nothing (reply {1, 0, its seq}): a call retried after
+# its reply was lost (a connection torn mid-pipeline, a failover) must not enqueue it twice.
 ENQUEUE = (
     _PRELUDE
     + """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {1, 0, tonumber(redis.call('HGET', KEYS[1], 'seq')) or 0}
+end
 local max_length, window = tonumber(ARGV[1]), tonumber(ARGV[5])
 local stream = KEYS[2]
 local length = redis.call('XLEN', stream)

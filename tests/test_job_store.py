@@ -37,6 +37,17 @@ async def test_create_writes_hash_and_entry_together(aredis: aioredis.Redis) -> 
     assert 0 < await aredis.ttl(KEYS.job("a1")) <= 60
 
 
+async def test_a_retried_create_enqueues_nothing_twice(aredis: aioredis.Redis) -> None:
+    """A create retried after its reply was lost (a torn connection) finds the job's hash:
+    no second entry, and a job that ended meanwhile is not queued again."""
+    store = await _queued(aredis, "a5")
+    await store.transition("a5", JobStatus.CANCELLED)
+    entry = RequestEntry(job_id="a5", payload={"inputs": {}}, enqueued_ms=now_ms())
+    await store.create(entry, KEYS.queue("m", "v"), {"model": "m", "variant": "v"})
+    assert await aredis.xlen(KEYS.queue("m", "v")) == 1
+    assert await aredis.hget(KEYS.job("a5"), "status") == b"cancelled"
+
+
 async def test_transition_refuses_leaving_a_terminal_state(aredis: aioredis.Redis) -> None:
     store = await _queued(aredis, "a2")
     cancelled = await store.transition("a2", JobStatus.CANCELLED)
