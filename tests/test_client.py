@@ -112,7 +112,8 @@ def test_retries_honour_retry_after_on_a_real_429(stack: Stack, fixtures_url: st
             for _ in range(6)
         ]
         assert [c.status_code for c in codes] == [202] * 5 + [429]
-        assert float(codes[-1].headers["Retry-After"]) >= 1
+        # ten jobs drained in the last few seconds, maybe all in this one: about 1 s a job
+        assert float(codes[-1].headers["Retry-After"]) in (1, 2), codes[-1].headers
 
         retries: list[RetryEvent] = []
         threading.Timer(0.3, os.kill, (pid, signal.SIGCONT)).start()  # room soon after

@@ -19,8 +19,10 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from conveyor.stack import Stack, free_port
+from producer_api.jobs.admission import Backpressure
 from shared.keys import Keys
 from tests.conftest import REPO_ROOT, running_stack, until
 from tests.fault_engine import FIXED_ENV
@@ -315,6 +317,16 @@ def test_queue_limit_answers_429_with_retry_after(fault_stack: Stack, r: redis.R
     assert int(codes[-1].headers["Retry-After"]) >= 1
     assert codes[-1].json()["error"]["type"] == "queue_full"
     assert r.xlen(KEYS.queue("tiny", "default")) == 5
+
+
+async def test_retry_after_counts_this_seconds_drain(aredis: aioredis.Redis) -> None:
+    """Entries drained this very second are a drain rate, not an idle partition's minute."""
+    backpressure = Backpressure(aredis, KEYS)
+    idle = await backpressure.queue_full(STREAM, 5)
+    await aredis.set(KEYS.drained(STREAM, int(time.time())), 20)
+    draining = await backpressure.queue_full(STREAM, 5)
+    assert idle.headers == {"Retry-After": "60"}
+    assert draining.headers == {"Retry-After": "1"}, draining.message
 
 
 def test_sigterm_drains_the_batch_in_hand(fault_stack: Stack, r: redis.Redis) -> None:

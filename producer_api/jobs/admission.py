@@ -64,11 +64,14 @@ class Backpressure:
 
     async def queue_full(self, stream: str, length: int) -> ConveyorError:
         """429 whose Retry-After is how long the partition needs, at its drain rate over the
-        last few seconds, to make room (1 s at least, 60 s at most)."""
-        now = int(time.time())
-        keys = [self.keys.drained(stream, now - back) for back in range(1, DRAIN_WINDOW_S + 1)]
+        last few seconds, to make room (1 s at least, 60 s at most). The current second counts
+        for the part of it gone by: a partition that drained only this second drains, and is
+        not told to wait the full minute an idle one is."""
+        now = time.time()
+        second = int(now)
+        keys = [self.keys.drained(stream, second - back) for back in range(DRAIN_WINDOW_S + 1)]
         drained = sum(int(count) for count in await self.redis.mget(keys) if count)
-        rate = drained / DRAIN_WINDOW_S
+        rate = drained / (DRAIN_WINDOW_S + now - second)
         wait = 60 if rate == 0 else min(60, max(1, math.ceil(1 / rate)))
         return ConveyorError(
             429,
