@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, cast
 
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from producer_api.redis_outage import RedisOutage
@@ -102,23 +100,19 @@ class ReplyListener:
             if node == ONE_SERVER:
                 pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             else:
-                client = aioredis.Redis(host=node[0], port=node[1], **self._node_options())
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub = self._node_client(node).pubsub(ignore_subscribe_messages=True)
             self._nodes[node] = pubsub
             self._tasks[node] = asyncio.create_task(self._listen(node), name="reply-listener")
         return self._nodes[node]
 
-    def _node_options(self) -> dict[str, Any]:
-        """Connection options of the cluster client (timeouts, retries, auth, TLS) for a plain
-        client on one of its nodes: pub/sub needs a connection of its own per node."""
-        manager: Any = cast(Any, self.redis).nodes_manager
-        accepted = inspect.signature(aioredis.Redis).parameters
-        skipped = {"host", "port", "max_connections", "connection_pool"}
-        return {
-            name: value
-            for name, value in manager.connection_kwargs.items()
-            if name in accepted and name not in skipped
-        }
+    def _node_client(self, node: Node) -> aioredis.Redis:
+        """A plain client on one cluster node, connecting as the cluster client does (timeouts,
+        retries, auth, TLS): pub/sub needs a connection of its own per node."""
+        owner: Any = cast(Any, self.redis).get_node(host=node[0], port=node[1])
+        pool = aioredis.ConnectionPool(
+            connection_class=owner.connection_class, **owner.connection_kwargs
+        )
+        return aioredis.Redis(connection_pool=pool)
 
     async def _listen(self, node: Node) -> None:
         outage = RedisOutage("reply listener")
@@ -133,7 +127,7 @@ class ReplyListener:
                     if message["type"] == "smessage":
                         self._deliver_all(loads(message["data"]))
                 await asyncio.sleep(0.05)  # no channel subscribed here (yet)
-            except (RedisConnectionError, RedisError) as exc:
+            except RedisError as exc:
                 if is_cluster(self.redis) and node != ONE_SERVER:
                     await self._move_off(node, exc)
                     return
@@ -157,17 +151,17 @@ class ReplyListener:
                 await cast(Any, self.redis).nodes_manager.initialize()
                 await self._subscribe(moved)
                 break
-            except (RedisConnectionError, RedisError) as error:
+            except RedisError as error:
                 await asyncio.sleep(outage.failed(error))
         await self._recheck()
 
     async def _recheck(self) -> None:
-        """Wake waiters whose jobs ended while a reply could have been lost."""
-        for job_id in list(self._waiters):
-            try:
-                record = await self.jobs.get(job_id)
-            except RedisError:
-                return  # the next reconnection rechecks again
+        """Wake waiters whose jobs ended while a reply could have been lost (one round trip)."""
+        try:
+            records = await self.jobs.get_many(list(self._waiters))
+        except RedisError:
+            return  # the next reconnection rechecks again
+        for record in records:
             if record is not None and record.status.terminal:
                 self._deliver(record.view())
 

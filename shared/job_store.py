@@ -14,7 +14,7 @@ from shared import job_scripts
 from shared.codec import RequestEntry, as_text, dumps, loads
 from shared.job_states import IllegalTransition, JobStatus
 from shared.keys import GROUP, Keys
-from shared.redis_client import RedisClient, queue_script
+from shared.redis_client import RedisClient, executed, queue_script
 
 _TIMING_FIELDS = ("queue_wait_ms", "engine_ms", "ttft_ms", "tpot_ms")
 _COUNT_FIELDS = ("batch_size", "attempts", "prompt_tokens", "completion_tokens")
@@ -93,6 +93,13 @@ class NewJob:
     fields: Mapping[str, str | int]
     fair_window: int = 0
     weight: float = 1.0
+
+
+def _record(job_id: str, raw: Mapping[Any, Any]) -> JobRecord | None:
+    """A job hash as read (no fields: no such job)."""
+    if not raw:
+        return None
+    return JobRecord(job_id, {as_text(k): as_text(v) for k, v in raw.items()})
 
 
 class JobNotFound(LookupError):
@@ -187,10 +194,15 @@ class JobStore:
         return keys, [*head, *hash_args, *entry_args]
 
     async def get(self, job_id: str) -> JobRecord | None:
-        raw = await self.redis.hgetall(self.keys.job(job_id))
-        if not raw:
-            return None
-        return JobRecord(job_id, {as_text(k): as_text(v) for k, v in raw.items()})
+        return _record(job_id, await self.redis.hgetall(self.keys.job(job_id)))
+
+    async def get_many(self, job_ids: Sequence[str]) -> list[JobRecord | None]:
+        """The jobs' records in one round trip (a cluster pipeline is split per node)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hgetall(self.keys.job(job_id))
+            raws = await executed(pipe)
+        return [_record(job_id, raw) for job_id, raw in zip(job_ids, raws, strict=True)]
 
     async def transition(
         self, job_id: str, target: JobStatus, fields: Mapping[str, str | int] | None = None

@@ -105,21 +105,24 @@ class ReplicaAckTimeout(RedisConnectionError):
     write may not survive a failover, so it is not acknowledged (the producer's 503)."""
 
 
-def queue_replica_wait(client: RedisClient, pipe: Any, key: str | None = None) -> int:
-    """Queue `WAIT CONVEYOR_REPLICA_ACKS` on `pipe` behind the writes it carries: on the
-    connection of `key`'s node (cluster; None: every master's), since WAIT counts only the
-    writes of its own connection. Returns how many WAITs were queued (0 when acks are off);
-    `check_replica_acks` reads their replies."""
+async def queue_replica_wait(client: RedisClient, pipe: Any, written: Iterable[str]) -> int:
+    """Queue `WAIT CONVEYOR_REPLICA_ACKS` on `pipe` behind the writes it carries to the keys
+    `written`: on the connection of each of their nodes (a cluster; one server: its one), since
+    WAIT counts only the writes of its own connection; none when nothing is written, so a read
+    or another shard's lost replica never holds a write up. Returns how many WAITs were queued
+    (0 when acks are off); `check_replica_acks` reads their replies."""
     settings = get_settings()
-    if settings.replica_acks == 0:
+    keys = list(written)
+    if settings.replica_acks == 0 or not keys:
         return 0
     args = ("WAIT", settings.replica_acks, int(settings.redis_timeout_s * 1000))
     if not is_cluster(client):
         pipe.execute_command(*args)
         return 1
     cluster = cast(Any, client)
-    nodes = [cluster.get_node_from_key(key)] if key else cluster.get_primaries()
-    for node in nodes:
+    await cluster.initialize()  # knows its nodes before its first command (no-op after)
+    nodes = {node.name: node for node in map(cluster.get_node_from_key, keys)}
+    for node in nodes.values():
         pipe.execute_command(*args, target_nodes=node)
     return len(nodes)
 

@@ -7,8 +7,8 @@ producer makes one round trip per tick instead of one per command per request.
 stores built on it (JobStore, limiters, idempotency keys) need no change, and each caller still
 gets its own reply or its own exception (a refused or failing command fails alone).
 
-With `CONVEYOR_REPLICA_ACKS`, each pipeline ends with WAIT on every connection it wrote on, and
-no caller hears back before the replicas confirmed the batch: a 202 is never given for a job a
+With `CONVEYOR_REPLICA_ACKS`, each pipeline that writes ends with WAIT on every node it wrote to,
+and no caller hears back before the replicas confirmed the batch: a 202 is never given for a job a
 failover could lose. A cluster client (`GroupCommitCluster`) batches the same way; redis-py
 splits its pipeline per node, still one round trip in parallel."""
 
@@ -37,7 +37,24 @@ COMMANDS = Counter("conveyor_group_commit_commands", "Redis commands sent by gro
 _DIRECT = frozenset({"BLPOP", "BRPOP", "BLMOVE", "BZPOPMIN", "BZPOPMAX", "WAIT", "XREAD"})
 _DIRECT |= {"XREADGROUP", "SUBSCRIBE", "PSUBSCRIBE", "MONITOR", "SCRIPT LOAD"}
 
+# Commands that change nothing: a flush of only these waits for no replica.
+_READS = frozenset({"GET", "MGET", "STRLEN", "EXISTS", "TTL", "PTTL", "TYPE", "PING"})
+_READS |= {"HGET", "HMGET", "HGETALL", "HEXISTS", "HLEN", "LRANGE", "LLEN", "LINDEX"}
+_READS |= {"SMEMBERS", "SISMEMBER", "SCARD", "ZRANGE", "ZRANGEBYSCORE", "ZCARD", "ZSCORE"}
+_READS |= {"XLEN", "XRANGE", "XREVRANGE", "XPENDING", "XINFO STREAM", "XINFO GROUPS"}
+
 _Pending = tuple[tuple[Any, ...], dict[str, Any], "asyncio.Future[Any]"]
+
+
+def _written_key(args: tuple[Any, ...]) -> str | None:
+    """The key a command writes (a script's first key; one node owns all of a command's keys),
+    or None for a read."""
+    name = str(args[0]).upper()
+    if name in _READS:
+        return None
+    if name in ("EVALSHA", "EVAL") and int(args[2]) > 0:
+        return str(args[3])
+    return str(args[1]) if len(args) > 1 else ""
 
 
 def group_committing(client: RedisClient, url: str, name: str) -> RedisClient:
@@ -82,11 +99,12 @@ class GroupCommit:
         a connection that fails after retries fails every caller of the batch."""
         FLUSHES.inc()
         COMMANDS.inc(len(batch))
-        pipe: Any = self.pipeline(transaction=False)  # type: ignore[attr-defined]
-        for args, options, _ in batch:
-            pipe.execute_command(*args, **options)
-        waits = queue_replica_wait(cast(RedisClient, self), pipe)
+        written = {key for args, _, _ in batch if (key := _written_key(args)) is not None}
         try:
+            pipe: Any = self.pipeline(transaction=False)  # type: ignore[attr-defined]
+            for args, options, _ in batch:
+                pipe.execute_command(*args, **options)
+            waits = await queue_replica_wait(cast(RedisClient, self), pipe, written)
             replies = await executed(pipe, raise_on_error=False)
             if waits:
                 check_replica_acks(replies[-waits:])

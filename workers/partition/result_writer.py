@@ -60,7 +60,7 @@ class ResultWriter:
         async with self.redis.pipeline(transaction=False) as pipe:
             queue_script(pipe, self._finish, [stream, drained], self._args(batch))
             queue_slot_frees(pipe, [(item.inflight, item.job_id) for item in batch if item.status])
-            waits = queue_replica_wait(self.redis, pipe, stream)
+            waits = await queue_replica_wait(self.redis, pipe, [stream])
             replies = await executed(pipe)
         written_ids = {as_text(job_id) for job_id in replies[0]}
         written = [item for item in batch if item.job_id in written_ids]
@@ -71,12 +71,12 @@ class ResultWriter:
 
     def _args(self, batch: list[Finish]) -> list[Any]:
         """FINISH's arguments; its replies are left to `_publish` while replicas must confirm
-        first (a record's reply channel is sent empty)."""
+        first (a record's reply channel and view are sent empty)."""
         publish = not get_settings().replica_acks
         args: list[Any] = [GROUP, self.ttl_s, self.keys.job_prefix, self.worker]
         for item in batch:
-            reply = item.reply if publish else ""
-            args += [item.entry_id, item.job_id, reply, item.message(), item.status]
+            reply, view = (item.reply, item.message()) if publish else ("", b"")
+            args += [item.entry_id, item.job_id, reply, view, item.status]
             args.append(len(item.fields))
             for name, value in item.fields.items():
                 args += [name, value]
