@@ -85,20 +85,16 @@ async def submit_job(
 ) -> FastJSONResponse:
     """Enqueue a job; with `wait`, answer 200 with the finished job if it ends in time. A
     repeated `Idempotency-Key` with the same body answers 200 with the original job."""
-    if idempotency_key is not None:
-        job_id, variant, created = await service.submit(body.model, body, idempotency_key)
-        if not created:
-            return FastJSONResponse(await service.get(job_id, wait))
-        accepted = _accepted(request, job_id, "queued", body.model, variant)
-        return FastJSONResponse({**accepted, **service.standing}, 202)
-    if wait > 0:
+    if wait > 0 and idempotency_key is None:
         job_id, variant, view = await service.submit_and_wait(body.model, body, wait)
         if view is not None:
             return FastJSONResponse(view, status_code=200)
         return FastJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
-    job_id, variant, _ = await service.submit(body.model, body)
-    accepted = _accepted(request, job_id, "queued", body.model, variant)
-    return FastJSONResponse({**accepted, **service.standing}, 202)
+    submitted = await service.submit(body.model, body, idempotency_key)
+    if not submitted.created:
+        return FastJSONResponse(await service.get(submitted.job_id, wait))
+    accepted = _accepted(request, submitted.job_id, "queued", body.model, submitted.variant)
+    return FastJSONResponse({**accepted, **submitted.standing}, 202)
 
 
 @router.get("/v1/jobs/{job_id}", name="get_job", response_model=JobView, responses=_ERRORS)

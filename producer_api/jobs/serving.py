@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from producer_api.auth.principal import Principal
@@ -62,12 +63,21 @@ def checked_id(job_id: str) -> str:
     return job_id
 
 
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A submit's outcome: the job, its variant, whether this call created it, and where it
+    stood when enqueued (the 202's `queue_position` and `eta_ms`; none for an earlier job)."""
+
+    job_id: str
+    variant: str
+    created: bool = True
+    standing: dict[str, int | None] = field(default_factory=dict)
+
+
 class JobsService:
     def __init__(self, state: ProducerState, principal: Principal) -> None:
         self.state = state
         self.principal = principal
-        # Where the job this service last enqueued stood at its ENQUEUE (what the 202 shows).
-        self.standing: dict[str, int | None] = {}
 
     def resolve(self, model: str, body: PredictRequest) -> tuple[ModelConfig, str]:
         config = self.state.repository.get(model)
@@ -108,10 +118,10 @@ class JobsService:
 
     async def enqueue(
         self, entry: RequestEntry, config: ModelConfig, variant: str, body: PredictRequest
-    ) -> None:
+    ) -> dict[str, int | None]:
         """Append to the partition, or 429 when it holds `queue.max_length` entries already,
         the key has its `max_in_flight` jobs queued or running, or (`queue.admit_by_deadline`)
-        the job would start after its deadline."""
+        the job would start after its deadline. Returns where the job stands in its queue."""
         keys = self.state.keys
         bulk = body.priority == "bulk"
         lane = keys.bulk_queue if bulk else keys.queue
@@ -141,11 +151,11 @@ class JobsService:
             except TooFarBack as late:
                 JOBS_REJECTED.labels(config.name, variant, "deadline_unmeetable").inc()
                 raise _unmeetable(eta.standing(config, variant, bulk, late.ahead), entry) from None
-        self.standing = eta.standing(config, variant, bulk, position).public()
         JOBS_SUBMITTED.labels(config.name, variant, body.priority).inc()
         if body.priority == "online":
             self.state.traffic.shadow(config, entry, variant)
         log.info("job accepted", extra={"job_id": entry.job_id, "model": config.name})
+        return eta.standing(config, variant, bulk, position).public()
 
     @asynccontextmanager
     async def _in_flight_slot(
@@ -176,24 +186,24 @@ class JobsService:
 
     async def submit(
         self, model: str, body: PredictRequest, idempotency_key: str | None = None
-    ) -> tuple[str, str, bool]:
-        """Enqueue a job; returns (job id, variant, created). With an idempotency key seen
-        before (same body), nothing is enqueued and the first job's id comes back."""
+    ) -> Submitted:
+        """Enqueue a job. With an idempotency key seen before (same body), nothing is enqueued
+        and the first job's id comes back."""
         entry, config, variant = self.build(model, body)
         if idempotency_key is None:
-            await self.enqueue(entry, config, variant, body)
-            return entry.job_id, variant, True
+            standing = await self.enqueue(entry, config, variant, body)
+            return Submitted(entry.job_id, variant, standing=standing)
         idempotency = self.state.idempotency
         body_print = fingerprint({"model": model, **body.model_dump(mode="json")})
         first = await idempotency.claim(entry.tenant, idempotency_key, entry.job_id, body_print)
         if first is not None:
-            return first, variant, False
+            return Submitted(first, variant, created=False)
         try:
-            await self.enqueue(entry, config, variant, body)
+            standing = await self.enqueue(entry, config, variant, body)
         except BaseException:
             await idempotency.release(entry.tenant, idempotency_key)
             raise
-        return entry.job_id, variant, True
+        return Submitted(entry.job_id, variant, standing=standing)
 
     async def submit_and_wait(
         self, model: str, body: PredictRequest, timeout: float

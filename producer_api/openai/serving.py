@@ -158,8 +158,7 @@ class OpenAIService:
             routing_key=request.user,
             variant=request.variant,
         )
-        job_id, _, _ = await self.jobs.submit(request.model, body)
-        return job_id
+        return (await self.jobs.submit(request.model, body)).job_id
 
     def _follow(self, job_id: str) -> AsyncIterator[TokenEvent]:
         return TokenFollower(self.state.tokens, self.state.job_store, self.state.keys).follow(
