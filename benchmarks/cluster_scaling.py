@@ -21,10 +21,9 @@ from redis.crc import key_slot
 from benchmarks.load import Target as LoadTarget
 from benchmarks.load import closed_loop, drive
 from benchmarks.pipeline_stack import IDENTITY_PAYLOAD, repository_copy, start_worker
-from benchmarks.process_cpu import CpuMeter
+from benchmarks.process_cpu import CpuMeter, busy_share
 from benchmarks.report import PartResult, Plot, Series, Table, Target, ratio
 from benchmarks.scales import Scale
-from benchmarks.scaling import _busy_share
 from conveyor.stack import Stack, free_port
 from conveyor.valkey_cluster import LocalCluster, local_cluster
 from shared.keys import Keys
@@ -198,7 +197,7 @@ def measure(
         machine = psutil.cpu_times()
         loads = list(pool.map(_load, urls, variants, c, [scale.seconds] * k, n))
         cpu_s = meter.stop()
-        busy = _busy_share(machine, psutil.cpu_times())
+        busy = busy_share(machine, psutil.cpu_times())
     latencies = np.array([s for load in loads for s in load["latencies_s"]]) * 1000.0
     jobs = len(latencies)
     wall_s = max(load["elapsed_s"] for load in loads)

@@ -4,7 +4,7 @@ engine called in-process with the same prompts and greedy sampling.
 
 The two never run at the same time (two vLLM engines on two cores would measure each other): the
 in-process engine is started, measured and shut down first, then the stack's smollm2 worker
-starts. Each engine starts once (45-100 s here), so the smoke test runs C only on request."""
+starts. Each engine starts once (45-100 s here): C is the longest part of the smoke test."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import psutil
 
@@ -52,3 +53,12 @@ def per_request_ms(cpu_s: Mapping[str, float], requests: int) -> dict[str, float
     if requests <= 0:
         return {name: float("nan") for name in cpu_s}
     return {name: round(seconds * 1000.0 / requests, 3) for name, seconds in cpu_s.items()}
+
+
+def busy_share(before: Any, after: Any) -> float:
+    """Share of all cores' time not idle between two `psutil.cpu_times()`: near 1, the
+    machine (pipeline, load generators and neighbours together) is what limits the step."""
+    spent = {field: getattr(after, field) - getattr(before, field) for field in after._fields}
+    total = sum(spent.values())
+    idle = spent["idle"] + spent.get("iowait", 0.0)
+    return round(1.0 - idle / total, 3) if total > 0 else float("nan")

@@ -95,7 +95,7 @@ SMOKE = Scale(
     queue_delays_ms=(2.0,),
     redis_jobs=200,
     profile_s=1.0,
-    # C still starts vLLM twice (45-100 s each here): the smoke test runs it only on request.
+    # C still starts vLLM twice (45-100 s each here), whatever its scale.
     llm_streams=(1, 2),
     llm_requests=2,
     llm_rounds=1,

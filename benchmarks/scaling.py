@@ -18,7 +18,7 @@ from benchmarks.load import Target as LoadTarget
 from benchmarks.load import closed_loop, drive
 from benchmarks.pipeline_stack import IDENTITY_PAYLOAD as PAYLOAD
 from benchmarks.pipeline_stack import running_stack, start_worker
-from benchmarks.process_cpu import CpuMeter
+from benchmarks.process_cpu import CpuMeter, busy_share
 from benchmarks.report import PartResult, Plot, Series, Table, Target, ratio
 from benchmarks.scales import Scale
 from conveyor.stack import Stack, free_port
@@ -109,7 +109,7 @@ def measure(pairs: int, urls: list[str], pids: dict[str, int], scale: Scale) -> 
         machine = psutil.cpu_times()
         loads = list(pool.map(_load, urls, [c] * pairs, [scale.seconds] * pairs, [n] * pairs))
         cpu_s = meter.stop()
-        busy = _busy_share(machine, psutil.cpu_times())
+        busy = busy_share(machine, psutil.cpu_times())
     latencies = np.array([s for load in loads for s in load["latencies_s"]]) * 1000.0
     jobs = len(latencies)
     wall_s = max(load["elapsed_s"] for load in loads)
@@ -127,15 +127,6 @@ def measure(pairs: int, urls: list[str], pids: dict[str, int], scale: Scale) -> 
         "redis_ceiling_per_s": round(1000.0 / cpu_ms["redis"]) if cpu_ms["redis"] > 0 else None,
         "machine_busy": busy,
     }
-
-
-def _busy_share(before: Any, after: Any) -> float:
-    """Share of all cores' time not idle between two `psutil.cpu_times()`: near 1, the
-    machine (pipeline, load generators and neighbours together) is what limits the step."""
-    spent = {field: getattr(after, field) - getattr(before, field) for field in after._fields}
-    total = sum(spent.values())
-    idle = spent["idle"] + spent.get("iowait", 0.0)
-    return round(1.0 - idle / total, 3) if total > 0 else float("nan")
 
 
 def targets(steps: list[dict[str, Any]]) -> list[Target]:
