@@ -28,7 +28,7 @@ from producer_api.task_cancel import cancel_and_wait
 from shared.codec import as_text, is_stream_id, stream_id
 from shared.job_store import JobRecord, JobStore
 from shared.keys import Keys, job_tag
-from shared.redis_client import RedisClient, connect
+from shared.redis_client import RedisClient, connect, read_streams
 from shared.token_stream import READ_COUNT, TokenEvent, final_from_job
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class TokenHub:
     async def read(self, key: str, after: str, count: int) -> Any:
         """Up to `count` entries of `key` after `after`, now, without blocking (the shared
         pool, not a blocking reader)."""
-        return await self.redis.xread({key: after}, count=count)
+        return await read_streams(self.redis, {key: after}, count)
 
 
 class TagReader:
@@ -137,7 +137,7 @@ class TagReader:
         while not self._stopping:
             try:
                 streams: dict[Any, Any] = {self.wake_key: wake, **self._cursors}
-                reply: Any = await self._reader.xread(streams, count=READ_COUNT, block=HUB_BLOCK_MS)
+                reply: Any = await read_streams(self._reader, streams, READ_COUNT, HUB_BLOCK_MS)
             except RedisTimeoutError as exc:  # an idle connection's health check, a slow server
                 log.debug("token hub read timed out (%r); retrying", exc)
                 continue
@@ -170,7 +170,7 @@ class TagReader:
         dropped = 0
         for key, cursor in list(self._cursors.items()):
             try:
-                await self.redis.xread({key: cursor}, count=1)
+                await read_streams(self.redis, {key: cursor}, 1)
             except ResponseError as exc:
                 log.warning("token hub dropped %s (%s)", key, exc)
                 self._cursors.pop(key, None)

@@ -4,16 +4,20 @@ The socket timeout leaves room for kombu's BRPOP, which blocks `BRPOP_S` on an i
 
 kombu speaks to one server. On a cluster (`CONVEYOR_REDIS_CLUSTER`) every kombu key gets the
 prefix `BROKER_TAG`, so all of them live in one slot, and kombu is pointed at the master that
-owns it, found when the app is made. A failover of that master stops webhook hand-offs until
-the process restarts (docs/redis-cluster.md); jobs and results are not affected."""
+owns it. Every node of the cluster is a kombu alternate, and `following_the_slot` is kombu's
+failover strategy: after a connection error kombu switches to whichever node owns the slot now,
+so a failover of that master pauses webhook hand-offs until a replica is promoted, no longer."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from celery import Celery
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
 from shared.settings import get_settings
 
@@ -22,8 +26,8 @@ BROKER_TAG = "{celery}"
 
 
 def broker_app(broker_url: str, **options: Any) -> Celery:
-    """A Celery app on `broker_url` (on a cluster: on the master of kombu's slot) whose broker
-    sockets time out."""
+    """A Celery app on `broker_url` (on a cluster: on the master of kombu's slot, following it
+    through failovers) whose broker sockets time out."""
     settings = get_settings()
     timeout = settings.redis_timeout_s
     transport: dict[str, Any] = {
@@ -31,20 +35,49 @@ def broker_app(broker_url: str, **options: Any) -> Celery:
         "socket_connect_timeout": timeout,
     }
     if settings.redis_cluster:
-        broker_url = _slot_master(broker_url)
+        broker_url = ";".join(_node_urls(broker_url))
         transport["global_keyprefix"] = BROKER_TAG
     app = Celery("conveyor", broker=broker_url, **options)
     app.conf.broker_transport_options = transport
+    if settings.redis_cluster:
+        app.conf.broker_failover_strategy = following_the_slot
     return app
 
 
-def _slot_master(cluster_url: str) -> str:
-    """`cluster_url` (any node) with its host and port replaced by BROKER_TAG's master's."""
-    cluster = RedisCluster.from_url(cluster_url)
+def following_the_slot(urls: list[str]) -> Iterator[str]:
+    """kombu's failover strategy on a cluster: each switch (after a connection error) goes to
+    the node that owns BROKER_TAG's slot now, as the first node of `urls` that answers says;
+    while none does, to the nodes in turn."""
+    yield urls[0]  # kombu skips the first: the URL it starts on
+    for fallback in itertools.cycle(urls):
+        yield _slot_owner(urls) or fallback
+
+
+def _slot_owner(urls: list[str]) -> str | None:
+    for url in urls:
+        try:
+            return _node_urls(url)[0]
+        except (RedisError, RedisClusterException):  # that node is down, or the slot is moving
+            continue
+    return None
+
+
+def _node_urls(cluster_url: str) -> list[str]:
+    """The URL of every node of the cluster `cluster_url` names (any node), BROKER_TAG's
+    master first."""
+    cluster = RedisCluster.from_url(
+        cluster_url, socket_connect_timeout=get_settings().redis_timeout_s
+    )
     try:
-        node = cluster.get_node_from_key(BROKER_TAG)
+        owner = cluster.get_node_from_key(BROKER_TAG)
+        others = [node for node in cluster.get_nodes() if node.name != owner.name]
     finally:
         cluster.close()
+    return [_node_url(cluster_url, node) for node in (owner, *others)]
+
+
+def _node_url(cluster_url: str, node: ClusterNode) -> str:
+    """`cluster_url` with its host and port replaced by `node`'s."""
     parts = urlsplit(cluster_url)
     credentials = parts.netloc.rpartition("@")[0]
     netloc = f"{credentials}@{node.host}:{node.port}" if credentials else f"{node.host}:{node.port}"

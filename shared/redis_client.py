@@ -12,7 +12,7 @@ touches spans slots (shared/keys.py), so the same calls work against one server 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, cast
 
 import redis.asyncio as aioredis
@@ -150,6 +150,32 @@ def queue_script(pipe: Any, script: AsyncScript, keys: Sequence[Any], args: Sequ
     if isinstance(pipe, aioredis.client.Pipeline):
         pipe.scripts.add(cast(Any, script))
     pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+async def read_streams(
+    client: RedisClient,
+    streams: Mapping[Any, Any],
+    count: int,
+    block_ms: int | None = None,
+    group: tuple[str, str] | None = None,
+) -> Any:
+    """XREAD of `streams` (each key's cursor), or XREADGROUP as `group` (group, consumer), as
+    redis-py's `xread`/`xreadgroup` answer. A cluster client sends it to the first stream's
+    node itself: the keys of these commands move, and redis-py would first ask COMMAND GETKEYS
+    of one node it fixed at start, a round trip per read that fails for good once that node
+    dies (every read of a worker whose startup node failed over would fail)."""
+    pieces: list[Any] = ["GROUP", *group] if group else []
+    pieces += ["COUNT", count]
+    if block_ms is not None:
+        pieces += ["BLOCK", block_ms]
+    pieces += ["STREAMS", *streams.keys(), *streams.values()]
+    command = "XREADGROUP" if group else "XREAD"
+    if not is_cluster(client):
+        return await client.execute_command(command, *pieces)
+    cluster = cast(Any, client)
+    await cluster.initialize()  # after a failover: the slots' new owners (no-op otherwise)
+    node = cluster.get_node_from_key(next(iter(streams)))
+    return await cluster.execute_command(command, *pieces, target_nodes=node)
 
 
 async def executed(pipe: Any, raise_on_error: bool = True) -> list[Any]:

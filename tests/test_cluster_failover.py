@@ -10,14 +10,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from conveyor.stack import Stack
 from conveyor.valkey_cluster import LocalCluster
+from shared.celery_broker import BROKER_TAG
 from shared.keys import Keys
+from tests.conftest import until
 from tests.test_cluster_pipeline import PARTITIONS, cluster_stack
+from tests.webhook_receiver import serving
 
 pytestmark = pytest.mark.slow
 KEYS = Keys("cv:")
@@ -131,3 +135,43 @@ def test_without_replica_acks_the_loss_is_counted(tmp_path: Path) -> None:
             f"{promoted_after:.1f} s after kill -9"
         )
         assert len(ids) >= 2 * TARGET
+
+
+def test_webhooks_follow_a_failover_of_their_brokers_master(tmp_path: Path) -> None:
+    """kombu's keys live in one slot; its master, also the node every client started from, is
+    killed: a job submitted after the promotion still runs and its webhook still arrives
+    (published and consumed on the promoted replica)."""
+    with (
+        serving() as receiver,
+        cluster_stack(
+            tmp_path,
+            CONVEYOR_WEBHOOK_SECRET="failover-test",
+            CONVEYOR_WEBHOOK_ALLOWLIST=f"{receiver.base}/hooks/",
+        ) as (cluster, stack),
+    ):
+        broker = cluster.master_of(BROKER_TAG)
+        assert broker.port == cluster.masters[0].port  # the stack's CONVEYOR_REDIS_URL
+        assert all(broker.port != cluster.master_of(KEYS.queue(*p)).port for p in PARTITIONS)
+
+        def delivery(n: int) -> dict[str, Any]:
+            """The delivery of the webhook of a new job (within 60 s)."""
+            body = {
+                "model": "identity",
+                "inputs": {"n": n},
+                "webhook": f"{receiver.base}/hooks/job",
+            }
+            answer = httpx.post(f"{stack.base_url}/v1/jobs", json=body)
+            assert answer.status_code == 202, answer.text
+            job_id = answer.json()["id"]
+            mine = until(
+                lambda: [d for d in receiver.deliveries if job_id.encode() in d["body"]], 60
+            )
+            return dict(mine[0])
+
+        assert delivery(1)["status"] == 200
+        killed_at = time.monotonic()
+        cluster.kill(broker)
+        promoted_after = _promotion(cluster, BROKER_TAG, broker.port, killed_at)
+        print(f"the broker's master was promoted {promoted_after:.1f} s after kill -9")
+        after = delivery(2)
+        assert after["status"] == 200 and b"job.succeeded" in after["body"]

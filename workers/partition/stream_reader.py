@@ -24,6 +24,7 @@ from shared.consumer_groups import ensure_groups
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.keys import GROUP, Keys
+from shared.redis_client import read_streams
 from workers.partition.arrival_rate import ArrivalRate
 
 log = logging.getLogger(__name__)
@@ -98,12 +99,12 @@ class StreamReader:
         returns at once when entries wait; None: do not block). The jobs are handed over as
         they are: no claim round trip (a generate loop's are marked running, one round trip)."""
         reply: Any = await self._recovering(
-            lambda: self.redis.xreadgroup(
-                GROUP,
-                self.consumer,
+            lambda: read_streams(
+                self.redis,
                 dict.fromkeys(streams, ">"),
-                count=count,
-                block=None if block_ms is None else max(block_ms, 1),
+                count,
+                None if block_ms is None else max(block_ms, 1),
+                group=(GROUP, self.consumer),
             )
         )
         now = now_ms()
