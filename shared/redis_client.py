@@ -89,10 +89,10 @@ def is_cluster(client: RedisClient) -> bool:
 
 
 async def preload(client: RedisClient, scripts: Iterable[str]) -> None:
-    """Load scripts on every node, replicas included, so that a pipelined EVALSHA finds them
-    there and after a failover (a cluster pipeline, unlike a plain one, does not load missing
-    scripts itself, and a promoted replica has only what was loaded on it). One server: no-op,
-    its pipelines load what they miss."""
+    """Load scripts on every node, replicas included, so that the first EVALSHA of each finds
+    them there and after a failover (a call that misses one loads it and tries again, a round
+    trip more; pipelines send the script itself, `queue_script`). One server: no-op, its
+    pipelines load what they miss."""
     if not is_cluster(client):
         return
     cluster = cast(Any, client)
@@ -144,12 +144,16 @@ async def get_many(client: RedisClient, keys: Sequence[str]) -> list[Any]:
 
 
 def queue_script(pipe: Any, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> None:
-    """Queue a script call on a pipeline of either kind. redis-py refuses `evalsha` on a
-    cluster pipeline (its scripts are loaded on every node by `preload` instead); a plain
-    pipeline loads the script first if its server lacks it."""
+    """Queue a script call on a pipeline of either kind. A plain pipeline loads the script
+    first if its server lacks it. A cluster pipeline cannot (redis-py refuses `evalsha` there),
+    and a node may lack a script `preload` gave it (one restarted since, or a replica that
+    joined later and was promoted): it sends the script itself, as EVAL, which the server
+    compiles once and then finds by its SHA."""
     if isinstance(pipe, aioredis.client.Pipeline):
         pipe.scripts.add(cast(Any, script))
-    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    else:
+        pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
 
 
 async def read_streams(

@@ -1,6 +1,9 @@
-"""Group commit on a real Valkey Cluster with `CONVEYOR_REPLICA_ACKS` (#12): a flush waits for
-the replicas of the masters it wrote to, and only theirs. A flush of reads waits for none, so
-one shard that lost its replicas never holds up (or fails) another shard's writes."""
+"""The cluster client's own duties on a real Valkey Cluster (#12).
+
+With `CONVEYOR_REPLICA_ACKS`, a group-commit flush waits for the replicas of the masters it wrote
+to, and only theirs: a flush of reads waits for none, so one shard that lost its replicas never
+holds up (or fails) another shard's writes. And scripts a node lost (it restarted since the
+processes loaded them) still run, pipelined or group-committed."""
 
 from __future__ import annotations
 
@@ -11,10 +14,16 @@ import pytest
 
 from conveyor.valkey_cluster import LocalCluster
 from producer_api.jobs.group_commit import group_committing
+from shared.codec import RequestEntry
+from shared.job_states import JobStatus
+from shared.job_store import JobStore, NewJob, now_ms
+from shared.keys import Keys, new_job_id
 from shared.redis_client import RedisClient
 from shared.settings import get_settings
 
 pytestmark = pytest.mark.slow
+KEYS = Keys()
+PARTITIONS = (("identity", "default"), ("identity", "canary"))
 
 
 @pytest.fixture
@@ -54,3 +63,31 @@ async def test_a_flush_waits_on_the_masters_it_wrote_to_only(
     wrote_to = cluster.master_of(written).port
     assert after_write == {node.port: int(node.port == wrote_to) for node in cluster.masters}
     assert after_read == after_write
+
+
+def _forget_scripts(cluster: LocalCluster) -> None:
+    """As if every node had restarted since the processes loaded their scripts."""
+    for node in cluster.masters + cluster.replicas:
+        node.client().script_flush()
+
+
+def _new_job(model: str, variant: str) -> NewJob:
+    entry = RequestEntry(new_job_id(model, variant), {"inputs": {}}, now_ms())
+    return NewJob(entry, KEYS.queue(model, variant), {"model": model, "variant": variant})
+
+
+async def test_scripts_a_node_lost_still_run(
+    cluster: LocalCluster, cluster_client: RedisClient, acked: RedisClient
+) -> None:
+    store, hot = JobStore(cluster_client, KEYS, 60), JobStore(acked, KEYS, 60)
+    jobs = [_new_job(*partition) for partition in PARTITIONS]
+    _forget_scripts(cluster)
+    assert await store.create_many(jobs) == []  # pipelined, on two masters
+    _forget_scripts(cluster)
+    late = _new_job(*PARTITIONS[0])
+    assert await hot.create(late.entry, late.stream, late.fields) == 1  # group-committed
+    _forget_scripts(cluster)
+    ids = [job.entry.job_id for job in [*jobs, late]]
+    assert await store.settle_many(ids, JobStatus.CANCELLED, {}) == 3  # pipelined
+    records = await store.get_many(ids)
+    assert [r.status if r else None for r in records] == [JobStatus.CANCELLED] * 3
