@@ -14,7 +14,7 @@ from shared import job_scripts
 from shared.codec import RequestEntry, as_text, dumps, loads
 from shared.job_states import IllegalTransition, JobStatus
 from shared.keys import GROUP, Keys
-from shared.redis_client import RedisClient, executed, queue_script
+from shared.redis_client import RedisClient, executed, queue_script, run_script
 
 _TIMING_FIELDS = ("queue_wait_ms", "engine_ms", "ttft_ms", "tpot_ms")
 _COUNT_FIELDS = ("batch_size", "attempts", "prompt_tokens", "completion_tokens")
@@ -160,11 +160,8 @@ class JobStore:
     async def create_many(self, jobs: Sequence[NewJob], max_length: int = 0) -> list[int]:
         """`create` for many jobs in one pipelined round trip (each still one atomic ENQUEUE);
         returns the indexes of the jobs refused because their partition was full."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for job in jobs:
-                keys, args = self._enqueue_call(job, max_length)
-                queue_script(pipe, self._enqueue, keys, args)
-            replies = await pipe.execute()
+        calls = [self._enqueue_call(job, max_length) for job in jobs]
+        replies = await run_script(self.redis, self._enqueue, calls)
         return [index for index, (admitted, *_) in enumerate(replies) if not admitted]
 
     def _enqueue_call(
@@ -237,11 +234,11 @@ class JobStore:
         terminal `target` in one pipelined round trip; jobs already terminal stay as they are.
         Returns how many moved."""
         flat = [str(part) for pair in {"finished": now_ms(), **fields}.items() for part in pair]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                args = [target.value, "", "", self.ttl_s, job_id, *flat]
-                queue_script(pipe, self._transition, [self.keys.job(job_id)], args)
-            replies = await pipe.execute()
+        calls = [
+            ([self.keys.job(job_id)], [target.value, "", "", self.ttl_s, job_id, *flat])
+            for job_id in job_ids
+        ]
+        replies = await run_script(self.redis, self._transition, calls)
         return sum(1 for ok, _ in replies if ok)
 
 

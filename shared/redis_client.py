@@ -20,7 +20,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import ClusterDownError, NoScriptError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared.settings import get_settings
@@ -144,16 +144,48 @@ async def get_many(client: RedisClient, keys: Sequence[str]) -> list[Any]:
 
 
 def queue_script(pipe: Any, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> None:
-    """Queue a script call on a pipeline of either kind. A plain pipeline loads the script
-    first if its server lacks it. A cluster pipeline cannot (redis-py refuses `evalsha` there),
-    and a node may lack a script `preload` gave it (one restarted since, or a replica that
-    joined later and was promoted): it sends the script itself, as EVAL, which the server
+    """Queue a script call beside other commands on a pipeline of either kind (one call per
+    micro-batch or request; `run_script` runs one script over many). A plain pipeline loads the
+    script first if its server lacks it. A cluster pipeline cannot (redis-py refuses `evalsha`
+    there), and a node may lack a script `preload` gave it (one restarted since, or a replica
+    that joined later and was promoted): it sends the script itself, as EVAL, which the server
     compiles once and then finds by its SHA."""
     if isinstance(pipe, aioredis.client.Pipeline):
         pipe.scripts.add(cast(Any, script))
         pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
     else:
         pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+
+
+async def run_script(
+    client: RedisClient, script: AsyncScript, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+) -> list[Any]:
+    """`script` once per (keys, args) of `calls`, pipelined in one round trip; the replies in
+    order (an error reply is raised). Its text is not sent per call: on a cluster, the calls a
+    node refused for lacking it (NOSCRIPT: they did nothing; the node restarted since
+    `preload`) run again once it is loaded on every node."""
+    replies = await _evalsha_each(client, script, calls)
+    missing = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if missing:
+        await preload(client, [cast(str, script.script)])
+        again = await _evalsha_each(client, script, [calls[index] for index in missing])
+        for index, reply in zip(missing, again, strict=True):
+            replies[index] = reply
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+async def _evalsha_each(
+    client: RedisClient, script: AsyncScript, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+) -> list[Any]:
+    async with client.pipeline(transaction=False) as pipe:
+        if isinstance(pipe, aioredis.client.Pipeline):
+            pipe.scripts.add(cast(Any, script))
+        for keys, args in calls:
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return await executed(pipe, raise_on_error=False)
 
 
 async def read_streams(
