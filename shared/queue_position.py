@@ -6,18 +6,17 @@ heartbeats), from which the producer estimates when the job will start (docs/arc
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
 from shared import job_scripts
+from shared.drain_rate import drain_rates
 from shared.keys import GROUP, Keys
-from shared.redis_client import get_many
 from shared.worker_registry import WorkerRegistry
 
-# Complete seconds of drained counters a rate is measured over (the current second is partial).
+# Seconds of drained counters a rate is measured over (and the part of this one gone by).
 RATE_WINDOW_S = 5
 
 
@@ -35,8 +34,8 @@ class QueuePositions:
 
 @dataclass(frozen=True, slots=True)
 class PartitionLoad:
-    """One partition's recent throughput per lane (entries finished per second over the last
-    RATE_WINDOW_S seconds) and its workers now, by heartbeat state."""
+    """One partition's recent throughput per lane (entries finished per second over about the
+    last RATE_WINDOW_S seconds) and its workers now, by heartbeat state."""
 
     online_per_s: float = 0.0
     bulk_per_s: float = 0.0
@@ -50,21 +49,15 @@ async def read_partition_loads(
     """Every partition's load: one read of the drained counters plus the worker registry's two
     round trips, however many partitions. A worker counts while it beats (a killed one drops
     out within the registry's TTL), unlike a consumer-group member, which stays until pruned."""
-    now = int(time.time())
-    seconds = range(now - RATE_WINDOW_S, now)
-    lanes = [(keys.queue(m, v), keys.bulk_queue(m, v)) for m, v in partitions]
-    names = [keys.drained(stream, s) for pair in lanes for stream in pair for s in seconds]
-    counts = [int(c) if c else 0 for c in await get_many(client, names)]
+    lanes = [lane for m, v in partitions for lane in (keys.queue(m, v), keys.bulk_queue(m, v))]
+    rates = await drain_rates(client, keys, lanes, RATE_WINDOW_S)
     beats = await WorkerRegistry(client, keys).live()
     loads = {}
     for index, (model, variant) in enumerate(partitions):
-        start = index * 2 * RATE_WINDOW_S
-        online = sum(counts[start : start + RATE_WINDOW_S])
-        bulk = sum(counts[start + RATE_WINDOW_S : start + 2 * RATE_WINDOW_S])
         mine = [b for b in beats if f"{model}:{variant}" in b.models]
         loads[(model, variant)] = PartitionLoad(
-            online / RATE_WINDOW_S,
-            bulk / RATE_WINDOW_S,
+            rates[2 * index],
+            rates[2 * index + 1],
             sum(1 for b in mine if b.state == "serving"),
             sum(1 for b in mine if b.state == "warming"),
         )

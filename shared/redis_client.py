@@ -112,8 +112,10 @@ async def queue_replica_wait(client: RedisClient, pipe: Any, written: Iterable[s
     or another shard's lost replica never holds a write up. Returns how many WAITs were queued
     (0 when acks are off); `check_replica_acks` reads their replies."""
     settings = get_settings()
+    if settings.replica_acks == 0:
+        return 0
     keys = list(written)
-    if settings.replica_acks == 0 or not keys:
+    if not keys:
         return 0
     args = ("WAIT", settings.replica_acks, int(settings.redis_timeout_s * 1000))
     if not is_cluster(client):

@@ -12,7 +12,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 
 from shared.codec import as_text, dumps, loads
-from shared.job_store import JobRecord, now_ms
+from shared.job_store import now_ms
 from shared.keys import Keys
 
 
@@ -45,23 +45,6 @@ class ShadowPairs:
         """The oldest `limit` pairs not yet compared, with their submit ms."""
         rows = await self.redis.zrange(self.keys.shadow_pairs(model), 0, limit - 1, withscores=True)
         return [(ShadowPair.of(row[0]), int(row[1])) for row in cast(list[Any], rows)]
-
-    async def jobs(self, pairs: list[ShadowPair]) -> list[tuple[JobRecord | None, ...]]:
-        """Both job hashes of every pair, in one round trip."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for pair in pairs:
-                pipe.hgetall(self.keys.job(pair.primary_id))
-                pipe.hgetall(self.keys.job(pair.shadow_id))
-            replies = iter(await pipe.execute())
-        out = []
-        for pair in pairs:
-            records = []
-            for job_id in (pair.primary_id, pair.shadow_id):
-                raw = next(replies)
-                text = {as_text(k): as_text(v) for k, v in raw.items()}
-                records.append(JobRecord(job_id, text) if text else None)
-            out.append(tuple(records))
-        return out
 
     async def settle(self, model: str, pair: ShadowPair, fields: Mapping[str, str] | None) -> None:
         """Store the comparison beside the primary (None: a side vanished, drop the pair)."""

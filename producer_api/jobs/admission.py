@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 
 import redis.asyncio as aioredis
 
 from producer_api.errors import ConveyorError
 from shared.codec import as_text, dumps
+from shared.drain_rate import drain_rates
 from shared.keys import Keys
 
 DRAIN_WINDOW_S = 10
@@ -64,14 +64,8 @@ class Backpressure:
 
     async def queue_full(self, stream: str, length: int) -> ConveyorError:
         """429 whose Retry-After is how long the partition needs, at its drain rate over the
-        last few seconds, to make room (1 s at least, 60 s at most). The current second counts
-        for the part of it gone by: a partition that drained only this second drains, and is
-        not told to wait the full minute an idle one is."""
-        now = time.time()
-        second = int(now)
-        keys = [self.keys.drained(stream, second - back) for back in range(DRAIN_WINDOW_S + 1)]
-        drained = sum(int(count) for count in await self.redis.mget(keys) if count)
-        rate = drained / (DRAIN_WINDOW_S + now - second)
+        last few seconds, to make room (1 s at least, 60 s at most)."""
+        (rate,) = await drain_rates(self.redis, self.keys, [stream], DRAIN_WINDOW_S)
         wait = 60 if rate == 0 else min(60, max(1, math.ceil(1 / rate)))
         return ConveyorError(
             429,

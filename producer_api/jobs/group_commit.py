@@ -20,6 +20,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from prometheus_client import Counter
 from redis.asyncio.cluster import RedisCluster
+from redis.cluster import READ_COMMANDS
 
 from shared.redis_client import (
     RedisClient,
@@ -37,11 +38,9 @@ COMMANDS = Counter("conveyor_group_commit_commands", "Redis commands sent by gro
 _DIRECT = frozenset({"BLPOP", "BRPOP", "BLMOVE", "BZPOPMIN", "BZPOPMAX", "WAIT", "XREAD"})
 _DIRECT |= {"XREADGROUP", "SUBSCRIBE", "PSUBSCRIBE", "MONITOR", "SCRIPT LOAD"}
 
-# Commands that change nothing: a flush of only these waits for no replica.
-_READS = frozenset({"GET", "MGET", "STRLEN", "EXISTS", "TTL", "PTTL", "TYPE", "PING"})
-_READS |= {"HGET", "HMGET", "HGETALL", "HEXISTS", "HLEN", "LRANGE", "LLEN", "LINDEX"}
-_READS |= {"SMEMBERS", "SISMEMBER", "SCARD", "ZRANGE", "ZRANGEBYSCORE", "ZCARD", "ZSCORE"}
-_READS |= {"XLEN", "XRANGE", "XREVRANGE", "XPENDING", "XINFO STREAM", "XINFO GROUPS"}
+# Commands that change nothing: a flush of only these waits for no replica. redis-py's list of
+# read-only commands (what it may send to a replica) lacks the few below.
+_READS = READ_COMMANDS | {"PING", "XINFO STREAM", "XINFO GROUPS", "XINFO CONSUMERS"}
 
 _Pending = tuple[tuple[Any, ...], dict[str, Any], "asyncio.Future[Any]"]
 
@@ -99,7 +98,8 @@ class GroupCommit:
         a connection that fails after retries fails every caller of the batch."""
         FLUSHES.inc()
         COMMANDS.inc(len(batch))
-        written = {key for args, _, _ in batch if (key := _written_key(args)) is not None}
+        # lazy: only read when replica acks are on
+        written = (key for args, _, _ in batch if (key := _written_key(args)) is not None)
         try:
             pipe: Any = self.pipeline(transaction=False)  # type: ignore[attr-defined]
             for args, options, _ in batch:

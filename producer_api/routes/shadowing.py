@@ -80,9 +80,14 @@ class ShadowCopies:
 
 class ShadowComparisons:
     def __init__(
-        self, pairs: ShadowPairs, stats: VariantStats, repository: ModelRepository
+        self,
+        pairs: ShadowPairs,
+        jobs: JobStore,
+        stats: VariantStats,
+        repository: ModelRepository,
     ) -> None:
         self.pairs = pairs
+        self.jobs = jobs
         self.stats = stats
         self.repository = repository
 
@@ -95,9 +100,11 @@ class ShadowComparisons:
         pending = await self.pairs.pending(model, PAIRS_PER_LOOK)
         if not pending:
             return
-        records = await self.pairs.jobs([pair for pair, _ in pending])
+        ids = [job_id for pair, _ in pending for job_id in (pair.primary_id, pair.shadow_id)]
+        records = await self.jobs.get_many(ids)
+        both = zip(records[::2], records[1::2], strict=True)
         oldest = now_ms() - MAX_PAIR_AGE_MS
-        for (pair, at_ms), (primary, shadow) in zip(pending, records, strict=True):
+        for (pair, at_ms), (primary, shadow) in zip(pending, both, strict=True):
             if primary is None or shadow is None:
                 await self.pairs.settle(model, pair, None)
             elif primary.status.terminal and shadow.status.terminal:
