@@ -331,12 +331,15 @@ return out
 # slots: the writer frees them beside this script, in the same round trip.
 # The written job's attempt history gains this worker's attempt, from the record's `started` (its
 # delivery) to `finished`, ended `status`, with its `error` (read and written in the same HMGET
-# and HSET).
+# and HSET). Idempotent: a call rerun after its reply was lost (a torn connection, a replica WAIT
+# that timed out) changes nothing more, and returns and publishes the results it wrote (a job
+# already holding this worker's `status` and `finished`) again, so the writer still publishes
+# them and hands their webhooks on; the drained counter counts only entries XACK acknowledged.
 FINISH = (
     _PRELUDE
     + """
 local i = 5
-local ids, written = {}, {}
+local ids, written, fresh = {}, {}, {}
 local replies, channels = {}, {}
 while i <= #ARGV do
   local eid, jid, reply, view, status = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
@@ -344,18 +347,27 @@ while i <= #ARGV do
   table.insert(ids, eid)
   if status ~= '' then
     local jk = jobkey(ARGV[3], jid)
-    local cur = redis.call('HMGET', jk, 'status', 'writes', 'attempt_history')
+    local rec = {}
+    for j = 1, n * 2 do rec[j] = ARGV[i + 5 + j] end
+    local cur = redis.call('HMGET', jk, 'status', 'writes', 'attempt_history', 'worker',
+                           'finished')
     -- a job handed over by a plain XREADGROUP ran without its hash saying so: through running
     local from = (cur[1] == 'queued' and can('queued', 'running')) and 'running' or cur[1]
+    -- this very result, written by a call whose reply was lost (the writer retries it)
+    local again = cur[1] == status and cur[4] == ARGV[4] and cur[5] == field(rec, 'finished')
     if can(from, status) then
       local args = {'status', status, 'worker', ARGV[4], 'writes', (tonumber(cur[2]) or 0) + 1}
-      for j = 1, n * 2 do table.insert(args, ARGV[i + 5 + j]) end
-      local run = attempt(ARGV[4], field(args, 'started'), field(args, 'finished'), status,
-                          field(args, 'error'))
+      for j = 1, #rec do table.insert(args, rec[j]) end
+      local run = attempt(ARGV[4], field(rec, 'started'), field(rec, 'finished'), status,
+                          field(rec, 'error'))
       table.insert(args, 'attempt_history')
       table.insert(args, appended(cur[3], run))
       redis.call('HSET', jk, unpack(args))
       redis.call('EXPIRE', jk, ARGV[2])
+      table.insert(fresh, jid)
+      again = true
+    end
+    if again then
       if reply ~= '' then
         if not replies[reply] then replies[reply] = {}; table.insert(channels, reply) end
         table.insert(replies[reply], view)
@@ -368,11 +380,13 @@ end
 for _, reply in ipairs(channels) do
   redis.call('SPUBLISH', reply, '[' .. table.concat(replies[reply], ',') .. ']')
 end
-remember(KEYS[1], written)
+remember(KEYS[1], fresh)
 if #ids > 0 then
-  redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
+  local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
   redis.call('XDEL', KEYS[1], unpack(ids))
-  if redis.call('INCRBY', KEYS[2], #ids) == #ids then redis.call('EXPIRE', KEYS[2], 120) end
+  if acked > 0 and redis.call('INCRBY', KEYS[2], acked) == acked then
+    redis.call('EXPIRE', KEYS[2], 120)
+  end
 end
 refill(KEYS[1], ARGV[1], ARGV[3])  -- each write-back tops a fair lane's stream up
 return written

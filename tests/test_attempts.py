@@ -85,6 +85,34 @@ async def test_finish_records_who_ran_it_when_and_how_it_ended(aredis: aioredis.
     assert record is not None and "attempt_history" not in record.view()  # only when asked
 
 
+async def test_a_write_back_rerun_after_its_reply_was_lost_is_written_once_and_reported_again(
+    aredis: aioredis.Redis,
+) -> None:
+    """The writer retries a micro-batch's write-back when its reply never came (a torn
+    connection, a replica WAIT that timed out): the rerun must report the same results, or the
+    writer publishes and notifies nothing for them, and must not write them twice."""
+    store = await _queued(aredis, "once")
+    (once,) = await _read(aredis, "box-3-9")
+    writer = ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), "box-3-9")
+    batch = [PARTITION.finish(once, JobStatus.SUCCEEDED, {"outputs": "{}"})]
+
+    first = await writer.finish(STREAM, batch)
+    rerun = await writer.finish(STREAM, batch)
+
+    assert [f.job_id for f in first] == [f.job_id for f in rerun] == ["once"]
+    record = await store.get("once")
+    assert record is not None and record.fields["writes"] == "1"
+    assert [run["outcome"] for run in await _history(store, "once")] == ["succeeded"]
+    assert await aredis.lrange(KEYS.recent(STREAM), 0, -1) == [b"once"]
+    drained = await aredis.keys(KEYS.drained(STREAM, 0).rsplit(":", 1)[0] + ":*")
+    assert [await aredis.get(key) for key in drained] == [b"1"]
+    # another result for the job (a later run, another worker) is still refused
+    later = [PARTITION.finish(once, JobStatus.FAILED, {"error": "{}"})]
+    assert await writer.finish(STREAM, later) == []
+    other = ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), "box-4-1")
+    assert await other.finish(STREAM, batch) == []
+
+
 async def test_cancel_and_expiry_end_the_running_attempt(aredis: aioredis.Redis) -> None:
     store = await _queued(aredis, "cancel-me", "expire-me", "queued")
     deliveries = await _read(aredis, "box-2-7")
