@@ -43,6 +43,7 @@ class MicroBatchLoop:
         self.lanes = lanes
         self.reader = reader
         self._marks: set[asyncio.Task[None]] = set()
+        self.in_hand: set[bytes] = set()  # entries read and not yet written back
         self.writer = writer
         self.engine = engine
         self.block_ms = block_ms
@@ -59,6 +60,7 @@ class MicroBatchLoop:
                 await self.step()
                 backoff.reset()
             except OUTAGE as exc:
+                self.lanes.outage()
                 await backoff.sleep(exc)
             except Stopped:
                 break
@@ -75,12 +77,13 @@ class MicroBatchLoop:
     async def step(self) -> None:
         config = self.partition.config
         batches = await self.lanes.next_batch(
-            config.max_batch_size, config.max_queue_delay_ms, self.block_ms
+            config.max_batch_size, config.max_queue_delay_ms, self.block_ms, self.in_hand
         )
         for stream, batch in batches:
             await self.process(stream, batch)
 
     async def process(self, stream: str, batch: list[Delivery]) -> None:
+        self.in_hand.update(delivery.entry_id for delivery in batch)
         finishes: list[Finish] = []
         runnable: list[Delivery] = []
         for delivery in batch:
@@ -130,6 +133,7 @@ class MicroBatchLoop:
             await until_done(
                 lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name
             )
+        self.in_hand.difference_update(finish.entry_id for finish in finishes)
         record_batch(model, variant, finishes, outcomes)
         if runnable:
             log_batch(model, runnable, outcomes)

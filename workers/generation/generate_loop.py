@@ -54,6 +54,7 @@ class GenerateLoop:
         self.drain_s = drain_s
         self.capacity = partition.config.max_num_seqs
         self.running: dict[str, RunningJob] = {}
+        self.settling: set[bytes] = set()  # entries of ended jobs not yet written back
         self.stopping = asyncio.Event()
         self._chunks: list[tuple[RunningJob, TokenChunk, int]] = []
         self._ended: list[RunningJob] = []
@@ -87,6 +88,7 @@ class GenerateLoop:
                 await self._admit()
                 backoff.reset()
             except OUTAGE as exc:
+                self.lanes.outage()
                 await backoff.sleep(exc)
             except Stopped:
                 return
@@ -101,7 +103,8 @@ class GenerateLoop:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._slot_freed.wait(), self.block_ms / 1000)
             return
-        for stream, deliveries in await self.lanes.next_batch(free, 0, self.block_ms):
+        in_hand = self.settling.union(job.delivery.entry_id for job in self.running.values())
+        for stream, deliveries in await self.lanes.next_batch(free, 0, self.block_ms, in_hand):
             await self._start_all(stream, deliveries)
 
     async def _start_all(self, stream: str, deliveries: list[Delivery]) -> None:
@@ -220,6 +223,8 @@ class GenerateLoop:
             finish = self.partition.finish(job.delivery, job.status, job.fields())
             by_stream[job.stream].append(finish)
             self._observe_job(job)
+        # in hand until written back, from now: the admit loop may read our pending list
+        self.settling.update(f.entry_id for finishes in by_stream.values() for f in finishes)
         for stream, finishes in by_stream.items():
             await self._settle(stream, finishes)
         if ended:
@@ -227,11 +232,17 @@ class GenerateLoop:
 
     async def _settle(self, stream: str, finishes: list[Finish]) -> None:
         """Write results, reply, XACK and XDEL in one script call, then notify and count."""
-        if finishes:
+        if not finishes:
+            return
+        entries = {finish.entry_id for finish in finishes}
+        self.settling |= entries
+        try:
             await until_done(
                 lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name
             )
-            record_batch(*self.partition.labels, finishes, [])
+        finally:
+            self.settling -= entries
+        record_batch(*self.partition.labels, finishes, [])
 
     def _observe_job(self, job: RunningJob) -> None:
         partition = self.partition.labels

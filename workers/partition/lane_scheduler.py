@@ -5,6 +5,8 @@ drains at full speed alone and interactive jobs still go first when they arrive.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from workers.partition.arrival_rate import ArrivalRate
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
@@ -44,13 +46,31 @@ class LaneScheduler:
         self.preferred = partition.config.preferred_batch_sizes_of(partition.variant)
         self.arrivals = ArrivalRate()
         self.backlog = False  # the last read filled a micro-batch: more is likely waiting
+        self.after_outage = False  # a read's reply may have been lost: look in our pending list
 
-    async def next_batch(self, max_items: int, delay_ms: float, block_ms: int) -> list[MicroBatch]:
-        """One micro-batch (rarely two, when a blocking read returns from both lanes):
+    def outage(self) -> None:
+        """Redis failed a call: if it was a read that Redis served but whose reply was lost,
+        its entries are in this consumer's pending list, run by nobody. The next batches are
+        those (`StreamReader.held`), until none is left."""
+        self.after_outage = True
+
+    async def next_batch(
+        self,
+        max_items: int,
+        delay_ms: float,
+        block_ms: int,
+        in_hand: Collection[bytes] = frozenset(),
+    ) -> list[MicroBatch]:
+        """One micro-batch (rarely two, when a blocking read returns from both lanes): after
+        an outage, this consumer's pending entries that are not `in_hand` (running); then
         reclaimed entries as they come; after a full micro-batch (a backlog) one script reads
         the lane preferred now, else the other; otherwise (idle, or keeping up) one blocking
         XREADGROUP on both lanes, which returns at once when entries wait and hands them over
         with no further round trip. Then the micro-batch is topped up while more are coming."""
+        if self.after_outage:
+            if held := await self.reader.held([self.online, self.bulk], max_items, in_hand):
+                return held
+            self.after_outage = False
         if reclaimed := await self.reclaimer.due():
             return [reclaimed]
         if self.backlog:

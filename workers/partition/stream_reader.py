@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -117,6 +117,29 @@ class StreamReader:
                 await self.mark_running(deliveries)
         return batches
 
+    async def held(
+        self, streams: Sequence[str], count: int, in_hand: Collection[bytes]
+    ) -> list[MicroBatch]:
+        """Up to `count` entries of `streams` this consumer was handed and is not running (not
+        `in_hand`): a read whose reply an outage lost leaves them in its pending list, where
+        nobody would run them before reclaim, a visibility timeout later. One XREADGROUP of
+        the consumer's own history (id 0), taken as queued like a blocking read's."""
+        reply: Any = await self._recovering(
+            lambda: read_streams(
+                self.redis,
+                dict.fromkeys(streams, "0"),
+                count + len(in_hand),
+                group=(GROUP, self.consumer),
+            )
+        )
+        now = now_ms()
+        batches = []
+        for stream, rows in reply or []:
+            mine = [_delivered(eid, fields, now) for eid, fields in rows if eid not in in_hand]
+            if mine:
+                batches.append((as_text(stream), mine[:count]))
+        return batches
+
     async def gather(
         self,
         batch: MicroBatch,
@@ -195,12 +218,15 @@ def decode_delivery(
     return Delivery(entry_id, entry, as_text(status), now, redelivered, attempts)
 
 
-def _delivered(entry_id: bytes, fields: dict[bytes, bytes], now: int) -> Delivery:
+def _delivered(entry_id: bytes, fields: dict[bytes, bytes] | None, now: int) -> Delivery:
     """An entry a plain XREADGROUP delivered: its job is taken as queued."""
     return Delivery(entry_id, _entry(entry_id, fields), JobStatus.QUEUED.value, now)
 
 
-def _entry(entry_id: bytes, fields: list[bytes] | dict[bytes, bytes]) -> RequestEntry | None:
+def _entry(entry_id: bytes, fields: list[bytes] | dict[bytes, bytes] | None) -> RequestEntry | None:
+    if fields is None:  # deleted while pending: a read of the pending list gives no fields
+        log.error("entry %r pending but deleted from its stream; acknowledging it", entry_id)
+        return None
     try:
         if isinstance(fields, list):
             fields = dict(zip(fields[::2], fields[1::2], strict=True))
