@@ -14,7 +14,7 @@ from shared import job_scripts
 from shared.codec import RequestEntry, as_text, dumps, loads
 from shared.job_states import IllegalTransition, JobStatus
 from shared.keys import GROUP, Keys
-from shared.redis_client import RedisClient, executed, queue_script, run_script
+from shared.redis_client import RedisClient, executed, queue_script, run_pipeline, run_script
 
 _TIMING_FIELDS = ("queue_wait_ms", "engine_ms", "ttft_ms", "tpot_ms")
 _COUNT_FIELDS = ("batch_size", "attempts", "prompt_tokens", "completion_tokens")
@@ -214,11 +214,14 @@ class JobStore:
         message = dumps(job_view(job_id, {**record.fields, **_strs(extra), "status": target}))
         flat = [str(part) for pair in extra.items() for part in pair]
         args = [target.value, record.fields.get("reply", ""), message, self.ttl_s, job_id, *flat]
-        async with self.redis.pipeline(transaction=False) as pipe:
+        inflight = record.fields.get("inflight", "")
+
+        async def fill(pipe: Any) -> None:
             queue_script(pipe, self._transition, [self.keys.job(job_id)], args)
             if target.terminal:  # ZREM is idempotent: a job that had ended is no longer held
-                queue_slot_frees(pipe, [(record.fields.get("inflight", ""), job_id)])
-            (ok, before), *_ = await pipe.execute()
+                queue_slot_frees(pipe, [(inflight, job_id)])
+
+        _, ((ok, before), *_) = await run_pipeline(self.redis, fill, [self._transition])
         if not ok:
             current = as_text(before) if before else None
             raise IllegalTransition(job_id, current, target.value)

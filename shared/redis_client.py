@@ -12,8 +12,8 @@ touches spans slots (shared/keys.py), so the same calls work against one server 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeAlias, cast
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeAlias, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -28,6 +28,7 @@ from shared.settings import get_settings
 # A cluster client answers the same commands; scripts, pipelines and pub/sub differ where noted
 # (`is_cluster`, `preload`, producer_api/reply_listener.py).
 RedisClient: TypeAlias = aioredis.Redis
+T = TypeVar("T")
 # What a cluster answers while a master fails over (no master for a slot yet, a slot moving):
 # an outage like a dropped connection (503, back off), not a fault of the request.
 CLUSTER_OUTAGE = (ClusterDownError, TryAgainError, SlotNotCoveredError)
@@ -89,11 +90,13 @@ def is_cluster(client: RedisClient) -> bool:
 
 
 async def preload(client: RedisClient, scripts: Iterable[str]) -> None:
-    """Load scripts on every node, replicas included, so that the first EVALSHA of each finds
-    them there and after a failover (a call that misses one loads it and tries again, a round
-    trip more; pipelines send the script itself, `queue_script`). One server: no-op, its
-    pipelines load what they miss."""
+    """Load scripts on every node, replicas included (one server: on it), so that the first
+    EVALSHA of each finds them there and after a failover. A call that misses one anyway (a
+    node restarted since) loads it and tries again: a script's own call by itself, a pipeline
+    through `run_pipeline` or `run_script`."""
     if not is_cluster(client):
+        for script in scripts:
+            await client.script_load(script)
         return
     cluster = cast(Any, client)
     for script in scripts:
@@ -146,26 +149,40 @@ async def get_many(client: RedisClient, keys: Sequence[str]) -> list[Any]:
 
 
 def queue_script(pipe: Any, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> None:
-    """Queue a script call beside other commands on a pipeline of either kind (one call per
-    micro-batch or request; `run_script` runs one script over many). A plain pipeline loads the
-    script first if its server lacks it. A cluster pipeline cannot (redis-py refuses `evalsha`
-    there), and a node may lack a script `preload` gave it (one restarted since, or a replica
-    that joined later and was promoted): it sends the script itself, as EVAL, which the server
-    compiles once and then finds by its SHA."""
-    if isinstance(pipe, aioredis.client.Pipeline):
-        pipe.scripts.add(cast(Any, script))
-        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-    else:
-        pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+    """Queue a script call beside other commands on a pipeline of either kind, as EVALSHA:
+    neither the SCRIPT EXISTS round trip redis-py's pipelines send before each execution nor
+    the script's text per call. Run the pipeline with `run_pipeline`, which loads a script a
+    server lacks (one restarted or flushed since) and runs it again."""
+    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+async def run_pipeline(
+    client: RedisClient, fill: Callable[[Any], Awaitable[T]], scripts: Sequence[AsyncScript]
+) -> tuple[T, list[Any]]:
+    """What `fill` returns and the replies of the pipeline it queued (the first error reply
+    raised). A server that lacks one of `scripts` refuses its call with NOSCRIPT, which ran
+    nothing: the scripts are then loaded everywhere and the whole pipeline runs once more, so
+    what `fill` queues must be safe to run twice (a script refused, the rest repeated)."""
+    try:
+        return await _filled(client, fill)
+    except NoScriptError:
+        await preload(client, [cast(str, script.script) for script in scripts])
+        return await _filled(client, fill)
+
+
+async def _filled(client: RedisClient, fill: Callable[[Any], Awaitable[T]]) -> tuple[T, list[Any]]:
+    async with client.pipeline(transaction=False) as pipe:
+        filled = await fill(pipe)
+        return filled, await executed(pipe)
 
 
 async def run_script(
     client: RedisClient, script: AsyncScript, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
 ) -> list[Any]:
     """`script` once per (keys, args) of `calls`, pipelined in one round trip; the replies in
-    order (an error reply is raised). Its text is not sent per call: on a cluster, the calls a
-    node refused for lacking it (NOSCRIPT: they did nothing; the node restarted since
-    `preload`) run again once it is loaded on every node."""
+    order (an error reply is raised). Its text is not sent per call: the calls a server refused
+    for lacking it (NOSCRIPT: they did nothing; it restarted since it was loaded) run again
+    once it is loaded everywhere. Only those: each call must run once."""
     replies = await _evalsha_each(client, script, calls)
     missing = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if missing:
@@ -183,8 +200,6 @@ async def _evalsha_each(
     client: RedisClient, script: AsyncScript, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
 ) -> list[Any]:
     async with client.pipeline(transaction=False) as pipe:
-        if isinstance(pipe, aioredis.client.Pipeline):
-            pipe.scripts.add(cast(Any, script))
         for keys, args in calls:
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         return await executed(pipe, raise_on_error=False)

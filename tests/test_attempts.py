@@ -113,6 +113,22 @@ async def test_a_write_back_rerun_after_its_reply_was_lost_is_written_once_and_r
     assert await other.finish(STREAM, batch) == []
 
 
+async def test_write_backs_and_cancels_run_on_a_server_that_lost_its_scripts(
+    aredis: aioredis.Redis,
+) -> None:
+    """Their pipelines send EVALSHA with no SCRIPT EXISTS first: a server restarted since the
+    scripts were loaded refuses them (NOSCRIPT, nothing ran), and the pipeline runs again."""
+    store = await _queued(aredis, "written", "cancelled")
+    written, _ = await _read(aredis, "box-6-2")
+    writer = ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), "box-6-2")
+    await aredis.script_flush()
+    batch = [PARTITION.finish(written, JobStatus.SUCCEEDED, {"outputs": "{}"})]
+    assert [f.job_id for f in await writer.finish(STREAM, batch)] == ["written"]
+    await aredis.script_flush()
+    assert (await store.transition("cancelled", JobStatus.CANCELLED)).status == "cancelled"
+    assert [run["outcome"] for run in await _history(store, "written")] == ["succeeded"]
+
+
 async def test_cancel_and_expiry_end_the_running_attempt(aredis: aioredis.Redis) -> None:
     store = await _queued(aredis, "cancel-me", "expire-me", "queued")
     deliveries = await _read(aredis, "box-2-7")

@@ -91,3 +91,8 @@ async def test_scripts_a_node_lost_still_run(
     assert await store.settle_many(ids, JobStatus.CANCELLED, {}) == 3  # pipelined
     records = await store.get_many(ids)
     assert [r.status if r else None for r in records] == [JobStatus.CANCELLED] * 3
+    other = _new_job(*PARTITIONS[1])
+    assert await store.create_many([other]) == []
+    _forget_scripts(cluster)
+    cancelled = await store.transition(other.entry.job_id, JobStatus.CANCELLED)  # beside a ZREM
+    assert cancelled.status == JobStatus.CANCELLED

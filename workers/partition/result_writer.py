@@ -10,6 +10,7 @@ could lose."""
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from shared import job_scripts
@@ -19,9 +20,9 @@ from shared.keys import GROUP, Keys
 from shared.redis_client import (
     RedisClient,
     check_replica_acks,
-    executed,
     queue_replica_wait,
     queue_script,
+    run_pipeline,
 )
 from shared.settings import get_settings
 from shared.variant_stats import VariantStats
@@ -56,18 +57,23 @@ class ResultWriter:
     async def _write(self, stream: str, batch: list[Finish]) -> list[Finish]:
         if not batch:
             return []
-        drained = self.keys.drained(stream, int(time.time()))
-        async with self.redis.pipeline(transaction=False) as pipe:
-            queue_script(pipe, self._finish, [stream, drained], self._args(batch))
-            queue_slot_frees(pipe, [(item.inflight, item.job_id) for item in batch if item.status])
-            waits = await queue_replica_wait(self.redis, pipe, [stream])
-            replies = await executed(pipe)
+        waits, replies = await run_pipeline(
+            self.redis, partial(self._queue_write, stream, batch), [self._finish]
+        )
         written_ids = {as_text(job_id) for job_id in replies[0]}
         written = [item for item in batch if item.job_id in written_ids]
         if waits:
             check_replica_acks(replies[-waits:])
             await self._publish(written)
         return written
+
+    async def _queue_write(self, stream: str, batch: list[Finish], pipe: Any) -> int:
+        """FINISH, the in-flight slots' frees, and the replica WAITs (how many: the return), on
+        `pipe`; all safe to run twice (FINISH is idempotent, ZREM too)."""
+        drained = self.keys.drained(stream, int(time.time()))
+        queue_script(pipe, self._finish, [stream, drained], self._args(batch))
+        queue_slot_frees(pipe, [(item.inflight, item.job_id) for item in batch if item.status])
+        return await queue_replica_wait(self.redis, pipe, [stream])
 
     def _args(self, batch: list[Finish]) -> list[Any]:
         """FINISH's arguments; its replies are left to `_publish` while replicas must confirm
