@@ -1,7 +1,7 @@
 """Per-variant counters and latency samples in Redis, in time buckets of BUCKET_S seconds, so
 every worker (where jobs finish) and every producer (shadow comparisons) contributes to one
 picture that canaries and experiment statistics read. Writes are aggregated: one script call
-per micro-batch and variant, never one command per job."""
+per variant for many jobs (a worker sends a second's worth), never one command per job."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ SAMPLES_PER_BUCKET = 5_000
 WINDOW_SAMPLES = 100_000
 RETENTION_S = 2 * 86_400
 COUNTED = ("succeeded", "failed")
+Variant = tuple[str, str]  # (model, variant)
 
 # KEYS[1]=counters hash, KEYS[2]=samples list; ARGV: ttl, sample cap, n, n (field, increment)
 # pairs, then samples. Adds the increments, appends the samples while the bucket has room.
@@ -130,6 +131,16 @@ def sample_of(fields: Mapping[str, str]) -> Sample | None:
     return Sample(ok, float(max(started - created, 0)), float(max(finished - started, 0)))
 
 
+def finished_samples(jobs: Iterable[Mapping[str, str]]) -> dict[Variant, list[Sample]]:
+    """The samples of finished jobs (their hash fields: model, variant, status, stamps), by
+    (model, variant)."""
+    by_variant: dict[Variant, list[Sample]] = defaultdict(list)
+    for fields in jobs:
+        if (sample := sample_of(fields)) is not None:
+            by_variant[(fields["model"], fields["variant"])].append(sample)
+    return by_variant
+
+
 def _counts(samples: list[Sample]) -> dict[str, float]:
     return {"requests": len(samples), "errors": sum(1 for s in samples if not s.ok)}
 
@@ -146,13 +157,12 @@ class VariantStats:
         self._sum = client.register_script(_SUM)
 
     async def record_finished(self, jobs: Iterable[Mapping[str, str]]) -> None:
-        """Count finished jobs (their hash fields: model, variant, status, stamps) and keep their
-        latencies: one script call per variant among them, sent at once (not a pipeline, whose
-        scripts cost a SCRIPT EXISTS round trip on every call)."""
-        by_variant: dict[tuple[str, str], list[Sample]] = defaultdict(list)
-        for fields in jobs:
-            if (sample := sample_of(fields)) is not None:
-                by_variant[(fields["model"], fields["variant"])].append(sample)
+        """Count finished jobs (their hash fields) and keep their latencies."""
+        await self.record_samples(finished_samples(jobs))
+
+    async def record_samples(self, by_variant: Mapping[Variant, list[Sample]]) -> None:
+        """Count the samples and keep them: one script call per variant, sent at once (not a
+        pipeline, whose scripts cost a SCRIPT EXISTS round trip on every call)."""
         await asyncio.gather(
             *(
                 self._add(model, variant, _counts(samples), samples)

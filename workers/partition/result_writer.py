@@ -27,6 +27,7 @@ from shared.redis_client import (
 from shared.settings import get_settings
 from shared.variant_stats import VariantStats
 from workers.partition.finish import Finish
+from workers.partition.finished_stats import FinishedStats
 from workers.partition.job_events import JobEvents
 
 
@@ -40,7 +41,7 @@ class ResultWriter:
         self.worker = worker
         self.events = events
         self._finish = client.register_script(job_scripts.FINISH)
-        self.stats = VariantStats(client, keys)
+        self.stats = FinishedStats(VariantStats(client, keys))
 
     async def finish(self, stream: str, batch: list[Finish]) -> list[Finish]:
         """Write and acknowledge the batch, then hand the webhook events of the written ones to
@@ -48,11 +49,13 @@ class ResultWriter:
         whose results were written (the rest were acknowledged only: already terminal,
         cancelled, or gone)."""
         written = await self._write(stream, batch)
-        await self.stats.record_finished(
-            {**i.context, **i.fields, "status": i.status} for i in written
-        )
+        self.stats.add({**i.context, **i.fields, "status": i.status} for i in written)
         await self.events.notify(written)
         return written
+
+    async def close(self) -> None:
+        """Send the variant statistics still gathered (`FinishedStats`)."""
+        await self.stats.close()
 
     async def _write(self, stream: str, batch: list[Finish]) -> list[Finish]:
         if not batch:

@@ -100,6 +100,7 @@ class ConsumerRuntime:
                     await engine.close()  # blocks the loop a few seconds; nothing else runs now
                 else:
                     engine.close()
+            await writer.close()
             await client.aclose()
 
     async def _build_loop(

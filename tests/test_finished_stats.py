@@ -1,0 +1,55 @@
+"""A worker sends the variant statistics of the jobs it finishes once a second at most, not once
+per micro-batch (`workers/partition/finished_stats.py`): nothing is lost, a second later or at
+stop. On a real Valkey."""
+
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as aioredis
+
+from shared.keys import Keys
+from shared.variant_stats import VariantStats
+from tests.conftest import until_async
+from workers.partition.finished_stats import FinishedStats
+
+KEYS = Keys("fs:")
+
+
+def _finished(status: str, service_ms: int) -> dict[str, str]:
+    created = int(time.time() * 1000)
+    return {
+        "model": "m",
+        "variant": "a",
+        "status": status,
+        "created": str(created),
+        "started": str(created + 2),
+        "finished": str(created + 2 + service_ms),
+    }
+
+
+async def test_statistics_are_gathered_then_sent_a_moment_later_and_at_close(
+    aredis: aioredis.Redis,
+) -> None:
+    stats = VariantStats(aredis, KEYS)
+    since = time.time() - 60
+
+    async def requests() -> int:
+        return (await stats.window("m", ["a"], since))["a"].requests
+
+    gathered = FinishedStats(stats, every_s=0.3)
+    gathered.add([_finished("succeeded", 5), _finished("failed", 7)])
+    gathered.add([_finished("succeeded", 9), _finished("cancelled", 1)])  # not counted
+    assert await requests() == 0  # nothing sent per micro-batch
+
+    async def all_three_sent() -> bool:
+        return await requests() == 3
+
+    await until_async(all_three_sent, timeout=5)
+    window = (await stats.window("m", ["a"], since))["a"]
+    assert window.errors == 1
+    assert sorted(s.service_ms for s in window.samples) == [5.0, 7.0, 9.0]
+
+    gathered.add([_finished("succeeded", 3)])
+    await gathered.close()  # a stopping worker sends at once
+    assert await requests() == 4
