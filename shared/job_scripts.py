@@ -333,8 +333,9 @@ return out
 # delivery) to `finished`, ended `status`, with its `error` (read and written in the same HMGET
 # and HSET). Idempotent: a call rerun after its reply was lost (a torn connection, a replica WAIT
 # that timed out) changes nothing more, and returns and publishes the results it wrote (a job
-# already holding this worker's `status` and `finished`) again, so the writer still publishes
-# them and hands their webhooks on; the drained counter counts only entries XACK acknowledged.
+# whose hash holds the record's `status` and `write_id`, random per result) again, so the writer
+# still publishes them and hands their webhooks on; the drained counter counts only entries XACK
+# acknowledged.
 FINISH = (
     _PRELUDE
     + """
@@ -349,12 +350,11 @@ while i <= #ARGV do
     local jk = jobkey(ARGV[3], jid)
     local rec = {}
     for j = 1, n * 2 do rec[j] = ARGV[i + 5 + j] end
-    local cur = redis.call('HMGET', jk, 'status', 'writes', 'attempt_history', 'worker',
-                           'finished')
+    local cur = redis.call('HMGET', jk, 'status', 'writes', 'attempt_history', 'write_id')
     -- a job handed over by a plain XREADGROUP ran without its hash saying so: through running
     local from = (cur[1] == 'queued' and can('queued', 'running')) and 'running' or cur[1]
     -- this very result, written by a call whose reply was lost (the writer retries it)
-    local again = cur[1] == status and cur[4] == ARGV[4] and cur[5] == field(rec, 'finished')
+    local again = cur[1] == status and cur[4] == field(rec, 'write_id')
     if can(from, status) then
       local args = {'status', status, 'worker', ARGV[4], 'writes', (tonumber(cur[2]) or 0) + 1}
       for j = 1, #rec do table.insert(args, rec[j]) end

@@ -11,11 +11,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from shared import job_scripts
 from shared.codec import RequestEntry, loads
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
+from shared.redis_client import preload
 from workers.partition.finish import Finish
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
@@ -68,6 +70,7 @@ async def test_finish_costs_three_commands_per_job_and_one_publish_per_producer(
     (_, deliveries), *_ = await reader.wait([STREAM], 100, 100)
     pubsub = aredis.pubsub(ignore_subscribe_messages=True)
     await pubsub.ssubscribe("t:reply:p0", "t:reply:p1")
+    await preload(aredis, job_scripts.ALL)  # as a worker does when it starts
     await aredis.config_resetstat()
 
     written = await _writer(aredis).finish(STREAM, [_succeeded(d) for d in deliveries])

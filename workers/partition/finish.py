@@ -3,6 +3,7 @@ the waiting producer gets, and the webhook event, all from one value."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,8 @@ class Finish:
     context: Mapping[str, str] = field(default_factory=dict)
     webhook: str = ""
     inflight: str = ""  # the API key's in-flight set holding the job, freed with the write
+    # this result's own: a write-back retried after its reply was lost finds it in the hash
+    write_id: str = field(default_factory=lambda: secrets.token_hex(8))
 
     def view(self) -> dict[str, Any]:
         return job_view(self.job_id, {**self.context, **self.fields, "status": self.status})

@@ -86,7 +86,7 @@ class ResultWriter:
         for item in batch:
             reply, view = (item.reply, item.message()) if publish else ("", b"")
             args += [item.entry_id, item.job_id, reply, view, item.status]
-            args.append(len(item.fields))
+            args += [len(item.fields) + 1, "write_id", item.write_id]
             for name, value in item.fields.items():
                 args += [name, value]
         return args
