@@ -69,3 +69,19 @@ async def test_after_an_outage_the_entries_a_lost_read_was_handed_run_first(
         RequestEntry("d", {"inputs": {}}, now_ms()), PARTITION.online, {"model": "m"}
     )
     assert _jobs(await lanes.next_batch(10, 0, 50, in_hand)) == ["d"]
+
+
+async def test_a_generate_loops_recovered_jobs_are_marked_running(aredis: aioredis.Redis) -> None:
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    entry = RequestEntry("g", {"inputs": {}}, now_ms())
+    await store.create(entry, PARTITION.online, {"model": "m", "variant": "default"})
+    reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER, mark_on_read=True)
+    await reader.ensure_groups()
+    await aredis.xreadgroup(GROUP, WORKER, {PARTITION.online: ">"})  # served; reply lost
+
+    ((_, (delivery,)),) = await reader.held(PARTITION.streams, 10, frozenset())
+
+    assert delivery.entry is not None and delivery.entry.job_id == "g"
+    assert delivery.status == JobStatus.RUNNING
+    record = await store.get("g")
+    assert record is not None and record.status == JobStatus.RUNNING

@@ -107,15 +107,7 @@ class StreamReader:
                 group=(GROUP, self.consumer),
             )
         )
-        now = now_ms()
-        batches = [
-            (as_text(stream), [_delivered(eid, fields, now) for eid, fields in rows])
-            for stream, rows in reply or []
-        ]
-        if self.mark_on_read:
-            for _, deliveries in batches:
-                await self.mark_running(deliveries)
-        return batches
+        return await self._handed_over(reply or [], count, frozenset())
 
     async def held(
         self, streams: Sequence[str], count: int, in_hand: Collection[bytes]
@@ -123,7 +115,7 @@ class StreamReader:
         """Up to `count` entries of `streams` this consumer was handed and is not running (not
         `in_hand`): a read whose reply an outage lost leaves them in its pending list, where
         nobody would run them before reclaim, a visibility timeout later. One XREADGROUP of
-        the consumer's own history (id 0), taken as queued like a blocking read's."""
+        the consumer's own history (id 0), handed over like a blocking read's."""
         reply: Any = await self._recovering(
             lambda: read_streams(
                 self.redis,
@@ -132,12 +124,22 @@ class StreamReader:
                 group=(GROUP, self.consumer),
             )
         )
+        return await self._handed_over(reply or [], count, in_hand)
+
+    async def _handed_over(
+        self, reply: Sequence[Any], count: int, in_hand: Collection[bytes]
+    ) -> list[MicroBatch]:
+        """An XREADGROUP reply's entries not `in_hand`, at most `count` per stream, as queued
+        deliveries (a generate loop's marked running: one round trip)."""
         now = now_ms()
         batches = []
-        for stream, rows in reply or []:
+        for stream, rows in reply:
             mine = [_delivered(eid, fields, now) for eid, fields in rows if eid not in in_hand]
             if mine:
                 batches.append((as_text(stream), mine[:count]))
+        if self.mark_on_read:
+            for _, deliveries in batches:
+                await self.mark_running(deliveries)
         return batches
 
     async def gather(
