@@ -105,6 +105,8 @@ def choose_variant(
     candidates = [(name, w) for name, w in weights.items() if w > 0]
     if not candidates:
         return config.default_variant
+    if len(candidates) == 1:  # the usual case: one variant takes everything
+        return candidates[0][0]
     if sticky_key is None:
         names, shares = zip(*candidates, strict=True)
         return random.choices(names, shares)[0]
