@@ -9,7 +9,6 @@ from collections.abc import Sequence
 import redis.asyncio as aioredis
 
 from shared.keys import Keys
-from shared.redis_client import get_many
 
 
 async def drain_rates(
@@ -17,12 +16,15 @@ async def drain_rates(
 ) -> list[float]:
     """Entries each lane finished per second over the last `window_s` complete seconds and the
     part of this one gone by (one round trip): a lane that began draining this second is not
-    read as idle, and a partial second does not read as a slow one."""
+    read as idle, and a partial second does not read as a slow one. A lane's counters share its
+    hash tag, so each lane is one MGET (sent as a raw command: a cluster pipeline refuses its
+    `mget`, made for keys of any slot), and a cluster pipeline sends each node its lanes at once."""
     now = time.time()
     second = int(now)
     seconds = range(second - window_s, second + 1)
-    names = [keys.drained(stream, s) for stream in streams for s in seconds]
-    counts = [int(count) if count else 0 for count in await get_many(client, names)]
+    async with client.pipeline(transaction=False) as pipe:
+        for stream in streams:
+            pipe.execute_command("MGET", *(keys.drained(stream, s) for s in seconds))
+        lanes = await pipe.execute()
     span = window_s + now - second
-    width = len(seconds)
-    return [sum(counts[i * width : (i + 1) * width]) / span for i in range(len(streams))]
+    return [sum(int(count) for count in counts if count) / span for counts in lanes]

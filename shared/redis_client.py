@@ -139,15 +139,6 @@ def check_replica_acks(replies: list[Any]) -> None:
         raise ReplicaAckTimeout(f"fewer than {wanted} replicas confirmed the write: {replies}")
 
 
-async def get_many(client: RedisClient, keys: Sequence[str]) -> list[Any]:
-    """GET of many keys in one round trip wherever they live: MGET refuses keys of several
-    slots on a cluster, a pipeline is split per node and sent in parallel."""
-    async with client.pipeline(transaction=False) as pipe:
-        for key in keys:
-            pipe.get(key)
-        return list(await pipe.execute())
-
-
 def queue_script(pipe: Any, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> None:
     """Queue a script call beside other commands on a pipeline of either kind, as EVALSHA:
     neither the SCRIPT EXISTS round trip redis-py's pipelines send before each execution nor

@@ -2,12 +2,14 @@
 
 With `CONVEYOR_REPLICA_ACKS`, a group-commit flush waits for the replicas of the masters it wrote
 to, and only theirs: a flush of reads waits for none, so one shard that lost its replicas never
-holds up (or fails) another shard's writes. And scripts a node lost (it restarted since the
-processes loaded them) still run, pipelined or group-committed."""
+holds up (or fails) another shard's writes. Scripts a node lost (it restarted since the
+processes loaded them) still run, pipelined or group-committed. And lanes on several masters have
+their drain rates read in one go."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from conveyor.valkey_cluster import LocalCluster
 from producer_api.jobs.group_commit import group_committing
 from shared.codec import RequestEntry
+from shared.drain_rate import drain_rates
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
@@ -96,3 +99,17 @@ async def test_scripts_a_node_lost_still_run(
     _forget_scripts(cluster)
     cancelled = await store.transition(other.entry.job_id, JobStatus.CANCELLED)  # beside a ZREM
     assert cancelled.status == JobStatus.CANCELLED
+
+
+async def test_drain_rates_of_lanes_on_several_masters(
+    cluster: LocalCluster, cluster_client: RedisClient
+) -> None:
+    lanes = [KEYS.queue(*partition) for partition in PARTITIONS]
+    assert cluster.master_of(lanes[0]).port != cluster.master_of(lanes[1]).port
+    second = int(time.time())
+    counts = {(lanes[0], second - 3): 10, (lanes[0], second): 5, (lanes[1], second - 1): 20}
+    for (lane, at), count in counts.items():
+        await cluster_client.set(KEYS.drained(lane, at), count)
+    first, other = await drain_rates(cluster_client, KEYS, lanes, 5)
+    assert 15 / 6 <= first <= 15 / 5  # over five seconds and the part of this one gone by
+    assert other == pytest.approx(first * 20 / 15)
