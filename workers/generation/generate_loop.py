@@ -231,17 +231,17 @@ class GenerateLoop:
             self._slot_freed.set()
 
     async def _settle(self, stream: str, finishes: list[Finish]) -> None:
-        """Write results, reply, XACK and XDEL in one script call, then notify and count."""
+        """Write results, reply, XACK and XDEL in one script call, then notify and count. The
+        entries stop counting as in hand once written back (`_finish` counts them from when
+        their jobs end; the admit loop's own settles finish before it reads again)."""
         if not finishes:
             return
-        entries = {finish.entry_id for finish in finishes}
-        self.settling |= entries
         try:
             await until_done(
                 lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name
             )
         finally:
-            self.settling -= entries
+            self.settling.difference_update(finish.entry_id for finish in finishes)
         record_batch(*self.partition.labels, finishes, [])
 
     def _observe_job(self, job: RunningJob) -> None:
