@@ -80,14 +80,16 @@ class ResultWriter:
 
     def _args(self, batch: list[Finish]) -> list[Any]:
         """FINISH's arguments; its replies are left to `_publish` while replicas must confirm
-        first (a record's reply channel and view are sent empty)."""
+        first (a record's reply channel and view are sent empty). Only a result carries its
+        `write_id`: an acknowledgement writes nothing."""
         publish = not get_settings().replica_acks
         args: list[Any] = [GROUP, self.ttl_s, self.keys.job_prefix, self.worker]
         for item in batch:
             reply, view = (item.reply, item.message()) if publish else ("", b"")
             args += [item.entry_id, item.job_id, reply, view, item.status]
-            args += [len(item.fields) + 1, "write_id", item.write_id]
-            for name, value in item.fields.items():
+            record = {"write_id": item.write_id, **item.fields} if item.status else item.fields
+            args.append(len(record))
+            for name, value in record.items():
                 args += [name, value]
         return args
 
