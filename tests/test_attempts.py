@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -49,6 +49,20 @@ async def _queued(client: aioredis.Redis, *job_ids: str) -> JobStore:
     return store
 
 
+@pytest.fixture
+async def writers(aredis: aioredis.Redis) -> AsyncIterator[Callable[[str], ResultWriter]]:
+    """Result writers named for their consumers, closed at the end (their statistics sent)."""
+    made: list[ResultWriter] = []
+
+    def writer(consumer: str) -> ResultWriter:
+        made.append(ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), consumer))
+        return made[-1]
+
+    yield writer
+    for each in made:
+        await each.close()
+
+
 async def _read(client: aioredis.Redis, consumer: str) -> list[Delivery]:
     reader = StreamReader(client, KEYS, PARTITION.streams, consumer)
     await reader.ensure_groups()
@@ -63,11 +77,13 @@ async def _history(store: JobStore, job_id: str) -> list[dict[str, Any]]:
     return history
 
 
-async def test_finish_records_who_ran_it_when_and_how_it_ended(aredis: aioredis.Redis) -> None:
+async def test_finish_records_who_ran_it_when_and_how_it_ended(
+    aredis: aioredis.Redis, writers: Callable[[str], ResultWriter]
+) -> None:
     store = await _queued(aredis, "ok", "bad")
     ok, bad = await _read(aredis, "box-1-4242")
     error = {"type": "ValueError", "message": "poison"}
-    writer = ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), "box-1-4242")
+    writer = writers("box-1-4242")
     await writer.finish(
         STREAM,
         [
@@ -87,13 +103,14 @@ async def test_finish_records_who_ran_it_when_and_how_it_ended(aredis: aioredis.
 
 async def test_a_write_back_rerun_after_its_reply_was_lost_is_written_once_and_reported_again(
     aredis: aioredis.Redis,
+    writers: Callable[[str], ResultWriter],
 ) -> None:
     """The writer retries a micro-batch's write-back when its reply never came (a torn
     connection, a replica WAIT that timed out): the rerun must report the same results, or the
     writer publishes and notifies nothing for them, and must not write them twice."""
     store = await _queued(aredis, "once")
     (once,) = await _read(aredis, "box-3-9")
-    writer = ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), "box-3-9")
+    writer = writers("box-3-9")
     batch = [PARTITION.finish(once, JobStatus.SUCCEEDED, {"outputs": "{}"})]
 
     first = await writer.finish(STREAM, batch)
@@ -114,12 +131,13 @@ async def test_a_write_back_rerun_after_its_reply_was_lost_is_written_once_and_r
 
 async def test_write_backs_and_cancels_run_on_a_server_that_lost_its_scripts(
     aredis: aioredis.Redis,
+    writers: Callable[[str], ResultWriter],
 ) -> None:
     """Their pipelines send EVALSHA with no SCRIPT EXISTS first: a server restarted since the
     scripts were loaded refuses them (NOSCRIPT, nothing ran), and the pipeline runs again."""
     store = await _queued(aredis, "written", "cancelled")
     written, _ = await _read(aredis, "box-6-2")
-    writer = ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), "box-6-2")
+    writer = writers("box-6-2")
     await aredis.script_flush()
     batch = [PARTITION.finish(written, JobStatus.SUCCEEDED, {"outputs": "{}"})]
     assert [f.job_id for f in await writer.finish(STREAM, batch)] == ["written"]
@@ -128,7 +146,9 @@ async def test_write_backs_and_cancels_run_on_a_server_that_lost_its_scripts(
     assert [run["outcome"] for run in await _history(store, "written")] == ["succeeded"]
 
 
-async def test_cancel_and_expiry_end_the_running_attempt(aredis: aioredis.Redis) -> None:
+async def test_cancel_and_expiry_end_the_running_attempt(
+    aredis: aioredis.Redis, writers: Callable[[str], ResultWriter]
+) -> None:
     store = await _queued(aredis, "cancel-me", "expire-me", "queued")
     deliveries = await _read(aredis, "box-2-7")
     reader = StreamReader(aredis, KEYS, PARTITION.streams, "box-2-7")
@@ -146,7 +166,7 @@ async def test_cancel_and_expiry_end_the_running_attempt(aredis: aioredis.Redis)
     assert expired["outcome"] == "expired" and expired["error"] == deadline
     assert await _history(store, "queued") == []
     # the worker's result after a cancel is refused, and adds no attempt
-    writer = ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), "box-2-7")
+    writer = writers("box-2-7")
     await writer.finish(STREAM, [PARTITION.finish(deliveries[0], JobStatus.SUCCEEDED, {})])
     assert [run["outcome"] for run in await _history(store, "cancel-me")] == ["cancelled"]
 
