@@ -161,8 +161,9 @@ class VariantStats:
         await self.record_samples(finished_samples(jobs))
 
     async def record_samples(self, by_variant: Mapping[Variant, list[Sample]]) -> None:
-        """Count the samples and keep them: one script call per variant, sent at once (not a
-        pipeline, whose scripts cost a SCRIPT EXISTS round trip on every call)."""
+        """Count the samples and keep them: one script call per variant, all sent at once. Not
+        pipelined: after NOSCRIPT from one node `run_pipeline` reruns every call, and counts
+        added twice stay wrong; a lone call that meets NOSCRIPT loads its script, reruns alone."""
         await asyncio.gather(
             *(
                 self._add(model, variant, _counts(samples), samples)
