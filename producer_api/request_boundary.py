@@ -12,12 +12,16 @@ import math
 from email.message import Message as MimeHeader
 from typing import Any
 
+import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer_api.errors import error_response
 
 # What orjson serialises: signed and unsigned 64-bit integers.
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+# Where the parsed body waits for the route (an ASGI scope key), so it is parsed once.
+PARSED_JSON = "conveyor.parsed_json"
+NOT_PARSED = object()
 
 
 class BodyTooLarge(Exception):
@@ -58,14 +62,19 @@ def _check_text(text: str, path: tuple[str | int, ...]) -> None:
             raise UnstorableJson(f"{_where(path)}: a lone surrogate is not valid Unicode") from None
 
 
-def check_value(value: Any, max_depth: int) -> None:
+def check_value(value: Any, max_depth: int) -> bool:
     """Raise UnstorableJson when a parsed JSON value nests deeper than `max_depth` or holds a
-    string (keys too) that is not valid Unicode. Iterative, so depth costs no recursion."""
+    string (keys too) that is not valid Unicode. Iterative, so depth costs no recursion. True
+    when it holds a float beyond 64-bit integers: orjson reads an oversized integer as one."""
     pending: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    huge = False
     while pending:
         item, path = pending.pop()
         if isinstance(item, str):
             _check_text(item, path)
+            continue
+        if isinstance(item, float):
+            huge = huge or abs(item) >= -INT_MIN
             continue
         if not isinstance(item, dict | list):
             continue
@@ -77,10 +86,21 @@ def check_value(value: Any, max_depth: int) -> None:
                 pending.append((child, (*path, key)))
         else:
             pending.extend((child, (*path, index)) for index, child in enumerate(item))
+    return huge
 
 
 def parse_json(body: bytes, max_depth: int) -> Any:
-    """The body as JSON, or UnstorableJson / ValueError saying why it cannot be accepted."""
+    """The body as JSON, or UnstorableJson / ValueError saying why it cannot be accepted.
+    orjson parses it; a body it refuses, or one holding a float an oversized integer may have
+    become, goes through the checking parser, which keeps integers exact and says why."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return _parse_checked(body, max_depth)
+    return _parse_checked(body, max_depth) if check_value(value, max_depth) else value
+
+
+def _parse_checked(body: bytes, max_depth: int) -> Any:
     try:
         value = json.loads(
             body,
@@ -100,7 +120,7 @@ def _is_json(scope: Scope, own_format: frozenset[str]) -> bool:
     if scope["path"] in own_format and scope["method"] == "POST":
         return False
     raw = dict(scope.get("headers", [])).get(b"content-type")
-    if raw is None:
+    if raw is None or raw == b"application/json":
         return True
     header = MimeHeader()
     header["content-type"] = raw.decode("latin-1")
@@ -112,8 +132,8 @@ def _is_json(scope: Scope, own_format: frozenset[str]) -> bool:
 
 class RequestBoundaryMiddleware:
     """Reads the whole body (up to `max_bytes`, else 413 before anything is parsed), checks a
-    JSON body (else 422), then replays the body to the app; later `receive` calls (disconnects)
-    pass straight through."""
+    JSON body (else 422) and leaves its value in the scope (`PARSED_JSON`), then replays the
+    body to the app; later `receive` calls (disconnects) pass straight through."""
 
     def __init__(
         self, app: ASGIApp, max_bytes: int, max_depth: int, own_format: frozenset[str]
@@ -138,7 +158,7 @@ class RequestBoundaryMiddleware:
             return
         if body and _is_json(scope, self.own_format):
             try:
-                parse_json(body, self.max_depth)
+                scope[PARSED_JSON] = parse_json(body, self.max_depth)
             except ValueError as exc:  # UnstorableJson, JSONDecodeError, UnicodeDecodeError
                 message = f"body is not acceptable JSON: {exc}"
                 await error_response(422, "invalid_request", message)(scope, receive, send)

@@ -81,6 +81,14 @@ def test_the_largest_64_bit_integers_round_trip(base_url: str, identity_worker: 
     assert response.json()["outputs"] == {"u": 2**64 - 1, "i": -(2**63)}
 
 
+def test_floats_beyond_64_bit_integers_round_trip(base_url: str, identity_worker: int) -> None:
+    """orjson reads an oversized integer as a float: a real float that large is taken."""
+    body = b'{"model": "identity", "inputs": {"f": 1e20, "g": -9.3e18, "i": 7}}'
+    response = _post(base_url, "/v1/jobs?wait=20", body)
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"] == {"f": 1e20, "g": -9.3e18, "i": 7}
+
+
 @pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"])
 @pytest.mark.parametrize(
     "template",
