@@ -11,6 +11,7 @@ import threading
 from concurrent.futures import Future
 
 import redis.asyncio as aioredis
+import uvloop
 
 from shared import job_scripts
 from shared.keys import Keys
@@ -45,7 +46,9 @@ class ConsumerRuntime:
         self.repository = ModelRepository.load(settings.model_repository)
         self.partitions = self.repository.partitions(settings.models)
         self.consumer = consumer_name()
-        self.loop = asyncio.new_event_loop()
+        # uvloop, like the producer's uvicorn: at one job per micro-batch the loop's own
+        # polling and socket writes are most of a worker's CPU
+        self.loop = uvloop.new_event_loop()
         # daemon: a consumer that cannot drain in the grace must not keep the process alive
         self._thread = threading.Thread(
             target=self._run_thread, name="conveyor-consumer", daemon=True
