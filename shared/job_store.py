@@ -14,7 +14,14 @@ from shared import job_scripts
 from shared.codec import RequestEntry, as_text, dumps, loads
 from shared.job_states import IllegalTransition, JobStatus
 from shared.keys import GROUP, Keys
-from shared.redis_client import RedisClient, executed, queue_script, run_pipeline, run_script
+from shared.redis_client import (
+    RedisClient,
+    call_script,
+    executed,
+    queue_script,
+    run_pipeline,
+    run_script,
+)
 
 _TIMING_FIELDS = ("queue_wait_ms", "engine_ms", "ttft_ms", "tpot_ms")
 _COUNT_FIELDS = ("batch_size", "attempts", "prompt_tokens", "completion_tokens")
@@ -150,7 +157,7 @@ class JobStore:
         `fair`: (window, tenant weight) of a fair lane, whose job may be held (NewJob)."""
         job = NewJob(entry, stream, fields, *fair)
         keys, args = self._enqueue_call(job, max_length, max_ahead)
-        admitted, count, *_ = await self._enqueue(keys=keys, args=args)
+        admitted, count, *_ = await call_script(self._enqueue, keys, args)
         if admitted == 0:
             raise QueueFull(stream, int(count))
         if admitted == 2:

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from shared import job_scripts
 from shared.drain_rate import drain_rates
 from shared.keys import GROUP, Keys
+from shared.redis_client import call_script
 from shared.worker_registry import WorkerRegistry
 
 # Seconds of drained counters a rate is measured over (and the part of this one gone by).
@@ -29,7 +30,7 @@ class QueuePositions:
         """Entries still undelivered ahead of the job numbered `seq` in `stream`; for a job a
         fair lane holds (no `seq` yet), those plus the held ones served before it."""
         args: list[str | int] = [GROUP, "" if seq is None else seq, tenant]
-        return int(await self._position(keys=[stream, self.keys.added(stream)], args=args))
+        return int(await call_script(self._position, [stream, self.keys.added(stream)], args))
 
 
 @dataclass(frozen=True, slots=True)

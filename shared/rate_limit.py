@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from shared.codec import as_text
 from shared.job_states import TERMINAL, JobStatus
 from shared.keys import Keys
+from shared.redis_client import call_script
 
 _NOW_MS = """
 local t = redis.call('TIME')
@@ -102,8 +103,8 @@ class RateLimiter:
 
     async def take(self, key_id: str, quota: Quota) -> BucketState:
         """Take one token from the key's bucket; `allowed` is False when it is empty."""
-        allowed, remaining, next_ms, full_ms = await self._bucket(
-            keys=[self.keys.rate_bucket(key_id)], args=[quota.rate_per_s, quota.burst, 1]
+        allowed, remaining, next_ms, full_ms = await call_script(
+            self._bucket, [self.keys.rate_bucket(key_id)], [quota.rate_per_s, quota.burst, 1]
         )
         return BucketState(
             allowed=bool(allowed),
@@ -135,14 +136,14 @@ class InFlightLimiter:
         """Take a slot for the job; at the cap, prune the members whose jobs ended and try
         once more."""
         keys = [self.keys.in_flight(key_id), self.keys.in_flight_scan(key_id)]
-        admitted, now_ms, rows = await self._admit(
-            keys=keys, args=[cap, job_id, self.ttl_ms, self.SCAN]
+        admitted, now_ms, rows = await call_script(
+            self._admit, keys, [cap, job_id, self.ttl_ms, self.SCAN]
         )
         if admitted:
             return True
         if not await self._prune(keys[0], int(now_ms), rows):
             return False
-        admitted, _, _ = await self._admit(keys=keys, args=[cap, job_id, self.ttl_ms, 0])
+        admitted, _, _ = await call_script(self._admit, keys, [cap, job_id, self.ttl_ms, 0])
         return bool(admitted)
 
     async def _prune(self, in_flight: str, now_ms: int, rows: list[Any]) -> int:

@@ -1,0 +1,74 @@
+"""The one client every process opens (shared/redis_client.connect), on a real Valkey: its
+commands are packed by hiredis in C and reach the server as redis-py's own encoder would send
+them; a script call outlives a server that lost its scripts."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from redis._parsers.encoders import Encoder
+from redis.exceptions import DataError
+
+from shared.redis_client import (
+    HiredisConnection,
+    HiredisUnixConnection,
+    call_script,
+    connect,
+)
+
+# What redis-py's asyncio connections encode argument by argument, and hiredis must match.
+VALUES: list[str | bytes | int | float | memoryview] = [
+    "plain",
+    "héllo ✓ 日本",
+    b"\x00\xff\r\n binary",
+    0,
+    -5,
+    2**63,
+    0.1,
+    1e20,
+    -3.5e-7,
+    memoryview(b"a view"),
+]
+
+
+async def test_commands_reach_the_server_as_redis_pys_encoder_sends_them(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    client = connect(redis_url, name="packing-test", blocks_ms=0)
+    encoder = Encoder("utf-8", "strict", False)
+    try:
+        async with client.pipeline(transaction=False) as pipe:  # packed as one buffer
+            for index, value in enumerate(VALUES):
+                pipe.set(f"value:{index}", value)
+            await pipe.execute()
+        assert await client.execute_command("CONFIG GET", "maxmemory")  # a two-word command
+        with pytest.raises(DataError):
+            await client.set("refused", None)  # type: ignore[arg-type]
+        assert await client.set("after", "still usable")
+        stored = [redis_client.get(f"value:{index}") for index in range(len(VALUES))]
+        assert stored == [bytes(encoder.encode(value)) for value in VALUES]
+        connection = await client.connection_pool.get_connection()
+        assert isinstance(connection, HiredisConnection)
+        await client.connection_pool.release(connection)
+    finally:
+        await client.aclose()
+
+
+def test_a_unix_socket_url_packs_with_hiredis_too() -> None:
+    client = connect("unix:///tmp/conveyor-no-such.sock", blocks_ms=0)
+    assert client.connection_pool.connection_class is HiredisUnixConnection
+
+
+async def test_a_script_call_loads_the_script_a_server_lost(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    client = connect(redis_url, blocks_ms=0)
+    try:
+        echo = client.register_script("return ARGV[1] .. redis.call('GET', KEYS[1])")
+        redis_client.set("suffix", "!")
+        assert await call_script(echo, ["suffix"], ["loaded"]) == b"loaded!"
+        redis_client.script_flush()  # as a restarted server without persistence has none
+        assert await call_script(echo, ["suffix"], ["again"]) == b"again!"
+        assert redis_client.script_exists(echo.sha) == [True]
+    finally:
+        await client.aclose()
