@@ -322,20 +322,21 @@ return out
 
 # KEYS[1]=stream, KEYS[2]=this second's drained counter; ARGV: group, ttl_s, job-key prefix,
 # worker, then per job a record:
-#   entry_id, job_id, reply_channel, view, status, nfields, field, value, ...
-# status '' means only acknowledge (job already terminal, cancelled or gone); a job still
+#   entry_id, job_id, reply_channel, view, status, write_id, attempt, nfields, field, value, ...
+# status '' means only acknowledge (job already terminal, cancelled or gone; write_id and attempt
+# are then ''); `attempt` is this run's entry for the job's history, as JSON
+# (shared/job_store.attempt_json, the twin of `attempt` above); a job still
 # `queued` ran unmarked (see stream_reader.py) and moves as if from `running`.
 # Per written job three commands (HMGET, HSET, EXPIRE); per micro-batch one SPUBLISH per reply
 # channel (a JSON array of the views written for it; the channel is in the partition's slot),
 # XACK, XDEL, and the lane's recent list (LPUSH, LTRIM). In-flight slots live in their API keys'
 # slots: the writer frees them beside this script, in the same round trip.
-# The written job's attempt history gains this worker's attempt, from the record's `started` (its
-# delivery) to `finished`, ended `status`, with its `error` (read and written in the same HMGET
-# and HSET). Idempotent: a call rerun after its reply was lost (a torn connection, a replica WAIT
-# that timed out) changes nothing more, and returns and publishes the results it wrote (a job
-# whose hash holds the record's `status` and `write_id`, random per result) again, so the writer
-# still publishes them and hands their webhooks on; the drained counter counts only entries XACK
-# acknowledged.
+# The written job's attempt history gains the record's `attempt` (read and written in the same
+# HMGET and HSET). Idempotent: a call rerun after its reply was lost (a torn connection, a
+# replica WAIT that timed out) changes nothing more, and returns and publishes the results it
+# wrote (a job whose hash holds the record's `status` and `write_id`, random per result) again,
+# so the writer still publishes them and hands their webhooks on; the drained counter counts
+# only entries XACK acknowledged.
 FINISH = (
     _PRELUDE
     + """
@@ -344,25 +345,20 @@ local ids, written, fresh = {}, {}, {}
 local replies, channels = {}, {}
 while i <= #ARGV do
   local eid, jid, reply, view, status = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
-  local n = tonumber(ARGV[i+5])
+  local write_id, run = ARGV[i+5], ARGV[i+6]
+  local first, last = i + 8, i + 7 + tonumber(ARGV[i+7]) * 2  -- the record's field/value pairs
   table.insert(ids, eid)
   if status ~= '' then
     local jk = jobkey(ARGV[3], jid)
-    local rec = {}
-    for j = 1, n * 2 do rec[j] = ARGV[i + 5 + j] end
     local cur = redis.call('HMGET', jk, 'status', 'writes', 'attempt_history', 'write_id')
     -- a job handed over by a plain XREADGROUP ran without its hash saying so: through running
     local from = (cur[1] == 'queued' and can('queued', 'running')) and 'running' or cur[1]
     -- this very result, written by a call whose reply was lost (the writer retries it)
-    local again = cur[1] == status and cur[4] == field(rec, 'write_id')
+    local again = cur[1] == status and cur[4] == write_id
     if can(from, status) then
-      local args = {'status', status, 'worker', ARGV[4], 'writes', (tonumber(cur[2]) or 0) + 1}
-      for j = 1, #rec do table.insert(args, rec[j]) end
-      local run = attempt(ARGV[4], field(rec, 'started'), field(rec, 'finished'), status,
-                          field(rec, 'error'))
-      table.insert(args, 'attempt_history')
-      table.insert(args, appended(cur[3], run))
-      redis.call('HSET', jk, unpack(args))
+      redis.call('HSET', jk, 'status', status, 'worker', ARGV[4],
+                 'writes', (tonumber(cur[2]) or 0) + 1, 'attempt_history', appended(cur[3], run),
+                 unpack(ARGV, first, last))
       redis.call('EXPIRE', jk, ARGV[2])
       table.insert(fresh, jid)
       again = true
@@ -375,7 +371,7 @@ while i <= #ARGV do
       table.insert(written, jid)
     end
   end
-  i = i + 6 + n * 2
+  i = last + 1
 end
 for _, reply in ipairs(channels) do
   redis.call('SPUBLISH', reply, '[' .. table.concat(replies[reply], ',') .. ']')

@@ -15,7 +15,7 @@ from typing import Any
 
 from shared import job_scripts
 from shared.codec import as_text
-from shared.job_store import queue_slot_frees
+from shared.job_store import attempt_json, queue_slot_frees
 from shared.keys import GROUP, Keys
 from shared.redis_client import (
     RedisClient,
@@ -81,17 +81,32 @@ class ResultWriter:
     def _args(self, batch: list[Finish]) -> list[Any]:
         """FINISH's arguments; its replies are left to `_publish` while replicas must confirm
         first (a record's reply channel and view are sent empty). Only a result carries its
-        `write_id`: an acknowledgement writes nothing."""
+        `write_id` and attempt: an acknowledgement writes nothing."""
         publish = not get_settings().replica_acks
         args: list[Any] = [GROUP, self.ttl_s, self.keys.job_prefix, self.worker]
         for item in batch:
             reply, view = (item.reply, item.message()) if publish else ("", b"")
             args += [item.entry_id, item.job_id, reply, view, item.status]
-            record = {"write_id": item.write_id, **item.fields} if item.status else item.fields
+            if item.status:
+                record = {"write_id": item.write_id, **item.fields}
+                args += [item.write_id, self._attempt(item)]
+            else:
+                record = item.fields
+                args += ["", ""]
             args.append(len(record))
             for name, value in record.items():
                 args += [name, value]
         return args
+
+    def _attempt(self, item: Finish) -> bytes:
+        """This run's entry in the job's attempt history: from its delivery to its result."""
+        fields = item.fields
+        started, finished, error = (
+            fields.get("started"),
+            fields.get("finished"),
+            fields.get("error"),
+        )
+        return attempt_json(self.worker, started, finished, item.status, error)
 
     async def _publish(self, written: list[Finish]) -> None:
         """One SPUBLISH per reply channel, of the views of its written jobs (FINISH's own
