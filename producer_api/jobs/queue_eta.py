@@ -92,8 +92,10 @@ class QueueEta:
     def max_ahead(self, config: ModelConfig, variant: str, bulk: bool, deadline_ms: int) -> int:
         """Most entries that may wait ahead of a job for it to start by `deadline_ms`, when the
         model admits by deadline and a rate is known; else -1 (no limit)."""
+        if not config.queue.admit_by_deadline or not deadline_ms:
+            return -1
         rate = self.lane_rate(config, variant, bulk)
-        if not config.queue.admit_by_deadline or not deadline_ms or rate <= 0:
+        if rate <= 0:
             return -1
         budget_s = max(0.0, deadline_ms / 1000 - time.time())
         return math.floor(budget_s * rate)
