@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 
+from prometheus_client.metrics import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.metrics import HTTP_LATENCY, HTTP_REQUESTS
+
+
+@lru_cache(maxsize=4096)
+def _series(method: str, route: str, status: int) -> tuple[Counter, Histogram]:
+    """The request counter and latency histogram of one (method, route, status): found once,
+    not per request (`labels` takes a lock and builds its key each time)."""
+    return HTTP_REQUESTS.labels(method, route, str(status)), HTTP_LATENCY.labels(method, route)
 
 
 class HttpMetricsMiddleware:
@@ -29,6 +38,8 @@ class HttpMetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = getattr(scope.get("route"), "path", "unmatched")
-            HTTP_REQUESTS.labels(scope["method"], route, str(status)).inc()
-            HTTP_LATENCY.labels(scope["method"], route).observe(time.perf_counter() - started)
+            requests, latency = _series(
+                scope["method"], getattr(scope.get("route"), "path", "unmatched"), status
+            )
+            requests.inc()
+            latency.observe(time.perf_counter() - started)

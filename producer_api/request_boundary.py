@@ -114,12 +114,12 @@ def _parse_checked(body: bytes, max_depth: int) -> Any:
     return value
 
 
-def _is_json(scope: Scope, own_format: frozenset[str]) -> bool:
-    """As FastAPI decides: no content type, `application/json` or `application/*+json`; routes
-    in `own_format` (JSONL uploads) parse and check their bodies themselves, line by line."""
+def _is_json(scope: Scope, raw: bytes | None, own_format: frozenset[str]) -> bool:
+    """As FastAPI decides from the content type `raw`: none, `application/json` or
+    `application/*+json`; routes in `own_format` (JSONL uploads) parse and check their bodies
+    themselves, line by line."""
     if scope["path"] in own_format and scope["method"] == "POST":
         return False
-    raw = dict(scope.get("headers", [])).get(b"content-type")
     if raw is None or raw == b"application/json":
         return True
     header = MimeHeader()
@@ -147,7 +147,8 @@ class RequestBoundaryMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers", [])).get(b"content-length")
+        headers = dict(scope.get("headers", []))
+        declared = headers.get(b"content-length")
         try:
             if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
                 raise BodyTooLarge
@@ -156,7 +157,7 @@ class RequestBoundaryMiddleware:
             message = f"request body exceeds {self.max_bytes} bytes"
             await error_response(413, "payload_too_large", message)(scope, receive, send)
             return
-        if body and _is_json(scope, self.own_format):
+        if body and _is_json(scope, headers.get(b"content-type"), self.own_format):
             try:
                 scope[PARSED_JSON] = parse_json(body, self.max_depth)
             except ValueError as exc:  # UnstorableJson, JSONDecodeError, UnicodeDecodeError

@@ -19,7 +19,7 @@ Nothing spans slots: no script, no MULTI, no multi-key read. One server is a clu
 from __future__ import annotations
 
 import hashlib
-import uuid
+import os
 from dataclasses import dataclass
 
 GROUP = "workers"
@@ -45,7 +45,7 @@ def partition_tag(model: str, variant: str) -> str:
 
 def new_job_id(model: str, variant: str) -> str:
     """32 hex digits, the first TAG_LEN the partition's tag."""
-    return partition_tag(model, variant) + uuid.uuid4().hex[TAG_LEN:]
+    return partition_tag(model, variant) + os.urandom(16).hex()[TAG_LEN:]
 
 
 def job_tag(job_id: str) -> str:

@@ -118,10 +118,10 @@ class JobsService:
 
     async def enqueue(
         self, entry: RequestEntry, config: ModelConfig, variant: str, body: PredictRequest
-    ) -> dict[str, int | None]:
+    ) -> int:
         """Append to the partition, or 429 when it holds `queue.max_length` entries already,
         the key has its `max_in_flight` jobs queued or running, or (`queue.admit_by_deadline`)
-        the job would start after its deadline. Returns where the job stands in its queue."""
+        the job would start after its deadline. Returns the job's position in its queue."""
         keys = self.state.keys
         bulk = body.priority == "bulk"
         lane = keys.bulk_queue if bulk else keys.queue
@@ -157,7 +157,7 @@ class JobsService:
         # DEBUG: a line per job costs ~3 % of a producer's CPU; the worker's one line per
         # micro-batch names every job id with its trace id
         log.debug("job accepted", extra={"job_id": entry.job_id, "model": config.name})
-        return eta.standing(config, variant, bulk, position).public()
+        return position
 
     @asynccontextmanager
     async def _in_flight_slot(
@@ -193,19 +193,32 @@ class JobsService:
         and the first job's id comes back."""
         entry, config, variant = self.build(model, body)
         if idempotency_key is None:
-            standing = await self.enqueue(entry, config, variant, body)
-            return Submitted(entry.job_id, variant, standing=standing)
+            position = await self.enqueue(entry, config, variant, body)
+            return self._submitted(entry, config, variant, body, position)
         idempotency = self.state.idempotency
         body_print = fingerprint({"model": model, **body.model_dump(mode="json")})
         first = await idempotency.claim(entry.tenant, idempotency_key, entry.job_id, body_print)
         if first is not None:
             return Submitted(first, variant, created=False)
         try:
-            standing = await self.enqueue(entry, config, variant, body)
+            position = await self.enqueue(entry, config, variant, body)
         except BaseException:
             await idempotency.release(entry.tenant, idempotency_key)
             raise
-        return Submitted(entry.job_id, variant, standing=standing)
+        return self._submitted(entry, config, variant, body, position)
+
+    def _submitted(
+        self,
+        entry: RequestEntry,
+        config: ModelConfig,
+        variant: str,
+        body: PredictRequest,
+        position: int,
+    ) -> Submitted:
+        """A new job and where it stands (only a 202 shows it: submit-and-wait does not)."""
+        bulk = body.priority == "bulk"
+        standing = self.state.queue_eta.standing(config, variant, bulk, position)
+        return Submitted(entry.job_id, variant, standing=standing.public())
 
     async def submit_and_wait(
         self, model: str, body: PredictRequest, timeout: float
