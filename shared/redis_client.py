@@ -221,11 +221,12 @@ async def call_script(script: AsyncScript, keys: Sequence[Any], args: Sequence[A
     producer's CPU per submit. A server that lacks the script (NOSCRIPT: the call ran nothing;
     it restarted since) gets it loaded everywhere, and the call again."""
     client = cast(RedisClient, script.registered_client)
+    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
     try:
-        return await client.evalsha(script.sha, len(keys), *keys, *args)
+        return await client.execute_command(*command)
     except NoScriptError:
         await preload(client, [cast(str, script.script)])
-        return await client.evalsha(script.sha, len(keys), *keys, *args)
+        return await client.execute_command(*command)
 
 
 async def run_script(
