@@ -6,6 +6,7 @@ written, so an earlier GPU run's results stay)."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +23,8 @@ from benchmarks.pipeline_stack import (
     running_stack,
     start_worker,
 )
+from benchmarks.process_cpu import CpuMeter
+from benchmarks.profiling import profile_during
 from benchmarks.report import PartResult, Skipped, Table, Target, ratio
 from benchmarks.scales import Scale
 from shared.model_repository import ModelRepository
@@ -40,6 +43,9 @@ MODES = (
 # jobs of 1 text; 32 jobs of 32 texts are split into calls of the largest bucket, 256).
 JOB_SIZES = {1: 32, 32: 256}
 CONCURRENCY = 64
+# As `conveyor up` sizes them (CONVEYOR_PRODUCER_PROCESSES' default): one GPU worker needs
+# several producers, each costing more CPU per job than the worker does.
+PRODUCERS = max(1, (os.cpu_count() or 1) // 4)
 WARM_CALLS = 3  # untimed calls before each batch size's timed ones
 
 
@@ -48,8 +54,8 @@ def run(scale: Scale, workdir: Path) -> PartResult:
         raise Skipped(f"part G skipped: {reason}; it measures nothing without a GPU")
     gpu = torch.cuda.get_device_name(0)
     engine_rows = engine_table_rows(scale)
-    pipeline_rows = pipeline_points(scale, workdir, engine_rows)
     result = PartResult("G", TITLE)
+    pipeline_rows, result.profile = pipeline_points(scale, workdir, engine_rows)
     result.tables = [_engine_table(engine_rows), _pipeline_table(pipeline_rows)]
     result.targets = [
         Target(
@@ -64,7 +70,8 @@ def run(scale: Scale, workdir: Path) -> PartResult:
     result.notes = [
         f"GPU: {gpu} (torch {torch.__version__}, CUDA {torch.version.cuda}).",
         f"Engine: one `run`+`finish` of prepared tokens (batch x {SEQ}), median of "
-        f"{_iterations(scale)} calls; the pipeline: {CONCURRENCY} closed-loop clients over HTTP.",
+        f"{_iterations(scale)} calls; the pipeline: {CONCURRENCY} closed-loop clients over HTTP "
+        f"to {PRODUCERS} producer process(es) on one port and one GPU worker.",
     ]
     result.data = {"gpu": gpu, "engine": engine_rows, "pipeline": pipeline_rows}
     return result
@@ -146,28 +153,28 @@ def _median_ms(call: Any, scale: Scale) -> float:
 
 def pipeline_points(
     scale: Scale, workdir: Path, engine_rows: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Sentences/s through the whole pipeline (HTTP, Redis, worker) for each job size."""
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Sentences/s through the whole pipeline (HTTP, Redis, worker) for each job size, with the
+    cores each process kept busy (one near 1.0 is the single-threaded limit); then a py-spy
+    profile of the largest jobs' load, so a miss says where the time goes."""
     engine_rate = {row["batch"]: row["graph_sentences_per_s"] for row in engine_rows}
     texts = sentences(1024, seed=1)
     points = []
-    with running_stack(workdir) as stack:
-        start_worker(stack, workdir, "minilm:torch", "gpu-worker", {})
+    with running_stack(workdir, PRODUCERS) as stack:
+        worker = start_worker(stack, workdir, "minilm:torch", "gpu-worker", {})
+        pids = {
+            **{name: p.pid for name, p in stack.processes.items() if name.startswith("producer")},
+            "worker": worker,
+        }
         url = f"{stack.base_url}/v1/models/minilm/predict"
         for per_job, engine_batch in JOB_SIZES.items():
-            bodies = [
-                {"inputs": {"texts": texts[i : i + per_job]}, "variant": "torch"}
-                for i in range(0, len(texts), per_job)
-            ]
+            target = _job_target(url, texts, per_job)
+            meter, began = CpuMeter({**pids, "valkey": stack.processes["valkey"].pid}), time.time()
+            meter.start()
             load = drive(
-                closed_loop(
-                    LoadTarget.post(url, bodies),
-                    CONCURRENCY,
-                    scale.seconds,
-                    scale.max_requests,
-                    scale.warmup_s,
-                )
+                closed_loop(target, CONCURRENCY, scale.seconds, scale.max_requests, scale.warmup_s)
             )
+            cores = cores_busy(meter.stop(), time.time() - began)
             per_s = load.rps * per_job
             points.append(
                 {
@@ -179,9 +186,33 @@ def pipeline_points(
                     "engine_batch": engine_batch,
                     "engine_per_s": engine_rate[engine_batch],
                     "share": ratio(per_s, engine_rate[engine_batch]),
+                    "cores_busy": cores,
                 }
             )
-    return points
+        per_job = max(JOB_SIZES)
+        profile = profile_during(
+            {**pids, "load generator": os.getpid()},
+            scale.profile_s,
+            workdir / "profile",
+            f"minilm:torch, jobs of {per_job} texts, {CONCURRENCY} clients",
+            closed_loop(
+                _job_target(url, texts, per_job), CONCURRENCY, scale.profile_s, scale.max_requests
+            ),
+        )
+    return points, profile
+
+
+def _job_target(url: str, texts: list[str], per_job: int) -> LoadTarget:
+    bodies = [
+        {"inputs": {"texts": texts[i : i + per_job]}, "variant": "torch"}
+        for i in range(0, len(texts), per_job)
+    ]
+    return LoadTarget.post(url, bodies)
+
+
+def cores_busy(cpu_s: dict[str, float], seconds: float) -> dict[str, float]:
+    """CPU seconds over wall seconds, by process."""
+    return {name: round(spent / seconds, 2) for name, spent in cpu_s.items()}
 
 
 def _engine_table(rows: list[dict[str, Any]]) -> Table:
@@ -203,6 +234,7 @@ def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
             "p50 ms",
             "engine limit /s",
             "pipeline ÷ engine",
+            "cores busy",
         ],
         [
             [
@@ -212,6 +244,7 @@ def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
                 r["p50_ms"],
                 r["engine_per_s"],
                 r["share"],
+                ", ".join(f"{name} {cores:g}" for name, cores in r["cores_busy"].items()),
             ]
             for r in rows
         ],

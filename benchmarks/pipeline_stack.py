@@ -55,14 +55,19 @@ def _fit_preferred_sizes(config: dict[str, Any], max_batch_size: int) -> None:
 
 
 @contextmanager
-def running_stack(workdir: Path) -> Iterator[Stack]:
-    """Valkey and a producer (reading an unmodified copy of the repository); stopped on exit.
-    API keys are off: the baseline has none, and per-key rate limits would cap the load."""
+def running_stack(workdir: Path, producers: int = 1) -> Iterator[Stack]:
+    """Valkey and `producers` producer processes sharing one port (reading an unmodified copy
+    of the repository); stopped on exit. API keys are off: the baseline has none, and per-key
+    rate limits would cap the load."""
     stack = Stack.create(workdir / "logs")
     stack.env["CONVEYOR_AUTH"] = "disabled"
     try:
         repository = repository_copy(workdir, "model_repository", {})
-        stack.start_producer(free_port(), CONVEYOR_MODEL_REPOSITORY=str(repository))
+        env = {"CONVEYOR_MODEL_REPOSITORY": str(repository)}
+        if producers == 1:
+            stack.start_producer(free_port(), **env)
+        else:
+            stack.start_producers(free_port(), producers, "bench", **env)
         yield stack
     finally:
         stack.stop()

