@@ -31,7 +31,6 @@ save() { tar -C "$(dirname "$results")" -czf /tmp/res.tgz res && mv /tmp/res.tgz
   fi
 } > "$log" 2>&1
 save
-export PATH="$venv/bin:$PATH" PYTHONUNBUFFERED=1
 for part in ${PARTS:-G}; do
   echo "== part $part $(date -u)" >> "$log"
   timeout 150 python -m benchmarks.run --parts "$part" --results-dir "$results" >> "$log" 2>&1
