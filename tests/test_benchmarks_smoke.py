@@ -181,3 +181,6 @@ def test_part_g_gpu_engine(tmp_path: Path) -> None:
     assert [r["batch"] for r in document["data"]["engine"]] == list(BATCHES)
     assert [p["texts"] for p in document["data"]["pipeline"]] == list(JOB_SIZES)
     assert all(p["errors"] == 0 and p["sentences_per_s"] > 0 for p in document["data"]["pipeline"])
+    # The cores each process kept busy, and where the worker's time went.
+    assert all(p["cores_busy"]["worker"] > 0 for p in document["data"]["pipeline"])
+    assert document["profile"]["processes"]["worker"]["samples"] > 0
