@@ -27,6 +27,12 @@ return 1
 """
 
 
+def stamp() -> float:
+    """Now in seconds, to the millisecond, for a canary's start and its events alike: rounded
+    the same way, the `started` event is never earlier than the canary's `started_at`."""
+    return round(time.time(), 3)
+
+
 @dataclass(slots=True)
 class Canary:
     """One rollout: `variant` climbs `steps` (percent of traffic) against `baseline`."""
@@ -44,7 +50,7 @@ class Canary:
     state: CanaryState = "running"
     step: int = -1  # index into steps; -1 before the first
     weight: float = 0.0
-    started_at: float = field(default_factory=time.time)
+    started_at: float = field(default_factory=stamp)
     step_started_at: float = 0.0
 
     def to_json(self) -> bytes:

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from conveyor.cli import main
 from conveyor.stack import Stack, free_port
+from shared.canary_store import Canary, stamp
 from shared.codec import loads
 from shared.keys import Keys
 from tests.conftest import REPO_ROOT, running_stack, until
@@ -280,3 +281,15 @@ def test_abort_and_bad_starts(url: str, producers: list[str]) -> None:
     _until_gauged(producers, "candidate", "aborted", 0)
     again = runner.invoke(main, ["canary", "abort", "ab"], env=env)
     assert again.exit_code != 0 and "409" in again.output
+
+
+def test_the_started_event_is_never_earlier_than_its_canary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Clients keep a rollout's events by `at >= started_at`: the two are stamped alike, so the
+    `started` event, a moment after the canary, cannot round to before it (it did, 1 run in
+    some dozens, when `started_at` kept full precision and events were rounded to the ms)."""
+    clock = iter([1_000.123_456_7, 1_000.123_456_9])  # the canary, then its event: 0.2 µs later
+    monkeypatch.setattr("shared.canary_store.time.time", lambda: next(clock))
+    canary = Canary("m", "b", "a", [50.0], 1.0, 0.1, 100.0, 1)
+    assert stamp() >= canary.started_at

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.canary_store import Canary, CanaryState, CanaryStore
+from shared.canary_store import Canary, CanaryState, CanaryStore, stamp
 from shared.metrics import CANARY_STATE, CANARY_WEIGHT
 from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore, VersionConflict
@@ -157,7 +157,7 @@ class CanaryController:
         """The decision as an event (stored, logged, webhooked); the leader's look shows it in
         the gauges."""
         record = {
-            "at": round(time.time(), 3),
+            "at": stamp(),
             "type": kind,
             "model": canary.model,
             "variant": canary.variant,
