@@ -23,7 +23,7 @@ from benchmarks.pipeline_stack import (
     running_stack,
     start_worker,
 )
-from benchmarks.process_cpu import CpuMeter
+from benchmarks.process_cpu import CpuMeter, cores_busy
 from benchmarks.profiling import profile_during
 from benchmarks.report import PartResult, Skipped, Table, Target, ratio
 from benchmarks.scales import Scale
@@ -208,11 +208,6 @@ def _job_target(url: str, texts: list[str], per_job: int) -> LoadTarget:
         for i in range(0, len(texts), per_job)
     ]
     return LoadTarget.post(url, bodies)
-
-
-def cores_busy(cpu_s: dict[str, float], seconds: float) -> dict[str, float]:
-    """CPU seconds over wall seconds, by process."""
-    return {name: round(spent / seconds, 2) for name, spent in cpu_s.items()}
 
 
 def _engine_table(rows: list[dict[str, Any]]) -> Table:

@@ -63,11 +63,9 @@ def running_stack(workdir: Path, producers: int = 1) -> Iterator[Stack]:
     stack.env["CONVEYOR_AUTH"] = "disabled"
     try:
         repository = repository_copy(workdir, "model_repository", {})
-        env = {"CONVEYOR_MODEL_REPOSITORY": str(repository)}
-        if producers == 1:
-            stack.start_producer(free_port(), **env)
-        else:
-            stack.start_producers(free_port(), producers, "bench", **env)
+        stack.start_producers(
+            free_port(), producers, "producer", CONVEYOR_MODEL_REPOSITORY=str(repository)
+        )
         yield stack
     finally:
         stack.stop()

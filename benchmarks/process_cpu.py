@@ -55,6 +55,12 @@ def per_request_ms(cpu_s: Mapping[str, float], requests: int) -> dict[str, float
     return {name: round(seconds * 1000.0 / requests, 3) for name, seconds in cpu_s.items()}
 
 
+def cores_busy(cpu_s: Mapping[str, float], seconds: float) -> dict[str, float]:
+    """CPU seconds over wall seconds, by process: near 1.0, a single-threaded process is what
+    limits the load."""
+    return {name: round(spent / seconds, 2) for name, spent in cpu_s.items()}
+
+
 def busy_share(before: Any, after: Any) -> float:
     """Share of all cores' time not idle between two `psutil.cpu_times()`: near 1, the
     machine (pipeline, load generators and neighbours together) is what limits the step."""

@@ -29,8 +29,11 @@ class Finish:
     # this result's own: a write-back retried after its reply was lost finds it in the hash
     write_id: str = field(default_factory=lambda: secrets.token_hex(8))
 
+    def _fields(self) -> dict[str, str]:
+        return {**self.context, **self.fields, "status": self.status}
+
     def view(self) -> dict[str, Any]:
-        return job_view(self.job_id, {**self.context, **self.fields, "status": self.status})
+        return job_view(self.job_id, self._fields())
 
     def message(self) -> bytes:
         """The reply published to the waiting producer: the job's public view, its outputs
@@ -38,7 +41,7 @@ class Finish:
         megabytes: decoding them to encode them again was a third of a GPU worker's CPU)."""
         if not self.status:
             return b""
-        fields = {**self.context, **self.fields, "status": self.status}
+        fields = self._fields()
         outputs = fields.pop("outputs", None)
         view = job_view(self.job_id, fields)
         if outputs is not None:
