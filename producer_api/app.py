@@ -41,6 +41,7 @@ from shared import job_scripts
 from shared.api_keys import ApiKeyStore
 from shared.batch_api_store import BatchApiStore
 from shared.consumer_groups import ensure_groups
+from shared.heap_tuning import settle_heap
 from shared.job_store import JobStore
 from shared.keys import Keys, partition_tag
 from shared.model_repository import ModelRepository
@@ -131,6 +132,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.queue_eta.refresher.start()
     app.state.console = console = Console.build(state)
     console.start()
+    settle_heap(settings)
     try:
         yield
     finally:

@@ -71,6 +71,11 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = 10.0
 
     metrics_port: int = 9_100
+    # Garbage collection once a process serves (shared/heap_tuning.py): start-up's objects
+    # frozen out of every collection, and young collections every this many net allocations
+    # (CPython's default is 700).
+    gc_freeze: bool = True
+    gc_young_threshold: int = Field(default=10_000, ge=1)
     block_ms: int = 1_000
     shutdown_grace_s: float = 30.0
 

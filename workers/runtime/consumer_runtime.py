@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 import uvloop
 
 from shared import job_scripts
+from shared.heap_tuning import settle_heap
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.redis_client import connect, preload
@@ -93,6 +94,7 @@ class ConsumerRuntime:
         for config, variant in self.partitions:
             partition = Partition.of(self.keys, config, variant)
             self._loops.append(await self._build_loop(client, writer, events, partition))
+        settle_heap(self.settings)
         self._ready.set_result(None)
         log.info("serving %s as %s", [f"{c.name}:{v}" for c, v in self.partitions], self.consumer)
         try:
