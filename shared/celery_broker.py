@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from celery import Celery
 from redis.cluster import ClusterNode, RedisCluster
@@ -37,11 +37,23 @@ def broker_app(broker_url: str, **options: Any) -> Celery:
     if settings.redis_cluster:
         broker_url = ";".join(_node_urls(broker_url))
         transport["global_keyprefix"] = BROKER_TAG
+    broker_url = kombu_url(broker_url)
     app = Celery("conveyor", broker=broker_url, **options)
     app.conf.broker_transport_options = transport
     if settings.redis_cluster:
         app.conf.broker_failover_strategy = following_the_slot
     return app
+
+
+def kombu_url(redis_url: str) -> str:
+    """redis-py's Unix-socket URL (`unix://[user:password@]/path?db=N`) in kombu's spelling
+    (`redis+socket://`, the database as `virtual_host`); other URLs are the same for both."""
+    parts = urlsplit(redis_url)
+    if parts.scheme != "unix":
+        return redis_url
+    query = parse_qs(parts.query)
+    query["virtual_host"] = query.pop("db", ["0"])
+    return f"redis+socket://{parts.netloc}{parts.path}?{urlencode(query, doseq=True)}"
 
 
 def following_the_slot(urls: list[str]) -> Iterator[str]:

@@ -4,11 +4,16 @@ them; a script call outlives a server that lost its scripts."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import httpx
 import pytest
 import redis
 from redis._parsers.encoders import Encoder
 from redis.exceptions import DataError
 
+from conveyor.stack import Stack, free_port
+from shared.celery_broker import kombu_url
 from shared.redis_client import (
     LARGE_ARGUMENT,
     HiredisConnection,
@@ -84,3 +89,32 @@ async def test_a_script_call_loads_the_script_a_server_lost(
         assert redis_client.script_exists(echo.sha) == [True]
     finally:
         await client.aclose()
+
+
+def test_the_pipeline_runs_on_a_unix_socket_url(tmp_path: Path) -> None:
+    """`CONVEYOR_REDIS_URL=unix://...` reaches every client, Celery's broker included (kombu
+    spells it `redis+socket://`; given redis-py's spelling, the worker used to exit at start)."""
+    socket_path = tmp_path / "valkey.sock"
+    stack = Stack.create(tmp_path / "stack", valkey_config={"unixsocket": str(socket_path)})
+    stack.env.update(CONVEYOR_REDIS_URL=f"unix://{socket_path}?db=0", CONVEYOR_AUTH="disabled")
+    try:
+        stack.start_producer(free_port())
+        worker = stack.consumer_name(stack.start_worker("identity:default"))
+        reply = httpx.post(
+            f"{stack.base_url}/v1/models/identity/predict", json={"inputs": {"via": "unix"}}
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["outputs"] == {"via": "unix"}
+        clients = redis.Redis(unix_socket_path=str(socket_path)).client_list()
+        addresses = {c["addr"] for c in clients if c["name"] == worker}
+        assert addresses and all(str(socket_path) in a for a in addresses), clients
+    finally:
+        stack.stop()
+
+
+def test_kombu_gets_a_unix_socket_url_in_its_own_spelling() -> None:
+    assert kombu_url("unix://user:secret@/run/valkey.sock?db=3") == (
+        "redis+socket://user:secret@/run/valkey.sock?virtual_host=3"
+    )
+    assert kombu_url("unix:///run/valkey.sock") == "redis+socket:///run/valkey.sock?virtual_host=0"
+    assert kombu_url("redis://host:6380/2") == "redis://host:6380/2"
