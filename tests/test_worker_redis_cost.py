@@ -73,9 +73,11 @@ async def test_finish_costs_three_commands_per_job_and_one_publish_per_producer(
     await preload(aredis, job_scripts.ALL)  # as a worker does when it starts
     await aredis.config_resetstat()
 
-    written = await _writer(aredis).finish(STREAM, [_succeeded(d) for d in deliveries])
+    writer = _writer(aredis)
+    written = await writer.finish(STREAM, [_succeeded(d) for d in deliveries])
 
     calls = await _commands(aredis)
+    await writer.close()  # its variant statistics, gathered for a second, go now
     assert sorted(f.job_id for f in written) == sorted(job_id for job_id, _, _ in jobs)
     # one HMGET per entry and one per micro-batch (is anything held for fair queuing?), one
     # HSET and one EXPIRE per written job; the other EXPIREs: the drained counter's (first
@@ -112,6 +114,7 @@ async def test_a_second_finish_of_the_same_jobs_writes_nothing(aredis: aioredis.
     writer = _writer(aredis)
     first = await writer.finish(STREAM, [_succeeded(d) for d in deliveries])
     again = await writer.finish(STREAM, [_succeeded(d) for d in deliveries])
+    await writer.close()
     assert [f.job_id for f in first] == ["once"] and again == []
     assert await aredis.hget(KEYS.job("once"), "writes") == b"1"
 
