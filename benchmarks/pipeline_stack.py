@@ -46,10 +46,11 @@ def repository_copy(workdir: Path, name: str, overrides: dict[str, dict[str, Any
 
 
 def _fit_preferred_sizes(config: dict[str, Any], max_batch_size: int) -> None:
-    """A lowered max_batch_size drops the variants' preferred batch sizes above it (the config
-    refuses sizes past the maximum)."""
+    """A lowered max_batch_size drops the preferred batch sizes above it of the variants that
+    batch by it (the config refuses sizes past the maximum)."""
     for variant in (config.get("variants") or {}).values():
-        if isinstance(variant, dict) and "preferred_batch_sizes" in variant:
+        batches_by_it = isinstance(variant, dict) and "max_batch_size" not in variant
+        if batches_by_it and "preferred_batch_sizes" in variant:
             fitting = [n for n in variant["preferred_batch_sizes"] if n <= max_batch_size]
             variant["preferred_batch_sizes"] = fitting or [max_batch_size]
 

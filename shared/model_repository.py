@@ -32,6 +32,9 @@ class Variant(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     # A variant may run the same model on another engine (A/B of backends through one API).
     backend: str | None = None
+    # A variant on another engine may batch otherwise: a GPU's best micro-batch is many times a
+    # CPU's (unset: the model's `max_batch_size`).
+    max_batch_size: int | None = Field(default=None, ge=1)
     preferred_batch_sizes: list[int] | None = None
 
 
@@ -152,10 +155,11 @@ class ModelConfig(BaseModel):
 
     def _check_variant(self, variant: str) -> None:
         sizes = self.preferred_batch_sizes_of(variant)
-        if any(not 1 <= size <= self.max_batch_size for size in sizes):
+        largest = self.max_batch_size_of(variant)
+        if any(not 1 <= size <= largest for size in sizes):
             raise ModelConfigError(
                 f"model {self.name} variant {variant}: preferred_batch_sizes {sizes} must lie in "
-                f"1..max_batch_size ({self.max_batch_size})"
+                f"1..max_batch_size ({largest})"
             )
         if self.backend_of(variant) == "torch":
             self.torch_options(variant)
@@ -169,13 +173,15 @@ class ModelConfig(BaseModel):
         errors = sorted(self.input_validator.iter_errors(inputs), key=lambda e: list(e.path))
         return [f"inputs{''.join(f'[{p!r}]' for p in e.path)}: {e.message}" for e in errors]
 
-    @property
-    def fair_window(self) -> int:
+    def fair_window_of(self, variant: str) -> int:
         """Undelivered entries a lane's stream may hold before jobs are held for fair queuing;
         0 when the model does not queue fairly."""
         if not self.queue.fair:
             return 0
-        return self.queue.fair_window or self.max_batch_size
+        return self.queue.fair_window or self.max_batch_size_of(variant)
+
+    def max_batch_size_of(self, variant: str) -> int:
+        return self.variants[variant].max_batch_size or self.max_batch_size
 
     def variant_parameters(self, variant: str) -> dict[str, Any]:
         return {**self.parameters, **self.variants[variant].parameters}

@@ -49,7 +49,9 @@ def _config(window: int, batch: int = 4) -> ModelConfig:
 def _job(config: ModelConfig, tenant: str, weight: float = 1.0) -> NewJob:
     entry = RequestEntry(uuid.uuid4().hex, {"inputs": {"t": tenant}}, now_ms(), tenant=tenant)
     fields: dict[str, str | int] = {"model": "m", "variant": "default"}
-    return NewJob(entry, KEYS.queue("m", "default"), fields, config.fair_window, weight)
+    return NewJob(
+        entry, KEYS.queue("m", "default"), fields, config.fair_window_of("default"), weight
+    )
 
 
 async def _enqueue(store: JobStore, jobs: list[NewJob], max_length: int = 0) -> list[int]:
@@ -105,7 +107,7 @@ async def test_a_newcomer_stands_behind_only_what_round_robin_serves_first(
     await _reader(aredis, config)
     stream = KEYS.queue("m", "default")
     await _enqueue(store, [_job(config, "a") for _ in range(24)])  # 4 in the stream, 20 held
-    fair = (config.fair_window, 1.0)
+    fair = (config.fair_window_of("default"), 1.0)
     flooder, newcomer = _job(config, "a"), _job(config, "b")
     assert await store.create(flooder.entry, stream, flooder.fields, fair=fair) == 4 + 20
     # b's first job: the stream's 4, then a's one job of the first round
@@ -143,7 +145,9 @@ async def test_admission_counts_held_jobs(aredis: aioredis.Redis) -> None:
     assert await _enqueue(store, jobs, max_length=5) == [5, 6]  # 2 in the stream, 3 held
     job = _job(config, "b")
     with pytest.raises(QueueFull) as full:
-        await store.create(job.entry, job.stream, job.fields, 5, fair=(config.fair_window, 1.0))
+        await store.create(
+            job.entry, job.stream, job.fields, 5, fair=(config.fair_window_of("default"), 1.0)
+        )
     assert full.value.length == 5
     held = await aredis.hgetall(KEYS.job(jobs[2].entry.job_id))
     assert held[b"held"] == b"1" and b"seq" not in held  # its seq comes when it joins the stream

@@ -153,7 +153,9 @@ class BatchApiService:
             "custom_id": item.custom_id,
         }
         stream = self.state.keys.bulk_queue(item.config.name, item.variant)
-        return NewJob(entry, stream, fields, item.config.fair_window, self.principal.weight)
+        return NewJob(
+            entry, stream, fields, item.config.fair_window_of(item.variant), self.principal.weight
+        )
 
     async def _look(self, batch_id: str) -> Refresh:
         if not BATCH_ID.match(batch_id):

@@ -143,7 +143,7 @@ class JobsService:
                     fields,
                     config.queue.max_length,
                     max_ahead,
-                    (config.fair_window, self.principal.weight),
+                    (config.fair_window_of(variant), self.principal.weight),
                 )
             except QueueFull as full:
                 JOBS_REJECTED.labels(config.name, variant, "queue_full").inc()

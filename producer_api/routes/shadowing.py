@@ -64,7 +64,7 @@ class ShadowCopies:
             "shadow_of": entry.job_id,
         }
         try:
-            limit, fair = config.queue.max_length, (config.fair_window, 1.0)
+            limit, fair = config.queue.max_length, (config.fair_window_of(shadow), 1.0)
             await self.job_store.create(copy, stream, fields, limit, fair=fair)
             pair = ShadowPair(entry.job_id, copy.job_id, variant, shadow)
             await self.pairs.add(config.name, pair)

@@ -75,9 +75,11 @@ class MicroBatchLoop:
         self.stages.close()
 
     async def step(self) -> None:
-        config = self.partition.config
         batches = await self.lanes.next_batch(
-            config.max_batch_size, config.max_queue_delay_ms, self.block_ms, self.in_hand
+            self.partition.max_batch_size,
+            self.partition.config.max_queue_delay_ms,
+            self.block_ms,
+            self.in_hand,
         )
         for stream, batch in batches:
             await self.process(stream, batch)

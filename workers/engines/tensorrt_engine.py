@@ -272,7 +272,9 @@ class TensorRTEngine(BatchEngine):
 
         self._cuda = cuda
         artifact_dir = Path(self.artifact_dir)
-        self.settings = BuildSettings.from_parameters(self.parameters, self.config.max_batch_size)
+        self.settings = BuildSettings.from_parameters(
+            self.parameters, self.config.max_batch_size_of(self.variant)
+        )
         self.encoder = TextEncoder.from_artifacts(artifact_dir, self.settings.max_seq)
         self.max_texts_per_call = min(
             int(self.parameters.get("max_texts_per_call", self.settings.max_batch)),

@@ -37,6 +37,10 @@ class Partition:
         return self.online, self.bulk
 
     @property
+    def max_batch_size(self) -> int:
+        return self.config.max_batch_size_of(self.variant)
+
+    @property
     def name(self) -> str:
         """`model:variant`, as logs and the CLI spell a partition."""
         return f"{self.config.name}:{self.variant}"

@@ -47,7 +47,7 @@ class Reclaimer:
         self.idle_ms = int(queue.visibility_timeout_s * 1000)
         self.max_deliveries = queue.max_deliveries
         self.interval_s = max(0.25, queue.visibility_timeout_s / 2)
-        self.batch = partition.config.max_batch_size
+        self.batch = partition.max_batch_size
         self._next = dict.fromkeys(self.streams, 0.0)
         self._script = client.register_script(job_scripts.RECLAIM)
 
