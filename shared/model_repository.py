@@ -181,7 +181,9 @@ class ModelConfig(BaseModel):
         return self.queue.fair_window or self.max_batch_size_of(variant)
 
     def max_batch_size_of(self, variant: str) -> int:
-        return self.variants[variant].max_batch_size or self.max_batch_size
+        """The variant's own maximum, else the model's (a variant the config lacks: the model's)."""
+        own = self.variants.get(variant)
+        return (own.max_batch_size if own else None) or self.max_batch_size
 
     def variant_parameters(self, variant: str) -> dict[str, Any]:
         return {**self.parameters, **self.variants[variant].parameters}
