@@ -60,7 +60,7 @@ async def _load(base_url: str) -> None:
         await asyncio.gather(*(client(http) for _ in range(CONCURRENCY)))
 
 
-def test_a_busy_producer_and_worker_collect_no_garbage_generation(
+def test_a_busy_producer_and_worker_run_no_garbage_collection(
     stack: Stack, base_url: str, identity_worker: int
 ) -> None:
     """With CPython's defaults this load runs 7 to 18 young collections in each process (at part
