@@ -4,6 +4,7 @@ collections rare, so a busy producer never stops its event loop for a full colle
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 
@@ -15,15 +16,19 @@ from conveyor.stack import Stack
 REQUESTS, CONCURRENCY = 1_500, 32
 
 
-def _settled(*env: str) -> list[int]:
-    """settle_heap in a fresh interpreter with `env`: [frozen objects, young threshold]."""
+def _settled(**env: str) -> list[int]:
+    """settle_heap in a fresh interpreter with `env` set: [frozen objects, young threshold]."""
     code = (
         "import gc; from shared.settings import Settings; "
         "from shared.heap_tuning import settle_heap; settle_heap(Settings()); "
         "print(gc.get_freeze_count(), gc.get_threshold()[0])"
     )
     out = subprocess.run(
-        ["env", *env, sys.executable, "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return [int(n) for n in out.stdout.split()]
 
@@ -32,7 +37,7 @@ def test_settle_heap_freezes_start_up_and_sets_the_young_threshold() -> None:
     frozen, young = _settled()
     assert frozen > 1_000, "the imported modules' objects should be frozen"
     assert young == 10_000
-    assert _settled("CONVEYOR_GC_FREEZE=0", "CONVEYOR_GC_YOUNG_THRESHOLD=2500") == [0, 2_500]
+    assert _settled(CONVEYOR_GC_FREEZE="0", CONVEYOR_GC_YOUNG_THRESHOLD="2500") == [0, 2_500]
 
 
 def _collections(metrics_url: str) -> dict[str, float]:
