@@ -21,6 +21,7 @@ from tests.minilm_reference import (
     reference_embeddings,
     vectors,
 )
+from tests.stage_overlap import trace_two_micro_batches
 from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
 from workers.engines.registry import create_engine
 from workers.model_prep.minilm import prepare
@@ -130,3 +131,16 @@ def test_prepare_keeps_cached_artifacts_unless_forced(artifacts):
     prepare(minilm_config(), artifacts, False)
     assert onnx_path.stat().st_mtime_ns == before
     assert not [p.name for p in artifacts.iterdir() if p.name.endswith(".tmp")]
+
+
+async def test_the_next_micro_batch_is_tokenised_while_the_session_runs(artifacts, monkeypatch):
+    """Staged like the PyTorch engine: the batching loop tokenises micro-batch n+1 (on the one
+    host thread) while the session runs n (on its own thread), and the vectors still come back."""
+    engine = make_engine(artifacts)
+    trace = await trace_two_micro_batches(engine, monkeypatch)
+    assert trace.overlapped == [True, True]
+    assert trace.errors() == [[None], [None]]
+    assert trace.threads["run"] == {"engine-device_0"}
+    assert trace.threads["prepare"] | trace.threads["finish"] <= {"engine-host_0"}
+    vector = np.array(trace.outcomes[1][0].output["embeddings"])  # type: ignore[index]
+    np.testing.assert_allclose(vector, reference_embeddings(["the next micro-batch"]), atol=1e-4)

@@ -6,7 +6,6 @@ check fp16, CUDA graphs and the served variant on a CUDA device."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 from functools import partial
 from pathlib import Path
@@ -32,6 +31,7 @@ from tests.minilm_reference import (
     reference_embeddings,
     vectors,
 )
+from tests.stage_overlap import trace_two_micro_batches
 from workers.batching.micro_batch_executor import Outcome
 from workers.batching.stage_pipeline import StagePipeline
 from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
@@ -193,56 +193,16 @@ async def test_the_stage_pipeline_keeps_results_with_their_jobs(cpu_engine):
 
 
 async def test_the_next_micro_batch_is_tokenised_while_the_device_runs(cpu_engine, monkeypatch):
-    """Micro-batch 0's device stage cannot end before micro-batch 1 has been tokenised: with
-    tokenising on the device's critical path (after its run, or on its thread) this would wait
-    out its timeout. Host stages run on the tokenizer pool the config sizes, the device stage
-    on one thread of its own."""
-    tokenised_next = threading.Event()
-    overlapped: list[bool] = []
-    threads: dict[str, set[str]] = {"prepare": set(), "run": set(), "finish": set()}
-    prepare, run, finish = cpu_engine.prepare, cpu_engine.run, cpu_engine.finish
-
-    def on_thread(stage: str) -> None:
-        threads[stage].add(threading.current_thread().name)
-
-    def preparing(inputs: list[dict[str, Any]]) -> Any:
-        on_thread("prepare")
-        prepared = prepare(inputs)
-        if inputs[0]["texts"] == ["the next micro-batch"]:
-            tokenised_next.set()
-        return prepared
-
-    def running(prepared: Any) -> Any:
-        on_thread("run")
-        overlapped.append(tokenised_next.wait(timeout=30))
-        return run(prepared)
-
-    def finishing(running: Any) -> list[dict[str, Any]]:
-        on_thread("finish")
-        return finish(running)
-
-    monkeypatch.setattr(cpu_engine, "prepare", preparing)
-    monkeypatch.setattr(cpu_engine, "run", running)
-    monkeypatch.setattr(cpu_engine, "finish", finishing)
-    outcomes: dict[int, list[Outcome]] = {}
-
-    async def keep(n: int, result: list[Outcome]) -> None:
-        outcomes[n] = result
-
-    pipeline = StagePipeline(cpu_engine)
-    try:
-        await pipeline.submit([{"texts": ["the first micro-batch"]}], partial(keep, 0))
-        await pipeline.submit([{"texts": ["the next micro-batch"]}], partial(keep, 1))
-        await pipeline.drain()
-    finally:
-        pipeline.close()
-    assert overlapped == [True, True]
-    assert [[o.error for o in outcomes[n]] for n in (0, 1)] == [[None], [None]]
+    """Host stages run on the tokenizer pool the config sizes, the device stage on one thread of
+    its own, and the next micro-batch is tokenised while the device runs this one."""
+    trace = await trace_two_micro_batches(cpu_engine, monkeypatch)
+    assert trace.overlapped == [True, True]
+    assert trace.errors() == [[None], [None]]
     configured = minilm_config().torch_options("torch").tokenizer_threads
     assert cpu_engine.host_threads == configured
     host_pool = {f"engine-host_{i}" for i in range(configured)}
-    assert threads["prepare"] | threads["finish"] <= host_pool
-    assert threads["run"] == {"engine-device_0"}
+    assert trace.threads["prepare"] | trace.threads["finish"] <= host_pool
+    assert trace.threads["run"] == {"engine-device_0"}
 
 
 def test_the_encoder_traces_whole_with_no_host_sync(cpu_engine):

@@ -120,19 +120,50 @@ def split_per_job(embeddings: np.ndarray, counts: list[int]) -> list[dict[str, A
     return outputs
 
 
+@dataclass(frozen=True, slots=True)
+class TextCalls:
+    """A micro-batch's texts tokenised into engine calls of at most `max_texts_per_call` texts,
+    and how many texts each job brought (to hand the vectors back per job)."""
+
+    counts: list[int]
+    calls: list[TokenBatch]
+
+
+@dataclass(frozen=True, slots=True)
+class PooledCalls:
+    """The sentence vectors of each call of a `TextCalls`, in order."""
+
+    counts: list[int]
+    vectors: list[np.ndarray]
+
+    def per_job(self) -> list[dict[str, Any]]:
+        if not self.vectors:
+            return split_per_job(np.zeros((0, 0), dtype=np.float32), self.counts)
+        return split_per_job(np.concatenate(self.vectors), self.counts)
+
+
+def tokenize_jobs(
+    inputs: list[dict[str, Any]], encoder: TextEncoder, max_texts_per_call: int
+) -> TextCalls:
+    """Host work before the engine: one call per micro-batch unless it holds more than
+    `max_texts_per_call` texts."""
+    texts, counts = flatten_texts(inputs)
+    return TextCalls(counts, [encoder.tokenize(part) for part in chunks(texts, max_texts_per_call)])
+
+
+def pool_calls(calls: TextCalls, run: Callable[[TokenBatch], np.ndarray]) -> PooledCalls:
+    """Each call through the backend's `run` (token batch → hidden states), then pooled."""
+    return PooledCalls(
+        calls.counts,
+        [mean_pool_normalize(run(batch), batch.attention_mask) for batch in calls.calls],
+    )
+
+
 def embed_jobs(
     inputs: list[dict[str, Any]],
     encoder: TextEncoder,
     run: Callable[[TokenBatch], np.ndarray],
     max_texts_per_call: int,
 ) -> list[dict[str, Any]]:
-    """The whole `infer` of an encoder engine, given the backend's `run` (token batch → hidden
-    states): one call per micro-batch unless it holds more than `max_texts_per_call` texts."""
-    texts, counts = flatten_texts(inputs)
-    if not texts:
-        return split_per_job(np.zeros((0, 0), dtype=np.float32), counts)
-    parts = []
-    for part in chunks(texts, max_texts_per_call):
-        batch = encoder.tokenize(part)
-        parts.append(mean_pool_normalize(run(batch), batch.attention_mask))
-    return split_per_job(np.concatenate(parts), counts)
+    """The whole `infer` of an encoder engine, given the backend's `run`."""
+    return pool_calls(tokenize_jobs(inputs, encoder, max_texts_per_call), run).per_job()
