@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import httpx
@@ -22,7 +23,9 @@ from conveyor.stack import Stack
 from producer_api.app import create_app
 from shared.keys import Keys
 from shared.settings import Settings
+from shared.telemetry import current_traceparent, tracing_on
 from tests.conftest import until
+from workers.batching.micro_batch_telemetry import stage_span
 from workers.runtime.consumer_runtime import ConsumerRuntime
 
 KEYS = Keys("cv:")
@@ -146,3 +149,18 @@ def test_request_span_links_to_worker_batch_span(
     assert [link.context.span_id for link in batch.links] == [server.context.span_id]
     children = {s.name for s in finished if s.parent and s.parent.span_id == batch.context.span_id}
     assert {"decode", "engine", "write"} <= children
+
+
+def test_without_a_tracer_provider_the_batch_loop_opens_no_span(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tracing off (no `OTEL_TRACES_EXPORTER`): no span at all, not even OpenTelemetry's no-op
+    ones, whose contexts cost a fifth of a lone job's worker CPU; with a provider, real spans."""
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    assert not tracing_on()
+    assert isinstance(stage_span("engine"), nullcontext)
+    assert current_traceparent() == ""
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", TracerProvider())
+    assert tracing_on()
+    with stage_span("engine") as span:
+        assert span.is_recording()  # type: ignore[attr-defined]

@@ -13,7 +13,7 @@ from functools import partial
 from shared.codec import dumps
 from shared.job_states import JobStatus
 from workers.batching.micro_batch_executor import Outcome, execute
-from workers.batching.micro_batch_telemetry import batch_span, log_batch, record_batch, tracer
+from workers.batching.micro_batch_telemetry import batch_span, log_batch, record_batch, stage_span
 from workers.batching.stage_pipeline import StagePipeline
 from workers.engines.base import BatchEngine, StagedBatchEngine
 from workers.partition.finish import Finish
@@ -96,14 +96,14 @@ class MicroBatchLoop:
                 finishes.append(finish)
         model, variant = self.partition.labels
         with batch_span(model, variant, runnable):
-            with tracer.start_as_current_span("decode"):
+            with stage_span("decode"):
                 inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry]
             mark = asyncio.get_running_loop().call_later(RUNNING_MARK_S, self._mark, runnable)
             done = partial(self.complete, stream, runnable, finishes, mark)
             if self.stages is not None and inputs:
                 await self.stages.submit(inputs, done)
                 return
-            with tracer.start_as_current_span("engine"):
+            with stage_span("engine"):
                 outcomes = await execute(self.engine, inputs)
             await done(outcomes)
 
@@ -131,7 +131,7 @@ class MicroBatchLoop:
         mark.cancel()
         model, variant = self.partition.labels
         finishes = skipped + [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
-        with tracer.start_as_current_span("write"):
+        with stage_span("write"):
             await until_done(
                 lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name
             )

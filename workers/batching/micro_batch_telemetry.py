@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import cache
+from typing import TypeVar, cast
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, NonRecordingSpan, Span
+from opentelemetry.trace import Link, NonRecordingSpan
+from prometheus_client import Counter, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from shared.metrics import BATCH_SIZE, E2E_LATENCY, ENGINE_TIME, JOBS_FINISHED, QUEUE_WAIT
-from shared.telemetry import span_context_of, trace_id_of
+from shared.telemetry import span_context_of, trace_id_of, tracing_on
 from workers.batching.micro_batch_executor import Outcome
 from workers.partition.finish import Finish
 from workers.partition.stream_reader import Delivery
@@ -22,7 +26,11 @@ tracer = trace.get_tracer("conveyor.worker")
 
 
 @contextmanager
-def batch_span(model: str, variant: str, runnable: list[Delivery]) -> Iterator[Span]:
+def batch_span(model: str, variant: str, runnable: list[Delivery]) -> Iterator[None]:
+    """No span at all while tracing is off (see `tracing_on`)."""
+    if not tracing_on():
+        yield
+        return
     contexts = [sc for d in runnable if d.entry and (sc := span_context_of(d.entry.traceparent))]
     parent = trace.set_span_in_context(NonRecordingSpan(contexts[0])) if contexts else None
     with tracer.start_as_current_span(
@@ -34,23 +42,46 @@ def batch_span(model: str, variant: str, runnable: list[Delivery]) -> Iterator[S
             "conveyor.variant": variant,
             "conveyor.batch_size": len(runnable),
         },
-    ) as span:
-        yield span
+    ):
+        yield
+
+
+def stage_span(name: str) -> AbstractContextManager[object]:
+    """A child of the batch span for one stage of it (decode, engine, write), when tracing."""
+    return tracer.start_as_current_span(name) if tracing_on() else nullcontext()
+
+
+M = TypeVar("M", Counter, Histogram)
+
+
+@cache
+def _labelled(metric: MetricWrapperBase, *labels: str) -> MetricWrapperBase:
+    return metric.labels(*labels)
+
+
+def _child(metric: M, *labels: str) -> M:
+    """A metric's labelled child, looked up once: `labels()` locks and checks its arguments on
+    every call, and a micro-batch makes five or more of them."""
+    return cast(M, _labelled(metric, *labels))
 
 
 def record_batch(model: str, variant: str, finishes: list[Finish], outcomes: list[Outcome]) -> None:
-    partition = (model, variant)
+    queue_wait, e2e = _child(QUEUE_WAIT, model, variant), _child(E2E_LATENCY, model, variant)
     for finish in finishes:
         if not finish.status:
             continue
-        JOBS_FINISHED.labels(*partition, finish.status).inc()
+        _child(JOBS_FINISHED, model, variant, finish.status).inc()
         created = int(finish.context["created"])
         if "started" in finish.context:
-            QUEUE_WAIT.labels(*partition).observe((int(finish.context["started"]) - created) / 1e3)
-        E2E_LATENCY.labels(*partition).observe((int(finish.fields["finished"]) - created) / 1e3)
+            queue_wait.observe((int(finish.context["started"]) - created) / 1e3)
+        e2e.observe((int(finish.fields["finished"]) - created) / 1e3)
+    engine_time, batch_size = (
+        _child(ENGINE_TIME, model, variant),
+        _child(BATCH_SIZE, model, variant),
+    )
     for outcome in {o.batch_id: o for o in outcomes}.values():
-        ENGINE_TIME.labels(*partition).observe(outcome.engine_ms / 1e3)
-        BATCH_SIZE.labels(*partition).observe(outcome.batch_size)
+        engine_time.observe(outcome.engine_ms / 1e3)
+        batch_size.observe(outcome.batch_size)
 
 
 def log_batch(model: str, runnable: list[Delivery], outcomes: list[Outcome]) -> None:
