@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from shared.job_store import now_ms
 from workers.batching.micro_batch_executor import Outcome
 from workers.batching.stage_pipeline import StagePipeline
 from workers.engines.base import StagedBatchEngine
@@ -23,6 +24,7 @@ class StageTrace:
         default_factory=lambda: {"prepare": set(), "run": set(), "finish": set()}
     )
     outcomes: dict[int, list[Outcome]] = field(default_factory=dict)
+    run_ended_ms: list[int] = field(default_factory=list)  # wall clock, per device run
 
     def errors(self) -> list[list[dict[str, str] | None]]:
         return [[o.error for o in self.outcomes[n]] for n in sorted(self.outcomes)]
@@ -50,7 +52,9 @@ async def trace_two_micro_batches(
     def running(prepared: Any) -> Any:
         on_thread("run")
         trace.overlapped.append(tokenised_next.wait(timeout=30))
-        return run(prepared)
+        running = run(prepared)
+        trace.run_ended_ms.append(now_ms())
+        return running
 
     def finishing(running: Any) -> list[dict[str, Any]]:
         on_thread("finish")

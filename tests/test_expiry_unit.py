@@ -83,3 +83,12 @@ def test_a_result_carries_timing_context_and_webhook(partition: Partition) -> No
         "started": str(CLAIMED_MS),
     }
     assert finish.webhook == "https://hooks.example/x"
+
+
+def test_the_queue_wait_ends_when_the_engine_started_on_the_job(partition: Partition) -> None:
+    """A staged engine's micro-batch may wait for the device after the read: that is queue wait
+    too, while the attempt began at the read."""
+    delivery = _delivery(enqueued_ms=CLAIMED_MS - 250)
+    finish = partition.finish(delivery, JobStatus.SUCCEEDED, {}, ran_ms=CLAIMED_MS + 40)
+    assert finish.fields["queue_wait_ms"] == "290"
+    assert finish.fields["started"] == str(CLAIMED_MS)

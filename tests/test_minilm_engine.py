@@ -142,5 +142,7 @@ async def test_the_next_micro_batch_is_tokenised_while_the_session_runs(artifact
     assert trace.errors() == [[None], [None]]
     assert trace.threads["run"] == {"engine-device_0"}
     assert trace.threads["prepare"] | trace.threads["finish"] <= {"engine-host_0"}
+    # micro-batch 1 was read and tokenised while 0 ran: its jobs waited until the device was free
+    assert trace.outcomes[1][0].ran_ms >= trace.run_ended_ms[0]
     vector = np.array(trace.outcomes[1][0].output["embeddings"])  # type: ignore[index]
     np.testing.assert_allclose(vector, reference_embeddings(["the next micro-batch"]), atol=1e-4)

@@ -9,7 +9,22 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from shared.job_store import now_ms
 from workers.engines.base import BatchEngine
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStart:
+    """When an engine started on a micro-batch: the clock its `engine_ms` runs on, and the
+    wall-clock ms its jobs' queue waits end at (a staged engine's micro-batch may wait for the
+    device well after the worker read it)."""
+
+    perf: float
+    wall_ms: int
+
+    @classmethod
+    def now(cls) -> EngineStart:
+        return cls(time.perf_counter(), now_ms())
 
 
 @dataclass(slots=True)
@@ -19,30 +34,32 @@ class Outcome:
     engine_ms: float
     batch_size: int
     batch_id: str
+    ran_ms: int  # EngineStart.wall_ms
 
 
 async def execute(engine: BatchEngine, inputs: list[dict[str, Any]]) -> list[Outcome]:
     if not inputs:
         return []
-    started = time.perf_counter()
+    start = EngineStart.now()
     try:
         outputs = await _call(engine, inputs)
     except Exception as exc:
         if len(inputs) == 1:
             error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
-            return [Outcome(None, error, _ms_since(started), 1, uuid.uuid4().hex)]
+            engine_ms = _ms_since(start.perf)
+            return [Outcome(None, error, engine_ms, 1, uuid.uuid4().hex, start.wall_ms)]
         middle = len(inputs) // 2
         return [*await execute(engine, inputs[:middle]), *await execute(engine, inputs[middle:])]
-    return succeeded(inputs, outputs, started)
+    return succeeded(inputs, outputs, start)
 
 
 def succeeded(
-    inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], started: float
+    inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], start: EngineStart
 ) -> list[Outcome]:
-    """One engine call's outcomes: same batch id, size and engine time for every job."""
-    engine_ms = _ms_since(started)
+    """One engine call's outcomes: same batch id, size, start and engine time for every job."""
+    engine_ms = _ms_since(start.perf)
     batch_id = uuid.uuid4().hex
-    return [Outcome(out, None, engine_ms, len(inputs), batch_id) for out in outputs]
+    return [Outcome(out, None, engine_ms, len(inputs), batch_id, start.wall_ms) for out in outputs]
 
 
 async def _call(engine: BatchEngine, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:

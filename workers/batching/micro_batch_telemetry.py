@@ -72,8 +72,8 @@ def record_batch(model: str, variant: str, finishes: list[Finish], outcomes: lis
             continue
         _child(JOBS_FINISHED, model, variant, finish.status).inc()
         created = int(finish.context["created"])
-        if "started" in finish.context:
-            queue_wait.observe((int(finish.context["started"]) - created) / 1e3)
+        if "queue_wait_ms" in finish.fields:
+            queue_wait.observe(int(finish.fields["queue_wait_ms"]) / 1e3)
         e2e.observe((int(finish.fields["finished"]) - created) / 1e3)
     engine_time, batch_size = (
         _child(ENGINE_TIME, model, variant),

@@ -8,12 +8,17 @@ it so only the bad input fails."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from workers.batching.micro_batch_executor import Outcome, execute, one_per_input, succeeded
+from workers.batching.micro_batch_executor import (
+    EngineStart,
+    Outcome,
+    execute,
+    one_per_input,
+    succeeded,
+)
 from workers.engines.base import StagedBatchEngine
 
 T = TypeVar("T")
@@ -37,34 +42,34 @@ class StagePipeline:
         micro-batch while this one runs; `done` gets its outcomes (job order) when it ends."""
         self.raise_failure()
         await self.slots.acquire()
-        started = time.perf_counter()
         try:
             prepared: Any = await self._on(self.host, self.engine.prepare, inputs)
         except Exception:
             prepared = None  # bad input somewhere: `execute` bisects to the culprit
-        task = asyncio.create_task(self._complete(inputs, prepared, started, done))
+        task = asyncio.create_task(self._complete(inputs, prepared, done))
         self.in_flight.add(task)
         task.add_done_callback(self._forget)
 
-    async def _complete(
-        self, inputs: list[dict[str, Any]], prepared: Any, started: float, done: Done
-    ) -> None:
+    async def _complete(self, inputs: list[dict[str, Any]], prepared: Any, done: Done) -> None:
         try:
-            await done(await self._outcomes(inputs, prepared, started))
+            await done(await self._outcomes(inputs, prepared))
         finally:
             self.slots.release()
 
-    async def _outcomes(
-        self, inputs: list[dict[str, Any]], prepared: Any, started: float
-    ) -> list[Outcome]:
+    async def _outcomes(self, inputs: list[dict[str, Any]], prepared: Any) -> list[Outcome]:
         if prepared is None:
             return await execute(self.engine, inputs)
         try:
-            running = await self._on(self.device, self.engine.run, prepared)
+            start, running = await self._on(self.device, self._run, prepared)
             outputs = one_per_input(inputs, await self._on(self.host, self.engine.finish, running))
         except Exception:
             return await execute(self.engine, inputs)
-        return succeeded(inputs, outputs, started)
+        return succeeded(inputs, outputs, start)
+
+    def _run(self, prepared: Any) -> tuple[EngineStart, Any]:
+        """The device stage, stamped when the device takes it up: until then its jobs wait."""
+        start = EngineStart.now()
+        return start, self.engine.run(prepared)
 
     async def _on(self, pool: ThreadPoolExecutor, stage: Callable[[Any], T], arg: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(pool, stage, arg)

@@ -62,17 +62,25 @@ class Partition:
             return self.finish(delivery, JobStatus.EXPIRED, {"error": dumps(error).decode()})
         return None
 
-    def finish(self, delivery: Delivery, status: JobStatus, fields: dict[str, str]) -> Finish:
+    def finish(
+        self,
+        delivery: Delivery,
+        status: JobStatus,
+        fields: dict[str, str],
+        ran_ms: int | None = None,
+    ) -> Finish:
         """A result for the writer, with `finished`, `queue_wait_ms`, the reply's context and
-        the job's webhook."""
+        the job's webhook. The queue wait ends when the engine started on the job (`ran_ms`),
+        or, for a job no engine ran, when this worker read it."""
         assert delivery.entry is not None
         entry = delivery.entry
+        ran = delivery.claimed_ms if ran_ms is None else ran_ms
         fields = {
             **fields,
             "started": str(delivery.claimed_ms),  # when this worker read it: no claim writes it
             "attempts": str(delivery.attempts),
             "finished": str(now_ms()),
-            "queue_wait_ms": str(delivery.claimed_ms - entry.enqueued_ms),
+            "queue_wait_ms": str(ran - entry.enqueued_ms),
         }
         if status != JobStatus.SUCCEEDED:  # the console shows what a failed job was given
             raw = dumps(entry.payload)
