@@ -75,6 +75,8 @@ class MicroBatchLoop:
         self.stages.close()
 
     async def step(self) -> None:
+        if self.stages is not None:
+            await self.stages.until_wanted()
         batches = await self.lanes.next_batch(
             self.partition.max_batch_size,
             self.partition.config.max_queue_delay_ms,

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from workers.batching.device_schedule import DeviceSchedule
 from workers.batching.micro_batch_executor import (
     EngineStart,
     Outcome,
@@ -36,6 +37,12 @@ class StagePipeline:
         self.slots = asyncio.Semaphore(depth)
         self.in_flight: set[asyncio.Task[None]] = set()
         self.failures: list[BaseException] = []
+        self.schedule = DeviceSchedule()
+
+    async def until_wanted(self) -> None:
+        """Wait until the device is about to want another micro-batch: the caller reads it
+        then, not as soon as the last one is queued (see `DeviceSchedule`)."""
+        await self.schedule.until_wanted()
 
     async def submit(self, inputs: list[dict[str, Any]], done: Done) -> None:
         """Returns once `inputs` is prepared and queued, so the caller reads the next
@@ -46,14 +53,21 @@ class StagePipeline:
             prepared: Any = await self._on(self.host, self.engine.prepare, inputs)
         except Exception:
             prepared = None  # bad input somewhere: `execute` bisects to the culprit
+        self.schedule.given()
         task = asyncio.create_task(self._complete(inputs, prepared, done))
         self.in_flight.add(task)
         task.add_done_callback(self._forget)
 
     async def _complete(self, inputs: list[dict[str, Any]], prepared: Any, done: Done) -> None:
+        run_s = None
         try:
-            await done(await self._outcomes(inputs, prepared))
+            outcomes = await self._outcomes(inputs, prepared)
+            run_s = max((o.engine_ms for o in outcomes), default=0.0) / 1000.0
+            self.schedule.done(run_s)
+            await done(outcomes)
         finally:
+            if run_s is None:
+                self.schedule.done(None)
             self.slots.release()
 
     async def _outcomes(self, inputs: list[dict[str, Any]], prepared: Any) -> list[Outcome]:
