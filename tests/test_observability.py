@@ -163,4 +163,4 @@ def test_without_a_tracer_provider_the_batch_loop_opens_no_span(
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", TracerProvider())
     assert tracing_on()
     with stage_span("engine") as span:
-        assert span.is_recording()  # type: ignore[attr-defined]
+        assert span.is_recording()

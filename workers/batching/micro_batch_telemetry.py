@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import cache
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan
@@ -46,7 +46,7 @@ def batch_span(model: str, variant: str, runnable: list[Delivery]) -> Iterator[N
         yield
 
 
-def stage_span(name: str) -> AbstractContextManager[object]:
+def stage_span(name: str) -> AbstractContextManager[Any]:
     """A child of the batch span for one stage of it (decode, engine, write), when tracing."""
     return tracer.start_as_current_span(name) if tracing_on() else nullcontext()
 
