@@ -75,10 +75,8 @@ def record_batch(model: str, variant: str, finishes: list[Finish], outcomes: lis
         if "queue_wait_ms" in finish.fields:
             queue_wait.observe(int(finish.fields["queue_wait_ms"]) / 1e3)
         e2e.observe((int(finish.fields["finished"]) - created) / 1e3)
-    engine_time, batch_size = (
-        _child(ENGINE_TIME, model, variant),
-        _child(BATCH_SIZE, model, variant),
-    )
+    engine_time = _child(ENGINE_TIME, model, variant)
+    batch_size = _child(BATCH_SIZE, model, variant)
     for outcome in {o.batch_id: o for o in outcomes}.values():
         engine_time.observe(outcome.engine_ms / 1e3)
         batch_size.observe(outcome.batch_size)

@@ -59,15 +59,15 @@ class StagePipeline:
         task.add_done_callback(self._forget)
 
     async def _complete(self, inputs: list[dict[str, Any]], prepared: Any, done: Done) -> None:
-        run_s = None
         try:
-            outcomes = await self._outcomes(inputs, prepared)
-            run_s = max((o.engine_ms for o in outcomes), default=0.0) / 1000.0
-            self.schedule.done(run_s)
+            try:
+                outcomes = await self._outcomes(inputs, prepared)
+            except BaseException:
+                self.schedule.done(None)
+                raise
+            self.schedule.done(max((o.engine_ms for o in outcomes), default=0.0) / 1000.0)
             await done(outcomes)
         finally:
-            if run_s is None:
-                self.schedule.done(None)
             self.slots.release()
 
     async def _outcomes(self, inputs: list[dict[str, Any]], prepared: Any) -> list[Outcome]:
