@@ -87,13 +87,27 @@ class HiredisSSLConnection(HiredisPacking, SSLConnection):
     pass
 
 
-# The connection class a URL's scheme selects, and the same class packing with hiredis. A
-# cluster client builds its node connections itself, as redis-py's Connection or SSLConnection.
+# The connection class a URL's scheme selects, and the same class packing with hiredis.
 _HIREDIS_PACKING: dict[type[AbstractConnection], type[AbstractConnection]] = {
     aioredis.Connection: HiredisConnection,
     UnixDomainSocketConnection: HiredisUnixConnection,
     SSLConnection: HiredisSSLConnection,
 }
+
+
+class HiredisCluster(RedisCluster):
+    """A cluster client whose node connections pack with hiredis too. RedisCluster fixes their
+    class (Connection, or SSLConnection for `rediss://`) in the keyword arguments it builds
+    every node from, startup nodes and nodes found later alike, with no parameter for it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        node_kwargs = self.get_connection_kwargs()
+        plain = cast(type[aioredis.Connection], node_kwargs["connection_class"])
+        packing = cast(type[aioredis.Connection], _HIREDIS_PACKING.get(plain, plain))
+        node_kwargs["connection_class"] = packing
+        for node in self.startup_nodes:  # made before the swap
+            node.connection_class = packing
 
 
 def connect(
@@ -103,7 +117,7 @@ def connect(
     *,
     blocks_ms: int | None = None,
     timeout_s: float | None = None,
-    cluster_class: type[RedisCluster] = RedisCluster,
+    cluster_class: type[RedisCluster] = HiredisCluster,
 ) -> RedisClient:
     """A client whose commands retry a few times through dropped connections (jittered backoff
     capped at 1 s) before they raise; callers map what still fails to 503 or to their own

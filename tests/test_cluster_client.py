@@ -3,8 +3,9 @@
 With `CONVEYOR_REPLICA_ACKS`, a group-commit flush waits for the replicas of the masters it wrote
 to, and only theirs: a flush of reads waits for none, so one shard that lost its replicas never
 holds up (or fails) another shard's writes. Scripts a node lost (it restarted since the
-processes loaded them) still run, pipelined or group-committed. And lanes on several masters have
-their drain rates read in one go."""
+processes loaded them) still run, pipelined or group-committed. Lanes on several masters have
+their drain rates read in one go. And every node's connections pack commands with hiredis, as a
+single server's do."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from redis._parsers.encoders import Encoder
 
 from conveyor.valkey_cluster import LocalCluster
 from producer_api.jobs.group_commit import group_committing
@@ -21,7 +23,7 @@ from shared.drain_rate import drain_rates
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
-from shared.redis_client import RedisClient
+from shared.redis_client import HiredisPacking, RedisClient, connect
 from shared.settings import get_settings
 
 pytestmark = pytest.mark.slow
@@ -113,3 +115,39 @@ async def test_drain_rates_of_lanes_on_several_masters(
     first, other = await drain_rates(cluster_client, KEYS, lanes, 5)
     assert 15 / 6 <= first <= 15 / 5  # over five seconds and the part of this one gone by
     assert other == pytest.approx(first * 20 / 15)
+
+
+@pytest.mark.parametrize("group_commit", [False, True])
+async def test_every_nodes_connections_pack_with_hiredis(
+    cluster: LocalCluster,
+    cluster_client: RedisClient,
+    monkeypatch: pytest.MonkeyPatch,
+    group_commit: bool,
+) -> None:
+    """Packing in C is a tenth of a producer's CPU per job; a cluster client used to pack in
+    Python. What reaches each master is what redis-py's own encoder would send."""
+    url = f"redis://127.0.0.1:{cluster.masters[0].port}/0"
+    monkeypatch.setenv("CONVEYOR_REDIS_CLUSTER", "1")
+    get_settings.cache_clear()
+    plain = connect(url, name="packing-test", blocks_ms=0)
+    client = group_committing(plain, url, "packing-test") if group_commit else plain
+    values: list[str | bytes | int | float] = ["héllo ✓", b"\x00\r\n", 2**63, -3.5e-7]
+    keys = [f"cv:test:{{{tag}}}" for tag in ("a", "b", "c", "d")]
+    try:
+        assert len({cluster.master_of(key).port for key in keys}) == 3
+        async with client.pipeline(transaction=False) as pipe:
+            for key, value in zip(keys, values, strict=True):
+                pipe.set(key, value)
+            await pipe.execute()
+        assert await plain.execute_command("CONFIG GET", "maxmemory", target_nodes="all")
+        encoder = Encoder("utf-8", "strict", False)
+        assert [await client.get(key) for key in keys] == [encoder.encode(v) for v in values]
+        for node in client.get_nodes():  # type: ignore[attr-defined]
+            connection = node.acquire_connection()
+            assert isinstance(connection, HiredisPacking), node.name
+            node.release(connection)
+    finally:
+        if group_commit:
+            await client.aclose()
+        await plain.aclose()
+        get_settings.cache_clear()

@@ -19,10 +19,10 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter
-from redis.asyncio.cluster import RedisCluster
 from redis.cluster import READ_COMMANDS
 
 from shared.redis_client import (
+    HiredisCluster,
     RedisClient,
     check_replica_acks,
     connect,
@@ -134,7 +134,7 @@ class GroupCommitRedis(GroupCommit, aioredis.Redis):  # type: ignore[misc]
         self._start_batching()
 
 
-class GroupCommitCluster(GroupCommit, RedisCluster):  # type: ignore[misc]
+class GroupCommitCluster(GroupCommit, HiredisCluster):  # type: ignore[misc]
     """Group commit over a cluster: a cluster client of its own (a cluster client's node pools
     cannot be shared), made by `connect` like every other."""
 
