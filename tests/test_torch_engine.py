@@ -192,6 +192,26 @@ async def test_the_stage_pipeline_keeps_results_with_their_jobs(cpu_engine):
             }
 
 
+async def test_a_bisected_micro_batch_counts_every_call_on_the_device(cpu_engine):
+    """The just-in-time read learns how long the device is busy with a micro-batch: after a bad
+    input made it rerun in parts, that is all the parts' calls, not the longest."""
+    pipeline = StagePipeline(cpu_engine)
+    results: list[Outcome] = []
+
+    async def collect(outcomes: list[Outcome]) -> None:
+        results.extend(outcomes)
+
+    jobs = [{"texts": [s]} for s in SENTENCES[:3]] + [{"texts": ["fine", 3]}]
+    try:
+        await pipeline.submit(jobs, collect)
+        await pipeline.drain()
+    finally:
+        pipeline.close()
+    calls = {o.batch_id: o.engine_ms for o in results}
+    assert len(calls) > 1 and results[-1].error is not None
+    assert pipeline.schedule.run_s == pytest.approx(sum(calls.values()) / 1000)
+
+
 async def test_the_next_micro_batch_is_tokenised_while_the_device_runs(cpu_engine, monkeypatch):
     """Host stages run on the tokenizer pool the config sizes, the device stage on one thread of
     its own, and the next micro-batch is tokenised while the device runs this one."""

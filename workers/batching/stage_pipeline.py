@@ -65,7 +65,7 @@ class StagePipeline:
             except BaseException:
                 self.schedule.done(None)
                 raise
-            self.schedule.done(max((o.engine_ms for o in outcomes), default=0.0) / 1000.0)
+            self.schedule.done(_device_s(outcomes))
             await done(outcomes)
         finally:
             self.slots.release()
@@ -107,3 +107,9 @@ class StagePipeline:
     def close(self) -> None:
         self.host.shutdown(wait=True)
         self.device.shutdown(wait=True)
+
+
+def _device_s(outcomes: list[Outcome]) -> float:
+    """A micro-batch's time on the device: each engine call's once, summed (a micro-batch that
+    failed is rerun bisected, a call per part)."""
+    return sum({o.batch_id: o.engine_ms for o in outcomes}.values()) / 1000.0
