@@ -228,23 +228,23 @@ if max_length > 0 and length + held >= max_length then return {0, length + held}
 local ok, pel = pcall(redis.call, 'XPENDING', stream, ARGV[3])
 local ahead = math.max(0, length - (ok and pel[1] or 0))
 local hold = window > 0 and (held > 0 or ahead >= window)
-local n = tonumber(ARGV[8])
-local entry = {}
-for i = 9 + n * 2, #ARGV do table.insert(entry, ARGV[i]) end
-local tenant = field(entry, 'tenant') or 'default'
+local first = 9 + tonumber(ARGV[8]) * 2  -- the entry's pairs, after the hash's
+local entry, tenant
 if hold then
+  entry = {unpack(ARGV, first)}
+  tenant = field(entry, 'tenant') or 'default'
   local own = redis.call('LLEN', stream .. HELD .. tenant)
   ahead = ahead + held_ahead(stream, tenant, tonumber(ARGV[6]), held, own)
 end
 local max_ahead = tonumber(ARGV[4])
 if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
 local seq = hold and 0 or redis.call('INCR', KEYS[3])
-local hash = hold and {'held', 1} or {'seq', seq}
-for i = 9, 8 + n * 2 do table.insert(hash, ARGV[i]) end
-redis.call('HSET', KEYS[1], unpack(hash))
+-- ARGV's pairs go to HSET and XADD as they are: copying them into tables took a fifth of the
+-- script's time
+redis.call('HSET', KEYS[1], hold and 'held' or 'seq', hold and 1 or seq, unpack(ARGV, 9, first - 1))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if not hold then
-  redis.call('XADD', stream, '*', unpack(entry))
+  redis.call('XADD', stream, '*', unpack(ARGV, first))
   return {1, ahead, seq}
 end
 if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(entry)) == 1 then
