@@ -42,7 +42,7 @@ from shared.api_keys import ApiKeyStore
 from shared.batch_api_store import BatchApiStore
 from shared.consumer_groups import ensure_groups
 from shared.heap_tuning import settle_heap
-from shared.job_store import JobStore
+from shared.job_store import JobStore, merged_enqueues
 from shared.keys import Keys, partition_tag
 from shared.model_repository import ModelRepository
 from shared.queue_position import QueuePositions
@@ -83,9 +83,9 @@ def build_state(settings: Settings) -> ProducerState:
     keys = Keys(settings.key_prefix)
     name = f"producer-{settings.instance_id}"
     client = connect(settings.redis_url, name=name, blocks_ms=0)
-    hot = group_committing(
-        client, settings.redis_url, f"{name}-hot"
-    )  # the submit path: one pipeline per loop turn
+    # the submit path: one pipeline per loop turn, one ENQUEUE call per lane in it
+    merges = {job_scripts.ENQUEUE: merged_enqueues}
+    hot = group_committing(client, settings.redis_url, f"{name}-hot", merges)
     ttl_s = settings.result_ttl_s
     job_store = JobStore(hot, keys, ttl_s)
     batch_store = BatchApiStore(client, keys, ttl_s)

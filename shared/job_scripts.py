@@ -200,60 +200,85 @@ return out
 """
 )
 
-# KEYS[1]=job key, KEYS[2]=stream, KEYS[3]=the lane's added counter; ARGV: max_length (0: none),
-# ttl_s, group, max_ahead (-1: none), fair window (0: not a fair lane), the tenant's weight,
-# job-key prefix, n hash pairs, hash field/value pairs..., entry field/value pairs... Admission
-# control and enqueue in one atomic step: a full partition (stream plus held jobs) refuses
-# (returns {0, length}), so does one with more than max_ahead entries undelivered ({2, ahead}:
-# the job would miss its deadline); nothing accepted is ever trimmed. Accepted: {1, ahead, seq},
-# where ahead = XLEN - pending (every acknowledged entry is deleted) and seq numbers the job's
-# entry in its lane (stored in the hash; shared/queue_position.py reads positions from it).
+# KEYS[1]=a lane's stream, KEYS[2]=its added counter, KEYS[3...]=the keys of the jobs to enqueue
+# (in the lane's slot); ARGV: max_length (0: none), ttl_s, group, fair window (0: not a fair
+# lane), job-key prefix, then per job: max_ahead (-1: none), the tenant's weight, n hash pairs,
+# m entry pairs, the hash's n field/value pairs, the entry's m. One reply per job, in order.
+# Admission control and enqueue in one atomic step per job, as if each came alone in turn (the
+# lane's length read once, then counted on): a full partition (stream plus held jobs) refuses
+# ({0, length}), so does one with more than max_ahead entries undelivered ({2, ahead}: the job
+# would miss its deadline); nothing accepted is ever trimmed. Accepted: {1, ahead, seq}, where
+# ahead = XLEN - pending (every acknowledged entry is deleted) and seq numbers the job's entry in
+# its lane (stored in the hash; shared/queue_position.py reads positions from it).
 # A fair lane whose stream holds `window` undelivered entries, or that holds jobs back already,
-# holds this one in its tenant's list instead (hash field `held` = 1, no seq until it joins the
+# holds the job in its tenant's list instead (hash field `held` = 1, no seq until it joins the
 # stream; reply {1, ahead, 0}) for refill (TAKE, FINISH) to move by deficit round robin; its
 # ahead counts the held jobs the round robin serves first, and so does deadline admission.
 # A job whose hash exists already changes nothing (reply {1, 0, its seq}): a call retried after
 # its reply was lost (a connection torn mid-pipeline, a failover) must not enqueue it twice.
+# Many jobs per call (the submits of one event-loop turn) share its fixed cost: the call, the
+# prelude, and reading the lane's length and pending count.
 ENQUEUE = (
     _PRELUDE
     + """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {1, 0, tonumber(redis.call('HGET', KEYS[1], 'seq')) or 0}
+local stream, added = KEYS[1], KEYS[2]
+local max_length, ttl, group = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local window, job_prefix = tonumber(ARGV[4]), ARGV[5]
+local length, pending  -- the lane's, read when first wanted and counted on (re-read after refill)
+
+-- The job whose hash is `jk`, its hash pairs ARGV[first..entry - 1], its entry's ARGV[entry..last].
+local function enqueue(jk, max_ahead, weight, first, entry, last)
+  if redis.call('EXISTS', jk) == 1 then
+    return {1, 0, tonumber(redis.call('HGET', jk, 'seq')) or 0}
+  end
+  if not length then
+    length = redis.call('XLEN', stream)
+    local ok, pel = pcall(redis.call, 'XPENDING', stream, group)
+    pending = ok and pel[1] or 0
+  end
+  local held = window > 0 and (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) or 0
+  if max_length > 0 and length + held >= max_length then return {0, length + held} end
+  local ahead = math.max(0, length - pending)
+  local hold = window > 0 and (held > 0 or ahead >= window)
+  local fields, tenant
+  if hold then
+    fields = {unpack(ARGV, entry, last)}
+    tenant = field(fields, 'tenant') or 'default'
+    local own = redis.call('LLEN', stream .. HELD .. tenant)
+    ahead = ahead + held_ahead(stream, tenant, tonumber(weight), held, own)
+  end
+  if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
+  local seq = hold and 0 or redis.call('INCR', added)
+  -- ARGV's pairs go to HSET and XADD as they are: copying them into tables took a fifth of
+  -- a lone job's script time
+  local mark, value = 'seq', seq
+  if hold then mark, value = 'held', 1 end
+  redis.call('HSET', jk, mark, value, unpack(ARGV, first, entry - 1))
+  redis.call('EXPIRE', jk, ttl)
+  if not hold then
+    redis.call('XADD', stream, '*', unpack(ARGV, entry, last))
+    length = length + 1
+    return {1, ahead, seq}
+  end
+  if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(fields)) == 1 then
+    redis.call('RPUSH', stream .. FAIR_RING, tenant)
+  end
+  redis.call('HSET', stream .. FAIR, 'w:' .. tenant, weight, 'window', window)
+  redis.call('HINCRBY', stream .. FAIR, 'held', 1)
+  refill(stream, group, job_prefix)
+  length = nil  -- refill may have moved held jobs into the stream
+  return {1, ahead, 0}
 end
-local max_length, window = tonumber(ARGV[1]), tonumber(ARGV[5])
-local stream = KEYS[2]
-local length = redis.call('XLEN', stream)
-local held = window > 0 and (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) or 0
-if max_length > 0 and length + held >= max_length then return {0, length + held} end
-local ok, pel = pcall(redis.call, 'XPENDING', stream, ARGV[3])
-local ahead = math.max(0, length - (ok and pel[1] or 0))
-local hold = window > 0 and (held > 0 or ahead >= window)
-local first = 9 + tonumber(ARGV[8]) * 2  -- the entry's pairs, after the hash's
-local entry, tenant
-if hold then
-  entry = {unpack(ARGV, first)}
-  tenant = field(entry, 'tenant') or 'default'
-  local own = redis.call('LLEN', stream .. HELD .. tenant)
-  ahead = ahead + held_ahead(stream, tenant, tonumber(ARGV[6]), held, own)
+
+local out, i = {}, 6
+for k = 3, #KEYS do
+  local first = i + 4
+  local entry = first + tonumber(ARGV[i + 2]) * 2
+  local last = entry + tonumber(ARGV[i + 3]) * 2 - 1
+  out[k - 2] = enqueue(KEYS[k], tonumber(ARGV[i]), ARGV[i + 1], first, entry, last)
+  i = last + 1
 end
-local max_ahead = tonumber(ARGV[4])
-if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
-local seq = hold and 0 or redis.call('INCR', KEYS[3])
--- ARGV's pairs go to HSET and XADD as they are: copying them into tables took a fifth of the
--- script's time
-redis.call('HSET', KEYS[1], hold and 'held' or 'seq', hold and 1 or seq, unpack(ARGV, 9, first - 1))
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-if not hold then
-  redis.call('XADD', stream, '*', unpack(ARGV, first))
-  return {1, ahead, seq}
-end
-if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(entry)) == 1 then
-  redis.call('RPUSH', stream .. FAIR_RING, tenant)
-end
-redis.call('HSET', stream .. FAIR, 'w:' .. tenant, ARGV[6], 'window', window)
-redis.call('HINCRBY', stream .. FAIR, 'held', 1)
-refill(stream, ARGV[3], ARGV[7])
-return {1, ahead, 0}
+return out
 """
 )
 

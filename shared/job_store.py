@@ -8,14 +8,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from shared import job_scripts
 from shared.codec import RequestEntry, as_text, dumps, loads
 from shared.job_states import IllegalTransition, JobStatus
 from shared.keys import GROUP, Keys
 from shared.redis_client import (
+    MergedCall,
     RedisClient,
+    ScriptCall,
     call_script,
     executed,
     queue_script,
@@ -152,6 +154,43 @@ class TooFarBack(Exception):
         self.ahead = ahead
 
 
+# Jobs of one lane share an ENQUEUE call: (stream, its max_length, its fair window).
+_Lane = tuple[str, int, int]
+# A job to enqueue, and how many undelivered entries it may find ahead (-1: any number).
+_Admit = tuple[NewJob, int]
+# Jobs per ENQUEUE call at most: a script holds the server for its whole run (~10 us a job).
+ENQUEUE_JOBS = 64
+# An ENQUEUE call's keys and arguments before its jobs': what the jobs of one call share.
+_SHARED_KEYS, _HEAD = 2, 5
+T = TypeVar("T")
+
+
+def _chunks(items: Sequence[T]) -> list[Sequence[T]]:
+    return [items[start : start + ENQUEUE_JOBS] for start in range(0, len(items), ENQUEUE_JOBS)]
+
+
+def merged_enqueues(calls: Sequence[ScriptCall]) -> list[MergedCall]:
+    """ENQUEUE calls of one lane (one stream, max_length and fair window) as one call of all
+    their jobs, of ENQUEUE_JOBS calls at most (a create's carries one job): how a
+    group-committing client sends the creates of one event-loop turn
+    (producer_api/jobs/group_commit.py). Each job is still admitted as if it came alone; the
+    call, its prelude and reading the lane's length are paid once."""
+    lanes: dict[tuple[Any, ...], list[int]] = {}
+    for index, (keys, args) in enumerate(calls):
+        lanes.setdefault((*keys[:_SHARED_KEYS], *args[:_HEAD]), []).append(index)
+    merged: list[MergedCall] = []
+    for indexes in lanes.values():
+        for chunk in _chunks(indexes):
+            keys, args = calls[chunk[0]]
+            keys, args = list(keys[:_SHARED_KEYS]), list(args[:_HEAD])
+            for index in chunk:
+                keys += calls[index][0][_SHARED_KEYS:]
+                args += calls[index][1][_HEAD:]
+            parts = [(index, len(calls[index][0]) - _SHARED_KEYS) for index in chunk]
+            merged.append(((keys, args), parts))
+    return merged
+
+
 class JobStore:
     """Every read and write of job hashes goes through here (or the worker's batch scripts)."""
 
@@ -175,10 +214,12 @@ class JobStore:
         partition already holds `max_length` entries (QueueFull) or more than `max_ahead` (if
         not -1) wait undelivered in the lane (TooFarBack): then write nothing. Returns the
         number of entries ahead of the job: its queue position, from the same round trip.
-        `fair`: (window, tenant weight) of a fair lane, whose job may be held (NewJob)."""
+        `fair`: (window, tenant weight) of a fair lane, whose job may be held (NewJob).
+        The creates of one lane in one event-loop turn (submits that arrived together) are one
+        script call, each job admitted as if it came alone."""
         job = NewJob(entry, stream, fields, *fair)
-        keys, args = self._enqueue_call(job, max_length, max_ahead)
-        admitted, count, *_ = await call_script(self._enqueue, keys, args)
+        keys, args = self._enqueue_call((stream, max_length, job.fair_window), [(job, max_ahead)])
+        [(admitted, count, *_)] = await call_script(self._enqueue, keys, args)
         if admitted == 0:
             raise QueueFull(stream, int(count))
         if admitted == 2:
@@ -186,37 +227,42 @@ class JobStore:
         return int(count)
 
     async def create_many(self, jobs: Sequence[NewJob], max_length: int = 0) -> list[int]:
-        """`create` for many jobs in one pipelined round trip (each still one atomic ENQUEUE);
-        returns the indexes of the jobs refused because their partition was full."""
-        calls = [self._enqueue_call(job, max_length) for job in jobs]
+        """`create` for many jobs in one pipelined round trip (each job still admitted and
+        enqueued atomically, a script call per lane and ENQUEUE_JOBS jobs); returns the indexes
+        of the jobs refused because their partition was full."""
+        lanes: dict[_Lane, list[int]] = {}
+        for index, job in enumerate(jobs):
+            lanes.setdefault((job.stream, max_length, job.fair_window), []).append(index)
+        calls = []
+        order: list[int] = []
+        for lane, indexes in lanes.items():
+            for chunk in _chunks(indexes):
+                calls.append(self._enqueue_call(lane, [(jobs[i], -1) for i in chunk]))
+                order += chunk
         replies = await run_script(self.redis, self._enqueue, calls)
-        return [index for index, (admitted, *_) in enumerate(replies) if not admitted]
+        admitted = dict(zip(order, (r[0] for rs in replies for r in rs), strict=True))
+        return [index for index in range(len(jobs)) if not admitted[index]]
 
-    def _enqueue_call(
-        self, job: NewJob, max_length: int, max_ahead: int = -1
-    ) -> tuple[list[str], list[str | bytes | int | float]]:
-        entry = job.entry
-        mapping: dict[str, str | int] = {
-            **job.fields,
-            "status": JobStatus.QUEUED.value,
-            "created": entry.enqueued_ms,
-            "reply": entry.reply,
-            "tenant": entry.tenant,
-            "stream": job.stream,  # where its queue position is read (shared/queue_position.py)
-        }
-        hash_args = [part for pair in mapping.items() for part in pair]
-        entry_args = [part for pair in entry.encode().items() for part in pair]
-        keys = [self.keys.job(entry.job_id), job.stream, self.keys.added(job.stream)]
-        head: list[str | bytes | int | float] = [
-            max_length,
-            self.ttl_s,
-            GROUP,
-            max_ahead,
-            job.fair_window,
-            job.weight,
-        ]
-        head += [self.keys.job_prefix, len(mapping)]
-        return keys, [*head, *hash_args, *entry_args]
+    def _enqueue_call(self, lane: _Lane, admits: Sequence[_Admit]) -> ScriptCall:
+        stream, max_length, window = lane
+        keys: list[Any] = [stream, self.keys.added(stream)]
+        args: list[Any] = [max_length, self.ttl_s, GROUP, window, self.keys.job_prefix]  # _HEAD
+        for job, max_ahead in admits:
+            entry = job.entry
+            mapping: dict[str, str | int] = {
+                **job.fields,
+                "status": JobStatus.QUEUED.value,
+                "created": entry.enqueued_ms,
+                "reply": entry.reply,
+                "tenant": entry.tenant,
+                "stream": stream,  # where its queue position is read (shared/queue_position.py)
+            }
+            encoded = entry.encode()
+            keys.append(self.keys.job(entry.job_id))
+            args += [max_ahead, job.weight, len(mapping), len(encoded)]
+            args += [part for pair in mapping.items() for part in pair]
+            args += [part for pair in encoded.items() for part in pair]
+        return keys, args
 
     async def get(self, job_id: str) -> JobRecord | None:
         return _record(job_id, await self.redis.hgetall(self.keys.job(job_id)))

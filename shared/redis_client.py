@@ -256,6 +256,13 @@ async def call_script(script: AsyncScript, keys: Sequence[Any], args: Sequence[A
         return await client.execute_command(*command)
 
 
+# A script call's keys and arguments.
+ScriptCall = tuple[list[Any], list[Any]]
+# Calls of one script sent as one: the call, and the (index, reply items) of each call it stands
+# for, in order; its reply is a list of their replies' items.
+MergedCall = tuple[ScriptCall, list[tuple[int, int]]]
+
+
 async def run_script(
     client: RedisClient, script: AsyncScript, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
 ) -> list[Any]:

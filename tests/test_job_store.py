@@ -1,14 +1,26 @@
 """The job state machine, checked against a real server: legal moves pass, illegal ones are
-refused atomically, terminal states never change, hashes expire."""
+refused atomically, terminal states never change, hashes expire. Jobs created in one event-loop
+turn share one script call, and each is admitted as if it came alone."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 import redis.asyncio as aioredis
 
+from producer_api.jobs.group_commit import group_committing
+from shared import job_scripts
 from shared.codec import RequestEntry
 from shared.job_states import TERMINAL, IllegalTransition, JobStatus, allowed
-from shared.job_store import JobNotFound, JobStore, now_ms
+from shared.job_store import (
+    JobNotFound,
+    JobStore,
+    QueueFull,
+    TooFarBack,
+    merged_enqueues,
+    now_ms,
+)
 from shared.keys import Keys
 
 KEYS = Keys("t:")
@@ -79,3 +91,88 @@ async def test_transition_publishes_the_view(aredis: aioredis.Redis) -> None:
             break
     await pubsub.aclose()
     assert message is not None and b'"status":"cancelled"' in message["data"]
+
+
+# (job, tenant, max_ahead): a retry of job 1 (its reply lost), a deadline only an empty lane
+# meets, one a short queue meets, and more jobs than the lane's max_length admits.
+TURN = [(0, "a", -1), (1, "a", -1), (1, "a", -1), (2, "b", 0), (3, "b", 5), (4, "a", -1)]
+TURN += [(5, "b", -1), (6, "a", -1)]
+MAX_LENGTH = 5
+
+
+async def _create_turn(store: JobStore, stream: str, window: int, together: bool) -> list[object]:
+    """TURN's creates on `stream` (a fair lane when `window`): one after another, or all in one
+    event-loop turn. Each one's queue position, or how it was refused."""
+
+    async def create(job: int, tenant: str, max_ahead: int) -> object:
+        entry = RequestEntry(f"{stream}-{job}", {"inputs": {}}, now_ms(), tenant=tenant)
+        fields = {"model": "m", "variant": "v"}
+        try:
+            return await store.create(entry, stream, fields, MAX_LENGTH, max_ahead, (window, 1.0))
+        except QueueFull:
+            return "full"
+        except TooFarBack:
+            return "too far back"
+
+    if together:
+        return list(await asyncio.gather(*(create(*spec) for spec in TURN)))
+    return [await create(*spec) for spec in TURN]
+
+
+async def _lane_state(aredis: aioredis.Redis, stream: str) -> dict[str, object]:
+    """What a lane holds, its jobs named by their number in TURN."""
+
+    def number(job_id: bytes) -> int:
+        return int(job_id.decode().rpartition("-")[2])
+
+    entries = [number(f[b"id"]) for _, f in await aredis.xrange(stream)]
+    held = {t: await aredis.llen(f"{stream}:held:{t}") for t in ("a", "b")}
+    hashes = {}
+    for job in sorted({spec[0] for spec in TURN}):
+        fields = await aredis.hmget(KEYS.job(f"{stream}-{job}"), "status", "seq", "held")
+        hashes[job] = fields
+    return {"entries": entries, "held": held, "hashes": hashes}
+
+
+@pytest.mark.parametrize("window", [0, 2])
+async def test_creates_of_one_turn_are_one_call_admitted_as_if_alone(
+    aredis: aioredis.Redis, window: int
+) -> None:
+    """Concurrent submits to a lane (here plain, and fair with jobs held back) cost one ENQUEUE
+    call between them on the producer's group-committing client, with the same outcome as the
+    same creates one by one."""
+    hot = group_committing(aredis, "", "hot", {job_scripts.ENQUEUE: merged_enqueues})
+    store = JobStore(hot, KEYS, ttl_s=60)
+    alone = await _create_turn(store, KEYS.queue("m", "alone"), window, together=False)
+    await aredis.config_resetstat()
+    together = await _create_turn(store, KEYS.queue("m", "together"), window, together=True)
+    stats = await aredis.info("commandstats")
+    assert stats["cmdstat_evalsha"]["calls"] == 1
+    assert together == alone
+    assert "full" in alone and "too far back" in alone and alone[2] == 0
+    expected = await _lane_state(aredis, KEYS.queue("m", "alone"))
+    assert await _lane_state(aredis, KEYS.queue("m", "together")) == expected
+    assert sum(expected["held"].values()) == (0 if window == 0 else 3)  # type: ignore[attr-defined]
+
+
+async def test_a_merged_create_outlives_a_server_that_lost_its_scripts(
+    aredis: aioredis.Redis,
+) -> None:
+    """The merged call is refused (NOSCRIPT): every create loads the script and runs again."""
+    hot = group_committing(aredis, "", "hot", {job_scripts.ENQUEUE: merged_enqueues})
+    store = JobStore(hot, KEYS, ttl_s=60)
+    stream = KEYS.queue("m", "restarted")
+    await aredis.script_flush()
+
+    async def create(job: int) -> int:
+        entry = RequestEntry(f"r-{job}", {"inputs": {}}, now_ms())
+        return await store.create(entry, stream, {"model": "m", "variant": "v"})
+
+    positions = await asyncio.gather(*(create(job) for job in range(4)))
+    assert sorted(positions) == [0, 1, 2, 3]
+    assert sorted(f[b"id"] for _, f in await aredis.xrange(stream)) == [
+        b"r-0",
+        b"r-1",
+        b"r-2",
+        b"r-3",
+    ]

@@ -15,6 +15,8 @@ splits its pipeline per node, still one round trip in parallel."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -23,7 +25,9 @@ from redis.cluster import READ_COMMANDS
 
 from shared.redis_client import (
     HiredisCluster,
+    MergedCall,
     RedisClient,
+    ScriptCall,
     check_replica_acks,
     connect,
     executed,
@@ -43,6 +47,29 @@ _DIRECT |= {"XREADGROUP", "SUBSCRIBE", "PSUBSCRIBE", "MONITOR", "SCRIPT LOAD"}
 _READS = READ_COMMANDS | {"PING", "XINFO STREAM", "XINFO GROUPS", "XINFO CONSUMERS"}
 
 _Pending = tuple[tuple[Any, ...], dict[str, Any], "asyncio.Future[Any]"]
+# How one flush's calls of a script become fewer calls (shared/job_store.merged_enqueues).
+Merge = Callable[[list[ScriptCall]], list[MergedCall]]
+# A command sent, and the (index in the flush, reply items) of each caller its reply is for.
+_Send = tuple[tuple[Any, ...], dict[str, Any], list[tuple[int, int]]]
+WHOLE = -1  # a caller's share that is the whole reply (a command sent as it was issued)
+
+
+def _script_call(args: tuple[Any, ...]) -> ScriptCall:
+    """An EVALSHA's keys and arguments."""
+    count = int(args[2])
+    return list(args[3 : 3 + count]), list(args[3 + count :])
+
+
+def _shares(parts: list[tuple[int, int]], reply: Any) -> list[tuple[int, Any]]:
+    """Each caller's share of a reply: all of it, its items of a merged call's list, or the
+    error the call got."""
+    if isinstance(reply, Exception):
+        return [(index, reply) for index, _ in parts]
+    shares, start = [], 0
+    for index, items in parts:
+        shares.append((index, reply if items == WHOLE else reply[start : start + items]))
+        start += max(items, 0)
+    return shares
 
 
 def _written_key(args: tuple[Any, ...]) -> str | None:
@@ -56,12 +83,19 @@ def _written_key(args: tuple[Any, ...]) -> str | None:
     return str(args[1]) if len(args) > 1 else ""
 
 
-def group_committing(client: RedisClient, url: str, name: str) -> RedisClient:
+def group_committing(
+    client: RedisClient, url: str, name: str, merges: Mapping[str, Merge] | None = None
+) -> RedisClient:
     """A group-committing client beside `client`: over its pool (one server), or a cluster
-    client of its own on `url`, named `name`."""
+    client of its own on `url`, named `name`. `merges`: for a script (its text), how the calls
+    of it that one flush holds are sent as fewer calls."""
     if not is_cluster(client):
-        return GroupCommitRedis(client.connection_pool)
-    return connect(url, name=name, blocks_ms=0, cluster_class=GroupCommitCluster)
+        committing: RedisClient = GroupCommitRedis(client.connection_pool)
+    else:
+        committing = connect(url, name=name, blocks_ms=0, cluster_class=GroupCommitCluster)
+    for script, merge in (merges or {}).items():
+        cast(GroupCommit, committing).merge(script, merge)
+    return committing
 
 
 class GroupCommit:
@@ -73,10 +107,17 @@ class GroupCommit:
 
     _pending: list[_Pending]
     _sending: set[asyncio.Task[None]]  # held, so no flush is collected mid-way
+    _merges: dict[str, Merge]  # by the script's SHA
 
     def _start_batching(self) -> None:
         self._pending = []
         self._sending = set()
+        self._merges = {}
+
+    def merge(self, script: str, merge: Merge) -> None:
+        """Send the calls of `script` one flush holds as `merge` makes them (fewer calls: a
+        merged call stands where the first of its calls stood)."""
+        self._merges[hashlib.sha1(script.encode()).hexdigest()] = merge
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if str(args[0]).upper() in _DIRECT:
@@ -98,11 +139,12 @@ class GroupCommit:
         a connection that fails after retries fails every caller of the batch."""
         FLUSHES.inc()
         COMMANDS.inc(len(batch))
+        sends = self._merged(batch)
         # lazy: only read when replica acks are on
-        written = (key for args, _, _ in batch if (key := _written_key(args)) is not None)
+        written = (key for args, _, _ in sends if (key := _written_key(args)) is not None)
         try:
             pipe: Any = self.pipeline(transaction=False)  # type: ignore[attr-defined]
-            for args, options, _ in batch:
+            for args, options, _ in sends:
                 pipe.execute_command(*args, **options)
             waits = await queue_replica_wait(cast(RedisClient, self), pipe, written)
             replies = await executed(pipe, raise_on_error=False)
@@ -116,13 +158,34 @@ class GroupCommit:
             if not isinstance(exc, Exception):
                 raise
             return
-        for (*_, future), reply in zip(batch, replies, strict=True):
-            if future.done():  # its caller was cancelled meanwhile
-                continue
-            if isinstance(reply, Exception):
-                future.set_exception(reply)
-            else:
-                future.set_result(reply)
+        for (*_, parts), reply in zip(sends, replies, strict=True):
+            for index, share in _shares(parts, reply):
+                future = batch[index][2]
+                if future.done():  # its caller was cancelled meanwhile
+                    continue
+                if isinstance(share, Exception):
+                    future.set_exception(share)
+                else:
+                    future.set_result(share)
+
+    def _merged(self, batch: list[_Pending]) -> list[_Send]:
+        """The batch's commands, each with the (index, share) of the callers its reply is for;
+        the calls of a script with a merge (`merge`) merged, where the first of them stood."""
+        scripts: dict[str, list[int]] = {}
+        for index, (args, options, _) in enumerate(batch):
+            if args[0] == "EVALSHA" and args[1] in self._merges and not options:
+                scripts.setdefault(args[1], []).append(index)
+        sends: list[_Send] = []
+        for index, (args, options, _) in enumerate(batch):
+            calls = scripts.get(args[1]) if args[0] == "EVALSHA" and not options else None
+            if calls is None:
+                sends.append((args, options, [(index, WHOLE)]))
+            elif calls[0] == index:
+                merged = self._merges[args[1]]([_script_call(batch[i][0]) for i in calls])
+                for (keys, script_args), parts in merged:
+                    command = ("EVALSHA", args[1], len(keys), *keys, *script_args)
+                    sends.append((command, {}, [(calls[i], items) for i, items in parts]))
+        return sends
 
 
 class GroupCommitRedis(GroupCommit, aioredis.Redis):  # type: ignore[misc]
