@@ -5,7 +5,9 @@ producer makes one round trip per tick instead of one per command per request.
 
 `GroupCommit` makes a redis-py client whose `execute_command` queues instead of sending; the
 stores built on it (JobStore, limiters, idempotency keys) need no change, and each caller still
-gets its own reply or its own exception (a refused or failing command fails alone).
+gets its own reply or its own exception (a refused or failing command fails alone). Calls of a
+script given a merge are sent as fewer calls: the producer's ENQUEUE calls of one lane in a flush
+become one (shared/job_store.merged_enqueues).
 
 With `CONVEYOR_REPLICA_ACKS`, each pipeline that writes ends with WAIT on every node it wrote to,
 and no caller hears back before the replicas confirmed the batch: a 202 is never given for a job a
