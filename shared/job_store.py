@@ -215,8 +215,8 @@ class JobStore:
         not -1) wait undelivered in the lane (TooFarBack): then write nothing. Returns the
         number of entries ahead of the job: its queue position, from the same round trip.
         `fair`: (window, tenant weight) of a fair lane, whose job may be held (NewJob).
-        The creates of one lane in one event-loop turn (submits that arrived together) are one
-        script call, each job admitted as if it came alone."""
+        On the producer's group-committing client the creates of one lane in one event-loop
+        turn share one script call (`merged_enqueues`), each job admitted as if it came alone."""
         job = NewJob(entry, stream, fields, *fair)
         keys, args = self._enqueue_call((stream, max_length, job.fair_window), [(job, max_ahead)])
         [(admitted, count, *_)] = await call_script(self._enqueue, keys, args)

@@ -63,14 +63,14 @@ def _script_call(args: tuple[Any, ...]) -> ScriptCall:
 
 
 def _shares(parts: list[tuple[int, int]], reply: Any) -> list[tuple[int, Any]]:
-    """Each caller's share of a reply: all of it, its items of a merged call's list, or the
-    error the call got."""
-    if isinstance(reply, Exception):
+    """Each caller's share of a reply: all of it (a command sent as issued), its items of a
+    merged call's list, or the error the call got."""
+    if isinstance(reply, Exception) or parts[0][1] == WHOLE:
         return [(index, reply) for index, _ in parts]
     shares, start = [], 0
     for index, items in parts:
-        shares.append((index, reply if items == WHOLE else reply[start : start + items]))
-        start += max(items, 0)
+        shares.append((index, reply[start : start + items]))
+        start += items
     return shares
 
 
@@ -173,19 +173,21 @@ class GroupCommit:
     def _merged(self, batch: list[_Pending]) -> list[_Send]:
         """The batch's commands, each with the (index, share) of the callers its reply is for;
         the calls of a script with a merge (`merge`) merged, where the first of them stood."""
-        scripts: dict[str, list[int]] = {}
+        scripts: dict[str, list[int]] = {}  # the flush's calls of each script with a merge
         for index, (args, options, _) in enumerate(batch):
             if args[0] == "EVALSHA" and args[1] in self._merges and not options:
                 scripts.setdefault(args[1], []).append(index)
+        firsts = {calls[0]: sha for sha, calls in scripts.items()}
+        merging = {index for calls in scripts.values() for index in calls}
         sends: list[_Send] = []
         for index, (args, options, _) in enumerate(batch):
-            calls = scripts.get(args[1]) if args[0] == "EVALSHA" and not options else None
-            if calls is None:
+            if index not in merging:
                 sends.append((args, options, [(index, WHOLE)]))
-            elif calls[0] == index:
-                merged = self._merges[args[1]]([_script_call(batch[i][0]) for i in calls])
+            elif sha := firsts.get(index):
+                calls = scripts[sha]
+                merged = self._merges[sha]([_script_call(batch[i][0]) for i in calls])
                 for (keys, script_args), parts in merged:
-                    command = ("EVALSHA", args[1], len(keys), *keys, *script_args)
+                    command = ("EVALSHA", sha, len(keys), *keys, *script_args)
                     sends.append((command, {}, [(calls[i], items) for i, items in parts]))
         return sends
 
