@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
@@ -84,3 +85,15 @@ async def test_a_lost_script_is_loaded_again(aredis: aioredis.Redis) -> None:
     await aredis.script_flush()
     await asyncio.gather(*(store.create(_entry(), "cv:q:m", {"model": "m"}) for _ in range(4)))
     assert await aredis.xlen("cv:q:m") == 5
+
+
+async def test_a_lone_command_gets_its_own_reply_or_error(aredis: aioredis.Redis) -> None:
+    """A turn of one command (a quiet producer's) is sent without a pipeline, as it was
+    issued: its error is still its caller's, and the client goes on."""
+    hot = group_committing(aredis, "", "hot")
+    await aredis.set("cv:plain", "not a list")
+    flushes = FLUSHES._value.get()
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await hot.lpush("cv:plain", "x")
+    assert await hot.incr("cv:counter") == 1
+    assert FLUSHES._value.get() - flushes == 2

@@ -1,7 +1,8 @@
 """Group commit for the producer's hot path: every command issued in one event-loop turn (the
 rate-limit bucket, the in-flight admission, idempotency claims, the ENQUEUE script of every
-submit that arrived together) goes to Redis as one non-transactional pipeline, so under load a
-producer makes one round trip per tick instead of one per command per request.
+submit that arrived together) goes to Redis as one non-transactional pipeline (a turn of one
+command, as that command), so under load a producer makes one round trip per tick instead of one
+per command per request.
 
 `GroupCommit` makes a redis-py client whose `execute_command` queues instead of sending; the
 stores built on it (JobStore, limiters, idempotency keys) need no change, and each caller still
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -36,6 +37,7 @@ from shared.redis_client import (
     is_cluster,
     queue_replica_wait,
 )
+from shared.settings import get_settings
 
 FLUSHES = Counter("conveyor_group_commit_flushes", "Pipelines sent by group commit (round trips)")
 COMMANDS = Counter("conveyor_group_commit_commands", "Redis commands sent by group commit")
@@ -145,14 +147,12 @@ class GroupCommit:
         # lazy: only read when replica acks are on
         written = (key for args, _, _ in sends if (key := _written_key(args)) is not None)
         try:
-            pipe: Any = self.pipeline(transaction=False)  # type: ignore[attr-defined]
-            for args, options, _ in sends:
-                pipe.execute_command(*args, **options)
-            waits = await queue_replica_wait(cast(RedisClient, self), pipe, written)
-            replies = await executed(pipe, raise_on_error=False)
-            if waits:
-                check_replica_acks(replies[-waits:])
-                replies = replies[:-waits]
+            if len(sends) == 1 and not get_settings().replica_acks:
+                # a lone command (a quiet producer's every flush) costs less without a pipeline
+                args, options, _ = sends[0]
+                replies = [await super().execute_command(*args, **options)]  # type: ignore[misc]
+            else:
+                replies = await self._pipelined(sends, written)
         except BaseException as exc:  # the callers see the error; a cancel ends them too
             for *_, future in batch:
                 if not future.done():
@@ -169,6 +169,17 @@ class GroupCommit:
                     future.set_exception(share)
                 else:
                     future.set_result(share)
+
+    async def _pipelined(self, sends: list[_Send], written: Iterable[str]) -> list[Any]:
+        pipe: Any = self.pipeline(transaction=False)  # type: ignore[attr-defined]
+        for args, options, _ in sends:
+            pipe.execute_command(*args, **options)
+        waits = await queue_replica_wait(cast(RedisClient, self), pipe, written)
+        replies = await executed(pipe, raise_on_error=False)
+        if waits:
+            check_replica_acks(replies[-waits:])
+            replies = replies[:-waits]
+        return replies
 
     def _merged(self, batch: list[_Pending]) -> list[_Send]:
         """The batch's commands, each with the (index, share) of the callers its reply is for;
