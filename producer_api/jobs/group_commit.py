@@ -139,8 +139,9 @@ class GroupCommit:
         task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: list[_Pending]) -> None:
-        """One pipeline for the whole batch; a reply that is an error fails its caller only,
-        a connection that fails after retries fails every caller of the batch."""
+        """One pipeline for the whole batch (a lone command sent as itself); a reply that is
+        an error fails its callers only, a connection that fails after retries fails every
+        caller of the batch."""
         FLUSHES.inc()
         COMMANDS.inc(len(batch))
         sends = self._merged(batch)
