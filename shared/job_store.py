@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from shared import job_scripts
 from shared.codec import RequestEntry, as_text, dumps, loads
@@ -154,33 +154,25 @@ class TooFarBack(Exception):
         self.ahead = ahead
 
 
-# Jobs of one lane share an ENQUEUE call: (stream, its max_length, its fair window).
-_Lane = tuple[str, int, int]
-# A job to enqueue, and how many undelivered entries it may find ahead (-1: any number).
-_Admit = tuple[NewJob, int]
 # Jobs per ENQUEUE call at most: a script holds the server for its whole run (~10 us a job).
 ENQUEUE_JOBS = 64
 # An ENQUEUE call's keys and arguments before its jobs': what the jobs of one call share.
 _SHARED_KEYS, _HEAD = 2, 5
-T = TypeVar("T")
-
-
-def _chunks(items: Sequence[T]) -> list[Sequence[T]]:
-    return [items[start : start + ENQUEUE_JOBS] for start in range(0, len(items), ENQUEUE_JOBS)]
 
 
 def merged_enqueues(calls: Sequence[ScriptCall]) -> list[MergedCall]:
     """ENQUEUE calls of one lane (one stream, max_length and fair window) as one call of all
     their jobs, of ENQUEUE_JOBS calls at most (a create's carries one job): how a
     group-committing client sends the creates of one event-loop turn
-    (producer_api/jobs/group_commit.py). Each job is still admitted as if it came alone; the
+    (producer_api/jobs/group_commit.py), and `create_many` its jobs. Each job is still admitted as if it came alone; the
     call, its prelude and reading the lane's length are paid once."""
     lanes: dict[tuple[Any, ...], list[int]] = {}
     for index, (keys, args) in enumerate(calls):
         lanes.setdefault((*keys[:_SHARED_KEYS], *args[:_HEAD]), []).append(index)
     merged: list[MergedCall] = []
     for indexes in lanes.values():
-        for chunk in _chunks(indexes):
+        for start in range(0, len(indexes), ENQUEUE_JOBS):
+            chunk = indexes[start : start + ENQUEUE_JOBS]
             keys, args = calls[chunk[0]]
             keys, args = list(keys[:_SHARED_KEYS]), list(args[:_HEAD])
             for index in chunk:
@@ -218,7 +210,7 @@ class JobStore:
         On the producer's group-committing client the creates of one lane in one event-loop
         turn share one script call (`merged_enqueues`), each job admitted as if it came alone."""
         job = NewJob(entry, stream, fields, *fair)
-        keys, args = self._enqueue_call((stream, max_length, job.fair_window), [(job, max_ahead)])
+        keys, args = self._enqueue_call(job, max_length, max_ahead)
         [(admitted, count, *_)] = await call_script(self._enqueue, keys, args)
         if admitted == 0:
             raise QueueFull(stream, int(count))
@@ -228,40 +220,35 @@ class JobStore:
 
     async def create_many(self, jobs: Sequence[NewJob], max_length: int = 0) -> list[int]:
         """`create` for many jobs in one pipelined round trip (each job still admitted and
-        enqueued atomically, a script call per lane and ENQUEUE_JOBS jobs); returns the indexes
-        of the jobs refused because their partition was full."""
-        lanes: dict[_Lane, list[int]] = {}
-        for index, job in enumerate(jobs):
-            lanes.setdefault((job.stream, max_length, job.fair_window), []).append(index)
-        calls = []
-        order: list[int] = []
-        for lane, indexes in lanes.items():
-            for chunk in _chunks(indexes):
-                calls.append(self._enqueue_call(lane, [(jobs[i], -1) for i in chunk]))
-                order += chunk
-        replies = await run_script(self.redis, self._enqueue, calls)
-        admitted = dict(zip(order, (r[0] for rs in replies for r in rs), strict=True))
-        return [index for index in range(len(jobs)) if not admitted[index]]
+        enqueued atomically; their calls merged as `merged_enqueues` merges them); returns the
+        indexes of the jobs refused because their partition was full."""
+        merged = merged_enqueues([self._enqueue_call(job, max_length) for job in jobs])
+        replies = await run_script(self.redis, self._enqueue, [call for call, _ in merged])
+        refused = [
+            index
+            for (_, parts), lane in zip(merged, replies, strict=True)
+            for (index, _), (admitted, *_) in zip(parts, lane, strict=True)
+            if not admitted
+        ]
+        return sorted(refused)
 
-    def _enqueue_call(self, lane: _Lane, admits: Sequence[_Admit]) -> ScriptCall:
-        stream, max_length, window = lane
-        keys: list[Any] = [stream, self.keys.added(stream)]
-        args: list[Any] = [max_length, self.ttl_s, GROUP, window, self.keys.job_prefix]  # _HEAD
-        for job, max_ahead in admits:
-            entry = job.entry
-            mapping: dict[str, str | int] = {
-                **job.fields,
-                "status": JobStatus.QUEUED.value,
-                "created": entry.enqueued_ms,
-                "reply": entry.reply,
-                "tenant": entry.tenant,
-                "stream": stream,  # where its queue position is read (shared/queue_position.py)
-            }
-            encoded = entry.encode()
-            keys.append(self.keys.job(entry.job_id))
-            args += [max_ahead, job.weight, len(mapping), len(encoded)]
-            args += [part for pair in mapping.items() for part in pair]
-            args += [part for pair in encoded.items() for part in pair]
+    def _enqueue_call(self, job: NewJob, max_length: int, max_ahead: int = -1) -> ScriptCall:
+        """One job's ENQUEUE call (`max_ahead` -1: any number of entries may be ahead of it)."""
+        entry, stream = job.entry, job.stream
+        mapping: dict[str, str | int] = {
+            **job.fields,
+            "status": JobStatus.QUEUED.value,
+            "created": entry.enqueued_ms,
+            "reply": entry.reply,
+            "tenant": entry.tenant,
+            "stream": stream,  # where its queue position is read (shared/queue_position.py)
+        }
+        encoded = entry.encode()
+        keys = [stream, self.keys.added(stream), self.keys.job(entry.job_id)]  # _SHARED_KEYS, 1
+        args: list[Any] = [max_length, self.ttl_s, GROUP, job.fair_window, self.keys.job_prefix]
+        args += [max_ahead, job.weight, len(mapping), len(encoded)]  # after the _HEAD
+        args += [part for pair in mapping.items() for part in pair]
+        args += [part for pair in encoded.items() for part in pair]
         return keys, args
 
     async def get(self, job_id: str) -> JobRecord | None:
