@@ -164,8 +164,9 @@ def merged_enqueues(calls: Sequence[ScriptCall]) -> list[MergedCall]:
     """ENQUEUE calls of one lane (one stream, max_length and fair window) as one call of all
     their jobs, of ENQUEUE_JOBS calls at most (a create's carries one job): how a
     group-committing client sends the creates of one event-loop turn
-    (producer_api/jobs/group_commit.py), and `create_many` its jobs. Each job is still admitted as if it came alone; the
-    call, its prelude and reading the lane's length are paid once."""
+    (producer_api/jobs/group_commit.py), and `create_many` its jobs. Each job is still
+    admitted as if it came alone; the call, its prelude and reading the lane's length are paid
+    once."""
     lanes: dict[tuple[Any, ...], list[int]] = {}
     for index, (keys, args) in enumerate(calls):
         lanes.setdefault((*keys[:_SHARED_KEYS], *args[:_HEAD]), []).append(index)
