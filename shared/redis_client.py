@@ -95,6 +95,44 @@ _HIREDIS_PACKING: dict[type[AbstractConnection], type[AbstractConnection]] = {
 }
 
 
+class UncontendedPool(aioredis.BlockingConnectionPool):
+    """A blocking pool whose uncontended take and return go straight to its lists: redis-py's
+    own pass through the pool's condition, a timeout armed and cancelled, and its pool
+    telemetry every time, a quarter of a command's client CPU (~15 of 60 µs per round trip).
+    While a caller waits for a connection (the pool exhausted) or the pool is in maintenance
+    mode, every take and return is BlockingConnectionPool's, so the waiters are served in turn.
+    A taken connection is checked as redis-py checks it (connected, nothing left unread)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._waiting = 0
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> AbstractConnection:
+        if not self._available_connections or self._waiting or self._in_maintenance:
+            self._waiting += 1
+            try:
+                return cast(AbstractConnection, await super().get_connection())
+            finally:
+                self._waiting -= 1
+        connection = self._available_connections.pop()
+        self._in_use_connections.add(connection)
+        try:
+            await self.ensure_connection(connection)
+        except BaseException:
+            await self.release(connection)
+            raise
+        return connection
+
+    async def release(self, connection: AbstractConnection) -> None:
+        if self._waiting or self._in_maintenance:
+            await super().release(connection)
+            return
+        self._in_use_connections.remove(connection)
+        if connection.should_reconnect():
+            await connection.disconnect()
+        self._available_connections.append(connection)
+
+
 class HiredisCluster(RedisCluster):
     """A cluster client whose node connections pack with hiredis too. RedisCluster fixes their
     class (Connection, or SSLConnection for `rediss://`) in the keyword arguments it builds
@@ -149,7 +187,7 @@ def connect(
             url, max_connections=max(max_connections, CLUSTER_CONNECTIONS), **options
         )
         return cast(RedisClient, cluster)
-    pool = aioredis.BlockingConnectionPool.from_url(
+    pool = UncontendedPool.from_url(
         url,
         max_connections=max_connections,
         timeout=timeout,  # a burst waits for a free connection rather than failing

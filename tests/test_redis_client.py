@@ -1,9 +1,11 @@
 """The one client every process opens (shared/redis_client.connect), on a real Valkey: its
 commands are packed by hiredis in C and reach the server as redis-py's own encoder would send
-them; a script call outlives a server that lost its scripts."""
+them; a script call outlives a server that lost its scripts; a burst past its pool waits its
+turn."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
@@ -87,6 +89,25 @@ async def test_a_script_call_loads_the_script_a_server_lost(
         redis_client.script_flush()  # as a restarted server without persistence has none
         assert await call_script(echo, ["suffix"], ["again"]) == b"again!"
         assert redis_client.script_exists(echo.sha) == [True]
+    finally:
+        await client.aclose()
+
+
+async def test_a_burst_past_the_pool_waits_for_connections_in_turn(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Six commands that each hold a connection for 50 ms, through a pool of two: the ones
+    that find the pool exhausted wait (returns hand them connections) rather than fail, and
+    once the burst is over the pool takes and returns connections without waiting again."""
+    client = connect(redis_url, max_connections=2, blocks_ms=200, timeout_s=2)
+    pool = client.connection_pool
+    try:
+        replies = await asyncio.gather(*(client.blpop([f"empty:{i}"], 0.05) for i in range(6)))
+        assert replies == [None] * 6
+        assert len(pool._available_connections) == 2 and not pool._in_use_connections
+        redis_client.rpush("after", "a", "b")
+        assert await client.lpop("after") == b"a"
+        assert len(pool._available_connections) == 2 and not pool._in_use_connections
     finally:
         await client.aclose()
 
