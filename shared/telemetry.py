@@ -15,7 +15,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from pythonjsonlogger.json import JsonFormatter
+from pythonjsonlogger.orjson import OrjsonFormatter
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -84,10 +84,12 @@ class _TraceFields(logging.Filter):
 
 
 def configure_logging(level: str) -> None:
-    """One JSON object per line on stderr, with job ids (passed as `extra`) and trace ids."""
+    """One JSON object per line on stderr, with job ids (passed as `extra`) and trace ids,
+    encoded by orjson: a worker logs a line per micro-batch, and the standard encoder made it
+    a fifth dearer."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        JsonFormatter(
+        OrjsonFormatter(
             "%(asctime)s %(levelname)s %(name)s %(message)s",
             rename_fields={"levelname": "level", "asctime": "time"},
         )
