@@ -1,6 +1,7 @@
 """Part A, pipeline overhead: the identity engine does no work, so closed-loop HTTP load measures
 queueing, Redis and HTTP alone — through Conveyor, through the FastAPI + Celery baseline users
-would build instead, and through the same endpoint answering in-process (the HTTP ceiling)."""
+would build instead, through the minimal hop of Conveyor's shape (the floor of its design on
+these parts) and through the same endpoint answering in-process (the HTTP ceiling)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from benchmarks.celery_baseline import start_baseline
 from benchmarks.load import Target as LoadTarget
 from benchmarks.load import closed_loop, drive
+from benchmarks.minimal_hop import start_minimal_hop
 from benchmarks.pipeline_stack import IDENTITY_PAYLOAD as PAYLOAD
 from benchmarks.pipeline_stack import running_stack, start_worker
 from benchmarks.process_cpu import CpuMeter, per_request_ms
@@ -19,6 +21,7 @@ from benchmarks.scales import Scale
 
 TITLE = "Pipeline overhead (identity engine)"
 CONVEYOR, CELERY, IN_PROCESS = "Conveyor", "FastAPI + Celery", "in-process"
+MINIMAL_HOP = "minimal hop"
 LOAD_GENERATOR = "load generator"
 # The issue's CPU budget per job at concurrency 32 (ms): what one Redis and a GPU worker need.
 CPU_BUDGET_MS = {"summed": 0.6, "producer": 0.35, "worker": 0.15, "valkey": 0.06}
@@ -28,6 +31,7 @@ def run(scale: Scale, workdir: Path) -> PartResult:
     with running_stack(workdir) as stack:
         worker = start_worker(stack, workdir, "identity:default", "identity", {})
         baseline_url, baseline = start_baseline(stack, PAYLOAD)
+        hop_url, hop = start_minimal_hop(stack, PAYLOAD)
         valkey = stack.processes["valkey"].pid
         producer = stack.processes["producer"].pid
         systems = {
@@ -36,12 +40,13 @@ def run(scale: Scale, workdir: Path) -> PartResult:
                 {"producer": producer, "worker": worker, "valkey": valkey},
             ),
             CELERY: (f"{baseline_url}/celery/predict", {**baseline, "valkey": valkey}),
+            MINIMAL_HOP: (hop_url, {**hop, "valkey": valkey}),
             IN_PROCESS: (
                 f"{baseline_url}/inprocess/predict",
                 {"baseline api": baseline["baseline api"]},
             ),
         }
-        # Systems interleaved per concurrency, so drift on a shared machine hits all three.
+        # Systems interleaved per concurrency, so drift on a shared machine hits them all.
         rounds = [
             measure(system, url, pids, concurrency, scale)
             for _ in range(scale.rounds)
@@ -73,8 +78,12 @@ def run(scale: Scale, workdir: Path) -> PartResult:
             f"{scale.rounds} round(s) of {scale.seconds / scale.rounds:g} s per configuration, "
             "systems interleaved, the best round shown (`rounds_rps` in the JSON has all). CPU "
             "ms per request sums the processes that serve it (Conveyor: producer, worker, Valkey; "
-            "baseline: API, Celery worker, Valkey), read from /proc over the measured window; the "
-            "load generator's own cost is listed apart.",
+            "baseline: API, Celery worker, Valkey; minimal hop: API, worker, Valkey), read from "
+            "/proc over the measured window; the load generator's own cost is listed apart.",
+            "The minimal hop (benchmarks/minimal_hop.py) is the floor of Conveyor's design on "
+            "these parts: an endpoint that appends the job to a stream and awaits its reply on "
+            "pub/sub, and a worker that blocks on the stream and publishes the inputs back, with "
+            "nothing else (no job record, validation, admission, retries or recovery).",
         ],
         profile=profile,
         data={"payload": PAYLOAD, "runs": runs},
@@ -122,28 +131,32 @@ def targets(runs: list[dict[str, Any]]) -> list[Target]:
 
     conveyor_mid, celery_mid = by[CONVEYOR, mid]["rps"], by[CELERY, mid]["rps"]
     conveyor_p50, celery_p50 = by[CONVEYOR, low]["p50_ms"], by[CELERY, low]["p50_ms"]
+    hop_p50 = by[MINIMAL_HOP, low]["p50_ms"]
     return [
         Target(
             f"Conveyor ÷ Celery throughput at concurrency {mid}",
             ratio(conveyor_mid, celery_mid),
             3.0,
             higher_is_better=True,
-            detail=f"{conveyor_mid:.0f} vs {celery_mid:.0f} requests/s.",
+            detail=f"{conveyor_mid:.0f} vs {celery_mid:.0f} requests/s; the minimal hop "
+            f"{by[MINIMAL_HOP, mid]['rps']:.0f}.",
         ),
         Target(
             f"Conveyor ÷ Celery p50 latency at concurrency {low}",
             ratio(conveyor_p50, celery_p50),
             1 / 3,
             higher_is_better=False,
-            detail=f"{conveyor_p50:.2f} vs {celery_p50:.2f} ms.",
+            detail=f"{conveyor_p50:.2f} vs {celery_p50:.2f} ms; the minimal hop {hop_p50:.2f} ms, "
+            f"{ratio(hop_p50, celery_p50):.2f} of Celery's.",
         ),
         Target(
             "Conveyor ÷ in-process peak throughput",
             ratio(peak(CONVEYOR), peak(IN_PROCESS)),
             0.5,
             higher_is_better=True,
-            detail=f"{peak(CONVEYOR):.0f} vs {peak(IN_PROCESS):.0f} requests/s "
-            "(best over the concurrencies).",
+            detail=f"{peak(CONVEYOR):.0f} vs {peak(IN_PROCESS):.0f} requests/s (best over the "
+            f"concurrencies); the minimal hop {peak(MINIMAL_HOP):.0f}, "
+            f"{ratio(peak(MINIMAL_HOP), peak(IN_PROCESS)):.2f} of in-process.",
         ),
         *cpu_targets(by[CONVEYOR, mid]["cpu_ms"], mid),
     ]

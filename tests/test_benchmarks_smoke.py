@@ -57,7 +57,7 @@ def test_part_a_pipeline_overhead(tmp_path: Path) -> None:
     document = _run("A", tmp_path)
     _check_common(document, "A", tmp_path)
     runs = document["data"]["runs"]
-    systems = {"Conveyor", "FastAPI + Celery", "in-process"}
+    systems = {"Conveyor", "FastAPI + Celery", "minimal hop", "in-process"}
     assert {(r["system"], r["concurrency"]) for r in runs} == {
         (s, c) for s in systems for c in SMOKE.concurrencies
     }
