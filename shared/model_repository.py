@@ -10,6 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+import jsonschema_rs
 import yaml
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -116,6 +117,10 @@ class AutoscalingHints(BaseModel):
     slowest_batch_s: float = Field(default=30.0, gt=0)
 
 
+def _no_retrieval(uri: str) -> Any:
+    raise ValueError(f"remote $ref {uri!r}: input schemas must be self-contained")
+
+
 class ModelConfig(BaseModel):
     """One model: what engine runs it, what it accepts, how it batches, queues and scales."""
 
@@ -149,6 +154,10 @@ class ModelConfig(BaseModel):
                 f"model {self.name}: default_variant {self.default_variant!r} is not a variant"
             )
         Draft202012Validator.check_schema(self.input_schema)
+        try:
+            self.input_check  # noqa: B018 - compiled once, at load: a schema it refuses is an error here
+        except ValueError as exc:
+            raise ModelConfigError(f"model {self.name}: input_schema: {exc}") from exc
         for variant in self.variants:
             self._check_variant(variant)
         return self
@@ -165,11 +174,20 @@ class ModelConfig(BaseModel):
             self.torch_options(variant)
 
     @cached_property
+    def input_check(self) -> jsonschema_rs.Draft202012Validator:
+        """The schema compiled (Rust), what every submit is checked with: a tenth of the time
+        or less of `input_validator`'s walk, which only explains a refusal. Both implement draft
+        2020-12. A remote `$ref` is refused, not fetched (nor does `input_validator` fetch)."""
+        return jsonschema_rs.Draft202012Validator(self.input_schema, retriever=_no_retrieval)
+
+    @cached_property
     def input_validator(self) -> Draft202012Validator:
         return Draft202012Validator(self.input_schema)
 
     def input_errors(self, inputs: Any) -> list[str]:
         """Readable messages for every way `inputs` breaks the schema (empty when valid)."""
+        if self.input_check.is_valid(inputs):
+            return []
         errors = sorted(self.input_validator.iter_errors(inputs), key=lambda e: list(e.path))
         return [f"inputs{''.join(f'[{p!r}]' for p in e.path)}: {e.message}" for e in errors]
 
