@@ -4,10 +4,13 @@ finished micro-batch it cannot write back, and logs the outage once rather than 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -23,12 +26,18 @@ ENGINE_S = 2.0  # the job in hand outlives Redis: its write-back meets the outag
 OUTAGE_S = 8.0
 
 
-def _worker_warnings(log: Path) -> list[str]:
-    """Warning-or-worse lines that Conveyor's worker code (not Celery) logged."""
+def _worker_warnings(log: Path) -> list[dict[str, Any]]:
+    """Warning-or-worse lines that Conveyor's worker code (not Celery: not JSON) logged."""
+    records = []
+    for line in log.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            records.append(json.loads(line))
     return [
-        line
-        for line in log.read_text().splitlines()
-        if '"name": "workers.' in line and ('"WARNING"' in line or '"ERROR"' in line)
+        record
+        for record in records
+        if isinstance(record, dict)
+        and str(record.get("name", "")).startswith("workers.")
+        and record.get("level") in ("WARNING", "ERROR")
     ]
 
 
