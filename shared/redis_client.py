@@ -12,6 +12,7 @@ touches spans slots (shared/keys.py), so the same calls work against one server 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar, cast
 
@@ -30,6 +31,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.settings import get_settings
 
@@ -75,15 +77,41 @@ _TEXT = (str, bytes)
 LARGE_ARGUMENT = 1 << 16
 
 
-class HiredisConnection(HiredisPacking, aioredis.Connection):
+class WritesInTurn(AbstractConnection):
+    """A command written when it is sent, not a loop turn later: redis-py bounds the write with
+    `asyncio.wait_for`, which under Python 3.11 runs it as a task of its own, queued behind
+    everything else ready to run (on a producer, every other request of the turn). The bound
+    is `asyncio.timeout` here, and what a failed write raises is redis-py's."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not (self.is_connected and self.socket_timeout and isinstance(command, list)):
+            await super().send_packed_command(command, check_health)
+            return
+        if check_health:
+            await self.check_health()
+        try:
+            async with asyncio.timeout(self.socket_timeout):
+                await self._send_packed_command(command)
+        except TimeoutError:
+            await self.disconnect(nowait=True)
+            raise RedisTimeoutError("Timeout writing to socket") from None
+        except OSError as exc:
+            await self.disconnect(nowait=True)
+            raise RedisConnectionError(f"Error while writing to socket: {exc}") from exc
+        except BaseException:
+            await self.disconnect(nowait=True)
+            raise
+
+
+class HiredisConnection(WritesInTurn, HiredisPacking, aioredis.Connection):
     pass
 
 
-class HiredisUnixConnection(HiredisPacking, UnixDomainSocketConnection):
+class HiredisUnixConnection(WritesInTurn, HiredisPacking, UnixDomainSocketConnection):
     pass
 
 
-class HiredisSSLConnection(HiredisPacking, SSLConnection):
+class HiredisSSLConnection(WritesInTurn, HiredisPacking, SSLConnection):
     pass
 
 

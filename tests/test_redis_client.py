@@ -1,12 +1,13 @@
 """The one client every process opens (shared/redis_client.connect), on a real Valkey: its
 commands are packed by hiredis in C and reach the server as redis-py's own encoder would send
-them; a script call outlives a server that lost its scripts; a burst past its pool waits its
-turn."""
+them, and written in the turn they are sent; a script call outlives a server that lost its
+scripts; a burst past its pool waits its turn."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -108,6 +109,30 @@ async def test_a_burst_past_the_pool_waits_for_connections_in_turn(
         redis_client.rpush("after", "a", "b")
         assert await client.lpop("after") == b"a"
         assert len(pool._available_connections) == 2 and not pool._in_use_connections
+    finally:
+        await client.aclose()
+
+
+async def test_a_command_is_written_before_what_else_the_loop_has_ready(redis_url: str) -> None:
+    """Under Python 3.11 redis-py's write ran as a task of its own, after every callback
+    already ready: a producer's first submit of a turn reached Redis after all the others."""
+    client = connect(redis_url, max_connections=1, blocks_ms=0)
+    order: list[str] = []
+    try:
+        await client.ping()
+        connection = await client.connection_pool.get_connection()
+        writer = connection._writer
+        write = writer.writelines
+
+        def recorded(data: Any) -> None:
+            order.append("written")
+            write(data)
+
+        writer.writelines = recorded
+        await client.connection_pool.release(connection)
+        asyncio.get_running_loop().call_soon(order.append, "ready before it")
+        assert await client.set("prompt", "yes")
+        assert order == ["written", "ready before it"]
     finally:
         await client.aclose()
 
