@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel
 
-from benchmarks.pipeline_stack import BIN, spawn, wait_until_answers
+from benchmarks.pipeline_stack import BIN, database_url, spawn, spawn_api, wait_until_answers
 from conveyor.stack import Stack, free_port
 
 # A database of its own: Conveyor's workers are Celery workers too, and on the same database
@@ -51,21 +51,8 @@ def start_baseline(stack: Stack, payload: dict[str, Any]) -> tuple[str, dict[str
     """Start the baseline's API (the same uvicorn command line as the producer's) and its Celery
     worker against the stack's Redis; returns the API's base URL and the two pids."""
     port = free_port()
-    env = {"BASELINE_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + "/1"}
-    api = spawn(
-        stack,
-        "baseline-api",
-        [
-            str(BIN / "uvicorn"),
-            "benchmarks.celery_baseline:app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-access-log",
-        ],
-        env,
-    )
+    env = {"BASELINE_REDIS_URL": database_url(stack, 1)}
+    api = spawn_api(stack, "baseline-api", "benchmarks.celery_baseline:app", port, env)
     worker = spawn(
         stack,
         "baseline-worker",

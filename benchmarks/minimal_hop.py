@@ -22,7 +22,7 @@ from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel
 from redis.exceptions import ResponseError
 
-from benchmarks.pipeline_stack import BIN, spawn, wait_until_answers
+from benchmarks.pipeline_stack import BIN, database_url, spawn, spawn_api, wait_until_answers
 from conveyor.stack import Stack, free_port
 
 # A database of its own, beside Conveyor's and the Celery baseline's.
@@ -108,21 +108,8 @@ def start_minimal_hop(stack: Stack, payload: dict[str, Any]) -> tuple[str, dict[
     """Start the hop's API (the same uvicorn command line as the producer's) and its worker
     against the stack's Valkey; returns the endpoint's URL and the two pids."""
     port = free_port()
-    env = {"MINIMAL_HOP_REDIS_URL": stack.redis_url.rsplit("/", 1)[0] + "/2"}
-    api = spawn(
-        stack,
-        "minimal-hop-api",
-        [
-            str(BIN / "uvicorn"),
-            "benchmarks.minimal_hop:app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-access-log",
-        ],
-        env,
-    )
+    env = {"MINIMAL_HOP_REDIS_URL": database_url(stack, 2)}
+    api = spawn_api(stack, "minimal-hop-api", "benchmarks.minimal_hop:app", port, env)
     worker = spawn(stack, "minimal-hop-worker", [str(BIN / "python"), "-m", __name__], env)
     url = f"http://127.0.0.1:{port}{PATH}"
     wait_until_answers(url, payload)

@@ -100,6 +100,18 @@ def spawn(stack: Stack, name: str, command: list[str], env: dict[str, str]) -> i
     return process.pid
 
 
+def spawn_api(stack: Stack, name: str, app: str, port: int, env: dict[str, str]) -> int:
+    """Start the ASGI `app` ("module:attribute") on `port` with the producer's uvicorn command
+    line, as a process of the stack; returns its pid."""
+    command = [str(BIN / "uvicorn"), app, "--host", "127.0.0.1", "--port", str(port)]
+    return spawn(stack, name, [*command, "--no-access-log"], env)
+
+
+def database_url(stack: Stack, database: int) -> str:
+    """The stack's Valkey, another database: a baseline's keys apart from Conveyor's."""
+    return f"{stack.redis_url.rsplit('/', 1)[0]}/{database}"
+
+
 def wait_until_answers(url: str, body: dict[str, Any], timeout: float = 120.0) -> None:
     """Block until a POST of `body` to `url` answers 200: the server and its backends are up."""
     deadline = time.monotonic() + timeout
