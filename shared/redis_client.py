@@ -129,7 +129,8 @@ class UncontendedPool(aioredis.BlockingConnectionPool):
     telemetry every time, a quarter of a command's client CPU (~15 of 60 µs per round trip).
     While a caller waits for a connection (the pool exhausted) or the pool is in maintenance
     mode, every take and return is BlockingConnectionPool's, so the waiters are served in turn.
-    A taken connection is checked as redis-py checks it (connected, nothing left unread)."""
+    A taken connection goes through redis-py's own check (`ensure_connection`). Its lists and
+    maintenance flag are redis-py 8.1's (pyproject's floor)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

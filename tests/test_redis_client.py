@@ -21,6 +21,7 @@ from shared.redis_client import (
     LARGE_ARGUMENT,
     HiredisConnection,
     HiredisUnixConnection,
+    UncontendedPool,
     call_script,
     connect,
 )
@@ -109,6 +110,7 @@ async def test_a_burst_past_the_pool_waits_for_connections_in_turn(
         redis_client.rpush("after", "a", "b")
         assert await client.lpop("after") == b"a"
         assert len(pool._available_connections) == 2 and not pool._in_use_connections
+        assert isinstance(pool, UncontendedPool) and pool._waiting == 0  # the fast path again
     finally:
         await client.aclose()
 
