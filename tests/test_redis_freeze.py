@@ -19,8 +19,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from conveyor.stack import Stack
+from shared.redis_client import connect
 from shared.settings import get_settings
 from shared.webhook_events import WebhookDispatcher
 from tests.conftest import running_stack, until
@@ -115,3 +117,17 @@ def test_a_webhook_publish_gives_up_on_a_frozen_broker(
         assert not isinstance(raised.value, FutureTimeout), "the publish hung"
     finally:
         get_settings.cache_clear()
+
+
+async def test_a_write_a_frozen_server_cannot_take_times_out(freezable: Stack) -> None:
+    """A command larger than the sockets' buffers stops mid-write on a frozen server: the write
+    ends in redis-py's write timeout within the client's bound (not a hang), and the client
+    works again once the server does."""
+    client = connect(freezable.redis_url, blocks_ms=0, timeout_s=REDIS_TIMEOUT_S)
+    try:
+        assert await client.ping()
+        with frozen(freezable), pytest.raises(RedisTimeoutError, match="writing to socket"):
+            await asyncio.wait_for(client.set("big", b"x" * (64 << 20)), SUBMIT_BOUND_S)
+        assert await client.ping()
+    finally:
+        await client.aclose()
