@@ -16,6 +16,7 @@ from producer_api.batch_api.serving import BatchApiService
 from producer_api.errors import ConveyorError
 from producer_api.responses import FastJSONResponse
 from shared.batch_api_store import Refresh
+from shared.model_repository import NAME
 
 router = APIRouter(tags=["batches"])
 BATCH_ID = Path(max_length=64, description="Batch id")
@@ -66,7 +67,9 @@ async def _upload(request: Request, options: dict[str, Any]) -> tuple[bytes, Bat
 async def create_batch(
     request: Request,
     service: SubmitService,
-    model: str | None = Query(default=None, description="Model for lines that name none"),
+    model: str | None = Query(
+        default=None, pattern=NAME, description="Model for lines that name none"
+    ),
     completion_window: str = Query(default="24h", pattern=WINDOW),
     webhook: str | None = Query(default=None, max_length=2048),
 ) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_serializer
 
 from shared.model_repository import NAME
 
@@ -84,10 +84,20 @@ class ChatCompletionRequest(SamplingRequest):
         return parameters
 
 
+# A prompt is text or pieces of it, never empty: the minimum is set on each branch (on the union,
+# the OpenAPI's minLength would bind strings only), and only the branch the value's type picks
+# reports an error.
+Prompt = Annotated[
+    Annotated[Annotated[str, Field(min_length=1)], Tag("text")]
+    | Annotated[Annotated[list[str], Field(min_length=1)], Tag("pieces")],
+    Discriminator(lambda value: "pieces" if isinstance(value, list) else "text"),
+]
+
+
 class CompletionRequest(SamplingRequest):
     """`max_tokens` defaults to 16, as in OpenAI's API; one prompt per request."""
 
-    prompt: str | list[str] = Field(min_length=1)
+    prompt: Prompt
     max_tokens: int | None = Field(default=16, ge=1)
 
     def inputs(self) -> dict[str, Any]:
