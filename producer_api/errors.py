@@ -14,6 +14,7 @@ from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainErro
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from producer_api.responses import FastJSONResponse
 
@@ -71,6 +72,18 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method the request's path takes, as a 405's Allow must list them (RFC 9110
+    15.5.6): FastAPI makes a route of each method, and Starlette's 405 names only the methods
+    of the first route whose path matched."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ConveyorError)
     async def _conveyor(_: Request, exc: ConveyorError) -> FastJSONResponse:
@@ -81,9 +94,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(422, "invalid_request", _validation_message(exc))
 
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException) -> FastJSONResponse:
+    async def _http(request: Request, exc: HTTPException) -> FastJSONResponse:
         type_ = "not_found" if exc.status_code == 404 else "http_error"
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": _allowed_methods(request)}
         return error_response(exc.status_code, type_, str(exc.detail), headers)
 
     @app.exception_handler(Exception)

@@ -202,3 +202,21 @@ def test_a_webhook_cannot_leave_its_allowed_prefix_through_dot_segments(url: str
     rules = ["https://hooks.example.com/conveyor"]
     assert allowed("https://hooks.example.com/conveyor/a/../b", rules)  # still inside
     assert not allowed(url, rules)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("PUT", "/v1/jobs/0123", "DELETE, GET"),
+        ("PATCH", "/v1/models/identity/canary", "DELETE, GET, POST"),
+        ("DELETE", "/v1/jobs", "POST"),
+    ],
+)
+def test_a_method_a_path_does_not_take_is_405_naming_every_one_it_does(
+    base_url: str, method: str, path: str, allowed: str
+) -> None:
+    """RFC 9110: a 405's Allow lists all the resource's methods, not one route's."""
+    response = httpx.request(method, f"{base_url}{path}")
+    assert response.status_code == 405
+    assert response.headers["allow"] == allowed
+    assert response.json()["error"]["type"] == "http_error"
