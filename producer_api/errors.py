@@ -36,6 +36,11 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+def error_responses(descriptions: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for error statuses, each with its description and the error body."""
+    return {code: {"model": ErrorBody, "description": text} for code, text in descriptions.items()}
+
+
 class ConveyorError(Exception):
     def __init__(
         self,

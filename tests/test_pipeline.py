@@ -128,6 +128,32 @@ def test_cancel_before_a_worker_reads_it(
     assert stack_redis.xlen(KEYS.queue("identity", "canary")) == 0
 
 
+def test_a_predict_whose_job_expired_in_the_queue_is_a_documented_504(
+    base_url: str, stack: Stack
+) -> None:
+    """The job's deadline passes while no worker serves its variant: the worker that comes
+    reads it too late and ends it `expired`; the waiting predict answers 504, a status its
+    OpenAPI lists."""
+    answer: dict[str, httpx.Response] = {}
+    body = {"variant": "canary", "inputs": {"n": 1}, "deadline": time.time() + 0.2}
+    url = f"{base_url}/v1/models/identity/predict"
+    waiting = threading.Thread(
+        target=lambda: answer.update(r=httpx.post(url, json=body, timeout=60)), daemon=True
+    )
+    waiting.start()
+    time.sleep(0.5)  # past the deadline, with the job queued
+    stack.start_worker("identity:canary", name="canary-late")
+    try:
+        waiting.join(timeout=60)
+    finally:
+        stack.stop_process("canary-late")
+    response = answer["r"]
+    assert response.status_code == 504, response.text
+    assert response.json()["error"]["type"] == "DeadlineExceeded"
+    documented = httpx.get(f"{base_url}/openapi.json").json()
+    assert "504" in documented["paths"]["/v1/models/{model}/predict"]["post"]["responses"]
+
+
 def test_variants_use_their_own_streams_and_workers(
     base_url: str, stack: Stack, identity_worker: int, stack_redis: redis.Redis
 ) -> None:

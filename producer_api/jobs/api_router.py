@@ -8,10 +8,10 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from pydantic import BeforeValidator
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
-from producer_api.errors import ErrorBody
+from producer_api.errors import error_responses
 from producer_api.jobs.orjson_route import OrjsonRoute
 from producer_api.jobs.protocol import JobAccepted, JobRequest, JobView, PredictRequest
-from producer_api.jobs.serving import JobsService, unsuccessful
+from producer_api.jobs.serving import UNSUCCESSFUL_DESCRIPTIONS, JobsService, unsuccessful
 from producer_api.responses import FastJSONResponse
 from shared.model_repository import NAME
 
@@ -52,8 +52,9 @@ _DESCRIPTIONS = {
 }
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
-    **{code: {"model": ErrorBody, "description": text} for code, text in _DESCRIPTIONS.items()},
+    **error_responses(_DESCRIPTIONS),
 }
+_PREDICT_ERRORS = {**_ERRORS, **error_responses(UNSUCCESSFUL_DESCRIPTIONS)}
 
 
 def _accepted(
@@ -115,7 +116,7 @@ async def cancel_job(service: SubmitService, job_id: str = JOB_ID) -> FastJSONRe
 @router.post(
     "/v1/models/{model}/predict",
     response_model=JobView,
-    responses={202: {"model": JobAccepted, "description": "Still running"}, **_ERRORS},
+    responses={202: {"model": JobAccepted, "description": "Still running"}, **_PREDICT_ERRORS},
 )
 async def predict(
     body: PredictRequest,
@@ -124,7 +125,8 @@ async def predict(
     model: str = Path(pattern=NAME),
     timeout: float = Query(default=30.0, gt=0, le=600),
 ) -> FastJSONResponse:
-    """Submit and wait: 200 with outputs, or 202 with the job's URLs if it is still running."""
+    """Submit and wait: 200 with outputs, 202 with the job's URLs if it is still running, or
+    the error of a job that failed (422), was cancelled (409) or expired (504)."""
     job_id, variant, view = await service.submit_and_wait(model, body, timeout)
     if view is None:
         return FastJSONResponse(_accepted(request, job_id, "queued", model, variant), 202)

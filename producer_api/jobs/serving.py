@@ -42,6 +42,12 @@ UNSUCCESSFUL_STATUS: dict[str, int] = {
     JobStatus.CANCELLED: 409,
     JobStatus.EXPIRED: 504,
 }
+# Those statuses as the routes' OpenAPI describes them.
+UNSUCCESSFUL_DESCRIPTIONS = {
+    409: "The job was cancelled",
+    422: "Invalid request, or the model failed on it",
+    504: "The job expired before it ran (its `deadline` or the queue's `max_queue_time_s`)",
+}
 
 
 def unsuccessful(subject: str, status: str, error: dict[str, Any] | None) -> ConveyorError:

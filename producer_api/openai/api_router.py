@@ -13,7 +13,8 @@ from starlette.responses import Response
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.client_disconnect import ClientDisconnected, unless_disconnected
-from producer_api.errors import ErrorBody
+from producer_api.errors import error_responses
+from producer_api.jobs.serving import UNSUCCESSFUL_DESCRIPTIONS
 from producer_api.openai.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -32,16 +33,13 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's code for it; nobody reads it, but logs an
 _DESCRIPTIONS = {
     400: "The model does not generate text",
     404: "Unknown model or variant",
-    409: "The job was cancelled",
     413: "Body over CONVEYOR_MAX_BODY_BYTES (chunked too)",
-    422: "Invalid request, or the model failed on it",
     429: "Queue full, rate limited or too many jobs in flight; see Retry-After",
     503: "Queue unreachable",
-    504: "The job expired before it ran",
 }
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
-    **{code: {"model": ErrorBody, "description": text} for code, text in _DESCRIPTIONS.items()},
+    **error_responses(_DESCRIPTIONS | UNSUCCESSFUL_DESCRIPTIONS),
 }
 
 
