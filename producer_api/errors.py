@@ -80,7 +80,8 @@ def _validation_message(exc: RequestValidationError) -> str:
 def _allowed_methods(request: Request) -> str:
     """Every method the request's path takes, as a 405's Allow must list them (RFC 9110
     15.5.6): FastAPI makes a route of each method, and Starlette's 405 names only the methods
-    of the first route whose path matched."""
+    of the first route whose path matched. Empty where no route names its methods (the 405's
+    own Allow stands)."""
     methods: set[str] = set()
     for route in request.app.router.routes:
         match, _ = route.matches(request.scope)
@@ -102,8 +103,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: HTTPException) -> FastJSONResponse:
         type_ = "not_found" if exc.status_code == 404 else "http_error"
         headers = dict(exc.headers) if exc.headers else None
-        if exc.status_code == 405:
-            headers = {**(headers or {}), "Allow": _allowed_methods(request)}
+        if exc.status_code == 405 and (allowed := _allowed_methods(request)):
+            headers = {**(headers or {}), "Allow": allowed}
         return error_response(exc.status_code, type_, str(exc.detail), headers)
 
     @app.exception_handler(Exception)
