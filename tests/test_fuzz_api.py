@@ -60,7 +60,8 @@ def fuzz_key(auth_stack: Stack) -> str:
 
 # The OpenAPI the producer serves, taken from the app itself at collection time (so each
 # operation is its own test); the requests go over HTTP to the real producer below.
-schema = schemathesis.openapi.from_dict(create_app().openapi())
+OPENAPI = create_app().openapi()
+schema = schemathesis.openapi.from_dict(OPENAPI)
 # The key goes in X-API-Key; generated Authorization headers would only ever meet 401.
 schema.config.generation.update(with_security_parameters=False)
 
@@ -156,11 +157,10 @@ def test_hostile_values_anywhere_get_a_documented_4xx(
 
 def _documented(operation: str, method: str, where: str, name: str) -> dict[str, Any]:
     """The schema the OpenAPI gives a parameter (`where`: query) or a body property."""
-    spec = create_app().openapi()
-    found = spec["paths"][operation][method]
+    found = OPENAPI["paths"][operation][method]
     if where == "body":
         ref = found["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-        model = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
+        model = OPENAPI["components"]["schemas"][ref.rsplit("/", 1)[1]]
         return cast(dict[str, Any], model["properties"][name])
     [parameter] = [p for p in found["parameters"] if p["in"] == where and p["name"] == name]
     return cast(dict[str, Any], parameter["schema"])

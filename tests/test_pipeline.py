@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -134,20 +135,16 @@ def test_a_predict_whose_job_expired_in_the_queue_is_a_documented_504(
     """The job's deadline passes while no worker serves its variant: the worker that comes
     reads it too late and ends it `expired`; the waiting predict answers 504, a status its
     OpenAPI lists."""
-    answer: dict[str, httpx.Response] = {}
     body = {"variant": "canary", "inputs": {"n": 1}, "deadline": time.time() + 0.2}
     url = f"{base_url}/v1/models/identity/predict"
-    waiting = threading.Thread(
-        target=lambda: answer.update(r=httpx.post(url, json=body, timeout=60)), daemon=True
-    )
-    waiting.start()
-    time.sleep(0.5)  # past the deadline, with the job queued
-    stack.start_worker("identity:canary", name="canary-late")
-    try:
-        waiting.join(timeout=60)
-    finally:
-        stack.stop_process("canary-late")
-    response = answer["r"]
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(httpx.post, url, json=body, timeout=60)
+        time.sleep(0.5)  # past the deadline, with the job queued
+        stack.start_worker("identity:canary", name="canary-late")
+        try:
+            response = waiting.result(timeout=60)
+        finally:
+            stack.stop_process("canary-late")
     assert response.status_code == 504, response.text
     assert response.json()["error"]["type"] == "DeadlineExceeded"
     documented = httpx.get(f"{base_url}/openapi.json").json()

@@ -88,8 +88,8 @@ class ChatCompletionRequest(SamplingRequest):
 # the OpenAPI's minLength would bind strings only), and only the branch the value's type picks
 # reports an error.
 Prompt = Annotated[
-    Annotated[Annotated[str, Field(min_length=1)], Tag("text")]
-    | Annotated[Annotated[list[str], Field(min_length=1)], Tag("pieces")],
+    Annotated[str, Field(min_length=1), Tag("text")]
+    | Annotated[list[str], Field(min_length=1), Tag("pieces")],
     Discriminator(lambda value: "pieces" if isinstance(value, list) else "text"),
 ]
 
