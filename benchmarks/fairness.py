@@ -203,7 +203,7 @@ def _result(runs: list[dict[str, Any]], scale: Scale) -> PartResult:
         )
     unloaded, fifo, fair = (_p(r["quiet_waits_ms"], 0.99) for r in runs)
     detail = (
-        f"B p99 {fair:.0f} ms with fair queuing on, {fifo:.0f} ms off, {unloaded:.0f} ms"
+        f"B p99 {fair:.1f} ms with fair queuing on, {fifo:.1f} ms off, {unloaded:.1f} ms"
         f" unloaded; the flood drained in {runs[2]['flood_drain_s']} s"
     )
     target = Target(

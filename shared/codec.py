@@ -28,7 +28,7 @@ class RequestEntry:
 
     job_id: str
     payload: dict[str, Any]
-    enqueued_ms: int
+    enqueued_ms: float  # to the µs (shared/job_store.stamp_ms)
     deadline_ms: int = 0
     tenant: str = "default"
     reply: str = ""
@@ -37,8 +37,8 @@ class RequestEntry:
     # ends the job: it lives in the key's slot, so the ender frees it beside its script.
     inflight: str = ""
 
-    def encode(self) -> dict[str, bytes | str | int]:
-        fields: dict[str, bytes | str | int] = {
+    def encode(self) -> dict[str, bytes | str | float]:
+        fields: dict[str, bytes | str | float] = {
             "id": self.job_id,
             "payload": dumps(self.payload),
             "enq": self.enqueued_ms,
@@ -56,7 +56,7 @@ class RequestEntry:
         return cls(
             job_id=fields[b"id"].decode(),
             payload=loads(fields[b"payload"]),
-            enqueued_ms=int(fields[b"enq"]),
+            enqueued_ms=float(fields[b"enq"]),
             deadline_ms=int(fields.get(b"deadline", b"0")),
             tenant=fields.get(b"tenant", b"default").decode(),
             reply=fields.get(b"reply", b"").decode(),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.codec import RequestEntry
-from shared.job_store import JobStore, now_ms
+from shared.job_store import JobStore, stamp_ms
 from shared.keys import Keys, new_job_id
 
 
@@ -43,7 +43,7 @@ class DeadLetters:
             entry = RequestEntry(
                 job_id=new_job_id(self.model, self.variant),
                 payload=letter.entry.payload,
-                enqueued_ms=now_ms(),
+                enqueued_ms=stamp_ms(),
                 tenant=letter.entry.tenant,
             )
             fields = {"model": self.model, "variant": self.variant, "replay_of": letter.job_id}

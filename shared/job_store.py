@@ -34,6 +34,12 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def stamp_ms() -> float:
+    """The wall clock in ms to the µs, for the ends of a job's queue wait: on a GPU a
+    micro-batch, and so a wait behind one, takes a fraction of a millisecond."""
+    return time.time_ns() // 1_000 / 1_000
+
+
 def job_view(
     job_id: str, fields: Mapping[str, str | bytes], history: bool = False
 ) -> dict[str, Any]:
@@ -239,7 +245,7 @@ class JobStore:
         mapping: dict[str, str | int] = {
             **job.fields,
             "status": JobStatus.QUEUED.value,
-            "created": entry.enqueued_ms,
+            "created": int(entry.enqueued_ms),
             "reply": entry.reply,
             "tenant": entry.tenant,
             "stream": stream,  # where its queue position is read (shared/queue_position.py)

@@ -56,6 +56,24 @@ def test_identity_submit_then_poll(base_url: str, identity_worker: int) -> None:
     assert job["timings"]["queue_wait_ms"] >= 0 and job["batch_size"] >= 1
 
 
+def test_queue_waits_are_timed_to_the_microsecond(base_url: str, identity_worker: int) -> None:
+    """A GPU's micro-batch takes a fraction of a ms: a queue wait counted in whole ms would
+    read 0 or 1 there. Waits are to the µs (three decimals), not whole ms, and within the job's
+    own span from created to finished."""
+    jobs = [
+        httpx.post(
+            f"{base_url}/v1/models/identity/predict", json={"inputs": {"n": n}}, timeout=60
+        ).json()
+        for n in range(20)
+    ]
+    waits = [job["timings"]["queue_wait_ms"] for job in jobs]
+    assert all(round(wait, 3) == wait for wait in waits), waits
+    assert any(wait != int(wait) for wait in waits), waits
+    for job, wait in zip(jobs, waits, strict=True):
+        span_ms = (job["timings"]["finished"] - job["timings"]["created"]) * 1000
+        assert 0 <= wait <= span_ms + 1, job  # `created` is kept to the ms: up to 1 ms late
+
+
 def test_identity_predict(base_url: str, identity_worker: int) -> None:
     response = httpx.post(
         f"{base_url}/v1/models/identity/predict", json={"inputs": {"k": "v"}}, timeout=60

@@ -22,7 +22,7 @@ from producer_api.jobs.queue_eta import Standing
 from producer_api.state import ProducerState
 from shared.codec import RequestEntry
 from shared.job_states import IllegalTransition, JobStatus
-from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, now_ms
+from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, stamp_ms
 from shared.keys import new_job_id
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.model_repository import ModelConfig
@@ -114,7 +114,7 @@ class JobsService:
                 "parameters": body.parameters,
                 **({"webhook": body.webhook} if body.webhook else {}),
             },
-            enqueued_ms=now_ms(),
+            enqueued_ms=stamp_ms(),
             deadline_ms=_deadline_ms(body),
             tenant=self.principal.tenant,
             reply=self.state.replies.channel(job_id),

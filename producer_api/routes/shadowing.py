@@ -13,7 +13,7 @@ import random
 from redis.exceptions import RedisError
 
 from shared.codec import RequestEntry
-from shared.job_store import JobStore, QueueFull, now_ms
+from shared.job_store import JobStore, QueueFull, now_ms, stamp_ms
 from shared.keys import Keys, new_job_id
 from shared.metrics import SHADOW_COPIES
 from shared.model_repository import ModelConfig, ModelRepository
@@ -51,7 +51,7 @@ class ShadowCopies:
         copy = RequestEntry(
             job_id=new_job_id(config.name, shadow),
             payload={k: v for k, v in entry.payload.items() if k != "webhook"},
-            enqueued_ms=now_ms(),
+            enqueued_ms=stamp_ms(),
             deadline_ms=entry.deadline_ms,
             tenant=SHADOW_TENANT,
             traceparent=entry.traceparent,

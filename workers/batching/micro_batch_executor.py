@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from shared.job_store import now_ms
+from shared.job_store import stamp_ms
 from workers.engines.base import BatchEngine
 
 
@@ -20,11 +20,11 @@ class EngineStart:
     device well after the worker read it)."""
 
     perf: float
-    wall_ms: int
+    wall_ms: float
 
     @classmethod
     def now(cls) -> EngineStart:
-        return cls(time.perf_counter(), now_ms())
+        return cls(time.perf_counter(), stamp_ms())
 
 
 @dataclass(slots=True)
@@ -34,7 +34,7 @@ class Outcome:
     engine_ms: float
     batch_size: int
     batch_id: str
-    ran_ms: int  # EngineStart.wall_ms
+    ran_ms: float  # EngineStart.wall_ms
 
 
 async def execute(engine: BatchEngine, inputs: list[dict[str, Any]]) -> list[Outcome]:

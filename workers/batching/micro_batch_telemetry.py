@@ -73,7 +73,7 @@ def record_batch(model: str, variant: str, finishes: list[Finish], outcomes: lis
         _child(JOBS_FINISHED, model, variant, finish.status).inc()
         created = int(finish.context["created"])
         if "queue_wait_ms" in finish.fields:
-            queue_wait.observe(int(finish.fields["queue_wait_ms"]) / 1e3)
+            queue_wait.observe(float(finish.fields["queue_wait_ms"]) / 1e3)
         e2e.observe((int(finish.fields["finished"]) - created) / 1e3)
     engine_time = _child(ENGINE_TIME, model, variant)
     batch_size = _child(BATCH_SIZE, model, variant)

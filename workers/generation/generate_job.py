@@ -110,12 +110,12 @@ class RunningJob:
         )
 
     @property
-    def ttft_ms(self) -> int | None:
+    def ttft_ms(self) -> float | None:
         """Submit to first token: what the client waits, queue wait included."""
         entry = self.delivery.entry
         if not self.first_token_ms or entry is None:
             return None
-        return self.first_token_ms - entry.enqueued_ms
+        return round(self.first_token_ms - entry.enqueued_ms, 3)
 
     @property
     def tpot_ms(self) -> float | None:

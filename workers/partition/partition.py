@@ -67,7 +67,7 @@ class Partition:
         delivery: Delivery,
         status: JobStatus,
         fields: dict[str, str],
-        ran_ms: int | None = None,
+        ran_ms: float | None = None,
     ) -> Finish:
         """A result for the writer, with `finished`, `queue_wait_ms`, the reply's context and
         the job's webhook. The queue wait ends when the engine started on the job (`ran_ms`),
@@ -80,7 +80,7 @@ class Partition:
             "started": str(delivery.claimed_ms),  # when this worker read it: no claim writes it
             "attempts": str(delivery.attempts),
             "finished": str(now_ms()),
-            "queue_wait_ms": str(ran - entry.enqueued_ms),
+            "queue_wait_ms": str(round(ran - entry.enqueued_ms, 3)),
         }
         if status != JobStatus.SUCCEEDED:  # the console shows what a failed job was given
             raw = dumps(entry.payload)
@@ -93,7 +93,7 @@ class Partition:
         context = {
             "model": self.config.name,
             "variant": self.variant,
-            "created": str(entry.enqueued_ms),
+            "created": str(int(entry.enqueued_ms)),
             "started": str(delivery.claimed_ms),
         }
         webhook = str(entry.payload.get("webhook", ""))
