@@ -5,7 +5,7 @@
 # ../shared/gpu/make-kit.sh packs the same in two, which the dependencies have outgrown.
 #   call 1, carry .gpu-kit/k1: mkdir -p /tmp/kit/deps && cp .gpu-kit/k1/slice.* /tmp/kit/
 #   call 2, carry .gpu-kit/k2: cp .gpu-kit/k2/slice.* /tmp/kit/ && cp .gpu-kit/k2/*.whl /tmp/kit/deps/
-#   call 3, carry .gpu-kit/k3: PARTS="G E EC A" bash benchmarks/device/on-device.sh
+#   call 3, carry .gpu-kit/k3: PARTS="G F E EC A" bash benchmarks/device/on-device.sh
 # Make them back to back: the machine goes back after 30 s idle, and /tmp/kit with it.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel); cd "$root"
