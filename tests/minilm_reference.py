@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from shared.codec import dumps, loads
 from shared.model_repository import ModelConfig, ModelRepository
 from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
 from workers.engines.tensorrt_engine import TensorRTEngine
@@ -106,3 +107,15 @@ def recording_engine(engine_class: type[Engine], config: ModelConfig, artifacts:
 def vectors(outputs: list[dict[str, Any]]) -> np.ndarray:
     """The embeddings of the engine's per-job outputs, one row per text."""
     return np.array([v for out in outputs for v in out["embeddings"]], dtype=np.float64)
+
+
+def assert_served_as_float32(output: dict[str, Any]) -> None:
+    """What a client reads of an engine's output (the job codec's JSON) is a list of plain
+    numbers per text that read back as the engine's float32 values exactly, each written in
+    float32's shortest text: shorter than the float64 text of the same values."""
+    served = dumps(output)
+    rows = loads(served)["embeddings"]
+    assert all(type(x) is float for row in rows for x in row)
+    np.testing.assert_array_equal(np.array(rows, dtype=np.float32), output["embeddings"])
+    as_float64 = dumps({"embeddings": np.asarray(output["embeddings"], dtype=np.float64)})
+    assert len(served) < len(as_float64) * 0.75, (len(served), len(as_float64))
