@@ -1,8 +1,9 @@
 """Part G: the PyTorch engine on a GPU. In-process, one engine call (tokens already prepared,
 seq 32) at batch 1/32/64/256 in fp32 eager, fp16 eager and fp16 with CUDA graphs; then the
-pipeline serving `minilm:torch` for jobs of 1 and of 32 texts, as a share of the engine's own
-limit at the micro-batch those jobs make. Needs CUDA: without it the part is skipped (nothing is
-written, so an earlier GPU run's results stay)."""
+pipeline serving `minilm:torch` for jobs of 1 and of 32 texts (those of 32 also with their
+vectors as base64), as a share of the engine's own limit at the micro-batch those jobs make.
+Needs CUDA: without it the part is skipped (nothing is written, so an earlier GPU run's results
+stay)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from benchmarks.profiling import profile_during
 from benchmarks.report import PartResult, Skipped, Table, Target, ratio
 from benchmarks.scales import Scale
 from shared.model_repository import ModelRepository
+from workers.engines.text_encoding import JobSplit
 from workers.engines.torch_engine import PreparedBatch, TorchEngine, cuda_missing
 
 TITLE = "PyTorch engine on a GPU: fp16, CUDA graphs, pipeline ÷ engine"
@@ -42,6 +44,8 @@ MODES = (
 # Texts per job → the engine batch one micro-batch of such jobs runs at (max_batch_size 32
 # jobs of 1 text; 32 jobs of 32 texts are split into calls of the largest bucket, 256).
 JOB_SIZES = {1: 32, 32: 256}
+# The loads: (texts per job, encoding_format); base64 leaves out writing and parsing numbers.
+LOADS = ((1, "float"), (32, "float"), (32, "base64"))
 CONCURRENCY = 64
 # As `conveyor up` sizes them (CONVEYOR_PRODUCER_PROCESSES' default): one GPU worker needs
 # several producers, each costing more CPU per job than the worker does.
@@ -59,7 +63,7 @@ def run(scale: Scale, workdir: Path) -> PartResult:
     result.tables = [_engine_table(engine_rows), _pipeline_table(pipeline_rows)]
     result.targets = [
         Target(
-            f"pipeline ÷ engine, jobs of {row['texts']} text(s)",
+            f"pipeline ÷ engine, jobs of {row['texts']} text(s) as {row['encoding']}",
             row["share"],
             0.5,
             True,
@@ -135,7 +139,7 @@ def _time_calls(engine: TorchEngine, texts: list[str], scale: Scale) -> dict[int
     timings = {}
     for batch in BATCHES:
         tokens = engine.encoder.tokenize(texts[:batch], pad_to=SEQ)
-        prepared = PreparedBatch([batch], [(tokens, batch)])
+        prepared = PreparedBatch(JobSplit([batch], [False]), [(tokens, batch)])
         timings[batch] = _median_ms(lambda p=prepared: engine.finish(engine.run(p)), scale)
     return timings
 
@@ -167,8 +171,9 @@ def pipeline_points(
             "worker": worker,
         }
         url = f"{stack.base_url}/v1/models/minilm/predict"
-        for per_job, engine_batch in JOB_SIZES.items():
-            target = _job_target(url, texts, per_job)
+        for per_job, encoding in LOADS:
+            engine_batch = JOB_SIZES[per_job]
+            target = _job_target(url, texts, per_job, encoding)
             meter, began = CpuMeter({**pids, "valkey": stack.processes["valkey"].pid}), time.time()
             meter.start()
             load = drive(
@@ -179,6 +184,7 @@ def pipeline_points(
             points.append(
                 {
                     "texts": per_job,
+                    "encoding": encoding,
                     "jobs_per_s": load.rps,
                     "sentences_per_s": per_s,
                     "p50_ms": load.percentile_ms(50),
@@ -194,17 +200,23 @@ def pipeline_points(
             {**pids, "load generator": os.getpid()},
             scale.profile_s,
             workdir / "profile",
-            f"minilm:torch, jobs of {per_job} texts, {CONCURRENCY} clients",
+            f"minilm:torch, jobs of {per_job} texts as numbers, {CONCURRENCY} clients",
             closed_loop(
-                _job_target(url, texts, per_job), CONCURRENCY, scale.profile_s, scale.max_requests
+                _job_target(url, texts, per_job, "float"),
+                CONCURRENCY,
+                scale.profile_s,
+                scale.max_requests,
             ),
         )
     return points, profile
 
 
-def _job_target(url: str, texts: list[str], per_job: int) -> LoadTarget:
+def _job_target(url: str, texts: list[str], per_job: int, encoding: str) -> LoadTarget:
     bodies = [
-        {"inputs": {"texts": texts[i : i + per_job]}, "variant": "torch"}
+        {
+            "inputs": {"texts": texts[i : i + per_job], "encoding_format": encoding},
+            "variant": "torch",
+        }
         for i in range(0, len(texts), per_job)
     ]
     return LoadTarget.post(url, bodies)
@@ -224,6 +236,7 @@ def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
         f"Pipeline serving minilm:torch ({CONCURRENCY} clients)",
         [
             "texts per job",
+            "encoding",
             "jobs/s",
             "sentences/s",
             "p50 ms",
@@ -234,6 +247,7 @@ def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
         [
             [
                 r["texts"],
+                r["encoding"],
                 r["jobs_per_s"],
                 r["sentences_per_s"],
                 r["p50_ms"],

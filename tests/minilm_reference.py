@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+from base64 import b64decode
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -119,3 +120,15 @@ def assert_served_as_float32(output: dict[str, Any]) -> None:
     np.testing.assert_array_equal(np.array(rows, dtype=np.float32), output["embeddings"])
     as_float64 = dumps({"embeddings": np.asarray(output["embeddings"], dtype=np.float64)})
     assert len(served) < len(as_float64) * 0.75, (len(served), len(as_float64))
+
+
+def assert_base64_beside_numbers(engine: Any) -> None:
+    """OpenAI's `encoding_format: base64`: each text's vector as its little-endian float32
+    bytes, in the same micro-batch as a job that takes JSON numbers, and the same values."""
+    floats, packed = engine.infer(
+        [{"texts": SENTENCES[:3]}, {"texts": SENTENCES[:3], "encoding_format": "base64"}]
+    )
+    assert all(isinstance(text, str) for text in packed["embeddings"])
+    decoded = np.stack([np.frombuffer(b64decode(t), dtype="<f4") for t in packed["embeddings"]])
+    np.testing.assert_array_equal(decoded, floats["embeddings"])
+    assert len(dumps(packed)) < len(dumps(floats)) * 0.6

@@ -15,6 +15,7 @@ from tests.minilm_reference import (
     DIMENSION,
     MAX_SEQ_LENGTH,
     SENTENCES,
+    assert_base64_beside_numbers,
     assert_served_as_float32,
     minilm_config,
     model_dir,
@@ -109,11 +110,17 @@ def test_a_job_without_texts_gets_no_vectors(engine):
     assert len(outputs[1]["embeddings"]) == 1
 
 
+def test_a_job_may_take_its_vectors_as_base64_beside_one_that_takes_numbers(engine):
+    assert_base64_beside_numbers(engine)
+
+
 def test_bad_input_raises_so_the_loop_can_isolate_it(engine):
     with pytest.raises(ValueError, match="list of strings"):
         engine.infer([{"texts": ["fine", 3]}])
     with pytest.raises(ValueError, match="list of strings"):
         engine.infer([{"text": "wrong key"}])
+    with pytest.raises(ValueError, match="encoding_format must be one of float, base64"):
+        engine.infer([{"texts": ["fine"], "encoding_format": "binary"}])
 
 
 def test_a_provider_that_is_not_installed_fails_loudly(artifacts):

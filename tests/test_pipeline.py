@@ -4,6 +4,7 @@ embedded Valkey, the real identity and minilm models."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -101,6 +102,33 @@ def test_minilm_job_submit_and_long_poll(base_url: str, minilm_worker: int) -> N
     job = httpx.get(accepted.json()["urls"]["self"], params={"wait": 30}, timeout=60).json()
     assert job["status"] == "succeeded"
     assert len(job["outputs"]["embeddings"][0]) == 384
+
+
+def test_minilm_vectors_as_base64_equal_the_reference(base_url: str, minilm_worker: int) -> None:
+    response = httpx.post(
+        f"{base_url}/v1/models/minilm/predict",
+        json={"inputs": {"texts": SENTENCES, "encoding_format": "base64"}},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    packed = response.json()["outputs"]["embeddings"]
+    got = np.stack([np.frombuffer(base64.b64decode(text), dtype="<f4") for text in packed])
+    assert got.shape == (len(SENTENCES), 384)
+    expected = reference_embeddings(SENTENCES)
+    assert (got * expected).sum(axis=1).min() >= 0.999
+
+
+def test_an_unknown_encoding_format_is_refused_at_submit(
+    base_url: str, stack_redis: redis.Redis
+) -> None:
+    """Refused by minilm's input schema before anything is enqueued (no worker needed)."""
+    before = stack_redis.xlen(KEYS.queue("minilm", "default"))
+    refused = _submit(
+        base_url, {"model": "minilm", "inputs": {"texts": ["x"], "encoding_format": "hex"}}
+    )
+    assert refused.status_code == 422, refused.text
+    assert "encoding_format" in refused.text
+    assert stack_redis.xlen(KEYS.queue("minilm", "default")) == before
 
 
 def test_concurrent_minilm_jobs_are_batched(

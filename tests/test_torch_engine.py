@@ -26,6 +26,7 @@ from tests.conftest import REPO_ROOT
 from tests.minilm_reference import (
     DIMENSION,
     SENTENCES,
+    assert_base64_beside_numbers,
     assert_served_as_float32,
     minilm_config,
     prepared_artifacts,
@@ -144,6 +145,10 @@ def test_output_buffers_are_leased_and_reused(cpu_engine):
         assert id(running.calls[0].buffer) in buffers
         cpu_engine.finish(running)
     assert cpu_engine.buffers.allocated == allocated
+
+
+def test_a_job_may_take_its_vectors_as_base64_beside_one_that_takes_numbers(cpu_engine):
+    assert_base64_beside_numbers(cpu_engine)
 
 
 def test_a_job_without_texts_gets_no_vectors(cpu_engine):

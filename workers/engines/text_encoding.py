@@ -3,6 +3,7 @@ Runtime, TensorRT) turns the same texts into the same vectors as sentence-transf
 
 from __future__ import annotations
 
+from base64 import b64encode
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,9 @@ DEFAULT_MAX_SEQ_LENGTH = 256
 # Upper bound on texts per engine call: a micro-batch of 32 jobs may carry 256 texts each, and one
 # padded call over all of them could need gigabytes of activations.
 DEFAULT_MAX_TEXTS_PER_CALL = 256
+# A job's `inputs.encoding_format`, as in OpenAI's embeddings API: JSON numbers, or each text's
+# vector as base64 of its little-endian float32 bytes.
+ENCODINGS = ("float", "base64")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,18 +95,49 @@ def mean_pool_normalize(hidden: np.ndarray, attention_mask: np.ndarray) -> np.nd
     return result
 
 
-def flatten_texts(inputs: list[dict[str, Any]]) -> tuple[list[str], list[int]]:
-    """All texts of a micro-batch in job order, and how many each job brought, so one engine call
-    serves every job and the vectors can be handed back per job."""
+@dataclass(frozen=True, slots=True)
+class JobSplit:
+    """How a micro-batch's vectors go back to its jobs: how many texts each brought, and
+    whether it asked for them as base64."""
+
+    counts: list[int]
+    base64: list[bool]
+
+    def outputs(self, embeddings: np.ndarray) -> list[dict[str, Any]]:
+        """One output per job in input order. As numbers: a float32 array the job codec
+        (orjson) writes itself, no Python floats in between, each value in the shortest text
+        that reads back as the same float32 (42 % fewer bytes than float64's, a quarter less
+        time). As base64: half those bytes again, a fifth of the time to write and no numbers
+        for anyone to parse, which is what keeps a GPU's worker from being the limit."""
+        vectors = np.ascontiguousarray(embeddings, dtype="<f4")
+        outputs: list[dict[str, Any]] = []
+        start = 0
+        for count, as_base64 in zip(self.counts, self.base64, strict=True):
+            rows = vectors[start : start + count]
+            start += count
+            if as_base64:
+                outputs.append({"embeddings": [b64encode(row.data).decode() for row in rows]})
+            else:
+                outputs.append({"embeddings": rows})
+        return outputs
+
+
+def flatten_texts(inputs: list[dict[str, Any]]) -> tuple[list[str], JobSplit]:
+    """All texts of a micro-batch in job order, and how to hand the vectors back per job, so one
+    engine call serves every job."""
     texts: list[str] = []
-    counts: list[int] = []
+    split = JobSplit([], [])
     for item in inputs:
         job_texts = item.get("texts")
         if not isinstance(job_texts, list) or not all(isinstance(t, str) for t in job_texts):
             raise ValueError("inputs.texts must be a list of strings")
+        encoding = item.get("encoding_format", "float")
+        if encoding not in ENCODINGS:
+            raise ValueError(f"inputs.encoding_format must be one of {', '.join(ENCODINGS)}")
         texts.extend(job_texts)
-        counts.append(len(job_texts))
-    return texts, counts
+        split.counts.append(len(job_texts))
+        split.base64.append(encoding == "base64")
+    return texts, split
 
 
 def chunks(texts: list[str], size: int) -> Iterator[list[str]]:
@@ -110,25 +145,12 @@ def chunks(texts: list[str], size: int) -> Iterator[list[str]]:
         yield texts[start : start + size]
 
 
-def split_per_job(embeddings: np.ndarray, counts: list[int]) -> list[dict[str, Any]]:
-    """One output per job in input order, each a float32 array the job codec (orjson) writes
-    as JSON itself: no Python floats in between, and each value in the shortest text that reads
-    back as the same float32 (42 % fewer bytes than float64's, a quarter less time)."""
-    vectors = np.ascontiguousarray(embeddings, dtype=np.float32)
-    outputs: list[dict[str, Any]] = []
-    start = 0
-    for count in counts:
-        outputs.append({"embeddings": vectors[start : start + count]})
-        start += count
-    return outputs
-
-
 @dataclass(frozen=True, slots=True)
 class TextCalls:
     """A micro-batch's texts tokenised into engine calls of at most `max_texts_per_call` texts,
-    and how many texts each job brought (to hand the vectors back per job)."""
+    and how to hand the vectors back per job."""
 
-    counts: list[int]
+    split: JobSplit
     calls: list[TokenBatch]
 
 
@@ -136,13 +158,13 @@ class TextCalls:
 class PooledCalls:
     """The sentence vectors of each call of a `TextCalls`, in order."""
 
-    counts: list[int]
+    split: JobSplit
     vectors: list[np.ndarray]
 
     def per_job(self) -> list[dict[str, Any]]:
         if not self.vectors:
-            return split_per_job(np.zeros((0, 0), dtype=np.float32), self.counts)
-        return split_per_job(np.concatenate(self.vectors), self.counts)
+            return self.split.outputs(np.zeros((0, 0), dtype=np.float32))
+        return self.split.outputs(np.concatenate(self.vectors))
 
 
 def tokenize_jobs(
@@ -150,14 +172,14 @@ def tokenize_jobs(
 ) -> TextCalls:
     """Host work before the engine: one call per micro-batch unless it holds more than
     `max_texts_per_call` texts."""
-    texts, counts = flatten_texts(inputs)
-    return TextCalls(counts, [encoder.tokenize(part) for part in chunks(texts, max_texts_per_call)])
+    texts, split = flatten_texts(inputs)
+    return TextCalls(split, [encoder.tokenize(part) for part in chunks(texts, max_texts_per_call)])
 
 
 def pool_calls(calls: TextCalls, run: Callable[[TokenBatch], np.ndarray]) -> PooledCalls:
     """Each call through the backend's `run` (token batch → hidden states), then pooled."""
     return PooledCalls(
-        calls.counts,
+        calls.split,
         [mean_pool_normalize(run(batch), batch.attention_mask) for batch in calls.calls],
     )
 

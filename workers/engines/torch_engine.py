@@ -24,11 +24,11 @@ from shared.model_repository import CudaGraphBuckets, TorchOptions
 from workers.engines.base import StagedBatchEngine
 from workers.engines.text_encoding import (
     DEFAULT_MAX_SEQ_LENGTH,
+    JobSplit,
     TextEncoder,
     TokenBatch,
     chunks,
     flatten_texts,
-    split_per_job,
 )
 from workers.engines.torch_encoder import PooledEncoder, load_encoder
 
@@ -81,7 +81,7 @@ def pad_rows(batch: TokenBatch, rows: int) -> TokenBatch:
 class PreparedBatch:
     """Host-side result of `prepare`: each engine call's padded tokens and real row count."""
 
-    counts: list[int]
+    split: JobSplit
     calls: list[tuple[TokenBatch, int]]
 
 
@@ -97,7 +97,7 @@ class RunningCall:
 
 @dataclass(slots=True)
 class RunningBatch:
-    counts: list[int]
+    split: JobSplit
     calls: list[RunningCall]
 
 
@@ -222,9 +222,9 @@ class TorchEngine(StagedBatchEngine):
         return CapturedGraph(graph, inputs, output)
 
     def prepare(self, inputs: list[dict[str, Any]]) -> PreparedBatch:
-        texts, counts = flatten_texts(inputs)
+        texts, split = flatten_texts(inputs)
         calls = [self._tokenize(part) for part in chunks(texts, self.batch_buckets[-1])]
-        return PreparedBatch(counts, calls)
+        return PreparedBatch(split, calls)
 
     def _tokenize(self, texts: list[str]) -> tuple[TokenBatch, int]:
         if self.buckets is None:
@@ -237,7 +237,7 @@ class TorchEngine(StagedBatchEngine):
         interleave filling and replaying them (the loop's bisecting fallback calls `infer`)."""
         with self.device_lock, torch.no_grad():
             calls = [self._run_call(batch, rows) for batch, rows in prepared.calls]
-        return RunningBatch(prepared.counts, calls)
+        return RunningBatch(prepared.split, calls)
 
     def _run_call(self, batch: TokenBatch, rows: int) -> RunningCall:
         buffer = self.buffers.lease(first_fit(self.batch_buckets, batch.shape[0]))
@@ -274,7 +274,7 @@ class TorchEngine(StagedBatchEngine):
                 self.buffers.give_back(call.buffer)
         width = self.buffers.width
         vectors = np.concatenate(parts) if parts else np.zeros((0, width), dtype=np.float32)
-        return split_per_job(vectors, running.counts)
+        return running.split.outputs(vectors)
 
     def _collect(self, call: RunningCall) -> np.ndarray:
         """The call's vectors copied out of its buffer, once the device has written them."""
