@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import struct
+from base64 import b64decode
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,11 +64,20 @@ def agreement(primary: Any, shadow: Any) -> tuple[bool, float]:
     return primary == shadow, float(primary == shadow)
 
 
-def min_cosine(first: list[list[float]], second: list[list[float]]) -> float:
+def min_cosine(first: list[list[float] | str], second: list[list[float] | str]) -> float:
     """The lowest cosine similarity over the texts of a request (0 if the shapes differ)."""
     if len(first) != len(second) or not first:
         return 0.0
-    return min(_cosine(a, b) for a, b in zip(first, second, strict=True))
+    return min(_cosine(_vector(a), _vector(b)) for a, b in zip(first, second, strict=True))
+
+
+def _vector(embedding: list[float] | str) -> list[float]:
+    """A job that asked for `encoding_format: base64` has each vector as its little-endian
+    float32 bytes."""
+    if isinstance(embedding, str):
+        raw = b64decode(embedding)
+        return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    return embedding
 
 
 def _cosine(a: list[float], b: list[float]) -> float:

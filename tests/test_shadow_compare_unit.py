@@ -4,7 +4,9 @@ anything else by equality), with the service-time delta and the error delta."""
 
 from __future__ import annotations
 
+import base64
 import math
+import struct
 from typing import Any
 
 import pytest
@@ -28,6 +30,23 @@ def test_embeddings_agree_at_or_above_the_cosine_threshold() -> None:
     assert not differed.agree and differed.similarity == pytest.approx(0.8)
     shapes = compare(primary, _job({"embeddings": [[1.0, 0.0]]}))
     assert not shapes.agree and shapes.similarity == 0.0
+
+
+def test_base64_embeddings_are_compared_as_their_float32_values() -> None:
+    """Jobs that asked for `encoding_format: base64` carry each vector as its little-endian
+    float32 bytes; the shadow's copy of the request asked the same."""
+
+    def packed(*vectors: list[float]) -> dict[str, Any]:
+        texts = [base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() for v in vectors]
+        return _job({"embeddings": texts})
+
+    primary = packed([1.0, 0.0], [0.0, 1.0])
+    agreed = compare(primary, packed([1.0, 0.0], [0.0, 1.0]))
+    assert agreed.agree and agreed.similarity == pytest.approx(1.0)
+    differed = compare(primary, packed([1.0, 0.0], [0.6, 0.8]))
+    assert not differed.agree and differed.similarity == pytest.approx(0.8)
+    as_numbers = compare(primary, _job({"embeddings": [[1.0, 0.0], [0.0, 1.0]]}))
+    assert as_numbers.agree
 
 
 def test_generated_text_agrees_on_exact_match_with_a_similarity_beside_it() -> None:
