@@ -77,8 +77,9 @@ def test_no_5xx_and_every_response_matches_the_schema(
     case.call_and_validate(base_url=fuzz_url, headers={"X-API-Key": fuzz_key}, checks=CHECKS)
 
 
-# The same operations on a model a worker serves: jobs that run and end, model metadata that
-# exists. Only a fuzzed `deadline` shorter than the queue's hand-off gets a 5xx, the 504 an
+# The same operations on a model a worker serves: predicts that run and end, its experiments,
+# and its routes and canary (403: the key has no `admin` scope, and other tests share the
+# stack). Only a fuzzed `deadline` shorter than the queue's hand-off gets a 5xx, the 504 an
 # expired job ends a predict with (documented; checked for conformance like any other answer).
 served = schemathesis.openapi.from_dict(OPENAPI).include(path_regex=r"\{model\}")
 served.config.generation.update(with_security_parameters=False)
