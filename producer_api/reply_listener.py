@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from producer_api.redis_outage import RedisOutage
 from producer_api.task_cancel import cancel_and_wait
-from shared.codec import as_text, loads
+from shared.codec import as_text, loads, spliced_outputs
 from shared.job_store import JobStore
 from shared.keys import Keys, job_tag
 from shared.redis_client import RedisClient, is_cluster
@@ -169,7 +169,7 @@ class ReplyListener:
         """A worker publishes one array per micro-batch (every job of it this producer waits
         for); a cancel or a dead letter publishes one view alone."""
         for view in message if isinstance(message, list) else [message]:
-            self._deliver(view)
+            self._deliver(spliced_outputs(view))
 
     def _deliver(self, view: dict[str, Any]) -> None:
         for future in self._waiters.pop(as_text(view.get("id", "")), ()):

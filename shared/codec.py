@@ -21,6 +21,19 @@ def loads(data: bytes | str) -> Any:
     return orjson.loads(data)
 
 
+# A worker's reply carries a job's outputs as the JSON text it wrote them in, inside a JSON
+# string: the producer splices that text into its answer instead of parsing it into objects and
+# writing them out again (a GPU micro-batch's embeddings are megabytes of numbers).
+OUTPUTS_TEXT = "outputs_json"
+
+
+def spliced_outputs(view: dict[str, Any]) -> dict[str, Any]:
+    """A reply's view with its outputs ready to be written as they came (orjson.Fragment)."""
+    if (text := view.pop(OUTPUTS_TEXT, None)) is not None:
+        view["outputs"] = orjson.Fragment(text)
+    return view
+
+
 @dataclass(slots=True)
 class RequestEntry:
     """What a stream entry carries (docs/architecture.md): enough for a worker to run, expire

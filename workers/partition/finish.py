@@ -8,9 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from shared.codec import dumps
+from shared.codec import OUTPUTS_TEXT, dumps
 from shared.job_store import job_view
 
 
@@ -36,14 +34,14 @@ class Finish:
         return job_view(self.job_id, self._fields())
 
     def message(self) -> bytes:
-        """The reply published to the waiting producer: the job's public view, its outputs
-        spliced in as the JSON they were already encoded to (a micro-batch's embeddings are
-        megabytes: decoding them to encode them again was a third of a GPU worker's CPU)."""
+        """The reply published to the waiting producer: the job's public view, its outputs as
+        the JSON text they were already encoded to (shared/codec.OUTPUTS_TEXT: neither side
+        decodes them; doing so was a third of a GPU worker's CPU, and of each producer's)."""
         if not self.status:
             return b""
         fields = self._fields()
         outputs = fields.pop("outputs", None)
         view = job_view(self.job_id, fields)
         if outputs is not None:
-            view["outputs"] = orjson.Fragment(outputs)
+            view[OUTPUTS_TEXT] = outputs
         return dumps(view)
