@@ -64,9 +64,17 @@ def fuzz_key(auth_stack: Stack) -> str:
 # The OpenAPI the producer serves, taken from the app itself at collection time (so each
 # operation is its own test); the requests go over HTTP to the real producer below.
 OPENAPI = create_app().openapi()
-schema = schemathesis.openapi.from_dict(OPENAPI)
-# The key goes in X-API-Key; generated Authorization headers would only ever meet 401.
-schema.config.generation.update(with_security_parameters=False)
+
+
+def _loaded() -> Any:
+    """The OpenAPI as schemathesis tests it. The key goes in X-API-Key; generated
+    Authorization headers would only ever meet 401."""
+    loaded = schemathesis.openapi.from_dict(OPENAPI)
+    loaded.config.generation.update(with_security_parameters=False)
+    return loaded
+
+
+schema = _loaded()
 
 
 @schema.parametrize()
@@ -81,8 +89,7 @@ def test_no_5xx_and_every_response_matches_the_schema(
 # and its routes and canary (403: the key has no `admin` scope, and other tests share the
 # stack). Only a fuzzed `deadline` shorter than the queue's hand-off gets a 5xx, the 504 an
 # expired job ends a predict with (documented; checked for conformance like any other answer).
-served = schemathesis.openapi.from_dict(OPENAPI).include(path_regex=r"\{model\}")
-served.config.generation.update(with_security_parameters=False)
+served = _loaded().include(path_regex=r"\{model\}")
 served.config.update(parameters={"path.model": "identity"})
 
 
