@@ -163,7 +163,7 @@ class ReplyListener:
             return  # the next reconnection rechecks again
         for record in records:
             if record is not None and record.status.terminal:
-                self._deliver(record.view())
+                self._deliver(record.view(spliced=True))
 
     def _deliver_all(self, message: list[dict[str, Any]] | dict[str, Any]) -> None:
         """A worker publishes one array per micro-batch (every job of it this producer waits

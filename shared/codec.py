@@ -27,10 +27,16 @@ def loads(data: bytes | str) -> Any:
 OUTPUTS_TEXT = "outputs_json"
 
 
+def as_written(text: str | bytes) -> orjson.Fragment:
+    """JSON text a worker wrote, to be written into an answer as it is, not parsed and
+    written again: every `dumps` here takes it in place of the value it stands for."""
+    return orjson.Fragment(text)
+
+
 def spliced_outputs(view: dict[str, Any]) -> dict[str, Any]:
-    """A reply's view with its outputs ready to be written as they came (orjson.Fragment)."""
+    """A reply's view with its outputs ready to be written as they came (`as_written`)."""
     if (text := view.pop(OUTPUTS_TEXT, None)) is not None:
-        view["outputs"] = orjson.Fragment(text)
+        view["outputs"] = as_written(text)
     return view
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared import job_scripts
-from shared.codec import RequestEntry, as_text, dumps, loads
+from shared.codec import RequestEntry, as_text, as_written, dumps, loads
 from shared.job_states import IllegalTransition, JobStatus
 from shared.keys import GROUP, Keys
 from shared.redis_client import (
@@ -41,11 +41,16 @@ def stamp_ms() -> float:
 
 
 def job_view(
-    job_id: str, fields: Mapping[str, str | bytes], history: bool = False
+    job_id: str,
+    fields: Mapping[str, str | bytes],
+    history: bool = False,
+    spliced: bool = False,
 ) -> dict[str, Any]:
     """The public shape of a job (`{id, status, model, variant, outputs?, error?, timings}`),
     built the same way from a hash read and from a worker's reply message; with `history`, also
-    its `attempt_history` (asked for, since it grows with every redelivery)."""
+    its `attempt_history` (asked for, since it grows with every redelivery). `spliced`: the
+    outputs stay the text the worker stored (`as_written`), for a view that is only written
+    out: a poll of a finished job's embeddings parsed and rewrote megabytes of numbers."""
     get = {k: as_text(v) for k, v in fields.items()}.get
     view: dict[str, Any] = {
         "id": job_id,
@@ -54,7 +59,7 @@ def job_view(
         "variant": get("variant"),
     }
     if (outputs := get("outputs")) is not None:
-        view["outputs"] = loads(outputs)
+        view["outputs"] = as_written(outputs) if spliced else loads(outputs)
     if (error := get("error")) is not None:
         view["error"] = loads(error)
     timings: dict[str, Any] = {}
@@ -115,8 +120,8 @@ class JobRecord:
     def status(self) -> JobStatus:
         return JobStatus(self.fields["status"])
 
-    def view(self, history: bool = False) -> dict[str, Any]:
-        return job_view(self.job_id, self.fields, history)
+    def view(self, history: bool = False, spliced: bool = False) -> dict[str, Any]:
+        return job_view(self.job_id, self.fields, history, spliced)
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from conveyor.stack import Stack
+from shared.codec import loads
 from shared.keys import Keys
 from tests.minilm_reference import reference_embeddings
 
@@ -102,6 +103,29 @@ def test_minilm_job_submit_and_long_poll(base_url: str, minilm_worker: int) -> N
     job = httpx.get(accepted.json()["urls"]["self"], params={"wait": 30}, timeout=60).json()
     assert job["status"] == "succeeded"
     assert len(job["outputs"]["embeddings"][0]) == 384
+
+
+def test_a_finished_jobs_outputs_are_answered_as_the_worker_stored_them(
+    base_url: str, minilm_worker: int, stack_redis: redis.Redis
+) -> None:
+    """Every read of a finished job (a poll, a long poll, with attempts, the SSE final event)
+    answers its outputs in the very text the job hash holds, not parsed and written again (a
+    poll of a job's embeddings parsed and rewrote its numbers). The stored text is respaced
+    after the job ends, which a parse and rewrite would undo."""
+    accepted = _submit(base_url, {"model": "minilm", "inputs": {"texts": SENTENCES[:3]}})
+    url, job_id = accepted.json()["urls"]["self"], accepted.json()["id"]
+    waited = httpx.get(url, params={"wait": 30}, timeout=60).json()
+    assert waited["status"] == "succeeded"
+    stored = _job_hash(stack_redis, job_id)["outputs"]
+    assert loads(stored) == waited["outputs"]
+    respaced = stored.replace(",", ", ")
+    stack_redis.hset(KEYS.job(job_id), "outputs", respaced)
+    for params in ({}, {"wait": 5}, {"attempts": "true"}):
+        polled = httpx.get(url, params=params, timeout=60)
+        assert polled.status_code == 200 and respaced in polled.text, params
+        assert polled.json()["outputs"] == waited["outputs"]
+    events = httpx.get(accepted.json()["urls"]["events"], timeout=60)
+    assert "event: final" in events.text and respaced in events.text
 
 
 def test_minilm_vectors_as_base64_equal_the_reference(base_url: str, minilm_worker: int) -> None:

@@ -298,8 +298,9 @@ class JobsService:
         return await self._view(await self.owned(job_id), history)
 
     async def _view(self, record: JobRecord, history: bool) -> dict[str, Any]:
-        """A queued job's view carries where it stands (`queue_position`, `eta_ms`)."""
-        view = record.view(history)
+        """A queued job's view carries where it stands (`queue_position`, `eta_ms`); its
+        outputs are answered as the worker wrote them (as a reply's are)."""
+        view = record.view(history, spliced=True)
         if record.status == JobStatus.QUEUED:
             standing = await self.state.queue_eta.of(record)
             view.update(standing.public() if standing else {})
