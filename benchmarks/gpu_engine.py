@@ -139,7 +139,8 @@ def _time_calls(engine: TorchEngine, texts: list[str], scale: Scale) -> dict[int
     timings = {}
     for batch in BATCHES:
         tokens = engine.encoder.tokenize(texts[:batch], pad_to=SEQ)
-        prepared = PreparedBatch(JobSplit([batch], [False]), [(tokens, batch)])
+        calls = [(tokens, batch)]
+        prepared = PreparedBatch(JobSplit([batch], [False]).counted(calls), calls)
         timings[batch] = _median_ms(lambda p=prepared: engine.finish(engine.run(p)), scale)
     return timings
 

@@ -26,6 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ARTIFACT_DIR = REPO_ROOT / "var" / "models" / "minilm"  # where `conveyor models prepare` puts them
 MAX_SEQ_LENGTH = 256  # sentence_bert_config.json of all-MiniLM-L6-v2
 DIMENSION = 384
+NO_TOKENS = {"prompt_tokens": 0, "total_tokens": 0}  # the usage of a job without texts
 # A dozen varied inputs: empty, punctuation only, unicode and emoji, CJK, code, numbers, repeated
 # words, mixed case, and one far past 256 tokens so it must be truncated.
 SENTENCES = [
@@ -87,6 +88,16 @@ def reference_embeddings(texts: list[str]) -> np.ndarray:
     pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
     normalised: np.ndarray = torch.nn.functional.normalize(pooled, p=2, dim=1).numpy()
     return normalised
+
+
+def assert_usage_counts_tokens(jobs: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> None:
+    """Each job's `usage` (as OpenAI's embeddings API reports it) counts the tokens the
+    reference tokenizer gives its texts: special tokens included, each text cut at 256."""
+    tokenizer, _ = _model()
+    for job, output in zip(jobs, outputs, strict=True):
+        ids = tokenizer(job["texts"], truncation=True, max_length=MAX_SEQ_LENGTH)["input_ids"]
+        expected = sum(len(row) for row in ids) if job["texts"] else 0
+        assert output["usage"] == {"prompt_tokens": expected, "total_tokens": expected}, job
 
 
 def recording_engine(engine_class: type[Engine], config: ModelConfig, artifacts: Path) -> Engine:

@@ -10,13 +10,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shared.codec import dumps
+from shared.codec import dumps, loads
 from tests.minilm_reference import (
     DIMENSION,
     MAX_SEQ_LENGTH,
+    NO_TOKENS,
     SENTENCES,
     assert_base64_beside_numbers,
     assert_served_as_float32,
+    assert_usage_counts_tokens,
     minilm_config,
     model_dir,
     prepared_artifacts,
@@ -98,15 +100,18 @@ def test_one_call_serves_every_job_and_splits_back_per_job(engine, reference):
 
 
 def test_a_huge_micro_batch_is_split_into_calls_of_bounded_size(artifacts, reference):
+    """Each job's usage counts its own texts' tokens, whichever calls they ran in."""
     engine = make_engine(artifacts, max_texts_per_call=5)
-    got = vectors(engine.infer([{"texts": SENTENCES[:7]}, {"texts": SENTENCES[7:]}]))
+    jobs = [{"texts": SENTENCES[:7]}, {"texts": SENTENCES[7:]}]
+    outputs = engine.infer(jobs)
     assert [rows for rows, _ in engine.call_shapes] == [5, 5, 2]
-    assert (got * reference).sum(axis=1).min() >= 0.999
+    assert (vectors(outputs) * reference).sum(axis=1).min() >= 0.999
+    assert_usage_counts_tokens(jobs, outputs)
 
 
 def test_a_job_without_texts_gets_no_vectors(engine):
     outputs = engine.infer([{"texts": []}, {"texts": ["only me"]}])
-    assert dumps(outputs[0]) == b'{"embeddings":[]}'
+    assert loads(dumps(outputs[0])) == {"embeddings": [], "usage": NO_TOKENS}
     assert len(outputs[1]["embeddings"]) == 1
 
 

@@ -18,16 +18,18 @@ import redis
 import torch
 
 from conveyor.stack import Stack
-from shared.codec import RequestEntry, dumps
+from shared.codec import RequestEntry, dumps, loads
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfigError, ModelRepository
 from tests.conftest import REPO_ROOT
 from tests.minilm_reference import (
     DIMENSION,
+    NO_TOKENS,
     SENTENCES,
     assert_base64_beside_numbers,
     assert_served_as_float32,
+    assert_usage_counts_tokens,
     minilm_config,
     prepared_artifacts,
     reference_embeddings,
@@ -130,6 +132,16 @@ def test_a_micro_batch_beyond_the_largest_bucket_is_split_into_calls(artifacts):
     assert cosines(vectors(outputs), reference_embeddings(SENTENCES[:9])).min() >= 0.999
 
 
+def test_usage_counts_each_jobs_tokens_across_calls_padded_to_buckets(artifacts):
+    engine = torch_engine(
+        artifacts, device="cpu", cuda_graphs={"batch_buckets": [1, 4], "seq_buckets": [256]}
+    )
+    jobs = [{"texts": SENTENCES[9:12]}, {"texts": SENTENCES[:4]}]
+    prepared = engine.prepare(jobs)
+    assert [(b.shape, rows) for b, rows in prepared.calls] == [((4, 256), 4), ((4, 256), 3)]
+    assert_usage_counts_tokens(jobs, engine.finish(engine.run(prepared)))
+
+
 def test_output_buffers_are_leased_and_reused(cpu_engine):
     first = cpu_engine.run(cpu_engine.prepare([{"texts": ["one", "two"]}]))
     overlapped = cpu_engine.run(cpu_engine.prepare([{"texts": ["three"] * 5}]))
@@ -153,7 +165,7 @@ def test_a_job_may_take_its_vectors_as_base64_beside_one_that_takes_numbers(cpu_
 
 def test_a_job_without_texts_gets_no_vectors(cpu_engine):
     outputs = cpu_engine.infer([{"texts": []}, {"texts": ["only me"]}])
-    assert dumps(outputs[0]) == b'{"embeddings":[]}'
+    assert loads(dumps(outputs[0])) == {"embeddings": [], "usage": NO_TOKENS}
     assert len(outputs[1]["embeddings"]) == 1
 
 

@@ -224,7 +224,7 @@ class TorchEngine(StagedBatchEngine):
     def prepare(self, inputs: list[dict[str, Any]]) -> PreparedBatch:
         texts, split = flatten_texts(inputs)
         calls = [self._tokenize(part) for part in chunks(texts, self.batch_buckets[-1])]
-        return PreparedBatch(split, calls)
+        return PreparedBatch(split.counted(calls), calls)
 
     def _tokenize(self, texts: list[str]) -> tuple[TokenBatch, int]:
         if self.buckets is None:
