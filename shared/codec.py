@@ -33,6 +33,11 @@ def as_written(text: str | bytes) -> orjson.Fragment:
     return orjson.Fragment(text)
 
 
+def as_objects(value: Any) -> Any:
+    """A view's outputs as objects, whether parsed already or still as written (`as_written`)."""
+    return loads(dumps(value)) if isinstance(value, orjson.Fragment) else value
+
+
 def spliced_outputs(view: dict[str, Any]) -> dict[str, Any]:
     """A reply's view with its outputs ready to be written as they came (`as_written`)."""
     if (text := view.pop(OUTPUTS_TEXT, None)) is not None:

@@ -128,6 +128,9 @@ class ModelConfig(BaseModel):
 
     name: str
     kind: Literal["batch", "generate"]
+    # What the model does for the OpenAI-compatible routes: `embed` serves `/v1/embeddings`
+    # (inputs `{texts, encoding_format}`, outputs `{embeddings, usage}`), like vLLM's `--task`.
+    task: Literal["embed"] | None = None
     backend: str
     artifact: str | None = None
     prepare: str | None = None
@@ -153,6 +156,8 @@ class ModelConfig(BaseModel):
             raise ModelConfigError(
                 f"model {self.name}: default_variant {self.default_variant!r} is not a variant"
             )
+        if self.task == "embed" and self.kind != "batch":
+            raise ModelConfigError(f"model {self.name}: task embed needs kind batch")
         Draft202012Validator.check_schema(self.input_schema)
         try:
             self.input_check  # noqa: B018 - compiled once, at load: a schema it refuses is an error here

@@ -22,6 +22,7 @@ class ModelCard(BaseModel):
     object: str = "model"
     owned_by: str = "conveyor"
     kind: str
+    task: str | None = None  # `embed`: served by `/v1/embeddings` too
     backend: str
     default_variant: str
     partitions: list[PartitionStats]

@@ -21,6 +21,7 @@ class ModelsService:
                 "object": "model",
                 "owned_by": "conveyor",
                 "kind": config.kind,
+                "task": config.task,
                 "backend": config.backend,
                 "default_variant": config.default_variant,
                 "partitions": [],

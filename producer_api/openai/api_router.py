@@ -1,9 +1,11 @@
 """HTTP routes of the OpenAI-compatible resource: parse, submit the job, answer with the whole
-completion or stream its chunks (`text/event-stream`, `data: [DONE]` last)."""
+completion or stream its chunks (`text/event-stream`, `data: [DONE]` last), or with the
+embeddings."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Coroutine
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends
@@ -15,11 +17,14 @@ from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.client_disconnect import ClientDisconnected, unless_disconnected
 from producer_api.errors import error_responses
 from producer_api.jobs.serving import UNSUCCESSFUL_DESCRIPTIONS
+from producer_api.openai.embedding_serving import EmbeddingService, embedding_list
 from producer_api.openai.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
     Completion,
     CompletionRequest,
+    EmbeddingList,
+    EmbeddingRequest,
 )
 from producer_api.openai.serving import ChatRenderer, CompletionRenderer, OpenAIService, Renderer
 from producer_api.responses import FastJSONResponse
@@ -30,8 +35,10 @@ JOB_HEADER = "X-Conveyor-Job-Id"
 PING_S = 15
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for it; nobody reads it, but logs and metrics do
 
+T = TypeVar("T")
+
 _DESCRIPTIONS = {
-    400: "The model does not generate text",
+    400: "The model does not generate text (embed text, for embeddings)",
     404: "Unknown model or variant",
     413: "Body over CONVEYOR_MAX_BODY_BYTES (chunked too)",
     429: "Queue full, rate limited or too many jobs in flight; see Retry-After",
@@ -44,6 +51,20 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 Service = Annotated[OpenAIService, Depends(acting_for("submit", OpenAIService))]
+Embedder = Annotated[EmbeddingService, Depends(acting_for("submit", EmbeddingService))]
+
+
+async def _unless_gone(
+    request: Request, service: OpenAIService, job_id: str, waiting: Coroutine[Any, Any, T]
+) -> T | None:
+    """`waiting`'s result, or None when the client went away first: then its job is cancelled,
+    so the engine does not work for nobody."""
+    try:
+        return await unless_disconnected(request, waiting)
+    except ClientDisconnected:
+        with anyio.CancelScope(shield=True):  # the server may be cancelling this handler
+            await service.cancel(job_id)
+        return None
 
 
 async def _answer(
@@ -61,11 +82,8 @@ async def _answer(
             shutdown_event=shutdown,
             shutdown_grace_period=GRACE_S,
         )
-    try:
-        generation = await unless_disconnected(request, service.complete(job_id))
-    except ClientDisconnected:
-        with anyio.CancelScope(shield=True):  # the server may be cancelling this handler
-            await service.cancel(job_id)
+    generation = await _unless_gone(request, service, job_id, service.complete(job_id))
+    if generation is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
     body = renderer.response(generation).model_dump(mode="json")
     return FastJSONResponse(body, headers=headers)
@@ -87,3 +105,16 @@ async def completions(request: Request, body: CompletionRequest, service: Servic
     """OpenAI's (legacy) text completion of a raw prompt, run as a Conveyor job."""
     job_id = await service.submit(body, body.inputs())
     return await _answer(request, service, job_id, CompletionRenderer(job_id, body), body.stream)
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingList, responses=_RESPONSES)
+async def embeddings(request: Request, body: EmbeddingRequest, service: Embedder) -> Response:
+    """OpenAI's embeddings of one text or a list, run as one Conveyor job of a `task: embed`
+    model (its id in `X-Conveyor-Job-Id`); `encoding_format: base64` gives each vector as its
+    little-endian float32 bytes. A client that disconnects before the answer cancels the job."""
+    job_id = await service.submit_texts(body)
+    headers = {JOB_HEADER: job_id}
+    outputs = await _unless_gone(request, service, job_id, service.embedded(job_id))
+    if outputs is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
+    return FastJSONResponse(embedding_list(body.model, outputs), headers=headers)

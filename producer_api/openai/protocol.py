@@ -1,4 +1,5 @@
-"""OpenAI's request and response bodies for (chat) completions, as far as Conveyor serves them.
+"""OpenAI's request and response bodies for (chat) completions and embeddings, as far as Conveyor
+serves them.
 Fields OpenAI defines that a local model cannot honour (tools, logprobs, response_format) are
 accepted and ignored, as vLLM's server does, so existing client code runs unchanged."""
 
@@ -6,7 +7,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_serializer,
+    field_validator,
+)
 
 from shared.model_repository import NAME
 
@@ -180,3 +189,48 @@ class ErrorChunk(BaseModel):
     """A streamed job that did not succeed ends with this chunk: OpenAI's clients raise on it."""
 
     error: dict[str, str]
+
+
+class EmbeddingRequest(BaseModel):
+    """OpenAI's embeddings request. `input` is text (one string or a list): the model tokenises
+    it itself, so token arrays are refused. `dimensions` (shortened vectors) is refused unless
+    the model's vectors could be cut, which minilm's cannot."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(pattern=NAME)
+    input: str | Annotated[list[str], Field(min_length=1)]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = Field(default=None, max_length=256)
+    variant: str | None = Field(default=None, pattern=NAME, description="Conveyor: a variant")
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        if isinstance(value, list) and any(not isinstance(item, str) for item in value):
+            raise ValueError("a string or a list of strings (token arrays are not taken)")
+        return value
+
+    def inputs(self) -> dict[str, Any]:
+        """The job's inputs for a model of `task: embed`."""
+        texts = [self.input] if isinstance(self.input, str) else self.input
+        return {"texts": texts, "encoding_format": self.encoding_format}
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # a string: base64 of the little-endian float32 values
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage

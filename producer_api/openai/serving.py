@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from producer_api.state import ProducerState
 from producer_api.stream_shutdown import Cut, until_cut
 from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
+from shared.model_repository import ModelConfig
 from shared.token_stream import TokenEvent
 
 DONE = "[DONE]"
@@ -146,12 +147,16 @@ class OpenAIService:
         self.state = state
         self.jobs = JobsService(state, principal)
 
+    def check_serves(self, model: str, serves: Callable[[ModelConfig], bool], what: str) -> None:
+        """A known model the route cannot run is a 400 (an unknown one is the submit's 404)."""
+        config = self.state.repository.get(model)
+        if config is not None and not serves(config):
+            message = f"model {model!r} does not {what}; use /v1/jobs"
+            raise ConveyorError(400, "invalid_request", message)
+
     async def submit(self, request: SamplingRequest, inputs: dict[str, Any]) -> str:
         """Enqueue the request as a job of a `generate` model; returns its id."""
-        config = self.state.repository.get(request.model)
-        if config is not None and config.kind != "generate":
-            message = f"model {request.model!r} does not generate text; use /v1/jobs"
-            raise ConveyorError(400, "invalid_request", message)
+        self.check_serves(request.model, lambda config: config.kind == "generate", "generate text")
         body = PredictRequest(
             inputs=inputs,
             parameters=request.parameters(),

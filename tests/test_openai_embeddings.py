@@ -1,0 +1,136 @@
+"""OpenAI's `/v1/embeddings` on the real pipeline (producer, Celery worker, embedded Valkey, minilm
+on ONNX Runtime): the official `openai` client unchanged, both encodings, OpenAI's usage, the
+refusals, and a client that leaves cancelling its job."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import redis
+
+from shared.codec import loads
+from shared.keys import Keys
+from shared.model_repository import ModelConfig
+from tests.conftest import until
+from tests.minilm_reference import SENTENCES, assert_usage_counts_tokens, reference_embeddings
+
+KEYS = Keys("cv:")
+
+
+def _embed(base_url: str, **body: Any) -> httpx.Response:
+    return httpx.post(f"{base_url}/v1/embeddings", json={"model": "minilm", **body}, timeout=60)
+
+
+def _cosines(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    dots = (got * expected).sum(axis=1)
+    norms = np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1)
+    cosines: np.ndarray = dots / norms
+    return cosines
+
+
+def test_the_official_client_gets_the_reference_vectors_and_usage(
+    base_url: str, minilm_worker: int
+) -> None:
+    """Left to itself the client asks for base64 and decodes it; asked for floats, it gets
+    numbers. Both give the reference vectors, in input order, with OpenAI's usage."""
+    from openai import OpenAI
+
+    sent: list[dict[str, Any]] = []
+    http = httpx.Client(event_hooks={"request": [lambda r: sent.append(loads(r.content))]})
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, http_client=http)
+    expected = reference_embeddings(SENTENCES)
+    for answer in (
+        client.embeddings.create(model="minilm", input=SENTENCES),
+        client.embeddings.create(model="minilm", input=SENTENCES, encoding_format="float"),
+    ):
+        assert answer.model == "minilm" and answer.object == "list"
+        assert [item.index for item in answer.data] == list(range(len(SENTENCES)))
+        got = np.array([item.embedding for item in answer.data])
+        assert got.shape == (len(SENTENCES), 384)
+        assert _cosines(got, expected).min() >= 0.999
+        usage = answer.usage.model_dump()
+        assert_usage_counts_tokens([{"texts": SENTENCES}], [{"usage": usage}])
+    assert [body["encoding_format"] for body in sent] == ["base64", "float"]
+
+
+def test_the_model_list_says_which_models_embed(base_url: str) -> None:
+    cards = httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"]
+    tasks = {card["id"]: card["task"] for card in cards}
+    assert tasks["minilm"] == "embed" and tasks["identity"] is None
+
+
+def test_one_text_as_base64_is_its_float32_bytes_and_the_job_is_on_record(
+    base_url: str, minilm_worker: int
+) -> None:
+    floats = _embed(base_url, input="Paris is the capital of France.")
+    packed = _embed(base_url, input=["Paris is the capital of France."], encoding_format="base64")
+    assert floats.status_code == packed.status_code == 200, (floats.text, packed.text)
+    [number_item] = floats.json()["data"]
+    [text_item] = packed.json()["data"]
+    assert number_item["object"] == "embedding" and len(number_item["embedding"]) == 384
+    decoded = np.frombuffer(base64.b64decode(text_item["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(decoded, number_item["embedding"], atol=1e-6)
+    job = httpx.get(f"{base_url}/v1/jobs/{packed.headers['X-Conveyor-Job-Id']}", timeout=30)
+    assert job.json()["status"] == "succeeded" and job.json()["model"] == "minilm"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        ({"model": "identity", "input": "x"}, 400, "does not embed text"),
+        ({"model": "no-such-model", "input": "x"}, 404, "no-such-model"),
+        ({"input": [[101, 2054, 102]]}, 422, "token arrays are not taken"),
+        ({"input": [1, 2, 3]}, 422, "token arrays are not taken"),
+        ({"input": []}, 422, "input"),
+        ({"input": "x", "encoding_format": "hex"}, 422, "encoding_format"),
+        ({"input": "x", "dimensions": 128}, 400, "whole vectors only"),
+        ({"input": ["x"] * 257}, 422, "inputs['texts']"),
+    ],
+)
+def test_bad_requests_are_refused_and_enqueue_nothing(
+    base_url: str, stack_redis: redis.Redis, body: dict[str, Any], status: int, needle: str
+) -> None:
+    before = stack_redis.xlen(KEYS.queue("minilm", "default"))
+    refused = httpx.post(f"{base_url}/v1/embeddings", json={"model": "minilm", **body}, timeout=30)
+    assert refused.status_code == status, refused.text
+    assert needle in refused.json()["error"]["message"]
+    assert stack_redis.xlen(KEYS.queue("minilm", "default")) == before
+
+
+def test_a_client_that_stops_waiting_cancels_its_job(
+    base_url: str, minilm_worker: int, stack_redis: redis.Redis
+) -> None:
+    """The worker is stopped, so the job waits; the client gives up, and the job is cancelled
+    while it waits, not embedded for nobody once the worker runs again."""
+    before = set(stack_redis.scan_iter("cv:job:*"))
+    os.kill(minilm_worker, signal.SIGSTOP)
+    try:
+        with pytest.raises(httpx.ReadTimeout):  # httpx then closes the connection
+            httpx.post(
+                f"{base_url}/v1/embeddings",
+                json={"model": "minilm", "input": "nobody waits for me"},
+                timeout=httpx.Timeout(30, read=2),
+            )
+        (key,) = set(stack_redis.scan_iter("cv:job:*")) - before
+        until(lambda: stack_redis.hget(key, "status") == "cancelled")
+    finally:
+        os.kill(minilm_worker, signal.SIGCONT)
+    job_id = str(key).removeprefix("cv:job:").translate(str.maketrans("", "", "{}"))
+    job = httpx.get(f"{base_url}/v1/jobs/{job_id}", params={"wait": 30}, timeout=60).json()
+    assert job["status"] == "cancelled" and "outputs" not in job
+
+
+def test_only_a_batch_model_may_embed() -> None:
+    """`task: embed` names what `/v1/embeddings` may run: a micro-batching encoder."""
+    with pytest.raises(ValueError, match="task embed needs kind batch"):
+        ModelConfig.model_validate(
+            {"name": "chat", "kind": "generate", "task": "embed", "backend": "vllm"}
+        )
+    encoder = {"name": "enc", "kind": "batch", "task": "embed", "backend": "onnxruntime"}
+    assert ModelConfig.model_validate(encoder).task == "embed"
