@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import redis
 
+from producer_api.errors import ConveyorError
+from producer_api.openai.embedding_serving import embedding_list
 from shared.codec import loads
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
@@ -134,3 +136,10 @@ def test_only_a_batch_model_may_embed() -> None:
         )
     encoder = {"name": "enc", "kind": "batch", "task": "embed", "backend": "onnxruntime"}
     assert ModelConfig.model_validate(encoder).task == "embed"
+
+
+@pytest.mark.parametrize("outputs", [{"embeddings": [[0.5]]}, {"usage": {}}, [[0.5]], None])
+def test_outputs_unlike_an_embedders_are_a_bad_gateway(outputs: Any) -> None:
+    with pytest.raises(ConveyorError) as refused:
+        embedding_list("odd", outputs)
+    assert (refused.value.status, refused.value.type) == (502, "bad_model_output")

@@ -17,7 +17,7 @@ from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.client_disconnect import ClientDisconnected, unless_disconnected
 from producer_api.errors import error_responses
 from producer_api.jobs.serving import UNSUCCESSFUL_DESCRIPTIONS
-from producer_api.openai.embedding_serving import EmbeddingService, embedding_list
+from producer_api.openai.embedding_serving import EmbeddingService
 from producer_api.openai.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -38,7 +38,7 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's code for it; nobody reads it, but logs an
 T = TypeVar("T")
 
 _DESCRIPTIONS = {
-    400: "The model does not generate text (embed text, for embeddings)",
+    400: "The model does not generate text",
     404: "Unknown model or variant",
     413: "Body over CONVEYOR_MAX_BODY_BYTES (chunked too)",
     429: "Queue full, rate limited or too many jobs in flight; see Retry-After",
@@ -47,6 +47,17 @@ _DESCRIPTIONS = {
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
     **error_responses(_DESCRIPTIONS | UNSUCCESSFUL_DESCRIPTIONS),
+}
+
+
+_EMBEDDING_RESPONSES = {
+    **_RESPONSES,
+    **error_responses(
+        {
+            400: "The model does not embed text, or `dimensions` was asked for",
+            502: "The model's outputs lack the `embeddings` and `usage` of a model of task embed",
+        }
+    ),
 }
 
 
@@ -107,14 +118,14 @@ async def completions(request: Request, body: CompletionRequest, service: Servic
     return await _answer(request, service, job_id, CompletionRenderer(job_id, body), body.stream)
 
 
-@router.post("/v1/embeddings", response_model=EmbeddingList, responses=_RESPONSES)
+@router.post("/v1/embeddings", response_model=EmbeddingList, responses=_EMBEDDING_RESPONSES)
 async def embeddings(request: Request, body: EmbeddingRequest, service: Embedder) -> Response:
     """OpenAI's embeddings of one text or a list, run as one Conveyor job of a `task: embed`
     model (its id in `X-Conveyor-Job-Id`); `encoding_format: base64` gives each vector as its
     little-endian float32 bytes. A client that disconnects before the answer cancels the job."""
     job_id = await service.submit_texts(body)
     headers = {JOB_HEADER: job_id}
-    outputs = await _unless_gone(request, service, job_id, service.embedded(job_id))
-    if outputs is None:
+    answer = await _unless_gone(request, service, job_id, service.embedded(job_id, body.model))
+    if answer is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
-    return FastJSONResponse(embedding_list(body.model, outputs), headers=headers)
+    return FastJSONResponse(answer, headers=headers)

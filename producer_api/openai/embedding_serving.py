@@ -14,8 +14,6 @@ from producer_api.openai.serving import OpenAIService
 from shared.codec import as_objects
 from shared.job_states import JobStatus
 
-NO_USAGE = {"prompt_tokens": 0, "total_tokens": 0}
-
 
 class EmbeddingService(OpenAIService):
     async def submit_texts(self, request: EmbeddingRequest) -> str:
@@ -31,25 +29,27 @@ class EmbeddingService(OpenAIService):
         )
         return (await self.jobs.submit(request.model, body)).job_id
 
-    async def embedded(self, job_id: str) -> dict[str, Any]:
-        """The job's outputs once it ends, waited for in long polls of `max_wait_s`; raises as
-        `/predict` answers a job that did not succeed."""
+    async def embedded(self, job_id: str, model: str) -> dict[str, Any]:
+        """OpenAI's answer once the job ends, waited for in long polls of `max_wait_s`; raises
+        as `/predict` answers a job that did not succeed."""
         wait = self.state.settings.max_wait_s
         view = await self.jobs.get(job_id, wait)
         while not JobStatus(view["status"]).terminal:
             view = await self.jobs.get(job_id, wait)
         if view["status"] != JobStatus.SUCCEEDED:
             raise unsuccessful(f"job {job_id}", view["status"], view.get("error"))
-        outputs: dict[str, Any] = as_objects(view["outputs"])
-        return outputs
+        return embedding_list(model, as_objects(view.get("outputs")))
 
 
-def embedding_list(model: str, outputs: dict[str, Any]) -> dict[str, Any]:
+def embedding_list(model: str, outputs: Any) -> dict[str, Any]:
     """OpenAI's answer (an `EmbeddingList`), built as a dict: a pydantic model would check
-    every number of every vector again."""
+    every number of every vector again. A model of task embed that answers otherwise is a 502
+    (its job succeeded all the same)."""
+    if not isinstance(outputs, dict) or not {"embeddings", "usage"} <= outputs.keys():
+        message = f"model {model!r} answered no `embeddings` and `usage`, as task embed must"
+        raise ConveyorError(502, "bad_model_output", message)
     data = [
         {"object": "embedding", "index": index, "embedding": vector}
         for index, vector in enumerate(outputs["embeddings"])
     ]
-    usage = outputs.get("usage") or NO_USAGE
-    return {"object": "list", "data": data, "model": model, "usage": usage}
+    return {"object": "list", "data": data, "model": model, "usage": outputs["usage"]}
