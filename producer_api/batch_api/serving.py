@@ -11,8 +11,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
-
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api import lines
 from producer_api.batch_api.protocol import BatchOptions
@@ -20,7 +18,7 @@ from producer_api.errors import ConveyorError
 from producer_api.jobs.serving import JobsService
 from producer_api.state import ProducerState
 from shared.batch_api_store import CHUNK, BatchStatus, ItemState, Refresh
-from shared.codec import dumps
+from shared.codec import as_written, dumps
 from shared.job_store import NewJob, now_ms
 from shared.webhook_events import refusal
 
@@ -214,7 +212,7 @@ def _output(item: ItemState) -> dict[str, Any]:
         "id": item.job_id,
         "custom_id": item.custom_id,
         "line": item.line,
-        "outputs": orjson.Fragment(item.outputs or b"null"),
+        "outputs": as_written(item.outputs or b"null"),
     }
 
 
@@ -224,7 +222,7 @@ def _error(item: ItemState) -> dict[str, Any]:
     if item.status is None:
         error["message"] = "the job's record expired"
     if item.error is not None:
-        error = orjson.Fragment(item.error)
+        error = as_written(item.error)
     return {
         "id": item.job_id,
         "custom_id": item.custom_id,
