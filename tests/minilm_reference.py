@@ -116,6 +116,13 @@ def recording_engine(engine_class: type[Engine], config: ModelConfig, artifacts:
     return engine
 
 
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row by row."""
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    similarity: np.ndarray = (a * b).sum(axis=1) / norms
+    return similarity
+
+
 def vectors(outputs: list[dict[str, Any]]) -> np.ndarray:
     """The embeddings of the engine's per-job outputs, one row per text."""
     return np.array([v for out in outputs for v in out["embeddings"]], dtype=np.float64)

@@ -20,20 +20,18 @@ from shared.codec import loads
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
 from tests.conftest import until
-from tests.minilm_reference import SENTENCES, assert_usage_counts_tokens, reference_embeddings
+from tests.minilm_reference import (
+    SENTENCES,
+    assert_usage_counts_tokens,
+    cosines,
+    reference_embeddings,
+)
 
 KEYS = Keys("cv:")
 
 
 def _embed(base_url: str, **body: Any) -> httpx.Response:
     return httpx.post(f"{base_url}/v1/embeddings", json={"model": "minilm", **body}, timeout=60)
-
-
-def _cosines(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
-    dots = (got * expected).sum(axis=1)
-    norms = np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1)
-    cosines: np.ndarray = dots / norms
-    return cosines
 
 
 def test_the_official_client_gets_the_reference_vectors_and_usage(
@@ -55,7 +53,7 @@ def test_the_official_client_gets_the_reference_vectors_and_usage(
         assert [item.index for item in answer.data] == list(range(len(SENTENCES)))
         got = np.array([item.embedding for item in answer.data])
         assert got.shape == (len(SENTENCES), 384)
-        assert _cosines(got, expected).min() >= 0.999
+        assert cosines(got, expected).min() >= 0.999
         usage = answer.usage.model_dump()
         assert_usage_counts_tokens([{"texts": SENTENCES}], [{"usage": usage}])
     assert [body["encoding_format"] for body in sent] == ["base64", "float"]

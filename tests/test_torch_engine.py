@@ -30,6 +30,7 @@ from tests.minilm_reference import (
     assert_base64_beside_numbers,
     assert_served_as_float32,
     assert_usage_counts_tokens,
+    cosines,
     minilm_config,
     prepared_artifacts,
     reference_embeddings,
@@ -71,10 +72,6 @@ def cpu_engine(artifacts: Path) -> TorchEngine:
     engine = torch_engine(artifacts, device="cpu")
     engine.warmup()
     return engine
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
 def test_the_variant_is_the_same_model_on_the_torch_backend():
