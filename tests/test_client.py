@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from conveyor.client import (
@@ -57,6 +58,26 @@ def test_predict(base_url: str, minilm_worker: int) -> None:
         with pytest.raises(APIError) as refused:
             client.predict("minilm", {"texts": "not a list"})
     assert refused.value.status == 422 and refused.value.type == "invalid_request"
+
+
+async def test_embed_decodes_the_base64_it_asked_for(base_url: str, minilm_worker: int) -> None:
+    """Sync and async: vectors as numbers either way, the same as `/predict` gives."""
+    texts = ["hello", "a queue in front of a model"]
+    with Client(base_url) as client:
+        numbers = client.predict("minilm", {"texts": texts}).outputs["embeddings"]
+        packed = client.embed("minilm", texts)
+        plain = client.embed("minilm", texts[0], encoding_format="float")
+        raw = client.embed("minilm", texts, encoding_format="base64")
+    async with AsyncClient(base_url) as client:
+        awaited = await client.embed("minilm", texts)
+    for answer in (packed, awaited):
+        assert answer.model == "minilm" and answer.usage is not None
+        assert answer.usage.prompt_tokens == answer.usage.total_tokens == 3 + 9
+        vectors = [item.embedding for item in answer.data]
+        assert all(isinstance(vector, list) for vector in vectors)
+        np.testing.assert_allclose(np.array(vectors), np.array(numbers), atol=1e-6)
+    np.testing.assert_allclose(plain.data[0].embedding, numbers[0], atol=1e-6)
+    assert all(isinstance(item.embedding, str) for item in raw.data)
 
 
 async def test_async_client_runs_a_batch(base_url: str, identity_worker: int) -> None:

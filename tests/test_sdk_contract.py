@@ -26,7 +26,7 @@ from hypothesis.strategies import SearchStrategy
 from pydantic import BaseModel
 
 from conveyor.client.errors import APIError, raise_for_error
-from conveyor.client.types import Batch, ChatCompletion, ChatCompletionChunk, Job
+from conveyor.client.types import Batch, ChatCompletion, ChatCompletionChunk, EmbeddingList, Job
 from producer_api.app import create_app
 from producer_api.openai.protocol import ChatCompletionChunk as ServerChatCompletionChunk
 
@@ -46,6 +46,7 @@ SDK_READS: dict[tuple[str, str, str], type[BaseModel]] = {
     ("post", "/v1/models/{model}/predict", "200"): Job,
     ("post", "/v1/models/{model}/predict", "202"): Job,
     ("post", "/v1/chat/completions", "200"): ChatCompletion,
+    ("post", "/v1/embeddings", "200"): EmbeddingList,
     ("post", "/v1/batches", "202"): Batch,
     ("get", "/v1/batches/{batch_id}", "200"): Batch,
     ("post", "/v1/batches/{batch_id}/cancel", "200"): Batch,
@@ -54,7 +55,6 @@ SDK_READS: dict[tuple[str, str, str], type[BaseModel]] = {
 # them); an operation missing from both tables fails `test_every_response_is_classified`.
 NOT_READ_BY_SDK = {
     ("post", "/v1/completions"),
-    ("post", "/v1/embeddings"),  # OpenAI's own client reads it (test_openai_embeddings.py)
     ("get", "/v1/models"),
     ("get", "/v1/models/{model}/routes"),
     ("put", "/v1/models/{model}/routes"),

@@ -33,6 +33,7 @@ from conveyor.client.types import (
     BatchResults,
     ChatCompletion,
     ChatCompletionChunk,
+    EmbeddingList,
     Event,
     Job,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "Client",
     "Conflict",
     "ConveyorError",
+    "EmbeddingList",
     "Event",
     "Job",
     "NotFound",

@@ -22,6 +22,7 @@ from conveyor.client.types import (
     BatchResults,
     ChatCompletion,
     ChatCompletionChunk,
+    EmbeddingList,
     Event,
     Job,
 )
@@ -87,6 +88,9 @@ class AsyncClient:
         self, model: str, messages: list[dict[str, Any]], **params: Any
     ) -> ChatCompletion:
         return await self.run(calls.chat(model, messages, params))
+
+    async def embed(self, model: str, texts: str | list[str], **params: Any) -> EmbeddingList:
+        return await self.run(calls.embed(model, texts, params))
 
     async def chat_stream(
         self, model: str, messages: list[dict[str, Any]], **params: Any

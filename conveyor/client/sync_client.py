@@ -22,6 +22,7 @@ from conveyor.client.types import (
     BatchResults,
     ChatCompletion,
     ChatCompletionChunk,
+    EmbeddingList,
     Event,
     Job,
 )
@@ -91,6 +92,11 @@ class Client:
     def chat(self, model: str, messages: list[dict[str, Any]], **params: Any) -> ChatCompletion:
         """OpenAI-style chat completion (`POST /v1/chat/completions`)."""
         return self.run(calls.chat(model, messages, params))
+
+    def embed(self, model: str, texts: str | list[str], **params: Any) -> EmbeddingList:
+        """OpenAI-style embeddings (`POST /v1/embeddings`) of a model of `task: embed`; each
+        vector as numbers unless `encoding_format` is given."""
+        return self.run(calls.embed(model, texts, params))
 
     def chat_stream(
         self, model: str, messages: list[dict[str, Any]], **params: Any

@@ -185,3 +185,23 @@ class ChatCompletionChunk(_Open):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+
+
+class Embedding(_Open):
+    object: str = "embedding"
+    index: int
+    embedding: list[float] | str  # a string: base64 of little-endian float32 values
+
+
+class EmbeddingUsage(_Open):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+
+
+class EmbeddingList(_Open):
+    """OpenAI's embeddings answer; `Client.embed` hands each vector back as numbers."""
+
+    object: str = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage | None = None
