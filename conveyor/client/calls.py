@@ -163,8 +163,8 @@ def chat(model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> 
 
 
 def embed(model: str, texts: str | list[str], params: dict[str, Any]) -> Op[EmbeddingList]:
-    """`POST /v1/embeddings`. Unless `encoding_format` is given, the vectors travel as base64 (a
-    quarter of the bytes, nothing for the server to parse) and come back decoded, as OpenAI's
+    """`POST /v1/embeddings`. Unless `encoding_format` is given, the vectors travel as base64
+    (under half the bytes, nothing for the server to parse) and come back decoded, as OpenAI's
     client does. Sending it again does no harm: an embedding changes nothing, and the server
     cancels the job of a request whose client left."""
     body = {"model": model, "input": texts, "encoding_format": "base64", **params}
