@@ -191,6 +191,14 @@ class ErrorChunk(BaseModel):
     error: dict[str, str]
 
 
+# LangChain's OpenAIEmbeddings sends tiktoken's token ids unless told not to: ids of OpenAI's
+# tokenizer, not the model's, so they are refused rather than embedded as nonsense.
+TEXT_ONLY = (
+    "a string or a list of strings (token arrays are not taken: the model tokenises its text; "
+    "LangChain's OpenAIEmbeddings sends text with check_embedding_ctx_length=False)"
+)
+
+
 class EmbeddingRequest(BaseModel):
     """OpenAI's embeddings request. `input` is text (one string or a list): the model tokenises
     it itself, so token arrays are refused. `dimensions` (shortened vectors) is refused unless
@@ -209,7 +217,7 @@ class EmbeddingRequest(BaseModel):
     @classmethod
     def _text_only(cls, value: Any) -> Any:
         if isinstance(value, list) and any(not isinstance(item, str) for item in value):
-            raise ValueError("a string or a list of strings (token arrays are not taken)")
+            raise ValueError(TEXT_ONLY)
         return value
 
     def inputs(self) -> dict[str, Any]:
