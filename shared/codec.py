@@ -3,6 +3,8 @@ flat field layout of a request entry in a partition stream."""
 
 from __future__ import annotations
 
+import struct
+from base64 import b64decode
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +38,13 @@ def as_written(text: str | bytes) -> orjson.Fragment:
 def as_objects(value: Any) -> Any:
     """A view's outputs as objects, whether parsed already or still as written (`as_written`)."""
     return loads(dumps(value)) if isinstance(value, orjson.Fragment) else value
+
+
+def float32_values(packed: str) -> list[float]:
+    """A vector sent as `encoding_format: base64` (OpenAI's embeddings format): base64 of its
+    little-endian float32 values, as numbers again."""
+    raw = b64decode(packed)
+    return list(struct.unpack(f"<{len(raw) // 4}f", raw))
 
 
 def spliced_outputs(view: dict[str, Any]) -> dict[str, Any]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import difflib
 import math
-import struct
-from base64 import b64decode
 from dataclasses import dataclass
 from typing import Any
+
+from shared.codec import float32_values
 
 COSINE_THRESHOLD = 0.99
 
@@ -74,10 +74,7 @@ def min_cosine(first: list[list[float] | str], second: list[list[float] | str]) 
 def _vector(embedding: list[float] | str) -> list[float]:
     """A job that asked for `encoding_format: base64` has each vector as its little-endian
     float32 bytes."""
-    if isinstance(embedding, str):
-        raw = b64decode(embedding)
-        return list(struct.unpack(f"<{len(raw) // 4}f", raw))
-    return embedding
+    return float32_values(embedding) if isinstance(embedding, str) else embedding
 
 
 def _cosine(a: list[float], b: list[float]) -> float:

@@ -4,9 +4,7 @@ polling and parsing have one implementation for both."""
 
 from __future__ import annotations
 
-import base64
 import os
-import struct
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterable, Mapping
@@ -29,6 +27,7 @@ from conveyor.client.types import (
     Event,
     Job,
 )
+from shared.codec import float32_values
 
 T = TypeVar("T")
 LONG_POLL_S = 30.0  # one long-poll request; the server caps it at CONVEYOR_MAX_WAIT_S anyway
@@ -172,15 +171,9 @@ def embed(model: str, texts: str | list[str], params: dict[str, Any]) -> Op[Embe
     answer = EmbeddingList.model_validate(response.json())
     if "encoding_format" not in params:
         for item in answer.data:
-            item.embedding = _floats(item.embedding)
+            if isinstance(item.embedding, str):
+                item.embedding = float32_values(item.embedding)
     return answer
-
-
-def _floats(embedding: list[float] | str) -> list[float]:
-    if not isinstance(embedding, str):
-        return embedding
-    raw = base64.b64decode(embedding)
-    return list(struct.unpack(f"<{len(raw) // 4}f", raw))
 
 
 def jsonl(source: bytes | str | os.PathLike[str] | Iterable[Mapping[str, Any]]) -> bytes:
