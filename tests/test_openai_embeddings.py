@@ -16,7 +16,7 @@ import redis
 
 from producer_api.errors import ConveyorError
 from producer_api.openai.embedding_serving import embedding_list
-from shared.codec import loads
+from shared.codec import as_written, dumps, loads
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
 from tests.conftest import until
@@ -141,3 +141,39 @@ def test_outputs_unlike_an_embedders_are_a_bad_gateway(outputs: Any) -> None:
     with pytest.raises(ConveyorError) as refused:
         embedding_list("odd", outputs)
     assert (refused.value.status, refused.value.type) == (502, "bad_model_output")
+
+
+@pytest.mark.parametrize("outputs", [{"embeddings": [[0.5]]}, {"usage": {}}, [[0.5]], None])
+def test_outputs_unlike_an_embedders_are_a_bad_gateway_as_written_too(outputs: Any) -> None:
+    with pytest.raises(ConveyorError) as refused:
+        embedding_list("odd", as_written(dumps(outputs)))
+    assert (refused.value.status, refused.value.type) == (502, "bad_model_output")
+
+
+USAGE = '"usage":{"prompt_tokens":3,"total_tokens":3}'
+
+
+def test_vectors_as_the_worker_wrote_them_go_out_as_written() -> None:
+    """`0.50` and `1E2` would come out of a parse and a write as `0.5` and `100.0`."""
+    written = f'{{"embeddings":[[0.50,1E2],[],[-3]],{USAGE}}}'
+    answer = dumps(embedding_list("m", as_written(written))).decode()
+    assert '"embedding":[0.50,1E2]' in answer and '"embedding":[]' in answer
+    assert loads(answer) == embedding_list("m", loads(written))
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        f'{{"embeddings": [[0.5], [1.5]], {USAGE}}}',  # spaced
+        f'{{{USAGE},"embeddings":[[0.5],[1.5]]}}',  # usage first
+        f'{{"embeddings":["AAAAPw==","AADAPw=="],{USAGE}}}',  # base64
+        f'{{"embeddings":[[[0.5]],[[1.5]]],{USAGE}}}',  # nested deeper
+        f'{{"embeddings":[[0.5,[1.5]]],{USAGE}}}',
+        f'{{"embeddings":[[0.5],"],[",[1.5]],{USAGE}}}',  # a separator inside a string
+        f'{{"embeddings":[[{{"a":1}}],[1.5]],{USAGE}}}',
+        f'{{"embeddings":[],{USAGE}}}',
+    ],
+)
+def test_outputs_in_any_other_shape_are_read_as_json(written: str) -> None:
+    answer = embedding_list("m", as_written(written))
+    assert loads(dumps(answer)) == embedding_list("m", loads(written))

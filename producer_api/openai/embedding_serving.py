@@ -4,14 +4,17 @@ so a request that meets a busy pool waits its turn instead of failing."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+import orjson
 
 from producer_api.errors import ConveyorError
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.serving import unsuccessful
 from producer_api.openai.protocol import EmbeddingRequest
 from producer_api.openai.serving import OpenAIService
-from shared.codec import as_objects
+from shared.codec import as_objects, as_written, dumps
 from shared.job_states import JobStatus
 
 
@@ -38,18 +41,57 @@ class EmbeddingService(OpenAIService):
             view = await self.jobs.get(job_id, wait)
         if view["status"] != JobStatus.SUCCEEDED:
             raise unsuccessful(f"job {job_id}", view["status"], view.get("error"))
-        return embedding_list(model, as_objects(view.get("outputs")))
+        return embedding_list(model, view.get("outputs"))
 
 
 def embedding_list(model: str, outputs: Any) -> dict[str, Any]:
     """OpenAI's answer (an `EmbeddingList`), built as a dict: a pydantic model would check
-    every number of every vector again. A model of task embed that answers otherwise is a 502
-    (its job succeeded all the same)."""
+    every number of every vector again. Vectors of numbers still as the worker wrote them go
+    out as written. A model of task embed that answers otherwise is a 502 (its job succeeded
+    all the same)."""
+    embeddings, usage = _written_vectors(outputs) or _parsed_vectors(model, as_objects(outputs))
+    data = [
+        {"object": "embedding", "index": index, "embedding": vector}
+        for index, vector in enumerate(embeddings)
+    ]
+    return {"object": "list", "data": data, "model": model, "usage": usage}
+
+
+def _parsed_vectors(model: str, outputs: Any) -> tuple[list[Any], Any]:
     if not isinstance(outputs, dict) or not {"embeddings", "usage"} <= outputs.keys():
         message = f"model {model!r} answered no `embeddings` and `usage`, as task embed must"
         raise ConveyorError(502, "bad_model_output", message)
-    data = [
-        {"object": "embedding", "index": index, "embedding": vector}
-        for index, vector in enumerate(outputs["embeddings"])
-    ]
-    return {"object": "list", "data": data, "model": model, "usage": outputs["usage"]}
+    return outputs["embeddings"], outputs["usage"]
+
+
+# An embedder's outputs as the worker writes them (orjson, compact): arrays of numbers, then usage.
+_WRITTEN = re.compile(rb'\{"embeddings":\[\[(.*)\]\],"usage":(\{[^{}]*\})\}', re.S)
+
+
+def _written_vectors(outputs: Any) -> tuple[list[orjson.Fragment], orjson.Fragment] | None:
+    """Each vector's text and the usage's, cut out of outputs still as the worker wrote them:
+    parsing 32 vectors of 384 numbers and writing them again took half a ms of the producer's
+    CPU. None for outputs in any other shape (base64 vectors, other spacing), which are parsed."""
+    if not isinstance(outputs, orjson.Fragment):
+        return None
+    written = _WRITTEN.fullmatch(dumps(outputs))
+    if written is None:
+        return None
+    vectors, usage = written.groups()
+    cut = _between_brackets(vectors)
+    return None if cut is None else ([as_written(b"[" + v + b"]") for v in cut], as_written(usage))
+
+
+def _between_brackets(vectors: bytes) -> list[bytes] | None:
+    """The texts of `a],[b],[c`, or None unless each is bare numbers (no bracket, brace or
+    quote): single bytes are found with memchr, where splitting at `],[` took 90 µs."""
+    if b"{" in vectors or b'"' in vectors:
+        return None
+    cut, start = [], 0
+    while (end := vectors.find(b"]", start)) >= 0:
+        if not vectors.startswith(b",[", end + 1):
+            return None
+        cut.append(vectors[start:end])
+        start = end + 3
+    cut.append(vectors[start:])
+    return None if any(b"[" in vector for vector in cut) else cut
