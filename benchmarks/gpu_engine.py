@@ -1,7 +1,8 @@
 """Part G: the PyTorch engine on a GPU. In-process, one engine call (tokens already prepared,
 seq 32) at batch 1/32/64/256 in fp32 eager, fp16 eager and fp16 with CUDA graphs; then the
 pipeline serving `minilm:torch` for jobs of 1 and of 32 texts (those of 32 also with their
-vectors as base64), as a share of the engine's own limit at the micro-batch those jobs make.
+vectors as base64), with one worker process on the GPU and then several, as a share of the
+engine's own limit at the micro-batch those jobs make.
 Needs CUDA: without it the part is skipped (nothing is written, so an earlier GPU run's results
 stay)."""
 
@@ -50,6 +51,11 @@ CONCURRENCY = 64
 # As `conveyor up` sizes them (CONVEYOR_PRODUCER_PROCESSES' default): one GPU worker needs
 # several producers, each costing more CPU per job than the worker does.
 PRODUCERS = max(1, (os.cpu_count() or 1) // 4)
+# GPU workers sharing the one device: one, then as many as there are producers. A worker's host
+# work (tokenising, writing outputs) keeps about one core busy while the GPU runs a micro-batch
+# in under a ms, so one worker leaves the device idle most of the time; `conveyor up` starts a
+# worker per core its producers leave.
+WORKER_COUNTS = (1, max(2, PRODUCERS))
 WARM_CALLS = 3  # untimed calls before each batch size's timed ones
 
 
@@ -63,19 +69,22 @@ def run(scale: Scale, workdir: Path) -> PartResult:
     result.tables = [_engine_table(engine_rows), _pipeline_table(pipeline_rows)]
     result.targets = [
         Target(
-            f"pipeline ÷ engine, jobs of {row['texts']} text(s) as {row['encoding']}",
+            f"pipeline ÷ engine, jobs of {row['texts']} text(s) as {row['encoding']}, "
+            f"{row['workers']} GPU workers",
             row["share"],
             0.5,
             True,
             f"{row['sentences_per_s']:,.0f} of {row['engine_per_s']:,.0f} sentences/s",
         )
         for row in pipeline_rows
+        if row["workers"] == max(WORKER_COUNTS)
     ]
     result.notes = [
         f"GPU: {gpu} (torch {torch.__version__}, CUDA {torch.version.cuda}).",
         f"Engine: one `run`+`finish` of prepared tokens (batch x {SEQ}), median of "
         f"{_iterations(scale)} calls; the pipeline: {CONCURRENCY} closed-loop clients over HTTP "
-        f"to {PRODUCERS} producer process(es) on one port and one GPU worker.",
+        f"to {PRODUCERS} producer process(es) on one port and "
+        f"{' then '.join(map(str, WORKER_COUNTS))} worker processes sharing the GPU.",
     ]
     result.data = {"gpu": gpu, "engine": engine_rows, "pipeline": pipeline_rows}
     return result
@@ -159,49 +168,34 @@ def _median_ms(call: Any, scale: Scale) -> float:
 def pipeline_points(
     scale: Scale, workdir: Path, engine_rows: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Sentences/s through the whole pipeline (HTTP, Redis, worker) for each job size, with the
-    cores each process kept busy (one near 1.0 is the single-threaded limit); then a py-spy
-    profile of the largest jobs' load, so a miss says where the time goes."""
-    engine_rate = {row["batch"]: row["graph_sentences_per_s"] for row in engine_rows}
+    """Sentences/s through the whole pipeline (HTTP, Redis, workers) for each load and each
+    count of GPU workers, with the cores each process kept busy (one near 1.0 is the
+    single-threaded limit); then a py-spy profile of the largest jobs' load with every worker,
+    so a miss says where the time goes."""
     texts = sentences(1024, seed=1)
     points = []
     with running_stack(workdir, PRODUCERS) as stack:
-        worker = start_worker(stack, workdir, "minilm:torch", "gpu-worker", {})
-        pids = {
-            **{name: p.pid for name, p in stack.processes.items() if name.startswith("producer")},
-            "worker": worker,
+        producers = {
+            name: p.pid for name, p in stack.processes.items() if name.startswith("producer")
         }
+        workers: dict[str, int] = {}
         url = f"{stack.base_url}/v1/models/minilm/predict"
-        for per_job, encoding in LOADS:
-            engine_batch = JOB_SIZES[per_job]
-            target = _job_target(url, texts, per_job, encoding)
-            meter, began = CpuMeter({**pids, "valkey": stack.processes["valkey"].pid}), time.time()
-            meter.start()
-            load = drive(
-                closed_loop(target, CONCURRENCY, scale.seconds, scale.max_requests, scale.warmup_s)
-            )
-            cores = cores_busy(meter.stop(), time.time() - began)
-            per_s = load.rps * per_job
-            points.append(
-                {
-                    "texts": per_job,
-                    "encoding": encoding,
-                    "jobs_per_s": load.rps,
-                    "sentences_per_s": per_s,
-                    "p50_ms": load.percentile_ms(50),
-                    "errors": load.errors,
-                    "engine_batch": engine_batch,
-                    "engine_per_s": engine_rate[engine_batch],
-                    "share": ratio(per_s, engine_rate[engine_batch]),
-                    "cores_busy": cores,
-                }
-            )
+        for count in WORKER_COUNTS:
+            while len(workers) < count:
+                name = f"worker-{len(workers) + 1}"
+                workers[name] = start_worker(stack, workdir, "minilm:torch", name, {})
+            pids = {**producers, **workers, "valkey": stack.processes["valkey"].pid}
+            for per_job, encoding in LOADS:
+                target = _job_target(url, texts, per_job, encoding)
+                point = _point(scale, target, pids, per_job, engine_rows)
+                points.append({"workers": count, "encoding": encoding, **point})
         per_job = max(JOB_SIZES)
         profile = profile_during(
-            {**pids, "load generator": os.getpid()},
+            {**producers, **workers, "load generator": os.getpid()},
             scale.profile_s,
             workdir / "profile",
-            f"minilm:torch, jobs of {per_job} texts as numbers, {CONCURRENCY} clients",
+            f"minilm:torch, jobs of {per_job} texts as numbers, {CONCURRENCY} clients, "
+            f"{len(workers)} GPU workers",
             closed_loop(
                 _job_target(url, texts, per_job, "float"),
                 CONCURRENCY,
@@ -210,6 +204,37 @@ def pipeline_points(
             ),
         )
     return points, profile
+
+
+def _point(
+    scale: Scale,
+    target: LoadTarget,
+    pids: dict[str, int],
+    per_job: int,
+    engine_rows: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One closed-loop load's figures, against the engine at the micro-batch its jobs make."""
+    engine_batch = JOB_SIZES[per_job]
+    engine_per_s = next(
+        r["graph_sentences_per_s"] for r in engine_rows if r["batch"] == engine_batch
+    )
+    meter, began = CpuMeter(pids), time.time()
+    meter.start()
+    load = drive(
+        closed_loop(target, CONCURRENCY, scale.seconds, scale.max_requests, scale.warmup_s)
+    )
+    per_s = load.rps * per_job
+    return {
+        "texts": per_job,
+        "jobs_per_s": load.rps,
+        "sentences_per_s": per_s,
+        "p50_ms": load.percentile_ms(50),
+        "errors": load.errors,
+        "engine_batch": engine_batch,
+        "engine_per_s": engine_per_s,
+        "share": ratio(per_s, engine_per_s),
+        "cores_busy": cores_busy(meter.stop(), time.time() - began),
+    }
 
 
 def _job_target(url: str, texts: list[str], per_job: int, encoding: str) -> LoadTarget:
@@ -236,6 +261,7 @@ def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
     return Table(
         f"Pipeline serving minilm:torch ({CONCURRENCY} clients)",
         [
+            "GPU workers",
             "texts per job",
             "encoding",
             "jobs/s",
@@ -247,6 +273,7 @@ def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
         ],
         [
             [
+                r["workers"],
                 r["texts"],
                 r["encoding"],
                 r["jobs_per_s"],

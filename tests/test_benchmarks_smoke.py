@@ -173,7 +173,7 @@ def test_part_c_llm_streaming(tmp_path: Path) -> None:
 
 def test_part_g_gpu_engine(tmp_path: Path) -> None:
     """Without CUDA part G says why and writes nothing (no numbers it did not measure)."""
-    from benchmarks.gpu_engine import BATCHES, LOADS, cuda_missing
+    from benchmarks.gpu_engine import BATCHES, LOADS, WORKER_COUNTS, cuda_missing
 
     if cuda_missing() is not None:
         assert run_parts(["G"], SMOKE, tmp_path) == []
@@ -183,8 +183,12 @@ def test_part_g_gpu_engine(tmp_path: Path) -> None:
     _check_common(document, "G", tmp_path)
     assert document["data"]["gpu"] in (tmp_path / "REPORT.md").read_text()
     assert [r["batch"] for r in document["data"]["engine"]] == list(BATCHES)
-    assert [(p["texts"], p["encoding"]) for p in document["data"]["pipeline"]] == list(LOADS)
-    assert all(p["errors"] == 0 and p["sentences_per_s"] > 0 for p in document["data"]["pipeline"])
-    # The cores each process kept busy, and where the worker's time went.
-    assert all(p["cores_busy"]["worker"] > 0 for p in document["data"]["pipeline"])
-    assert document["profile"]["processes"]["worker"]["samples"] > 0
+    points = document["data"]["pipeline"]
+    expected = [(count, *load) for count in WORKER_COUNTS for load in LOADS]
+    assert [(p["workers"], p["texts"], p["encoding"]) for p in points] == expected
+    assert all(p["errors"] == 0 and p["sentences_per_s"] > 0 for p in points)
+    # The cores each worker kept busy, and where the workers' time went.
+    for point in points:
+        workers = [f"worker-{n}" for n in range(1, point["workers"] + 1)]
+        assert all(point["cores_busy"][name] > 0 for name in workers), point
+    assert all(document["profile"]["processes"][f"worker-{n}"]["samples"] > 0 for n in (1, 2))

@@ -33,7 +33,9 @@ save() { tar -C "$(dirname "$results")" -czf /tmp/res.tgz res && mv /tmp/res.tgz
 save
 for part in ${PARTS:-G}; do
   echo "== part $part $(date -u)" >> "$log"
-  timeout 150 python -m benchmarks.run --parts "$part" --results-dir "$results" >> "$log" 2>&1
+  limit=150
+  [ "$part" = G ] && limit=300  # its workers start one after another, each capturing its graphs
+  timeout "$limit" python -m benchmarks.run --parts "$part" --results-dir "$results" >> "$log" 2>&1
   echo "part $part exit $?" >> "$log"
   save
 done
