@@ -81,6 +81,7 @@ class Batch(_Open):
     object: str = "batch"
     status: str
     model: str | None = None
+    endpoint: str = "/v1/jobs"
     completion_window: str | None = None
     counts: BatchCounts
     created_at: float
@@ -100,12 +101,15 @@ class Batch(_Open):
 
 
 class BatchOutput(_Open):
-    """One line of a batch's output file."""
+    """One line of a batch's output file: the job's `outputs`, or in a batch of
+    `/v1/embeddings` lines OpenAI's `response` (`{status_code, request_id, body}`, `body`
+    being the route's answer) and `error`."""
 
     id: str
     custom_id: str
     line: int
     outputs: Any = None
+    response: dict[str, Any] | None = None
 
 
 class BatchError(_Open):

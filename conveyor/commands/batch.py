@@ -44,7 +44,8 @@ def result_paths(source: Path) -> tuple[Path, Path]:
 
 
 def write_results(results: BatchResults, output: Path, errors: Path) -> None:
-    output.write_bytes(b"".join(orjson.dumps(o.model_dump()) + b"\n" for o in results.outputs))
+    lines = (orjson.dumps(o.model_dump(exclude_unset=True)) + b"\n" for o in results.outputs)
+    output.write_bytes(b"".join(lines))
     errors.write_bytes(
         b"".join(orjson.dumps(e.model_dump(exclude_none=True)) + b"\n" for e in results.errors)
     )

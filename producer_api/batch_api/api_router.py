@@ -74,7 +74,8 @@ async def create_batch(
     webhook: str | None = Query(default=None, max_length=2048),
 ) -> Any:
     """Create a batch from JSONL (`application/jsonl` body, or a multipart `file` upload with
-    the same options as form fields). One line per request: `{"custom_id", "body": {job}}`.
+    the same options as form fields). One line per request: `{"custom_id", "body": {job}}`,
+    or `{"custom_id", "url": "/v1/embeddings", "body": {embeddings request}}` (one url per batch).
     Invalid lines go to the errors file with their line number and reason; the rest run on
     the bulk lane."""
     options = {"model": model, "completion_window": completion_window, "webhook": webhook}
@@ -97,14 +98,14 @@ async def cancel_batch(request: Request, service: SubmitService, batch_id: str =
 
 @router.get("/v1/batches/{batch_id}/output", responses=_ERRORS)
 async def batch_output(service: ReadService, batch_id: str = BATCH_ID) -> StreamingResponse:
-    """JSONL, one line per succeeded item in input order: `{id, custom_id, line, outputs}`."""
-    await service.ended(batch_id)
-    return StreamingResponse(service.output(batch_id), media_type=JSONL)
+    """JSONL, one line per succeeded item in input order: `{id, custom_id, line, outputs}`;
+    for a batch of `/v1/embeddings` lines, OpenAI's `{id, custom_id, line, response:
+    {status_code, request_id, body}, error}`, `body` being the route's answer."""
+    return StreamingResponse(await service.file(batch_id, "output"), media_type=JSONL)
 
 
 @router.get("/v1/batches/{batch_id}/errors", responses=_ERRORS)
 async def batch_errors(service: ReadService, batch_id: str = BATCH_ID) -> StreamingResponse:
     """JSONL, one line per line that did not succeed, in input order: `{custom_id, line,
     status, error: {type, message}}` (and the job `id` where the line became one)."""
-    await service.ended(batch_id)
-    return StreamingResponse(service.errors(batch_id), media_type=JSONL)
+    return StreamingResponse(await service.file(batch_id, "errors"), media_type=JSONL)

@@ -3,7 +3,7 @@ number and reason, so one bad line never sinks the batch. Runs in a thread (CPU-
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,15 @@ from shared.codec import RequestEntry
 from shared.model_repository import ModelConfig
 
 Build = Callable[[str, PredictRequest], tuple[RequestEntry, ModelConfig, str]]
+# How a line's body becomes a job request, by the route the line names: (the model the body
+# names, if it does, the request). Raises ValidationError or ConveyorError.
+Reader = Callable[[dict[str, Any]], tuple[str | None, PredictRequest]]
+
+
+def job_body(body: dict[str, Any]) -> tuple[str | None, PredictRequest]:
+    """A `/v1/jobs` line's body: a job body whose model may be left to the batch."""
+    request = BatchItemBody.model_validate(body)
+    return request.model, request
 
 
 @dataclass(slots=True)
@@ -56,12 +65,15 @@ def _describe(exc: ValidationError, prefix: str) -> str:
 
 @dataclass
 class ParsedBatch:
-    """The batch's model is the one asked for, else the first line's; every line must use it
-    (one model per batch, as in OpenAI's Batch API)."""
+    """The batch's model is the one asked for, else the first line's; every line must use it,
+    and the route the first valid line names (one model and one endpoint per batch, as in
+    OpenAI's Batch API)."""
 
     model: str | None
     build: Build
+    readers: Mapping[str, Reader]
     max_depth: int
+    url: str | None = None
     items: list[Item] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
@@ -78,11 +90,16 @@ class ParsedBatch:
             message = "custom_id already used by an earlier line"
             raise LineError("duplicate_custom_id", message, line.custom_id)
         self._seen.add(line.custom_id)
+        if self.url is not None and line.url != self.url:
+            message = f"line is for {line.url}; this batch is for {self.url}"
+            raise LineError("url_mismatch", message, line.custom_id)
         try:
-            body = BatchItemBody.model_validate(line.body)
+            named, body = self.readers[line.url](line.body)
         except ValidationError as exc:
             raise LineError("invalid_request", _describe(exc, "body"), line.custom_id) from None
-        model = body.model or self.model
+        except ConveyorError as exc:
+            raise LineError(exc.type, exc.message, line.custom_id) from None
+        model = named or self.model
         if model is None:
             message = "no model: name it on the batch or in the line's body"
             raise LineError("invalid_request", message, line.custom_id)
@@ -93,7 +110,7 @@ class ParsedBatch:
             entry, config, variant = self.build(model, body)
         except ConveyorError as exc:
             raise LineError(exc.type, exc.message, line.custom_id) from None
-        self.model = model
+        self.model, self.url = model, line.url
         return Item(number, line.custom_id, entry, config, variant)
 
 
@@ -111,9 +128,15 @@ def _line(raw: bytes, max_depth: int) -> BatchLine:
         raise LineError("invalid_request", _describe(exc, ""), known) from None
 
 
-def parse(source: bytes, model: str | None, build: Build, max_depth: int) -> ParsedBatch:
+def parse(
+    source: bytes,
+    model: str | None,
+    build: Build,
+    readers: Mapping[str, Reader],
+    max_depth: int,
+) -> ParsedBatch:
     """Line numbers count every physical line (1-based); blank lines are skipped."""
-    parsed = ParsedBatch(model, build, max_depth)
+    parsed = ParsedBatch(model, build, readers, max_depth)
     for number, raw in enumerate(source.splitlines(), start=1):
         if raw.strip():
             parsed.add(number, raw)

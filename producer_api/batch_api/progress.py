@@ -9,6 +9,7 @@ import asyncio
 import logging
 from typing import Any
 
+from producer_api.batch_api.protocol import JOBS
 from shared.batch_api_store import CHUNK, BatchApiStore, BatchStatus, Refresh
 from shared.codec import dumps, loads
 from shared.job_states import JobStatus
@@ -48,6 +49,7 @@ def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
         "object": "batch",
         "status": fields["status"],
         "model": fields.get("model") or None,
+        "endpoint": fields.get("endpoint") or JOBS,
         "completion_window": fields.get("completion_window", ""),
         "counts": {
             "total": total,

@@ -12,15 +12,22 @@ from shared.model_repository import NAME
 WINDOW = r"^[1-9][0-9]{0,6}[smhd]$"
 
 
+# The routes a batch line may name, as OpenAI's Batch API names its endpoint: one per batch.
+Endpoint = Literal["/v1/jobs", "/v1/embeddings"]
+JOBS: Endpoint = "/v1/jobs"
+EMBEDDINGS: Endpoint = "/v1/embeddings"
+
+
 class BatchLine(BaseModel):
     """One JSONL line, OpenAI's batch input shape: `{"custom_id", "body", "method"?, "url"?}`;
-    `body` is a job body (`POST /v1/jobs`), whose `model` may be left to the batch."""
+    `body` is the body of the route `url` names: a job body (`/v1/jobs`, the default), whose
+    `model` may be left to the batch, or an embeddings request (`/v1/embeddings`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     custom_id: str = Field(min_length=1, max_length=512)
     method: Literal["POST"] = "POST"
-    url: Literal["/v1/jobs"] = "/v1/jobs"
+    url: Endpoint = JOBS
     body: dict[str, Any]
 
 
@@ -76,6 +83,9 @@ class BatchView(BaseModel):
         "validating", "in_progress", "finalizing", "completed", "failed", "cancelled", "expired"
     ]
     model: str | None
+    endpoint: Endpoint = Field(
+        default=JOBS, description="The route its lines name; the output file answers as it does"
+    )
     completion_window: str
     counts: BatchCounts
     created_at: float

@@ -8,14 +8,16 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from functools import partial
 from typing import Any
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api import lines
-from producer_api.batch_api.protocol import BatchOptions
+from producer_api.batch_api.protocol import EMBEDDINGS, JOBS, BatchOptions
 from producer_api.errors import ConveyorError
 from producer_api.jobs.serving import JobsService
+from producer_api.openai.embedding_serving import EmbeddingService, embedding_list
 from producer_api.state import ProducerState
 from shared.batch_api_store import CHUNK, BatchStatus, ItemState, Refresh
 from shared.codec import as_written, dumps
@@ -51,9 +53,10 @@ class BatchApiService:
         if options.model is not None and self.state.repository.get(options.model) is None:
             raise ConveyorError(404, "not_found", f"model {options.model!r} not found")
         build = JobsService(self.state, self.principal).build
-        parsed = await asyncio.to_thread(
-            lines.parse, source, options.model, build, self.state.settings.max_json_depth
-        )
+        embedder = EmbeddingService(self.state, self.principal)
+        readers: dict[str, lines.Reader] = {JOBS: lines.job_body, EMBEDDINGS: embedder.line_request}
+        depth = self.state.settings.max_json_depth
+        parsed = await asyncio.to_thread(lines.parse, source, options.model, build, readers, depth)
         if not parsed.items and not parsed.rejected:
             raise ConveyorError(422, "invalid_request", "the batch has no lines")
         await self._check_room(parsed.items)
@@ -62,6 +65,7 @@ class BatchApiService:
         meta: dict[str, str | int] = {
             "tenant": self.principal.tenant,
             "model": parsed.model or "",
+            "endpoint": parsed.url or JOBS,
             "completion_window": options.completion_window,
             "expires_at": expires_ms,
             "total": len(parsed.items) + len(parsed.rejected),
@@ -177,17 +181,24 @@ class BatchApiService:
             raise ConveyorError(409, "conflict", message)
         return await self._look(batch_id)
 
-    async def ended(self, batch_id: str) -> None:
-        """Results are read once a batch has ended (completed, failed, cancelled, expired)."""
-        status = BatchStatus((await self._look(batch_id)).fields["status"])
+    async def file(self, batch_id: str, kind: str) -> AsyncIterator[bytes]:
+        """The lines of an ended batch's `output` or `errors` file (a 409 before it ends: a
+        batch is completed, failed, cancelled or expired first)."""
+        progress = await self._look(batch_id)
+        status = BatchStatus(progress.fields["status"])
         if not status.terminal:
             message = f"batch {batch_id} is {status.value}; its files are ready when it ends"
             raise ConveyorError(409, "conflict", message)
+        return self.output(batch_id, progress.fields) if kind == "output" else self.errors(batch_id)
 
-    async def output(self, batch_id: str) -> AsyncIterator[bytes]:
-        """One line per succeeded item, in line order: `{id, custom_id, line, outputs}`."""
+    async def output(self, batch_id: str, fields: Mapping[str, str]) -> AsyncIterator[bytes]:
+        """One line per succeeded item, in line order: `{id, custom_id, line, outputs}`; in a
+        batch of `/v1/embeddings` lines, OpenAI's `response` in place of `outputs`."""
+        render = _output
+        if fields.get("endpoint") == EMBEDDINGS:
+            render = partial(_embedding_output, fields.get("model", ""))
         async for chunk in self.store.items(batch_id):
-            yield b"".join(_line(_output(item)) for item in chunk if item.status == "succeeded")
+            yield b"".join(_line(render(item)) for item in chunk if item.status == "succeeded")
 
     async def errors(self, batch_id: str) -> AsyncIterator[bytes]:
         """One line per line that did not succeed, in line order: `{custom_id, line, status,
@@ -213,6 +224,22 @@ def _output(item: ItemState) -> dict[str, Any]:
         "custom_id": item.custom_id,
         "line": item.line,
         "outputs": as_written(item.outputs or b"null"),
+    }
+
+
+def _embedding_output(model: str, item: ItemState) -> dict[str, Any]:
+    """OpenAI's output line: the answer `POST /v1/embeddings` would have given (a 502 for a
+    model whose outputs are not an embedder's), with the job id as its request id."""
+    try:
+        status, body = 200, embedding_list(model, as_written(item.outputs or b"null"))
+    except ConveyorError as exc:
+        status, body = exc.status, {"error": {"type": exc.type, "message": exc.message}}
+    return {
+        "id": item.job_id,
+        "custom_id": item.custom_id,
+        "line": item.line,
+        "response": {"status_code": status, "request_id": item.job_id, "body": body},
+        "error": None,
     }
 
 

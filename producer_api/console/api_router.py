@@ -250,9 +250,7 @@ async def batch_file(state: State, current: Session, batch_id: str, kind: str) -
     """The batch's output or errors file, as `GET /v1/batches/{id}/output` serves it."""
     if kind not in ("output", "errors"):
         raise ConveyorError(404, "not_found", "no such file")
-    batch_service = BatchApiService(state, current.principal)
-    await batch_service.ended(batch_id)
-    body = batch_service.output(batch_id) if kind == "output" else batch_service.errors(batch_id)
+    body = await BatchApiService(state, current.principal).file(batch_id, kind)
     disposition = f'attachment; filename="{batch_id}-{kind}.jsonl"'
     response = StreamingResponse(body, media_type="application/jsonl")
     response.headers["Content-Disposition"] = disposition

@@ -20,17 +20,25 @@ from shared.job_states import JobStatus
 
 class EmbeddingService(OpenAIService):
     async def submit_texts(self, request: EmbeddingRequest) -> str:
-        """Enqueue the texts as a job of an embedding model; returns its id. `dimensions` is
-        refused: no example model's vectors may be cut short (vLLM refuses it the same way
-        for a model not trained for it)."""
+        """Enqueue the texts as a job of an embedding model; returns its id."""
+        return (await self.jobs.submit(request.model, self.job_request(request))).job_id
+
+    def line_request(self, body: dict[str, Any]) -> tuple[str, PredictRequest]:
+        """A batch line's body (`url: /v1/embeddings`) as the job it is, with its model."""
+        request = EmbeddingRequest.model_validate(body)
+        return request.model, self.job_request(request)
+
+    def job_request(self, request: EmbeddingRequest) -> PredictRequest:
+        """The job an embeddings request is (a batch line's too). `dimensions` is refused: no
+        example model's vectors may be cut short (vLLM refuses it the same way for a model
+        not trained for it)."""
         self.check_serves(request.model, lambda config: config.task == "embed", "embed text")
         if request.dimensions is not None:
             message = f"dimensions: model {request.model!r} gives whole vectors only"
             raise ConveyorError(400, "invalid_request", message)
-        body = PredictRequest(
+        return PredictRequest(
             inputs=request.inputs(), routing_key=request.user, variant=request.variant
         )
-        return (await self.jobs.submit(request.model, body)).job_id
 
     async def embedded(self, job_id: str, model: str) -> dict[str, Any]:
         """OpenAI's answer once the job ends, waited for in long polls of `max_wait_s`; raises

@@ -1,0 +1,124 @@
+"""Batch files in OpenAI's format of `/v1/embeddings` lines, on the real pipeline (producer,
+Celery worker, embedded Valkey, minilm on ONNX Runtime): each line runs as the job its
+embeddings request is, the output file answers each as the route would (OpenAI's batch output
+line), lines the route would refuse go to the errors file, and the SDK and CLI read the result."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from conveyor.client import Client
+from conveyor.commands.batch import write_results
+from tests.minilm_reference import (
+    SENTENCES,
+    assert_usage_counts_tokens,
+    cosines,
+    reference_embeddings,
+)
+from tests.test_batches import _create, _jsonl, _wait_ended
+
+pytestmark = pytest.mark.slow
+TEXTS = SENTENCES[:4]
+
+
+def _line(custom_id: str, body: dict[str, Any], url: str = "/v1/embeddings") -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+# (custom_id, line) of the lines that run, and of those refused with the error type and a
+# needle of its message; one url per batch, set by its first valid line.
+RUN = [
+    ("one", _line("one", {"model": "minilm", "input": TEXTS[0]})),
+    ("many", _line("many", {"model": "minilm", "input": TEXTS})),
+    ("packed", _line("packed", {"model": "minilm", "input": TEXTS, "encoding_format": "base64"})),
+]
+REFUSED = [
+    ("ids", {"model": "minilm", "input": [[101, 102]]}, None, "check_embedding_ctx_length"),
+    ("identity", {"model": "identity", "input": "x"}, None, "does not embed text"),
+    ("cut", {"model": "minilm", "input": "x", "dimensions": 8}, None, "whole vectors only"),
+    ("job", {"model": "minilm", "inputs": {"texts": ["x"]}}, "/v1/jobs", "this batch is for"),
+    ("chat", {"model": "minilm", "messages": []}, "/v1/chat/completions", "url"),
+]
+ERROR_TYPES = ["invalid_request"] * 3 + ["url_mismatch", "invalid_request"]
+
+
+def _source() -> str:
+    refused = [_line(cid, body, url or "/v1/embeddings") for cid, body, url, _ in REFUSED]
+    return "\n".join([line for _, line in RUN] + refused) + "\n"
+
+
+def _vectors(body: dict[str, Any]) -> np.ndarray:
+    return np.array(
+        [
+            np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")
+            if isinstance(item["embedding"], str)
+            else item["embedding"]
+            for item in body["data"]
+        ]
+    )
+
+
+def test_an_openai_batch_of_embeddings_answers_as_the_route(
+    base_url: str, minilm_worker: int, tmp_path: Path
+) -> None:
+    created = _create(base_url, _source())
+    assert created["endpoint"] == "/v1/embeddings" and created["model"] == "minilm"
+    batch = _wait_ended(base_url, created["id"])
+    assert batch["status"] == "completed", batch
+    assert (batch["counts"]["succeeded"], batch["counts"]["invalid"]) == (3, len(REFUSED))
+
+    outputs = _jsonl(base_url, batch["id"], "output")
+    assert [(o["custom_id"], o["line"]) for o in outputs] == [
+        ("one", 1),
+        ("many", 2),
+        ("packed", 3),
+    ]
+    expected = reference_embeddings(TEXTS)
+    for output, texts in zip(outputs, ([TEXTS[0]], TEXTS, TEXTS), strict=True):
+        response = output["response"]
+        assert output["error"] is None and "outputs" not in output
+        assert response["status_code"] == 200 and response["request_id"] == output["id"]
+        body = response["body"]
+        assert body["object"] == "list" and body["model"] == "minilm"
+        assert [item["index"] for item in body["data"]] == list(range(len(texts)))
+        assert cosines(_vectors(body), expected[: len(texts)]).min() >= 0.999
+        assert_usage_counts_tokens([{"texts": texts}], [body])
+        job = httpx.get(f"{base_url}/v1/jobs/{output['id']}", timeout=30).json()
+        assert job["status"] == "succeeded" and job["model"] == "minilm"
+    assert isinstance(outputs[2]["response"]["body"]["data"][0]["embedding"], str)
+
+    errors = _jsonl(base_url, batch["id"], "errors")
+    assert [e["line"] for e in errors] == list(range(4, 4 + len(REFUSED)))
+    assert [e["error"]["type"] for e in errors] == ERROR_TYPES
+    for error, (custom_id, _, _, needle) in zip(errors, REFUSED, strict=True):
+        assert error["custom_id"] == custom_id and needle in error["error"]["message"], error
+
+    # The SDK reads OpenAI's lines; the CLI writes them back as they were served.
+    with Client(base_url) as client:
+        assert client.batches.get(batch["id"]).endpoint == "/v1/embeddings"
+        results = client.batches.results(batch["id"])
+    assert [o.response["status_code"] for o in results.outputs if o.response] == [200] * 3
+    write_results(results, tmp_path / "out.jsonl", tmp_path / "err.jsonl")
+    written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert written == outputs
+
+
+def test_a_batch_of_jobs_says_so_and_keeps_its_output_lines(
+    base_url: str, identity_worker: int
+) -> None:
+    source = _line("a", {"inputs": {"x": 1}}, url="/v1/jobs") + "\n"
+    source += _line("b", {"model": "identity", "input": "x"}) + "\n"
+    created = _create(base_url, source, model="identity")
+    assert created["endpoint"] == "/v1/jobs"
+    batch = _wait_ended(base_url, created["id"])
+    [output] = _jsonl(base_url, batch["id"], "output")
+    assert output["outputs"] == {"x": 1} and "response" not in output
+    [error] = _jsonl(base_url, batch["id"], "errors")
+    assert (error["custom_id"], error["error"]["type"]) == ("b", "url_mismatch")
