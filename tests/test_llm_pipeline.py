@@ -9,6 +9,7 @@ before the worker starts, so two engines never compete for the cores."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -169,6 +170,71 @@ def test_completion_of_a_prompt_equals_the_engine(llm: str, engine_greedy: dict[
     assert completion["choices"][0]["text"] == engine_greedy["once"]
     assert completion["choices"][0]["finish_reason"] == "length"
     assert completion["usage"]["completion_tokens"] == 16
+
+
+def _openai_line(custom_id: str, url: str, body: dict[str, Any]) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def test_openai_batch_files_of_chat_and_completions_answer_as_the_routes(
+    llm: str, engine_greedy: dict[str, str]
+) -> None:
+    """An OpenAI batch file of chat lines (and one of completions) runs as jobs on the bulk
+    lane; each output line carries what the route answers, the engine's greedy text. A line
+    the route would refuse, or for another url, goes to the errors file."""
+    chat, completions = "/v1/chat/completions", "/v1/completions"
+    chat_lines = [
+        _openai_line("paris", chat, chat_body(PARIS, 32)),
+        _openai_line("streamed", chat, {**chat_body(PARIS, 32), "stream": True}),
+        _openai_line("encoder", chat, {**chat_body(PARIS, 32), "model": "minilm"}),
+        _openai_line("prompt", completions, {"model": "smollm2", "prompt": ONCE}),
+    ]
+    once = {"model": "smollm2", "prompt": ONCE, "max_tokens": 16, "temperature": 0}
+    batches = {
+        chat: "\n".join(chat_lines),
+        completions: _openai_line("once", completions, once),
+    }
+    ids = {}
+    for url, source in batches.items():
+        created = httpx.post(f"{llm}/v1/batches", content=source, timeout=30)
+        assert created.status_code == 202 and created.json()["endpoint"] == url, created.text
+        ids[url] = created.json()["id"]
+    for batch_id in ids.values():
+        until(lambda b=batch_id: _batch(llm, b)["status"] == "completed", timeout=300)
+
+    [paris] = _batch_file(llm, ids[chat], "output")
+    assert (paris["custom_id"], paris["error"]) == ("paris", None)
+    response = paris["response"]
+    assert response["status_code"] == 200 and response["request_id"] == paris["id"]
+    body = response["body"]
+    assert body["object"] == "chat.completion" and body["id"] == f"chatcmpl-{paris['id']}"
+    assert body["choices"][0]["message"]["content"] == engine_greedy["paris"]
+    job = get_job(llm, paris["id"])
+    assert body["usage"]["completion_tokens"] == job["completion_tokens"] > 0
+    errors = _batch_file(llm, ids[chat], "errors")
+    assert [(e["custom_id"], e["error"]["type"]) for e in errors] == [
+        ("streamed", "invalid_request"),
+        ("encoder", "invalid_request"),
+        ("prompt", "url_mismatch"),
+    ]
+    assert "answered whole" in errors[0]["error"]["message"]
+    assert "does not generate text" in errors[1]["error"]["message"]
+
+    [line] = _batch_file(llm, ids[completions], "output")
+    completion = line["response"]["body"]
+    assert completion["object"] == "text_completion"
+    assert completion["choices"][0]["text"] == engine_greedy["once"]
+
+
+def _batch(base_url: str, batch_id: str) -> dict[str, Any]:
+    batch: dict[str, Any] = httpx.get(f"{base_url}/v1/batches/{batch_id}", timeout=30).json()
+    return batch
+
+
+def _batch_file(base_url: str, batch_id: str, name: str) -> list[dict[str, Any]]:
+    response = httpx.get(f"{base_url}/v1/batches/{batch_id}/{name}", timeout=30)
+    assert response.status_code == 200, response.text
+    return [json.loads(line) for line in response.text.splitlines()]
 
 
 def test_stream_is_incremental_and_adds_up_to_the_whole_text(

@@ -101,8 +101,8 @@ class Batch(_Open):
 
 
 class BatchOutput(_Open):
-    """One line of a batch's output file: the job's `outputs`, or in a batch of
-    `/v1/embeddings` lines OpenAI's `response` (`{status_code, request_id, body}`, `body`
+    """One line of a batch's output file: the job's `outputs`, or in a batch of lines for
+    one of OpenAI's routes OpenAI's `response` (`{status_code, request_id, body}`, `body`
     being the route's answer) and `error`."""
 
     id: str

@@ -75,7 +75,8 @@ async def create_batch(
 ) -> Any:
     """Create a batch from JSONL (`application/jsonl` body, or a multipart `file` upload with
     the same options as form fields). One line per request: `{"custom_id", "body": {job}}`,
-    or `{"custom_id", "url": "/v1/embeddings", "body": {embeddings request}}` (one url per batch).
+    or `{"custom_id", "url", "body"}` for OpenAI's `/v1/embeddings`, `/v1/chat/completions` or
+    `/v1/completions`, `body` being that route's request (one url per batch).
     Invalid lines go to the errors file with their line number and reason; the rest run on
     the bulk lane."""
     options = {"model": model, "completion_window": completion_window, "webhook": webhook}
@@ -99,7 +100,7 @@ async def cancel_batch(request: Request, service: SubmitService, batch_id: str =
 @router.get("/v1/batches/{batch_id}/output", responses=_ERRORS)
 async def batch_output(service: ReadService, batch_id: str = BATCH_ID) -> StreamingResponse:
     """JSONL, one line per succeeded item in input order: `{id, custom_id, line, outputs}`;
-    for a batch of `/v1/embeddings` lines, OpenAI's `{id, custom_id, line, response:
+    for a batch of lines for one of OpenAI's routes, OpenAI's `{id, custom_id, line, response:
     {status_code, request_id, body}, error}`, `body` being the route's answer."""
     return StreamingResponse(await service.file(batch_id, "output"), media_type=JSONL)
 

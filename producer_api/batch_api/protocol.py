@@ -13,15 +13,17 @@ WINDOW = r"^[1-9][0-9]{0,6}[smhd]$"
 
 
 # The routes a batch line may name, as OpenAI's Batch API names its endpoint: one per batch.
-Endpoint = Literal["/v1/jobs", "/v1/embeddings"]
+Endpoint = Literal["/v1/jobs", "/v1/embeddings", "/v1/chat/completions", "/v1/completions"]
 JOBS: Endpoint = "/v1/jobs"
 EMBEDDINGS: Endpoint = "/v1/embeddings"
+CHAT: Endpoint = "/v1/chat/completions"
+COMPLETIONS: Endpoint = "/v1/completions"
 
 
 class BatchLine(BaseModel):
     """One JSONL line, OpenAI's batch input shape: `{"custom_id", "body", "method"?, "url"?}`;
     `body` is the body of the route `url` names: a job body (`/v1/jobs`, the default), whose
-    `model` may be left to the batch, or an embeddings request (`/v1/embeddings`)."""
+    `model` may be left to the batch, or the request of one of OpenAI's routes."""
 
     model_config = ConfigDict(extra="forbid")
 

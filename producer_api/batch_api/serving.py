@@ -14,13 +14,15 @@ from typing import Any
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api import lines
-from producer_api.batch_api.protocol import EMBEDDINGS, JOBS, BatchOptions
+from producer_api.batch_api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, JOBS, BatchOptions
 from producer_api.errors import ConveyorError
 from producer_api.jobs.serving import JobsService
 from producer_api.openai.embedding_serving import EmbeddingService, embedding_list
+from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from producer_api.openai.serving import ChatRenderer, CompletionRenderer, generation_of
 from producer_api.state import ProducerState
 from shared.batch_api_store import CHUNK, BatchStatus, ItemState, Refresh
-from shared.codec import as_written, dumps
+from shared.codec import as_written, dumps, loads
 from shared.job_store import NewJob, now_ms
 from shared.webhook_events import refusal
 
@@ -53,8 +55,13 @@ class BatchApiService:
         if options.model is not None and self.state.repository.get(options.model) is None:
             raise ConveyorError(404, "not_found", f"model {options.model!r} not found")
         build = JobsService(self.state, self.principal).build
-        embedder = EmbeddingService(self.state, self.principal)
-        readers: dict[str, lines.Reader] = {JOBS: lines.job_body, EMBEDDINGS: embedder.line_request}
+        openai = EmbeddingService(self.state, self.principal)
+        readers: dict[str, lines.Reader] = {
+            JOBS: lines.job_body,
+            EMBEDDINGS: openai.embedding_line,
+            CHAT: partial(openai.sampling_line, ChatCompletionRequest),
+            COMPLETIONS: partial(openai.sampling_line, CompletionRequest),
+        }
         depth = self.state.settings.max_json_depth
         parsed = await asyncio.to_thread(lines.parse, source, options.model, build, readers, depth)
         if not parsed.items and not parsed.rejected:
@@ -193,10 +200,10 @@ class BatchApiService:
 
     async def output(self, batch_id: str, fields: Mapping[str, str]) -> AsyncIterator[bytes]:
         """One line per succeeded item, in line order: `{id, custom_id, line, outputs}`; in a
-        batch of `/v1/embeddings` lines, OpenAI's `response` in place of `outputs`."""
+        batch of lines for one of OpenAI's routes, OpenAI's `response` in place of `outputs`."""
         render = _output
-        if fields.get("endpoint") == EMBEDDINGS:
-            render = partial(_embedding_output, fields.get("model", ""))
+        if (endpoint := fields.get("endpoint", JOBS)) != JOBS:
+            render = partial(_openai_output, endpoint, fields.get("model", ""))
         async for chunk in self.store.items(batch_id):
             yield b"".join(_line(render(item)) for item in chunk if item.status == "succeeded")
 
@@ -227,11 +234,11 @@ def _output(item: ItemState) -> dict[str, Any]:
     }
 
 
-def _embedding_output(model: str, item: ItemState) -> dict[str, Any]:
-    """OpenAI's output line: the answer `POST /v1/embeddings` would have given (a 502 for a
-    model whose outputs are not an embedder's), with the job id as its request id."""
+def _openai_output(endpoint: str, model: str, item: ItemState) -> dict[str, Any]:
+    """OpenAI's output line: the answer the line's route would have given (a 502 for a model
+    whose outputs are not what the route reads), with the job id as its request id."""
     try:
-        status, body = 200, embedding_list(model, as_written(item.outputs or b"null"))
+        status, body = 200, _answer(endpoint, model, item)
     except ConveyorError as exc:
         status, body = exc.status, {"error": {"type": exc.type, "message": exc.message}}
     return {
@@ -241,6 +248,17 @@ def _embedding_output(model: str, item: ItemState) -> dict[str, Any]:
         "response": {"status_code": status, "request_id": item.job_id, "body": body},
         "error": None,
     }
+
+
+def _answer(endpoint: str, model: str, item: ItemState) -> Any:
+    """What `endpoint` answers for the item's finished job; a completion's `created` is when
+    the output file is read."""
+    outputs = item.outputs or b"null"
+    if endpoint == EMBEDDINGS:
+        return embedding_list(model, as_written(outputs))
+    renderer = ChatRenderer if endpoint == CHAT else CompletionRenderer
+    generation = generation_of(model, loads(outputs))
+    return renderer(item.job_id, model).response(generation).model_dump(mode="json")
 
 
 def _error(item: ItemState) -> dict[str, Any]:

@@ -107,15 +107,23 @@ async def chat_completions(
     """OpenAI's chat completion, run as a Conveyor job (its id in `X-Conveyor-Job-Id`); with
     `stream: true`, chunks as server-sent events. A client that disconnects before the answer
     (streamed or not) cancels the job."""
-    job_id = await service.submit(body, body.inputs())
-    return await _answer(request, service, job_id, ChatRenderer(job_id, body), body.stream)
+    job_id = await service.submit(body)
+    return await _answer(
+        request, service, job_id, ChatRenderer(job_id, body.model, body.include_usage), body.stream
+    )
 
 
 @router.post("/v1/completions", response_model=Completion, responses=_RESPONSES)
 async def completions(request: Request, body: CompletionRequest, service: Service) -> Response:
     """OpenAI's (legacy) text completion of a raw prompt, run as a Conveyor job."""
-    job_id = await service.submit(body, body.inputs())
-    return await _answer(request, service, job_id, CompletionRenderer(job_id, body), body.stream)
+    job_id = await service.submit(body)
+    return await _answer(
+        request,
+        service,
+        job_id,
+        CompletionRenderer(job_id, body.model, body.include_usage),
+        body.stream,
+    )
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingList, responses=_EMBEDDING_RESPONSES)

@@ -21,14 +21,14 @@ from shared.job_states import JobStatus
 class EmbeddingService(OpenAIService):
     async def submit_texts(self, request: EmbeddingRequest) -> str:
         """Enqueue the texts as a job of an embedding model; returns its id."""
-        return (await self.jobs.submit(request.model, self.job_request(request))).job_id
+        return (await self.jobs.submit(request.model, self.embedding_job(request))).job_id
 
-    def line_request(self, body: dict[str, Any]) -> tuple[str, PredictRequest]:
+    def embedding_line(self, body: dict[str, Any]) -> tuple[str, PredictRequest]:
         """A batch line's body (`url: /v1/embeddings`) as the job it is, with its model."""
         request = EmbeddingRequest.model_validate(body)
-        return request.model, self.job_request(request)
+        return request.model, self.embedding_job(request)
 
-    def job_request(self, request: EmbeddingRequest) -> PredictRequest:
+    def embedding_job(self, request: EmbeddingRequest) -> PredictRequest:
         """The job an embeddings request is (a batch line's too). `dimensions` is refused: no
         example model's vectors may be cut short (vLLM refuses it the same way for a model
         not trained for it)."""

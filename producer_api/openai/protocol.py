@@ -114,6 +114,10 @@ class CompletionRequest(SamplingRequest):
         return {"prompt": prompt if isinstance(prompt, str) else "".join(prompt)}
 
 
+# The requests a generate model answers, each as one job.
+Sampling = ChatCompletionRequest | CompletionRequest
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
@@ -28,7 +28,7 @@ from producer_api.openai.protocol import (
     Completion,
     CompletionChoice,
     ErrorChunk,
-    SamplingRequest,
+    Sampling,
     Usage,
 )
 from producer_api.state import ProducerState
@@ -50,16 +50,30 @@ class Generation:
     usage: dict[str, int] = field(default_factory=dict)
 
 
+def generation_of(model: str, outputs: Any) -> Generation:
+    """A finished generate job's outputs (`{text, finish_reason, usage}`) as OpenAI reports
+    them; other outputs are a 502 (the job succeeded all the same)."""
+    try:
+        usage = Usage.model_validate(outputs["usage"]).model_dump()
+        text, finish_reason = outputs["text"], outputs.get("finish_reason")
+    except (TypeError, KeyError, ValidationError):
+        usage, text = {}, None
+    if not isinstance(text, str) or not usage:
+        message = f"model {model!r} answered no `text` and `usage`, as a generate model must"
+        raise ConveyorError(502, "bad_model_output", message)
+    return Generation(text, finish_reason, usage)
+
+
 class Renderer(ABC):
     """One endpoint's response shapes (chat or plain completion) for one job."""
 
     prefix = ""
 
-    def __init__(self, job_id: str, request: SamplingRequest) -> None:
+    def __init__(self, job_id: str, model: str, include_usage: bool = False) -> None:
         self.id = f"{self.prefix}{job_id}"
         self.created = int(time.time())
-        self.model = request.model
-        self.include_usage = request.include_usage
+        self.model = model
+        self.include_usage = include_usage
 
     @abstractmethod
     def response(self, generation: Generation) -> BaseModel:
@@ -154,16 +168,30 @@ class OpenAIService:
             message = f"model {model!r} does not {what}; use /v1/jobs"
             raise ConveyorError(400, "invalid_request", message)
 
-    async def submit(self, request: SamplingRequest, inputs: dict[str, Any]) -> str:
+    async def submit(self, request: Sampling) -> str:
         """Enqueue the request as a job of a `generate` model; returns its id."""
+        return (await self.jobs.submit(request.model, self.sampling_job(request))).job_id
+
+    def sampling_job(self, request: Sampling) -> PredictRequest:
+        """The job a chat or completion request is (a batch line's too)."""
         self.check_serves(request.model, lambda config: config.kind == "generate", "generate text")
-        body = PredictRequest(
-            inputs=inputs,
+        return PredictRequest(
+            inputs=request.inputs(),
             parameters=request.parameters(),
             routing_key=request.user,
             variant=request.variant,
         )
-        return (await self.jobs.submit(request.model, body)).job_id
+
+    def sampling_line(
+        self, kind: type[Sampling], body: dict[str, Any]
+    ) -> tuple[str, PredictRequest]:
+        """A batch line's body (`url: /v1/chat/completions` or `/v1/completions`) as the job it
+        is, with its model. A batch line is answered whole: `stream` is refused."""
+        request = kind.model_validate(body)
+        if request.stream:
+            message = "stream: a batch line is answered whole, in the output file"
+            raise ConveyorError(400, "invalid_request", message)
+        return request.model, self.sampling_job(request)
 
     def _follow(self, job_id: str) -> AsyncIterator[TokenEvent]:
         return TokenFollower(self.state.tokens, self.state.job_store, self.state.keys).follow(

@@ -1,7 +1,8 @@
 """Batch files in OpenAI's format of `/v1/embeddings` lines, on the real pipeline (producer,
 Celery worker, embedded Valkey, minilm on ONNX Runtime): each line runs as the job its
 embeddings request is, the output file answers each as the route would (OpenAI's batch output
-line), lines the route would refuse go to the errors file, and the SDK and CLI read the result."""
+line), lines the route would refuse go to the errors file, and the SDK and CLI read the result.
+Chat and completion lines run on the real SmolLM2 in tests/test_llm_pipeline.py."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 
 from conveyor.client import Client
 from conveyor.commands.batch import write_results
+from producer_api.errors import ConveyorError
+from producer_api.openai.serving import Generation, generation_of
 from tests.minilm_reference import (
     SENTENCES,
     assert_usage_counts_tokens,
@@ -44,7 +47,7 @@ REFUSED = [
     ("identity", {"model": "identity", "input": "x"}, None, "does not embed text"),
     ("cut", {"model": "minilm", "input": "x", "dimensions": 8}, None, "whole vectors only"),
     ("job", {"model": "minilm", "inputs": {"texts": ["x"]}}, "/v1/jobs", "this batch is for"),
-    ("chat", {"model": "minilm", "messages": []}, "/v1/chat/completions", "url"),
+    ("responses", {"model": "minilm", "input": "x"}, "/v1/responses", "url"),
 ]
 ERROR_TYPES = ["invalid_request"] * 3 + ["url_mismatch", "invalid_request"]
 
@@ -122,3 +125,29 @@ def test_a_batch_of_jobs_says_so_and_keeps_its_output_lines(
     assert output["outputs"] == {"x": 1} and "response" not in output
     [error] = _jsonl(base_url, batch["id"], "errors")
     assert (error["custom_id"], error["error"]["type"]) == ("b", "url_mismatch")
+
+
+USAGE_OF_3 = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+
+
+def test_a_generate_jobs_outputs_are_what_a_completion_reads() -> None:
+    outputs = {"text": "Paris", "finish_reason": "stop", "usage": USAGE_OF_3}
+    assert generation_of("m", outputs) == Generation("Paris", "stop", USAGE_OF_3)
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        None,
+        [1],
+        {"text": "x"},
+        {"usage": USAGE_OF_3},
+        {"text": 1, "usage": USAGE_OF_3},
+        {"text": "x", "usage": {"prompt_tokens": 1}},
+    ],
+)
+def test_other_outputs_of_a_generate_job_are_a_bad_gateway(outputs: Any) -> None:
+    """In a batch's output file such a line answers 502, as the route would."""
+    with pytest.raises(ConveyorError) as refused:
+        generation_of("odd", outputs)
+    assert (refused.value.status, refused.value.type) == (502, "bad_model_output")
