@@ -22,6 +22,7 @@ from producer_api.console import router as console_router
 from producer_api.errors import install_error_handlers
 from producer_api.events.api_router import router as events_router
 from producer_api.experiments.api_router import router as experiments_router
+from producer_api.files.api_router import router as files_router
 from producer_api.health.api_router import router as health_router
 from producer_api.http_metrics import HttpMetricsMiddleware
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
@@ -41,6 +42,7 @@ from shared import job_scripts
 from shared.api_keys import ApiKeyStore
 from shared.batch_api_store import BatchApiStore
 from shared.consumer_groups import ensure_groups
+from shared.file_store import FileStore
 from shared.heap_tuning import settle_heap
 from shared.job_store import JobStore, merged_enqueues
 from shared.keys import Keys, partition_tag
@@ -101,6 +103,7 @@ def build_state(settings: Settings) -> ProducerState:
         job_store=job_store,
         batch_store=batch_store,
         batch_progress=BatchApiProgress(job_store, batch_store, webhooks),
+        file_store=FileStore(client, keys, ttl_s),
         api_keys=ApiKeyStore(hot, keys),
         rate_limiter=RateLimiter(hot, keys),
         in_flight=InFlightLimiter(hot, keys, ttl_s),
@@ -151,6 +154,7 @@ ROUTERS = (
     events_router,
     openai_router,
     batch_api_router,
+    files_router,
     models_router,
     routes_router,
     canary_router,

@@ -17,6 +17,7 @@ from producer_api.token_hub import TokenHub
 from producer_api.traffic_control import TrafficControl
 from shared.api_keys import ApiKeyStore
 from shared.batch_api_store import BatchApiStore
+from shared.file_store import FileStore
 from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
@@ -36,6 +37,7 @@ class ProducerState:
     job_store: JobStore
     batch_store: BatchApiStore
     batch_progress: BatchApiProgress
+    file_store: FileStore
     api_keys: ApiKeyStore
     rate_limiter: RateLimiter
     in_flight: InFlightLimiter

@@ -196,6 +196,10 @@ class Keys:
         """A batch's metadata, counters and webhook log (hash)."""
         return f"{self.prefix}batch:{{{batch_id}}}"
 
+    def file(self, file_id: str) -> str:
+        """An uploaded Batch API input file: its bytes and who owns it (hash, its own slot)."""
+        return f"{self.prefix}file:{{{file_id}}}"
+
     def batch_items(self, batch_id: str) -> str:
         """Job ids of a batch's enqueued lines, in line order (list)."""
         return f"{self.prefix}batch:{{{batch_id}}}:items"

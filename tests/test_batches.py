@@ -226,3 +226,25 @@ def test_batches_belong_to_their_tenant(auth_stack: Stack) -> None:
     theirs = httpx.get(f"{url}/{batch_id}", headers={"X-API-Key": other})
     assert mine.status_code == 200 and theirs.status_code == 404
     assert httpx.post(f"{url}/{batch_id}/cancel", headers={"X-API-Key": other}).status_code == 404
+
+    # An uploaded input file is its tenant's too: another can neither read it nor run it.
+    files = f"{auth_stack.base_url}/v1/files"
+    uploaded = httpx.post(
+        files,
+        files={"file": ("a.jsonl", source)},
+        data={"purpose": "batch"},
+        headers={"X-API-Key": acme},
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    file_id = uploaded.json()["id"]
+    for key, status in ((acme, 200), (other, 404)):
+        assert httpx.get(f"{files}/{file_id}", headers={"X-API-Key": key}).status_code == status
+        content = httpx.get(f"{files}/{file_id}/content", headers={"X-API-Key": key})
+        assert content.status_code == status
+    named = {"input_file_id": file_id, "endpoint": "/v1/jobs", "model": "identity"}
+    refused = httpx.post(url, json=named, headers={"X-API-Key": other})
+    assert refused.status_code == 404
+    run = httpx.post(url, json=named, headers={"X-API-Key": acme})
+    assert run.status_code == 202 and run.json()["counts"]["total"] == 3, run.text
+    theirs_out = httpx.get(f"{files}/{batch_id}-output/content", headers={"X-API-Key": other})
+    assert theirs_out.status_code == 404

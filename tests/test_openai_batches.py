@@ -19,6 +19,7 @@ from conveyor.client import Client
 from conveyor.commands.batch import write_results
 from producer_api.errors import ConveyorError
 from producer_api.openai.serving import Generation, generation_of
+from tests.conftest import until
 from tests.minilm_reference import (
     SENTENCES,
     assert_usage_counts_tokens,
@@ -125,6 +126,69 @@ def test_a_batch_of_jobs_says_so_and_keeps_its_output_lines(
     assert output["outputs"] == {"x": 1} and "response" not in output
     [error] = _jsonl(base_url, batch["id"], "errors")
     assert (error["custom_id"], error["error"]["type"]) == ("b", "url_mismatch")
+
+
+def test_the_official_client_runs_a_batch_through_the_files_api(
+    base_url: str, minilm_worker: int
+) -> None:
+    """OpenAI's flow unchanged: upload the input file, create the batch by its id, poll it,
+    download its output and error files by the ids it gives; they are the batch's files."""
+    from openai import NotFoundError, OpenAI, UnprocessableEntityError
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    source = _source().encode()
+    upload = client.files.create(file=("embed.jsonl", source), purpose="batch")
+    assert (upload.bytes, upload.purpose, upload.filename) == (len(source), "batch", "embed.jsonl")
+    assert client.files.retrieve(upload.id).bytes == len(source)
+    assert client.files.content(upload.id).content == source
+
+    created = client.batches.create(
+        input_file_id=upload.id,
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+        metadata={"run": "nightly"},
+    )
+    assert (created.endpoint, created.input_file_id) == ("/v1/embeddings", upload.id)
+    assert created.metadata == {"run": "nightly"} and created.output_file_id is None
+    until(lambda: client.batches.retrieve(created.id).status == "completed", timeout=240)
+    batch = client.batches.retrieve(created.id)
+    assert batch.request_counts is not None
+    counts = batch.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (3 + len(REFUSED), 3, len(REFUSED))
+    assert batch.output_file_id and batch.error_file_id
+    for file_id, name in ((batch.output_file_id, "output"), (batch.error_file_id, "errors")):
+        lines = [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+        assert lines == _jsonl(base_url, batch.id, name)
+    assert lines[0]["custom_id"] == REFUSED[0][0]
+
+    with pytest.raises(NotFoundError):
+        client.batches.create(
+            input_file_id=f"file-{'0' * 32}", endpoint="/v1/embeddings", completion_window="24h"
+        )
+    with pytest.raises(UnprocessableEntityError):
+        client.files.create(file=("x.jsonl", source), purpose="fine-tune")
+    with pytest.raises(NotFoundError):
+        client.files.content(f"file-{'0' * 32}")
+
+
+def test_a_batch_names_its_lines_once(base_url: str, minilm_worker: int) -> None:
+    """An `endpoint` binds every line to it; a file id comes alone, not beside a file."""
+    source = _source().encode()
+    created = _create(base_url, source, endpoint="/v1/jobs")
+    errors = _jsonl(base_url, _wait_ended(base_url, created["id"])["id"], "errors")
+    assert created["endpoint"] == "/v1/jobs"
+    assert {e["error"]["type"] for e in errors} == {"url_mismatch", "invalid_request"}
+    both = httpx.post(
+        f"{base_url}/v1/batches",
+        files={"file": ("b.jsonl", source)},
+        data={"input_file_id": f"file-{'0' * 32}"},
+        timeout=30,
+    )
+    assert both.status_code == 422 and "input_file_id" in both.json()["error"]["message"]
+    empty = httpx.post(
+        f"{base_url}/v1/files", files={"file": ("e.jsonl", b"\n")}, data={"purpose": "batch"}
+    )
+    assert empty.status_code == 422 and "empty" in empty.json()["error"]["message"]
 
 
 USAGE_OF_3 = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}

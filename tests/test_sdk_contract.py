@@ -67,6 +67,10 @@ NOT_READ_BY_SDK = {
     # JSONL files, not one JSON document: the SDK parses each line (BatchOutput, BatchError).
     ("get", "/v1/batches/{batch_id}/output"),
     ("get", "/v1/batches/{batch_id}/errors"),
+    ("get", "/v1/files/{file_id}/content"),
+    # OpenAI's Files API, for its clients: the SDK sends a batch's lines in the request itself.
+    ("post", "/v1/files"),
+    ("get", "/v1/files/{file_id}"),
 }
 
 

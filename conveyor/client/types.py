@@ -76,6 +76,14 @@ class BatchCounts(_Open):
         return self.succeeded + self.failed
 
 
+class RequestCounts(_Open):
+    """OpenAI's names for a batch's counts: `completed` = succeeded."""
+
+    total: int
+    completed: int
+    failed: int
+
+
 class Batch(_Open):
     id: str
     object: str = "batch"
@@ -84,6 +92,11 @@ class Batch(_Open):
     endpoint: str = "/v1/jobs"
     completion_window: str | None = None
     counts: BatchCounts
+    request_counts: RequestCounts | None = None
+    input_file_id: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    metadata: dict[str, str] | None = None
     created_at: float
     in_progress_at: float | None = None
     finalizing_at: float | None = None

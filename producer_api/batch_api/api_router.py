@@ -11,12 +11,15 @@ from starlette.datastructures import UploadFile
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.batch_api.progress import view
-from producer_api.batch_api.protocol import WINDOW, BatchOptions, BatchView
+from producer_api.batch_api.protocol import WINDOW, BatchOptions, BatchView, Endpoint
 from producer_api.batch_api.serving import BatchApiService
 from producer_api.errors import ConveyorError
+from producer_api.files.serving import FilesService
+from producer_api.request_boundary import parse_json
 from producer_api.responses import FastJSONResponse
 from shared.batch_api_store import Refresh
 from shared.model_repository import NAME
+from shared.settings import get_settings
 
 router = APIRouter(tags=["batches"])
 BATCH_ID = Path(max_length=64, description="Batch id")
@@ -26,6 +29,7 @@ JSONL_UPLOADS = frozenset({"/v1/batches"})
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
+    400: {"description": "A multipart body that does not parse"},
     404: {"description": "Unknown batch or model"},
     409: {"description": "Batch not running (cancel) or not ended (files)"},
     413: {"description": "Body too large, or more items than the bulk lane can ever hold"},
@@ -36,6 +40,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 SubmitService = Annotated[BatchApiService, Depends(acting_for("submit", BatchApiService))]
+Uploads = Annotated[FilesService, Depends(acting_for("submit", FilesService))]
 ReadService = Annotated[BatchApiService, Depends(acting_for("read", BatchApiService))]
 
 
@@ -44,9 +49,13 @@ def _respond(request: Request, batch_id: str, progress: Refresh, status: int = 2
     return FastJSONResponse(view(batch_id, progress, base), status_code=status)
 
 
-async def _upload(request: Request, options: dict[str, Any]) -> tuple[bytes, BatchOptions]:
-    """The JSONL as the raw body, or as the `file` field of a multipart form whose other fields
-    are the options."""
+async def _upload(
+    request: Request, options: dict[str, Any], files: FilesService
+) -> tuple[bytes, BatchOptions]:
+    """The JSONL as the raw body, as the `file` field of a multipart form whose other fields
+    are the options, or as an uploaded file that OpenAI's JSON body names (`input_file_id`,
+    with `endpoint`, `completion_window` and `metadata`)."""
+    source: bytes | None = None
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         form = await request.form()
         upload = form.get("file")
@@ -54,10 +63,34 @@ async def _upload(request: Request, options: dict[str, Any]) -> tuple[bytes, Bat
             raise ConveyorError(422, "invalid_request", "multipart body needs a `file` field")
         source = await upload.read()
         options.update({k: v for k, v in form.items() if k != "file" and isinstance(v, str)})
+    elif (named := _names_a_file(request, body := await request.body())) is not None:
+        options.update(named)
     else:
-        source = await request.body()
+        source = body
+    parsed = _options(options)
+    if parsed.input_file_id is None:
+        return source or b"", parsed
+    if source is not None:
+        message = "input_file_id names the batch's lines: send it in a JSON body, not with a file"
+        raise ConveyorError(422, "invalid_request", message)
+    return await files.data(parsed.input_file_id), parsed
+
+
+def _names_a_file(request: Request, body: bytes) -> dict[str, Any] | None:
+    """OpenAI's create body, a JSON object naming `input_file_id`; None for JSONL (which a
+    one-line batch sent as `application/json` also is)."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        return None
     try:
-        return source, BatchOptions.model_validate(options)
+        value = parse_json(body, get_settings().max_json_depth)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and "input_file_id" in value else None
+
+
+def _options(options: dict[str, Any]) -> BatchOptions:
+    try:
+        return BatchOptions.model_validate(options)
     except ValidationError as exc:
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ConveyorError(422, "invalid_request", message) from None
@@ -67,20 +100,25 @@ async def _upload(request: Request, options: dict[str, Any]) -> tuple[bytes, Bat
 async def create_batch(
     request: Request,
     service: SubmitService,
+    files: Uploads,
     model: str | None = Query(
         default=None, pattern=NAME, description="Model for lines that name none"
     ),
     completion_window: str = Query(default="24h", pattern=WINDOW),
     webhook: str | None = Query(default=None, max_length=2048),
+    endpoint: Annotated[Endpoint | None, Query(description="The url every line names")] = None,
 ) -> Any:
-    """Create a batch from JSONL (`application/jsonl` body, or a multipart `file` upload with
-    the same options as form fields). One line per request: `{"custom_id", "body": {job}}`,
-    or `{"custom_id", "url", "body"}` for OpenAI's `/v1/embeddings`, `/v1/chat/completions` or
-    `/v1/completions`, `body` being that route's request (one url per batch).
+    """Create a batch from JSONL (`application/jsonl` body, a multipart `file` upload with
+    the same options as form fields, or OpenAI's JSON body naming an uploaded `input_file_id`).
+    One line per request: `{"custom_id", "body": {job}}`, or `{"custom_id", "url", "body"}` for
+    OpenAI's `/v1/embeddings`, `/v1/chat/completions` or `/v1/completions`, `body` being that
+    route's request (one url per batch).
     Invalid lines go to the errors file with their line number and reason; the rest run on
     the bulk lane."""
     options = {"model": model, "completion_window": completion_window, "webhook": webhook}
-    source, parsed = await _upload(request, {k: v for k, v in options.items() if v is not None})
+    options["endpoint"] = endpoint
+    given = {k: v for k, v in options.items() if v is not None}
+    source, parsed = await _upload(request, given, files)
     batch_id, progress = await service.create(source, parsed)
     return _respond(request, batch_id, progress, 202)
 

@@ -66,8 +66,8 @@ def _describe(exc: ValidationError, prefix: str) -> str:
 @dataclass
 class ParsedBatch:
     """The batch's model is the one asked for, else the first line's; every line must use it,
-    and the route the first valid line names (one model and one endpoint per batch, as in
-    OpenAI's Batch API)."""
+    and the route the batch names, else the first valid line's (one model and one endpoint per
+    batch, as in OpenAI's Batch API)."""
 
     model: str | None
     build: Build
@@ -128,15 +128,8 @@ def _line(raw: bytes, max_depth: int) -> BatchLine:
         raise LineError("invalid_request", _describe(exc, ""), known) from None
 
 
-def parse(
-    source: bytes,
-    model: str | None,
-    build: Build,
-    readers: Mapping[str, Reader],
-    max_depth: int,
-) -> ParsedBatch:
+def parse(source: bytes, parsed: ParsedBatch) -> ParsedBatch:
     """Line numbers count every physical line (1-based); blank lines are skipped."""
-    parsed = ParsedBatch(model, build, readers, max_depth)
     for number, raw in enumerate(source.splitlines(), start=1):
         if raw.strip():
             parsed.add(number, raw)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any
 
 from producer_api.batch_api.protocol import JOBS
@@ -60,6 +61,10 @@ def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
             "cancelled": counts["cancelled"],
             "expired": counts["expired"],
         },
+        "request_counts": {"total": total, "completed": counts["succeeded"], "failed": failed},
+        "input_file_id": fields.get("input_file_id"),
+        **_file_ids(batch_id, BatchStatus(fields["status"]).terminal),
+        "metadata": loads(fields["metadata"]) if "metadata" in fields else None,
         **{f"{name}_at": _seconds(fields, f"{name}_at") for name in _TIMESTAMPS},
         "webhook": None,
         "urls": {"self": base, "output": f"{base}/output", "errors": f"{base}/errors"},
@@ -68,6 +73,16 @@ def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
         attempts = loads(fields.get("webhook_attempts") or "[]")
         body["webhook"] = {"url": url, "status": fields.get("webhook_status"), "attempts": attempts}
     return body
+
+
+# The ids `GET /v1/files/{id}/content` serves an ended batch's output and errors files under.
+BATCH_FILE = re.compile(r"^(batch_[0-9a-f]{32})-(output|errors)$")
+
+
+def _file_ids(batch_id: str, ended: bool) -> dict[str, str | None]:
+    if not ended:
+        return {"output_file_id": None, "error_file_id": None}
+    return {"output_file_id": f"{batch_id}-output", "error_file_id": f"{batch_id}-errors"}
 
 
 class BatchApiProgress:

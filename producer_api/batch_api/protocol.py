@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -51,6 +51,15 @@ class BatchOptions(BaseModel):
     webhook: str | None = Field(
         default=None, max_length=2048, description="POSTed a signed event when the batch ends"
     )
+    endpoint: Endpoint | None = Field(
+        default=None, description="The url every line names (OpenAI's); else the first line's"
+    )
+    input_file_id: str | None = Field(
+        default=None, max_length=64, description="An uploaded file (POST /v1/files), not a body"
+    )
+    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
+        default=None, max_length=16, description="Kept and shown with the batch, as OpenAI's"
+    )
 
 
 class BatchCounts(BaseModel):
@@ -64,6 +73,14 @@ class BatchCounts(BaseModel):
     invalid: int
     cancelled: int
     expired: int
+
+
+class RequestCounts(BaseModel):
+    """OpenAI's names for the counts: `completed` = succeeded."""
+
+    total: int
+    completed: int
+    failed: int
 
 
 class BatchUrls(BaseModel):
@@ -90,6 +107,13 @@ class BatchView(BaseModel):
     )
     completion_window: str
     counts: BatchCounts
+    request_counts: RequestCounts
+    input_file_id: str | None = None
+    output_file_id: str | None = Field(
+        default=None, description="Once it ends: `GET /v1/files/{id}/content` is the output file"
+    )
+    error_file_id: str | None = None
+    metadata: dict[str, str] | None = None
     created_at: float
     in_progress_at: float | None = None
     finalizing_at: float | None = None

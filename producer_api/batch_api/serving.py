@@ -62,8 +62,10 @@ class BatchApiService:
             CHAT: partial(openai.sampling_line, ChatCompletionRequest),
             COMPLETIONS: partial(openai.sampling_line, CompletionRequest),
         }
-        depth = self.state.settings.max_json_depth
-        parsed = await asyncio.to_thread(lines.parse, source, options.model, build, readers, depth)
+        batch = lines.ParsedBatch(
+            options.model, build, readers, self.state.settings.max_json_depth, options.endpoint
+        )
+        parsed = await asyncio.to_thread(lines.parse, source, batch)
         if not parsed.items and not parsed.rejected:
             raise ConveyorError(422, "invalid_request", "the batch has no lines")
         await self._check_room(parsed.items)
@@ -73,6 +75,8 @@ class BatchApiService:
             "tenant": self.principal.tenant,
             "model": parsed.model or "",
             "endpoint": parsed.url or JOBS,
+            **({"input_file_id": options.input_file_id} if options.input_file_id else {}),
+            **({"metadata": dumps(options.metadata).decode()} if options.metadata else {}),
             "completion_window": options.completion_window,
             "expires_at": expires_ms,
             "total": len(parsed.items) + len(parsed.rejected),

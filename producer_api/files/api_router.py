@@ -1,0 +1,53 @@
+"""HTTP routes of the files resource: parse, call FilesService, return."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, File, Form, Path, UploadFile
+from fastapi.responses import StreamingResponse
+
+from producer_api.auth import AUTH_RESPONSES, acting_for
+from producer_api.files.protocol import FileObject
+from producer_api.files.serving import FilesService
+from producer_api.responses import FastJSONResponse
+
+router = APIRouter(tags=["files"])
+FILE_ID = Path(max_length=64, description="A file id, or a batch's output_file_id / error_file_id")
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    **AUTH_RESPONSES,
+    400: {"description": "A multipart body that does not parse"},
+    404: {"description": "Unknown file (or another tenant's)"},
+    409: {"description": "The batch whose file it is has not ended"},
+    413: {"description": "Body too large"},
+    422: {"description": "No file, an empty one, or a purpose other than batch"},
+    503: {"description": "Store unreachable"},
+}
+
+SubmitService = Annotated[FilesService, Depends(acting_for("submit", FilesService))]
+ReadService = Annotated[FilesService, Depends(acting_for("read", FilesService))]
+
+
+@router.post("/v1/files", response_model=FileObject, responses=_ERRORS)
+async def upload_file(
+    service: SubmitService,
+    file: Annotated[UploadFile, File(description="JSONL of batch lines")],
+    purpose: Annotated[Literal["batch"], Form()],
+) -> Any:
+    """Upload a batch input file (OpenAI's Files API; purpose `batch` only), kept for the
+    result TTL; `POST /v1/batches` takes its id as `input_file_id`."""
+    data = await file.read()
+    return FastJSONResponse(await service.upload(file.filename or "batch.jsonl", data))
+
+
+@router.get("/v1/files/{file_id}", response_model=FileObject, responses=_ERRORS)
+async def get_file(service: ReadService, file_id: str = FILE_ID) -> Any:
+    """An uploaded file's size, name and purpose."""
+    return FastJSONResponse(await service.get(file_id))
+
+
+@router.get("/v1/files/{file_id}/content", responses=_ERRORS)
+async def file_content(service: ReadService, file_id: str = FILE_ID) -> StreamingResponse:
+    """An uploaded file's bytes, or an ended batch's output or errors file (JSONL)."""
+    return StreamingResponse(await service.content(file_id), media_type="application/jsonl")

@@ -1,0 +1,80 @@
+"""The files logic without HTTP: keep a tenant's uploaded batch input, read it back, and serve
+an ended batch's output and errors files under the file ids its view gives."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from producer_api.auth.principal import ANONYMOUS, Principal
+from producer_api.batch_api.progress import BATCH_FILE
+from producer_api.batch_api.serving import BatchApiService
+from producer_api.errors import ConveyorError
+from producer_api.state import ProducerState
+from shared.job_store import now_ms
+
+FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
+
+
+def not_found(file_id: str) -> ConveyorError:
+    return ConveyorError(404, "not_found", f"file {file_id} not found")
+
+
+def file_object(file_id: str, fields: dict[str, str]) -> dict[str, Any]:
+    return {
+        "id": file_id,
+        "object": "file",
+        "bytes": int(fields["bytes"]),
+        "created_at": int(fields["created_at"]),
+        "filename": fields.get("filename", ""),
+        "purpose": fields["purpose"],
+    }
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+class FilesService:
+    def __init__(self, state: ProducerState, principal: Principal = ANONYMOUS) -> None:
+        self.state = state
+        self.store = state.file_store
+        self.principal = principal
+
+    async def upload(self, filename: str, data: bytes) -> dict[str, Any]:
+        """Keep a batch input file (purpose `batch`) for the result TTL; its lines are checked
+        when a batch names it, as an uploaded batch's are."""
+        if not data.strip():
+            raise ConveyorError(422, "invalid_request", "the file is empty")
+        file_id = f"file-{uuid.uuid4().hex}"
+        fields = {
+            "tenant": self.principal.tenant,
+            "filename": filename,
+            "purpose": "batch",
+            "bytes": str(len(data)),
+            "created_at": str(now_ms() // 1000),
+        }
+        await self.store.put(file_id, fields, data)
+        return file_object(file_id, fields)
+
+    async def get(self, file_id: str) -> dict[str, Any]:
+        fields = await self.store.fields(file_id) if FILE_ID.match(file_id) else None
+        if fields is None or fields.get("tenant") != self.principal.tenant:
+            raise not_found(file_id)
+        return file_object(file_id, fields)
+
+    async def data(self, file_id: str) -> bytes:
+        """An uploaded file's bytes (a batch's input); 404 for another tenant's."""
+        found = await self.store.data(file_id) if FILE_ID.match(file_id) else None
+        if found is None or found[0] != self.principal.tenant:
+            raise not_found(file_id)
+        return found[1]
+
+    async def content(self, file_id: str) -> AsyncIterator[bytes]:
+        """An uploaded file's bytes, or an ended batch's output or errors file (409 before it
+        ends)."""
+        if named := BATCH_FILE.match(file_id):
+            return await BatchApiService(self.state, self.principal).file(named[1], named[2])
+        return _once(await self.data(file_id))

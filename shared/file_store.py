@@ -1,0 +1,45 @@
+"""Files uploaded for the Batch API (OpenAI's `/v1/files`, purpose `batch`): a hash per file,
+its bytes beside its name, size and owner, in the file's own slot, kept as long as a batch's
+results are (the result TTL)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from itertools import chain
+
+import redis.asyncio as aioredis
+from redis.typing import EncodableT
+
+from shared.codec import as_text
+from shared.keys import Keys
+
+FIELDS = ("tenant", "filename", "purpose", "bytes", "created_at")
+
+
+class FileStore:
+    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+        self.redis = client
+        self.keys = keys
+        self.ttl_s = ttl_s
+
+    async def put(self, file_id: str, fields: Mapping[str, str], data: bytes) -> None:
+        key = self.keys.file(file_id)
+        items: list[EncodableT] = [*chain.from_iterable(fields.items()), "data", data]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, items=items)
+            pipe.expire(key, self.ttl_s)
+            await pipe.execute()
+
+    async def fields(self, file_id: str) -> dict[str, str] | None:
+        """The file's `FIELDS`, without its bytes; None when there is no such file."""
+        values = await self.redis.hmget(self.keys.file(file_id), FIELDS)
+        if values[0] is None:
+            return None
+        return {name: as_text(value) for name, value in zip(FIELDS, values, strict=True) if value}
+
+    async def data(self, file_id: str) -> tuple[str, bytes] | None:
+        """(its owner, its bytes); None when there is no such file."""
+        tenant, data = await self.redis.hmget(self.keys.file(file_id), ("tenant", "data"))
+        if tenant is None or data is None:
+            return None
+        return as_text(tenant), data if isinstance(data, bytes) else data.encode()
