@@ -43,3 +43,6 @@ class FileStore:
         if tenant is None or data is None:
             return None
         return as_text(tenant), data if isinstance(data, bytes) else data.encode()
+
+    async def delete(self, file_id: str) -> None:
+        await self.redis.delete(self.keys.file(file_id))

@@ -160,6 +160,10 @@ def test_the_official_client_runs_a_batch_through_the_files_api(
         lines = [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
         assert lines == _jsonl(base_url, batch.id, name)
     assert lines[0]["custom_id"] == REFUSED[0][0]
+    assert client.files.delete(upload.id).deleted
+    with pytest.raises(NotFoundError):
+        client.files.retrieve(upload.id)
+    assert client.batches.retrieve(batch.id).output_file_id == batch.output_file_id
 
     with pytest.raises(NotFoundError):
         client.batches.create(

@@ -71,6 +71,7 @@ NOT_READ_BY_SDK = {
     # OpenAI's Files API, for its clients: the SDK sends a batch's lines in the request itself.
     ("post", "/v1/files"),
     ("get", "/v1/files/{file_id}"),
+    ("delete", "/v1/files/{file_id}"),
 }
 
 

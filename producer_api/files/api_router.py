@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, File, Form, Path, UploadFile
 from fastapi.responses import StreamingResponse
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
-from producer_api.files.protocol import FileObject
+from producer_api.files.protocol import FileDeleted, FileObject
 from producer_api.files.serving import FilesService
 from producer_api.responses import FastJSONResponse
 
@@ -25,13 +25,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"description": "Store unreachable"},
 }
 
-SubmitService = Annotated[FilesService, Depends(acting_for("submit", FilesService))]
+Uploads = Annotated[FilesService, Depends(acting_for("submit", FilesService))]
 ReadService = Annotated[FilesService, Depends(acting_for("read", FilesService))]
 
 
 @router.post("/v1/files", response_model=FileObject, responses=_ERRORS)
 async def upload_file(
-    service: SubmitService,
+    service: Uploads,
     file: Annotated[UploadFile, File(description="JSONL of batch lines")],
     purpose: Annotated[Literal["batch"], Form()],
 ) -> Any:
@@ -45,6 +45,12 @@ async def upload_file(
 async def get_file(service: ReadService, file_id: str = FILE_ID) -> Any:
     """An uploaded file's size, name and purpose."""
     return FastJSONResponse(await service.get(file_id))
+
+
+@router.delete("/v1/files/{file_id}", response_model=FileDeleted, responses=_ERRORS)
+async def delete_file(service: Uploads, file_id: str = FILE_ID) -> Any:
+    """Forget an uploaded file; a batch made from it keeps its lines."""
+    return FastJSONResponse(await service.delete(file_id))
 
 
 @router.get("/v1/files/{file_id}/content", responses=_ERRORS)

@@ -16,3 +16,9 @@ class FileObject(BaseModel):
     created_at: int
     filename: str
     purpose: Literal["batch"]
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool

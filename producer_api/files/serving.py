@@ -65,6 +65,12 @@ class FilesService:
             raise not_found(file_id)
         return file_object(file_id, fields)
 
+    async def delete(self, file_id: str) -> dict[str, Any]:
+        """Forget an uploaded file (a batch made from it keeps its lines)."""
+        await self.get(file_id)
+        await self.store.delete(file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
     async def data(self, file_id: str) -> bytes:
         """An uploaded file's bytes (a batch's input); 404 for another tenant's."""
         found = await self.store.data(file_id) if FILE_ID.match(file_id) else None
