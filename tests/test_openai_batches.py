@@ -212,6 +212,7 @@ def test_a_generate_jobs_outputs_are_what_a_completion_reads() -> None:
         {"usage": USAGE_OF_3},
         {"text": 1, "usage": USAGE_OF_3},
         {"text": "x", "usage": {"prompt_tokens": 1}},
+        {"text": "x", "usage": USAGE_OF_3, "finish_reason": 1},
     ],
 )
 def test_other_outputs_of_a_generate_job_are_a_bad_gateway(outputs: Any) -> None:

@@ -136,14 +136,23 @@ def test_only_a_batch_model_may_embed() -> None:
     assert ModelConfig.model_validate(encoder).task == "embed"
 
 
-@pytest.mark.parametrize("outputs", [{"embeddings": [[0.5]]}, {"usage": {}}, [[0.5]], None])
+BAD_OUTPUTS = [
+    {"embeddings": [[0.5]]},
+    {"usage": {}},
+    [[0.5]],
+    None,
+    {"embeddings": 5, "usage": {}},
+]
+
+
+@pytest.mark.parametrize("outputs", BAD_OUTPUTS)
 def test_outputs_unlike_an_embedders_are_a_bad_gateway(outputs: Any) -> None:
     with pytest.raises(ConveyorError) as refused:
         embedding_list("odd", outputs)
     assert (refused.value.status, refused.value.type) == (502, "bad_model_output")
 
 
-@pytest.mark.parametrize("outputs", [{"embeddings": [[0.5]]}, {"usage": {}}, [[0.5]], None])
+@pytest.mark.parametrize("outputs", BAD_OUTPUTS)
 def test_outputs_unlike_an_embedders_are_a_bad_gateway_as_written_too(outputs: Any) -> None:
     with pytest.raises(ConveyorError) as refused:
         embedding_list("odd", as_written(dumps(outputs)))

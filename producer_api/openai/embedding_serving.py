@@ -66,8 +66,11 @@ def embedding_list(model: str, outputs: Any) -> dict[str, Any]:
 
 
 def _parsed_vectors(model: str, outputs: Any) -> tuple[list[Any], Any]:
-    if not isinstance(outputs, dict) or not {"embeddings", "usage"} <= outputs.keys():
-        message = f"model {model!r} answered no `embeddings` and `usage`, as task embed must"
+    embedder = isinstance(outputs, dict) and "usage" in outputs
+    if not embedder or not isinstance(outputs.get("embeddings"), list):
+        message = (
+            f"model {model!r} answered no list of `embeddings` and `usage`, as task embed must"
+        )
         raise ConveyorError(502, "bad_model_output", message)
     return outputs["embeddings"], outputs["usage"]
 

@@ -57,8 +57,8 @@ def generation_of(model: str, outputs: Any) -> Generation:
         usage = Usage.model_validate(outputs["usage"]).model_dump()
         text, finish_reason = outputs["text"], outputs.get("finish_reason")
     except (TypeError, KeyError, ValidationError):
-        usage, text = {}, None
-    if not isinstance(text, str) or not usage:
+        usage, text, finish_reason = {}, None, None
+    if not isinstance(text, str) or not usage or not isinstance(finish_reason, str | None):
         message = f"model {model!r} answered no `text` and `usage`, as a generate model must"
         raise ConveyorError(502, "bad_model_output", message)
     return Generation(text, finish_reason, usage)
