@@ -101,6 +101,31 @@ class BatchApiStore:
             pipe.expire(key, ttl_s)
             await pipe.execute()
 
+    async def enlist(self, tenant: str, batch_id: str, keep_s: int) -> None:
+        """Index the batch under its tenant; entries older than `keep_s` (the longest a batch
+        lives) are dropped, so the index stays as long as what it lists."""
+        key, now = self.keys.batches_of(tenant), now_ms()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(key, {batch_id: now})
+            pipe.zremrangebyscore(key, "-inf", now - keep_s * 1000)
+            pipe.expire(key, keep_s)
+            await pipe.execute()
+
+    async def listed(self, tenant: str, after: str | None, count: int) -> list[str]:
+        """Up to `count` of the tenant's batch ids, newest first, from the one after `after`."""
+        key, start = self.keys.batches_of(tenant), 0
+        if after is not None:
+            rank: Any = await self.redis.zrevrank(key, after)
+            if rank is None:
+                return []
+            start = rank + 1
+        ids: list[Any] = await self.redis.zrevrange(key, start, start + count - 1)
+        return [as_text(batch_id) for batch_id in ids]
+
+    async def unlist(self, tenant: str, batch_id: str) -> None:
+        """A batch whose keys expired before its index entry."""
+        await self.redis.zrem(self.keys.batches_of(tenant), batch_id)
+
     async def add_items(
         self,
         batch_id: str,

@@ -214,6 +214,10 @@ class Keys:
         """Lines refused at submit (invalid, or their partition was full), in line order."""
         return f"{self.prefix}batch:{{{batch_id}}}:rejected"
 
+    def batches_of(self, tenant: str) -> str:
+        """A tenant's batches, scored by their creation time in ms (sorted set), for listing."""
+        return f"{self.prefix}{CONTROL}batches:tenant:{tenant}"
+
     @property
     def batches_active(self) -> str:
         """Batches not yet finished, scored by their expiry time in ms (sorted set)."""

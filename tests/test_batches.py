@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import redis
 
+from conveyor.client import Client
 from conveyor.stack import Stack
 from shared.keys import Keys
 from tests.conftest import issue_key, until
@@ -248,3 +249,12 @@ def test_batches_belong_to_their_tenant(auth_stack: Stack) -> None:
     assert run.status_code == 202 and run.json()["counts"]["total"] == 3, run.text
     theirs_out = httpx.get(f"{files}/{batch_id}-output/content", headers={"X-API-Key": other})
     assert theirs_out.status_code == 404
+
+    # Each tenant lists its own batches, newest first, a page at a time.
+    with Client(auth_stack.base_url, api_key=acme) as client:
+        first = client.batches.list(limit=1)
+        assert [b.id for b in first.data] == [run.json()["id"]] and first.has_more
+        rest = client.batches.list(limit=5, after=first.last_id)
+        assert [b.id for b in rest.data] == [batch_id] and not rest.has_more
+    with Client(auth_stack.base_url, api_key=other) as client:
+        assert client.batches.list().data == []

@@ -150,6 +150,7 @@ def test_the_official_client_runs_a_batch_through_the_files_api(
     )
     assert (created.endpoint, created.input_file_id) == ("/v1/embeddings", upload.id)
     assert created.metadata == {"run": "nightly"} and created.output_file_id is None
+    assert [b.id for b in client.batches.list(limit=1).data] == [created.id]
     until(lambda: client.batches.retrieve(created.id).status == "completed", timeout=240)
     batch = client.batches.retrieve(created.id)
     assert batch.request_counts is not None

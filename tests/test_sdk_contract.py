@@ -26,7 +26,14 @@ from hypothesis.strategies import SearchStrategy
 from pydantic import BaseModel
 
 from conveyor.client.errors import APIError, raise_for_error
-from conveyor.client.types import Batch, ChatCompletion, ChatCompletionChunk, EmbeddingList, Job
+from conveyor.client.types import (
+    Batch,
+    BatchList,
+    ChatCompletion,
+    ChatCompletionChunk,
+    EmbeddingList,
+    Job,
+)
 from producer_api.app import create_app
 from producer_api.openai.protocol import ChatCompletionChunk as ServerChatCompletionChunk
 
@@ -48,6 +55,7 @@ SDK_READS: dict[tuple[str, str, str], type[BaseModel]] = {
     ("post", "/v1/chat/completions", "200"): ChatCompletion,
     ("post", "/v1/embeddings", "200"): EmbeddingList,
     ("post", "/v1/batches", "202"): Batch,
+    ("get", "/v1/batches", "200"): BatchList,
     ("get", "/v1/batches/{batch_id}", "200"): Batch,
     ("post", "/v1/batches/{batch_id}/cancel", "200"): Batch,
 }

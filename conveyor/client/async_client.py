@@ -19,6 +19,7 @@ from conveyor.client.retries import OnRetry, RetryEvent, RetryPolicy
 from conveyor.client.sse import EventStream
 from conveyor.client.types import (
     Batch,
+    BatchList,
     BatchResults,
     ChatCompletion,
     ChatCompletionChunk,
@@ -179,6 +180,9 @@ class AsyncBatches:
 
     async def get(self, batch_id: str) -> Batch:
         return await self.client.run(calls.get_batch(batch_id))
+
+    async def list(self, limit: int = 20, after: str | None = None) -> BatchList:
+        return await self.client.run(calls.list_batches(limit, after))
 
     async def cancel(self, batch_id: str) -> Batch:
         return await self.client.run(calls.cancel_batch(batch_id))

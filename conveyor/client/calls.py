@@ -19,6 +19,7 @@ from conveyor.client.errors import APIError, WaitTimeout
 from conveyor.client.types import (
     Batch,
     BatchError,
+    BatchList,
     BatchOutput,
     BatchResults,
     ChatCompletion,
@@ -205,6 +206,12 @@ def create_batch(
 def get_batch(batch_id: str) -> Op[Batch]:
     response = yield Call("GET", f"/v1/batches/{batch_id}")
     return Batch.model_validate(response.json())
+
+
+def list_batches(limit: int, after: str | None) -> Op[BatchList]:
+    params: dict[str, str | int] = {"limit": limit, **({"after": after} if after else {})}
+    response = yield Call("GET", "/v1/batches", params=params)
+    return BatchList.model_validate(response.json())
 
 
 def cancel_batch(batch_id: str) -> Op[Batch]:

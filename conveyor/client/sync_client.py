@@ -19,6 +19,7 @@ from conveyor.client.retries import OnRetry, RetryEvent, RetryPolicy
 from conveyor.client.sse import EventStream
 from conveyor.client.types import (
     Batch,
+    BatchList,
     BatchResults,
     ChatCompletion,
     ChatCompletionChunk,
@@ -191,6 +192,10 @@ class Batches:
 
     def get(self, batch_id: str) -> Batch:
         return self.client.run(calls.get_batch(batch_id))
+
+    def list(self, limit: int = 20, after: str | None = None) -> BatchList:
+        """The tenant's batches, newest first: `after=page.last_id` while `page.has_more`."""
+        return self.client.run(calls.list_batches(limit, after))
 
     def cancel(self, batch_id: str) -> Batch:
         return self.client.run(calls.cancel_batch(batch_id))

@@ -113,6 +113,16 @@ class Batch(_Open):
         return self.status in BATCH_TERMINAL
 
 
+class BatchList(_Open):
+    """A page of the tenant's batches, newest first; `last_id` is the next page's `after`."""
+
+    object: str = "list"
+    data: list[Batch]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
+
+
 class BatchOutput(_Open):
     """One line of a batch's output file: the job's `outputs`, or in a batch of lines for
     one of OpenAI's routes OpenAI's `response` (`{status_code, request_id, body}`, `body`

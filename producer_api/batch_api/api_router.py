@@ -11,7 +11,7 @@ from starlette.datastructures import UploadFile
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.batch_api.progress import view
-from producer_api.batch_api.protocol import WINDOW, BatchOptions, BatchView, Endpoint
+from producer_api.batch_api.protocol import WINDOW, BatchList, BatchOptions, BatchView, Endpoint
 from producer_api.batch_api.serving import BatchApiService
 from producer_api.errors import ConveyorError
 from producer_api.files.serving import FilesService
@@ -121,6 +121,24 @@ async def create_batch(
     source, parsed = await _upload(request, given, files)
     batch_id, progress = await service.create(source, parsed)
     return _respond(request, batch_id, progress, 202)
+
+
+@router.get("/v1/batches", response_model=BatchList, responses=_ERRORS)
+async def list_batches(
+    request: Request,
+    service: ReadService,
+    after: Annotated[
+        str | None, Query(max_length=64, description="A batch id: list from the one after it")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> Any:
+    """The tenant's batches, newest first (OpenAI's list: `has_more`, `after` = `last_id`)."""
+    batches, more = await service.list(after, limit)
+    base = str(request.url_for("list_batches"))
+    data = [view(batch_id, progress, f"{base}/{batch_id}") for batch_id, progress in batches]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    body = {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": more}
+    return FastJSONResponse(body)
 
 
 @router.get("/v1/batches/{batch_id}", name="get_batch", response_model=BatchView, responses=_ERRORS)

@@ -124,3 +124,13 @@ class BatchView(BaseModel):
     expires_at: float
     webhook: WebhookState | None = None
     urls: BatchUrls
+
+
+class BatchList(BaseModel):
+    """OpenAI's list of batches, newest first; `after` = `last_id` pages on."""
+
+    object: Literal["list"] = "list"
+    data: list[BatchView]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

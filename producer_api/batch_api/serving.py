@@ -90,6 +90,8 @@ class BatchApiService:
         open_lists = sorted({open_list for _, open_list in accepted})
         invalid = {"invalid": len(rejected)}
         await self.store.start(batch_id, open_lists, len(accepted), invalid, expires_ms)
+        longest_s = 2 * self.state.settings.result_ttl_s  # a window is at most the result TTL
+        await self.store.enlist(self.principal.tenant, batch_id, longest_s)
         progress = await self._look(batch_id)
         if progress.fields["status"] == BatchStatus.FAILED:
             await self.progress.notify(batch_id, progress)
@@ -180,6 +182,28 @@ class BatchApiService:
 
     async def get(self, batch_id: str) -> Refresh:
         return await self._look(batch_id)
+
+    async def list(self, after: str | None, limit: int) -> tuple[list[tuple[str, Refresh]], bool]:
+        """The tenant's batches, newest first, from the one after `after`: up to `limit`, and
+        whether more follow. A batch whose keys expired leaves the index once passed over."""
+        found: list[tuple[str, Refresh]] = []
+        gone: list[str] = []
+        while True:
+            wanted = limit + 1 - len(found)
+            ids = await self.store.listed(self.principal.tenant, after, wanted)
+            for batch_id in ids:
+                try:
+                    found.append((batch_id, await self._look(batch_id)))
+                except ConveyorError as exc:
+                    if exc.status != 404:
+                        raise
+                    gone.append(batch_id)
+            if len(ids) < wanted or len(found) > limit:
+                break
+            after = ids[-1]
+        for batch_id in gone:
+            await self.store.unlist(self.principal.tenant, batch_id)
+        return found[:limit], len(found) > limit
 
     async def cancel(self, batch_id: str) -> Refresh:
         """Cancel every item not yet finished (running ones included; their results are then
