@@ -18,6 +18,7 @@ from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.batch_api.sweeper import BatchApiSweeper
 from shared.batch_api_store import BatchApiStore, BatchStatus, open_lists
 from shared.codec import RequestEntry
+from shared.file_store import FileStore
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
 from shared.redis_client import RedisClient
@@ -144,3 +145,29 @@ async def test_cancel_settles_every_partition_and_ends_the_batch(
             ["succeeded"] * 3 + ["cancelled"] * 7
         )
     assert await progress.end(batch_id, BatchStatus.CANCELLED) is None
+
+
+async def test_input_files_and_the_tenant_index_work_across_masters(
+    cluster: LocalCluster, client: RedisClient
+) -> None:
+    """Each uploaded file is a key of its own slot (spread over the masters); a tenant's batch
+    index is one key of the control plane's."""
+    files = FileStore(client, KEYS, TTL_S)
+    ids = [f"file-{uuid.uuid4().hex}" for _ in range(20)]
+    for n, file_id in enumerate(ids):
+        await files.put(file_id, {"tenant": "acme", "bytes": "5"}, f"{n}\n".encode())
+    assert len({cluster.master_of(KEYS.file(file_id)).port for file_id in ids}) > 1
+    assert await files.data(ids[7]) == ("acme", b"7\n")
+    assert await files.fields(ids[7]) == {"tenant": "acme", "bytes": "5"}
+    await files.delete(ids[7])
+    assert await files.data(ids[7]) is None and await files.fields(ids[7]) is None
+
+    store = _services(client)[0]
+    batches = [f"batch_{uuid.uuid4().hex}" for _ in range(3)]
+    for batch_id in batches:
+        await store.enlist("acme", batch_id, TTL_S)
+        await asyncio.sleep(0.002)  # scored by the ms each was created in
+    assert await store.listed("acme", None, 2) == batches[:0:-1]
+    assert await store.listed("acme", batches[1], 5) == batches[:1]
+    await store.unlist("acme", batches[0])
+    assert await store.listed("acme", None, 5) == batches[:0:-1]
