@@ -258,3 +258,18 @@ def test_batches_belong_to_their_tenant(auth_stack: Stack) -> None:
         assert [b.id for b in rest.data] == [batch_id] and not rest.has_more
     with Client(auth_stack.base_url, api_key=other) as client:
         assert client.batches.list().data == []
+
+
+def test_a_batch_whose_keys_expired_leaves_the_list(
+    base_url: str, stack_redis: redis.Redis
+) -> None:
+    """The tenant index outlives nothing it lists: an entry whose batch is gone is passed
+    over and dropped, and the page is filled from the ones after it."""
+    kept = _create(base_url, _canary_lines(1), model="identity")["id"]
+    expired = _create(base_url, _canary_lines(1), model="identity")["id"]
+    index = Keys().batches_of("default")
+    assert stack_redis.zscore(index, expired) is not None
+    stack_redis.delete(Keys().batch(expired))  # as its TTL would
+    page = httpx.get(f"{base_url}/v1/batches", params={"limit": 1}, timeout=30).json()
+    assert [b["id"] for b in page["data"]] == [kept]
+    assert stack_redis.zscore(index, expired) is None
