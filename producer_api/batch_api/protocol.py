@@ -57,9 +57,9 @@ class BatchOptions(BaseModel):
     input_file_id: str | None = Field(
         default=None, max_length=64, description="An uploaded file (POST /v1/files), not a body"
     )
-    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
-        default=None, max_length=16, description="Kept and shown with the batch, as OpenAI's"
-    )
+    metadata: (
+        dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None
+    ) = Field(default=None, max_length=16, description="Kept and shown with the batch, as OpenAI's")
 
 
 class BatchCounts(BaseModel):
