@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -212,8 +213,10 @@ def test_refused_batches(base_url: str) -> None:
 
 
 def test_batches_belong_to_their_tenant(auth_stack: Stack) -> None:
-    acme = issue_key(auth_stack.redis_url, "acme", "submit", "read")
-    other = issue_key(auth_stack.redis_url, "globex", "submit", "read")
+    # tenants of their own: other tests on this stack create batches too (their lists differ)
+    suffix = uuid.uuid4().hex[:8]
+    acme = issue_key(auth_stack.redis_url, f"acme-{suffix}", "submit", "read")
+    other = issue_key(auth_stack.redis_url, f"globex-{suffix}", "submit", "read")
     url = f"{auth_stack.base_url}/v1/batches"
     source = _canary_lines(3).encode()
     anonymous = httpx.post(url, params={"model": "identity"}, content=source)
