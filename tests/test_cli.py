@@ -47,6 +47,10 @@ def test_batch_submit_wait_writes_both_files(
     assert all(o["outputs"] == {"i": int(o["custom_id"][1:])} for o in output)
     assert [(e["line"], e["error"]["type"]) for e in errors] == [(11, "invalid_json")]
     assert "completed: 299 succeeded, 1 failed" in result.stdout
+    batch_id = result.stdout.split()[0]
+    newest, *more = _run("batch", "list", "--limit", "1", "--url", base_url).stdout.splitlines()
+    assert newest.split() == [batch_id, "completed", "299/1", "of", "300", "/v1/jobs"]
+    assert more in ([], [f"more: --after {batch_id}"])  # other tests' batches may follow
 
 
 def test_submit_and_jobs(base_url: str, identity_worker: int) -> None:

@@ -121,6 +121,22 @@ def get(batch_id: str, url: str | None, api_key: str | None) -> None:
         click.echo(client.batches.get(batch_id).model_dump_json(indent=2))
 
 
+@command.command("list")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100))
+@click.option("--after", default=None, help="A batch id: list from the one after it.")
+@connection_options
+def list_batches(limit: int, after: str | None, url: str | None, api_key: str | None) -> None:
+    """One line per batch of yours, newest first: id, status, succeeded/failed of total, url."""
+    with connect(url, api_key) as client:
+        page = client.batches.list(limit, after)
+    for batch in page.data:
+        counts = batch.counts
+        done = f"{counts.succeeded}/{counts.failed} of {counts.total}"
+        click.echo(f"{batch.id}  {batch.status:<11} {done:<18} {batch.endpoint}")
+    if page.has_more:
+        click.echo(f"more: --after {page.last_id}")
+
+
 @command.command("cancel")
 @click.argument("batch_id")
 @connection_options
