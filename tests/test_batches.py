@@ -213,6 +213,8 @@ def test_refused_batches(base_url: str) -> None:
 
 
 def test_batches_belong_to_their_tenant(auth_stack: Stack) -> None:
+    """A batch, the file it was made from, its output file and the list of batches are each
+    their tenant's alone."""
     # tenants of their own: other tests on this stack create batches too (their lists differ)
     suffix = uuid.uuid4().hex[:8]
     acme = issue_key(auth_stack.redis_url, f"acme-{suffix}", "submit", "read")

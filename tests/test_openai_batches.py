@@ -1,8 +1,9 @@
-"""Batch files in OpenAI's format of `/v1/embeddings` lines, on the real pipeline (producer,
-Celery worker, embedded Valkey, minilm on ONNX Runtime): each line runs as the job its
-embeddings request is, the output file answers each as the route would (OpenAI's batch output
-line), lines the route would refuse go to the errors file, and the SDK and CLI read the result.
-Chat and completion lines run on the real SmolLM2 in tests/test_llm_pipeline.py."""
+"""OpenAI's Batch API on the real pipeline (producer, Celery worker, embedded Valkey, minilm on
+ONNX Runtime): a file of `/v1/embeddings` lines runs each as the job its request is, the output
+file answers each as the route would (OpenAI's batch output line), lines the route would refuse
+go to the errors file, and the SDK and CLI read the result; the official `openai` client runs
+the whole flow through the Files API. Chat and completion lines run on the real SmolLM2 in
+tests/test_llm_pipeline.py; tenancy of files and lists in tests/test_batches.py."""
 
 from __future__ import annotations
 

@@ -54,18 +54,7 @@ class BatchApiService:
             raise ConveyorError(422, "invalid_request", why)
         if options.model is not None and self.state.repository.get(options.model) is None:
             raise ConveyorError(404, "not_found", f"model {options.model!r} not found")
-        build = JobsService(self.state, self.principal).build
-        openai = EmbeddingService(self.state, self.principal)
-        readers: dict[str, lines.Reader] = {
-            JOBS: lines.job_body,
-            EMBEDDINGS: openai.embedding_line,
-            CHAT: partial(openai.sampling_line, ChatCompletionRequest),
-            COMPLETIONS: partial(openai.sampling_line, CompletionRequest),
-        }
-        batch = lines.ParsedBatch(
-            options.model, build, readers, self.state.settings.max_json_depth, options.endpoint
-        )
-        parsed = await asyncio.to_thread(lines.parse, source, batch)
+        parsed = await asyncio.to_thread(lines.parse, source, self._batch(options))
         if not parsed.items and not parsed.rejected:
             raise ConveyorError(422, "invalid_request", "the batch has no lines")
         await self._check_room(parsed.items)
@@ -96,6 +85,20 @@ class BatchApiService:
         if progress.fields["status"] == BatchStatus.FAILED:
             await self.progress.notify(batch_id, progress)
         return batch_id, progress
+
+    def _batch(self, options: BatchOptions) -> lines.ParsedBatch:
+        """What a batch's lines are read into: each line's body as the route its url names
+        reads it (the same checks), built into a job as `/v1/jobs` builds one."""
+        openai = EmbeddingService(self.state, self.principal)
+        readers: dict[str, lines.Reader] = {
+            JOBS: lines.job_body,
+            EMBEDDINGS: openai.embedding_line,
+            CHAT: partial(openai.sampling_line, ChatCompletionRequest),
+            COMPLETIONS: partial(openai.sampling_line, CompletionRequest),
+        }
+        build = JobsService(self.state, self.principal).build
+        depth = self.state.settings.max_json_depth
+        return lines.ParsedBatch(options.model, build, readers, depth, options.endpoint)
 
     def _window_s(self, window: str) -> int:
         seconds = int(window[:-1]) * _UNITS[window[-1]]
