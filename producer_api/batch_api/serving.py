@@ -194,13 +194,14 @@ class BatchApiService:
         while True:
             wanted = limit + 1 - len(found)
             ids = await self.store.listed(self.principal.tenant, after, wanted)
-            for batch_id in ids:
-                try:
-                    found.append((batch_id, await self._look(batch_id)))
-                except ConveyorError as exc:
-                    if exc.status != 404:
-                        raise
+            looks = await asyncio.gather(*map(self._look, ids), return_exceptions=True)
+            for batch_id, look in zip(ids, looks, strict=True):
+                if isinstance(look, Refresh):
+                    found.append((batch_id, look))
+                elif isinstance(look, ConveyorError) and look.status == 404:
                     gone.append(batch_id)
+                else:
+                    raise look
             if len(ids) < wanted or len(found) > limit:
                 break
             after = ids[-1]

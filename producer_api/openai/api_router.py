@@ -5,7 +5,7 @@ embeddings."""
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends
@@ -25,6 +25,7 @@ from producer_api.openai.protocol import (
     CompletionRequest,
     EmbeddingList,
     EmbeddingRequest,
+    Sampling,
 )
 from producer_api.openai.serving import ChatRenderer, CompletionRenderer, OpenAIService, Renderer
 from producer_api.responses import FastJSONResponse
@@ -34,8 +35,6 @@ router = APIRouter(tags=["openai"])
 JOB_HEADER = "X-Conveyor-Job-Id"
 PING_S = 15
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for it; nobody reads it, but logs and metrics do
-
-T = TypeVar("T")
 
 _DESCRIPTIONS = {
     400: "The model does not generate text",
@@ -65,39 +64,38 @@ Service = Annotated[OpenAIService, Depends(acting_for("submit", OpenAIService))]
 Embedder = Annotated[EmbeddingService, Depends(acting_for("submit", EmbeddingService))]
 
 
-async def _unless_gone(
-    request: Request, service: OpenAIService, job_id: str, waiting: Coroutine[Any, Any, T]
-) -> T | None:
-    """`waiting`'s result, or None when the client went away first: then its job is cancelled,
-    so the engine does not work for nobody."""
+async def _whole(
+    request: Request, service: OpenAIService, job_id: str, answer: Coroutine[Any, Any, Any]
+) -> Response:
+    """`answer` once the job ends, or 499 when the client went away first: then its job is
+    cancelled, so the engine does not work for nobody."""
+    headers = {JOB_HEADER: job_id}
     try:
-        return await unless_disconnected(request, waiting)
+        body = await unless_disconnected(request, answer)
     except ClientDisconnected:
         with anyio.CancelScope(shield=True):  # the server may be cancelling this handler
             await service.cancel(job_id)
-        return None
+        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
+    return FastJSONResponse(body, headers=headers)
 
 
 async def _answer(
-    request: Request, service: OpenAIService, job_id: str, renderer: Renderer, stream: bool
+    request: Request, service: OpenAIService, body: Sampling, renderer_of: type[Renderer]
 ) -> Response:
-    """Interactive requests: a client that goes away (stream closed early, or the whole answer
-    no longer awaited) cancels its job, so the engine does not generate for nobody."""
-    headers = {JOB_HEADER: job_id}
-    if stream:
-        shutdown = anyio.Event()
-        return EventSourceResponse(
-            service.stream(job_id, renderer, shutdown),
-            ping=PING_S,
-            headers=headers,
-            shutdown_event=shutdown,
-            shutdown_grace_period=GRACE_S,
-        )
-    generation = await _unless_gone(request, service, job_id, service.complete(job_id))
-    if generation is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
-    body = renderer.response(generation).model_dump(mode="json")
-    return FastJSONResponse(body, headers=headers)
+    """Interactive requests, run as a job: a client that goes away (stream closed early, or
+    the whole answer no longer awaited) cancels its job."""
+    job_id = await service.submit(body)
+    renderer = renderer_of(job_id, body.model, body.include_usage)
+    if not body.stream:
+        return await _whole(request, service, job_id, service.answer(job_id, renderer))
+    shutdown = anyio.Event()
+    return EventSourceResponse(
+        service.stream(job_id, renderer, shutdown),
+        ping=PING_S,
+        headers={JOB_HEADER: job_id},
+        shutdown_event=shutdown,
+        shutdown_grace_period=GRACE_S,
+    )
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses=_RESPONSES)
@@ -107,23 +105,13 @@ async def chat_completions(
     """OpenAI's chat completion, run as a Conveyor job (its id in `X-Conveyor-Job-Id`); with
     `stream: true`, chunks as server-sent events. A client that disconnects before the answer
     (streamed or not) cancels the job."""
-    job_id = await service.submit(body)
-    return await _answer(
-        request, service, job_id, ChatRenderer(job_id, body.model, body.include_usage), body.stream
-    )
+    return await _answer(request, service, body, ChatRenderer)
 
 
 @router.post("/v1/completions", response_model=Completion, responses=_RESPONSES)
 async def completions(request: Request, body: CompletionRequest, service: Service) -> Response:
     """OpenAI's (legacy) text completion of a raw prompt, run as a Conveyor job."""
-    job_id = await service.submit(body)
-    return await _answer(
-        request,
-        service,
-        job_id,
-        CompletionRenderer(job_id, body.model, body.include_usage),
-        body.stream,
-    )
+    return await _answer(request, service, body, CompletionRenderer)
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingList, responses=_EMBEDDING_RESPONSES)
@@ -132,8 +120,4 @@ async def embeddings(request: Request, body: EmbeddingRequest, service: Embedder
     model (its id in `X-Conveyor-Job-Id`); `encoding_format: base64` gives each vector as its
     little-endian float32 bytes. A client that disconnects before the answer cancels the job."""
     job_id = await service.submit_texts(body)
-    headers = {JOB_HEADER: job_id}
-    answer = await _unless_gone(request, service, job_id, service.embedded(job_id, body.model))
-    if answer is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
-    return FastJSONResponse(answer, headers=headers)
+    return await _whole(request, service, job_id, service.embedded(job_id, body.model))

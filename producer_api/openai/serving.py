@@ -198,6 +198,10 @@ class OpenAIService:
             job_id
         )
 
+    async def answer(self, job_id: str, renderer: Renderer) -> dict[str, Any]:
+        """The whole (non-streamed) response, once the job ends."""
+        return renderer.response(await self.complete(job_id)).model_dump(mode="json")
+
     async def complete(self, job_id: str) -> Generation:
         """Wait for the job by reading its token stream; raises if it did not succeed."""
         text: list[str] = []
