@@ -24,6 +24,7 @@ from redis.exceptions import ResponseError
 
 from benchmarks.pipeline_stack import BIN, database_url, spawn, spawn_api, wait_until_answers
 from conveyor.stack import Stack, free_port
+from shared.redis_client import push_as_received
 
 # A database of its own, beside Conveyor's and the Celery baseline's.
 REDIS_URL = os.environ.get("MINIMAL_HOP_REDIS_URL", "redis://127.0.0.1:6379/2")
@@ -36,7 +37,9 @@ class Replies:
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.channel = f"minimal-hop:reply:{os.getpid()}"
-        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub = client.pubsub(
+            ignore_subscribe_messages=True, push_handler_func=push_as_received
+        )
         self.waiting: dict[str, asyncio.Future[Any]] = {}
 
     async def listen(self) -> None:

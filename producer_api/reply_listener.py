@@ -25,7 +25,7 @@ from producer_api.task_cancel import cancel_and_wait
 from shared.codec import as_text, loads, spliced_outputs
 from shared.job_store import JobStore
 from shared.keys import Keys, job_tag
-from shared.redis_client import RedisClient, is_cluster
+from shared.redis_client import RedisClient, is_cluster, push_as_received
 
 log = logging.getLogger(__name__)
 Node = tuple[str, int]  # (host, port); one server is the node (None-less key: ("", 0))
@@ -97,10 +97,10 @@ class ReplyListener:
     def _pubsub(self, node: Node) -> aioredis.client.PubSub:
         """The subscription connection to `node`, with its listening task (made on first use)."""
         if node not in self._nodes:
-            if node == ONE_SERVER:
-                pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-            else:
-                pubsub = self._node_client(node).pubsub(ignore_subscribe_messages=True)
+            client = self.redis if node == ONE_SERVER else self._node_client(node)
+            pubsub = client.pubsub(
+                ignore_subscribe_messages=True, push_handler_func=push_as_received
+            )
             self._nodes[node] = pubsub
             self._tasks[node] = asyncio.create_task(self._listen(node), name="reply-listener")
         return self._nodes[node]

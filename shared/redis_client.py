@@ -227,6 +227,13 @@ def connect(
     return aioredis.Redis.from_pool(pool)  # the client owns its pool: aclose() closes both
 
 
+async def push_as_received(message: Any) -> Any:
+    """A pub/sub push handler that passes each message on untouched. redis-py speaks RESP3 by
+    default, and its own handler formats every pushed message into a debug log line, logged or
+    not: ~285 µs for one reply of 32 embeddings (130 KB), 40 % of a producer's CPU in part G."""
+    return message
+
+
 def is_cluster(client: RedisClient) -> bool:
     return isinstance(client, RedisCluster)
 

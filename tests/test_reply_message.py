@@ -1,12 +1,21 @@
 """A worker's reply to the waiting producer carries a job's outputs as the JSON text the worker
-wrote them in: neither the producer nor anyone before it parses the numbers, and the producer's
-answer holds that text as it was, the same job view a parsed reply would give."""
+wrote them in: neither the producer nor anyone before it parses or formats the numbers, and the
+producer's answer holds that text as it was, the same job view a parsed reply would give."""
 
 from __future__ import annotations
 
-import numpy as np
+import asyncio
+import logging
 
+import numpy as np
+import pytest
+import redis.asyncio as aioredis
+
+from producer_api.reply_listener import ReplyListener
 from shared.codec import OUTPUTS_TEXT, dumps, loads, spliced_outputs
+from shared.job_store import JobStore
+from shared.keys import Keys
+from shared.redis_client import connect
 from workers.partition.finish import Finish
 
 
@@ -30,3 +39,26 @@ def test_outputs_travel_as_text_and_are_answered_as_written() -> None:
 def test_a_view_without_outputs_is_left_as_it_is() -> None:
     cancelled = {"id": "job-2", "status": "cancelled", "model": "m", "variant": "v"}
     assert spliced_outputs(dict(cancelled)) == cancelled
+
+
+async def test_the_listener_takes_a_large_reply_without_formatting_it(
+    redis_url: str, aredis: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """redis-py's own pub/sub push handler writes every message into a debug line, formatted
+    whether or not it is logged (hundreds of µs for a reply of 32 embeddings): the listener's
+    replies go around it, and still arrive whole."""
+    client = connect(redis_url)
+    keys = Keys()
+    listener = ReplyListener(client, keys, "p1", JobStore(client, keys, 60))
+    try:
+        outputs = dumps({"embeddings": np.random.rand(32, 384).astype(np.float32)}).decode()
+        waiting = await listener.register("job-1")
+        caplog.set_level(logging.DEBUG, logger="push_response")
+        reply = [{"id": "job-1", "status": "succeeded", OUTPUTS_TEXT: outputs}]
+        await aredis.execute_command("SPUBLISH", listener.channel("job-1"), dumps(reply))
+        view = await asyncio.wait_for(waiting, timeout=10)
+        assert dumps(view["outputs"]) == outputs.encode()
+        assert [r for r in caplog.records if r.name == "push_response"] == []
+    finally:
+        await listener.stop()
+        await client.aclose()
