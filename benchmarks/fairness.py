@@ -61,9 +61,11 @@ def run(scale: Scale, workdir: Path) -> PartResult:
             stack.stop_process(WORKER)  # a warm shutdown: it finishes and acks what it holds
             flood = asyncio.run(_flood(urls[fair], flooder, scale))
             start_worker()
-            beside = _beside(urls[fair], (flooder, quiet), flood, scale)
-            runs.append({"run": label, **asyncio.run(beside)})
-            _wait_drained(stack)
+            quiet_ids = asyncio.run(_quiet(urls[fair], quiet, scale.fair_quiet))
+            quiet_timings = asyncio.run(_timings(urls[fair], quiet, quiet_ids))
+            _wait_drained(stack)  # A's timings are read after, so polls never slow the drain
+            flood_timings = asyncio.run(_timings(urls[fair], flooder, flood))
+            runs.append({"run": label, **_beside(quiet_timings, flood_timings)})
     finally:
         stack.stop()
     return _result(runs, scale)
@@ -158,21 +160,16 @@ async def _flood(url: str, flooder: str, scale: Scale) -> list[str]:
         return list(await asyncio.gather(*(flood_one() for _ in range(scale.fair_flood))))
 
 
-async def _beside(
-    url: str, keys: tuple[str, str], flood: list[str], scale: Scale
-) -> dict[str, Any]:
-    """B's jobs beside the queued flood, and both tenants' timings once all have ended."""
-    flooder, quiet = keys
-    quiet_timings = await _timings(url, quiet, await _quiet(url, quiet, scale.fair_quiet))
-    flood_timings = await _timings(url, flooder, flood)
-    flood_ended = max(t["finished"] for t in flood_timings)
-    met = [t["queue_wait_ms"] for t in quiet_timings if t["created"] < flood_ended]
+def _beside(quiet: list[dict[str, Any]], flood: list[dict[str, Any]]) -> dict[str, Any]:
+    """B's figures beside the flood: which of its jobs met it, and how long the flood took."""
+    flood_ended = max(t["finished"] for t in flood)
+    met = [t["queue_wait_ms"] for t in quiet if t["created"] < flood_ended]
     return {
-        "quiet_waits_ms": [t["queue_wait_ms"] for t in quiet_timings],
-        "quiet_e2e_ms": _end_to_end_ms(quiet_timings),
+        "quiet_waits_ms": [t["queue_wait_ms"] for t in quiet],
+        "quiet_e2e_ms": _end_to_end_ms(quiet),
         "quiet_during_flood_waits_ms": met,
-        "flood_waits_ms": [t["queue_wait_ms"] for t in flood_timings],
-        "flood_drain_s": round(flood_ended - min(t["started"] for t in flood_timings), 3),
+        "flood_waits_ms": [t["queue_wait_ms"] for t in flood],
+        "flood_drain_s": round(flood_ended - min(t["started"] for t in flood), 3),
         "quiet_during_flood": len(met),
     }
 
