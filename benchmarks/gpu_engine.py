@@ -25,7 +25,7 @@ from benchmarks.pipeline_stack import (
     running_stack,
     start_worker,
 )
-from benchmarks.process_cpu import CpuMeter, cores_busy
+from benchmarks.process_cpu import CpuMeter, ThreadMeter, cores_busy
 from benchmarks.profiling import profile_during
 from benchmarks.report import PartResult, Skipped, Table, Target, ratio
 from benchmarks.scales import Scale
@@ -219,10 +219,13 @@ def _point(
         r["graph_sentences_per_s"] for r in engine_rows if r["batch"] == engine_batch
     )
     meter, began = CpuMeter(pids), time.time()
+    threads = ThreadMeter({name: pid for name, pid in pids.items() if name.startswith("worker")})
     meter.start()
+    threads.start()
     load = drive(
         closed_loop(target, CONCURRENCY, scale.seconds, scale.max_requests, scale.warmup_s)
     )
+    seconds = time.time() - began
     per_s = load.rps * per_job
     return {
         "texts": per_job,
@@ -233,7 +236,8 @@ def _point(
         "engine_batch": engine_batch,
         "engine_per_s": engine_per_s,
         "share": ratio(per_s, engine_per_s),
-        "cores_busy": cores_busy(meter.stop(), time.time() - began),
+        "cores_busy": cores_busy(meter.stop(), seconds),
+        "worker_threads": threads.stop(seconds),
     }
 
 
@@ -246,6 +250,11 @@ def _job_target(url: str, texts: list[str], per_job: int, encoding: str) -> Load
         for i in range(0, len(texts), per_job)
     ]
     return LoadTarget.post(url, bodies)
+
+
+def _spread(name: str, threads: dict[str, Any]) -> str:
+    busiest = "/".join(f"{c:g}" for c in threads["busiest"])
+    return f"{name} {busiest}; {threads['busy_threads']} of {threads['threads']}"
 
 
 def _engine_table(rows: list[dict[str, Any]]) -> Table:
@@ -270,6 +279,7 @@ def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
             "engine limit /s",
             "pipeline ÷ engine",
             "cores busy",
+            "worker threads: busiest cores; threads over 1 % of a core, of all",
         ],
         [
             [
@@ -282,6 +292,7 @@ def _pipeline_table(rows: list[dict[str, Any]]) -> Table:
                 r["engine_per_s"],
                 r["share"],
                 ", ".join(f"{name} {cores:g}" for name, cores in r["cores_busy"].items()),
+                ", ".join(_spread(name, t) for name, t in r["worker_threads"].items()),
             ]
             for r in rows
         ],

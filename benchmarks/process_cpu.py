@@ -48,6 +48,45 @@ class CpuMeter:
         return {name: value - self._before[name] for name, value in self._now().items()}
 
 
+class ThreadMeter:
+    """How each named process's CPU spread over its threads between `start()` and `stop()`: one
+    thread near a whole core is a single-threaded limit; many threads each using a little is a
+    thread pool spinning while it waits (the tokenizer's rayon pool, OpenMP), which a Python
+    profiler does not see, since those threads run no Python. A thread that ends within the
+    window is not counted: meant for a server's long-lived pools."""
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self.pids = dict(pids)
+        self._before: dict[str, dict[int, float]] = {}
+
+    @staticmethod
+    def _threads(pid: int) -> dict[int, float]:
+        try:
+            return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+        except psutil.NoSuchProcess:
+            return {}
+
+    def start(self) -> None:
+        self._before = {name: self._threads(pid) for name, pid in self.pids.items()}
+
+    def stop(self, seconds: float, top: int = 3) -> dict[str, dict[str, Any]]:
+        """Per process: the `top` busiest threads' cores, and how many threads used over 1 %
+        of a core, of how many."""
+        spread = {}
+        for name, pid in self.pids.items():
+            before = self._before.get(name, {})
+            after = self._threads(pid)
+            cores = sorted(
+                ((s - before.get(t, 0.0)) / seconds for t, s in after.items()), reverse=True
+            )
+            spread[name] = {
+                "busiest": [round(c, 2) for c in cores[:top]],
+                "busy_threads": sum(1 for c in cores if c > 0.01),
+                "threads": len(cores),
+            }
+        return spread
+
+
 def per_request_ms(cpu_s: Mapping[str, float], requests: int) -> dict[str, float]:
     """CPU milliseconds per completed request, by process."""
     if requests <= 0:
