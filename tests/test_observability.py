@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,7 +25,7 @@ from producer_api.app import create_app
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.telemetry import current_traceparent, tracing_on
-from tests.conftest import until
+from tests.conftest import running_stack, until
 from workers.batching.micro_batch_telemetry import stage_span
 from workers.runtime.consumer_runtime import ConsumerRuntime
 
@@ -112,6 +113,21 @@ def test_worker_logs_are_json_with_job_ids(stack: Stack, identity_worker: int) -
 
     logged: list[dict[str, Any]] = until(batch_events, timeout=10)
     assert all({"time", "level", "name", "trace_id"} <= e.keys() for e in logged)
+
+
+def test_a_worker_logs_at_conveyor_log_level_not_celerys(tmp_path: Path) -> None:
+    """CONVEYOR_LOG_LEVEL=WARNING leaves out the worker's per-micro-batch lines, although its
+    command line says `--loglevel=INFO`, as every manifest's does (Celery used to set the root
+    logger to that)."""
+    with running_stack(tmp_path, CONVEYOR_AUTH="disabled", CONVEYOR_LOG_LEVEL="WARNING") as quiet:
+        quiet.start_worker("identity:default")
+        url = f"{quiet.base_url}/v1/models/identity/predict"
+        for n in range(3):
+            response = httpx.post(url, json={"inputs": {"n": n}}, timeout=30)
+            assert response.status_code == 200, response.text
+        quiet.stop_process("identity-default")  # a warm shutdown: whatever it logs is written
+        logged = (quiet.log_dir / "identity-default.log").read_text()
+    assert "batch finished" not in logged  # test_worker_logs_are_json_with_job_ids: at INFO
 
 
 @pytest.fixture

@@ -3,6 +3,9 @@ owns the process lifecycle; the StreamConsumer bootstep does the inference work.
 
 from __future__ import annotations
 
+from typing import Any
+
+from celery import signals
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from shared.celery_broker import broker_app
@@ -14,6 +17,15 @@ from workers.runtime.stream_consumer import StreamConsumer
 
 settings = get_settings()
 configure_logging(settings.log_level)
+
+
+@signals.setup_logging.connect
+def _keep_conveyor_logging(**_: Any) -> None:
+    """A receiver here makes Celery leave logging alone: without one it set the root logger
+    to the worker's `--loglevel` (INFO in every manifest), whatever CONVEYOR_LOG_LEVEL said."""
+    configure_logging(settings.log_level)
+
+
 if configure_tracing("conveyor-worker"):
     CeleryInstrumentor().instrument()
 
