@@ -5,8 +5,8 @@
 # tree). ../shared/gpu/make-kit.sh packs the same in two, which the dependencies have outgrown.
 #   each call but the last, carry .gpu-kit/kI:
 #     mkdir -p /tmp/kit/deps; cp .gpu-kit/kI/slice.* /tmp/kit/; cp .gpu-kit/kI/*.whl /tmp/kit/deps/; ls -R /tmp/kit
-#   the last, carry .gpu-kit/kN: PARTS="G F E EC" bash benchmarks/device/on-device.sh .gpu-kit/kN
-#   then, on the same machine, carry .gpu-kit/kN again: SKIP_TESTS=1 PARTS=A bash benchmarks/device/on-device.sh .gpu-kit/kN
+#   the last, carry .gpu-kit/kN: PARTS="G F EC" bash benchmarks/device/on-device.sh .gpu-kit/kN
+#   then, on the same machine, carry .gpu-kit/kN again: SKIP_TESTS=1 PARTS="E A" bash benchmarks/device/on-device.sh .gpu-kit/kN
 # Make them back to back: the machine goes back after 30 s idle, and /tmp/kit with it.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel); cd "$root"
