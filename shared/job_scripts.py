@@ -95,17 +95,18 @@ local function undelivered(stream, group)
 end
 
 -- Fair lanes: move held entries into the stream by weighted deficit round robin until it holds
--- `window` undelivered ones. The tenant at the head of the ring gets `weight` more credit when
--- its turn starts and moves one entry per credit; a tenant whose list empties leaves the ring
--- (its credit reset), one out of credit goes to the back. A moved job gets its `seq` then (it
--- joins the stream now); a held job no longer queued (cancelled, gone) is dropped, so it never
--- reaches a worker.
-local function refill(stream, group, job_prefix)
+-- `upto` undelivered ones: a read, the micro-batch it is about to take; anything else, one, so
+-- that a worker blocked on the stream wakes. Entries moved in are committed ahead of any tenant
+-- that comes later, so no more are moved than the next read takes. The tenant at the head of the
+-- ring gets `weight` more credit when its turn starts and moves one entry per credit; a tenant
+-- whose list empties leaves the ring (its credit reset), one out of credit goes to the back. A
+-- moved job gets its `seq` then (it joins the stream now); a held job no longer queued
+-- (cancelled, gone) is dropped, so it never reaches a worker.
+local function refill(stream, group, job_prefix, upto)
   local fair, ring, held = stream .. FAIR, stream .. FAIR_RING, stream .. HELD
-  local state = redis.call('HMGET', fair, 'held', 'window')
-  local left = tonumber(state[1]) or 0
+  local left = tonumber(redis.call('HGET', fair, 'held')) or 0
   if left <= 0 then return end
-  local room = tonumber(state[2]) - undelivered(stream, group)
+  local room = upto - undelivered(stream, group)
   while room > 0 and left > 0 do
     local tenant = redis.call('LINDEX', ring, 0)
     if not tenant then left = 0; break end
@@ -164,7 +165,7 @@ end
 TAKE = (
     _PRELUDE
     + """
-for k = 1, #KEYS do refill(KEYS[k], ARGV[1], ARGV[4]) end
+for k = 1, #KEYS do refill(KEYS[k], ARGV[1], ARGV[4], tonumber(ARGV[3])) end
 for k = 1, #KEYS do
   local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
                          'STREAMS', KEYS[k], '>')
@@ -263,9 +264,9 @@ local function enqueue(jk, max_ahead, weight, first, entry, last)
   if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(fields)) == 1 then
     redis.call('RPUSH', stream .. FAIR_RING, tenant)
   end
-  redis.call('HSET', stream .. FAIR, 'w:' .. tenant, weight, 'window', window)
+  redis.call('HSET', stream .. FAIR, 'w:' .. tenant, weight)
   redis.call('HINCRBY', stream .. FAIR, 'held', 1)
-  refill(stream, group, job_prefix)
+  refill(stream, group, job_prefix, 1)
   length = nil  -- refill may have moved held jobs into the stream
   return {1, ahead, 0}
 end
@@ -340,7 +341,7 @@ for _, e in ipairs(res[2]) do
     table.insert(out, {eid, fields, status, deliveries})
   end
 end
-refill(KEYS[1], ARGV[1], ARGV[5])  -- a dead-lettered entry leaves room in a fair lane's stream
+refill(KEYS[1], ARGV[1], ARGV[5], 1)  -- a dead-lettered entry leaves a fair lane's stream
 return out
 """
 )
@@ -409,7 +410,7 @@ if #ids > 0 then
     redis.call('EXPIRE', KEYS[2], 120)
   end
 end
-refill(KEYS[1], ARGV[1], ARGV[3])  -- each write-back tops a fair lane's stream up
+refill(KEYS[1], ARGV[1], ARGV[3], 1)  -- each write-back keeps a fair lane's stream awake
 return written
 """
 )

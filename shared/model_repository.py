@@ -80,8 +80,9 @@ class QueueLimits(BaseModel):
     admit_by_deadline: bool = False
     # Serve tenants by weighted deficit round robin instead of in arrival order: once the lane's
     # stream holds `fair_window` undelivered entries (default: max_batch_size), new jobs are held
-    # per tenant and moved in by weight (docs/architecture.md, "Fair queuing"). Off by default:
-    # held jobs are not in the stream, so KEDA's streamLength trigger does not see them.
+    # per tenant and moved in by weight as reads take them (docs/architecture.md, "Fair
+    # queuing"). Off by default: held jobs are not in the stream, so KEDA's streamLength
+    # trigger does not see them.
     fair: bool = False
     fair_window: int | None = Field(default=None, ge=1)
 

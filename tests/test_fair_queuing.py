@@ -172,28 +172,32 @@ async def test_a_cancelled_held_job_never_reaches_a_worker(aredis: aioredis.Redi
     assert await aredis.hget(KEYS.fair(stream), "held") == b"0"
 
 
-async def test_a_held_backlog_drains_under_a_worker_that_was_idle(aredis: aioredis.Redis) -> None:
-    """The worker blocks on the empty lanes (plain XREADGROUP) before the burst comes; the burst
-    fills the window and the rest is held. Every job must still run: the write-back of each
-    micro-batch refills the stream, and a full micro-batch switches the worker to TAKE."""
-    config = _config(window=4)
+async def _drained_batch_sizes(
+    aredis: aioredis.Redis, config: ModelConfig, burst: int
+) -> list[int]:
+    """The micro-batches (their sizes) in which a worker's own read path (LaneScheduler,
+    blocked in XREADGROUP on the empty lanes before the burst comes) serves a burst of `burst`
+    jobs per tenant of "a" and "b" with `config`, once every one of them has run."""
     partition = Partition.of(KEYS, config, "default")
     reader = await _reader(aredis, config)
     events = JobEvents("redis://unused")
     writer = ResultWriter(aredis, KEYS, 60, events, WORKER)
     lanes = LaneScheduler(partition, reader, Reclaimer(aredis, KEYS, partition, WORKER, 60, events))
     done: list[str] = []
+    sizes: list[int] = []
+    batch_size = config.max_batch_size_of("default")
 
     async def serve() -> None:
         while True:
-            for stream, batch in await lanes.next_batch(4, 0, 10_000):
+            for stream, batch in await lanes.next_batch(batch_size, 0, 10_000):
+                sizes.append(len(batch))
                 finishes = [partition.finish(d, JobStatus.SUCCEEDED, {}) for d in batch]
                 done.extend(f.job_id for f in await writer.finish(stream, finishes))
 
     worker = asyncio.create_task(serve())
     await asyncio.sleep(0.3)  # blocked in XREADGROUP on both (empty) lanes
     store = JobStore(aredis, KEYS, 60)
-    jobs = [_job(config, tenant) for _ in range(15) for tenant in ("a", "b")]
+    jobs = [_job(config, tenant) for _ in range(burst) for tenant in ("a", "b")]
     await _enqueue(store, jobs)
     try:
 
@@ -207,6 +211,47 @@ async def test_a_held_backlog_drains_under_a_worker_that_was_idle(aredis: aiored
             await worker
     assert sorted(done) == sorted(j.entry.job_id for j in jobs)
     assert await aredis.hget(KEYS.fair(partition.online), "held") == b"0"
+    return sizes
+
+
+async def test_a_held_backlog_drains_under_a_worker_that_was_idle(aredis: aioredis.Redis) -> None:
+    """The burst's first `window` jobs go straight into the stream and wake the worker; the
+    rest are held. Every job must still run: each write-back keeps an entry in the stream, and
+    each read moves a micro-batch in."""
+    await _drained_batch_sizes(aredis, _config(window=4), burst=15)
+
+
+async def test_after_a_short_first_read_a_fair_lane_is_read_in_full_batches(
+    aredis: aioredis.Redis,
+) -> None:
+    """A window smaller than a micro-batch wakes the worker with a short batch, and a
+    write-back keeps just one entry in the stream: a blocking read would keep finding one
+    job. A fair lane's worker follows any read that found work with a TAKE, which moves a whole
+    micro-batch in."""
+    sizes = await _drained_batch_sizes(aredis, _config(window=2, batch=4), burst=15)
+    assert sizes[0] <= 2 and all(size == 4 for size in sizes[1:-1]), sizes
+    assert len(sizes) <= 9, sizes  # 30 jobs: the first read's 2, then full batches of 4
+
+
+async def test_a_newcomer_is_read_by_the_first_take_after_it_arrives(
+    aredis: aioredis.Redis,
+) -> None:
+    """Only a read moves a micro-batch's worth of held jobs into the stream; a write-back
+    moves one, to wake a blocked worker. So a tenant arriving beside a flood is not queued
+    behind a window of the flood committed to the stream before it came."""
+    config = _config(window=4)
+    partition = Partition.of(KEYS, config, "default")
+    reader = await _reader(aredis, config)
+    writer = ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), WORKER)
+    store = JobStore(aredis, KEYS, 60)
+    stream = partition.online
+    await _enqueue(store, [_job(config, "a") for _ in range(24)])  # 4 in the stream, 20 held
+    taken = await reader.take([stream], 4)
+    assert taken is not None and len(taken[1]) == 4
+    await writer.finish(stream, [partition.finish(d, JobStatus.SUCCEEDED, {}) for d in taken[1]])
+    assert await aredis.xlen(stream) == 1  # the write-back moved one of a's jobs in, not four
+    await _enqueue(store, [_job(config, "b")])
+    assert "b" in await _take_tenants(reader, stream, 4)
 
 
 @pytest.fixture

@@ -46,6 +46,10 @@ class LaneScheduler:
         self.preferred = partition.config.preferred_batch_sizes_of(partition.variant)
         self.arrivals = ArrivalRate()
         self.backlog = False  # the last read filled a micro-batch: more is likely waiting
+        # A fair lane's stream holds as few entries as keep a blocked worker awake while jobs
+        # are held (one); only TAKE moves a micro-batch's worth in, so any read that found work
+        # is followed by a TAKE rather than another blocking read.
+        self.fair = partition.config.queue.fair
         self.after_outage = False  # a read's reply may have been lost: look in our pending list
 
     def outage(self) -> None:
@@ -82,7 +86,9 @@ class LaneScheduler:
                 self.backlog = len(batch[1]) >= max_items
                 return [await self._topped_up(batch, max_items, delay_ms)]
         waited = await self.reader.wait([self.online, self.bulk], max_items, block_ms)
-        self.backlog = any(len(deliveries) >= max_items for _, deliveries in waited)
+        self.backlog = any(
+            len(deliveries) >= max_items or (self.fair and deliveries) for _, deliveries in waited
+        )
         return [await self._topped_up(b, max_items, delay_ms) for b in waited]
 
     async def _topped_up(self, batch: MicroBatch, max_items: int, delay_ms: float) -> MicroBatch:
