@@ -261,8 +261,9 @@ def _result(runs: list[dict[str, Any]], scale: Scale) -> PartResult:
             " none). 'A drain s' runs from the worker's first start on A's jobs to their last"
             " finish.",
             "With fair queuing on a B job waits for the micro-batch in hand and its turn in the"
-            " ring (at most one window of undelivered entries, max_batch_size by default);"
-            " a micro-batch is not preempted, so that floor stays whatever the flood's size.",
+            " ring, which the next read serves (a fair lane's stream holds no more of the flood"
+            " than that read takes); a micro-batch is not preempted, so that floor stays"
+            " whatever the flood's size.",
             "minilm's engine is staged: the worker reads micro-batch n+1 while the engine runs n,"
             " so a B job can find one more micro-batch ahead of it than a read alone would give;"
             " its queue wait runs until the engine starts on it, and end to end is submit to"
