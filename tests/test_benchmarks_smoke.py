@@ -155,7 +155,8 @@ def test_part_f_fairness(tmp_path: Path) -> None:
             e2e > wait for e2e, wait in zip(r["quiet_e2e_ms"], r["quiet_waits_ms"], strict=True)
         )
     for r in runs[1:]:  # the flood was queued whole before B's first job, so B met it
-        assert 1 <= r["quiet_during_flood"] == len(r["quiet_during_flood_waits_ms"]), r
+        met = r["quiet_during_flood"]
+        assert met >= 1 and met == len(r["quiet_during_flood_waits_ms"]), r
         assert set(r["quiet_during_flood_waits_ms"]) <= set(r["quiet_waits_ms"])
     [target] = document["targets"]
     unloaded = max(runs[0]["quiet_waits_ms"])  # p99 of 8: the max
