@@ -122,9 +122,10 @@ class BatchApiStore:
         ids: list[Any] = await self.redis.zrevrange(key, start, start + count - 1)
         return [as_text(batch_id) for batch_id in ids]
 
-    async def unlist(self, tenant: str, batch_id: str) -> None:
-        """A batch whose keys expired before its index entry."""
-        await self.redis.zrem(self.keys.batches_of(tenant), batch_id)
+    async def unlist(self, tenant: str, batch_ids: list[str]) -> None:
+        """Batches whose keys expired before their index entries, in one call."""
+        if batch_ids:
+            await self.redis.zrem(self.keys.batches_of(tenant), *batch_ids)
 
     async def add_items(
         self,

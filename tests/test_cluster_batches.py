@@ -169,5 +169,5 @@ async def test_input_files_and_the_tenant_index_work_across_masters(
         await asyncio.sleep(0.002)  # scored by the ms each was created in
     assert await store.listed("acme", None, 2) == batches[:0:-1]
     assert await store.listed("acme", batches[1], 5) == batches[:1]
-    await store.unlist("acme", batches[0])
+    await store.unlist("acme", [batches[0]])
     assert await store.listed("acme", None, 5) == batches[:0:-1]

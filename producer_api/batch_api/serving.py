@@ -205,8 +205,7 @@ class BatchApiService:
             if len(ids) < wanted or len(found) > limit:
                 break
             after = ids[-1]
-        for batch_id in gone:
-            await self.store.unlist(self.principal.tenant, batch_id)
+        await self.store.unlist(self.principal.tenant, gone)
         return found[:limit], len(found) > limit
 
     async def cancel(self, batch_id: str) -> Refresh:
