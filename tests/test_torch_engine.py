@@ -6,6 +6,7 @@ check fp16, CUDA graphs and the served variant on a CUDA device."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from functools import partial
 from pathlib import Path
@@ -401,6 +402,28 @@ def test_outputs_come_back_through_reused_pinned_buffers_on_cuda(artifacts):
         engine.finish(running)
     assert len(buffers) == 1
     assert engine.buffers.allocated == allocated
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_waiting_for_the_device_sleeps_instead_of_spinning_a_core(artifacts):
+    """`finish` waits on the micro-batch's event while the device is busy (here, ~tens of ms of
+    matrix products queued ahead of it on the engine's stream): a blocking event sleeps through
+    the wait, a default one busy-waits and burns the waiting thread's core the whole time."""
+    engine = torch_engine(artifacts, device="cuda", dtype="fp16")
+    engine.warmup()
+    assert engine.stream is not None
+    square = torch.randn((8192, 8192), device="cuda", dtype=torch.float16)
+    with torch.cuda.stream(engine.stream):
+        for _ in range(30):
+            square = (square @ square).clamp_(-1, 1)
+    running = engine.run(engine.prepare([{"texts": SENTENCES}]))
+    [call] = running.calls
+    assert call.done is not None and not call.done.query(), "the device is idle: no wait"
+    cpu, wall = time.thread_time(), time.perf_counter()
+    engine.finish(running)
+    cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+    assert cpu < wall / 2, f"the wait used {cpu * 1000:.1f} ms of CPU in {wall * 1000:.1f} ms"
 
 
 @pytest.mark.gpu

@@ -88,7 +88,10 @@ class PreparedBatch:
 @dataclass(slots=True)
 class RunningCall:
     """One engine call in flight: its leased host buffer, real rows, and the event marking the
-    end of its device-to-host copy (None on the CPU, where the copy is already done)."""
+    end of its device-to-host copy (None on the CPU, where the copy is already done). The event
+    blocks its waiter (cudaEventBlockingSync) instead of letting it spin: `finish` waits for the
+    device's whole micro-batch, behind other processes' work on a shared GPU, and a spinning
+    wait would hold a core the tokenizer and the result encoding need."""
 
     buffer: torch.Tensor
     rows: int
@@ -248,7 +251,7 @@ class TorchEngine(StagedBatchEngine):
         with torch.cuda.stream(self.stream):
             output = self._device_forward(host)
             buffer[:rows].copy_(output[:rows], non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(blocking=True)
             done.record(self.stream)
         return RunningCall(buffer, rows, done)
 
