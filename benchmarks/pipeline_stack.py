@@ -56,11 +56,13 @@ def _fit_preferred_sizes(config: dict[str, Any], max_batch_size: int) -> None:
 
 
 @contextmanager
-def running_stack(workdir: Path, producers: int = 1) -> Iterator[Stack]:
-    """Valkey and `producers` producer processes sharing one port (reading an unmodified copy
-    of the repository); stopped on exit. API keys are off: the baseline has none, and per-key
-    rate limits would cap the load."""
-    stack = Stack.create(workdir / "logs")
+def running_stack(
+    workdir: Path, producers: int = 1, valkey_config: dict[str, str] | None = None
+) -> Iterator[Stack]:
+    """Valkey (with `valkey_config`'s directives) and `producers` producer processes sharing
+    one port (reading an unmodified copy of the repository); stopped on exit. API keys are off:
+    the baseline has none, and per-key rate limits would cap the load."""
+    stack = Stack.create(workdir / "logs", valkey_config=valkey_config)
     stack.env["CONVEYOR_AUTH"] = "disabled"
     try:
         repository = repository_copy(workdir, "model_repository", {})

@@ -10,16 +10,20 @@ from typing import Any
 import psutil
 
 
-def _cpu_s(pid: int, children: bool) -> float:
-    """User + system seconds of a process, and of its children when asked (the embedded
-    Valkey's launcher runs the server binary as a child)."""
+def _members(pid: int, children: bool) -> list[psutil.Process]:
+    """A process, and its children when asked (the embedded Valkey's launcher runs the server
+    binary as a child); none once it is gone."""
     try:
         process = psutil.Process(pid)
-        members = [process, *(process.children(recursive=True) if children else [])]
+        return [process, *(process.children(recursive=True) if children else [])]
     except psutil.NoSuchProcess:
-        return 0.0
+        return []
+
+
+def _cpu_s(pid: int, children: bool) -> float:
+    """User + system seconds of a process, and of its children when asked."""
     total = 0.0
-    for member in members:
+    for member in _members(pid, children):
         try:
             times = member.cpu_times()
         except psutil.NoSuchProcess:
@@ -61,10 +65,14 @@ class ThreadMeter:
 
     @staticmethod
     def _threads(pid: int) -> dict[int, float]:
-        try:
-            return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
-        except psutil.NoSuchProcess:
-            return {}
+        """CPU seconds of each thread of the process and of its children."""
+        seconds: dict[int, float] = {}
+        for member in _members(pid, children=True):
+            try:
+                seconds |= {t.id: t.user_time + t.system_time for t in member.threads()}
+            except psutil.NoSuchProcess:
+                continue
+        return seconds
 
     def start(self) -> None:
         self._before = {name: self._threads(pid) for name, pid in self.pids.items()}
@@ -80,7 +88,7 @@ class ThreadMeter:
                 ((s - before.get(t, 0.0)) / seconds for t, s in after.items()), reverse=True
             )
             spread[name] = {
-                "busiest": [round(c, 2) for c in cores[:top]],
+                "busiest": [round(c, 3) for c in cores[:top]],
                 "busy_threads": sum(1 for c in cores if c > 0.01),
                 "threads": len(cores),
             }

@@ -38,6 +38,8 @@ class Scale:
     # clients per load-generator process (one process per producer).
     scale_max_pairs: int
     scale_concurrency: int
+    # Part E: Valkey's I/O threads (0: as many as the machine's cores spare, scaling.io_threads).
+    scale_io_threads: int = 0
     # Part F: the flooding tenant's jobs, and the quiet tenant's spaced ones.
     fair_flood: int = 2_000
     fair_quiet: int = 50
@@ -102,6 +104,7 @@ SMOKE = Scale(
     llm_max_tokens=4,
     scale_max_pairs=2,
     scale_concurrency=8,
+    scale_io_threads=2,  # on any machine: the smoke test sees the server run with them
     fair_flood=200,
     fair_quiet=8,
 )

