@@ -18,8 +18,10 @@ import pytest
 
 from conveyor.client import Client
 from conveyor.commands.batch import write_results
+from producer_api.batch_api.serving import _error, _openai_error
 from producer_api.errors import ConveyorError
 from producer_api.openai.serving import Generation, generation_of
+from shared.batch_api_store import ItemState
 from tests.conftest import until
 from tests.minilm_reference import (
     SENTENCES,
@@ -104,6 +106,9 @@ def test_an_openai_batch_of_embeddings_answers_as_the_route(
     assert [e["error"]["type"] for e in errors] == ERROR_TYPES
     for error, (custom_id, _, _, needle) in zip(errors, REFUSED, strict=True):
         assert error["custom_id"] == custom_id and needle in error["error"]["message"], error
+        # OpenAI's batch line as well: never ran, so no response, and the error has its code
+        assert error["id"] is None and error["response"] is None, error
+        assert error["error"]["code"] == error["error"]["type"], error
 
     # The SDK reads OpenAI's lines; the CLI writes them back as they were served.
     with Client(base_url) as client:
@@ -127,6 +132,7 @@ def test_a_batch_of_jobs_says_so_and_keeps_its_output_lines(
     assert output["outputs"] == {"x": 1} and "response" not in output
     [error] = _jsonl(base_url, batch["id"], "errors")
     assert (error["custom_id"], error["error"]["type"]) == ("b", "url_mismatch")
+    assert "response" not in error and "code" not in error["error"]  # Conveyor's line only
 
 
 def test_the_official_client_runs_a_batch_through_the_files_api(
@@ -195,6 +201,33 @@ def test_a_batch_names_its_lines_once(base_url: str, minilm_worker: int) -> None
         f"{base_url}/v1/files", files={"file": ("e.jsonl", b"\n")}, data={"purpose": "batch"}
     )
     assert empty.status_code == 422 and "empty" in empty.json()["error"]["message"]
+
+
+def test_lines_a_cancel_stopped_carry_openais_batch_cancelled(
+    base_url: str, minilm_worker: int
+) -> None:
+    source = "\n".join(
+        _line(f"c{i}", {"model": "minilm", "input": TEXTS[i % len(TEXTS)]}) for i in range(600)
+    )
+    created = _create(base_url, source + "\n")
+    cancelled = httpx.post(f"{base_url}/v1/batches/{created['id']}/cancel", timeout=30)
+    assert cancelled.status_code == 200, cancelled.text
+    errors = _jsonl(base_url, created["id"], "errors")
+    assert errors, "the cancel came after every line had run"
+    for error in errors:
+        assert (error["status"], error["response"]) == ("cancelled", None), error
+        assert error["error"]["code"] == "batch_cancelled" and error["id"], error
+
+
+def test_a_failed_job_answers_in_the_errors_file_as_its_route_would() -> None:
+    """A job the model failed on: the status `/predict` answers (422), its error as the body."""
+    raised = b'{"type": "ValueError", "message": "no tokens"}'
+    line = _openai_error(_error(ItemState("j1", "failed", "a", 3, None, raised)))
+    error = {"type": "ValueError", "message": "no tokens", "code": "ValueError"}
+    assert line["error"] == error and (line["id"], line["line"]) == ("j1", 3)
+    assert line["response"] == {"status_code": 422, "request_id": "j1", "body": {"error": error}}
+    expired = _openai_error(_error(ItemState("j2", None, "b", 4, None, None)))
+    assert (expired["response"], expired["error"]["code"]) == (None, "batch_expired")
 
 
 USAGE_OF_3 = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}

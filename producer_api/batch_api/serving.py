@@ -16,13 +16,14 @@ from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api import lines
 from producer_api.batch_api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, JOBS, BatchOptions
 from producer_api.errors import ConveyorError
-from producer_api.jobs.serving import JobsService
+from producer_api.jobs.serving import UNSUCCESSFUL_STATUS, JobsService
 from producer_api.openai.embedding_serving import EmbeddingService, embedding_list
 from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from producer_api.openai.serving import ChatRenderer, CompletionRenderer, generation_of
 from producer_api.state import ProducerState
 from shared.batch_api_store import CHUNK, BatchStatus, ItemState, Refresh
-from shared.codec import as_written, dumps, loads
+from shared.codec import as_objects, as_written, dumps, loads
+from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
 from shared.webhook_events import refusal
 
@@ -35,6 +36,13 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def not_found(batch_id: str) -> ConveyorError:
     return ConveyorError(404, "not_found", f"batch {batch_id} not found")
+
+
+# OpenAI's codes for a line its batch never answered, having been cancelled or expired first.
+_NEVER_ANSWERED: dict[str, str] = {
+    JobStatus.CANCELLED: "batch_cancelled",
+    JobStatus.EXPIRED: "batch_expired",
+}
 
 
 def _line(record: dict[str, Any]) -> bytes:
@@ -227,7 +235,9 @@ class BatchApiService:
         if not status.terminal:
             message = f"batch {batch_id} is {status.value}; its files are ready when it ends"
             raise ConveyorError(409, "conflict", message)
-        return self.output(batch_id, progress.fields) if kind == "output" else self.errors(batch_id)
+        if kind == "output":
+            return self.output(batch_id, progress.fields)
+        return self.errors(batch_id, progress.fields)
 
     async def output(self, batch_id: str, fields: Mapping[str, str]) -> AsyncIterator[bytes]:
         """One line per succeeded item, in line order: `{id, custom_id, line, outputs}`; in a
@@ -238,9 +248,11 @@ class BatchApiService:
         async for chunk in self.store.items(batch_id):
             yield b"".join(_line(render(item)) for item in chunk if item.status == "succeeded")
 
-    async def errors(self, batch_id: str) -> AsyncIterator[bytes]:
+    async def errors(self, batch_id: str, fields: Mapping[str, str]) -> AsyncIterator[bytes]:
         """One line per line that did not succeed, in line order: `{custom_id, line, status,
-        error: {type, message}}` (plus `id` for lines that became jobs)."""
+        error: {type, message}}` (plus `id` for lines that became jobs); in a batch of lines for
+        one of OpenAI's routes, OpenAI's `response` and `error.code` as well (`_openai_error`)."""
+        render = _openai_error if fields.get("endpoint", JOBS) != JOBS else dict
         rejected: list[dict[str, Any]] = []
         async for chunk in self.store.rejected(batch_id):
             rejected.extend(chunk)
@@ -249,11 +261,11 @@ class BatchApiService:
             out: list[bytes] = []
             for item in items:
                 while rejected and int(str(rejected[-1]["line"])) < item.line:
-                    out.append(_line(rejected.pop()))
+                    out.append(_line(render(rejected.pop())))
                 if item.status != "succeeded":
-                    out.append(_line(_error(item)))
+                    out.append(_line(render(_error(item))))
             yield b"".join(out)
-        yield b"".join(_line(record) for record in reversed(rejected))
+        yield b"".join(_line(render(record)) for record in reversed(rejected))
 
 
 def _output(item: ItemState) -> dict[str, Any]:
@@ -290,6 +302,22 @@ def _answer(endpoint: str, model: str, item: ItemState) -> Any:
     renderer = ChatRenderer if endpoint == CHAT else CompletionRenderer
     generation = generation_of(model, loads(outputs))
     return renderer(item.job_id, model).response(generation).model_dump(mode="json")
+
+
+def _openai_error(record: dict[str, Any]) -> dict[str, Any]:
+    """An errors-file line OpenAI's readers read too (its batch lines' shape, `{id, custom_id,
+    response, error: {code, message}}`), keeping Conveyor's fields: a job that failed carries the
+    `response` its route would have answered (the status `/predict` answers, the error as its
+    body, the job id as request id); a line that never ran, or was cancelled or expired before
+    it did, `response: null` and OpenAI's `batch_cancelled` or `batch_expired` as its code."""
+    error = as_objects(record["error"])
+    status = str(record["status"])
+    error = {**error, "code": _NEVER_ANSWERED.get(status, error.get("type", status))}
+    response = None
+    if status == JobStatus.FAILED:
+        code = UNSUCCESSFUL_STATUS[status]
+        response = {"status_code": code, "request_id": record["id"], "body": {"error": error}}
+    return {"id": None, **record, "response": response, "error": error}
 
 
 def _error(item: ItemState) -> dict[str, Any]:
