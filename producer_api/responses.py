@@ -13,3 +13,10 @@ from shared.codec import dumps
 class FastJSONResponse(JSONResponse):
     def render(self, content: Any) -> bytes:
         return dumps(content)
+
+
+def page_response(data: list[dict[str, Any]], has_more: bool) -> FastJSONResponse:
+    """A page of OpenAI's cursor lists (batches, files): the next page is `after=last_id`."""
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    page = {"object": "list", "data": data, "first_id": first, "last_id": last}
+    return FastJSONResponse({**page, "has_more": has_more})

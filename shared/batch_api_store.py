@@ -23,6 +23,7 @@ from shared.batch_api_scripts import ITEM_STATES
 from shared.codec import as_text, dumps, loads
 from shared.job_store import now_ms
 from shared.keys import Keys
+from shared.tenant_index import TenantIndexed
 
 CHUNK = 500
 BUDGET = 4 * CHUNK  # items one COUNT call may count: bounds how long it holds its server
@@ -84,7 +85,9 @@ class ItemState:
     error: bytes | None
 
 
-class BatchApiStore:
+class BatchApiStore(TenantIndexed):
+    """A tenant lists its batches (TenantIndexed, by `batches_of`)."""
+
     def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
         self.redis = client
         self.keys = keys
@@ -93,6 +96,9 @@ class BatchApiStore:
         self._advance = client.register_script(batch_api_scripts.ADVANCE)
         self._request_end = client.register_script(batch_api_scripts.REQUEST_END)
 
+    def index_of(self, tenant: str) -> str:
+        return self.keys.batches_of(tenant)
+
     async def create(self, batch_id: str, fields: Mapping[str, str | int], ttl_s: int) -> None:
         key = self.keys.batch(batch_id)
         mapping = {**fields, "status": BatchStatus.VALIDATING.value, "created_at": now_ms()}
@@ -100,32 +106,6 @@ class BatchApiStore:
             pipe.hset(key, items=_flat(mapping))
             pipe.expire(key, ttl_s)
             await pipe.execute()
-
-    async def enlist(self, tenant: str, batch_id: str, keep_s: int) -> None:
-        """Index the batch under its tenant; entries older than `keep_s` (the longest a batch
-        lives) are dropped, so the index stays as long as what it lists."""
-        key, now = self.keys.batches_of(tenant), now_ms()
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.zadd(key, {batch_id: now})
-            pipe.zremrangebyscore(key, "-inf", now - keep_s * 1000)
-            pipe.expire(key, keep_s)
-            await pipe.execute()
-
-    async def listed(self, tenant: str, after: str | None, count: int) -> list[str]:
-        """Up to `count` of the tenant's batch ids, newest first, from the one after `after`."""
-        key, start = self.keys.batches_of(tenant), 0
-        if after is not None:
-            rank: Any = await self.redis.zrevrank(key, after)
-            if rank is None:
-                return []
-            start = rank + 1
-        ids: list[Any] = await self.redis.zrevrange(key, start, start + count - 1)
-        return [as_text(batch_id) for batch_id in ids]
-
-    async def unlist(self, tenant: str, batch_ids: list[str]) -> None:
-        """Batches whose keys expired before their index entries, in one call."""
-        if batch_ids:
-            await self.redis.zrem(self.keys.batches_of(tenant), *batch_ids)
 
     async def add_items(
         self,

@@ -1,6 +1,6 @@
 """Files uploaded for the Batch API (OpenAI's `/v1/files`, purpose `batch`): a hash per file,
 its bytes beside its name, size and owner, in the file's own slot, kept as long as a batch's
-results are (the result TTL)."""
+results are (the result TTL); its tenant lists it (TenantIndexed)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,19 @@ from redis.typing import EncodableT
 
 from shared.codec import as_text
 from shared.keys import Keys
+from shared.tenant_index import TenantIndexed
 
 FIELDS = ("tenant", "filename", "purpose", "bytes", "created_at")
 
 
-class FileStore:
+class FileStore(TenantIndexed):
     def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
         self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
+
+    def index_of(self, tenant: str) -> str:
+        return self.keys.files_of(tenant)
 
     async def put(self, file_id: str, fields: Mapping[str, str], data: bytes) -> None:
         key = self.keys.file(file_id)
@@ -29,6 +33,7 @@ class FileStore:
             pipe.hset(key, items=items)
             pipe.expire(key, self.ttl_s)
             await pipe.execute()
+        await self.enlist(fields["tenant"], file_id, self.ttl_s)
 
     async def fields(self, file_id: str) -> dict[str, str] | None:
         """The file's `FIELDS`, without its bytes; None when there is no such file."""
@@ -44,5 +49,6 @@ class FileStore:
             return None
         return as_text(tenant), data if isinstance(data, bytes) else data.encode()
 
-    async def delete(self, file_id: str) -> None:
+    async def delete(self, file_id: str, tenant: str) -> None:
         await self.redis.delete(self.keys.file(file_id))
+        await self.unlist(tenant, [file_id])

@@ -218,6 +218,11 @@ class Keys:
         """A tenant's batches, scored by their creation time in ms (sorted set), for listing."""
         return f"{self.prefix}{CONTROL}batches:tenant:{tenant}"
 
+    def files_of(self, tenant: str) -> str:
+        """A tenant's uploaded files, scored by their upload time in ms (sorted set), for
+        listing."""
+        return f"{self.prefix}{CONTROL}files:tenant:{tenant}"
+
     @property
     def batches_active(self) -> str:
         """Batches not yet finished, scored by their expiry time in ms (sorted set)."""

@@ -265,6 +265,53 @@ def test_batches_belong_to_their_tenant(auth_stack: Stack) -> None:
         assert client.batches.list().data == []
 
 
+def test_each_tenant_lists_its_own_files_a_page_at_a_time(auth_stack: Stack) -> None:
+    """OpenAI's `GET /v1/files`: newest first (oldest with `order=asc`), `after=last_id` pages
+    on; a deleted file, or one whose key expired, is not listed and leaves the index; another
+    tenant lists none of them."""
+    tenant = f"acme-{uuid.uuid4().hex[:8]}"
+    acme = issue_key(auth_stack.redis_url, tenant, "submit", "read")
+    other = issue_key(auth_stack.redis_url, f"globex-{uuid.uuid4().hex[:8]}", "submit", "read")
+    url = f"{auth_stack.base_url}/v1/files"
+
+    def upload(name: str) -> str:
+        time.sleep(0.002)  # a millisecond apart: the index orders by upload time in ms
+        data = {"purpose": "batch"}
+        uploaded = httpx.post(
+            url, files={"file": (name, _canary_lines(1))}, data=data, headers={"X-API-Key": acme}
+        )
+        assert uploaded.status_code == 200, uploaded.text
+        file_id: str = uploaded.json()["id"]
+        return file_id
+
+    def listed(key: str = acme, **params: Any) -> dict[str, Any]:
+        page = httpx.get(url, params=params, headers={"X-API-Key": key}, timeout=30)
+        assert page.status_code == 200, page.text
+        body: dict[str, Any] = page.json()
+        assert body["object"] == "list"
+        return body
+
+    ids = [upload(f"{n}.jsonl") for n in range(4)]
+    first = listed(limit=3)
+    assert [f["id"] for f in first["data"]] == ids[:0:-1] and first["has_more"]
+    assert first["data"][0]["filename"] == "3.jsonl" and first["last_id"] == ids[1]
+    rest = listed(limit=3, after=first["last_id"])
+    assert [f["id"] for f in rest["data"]] == ids[:1] and not rest["has_more"]
+    assert [f["id"] for f in listed(order="asc")["data"]] == ids
+    assert listed(purpose="fine-tune")["data"] == []
+    assert listed(other)["data"] == []
+
+    deleted = httpx.delete(f"{url}/{ids[3]}", headers={"X-API-Key": acme})
+    assert deleted.status_code == 200, deleted.text
+    server = redis.Redis.from_url(auth_stack.redis_url)
+    server.delete(Keys().file(ids[2]))  # as its TTL would
+    assert [f["id"] for f in listed()["data"]] == [ids[1], ids[0]]
+    assert server.zcard(Keys().files_of(tenant)) == 2  # the deleted and the expired left it
+    assert (
+        httpx.get(url, params={"order": "sideways"}, headers={"X-API-Key": acme}).status_code == 422
+    )
+
+
 def test_a_batch_whose_keys_expired_leaves_the_list(
     base_url: str, stack_redis: redis.Redis
 ) -> None:

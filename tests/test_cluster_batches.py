@@ -150,8 +150,8 @@ async def test_cancel_settles_every_partition_and_ends_the_batch(
 async def test_input_files_and_the_tenant_index_work_across_masters(
     cluster: LocalCluster, client: RedisClient
 ) -> None:
-    """Each uploaded file is a key of its own slot (spread over the masters); a tenant's batch
-    index is one key of the control plane's."""
+    """Each uploaded file is a key of its own slot (spread over the masters); a tenant's file
+    and batch indexes are keys of the control plane's."""
     files = FileStore(client, KEYS, TTL_S)
     ids = [f"file-{uuid.uuid4().hex}" for _ in range(20)]
     for n, file_id in enumerate(ids):
@@ -159,8 +159,10 @@ async def test_input_files_and_the_tenant_index_work_across_masters(
     assert len({cluster.master_of(KEYS.file(file_id)).port for file_id in ids}) > 1
     assert await files.data(ids[7]) == ("acme", b"7\n")
     assert await files.fields(ids[7]) == {"tenant": "acme", "bytes": "5"}
-    await files.delete(ids[7])
+    assert set(await files.listed("acme", None, 50)) == set(ids)  # one index, every master's
+    await files.delete(ids[7], "acme")
     assert await files.data(ids[7]) is None and await files.fields(ids[7]) is None
+    assert set(await files.listed("acme", None, 50)) == set(ids) - {ids[7]}
 
     store = _services(client)[0]
     batches = [f"batch_{uuid.uuid4().hex}" for _ in range(3)]

@@ -148,6 +148,7 @@ def test_the_official_client_runs_a_batch_through_the_files_api(
     assert (upload.bytes, upload.purpose, upload.filename) == (len(source), "batch", "embed.jsonl")
     assert client.files.retrieve(upload.id).bytes == len(source)
     assert client.files.content(upload.id).content == source
+    assert upload.id in {f.id for f in client.files.list()}
 
     created = client.batches.create(
         input_file_id=upload.id,
@@ -171,6 +172,7 @@ def test_the_official_client_runs_a_batch_through_the_files_api(
     assert client.files.delete(upload.id).deleted
     with pytest.raises(NotFoundError):
         client.files.retrieve(upload.id)
+    assert upload.id not in {f.id for f in client.files.list()}
     assert client.batches.retrieve(batch.id).output_file_id == batch.output_file_id
 
     with pytest.raises(NotFoundError):

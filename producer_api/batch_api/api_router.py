@@ -16,7 +16,7 @@ from producer_api.batch_api.serving import BatchApiService
 from producer_api.errors import ConveyorError
 from producer_api.files.serving import FilesService
 from producer_api.request_boundary import parse_json
-from producer_api.responses import FastJSONResponse
+from producer_api.responses import FastJSONResponse, page_response
 from shared.batch_api_store import Refresh
 from shared.model_repository import NAME
 from shared.settings import get_settings
@@ -136,9 +136,7 @@ async def list_batches(
     batches, more = await service.list(after, limit)
     base = str(request.url_for("list_batches"))
     data = [view(batch_id, progress, f"{base}/{batch_id}") for batch_id, progress in batches]
-    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
-    body = {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": more}
-    return FastJSONResponse(body)
+    return page_response(data, more)
 
 
 @router.get("/v1/batches/{batch_id}", name="get_batch", response_model=BatchView, responses=_ERRORS)

@@ -197,24 +197,16 @@ class BatchApiService:
     async def list(self, after: str | None, limit: int) -> tuple[list[tuple[str, Refresh]], bool]:
         """The tenant's batches, newest first, from the one after `after`: up to `limit`, and
         whether more follow. A batch whose keys expired leaves the index once passed over."""
-        found: list[tuple[str, Refresh]] = []
-        gone: list[str] = []
-        while True:
-            wanted = limit + 1 - len(found)
-            ids = await self.store.listed(self.principal.tenant, after, wanted)
-            looks = await asyncio.gather(*map(self._look, ids), return_exceptions=True)
-            for batch_id, look in zip(ids, looks, strict=True):
-                if isinstance(look, Refresh):
-                    found.append((batch_id, look))
-                elif isinstance(look, ConveyorError) and look.status == 404:
-                    gone.append(batch_id)
-                else:
-                    raise look
-            if len(ids) < wanted or len(found) > limit:
-                break
-            after = ids[-1]
-        await self.store.unlist(self.principal.tenant, gone)
-        return found[:limit], len(found) > limit
+        return await self.store.page(self.principal.tenant, after, limit, self._listed)
+
+    async def _listed(self, batch_id: str) -> Refresh | None:
+        """A listed batch, or None if its keys expired."""
+        try:
+            return await self._look(batch_id)
+        except ConveyorError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     async def cancel(self, batch_id: str) -> Refresh:
         """Cancel every item not yet finished (running ones included; their results are then

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, File, Form, Path, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Path, Query, UploadFile
 from fastapi.responses import StreamingResponse
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
-from producer_api.files.protocol import FileDeleted, FileObject
+from producer_api.files.protocol import FileDeleted, FileList, FileObject
 from producer_api.files.serving import FilesService
-from producer_api.responses import FastJSONResponse
+from producer_api.responses import FastJSONResponse, page_response
 
 router = APIRouter(tags=["files"])
 FILE_ID = Path(max_length=64, description="A file id, or a batch's output_file_id / error_file_id")
@@ -39,6 +39,24 @@ async def upload_file(
     result TTL; `POST /v1/batches` takes its id as `input_file_id`."""
     data = await file.read()
     return FastJSONResponse(await service.upload(file.filename or "batch.jsonl", data))
+
+
+@router.get("/v1/files", response_model=FileList, responses=_ERRORS)
+async def list_files(
+    service: ReadService,
+    after: Annotated[
+        str | None, Query(max_length=64, description="A file id: list from the one after it")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Annotated[Literal["asc", "desc"], Query(description="By upload time")] = "desc",
+    purpose: Annotated[str | None, Query(max_length=64)] = None,
+) -> Any:
+    """The tenant's uploaded files (OpenAI's list: `has_more`, `after` = `last_id`); every one
+    has purpose `batch`, so another `purpose` lists none. A batch's output and errors files are
+    read by the ids its view gives, not listed."""
+    if purpose not in (None, "batch"):
+        return page_response([], False)
+    return page_response(*await service.list(after, limit, order == "desc"))
 
 
 @router.get("/v1/files/{file_id}", response_model=FileObject, responses=_ERRORS)

@@ -22,3 +22,13 @@ class FileDeleted(BaseModel):
     id: str
     object: Literal["file"] = "file"
     deleted: bool
+
+
+class FileList(BaseModel):
+    """OpenAI's list of files; `after` = `last_id` pages on."""
+
+    object: Literal["list"] = "list"
+    data: list[FileObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

@@ -60,15 +60,31 @@ class FilesService:
         return file_object(file_id, fields)
 
     async def get(self, file_id: str) -> dict[str, Any]:
+        found = await self._found(file_id)
+        if found is None:
+            raise not_found(file_id)
+        return found
+
+    async def _found(self, file_id: str) -> dict[str, Any] | None:
+        """The tenant's file object; None for an unknown file or another tenant's."""
         fields = await self.store.fields(file_id) if FILE_ID.match(file_id) else None
         if fields is None or fields.get("tenant") != self.principal.tenant:
-            raise not_found(file_id)
+            return None
         return file_object(file_id, fields)
+
+    async def list(
+        self, after: str | None, limit: int, newest_first: bool
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The tenant's uploaded files from the one after `after`: up to `limit`, and whether
+        more follow. A file whose key expired leaves the list once passed over."""
+        tenant = self.principal.tenant
+        found, more = await self.store.page(tenant, after, limit, self._found, newest_first)
+        return [file for _, file in found], more
 
     async def delete(self, file_id: str) -> dict[str, Any]:
         """Forget an uploaded file (a batch made from it keeps its lines)."""
         await self.get(file_id)
-        await self.store.delete(file_id)
+        await self.store.delete(file_id, self.principal.tenant)
         return {"id": file_id, "object": "file", "deleted": True}
 
     async def data(self, file_id: str) -> bytes:

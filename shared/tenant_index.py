@@ -1,0 +1,86 @@
+"""What a tenant lists (its batches, its uploaded files), for OpenAI's list routes: a sorted set
+per tenant of ids scored by creation time in ms, in the control plane's slot. An entry does not
+expire with the key it names, so a page drops the entries its lookups find gone."""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+
+from shared.codec import as_text
+from shared.job_store import now_ms
+
+T = TypeVar("T")
+
+
+class TenantIndexed(ABC):
+    """Mixed into a store whose records a tenant lists; `index_of` names a tenant's index."""
+
+    redis: aioredis.Redis
+
+    @abstractmethod
+    def index_of(self, tenant: str) -> str:
+        """The tenant's index key."""
+
+    async def enlist(self, tenant: str, record_id: str, keep_s: int) -> None:
+        """Index the record under its tenant; entries older than `keep_s` (the longest a record
+        lives) are dropped, so the index stays as long as what it lists."""
+        key, now = self.index_of(tenant), now_ms()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(key, {record_id: now})
+            pipe.zremrangebyscore(key, "-inf", now - keep_s * 1000)
+            pipe.expire(key, keep_s)
+            await pipe.execute()
+
+    async def listed(
+        self, tenant: str, after: str | None, count: int, newest_first: bool = True
+    ) -> list[str]:
+        """Up to `count` of the tenant's ids, newest (or oldest) first, from the one after
+        `after`."""
+        key, start = self.index_of(tenant), 0
+        if after is not None:
+            rank: Any = await (self.redis.zrevrank if newest_first else self.redis.zrank)(
+                key, after
+            )
+            if rank is None:
+                return []
+            start = rank + 1
+        span = (key, start, start + count - 1)
+        ids: list[Any] = await (self.redis.zrevrange if newest_first else self.redis.zrange)(*span)
+        return [as_text(record_id) for record_id in ids]
+
+    async def unlist(self, tenant: str, record_ids: list[str]) -> None:
+        """Records whose keys expired before their index entries, in one call."""
+        if record_ids:
+            await self.redis.zrem(self.index_of(tenant), *record_ids)
+
+    async def page(
+        self,
+        tenant: str,
+        after: str | None,
+        limit: int,
+        look: Callable[[str], Awaitable[T | None]],
+        newest_first: bool = True,
+    ) -> tuple[list[tuple[str, T]], bool]:
+        """The tenant's records, newest (or oldest) first, from the one after `after`: up to
+        `limit` (id, what `look` found), and whether more follow. One that `look` finds gone
+        (None) leaves the index, and the page is filled from the ones after it."""
+        found: list[tuple[str, T]] = []
+        gone: list[str] = []
+        while True:
+            wanted = limit + 1 - len(found)
+            ids = await self.listed(tenant, after, wanted, newest_first)
+            for record_id, record in zip(ids, await asyncio.gather(*map(look, ids)), strict=True):
+                if record is None:
+                    gone.append(record_id)
+                else:
+                    found.append((record_id, record))
+            if len(ids) < wanted or len(found) > limit:
+                break
+            after = ids[-1]
+        await self.unlist(tenant, gone)
+        return found[:limit], len(found) > limit
