@@ -298,6 +298,7 @@ def test_each_tenant_lists_its_own_files_a_page_at_a_time(auth_stack: Stack) -> 
     rest = listed(limit=3, after=first["last_id"])
     assert [f["id"] for f in rest["data"]] == ids[:1] and not rest["has_more"]
     assert [f["id"] for f in listed(order="asc")["data"]] == ids
+    assert [f["id"] for f in listed(limit=10_000)["data"]] == ids[::-1]  # OpenAI's largest
     assert listed(purpose="fine-tune")["data"] == []
     assert listed(other)["data"] == []
 

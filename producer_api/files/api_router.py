@@ -14,6 +14,7 @@ from producer_api.responses import FastJSONResponse, page_response
 
 router = APIRouter(tags=["files"])
 FILE_ID = Path(max_length=64, description="A file id, or a batch's output_file_id / error_file_id")
+PAGE_MAX = 100  # files a page holds at most: each is looked up (OpenAI's `limit` goes to 10,000)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
@@ -51,12 +52,13 @@ async def list_files(
     order: Annotated[Literal["asc", "desc"], Query(description="By upload time")] = "desc",
     purpose: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Any:
-    """The tenant's uploaded files (OpenAI's list: `has_more`, `after` = `last_id`); every one
-    has purpose `batch`, so another `purpose` lists none. A batch's output and errors files are
-    read by the ids its view gives, not listed."""
+    """The tenant's uploaded files (OpenAI's list: `has_more`, `after` = `last_id`), at most
+    100 a page whatever the `limit` (each is looked up); every one has purpose `batch`, so
+    another `purpose` lists none. A batch's output and errors files are read by the ids its
+    view gives, not listed."""
     if purpose not in (None, "batch"):
         return page_response([], False)
-    return page_response(*await service.list(after, limit, order == "desc"))
+    return page_response(*await service.list(after, min(limit, PAGE_MAX), order == "desc"))
 
 
 @router.get("/v1/files/{file_id}", response_model=FileObject, responses=_ERRORS)
