@@ -78,6 +78,7 @@ NOT_READ_BY_SDK = {
     ("get", "/v1/files/{file_id}/content"),
     # OpenAI's Files API, for its clients: the SDK sends a batch's lines in the request itself.
     ("post", "/v1/files"),
+    ("get", "/v1/files"),
     ("get", "/v1/files/{file_id}"),
     ("delete", "/v1/files/{file_id}"),
 }
