@@ -180,7 +180,7 @@ class Stack:
             "workers.app",
             "worker",
             "--pool=solo",
-            "--loglevel=INFO",
+            "--loglevel=INFO",  # ignored: CONVEYOR_LOG_LEVEL rules (test_observability.py)
             f"--hostname={name}@%h",
             "--without-mingle",
             "--without-gossip",

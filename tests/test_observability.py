@@ -117,8 +117,8 @@ def test_worker_logs_are_json_with_job_ids(stack: Stack, identity_worker: int) -
 
 def test_a_worker_logs_at_conveyor_log_level_not_celerys(tmp_path: Path) -> None:
     """CONVEYOR_LOG_LEVEL=WARNING leaves out the worker's per-micro-batch lines, although its
-    command line says `--loglevel=INFO`, as every manifest's does (Celery used to set the root
-    logger to that)."""
+    command line says `--loglevel=INFO`, as `conveyor.stack`'s does (Celery used to set the
+    root logger to that; the manifests no longer pass one)."""
     with running_stack(tmp_path, CONVEYOR_AUTH="disabled", CONVEYOR_LOG_LEVEL="WARNING") as quiet:
         quiet.start_worker("identity:default")
         url = f"{quiet.base_url}/v1/models/identity/predict"

@@ -22,7 +22,8 @@ configure_logging(settings.log_level)
 @signals.setup_logging.connect
 def _keep_conveyor_logging(**_: Any) -> None:
     """A receiver here makes Celery leave logging alone: without one it set the root logger
-    to the worker's `--loglevel` (INFO in every manifest), whatever CONVEYOR_LOG_LEVEL said."""
+    to the worker's `--loglevel` (Celery's default WARNING when none is given), whatever
+    CONVEYOR_LOG_LEVEL said."""
     configure_logging(settings.log_level)
 
 
