@@ -413,8 +413,8 @@ def test_waiting_for_the_device_sleeps_instead_of_spinning_a_core(artifacts):
     engine = torch_engine(artifacts, device="cuda", dtype="fp16")
     engine.warmup()
     assert engine.stream is not None
-    square = torch.randn((8192, 8192), device="cuda", dtype=torch.float16)
-    with torch.cuda.stream(engine.stream):
+    with torch.cuda.stream(engine.stream):  # made and used on the engine's stream alone
+        square = torch.randn((8192, 8192), device="cuda", dtype=torch.float16)
         for _ in range(30):
             square = (square @ square).clamp_(-1, 1)
     running = engine.run(engine.prepare([{"texts": SENTENCES}]))
