@@ -49,7 +49,8 @@ def run(scale: Scale, workdir: Path) -> PartResult:
     pids: dict[str, int] = {}
     steps = []
     with running_stack(workdir, valkey_config={"io-threads": str(threads)}) as stack:
-        setting: dict[str, str] = stack.client().config_get("io-threads")  # type: ignore[assignment]
+        with stack.client() as server:
+            setting: dict[str, str] = server.config_get("io-threads")
         configured = int(setting["io-threads"])
         urls.append(f"{stack.base_url}/v1/models/identity/predict")
         pids["producer-1"] = stack.processes["producer"].pid

@@ -4,9 +4,8 @@ expire with the key it names, so a page drops the entries its lookups find gone.
 
 from __future__ import annotations
 
-import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -63,18 +62,19 @@ class TenantIndexed(ABC):
         tenant: str,
         after: str | None,
         limit: int,
-        look: Callable[[str], Awaitable[T | None]],
+        look: Callable[[list[str]], Awaitable[Sequence[T | None]]],
         newest_first: bool = True,
     ) -> tuple[list[tuple[str, T]], bool]:
         """The tenant's records, newest (or oldest) first, from the one after `after`: up to
-        `limit` (id, what `look` found), and whether more follow. One that `look` finds gone
-        (None) leaves the index, and the page is filled from the ones after it."""
+        `limit` (id, what `look` found for it: `look` reads a page's ids at once), and whether
+        more follow. One that `look` finds gone (None) leaves the index, and the page is filled
+        from the ones after it."""
         found: list[tuple[str, T]] = []
         gone: list[str] = []
         while True:
             wanted = limit + 1 - len(found)
             ids = await self.listed(tenant, after, wanted, newest_first)
-            for record_id, record in zip(ids, await asyncio.gather(*map(look, ids)), strict=True):
+            for record_id, record in zip(ids, await look(ids), strict=True):
                 if record is None:
                     gone.append(record_id)
                 else:

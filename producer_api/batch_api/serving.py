@@ -8,7 +8,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -197,7 +197,10 @@ class BatchApiService:
     async def list(self, after: str | None, limit: int) -> tuple[list[tuple[str, Refresh]], bool]:
         """The tenant's batches, newest first, from the one after `after`: up to `limit`, and
         whether more follow. A batch whose keys expired leaves the index once passed over."""
-        return await self.store.page(self.principal.tenant, after, limit, self._listed)
+        return await self.store.page(self.principal.tenant, after, limit, self._listed_page)
+
+    async def _listed_page(self, batch_ids: Sequence[str]) -> Sequence[Refresh | None]:
+        return await asyncio.gather(*map(self._listed, batch_ids))
 
     async def _listed(self, batch_id: str) -> Refresh | None:
         """A listed batch, or None if its keys expired."""

@@ -60,17 +60,21 @@ class FilesService:
         return file_object(file_id, fields)
 
     async def get(self, file_id: str) -> dict[str, Any]:
-        found = await self._found(file_id)
+        [found] = await self._owned([file_id]) if FILE_ID.match(file_id) else [None]
         if found is None:
             raise not_found(file_id)
         return found
 
-    async def _found(self, file_id: str) -> dict[str, Any] | None:
-        """The tenant's file object; None for an unknown file or another tenant's."""
-        fields = await self.store.fields(file_id) if FILE_ID.match(file_id) else None
-        if fields is None or fields.get("tenant") != self.principal.tenant:
-            return None
-        return file_object(file_id, fields)
+    async def _owned(self, file_ids: list[str]) -> list[dict[str, Any] | None]:
+        """The tenant's file objects, in one round trip; None for an unknown file or another
+        tenant's."""
+        tenant = self.principal.tenant
+        return [
+            file_object(file_id, fields) if fields and fields.get("tenant") == tenant else None
+            for file_id, fields in zip(
+                file_ids, await self.store.fields_many(file_ids), strict=True
+            )
+        ]
 
     async def list(
         self, after: str | None, limit: int, newest_first: bool
@@ -78,7 +82,7 @@ class FilesService:
         """The tenant's uploaded files from the one after `after`: up to `limit`, and whether
         more follow. A file whose key expired leaves the list once passed over."""
         tenant = self.principal.tenant
-        found, more = await self.store.page(tenant, after, limit, self._found, newest_first)
+        found, more = await self.store.page(tenant, after, limit, self._owned, newest_first)
         return [file for _, file in found], more
 
     async def delete(self, file_id: str) -> dict[str, Any]:
