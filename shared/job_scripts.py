@@ -226,6 +226,23 @@ local stream, added = KEYS[1], KEYS[2]
 local max_length, ttl, group = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local window, job_prefix = tonumber(ARGV[4]), ARGV[5]
 local length, pending  -- the lane's, read when first wanted and counted on (re-read after refill)
+-- The lane's counter is INCRed for a call's first accepted job and counted on for the rest, then
+-- settled with one INCRBY (before a refill, which numbers the jobs it moves, and at the end).
+local seq, owed = nil, 0
+
+local function next_seq()
+  if not seq then
+    seq = redis.call('INCR', added)
+  else
+    seq, owed = seq + 1, owed + 1
+  end
+  return seq
+end
+
+local function settle()
+  if owed > 0 then redis.call('INCRBY', added, owed) end
+  seq, owed = nil, 0
+end
 
 -- The job whose hash is `jk`, its hash pairs ARGV[first..entry - 1], its entry's ARGV[entry..last].
 local function enqueue(jk, max_ahead, weight, first, entry, last)
@@ -249,23 +266,23 @@ local function enqueue(jk, max_ahead, weight, first, entry, last)
     ahead = ahead + held_ahead(stream, tenant, tonumber(weight), held, own)
   end
   if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
-  local seq = hold and 0 or redis.call('INCR', added)
   -- ARGV's pairs go to HSET and XADD as they are: copying them into tables took a fifth of
   -- a lone job's script time
-  local mark, value = 'seq', seq
-  if hold then mark, value = 'held', 1 end
+  local mark, value = 'held', 1
+  if not hold then mark, value = 'seq', next_seq() end
   redis.call('HSET', jk, mark, value, unpack(ARGV, first, entry - 1))
   redis.call('EXPIRE', jk, ttl)
   if not hold then
     redis.call('XADD', stream, '*', unpack(ARGV, entry, last))
     length = length + 1
-    return {1, ahead, seq}
+    return {1, ahead, value}
   end
   if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(fields)) == 1 then
     redis.call('RPUSH', stream .. FAIR_RING, tenant)
   end
   redis.call('HSET', stream .. FAIR, 'w:' .. tenant, weight)
   redis.call('HINCRBY', stream .. FAIR, 'held', 1)
+  settle()
   refill(stream, group, job_prefix, 1)
   length = nil  -- refill may have moved held jobs into the stream
   return {1, ahead, 0}
@@ -279,6 +296,7 @@ for k = 3, #KEYS do
   out[k - 2] = enqueue(KEYS[k], tonumber(ARGV[i]), ARGV[i + 1], first, entry, last)
   i = last + 1
 end
+settle()
 return out
 """
 )

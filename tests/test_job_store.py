@@ -131,7 +131,8 @@ async def _lane_state(aredis: aioredis.Redis, stream: str) -> dict[str, object]:
     for job in sorted({spec[0] for spec in TURN}):
         fields = await aredis.hmget(KEYS.job(f"{stream}-{job}"), "status", "seq", "held")
         hashes[job] = fields
-    return {"entries": entries, "held": held, "hashes": hashes}
+    added = await aredis.get(KEYS.added(stream))
+    return {"entries": entries, "held": held, "hashes": hashes, "added": added}
 
 
 @pytest.mark.parametrize("window", [0, 2])
@@ -140,7 +141,8 @@ async def test_creates_of_one_turn_are_one_call_admitted_as_if_alone(
 ) -> None:
     """Concurrent submits to a lane (here plain, and fair with jobs held back) cost one ENQUEUE
     call between them on the producer's group-committing client, with the same outcome as the
-    same creates one by one."""
+    same creates one by one: the same entries, hashes, sequence numbers and lane counter; a
+    plain lane's counter moves by one INCR and one INCRBY for the whole call."""
     hot = group_committing(aredis, "", "hot", {job_scripts.ENQUEUE: merged_enqueues})
     store = JobStore(hot, KEYS, ttl_s=60)
     alone = await _create_turn(store, KEYS.queue("m", "alone"), window, together=False)
@@ -148,6 +150,8 @@ async def test_creates_of_one_turn_are_one_call_admitted_as_if_alone(
     together = await _create_turn(store, KEYS.queue("m", "together"), window, together=True)
     stats = await aredis.info("commandstats")
     assert stats["cmdstat_evalsha"]["calls"] == 1
+    if window == 0:
+        assert stats["cmdstat_incr"]["calls"] == 1 and stats["cmdstat_incrby"]["calls"] == 1
     assert together == alone
     assert "full" in alone and "too far back" in alone and alone[2] == 0
     expected = await _lane_state(aredis, KEYS.queue("m", "alone"))
