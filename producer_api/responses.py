@@ -5,9 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from shared.codec import dumps
+
+JSONL = "application/jsonl"
+
+
+class JsonlResponse(StreamingResponse):
+    """JSON Lines streamed as stored (batch files, uploads); as a route's `response_class`
+    it is what the OpenAPI documents, not JSON."""
+
+    media_type = JSONL
 
 
 class FastJSONResponse(JSONResponse):

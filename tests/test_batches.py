@@ -16,10 +16,12 @@ import redis
 
 from conveyor.client import Client
 from conveyor.stack import Stack
+from producer_api.app import create_app
 from shared.keys import Keys
 from tests.conftest import issue_key, until
 
 pytestmark = pytest.mark.slow
+OPENAPI = create_app().openapi()
 ENDED = {"completed", "failed", "cancelled", "expired"}
 
 # Twenty malformed lines, each kind at least once, at lines 50, 150, ..., 1950 (1-based): what
@@ -247,6 +249,9 @@ def test_batches_belong_to_their_tenant(auth_stack: Stack) -> None:
         assert httpx.get(f"{files}/{file_id}", headers={"X-API-Key": key}).status_code == status
         content = httpx.get(f"{files}/{file_id}/content", headers={"X-API-Key": key})
         assert content.status_code == status
+        if status == 200:  # sent as the OpenAPI documents it
+            documented = OPENAPI["paths"]["/v1/files/{file_id}/content"]["get"]["responses"]
+            assert content.headers["content-type"] in documented["200"]["content"]
     named = {"input_file_id": file_id, "endpoint": "/v1/jobs", "model": "identity"}
     refused = httpx.post(url, json=named, headers={"X-API-Key": other})
     assert refused.status_code == 404

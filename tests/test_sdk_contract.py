@@ -59,6 +59,12 @@ SDK_READS: dict[tuple[str, str, str], type[BaseModel]] = {
     ("get", "/v1/batches/{batch_id}", "200"): Batch,
     ("post", "/v1/batches/{batch_id}/cancel", "200"): Batch,
 }
+# JSONL files, not one JSON document: the SDK parses each line (BatchOutput, BatchError).
+JSONL_FILES = {
+    ("get", "/v1/batches/{batch_id}/output"),
+    ("get", "/v1/batches/{batch_id}/errors"),
+    ("get", "/v1/files/{file_id}/content"),
+}
 # Operations whose successful JSON response the SDK does not read (no SDK call exists for
 # them); an operation missing from both tables fails `test_every_response_is_classified`.
 NOT_READ_BY_SDK = {
@@ -72,10 +78,6 @@ NOT_READ_BY_SDK = {
     ("get", "/v1/experiments/{model}"),
     ("get", "/healthz"),
     ("get", "/readyz"),
-    # JSONL files, not one JSON document: the SDK parses each line (BatchOutput, BatchError).
-    ("get", "/v1/batches/{batch_id}/output"),
-    ("get", "/v1/batches/{batch_id}/errors"),
-    ("get", "/v1/files/{file_id}/content"),
     # OpenAI's Files API, for its clients: the SDK sends a batch's lines in the request itself.
     ("post", "/v1/files"),
     ("get", "/v1/files"),
@@ -329,6 +331,15 @@ def test_every_response_is_classified() -> None:
     assert unclassified == []
     documented = {(method, path, status) for method, path, status, _ in json_responses()}
     assert set(SDK_READS) - documented == set(), "an SDK call reads a response no longer served"
+    assert NOT_READ_BY_SDK - {(method, path) for method, path, _ in documented} == set()
+
+
+def test_jsonl_files_are_documented_as_jsonl() -> None:
+    """A file route's 200 says what it sends (`application/jsonl`), not JSON, so clients and
+    schema checks expect lines."""
+    for method, path in JSONL_FILES:
+        content = SCHEMA["paths"][path][method]["responses"]["200"]["content"]
+        assert list(content) == ["application/jsonl"], (path, content)
 
 
 def test_the_checks_catch_drift() -> None:

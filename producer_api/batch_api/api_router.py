@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
@@ -16,14 +15,13 @@ from producer_api.batch_api.serving import BatchApiService
 from producer_api.errors import ConveyorError
 from producer_api.files.serving import FilesService
 from producer_api.request_boundary import parse_json
-from producer_api.responses import FastJSONResponse, page_response
+from producer_api.responses import FastJSONResponse, JsonlResponse, page_response
 from shared.batch_api_store import Refresh
 from shared.model_repository import NAME
 from shared.settings import get_settings
 
 router = APIRouter(tags=["batches"])
 BATCH_ID = Path(max_length=64, description="Batch id")
-JSONL = "application/jsonl"
 # Bodies the request boundary leaves to lines.py, which checks each line as it checks JSON.
 JSONL_UPLOADS = frozenset({"/v1/batches"})
 
@@ -151,16 +149,16 @@ async def cancel_batch(request: Request, service: SubmitService, batch_id: str =
     return _respond(request, batch_id, await service.cancel(batch_id))
 
 
-@router.get("/v1/batches/{batch_id}/output", responses=_ERRORS)
-async def batch_output(service: ReadService, batch_id: str = BATCH_ID) -> StreamingResponse:
+@router.get("/v1/batches/{batch_id}/output", response_class=JsonlResponse, responses=_ERRORS)
+async def batch_output(service: ReadService, batch_id: str = BATCH_ID) -> JsonlResponse:
     """JSONL, one line per succeeded item in input order: `{id, custom_id, line, outputs}`;
     for a batch of lines for one of OpenAI's routes, OpenAI's `{id, custom_id, line, response:
     {status_code, request_id, body}, error}`, `body` being the route's answer."""
-    return StreamingResponse(await service.file(batch_id, "output"), media_type=JSONL)
+    return JsonlResponse(await service.file(batch_id, "output"))
 
 
-@router.get("/v1/batches/{batch_id}/errors", responses=_ERRORS)
-async def batch_errors(service: ReadService, batch_id: str = BATCH_ID) -> StreamingResponse:
+@router.get("/v1/batches/{batch_id}/errors", response_class=JsonlResponse, responses=_ERRORS)
+async def batch_errors(service: ReadService, batch_id: str = BATCH_ID) -> JsonlResponse:
     """JSONL, one line per line that did not succeed, in input order: `{custom_id, line,
     status, error: {type, message}}` (and the job `id` where the line became one)."""
-    return StreamingResponse(await service.file(batch_id, "errors"), media_type=JSONL)
+    return JsonlResponse(await service.file(batch_id, "errors"))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
-from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from sse_starlette import EventSourceResponse
 
@@ -33,6 +33,7 @@ from producer_api.console.session import (
 )
 from producer_api.errors import ConveyorError
 from producer_api.events.serving import EventsService
+from producer_api.responses import JsonlResponse
 from producer_api.state import ProducerState, producer_state
 from shared.codec import as_text, dumps
 from shared.dead_letters import DeadLetters
@@ -252,7 +253,7 @@ async def batch_file(state: State, current: Session, batch_id: str, kind: str) -
         raise ConveyorError(404, "not_found", "no such file")
     body = await BatchApiService(state, current.principal).file(batch_id, kind)
     disposition = f'attachment; filename="{batch_id}-{kind}.jsonl"'
-    response = StreamingResponse(body, media_type="application/jsonl")
+    response = JsonlResponse(body)
     response.headers["Content-Disposition"] = disposition
     return _secure(response)
 
