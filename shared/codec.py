@@ -54,6 +54,11 @@ def spliced_outputs(view: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
+# Set on an entry a fair lane's round robin moved into the stream from its held jobs (never on
+# one enqueued straight in): a worker that reads one knows more may be held (lane_scheduler.py).
+MOVED_FIELD = "moved"
+
+
 @dataclass(slots=True)
 class RequestEntry:
     """What a stream entry carries (docs/architecture.md): enough for a worker to run, expire

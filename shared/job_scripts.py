@@ -4,6 +4,7 @@ several calls."""
 
 from __future__ import annotations
 
+from shared.codec import MOVED_FIELD
 from shared.job_states import lua_transition_table
 from shared.keys import (
     ADDED_SUFFIX,
@@ -78,7 +79,7 @@ end
     + f"""
 local ADDED, FAIR, RECENT = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}', '{RECENT_SUFFIX}'
 local RECENT_KEPT = {RECENT_KEPT}
-local FAIR_RING, HELD = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}'
+local FAIR_RING, HELD, MOVED = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}', '{MOVED_FIELD}'
 """
     + """
 -- Jobs that ended in a lane, newest first and capped: what the console lists (no SCAN).
@@ -100,8 +101,9 @@ end
 -- that comes later, so no more are moved than the next read takes. The tenant at the head of the
 -- ring gets `weight` more credit when its turn starts and moves one entry per credit; a tenant
 -- whose list empties leaves the ring (its credit reset), one out of credit goes to the back. A
--- moved job gets its `seq` then (it joins the stream now); a held job no longer queued
--- (cancelled, gone) is dropped, so it never reaches a worker.
+-- moved job gets its `seq` then (it joins the stream now), and its entry the MOVED field (so a
+-- worker that reads it knows more may be held); a held job no longer queued (cancelled, gone) is
+-- dropped, so it never reaches a worker.
 local function refill(stream, group, job_prefix, upto)
   local fair, ring, held = stream .. FAIR, stream .. FAIR_RING, stream .. HELD
   local left = tonumber(redis.call('HGET', fair, 'held')) or 0
@@ -123,7 +125,7 @@ local function refill(stream, group, job_prefix, upto)
       local entry = cmsgpack.unpack(packed)
       local jk = jobkey(job_prefix, field(entry, 'id') or '')
       if can(redis.call('HGET', jk, 'status'), 'running') then
-        redis.call('XADD', stream, '*', unpack(entry))
+        redis.call('XADD', stream, '*', MOVED, '1', unpack(entry))
         redis.call('HSET', jk, 'seq', redis.call('INCR', stream .. ADDED))
         redis.call('HDEL', jk, 'held')
         room = room - 1

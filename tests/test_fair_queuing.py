@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 
 import pytest
 import redis
@@ -32,7 +33,7 @@ from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
 from workers.partition.result_writer import ResultWriter
-from workers.partition.stream_reader import StreamReader
+from workers.partition.stream_reader import MicroBatch, StreamReader
 
 KEYS = Keys("fq:")
 CLI_KEYS = Keys()  # where the CLI stores keys (the default prefix)
@@ -172,46 +173,73 @@ async def test_a_cancelled_held_job_never_reaches_a_worker(aredis: aioredis.Redi
     assert await aredis.hget(KEYS.fair(stream), "held") == b"0"
 
 
-async def _drained_batch_sizes(
-    aredis: aioredis.Redis, config: ModelConfig, burst: int
-) -> list[int]:
-    """The micro-batches (their sizes) in which a worker's own read path (LaneScheduler,
-    blocked in XREADGROUP on the empty lanes before the burst comes) serves a burst of `burst`
-    jobs per tenant of "a" and "b" with `config`, once every one of them has run."""
+@dataclass
+class _Served:
+    """What a worker's own read path served: the micro-batches' sizes, the jobs it finished,
+    and the TAKEs it sent."""
+
+    sizes: list[int] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)
+    takes: int = 0
+
+
+@contextlib.asynccontextmanager
+async def _serving(aredis: aioredis.Redis, config: ModelConfig) -> AsyncIterator[_Served]:
+    """A worker's own read path (LaneScheduler, StreamReader, ResultWriter; no engine) serving
+    `config`'s default partition, blocked in XREADGROUP on its empty lanes once this yields."""
     partition = Partition.of(KEYS, config, "default")
     reader = await _reader(aredis, config)
     events = JobEvents("redis://unused")
     writer = ResultWriter(aredis, KEYS, 60, events, WORKER)
     lanes = LaneScheduler(partition, reader, Reclaimer(aredis, KEYS, partition, WORKER, 60, events))
-    done: list[str] = []
-    sizes: list[int] = []
+    served = _Served()
+    take = reader.take
+
+    async def counted_take(streams: list[str], count: int) -> MicroBatch | None:
+        served.takes += 1
+        return await take(streams, count)
+
+    reader.take = counted_take  # type: ignore[method-assign]
     batch_size = config.max_batch_size_of("default")
 
     async def serve() -> None:
         while True:
             for stream, batch in await lanes.next_batch(batch_size, 0, 10_000):
-                sizes.append(len(batch))
+                served.sizes.append(len(batch))
                 finishes = [partition.finish(d, JobStatus.SUCCEEDED, {}) for d in batch]
-                done.extend(f.job_id for f in await writer.finish(stream, finishes))
+                served.done.extend(f.job_id for f in await writer.finish(stream, finishes))
 
     worker = asyncio.create_task(serve())
     await asyncio.sleep(0.3)  # blocked in XREADGROUP on both (empty) lanes
-    store = JobStore(aredis, KEYS, 60)
-    jobs = [_job(config, tenant) for _ in range(burst) for tenant in ("a", "b")]
-    await _enqueue(store, jobs)
     try:
-
-        async def all_done() -> bool:
-            return len(done) == len(jobs)
-
-        await until_async(all_done, timeout=20)
+        yield served
     finally:
         worker.cancel()  # its blocked read's connection is dropped here, not in a later test
         with contextlib.suppress(asyncio.CancelledError):
             await worker
-    assert sorted(done) == sorted(j.entry.job_id for j in jobs)
+
+
+async def _until_done(served: _Served, jobs: list[NewJob]) -> None:
+    async def all_done() -> bool:
+        return len(served.done) == len(jobs)
+
+    await until_async(all_done, timeout=20)
+    assert sorted(served.done) == sorted(j.entry.job_id for j in jobs)
+
+
+async def _drained_batch_sizes(
+    aredis: aioredis.Redis, config: ModelConfig, burst: int
+) -> list[int]:
+    """The micro-batches (their sizes) in which a worker's own read path, blocked on the empty
+    lanes before the burst comes, serves a burst of `burst` jobs per tenant of "a" and "b" with
+    `config`, once every one of them has run."""
+    async with _serving(aredis, config) as served:
+        jobs = [_job(config, tenant) for _ in range(burst) for tenant in ("a", "b")]
+        await _enqueue(JobStore(aredis, KEYS, 60), jobs)
+        await _until_done(served, jobs)
+    partition = Partition.of(KEYS, config, "default")
     assert await aredis.hget(KEYS.fair(partition.online), "held") == b"0"
-    return sizes
+    return served.sizes
 
 
 async def test_a_held_backlog_drains_under_a_worker_that_was_idle(aredis: aioredis.Redis) -> None:
@@ -231,6 +259,20 @@ async def test_after_a_short_first_read_a_fair_lane_is_read_in_full_batches(
     sizes = await _drained_batch_sizes(aredis, _config(window=2, batch=4), burst=15)
     assert sizes[0] <= 2 and all(size == 4 for size in sizes[1:-1]), sizes
     assert len(sizes) <= 9, sizes  # 30 jobs: the first read's 2, then full batches of 4
+
+
+async def test_a_quiet_fair_lane_is_read_once_per_micro_batch(aredis: aioredis.Redis) -> None:
+    """Jobs that come one at a time go straight into an idle fair lane's stream, and the
+    worker's blocking read hands each one over: with nothing held, no TAKE follows it."""
+    config = _config(window=4)
+    store = JobStore(aredis, KEYS, 60)
+    async with _serving(aredis, config) as served:
+        jobs: list[NewJob] = []
+        for tenant in ("a", "b", "a", "b", "a"):
+            jobs.append(_job(config, tenant))
+            await _enqueue(store, jobs[-1:])
+            await _until_done(served, jobs)
+    assert served.sizes == [1] * 5 and served.takes == 0, served
 
 
 async def test_a_newcomer_is_read_by_the_first_take_after_it_arrives(

@@ -10,7 +10,7 @@ from collections.abc import Collection
 from workers.partition.arrival_rate import ArrivalRate
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
-from workers.partition.stream_reader import MicroBatch, StreamReader
+from workers.partition.stream_reader import Delivery, MicroBatch, StreamReader
 
 
 class LaneCredit:
@@ -46,10 +46,8 @@ class LaneScheduler:
         self.preferred = partition.config.preferred_batch_sizes_of(partition.variant)
         self.arrivals = ArrivalRate()
         self.backlog = False  # the last read filled a micro-batch: more is likely waiting
-        # A fair lane's stream holds as few entries as keep a blocked worker awake while jobs
-        # are held (one); only TAKE moves a micro-batch's worth in, so any read that found work
-        # is followed by a TAKE rather than another blocking read.
-        self.fair = partition.config.queue.fair
+        # Undelivered entries a fair lane's stream holds before jobs are held (0: not fair).
+        self.fair_window = partition.config.fair_window_of(partition.variant)
         self.after_outage = False  # a read's reply may have been lost: look in our pending list
 
     def outage(self) -> None:
@@ -86,10 +84,20 @@ class LaneScheduler:
                 self.backlog = len(batch[1]) >= max_items
                 return [await self._topped_up(batch, max_items, delay_ms)]
         waited = await self.reader.wait([self.online, self.bulk], max_items, block_ms)
-        self.backlog = any(
-            len(deliveries) >= max_items or (self.fair and deliveries) for _, deliveries in waited
-        )
+        self.backlog = any(self._left_waiting(deliveries, max_items) for _, deliveries in waited)
         return [await self._topped_up(b, max_items, delay_ms) for b in waited]
+
+    def _left_waiting(self, deliveries: list[Delivery], max_items: int) -> bool:
+        """Whether a blocking read that handed over `deliveries` likely left jobs waiting: it
+        filled a micro-batch, or, in a fair lane, jobs may be held (only a TAKE moves a
+        micro-batch's worth of them in; the stream keeps just one to wake a worker): the read
+        took the stream's whole window (later jobs were held), or round robin had moved one of
+        its jobs in. A quiet fair lane is read as any other, one round trip per micro-batch."""
+        if len(deliveries) >= max_items:
+            return True
+        if not self.fair_window:
+            return False
+        return len(deliveries) >= self.fair_window or any(d.moved for d in deliveries)
 
     async def _topped_up(self, batch: MicroBatch, max_items: int, delay_ms: float) -> MicroBatch:
         self.arrivals.arrived(len(batch[1]))

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from shared import job_scripts
-from shared.codec import RequestEntry, as_text
+from shared.codec import MOVED_FIELD, RequestEntry, as_text
 from shared.consumer_groups import ensure_groups
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
@@ -29,6 +29,7 @@ from workers.partition.arrival_rate import ArrivalRate
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_MOVED = MOVED_FIELD.encode()
 
 
 @dataclass(slots=True)
@@ -36,7 +37,8 @@ class Delivery:
     """One entry handed to this consumer; `status` is the job's state when read: `queued` or
     `running` means run it, anything else means acknowledge and skip (a blocking read's entries
     are taken as `queued`). `attempts`: this entry's deliveries so far. `redelivered`: taken
-    over from a consumer that abandoned it (a previous attempt may have streamed tokens)."""
+    over from a consumer that abandoned it (a previous attempt may have streamed tokens).
+    `moved`: a fair lane's round robin moved it in from the held jobs, so more may be held."""
 
     entry_id: bytes
     entry: RequestEntry | None
@@ -44,6 +46,7 @@ class Delivery:
     claimed_ms: int
     redelivered: bool = False
     attempts: int = 1
+    moved: bool = False
 
     @property
     def runnable(self) -> bool:
@@ -222,7 +225,8 @@ def decode_delivery(
 
 def _delivered(entry_id: bytes, fields: dict[bytes, bytes] | None, now: int) -> Delivery:
     """An entry a plain XREADGROUP delivered: its job is taken as queued."""
-    return Delivery(entry_id, _entry(entry_id, fields), JobStatus.QUEUED.value, now)
+    moved = fields is not None and _MOVED in fields
+    return Delivery(entry_id, _entry(entry_id, fields), JobStatus.QUEUED.value, now, moved=moved)
 
 
 def _entry(entry_id: bytes, fields: list[bytes] | dict[bytes, bytes] | None) -> RequestEntry | None:
