@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from shared.codec import dumps
 
@@ -13,10 +13,17 @@ JSONL = "application/jsonl"
 
 
 class JsonlResponse(StreamingResponse):
-    """JSON Lines streamed as stored (batch files, uploads); as a route's `response_class`
-    it is what the OpenAPI documents, not JSON."""
+    """JSON Lines streamed as stored (batch files, uploads)."""
 
     media_type = JSONL
+
+
+def jsonl_route(errors: dict[int | str, dict[str, Any]]) -> dict[str, Any]:
+    """A route's OpenAPI arguments when it answers a JsonlResponse: its 200 is lines, its
+    `errors` JSON. FastAPI documents error models in the route class's media type, so the class
+    it is given names none, and the 200 says what it is."""
+    lines = {200: {"content": {JSONL: {"schema": {"type": "string"}}}}}
+    return {"response_class": Response, "responses": {**lines, **errors}}
 
 
 class FastJSONResponse(JSONResponse):

@@ -336,10 +336,15 @@ def test_every_response_is_classified() -> None:
 
 def test_jsonl_files_are_documented_as_jsonl() -> None:
     """A file route's 200 says what it sends (`application/jsonl`), not JSON, so clients and
-    schema checks expect lines."""
+    schema checks expect lines; its errors, like every route's, are documented as JSON."""
     for method, path in JSONL_FILES:
         content = SCHEMA["paths"][path][method]["responses"]["200"]["content"]
         assert list(content) == ["application/jsonl"], (path, content)
+    for path, operations in SCHEMA["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                if int(status) >= 400 and "content" in response:
+                    assert list(response["content"]) == ["application/json"], (method, path)
 
 
 def test_the_checks_catch_drift() -> None:

@@ -15,7 +15,7 @@ from producer_api.batch_api.serving import BatchApiService
 from producer_api.errors import ConveyorError
 from producer_api.files.serving import FilesService
 from producer_api.request_boundary import parse_json
-from producer_api.responses import FastJSONResponse, JsonlResponse, page_response
+from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route, page_response
 from shared.batch_api_store import Refresh
 from shared.model_repository import NAME
 from shared.settings import get_settings
@@ -149,7 +149,7 @@ async def cancel_batch(request: Request, service: SubmitService, batch_id: str =
     return _respond(request, batch_id, await service.cancel(batch_id))
 
 
-@router.get("/v1/batches/{batch_id}/output", response_class=JsonlResponse, responses=_ERRORS)
+@router.get("/v1/batches/{batch_id}/output", **jsonl_route(_ERRORS))
 async def batch_output(service: ReadService, batch_id: str = BATCH_ID) -> JsonlResponse:
     """JSONL, one line per succeeded item in input order: `{id, custom_id, line, outputs}`;
     for a batch of lines for one of OpenAI's routes, OpenAI's `{id, custom_id, line, response:
@@ -157,7 +157,7 @@ async def batch_output(service: ReadService, batch_id: str = BATCH_ID) -> JsonlR
     return JsonlResponse(await service.file(batch_id, "output"))
 
 
-@router.get("/v1/batches/{batch_id}/errors", response_class=JsonlResponse, responses=_ERRORS)
+@router.get("/v1/batches/{batch_id}/errors", **jsonl_route(_ERRORS))
 async def batch_errors(service: ReadService, batch_id: str = BATCH_ID) -> JsonlResponse:
     """JSONL, one line per line that did not succeed, in input order: `{custom_id, line,
     status, error: {type, message}}` (and the job `id` where the line became one)."""

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, File, Form, Path, Query, UploadFile
 from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.files.protocol import FileDeleted, FileList, FileObject
 from producer_api.files.serving import FilesService
-from producer_api.responses import FastJSONResponse, JsonlResponse, page_response
+from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route, page_response
 
 router = APIRouter(tags=["files"])
 FILE_ID = Path(max_length=64, description="A file id, or a batch's output_file_id / error_file_id")
@@ -72,7 +72,7 @@ async def delete_file(service: Uploads, file_id: str = FILE_ID) -> Any:
     return FastJSONResponse(await service.delete(file_id))
 
 
-@router.get("/v1/files/{file_id}/content", response_class=JsonlResponse, responses=_ERRORS)
+@router.get("/v1/files/{file_id}/content", **jsonl_route(_ERRORS))
 async def file_content(service: ReadService, file_id: str = FILE_ID) -> JsonlResponse:
     """An uploaded file's bytes, or an ended batch's output or errors file (JSONL)."""
     return JsonlResponse(await service.content(file_id))
