@@ -12,6 +12,7 @@ from redis.typing import EncodableT
 
 from shared.codec import as_text
 from shared.keys import Keys
+from shared.redis_client import executed
 from shared.tenant_index import TenantIndexed
 
 FIELDS = ("tenant", "filename", "purpose", "bytes", "created_at")
@@ -46,7 +47,7 @@ class FileStore(TenantIndexed):
         async with self.redis.pipeline(transaction=False) as pipe:
             for file_id in file_ids:
                 pipe.hmget(self.keys.file(file_id), FIELDS)
-            rows = await pipe.execute()
+            rows = await executed(pipe)
         return [
             None
             if values[0] is None
