@@ -36,14 +36,9 @@ class FileStore(TenantIndexed):
             await pipe.execute()
         await self.enlist(fields["tenant"], file_id, self.ttl_s)
 
-    async def fields(self, file_id: str) -> dict[str, str] | None:
-        """The file's `FIELDS`, without its bytes; None when there is no such file."""
-        [fields] = await self.fields_many([file_id])
-        return fields
-
     async def fields_many(self, file_ids: list[str]) -> list[dict[str, str] | None]:
-        """Each file's `FIELDS` (`fields`), in one round trip (a cluster pipeline is split per
-        node)."""
+        """Each file's `FIELDS`, without its bytes (None: no such file), in one round trip (a
+        cluster pipeline is split per node)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for file_id in file_ids:
                 pipe.hmget(self.keys.file(file_id), FIELDS)

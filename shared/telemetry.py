@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -66,11 +65,6 @@ def span_context_of(traceparent: str) -> trace.SpanContext | None:
 def trace_id_of(traceparent: str) -> str:
     span_context = span_context_of(traceparent)
     return format(span_context.trace_id, "032x") if span_context else ""
-
-
-def detach_all() -> None:
-    """Start from an empty context (a worker thread must not inherit a stale one)."""
-    otel_context.attach(otel_context.Context())
 
 
 class _TraceFields(logging.Filter):

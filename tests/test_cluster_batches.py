@@ -158,10 +158,10 @@ async def test_input_files_and_the_tenant_index_work_across_masters(
         await files.put(file_id, {"tenant": "acme", "bytes": "5"}, f"{n}\n".encode())
     assert len({cluster.master_of(KEYS.file(file_id)).port for file_id in ids}) > 1
     assert await files.data(ids[7]) == ("acme", b"7\n")
-    assert await files.fields(ids[7]) == {"tenant": "acme", "bytes": "5"}
+    assert await files.fields_many([ids[7]]) == [{"tenant": "acme", "bytes": "5"}]
     assert set(await files.listed("acme", None, 50)) == set(ids)  # one index, every master's
     await files.delete(ids[7], "acme")
-    assert await files.data(ids[7]) is None and await files.fields(ids[7]) is None
+    assert await files.data(ids[7]) is None and await files.fields_many([ids[7]]) == [None]
     assert set(await files.listed("acme", None, 50)) == set(ids) - {ids[7]}
 
     store = _services(client)[0]

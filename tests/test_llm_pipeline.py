@@ -19,6 +19,7 @@ import httpx
 import pytest
 import redis
 
+from conveyor.client import AsyncClient, Client
 from conveyor.stack import Stack
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
@@ -159,6 +160,26 @@ def test_chat_completion_says_paris_and_equals_the_engine(
         line for line in metrics.splitlines() if line.startswith("conveyor_tokens_generated_total")
     )
     assert float(tokens.split()[-1]) >= usage["completion_tokens"]
+
+
+async def test_the_sdk_chats_and_streams_the_engine_text(
+    llm: str, engine_greedy: dict[str, str]
+) -> None:
+    """`Client.chat`, `Client.chat_stream` and `AsyncClient.chat_stream` against the real route:
+    the streamed deltas add up to the engine's greedy text, and so does the whole answer."""
+    params: dict[str, Any] = {"max_tokens": 32, "temperature": 0}
+    with Client(llm) as client:
+        whole = client.chat("smollm2", PARIS, **params)
+        chunks = list(client.chat_stream("smollm2", PARIS, **params))
+    async with AsyncClient(llm) as aclient:
+        achunks = [chunk async for chunk in aclient.chat_stream("smollm2", PARIS, **params)]
+    assert whole.text == engine_greedy["paris"] and whole.id.startswith("chatcmpl-")
+    for streamed in (chunks, achunks):
+        assert streamed[0].choices[0].delta.role == "assistant"
+        assert streamed[-1].choices[0].finish_reason == "stop"
+        pieces = [c.choices[0].delta.content for c in streamed if c.choices]
+        assert len([piece for piece in pieces if piece]) > 3, "one chunk per engine step"
+        assert "".join(piece or "" for piece in pieces) == engine_greedy["paris"]
 
 
 def test_completion_of_a_prompt_equals_the_engine(llm: str, engine_greedy: dict[str, str]) -> None:

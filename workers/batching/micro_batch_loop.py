@@ -19,7 +19,7 @@ from workers.engines.base import BatchEngine, StagedBatchEngine
 from workers.partition.finish import Finish
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
-from workers.partition.redis_backoff import OUTAGE, Backoff, Stopped, until_done
+from workers.partition.redis_backoff import Stopped, serve_until_stopped, until_done
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import Delivery, StreamReader
 
@@ -54,16 +54,7 @@ class MicroBatchLoop:
         """Serve until asked to stop; the micro-batch in hand is finished and acknowledged (or,
         when Redis is gone at stop, left pending for another worker to reclaim). Redis outages
         pause the loop (capped backoff) without losing the consumer's entries."""
-        backoff = Backoff(self.stopping, self.partition.name)
-        while not self.stopping.is_set():
-            try:
-                await self.step()
-                backoff.reset()
-            except OUTAGE as exc:
-                self.lanes.outage()
-                await backoff.sleep(exc)
-            except Stopped:
-                break
+        await serve_until_stopped(self.step, self.stopping, self.partition.name, self.lanes.outage)
         await self._drain()
 
     async def _drain(self) -> None:

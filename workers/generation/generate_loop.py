@@ -24,7 +24,7 @@ from workers.generation.generate_job import RunningJob, generate_request
 from workers.partition.finish import Finish
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
-from workers.partition.redis_backoff import OUTAGE, Backoff, Stopped, until_done
+from workers.partition.redis_backoff import Stopped, serve_until_stopped, until_done
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import Delivery, StreamReader
 from workers.partition.token_writer import TokenWriter
@@ -82,16 +82,13 @@ class GenerateLoop:
 
     async def _admit_loop(self, publisher: asyncio.Task[None]) -> None:
         """Admit until asked to stop, or until the publisher died (its error then surfaces)."""
-        backoff = Backoff(self.stopping, self.partition.name)
-        while not self.stopping.is_set() and not publisher.done():
-            try:
-                await self._admit()
-                backoff.reset()
-            except OUTAGE as exc:
-                self.lanes.outage()
-                await backoff.sleep(exc)
-            except Stopped:
-                return
+        await serve_until_stopped(
+            self._admit,
+            self.stopping,
+            self.partition.name,
+            self.lanes.outage,
+            lambda: not publisher.done(),
+        )
 
     async def _admit(self) -> None:
         """Fill free slots: reclaimed entries first, then online before bulk. Blocks up to

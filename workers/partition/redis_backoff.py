@@ -90,3 +90,25 @@ async def until_done(call: Callable[[], Awaitable[T]], stop: asyncio.Event, what
             continue
         backoff.reset()
         return result
+
+
+async def serve_until_stopped(
+    step: Callable[[], Awaitable[object]],
+    stop: asyncio.Event,
+    what: str,
+    on_outage: Callable[[], None],
+    going: Callable[[], bool] = lambda: True,
+) -> None:
+    """Run `step` over and over until asked to stop (or `going` says no more); an outage calls
+    `on_outage` (a loop's lanes forget what they knew of the stream) and pauses the loop by
+    backoff, so a worker rides out a Redis restart with its consumer name and entries."""
+    backoff = Backoff(stop, what)
+    while not stop.is_set() and going():
+        try:
+            await step()
+            backoff.reset()
+        except OUTAGE as exc:
+            on_outage()
+            await backoff.sleep(exc)
+        except Stopped:
+            return
