@@ -13,6 +13,7 @@ from shared.keys import (
     HELD_SUFFIX,
     LUA_JOB_KEY,
     RECENT_KEPT,
+    RECENT_SLACK,
     RECENT_SUFFIX,
 )
 
@@ -78,15 +79,17 @@ end
 """
     + f"""
 local ADDED, FAIR, RECENT = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}', '{RECENT_SUFFIX}'
-local RECENT_KEPT = {RECENT_KEPT}
+local RECENT_KEPT, RECENT_SLACK = {RECENT_KEPT}, {RECENT_SLACK}
 local FAIR_RING, HELD, MOVED = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}', '{MOVED_FIELD}'
 """
     + """
--- Jobs that ended in a lane, newest first and capped: what the console lists (no SCAN).
+-- Jobs that ended in a lane, newest first and capped: what the console lists (no SCAN). The
+-- list is trimmed back to RECENT_KEPT once it runs RECENT_SLACK past it, not on every write-back.
 local function remember(stream, ids)
   if #ids == 0 then return end
-  redis.call('LPUSH', stream .. RECENT, unpack(ids))
-  redis.call('LTRIM', stream .. RECENT, 0, RECENT_KEPT - 1)
+  if redis.call('LPUSH', stream .. RECENT, unpack(ids)) > RECENT_KEPT + RECENT_SLACK then
+    redis.call('LTRIM', stream .. RECENT, 0, RECENT_KEPT - 1)
+  end
 end
 
 -- Entries of a lane stream no consumer has been handed yet (acknowledged ones are deleted).
@@ -375,8 +378,8 @@ return out
 # `queued` ran unmarked (see stream_reader.py) and moves as if from `running`.
 # Per written job three commands (HMGET, HSET, EXPIRE); per micro-batch one SPUBLISH per reply
 # channel (a JSON array of the views written for it; the channel is in the partition's slot),
-# XACK, XDEL, and the lane's recent list (LPUSH, LTRIM). In-flight slots live in their API keys'
-# slots: the writer frees them beside this script, in the same round trip.
+# XACK, XDEL, and the lane's recent list (LPUSH; an LTRIM now and then). In-flight slots live in
+# their API keys' slots: the writer frees them beside this script, in the same round trip.
 # The written job's attempt history gains the record's `attempt` (read and written in the same
 # HMGET and HSET). Idempotent: a call rerun after its reply was lost (a torn connection, a
 # replica WAIT that timed out) changes nothing more, and returns and publishes the results it

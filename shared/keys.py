@@ -30,7 +30,8 @@ CONTROL = "{ctl}"
 # tenants with held jobs, and one list of held entries per tenant (suffix + tenant).
 ADDED_SUFFIX = ":added"
 RECENT_SUFFIX = ":recent"
-RECENT_KEPT = 1_000
+RECENT_KEPT = 1_000  # what the console may list of a lane
+RECENT_SLACK = 1_000  # how far past that a lane's list grows before it is trimmed back
 FAIR_SUFFIX = ":fair"
 FAIR_RING_SUFFIX = ":fair:ring"
 HELD_SUFFIX = ":held:"
@@ -115,9 +116,9 @@ class Keys:
         return f"{stream}{ADDED_SUFFIX}"
 
     def recent(self, stream: str) -> str:
-        """Ids of a lane's jobs that ended there, newest first, capped at RECENT_KEPT (list,
-        LPUSHed by the scripts that end jobs): what the console lists jobs from, without a
-        SCAN of the keyspace."""
+        """Ids of a lane's jobs that ended there, newest first (list, LPUSHed by the scripts
+        that end jobs; trimmed back to RECENT_KEPT once RECENT_SLACK past it): what the console
+        lists jobs from (the first RECENT_KEPT at most), without a SCAN of the keyspace."""
         return f"{stream}{RECENT_SUFFIX}"
 
     def fair(self, stream: str) -> str:

@@ -3,7 +3,8 @@
 their own; `GET /v1/jobs/{id}?attempts=true` and the SDK return it. The script-level tests run
 on a bare Valkey with made-up consumers; one stack test drives a real worker through success,
 engine failure, cancellation and expiry. Crashes under kill -9 and dead-lettering with real
-workers are asserted in tests/test_faults.py."""
+workers are asserted in tests/test_faults.py. The write-back's other record, the lane's list of
+ended jobs the console reads, is checked here too."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from conveyor.stack import Stack
 from shared.codec import RequestEntry, dumps
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
-from shared.keys import Keys
+from shared.keys import RECENT_KEPT, RECENT_SLACK, Keys
 from shared.model_repository import ModelConfig, QueueLimits
 from tests.conftest import REPO_ROOT, running_stack, until
 from workers.partition.job_events import JobEvents
@@ -99,6 +100,24 @@ async def test_finish_records_who_ran_it_when_and_how_it_ended(
     assert failed["outcome"] == "failed" and failed["error"] == error
     record = await store.get("ok")
     assert record is not None and "attempt_history" not in record.view()  # only when asked
+
+
+async def test_a_lanes_recent_list_is_trimmed_back_to_what_the_console_lists(
+    aredis: aioredis.Redis, writers: Callable[[str], ResultWriter]
+) -> None:
+    """The write-back puts ended jobs on the lane's recent list, newest first, and trims it back
+    to RECENT_KEPT only once it runs RECENT_SLACK past that (not one LTRIM per micro-batch)."""
+    recent = KEYS.recent(STREAM)
+    await aredis.rpush(recent, *[f"old-{n}" for n in range(RECENT_KEPT + RECENT_SLACK - 1)])
+    await _queued(aredis, "a", "b")
+    a, b = await _read(aredis, "box-5-1")
+    writer = writers("box-5-1")
+
+    await writer.finish(STREAM, [PARTITION.finish(a, JobStatus.SUCCEEDED, {"outputs": "{}"})])
+    assert await aredis.llen(recent) == RECENT_KEPT + RECENT_SLACK  # at the bound: kept whole
+    await writer.finish(STREAM, [PARTITION.finish(b, JobStatus.SUCCEEDED, {"outputs": "{}"})])
+    assert await aredis.llen(recent) == RECENT_KEPT
+    assert await aredis.lrange(recent, 0, 2) == [b"b", b"a", b"old-0"]
 
 
 async def test_a_write_back_rerun_after_its_reply_was_lost_is_written_once_and_reported_again(
