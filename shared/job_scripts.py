@@ -104,14 +104,16 @@ end
 -- that comes later, so no more are moved than the next read takes. The tenant at the head of the
 -- ring gets `weight` more credit when its turn starts and moves one entry per credit; a tenant
 -- whose list empties leaves the ring (its credit reset), one out of credit goes to the back. A
--- moved job gets its `seq` then (it joins the stream now), and its entry the MOVED field (so a
--- worker that reads it knows more may be held); a held job no longer queued (cancelled, gone) is
--- dropped, so it never reaches a worker.
+-- moved job gets its `seq` then (it joins the stream now; the lane's counter is read once and
+-- grown once for all the refill moves), and its entry the MOVED field (so a worker that reads it
+-- knows more may be held); a held job no longer queued (cancelled, gone) is dropped, so it never
+-- reaches a worker.
 local function refill(stream, group, job_prefix, upto)
   local fair, ring, held = stream .. FAIR, stream .. FAIR_RING, stream .. HELD
   local left = tonumber(redis.call('HGET', fair, 'held')) or 0
   if left <= 0 then return end
   local room = upto - undelivered(stream, group)
+  local added, moved = nil, 0
   while room > 0 and left > 0 do
     local tenant = redis.call('LINDEX', ring, 0)
     if not tenant then left = 0; break end
@@ -129,7 +131,9 @@ local function refill(stream, group, job_prefix, upto)
       local jk = jobkey(job_prefix, field(entry, 'id') or '')
       if can(redis.call('HGET', jk, 'status'), 'running') then
         redis.call('XADD', stream, '*', MOVED, '1', unpack(entry))
-        redis.call('HSET', jk, 'seq', redis.call('INCR', stream .. ADDED))
+        added = added or tonumber(redis.call('GET', stream .. ADDED)) or 0
+        moved = moved + 1
+        redis.call('HSET', jk, 'seq', added + moved)
         redis.call('HDEL', jk, 'held')
         room = room - 1
       end
@@ -143,6 +147,7 @@ local function refill(stream, group, job_prefix, upto)
     end
   end
   redis.call('HSET', fair, 'held', math.max(left, 0))
+  if moved > 0 then redis.call('INCRBY', stream .. ADDED, moved) end
 end
 
 -- Held jobs that deficit round robin moves into the stream before a job of `tenant` (weight

@@ -111,8 +111,9 @@ class Keys:
         return f"{stream}:drained:{second}"
 
     def added(self, stream: str) -> str:
-        """Entries ever added to a lane (counter, INCR by ENQUEUE only): a queued job's `seq`
-        against it gives the job's queue position in O(1) (shared/queue_position.py)."""
+        """Entries ever added to a lane (counter, grown by ENQUEUE and by a fair lane's refill as
+        entries join the stream): a queued job's `seq` against it gives the job's queue position
+        in O(1) (shared/queue_position.py)."""
         return f"{stream}{ADDED_SUFFIX}"
 
     def recent(self, stream: str) -> str:

@@ -98,6 +98,28 @@ async def test_held_tenants_drain_in_proportion_to_their_weights(aredis: aioredi
     assert not await aredis.exists(KEYS.fair_ring(stream), KEYS.held(stream, "a"))
 
 
+async def test_a_refill_numbers_what_it_moves_with_one_counter_read_and_write(
+    aredis: aioredis.Redis,
+) -> None:
+    """The jobs a refill moves in are numbered on from the lane's counter (their queue
+    positions count stream entries), which is read once and grown once, not INCRed per job."""
+    config = _config(window=2)
+    store = JobStore(aredis, KEYS, 60)
+    reader = await _reader(aredis, config)
+    stream = KEYS.queue("m", "default")
+    jobs = [_job(config, "a") for _ in range(6)]
+    await _enqueue(store, jobs)
+    assert await aredis.xlen(stream) == 2  # the window; four held
+    await aredis.config_resetstat()
+
+    assert len(await _take_tenants(reader, stream, 6)) == 6  # the two, and the four moved in
+    stats = await aredis.info("commandstats")
+    assert "cmdstat_incr" not in stats and stats["cmdstat_incrby"]["calls"] == 1
+    seqs = [await aredis.hget(KEYS.job(job.entry.job_id), "seq") for job in jobs]
+    assert seqs == [str(n).encode() for n in range(1, 7)]
+    assert await aredis.get(KEYS.added(stream)) == b"6"
+
+
 async def test_a_newcomer_stands_behind_only_what_round_robin_serves_first(
     aredis: aioredis.Redis,
 ) -> None:
