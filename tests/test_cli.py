@@ -53,6 +53,40 @@ def test_batch_submit_wait_writes_both_files(
     assert more in ([], [f"more: --after {batch_id}"])  # other tests' batches may follow
 
 
+def test_batch_get_cancel_and_results(base_url: str, tmp_path: Path) -> None:
+    """A batch for identity:canary (no worker in these tests: its items stay queued) is shown
+    in progress, cancelled, and its results written: every item an error, no output."""
+    source = tmp_path / "later.jsonl"
+    body = {"variant": "canary", "inputs": {"n": 1}}
+    source.write_text(
+        "".join(json.dumps({"custom_id": f"c{i}", "body": body}) + "\n" for i in range(3))
+    )
+    url = ("--url", base_url)
+    batch_id = _run("batch", "submit", str(source), "--model", "identity", *url).stdout.strip()
+
+    running = json.loads(_run("batch", "get", batch_id, *url).stdout)
+    assert running["id"] == batch_id and running["status"] == "in_progress"
+    cancelled = json.loads(_run("batch", "cancel", batch_id, *url).stdout)
+    assert cancelled["status"] == "cancelled" and cancelled["counts"]["cancelled"] == 3
+    written = _run("batch", "results", batch_id, str(tmp_path / "later"), *url).stdout.split()
+    output, errors = tmp_path / "later.output.jsonl", tmp_path / "later.errors.jsonl"
+    assert written == [str(output), str(errors)]
+    assert output.read_text() == ""
+    failed = [json.loads(line) for line in errors.read_text().splitlines()]
+    assert [(e["custom_id"], e["error"]["type"]) for e in failed] == [
+        (f"c{i}", "cancelled") for i in range(3)
+    ]
+
+
+def test_models_list_names_each_model_with_its_kind_and_backend() -> None:
+    rows = {
+        line.split("\t")[0]: line.split("\t") for line in _run("models", "list").stdout.splitlines()
+    }
+    assert rows["identity"] == ["identity", "batch", "identity", "default, canary"]
+    assert rows["minilm"] == ["minilm", "batch", "onnxruntime", "default, torch"]
+    assert rows["smollm2"] == ["smollm2", "generate", "vllm", "default"]
+
+
 def test_submit_and_jobs(base_url: str, identity_worker: int) -> None:
     env = {**os.environ, "CONVEYOR_URL": base_url}
     job = json.loads(_run("submit", "identity", "--input", '{"a": [1, 2]}', env=env).stdout)
