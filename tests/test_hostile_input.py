@@ -3,13 +3,15 @@ hostile-input probe found (issue 18), each through the real producer and a real 
 surrogates, integers beyond 64 bits, non-finite numbers (inside free-form `inputs` and
 `parameters` too) and deep nesting answer 422; chunked bodies over the limit 413; an unexpected
 exception answers `internal` with a request id; a resume id beyond 64 bits is refused before the
-shared token hub, which drops a stream Redis refuses without stalling the others."""
+shared token hub, which drops a stream Redis refuses without stalling the others. Entries on a
+lane that no producer wrote, and a lane deleted under its worker, cost a real worker nothing."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -17,9 +19,11 @@ import redis
 
 from producer_api.app import create_app
 from producer_api.token_hub import StreamUnreadable, TagReader
+from shared.keys import GROUP, Keys
 from shared.redis_client import connect
 from shared.settings import Settings
 from shared.webhook_events import allowed
+from tests.conftest import until
 
 pytestmark = pytest.mark.slow
 SURROGATE = rb'"\ud800"'
@@ -87,6 +91,72 @@ def test_floats_beyond_64_bit_integers_round_trip(base_url: str, identity_worker
     response = _post(base_url, "/v1/jobs?wait=20", body)
     assert response.status_code == 200, response.text
     assert response.json()["outputs"] == {"f": 1e20, "g": -9.3e18, "i": 7}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        ("/v1/jobs", {"parameters": {"max_tokens": 0}}, "a positive integer"),
+        ("/v1/jobs", {"parameters": {"max_tokens": "ten"}}, "a positive integer"),
+        ("/v1/jobs", {"parameters": {"max_tokens": True}}, "a positive integer"),
+        ("/v1/jobs", {"parameters": {"max_tokens": 1025}}, "at most 1024 for model smollm2"),
+        ("/v1/chat/completions", {"max_tokens": 1025}, "at most 1024 for model smollm2"),
+    ],
+)
+def test_a_max_tokens_the_model_cannot_take_is_422_and_nothing_is_enqueued(
+    base_url: str, stack_redis: redis.Redis, path: str, body: dict[str, Any], says: str
+) -> None:
+    """A generate model's `max_tokens` must be a positive integer within its configured
+    `max_tokens_limit` (smollm2: 1024); the engine would otherwise cut it silently."""
+    messages = [{"role": "user", "content": "hi"}]
+    inputs = {"inputs": {"messages": messages}} if path == "/v1/jobs" else {"messages": messages}
+    lane = Keys().queue("smollm2", "default")
+    before = stack_redis.xlen(lane)
+    response = httpx.post(
+        f"{base_url}{path}", json={"model": "smollm2", **inputs, **body}, timeout=30
+    )
+    error = _refused(response)
+    assert error["type"] == "invalid_request" and says in error["message"], error
+    assert stack_redis.xlen(lane) == before
+
+
+def _identity_round_trip(base_url: str, inputs: dict[str, str]) -> None:
+    response = httpx.post(
+        f"{base_url}/v1/jobs?wait=20", json={"model": "identity", "inputs": inputs}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"] == inputs
+
+
+def test_entries_no_producer_wrote_are_acknowledged_and_the_worker_serves_on(
+    base_url: str, identity_worker: int, stack_redis: redis.Redis
+) -> None:
+    """Entries a real worker cannot decode (fields missing, a payload that is not JSON, a
+    timestamp that is not a number), put on its lane by anything but a producer, are logged and
+    acknowledged (so deleted) without killing it; the job behind them runs."""
+    stream = Keys().queue("identity", "default")
+    foreign = [
+        stack_redis.xadd(stream, {"junk": "1"}),
+        stack_redis.xadd(stream, {"id": "x", "payload": "{not json", "enq": "1"}),
+        stack_redis.xadd(stream, {"id": "y", "payload": "{}", "enq": "soon"}),
+    ]
+    _identity_round_trip(base_url, {"after": "foreign entries"})
+    until(lambda: not any(stack_redis.xrange(stream, entry, entry) for entry in foreign))
+    _identity_round_trip(base_url, {"and": "after them"})
+
+
+def test_a_lane_deleted_under_its_worker_is_made_again_and_served(
+    base_url: str, identity_worker: int, stack_redis: redis.Redis
+) -> None:
+    """A lane stream that vanishes under a worker blocked on it (an operator's DEL, a Redis back
+    without its data): the worker's read gets NOGROUP, the group is made again, and the jobs
+    after it run."""
+    stream = Keys().queue("identity", "default")
+    _identity_round_trip(base_url, {"before": "the lane went"})
+    assert stack_redis.delete(stream) == 1
+    for n in range(3):
+        _identity_round_trip(base_url, {"after": f"the lane went {n}"})
+    assert [group["name"] for group in stack_redis.xinfo_groups(stream)] == [GROUP]
 
 
 @pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"])
