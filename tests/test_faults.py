@@ -319,6 +319,33 @@ def test_queue_limit_answers_429_with_retry_after(fault_stack: Stack, r: redis.R
     assert r.xlen(KEYS.queue("tiny", "default")) == 5
 
 
+def test_a_batch_its_bulk_lane_cannot_hold_is_refused_whole(
+    fault_stack: Stack, r: redis.Redis
+) -> None:
+    """A batch is admitted all or nothing: more items than the lane's limit ever holds is 413
+    (split it), more than it has room for now is 429 with Retry-After; neither enqueues any."""
+
+    def batch(count: int) -> httpx.Response:
+        lines = "".join(
+            json.dumps({"custom_id": f"c{i}", "body": {"inputs": {"n": i}}}) + "\n"
+            for i in range(count)
+        )
+        files = {"file": ("items.jsonl", lines.encode(), "application/jsonl")}
+        url = f"{fault_stack.base_url}/v1/batches"
+        return httpx.post(url, data={"model": "tiny"}, files=files, timeout=60)
+
+    lane = KEYS.bulk_queue("tiny", "default")
+    too_big = batch(6)
+    assert too_big.status_code == 413 and too_big.json()["error"]["type"] == "payload_too_large"
+    assert "whose limit is 5; split the batch" in too_big.json()["error"]["message"]
+    assert r.xlen(lane) == 0
+    assert batch(3).status_code == 202 and r.xlen(lane) == 3
+    no_room = batch(3)
+    assert no_room.status_code == 429 and no_room.json()["error"]["type"] == "queue_full"
+    assert int(no_room.headers["Retry-After"]) >= 1
+    assert r.xlen(lane) == 3
+
+
 async def test_retry_after_counts_this_seconds_drain(aredis: aioredis.Redis) -> None:
     """Entries drained this very second are a drain rate, not an idle partition's minute."""
     backpressure = Backpressure(aredis, KEYS)
