@@ -374,6 +374,54 @@ def test_tenant_cannot_open_another_tenants_job(
         assert client.get("/console/routes").status_code == 403
 
 
+def _feed_batches(client: httpx.Client, wanted: str) -> set[tuple[str, str]]:
+    """(batch id, tenant) of every batch the live feed showed, up to the first summary that
+    shows `wanted`."""
+    seen: set[tuple[str, str]] = set()
+    with client.stream("GET", "/console/stream", timeout=30) as events:
+        for line in events.iter_lines():
+            if line.startswith("data: "):
+                seen |= {(b["id"], b["tenant"]) for b in json.loads(line[6:])["batches"]}
+                if any(batch_id == wanted for batch_id, _ in seen):
+                    return seen
+    raise AssertionError(f"the feed ended without batch {wanted}")
+
+
+def test_a_tenant_sees_only_its_own_batches_live_and_logs_out(
+    console_stack: Stack, admin_key: str
+) -> None:
+    """The live feed cuts batches to the viewer's tenant (an admin sees all); logging out ends
+    the session, so the console sends the browser back to its login."""
+    with ThreadPoolExecutor(1) as pool:  # issue_key runs its own event loop
+        acme_key = pool.submit(issue_key, console_stack.redis_url, "acme", "submit", "read")
+        acme = acme_key.result()
+
+    def batch(key: str) -> str:
+        response = httpx.post(
+            f"{console_stack.base_url}/v1/batches",
+            params={"model": "faulty"},
+            content=b'{"custom_id": "c0", "body": {"inputs": {"n": 0}}}\n',
+            headers={"Authorization": f"Bearer {key}", "content-type": "application/jsonl"},
+        )
+        assert response.status_code == 202, response.text
+        return str(response.json()["id"])
+
+    ours, theirs = batch(acme), batch(admin_key)
+    with httpx.Client(base_url=console_stack.base_url) as admin:
+        console_login(admin, admin_key)
+        assert (ours, "acme") in _feed_batches(admin, ours)
+        assert (theirs, "ops") in _feed_batches(admin, theirs)
+    with httpx.Client(base_url=console_stack.base_url) as client:
+        assert console_login(client, acme).status_code == 303
+        seen = _feed_batches(client, ours)
+        assert (ours, "acme") in seen and {tenant for _, tenant in seen} == {"acme"}
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', client.get("/console").text)
+        assert csrf is not None
+        out = client.post("/console/logout", data={"csrf": csrf[1]})
+        assert out.status_code == 303 and out.headers["location"] == "/console/login"
+        assert client.get("/console").status_code == 303
+
+
 def test_post_without_csrf_token_is_refused(console_stack: Stack, admin_key: str) -> None:
     with httpx.Client(base_url=console_stack.base_url) as client:
         without = client.post("/console/login", data={"key": admin_key})
