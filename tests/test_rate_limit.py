@@ -1,6 +1,7 @@
 """Per-key quotas are exact across producer replicas: two real producer processes share one
 Redis, parallel requests race for the same bucket or in-flight slots, and exactly the limit
-gets through; the rest get 429 with Retry-After and RateLimit-* headers."""
+gets through; the rest get 429 with Retry-After and RateLimit-* headers. A slot whose release was
+lost is pruned once the set reaches its cap."""
 
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from conveyor.stack import Stack, free_port
+from shared.job_store import now_ms
+from shared.keys import Keys
+from shared.rate_limit import InFlightLimiter
 from tests.conftest import issue_key
 
 pytestmark = pytest.mark.slow
@@ -112,3 +117,23 @@ def test_jobs_that_end_on_a_worker_free_their_slots(
                 timeout=60,
             )
             assert job.json()["status"] == "succeeded"
+
+
+async def test_slots_whose_release_was_lost_are_pruned_at_the_cap(aredis: aioredis.Redis) -> None:
+    """At the cap, members whose jobs ended (their ZREM lost) or whose submit died (no hash past
+    the grace period) give their slots up; queued jobs, and a submit still being written, keep
+    theirs."""
+    keys = Keys("rl:")
+    limiter = InFlightLimiter(aredis, keys, ttl_s=60)
+    slots = keys.in_flight("k1")
+    for job_id in ("ended", "queued"):
+        assert await limiter.admit("k1", job_id, cap=3)
+    await aredis.zadd(slots, {"died": now_ms() - InFlightLimiter.GRACE_MS - 1_000})
+    await aredis.hset(keys.job("ended"), "status", "succeeded")
+    await aredis.hset(keys.job("queued"), "status", "queued")
+
+    assert await limiter.admit("k1", "fresh", cap=3)  # "ended" and "died" pruned
+    assert await limiter.admit("k1", "writing", cap=3)
+    # nothing to prune: "fresh" and "writing" have no hash yet, but are within the grace
+    assert not await limiter.admit("k1", "refused", cap=3)
+    assert set(await aredis.zrange(slots, 0, -1)) == {b"queued", b"fresh", b"writing"}
