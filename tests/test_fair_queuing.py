@@ -66,6 +66,11 @@ async def _reader(client: aioredis.Redis, config: ModelConfig) -> StreamReader:
     return reader
 
 
+async def _lane(client: aioredis.Redis, config: ModelConfig) -> tuple[JobStore, StreamReader, str]:
+    """A job store, a worker's reader and the stream of `config`'s default lane."""
+    return JobStore(client, KEYS, 60), await _reader(client, config), KEYS.queue("m", "default")
+
+
 async def _take_tenants(reader: StreamReader, stream: str, count: int) -> list[str]:
     """Tenants of the jobs one TAKE hands over, in stream order."""
     taken = await reader.take([stream], count)
@@ -74,9 +79,7 @@ async def _take_tenants(reader: StreamReader, stream: str, count: int) -> list[s
 
 async def test_held_tenants_drain_in_proportion_to_their_weights(aredis: aioredis.Redis) -> None:
     config = _config(window=4)
-    store = JobStore(aredis, KEYS, 60)
-    reader = await _reader(aredis, config)
-    stream = KEYS.queue("m", "default")
+    store, reader, stream = await _lane(aredis, config)
     await _enqueue(store, [_job(config, "a", 1.0) for _ in range(24)])
     await _enqueue(store, [_job(config, "b", 3.0) for _ in range(24)])
     assert await aredis.xlen(stream) == 4  # the window; the rest is held
@@ -104,9 +107,7 @@ async def test_a_refill_numbers_what_it_moves_with_one_counter_read_and_write(
     """The jobs a refill moves in are numbered on from the lane's counter (their queue
     positions count stream entries), which is read once and grown once, not INCRed per job."""
     config = _config(window=2)
-    store = JobStore(aredis, KEYS, 60)
-    reader = await _reader(aredis, config)
-    stream = KEYS.queue("m", "default")
+    store, reader, stream = await _lane(aredis, config)
     jobs = [_job(config, "a") for _ in range(6)]
     await _enqueue(store, jobs)
     assert await aredis.xlen(stream) == 2  # the window; four held
@@ -180,9 +181,7 @@ async def test_admission_counts_held_jobs(aredis: aioredis.Redis) -> None:
 
 async def test_a_cancelled_held_job_never_reaches_a_worker(aredis: aioredis.Redis) -> None:
     config = _config(window=1)
-    store = JobStore(aredis, KEYS, 60)
-    reader = await _reader(aredis, config)
-    stream = KEYS.queue("m", "default")
+    store, reader, stream = await _lane(aredis, config)
     jobs = [_job(config, "a") for _ in range(3)]
     await _enqueue(store, jobs)
     doomed = jobs[1].entry.job_id
