@@ -374,17 +374,19 @@ def test_tenant_cannot_open_another_tenants_job(
         assert client.get("/console/routes").status_code == 403
 
 
-def _feed_batches(client: httpx.Client, wanted: str) -> set[tuple[str, str]]:
+def _feed_batches(client: httpx.Client, wanted: str, summaries: int = 20) -> set[tuple[str, str]]:
     """(batch id, tenant) of every batch the live feed showed, up to the first summary that
-    shows `wanted`."""
+    shows `wanted` (one summary a second; at most `summaries` of them)."""
     seen: set[tuple[str, str]] = set()
     with client.stream("GET", "/console/stream", timeout=30) as events:
         for line in events.iter_lines():
             if line.startswith("data: "):
                 seen |= {(b["id"], b["tenant"]) for b in json.loads(line[6:])["batches"]}
-                if any(batch_id == wanted for batch_id, _ in seen):
-                    return seen
-    raise AssertionError(f"the feed ended without batch {wanted}")
+                summaries -= 1
+                if any(batch_id == wanted for batch_id, _ in seen) or summaries == 0:
+                    break
+    assert any(batch_id == wanted for batch_id, _ in seen), f"no batch {wanted} in the feed"
+    return seen
 
 
 def test_a_tenant_sees_only_its_own_batches_live_and_logs_out(
@@ -400,7 +402,8 @@ def test_a_tenant_sees_only_its_own_batches_live_and_logs_out(
         response = httpx.post(
             f"{console_stack.base_url}/v1/batches",
             params={"model": "faulty"},
-            content=b'{"custom_id": "c0", "body": {"inputs": {"n": 0}}}\n',
+            # running for seconds, so that the feed's once-a-second look finds it running
+            content=b'{"custom_id": "c0", "body": {"inputs": {"n": 0, "sleep_ms": 3000}}}\n',
             headers={"Authorization": f"Bearer {key}", "content-type": "application/jsonl"},
         )
         assert response.status_code == 202, response.text
