@@ -5,12 +5,17 @@ worker creates its own at start and again when Redis lost them (NOGROUP)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from shared.keys import GROUP
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 async def ensure_groups(client: aioredis.Redis, streams: Iterable[str]) -> None:
@@ -20,3 +25,19 @@ async def ensure_groups(client: aioredis.Redis, streams: Iterable[str]) -> None:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+
+async def recreating_groups(
+    client: aioredis.Redis, streams: Sequence[str], call: Callable[[], Awaitable[T]]
+) -> T | None:
+    """`call`, or None when its lanes' group or stream had vanished (NOGROUP: an operator's
+    DEL, a Redis back without its data), after creating them again: a worker goes on instead
+    of dying."""
+    try:
+        return await call()
+    except ResponseError as exc:
+        if "NOGROUP" not in str(exc):
+            raise
+    log.warning("consumer group missing on %s; recreating", ", ".join(streams))
+    await ensure_groups(client, streams)
+    return None

@@ -16,14 +16,20 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from producer_api.app import create_app
 from producer_api.token_hub import StreamUnreadable, TagReader
+from shared.consumer_groups import ensure_groups
 from shared.keys import GROUP, Keys
+from shared.model_repository import ModelConfig
 from shared.redis_client import connect
 from shared.settings import Settings
 from shared.webhook_events import allowed
 from tests.conftest import until
+from workers.partition.job_events import JobEvents
+from workers.partition.partition import Partition
+from workers.partition.reclaim import Reclaimer
 
 pytestmark = pytest.mark.slow
 SURROGATE = rb'"\ud800"'
@@ -157,6 +163,21 @@ def test_a_lane_deleted_under_its_worker_is_made_again_and_served(
     for n in range(3):
         _identity_round_trip(base_url, {"after": f"the lane went {n}"})
     assert [group["name"] for group in stack_redis.xinfo_groups(stream)] == [GROUP]
+
+
+async def test_a_reclaim_on_a_vanished_lane_makes_its_group_again(aredis: aioredis.Redis) -> None:
+    """The reclaimer's turn can come first after a lane vanished (before any read met NOGROUP):
+    it finds nothing to reclaim and makes the groups again, rather than killing its worker."""
+    config = ModelConfig(name="m", kind="batch", backend="identity")
+    partition = Partition.of(Keys("hi:"), config, "default")
+    await ensure_groups(aredis, partition.streams)
+    events = JobEvents("redis://unused")
+    reclaimer = Reclaimer(aredis, Keys("hi:"), partition, "box-1-1", 60, events)
+    await aredis.delete(*partition.streams)
+
+    assert await reclaimer.reclaim(partition.online) == []
+    for stream in partition.streams:
+        assert [group["name"] for group in await aredis.xinfo_groups(stream)] == [GROUP.encode()]
 
 
 @pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"])

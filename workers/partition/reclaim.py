@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from shared import job_scripts
 from shared.codec import as_text
+from shared.consumer_groups import recreating_groups
 from shared.job_store import JobStore, now_ms, queue_slot_frees
 from shared.keys import GROUP, Keys
 from workers.partition.job_events import JobEvents
@@ -62,19 +63,21 @@ class Reclaimer:
         """Claim a batch of abandoned entries; dead-lettered ones are already settled."""
         self._next[stream] = time.monotonic() + self.interval_s
         now = now_ms()
-        rows = await self._script(
-            keys=[stream, self.dlq],
-            args=[
-                GROUP,
-                self.consumer,
-                self.idle_ms,
-                self.batch,
-                self.keys.job_prefix,
-                now,
-                self.max_deliveries,
-                self.ttl_s,
-            ],
+        args: list[str | int] = [
+            GROUP,
+            self.consumer,
+            self.idle_ms,
+            self.batch,
+            self.keys.job_prefix,
+            now,
+            self.max_deliveries,
+            self.ttl_s,
+        ]
+        rows = await recreating_groups(
+            self.redis, self.streams, lambda: self._script(keys=[stream, self.dlq], args=args)
         )
+        if rows is None:  # the lane had vanished: nothing of it to reclaim
+            return []
         deliveries = [
             decode_delivery(eid, fields, status, now, redelivered=True, attempts=int(count))
             for eid, fields, status, count in rows

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
 
 from shared import job_scripts
 from shared.codec import MOVED_FIELD, RequestEntry, as_text
-from shared.consumer_groups import ensure_groups
+from shared.consumer_groups import ensure_groups, recreating_groups
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.keys import GROUP, Keys
@@ -200,14 +199,7 @@ class StreamReader:
 
     async def _recovering(self, call: Callable[[], Awaitable[T]]) -> T | None:
         """Recreate vanished groups (NOGROUP) instead of dying; the call then returns None."""
-        try:
-            return await call()
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            log.warning("consumer group missing on %s; recreating", ", ".join(self.streams))
-            await self.ensure_groups()
-            return None
+        return await recreating_groups(self.redis, self.streams, call)
 
 
 def decode_delivery(
