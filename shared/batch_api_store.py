@@ -28,6 +28,7 @@ from shared.tenant_index import TenantIndexed
 CHUNK = 500
 BUDGET = 4 * CHUNK  # items one COUNT call may count: bounds how long it holds its server
 STALE_MS = 60_000  # a finalizer silent this long is replaced
+ENDED_KEPT_MS = 600_000  # how long an ended batch stays in the ended index (the console's)
 
 
 class BatchStatus(StrEnum):
@@ -261,14 +262,22 @@ class BatchApiStore(TenantIndexed):
         await self.release(batch_id, fields)
 
     async def release(self, batch_id: str, fields: Mapping[str, str]) -> None:
-        """Drop an ended batch's per-partition lists and its active-index entry, one command
-        per slot. Idempotent: the sweeper repeats it for a finalizer that died after the
-        commit."""
+        """Drop an ended batch's per-partition lists and move it from the active index to the
+        ended one (kept ENDED_KEPT_MS), in one round trip. Idempotent: the sweeper repeats it
+        for a finalizer that died after the commit."""
+        now = now_ms()
         async with self.redis.pipeline(transaction=False) as pipe:
             for key in open_lists(fields):
                 pipe.delete(key)
             pipe.zrem(self.keys.batches_active, batch_id)
+            pipe.zadd(self.keys.batches_ended, {batch_id: now})
+            pipe.zremrangebyscore(self.keys.batches_ended, "-inf", now - ENDED_KEPT_MS)
             await pipe.execute()
+
+    async def ended_since(self, since_ms: int) -> list[str]:
+        """Batches that ended at `since_ms` or later (at most ENDED_KEPT_MS ago), oldest first."""
+        rows: list[Any] = await self.redis.zrangebyscore(self.keys.batches_ended, since_ms, "+inf")
+        return [as_text(batch_id) for batch_id in rows]
 
     async def active(self) -> list[tuple[str, int]]:
         """Running batches with their expiry (ms)."""

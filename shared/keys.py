@@ -230,6 +230,12 @@ class Keys:
         """Batches not yet finished, scored by their expiry time in ms (sorted set)."""
         return f"{self.prefix}{CONTROL}batches:active"
 
+    @property
+    def batches_ended(self) -> str:
+        """Batches that ended lately, scored by when (ms; sorted set): what the console shows
+        of a batch that ran and ended between two of its looks."""
+        return f"{self.prefix}{CONTROL}batches:ended"
+
     def worker(self, name: str) -> str:
         """One worker's latest heartbeat (hash with a TTL; shared/worker_registry.py)."""
         return f"{self.prefix}{CONTROL}worker:{name}"

@@ -425,6 +425,28 @@ def test_a_tenant_sees_only_its_own_batches_live_and_logs_out(
         assert client.get("/console").status_code == 303
 
 
+def test_a_batch_that_ran_between_two_looks_of_the_feed_is_shown(
+    console_stack: Stack, admin_key: str
+) -> None:
+    """The feed looks at running batches once a second; one that ran and ended in between (the
+    sweeper or a reader finalized it) is shown from the ended index."""
+    if "fixed" not in console_stack.processes:  # run alone: the module's worker for `faulty`
+        console_stack.start_worker("faulty", name="fixed", **{FIXED_ENV: "1"})
+    auth = {"Authorization": f"Bearer {admin_key}"}
+    response = httpx.post(
+        f"{console_stack.base_url}/v1/batches",
+        params={"model": "faulty"},
+        content=b'{"custom_id": "c0", "body": {"inputs": {"n": 0}}}\n',
+        headers={**auth, "content-type": "application/jsonl"},
+    )
+    assert response.status_code == 202, response.text
+    url = f"{console_stack.base_url}/v1/batches/{response.json()['id']}"
+    until(lambda: httpx.get(url, headers=auth).json()["status"] == "completed", timeout=60)
+    with httpx.Client(base_url=console_stack.base_url) as admin:
+        console_login(admin, admin_key)
+        assert (response.json()["id"], "ops") in _feed_batches(admin, response.json()["id"])
+
+
 def test_post_without_csrf_token_is_refused(console_stack: Stack, admin_key: str) -> None:
     with httpx.Client(base_url=console_stack.base_url) as client:
         without = client.post("/console/login", data={"key": admin_key})

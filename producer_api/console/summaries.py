@@ -125,10 +125,14 @@ class ConsoleSummaries:
     async def _batches(self) -> list[dict[str, Any]]:
         """Running batches, refreshed as the sweeper does, plus those that ended lately."""
         now = time.time()
-        active = [batch_id for batch_id, _ in await self.state.batch_store.active()]
-        # a batch the sweeper ended since the last look is read once more, for its final counts
+        store = self.state.batch_store
+        active = [batch_id for batch_id, _ in await store.active()]
+        # a batch the sweeper ended since the last look is read once more, for its final counts;
+        # one that ran and ended between two looks is read once from the ended index
         ending = [b for b, (_, body) in self._ended.items() if body["status"] not in _ENDED]
-        for batch_id in dict.fromkeys([*active[:MAX_BATCHES], *ending]):
+        ended = await store.ended_since(int((now - ENDED_BATCH_KEEP_S) * 1000))
+        unseen = [batch_id for batch_id in ended if batch_id not in self._ended]
+        for batch_id in dict.fromkeys([*active[:MAX_BATCHES], *ending, *unseen[-MAX_BATCHES:]]):
             progress = await self.state.batch_progress.refresh(batch_id, window=0)
             if progress is not None:
                 body = batch_view(batch_id, progress, f"/console/batches/{batch_id}")
