@@ -29,6 +29,7 @@ _TIMESTAMPS = (
     "expired",
     "expires",
 )
+FINALIZER_POLL_S = 0.05  # how often an early end looks at another caller's finalization
 _ENDED_EARLY = {
     BatchStatus.CANCELLED: "the batch was cancelled before this job finished",
     BatchStatus.EXPIRED: "the batch's completion window ended before this job finished",
@@ -113,8 +114,18 @@ class BatchApiProgress:
         for start in range(0, len(ids), CHUNK):
             chunk = ids[start : start + CHUNK]
             await self.jobs.settle_many(chunk, JobStatus(in_force.value), {"error": error})
-        await self.refresh(batch_id, window=0)
+        await self._until_ended(batch_id)
         return in_force
+
+    async def _until_ended(self, batch_id: str) -> None:
+        """Count the settled items, then wait out a finalizer that another caller (the
+        sweeper, the console, a second producer) began between our settling and our count, so
+        the ending is in force when we return. One that went silent is taken over by `refresh`
+        after STALE_MS."""
+        progress = await self.refresh(batch_id, window=0)
+        while progress is not None and progress.fields["status"] == BatchStatus.FINALIZING:
+            await asyncio.sleep(FINALIZER_POLL_S)
+            progress = await self.refresh(batch_id, window=0)
 
     async def notify(self, batch_id: str, progress: Refresh) -> None:
         """Hand the batch's terminal view to the webhook task (Celery, so it survives us)."""

@@ -1,0 +1,99 @@
+"""An early end that races another caller's finalization. A cancel settles a batch's open
+items, then counts them; the sweeper, the console or a second producer can count the same
+settled items first and begin finalizing. The cancel must still answer with the batch ended
+`cancelled` (CI once saw `finalizing`), not with the other caller's half-done work."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping, Sequence
+
+import redis.asyncio as aioredis
+
+from producer_api.batch_api.progress import BatchApiProgress
+from shared.batch_api_store import BatchApiStore, BatchStatus, Refresh
+from shared.codec import RequestEntry
+from shared.job_states import JobStatus
+from shared.job_store import JobStore, NewJob, now_ms
+from shared.keys import Keys, new_job_id
+from shared.webhook_events import WebhookDispatcher
+from tests.conftest import until_async
+
+KEYS = Keys()
+TTL_S = 600
+ITEMS = 5
+WEBHOOKS = WebhookDispatcher("redis://unused")  # the batch has no webhook: never sent
+
+
+class _GatedFinish(BatchApiStore):
+    """The other caller's store: its finalization waits for the gate, as a slow one would."""
+
+    def __init__(self, client: aioredis.Redis, gate: asyncio.Event) -> None:
+        super().__init__(client, KEYS, TTL_S)
+        self.gate = gate
+
+    async def finish(self, batch_id: str, status: BatchStatus, fields: Mapping[str, str]) -> None:
+        await self.gate.wait()
+        await super().finish(batch_id, status, fields)
+
+
+class _RacedSettle(JobStore):
+    """The cancelling producer's job store: right after it settles the items, the other caller
+    counts them and begins finalizing (held at the gate, released 0.3 s later)."""
+
+    def __init__(self, client: aioredis.Redis, other: BatchApiProgress, gate: asyncio.Event):
+        super().__init__(client, KEYS, TTL_S)
+        self.other, self.gate = other, gate
+        self.batch_id = ""
+        self.racer: asyncio.Task[Refresh | None] | None = None
+
+    async def settle_many(
+        self, job_ids: Sequence[str], target: JobStatus, fields: Mapping[str, str | int]
+    ) -> int:
+        moved = await super().settle_many(job_ids, target, fields)
+        self.racer = asyncio.create_task(self.other.refresh(self.batch_id, window=0))
+        store = BatchApiStore(self.redis, KEYS, TTL_S)
+        await until_async(lambda: _finalizing(store, self.batch_id), every=0.01)
+        asyncio.get_running_loop().call_later(0.3, self.gate.set)
+        return moved
+
+
+async def _finalizing(store: BatchApiStore, batch_id: str) -> bool:
+    fields = await store.read(batch_id)
+    return fields is not None and fields["status"] == BatchStatus.FINALIZING
+
+
+async def _running_batch(store: BatchApiStore, jobs: JobStore) -> str:
+    """A running batch of ITEMS queued items in one partition, enqueued as the Batch API does."""
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    open_list = KEYS.batch_open(batch_id, "identity", "default")
+    ids = [new_job_id("identity", "default") for _ in range(ITEMS)]
+    await store.create(batch_id, {"tenant": "default", "total": ITEMS}, TTL_S)
+    fields = {"model": "identity", "variant": "default", "batch": batch_id}
+    stream = KEYS.bulk_queue("identity", "default")
+    new = [NewJob(RequestEntry(job_id, {"inputs": {}}, now_ms()), stream, fields) for job_id in ids]
+    assert await jobs.create_many(new) == []
+    await store.add_items(batch_id, [(job_id, open_list) for job_id in ids], [], TTL_S)
+    await store.start(batch_id, [open_list], ITEMS, {"invalid": 0}, now_ms() + TTL_S * 1000)
+    return batch_id
+
+
+async def test_a_cancel_that_meets_another_finalizer_returns_with_the_batch_cancelled(
+    aredis: aioredis.Redis,
+) -> None:
+    gate = asyncio.Event()
+    other = BatchApiProgress(JobStore(aredis, KEYS, TTL_S), _GatedFinish(aredis, gate), WEBHOOKS)
+    jobs = _RacedSettle(aredis, other, gate)
+    store = BatchApiStore(aredis, KEYS, TTL_S)
+    batch_id = jobs.batch_id = await _running_batch(store, jobs)
+
+    assert await BatchApiProgress(jobs, store, WEBHOOKS).end(batch_id, BatchStatus.CANCELLED) == (
+        BatchStatus.CANCELLED
+    )
+    fields = await store.read(batch_id)
+    assert fields is not None and fields["status"] == "cancelled", fields
+    assert fields["n_cancelled"] == str(ITEMS) and fields["open"] == "0"
+    assert jobs.racer is not None
+    raced = await jobs.racer  # the other caller finalized it; the cancel waited for that
+    assert raced is not None and raced.finalize
