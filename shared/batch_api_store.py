@@ -274,6 +274,11 @@ class BatchApiStore(TenantIndexed):
             pipe.zremrangebyscore(self.keys.batches_ended, "-inf", now - ENDED_KEPT_MS)
             await pipe.execute()
 
+    async def forget(self, batch_id: str) -> None:
+        """Drop a batch whose keys expired before it ended from the active index; it does not
+        join the ended one, having nothing left to show."""
+        await self.redis.zrem(self.keys.batches_active, batch_id)
+
     async def ended_since(self, since_ms: int) -> list[str]:
         """Batches that ended at `since_ms` or later (at most ENDED_KEPT_MS ago), oldest first."""
         rows: list[Any] = await self.redis.zrangebyscore(self.keys.batches_ended, since_ms, "+inf")

@@ -26,7 +26,7 @@ class BatchApiSweeper:
                 await self.progress.end(batch_id, BatchStatus.EXPIRED)
             progress = await self.progress.refresh(batch_id, window=0)
             if progress is None:
-                await self.store.release(batch_id, {})
+                await self.store.forget(batch_id)
             elif BatchStatus(progress.fields["status"]).terminal and not progress.finalize:
                 # Ended, yet still indexed: its finalizer died between the batch's commit and
                 # the release of its keys in other slots (BatchApiStore.finish).

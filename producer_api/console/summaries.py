@@ -127,12 +127,11 @@ class ConsoleSummaries:
         now = time.time()
         store = self.state.batch_store
         active = [batch_id for batch_id, _ in await store.active()]
-        # a batch the sweeper ended since the last look is read once more, for its final counts;
-        # one that ran and ended between two looks is read once from the ended index
-        ending = [b for b, (_, body) in self._ended.items() if body["status"] not in _ENDED]
+        # an ended batch is read until its final view is held: once more if it was shown
+        # running, once if it ran and ended between two looks
         ended = await store.ended_since(int((now - ENDED_BATCH_KEEP_S) * 1000))
-        unseen = [batch_id for batch_id in ended if batch_id not in self._ended]
-        for batch_id in dict.fromkeys([*active[:MAX_BATCHES], *ending, *unseen[-MAX_BATCHES:]]):
+        unfinal = [batch_id for batch_id in ended if not self._final(batch_id)]
+        for batch_id in dict.fromkeys([*active[:MAX_BATCHES], *unfinal[-MAX_BATCHES:]]):
             progress = await self.state.batch_progress.refresh(batch_id, window=0)
             if progress is not None:
                 body = batch_view(batch_id, progress, f"/console/batches/{batch_id}")
@@ -142,3 +141,7 @@ class ConsoleSummaries:
             if now - seen > ENDED_BATCH_KEEP_S:
                 del self._ended[batch_id]
         return [body for _, body in sorted(self._ended.values(), key=lambda pair: -pair[0])]
+
+    def _final(self, batch_id: str) -> bool:
+        held = self._ended.get(batch_id)
+        return held is not None and held[1]["status"] in _ENDED

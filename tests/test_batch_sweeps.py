@@ -1,7 +1,9 @@
-"""An early end that races another caller's finalization. A cancel settles a batch's open
-items, then counts them; the sweeper, the console or a second producer can count the same
-settled items first and begin finalizing. The cancel must still answer with the batch ended
-`cancelled` (CI once saw `finalizing`), not with the other caller's half-done work."""
+"""How a batch leaves the active index when something else is going on. An early end races
+another caller's finalization: a cancel settles a batch's open items, then counts them, and the
+sweeper, the console or a second producer can count the same settled items first and begin
+finalizing. The cancel must still answer with the batch ended `cancelled` (CI once saw
+`finalizing`). And a batch whose keys expired before it ended leaves the index without joining
+the ended one, which the console reads every second."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import redis.asyncio as aioredis
 
 from producer_api.batch_api.progress import BatchApiProgress
+from producer_api.batch_api.sweeper import BatchApiSweeper
 from shared.batch_api_store import BatchApiStore, BatchStatus, Refresh
 from shared.codec import RequestEntry
 from shared.job_states import JobStatus
@@ -97,3 +100,17 @@ async def test_a_cancel_that_meets_another_finalizer_returns_with_the_batch_canc
     assert jobs.racer is not None
     raced = await jobs.racer  # the other caller finalized it; the cancel waited for that
     assert raced is not None and raced.finalize
+
+
+async def test_a_batch_whose_keys_expired_leaves_the_index_and_is_not_listed_as_ended(
+    aredis: aioredis.Redis,
+) -> None:
+    store, jobs = BatchApiStore(aredis, KEYS, TTL_S), JobStore(aredis, KEYS, TTL_S)
+    batch_id = await _running_batch(store, jobs)
+    ended = await _running_batch(store, jobs)
+    await BatchApiProgress(jobs, store, WEBHOOKS).end(ended, BatchStatus.CANCELLED)
+    await aredis.delete(KEYS.batch(batch_id))  # its TTL ran out, or an operator's DEL
+
+    await BatchApiSweeper(store, BatchApiProgress(jobs, store, WEBHOOKS)).sweep()
+    assert await store.active() == []
+    assert await store.ended_since(0) == [ended]
