@@ -242,6 +242,16 @@ def test_dead_letters_are_replayed_all_at_once_or_discarded_after_a_confirmation
     assert "Discarded 1 dead letter" in page.inner_text("h1")
     assert r.xlen(DLQ) == 0 and not r.exists(KEYS.job(doomed))
 
+    for n in range(3):  # the partition's whole queue at once
+        _dead_letter(r, {"n": f"purged-{n}"})
+    page.goto(f"{console_stack.base_url}/console/dead-letters")
+    page.locator("a.button", has_text="Discard all").click()
+    assert "Discard 3 dead letters of faulty:default?" in page.inner_text("h1")
+    assert r.xlen(DLQ) == 3
+    page.click("#confirm")
+    assert "Discarded 3 dead letters" in page.inner_text("h1")
+    assert r.xlen(DLQ) == 0
+
 
 def test_failed_job_page_shows_its_error(
     console_stack: Stack, admin_key: str, page: Any, r: redis.Redis
@@ -461,6 +471,38 @@ def test_post_without_csrf_token_is_refused(console_stack: Stack, admin_key: str
         assert client.post("/console/dead-letters/discard", data=form).status_code == 403
         forged = {**form, "csrf": "0" * 64}
         assert client.post("/console/dead-letters/discard", data=forged).status_code == 403
+
+
+def test_what_the_console_does_not_have_is_404_and_changes_nothing(
+    console_stack: Stack, admin_key: str, r: redis.Redis
+) -> None:
+    _dead_letter(r, {"n": "kept"})
+    letters = r.xlen(DLQ)
+    with httpx.Client(base_url=console_stack.base_url) as client:
+        console_login(client, admin_key)
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', client.get("/console").text)
+        assert csrf is not None
+        missing = [
+            client.get("/console/static/..%2F..%2Fconfig.yaml"),
+            client.get("/console/static/console.exe"),
+            client.get(f"/console/jobs/{new_job_id('faulty', 'default')}"),
+            client.get(f"/console/jobs/{'x' * 200}"),
+            client.get(f"/console/batches/batch_{'0' * 32}/output"),
+            client.get(f"/console/batches/batch_{'0' * 32}/secrets"),
+            client.get("/console/dead-letters/confirm?action=explode&partition=faulty:default"),
+            client.get("/console/dead-letters/confirm?action=discard&partition=nope:default"),
+            client.post(
+                "/console/dead-letters/explode",
+                data={"partition": "faulty:default", "csrf": csrf[1]},
+            ),
+            client.post(
+                "/console/dead-letters/discard", data={"partition": "faulty:v9", "csrf": csrf[1]}
+            ),
+        ]
+    assert [response.status_code for response in missing] == [404] * len(missing), [
+        (str(response.url), response.text[:200]) for response in missing
+    ]
+    assert r.xlen(DLQ) == letters
 
 
 def _commands(r: redis.Redis) -> int:
