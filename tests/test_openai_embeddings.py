@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -121,9 +122,35 @@ def test_a_client_that_stops_waiting_cancels_its_job(
         until(lambda: stack_redis.hget(key, "status") == "cancelled")
     finally:
         os.kill(minilm_worker, signal.SIGCONT)
-    job_id = str(key).removeprefix("cv:job:").translate(str.maketrans("", "", "{}"))
+    job_id = _job_id(str(key))
     job = httpx.get(f"{base_url}/v1/jobs/{job_id}", params={"wait": 30}, timeout=60).json()
     assert job["status"] == "cancelled" and "outputs" not in job
+
+
+def test_a_job_cancelled_while_its_request_waits_answers_409(
+    base_url: str, minilm_worker: int, stack_redis: redis.Redis
+) -> None:
+    """The request's job ends without succeeding (cancelled by another client while the worker
+    is stopped): the request answers as `/predict` would, with OpenAI's error body."""
+    before = set(stack_redis.scan_iter("cv:job:*"))
+    os.kill(minilm_worker, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_embed, base_url, input="cancelled before it runs")
+            key = until(lambda: set(stack_redis.scan_iter("cv:job:*")) - before)
+            job_id = _job_id(key.pop())
+            cancelled = httpx.delete(f"{base_url}/v1/jobs/{job_id}", timeout=30)
+            assert cancelled.status_code == 200, cancelled.text
+            answer = waiting.result(timeout=60)
+    finally:
+        os.kill(minilm_worker, signal.SIGCONT)
+    assert answer.status_code == 409, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "cancelled" and job_id in error["message"]
+
+
+def _job_id(key: str) -> str:
+    return key.removeprefix("cv:job:").translate(str.maketrans("", "", "{}"))
 
 
 def test_only_a_batch_model_may_embed() -> None:
