@@ -1,7 +1,8 @@
 """The one owner of canary state in Redis: `cv:canary:{model}` (hash, `doc`: the rollout as
-JSON), its decisions `cv:canary:{model}:events` (list) and `cv:canaries` (set of models with
-one running). State lives here, not in a process, so a canary outlives the producer that
-drives it: whichever producer leads next picks it up where it stood."""
+JSON), its decisions `cv:canary:{model}:events` (list), `cv:canaries` (set of models with
+one running) and `cv:canary:{model}:lock` (decisions and aborts take turns). State lives
+here, not in a process, so a canary outlives the producer that drives it: whichever producer
+leads next picks it up where it stood."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
+from redis.asyncio.lock import Lock
 
 from shared.codec import as_text, dumps, loads
 from shared.keys import Keys
 
 CanaryState = Literal["running", "completed", "rolled_back", "aborted"]
 EVENTS_KEPT = 500
+LOCK_S = 10.0  # a decision or an abort takes milliseconds; a holder that died frees it then
 
 # KEYS[1]=canary hash, KEYS[2]=active set; ARGV: doc JSON, model. Starts unless one is running.
 _START = """
@@ -71,6 +74,19 @@ class CanaryStore:
         """Store a new running canary; False if the model has one running already."""
         keys = [self.keys.canary(canary.model), self.keys.canaries_active]
         return bool(await self._start(keys=keys, args=[canary.to_json(), canary.model]))
+
+    def lock(self, model: str, wait_s: float | None) -> Lock:
+        """The lock that serializes a model's canary decisions (the leader's) and aborts (any
+        producer's), so neither acts on a state the other has just changed. `wait_s`: how long
+        to wait for it (None: not at all). It expires after LOCK_S should its holder die."""
+        blocking = wait_s is not None
+        return self.redis.lock(
+            self.keys.canary_lock(model),
+            timeout=LOCK_S,
+            blocking=blocking,
+            blocking_timeout=wait_s,
+            raise_on_release_error=False,  # expired under a holder that outlived LOCK_S
+        )
 
     async def get(self, model: str) -> Canary | None:
         raw = await self.redis.hget(self.keys.canary(model), "doc")

@@ -180,6 +180,10 @@ class Keys:
         """A model's canary rollout (hash: `doc` JSON of its state)."""
         return f"{self.prefix}{CONTROL}canary:{model}"
 
+    def canary_lock(self, model: str) -> str:
+        """Held while one producer decides a model's canary or aborts it (string, a token)."""
+        return f"{self.prefix}{CONTROL}canary:{model}:lock"
+
     def canary_events(self, model: str) -> str:
         """Every decision of a model's canaries, oldest first (list of JSON)."""
         return f"{self.prefix}{CONTROL}canary:{model}:events"

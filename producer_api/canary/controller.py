@@ -24,6 +24,7 @@ from shared.webhook_events import WebhookDispatcher, event
 log = logging.getLogger(__name__)
 
 STATES: tuple[CanaryState, ...] = ("running", "completed", "rolled_back", "aborted")
+ABORT_WAIT_S = 5.0  # a decision holds the model's canary lock for milliseconds
 
 
 def numbers(window: Window) -> dict[str, Any]:
@@ -80,19 +81,41 @@ class CanaryController:
         active = await self.store.active()
         shown: dict[str, str] = {}
         for model in sorted({*active, *self._shown}):
-            canary = await self.store.get(model)
-            if canary is None:
+            lock = self.store.lock(model, wait_s=None)
+            if not await lock.acquire():  # an abort is under way: look again next time
+                if model in self._shown:
+                    shown[model] = self._shown[model]
                 continue
-            if model in active:
-                shown[model] = canary.variant
-            if canary.state == "running":
-                try:
-                    await self.decide(canary)
-                except VersionConflict:
-                    log.info("routes of %s changed while its canary moved; deciding again", model)
-                    continue
-            show(canary)
+            try:
+                if variant := await self._look_at(model, model in active):
+                    shown[model] = variant
+            finally:
+                await lock.release()
         self._shown = shown
+
+    async def _look_at(self, model: str, active: bool) -> str | None:
+        """Decide a model's canary and show it; returns its variant while it is to be shown."""
+        canary = await self.store.get(model)
+        if canary is None:
+            return None
+        if canary.state == "running":
+            try:
+                await self.decide(canary)
+            except VersionConflict:
+                log.info("routes of %s changed while its canary moved; deciding again", model)
+                return canary.variant if active else None
+        show(canary)
+        return canary.variant if active else None
+
+    async def abort(self, model: str, reason: str) -> bool:
+        """End the model's running canary at 0 %; False if none is running. It waits for a
+        decision under way, which would otherwise write its step over the abort."""
+        async with self.store.lock(model, wait_s=ABORT_WAIT_S):
+            canary = await self.store.get(model)
+            if canary is None or canary.state != "running":
+                return False
+            await self.end(canary, "aborted", 0.0, reason, {})
+            return True
 
     def step_down(self) -> None:
         """No longer the leader: stop showing canaries, so only the leader's gauges count."""

@@ -7,6 +7,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from redis.exceptions import LockError
+
 from producer_api.auth.principal import Principal
 from producer_api.canary.protocol import CanaryStart
 from producer_api.errors import ConveyorError
@@ -68,9 +70,12 @@ class CanaryService:
 
     async def abort(self, model: str) -> dict[str, Any]:
         self.config(model)
-        canary = await self.store.get(model)
-        if canary is None or canary.state != "running":
-            raise ConveyorError(409, "conflict", f"model {model} has no canary running")
         reason = f"aborted by key:{self.principal.key_id} at {time.time():.0f}"
-        await self.controller.end(canary, "aborted", 0.0, reason, {})
+        try:
+            aborted = await self.controller.abort(model, reason)
+        except LockError as exc:
+            message = f"the canary of model {model} is being decided; try again"
+            raise ConveyorError(409, "conflict", message) from exc
+        if not aborted:
+            raise ConveyorError(409, "conflict", f"model {model} has no canary running")
         return await self.show(model)
