@@ -76,9 +76,10 @@ class CanaryStore:
         return bool(await self._start(keys=keys, args=[canary.to_json(), canary.model]))
 
     def lock(self, model: str, wait_s: float | None) -> Lock:
-        """The lock that serializes a model's canary decisions (the leader's) and aborts (any
-        producer's), so neither acts on a state the other has just changed. `wait_s`: how long
-        to wait for it (None: not at all). It expires after LOCK_S should its holder die."""
+        """The lock that serializes a model's canary decisions (the leader's) with its start
+        and abort (any producer's), so none acts on a state another has just changed.
+        `wait_s`: how long to wait for it (None: not at all). It expires after LOCK_S should its
+        holder die."""
         blocking = wait_s is not None
         return self.redis.lock(
             self.keys.canary_lock(model),

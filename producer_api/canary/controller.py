@@ -24,7 +24,7 @@ from shared.webhook_events import WebhookDispatcher, event
 log = logging.getLogger(__name__)
 
 STATES: tuple[CanaryState, ...] = ("running", "completed", "rolled_back", "aborted")
-ABORT_WAIT_S = 5.0  # a decision holds the model's canary lock for milliseconds
+TURN_WAIT_S = 5.0  # a decision holds the model's canary lock for milliseconds
 
 
 def numbers(window: Window) -> dict[str, Any]:
@@ -107,10 +107,19 @@ class CanaryController:
         show(canary)
         return canary.variant if active else None
 
+    async def start(self, canary: Canary) -> bool:
+        """Store a new running canary and announce it; False if the model has one running. In
+        its turn, so the leader's first step never comes before the `started` event."""
+        async with self.store.lock(canary.model, wait_s=TURN_WAIT_S):
+            if not await self.store.start(canary):
+                return False
+            await self.announce(canary, "started", None, {})
+            return True
+
     async def abort(self, model: str, reason: str) -> bool:
         """End the model's running canary at 0 %; False if none is running. It waits for a
         decision under way, which would otherwise write its step over the abort."""
-        async with self.store.lock(model, wait_s=ABORT_WAIT_S):
+        async with self.store.lock(model, wait_s=TURN_WAIT_S):
             canary = await self.store.get(model)
             if canary is None or canary.state != "running":
                 return False

@@ -4,6 +4,8 @@ show it with its decisions, abort it (back to 0 %). The leader's controller does
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -45,9 +47,10 @@ class CanaryService:
             webhook=body.webhook or "",
             by=f"key:{self.principal.key_id} ({self.principal.tenant})",
         )
-        if not await self.store.start(canary):
+        async with _in_turn(model):
+            started = await self.controller.start(canary)
+        if not started:
             raise ConveyorError(409, "conflict", f"model {model} has a canary running already")
-        await self.controller.announce(canary, "started", None, {})
         return await self.show(model)
 
     def _check(self, config: ModelConfig, body: CanaryStart, baseline: str) -> None:
@@ -71,11 +74,19 @@ class CanaryService:
     async def abort(self, model: str) -> dict[str, Any]:
         self.config(model)
         reason = f"aborted by key:{self.principal.key_id} at {time.time():.0f}"
-        try:
+        async with _in_turn(model):
             aborted = await self.controller.abort(model, reason)
-        except LockError as exc:
-            message = f"the canary of model {model} is being decided; try again"
-            raise ConveyorError(409, "conflict", message) from exc
         if not aborted:
             raise ConveyorError(409, "conflict", f"model {model} has no canary running")
         return await self.show(model)
+
+
+@asynccontextmanager
+async def _in_turn(model: str) -> AsyncIterator[None]:
+    """A start or an abort that could not take its turn (a decision held the lock for
+    TURN_WAIT_S) is a 409 to retry."""
+    try:
+        yield
+    except LockError as exc:
+        message = f"the canary of model {model} is being decided; try again"
+        raise ConveyorError(409, "conflict", message) from exc

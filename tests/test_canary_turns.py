@@ -1,13 +1,14 @@
-"""An abort that lands while the traffic leader is deciding the same canary, on a real Valkey
-without a stack. The leader read the canary running and is about to move it a step; the abort
-(any producer) ends it at 0 %. Unserialized, the leader's step then wrote `running` and its
-weight over the abort, which had already answered 200 `aborted`: the rollout went on. With the
-per-model lock the abort waits for the decision and then ends the canary for good. The stack's
-side of aborts (HTTP, CLI, gauges) is `tests/test_canary.py`."""
+"""A canary's start, its abort and the traffic leader's decisions take turns, on a real Valkey
+without a stack. An abort that landed while the leader was moving the same canary a step used to
+be written over: the leader had read the canary running, and its step wrote `running` and its
+weight back after the abort had answered 200 `aborted`. And a leader's look between a start and
+its `started` event put the first step before it. The stack's side of canaries (HTTP, CLI,
+gauges) is `tests/test_canary.py`."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -24,10 +25,8 @@ KEYS = Keys("canary-race:")
 MODEL = "ab"
 
 
-class _HeldDecision(CanaryController):
-    """The leader, holding each decision open until the gate opens (a slow stats read)."""
-
-    def __init__(self, client: aioredis.Redis, gate: asyncio.Event) -> None:
+class _Producer(CanaryController):
+    def __init__(self, client: aioredis.Redis) -> None:
         super().__init__(
             CanaryStore(client, KEYS),
             RouteStore(client, KEYS),
@@ -35,6 +34,13 @@ class _HeldDecision(CanaryController):
             ModelRepository({}),
             WebhookDispatcher("redis://unused"),  # the canary has no webhook: never sent
         )
+
+
+class _HeldDecision(_Producer):
+    """The leader, holding each decision open until the gate opens (a slow stats read)."""
+
+    def __init__(self, client: aioredis.Redis, gate: asyncio.Event) -> None:
+        super().__init__(client)
         self.gate = gate
         self.deciding = asyncio.Event()
 
@@ -42,6 +48,21 @@ class _HeldDecision(CanaryController):
         self.deciding.set()
         await self.gate.wait()
         await super().decide(canary)
+
+
+class _LookedAtWhileStarting(_Producer):
+    """A producer starting a canary, whose `started` event meets the leader's look."""
+
+    def __init__(self, client: aioredis.Redis, leader: CanaryController) -> None:
+        super().__init__(client)
+        self.leader = leader
+
+    async def announce(
+        self, canary: Canary, kind: str, reason: str | None, seen: dict[str, Any]
+    ) -> None:
+        if kind == "started":
+            await self.leader.look()
+        await super().announce(canary, kind, reason, seen)
 
 
 def _canary() -> Canary:
@@ -97,3 +118,16 @@ async def test_the_leader_passes_over_a_canary_an_abort_holds(aredis: aioredis.R
     await leader.look()
     moved = await store.get(MODEL)
     assert moved is not None and (moved.step, moved.weight) == (0, 10.0), moved
+
+
+async def test_the_leaders_first_step_comes_after_the_started_event(
+    aredis: aioredis.Redis,
+) -> None:
+    store, routes = CanaryStore(aredis, KEYS), RouteStore(aredis, KEYS)
+    await routes.seed(MODEL, Routes({"stable": 100.0, "candidate": 0.0}))
+    leader = _Producer(aredis)
+    assert await _LookedAtWhileStarting(aredis, leader).start(_canary())
+    assert [event["type"] for event in await store.events(MODEL, 10)] == ["started"]
+    await leader.look()
+    assert [event["type"] for event in await store.events(MODEL, 10)] == ["started", "step"]
+    assert await leader.start(_canary()) is False  # one runs already
