@@ -98,13 +98,12 @@ class CanaryController:
         canary = await self.store.get(model)
         if canary is None:
             return None
-        if canary.state == "running":
-            try:
+        try:
+            if canary.state == "running":
                 await self.decide(canary)
-            except VersionConflict:
-                log.info("routes of %s changed while its canary moved; deciding again", model)
-                return canary.variant if active else None
-        show(canary)
+            show(canary)
+        except VersionConflict:
+            log.info("routes of %s changed while its canary moved; deciding again", model)
         return canary.variant if active else None
 
     async def start(self, canary: Canary) -> bool:
