@@ -1,8 +1,8 @@
 """The one owner of canary state in Redis: `cv:canary:{model}` (hash, `doc`: the rollout as
 JSON), its decisions `cv:canary:{model}:events` (list), `cv:canaries` (set of models with
-one running) and `cv:canary:{model}:lock` (decisions and aborts take turns). State lives
-here, not in a process, so a canary outlives the producer that drives it: whichever producer
-leads next picks it up where it stood."""
+one running) and `cv:canary:{model}:lock` (a decision, a start, an abort: one at a time).
+State lives here, not in a process, so a canary outlives the producer that drives it:
+whichever producer leads next picks it up where it stood."""
 
 from __future__ import annotations
 

@@ -181,7 +181,7 @@ class Keys:
         return f"{self.prefix}{CONTROL}canary:{model}"
 
     def canary_lock(self, model: str) -> str:
-        """Held while one producer decides a model's canary or aborts it (string, a token)."""
+        """Held while one producer decides, starts or aborts a model's canary (string, a token)."""
         return f"{self.prefix}{CONTROL}canary:{model}:lock"
 
     def canary_events(self, model: str) -> str:

@@ -82,7 +82,7 @@ class CanaryController:
         shown: dict[str, str] = {}
         for model in sorted({*active, *self._shown}):
             lock = self.store.lock(model, wait_s=None)
-            if not await lock.acquire():  # an abort is under way: look again next time
+            if not await lock.acquire():  # a start or an abort is under way: look next time
                 if model in self._shown:
                     shown[model] = self._shown[model]
                 continue
