@@ -17,7 +17,7 @@ import numpy as np
 from producer_api.batch_api.progress import view as batch_view
 from producer_api.periodic import Periodic
 from producer_api.state import ProducerState
-from shared.batch_api_store import BatchStatus
+from shared.batch_api_store import ENDED_KEPT_MS, BatchStatus
 from shared.partition_stats import PartitionStats, read_partition_stats
 from shared.variant_stats import VariantStats, Window
 from shared.worker_registry import WorkerRegistry
@@ -27,7 +27,7 @@ HISTORY = 120  # points per sparkline: two minutes of queue length, ten of throu
 STATS_EVERY = 5  # throughput/percentile windows are re-read every this many ticks
 STATS_WINDOW_S = 60.0
 MAX_BATCHES = 20
-ENDED_BATCH_KEEP_S = 600.0
+ENDED_BATCH_KEEP_S = ENDED_KEPT_MS / 1000  # as long as the ended index keeps them
 _ENDED = {status.value for status in BatchStatus if status.terminal}
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -27,7 +27,6 @@ from shared.redis_client import read_streams
 from workers.partition.arrival_rate import ArrivalRate
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 _MOVED = MOVED_FIELD.encode()
 
 
@@ -83,11 +82,13 @@ class StreamReader:
         that has any (in the order the caller prefers), with their jobs' statuses."""
         now = now_ms()
         mark = "1" if self.mark_on_read else ""
-        reply = await self._recovering(
+        reply = await recreating_groups(
+            self.redis,
+            self.streams,
             lambda: self._take(
                 keys=list(streams),
                 args=[GROUP, self.consumer, count, self.keys.job_prefix, now, mark],
-            )
+            ),
         )
         if not reply or not reply[0]:
             return None
@@ -100,14 +101,16 @@ class StreamReader:
         """Block up to `block_ms` on all of `streams` at once (wakes on whichever fills first;
         returns at once when entries wait; None: do not block). The jobs are handed over as
         they are: no claim round trip (a generate loop's are marked running, one round trip)."""
-        reply: Any = await self._recovering(
+        reply: Any = await recreating_groups(
+            self.redis,
+            self.streams,
             lambda: read_streams(
                 self.redis,
                 dict.fromkeys(streams, ">"),
                 count,
                 None if block_ms is None else max(block_ms, 1),
                 group=(GROUP, self.consumer),
-            )
+            ),
         )
         return await self._handed_over(reply or [], count, frozenset())
 
@@ -118,13 +121,15 @@ class StreamReader:
         `in_hand`): a read whose reply an outage lost leaves them in its pending list, where
         nobody would run them before reclaim, a visibility timeout later. One XREADGROUP of
         the consumer's own history (id 0), handed over like a blocking read's."""
-        reply: Any = await self._recovering(
+        reply: Any = await recreating_groups(
+            self.redis,
+            self.streams,
             lambda: read_streams(
                 self.redis,
                 dict.fromkeys(streams, "0"),
                 count + len(in_hand),
                 group=(GROUP, self.consumer),
-            )
+            ),
         )
         return await self._handed_over(reply or [], count, in_hand)
 
@@ -193,13 +198,13 @@ class StreamReader:
     async def touch(self, stream: str, entry_ids: Sequence[bytes | str]) -> None:
         """XCLAIM (JUSTID: the delivery count stays) entries this consumer is still running, so
         their idle time resets and no reclaimer mistakes them for abandoned ones."""
-        await self._recovering(
-            lambda: self.redis.xclaim(stream, GROUP, self.consumer, 0, list(entry_ids), justid=True)
+        await recreating_groups(
+            self.redis,
+            self.streams,
+            lambda: self.redis.xclaim(
+                stream, GROUP, self.consumer, 0, list(entry_ids), justid=True
+            ),
         )
-
-    async def _recovering(self, call: Callable[[], Awaitable[T]]) -> T | None:
-        """Recreate vanished groups (NOGROUP) instead of dying; the call then returns None."""
-        return await recreating_groups(self.redis, self.streams, call)
 
 
 def decode_delivery(
