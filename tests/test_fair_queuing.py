@@ -38,6 +38,7 @@ from workers.partition.stream_reader import MicroBatch, StreamReader
 KEYS = Keys("fq:")
 CLI_KEYS = Keys()  # where the CLI stores keys (the default prefix)
 WORKER = "fair-worker-1"
+BLOCK_MS = 2_000
 
 
 def _config(window: int, batch: int = 4) -> ModelConfig:
@@ -225,7 +226,10 @@ async def _serving(aredis: aioredis.Redis, config: ModelConfig) -> AsyncIterator
 
     async def serve() -> None:
         while True:
-            for stream, batch in await lanes.next_batch(batch_size, 0, 10_000):
+            # blocks for less than the test client's socket timeout (redis-py's default 5 s), as
+            # a worker's client (shared.redis_client.connect) times out beyond its block: a
+            # longer block would cut the read, and end this worker, on a stalled machine
+            for stream, batch in await lanes.next_batch(batch_size, 0, BLOCK_MS):
                 served.sizes.append(len(batch))
                 finishes = [partition.finish(d, JobStatus.SUCCEEDED, {}) for d in batch]
                 served.done.extend(f.job_id for f in await writer.finish(stream, finishes))
