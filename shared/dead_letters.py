@@ -9,7 +9,7 @@ from typing import Any
 
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, stamp_ms
-from shared.keys import Keys, new_job_id
+from shared.keys import Keys, replay_job_id
 
 
 @dataclass(slots=True)
@@ -35,13 +35,14 @@ class DeadLetters:
         return [_dead_letter(dlq_id, fields) for dlq_id, fields in rows]
 
     async def replay(self, ids: list[str] | None = None) -> list[tuple[str, str]]:
-        """Enqueue each dead letter again as a new job; returns (old job id, new job id)."""
+        """Enqueue each dead letter again as a new job, then remove the letter; returns (old job
+        id, new job id). A letter is replayed as one job however many replays read it."""
         replayed = []
         for letter in await self.entries():
             if ids and letter.dlq_id not in ids:
                 continue
             entry = RequestEntry(
-                job_id=new_job_id(self.model, self.variant),
+                job_id=replay_job_id(self.model, self.variant, letter.job_id, letter.dlq_id),
                 payload=letter.entry.payload,
                 enqueued_ms=stamp_ms(),
                 tenant=letter.entry.tenant,
@@ -56,9 +57,9 @@ class DeadLetters:
         if ids:
             removed: int = await self.redis.xdel(self.stream, *ids)
             return removed
-        depth: int = await self.redis.xlen(self.stream)
-        await self.redis.delete(self.stream)
-        return depth
+        # one command, so a letter that dies meanwhile is either counted and removed, or kept
+        trimmed: int = await self.redis.xtrim(self.stream, maxlen=0)
+        return trimmed
 
 
 def _dead_letter(dlq_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:

@@ -49,6 +49,14 @@ def new_job_id(model: str, variant: str) -> str:
     return partition_tag(model, variant) + os.urandom(16).hex()[TAG_LEN:]
 
 
+def replay_job_id(model: str, variant: str, dead_job_id: str, dlq_id: str) -> str:
+    """The job id a dead letter is replayed as: the same for every replay of that letter, so
+    two replays of it (two operators, a retried command, a replay that died before it removed
+    the letter) enqueue one job between them; ENQUEUE leaves a job whose hash exists alone."""
+    digest = hashlib.blake2s(f"{dead_job_id}:{dlq_id}".encode(), digest_size=16).hexdigest()
+    return partition_tag(model, variant) + digest[TAG_LEN:]
+
+
 def job_tag(job_id: str) -> str:
     """The partition tag a job id carries (any string names some slot: an unknown id simply
     finds no hash)."""

@@ -1,0 +1,56 @@
+"""Dead-letter replays on a real Valkey, no stack: a letter is replayed as one job, however many
+replays read it at once (two operators in the console, the CLI beside it)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from shared.codec import RequestEntry
+from shared.dead_letters import DeadLetter, DeadLetters
+from shared.job_store import JobStore, now_ms
+from shared.keys import Keys, new_job_id
+
+KEYS = Keys("dl:")
+MODEL, VARIANT = "m", "default"
+
+
+async def _dead_letter(client: aioredis.Redis, tenant: str) -> str:
+    """A dead letter as the reclaimer writes it (its entry's fields, reason and deliveries)."""
+    payload = {"inputs": {"t": tenant}}
+    entry = RequestEntry(new_job_id(MODEL, VARIANT), payload, now_ms(), tenant=tenant)
+    fields = {"entry": "1-0", "reason": "crashed", "deliveries": 3, **entry.encode()}
+    await client.xadd(KEYS.dlq(MODEL, VARIANT), fields)  # type: ignore[arg-type]
+    return entry.job_id
+
+
+def _replayer(client: aioredis.Redis, both_read: asyncio.Barrier) -> DeadLetters:
+    """A partition's dead letters, whose replay goes on only once `both_read` is passed: two
+    replays at once both read every letter before either removes one."""
+    letters = DeadLetters(JobStore(client, KEYS, 60), KEYS, MODEL, VARIANT)
+    read = letters.entries
+
+    async def read_then_wait(count: int = 1000) -> list[DeadLetter]:
+        found = await read(count)
+        await both_read.wait()
+        return found
+
+    letters.entries = read_then_wait  # type: ignore[method-assign]
+    return letters
+
+
+async def test_two_replays_at_once_enqueue_each_letter_once(aredis: aioredis.Redis) -> None:
+    dead = [await _dead_letter(aredis, tenant) for tenant in ("a", "b", "c")]
+    both_read = asyncio.Barrier(2)
+    first, second = await asyncio.gather(*(_replayer(aredis, both_read).replay() for _ in "12"))
+    queued = [RequestEntry.decode(f) for _, f in await aredis.xrange(KEYS.queue(MODEL, VARIANT))]
+    assert len(queued) == 3  # not six
+    assert first == second and [old for old, _ in first] == dead
+    assert [e.job_id for e in queued] == [new for _, new in first]
+    assert [(e.tenant, e.payload) for e in queued] == [(t, {"inputs": {"t": t}}) for t in "abc"]
+    for old, new in first:
+        job = await aredis.hgetall(KEYS.job(new))
+        assert job[b"replay_of"].decode() == old and job[b"status"] == b"queued"
+    assert await aredis.xlen(KEYS.dlq(MODEL, VARIANT)) == 0
+    assert await DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT).replay() == []
