@@ -23,7 +23,8 @@ LISTED_AFTER = """
 local newest_first = ARGV[3] == '1'
 local rank = redis.call(newest_first and 'ZREVRANK' or 'ZRANK', KEYS[1], ARGV[1])
 if not rank then return {} end
-return redis.call(newest_first and 'ZREVRANGE' or 'ZRANGE', KEYS[1], rank + 1, rank + tonumber(ARGV[2]))
+local last = rank + tonumber(ARGV[2])
+return redis.call(newest_first and 'ZREVRANGE' or 'ZRANGE', KEYS[1], rank + 1, last)
 """
 
 
