@@ -53,10 +53,11 @@ class TenantIndexed(ABC):
         """Up to `count` of the tenant's ids, newest (or oldest) first, from the one after
         `after`."""
         key = self.index_of(tenant)
-        ids: list[Any]
         if after is None:
             span = (key, 0, count - 1)
-            ids = await (self.redis.zrevrange if newest_first else self.redis.zrange)(*span)
+            ids: list[Any] = await (self.redis.zrevrange if newest_first else self.redis.zrange)(
+                *span
+            )
         else:
             script = self.redis.register_script(LISTED_AFTER)
             ids = await call_script(script, [key], [after, count, int(newest_first)])
