@@ -266,6 +266,11 @@ class Keys:
         """Ids of every API key (set), for `conveyor keys list`."""
         return f"{self.prefix}{CONTROL}apikeys"
 
+    def console_logout(self, nonce: str) -> str:
+        """A console session ended by logging out (string, expiring when its cookie would):
+        its nonce, so a copy of the cookie no longer opens the console."""
+        return f"{self.prefix}console:logout:{nonce}"
+
     def rate_bucket(self, key_id: str) -> str:
         """Token bucket of one API key (hash: tokens, ms timestamp), shared by all producers."""
         return f"{self.prefix}rl:{{{key_id}}}"

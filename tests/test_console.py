@@ -403,7 +403,8 @@ def test_a_tenant_sees_only_its_own_batches_live_and_logs_out(
     console_stack: Stack, admin_key: str
 ) -> None:
     """The live feed cuts batches to the viewer's tenant (an admin sees all); logging out ends
-    the session, so the console sends the browser back to its login."""
+    the session, so the console sends the browser back to its login, and so it does anyone who
+    presents a copy of the session's cookie."""
     with ThreadPoolExecutor(1) as pool:  # issue_key runs its own event loop
         acme_key = pool.submit(issue_key, console_stack.redis_url, "acme", "submit", "read")
         acme = acme_key.result()
@@ -430,9 +431,14 @@ def test_a_tenant_sees_only_its_own_batches_live_and_logs_out(
         assert (ours, "acme") in seen and {tenant for _, tenant in seen} == {"acme"}
         csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', client.get("/console").text)
         assert csrf is not None
+        copied = client.cookies.get("conveyor_console")  # a copy of the session cookie
         out = client.post("/console/logout", data={"csrf": csrf[1]})
         assert out.status_code == 303 and out.headers["location"] == "/console/login"
         assert client.get("/console").status_code == 303
+    with httpx.Client(base_url=console_stack.base_url) as thief:
+        # the logout ended the session itself, not just the browser's cookie
+        thief.cookies.set("conveyor_console", copied, path="/console")
+        assert thief.get("/console").status_code == 303
 
 
 def test_a_batch_that_ran_between_two_looks_of_the_feed_is_shown(

@@ -64,22 +64,24 @@ async def console(request: Request) -> Console:
     return service
 
 
+Service = Annotated[Console, Depends(console)]
+
+
 def _signer(request: Request) -> SessionSigner:
     """The console's session signer (built once, with the console, in the app's lifespan)."""
     service: Console = request.app.state.console
     return service.signer
 
 
-async def session(request: Request, state: State) -> ConsoleSession:
+async def session(request: Request, state: State, service: Service) -> ConsoleSession:
     """The caller's console session; without one, a redirect to the login page."""
     try:
-        return await current_session(state, _signer(request), request)
+        return await current_session(state, service.signer, service.logouts, request)
     except LoginRequired:
         raise HTTPException(303, "login required", {"Location": "/console/login"}) from None
 
 
 Session = Annotated[ConsoleSession, Depends(session)]
-Service = Annotated[Console, Depends(console)]
 
 
 async def admin(current: Session) -> ConsoleSession:
@@ -154,8 +156,10 @@ async def login(
 
 
 @router.post("/logout")
-async def logout(current: Session, csrf: Annotated[str, Form()] = "") -> Response:
+async def logout(current: Session, service: Service, csrf: Annotated[str, Form()] = "") -> Response:
     check_csrf(current, csrf)
+    if current.nonce:
+        await service.logouts.record(current.nonce)
     response = _see("/console/login")
     response.delete_cookie(COOKIE, path="/console")
     return response

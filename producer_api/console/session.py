@@ -1,8 +1,8 @@
 """Console sessions: an API key is presented once on the login page; the producer then keeps
 only the key's public id in an HttpOnly, SameSite=Strict cookie signed with HMAC-SHA256
 (CONVEYOR_CONSOLE_SECRET, random per process when unset). Each request re-reads the key's record,
-so revocation and expiry end a session at once. Each session carries a nonce; its CSRF token is
-an HMAC of that nonce, checked on every POST."""
+so revocation and expiry end a session at once, and so does logging out (`logouts.py`). Each
+session carries a nonce; its CSRF token is an HMAC of that nonce, checked on every POST."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from fastapi import Request
 
 from producer_api.auth import ANONYMOUS, Principal
 from producer_api.auth.dependencies import authenticate
+from producer_api.console.logouts import Logouts
 from producer_api.errors import ConveyorError
 from producer_api.state import ProducerState
 from shared.codec import dumps, loads
@@ -35,6 +36,7 @@ class LoginRequired(Exception):
 class ConsoleSession:
     principal: Principal
     csrf: str
+    nonce: str = ""  # none for the anonymous admin, who has no session to end
 
     @property
     def admin(self) -> bool:
@@ -81,7 +83,7 @@ async def login_key(state: ProducerState, presented: str) -> Principal:
 
 
 async def current_session(
-    state: ProducerState, signer: SessionSigner, request: Request
+    state: ProducerState, signer: SessionSigner, logouts: Logouts, request: Request
 ) -> ConsoleSession:
     """The caller's session, or LoginRequired. With CONVEYOR_AUTH=disabled everyone is the
     anonymous admin (local use), still with a CSRF token bound to a per-process nonce."""
@@ -92,9 +94,9 @@ async def current_session(
         raise LoginRequired
     key_id, nonce = read
     key = await state.api_keys.get(key_id)
-    if key is None or key.refusal(time.time()):
+    if key is None or key.refusal(time.time()) or await logouts.ended(nonce):
         raise LoginRequired
-    return ConsoleSession(Principal.of(key, state.settings), signer.csrf(nonce))
+    return ConsoleSession(Principal.of(key, state.settings), signer.csrf(nonce), nonce)
 
 
 def check_csrf(session: ConsoleSession, presented: str | None) -> None:
