@@ -266,6 +266,9 @@ class JobStore:
     async def get(self, job_id: str) -> JobRecord | None:
         return _record(job_id, await self.redis.hgetall(self.keys.job(job_id)))
 
+    async def exists(self, job_id: str) -> bool:
+        return bool(await self.redis.exists(self.keys.job(job_id)))
+
     async def get_many(self, job_ids: Sequence[str]) -> list[JobRecord | None]:
         """The jobs' records in one round trip (a cluster pipeline is split per node)."""
         async with self.redis.pipeline(transaction=False) as pipe:

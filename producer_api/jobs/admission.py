@@ -3,8 +3,11 @@ backpressure (a full partition answers 429 with a Retry-After from its recent dr
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
+import time
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
@@ -14,6 +17,10 @@ from shared.drain_rate import drain_rates
 from shared.keys import Keys
 
 DRAIN_WINDOW_S = 10
+# How long a repeated submit waits for the first one with its key to be enqueued (or to give the
+# key up), and how often it looks: enqueuing takes milliseconds.
+IN_PROGRESS_WAIT_S = 5.0
+IN_PROGRESS_POLL_S = 0.05
 
 
 def fingerprint(body: dict[str, object]) -> str:
@@ -34,7 +41,34 @@ class IdempotencyKeys:
         digest = hashlib.sha256(key.encode()).hexdigest()[:40]
         return self.keys.idempotency(tenant, digest)
 
-    async def claim(self, tenant: str, key: str, job_id: str, body_fingerprint: str) -> str | None:
+    async def claim(
+        self,
+        tenant: str,
+        key: str,
+        job_id: str,
+        body_fingerprint: str,
+        enqueued: Callable[[str], Awaitable[bool]],
+    ) -> str | None:
+        """None if this submit owns the key now; else the id of the job it was first used for,
+        once `enqueued` says that job is. A client's retry can arrive while its first try is still
+        being enqueued (the client timed out): answering with the job id then would hand over an
+        id that never exists should the first try fail (a full queue). So the retry waits for
+        the job, or for the first try to give the key up, and then enqueues its own."""
+        deadline = time.monotonic() + IN_PROGRESS_WAIT_S
+        while (first := await self._claim(tenant, key, job_id, body_fingerprint)) is not None:
+            if await enqueued(first):
+                return first
+            if time.monotonic() >= deadline:
+                raise ConveyorError(
+                    409,
+                    "conflict",
+                    "the first request with this Idempotency-Key is still being enqueued; retry",
+                    {"Retry-After": "1"},
+                )
+            await asyncio.sleep(IN_PROGRESS_POLL_S)
+        return None
+
+    async def _claim(self, tenant: str, key: str, job_id: str, body_fingerprint: str) -> str | None:
         """None if this submit owns the key now; else the job id it was first used for."""
         redis_key = self._key(tenant, key)
         value = f"{job_id}:{body_fingerprint}"
@@ -42,7 +76,7 @@ class IdempotencyKeys:
             return None
         existing = await self.redis.get(redis_key)
         if existing is None:  # expired between the two calls: take it now
-            return await self.claim(tenant, key, job_id, body_fingerprint)
+            return await self._claim(tenant, key, job_id, body_fingerprint)
         first_job, _, first_fingerprint = as_text(existing).partition(":")
         if first_fingerprint != body_fingerprint:
             raise ConveyorError(

@@ -43,7 +43,8 @@ ReadService = Annotated[JobsService, Depends(acting_for("read", JobsService))]
 _DESCRIPTIONS = {
     400: "Body is not decodable JSON",
     404: "Unknown model, variant or job",
-    409: "Idempotency-Key reused with another body, or job already ended",
+    409: "Idempotency-Key reused with another body, or its first request still being enqueued "
+    "after 5 s (Retry-After), or job already ended",
     413: "Body too large",
     422: "Invalid request",
     429: "Partition full, rate limited, too many jobs in flight, or the deadline cannot be met"

@@ -203,7 +203,9 @@ class JobsService:
             return self._submitted(entry, config, variant, body, position)
         idempotency = self.state.idempotency
         body_print = fingerprint({"model": model, **body.model_dump(mode="json")})
-        first = await idempotency.claim(entry.tenant, idempotency_key, entry.job_id, body_print)
+        first = await idempotency.claim(
+            entry.tenant, idempotency_key, entry.job_id, body_print, self.state.job_store.exists
+        )
         if first is not None:
             return Submitted(first, variant, created=False)
         try:
