@@ -163,6 +163,8 @@ async def test_input_files_and_the_tenant_index_work_across_masters(
     await files.delete(ids[7], "acme")
     assert await files.data(ids[7]) is None and await files.fields_many([ids[7]]) == [None]
     assert set(await files.listed("acme", None, 50)) == set(ids) - {ids[7]}
+    newest = await files.listed("acme", None, 5)
+    assert await files.listed("acme", newest[2], 2) == newest[3:5]  # a page after an id: a script
 
     store = _services(client)[0]
     batches = [f"batch_{uuid.uuid4().hex}" for _ in range(3)]
