@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from shared.file_store import FileStore
@@ -16,20 +17,21 @@ KEYS = Keys("tp:")
 KEEP_S = 60
 
 
-async def _indexed(store: FileStore, count: int) -> list[str]:
-    """`count` files of tenant acme, oldest first, each in its own millisecond."""
-    ids = [f"file-{n}" for n in range(count)]
+@pytest.fixture
+async def indexed(aredis: aioredis.Redis) -> tuple[FileStore, list[str]]:
+    """A file store and six files of tenant acme, oldest first, each in its own millisecond."""
+    store = FileStore(aredis, KEYS, KEEP_S)
+    ids = [f"file-{n}" for n in range(6)]
     for file_id in ids:
         await store.enlist("acme", file_id, KEEP_S)
         await asyncio.sleep(0.003)
-    return ids
+    return store, ids
 
 
 async def test_a_page_starts_after_the_id_it_is_given_in_either_order(
-    aredis: aioredis.Redis,
+    indexed: tuple[FileStore, list[str]],
 ) -> None:
-    store = FileStore(aredis, KEYS, KEEP_S)
-    ids = await _indexed(store, 6)
+    store, ids = indexed
     assert await store.listed("acme", None, 2) == [ids[5], ids[4]]  # newest first
     assert await store.listed("acme", ids[3], 2) == [ids[2], ids[1]]
     assert await store.listed("acme", ids[1], 5) == [ids[0]]
@@ -57,10 +59,9 @@ class _IndexingMeanwhile:
 
 
 async def test_a_record_indexed_while_a_page_is_read_does_not_repeat_the_one_before_it(
-    aredis: aioredis.Redis,
+    aredis: aioredis.Redis, indexed: tuple[FileStore, list[str]]
 ) -> None:
-    store = FileStore(aredis, KEYS, KEEP_S)
-    ids = await _indexed(store, 6)
+    store, ids = indexed
     paging = FileStore(_IndexingMeanwhile(aredis, store), KEYS, KEEP_S)  # type: ignore[arg-type]
     page = await paging.listed("acme", ids[3], 2)
     assert ids[3] not in page and page == [ids[2], ids[1]], page
