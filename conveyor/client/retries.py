@@ -1,6 +1,8 @@
 """When to try a request again: on 429 and 503 (after `Retry-After` when the server gives one,
-else exponential backoff with full jitter), and on transport errors when repeating the request
-cannot do anything twice. Sans I/O: the sync and async clients only sleep where it says."""
+else exponential backoff with full jitter), on a 409 that carries `Retry-After` (an idempotent
+submit whose first try is still being enqueued), and on transport errors when repeating the
+request cannot do anything twice. Sans I/O: the sync and async clients only sleep where it
+says."""
 
 from __future__ import annotations
 
@@ -56,9 +58,12 @@ class RetryPolicy:
 
     def after_response(self, attempt: int, response: httpx.Response) -> RetryEvent | None:
         """The pause before retry number `attempt + 1`, or None to accept `response`."""
-        if response.status_code not in RETRY_STATUSES or attempt >= self.max_retries:
-            return None
         asked = retry_after_s(response)
+        retryable = response.status_code in RETRY_STATUSES or (
+            response.status_code == 409 and asked is not None  # the server says when: not a clash
+        )
+        if not retryable or attempt >= self.max_retries:
+            return None
         if asked is None:
             delay = self.backoff_s(attempt)
         elif asked > self.max_retry_after_s:
