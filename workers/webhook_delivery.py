@@ -19,7 +19,7 @@ import httpx
 import redis
 from celery import Task
 
-from shared.codec import dumps, loads
+from shared.codec import dumps
 from shared.keys import Keys
 from shared.settings import get_settings
 from shared.webhook_events import TASK_NAME, TargetKind, allowed
@@ -57,15 +57,35 @@ def _target_key(kind: TargetKind, target_id: str) -> str:
     return keys.batch(target_id) if kind == "batch" else keys.job(target_id)
 
 
-def _record(key: str, attempt: dict[str, Any], status: str) -> None:
-    """Append the attempt to the hash's `webhook_attempts` (a delivery's attempts run one at a
-    time, so read-then-write is safe); a hash that expired is not brought back."""
-    client = _redis()
-    current = client.hget(key, "webhook_attempts")
-    if current is None and not client.exists(key):
-        return
-    attempts = [*loads(current or b"[]"), attempt]
-    client.hset(key, mapping={"webhook_attempts": dumps(attempts), "webhook_status": status})
+# Appends an attempt (ARGV[1], a JSON object) to the hash's `webhook_attempts` array and sets
+# its `webhook_status` (ARGV[2]) at once, inside the hash's lifetime: a hash that expired (or
+# expires between two steps of a read-then-write) is not brought back as a key with no TTL.
+_APPEND_ATTEMPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local current = redis.call('HGET', KEYS[1], 'webhook_attempts')
+local attempts = '[' .. ARGV[1] .. ']'
+if current and #current > 2 then
+  attempts = string.sub(current, 1, -2) .. ',' .. ARGV[1] .. ']'
+end
+redis.call('HSET', KEYS[1], 'webhook_attempts', attempts, 'webhook_status', ARGV[2])
+return 1
+"""
+
+
+class AttemptLog:
+    """Every delivery attempt on the hash of the job or batch the event is about."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._append = client.register_script(_APPEND_ATTEMPT)
+
+    def record(self, key: str, attempt: dict[str, Any], status: str) -> bool:
+        """False when the hash is gone (nothing is written)."""
+        return bool(self._append(keys=[key], args=[dumps(attempt), status]))
+
+
+@cache
+def _attempt_log() -> AttemptLog:
+    return AttemptLog(_redis())
 
 
 def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +136,7 @@ def deliver_webhook(
         status = (
             "delivered" if attempt["error"] is None else "failed" if out_of_time else "retrying"
         )
-    _record(_target_key(kind, target_id), {"attempt": number, **attempt}, status)
+    _attempt_log().record(_target_key(kind, target_id), {"attempt": number, **attempt}, status)
     log.info("webhook %s to %s, attempt %d: %s", event.get("id"), url, number, status)
     if status == "retrying":
         raise self.retry(countdown=delay)
