@@ -181,7 +181,7 @@ def test_part_c_llm_streaming(tmp_path: Path) -> None:
 
 def test_part_g_gpu_engine(tmp_path: Path) -> None:
     """Without CUDA part G says why and writes nothing (no numbers it did not measure)."""
-    from benchmarks.gpu_engine import BATCHES, LOADS, WORKER_COUNTS, cuda_missing
+    from benchmarks.gpu_engine import BATCHES, CONCURRENCIES, LOADS, WORKER_COUNTS, cuda_missing
 
     if cuda_missing() is not None:
         assert run_parts(["G"], SMOKE, tmp_path) == []
@@ -192,9 +192,25 @@ def test_part_g_gpu_engine(tmp_path: Path) -> None:
     assert document["data"]["gpu"] in (tmp_path / "REPORT.md").read_text()
     assert [r["batch"] for r in document["data"]["engine"]] == list(BATCHES)
     points = document["data"]["pipeline"]
-    expected = [(count, *load) for count in WORKER_COUNTS for load in LOADS]
-    assert [(p["workers"], p["texts"], p["encoding"]) for p in points] == expected
+    most = max(WORKER_COUNTS)
+    expected = [
+        (count, *load, clients)
+        for count in WORKER_COUNTS
+        for load in LOADS
+        for clients in (CONCURRENCIES if count == most else CONCURRENCIES[:1])
+    ]
+    assert [(p["workers"], p["texts"], p["encoding"], p["clients"]) for p in points] == expected
     assert all(p["errors"] == 0 and p["sentences_per_s"] > 0 for p in points)
+    assert all(p["cores_busy"]["load generator"] > 0 for p in points)
+    # Each load's target is its best row with the most workers.
+    assert len(document["targets"]) == len(LOADS)
+    for target, (texts, encoding) in zip(document["targets"], LOADS, strict=True):
+        rows = [
+            p
+            for p in points
+            if (p["workers"], p["texts"], p["encoding"]) == (most, texts, encoding)
+        ]
+        assert target["measured"] == max(p["share"] for p in rows)
     # The cores each worker kept busy, and where the workers' time went.
     for point in points:
         workers = [f"worker-{n}" for n in range(1, point["workers"] + 1)]
