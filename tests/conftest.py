@@ -22,9 +22,43 @@ from conveyor.valkey_cluster import LocalCluster, local_cluster
 from shared import job_scripts
 from shared.api_keys import ApiKeyStore, KeySpec
 from shared.keys import Keys
+from shared.model_repository import ModelConfig, ModelRepository
 from shared.redis_client import RedisClient, connect, preload
+from shared.settings import get_settings
+from workers.engines.registry import create_engine
+from workers.engines.vllm_engine import VllmEngine
+from workers.model_prep.smollm2 import prepare as prepare_smollm2
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def smollm2_config() -> ModelConfig:
+    config = ModelRepository.load(REPO_ROOT / "model_repository").get("smollm2")
+    assert config is not None
+    return config
+
+
+@pytest.fixture(scope="session")
+def smollm2_artifacts(smollm2_config: ModelConfig) -> Path:
+    """Prepared once per machine (cached); `make models` usually did it already."""
+    root = REPO_ROOT / get_settings().artifact_dir
+    prepare_smollm2(smollm2_config, root / "smollm2", False)
+    return root
+
+
+@pytest.fixture(scope="session")
+async def smollm2_engine(
+    smollm2_config: ModelConfig, smollm2_artifacts: Path
+) -> AsyncIterator[VllmEngine]:
+    """One in-process vLLM engine on SmolLM2 for the whole session: starting one (engine-core
+    process, weights, KV cache) takes tens of seconds on the CPU."""
+    engine = create_engine(smollm2_config, "default", smollm2_artifacts)
+    assert isinstance(engine, VllmEngine)
+    await engine.load()
+    await engine.warmup()
+    yield engine
+    await engine.close()
 
 
 @pytest.fixture(scope="session")

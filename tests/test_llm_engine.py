@@ -5,20 +5,15 @@ because starting it (engine-core process, weights, KV cache) takes tens of secon
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shared.model_repository import ModelConfig, ModelRepository
-from shared.settings import get_settings
 from workers.engines.base import GenerateRequest, TokenChunk
-from workers.engines.registry import create_engine
 from workers.engines.vllm_engine import VllmEngine
-from workers.model_prep.smollm2 import prepare
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
 QUESTIONS = [
@@ -38,28 +33,9 @@ pytestmark = [
 
 
 @pytest.fixture(scope="session")
-def smollm2_config() -> ModelConfig:
-    config = ModelRepository.load(REPO_ROOT / "model_repository").get("smollm2")
-    assert config is not None
-    return config
-
-
-@pytest.fixture(scope="session")
-def artifact_root(smollm2_config: ModelConfig) -> Path:
-    """Prepared once per machine (cached); `make models` usually did it already."""
-    root = REPO_ROOT / get_settings().artifact_dir
-    prepare(smollm2_config, root / "smollm2", False)
-    return root
-
-
-@pytest.fixture(scope="session")
-async def engine(smollm2_config: ModelConfig, artifact_root: Path) -> AsyncIterator[VllmEngine]:
-    engine = create_engine(smollm2_config, "default", artifact_root)
-    assert isinstance(engine, VllmEngine)
-    await engine.load()
-    await engine.warmup()
-    yield engine
-    await engine.close()
+def engine(smollm2_engine: VllmEngine) -> VllmEngine:
+    """The session's SmolLM2 engine (conftest), which the pipeline tests read greedy text from."""
+    return smollm2_engine
 
 
 def greedy(request_id: str, messages: list[dict[str, str]], max_tokens: int) -> GenerateRequest:
@@ -102,10 +78,12 @@ def transformers_greedy(model_dir: Path, messages: list[dict[str, str]], max_tok
 
 
 async def test_vllm_greedy_equals_transformers_greedy(
-    engine: VllmEngine, artifact_root: Path
+    engine: VllmEngine, smollm2_artifacts: Path
 ) -> None:
     vllm_text = text_of(await collect(engine, greedy("parity", PARIS, 32)))
-    reference = await asyncio.to_thread(transformers_greedy, artifact_root / "smollm2", PARIS, 32)
+    reference = await asyncio.to_thread(
+        transformers_greedy, smollm2_artifacts / "smollm2", PARIS, 32
+    )
     assert vllm_text == reference
 
 

@@ -12,7 +12,6 @@ import asyncio
 import json
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import httpx
@@ -22,18 +21,13 @@ import redis
 from conveyor.client import AsyncClient, Client
 from conveyor.stack import Stack
 from shared.keys import Keys
-from shared.model_repository import ModelRepository
-from shared.settings import get_settings
 from tests.conftest import until
 from tests.test_llm_engine import QUESTIONS
 from workers.engines.base import GenerateRequest
-from workers.engines.registry import create_engine
 from workers.engines.vllm_engine import VllmEngine
-from workers.model_prep.smollm2 import prepare
 
 KEYS = Keys("cv:")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
 POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
@@ -47,29 +41,18 @@ REFERENCE: dict[str, tuple[dict[str, Any], int]] = {
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.timeout(900),  # the first test pays for two engine starts
+    pytest.mark.timeout(900),  # the first test may pay for two engine starts (here and its worker)
 ]
 
 
 @pytest.fixture(scope="session")
-async def engine_greedy() -> dict[str, str]:
-    """Greedy text of VllmEngine called directly, for every REFERENCE request."""
-    config = ModelRepository.load(REPO_ROOT / "model_repository").get("smollm2")
-    assert config is not None
-    root = REPO_ROOT / get_settings().artifact_dir
-    prepare(config, root / "smollm2", False)
-    engine = create_engine(config, "default", root)
-    assert isinstance(engine, VllmEngine)
-    await engine.load()
+async def engine_greedy(smollm2_engine: VllmEngine) -> dict[str, str]:
+    """Greedy text of VllmEngine called directly (the session's engine), for every REFERENCE
+    request."""
     texts = {}
-    try:
-        for name, (inputs, max_tokens) in REFERENCE.items():
-            request = GenerateRequest(
-                request_id=name, max_tokens=max_tokens, temperature=0.0, **inputs
-            )
-            texts[name] = "".join([chunk.text async for chunk in engine.generate(request)])
-    finally:
-        await engine.close()
+    for name, (inputs, max_tokens) in REFERENCE.items():
+        request = GenerateRequest(request_id=name, max_tokens=max_tokens, temperature=0.0, **inputs)
+        texts[name] = "".join([chunk.text async for chunk in smollm2_engine.generate(request)])
     return texts
 
 
