@@ -53,12 +53,18 @@ async def smollm2_engine(
 ) -> AsyncIterator[VllmEngine]:
     """One in-process vLLM engine on SmolLM2 for the whole session: starting one (engine-core
     process, weights, KV cache) takes tens of seconds on the CPU."""
-    engine = create_engine(smollm2_config, "default", smollm2_artifacts)
+    engine = await started_vllm(smollm2_config, smollm2_artifacts)
+    yield engine
+    await engine.close()
+
+
+async def started_vllm(config: ModelConfig, artifacts: Path) -> VllmEngine:
+    """`config`'s default variant loaded and warmed up on vLLM from prepared `artifacts`."""
+    engine = create_engine(config, "default", artifacts)
     assert isinstance(engine, VllmEngine)
     await engine.load()
     await engine.warmup()
-    yield engine
-    await engine.close()
+    return engine
 
 
 @pytest.fixture(scope="session")

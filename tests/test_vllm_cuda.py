@@ -9,15 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from shared.model_repository import ModelRepository
-from shared.settings import get_settings
+from shared.model_repository import ModelConfig
+from tests.conftest import started_vllm
 from tests.gpu_requirements import needs_gpu
 from tests.test_llm_engine import PARIS, QUESTIONS, STORY, collect, greedy, text_of
-from workers.engines.registry import create_engine
 from workers.engines.vllm_engine import VllmEngine
-from workers.model_prep.smollm2 import prepare
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 GPU_PARAMETERS = {"dtype": "bfloat16", "enforce_eager": False, "gpu_memory_utilization": 0.3}
 
 
@@ -28,16 +25,12 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-async def cuda_engine() -> AsyncIterator[VllmEngine]:
-    config = ModelRepository.load(REPO_ROOT / "model_repository").get("smollm2")
-    assert config is not None
-    config = config.model_copy(update={"parameters": {**config.parameters, **GPU_PARAMETERS}})
-    root = REPO_ROOT / get_settings().artifact_dir
-    prepare(config, root / "smollm2", False)
-    engine = create_engine(config, "default", root)
-    assert isinstance(engine, VllmEngine)
-    await engine.load()
-    await engine.warmup()
+async def cuda_engine(
+    smollm2_config: ModelConfig, smollm2_artifacts: Path
+) -> AsyncIterator[VllmEngine]:
+    parameters = {**smollm2_config.parameters, **GPU_PARAMETERS}
+    config = smollm2_config.model_copy(update={"parameters": parameters})
+    engine = await started_vllm(config, smollm2_artifacts)
     yield engine
     await engine.close()
 
