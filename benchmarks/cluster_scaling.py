@@ -19,7 +19,7 @@ import psutil
 from redis.crc import key_slot
 
 from benchmarks.load import Target as LoadTarget
-from benchmarks.load import closed_loop, drive
+from benchmarks.load import closed_loop_run
 from benchmarks.pipeline_stack import IDENTITY_PAYLOAD, repository_copy, start_worker
 from benchmarks.process_cpu import CpuMeter, busy_share
 from benchmarks.report import PartResult, Plot, Series, Table, Target, ratio
@@ -175,12 +175,7 @@ def cluster_stack(
 def _load(url: str, variant: str, concurrency: int, seconds: float, n: int) -> dict[str, Any]:
     """One partition's closed loop (runs in a pool process)."""
     body = {**IDENTITY_PAYLOAD, "variant": variant}
-    result = drive(closed_loop(LoadTarget.post(url, [body]), concurrency, seconds, n))
-    return {
-        "latencies_s": result.latencies_s,
-        "errors": result.errors,
-        "elapsed_s": result.elapsed_s,
-    }
+    return closed_loop_run(LoadTarget.post(url, [body]), concurrency, seconds, n)
 
 
 def measure(

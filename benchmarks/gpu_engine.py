@@ -24,7 +24,7 @@ import torch
 
 from benchmarks.batching_efficiency import sentences
 from benchmarks.load import Target as LoadTarget
-from benchmarks.load import closed_loop, drive
+from benchmarks.load import closed_loop, closed_loop_run
 from benchmarks.pipeline_stack import (
     ARTIFACT_DIR,
     MODEL_REPOSITORY,
@@ -247,16 +247,9 @@ class Load:
 
 
 def _generate(load: Load, clients: int, seconds: float, scale: Scale) -> dict[str, Any]:
-    """One generator process's share of a load (runs in a pool process), with its own CPU."""
+    """One generator process's share of a load (runs in a pool process)."""
     target = _job_target(load.url, load.texts, load.per_job, load.encoding)
-    began = time.process_time()
-    result = drive(closed_loop(target, clients, seconds, scale.max_requests))
-    return {
-        "latencies_s": result.latencies_s,
-        "errors": result.errors,
-        "elapsed_s": result.elapsed_s,
-        "cpu_s": time.process_time() - began,
-    }
+    return closed_loop_run(target, clients, seconds, scale.max_requests)
 
 
 def _point(

@@ -187,6 +187,21 @@ async def closed_loop(
         target.close()
 
 
+def closed_loop_run(
+    target: Target, concurrency: int, seconds: float, max_requests: int
+) -> dict[str, Any]:
+    """One generator process's closed loop as plain data, for a pool process to send back: its
+    latencies, errors and wall time, and the CPU it spent generating."""
+    began = time.process_time()
+    result = drive(closed_loop(target, concurrency, seconds, max_requests))
+    return {
+        "latencies_s": result.latencies_s,
+        "errors": result.errors,
+        "elapsed_s": result.elapsed_s,
+        "cpu_s": time.process_time() - began,
+    }
+
+
 async def _closed_clients(
     target: Target, concurrency: int, seconds: float, max_requests: int
 ) -> LoadResult:

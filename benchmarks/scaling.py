@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 
 from benchmarks.load import Target as LoadTarget
-from benchmarks.load import closed_loop, drive
+from benchmarks.load import closed_loop_run
 from benchmarks.pipeline_stack import IDENTITY_PAYLOAD as PAYLOAD
 from benchmarks.pipeline_stack import running_stack, start_worker
 from benchmarks.process_cpu import CpuMeter, ThreadMeter, busy_share
@@ -102,12 +102,7 @@ def _grow(stack: Stack, workdir: Path, pairs: int, urls: list[str], pids: dict[s
 
 def _load(url: str, concurrency: int, seconds: float, max_requests: int) -> dict[str, Any]:
     """One load-generator process's closed loop (runs in a pool process)."""
-    result = drive(closed_loop(LoadTarget.post(url, [PAYLOAD]), concurrency, seconds, max_requests))
-    return {
-        "latencies_s": result.latencies_s,
-        "errors": result.errors,
-        "elapsed_s": result.elapsed_s,
-    }
+    return closed_loop_run(LoadTarget.post(url, [PAYLOAD]), concurrency, seconds, max_requests)
 
 
 def measure(pairs: int, urls: list[str], pids: dict[str, int], scale: Scale) -> dict[str, Any]:

@@ -67,12 +67,6 @@ async def console(request: Request) -> Console:
 Service = Annotated[Console, Depends(console)]
 
 
-def _signer(request: Request) -> SessionSigner:
-    """The console's session signer (built once, with the console, in the app's lifespan)."""
-    service: Console = request.app.state.console
-    return service.signer
-
-
 async def session(request: Request, state: State, service: Service) -> ConsoleSession:
     """The caller's console session; without one, a redirect to the login page."""
     try:
@@ -115,13 +109,13 @@ async def static(name: str) -> Response:
 
 
 @router.get("/login")
-async def login_page(request: Request) -> Response:
-    return _login_form(request, "", 200)
+async def login_page(request: Request, service: Service) -> Response:
+    return _login_form(request, service.signer, "", 200)
 
 
-def _login_form(request: Request, error: str, status: int) -> Response:
+def _login_form(request: Request, signer: SessionSigner, error: str, status: int) -> Response:
     """The login page, with a fresh pre-login cookie and its CSRF token."""
-    cookie, csrf = _signer(request).issue("", LOGIN_MAX_AGE_S)
+    cookie, csrf = signer.issue("", LOGIN_MAX_AGE_S)
     page = _page(request, "login.html", None, error=error, csrf=csrf)
     page.status_code = status
     _set_cookie(request, page, LOGIN_COOKIE, cookie, LOGIN_MAX_AGE_S)
@@ -139,15 +133,16 @@ def _set_cookie(request: Request, response: Response, name: str, value: str, age
 async def login(
     request: Request,
     state: State,
+    service: Service,
     key: Annotated[str, Form()] = "",
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
-    signer = _signer(request)
+    signer = service.signer
     check_login_csrf(signer, request.cookies.get(LOGIN_COOKIE, ""), csrf)
     try:
         principal = await login_key(state, key.strip())
     except ConveyorError as refused:
-        return _login_form(request, refused.message, refused.status)
+        return _login_form(request, signer, refused.message, refused.status)
     response = _see("/console")
     cookie, _ = signer.issue(principal.key_id)
     _set_cookie(request, response, COOKIE, cookie, MAX_AGE_S)
