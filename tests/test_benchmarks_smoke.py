@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +118,10 @@ def test_part_e_scale(tmp_path: Path) -> None:
         assert set(step["cpu_ms"]) == {"producer", "worker", "redis"}
         assert all(v > 0 for v in step["cpu_ms"].values()), step
         assert 0 < step["redis_utilisation"] <= 1.5  # one core, plus its I/O threads
-        # the main thread is one of the server's threads: at most all of its CPU
-        assert 0 < step["redis_main_ms"] <= step["cpu_ms"]["redis"] * 1.01, step
+        # the main thread is one of the server's threads: at most all of its CPU, up to the
+        # kernel's counting in clock ticks (user and system time, each read twice)
+        ticks_ms = 4 * 1000 / os.sysconf("SC_CLK_TCK") / step["jobs"]
+        assert 0 < step["redis_main_ms"] <= step["cpu_ms"]["redis"] + ticks_ms, step
         assert step["redis_ceiling_per_s"] == round(1000 / step["redis_main_ms"])
         assert 0 < step["machine_busy"] <= 1
     assert document["data"]["io_threads"] == SMOKE.scale_io_threads == 2  # as the server ran
