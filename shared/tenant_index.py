@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
+from functools import cached_property
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 
 from shared.codec import as_text
 from shared.job_store import now_ms
@@ -37,6 +39,11 @@ class TenantIndexed(ABC):
     def index_of(self, tenant: str) -> str:
         """The tenant's index key."""
 
+    @cached_property
+    def _listed_after(self) -> AsyncScript:
+        """Registered once per store: `register_script` hashes the script each time."""
+        return self.redis.register_script(LISTED_AFTER)
+
     async def enlist(self, tenant: str, record_id: str, keep_s: int) -> None:
         """Index the record under its tenant; entries older than `keep_s` (the longest a record
         lives) are dropped, so the index stays as long as what it lists."""
@@ -59,8 +66,7 @@ class TenantIndexed(ABC):
                 *span
             )
         else:
-            script = self.redis.register_script(LISTED_AFTER)
-            ids = await call_script(script, [key], [after, count, int(newest_first)])
+            ids = await call_script(self._listed_after, [key], [after, count, int(newest_first)])
         return [as_text(record_id) for record_id in ids]
 
     async def unlist(self, tenant: str, record_ids: list[str]) -> None:
