@@ -1,8 +1,10 @@
 """One of several producer processes serving one port (`conveyor up --producers N`): each binds
 its own SO_REUSEPORT socket, so the kernel spreads new connections across the live ones and a
 process that dies takes only its own socket away (the others keep answering while
-`conveyor up` restarts it). Each runs with its own CONVEYOR_INSTANCE_ID, hence its own reply
-channel: a job's result is published to the process that waits for it."""
+`conveyor up` restarts it), and with it the connections it had accepted or the kernel had
+queued on it: those are reset, for their clients to retry. Each runs with its own
+CONVEYOR_INSTANCE_ID, hence its own reply channel: a job's result is published to the
+process that waits for it."""
 
 from __future__ import annotations
 

@@ -61,6 +61,14 @@ def _producer_pid(instance: str) -> int:
     raise AssertionError(f"no producer process {instance}")
 
 
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie its parent has not reaped yet: either way its sockets are closed."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path) -> None:
     options = ("--producers", "2", "--workers-per-model", "2")
     with conveyor_up(tmp_path, "identity", _env(), options=options) as up:
@@ -78,6 +86,9 @@ def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path
         # the instance ids are the processes' own: each waits on its own reply channel
         first = _producer_pid(f"up-{up_pid}-1")
         os.kill(first, signal.SIGKILL)
+        # Until it has exited, its socket is still in the port's group: the kernel may queue a
+        # new connection there, which the exit then resets (the client's to retry).
+        until(lambda: _exited(first), timeout=30)
         for n in range(10):  # the other one keeps serving
             _predict(up, n)
         until(lambda: any("producer-1: restarted" in line for line in up.lines), timeout=60)
