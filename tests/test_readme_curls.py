@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from conveyor.stack import Stack
-from tests.conftest import REPO_ROOT, issue_key, serve
+from tests.conftest import REPO_ROOT, issue_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 README = REPO_ROOT / "README.md"
@@ -97,13 +97,19 @@ class Session:
 
 
 @pytest.fixture(scope="module")
-def readme_stack(auth_stack: Stack) -> Stack:
-    """The README's models served, as `make up` serves them."""
-    for models in ("identity", "minilm"):
-        if models not in auth_stack.processes:
-            auth_stack.start_worker(models)
-    serve(auth_stack, "smollm2")
-    return auth_stack
+def readme_stack(auth_stack: Stack) -> Iterator[Stack]:
+    """The README's models served, as `make up` serves them. The workers it starts stop with
+    the module: the other modules on this shared stack count on no worker taking their jobs
+    (test_auth cancels a queued job, test_rate_limit fills in-flight slots), whatever order
+    the modules run in."""
+    started = [
+        model for model in ("identity", "minilm", "smollm2") if model not in auth_stack.processes
+    ]
+    for model in started:
+        auth_stack.start_worker(model)
+    yield auth_stack
+    for model in started:
+        auth_stack.stop_process(model)
 
 
 def test_the_readme_has_the_curls_it_should() -> None:
