@@ -100,8 +100,8 @@ class Session:
 def readme_stack(auth_stack: Stack) -> Iterator[Stack]:
     """The README's models served, as `make up` serves them. The workers it starts stop with
     the module: the other modules on this shared stack count on no worker taking their jobs
-    (test_auth cancels a queued job, test_rate_limit fills in-flight slots), whatever order
-    the modules run in."""
+    (test_auth cancels a queued job, test_rate_limit fills in-flight slots, test_client reads
+    a job back queued), whatever order the modules run in."""
     started = [
         model for model in ("identity", "minilm", "smollm2") if model not in auth_stack.processes
     ]
