@@ -59,6 +59,14 @@ def conveyor_up(
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0, "".join(up.lines)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        if process.poll() is None:  # the test failed: stop it as Ctrl-C does, so it stops its
+            _stop(process)  # Valkey, producers and workers (a SIGKILL would orphan them)
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
