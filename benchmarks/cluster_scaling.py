@@ -14,12 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 from redis.crc import key_slot
 
+from benchmarks.load import MergedRuns, closed_loop_run
 from benchmarks.load import Target as LoadTarget
-from benchmarks.load import closed_loop_run
 from benchmarks.pipeline_stack import IDENTITY_PAYLOAD, repository_copy, start_worker
 from benchmarks.process_cpu import CpuMeter, busy_share
 from benchmarks.report import PartResult, Plot, Series, Table, Target, ratio
@@ -193,19 +192,18 @@ def measure(
         loads = list(pool.map(_load, urls, variants, c, [scale.seconds] * k, n))
         cpu_s = meter.stop()
         busy = busy_share(machine, psutil.cpu_times())
-    latencies = np.array([s for load in loads for s in load["latencies_s"]]) * 1000.0
-    jobs = len(latencies)
-    wall_s = max(load["elapsed_s"] for load in loads)
+    merged = MergedRuns.of(loads)
+    jobs, wall_s = merged.jobs, merged.wall_s
     per_master = [len(x["latencies_s"]) / x["elapsed_s"] for x in loads]
     by_group = {g: sum(v for name, v in cpu_s.items() if name.startswith(g)) for g in GROUPS}
     return {
         "variants": variants,
         "jobs": jobs,
-        "errors": sum(load["errors"] for load in loads),
-        "jobs_per_s": round(sum(per_master), 1),
+        "errors": merged.errors,
+        "jobs_per_s": round(merged.jobs_per_s, 1),
         "jobs_per_s_by_master": [round(x, 1) for x in per_master],
-        "p50_ms": round(float(np.percentile(latencies, 50)), 2) if jobs else float("nan"),
-        "p99_ms": round(float(np.percentile(latencies, 99)), 2) if jobs else float("nan"),
+        "p50_ms": round(merged.percentile_ms(50), 2),
+        "p99_ms": round(merged.percentile_ms(99), 2),
         "cpu_ms": {g: _per_job_ms(s, jobs) for g, s in by_group.items()},
         "master_utilisation": [round(cpu_s[f"redis-{i}"] / wall_s, 3) for i in range(1, k + 1)],
         "master_cpu_ms": [

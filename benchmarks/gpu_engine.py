@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from benchmarks.batching_efficiency import sentences
+from benchmarks.load import MergedRuns, closed_loop, closed_loop_run
 from benchmarks.load import Target as LoadTarget
-from benchmarks.load import closed_loop, closed_loop_run
 from benchmarks.pipeline_stack import (
     ARTIFACT_DIR,
     MODEL_REPOSITORY,
@@ -278,8 +277,8 @@ def _point(
     threads.start()
     runs = run_all(scale.seconds)
     seconds = time.time() - began
-    latencies = np.array([s for run in runs for s in run["latencies_s"]]) * 1000.0
-    jobs_per_s = sum(len(run["latencies_s"]) / run["elapsed_s"] for run in runs)
+    merged = MergedRuns.of(runs)
+    jobs_per_s = merged.jobs_per_s
     busy = cores_busy(meter.stop(), seconds)
     busy["load generator"] = round(sum(run["cpu_s"] for run in runs) / seconds, 2)
     return {
@@ -287,8 +286,8 @@ def _point(
         "clients": load.clients,
         "jobs_per_s": jobs_per_s,
         "sentences_per_s": jobs_per_s * load.per_job,
-        "p50_ms": float(np.percentile(latencies, 50)) if len(latencies) else float("nan"),
-        "errors": sum(run["errors"] for run in runs),
+        "p50_ms": merged.percentile_ms(50),
+        "errors": merged.errors,
         "engine_batch": engine_batch,
         "engine_per_s": engine_per_s,
         "share": ratio(jobs_per_s * load.per_job, engine_per_s),

@@ -202,6 +202,32 @@ def closed_loop_run(
     }
 
 
+@dataclass
+class MergedRuns:
+    """Several generator processes' `closed_loop_run`s taken as one load."""
+
+    latencies_ms: np.ndarray
+    errors: int
+    jobs_per_s: float  # each process's own rate, summed
+    wall_s: float  # the longest process's
+
+    @classmethod
+    def of(cls, runs: list[dict[str, Any]]) -> MergedRuns:
+        return cls(
+            np.array([s for run in runs for s in run["latencies_s"]]) * 1000.0,
+            sum(run["errors"] for run in runs),
+            sum(len(run["latencies_s"]) / run["elapsed_s"] for run in runs),
+            max(run["elapsed_s"] for run in runs),
+        )
+
+    @property
+    def jobs(self) -> int:
+        return len(self.latencies_ms)
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies_ms, q)) if self.jobs else float("nan")
+
+
 async def _closed_clients(
     target: Target, concurrency: int, seconds: float, max_requests: int
 ) -> LoadResult:

@@ -14,11 +14,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 
+from benchmarks.load import MergedRuns, closed_loop_run
 from benchmarks.load import Target as LoadTarget
-from benchmarks.load import closed_loop_run
 from benchmarks.pipeline_stack import IDENTITY_PAYLOAD as PAYLOAD
 from benchmarks.pipeline_stack import running_stack, start_worker
 from benchmarks.process_cpu import CpuMeter, ThreadMeter, busy_share
@@ -119,21 +118,20 @@ def measure(pairs: int, urls: list[str], pids: dict[str, int], scale: Scale) -> 
         cpu_s, seconds = meter.stop(), time.monotonic() - began
         [main, *_] = redis_threads.stop(seconds, top=1)["redis"]["busiest"]
         busy = busy_share(machine, psutil.cpu_times())
-    latencies = np.array([s for load in loads for s in load["latencies_s"]]) * 1000.0
-    jobs = len(latencies)
-    wall_s = max(load["elapsed_s"] for load in loads)
+    merged = MergedRuns.of(loads)
+    jobs = merged.jobs
     by_group = {g: sum(v for k, v in cpu_s.items() if k.startswith(g)) for g in GROUPS}
     cpu_ms = {g: round(s * 1000.0 / jobs, 3) if jobs else float("nan") for g, s in by_group.items()}
     main_ms = round(main * seconds * 1000.0 / jobs, 4) if jobs else float("nan")
     return {
         "pairs": pairs,
         "jobs": jobs,
-        "errors": sum(load["errors"] for load in loads),
-        "jobs_per_s": round(sum(len(x["latencies_s"]) / x["elapsed_s"] for x in loads), 1),
-        "p50_ms": round(float(np.percentile(latencies, 50)), 2) if jobs else float("nan"),
-        "p99_ms": round(float(np.percentile(latencies, 99)), 2) if jobs else float("nan"),
+        "errors": merged.errors,
+        "jobs_per_s": round(merged.jobs_per_s, 1),
+        "p50_ms": round(merged.percentile_ms(50), 2),
+        "p99_ms": round(merged.percentile_ms(99), 2),
         "cpu_ms": cpu_ms,
-        "redis_utilisation": round(by_group["redis"] / wall_s, 3),
+        "redis_utilisation": round(by_group["redis"] / merged.wall_s, 3),
         "redis_main_ms": main_ms,
         "redis_main_utilisation": round(main, 3),
         "redis_ceiling_per_s": round(1000.0 / main_ms) if main_ms > 0 else None,

@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from shared.codec import as_text
 from shared.keys import Keys
-from shared.redis_client import executed
+from shared.redis_client import hgetall_many
 
 Scope = Literal["submit", "read", "admin"]
 SCOPES: tuple[Scope, ...] = get_args(Scope)
@@ -191,10 +191,7 @@ class ApiKeyStore:
     async def list(self) -> list[ApiKey]:
         """Every key, its records read in one pipelined round trip (not one per key)."""
         ids = sorted(as_text(i) for i in await self.redis.smembers(self.keys.api_key_index))
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for key_id in ids:
-                pipe.hgetall(self.keys.api_key(key_id))
-            raws = await executed(pipe)
+        raws = await hgetall_many(self.redis, [self.keys.api_key(key_id) for key_id in ids])
         return [ApiKey.from_fields(raw) for raw in raws if raw]
 
     async def revoke(self, key_id: str) -> bool:

@@ -19,7 +19,7 @@ from shared.redis_client import (
     RedisClient,
     ScriptCall,
     call_script,
-    executed,
+    hgetall_many,
     queue_script,
     run_pipeline,
     run_script,
@@ -271,10 +271,7 @@ class JobStore:
 
     async def get_many(self, job_ids: Sequence[str]) -> list[JobRecord | None]:
         """The jobs' records in one round trip (a cluster pipeline is split per node)."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                pipe.hgetall(self.keys.job(job_id))
-            raws = await executed(pipe)
+        raws = await hgetall_many(self.redis, [self.keys.job(job_id) for job_id in job_ids])
         return [_record(job_id, raw) for job_id, raw in zip(job_ids, raws, strict=True)]
 
     async def transition(

@@ -392,6 +392,15 @@ async def read_streams(
     return await cluster.execute_command(command, *pieces, target_nodes=node)
 
 
+async def hgetall_many(client: Any, keys: Sequence[str]) -> list[dict[Any, Any]]:
+    """Each hash's fields (empty where there is none) in one pipelined round trip, not one per
+    key (a cluster pipeline is split per node)."""
+    async with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.hgetall(key)
+        return await executed(pipe)
+
+
 async def executed(pipe: Any, raise_on_error: bool = True) -> list[Any]:
     """The pipeline's replies. redis-py's cluster pipeline can fail with an AttributeError or a
     RuntimeError (a closed transport) when a node's connection is torn down under it in a

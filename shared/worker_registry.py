@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from shared.backlog import ServiceCost, queue_cost_write
 from shared.codec import as_text, dumps, loads
 from shared.keys import Keys
+from shared.redis_client import hgetall_many
 
 WorkerState = Literal["warming", "serving", "draining"]
 HEARTBEAT_S = 2.0
@@ -84,9 +85,6 @@ class WorkerRegistry:
         names: Any = await self.redis.zrangebyscore(self.keys.workers, since_ms, "+inf")
         if not names:
             return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for name in names:
-                pipe.hgetall(self.keys.worker(as_text(name)))
-            rows = await pipe.execute()
+        rows = await hgetall_many(self.redis, [self.keys.worker(as_text(name)) for name in names])
         beats = [Heartbeat.from_fields(row) for row in rows if row]
         return sorted(beats, key=lambda beat: beat.name)
