@@ -10,15 +10,19 @@ import click
 from pydantic import ValidationError
 
 from conveyor import commands
+from shared.model_repository import ModelConfigError
 from shared.settings import Settings
 
 
 class _Group(click.Group):
-    """A bad `CONVEYOR_*` setting ends any command with one line per setting, not a traceback."""
+    """A bad `CONVEYOR_*` setting or model repository ends any command with one line, not a
+    traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except ModelConfigError as exc:
+            raise click.ClickException(str(exc)) from None
         except ValidationError as exc:
             if exc.title != Settings.__name__:
                 raise

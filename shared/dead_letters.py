@@ -30,6 +30,12 @@ class DeadLetters:
         self.variant = variant
         self.stream = keys.dlq(model, variant)
 
+    async def partition_exists(self) -> bool:
+        """Whether the partition was ever used here: its queue (a worker creates it) or its
+        dead-letter stream exists. A mistyped model or variant has neither."""
+        found: int = await self.redis.exists(self.stream, self.keys.queue(self.model, self.variant))
+        return found > 0
+
     async def entries(self, count: int = 1000) -> list[DeadLetter]:
         rows: Any = await self.redis.xrange(self.stream, count=count)
         return [_dead_letter(dlq_id, fields) for dlq_id, fields in rows]

@@ -225,12 +225,25 @@ class ModelConfig(BaseModel):
         try:
             return TorchOptions.model_validate(self.variant_parameters(variant).get("torch") or {})
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'torch'}: {e['msg']}" for e in exc.errors()
-            )
             raise ModelConfigError(
-                f"model {self.name} variant {variant}: parameters.torch: {problems}"
+                f"model {self.name} variant {variant}: parameters.torch: {_problems(exc, 'torch')}"
             ) from None
+
+
+def _problems(exc: ValidationError, whole: str) -> str:
+    """pydantic's errors on one line, each at its dotted location (`whole`: the object's own)."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or whole}: {e['msg']}" for e in exc.errors())
+
+
+def _settings(config_path: Path) -> dict[str, Any]:
+    """A config.yaml's mapping; what is not one is refused in one line that names the file."""
+    try:
+        raw = yaml.safe_load(config_path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ModelConfigError(f"{config_path}: not YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(raw, dict):
+        raise ModelConfigError(f"{config_path}: not a mapping of settings")
+    return raw
 
 
 class ModelRepository:
@@ -241,14 +254,18 @@ class ModelRepository:
 
     @classmethod
     def load(cls, root: Path) -> ModelRepository:
+        """Every `*/config.yaml` under `root`. An empty folder is an empty repository, but a
+        missing one is an error: a mistyped path would otherwise serve nothing, silently."""
+        if not root.is_dir():
+            raise ModelConfigError(f"model repository {root} is not a directory")
         models: dict[str, ModelConfig] = {}
         for config_path in sorted(root.glob("*/config.yaml")):
-            raw = yaml.safe_load(config_path.read_text()) or {}
+            raw = _settings(config_path)
             raw.setdefault("name", config_path.parent.name)
             try:
                 config = ModelConfig.model_validate({**raw, "directory": config_path.parent})
-            except ValueError as exc:
-                raise ModelConfigError(f"{config_path}: {exc}") from exc
+            except ValidationError as exc:
+                raise ModelConfigError(f"{config_path}: {_problems(exc, 'config')}") from None
             if config.name != config_path.parent.name:
                 raise ModelConfigError(f"{config_path}: name must match its folder")
             models[config.name] = config

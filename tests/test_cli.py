@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.stack import free_port
+from conveyor.stack import Stack, free_port
 
 pytestmark = pytest.mark.slow
 CONVEYOR = str(Path(sys.executable).parent / "conveyor")
@@ -130,3 +130,44 @@ def test_unreachable_redis_is_one_clear_line() -> None:
         assert result.returncode == 1, result.stdout
         assert result.stderr.startswith(f"Error: cannot reach Redis at {url} ("), result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def _refused(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [CONVEYOR, *args], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+    assert result.returncode in (1, 2), (result.returncode, result.stdout, result.stderr)
+    return result
+
+
+def test_a_typo_is_one_clear_error_not_silence(
+    stack: Stack, identity_worker: int, tmp_path: Path
+) -> None:
+    """A mistyped model, variant, file or repository gets one line that names it: these used to
+    print nothing and exit 0 (so a typo looked like an empty answer), or a traceback."""
+    env = {**os.environ, "CONVEYOR_REDIS_URL": stack.redis_url}
+    prepare = _refused("models", "prepare", "minilm", "nope", env=env)
+    assert "no model nope (the repository has identity, minilm, smollm2)" in prepare.stderr
+    assert "preparing" not in prepare.stdout  # refused before building anything
+
+    missing = tmp_path / "missing"
+    for args in (("models", "list"), ("up",)):
+        result = _refused(*args, env={**env, "CONVEYOR_MODEL_REPOSITORY": str(missing)})
+        assert result.stderr == f"Error: model repository {missing} is not a directory\n"
+    broken = tmp_path / "broken" / "m"
+    broken.mkdir(parents=True)
+    (broken / "config.yaml").write_text("backend: no-such-backend\n")
+    result = _refused(
+        "models", "list", env={**env, "CONVEYOR_MODEL_REPOSITORY": str(broken.parent)}
+    )
+    assert result.stderr.startswith(f"Error: {broken / 'config.yaml'}: "), result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+    unread = _refused("submit", "identity", "--input", f"@{missing}.json", env=env)
+    assert f"Invalid value for --input: cannot read {missing}.json: " in unread.stderr
+    assert "Traceback" not in unread.stderr
+
+    assert _run("dlq", "list", "identity", env=env).stdout == ""  # served, nothing dead
+    for action in ("list", "replay", "purge"):
+        typo = _refused("dlq", action, "identity", "--variant", "nope", env=env)
+        assert "no partition identity:nope in this Redis" in typo.stderr, typo.stderr

@@ -53,15 +53,19 @@ def connect(url: str | None, api_key: str | None) -> Iterator[Client]:
         raise click.ClickException(f"cannot reach the producer: {exc!r}") from None
 
 
-def json_argument(text: str) -> Any:
-    """A JSON value given inline, or `@path` to read it from a file."""
+def json_argument(text: str, option: str) -> Any:
+    """A JSON value given inline, or `@path` to read it from a file (`option`: where it was
+    given, for the error)."""
     if text.startswith("@"):
-        with open(text[1:], encoding="utf-8") as source:
-            text = source.read()
+        try:
+            with open(text[1:], encoding="utf-8") as source:
+                text = source.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(f"cannot read {text[1:]}: {exc}", param_hint=option) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}") from None
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=option) from None
 
 
 def wait_or_last(client: Client, job_id: str, timeout: float, attempts: bool = False) -> Job:

@@ -21,7 +21,13 @@ def _run(model: str, variant: str, action: Callable[[DeadLetters], Awaitable[T]]
     async def on(client: aioredis.Redis, settings: Settings) -> T:
         keys = Keys(settings.key_prefix)
         store = JobStore(client, keys, settings.result_ttl_s)
-        return await action(DeadLetters(store, keys, model, variant))
+        letters = DeadLetters(store, keys, model, variant)
+        if not await letters.partition_exists():
+            raise click.ClickException(
+                f"no partition {model}:{variant} in this Redis (neither its queue nor its "
+                "dead-letter stream exists): check MODEL and --variant"
+            )
+        return await action(letters)
 
     return with_redis(on)
 

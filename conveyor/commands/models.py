@@ -21,6 +21,10 @@ def prepare(names: tuple[str, ...], force: bool) -> None:
     """Build artifacts for the models that need preparing (all by default); cached."""
     settings = get_settings()
     repository = ModelRepository.load(settings.model_repository)
+    unknown = [name for name in names if repository.get(name) is None]
+    if unknown:
+        known = ", ".join(config.name for config in repository)
+        raise click.BadParameter(f"no model {', '.join(unknown)} (the repository has {known})")
     for config in repository:
         if config.prepare is None or (names and config.name not in names):
             continue

@@ -32,7 +32,7 @@ def command(
     api_key: str | None,
 ) -> None:
     """Submit a job to MODEL and print it (the finished job, with --wait)."""
-    body = json_argument(inputs)
+    body = json_argument(inputs, "--input")
     if not isinstance(body, dict):
         raise click.BadParameter("inputs must be a JSON object", param_hint="--input")
     with connect(url, api_key) as client:
