@@ -168,6 +168,30 @@ def test_model_allow_list(auth_stack: Stack, api: httpx.Client) -> None:
     assert [card["id"] for card in listed["data"]] == ["identity"]
 
 
+def test_one_model_reads_as_the_list_shows_it(
+    auth_stack: Stack, api: httpx.Client, keys: dict[str, str]
+) -> None:
+    """`GET /v1/models/{model}` (OpenAI's retrieve-model call) answers the list's card of that
+    model; one the key may not use is 403 (as a submit to it is), an unknown one 404."""
+    headers = _bearer(keys["reader"])
+    listed = api.get("/v1/models", headers=headers).json()["data"]
+    assert {card["id"] for card in listed} == {"identity", "minilm", "smollm2"}
+    for card in listed:
+        response = api.get(f"/v1/models/{card['id']}", headers=headers)
+        assert response.status_code == 200, response.text
+        one = response.json()
+        # queued jobs age between the two reads: everything else must be the same
+        for partition in (*card["partitions"], *one["partitions"]):
+            partition.pop("oldest_queued_age_s")
+        assert one == card
+    unknown = api.get("/v1/models/nope", headers=headers)
+    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found"
+    narrow = issue_key(auth_stack.redis_url, "gamma", "read", models=frozenset({"identity"}))
+    refused = api.get("/v1/models/minilm", headers=_bearer(narrow))
+    assert refused.status_code == 403 and refused.json()["error"]["type"] == "forbidden"
+    assert api.get("/v1/models/identity", headers=_bearer(narrow)).status_code == 200
+
+
 def test_expired_key_is_401(auth_stack: Stack, api: httpx.Client) -> None:
     soon = issue_key(auth_stack.redis_url, "acme", "read", expires_at=time.time() + 1.5)
     assert api.get("/v1/models", headers=_bearer(soon)).status_code == 200

@@ -66,6 +66,20 @@ def test_the_model_list_says_which_models_embed(base_url: str) -> None:
     assert tasks["minilm"] == "embed" and tasks["identity"] is None
 
 
+def test_the_official_client_lists_and_retrieves_models(base_url: str) -> None:
+    """`client.models.list()` and `client.models.retrieve()`, which LangChain and other OpenAI
+    clients call to check a model before they use it; an unknown one raises NotFoundError."""
+    from openai import NotFoundError, OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    assert {model.id for model in client.models.list()} == {"identity", "minilm", "smollm2"}
+    minilm = client.models.retrieve("minilm")
+    assert (minilm.id, minilm.object, minilm.owned_by) == ("minilm", "model", "conveyor")
+    assert minilm.model_extra is not None and minilm.model_extra["task"] == "embed"
+    with pytest.raises(NotFoundError):
+        client.models.retrieve("nope")
+
+
 def test_one_text_as_base64_is_its_float32_bytes_and_the_job_is_on_record(
     base_url: str, minilm_worker: int
 ) -> None:

@@ -70,6 +70,7 @@ JSONL_FILES = {
 NOT_READ_BY_SDK = {
     ("post", "/v1/completions"),
     ("get", "/v1/models"),
+    ("get", "/v1/models/{model}"),
     ("get", "/v1/models/{model}/routes"),
     ("put", "/v1/models/{model}/routes"),
     ("get", "/v1/models/{model}/canary"),

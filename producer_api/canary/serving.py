@@ -14,7 +14,7 @@ from redis.exceptions import LockError
 from producer_api.auth.principal import Principal
 from producer_api.canary.protocol import CanaryStart
 from producer_api.errors import ConveyorError
-from producer_api.routes.serving import model_of
+from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
 from shared.canary_store import Canary
 from shared.model_repository import ModelConfig

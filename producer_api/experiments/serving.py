@@ -9,7 +9,7 @@ from typing import Any
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.experiments.statistics import summary, versus
-from producer_api.routes.serving import model_of
+from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
 
 

@@ -19,6 +19,7 @@ from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import fingerprint
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.queue_eta import Standing
+from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
 from shared.codec import RequestEntry
 from shared.job_states import IllegalTransition, JobStatus
@@ -86,11 +87,7 @@ class JobsService:
         self.principal = principal
 
     def resolve(self, model: str, body: PredictRequest) -> tuple[ModelConfig, str]:
-        config = self.state.repository.get(model)
-        if config is None:
-            raise ConveyorError(404, "not_found", f"model {model!r} not found")
-        if not self.principal.may_use(model):
-            raise ConveyorError(403, "forbidden", f"this API key may not use model {model!r}")
+        config = model_of(self.state, self.principal, model)
         try:
             variant = self.state.traffic.route(
                 config, body.variant, body.routing_key, self.principal.tenant

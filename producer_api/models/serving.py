@@ -1,11 +1,25 @@
-"""The models list: each model of the repository with its partitions' queue state."""
+"""The models resource: each model of the repository with its partitions' queue state, and
+which model a caller may act on."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from producer_api.auth.principal import Principal
+from producer_api.errors import ConveyorError
 from producer_api.state import ProducerState
+from shared.model_repository import ModelConfig, ModelRepository
 from shared.partition_stats import PartitionStats, read_partition_stats
+
+
+def model_of(state: ProducerState, principal: Principal, model: str) -> ModelConfig:
+    """The model a route acts on: 404 when unknown, 403 when the key may not use it."""
+    config = state.repository.get(model)
+    if config is None:
+        raise ConveyorError(404, "not_found", f"model {model!r} not found")
+    if not principal.may_use(model):
+        raise ConveyorError(403, "forbidden", f"this API key may not use model {model!r}")
+    return config
 
 
 class ModelsService:
@@ -13,8 +27,16 @@ class ModelsService:
         self.state = state
 
     async def list_models(self) -> dict[str, Any]:
+        return {"object": "list", "data": await self._cards(self.state.repository)}
+
+    async def get_model(self, config: ModelConfig) -> dict[str, Any]:
+        """One model's card, only its own partitions read."""
+        [card] = await self._cards(ModelRepository({config.name: config}))
+        return card
+
+    async def _cards(self, repository: ModelRepository) -> list[dict[str, Any]]:
         state = self.state
-        stats = await read_partition_stats(state.redis, state.keys, state.repository)
+        stats = await read_partition_stats(state.redis, state.keys, repository)
         cards: dict[str, dict[str, Any]] = {
             config.name: {
                 "id": config.name,
@@ -26,11 +48,11 @@ class ModelsService:
                 "default_variant": config.default_variant,
                 "partitions": [],
             }
-            for config in state.repository
+            for config in repository
         }
         for partition in stats:
             cards[partition.model]["partitions"].append(_partition(partition))
-        return {"object": "list", "data": list(cards.values())}
+        return list(cards.values())
 
 
 def _partition(stats: PartitionStats) -> dict[str, Any]:

@@ -8,21 +8,12 @@ from typing import Any
 
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
+from producer_api.models.serving import model_of
 from producer_api.routes.protocol import RoutesBody
 from producer_api.state import ProducerState
 from shared.model_repository import ModelConfig
 from shared.route_store import VersionConflict
 from shared.routing import InvalidRoutes, Routes, UnknownVariant, seed_routes
-
-
-def model_of(state: ProducerState, principal: Principal, model: str) -> ModelConfig:
-    """The model an admin route acts on: 404 when unknown, 403 when the key may not use it."""
-    config = state.repository.get(model)
-    if config is None:
-        raise ConveyorError(404, "not_found", f"model {model!r} not found")
-    if not principal.may_use(model):
-        raise ConveyorError(403, "forbidden", f"this API key may not use model {model!r}")
-    return config
 
 
 class RoutesService:
