@@ -284,7 +284,8 @@ class ModelRepository:
             name, _, variant = selector.partition(":")
             config = self.models.get(name)
             if config is None:
-                raise ModelConfigError(f"unknown model {name!r} in CONVEYOR_MODELS")
+                known = ", ".join(self.models)
+                raise ModelConfigError(f"unknown model {name!r} (the repository has {known})")
             if variant and variant not in config.variants:
                 raise ModelConfigError(f"model {name} has no variant {variant!r}")
             chosen.extend((config, v) for v in ([variant] if variant else config.variants))
