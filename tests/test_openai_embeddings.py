@@ -20,7 +20,7 @@ from producer_api.openai.embedding_serving import embedding_list
 from shared.codec import as_written, dumps, loads
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
-from tests.conftest import until
+from tests.conftest import REPO_ROOT, until
 from tests.minilm_reference import (
     SENTENCES,
     assert_usage_counts_tokens,
@@ -75,6 +75,8 @@ def test_the_official_client_lists_and_retrieves_models(base_url: str) -> None:
     assert {model.id for model in client.models.list()} == {"identity", "minilm", "smollm2"}
     minilm = client.models.retrieve("minilm")
     assert (minilm.id, minilm.object, minilm.owned_by) == ("minilm", "model", "conveyor")
+    config = REPO_ROOT / "model_repository" / "minilm" / "config.yaml"
+    assert minilm.created == int(config.stat().st_mtime)  # strict clients require `created`
     assert minilm.model_extra is not None and minilm.model_extra["task"] == "embed"
     with pytest.raises(NotFoundError):
         client.models.retrieve("nope")

@@ -20,6 +20,7 @@ class PartitionStats(BaseModel):
 class ModelCard(BaseModel):
     id: str
     object: str = "model"
+    created: int  # Unix seconds: when its config.yaml was last written
     owned_by: str = "conveyor"
     kind: str
     task: str | None = None  # `embed`: served by `/v1/embeddings` too

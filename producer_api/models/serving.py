@@ -41,6 +41,7 @@ class ModelsService:
             config.name: {
                 "id": config.name,
                 "object": "model",
+                "created": _created(config),
                 "owned_by": "conveyor",
                 "kind": config.kind,
                 "task": config.task,
@@ -53,6 +54,15 @@ class ModelsService:
         for partition in stats:
             cards[partition.model]["partitions"].append(_partition(partition))
         return list(cards.values())
+
+
+def _created(config: ModelConfig) -> int:
+    """OpenAI's `created` (strict clients require it): when the model's config.yaml was last
+    written, in Unix seconds; 0 for a config not read from a file."""
+    try:
+        return int((config.directory / "config.yaml").stat().st_mtime)
+    except OSError:
+        return 0
 
 
 def _partition(stats: PartitionStats) -> dict[str, Any]:
