@@ -5,9 +5,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from shared.model_repository import ModelConfig
+
+
+class MissingArtifacts(FileNotFoundError):
+    """A model's files are not where its worker looks for them."""
 
 
 class EngineBase(ABC):  # noqa: B024 (the two kinds below declare the abstract methods)
@@ -18,6 +23,24 @@ class EngineBase(ABC):  # noqa: B024 (the two kinds below declare the abstract m
         self.variant = variant
         self.artifact_dir = artifact_dir
         self.parameters = config.variant_parameters(variant)
+
+    def artifacts(self, *names: str) -> Path:
+        """The artifact folder, once it holds every file in `names`: else one error that names
+        them and how to get them, before a library fails on the first with a bare `No such file
+        or directory` (the tokenizer's says no more) or goes looking on a model hub."""
+        folder = Path(self.artifact_dir)
+        missing = [name for name in names if not (folder / name).is_file()]
+        if missing:
+            model = self.config.name
+            remedy = (
+                f"run `conveyor models prepare {model}`"
+                if self.config.prepare
+                else "put them there, or point CONVEYOR_ARTIFACT_DIR at their parent"
+            )
+            raise MissingArtifacts(
+                f"model {model}: {', '.join(missing)} missing in {folder}; {remedy}"
+            )
+        return folder
 
 
 class BatchEngine(EngineBase):

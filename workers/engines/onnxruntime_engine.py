@@ -4,7 +4,6 @@ the CUDA or TensorRT execution providers, chosen by the model config's `provider
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from workers.engines.base import StagedBatchEngine
 from workers.engines.text_encoding import (
     DEFAULT_MAX_SEQ_LENGTH,
     DEFAULT_MAX_TEXTS_PER_CALL,
+    TOKENIZER_FILE,
     PooledCalls,
     TextCalls,
     TextEncoder,
@@ -58,15 +58,14 @@ class OnnxRuntimeEngine(StagedBatchEngine):
     (benchmark part B, 2 cores)."""
 
     def load(self) -> None:
-        artifact_dir = Path(self.artifact_dir)
+        model_file = self.config.artifact or "model.onnx"
+        artifact_dir = self.artifacts(TOKENIZER_FILE, model_file)
         max_seq_length = int(self.parameters.get("max_seq_length", DEFAULT_MAX_SEQ_LENGTH))
         self.encoder = TextEncoder.from_artifacts(artifact_dir, max_seq_length)
         self.max_texts_per_call = int(
             self.parameters.get("max_texts_per_call", DEFAULT_MAX_TEXTS_PER_CALL)
         )
-        model_path = artifact_dir / (self.config.artifact or "model.onnx")
-        if not model_path.is_file():
-            raise FileNotFoundError(f"{model_path} is missing; run `conveyor models prepare`")
+        model_path = artifact_dir / model_file
         self.session = ort.InferenceSession(
             str(model_path),
             sess_options=self._session_options(),

@@ -33,6 +33,7 @@ import numpy as np
 from workers.engines.base import BatchEngine
 from workers.engines.text_encoding import (
     DEFAULT_MAX_SEQ_LENGTH,
+    TOKENIZER_FILE,
     TextEncoder,
     TokenBatch,
     embed_jobs,
@@ -271,7 +272,7 @@ class TensorRTEngine(BatchEngine):
         import tensorrt as trt
 
         self._cuda = cuda
-        artifact_dir = Path(self.artifact_dir)
+        artifact_dir = self.artifacts(TOKENIZER_FILE, self.config.artifact or "model.onnx")
         self.settings = BuildSettings.from_parameters(
             self.parameters, self.config.max_batch_size_of(self.variant)
         )

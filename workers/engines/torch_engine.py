@@ -14,7 +14,6 @@ import logging
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,7 @@ from shared.model_repository import CudaGraphBuckets, TorchOptions
 from workers.engines.base import StagedBatchEngine
 from workers.engines.text_encoding import (
     DEFAULT_MAX_SEQ_LENGTH,
+    TOKENIZER_FILE,
     JobSplit,
     TextEncoder,
     TokenBatch,
@@ -145,12 +145,7 @@ class TorchEngine(StagedBatchEngine):
         self.options: TorchOptions = self.config.torch_options(self.variant)
         self.device = resolve_device(self.options.device)
         self.dtype = self._dtype()
-        artifact_dir = Path(self.artifact_dir)
-        missing = [name for name in WEIGHT_FILES if not (artifact_dir / name).is_file()]
-        if missing:
-            raise FileNotFoundError(
-                f"{missing} missing in {artifact_dir}; run `conveyor models prepare`"
-            )
+        artifact_dir = self.artifacts(*WEIGHT_FILES, TOKENIZER_FILE)
         max_seq_length = int(self.parameters.get("max_seq_length", DEFAULT_MAX_SEQ_LENGTH))
         self.buckets = self.options.cuda_graphs
         self.batch_buckets = (self.buckets or CudaGraphBuckets()).batch_buckets

@@ -64,6 +64,7 @@ class VllmEngine(GenerateEngine):
 
     async def load(self) -> None:
         """Start the engine-core process (weights, KV cache) and load the chat tokenizer."""
+        self.artifacts("config.json")  # a Hugging Face model folder; else the hub is asked
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before the imports: weights are local
         from transformers import AutoTokenizer
         from vllm.v1.engine.async_llm import AsyncLLM
