@@ -19,6 +19,12 @@ NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"  # a model's or a variant's name, wherever
 NAME_PATTERN = re.compile(NAME)
 
 
+# The engines workers/engines/registry.py knows by name; any other backend is a custom engine
+# named `package.module:Class` (as Triton's Python backend keeps a model's code beside it).
+BACKEND_NAMES = frozenset({"identity", "onnxruntime", "tensorrt", "torch", "vllm"})
+CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
 class ModelConfigError(ValueError):
     """A config.yaml that cannot describe a servable model."""
 
@@ -169,6 +175,12 @@ class ModelConfig(BaseModel):
         return self
 
     def _check_variant(self, variant: str) -> None:
+        backend = self.backend_of(variant)
+        if backend not in BACKEND_NAMES and not CUSTOM_BACKEND.match(backend):
+            raise ModelConfigError(
+                f"model {self.name} variant {variant}: unknown backend {backend!r}; one of "
+                f"{', '.join(sorted(BACKEND_NAMES))}, or a custom engine's `package.module:Class`"
+            )
         sizes = self.preferred_batch_sizes_of(variant)
         largest = self.max_batch_size_of(variant)
         if any(not 1 <= size <= largest for size in sizes):
@@ -230,9 +242,16 @@ class ModelConfig(BaseModel):
             ) from None
 
 
-def _problems(exc: ValidationError, whole: str) -> str:
-    """pydantic's errors on one line, each at its dotted location (`whole`: the object's own)."""
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or whole}: {e['msg']}" for e in exc.errors())
+def _problems(exc: ValidationError, whole: str = "") -> str:
+    """pydantic's errors on one line, each at its dotted location (`whole`: the object's own,
+    if it is to be named); our own checks' messages without pydantic's `Value error, `."""
+
+    def problem(error: Any) -> str:
+        message = str(error["msg"]).removeprefix("Value error, ")
+        where = ".".join(map(str, error["loc"])) or whole
+        return f"{where}: {message}" if where else message
+
+    return "; ".join(problem(error) for error in exc.errors())
 
 
 def _settings(config_path: Path) -> dict[str, Any]:
@@ -265,7 +284,7 @@ class ModelRepository:
             try:
                 config = ModelConfig.model_validate({**raw, "directory": config_path.parent})
             except ValidationError as exc:
-                raise ModelConfigError(f"{config_path}: {_problems(exc, 'config')}") from None
+                raise ModelConfigError(f"{config_path}: {_problems(exc)}") from None
             if config.name != config_path.parent.name:
                 raise ModelConfigError(f"{config_path}: name must match its folder")
             models[config.name] = config

@@ -8,6 +8,8 @@ from pathlib import Path
 from shared.model_repository import ModelConfig
 from workers.engines.base import BatchEngine, GenerateEngine
 
+# The same names as shared.model_repository.BACKEND_NAMES, which model configs are checked
+# against (tests/test_model_repository_unit.py keeps the two equal).
 BACKENDS: dict[str, str] = {
     "identity": "workers.engines.identity_engine:IdentityEngine",
     "onnxruntime": "workers.engines.onnxruntime_engine:OnnxRuntimeEngine",

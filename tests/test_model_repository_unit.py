@@ -1,0 +1,67 @@
+"""Loading the model repository refuses, in one line that names the file, what no worker could
+serve: a missing folder, a config.yaml that is not YAML or not a mapping, an engine that does
+not exist. Before, these served no models at all, printed a traceback, or were accepted by the
+producer (which queued jobs for them) and failed only when a worker started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shared.model_repository import BACKEND_NAMES, ModelConfigError, ModelRepository
+from workers.engines.registry import BACKENDS
+
+
+def _repository(root: Path, text: str) -> Path:
+    (root / "m").mkdir(parents=True)
+    (root / "m" / "config.yaml").write_text(text)
+    return root / "m" / "config.yaml"
+
+
+def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ModelConfigError, match=f"^model repository {tmp_path / 'x'} is not a"):
+        ModelRepository.load(tmp_path / "x")
+    assert list(ModelRepository.load(tmp_path)) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("kind: batch\nbackend: [\n", "not YAML: while parsing a flow node"),
+        ("- kind\n- batch\n", "not a mapping of settings"),
+        ("backend: identity\n", "kind: Field required"),
+        (
+            "kind: batch\nbackend: onnxrt\n",
+            "model m variant default: unknown backend 'onnxrt'; one of identity, onnxruntime, "
+            "tensorrt, torch, vllm, or a custom engine's `package.module:Class`",
+        ),
+        (  # a variant's own engine is checked as well
+            "kind: batch\nbackend: identity\nvariants: {default: {}, gpu: {backend: 'a:b:c'}}\n",
+            "model m variant gpu: unknown backend 'a:b:c'",
+        ),
+    ],
+)
+def test_what_no_worker_could_serve_is_one_line_naming_the_file(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    config = _repository(tmp_path, text)
+    with pytest.raises(ModelConfigError) as refused:
+        ModelRepository.load(tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"{config}: {problem}"), message
+    assert "\n" not in message
+
+
+def test_a_custom_engine_is_named_by_module_and_class(tmp_path: Path) -> None:
+    backend = "my_company.engines:RerankEngine"  # imported by the worker, not at load
+    _repository(tmp_path, yaml.safe_dump({"kind": "batch", "backend": backend}))
+    [config] = ModelRepository.load(tmp_path)
+    assert config.backend_of("default") == backend
+
+
+def test_the_names_a_config_accepts_are_the_engines_a_worker_has() -> None:
+    assert set(BACKENDS) == BACKEND_NAMES
