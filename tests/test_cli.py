@@ -163,6 +163,12 @@ def test_a_typo_is_one_clear_error_not_silence(
     assert result.stderr.startswith(f"Error: {broken / 'config.yaml'}: "), result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
 
+    for models, problem in (
+        ("minlm", "unknown model 'minlm' (the repository has identity, minilm, smollm2)"),
+        ("identity:nope", "model identity has no variant 'nope'"),
+    ):  # refused before anything starts (a worker used to crash-loop on it)
+        assert _refused("up", "--models", models, env=env).stderr == f"Error: {problem}\n"
+
     unread = _refused("submit", "identity", "--input", f"@{missing}.json", env=env)
     assert f"Invalid value for --input: cannot read {missing}.json: " in unread.stderr
     assert "Traceback" not in unread.stderr

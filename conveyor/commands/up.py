@@ -80,6 +80,7 @@ def command(
     state_dir = state_dir or settings.state_dir
     repository = ModelRepository.load(settings.model_repository)
     names = models.split(",") if models else list(repository.models)
+    repository.partitions(names)  # a mistyped model or variant stops here, before anything runs
     producers = producers or settings.producer_processes
     workers = workers_by_model(repository, names, producers, workers_per_model)
     _refuse_taken(port)
@@ -129,10 +130,8 @@ def workers_by_model(
 
 
 def _batches(repository: ModelRepository, name: str) -> bool:
-    """`name` (`model` or `model:variant`) is a micro-batching model, not an LLM (an unknown
-    one counts as batching: its worker says what is wrong with it)."""
-    config = repository.get(name.split(":", 1)[0])
-    return config is None or config.kind == "batch"
+    """`name` (`model` or `model:variant`) is a micro-batching model, not an LLM."""
+    return repository.models[name.split(":", 1)[0]].kind == "batch"
 
 
 def _refuse_taken(port: int) -> None:
