@@ -21,6 +21,9 @@ class DeadLetter:
     entry: RequestEntry
 
 
+PAGE = 1_000  # letters per XRANGE
+
+
 class DeadLetters:
     def __init__(self, store: JobStore, keys: Keys, model: str, variant: str) -> None:
         self.store = store
@@ -36,28 +39,57 @@ class DeadLetters:
         found: int = await self.redis.exists(self.stream, self.keys.queue(self.model, self.variant))
         return found > 0
 
-    async def entries(self, count: int = 1000) -> list[DeadLetter]:
-        rows: Any = await self.redis.xrange(self.stream, count=count)
+    async def entries(self, count: int = PAGE, after: str = "") -> list[DeadLetter]:
+        """Up to `count` letters, oldest first, after the letter `after` (from the first)."""
+        start = f"({after}" if after else "-"
+        rows: Any = await self.redis.xrange(self.stream, min=start, count=count)
         return [_dead_letter(dlq_id, fields) for dlq_id, fields in rows]
 
+    async def every_entry(self) -> list[DeadLetter]:
+        """Every letter, read a page at a time."""
+        letters, page = [], await self.entries()
+        while page:
+            letters += page
+            page = await self.entries(PAGE, page[-1].dlq_id)
+        return letters
+
+    async def depth(self) -> int:
+        letters: int = await self.redis.xlen(self.stream)
+        return letters
+
     async def replay(self, ids: list[str] | None = None) -> list[tuple[str, str]]:
-        """Enqueue each dead letter again as a new job, then remove the letter; returns (old job
-        id, new job id). A letter is replayed as one job however many replays read it."""
-        replayed = []
-        for letter in await self.entries():
-            if ids and letter.dlq_id not in ids:
-                continue
-            entry = RequestEntry(
-                job_id=replay_job_id(self.model, self.variant, letter.job_id, letter.dlq_id),
-                payload=letter.entry.payload,
-                enqueued_ms=stamp_ms(),
-                tenant=letter.entry.tenant,
-            )
-            fields = {"model": self.model, "variant": self.variant, "replay_of": letter.job_id}
-            await self.store.create(entry, self.keys.queue(self.model, self.variant), fields)
-            await self.redis.xdel(self.stream, letter.dlq_id)
-            replayed.append((letter.job_id, entry.job_id))
+        """Enqueue each dead letter (those of `ids`, or every one, a page at a time: after an
+        outage there may be thousands) again as a new job, then remove the letter; returns (old
+        job id, new job id). A letter is replayed as one job however many replays read it."""
+        if ids:
+            return [await self._replay(letter) for letter in await self._of(ids)]
+        replayed, page = [], await self.entries()
+        while page:
+            replayed += [await self._replay(letter) for letter in page]
+            page = await self.entries(PAGE, page[-1].dlq_id)
         return replayed
+
+    async def _of(self, ids: list[str]) -> list[DeadLetter]:
+        """The letters of `ids` that exist, in one round trip (an unknown or malformed id is
+        skipped, as a purge of it removes nothing)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for dlq_id in ids:
+            pipe.xrange(self.stream, min=dlq_id, max=dlq_id)
+        found = await pipe.execute(raise_on_error=False)
+        rows = [row for rows in found if isinstance(rows, list) for row in rows]
+        return [_dead_letter(dlq_id, fields) for dlq_id, fields in rows]
+
+    async def _replay(self, letter: DeadLetter) -> tuple[str, str]:
+        entry = RequestEntry(
+            job_id=replay_job_id(self.model, self.variant, letter.job_id, letter.dlq_id),
+            payload=letter.entry.payload,
+            enqueued_ms=stamp_ms(),
+            tenant=letter.entry.tenant,
+        )
+        fields = {"model": self.model, "variant": self.variant, "replay_of": letter.job_id}
+        await self.store.create(entry, self.keys.queue(self.model, self.variant), fields)
+        await self.redis.xdel(self.stream, letter.dlq_id)
+        return letter.job_id, entry.job_id
 
     async def purge(self, ids: list[str] | None = None) -> int:
         if ids:

@@ -8,9 +8,9 @@ import asyncio
 import redis.asyncio as aioredis
 
 from shared.codec import RequestEntry
-from shared.dead_letters import DeadLetter, DeadLetters
+from shared.dead_letters import PAGE, DeadLetter, DeadLetters
 from shared.job_store import JobStore, now_ms
-from shared.keys import Keys, new_job_id
+from shared.keys import Keys, new_job_id, replay_job_id
 
 KEYS = Keys("dl:")
 MODEL, VARIANT = "m", "default"
@@ -31,8 +31,8 @@ def _replayer(client: aioredis.Redis, both_read: asyncio.Barrier) -> DeadLetters
     letters = DeadLetters(JobStore(client, KEYS, 60), KEYS, MODEL, VARIANT)
     read = letters.entries
 
-    async def read_then_wait(count: int = 1000) -> list[DeadLetter]:
-        found = await read(count)
+    async def read_then_wait(count: int = 1000, after: str = "") -> list[DeadLetter]:
+        found = await read(count, after)
         await both_read.wait()
         return found
 
@@ -54,3 +54,24 @@ async def test_two_replays_at_once_enqueue_each_letter_once(aredis: aioredis.Red
         assert job[b"replay_of"].decode() == old and job[b"status"] == b"queued"
     assert await aredis.xlen(KEYS.dlq(MODEL, VARIANT)) == 0
     assert await DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT).replay() == []
+
+
+async def test_every_letter_past_the_first_page_is_listed_and_replayed(
+    aredis: aioredis.Redis,
+) -> None:
+    """After an outage a partition may hold thousands of letters: listing and replaying all of
+    them stopped at the first 1,000 (the rest stayed dead, silently), and so did replaying a
+    letter by its id when it lay past them."""
+    dead = [await _dead_letter(aredis, "t") for _ in range(PAGE * 2 + 100)]
+    letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT)
+    every = await letters.every_entry()
+    assert [letter.job_id for letter in every] == dead
+    assert await letters.depth() == len(dead)
+
+    late = every[PAGE + 500]
+    one = await letters.replay([late.dlq_id, "0-1", "not-an-id"])  # unknown ids are skipped
+    assert one == [(late.job_id, replay_job_id(MODEL, VARIANT, late.job_id, late.dlq_id))]
+    rest = await letters.replay()
+    assert [old for old, _ in rest] == [job_id for job_id in dead if job_id != late.job_id]
+    assert await aredis.xlen(KEYS.dlq(MODEL, VARIANT)) == 0
+    assert await aredis.xlen(KEYS.queue(MODEL, VARIANT)) == len(dead)

@@ -47,7 +47,7 @@ ids_option = click.option("--id", "ids", multiple=True, help="Only these DLQ ent
 @variant_option
 def list_letters(model: str, variant: str) -> None:
     """Print each dead letter: DLQ id, job id, deliveries, reason."""
-    for letter in _run(model, variant, lambda d: d.entries()):
+    for letter in _run(model, variant, lambda d: d.every_entry()):
         click.echo(f"{letter.dlq_id}\t{letter.job_id}\t{letter.deliveries}\t{letter.reason}")
 
 

@@ -283,7 +283,7 @@ async def confirm(
     """The confirmation step of replay and discard (a page, so it works without scripts)."""
     if action not in ("replay", "discard"):
         raise ConveyorError(404, "not_found", "no such action")
-    depth = len(await _dead_letters(state, partition).entries())
+    depth = await _dead_letters(state, partition).depth()
     count = 1 if entry else depth
     context = {"action": action, "partition": partition, "entry": entry, "count": count}
     return _page(request, "confirm.html", current, **context)
