@@ -1,7 +1,8 @@
 """OpenAI's request and response bodies for (chat) completions and embeddings, as far as Conveyor
 serves them.
-Fields OpenAI defines that a local model cannot honour (tools, logprobs, response_format) are
-accepted and ignored, as vLLM's server does, so existing client code runs unchanged."""
+Fields OpenAI defines that Conveyor does not honour yet (tools, tool_choice, logprobs,
+response_format) are accepted and ignored, so existing client code runs unchanged; vLLM's own
+server honours logprobs and response_format (README, "LLMs")."""
 
 from __future__ import annotations
 
