@@ -177,3 +177,6 @@ def test_a_typo_is_one_clear_error_not_silence(
     for action in ("list", "replay", "purge"):
         typo = _refused("dlq", action, "identity", "--variant", "nope", env=env)
         assert "no partition identity:nope in this Redis" in typo.stderr, typo.stderr
+    for letter in ("1-1", "not-an-id"):  # no such letter: nothing done, no traceback
+        assert _run("dlq", "replay", "identity", "--id", letter, env=env).stdout == ""
+        assert _run("dlq", "purge", "identity", "--id", letter, env=env).stdout == "purged 0\n"
