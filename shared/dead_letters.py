@@ -4,12 +4,14 @@ replay it as new jobs once the cause is fixed, or purge it. Dead-lettered jobs s
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, stamp_ms
 from shared.keys import Keys, replay_job_id
+from shared.redis_client import executed
 
 
 @dataclass(slots=True)
@@ -45,29 +47,27 @@ class DeadLetters:
         rows: Any = await self.redis.xrange(self.stream, min=start, count=count)
         return [_dead_letter(dlq_id, fields) for dlq_id, fields in rows]
 
-    async def every_entry(self) -> list[DeadLetter]:
-        """Every letter, read a page at a time."""
-        letters, page = [], await self.entries()
+    async def pages(self) -> AsyncIterator[list[DeadLetter]]:
+        """Every letter, a page at a time: after an outage there may be thousands."""
+        page = await self.entries()
         while page:
-            letters += page
+            yield page
             page = await self.entries(PAGE, page[-1].dlq_id)
-        return letters
+
+    async def every_entry(self) -> list[DeadLetter]:
+        return [letter async for page in self.pages() for letter in page]
 
     async def depth(self) -> int:
         letters: int = await self.redis.xlen(self.stream)
         return letters
 
     async def replay(self, ids: list[str] | None = None) -> list[tuple[str, str]]:
-        """Enqueue each dead letter (those of `ids`, or every one, a page at a time: after an
-        outage there may be thousands) again as a new job, then remove the letter; returns (old
-        job id, new job id). A letter is replayed as one job however many replays read it."""
+        """Enqueue each dead letter (those of `ids`, or every one) again as a new job, then
+        remove the letter; returns (old job id, new job id). A letter is replayed as one job
+        however many replays read it."""
         if ids:
             return [await self._replay(letter) for letter in await self._of(ids)]
-        replayed, page = [], await self.entries()
-        while page:
-            replayed += [await self._replay(letter) for letter in page]
-            page = await self.entries(PAGE, page[-1].dlq_id)
-        return replayed
+        return [await self._replay(letter) async for page in self.pages() for letter in page]
 
     async def _of(self, ids: list[str]) -> list[DeadLetter]:
         """The letters of `ids` that exist, in one round trip (an unknown or malformed id is
@@ -75,7 +75,7 @@ class DeadLetters:
         pipe = self.redis.pipeline(transaction=False)
         for dlq_id in ids:
             pipe.xrange(self.stream, min=dlq_id, max=dlq_id)
-        found = await pipe.execute(raise_on_error=False)
+        found = await executed(pipe, raise_on_error=False)
         rows = [row for rows in found if isinstance(rows, list) for row in rows]
         return [_dead_letter(dlq_id, fields) for dlq_id, fields in rows]
 
