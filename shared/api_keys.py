@@ -80,6 +80,18 @@ class KeySpec:
             raise InvalidKeySpec(f"invalid model names {bad}")
         if not (math.isfinite(self.weight) and 0 < self.weight <= MAX_WEIGHT):
             raise InvalidKeySpec(f"weight {self.weight} must be a number in (0, {MAX_WEIGHT:g}]")
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        """A limit is unset (the producer's default) or positive: a negative rate would make the
+        token bucket's expiry negative (no limit at all), a burst or cap below 1 refuse every
+        request, and 0 would quietly mean the default."""
+        rate = self.rate_per_s
+        if rate is not None and not (math.isfinite(rate) and rate > 0):
+            raise InvalidKeySpec(f"rate {rate} must be a positive number of requests per second")
+        for name, limit in (("burst", self.burst), ("max in flight", self.max_in_flight)):
+            if limit is not None and limit < 1:
+                raise InvalidKeySpec(f"{name} {limit} must be at least 1")
 
 
 @dataclass(frozen=True, slots=True)

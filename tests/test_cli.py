@@ -180,3 +180,32 @@ def test_a_typo_is_one_clear_error_not_silence(
     for letter in ("1-1", "not-an-id"):  # no such letter: nothing done, no traceback
         assert _run("dlq", "replay", "identity", "--id", letter, env=env).stdout == ""
         assert _run("dlq", "purge", "identity", "--id", letter, env=env).stdout == "purged 0\n"
+
+
+def test_a_key_or_split_that_cannot_mean_what_it_says_is_refused(stack: Stack) -> None:
+    """A negative rate used to lift the key's rate limit (the bucket's expiry went negative), a
+    burst or cap below 1 refused its every request, `--expires-in 0s` made a key that never
+    expires, and a variant named twice in `routes set` kept the last weight, silently."""
+    env = {**os.environ, "CONVEYOR_REDIS_URL": stack.redis_url}
+    models = ("--model", "identity", "--model", "idnetity")
+    made = _run("keys", "create", "--tenant", "cli-warned", *models, env=env)
+    assert made.stdout.startswith("cvk_")  # made (the model may come later), with a warning
+    assert "warning: idnetity not in the model repository" in made.stderr
+    assert "this key may use only identity there" in made.stderr
+
+    for option, value, problem in (
+        ("--rate", "-5", "rate -5.0 must be a positive number of requests per second"),
+        ("--rate", "nan", "rate nan must be a positive number of requests per second"),
+        ("--burst", "0", "burst 0 must be at least 1"),
+        ("--max-in-flight", "-1", "max in flight -1 must be at least 1"),
+        ("--expires-in", "0s", "a lifetime must be longer than 0"),
+    ):
+        result = _refused("keys", "create", "--tenant", "cli-refused", option, value, env=env)
+        assert result.returncode == 2 and problem in result.stderr, result.stderr
+    listed = _run("keys", "list", "--json", env=env).stdout.splitlines()
+    tenants = {json.loads(line)["tenant"] for line in listed}
+    assert "cli-warned" in tenants and "cli-refused" not in tenants  # none of those was made
+
+    twice = ("--weight", "default=60", "--weight", "canary=40", "--weight", "default=10")
+    result = _refused("routes", "set", "identity", *twice, env=env)  # refused before any call
+    assert result.returncode == 2 and "default given more than once" in result.stderr

@@ -16,8 +16,9 @@ import click
 from conveyor.local_stack import with_redis
 from shared.api_keys import SCOPES, ApiKey, ApiKeyStore, InvalidKeySpec, KeySpec, key_id_of
 from shared.keys import Keys
+from shared.model_repository import ModelConfigError, ModelRepository
 from shared.redis_client import connect
-from shared.settings import Settings
+from shared.settings import Settings, get_settings
 
 T = TypeVar("T")
 DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -77,7 +78,27 @@ def _seconds(duration: str | None) -> float:
     match = DURATION.match(duration)
     if match is None:
         raise click.BadParameter("use a number and a unit: 90s, 30m, 12h, 30d")
-    return int(match[1]) * _UNITS[match[2]]
+    seconds = int(match[1]) * _UNITS[match[2]]
+    if seconds == 0:  # an expiry of 0 is stored as "never": refuse it rather than invert it
+        raise click.BadParameter("a lifetime must be longer than 0")
+    return seconds
+
+
+def _warn_unknown(models: tuple[str, ...]) -> None:
+    """A mistyped `--model` makes a key that is refused everywhere: say so. Only a warning, since
+    keys may be made from a machine without the deployment's model repository, or ahead of a
+    model's rollout."""
+    root = get_settings().model_repository
+    try:
+        served = ModelRepository.load(root).models
+    except ModelConfigError:
+        return
+    if unknown := sorted(set(models) - set(served)):
+        click.echo(
+            f"warning: {', '.join(unknown)} not in the model repository {root}; this key may "
+            f"use only {', '.join(sorted(set(models) & set(served))) or 'no model'} there",
+            err=True,
+        )
 
 
 def _describe(key: ApiKey) -> dict[str, Any]:
@@ -157,6 +178,7 @@ def create(
         key, record = _run(lambda store: store.create(spec))
     except InvalidKeySpec as exc:
         raise click.BadParameter(str(exc)) from None
+    _warn_unknown(models)
     if as_json:
         click.echo(json.dumps({"key": key, **_describe(record)}))
         return

@@ -26,6 +26,10 @@ def _pairs(values: tuple[str, ...], what: str) -> dict[str, float]:
             sep = ""
         if not sep:
             raise click.BadParameter(f"{value!r}: expected VARIANT=NUMBER", param_hint=what)
+    names = [value.partition("=")[0] for value in values]
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        # the last would win, silently: a fixed typo beside the original sums to the wrong split
+        raise click.BadParameter(f"{', '.join(twice)} given more than once", param_hint=what)
     return out
 
 
@@ -71,10 +75,11 @@ def set_routes(
     api_key: str | None,
 ) -> None:
     """Replace the routes (what is not given stays as it is) and print the new ones."""
+    new_weights, new_shadows = _pairs(weights, "--weight"), _pairs(shadows, "--shadow")
     current = admin_call("GET", f"/v1/models/{model}/routes?history=0", url, api_key)
     body = {
-        "weights": _pairs(weights, "--weight") or current["weights"],
-        "shadows": {} if no_shadows else _pairs(shadows, "--shadow") or current["shadows"],
+        "weights": new_weights or current["weights"],
+        "shadows": {} if no_shadows else new_shadows or current["shadows"],
         "sticky_by": sticky_by or current["sticky_by"],
         "expected_version": current["version"],
     }
