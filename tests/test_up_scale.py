@@ -14,7 +14,7 @@ import psutil
 import pytest
 import redis
 
-from conveyor.commands.up import workers_by_model
+from conveyor.commands.up import examples, workers_by_model
 from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
 from shared.model_repository import ModelRepository
@@ -151,3 +151,14 @@ def test_the_embedded_valkey_gets_io_threads_from_eight_cores() -> None:
     parse and write for it, at most 4 (producers and workers need the rest)."""
     cores = (1, 2, 4, 7, 8, 12, 16, 64)
     assert [io_threads(n) for n in cores] == [1, 1, 1, 1, 2, 3, 4, 4]
+
+
+def test_the_banner_shows_a_request_for_a_served_model_only() -> None:
+    both = examples(["identity:canary", "minilm"], "http://h", "")
+    assert '"model": "identity"' in both and "http://h/v1/models/minilm/predict" in both
+    assert "chat/completions" not in both  # smollm2 is not served
+    own = examples(
+        ["ab"], "http://h", ""
+    )  # a model of the user's own: its name, no invented inputs
+    assert "submit to ab (inputs as its config.yaml's input_schema says)" in own
+    assert '"model": "ab", "inputs": {...}' in own and "identity" not in own

@@ -21,19 +21,10 @@ from conveyor.supervisor import Supervisor
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
 
-EXAMPLES = """{key_note}
+BANNER = """{key_note}
 Conveyor is up: producer {url} ({producers} processes), workers for {models}.
 Operator console: {url}/console (log in with an API key that has the read or admin scope)
-
-  # embeddings, submit and wait
-  curl -s {url}/v1/models/minilm/predict{auth} -H 'content-type: application/json' \\
-       -d '{{"inputs": {{"texts": ["a queue in front of a model", "hello world"]}}}}'
-
-  # submit, then long-poll the job
-  curl -s {url}/v1/jobs{auth} -H 'content-type: application/json' \\
-       -d '{{"model": "identity", "inputs": {{"hello": "world"}}}}'
-  curl -s '{url}/v1/jobs/<id>?wait=10'{auth}
-
+{examples}
   # models and their queues
   curl -s {url}/v1/models{auth}
 
@@ -41,6 +32,34 @@ Operator console: {url}/console (log in with an API key that has the read or adm
   export CONVEYOR_REDIS_URL={redis_url} CONVEYOR_URL={url}{key_export}
 
 Ctrl-C stops everything (workers drain first); a child that dies is restarted.
+"""
+# A request for each example model, shown only while that model is served: a curl for a model
+# the stack does not serve would answer 404.
+EXAMPLES = {
+    "minilm": """
+  # embeddings, submit and wait
+  curl -s {url}/v1/models/minilm/predict{auth} -H 'content-type: application/json' \\
+       -d '{{"inputs": {{"texts": ["a queue in front of a model", "hello world"]}}}}'
+""",
+    "identity": """
+  # submit, then long-poll the job
+  curl -s {url}/v1/jobs{auth} -H 'content-type: application/json' \\
+       -d '{{"model": "identity", "inputs": {{"hello": "world"}}}}'
+  curl -s '{url}/v1/jobs/<id>?wait=10'{auth}
+""",
+    "smollm2": """
+  # an OpenAI chat completion, streamed
+  curl -sN {url}/v1/chat/completions{auth} -H 'content-type: application/json' \\
+       -d '{{"model": "smollm2", "stream": true,
+            "messages": [{{"role": "user", "content": "Write a haiku about queues."}}]}}'
+""",
+}
+# Any other model: its inputs are whatever its config.yaml's `input_schema` accepts.
+ANY_MODEL = """
+  # submit to {model} (inputs as its config.yaml's input_schema says), then long-poll the job
+  curl -s {url}/v1/jobs{auth} -H 'content-type: application/json' \\
+       -d '{{"model": "{model}", "inputs": {{...}}}}'
+  curl -s '{url}/v1/jobs/<id>?wait=10'{auth}
 """
 SUPERVISE_EVERY_S = 0.5
 
@@ -102,10 +121,11 @@ def command(
         auth = _auth(stack, key_file)
         dev_key_file = str(key_file) if auth["auth"] else ""
         StackState(stack.redis_url, url, dev_key_file, os.getpid()).write(state_dir)
-        banner = EXAMPLES.format(
+        banner = BANNER.format(
             url=url,
             producers=producers,
             models=", ".join(f"{name} ({count})" for name, count in workers.items()),
+            examples=examples(names, url, auth["auth"]),
             redis_url=stack.redis_url,
             **auth,
         )
@@ -115,6 +135,13 @@ def command(
         click.echo("stopping: workers drain their batches first")
         StackState.remove(state_dir)
         stack.stop()
+
+
+def examples(names: list[str], url: str, auth: str) -> str:
+    """The banner's requests: one per served example model, else one for the first model."""
+    served = list(dict.fromkeys(name.split(":", 1)[0] for name in names))
+    blocks = [EXAMPLES[model] for model in served if model in EXAMPLES] or [ANY_MODEL]
+    return "".join(block.format(url=url, auth=auth, model=served[0]) for block in blocks)
 
 
 def workers_by_model(
