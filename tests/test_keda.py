@@ -317,6 +317,32 @@ def test_render_to_a_directory_sets_the_namespace(tmp_path):
     assert docs and {d["metadata"]["namespace"] for d in docs} == {"inference"}
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("--namespace", "Inference_Prod", "is not a Kubernetes namespace"),
+        ("--namespace", "", "is not a Kubernetes namespace"),
+        ("--producer-url", "conveyor-api:8000", "is not an http(s) URL with a host"),
+        ("--prometheus-url", "ftp://prometheus", "is not an http(s) URL with a host"),
+    ],
+)
+def test_render_refuses_what_kubernetes_or_keda_would(tmp_path, option, value, problem):
+    """These rendered YAML that the API server refuses, or a trigger that never reads."""
+    args = ["render", "keda", "--out", str(tmp_path), option, value]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and problem in result.output, result.output
+    assert not (tmp_path / "keda.yaml").exists()
+
+
+def test_autoscale_refuses_a_poll_interval_that_is_not_positive():
+    """A negative interval was a traceback after the first tick; 0 meant the default, silently."""
+    for value in ("-1", "0"):
+        result = CliRunner().invoke(
+            main, ["autoscale", "--models", "identity", "--interval", value]
+        )
+        assert result.exit_code == 2 and "is not in the range x>0" in result.output, result.output
+
+
 # ---------------------------------------------------------------- scaling on a real stream
 
 

@@ -20,7 +20,12 @@ from shared.settings import get_settings
 
 @click.command("autoscale")
 @click.option("--models", required=True, help="Pools: `model` (all variants) or `model:variant`.")
-@click.option("--interval", default=None, type=float, help="Seconds between polls.")
+@click.option(
+    "--interval",
+    default=None,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds between polls (default: the models' polling_interval_s).",
+)
 @click.option(
     "--state-dir", default=Path("var/autoscale"), type=click.Path(path_type=Path), help="Logs."
 )

@@ -3,7 +3,9 @@ manifests are generated from model_repository/ and never drift from it by hand."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -13,6 +15,26 @@ from shared.model_repository import ModelRepository
 from shared.settings import get_settings
 
 KEDA_FILE = "keda.yaml"
+# A Kubernetes namespace is an RFC 1123 label: anything else renders YAML the API server refuses.
+NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _namespace(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not NAMESPACE.match(value):
+        raise click.BadParameter(
+            f"{value!r} is not a Kubernetes namespace (lowercase letters, digits and '-', "
+            "at most 63, starting and ending with a letter or digit)"
+        )
+    return value
+
+
+def _http_url(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """KEDA's scalers fetch these URLs: a typo would render a trigger that never reads."""
+    if value is not None:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise click.BadParameter(f"{value!r} is not an http(s) URL with a host")
+    return value
 
 
 @click.group("render")
@@ -21,7 +43,12 @@ def command() -> None:
 
 
 @command.command("keda")
-@click.option("--namespace", default=None, help="metadata.namespace (default: none, for kustomize)")
+@click.option(
+    "--namespace",
+    default=None,
+    callback=_namespace,
+    help="metadata.namespace (default: none, for kustomize)",
+)
 @click.option(
     "--out",
     default="-",
@@ -33,12 +60,14 @@ def command() -> None:
 @click.option(
     "--producer-url",
     default=None,
+    callback=_http_url,
     help="Producer Service KEDA's metrics-api reads backlog seconds from "
     "(default: http://producer.<namespace or conveyor>.svc).",
 )
 @click.option(
     "--prometheus-url",
     default=PROMETHEUS_URL,
+    callback=_http_url,
     show_default=True,
     help="Prometheus server for pools with `autoscaling.backlog.scaler: prometheus`.",
 )
