@@ -55,7 +55,11 @@ class Stack:
         Valkey (in its own session) when it is None."""
         log_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        settings = Settings(redis_url=redis_url or "", redis_cluster=cluster)
+        settings = (  # with no URL, start_valkey replaces it with the embedded server's
+            Settings(redis_cluster=cluster)
+            if redis_url is None
+            else Settings(redis_url=redis_url, redis_cluster=cluster)
+        )
         stack = cls(settings=settings, log_dir=log_dir, env=env)
         if redis_url is None:
             stack.start_valkey(valkey_config or {})

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
 
 def _default_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -34,16 +36,16 @@ class Settings(BaseSettings):
     models: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = Field(default=8000, ge=1, le=65_535)
     instance_id: str = Field(default_factory=_default_instance_id)
-    max_body_bytes: int = 1_048_576
+    max_body_bytes: int = Field(default=1_048_576, ge=1)
     # Request boundary (producer_api/request_boundary.py): deepest JSON nesting accepted.
     max_json_depth: int = Field(default=64, ge=2)
     # Longest wait on Redis for one command, a connection or a free pooled connection.
     redis_timeout_s: float = Field(default=2.0, gt=0)
-    max_wait_s: float = 60.0
-    result_ttl_s: int = 86_400
-    log_level: str = "INFO"
+    max_wait_s: float = Field(default=60.0, gt=0)
+    result_ttl_s: int = Field(default=86_400, ge=1)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     # API keys (shared/api_keys.py); `disabled` serves everyone as tenant "default" (local use).
     auth: Literal["enabled", "disabled"] = "enabled"
@@ -67,17 +69,31 @@ class Settings(BaseSettings):
 
     webhook_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
     webhook_secret: str = ""
-    webhook_retry_for_s: float = 3_600.0
-    webhook_timeout_s: float = 10.0
+    webhook_retry_for_s: float = Field(default=3_600.0, ge=0)
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
 
-    metrics_port: int = 9_100
+    metrics_port: int = Field(default=9_100, ge=0, le=65_535)
     # Garbage collection once a process serves (shared/heap_tuning.py): start-up's objects
     # frozen out of every collection, and young collections every this many net allocations
     # (CPython's default is 700).
     gc_freeze: bool = True
     gc_young_threshold: int = Field(default=10_000, ge=1)
-    block_ms: int = 1_000
-    shutdown_grace_s: float = 30.0
+    # 0 would be BLOCK 0: wait forever, and never notice a stop.
+    block_ms: int = Field(default=1_000, ge=1)
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        """redis-py's own error names no setting, and surfaces only once a process connects."""
+        if not value.startswith(REDIS_SCHEMES):
+            raise ValueError(f"must start with one of {', '.join(REDIS_SCHEMES)}")
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("models", "webhook_allowlist", mode="before")
     @classmethod

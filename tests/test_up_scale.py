@@ -13,11 +13,13 @@ import httpx
 import psutil
 import pytest
 import redis
+from pydantic import ValidationError
 
 from conveyor.commands.up import examples, workers_by_model
 from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
 from shared.model_repository import ModelRepository
+from shared.settings import Settings
 from tests.conftest import REPO_ROOT, until
 from tests.up_process import CONVEYOR, Up, conveyor_up
 
@@ -100,7 +102,12 @@ def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("--producers", "0"), ("--producers", "two"), ("--workers-per-model", "-1")],
+    [
+        ("--producers", "0"),
+        ("--producers", "two"),
+        ("--workers-per-model", "-1"),
+        ("--port", "70000"),  # was a traceback from bind()
+    ],
 )
 def test_bad_process_counts_are_refused(tmp_path: Path, option: str, value: str) -> None:
     result = subprocess.run(
@@ -115,19 +122,49 @@ def test_bad_process_counts_are_refused(tmp_path: Path, option: str, value: str)
     assert not (tmp_path / "valkey").exists()  # refused before starting anything
 
 
-def test_a_bad_producer_processes_setting_is_one_clear_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("CONVEYOR_PRODUCER_PROCESSES", "0", "Input should be greater than or equal to 1"),
+        ("CONVEYOR_PORT", "99999", "Input should be less than or equal to 65535"),
+        ("CONVEYOR_REDIS_URL", "http://x", "must start with one of redis://, rediss://, unix://"),
+        ("CONVEYOR_LOG_LEVEL", "chatty", "Input should be 'DEBUG', 'INFO', 'WARNING'"),
+    ],
+)
+def test_a_bad_setting_is_one_clear_line(
+    tmp_path: Path, name: str, value: str, problem: str
+) -> None:
+    """A port out of range and a Redis URL of another scheme used to start and then die with a
+    traceback (bind's OverflowError; a producer that "exited before it answered")."""
     result = subprocess.run(
         [str(CONVEYOR), "up", "--state-dir", str(tmp_path)],
-        env={**_env(), "CONVEYOR_PRODUCER_PROCESSES": "0"},
+        env={**_env(), name: value},
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr
-    expected = "bad setting: CONVEYOR_PRODUCER_PROCESSES='0': Input should be greater than"
-    assert expected in result.stderr, result.stderr
+    assert f"bad setting: {name}=" in result.stderr and problem in result.stderr, result.stderr
     assert not (tmp_path / "valkey").exists()
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"result_ttl_s": 0},
+        {"max_wait_s": 0},
+        {"max_body_bytes": 0},
+        {"metrics_port": 65_536},
+        {"block_ms": 0},  # BLOCK 0 waits forever: a worker would never notice a stop
+        {"shutdown_grace_s": -1},
+        {"webhook_timeout_s": 0},
+        {"webhook_retry_for_s": -1},
+    ],
+)
+def test_settings_out_of_range_are_refused(setting: dict[str, float]) -> None:
+    with pytest.raises(ValidationError):
+        Settings(**setting)  # type: ignore[arg-type]
 
 
 def test_default_workers_split_the_cores_over_batch_models_and_an_llm_gets_one(

@@ -65,7 +65,12 @@ SUPERVISE_EVERY_S = 0.5
 
 
 @click.command("up")
-@click.option("--port", default=None, type=int, help="Producer port (CONVEYOR_PORT, 8000).")
+@click.option(
+    "--port",
+    default=None,
+    type=click.IntRange(1, 65_535),
+    help="Producer port (CONVEYOR_PORT, 8000).",
+)
 @click.option("--models", default=None, help="Comma-separated models; default: all examples.")
 @click.option(
     "--state-dir",
