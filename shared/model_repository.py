@@ -13,6 +13,7 @@ from typing import Any, Literal
 import jsonschema_rs
 import yaml
 from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"  # a model's or a variant's name, wherever one is accepted
@@ -165,7 +166,11 @@ class ModelConfig(BaseModel):
             )
         if self.task == "embed" and self.kind != "batch":
             raise ModelConfigError(f"model {self.name}: task embed needs kind batch")
-        Draft202012Validator.check_schema(self.input_schema)
+        try:  # jsonschema's own error is a many-line dump, and no ValueError pydantic reports
+            Draft202012Validator.check_schema(self.input_schema)
+        except SchemaError as exc:
+            where = exc.json_path.replace("$", "input_schema", 1)
+            raise ModelConfigError(f"model {self.name}: {where}: {exc.message}") from None
         try:
             self.input_check  # noqa: B018 - compiled once, at load: a schema it refuses is an error here
         except ValueError as exc:

@@ -43,6 +43,15 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "kind: batch\nbackend: identity\nvariants: {default: {}, gpu: {backend: 'a:b:c'}}\n",
             "model m variant gpu: unknown backend 'a:b:c'",
         ),
+        (  # jsonschema's SchemaError used to escape as a many-line dump of the metaschema
+            "kind: batch\nbackend: identity\ninput_schema: {type: strng}\n",
+            "model m: input_schema.type: 'strng' is not valid under any of the given schemas",
+        ),
+        (
+            "kind: batch\nbackend: identity\n"
+            "input_schema: {type: object, properties: {x: {minimum: a}}}\n",
+            "model m: input_schema.properties.x.minimum: 'a' is not of type 'number'",
+        ),
     ],
 )
 def test_what_no_worker_could_serve_is_one_line_naming_the_file(
