@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from functools import lru_cache
@@ -45,7 +46,7 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(default=2.0, gt=0)
     max_wait_s: float = Field(default=60.0, gt=0)
     result_ttl_s: int = Field(default=86_400, ge=1)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    log_level: str = "INFO"
 
     # API keys (shared/api_keys.py); `disabled` serves everyone as tenant "default" (local use).
     auth: Literal["enabled", "disabled"] = "enabled"
@@ -90,10 +91,15 @@ class Settings(BaseSettings):
             raise ValueError(f"must start with one of {', '.join(REDIS_SCHEMES)}")
         return value
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level")
     @classmethod
-    def _upper(cls, value: object) -> object:
-        return value.upper() if isinstance(value, str) else value
+    def _log_level(cls, value: str) -> str:
+        """Any name Python's logging knows (WARN too), checked here rather than when the first
+        process configures its logging, after the others started."""
+        names = logging.getLevelNamesMapping()
+        if value.upper() not in names:
+            raise ValueError(f"must be one of {', '.join(sorted(names))}")
+        return value.upper()
 
     @field_validator("models", "webhook_allowlist", mode="before")
     @classmethod

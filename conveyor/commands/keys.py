@@ -94,9 +94,11 @@ def _warn_unknown(models: tuple[str, ...]) -> None:
     except ModelConfigError:
         return
     if unknown := sorted(set(models) - set(served)):
+        known = sorted(set(models) & set(served))
+        usable = f"only {', '.join(known)}" if known else "no model"
         click.echo(
             f"warning: {', '.join(unknown)} not in the model repository {root}; this key may "
-            f"use only {', '.join(sorted(set(models) & set(served))) or 'no model'} there",
+            f"use {usable} there",
             err=True,
         )
 
