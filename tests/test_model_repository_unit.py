@@ -5,13 +5,14 @@ producer (which queued jobs for them) and failed only when a worker started."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from shared.model_repository import BACKEND_NAMES, ModelConfigError, ModelRepository
-from workers.engines.registry import BACKENDS
+from workers.engines.registry import BACKENDS, EngineNotFound, engine_class
 
 
 def _repository(root: Path, text: str) -> Path:
@@ -74,3 +75,22 @@ def test_a_custom_engine_is_named_by_module_and_class(tmp_path: Path) -> None:
 
 def test_the_names_a_config_accepts_are_the_engines_a_worker_has() -> None:
     assert set(BACKENDS) == BACKEND_NAMES
+
+
+@pytest.mark.parametrize(
+    ("backend", "problem"),
+    [
+        (
+            "my_company.engines:RerankEngine",
+            "cannot import my_company.engines:RerankEngine: No module",
+        ),
+        ("tests.fault_engine:FaultEngin", "has no attribute 'FaultEngin'"),
+        ("json:JSONDecoder", "json:JSONDecoder is not a BatchEngine or GenerateEngine"),
+    ],
+)
+def test_a_custom_engine_the_worker_cannot_have_is_named(backend: str, problem: str) -> None:
+    """What the worker's log says when it starts: the backend, and why its class is unusable."""
+    with pytest.raises(EngineNotFound, match=f"^backend {re.escape(repr(backend))}: ") as refused:
+        engine_class(backend)
+    assert problem in str(refused.value)
+    assert engine_class("tests.fault_engine:FaultEngine").__name__ == "FaultEngine"

@@ -19,6 +19,10 @@ BACKENDS: dict[str, str] = {
 }
 
 
+class EngineNotFound(ImportError):
+    """A backend whose engine class cannot be had: the worker cannot serve its model."""
+
+
 def engine_class(backend: str) -> type[BatchEngine] | type[GenerateEngine]:
     """A known backend name, or `package.module:Class` for a custom engine (like Triton's
     Python backend: the engine's code lives with the deployment, not in Conveyor)."""
@@ -26,9 +30,15 @@ def engine_class(backend: str) -> type[BatchEngine] | type[GenerateEngine]:
     if target is None:
         raise ValueError(f"unknown backend {backend!r}; known: {sorted(BACKENDS)}")
     module_name, _, class_name = target.partition(":")
-    cls: type[BatchEngine] | type[GenerateEngine] = getattr(
-        importlib.import_module(module_name), class_name
-    )
+    try:
+        found = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:  # a custom engine's typo, or its missing package
+        raise EngineNotFound(f"backend {backend!r}: cannot import {target}: {exc}") from exc
+    if not (isinstance(found, type) and issubclass(found, BatchEngine | GenerateEngine)):
+        raise EngineNotFound(
+            f"backend {backend!r}: {target} is not a BatchEngine or GenerateEngine"
+        )
+    cls: type[BatchEngine] | type[GenerateEngine] = found
     return cls
 
 
