@@ -173,6 +173,13 @@ def test_a_typo_is_one_clear_error_not_silence(
     assert f"Invalid value for --input: cannot read {missing}.json: " in unread.stderr
     assert "Traceback" not in unread.stderr
 
+    for args in (("jobs", "get", "x"), ("routes", "show", "identity")):  # at once, no retries
+        bad_url = _refused(*args, env={**env, "CONVEYOR_URL": "localhost:8000"})
+        assert bad_url.stderr.endswith(
+            "Invalid value for '--url': producer URL 'localhost:8000' is not an http(s) URL "
+            "with a host\n"
+        ), bad_url.stderr
+
     assert _run("dlq", "list", "identity", env=env).stdout == ""  # served, nothing dead
     for action in ("list", "replay", "purge"):
         typo = _refused("dlq", action, "identity", "--variant", "nope", env=env)

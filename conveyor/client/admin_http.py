@@ -10,6 +10,7 @@ from typing import Any
 import click
 import httpx
 
+from conveyor.client.cli_options import bad_url
 from conveyor.client.connection import http_options
 
 
@@ -17,7 +18,11 @@ def admin_call(
     method: str, path: str, url: str | None, api_key: str | None, body: Any = None
 ) -> Any:
     try:
-        with httpx.Client(**http_options(url, api_key, 30.0)) as client:
+        options = http_options(url, api_key, 30.0)
+    except ValueError as exc:
+        raise bad_url(exc) from None
+    try:
+        with httpx.Client(**options) as client:
             response = client.request(method, path, json=body)
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach the producer: {exc!r}") from None

@@ -37,6 +37,11 @@ def _say_retry(event: RetryEvent) -> None:
     click.echo(f"{event.reason}; retry {event.attempt} in {event.delay_s:.1f}s", err=True)
 
 
+def bad_url(exc: ValueError) -> click.BadParameter:
+    """The URL (or CONVEYOR_URL) cannot be a producer's: a usage error, not an outage."""
+    return click.BadParameter(str(exc), param_hint="'--url'")
+
+
 @contextmanager
 def connect(url: str | None, api_key: str | None) -> Iterator[Client]:
     """A client of `url`; without one, of the running `conveyor up`'s producer (with its
@@ -45,7 +50,11 @@ def connect(url: str | None, api_key: str | None) -> Iterator[Client]:
     if local is not None:
         url, api_key = local.producer_url, api_key or local.dev_key
     try:
-        with Client(url, api_key, on_retry=_say_retry) as client:
+        client = Client(url, api_key, on_retry=_say_retry)
+    except ValueError as exc:
+        raise bad_url(exc) from None
+    try:
+        with client:
             yield client
     except ConveyorError as exc:
         raise click.ClickException(str(exc)) from None
