@@ -8,6 +8,7 @@ import socket
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -100,6 +101,17 @@ class Settings(BaseSettings):
         if value.upper() not in names:
             raise ValueError(f"must be one of {', '.join(sorted(names))}")
         return value.upper()
+
+    @field_validator("webhook_allowlist")
+    @classmethod
+    def _allowlist_entries(cls, entries: list[str]) -> list[str]:
+        """An entry without a scheme or host matches no URL: every webhook would be refused as
+        outside the list, with nothing saying the list itself is wrong."""
+        for entry in entries:
+            rule = urlsplit(entry)
+            if rule.scheme not in ("http", "https") or not rule.hostname:
+                raise ValueError(f"entry {entry!r} is not http(s)://host[:port][/path-prefix]")
+        return entries
 
     @field_validator("models", "webhook_allowlist", mode="before")
     @classmethod

@@ -13,13 +13,11 @@ import httpx
 import psutil
 import pytest
 import redis
-from pydantic import ValidationError
 
 from conveyor.commands.up import examples, workers_by_model
 from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
 from shared.model_repository import ModelRepository
-from shared.settings import Settings
 from tests.conftest import REPO_ROOT, until
 from tests.up_process import CONVEYOR, Up, conveyor_up
 
@@ -147,29 +145,6 @@ def test_a_bad_setting_is_one_clear_line(
     assert "Traceback" not in result.stderr, result.stderr
     assert f"bad setting: {name}=" in result.stderr and problem in result.stderr, result.stderr
     assert not (tmp_path / "valkey").exists()
-
-
-@pytest.mark.parametrize(
-    "setting",
-    [
-        {"result_ttl_s": 0},
-        {"max_wait_s": 0},
-        {"max_body_bytes": 0},
-        {"metrics_port": 65_536},
-        {"block_ms": 0},  # BLOCK 0 waits forever: a worker would never notice a stop
-        {"shutdown_grace_s": -1},
-        {"webhook_timeout_s": 0},
-        {"webhook_retry_for_s": -1},
-    ],
-)
-def test_settings_out_of_range_are_refused(setting: dict[str, float]) -> None:
-    with pytest.raises(ValidationError):
-        Settings(**setting)  # type: ignore[arg-type]
-
-
-def test_a_log_level_is_any_name_python_logging_knows() -> None:
-    assert Settings(log_level="warn").log_level == "WARN"
-    assert Settings(log_level="debug").log_level == "DEBUG"
 
 
 def test_default_workers_split_the_cores_over_batch_models_and_an_llm_gets_one(
