@@ -98,6 +98,18 @@ def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path
             _predict(up, n)
 
 
+def _up_refused(
+    tmp_path: Path, args: list[str], env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(CONVEYOR), "up", *args, "--state-dir", str(tmp_path)],
+        env={**_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [
@@ -108,13 +120,7 @@ def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path
     ],
 )
 def test_bad_process_counts_are_refused(tmp_path: Path, option: str, value: str) -> None:
-    result = subprocess.run(
-        [str(CONVEYOR), "up", option, value, "--state-dir", str(tmp_path)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = _up_refused(tmp_path, [option, value], {})
     assert result.returncode == 2
     assert f"Invalid value for '{option}'" in result.stderr, result.stderr
     assert not (tmp_path / "valkey").exists()  # refused before starting anything
@@ -134,13 +140,7 @@ def test_a_bad_setting_is_one_clear_line(
 ) -> None:
     """A port out of range and a Redis URL of another scheme used to start and then die with a
     traceback (bind's OverflowError; a producer that "exited before it answered")."""
-    result = subprocess.run(
-        [str(CONVEYOR), "up", "--state-dir", str(tmp_path)],
-        env={**_env(), name: value},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = _up_refused(tmp_path, [], {name: value})
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr
     assert f"bad setting: {name}=" in result.stderr and problem in result.stderr, result.stderr
