@@ -16,7 +16,7 @@ import uvloop
 from shared import job_scripts
 from shared.heap_tuning import settle_heap
 from shared.keys import Keys
-from shared.model_repository import ModelConfig, ModelRepository
+from shared.model_repository import ModelConfig, ModelConfigError, ModelRepository
 from shared.redis_client import connect, preload
 from shared.settings import Settings
 from workers.batching.micro_batch_loop import MicroBatchLoop
@@ -45,6 +45,12 @@ class ConsumerRuntime:
         self.settings = settings
         self.keys = Keys(settings.key_prefix)
         self.repository = ModelRepository.load(settings.model_repository)
+        if not settings.models:  # a forgotten variable would leave a worker that serves nothing
+            known = ", ".join(self.repository.models)
+            raise ModelConfigError(
+                "CONVEYOR_MODELS is empty: name what this worker serves, `model` or "
+                f"`model:variant`, comma-separated (the repository has {known})"
+            )
         self.partitions = self.repository.partitions(settings.models)
         self.consumer = consumer_name()
         # uvloop, like the producer's uvicorn: at one job per micro-batch the loop's own
