@@ -8,10 +8,11 @@ import socket
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from shared.http_url import is_http_url
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -107,10 +108,8 @@ class Settings(BaseSettings):
     def _allowlist_entries(cls, entries: list[str]) -> list[str]:
         """An entry without a scheme or host matches no URL: every webhook would be refused as
         outside the list, with nothing saying the list itself is wrong."""
-        for entry in entries:
-            rule = urlsplit(entry)
-            if rule.scheme not in ("http", "https") or not rule.hostname:
-                raise ValueError(f"entry {entry!r} is not http(s)://host[:port][/path-prefix]")
+        if bad := [entry for entry in entries if not is_http_url(entry)]:
+            raise ValueError(f"entry {bad[0]!r} is not http(s)://host[:port][/path-prefix]")
         return entries
 
     @field_validator("models", "webhook_allowlist", mode="before")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import urlsplit
+
+from shared.http_url import is_http_url
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 USER_AGENT = "conveyor-client/0.1"
@@ -15,8 +16,7 @@ def resolve(base_url: str | None, api_key: str | None) -> tuple[str, str | None]
     """A URL that is not http(s) with a host is refused here: sent, it failed only after every
     retry's backoff, as if the producer were down."""
     url = base_url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not is_http_url(url):
         raise ValueError(f"producer URL {url!r} is not an http(s) URL with a host")
     return url.rstrip("/"), api_key or os.environ.get("CONVEYOR_API_KEY") or None
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import click
 
 from autoscaling.keda import PROMETHEUS_URL, MetricSources, render, to_yaml
+from shared.http_url import is_http_url
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
@@ -30,10 +30,8 @@ def _namespace(_ctx: click.Context, _param: click.Parameter, value: str | None) 
 
 def _http_url(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     """KEDA's scalers fetch these URLs: a typo would render a trigger that never reads."""
-    if value is not None:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise click.BadParameter(f"{value!r} is not an http(s) URL with a host")
+    if value is not None and not is_http_url(value):
+        raise click.BadParameter(f"{value!r} is not an http(s) URL with a host")
     return value
 
 
