@@ -311,3 +311,20 @@ def test_a_method_a_path_does_not_take_is_405_naming_every_one_it_does(
     assert response.status_code == 405
     assert response.headers["allow"] == allowed
     assert response.json()["error"]["type"] == "http_error"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/jobs/0123?wait=nan"),
+        ("POST", "/v1/models/identity/predict?timeout=inf"),
+        ("GET", "/v1/experiments/identity?window_s=nan"),
+    ],
+)
+def test_a_non_finite_number_in_a_query_is_422_saying_so(
+    base_url: str, method: str, path: str
+) -> None:
+    """`nan` was refused as "less than or equal to 600", a bound it does not break."""
+    response = httpx.request(method, f"{base_url}{path}", json={"inputs": {}})
+    assert response.status_code == 422
+    assert "Input should be a finite number" in response.json()["error"]["message"]

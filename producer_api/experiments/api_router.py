@@ -28,7 +28,7 @@ router = APIRouter(tags=["experiments"])
 async def experiment(
     service: Annotated[ExperimentsService, Depends(acting_for("read", ExperimentsService))],
     model: str = Path(pattern=NAME),
-    window_s: float = Query(default=3600.0, gt=0, le=21_600),
+    window_s: float = Query(default=3600.0, gt=0, le=21_600, allow_inf_nan=False),
     baseline: str | None = Query(default=None, pattern=NAME),
 ) -> FastJSONResponse:
     """Per variant over the window: requests, success rate, queue/service/total latency

@@ -20,7 +20,13 @@ JOB_ID = Path(max_length=128, description="Job id")
 IDEMPOTENCY_KEY = Header(
     default=None, alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$"
 )
-WAIT = Query(default=0.0, ge=0, le=600, description="Seconds to wait for a terminal state")
+WAIT = Query(
+    default=0.0,
+    ge=0,
+    le=600,
+    allow_inf_nan=False,
+    description="Seconds to wait for a terminal state",
+)
 
 
 def _true_or_false(value: object) -> object:
@@ -124,7 +130,7 @@ async def predict(
     request: Request,
     service: SubmitService,
     model: str = Path(pattern=NAME),
-    timeout: float = Query(default=30.0, gt=0, le=600),
+    timeout: float = Query(default=30.0, gt=0, le=600, allow_inf_nan=False),
 ) -> FastJSONResponse:
     """Submit and wait: 200 with outputs, 202 with the job's URLs if it is still running, or
     the error of a job that failed (422), was cancelled (409) or expired (504)."""
