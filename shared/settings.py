@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 from functools import lru_cache
 from pathlib import Path
@@ -15,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from shared.http_url import is_http_url
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+PRINTABLE = re.compile(r"^[!-~]*$")  # ASCII, no spaces or control characters
 
 
 def _default_instance_id() -> str:
@@ -91,6 +93,24 @@ class Settings(BaseSettings):
         """redis-py's own error names no setting, and surfaces only once a process connects."""
         if not value.startswith(REDIS_SCHEMES):
             raise ValueError(f"must start with one of {', '.join(REDIS_SCHEMES)}")
+        return value
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _key_prefix(cls, value: str) -> str:
+        """A brace would move every key's hash tag (shared/keys.py), scattering what one script
+        touches over a cluster's slots."""
+        if not PRINTABLE.match(value) or "{" in value or "}" in value:
+            raise ValueError("must be printable ASCII without spaces or braces")
+        return value
+
+    @field_validator("instance_id")
+    @classmethod
+    def _instance_id(cls, value: str) -> str:
+        """It names the producer's Redis connections, and CLIENT SETNAME refuses spaces: every
+        connection would fail."""
+        if not value or len(value) > 128 or not PRINTABLE.match(value):
+            raise ValueError("must be 1 to 128 printable ASCII characters without spaces")
         return value
 
     @field_validator("log_level")

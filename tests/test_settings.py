@@ -1,6 +1,7 @@
 """Settings refuse, when a process starts, what could not work: values out of range, a Redis
-URL of another scheme, a log level logging lacks, a webhook allow-list entry that matches no
-URL. (`tests/test_up_scale.py` checks that `conveyor up` reports each as one line.)"""
+URL of another scheme, a key prefix or instance id Redis could not use as meant, a log level
+logging lacks, a webhook allow-list entry that matches no URL. (`tests/test_up_scale.py` checks
+that `conveyor up` reports each as one line.)"""
 
 from __future__ import annotations
 
@@ -21,9 +22,13 @@ from shared.settings import Settings
         {"shutdown_grace_s": -1},
         {"webhook_timeout_s": 0},
         {"webhook_retry_for_s": -1},
+        {"key_prefix": "{cv}:"},  # the brace would become every key's hash tag
+        {"key_prefix": "my app:"},
+        {"instance_id": "my producer"},  # CLIENT SETNAME refuses spaces: no connection would open
+        {"instance_id": ""},
     ],
 )
-def test_settings_out_of_range_are_refused(setting: dict[str, float]) -> None:
+def test_settings_out_of_range_are_refused(setting: dict[str, float | str]) -> None:
     with pytest.raises(ValidationError):
         Settings(**setting)  # type: ignore[arg-type]
 
