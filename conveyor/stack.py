@@ -24,11 +24,28 @@ from shared.settings import Settings
 BIN = Path(sys.executable).parent
 
 
+def reachable(host: str) -> str:
+    """Where a client on this machine reaches a server bound to `host`: a wildcard address is
+    reached on loopback, an IPv6 literal in brackets."""
+    if host in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+class ProducerExited(RuntimeError):
+    """A producer died while starting: its own last lines say why (a host it cannot bind, a
+    Redis it cannot reach), not a traceback of the process that waited for it."""
+
+    def __init__(self, name: str, log: Path, tail: list[str]) -> None:
+        lines = "\n".join(f"  {line}" for line in tail)
+        super().__init__(f"{name} exited before it answered; the end of {log}:\n{lines}")
 
 
 @dataclass
@@ -127,24 +144,32 @@ class Stack:
         self.base_url = self.base_url or base_url
         return base_url
 
-    def start_producers(self, port: int, count: int, instance: str, **env: str) -> str:
-        """Start `count` producer processes sharing `port` (SO_REUSEPORT,
+    def start_producers(
+        self, port: int, count: int, instance: str, host: str = "127.0.0.1", **env: str
+    ) -> str:
+        """Start `count` producer processes sharing `host:port` (SO_REUSEPORT,
         `conveyor/producer_server.py`), named `producer` when alone else `producer-<i>`, with
         instance ids `<instance>` or `<instance>-<i>`; returns the URL once every one of them
         has answered there, and no other server has."""
         numbers = [""] if count == 1 else [f"-{i}" for i in range(1, count + 1)]
         ids = {f"{instance}{number}" for number in numbers}
-        command = [sys.executable, "-m", "conveyor.producer_server", "--port", str(port)]
-        processes = [
-            self.spawn(f"producer{n}", command, {**env, "CONVEYOR_INSTANCE_ID": f"{instance}{n}"})
-            for n in numbers
+        command = [
+            *(sys.executable, "-m", "conveyor.producer_server"),
+            *("--host", host, "--port", str(port)),
         ]
-        base_url = f"http://127.0.0.1:{port}"
+        processes = {
+            f"producer{n}": self.spawn(
+                f"producer{n}", command, {**env, "CONVEYOR_INSTANCE_ID": f"{instance}{n}"}
+            )
+            for n in numbers
+        }
+        base_url = f"http://{reachable(host)}:{port}"
         seen: set[str] = set()
 
         def all_answered() -> bool:
-            if any(process.poll() is not None for process in processes):
-                raise RuntimeError(f"a producer exited before it answered; see {self.log_dir}")
+            for name, process in processes.items():
+                if process.poll() is not None:
+                    raise ProducerExited(name, self.log_dir / f"{name}.log", self.log_tail(name))
             if not _ready(base_url):
                 return False
             seen.add(_instance(base_url))

@@ -71,7 +71,8 @@ def _exited(pid: int) -> bool:
 
 def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path) -> None:
     options = ("--producers", "2", "--workers-per-model", "2")
-    with conveyor_up(tmp_path, "identity", _env(), options=options) as up:
+    env = {**_env(), "CONVEYOR_HOST": "0.0.0.0"}  # every address: it was ignored (loopback only)
+    with conveyor_up(tmp_path, "identity", env, options=options) as up:
         banner = "".join(up.lines)
         assert "(2 processes), workers for identity (2)." in banner
         state = StackState.read(tmp_path)
@@ -85,6 +86,8 @@ def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path
             _predict(up, n)
         # the instance ids are the processes' own: each waits on its own reply channel
         first = _producer_pid(f"up-{up_pid}-1")
+        listening = psutil.Process(first).net_connections(kind="tcp")
+        assert {c.laddr.ip for c in listening if c.status == psutil.CONN_LISTEN} == {"0.0.0.0"}
         os.kill(first, signal.SIGKILL)
         # Until it has exited, its socket is still in the port's group: the kernel may queue a
         # new connection there, which the exit then resets (the client's to retry).
@@ -144,6 +147,14 @@ def test_a_bad_setting_is_one_clear_line(
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr
     assert f"bad setting: {name}=" in result.stderr and problem in result.stderr, result.stderr
+    assert not (tmp_path / "valkey").exists()
+
+
+def test_an_address_this_machine_lacks_is_refused_before_starting(tmp_path: Path) -> None:
+    result = _up_refused(tmp_path, [], {"CONVEYOR_HOST": "999.1.1.1"})
+    assert result.returncode == 1
+    assert "Error: cannot listen on 999.1.1.1:8000 (" in result.stderr, result.stderr
+    assert result.stderr.rstrip().endswith("check CONVEYOR_HOST"), result.stderr
     assert not (tmp_path / "valkey").exists()
 
 

@@ -4,6 +4,7 @@ through `<state dir>/stack.json` (`conveyor/local_stack.py`)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import signal
@@ -16,7 +17,7 @@ import click
 from conveyor.commands.keys import dev_key
 from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
-from conveyor.stack import Stack
+from conveyor.stack import ProducerExited, Stack
 from conveyor.supervisor import Supervisor
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
@@ -100,14 +101,14 @@ def command(
 ) -> None:
     """Run the pipeline: embedded Valkey (unless CONVEYOR_REDIS_URL), producers, workers."""
     settings = get_settings()
-    port = port or settings.port
+    port, host = port or settings.port, settings.host
     state_dir = state_dir or settings.state_dir
     repository = ModelRepository.load(settings.model_repository)
     names = models.split(",") if models else list(repository.models)
     repository.partitions(names)  # a mistyped model or variant stops here, before anything runs
     producers = producers or settings.producer_processes
     workers = workers_by_model(repository, names, producers, workers_per_model)
-    _refuse_taken(port)
+    _refuse_unbindable(host, port)
     redis_url = os.environ.get("CONVEYOR_REDIS_URL")
     valkey_config = None
     if redis_url is None:  # on a machine with cores to spare, I/O threads lift its ceiling
@@ -116,9 +117,12 @@ def command(
     try:
         # One console secret for all producers: a session cookie is good on whichever answers.
         secret = settings.console_secret or secrets.token_urlsafe(32)
-        url = stack.start_producers(
-            port, producers, f"up-{os.getpid()}", CONVEYOR_CONSOLE_SECRET=secret
-        )
+        try:
+            url = stack.start_producers(
+                port, producers, f"up-{os.getpid()}", host, CONVEYOR_CONSOLE_SECRET=secret
+            )
+        except ProducerExited as exc:
+            raise click.ClickException(str(exc)) from None
         for name, count in workers.items():
             for number in range(1, count + 1):
                 stack.start_worker(name, name if number == 1 else f"{name}-{number}")
@@ -166,16 +170,22 @@ def _batches(repository: ModelRepository, name: str) -> bool:
     return repository.models[name.split(":", 1)[0]].kind == "batch"
 
 
-def _refuse_taken(port: int) -> None:
-    """Another server on the port would answer in our place: say so instead of starting."""
-    with socket.socket() as probe:
+def _refuse_unbindable(host: str, port: int) -> None:
+    """Another server on the port would answer in our place, and an address this machine does
+    not have would fail in every producer: say so instead of starting."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
-            probe.bind(("127.0.0.1", port))
+            probe.bind((host, port))
         except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise click.ClickException(
+                    f"port {port} is in use ({exc.strerror}): another `conveyor up`? "
+                    "Stop it, or choose another port with --port or CONVEYOR_PORT."
+                ) from None
             raise click.ClickException(
-                f"port {port} is in use ({exc.strerror}): another `conveyor up`? "
-                "Stop it, or choose another port with --port or CONVEYOR_PORT."
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}): check CONVEYOR_HOST"
             ) from None
 
 
