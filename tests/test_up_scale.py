@@ -17,6 +17,7 @@ import redis
 from conveyor.commands.up import examples, workers_by_model
 from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
+from conveyor.stack import ProducerExited, Stack, free_port
 from shared.model_repository import ModelRepository
 from tests.conftest import REPO_ROOT, until
 from tests.up_process import CONVEYOR, Up, conveyor_up
@@ -190,3 +191,16 @@ def test_the_banner_shows_a_request_for_a_served_model_only() -> None:
     )  # a model of the user's own: its name, no invented inputs
     assert "submit to ab (inputs as its config.yaml's input_schema says)" in own
     assert '"model": "ab", "inputs": {...}' in own and "identity" not in own
+
+
+def test_a_producer_that_dies_while_starting_says_why(stack: Stack, tmp_path: Path) -> None:
+    """Its own last lines, not the waiting process's traceback (`conveyor up` prints this)."""
+    mine = Stack.create(tmp_path, stack.redis_url)  # the session's Redis; its own processes
+    try:
+        with pytest.raises(ProducerExited) as exited:
+            mine.start_producers(free_port(), 1, "doomed", CONVEYOR_MODEL_REPOSITORY="/nowhere")
+    finally:
+        mine.stop()
+    message = str(exited.value)
+    assert message.startswith(f"producer exited before it answered; the end of {tmp_path}/")
+    assert "model repository /nowhere is not a directory" in message, message
