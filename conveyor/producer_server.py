@@ -16,9 +16,14 @@ import uvicorn
 APP = "producer_api.app:app"
 
 
+def family_of(host: str) -> socket.AddressFamily:
+    """IPv6 for an IPv6 literal (`::`, `::1`), else IPv4 (an address or a name)."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def reuse_port_socket(host: str, port: int) -> socket.socket:
     """A socket bound to `host:port` that other processes of this user may bind as well."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(family_of(host), socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))

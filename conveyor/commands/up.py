@@ -17,6 +17,7 @@ import click
 from conveyor.commands.keys import dev_key
 from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
+from conveyor.producer_server import family_of
 from conveyor.stack import ProducerExited, Stack
 from conveyor.supervisor import Supervisor
 from shared.model_repository import ModelRepository
@@ -173,8 +174,7 @@ def _batches(repository: ModelRepository, name: str) -> bool:
 def _refuse_unbindable(host: str, port: int) -> None:
     """Another server on the port would answer in our place, and an address this machine does
     not have would fail in every producer: say so instead of starting."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as probe:
+    with socket.socket(family_of(host)) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
             probe.bind((host, port))
