@@ -66,10 +66,10 @@ class DeadLetters:
         remove the letter; returns (old job id, new job id). A letter is replayed as one job
         however many replays read it."""
         if ids:
-            return [await self._replay(letter) for letter in await self._of(ids)]
+            return [await self._replay(letter) for letter in await self.letters_of(ids)]
         return [await self._replay(letter) async for page in self.pages() for letter in page]
 
-    async def _of(self, ids: list[str]) -> list[DeadLetter]:
+    async def letters_of(self, ids: list[str]) -> list[DeadLetter]:
         """The letters of `ids` that exist, in one round trip (an unknown or malformed id is
         skipped, as a purge of it removes nothing)."""
         pipe = self.redis.pipeline(transaction=False)

@@ -497,6 +497,9 @@ def test_what_the_console_does_not_have_is_404_and_changes_nothing(
             client.get(f"/console/batches/batch_{'0' * 32}/secrets"),
             client.get("/console/dead-letters/confirm?action=explode&partition=faulty:default"),
             client.get("/console/dead-letters/confirm?action=discard&partition=nope:default"),
+            client.get(  # a letter that is not there (the page used to ask to replay "1")
+                "/console/dead-letters/confirm?action=replay&partition=faulty:default&entry=1-1"
+            ),
             client.post(
                 "/console/dead-letters/explode",
                 data={"partition": "faulty:default", "csrf": csrf[1]},

@@ -283,8 +283,10 @@ async def confirm(
     """The confirmation step of replay and discard (a page, so it works without scripts)."""
     if action not in ("replay", "discard"):
         raise ConveyorError(404, "not_found", "no such action")
-    depth = await _dead_letters(state, partition).depth()
-    count = 1 if entry else depth
+    letters = _dead_letters(state, partition)
+    if entry and not await letters.letters_of([entry]):  # not "Replay 1 dead letter?" for none
+        raise ConveyorError(404, "not_found", f"no dead letter {entry!r} in {partition}")
+    count = 1 if entry else await letters.depth()
     context = {"action": action, "partition": partition, "entry": entry, "count": count}
     return _page(request, "confirm.html", current, **context)
 

@@ -17,7 +17,7 @@ class RoutesBody(BaseModel):
     shadows: dict[str, float] = Field(default_factory=dict)
     sticky_by: StickyBy = "routing_key"
     expected_version: int | None = Field(
-        default=None, description="Refuse (409) unless the routes are still at this version"
+        default=None, ge=0, description="Refuse (409) unless the routes are still at this version"
     )
 
 
