@@ -169,7 +169,7 @@ class Stack:
         def all_answered() -> bool:
             for name, process in processes.items():
                 if process.poll() is not None:
-                    raise ProducerExited(name, self.log_dir / f"{name}.log", self.log_tail(name))
+                    raise ProducerExited(name, self.log_path(name), self.log_tail(name))
             if not _ready(base_url):
                 return False
             seen.add(_instance(base_url))
@@ -241,16 +241,20 @@ class Stack:
         """Start `name` again as it was first started (same command, environment and log)."""
         return self.spawn(name, *self.commands[name])
 
+    def log_path(self, name: str) -> Path:
+        """Where child `name` writes its output."""
+        return self.log_dir / f"{name}.log"
+
     def log_tail(self, name: str, lines: int = 20) -> list[str]:
         """The last `lines` lines `name` wrote."""
-        path = self.log_dir / f"{name}.log"
+        path = self.log_path(name)
         text = path.read_text(errors="replace") if path.exists() else ""
         return text.splitlines()[-lines:]
 
     def spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         """Start a child named `name`, its output appended to `<log_dir>/<name>.log`."""
         self.commands[name] = (command, env)
-        log = (self.log_dir / f"{name}.log").open("ab")
+        log = self.log_path(name).open("ab")
         # A session of its own: a terminal's Ctrl-C reaches only `conveyor up`, which then
         # stops the children in order (workers drain on SIGTERM).
         process = subprocess.Popen(

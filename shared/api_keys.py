@@ -23,13 +23,14 @@ import redis.asyncio as aioredis
 from shared.codec import as_text
 from shared.keys import Keys
 from shared.redis_client import hgetall_many
+from shared.settings import VISIBLE_ASCII
 
 Scope = Literal["submit", "read", "admin"]
 SCOPES: tuple[Scope, ...] = get_args(Scope)
 TENANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 # What a presented key may look like before anything is hashed or looked up.
-PRESENTED = re.compile(r"^[\x21-\x7e]{8,256}$")
+PRESENTED = re.compile(f"^{VISIBLE_ASCII}{{8,256}}$")
 KEY_PREFIX = "cvk_"
 MAX_WEIGHT = 1000.0  # a tenant's fair-queuing weight lies in (0, MAX_WEIGHT]
 

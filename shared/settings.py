@@ -16,7 +16,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from shared.http_url import is_http_url
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-PRINTABLE = re.compile(r"^[!-~]*$")  # ASCII, no spaces or control characters
+VISIBLE_ASCII = "[!-~]"  # a character class: ASCII without spaces or control characters
+PRINTABLE = re.compile(f"^{VISIBLE_ASCII}*$")
 
 
 def _default_instance_id() -> str:

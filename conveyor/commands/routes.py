@@ -17,19 +17,23 @@ def command() -> None:
 
 
 def _pairs(values: tuple[str, ...], what: str) -> dict[str, float]:
-    out = {}
+    out: dict[str, float] = {}
+    twice = set()
     for value in values:
         name, sep, number = value.partition("=")
         try:
-            out[name] = float(number)
+            weight = float(number)
         except ValueError:
             sep = ""
         if not sep:
             raise click.BadParameter(f"{value!r}: expected VARIANT=NUMBER", param_hint=what)
-    names = [value.partition("=")[0] for value in values]
-    if twice := sorted({name for name in names if names.count(name) > 1}):
+        if name in out:
+            twice.add(name)
+        out[name] = weight
+    if twice:
         # the last would win, silently: a fixed typo beside the original sums to the wrong split
-        raise click.BadParameter(f"{', '.join(twice)} given more than once", param_hint=what)
+        named = ", ".join(sorted(twice))
+        raise click.BadParameter(f"{named} given more than once", param_hint=what)
     return out
 
 
