@@ -26,12 +26,20 @@ BACKEND_NAMES = frozenset({"identity", "onnxruntime", "tensorrt", "torch", "vllm
 CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
+# Every part of a config.yaml: an unknown field is a typo, and an infinite or NaN number (YAML's
+# `.inf`, `.nan`) would overflow where it becomes milliseconds (XAUTOCLAIM's idle time).
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+# The longest any of a config's durations may be: longer ones are typos, and Redis's millisecond
+# arguments overflow far past it.
+YEAR_S = 365 * 86_400.0
+
+
 class ModelConfigError(ValueError):
     """A config.yaml that cannot describe a servable model."""
 
 
 class Variant(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     weight: int = Field(default=100, ge=0)
     shadow: bool = False
@@ -49,7 +57,7 @@ class Variant(BaseModel):
 class CudaGraphBuckets(BaseModel):
     """Shapes a micro-batch is padded up to; one CUDA graph is captured per (batch, seq) pair."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     batch_buckets: list[int] = Field(default_factory=lambda: [1, 8, 32, 64, 128, 256])
     seq_buckets: list[int] = Field(default_factory=lambda: [32, 64, 128, 256])
@@ -66,7 +74,7 @@ class CudaGraphBuckets(BaseModel):
 class TorchOptions(BaseModel):
     """`parameters.torch` of a variant whose backend is `torch`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     device: Literal["auto", "cuda", "cpu"] = "auto"
     dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
@@ -76,11 +84,11 @@ class TorchOptions(BaseModel):
 
 
 class QueueLimits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     max_length: int = Field(default=10_000, ge=1)
-    max_queue_time_s: float = Field(default=600.0, gt=0)
-    visibility_timeout_s: float = Field(default=60.0, gt=0)
+    max_queue_time_s: float = Field(default=600.0, gt=0, le=YEAR_S)
+    visibility_timeout_s: float = Field(default=60.0, gt=0, le=YEAR_S)
     max_deliveries: int = Field(default=3, ge=1)
     # Refuse at submit (429 deadline_unmeetable) a job whose deadline falls before its ETA,
     # rather than accept it and let it expire (producer_api/jobs/queue_eta.py).
@@ -98,18 +106,18 @@ class BacklogScaling(BaseModel):
     """`autoscaling.backlog`: how a pool scaled on seconds of backlog (shared/backlog.py) is
     targeted and read by KEDA."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     # Seconds of queued work one replica should have: the HPA's AverageValue target.
-    target_s: float = Field(default=30.0, gt=0)
+    target_s: float = Field(default=30.0, gt=0, le=YEAR_S)
     # One replica's seconds per job (batch) or per completion token (generate) until a worker
     # has measured it.
-    cost_estimate_s: float = Field(default=0.05, gt=0)
+    cost_estimate_s: float = Field(default=0.05, gt=0, le=YEAR_S)
     scaler: Literal["metrics-api", "prometheus"] = "metrics-api"
 
 
 class AutoscalingHints(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     # What the pool scales on: entries in its streams, or seconds of work they hold.
     metric: Literal["stream_length", "backlog_seconds"] = "stream_length"
@@ -122,7 +130,16 @@ class AutoscalingHints(BaseModel):
     polling_interval_s: int = Field(default=5, ge=1)
     # Longest one micro-batch (or, for generate models, one whole generation) may run: a
     # worker's drain timeout and the pod's termination grace period must both exceed it.
-    slowest_batch_s: float = Field(default=30.0, gt=0)
+    slowest_batch_s: float = Field(default=30.0, gt=0, le=YEAR_S)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscalingHints:
+        """KEDA refuses a ScaledObject whose minimum exceeds its maximum."""
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})"
+            )
+        return self
 
 
 def _no_retrieval(uri: str) -> Any:
@@ -132,7 +149,7 @@ def _no_retrieval(uri: str) -> Any:
 class ModelConfig(BaseModel):
     """One model: what engine runs it, what it accepts, how it batches, queues and scales."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(**STRICT, protected_namespaces=())
 
     name: str
     kind: Literal["batch", "generate"]
@@ -145,7 +162,7 @@ class ModelConfig(BaseModel):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     parameters: dict[str, Any] = Field(default_factory=dict)
     max_batch_size: int = Field(default=32, ge=1)
-    max_queue_delay_ms: float = Field(default=2.0, ge=0)
+    max_queue_delay_ms: float = Field(default=2.0, ge=0, le=60_000)
     preferred_batch_sizes: list[int] = Field(default_factory=list)
     max_num_seqs: int = Field(default=16, ge=1)
     bulk_share: float = Field(default=0.2, ge=0.0, le=1.0)

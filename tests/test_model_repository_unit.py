@@ -53,6 +53,22 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "input_schema: {type: object, properties: {x: {minimum: a}}}\n",
             "model m: input_schema.properties.x.minimum: 'a' is not of type 'number'",
         ),
+        (  # a worker's reclaimer died converting it to XAUTOCLAIM's milliseconds
+            "kind: batch\nbackend: identity\nqueue: {visibility_timeout_s: .inf}\n",
+            "queue.visibility_timeout_s: Input should be a finite number",
+        ),
+        (  # NaN was refused as if it were negative
+            "kind: batch\nbackend: identity\nmax_queue_delay_ms: .nan\n",
+            "max_queue_delay_ms: Input should be a finite number",
+        ),
+        (
+            "kind: batch\nbackend: identity\nqueue: {max_queue_time_s: 1e300}\n",
+            "queue.max_queue_time_s: Input should be less than or equal to 31536000",
+        ),
+        (  # KEDA refuses the ScaledObject; render used to clamp it silently
+            "kind: batch\nbackend: identity\nautoscaling: {min_replicas: 3, max_replicas: 1}\n",
+            "autoscaling: min_replicas (3) exceeds max_replicas (1)",
+        ),
     ],
 )
 def test_what_no_worker_could_serve_is_one_line_naming_the_file(
