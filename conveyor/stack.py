@@ -39,13 +39,20 @@ def free_port() -> int:
         return port
 
 
-class ProducerExited(RuntimeError):
-    """A producer died while starting: its own last lines say why (a host it cannot bind, a
-    Redis it cannot reach), not a traceback of the process that waited for it."""
+class ChildExited(RuntimeError):
+    """A child died while starting: its own last lines say why (a host it cannot bind, a Redis it
+    cannot reach, an engine that cannot load), not a traceback of the process that waited for it.
+    Lines are cut short: a worker's last one is its whole traceback as one JSON record."""
+
+    LINE_CHARS = 300
 
     def __init__(self, name: str, log: Path, tail: list[str]) -> None:
-        lines = "\n".join(f"  {line}" for line in tail)
-        super().__init__(f"{name} exited before it answered; the end of {log}:\n{lines}")
+        cut = [
+            line if len(line) <= self.LINE_CHARS else line[: self.LINE_CHARS] + " …"
+            for line in tail
+        ]
+        lines = "\n".join(f"  {line}" for line in cut)
+        super().__init__(f"{name} exited before it was ready; the end of {log}:\n{lines}")
 
 
 @dataclass
@@ -115,8 +122,8 @@ class Stack:
 
     def spawn_valkey(self) -> None:
         """Start the embedded server (again: same port and data) and wait until it answers."""
-        process = self.spawn("valkey", self.valkey_command, {})
-        self._wait(self._pings, "embedded valkey", process)
+        self.spawn("valkey", self.valkey_command, {})
+        self._wait(self._pings, "embedded valkey", "valkey")
 
     base_url: str = ""
 
@@ -132,9 +139,9 @@ class Stack:
         """Start a producer and return its URL once it is ready and answers as itself (its
         instance id), not as some other server that already had the port."""
         instance = env.get("CONVEYOR_INSTANCE_ID", name)
-        process = self.start_producer_process(port, name, **env)
+        self.start_producer_process(port, name, **env)
         base_url = f"http://127.0.0.1:{port}"
-        self._wait(lambda: _ready(base_url), f"{name} at {base_url}", process)
+        self._wait(lambda: _ready(base_url), f"{name} at {base_url}", name)
         answering = _instance(base_url)
         if answering != instance:
             raise RuntimeError(
@@ -169,7 +176,7 @@ class Stack:
         def all_answered() -> bool:
             for name, process in processes.items():
                 if process.poll() is not None:
-                    raise ProducerExited(name, self.log_path(name), self.log_tail(name))
+                    raise self._exited(name)
             if not _ready(base_url):
                 return False
             seen.add(_instance(base_url))
@@ -219,7 +226,7 @@ class Stack:
         process = self.spawn(name, command, {"CONVEYOR_MODELS": models, **worker_env})
         streams = self._streams(models, env)
         consumer = self.consumer_name(process.pid)
-        self._wait(lambda: self._consuming(consumer, streams), f"worker {name}", process)
+        self._wait(lambda: self._consuming(consumer, streams), f"worker {name}", name)
         return process.pid
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
@@ -297,20 +304,20 @@ class Stack:
             client.close()
 
     def _wait(
-        self,
-        check: Callable[[], bool],
-        what: str,
-        process: subprocess.Popen[bytes] | None = None,
-        timeout: float = 300.0,
+        self, check: Callable[[], bool], what: str, child: str | None = None, timeout: float = 300.0
     ) -> None:
+        """Until `check` passes; ChildExited as soon as the child named `child` dies instead."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if check():
                 return
-            if process is not None and process.poll() is not None:
-                raise RuntimeError(f"{what} exited with {process.returncode}; see {self.log_dir}")
+            if child is not None and self.processes[child].poll() is not None:
+                raise self._exited(child)
             time.sleep(0.2)
         raise TimeoutError(f"{what} not ready after {timeout:.0f}s; see {self.log_dir}")
+
+    def _exited(self, name: str) -> ChildExited:
+        return ChildExited(name, self.log_path(name), self.log_tail(name))
 
 
 def _instance(base_url: str) -> str:

@@ -23,6 +23,9 @@ NAME_PATTERN = re.compile(NAME)
 # The engines workers/engines/registry.py knows by name; any other backend is a custom engine
 # named `package.module:Class` (as Triton's Python backend keeps a model's code beside it).
 BACKEND_NAMES = frozenset({"identity", "onnxruntime", "tensorrt", "torch", "vllm"})
+# The engines that tokenise texts themselves and read EncoderParameters.
+ENCODER_BACKENDS = frozenset({"onnxruntime", "tensorrt", "torch"})
+DEFAULT_MAX_SEQ_LENGTH = 256  # tokens per text, special ones included; longer texts are truncated
 CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -81,6 +84,20 @@ class TorchOptions(BaseModel):
     cuda_graphs: CudaGraphBuckets | None = None
     compile: bool = False
     tokenizer_threads: int = Field(default=2, ge=1, le=64)
+
+
+class EncoderParameters(BaseModel):
+    """The `parameters` every encoder engine reads (unset: the engine's default), checked when
+    the repository loads: a negative `max_seq_length` used to stop the worker inside the
+    tokenizer. Other keys belong to one engine (`torch`, `providers`, TensorRT's build
+    settings) or to another variant's engine, and pass."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    max_seq_length: int = Field(default=DEFAULT_MAX_SEQ_LENGTH, ge=1)
+    max_texts_per_call: int | None = Field(default=None, ge=1)
+    # 0 lets the runtime use every core; a worker pinned to a share of the machine sets it lower
+    intra_op_threads: int = Field(default=0, ge=0)
 
 
 class QueueLimits(BaseModel):
@@ -210,8 +227,19 @@ class ModelConfig(BaseModel):
                 f"model {self.name} variant {variant}: preferred_batch_sizes {sizes} must lie in "
                 f"1..max_batch_size ({largest})"
             )
-        if self.backend_of(variant) == "torch":
-            self.torch_options(variant)
+        if backend in ENCODER_BACKENDS:
+            self._check_encoder(variant, backend)
+
+    def _check_encoder(self, variant: str, backend: str) -> None:
+        longest = self.encoder_parameters(variant).max_seq_length
+        if backend != "torch":
+            return
+        buckets = self.torch_options(variant).cuda_graphs
+        if buckets is not None and longest > buckets.seq_buckets[-1]:
+            raise ModelConfigError(
+                f"model {self.name} variant {variant}: max_seq_length {longest} exceeds the "
+                f"largest of parameters.torch.cuda_graphs.seq_buckets ({buckets.seq_buckets[-1]})"
+            )
 
     @cached_property
     def input_check(self) -> jsonschema_rs.Draft202012Validator:
@@ -255,6 +283,13 @@ class ModelConfig(BaseModel):
         own = self.variants[variant].preferred_batch_sizes
         return sorted(set(self.preferred_batch_sizes if own is None else own))
 
+    def encoder_parameters(self, variant: str) -> EncoderParameters:
+        try:
+            return EncoderParameters.model_validate(self.variant_parameters(variant))
+        except ValidationError as exc:
+            problems = _problems(exc, within="parameters")
+            raise ModelConfigError(f"model {self.name} variant {variant}: {problems}") from None
+
     def torch_options(self, variant: str) -> TorchOptions:
         try:
             return TorchOptions.model_validate(self.variant_parameters(variant).get("torch") or {})
@@ -264,13 +299,14 @@ class ModelConfig(BaseModel):
             ) from None
 
 
-def _problems(exc: ValidationError, whole: str = "") -> str:
+def _problems(exc: ValidationError, whole: str = "", within: str = "") -> str:
     """pydantic's errors on one line, each at its dotted location (`whole`: the object's own,
-    if it is to be named); our own checks' messages without pydantic's `Value error, `."""
+    if it is to be named; `within`: the object's own place, before each field's); our own
+    checks' messages without pydantic's `Value error, `."""
 
     def problem(error: Any) -> str:
         message = str(error["msg"]).removeprefix("Value error, ")
-        where = ".".join(map(str, error["loc"])) or whole
+        where = ".".join(map(str, [within, *error["loc"]] if within else error["loc"])) or whole
         return f"{where}: {message}" if where else message
 
     return "; ".join(problem(error) for error in exc.errors())

@@ -133,6 +133,13 @@ def test_a_provider_that_is_not_installed_fails_loudly(artifacts):
         make_engine(artifacts, providers=[{"NoSuchExecutionProvider": {"device_id": 0}}])
 
 
+def test_a_max_seq_length_past_the_models_positions_is_refused_at_load(artifacts):
+    """Every text longer than the model's 512 positions used to fail in the session, as a job
+    error naming an ONNX broadcast; the worker now refuses to start and says why."""
+    with pytest.raises(ValueError, match="max_seq_length 513 exceeds the model's 512 positions"):
+        make_engine(artifacts, max_seq_length=513).load()
+
+
 def test_the_registry_builds_this_engine_for_the_minilm_config(artifacts):
     engine = create_engine(minilm_config(), "default", artifacts.parent)
     assert isinstance(engine, OnnxRuntimeEngine)

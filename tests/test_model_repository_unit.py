@@ -65,6 +65,23 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "kind: batch\nbackend: identity\nqueue: {max_queue_time_s: 1e300}\n",
             "queue.max_queue_time_s: Input should be less than or equal to 31536000",
         ),
+        (  # the worker died in the tokenizer ("can't convert negative int to unsigned")
+            "kind: batch\nbackend: onnxruntime\nparameters: {max_seq_length: -5}\n",
+            "model m variant default: parameters.max_seq_length: Input should be greater than or "
+            "equal to 1",
+        ),
+        (  # a variant's engine reads the model's parameters merged with its own
+            "kind: batch\nbackend: identity\n"
+            "variants: {default: {}, t: {backend: torch, parameters: {intra_op_threads: -1}}}\n",
+            "model m variant t: parameters.intra_op_threads: Input should be greater than or equal "
+            "to 0",
+        ),
+        (  # was found only when a torch worker loaded the engine
+            "kind: batch\nbackend: torch\nparameters: {torch: {cuda_graphs: "
+            "{batch_buckets: [1], seq_buckets: [32, 128]}}}\n",
+            "model m variant default: max_seq_length 256 exceeds the largest of "
+            "parameters.torch.cuda_graphs.seq_buckets (128)",
+        ),
         (  # KEDA refuses the ScaledObject; render used to clamp it silently
             "kind: batch\nbackend: identity\nautoscaling: {min_replicas: 3, max_replicas: 1}\n",
             "autoscaling: min_replicas (3) exceeds max_replicas (1)",

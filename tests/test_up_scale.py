@@ -17,7 +17,7 @@ import redis
 from conveyor.commands.up import examples, workers_by_model
 from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
-from conveyor.stack import ProducerExited, Stack, free_port
+from conveyor.stack import ChildExited, Stack, free_port
 from shared.model_repository import ModelRepository
 from tests.conftest import REPO_ROOT, until
 from tests.up_process import CONVEYOR, Up, conveyor_up
@@ -197,10 +197,28 @@ def test_a_producer_that_dies_while_starting_says_why(stack: Stack, tmp_path: Pa
     """Its own last lines, not the waiting process's traceback (`conveyor up` prints this)."""
     mine = Stack.create(tmp_path, stack.redis_url)  # the session's Redis; its own processes
     try:
-        with pytest.raises(ProducerExited) as exited:
+        with pytest.raises(ChildExited) as exited:
             mine.start_producers(free_port(), 1, "doomed", CONVEYOR_MODEL_REPOSITORY="/nowhere")
     finally:
         mine.stop()
     message = str(exited.value)
-    assert message.startswith(f"producer exited before it answered; the end of {tmp_path}/")
+    assert message.startswith(f"producer exited before it was ready; the end of {tmp_path}/")
     assert "model repository /nowhere is not a directory" in message, message
+
+
+def test_a_worker_that_dies_while_starting_says_why(tmp_path: Path) -> None:
+    """`conveyor up` printed its own traceback ("RuntimeError: worker broken exited with 1; see
+    var/run") and left the reason in the worker's log."""
+    (tmp_path / "repository" / "broken").mkdir(parents=True)
+    (tmp_path / "repository" / "broken" / "config.yaml").write_text(
+        "kind: batch\nbackend: no_such_package.engines:Engine\n"
+    )
+    result = _up_refused(
+        tmp_path,
+        ["--models", "broken", "--port", str(free_port())],
+        {"CONVEYOR_MODEL_REPOSITORY": str(tmp_path / "repository")},
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr.split("the end of", 1)[0], result.stderr
+    assert f"Error: broken exited before it was ready; the end of {tmp_path}/" in result.stderr
+    assert "backend 'no_such_package.engines:Engine': cannot import" in result.stderr, result.stderr

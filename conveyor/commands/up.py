@@ -18,7 +18,7 @@ from conveyor.commands.keys import dev_key
 from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
 from conveyor.producer_server import family_of
-from conveyor.stack import ProducerExited, Stack
+from conveyor.stack import ChildExited, Stack
 from conveyor.supervisor import Supervisor
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
@@ -122,11 +122,11 @@ def command(
             url = stack.start_producers(
                 port, producers, f"up-{os.getpid()}", host, CONVEYOR_CONSOLE_SECRET=secret
             )
-        except ProducerExited as exc:
+            for name, count in workers.items():
+                for number in range(1, count + 1):
+                    stack.start_worker(name, name if number == 1 else f"{name}-{number}")
+        except ChildExited as exc:
             raise click.ClickException(str(exc)) from None
-        for name, count in workers.items():
-            for number in range(1, count + 1):
-                stack.start_worker(name, name if number == 1 else f"{name}-{number}")
         key_file = state_dir / "dev-api-key"
         auth = _auth(stack, key_file)
         dev_key_file = str(key_file) if auth["auth"] else ""

@@ -11,7 +11,6 @@ import onnxruntime as ort
 
 from workers.engines.base import StagedBatchEngine
 from workers.engines.text_encoding import (
-    DEFAULT_MAX_SEQ_LENGTH,
     DEFAULT_MAX_TEXTS_PER_CALL,
     TOKENIZER_FILE,
     PooledCalls,
@@ -60,26 +59,22 @@ class OnnxRuntimeEngine(StagedBatchEngine):
     def load(self) -> None:
         model_file = self.config.artifact or "model.onnx"
         artifact_dir = self.artifacts(TOKENIZER_FILE, model_file)
-        max_seq_length = int(self.parameters.get("max_seq_length", DEFAULT_MAX_SEQ_LENGTH))
-        self.encoder = TextEncoder.from_artifacts(artifact_dir, max_seq_length)
-        self.max_texts_per_call = int(
-            self.parameters.get("max_texts_per_call", DEFAULT_MAX_TEXTS_PER_CALL)
-        )
+        own = self.config.encoder_parameters(self.variant)
+        self.encoder = TextEncoder.from_artifacts(artifact_dir, own.max_seq_length)
+        self.max_texts_per_call = own.max_texts_per_call or DEFAULT_MAX_TEXTS_PER_CALL
         model_path = artifact_dir / model_file
         self.session = ort.InferenceSession(
             str(model_path),
-            sess_options=self._session_options(),
+            sess_options=self._session_options(own.intra_op_threads),
             providers=provider_specs(self.parameters.get("providers") or ["CPUExecutionProvider"]),
         )
         self.input_names = {i.name for i in self.session.get_inputs()}
         log.info("onnxruntime session for %s uses %s", model_path, self.session.get_providers())
 
-    def _session_options(self) -> ort.SessionOptions:
-        """`intra_op_threads` 0 lets ONNX Runtime use every core; a worker pinned to a share of
-        the machine sets it lower."""
+    def _session_options(self, intra_op_threads: int) -> ort.SessionOptions:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = int(self.parameters.get("intra_op_threads", 0))
+        options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1
         return options
 

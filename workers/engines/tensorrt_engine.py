@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from shared.model_repository import DEFAULT_MAX_SEQ_LENGTH
 from workers.engines.base import BatchEngine
 from workers.engines.text_encoding import (
-    DEFAULT_MAX_SEQ_LENGTH,
     TOKENIZER_FILE,
     TextEncoder,
     TokenBatch,

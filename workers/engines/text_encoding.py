@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 from tokenizers import Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
-DEFAULT_MAX_SEQ_LENGTH = 256
+MODEL_CONFIG_FILE = "config.json"  # the Hugging Face model's, beside its weights
+POSITIONS = "max_position_embeddings"
 # Upper bound on texts per engine call: a micro-batch of 32 jobs may carry 256 texts each, and one
 # padded call over all of them could need gigabytes of activations.
 DEFAULT_MAX_TEXTS_PER_CALL = 256
@@ -58,6 +60,15 @@ class TextEncoder:
 
     @classmethod
     def from_artifacts(cls, artifact_dir: Path, max_seq_length: int) -> TextEncoder:
+        """Refuses a `max_seq_length` past the model's positions (its config.json, where the
+        artifacts have one): every longer text would fail in the engine, one job at a time."""
+        config = artifact_dir / MODEL_CONFIG_FILE
+        positions = orjson.loads(config.read_bytes()).get(POSITIONS) if config.is_file() else None
+        if positions is not None and max_seq_length > positions:
+            raise ValueError(
+                f"max_seq_length {max_seq_length} exceeds the model's {positions} positions "
+                f"({POSITIONS} in {config})"
+            )
         return cls(Tokenizer.from_file(str(artifact_dir / TOKENIZER_FILE)), max_seq_length)
 
     def tokenize(

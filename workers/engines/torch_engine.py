@@ -22,7 +22,7 @@ import torch
 from shared.model_repository import CudaGraphBuckets, TorchOptions
 from workers.engines.base import StagedBatchEngine
 from workers.engines.text_encoding import (
-    DEFAULT_MAX_SEQ_LENGTH,
+    MODEL_CONFIG_FILE,
     TOKENIZER_FILE,
     JobSplit,
     TextEncoder,
@@ -35,7 +35,7 @@ from workers.engines.torch_encoder import PooledEncoder, load_encoder
 log = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-WEIGHT_FILES = ("config.json", "model.safetensors")
+WEIGHT_FILES = (MODEL_CONFIG_FILE, "model.safetensors")
 # Replays of each bucket before its capture, on a side stream as PyTorch's CUDA graph docs ask
 # (lazy cuBLAS/cuDNN initialisation must not land inside the graph).
 CAPTURE_WARMUP_ITERS = 3
@@ -146,19 +146,14 @@ class TorchEngine(StagedBatchEngine):
         self.device = resolve_device(self.options.device)
         self.dtype = self._dtype()
         artifact_dir = self.artifacts(*WEIGHT_FILES, TOKENIZER_FILE)
-        max_seq_length = int(self.parameters.get("max_seq_length", DEFAULT_MAX_SEQ_LENGTH))
-        self.buckets = self.options.cuda_graphs
+        own = self.config.encoder_parameters(self.variant)
+        self.buckets = self.options.cuda_graphs  # max_seq_length fits the largest (at load)
         self.batch_buckets = (self.buckets or CudaGraphBuckets()).batch_buckets
-        if self.buckets is not None and max_seq_length > self.buckets.seq_buckets[-1]:
-            raise ValueError(
-                f"max_seq_length {max_seq_length} exceeds the largest seq bucket "
-                f"{self.buckets.seq_buckets[-1]}"
-            )
-        self.encoder = TextEncoder.from_artifacts(artifact_dir, max_seq_length)
+        self.encoder = TextEncoder.from_artifacts(artifact_dir, own.max_seq_length)
         self.host_threads = self.options.tokenizer_threads
         encoder: Any = load_encoder(artifact_dir, attention="sdpa")
         encoder.to(device=self.device, dtype=self.dtype)
-        self.model = self._wrap(encoder)
+        self.model = self._wrap(encoder, own.intra_op_threads)
         on_cuda = self.device.type == "cuda"
         self.buffers = HostBuffers(int(encoder.config.hidden_size), pinned=on_cuda)
         self.stream = torch.cuda.Stream(self.device) if on_cuda else None
@@ -176,9 +171,8 @@ class TorchEngine(StagedBatchEngine):
             return torch.float32
         return DTYPES[self.options.dtype]
 
-    def _wrap(self, encoder: Any) -> torch.nn.Module:
+    def _wrap(self, encoder: Any, threads: int) -> torch.nn.Module:
         """Pooling on the device; `compile` fuses it further (static shapes with buckets)."""
-        threads = int(self.parameters.get("intra_op_threads", 0))
         if self.device.type == "cpu" and threads > 0:
             torch.set_num_threads(threads)
         model: torch.nn.Module = PooledEncoder(encoder).eval()

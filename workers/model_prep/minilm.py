@@ -22,7 +22,7 @@ import torch
 
 from shared.model_repository import ModelConfig
 from workers.engines.text_encoding import (
-    DEFAULT_MAX_SEQ_LENGTH,
+    MODEL_CONFIG_FILE,
     TOKENIZER_FILE,
     TextEncoder,
     mean_pool_normalize,
@@ -105,7 +105,7 @@ def copy_atomically(source: Path, target: Path) -> None:
 
 
 # The PyTorch weights beside the ONNX graph, for the `torch` backend (`minilm:torch`).
-TORCH_FILES = ("config.json", "model.safetensors")
+TORCH_FILES = (MODEL_CONFIG_FILE, "model.safetensors")
 
 
 def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
@@ -119,7 +119,7 @@ def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
         return
     started = time.perf_counter()
     source = packaged_model_dir()
-    max_seq_length = int(config.parameters.get("max_seq_length", DEFAULT_MAX_SEQ_LENGTH))
+    max_seq_length = config.encoder_parameters(config.default_variant).max_seq_length
     text_encoder = TextEncoder.from_artifacts(source, max_seq_length)
     encoder = load_encoder(source)
     temporary = onnx_path.with_name(f".{onnx_path.name}.{os.getpid()}.tmp")
