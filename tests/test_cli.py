@@ -140,6 +140,22 @@ def _refused(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
     return result
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("autoscale", "--models", "identity", "--interval", "nan"),  # time.sleep(nan) traceback
+        ("canary", "start", "identity", "canary", "--max-error-rate", "nan"),  # a JSON traceback
+        ("canary", "start", "identity", "canary", "--max-p99-ms", "inf"),
+        ("submit", "identity", "--input", "{}", "--timeout", "nan"),  # waited without a limit
+    ],
+)
+def test_a_number_that_is_not_finite_is_a_usage_error(args: tuple[str, ...]) -> None:
+    result = _refused(*args, env={**os.environ, "CONVEYOR_URL": "http://127.0.0.1:9"})
+    assert result.returncode == 2, result.stderr
+    assert f"Invalid value for '{args[-2]}': '{args[-1]}' is not a finite number" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_a_typo_is_one_clear_error_not_silence(
     stack: Stack, identity_worker: int, tmp_path: Path
 ) -> None:

@@ -124,6 +124,18 @@ def test_a_url_that_cannot_be_a_producers_is_refused_at_once(
         AsyncClient()
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), -1.0])
+def test_a_timeout_that_is_not_a_number_of_seconds_is_refused(timeout: float) -> None:
+    """NaN waited forever (no clock reading is past it); a negative one gave up at once.
+    Refused before any request: nothing listens at this URL."""
+    with Client("http://127.0.0.1:9") as client:
+        for wait in (client.wait, client.batches.wait):
+            with pytest.raises(ValueError, match=f"timeout {timeout!r}: seconds, 0 or more"):
+                wait("some-id", timeout=timeout)
+        with pytest.raises(ValueError, match="seconds, 0 or more"):
+            client.predict("identity", {}, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def fixtures_url(stack: Stack) -> Iterator[str]:
     """A second producer on the same Valkey, serving the test models (`tiny` holds 5 jobs)."""

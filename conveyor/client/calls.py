@@ -81,6 +81,9 @@ class JobOptions(TypedDict, total=False):
 
 
 def _deadline(timeout: float | None) -> float | None:
+    """NaN would wait forever, unnoticed (no clock reading is ever past it)."""
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"timeout {timeout!r}: seconds, 0 or more (None: no limit)")
     return None if timeout is None else time.monotonic() + timeout
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from autoscaling.local_autoscaler import PoolScaler
+from conveyor.finite_float import FiniteFloat
 from conveyor.local_stack import redis_url
 from conveyor.stack import Stack
 from shared.keys import Keys
@@ -23,7 +24,7 @@ from shared.settings import get_settings
 @click.option(
     "--interval",
     default=None,
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     help="Seconds between polls (default: the models' polling_interval_s).",
 )
 @click.option(

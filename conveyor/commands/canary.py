@@ -10,6 +10,7 @@ import click
 
 from conveyor.client.admin_http import admin_call, clock
 from conveyor.client.cli_options import connection_options
+from conveyor.finite_float import FiniteFloat
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -60,8 +61,8 @@ def print_canary(view: dict[str, Any], events: int) -> None:
 @click.argument("variant")
 @click.option("--steps", "step_list", default="5,25,50,100", show_default=True)
 @click.option("--interval", default="60s", show_default=True, help="Time per step.")
-@click.option("--max-error-rate", default=0.01, show_default=True, type=float)
-@click.option("--max-p99-ms", default=500.0, show_default=True, type=float)
+@click.option("--max-error-rate", default=0.01, show_default=True, type=FiniteFloat())
+@click.option("--max-p99-ms", default=500.0, show_default=True, type=FiniteFloat())
 @click.option("--min-requests", default=200, show_default=True, type=int)
 @click.option("--baseline", default=None, help="Default: the model's default variant.")
 @click.option("--webhook", default=None, help="URL that receives model.canary.* events.")

@@ -11,6 +11,7 @@ from conveyor.client.cli_options import (
     json_argument,
     wait_or_last,
 )
+from conveyor.finite_float import FiniteFloat
 
 
 @click.command("submit")
@@ -19,7 +20,9 @@ from conveyor.client.cli_options import (
 @click.option("--variant", default=None, help="A variant instead of the weighted split.")
 @click.option("--priority", type=click.Choice(["online", "bulk"]), default="online")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for the result.")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait.")
+@click.option(
+    "--timeout", default=60.0, show_default=True, type=FiniteFloat(min=0), help="Seconds to wait."
+)
 @connection_options
 def command(
     model: str,
