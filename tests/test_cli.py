@@ -165,6 +165,8 @@ def test_a_typo_is_one_clear_error_not_silence(
     prepare = _refused("models", "prepare", "minilm", "nope", env=env)
     assert "no model nope (the repository has identity, minilm, smollm2)" in prepare.stderr
     assert "preparing" not in prepare.stdout  # refused before building anything
+    named = _run("models", "prepare", "identity", env=env)  # printed nothing, as if it had built
+    assert named.stdout == "identity: nothing to prepare (its config.yaml has no `prepare`)\n"
 
     missing = tmp_path / "missing"
     for args in (("models", "list"), ("up",)):

@@ -26,7 +26,11 @@ def prepare(names: tuple[str, ...], force: bool) -> None:
         known = ", ".join(config.name for config in repository)
         raise click.BadParameter(f"no model {', '.join(unknown)} (the repository has {known})")
     for config in repository:
-        if config.prepare is None or (names and config.name not in names):
+        if names and config.name not in names:
+            continue
+        if config.prepare is None:
+            if names:  # asked for by name: say why nothing happens
+                click.echo(f"{config.name}: nothing to prepare (its config.yaml has no `prepare`)")
             continue
         out_dir = settings.artifact_dir / config.name
         click.echo(f"preparing {config.name} → {out_dir}")
