@@ -1,11 +1,13 @@
 """A real engine for fault tests (loaded as the custom backend `tests.fault_engine:FaultEngine`):
-returns its inputs, but an item can make the batch raise, make the process die mid-batch, or
-the batch can take time, so the tests inject faults through ordinary job inputs."""
+returns its inputs, but an item can make the batch raise, make the process die mid-batch, call
+`sys.exit` (as a library may), get an output JSON cannot hold, or the batch can take time, so
+the tests inject faults through ordinary job inputs."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
 from typing import Any
 
@@ -13,6 +15,8 @@ from shared.codec import dumps
 from workers.engines.base import BatchEngine
 
 FIXED_ENV = "CONVEYOR_TEST_POISON_FIXED"
+# An item's `output`: an engine's output that no job can store (the engine returns it as is).
+ODD_OUTPUTS: dict[str, Any] = {"bytes": {"b": b"\x00\xff"}, "set": {"s": {1}}, "text": "plain"}
 
 
 class FaultEngine(BatchEngine):
@@ -28,13 +32,19 @@ class FaultEngine(BatchEngine):
         actions = {item.get("action") for item in inputs}
         if "crash" in actions and not self.fixed:
             os._exit(3)
+        if "exit" in actions:
+            sys.exit(5)  # SystemExit: no Exception, so nothing on the way catches it
+        if "no-list" in actions:
+            return None  # type: ignore[return-value]
         if "raise" in actions:
             tags = [item.get("tag") for item in inputs if item.get("action") == "raise"]
             raise ValueError(f"poison item {tags}")
         if unlucky := [item for item in inputs if self._fails(item)]:
             raise RuntimeError(f"injected failure on {len(unlucky)} items")
         time.sleep(max((item.get("sleep_ms", 0) for item in inputs), default=0) / 1000)
-        return [{**item, "pid": os.getpid()} for item in inputs]
+        return [
+            ODD_OUTPUTS.get(item.get("output"), {**item, "pid": os.getpid()}) for item in inputs
+        ]
 
     def _fails(self, item: dict[str, Any]) -> bool:
         if not self.fail_percent:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -282,6 +283,37 @@ def test_redis_restart_under_load_answers_503_and_loses_nothing(
         assert ready.status_code == 200
     finally:
         fault_stack.stop_process("steady")
+
+
+def test_a_worker_whose_consumer_dies_exits_to_be_restarted(
+    fault_stack: Stack, r: redis.Redis
+) -> None:
+    """An engine that calls sys.exit() (no Exception: nothing on the way catches it) ended the
+    consumer thread while the process lived on, reading nothing and never restarted. The
+    worker now exits with EX_SOFTWARE, so `conveyor up` or Kubernetes starts another. The job
+    is given a short deadline: after the crash it is expired, not run by a later test's worker."""
+    pid = fault_stack.start_worker("faulty", name="exiter")
+    body = {**_faulty({"action": "exit"}), "ttl_s": 1.0}
+    assert httpx.post(f"{fault_stack.base_url}/v1/jobs", json=body).status_code == 202
+    try:
+        code = psutil.Process(pid).wait(timeout=60)
+    finally:
+        fault_stack.stop_process("exiter")
+    assert code == os.EX_SOFTWARE
+    log = "\n".join(fault_stack.log_tail("exiter", 200))
+    assert "the consumer stopped on an unexpected error; the worker exits" in log
+
+
+def test_an_output_json_cannot_hold_fails_alone(fault_stack: Stack, r: redis.Redis) -> None:
+    fault_stack.start_worker("faulty", name="odd-outputs")
+    try:
+        bodies = [_faulty({"n": i, "output": "bytes" if i == 3 else None}) for i in range(8)]
+        ids = asyncio.run(_submit_many(fault_stack.base_url, bodies, rate=1000))
+        jobs = _wait_terminal(r, ids, timeout=60)
+    finally:
+        fault_stack.stop_process("odd-outputs")
+    assert [job["status"] for job in jobs] == ["succeeded"] * 3 + ["failed"] + ["succeeded"] * 4
+    assert json.loads(jobs[3]["error"])["type"] == "InvalidOutput"
 
 
 def test_deadline_expires_without_running(fault_stack: Stack, r: redis.Redis) -> None:

@@ -3,6 +3,7 @@ own fail, with their exception as the error, and every other input still gets it
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -56,6 +57,36 @@ async def test_bad_inputs_in_both_halves_each_fail_alone(engine: FaultEngine) ->
         (3, 3),
         (5, 5),
     ]
+
+
+async def test_an_output_no_job_can_store_fails_its_own_job(engine: FaultEngine) -> None:
+    """These stopped the worker's consumer where the micro-batch was written back (orjson's
+    TypeError), and every other job of the worker with it."""
+    outputs = [None, "bytes", "text", "set", None]
+    outcomes = await execute(engine, [{"n": i, "output": o} for i, o in enumerate(outputs)])
+    errors = [o.error["message"] if o.error else None for o in outcomes]
+    assert errors == [
+        None,
+        "the engine's output cannot be stored as JSON: Type is not JSON serializable: bytes",
+        "the engine's output cannot be stored as JSON: it is str, not an object of named outputs",
+        "the engine's output cannot be stored as JSON: Type is not JSON serializable: set",
+        None,
+    ]
+    assert {o.error["type"] for o in outcomes if o.error} == {"InvalidOutput"}
+    assert [o.written for o in outcomes][::4] == [
+        f'{{"n":{i},"output":null,"pid":{os.getpid()}}}' for i in (0, 4)
+    ]
+    assert [o.batch_size for o in outcomes] == [5] * 5  # one engine call: no bisection needed
+
+
+async def test_an_engine_that_returns_no_list_fails_with_what_it_returned(
+    engine: FaultEngine,
+) -> None:
+    [outcome] = await execute(engine, [{"action": "no-list"}])
+    assert outcome.error == {
+        "type": "TypeError",
+        "message": "engine returned NoneType, not a list of outputs",
+    }
 
 
 async def test_an_empty_batch_calls_nothing(engine: FaultEngine) -> None:

@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from shared.codec import dumps
 from shared.job_store import stamp_ms
 from workers.engines.base import BatchEngine
 
@@ -35,6 +36,7 @@ class Outcome:
     batch_size: int
     batch_id: str
     ran_ms: float  # EngineStart.wall_ms
+    written: str = ""  # `output` as the JSON text its job stores
 
 
 async def execute(engine: BatchEngine, inputs: list[dict[str, Any]]) -> list[Outcome]:
@@ -56,10 +58,23 @@ async def execute(engine: BatchEngine, inputs: list[dict[str, Any]]) -> list[Out
 def succeeded(
     inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], start: EngineStart
 ) -> list[Outcome]:
-    """One engine call's outcomes: same batch id, size, start and engine time for every job."""
+    """One engine call's outcomes: same batch id, size, start and engine time for every job.
+    An output that is not a JSON object (bytes, a set, a string) fails its own job: it used to
+    stop the worker's consumer where the batch was written back, every other job with it."""
     engine_ms = _ms_since(start.perf)
     batch_id = uuid.uuid4().hex
-    return [Outcome(out, None, engine_ms, len(inputs), batch_id, start.wall_ms) for out in outputs]
+    outcomes = []
+    for output in outputs:
+        outcome = Outcome(output, None, engine_ms, len(inputs), batch_id, start.wall_ms)
+        try:
+            if not isinstance(output, dict):
+                raise TypeError(f"it is {type(output).__name__}, not an object of named outputs")
+            outcome.written = dumps(output).decode()
+        except TypeError as exc:  # orjson's JSONEncodeError is one
+            message = f"the engine's output cannot be stored as JSON: {exc}"
+            outcome.output, outcome.error = None, {"type": "InvalidOutput", "message": message}
+        outcomes.append(outcome)
+    return outcomes
 
 
 async def _call(engine: BatchEngine, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -73,6 +88,8 @@ def one_per_input(
     inputs: list[dict[str, Any]], outputs: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """`outputs`, after checking the engine returned exactly one per input."""
+    if not isinstance(outputs, list | tuple):
+        raise TypeError(f"engine returned {type(outputs).__name__}, not a list of outputs")
     if len(outputs) != len(inputs):
         raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(inputs)} inputs")
     return outputs

@@ -142,5 +142,5 @@ class MicroBatchLoop:
         if outcome.error is not None:
             fields["error"] = dumps(outcome.error).decode()
             return self.partition.finish(delivery, JobStatus.FAILED, fields, outcome.ran_ms)
-        fields["outputs"] = dumps(outcome.output).decode()
+        fields["outputs"] = outcome.written
         return self.partition.finish(delivery, JobStatus.SUCCEEDED, fields, outcome.ran_ms)

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import redis.asyncio as aioredis
@@ -41,8 +42,11 @@ def consumer_name() -> str:
 
 
 class ConsumerRuntime:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, on_crash: Callable[[], None] = lambda: None) -> None:
         self.settings = settings
+        # Called when serving ends on an error no loop handled: a worker whose consumer is gone
+        # must exit (and be restarted), not idle on as a live process that reads nothing.
+        self._on_crash = on_crash
         self.keys = Keys(settings.key_prefix)
         self.repository = ModelRepository.load(settings.model_repository)
         if not settings.models:  # a forgotten variable would leave a worker that serves nothing
@@ -75,6 +79,8 @@ class ConsumerRuntime:
 
     def stop(self) -> None:
         """Warm shutdown: stop reading, finish the batch in hand, acknowledge, then return."""
+        if not self._thread.is_alive():  # it crashed: its loop is closed, nothing is in hand
+            return
         for partition_loop in self._loops:
             self.loop.call_soon_threadsafe(partition_loop.stopping.set)
         self._thread.join(timeout=self.settings.shutdown_grace_s)
@@ -88,7 +94,11 @@ class ConsumerRuntime:
         except BaseException as exc:
             if not self._ready.done():
                 self._ready.set_exception(exc)
-            raise
+                raise
+            log.critical(
+                "the consumer stopped on an unexpected error; the worker exits", exc_info=True
+            )
+            self._on_crash()
         finally:
             self.loop.close()
 

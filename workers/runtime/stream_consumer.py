@@ -4,9 +4,11 @@ batch in hand, acknowledge, exit)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from celery import bootsteps
+from celery.worker import state as celery_state
 
 from shared.settings import get_settings
 from workers.runtime.consumer_runtime import ConsumerRuntime
@@ -22,7 +24,7 @@ class StreamConsumer(bootsteps.StartStopStep):
         self.runtime: ConsumerRuntime | None = None
 
     def start(self, worker: Any) -> None:
-        self.runtime = ConsumerRuntime(get_settings())
+        self.runtime = ConsumerRuntime(get_settings(), on_crash=_exit_worker)
         self.runtime.start()
         worker.conveyor_runtime = self.runtime
 
@@ -30,3 +32,9 @@ class StreamConsumer(bootsteps.StartStopStep):
         if self.runtime is not None:
             self.runtime.stop()
             self.runtime = None
+
+
+def _exit_worker() -> None:
+    """Ask Celery's main loop to shut the worker down with EX_SOFTWARE, as a signal would (it
+    checks this flag on every turn): the consumer thread cannot stop it from where it runs."""
+    celery_state.should_stop = os.EX_SOFTWARE
