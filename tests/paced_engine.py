@@ -1,13 +1,17 @@
 """A real generate engine for stream tests (the custom backend `tests.paced_engine:PacedEngine`):
 it writes the prompt's words back, one per step, a step every `step_ms`, so a stream lasts as
-long as a test needs without a language model's start-up or CPU cost."""
+long as a test needs without a language model's start-up or CPU cost. A word of ODD_TEXTS is
+yielded as its value, what a faulty engine might yield as text."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 from workers.engines.base import GenerateEngine, GenerateRequest, TokenChunk
+
+ODD_TEXTS: dict[str, Any] = {"<bytes>": b"\xff", "<none>": None}
 
 
 class PacedEngine(GenerateEngine):
@@ -24,8 +28,9 @@ class PacedEngine(GenerateEngine):
             if request.request_id in self._aborted:
                 return
             last = step == request.max_tokens - 1
+            word = words[step % len(words)]
             yield TokenChunk(
-                text=f"{words[step % len(words)]} ",
+                text=ODD_TEXTS.get(word, f"{word} "),
                 finish_reason="length" if last else None,
                 prompt_tokens=len(words),
                 completion_tokens=step + 1,

@@ -5,6 +5,7 @@ stream's final event and the job-hash fields (outputs, TTFT, TPOT, token counts)
 from __future__ import annotations
 
 import asyncio
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,28 @@ def generate_request(
         if parameters.get(name) is not None:
             setattr(request, name, float(parameters[name]))
     return request
+
+
+class InvalidChunk(TypeError):
+    """An engine's stream yielded what no token stream can carry."""
+
+
+def checked(chunk: object) -> TokenChunk:
+    """The engine's chunk, if a token stream can carry it: text a string, counts integers, a
+    finish reason a string or none. A bad one used to stop the loop that writes every job's
+    tokens (the worker's consumer with it); now it fails its own job."""
+    if not isinstance(chunk, TokenChunk):
+        raise InvalidChunk(f"the engine yielded {type(chunk).__name__}, not a TokenChunk")
+    try:
+        for count in (chunk.token_count, chunk.prompt_tokens, chunk.completion_tokens):
+            operator.index(count)
+    except TypeError:
+        raise InvalidChunk(f"the engine yielded counts that are not integers: {chunk!r}") from None
+    if not isinstance(chunk.text, str) or not isinstance(chunk.finish_reason, str | None):
+        raise InvalidChunk(
+            f"the engine yielded text or a finish reason that is no string: {chunk!r}"
+        )
+    return chunk
 
 
 @dataclass(slots=True)

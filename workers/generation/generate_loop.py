@@ -20,7 +20,7 @@ from shared.metrics import BATCH_SIZE, GENERATE_BUSY, TOKENS, TPOT, TTFT
 from shared.token_stream import TokenEvent
 from workers.batching.micro_batch_telemetry import record_batch
 from workers.engines.base import GenerateEngine, TokenChunk
-from workers.generation.generate_job import RunningJob, generate_request
+from workers.generation.generate_job import InvalidChunk, RunningJob, checked, generate_request
 from workers.partition.finish import Finish
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
@@ -133,13 +133,23 @@ class GenerateLoop:
         """Feed the job's chunks to the publisher; an engine error fails this job only."""
         try:
             async for chunk in self.engine.generate(job.request):
-                self._chunks.append((job, chunk, now_ms()))
+                self._chunks.append((job, checked(chunk), now_ms()))
                 self._wake.set()
+        except InvalidChunk as exc:
+            job.error = {"type": "InvalidOutput", "message": str(exc)}
+            log.warning("generation failed", extra={"job_id": job.job_id, "error": job.error})
+            await self._abort_quietly(job.job_id)  # the engine goes on generating otherwise
         except Exception as exc:
             job.error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
             log.warning("generation failed", extra={"job_id": job.job_id, "error": job.error})
         self._ended.append(job)
         self._wake.set()
+
+    async def _abort_quietly(self, job_id: str) -> None:
+        try:
+            await self.engine.abort(job_id)
+        except Exception:
+            log.exception("could not abort a generation", extra={"job_id": job_id})
 
     async def _publish_loop(self) -> None:
         while self.running or self._chunks or self._ended or not self.stopping.is_set():
