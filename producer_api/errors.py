@@ -10,7 +10,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
-from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    OutOfMemoryError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
@@ -19,6 +24,7 @@ from starlette.routing import Match
 from producer_api.responses import FastJSONResponse
 
 log = logging.getLogger(__name__)
+FULL_RETRY_S = 5  # Retry-After while Redis is out of memory: results expire, or memory is added
 
 
 class ErrorDetail(BaseModel):
@@ -139,3 +145,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(
             503, "unavailable", "the queue is unreachable; retry shortly", {"Retry-After": "1"}
         )
+
+    @app.exception_handler(OutOfMemoryError)
+    async def _redis_full(_: Request, exc: Exception) -> FastJSONResponse:
+        """Redis at its maxmemory refuses writes (and scripts): a state of the server that
+        passes as results expire or memory is added, not an error of this request."""
+        log.warning("redis is out of memory: %s", exc)
+        message = "the queue's Redis is out of memory (its maxmemory); retry later"
+        return error_response(503, "unavailable", message, {"Retry-After": str(FULL_RETRY_S)})

@@ -316,6 +316,36 @@ def test_an_output_json_cannot_hold_fails_alone(fault_stack: Stack, r: redis.Red
     assert json.loads(jobs[3]["error"])["type"] == "InvalidOutput"
 
 
+def test_a_redis_out_of_memory_is_a_503_and_a_worker_holds_its_results(
+    fault_stack: Stack, r: redis.Redis
+) -> None:
+    """At its maxmemory (noeviction) Redis refuses writes: a submit was a 500, and the worker's
+    write-back stopped its consumer. Now the submit is a 503 to retry, and the worker keeps the
+    result in hand until Redis takes it."""
+    pid = fault_stack.start_worker("faulty", name="full")
+    running = _faulty({"n": 1, "sleep_ms": 1500})
+    job_id = httpx.post(f"{fault_stack.base_url}/v1/jobs", json=running).json()["id"]
+    until(lambda: _job(r, job_id).get("status") == "running", 30)  # marked after 0.1 s
+    r.config_set("maxmemory", 1)  # below what it holds: every write is refused
+    try:
+        refused = httpx.post(f"{fault_stack.base_url}/v1/jobs", json=_faulty({"n": 2}))
+        time.sleep(2)  # the run ends; its write-back is refused and retried
+        assert _job(r, job_id)["status"] == "running"
+    finally:
+        r.config_set("maxmemory", 0)
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"] == "5"
+    assert refused.json()["error"] == {
+        "type": "unavailable",
+        "message": "the queue's Redis is out of memory (its maxmemory); retry later",
+    }
+    try:
+        assert _wait_terminal(r, [job_id], timeout=30)[0]["status"] == "succeeded"
+        assert psutil.Process(pid).is_running()  # the same worker wrote it
+    finally:
+        fault_stack.stop_process("full")
+
+
 def test_deadline_expires_without_running(fault_stack: Stack, r: redis.Redis) -> None:
     body = {**_faulty({"late": True}), "ttl_s": 0.2}
     job_id = httpx.post(f"{fault_stack.base_url}/v1/jobs", json=body).json()["id"]

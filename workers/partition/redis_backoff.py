@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.exceptions import BusyLoadingError
+from redis.exceptions import BusyLoadingError, OutOfMemoryError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -22,7 +22,15 @@ from shared.redis_client import CLUSTER_OUTAGE
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-OUTAGE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, *CLUSTER_OUTAGE)
+# A Redis at its maxmemory (noeviction) refuses every write: results in hand wait, as through
+# an outage, for expiring keys or an operator to free memory (it stopped the consumer before).
+OUTAGE = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    BusyLoadingError,
+    OutOfMemoryError,
+    *CLUSTER_OUTAGE,
+)
 
 
 class Stopped(Exception):
