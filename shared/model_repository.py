@@ -23,10 +23,10 @@ NAME_PATTERN = re.compile(NAME)
 # The engines workers/engines/registry.py knows by name; any other backend is a custom engine
 # named `package.module:Class` (as Triton's Python backend keeps a model's code beside it).
 BACKEND_NAMES = frozenset({"identity", "onnxruntime", "tensorrt", "torch", "vllm"})
+CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 # The engines that tokenise texts themselves and read EncoderParameters.
 ENCODER_BACKENDS = frozenset({"onnxruntime", "tensorrt", "torch"})
 DEFAULT_MAX_SEQ_LENGTH = 256  # tokens per text, special ones included; longer texts are truncated
-CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 # Every part of a config.yaml: an unknown field is a typo, and an infinite or NaN number (YAML's
