@@ -12,7 +12,9 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from redis.exceptions import (
     ClusterDownError,
+    MasterDownError,
     OutOfMemoryError,
+    ReadOnlyError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -145,6 +147,15 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(
             503, "unavailable", "the queue is unreachable; retry shortly", {"Retry-After": "1"}
         )
+
+    @app.exception_handler(ReadOnlyError)
+    @app.exception_handler(MasterDownError)
+    async def _redis_failing_over(_: Request, exc: Exception) -> FastJSONResponse:
+        """A replica answers where the master was (a failover behind one address): the client
+        has retried on new connections already; the next request may reach the new master."""
+        log.warning("redis refuses writes as a replica: %s", exc)
+        message = "the queue's Redis is a replica for now (a failover?); retry shortly"
+        return error_response(503, "unavailable", message, {"Retry-After": "1"})
 
     @app.exception_handler(OutOfMemoryError)
     async def _redis_full(_: Request, exc: Exception) -> FastJSONResponse:

@@ -26,7 +26,10 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import (
     ClusterDownError,
     DataError,
+    MasterDownError,
     NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -42,6 +45,12 @@ T = TypeVar("T")
 # What a cluster answers while a master fails over (no master for a slot yet, a slot moving):
 # an outage like a dropped connection (503, back off), not a fault of the request.
 CLUSTER_OUTAGE = (ClusterDownError, TryAgainError, SlotNotCoveredError)
+# A server that takes no writes for a while: the old master of a failover behind one address
+# (a managed Redis's endpoint; READONLY, MASTERDOWN), one at its maxmemory with noeviction (OOM).
+# An outage too (503, back off); a failover's errors also drop the connection and retry it, so
+# the address's new master is found.
+FAILOVER_REFUSALS = (ReadOnlyError, MasterDownError)
+WRITES_REFUSED = (*FAILOVER_REFUSALS, OutOfMemoryError)
 # Per node: a cluster node's pool raises rather than waits when it is exhausted.
 CLUSTER_CONNECTIONS = 1_024
 
@@ -203,7 +212,8 @@ def connect(
         "retry": Retry(
             ExponentialWithJitterBackoff(base=0.02, cap=1.0),
             retries=3,
-            supported_errors=(RedisConnectionError,),  # the default would retry timeouts too
+            # the default would retry timeouts too
+            supported_errors=(RedisConnectionError, *FAILOVER_REFUSALS),
         ),
         "health_check_interval": 15,
         "socket_connect_timeout": timeout,
@@ -220,7 +230,7 @@ def connect(
         url,
         max_connections=max_connections,
         timeout=timeout,  # a burst waits for a free connection rather than failing
-        retry_on_error=[RedisConnectionError],
+        retry_on_error=[RedisConnectionError, *FAILOVER_REFUSALS],
         **options,
     )
     pool.connection_class = _HIREDIS_PACKING.get(pool.connection_class, pool.connection_class)

@@ -346,6 +346,31 @@ def test_a_redis_out_of_memory_is_a_503_and_a_worker_holds_its_results(
         fault_stack.stop_process("full")
 
 
+def test_a_redis_that_turned_replica_is_a_503_until_it_is_master_again(
+    fault_stack: Stack, r: redis.Redis
+) -> None:
+    """A failover behind one address (a managed Redis's endpoint) leaves clients on the old
+    master, now a replica that refuses writes with READONLY: a submit was a 500. Here the one
+    Valkey turns replica of a master that is not there, then master again. (A worker exits
+    then: Celery's own broker connection takes the replica's UNBLOCKED as unrecoverable; its
+    supervisor restarts it and its jobs are reclaimed.)"""
+    url = f"{fault_stack.base_url}/v1/jobs"
+    r.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+    try:
+        refused = httpx.post(url, json=_faulty({"n": 1}), timeout=30)
+    finally:
+        r.execute_command("REPLICAOF", "NO", "ONE")
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["error"] == {
+        "type": "unavailable",
+        "message": "the queue's Redis is a replica for now (a failover?); retry shortly",
+    }
+    accepted = httpx.post(url, json=_faulty({"n": 2}), timeout=30)
+    assert accepted.status_code == 202, accepted.text
+    httpx.delete(f"{url}/{accepted.json()['id']}")  # no worker here: leave no job for others
+
+
 def test_deadline_expires_without_running(fault_stack: Stack, r: redis.Redis) -> None:
     body = {**_faulty({"late": True}), "ttl_s": 0.2}
     job_id = httpx.post(f"{fault_stack.base_url}/v1/jobs", json=body).json()["id"]

@@ -13,22 +13,22 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.exceptions import BusyLoadingError, OutOfMemoryError
+from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shared.redis_client import CLUSTER_OUTAGE
+from shared.redis_client import CLUSTER_OUTAGE, WRITES_REFUSED
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# A Redis at its maxmemory (noeviction) refuses every write: results in hand wait, as through
-# an outage, for expiring keys or an operator to free memory (it stopped the consumer before).
+# A Redis that refuses writes for a while (out of memory, a failover's old master) is waited out
+# like one that is unreachable, results in hand (it stopped the consumer before).
 OUTAGE = (
     RedisConnectionError,
     RedisTimeoutError,
     BusyLoadingError,
-    OutOfMemoryError,
+    *WRITES_REFUSED,
     *CLUSTER_OUTAGE,
 )
 
