@@ -54,8 +54,12 @@ def allowed(url: str, allowlist: list[str]) -> bool:
     """True if `url` matches an entry `scheme://host[:port][/path-prefix]` of the allow-list
     (`*.example.com` matches subdomains). Scheme, host and port must match exactly; URLs with
     credentials, fragments or other schemes never match."""
-    parts = urlsplit(url)
-    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname or "@" in parts.netloc:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # not a URL: an unclosed IPv6 literal (`http://[::1/`)
+        return False
+    if parts.scheme not in _DEFAULT_PORTS or not host or "@" in parts.netloc:
         return False
     if parts.fragment:
         return False
@@ -64,7 +68,7 @@ def allowed(url: str, allowlist: list[str]) -> bool:
         if (
             rule.scheme == parts.scheme
             and rule.hostname is not None
-            and _host_matches(parts.hostname, rule.hostname)
+            and _host_matches(host, rule.hostname)
             and _port(rule) == _port(parts)
             and _path_matches(_normalised(parts.path), rule.path)
         ):
