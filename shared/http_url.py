@@ -8,5 +8,8 @@ from urllib.parse import urlsplit
 
 
 def is_http_url(url: str) -> bool:
-    parts = urlsplit(url)
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # an unclosed IPv6 literal (`http://[::1`)
+        return False

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import threading
 import time
@@ -112,12 +113,12 @@ def test_environment_names_the_producer_and_the_key(
     assert refused.value.status == 401
 
 
-@pytest.mark.parametrize("url", ["localhost:8000", "ftp://producer", "producer"])
+@pytest.mark.parametrize("url", ["localhost:8000", "ftp://producer", "producer", "http://[::1"])
 def test_a_url_that_cannot_be_a_producers_is_refused_at_once(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Sent, it failed only after every retry's backoff (~20 s), as if the producer were down."""
-    with pytest.raises(ValueError, match=f"producer URL '{url}' is not an http"):
+    with pytest.raises(ValueError, match=f"producer URL '{re.escape(url)}' is not an http"):
         Client(url)
     monkeypatch.setenv("CONVEYOR_URL", url)
     with pytest.raises(ValueError, match="is not an http"):
