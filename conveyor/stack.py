@@ -86,7 +86,11 @@ class Stack:
         )
         stack = cls(settings=settings, log_dir=log_dir, env=env)
         if redis_url is None:
-            stack.start_valkey(valkey_config or {})
+            try:
+                stack.start_valkey(valkey_config or {})
+            except BaseException:  # Ctrl-C while it starts: no one else holds the stack to stop
+                stack.stop()
+                raise
         stack.env["CONVEYOR_REDIS_URL"] = stack.redis_url
         stack.env["CONVEYOR_REDIS_CLUSTER"] = "1" if cluster else "0"
         return stack

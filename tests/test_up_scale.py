@@ -222,3 +222,31 @@ def test_a_worker_that_dies_while_starting_says_why(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr.split("the end of", 1)[0], result.stderr
     assert f"Error: broken exited before it was ready; the end of {tmp_path}/" in result.stderr
     assert "backend 'no_such_package.engines:Engine': cannot import" in result.stderr, result.stderr
+
+
+def test_sigterm_while_starting_stops_what_has_started(tmp_path: Path) -> None:
+    """`conveyor up` ended by SIGTERM while it started its workers (`timeout`, a service
+    manager) left Valkey, the producer and the workers running: they live in sessions of their
+    own, and Python's default SIGTERM ends a process without its `finally`."""
+    command = [str(CONVEYOR), "up", "--models", "identity", "--port", str(free_port())]
+    up = subprocess.Popen(
+        [*command, "--state-dir", str(tmp_path)],
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        until(lambda: (tmp_path / "identity.log").exists(), 120)  # the worker is starting
+        started = psutil.Process(up.pid).children(recursive=True)
+        names = {" ".join(process.cmdline()) for process in started}
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(timeout=90)
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGINT)  # as Ctrl-C: a SIGKILL would orphan its children
+            up.wait(timeout=90)
+    assert code == 128 + signal.SIGTERM
+    assert any("valkey" in name for name in names) and any("celery" in name for name in names)
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert not alive, [process.cmdline() for process in alive]

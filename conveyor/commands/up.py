@@ -110,6 +110,7 @@ def command(
     producers = producers or settings.producer_processes
     workers = workers_by_model(repository, names, producers, workers_per_model)
     _refuse_unbindable(host, port)
+    _exit_on_sigterm()
     redis_url = os.environ.get("CONVEYOR_REDIS_URL")
     valkey_config = None
     if redis_url is None:  # on a machine with cores to spare, I/O threads lift its ceiling
@@ -202,6 +203,18 @@ def _auth(stack: Stack, key_file: Path) -> dict[str, str]:
         "auth": f" -H 'authorization: Bearer {key}'",
         "key_export": f" CONVEYOR_API_KEY=$(cat {key_file})",
     }
+
+
+def _exit_on_sigterm() -> None:
+    """Until the supervisor takes over, SIGTERM (`kill`, `timeout`, a service manager) stops what
+    has started, as Ctrl-C does: the children run in sessions of their own, and a `conveyor up`
+    ended outright while it starts them left them all running."""
+
+    def _terminated(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the stop that follows must finish
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _terminated)
 
 
 def _supervise(stack: Stack) -> None:
