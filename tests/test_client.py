@@ -25,6 +25,8 @@ from conveyor.client import (
     Batch,
     Client,
     Conflict,
+    InvalidArgument,
+    NotFound,
     RetryEvent,
 )
 from conveyor.stack import Stack, free_port
@@ -135,6 +137,18 @@ def test_a_timeout_that_is_not_a_number_of_seconds_is_refused(timeout: float) ->
                 wait("some-id", timeout=timeout)
         with pytest.raises(ValueError, match="seconds, 0 or more"):
             client.predict("identity", {}, timeout=timeout)
+
+
+@pytest.mark.parametrize("job_id", ["../models", "..", "a/b", "x?attempts=true"])
+def test_an_id_is_one_path_segment_and_reaches_no_other_route(base_url: str, job_id: str) -> None:
+    """`get("../models")` read the model list (then failed to parse it as a job), and `cancel`
+    of such an id sent its DELETE wherever the id's dots and slashes led."""
+    with Client(base_url) as client:
+        for call in (client.get, client.cancel, client.batches.get):
+            with pytest.raises(NotFound):
+                call(job_id)
+        with pytest.raises(InvalidArgument, match="an id or name cannot be empty"):
+            client.get("")
 
 
 @pytest.fixture(scope="module")

@@ -102,9 +102,7 @@ class AsyncClient:
                 yield chunk
 
     def stream(self, job_id: str, last_event_id: str | None = None) -> AsyncIterator[Event]:
-        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-        call = Call("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=None)
-        return self.events(EventStream(call))
+        return self.events(EventStream(calls.events_call(job_id, last_event_id)))
 
     async def run(self, op: Op[T]) -> T:
         reply: httpx.Response | None = None

@@ -11,11 +11,12 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
+from urllib.parse import quote
 
 import httpx
 import orjson
 
-from conveyor.client.errors import APIError, WaitTimeout
+from conveyor.client.errors import APIError, InvalidArgument, WaitTimeout
 from conveyor.client.types import (
     Batch,
     BatchError,
@@ -83,12 +84,28 @@ class JobOptions(TypedDict, total=False):
 def _deadline(timeout: float | None) -> float | None:
     """NaN would wait forever, unnoticed (no clock reading is ever past it)."""
     if timeout is not None and not timeout >= 0:
-        raise ValueError(f"timeout {timeout!r}: seconds, 0 or more (None: no limit)")
+        raise InvalidArgument(f"timeout {timeout!r}: seconds, 0 or more (None: no limit)")
     return None if timeout is None else time.monotonic() + timeout
 
 
 def _left(deadline: float | None, most: float) -> float:
     return most if deadline is None else max(0.0, min(most, deadline - time.monotonic()))
+
+
+def segment(value: str) -> str:
+    """`value` as one URL path segment: an id holding `/`, `?`, `#` or a dot segment names a
+    resource of its own and never reaches another route (`get("../models")` read the model
+    list, `cancel` of such an id could DELETE elsewhere)."""
+    if not value:
+        raise InvalidArgument("an id or name cannot be empty")
+    quoted = quote(value, safe="")
+    return quoted.replace(".", "%2E") if value in (".", "..") else quoted
+
+
+def events_call(job_id: str, last_event_id: str | None) -> Call:
+    """`GET /v1/jobs/{id}/events`, resumed after `last_event_id` when given."""
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    return Call("GET", f"/v1/jobs/{segment(job_id)}/events", headers=headers, timeout=None)
 
 
 def submit(
@@ -104,7 +121,7 @@ def submit(
 
 def get(job_id: str, attempts: bool = False) -> Op[Job]:
     """`attempts`: with the job's `attempt_history`."""
-    response = yield Call("GET", f"/v1/jobs/{job_id}", params=_attempts(attempts))
+    response = yield Call("GET", f"/v1/jobs/{segment(job_id)}", params=_attempts(attempts))
     return Job.model_validate(response.json())
 
 
@@ -114,7 +131,9 @@ def wait(job_id: str, timeout: float | None, attempts: bool = False) -> Op[Job]:
     while True:
         slice_s = _left(deadline, LONG_POLL_S)
         params = {"wait": slice_s, **_attempts(attempts)}
-        response = yield Call("GET", f"/v1/jobs/{job_id}", params=params, timeout=slice_s + SLACK_S)
+        response = yield Call(
+            "GET", f"/v1/jobs/{segment(job_id)}", params=params, timeout=slice_s + SLACK_S
+        )
         job = Job.model_validate(response.json())
         if job.done:
             return job
@@ -127,7 +146,7 @@ def _attempts(attempts: bool) -> dict[str, str]:
 
 
 def cancel(job_id: str) -> Op[Job]:
-    response = yield Call("DELETE", f"/v1/jobs/{job_id}")
+    response = yield Call("DELETE", f"/v1/jobs/{segment(job_id)}")
     return Job.model_validate(response.json())
 
 
@@ -141,7 +160,7 @@ def predict(model: str, inputs: dict[str, Any], timeout: float, options: JobOpti
     asked = _left(deadline, LONG_POLL_S * 2)
     response = yield Call(
         "POST",
-        f"/v1/models/{model}/predict",
+        f"/v1/models/{segment(model)}/predict",
         params={"timeout": asked},
         json={"inputs": inputs, **options},
         timeout=asked + SLACK_S,
@@ -207,7 +226,7 @@ def create_batch(
 
 
 def get_batch(batch_id: str) -> Op[Batch]:
-    response = yield Call("GET", f"/v1/batches/{batch_id}")
+    response = yield Call("GET", f"/v1/batches/{segment(batch_id)}")
     return Batch.model_validate(response.json())
 
 
@@ -218,7 +237,7 @@ def list_batches(limit: int, after: str | None) -> Op[BatchList]:
 
 
 def cancel_batch(batch_id: str) -> Op[Batch]:
-    response = yield Call("POST", f"/v1/batches/{batch_id}/cancel")
+    response = yield Call("POST", f"/v1/batches/{segment(batch_id)}/cancel")
     return Batch.model_validate(response.json())
 
 
@@ -239,8 +258,8 @@ def wait_batch(
 
 
 def batch_results(batch_id: str) -> Op[BatchResults]:
-    outputs = yield Call("GET", f"/v1/batches/{batch_id}/output", timeout=600)
-    errors = yield Call("GET", f"/v1/batches/{batch_id}/errors", timeout=600)
+    outputs = yield Call("GET", f"/v1/batches/{segment(batch_id)}/output", timeout=600)
+    errors = yield Call("GET", f"/v1/batches/{segment(batch_id)}/errors", timeout=600)
     return BatchResults(
         outputs=[BatchOutput.model_validate_json(line) for line in outputs.content.splitlines()],
         errors=[BatchError.model_validate_json(line) for line in errors.content.splitlines()],

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 
-from conveyor.client.errors import ConveyorError, WaitTimeout
+from conveyor.client.errors import ConveyorError, InvalidArgument, WaitTimeout
 from conveyor.client.retries import RetryEvent
 from conveyor.client.sync_client import Client
 from conveyor.client.types import Job
@@ -58,6 +58,8 @@ def connect(url: str | None, api_key: str | None) -> Iterator[Client]:
             yield client
     except ConveyorError as exc:
         raise click.ClickException(str(exc)) from None
+    except InvalidArgument as exc:
+        raise click.UsageError(str(exc)) from None
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach the producer: {exc!r}") from None
 

@@ -12,6 +12,11 @@ class ConveyorError(Exception):
     """Base of everything the SDK raises on purpose."""
 
 
+class InvalidArgument(ValueError):
+    """An argument no request could carry (an empty id, a NaN timeout): refused before any is
+    sent."""
+
+
 class APIError(ConveyorError):
     def __init__(
         self, status: int, type_: str, message: str, headers: httpx.Headers | None = None

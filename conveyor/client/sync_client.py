@@ -111,9 +111,7 @@ class Client:
     def stream(self, job_id: str, last_event_id: str | None = None) -> Iterator[Event]:
         """The job's events (`GET /v1/jobs/{id}/events`), each exactly once, resuming after a
         dropped connection from the last event received."""
-        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-        call = Call("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=None)
-        return self.events(EventStream(call))
+        return self.events(EventStream(calls.events_call(job_id, last_event_id)))
 
     def run(self, op: Op[T]) -> T:
         """Drive an operation of `calls.py` to its result."""

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from conveyor.client.admin_http import admin_call, clock
+from conveyor.client.calls import segment
 from conveyor.client.cli_options import connection_options
 from conveyor.finite_float import FiniteFloat
 
@@ -91,7 +92,7 @@ def start(
         "baseline": baseline,
         "webhook": webhook,
     }
-    print_canary(admin_call("POST", f"/v1/models/{model}/canary", url, api_key, body), 5)
+    print_canary(admin_call("POST", f"/v1/models/{segment(model)}/canary", url, api_key, body), 5)
 
 
 @command.command("status")
@@ -100,7 +101,7 @@ def start(
 @connection_options
 def status(model: str, events: int, url: str | None, api_key: str | None) -> None:
     """Print the latest canary and its decisions with their numbers."""
-    print_canary(admin_call("GET", f"/v1/models/{model}/canary", url, api_key), events)
+    print_canary(admin_call("GET", f"/v1/models/{segment(model)}/canary", url, api_key), events)
 
 
 @command.command("abort")
@@ -108,4 +109,4 @@ def status(model: str, events: int, url: str | None, api_key: str | None) -> Non
 @connection_options
 def abort(model: str, url: str | None, api_key: str | None) -> None:
     """Stop the running canary and put it back to 0 %."""
-    print_canary(admin_call("DELETE", f"/v1/models/{model}/canary", url, api_key), 1)
+    print_canary(admin_call("DELETE", f"/v1/models/{segment(model)}/canary", url, api_key), 1)

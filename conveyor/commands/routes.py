@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from conveyor.client.admin_http import admin_call, clock
+from conveyor.client.calls import segment
 from conveyor.client.cli_options import connection_options
 
 
@@ -59,7 +60,9 @@ def print_routes(view: dict[str, Any]) -> None:
 @connection_options
 def show(model: str, history: int, url: str | None, api_key: str | None) -> None:
     """Print the routes, their version and the latest changes."""
-    print_routes(admin_call("GET", f"/v1/models/{model}/routes?history={history}", url, api_key))
+    print_routes(
+        admin_call("GET", f"/v1/models/{segment(model)}/routes?history={history}", url, api_key)
+    )
 
 
 @command.command("set")
@@ -80,12 +83,12 @@ def set_routes(
 ) -> None:
     """Replace the routes (what is not given stays as it is) and print the new ones."""
     new_weights, new_shadows = _pairs(weights, "--weight"), _pairs(shadows, "--shadow")
-    current = admin_call("GET", f"/v1/models/{model}/routes?history=0", url, api_key)
+    current = admin_call("GET", f"/v1/models/{segment(model)}/routes?history=0", url, api_key)
     body = {
         "weights": new_weights or current["weights"],
         "shadows": {} if no_shadows else new_shadows or current["shadows"],
         "sticky_by": sticky_by or current["sticky_by"],
         "expected_version": current["version"],
     }
-    view = admin_call("PUT", f"/v1/models/{model}/routes", url, api_key, body)
+    view = admin_call("PUT", f"/v1/models/{segment(model)}/routes", url, api_key, body)
     print_routes({**view, "history": view["history"][-1:]})
