@@ -6,6 +6,7 @@ deliveries survive producer restarts."""
 from __future__ import annotations
 
 import posixpath
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ def _path_matches(path: str, prefix: str) -> bool:
     return path.startswith(prefix if prefix.endswith("/") else prefix + "/")
 
 
+# What no HTTP request can carry in its URL: whitespace and control characters.
+UNSENDABLE = re.compile(r"[\x00-\x20\x7f]")
+
+
 def _normalised(path: str) -> str:
     """The path as the HTTP client sends it: dot segments, percent-encoded ones too, resolved
     (RFC 3986), so `/hooks/../admin` is checked as `/admin`."""
@@ -61,6 +66,8 @@ def allowed(url: str, allowlist: list[str]) -> bool:
         return False
     if parts.scheme not in _DEFAULT_PORTS or not host or "@" in parts.netloc:
         return False
+    if UNSENDABLE.search(url) or "" in host.split("."):
+        return False  # a control character or an empty host label: the HTTP client refuses it
     if parts.fragment:
         return False
     for entry in allowlist:

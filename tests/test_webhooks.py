@@ -98,6 +98,7 @@ def test_urls_outside_the_allow_list_are_refused_at_submit(
         f"http://127.0.0.1:{port + 1}/hooks/x",
         "http://169.254.169.254/hooks/",
         "http://[::1/hooks/x",  # an unclosed IPv6 literal: urlsplit raised, a 500
+        f"{receiver.base}/hooks/a\x00b",  # accepted, then every delivery raised in httpx
     ):
         response = httpx.post(
             f"{hook_stack.base_url}/v1/batches",
@@ -121,6 +122,7 @@ def test_allow_list_matching() -> None:
     assert not allowed("http://10.0.0.5/x", rules)
     assert not allowed("ftp://hooks.example.com/conveyor/", rules)
     assert not allowed("https://hooks.example.com/conveyor/#frag", rules)
+    assert not allowed("https://a..acme.io/", rules)  # an empty label: no request can go there
 
 
 def test_signatures_reject_tampering_and_stale_timestamps() -> None:
