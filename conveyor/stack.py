@@ -39,20 +39,29 @@ def free_port() -> int:
         return port
 
 
-class ChildExited(RuntimeError):
-    """A child died while starting: its own last lines say why (a host it cannot bind, a Redis it
-    cannot reach, an engine that cannot load), not a traceback of the process that waited for it.
-    Lines are cut short: a worker's last one is its whole traceback as one JSON record."""
+class ChildNotReady(RuntimeError):
+    """A child that did not get ready while starting, told by its own last lines (a host it
+    cannot bind, a Redis it cannot reach, an engine that cannot load), not by a traceback of the
+    process that waited for it. Lines are cut short: a worker's last one is its whole traceback
+    as one JSON record."""
 
     LINE_CHARS = 300
 
-    def __init__(self, name: str, log: Path, tail: list[str]) -> None:
+    def __init__(self, name: str, why: str, log: Path, tail: list[str]) -> None:
         cut = [
             line if len(line) <= self.LINE_CHARS else line[: self.LINE_CHARS] + " …"
             for line in tail
         ]
         lines = "\n".join(f"  {line}" for line in cut)
-        super().__init__(f"{name} exited before it was ready; the end of {log}:\n{lines}")
+        super().__init__(f"{name} {why}; the end of {log}:\n{lines}")
+
+
+class ChildExited(ChildNotReady):
+    """It died while starting."""
+
+
+class ChildTooSlow(ChildNotReady):
+    """It was still starting when `Stack.start_timeout_s` ran out."""
 
 
 @dataclass
@@ -66,6 +75,7 @@ class Stack:
     valkey_command: list[str] = field(default_factory=list)
     metrics_ports: dict[str, int] = field(default_factory=dict)
     commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    start_timeout_s: float = 300.0  # how long a child may take to be ready
 
     @classmethod
     def create(
@@ -127,7 +137,7 @@ class Stack:
     def spawn_valkey(self) -> None:
         """Start the embedded server (again: same port and data) and wait until it answers."""
         self.spawn("valkey", self.valkey_command, {})
-        self._wait(self._pings, "embedded valkey", "valkey")
+        self._wait(self._pings, "valkey")
 
     base_url: str = ""
 
@@ -145,7 +155,7 @@ class Stack:
         instance = env.get("CONVEYOR_INSTANCE_ID", name)
         self.start_producer_process(port, name, **env)
         base_url = f"http://127.0.0.1:{port}"
-        self._wait(lambda: _ready(base_url), f"{name} at {base_url}", name)
+        self._wait(lambda: _ready(base_url), name)
         answering = _instance(base_url)
         if answering != instance:
             raise RuntimeError(
@@ -191,7 +201,7 @@ class Stack:
                 )
             return seen == ids
 
-        self._wait(all_answered, f"producers at {base_url}")
+        self._wait(all_answered, next(iter(processes)))  # it watches them all
         self.base_url = self.base_url or base_url
         return base_url
 
@@ -230,7 +240,7 @@ class Stack:
         process = self.spawn(name, command, {"CONVEYOR_MODELS": models, **worker_env})
         streams = self._streams(models, env)
         consumer = self.consumer_name(process.pid)
-        self._wait(lambda: self._consuming(consumer, streams), f"worker {name}", name)
+        self._wait(lambda: self._consuming(consumer, streams), name)
         return process.pid
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
@@ -307,21 +317,22 @@ class Stack:
         finally:
             client.close()
 
-    def _wait(
-        self, check: Callable[[], bool], what: str, child: str | None = None, timeout: float = 300.0
-    ) -> None:
-        """Until `check` passes; ChildExited as soon as the child named `child` dies instead."""
-        deadline = time.monotonic() + timeout
+    def _wait(self, check: Callable[[], bool], child: str) -> None:
+        """Until `check` passes; ChildExited as soon as the child named `child` dies instead,
+        ChildTooSlow when `start_timeout_s` runs out."""
+        deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if check():
                 return
-            if child is not None and self.processes[child].poll() is not None:
+            if self.processes[child].poll() is not None:
                 raise self._exited(child)
             time.sleep(0.2)
-        raise TimeoutError(f"{what} not ready after {timeout:.0f}s; see {self.log_dir}")
+        why = f"was not ready after {self.start_timeout_s:g}s (CONVEYOR_START_TIMEOUT_S)"
+        raise ChildTooSlow(child, why, self.log_path(child), self.log_tail(child))
 
     def _exited(self, name: str) -> ChildExited:
-        return ChildExited(name, self.log_path(name), self.log_tail(name))
+        why = "exited before it was ready"
+        return ChildExited(name, why, self.log_path(name), self.log_tail(name))
 
 
 def _instance(base_url: str) -> str:

@@ -27,7 +27,9 @@ def _default_instance_id() -> str:
 class Settings(BaseSettings):
     """Every knob of the producer and the workers; README documents each one."""
 
-    model_config = SettingsConfigDict(env_prefix="CONVEYOR_", extra="ignore")
+    # Numbers are finite: `inf` overflowed where a time became a lock's timeout
+    # (CONVEYOR_SHUTDOWN_GRACE_S), and NaN was refused as if out of range.
+    model_config = SettingsConfigDict(env_prefix="CONVEYOR_", extra="ignore", allow_inf_nan=False)
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     # `redis_url` names any node of a Redis/Valkey Cluster (shared/redis_client.py).
@@ -87,6 +89,8 @@ class Settings(BaseSettings):
     # 0 would be BLOCK 0: wait forever, and never notice a stop.
     block_ms: int = Field(default=1_000, ge=1)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
+    # `conveyor up`: how long a child may take to be ready (a large LLM's load takes minutes).
+    start_timeout_s: float = Field(default=300.0, gt=0)
 
     @field_validator("redis_url")
     @classmethod

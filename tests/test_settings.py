@@ -26,6 +26,9 @@ from shared.settings import Settings
         {"key_prefix": "my app:"},
         {"instance_id": "my producer"},  # CLIENT SETNAME refuses spaces: no connection would open
         {"instance_id": ""},
+        {"shutdown_grace_s": float("inf")},  # overflowed as the consumer thread's join timeout
+        {"redis_timeout_s": float("nan")},
+        {"start_timeout_s": 0},
     ],
 )
 def test_settings_out_of_range_are_refused(setting: dict[str, float | str]) -> None:

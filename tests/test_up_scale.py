@@ -17,7 +17,7 @@ import redis
 from conveyor.commands.up import examples, workers_by_model
 from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
-from conveyor.stack import ChildExited, Stack, free_port
+from conveyor.stack import ChildExited, ChildTooSlow, Stack, free_port
 from shared.model_repository import ModelRepository
 from tests.conftest import REPO_ROOT, until
 from tests.up_process import CONVEYOR, Up, conveyor_up
@@ -250,3 +250,29 @@ def test_sigterm_while_starting_stops_what_has_started(tmp_path: Path) -> None:
     assert any("valkey" in name for name in names) and any("celery" in name for name in names)
     _, alive = psutil.wait_procs(started, timeout=30)
     assert not alive, [process.cmdline() for process in alive]
+
+
+def test_a_child_slower_than_the_start_timeout_says_so(stack: Stack, tmp_path: Path) -> None:
+    """A worker still loading after 300 s (a large LLM may take longer) was a TimeoutError
+    traceback in `conveyor up`; the wait is CONVEYOR_START_TIMEOUT_S (`Stack.start_timeout_s`),
+    and running out of it names the child and shows the end of its log."""
+    (tmp_path / "repository" / "slow").mkdir(parents=True)
+    (tmp_path / "repository" / "slow" / "config.yaml").write_text(
+        "kind: generate\nbackend: tests.paced_engine:PacedEngine\nparameters: {load_ms: 600000}\n"
+    )
+    mine = Stack.create(tmp_path, stack.redis_url)  # the session's Redis; its own processes
+    mine.start_timeout_s = 2
+    try:
+        with pytest.raises(ChildTooSlow) as slow:
+            mine.start_worker(
+                "slow",
+                CONVEYOR_MODEL_REPOSITORY=str(tmp_path / "repository"),
+                PYTHONPATH=str(REPO_ROOT),
+            )
+    finally:
+        mine.stop_process("slow", signal.SIGKILL)  # it holds SIGTERM until its engine loads
+        mine.stop()
+    message = str(slow.value)
+    assert message.startswith(
+        f"slow was not ready after 2s (CONVEYOR_START_TIMEOUT_S); the end of {tmp_path}/slow.log"
+    ), message

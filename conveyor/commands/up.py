@@ -18,7 +18,7 @@ from conveyor.commands.keys import dev_key
 from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
 from conveyor.producer_server import family_of
-from conveyor.stack import ChildExited, Stack
+from conveyor.stack import ChildNotReady, Stack
 from conveyor.supervisor import Supervisor
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
@@ -116,6 +116,7 @@ def command(
     if redis_url is None:  # on a machine with cores to spare, I/O threads lift its ceiling
         valkey_config = {"appendonly": "yes", "io-threads": str(io_threads())}
     stack = Stack.create(state_dir, redis_url, valkey_config, cluster=settings.redis_cluster)
+    stack.start_timeout_s = settings.start_timeout_s
     try:
         # One console secret for all producers: a session cookie is good on whichever answers.
         secret = settings.console_secret or secrets.token_urlsafe(32)
@@ -126,7 +127,7 @@ def command(
             for name, count in workers.items():
                 for number in range(1, count + 1):
                     stack.start_worker(name, name if number == 1 else f"{name}-{number}")
-        except ChildExited as exc:
+        except ChildNotReady as exc:
             raise click.ClickException(str(exc)) from None
         key_file = state_dir / "dev-api-key"
         auth = _auth(stack, key_file)
