@@ -38,3 +38,5 @@ class PacedEngine(GenerateEngine):
 
     async def abort(self, request_id: str) -> None:
         self._aborted.add(request_id)
+        if self.parameters.get("abort_fails"):  # as an engine may for a request it let go
+            raise KeyError(request_id)

@@ -146,6 +146,8 @@ class GenerateLoop:
         self._wake.set()
 
     async def _abort_quietly(self, job_id: str) -> None:
+        """An engine's abort that raises (a request it already let go) fails nothing else: it
+        used to stop the publisher that writes every running job's tokens."""
         try:
             await self.engine.abort(job_id)
         except Exception:
@@ -219,7 +221,7 @@ class GenerateLoop:
             if status is None or status in TERMINAL:  # a StrEnum member matches its string
                 job.ended_as = status or JobStatus.CANCELLED.value
                 log.info("aborting %s job", job.ended_as, extra={"job_id": job_id})
-                await self.engine.abort(job_id)
+                await self._abort_quietly(job_id)
 
     async def _finish(self, ended: list[RunningJob]) -> None:
         by_stream: dict[str, list[Finish]] = defaultdict(list)
@@ -276,7 +278,7 @@ class GenerateLoop:
             if job.task is not None and not job.task.done():
                 job.abandoned = True
                 log.warning("abandoning unfinished generation", extra={"job_id": job.job_id})
-                await self.engine.abort(job.job_id)
+                await self._abort_quietly(job.job_id)
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
