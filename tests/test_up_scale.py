@@ -159,6 +159,16 @@ def test_an_address_this_machine_lacks_is_refused_before_starting(tmp_path: Path
     assert not (tmp_path / "valkey").exists()
 
 
+def test_a_redis_it_cannot_reach_is_refused_before_starting(tmp_path: Path) -> None:
+    """It waited, silently, for producers that could never get ready."""
+    args = ["--port", str(free_port())]
+    result = _up_refused(tmp_path, args, {"CONVEYOR_REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert result.returncode == 1
+    assert "Error: cannot reach Redis at redis://127.0.0.1:1/0 (" in result.stderr, result.stderr
+    assert result.stderr.rstrip().endswith("check CONVEYOR_REDIS_URL"), result.stderr
+    assert not (tmp_path / "producer.log").exists()
+
+
 def test_default_workers_split_the_cores_over_batch_models_and_an_llm_gets_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
