@@ -51,7 +51,10 @@ def _lines(process: subprocess.Popen[str]) -> queue.Queue[str]:
     return lines
 
 
-def _wait_for(lines: queue.Queue[str], wanted: str, timeout: float) -> list[str]:
+def _wait_for(
+    lines: queue.Queue[str], wanted: str, timeout: float, prefix: bool = False
+) -> list[str]:
+    """Lines up to the first that is `wanted` (or, with `prefix`, starts with it)."""
     seen = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -60,7 +63,7 @@ def _wait_for(lines: queue.Queue[str], wanted: str, timeout: float) -> list[str]
         except queue.Empty:
             continue
         seen.append(line)
-        if line == wanted:
+        if line == wanted or (prefix and line.startswith(wanted)):
             return seen
     raise AssertionError(f"never saw {wanted!r}; last lines: {seen[-5:]}")
 
@@ -111,3 +114,42 @@ def test_burst_scales_up_then_idle_scales_to_zero(elastic_stack: Stack, tmp_path
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=60)
+
+
+def test_a_redis_outage_keeps_the_pools_as_they_are(tmp_path: Path) -> None:
+    """A poll that found Redis gone raised out of the loop: the autoscaler died, and stopped
+    every worker it had started on its way out. Now it says so and polls again. (An
+    unreachable Redis at start is one clear error.)"""
+    conveyor = Path(sys.executable).parent / "conveyor"
+    command = [conveyor, "autoscale", "--models", "elastic", "--interval", "0.2"]
+    refused = subprocess.run(
+        [*command, "--state-dir", str(tmp_path / "refused")],
+        env={
+            **os.environ,
+            "CONVEYOR_REDIS_URL": "redis://127.0.0.1:1/0",
+            "CONVEYOR_MODEL_REPOSITORY": str(FIXTURES),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1 and "Error: cannot reach Redis at" in refused.stderr
+    mine = Stack.create(tmp_path / "stack")
+    process = subprocess.Popen(
+        [*command, "--state-dir", str(tmp_path / "scaler")],
+        env={**os.environ, **mine.env, "CONVEYOR_MODEL_REPOSITORY": str(FIXTURES)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = _lines(process)
+    try:
+        _wait_for(lines, "elastic:default replicas=0", timeout=60)
+        mine.restart_valkey(down_s=1.0)
+        _wait_for(lines, "elastic:default: redis unavailable (", timeout=30, prefix=True)
+        _wait_for(lines, "elastic:default replicas=0", timeout=30)  # polling on, after it
+        assert process.poll() is None
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+        mine.stop()

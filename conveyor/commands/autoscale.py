@@ -9,6 +9,9 @@ import time
 from pathlib import Path
 
 import click
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from autoscaling.local_autoscaler import PoolScaler
 from conveyor.finite_float import FiniteFloat
@@ -48,19 +51,40 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
     ]
     period = interval or min(c.autoscaling.polling_interval_s for c, _ in partitions)
     client = stack.client()
+    _refuse_unreachable(client, stack.redis_url)
     stopping: list[int] = []
     signal.signal(signal.SIGINT, lambda signum, _: stopping.append(signum))
     signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
     try:
         while not stopping:
             for scaler in scalers:
-                count = scaler.tick(client)
-                click.echo(f"{scaler.name} replicas={count}", nl=True)
+                _tick(scaler, client)
             time.sleep(period)
     finally:
         for scaler in scalers:
             scaler.stop_all()
         client.close()
+
+
+def _refuse_unreachable(client: redis.Redis, url: str) -> None:
+    try:
+        client.ping()
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise click.ClickException(
+            f"cannot reach Redis at {url} ({exc}): check CONVEYOR_REDIS_URL, or start the "
+            "stack with `conveyor up`"
+        ) from None
+
+
+def _tick(scaler: PoolScaler, client: redis.Redis) -> None:
+    """One poll; a Redis outage keeps the pool as it is until the next (as KEDA does): it
+    stopped the autoscaler, and with it every worker it had started."""
+    try:
+        count = scaler.tick(client)
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        click.echo(f"{scaler.name}: redis unavailable ({exc}); replicas kept", err=True)
+        return
+    click.echo(f"{scaler.name} replicas={count}", nl=True)
 
 
 def _start(stack: Stack, pool: str, name: str) -> str:
