@@ -24,6 +24,8 @@ NAME_PATTERN = re.compile(NAME)
 # named `package.module:Class` (as Triton's Python backend keeps a model's code beside it).
 BACKEND_NAMES = frozenset({"identity", "onnxruntime", "tensorrt", "torch", "vllm"})
 CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# The named backends that generate (continuous batching); every other named one batches.
+GENERATE_BACKENDS = frozenset({"vllm"})
 # The engines that tokenise texts themselves and read EncoderParameters.
 ENCODER_BACKENDS = frozenset({"onnxruntime", "tensorrt", "torch"})
 DEFAULT_MAX_SEQ_LENGTH = 256  # tokens per text, special ones included; longer texts are truncated
@@ -219,6 +221,12 @@ class ModelConfig(BaseModel):
             raise ModelConfigError(
                 f"model {self.name} variant {variant}: unknown backend {backend!r}; one of "
                 f"{', '.join(sorted(BACKEND_NAMES))}, or a custom engine's `package.module:Class`"
+            )
+        serves = "generate" if backend in GENERATE_BACKENDS else "batch"
+        if backend in BACKEND_NAMES and serves != self.kind:  # a custom one: when a worker has it
+            raise ModelConfigError(
+                f"model {self.name} variant {variant}: backend {backend} serves kind {serves}, "
+                f"not {self.kind}"
             )
         sizes = self.preferred_batch_sizes_of(variant)
         largest = self.max_batch_size_of(variant)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared.model_repository import BACKEND_NAMES, ModelConfigError, ModelRepository
-from workers.engines.registry import BACKENDS, EngineNotFound, engine_class
+from shared.model_repository import BACKEND_NAMES, ModelConfig, ModelConfigError, ModelRepository
+from workers.engines.registry import BACKENDS, EngineNotFound, create_engine, engine_class
 
 
 def _repository(root: Path, text: str) -> Path:
@@ -82,6 +82,14 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "model m variant default: max_seq_length 256 exceeds the largest of "
             "parameters.torch.cuda_graphs.seq_buckets (128)",
         ),
+        (  # the worker ran it in the loop of its engine, not of its kind: every job failed
+            "kind: batch\nbackend: vllm\n",
+            "model m variant default: backend vllm serves kind generate, not batch",
+        ),
+        (
+            "kind: generate\nbackend: identity\nvariants: {default: {}, gpu: {backend: torch}}\n",
+            "model m variant default: backend identity serves kind batch, not generate",
+        ),
         (  # KEDA refuses the ScaledObject; render used to clamp it silently
             "kind: batch\nbackend: identity\nautoscaling: {min_replicas: 3, max_replicas: 1}\n",
             "autoscaling: min_replicas (3) exceeds max_replicas (1)",
@@ -127,3 +135,15 @@ def test_a_custom_engine_the_worker_cannot_have_is_named(backend: str, problem: 
         engine_class(backend)
     assert problem in str(refused.value)
     assert engine_class("tests.fault_engine:FaultEngine").__name__ == "FaultEngine"
+
+
+def test_a_custom_engine_of_the_other_kind_is_named() -> None:
+    """A generate engine behind a batch model (or the reverse) failed every job with an
+    AttributeError from the loop; the worker now refuses to start and says why."""
+    config = ModelConfig(name="m", kind="generate", backend="tests.fault_engine:FaultEngine")
+    with pytest.raises(EngineNotFound) as refused:
+        create_engine(config, "default", Path("var/models"))
+    assert str(refused.value) == (
+        "backend 'tests.fault_engine:FaultEngine': FaultEngine serves kind batch; model m has "
+        "kind generate"
+    )

@@ -47,5 +47,12 @@ def create_engine(
 ) -> BatchEngine | GenerateEngine:
     """Build (not load) the engine for one partition (a variant may name its own backend); its
     artifacts live in `<root>/<model>/`."""
-    cls = engine_class(config.backend_of(variant))
+    backend = config.backend_of(variant)
+    cls = engine_class(backend)
+    serves = "generate" if issubclass(cls, GenerateEngine) else "batch"
+    if serves != config.kind:  # its loop would call what the engine lacks, for every job
+        raise EngineNotFound(
+            f"backend {backend!r}: {cls.__name__} serves kind {serves}; model {config.name} "
+            f"has kind {config.kind}"
+        )
     return cls(config, variant, str(artifact_root / config.name))
