@@ -82,7 +82,7 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "model m variant default: max_seq_length 256 exceeds the largest of "
             "parameters.torch.cuda_graphs.seq_buckets (128)",
         ),
-        (  # the worker ran it in the loop of its engine, not of its kind: every job failed
+        (  # the producer served the kind and the worker the engine's: a chat stream never ended
             "kind: batch\nbackend: vllm\n",
             "model m variant default: backend vllm serves kind generate, not batch",
         ),
@@ -138,8 +138,8 @@ def test_a_custom_engine_the_worker_cannot_have_is_named(backend: str, problem: 
 
 
 def test_a_custom_engine_of_the_other_kind_is_named() -> None:
-    """A generate engine behind a batch model (or the reverse) failed every job with an
-    AttributeError from the loop; the worker now refuses to start and says why."""
+    """A batch engine behind a generate model (or the reverse) was served by the loop of its
+    engine while the producer served the model's kind; the worker now refuses to start."""
     config = ModelConfig(name="m", kind="generate", backend="tests.fault_engine:FaultEngine")
     with pytest.raises(EngineNotFound) as refused:
         create_engine(config, "default", Path("var/models"))

@@ -50,7 +50,7 @@ def create_engine(
     backend = config.backend_of(variant)
     cls = engine_class(backend)
     serves = "generate" if issubclass(cls, GenerateEngine) else "batch"
-    if serves != config.kind:  # its loop would call what the engine lacks, for every job
+    if serves != config.kind:  # the producer serves the kind; the worker's loop the engine's
         raise EngineNotFound(
             f"backend {backend!r}: {cls.__name__} serves kind {serves}; model {config.name} "
             f"has kind {config.kind}"
