@@ -82,7 +82,7 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "model m variant default: max_seq_length 256 exceeds the largest of "
             "parameters.torch.cuda_graphs.seq_buckets (128)",
         ),
-        (  # the producer served the kind and the worker the engine's: a chat stream never ended
+        (  # the producer served the model by its kind, the worker by its engine
             "kind: batch\nbackend: vllm\n",
             "model m variant default: backend vllm serves kind generate, not batch",
         ),
