@@ -85,7 +85,32 @@ def with_redis(action: Callable[[aioredis.Redis, Settings], Awaitable[T]]) -> T:
     try:
         return asyncio.run(main())
     except (RedisConnectionError, RedisTimeoutError) as exc:
-        raise click.ClickException(
-            f"cannot reach Redis at {url} ({exc}); start the stack with `conveyor up`, "
-            f"or set CONVEYOR_REDIS_URL (or CONVEYOR_STATE_DIR to the `conveyor up` state dir)"
-        ) from None
+        raise unreachable(url, exc, NO_STACK) from None
+
+
+# What a command that needs the stack's Redis advises when it does not answer.
+NO_STACK = (
+    "start the stack with `conveyor up`, or set CONVEYOR_REDIS_URL (or CONVEYOR_STATE_DIR to "
+    "the `conveyor up` state dir)"
+)
+
+
+def unreachable(url: str, error: Exception, advice: str) -> click.ClickException:
+    return click.ClickException(f"cannot reach Redis at {url} ({error}); {advice}")
+
+
+def refuse_unreachable(url: str, advice: str) -> None:
+    """One line before anything starts, for a Redis that does not answer (a command that
+    starts processes would otherwise wait on, or die later with a traceback)."""
+
+    async def ping() -> None:
+        client = connect(url, blocks_ms=0)
+        try:
+            await client.ping()
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(ping())
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise unreachable(url, exc, advice) from None

@@ -15,7 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from autoscaling.local_autoscaler import PoolScaler
 from conveyor.finite_float import FiniteFloat
-from conveyor.local_stack import redis_url
+from conveyor.local_stack import NO_STACK, redis_url, refuse_unreachable
 from conveyor.stack import Stack
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
@@ -50,8 +50,8 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
         for config, variant in partitions
     ]
     period = interval or min(c.autoscaling.polling_interval_s for c, _ in partitions)
+    refuse_unreachable(stack.redis_url, NO_STACK)
     client = stack.client()
-    _refuse_unreachable(client, stack.redis_url)
     stopping: list[int] = []
     signal.signal(signal.SIGINT, lambda signum, _: stopping.append(signum))
     signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
@@ -64,16 +64,6 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
         for scaler in scalers:
             scaler.stop_all()
         client.close()
-
-
-def _refuse_unreachable(client: redis.Redis, url: str) -> None:
-    try:
-        client.ping()
-    except (RedisConnectionError, RedisTimeoutError) as exc:
-        raise click.ClickException(
-            f"cannot reach Redis at {url} ({exc}): check CONVEYOR_REDIS_URL, or start the "
-            "stack with `conveyor up`"
-        ) from None
 
 
 def _tick(scaler: PoolScaler, client: redis.Redis) -> None:

@@ -4,7 +4,6 @@ through `<state dir>/stack.json` (`conveyor/local_stack.py`)."""
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import secrets
@@ -14,17 +13,14 @@ import time
 from pathlib import Path
 
 import click
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from conveyor.commands.keys import dev_key
 from conveyor.embedded_valkey import io_threads
-from conveyor.local_stack import StackState
+from conveyor.local_stack import StackState, refuse_unreachable
 from conveyor.producer_server import family_of
 from conveyor.stack import ChildNotReady, Stack
 from conveyor.supervisor import Supervisor
 from shared.model_repository import ModelRepository
-from shared.redis_client import connect
 from shared.settings import get_settings
 
 BANNER = """{key_note}
@@ -116,8 +112,8 @@ def command(
     _refuse_unbindable(host, port)
     _exit_on_sigterm()
     redis_url = os.environ.get("CONVEYOR_REDIS_URL")
-    if redis_url is not None:
-        _refuse_unreachable(settings.redis_url)
+    if redis_url is not None:  # else it waited, silently, for producers that never got ready
+        refuse_unreachable(settings.redis_url, "check CONVEYOR_REDIS_URL")
     valkey_config = None
     if redis_url is None:  # on a machine with cores to spare, I/O threads lift its ceiling
         valkey_config = {"appendonly": "yes", "io-threads": str(io_threads())}
@@ -195,25 +191,6 @@ def _refuse_unbindable(host: str, port: int) -> None:
             raise click.ClickException(
                 f"cannot listen on {host}:{port} ({exc.strerror or exc}): check CONVEYOR_HOST"
             ) from None
-
-
-def _refuse_unreachable(url: str) -> None:
-    """A Redis the producers cannot reach kept `conveyor up` waiting, silently, for producers
-    that never got ready: say so before starting anything."""
-
-    async def ping() -> None:
-        client = connect(url, blocks_ms=0)
-        try:
-            await client.ping()
-        finally:
-            await client.aclose()
-
-    try:
-        asyncio.run(ping())
-    except (RedisConnectionError, RedisTimeoutError) as exc:
-        raise click.ClickException(
-            f"cannot reach Redis at {url} ({exc}): check CONVEYOR_REDIS_URL"
-        ) from None
 
 
 def _auth(stack: Stack, key_file: Path) -> dict[str, str]:
