@@ -25,6 +25,7 @@ from tests.conftest import REPO_ROOT, running_stack, until
 KEYS = Keys("cv:")
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
+AUTOSCALE = [str(Path(sys.executable).parent / "conveyor"), "autoscale", "--models", "elastic"]
 pytestmark = pytest.mark.slow
 
 
@@ -37,6 +38,20 @@ def elastic_stack(tmp_path: Path) -> Iterator[Stack]:
         CONVEYOR_AUTH="disabled",
     ) as stack:
         yield stack
+
+
+def _autoscaler(
+    env: dict[str, str], state_dir: Path, interval: str
+) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
+    """`conveyor autoscale` of the elastic pool, and its output (stderr too), line by line."""
+    process = subprocess.Popen(
+        [*AUTOSCALE, "--interval", interval, "--state-dir", str(state_dir)],
+        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return process, _lines(process)
 
 
 def _lines(process: subprocess.Popen[str]) -> queue.Queue[str]:
@@ -82,24 +97,7 @@ async def _burst(base_url: str, count: int) -> list[str]:
 
 
 def test_burst_scales_up_then_idle_scales_to_zero(elastic_stack: Stack, tmp_path: Path) -> None:
-    conveyor = Path(sys.executable).parent / "conveyor"
-    process = subprocess.Popen(
-        [
-            conveyor,
-            "autoscale",
-            "--models",
-            "elastic",
-            "--interval",
-            "0.5",
-            "--state-dir",
-            str(tmp_path / "scaler"),
-        ],
-        env={**os.environ, **elastic_stack.env, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    lines = _lines(process)
+    process, lines = _autoscaler(elastic_stack.env, tmp_path / "scaler", "0.5")
     try:
         _wait_for(lines, "elastic:default replicas=0", timeout=60)
         ids = asyncio.run(_burst(elastic_stack.base_url, 200))
@@ -120,10 +118,8 @@ def test_a_redis_outage_keeps_the_pools_as_they_are(tmp_path: Path) -> None:
     """A poll that found Redis gone raised out of the loop: the autoscaler died, and stopped
     every worker it had started on its way out. Now it says so and polls again. (An
     unreachable Redis at start is one clear error.)"""
-    conveyor = Path(sys.executable).parent / "conveyor"
-    command = [conveyor, "autoscale", "--models", "elastic", "--interval", "0.2"]
     refused = subprocess.run(
-        [*command, "--state-dir", str(tmp_path / "refused")],
+        [*AUTOSCALE, "--state-dir", str(tmp_path / "refused")],
         env={
             **os.environ,
             "CONVEYOR_REDIS_URL": "redis://127.0.0.1:1/0",
@@ -135,14 +131,8 @@ def test_a_redis_outage_keeps_the_pools_as_they_are(tmp_path: Path) -> None:
     )
     assert refused.returncode == 1 and "Error: cannot reach Redis at" in refused.stderr
     mine = Stack.create(tmp_path / "stack")
-    process = subprocess.Popen(
-        [*command, "--state-dir", str(tmp_path / "scaler")],
-        env={**os.environ, **mine.env, "CONVEYOR_MODEL_REPOSITORY": str(FIXTURES)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines = _lines(process)
+    env = {**mine.env, "CONVEYOR_MODEL_REPOSITORY": str(FIXTURES)}
+    process, lines = _autoscaler(env, tmp_path / "scaler", "0.2")
     try:
         _wait_for(lines, "elastic:default replicas=0", timeout=60)
         mine.restart_valkey(down_s=1.0)
