@@ -110,11 +110,14 @@ def test_the_plan_is_built_once_and_reused(engine, artifact_dir):
 def test_settings_refuse_what_tensorrt_cannot_build():
     """Plain configuration checks: they run on any machine, before a GPU is touched."""
     with pytest.raises(ValueError, match="precision"):
-        BuildSettings.from_parameters({"precision": "fp8"}, 32)
+        BuildSettings.from_parameters({"precision": "fp8"}, 32, 128)
     with pytest.raises(ValueError, match="calibration_file"):
-        BuildSettings.from_parameters({"precision": "int8"}, 32)
+        BuildSettings.from_parameters({"precision": "int8"}, 32, 128)
     with pytest.raises(ValueError, match="opt <= max"):
-        BuildSettings.from_parameters({"opt_batch": 64}, 32)
+        BuildSettings.from_parameters({"opt_batch": 64}, 32, 128)
+    with pytest.raises(ValueError, match="opt <= max"):  # the variant's max_seq_length is max
+        BuildSettings.from_parameters({"opt_seq": 64}, 32, 16)
+    assert BuildSettings.from_parameters({}, 32, 16).opt_seq == 16
 
 
 def test_weak_typing_and_implicit_int8_are_refused_on_tensorrt_11():

@@ -88,9 +88,11 @@ class BuildSettings:
     calibration_batch: int = 16
 
     @classmethod
-    def from_parameters(cls, parameters: dict[str, Any], max_batch_size: int) -> BuildSettings:
+    def from_parameters(
+        cls, parameters: dict[str, Any], max_batch_size: int, max_seq: int
+    ) -> BuildSettings:
+        """`max_seq`: the variant's checked `max_seq_length` (ModelConfig.encoder_parameters)."""
         max_batch = int(parameters.get("max_batch", max_batch_size))
-        max_seq = int(parameters.get("max_seq_length", DEFAULT_MAX_SEQ_LENGTH))
         settings = cls(
             precision=str(parameters.get("precision", "fp16")),
             max_batch=max_batch,
@@ -273,13 +275,13 @@ class TensorRTEngine(BatchEngine):
 
         self._cuda = cuda
         artifact_dir = self.artifacts(TOKENIZER_FILE, self.config.artifact or "model.onnx")
+        own = self.config.encoder_parameters(self.variant)
         self.settings = BuildSettings.from_parameters(
-            self.parameters, self.config.max_batch_size_of(self.variant)
+            self.parameters, self.config.max_batch_size_of(self.variant), own.max_seq_length
         )
         self.encoder = TextEncoder.from_artifacts(artifact_dir, self.settings.max_seq)
         self.max_texts_per_call = min(
-            int(self.parameters.get("max_texts_per_call", self.settings.max_batch)),
-            self.settings.max_batch,
+            own.max_texts_per_call or self.settings.max_batch, self.settings.max_batch
         )
         cuda.init()
         device = cuda.Device(int(self.parameters.get("device_id", 0)))

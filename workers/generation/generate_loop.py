@@ -137,10 +137,10 @@ class GenerateLoop:
                 self._wake.set()
         except InvalidChunk as exc:
             job.error = {"type": "InvalidOutput", "message": str(exc)}
-            log.warning("generation failed", extra={"job_id": job.job_id, "error": job.error})
             await self._abort_quietly(job.job_id)  # the engine goes on generating otherwise
         except Exception as exc:
             job.error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
+        if job.error:
             log.warning("generation failed", extra={"job_id": job.job_id, "error": job.error})
         self._ended.append(job)
         self._wake.set()
