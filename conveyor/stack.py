@@ -75,6 +75,7 @@ class Stack:
     valkey_command: list[str] = field(default_factory=list)
     metrics_ports: dict[str, int] = field(default_factory=dict)
     commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    readiness: dict[str, Callable[[], bool]] = field(default_factory=dict)  # spawned workers
     start_timeout_s: float = 300.0  # how long a child may take to be ready
 
     @classmethod
@@ -223,6 +224,12 @@ class Stack:
     def start_worker(self, models: str, name: str | None = None, **env: str) -> int:
         """Start a Celery worker serving `models` (`model` or `model:variant`, comma-separated);
         returns its pid once every partition has a reading consumer."""
+        return self.wait_ready(self.spawn_worker(models, name, **env))[0]
+
+    def spawn_worker(self, models: str, name: str | None = None, **env: str) -> str:
+        """Start a worker as `start_worker` does without waiting for it; returns its name for
+        `wait_ready`. Workers spawned together load their engines side by side: one engine's
+        start is mostly one process importing, which leaves the other cores idle."""
         name = name or models.replace(":", "-").replace(",", "_")
         command = [
             str(BIN / "celery"),
@@ -240,8 +247,15 @@ class Stack:
         process = self.spawn(name, command, {"CONVEYOR_MODELS": models, **worker_env})
         streams = self._streams(models, env)
         consumer = self.consumer_name(process.pid)
-        self._wait(lambda: self._consuming(consumer, streams), name)
-        return process.pid
+        self.readiness[name] = lambda: self._consuming(consumer, streams)
+        return name
+
+    def wait_ready(self, *names: str) -> list[int]:
+        """The pids of the spawned workers `names`, once each has a reading consumer on every
+        one of its partitions (ChildNotReady for the first that dies or runs out of time)."""
+        for name in names:
+            self._wait(self.readiness.pop(name), name)
+        return [self.processes[name].pid for name in names]
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         process = self.processes.pop(name)

@@ -49,10 +49,14 @@ def smollm2_artifacts(smollm2_config: ModelConfig) -> Path:
 
 @pytest.fixture(scope="session")
 async def smollm2_engine(
-    smollm2_config: ModelConfig, smollm2_artifacts: Path
+    smollm2_config: ModelConfig, smollm2_artifacts: Path, stack: Stack
 ) -> AsyncIterator[VllmEngine]:
     """One in-process vLLM engine on SmolLM2 for the whole session: starting one (engine-core
-    process, weights, KV cache) takes tens of seconds on the CPU."""
+    process, weights, KV cache) takes tens of seconds on the CPU. The shared stack's smollm2
+    worker, which the pipeline tests compare with it, starts beside it (`serve` waits for it):
+    each start is mostly one process importing at a time, so two overlap on two cores."""
+    if "smollm2" not in stack.processes:
+        stack.spawn_worker("smollm2")
     engine = await started_vllm(smollm2_config, smollm2_artifacts)
     yield engine
     await engine.close()
@@ -182,9 +186,12 @@ def issue_key(redis_url: str, tenant: str, *scopes: str, **spec: Any) -> str:
 
 
 def serve(stack: Stack, model: str) -> None:
-    """One worker for `model` on a shared stack, started by whichever test needs it first."""
+    """One worker for `model` on a shared stack, started by whichever test needs it first (or
+    spawned by a fixture before, and now waited for)."""
     if model not in stack.processes:
         stack.start_worker(model)
+    elif model in stack.readiness:
+        stack.wait_ready(model)
 
 
 def until(check: Callable[[], Any], timeout: float = 30, every: float = 0.1) -> Any:

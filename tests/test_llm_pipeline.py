@@ -21,7 +21,7 @@ import redis
 from conveyor.client import AsyncClient, Client
 from conveyor.stack import Stack
 from shared.keys import Keys
-from tests.conftest import until
+from tests.conftest import serve, until
 from tests.test_llm_engine import QUESTIONS
 from workers.engines.base import GenerateRequest
 from workers.engines.vllm_engine import VllmEngine
@@ -59,7 +59,7 @@ async def engine_greedy(smollm2_engine: VllmEngine) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def llm(stack: Stack, engine_greedy: dict[str, str]) -> str:
     """The producer's URL once a smollm2 worker reads its partition."""
-    stack.start_worker("smollm2")
+    serve(stack, "smollm2")
     return stack.base_url
 
 

@@ -105,8 +105,7 @@ def readme_stack(auth_stack: Stack) -> Iterator[Stack]:
     started = [
         model for model in ("identity", "minilm", "smollm2") if model not in auth_stack.processes
     ]
-    for model in started:
-        auth_stack.start_worker(model)
+    auth_stack.wait_ready(*(auth_stack.spawn_worker(model) for model in started))
     yield auth_stack
     for model in started:
         auth_stack.stop_process(model)

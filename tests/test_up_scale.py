@@ -5,6 +5,7 @@ through them; one killed is restarted while the other keeps serving. Bad counts 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -218,16 +219,20 @@ def test_a_producer_that_dies_while_starting_says_why(stack: Stack, tmp_path: Pa
 
 def test_a_worker_that_dies_while_starting_says_why(tmp_path: Path) -> None:
     """`conveyor up` printed its own traceback ("RuntimeError: worker broken exited with 1; see
-    var/run") and left the reason in the worker's log."""
-    (tmp_path / "repository" / "broken").mkdir(parents=True)
-    (tmp_path / "repository" / "broken" / "config.yaml").write_text(
+    var/run") and left the reason in the worker's log. The workers start side by side: the one
+    named after the broken one was started too (and stopped)."""
+    repository = tmp_path / "repository"
+    (repository / "broken").mkdir(parents=True)
+    (repository / "broken" / "config.yaml").write_text(
         "kind: batch\nbackend: no_such_package.engines:Engine\n"
     )
+    shutil.copytree(REPO_ROOT / "model_repository" / "identity", repository / "identity")
     result = _up_refused(
         tmp_path,
-        ["--models", "broken", "--port", str(free_port())],
-        {"CONVEYOR_MODEL_REPOSITORY": str(tmp_path / "repository")},
+        ["--models", "broken,identity", "--port", str(free_port())],
+        {"CONVEYOR_MODEL_REPOSITORY": str(repository)},
     )
+    assert (tmp_path / "identity.log").exists(), result.stderr
     assert result.returncode == 1
     assert "Traceback" not in result.stderr.split("the end of", 1)[0], result.stderr
     assert f"Error: broken exited before it was ready; the end of {tmp_path}/" in result.stderr

@@ -126,9 +126,13 @@ def command(
             url = stack.start_producers(
                 port, producers, f"up-{os.getpid()}", host, CONVEYOR_CONSOLE_SECRET=secret
             )
-            for name, count in workers.items():
-                for number in range(1, count + 1):
-                    stack.start_worker(name, name if number == 1 else f"{name}-{number}")
+            stack.wait_ready(
+                *(
+                    stack.spawn_worker(name, name if number == 1 else f"{name}-{number}")
+                    for name, count in workers.items()
+                    for number in range(1, count + 1)
+                )
+            )
         except ChildNotReady as exc:
             raise click.ClickException(str(exc)) from None
         key_file = state_dir / "dev-api-key"
