@@ -24,9 +24,10 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from producer_api.responses import FastJSONResponse
+from shared.redis_client import PersistenceError
 
 log = logging.getLogger(__name__)
-FULL_RETRY_S = 5  # Retry-After while Redis is out of memory: results expire, or memory is added
+FULL_RETRY_S = 5  # Retry-After while Redis is out of memory (results expire) or cannot persist
 
 
 class ErrorDetail(BaseModel):
@@ -163,4 +164,12 @@ def install_error_handlers(app: FastAPI) -> None:
         passes as results expire or memory is added, not an error of this request."""
         log.warning("redis is out of memory: %s", exc)
         message = "the queue's Redis is out of memory (its maxmemory); retry later"
+        return error_response(503, "unavailable", message, {"Retry-After": str(FULL_RETRY_S)})
+
+    @app.exception_handler(PersistenceError)
+    async def _redis_disk_failing(_: Request, exc: Exception) -> FastJSONResponse:
+        """Redis could not persist (a full or lost disk) and refuses writes until a save works:
+        a state of the server an operator mends, not an error of this request."""
+        log.error("redis cannot persist and refuses writes: %s", exc)
+        message = "the queue's Redis cannot write to its disk (MISCONF); retry later"
         return error_response(503, "unavailable", message, {"Retry-After": str(FULL_RETRY_S)})

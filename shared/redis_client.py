@@ -18,6 +18,7 @@ from typing import Any, TypeAlias, TypeVar, cast
 
 import hiredis
 import redis.asyncio as aioredis
+from redis._parsers.base import BaseParser
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry
@@ -45,12 +46,23 @@ T = TypeVar("T")
 # What a cluster answers while a master fails over (no master for a slot yet, a slot moving):
 # an outage like a dropped connection (503, back off), not a fault of the request.
 CLUSTER_OUTAGE = (ClusterDownError, TryAgainError, SlotNotCoveredError)
+
+
+class PersistenceError(RedisConnectionError):
+    """MISCONF: the server refuses writes because it could not persist them (an RDB save or an
+    AOF write failed: a full or lost disk). redis-py maps no class to it: a plain ResponseError
+    was a 500, and ended a worker (kombu calls a refused BRPOP unrecoverable). Registered with
+    redis-py's parsers below as a connection error, as redis-py makes LOADING one: a state of
+    the server that passes, so clients retry it on fresh connections and kombu reconnects."""
+
+
+BaseParser.EXCEPTION_CLASSES["MISCONF"] = PersistenceError
 # A server that takes no writes for a while: the old master of a failover behind one address
-# (a managed Redis's endpoint; READONLY, MASTERDOWN), one at its maxmemory with noeviction (OOM).
-# An outage too (503, back off); a failover's errors also drop the connection and retry it, so
-# the address's new master is found.
+# (a managed Redis's endpoint; READONLY, MASTERDOWN), one at its maxmemory with noeviction (OOM),
+# one that cannot write to its disk (MISCONF). An outage too (503, back off); a failover's
+# errors also drop the connection and retry it, so the address's new master is found.
 FAILOVER_REFUSALS = (ReadOnlyError, MasterDownError)
-WRITES_REFUSED = (*FAILOVER_REFUSALS, OutOfMemoryError)
+WRITES_REFUSED = (*FAILOVER_REFUSALS, OutOfMemoryError, PersistenceError)
 # Per node: a cluster node's pool raises rather than waits when it is exhausted.
 CLUSTER_CONNECTIONS = 1_024
 

@@ -12,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -316,34 +317,65 @@ def test_an_output_json_cannot_hold_fails_alone(fault_stack: Stack, r: redis.Red
     assert json.loads(jobs[3]["error"])["type"] == "InvalidOutput"
 
 
-def test_a_redis_out_of_memory_is_a_503_and_a_worker_holds_its_results(
-    fault_stack: Stack, r: redis.Redis
+@contextmanager
+def _out_of_memory(r: redis.Redis) -> Iterator[None]:
+    r.config_set("maxmemory", 1)  # below what it holds: every write is refused
+    try:
+        yield
+    finally:
+        r.config_set("maxmemory", 0)
+
+
+@contextmanager
+def _unable_to_persist(r: redis.Redis) -> Iterator[None]:
+    """A snapshot that fails (its file's place taken by a directory here; a full disk in life)
+    while save points are set: Valkey refuses writes with MISCONF until one succeeds, or none
+    is set."""
+    saves = r.config_get("save")["save"]
+    blocker = Path(r.config_get("dir")["dir"]) / r.config_get("dbfilename")["dbfilename"]
+    r.config_set("save", "3600 1")
+    blocker.mkdir()  # the AOF persists this server: no snapshot of it exists to be in the way
+    try:
+        r.bgsave()
+        until(lambda: r.info("persistence")["rdb_last_bgsave_status"] == "err", 30)
+        yield
+    finally:
+        blocker.rmdir()
+        r.config_set("save", saves)
+
+
+@pytest.mark.parametrize(
+    ("refusing", "message"),
+    [
+        (_out_of_memory, "the queue's Redis is out of memory (its maxmemory); retry later"),
+        (_unable_to_persist, "the queue's Redis cannot write to its disk (MISCONF); retry later"),
+    ],
+)
+def test_a_redis_refusing_writes_is_a_503_and_a_worker_holds_its_results(
+    fault_stack: Stack,
+    r: redis.Redis,
+    refusing: Callable[[redis.Redis], AbstractContextManager[None]],
+    message: str,
 ) -> None:
-    """At its maxmemory (noeviction) Redis refuses writes: a submit was a 500, and the worker's
-    write-back stopped its consumer. Now the submit is a 503 to retry, and the worker keeps the
-    result in hand until Redis takes it."""
-    pid = fault_stack.start_worker("faulty", name="full")
+    """At its maxmemory (noeviction), or unable to persist, Redis refuses writes: a submit was
+    a 500, and the worker's write-back stopped its consumer. Now the submit is a 503 to retry,
+    and the worker keeps the result in hand until Redis takes it."""
+    pid = fault_stack.start_worker("faulty", name="refused")
     running = _faulty({"n": 1, "sleep_ms": 1500})
     job_id = httpx.post(f"{fault_stack.base_url}/v1/jobs", json=running).json()["id"]
     until(lambda: _job(r, job_id).get("status") == "running", 30)  # marked after 0.1 s
-    r.config_set("maxmemory", 1)  # below what it holds: every write is refused
-    try:
+    with refusing(r):
         refused = httpx.post(f"{fault_stack.base_url}/v1/jobs", json=_faulty({"n": 2}))
         time.sleep(2)  # the run ends; its write-back is refused and retried
         assert _job(r, job_id)["status"] == "running"
-    finally:
-        r.config_set("maxmemory", 0)
     assert refused.status_code == 503, refused.text
     assert refused.headers["retry-after"] == "5"
-    assert refused.json()["error"] == {
-        "type": "unavailable",
-        "message": "the queue's Redis is out of memory (its maxmemory); retry later",
-    }
+    assert refused.json()["error"] == {"type": "unavailable", "message": message}
     try:
         assert _wait_terminal(r, [job_id], timeout=30)[0]["status"] == "succeeded"
         assert psutil.Process(pid).is_running()  # the same worker wrote it
     finally:
-        fault_stack.stop_process("full")
+        fault_stack.stop_process("refused")
 
 
 def test_a_redis_that_turned_replica_is_a_503_until_it_is_master_again(
