@@ -56,7 +56,22 @@ class PersistenceError(RedisConnectionError):
     the server that passes, so clients retry it on fresh connections and kombu reconnects."""
 
 
-BaseParser.EXCEPTION_CLASSES["MISCONF"] = PersistenceError
+class RoleChangedError(RedisConnectionError):
+    """UNBLOCKED: a blocking read (a worker's XREADGROUP BLOCK, kombu's BRPOP) cut short because
+    the server turned replica (a failover behind one address). A plain ResponseError in
+    redis-py, it stopped a worker's consumer; as a connection error it is retried and backed
+    off like an outage."""
+
+
+class ReplicaRefusal(ReadOnlyError, RedisConnectionError):
+    """READONLY: still a ReadOnlyError, and a connection error as well for kombu, which then
+    reconnects (to the new master, once the address has one) where a ReadOnlyError on its
+    BRPOP or its scripts ended the worker as unrecoverable."""
+
+
+BaseParser.EXCEPTION_CLASSES.update(
+    MISCONF=PersistenceError, UNBLOCKED=RoleChangedError, READONLY=ReplicaRefusal
+)
 # A server that takes no writes for a while: the old master of a failover behind one address
 # (a managed Redis's endpoint; READONLY, MASTERDOWN), one at its maxmemory with noeviction (OOM),
 # one that cannot write to its disk (MISCONF). An outage too (503, back off); a failover's

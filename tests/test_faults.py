@@ -383,13 +383,15 @@ def test_a_redis_that_turned_replica_is_a_503_until_it_is_master_again(
 ) -> None:
     """A failover behind one address (a managed Redis's endpoint) leaves clients on the old
     master, now a replica that refuses writes with READONLY: a submit was a 500. Here the one
-    Valkey turns replica of a master that is not there, then master again. (A worker exits
-    then: Celery's own broker connection takes the replica's UNBLOCKED as unrecoverable; its
-    supervisor restarts it and its jobs are reclaimed.)"""
+    Valkey turns replica of a master that is not there, then master again. A worker rides it
+    out: it used to exit, as Celery's own broker connection took the replica's UNBLOCKED (its
+    BRPOP cut by the role change), then READONLY, as unrecoverable."""
+    pid = fault_stack.start_worker("faulty", name="demoted")
     url = f"{fault_stack.base_url}/v1/jobs"
     r.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
     try:
         refused = httpx.post(url, json=_faulty({"n": 1}), timeout=30)
+        time.sleep(3)  # the worker's reads, Celery's included, meet the replica
     finally:
         r.execute_command("REPLICAOF", "NO", "ONE")
     assert refused.status_code == 503, refused.text
@@ -398,9 +400,14 @@ def test_a_redis_that_turned_replica_is_a_503_until_it_is_master_again(
         "type": "unavailable",
         "message": "the queue's Redis is a replica for now (a failover?); retry shortly",
     }
-    accepted = httpx.post(url, json=_faulty({"n": 2}), timeout=30)
-    assert accepted.status_code == 202, accepted.text
-    httpx.delete(f"{url}/{accepted.json()['id']}")  # no worker here: leave no job for others
+    try:
+        accepted = httpx.post(url, json=_faulty({"n": 2}), timeout=30)
+        assert accepted.status_code == 202, accepted.text
+        job = _wait_terminal(r, [accepted.json()["id"]], timeout=30)[0]
+        assert job["status"] == "succeeded", job
+        assert psutil.Process(pid).is_running(), fault_stack.log_tail("demoted")
+    finally:
+        fault_stack.stop_process("demoted")
 
 
 def test_deadline_expires_without_running(fault_stack: Stack, r: redis.Redis) -> None:
