@@ -78,12 +78,25 @@ def error_response(
     return FastJSONResponse(body, status_code=status, headers=headers)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
+def _validation_message(request: Request, exc: RequestValidationError) -> str:
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if _whole_body_refused(exc) and not media_type.endswith(("/json", "+json")):
+        # curl's -d without -H sends application/x-www-form-urlencoded: the JSON is never read
+        return (
+            "body: send a JSON object with Content-Type: application/json (this request's is "
+            f"{media_type or 'missing'}; curl needs -H 'Content-Type: application/json')"
+        )
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts)
+
+
+def _whole_body_refused(exc: RequestValidationError) -> bool:
+    """The body as a whole was not an object: what FastAPI makes of a body it did not read as
+    JSON, whatever it held."""
+    return any(tuple(err.get("loc", ())) == ("body",) for err in exc.errors())
 
 
 def _allowed_methods(request: Request) -> str:
@@ -105,8 +118,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status, exc.type, exc.message, exc.headers, exc.details)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> FastJSONResponse:
-        return error_response(422, "invalid_request", _validation_message(exc))
+    async def _invalid(request: Request, exc: RequestValidationError) -> FastJSONResponse:
+        return error_response(422, "invalid_request", _validation_message(request, exc))
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> FastJSONResponse:

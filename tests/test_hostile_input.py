@@ -328,3 +328,32 @@ def test_a_non_finite_number_in_a_query_is_422_saying_so(
     response = httpx.request(method, f"{base_url}{path}", json={"inputs": {}})
     assert response.status_code == 422
     assert "Input should be a finite number" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/chat/completions"])
+@pytest.mark.parametrize(
+    ("content_type", "named"),
+    [
+        ("application/x-www-form-urlencoded", "application/x-www-form-urlencoded"),  # curl -d
+        ("Text/Plain; charset=utf-8", "text/plain"),
+        (None, "missing"),
+    ],
+)
+def test_a_body_not_sent_as_json_says_how_to_send_it(
+    base_url: str, path: str, content_type: str | None, named: str
+) -> None:
+    """`curl -d '{...}'` without `-H 'Content-Type: application/json'` got "body: Input should
+    be a valid dictionary or object to extract fields from": true of a body never read as JSON,
+    and no help."""
+    headers = {"content-type": content_type} if content_type else {}
+    body = b'{"model": "identity", "inputs": {"text": "x"}}'
+    response = httpx.post(f"{base_url}{path}", content=body, headers=headers, timeout=30)
+    assert _refused(response)["message"] == (
+        f"body: send a JSON object with Content-Type: application/json (this request's is "
+        f"{named}; curl needs -H 'Content-Type: application/json')"
+    )
+
+
+def test_a_json_body_that_is_not_an_object_is_422_saying_so(base_url: str) -> None:
+    response = _post(base_url, "/v1/jobs", b"[1, 2]")
+    assert _refused(response)["message"].startswith("body: Input should be a valid dictionary")
