@@ -379,7 +379,7 @@ def test_a_redis_refusing_writes_is_a_503_and_a_worker_holds_its_results(
 
 
 def test_a_redis_that_turned_replica_is_a_503_until_it_is_master_again(
-    fault_stack: Stack, r: redis.Redis
+    fault_stack: Stack, r: redis.Redis, receiver: Receiver
 ) -> None:
     """A failover behind one address (a managed Redis's endpoint) leaves clients on the old
     master, now a replica that refuses writes with READONLY: a submit was a 500. Here the one
@@ -400,11 +400,13 @@ def test_a_redis_that_turned_replica_is_a_503_until_it_is_master_again(
         "type": "unavailable",
         "message": "the queue's Redis is a replica for now (a failover?); retry shortly",
     }
-    try:
-        accepted = httpx.post(url, json=_faulty({"n": 2}), timeout=30)
+    try:  # its webhook is handed to Celery's broker, and delivered by the one worker's Celery
+        body = {**_faulty({"n": 2}), "webhook": f"{receiver.base}/after-replica"}
+        accepted = httpx.post(url, json=body, timeout=30)
         assert accepted.status_code == 202, accepted.text
         job = _wait_terminal(r, [accepted.json()["id"]], timeout=30)[0]
         assert job["status"] == "succeeded", job
+        until(lambda: receiver.at("/after-replica"), 30)
         assert psutil.Process(pid).is_running(), fault_stack.log_tail("demoted")
     finally:
         fault_stack.stop_process("demoted")
