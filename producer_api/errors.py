@@ -27,7 +27,25 @@ from producer_api.responses import FastJSONResponse
 from shared.redis_client import PersistenceError
 
 log = logging.getLogger(__name__)
-FULL_RETRY_S = 5  # Retry-After while Redis is out of memory (results expire) or cannot persist
+FULL_RETRY_S = 5  # Retry-After while Redis is out of memory or cannot persist
+FAILING_OVER = "the queue's Redis is a replica for now (a failover?); retry shortly"
+# A Redis that refuses writes for a while, a state of the server and not an error of the
+# request: what the 503 says, and its Retry-After in seconds. A replica where the master was (a
+# failover behind one address; the client has retried on new connections already, the next
+# request may reach the new master); one at its maxmemory (results expire, memory is added);
+# one that could not persist (a full or lost disk, which an operator mends).
+REFUSALS: dict[type[Exception], tuple[str, int]] = {
+    ReadOnlyError: (FAILING_OVER, 1),
+    MasterDownError: (FAILING_OVER, 1),
+    OutOfMemoryError: (
+        "the queue's Redis is out of memory (its maxmemory); retry later",
+        FULL_RETRY_S,
+    ),
+    PersistenceError: (
+        "the queue's Redis cannot write to its disk (MISCONF); retry later",
+        FULL_RETRY_S,
+    ),
+}
 
 
 class ErrorDetail(BaseModel):
@@ -162,27 +180,10 @@ def install_error_handlers(app: FastAPI) -> None:
             503, "unavailable", "the queue is unreachable; retry shortly", {"Retry-After": "1"}
         )
 
-    @app.exception_handler(ReadOnlyError)
-    @app.exception_handler(MasterDownError)
-    async def _redis_failing_over(_: Request, exc: Exception) -> FastJSONResponse:
-        """A replica answers where the master was (a failover behind one address): the client
-        has retried on new connections already; the next request may reach the new master."""
-        log.warning("redis refuses writes as a replica: %s", exc)
-        message = "the queue's Redis is a replica for now (a failover?); retry shortly"
-        return error_response(503, "unavailable", message, {"Retry-After": "1"})
+    async def _redis_refusing(_: Request, exc: Exception) -> FastJSONResponse:
+        message, retry_s = next(said for kind, said in REFUSALS.items() if isinstance(exc, kind))
+        log.warning("redis refuses writes: %s", exc)
+        return error_response(503, "unavailable", message, {"Retry-After": str(retry_s)})
 
-    @app.exception_handler(OutOfMemoryError)
-    async def _redis_full(_: Request, exc: Exception) -> FastJSONResponse:
-        """Redis at its maxmemory refuses writes (and scripts): a state of the server that
-        passes as results expire or memory is added, not an error of this request."""
-        log.warning("redis is out of memory: %s", exc)
-        message = "the queue's Redis is out of memory (its maxmemory); retry later"
-        return error_response(503, "unavailable", message, {"Retry-After": str(FULL_RETRY_S)})
-
-    @app.exception_handler(PersistenceError)
-    async def _redis_disk_failing(_: Request, exc: Exception) -> FastJSONResponse:
-        """Redis could not persist (a full or lost disk) and refuses writes until a save works:
-        a state of the server an operator mends, not an error of this request."""
-        log.error("redis cannot persist and refuses writes: %s", exc)
-        message = "the queue's Redis cannot write to its disk (MISCONF); retry later"
-        return error_response(503, "unavailable", message, {"Retry-After": str(FULL_RETRY_S)})
+    for refusal in REFUSALS:
+        app.add_exception_handler(refusal, _redis_refusing)
