@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from click.testing import CliRunner
 
 from conveyor.commands.keys import command as keys_command
+from producer_api.task_cancel import cancel_and_wait
 from shared.api_keys import InvalidKeySpec, KeySpec
 from shared.codec import RequestEntry, as_text
 from shared.job_states import JobStatus
@@ -239,9 +240,11 @@ async def _serving(aredis: aioredis.Redis, config: ModelConfig) -> AsyncIterator
     try:
         yield served
     finally:
-        worker.cancel()  # its blocked read's connection is dropped here, not in a later test
-        with contextlib.suppress(asyncio.CancelledError):
-            await worker
+        # its blocked read's connection is dropped here, not in a later test; a bare cancel
+        # can be lost (see cancel_and_wait), and awaiting the worker would then never return
+        await cancel_and_wait(worker)
+        if not worker.cancelled():
+            worker.result()  # the loop's own error, if it died before the cancel
 
 
 async def _until_done(served: _Served, jobs: list[NewJob]) -> None:
