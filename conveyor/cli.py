@@ -15,8 +15,19 @@ from shared.settings import Settings
 
 
 class _Group(click.Group):
-    """A bad `CONVEYOR_*` setting or model repository ends any command with one line, not a
+    """Each module of `conveyor.commands` is the subcommand of its name, imported only when that
+    command runs (or `--help` lists them all): a command starts without the others' imports. A
+    bad `CONVEYOR_*` setting or model repository ends any command with one line, not a
     traceback."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(module.name for module in pkgutil.iter_modules(commands.__path__))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.list_commands(ctx):
+            return None
+        command: click.Command = importlib.import_module(f"conveyor.commands.{cmd_name}").command
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -36,7 +47,3 @@ class _Group(click.Group):
 @click.group(cls=_Group)
 def main() -> None:
     """Conveyor: queue-driven asynchronous inference."""
-
-
-for _info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-    main.add_command(importlib.import_module(f"conveyor.commands.{_info.name}").command)
