@@ -29,16 +29,18 @@ CACHE = REPO_ROOT / "var" / "cache"
 
 
 def _pip(venv: Path, *args: str) -> None:
+    """`pip install` into the venv, by this venv's pip (the base venv has none: creating it
+    without pip saves its own install), then its bytecode compiled on every core, as the
+    Makefile does: pip compiles one file at a time."""
     # setuptools builds in ./build; modules deleted since the last build must not linger there
     shutil.rmtree(REPO_ROOT / "build", ignore_errors=True)
-    done = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    python = str(venv / "bin" / "python")
+    for command in (
+        [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile", *args],
+        [python, "-m", "compileall", "-q", "-j", "0", str(venv / "lib")],
+    ):
+        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 def _base_requirements_digest() -> str:
@@ -58,7 +60,9 @@ def base_venv() -> Iterator[Path]:
         if not (venv / ".ready").exists():
             for stale in CACHE.glob("base-venv-*"):  # built for other dependencies
                 shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            subprocess.run(
+                [sys.executable, "-m", "venv", "--clear", "--without-pip", str(venv)], check=True
+            )
             _pip(venv, ".")
             (venv / ".ready").touch()
         else:
