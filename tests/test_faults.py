@@ -29,6 +29,7 @@ from shared.keys import Keys
 from tests.conftest import REPO_ROOT, running_stack, until
 from tests.fault_engine import FIXED_ENV
 from tests.webhook_receiver import Receiver, serving
+from workers.runtime.broker_outage_log import CONNECTION_LOGGER, CONSUMER_LOGGER
 
 KEYS = Keys("cv:")
 
@@ -408,8 +409,24 @@ def test_a_redis_that_turned_replica_is_a_503_until_it_is_master_again(
         assert job["status"] == "succeeded", job
         until(lambda: receiver.at("/after-replica"), 30)
         assert psutil.Process(pid).is_running(), fault_stack.log_tail("demoted")
+        # Celery's restarts against the replica (some thirty lines) are two: the first, and
+        # one that says when the broker was back
+        celery = _celery_connection_lines(fault_stack.log_path("demoted"))
+        assert [line["name"] for line in celery] == [CONSUMER_LOGGER, CONNECTION_LOGGER], celery
+        assert " again after " in celery[1]["message"], celery
     finally:
         fault_stack.stop_process("demoted")
+
+
+def _celery_connection_lines(log: Path) -> list[dict[str, Any]]:
+    """A worker log's records of Celery's broker connection at WARNING or above."""
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    return [
+        record
+        for record in records
+        if record["name"] in (CONSUMER_LOGGER, CONNECTION_LOGGER)
+        and record["level"] in ("WARNING", "ERROR", "CRITICAL")
+    ]
 
 
 def test_deadline_expires_without_running(fault_stack: Stack, r: redis.Redis) -> None:

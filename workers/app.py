@@ -11,12 +11,14 @@ from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from shared.celery_broker import broker_app
 from shared.settings import get_settings
 from shared.telemetry import configure_logging, configure_tracing
+from workers.runtime.broker_outage_log import BrokerOutageLog
 from workers.runtime.heartbeat import WorkerHeartbeat
 from workers.runtime.metrics_server import MetricsServer
 from workers.runtime.stream_consumer import StreamConsumer
 
 settings = get_settings()
 configure_logging(settings.log_level)
+BrokerOutageLog.install()
 
 
 @signals.setup_logging.connect
@@ -36,6 +38,9 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,
     task_acks_late=True,
+    # Celery 6's default, said here because Celery 5 warns on every reconnect without it; with
+    # the solo pool no task runs while the consumer reconnects, so there is nothing to cancel
+    worker_cancel_long_running_tasks_on_connection_loss=True,
 )
 app.steps["worker"].add(WorkerHeartbeat)
 app.steps["worker"].add(StreamConsumer)
