@@ -43,6 +43,9 @@ PROMPTS = [
     "The recipe for a simple tomato soup starts with",
     "In the year 2050, cities will",
 ]
+# Far longer than any generation here (48 tokens at 16 streams take ~5 s on two cores): a stalled
+# engine or a lost job fails the part with its name instead of hanging it.
+GENERATION_TIMEOUT_S = 180.0
 # The worker has warmed its engine already; one unmeasured request per side warms the rest
 # (the producer's routes and Redis connections, the client's own paths).
 WARMUP_REQUESTS = 2
@@ -74,7 +77,11 @@ def run(scale: Scale, workdir: Path) -> PartResult:
             changed = {k for k in os.environ if os.environ[k] != environment.get(k)}
             os.environ.clear()
             os.environ.update(environment)
-        pipeline_runs = drive(_pipeline_side(stack.base_url, scale))
+        try:
+            pipeline_runs = drive(_pipeline_side(stack.base_url, scale))
+        except Exception as error:
+            error.add_note("\n".join(["the worker's log ends:", *stack.log_tail(worker, 40)]))
+            raise
     runs = [*engine_runs, *pipeline_runs]
     return PartResult(
         part="C",
@@ -251,12 +258,27 @@ def _parse_event(block: bytes) -> tuple[str, dict[str, Any]] | None:
 
 
 async def _measure(system: str, generate: Generate, scale: Scale) -> list[dict[str, Any]]:
+    bounded = with_deadline(system, generate)
     for index in range(WARMUP_REQUESTS):
-        await generate(index)
+        await bounded(index)
     runs = []
     for concurrency in scale.llm_streams:
-        runs.append(await _closed_loop(system, generate, concurrency, scale))
+        runs.append(await _closed_loop(system, bounded, concurrency, scale))
     return runs
+
+
+def with_deadline(system: str, generate: Generate) -> Generate:
+    """`generate`, failing with the generation's system and index after GENERATION_TIMEOUT_S."""
+
+    async def bounded(index: int) -> Stream:
+        try:
+            async with asyncio.timeout(GENERATION_TIMEOUT_S):
+                return await generate(index)
+        except TimeoutError:
+            why = f"{system}: generation {index} had not ended after {GENERATION_TIMEOUT_S:g} s"
+            raise RuntimeError(why) from None
+
+    return bounded
 
 
 async def _closed_loop(

@@ -26,7 +26,32 @@ T = TypeVar("T")
 
 def drive(load: Coroutine[Any, Any, T]) -> T:
     """Run a load on uvloop, which keeps the generator's own CPU per request low."""
-    return uvloop.run(load)
+    return uvloop.run(_interruptible(load))
+
+
+async def _interruptible(load: Coroutine[Any, Any, T]) -> T:
+    """`load`, ended by whatever a signal handler raises while it runs. uvloop calls Python's
+    signal handlers from a loop callback and only logs what they raise unless it is
+    KeyboardInterrupt or SystemExit, so pytest-timeout's SIGALRM failure was logged and a
+    stalled load ran on until CI's own limit killed the whole run."""
+    main = asyncio.current_task()
+    escaped: list[BaseException] = []
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        if main is None or isinstance(error, Exception) or error is None:
+            loop.default_exception_handler(context)
+            return
+        escaped.append(error)
+        main.cancel()
+
+    asyncio.get_running_loop().set_exception_handler(handle)
+    try:
+        return await load
+    except asyncio.CancelledError:
+        if escaped:
+            raise escaped[0] from None
+        raise
 
 
 @dataclass

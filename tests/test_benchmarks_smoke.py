@@ -170,6 +170,9 @@ def test_part_f_fairness(tmp_path: Path) -> None:
     assert target["measured"] == pytest.approx(fair / unloaded)
 
 
+# Two vLLM starts (the in-process engine and the stack's worker, side by side): ~2 minutes here,
+# more on a busy CI machine, as test_llm_pipeline.py allows for its own two.
+@pytest.mark.timeout(900)
 def test_part_c_llm_streaming(tmp_path: Path) -> None:
     document = _run("C", tmp_path)
     _check_common(document, "C", tmp_path)

@@ -1,0 +1,48 @@
+"""The hang guard (tests/hang_guard.py) ends a run whose test outlives its timeout, and says
+where it hung; a test that ends in time is left alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+STUCK = """
+import time
+import pytest
+
+@pytest.mark.timeout(1)
+def test_swallows_its_timeout():
+    while True:
+        try:
+            time.sleep(5)
+        except BaseException:  # as uvloop did with pytest-timeout's failure
+            pass
+
+def test_after():
+    pass
+"""
+
+
+def _pytest(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_guarded.py").write_text(source)
+    command = [sys.executable, "-m", "pytest", "-p", "tests.hang_guard", "-p", "no:cacheprovider"]
+    command += ["-o", "hang_guard_grace_s=2", "--rootdir", str(tmp_path), str(tmp_path)]
+    # `timeout` bounds this test only if the guard is broken
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_test_stuck_past_its_timeout_ends_the_run_with_its_stack(tmp_path: Path) -> None:
+    result = _pytest(tmp_path, STUCK)
+    assert result.returncode == 1
+    assert "Timeout (0:00:03)!" in result.stderr
+    assert "in test_swallows_its_timeout" in result.stderr
+    assert "test_after" not in result.stdout + result.stderr  # the run ended there
+
+
+def test_a_test_that_ends_in_time_is_left_alone(tmp_path: Path) -> None:
+    result = _pytest(tmp_path, "def test_one():\n    pass\n\n\ndef test_two():\n    pass\n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout and "Timeout" not in result.stderr
