@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
+import threading
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -30,28 +33,35 @@ def drive(load: Coroutine[Any, Any, T]) -> T:
 
 
 async def _interruptible(load: Coroutine[Any, Any, T]) -> T:
-    """`load`, ended by whatever a signal handler raises while it runs. uvloop calls Python's
-    signal handlers from a loop callback and only logs what they raise unless it is
-    KeyboardInterrupt or SystemExit, so pytest-timeout's SIGALRM failure was logged and a
+    """`load`, ended by whatever pytest-timeout's SIGALRM handler raises while it runs. Python
+    runs the handler wherever the main thread is: in uvloop's own callback, which only logs
+    what it raises (KeyboardInterrupt and SystemExit aside), or in a background task such as
+    vLLM's output handler, which then dies unseen. Either way the failure vanished, and a
     stalled load ran on until CI's own limit killed the whole run."""
     main = asyncio.current_task()
+    previous = signal.getsignal(signal.SIGALRM)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if main is None or not callable(previous) or not in_main_thread:
+        return await load
     escaped: list[BaseException] = []
 
-    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        error = context.get("exception")
-        if main is None or isinstance(error, Exception) or error is None:
-            loop.default_exception_handler(context)
-            return
-        escaped.append(error)
-        main.cancel()
+    def alarm(signum: int, frame: FrameType | None) -> None:
+        try:
+            previous(signum, frame)
+        except BaseException as error:
+            escaped.append(error)
+            main.cancel()
+            raise
 
-    asyncio.get_running_loop().set_exception_handler(handle)
+    signal.signal(signal.SIGALRM, alarm)
     try:
         return await load
     except asyncio.CancelledError:
         if escaped:
             raise escaped[0] from None
         raise
+    finally:
+        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass
