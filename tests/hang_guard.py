@@ -35,7 +35,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    limit = _timeout_s(item) + float(item.config.getini("hang_guard_grace_s"))
+    timeout = _timeout_s(item)
+    if timeout <= 0:  # no limit set: nothing to be past
+        return (yield)
+    limit = timeout + float(item.config.getini("hang_guard_grace_s"))
     faulthandler.dump_traceback_later(limit, exit=True, file=item.config.stash[TERMINAL])
     try:
         return (yield)
@@ -44,8 +47,10 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 
 
 def _timeout_s(item: pytest.Item) -> float:
-    """The test's pytest-timeout limit: its `timeout` mark, else the ini's."""
+    """The test's pytest-timeout limit, found as pytest-timeout finds it: its `timeout` mark,
+    else `--timeout`, else the ini's."""
     marker = item.get_closest_marker("timeout")
     if marker is not None:
         return float(marker.args[0] if marker.args else marker.kwargs["timeout"])
-    return float(item.config.getini("timeout") or 0)
+    given = item.config.getoption("timeout", default=None)
+    return float(given if given is not None else item.config.getini("timeout") or 0)

@@ -1,5 +1,5 @@
 """The hang guard (tests/hang_guard.py) ends a run whose test outlives its timeout, and says
-where it hung; a test that ends in time is left alone."""
+where it hung; a test that ends in time, or has no time limit, is left alone."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from pathlib import Path
 
 from tests.conftest import REPO_ROOT
 
-STUCK = """
+SWALLOWS = """
 import time
-import pytest
 
-@pytest.mark.timeout(1)
 def test_swallows_its_timeout():
     while True:
         try:
@@ -24,25 +22,42 @@ def test_swallows_its_timeout():
 def test_after():
     pass
 """
+MARKED = "import pytest\n" + SWALLOWS.replace(
+    "\ndef test_swallows", "\n@pytest.mark.timeout(1)\ndef test_swallows"
+)
 
 
-def _pytest(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
+def _pytest(tmp_path: Path, source: str, *options: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_guarded.py").write_text(source)
     command = [sys.executable, "-m", "pytest", "-p", "tests.hang_guard", "-p", "no:cacheprovider"]
-    command += ["-o", "hang_guard_grace_s=2", "--rootdir", str(tmp_path), str(tmp_path)]
+    command += ["-o", "hang_guard_grace_s=2", *options, "--rootdir", str(tmp_path), str(tmp_path)]
     # `timeout` bounds this test only if the guard is broken
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
 
 
-def test_a_test_stuck_past_its_timeout_ends_the_run_with_its_stack(tmp_path: Path) -> None:
-    result = _pytest(tmp_path, STUCK)
+def _ended_where_it_hung(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 1
-    assert "Timeout (0:00:03)!" in result.stderr
+    assert "Timeout (0:00:03)!" in result.stderr  # the mark's or --timeout's 1 s, plus 2
     assert "in test_swallows_its_timeout" in result.stderr
     assert "test_after" not in result.stdout + result.stderr  # the run ended there
+
+
+def test_a_test_stuck_past_its_marked_timeout_ends_the_run_with_its_stack(tmp_path: Path) -> None:
+    _ended_where_it_hung(_pytest(tmp_path, MARKED))
+
+
+def test_the_command_lines_timeout_counts_as_pytest_timeout_counts_it(tmp_path: Path) -> None:
+    _ended_where_it_hung(_pytest(tmp_path, SWALLOWS, "--timeout=1"))
 
 
 def test_a_test_that_ends_in_time_is_left_alone(tmp_path: Path) -> None:
     result = _pytest(tmp_path, "def test_one():\n    pass\n\n\ndef test_two():\n    pass\n")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 passed" in result.stdout and "Timeout" not in result.stderr
+
+
+def test_a_test_with_no_time_limit_is_left_alone(tmp_path: Path) -> None:
+    source = "import time\n\n\ndef test_slow():\n    time.sleep(4)\n"
+    result = _pytest(tmp_path, source, "-o", "timeout=0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout and "Timeout" not in result.stderr
