@@ -380,7 +380,9 @@ return out
 # status '' means only acknowledge (job already terminal, cancelled or gone; write_id and attempt
 # are then ''); `attempt` is this run's entry for the job's history, as JSON
 # (shared/job_store.attempt_json, the twin of `attempt` above); a job still
-# `queued` ran unmarked (see stream_reader.py) and moves as if from `running`.
+# `queued` ran unmarked (see stream_reader.py) and moves as if from `running`. A `cancelled`
+# record for a job the API cancelled while it ran (a generation it aborted) writes its fields
+# only: what the job ran to, its outputs so far (workers/partition/finish.py: Finish.record).
 # Per written job three commands (HMGET, HSET, EXPIRE); per micro-batch one SPUBLISH per reply
 # channel (a JSON array of the views written for it; the channel is in the partition's slot),
 # XACK, XDEL, and the lane's recent list (LPUSH; an LTRIM now and then). In-flight slots live in
@@ -416,6 +418,11 @@ while i <= #ARGV do
       redis.call('EXPIRE', jk, ARGV[2])
       table.insert(fresh, jid)
       again = true
+    elseif status == 'cancelled' and cur[1] == 'cancelled' then
+      -- cancelled through the API while it ran: what it ran to (outputs so far, token counts)
+      -- joins the record, whose status, end and attempt the cancel wrote; no write is counted,
+      -- no reply or webhook sent (the cancel's were)
+      redis.call('HSET', jk, unpack(ARGV, first, last))
     end
     if again then
       if reply ~= '' then

@@ -190,6 +190,36 @@ async def test_cancel_and_expiry_end_the_running_attempt(
     assert [run["outcome"] for run in await _history(store, "cancel-me")] == ["cancelled"]
 
 
+async def test_a_generation_cancelled_while_it_ran_keeps_what_it_ran_to(
+    aredis: aioredis.Redis, writers: Callable[[str], ResultWriter]
+) -> None:
+    """The generate loop aborts a job the API cancelled and writes it back `cancelled` with its
+    text so far: the record gains those outputs and token counts, and keeps the cancel's status,
+    end and attempt; no write is counted and nothing is reported written (the cancel replied and
+    notified), also when the write-back runs again after its reply was lost."""
+    store = await _queued(aredis, "stopped")
+    (delivery,) = await _read(aredis, "box-3-9")
+    await StreamReader(aredis, KEYS, PARTITION.streams, "box-3-9").mark_running([delivery])
+    cancelled = await store.transition("stopped", JobStatus.CANCELLED)
+    outputs = {"text": "Once upon", "finish_reason": "abort"}
+    ran = {"outputs": dumps(outputs).decode(), "completion_tokens": "2"}
+    finish = PARTITION.finish(delivery, JobStatus.CANCELLED, ran)
+    writer = writers("box-3-9")
+    for _ in range(2):
+        assert await writer.finish(STREAM, [finish]) == []
+        record = await store.get("stopped")
+        assert record is not None
+        view = record.view(history=True)
+        assert view["status"] == "cancelled" and view["outputs"] == outputs
+        assert view["completion_tokens"] == 2
+        assert record.fields["finished"] == cancelled.fields["finished"]
+        assert "writes" not in record.fields and "write_id" not in record.fields
+        assert [run["outcome"] for run in view["attempt_history"]] == ["cancelled"]
+    assert await aredis.lrange(KEYS.recent(STREAM), 0, -1) == [b"stopped"]
+    # its entry is acknowledged and deleted, as any written back
+    assert await aredis.xlen(STREAM) == 0
+
+
 async def test_reclaim_records_the_crashed_attempt_then_the_dead_lettered_one(
     aredis: aioredis.Redis,
 ) -> None:

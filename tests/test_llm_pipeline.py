@@ -391,7 +391,11 @@ def test_cancel_mid_generation_aborts_it_and_frees_the_slot(
     stream = _token_stream(stack_redis, job_id)
     assert stream[-1]["kind"] == "final" and stream[-1]["status"] == "cancelled"
     assert stream[-1]["finish_reason"] == "abort"
-    assert get_job(llm, job_id)["status"] == "cancelled"
+    # the job keeps the text it was given before the abort (the write-back follows the final)
+    text = "".join(event.get("text", "") for event in stream if event["kind"] == "token")
+    job = until(lambda: (seen := get_job(llm, job_id)).get("outputs") and seen)
+    assert job["status"] == "cancelled" and len(text) > 0
+    assert job["outputs"] == {"text": text, "finish_reason": "abort", "usage": final["usage"]}
     after = httpx.post(f"{llm}/v1/chat/completions", json=chat_body(PARIS, 16), timeout=120)
     job = get_job(llm, after.headers["X-Conveyor-Job-Id"])
     assert job["status"] == "succeeded"

@@ -122,12 +122,18 @@ class RunningJob:
             "message": f"the engine ended the generation ({self.finish_reason or 'no reason'})",
         }
 
+    @property
+    def ending(self) -> str | None:
+        """Its finish reason as told: `abort` for a generation aborted because the API ended it
+        (a cancel), as vLLM reports an aborted request."""
+        return "abort" if self.ended_as else self.finish_reason
+
     def final_event(self) -> TokenEvent:
         status = self.status
         return TokenEvent(
             "final",
             status=status.value,
-            finish_reason="abort" if self.ended_as else self.finish_reason,
+            finish_reason=self.ending,
             usage=usage_of(self.prompt_tokens, self.completion_tokens),
             error=self.failure if status == JobStatus.FAILED else None,
         )
@@ -163,7 +169,7 @@ class RunningJob:
         else:
             outputs = {
                 "text": "".join(self.text),
-                "finish_reason": self.finish_reason,
+                "finish_reason": self.ending,
                 "usage": usage_of(self.prompt_tokens, self.completion_tokens),
             }
             fields["outputs"] = dumps(outputs).decode()

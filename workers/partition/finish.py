@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.codec import OUTPUTS_TEXT, dumps
+from shared.job_states import JobStatus
 from shared.job_store import job_view
 
 
@@ -26,6 +27,15 @@ class Finish:
     inflight: str = ""  # the API key's in-flight set holding the job, freed with the write
     # this result's own: a write-back retried after its reply was lost finds it in the hash
     write_id: str = field(default_factory=lambda: secrets.token_hex(8))
+
+    def record(self) -> dict[str, str]:
+        """The fields FINISH writes to the job's hash. A job the API cancelled while it ran
+        keeps the cancel's end (`finished`) and gets no `write_id`: it holds no result of this
+        worker's, so a write-back retried after its reply was lost neither replies nor notifies
+        for it. The rest (its outputs so far, token counts) is what it ran to."""
+        if self.status == JobStatus.CANCELLED:
+            return {name: value for name, value in self.fields.items() if name != "finished"}
+        return {"write_id": self.write_id, **self.fields}
 
     def _fields(self) -> dict[str, str]:
         return {**self.context, **self.fields, "status": self.status}

@@ -88,7 +88,7 @@ class ResultWriter:
             reply, view = (item.reply, item.message()) if publish else ("", b"")
             args += [item.entry_id, item.job_id, reply, view, item.status]
             if item.status:
-                record = {"write_id": item.write_id, **item.fields}
+                record = item.record()
                 args += [item.write_id, self._attempt(item)]
             else:
                 record = item.fields
