@@ -9,9 +9,13 @@ from pathlib import Path
 
 from tests.conftest import REPO_ROOT
 
-SWALLOWS = """
+# `{mark}`: the swallowing test's own time limit, if any
+SWALLOWS_TEMPLATE = """
 import time
 
+import pytest
+
+{mark}
 def test_swallows_its_timeout():
     while True:
         try:
@@ -22,10 +26,8 @@ def test_swallows_its_timeout():
 def test_after():
     pass
 """
-MARKED = "import pytest\n" + SWALLOWS.replace(
-    "\ndef test_swallows", "\n@pytest.mark.timeout(1)\ndef test_swallows"
-)
-
+SWALLOWS = SWALLOWS_TEMPLATE.format(mark="")
+MARKED = SWALLOWS_TEMPLATE.format(mark="@pytest.mark.timeout(1)")
 
 def _pytest(tmp_path: Path, source: str, *options: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_guarded.py").write_text(source)
