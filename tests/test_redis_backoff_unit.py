@@ -1,5 +1,6 @@
-"""Stack-free: a Redis outage is two log lines however many retries it takes, and a loop asked
-to stop while Redis is gone gives up its write (the entry stays pending for reclaim)."""
+"""Stack-free: a Redis outage is two log lines however many retries it takes (a Celery
+broker's too), and a loop asked to stop while Redis is gone gives up its write (the entry stays
+pending for reclaim)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ import asyncio
 import logging
 
 import pytest
+from celery.worker.consumer.consumer import CONNECTION_ERROR, CONNECTION_RETRY
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from workers.partition.redis_backoff import OutageLog, Stopped, until_done
+from workers.runtime.broker_outage_log import (
+    CONNECTED,
+    CONNECTION_LOGGER,
+    CONSUMER_LOGGER,
+    FREQUENT_RESTARTS,
+    BrokerOutageLog,
+)
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -66,3 +75,29 @@ async def test_asked_to_stop_while_redis_is_gone_the_write_gives_up() -> None:
     with pytest.raises(Stopped):
         await until_done(unreachable, stop, "m:default")
     assert attempts == 2
+
+
+def test_a_broker_outage_is_two_lines_of_celerys_log() -> None:
+    """Celery's consumer restarting against a broker that refuses writes: the spell's first
+    error passes, the restarts after it are DEBUG (dropped here), and the next "Connected to"
+    says how long the broker was away and how many restarts were not shown."""
+    outage_log = BrokerOutageLog()
+
+    def record(name: str, msg: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, args, None)
+
+    errors = [
+        record(CONSUMER_LOGGER, CONNECTION_ERROR, "redis://", "READONLY", ""),
+        record(CONSUMER_LOGGER, "%s (%r)", CONNECTION_RETRY, "READONLY"),
+        record(CONSUMER_LOGGER, FREQUENT_RESTARTS, 3),
+    ]
+    connected = record(CONNECTION_LOGGER, CONNECTED, "redis://")
+    assert [outage_log.filter(each) for each in errors] == [True, False, False]
+    assert [each.levelno for each in errors] == [logging.ERROR, logging.DEBUG, logging.DEBUG]
+    assert outage_log.filter(connected) and connected.levelno == logging.WARNING
+    assert connected.getMessage().startswith("Connected to redis:// again after 0.")
+    assert connected.getMessage().endswith("s (2 more connection errors logged at DEBUG)")
+    # once connected, the next error starts a new spell; "Connected to" alone is left as it is
+    again = record(CONNECTION_LOGGER, CONNECTED, "redis://")
+    assert outage_log.filter(again) and again.getMessage() == "Connected to redis://"
+    assert outage_log.filter(record(CONSUMER_LOGGER, CONNECTION_ERROR, "redis://", "x", ""))

@@ -38,26 +38,49 @@ class Stopped(Exception):
     another worker reclaims and reruns it."""
 
 
+class OutageSpell:
+    """An outage from its first failure to its end, the failures between counted, not logged:
+    an outage is two log lines however many retries it takes (also Celery's broker connection's,
+    workers/runtime/broker_outage_log.py)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.repeats = 0
+
+    def failed(self) -> bool:
+        """Count a failure; True for the first of a spell, the one to log."""
+        if self.since is None:
+            self.since = time.monotonic()
+            return True
+        self.repeats += 1
+        return False
+
+    def ended(self) -> tuple[float, int] | None:
+        """(seconds it lasted, failures after its first) of the spell now over; None if none
+        was under way."""
+        if self.since is None:
+            return None
+        spell = (time.monotonic() - self.since, self.repeats)
+        self.since, self.repeats = None, 0
+        return spell
+
+
 class OutageLog:
-    """One warning when Redis goes away and one when it answers again, however many retries
-    come between: an outage is two log lines, not one per attempt."""
+    """One warning when Redis goes away and one when it answers again."""
 
     def __init__(self, what: str) -> None:
         self.what = what
-        self.down_since: float | None = None
+        self.spell = OutageSpell()
 
     def failed(self, reason: BaseException) -> None:
-        if self.down_since is None:
-            self.down_since = time.monotonic()
+        if self.spell.failed():
             log.warning("%s: redis unavailable (%s); retrying with backoff", self.what, reason)
         else:
             log.debug("%s: redis still unavailable (%s)", self.what, reason)
 
     def recovered(self) -> None:
-        if self.down_since is not None:
-            down_s = time.monotonic() - self.down_since
-            log.warning("%s: redis reachable again after %.1fs", self.what, down_s)
-            self.down_since = None
+        if (ended := self.spell.ended()) is not None:
+            log.warning("%s: redis reachable again after %.1fs", self.what, ended[0])
 
 
 class Backoff:

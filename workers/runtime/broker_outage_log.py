@@ -8,9 +8,10 @@ broker answers again; the restarts between are DEBUG records."""
 from __future__ import annotations
 
 import logging
-import time
 
 from celery.worker.consumer.consumer import CONNECTION_ERROR, CONNECTION_RETRY
+
+from workers.partition.redis_backoff import OutageSpell
 
 CONSUMER_LOGGER = "celery.worker.consumer.consumer"
 CONNECTION_LOGGER = "celery.worker.consumer.connection"
@@ -26,8 +27,7 @@ class BrokerOutageLog(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.down_since: float | None = None
-        self.repeats = 0
+        self.spell = OutageSpell()
 
     @classmethod
     def install(cls) -> None:
@@ -39,23 +39,17 @@ class BrokerOutageLog(logging.Filter):
         if record.msg == CONNECTED and record.name == CONNECTION_LOGGER:
             self._recovered(record)
             return True
-        if not _connection_error(record):
+        if not _connection_error(record) or self.spell.failed():
             return True
-        if self.down_since is None:
-            self.down_since = time.monotonic()
-            return True
-        self.repeats += 1
         _relevel(record, logging.DEBUG)
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
     def _recovered(self, record: logging.LogRecord) -> None:
-        if self.down_since is None:
+        if (ended := self.spell.ended()) is None:
             return
-        down_s = time.monotonic() - self.down_since
         record.msg = f"{CONNECTED} again after %.1fs (%d more connection errors logged at DEBUG)"
-        record.args = (*_args(record), down_s, self.repeats)
+        record.args = (*_args(record), *ended)
         _relevel(record, logging.WARNING)
-        self.down_since, self.repeats = None, 0
 
 
 def _connection_error(record: logging.LogRecord) -> bool:
