@@ -29,6 +29,7 @@ def test_after():
 SWALLOWS = SWALLOWS_TEMPLATE.format(mark="")
 MARKED = SWALLOWS_TEMPLATE.format(mark="@pytest.mark.timeout(1)")
 
+
 def _pytest(tmp_path: Path, source: str, *options: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_guarded.py").write_text(source)
     command = [sys.executable, "-m", "pytest", "-p", "tests.hang_guard", "-p", "no:cacheprovider"]
