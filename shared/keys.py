@@ -1,6 +1,6 @@
 """The one place that names Redis keys, so producer, workers and tooling agree on them.
 
-Keys are named for a Redis Cluster (docs/architecture.md, "Keys and slots"): every key a script
+Keys are named for a Redis Cluster (docs/redis-cluster.md, "Keys and slots"): every key a script
 or a transaction touches together carries the same hash tag (`{...}`), so it lands in one slot.
 - A partition's keys (its lanes' streams and their counters, fair-lane lists, DLQ, job hashes,
   token streams, reply channels and token-hub wake streams) carry the partition's tag: four hex
