@@ -109,6 +109,28 @@ def test_position_falls_as_the_jobs_ahead_finish(api: httpx.Client, store: redis
     assert "queue_position" not in done and "eta_ms" not in done
 
 
+def test_a_wait_that_runs_out_answers_where_the_job_stands(
+    api: httpx.Client, store: redis.Redis
+) -> None:
+    """A submit-and-wait whose wait ran out answered 202 `queued` whatever the job was doing;
+    now it says what a GET then would: queued with its position, or running."""
+    _drained(store)
+    _submit(api, 5)
+    body = {"inputs": {"sleep_ms": JOB_MS}}
+    behind = api.post("/v1/models/steady/predict", params={"timeout": 0.05}, json=body)
+    assert behind.status_code == 202, behind.text
+    queued = behind.json()
+    assert queued["status"] == "queued" and queued["queue_position"] >= 3, queued
+    assert "eta_ms" in queued and queued["urls"]["self"].endswith(queued["id"])
+    _drained(store)
+    slow = _job(inputs={"sleep_ms": 1_500})
+    answer = api.post("/v1/jobs", params={"wait": 0.8}, json=slow)
+    assert answer.status_code == 202, answer.text
+    running = answer.json()
+    assert running["status"] == "running" and "queue_position" not in running, running
+    assert api.get(running["urls"]["self"], params={"wait": 30}).json()["status"] == "succeeded"
+
+
 def test_eta_error_on_a_steady_load(api: httpx.Client, store: redis.Redis) -> None:
     """Bursts of 10 jobs a second for 8 s (a little over what the worker drains, so a backlog
     stands throughout); each job's ETA at its 202 against its real wait (started - created),

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from conveyor.stack import Stack
+from shared.keys import Keys
 from shared.redis_client import connect
 from shared.settings import get_settings
 from shared.webhook_events import WebhookDispatcher
@@ -96,6 +98,25 @@ def test_a_frozen_redis_is_a_fast_503_and_recovers(freezable: Stack) -> None:
     until(lambda: httpx.get(f"{url}/readyz", timeout=5).status_code == 200)
     assert {line["level"] for line in _hub_lines(log)} == {"DEBUG"}, _hub_lines(log)
     assert httpx.post(f"{url}/v1/jobs", json=BODY, timeout=30).status_code == 202
+
+
+def test_a_wait_that_runs_out_on_a_frozen_redis_still_answers_202(freezable: Stack) -> None:
+    """The job was accepted before Redis froze: once the wait runs out, reading where it stands
+    fails, and the answer is still the 202 with its id (a 503 would have it submitted twice)."""
+    queue = Keys().queue("identity", "default")
+    store = redis.Redis.from_url(freezable.redis_url)
+    before = store.xlen(queue)
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(
+            httpx.post, f"{freezable.base_url}/v1/jobs", params={"wait": 3}, json=BODY, timeout=30
+        )
+        until(lambda: store.xlen(queue) > before, every=0.02)
+        with frozen(freezable):
+            response = answer.result(timeout=30)
+    store.close()
+    assert response.status_code == 202, response.text
+    accepted = response.json()
+    assert accepted["status"] == "queued" and "queue_position" not in accepted, accepted
 
 
 def test_a_webhook_publish_gives_up_on_a_frozen_broker(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeGuard
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from pydantic import BeforeValidator
@@ -11,8 +11,10 @@ from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.errors import error_responses
 from producer_api.jobs.orjson_route import OrjsonRoute
 from producer_api.jobs.protocol import JobAccepted, JobRequest, JobView, PredictRequest
+from producer_api.jobs.queue_eta import STANDING_FIELDS
 from producer_api.jobs.serving import UNSUCCESSFUL_DESCRIPTIONS, JobsService, unsuccessful
 from producer_api.responses import FastJSONResponse
+from shared.job_states import JobStatus
 from shared.model_repository import NAME
 
 router = APIRouter(tags=["jobs"], route_class=OrjsonRoute)
@@ -78,6 +80,21 @@ def _accepted(
     }
 
 
+def _ended(view: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
+    return view is not None and JobStatus(view["status"]).terminal
+
+
+def _waiting(
+    request: Request, job_id: str, model: str, variant: str, view: dict[str, Any] | None
+) -> FastJSONResponse:
+    """202 for a wait that ran out: the job's status then, and where it stands while queued
+    (no view: Redis could not say, and the job was accepted, so `queued`)."""
+    view = view or {"status": JobStatus.QUEUED.value}
+    standing = {name: view[name] for name in STANDING_FIELDS if name in view}
+    accepted = _accepted(request, job_id, view["status"], model, variant)
+    return FastJSONResponse({**accepted, **standing}, 202)
+
+
 @router.post(
     "/v1/jobs",
     status_code=202,
@@ -95,9 +112,9 @@ async def submit_job(
     repeated `Idempotency-Key` with the same body answers 200 with the original job."""
     if wait > 0 and idempotency_key is None:
         job_id, variant, view = await service.submit_and_wait(body.model, body, wait)
-        if view is not None:
+        if _ended(view):
             return FastJSONResponse(view, status_code=200)
-        return FastJSONResponse(_accepted(request, job_id, "queued", body.model, variant), 202)
+        return _waiting(request, job_id, body.model, variant, view)
     submitted = await service.submit(body.model, body, idempotency_key)
     if not submitted.created:
         return FastJSONResponse(await service.get(submitted.job_id, wait))
@@ -135,8 +152,8 @@ async def predict(
     """Submit and wait: 200 with outputs, 202 with the job's URLs if it is still running, or
     the error of a job that failed (422), was cancelled (409) or expired (504)."""
     job_id, variant, view = await service.submit_and_wait(model, body, timeout)
-    if view is None:
-        return FastJSONResponse(_accepted(request, job_id, "queued", model, variant), 202)
+    if not _ended(view):
+        return _waiting(request, job_id, model, variant, view)
     return _predict_response(view)
 
 

@@ -53,7 +53,7 @@ class JobAccepted(BaseModel):
     variant: str
     urls: JobUrls
     queue_position: int | None = Field(
-        default=None, description="Entries ahead of the job in its lane when it was enqueued"
+        default=None, description="Entries ahead of the job in its lane when this was answered"
     )
     eta_ms: int | None = Field(
         default=None, description="Estimated ms until it starts; null while no rate is known"

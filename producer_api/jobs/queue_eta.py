@@ -29,6 +29,8 @@ from shared.queue_position import (
 
 REFRESH_S = 1.0
 Partition = tuple[str, str]
+# What a queued job's view and 202 add: `Standing.public()`'s keys.
+STANDING_FIELDS = ("queue_position", "eta_ms")
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import fingerprint
@@ -228,7 +230,9 @@ class JobsService:
     async def submit_and_wait(
         self, model: str, body: PredictRequest, timeout: float
     ) -> tuple[str, str, dict[str, Any] | None]:
-        """Enqueue with the waiter registered first, so a fast worker cannot beat us to it."""
+        """Enqueue with the waiter registered first, so a fast worker cannot beat us to it.
+        The view is the ended job's, or, once `timeout` runs out, the job as it stands then
+        (queued, with its standing, or running); None when Redis cannot say."""
         entry, config, variant = self.build(model, body)
         future = await self.state.replies.register(entry.job_id)
         try:
@@ -236,7 +240,7 @@ class JobsService:
             view = await self._await_reply(entry.job_id, future, timeout)
         finally:
             self.state.replies.unregister(entry.job_id, future)
-        return entry.job_id, variant, view
+        return entry.job_id, variant, view or await self._as_it_stands(entry.job_id)
 
     async def owned(self, job_id: str) -> JobRecord:
         """The caller's job, or 404 when it is unknown or another tenant's (ids do not leak).
@@ -292,6 +296,15 @@ class JobsService:
         except TimeoutError:
             return None
         return view if "attempts" in view else await self._read(job_id)
+
+    async def _as_it_stands(self, job_id: str) -> dict[str, Any] | None:
+        """An accepted job's view after a wait ran out. Redis failing here is no 503: the job
+        was accepted, and a client told otherwise would submit it again."""
+        try:
+            return await self._read(job_id)
+        except RedisError as exc:
+            log.warning("job %s accepted, but its state could not be read: %r", job_id, exc)
+            return None
 
     async def _read(self, job_id: str, history: bool = False) -> dict[str, Any]:
         return await self._view(await self.owned(job_id), history)
