@@ -54,12 +54,16 @@ def artifacts() -> Path:
     return prepared_artifacts()
 
 
-def torch_engine(artifacts: Path, **torch_options: Any) -> TorchEngine:
-    """The `torch` variant of the repository's minilm, its torch options overridden."""
+def torch_engine(
+    artifacts: Path, parameters: dict[str, Any] | None = None, **torch_options: Any
+) -> TorchEngine:
+    """The `torch` variant of the repository's minilm, its torch options (and any other
+    `parameters`) overridden."""
     config = minilm_config()
     variant = config.variants["torch"]
     options = {**variant.parameters["torch"], **torch_options}
-    variant = variant.model_copy(update={"parameters": {**variant.parameters, "torch": options}})
+    own = {**variant.parameters, **(parameters or {}), "torch": options}
+    variant = variant.model_copy(update={"parameters": own})
     config = config.model_copy(update={"variants": {**config.variants, "torch": variant}})
     engine = create_engine(config, "torch", artifacts.parent)
     assert isinstance(engine, TorchEngine)
@@ -128,6 +132,21 @@ def test_a_micro_batch_beyond_the_largest_bucket_is_split_into_calls(artifacts):
     outputs = engine.finish(engine.run(prepared))
     assert [len(o["embeddings"]) for o in outputs] == [6, 3]
     assert cosines(vectors(outputs), reference_embeddings(SENTENCES[:9])).min() >= 0.999
+
+
+def test_max_texts_per_call_cuts_calls_below_the_largest_bucket(artifacts):
+    """The torch engine ignored it (calls were cut at the largest bucket only), though the
+    model repository's `parameters` say every encoder engine reads it."""
+    buckets = {"batch_buckets": [1, 4, 8], "seq_buckets": [256]}
+    engine = torch_engine(artifacts, {"max_texts_per_call": 3}, device="cpu", cuda_graphs=buckets)
+    prepared = engine.prepare([{"texts": SENTENCES[:5]}, {"texts": SENTENCES[5:8]}])
+    assert [(b.shape, rows) for b, rows in prepared.calls] == [
+        ((4, 256), 3),
+        ((4, 256), 3),
+        ((4, 256), 2),
+    ]
+    outputs = engine.finish(engine.run(prepared))
+    assert cosines(vectors(outputs), reference_embeddings(SENTENCES[:8])).min() >= 0.999
 
 
 def test_usage_counts_each_jobs_tokens_across_calls_padded_to_buckets(artifacts):

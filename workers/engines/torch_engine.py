@@ -138,8 +138,9 @@ class HostBuffers:
 
 
 class TorchEngine(StagedBatchEngine):
-    """Embeds each micro-batch in calls of at most the largest batch bucket; with `cuda_graphs`
-    each call is padded up to its (batch, seq) bucket and, on CUDA, replays that bucket's graph."""
+    """Embeds each micro-batch in calls of at most `max_texts_per_call` texts and the largest
+    batch bucket; with `cuda_graphs` each call is padded up to its (batch, seq) bucket and, on
+    CUDA, replays that bucket's graph."""
 
     def load(self) -> None:
         self.options: TorchOptions = self.config.torch_options(self.variant)
@@ -149,6 +150,8 @@ class TorchEngine(StagedBatchEngine):
         own = self.config.encoder_parameters(self.variant)
         self.buckets = self.options.cuda_graphs  # max_seq_length fits the largest (at load)
         self.batch_buckets = (self.buckets or CudaGraphBuckets()).batch_buckets
+        largest = self.batch_buckets[-1]  # a call never outgrows its captured graphs
+        self.max_texts_per_call = min(own.max_texts_per_call or largest, largest)
         self.encoder = TextEncoder.from_artifacts(artifact_dir, own.max_seq_length)
         self.host_threads = self.options.tokenizer_threads
         encoder: Any = load_encoder(artifact_dir, attention="sdpa")
@@ -215,7 +218,7 @@ class TorchEngine(StagedBatchEngine):
 
     def prepare(self, inputs: list[dict[str, Any]]) -> PreparedBatch:
         texts, split = flatten_texts(inputs)
-        calls = [self._tokenize(part) for part in chunks(texts, self.batch_buckets[-1])]
+        calls = [self._tokenize(part) for part in chunks(texts, self.max_texts_per_call)]
         return PreparedBatch(split.counted(calls), calls)
 
     def _tokenize(self, texts: list[str]) -> tuple[TokenBatch, int]:
