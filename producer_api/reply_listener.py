@@ -59,16 +59,24 @@ class ReplyListener:
         for pubsub in self._nodes.values():
             await pubsub.aclose()
 
-    async def follow(self, channel: str) -> None:
+    async def follow(self, channel: str) -> bool:
         """Also hear a channel this producer did not subscribe yet (another producer's, for a
-        job submitted through another replica; a partition not known at start)."""
-        if channel and channel not in self._channels:
-            await self._subscribe([channel])
+        job submitted through another replica; a partition not known at start). True when the
+        subscription is new: what was published on it before went unheard."""
+        if not channel or channel in self._channels:
+            return False
+        await self._subscribe([channel])
+        return True
 
     async def register(self, job_id: str) -> asyncio.Future[dict[str, Any]]:
+        """A future the job's end resolves; a subscription that fails leaves no waiter."""
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiters[job_id].add(future)
-        await self.follow(self.channel(job_id))
+        try:
+            await self.follow(self.channel(job_id))
+        except BaseException:
+            self.unregister(job_id, future)
+            raise
         return future
 
     def unregister(self, job_id: str, future: asyncio.Future[dict[str, Any]]) -> None:

@@ -1,21 +1,29 @@
 """A client's retry that arrives while its first try is still being enqueued (the client timed out
 and the SDK sent the same Idempotency-Key again), on a real Valkey, no stack: the retry answers
 with the first job only once that job exists; if the first try gives the key up (its enqueue
-failed), the retry enqueues its own job instead of naming one that never existed."""
+failed), the retry enqueues its own job instead of naming one that never existed. A job whose
+enqueue failed after it was written keeps its key and its in-flight slot."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
+from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from producer_api.app import create_app
 from producer_api.errors import ConveyorError
 from producer_api.jobs import admission
 from producer_api.jobs.admission import IdempotencyKeys
+from shared.api_keys import ApiKeyStore, KeySpec
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys, new_job_id
+from shared.settings import Settings, get_settings
 
 KEYS = Keys("idem:")
 TENANT, KEY, BODY = "acme", "order-42", "fingerprint"
@@ -56,8 +64,8 @@ async def test_a_retry_enqueues_its_own_job_when_the_first_try_gives_the_key_up(
     aredis: aioredis.Redis,
 ) -> None:
     keys, store = _stores(aredis)
-    _, retry, waiting = await _retry(keys, store)
-    await keys.release(TENANT, KEY)  # the first try's enqueue failed (a full queue, say)
+    first, retry, waiting = await _retry(keys, store)
+    await keys.release(TENANT, KEY, first, BODY)  # the first try's enqueue failed (queue full)
     assert await asyncio.wait_for(waiting, 10) is None  # the retry holds the key now
     await _enqueue(store, retry)
     third = new_job_id("m", "default")
@@ -78,3 +86,68 @@ async def test_a_first_try_that_never_ends_leaves_the_retry_a_409_to_try_later(
         await keys.claim(TENANT, KEY, new_job_id("m", "default"), BODY, store.exists)
     assert busy.value.status == 409 and busy.value.headers == {"Retry-After": "1"}
     assert "still being enqueued" in busy.value.message
+
+
+async def test_a_job_written_before_its_enqueue_failed_keeps_its_key_and_slot(
+    redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An enqueue can fail after ENQUEUE ran: replicas that did not confirm the job, a reply
+    lost with its connection (a 503 either way). The key and the in-flight slot were given back
+    all the same, so the client's retry with the key enqueued the job a second time, beside a
+    job holding no slot. The producer runs in-process, ENQUEUE on a real Valkey."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    spec = KeySpec(tenant=tenant, scopes=frozenset({"submit", "read"}), max_in_flight=1)
+    api_key, _ = await ApiKeyStore(aredis, Keys()).create(spec)
+    app = create_app(Settings(redis_url=redis_url, instance_id="ambiguous"))
+    url, body = "/v1/jobs", {"model": "identity", "inputs": {"x": tenant}}
+    auth = {"Authorization": f"Bearer {api_key}"}
+    headers = {**auth, "Idempotency-Key": "order-7"}
+    async with app.router.lifespan_context(app):
+        store = app.state.conveyor.job_store
+        written = store.create
+
+        async def written_then_lost(*args: Any, **kwargs: Any) -> int:
+            await written(*args, **kwargs)
+            raise RedisConnectionError("the reply was lost with its connection")
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            monkeypatch.setattr(store, "create", written_then_lost)
+            first = await client.post(url, json=body, headers=headers)
+            assert first.status_code == 503, first.text
+            monkeypatch.undo()
+            again = await client.post(url, json=body, headers=headers)
+            other = await client.post(url, json={**body, "inputs": {"x": 2}}, headers=auth)
+    assert again.status_code == 200 and again.json()["status"] == "queued", again.text
+    assert other.status_code == 429, other.text  # the queued job still holds the one slot
+    assert other.json()["error"]["type"] == "too_many_in_flight"
+    entries = await aredis.xrange(Keys().queue("identity", "default"))
+    assert [f[b"id"].decode() for _, f in entries].count(again.json()["id"]) == 1
+    assert sum(b"tenant" in f and f[b"tenant"].decode() == tenant for _, f in entries) == 1
+
+
+async def test_a_claim_its_replicas_did_not_confirm_is_given_back(
+    redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `CONVEYOR_REPLICA_ACKS` and no replica to confirm anything, the claim of a key is
+    written and its submit answers 503. The claim stayed: every retry with the key waited 5 s
+    for a job that never existed and got 409, until the key expired a day later."""
+    monkeypatch.setenv("CONVEYOR_REPLICA_ACKS", "1")
+    monkeypatch.setenv("CONVEYOR_REDIS_TIMEOUT_S", "0.5")
+    get_settings.cache_clear()
+    claims = f"{Keys().prefix}idem:*"
+    before = len(await aredis.keys(claims))
+    try:
+        settings = get_settings().model_copy(
+            update={"redis_url": redis_url, "auth": "disabled", "instance_id": "unconfirmed"}
+        )
+        app = create_app(settings)
+        body, headers = {"model": "identity", "inputs": {}}, {"Idempotency-Key": "order-8"}
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                answers = [await client.post("/v1/jobs", json=body, headers=headers) for _ in "12"]
+    finally:
+        get_settings.cache_clear()
+    assert [a.status_code for a in answers] == [503, 503], [a.text for a in answers]
+    assert len(await aredis.keys(claims)) == before

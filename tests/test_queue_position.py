@@ -7,10 +7,12 @@ already past is refused (422) with nothing enqueued."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
@@ -18,9 +20,12 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from conveyor.stack import Stack
-from shared.keys import Keys
+from shared.codec import RequestEntry
+from shared.job_store import JobStore, stamp_ms
+from shared.keys import Keys, new_job_id
 from tests.conftest import REPO_ROOT, running_stack, until
 from tests.test_cli import CONVEYOR
 from tests.test_llm_pipeline import sse_events
@@ -129,6 +134,58 @@ def test_a_wait_that_runs_out_answers_where_the_job_stands(
     running = answer.json()
     assert running["status"] == "running" and "queue_position" not in running, running
     assert api.get(running["urls"]["self"], params={"wait": 30}).json()["status"] == "succeeded"
+
+
+async def _enqueued_replying_to_nobody(redis_url: str, inputs: dict[str, Any]) -> str:
+    """A job as a dead letter's replay enqueues it: no producer's reply channel."""
+    client = aioredis.Redis.from_url(redis_url)
+    entry = RequestEntry(new_job_id("steady", "default"), {"inputs": inputs}, stamp_ms())
+    fields = {"model": "steady", "variant": "default"}
+    await JobStore(client, KEYS, 600).create(entry, STEADY, fields)
+    await client.aclose()
+    return entry.job_id
+
+
+def test_a_long_poll_ends_with_a_job_that_has_no_reply_channel(
+    api: httpx.Client, store: redis.Redis, queue_stack: Stack
+) -> None:
+    """Nothing publishes the end of a job no producer submitted (a dead letter's replay, a
+    batch's line): its long-poll sat out the whole wait, though the job ended in a second."""
+    _drained(store)
+    job_id = asyncio.run(_enqueued_replying_to_nobody(queue_stack.redis_url, {"sleep_ms": 1_000}))
+    answer = api.get(f"/v1/jobs/{job_id}", params={"wait": 60}, timeout=20)
+    assert answer.status_code == 200 and answer.json()["status"] == "succeeded", answer.text
+
+
+def test_a_keyed_submit_waits_as_one_without_a_key_does(
+    api: httpx.Client, store: redis.Redis
+) -> None:
+    """`?wait` was ignored when an Idempotency-Key came with it: a 202 at once, though the job
+    ended within the wait, while the key's retry did wait and answered 200."""
+    _drained(store)
+    headers = {"Idempotency-Key": f"wait-{uuid.uuid4().hex}"}
+    first = api.post("/v1/jobs", params={"wait": 30}, json=_job(), headers=headers)
+    assert first.status_code == 200 and first.json()["status"] == "succeeded", first.text
+    again = api.post("/v1/jobs", params={"wait": 30}, json=_job(), headers=headers)
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"], again.text
+
+
+def test_a_retry_past_its_deadline_answers_with_the_job_it_was_accepted_as(
+    api: httpx.Client, store: redis.Redis
+) -> None:
+    """A retry (the 202 was lost) sent once the deadline had passed was refused 422 `already
+    past`, though the job it repeats was accepted and ran."""
+    _drained(store)
+    headers = {"Idempotency-Key": f"late-{uuid.uuid4().hex}"}
+    body = _job(deadline=time.time() + 1.0)
+    accepted = api.post("/v1/jobs", json=body, headers=headers)
+    assert accepted.status_code == 202, accepted.text
+    until(lambda: time.time() > body["deadline"])
+    again = api.post("/v1/jobs", json=body, headers=headers)
+    assert again.status_code == 200 and again.json()["id"] == accepted.json()["id"], again.text
+    refused = api.post("/v1/jobs", json=body)  # no key: nothing to repeat
+    assert refused.status_code == 422 and "already past" in refused.text
+    _drained(store)
 
 
 def test_eta_error_on_a_steady_load(api: httpx.Client, store: redis.Redis) -> None:

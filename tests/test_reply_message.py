@@ -10,6 +10,7 @@ import logging
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from producer_api.reply_listener import ReplyListener
 from shared.codec import OUTPUTS_TEXT, dumps, loads, spliced_outputs
@@ -59,6 +60,36 @@ async def test_the_listener_takes_a_large_reply_without_formatting_it(
         view = await asyncio.wait_for(waiting, timeout=10)
         assert dumps(view["outputs"]) == outputs.encode()
         assert [r for r in caplog.records if r.name == "push_response"] == []
+    finally:
+        await listener.stop()
+        await client.aclose()
+
+
+async def test_following_says_whether_the_subscription_is_new(redis_url: str) -> None:
+    """A long-poll reads the job again after a new subscription: a reply published between its
+    first read and the subscription went unheard, and the poll sat out its wait."""
+    client = connect(redis_url)
+    keys = Keys()
+    listener = ReplyListener(client, keys, "p1", JobStore(client, keys, 60))
+    try:
+        other = keys.reply("p2", "abcd")
+        assert await listener.follow(other) is True
+        assert await listener.follow(other) is False
+        assert await listener.follow("") is False  # a job that replies to nobody
+    finally:
+        await listener.stop()
+        await client.aclose()
+
+
+async def test_a_registration_whose_subscription_fails_leaves_no_waiter() -> None:
+    """The waiter stayed behind for good, read again by every recheck after a reconnection."""
+    client = connect("redis://127.0.0.1:9", timeout_s=1)  # nothing listens there
+    keys = Keys()
+    listener = ReplyListener(client, keys, "p1", JobStore(client, keys, 60))
+    try:
+        with pytest.raises(RedisConnectionError):
+            await listener.register("abcd" + "0" * 28)
+        assert listener._waiters == {}  # nothing public tells
     finally:
         await listener.stop()
         await client.aclose()

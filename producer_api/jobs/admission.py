@@ -5,22 +5,33 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from producer_api.errors import ConveyorError
 from shared.codec import as_text, dumps
 from shared.drain_rate import drain_rates
 from shared.keys import Keys
+from shared.redis_client import call_script
+
+log = logging.getLogger(__name__)
 
 DRAIN_WINDOW_S = 10
 # How long a repeated submit waits for the first one with its key to be enqueued (or to give the
 # key up), and how often it looks: enqueuing takes milliseconds.
 IN_PROGRESS_WAIT_S = 5.0
 IN_PROGRESS_POLL_S = 0.05
+# Give a key up only if this submit's claim still holds it: another's (a retry that claimed it
+# after this one's expired) stays.
+RELEASE_OWN = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
 def fingerprint(body: dict[str, object]) -> str:
@@ -36,6 +47,7 @@ class IdempotencyKeys:
         self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
+        self._release = client.register_script(RELEASE_OWN)
 
     def _key(self, tenant: str, key: str) -> str:
         digest = hashlib.sha256(key.encode()).hexdigest()[:40]
@@ -71,22 +83,55 @@ class IdempotencyKeys:
     async def _claim(self, tenant: str, key: str, job_id: str, body_fingerprint: str) -> str | None:
         """None if this submit owns the key now; else the job id it was first used for."""
         redis_key = self._key(tenant, key)
-        value = f"{job_id}:{body_fingerprint}"
+        value = _claim_value(job_id, body_fingerprint)
         if await self.redis.set(redis_key, value, nx=True, ex=self.ttl_s):
             return None
         existing = await self.redis.get(redis_key)
         if existing is None:  # expired between the two calls: take it now
             return await self._claim(tenant, key, job_id, body_fingerprint)
-        first_job, _, first_fingerprint = as_text(existing).partition(":")
+        first_job, first_fingerprint = _claimed(existing)
         if first_fingerprint != body_fingerprint:
             raise ConveyorError(
                 409, "conflict", "Idempotency-Key was already used with a different body"
             )
         return first_job
 
-    async def release(self, tenant: str, key: str) -> None:
-        """Free the key when the submit that claimed it did not enqueue anything."""
-        await self.redis.delete(self._key(tenant, key))
+    async def used_for(
+        self,
+        tenant: str,
+        key: str,
+        body_fingerprint: str,
+        enqueued: Callable[[str], Awaitable[bool]],
+    ) -> str | None:
+        """The job a request with this key and body was accepted as, if one was (read only:
+        for a retry that would be refused now)."""
+        existing = await self.redis.get(self._key(tenant, key))
+        if existing is None:
+            return None
+        first_job, first_fingerprint = _claimed(existing)
+        if first_fingerprint != body_fingerprint or not await enqueued(first_job):
+            return None
+        return first_job
+
+    async def release(self, tenant: str, key: str, job_id: str, body_fingerprint: str) -> None:
+        """Free the key when the submit that claimed it as `job_id` did not enqueue anything
+        (a claim that failed may have been written all the same). Best effort: a key that
+        cannot be given back now expires with the results."""
+        keys, value = [self._key(tenant, key)], [_claim_value(job_id, body_fingerprint)]
+        try:
+            await call_script(self._release, keys, value)
+        except RedisError as exc:
+            log.warning("could not give back an idempotency key: %r", exc)
+
+
+def _claim_value(job_id: str, body_fingerprint: str) -> str:
+    return f"{job_id}:{body_fingerprint}"
+
+
+def _claimed(value: bytes | str) -> tuple[str, str]:
+    """A claim's first job id and body fingerprint."""
+    first_job, _, first_fingerprint = as_text(value).partition(":")
+    return first_job, first_fingerprint
 
 
 class Backpressure:

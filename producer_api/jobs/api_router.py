@@ -95,6 +95,15 @@ def _waiting(
     return FastJSONResponse({**accepted, **standing}, 202)
 
 
+def _waited(
+    request: Request, job_id: str, model: str, variant: str, view: dict[str, Any] | None
+) -> FastJSONResponse:
+    """200 with the job if it ended within the wait, else the 202."""
+    if _ended(view):
+        return FastJSONResponse(view, status_code=200)
+    return _waiting(request, job_id, model, variant, view)
+
+
 @router.post(
     "/v1/jobs",
     status_code=202,
@@ -112,12 +121,13 @@ async def submit_job(
     repeated `Idempotency-Key` with the same body answers 200 with the original job."""
     if wait > 0 and idempotency_key is None:
         job_id, variant, view = await service.submit_and_wait(body.model, body, wait)
-        if _ended(view):
-            return FastJSONResponse(view, status_code=200)
-        return _waiting(request, job_id, body.model, variant, view)
+        return _waited(request, job_id, body.model, variant, view)
     submitted = await service.submit(body.model, body, idempotency_key)
     if not submitted.created:
         return FastJSONResponse(await service.get(submitted.job_id, wait))
+    if wait > 0:  # keyed: the key was claimed before the job existed, so wait on it now
+        view = await service.get(submitted.job_id, wait)
+        return _waited(request, submitted.job_id, body.model, submitted.variant, view)
     accepted = _accepted(request, submitted.job_id, "queued", body.model, submitted.variant)
     return FastJSONResponse({**accepted, **submitted.standing}, 202)
 

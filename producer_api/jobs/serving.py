@@ -36,6 +36,8 @@ from shared.webhook_events import event, refusal
 log = logging.getLogger(__name__)
 
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
+# How often a long-poll reads a job that has no reply channel (nothing wakes it).
+REPLYLESS_POLL_S = 0.25
 
 
 # The HTTP status of a job that ended without succeeding, where a route answers with its result
@@ -187,8 +189,9 @@ class JobsService:
         fields["inflight"] = entry.inflight
         try:
             yield
-        except BaseException:
-            await limiter.release(self.principal.key_id, entry.job_id)
+        except BaseException as exc:
+            if await self._nothing_enqueued(entry.job_id, exc):
+                await limiter.release(self.principal.key_id, entry.job_id)
             raise
 
     async def submit(
@@ -196,23 +199,46 @@ class JobsService:
     ) -> Submitted:
         """Enqueue a job. With an idempotency key seen before (same body), nothing is enqueued
         and the first job's id comes back."""
+        if idempotency_key is not None:
+            return await self._submit_once(model, body, idempotency_key)
         entry, config, variant = self.build(model, body)
-        if idempotency_key is None:
-            position = await self.enqueue(entry, config, variant, body)
-            return self._submitted(entry, config, variant, body, position)
-        idempotency = self.state.idempotency
+        position = await self.enqueue(entry, config, variant, body)
+        return self._submitted(entry, config, variant, body, position)
+
+    async def _submit_once(self, model: str, body: PredictRequest, key: str) -> Submitted:
+        """A retry answers with the job its first try was accepted as, also when the request
+        would be refused now (its deadline has passed, the model's routes changed)."""
+        idempotency, exists = self.state.idempotency, self.state.job_store.exists
+        tenant = self.principal.tenant
         body_print = fingerprint({"model": model, **body.model_dump(mode="json")})
-        first = await idempotency.claim(
-            entry.tenant, idempotency_key, entry.job_id, body_print, self.state.job_store.exists
-        )
-        if first is not None:
-            return Submitted(first, variant, created=False)
         try:
+            entry, config, variant = self.build(model, body)
+        except ConveyorError:
+            if (first := await idempotency.used_for(tenant, key, body_print, exists)) is None:
+                raise
+            return Submitted(first, "", created=False)
+        try:
+            first = await idempotency.claim(tenant, key, entry.job_id, body_print, exists)
+            if first is not None:
+                return Submitted(first, variant, created=False)
             position = await self.enqueue(entry, config, variant, body)
-        except BaseException:
-            await idempotency.release(entry.tenant, idempotency_key)
+        except BaseException as exc:
+            if await self._nothing_enqueued(entry.job_id, exc):
+                await idempotency.release(tenant, key, entry.job_id, body_print)
             raise
         return self._submitted(entry, config, variant, body, position)
+
+    async def _nothing_enqueued(self, job_id: str, failure: BaseException) -> bool:
+        """Whether a failed enqueue left no job, so what it claimed (an idempotency key, an
+        in-flight slot) can be given back. A refusal enqueued nothing; a Redis error may come
+        after ENQUEUE ran (replicas that did not confirm it, a reply lost with its connection),
+        and a key given back then would let the client's retry enqueue the job twice."""
+        if isinstance(failure, ConveyorError):
+            return True
+        try:
+            return not await self.state.job_store.exists(job_id)
+        except RedisError:
+            return True  # cannot tell: giving back is what a retry needs if nothing was written
 
     def _submitted(
         self,
@@ -259,10 +285,14 @@ class JobsService:
         future = await replies.register(job_id) if wait > 0 else None
         try:
             record = await self.owned(job_id)
+            if future is not None and not record.status.terminal:
+                record = await self._heard(record)
             if future is None or record.status.terminal:
                 return await self._view(record, history)
-            await replies.follow(record.fields.get("reply", ""))
-            view = await self._await_reply(job_id, future, wait)
+            if record.fields.get("reply"):
+                view = await self._await_reply(job_id, future, wait)
+            else:
+                view = await self._polled(job_id, wait)
         finally:
             if future is not None:
                 replies.unregister(job_id, future)
@@ -284,6 +314,27 @@ class JobsService:
                 self.state.webhooks.send, "job", job_id, url, event("job.cancelled", view)
             )
         return view
+
+    async def _heard(self, record: JobRecord) -> JobRecord:
+        """Follow the channel the job's worker replies on (another producer's, for a job
+        submitted through it); the job is read again when that subscription is new, since a
+        reply published before it went unheard."""
+        if await self.state.replies.follow(record.fields.get("reply", "")):
+            return await self.owned(record.job_id)
+        return record
+
+    async def _polled(self, job_id: str, timeout: float) -> dict[str, Any] | None:
+        """The job's terminal view, read every `REPLYLESS_POLL_S`, or None after `timeout`: a
+        job no producer submitted (a dead letter's replay, a batch's line) has no reply
+        channel, so nothing publishes its end."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(timeout, self.state.settings.max_wait_s)
+        while (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(REPLYLESS_POLL_S, left))
+            record = await self.owned(job_id)
+            if record.status.terminal:
+                return await self._view(record, False)
+        return None
 
     async def _await_reply(
         self, job_id: str, future: asyncio.Future[dict[str, Any]], timeout: float
