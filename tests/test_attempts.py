@@ -9,6 +9,7 @@ ended jobs the console reads, is checked here too."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from conveyor.client import AsyncClient, Client
 from conveyor.stack import Stack
@@ -251,6 +253,26 @@ async def test_reclaim_records_the_crashed_attempt_then_the_dead_lettered_one(
     assert runs[1]["started"] == second.claimed_ms / 1000  # when rescuer-22 marked it running
 
 
+async def test_an_outage_after_reclaim_committed_keeps_the_claimed_entries(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RECLAIM claimed the entry (delivery 2); an outage in what follows it (here its consumer
+    pruning) raised the claim away: the entry came back through the pending list as a first
+    delivery, and a generation's stream got no `restart`."""
+    await _queued(aredis, "stranded")
+    assert len(await _read(aredis, "gone-host-12")) == 1
+    await asyncio.sleep(0.1)  # past the 50 ms visibility timeout
+    reclaimer = Reclaimer(aredis, KEYS, PARTITION, "rescuer-23", 60, JobEvents("redis://unused"))
+
+    async def unreachable(stream: str) -> list[str]:
+        raise RedisConnectionError("connection lost after RECLAIM")
+
+    monkeypatch.setattr(reclaimer, "prune_consumers", unreachable)
+    (claimed,) = await reclaimer.reclaim(STREAM)
+    assert claimed.redelivered and claimed.attempts == 2
+    assert claimed.entry is not None and claimed.entry.job_id == "stranded"
+
+
 # --- through the API and the SDK, with a real worker -------------------------------------------
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
@@ -328,3 +350,26 @@ def test_attempts_other_than_true_or_false_is_refused(
     response = httpx.get(f"{stack.base_url}/v1/jobs/{job_id}", params={"attempts": value})
     assert response.status_code == 422, response.text
     assert "attempts" in response.text
+
+
+async def test_a_broker_that_refuses_a_webhook_costs_the_event_not_the_write_back(
+    aredis: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Celery's publish to a broker it cannot reach raises kombu's OperationalError after its
+    retries: raised out of the write-back, it ended the worker's loop with the batch written."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    for job_id in ("hooked-1", "hooked-2"):
+        payload = {"inputs": {}, "webhook": "http://127.0.0.1:9/hook"}
+        await store.create(RequestEntry(job_id, payload, now_ms()), STREAM, {"model": "m"})
+    deliveries = await _read(aredis, "box-9-1")
+    writer = ResultWriter(aredis, KEYS, 60, JobEvents("redis://127.0.0.1:9/0"), "box-9-1")
+    finishes = [PARTITION.finish(d, JobStatus.SUCCEEDED, {"outputs": "{}"}) for d in deliveries]
+    with caplog.at_level(logging.ERROR, logger="workers.partition.job_events"):
+        written = await writer.finish(STREAM, finishes)
+    await writer.close()
+    assert sorted(f.job_id for f in written) == ["hooked-1", "hooked-2"]
+    refused = [r.getMessage() for r in caplog.records if "not handed to delivery" in r.getMessage()]
+    assert len(refused) == 2 and all("job.succeeded" in line for line in refused), refused
+    for job_id in ("hooked-1", "hooked-2"):
+        record = await store.get(job_id)
+        assert record is not None and record.status == JobStatus.SUCCEEDED

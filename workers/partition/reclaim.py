@@ -17,6 +17,7 @@ from shared.job_store import JobStore, now_ms, queue_slot_frees
 from shared.keys import GROUP, Keys
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
+from workers.partition.redis_backoff import OUTAGE
 from workers.partition.stream_reader import Delivery, MicroBatch, decode_delivery
 
 log = logging.getLogger(__name__)
@@ -83,15 +84,26 @@ class Reclaimer:
             for eid, fields, status, count in rows
         ]
         dead = [d for d in deliveries if d.status in DEAD]
-        await self._free_slots([d for d in dead if d.status == "dead"])
         for delivery in dead:
             log.error("dead-lettered entry %r of %s", delivery.entry_id, stream)
-            if delivery.status == "dead" and delivery.entry is not None:
-                await self._notify(delivery.entry.job_id)
         if deliveries:
             log.warning("reclaimed %d abandoned entries of %s", len(deliveries), stream)
-        await self.prune_consumers(stream)
+        try:
+            await self._settle(stream, [d for d in dead if d.status == "dead"])
+        except OUTAGE as exc:
+            log.warning("reclaim of %s committed; the rest waits for Redis: %r", stream, exc)
         return [d for d in deliveries if d.status not in DEAD]
+
+    async def _settle(self, stream: str, dead: list[Delivery]) -> None:
+        """What follows a RECLAIM that committed. An outage here costs at most what it does
+        (slots the in-flight scan frees later, a dead letter's webhook, a prune the next run
+        does), not the claimed entries: raised, they came back through `held` as first
+        deliveries (no `restart` for a generation's stream, attempts counted from one)."""
+        await self._free_slots(dead)
+        for delivery in dead:
+            if delivery.entry is not None:
+                await self._notify(delivery.entry.job_id)
+        await self.prune_consumers(stream)
 
     async def _free_slots(self, failed: list[Delivery]) -> None:
         """Dead-lettered jobs give back their API keys' in-flight slots (in the keys' slots,

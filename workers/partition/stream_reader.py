@@ -119,19 +119,37 @@ class StreamReader:
     ) -> list[MicroBatch]:
         """Up to `count` entries of `streams` this consumer was handed and is not running (not
         `in_hand`): a read whose reply an outage lost leaves them in its pending list, where
-        nobody would run them before reclaim, a visibility timeout later. One XREADGROUP of
-        the consumer's own history (id 0), handed over like a blocking read's."""
+        nobody would run them before reclaim, a visibility timeout later. The pending list is
+        listed (XPENDING counts no delivery) and what is not in hand claimed again (XCLAIM: one
+        delivery more each), two round trips after an outage. Reading the consumer's history
+        (XREADGROUP id 0) instead counted a delivery of every entry it returned, those still
+        running too, which a later crash would then dead-letter before their time."""
         reply: Any = await recreating_groups(
-            self.redis,
-            self.streams,
-            lambda: read_streams(
-                self.redis,
-                dict.fromkeys(streams, "0"),
-                count + len(in_hand),
-                group=(GROUP, self.consumer),
-            ),
+            self.redis, self.streams, lambda: self._claim_back(streams, count, in_hand)
         )
         return await self._handed_over(reply or [], count, in_hand)
+
+    async def _claim_back(
+        self, streams: Sequence[str], count: int, in_hand: Collection[bytes]
+    ) -> list[tuple[str, list[Any]]]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for stream in streams:
+                pipe.xpending_range(
+                    stream, GROUP, "-", "+", count + len(in_hand), consumername=self.consumer
+                )
+            listed = await pipe.execute()
+        lost = {
+            stream: ids
+            for stream, rows in zip(streams, listed, strict=True)
+            if (ids := [r["message_id"] for r in rows if r["message_id"] not in in_hand][:count])
+        }
+        if not lost:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for stream, ids in lost.items():
+                pipe.xclaim(stream, GROUP, self.consumer, 0, ids)
+            claimed = await pipe.execute()
+        return list(zip(lost, claimed, strict=True))
 
     async def _handed_over(
         self, reply: Sequence[Any], count: int, in_hand: Collection[bytes]
