@@ -25,7 +25,8 @@ from producer_api.experiments.api_router import router as experiments_router
 from producer_api.files.api_router import router as files_router
 from producer_api.health.api_router import router as health_router
 from producer_api.http_metrics import HttpMetricsMiddleware
-from producer_api.jobs.admission import RELEASE_OWN, Backpressure, IdempotencyKeys
+from producer_api.jobs import admission
+from producer_api.jobs.admission import Backpressure, IdempotencyKeys
 from producer_api.jobs.api_router import router as jobs_router
 from producer_api.jobs.group_commit import group_committing
 from producer_api.jobs.queue_eta import QueueEta
@@ -124,9 +125,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.conveyor = state
     try:
         await ensure_groups(state.redis, _partition_streams(state.keys, state.repository))
-        # RELEASE_OWN runs when a submit failed, maybe on a server whose replicas do not
-        # confirm writes: a NOSCRIPT then would hide behind the failed ack and keep the key
-        await preload(state.redis, [*job_scripts.ALL, RELEASE_OWN])
+        # admission's scripts run when a submit failed, maybe on a server whose replicas do
+        # not confirm writes: a NOSCRIPT then would hide behind the failed ack
+        await preload(state.redis, [*job_scripts.ALL, *admission.SCRIPTS])
         await state.replies.start(_partition_tags(state.repository))
     except RedisError as exc:
         log.warning("redis not reachable at startup (%s); readyz will say so", exc)

@@ -7,6 +7,7 @@ enqueue failed after it was written keeps its key and its in-flight slot."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from typing import Any
 
@@ -65,7 +66,7 @@ async def test_a_retry_enqueues_its_own_job_when_the_first_try_gives_the_key_up(
 ) -> None:
     keys, store = _stores(aredis)
     first, retry, waiting = await _retry(keys, store)
-    await keys.release(TENANT, KEY, first, BODY)  # the first try's enqueue failed (queue full)
+    await keys.release(TENANT, KEY, first)  # the first try's enqueue failed (queue full)
     assert await asyncio.wait_for(waiting, 10) is None  # the retry holds the key now
     await _enqueue(store, retry)
     third = new_job_id("m", "default")
@@ -86,6 +87,34 @@ async def test_a_first_try_that_never_ends_leaves_the_retry_a_409_to_try_later(
         await keys.claim(TENANT, KEY, new_job_id("m", "default"), BODY, store.exists)
     assert busy.value.status == 409 and busy.value.headers == {"Retry-After": "1"}
     assert "still being enqueued" in busy.value.message
+
+
+async def test_a_claim_whose_job_never_appeared_is_taken_over_once_abandoned(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submit that failed with Redis gone could not give its key back: every retry waited
+    for a job that never existed and got 409, until the key expired a day later. Past
+    ABANDONED_AFTER_S the retry takes the claim over (only that claim: a retry's own, made
+    meanwhile, stays), and one written before claims carried their time counts as abandoned."""
+    keys, store = _stores(aredis)
+    monkeypatch.setattr(admission, "IN_PROGRESS_WAIT_S", 0.3)
+    monkeypatch.setattr(admission, "ABANDONED_AFTER_S", 0.5)
+    lost, retry = new_job_id("m", "default"), new_job_id("m", "default")
+    assert await keys.claim(TENANT, KEY, lost, BODY, store.exists) is None
+    with pytest.raises(ConveyorError):  # young: maybe still being enqueued
+        await keys.claim(TENANT, KEY, retry, BODY, store.exists)
+    await asyncio.sleep(0.5)
+    assert await keys.claim(TENANT, KEY, retry, BODY, store.exists) is None  # taken over
+    await _enqueue(store, retry)
+    assert await keys.claim(TENANT, KEY, new_job_id("m", "default"), BODY, store.exists) == retry
+
+    older = "older-key"  # a claim as written before claims carried their time
+    await aredis.set(KEYS.idempotency(TENANT, _digest(older)), f"{lost}:{BODY}")
+    assert await keys.claim(TENANT, older, retry, BODY, store.exists) is None
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
 async def test_a_job_written_before_its_enqueue_failed_keeps_its_key_and_slot(

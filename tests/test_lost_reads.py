@@ -5,6 +5,10 @@ StreamReader) runs them first, except those it still has in hand. On a real Valk
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import pytest
 import redis.asyncio as aioredis
 
 from shared.codec import RequestEntry
@@ -87,3 +91,38 @@ async def test_a_generate_loops_recovered_jobs_are_marked_running(aredis: aiored
     assert delivery.status == JobStatus.RUNNING
     record = await store.get("g")
     assert record is not None and record.status == JobStatus.RUNNING
+
+
+async def test_an_entry_another_worker_reclaims_meanwhile_is_not_taken_back(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between listing its pending entries and claiming them back, another worker may reclaim
+    one (idle past the visibility timeout, after a long outage): claimed back regardless, it
+    would run on both workers."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    entry = RequestEntry("r", {"inputs": {}}, now_ms())
+    await store.create(entry, PARTITION.online, {"model": "m", "variant": "default"})
+    reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER)
+    await reader.ensure_groups()
+    await aredis.xreadgroup(GROUP, WORKER, {PARTITION.online: ">"})  # served; reply lost
+    await asyncio.sleep(0.05)
+    listing = aredis.pipeline
+
+    def reclaimed_after_listing(*args: Any, **kwargs: Any) -> Any:
+        """The first pipeline (the listing) runs, then another worker reclaims the entry."""
+        pipe = listing(*args, **kwargs)
+        listed = pipe.execute
+
+        async def execute(*a: Any, **k: Any) -> Any:
+            rows = await listed(*a, **k)
+            monkeypatch.setattr(aredis, "pipeline", listing)
+            await aredis.xautoclaim(PARTITION.online, GROUP, "rescuer-7", 10, "0")
+            return rows
+
+        pipe.execute = execute
+        return pipe
+
+    monkeypatch.setattr(aredis, "pipeline", reclaimed_after_listing)
+    assert await reader.held(PARTITION.streams, 10, frozenset()) == []
+    [row] = await aredis.xpending_range(PARTITION.online, GROUP, "-", "+", 10)
+    assert row["consumer"] == b"rescuer-7"

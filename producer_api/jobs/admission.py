@@ -9,6 +9,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -26,12 +27,26 @@ DRAIN_WINDOW_S = 10
 # key up), and how often it looks: enqueuing takes milliseconds.
 IN_PROGRESS_WAIT_S = 5.0
 IN_PROGRESS_POLL_S = 0.05
-# Give a key up only if this submit's claim still holds it: another's (a retry that claimed it
-# after this one's expired) stays.
+# A claim whose job never appeared this long after it was made was abandoned: its submit failed
+# and could not give the key back (Redis went away). Far longer than an enqueue can take.
+ABANDONED_AFTER_S = 60.0
+# Give a key up only if this submit's claim (its job id) still holds it: another's (a retry
+# that took it over) stays.
 RELEASE_OWN = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# Take an abandoned claim (its job id) over, unless another submit changed it meanwhile.
+TAKE_OVER = """
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+  return 1
+end
+return 0
+"""
+SCRIPTS = (RELEASE_OWN, TAKE_OVER)
 
 
 def fingerprint(body: dict[str, object]) -> str:
@@ -39,15 +54,42 @@ def fingerprint(body: dict[str, object]) -> str:
     return hashlib.sha256(canonical).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a key's claim holds: the job it was made for, the body's fingerprint, and when (Unix
+    ms; 0 in a claim written before claims carried it)."""
+
+    job_id: str
+    fingerprint: str
+    made_ms: int
+
+    @classmethod
+    def new(cls, job_id: str, fingerprint: str) -> Claim:
+        return cls(job_id, fingerprint, int(time.time() * 1000))
+
+    @classmethod
+    def parse(cls, value: bytes | str) -> Claim:
+        job_id, _, rest = as_text(value).partition(":")
+        fingerprint, _, made_ms = rest.partition(":")
+        return cls(job_id, fingerprint, int(made_ms or 0))
+
+    def value(self) -> str:
+        return f"{self.job_id}:{self.fingerprint}:{self.made_ms}"
+
+    def abandoned(self) -> bool:
+        return time.time() * 1000 - self.made_ms > ABANDONED_AFTER_S * 1000
+
+
 class IdempotencyKeys:
-    """`cv:idem:{tenant}:{sha256(key)}` → `{job_id}:{body fingerprint}`, SET NX with the result
-    TTL; hashing the header keeps client text out of key names."""
+    """`cv:idem:{tenant}:{sha256(key)}` → `{job_id}:{body fingerprint}:{claimed ms}`, SET NX
+    with the result TTL; hashing the header keeps client text out of key names."""
 
     def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
         self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
         self._release = client.register_script(RELEASE_OWN)
+        self._take_over = client.register_script(TAKE_OVER)
 
     def _key(self, tenant: str, key: str) -> str:
         digest = hashlib.sha256(key.encode()).hexdigest()[:40]
@@ -65,11 +107,16 @@ class IdempotencyKeys:
         once `enqueued` says that job is. A client's retry can arrive while its first try is still
         being enqueued (the client timed out): answering with the job id then would hand over an
         id that never exists should the first try fail (a full queue). So the retry waits for
-        the job, or for the first try to give the key up, and then enqueues its own."""
+        the job, or for the first try to give the key up, and then enqueues its own. A claim
+        whose job never appeared within `ABANDONED_AFTER_S` is taken over: its submit could not
+        give it back, and would otherwise answer every retry 409 until the key expired."""
+        mine = Claim.new(job_id, body_fingerprint)
         deadline = time.monotonic() + IN_PROGRESS_WAIT_S
-        while (first := await self._claim(tenant, key, job_id, body_fingerprint)) is not None:
-            if await enqueued(first):
-                return first
+        while (first := await self._claim(tenant, key, mine)) is not None:
+            if await enqueued(first.job_id):
+                return first.job_id
+            if first.abandoned() and await self._taken_over(tenant, key, first, mine):
+                return None
             if time.monotonic() >= deadline:
                 raise ConveyorError(
                     409,
@@ -80,21 +127,25 @@ class IdempotencyKeys:
             await asyncio.sleep(IN_PROGRESS_POLL_S)
         return None
 
-    async def _claim(self, tenant: str, key: str, job_id: str, body_fingerprint: str) -> str | None:
-        """None if this submit owns the key now; else the job id it was first used for."""
+    async def _claim(self, tenant: str, key: str, mine: Claim) -> Claim | None:
+        """None if this submit owns the key now; else the claim it was first used with."""
         redis_key = self._key(tenant, key)
-        value = _claim_value(job_id, body_fingerprint)
-        if await self.redis.set(redis_key, value, nx=True, ex=self.ttl_s):
+        if await self.redis.set(redis_key, mine.value(), nx=True, ex=self.ttl_s):
             return None
         existing = await self.redis.get(redis_key)
         if existing is None:  # expired between the two calls: take it now
-            return await self._claim(tenant, key, job_id, body_fingerprint)
-        first_job, first_fingerprint = _claimed(existing)
-        if first_fingerprint != body_fingerprint:
+            return await self._claim(tenant, key, mine)
+        first = Claim.parse(existing)
+        if first.fingerprint != mine.fingerprint:
             raise ConveyorError(
                 409, "conflict", "Idempotency-Key was already used with a different body"
             )
-        return first_job
+        return first
+
+    async def _taken_over(self, tenant: str, key: str, abandoned: Claim, mine: Claim) -> bool:
+        keys = [self._key(tenant, key)]
+        args = [f"{abandoned.job_id}:", mine.value(), self.ttl_s]
+        return bool(await call_script(self._take_over, keys, args))
 
     async def used_for(
         self,
@@ -108,30 +159,19 @@ class IdempotencyKeys:
         existing = await self.redis.get(self._key(tenant, key))
         if existing is None:
             return None
-        first_job, first_fingerprint = _claimed(existing)
-        if first_fingerprint != body_fingerprint or not await enqueued(first_job):
+        first = Claim.parse(existing)
+        if first.fingerprint != body_fingerprint or not await enqueued(first.job_id):
             return None
-        return first_job
+        return first.job_id
 
-    async def release(self, tenant: str, key: str, job_id: str, body_fingerprint: str) -> None:
-        """Free the key when the submit that claimed it as `job_id` did not enqueue anything
+    async def release(self, tenant: str, key: str, job_id: str) -> None:
+        """Free the key when the submit that claimed it for `job_id` did not enqueue anything
         (a claim that failed may have been written all the same). Best effort: a key that
-        cannot be given back now expires with the results."""
-        keys, value = [self._key(tenant, key)], [_claim_value(job_id, body_fingerprint)]
+        cannot be given back now is taken over once abandoned (`claim`)."""
         try:
-            await call_script(self._release, keys, value)
+            await call_script(self._release, [self._key(tenant, key)], [f"{job_id}:"])
         except RedisError as exc:
             log.warning("could not give back an idempotency key: %r", exc)
-
-
-def _claim_value(job_id: str, body_fingerprint: str) -> str:
-    return f"{job_id}:{body_fingerprint}"
-
-
-def _claimed(value: bytes | str) -> tuple[str, str]:
-    """A claim's first job id and body fingerprint."""
-    first_job, _, first_fingerprint = as_text(value).partition(":")
-    return first_job, first_fingerprint
 
 
 class Backpressure:

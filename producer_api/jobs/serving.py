@@ -224,7 +224,7 @@ class JobsService:
             position = await self.enqueue(entry, config, variant, body)
         except BaseException as exc:
             if await self._nothing_enqueued(entry.job_id, exc):
-                await idempotency.release(tenant, key, entry.job_id, body_print)
+                await idempotency.release(tenant, key, entry.job_id)
             raise
         return self._submitted(entry, config, variant, body, position)
 

@@ -138,18 +138,24 @@ class StreamReader:
                     stream, GROUP, "-", "+", count + len(in_hand), consumername=self.consumer
                 )
             listed = await pipe.execute()
-        lost = {
-            stream: ids
+        lost = [
+            (stream, row)
             for stream, rows in zip(streams, listed, strict=True)
-            if (ids := [r["message_id"] for r in rows if r["message_id"] not in in_hand][:count])
-        }
+            for row in [r for r in rows if r["message_id"] not in in_hand][:count]
+        ]
         if not lost:
             return []
+        # Each claimed only if idle at least as long as listed: one another worker reclaimed
+        # meanwhile (its idle time reset) stays with it, not taken back and run twice.
         async with self.redis.pipeline(transaction=False) as pipe:
-            for stream, ids in lost.items():
-                pipe.xclaim(stream, GROUP, self.consumer, 0, ids)
+            for stream, row in lost:
+                idle_ms = row["time_since_delivered"]
+                pipe.xclaim(stream, GROUP, self.consumer, idle_ms, [row["message_id"]])
             claimed = await pipe.execute()
-        return list(zip(lost, claimed, strict=True))
+        by_stream: dict[str, list[Any]] = {}
+        for (stream, _), rows in zip(lost, claimed, strict=True):
+            by_stream.setdefault(stream, []).extend(rows)
+        return list(by_stream.items())
 
     async def _handed_over(
         self, reply: Sequence[Any], count: int, in_hand: Collection[bytes]
