@@ -14,6 +14,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 
 import redis.asyncio as aioredis
 
@@ -29,8 +30,6 @@ from shared.queue_position import (
 
 REFRESH_S = 1.0
 Partition = tuple[str, str]
-# What a queued job's view and 202 add: `Standing.public()`'s keys.
-STANDING_FIELDS = ("queue_position", "eta_ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +42,10 @@ class Standing:
 
     def public(self) -> dict[str, int | None]:
         return {"queue_position": self.queue_position, "eta_ms": self.eta_ms}
+
+
+# What a queued job's view and 202 add (`Standing.public()`'s keys).
+STANDING_FIELDS = tuple(field.name for field in dataclass_fields(Standing))
 
 
 class QueueEta:
