@@ -55,6 +55,9 @@ class Canary:
     weight: float = 0.0
     started_at: float = field(default_factory=stamp)
     step_started_at: float = 0.0
+    # The other primaries' weights when last seen with traffic: what a rollback from 100 %
+    # hands the traffic back to, in their ratios (none seen: all to the baseline).
+    others: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return dumps(asdict(self))

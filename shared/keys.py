@@ -165,8 +165,9 @@ class Keys:
 
     @property
     def routes_version(self) -> str:
-        """Bumped on every routes change of any model: what producers poll (one GET)."""
-        return f"{self.prefix}{CONTROL}routes:version"
+        """Bumped on every routes change of any model: what producers poll (one GET). Not
+        `routes:version`: that is the routes of a model named `version`."""
+        return f"{self.prefix}{CONTROL}routes-version"
 
     def variant_stats(self, model: str, variant: str) -> str:
         """Prefix of one variant's counters: + a time bucket, a hash (shared/variant_stats.py)."""

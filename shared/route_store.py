@@ -1,7 +1,8 @@
-"""The one owner of live routes in Redis: `cv:routes:{model}` (hash: `doc` JSON, `version`),
-its change log `cv:routes:{model}:log` (who, when, old → new) and the global counter
-`cv:routes:version` producers poll. A change is one Lua script, so the version, the log and the
-counter never disagree, and a writer that names the version it read cannot lose a race."""
+"""The one owner of live routes in Redis: `cv:{ctl}routes:{model}` (hash: `doc` JSON,
+`version`), its change log `cv:{ctl}routes:{model}:log` (who, when, old → new) and the global
+counter `cv:{ctl}routes-version` producers poll. A change is one Lua script, so the version,
+the log and the counter never disagree, and a writer that names the version it read cannot lose
+a race."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -68,17 +69,25 @@ class Routes:
         if self.sticky_by not in ("routing_key", "tenant"):
             raise InvalidRoutes("sticky_by must be `routing_key` or `tenant`")
 
-    def with_share(self, variant: str, percent: float) -> Routes:
+    def with_share(self, variant: str, percent: float, held: Mapping[str, float]) -> Routes:
         """The same routes with `variant` at `percent`, the other primaries scaled so their
-        ratios hold (all to `fallback` when they had no weight): a canary step or rollback."""
+        ratios hold; once they have no weight left (the variant took everything), the ratios
+        `held` they had before: a canary step or rollback. A variant given traffic stops being
+        a shadow (no variant both serves and shadows)."""
         others = {k: w for k, w in self.weights.items() if k != variant}
+        if sum(others.values()) <= 0:
+            others |= {k: w for k, w in held.items() if k != variant}
         rest = sum(others.values())
         left = WEIGHT_TOTAL - percent
-        if rest > 0:
-            scaled = {k: w * left / rest for k, w in others.items()}
-        else:
-            scaled = {k: (left if i == 0 else 0.0) for i, k in enumerate(others)}
-        return Routes({**scaled, variant: percent}, self.shadows, self.sticky_by, self.version)
+        if rest <= 0 < left:
+            raise InvalidRoutes(f"no variant besides {variant} to take {left:g} % of traffic")
+        scaled = {k: w * left / rest if rest > 0 else 0.0 for k, w in others.items()}
+        shadows = {k: r for k, r in self.shadows.items() if k != variant or percent <= 0}
+        return Routes({**scaled, variant: percent}, shadows, self.sticky_by, self.version)
+
+    def served_besides(self, variant: str) -> dict[str, float]:
+        """The primaries other than `variant` that have traffic, with their weights."""
+        return {k: w for k, w in self.weights.items() if k != variant and w > 0}
 
 
 def seed_routes(config: ModelConfig) -> Routes:

@@ -8,8 +8,10 @@ gauges) is `tests/test_canary.py`."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from producer_api.canary.controller import CanaryController
@@ -131,3 +133,102 @@ async def test_the_leaders_first_step_comes_after_the_started_event(
     await leader.look()
     assert [event["type"] for event in await store.events(MODEL, 10)] == ["started", "step"]
     assert await leader.start(_canary()) is False  # one runs already
+
+
+async def test_a_rollback_from_100_percent_hands_traffic_back_in_the_ratios_before(
+    aredis: aioredis.Redis,
+) -> None:
+    """At 100 % every other primary has weight 0; a rollback used to give everything to the
+    first variant listed (here `flaky`, which had none), not back to stable and other."""
+    store, routes = CanaryStore(aredis, KEYS), RouteStore(aredis, KEYS)
+    split = {"flaky": 0.0, "stable": 70.0, "other": 30.0, "candidate": 0.0}
+    await routes.seed(MODEL, Routes(split))
+    assert await store.start(replace(_canary(), steps=[100.0]))
+    leader = _Producer(aredis)
+    await leader.look()
+    live = (await routes.get_many([MODEL]))[MODEL]
+    assert live.weights == {**dict.fromkeys(split, 0.0), "candidate": 100.0}, live
+    assert await leader.abort(MODEL, "aborted by the test")
+    live = (await routes.get_many([MODEL]))[MODEL]
+    assert live.weights == pytest.approx(split), live
+
+
+async def test_a_rollback_with_no_other_variant_served_goes_to_the_baseline(
+    aredis: aioredis.Redis,
+) -> None:
+    store, routes = CanaryStore(aredis, KEYS), RouteStore(aredis, KEYS)
+    await routes.seed(MODEL, Routes({"flaky": 0.0, "candidate": 100.0}))
+    assert await store.start(_canary())  # its baseline: stable, absent from the routes
+    leader = _Producer(aredis)
+    await leader.look()
+    live = (await routes.get_many([MODEL]))[MODEL]
+    assert live.weights == {"flaky": 0.0, "candidate": 10.0, "stable": 90.0}, live
+    assert await leader.abort(MODEL, "aborted by the test")
+    live = (await routes.get_many([MODEL]))[MODEL]
+    assert live.weights == {"flaky": 0.0, "candidate": 0.0, "stable": 100.0}, live
+
+
+async def test_a_canary_of_a_shadowed_variant_takes_it_out_of_the_shadows(
+    aredis: aioredis.Redis,
+) -> None:
+    """Shadow first, then canary: the step used to store the variant serving 10 % and still
+    shadowing, routes every producer refuses to serve (it then fell back to config.yaml's
+    split, and the canary saw no requests for ever)."""
+    store, routes = CanaryStore(aredis, KEYS), RouteStore(aredis, KEYS)
+    await routes.seed(MODEL, Routes({"stable": 100.0, "candidate": 0.0}, {"candidate": 0.5}))
+    assert await store.start(_canary())
+    await _Producer(aredis).look()
+    live = (await routes.get_many([MODEL]))[MODEL]
+    assert live.weights == {"stable": 90.0, "candidate": 10.0}, live
+    assert live.shadows == {}, live
+
+
+class _OperatorFirst(RouteStore):
+    """Routes whose first canary write finds an operator's change landed since its read."""
+
+    raced = False
+
+    async def put(self, model: str, routes: Routes, by: str, expected: int | None = None) -> int:
+        if by.startswith("canary:") and not self.raced:
+            self.raced = True
+            await super().put(model, Routes({"stable": 80.0, "candidate": 20.0}), "operator")
+        return await super().put(model, routes, by, expected)
+
+
+class _RacedByAnOperator(_Producer):
+    def __init__(self, client: aioredis.Redis) -> None:
+        super().__init__(client)
+        self.routes = _OperatorFirst(client, KEYS)
+
+
+async def test_an_abort_that_meets_a_routes_change_reads_them_again(
+    aredis: aioredis.Redis,
+) -> None:
+    """The abort's conditional write lost to the operator's PUT and answered 500."""
+    store, routes = CanaryStore(aredis, KEYS), RouteStore(aredis, KEYS)
+    await routes.seed(MODEL, Routes({"stable": 100.0, "candidate": 0.0}))
+    assert await store.start(_canary())
+    await _Producer(aredis).look()  # 10 %
+    producer = _RacedByAnOperator(aredis)
+    assert await producer.abort(MODEL, "aborted by the test")
+    assert isinstance(producer.routes, _OperatorFirst) and producer.routes.raced
+    live = (await routes.get_many([MODEL]))[MODEL]
+    assert live.weights == {"stable": 100.0, "candidate": 0.0}, live
+    canary = await store.get(MODEL)
+    assert canary is not None and (canary.state, canary.weight) == ("aborted", 0.0), canary
+
+
+async def test_one_models_failing_canary_does_not_stop_the_others(
+    aredis: aioredis.Redis,
+) -> None:
+    """`aa` has no routes stored (its step raises KeyError): its error used to end the look
+    before `ab`, which then never moved."""
+    store, routes = CanaryStore(aredis, KEYS), RouteStore(aredis, KEYS)
+    await routes.seed(MODEL, Routes({"stable": 100.0, "candidate": 0.0}))
+    assert await store.start(replace(_canary(), model="aa"))
+    assert await store.start(_canary())
+    await _Producer(aredis).look()
+    moved = await store.get(MODEL)
+    assert moved is not None and (moved.step, moved.weight) == (0, 10.0), moved
+    stuck = await store.get("aa")
+    assert stuck is not None and (stuck.state, stuck.step) == ("running", -1), stuck

@@ -63,7 +63,7 @@ def test_split_holds_its_proportions_over_10k_keys() -> None:
 
 def test_raising_a_weight_moves_only_its_share_and_only_to_it() -> None:
     before = Routes({"candidate": 10.0, "stable": 45.0, "flaky": 45.0})
-    after = before.with_share("candidate", 20.0)
+    after = before.with_share("candidate", 20.0, {})
     assert after.weights == {"stable": 40.0, "flaky": 40.0, "candidate": 20.0}
     keys = [f"user-{i}" for i in range(100_000)]
     moved = Counter(

@@ -8,11 +8,13 @@ event with its numbers, and a `model.canary.*` webhook when the canary has one."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
 
 import numpy as np
+from redis.exceptions import LockError, RedisError
 
 from shared.canary_store import Canary, CanaryState, CanaryStore, stamp
 from shared.metrics import CANARY_STATE, CANARY_WEIGHT
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 
 STATES: tuple[CanaryState, ...] = ("running", "completed", "rolled_back", "aborted")
 TURN_WAIT_S = 5.0  # a decision holds the model's canary lock for milliseconds
+ABORT_TRIES = 3  # an abort whose routes write meets a concurrent change reads them again
 
 
 def numbers(window: Window) -> dict[str, Any]:
@@ -89,8 +92,15 @@ class CanaryController:
             try:
                 if variant := await self._look_at(model, model in active):
                     shown[model] = variant
+            except RedisError:
+                raise
+            except Exception:  # one model's fault used to stop every other model's canary
+                log.exception("canary of %s: the decision failed; the next look retries", model)
+                if model in self._shown:
+                    shown[model] = self._shown[model]
             finally:
-                await lock.release()
+                with contextlib.suppress(LockError):  # expired under a decision past LOCK_S
+                    await lock.release()
         self._shown = shown
 
     async def _look_at(self, model: str, active: bool) -> str | None:
@@ -122,7 +132,13 @@ class CanaryController:
             canary = await self.store.get(model)
             if canary is None or canary.state != "running":
                 return False
-            await self.end(canary, "aborted", 0.0, reason, {})
+            for tries_left in reversed(range(ABORT_TRIES)):
+                try:
+                    await self.end(canary, "aborted", 0.0, reason, {})
+                    break
+                except VersionConflict:  # an operator's routes change just landed: read again
+                    if not tries_left:
+                        raise
             return True
 
     def step_down(self) -> None:
@@ -178,7 +194,8 @@ class CanaryController:
 
     async def set_weight(self, canary: Canary, percent: float) -> None:
         current = (await self.routes.get_many([canary.model]))[canary.model]
-        routes = current.with_share(canary.variant, percent)
+        canary.others = current.served_besides(canary.variant) or canary.others
+        routes = current.with_share(canary.variant, percent, canary.others or {canary.baseline: 1})
         # Conditional on the version read: an operator's change made meanwhile wins.
         await self.routes.put(canary.model, routes, f"canary:{canary.variant}", current.version)
 
