@@ -117,7 +117,9 @@ class BatchApiStore(TenantIndexed):
     ) -> None:
         """Record enqueued items `(job_id, open list)` in line order and the refused lines, in
         one round trip (no transaction: the lists are in several slots, and the batch is not
-        read before `start`). They expire with the batch's hash unless `finish` renews them."""
+        read before `start`). They expire with the batch's hash unless `finish` renews them.
+        Each list is written afresh, so a rerun (the client retries a pipeline whose reply was
+        lost) does not list an item twice."""
         by_list: dict[str, list[str]] = {}
         for job_id, open_list in items:
             by_list.setdefault(open_list, []).append(job_id)
@@ -128,6 +130,7 @@ class BatchApiStore(TenantIndexed):
         ]
         async with self.redis.pipeline(transaction=False) as pipe:
             for key, values in lists:
+                pipe.delete(key)
                 for start in range(0, len(values), CHUNK * 4):
                     pipe.rpush(key, *values[start : start + CHUNK * 4])
                 pipe.expire(key, ttl_s)

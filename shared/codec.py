@@ -74,6 +74,9 @@ class RequestEntry:
     # The API key's in-flight set holding the job (shared/rate_limit.py), freed by whoever
     # ends the job: it lives in the key's slot, so the ender frees it beside its script.
     inflight: str = ""
+    # A Batch API item's batch: its completion window (carried as the deadline) bounds its
+    # wait, not the queue's max_queue_time_s.
+    batch: str = ""
 
     def encode(self) -> dict[str, bytes | str | float]:
         fields: dict[str, bytes | str | float] = {
@@ -87,6 +90,8 @@ class RequestEntry:
         }
         if self.inflight:
             fields["inflight"] = self.inflight
+        if self.batch:
+            fields["batch"] = self.batch
         return fields
 
     @classmethod
@@ -100,6 +105,7 @@ class RequestEntry:
             reply=fields.get(b"reply", b"").decode(),
             traceparent=fields.get(b"tp", b"").decode(),
             inflight=fields.get(b"inflight", b"").decode(),
+            batch=fields.get(b"batch", b"").decode(),
         )
 
 

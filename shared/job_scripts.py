@@ -351,7 +351,7 @@ for _, e in ipairs(res[2]) do
         table.insert(args, abandoned(jk, owner, ARGV[6], 'dead-lettered', err))
       end
       redis.call('HSET', jk, unpack(args))
-      redis.call('EXPIRE', jk, ARGV[8])
+      redis.call('EXPIRE', jk, ARGV[8], 'GT')
       local reply = field(fields, 'reply')
       if reply and reply ~= '' then
         local m = redis.call('HMGET', jk, 'model', 'variant')
@@ -415,7 +415,7 @@ while i <= #ARGV do
       redis.call('HSET', jk, 'status', status, 'worker', ARGV[4],
                  'writes', (tonumber(cur[2]) or 0) + 1, 'attempt_history', appended(cur[3], run),
                  unpack(ARGV, first, last))
-      redis.call('EXPIRE', jk, ARGV[2])
+      redis.call('EXPIRE', jk, ARGV[2], 'GT')  -- never shorter: see ENQUEUE's ttl
       table.insert(fresh, jid)
       again = true
     elseif status == 'cancelled' and cur[1] == 'cancelled' then
@@ -470,7 +470,7 @@ if cur == 'running' and not ALLOWED[ARGV[1]] then
   table.insert(args, appended(job[4], run))
 end
 redis.call('HSET', KEYS[1], unpack(args))
-redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[4], 'GT')
 if ARGV[2] ~= '' then redis.call('SPUBLISH', ARGV[2], ARGV[3]) end
 if not ALLOWED[ARGV[1]] and job[5] then remember(job[5], {ARGV[5]}) end
 return {1, cur}

@@ -126,14 +126,17 @@ class JobRecord:
 
 @dataclass(slots=True)
 class NewJob:
-    """One job to enqueue: its stream entry, the partition stream, extra job-hash fields, and for
-    a fair lane its window (`queue.fair_window`; 0: not fair) and the tenant's weight."""
+    """One job to enqueue: its stream entry, the partition stream, extra job-hash fields, for
+    a fair lane its window (`queue.fair_window`; 0: not fair) and the tenant's weight, and how
+    long its hash lives unless it ends sooner (0: the store's TTL; a Batch API item's outlives
+    its batch's window). Ending a job only ever lengthens its hash's life."""
 
     entry: RequestEntry
     stream: str
     fields: Mapping[str, str | int]
     fair_window: int = 0
     weight: float = 1.0
+    ttl_s: int = 0
 
 
 def _record(job_id: str, raw: Mapping[Any, Any]) -> JobRecord | None:
@@ -257,7 +260,8 @@ class JobStore:
         }
         encoded = entry.encode()
         keys = [stream, self.keys.added(stream), self.keys.job(entry.job_id)]  # _SHARED_KEYS, 1
-        args: list[Any] = [max_length, self.ttl_s, GROUP, job.fair_window, self.keys.job_prefix]
+        ttl_s = job.ttl_s or self.ttl_s
+        args: list[Any] = [max_length, ttl_s, GROUP, job.fair_window, self.keys.job_prefix]
         args += [max_ahead, job.weight, len(mapping), len(encoded)]  # after the _HEAD
         args += [part for pair in mapping.items() for part in pair]
         args += [part for pair in encoded.items() for part in pair]

@@ -23,7 +23,7 @@ from conveyor.client import AsyncClient, Client
 from conveyor.stack import Stack
 from shared.codec import RequestEntry, dumps
 from shared.job_states import JobStatus
-from shared.job_store import JobStore, now_ms
+from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import RECENT_KEPT, RECENT_SLACK, Keys
 from shared.model_repository import ModelConfig, QueueLimits
 from tests.conftest import REPO_ROOT, running_stack, until
@@ -102,6 +102,29 @@ async def test_finish_records_who_ran_it_when_and_how_it_ended(
     assert failed["outcome"] == "failed" and failed["error"] == error
     record = await store.get("ok")
     assert record is not None and "attempt_history" not in record.view()  # only when asked
+
+
+async def test_ending_a_job_never_shortens_its_records_life(
+    aredis: aioredis.Redis, writers: Callable[[str], ResultWriter]
+) -> None:
+    """A Batch API item's hash is made to outlive its batch's window; its write-back (or a
+    cancel) used to cut that to the result TTL, so an item that ended early was gone from the
+    output file when the window's end finished the batch."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    fields = {"model": "m", "variant": "v"}
+    jobs = [
+        NewJob(RequestEntry(job_id, {"inputs": {}}, now_ms()), STREAM, fields, ttl_s=ttl_s)
+        for job_id, ttl_s in (("item", 5_000), ("kept", 5_000), ("plain", 0))
+    ]
+    assert await store.create_many(jobs) == []
+    item, _kept, plain = await _read(aredis, "box-1-4242")
+    await writers("box-1-4242").finish(
+        STREAM, [PARTITION.finish(d, JobStatus.SUCCEEDED, {"outputs": "{}"}) for d in (item, plain)]
+    )
+    assert await store.settle_many(["kept"], JobStatus.CANCELLED, {}) == 1
+    assert await aredis.ttl(KEYS.job("item")) > 4_900
+    assert await aredis.ttl(KEYS.job("kept")) > 4_900
+    assert 50 < await aredis.ttl(KEYS.job("plain")) <= 60
 
 
 async def test_a_lanes_recent_list_is_trimmed_back_to_what_the_console_lists(

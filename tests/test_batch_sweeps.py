@@ -114,3 +114,19 @@ async def test_a_batch_whose_keys_expired_leaves_the_index_and_is_not_listed_as_
     await BatchApiSweeper(store, BatchApiProgress(jobs, store, WEBHOOKS)).sweep()
     assert await store.active() == []
     assert await store.ended_since(0) == [ended]
+
+
+async def test_recording_a_batchs_items_again_lists_each_once(aredis: aioredis.Redis) -> None:
+    """redis-py reruns a pipeline whose connection dropped before its reply: the items were
+    then listed twice, the output file repeated every line, and a partition counted twice
+    could end the batch while another's items still ran."""
+    store = BatchApiStore(aredis, KEYS, TTL_S)
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    first, second = (KEYS.batch_open(batch_id, "identity", v) for v in ("a", "b"))
+    items = [("j1", first), ("j2", second), ("j3", first)]
+    for _ in range(2):
+        await store.add_items(batch_id, items, [b'{"line": 4}'], TTL_S)
+    assert await aredis.lrange(KEYS.batch_items(batch_id), 0, -1) == [b"j1", b"j2", b"j3"]
+    assert await aredis.lrange(first, 0, -1) == [b"j1", b"j3"]
+    assert await aredis.lrange(second, 0, -1) == [b"j2"]
+    assert await aredis.llen(KEYS.batch_rejected(batch_id)) == 1

@@ -18,6 +18,7 @@ from conveyor.client import Client
 from conveyor.stack import Stack
 from producer_api.app import create_app
 from shared.keys import Keys
+from shared.settings import Settings
 from tests.conftest import issue_key, until
 
 pytestmark = pytest.mark.slow
@@ -194,6 +195,18 @@ def test_completion_window_expires_the_rest(base_url: str) -> None:
     assert batch["counts"]["expired"] == 50 and batch["counts"]["failed"] == 50
     errors = _jsonl(base_url, batch["id"], "errors")
     assert len(errors) == 50 and {e["error"]["type"] for e in errors} == {"expired"}
+
+
+def test_a_batch_items_record_outlives_its_window(base_url: str, stack_redis: redis.Redis) -> None:
+    """An item's hash lived the result TTL from its submit: with a 24 h window and the default
+    24 h TTL it expired as the window ran out, before the sweeper ended the batch, and the
+    errors file named its line `custom_id: null, line: 0`."""
+    created = _create(base_url, _canary_lines(2), model="identity", completion_window="1h")
+    result_ttl_s = Settings().result_ttl_s
+    for job_id in stack_redis.lrange(Keys().batch_items(created["id"]), 0, -1):
+        assert stack_redis.ttl(Keys().job(job_id)) > result_ttl_s + 3_500
+    cancelled = httpx.post(f"{base_url}/v1/batches/{created['id']}/cancel", timeout=30)
+    assert cancelled.status_code == 200, cancelled.text
 
 
 def test_refused_batches(base_url: str) -> None:

@@ -70,6 +70,28 @@ def test_queued_longer_than_max_queue_time_the_job_expires(partition: Partition)
     assert finish.fields["queue_wait_ms"] == "10001"
 
 
+def test_a_batch_item_waits_out_its_window_not_max_queue_time(partition: Partition) -> None:
+    """A Batch API item carries its window as its deadline; it expired after the queue's
+    `max_queue_time_s` (600 s by default), though its batch had 24 h to run."""
+    item = _delivery(enqueued_ms=CLAIMED_MS - 10_001, deadline_ms=CLAIMED_MS + 1)
+    assert item.entry is not None
+    item.entry.batch = "batch_1"
+    assert partition.skip_or_expire(item) is None
+    late = _delivery(enqueued_ms=CLAIMED_MS - 10_001, deadline_ms=CLAIMED_MS - 1)
+    assert late.entry is not None
+    late.entry.batch = "batch_1"
+    finish = partition.skip_or_expire(late)
+    assert finish is not None and finish.status == JobStatus.EXPIRED
+
+
+def test_an_entry_says_which_batch_it_belongs_to() -> None:
+    entry = RequestEntry("j1", {"inputs": {}}, 1.0, batch="batch_1")
+    encoded = {k.encode(): str(v).encode() for k, v in entry.encode().items()}
+    encoded[b"payload"] = b"{}"
+    assert RequestEntry.decode(encoded).batch == "batch_1"
+    assert "batch" not in RequestEntry("j2", {}, 1.0).encode()
+
+
 def test_a_result_carries_timing_context_and_webhook(partition: Partition) -> None:
     delivery = _delivery(enqueued_ms=CLAIMED_MS - 250)
     assert delivery.entry is not None

@@ -81,7 +81,7 @@ class BatchApiService:
         }
         ttl_s = window_s + self.state.settings.result_ttl_s
         await self.store.create(batch_id, meta, ttl_s)
-        accepted, refused = await self._enqueue(batch_id, parsed.items, expires_ms)
+        accepted, refused = await self._enqueue(batch_id, parsed.items, expires_ms, ttl_s)
         rejected = sorted(parsed.rejected + refused, key=lambda r: int(r["line"]))
         await self.store.add_items(batch_id, accepted, [dumps(r) for r in rejected], ttl_s)
         open_lists = sorted({open_list for _, open_list in accepted})
@@ -138,7 +138,7 @@ class BatchApiService:
                 raise await self.state.backpressure.queue_full(stream, int(length))
 
     async def _enqueue(
-        self, batch_id: str, items: list[lines.Item], expires_ms: int
+        self, batch_id: str, items: list[lines.Item], expires_ms: int, ttl_s: int
     ) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
         """Pipelined, CHUNK jobs per round trip; returns (job id, open list) of the enqueued
         items and rejections for those refused by a lane that filled up meanwhile."""
@@ -147,7 +147,7 @@ class BatchApiService:
         round_trips, started = 0, time.perf_counter()
         for start in range(0, len(items), CHUNK):
             chunk = items[start : start + CHUNK]
-            jobs = [self._job(batch_id, item, expires_ms) for item in chunk]
+            jobs = [self._job(batch_id, item, expires_ms, ttl_s) for item in chunk]
             limit = chunk[0].config.queue.max_length
             full = set(await self.state.job_store.create_many(jobs, limit))
             round_trips += 1
@@ -165,10 +165,13 @@ class BatchApiService:
         log.info(message, batch_id, len(items), round_trips, elapsed_ms)
         return accepted, refused
 
-    def _job(self, batch_id: str, item: lines.Item, expires_ms: int) -> NewJob:
-        """Batch items reply to nobody (no pub/sub per item) and expire with the batch."""
+    def _job(self, batch_id: str, item: lines.Item, expires_ms: int, ttl_s: int) -> NewJob:
+        """Batch items reply to nobody (no pub/sub per item) and expire with the batch, not
+        before (`max_queue_time_s` is not theirs); their records live as long as the batch's,
+        so the sweeper and the errors file find them when the window runs out."""
         entry = item.entry
         entry.reply = ""
+        entry.batch = batch_id
         entry.deadline_ms = min(entry.deadline_ms or expires_ms, expires_ms)
         fields: dict[str, str | int] = {
             "model": item.config.name,
@@ -179,9 +182,8 @@ class BatchApiService:
             "custom_id": item.custom_id,
         }
         stream = self.state.keys.bulk_queue(item.config.name, item.variant)
-        return NewJob(
-            entry, stream, fields, item.config.fair_window_of(item.variant), self.principal.weight
-        )
+        fair_window = item.config.fair_window_of(item.variant)
+        return NewJob(entry, stream, fields, fair_window, self.principal.weight, ttl_s)
 
     async def _look(self, batch_id: str) -> Refresh:
         if not BATCH_ID.match(batch_id):

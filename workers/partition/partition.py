@@ -57,7 +57,8 @@ class Partition:
             return Finish(delivery.entry_id)
         now = delivery.claimed_ms
         max_wait_ms = self.config.queue.max_queue_time_s * 1000.0
-        if (entry.deadline_ms and now > entry.deadline_ms) or now - entry.enqueued_ms > max_wait_ms:
+        waited_too_long = not entry.batch and now - entry.enqueued_ms > max_wait_ms
+        if (entry.deadline_ms and now > entry.deadline_ms) or waited_too_long:
             error = {"type": "DeadlineExceeded", "message": "job expired before it could run"}
             return self.finish(delivery, JobStatus.EXPIRED, {"error": dumps(error).decode()})
         return None
