@@ -7,8 +7,10 @@ a stream a reader does not read yet wakes it through a small per-producer stream
 slot that the reader always reads.
 
 The read is shared, so no listener's input may fail it: the hub accepts only valid entry ids as
-cursors, and should Redis still refuse the read (a key that is no stream), the streams it
-refuses are found and dropped, each listener of theirs told, while every other stream goes on."""
+cursors, and should Redis still refuse the read for a key that is no stream, the streams it
+refuses so are found and dropped, each listener of theirs told, while every other stream goes
+on. A refusal of the server's own (BUSY, CLUSTERDOWN, NOPERM, a write refused at start) drops
+nothing: the reader waits it out as it waits out an outage, and never stops."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class StreamUnreadable(RuntimeError):
 
 
 Delivery = Rows | StreamUnreadable
+NO_STREAM = "WRONGTYPE"  # the one refusal of a read that is a key's fault, not the server's
 HUB_BLOCK_MS = 5000  # a read returns sooner whenever any followed stream (or the wake) grows
 WAKE_MAXLEN = 64
 WAKE_TTL_S = 86_400
@@ -145,9 +148,8 @@ class TagReader:
                 await asyncio.sleep(outage.failed(exc))
                 continue
             except ResponseError as exc:  # one stream's fault must not stall the others
-                log.warning("token hub read refused (%s); dropping the streams at fault", exc)
                 if not await self._drop_unreadable():
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(outage.failed(exc))
                 continue
             except RedisError:  # never let one bad reply stop every stream of this producer
                 log.exception("token hub read failed; retrying")
@@ -165,26 +167,31 @@ class TagReader:
 
     async def _drop_unreadable(self) -> int:
         """Read each followed stream alone (not blocking) and stop following those Redis
-        refuses; their listeners get StreamUnreadable, everyone else carries on. Returns how
-        many were dropped."""
+        refuses as no stream; their listeners get StreamUnreadable, everyone else carries on.
+        Returns how many were dropped: none when the refusal is the server's, not a key's."""
         dropped = 0
         for key, cursor in list(self._cursors.items()):
             try:
                 await read_streams(self.redis, {key: cursor}, 1)
             except ResponseError as exc:
+                if not str(exc).startswith(NO_STREAM):
+                    return dropped
                 log.warning("token hub dropped %s (%s)", key, exc)
                 self._cursors.pop(key, None)
                 dropped += 1
                 for queue in self._queues.get(key, ()):
                     queue.put_nowait(StreamUnreadable(f"{key}: {exc}"))
+            except RedisError:  # an outage meanwhile (it used to end the reader): waited out
+                return dropped
         return dropped
 
     async def _wake_cursor(self, outage: RedisOutage) -> str:
-        """The id after which wake-ups count: the hub's own first entry."""
+        """The id after which wake-ups count: the hub's own first entry. Any refusal is waited
+        out (a write refused at start, NOREPLICAS or OOM, used to end the reader for good)."""
         while True:
             try:
                 return await self._wake()
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+            except RedisError as exc:
                 await asyncio.sleep(outage.failed(exc))
 
     async def _wake(self) -> str:
