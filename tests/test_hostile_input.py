@@ -19,10 +19,13 @@ import redis
 import redis.asyncio as aioredis
 
 from producer_api.app import create_app
+from producer_api.errors import ConveyorError
+from producer_api.jobs.serving import check_max_tokens
+from producer_api.openai.protocol import CompletionRequest
 from producer_api.token_hub import StreamUnreadable, TagReader
 from shared.consumer_groups import ensure_groups
 from shared.keys import GROUP, Keys
-from shared.model_repository import ModelConfig
+from shared.model_repository import ModelConfig, Variant
 from shared.redis_client import connect
 from shared.settings import Settings
 from shared.webhook_events import allowed
@@ -124,6 +127,35 @@ def test_a_max_tokens_the_model_cannot_take_is_422_and_nothing_is_enqueued(
     error = _refused(response)
     assert error["type"] == "invalid_request" and says in error["message"], error
     assert stack_redis.xlen(lane) == before
+
+
+def test_a_list_of_prompts_is_422_not_one_completion_of_them_joined(
+    base_url: str, stack_redis: redis.Redis
+) -> None:
+    """OpenAI completes each prompt of a list apart (LangChain sends lists); they were joined
+    into one prompt and answered with one completion of the concatenation."""
+    lane = Keys().queue("smollm2", "default")
+    before = stack_redis.xlen(lane)
+    body = {"model": "smollm2", "prompt": ["Tell me a joke.", "What is 2+2?"], "max_tokens": 4}
+    error = _refused(httpx.post(f"{base_url}/v1/completions", json=body, timeout=30))
+    assert "one prompt per request" in error["message"], error
+    assert stack_redis.xlen(lane) == before
+    assert CompletionRequest(model="smollm2", prompt=["Say hi."]).inputs() == {"prompt": "Say hi."}
+
+
+def test_a_variants_own_max_tokens_limit_is_the_one_checked() -> None:
+    """The engine of a variant takes the variant's parameters over the model's; the check at
+    submit read the model's alone, so a request past the variant's limit was cut, not refused."""
+    config = ModelConfig(
+        name="llm",
+        kind="generate",
+        backend="vllm",
+        parameters={"max_tokens_limit": 1024},
+        variants={"default": Variant(), "small": Variant(parameters={"max_tokens_limit": 64})},
+    )
+    check_max_tokens(config, "default", {"max_tokens": 100})
+    with pytest.raises(ConveyorError, match="at most 64 for model llm:small"):
+        check_max_tokens(config, "small", {"max_tokens": 100})
 
 
 def _identity_round_trip(base_url: str, inputs: dict[str, str]) -> None:

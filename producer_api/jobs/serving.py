@@ -100,7 +100,7 @@ class JobsService:
             raise ConveyorError(404, "not_found", str(exc)) from None
         if errors := config.input_errors(body.inputs):
             raise ConveyorError(422, "invalid_request", "; ".join(errors))
-        _check_max_tokens(config, body.parameters)
+        check_max_tokens(config, variant, body.parameters)
         if body.webhook is not None and (why := refusal(body.webhook, self.state.settings)):
             raise ConveyorError(422, "invalid_request", why)
         return config, variant
@@ -370,17 +370,18 @@ class JobsService:
         return view
 
 
-def _check_max_tokens(config: ModelConfig, parameters: dict[str, Any]) -> None:
-    """A generate model's `max_tokens` must be a positive integer within its configured
-    `max_tokens_limit`: refused here (422) rather than silently cut by the engine."""
+def check_max_tokens(config: ModelConfig, variant: str, parameters: dict[str, Any]) -> None:
+    """A generate model's `max_tokens` must be a positive integer within the variant's
+    `max_tokens_limit` (its own, else the model's): refused here (422) rather than silently
+    cut by the engine."""
     if config.kind != "generate" or "max_tokens" not in parameters:
         return
     value = parameters["max_tokens"]
-    limit = config.parameters.get("max_tokens_limit")
+    limit = config.variant_parameters(variant).get("max_tokens_limit")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConveyorError(422, "invalid_request", "parameters.max_tokens: a positive integer")
     if limit is not None and value > int(limit):
-        message = f"parameters.max_tokens: at most {limit} for model {config.name}"
+        message = f"parameters.max_tokens: at most {limit} for model {config.name}:{variant}"
         raise ConveyorError(422, "invalid_request", message)
 
 

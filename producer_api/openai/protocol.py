@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -94,13 +95,23 @@ class ChatCompletionRequest(SamplingRequest):
         return parameters
 
 
-# A prompt is text or pieces of it, never empty: the minimum is set on each branch (on the union,
-# the OpenAPI's minLength would bind strings only), and only the branch the value's type picks
-# reports an error.
+def _one_prompt(prompts: list[str]) -> list[str]:
+    if len(prompts) > 1:
+        raise ValueError(
+            "a list of prompts asks for one completion each; this server completes one prompt"
+            " per request (send each alone, or all of them as a batch: /v1/batches)"
+        )
+    return prompts
+
+
+# A prompt is text, or a list of one text (OpenAI's list is a batch of prompts, each completed
+# apart: joining them answered one completion of their concatenation). Never empty: the minimum
+# is set on each branch (on the union, the OpenAPI's minLength would bind strings only), and only
+# the branch the value's type picks reports an error.
 Prompt = Annotated[
     Annotated[str, Field(min_length=1), Tag("text")]
-    | Annotated[list[str], Field(min_length=1), Tag("pieces")],
-    Discriminator(lambda value: "pieces" if isinstance(value, list) else "text"),
+    | Annotated[list[str], Field(min_length=1), AfterValidator(_one_prompt), Tag("list")],
+    Discriminator(lambda value: "list" if isinstance(value, list) else "text"),
 ]
 
 
@@ -112,7 +123,7 @@ class CompletionRequest(SamplingRequest):
 
     def inputs(self) -> dict[str, Any]:
         prompt = self.prompt
-        return {"prompt": prompt if isinstance(prompt, str) else "".join(prompt)}
+        return {"prompt": prompt if isinstance(prompt, str) else prompt[0]}
 
 
 # The requests a generate model answers, each as one job.
