@@ -222,8 +222,9 @@ class OpenAIService:
         """The job's chunks in OpenAI's format, ending with `[DONE]`. A stream that stops
         before the job's final event (client disconnected) cancels the job; one cut by this
         producer's shutdown or by Redis not answering ends with an error chunk and `[DONE]`,
-        and its job runs on."""
-        ended = False
+        and its job runs on. A restart (the job's worker died and another runs it again) ends
+        the stream only once text was sent: before, nothing is to be taken back."""
+        ended, sent = False, False
         try:
             if (opening := renderer.opening()) is not None:
                 yield renderer.encode(opening)
@@ -232,11 +233,13 @@ class OpenAIService:
                     ended = True  # not the client's choice: the job runs on
                     yield _error_chunk("unavailable", f"{event.message}; job {job_id} runs on")
                     break
-                if event.kind == "restart":
+                if event.kind == "restart" and sent:
                     yield _error_chunk("restarted", "the job's worker died; retry the request")
                     break
                 if event.kind == "token":
+                    sent = True
                     yield renderer.encode(renderer.chunk(event.text))
+                if event.kind != "final":
                     continue
                 ended = True
                 for chunk in self._closing(renderer, event):
@@ -257,11 +260,12 @@ class OpenAIService:
         return chunks
 
     async def cancel(self, job_id: str) -> None:
-        """Cancel a job nobody listens to any more; one that already ended stays as it is."""
+        """Cancel a job nobody listens to any more; one that already ended stays as it is, and
+        one whose record is gone (expired) needs none."""
         try:
             await self.jobs.cancel(job_id)
         except ConveyorError as exc:
-            if exc.status != 409:
+            if exc.status not in (404, 409):
                 raise
 
 
