@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from shared.codec import RequestEntry
+from shared.codec import RequestEntry, is_stream_id
 from shared.job_store import JobStore, stamp_ms
 from shared.keys import Keys, replay_job_id
 from shared.redis_client import executed
@@ -71,9 +71,10 @@ class DeadLetters:
 
     async def letters_of(self, ids: list[str]) -> list[DeadLetter]:
         """The letters of `ids` that exist, in one round trip (an unknown or malformed id is
-        skipped, as a purge of it removes nothing)."""
+        skipped, as a purge of it removes nothing; a bare `<ms>` would name every letter of
+        that millisecond)."""
         pipe = self.redis.pipeline(transaction=False)
-        for dlq_id in ids:
+        for dlq_id in filter(is_stream_id, ids):
             pipe.xrange(self.stream, min=dlq_id, max=dlq_id)
         found = await executed(pipe, raise_on_error=False)
         rows = [row for rows in found if isinstance(rows, list) for row in rows]
@@ -92,8 +93,11 @@ class DeadLetters:
         return letter.job_id, entry.job_id
 
     async def purge(self, ids: list[str] | None = None) -> int:
+        """Remove the letters of `ids` (a malformed id removes nothing; Redis refused the
+        whole XDEL for it, a 500), or every letter."""
         if ids:
-            removed: int = await self.redis.xdel(self.stream, *ids)
+            valid = [dlq_id for dlq_id in ids if is_stream_id(dlq_id)]
+            removed: int = await self.redis.xdel(self.stream, *valid) if valid else 0
             return removed
         # one command, so a letter that dies meanwhile is either counted and removed, or kept
         trimmed: int = await self.redis.xtrim(self.stream, maxlen=0)

@@ -53,7 +53,8 @@ def verify(
     matches (compared in constant time) or the timestamp is further than `tolerance_s` away."""
     stamp, digests = _parse(header)
     expected = _digest(secret, stamp, body)
-    if not any(hmac.compare_digest(expected, digest) for digest in digests):
+    # bytes: compare_digest raises TypeError for non-ASCII str (a hostile header was a 500)
+    if not any(hmac.compare_digest(expected.encode(), d.encode()) for d in digests):
         raise InvalidSignature("signature does not match the body")
     current = time.time() if now is None else now
     if abs(current - stamp) > tolerance_s:

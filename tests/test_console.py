@@ -147,6 +147,14 @@ def test_without_a_session_the_console_redirects_to_login(console_stack: Stack) 
         refused = console_login(client, "cvk_wrong-key")
         assert refused.status_code == 401 and "unknown API key" in refused.text
         assert client.get("/console").status_code == 303
+    # a cookie or token of non-ASCII text (compare_digest raised TypeError on it: a 500)
+    planted = {"Cookie": "conveyor_console=e30.\u00e9".encode()}
+    response = httpx.get(f"{console_stack.base_url}/console/jobs", headers=planted)
+    assert response.status_code == 303 and response.headers["location"] == "/console/login"
+    with httpx.Client(base_url=console_stack.base_url) as client:
+        client.get("/console/login")
+        forged = client.post("/console/login", data={"key": "cvk_x", "csrf": "\u00e9"})
+        assert forged.status_code == 403, forged.text
 
 
 def test_queue_rises_without_worker_and_drains_when_one_starts(

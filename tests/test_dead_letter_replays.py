@@ -75,3 +75,17 @@ async def test_every_letter_past_the_first_page_is_listed_and_replayed(
     assert [old for old, _ in rest] == [job_id for job_id in dead if job_id != late.job_id]
     assert await aredis.xlen(KEYS.dlq(MODEL, VARIANT)) == 0
     assert await aredis.xlen(KEYS.queue(MODEL, VARIANT)) == len(dead)
+
+
+async def test_a_malformed_id_replays_and_purges_nothing(aredis: aioredis.Redis) -> None:
+    """A purge naming a malformed id sent Redis an XDEL it refused whole (a 500 from the console,
+    a traceback from the CLI); a bare `<ms>` replayed every letter of that millisecond."""
+    await _dead_letter(aredis, "a")
+    await _dead_letter(aredis, "b")
+    letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT)
+    (first, *_) = await letters.entries()
+    assert await letters.purge(["bogus", "1-x"]) == 0
+    assert await letters.replay([first.dlq_id.partition("-")[0]]) == []
+    assert await letters.depth() == 2
+    assert await letters.purge(["bogus", first.dlq_id]) == 1
+    assert await letters.depth() == 1

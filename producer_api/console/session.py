@@ -44,6 +44,12 @@ class ConsoleSession:
         return self.principal.may("admin")
 
 
+def same(presented: str, expected: str) -> bool:
+    """A constant-time comparison that any presented text survives: compare_digest raises
+    TypeError for non-ASCII str (a cookie or token of one was a 500, not a login page)."""
+    return hmac.compare_digest(presented.encode(), expected.encode())
+
+
 class SessionSigner:
     def __init__(self, secret: str) -> None:
         self._secret = secret.encode() if secret else secrets.token_bytes(32)
@@ -64,7 +70,7 @@ class SessionSigner:
     def read(self, cookie: str) -> tuple[str, str] | None:
         """(key_id, nonce) of a cookie this producer signed and that has not expired."""
         body, _, mac = cookie.partition(".")
-        if not hmac.compare_digest(mac, self._mac("session", body.encode())):
+        if not same(mac, self._mac("session", body.encode())):
             return None
         payload = loads(base64.urlsafe_b64decode(body))
         if payload["e"] < time.time():
@@ -102,7 +108,7 @@ async def current_session(
 
 
 def check_csrf(session: ConsoleSession, presented: str | None) -> None:
-    if not presented or not hmac.compare_digest(presented, session.csrf):
+    if not presented or not same(presented, session.csrf):
         raise ConveyorError(403, "forbidden", "missing or wrong CSRF token")
 
 
@@ -110,5 +116,5 @@ def check_login_csrf(signer: SessionSigner, cookie: str, presented: str) -> None
     """The login form's token must match the pre-login cookie the login page set."""
     read = signer.read(cookie)
     expected = signer.csrf(read[1]) if read is not None else ""
-    if not read or not presented or not hmac.compare_digest(presented, expected):
+    if not read or not presented or not same(presented, expected):
         raise ConveyorError(403, "forbidden", "missing or wrong CSRF token; reload the login page")
