@@ -173,6 +173,11 @@ def test_everything_reads_one_redis_secret(overlay):
             url = env_of(container).get("CONVEYOR_REDIS_URL")
             if name != "redis":
                 assert url == {"secretKeyRef": {"name": SECRET_NAME, "key": "url"}}, name
+    (producer,) = of_kind(overlay, "Deployment")["producer"]["spec"]["template"]["spec"][
+        "containers"
+    ]
+    console = {"secretKeyRef": {"name": "conveyor-console", "key": "secret"}}
+    assert env_of(producer)["CONVEYOR_CONSOLE_SECRET"] == console  # one for every replica
     (auth,) = of_kind(overlay, "TriggerAuthentication").values()
     refs = {(r["parameter"], r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
     address = "addresses" if overlay == "prod-cluster" else "address"
@@ -196,6 +201,7 @@ def test_dev_redis_is_the_one_the_secret_names_and_keeps_an_aof():
 def test_prod_runs_bigger_pinned_and_without_in_cluster_redis(overlay):
     kinds = {(o["kind"], o["metadata"]["name"]) for o in build(overlay)}
     assert ("StatefulSet", "redis") not in kinds and ("Secret", SECRET_NAME) not in kinds
+    assert ("Secret", "conveyor-console") not in kinds
     for name, spec in pod_specs(overlay):
         for container in spec["containers"]:
             image, _, tag = container["image"].rpartition(":")
