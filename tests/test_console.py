@@ -21,6 +21,7 @@ import redis
 import yaml
 
 from conveyor.stack import Stack
+from producer_api.console.session import RECHECK_S
 from shared.codec import RequestEntry
 from shared.keys import Keys, new_job_id
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
@@ -447,6 +448,43 @@ def test_a_tenant_sees_only_its_own_batches_live_and_logs_out(
         # the logout ended the session itself, not just the browser's cookie
         thief.cookies.set("conveyor_console", copied, path="/console")
         assert thief.get("/console").status_code == 303
+
+
+def test_a_live_feed_ends_when_its_session_is_logged_out_elsewhere(
+    console_stack: Stack, admin_key: str
+) -> None:
+    """The session was checked once, when the feed opened: a summary a second (partitions,
+    workers, the tenant's batches) went on for as long as the connection stayed open, after a
+    logout from another tab or replica, a revocation, or the session's expiry."""
+    with ThreadPoolExecutor(1) as pool:  # issue_key runs its own event loop
+        key = pool.submit(issue_key, console_stack.redis_url, "acme", "read").result()
+    summaries: list[float] = []
+    ended: list[float] = []
+    with httpx.Client(base_url=console_stack.base_url, timeout=30) as viewer:
+        assert console_login(viewer, key).status_code == 303
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', viewer.get("/console").text)
+        assert csrf is not None
+
+        def watch() -> None:
+            with viewer.stream("GET", "/console/stream") as events:
+                for line in events.iter_lines():
+                    if line.startswith("event: summary"):
+                        summaries.append(time.monotonic())
+            ended.append(time.monotonic())
+
+        watching = threading.Thread(target=watch, daemon=True)
+        watching.start()
+        until(lambda: len(summaries) >= 2)
+        with httpx.Client(base_url=console_stack.base_url) as other_tab:
+            other_tab.cookies.set(
+                "conveyor_console", viewer.cookies["conveyor_console"], "", "/console"
+            )
+            out = other_tab.post("/console/logout", data={"csrf": csrf[1]})
+            assert out.status_code == 303, out.text
+        logged_out = time.monotonic()
+        watching.join(timeout=RECHECK_S + 10)
+    assert ended, "the feed went on after its session was logged out"
+    assert summaries[-1] - logged_out < RECHECK_S + 2
 
 
 def test_a_batch_that_ran_between_two_looks_of_the_feed_is_shown(

@@ -4,7 +4,9 @@ response carries a strict Content-Security-Policy: scripts and styles only from 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,6 +25,7 @@ from producer_api.console.session import (
     LOGIN_COOKIE,
     LOGIN_MAX_AGE_S,
     MAX_AGE_S,
+    RECHECK_S,
     ConsoleSession,
     LoginRequired,
     SessionSigner,
@@ -30,6 +33,7 @@ from producer_api.console.session import (
     check_login_csrf,
     current_session,
     login_key,
+    still_open,
 )
 from producer_api.errors import ConveyorError
 from producer_api.events.serving import EventsService
@@ -57,6 +61,8 @@ router = APIRouter(prefix="/console", include_in_schema=False)
 templates = Jinja2Templates(directory=HERE / "templates")
 
 State = Annotated[ProducerState, Depends(producer_state)]
+Event = dict[str, str]  # one server-sent event: its name and data
+Feed = AsyncGenerator[Event, None]
 
 
 async def console(request: Request) -> Console:
@@ -170,12 +176,28 @@ async def workers(request: Request, current: Session, service: Service) -> Respo
     return _page(request, "workers.html", current, snapshot=service.summaries.snapshot)
 
 
-@router.get("/stream")
-async def stream(current: Session, service: Service) -> Response:
-    """The one live feed of every console page: a summary per second, batches cut to the
-    viewer's tenant unless admin. Costs no Redis command per viewer."""
+async def _while_open(
+    state: ProducerState, service: Console, current: ConsoleSession, feed: Feed
+) -> AsyncIterator[Event]:
+    """A live feed that ends with its session (a logout, from any replica; the key revoked; the
+    session's expiry): looked at again every RECHECK_S, as its events come."""
+    async with aclosing(feed):
+        due = time.monotonic() + RECHECK_S
+        async for event in feed:
+            if time.monotonic() >= due:
+                if not await still_open(state, service.logouts, current):
+                    return
+                due = time.monotonic() + RECHECK_S
+            yield event
 
-    async def events() -> AsyncIterator[dict[str, str]]:
+
+@router.get("/stream")
+async def stream(state: State, current: Session, service: Service) -> Response:
+    """The one live feed of every console page: a summary per second, batches cut to the
+    viewer's tenant unless admin. Costs no Redis command per viewer but its session's look
+    every RECHECK_S."""
+
+    async def events() -> Feed:
         async for snapshot in service.summaries.follow():
             shown = snapshot
             if not current.admin:
@@ -184,7 +206,7 @@ async def stream(current: Session, service: Service) -> Response:
                 shown = {**snapshot, "batches": batches}
             yield {"event": "summary", "data": as_text(dumps(shown))}
 
-    return _secure(EventSourceResponse(events(), ping=15))
+    return _secure(EventSourceResponse(_while_open(state, service, current, events()), ping=15))
 
 
 @router.get("/jobs")
@@ -226,18 +248,18 @@ async def _visible(state: ProducerState, current: ConsoleSession, job_id: str) -
 
 
 @router.get("/jobs/{job_id}/tokens")
-async def job_tokens(state: State, current: Session, job_id: str) -> Response:
+async def job_tokens(state: State, current: Session, service: Service, job_id: str) -> Response:
     """The live token view of an LLM job: its job-events stream (producer_api/events), read as
     the job's own tenant, which an admin may act as."""
     record = await _visible(state, current, job_id)
     reader = replace(current.principal, tenant=record.fields.get("tenant", "default"))
     events = await EventsService(state, reader).open(job_id, None)
 
-    async def sent() -> AsyncIterator[dict[str, str]]:
+    async def sent() -> Feed:
         async for event in events:
             yield {"event": event.event, "data": as_text(dumps(event.data))}
 
-    return _secure(EventSourceResponse(sent(), ping=15))
+    return _secure(EventSourceResponse(_while_open(state, service, current, sent()), ping=15))
 
 
 @router.get("/batches")

@@ -1,8 +1,9 @@
 """Console sessions: an API key is presented once on the login page; the producer then keeps
 only the key's public id in an HttpOnly, SameSite=Strict cookie signed with HMAC-SHA256
 (CONVEYOR_CONSOLE_SECRET, random per process when unset). Each request re-reads the key's record,
-so revocation and expiry end a session at once, and so does logging out (`logouts.py`). Each
-session carries a nonce; its CSRF token is an HMAC of that nonce, checked on every POST."""
+so revocation and expiry end a session at once, and so does logging out (`logouts.py`); a live
+feed opened in it ends within RECHECK_S. Each session carries a nonce; its CSRF token is an HMAC
+of that nonce, checked on every POST."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -21,12 +23,14 @@ from producer_api.auth.dependencies import authenticate
 from producer_api.console.logouts import Logouts
 from producer_api.errors import ConveyorError
 from producer_api.state import ProducerState
+from shared.api_keys import ApiKey
 from shared.codec import dumps, loads
 
 COOKIE = "conveyor_console"
 LOGIN_COOKIE = "conveyor_console_login"
 MAX_AGE_S = 12 * 3600
 LOGIN_MAX_AGE_S = 600
+RECHECK_S = 5.0  # a live feed's session is looked at again this often (two commands)
 
 
 class LoginRequired(Exception):
@@ -38,6 +42,7 @@ class ConsoleSession:
     principal: Principal
     csrf: str
     nonce: str = ""  # none for the anonymous admin, who has no session to end
+    expires: float = math.inf  # Unix seconds
 
     @property
     def admin(self) -> bool:
@@ -67,15 +72,15 @@ class SessionSigner:
         body = base64.urlsafe_b64encode(payload).decode()
         return f"{body}.{self._mac('session', body.encode())}", self.csrf(nonce)
 
-    def read(self, cookie: str) -> tuple[str, str] | None:
-        """(key_id, nonce) of a cookie this producer signed and that has not expired."""
+    def read(self, cookie: str) -> tuple[str, str, float] | None:
+        """(key_id, nonce, expiry) of a cookie this producer signed and that has not expired."""
         body, _, mac = cookie.partition(".")
         if not same(mac, self._mac("session", body.encode())):
             return None
         payload = loads(base64.urlsafe_b64decode(body))
         if payload["e"] < time.time():
             return None
-        return str(payload["k"]), str(payload["n"])
+        return str(payload["k"]), str(payload["n"]), float(payload["e"])
 
     def csrf(self, nonce: str) -> str:
         return self._mac("csrf", nonce.encode())
@@ -99,12 +104,31 @@ async def current_session(
     read = signer.read(request.cookies.get(COOKIE, ""))
     if read is None:
         raise LoginRequired
-    key_id, nonce = read
+    key_id, nonce, expires = read
+    if (key := await _usable_key(state, logouts, key_id, nonce)) is None:
+        raise LoginRequired
+    return ConsoleSession(Principal.of(key, state.settings), signer.csrf(nonce), nonce, expires)
+
+
+async def still_open(state: ProducerState, logouts: Logouts, session: ConsoleSession) -> bool:
+    """Whether the session a live feed was opened in holds still: not expired, its key not
+    revoked, not logged out (from any replica)."""
+    if not session.nonce:
+        return True
+    if session.expires < time.time():
+        return False
+    return await _usable_key(state, logouts, session.principal.key_id, session.nonce) is not None
+
+
+async def _usable_key(
+    state: ProducerState, logouts: Logouts, key_id: str, nonce: str
+) -> ApiKey | None:
+    """The session's key, unless revoked, expired or logged out of."""
     # the key's record and the logout mark at once: one round trip's wait, not two
     key, ended = await asyncio.gather(state.api_keys.get(key_id), logouts.ended(nonce))
     if key is None or key.refusal(time.time()) or ended:
-        raise LoginRequired
-    return ConsoleSession(Principal.of(key, state.settings), signer.csrf(nonce), nonce)
+        return None
+    return key
 
 
 def check_csrf(session: ConsoleSession, presented: str | None) -> None:
