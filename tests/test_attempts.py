@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import RECENT_KEPT, RECENT_SLACK, Keys
 from shared.model_repository import ModelConfig, QueueLimits
+from shared.variant_stats import VariantStats
 from tests.conftest import REPO_ROOT, running_stack, until
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
@@ -274,6 +276,9 @@ async def test_reclaim_records_the_crashed_attempt_then_the_dead_lettered_one(
     ]
     assert runs[1]["error"]["type"] == "DeadLettered"
     assert runs[1]["started"] == second.claimed_ms / 1000  # when rescuer-22 marked it running
+    # an error of its variant: a canary whose variant crashes its workers was read as healthy
+    window = (await VariantStats(aredis, KEYS).window("m", ["v"], time.time() - 60))["v"]
+    assert (window.requests, window.errors) == (1, 1)
 
 
 async def test_an_outage_after_reclaim_committed_keeps_the_claimed_entries(

@@ -1,7 +1,8 @@
 """Crash recovery for one partition: entries idle past the visibility timeout in any consumer's
 pending list are taken over (XAUTOCLAIM) and run again, or dead-lettered after
-`max_deliveries` (the job fails and its webhook is called); consumers that are gone and own
-nothing are removed from the group."""
+`max_deliveries` (the job fails, counts as its variant's error for canaries and experiments,
+and its webhook is called); consumers that are gone and own nothing are removed from the
+group."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from shared.codec import as_text
 from shared.consumer_groups import recreating_groups
 from shared.job_store import JobStore, now_ms, queue_slot_frees
 from shared.keys import GROUP, Keys
+from shared.variant_stats import VariantStats
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
 from workers.partition.redis_backoff import OUTAGE
@@ -44,6 +46,8 @@ class Reclaimer:
         self.keys = keys
         self.streams = partition.streams
         self.dlq = keys.dlq(partition.config.name, partition.variant)
+        self.variant = partition.labels  # (model, variant)
+        self.stats = VariantStats(client, keys)
         self.consumer = consumer
         self.ttl_s = ttl_s
         self.idle_ms = int(queue.visibility_timeout_s * 1000)
@@ -100,6 +104,8 @@ class Reclaimer:
         does), not the claimed entries: raised, they came back through `held` as first
         deliveries (no `restart` for a generation's stream, attempts counted from one)."""
         await self._free_slots(dead)
+        if dead:  # a variant that crashes its workers fails: no canary may read it as healthy
+            await self.stats.add_counts(*self.variant, {"requests": len(dead), "errors": len(dead)})
         for delivery in dead:
             if delivery.entry is not None:
                 await self._notify(delivery.entry.job_id)
