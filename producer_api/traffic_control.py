@@ -95,8 +95,9 @@ class TrafficControl:
     async def refresh_routes(self) -> None:
         await self.routes.refresh()
         for config in self.repository:
-            for variant, weight in self.routes.of(config).weights.items():
-                ROUTE_WEIGHT.labels(config.name, variant).set(weight)
+            weights = self.routes.of(config).weights
+            for variant in config.variants:  # one the routes no longer name serves 0 %
+                ROUTE_WEIGHT.labels(config.name, variant).set(weights.get(variant, 0.0))
 
     async def lead(self) -> None:
         """Canaries and shadow comparisons, on the one producer that holds the lease."""

@@ -204,6 +204,10 @@ def test_a_change_reaches_the_other_producer_without_a_restart(
     print(f"the second producer applied the change after {delay:.3f}s (it polls every {POLL_S}s)")
     scrape = HTTP.get(f"{second}/metrics").text
     assert 'conveyor_route_weight{model="ab",variant="candidate"} 100.0' in scrape
+    # routes that no longer name candidate: its gauge said 100 for as long as the process lived
+    assert _put(first, admin, weights={"stable": 100}).status_code == 200
+    gone = 'conveyor_route_weight{model="ab",variant="candidate"} 0.0'
+    until(lambda: gone in HTTP.get(f"{second}/metrics").text)
 
 
 def test_live_split_and_stickiness_through_both_producers(
