@@ -246,11 +246,13 @@ class BatchApiStore(TenantIndexed):
         for start in range(0, await self.redis.llen(key), CHUNK):
             yield [loads(line) for line in await self.redis.lrange(key, start, start + CHUNK - 1)]
 
-    async def finish(self, batch_id: str, status: BatchStatus, fields: Mapping[str, str]) -> None:
+    async def finish(self, batch_id: str, status: BatchStatus) -> None:
         """finalizing → `status`: every key of the batch, item job hashes included, now lives
         `ttl_s` from here, so early items' output does not expire before the batch's. The
         batch's slot changes in one transaction, the commit point (a finalizer that dies before
-        it is replaced after STALE_MS); the keys in other slots are released after it."""
+        it is replaced after STALE_MS). The keys in other slots are the caller's to `release`
+        after it, once the batch's webhook is handed over: an ended batch still in the active
+        index is one whose finalizer died after the commit, which the sweeper completes."""
         async for chunk in self.items(batch_id):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for item in chunk:
@@ -262,7 +264,6 @@ class BatchApiStore(TenantIndexed):
             for name in (key, self.keys.batch_items(batch_id), self.keys.batch_rejected(batch_id)):
                 pipe.expire(name, self.ttl_s)
             await pipe.execute()
-        await self.release(batch_id, fields)
 
     async def release(self, batch_id: str, fields: Mapping[str, str]) -> None:
         """Drop an ended batch's per-partition lists and move it from the active index to the
@@ -294,6 +295,9 @@ class BatchApiStore(TenantIndexed):
 
     async def set_fields(self, batch_id: str, fields: Mapping[str, str | int]) -> None:
         await self.redis.hset(self.keys.batch(batch_id), items=_flat(fields))
+
+    async def set_field_unless_set(self, batch_id: str, name: str, value: str) -> None:
+        await self.redis.hsetnx(self.keys.batch(batch_id), name, value)
 
 
 def _item(job_id: str, row: list[bytes | None]) -> ItemState:

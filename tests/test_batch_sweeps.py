@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from producer_api.batch_api.progress import BatchApiProgress
@@ -36,9 +38,9 @@ class _GatedFinish(BatchApiStore):
         super().__init__(client, KEYS, TTL_S)
         self.gate = gate
 
-    async def finish(self, batch_id: str, status: BatchStatus, fields: Mapping[str, str]) -> None:
+    async def finish(self, batch_id: str, status: BatchStatus) -> None:
         await self.gate.wait()
-        await super().finish(batch_id, status, fields)
+        await super().finish(batch_id, status)
 
 
 class _RacedSettle(JobStore):
@@ -130,3 +132,40 @@ async def test_recording_a_batchs_items_again_lists_each_once(aredis: aioredis.R
     assert await aredis.lrange(first, 0, -1) == [b"j1", b"j3"]
     assert await aredis.lrange(second, 0, -1) == [b"j2"]
     assert await aredis.llen(KEYS.batch_rejected(batch_id)) == 1
+
+
+class _Broker(WebhookDispatcher):
+    """Celery's side of a webhook hand-over: records each hand-over, or refuses them all (a
+    broker that is down, as one is when its producer dies mid-finalization)."""
+
+    def __init__(self, refuses: bool) -> None:
+        super().__init__("redis://unused")
+        self.refuses = refuses
+        self.sent: list[tuple[str, str, str]] = []
+
+    def send(self, kind: Any, target_id: str, url: str, body: dict[str, Any]) -> None:
+        if self.refuses:
+            raise RuntimeError("broker unreachable")
+        self.sent.append((kind, target_id, body["type"]))
+
+
+async def test_a_batch_whose_finalizer_died_after_its_commit_still_sends_its_webhook(
+    aredis: aioredis.Redis,
+) -> None:
+    """The commit released the batch from the active index before its webhook was handed
+    over; a finalizer that died in between (here: its broker refused) lost the webhook for
+    good, as the sweeper only released what was still indexed."""
+    store, jobs = BatchApiStore(aredis, KEYS, TTL_S), JobStore(aredis, KEYS, TTL_S)
+    batch_id = await _running_batch(store, jobs)
+    await store.set_fields(batch_id, {"webhook": "https://hooks.example.com/batches"})
+    dying = BatchApiProgress(jobs, store, _Broker(refuses=True))
+    with pytest.raises(RuntimeError, match="broker unreachable"):
+        await dying.end(batch_id, BatchStatus.CANCELLED)
+    assert (await store.read(batch_id) or {})["status"] == BatchStatus.CANCELLED
+    broker = _Broker(refuses=False)
+    sweeper = BatchApiSweeper(store, BatchApiProgress(jobs, store, broker))
+    await sweeper.sweep()
+    await sweeper.sweep()  # released by the first: nothing sent again
+    assert broker.sent == [("batch", batch_id, "batch.cancelled")]
+    assert await store.active() == []
+    assert (await store.read(batch_id) or {})["webhook_status"] == "pending"

@@ -128,19 +128,29 @@ class BatchApiProgress:
             progress = await self.refresh(batch_id, window=0)
 
     async def notify(self, batch_id: str, progress: Refresh) -> None:
-        """Hand the batch's terminal view to the webhook task (Celery, so it survives us)."""
+        """Hand the batch's terminal view to the webhook task (Celery, so it survives us), then
+        mark it `pending` unless the task has marked it already. At least once: a producer that
+        dies between the two hands it over again (`complete`)."""
         url = progress.fields.get("webhook")
         if not url:
             return
         data = view(batch_id, progress, f"/v1/batches/{batch_id}")
         body = event(f"batch.{progress.fields['status']}", data)
-        await self.store.set_fields(batch_id, {"webhook_status": "pending"})
         await asyncio.to_thread(self.webhooks.send, "batch", batch_id, url, body)
+        await self.store.set_field_unless_set(batch_id, "webhook_status", "pending")
+
+    async def complete(self, batch_id: str, progress: Refresh) -> None:
+        """What follows an ended batch's commit: its webhook handed over (unless it was), then
+        its keys in other slots released. The sweeper repeats it for a batch whose finalizer
+        died after the commit (it is still in the active index), so the webhook is not lost."""
+        if "webhook_status" not in progress.fields:
+            await self.notify(batch_id, progress)
+        await self.store.release(batch_id, progress.fields)
 
     async def _finalize(self, batch_id: str, progress: Refresh) -> None:
         status = BatchStatus(progress.fields.get("ending") or BatchStatus.COMPLETED)
-        await self.store.finish(batch_id, status, progress.fields)
+        await self.store.finish(batch_id, status)
         fresh = await self.store.read(batch_id)
         progress.fields = fresh or {**progress.fields, "status": status.value}
         log.info("batch %s %s: %s", batch_id, status.value, progress.counts)
-        await self.notify(batch_id, progress)
+        await self.complete(batch_id, progress)

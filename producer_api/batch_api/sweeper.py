@@ -29,8 +29,8 @@ class BatchApiSweeper:
                 await self.store.forget(batch_id)
             elif BatchStatus(progress.fields["status"]).terminal and not progress.finalize:
                 # Ended, yet still indexed: its finalizer died between the batch's commit and
-                # the release of its keys in other slots (BatchApiStore.finish).
-                await self.store.release(batch_id, progress.fields)
+                # its webhook's hand-over or the release of its keys in other slots.
+                await self.progress.complete(batch_id, progress)
 
     def start(self) -> None:
         self._loop.start()
