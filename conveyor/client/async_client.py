@@ -128,7 +128,7 @@ class AsyncClient:
                 if pause is None:
                     raise
             else:
-                pause = self.retry.after_response(attempt, response)
+                pause = self.retry.after_response(attempt, response, call.repeatable)
                 if pause is None:
                     return raise_for_error(response)
             await self._pause(pause)
@@ -147,8 +147,8 @@ class AsyncClient:
                     if response.is_error:
                         await response.aread()
                     stream.opened(raise_for_error(response))
-                    async for line in response.aiter_lines():
-                        if (event := stream.feed(line)) is not None:
+                    async for text in response.aiter_text():
+                        for event in stream.feed_text(text):
                             yield event
                         if stream.done:
                             break

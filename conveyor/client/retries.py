@@ -1,7 +1,8 @@
-"""When to try a request again: on 429 and 503 (after `Retry-After` when the server gives one,
-else exponential backoff with full jitter), on a 409 that carries `Retry-After` (an idempotent
-submit whose first try is still being enqueued), and on transport errors when repeating the
-request cannot do anything twice. Sans I/O: the sync and async clients only sleep where it
+"""When to try a request again: on 429 (refused before anything was done) and on 503 when
+repeating the request cannot do anything twice (a 503 may come after the job was written),
+after `Retry-After` when the server gives one, else exponential backoff with full jitter; on a
+409 that carries `Retry-After` (an idempotent submit whose first try is still being enqueued);
+and on transport errors when repeating the request cannot do anything twice. Sans I/O: the sync and async clients only sleep where it
 says."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 
-RETRY_STATUSES = frozenset({429, 503})
+REFUSED, UNAVAILABLE = 429, 503
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +57,18 @@ class RetryPolicy:
         together, which is what a 429 or 503 usually means."""
         return random.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
 
-    def after_response(self, attempt: int, response: httpx.Response) -> RetryEvent | None:
-        """The pause before retry number `attempt + 1`, or None to accept `response`."""
+    def after_response(
+        self, attempt: int, response: httpx.Response, repeatable: bool
+    ) -> RetryEvent | None:
+        """The pause before retry number `attempt + 1`, or None to accept `response`. A 503 to
+        a request that is not `repeatable` (a POST without an Idempotency-Key) is accepted: the
+        server may have enqueued its job before failing, and a retry would enqueue another."""
         asked = retry_after_s(response)
-        retryable = response.status_code in RETRY_STATUSES or (
-            response.status_code == 409 and asked is not None  # the server says when: not a clash
+        status = response.status_code
+        retryable = (
+            status == REFUSED
+            or (status == UNAVAILABLE and repeatable)
+            or (status == 409 and asked is not None)  # the server says when: not a clash
         )
         if not retryable or attempt >= self.max_retries:
             return None

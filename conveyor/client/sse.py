@@ -5,6 +5,7 @@ resumes a dropped stream with `Last-Event-ID`, so every event arrives exactly on
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field, replace
 
 import httpx
@@ -17,6 +18,25 @@ from conveyor.client.types import Event
 # tokens, final; a cancelled job's stream ends with a cancellation event). `data: [DONE]` ends an
 # OpenAI-style stream.
 TERMINAL_EVENTS = frozenset({"final", "done", "end", "cancelled", "failed", "expired"})
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+@dataclass
+class LineSplitter:
+    """An event stream's lines, ended as the spec ends them (CRLF, CR or LF) and nowhere else:
+    httpx's `iter_lines` also breaks at U+2028, U+2029, U+0085 and the like, which JSON carries
+    raw inside strings, and so cut such an event's data in two."""
+
+    _buffer: str = ""
+    _after_cr: bool = False  # the last text ended with CR: an LF that opens the next is its CRLF
+
+    def feed(self, text: str) -> list[str]:
+        if self._after_cr and text.startswith("\n"):
+            text = text[1:]
+        joined = self._buffer + text
+        self._after_cr = joined.endswith("\r")
+        *lines, self._buffer = _LINE_END.split(joined)
+        return lines
 
 
 @dataclass
@@ -71,6 +91,7 @@ class EventStream:
     max_reconnects: int = 8
     done: bool = False
     _decoder: SSEDecoder = field(default_factory=SSEDecoder)
+    _lines: LineSplitter = field(default_factory=LineSplitter)
     _failures: int = 0
     _empty_closes: int = 0
     _received: int = 0
@@ -88,11 +109,22 @@ class EventStream:
             headers["Last-Event-ID"] = self.last_id
         self._received = 0
         self._decoder = SSEDecoder(last_id=self.last_id, retry_ms=self._decoder.retry_ms)
+        self._lines = LineSplitter()
         return replace(self.call, headers=headers)
 
     def opened(self, response: httpx.Response) -> None:
         if response.status_code == 204:
             self.done = True
+
+    def feed_text(self, text: str) -> list[Event]:
+        """The events a piece of the response completes, up to the stream's end."""
+        events = []
+        for line in self._lines.feed(text):
+            if (event := self.feed(line)) is not None:
+                events.append(event)
+            if self.done:
+                break
+        return events
 
     def feed(self, line: str) -> Event | None:
         event = self._decoder.feed(line)

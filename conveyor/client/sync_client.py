@@ -139,7 +139,7 @@ class Client:
                 if pause is None:
                     raise
             else:
-                pause = self.retry.after_response(attempt, response)
+                pause = self.retry.after_response(attempt, response, call.repeatable)
                 if pause is None:
                     return raise_for_error(response)
             self._pause(pause)
@@ -158,9 +158,8 @@ class Client:
                     if response.is_error:
                         response.read()
                     stream.opened(raise_for_error(response))
-                    for line in response.iter_lines():
-                        if (event := stream.feed(line)) is not None:
-                            yield event
+                    for text in response.iter_text():
+                        yield from stream.feed_text(text)
                         if stream.done:
                             break
                 finally:

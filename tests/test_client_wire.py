@@ -1,0 +1,104 @@
+"""The SDK against small real HTTP servers that answer what a producer answers at its worst: a
+503 to a POST (which may follow a job already written: replicas that did not confirm it), and
+event data holding characters that JSON carries raw but `str.splitlines` breaks at."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from conveyor.client import APIError, AsyncClient, Client
+
+SEPARATED = "a\u2028b\u2029c\x85d"  # line and paragraph separators, NEL: legal inside JSON
+
+
+class _Server(ThreadingHTTPServer):
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.posts: list[tuple[str, str | None]] = []  # (path, Idempotency-Key)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.posts.append((self.path.split("?")[0], self.headers.get("Idempotency-Key")))
+        error = {"error": {"type": "unavailable", "message": "replicas did not confirm"}}
+        self._send(503, json.dumps(error).encode(), "application/json", {"Retry-After": "0"})
+
+    def do_GET(self) -> None:
+        final = {"id": "job-1", "status": "succeeded", "outputs": {"s": SEPARATED}}
+        data = json.dumps(final, ensure_ascii=False)  # raw, as orjson writes it
+        body = f"id: 1\nevent: final\ndata: {data}\n\n".encode()
+        self._send(200, body, "text/event-stream")
+
+    def _send(self, status: int, body: bytes, kind: str, extra: dict[str, str] | None = None):
+        self.send_response(status)
+        for name, value in {"Content-Type": kind, **(extra or {})}.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    running = _Server()
+    threading.Thread(target=running.serve_forever, daemon=True).start()
+    yield running
+    running.shutdown()
+
+
+def test_a_503_to_a_post_without_a_key_is_not_sent_again(server: _Server) -> None:
+    """predict, chat and batch creation carry no Idempotency-Key: each 503 was retried, up to
+    six POSTs, each of which could enqueue the job (or the whole batch) once more."""
+    with Client(server.url) as client:
+        for call in (
+            lambda: client.predict("m", {"x": 1}),
+            lambda: client.chat("m", [{"role": "user", "content": "hi"}]),
+            lambda: client.batches.create([{"custom_id": "a", "body": {"inputs": {}}}], model="m"),
+        ):
+            with pytest.raises(APIError) as refused:
+                call()
+            assert refused.value.status == 503
+    assert [path for path, _ in server.posts] == [
+        "/v1/models/m/predict",
+        "/v1/chat/completions",
+        "/v1/batches",
+    ]
+
+
+def test_a_503_to_a_keyed_submit_is_retried_with_the_same_key(server: _Server) -> None:
+    with Client(server.url) as client, pytest.raises(APIError):
+        client.submit("m", {"x": 1})
+    assert len(server.posts) == 6  # the first try and five retries
+    assert len({key for _, key in server.posts}) == 1 and server.posts[0][1]
+
+
+def test_event_data_is_cut_at_line_ends_only(server: _Server) -> None:
+    """httpx's iter_lines also breaks at U+2028, U+2029 and U+0085: the event's data was cut
+    there, and `json()` of a final event carrying one of them raised."""
+    with Client(server.url) as client:
+        (final,) = list(client.stream("job-1"))
+    assert final.json()["outputs"]["s"] == SEPARATED
+
+    async def stream() -> list[Any]:
+        async with AsyncClient(server.url) as client:
+            return [event.json() async for event in client.stream("job-1")]
+
+    assert [event["outputs"]["s"] for event in asyncio.run(stream())] == [SEPARATED]
