@@ -226,8 +226,8 @@ DOCUMENTED_LIMITS = [
             json={"model": "no-such-model", "prompt": value},
             headers={"X-API-Key": key},
         ),
-        ["", []],
-        ["x", ["x", "y"]],
+        ["", [], ["x", "y"]],
+        ["x", ["x"]],
     ),
     (
         "/v1/batches",

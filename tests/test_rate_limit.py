@@ -86,6 +86,24 @@ def test_token_bucket_refills_at_its_rate(auth_stack: Stack, producers: list[str
     assert _statuses(asyncio.run(_burst(producers, key, 4))) == {202: 1, 429: 3}
 
 
+def test_a_batch_create_takes_one_token(auth_stack: Stack) -> None:
+    """Creating a batch took two tokens (one per service its route took), so a key with a
+    burst of one was refused 429 on every create."""
+    key = issue_key(auth_stack.redis_url, "acme", "submit", rate_per_s=0.001, burst=1)
+
+    def create() -> httpx.Response:
+        return httpx.post(
+            f"{auth_stack.base_url}/v1/batches",
+            params={"model": "identity", "completion_window": "1h"},
+            content=b'{"custom_id": "a", "body": {"inputs": {"x": 1}}}\n',
+            headers={"X-API-Key": key, "Content-Type": "application/jsonl"},
+            timeout=60,
+        )
+
+    assert create().status_code == 202
+    assert create().status_code == 429  # the one token is spent
+
+
 def test_in_flight_cap_is_exact_across_two_producers(
     auth_stack: Stack, producers: list[str]
 ) -> None:

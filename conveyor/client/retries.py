@@ -2,8 +2,8 @@
 repeating the request cannot do anything twice (a 503 may come after the job was written),
 after `Retry-After` when the server gives one, else exponential backoff with full jitter; on a
 409 that carries `Retry-After` (an idempotent submit whose first try is still being enqueued);
-and on transport errors when repeating the request cannot do anything twice. Sans I/O: the sync and async clients only sleep where it
-says."""
+and on transport errors when repeating the request cannot do anything twice. Sans I/O: the
+sync and async clients only sleep where it says."""
 
 from __future__ import annotations
 

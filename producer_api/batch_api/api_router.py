@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from producer_api.auth import AUTH_RESPONSES, acting_for
+from producer_api.auth import AUTH_RESPONSES, Principal, acting_for
 from producer_api.batch_api.progress import view
 from producer_api.batch_api.protocol import WINDOW, BatchList, BatchOptions, BatchView, Endpoint
 from producer_api.batch_api.serving import BatchApiService
@@ -16,6 +17,7 @@ from producer_api.errors import ConveyorError
 from producer_api.files.serving import FilesService
 from producer_api.request_boundary import parse_json
 from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route, page_response
+from producer_api.state import ProducerState
 from shared.batch_api_store import Refresh
 from shared.model_repository import NAME
 from shared.settings import get_settings
@@ -37,8 +39,22 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class BatchCreation:
+    """The services a create acts through, its caller admitted once: each `acting_for`
+    dependency takes a rate-limit token, so a create that took two services cost two tokens,
+    and a key with a burst of one could never create a batch."""
+
+    batches: BatchApiService
+    files: FilesService
+
+    @classmethod
+    def of(cls, state: ProducerState, principal: Principal) -> BatchCreation:
+        return cls(BatchApiService(state, principal), FilesService(state, principal))
+
+
 SubmitService = Annotated[BatchApiService, Depends(acting_for("submit", BatchApiService))]
-Uploads = Annotated[FilesService, Depends(acting_for("submit", FilesService))]
+Creation = Annotated[BatchCreation, Depends(acting_for("submit", BatchCreation.of))]
 ReadService = Annotated[BatchApiService, Depends(acting_for("read", BatchApiService))]
 
 
@@ -97,8 +113,7 @@ def _options(options: dict[str, Any]) -> BatchOptions:
 @router.post("/v1/batches", status_code=202, response_model=BatchView, responses=_ERRORS)
 async def create_batch(
     request: Request,
-    service: SubmitService,
-    files: Uploads,
+    creation: Creation,
     model: str | None = Query(
         default=None, pattern=NAME, description="Model for lines that name none"
     ),
@@ -116,8 +131,8 @@ async def create_batch(
     options = {"model": model, "completion_window": completion_window, "webhook": webhook}
     options["endpoint"] = endpoint
     given = {k: v for k, v in options.items() if v is not None}
-    source, parsed = await _upload(request, given, files)
-    batch_id, progress = await service.create(source, parsed)
+    source, parsed = await _upload(request, given, creation.files)
+    batch_id, progress = await creation.batches.create(source, parsed)
     return _respond(request, batch_id, progress, 202)
 
 

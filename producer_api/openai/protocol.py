@@ -110,7 +110,13 @@ def _one_prompt(prompts: list[str]) -> list[str]:
 # the branch the value's type picks reports an error.
 Prompt = Annotated[
     Annotated[str, Field(min_length=1), Tag("text")]
-    | Annotated[list[str], Field(min_length=1), AfterValidator(_one_prompt), Tag("list")],
+    | Annotated[
+        list[str],
+        # maxItems told, not enforced by pydantic: `_one_prompt` says why in its refusal
+        Field(min_length=1, json_schema_extra={"maxItems": 1}),
+        AfterValidator(_one_prompt),
+        Tag("list"),
+    ],
     Discriminator(lambda value: "list" if isinstance(value, list) else "text"),
 ]
 
