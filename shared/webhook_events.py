@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
 
+import httpx
 from celery import Celery
 
 from shared.celery_broker import broker_app
@@ -68,7 +69,7 @@ def allowed(url: str, allowlist: list[str]) -> bool:
         return False
     if UNSENDABLE.search(url) or "" in host.split("."):
         return False  # a control character or an empty host label: the HTTP client refuses it
-    if parts.fragment:
+    if parts.fragment or not _sendable(url):
         return False
     for entry in allowlist:
         rule = urlsplit(entry.strip())
@@ -81,6 +82,17 @@ def allowed(url: str, allowlist: list[str]) -> bool:
         ):
             return True
     return False
+
+
+def _sendable(url: str) -> bool:
+    """Whether the HTTP client can send to `url` at all: a host of digits or joiners no IDNA
+    encoding takes (`\u0661.example.com`, `xn--zz.example.com`) matched a `*.` rule, was
+    accepted at submit, and then failed its delivery with no attempt on record."""
+    try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, UnicodeError):
+        return False
+    return True
 
 
 def refusal(url: str, settings: Settings) -> str | None:

@@ -9,6 +9,7 @@ Batch API job ends or a job is cancelled, by workers when a job with a webhook e
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -88,8 +89,20 @@ def _attempt_log() -> AttemptLog:
     return AttemptLog(_redis())
 
 
+async def _answer(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
+    """The receiver's status code; its body is never read (an endless one cost memory)."""
+    async with (
+        httpx.AsyncClient(timeout=timeout_s) as client,
+        client.stream("POST", url, content=body, headers=headers) as response,
+    ):
+        return response.status_code
+
+
 def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
-    """One attempt; never raises. Redirects are not followed (they could leave the allow-list)."""
+    """One attempt, answered within CONVEYOR_WEBHOOK_TIMEOUT_S as a whole (httpx's timeout
+    bounds each read: a receiver trickling a byte a second held the worker's one task loop,
+    every other delivery and the worker's own exit behind it); never raises. Redirects are
+    not followed (they could leave the allow-list)."""
     settings = get_settings()
     headers = {
         "Content-Type": "application/json",
@@ -100,14 +113,15 @@ def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
     }
     started = time.monotonic()
     outcome: dict[str, Any] = {"at": round(time.time(), 3), "status_code": None, "error": None}
+    timeout_s = settings.webhook_timeout_s
     try:
-        response = httpx.post(
-            url, content=body, headers=headers, timeout=settings.webhook_timeout_s
-        )
-        outcome["status_code"] = response.status_code
-        if not response.is_success:
-            outcome["error"] = f"HTTP {response.status_code}"
-    except httpx.HTTPError as exc:
+        status = asyncio.run(asyncio.wait_for(_answer(url, body, headers, timeout_s), timeout_s))
+        outcome["status_code"] = status
+        if not httpx.codes.is_success(status):
+            outcome["error"] = f"HTTP {status}"
+    except TimeoutError:
+        outcome["error"] = f"TimeoutError: no answer within {timeout_s:g}s"
+    except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:
         outcome["error"] = f"{type(exc).__name__}: {exc}"
     outcome["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
     return outcome
