@@ -33,7 +33,9 @@ def _parse(header: str) -> tuple[int, list[str]]:
     digests: list[str] = []
     for part in header.split(","):
         name, _, value = part.strip().partition("=")
-        if name == "t" and value.isdigit():
+        # ASCII digits, few enough for int(): `²` is a digit to isdigit(), and int() refuses
+        # thousands of digits (a ValueError, not InvalidSignature, a receiver's 500)
+        if name == "t" and value.isascii() and value.isdigit() and len(value) <= 20:
             stamp = int(value)
         elif name == "v1" and value:
             digests.append(value)
