@@ -89,3 +89,16 @@ async def test_a_malformed_id_replays_and_purges_nothing(aredis: aioredis.Redis)
     assert await letters.depth() == 2
     assert await letters.purge(["bogus", first.dlq_id]) == 1
     assert await letters.depth() == 1
+
+
+async def test_a_replayed_letter_keeps_its_webhook_on_record(aredis: aioredis.Redis) -> None:
+    """A replay's webhook was in its payload only: cancelling the replay, or its dead letter,
+    was never reported."""
+    url = "https://hooks.example.com/jobs"
+    entry = RequestEntry(new_job_id(MODEL, VARIANT), {"inputs": {}, "webhook": url}, now_ms())
+    fields = {"entry": "1-0", "reason": "crashed", "deliveries": 3, **entry.encode()}
+    await aredis.xadd(KEYS.dlq(MODEL, VARIANT), fields)  # type: ignore[arg-type]
+    store = JobStore(aredis, KEYS, 60)
+    ((_, replay),) = await DeadLetters(store, KEYS, MODEL, VARIANT).replay()
+    record = await store.get(replay)
+    assert record is not None and record.fields["webhook"] == url

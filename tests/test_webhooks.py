@@ -12,8 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from conveyor.stack import Stack
+from shared.keys import Keys
 from shared.webhook_events import allowed
 from shared.webhook_signing import HEADER, InvalidSignature, sign, verify
 from tests.conftest import running_stack, until
@@ -177,3 +179,26 @@ def test_job_webhooks_fire_once_on_success_and_on_cancel(
         json={"model": "identity", "inputs": {}, "webhook": "http://169.254.169.254/x"},
     )
     assert refused.status_code == 422 and "ALLOWLIST" in refused.json()["error"]["message"]
+
+
+def test_a_batch_lines_webhook_is_called_when_its_item_is_cancelled(
+    hook_stack: Stack, receiver: Receiver
+) -> None:
+    """A line's webhook reached the payload only, and the cancel reads the job's hash: a batch
+    item cancelled alone (or dead-lettered) was never reported."""
+    url = f"{receiver.base}/hooks/items"
+    line = {"custom_id": "c", "body": {"variant": "canary", "inputs": {}, "webhook": url}}
+    created = httpx.post(
+        f"{hook_stack.base_url}/v1/batches",
+        params={"model": "identity"},
+        content=json.dumps(line).encode() + b"\n",
+        headers={"Content-Type": "application/jsonl"},
+    )
+    assert created.status_code == 202, created.text
+    client = redis.Redis.from_url(hook_stack.redis_url, decode_responses=True)
+    (item,) = client.lrange(Keys().batch_items(created.json()["id"]), 0, -1)
+    client.close()
+    assert httpx.delete(f"{hook_stack.base_url}/v1/jobs/{item}").status_code == 200
+    (delivery,) = until(lambda: receiver.at("/hooks/items"))
+    event = json.loads(delivery["body"])
+    assert (event["type"], event["data"]["id"]) == ("job.cancelled", item)

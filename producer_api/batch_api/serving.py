@@ -181,6 +181,8 @@ class BatchApiService:
             "line": item.line,
             "custom_id": item.custom_id,
         }
+        if webhook := entry.payload.get("webhook"):
+            fields["webhook"] = webhook  # where a cancel or a dead letter finds it, as any job's
         stream = self.state.keys.bulk_queue(item.config.name, item.variant)
         fair_window = item.config.fair_window_of(item.variant)
         return NewJob(entry, stream, fields, fair_window, self.principal.weight, ttl_s)
