@@ -408,6 +408,11 @@ def _feed_batches(client: httpx.Client, wanted: str, summaries: int = 20) -> set
     return seen
 
 
+def _batch_status(stack: Stack, batch_id: str, headers: dict[str, str]) -> str:
+    response = httpx.get(f"{stack.base_url}/v1/batches/{batch_id}", headers=headers)
+    return str(response.json()["status"])
+
+
 def test_a_tenant_sees_only_its_own_batches_live_and_logs_out(
     console_stack: Stack, admin_key: str
 ) -> None:
@@ -434,6 +439,11 @@ def test_a_tenant_sees_only_its_own_batches_live_and_logs_out(
         console_login(admin, admin_key)
         assert (ours, "acme") in _feed_batches(admin, ours)
         assert (theirs, "ops") in _feed_batches(admin, theirs)
+        # the admin downloads another tenant's batch file (it answered 404)
+        acme_reads = {"Authorization": f"Bearer {acme}"}
+        until(lambda: _batch_status(console_stack, ours, acme_reads) == "completed")
+        output = admin.get(f"/console/batches/{ours}/output")
+        assert output.status_code == 200 and '"custom_id":"c0"' in output.text, output.text
     with httpx.Client(base_url=console_stack.base_url) as client:
         assert console_login(client, acme).status_code == 303
         seen = _feed_batches(client, ours)

@@ -16,7 +16,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from sse_starlette import EventSourceResponse
 
-from producer_api.batch_api.serving import BatchApiService
+from producer_api.batch_api.serving import BATCH_ID, BatchApiService
 from producer_api.console.job_browser import JobFilter, job_page, recent_jobs
 from producer_api.console.route_board import route_board
 from producer_api.console.service import Console
@@ -269,10 +269,16 @@ async def batches(request: Request, current: Session, service: Service) -> Respo
 
 @router.get("/batches/{batch_id}/{kind}")
 async def batch_file(state: State, current: Session, batch_id: str, kind: str) -> Response:
-    """The batch's output or errors file, as `GET /v1/batches/{id}/output` serves it."""
+    """The batch's output or errors file, as `GET /v1/batches/{id}/output` serves it, read as
+    the batch's own tenant, which an admin may act as (the Batches page lists every tenant's
+    batches to an admin; their files answered 404)."""
     if kind not in ("output", "errors"):
         raise ConveyorError(404, "not_found", "no such file")
-    body = await BatchApiService(state, current.principal).file(batch_id, kind)
+    reader = current.principal
+    if current.admin and BATCH_ID.match(batch_id):
+        fields = await state.batch_store.read(batch_id) or {}
+        reader = replace(reader, tenant=fields.get("tenant", reader.tenant))
+    body = await BatchApiService(state, reader).file(batch_id, kind)
     disposition = f'attachment; filename="{batch_id}-{kind}.jsonl"'
     response = JsonlResponse(body)
     response.headers["Content-Disposition"] = disposition
