@@ -166,6 +166,11 @@ def test_model_allow_list(auth_stack: Stack, api: httpx.Client) -> None:
     assert api.post("/v1/jobs", json=JOB, headers=_bearer(key)).status_code == 202
     listed = api.get("/v1/models", headers=_bearer(key)).json()
     assert [card["id"] for card in listed["data"]] == ["identity"]
+    # an OpenAI route says no more of a model the key may not use (it answered 400, "does not
+    # generate text": what kind of model it is)
+    chat = {"model": "minilm", "messages": [{"role": "user", "content": "hi"}]}
+    refused = api.post("/v1/chat/completions", json=chat, headers=_bearer(key))
+    assert refused.status_code == 403, refused.text
 
 
 def test_one_model_reads_as_the_list_shows_it(

@@ -159,12 +159,15 @@ def _failure(final: TokenEvent) -> ConveyorError:
 class OpenAIService:
     def __init__(self, state: ProducerState, principal: Principal) -> None:
         self.state = state
+        self.principal = principal
         self.jobs = JobsService(state, principal)
 
     def check_serves(self, model: str, serves: Callable[[ModelConfig], bool], what: str) -> None:
-        """A known model the route cannot run is a 400 (an unknown one is the submit's 404)."""
+        """A known model the route cannot run is a 400, once the key may use it: a model it may
+        not is the submit's 403, as an unknown one is its 404 (the 400 told a key what kind a
+        model it may not use is)."""
         config = self.state.repository.get(model)
-        if config is not None and not serves(config):
+        if config is not None and self.principal.may_use(model) and not serves(config):
             message = f"model {model!r} does not {what}; use /v1/jobs"
             raise ConveyorError(400, "invalid_request", message)
 
