@@ -68,7 +68,12 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
         (  # the worker died in the tokenizer ("can't convert negative int to unsigned")
             "kind: batch\nbackend: onnxruntime\nparameters: {max_seq_length: -5}\n",
             "model m variant default: parameters.max_seq_length: Input should be greater than or "
-            "equal to 1",
+            "equal to 2",
+        ),
+        (  # the tokenizer cannot cut below its two special tokens: 1 truncated nothing at all
+            "kind: batch\nbackend: onnxruntime\nparameters: {max_seq_length: 1}\n",
+            "model m variant default: parameters.max_seq_length: Input should be greater than or "
+            "equal to 2",
         ),
         (  # a variant's engine reads the model's parameters merged with its own
             "kind: batch\nbackend: identity\n"
