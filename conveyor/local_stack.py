@@ -55,9 +55,11 @@ class StackState:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the `conveyor up` that wrote the state still runs; a pid now another user's (a
+    permission error, a traceback in every command before) is not it."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 

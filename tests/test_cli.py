@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.local_stack import StackState
 from conveyor.stack import Stack, free_port
 
 pytestmark = pytest.mark.slow
@@ -154,6 +155,24 @@ def test_a_number_that_is_not_finite_is_a_usage_error(args: tuple[str, ...]) -> 
     assert result.returncode == 2, result.stderr
     assert f"Invalid value for '{args[-2]}': '{args[-1]}' is not a finite number" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_traffic_commands_find_the_running_stack(base_url: str, tmp_path: Path) -> None:
+    """`routes` and `canary` read no state file: with no URL they went to port 8000 whatever
+    `conveyor up` ran on, as no other command did. And a number no JSON holds (`nan`) or an
+    answer that is not JSON was a traceback."""
+    StackState("redis://unused", base_url, "", os.getpid()).write(tmp_path)
+    unset = ("CONVEYOR_URL", "CONVEYOR_API_KEY")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env["CONVEYOR_STATE_DIR"] = str(tmp_path)
+    assert "sticky by" in _run("routes", "show", "identity", env=env).stdout
+    for args in (
+        ("routes", "set", "identity", "--weight", "default=nan"),
+        ("canary", "start", "identity", "canary", "--steps", "5,nan"),
+    ):
+        refused = _refused(*args, env=env)
+        assert "every number must be finite" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
 
 
 def test_a_typo_is_one_clear_error_not_silence(

@@ -4,33 +4,47 @@ into one readable line instead of a traceback."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import click
 import httpx
 
-from conveyor.client.cli_options import bad_url
+from conveyor.client.cli_options import bad_url, stack_target
 from conveyor.client.connection import http_options
 
 
 def admin_call(
     method: str, path: str, url: str | None, api_key: str | None, body: Any = None
 ) -> Any:
+    """The producer's JSON answer; one readable line for every failure: the running stack's
+    producer when no URL is given (as every other command finds it), a number that is no JSON
+    (`nan`: a traceback before), an answer that is not JSON (a proxy's HTML page: the same)."""
     try:
-        options = http_options(url, api_key, 30.0)
+        options = http_options(*stack_target(url, api_key), 30.0)
     except ValueError as exc:
         raise bad_url(exc) from None
     try:
+        content = None if body is None else json.dumps(body, allow_nan=False)
+    except ValueError as exc:
+        raise click.UsageError(f"every number must be finite: {exc}") from None
+    try:
         with httpx.Client(**options) as client:
-            response = client.request(method, path, json=body)
+            headers = {"Content-Type": "application/json"}
+            response = client.request(method, path, content=content, headers=headers)
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach the producer: {exc!r}") from None
-    payload = response.json() if response.content else None
+    try:
+        payload = response.json() if response.content else None
+    except ValueError:
+        payload = None
     if response.is_error:
         error = (payload or {}).get("error", {}) if isinstance(payload, dict) else {}
-        detail = f"{error.get('type', 'error')}: {error.get('message', response.text)}"
+        detail = f"{error.get('type', 'error')}: {error.get('message', response.text[:200])}"
         raise click.ClickException(f"{response.status_code} {detail}")
+    if payload is None and response.content:
+        raise click.ClickException(f"not the producer's answer: {response.text[:200]!r}")
     return payload
 
 

@@ -42,13 +42,19 @@ def bad_url(exc: ValueError) -> click.BadParameter:
     return click.BadParameter(str(exc), param_hint="'--url'")
 
 
-@contextmanager
-def connect(url: str | None, api_key: str | None) -> Iterator[Client]:
-    """A client of `url`; without one, of the running `conveyor up`'s producer (with its
-    development key unless a key is given), else the SDK's default."""
+def stack_target(url: str | None, api_key: str | None) -> tuple[str | None, str | None]:
+    """`url` and `api_key`; without a URL, the running `conveyor up`'s producer (with its
+    development key unless a key is given), else the SDK's default (None)."""
     local = StackState.read(get_settings().state_dir) if url is None else None
     if local is not None:
-        url, api_key = local.producer_url, api_key or local.dev_key
+        return local.producer_url, api_key or local.dev_key
+    return url, api_key
+
+
+@contextmanager
+def connect(url: str | None, api_key: str | None) -> Iterator[Client]:
+    """A client of `url` (`stack_target`)."""
+    url, api_key = stack_target(url, api_key)
     try:
         client = Client(url, api_key, on_retry=_say_retry)
     except ValueError as exc:
