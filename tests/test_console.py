@@ -262,6 +262,24 @@ def test_dead_letters_are_replayed_all_at_once_or_discarded_after_a_confirmation
     assert r.xlen(DLQ) == 0
 
 
+def test_the_dead_letters_page_counts_every_letter(
+    console_stack: Stack, admin_key: str, r: redis.Redis
+) -> None:
+    """It listed the oldest 200 and said "200 entries" of a partition holding more, whose
+    "Replay all" then replayed them all."""
+    dlq = KEYS.dlq("paced", "default")
+    for i in range(205):
+        entry = RequestEntry(new_job_id("paced", "default"), {"inputs": {"i": i}}, 1.0)
+        r.xadd(dlq, {"entry": "1-0", "reason": "test", "deliveries": 3, **entry.encode()})
+    try:
+        with httpx.Client(base_url=console_stack.base_url) as client:
+            console_login(client, admin_key)
+            page = client.get("/console/dead-letters").text
+        assert "205 entries, the oldest 200 shown" in page, page
+    finally:
+        r.delete(dlq)
+
+
 def test_failed_job_page_shows_its_error(
     console_stack: Stack, admin_key: str, page: Any, r: redis.Redis
 ) -> None:

@@ -44,6 +44,7 @@ from shared.dead_letters import DeadLetters
 from shared.job_store import JobRecord
 
 HERE = Path(__file__).parent
+LETTERS_SHOWN = 200  # per partition, oldest first
 STATIC = {"console.js": "text/javascript", "console.css": "text/css"}
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -295,12 +296,16 @@ def _dead_letters(state: ProducerState, partition: str) -> DeadLetters:
 
 @router.get("/dead-letters")
 async def dead_letters(request: Request, state: State, current: Admin) -> Response:
+    """Each partition's oldest LETTERS_SHOWN letters, and how many it holds (the page said
+    200 entries of a partition holding 5,000, whose "Replay all" replays all 5,000)."""
     partitions = []
     for config in state.repository:
         for variant in config.variants:
             name = f"{config.name}:{variant}"
-            letters = await _dead_letters(state, name).entries(count=200)
-            partitions.append((name, letters))
+            letters = _dead_letters(state, name)
+            partitions.append(
+                (name, await letters.entries(count=LETTERS_SHOWN), await letters.depth())
+            )
     return _page(request, "dead_letters.html", current, partitions=partitions)
 
 
