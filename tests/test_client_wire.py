@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -39,10 +40,24 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(503, json.dumps(error).encode(), "application/json", {"Retry-After": "0"})
 
     def do_GET(self) -> None:
+        if self.path.startswith("/v1/jobs/quiet/"):
+            self._quiet()
+            return
         final = {"id": "job-1", "status": "succeeded", "outputs": {"s": SEPARATED}}
         data = json.dumps(final, ensure_ascii=False)  # raw, as orjson writes it
         body = f"id: 1\nevent: final\ndata: {data}\n\n".encode()
         self._send(200, body, "text/event-stream")
+
+    def _quiet(self) -> None:
+        """A job that runs quietly: a keep-alive ping 1.5 s in, its final event 1.5 s later."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for chunk in (b": keep-alive\n\n", b'id: 2\nevent: final\ndata: {"id": "quiet"}\n\n'):
+            time.sleep(1.5)
+            self.wfile.write(chunk)
+            self.wfile.flush()
 
     def _send(self, status: int, body: bytes, kind: str, extra: dict[str, str] | None = None):
         self.send_response(status)
@@ -102,3 +117,12 @@ def test_event_data_is_cut_at_line_ends_only(server: _Server) -> None:
             return [event.json() async for event in client.stream("job-1")]
 
     assert [event["outputs"]["s"] for event in asyncio.run(stream())] == [SEPARATED]
+
+
+def test_a_quiet_jobs_stream_outlives_the_clients_own_timeout(server: _Server) -> None:
+    """The stream read with the client's timeout: with `timeout=1`, every quiet stretch between
+    the server's pings cut the stream, and its reconnects ran out (StreamError) on a job that
+    was running fine."""
+    with Client(server.url, timeout=1) as client:
+        (final,) = list(client.stream("quiet"))
+    assert (final.event, final.json()) == ("final", {"id": "quiet"})

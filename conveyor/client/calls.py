@@ -34,6 +34,7 @@ from shared.codec import float32_values
 T = TypeVar("T")
 LONG_POLL_S = 30.0  # one long-poll request; the server caps it at CONVEYOR_MAX_WAIT_S anyway
 SLACK_S = 15.0  # HTTP timeout beyond the time the server was asked to wait
+STREAM_TIMEOUT_S = 60.0  # an event stream's: four of the server's keep-alive pings
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +104,12 @@ def segment(value: str) -> str:
 
 
 def events_call(job_id: str, last_event_id: str | None) -> Call:
-    """`GET /v1/jobs/{id}/events`, resumed after `last_event_id` when given."""
+    """`GET /v1/jobs/{id}/events`, resumed after `last_event_id` when given. Its timeout is the
+    stream's own, well past the server's 15 s pings: the client's (`Client(timeout=10)`) cut a
+    quiet job's stream again and again, and StreamError ended it while the job ran on."""
     headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-    return Call("GET", f"/v1/jobs/{segment(job_id)}/events", headers=headers, timeout=None)
+    path = f"/v1/jobs/{segment(job_id)}/events"
+    return Call("GET", path, headers=headers, timeout=STREAM_TIMEOUT_S)
 
 
 def submit(
