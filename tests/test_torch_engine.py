@@ -176,6 +176,27 @@ def test_output_buffers_are_leased_and_reused(cpu_engine):
     assert cpu_engine.buffers.allocated == allocated
 
 
+def test_a_call_that_fails_gives_its_micro_batchs_buffers_back(artifacts):
+    """A failing call (CUDA out of memory on a large eager batch) kept the buffers of its
+    micro-batch's calls, and every bisection's retry leased more."""
+    engine = torch_engine(artifacts, {"max_texts_per_call": 1}, device="cpu")
+    model = engine.model
+    calls = 0
+
+    def every_second_call_fails(**feeds: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls % 2 == 0:
+            raise RuntimeError("CUDA out of memory (as if)")
+        return model(**feeds)
+
+    engine.model = every_second_call_fails
+    for _ in range(10):
+        with pytest.raises(RuntimeError, match="out of memory"):
+            engine.run(engine.prepare([{"texts": ["one", "two"]}]))
+    assert engine.buffers.allocated <= 2, engine.buffers.allocated
+
+
 def test_a_job_may_take_its_vectors_as_base64_beside_one_that_takes_numbers(cpu_engine):
     assert_base64_beside_numbers(cpu_engine)
 

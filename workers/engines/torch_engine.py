@@ -229,13 +229,25 @@ class TorchEngine(StagedBatchEngine):
 
     def run(self, prepared: PreparedBatch) -> RunningBatch:
         """Serialised: captured graphs share their static inputs, so two threads must never
-        interleave filling and replaying them (the loop's bisecting fallback calls `infer`)."""
+        interleave filling and replaying them (the loop's bisecting fallback calls `infer`).
+        A call that fails gives back every buffer the micro-batch leased (each failure, and
+        each bisection's, used to keep them: pinned memory on CUDA)."""
+        leased: list[torch.Tensor] = []
+        calls: list[RunningCall] = []
         with self.device_lock, torch.no_grad():
-            calls = [self._run_call(batch, rows) for batch, rows in prepared.calls]
+            try:
+                for batch, rows in prepared.calls:
+                    leased.append(self.buffers.lease(first_fit(self.batch_buckets, batch.shape[0])))
+                    calls.append(self._run_call(leased[-1], batch, rows))
+            except BaseException:
+                if self.stream is not None:
+                    self.stream.synchronize()  # no copy still lands in a buffer given back
+                for buffer in leased:
+                    self.buffers.give_back(buffer)
+                raise
         return RunningBatch(prepared.split, calls)
 
-    def _run_call(self, batch: TokenBatch, rows: int) -> RunningCall:
-        buffer = self.buffers.lease(first_fit(self.batch_buckets, batch.shape[0]))
+    def _run_call(self, buffer: torch.Tensor, batch: TokenBatch, rows: int) -> RunningCall:
         host = {name: torch.from_numpy(array) for name, array in batch.feeds().items()}
         if self.stream is None:
             buffer[:rows].copy_(self.model(**host)[:rows])
