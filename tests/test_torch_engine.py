@@ -6,6 +6,7 @@ check fp16, CUDA graphs and the served variant on a CUDA device."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from functools import partial
@@ -246,6 +247,42 @@ async def test_the_stage_pipeline_keeps_results_with_their_jobs(cpu_engine):
             assert {(o.batch_id, o.batch_size) for o in results[n]} == {
                 (results[n][0].batch_id, len(jobs))
             }
+
+
+async def test_a_failed_micro_batchs_rerun_never_runs_beside_the_next_one(cpu_engine, monkeypatch):
+    """A micro-batch that failed `prepare` was rerun (bisected) through `infer` on another
+    thread, its `run` calls at once with the next micro-batch's on the device thread: a staged
+    engine is promised one `run` at a time, and one with static buffers would mix them."""
+    run, active, most = cpu_engine.run, [0], [0]
+    lock = threading.Lock()
+
+    def one_at_a_time(prepared: Any) -> Any:
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.2)  # a device run long enough to meet the other's
+        try:
+            return run(prepared)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(cpu_engine, "run", one_at_a_time)
+    results: dict[int, list[Outcome]] = {}
+
+    async def keep(n: int, outcomes: list[Outcome]) -> None:
+        results[n] = outcomes
+
+    pipeline = StagePipeline(cpu_engine)
+    try:
+        await pipeline.submit([{"texts": ["fine", 3]}, {"texts": ["good"]}], partial(keep, 0))
+        await pipeline.submit([{"texts": ["next"]}], partial(keep, 1))
+        await pipeline.drain()
+    finally:
+        pipeline.close()
+    assert [o.error is None for o in results[0]] == [False, True]
+    assert [o.error is None for o in results[1]] == [True]
+    assert most[0] == 1
 
 
 async def test_a_bisected_micro_batch_counts_every_call_on_the_device(cpu_engine):

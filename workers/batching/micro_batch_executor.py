@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,19 +40,25 @@ class Outcome:
     written: str = ""  # `output` as the JSON text its job stores
 
 
-async def execute(engine: BatchEngine, inputs: list[dict[str, Any]]) -> list[Outcome]:
+async def execute(
+    engine: BatchEngine, inputs: list[dict[str, Any]], device: Executor | None = None
+) -> list[Outcome]:
+    """Run a micro-batch, bisecting it on failure until each bad input fails alone. `device`:
+    the thread a staged engine's `run` calls are confined to (StagePipeline's), else a worker
+    thread of the loop's."""
     if not inputs:
         return []
     start = EngineStart.now()
     try:
-        outputs = await _call(engine, inputs)
+        outputs = await _call(engine, inputs, device)
     except Exception as exc:
         if len(inputs) == 1:
             error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
             engine_ms = _ms_since(start.perf)
             return [Outcome(None, error, engine_ms, 1, uuid.uuid4().hex, start.wall_ms)]
         middle = len(inputs) // 2
-        return [*await execute(engine, inputs[:middle]), *await execute(engine, inputs[middle:])]
+        halves = (inputs[:middle], inputs[middle:])
+        return [outcome for half in halves for outcome in await execute(engine, half, device)]
     return succeeded(inputs, outputs, start)
 
 
@@ -77,10 +84,15 @@ def succeeded(
     return outcomes
 
 
-async def _call(engine: BatchEngine, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    outputs = (
-        engine.infer(inputs) if engine.inline else await asyncio.to_thread(engine.infer, inputs)
-    )
+async def _call(
+    engine: BatchEngine, inputs: list[dict[str, Any]], device: Executor | None
+) -> list[dict[str, Any]]:
+    if device is not None:
+        outputs = await asyncio.get_running_loop().run_in_executor(device, engine.infer, inputs)
+    elif engine.inline:
+        outputs = engine.infer(inputs)
+    else:
+        outputs = await asyncio.to_thread(engine.infer, inputs)
     return one_per_input(inputs, outputs)
 
 

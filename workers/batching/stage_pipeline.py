@@ -71,13 +71,16 @@ class StagePipeline:
             self.slots.release()
 
     async def _outcomes(self, inputs: list[dict[str, Any]], prepared: Any) -> list[Outcome]:
+        """A micro-batch that failed a stage is rerun bisected on the device thread: on another
+        thread its `run` calls overlapped the next micro-batch's, which the engine's contract
+        rules out (its static buffers would mix the two's inputs)."""
         if prepared is None:
-            return await execute(self.engine, inputs)
+            return await execute(self.engine, inputs, self.device)
         try:
             start, running = await self._on(self.device, self._run, prepared)
             outputs = one_per_input(inputs, await self._on(self.host, self.engine.finish, running))
         except Exception:
-            return await execute(self.engine, inputs)
+            return await execute(self.engine, inputs, self.device)
         return succeeded(inputs, outputs, start)
 
     def _run(self, prepared: Any) -> tuple[EngineStart, Any]:
