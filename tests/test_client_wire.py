@@ -23,6 +23,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.posts: list[tuple[str, str | None]] = []  # (path, Idempotency-Key)
+        self.resumed: list[str | None] = []  # Last-Event-ID of each /v1/jobs/cut/events
 
     @property
     def url(self) -> str:
@@ -43,10 +44,28 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/v1/jobs/quiet/"):
             self._quiet()
             return
+        if self.path.startswith("/v1/jobs/cut/"):
+            self._cut()
+            return
         final = {"id": "job-1", "status": "succeeded", "outputs": {"s": SEPARATED}}
         data = json.dumps(final, ensure_ascii=False)  # raw, as orjson writes it
         body = f"id: 1\nevent: final\ndata: {data}\n\n".encode()
         self._send(200, body, "text/event-stream")
+
+    def _cut(self) -> None:
+        """A producer losing Redis: it ends the stream with `event: error` and `retry:`; the
+        resume is answered 503 while Redis is away; the one after that serves the rest."""
+        self.server.resumed.append(self.headers.get("Last-Event-ID"))
+        if len(self.server.resumed) == 2:
+            error = {"error": {"type": "unavailable", "message": "redis unavailable"}}
+            self._send(503, json.dumps(error).encode(), "application/json", {"Retry-After": "0"})
+            return
+        events = (
+            b"retry: 100\nid: 1\nevent: token\ndata: {}\n\nevent: error\ndata: {}\n\n"
+            if len(self.server.resumed) == 1
+            else b'id: 2\nevent: final\ndata: {"id": "cut"}\n\n'
+        )
+        self._send(200, events, "text/event-stream")
 
     def _quiet(self) -> None:
         """A job that runs quietly: a keep-alive ping 1.5 s in, its final event 1.5 s later."""
@@ -126,3 +145,13 @@ def test_a_quiet_jobs_stream_outlives_the_clients_own_timeout(server: _Server) -
     with Client(server.url, timeout=1) as client:
         (final,) = list(client.stream("quiet"))
     assert (final.event, final.json()) == ("final", {"id": "quiet"})
+
+
+def test_a_stream_resumes_through_the_outage_that_cut_it(server: _Server) -> None:
+    """The server cuts the stream (`event: error`, `retry:`) and answers the resume 503 while
+    Redis is away: the 503 ended the stream with an APIError, though the server had asked for
+    the resume; and the resume came at once, not after `retry:`."""
+    with Client(server.url) as client:
+        events = [event.event for event in client.stream("cut")]
+    assert events == ["token", "error", "final"]
+    assert server.resumed == [None, "1", "1"]

@@ -31,9 +31,9 @@ class RetryEvent:
 OnRetry = Callable[[RetryEvent], None]
 
 
-def retry_after_s(response: httpx.Response) -> float | None:
+def retry_after_s(headers: httpx.Headers) -> float | None:
     """`Retry-After` as seconds (it may be a number or an HTTP date), or None."""
-    value = response.headers.get("Retry-After")
+    value = headers.get("Retry-After")
     if value is None:
         return None
     if value.strip().isdigit():
@@ -63,7 +63,7 @@ class RetryPolicy:
         """The pause before retry number `attempt + 1`, or None to accept `response`. A 503 to
         a request that is not `repeatable` (a POST without an Idempotency-Key) is accepted: the
         server may have enqueued its job before failing, and a retry would enqueue another."""
-        asked = retry_after_s(response)
+        asked = retry_after_s(response.headers)
         status = response.status_code
         retryable = (
             status == REFUSED

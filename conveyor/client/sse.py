@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 import httpx
 
 from conveyor.client.calls import Call
-from conveyor.client.errors import StreamError
+from conveyor.client.errors import APIError, StreamError
+from conveyor.client.retries import retry_after_s
 from conveyor.client.types import Event
 
 # Event types after which the server has nothing more to send (docs/architecture.md; progress,
@@ -135,13 +136,26 @@ class EventStream:
                 self.done = True
         return event
 
-    def closed(self) -> None:
-        """The server ended the response cleanly."""
+    def closed(self) -> float:
+        """The server ended the response cleanly; returns the seconds to wait before resuming:
+        the server's `retry:` (a producer that shuts down or lost Redis ends each stream with
+        `event: error` and `retry: 1000`; resuming at once met the same producer or outage)."""
         self._empty_closes = 0 if self._received else self._empty_closes + 1
         if not self.resumable or self._empty_closes >= 2:
             self.done = True
+        if self.done or self._decoder.retry_ms is None:
+            return 0.0
+        return self._decoder.retry_ms / 1000.0
 
-    def dropped(self, error: httpx.TransportError) -> float:
+    def refused(self, error: APIError) -> float:
+        """A resume answered 429 or 503 (Redis still away, the producers busy): waited out as
+        a dropped connection is, at least its Retry-After; any other error ends the stream.
+        It used to end it at once, though the server had asked for the resume."""
+        if error.status not in (429, 503) or not self.resumable:
+            raise error
+        return max(self.dropped(error), retry_after_s(error.headers) or 0.0)
+
+    def dropped(self, error: Exception) -> float:
         """Seconds to wait before resuming; StreamError when it is time to give up."""
         self._failures += 1
         if not self.resumable or self._failures > self.max_reconnects:

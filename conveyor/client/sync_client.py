@@ -14,7 +14,7 @@ from typing_extensions import Unpack
 from conveyor.client import calls
 from conveyor.client.calls import Call, JobOptions, Op, Pause, Progress
 from conveyor.client.connection import http_options
-from conveyor.client.errors import raise_for_error
+from conveyor.client.errors import APIError, raise_for_error
 from conveyor.client.retries import OnRetry, RetryEvent, RetryPolicy
 from conveyor.client.sse import EventStream
 from conveyor.client.types import (
@@ -165,9 +165,11 @@ class Client:
                 finally:
                     response.close()
                 if not stream.done:
-                    stream.closed()
+                    time.sleep(stream.closed())
             except httpx.TransportError as exc:
                 time.sleep(stream.dropped(exc))
+            except APIError as exc:
+                time.sleep(stream.refused(exc))
 
 
 class Batches:
