@@ -6,6 +6,7 @@ per variant for many jobs (a worker sends a second's worth), never one command p
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -147,6 +148,12 @@ def _counts(samples: list[Sample]) -> dict[str, float]:
 
 def bucket_of(at_s: float) -> int:
     return int(at_s // BUCKET_S)
+
+
+def first_bucket_after(at_s: float) -> float:
+    """The start of the first bucket wholly after `at_s`: a window from there holds nothing
+    counted before `at_s` (one from `at_s` itself starts up to BUCKET_S early)."""
+    return math.ceil(at_s / BUCKET_S) * BUCKET_S
 
 
 class VariantStats:

@@ -8,6 +8,7 @@ gauges) is `tests/test_canary.py`."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +21,7 @@ from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore
 from shared.routing import Routes
-from shared.variant_stats import VariantStats
+from shared.variant_stats import Sample, VariantStats
 from shared.webhook_events import WebhookDispatcher
 
 KEYS = Keys("canary-race:")
@@ -232,3 +233,23 @@ async def test_one_models_failing_canary_does_not_stop_the_others(
     assert moved is not None and (moved.step, moved.weight) == (0, 10.0), moved
     stuck = await store.get("aa")
     assert stuck is not None and (stuck.state, stuck.step) == ("running", -1), stuck
+
+
+async def test_a_step_is_judged_on_its_own_requests_only(aredis: aioredis.Redis) -> None:
+    """The window began with the 10 s bucket the step began in: the last step's requests
+    counted toward this one's min_requests, and it could step on evidence it never had."""
+    store, routes = CanaryStore(aredis, KEYS), RouteStore(aredis, KEYS)
+    await routes.seed(MODEL, Routes({"stable": 100.0, "candidate": 0.0}))
+    canary = replace(_canary(), min_requests=5, interval_s=0.0)
+    assert await store.start(canary)
+    leader = _Producer(aredis)
+    await leader.look()  # step 0
+    before = [Sample(True, 1.0, 1.0)] * 5  # the last step's requests, in this bucket
+    await VariantStats(aredis, KEYS).record_samples({(MODEL, "candidate"): before})
+    stepped = await store.get(MODEL)
+    assert stepped is not None
+    stepped.step_started_at = time.time()  # the next step begins just after them
+    await store.save(stepped)
+    await leader.look()
+    judged = await store.get(MODEL)
+    assert judged is not None and (judged.step, judged.weight) == (0, 10.0), judged

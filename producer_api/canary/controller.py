@@ -20,7 +20,7 @@ from shared.canary_store import Canary, CanaryState, CanaryStore, stamp
 from shared.metrics import CANARY_STATE, CANARY_WEIGHT
 from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore, VersionConflict
-from shared.variant_stats import VariantStats, Window
+from shared.variant_stats import VariantStats, Window, first_bucket_after
 from shared.webhook_events import WebhookDispatcher, event
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,9 @@ class CanaryController:
             await self.move(canary, 0, "step", None, {})
             return
         variants = [canary.variant, canary.baseline]
-        windows = await self.stats.window(canary.model, variants, canary.step_started_at)
+        # whole buckets of this step only: the one it began in holds the last step's requests
+        since = first_bucket_after(canary.step_started_at)
+        windows = await self.stats.window(canary.model, variants, since)
         seen = {"canary": numbers(windows[canary.variant])}
         seen["baseline"] = numbers(windows[canary.baseline])
         if seen["canary"]["requests"] < canary.min_requests:
