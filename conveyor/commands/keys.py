@@ -56,6 +56,12 @@ def dev_key(settings: Settings, key_file: Path) -> str:
 
 
 async def _dev_key(store: ApiKeyStore, chosen: str, previous: str) -> str:
+    """A chosen key that was revoked stays revoked: storing it again (every `conveyor up` with
+    the same CONVEYOR_DEV_API_KEY) brought it back to life, a leaked key with it."""
+    if chosen and (record := await store.verify(chosen)) is not None and record.revoked_at:
+        raise click.ClickException(
+            f"CONVEYOR_DEV_API_KEY names key {record.key_id}, which was revoked; choose another"
+        )
     if not chosen and previous:
         record = await store.verify(previous)
         if record is not None and record.refusal(time.time()) is None:
