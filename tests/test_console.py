@@ -262,6 +262,25 @@ def test_dead_letters_are_replayed_all_at_once_or_discarded_after_a_confirmation
     assert r.xlen(DLQ) == 0
 
 
+def test_a_key_sees_only_the_models_it_may_use(console_stack: Stack) -> None:
+    """`GET /v1/models` hides the models a key may not use; the console showed every model's
+    partitions, queue depths and rates to it, on its pages and in its live feed."""
+    with ThreadPoolExecutor(1) as pool:  # issue_key runs its own event loop
+        narrow = pool.submit(
+            issue_key, console_stack.redis_url, "acme", "read", models=frozenset({"faulty"})
+        ).result()
+    with httpx.Client(base_url=console_stack.base_url, timeout=30) as client:
+        assert console_login(client, narrow).status_code == 303
+        page = client.get("/console").text
+        assert 'data-partition="faulty:default"' in page
+        assert "paced:default" not in page
+        jobs = client.get("/console/jobs").text
+        assert "<option>faulty</option>" in jobs and "<option>paced</option>" not in jobs
+        with client.stream("GET", "/console/stream") as events:
+            data = next(line for line in events.iter_lines() if line.startswith("data: "))
+    assert {p["model"] for p in json.loads(data[6:])["partitions"]} == {"faulty"}
+
+
 def test_the_dead_letters_page_counts_every_letter(
     console_stack: Stack, admin_key: str, r: redis.Redis
 ) -> None:

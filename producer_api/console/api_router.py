@@ -169,12 +169,33 @@ async def logout(current: Session, service: Service, csrf: Annotated[str, Form()
 
 @router.get("")
 async def overview(request: Request, current: Session, service: Service) -> Response:
-    return _page(request, "overview.html", current, snapshot=service.summaries.snapshot)
+    return _page(
+        request,
+        "overview.html",
+        current,
+        snapshot=_summary_for(service.summaries.snapshot, current),
+    )
 
 
 @router.get("/workers")
 async def workers(request: Request, current: Session, service: Service) -> Response:
-    return _page(request, "workers.html", current, snapshot=service.summaries.snapshot)
+    return _page(
+        request, "workers.html", current, snapshot=_summary_for(service.summaries.snapshot, current)
+    )
+
+
+def _summary_for(snapshot: dict[str, Any], current: ConsoleSession) -> dict[str, Any]:
+    """The summary as a session may see it: an admin all of it; anyone else the batches of
+    their tenant and the partitions of the models their key may use (every model's queues and
+    rates were shown to a key `GET /v1/models` shows one model)."""
+    if current.admin:
+        return snapshot
+    principal = current.principal
+    return {
+        **snapshot,
+        "partitions": [p for p in snapshot["partitions"] if principal.may_use(p["model"])],
+        "batches": [b for b in snapshot["batches"] if b["tenant"] == principal.tenant],
+    }
 
 
 async def _while_open(
@@ -200,12 +221,7 @@ async def stream(state: State, current: Session, service: Service) -> Response:
 
     async def events() -> Feed:
         async for snapshot in service.summaries.follow():
-            shown = snapshot
-            if not current.admin:
-                tenant = current.principal.tenant
-                batches = [b for b in snapshot["batches"] if b["tenant"] == tenant]
-                shown = {**snapshot, "batches": batches}
-            yield {"event": "summary", "data": as_text(dumps(shown))}
+            yield {"event": "summary", "data": as_text(dumps(_summary_for(snapshot, current)))}
 
     return _secure(EventSourceResponse(_while_open(state, service, current, events()), ping=15))
 
@@ -226,7 +242,7 @@ async def jobs(
         tenant = current.principal.tenant
     wanted = JobFilter(status=status, model=model, tenant=tenant)
     rows = await recent_jobs(state.redis, state.keys, state.repository, wanted)
-    models = [config.name for config in state.repository]
+    models = [c.name for c in state.repository if current.principal.may_use(c.name)]
     return _page(request, "jobs.html", current, jobs=rows, wanted=wanted, models=models)
 
 
@@ -265,7 +281,9 @@ async def job_tokens(state: State, current: Session, service: Service, job_id: s
 
 @router.get("/batches")
 async def batches(request: Request, current: Session, service: Service) -> Response:
-    return _page(request, "batches.html", current, snapshot=service.summaries.snapshot)
+    return _page(
+        request, "batches.html", current, snapshot=_summary_for(service.summaries.snapshot, current)
+    )
 
 
 @router.get("/batches/{batch_id}/{kind}")
