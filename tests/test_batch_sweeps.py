@@ -169,3 +169,21 @@ async def test_a_batch_whose_finalizer_died_after_its_commit_still_sends_its_web
     assert broker.sent == [("batch", batch_id, "batch.cancelled")]
     assert await store.active() == []
     assert (await store.read(batch_id) or {})["webhook_status"] == "pending"
+
+
+async def test_a_cancel_whose_producer_died_before_settling_is_completed_by_the_sweeper(
+    aredis: aioredis.Redis,
+) -> None:
+    """The end was recorded, then the producer died (or Redis failed it) before the items were
+    settled: nothing settled them again, and the cancelled batch's items ran on until its
+    window ran out."""
+    store, jobs = BatchApiStore(aredis, KEYS, TTL_S), JobStore(aredis, KEYS, TTL_S)
+    batch_id = await _running_batch(store, jobs)
+    _, in_force = await store.request_end(batch_id, BatchStatus.CANCELLED)
+    assert in_force == BatchStatus.CANCELLED  # and then the producer died
+    await BatchApiSweeper(store, BatchApiProgress(jobs, store, WEBHOOKS)).sweep()
+    assert (await store.read(batch_id) or {})["status"] == BatchStatus.CANCELLED
+    ids = await aredis.lrange(KEYS.batch_items(batch_id), 0, -1)
+    records = await jobs.get_many([job_id.decode() for job_id in ids])
+    assert [r.status if r else None for r in records] == [JobStatus.CANCELLED] * ITEMS
+    assert await store.active() == []

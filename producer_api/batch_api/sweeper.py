@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.periodic import Periodic
-from shared.batch_api_store import BatchApiStore, BatchStatus
+from shared.batch_api_store import BatchApiStore, BatchStatus, Refresh
 from shared.job_store import now_ms
 
 INTERVAL_S = 1.0
@@ -25,6 +25,11 @@ class BatchApiSweeper:
             if expires_ms <= now:
                 await self.progress.end(batch_id, BatchStatus.EXPIRED)
             progress = await self.progress.refresh(batch_id, window=0)
+            if progress is not None and _ending_unsettled(progress):
+                # a cancel whose producer died between asking the end and settling the items:
+                # they ran on (GPU time for a cancelled batch) until the window ran out
+                await self.progress.end(batch_id, BatchStatus(progress.fields["ending"]))
+                progress = await self.progress.refresh(batch_id, window=0)
             if progress is None:
                 await self.store.forget(batch_id)
             elif BatchStatus(progress.fields["status"]).terminal and not progress.finalize:
@@ -37,3 +42,9 @@ class BatchApiSweeper:
 
     async def stop(self) -> None:
         await self._loop.stop()
+
+
+def _ending_unsettled(progress: Refresh) -> bool:
+    """An end was asked of a batch that still runs: its items may be unsettled."""
+    fields = progress.fields
+    return bool(fields.get("ending")) and not BatchStatus(fields["status"]).terminal
