@@ -281,7 +281,10 @@ class JobStore:
     async def transition(
         self, job_id: str, target: JobStatus, fields: Mapping[str, str | int] | None = None
     ) -> JobRecord:
-        """Move a job to `target` if the state machine allows it, then tell its waiters."""
+        """Move a job to `target` if the state machine allows it, then tell its waiters. A move
+        whose reply was lost and that the client reran (the rerun finds the job at `target`
+        already) is still this call's, known by its `finished` stamp: it answered 409
+        "already cancelled", and the cancel's webhook was never sent."""
         record = await self.get(job_id)
         if record is None:
             raise JobNotFound(job_id)
@@ -299,10 +302,10 @@ class JobStore:
                 queue_slot_frees(pipe, [(inflight, job_id)])
 
         _, ((ok, before), *_) = await run_pipeline(self.redis, fill, [self._transition])
-        if not ok:
+        updated = await self.get(job_id)
+        if not ok and not _made_by(updated, target, extra):
             current = as_text(before) if before else None
             raise IllegalTransition(job_id, current, target.value)
-        updated = await self.get(job_id)
         if updated is None:
             raise JobNotFound(job_id)
         return updated
@@ -331,6 +334,17 @@ def queue_slot_frees(pipe: Any, held: Sequence[tuple[str, str]]) -> None:
             by_set.setdefault(slot, []).append(job_id)
     for slot, job_ids in by_set.items():
         pipe.zrem(slot, *job_ids)
+
+
+def _made_by(record: JobRecord | None, target: JobStatus, written: Mapping[str, str | int]) -> bool:
+    """Whether `record` is at `target` with the stamp this call wrote (a terminal move's)."""
+    stamp = written.get("finished")
+    return (
+        record is not None
+        and record.status == target
+        and stamp is not None
+        and record.fields.get("finished") == str(stamp)
+    )
 
 
 def _strs(fields: Mapping[str, str | int]) -> dict[str, str]:

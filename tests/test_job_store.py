@@ -5,12 +5,14 @@ turn share one script call, and each is admitted as if it came alone."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from producer_api.jobs.group_commit import group_committing
 from shared import job_scripts
+from shared import job_store as job_store_module
 from shared.codec import RequestEntry
 from shared.job_states import TERMINAL, IllegalTransition, JobStatus, allowed
 from shared.job_store import (
@@ -180,3 +182,24 @@ async def test_a_merged_create_outlives_a_server_that_lost_its_scripts(
         b"r-2",
         b"r-3",
     ]
+
+
+async def test_a_cancel_rerun_after_its_reply_was_lost_is_still_its_own(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py reruns a pipeline whose connection dropped before the reply: the rerun found
+    the job cancelled (by the first run) and the cancel answered 409 "already cancelled",
+    with no job.cancelled webhook. A cancel of a job another call ended is still refused."""
+    store = await _queued(aredis, "lost-reply")
+    ran = job_store_module.run_pipeline
+
+    async def rerun_after_a_lost_reply(*args: Any, **kwargs: Any) -> Any:
+        await ran(*args, **kwargs)  # the server ran it; its reply never came back
+        return await ran(*args, **kwargs)
+
+    monkeypatch.setattr(job_store_module, "run_pipeline", rerun_after_a_lost_reply)
+    record = await store.transition("lost-reply", JobStatus.CANCELLED)
+    assert record.status == JobStatus.CANCELLED
+    monkeypatch.undo()
+    with pytest.raises(IllegalTransition):
+        await store.transition("lost-reply", JobStatus.CANCELLED)
