@@ -57,6 +57,8 @@ class FileStore(TenantIndexed):
             return None
         return as_text(tenant), data if isinstance(data, bytes) else data.encode()
 
-    async def delete(self, file_id: str, tenant: str) -> None:
+    async def delete(self, file_id: str) -> None:
+        """The file's index entry stays until a page finds it gone (`page` drops it then): a
+        client that deletes what it lists, then asks for the page after the last id it saw,
+        got an empty last page, the deleted id having no place left to list after."""
         await self.redis.delete(self.keys.file(file_id))
-        await self.unlist(tenant, [file_id])

@@ -88,7 +88,7 @@ class FilesService:
     async def delete(self, file_id: str) -> dict[str, Any]:
         """Forget an uploaded file (a batch made from it keeps its lines)."""
         await self.get(file_id)
-        await self.store.delete(file_id, self.principal.tenant)
+        await self.store.delete(file_id)
         return {"id": file_id, "object": "file", "deleted": True}
 
     async def data(self, file_id: str) -> bytes:

@@ -1,0 +1,34 @@
+"""A tenant's files listed a page at a time on a real Valkey, while the client deletes what it
+lists (the usual "delete every file" loop): the page after a deleted id was empty, so the loop
+stopped with files left."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from shared.file_store import FileStore
+from shared.keys import Keys
+
+KEYS = Keys("files:")
+
+
+async def _looked(store: FileStore, ids: list[str]) -> list[dict[str, str] | None]:
+    return await store.fields_many(ids)
+
+
+async def test_the_page_after_a_deleted_file_lists_the_rest(aredis: aioredis.Redis) -> None:
+    store = FileStore(aredis, KEYS, 600)
+    for n in range(3):
+        await store.put(f"file-{n}", {"tenant": "acme", "filename": f"{n}.jsonl"}, b"{}\n")
+    listed: list[str] = []
+    after = None
+    while True:
+        page, more = await store.page("acme", after, 1, lambda ids: _looked(store, ids))
+        for file_id, _ in page:
+            listed.append(file_id)
+            await store.delete(file_id)  # the client deletes what it lists
+        if not more:
+            break
+        after = page[-1][0]
+    assert listed == ["file-2", "file-1", "file-0"]
+    assert await store.page("acme", None, 10, lambda ids: _looked(store, ids)) == ([], False)
