@@ -12,6 +12,7 @@ from typing import Any
 from shared.codec import float32_values
 
 COSINE_THRESHOLD = 0.99
+RAN = ("succeeded", "failed")  # the ends a job reaches by running (a dead letter is failed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +41,12 @@ class Comparison:
         }
 
 
-def compare(primary: dict[str, Any], shadow: dict[str, Any]) -> Comparison:
-    """Compare two finished job views of the same request."""
+def compare(primary: dict[str, Any], shadow: dict[str, Any]) -> Comparison | None:
+    """Compare two finished job views of the same request; None unless both ran to an answer
+    (succeeded or failed): a shadow copy that expired in its bulk lane, or a primary its client
+    cancelled, says nothing of the variants, and was counted a failure with no service time."""
+    if primary.get("status") not in RAN or shadow.get("status") not in RAN:
+        return None
     ok_p, ok_s = primary.get("status") == "succeeded", shadow.get("status") == "succeeded"
     if ok_p and ok_s:
         agree, similarity = agreement(primary.get("outputs"), shadow.get("outputs"))

@@ -81,3 +81,13 @@ def test_latency_and_error_deltas() -> None:
         "shadow_latency_delta_ms": 0.0,
         "shadow_error_delta": 0,
     }
+
+
+@pytest.mark.parametrize(
+    ("primary", "shadow"), [("succeeded", "expired"), ("cancelled", "succeeded")]
+)
+def test_a_pair_one_of_which_never_ran_is_not_compared(primary: str, shadow: str) -> None:
+    """A shadow copy that expired in its bulk lane counted as the shadow's failure (with 0 ms
+    of service time, pulling its latency delta down); a primary its client cancelled, as the
+    primary's."""
+    assert compare(_job({"x": 1}, status=primary), _job({"x": 1}, status=shadow)) is None

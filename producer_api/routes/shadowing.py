@@ -109,6 +109,9 @@ class ShadowComparisons:
                 await self.pairs.settle(model, pair, None)
             elif primary.status.terminal and shadow.status.terminal:
                 comparison = compare(primary.view(), shadow.view())
+                if comparison is None:  # one of them never ran: nothing to compare
+                    await self.pairs.settle(model, pair, None)
+                    continue
                 await self.stats.add_counts(model, pair.shadow_variant, comparison.counts())
                 fields = {"primary_variant": pair.primary_variant, **comparison.fields()}
                 await self.pairs.settle(
