@@ -131,6 +131,13 @@ def test_bad_input_raises_so_the_loop_can_isolate_it(engine):
 def test_a_provider_that_is_not_installed_fails_loudly(artifacts):
     with pytest.raises(RuntimeError, match="NoSuchExecutionProvider"):
         make_engine(artifacts, providers=[{"NoSuchExecutionProvider": {"device_id": 0}}])
+    with pytest.raises(RuntimeError, match=r"\['NoSuchExecutionProvider'\]"):  # not ['N', ...]
+        make_engine(artifacts, providers="NoSuchExecutionProvider")
+
+
+def test_one_provider_named_alone_is_a_list_of_it(artifacts):
+    engine = make_engine(artifacts, providers="CPUExecutionProvider")
+    assert len(engine.infer([{"texts": ["a provider named alone"]}])[0]["embeddings"]) == 1
 
 
 def test_a_max_seq_length_past_the_models_positions_is_refused_at_load(artifacts):

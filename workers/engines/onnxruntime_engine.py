@@ -26,11 +26,13 @@ log = logging.getLogger(__name__)
 ProviderSpec = str | tuple[str, dict[str, Any]]
 
 
-def provider_specs(configured: list[Any]) -> list[ProviderSpec]:
+def provider_specs(configured: list[Any] | str) -> list[ProviderSpec]:
     """Config entries are a provider name or `{name: {option: value}}` (like
-    `{CUDAExecutionProvider: {device_id: 0}}`); ONNX Runtime takes names or (name, options)."""
+    `{CUDAExecutionProvider: {device_id: 0}}`); ONNX Runtime takes names or (name, options).
+    One name alone is a list of it (`providers: CUDAExecutionProvider` was read a character at
+    a time, and the worker failed on provider `C`)."""
     specs: list[ProviderSpec] = []
-    for entry in configured:
+    for entry in [configured] if isinstance(configured, str) else configured:
         if isinstance(entry, str):
             specs.append(entry)
         elif isinstance(entry, dict) and len(entry) == 1:
