@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from conveyor.commands.canary import print_canary
 from producer_api.canary.controller import breach
 from shared.canary_store import Canary
 
@@ -45,3 +46,13 @@ def test_errors_beyond_the_baselines_by_more_than_the_bound_roll_back() -> None:
 def test_a_p99_above_the_bound_rolls_back_even_without_errors() -> None:
     reason = breach(CANARY, _numbers(0.0, 750.5), BASELINE)
     assert reason == "p99 750.5 ms is above 750 ms"
+
+
+def test_status_shows_as_many_decisions_as_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--events 0` printed every decision (`[-0:]` is the whole list)."""
+    canary = {"model": "ab", "variant": "c", "baseline": "s", "state": "running", "weight": 5.0}
+    canary |= {"steps": [5.0, 100.0], "started_at": 100.0}
+    events = [{"at": 100.0 + n, "type": "step", "weight": 5.0} for n in range(3)]
+    for shown, lines in ((0, 1), (2, 3), (10, 4)):
+        print_canary({"canary": canary, "events": events}, shown)
+        assert len(capsys.readouterr().out.splitlines()) == lines, shown

@@ -46,7 +46,7 @@ def print_canary(view: dict[str, Any], events: int) -> None:
         f" {canary['weight']:g} % (steps {','.join(f'{s:g}' for s in canary['steps'])})"
     )
     mine = [e for e in view["events"] if e["at"] >= canary["started_at"] - 1]  # this rollout's
-    for item in mine[-events:]:
+    for item in mine[max(len(mine) - events, 0) :]:  # not [-events:]: [-0:] is every one
         numbers = "".join(
             f"  {side} {seen['requests']} req, {seen['error_rate']:.2%} errors,"
             f" p99 {seen['p99_ms']} ms"
@@ -97,7 +97,13 @@ def start(
 
 @command.command("status")
 @click.argument("model")
-@click.option("--events", default=20, show_default=True, help="How many decisions to show.")
+@click.option(
+    "--events",
+    default=20,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="How many decisions to show.",
+)
 @connection_options
 def status(model: str, events: int, url: str | None, api_key: str | None) -> None:
     """Print the latest canary and its decisions with their numbers."""
