@@ -104,10 +104,12 @@ def refusal(url: str, settings: Settings) -> str | None:
     return None
 
 
-def event(event_type: str, data: dict[str, Any]) -> dict[str, Any]:
-    """The JSON body of one delivery; `id` is stable across retries so receivers can dedupe."""
+def event(event_type: str, data: dict[str, Any], event_id: str | None = None) -> dict[str, Any]:
+    """The JSON body of one delivery; `id` is stable across retries so receivers can dedupe
+    (`event_id`: one that names the event itself, for an event two producers may both hand
+    over)."""
     return {
-        "id": f"evt_{uuid.uuid4().hex}",
+        "id": f"evt_{event_id or uuid.uuid4().hex}",
         "type": event_type,
         "created": int(time.time()),
         "data": data,

@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer_api.batch_api.progress import BatchApiProgress
-from producer_api.batch_api.sweeper import BatchApiSweeper
+from producer_api.batch_api.sweeper import COMPLETE_AFTER_MS, BatchApiSweeper
 from shared.batch_api_store import BatchApiStore, BatchStatus, Refresh
 from shared.codec import RequestEntry
 from shared.job_states import JobStatus
@@ -141,12 +141,12 @@ class _Broker(WebhookDispatcher):
     def __init__(self, refuses: bool) -> None:
         super().__init__("redis://unused")
         self.refuses = refuses
-        self.sent: list[tuple[str, str, str]] = []
+        self.sent: list[tuple[str, str, str, str]] = []
 
     def send(self, kind: Any, target_id: str, url: str, body: dict[str, Any]) -> None:
         if self.refuses:
             raise RuntimeError("broker unreachable")
-        self.sent.append((kind, target_id, body["type"]))
+        self.sent.append((kind, target_id, body["type"], body["id"]))
 
 
 async def test_a_batch_whose_finalizer_died_after_its_commit_still_sends_its_webhook(
@@ -165,8 +165,12 @@ async def test_a_batch_whose_finalizer_died_after_its_commit_still_sends_its_web
     broker = _Broker(refuses=False)
     sweeper = BatchApiSweeper(store, BatchApiProgress(jobs, store, broker))
     await sweeper.sweep()
+    assert broker.sent == []  # just committed: its finalizer may be handing it over now
+    await store.set_fields(batch_id, {"cancelled_at": now_ms() - COMPLETE_AFTER_MS})
+    await sweeper.sweep()
     await sweeper.sweep()  # released by the first: nothing sent again
-    assert broker.sent == [("batch", batch_id, "batch.cancelled")]
+    event_id = f"evt_{batch_id}_cancelled"  # the same whoever hands it over: receivers dedupe
+    assert broker.sent == [("batch", batch_id, "batch.cancelled", event_id)]
     assert await store.active() == []
     assert (await store.read(batch_id) or {})["webhook_status"] == "pending"
 

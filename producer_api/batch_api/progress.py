@@ -135,7 +135,10 @@ class BatchApiProgress:
         if not url:
             return
         data = view(batch_id, progress, f"/v1/batches/{batch_id}")
-        body = event(f"batch.{progress.fields['status']}", data)
+        status = progress.fields["status"]
+        # one id for the batch's end: a sweeper completing a finalizer it took for dead may
+        # hand the same event over a second time, which receivers then drop as a repeat
+        body = event(f"batch.{status}", data, f"{batch_id}_{status}")
         await asyncio.to_thread(self.webhooks.send, "batch", batch_id, url, body)
         await self.store.set_field_unless_set(batch_id, "webhook_status", "pending")
 

@@ -11,6 +11,7 @@ from shared.batch_api_store import BatchApiStore, BatchStatus, Refresh
 from shared.job_store import now_ms
 
 INTERVAL_S = 1.0
+COMPLETE_AFTER_MS = 10_000
 
 
 class BatchApiSweeper:
@@ -32,7 +33,7 @@ class BatchApiSweeper:
                 progress = await self.progress.refresh(batch_id, window=0)
             if progress is None:
                 await self.store.forget(batch_id)
-            elif BatchStatus(progress.fields["status"]).terminal and not progress.finalize:
+            elif _left_by_its_finalizer(progress, now):
                 # Ended, yet still indexed: its finalizer died between the batch's commit and
                 # its webhook's hand-over or the release of its keys in other slots.
                 await self.progress.complete(batch_id, progress)
@@ -42,6 +43,15 @@ class BatchApiSweeper:
 
     async def stop(self) -> None:
         await self._loop.stop()
+
+
+def _left_by_its_finalizer(progress: Refresh, now: int) -> bool:
+    """Ended COMPLETE_AFTER_MS ago or more and still indexed: a live finalizer completes its
+    batch within milliseconds of the commit, and one the sweeper raced would send its webhook
+    twice."""
+    status = BatchStatus(progress.fields["status"])
+    ended_at = int(progress.fields.get(f"{status.value}_at", 0))
+    return status.terminal and not progress.finalize and now - ended_at >= COMPLETE_AFTER_MS
 
 
 def _ending_unsettled(progress: Refresh) -> bool:
