@@ -169,19 +169,19 @@ async def logout(current: Session, service: Service, csrf: Annotated[str, Form()
 
 @router.get("")
 async def overview(request: Request, current: Session, service: Service) -> Response:
-    return _page(
-        request,
-        "overview.html",
-        current,
-        snapshot=_summary_for(service.summaries.snapshot, current),
-    )
+    return _summary_page(request, "overview.html", current, service)
 
 
 @router.get("/workers")
 async def workers(request: Request, current: Session, service: Service) -> Response:
-    return _page(
-        request, "workers.html", current, snapshot=_summary_for(service.summaries.snapshot, current)
-    )
+    return _summary_page(request, "workers.html", current, service)
+
+
+def _summary_page(
+    request: Request, name: str, current: ConsoleSession, service: Console
+) -> Response:
+    """A page drawn from the summary every viewer shares, as this session may see it."""
+    return _page(request, name, current, snapshot=_summary_for(service.summaries.snapshot, current))
 
 
 def _summary_for(snapshot: dict[str, Any], current: ConsoleSession) -> dict[str, Any]:
@@ -242,7 +242,9 @@ async def jobs(
         tenant = current.principal.tenant
     wanted = JobFilter(status=status, model=model, tenant=tenant)
     rows = await recent_jobs(state.redis, state.keys, state.repository, wanted)
-    models = [c.name for c in state.repository if current.principal.may_use(c.name)]
+    models = [
+        c.name for c in state.repository if current.admin or current.principal.may_use(c.name)
+    ]
     return _page(request, "jobs.html", current, jobs=rows, wanted=wanted, models=models)
 
 
@@ -281,9 +283,7 @@ async def job_tokens(state: State, current: Session, service: Service, job_id: s
 
 @router.get("/batches")
 async def batches(request: Request, current: Session, service: Service) -> Response:
-    return _page(
-        request, "batches.html", current, snapshot=_summary_for(service.summaries.snapshot, current)
-    )
+    return _summary_page(request, "batches.html", current, service)
 
 
 @router.get("/batches/{batch_id}/{kind}")
