@@ -17,8 +17,9 @@ import pytest
 import redis
 import yaml
 
+from conveyor.commands.autoscale import start_pool_worker
 from conveyor.local_stack import StackState
-from conveyor.stack import Stack, free_port
+from conveyor.stack import ChildTooSlow, Stack, free_port
 from conveyor.supervisor import CRASH_LOOP_EXITS, Supervisor
 from shared.keys import GROUP, Keys
 from tests.conftest import REPO_ROOT, until
@@ -150,3 +151,16 @@ def test_the_valkey_wrapper_exits_when_its_server_dies(tmp_path: Path) -> None:
     finally:
         wrapper.kill()
         wrapper.wait()
+
+
+def test_the_autoscaler_stops_a_worker_too_slow_to_start(tmp_path: Path, redis_url: str) -> None:
+    """A worker that was not ready in time was left running, counted by no pool, and the
+    ChildTooSlow ended `conveyor autoscale` with a traceback; it outlived the autoscaler."""
+    stack = Stack.create(tmp_path, redis_url=redis_url)
+    stack.start_timeout_s = 0.5  # no worker loads an engine that fast
+    try:
+        with pytest.raises(ChildTooSlow):
+            start_pool_worker(stack, "identity:default", "too-slow-1")
+        assert "too-slow-1" not in stack.processes
+    finally:
+        stack.stop()

@@ -16,7 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from autoscaling.local_autoscaler import PoolScaler
 from conveyor.finite_float import FiniteFloat
 from conveyor.local_stack import NO_STACK, redis_url, refuse_unreachable
-from conveyor.stack import Stack
+from conveyor.stack import ChildNotReady, Stack
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
@@ -44,7 +44,7 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
             config,
             variant,
             keys,
-            functools.partial(_start, stack, f"{config.name}:{variant}"),
+            functools.partial(start_pool_worker, stack, f"{config.name}:{variant}"),
             functools.partial(_stop, stack),
         )
         for config, variant in partitions
@@ -74,11 +74,23 @@ def _tick(scaler: PoolScaler, client: redis.Redis) -> None:
     except (RedisConnectionError, RedisTimeoutError) as exc:
         click.echo(f"{scaler.name}: redis unavailable ({exc}); replicas kept", err=True)
         return
+    except ChildNotReady as exc:  # it ended the autoscaler with a traceback, every worker too
+        click.echo(
+            f"{scaler.name}: a worker did not start ({exc}); next poll tries again", err=True
+        )
+        return
     click.echo(f"{scaler.name} replicas={count}", nl=True)
 
 
-def _start(stack: Stack, pool: str, name: str) -> str:
-    stack.start_worker(pool, name=name)
+def start_pool_worker(stack: Stack, pool: str, name: str) -> str:
+    """A worker serving `pool`; one that does not get ready is stopped (it was left running,
+    counted by no pool, and outlived the autoscaler)."""
+    try:
+        stack.start_worker(pool, name=name)
+    except ChildNotReady:
+        if name in stack.processes:
+            stack.stop_process(name)
+        raise
     return name
 
 
