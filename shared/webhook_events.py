@@ -85,9 +85,9 @@ def allowed(url: str, allowlist: list[str]) -> bool:
 
 
 def _sendable(url: str) -> bool:
-    """Whether the HTTP client can send to `url` at all: a host of digits or joiners no IDNA
-    encoding takes (`\u0661.example.com`, `xn--zz.example.com`) matched a `*.` rule, was
-    accepted at submit, and then failed its delivery with no attempt on record."""
+    """Whether the HTTP client can send to `url` at all: a host label no IDNA encoding takes
+    (`\u0661.example.com`, a zero-width space) matched a `*.` rule, was accepted at submit, and
+    then failed its delivery with no attempt on record."""
     try:
         httpx.URL(url)
     except (httpx.InvalidURL, UnicodeError):

@@ -28,15 +28,22 @@ class LineSplitter:
     httpx's `iter_lines` also breaks at U+2028, U+2029, U+0085 and the like, which JSON carries
     raw inside strings, and so cut such an event's data in two."""
 
-    _buffer: str = ""
+    _pending: list[str] = field(default_factory=list)  # the line begun, in pieces
     _after_cr: bool = False  # the last text ended with CR: an LF that opens the next is its CRLF
 
     def feed(self, text: str) -> list[str]:
+        """The lines `text` ends. A line's pieces are joined once, when it ends: a long event
+        (a final event's megabytes of outputs) is not copied again for every piece."""
+        if not text:
+            return []
         if self._after_cr and text.startswith("\n"):
             text = text[1:]
-        joined = self._buffer + text
-        self._after_cr = joined.endswith("\r")
-        *lines, self._buffer = _LINE_END.split(joined)
+        self._after_cr = text.endswith("\r")
+        if not _LINE_END.search(text):
+            self._pending.append(text)
+            return []
+        *lines, rest = _LINE_END.split("".join(self._pending) + text)
+        self._pending = [rest]
         return lines
 
 
