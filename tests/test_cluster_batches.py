@@ -15,7 +15,7 @@ from redis.crc import key_slot
 
 from conveyor.valkey_cluster import LocalCluster
 from producer_api.batch_api.progress import BatchApiProgress
-from producer_api.batch_api.sweeper import BatchApiSweeper
+from producer_api.batch_api.sweeper import COMPLETE_AFTER_MS, BatchApiSweeper
 from shared.batch_api_store import BatchApiStore, BatchStatus, open_lists
 from shared.codec import RequestEntry
 from shared.file_store import FileStore
@@ -121,8 +121,10 @@ async def test_progress_over_three_masters_counts_once_and_finalizes_once(
     again = await progress.refresh(batch_id, 256)
     assert again is not None and not again.finalize and again.counts["succeeded"] == 105
 
-    # A finalizer that died after the batch's commit left it indexed: a sweep drops it.
+    # A finalizer that died after the batch's commit left it indexed: a sweep drops it (once
+    # the commit is older than a live finalizer could still be completing it).
     await client.zadd(KEYS.batches_active, {batch_id: now_ms() + TTL_S * 1000})
+    await store.set_fields(batch_id, {"completed_at": now_ms() - COMPLETE_AFTER_MS})
     await BatchApiSweeper(store, progress).sweep()
     assert await client.zscore(KEYS.batches_active, batch_id) is None
 
@@ -160,9 +162,11 @@ async def test_input_files_and_the_tenant_index_work_across_masters(
     assert await files.data(ids[7]) == ("acme", b"7\n")
     assert await files.fields_many([ids[7]]) == [{"tenant": "acme", "bytes": "5"}]
     assert set(await files.listed("acme", None, 50)) == set(ids)  # one index, every master's
-    await files.delete(ids[7], "acme")
+    await files.delete(ids[7])
     assert await files.data(ids[7]) is None and await files.fields_many([ids[7]]) == [None]
-    assert set(await files.listed("acme", None, 50)) == set(ids) - {ids[7]}
+    listed, more = await files.page("acme", None, 50, files.fields_many)
+    assert {file_id for file_id, _ in listed} == set(ids) - {ids[7]} and not more
+    assert set(await files.listed("acme", None, 50)) == set(ids) - {ids[7]}  # the page dropped it
     newest = await files.listed("acme", None, 5)
     assert await files.listed("acme", newest[2], 2) == newest[3:5]  # a page after an id: a script
 
