@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
@@ -31,6 +31,7 @@ from conveyor.client import (
 )
 from conveyor.stack import Stack, free_port
 from tests.conftest import REPO_ROOT, issue_key
+from tests.local_http import LocalServer, serving
 
 pytestmark = pytest.mark.slow
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
@@ -191,7 +192,7 @@ def test_retries_honour_retry_after_on_a_real_429(stack: Stack, fixtures_url: st
     assert retries[0].delay_s >= asked and elapsed >= asked
 
 
-class EventServer(ThreadingHTTPServer):
+class EventServer(LocalServer):
     """A tiny real SSE server: the events of a job are `token` 1..10 then `final` 11; the first
     connection is cut mid-event after event 4, the second ends cleanly (without the final
     event) after event 7, and each resumes from `Last-Event-ID`."""
@@ -199,12 +200,8 @@ class EventServer(ThreadingHTTPServer):
     EVENTS = [(str(i), "token", f"chunk {i}") for i in range(1, 11)] + [("11", "final", "{}")]
 
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _EventHandler)
+        super().__init__(_EventHandler)
         self.resumed_from: list[str | None] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
 
 
 class _EventHandler(BaseHTTPRequestHandler):
@@ -240,10 +237,8 @@ class _EventHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def event_server() -> Iterator[EventServer]:
-    server = EventServer()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
+    with serving(EventServer()) as server:
+        yield server
 
 
 EXPECTED = list(EventServer.EVENTS)

@@ -6,28 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
 from conveyor.client import APIError, AsyncClient, Client
+from tests.local_http import LocalServer, serving
 
 SEPARATED = "a\u2028b\u2029c\x85d"  # line and paragraph separators, NEL: legal inside JSON
 
 
-class _Server(ThreadingHTTPServer):
+class _Server(LocalServer):
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.posts: list[tuple[str, str | None]] = []  # (path, Idempotency-Key)
         self.resumed: list[str | None] = []  # Last-Event-ID of each /v1/jobs/cut/events
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -92,10 +88,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server() -> Iterator[_Server]:
-    running = _Server()
-    threading.Thread(target=running.serve_forever, daemon=True).start()
-    yield running
-    running.shutdown()
+    with serving(_Server()) as running:
+        yield running
 
 
 def test_a_503_to_a_post_without_a_key_is_not_sent_again(server: _Server) -> None:
