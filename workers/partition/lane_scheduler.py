@@ -15,8 +15,10 @@ from workers.partition.stream_reader import Delivery, MicroBatch, StreamReader
 
 class LaneCredit:
     """The bulk lane's claim on the next micro-batch: each online batch served while bulk waits
-    adds `bulk_share`; at 1.0 it is bulk's turn, which spends it. An empty bulk lane on its turn
-    forfeits the credit, so it cannot bank turns while it has nothing to run."""
+    adds `bulk_share`; at 1.0 it is bulk's turn, which spends one, the rest carried over (capped
+    at 1.0, 0.7 would give bulk one batch per two online ones, not 0.7). An empty bulk lane on its
+    turn forfeits the credit, so it cannot bank turns while it has nothing to run: it stays below
+    2.0, one turn and a share."""
 
     def __init__(self, bulk_share: float) -> None:
         self.bulk_share = bulk_share
@@ -31,7 +33,7 @@ class LaneCredit:
         on the turn `bulk_turn()` gave before the take."""
         bulk_turn = self.bulk_turn()
         if not bulk:
-            self.credit = 0.0 if bulk_turn else min(self.credit + self.bulk_share, 1.0)
+            self.credit = 0.0 if bulk_turn else self.credit + self.bulk_share
         elif bulk_turn:
             self.credit -= 1.0
 
