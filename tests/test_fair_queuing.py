@@ -196,6 +196,43 @@ async def test_a_cancelled_held_job_never_reaches_a_worker(aredis: aioredis.Redi
     assert await aredis.hget(KEYS.fair(stream), "held") == b"0"
 
 
+async def test_a_cancelled_held_job_costs_its_tenant_no_turn(aredis: aioredis.Redis) -> None:
+    """A tenant whose held jobs were mostly cancelled is served its live one on its own turn,
+    not after the other tenant has had a job for each it lost."""
+    config = _config(window=4)
+    store, reader, stream = await _lane(aredis, config)
+    await _enqueue(store, [_job(config, "x") for _ in range(4)])  # the window
+    a_jobs = [_job(config, "a") for _ in range(5)]
+    await _enqueue(store, a_jobs)
+    await _enqueue(store, [_job(config, "b") for _ in range(5)])
+    for job in a_jobs[:4]:
+        await store.transition(job.entry.job_id, JobStatus.CANCELLED)
+    assert await _take_tenants(reader, stream, 4) == ["x"] * 4
+    assert await _take_tenants(reader, stream, 4) == ["a", "b", "b", "b"]
+
+
+@pytest.mark.parametrize(("weights", "shares"), [((1e-3,), (7,)), ((1e-3, 3e-3), (2, 6))])
+async def test_tiny_weights_move_jobs_in_the_same_proportions_at_no_extra_cost(
+    aredis: aioredis.Redis, weights: tuple[float, ...], shares: tuple[int, ...]
+) -> None:
+    """A weight of 0.001 adds a thousandth of a credit per turn: the turns that only add
+    credit are skipped at once, not run a thousand times inside the script (which held the
+    server for seconds at 1e-5, and for good at 1e-9)."""
+    config = _config(window=1)
+    store, reader, stream = await _lane(aredis, config)
+    tenants = [f"t{index}" for index in range(len(weights))]
+    for tenant, weight in zip(tenants, weights, strict=True):
+        await _enqueue(store, [_job(config, tenant, weight) for _ in range(8)])
+    await _take_tenants(reader, stream, 1)  # the window's first job
+    await aredis.config_resetstat()
+    served: list[str] = []
+    for _ in range(4):
+        served += await _take_tenants(reader, stream, 2)
+    assert [served.count(tenant) for tenant in tenants] == list(shares), served
+    stats = await aredis.info("commandstats")
+    assert stats.get("cmdstat_lmove", {"calls": 0})["calls"] < 40
+
+
 @dataclass
 class _Served:
     """What a worker's own read path served: the micro-batches' sizes, the jobs it finished,
