@@ -266,7 +266,9 @@ class ModelConfig(BaseModel):
         if self.input_check.is_valid(inputs):
             return []
         errors = sorted(self.input_validator.iter_errors(inputs), key=lambda e: list(e.path))
-        return [f"inputs{''.join(f'[{p!r}]' for p in e.path)}: {e.message}" for e in errors]
+        messages = [f"inputs{''.join(f'[{p!r}]' for p in e.path)}: {e.message}" for e in errors]
+        # the two differ where Python's `re` does: `$` also matches before a final newline
+        return messages or ["inputs: does not match the model's input_schema"]
 
     def fair_window_of(self, variant: str) -> int:
         """Undelivered entries a lane's stream may hold before jobs are held for fair queuing;

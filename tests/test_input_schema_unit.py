@@ -66,6 +66,17 @@ def test_a_draft_2020_12_keyword_is_enforced() -> None:
     ]
 
 
+def test_what_the_compiled_check_refuses_is_refused_when_the_explanation_finds_nothing() -> None:
+    """ECMA-262's `$` (the compiled check's) ends the string; Python's also matches before a
+    final newline, so the explanation found no error and the input went through."""
+    schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]+$"}}}
+    assert not list(Draft202012Validator(schema).iter_errors({"id": "abc\n"}))
+    assert _config(schema).input_errors({"id": "abc\n"}) == [
+        "inputs: does not match the model's input_schema"
+    ]
+    assert _config(schema).input_errors({"id": "abc"}) == []
+
+
 def test_a_schema_with_a_remote_ref_is_refused_at_load_without_fetching(tmp_path: Path) -> None:
     model = tmp_path / "remote"
     model.mkdir()

@@ -11,7 +11,7 @@ import pytest
 from celery.worker.consumer.consumer import CONNECTION_ERROR, CONNECTION_RETRY
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from workers.partition.redis_backoff import OutageLog, Stopped, until_done
+from workers.partition.redis_backoff import Backoff, OutageLog, Stopped, until_done
 from workers.runtime.broker_outage_log import (
     CONNECTED,
     CONNECTION_LOGGER,
@@ -101,3 +101,14 @@ def test_a_broker_outage_is_two_lines_of_celerys_log() -> None:
     again = record(CONNECTION_LOGGER, CONNECTED, "redis://")
     assert outage_log.filter(again) and again.getMessage() == "Connected to redis://"
     assert outage_log.filter(record(CONSUMER_LOGGER, CONNECTION_ERROR, "redis://", "x", ""))
+
+
+async def test_a_long_outage_keeps_backing_off_at_the_cap() -> None:
+    """An hour at the 5 s cap is ~1,000 retries: 0.1 * 2**1024 overflowed a float, and the
+    loop's worker exited mid-outage with its results in hand."""
+    stop = asyncio.Event()
+    stop.set()  # each sleep returns at once
+    backoff = Backoff(stop, "m:default")
+    for _ in range(1_100):
+        await backoff.sleep(RedisConnectionError("down"))
+    assert backoff.first_s * 2**backoff.attempt <= 2 * backoff.cap_s

@@ -102,7 +102,8 @@ class Backoff:
         """Wait before the next retry, or less if asked to stop meanwhile."""
         delay = min(self.cap_s, self.first_s * 2**self.attempt) * random.uniform(0.5, 1.0)
         self.outage.failed(reason)
-        self.attempt += 1
+        if delay < self.cap_s / 2:  # past the cap it stays there: 2**1024 overflowed a float
+            self.attempt += 1
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.wait(), delay)
 
