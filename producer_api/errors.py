@@ -10,21 +10,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
-from redis.exceptions import (
-    ClusterDownError,
-    MasterDownError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    SlotNotCoveredError,
-    TryAgainError,
-)
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from producer_api.responses import FastJSONResponse
-from shared.redis_client import PersistenceError
+from shared.redis_client import OUT_OF_REACH, PersistenceError
 
 log = logging.getLogger(__name__)
 FULL_RETRY_S = 5  # Retry-After while Redis is out of memory or cannot persist
@@ -169,11 +160,6 @@ def install_error_handlers(app: FastAPI) -> None:
         }
         return FastJSONResponse(body, status_code=500, headers={"X-Request-ID": request_id})
 
-    @app.exception_handler(RedisConnectionError)
-    @app.exception_handler(RedisTimeoutError)
-    @app.exception_handler(ClusterDownError)
-    @app.exception_handler(TryAgainError)
-    @app.exception_handler(SlotNotCoveredError)
     async def _redis_down(_: Request, exc: Exception) -> FastJSONResponse:
         log.warning("redis unavailable: %r", exc)
         return error_response(
@@ -185,5 +171,7 @@ def install_error_handlers(app: FastAPI) -> None:
         log.warning("redis refuses writes: %s", exc)
         return error_response(503, "unavailable", message, {"Retry-After": str(retry_s)})
 
+    for unreachable in OUT_OF_REACH:
+        app.add_exception_handler(unreachable, _redis_down)
     for refusal in REFUSALS:
         app.add_exception_handler(refusal, _redis_refusing)

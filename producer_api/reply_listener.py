@@ -25,7 +25,7 @@ from producer_api.task_cancel import cancel_and_wait
 from shared.codec import as_text, loads, spliced_outputs
 from shared.job_store import JobStore
 from shared.keys import Keys, job_tag
-from shared.redis_client import RedisClient, is_cluster, push_as_received
+from shared.redis_client import RedisClient, is_cluster, push_as_received, reread_topology
 
 log = logging.getLogger(__name__)
 Node = tuple[str, int]  # (host, port); one server is the node (None-less key: ("", 0))
@@ -156,7 +156,7 @@ class ReplyListener:
         outage = RedisOutage("reply listener")
         while True:
             try:
-                await cast(Any, self.redis).nodes_manager.initialize()
+                await reread_topology(self.redis)
                 await self._subscribe(moved)
                 break
             except RedisError as error:

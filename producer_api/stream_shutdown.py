@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shared.redis_client import OUT_OF_REACH
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,7 +65,7 @@ async def until_cut(events: AsyncIterator[T], shutdown: anyio.Event) -> AsyncIte
     try:
         async for item in until_shutdown(events, shutdown):
             yield item
-    except (RedisConnectionError, RedisTimeoutError) as exc:
+    except OUT_OF_REACH as exc:  # a cluster failing over (CLUSTERDOWN) too
         log.info("a stream ends early: redis unavailable (%r)", exc)
         yield Cut(UNREACHABLE)
         return

@@ -13,7 +13,8 @@ touches spans slots (shared/keys.py), so the same calls work against one server 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar, cast
 
 import hiredis
@@ -31,6 +32,7 @@ from redis.exceptions import (
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
+    RedisClusterException,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -46,6 +48,9 @@ T = TypeVar("T")
 # What a cluster answers while a master fails over (no master for a slot yet, a slot moving):
 # an outage like a dropped connection (503, back off), not a fault of the request.
 CLUSTER_OUTAGE = (ClusterDownError, TryAgainError, SlotNotCoveredError)
+# Redis out of reach for now, on one server or a cluster (ClusterUnreachable is a
+# RedisConnectionError): a request's 503, a stream's cut.
+OUT_OF_REACH = (RedisConnectionError, RedisTimeoutError, *CLUSTER_OUTAGE)
 
 
 class PersistenceError(RedisConnectionError):
@@ -198,10 +203,26 @@ class UncontendedPool(aioredis.BlockingConnectionPool):
         self._available_connections.append(connection)
 
 
+class ClusterUnreachable(RedisConnectionError):
+    """No node answered the cluster's topology query (or those that did left slots uncovered).
+    redis-py raises a RedisClusterException, which is no RedisError: a cluster that was down was
+    a 500, a producer that could not start, a worker that exited, where it is an outage (503,
+    back off, recover)."""
+
+
+@contextlib.contextmanager
+def _topology_read() -> Iterator[None]:
+    try:
+        yield
+    except RedisClusterException as exc:
+        raise ClusterUnreachable(str(exc)) from exc
+
+
 class HiredisCluster(RedisCluster):
     """A cluster client whose node connections pack with hiredis too. RedisCluster fixes their
     class (Connection, or SSLConnection for `rediss://`) in the keyword arguments it builds
-    every node from, startup nodes and nodes found later alike, with no parameter for it."""
+    every node from, startup nodes and nodes found later alike, with no parameter for it. Its
+    topology reads (before a first command, after a failed one) fail as ClusterUnreachable."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -211,6 +232,17 @@ class HiredisCluster(RedisCluster):
         node_kwargs["connection_class"] = packing
         for node in self.startup_nodes:  # made before the swap
             node.connection_class = packing
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> HiredisCluster:
+        with _topology_read():
+            await super().initialize(*args, **kwargs)
+        return self
+
+
+async def reread_topology(client: RedisClient) -> None:
+    """Read a cluster's slots again now, not at its next failed command (a node was lost)."""
+    with _topology_read():
+        await cast(Any, client).nodes_manager.initialize()
 
 
 def connect(

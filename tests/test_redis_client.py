@@ -6,6 +6,7 @@ scripts; a burst past its pool waits its turn."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +14,23 @@ import httpx
 import pytest
 import redis
 from redis._parsers.encoders import Encoder
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError
 
 from conveyor.stack import Stack, free_port
+from producer_api.app import create_app
 from shared.celery_broker import kombu_url
 from shared.redis_client import (
     LARGE_ARGUMENT,
+    ClusterUnreachable,
     HiredisConnection,
     HiredisUnixConnection,
     UncontendedPool,
     call_script,
     connect,
+    reread_topology,
 )
+from shared.settings import get_settings
 
 # What redis-py's asyncio connections encode argument by argument, and hiredis must match.
 VALUES: list[str | bytes | int | float | memoryview] = [
@@ -166,3 +172,49 @@ def test_kombu_gets_a_unix_socket_url_in_its_own_spelling() -> None:
     )
     assert kombu_url("unix:///run/valkey.sock") == "redis+socket:///run/valkey.sock?virtual_host=0"
     assert kombu_url("redis://host:6380/2") == "redis://host:6380/2"
+
+
+@pytest.fixture
+def cluster_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("CONVEYOR_REDIS_CLUSTER", "1")
+    monkeypatch.setenv("CONVEYOR_REDIS_TIMEOUT_S", "0.5")
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+@pytest.mark.usefixtures("cluster_mode")
+async def test_a_cluster_no_node_of_which_answers_is_an_outage() -> None:
+    """redis-py says so with a RedisClusterException, no RedisError: what callers map to 503
+    or back off from was a 500, and a worker's exit."""
+    client = connect(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        with pytest.raises(ClusterUnreachable):
+            await client.ping()
+        pipe = client.pipeline()
+        pipe.get("k")
+        with pytest.raises(RedisConnectionError):
+            await pipe.execute()
+        with pytest.raises(RedisConnectionError):
+            await reread_topology(client)
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.usefixtures("cluster_mode")
+async def test_a_producer_whose_cluster_is_down_starts_unready_and_answers_503() -> None:
+    """It crashed at startup (its consumer groups' creation raised past `except RedisError`),
+    and once up every request of an outage was a 500 with a traceback."""
+    settings = get_settings().model_copy(
+        update={"redis_url": f"redis://127.0.0.1:{free_port()}/0", "auth": "disabled"}
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            ready = await client.get("/readyz")
+            submit = await client.post("/v1/jobs", json={"model": "identity", "inputs": {}})
+            metrics = await client.get("/metrics")
+    assert ready.status_code == 503, ready.text
+    assert submit.status_code == 503 and "Retry-After" in submit.headers, submit.text
+    assert metrics.status_code == 200

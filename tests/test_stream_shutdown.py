@@ -19,13 +19,16 @@ import itertools
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
+from redis.exceptions import ClusterDownError
 
 from conveyor.stack import Stack, free_port
+from producer_api.stream_shutdown import UNREACHABLE, Cut, until_cut
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
 from tests.test_llm_pipeline import sse_events
 from tests.test_redis_freeze import frozen
@@ -207,3 +210,17 @@ def test_a_tenant_with_bad_resume_ids_does_not_slow_another_tenants_tokens(paced
     # Generous: its worst gap under attack stays near its own worst gap before (each bad
     # request once stalled every stream of the producer for ~0.5 s).
     assert attacked <= 2 * baseline + 0.25, (baseline, attacked)
+
+
+async def test_a_cluster_failing_over_ends_a_stream_as_an_outage_does() -> None:
+    """CLUSTERDOWN mid-stream (a master failing over, after the client's retries) escaped: the
+    body was torn off with no last event, and an OpenAI stream cancelled its job."""
+
+    async def events() -> AsyncIterator[int]:
+        yield 1
+        raise ClusterDownError("CLUSTERDOWN The cluster is down")
+
+    assert [event async for event in until_cut(events(), anyio.Event())] == [
+        1,
+        Cut(UNREACHABLE),
+    ]
