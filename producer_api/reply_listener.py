@@ -25,7 +25,13 @@ from producer_api.task_cancel import cancel_and_wait
 from shared.codec import as_text, loads, spliced_outputs
 from shared.job_store import JobStore
 from shared.keys import Keys, job_tag
-from shared.redis_client import RedisClient, is_cluster, push_as_received, reread_topology
+from shared.redis_client import (
+    RedisClient,
+    is_cluster,
+    push_as_received,
+    reread_topology,
+    subscriber,
+)
 
 log = logging.getLogger(__name__)
 Node = tuple[str, int]  # (host, port); one server is the node (None-less key: ("", 0))
@@ -105,22 +111,13 @@ class ReplyListener:
     def _pubsub(self, node: Node) -> aioredis.client.PubSub:
         """The subscription connection to `node`, with its listening task (made on first use)."""
         if node not in self._nodes:
-            client = self.redis if node == ONE_SERVER else self._node_client(node)
+            client = subscriber(self.redis, None if node == ONE_SERVER else node)
             pubsub = client.pubsub(
                 ignore_subscribe_messages=True, push_handler_func=push_as_received
             )
             self._nodes[node] = pubsub
             self._tasks[node] = asyncio.create_task(self._listen(node), name="reply-listener")
         return self._nodes[node]
-
-    def _node_client(self, node: Node) -> aioredis.Redis:
-        """A plain client on one cluster node, connecting as the cluster client does (timeouts,
-        retries, auth, TLS): pub/sub needs a connection of its own per node."""
-        owner: Any = cast(Any, self.redis).get_node(host=node[0], port=node[1])
-        pool = aioredis.ConnectionPool(
-            connection_class=owner.connection_class, **owner.connection_kwargs
-        )
-        return aioredis.Redis(connection_pool=pool)
 
     async def _listen(self, node: Node) -> None:
         outage = RedisOutage("reply listener")

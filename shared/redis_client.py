@@ -23,7 +23,7 @@ from redis._parsers.base import BaseParser
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import (
     ClusterDownError,
@@ -294,6 +294,22 @@ def connect(
     )
     pool.connection_class = _HIREDIS_PACKING.get(pool.connection_class, pool.connection_class)
     return aioredis.Redis.from_pool(pool)  # the client owns its pool: aclose() closes both
+
+
+def subscriber(client: RedisClient, node: tuple[str, int] | None = None) -> aioredis.Redis:
+    """A client of its own for pub/sub on `client`'s server (a cluster: on its `node`), with
+    the same connections but no retry: a pub/sub connection that retries reconnects and
+    subscribes again unseen, and what was published meanwhile is lost to a listener that never
+    heard of the gap (producer_api/reply_listener.py rechecks its waiters after each one)."""
+    if node is None:
+        pool: Any = client.connection_pool
+        connection_class, kwargs = pool.connection_class, pool.connection_kwargs
+    else:
+        owner: Any = cast(Any, client).get_node(host=node[0], port=node[1])
+        connection_class, kwargs = owner.connection_class, owner.connection_kwargs
+    kwargs = {**kwargs, "retry": Retry(NoBackoff(), 0)}
+    pool = aioredis.ConnectionPool(connection_class=connection_class, **kwargs)
+    return aioredis.Redis(connection_pool=pool)
 
 
 async def push_as_received(message: Any) -> Any:

@@ -93,3 +93,27 @@ async def test_a_registration_whose_subscription_fails_leaves_no_waiter() -> Non
     finally:
         await listener.stop()
         await client.aclose()
+
+
+async def test_a_reply_lost_while_the_listener_reconnected_is_found_by_a_recheck(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """A pub/sub connection that retried reconnected and subscribed again unseen: a reply
+    published in the gap was lost, and its waiter sat out its whole wait. Now the listener sees
+    each break and reads what it waits for after it."""
+    client = connect(redis_url)
+    keys = Keys()
+    listener = ReplyListener(client, keys, "p1", JobStore(client, keys, 60))
+    try:
+        job_id = "abcd" + "1" * 28
+        waiting = await listener.register(job_id)
+        fields = {"status": "succeeded", "model": "m", "variant": "default", "outputs": "{}"}
+        await aredis.hset(keys.job(job_id), mapping=fields)  # ended; its reply never sent
+        for peer in await aredis.client_list():
+            if peer.get("ssub") == "1":
+                await aredis.client_kill_filter(_id=peer["id"])
+        view = await asyncio.wait_for(waiting, timeout=10)
+        assert view["status"] == "succeeded"
+    finally:
+        await listener.stop()
+        await client.aclose()
