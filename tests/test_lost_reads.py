@@ -51,7 +51,7 @@ async def test_after_an_outage_the_entries_a_lost_read_was_handed_run_first(
     lost = await lanes.next_batch(10, 0, 100)  # Redis served it; its reply never arrived
     assert _jobs(lost) == ["a", "b", "c"]
     assert await lanes.next_batch(10, 0, 50) == []  # an ordinary read does not see them
-    in_hand = {lost[0][1][0].entry_id}  # "a" still runs (a generation, a staged micro-batch)
+    in_hand = {(lost[0][0], lost[0][1][0].entry_id)}  # "a" still runs (a staged micro-batch)
 
     lanes.outage()
     recovered: list[Delivery] = []
@@ -126,3 +126,84 @@ async def test_an_entry_another_worker_reclaims_meanwhile_is_not_taken_back(
     assert await reader.held(PARTITION.streams, 10, frozenset()) == []
     [row] = await aredis.xpending_range(PARTITION.online, GROUP, "-", "+", 10)
     assert row["consumer"] == b"rescuer-7"
+
+
+async def _slotted_lanes(aredis: aioredis.Redis, partition: Partition) -> LaneScheduler:
+    """A generate loop's read path (jobs marked running as read) on `partition`."""
+    reader = StreamReader(aredis, KEYS, partition.streams, WORKER, mark_on_read=True)
+    await reader.ensure_groups()
+    reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
+    return LaneScheduler(partition, reader, reclaimer)
+
+
+async def test_a_generate_loop_is_handed_no_more_jobs_than_it_has_free_slots(
+    aredis: aioredis.Redis,
+) -> None:
+    """A read of both lanes took up to the free slots from each, and a reclaim a micro-batch's
+    worth: a loop with 2 free slots started 4 generations, marked running where no idle worker
+    could take them. Every job is still handed over, at most the free slots at a time."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    for index, stream in enumerate([PARTITION.online] * 3 + [PARTITION.bulk] * 3):
+        entry = RequestEntry(f"s{index}", {"inputs": {}}, now_ms())
+        await store.create(entry, stream, {"model": "m", "variant": "default"})
+    lanes = await _slotted_lanes(aredis, PARTITION)
+    seen: list[str] = []
+    while batches := await lanes.next_batch(2, 0, 50, slots=True):
+        assert len(_jobs(batches)) <= 2, batches
+        seen += _jobs(batches)
+    assert seen == [f"s{index}" for index in range(6)]  # online first
+
+
+async def test_a_generate_loop_reclaims_no_more_jobs_than_it_has_free_slots(
+    aredis: aioredis.Redis,
+) -> None:
+    config = ModelConfig(
+        name="m", kind="batch", backend="identity", queue=QueueLimits(visibility_timeout_s=1)
+    )
+    partition = Partition.of(KEYS, config, "default")
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    for index in range(5):
+        entry = RequestEntry(f"r{index}", {"inputs": {}}, now_ms())
+        await store.create(entry, partition.online, {"model": "m", "variant": "default"})
+    lanes = await _slotted_lanes(aredis, partition)
+    await aredis.xreadgroup(GROUP, "dead-1", {partition.online: ">"})  # then it died
+    await asyncio.sleep(1.1)  # past the visibility timeout
+    reclaimed = await lanes.next_batch(1, 0, 50, slots=True)
+    assert _jobs(reclaimed) == ["r0"]
+
+
+async def test_after_an_outage_no_more_are_claimed_back_than_asked_for_in_all(
+    aredis: aioredis.Redis,
+) -> None:
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    for job_id, stream in (("h0", PARTITION.online), ("h1", PARTITION.bulk)):
+        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
+        await store.create(entry, stream, {"model": "m", "variant": "default"})
+    lanes = await _slotted_lanes(aredis, PARTITION)
+    await aredis.xreadgroup(GROUP, WORKER, dict.fromkeys(PARTITION.streams, ">"))  # reply lost
+    lanes.outage()
+    first = await lanes.next_batch(1, 0, 50, slots=True)
+    assert _jobs(first) == ["h0"]
+    running = {(stream, d.entry_id) for stream, deliveries in first for d in deliveries}
+    assert _jobs(await lanes.next_batch(1, 0, 50, running, slots=True)) == ["h1"]
+
+
+async def test_an_entry_of_the_other_lane_numbered_as_one_in_hand_is_claimed_back(
+    aredis: aioredis.Redis,
+) -> None:
+    """The lanes' streams number entries alike (the same millisecond, sequence 0): known by
+    its id alone, a bulk entry read with a running online entry of the same id counted as in
+    hand, and waited a visibility timeout for reclaim."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    for job_id, stream in (("bulk-1", PARTITION.bulk), ("online-1", PARTITION.online)):
+        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
+        await store.create(entry, stream, {"model": "m", "variant": "default"})
+    [(online_id, _)] = await aredis.xrange(PARTITION.online)
+    [(bulk_id, fields)] = await aredis.xrange(PARTITION.bulk)
+    await aredis.xdel(PARTITION.bulk, bulk_id)
+    await aredis.xadd(PARTITION.bulk, fields, id=online_id)  # numbered as the online entry
+    lanes = await _slotted_lanes(aredis, PARTITION)
+    await aredis.xreadgroup(GROUP, WORKER, dict.fromkeys(PARTITION.streams, ">"))  # reply lost
+    lanes.outage()
+    running = {(PARTITION.online, online_id)}
+    assert _jobs(await lanes.next_batch(2, 0, 50, running, slots=True)) == ["bulk-1"]

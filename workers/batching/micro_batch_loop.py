@@ -21,7 +21,7 @@ from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
 from workers.partition.redis_backoff import Stopped, serve_until_stopped, until_done
 from workers.partition.result_writer import ResultWriter
-from workers.partition.stream_reader import Delivery, StreamReader
+from workers.partition.stream_reader import Delivery, LaneEntry, StreamReader
 
 log = logging.getLogger(__name__)
 # A micro-batch still running after this long has its jobs marked running (one round trip), so
@@ -43,7 +43,7 @@ class MicroBatchLoop:
         self.lanes = lanes
         self.reader = reader
         self._marks: set[asyncio.Task[None]] = set()
-        self.in_hand: set[bytes] = set()  # entries read and not yet written back
+        self.in_hand: set[LaneEntry] = set()  # entries read and not yet written back
         self.writer = writer
         self.engine = engine
         self.block_ms = block_ms
@@ -78,7 +78,7 @@ class MicroBatchLoop:
             await self.process(stream, batch)
 
     async def process(self, stream: str, batch: list[Delivery]) -> None:
-        self.in_hand.update(delivery.entry_id for delivery in batch)
+        self.in_hand.update((stream, delivery.entry_id) for delivery in batch)
         finishes: list[Finish] = []
         runnable: list[Delivery] = []
         for delivery in batch:
@@ -128,7 +128,7 @@ class MicroBatchLoop:
             await until_done(
                 lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name
             )
-        self.in_hand.difference_update(finish.entry_id for finish in finishes)
+        self.in_hand.difference_update((stream, finish.entry_id) for finish in finishes)
         record_batch(model, variant, finishes, outcomes)
         if runnable:
             log_batch(model, runnable, outcomes)

@@ -26,7 +26,7 @@ from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
 from workers.partition.redis_backoff import Stopped, serve_until_stopped, until_done
 from workers.partition.result_writer import ResultWriter
-from workers.partition.stream_reader import Delivery, StreamReader
+from workers.partition.stream_reader import Delivery, LaneEntry, StreamReader
 from workers.partition.token_writer import TokenWriter
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class GenerateLoop:
         self.drain_s = drain_s
         self.capacity = partition.config.max_num_seqs
         self.running: dict[str, RunningJob] = {}
-        self.settling: set[bytes] = set()  # entries of ended jobs not yet written back
+        self.settling: set[LaneEntry] = set()  # entries of ended jobs not yet written back
         self.stopping = asyncio.Event()
         self._chunks: list[tuple[RunningJob, TokenChunk, int]] = []
         self._ended: list[RunningJob] = []
@@ -100,8 +100,11 @@ class GenerateLoop:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._slot_freed.wait(), self.block_ms / 1000)
             return
-        in_hand = self.settling.union(job.delivery.entry_id for job in self.running.values())
-        for stream, deliveries in await self.lanes.next_batch(free, 0, self.block_ms, in_hand):
+        in_hand = self.settling.union(
+            (job.stream, job.delivery.entry_id) for job in self.running.values()
+        )
+        batches = await self.lanes.next_batch(free, 0, self.block_ms, in_hand, slots=True)
+        for stream, deliveries in batches:
             await self._start_all(stream, deliveries)
 
     async def _start_all(self, stream: str, deliveries: list[Delivery]) -> None:
@@ -233,7 +236,7 @@ class GenerateLoop:
             by_stream[job.stream].append(finish)
             self._observe_job(job)
         # in hand until written back, from now: the admit loop may read our pending list
-        self.settling.update(f.entry_id for finishes in by_stream.values() for f in finishes)
+        self.settling.update((s, f.entry_id) for s, finishes in by_stream.items() for f in finishes)
         for stream, finishes in by_stream.items():
             await self._settle(stream, finishes)
         if ended:
@@ -250,7 +253,7 @@ class GenerateLoop:
                 lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name
             )
         finally:
-            self.settling.difference_update(finish.entry_id for finish in finishes)
+            self.settling.difference_update((stream, finish.entry_id) for finish in finishes)
         record_batch(*self.partition.labels, finishes, [])
 
     def _observe_job(self, job: RunningJob) -> None:

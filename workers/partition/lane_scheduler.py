@@ -10,7 +10,7 @@ from collections.abc import Collection
 from workers.partition.arrival_rate import ArrivalRate
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
-from workers.partition.stream_reader import Delivery, MicroBatch, StreamReader
+from workers.partition.stream_reader import Delivery, LaneEntry, MicroBatch, StreamReader
 
 
 class LaneCredit:
@@ -63,21 +63,26 @@ class LaneScheduler:
         max_items: int,
         delay_ms: float,
         block_ms: int,
-        in_hand: Collection[bytes] = frozenset(),
+        in_hand: Collection[LaneEntry] = frozenset(),
+        slots: bool = False,
     ) -> list[MicroBatch]:
         """One micro-batch (rarely two, when a blocking read returns from both lanes): after
         an outage, this consumer's pending entries that are not `in_hand` (running); then
         reclaimed entries as they come; after a full micro-batch (a backlog) one script reads
         the lane preferred now, else the other; otherwise (idle, or keeping up) one blocking
         XREADGROUP on both lanes, which returns at once when entries wait and hands them over
-        with no further round trip. Then the micro-batch is topped up while more are coming."""
+        with no further round trip. Then the micro-batch is topped up while more are coming.
+        `slots`: `max_items` are free engine slots (a generate loop), not a micro-batch's
+        size, and no more may be handed over in all: the lanes are read one at a time (a
+        script first, which finds what waits in either; the blocking read only if neither
+        has any), where a read of both returned up to `max_items` from each."""
         if self.after_outage:
             if held := await self.reader.held([self.online, self.bulk], max_items, in_hand):
                 return held
             self.after_outage = False
-        if reclaimed := await self.reclaimer.due():
+        if reclaimed := await self.reclaimer.due(max_items):
             return [reclaimed]
-        if self.backlog:
+        if self.backlog or slots:
             order = (
                 [self.bulk, self.online] if self.credit.bulk_turn() else [self.online, self.bulk]
             )

@@ -57,22 +57,26 @@ class Reclaimer:
         self._next = dict.fromkeys(self.streams, 0.0)
         self._script = client.register_script(job_scripts.RECLAIM)
 
-    async def due(self) -> MicroBatch | None:
-        """The first lane's abandoned entries whose reclaim is due: (stream, deliveries)."""
+    async def due(self, count: int) -> MicroBatch | None:
+        """Up to `count` of the first lane's abandoned entries whose reclaim is due:
+        (stream, deliveries)."""
         for stream in self.streams:
-            if time.monotonic() >= self._next[stream] and (abandoned := await self.reclaim(stream)):
+            if time.monotonic() < self._next[stream]:
+                continue
+            if abandoned := await self.reclaim(stream, count):
                 return stream, abandoned
         return None
 
-    async def reclaim(self, stream: str) -> list[Delivery]:
-        """Claim a batch of abandoned entries; dead-lettered ones are already settled."""
+    async def reclaim(self, stream: str, count: int | None = None) -> list[Delivery]:
+        """Claim a batch of abandoned entries (at most `count`, or a micro-batch's worth);
+        dead-lettered ones are already settled."""
         self._next[stream] = time.monotonic() + self.interval_s
         now = now_ms()
         args: list[str | int] = [
             GROUP,
             self.consumer,
             self.idle_ms,
-            self.batch,
+            min(self.batch, count or self.batch),
             self.keys.job_prefix,
             now,
             self.max_deliveries,

@@ -52,6 +52,8 @@ class Delivery:
 
 
 MicroBatch = tuple[str, list[Delivery]]  # (stream, deliveries read from it)
+# An entry of one lane, (stream, entry id): the two lanes' streams number their entries alike.
+LaneEntry = tuple[str, bytes]
 
 
 class StreamReader:
@@ -115,7 +117,7 @@ class StreamReader:
         return await self._handed_over(reply or [], count, frozenset())
 
     async def held(
-        self, streams: Sequence[str], count: int, in_hand: Collection[bytes]
+        self, streams: Sequence[str], count: int, in_hand: Collection[LaneEntry]
     ) -> list[MicroBatch]:
         """Up to `count` entries of `streams` this consumer was handed and is not running (not
         `in_hand`): a read whose reply an outage lost leaves them in its pending list, where
@@ -130,7 +132,7 @@ class StreamReader:
         return await self._handed_over(reply or [], count, in_hand)
 
     async def _claim_back(
-        self, streams: Sequence[str], count: int, in_hand: Collection[bytes]
+        self, streams: Sequence[str], count: int, in_hand: Collection[LaneEntry]
     ) -> list[tuple[str, list[Any]]]:
         async with self.redis.pipeline(transaction=False) as pipe:
             for stream in streams:
@@ -141,8 +143,9 @@ class StreamReader:
         lost = [
             (stream, row)
             for stream, rows in zip(streams, listed, strict=True)
-            for row in [r for r in rows if r["message_id"] not in in_hand][:count]
-        ]
+            for row in rows
+            if (stream, row["message_id"]) not in in_hand
+        ][:count]  # in all: a generate loop's free slots (the rest are claimed back next time)
         if not lost:
             return []
         # Each claimed only if idle at least as long as listed: one another worker reclaimed
@@ -158,16 +161,17 @@ class StreamReader:
         return list(by_stream.items())
 
     async def _handed_over(
-        self, reply: Sequence[Any], count: int, in_hand: Collection[bytes]
+        self, reply: Sequence[Any], count: int, in_hand: Collection[LaneEntry]
     ) -> list[MicroBatch]:
         """An XREADGROUP reply's entries not `in_hand`, at most `count` per stream, as queued
         deliveries (a generate loop's marked running: one round trip)."""
         now = now_ms()
         batches = []
-        for stream, rows in reply:
-            mine = [_delivered(eid, fields, now) for eid, fields in rows if eid not in in_hand]
+        for raw_stream, rows in reply:
+            stream = as_text(raw_stream)
+            mine = [_delivered(e, fields, now) for e, fields in rows if (stream, e) not in in_hand]
             if mine:
-                batches.append((as_text(stream), mine[:count]))
+                batches.append((stream, mine[:count]))
         if self.mark_on_read:
             for _, deliveries in batches:
                 await self.mark_running(deliveries)
