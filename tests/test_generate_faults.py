@@ -5,6 +5,7 @@ tokens, and so the worker's consumer, while the process lived on reading nothing
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import psutil
@@ -16,17 +17,28 @@ from tests.conftest import REPO_ROOT, until
 
 pytestmark = pytest.mark.slow
 PACED = REPO_ROOT / "tests" / "fixtures" / "paced_repository"
+DEATH_FLAG = "death-flag"
 
 
 @pytest.fixture(scope="module")
-def paced(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    """A producer and a worker (its URL, the worker's pid) for the `paced` model (a token every
-    50 ms), on the session's Valkey; its variant `brittle`'s engine raises when asked to abort."""
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`paced` (a token every 50 ms), whose variant `brittle`'s engine raises when asked to
+    abort; `mortal`, the same, whose engine a prompt with <die> kills while DEATH_FLAG exists,
+    and whose jobs are reclaimed a second after their worker is gone."""
     config = yaml.safe_load((PACED / "paced" / "config.yaml").read_text())
-    config["variants"]["brittle"] = {"weight": 0, "parameters": {"abort_fails": True}}
     repository = tmp_path_factory.mktemp("paced-repository")
-    (repository / "paced").mkdir()
-    (repository / "paced" / "config.yaml").write_text(yaml.safe_dump(config))
+    mortal = {**config, "queue": {"visibility_timeout_s": 1}}
+    mortal["parameters"] = {**config["parameters"], "death_flag": str(repository / DEATH_FLAG)}
+    config["variants"]["brittle"] = {"weight": 0, "parameters": {"abort_fails": True}}
+    for name, model in (("paced", config), ("mortal", mortal)):
+        (repository / name).mkdir()
+        (repository / name / "config.yaml").write_text(yaml.safe_dump(model))
+    return repository
+
+
+@pytest.fixture(scope="module")
+def paced(stack: Stack, repository: Path) -> Iterator[tuple[str, int]]:
+    """A producer and a `paced` worker (its URL, the worker's pid), on the session's Valkey."""
     env = {"CONVEYOR_MODEL_REPOSITORY": str(repository)}
     url = stack.start_producer(free_port(), "paced-producer", **env)
     pid = stack.start_worker("paced", "paced-worker", **env, PYTHONPATH=str(REPO_ROOT))
@@ -35,9 +47,11 @@ def paced(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tu
     stack.stop_process("paced-producer")
 
 
-def _submit(url: str, prompt: str, variant: str = "default", max_tokens: int = 4) -> str:
+def _submit(
+    url: str, prompt: str, variant: str = "default", max_tokens: int = 4, model: str = "paced"
+) -> str:
     body = {
-        "model": "paced",
+        "model": model,
         "variant": variant,
         "inputs": {"prompt": prompt},
         "parameters": {"max_tokens": max_tokens},
@@ -91,3 +105,28 @@ def test_an_abort_the_engine_refuses_fails_nothing_else(paced: tuple[str, int]) 
 
 def _status(url: str, job_id: str) -> object:
     return httpx.get(f"{url}/v1/jobs/{job_id}", timeout=30).json()["status"]
+
+
+def test_a_dead_engine_hands_its_jobs_back_and_its_worker_exits(
+    stack: Stack, paced: tuple[str, int], repository: Path
+) -> None:
+    """A dead engine (vLLM's engine-core process gone) fails every request at once: each job
+    the worker read failed within milliseconds, the whole queue with them, while the worker
+    lived on. Now its jobs stay pending and the worker exits; a new one runs them all."""
+    paced_url, _ = paced
+    env = {"CONVEYOR_MODEL_REPOSITORY": str(repository), "PYTHONPATH": str(REPO_ROOT)}
+    (repository / DEATH_FLAG).touch()
+    first = psutil.Process(stack.start_worker("mortal", "mortal-worker-1", **env))
+    beside = _submit(paced_url, "a job that runs beside it", max_tokens=40, model="mortal")
+    until(lambda: _status(paced_url, beside) == "running", 30)
+    fatal = _submit(paced_url, "one <die> three", model="mortal")
+    first.wait(timeout=60)  # raises if the worker lives on
+    after = _submit(paced_url, "and one after", model="mortal")
+    assert {_status(paced_url, job) for job in (beside, fatal, after)} <= {"queued", "running"}
+    stack.start_worker("mortal", "mortal-worker-2", **env)
+    try:
+        ended = [_ended(paced_url, job) for job in (beside, fatal, after)]
+        assert [job["status"] for job in ended] == ["succeeded"] * 3, ended
+        assert ended[1]["attempts"] == 2, ended[1]  # the fatal job ran again, on the new worker
+    finally:
+        stack.stop_process("mortal-worker-2")

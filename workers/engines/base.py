@@ -137,5 +137,10 @@ class GenerateEngine(EngineBase):
     async def abort(self, request_id: str) -> None:
         """Stop a running request within one engine step and free its slot."""
 
+    def dead(self) -> bool:
+        """Whether the engine can generate nothing more (its engine process died): then every
+        request fails at once, and a job failed so would be lost, not the engine's doing."""
+        return False
+
     async def close(self) -> None:
         """Shut the engine down on warm shutdown."""

@@ -127,6 +127,10 @@ class VllmEngine(GenerateEngine):
         """The request's stream then ends with finish_reason "abort" and its slot is freed."""
         await self._running_engine().abort(request_id)
 
+    def dead(self) -> bool:
+        """vLLM marks itself errored when its engine-core process dies (EngineDeadError)."""
+        return self._engine is not None and bool(self._engine.errored)
+
     async def close(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()

@@ -66,8 +66,8 @@ def checked(chunk: object) -> TokenChunk:
 @dataclass(slots=True)
 class RunningJob:
     """A job inside the engine. `ended_as` is a terminal status someone else gave it (the API
-    cancelled it): the loop aborted it. `abandoned` means aborted for shutdown: it is left
-    unacknowledged so another worker runs it again."""
+    cancelled it): the loop aborted it. `abandoned` means aborted for shutdown, or lost with a
+    dead engine: it is left unacknowledged so another worker runs it again."""
 
     delivery: Delivery
     stream: str

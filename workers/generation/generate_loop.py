@@ -32,6 +32,11 @@ from workers.partition.token_writer import TokenWriter
 log = logging.getLogger(__name__)
 
 
+class EngineDied(RuntimeError):
+    """The engine can generate nothing more: the worker exits (and is restarted), its jobs
+    left pending for another worker to rerun."""
+
+
 class GenerateLoop:
     def __init__(
         self,
@@ -65,6 +70,7 @@ class GenerateLoop:
         self._touch_every_s = partition.config.queue.visibility_timeout_s / 3
         self._next_touch = time.monotonic() + self._touch_every_s
         self._busy_mark = time.monotonic()
+        self.engine_death: BaseException | None = None
 
     async def run(self) -> None:
         """Serve until asked to stop; then admit nothing more, give running generations up to
@@ -79,6 +85,8 @@ class GenerateLoop:
             self._wake.set()
             with contextlib.suppress(Stopped):
                 await publisher
+        if self.engine_death is not None:
+            raise EngineDied(f"{self.partition.name}: the engine died") from self.engine_death
 
     async def _admit_loop(self, publisher: asyncio.Task[None]) -> None:
         """Admit until asked to stop, or until the publisher died (its error then surfaces)."""
@@ -142,11 +150,25 @@ class GenerateLoop:
             job.error = {"type": "InvalidOutput", "message": str(exc)}
             await self._abort_quietly(job.job_id)  # the engine goes on generating otherwise
         except Exception as exc:
-            job.error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
+            if self.engine.dead():
+                self._engine_died(job, exc)
+            else:
+                job.error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
         if job.error:
             log.warning("generation failed", extra={"job_id": job.job_id, "error": job.error})
         self._ended.append(job)
         self._wake.set()
+
+    def _engine_died(self, job: RunningJob, cause: Exception) -> None:
+        """A dead engine fails every job at once, through no fault of theirs: failing them
+        emptied the queue within seconds while the worker lived on. The job is left pending
+        (no result, no final event: a rerun elsewhere restarts its stream) and the loop stops,
+        so the worker exits."""
+        job.abandoned = True
+        if self.engine_death is None:
+            log.critical("the engine died: %r; handing jobs back and exiting", cause)
+            self.engine_death = cause
+            self.stopping.set()
 
     async def _abort_quietly(self, job_id: str) -> None:
         """An engine's abort that raises (a request it already let go) fails nothing else: it
