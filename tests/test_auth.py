@@ -116,7 +116,7 @@ def test_wrong_scope_is_403_and_right_scope_passes(
         for scope, key in holders.items():
             response = _call(api, method, _concrete(path), _bearer(key))
             if scope == needed:
-                assert response.status_code not in (401, 403), (method, path, response.text)
+                assert response.status_code not in (401, 403, 500), (method, path, response.text)
             else:
                 assert response.status_code == 403, (method, path, scope, response.text)
                 assert response.json()["error"]["type"] == "forbidden"

@@ -203,7 +203,9 @@ def test_a_batch_items_record_outlives_its_window(base_url: str, stack_redis: re
     errors file named its line `custom_id: null, line: 0`."""
     created = _create(base_url, _canary_lines(2), model="identity", completion_window="1h")
     result_ttl_s = Settings().result_ttl_s
-    for job_id in stack_redis.lrange(Keys().batch_items(created["id"]), 0, -1):
+    items = stack_redis.lrange(Keys().batch_items(created["id"]), 0, -1)
+    assert len(items) == 2 and created["counts"]["total"] == 2, created  # both enqueued
+    for job_id in items:
         assert stack_redis.ttl(Keys().job(job_id)) > result_ttl_s + 3_500
     cancelled = httpx.post(f"{base_url}/v1/batches/{created['id']}/cancel", timeout=30)
     assert cancelled.status_code == 200, cancelled.text

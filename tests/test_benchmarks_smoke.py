@@ -47,11 +47,16 @@ def _check_common(document: dict[str, Any], part: str, results: Path) -> None:
 
 
 def _check_profile(profile: dict[str, Any]) -> None:
+    """Each process's profile has samples, shares of them; where py-spy could not attach (a
+    kernel that forbids ptrace) the test says so as a skip, after every other check passed."""
     assert set(profile["processes"]) == {"producer", "worker"}
-    for summary in profile["processes"].values():
-        if "error" not in summary:
+    unprofiled = {n: s["error"] for n, s in profile["processes"].items() if "error" in s}
+    for name, summary in profile["processes"].items():
+        if name not in unprofiled:
             assert summary["samples"] > 0
             assert all(0 < share <= 1 for _, share in summary["self"])
+    if unprofiled:
+        pytest.skip(f"py-spy could not profile here: {unprofiled}")
 
 
 def test_part_a_pipeline_overhead(tmp_path: Path) -> None:

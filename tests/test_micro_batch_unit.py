@@ -89,8 +89,14 @@ async def test_an_engine_that_returns_no_list_fails_with_what_it_returned(
     }
 
 
-async def test_an_empty_batch_calls_nothing(engine: FaultEngine) -> None:
+async def test_an_empty_batch_calls_nothing(
+    engine: FaultEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    infer = engine.infer
+    monkeypatch.setattr(engine, "infer", lambda inputs: calls.append(len(inputs)) or infer(inputs))
     assert await execute(engine, []) == []
+    assert calls == []
 
 
 def _outputs(outcomes: list[Outcome]) -> list[tuple[int, dict[str, Any]]]:

@@ -6,6 +6,10 @@ check fp16, CUDA graphs and the served variant on a CUDA device."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -377,11 +381,22 @@ def test_invalid_torch_options_fail_with_a_clear_error(tmp_path):
         ModelRepository.load(tmp_path)
 
 
-def test_cuda_without_a_device_fails_loudly(artifacts):
-    if CUDA_MISSING is None:
-        pytest.skip("a CUDA device is present")
-    with pytest.raises(RuntimeError, match=CUDA_MISSING):
-        torch_engine(artifacts, device="cuda")
+def test_cuda_without_a_device_fails_loudly(artifacts: Path) -> None:
+    """`device: cuda` where torch sees no device fails, naming why, rather than serving from
+    the CPU; run with no device visible (CUDA_VISIBLE_DEVICES empty), so a GPU machine checks
+    it too."""
+    code = (
+        "from tests.test_torch_engine import torch_engine; from pathlib import Path; "
+        f"torch_engine(Path({str(artifacts)!r}), device='cuda')"
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert re.search(r"RuntimeError: .*(no CUDA device|torch built without CUDA)", done.stderr), (
+        done.stderr[-2000:]
+    )
 
 
 def test_the_pipeline_serves_minilm_torch(stack: Stack, base_url: str, minilm_worker: int) -> None:
