@@ -1,7 +1,8 @@
 """The layout of an LLM job's token stream (`cv:tok:{id}`), shared by the worker that appends to
 it and the producer routes that stream it (SSE, OpenAI; `producer_api/token_hub.py` follows
 it): entry ids are the SSE event ids, so a reader that resumes after an id misses nothing and
-repeats nothing."""
+repeats nothing. Each entry also carries `a` and `n`, its run of the job and its number in that
+run, by which a resent append is appended once (shared/token_scripts.py); readers ignore them."""
 
 from __future__ import annotations
 

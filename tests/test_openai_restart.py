@@ -18,7 +18,7 @@ from shared.job_states import JobStatus
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.token_stream import TokenEvent, usage_of
-from workers.partition.token_writer import TokenWriter
+from workers.partition.token_writer import TokenAppend, TokenWriter
 
 KEYS = Keys()
 LANE = KEYS.queue("smollm2", "default")
@@ -57,7 +57,8 @@ async def test_a_restart_ends_the_stream_only_once_text_was_sent(
             events = [TokenEvent("restart"), TokenEvent("token", text="Hello", tokens=1), final]
             if text_first:  # the first worker's text, sent before it died
                 events.insert(0, TokenEvent("token", text="Hel", tokens=1))
-            await TokenWriter(aredis, KEYS, 60).write([(job_id, e) for e in events], [job_id], [])
+            appended = TokenAppend(job_id, "attempt-2", 1, events, expire=True)
+            await TokenWriter(aredis, KEYS, 60).write([appended], [])
             await aredis.hset(KEYS.job(job_id), "status", JobStatus.SUCCEEDED.value)
             response = await asyncio.wait_for(answer, 30)
     await aredis.xdel(LANE, entry_id)  # no worker here takes it: leave the lane as found
@@ -70,3 +71,23 @@ async def test_a_restart_ends_the_stream_only_once_text_was_sent(
     assert "restarted" not in response.text, response.text
     assert "Hello" in "".join(chunks) and '"finish_reason":"stop"' in "".join(chunks)
     assert (await aredis.hget(KEYS.job(job_id), "status")) == b"succeeded"  # not cancelled
+
+
+async def test_a_token_write_resent_after_its_reply_was_lost_appends_nothing_twice(
+    aredis: aioredis.Redis,
+) -> None:
+    """redis-py resends a pipeline whose connection dropped after the server ran it: plain
+    XADDs appended the tick's text again, and every reader showed it twice."""
+    job_id, writer = "resent-1", TokenWriter(aredis, KEYS, 60)
+    tick = [TokenEvent("token", text="Hel", tokens=1), TokenEvent("token", text="lo", tokens=1)]
+    first = TokenAppend(job_id, "run-a", 1, tick, expire=True)
+    await writer.write([first], [])
+    await writer.write([first], [])  # the same call again: its reply was lost
+    final = TokenEvent("final", status="succeeded", finish_reason="stop")
+    await writer.write([TokenAppend(job_id, "run-a", 3, [tick[1], final], expire=True)], [])
+    rerun = TokenAppend(job_id, "run-b", 1, [TokenEvent("restart")], expire=False)
+    await writer.write([rerun], [])  # another run of the job appends from its own first event
+    stream = KEYS.tokens(job_id)
+    texts = [fields.get(b"text", fields[b"kind"]) for _, fields in await aredis.xrange(stream)]
+    assert texts == [b"Hel", b"lo", b"lo", b"final", b"restart"]
+    assert 0 < await aredis.ttl(stream) <= 60

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from shared.job_store import now_ms
 from shared.token_stream import TokenEvent, usage_of
 from workers.engines.base import GenerateRequest, TokenChunk
 from workers.partition.stream_reader import Delivery
+from workers.partition.token_writer import TokenAppend
 
 FLOAT_PARAMETERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 
@@ -85,6 +87,8 @@ class RunningJob:
     abandoned: bool = False
     peak_running: int = 0
     streamed: bool = False
+    attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # this run's, per stream
+    appended: int = 0  # token-stream events of this run handed to the writer
 
     @property
     def job_id(self) -> str:
@@ -106,6 +110,12 @@ class RunningJob:
             self.text.append(chunk.text)
             events.append(TokenEvent("token", text=chunk.text, tokens=chunk.token_count))
         return events
+
+    def append(self, events: list[TokenEvent], expire: bool) -> TokenAppend:
+        """`events` to append to the job's token stream, numbered on from this run's last."""
+        append = TokenAppend(self.job_id, self.attempt, self.appended + 1, events, expire)
+        self.appended += len(events)
+        return append
 
     @property
     def status(self) -> JobStatus:

@@ -1,17 +1,35 @@
 """Appends one loop tick's token events, for every running job at once, in ONE pipelined round
 trip, and reads those jobs' statuses back in the same trip: a job cancelled through the API is
-seen (and aborted) after the next engine step without any extra Redis call."""
+seen (and aborted) after the next engine step without any extra Redis call. Each job's events
+go through APPEND (shared/token_scripts.py), so a trip resent after its reply was lost appends
+nothing twice."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from shared import token_scripts
 from shared.codec import as_text
 from shared.keys import Keys
+from shared.redis_client import queue_script, run_pipeline
 from shared.token_stream import TokenEvent
+
+
+@dataclass(frozen=True, slots=True)
+class TokenAppend:
+    """One tick's events of one run (`attempt`) of a job, the first numbered `first` in that
+    run; `expire`: set the stream's TTL (its first and last writes)."""
+
+    job_id: str
+    attempt: str
+    first: int
+    events: Sequence[TokenEvent]
+    expire: bool
 
 
 class TokenWriter:
@@ -19,29 +37,31 @@ class TokenWriter:
         self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
+        self._append = client.register_script(token_scripts.APPEND)
 
     async def write(
-        self,
-        events: Sequence[tuple[str, TokenEvent]],
-        expire: Collection[str],
-        watch: Sequence[str],
+        self, appends: Sequence[TokenAppend], watch: Sequence[str]
     ) -> dict[str, str | None]:
-        """XADD `events` (job id, event) in order, set the result TTL on the streams in
-        `expire` (a stream's first and last writes), and return the status of each job in
-        `watch` (None: its hash is gone)."""
-        if not events and not watch:
+        """Append each job's events in order, and return the status of each job in `watch`
+        (None: its hash is gone)."""
+        if not appends and not watch:
             return {}
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for job_id, event in events:
-                fields: dict[Any, Any] = dict(event.encode())
-                pipe.xadd(self.keys.tokens(job_id), fields)
-            for job_id in expire:
-                pipe.expire(self.keys.tokens(job_id), self.ttl_s)
-            for job_id in watch:
-                pipe.hget(self.keys.job(job_id), "status")
-            replies = await pipe.execute()
+        _, replies = await run_pipeline(
+            self.redis, partial(self._queue, appends, watch), [self._append]
+        )
         statuses = replies[len(replies) - len(watch) :]
         return {
             job_id: None if status is None else as_text(status)
             for job_id, status in zip(watch, statuses, strict=True)
         }
+
+    async def _queue(self, appends: Sequence[TokenAppend], watch: Sequence[str], pipe: Any) -> None:
+        for append in appends:
+            args: list[Any] = [self.ttl_s if append.expire else 0, append.attempt, append.first]
+            for event in append.events:
+                fields = event.encode()
+                args.append(len(fields))
+                args.extend(part for pair in fields.items() for part in pair)
+            queue_script(pipe, self._append, [self.keys.tokens(append.job_id)], args)
+        for job_id in watch:
+            pipe.hget(self.keys.job(job_id), "status")

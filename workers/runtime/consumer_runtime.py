@@ -14,7 +14,7 @@ from concurrent.futures import Future
 import redis.asyncio as aioredis
 import uvloop
 
-from shared import job_scripts
+from shared import job_scripts, token_scripts
 from shared.heap_tuning import settle_heap
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelConfigError, ModelRepository
@@ -104,7 +104,7 @@ class ConsumerRuntime:
 
     async def _serve(self) -> None:
         client = connect(self.settings.redis_url, name=self.consumer)
-        await preload(client, job_scripts.ALL)
+        await preload(client, [*job_scripts.ALL, *token_scripts.ALL])
         events = JobEvents(self.settings.redis_url)
         writer = ResultWriter(client, self.keys, self.settings.result_ttl_s, events, self.consumer)
         for config, variant in self.partitions:
