@@ -33,6 +33,7 @@ class _Partition:
     config: ModelConfig
     variant: str
     seen: tuple[float, float, float] = (0.0, 0.0, 0.0)  # busy s, units, finished jobs
+    counted: float = 0.0  # units when jobs last finished: theirs since, for units per job
     cost: ServiceCost | None = None
 
     def counters(self) -> tuple[float, float, float]:
@@ -51,9 +52,13 @@ class _Partition:
         now = self.counters()
         busy, units, jobs = (a - b for a, b in zip(now, self.seen, strict=True))
         self.seen = now
+        # a generation spans beats: its tokens are those since jobs last finished, not this
+        # beat's (a 256-token answer over seven beats counted as the last beat's 30)
+        per_job = (now[1] - self.counted) / jobs if jobs > 0 else None
+        if jobs > 0:
+            self.counted = now[1]
         if units <= 0 or busy <= 0:
             return None
-        per_job = units / jobs if jobs > 0 else None
         if self.cost is None:
             self.cost = ServiceCost(busy / units, per_job or 0.0)
             return self.cost
