@@ -418,8 +418,9 @@ return out
 # HMGET and HSET). Idempotent: a call rerun after its reply was lost (a torn connection, a
 # replica WAIT that timed out) changes nothing more, and returns and publishes the results it
 # wrote (a job whose hash holds the record's `status` and `write_id`, random per result) again,
-# so the writer still publishes them and hands their webhooks on; the drained counter counts
-# only entries XACK acknowledged.
+# so the writer still publishes them and hands their webhooks on, after a replica WAIT that now
+# counts them (the rerun writes each `write_id` again); the drained counter counts only entries
+# XACK acknowledged.
 FINISH = (
     _PRELUDE
     + """
@@ -445,6 +446,11 @@ while i <= #ARGV do
       redis.call('EXPIRE', jk, ARGV[2], 'GT')  -- never shorter: see ENQUEUE's ttl
       table.insert(fresh, jid)
       again = true
+    elseif again then
+      -- this very result, rerun: written again (as it is), so that this call, likely on a
+      -- connection of its own, has written it, and a replica WAIT behind it waits for it (WAIT
+      -- counts a connection's own writes: one that wrote nothing returned at once)
+      redis.call('HSET', jk, 'write_id', write_id)
     elseif status == 'cancelled' and cur[1] == 'cancelled' then
       -- cancelled through the API while it ran: what it ran to (outputs so far, token counts)
       -- joins the record, whose status, end and attempt the cancel wrote; no write is counted,

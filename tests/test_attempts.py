@@ -160,7 +160,10 @@ async def test_a_write_back_rerun_after_its_reply_was_lost_is_written_once_and_r
     batch = [PARTITION.finish(once, JobStatus.SUCCEEDED, {"outputs": "{}"})]
 
     first = await writer.finish(STREAM, batch)
+    await aredis.config_resetstat()
     rerun = await writer.finish(STREAM, batch)
+    # the rerun writes (a replica WAIT behind it, on its connection, counts the result then)
+    assert (await aredis.info("commandstats"))["cmdstat_hset"]["calls"] == 1
 
     assert [f.job_id for f in first] == [f.job_id for f in rerun] == ["once"]
     record = await store.get("once")
