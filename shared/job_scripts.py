@@ -252,8 +252,9 @@ return out
 # holds the job in its tenant's list instead (hash field `held` = 1, no seq until it joins the
 # stream; reply {1, ahead, 0}) for refill (TAKE, FINISH) to move by deficit round robin; its
 # ahead counts the held jobs the round robin serves first, and so does deadline admission.
-# A job whose hash exists already changes nothing (reply {1, 0, its seq}): a call retried after
-# its reply was lost (a connection torn mid-pipeline, a failover) must not enqueue it twice.
+# A job whose hash exists already changes nothing (reply {1, 0, its seq}; its `created` is
+# written again, as it is, for a replica WAIT): a call retried after its reply was lost (a
+# connection torn mid-pipeline, a failover) must not enqueue it twice.
 # Many jobs per call (the submits of one event-loop turn) share its fixed cost: the call, the
 # prelude, and reading the lane's length and pending count.
 ENQUEUE = (
@@ -284,7 +285,11 @@ end
 -- The job whose hash is `jk`, its hash pairs ARGV[first..entry - 1], its entry's ARGV[entry..last].
 local function enqueue(jk, max_ahead, weight, first, entry, last)
   if redis.call('EXISTS', jk) == 1 then
-    return {1, 0, tonumber(redis.call('HGET', jk, 'seq')) or 0}
+    -- written again as it is, so that a replica WAIT behind this rerun (on a connection of its
+    -- own, which wrote nothing) waits for the job rather than returning at once
+    local h = redis.call('HMGET', jk, 'seq', 'created')
+    if h[2] then redis.call('HSET', jk, 'created', h[2]) end
+    return {1, 0, tonumber(h[1]) or 0}
   end
   if not length then
     length = redis.call('XLEN', stream)

@@ -57,7 +57,10 @@ async def test_a_retried_create_enqueues_nothing_twice(aredis: aioredis.Redis) -
     store = await _queued(aredis, "a5")
     await store.transition("a5", JobStatus.CANCELLED)
     entry = RequestEntry(job_id="a5", payload={"inputs": {}}, enqueued_ms=now_ms())
+    await aredis.config_resetstat()
     await store.create(entry, KEYS.queue("m", "v"), {"model": "m", "variant": "v"})
+    # it writes (a replica WAIT behind it, on its own connection, counts the job then)
+    assert (await aredis.info("commandstats"))["cmdstat_hset"]["calls"] == 1
     assert await aredis.xlen(KEYS.queue("m", "v")) == 1
     assert await aredis.hget(KEYS.job("a5"), "status") == b"cancelled"
 
