@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
 from shared import job_scripts
 from shared.codec import RequestEntry, loads
@@ -18,9 +19,13 @@ from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
 from shared.redis_client import preload
+from workers.batching.micro_batch_loop import MicroBatchLoop
+from workers.engines.identity_engine import IdentityEngine
 from workers.partition.finish import Finish
 from workers.partition.job_events import JobEvents
+from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
+from workers.partition.reclaim import Reclaimer
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import Delivery, StreamReader
 
@@ -133,3 +138,28 @@ async def test_an_idle_worker_blocks_at_once_and_claims_nothing_after(
     assert [[d.entry.job_id for d in b[1] if d.entry] for b in batches] == [["lone"]]
     assert calls["evalsha"] == 1  # the producer's ENQUEUE; no TAKE before, no CLAIM after
     assert calls["xreadgroup"] == 1
+
+
+async def test_a_result_finish_refused_counts_as_no_finished_job(aredis: aioredis.Redis) -> None:
+    """A job cancelled while a blocking read handed it over runs all the same, and FINISH
+    refuses its result: it counted as a job succeeded here (a rerun after a reclaim, twice)."""
+    config = ModelConfig(name="m", kind="batch", backend="identity")
+    partition = Partition.of(KEYS, config, "default")
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    for job_id in ("late", "kept"):
+        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
+        await store.create(entry, partition.online, {"model": "m", "variant": "default"})
+    reader = StreamReader(aredis, KEYS, partition.streams, WORKER)
+    await reader.ensure_groups()
+    [(stream, deliveries)] = await reader.wait(partition.streams, 10, 100)
+    await store.transition("late", JobStatus.CANCELLED)
+    reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
+    lanes = LaneScheduler(partition, reader, reclaimer)
+    engine = IdentityEngine(config, "default", "")
+    loop = MicroBatchLoop(partition, lanes, reader, _writer(aredis), engine, block_ms=100)
+    labels = {"model": "m", "variant": "default", "state": "succeeded"}
+    before = REGISTRY.get_sample_value("conveyor_jobs_finished_total", labels) or 0.0
+    await loop.process(stream, deliveries)
+    after = REGISTRY.get_sample_value("conveyor_jobs_finished_total", labels)
+    assert after == before + 1  # "kept"; "late" stays cancelled
+    assert await aredis.hget(KEYS.job("late"), "status") == b"cancelled"

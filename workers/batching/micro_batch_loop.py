@@ -125,11 +125,13 @@ class MicroBatchLoop:
         model, variant = self.partition.labels
         finishes = skipped + [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
         with stage_span("write"):
-            await until_done(
+            written = await until_done(
                 lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name
             )
         self.in_hand.difference_update((stream, finish.entry_id) for finish in finishes)
-        record_batch(model, variant, finishes, outcomes)
+        # what FINISH refused (a job cancelled meanwhile, or run twice after a reclaim) did not
+        # finish here: counted, it showed as succeeded, and a twice-run job twice
+        record_batch(model, variant, written, outcomes)
         if runnable:
             log_batch(model, runnable, outcomes)
 

@@ -272,12 +272,15 @@ class GenerateLoop:
         if not finishes:
             return
         try:
-            await until_done(
+            written = await until_done(
                 lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name
             )
         finally:
             self.settling.difference_update((stream, finish.entry_id) for finish in finishes)
-        record_batch(*self.partition.labels, finishes, [])
+        # as written (a refused result did not finish here); a job the API cancelled while it
+        # ran ended here all the same: FINISH writes what it ran to, and counts no write
+        cancelled = [f for f in finishes if f.status == JobStatus.CANCELLED]
+        record_batch(*self.partition.labels, [*written, *cancelled], [])
 
     def _observe_job(self, job: RunningJob) -> None:
         partition = self.partition.labels
