@@ -56,6 +56,10 @@ from shared.telemetry import configure_logging, configure_tracing
 from shared.webhook_events import WebhookDispatcher
 
 log = logging.getLogger(__name__)
+# Probes and scrapes, by path: OpenTelemetry searches the whole URL, Host included, so a bare
+# "metrics" left every request to a producer served as metrics.example.com (or to a model
+# named text-metrics) untraced.
+UNTRACED = r"^[a-z]+://[^/]*/(healthz|readyz|metrics)(/|$)"
 
 
 def _partition_streams(keys: Keys, repository: ModelRepository) -> list[str]:
@@ -187,7 +191,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(HttpMetricsMiddleware)
     if configure_tracing("conveyor-producer"):
-        FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,readyz,metrics")
+        FastAPIInstrumentor.instrument_app(app, excluded_urls=UNTRACED)
     for router in ROUTERS:
         app.include_router(router)
     return app

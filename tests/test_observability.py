@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from conveyor.stack import Stack
-from producer_api.app import create_app
+from producer_api.app import UNTRACED, create_app
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.telemetry import current_traceparent, tracing_on
@@ -165,6 +165,21 @@ def test_request_span_links_to_worker_batch_span(
     assert [link.context.span_id for link in batch.links] == [server.context.span_id]
     children = {s.name for s in finished if s.parent and s.parent.span_id == batch.context.span_id}
     assert {"decode", "engine", "write"} <= children
+
+
+def test_probes_go_untraced_and_requests_to_a_host_named_metrics_do_not(
+    spans: InMemorySpanExporter,
+) -> None:
+    """OpenTelemetry matches its exclusions anywhere in the URL, Host included: "metrics" left
+    every request to a producer served as metrics.example.com without a span."""
+    app = create_app(Settings(auth="disabled"))
+    FastAPIInstrumentor.instrument_app(app, excluded_urls=UNTRACED)
+    # no lifespan (no Redis): the model's route fails, as traced as any other answer
+    client = TestClient(app, base_url="http://metrics.example.com", raise_server_exceptions=False)
+    for path in ("/healthz", "/readyz", "/metrics", "/v1/models/text-metrics"):
+        client.get(path)
+    traced = [s.name for s in spans.get_finished_spans() if s.kind == trace.SpanKind.SERVER]
+    assert traced == ["GET /v1/models/{model}"], traced
 
 
 def test_without_a_tracer_provider_the_batch_loop_opens_no_span(
