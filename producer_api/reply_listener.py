@@ -112,9 +112,7 @@ class ReplyListener:
         """The subscription connection to `node`, with its listening task (made on first use)."""
         if node not in self._nodes:
             client = subscriber(self.redis, None if node == ONE_SERVER else node)
-            pubsub = client.pubsub(
-                ignore_subscribe_messages=True, push_handler_func=push_as_received
-            )
+            pubsub = client.pubsub(push_handler_func=push_as_received)
             self._nodes[node] = pubsub
             self._tasks[node] = asyncio.create_task(self._listen(node), name="reply-listener")
         return self._nodes[node]
@@ -131,6 +129,11 @@ class ReplyListener:
                 async for message in pubsub.listen():
                     if message["type"] == "smessage":
                         self._deliver_all(loads(message["data"]))
+                    elif message["type"] == "sunsubscribe" and self._held(node, message):
+                        # the node gave the channel's slot away (resharding): it says so, and
+                        # nothing else, and the connection lives on
+                        await self._move_off(node, "a slot moved")
+                        return
                 await asyncio.sleep(0.05)  # no channel subscribed here (yet)
             except RedisError as exc:
                 if is_cluster(self.redis) and node != ONE_SERVER:
@@ -138,10 +141,15 @@ class ReplyListener:
                     return
                 await asyncio.sleep(outage.failed(exc))
 
-    async def _move_off(self, node: Node, exc: Exception) -> None:
+    def _held(self, node: Node, message: dict[str, Any]) -> bool:
+        """Whether an unsubscription is of a channel this listener holds on `node` (none it
+        asked for: it never unsubscribes)."""
+        return self._channels.get(as_text(message["channel"])) == node
+
+    async def _move_off(self, node: Node, reason: object) -> None:
         """A cluster node failed (or gave up a slot): subscribe its channels again wherever
         their slots live now, once the cluster has a master for them, then recheck waiters."""
-        log.warning("reply listener lost %s:%s (%r); resubscribing elsewhere", *node, exc)
+        log.warning("reply listener lost %s:%s (%r); resubscribing elsewhere", *node, reason)
         async with self._lock:
             pubsub = self._nodes.pop(node)
             self._tasks.pop(node, None)

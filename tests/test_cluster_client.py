@@ -12,13 +12,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from redis._parsers.encoders import Encoder
+from redis.crc import key_slot
 
-from conveyor.valkey_cluster import LocalCluster
+from conveyor.valkey_cluster import LocalCluster, local_cluster
 from producer_api.jobs.group_commit import group_committing
-from shared.codec import RequestEntry
+from producer_api.reply_listener import ReplyListener
+from shared.codec import RequestEntry, dumps
 from shared.drain_rate import drain_rates
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
@@ -151,3 +154,34 @@ async def test_every_nodes_connections_pack_with_hiredis(
             await client.aclose()
         await plain.aclose()
         get_settings.cache_clear()
+
+
+async def test_the_reply_listener_follows_a_channel_whose_slot_moves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resharding moves a reply channel's slot to another master: the old one unsubscribes the
+    listener (a `sunsubscribe` nobody asked for) and keeps the connection open, so no error
+    ever said to subscribe again, and every waiter of that partition sat out its whole wait."""
+    monkeypatch.setenv("CONVEYOR_REDIS_CLUSTER", "1")
+    get_settings.cache_clear()
+    with local_cluster(tmp_path, replicas=0) as moving:
+        client = connect(f"redis://127.0.0.1:{moving.masters[0].port}/0")
+        await client.ping()  # knows the slots, as a producer's does once started
+        listener = ReplyListener(client, KEYS, "p1", JobStore(client, KEYS, 60))
+        try:
+            job_id = new_job_id("identity", "default")
+            waiting = await listener.register(job_id)
+            channel = listener.channel(job_id)
+            source = moving.master_of(channel)
+            target = next(node for node in moving.masters if node.port != source.port)
+            slot, target_id = key_slot(channel.encode()), target.client().cluster("MYID")
+            for node in (target, source):  # an empty slot: handed over without MIGRATE
+                node.client().execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+            view = {"id": job_id, "status": "succeeded"}
+            await asyncio.sleep(0.5)  # the listener's resubscription on the new owner
+            target.client().execute_command("SPUBLISH", channel, dumps([view]))
+            assert (await asyncio.wait_for(waiting, 10))["status"] == "succeeded"
+        finally:
+            await listener.stop()
+            await client.aclose()
+            get_settings.cache_clear()
