@@ -48,11 +48,14 @@ return {allowed, math.floor(tokens), next_ms, full_ms}
 # the job is added at once. At the cap it is refused, with the members the caller should check
 # for jobs that ended (`scan` > 0): the oldest `scan` always, the whole set at most once a second.
 # The job hashes live in their partitions' slots, so the caller reads them, not this script.
-# Returns {admitted (0|1), now ms, members to check with their admission ms (flat)}.
+# Returns {admitted (0|1), now ms, members to check with their admission ms (flat)}. A job the
+# set holds already is admitted: the call rerun after its reply was lost (redis-py resends
+# through a dropped connection) was refused at the cap its own first run filled.
 IN_FLIGHT = (
     _NOW_MS
     + """
 local cap, scan = tonumber(ARGV[1]), tonumber(ARGV[4])
+if redis.call('ZSCORE', KEYS[1], ARGV[2]) then return {1, now, {}} end
 if redis.call('ZCARD', KEYS[1]) < cap then
   redis.call('ZADD', KEYS[1], now, ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])

@@ -175,3 +175,21 @@ async def test_a_claim_its_replicas_did_not_confirm_is_given_back(
         get_settings.cache_clear()
     assert [a.status_code for a in answers] == [503, 503], [a.text for a in answers]
     assert len(await aredis.keys(claims)) == before
+
+
+async def test_a_claim_or_take_over_rerun_after_its_reply_was_lost_is_its_own(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py resends a command whose connection dropped after the server ran it: the rerun
+    SET NX found the key taken (by itself), waited for its own job and answered 409; a rerun
+    take-over found the claim changed (by itself) and gave up."""
+    monkeypatch.setattr(admission, "IN_PROGRESS_WAIT_S", 0.3)
+    keys, store = _stores(aredis)
+    mine = new_job_id("m", "default")
+    assert await keys.claim(TENANT, KEY, mine, BODY, store.exists) is None
+    assert await keys.claim(TENANT, KEY, mine, BODY, store.exists) is None  # the rerun
+    abandoned = admission.Claim(new_job_id("m", "default"), BODY, 0)
+    taker = admission.Claim.new(new_job_id("m", "default"), BODY)
+    await aredis.set(keys._key(TENANT, "other"), abandoned.value())
+    assert await keys._taken_over(TENANT, "other", abandoned, taker)
+    assert await keys._taken_over(TENANT, "other", abandoned, taker)  # the rerun

@@ -155,3 +155,15 @@ async def test_slots_whose_release_was_lost_are_pruned_at_the_cap(aredis: aiored
     # nothing to prune: "fresh" and "writing" have no hash yet, but are within the grace
     assert not await limiter.admit("k1", "refused", cap=3)
     assert set(await aredis.zrange(slots, 0, -1)) == {b"queued", b"fresh", b"writing"}
+
+
+async def test_an_admission_rerun_after_its_reply_was_lost_is_admitted(
+    aredis: aioredis.Redis,
+) -> None:
+    """At one below the cap, the first run took the last slot; its rerun (redis-py resends
+    through a dropped connection) was refused at the cap it had filled itself: a false 429,
+    and a slot held by a job that never existed."""
+    limiter = InFlightLimiter(aredis, Keys("rl-rerun:"), ttl_s=60)
+    assert await limiter.admit("k1", "j1", cap=1)
+    assert await limiter.admit("k1", "j1", cap=1)  # the rerun
+    assert not await limiter.admit("k1", "j2", cap=1)

@@ -37,9 +37,11 @@ local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-# Take an abandoned claim (its job id) over, unless another submit changed it meanwhile.
+# Take an abandoned claim (its job id) over, unless another submit changed it meanwhile (one
+# that holds this submit's claim already is this call's own, rerun after its reply was lost).
 TAKE_OVER = """
 local held = redis.call('GET', KEYS[1])
+if held == ARGV[2] then return 1 end
 if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
   return 1
@@ -136,6 +138,8 @@ class IdempotencyKeys:
         if existing is None:  # expired between the two calls: take it now
             return await self._claim(tenant, key, mine)
         first = Claim.parse(existing)
+        if first.job_id == mine.job_id:  # this SET, rerun after its reply was lost, found itself
+            return None
         if first.fingerprint != mine.fingerprint:
             raise ConveyorError(
                 409, "conflict", "Idempotency-Key was already used with a different body"
