@@ -22,6 +22,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from conveyor.client import Client, RetryEvent
+from conveyor.client.errors import APIError
 from conveyor.stack import Stack
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, stamp_ms
@@ -226,6 +228,16 @@ def test_a_deadline_the_eta_cannot_meet_is_refused(api: httpx.Client, store: red
     error = response.json()["error"]
     assert error["type"] == "deadline_unmeetable" and error["eta_ms"] > 200, error
     assert store.get(KEYS.added(STEADY)) == before[1] and store.xlen(STEADY) <= before[0]
+    # an absolute deadline nears as fast as the queue drains: no Retry-After, and the SDK
+    # raises at once (it retried the same request to the deadline, then got a 422)
+    retries: list[RetryEvent] = []
+    with (
+        Client(str(api.base_url), on_retry=retries.append) as client,
+        pytest.raises(APIError) as absolute,
+    ):
+        client.submit("steady", {"sleep_ms": JOB_MS}, deadline=time.time() + 0.2)
+    assert absolute.value.status == 429 and retries == [], retries
+    assert absolute.value.type == "deadline_unmeetable" and "later deadline" in str(absolute.value)
     meetable = api.post("/v1/jobs", json=_job(deadline=time.time() + 120))
     assert meetable.status_code == 202, meetable.text
     job = api.get(f"/v1/jobs/{meetable.json()['id']}", params={"wait": 60}).json()

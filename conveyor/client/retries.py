@@ -1,4 +1,5 @@
-"""When to try a request again: on 429 (refused before anything was done) and on 503 when
+"""When to try a request again: on 429 (refused before anything was done; not a deadline the
+queue cannot meet, which the same request never passes) and on 503 when
 repeating the request cannot do anything twice (a 503 may come after the job was written),
 after `Retry-After` when the server gives one, else exponential backoff with full jitter; on a
 409 that carries `Retry-After` (an idempotent submit whose first try is still being enqueued);
@@ -45,6 +46,19 @@ def retry_after_s(headers: httpx.Headers) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+def _hopeless(response: httpx.Response, asked: float | None) -> bool:
+    """A 429 that the same request can never pass: a job whose absolute deadline the queue
+    cannot meet (its deadline nears as fast as the queue drains; the server then names no
+    Retry-After)."""
+    if asked is not None:
+        return False
+    try:
+        kind = response.json()["error"]["type"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return bool(kind == "deadline_unmeetable")
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     max_retries: int = 5
@@ -66,7 +80,7 @@ class RetryPolicy:
         asked = retry_after_s(response.headers)
         status = response.status_code
         retryable = (
-            status == REFUSED
+            (status == REFUSED and not _hopeless(response, asked))
             or (status == UNAVAILABLE and repeatable)
             or (status == 409 and asked is not None)  # the server says when: not a clash
         )

@@ -157,7 +157,8 @@ class JobsService:
                 raise await self.state.backpressure.queue_full(stream, full.length) from None
             except TooFarBack as late:
                 JOBS_REJECTED.labels(config.name, variant, "deadline_unmeetable").inc()
-                raise _unmeetable(eta.standing(config, variant, bulk, late.ahead), entry) from None
+                standing = eta.standing(config, variant, bulk, late.ahead)
+                raise _unmeetable(standing, entry, body.deadline is None) from None
         JOBS_SUBMITTED.labels(config.name, variant, body.priority).inc()
         if body.priority == "online":
             self.state.traffic.shadow(config, entry, variant)
@@ -397,16 +398,23 @@ def _deadline_ms(body: PredictRequest) -> int:
     return 0
 
 
-def _unmeetable(standing: Standing, entry: RequestEntry) -> ConveyorError:
-    """429 for a job that would start after its deadline; Retry-After is how long until as
-    many entries have drained as it was too far back (1 to 60 s)."""
-    eta_ms = standing.eta_ms or 0
-    late_s = (entry.enqueued_ms + eta_ms - entry.deadline_ms) / 1000
-    wait = min(60, max(1, math.ceil(late_s)))
-    message = (
-        f"{standing.queue_position} jobs are ahead: this job would start in about {eta_ms} ms,"
-        f" {late_s:.1f}s after its deadline; retry in {wait}s or with a later deadline"
-    )
-    return ConveyorError(
-        429, "deadline_unmeetable", message, {"Retry-After": str(wait)}, {"eta_ms": eta_ms}
-    )
+def _unmeetable(standing: Standing, entry: RequestEntry, moves: bool) -> ConveyorError:
+    """429 for a job that would start after its deadline. A deadline that `moves` with a retry
+    (`ttl_s`) gets Retry-After, how long until as many entries have drained as it was too far
+    back (1 to 60 s); an absolute one none: the queue drains no faster than its deadline nears,
+    so the same request later is refused the same (a client retried it to the deadline)."""
+    ahead = f"{standing.queue_position} jobs are ahead"
+    if standing.eta_ms is None:  # the drain rate was read again meanwhile, and is gone
+        return ConveyorError(
+            429, "deadline_unmeetable", f"{ahead}, more than can start before its deadline"
+        )
+    late_s = (entry.enqueued_ms + standing.eta_ms - entry.deadline_ms) / 1000
+    message = f"{ahead}: it would start in about {standing.eta_ms} ms, {late_s:.1f}s too late"
+    headers = None
+    if moves:
+        wait = min(60, max(1, math.ceil(late_s)))
+        headers = {"Retry-After": str(wait)}
+        message += f"; retry in {wait}s or with a later deadline"
+    else:
+        message += "; set a later deadline"
+    return ConveyorError(429, "deadline_unmeetable", message, headers, {"eta_ms": standing.eta_ms})
