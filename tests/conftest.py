@@ -87,6 +87,21 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def settings_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """Sets `CONVEYOR_` variables for one test (`settings_env(CONVEYOR_X="1")`): the settings
+    are read anew then, and again after the test, without them."""
+
+    def apply(**env: str) -> None:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        get_settings.cache_clear()
+
+    yield apply
+    monkeypatch.undo()
+    get_settings.cache_clear()
+
+
+@pytest.fixture
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     client.flushdb()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -157,13 +157,12 @@ async def test_every_nodes_connections_pack_with_hiredis(
 
 
 async def test_the_reply_listener_follows_a_channel_whose_slot_moves(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, settings_env: Callable[..., None]
 ) -> None:
     """Resharding moves a reply channel's slot to another master: the old one unsubscribes the
     listener (a `sunsubscribe` nobody asked for) and keeps the connection open, so no error
     ever said to subscribe again, and every waiter of that partition sat out its whole wait."""
-    monkeypatch.setenv("CONVEYOR_REDIS_CLUSTER", "1")
-    get_settings.cache_clear()
+    settings_env(CONVEYOR_REDIS_CLUSTER="1")
     with local_cluster(tmp_path, replicas=0) as moving:
         client = connect(f"redis://127.0.0.1:{moving.masters[0].port}/0")
         await client.ping()  # knows the slots, as a producer's does once started
@@ -184,4 +183,3 @@ async def test_the_reply_listener_follows_a_channel_whose_slot_moves(
         finally:
             await listener.stop()
             await client.aclose()
-            get_settings.cache_clear()

@@ -6,7 +6,7 @@ scripts; a burst past its pool waits its turn."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -186,12 +186,8 @@ def test_a_cluster_node_s_broker_url_is_one_kombu_can_read(host: str, netloc: st
 
 
 @pytest.fixture
-def cluster_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("CONVEYOR_REDIS_CLUSTER", "1")
-    monkeypatch.setenv("CONVEYOR_REDIS_TIMEOUT_S", "0.5")
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
+def cluster_mode(settings_env: Callable[..., None]) -> None:
+    settings_env(CONVEYOR_REDIS_CLUSTER="1", CONVEYOR_REDIS_TIMEOUT_S="0.5")
 
 
 @pytest.mark.usefixtures("cluster_mode")

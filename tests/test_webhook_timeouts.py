@@ -8,11 +8,10 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from shared.settings import get_settings
 from shared.webhook_events import allowed
 from workers.webhook_delivery import _post
 
@@ -43,12 +42,8 @@ def trickling() -> Iterator[str]:
 
 
 @pytest.fixture
-def one_second(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("CONVEYOR_WEBHOOK_TIMEOUT_S", "1")
-    monkeypatch.setenv("CONVEYOR_WEBHOOK_SECRET", "whsec-test")
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
+def one_second(settings_env: Callable[..., None]) -> None:
+    settings_env(CONVEYOR_WEBHOOK_TIMEOUT_S="1", CONVEYOR_WEBHOOK_SECRET="whsec-test")
 
 
 def test_an_answer_trickled_a_byte_at_a_time_times_out_as_a_whole(
