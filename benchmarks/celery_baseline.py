@@ -6,15 +6,20 @@ answering in-process, the HTTP ceiling of any design on this server."""
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_ready
 from fastapi import FastAPI
 from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel
 
 from benchmarks.pipeline_stack import BIN, database_url, spawn, spawn_api, wait_until_answers
 from conveyor.stack import Stack, free_port
+from shared.heap_tuning import settle_heap
+from shared.settings import Settings
 
 # A database of its own: Conveyor's workers are Celery workers too, and on the same database
 # they would take (and drop, as unregistered) the baseline's tasks from the default queue.
@@ -33,7 +38,20 @@ class PredictBody(BaseModel):
     inputs: dict[str, Any]
 
 
-app = FastAPI(title="celery baseline")
+@worker_ready.connect
+def _settle_worker_heap(**_: Any) -> None:
+    """The collector tuned as Conveyor's processes tune theirs (shared/heap_tuning.py): left at
+    CPython's defaults, the baseline paid what Conveyor was spared, and its ratios flattered."""
+    settle_heap(Settings())
+
+
+@asynccontextmanager
+async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+    settle_heap(Settings())
+    yield
+
+
+app = FastAPI(title="celery baseline", lifespan=_lifespan)
 
 
 @app.post("/celery/predict")

@@ -24,7 +24,9 @@ from redis.exceptions import ResponseError
 
 from benchmarks.pipeline_stack import BIN, database_url, spawn, spawn_api, wait_until_answers
 from conveyor.stack import Stack, free_port
+from shared.heap_tuning import settle_heap
 from shared.redis_client import push_as_received
+from shared.settings import Settings
 
 # A database of its own, beside Conveyor's and the Celery baseline's.
 REDIS_URL = os.environ.get("MINIMAL_HOP_REDIS_URL", "redis://127.0.0.1:6379/2")
@@ -58,6 +60,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     await replies.pubsub.subscribe(replies.channel)
     listener = asyncio.create_task(replies.listen())
     app.state.client, app.state.replies = client, replies
+    settle_heap(Settings())  # the collector tuned as Conveyor's producer tunes its own
     yield
     listener.cancel()
     await replies.pubsub.aclose()
@@ -90,6 +93,7 @@ async def serve() -> None:
     client = aioredis.Redis.from_url(REDIS_URL)
     with suppress(ResponseError):  # the group exists already
         await client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    settle_heap(Settings())
     while True:
         batches: Any = await client.xreadgroup(GROUP, "worker", {STREAM: ">"}, 64, 1000)
         for _, entries in batches or []:

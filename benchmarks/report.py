@@ -170,9 +170,15 @@ def print_part(result: PartResult, console: Console) -> None:
 
 
 def write_part(
-    result: PartResult, results_dir: Path, scale: str, started: str, seconds: float
+    result: PartResult,
+    results_dir: Path,
+    scale: str,
+    started: str,
+    seconds: float,
+    at_start: dict[str, Any],
 ) -> Path:
-    """Write `<part>.json` and the part's plots; returns the JSON's path."""
+    """Write `<part>.json` and the part's plots; returns the JSON's path. `at_start`: the
+    machine (`machine()`) as the part found it."""
     results_dir.mkdir(parents=True, exist_ok=True)
     for plot in result.plots:
         render_plot(plot, results_dir / plot.file)
@@ -182,7 +188,7 @@ def write_part(
         "scale": scale,
         "started": started,
         "duration_s": round(seconds, 1),
-        "machine": machine(),
+        "machine": at_start,
         **{key: value for key, value in asdict(result).items() if key not in ("part", "title")},
         "targets": [{**asdict(t), "met": t.met} for t in result.targets],
     }
@@ -229,8 +235,17 @@ def write_report(results_dir: Path) -> Path:
 
 
 def _headline(documents: list[dict[str, Any]]) -> list[str]:
+    runs: dict[tuple[str, str], list[str]] = {}
+    for document in documents:
+        run = (document["machine"]["cpu"], document["machine"]["commit"])
+        runs.setdefault(run, []).append(document["part"])
+    said = "Ratios measured in one run on one machine"
+    if len(runs) > 1:  # parts kept from other runs (a part skipped here, one run alone)
+        said = "Parts measured in different runs: " + "; ".join(
+            f"{', '.join(parts)} on {cpu} at {commit}" for (cpu, commit), parts in runs.items()
+        )
     lines = [
-        "Ratios measured in one run on one machine (absolute numbers drift on shared machines).",
+        f"{said} (absolute numbers drift on shared machines).",
         "",
         "| part | target | measured | verdict |",
         "|---|---|---|---|",
@@ -266,8 +281,9 @@ def _part_section(document: dict[str, Any]) -> list[str]:
     lines = [
         f"## {document['part']}. {document['title']}",
         "",
-        f"Scale `{document['scale']}`, started {document['started']} (load average "
-        f"{document['machine']['load_average'][0]}), took {document['duration_s']} s.",
+        f"Scale `{document['scale']}`, started {document['started']} at commit "
+        f"{document['machine']['commit']} (load average {document['machine']['load_average'][0]}"
+        f"), took {document['duration_s']} s.",
         "",
     ]
     for table in document["tables"]:

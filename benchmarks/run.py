@@ -21,6 +21,7 @@ from benchmarks.report import (
     RESULTS_DIR,
     PartResult,
     Skipped,
+    machine,
     print_part,
     started_now,
     write_part,
@@ -49,7 +50,8 @@ def run_parts(parts: list[str], scale: Scale, results_dir: Path) -> list[Path]:
     for part in parts:
         module = importlib.import_module(PARTS[part])
         run: Callable[[Scale, Path], PartResult] = module.run
-        started, begin = started_now(), time.perf_counter()
+        # the machine as the part finds it: a load average read after it is mostly its own
+        started, at_start, begin = started_now(), machine(), time.perf_counter()
         try:
             with tempfile.TemporaryDirectory(prefix=f"conveyor-bench-{part}-") as workdir:
                 result = run(scale, Path(workdir))
@@ -58,7 +60,9 @@ def run_parts(parts: list[str], scale: Scale, results_dir: Path) -> list[Path]:
             continue
         print_part(result, console)
         written.append(
-            write_part(result, results_dir, scale.name, started, time.perf_counter() - begin)
+            write_part(
+                result, results_dir, scale.name, started, time.perf_counter() - begin, at_start
+            )
         )
     if written:
         report = write_report(results_dir)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from benchmarks.batching_efficiency import NO_BATCHING
+from benchmarks.report import machine, write_report
 from benchmarks.run import run_parts
 from benchmarks.scales import SMOKE
 
@@ -227,3 +228,28 @@ def test_part_g_gpu_engine(tmp_path: Path) -> None:
         workers = [f"worker-{n}" for n in range(1, point["workers"] + 1)]
         assert all(point["cores_busy"][name] > 0 for name in workers), point
     assert all(document["profile"]["processes"][f"worker-{n}"]["samples"] > 0 for n in (1, 2))
+
+
+def test_a_report_of_parts_from_different_runs_says_so(tmp_path: Path) -> None:
+    """The report said "one run on one machine" and named the last part's commit for all,
+    while one part had been kept from an earlier run (a GPU host's part G would have named
+    that host for every part)."""
+    for part, commit in (("A", "abc1234"), ("D", "def5678")):
+        document = {
+            "part": part,
+            "title": f"part {part}",
+            "scale": "full",
+            "started": "2026-12-01 00:00:00 UTC",
+            "duration_s": 1.0,
+            "machine": {**machine(), "commit": commit, "load_average": [0.5, 0.5, 0.5]},
+            "tables": [],
+            "plots": [],
+            "targets": [],
+            "notes": [],
+            "profile": {},
+        }
+        (tmp_path / f"{part}.json").write_text(json.dumps(document))
+    report = write_report(tmp_path).read_text()
+    assert "one run on one machine" not in report
+    assert "Parts measured in different runs: A on " in report and "at abc1234; D on " in report
+    assert "at commit def5678 (load average 0.5)" in report
