@@ -20,7 +20,7 @@ from redis.crc import key_slot
 from benchmarks.load import MergedRuns, closed_loop_run
 from benchmarks.load import Target as LoadTarget
 from benchmarks.pipeline_stack import IDENTITY_PAYLOAD, repository_copy, start_worker
-from benchmarks.process_cpu import CpuMeter, busy_share
+from benchmarks.process_cpu import LOAD_GENERATOR, CpuMeter, busy_share
 from benchmarks.report import PartResult, Plot, Series, Table, Target, ratio
 from benchmarks.scales import Scale
 from conveyor.stack import Stack, free_port
@@ -196,6 +196,7 @@ def measure(
     jobs, wall_s = merged.jobs, merged.wall_s
     per_master = [len(x["latencies_s"]) / x["elapsed_s"] for x in loads]
     by_group = {g: sum(v for name, v in cpu_s.items() if name.startswith(g)) for g in GROUPS}
+    by_group[LOAD_GENERATOR] = merged.cpu_s  # theirs, on the same cores
     return {
         "variants": variants,
         "jobs": jobs,
@@ -258,6 +259,7 @@ def _table(steps: list[dict[str, Any]]) -> Table:
             "producer CPU ms/job",
             "worker CPU ms/job",
             "Valkey CPU ms/job (all masters)",
+            "load generator CPU ms/job",
             "machine CPU busy",
         ],
         [
@@ -270,6 +272,7 @@ def _table(steps: list[dict[str, Any]]) -> Table:
                 s["p99_ms"],
                 s["errors"],
                 *(s["cpu_ms"][g] for g in GROUPS),
+                s["cpu_ms"][LOAD_GENERATOR],
                 s["machine_busy"],
             ]
             for s in steps

@@ -245,6 +245,7 @@ class MergedRuns:
     errors: int
     jobs_per_s: float  # each process's own rate, summed
     wall_s: float  # the longest process's
+    cpu_s: float  # the generator processes' own CPU, summed: what they took from the pipeline
 
     @classmethod
     def of(cls, runs: list[dict[str, Any]]) -> MergedRuns:
@@ -253,6 +254,7 @@ class MergedRuns:
             sum(run["errors"] for run in runs),
             sum(len(run["latencies_s"]) / run["elapsed_s"] for run in runs),
             max(run["elapsed_s"] for run in runs),
+            sum(run["cpu_s"] for run in runs),
         )
 
     @property

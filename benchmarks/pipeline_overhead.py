@@ -14,7 +14,7 @@ from benchmarks.load import closed_loop, drive
 from benchmarks.minimal_hop import start_minimal_hop
 from benchmarks.pipeline_stack import IDENTITY_PAYLOAD as PAYLOAD
 from benchmarks.pipeline_stack import running_stack, start_worker
-from benchmarks.process_cpu import CpuMeter, per_request_ms
+from benchmarks.process_cpu import LOAD_GENERATOR, CpuMeter, per_request_ms
 from benchmarks.profiling import profile_during
 from benchmarks.report import PartResult, Plot, Series, Table, Target, ratio
 from benchmarks.scales import Scale
@@ -22,7 +22,6 @@ from benchmarks.scales import Scale
 TITLE = "Pipeline overhead (identity engine)"
 CONVEYOR, CELERY, IN_PROCESS = "Conveyor", "FastAPI + Celery", "in-process"
 MINIMAL_HOP = "minimal hop"
-LOAD_GENERATOR = "load generator"
 # The CPU budget per job at concurrency 32 (ms): what one Redis and a GPU worker need.
 CPU_BUDGET_MS = {"summed": 0.6, "producer": 0.35, "worker": 0.15, "valkey": 0.06}
 

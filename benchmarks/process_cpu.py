@@ -9,6 +9,9 @@ from typing import Any
 
 import psutil
 
+# The closed-loop clients' own processes: on the pipeline's cores, so their CPU is reported.
+LOAD_GENERATOR = "load generator"
+
 
 def _members(pid: int, children: bool) -> list[psutil.Process]:
     """A process, and its children when asked (the embedded Valkey's launcher runs the server

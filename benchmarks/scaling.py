@@ -20,7 +20,7 @@ from benchmarks.load import MergedRuns, closed_loop_run
 from benchmarks.load import Target as LoadTarget
 from benchmarks.pipeline_stack import IDENTITY_PAYLOAD as PAYLOAD
 from benchmarks.pipeline_stack import running_stack, start_worker
-from benchmarks.process_cpu import CpuMeter, ThreadMeter, busy_share
+from benchmarks.process_cpu import LOAD_GENERATOR, CpuMeter, ThreadMeter, busy_share
 from benchmarks.report import PartResult, Plot, Series, Table, Target, ratio
 from benchmarks.scales import Scale
 from conveyor.embedded_valkey import io_threads
@@ -129,6 +129,7 @@ def measure(pairs: int, urls: list[str], pids: dict[str, int], scale: Scale) -> 
     merged = MergedRuns.of(loads)
     jobs = merged.jobs
     by_group = {g: sum(v for k, v in cpu_s.items() if k.startswith(g)) for g in GROUPS}
+    by_group[LOAD_GENERATOR] = merged.cpu_s  # theirs, on the same cores
     cpu_ms = {g: round(s * 1000.0 / jobs, 3) if jobs else float("nan") for g, s in by_group.items()}
     main_ms = round(main * seconds * 1000.0 / jobs, 4) if jobs else float("nan")
     return {
@@ -139,7 +140,7 @@ def measure(pairs: int, urls: list[str], pids: dict[str, int], scale: Scale) -> 
         "p50_ms": round(merged.percentile_ms(50), 2),
         "p99_ms": round(merged.percentile_ms(99), 2),
         "cpu_ms": cpu_ms,
-        "redis_utilisation": round(by_group["redis"] / merged.wall_s, 3),
+        "redis_utilisation": round(by_group["redis"] / seconds, 3),  # the meter's window
         "redis_main_ms": main_ms,
         "redis_main_utilisation": round(main, 3),
         "redis_ceiling_per_s": round(1000.0 / main_ms) if 0 < main < SATURATED else None,
@@ -174,6 +175,7 @@ def _table(steps: list[dict[str, Any]]) -> Table:
             "producer CPU ms/job",
             "worker CPU ms/job",
             "Redis CPU ms/job",
+            "load generator CPU ms/job",
             "Redis CPU utilisation",
             "Redis main thread CPU ms/job",
             "Redis main thread utilisation",
@@ -188,6 +190,7 @@ def _table(steps: list[dict[str, Any]]) -> Table:
                 s["p99_ms"],
                 s["errors"],
                 *(s["cpu_ms"][g] for g in GROUPS),
+                s["cpu_ms"][LOAD_GENERATOR],
                 s["redis_utilisation"],
                 s["redis_main_ms"],
                 s["redis_main_utilisation"],
