@@ -1,12 +1,13 @@
 """Part F, fair queuing: tenant A floods minilm with `fair_flood` jobs at once, then tenant B sends
 `fair_quiet` jobs spaced QUIET_GAP_S apart while the flood drains. B's queue wait (from each
 job's own `queue_wait_ms`) with fair queuing off (arrival order) and on (weighted deficit round
-robin), against B alone on the idle pipeline (`fair_unloaded` jobs). Target: the p99 of B's jobs that met the flood,
-with fair queuing on, at most 2x B's unloaded p99. One worker serves every run; each mode has
-its own producer, since `queue.fair` is read where jobs are enqueued. Where CUDA is, the worker
-serves minilm's PyTorch variant on the GPU (fp16, CUDA graphs), whose micro-batches take about a
-millisecond: it drains jobs faster than one producer admits them, so the worker is stopped while
-a flood is admitted and started again before B's first job, or no flood would ever queue."""
+robin), against B alone on the idle pipeline (`fair_unloaded` jobs). Target: the p99 of B's
+jobs that met the flood, with fair queuing on, at most 2x B's unloaded p99. One worker serves
+every run; each mode has its own producer, since `queue.fair` is read where jobs are enqueued.
+Where CUDA is, the worker serves minilm's PyTorch variant on the GPU (fp16, CUDA graphs), whose
+micro-batches take about a millisecond: it drains jobs faster than one producer admits them, so
+the worker is stopped while a flood is admitted and started again before B's first job, or no
+flood would ever queue."""
 
 from __future__ import annotations
 
