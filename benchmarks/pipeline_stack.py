@@ -61,8 +61,11 @@ def running_stack(
 ) -> Iterator[Stack]:
     """Valkey (with `valkey_config`'s directives) and `producers` producer processes sharing
     one port (reading an unmodified copy of the repository); stopped on exit. API keys are off:
-    the baseline has none, and per-key rate limits would cap the load."""
-    stack = Stack.create(workdir / "logs", valkey_config=valkey_config)
+    the baseline has none, and per-key rate limits would cap the load. Valkey writes its
+    append-only file, as `conveyor up` runs it: without, its CPU per job left out the writes
+    every deployment pays."""
+    config = {"appendonly": "yes", **(valkey_config or {})}
+    stack = Stack.create(workdir / "logs", valkey_config=config)
     stack.env["CONVEYOR_AUTH"] = "disabled"
     try:
         repository = repository_copy(workdir, "model_repository", {})
