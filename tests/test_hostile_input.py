@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 
 from producer_api.app import create_app
 from producer_api.errors import ConveyorError
-from producer_api.jobs.serving import check_max_tokens
+from producer_api.jobs.serving import check_sampling
 from producer_api.openai.protocol import CompletionRequest
 from producer_api.token_hub import StreamUnreadable, TagReader
 from shared.consumer_groups import ensure_groups
@@ -106,18 +106,25 @@ def test_floats_beyond_64_bit_integers_round_trip(base_url: str, identity_worker
 @pytest.mark.parametrize(
     ("path", "body", "says"),
     [
-        ("/v1/jobs", {"parameters": {"max_tokens": 0}}, "a positive integer"),
-        ("/v1/jobs", {"parameters": {"max_tokens": "ten"}}, "a positive integer"),
-        ("/v1/jobs", {"parameters": {"max_tokens": True}}, "a positive integer"),
+        ("/v1/jobs", {"parameters": {"max_tokens": 0}}, "parameters.max_tokens: Input should be"),
+        ("/v1/jobs", {"parameters": {"max_tokens": "ten"}}, "parameters.max_tokens: Input"),
+        ("/v1/jobs", {"parameters": {"max_tokens": True}}, "parameters.max_tokens: Input"),
         ("/v1/jobs", {"parameters": {"max_tokens": 1025}}, "at most 1024 for model smollm2"),
         ("/v1/chat/completions", {"max_tokens": 1025}, "at most 1024 for model smollm2"),
+        ("/v1/jobs", {"parameters": {"temperature": -1}}, "parameters.temperature"),
+        ("/v1/jobs", {"parameters": {"top_p": 0}}, "parameters.top_p"),
+        ("/v1/jobs", {"parameters": {"presence_penalty": 9}}, "parameters.presence_penalty"),
+        ("/v1/jobs", {"parameters": {"stop": [""]}}, "parameters.stop"),
+        ("/v1/jobs", {"parameters": {"seed": 10**20}}, "parameters.seed"),
+        ("/v1/chat/completions", {"stop": [""]}, "stop"),
     ],
 )
-def test_a_max_tokens_the_model_cannot_take_is_422_and_nothing_is_enqueued(
+def test_sampling_the_engine_cannot_take_is_422_and_nothing_is_enqueued(
     base_url: str, stack_redis: redis.Redis, path: str, body: dict[str, Any], says: str
 ) -> None:
-    """A generate model's `max_tokens` must be a positive integer within its configured
-    `max_tokens_limit` (smollm2: 1024); the engine would otherwise cut it silently."""
+    """A generate model's sampling parameters must be what vLLM takes, and `max_tokens` within
+    its configured `max_tokens_limit` (smollm2: 1024): a job refused by the engine waited its
+    turn in the queue first, and the engine would cut a longer one silently."""
     messages = [{"role": "user", "content": "hi"}]
     inputs = {"inputs": {"messages": messages}} if path == "/v1/jobs" else {"messages": messages}
     lane = Keys().queue("smollm2", "default")
@@ -154,9 +161,9 @@ def test_a_variants_own_max_tokens_limit_is_the_one_checked() -> None:
         parameters={"max_tokens_limit": 1024},
         variants={"default": Variant(), "small": Variant(parameters={"max_tokens_limit": 64})},
     )
-    check_max_tokens(config, "default", {"max_tokens": 100})
+    check_sampling(config, "default", {"max_tokens": 100})
     with pytest.raises(ConveyorError, match="at most 64 for model llm:small"):
-        check_max_tokens(config, "small", {"max_tokens": 100})
+        check_sampling(config, "small", {"max_tokens": 100})
 
 
 def _identity_round_trip(base_url: str, inputs: dict[str, str]) -> None:

@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.model_repository import NAME
+
+
+class SamplingParameters(BaseModel):
+    """A generate job's sampling parameters, within the bounds vLLM takes: a job whose values
+    it would refuse is refused at submit (422, nothing enqueued), not failed by the worker after
+    its wait in the queue. Other parameters (a custom engine's) pass as they are."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)  # not true, "5" or 5.0
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None = (
+        None
+    )
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64, strict=True)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
 
 
 class PredictRequest(BaseModel):

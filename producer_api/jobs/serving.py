@@ -14,12 +14,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import fingerprint
-from producer_api.jobs.protocol import PredictRequest
+from producer_api.jobs.protocol import PredictRequest, SamplingParameters
 from producer_api.jobs.queue_eta import Standing
 from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
@@ -100,7 +101,7 @@ class JobsService:
             raise ConveyorError(404, "not_found", str(exc)) from None
         if errors := config.input_errors(body.inputs):
             raise ConveyorError(422, "invalid_request", "; ".join(errors))
-        check_max_tokens(config, variant, body.parameters)
+        check_sampling(config, variant, body.parameters)
         if body.webhook is not None and (why := refusal(body.webhook, self.state.settings)):
             raise ConveyorError(422, "invalid_request", why)
         return config, variant
@@ -371,17 +372,19 @@ class JobsService:
         return view
 
 
-def check_max_tokens(config: ModelConfig, variant: str, parameters: dict[str, Any]) -> None:
-    """A generate model's `max_tokens` must be a positive integer within the variant's
-    `max_tokens_limit` (its own, else the model's): refused here (422) rather than silently
-    cut by the engine."""
-    if config.kind != "generate" or "max_tokens" not in parameters:
+def check_sampling(config: ModelConfig, variant: str, parameters: dict[str, Any]) -> None:
+    """A generate model's sampling parameters within vLLM's bounds (`SamplingParameters`),
+    and its `max_tokens` within the variant's `max_tokens_limit` (its own, else the model's):
+    refused here (422) rather than failed by the worker, or silently cut by the engine."""
+    if config.kind != "generate":
         return
-    value = parameters["max_tokens"]
+    try:
+        value = SamplingParameters.model_validate(parameters).max_tokens
+    except ValidationError as exc:
+        problems = (f"parameters.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConveyorError(422, "invalid_request", "; ".join(problems)) from None
     limit = config.variant_parameters(variant).get("max_tokens_limit")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConveyorError(422, "invalid_request", "parameters.max_tokens: a positive integer")
-    if limit is not None and value > int(limit):
+    if value is not None and limit is not None and value > int(limit):
         message = f"parameters.max_tokens: at most {limit} for model {config.name}:{variant}"
         raise ConveyorError(422, "invalid_request", message)
 

@@ -19,6 +19,7 @@ from pydantic import (
     field_validator,
 )
 
+from producer_api.jobs.protocol import SamplingParameters
 from shared.model_repository import NAME
 
 SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed")
@@ -29,21 +30,14 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingRequest(BaseModel):
-    """What both endpoints share: the model, sampling, streaming, and Conveyor's `variant`.
-    `user` doubles as the routing key, so one user stays on one variant."""
+class SamplingRequest(SamplingParameters):
+    """What both endpoints share: the model, sampling (a job's bounds), streaming, and
+    Conveyor's `variant`. `user` doubles as the routing key, so one user stays on one variant."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str = Field(pattern=NAME)
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
     n: Literal[1] = Field(default=1, description="Only one choice per request")
-    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
