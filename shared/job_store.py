@@ -6,6 +6,7 @@ in the key's slot, not the job's, so it is freed beside the script that ends the
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ from shared.redis_client import (
 )
 
 _TIMING_FIELDS = ("queue_wait_ms", "engine_ms", "ttft_ms", "tpot_ms")
+# A random token a terminal move of the API writes: which call made it (`_made_by`).
+ENDED_BY = "ended_by"
 _COUNT_FIELDS = ("batch_size", "attempts", "prompt_tokens", "completion_tokens")
 _ATTEMPT_FIELDS = ("consumer", "host", "pid", "started", "ended", "outcome", "error")
 
@@ -283,14 +286,15 @@ class JobStore:
     ) -> JobRecord:
         """Move a job to `target` if the state machine allows it, then tell its waiters. A move
         whose reply was lost and that the client reran (the rerun finds the job at `target`
-        already) is still this call's, known by its `finished` stamp: it answered 409
-        "already cancelled", and the cancel's webhook was never sent."""
+        already) is still this call's, known by the `ended_by` token it wrote: it answered 409
+        "already cancelled", and the cancel's webhook was never sent. (Its `finished` stamp
+        told two cancels of one millisecond apart from neither: both answered 200.)"""
         record = await self.get(job_id)
         if record is None:
             raise JobNotFound(job_id)
-        extra: dict[str, str | int] = {"finished": now_ms(), **(fields or {})}
-        if not target.terminal:
-            extra.pop("finished")
+        extra: dict[str, str | int] = {**(fields or {})}
+        if target.terminal:
+            extra = {"finished": now_ms(), ENDED_BY: uuid.uuid4().hex[:16], **extra}
         message = dumps(job_view(job_id, {**record.fields, **_strs(extra), "status": target}))
         flat = [str(part) for pair in extra.items() for part in pair]
         args = [target.value, record.fields.get("reply", ""), message, self.ttl_s, job_id, *flat]
@@ -337,13 +341,13 @@ def queue_slot_frees(pipe: Any, held: Sequence[tuple[str, str]]) -> None:
 
 
 def _made_by(record: JobRecord | None, target: JobStatus, written: Mapping[str, str | int]) -> bool:
-    """Whether `record` is at `target` with the stamp this call wrote (a terminal move's)."""
-    stamp = written.get("finished")
+    """Whether `record` is at `target` with the token this call wrote (a terminal move's)."""
+    token = written.get(ENDED_BY)
     return (
         record is not None
         and record.status == target
-        and stamp is not None
-        and record.fields.get("finished") == str(stamp)
+        and token is not None
+        and record.fields.get(ENDED_BY) == token
     )
 
 

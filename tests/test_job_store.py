@@ -206,3 +206,16 @@ async def test_a_cancel_rerun_after_its_reply_was_lost_is_still_its_own(
     monkeypatch.undo()
     with pytest.raises(IllegalTransition):
         await store.transition("lost-reply", JobStatus.CANCELLED)
+
+
+async def test_two_cancels_in_one_millisecond_are_one_cancel_and_one_refusal(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two DELETEs (a client retrying in parallel, two producers) in the same millisecond: the
+    loser took the winner's `finished` stamp for its own, and both answered 200 and sent the
+    job.cancelled webhook."""
+    store = await _queued(aredis, "same-ms")
+    monkeypatch.setattr(job_store_module, "now_ms", lambda: 1_700_000_000_000)
+    assert (await store.transition("same-ms", JobStatus.CANCELLED)).status == JobStatus.CANCELLED
+    with pytest.raises(IllegalTransition):
+        await store.transition("same-ms", JobStatus.CANCELLED)
