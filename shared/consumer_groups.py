@@ -16,6 +16,14 @@ from shared.keys import GROUP
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# KEYS[1]=stream; ARGV: group, consumer. Deletes the consumer if it owns no pending entry now,
+# in one step: DELCONSUMER drops the consumer's pending entries with it, and between a look at
+# its pending count and the delete a read may hand it entries, which then no one would reclaim.
+DELETE_IF_IDLE = """
+if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) > 0 then return 0 end
+redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
 
 
 async def ensure_groups(client: aioredis.Redis, streams: Iterable[str]) -> None:

@@ -207,3 +207,33 @@ async def test_an_entry_of_the_other_lane_numbered_as_one_in_hand_is_claimed_bac
     lanes.outage()
     running = {(PARTITION.online, online_id)}
     assert _jobs(await lanes.next_batch(2, 0, 50, running, slots=True)) == ["bulk-1"]
+
+
+async def test_a_consumer_handed_entries_while_it_is_pruned_keeps_them(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reclaimer saw a consumer idle with nothing pending, and deleted it a round trip later:
+    a read that handed it entries in between lost them with it (DELCONSUMER drops a consumer's
+    pending entries), in no pending list, never reclaimed. The delete now checks again."""
+    config = ModelConfig(
+        name="m", kind="batch", backend="identity", queue=QueueLimits(visibility_timeout_s=1)
+    )
+    partition = Partition.of(KEYS, config, "default")
+    reader = StreamReader(aredis, KEYS, partition.streams, WORKER)
+    await reader.ensure_groups()
+    await aredis.xreadgroup(GROUP, "other-1", {partition.online: ">"})  # joins, reads nothing
+    await asyncio.sleep(1.1)  # idle past the visibility timeout
+    entry = RequestEntry("raced", {"inputs": {}}, now_ms())
+    await JobStore(aredis, KEYS, 60).create(entry, partition.online, {"model": "m"})
+    listed = aredis.xinfo_consumers
+
+    async def read_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        consumers = await listed(*args, **kwargs)
+        await aredis.xreadgroup(GROUP, "other-1", {partition.online: ">"})  # handed "raced"
+        return consumers
+
+    monkeypatch.setattr(aredis, "xinfo_consumers", read_meanwhile)
+    reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
+    assert await reclaimer.prune_consumers(partition.online) == []
+    [pending] = await aredis.xpending_range(partition.online, GROUP, "-", "+", 10)
+    assert pending["consumer"] == b"other-1"

@@ -13,9 +13,10 @@ import redis.asyncio as aioredis
 
 from shared import job_scripts
 from shared.codec import as_text
-from shared.consumer_groups import recreating_groups
+from shared.consumer_groups import DELETE_IF_IDLE, recreating_groups
 from shared.job_store import JobStore, now_ms, queue_slot_frees
 from shared.keys import GROUP, Keys
+from shared.redis_client import call_script
 from shared.variant_stats import VariantStats
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
@@ -56,6 +57,7 @@ class Reclaimer:
         self.batch = partition.max_batch_size
         self._next = dict.fromkeys(self.streams, 0.0)
         self._script = client.register_script(job_scripts.RECLAIM)
+        self._delete_if_idle = client.register_script(DELETE_IF_IDLE)
 
     async def due(self, count: int) -> MicroBatch | None:
         """Up to `count` of the first lane's abandoned entries whose reclaim is due:
@@ -132,11 +134,16 @@ class Reclaimer:
 
     async def prune_consumers(self, stream: str) -> list[str]:
         """Forget consumers idle past the visibility timeout that own no pending entries (live
-        consumers re-read every block interval, so their idle time stays small)."""
-        removed = []
-        for info in await self.redis.xinfo_consumers(stream, GROUP):
-            name = as_text(info["name"])
-            if name != self.consumer and not info["pending"] and info["idle"] > self.idle_ms:
-                await self.redis.xgroup_delconsumer(stream, GROUP, name)
-                removed.append(name)
-        return removed
+        consumers re-read every block interval, so their idle time stays small); each deleted
+        only if it still owns none (`DELETE_IF_IDLE`)."""
+        idle = [
+            as_text(info["name"])
+            for info in await self.redis.xinfo_consumers(stream, GROUP)
+            if not info["pending"] and info["idle"] > self.idle_ms
+        ]
+        return [
+            name
+            for name in idle
+            if name != self.consumer
+            and await call_script(self._delete_if_idle, [stream], [GROUP, name])
+        ]
