@@ -539,4 +539,27 @@ return math.max(0, waiting - (added - tonumber(ARGV[2])) - 1)
 
 # What a cluster client loads on every node at start (shared/redis_client.preload): these run in
 # pipelines, where a cluster client does not load a missing script itself.
-ALL = (TAKE, MARK_RUNNING, ENQUEUE, RECLAIM, FINISH, TRANSITION, POSITION)
+# KEYS[1]=a fair lane's stream; ARGV[1]=how many at most. The ids of the jobs it holds back per
+# tenant (msgpack, which only a script reads), tenant by tenant in the ring's order: what the
+# console lists beside the stream's entries, which are only the fair window's.
+HELD_IDS = (
+    f"""
+local FAIR_RING, HELD = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}'
+"""
+    + """
+local ids, left = {}, tonumber(ARGV[1])
+for _, tenant in ipairs(redis.call('LRANGE', KEYS[1] .. FAIR_RING, 0, -1)) do
+  if left <= 0 then break end
+  for _, packed in ipairs(redis.call('LRANGE', KEYS[1] .. HELD .. tenant, 0, left - 1)) do
+    local entry = cmsgpack.unpack(packed)
+    for i = 1, #entry, 2 do
+      if entry[i] == 'id' then table.insert(ids, entry[i + 1]) end
+    end
+    left = left - 1
+  end
+end
+return ids
+"""
+)
+
+ALL = (TAKE, MARK_RUNNING, ENQUEUE, RECLAIM, FINISH, TRANSITION, POSITION, HELD_IDS)

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from click.testing import CliRunner
 
 from conveyor.commands.keys import command as keys_command
+from producer_api.console.job_browser import JobFilter, recent_jobs
 from producer_api.task_cancel import cancel_and_wait
 from shared.api_keys import InvalidKeySpec, KeySpec
 from shared.codec import RequestEntry, as_text
@@ -231,6 +232,24 @@ async def test_tiny_weights_move_jobs_in_the_same_proportions_at_no_extra_cost(
     assert [served.count(tenant) for tenant in tenants] == list(shares), served
     stats = await aredis.info("commandstats")
     assert stats.get("cmdstat_lmove", {"calls": 0})["calls"] < 40
+
+
+async def test_the_console_lists_held_jobs_beside_the_streams_entries(
+    aredis: aioredis.Redis,
+) -> None:
+    """A backlogged fair lane's stream holds only its window: the console listed 2 queued jobs
+    of 10, and none of the flooding tenant's held ones."""
+    config = _config(window=2)
+    store = JobStore(aredis, KEYS, 60)
+    await _reader(aredis, config)
+    jobs = [_job(config, "a") for _ in range(10)]
+    for job in jobs:
+        job.fields = {**job.fields, "tenant": "a"}  # as the producer writes it
+    await _enqueue(store, jobs)
+    listed = await recent_jobs(
+        aredis, KEYS, ModelRepository({"m": config}), JobFilter(status="queued", tenant="a")
+    )
+    assert {row["id"] for row in listed} == {job.entry.job_id for job in jobs}
 
 
 @dataclass

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from producer_api.state import ProducerState
+from shared import job_scripts
 from shared.codec import RequestEntry, as_text, dumps
 from shared.job_store import JobRecord
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
-from shared.redis_client import RedisClient
+from shared.redis_client import RedisClient, queue_script, run_pipeline
 
 READ_LIMIT = 5_000  # job hashes one listing reads at most
 SHOWN = 100
@@ -130,22 +131,36 @@ async def _candidates(
     client: RedisClient, keys: Keys, repository: ModelRepository, model: str
 ) -> list[str]:
     """Ids of the newest jobs of every partition of the repository (of `model` only, when
-    given): queued and running (the lanes' streams), ended there (`Keys.recent`) and dead
-    letters, READ_LIMIT shared among these sources; one pipeline of single-key reads."""
-    partitions = [(c.name, v) for c in repository if model in ("", c.name) for v in c.variants]
+    given): queued and running (the lanes' streams, and a fair lane's jobs held back per
+    tenant, in no stream yet), ended there (`Keys.recent`) and dead letters, READ_LIMIT shared
+    among these sources; one pipeline of reads of one slot each."""
+    configs = [c for c in repository if model in ("", c.name)]
+    partitions = [(c.name, v) for c in configs for v in c.variants]
     lanes = [named(m, v) for m, v in partitions for named in (keys.queue, keys.bulk_queue)]
+    fair = [
+        named(c.name, v)
+        for c in configs
+        for v in c.variants
+        if c.fair_window_of(v)
+        for named in (keys.queue, keys.bulk_queue)
+    ]
     streams = [*lanes, *(keys.dlq(m, v) for m, v in partitions)]
-    each = max(SHOWN, READ_LIMIT // max(len(streams) + len(lanes), 1))
-    async with client.pipeline(transaction=False) as pipe:
+    each = max(SHOWN, READ_LIMIT // max(len(streams) + len(lanes) + len(fair), 1))
+    held = client.register_script(job_scripts.HELD_IDS)
+
+    async def fill(pipe: Any) -> None:
         for stream in streams:
             pipe.xrevrange(stream, count=each)
         for lane in lanes:
             pipe.lrange(keys.recent(lane), 0, each - 1)
-        replies = await pipe.execute()
+        for lane in fair:
+            queue_script(pipe, held, [lane], [each])
+
+    _, replies = await run_pipeline(client, fill, [held])
     entries: list[Any] = replies[: len(streams)]
-    ended: list[Any] = replies[len(streams) :]
+    listed: list[Any] = replies[len(streams) :]  # ended, then held
     ids = [as_text(fields[b"id"]) for rows in entries for _, fields in rows if b"id" in fields]
-    ids += [as_text(job_id) for rows in ended for job_id in rows]
+    ids += [as_text(job_id) for rows in listed for job_id in rows]
     return list(dict.fromkeys(ids))
 
 
