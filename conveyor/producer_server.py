@@ -14,6 +14,9 @@ import socket
 import uvicorn
 
 APP = "producer_api.app:app"
+# Requests still running this long after SIGTERM are cut (waits answer at once, streams end
+# within 3 s: producer_api/draining.py, stream_shutdown.py), inside a 30 s kill timeout.
+GRACEFUL_SHUTDOWN_S = 25
 
 
 def family_of(host: str) -> socket.AddressFamily:
@@ -35,7 +38,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
-    config = uvicorn.Config(APP, host=args.host, port=args.port, access_log=False)
+    config = uvicorn.Config(
+        APP,
+        host=args.host,
+        port=args.port,
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
     uvicorn.Server(config).run(sockets=[reuse_port_socket(args.host, args.port)])
 
 

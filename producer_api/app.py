@@ -19,6 +19,7 @@ from producer_api.batch_api.sweeper import BatchApiSweeper
 from producer_api.canary.api_router import router as canary_router
 from producer_api.console import Console
 from producer_api.console import router as console_router
+from producer_api.draining import Draining
 from producer_api.errors import install_error_handlers
 from producer_api.events.api_router import router as events_router
 from producer_api.experiments.api_router import router as experiments_router
@@ -117,6 +118,7 @@ def build_state(settings: Settings) -> ProducerState:
         queue_eta=QueueEta(client, QueuePositions(hot, keys), repository),
         webhooks=webhooks,
         traffic=TrafficControl.build(client, keys, settings, repository, job_store, webhooks),
+        draining=Draining(),
     )
 
 
@@ -140,12 +142,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     sweeper.start()
     state.traffic.start()
     state.queue_eta.refresher.start()
+    state.draining.start()
     app.state.console = console = Console.build(state)
     console.start()
     settle_heap(settings)
     try:
         yield
     finally:
+        await state.draining.stop()
         await console.stop()
         await state.queue_eta.refresher.stop()
         await state.traffic.stop()

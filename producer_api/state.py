@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from fastapi import Request
 
 from producer_api.batch_api.progress import BatchApiProgress
+from producer_api.draining import Draining
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
 from producer_api.jobs.queue_eta import QueueEta
 from producer_api.reply_listener import ReplyListener
@@ -46,6 +47,7 @@ class ProducerState:
     queue_eta: QueueEta
     webhooks: WebhookDispatcher
     traffic: TrafficControl
+    draining: Draining
 
 
 async def producer_state(request: Request) -> ProducerState:

@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anyio
@@ -28,6 +29,7 @@ import pytest
 from redis.exceptions import ClusterDownError
 
 from conveyor.stack import Stack, free_port
+from producer_api.draining import Draining
 from producer_api.stream_shutdown import UNREACHABLE, Cut, until_cut
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
 from tests.test_llm_pipeline import sse_events
@@ -149,6 +151,51 @@ def test_sigterm_ends_open_streams_cleanly_and_the_job_resumes_elsewhere(paced: 
     _resumes_and_runs_on(paced, key, sse, openai)
 
 
+def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(paced: Stack) -> None:
+    """uvicorn lets requests in flight finish before the app stops: a long-poll waited out its
+    wait, a non-streamed chat completion its whole generation, past an orchestrator's kill
+    timeout, and their clients got a reset. Both now answer once the producer is asked to stop:
+    the job as it stands, or 503 naming it."""
+    key = issue_key(paced.redis_url, "draining", "submit", "read")
+    doomed = paced.start_producer(free_port(), name=DOOMED)
+    job_id = _submit(doomed, key, 200)  # 10 s of tokens
+    chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 200}
+    with ThreadPoolExecutor(2) as pool:
+        url = f"{doomed}/v1/jobs/{job_id}"
+        poll = pool.submit(httpx.get, url, params={"wait": 60}, headers=_headers(key), timeout=90)
+        whole = pool.submit(
+            httpx.post,
+            f"{doomed}/v1/chat/completions",
+            json=chat,
+            headers=_headers(key),
+            timeout=90,
+        )
+        until(lambda: _status(paced.base_url, key, job_id) == "running")
+        time.sleep(0.5)  # both requests are waiting by now
+        began = time.monotonic()
+        exit_code = paced.stop_process(DOOMED, timeout=60)
+        stopped_s = time.monotonic() - began
+        polled, answered = poll.result(), whole.result()
+    assert exit_code in (0, -signal.SIGTERM) and stopped_s < 5, stopped_s  # not 10 s, nor 60
+    assert polled.status_code == 200 and polled.json()["status"] == "running", polled.text
+    assert answered.status_code == 503 and answered.headers["Retry-After"] == "1", answered.text
+    running = answered.json()["error"]["job"]
+    for ran_on in (job_id, running):  # neither was cancelled: each runs to its end
+        view = httpx.get(
+            f"{paced.base_url}/v1/jobs/{ran_on}",
+            params={"wait": 30},
+            headers=_headers(key),
+            timeout=60,
+        ).json()
+        assert view["status"] == "succeeded", view
+
+
+def _status(base_url: str, key: str, job_id: str) -> str:
+    url = f"{base_url}/v1/jobs/{job_id}"
+    status: str = httpx.get(url, headers=_headers(key), timeout=30).json()["status"]
+    return status
+
+
 def test_a_frozen_redis_ends_open_streams_cleanly_and_they_resume(paced: Stack) -> None:
     """Once, such a stream was cut mid-body (an incomplete chunked read) when a Redis read
     timed out; now the producer ends it, Redis still frozen, within a read's timeout."""
@@ -224,3 +271,21 @@ async def test_a_cluster_failing_over_ends_a_stream_as_an_outage_does() -> None:
         1,
         Cut(UNREACHABLE),
     ]
+
+
+async def test_a_wait_the_producer_is_asked_to_end_answers_none_and_its_work_is_cancelled() -> None:
+    draining = Draining()
+    finished = asyncio.Event()
+
+    async def work() -> str:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            finished.set()
+        return "done"
+
+    assert await draining.first(asyncio.sleep(0, "quick")) == "quick"
+    assert await draining.first(work(), timeout=0.05) is None and finished.is_set()
+    finished.clear()
+    draining.event.set()
+    assert await draining.first(work()) is None and finished.is_set()

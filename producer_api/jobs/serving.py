@@ -331,8 +331,8 @@ class JobsService:
         channel, so nothing publishes its end."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(timeout, self.state.settings.max_wait_s)
-        while (left := deadline - loop.time()) > 0:
-            await asyncio.sleep(min(REPLYLESS_POLL_S, left))
+        while (left := deadline - loop.time()) > 0 and not self.state.draining.asked():
+            await self.state.draining.first(asyncio.sleep(min(REPLYLESS_POLL_S, left)))
             record = await self.owned(job_id)
             if record.status.terminal:
                 return await self._view(record, False)
@@ -344,9 +344,8 @@ class JobsService:
         """The job's terminal view, or None after `timeout` (at most `max_wait_s`). A worker's
         reply lacks what only the hash counts (`attempts`): then the hash is read."""
         timeout = min(timeout, self.state.settings.max_wait_s)
-        try:
-            view = await asyncio.wait_for(asyncio.shield(future), timeout)
-        except TimeoutError:
+        view = await self.state.draining.first(asyncio.shield(future), timeout)
+        if view is None:  # the wait ran out, or the producer is stopping: as it stands
             return None
         return view if "attempts" in view else await self._read(job_id)
 

@@ -202,8 +202,13 @@ class OpenAIService:
         )
 
     async def answer(self, job_id: str, renderer: Renderer) -> dict[str, Any]:
-        """The whole (non-streamed) response, once the job ends."""
-        return renderer.response(await self.complete(job_id)).model_dump(mode="json")
+        """The whole (non-streamed) response, once the job ends; 503 if this producer is asked
+        to stop first (it waited out the whole generation): the job runs on, named in it."""
+        generation = await self.state.draining.first(self.complete(job_id))
+        if generation is None:
+            message = f"the producer is shutting down; the job runs on: GET /v1/jobs/{job_id}"
+            raise ConveyorError(503, "unavailable", message, {"Retry-After": "1"}, {"job": job_id})
+        return renderer.response(generation).model_dump(mode="json")
 
     async def complete(self, job_id: str) -> Generation:
         """Wait for the job by reading its token stream; raises if it did not succeed."""

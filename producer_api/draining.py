@@ -1,0 +1,60 @@
+"""The producer asked to stop (SIGTERM). uvicorn lets every request in flight finish before the
+app shuts down, and some wait long: a long-poll (`?wait=`, up to `CONVEYOR_MAX_WAIT_S`), a
+submit-and-wait, a non-streamed OpenAI answer (as long as its generation). They held the process
+past an orchestrator's kill timeout, and their clients got a reset. A request that waits races
+`Draining`, and once it is set answers with what it has (the job as it stands, or 503 with the
+job's id): the job runs on, any producer answers for it. uvicorn says it will exit through
+`Server.handle_exit`, which sse-starlette patches to set `AppStatus.should_exit` (what ends its
+streams); a watcher turns that flag into this event."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from sse_starlette.sse import AppStatus
+
+from producer_api.task_cancel import cancel_and_wait
+
+T = TypeVar("T")
+WATCH_S = 0.2  # how soon a waiting request hears of the exit (a read of one flag)
+
+
+class Draining:
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._watcher = asyncio.create_task(self._watch(), name="draining")
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            await cancel_and_wait(self._watcher)
+
+    def asked(self) -> bool:
+        """Whether the producer was asked to stop."""
+        return self.event.is_set()
+
+    async def _watch(self) -> None:
+        while not AppStatus.should_exit:
+            await asyncio.sleep(WATCH_S)
+        self.event.set()
+
+    async def first(self, work: Awaitable[T], timeout: float | None = None) -> T | None:
+        """`work`'s result, or None (with `work` cancelled) if `timeout` passes or the producer
+        is asked to stop first."""
+        task: asyncio.Future[T] = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self.event.wait())
+        racing: list[asyncio.Future[Any]] = [task, stop]
+        try:
+            await asyncio.wait(racing, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task  # a task is cancelled only once it has run to its next await
+        return None if task.cancelled() else task.result()
