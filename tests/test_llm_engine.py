@@ -63,6 +63,17 @@ async def test_greedy_chat_answer_names_paris(engine: VllmEngine) -> None:
     assert last.prompt_tokens > 10  # the chat template's system turn is part of the prompt
 
 
+async def test_steps_whose_text_is_held_back_still_count_their_tokens(engine: VllmEngine) -> None:
+    """vLLM holds a step's text back while it may begin a stop string (or a character whose
+    bytes are not all out yet): such steps yield no text, and their tokens went uncounted in
+    the chunks' `token_count` (the tokens metric, the SSE events) while usage counted them."""
+    request = greedy("held", PARIS, 48)
+    request.stop = ["Paris, the"]  # "Paris" may begin it: held back until the next step
+    chunks = await collect(engine, request)
+    assert "Paris" in text_of(chunks)
+    assert sum(c.token_count for c in chunks) == chunks[-1].completion_tokens
+
+
 def transformers_greedy(model_dir: Path, messages: list[dict[str, str]], max_tokens: int) -> str:
     """The reference: transformers' own fp32 greedy decoding of the same prepared directory."""
     import torch

@@ -105,23 +105,28 @@ class VllmEngine(GenerateEngine):
         # vLLM's TokensInput, spelled as a dict so older vLLM (a TokensPrompt) accepts it too
         engine_input: Any = {"type": "token", "prompt_token_ids": prompt_ids}
         stream = engine.generate(engine_input, params, request.request_id)
-        completion_tokens = 0
+        completion_tokens = unsent = 0  # unsent: tokens of steps whose text vLLM held back
         async with contextlib.aclosing(stream):
             async for output in stream:
                 delta = output.outputs[0] if output.outputs else None
-                completion_tokens += len(delta.token_ids) if delta else 0
+                step_tokens = len(delta.token_ids) if delta else 0
+                completion_tokens += step_tokens
+                unsent += step_tokens
                 finish_reason = delta.finish_reason if delta and output.finished else None
                 if output.finished and finish_reason is None:
                     finish_reason = "abort"
                 text = delta.text if delta else ""
+                # a step may hold its text back (the first bytes of an emoji, a possible stop
+                # string): its tokens count with the next chunk sent, or they went uncounted
                 if text or finish_reason:
                     yield TokenChunk(
                         text=text,
-                        token_count=len(delta.token_ids) if delta else 0,
+                        token_count=unsent,
                         finish_reason=finish_reason,
                         prompt_tokens=len(prompt_ids),
                         completion_tokens=completion_tokens,
                     )
+                    unsent = 0
 
     async def abort(self, request_id: str) -> None:
         """The request's stream then ends with finish_reason "abort" and its slot is freed."""
