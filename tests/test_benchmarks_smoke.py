@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from benchmarks.batching_efficiency import NO_BATCHING
@@ -175,8 +176,8 @@ def test_part_f_fairness(tmp_path: Path) -> None:
         assert met >= 1 and met == len(r["quiet_during_flood_waits_ms"]), r
         assert set(r["quiet_during_flood_waits_ms"]) <= set(r["quiet_waits_ms"])
     [target] = document["targets"]
-    unloaded = max(runs[0]["quiet_waits_ms"])  # p99 of 8: the max
-    fair = max(runs[2]["quiet_during_flood_waits_ms"])
+    unloaded = np.percentile(runs[0]["quiet_waits_ms"], 99)  # interpolated, as parts A to E
+    fair = np.percentile(runs[2]["quiet_during_flood_waits_ms"], 99)
     assert target["measured"] == pytest.approx(fair / unloaded)
 
 
