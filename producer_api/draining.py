@@ -5,7 +5,8 @@ past an orchestrator's kill timeout, and their clients got a reset. A request th
 `Draining`, and once it is set answers with what it has (the job as it stands, or 503 with the
 job's id): the job runs on, any producer answers for it. uvicorn says it will exit through
 `Server.handle_exit`, which sse-starlette patches to set `AppStatus.should_exit` (what ends its
-streams); a watcher turns that flag into this event."""
+streams); a watcher turns that flag into one future every wait races (no task per request: a
+submit-and-wait pays one `asyncio.wait`, as it paid one `wait_for`)."""
 
 from __future__ import annotations
 
@@ -24,35 +25,40 @@ WATCH_S = 0.2  # how soon a waiting request hears of the exit (a read of one fla
 
 class Draining:
     def __init__(self) -> None:
-        self.event = asyncio.Event()
+        self._stopping: asyncio.Future[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        self._stopping = asyncio.get_running_loop().create_future()
         self._watcher = asyncio.create_task(self._watch(), name="draining")
 
     async def stop(self) -> None:
-        if self._watcher is not None:
-            await cancel_and_wait(self._watcher)
+        await cancel_and_wait(self._watcher)
 
     def asked(self) -> bool:
         """Whether the producer was asked to stop."""
-        return self.event.is_set()
+        return self._stopping is not None and self._stopping.done()
+
+    def begin(self) -> None:
+        """The producer is stopping: every wait racing this ends (the watcher's call)."""
+        if self._stopping is not None and not self._stopping.done():
+            self._stopping.set_result(None)
 
     async def _watch(self) -> None:
         while not AppStatus.should_exit:
             await asyncio.sleep(WATCH_S)
-        self.event.set()
+        self.begin()
 
     async def first(self, work: Awaitable[T], timeout: float | None = None) -> T | None:
         """`work`'s result, or None (with `work` cancelled) if `timeout` passes or the producer
         is asked to stop first."""
         task: asyncio.Future[T] = asyncio.ensure_future(work)
-        stop = asyncio.ensure_future(self.event.wait())
-        racing: list[asyncio.Future[Any]] = [task, stop]
+        racing: list[asyncio.Future[Any]] = [task]
+        if self._stopping is not None:
+            racing.append(self._stopping)
         try:
             await asyncio.wait(racing, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stop.cancel()
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -284,8 +284,12 @@ async def test_a_wait_the_producer_is_asked_to_end_answers_none_and_its_work_is_
             finished.set()
         return "done"
 
-    assert await draining.first(asyncio.sleep(0, "quick")) == "quick"
-    assert await draining.first(work(), timeout=0.05) is None and finished.is_set()
-    finished.clear()
-    draining.event.set()
-    assert await draining.first(work()) is None and finished.is_set()
+    draining.start()
+    try:
+        assert await draining.first(asyncio.sleep(0, "quick")) == "quick"
+        assert await draining.first(work(), timeout=0.05) is None and finished.is_set()
+        finished.clear()
+        asyncio.get_running_loop().call_later(0.05, draining.begin)
+        assert await draining.first(work()) is None and finished.is_set() and draining.asked()
+    finally:
+        await draining.stop()
