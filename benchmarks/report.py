@@ -143,16 +143,26 @@ def machine() -> dict[str, Any]:
 
 
 def _commit() -> str:
+    """The checkout's commit, `-dirty` if code differs from it: not the results a run writes
+    as it goes (every part after the first read dirty, as if from another run)."""
+    head = _git("rev-parse", "--short", "HEAD")
+    changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".", RESULTS_EXCLUDED)
+    if not head:
+        return "unknown"
+    return f"{head}-dirty" if changed else head
+
+
+RESULTS_EXCLUDED = ":(exclude)benchmarks/results"
+
+
+def _git(*args: str) -> str:
     try:
         out = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            timeout=10,
+            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10
         )
     except OSError:
-        return "unknown"
-    return out.stdout.strip() or "unknown"
+        return ""
+    return out.stdout.strip()
 
 
 def print_part(result: PartResult, console: Console) -> None:
