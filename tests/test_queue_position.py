@@ -130,8 +130,8 @@ def test_a_wait_that_runs_out_answers_where_the_job_stands(
     assert queued["status"] == "queued" and queued["queue_position"] >= 3, queued
     assert "eta_ms" in queued and queued["urls"]["self"].endswith(queued["id"])
     _drained(store)
-    slow = _job(inputs={"sleep_ms": 1_500})
-    answer = api.post("/v1/jobs", params={"wait": 0.8}, json=slow)
+    slow = _job(inputs={"sleep_ms": 3_000})  # well past the wait, however slow the machine
+    answer = api.post("/v1/jobs", params={"wait": 1.5}, json=slow)
     assert answer.status_code == 202, answer.text
     running = answer.json()
     assert running["status"] == "running" and "queue_position" not in running, running
@@ -285,7 +285,9 @@ def test_queued_events_at_most_once_a_second(
     positions = [data["queue_position"] for _, data in queued]
     assert positions == sorted(positions, reverse=True) and positions[0] > positions[-1]
     gaps = [later - earlier for (earlier, _), (later, _) in pairwise(queued)]
-    assert min(gaps) >= 0.8, gaps  # at most one a second (less the network's jitter)
+    # at most one a second, as the client hears them: a stall of the client's process may
+    # bunch two up by a few hundred ms, not by half a second each time
+    assert min(gaps) >= 0.5 and statistics.median(gaps) >= 0.9, gaps
 
 
 def test_scaling_event_when_no_worker_serves_the_partition(
