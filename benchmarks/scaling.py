@@ -143,7 +143,9 @@ def measure(pairs: int, urls: list[str], pids: dict[str, int], scale: Scale) -> 
         "redis_utilisation": round(by_group["redis"] / seconds, 3),  # the meter's window
         "redis_main_ms": main_ms,
         "redis_main_utilisation": round(main, 3),
-        "redis_ceiling_per_s": round(1000.0 / main_ms) if 0 < main < SATURATED else None,
+        "redis_ceiling_per_s": round(1000.0 / main_ms)
+        if main_ms > 0 and main < SATURATED
+        else None,
         "machine_busy": busy,
     }
 

@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> None:
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
+    # The app before the server: importing it patches uvicorn's exit handler (sse-starlette),
+    # which the server installs as it starts; loaded later, SIGTERM never told the app.
+    config.load()
     uvicorn.Server(config).run(sockets=[reuse_port_socket(args.host, args.port)])
 
 

@@ -99,12 +99,13 @@ def build_state(settings: Settings) -> ProducerState:
     batch_store = BatchApiStore(client, keys, ttl_s)
     webhooks = WebhookDispatcher(settings.redis_url)
     repository = ModelRepository.load(settings.model_repository)
+    replies = ReplyListener(client, keys, settings.instance_id, job_store)
     return ProducerState(
         settings=settings,
         keys=keys,
         redis=client,
         repository=repository,
-        replies=ReplyListener(client, keys, settings.instance_id, job_store),
+        replies=replies,
         tokens=TokenHub(settings.redis_url, client, keys, settings.instance_id),
         job_store=job_store,
         batch_store=batch_store,
@@ -118,7 +119,7 @@ def build_state(settings: Settings) -> ProducerState:
         queue_eta=QueueEta(client, QueuePositions(hot, keys), repository),
         webhooks=webhooks,
         traffic=TrafficControl.build(client, keys, settings, repository, job_store, webhooks),
-        draining=Draining(),
+        draining=Draining(replies),
     )
 
 

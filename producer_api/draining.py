@@ -5,8 +5,9 @@ past an orchestrator's kill timeout, and their clients got a reset. A request th
 `Draining`, and once it is set answers with what it has (the job as it stands, or 503 with the
 job's id): the job runs on, any producer answers for it. uvicorn says it will exit through
 `Server.handle_exit`, which sse-starlette patches to set `AppStatus.should_exit` (what ends its
-streams); a watcher turns that flag into one future every wait races (no task per request: a
-submit-and-wait pays one `asyncio.wait`, as it paid one `wait_for`)."""
+streams); a watcher sees that flag and then wakes every reply waiter at once (`ReplyListener.
+wake_all`: a long-poll or submit-and-wait pays nothing for it until then) and sets the future
+that a non-streamed OpenAI answer races (`first`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 
 from sse_starlette.sse import AppStatus
 
+from producer_api.reply_listener import ReplyListener
 from producer_api.task_cancel import cancel_and_wait
 
 T = TypeVar("T")
@@ -24,7 +26,8 @@ WATCH_S = 0.2  # how soon a waiting request hears of the exit (a read of one fla
 
 
 class Draining:
-    def __init__(self) -> None:
+    def __init__(self, replies: ReplyListener) -> None:
+        self._replies = replies
         self._stopping: asyncio.Future[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
 
@@ -40,9 +43,10 @@ class Draining:
         return self._stopping is not None and self._stopping.done()
 
     def begin(self) -> None:
-        """The producer is stopping: every wait racing this ends (the watcher's call)."""
+        """The producer is stopping: every wait ends (the watcher's call)."""
         if self._stopping is not None and not self._stopping.done():
             self._stopping.set_result(None)
+        self._replies.wake_all()
 
     async def _watch(self) -> None:
         while not AppStatus.should_exit:

@@ -178,6 +178,13 @@ class ReplyListener:
             if record is not None and record.status.terminal:
                 self._deliver(record.view(spliced=True))
 
+    def wake_all(self) -> None:
+        """Answer every waiter with an empty view, "no end heard" (the producer is stopping:
+        producer_api/draining.py); each then reads its job as it stands."""
+        for future in (f for waiters in self._waiters.values() for f in waiters):
+            if not future.done():
+                future.set_result({})
+
     def _deliver_all(self, message: list[dict[str, Any]] | dict[str, Any]) -> None:
         """A worker publishes one array per micro-batch (every job of it this producer waits
         for); a cancel or a dead letter publishes one view alone."""

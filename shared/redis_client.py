@@ -212,10 +212,18 @@ class ClusterUnreachable(RedisConnectionError):
 
 @contextlib.contextmanager
 def _topology_read() -> Iterator[None]:
+    """What a topology read raises, as an outage when it is one: no node answered, or the
+    nodes that did leave slots uncovered. Anything else (a URL of a server that is no cluster
+    node) stays the error it is, so a misconfigured process fails at start, not as a 503."""
     try:
         yield
     except RedisClusterException as exc:
-        raise ClusterUnreachable(str(exc)) from exc
+        cause = exc.__cause__
+        if isinstance(cause, RedisConnectionError | RedisTimeoutError | OSError) or (
+            "not covered" in str(exc)
+        ):
+            raise ClusterUnreachable(str(exc)) from exc
+        raise
 
 
 class HiredisCluster(RedisCluster):

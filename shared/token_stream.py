@@ -35,7 +35,8 @@ class TokenEvent:
         return self.kind == "final"
 
     def encode(self) -> dict[str, str | int]:
-        """Entry fields: only what the kind needs, so a token entry stays two short fields."""
+        """Entry fields: only what the kind needs, so a token entry stays two short fields
+        (besides the run and number APPEND adds)."""
         if self.kind == "token":
             return {"kind": "token", "text": self.text, "tokens": self.tokens}
         if self.kind == "restart":

@@ -17,7 +17,7 @@ import redis
 from redis._parsers.encoders import Encoder
 from redis.cluster import ClusterNode
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError
+from redis.exceptions import DataError, RedisClusterException
 
 from conveyor.stack import Stack, free_port
 from producer_api.app import create_app
@@ -204,6 +204,21 @@ async def test_a_cluster_no_node_of_which_answers_is_an_outage() -> None:
             await pipe.execute()
         with pytest.raises(RedisConnectionError):
             await reread_topology(client)
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.usefixtures("cluster_mode")
+async def test_a_cluster_url_of_a_server_that_is_no_cluster_node_is_no_outage(
+    redis_url: str,
+) -> None:
+    """A misconfiguration fails as itself: taken for an outage, producers answered 503 and
+    workers backed off for good instead of failing at start."""
+    client = connect(redis_url)
+    try:
+        with pytest.raises(RedisClusterException, match="Cluster mode is not enabled") as raised:
+            await client.ping()
+        assert not isinstance(raised.value, RedisConnectionError)
     finally:
         await client.aclose()
 

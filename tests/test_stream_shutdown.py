@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import signal
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -30,7 +31,11 @@ from redis.exceptions import ClusterDownError
 
 from conveyor.stack import Stack, free_port
 from producer_api.draining import Draining
+from producer_api.reply_listener import ReplyListener
 from producer_api.stream_shutdown import UNREACHABLE, Cut, until_cut
+from shared.job_store import JobStore
+from shared.keys import Keys
+from shared.redis_client import connect
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
 from tests.test_llm_pipeline import sse_events
 from tests.test_redis_freeze import frozen
@@ -151,13 +156,17 @@ def test_sigterm_ends_open_streams_cleanly_and_the_job_resumes_elsewhere(paced: 
     _resumes_and_runs_on(paced, key, sse, openai)
 
 
-def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(paced: Stack) -> None:
+@pytest.mark.parametrize("server", ["uvicorn", "conveyor.producer_server"])
+def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(
+    paced: Stack, server: str
+) -> None:
     """uvicorn lets requests in flight finish before the app stops: a long-poll waited out its
     wait, a non-streamed chat completion its whole generation, past an orchestrator's kill
     timeout, and their clients got a reset. Both now answer once the producer is asked to stop:
-    the job as it stands, or 503 naming it."""
+    the job as it stands, or 503 naming it; under uvicorn's command line (compose, Kubernetes)
+    and `conveyor up`'s server, which loaded the app only once its exit handler was in place."""
     key = issue_key(paced.redis_url, "draining", "submit", "read")
-    doomed = paced.start_producer(free_port(), name=DOOMED)
+    doomed = _doomed_producer(paced, server)
     job_id = _submit(doomed, key, 200)  # 10 s of tokens
     chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 200}
     with ThreadPoolExecutor(2) as pool:
@@ -188,6 +197,25 @@ def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(paced: S
             timeout=60,
         ).json()
         assert view["status"] == "succeeded", view
+
+
+def _doomed_producer(stack: Stack, server: str) -> str:
+    """A producer run by `server` (the uvicorn command line, or `conveyor up`'s), once ready."""
+    port = free_port()
+    if server == "uvicorn":
+        return stack.start_producer(port, name=DOOMED)
+    command = [sys.executable, "-m", server, "--host", "127.0.0.1", "--port", str(port)]
+    stack.spawn(DOOMED, command, {"CONVEYOR_INSTANCE_ID": DOOMED})
+    url = f"http://127.0.0.1:{port}"
+    until(lambda: _answers(url), 60)
+    return url
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def _status(base_url: str, key: str, job_id: str) -> str:
@@ -273,8 +301,14 @@ async def test_a_cluster_failing_over_ends_a_stream_as_an_outage_does() -> None:
     ]
 
 
-async def test_a_wait_the_producer_is_asked_to_end_answers_none_and_its_work_is_cancelled() -> None:
-    draining = Draining()
+async def test_a_producer_asked_to_stop_ends_every_wait(redis_url: str) -> None:
+    """Reply waiters are woken with an empty view ("no end heard": the job is read as it
+    stands), and a raced wait ends with None, its work cancelled."""
+    client = connect(redis_url)
+    keys = Keys("drain:")
+    replies = ReplyListener(client, keys, "p1", JobStore(client, keys, 60))
+    draining = Draining(replies)
+    draining.start()
     finished = asyncio.Event()
 
     async def work() -> str:
@@ -284,12 +318,15 @@ async def test_a_wait_the_producer_is_asked_to_end_answers_none_and_its_work_is_
             finished.set()
         return "done"
 
-    draining.start()
     try:
+        waiting = await replies.register("abcd" + "2" * 28)
         assert await draining.first(asyncio.sleep(0, "quick")) == "quick"
         assert await draining.first(work(), timeout=0.05) is None and finished.is_set()
         finished.clear()
         asyncio.get_running_loop().call_later(0.05, draining.begin)
         assert await draining.first(work()) is None and finished.is_set() and draining.asked()
+        assert await asyncio.wait_for(waiting, 1) == {}
     finally:
         await draining.stop()
+        await replies.stop()
+        await client.aclose()

@@ -332,7 +332,7 @@ class JobsService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(timeout, self.state.settings.max_wait_s)
         while (left := deadline - loop.time()) > 0 and not self.state.draining.asked():
-            await self.state.draining.first(asyncio.sleep(min(REPLYLESS_POLL_S, left)))
+            await asyncio.sleep(min(REPLYLESS_POLL_S, left))
             record = await self.owned(job_id)
             if record.status.terminal:
                 return await self._view(record, False)
@@ -344,8 +344,13 @@ class JobsService:
         """The job's terminal view, or None after `timeout` (at most `max_wait_s`). A worker's
         reply lacks what only the hash counts (`attempts`): then the hash is read."""
         timeout = min(timeout, self.state.settings.max_wait_s)
-        view = await self.state.draining.first(asyncio.shield(future), timeout)
-        if view is None:  # the wait ran out, or the producer is stopping: as it stands
+        if self.state.draining.asked():
+            return None
+        try:
+            view = await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            return None
+        if not view:  # woken as the producer stops (`ReplyListener.wake_all`): as it stands
             return None
         return view if "attempts" in view else await self._read(job_id)
 

@@ -87,7 +87,7 @@ class RunningJob:
     abandoned: bool = False
     peak_running: int = 0
     streamed: bool = False
-    attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # this run's, per stream
+    attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:8])  # this run's, per stream
     appended: int = 0  # token-stream events of this run handed to the writer
 
     @property

@@ -71,7 +71,9 @@ class LaneScheduler:
         reclaimed entries as they come; after a full micro-batch (a backlog) one script reads
         the lane preferred now, else the other; otherwise (idle, or keeping up) one blocking
         XREADGROUP on both lanes, which returns at once when entries wait and hands them over
-        with no further round trip. Then the micro-batch is topped up while more are coming.
+        with no further round trip (with `slots`, after the script found neither lane had any:
+        a round trip more per admission of a generate loop, whose jobs run for seconds). Then
+        the micro-batch is topped up while more are coming.
         `slots`: `max_items` are free engine slots (a generate loop), not a micro-batch's
         size, and no more may be handed over in all: the lanes are read one at a time (a
         script first, which finds what waits in either; the blocking read only if neither

@@ -102,7 +102,7 @@ class Backoff:
         """Wait before the next retry, or less if asked to stop meanwhile."""
         delay = min(self.cap_s, self.first_s * 2**self.attempt) * random.uniform(0.5, 1.0)
         self.outage.failed(reason)
-        if delay < self.cap_s / 2:  # past the cap it stays there: 2**1024 overflowed a float
+        if self.first_s * 2**self.attempt < self.cap_s:  # at the cap it stays: 2**1024 overflowed
             self.attempt += 1
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop.wait(), delay)
