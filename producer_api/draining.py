@@ -1,9 +1,10 @@
 """The producer asked to stop (SIGTERM). uvicorn lets every request in flight finish before the
 app shuts down, and some wait long: a long-poll (`?wait=`, up to `CONVEYOR_MAX_WAIT_S`), a
 submit-and-wait, a non-streamed OpenAI answer (as long as its generation). They held the process
-past an orchestrator's kill timeout, and their clients got a reset. A request that waits races
-`Draining`, and once it is set answers with what it has (the job as it stands, or 503 with the
-job's id): the job runs on, any producer answers for it. uvicorn says it will exit through
+past an orchestrator's kill timeout, and their clients got a reset. Once the producer has been
+asked to stop for `GRACE_S` (what streams get to say goodbye; a job that ends within it is
+answered as ever), a request that waits answers with what it has (the job as it stands, or 503
+with the job's id): the job runs on, any producer answers for it. uvicorn says it will exit through
 `Server.handle_exit`, which sse-starlette patches to set `AppStatus.should_exit` (what ends its
 streams); a watcher sees that flag and then wakes every reply waiter at once (`ReplyListener.
 wake_all`: a long-poll or submit-and-wait pays nothing for it until then) and sets the future
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 from sse_starlette.sse import AppStatus
 
 from producer_api.reply_listener import ReplyListener
+from producer_api.stream_shutdown import GRACE_S
 from producer_api.task_cancel import cancel_and_wait
 
 T = TypeVar("T")
@@ -51,6 +53,7 @@ class Draining:
     async def _watch(self) -> None:
         while not AppStatus.should_exit:
             await asyncio.sleep(WATCH_S)
+        await asyncio.sleep(GRACE_S)
         self.begin()
 
     async def first(self, work: Awaitable[T], timeout: float | None = None) -> T | None:

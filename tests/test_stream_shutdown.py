@@ -32,7 +32,7 @@ from redis.exceptions import ClusterDownError
 from conveyor.stack import Stack, free_port
 from producer_api.draining import Draining
 from producer_api.reply_listener import ReplyListener
-from producer_api.stream_shutdown import UNREACHABLE, Cut, until_cut
+from producer_api.stream_shutdown import GRACE_S, UNREACHABLE, Cut, until_cut
 from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.redis_client import connect
@@ -167,8 +167,8 @@ def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(
     and `conveyor up`'s server, which loaded the app only once its exit handler was in place."""
     key = issue_key(paced.redis_url, "draining", "submit", "read")
     doomed = _doomed_producer(paced, server)
-    job_id = _submit(doomed, key, 200)  # 10 s of tokens
-    chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 200}
+    job_id = _submit(doomed, key, 400)  # 20 s of tokens
+    chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 400}
     with ThreadPoolExecutor(2) as pool:
         url = f"{doomed}/v1/jobs/{job_id}"
         poll = pool.submit(httpx.get, url, params={"wait": 60}, headers=_headers(key), timeout=90)
@@ -185,7 +185,8 @@ def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(
         exit_code = paced.stop_process(DOOMED, timeout=60)
         stopped_s = time.monotonic() - began
         polled, answered = poll.result(), whole.result()
-    assert exit_code in (0, -signal.SIGTERM) and stopped_s < 5, stopped_s  # not 10 s, nor 60
+    # within the grace a job that ends is still answered (test_faults.py); then the waits end
+    assert exit_code in (0, -signal.SIGTERM) and stopped_s < GRACE_S + 7, stopped_s  # not 20 s
     assert polled.status_code == 200 and polled.json()["status"] == "running", polled.text
     assert answered.status_code == 503 and answered.headers["Retry-After"] == "1", answered.text
     running = answered.json()["error"]["job"]
