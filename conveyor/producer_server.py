@@ -14,8 +14,9 @@ import socket
 import uvicorn
 
 APP = "producer_api.app:app"
-# Requests still running this long after SIGTERM are cut (waits answer at once, streams end
-# within 3 s: producer_api/draining.py, stream_shutdown.py), inside a 30 s kill timeout.
+# Requests still running this long after SIGTERM are cut, inside a 30 s kill timeout (under
+# uvicorn's command line waits and streams end within 3 s: producer_api/draining.py,
+# stream_shutdown.py; under this server that is not yet shown to hold).
 GRACEFUL_SHUTDOWN_S = 25
 
 
