@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
+from producer_api.task_cancel import first_done
+
 T = TypeVar("T")
 
 
@@ -20,15 +22,12 @@ class ClientDisconnected(Exception):
 async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
     """`work`'s result; raises ClientDisconnected (with `work` cancelled) if the client
     disconnects first."""
-    task = asyncio.ensure_future(work)
     listener = asyncio.ensure_future(_disconnect(request))
     try:
-        await asyncio.wait({task, listener}, return_when=asyncio.FIRST_COMPLETED)
+        task = await first_done(work, [listener])
     finally:
-        for pending in (task, listener):
-            if not pending.done():
-                pending.cancel()
-        await asyncio.gather(task, listener, return_exceptions=True)
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)
     if task.cancelled():
         raise ClientDisconnected
     return task.result()

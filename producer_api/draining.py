@@ -13,15 +13,14 @@ that a non-streamed OpenAI answer races (`first`)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sse_starlette.sse import AppStatus
 
 from producer_api.reply_listener import ReplyListener
 from producer_api.stream_shutdown import GRACE_S
-from producer_api.task_cancel import cancel_and_wait
+from producer_api.task_cancel import cancel_and_wait, first_done
 
 T = TypeVar("T")
 WATCH_S = 0.2  # how soon a waiting request hears of the exit (a read of one flag)
@@ -59,15 +58,6 @@ class Draining:
     async def first(self, work: Awaitable[T], timeout: float | None = None) -> T | None:
         """`work`'s result, or None (with `work` cancelled) if `timeout` passes or the producer
         is asked to stop first."""
-        task: asyncio.Future[T] = asyncio.ensure_future(work)
-        racing: list[asyncio.Future[Any]] = [task]
-        if self._stopping is not None:
-            racing.append(self._stopping)
-        try:
-            await asyncio.wait(racing, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task  # a task is cancelled only once it has run to its next await
+        rivals = [] if self._stopping is None else [self._stopping]
+        task = await first_done(work, rivals, timeout)
         return None if task.cancelled() else task.result()

@@ -7,9 +7,12 @@ instance after it failed to bind its port. So the cancel is repeated until the t
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+from collections.abc import Awaitable, Iterable
+from typing import Any, TypeVar
 
 RECANCEL_S = 0.1
+T = TypeVar("T")
 
 
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
@@ -21,3 +24,21 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
         await asyncio.wait({task}, timeout=RECANCEL_S)
     if not task.cancelled():
         task.exception()  # retrieved: a loop's last error was logged by the loop itself
+
+
+async def first_done(
+    work: Awaitable[T], rivals: Iterable[asyncio.Future[Any]], timeout: float | None = None
+) -> asyncio.Future[T]:
+    """`work` as a future once it, or one of `rivals`, is done (or `timeout` has passed): not
+    done then, it is cancelled and waited for (a task is cancelled only once it has run to its
+    next await). The caller reads `cancelled()` or `result()`; the rivals stay as they are."""
+    task: asyncio.Future[T] = asyncio.ensure_future(work)
+    racing: list[asyncio.Future[Any]] = [task, *rivals]
+    try:
+        await asyncio.wait(racing, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return task
