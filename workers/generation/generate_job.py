@@ -111,8 +111,10 @@ class RunningJob:
             events.append(TokenEvent("token", text=chunk.text, tokens=chunk.token_count))
         return events
 
-    def append(self, events: list[TokenEvent], expire: bool) -> TokenAppend:
-        """`events` to append to the job's token stream, numbered on from this run's last."""
+    def append(self, events: list[TokenEvent]) -> TokenAppend:
+        """`events` to append to the job's token stream, numbered on from this run's last; the
+        run's first append and its final one set the stream's TTL."""
+        expire = self.appended == 0 or any(event.final for event in events)
         append = TokenAppend(self.job_id, self.attempt, self.appended + 1, events, expire)
         self.appended += len(events)
         return append

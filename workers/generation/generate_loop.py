@@ -195,18 +195,14 @@ class GenerateLoop:
         self._clock_busy()
         running_now = self._engine_running()
         events: dict[str, tuple[RunningJob, list[TokenEvent]]] = {}
-        expire: set[str] = set()  # a stream's first and last writes set its TTL
         stepped: dict[str, RunningJob] = {}
         for job, chunk, at_ms in chunks:
-            if not job.streamed:
-                expire.add(job.job_id)
             events.setdefault(job.job_id, (job, []))[1].extend(job.take(chunk, at_ms, running_now))
             stepped[job.job_id] = job
         for job in ended:
             if not job.abandoned:
                 events.setdefault(job.job_id, (job, []))[1].append(job.final_event())
-                expire.add(job.job_id)
-        appends = [job.append(e, job.job_id in expire) for job, e in events.values() if e]
+        appends = [job.append(e) for job, e in events.values() if e]
         ended_ids = {job.job_id for job in ended}
         watch = [job_id for job_id in stepped if job_id not in ended_ids]
         statuses = await until_done(
