@@ -193,3 +193,13 @@ async def test_a_claim_or_take_over_rerun_after_its_reply_was_lost_is_its_own(
     await aredis.set(keys._key(TENANT, "other"), abandoned.value())
     assert await keys._taken_over(TENANT, "other", abandoned, taker)
     assert await keys._taken_over(TENANT, "other", abandoned, taker)  # the rerun
+
+
+def test_a_body_with_its_keys_in_another_order_is_the_same_body() -> None:
+    """JSON objects have no order: a retry that serialises the same inputs differently (another
+    client library, a dict rebuilt) is the same request, not a 409 conflict."""
+    first = {"model": "m", "inputs": {"text": "hi", "options": {"a": 1, "b": [1, 2]}}}
+    reordered = {"inputs": {"options": {"b": [1, 2], "a": 1}, "text": "hi"}, "model": "m"}
+    assert admission.fingerprint(first) == admission.fingerprint(reordered)
+    changed = {"model": "m", "inputs": {"text": "hi", "options": {"a": 1, "b": [2, 1]}}}
+    assert admission.fingerprint(first) != admission.fingerprint(changed)

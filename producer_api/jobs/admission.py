@@ -11,11 +11,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from producer_api.errors import ConveyorError
-from shared.codec import as_text, dumps
+from shared.codec import as_text
 from shared.drain_rate import drain_rates
 from shared.keys import Keys
 from shared.redis_client import call_script
@@ -52,7 +53,9 @@ SCRIPTS = (RELEASE_OWN, TAKE_OVER)
 
 
 def fingerprint(body: dict[str, object]) -> str:
-    canonical = dumps(body)
+    """A body's identity for an idempotent retry: its JSON with keys sorted, since a client may
+    send the same object's keys in another order (JSON objects have none)."""
+    canonical = orjson.dumps(body, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     return hashlib.sha256(canonical).hexdigest()
 
 
