@@ -409,6 +409,10 @@ def summarise(
             "phases": phases,
             "micro_batches": micro,
             "commands_per_job": comparison,
+            "closed_loop_commands_per_job": {
+                k: round(ratio(v, steady["jobs"]), 3)
+                for k, v in steady_window.commands.most_common()
+            },
             "idle_round_trips_per_s": {k: ratio(v, idle_seconds) for k, v in idle_trips.items()},
         },
     )

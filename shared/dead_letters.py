@@ -90,7 +90,8 @@ class DeadLetters:
         fields = {"model": self.model, "variant": self.variant, "replay_of": letter.job_id}
         if webhook := letter.entry.payload.get("webhook"):
             fields["webhook"] = webhook  # where a cancel or a dead letter finds it, as any job's
-        await self.store.create(entry, self.keys.queue(self.model, self.variant), fields)
+        stream = self.keys.queue(self.model, self.variant)
+        await self.store.create(entry, stream, fields, may_exist=True)
         await self.redis.xdel(self.stream, letter.dlq_id)
         return letter.job_id, entry.job_id
 

@@ -15,6 +15,8 @@ from shared.keys import (
     RECENT_KEPT,
     RECENT_SLACK,
     RECENT_SUFFIX,
+    REFUSED_SUFFIX,
+    REFUSED_TTL_S,
 )
 
 _PRELUDE = (
@@ -81,6 +83,7 @@ end
 local ADDED, FAIR, RECENT = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}', '{RECENT_SUFFIX}'
 local RECENT_KEPT, RECENT_SLACK = {RECENT_KEPT}, {RECENT_SLACK}
 local FAIR_RING, HELD, MOVED = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}', '{MOVED_FIELD}'
+local REFUSED, REFUSED_TTL = '{REFUSED_SUFFIX}', {REFUSED_TTL_S}
 """
     + """
 -- Jobs that ended in a lane, newest first and capped: what the console lists (no SCAN). The
@@ -241,7 +244,8 @@ return out
 # KEYS[1]=a lane's stream, KEYS[2]=its added counter, KEYS[3...]=the keys of the jobs to enqueue
 # (in the lane's slot); ARGV: max_length (0: none), ttl_s, group, fair window (0: not a fair
 # lane), job-key prefix, then per job: max_ahead (-1: none), the tenant's weight, n hash pairs,
-# m entry pairs, the hash's n field/value pairs, the entry's m. One reply per job, in order.
+# m entry pairs, may_exist (1: an id used before, a dead letter's replay), the hash's n
+# field/value pairs, the entry's m. One reply per job, in order.
 # Admission control and enqueue in one atomic step per job, as if each came alone in turn (the
 # lane's length read once, then counted on): a full partition (stream plus held jobs) refuses
 # ({0, length}), so does one with more than max_ahead entries undelivered ({2, ahead}: the job
@@ -254,7 +258,10 @@ return out
 # ahead counts the held jobs the round robin serves first, and so does deadline admission.
 # A job whose hash exists already changes nothing (reply {1, 0, its seq}; its `created` is
 # written again, as it is, for a replica WAIT): a call retried after its reply was lost (a
-# connection torn mid-pipeline, a failover) must not enqueue it twice.
+# connection torn mid-pipeline, a failover) must not enqueue it twice. A retry resends the call
+# as it was (redis-py sends the pipeline again), so one EXISTS per call tells a rerun: of its
+# first job's hash, or of the marker (REFUSED_SUFFIX) a refusal of that job leaves; only then,
+# and for a job marked may_exist or named twice in the call, is each job's hash looked for.
 # Many jobs per call (the submits of one event-loop turn) share its fixed cost: the call, the
 # prelude, and reading the lane's length and pending count.
 ENQUEUE = (
@@ -263,28 +270,39 @@ ENQUEUE = (
 local stream, added = KEYS[1], KEYS[2]
 local max_length, ttl, group = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local window, job_prefix = tonumber(ARGV[4]), ARGV[5]
+local rerun = redis.call('EXISTS', KEYS[3], KEYS[3] .. REFUSED) > 0
+local named = {}  -- the call's job keys so far
 local length, pending  -- the lane's, read when first wanted and counted on (re-read after refill)
--- The lane's counter is INCRed for a call's first accepted job and counted on for the rest, then
--- settled with one INCRBY (before a refill, which numbers the jobs it moves, and at the end).
-local seq, owed = nil, 0
+-- The lane's counter is grown once, at a call's first accepted job, by as many jobs as the call
+-- has left (so one INCRBY numbers them all when all are accepted), and what refusals left unused
+-- is given back when settled (before a refill, which numbers the jobs it moves, and at the end).
+local seq, unused = nil, 0
 
-local function next_seq()
+local function next_seq(left)
   if not seq then
-    seq = redis.call('INCR', added)
+    seq, unused = redis.call('INCRBY', added, left) - left + 1, left - 1
   else
-    seq, owed = seq + 1, owed + 1
+    seq, unused = seq + 1, unused - 1
   end
   return seq
 end
 
 local function settle()
-  if owed > 0 then redis.call('INCRBY', added, owed) end
-  seq, owed = nil, 0
+  if unused > 0 then redis.call('INCRBY', added, -unused) end
+  seq, unused = nil, 0
+end
+
+-- A refusal of the call's first job is marked, so that a rerun of the call is known as one.
+local function refused(jk, reply)
+  if jk == KEYS[3] then redis.call('SET', jk .. REFUSED, 1, 'EX', REFUSED_TTL) end
+  return reply
 end
 
 -- The job whose hash is `jk`, its hash pairs ARGV[first..entry - 1], its entry's ARGV[entry..last].
-local function enqueue(jk, max_ahead, weight, first, entry, last)
-  if redis.call('EXISTS', jk) == 1 then
+local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, last)
+  local check = rerun or may_exist or named[jk]
+  named[jk] = true
+  if check and redis.call('EXISTS', jk) == 1 then
     -- written again as it is, so that a replica WAIT behind this rerun (on a connection of its
     -- own, which wrote nothing) waits for the job rather than returning at once
     local h = redis.call('HMGET', jk, 'seq', 'created')
@@ -297,7 +315,9 @@ local function enqueue(jk, max_ahead, weight, first, entry, last)
     pending = ok and pel[1] or 0
   end
   local held = window > 0 and (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) or 0
-  if max_length > 0 and length + held >= max_length then return {0, length + held} end
+  if max_length > 0 and length + held >= max_length then
+    return refused(jk, {0, length + held})
+  end
   local ahead = math.max(0, length - pending)
   local hold = window > 0 and (held > 0 or ahead >= window)
   local fields, tenant
@@ -307,11 +327,11 @@ local function enqueue(jk, max_ahead, weight, first, entry, last)
     local own = redis.call('LLEN', stream .. HELD .. tenant)
     ahead = ahead + held_ahead(stream, tenant, tonumber(weight), held, own)
   end
-  if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
+  if max_ahead >= 0 and ahead > max_ahead then return refused(jk, {2, ahead}) end
   -- ARGV's pairs go to HSET and XADD as they are: copying them into tables took a fifth of
   -- a lone job's script time
   local mark, value = 'held', 1
-  if not hold then mark, value = 'seq', next_seq() end
+  if not hold then mark, value = 'seq', next_seq(left) end
   redis.call('HSET', jk, mark, value, unpack(ARGV, first, entry - 1))
   redis.call('EXPIRE', jk, ttl)
   if not hold then
@@ -332,10 +352,13 @@ end
 
 local out, i = {}, 6
 for k = 3, #KEYS do
-  local first = i + 4
+  local first = i + 5
   local entry = first + tonumber(ARGV[i + 2]) * 2
   local last = entry + tonumber(ARGV[i + 3]) * 2 - 1
-  out[k - 2] = enqueue(KEYS[k], tonumber(ARGV[i]), ARGV[i + 1], first, entry, last)
+  local may_exist = ARGV[i + 4] == '1'
+  local left = #KEYS - k + 1  -- this job and those after it
+  out[k - 2] = enqueue(KEYS[k], tonumber(ARGV[i]), ARGV[i + 1], may_exist, left, first, entry,
+                       last)
   i = last + 1
 end
 settle()
@@ -407,7 +430,9 @@ return out
 )
 
 # KEYS[1]=stream, KEYS[2]=this second's drained counter; ARGV: group, ttl_s, job-key prefix,
-# worker, then per job a record:
+# worker, renew_before (a job `created` before it gets its hash's TTL renewed to ttl_s; one
+# created since still has the TTL its enqueue set, ttl_s give or take the slack of
+# shared/job_store.renew_before_ms), then per job a record:
 #   entry_id, job_id, reply_channel, view, status, write_id, attempt, nfields, field, value, ...
 # status '' means only acknowledge (job already terminal, cancelled or gone; write_id and attempt
 # are then ''); `attempt` is this run's entry for the job's history, as JSON
@@ -415,7 +440,8 @@ return out
 # `queued` ran unmarked (see stream_reader.py) and moves as if from `running`. A `cancelled`
 # record for a job the API cancelled while it ran (a generation it aborted) writes its fields
 # only: what the job ran to, its outputs so far (workers/partition/finish.py: Finish.record).
-# Per written job three commands (HMGET, HSET, EXPIRE); per micro-batch one SPUBLISH per reply
+# Per written job two commands (HMGET, HSET; EXPIRE too for a job older than renew_before); per
+# micro-batch one SPUBLISH per reply
 # channel (a JSON array of the views written for it; the channel is in the partition's slot),
 # XACK, XDEL, and the lane's recent list (LPUSH; an LTRIM now and then). In-flight slots live in
 # their API keys' slots: the writer frees them beside this script, in the same round trip.
@@ -429,7 +455,7 @@ return out
 FINISH = (
     _PRELUDE
     + """
-local i = 5
+local i, renew_before = 6, tonumber(ARGV[5])
 local ids, written, fresh = {}, {}, {}
 local replies, channels = {}, {}
 while i <= #ARGV do
@@ -439,7 +465,8 @@ while i <= #ARGV do
   table.insert(ids, eid)
   if status ~= '' then
     local jk = jobkey(ARGV[3], jid)
-    local cur = redis.call('HMGET', jk, 'status', 'writes', 'attempt_history', 'write_id')
+    local cur = redis.call('HMGET', jk, 'status', 'writes', 'attempt_history', 'write_id',
+                           'created')
     -- a job handed over by a plain XREADGROUP ran without its hash saying so: through running
     local from = (cur[1] == 'queued' and can('queued', 'running')) and 'running' or cur[1]
     -- this very result, written by a call whose reply was lost (the writer retries it)
@@ -448,7 +475,9 @@ while i <= #ARGV do
       redis.call('HSET', jk, 'status', status, 'worker', ARGV[4],
                  'writes', (tonumber(cur[2]) or 0) + 1, 'attempt_history', appended(cur[3], run),
                  unpack(ARGV, first, last))
-      redis.call('EXPIRE', jk, ARGV[2], 'GT')  -- never shorter: see ENQUEUE's ttl
+      if (tonumber(cur[5]) or 0) < renew_before then
+        redis.call('EXPIRE', jk, ARGV[2], 'GT')  -- never shorter: see ENQUEUE's ttl
+      end
       table.insert(fresh, jid)
       again = true
     elseif again then

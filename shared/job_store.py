@@ -132,7 +132,9 @@ class NewJob:
     """One job to enqueue: its stream entry, the partition stream, extra job-hash fields, for
     a fair lane its window (`queue.fair_window`; 0: not fair) and the tenant's weight, and how
     long its hash lives unless it ends sooner (0: the store's TTL; a Batch API item's outlives
-    its batch's window). Ending a job only ever lengthens its hash's life."""
+    its batch's window). Ending a job only ever lengthens its hash's life. `may_exist`: its id
+    may have been enqueued before (a dead letter's replay id), so its hash is looked for first
+    in any call (ENQUEUE looks for one per call otherwise, to tell a rerun)."""
 
     entry: RequestEntry
     stream: str
@@ -140,6 +142,7 @@ class NewJob:
     fair_window: int = 0
     weight: float = 1.0
     ttl_s: int = 0
+    may_exist: bool = False
 
 
 def _record(job_id: str, raw: Mapping[Any, Any]) -> JobRecord | None:
@@ -169,6 +172,17 @@ class TooFarBack(Exception):
         super().__init__(f"{stream} has {ahead} entries ahead")
         self.stream = stream
         self.ahead = ahead
+
+
+# A job written back within this share of the result TTL (a minute at most) of its creation
+# keeps the TTL its enqueue set rather than having it renewed: an EXPIRE fewer per job, for a
+# result kept `ttl_s` after its end give or take that much (and clocks' skew between hosts).
+RENEW_SLACK_SHARE, RENEW_SLACK_MAX_MS = 0.1, 60_000
+
+
+def renew_before_ms(ttl_s: int, now: int) -> int:
+    """FINISH's `renew_before`: the jobs created before it get their hash's TTL renewed."""
+    return now - int(min(ttl_s * 1000 * RENEW_SLACK_SHARE, RENEW_SLACK_MAX_MS))
 
 
 # Jobs per ENQUEUE call at most: a script holds the server for its whole run (~10 us a job).
@@ -219,16 +233,18 @@ class JobStore:
         max_length: int = 0,
         max_ahead: int = -1,
         fair: tuple[int, float] = (0, 1.0),
+        may_exist: bool = False,
     ) -> int:
         """Write the queued job and append its entry atomically (never one alone), unless the
         partition already holds `max_length` entries (QueueFull) or more than `max_ahead` (if
         not -1) wait undelivered in the lane (TooFarBack): then write nothing. Returns the
         number of entries ahead of the job: its queue position, from the same round trip.
-        `fair`: (window, tenant weight) of a fair lane, whose job may be held (NewJob).
+        `fair`: (window, tenant weight) of a fair lane, whose job may be held (NewJob);
+        `may_exist`: the id may have been enqueued before (NewJob).
         On the producer's group-committing client the creates of one lane in one event-loop
         turn share one script call (`merged_enqueues`), each job admitted as if it came alone."""
-        job = NewJob(entry, stream, fields, *fair)
-        keys, args = self._enqueue_call(job, max_length, max_ahead)
+        job = NewJob(entry, stream, fields, *fair, may_exist=may_exist)
+        keys, args = self.enqueue_call(job, max_length, max_ahead)
         [(admitted, count, *_)] = await call_script(self._enqueue, keys, args)
         if admitted == 0:
             raise QueueFull(stream, int(count))
@@ -240,7 +256,7 @@ class JobStore:
         """`create` for many jobs in one pipelined round trip (each job still admitted and
         enqueued atomically; their calls merged as `merged_enqueues` merges them); returns the
         indexes of the jobs refused because their partition was full."""
-        merged = merged_enqueues([self._enqueue_call(job, max_length) for job in jobs])
+        merged = merged_enqueues([self.enqueue_call(job, max_length) for job in jobs])
         replies = await run_script(self.redis, self._enqueue, [call for call, _ in merged])
         refused = [
             index
@@ -250,7 +266,7 @@ class JobStore:
         ]
         return sorted(refused)
 
-    def _enqueue_call(self, job: NewJob, max_length: int, max_ahead: int = -1) -> ScriptCall:
+    def enqueue_call(self, job: NewJob, max_length: int, max_ahead: int = -1) -> ScriptCall:
         """One job's ENQUEUE call (`max_ahead` -1: any number of entries may be ahead of it)."""
         entry, stream = job.entry, job.stream
         mapping: dict[str, str | int] = {
@@ -265,7 +281,7 @@ class JobStore:
         keys = [stream, self.keys.added(stream), self.keys.job(entry.job_id)]  # _SHARED_KEYS, 1
         ttl_s = job.ttl_s or self.ttl_s
         args: list[Any] = [max_length, ttl_s, GROUP, job.fair_window, self.keys.job_prefix]
-        args += [max_ahead, job.weight, len(mapping), len(encoded)]  # after the _HEAD
+        args += [max_ahead, job.weight, len(mapping), len(encoded), int(job.may_exist)]
         args += [part for pair in mapping.items() for part in pair]
         args += [part for pair in encoded.items() for part in pair]
         return keys, args

@@ -35,6 +35,11 @@ RECENT_SLACK = 1_000  # how far past that a lane's list grows before it is trimm
 FAIR_SUFFIX = ":fair"
 FAIR_RING_SUFFIX = ":fair:ring"
 HELD_SUFFIX = ":held:"
+# Left on a job key whose enqueue was refused, when it was its ENQUEUE call's first job: how a
+# rerun of the call (its reply lost) is told from a first run, with one EXISTS per call. It
+# outlives any retry of the call (a few backoffs through a failover).
+REFUSED_SUFFIX = ":refused"
+REFUSED_TTL_S = 300
 
 
 def partition_tag(model: str, variant: str) -> str:

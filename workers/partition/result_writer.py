@@ -15,7 +15,7 @@ from typing import Any
 
 from shared import job_scripts
 from shared.codec import as_text
-from shared.job_store import attempt_json, queue_slot_frees
+from shared.job_store import attempt_json, now_ms, queue_slot_frees, renew_before_ms
 from shared.keys import GROUP, Keys
 from shared.redis_client import (
     RedisClient,
@@ -83,7 +83,8 @@ class ResultWriter:
         first (a record's reply channel and view are sent empty). Only a result carries its
         `write_id` and attempt: an acknowledgement writes nothing."""
         publish = not get_settings().replica_acks
-        args: list[Any] = [GROUP, self.ttl_s, self.keys.job_prefix, self.worker]
+        renew_before = renew_before_ms(self.ttl_s, now_ms())
+        args: list[Any] = [GROUP, self.ttl_s, self.keys.job_prefix, self.worker, renew_before]
         for item in batch:
             reply, view = (item.reply, item.message()) if publish else ("", b"")
             args += [item.entry_id, item.job_id, reply, view, item.status]
