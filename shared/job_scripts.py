@@ -259,9 +259,11 @@ return out
 # A job whose hash exists already changes nothing (reply {1, 0, its seq}; its `created` is
 # written again, as it is, for a replica WAIT): a call retried after its reply was lost (a
 # connection torn mid-pipeline, a failover) must not enqueue it twice. A retry resends the call
-# as it was (redis-py sends the pipeline again), so one EXISTS per call tells a rerun: of its
-# first job's hash, or of the marker (REFUSED_SUFFIX) a refusal of that job leaves; only then,
-# and for a job marked may_exist or named twice in the call, is each job's hash looked for.
+# as it was (redis-py sends the pipeline again; group commit sends a merged call again when a
+# restarted server refused it for NOSCRIPT), so one EXISTS per call tells a rerun: of its first
+# job's hash, or of the marker (REFUSED_SUFFIX) a call leaves that refused its first job and
+# wrote a later one; only then, and for a job marked may_exist or named twice in the call, is
+# each job's hash looked for.
 # Many jobs per call (the submits of one event-loop turn) share its fixed cost: the call, the
 # prelude, and reading the lane's length and pending count.
 ENQUEUE = (
@@ -272,6 +274,7 @@ local max_length, ttl, group = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local window, job_prefix = tonumber(ARGV[4]), ARGV[5]
 local rerun = redis.call('EXISTS', KEYS[3], KEYS[3] .. REFUSED) > 0
 local named = {}  -- the call's job keys so far
+local wrote = false  -- whether the call has written a job
 local length, pending  -- the lane's, read when first wanted and counted on (re-read after refill)
 -- The lane's counter is grown once, at a call's first accepted job, by as many jobs as the call
 -- has left (so one INCRBY numbers them all when all are accepted), and what refusals left unused
@@ -292,12 +295,6 @@ local function settle()
   seq, unused = nil, 0
 end
 
--- A refusal of the call's first job is marked, so that a rerun of the call is known as one.
-local function refused(jk, reply)
-  if jk == KEYS[3] then redis.call('SET', jk .. REFUSED, 1, 'EX', REFUSED_TTL) end
-  return reply
-end
-
 -- The job whose hash is `jk`, its hash pairs ARGV[first..entry - 1], its entry's ARGV[entry..last].
 local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, last)
   local check = rerun or may_exist or named[jk]
@@ -316,7 +313,7 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   end
   local held = window > 0 and (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) or 0
   if max_length > 0 and length + held >= max_length then
-    return refused(jk, {0, length + held})
+    return {0, length + held}
   end
   local ahead = math.max(0, length - pending)
   local hold = window > 0 and (held > 0 or ahead >= window)
@@ -327,13 +324,14 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
     local own = redis.call('LLEN', stream .. HELD .. tenant)
     ahead = ahead + held_ahead(stream, tenant, tonumber(weight), held, own)
   end
-  if max_ahead >= 0 and ahead > max_ahead then return refused(jk, {2, ahead}) end
+  if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
   -- ARGV's pairs go to HSET and XADD as they are: copying them into tables took a fifth of
   -- a lone job's script time
   local mark, value = 'held', 1
   if not hold then mark, value = 'seq', next_seq(left) end
   redis.call('HSET', jk, mark, value, unpack(ARGV, first, entry - 1))
   redis.call('EXPIRE', jk, ttl)
+  wrote = true
   if not hold then
     redis.call('XADD', stream, '*', unpack(ARGV, entry, last))
     length = length + 1
@@ -362,6 +360,9 @@ for k = 3, #KEYS do
   i = last + 1
 end
 settle()
+-- A call that refused its first job and wrote a later one leaves a marker, so that its rerun is
+-- known as one (a call that wrote nothing may well run again as if for the first time).
+if out[1][1] ~= 1 and wrote then redis.call('SET', KEYS[3] .. REFUSED, 1, 'EX', REFUSED_TTL) end
 return out
 """
 )

@@ -35,9 +35,9 @@ RECENT_SLACK = 1_000  # how far past that a lane's list grows before it is trimm
 FAIR_SUFFIX = ":fair"
 FAIR_RING_SUFFIX = ":fair:ring"
 HELD_SUFFIX = ":held:"
-# Left on a job key whose enqueue was refused, when it was its ENQUEUE call's first job: how a
-# rerun of the call (its reply lost) is told from a first run, with one EXISTS per call. It
-# outlives any retry of the call (a few backoffs through a failover).
+# Left on the key of an ENQUEUE call's first job when the call refused it and wrote a later job:
+# how a rerun of the call (its reply lost) is told from a first run, with one EXISTS per call.
+# It outlives any retry of the call (a few backoffs through a failover).
 REFUSED_SUFFIX = ":refused"
 REFUSED_TTL_S = 300
 

@@ -169,11 +169,15 @@ async def test_creates_of_one_turn_are_one_call_admitted_as_if_alone(
 async def test_a_merged_create_outlives_a_server_that_lost_its_scripts(
     aredis: aioredis.Redis,
 ) -> None:
-    """The merged call is refused (NOSCRIPT): every create loads the script and runs again."""
+    """The merged call is refused (NOSCRIPT): the script is loaded and the same merged call
+    sent again, not each create by itself, merged anew with others (a call that ran before its
+    reply was lost must be rerun whole for ENQUEUE to know it: its first job's hash is what it
+    looks for), so ENQUEUE ran once for the four, with one EXISTS."""
     hot = group_committing(aredis, "", "hot", {job_scripts.ENQUEUE: merged_enqueues})
     store = JobStore(hot, KEYS, ttl_s=60)
     stream = KEYS.queue("m", "restarted")
     await aredis.script_flush()
+    await aredis.config_resetstat()
 
     async def create(job: int) -> int:
         entry = RequestEntry(f"r-{job}", {"inputs": {}}, now_ms())
@@ -181,6 +185,8 @@ async def test_a_merged_create_outlives_a_server_that_lost_its_scripts(
 
     positions = await asyncio.gather(*(create(job) for job in range(4)))
     assert sorted(positions) == [0, 1, 2, 3]
+    stats = await aredis.info("commandstats")
+    assert stats["cmdstat_exists"]["calls"] == 1 and stats["cmdstat_script|load"]["calls"] == 1
     assert sorted(f[b"id"] for _, f in await aredis.xrange(stream)) == [
         b"r-0",
         b"r-1",
@@ -246,6 +252,20 @@ async def test_one_exists_per_create_call_tells_a_rerun_even_when_its_first_job_
     assert [reply[2] for reply in again[1:]] == [reply[2] for reply in first[1:]]
     entries = [fields[b"id"] for _, fields in await aredis.xrange(stream)]
     assert entries == [b"ahead", b"c1", b"c2", b"c3"]
+
+
+async def test_a_refused_lone_create_writes_nothing(aredis: aioredis.Redis) -> None:
+    """A refusal (a full queue, a deadline the queue cannot meet: the 429s of an overload)
+    changes nothing: the rerun marker is left only by a call that also wrote a later job."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    stream = KEYS.queue("m", "refusals")
+    await store.create(RequestEntry("first", {"inputs": {}}, now_ms()), stream, {"model": "m"})
+    keys = await aredis.dbsize()
+    with pytest.raises(TooFarBack):
+        await store.create(RequestEntry("late", {"inputs": {}}, now_ms()), stream, {}, 0, 0)
+    with pytest.raises(QueueFull):
+        await store.create(RequestEntry("full", {"inputs": {}}, now_ms()), stream, {}, 1)
+    assert await aredis.dbsize() == keys
 
 
 async def test_a_replayed_id_is_looked_for_wherever_it_stands_in_a_call(

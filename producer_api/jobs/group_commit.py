@@ -25,6 +25,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from prometheus_client import Counter
 from redis.cluster import READ_COMMANDS
+from redis.exceptions import NoScriptError
 
 from shared.redis_client import (
     HiredisCluster,
@@ -35,6 +36,7 @@ from shared.redis_client import (
     connect,
     executed,
     is_cluster,
+    preload,
     queue_replica_wait,
 )
 from shared.settings import get_settings
@@ -76,6 +78,11 @@ def _shares(parts: list[tuple[int, int]], reply: Any) -> list[tuple[int, Any]]:
     return shares
 
 
+def _merged_script(args: tuple[Any, ...], merges: Mapping[str, Any]) -> bool:
+    """Whether the command calls a script whose calls are merged."""
+    return args[0] == "EVALSHA" and args[1] in merges
+
+
 def _written_key(args: tuple[Any, ...]) -> str | None:
     """The key a command writes (a script's first key; one node owns all of a command's keys),
     or None for a read."""
@@ -111,7 +118,7 @@ class GroupCommit:
 
     _pending: list[_Pending]
     _sending: set[asyncio.Task[None]]  # held, so no flush is collected mid-way
-    _merges: dict[str, Merge]  # by the script's SHA
+    _merges: dict[str, tuple[str, Merge]]  # the script's text and merge, by its SHA
 
     def _start_batching(self) -> None:
         self._pending = []
@@ -121,7 +128,7 @@ class GroupCommit:
     def merge(self, script: str, merge: Merge) -> None:
         """Send the calls of `script` one flush holds as `merge` makes them (fewer calls: a
         merged call stands where the first of its calls stood)."""
-        self._merges[hashlib.sha1(script.encode()).hexdigest()] = merge
+        self._merges[hashlib.sha1(script.encode()).hexdigest()] = (script, merge)
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if str(args[0]).upper() in _DIRECT:
@@ -148,12 +155,7 @@ class GroupCommit:
         # lazy: only read when replica acks are on
         written = (key for args, _, _ in sends if (key := _written_key(args)) is not None)
         try:
-            if len(sends) == 1 and not get_settings().replica_acks:
-                # a lone command (a quiet producer's every flush) costs less without a pipeline
-                args, options, _ = sends[0]
-                replies = [await super().execute_command(*args, **options)]  # type: ignore[misc]
-            else:
-                replies = await self._pipelined(sends, written)
+            replies = await self._loaded_again(sends, await self._replies(sends, written))
         except BaseException as exc:  # the callers see the error; a cancel ends them too
             for *_, future in batch:
                 if not future.done():
@@ -171,6 +173,37 @@ class GroupCommit:
                 else:
                     future.set_result(share)
 
+    async def _replies(self, sends: list[_Send], written: Iterable[str]) -> list[Any]:
+        if len(sends) == 1 and not get_settings().replica_acks:
+            # a lone command (a quiet producer's every flush) costs less without a pipeline
+            args, options, _ = sends[0]
+            try:
+                return [await super().execute_command(*args, **options)]  # type: ignore[misc]
+            except NoScriptError as refused:
+                return [refused]
+        return await self._pipelined(sends, written)
+
+    async def _loaded_again(self, sends: list[_Send], replies: list[Any]) -> list[Any]:
+        """The replies once the merged calls a server refused for lacking their script (NOSCRIPT:
+        it restarted since) are sent again, as they were: a call that ran before its reply was
+        lost, and was retried onto the restarted server, must be rerun whole, for ENQUEUE to
+        know it from its first job (each caller sending its own part again, merged anew with
+        other jobs, enqueued those twice)."""
+        refused = [
+            index
+            for index, ((args, _, _), reply) in enumerate(zip(sends, replies, strict=True))
+            if isinstance(reply, NoScriptError) and _merged_script(args, self._merges)
+        ]
+        if not refused:
+            return replies
+        shas = {sends[index][0][1] for index in refused}
+        await preload(cast(RedisClient, self), [self._merges[sha][0] for sha in shas])
+        again = [sends[index] for index in refused]
+        written = (key for args, _, _ in again if (key := _written_key(args)) is not None)
+        for index, reply in zip(refused, await self._replies(again, written), strict=True):
+            replies[index] = reply
+        return replies
+
     async def _pipelined(self, sends: list[_Send], written: Iterable[str]) -> list[Any]:
         pipe: Any = self.pipeline(transaction=False)  # type: ignore[attr-defined]
         for args, options, _ in sends:
@@ -187,7 +220,7 @@ class GroupCommit:
         the calls of a script with a merge (`merge`) merged, where the first of them stood."""
         scripts: dict[str, list[int]] = {}  # the flush's calls of each script with a merge
         for index, (args, options, _) in enumerate(batch):
-            if args[0] == "EVALSHA" and args[1] in self._merges and not options:
+            if _merged_script(args, self._merges) and not options:
                 scripts.setdefault(args[1], []).append(index)
         firsts = {calls[0]: sha for sha, calls in scripts.items()}
         merging = {index for calls in scripts.values() for index in calls}
@@ -197,7 +230,7 @@ class GroupCommit:
                 sends.append((args, options, [(index, WHOLE)]))
             elif sha := firsts.get(index):
                 calls = scripts[sha]
-                merged = self._merges[sha]([_script_call(batch[i][0]) for i in calls])
+                merged = self._merges[sha][1]([_script_call(batch[i][0]) for i in calls])
                 for (keys, script_args), parts in merged:
                     command = ("EVALSHA", sha, len(keys), *keys, *script_args)
                     sends.append((command, {}, [(calls[i], items) for i, items in parts]))
