@@ -4,6 +4,7 @@ benchmarks share it): an embedded Valkey unless a Redis URL is given, the produc
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,8 +17,10 @@ from typing import cast
 
 import httpx
 import redis
+from prometheus_client import multiprocess
 
 from shared.keys import GROUP, Keys
+from shared.metrics import MULTIPROC_DIR
 from shared.model_repository import ModelRepository
 from shared.settings import Settings
 
@@ -175,6 +178,8 @@ class Stack:
         has answered there, and no other server has."""
         numbers = [""] if count == 1 else [f"-{i}" for i in range(1, count + 1)]
         ids = {f"{instance}{number}" for number in numbers}
+        if count > 1:
+            env = {**env, MULTIPROC_DIR: str(self._fresh_metrics_dir())}
         command = [
             *(sys.executable, "-m", "conveyor.producer_server"),
             *("--host", host, "--port", str(port)),
@@ -205,6 +210,14 @@ class Stack:
         self._wait(all_answered, next(iter(processes)))  # it watches them all
         self.base_url = self.base_url or base_url
         return base_url
+
+    def _fresh_metrics_dir(self) -> Path:
+        """Where producer processes sharing a port keep their metrics (shared/metrics.py),
+        emptied first: files a past run left would count again."""
+        path = self.log_dir / "producer-metrics"
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        return path
 
     def start_producer_process(
         self, port: int, name: str = "producer", **env: str
@@ -273,8 +286,13 @@ class Stack:
             self.stop_process(name)
 
     def respawn(self, name: str) -> subprocess.Popen[bytes]:
-        """Start `name` again as it was first started (same command, environment and log)."""
-        return self.spawn(name, *self.commands[name])
+        """Start `name` again as it was first started (same command, environment and log). A
+        producer sharing its metrics directory leaves its per-process series (shared/metrics.py)
+        with its dead process; its counts stay in the sums."""
+        command, env = self.commands[name]
+        if metrics_dir := env.get(MULTIPROC_DIR):
+            multiprocess.mark_process_dead(self.processes[name].pid, metrics_dir)
+        return self.spawn(name, command, env)
 
     def log_path(self, name: str) -> Path:
         """Where child `name` writes its output."""

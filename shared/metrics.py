@@ -1,14 +1,25 @@
 """Prometheus metric families (prefix `conveyor_`, labels `model`/`variant`, never job ids).
 Both processes import this one module; a family only appears in a process's scrape once that
-process has observed it."""
+process has observed it. Several producer processes sharing one port (`conveyor up --producers
+N`) keep their metrics in PROMETHEUS_MULTIPROC_DIR, so a scrape of any of them answers for all
+(producer_api/metrics): counters and histograms are summed, gauges read from Redis are the most
+recent any of them set, and a gauge of each process's own state keeps a series per live process
+(`pid` label). The modes are ignored elsewhere (a worker, a lone producer)."""
 
 from __future__ import annotations
+
+from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
 PARTITION = ("model", "variant")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Gauges under several producer processes (see above): one value, the latest any of them read
+# from Redis; or a series per live process, for what each applies itself.
+MULTIPROC_DIR: Final = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable
+FROM_REDIS: Final = "mostrecent"
+OWN: Final = "liveall"
 
 JOBS_SUBMITTED = Counter(
     "conveyor_jobs_submitted", "Jobs accepted by the producer", (*PARTITION, "lane")
@@ -46,20 +57,30 @@ GENERATE_BUSY = Counter(
     "conveyor_generate_busy_seconds", "Wall time with a generation running", PARTITION
 )
 
-PARTITION_LAG = Gauge("conveyor_partition_lag", "Entries not yet delivered", (*PARTITION, "lane"))
-PARTITION_PENDING = Gauge(
-    "conveyor_partition_pending", "Entries delivered, not yet acknowledged", (*PARTITION, "lane")
+PARTITION_LAG = Gauge(
+    "conveyor_partition_lag",
+    "Entries not yet delivered",
+    (*PARTITION, "lane"),
+    multiprocess_mode=FROM_REDIS,
 )
-DLQ_DEPTH = Gauge("conveyor_dlq_depth", "Dead letters", PARTITION)
+PARTITION_PENDING = Gauge(
+    "conveyor_partition_pending",
+    "Entries delivered, not yet acknowledged",
+    (*PARTITION, "lane"),
+    multiprocess_mode=FROM_REDIS,
+)
+DLQ_DEPTH = Gauge("conveyor_dlq_depth", "Dead letters", PARTITION, multiprocess_mode=FROM_REDIS)
 BACKLOG_SECONDS = Gauge(
     "conveyor_backlog_seconds",
     "Seconds one replica needs for the partition's queued and running work",
     PARTITION,
+    multiprocess_mode=FROM_REDIS,
 )
 OLDEST_AGE = Gauge(
     "conveyor_oldest_queued_age_seconds",
     "Age of the oldest undelivered entry",
     (*PARTITION, "lane"),
+    multiprocess_mode=FROM_REDIS,
 )
 
 HTTP_REQUESTS = Counter("conveyor_http_requests", "HTTP requests", ("method", "route", "status"))
@@ -71,12 +92,24 @@ HTTP_LATENCY = Histogram(
 )
 
 # Live traffic (issue 13): what the routes say, what shadows and canaries do.
-ROUTE_WEIGHT = Gauge("conveyor_route_weight", "Live routes: percent of requests", PARTITION)
-ROUTES_VERSION = Gauge("conveyor_routes_version", "Global routes version this producer applies")
+ROUTE_WEIGHT = Gauge(
+    "conveyor_route_weight", "Live routes: percent of requests", PARTITION, multiprocess_mode=OWN
+)
+ROUTES_VERSION = Gauge(
+    "conveyor_routes_version", "Global routes version this producer applies", multiprocess_mode=OWN
+)
 SHADOW_COPIES = Counter(
     "conveyor_shadow_copies", "Shadow copies of online requests", (*PARTITION, "outcome")
 )
-CANARY_WEIGHT = Gauge("conveyor_canary_weight", "Percent of traffic on a canary", PARTITION)
+CANARY_WEIGHT = Gauge(
+    "conveyor_canary_weight",
+    "Percent of traffic on a canary",
+    PARTITION,
+    multiprocess_mode=FROM_REDIS,
+)
 CANARY_STATE = Gauge(
-    "conveyor_canary_state", "1 for the canary's current state", (*PARTITION, "state")
+    "conveyor_canary_state",
+    "1 for the canary's current state",
+    (*PARTITION, "state"),
+    multiprocess_mode=FROM_REDIS,
 )

@@ -14,6 +14,7 @@ import httpx
 import psutil
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.commands.up import examples, workers_by_model
 from conveyor.embedded_valkey import io_threads
@@ -52,6 +53,20 @@ def _predict(up: Up, n: int) -> None:
     assert response.json()["outputs"] == {"n": n}
 
 
+def _submitted(up: Up) -> int:
+    """Identity jobs accepted, as one scrape of `/metrics` (on a new connection) counts them."""
+    text = httpx.get(f"{up.url}/metrics", timeout=10).text
+    return round(
+        sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "conveyor_jobs_submitted_total"
+            and sample.labels["model"] == "identity"
+        )
+    )
+
+
 def _producer_pid(instance: str) -> int:
     for process in psutil.process_iter(["cmdline"]):
         if "conveyor.producer_server" in " ".join(process.info["cmdline"] or []):
@@ -86,6 +101,8 @@ def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path
         until(lambda: _seen_all(up, ids), timeout=60)
         for n in range(30):  # each on a new connection: the kernel spreads them over both
             _predict(up, n)
+        # whichever process a scrape reaches answers for both: it answered with its own share
+        assert [_submitted(up) for _ in range(6)] == [30] * 6
         # the instance ids are the processes' own: each waits on its own reply channel
         first = _producer_pid(f"up-{up_pid}-1")
         listening = psutil.Process(first).net_connections(kind="tcp")
@@ -101,6 +118,7 @@ def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path
         assert _producer_pid(f"up-{up_pid}-1") != first
         for n in range(10):
             _predict(up, n)
+        assert [_submitted(up) for _ in range(6)] == [50] * 6  # the killed one's count stays
 
 
 def _up_refused(

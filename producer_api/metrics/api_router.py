@@ -1,16 +1,20 @@
 """`GET /metrics`: the producer's own counters plus partition gauges (lag, pending, DLQ depth,
 oldest queued age, backlog seconds) refreshed from Redis at most once a second, so a 5 s scrape
-stays cheap. `GET /metrics/backlog/{model}/{variant}`: one pool's backlog seconds as JSON, what
-KEDA's metrics-api scaler reads; like `/metrics` it needs no API key (queue depths only)."""
+stays cheap. Under several producer processes on one port (PROMETHEUS_MULTIPROC_DIR set, by
+`conveyor up --producers N`), whichever process a scrape reaches answers for all of them
+(shared/metrics.py): it had answered with its own share of the counters.
+`GET /metrics/backlog/{model}/{variant}`: one pool's backlog seconds as JSON, what KEDA's
+metrics-api scaler reads; like `/metrics` it needs no API key (queue depths only)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
@@ -21,6 +25,7 @@ from shared.backlog import read_backlogs
 from shared.metrics import (
     BACKLOG_SECONDS,
     DLQ_DEPTH,
+    MULTIPROC_DIR,
     OLDEST_AGE,
     PARTITION_LAG,
     PARTITION_PENDING,
@@ -54,7 +59,16 @@ async def _refresh_gauges(state: ProducerState) -> None:
 async def metrics(state: Annotated[ProducerState, Depends(producer_state)]) -> Response:
     with contextlib.suppress(RedisError):  # still serve the process's counters if Redis is down
         await _refresh_gauges(state)
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    return Response(_exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _exposition() -> bytes:
+    """Every producer process's metrics when they share a directory, else this one's."""
+    if MULTIPROC_DIR not in os.environ:
+        return generate_latest()
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return generate_latest(registry)
 
 
 @router.get("/metrics/backlog/{model}/{variant}", include_in_schema=False)
