@@ -7,6 +7,7 @@ enqueue failed after it was written keeps its key and its in-flight slot."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from typing import Any
 
@@ -18,15 +19,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from producer_api.app import create_app
 from producer_api.errors import ConveyorError
 from producer_api.jobs import admission
-from producer_api.jobs.admission import IdempotencyKeys
+from producer_api.jobs.admission import BodyPrint, IdempotencyKeys
 from shared.api_keys import ApiKeyStore, KeySpec
-from shared.codec import RequestEntry
+from shared.codec import RequestEntry, dumps
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys, new_job_id
 from shared.settings import Settings, get_settings
 
 KEYS = Keys("idem:")
-TENANT, KEY, BODY = "acme", "order-42", "fingerprint"
+TENANT, KEY, BODY = "acme", "order-42", BodyPrint("fingerprint")
 
 
 def _stores(client: aioredis.Redis) -> tuple[IdempotencyKeys, JobStore]:
@@ -71,7 +72,7 @@ async def test_a_retry_enqueues_its_own_job_when_the_first_try_gives_the_key_up(
     third = new_job_id("m", "default")
     assert await keys.claim(TENANT, KEY, third, BODY, store.exists) == retry
     with pytest.raises(ConveyorError) as conflict:
-        await keys.claim(TENANT, KEY, third, "another body", store.exists)
+        await keys.claim(TENANT, KEY, third, BodyPrint("another body"), store.exists)
     assert conflict.value.status == 409 and "different body" in conflict.value.message
 
 
@@ -108,7 +109,7 @@ async def test_a_claim_whose_job_never_appeared_is_taken_over_once_abandoned(
     assert await keys.claim(TENANT, KEY, new_job_id("m", "default"), BODY, store.exists) == retry
 
     older = "older-key"  # a claim as written before claims carried their time
-    await aredis.set(keys._key(TENANT, older), f"{lost}:{BODY}")  # the key's own name
+    await aredis.set(keys._key(TENANT, older), f"{lost}:{BODY.value}")  # the key's own name
     assert await keys.claim(TENANT, older, retry, BODY, store.exists) is None
 
 
@@ -197,9 +198,13 @@ async def test_a_claim_or_take_over_rerun_after_its_reply_was_lost_is_its_own(
 
 def test_a_body_with_its_keys_in_another_order_is_the_same_body() -> None:
     """JSON objects have no order: a retry that serialises the same inputs differently (another
-    client library, a dict rebuilt) is the same request, not a 409 conflict."""
+    client library, a dict rebuilt) is the same request, not a 409 conflict; so is a retry of a
+    request whose claim a producer before sorted keys made (the JSON as sent)."""
     first = {"model": "m", "inputs": {"text": "hi", "options": {"a": 1, "b": [1, 2]}}}
     reordered = {"inputs": {"options": {"b": [1, 2], "a": 1}, "text": "hi"}, "model": "m"}
-    assert admission.fingerprint(first) == admission.fingerprint(reordered)
+    assert BodyPrint.of(reordered).matches(BodyPrint.of(first).value)
+    older_producer = hashlib.sha256(dumps(first)).hexdigest()
+    assert BodyPrint.of(first).matches(older_producer)
     changed = {"model": "m", "inputs": {"text": "hi", "options": {"a": 1, "b": [2, 1]}}}
-    assert admission.fingerprint(first) != admission.fingerprint(changed)
+    assert not BodyPrint.of(changed).matches(BodyPrint.of(first).value)
+    assert not BodyPrint.of(changed).matches(older_producer)

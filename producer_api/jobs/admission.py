@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from producer_api.errors import ConveyorError
-from shared.codec import as_text
+from shared.codec import as_text, dumps
 from shared.drain_rate import drain_rates
 from shared.keys import Keys
 from shared.redis_client import call_script
@@ -52,11 +52,24 @@ return 0
 SCRIPTS = (RELEASE_OWN, TAKE_OVER)
 
 
-def fingerprint(body: dict[str, object]) -> str:
-    """A body's identity for an idempotent retry: its JSON with keys sorted, since a client may
-    send the same object's keys in another order (JSON objects have none)."""
-    canonical = orjson.dumps(body, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
-    return hashlib.sha256(canonical).hexdigest()
+@dataclass(frozen=True, slots=True)
+class BodyPrint:
+    """A body's identity for an idempotent retry: the SHA-256 of its JSON with keys sorted, since
+    a client may send the same object's keys in another order (JSON objects have none), and of
+    its JSON as sent, what producers before that stored: a claim lives a result TTL, and a retry
+    that a rolling upgrade sent to a newer producer is still the same request."""
+
+    value: str
+    as_sent: str = ""
+
+    @classmethod
+    def of(cls, body: dict[str, object]) -> BodyPrint:
+        canonical = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SORT_KEYS)
+        as_sent = hashlib.sha256(dumps(body)).hexdigest()
+        return cls(hashlib.sha256(canonical).hexdigest(), as_sent)
+
+    def matches(self, stored: str) -> bool:
+        return stored in (self.value, self.as_sent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +118,7 @@ class IdempotencyKeys:
         tenant: str,
         key: str,
         job_id: str,
-        body_fingerprint: str,
+        body_print: BodyPrint,
         enqueued: Callable[[str], Awaitable[bool]],
     ) -> str | None:
         """None if this submit owns the key now; else the id of the job it was first used for,
@@ -115,9 +128,9 @@ class IdempotencyKeys:
         the job, or for the first try to give the key up, and then enqueues its own. A claim
         whose job never appeared within `ABANDONED_AFTER_S` is taken over: its submit could not
         give it back, and would otherwise answer every retry 409 until the key expired."""
-        mine = Claim.new(job_id, body_fingerprint)
+        mine = Claim.new(job_id, body_print.value)
         deadline = time.monotonic() + IN_PROGRESS_WAIT_S
-        while (first := await self._claim(tenant, key, mine)) is not None:
+        while (first := await self._claim(tenant, key, mine, body_print)) is not None:
             if await enqueued(first.job_id):
                 return first.job_id
             if first.abandoned() and await self._taken_over(tenant, key, first, mine):
@@ -132,18 +145,20 @@ class IdempotencyKeys:
             await asyncio.sleep(IN_PROGRESS_POLL_S)
         return None
 
-    async def _claim(self, tenant: str, key: str, mine: Claim) -> Claim | None:
+    async def _claim(
+        self, tenant: str, key: str, mine: Claim, body_print: BodyPrint
+    ) -> Claim | None:
         """None if this submit owns the key now; else the claim it was first used with."""
         redis_key = self._key(tenant, key)
         if await self.redis.set(redis_key, mine.value(), nx=True, ex=self.ttl_s):
             return None
         existing = await self.redis.get(redis_key)
         if existing is None:  # expired between the two calls: take it now
-            return await self._claim(tenant, key, mine)
+            return await self._claim(tenant, key, mine, body_print)
         first = Claim.parse(existing)
         if first.job_id == mine.job_id:  # this SET, rerun after its reply was lost, found itself
             return None
-        if first.fingerprint != mine.fingerprint:
+        if not body_print.matches(first.fingerprint):
             raise ConveyorError(
                 409, "conflict", "Idempotency-Key was already used with a different body"
             )
@@ -158,7 +173,7 @@ class IdempotencyKeys:
         self,
         tenant: str,
         key: str,
-        body_fingerprint: str,
+        body_print: BodyPrint,
         enqueued: Callable[[str], Awaitable[bool]],
     ) -> str | None:
         """The job a request with this key and body was accepted as, if one was (read only:
@@ -167,7 +182,7 @@ class IdempotencyKeys:
         if existing is None:
             return None
         first = Claim.parse(existing)
-        if first.fingerprint != body_fingerprint or not await enqueued(first.job_id):
+        if not body_print.matches(first.fingerprint) or not await enqueued(first.job_id):
             return None
         return first.job_id
 

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
-from producer_api.jobs.admission import fingerprint
+from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import PredictRequest, SamplingParameters
 from producer_api.jobs.queue_eta import Standing
 from producer_api.models.serving import model_of
@@ -212,7 +212,7 @@ class JobsService:
         would be refused now (its deadline has passed, the model's routes changed)."""
         idempotency, exists = self.state.idempotency, self.state.job_store.exists
         tenant = self.principal.tenant
-        body_print = fingerprint({"model": model, **body.model_dump(mode="json")})
+        body_print = BodyPrint.of({"model": model, **body.model_dump(mode="json")})
         try:
             entry, config, variant = self.build(model, body)
         except ConveyorError:
