@@ -1,7 +1,8 @@
 """One webhook attempt against receivers at their worst, on real local sockets: a receiver
 that trickles its answer a byte at a time (httpx's timeout bounds each read, so such a receiver
 held the worker's one task loop, every other delivery and the worker's exit behind it for as
-long as it liked), and a URL the allow-list matched but no HTTP client can send to."""
+long as it liked), a URL the allow-list matched but no HTTP client can send to, and a receiver
+that asks for time (Retry-After), which the next attempt waits for."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from email.utils import formatdate
 
 import pytest
 
 from shared.webhook_events import allowed
-from workers.webhook_delivery import _post
+from workers.webhook_delivery import BACKOFF_CAP_S, _post, retry_delay_s
 
 EVENT = {"id": "evt_1", "type": "job.succeeded"}
 
@@ -62,3 +64,46 @@ def test_a_host_no_idna_encoding_takes_is_not_allowed() -> None:
     for url in ("https://\u0661.acme.io/", "https://\u200b.acme.io/"):
         assert not allowed(url, rules), url
         assert _post(url, b"{}", EVENT)["error"].startswith("InvalidURL"), url
+
+
+def _answering(status_line: str, headers: str) -> str:
+    """A receiver that answers one POST with `status_line` and `headers`; its URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        connection, _ = listener.accept()
+        with connection, listener:
+            connection.recv(65536)
+            head = f"HTTP/1.1 {status_line}\r\n{headers}Content-Length: 0\r\n\r\n"
+            connection.sendall(head.encode())
+
+    threading.Thread(target=answer, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/hooks"
+
+
+@pytest.mark.parametrize(
+    ("status_line", "retry_after", "asked"),
+    [
+        ("429 Too Many Requests", "120", 120.0),
+        ("503 Service Unavailable", "an HTTP date 90 s ahead", 90.0),
+        ("503 Service Unavailable", "soon", None),  # unreadable: the backoff alone
+        ("500 Internal Server Error", "120", None),  # means nothing on a 500
+    ],
+)
+def test_a_receiver_asking_for_time_gets_it_before_the_next_attempt(
+    one_second: None, status_line: str, retry_after: str, asked: float | None
+) -> None:
+    """Retries kept to their own backoff (1 s, 2 s, ...) whatever a rate-limited receiver
+    asked: each came back too soon, and was refused again."""
+    if retry_after == "an HTTP date 90 s ahead":
+        retry_after = formatdate(time.time() + 90, usegmt=True)
+    url = _answering(status_line, f"Retry-After: {retry_after}\r\n")
+    outcome = _post(url, b"{}", EVENT)
+    assert outcome["error"] == f"HTTP {status_line.split()[0]}"
+    if asked is None:
+        assert "retry_after_s" not in outcome
+        assert retry_delay_s(1, outcome.get("retry_after_s")) <= 1.0  # the first backoff step
+        return
+    assert asked - 3 <= outcome["retry_after_s"] <= asked  # a date counts whole seconds
+    assert asked - 3 <= retry_delay_s(1, outcome["retry_after_s"]) <= asked
+    assert retry_delay_s(1, 10 * BACKOFF_CAP_S) == BACKOFF_CAP_S  # never past the cap

@@ -1,7 +1,8 @@
 """Webhook delivery as a Celery task, so a delivery outlives the process that asked for it:
 POST the signed event, retry with exponential backoff and jitter for a bounded time
-(`CONVEYOR_WEBHOOK_RETRY_FOR_S`), and record every attempt on the hash of the job or of the
-Batch API job (target kind `batch`) the event is about.
+(`CONVEYOR_WEBHOOK_RETRY_FOR_S`), no sooner than a receiver's 429 or 503 asks in Retry-After,
+and record every attempt on the hash of the job or of the Batch API job (target kind `batch`)
+the event is about.
 
 Events are queued by name (`shared.webhook_events.WebhookDispatcher`): by the producer when a
 Batch API job ends or a job is cancelled, by workers when a job with a webhook ends
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import random
 import time
+from email.utils import parsedate_to_datetime
 from functools import cache
 from typing import Any, cast
 
@@ -38,6 +40,29 @@ def backoff_s(attempt: int) -> float:
     is not hit by all its retries at once and no retry comes back immediately."""
     step = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
     return step / 2 + random.uniform(0, step / 2)
+
+
+def retry_delay_s(attempt: int, retry_after_s: float | None) -> float:
+    """How long before the attempt after `attempt`: the backoff, or longer when the receiver
+    asked for more (a rate limit, a maintenance window), up to the backoff's cap."""
+    delay = backoff_s(attempt)
+    if retry_after_s is None:
+        return delay
+    return max(delay, min(retry_after_s, BACKOFF_CAP_S))
+
+
+def retry_after_s(status: int, value: str | None) -> float | None:
+    """The wait a 429 or 503 asks for in Retry-After (seconds, or an HTTP date); None when it
+    asks none or says nothing readable."""
+    if status not in (429, 503) or not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 @cache
@@ -89,13 +114,16 @@ def _attempt_log() -> AttemptLog:
     return AttemptLog(_redis())
 
 
-async def _answer(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
-    """The receiver's status code; its body is never read (an endless one cost memory)."""
+async def _answer(
+    url: str, body: bytes, headers: dict[str, str], timeout_s: float
+) -> tuple[int, str | None]:
+    """The receiver's status code and Retry-After; its body is never read (an endless one cost
+    memory)."""
     async with (
         httpx.AsyncClient(timeout=timeout_s) as client,
         client.stream("POST", url, content=body, headers=headers) as response,
     ):
-        return response.status_code
+        return response.status_code, response.headers.get("Retry-After")
 
 
 def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
@@ -115,10 +143,13 @@ def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
     outcome: dict[str, Any] = {"at": round(time.time(), 3), "status_code": None, "error": None}
     timeout_s = settings.webhook_timeout_s
     try:
-        status = asyncio.run(asyncio.wait_for(_answer(url, body, headers, timeout_s), timeout_s))
+        answer = _answer(url, body, headers, timeout_s)
+        status, retry_after = asyncio.run(asyncio.wait_for(answer, timeout_s))
         outcome["status_code"] = status
         if not httpx.codes.is_success(status):
             outcome["error"] = f"HTTP {status}"
+        if (asked := retry_after_s(status, retry_after)) is not None:
+            outcome["retry_after_s"] = round(asked, 3)
     except TimeoutError:
         outcome["error"] = f"TimeoutError: no answer within {timeout_s:g}s"
     except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:
@@ -142,10 +173,12 @@ def deliver_webhook(
     number = self.request.retries + 1
     delay = backoff_s(number)
     if not (settings.webhook_secret and allowed(url, settings.webhook_allowlist)):
-        attempt = {"at": round(time.time(), 3), "error": "refused: URL not allowed or no secret"}
+        refused = "refused: URL not allowed or no secret"
+        attempt: dict[str, Any] = {"at": round(time.time(), 3), "error": refused}
         status = "failed"
     else:
         attempt = _post(url, dumps(event), event)
+        delay = retry_delay_s(number, attempt.get("retry_after_s"))
         out_of_time = time.time() + delay > first_attempt_at + settings.webhook_retry_for_s
         status = (
             "delivered" if attempt["error"] is None else "failed" if out_of_time else "retrying"
