@@ -125,7 +125,7 @@ class TagReader:
         self._queues[key].add(queue)
         try:
             if key not in self._cursors:
-                self._cursors[key] = after
+                self._cursors[key] = await self._not_ahead(key, after)
                 await self._wake()
             yield queue
         finally:
@@ -133,6 +133,20 @@ class TagReader:
             if not self._queues[key]:
                 del self._queues[key]
                 self._cursors.pop(key, None)
+
+    async def _not_ahead(self, key: str, after: str) -> str:
+        """Where the shared read of `key` starts: `after`, but never past the stream's last
+        entry. A resume's Last-Event-ID is the client's to choose; one from the far future set
+        the cursor every later listener of the job shares, and none got a live token until the
+        job ended. One read, and only for a resume (a new stream starts at 0-0)."""
+        if after == "0-0":
+            return after
+        try:
+            newest: Any = await self.redis.xrevrange(key, count=1)
+        except ResponseError:  # no stream: the shared read finds out, and says so (_run)
+            return after
+        last = as_text(newest[0][0]) if newest else "0-0"
+        return min(after, last, key=stream_id)
 
     async def _run(self) -> None:
         outage = RedisOutage("token hub")
