@@ -84,6 +84,7 @@ local ADDED, FAIR, RECENT = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}', '{RECENT_SUFFIX}'
 local RECENT_KEPT, RECENT_SLACK = {RECENT_KEPT}, {RECENT_SLACK}
 local FAIR_RING, HELD, MOVED = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}', '{MOVED_FIELD}'
 local REFUSED, REFUSED_TTL = '{REFUSED_SUFFIX}', {REFUSED_TTL_S}
+local UNCOUNTED = 'uncounted'  -- a held job's `held` once it ended held (TRANSITION)
 """
     + """
 -- Jobs that ended in a lane, newest first and capped: what the console lists (no SCAN). The
@@ -131,7 +132,8 @@ end
 -- moved job gets its `seq` then (it joins the stream now; the lane's counter is read once and
 -- grown once for all the refill moves), and its entry the MOVED field (so a worker that reads it
 -- knows more may be held); a held job no longer queued (cancelled, gone) is dropped, so it never
--- reaches a worker, and costs its tenant no credit.
+-- reaches a worker, and costs its tenant no credit (one that ended held left the `held` count
+-- when it ended: TRANSITION marks it UNCOUNTED).
 local function refill(stream, group, job_prefix, upto)
   local fair, ring, held = stream .. FAIR, stream .. FAIR_RING, stream .. HELD
   local left = tonumber(redis.call('HGET', fair, 'held')) or 0
@@ -153,7 +155,9 @@ local function refill(stream, group, job_prefix, upto)
       left = left - 1
       local entry = cmsgpack.unpack(packed)
       local jk = jobkey(job_prefix, field(entry, 'id') or '')
-      if can(redis.call('HGET', jk, 'status'), 'running') then  -- a dropped job costs no credit
+      local job = redis.call('HMGET', jk, 'status', 'held')
+      if job[2] == UNCOUNTED then left = left + 1 end  -- its end took it off the count
+      if can(job[1], 'running') then  -- a dropped job costs no credit
         redis.call('XADD', stream, '*', MOVED, '1', unpack(entry))
         added = added or tonumber(redis.call('GET', stream .. ADDED)) or 0
         moved = moved + 1
@@ -522,16 +526,24 @@ return written
 # Returns {ok(0|1), status before}. A terminal target puts the job on its lane's recent list
 # (the caller frees its in-flight slot, in the API key's slot), and ends the attempt of the
 # worker running the job (its `worker` since its `started`) on the job's attempt history, as
-# `cancelled`, `expired` or `failed`.
+# `cancelled`, `expired` or `failed`; a job a fair lane holds back leaves the lane's `held`
+# count then (admission counts it against max_length), not when refill later drops its entry.
 TRANSITION = (
     _PRELUDE
     + """
 local job = redis.call('HMGET', KEYS[1], 'status', 'worker', 'started', 'attempt_history',
-                      'stream')
+                      'stream', 'held')
 local cur = job[1]
 if not can(cur, ARGV[1]) then return {0, cur or false} end
 local args = {'status', ARGV[1]}
 for j = 6, #ARGV do table.insert(args, ARGV[j]) end
+if not ALLOWED[ARGV[1]] and job[6] == '1' and job[5] then
+  -- ended while its fair lane held it back: no longer counted where admission counts held jobs
+  -- (its entry stays in its tenant's list until refill drops it)
+  redis.call('HINCRBY', job[5] .. FAIR, 'held', -1)
+  table.insert(args, 'held')
+  table.insert(args, UNCOUNTED)
+end
 if cur == 'running' and not ALLOWED[ARGV[1]] then
   local run = attempt(job[2], job[3], field(args, 'finished'), ARGV[1], field(args, 'error'))
   table.insert(args, 'attempt_history')

@@ -24,7 +24,7 @@ from shared.job_store import (
     merged_enqueues,
     now_ms,
 )
-from shared.keys import Keys
+from shared.keys import GROUP, Keys
 
 KEYS = Keys("t:")
 
@@ -284,3 +284,33 @@ async def test_a_replayed_id_is_looked_for_wherever_it_stands_in_a_call(
     await aredis.register_script(job_scripts.ENQUEUE)(keys, args)
     entries = [fields[b"id"] for _, fields in await aredis.xrange(stream)]
     assert entries == [b"replayed", b"new"]
+
+
+async def test_a_held_job_that_ends_no_longer_counts_toward_the_lanes_length(
+    aredis: aioredis.Redis,
+) -> None:
+    """A fair lane counts the jobs it holds back against `max_length`; one cancelled while held
+    went on counting until its tenant's turn dropped it, so cancelled jobs kept refusing new
+    ones. Refill still drops their entries, and the count stays that of the live held jobs."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    stream = KEYS.queue("m", "held-ends")
+    await aredis.xgroup_create(stream, GROUP, "0", mkstream=True)
+
+    async def create(job_id: str) -> int:
+        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
+        return await store.create(entry, stream, {"model": "m"}, 3, -1, (1, 1.0))
+
+    for job_id in ("in-stream", "held-1", "held-2"):  # a window of 1: the last two are held
+        await create(job_id)
+    with pytest.raises(QueueFull):
+        await create("refused")
+    for job_id in ("held-1", "held-2"):
+        await store.transition(job_id, JobStatus.CANCELLED)
+    await create("after")
+    assert await aredis.hget(KEYS.fair(stream), "held") == b"1"
+    take = aredis.register_script(job_scripts.TAKE)
+    _, rows = await take(keys=[stream], args=[GROUP, "c1", 10, KEYS.job_prefix, now_ms(), ""])
+    read = [dict(zip(fields[::2], fields[1::2], strict=True))[b"id"] for _, fields, _ in rows]
+    assert read == [b"in-stream", b"after"]  # the cancelled ones dropped, never delivered
+    assert await aredis.hget(KEYS.fair(stream), "held") == b"0"
+    assert await aredis.llen(KEYS.held(stream, "default")) == 0
