@@ -286,13 +286,15 @@ class Stack:
             self.stop_process(name)
 
     def respawn(self, name: str) -> subprocess.Popen[bytes]:
-        """Start `name` again as it was first started (same command, environment and log). A
-        producer sharing its metrics directory leaves its per-process series (shared/metrics.py)
-        with its dead process; its counts stay in the sums."""
-        command, env = self.commands[name]
-        if metrics_dir := env.get(MULTIPROC_DIR):
+        """Start `name` again as it was first started (same command, environment and log)."""
+        return self.spawn(name, *self.commands[name])
+
+    def exited(self, name: str) -> None:
+        """Child `name` was seen to exit: a producer sharing its metrics directory takes its
+        per-process series (shared/metrics.py) with it, restarted or given up on; its counts
+        stay in the sums."""
+        if metrics_dir := self.commands[name][1].get(MULTIPROC_DIR):
             multiprocess.mark_process_dead(self.processes[name].pid, metrics_dir)
-        return self.spawn(name, command, env)
 
     def log_path(self, name: str) -> Path:
         """Where child `name` writes its output."""

@@ -63,6 +63,7 @@ class Supervisor:
         return [name for name, child in self.children.items() if child.failed]
 
     def _exited(self, name: str, child: Child, code: int, now: float) -> None:
+        self.stack.exited(name)
         recent = child.exited(now)
         if recent >= CRASH_LOOP_EXITS:
             child.failed = True

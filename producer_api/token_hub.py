@@ -125,8 +125,10 @@ class TagReader:
         self._queues[key].add(queue)
         try:
             if key not in self._cursors:
-                self._cursors[key] = await self._not_ahead(key, after)
-                await self._wake()
+                start = await self._not_ahead(key, after)
+                if key not in self._cursors:  # no other listener of it came meanwhile
+                    self._cursors[key] = start
+                    await self._wake()
             yield queue
         finally:
             self._queues[key].discard(queue)

@@ -20,6 +20,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MULTIPROC_DIR: Final = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable
 FROM_REDIS: Final = "mostrecent"
 OWN: Final = "liveall"
+# What the canary leader shows: the latest value of a live process (a dead leader's is dropped;
+# `remove` cannot clear a value another process's file holds).
+LEADERS: Final = "livemostrecent"
 
 JOBS_SUBMITTED = Counter(
     "conveyor_jobs_submitted", "Jobs accepted by the producer", (*PARTITION, "lane")
@@ -105,11 +108,11 @@ CANARY_WEIGHT = Gauge(
     "conveyor_canary_weight",
     "Percent of traffic on a canary",
     PARTITION,
-    multiprocess_mode=FROM_REDIS,
+    multiprocess_mode=LEADERS,
 )
 CANARY_STATE = Gauge(
     "conveyor_canary_state",
     "1 for the canary's current state",
     (*PARTITION, "state"),
-    multiprocess_mode=FROM_REDIS,
+    multiprocess_mode=LEADERS,
 )

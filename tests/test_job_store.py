@@ -314,3 +314,25 @@ async def test_a_held_job_that_ends_no_longer_counts_toward_the_lanes_length(
     assert read == [b"in-stream", b"after"]  # the cancelled ones dropped, never delivered
     assert await aredis.hget(KEYS.fair(stream), "held") == b"0"
     assert await aredis.llen(KEYS.held(stream, "default")) == 0
+
+
+async def test_a_merged_create_that_cannot_be_sent_again_fails_alone(
+    aredis: aioredis.Redis,
+) -> None:
+    """When the script cannot be loaded again (refused here: NOPERM), only the creates of the
+    refused call fail; the other commands of their flush ran and answer as ever."""
+    hot = group_committing(aredis, "", "hot", {job_scripts.ENQUEUE: merged_enqueues})
+    store = JobStore(hot, KEYS, ttl_s=60)
+    entry = RequestEntry("unsent", {"inputs": {}}, now_ms())
+    await aredis.script_flush()
+    await aredis.execute_command("ACL", "SETUSER", "default", "-script|load")
+    try:
+        created, other = await asyncio.gather(
+            store.create(entry, KEYS.queue("m", "unloadable"), {"model": "m"}),
+            hot.set(KEYS.job("beside"), "1"),
+            return_exceptions=True,
+        )
+    finally:
+        await aredis.execute_command("ACL", "SETUSER", "default", "+script|load")
+    assert isinstance(created, Exception) and other is True
+    assert await aredis.get(KEYS.job("beside")) == b"1"

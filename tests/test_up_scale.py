@@ -79,9 +79,12 @@ def _producer_pid(instance: str) -> int:
 
 
 def _exited(pid: int) -> bool:
-    """Gone, or a zombie its parent has not reaped yet: either way its sockets are closed."""
+    """Gone, or a zombie its parent has not reaped yet with no thread left: either way its
+    sockets are closed. (Its main thread reads as a zombie while other threads still exit, and
+    they still hold its socket: a connection the kernel queued there was then reset.)"""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        process = psutil.Process(pid)
+        return process.status() == psutil.STATUS_ZOMBIE and process.num_threads() <= 1
     except psutil.NoSuchProcess:
         return True
 

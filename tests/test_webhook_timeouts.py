@@ -14,8 +14,9 @@ from email.utils import formatdate
 
 import pytest
 
+from shared.settings import Settings
 from shared.webhook_events import allowed
-from workers.webhook_delivery import BACKOFF_CAP_S, _post, retry_delay_s
+from workers.webhook_delivery import BACKOFF_CAP_S, _post, after_attempt, retry_delay_s
 
 EVENT = {"id": "evt_1", "type": "job.succeeded"}
 
@@ -87,6 +88,7 @@ def _answering(status_line: str, headers: str) -> str:
         ("429 Too Many Requests", "120", 120.0),
         ("503 Service Unavailable", "an HTTP date 90 s ahead", 90.0),
         ("503 Service Unavailable", "soon", None),  # unreadable: the backoff alone
+        ("429 Too Many Requests", "\u00b2", None),  # a digit float() cannot read
         ("500 Internal Server Error", "120", None),  # means nothing on a 500
     ],
 )
@@ -107,3 +109,16 @@ def test_a_receiver_asking_for_time_gets_it_before_the_next_attempt(
     assert asked - 3 <= outcome["retry_after_s"] <= asked  # a date counts whole seconds
     assert asked - 3 <= retry_delay_s(1, outcome["retry_after_s"]) <= asked
     assert retry_delay_s(1, 10 * BACKOFF_CAP_S) == BACKOFF_CAP_S  # never past the cap
+
+
+def test_the_wait_a_receiver_asked_for_decides_the_next_attempt() -> None:
+    """The task retries after the longer of its backoff and the receiver's Retry-After, and
+    gives up at once when that wait would end past the retry window."""
+    settings = Settings(webhook_retry_for_s=600)
+    asked = {"error": "HTTP 429", "retry_after_s": 120.0}
+    assert after_attempt(1, asked, time.time(), settings) == ("retrying", 120.0)
+    status, delay = after_attempt(1, {"error": "HTTP 500"}, time.time(), settings)
+    assert status == "retrying" and 0.5 <= delay <= 1.0
+    late = time.time() - 500  # 100 s of the window left: 120 s would pass it
+    assert after_attempt(1, asked, late, settings)[0] == "failed"
+    assert after_attempt(3, {"error": None}, late, settings) == ("delivered", 0.0)

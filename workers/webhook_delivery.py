@@ -24,7 +24,7 @@ from celery import Task
 
 from shared.codec import dumps
 from shared.keys import Keys
-from shared.settings import get_settings
+from shared.settings import Settings, get_settings
 from shared.webhook_events import TASK_NAME, TargetKind, allowed
 from shared.webhook_signing import HEADER, sign
 from workers.app import app
@@ -56,8 +56,11 @@ def retry_after_s(status: int, value: str | None) -> float | None:
     asks none or says nothing readable."""
     if status not in (429, 503) or not value:
         return None
-    if value.strip().isdigit():
-        return float(value.strip())
+    if value.strip().isdecimal():
+        try:
+            return float(value.strip())
+        except ValueError:  # digits float() does not read (other scripts')
+            return None
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -158,6 +161,19 @@ def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
     return outcome
 
 
+def after_attempt(
+    number: int, attempt: dict[str, Any], first_attempt_at: float, settings: Settings
+) -> tuple[str, float]:
+    """The delivery's status after attempt `number`, and how long before the next: `delivered`;
+    `retrying` after the backoff, or the longer wait the receiver asked for; `failed` once that
+    wait would end past `CONVEYOR_WEBHOOK_RETRY_FOR_S` from the first attempt."""
+    if attempt["error"] is None:
+        return "delivered", 0.0
+    delay = retry_delay_s(number, attempt.get("retry_after_s"))
+    out_of_time = time.time() + delay > first_attempt_at + settings.webhook_retry_for_s
+    return ("failed" if out_of_time else "retrying"), delay
+
+
 @app.task(name=TASK_NAME, bind=True, acks_late=True, max_retries=None)
 def deliver_webhook(
     self: Task,
@@ -171,18 +187,13 @@ def deliver_webhook(
     bound (or the URL is no longer allowed); raises Celery's Retry in between."""
     settings = get_settings()
     number = self.request.retries + 1
-    delay = backoff_s(number)
     if not (settings.webhook_secret and allowed(url, settings.webhook_allowlist)):
         refused = "refused: URL not allowed or no secret"
         attempt: dict[str, Any] = {"at": round(time.time(), 3), "error": refused}
-        status = "failed"
+        status, delay = "failed", 0.0
     else:
         attempt = _post(url, dumps(event), event)
-        delay = retry_delay_s(number, attempt.get("retry_after_s"))
-        out_of_time = time.time() + delay > first_attempt_at + settings.webhook_retry_for_s
-        status = (
-            "delivered" if attempt["error"] is None else "failed" if out_of_time else "retrying"
-        )
+        status, delay = after_attempt(number, attempt, first_attempt_at, settings)
     _attempt_log().record(_target_key(kind, target_id), {"attempt": number, **attempt}, status)
     log.info("webhook %s to %s, attempt %d: %s", event.get("id"), url, number, status)
     if status == "retrying":

@@ -197,10 +197,14 @@ class GroupCommit:
         if not refused:
             return replies
         shas = {sends[index][0][1] for index in refused}
-        await preload(cast(RedisClient, self), [self._merges[sha][0] for sha in shas])
         again = [sends[index] for index in refused]
         written = (key for args, _, _ in again if (key := _written_key(args)) is not None)
-        for index, reply in zip(refused, await self._replies(again, written), strict=True):
+        try:
+            await preload(cast(RedisClient, self), [self._merges[sha][0] for sha in shas])
+            resent = await self._replies(again, written)
+        except Exception as exc:  # theirs alone: the rest of the flush ran and keeps its replies
+            resent = [exc] * len(again)
+        for index, reply in zip(refused, resent, strict=True):
             replies[index] = reply
         return replies
 
