@@ -8,13 +8,17 @@ the ended one, which the console reads every second."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from producer_api.app import create_app
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.batch_api.sweeper import COMPLETE_AFTER_MS, BatchApiSweeper
 from shared.batch_api_store import BatchApiStore, BatchStatus, Refresh
@@ -22,6 +26,7 @@ from shared.codec import RequestEntry
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
+from shared.settings import Settings
 from shared.webhook_events import WebhookDispatcher
 from tests.conftest import until_async
 
@@ -191,3 +196,41 @@ async def test_a_cancel_whose_producer_died_before_settling_is_completed_by_the_
     records = await jobs.get_many([job_id.decode() for job_id in ids])
     assert [r.status if r else None for r in records] == [JobStatus.CANCELLED] * ITEMS
     assert await store.active() == []
+
+
+async def test_a_create_that_fails_after_its_items_were_enqueued_withdraws_them(
+    redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis fails between enqueueing a batch's items and recording them (a torn connection):
+    the client gets a 503 and no batch id, and its retry enqueues every item again. The items
+    of the failed create ran all the same, for a batch nobody could read; now they are
+    cancelled before any worker takes them. The producer runs in-process, on a real Valkey."""
+    keys = Keys("withdraws:")  # its own keys: no worker of another test reads its lane
+    settings = Settings(redis_url=redis_url, key_prefix=keys.prefix, auth="disabled")
+    app = create_app(settings)
+    source = "".join(
+        json.dumps({"custom_id": f"c{n}", "body": {"model": "identity", "inputs": {"n": n}}}) + "\n"
+        for n in range(ITEMS)
+    )
+    stream = keys.bulk_queue("identity", "default")
+    before = {f[b"id"] for _, f in await aredis.xrange(stream)}
+    async with app.router.lifespan_context(app):
+        store = app.state.conveyor.batch_store
+
+        async def lost(*args: Any, **kwargs: Any) -> None:
+            raise RedisConnectionError("the connection was torn")
+
+        monkeypatch.setattr(store, "add_items", lost)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            response = await client.post(
+                "/v1/batches",
+                params={"model": "identity"},
+                content=source,
+                headers={"Content-Type": "application/jsonl"},
+            )
+    assert response.status_code == 503, response.text
+    items = [f[b"id"] for _, f in await aredis.xrange(stream) if f[b"id"] not in before]
+    assert len(items) == ITEMS  # enqueued before the failure
+    statuses = [await aredis.hget(keys.job(job_id.decode()), "status") for job_id in items]
+    assert statuses == [b"cancelled"] * ITEMS

@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api import lines
 from producer_api.batch_api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, JOBS, BatchOptions
@@ -81,18 +83,34 @@ class BatchApiService:
         }
         ttl_s = window_s + self.state.settings.result_ttl_s
         await self.store.create(batch_id, meta, ttl_s)
-        accepted, refused = await self._enqueue(batch_id, parsed.items, expires_ms, ttl_s)
-        rejected = sorted(parsed.rejected + refused, key=lambda r: int(r["line"]))
-        await self.store.add_items(batch_id, accepted, [dumps(r) for r in rejected], ttl_s)
-        open_lists = sorted({open_list for _, open_list in accepted})
-        invalid = {"invalid": len(rejected)}
-        await self.store.start(batch_id, open_lists, len(accepted), invalid, expires_ms)
-        longest_s = 2 * self.state.settings.result_ttl_s  # a window is at most the result TTL
-        await self.store.enlist(self.principal.tenant, batch_id, longest_s)
+        try:
+            accepted, refused = await self._enqueue(batch_id, parsed.items, expires_ms, ttl_s)
+            rejected = sorted(parsed.rejected + refused, key=lambda r: int(r["line"]))
+            await self.store.add_items(batch_id, accepted, [dumps(r) for r in rejected], ttl_s)
+            open_lists = sorted({open_list for _, open_list in accepted})
+            invalid = {"invalid": len(rejected)}
+            await self.store.start(batch_id, open_lists, len(accepted), invalid, expires_ms)
+            longest_s = 2 * self.state.settings.result_ttl_s  # a window is at most the result TTL
+            await self.store.enlist(self.principal.tenant, batch_id, longest_s)
+        except BaseException:
+            await self._withdraw(batch_id, parsed.items)
+            raise
         progress = await self._look(batch_id)
         if progress.fields["status"] == BatchStatus.FAILED:
             await self.progress.notify(batch_id, progress)
         return batch_id, progress
+
+    async def _withdraw(self, batch_id: str, items: list[lines.Item]) -> None:
+        """A create that failed part-way (the client gets its 503 and no batch id) cancels the
+        items it may have enqueued: they ran for a batch nobody could read, and the client's
+        retry enqueued them again. Best effort: a Redis that refuses this too keeps them."""
+        job_ids = [item.entry.job_id for item in items]
+        try:
+            for start in range(0, len(job_ids), CHUNK):
+                chunk = job_ids[start : start + CHUNK]
+                await self.state.job_store.settle_many(chunk, JobStatus.CANCELLED, {})
+        except RedisError as exc:
+            log.warning("batch %s: its items could not be withdrawn (%r)", batch_id, exc)
 
     def _batch(self, options: BatchOptions) -> lines.ParsedBatch:
         """What a batch's lines are read into: each line's body as the route its url names
