@@ -166,8 +166,12 @@ def test_the_official_client_runs_a_batch_through_the_files_api(
     assert (counts.total, counts.completed, counts.failed) == (3 + len(REFUSED), 3, len(REFUSED))
     assert batch.output_file_id and batch.error_file_id
     for file_id, name in ((batch.output_file_id, "output"), (batch.error_file_id, "errors")):
-        lines = [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+        content = client.files.content(file_id)
+        lines = [json.loads(line) for line in content.text.splitlines()]
         assert lines == _jsonl(base_url, batch.id, name)
+        retrieved = client.files.retrieve(file_id)  # it was a 404: the id named no upload
+        assert (retrieved.id, retrieved.purpose) == (file_id, "batch_output")
+        assert retrieved.bytes == len(content.content) and retrieved.created_at > 0
     assert lines[0]["custom_id"] == REFUSED[0][0]
     assert client.files.delete(upload.id).deleted
     with pytest.raises(NotFoundError):

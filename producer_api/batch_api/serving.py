@@ -247,14 +247,36 @@ class BatchApiService:
     async def file(self, batch_id: str, kind: str) -> AsyncIterator[bytes]:
         """The lines of an ended batch's `output` or `errors` file (a 409 before it ends: a
         batch is completed, failed, cancelled or expired first)."""
+        return self._lines(batch_id, kind, await self._ended(batch_id))
+
+    async def file_object(self, batch_id: str, kind: str) -> dict[str, Any]:
+        """An ended batch's `output` or `errors` file as OpenAI's file object (purpose
+        `batch_output`, made when the batch ended): what OpenAI's SDK retrieves by the ids the
+        batch gives. Its size is read through the lines `file` serves."""
+        fields = await self._ended(batch_id)
+        size = 0
+        async for chunk in self._lines(batch_id, kind, fields):
+            size += len(chunk)
+        return {
+            "id": f"{batch_id}-{kind}",
+            "object": "file",
+            "bytes": size,
+            "created_at": int(fields.get(f"{fields['status']}_at", 0)) // 1000,
+            "filename": f"{batch_id}_{kind}.jsonl",
+            "purpose": "batch_output",
+        }
+
+    async def _ended(self, batch_id: str) -> Mapping[str, str]:
+        """The batch's fields once it has ended (a 409 before)."""
         progress = await self._look(batch_id)
         status = BatchStatus(progress.fields["status"])
         if not status.terminal:
             message = f"batch {batch_id} is {status.value}; its files are ready when it ends"
             raise ConveyorError(409, "conflict", message)
-        if kind == "output":
-            return self.output(batch_id, progress.fields)
-        return self.errors(batch_id, progress.fields)
+        return progress.fields
+
+    def _lines(self, batch_id: str, kind: str, fields: Mapping[str, str]) -> AsyncIterator[bytes]:
+        return self.output(batch_id, fields) if kind == "output" else self.errors(batch_id, fields)
 
     async def output(self, batch_id: str, fields: Mapping[str, str]) -> AsyncIterator[bytes]:
         """One line per succeeded item, in line order: `{id, custom_id, line, outputs}`; in a

@@ -62,7 +62,8 @@ async def list_files(
 
 @router.get("/v1/files/{file_id}", response_model=FileObject, responses=_ERRORS)
 async def get_file(service: ReadService, file_id: str = FILE_ID) -> Any:
-    """An uploaded file's size, name and purpose."""
+    """An uploaded file's size, name and purpose, or an ended batch's output or errors file's
+    (409 before it ends)."""
     return FastJSONResponse(await service.get(file_id))
 
 

@@ -8,14 +8,15 @@ from pydantic import BaseModel
 
 
 class FileObject(BaseModel):
-    """OpenAI's file object; `created_at` in seconds."""
+    """OpenAI's file object; `created_at` in seconds. An upload's purpose is `batch`; an ended
+    batch's output and errors files are `batch_output`."""
 
     id: str
     object: Literal["file"] = "file"
     bytes: int
     created_at: int
     filename: str
-    purpose: Literal["batch"]
+    purpose: Literal["batch", "batch_output"]
 
 
 class FileDeleted(BaseModel):

@@ -60,6 +60,12 @@ class FilesService:
         return file_object(file_id, fields)
 
     async def get(self, file_id: str) -> dict[str, Any]:
+        """An uploaded file's object, or an ended batch's output or errors file's."""
+        if named := BATCH_FILE.match(file_id):
+            return await BatchApiService(self.state, self.principal).file_object(*named.groups())
+        return await self._uploaded(file_id)
+
+    async def _uploaded(self, file_id: str) -> dict[str, Any]:
         [found] = await self._owned([file_id]) if FILE_ID.match(file_id) else [None]
         if found is None:
             raise not_found(file_id)
@@ -86,8 +92,9 @@ class FilesService:
         return [file for _, file in found], more
 
     async def delete(self, file_id: str) -> dict[str, Any]:
-        """Forget an uploaded file (a batch made from it keeps its lines)."""
-        await self.get(file_id)
+        """Forget an uploaded file (a batch made from it keeps its lines; a batch's own files
+        are not uploads, and go with it)."""
+        await self._uploaded(file_id)
         await self.store.delete(file_id)
         return {"id": file_id, "object": "file", "deleted": True}
 
