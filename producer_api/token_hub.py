@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -231,7 +231,7 @@ class TokenFollower:
         self.keys = keys
         self.block_ms = block_ms
 
-    async def follow(self, job_id: str, after: str = "0-0") -> AsyncIterator[TokenEvent]:
+    async def follow(self, job_id: str, after: str = "0-0") -> AsyncGenerator[TokenEvent, None]:
         """Every event after `after`, live ones as they come, ending with exactly one final."""
         key = self.keys.tokens(job_id)
         async with self.hub.listen(job_tag(job_id), key, after) as queue:

@@ -29,9 +29,11 @@ import pytest
 from redis.exceptions import ClusterDownError
 
 from conveyor.stack import Stack, free_port
+from producer_api.auth.key_watch import RECHECK_S
 from producer_api.draining import Draining
 from producer_api.reply_listener import ReplyListener
 from producer_api.stream_shutdown import GRACE_S, UNREACHABLE, Cut, until_cut
+from shared.api_keys import ApiKeyStore, key_id_of
 from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.redis_client import connect
@@ -307,4 +309,35 @@ async def test_a_producer_asked_to_stop_ends_every_wait(redis_url: str) -> None:
     finally:
         await draining.stop()
         await replies.stop()
+        await client.aclose()
+
+
+def test_a_revoked_key_ends_its_open_streams(paced: Stack) -> None:
+    """A token stream outlived its key's revocation for as long as its job ran. Revoked, the
+    key's streams end within RECHECK_S: the SSE stream with an `unauthorized` error event (its
+    job runs on), the OpenAI stream with an `unauthorized` error chunk and `[DONE]`."""
+    key = issue_key(paced.redis_url, "revoked", "submit", "read")
+    job_id = _submit(paced.base_url, key, 400)  # 20 s of tokens
+    sse = Reader("GET", f"{paced.base_url}/v1/jobs/{job_id}/events", key)
+    chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "stream": True}
+    url = f"{paced.base_url}/v1/chat/completions"
+    openai = Reader("POST", url, key, chat | {"max_tokens": 400})
+    sse.start()
+    openai.start()
+    until(lambda: sse.count("token") >= 3 and openai.count('"content"') >= 3)
+    asyncio.run(_revoke(paced.redis_url, key))
+    for reader in (sse, openai):
+        reader.join(RECHECK_S + 8)  # well before the jobs' 20 s of tokens are over
+        assert not reader.is_alive() and reader.error is None, reader.error
+    assert sse.events[-1]["event"] == "error" and '"unauthorized"' in sse.events[-1]["data"]
+    assert not any(e["event"] == "final" for e in sse.events)
+    assert openai.events[-1]["data"] == "[DONE]"
+    assert '"unauthorized"' in openai.events[-2]["data"], openai.events[-2]
+
+
+async def _revoke(redis_url: str, key: str) -> None:
+    client = connect(redis_url)
+    try:
+        assert await ApiKeyStore(client, Keys()).revoke(key_id_of(key))
+    finally:
         await client.aclose()

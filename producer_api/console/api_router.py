@@ -4,10 +4,9 @@ response carries a strict Content-Security-Policy: scripts and styles only from 
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,6 +36,7 @@ from producer_api.console.session import (
 )
 from producer_api.errors import ConveyorError
 from producer_api.events.serving import EventsService
+from producer_api.live_feed import while_holds
 from producer_api.responses import JsonlResponse
 from producer_api.state import ProducerState, producer_state
 from shared.codec import as_text, dumps
@@ -198,19 +198,12 @@ def _summary_for(snapshot: dict[str, Any], current: ConsoleSession) -> dict[str,
     }
 
 
-async def _while_open(
+def _while_open(
     state: ProducerState, service: Console, current: ConsoleSession, feed: Feed
 ) -> AsyncIterator[Event]:
     """A live feed that ends with its session (a logout, from any replica; the key revoked; the
     session's expiry): looked at again every RECHECK_S, as its events come."""
-    async with aclosing(feed):
-        due = time.monotonic() + RECHECK_S
-        async for event in feed:
-            if time.monotonic() >= due:
-                if not await still_open(state, service.logouts, current):
-                    return
-                due = time.monotonic() + RECHECK_S
-            yield event
+    return while_holds(feed, partial(still_open, state, service.logouts, current), RECHECK_S)
 
 
 @router.get("/stream")

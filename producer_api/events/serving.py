@@ -7,12 +7,14 @@ event when it ends, woken by the reply listener rather than by polling."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
 from producer_api.events.protocol import JobEvent
 from producer_api.jobs.serving import JobsService
+from producer_api.live_feed import while_holds
 from producer_api.state import ProducerState
 from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
@@ -28,20 +30,34 @@ SCALING = (
 class EventsService:
     def __init__(self, state: ProducerState, principal: Principal) -> None:
         self.state = state
+        self.principal = principal
         self.jobs = JobsService(state, principal)
 
     async def open(self, job_id: str, last_event_id: str | None) -> AsyncIterator[JobEvent]:
         """The caller's job's events after `last_event_id`; raises 404 (before any event is
-        sent) when the job is unknown or another tenant's."""
+        sent) when the job is unknown or another tenant's. A key revoked or expired meanwhile
+        ends the stream within RECHECK_S with an `error` event (type `unauthorized`); the job
+        runs on."""
         record = await self.jobs.owned(job_id)
         config = self.state.repository.get(record.fields.get("model", ""))
         if config is not None and config.kind == "generate":
-            return self._after_queue(job_id, self._tokens(job_id, last_event_id or START))
-        return self._after_queue(job_id, self._final(job_id))
+            events = self._after_queue(job_id, self._tokens(job_id, last_event_id or START))
+        else:
+            events = self._after_queue(job_id, self._final(job_id))
+        return self._while_key_holds(events)
+
+    async def _while_key_holds(
+        self, events: AsyncGenerator[JobEvent, None]
+    ) -> AsyncIterator[JobEvent]:
+        watch = KeyWatch(self.state.api_keys, self.principal)
+        async for event in while_holds(events, watch.holds, RECHECK_S):
+            yield event
+        if watch.revoked:
+            yield JobEvent("error", {"type": "unauthorized", "message": REVOKED})
 
     async def _after_queue(
         self, job_id: str, then: AsyncIterator[JobEvent]
-    ) -> AsyncIterator[JobEvent]:
+    ) -> AsyncGenerator[JobEvent, None]:
         """`then`'s events, with the job's standing before the first of them: `then` starts at
         once, so its first event (a token, the final one) is never held up by the ticks."""
         first = asyncio.ensure_future(anext(then, None))

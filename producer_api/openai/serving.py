@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 from pydantic import BaseModel, ValidationError
 
+from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
+from producer_api.live_feed import while_holds
 from producer_api.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -196,7 +198,7 @@ class OpenAIService:
             raise ConveyorError(400, "invalid_request", message)
         return request.model, self.sampling_job(request)
 
-    def _follow(self, job_id: str) -> AsyncIterator[TokenEvent]:
+    def _follow(self, job_id: str) -> AsyncGenerator[TokenEvent, None]:
         return TokenFollower(self.state.tokens, self.state.job_store, self.state.keys).follow(
             job_id
         )
@@ -231,12 +233,16 @@ class OpenAIService:
         before the job's final event (client disconnected) cancels the job; one cut by this
         producer's shutdown or by Redis not answering ends with an error chunk and `[DONE]`,
         and its job runs on. A restart (the job's worker died and another runs it again) ends
-        the stream only once text was sent: before, nothing is to be taken back."""
+        the stream only once text was sent: before, nothing is to be taken back. A key revoked
+        or expired meanwhile ends it within RECHECK_S with an `unauthorized` error chunk and
+        `[DONE]`, and cancels its job."""
         ended, sent = False, False
+        watch = KeyWatch(self.state.api_keys, self.principal)
         try:
             if (opening := renderer.opening()) is not None:
                 yield renderer.encode(opening)
-            async for event in until_cut(self._follow(job_id), shutdown):
+            events = while_holds(self._follow(job_id), watch.holds, RECHECK_S)
+            async for event in until_cut(events, shutdown):
                 if isinstance(event, Cut):
                     ended = True  # not the client's choice: the job runs on
                     yield _error_chunk("unavailable", f"{event.message}; job {job_id} runs on")
@@ -252,6 +258,8 @@ class OpenAIService:
                 ended = True
                 for chunk in self._closing(renderer, event):
                     yield chunk
+            if watch.revoked:
+                yield _error_chunk("unauthorized", f"{REVOKED}; job {job_id} cancelled")
             yield DONE
         finally:
             if not ended:
