@@ -198,6 +198,9 @@ async def test_an_entry_of_the_other_lane_numbered_as_one_in_hand_is_claimed_bac
     for job_id, stream in (("bulk-1", PARTITION.bulk), ("online-1", PARTITION.online)):
         entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
         await store.create(entry, stream, {"model": "m", "variant": "default"})
+        # the online entry in a later millisecond: the bulk stream takes no id at or below its
+        # last one, so in one millisecond the renumbering XADD below was refused
+        await asyncio.sleep(0.002)
     [(online_id, _)] = await aredis.xrange(PARTITION.online)
     [(bulk_id, fields)] = await aredis.xrange(PARTITION.bulk)
     await aredis.xdel(PARTITION.bulk, bulk_id)
