@@ -201,6 +201,12 @@ class ApiKeyStore:
         raw = await self.redis.hgetall(self.keys.api_key(key_id))
         return ApiKey.from_fields(raw) if raw else None
 
+    async def usable(self, key_id: str) -> ApiKey | None:
+        """The key, unless it is unknown, revoked or expired: what a session or a stream opened
+        under it looks at again while it lasts."""
+        key = await self.get(key_id)
+        return key if key is not None and key.refusal(time.time()) is None else None
+
     async def list(self) -> list[ApiKey]:
         """Every key, its records read in one pipelined round trip (not one per key)."""
         ids = sorted(as_text(i) for i in await self.redis.smembers(self.keys.api_key_index))

@@ -3,8 +3,6 @@ events outlived the key's revocation or expiry for as long as the job ran."""
 
 from __future__ import annotations
 
-import time
-
 from redis.exceptions import RedisError
 
 from producer_api.auth.principal import ANONYMOUS, Principal
@@ -12,18 +10,6 @@ from shared.api_keys import ApiKeyStore
 
 RECHECK_S = 5.0  # how often an open stream looks at its key again (one HGETALL)
 REVOKED = "API key revoked or expired"
-
-
-async def key_holds(keys: ApiKeyStore, principal: Principal) -> bool:
-    """True with auth off, and while the key is neither revoked nor expired; a Redis that does
-    not answer cuts no stream (its own reads say so)."""
-    if principal.key_id == ANONYMOUS.key_id:
-        return True
-    try:
-        key = await keys.get(principal.key_id)
-    except RedisError:
-        return True
-    return key is not None and key.refusal(time.time()) is None
 
 
 class KeyWatch:
@@ -36,5 +22,12 @@ class KeyWatch:
         self.revoked = False
 
     async def holds(self) -> bool:
-        self.revoked = not await key_holds(self.keys, self.principal)
+        """True with auth off, and while the key is neither revoked nor expired; a Redis that
+        does not answer cuts no stream (its own reads say so)."""
+        if self.principal.key_id == ANONYMOUS.key_id:
+            return True
+        try:
+            self.revoked = await self.keys.usable(self.principal.key_id) is None
+        except RedisError:
+            return True
         return not self.revoked

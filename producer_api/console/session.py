@@ -125,10 +125,8 @@ async def _usable_key(
 ) -> ApiKey | None:
     """The session's key, unless revoked, expired or logged out of."""
     # the key's record and the logout mark at once: one round trip's wait, not two
-    key, ended = await asyncio.gather(state.api_keys.get(key_id), logouts.ended(nonce))
-    if key is None or key.refusal(time.time()) or ended:
-        return None
-    return key
+    key, ended = await asyncio.gather(state.api_keys.usable(key_id), logouts.ended(nonce))
+    return None if ended else key
 
 
 def check_csrf(session: ConsoleSession, presented: str | None) -> None:
