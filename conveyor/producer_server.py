@@ -14,9 +14,9 @@ import socket
 import uvicorn
 
 APP = "producer_api.app:app"
-# Requests still running this long after SIGTERM are cut, inside a 30 s kill timeout (under
-# uvicorn's command line waits and streams end within 3 s: producer_api/draining.py,
-# stream_shutdown.py; under this server that is not yet shown to hold).
+# Requests still running this long after SIGTERM are cut, inside a 30 s kill timeout (waits and
+# streams end within 3 s: producer_api/draining.py, stream_shutdown.py; tests/
+# test_stream_shutdown.py shows it under this server as under uvicorn's command line).
 GRACEFUL_SHUTDOWN_S = 25
 
 

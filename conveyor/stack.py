@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Literal, cast
 
 import httpx
 import redis
@@ -25,6 +25,13 @@ from shared.model_repository import ModelRepository
 from shared.settings import Settings
 
 BIN = Path(sys.executable).parent
+Server = Literal["uvicorn", "conveyor"]
+# A producer's command line but its address: uvicorn's (compose, Kubernetes), or the server
+# `conveyor up` runs (conveyor/producer_server.py: SO_REUSEPORT, several per port).
+_SERVERS: dict[Server, tuple[str, ...]] = {
+    "uvicorn": (str(BIN / "uvicorn"), "producer_api.app:app", "--no-access-log"),
+    "conveyor": (sys.executable, "-m", "conveyor.producer_server"),
+}
 
 
 def reachable(host: str) -> str:
@@ -153,11 +160,13 @@ class Stack:
         """The consumer-group name a worker process reads under (`{host}-{pid}`)."""
         return f"{socket.gethostname()}-{pid}"
 
-    def start_producer(self, port: int, name: str = "producer", **env: str) -> str:
+    def start_producer(
+        self, port: int, name: str = "producer", server: Server = "uvicorn", **env: str
+    ) -> str:
         """Start a producer and return its URL once it is ready and answers as itself (its
         instance id), not as some other server that already had the port."""
         instance = env.get("CONVEYOR_INSTANCE_ID", name)
-        self.start_producer_process(port, name, **env)
+        self.start_producer_process(port, name, server, **env)
         base_url = f"http://127.0.0.1:{port}"
         self._wait(lambda: _ready(base_url), name)
         answering = _instance(base_url)
@@ -180,10 +189,7 @@ class Stack:
         ids = {f"{instance}{number}" for number in numbers}
         if count > 1:
             env = {**env, MULTIPROC_DIR: str(self._fresh_metrics_dir())}
-        command = [
-            *(sys.executable, "-m", "conveyor.producer_server"),
-            *("--host", host, "--port", str(port)),
-        ]
+        command = [*_SERVERS["conveyor"], "--host", host, "--port", str(port)]
         processes = {
             f"producer{n}": self.spawn(
                 f"producer{n}", command, {**env, "CONVEYOR_INSTANCE_ID": f"{instance}{n}"}
@@ -220,17 +226,16 @@ class Stack:
         return path
 
     def start_producer_process(
-        self, port: int, name: str = "producer", **env: str
+        self, port: int, name: str = "producer", server: Server = "uvicorn", **env: str
     ) -> subprocess.Popen[bytes]:
-        """Spawn a producer on `port` without waiting for it (it may never be ready)."""
+        """Spawn a producer on `port` without waiting for it (it may never be ready): under
+        uvicorn's command line (compose, Kubernetes) or `conveyor up`'s own server."""
         command = [
-            str(BIN / "uvicorn"),
-            "producer_api.app:app",
+            *_SERVERS[server],
             "--host",
             "127.0.0.1",
             "--port",
             str(port),
-            "--no-access-log",
         ]
         return self.spawn(name, command, {"CONVEYOR_INSTANCE_ID": name, **env})
 

@@ -28,7 +28,7 @@ import httpx
 import pytest
 from redis.exceptions import ClusterDownError
 
-from conveyor.stack import Stack, free_port
+from conveyor.stack import Server, Stack, free_port
 from producer_api.auth.key_watch import RECHECK_S
 from producer_api.draining import Draining
 from producer_api.reply_listener import ReplyListener
@@ -157,14 +157,17 @@ def test_sigterm_ends_open_streams_cleanly_and_the_job_resumes_elsewhere(paced: 
     _resumes_and_runs_on(paced, key, sse, openai)
 
 
-def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(paced: Stack) -> None:
+@pytest.mark.parametrize("server", ["uvicorn", "conveyor"])
+def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(
+    paced: Stack, server: Server
+) -> None:
     """uvicorn lets requests in flight finish before the app stops: a long-poll waited out its
     wait, a non-streamed chat completion its whole generation, past an orchestrator's kill
     timeout, and their clients got a reset. Both now answer once the producer is asked to stop
     (after the streams' grace): the job as it stands, or 503 naming it. Under uvicorn's command
-    line (compose, Kubernetes); `conveyor up`'s own server is not covered here."""
+    line (compose, Kubernetes) and under `conveyor up`'s own server (producer_server.py)."""
     key = issue_key(paced.redis_url, "draining", "submit", "read")
-    doomed = paced.start_producer(free_port(), name=DOOMED)
+    doomed = paced.start_producer(free_port(), name=DOOMED, server=server)
     job_id = _submit(doomed, key, 400)  # 20 s of tokens
     chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 400}
     with ThreadPoolExecutor(2) as pool:
