@@ -437,7 +437,10 @@ return out
 # KEYS[1]=stream, KEYS[2]=this second's drained counter; ARGV: group, ttl_s, job-key prefix,
 # worker, renew_before (a job `created` before it gets its hash's TTL renewed to ttl_s; one
 # created since still has the TTL its enqueue set, ttl_s give or take the slack of
-# shared/job_store.renew_before_ms), then per job a record:
+# shared/job_store.renew_before_ms), refill ('1': move a held job in, as a fair lane's
+# write-back does, or one after an entry round robin moved in; '': a plain lane's, which then
+# never looks at the fair hash: workers/partition/partition.Partition.refills), then per job a
+# record:
 #   entry_id, job_id, reply_channel, view, status, write_id, attempt, nfields, field, value, ...
 # status '' means only acknowledge (job already terminal, cancelled or gone; write_id and attempt
 # are then ''); `attempt` is this run's entry for the job's history, as JSON
@@ -460,7 +463,7 @@ return out
 FINISH = (
     _PRELUDE
     + """
-local i, renew_before = 6, tonumber(ARGV[5])
+local i, renew_before = 7, tonumber(ARGV[5])
 local ids, written, fresh = {}, {}, {}
 local replies, channels = {}, {}
 while i <= #ARGV do
@@ -517,7 +520,8 @@ if #ids > 0 then
     redis.call('EXPIRE', KEYS[2], 120)
   end
 end
-refill(KEYS[1], ARGV[1], ARGV[3], 1)  -- each write-back keeps a fair lane's stream awake
+-- each write-back keeps a fair lane's stream awake
+if ARGV[6] == '1' then refill(KEYS[1], ARGV[1], ARGV[3], 1) end
 return written
 """
 )

@@ -25,6 +25,7 @@ class Finish:
     context: Mapping[str, str] = field(default_factory=dict)
     webhook: str = ""
     inflight: str = ""  # the API key's in-flight set holding the job, freed with the write
+    refill: bool = False  # the write-back moves a held job in (Partition.refills)
     # this result's own: a write-back retried after its reply was lost finds it in the hash
     write_id: str = field(default_factory=lambda: secrets.token_hex(8))
 

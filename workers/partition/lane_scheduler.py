@@ -98,15 +98,14 @@ class LaneScheduler:
 
     def _left_waiting(self, deliveries: list[Delivery], max_items: int) -> bool:
         """Whether a blocking read that handed over `deliveries` likely left jobs waiting: it
-        filled a micro-batch, or, in a fair lane, jobs may be held (only a TAKE moves a
-        micro-batch's worth of them in; the stream keeps just one to wake a worker): the read
-        took the stream's whole window (later jobs were held), or round robin had moved one of
-        its jobs in. A quiet fair lane is read as any other, one round trip per micro-batch."""
-        if len(deliveries) >= max_items:
+        filled a micro-batch, or jobs may be held (only a TAKE moves a micro-batch's worth of
+        them in; the stream keeps just one to wake a worker): round robin had moved one of its
+        jobs in (in any lane: a producer with `queue.fair` on holds jobs whatever this worker's
+        config says), or, in a fair lane, the read took the stream's whole window (later jobs
+        were held). A quiet fair lane is read as any other, one round trip per micro-batch."""
+        if len(deliveries) >= max_items or any(d.moved for d in deliveries):
             return True
-        if not self.fair_window:
-            return False
-        return len(deliveries) >= self.fair_window or any(d.moved for d in deliveries)
+        return bool(self.fair_window) and len(deliveries) >= self.fair_window
 
     async def _topped_up(self, batch: MicroBatch, max_items: int, delay_ms: float) -> MicroBatch:
         self.arrivals.arrived(len(batch[1]))

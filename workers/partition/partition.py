@@ -36,6 +36,13 @@ class Partition:
         """The lane streams, online first (the order reclaim serves them in)."""
         return self.online, self.bulk
 
+    def refills(self, delivery: Delivery) -> bool:
+        """Whether the write-back of `delivery` should move a held job into its lane: in a fair
+        lane always (it keeps a blocked worker awake), elsewhere only after an entry round
+        robin moved in (jobs a producer with `queue.fair` on held back, under a worker whose
+        config has it off, still drain); a plain lane's write-back then skips the look."""
+        return self.config.fair_window_of(self.variant) > 0 or delivery.moved
+
     @property
     def max_batch_size(self) -> int:
         return self.config.max_batch_size_of(self.variant)
@@ -54,7 +61,7 @@ class Partition:
         """The Finish of an entry that must not run, or None when it should run."""
         entry = delivery.entry
         if entry is None or not delivery.runnable:
-            return Finish(delivery.entry_id)
+            return Finish(delivery.entry_id, refill=self.refills(delivery))
         now = delivery.claimed_ms
         max_wait_ms = self.config.queue.max_queue_time_s * 1000.0
         waited_too_long = not entry.batch and now - entry.enqueued_ms > max_wait_ms
@@ -107,4 +114,5 @@ class Partition:
             context,
             webhook,
             entry.inflight,
+            refill=self.refills(delivery),
         )

@@ -84,7 +84,9 @@ class ResultWriter:
         `write_id` and attempt: an acknowledgement writes nothing."""
         publish = not get_settings().replica_acks
         renew_before = renew_before_ms(self.ttl_s, now_ms())
+        refill = "1" if any(item.refill for item in batch) else ""
         args: list[Any] = [GROUP, self.ttl_s, self.keys.job_prefix, self.worker, renew_before]
+        args.append(refill)
         for item in batch:
             reply, view = (item.reply, item.message()) if publish else ("", b"")
             args += [item.entry_id, item.job_id, reply, view, item.status]
