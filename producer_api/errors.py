@@ -18,6 +18,13 @@ from producer_api.responses import FastJSONResponse
 from shared.redis_client import OUT_OF_REACH, PersistenceError
 
 log = logging.getLogger(__name__)
+# Statuses whose retry repeats the outcome or does the work again, unless the error says when
+# to retry (Retry-After: a conflict that passes): a 409 (a cancelled job, a request that
+# conflicts with one made before), a 502 (a model's outputs not of the route's shape). OpenAI's
+# SDKs retry 409 and every 5xx unless the response says not to: each retry of a route that
+# runs a job was another job, a cancelled one's cancel undone.
+NO_RETRY = {"x-should-retry": "false"}
+NOT_RETRIED = frozenset({409, 502})
 FULL_RETRY_S = 5  # Retry-After while Redis is out of memory or cannot persist
 FAILING_OVER = "the queue's Redis is a replica for now (a failover?); retry shortly"
 # A Redis that refuses writes for a while, a state of the server and not an error of the
@@ -84,6 +91,8 @@ def error_response(
     details: dict[str, Any] | None = None,
 ) -> FastJSONResponse:
     body = {"error": {"type": type_, "message": message, **(details or {})}}
+    if status in NOT_RETRIED and "Retry-After" not in (headers or {}):
+        headers = {**NO_RETRY, **(headers or {})}
     return FastJSONResponse(body, status_code=status, headers=headers)
 
 

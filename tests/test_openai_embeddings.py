@@ -147,22 +147,31 @@ def test_a_job_cancelled_while_its_request_waits_answers_409(
     base_url: str, minilm_worker: int, stack_redis: redis.Redis
 ) -> None:
     """The request's job ends without succeeding (cancelled by another client while the worker
-    is stopped): the request answers as `/predict` would, with OpenAI's error body."""
+    is stopped): the request answers as `/predict` would, with OpenAI's error body, and tells
+    OpenAI's SDK not to retry: it retries a 409 twice by default, each retry a new job, so the
+    cancel did nothing for its users."""
+    from openai import ConflictError, OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused")  # its default retries
     before = set(stack_redis.scan_iter("cv:job:*"))
     os.kill(minilm_worker, signal.SIGSTOP)
     try:
         with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(_embed, base_url, input="cancelled before it runs")
-            key = until(lambda: set(stack_redis.scan_iter("cv:job:*")) - before)
-            job_id = _job_id(key.pop())
+            text = "cancelled before it runs"
+            waiting = pool.submit(client.embeddings.create, model="minilm", input=text)
+            made = until(lambda: set(stack_redis.scan_iter("cv:job:*")) - before)
+            job_id = _job_id(next(iter(made)))
             cancelled = httpx.delete(f"{base_url}/v1/jobs/{job_id}", timeout=30)
             assert cancelled.status_code == 200, cancelled.text
-            answer = waiting.result(timeout=60)
+            with pytest.raises(ConflictError) as refused:
+                waiting.result(timeout=60)
     finally:
         os.kill(minilm_worker, signal.SIGCONT)
-    assert answer.status_code == 409, answer.text
+    answer = refused.value.response
+    assert answer.headers["x-should-retry"] == "false", answer.headers
     error = answer.json()["error"]
     assert error["type"] == "cancelled" and job_id in error["message"]
+    assert set(stack_redis.scan_iter("cv:job:*")) - before == made  # no job but the first
 
 
 def _job_id(key: str) -> str:

@@ -89,4 +89,4 @@ async def _in_turn(model: str) -> AsyncIterator[None]:
         yield
     except LockError as exc:
         message = f"the canary of model {model} is being decided; try again"
-        raise ConveyorError(409, "conflict", message) from exc
+        raise ConveyorError(409, "conflict", message, {"Retry-After": "1"}) from exc
