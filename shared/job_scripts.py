@@ -17,6 +17,7 @@ from shared.keys import (
     RECENT_SUFFIX,
     REFUSED_SUFFIX,
     REFUSED_TTL_S,
+    UNCOUNTED_SUFFIX,
 )
 
 _PRELUDE = (
@@ -84,7 +85,7 @@ local ADDED, FAIR, RECENT = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}', '{RECENT_SUFFIX}'
 local RECENT_KEPT, RECENT_SLACK = {RECENT_KEPT}, {RECENT_SLACK}
 local FAIR_RING, HELD, MOVED = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}', '{MOVED_FIELD}'
 local REFUSED, REFUSED_TTL = '{REFUSED_SUFFIX}', {REFUSED_TTL_S}
-local UNCOUNTED = 'uncounted'  -- a held job's `held` once it ended held (TRANSITION)
+local UNCOUNTED = '{UNCOUNTED_SUFFIX}'
 """
     + """
 -- Jobs that ended in a lane, newest first and capped: what the console lists (no SCAN). The
@@ -133,7 +134,7 @@ end
 -- grown once for all the refill moves), and its entry the MOVED field (so a worker that reads it
 -- knows more may be held); a held job no longer queued (cancelled, gone) is dropped, so it never
 -- reaches a worker, and costs its tenant no credit (one that ended held left the `held` count
--- when it ended: TRANSITION marks it UNCOUNTED).
+-- when it ended: TRANSITION put its id in the lane's UNCOUNTED set, which outlives its hash).
 local function refill(stream, group, job_prefix, upto)
   local fair, ring, held = stream .. FAIR, stream .. FAIR_RING, stream .. HELD
   local left = tonumber(redis.call('HGET', fair, 'held')) or 0
@@ -154,10 +155,13 @@ local function refill(stream, group, job_prefix, upto)
       if not packed then break end
       left = left - 1
       local entry = cmsgpack.unpack(packed)
-      local jk = jobkey(job_prefix, field(entry, 'id') or '')
-      local job = redis.call('HMGET', jk, 'status', 'held')
-      if job[2] == UNCOUNTED then left = left + 1 end  -- its end took it off the count
-      if can(job[1], 'running') then  -- a dropped job costs no credit
+      local jid = field(entry, 'id') or ''
+      local jk = jobkey(job_prefix, jid)
+      if not can(redis.call('HGET', jk, 'status'), 'running') then  -- dropped: costs no credit
+        if redis.call('SREM', stream .. UNCOUNTED, jid) == 1 then
+          left = left + 1  -- its end took it off the count
+        end
+      else
         redis.call('XADD', stream, '*', MOVED, '1', unpack(entry))
         added = added or tonumber(redis.call('GET', stream .. ADDED)) or 0
         moved = moved + 1
@@ -545,8 +549,7 @@ if not ALLOWED[ARGV[1]] and job[6] == '1' and job[5] then
   -- ended while its fair lane held it back: no longer counted where admission counts held jobs
   -- (its entry stays in its tenant's list until refill drops it)
   redis.call('HINCRBY', job[5] .. FAIR, 'held', -1)
-  table.insert(args, 'held')
-  table.insert(args, UNCOUNTED)
+  redis.call('SADD', job[5] .. UNCOUNTED, ARGV[5])
 end
 if cur == 'running' and not ALLOWED[ARGV[1]] then
   local run = attempt(job[2], job[3], field(args, 'finished'), ARGV[1], field(args, 'error'))

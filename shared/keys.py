@@ -35,6 +35,10 @@ RECENT_SLACK = 1_000  # how far past that a lane's list grows before it is trimm
 FAIR_SUFFIX = ":fair"
 FAIR_RING_SUFFIX = ":fair:ring"
 HELD_SUFFIX = ":held:"
+# The ids of jobs that ended while the lane held them (a set): they left the `held` count then,
+# and refill, dropping their entries later, must not count them off again. Kept with the lane,
+# not in the job's hash, which may have expired by then.
+UNCOUNTED_SUFFIX = ":fair:uncounted"
 # Left on the key of an ENQUEUE call's first job when the call refused it and wrote a later job:
 # how a rerun of the call (its reply lost) is told from a first run, with one EXISTS per call.
 # It outlives any retry of the call (a few backoffs through a failover).

@@ -24,7 +24,7 @@ from shared.job_store import (
     merged_enqueues,
     now_ms,
 )
-from shared.keys import GROUP, Keys
+from shared.keys import GROUP, UNCOUNTED_SUFFIX, Keys
 
 KEYS = Keys("t:")
 
@@ -286,18 +286,22 @@ async def test_a_replayed_id_is_looked_for_wherever_it_stands_in_a_call(
     assert entries == [b"replayed", b"new"]
 
 
+@pytest.mark.parametrize("expired", [False, True])
 async def test_a_held_job_that_ends_no_longer_counts_toward_the_lanes_length(
-    aredis: aioredis.Redis,
+    aredis: aioredis.Redis, expired: bool
 ) -> None:
     """A fair lane counts the jobs it holds back against `max_length`; one cancelled while held
     went on counting until its tenant's turn dropped it, so cancelled jobs kept refusing new
-    ones. Refill still drops their entries, and the count stays that of the live held jobs."""
+    ones. Refill still drops their entries, and the count stays that of the live held jobs,
+    also once the cancelled jobs' hashes have expired (`expired`): the count then went one
+    short for each, refill stopped before the live job, and every later refill found nothing
+    held (the live job stranded)."""
     store = JobStore(aredis, KEYS, ttl_s=60)
-    stream = KEYS.queue("m", "held-ends")
+    stream = KEYS.queue("m", f"held-ends-{expired}")
     await aredis.xgroup_create(stream, GROUP, "0", mkstream=True)
 
-    async def create(job_id: str) -> int:
-        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
+    async def create(job_id: str, tenant: str = "a") -> int:
+        entry = RequestEntry(job_id, {"inputs": {}}, now_ms(), tenant=tenant)
         return await store.create(entry, stream, {"model": "m"}, 3, -1, (1, 1.0))
 
     for job_id in ("in-stream", "held-1", "held-2"):  # a window of 1: the last two are held
@@ -306,14 +310,17 @@ async def test_a_held_job_that_ends_no_longer_counts_toward_the_lanes_length(
         await create("refused")
     for job_id in ("held-1", "held-2"):
         await store.transition(job_id, JobStatus.CANCELLED)
-    await create("after")
+        if expired:  # what their TTL does, before refill reaches their entries
+            await aredis.delete(KEYS.job(job_id))
+    await create("after", "b")  # another tenant's: its turn comes after a's
     assert await aredis.hget(KEYS.fair(stream), "held") == b"1"
     take = aredis.register_script(job_scripts.TAKE)
     _, rows = await take(keys=[stream], args=[GROUP, "c1", 10, KEYS.job_prefix, now_ms(), ""])
     read = [dict(zip(fields[::2], fields[1::2], strict=True))[b"id"] for _, fields, _ in rows]
     assert read == [b"in-stream", b"after"]  # the cancelled ones dropped, never delivered
     assert await aredis.hget(KEYS.fair(stream), "held") == b"0"
-    assert await aredis.llen(KEYS.held(stream, "default")) == 0
+    assert [await aredis.llen(KEYS.held(stream, tenant)) for tenant in "ab"] == [0, 0]
+    assert not await aredis.exists(f"{stream}{UNCOUNTED_SUFFIX}")  # nothing left behind
 
 
 async def test_a_merged_create_that_cannot_be_sent_again_fails_alone(
