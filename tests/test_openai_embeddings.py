@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import os
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,8 +16,10 @@ import numpy as np
 import pytest
 import redis
 
+from conveyor.stack import Stack, free_port
 from producer_api.errors import ConveyorError
 from producer_api.openai.embedding_serving import embedding_list
+from producer_api.stream_shutdown import GRACE_S
 from shared.codec import as_written, dumps, loads
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
@@ -172,6 +175,34 @@ def test_a_job_cancelled_while_its_request_waits_answers_409(
     error = answer.json()["error"]
     assert error["type"] == "cancelled" and job_id in error["message"]
     assert set(stack_redis.scan_iter("cv:job:*")) - before == made  # no job but the first
+
+
+def test_a_producer_asked_to_stop_answers_a_waiting_embeddings_request(
+    stack: Stack, minilm_worker: int, stack_redis: redis.Redis
+) -> None:
+    """The request waits in long polls; once the producer was asked to stop each poll came
+    back at once, and the request spun, reading its job, for as long as the job waited (here
+    its worker is stopped): the producer never exited. It answers 503 naming the job, as a
+    non-streamed completion does, and the job runs on."""
+    name = "doomed-embeddings"
+    doomed = stack.start_producer(free_port(), name=name)
+    before = set(stack_redis.scan_iter("cv:job:*"))
+    os.kill(minilm_worker, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_embed, doomed, input="asked while the producer stops")
+            until(lambda: set(stack_redis.scan_iter("cv:job:*")) - before)
+            began = time.monotonic()
+            exit_code = stack.stop_process(name, timeout=60)
+            stopped_s = time.monotonic() - began
+            answer = waiting.result(timeout=60)
+    finally:
+        os.kill(minilm_worker, signal.SIGCONT)
+    assert exit_code in (0, -signal.SIGTERM) and stopped_s < GRACE_S + 7, stopped_s
+    assert answer.status_code == 503 and answer.headers["Retry-After"] == "1", answer.text
+    job_id = answer.json()["error"]["job"]
+    view = httpx.get(f"{stack.base_url}/v1/jobs/{job_id}", params={"wait": 30}, timeout=60)
+    assert view.json()["status"] == "succeeded", view.text
 
 
 def _job_id(key: str) -> str:

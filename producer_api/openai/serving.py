@@ -158,6 +158,13 @@ def _failure(final: TokenEvent) -> ConveyorError:
     return unsuccessful("job", final.status, final.error)
 
 
+def shutting_down(job_id: str) -> ConveyorError:
+    """What a request waiting for its whole answer gets once the producer is asked to stop
+    (producer_api/draining.py): 503, the job running on, named in it."""
+    message = f"the producer is shutting down; the job runs on: GET /v1/jobs/{job_id}"
+    return ConveyorError(503, "unavailable", message, {"Retry-After": "1"}, {"job": job_id})
+
+
 class OpenAIService:
     def __init__(self, state: ProducerState, principal: Principal) -> None:
         self.state = state
@@ -208,8 +215,7 @@ class OpenAIService:
         to stop first (it waited out the whole generation): the job runs on, named in it."""
         generation = await self.state.draining.first(self.complete(job_id))
         if generation is None:
-            message = f"the producer is shutting down; the job runs on: GET /v1/jobs/{job_id}"
-            raise ConveyorError(503, "unavailable", message, {"Retry-After": "1"}, {"job": job_id})
+            raise shutting_down(job_id)
         return renderer.response(generation).model_dump(mode="json")
 
     async def complete(self, job_id: str) -> Generation:
