@@ -70,6 +70,20 @@ def test_queued_longer_than_max_queue_time_the_job_expires(partition: Partition)
     assert finish.fields["queue_wait_ms"] == "10001"
 
 
+def test_a_job_run_again_after_its_worker_died_is_not_expired_by_max_queue_time(
+    partition: Partition,
+) -> None:
+    """Its time since enqueue holds its first run and the visibility timeout: it ended
+    `expired`, "before it could run", though it had run; its deadline still bounds it."""
+    again = _delivery(enqueued_ms=CLAIMED_MS - 10_001)
+    again.redelivered, again.attempts = True, 2
+    assert partition.skip_or_expire(again) is None
+    late = _delivery(enqueued_ms=CLAIMED_MS - 10_001, deadline_ms=CLAIMED_MS - 1)
+    late.redelivered, late.attempts = True, 2
+    finish = partition.skip_or_expire(late)
+    assert finish is not None and finish.status == JobStatus.EXPIRED
+
+
 def test_a_batch_item_waits_out_its_window_not_max_queue_time(partition: Partition) -> None:
     """A Batch API item carries its window as its deadline; it expired after the queue's
     `max_queue_time_s` (600 s by default), though its batch had 24 h to run."""

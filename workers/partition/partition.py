@@ -64,7 +64,10 @@ class Partition:
             return Finish(delivery.entry_id, refill=self.refills(delivery))
         now = delivery.claimed_ms
         max_wait_ms = self.config.queue.max_queue_time_s * 1000.0
-        waited_too_long = not entry.batch and now - entry.enqueued_ms > max_wait_ms
+        # max_queue_time bounds a wait in the queue: a job run again after its worker died has
+        # waited its first run and the visibility timeout too (only its deadline bounds it then)
+        queued = not entry.batch and not delivery.redelivered
+        waited_too_long = queued and now - entry.enqueued_ms > max_wait_ms
         if (entry.deadline_ms and now > entry.deadline_ms) or waited_too_long:
             error = {"type": "DeadlineExceeded", "message": "job expired before it could run"}
             return self.finish(delivery, JobStatus.EXPIRED, {"error": dumps(error).decode()})
