@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from producer_api.app import create_app
 from producer_api.errors import ConveyorError
 from producer_api.jobs.serving import check_sampling
-from producer_api.openai.protocol import CompletionRequest
+from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from producer_api.token_hub import StreamUnreadable, TagReader
 from shared.consumer_groups import ensure_groups
 from shared.keys import GROUP, Keys
@@ -117,6 +117,10 @@ def test_floats_beyond_64_bit_integers_round_trip(base_url: str, identity_worker
         ("/v1/jobs", {"parameters": {"stop": [""]}}, "parameters.stop"),
         ("/v1/jobs", {"parameters": {"seed": 1.5}}, "parameters.seed"),
         ("/v1/chat/completions", {"stop": [""]}, "stop"),
+        # a boolean or a string is no number (`true` ran as 1 token, or a temperature of 1.0)
+        ("/v1/chat/completions", {"max_completion_tokens": True}, "max_completion_tokens"),
+        ("/v1/chat/completions", {"temperature": True}, "temperature"),
+        ("/v1/jobs", {"parameters": {"top_p": "0.5"}}, "parameters.top_p"),
     ],
 )
 def test_sampling_the_engine_cannot_take_is_422_and_nothing_is_enqueued(
@@ -149,6 +153,23 @@ def test_a_list_of_prompts_is_422_not_one_completion_of_them_joined(
     assert "one prompt per request" in error["message"], error
     assert stack_redis.xlen(lane) == before
     assert CompletionRequest(model="smollm2", prompt=["Say hi."]).inputs() == {"prompt": "Say hi."}
+
+
+def test_a_null_is_openais_default() -> None:
+    """OpenAI's API takes null for its optional fields, and its SDK sends `n=None` or
+    `stream=None` as given: they were 422s. A completion's null `max_tokens` is OpenAI's 16; it
+    was dropped from the job, which then ran to the model's own default (256)."""
+    nulls = {"n": None, "stream": None, "stream_options": {"include_usage": None}}
+    chat = ChatCompletionRequest.model_validate(
+        {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], **nulls}
+    )
+    assert not chat.stream and not chat.include_usage and chat.n is None
+    completion = CompletionRequest.model_validate(
+        {"model": "smollm2", "prompt": "Once", "max_tokens": None, **nulls}
+    )
+    assert completion.parameters()["max_tokens"] == 16
+    temperature = {"model": "smollm2", "prompt": "Once", "temperature": 1}  # an integer is one
+    assert CompletionRequest.model_validate(temperature).parameters()["temperature"] == 1.0
 
 
 def test_a_variants_own_max_tokens_limit_is_the_one_checked() -> None:

@@ -16,15 +16,16 @@ class SamplingParameters(BaseModel):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
-    max_tokens: int | None = Field(default=None, ge=1, strict=True)  # not true, "5" or 5.0
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    # strict: no `true`, "5" or 5.0 for a number (a float takes an integer, as in JSON)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
+    top_p: float | None = Field(default=None, gt=0, le=1, strict=True)
     stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None = (
         None
     )
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64, strict=True)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
 
 
 class PredictRequest(BaseModel):

@@ -33,7 +33,7 @@ class EmbeddingService(OpenAIService):
         example model's vectors may be cut short (vLLM refuses it the same way for a model
         not trained for it)."""
         self.check_serves(request.model, lambda config: config.task == "embed", "embed text")
-        if request.dimensions is not None:
+        if request.dimensions is not None and self.usable(request.model) is not None:
             message = f"dimensions: model {request.model!r} gives whole vectors only"
             raise ConveyorError(400, "invalid_request", message)
         return PredictRequest(

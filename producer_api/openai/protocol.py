@@ -27,18 +27,19 @@ PENALTIES = ("presence_penalty", "frequency_penalty")
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: bool | None = False  # null: OpenAI's default, false
 
 
 class SamplingRequest(SamplingParameters):
     """What both endpoints share: the model, sampling (a job's bounds), streaming, and
-    Conveyor's `variant`. `user` doubles as the routing key, so one user stays on one variant."""
+    Conveyor's `variant`. `user` doubles as the routing key, so one user stays on one variant.
+    A null is OpenAI's default, as its API takes it (its SDK sends `n=None`, `stream=None`)."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str = Field(pattern=NAME)
-    n: Literal[1] = Field(default=1, description="Only one choice per request")
-    stream: bool = False
+    n: Literal[1] | None = Field(default=1, description="Only one choice per request")
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
     variant: str | None = Field(default=None, pattern=NAME, description="Conveyor: a variant")
@@ -50,7 +51,7 @@ class SamplingRequest(SamplingParameters):
 
     @property
     def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
 
 
 class TextPart(BaseModel):
@@ -77,7 +78,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
 
     def inputs(self) -> dict[str, Any]:
         return {"messages": [message.as_input() for message in self.messages]}
@@ -116,10 +117,16 @@ Prompt = Annotated[
 
 
 class CompletionRequest(SamplingRequest):
-    """`max_tokens` defaults to 16, as in OpenAI's API; one prompt per request."""
+    """`max_tokens` defaults to 16, as in OpenAI's API (null too); one prompt per request."""
 
     prompt: Prompt
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int | None = Field(default=16, ge=1, strict=True)
+
+    @field_validator("max_tokens", mode="after")
+    @classmethod
+    def _default_for_null(cls, value: int | None) -> int:
+        """A null was dropped from the job's parameters: the model's own default (256) ran."""
+        return 16 if value is None else value
 
     def inputs(self) -> dict[str, Any]:
         prompt = self.prompt
@@ -215,6 +222,9 @@ TEXT_ONLY = (
 )
 
 
+Text = Annotated[str, Field(min_length=1)]
+
+
 class EmbeddingRequest(BaseModel):
     """OpenAI's embeddings request. `input` is text (one string or a list): the model tokenises
     it itself, so token arrays are refused. `dimensions` (shortened vectors) is refused unless
@@ -223,7 +233,8 @@ class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(pattern=NAME)
-    input: str | Annotated[list[str], Field(min_length=1)]
+    # never empty, as OpenAI's API refuses it: an empty text was embedded (a vector of nothing)
+    input: Text | Annotated[list[Text], Field(min_length=1)]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = Field(default=None, max_length=256)

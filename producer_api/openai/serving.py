@@ -171,12 +171,16 @@ class OpenAIService:
         self.principal = principal
         self.jobs = JobsService(state, principal)
 
-    def check_serves(self, model: str, serves: Callable[[ModelConfig], bool], what: str) -> None:
-        """A known model the route cannot run is a 400, once the key may use it: a model it may
-        not is the submit's 403, as an unknown one is its 404 (the 400 told a key what kind a
-        model it may not use is)."""
+    def usable(self, model: str) -> ModelConfig | None:
+        """The model's config if it is known and the key may use it; else None: the submit
+        answers (404, 403), before any 400 about what the model can do (which told a key what
+        kind a model it may not use is)."""
         config = self.state.repository.get(model)
-        if config is not None and self.principal.may_use(model) and not serves(config):
+        return config if config is not None and self.principal.may_use(model) else None
+
+    def check_serves(self, model: str, serves: Callable[[ModelConfig], bool], what: str) -> None:
+        """A usable model the route cannot run is a 400."""
+        if (config := self.usable(model)) is not None and not serves(config):
             message = f"model {model!r} does not {what}; use /v1/jobs"
             raise ConveyorError(400, "invalid_request", message)
 
