@@ -222,9 +222,6 @@ TEXT_ONLY = (
 )
 
 
-Text = Annotated[str, Field(min_length=1)]
-
-
 class EmbeddingRequest(BaseModel):
     """OpenAI's embeddings request. `input` is text (one string or a list): the model tokenises
     it itself, so token arrays are refused. `dimensions` (shortened vectors) is refused unless
@@ -233,8 +230,7 @@ class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(pattern=NAME)
-    # never empty, as OpenAI's API refuses it: an empty text was embedded (a vector of nothing)
-    input: Text | Annotated[list[Text], Field(min_length=1)]
+    input: str | Annotated[list[str], Field(min_length=1)]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = Field(default=None, max_length=256)
