@@ -165,6 +165,10 @@ def test_the_official_client_runs_a_batch_through_the_files_api(
     counts = batch.request_counts
     assert (counts.total, counts.completed, counts.failed) == (3 + len(REFUSED), 3, len(REFUSED))
     assert batch.output_file_id and batch.error_file_id
+    # whole seconds, as OpenAI gives them (a client with integer types could not read fractions)
+    raw = httpx.get(f"{base_url}/v1/batches/{batch.id}", timeout=30).json()
+    times = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "expires_at")
+    assert all(type(raw[name]) is int for name in times), raw
     for file_id, name in ((batch.output_file_id, "output"), (batch.error_file_id, "errors")):
         content = client.files.content(file_id)
         lines = [json.loads(line) for line in content.text.splitlines()]

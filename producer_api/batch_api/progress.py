@@ -36,9 +36,11 @@ _ENDED_EARLY = {
 }
 
 
-def _seconds(fields: dict[str, str], name: str) -> float | None:
+def _seconds(fields: dict[str, str], name: str) -> int | None:
+    """Whole Unix seconds, as OpenAI's Batch object gives its times: a client with integer
+    types (openai-go's int64) could not read a batch whose times had fractions."""
     value = fields.get(name)
-    return int(value) / 1000.0 if value else None
+    return int(value) // 1000 if value else None
 
 
 def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:

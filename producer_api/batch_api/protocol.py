@@ -114,14 +114,14 @@ class BatchView(BaseModel):
     )
     error_file_id: str | None = None
     metadata: dict[str, str] | None = None
-    created_at: float
-    in_progress_at: float | None = None
-    finalizing_at: float | None = None
-    completed_at: float | None = None
-    failed_at: float | None = None
-    cancelled_at: float | None = None
-    expired_at: float | None = None
-    expires_at: float
+    created_at: int
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    cancelled_at: int | None = None
+    expired_at: int | None = None
+    expires_at: int
     webhook: WebhookState | None = None
     urls: BatchUrls
 
