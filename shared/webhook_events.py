@@ -5,6 +5,8 @@ deliveries survive producer restarts."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import posixpath
 import re
 import time
@@ -19,6 +21,8 @@ from celery import Celery
 
 from shared.celery_broker import broker_app
 from shared.settings import Settings
+
+log = logging.getLogger(__name__)
 
 TASK_NAME = "conveyor.deliver_webhook"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -125,6 +129,20 @@ class WebhookDispatcher:
     @cached_property
     def _celery(self) -> Celery:
         return broker_app(self.broker_url)
+
+    async def hand_over(
+        self, kind: TargetKind, target_id: str, url: str, body: dict[str, Any]
+    ) -> None:
+        """`send` from async code, for an event that reports what is already done (a result
+        written, a cancel committed): a broker that refuses it once kombu has retried the
+        publish costs that event, logged, and fails nothing (a worker's loop ended; a cancel
+        answered 500, and the client's retry 409)."""
+        try:
+            await asyncio.to_thread(self.send, kind, target_id, url, body)
+        except Exception as exc:
+            log.error(
+                "webhook %s of %s %s not handed to delivery: %r", body["type"], kind, target_id, exc
+            )
 
     def send(self, kind: TargetKind, target_id: str, url: str, body: dict[str, Any]) -> None:
         """Blocking (the broker publish): call it from a thread in async code."""

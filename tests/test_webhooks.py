@@ -13,9 +13,12 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from kombu.exceptions import OperationalError
 
 from conveyor.stack import Stack
+from producer_api.app import create_app
 from shared.keys import Keys
+from shared.settings import Settings
 from shared.webhook_events import allowed
 from shared.webhook_signing import HEADER, InvalidSignature, sign, verify
 from tests.conftest import running_stack, until
@@ -202,3 +205,36 @@ def test_a_batch_lines_webhook_is_called_when_its_item_is_cancelled(
     (delivery,) = until(lambda: receiver.at("/hooks/items"))
     event = json.loads(delivery["body"])
     assert (event["type"], event["data"]["id"]) == ("job.cancelled", item)
+
+
+async def test_a_cancel_whose_event_the_broker_refuses_still_answers_the_cancelled_job(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel is committed before its webhook event is handed to delivery: a broker that
+    refused the event (kombu's OperationalError, once it gave up) answered 500, and the
+    client's retry 409. It answers the cancelled job; the lost event is logged, as a worker
+    logs one. The producer runs in-process, on a real Valkey."""
+    hook = "http://127.0.0.1:9/hooks/cancelled"
+    settings = Settings(
+        redis_url=redis_url,
+        key_prefix="cancel-hook:",  # its own keys: no worker of another test reads its lane
+        auth="disabled",
+        webhook_secret=SECRET,
+        webhook_allowlist=["http://127.0.0.1:9/hooks/"],
+    )
+    app = create_app(settings)
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("the broker is unreachable")
+
+    async with app.router.lifespan_context(app):
+        monkeypatch.setattr(app.state.conveyor.webhooks, "send", refused)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            body = {"model": "identity", "inputs": {}, "webhook": hook}
+            created = await client.post("/v1/jobs", json=body)
+            assert created.status_code == 202, created.text
+            cancelled = await client.delete(f"/v1/jobs/{created.json()['id']}")
+            again = await client.get(f"/v1/jobs/{created.json()['id']}")
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["status"] == again.json()["status"] == "cancelled"

@@ -312,9 +312,8 @@ class JobsService:
             ) from None
         view = record.view()
         if url := record.fields.get("webhook"):
-            await asyncio.to_thread(
-                self.state.webhooks.send, "job", job_id, url, event("job.cancelled", view)
-            )
+            body = event("job.cancelled", view)
+            await self.state.webhooks.hand_over("job", job_id, url, body)
         return view
 
     async def _heard(self, record: JobRecord) -> JobRecord:
