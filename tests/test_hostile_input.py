@@ -121,6 +121,11 @@ def test_floats_beyond_64_bit_integers_round_trip(base_url: str, identity_worker
         ("/v1/chat/completions", {"max_completion_tokens": True}, "max_completion_tokens"),
         ("/v1/chat/completions", {"temperature": True}, "temperature"),
         ("/v1/jobs", {"parameters": {"top_p": "0.5"}}, "parameters.top_p"),
+        # not honoured, and the answer would differ: refused, not ignored
+        ("/v1/chat/completions", {"logit_bias": {"50256": -100}}, "logit_bias"),
+        ("/v1/completions", {"prompt": "Once", "echo": True}, "echo"),
+        ("/v1/completions", {"prompt": "Once", "suffix": "end."}, "suffix"),
+        ("/v1/completions", {"prompt": "Once", "best_of": 3}, "best_of"),
     ],
 )
 def test_sampling_the_engine_cannot_take_is_422_and_nothing_is_enqueued(
@@ -160,6 +165,7 @@ def test_a_null_is_openais_default() -> None:
     `stream=None` as given: they were 422s. A completion's null `max_tokens` is OpenAI's 16; it
     was dropped from the job, which then ran to the model's own default (256)."""
     nulls = {"n": None, "stream": None, "stream_options": {"include_usage": None}}
+    nulls |= {"logit_bias": None, "echo": None, "suffix": None, "best_of": None}
     chat = ChatCompletionRequest.model_validate(
         {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], **nulls}
     )

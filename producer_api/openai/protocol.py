@@ -2,7 +2,8 @@
 serves them.
 Fields OpenAI defines that Conveyor does not honour yet (tools, tool_choice, logprobs,
 response_format) are accepted and ignored, so existing client code runs unchanged; vLLM's own
-server honours logprobs and response_format (README, "LLMs")."""
+server honours logprobs and response_format (README, "LLMs"). Those that would change the text
+itself (echo, suffix, best_of, logit_bias) are refused unless left at their defaults."""
 
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ class SamplingRequest(SamplingParameters):
 
     model: str = Field(pattern=NAME)
     n: Literal[1] | None = Field(default=1, description="Only one choice per request")
+    # Fields that would change the answer and are not honoured: refused unless left at their
+    # default, not ignored (the client would get another answer than it asked for).
+    logit_bias: Annotated[dict[str, Any], Field(max_length=0)] | None = Field(
+        default=None, description="Not supported: only empty"
+    )
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
@@ -121,6 +127,9 @@ class CompletionRequest(SamplingRequest):
 
     prompt: Prompt
     max_tokens: int | None = Field(default=16, ge=1, strict=True)
+    echo: Literal[False] | None = Field(default=None, description="Not supported: only false")
+    suffix: None = Field(default=None, description="Not supported: only null")
+    best_of: Literal[1] | None = Field(default=None, description="Not supported: only 1")
 
     @field_validator("max_tokens", mode="after")
     @classmethod
