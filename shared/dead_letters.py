@@ -1,6 +1,9 @@
 """The dead-letter stream of a partition (`cv:dlq:{model}:{variant}`): list what died and why,
 replay it as new jobs once the cause is fixed, or purge it. Dead-lettered jobs stay `failed`
-(terminal states never change); a replay is a new job that records `replay_of`."""
+(terminal states never change); a replay is a new job that records `replay_of`, on the lane its
+letter died in (a Batch API item's replay goes to the bulk lane, where interactive jobs go
+first), through fair queuing where the lane has it (at the default weight: a letter does not
+record its key's)."""
 
 from __future__ import annotations
 
@@ -21,19 +24,24 @@ class DeadLetter:
     reason: str
     deliveries: int
     entry: RequestEntry
+    lane: str = ""  # the stream it died in ('' in letters written before it was recorded)
 
 
 PAGE = 1_000  # letters per XRANGE
 
 
 class DeadLetters:
-    def __init__(self, store: JobStore, keys: Keys, model: str, variant: str) -> None:
+    def __init__(
+        self, store: JobStore, keys: Keys, model: str, variant: str, fair_window: int = 0
+    ) -> None:
+        """`fair_window`: the partition's (ModelConfig.fair_window_of; 0: not fair)."""
         self.store = store
         self.redis = store.redis
         self.keys = keys
         self.model = model
         self.variant = variant
         self.stream = keys.dlq(model, variant)
+        self.fair_window = fair_window
 
     async def partition_exists(self) -> bool:
         """Whether the partition was ever used here: its queue (a worker creates it) or its
@@ -90,8 +98,9 @@ class DeadLetters:
         fields = {"model": self.model, "variant": self.variant, "replay_of": letter.job_id}
         if webhook := letter.entry.payload.get("webhook"):
             fields["webhook"] = webhook  # where a cancel or a dead letter finds it, as any job's
-        stream = self.keys.queue(self.model, self.variant)
-        await self.store.create(entry, stream, fields, may_exist=True)
+        bulk = self.keys.bulk_queue(self.model, self.variant)
+        stream = bulk if letter.lane == bulk else self.keys.queue(self.model, self.variant)
+        await self.store.create(entry, stream, fields, fair=(self.fair_window, 1.0), may_exist=True)
         await self.redis.xdel(self.stream, letter.dlq_id)
         return letter.job_id, entry.job_id
 
@@ -115,4 +124,5 @@ def _dead_letter(dlq_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
         reason=fields.get(b"reason", b"").decode(),
         deliveries=int(fields.get(b"deliveries", b"0")),
         entry=entry,
+        lane=fields.get(b"lane", b"").decode(),
     )

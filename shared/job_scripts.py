@@ -401,7 +401,7 @@ for _, e in ipairs(res[2]) do
   if deliveries > tonumber(ARGV[7]) then
     local reason = 'dead-lettered after ' .. deliveries .. ' deliveries without finishing'
       .. ' (max_deliveries ' .. ARGV[7] .. ')'
-    local dead = {'entry', eid, 'reason', reason, 'deliveries', deliveries}
+    local dead = {'entry', eid, 'lane', KEYS[1], 'reason', reason, 'deliveries', deliveries}
     for i = 1, #fields do table.insert(dead, fields[i]) end
     redis.call('XADD', KEYS[2], '*', unpack(dead))
     local jk = jid and jobkey(ARGV[5], jid)

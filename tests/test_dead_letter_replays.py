@@ -16,11 +16,13 @@ KEYS = Keys("dl:")
 MODEL, VARIANT = "m", "default"
 
 
-async def _dead_letter(client: aioredis.Redis, tenant: str) -> str:
-    """A dead letter as the reclaimer writes it (its entry's fields, reason and deliveries)."""
+async def _dead_letter(client: aioredis.Redis, tenant: str, lane: str | None = None) -> str:
+    """A dead letter as the reclaimer writes it (its entry's fields, the lane it died in,
+    reason and deliveries); `lane` None: one written before letters named their lane."""
     payload = {"inputs": {"t": tenant}}
     entry = RequestEntry(new_job_id(MODEL, VARIANT), payload, now_ms(), tenant=tenant)
-    fields = {"entry": "1-0", "reason": "crashed", "deliveries": 3, **entry.encode()}
+    named = {} if lane is None else {"lane": lane}
+    fields = {"entry": "1-0", **named, "reason": "crashed", "deliveries": 3, **entry.encode()}
     await client.xadd(KEYS.dlq(MODEL, VARIANT), fields)  # type: ignore[arg-type]
     return entry.job_id
 
@@ -102,3 +104,22 @@ async def test_a_replayed_letter_keeps_its_webhook_on_record(aredis: aioredis.Re
     ((_, replay),) = await DeadLetters(store, KEYS, MODEL, VARIANT).replay()
     record = await store.get(replay)
     assert record is not None and record.fields["webhook"] == url
+
+
+async def test_a_letter_is_replayed_on_its_own_lane_and_queued_fairly_there(
+    aredis: aioredis.Redis,
+) -> None:
+    """Every replay went to the online lane, past fair queuing: replaying a batch's thousands
+    of letters put them ahead of every interactive job, and ahead of the tenants a fair lane
+    held back. A letter from the bulk lane is replayed there; in a fair lane whose stream holds
+    its window, the replay is held for its tenant's turn."""
+    online, bulk = KEYS.queue(MODEL, VARIANT), KEYS.bulk_queue(MODEL, VARIANT)
+    await aredis.xgroup_create(bulk, "workers", "0", mkstream=True)
+    await _dead_letter(aredis, "batch", bulk)
+    await _dead_letter(aredis, "old")  # a letter that does not say: the online lane
+    await aredis.xadd(bulk, {"id": "waiting"})  # the bulk lane's window of 1, undelivered
+    letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT, fair_window=1)
+    (_, held), (_, plain) = await letters.replay()
+    assert await aredis.hget(KEYS.job(held), "held") == b"1"  # its tenant's turn will come
+    assert await aredis.lrange(KEYS.held(bulk, "batch"), 0, -1) != []
+    assert [RequestEntry.decode(f).job_id for _, f in await aredis.xrange(online)] == [plain]

@@ -221,6 +221,8 @@ def test_crashing_entry_is_dead_lettered_then_replayed(
         [conveyor, "dlq", "list", "faulty"], env=env, capture_output=True, text=True, check=True
     )
     assert job_id in listed.stdout and "max_deliveries 2" in listed.stdout
+    ((_, letter),) = r.xrange(KEYS.dlq("faulty", "default"))
+    assert letter["lane"] == KEYS.queue("faulty", "default")  # where its replay goes
     fault_stack.start_worker("faulty", name="fixed", **{FIXED_ENV: "1"})
     try:
         until(lambda: receiver.at("/dead"))  # queued by the worker that dead-lettered it

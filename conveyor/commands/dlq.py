@@ -12,6 +12,7 @@ from conveyor.local_stack import with_redis
 from shared.dead_letters import DeadLetters
 from shared.job_store import JobStore
 from shared.keys import Keys
+from shared.model_repository import ModelConfigError, ModelRepository
 from shared.settings import Settings
 
 T = TypeVar("T")
@@ -21,7 +22,7 @@ def _run(model: str, variant: str, action: Callable[[DeadLetters], Awaitable[T]]
     async def on(client: aioredis.Redis, settings: Settings) -> T:
         keys = Keys(settings.key_prefix)
         store = JobStore(client, keys, settings.result_ttl_s)
-        letters = DeadLetters(store, keys, model, variant)
+        letters = DeadLetters(store, keys, model, variant, _fair_window(settings, model, variant))
         if not await letters.partition_exists():
             raise click.ClickException(
                 f"no partition {model}:{variant} in this Redis (neither its queue nor its "
@@ -30,6 +31,16 @@ def _run(model: str, variant: str, action: Callable[[DeadLetters], Awaitable[T]]
         return await action(letters)
 
     return with_redis(on)
+
+
+def _fair_window(settings: Settings, model: str, variant: str) -> int:
+    """The partition's fair window in this machine's model repository, so a replay is queued
+    fairly where the producers would; 0 (not fair) where the repository lacks the model."""
+    try:
+        config = ModelRepository.load(settings.model_repository).models.get(model)
+    except ModelConfigError:
+        return 0
+    return config.fair_window_of(variant) if config is not None else 0
 
 
 @click.group("dlq")

@@ -302,7 +302,8 @@ def _dead_letters(state: ProducerState, partition: str) -> DeadLetters:
     config = state.repository.get(model)
     if config is None or variant not in config.variants:
         raise ConveyorError(404, "not_found", f"no partition {partition!r}")
-    return DeadLetters(state.job_store, state.keys, model, variant)
+    fair_window = config.fair_window_of(variant)
+    return DeadLetters(state.job_store, state.keys, model, variant, fair_window)
 
 
 @router.get("/dead-letters")
