@@ -28,6 +28,7 @@ import httpx
 import pytest
 from redis.exceptions import ClusterDownError
 
+from conveyor.client import Client, StreamFailed
 from conveyor.stack import Server, Stack, free_port
 from producer_api.auth.key_watch import RECHECK_S
 from producer_api.draining import Draining
@@ -103,6 +104,26 @@ class Reader(threading.Thread):
 
     def count(self, needle: str) -> int:
         return sum(1 for e in self.events if needle in e.get("event", "") + e.get("data", ""))
+
+
+class SdkChat(threading.Thread):
+    """A streamed chat completion through the SDK (`Client.chat_stream`), counting its chunks;
+    `error` is what it raised."""
+
+    def __init__(self, base_url: str, key: str) -> None:
+        super().__init__(daemon=True)
+        self.base_url, self.key = base_url, key
+        self.chunks = 0
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        messages = [{"role": "user", "content": PROMPT}]
+        try:
+            with Client(self.base_url, self.key) as client:
+                for _ in client.chat_stream("paced", messages, max_tokens=400):
+                    self.chunks += 1
+        except Exception as exc:
+            self.error = exc
 
 
 def _open_streams(base_url: str, key: str) -> tuple[Reader, Reader]:
@@ -325,10 +346,13 @@ def test_a_revoked_key_ends_its_open_streams(paced: Stack) -> None:
     chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "stream": True}
     url = f"{paced.base_url}/v1/chat/completions"
     openai = Reader("POST", url, key, chat | {"max_tokens": 400})
-    sse.start()
-    openai.start()
-    until(lambda: sse.count("token") >= 3 and openai.count('"content"') >= 3)
+    sdk = SdkChat(paced.base_url, key)
+    for reader in (sse, openai, sdk):
+        reader.start()
+    until(lambda: sse.count("token") >= 3 and openai.count('"content"') >= 3 and sdk.chunks >= 3)
     asyncio.run(_revoke(paced.redis_url, key))
+    sdk.join(RECHECK_S + 8)  # the SDK raises the error chunk (pydantic's ValidationError once)
+    assert isinstance(sdk.error, StreamFailed) and sdk.error.type == "unauthorized", sdk.error
     for reader in (sse, openai):
         reader.join(RECHECK_S + 8)  # well before the jobs' 20 s of tokens are over
         assert not reader.is_alive() and reader.error is None, reader.error

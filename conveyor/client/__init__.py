@@ -20,6 +20,7 @@ from conveyor.client.errors import (
     NotFound,
     RateLimited,
     StreamError,
+    StreamFailed,
     Unavailable,
     WaitTimeout,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "RetryEvent",
     "RetryPolicy",
     "StreamError",
+    "StreamFailed",
     "Unavailable",
     "WaitTimeout",
 ]

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from conveyor.client.errors import APIError, InvalidArgument, WaitTimeout
+from conveyor.client.errors import APIError, InvalidArgument, StreamFailed, WaitTimeout
 from conveyor.client.types import (
     Batch,
     BatchError,
@@ -276,7 +276,12 @@ def chat_stream_call(model: str, messages: list[dict[str, Any]], params: dict[st
 
 
 def chat_chunk(event: Event) -> ChatCompletionChunk | None:
-    """A chunk of a streamed chat completion; None for the closing `[DONE]`."""
+    """A chunk of a streamed chat completion; None for the closing `[DONE]`. An error chunk
+    (`{"error": {type, message}}`, how the server ends a stream it cannot finish) raises
+    StreamFailed: read as a chunk, it raised pydantic's ValidationError."""
     if event.data == "[DONE]":
         return None
-    return ChatCompletionChunk.model_validate_json(event.data)
+    body = orjson.loads(event.data)
+    if isinstance(body, dict) and isinstance(error := body.get("error"), dict):
+        raise StreamFailed(200, str(error.get("type")), str(error.get("message")))
+    return ChatCompletionChunk.model_validate(body)

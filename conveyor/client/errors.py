@@ -80,5 +80,12 @@ class WaitTimeout(ConveyorError, TimeoutError):
         self.last = last
 
 
+class StreamFailed(APIError):
+    """A streamed answer that ended with an error chunk instead of its end (its HTTP status,
+    `status`, was 200): `type` says why, as the whole answer's error would (`unavailable`: the
+    producer stopped; `unauthorized`: the key was revoked; `restarted`; `failed`, `cancelled`,
+    `expired`)."""
+
+
 class StreamError(ConveyorError):
     """An event stream could not be resumed (the reconnects ran out)."""
