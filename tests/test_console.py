@@ -265,23 +265,40 @@ def test_dead_letters_are_replayed_all_at_once_or_discarded_after_a_confirmation
     assert r.xlen(DLQ) == 0
 
 
-def test_a_key_sees_only_the_models_it_may_use(console_stack: Stack) -> None:
+def test_a_key_sees_only_the_models_it_may_use(console_stack: Stack, admin_key: str) -> None:
     """`GET /v1/models` hides the models a key may not use; the console showed every model's
-    partitions, queue depths and rates to it, on its pages and in its live feed."""
+    partitions, queue depths and rates to it, on its pages and in its live feed, and every
+    worker, with its host and pid (a worker serving `paced` here)."""
+    unseen = console_stack.consumer_name(console_stack.start_worker("paced", "paced-unseen"))
     with ThreadPoolExecutor(1) as pool:  # issue_key runs its own event loop
         narrow = pool.submit(
             issue_key, console_stack.redis_url, "acme", "read", models=frozenset({"faulty"})
         ).result()
-    with httpx.Client(base_url=console_stack.base_url, timeout=30) as client:
-        assert console_login(client, narrow).status_code == 303
-        page = client.get("/console").text
-        assert 'data-partition="faulty:default"' in page
-        assert "paced:default" not in page
-        jobs = client.get("/console/jobs").text
-        assert "<option>faulty</option>" in jobs and "<option>paced</option>" not in jobs
-        with client.stream("GET", "/console/stream") as events:
-            data = next(line for line in events.iter_lines() if line.startswith("data: "))
-    assert {p["model"] for p in json.loads(data[6:])["partitions"]} == {"faulty"}
+    try:
+        with httpx.Client(base_url=console_stack.base_url, timeout=30) as client:
+            assert console_login(client, narrow).status_code == 303
+            until(lambda: unseen in _workers_page(console_stack, admin_key))
+            page = client.get("/console").text
+            assert 'data-partition="faulty:default"' in page
+            assert "paced:default" not in page
+            jobs = client.get("/console/jobs").text
+            assert "<option>faulty</option>" in jobs and "<option>paced</option>" not in jobs
+            workers = client.get("/console/workers").text
+            assert unseen not in workers and "paced:default" not in workers
+            with client.stream("GET", "/console/stream") as events:
+                data = next(line for line in events.iter_lines() if line.startswith("data: "))
+    finally:
+        console_stack.stop_process("paced-unseen")
+    summary = json.loads(data[6:])
+    assert {p["model"] for p in summary["partitions"]} == {"faulty"}
+    assert all("paced:default" not in w["models"] for w in summary["workers"]), summary
+    assert unseen not in data
+
+
+def _workers_page(stack: Stack, key: str) -> str:
+    with httpx.Client(base_url=stack.base_url, timeout=30) as client:
+        console_login(client, key)
+        return client.get("/console/workers").text
 
 
 def test_the_dead_letters_page_counts_every_letter(

@@ -186,14 +186,21 @@ def _summary_page(
 
 def _summary_for(snapshot: dict[str, Any], current: ConsoleSession) -> dict[str, Any]:
     """The summary as a session may see it: an admin all of it; anyone else the batches of
-    their tenant and the partitions of the models their key may use (every model's queues and
-    rates were shown to a key `GET /v1/models` shows one model)."""
+    their tenant, and the partitions and workers of the models their key may use (every model's
+    queues and rates, and every worker with its host and pid, were shown to a key
+    `GET /v1/models` shows one model)."""
     if current.admin:
         return snapshot
     principal = current.principal
+
+    def usable(partitions: list[str]) -> list[str]:
+        return [p for p in partitions if principal.may_use(p.partition(":")[0])]
+
+    workers = [{**w, "models": usable(w["models"])} for w in snapshot["workers"]]
     return {
         **snapshot,
         "partitions": [p for p in snapshot["partitions"] if principal.may_use(p["model"])],
+        "workers": [w for w in workers if w["models"]],
         "batches": [b for b in snapshot["batches"] if b["tenant"] == principal.tenant],
     }
 
