@@ -185,10 +185,14 @@ def test_everything_reads_one_redis_secret(overlay):
 
 
 def test_dev_redis_is_the_one_the_secret_names_and_keeps_an_aof():
+    """KEDA's operator reads `address` from its own namespace: a short name (`redis`, as this
+    test once required) resolved to nothing there, and no ScaledObject could scale."""
     secret = of_kind("dev", "Secret")[SECRET_NAME]["stringData"]
     service = of_kind("dev", "Service")["redis"]
     host, port = secret["address"].split(":")
-    assert (host, int(port)) == ("redis", service["spec"]["ports"][0]["port"])
+    namespace = service["metadata"]["namespace"]
+    assert host == f"redis.{namespace}.svc.cluster.local"
+    assert int(port) == service["spec"]["ports"][0]["port"]
     assert secret["url"] == f"redis://:{secret['password']}@{secret['address']}/0"
     (container,) = of_kind("dev", "StatefulSet")["redis"]["spec"]["template"]["spec"]["containers"]
     args = container["args"]
