@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis.asyncio as aioredis
 
 from shared.keys import Keys
-from shared.variant_stats import VariantStats
+from shared.variant_stats import BUCKET_S, VariantStats, window_span_s
 from tests.conftest import until_async
 from workers.partition.finished_stats import FinishedStats
 
@@ -53,3 +54,21 @@ async def test_statistics_are_gathered_then_sent_a_moment_later_and_at_close(
     gathered.add([_finished("succeeded", 3)])
     await gathered.close()  # a stopping worker sends at once
     assert await requests() == 4
+
+
+async def test_a_window_counts_over_its_whole_buckets(aredis: aioredis.Redis) -> None:
+    """A window's buckets are whole, so it starts at the start of its first bucket: between 0
+    and BUCKET_S before `since`, not always BUCKET_S (the console divided a minute's count by 70
+    s, reading a steady rate up to a seventh low). Jobs counted in the current bucket are in a
+    window that starts where `window_span_s` says."""
+    now = time.time()
+    since = now - 60.0
+    span = window_span_s(since, now)
+    assert span == pytest.approx(now - (since // BUCKET_S) * BUCKET_S)
+    assert 60.0 <= span < 60.0 + BUCKET_S
+    assert window_span_s(1_000_000.0, 1_000_060.0) == 60.0  # since on a bucket's start
+    assert window_span_s(1_000_009.5, 1_000_069.5) == pytest.approx(69.5)
+    stats = VariantStats(aredis, Keys("span:"))
+    await stats.add_counts("m", "v", {"succeeded": 7.0})
+    window = (await stats.window("m", ["v"], since, now))["v"]
+    assert window.counters["succeeded"] == 7.0

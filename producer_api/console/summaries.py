@@ -19,7 +19,7 @@ from producer_api.periodic import Periodic
 from producer_api.state import ProducerState
 from shared.batch_api_store import ENDED_KEPT_MS, BatchStatus
 from shared.partition_stats import PartitionStats, read_partition_stats
-from shared.variant_stats import VariantStats, Window
+from shared.variant_stats import VariantStats, Window, window_span_s
 from shared.worker_registry import WorkerRegistry
 
 INTERVAL_S = 1.0
@@ -115,7 +115,7 @@ class ConsoleSummaries:
         since = now - STATS_WINDOW_S
         for config in self.state.repository:
             windows = await self.stats.window(config.name, config.variants, since, now)
-            span_s = max(now - since + 10.0, 1.0)  # buckets are whole: the window starts early
+            span_s = window_span_s(since, now)
             for variant, window in windows.items():
                 name = f"{config.name}:{variant}"
                 self._rates[name] = _rates(window, span_s)
