@@ -118,6 +118,10 @@ def test_an_openai_batch_of_embeddings_answers_as_the_route(
     write_results(results, tmp_path / "out.jsonl", tmp_path / "err.jsonl")
     written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert written == outputs
+    # the errors file too: its nulls (`id`, `response` of a line that never ran) were dropped,
+    # and readers of OpenAI's format met a KeyError
+    refused = [json.loads(line) for line in (tmp_path / "err.jsonl").read_text().splitlines()]
+    assert refused == errors
 
 
 def test_a_batch_of_jobs_says_so_and_keeps_its_output_lines(

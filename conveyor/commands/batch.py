@@ -44,11 +44,12 @@ def result_paths(source: Path) -> tuple[Path, Path]:
 
 
 def write_results(results: BatchResults, output: Path, errors: Path) -> None:
-    lines = (orjson.dumps(o.model_dump(exclude_unset=True)) + b"\n" for o in results.outputs)
-    output.write_bytes(b"".join(lines))
-    errors.write_bytes(
-        b"".join(orjson.dumps(e.model_dump(exclude_none=True)) + b"\n" for e in results.errors)
-    )
+    """Both files' lines as the server served them (what was absent stays absent, a null a
+    null: OpenAI's errors lines carry `id` and `response` null for a line that never ran)."""
+    for path, lines in ((output, results.outputs), (errors, results.errors)):
+        path.write_bytes(
+            b"".join(orjson.dumps(o.model_dump(exclude_unset=True)) + b"\n" for o in lines)
+        )
 
 
 def follow(client: Client, batch: Batch) -> Batch:
