@@ -1,7 +1,9 @@
 """`conveyor autoscale`: KEDA's decision for one machine. Each pool (model, variant) is polled
 with the same triggers and formula KEDA and the HPA use (`scaling_math`; a pool scaled on
 seconds of backlog reads them from Redis with the producer's formula), and worker processes
-are started or stopped between min and max replicas; stops are SIGTERM, so workers drain."""
+are started or stopped between min and max replicas; stops are SIGTERM, so workers drain. A
+worker that died (killed for memory, crashed) leaves the count at the next poll and the formula
+replaces it, as Kubernetes restarts a pod."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class PoolScaler:
     cooldown_s: float
     start_worker: Callable[[str], str]
     stop_worker: Callable[[str], None]
+    alive: Callable[[str], bool]
     workers: list[str] = field(default_factory=list)
     last_active: float = 0.0
     started: int = 0
@@ -51,6 +54,7 @@ class PoolScaler:
         keys: Keys,
         start_worker: Callable[[str], str],
         stop_worker: Callable[[str], None],
+        alive: Callable[[str], bool],
     ) -> PoolScaler:
         hints = config.autoscaling
         triggers = [
@@ -64,11 +68,13 @@ class PoolScaler:
             hints.cooldown_s,
             start_worker,
             stop_worker,
+            alive,
         )
 
     def tick(self, client: redis.Redis, now: float | None = None) -> int:
         """Poll once and act; returns the worker count afterwards."""
         now = time.monotonic() if now is None else now
+        self._forget_dead()
         readings = poll(client, self.triggers)
         if any(r.active for r in readings):
             self.last_active = now
@@ -83,6 +89,13 @@ class PoolScaler:
     def stop_all(self) -> None:
         while self.workers:
             self._scale_down()
+
+    def _forget_dead(self) -> None:
+        """Workers that died leave the count: counted on, they kept their pool short for good
+        (the formula saw its replicas all there)."""
+        for name in [w for w in self.workers if not self.alive(w)]:
+            log.warning("%s: worker %s exited; a new one replaces it if needed", self.name, name)
+            self.workers.remove(name)
 
     def _scale_up(self, count: int) -> None:
         log.info("scale up", extra={"pool": self.name, "from": len(self.workers), "by": count})

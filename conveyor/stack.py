@@ -294,6 +294,11 @@ class Stack:
         """Start `name` again as it was first started (same command, environment and log)."""
         return self.spawn(name, *self.commands[name])
 
+    def running(self, name: str) -> bool:
+        """Whether child `name` was started and has not exited."""
+        process = self.processes.get(name)
+        return process is not None and process.poll() is None
+
     def exited(self, name: str) -> None:
         """Child `name` was seen to exit: a producer sharing its metrics directory takes its
         per-process series (shared/metrics.py) with it, restarted or given up on; its counts

@@ -214,7 +214,9 @@ def test_equal_entries_tenfold_costs_scale_in_proportion(costly_stack: Stack) ->
         assert gauge(exported, model) == pytest.approx(seconds, rel=1e-6)  # one formula
         assert backlog_reading(client, config) == pytest.approx(seconds, rel=1e-6)
         # start_worker only names the worker: the decision is what is under test
-        scaler = PoolScaler.for_partition(config, "default", KEYS, str, lambda _: None)
+        scaler = PoolScaler.for_partition(
+            config, "default", KEYS, str, lambda _: None, lambda _: True
+        )
         counts[model] = scaler.tick(client)
         assert counts[model] == math.ceil(seconds / TARGET_S)  # the HPA's AverageValue rule
     backlog_ratio = views["dear"]["backlog_seconds"] / views["cheap"]["backlog_seconds"]

@@ -212,7 +212,7 @@ def test_backlog_seconds_pools_render_one_valid_trigger_per_scaler():
 @pytest.mark.parametrize("scaler", ["metrics-api", "prometheus"])
 def test_local_autoscaler_reads_the_rendered_backlog_target(scaler):
     config = backlog_model(scaler)
-    pool = PoolScaler.for_partition(config, "default", KEYS, str, lambda _: None)
+    pool = PoolScaler.for_partition(config, "default", KEYS, str, lambda _: None, lambda _: True)
     assert pool.triggers == [BacklogTrigger(config, "default", KEYS, 12.5, 0.0)]
 
 

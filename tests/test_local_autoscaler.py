@@ -114,6 +114,30 @@ def test_burst_scales_up_then_idle_scales_to_zero(elastic_stack: Stack, tmp_path
         process.wait(timeout=60)
 
 
+def test_a_worker_that_dies_is_replaced(elastic_stack: Stack, tmp_path: Path) -> None:
+    """Nothing looked at whether a worker it started still ran: one killed (for memory, by a
+    crash) went on counting, the formula saw its replicas all there, and the pool stayed short
+    for good. Now the next poll says so and starts another, as Kubernetes restarts a pod."""
+    process, lines = _autoscaler(elastic_stack.env, tmp_path / "scaler", "0.5")
+    client = redis.Redis.from_url(elastic_stack.redis_url, decode_responses=True)
+    try:
+        _wait_for(lines, "elastic:default replicas=0", timeout=60)
+        ids = asyncio.run(_burst(elastic_stack.base_url, 600))
+        _wait_for(lines, "elastic:default replicas=3", timeout=120)
+        victim = until(
+            lambda: next(filter(None, (client.hget(KEYS.job(i), "worker") for i in ids)), None)
+        )
+        os.kill(int(victim.rsplit("-", 1)[1]), signal.SIGKILL)
+        _wait_for(lines, "elastic:default: worker", timeout=30, prefix=True)
+        # the three, and the one that replaced the dead one, took jobs (the dead one's are
+        # reclaimed after the visibility timeout, as ever)
+        until(lambda: len({client.hget(KEYS.job(i), "worker") for i in ids} - {None}) >= 4, 60)
+    finally:
+        client.close()
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+
+
 def test_a_redis_outage_keeps_the_pools_as_they_are(tmp_path: Path) -> None:
     """A poll that found Redis gone raised out of the loop: the autoscaler died, and stopped
     every worker it had started on its way out. Now it says so and polls again. (An

@@ -46,6 +46,7 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
             keys,
             functools.partial(start_pool_worker, stack, f"{config.name}:{variant}"),
             functools.partial(_stop, stack),
+            stack.running,
         )
         for config, variant in partitions
     ]
