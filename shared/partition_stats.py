@@ -17,12 +17,15 @@ from shared.model_repository import ModelRepository
 
 @dataclass(slots=True)
 class LaneStats:
-    """`length`: entries queued or in flight, jobs held back by fair queuing (`held`) included."""
+    """`length`: entries queued or in flight, jobs held back by fair queuing (`held`) included.
+    `lag`: entries in the stream no worker has been handed yet (XLEN - pending, as every
+    acknowledged entry is deleted): XINFO's own `lag` reads null once entries are acknowledged
+    out of order, and was shown as 0 while work waited."""
 
     stream: str
     length: int = 0
     held: int = 0
-    lag: int | None = 0
+    lag: int = 0
     pending: int = 0
     consumers: int = 0
     last_delivered: str = "0-0"
@@ -60,6 +63,7 @@ async def read_partition_stats(
         for lane in (partition.online, partition.bulk):
             _apply_group(lane, next(results))
             lane.length = _int(next(results))
+            lane.lag = max(0, lane.length - lane.pending)
             lane.held = _number(next(results))
             lane.length += lane.held
         partition.dlq_depth = _int(next(results))
@@ -70,8 +74,6 @@ async def read_partition_stats(
 def _apply_group(lane: LaneStats, groups: Any) -> None:
     for group in groups if isinstance(groups, list) else []:
         if as_text(group.get("name")) == GROUP:
-            lag = group.get("lag")
-            lane.lag = None if lag is None else int(lag)
             lane.pending = int(group.get("pending", 0))
             lane.consumers = int(group.get("consumers", 0))
             lane.last_delivered = as_text(group.get("last-delivered-id", "0-0"))

@@ -46,7 +46,7 @@ async def _refresh_gauges(state: ProducerState) -> None:
     for partition in await read_partition_stats(state.redis, state.keys, state.repository):
         labels = (partition.model, partition.variant)
         for lane_name, lane in (("online", partition.online), ("bulk", partition.bulk)):
-            PARTITION_LAG.labels(*labels, lane_name).set(lane.lag or 0)
+            PARTITION_LAG.labels(*labels, lane_name).set(lane.lag)
             PARTITION_PENDING.labels(*labels, lane_name).set(lane.pending)
             OLDEST_AGE.labels(*labels, lane_name).set(lane.oldest_age_s)
         DLQ_DEPTH.labels(*labels).set(partition.dlq_depth)

@@ -31,7 +31,7 @@ function renderPartitions(partitions) {
     if (!row) continue;
     setText(cell(row, "online.length"), p.online.length);
     setText(cell(row, "bulk.length"), p.bulk.length);
-    setText(cell(row, "lag"), (p.online.lag || 0) + (p.bulk.lag || 0));
+    setText(cell(row, "lag"), p.online.lag + p.bulk.lag);
     setText(cell(row, "pending"), p.online.pending + p.bulk.pending);
     setText(cell(row, "oldest"), `${Math.max(p.online.oldest_age_s, p.bulk.oldest_age_s).toFixed(1)} s`);
     setText(cell(row, "dlq"), p.dlq);
