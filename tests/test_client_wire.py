@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.client import APIError, AsyncClient, Client
+from conveyor.client import APIError, AsyncClient, Client, RateLimited
 from tests.local_http import LocalServer, serving
 
 SEPARATED = "a\u2028b\u2029c\x85d"  # line and paragraph separators, NEL: legal inside JSON
@@ -24,6 +24,7 @@ class _Server(LocalServer):
         super().__init__(_Handler)
         self.posts: list[tuple[str, str | None]] = []  # (path, Idempotency-Key)
         self.resumed: list[str | None] = []  # Last-Event-ID of each /v1/jobs/cut/events
+        self.limited = 0  # GETs of /v1/jobs/limited, each answered 429 with Retry-After: 30
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -37,6 +38,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(503, json.dumps(error).encode(), "application/json", {"Retry-After": "0"})
 
     def do_GET(self) -> None:
+        if self.path.startswith("/v1/jobs/limited"):
+            self.server.limited += 1
+            error = {"error": {"type": "rate_limited", "message": "slow down"}}
+            self._send(429, json.dumps(error).encode(), "application/json", {"Retry-After": "30"})
+            return
         if self.path.startswith("/v1/jobs/quiet/"):
             self._quiet()
             return
@@ -149,3 +155,12 @@ def test_a_stream_resumes_through_the_outage_that_cut_it(server: _Server) -> Non
         events = [event.event for event in client.stream("cut")]
     assert events == ["token", "error", "final"]
     assert server.resumed == [None, "1", "1"]
+
+
+def test_a_wait_does_not_retry_past_its_timeout(server: _Server) -> None:
+    """Its retries slept out the server's Retry-After (30 s here, up to 300 s), five times
+    over, past the wait's own timeout: `wait(timeout=1)` took minutes. A retry that would start
+    past the timeout is not made: the 429 is raised within it."""
+    with Client(server.url) as client, pytest.raises(RateLimited):
+        client.wait("limited", timeout=1)
+    assert server.limited == 1  # no retry: the first would have started 30 s in

@@ -124,11 +124,11 @@ class AsyncClient:
             try:
                 response = await self.http.send(call.build(self.http))
             except httpx.TransportError as exc:
-                pause = self.retry.after_error(attempt, exc, call.repeatable)
+                pause = self.retry.after_error(attempt, exc, call.repeatable, call.deadline)
                 if pause is None:
                     raise
             else:
-                pause = self.retry.after_response(attempt, response, call.repeatable)
+                pause = self.retry.after_response(attempt, response, call.repeatable, call.deadline)
                 if pause is None:
                     return raise_for_error(response)
             await self._pause(pause)

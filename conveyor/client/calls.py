@@ -49,6 +49,7 @@ class Call:
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None
     repeatable: bool = True
+    deadline: float | None = None  # monotonic: no retry after it (a wait's timeout)
 
     def build(self, client: httpx.Client | httpx.AsyncClient) -> httpx.Request:
         timeout = client.timeout if self.timeout is None else httpx.Timeout(self.timeout)
@@ -136,7 +137,11 @@ def wait(job_id: str, timeout: float | None, attempts: bool = False) -> Op[Job]:
         slice_s = _left(deadline, LONG_POLL_S)
         params = {"wait": slice_s, **_attempts(attempts)}
         response = yield Call(
-            "GET", f"/v1/jobs/{segment(job_id)}", params=params, timeout=slice_s + SLACK_S
+            "GET",
+            f"/v1/jobs/{segment(job_id)}",
+            params=params,
+            timeout=slice_s + SLACK_S,
+            deadline=deadline,
         )
         job = Job.model_validate(response.json())
         if job.done:
@@ -169,6 +174,7 @@ def predict(model: str, inputs: dict[str, Any], timeout: float, options: JobOpti
         json={"inputs": inputs, **options},
         timeout=asked + SLACK_S,
         repeatable=False,
+        deadline=deadline,
     )
     job = Job.model_validate(response.json())
     if response.status_code == 202:

@@ -72,11 +72,21 @@ class RetryPolicy:
         return random.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
 
     def after_response(
-        self, attempt: int, response: httpx.Response, repeatable: bool
+        self,
+        attempt: int,
+        response: httpx.Response,
+        repeatable: bool,
+        deadline: float | None = None,
     ) -> RetryEvent | None:
         """The pause before retry number `attempt + 1`, or None to accept `response`. A 503 to
         a request that is not `repeatable` (a POST without an Idempotency-Key) is accepted: the
-        server may have enqueued its job before failing, and a retry would enqueue another."""
+        server may have enqueued its job before failing, and a retry would enqueue another. No
+        retry ends past `deadline` (monotonic; a wait's own timeout)."""
+        return _before(deadline, self._after_response(attempt, response, repeatable))
+
+    def _after_response(
+        self, attempt: int, response: httpx.Response, repeatable: bool
+    ) -> RetryEvent | None:
         asked = retry_after_s(response.headers)
         status = response.status_code
         retryable = (
@@ -96,11 +106,26 @@ class RetryPolicy:
         return RetryEvent(attempt + 1, delay, f"HTTP {response.status_code}", asked)
 
     def after_error(
-        self, attempt: int, error: httpx.TransportError, repeatable: bool
+        self,
+        attempt: int,
+        error: httpx.TransportError,
+        repeatable: bool,
+        deadline: float | None = None,
     ) -> RetryEvent | None:
         """A request that never reached the server (connect failed) is always safe to send
-        again; one that may have arrived only if sending it twice does no harm."""
+        again; one that may have arrived only if sending it twice does no harm. No retry ends
+        past `deadline`."""
         never_sent = isinstance(error, httpx.ConnectError | httpx.ConnectTimeout)
         if attempt >= self.max_retries or not (never_sent or repeatable):
             return None
-        return RetryEvent(attempt + 1, self.backoff_s(attempt), f"{type(error).__name__}")
+        pause = RetryEvent(attempt + 1, self.backoff_s(attempt), f"{type(error).__name__}")
+        return _before(deadline, pause)
+
+
+def _before(deadline: float | None, pause: RetryEvent | None) -> RetryEvent | None:
+    """`pause`, unless the retry after it would start past `deadline`: a wait's timeout held
+    only between its polls, and its retries slept out a server's Retry-After (up to 300 s, five
+    times over) past it."""
+    if pause is None or deadline is None or time.monotonic() + pause.delay_s < deadline:
+        return pause
+    return None

@@ -135,11 +135,11 @@ class Client:
             try:
                 response = self.http.send(call.build(self.http))
             except httpx.TransportError as exc:
-                pause = self.retry.after_error(attempt, exc, call.repeatable)
+                pause = self.retry.after_error(attempt, exc, call.repeatable, call.deadline)
                 if pause is None:
                     raise
             else:
-                pause = self.retry.after_response(attempt, response, call.repeatable)
+                pause = self.retry.after_response(attempt, response, call.repeatable, call.deadline)
                 if pause is None:
                     return raise_for_error(response)
             self._pause(pause)
