@@ -86,6 +86,7 @@ local RECENT_KEPT, RECENT_SLACK = {RECENT_KEPT}, {RECENT_SLACK}
 local FAIR_RING, HELD, MOVED = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}', '{MOVED_FIELD}'
 local REFUSED, REFUSED_TTL = '{REFUSED_SUFFIX}', {REFUSED_TTL_S}
 local UNCOUNTED = '{UNCOUNTED_SUFFIX}'
+local UNCOUNTED_MARK = 'uncounted'  -- the job hash's mark, before the set (rolling upgrades)
 """
     + """
 -- Jobs that ended in a lane, newest first and capped: what the console lists (no SCAN). The
@@ -157,9 +158,11 @@ local function refill(stream, group, job_prefix, upto)
       local entry = cmsgpack.unpack(packed)
       local jid = field(entry, 'id') or ''
       local jk = jobkey(job_prefix, jid)
-      if not can(redis.call('HGET', jk, 'status'), 'running') then  -- dropped: costs no credit
-        if redis.call('SREM', stream .. UNCOUNTED, jid) == 1 then
-          left = left + 1  -- its end took it off the count
+      local job = redis.call('HMGET', jk, 'status', 'held')
+      if not can(job[1], 'running') then  -- dropped: costs no credit
+        -- its end took it off the count (the set, or the hash's mark: a rolling upgrade)
+        if redis.call('SREM', stream .. UNCOUNTED, jid) == 1 or job[2] == UNCOUNTED_MARK then
+          left = left + 1
         end
       else
         redis.call('XADD', stream, '*', MOVED, '1', unpack(entry))
@@ -550,6 +553,8 @@ if not ALLOWED[ARGV[1]] and job[6] == '1' and job[5] then
   -- (its entry stays in its tenant's list until refill drops it)
   redis.call('HINCRBY', job[5] .. FAIR, 'held', -1)
   redis.call('SADD', job[5] .. UNCOUNTED, ARGV[5])
+  table.insert(args, 'held')  -- the mark workers before the set read (a rolling upgrade)
+  table.insert(args, UNCOUNTED_MARK)
 end
 if cur == 'running' and not ALLOWED[ARGV[1]] then
   local run = attempt(job[2], job[3], field(args, 'finished'), ARGV[1], field(args, 'error'))

@@ -38,7 +38,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(503, json.dumps(error).encode(), "application/json", {"Retry-After": "0"})
 
     def do_GET(self) -> None:
-        if self.path.startswith("/v1/jobs/limited"):
+        if self.path.startswith(("/v1/jobs/limited", "/v1/batches/limited")):
             self.server.limited += 1
             error = {"error": {"type": "rate_limited", "message": "slow down"}}
             self._send(429, json.dumps(error).encode(), "application/json", {"Retry-After": "30"})
@@ -161,6 +161,9 @@ def test_a_wait_does_not_retry_past_its_timeout(server: _Server) -> None:
     """Its retries slept out the server's Retry-After (30 s here, up to 300 s), five times
     over, past the wait's own timeout: `wait(timeout=1)` took minutes. A retry that would start
     past the timeout is not made: the 429 is raised within it."""
-    with Client(server.url) as client, pytest.raises(RateLimited):
-        client.wait("limited", timeout=1)
-    assert server.limited == 1  # no retry: the first would have started 30 s in
+    with Client(server.url) as client:
+        with pytest.raises(RateLimited):
+            client.wait("limited", timeout=1)
+        with pytest.raises(RateLimited):
+            client.batches.wait("limited", timeout=1)
+    assert server.limited == 2  # one each, no retry: the first would have started 30 s in

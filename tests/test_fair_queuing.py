@@ -399,10 +399,13 @@ async def test_a_newcomer_is_read_by_the_first_take_after_it_arrives(
     await _enqueue(store, [_job(config, "a") for _ in range(24)])  # 4 in the stream, 20 held
     taken = await reader.take([stream], 4)
     assert taken is not None and len(taken[1]) == 4
+    assert not any(d.moved for d in taken[1])  # the window's, never held
     await writer.finish(stream, [partition.finish(d, JobStatus.SUCCEEDED, {}) for d in taken[1]])
     assert await aredis.xlen(stream) == 1  # the write-back moved one of a's jobs in, not four
     await _enqueue(store, [_job(config, "b")])
-    assert "b" in await _take_tenants(reader, stream, 4)
+    moved = await reader.take([stream], 4)
+    assert moved is not None and "b" in [d.entry.tenant for d in moved[1] if d.entry]
+    assert all(d.moved for d in moved[1])  # a TAKE's rows say so too: their write-back refills
 
 
 @pytest.fixture

@@ -174,6 +174,9 @@ def test_a_null_is_openais_default() -> None:
         {"model": "smollm2", "prompt": "Once", "max_tokens": None, **nulls}
     )
     assert completion.parameters()["max_tokens"] == 16
+    assert (
+        CompletionRequest.model_validate({"model": "m", "prompt": "x", "suffix": ""}).suffix == ""
+    )
     temperature = {"model": "smollm2", "prompt": "Once", "temperature": 1}  # an integer is one
     assert CompletionRequest.model_validate(temperature).parameters()["temperature"] == 1.0
 

@@ -286,18 +286,19 @@ async def test_a_replayed_id_is_looked_for_wherever_it_stands_in_a_call(
     assert entries == [b"replayed", b"new"]
 
 
-@pytest.mark.parametrize("expired", [False, True])
+@pytest.mark.parametrize("marked", ["both", "expired", "hash"])
 async def test_a_held_job_that_ends_no_longer_counts_toward_the_lanes_length(
-    aredis: aioredis.Redis, expired: bool
+    aredis: aioredis.Redis, marked: str
 ) -> None:
     """A fair lane counts the jobs it holds back against `max_length`; one cancelled while held
     went on counting until its tenant's turn dropped it, so cancelled jobs kept refusing new
     ones. Refill still drops their entries, and the count stays that of the live held jobs,
-    also once the cancelled jobs' hashes have expired (`expired`): the count then went one
-    short for each, refill stopped before the live job, and every later refill found nothing
-    held (the live job stranded)."""
+    also once the cancelled jobs' hashes have expired (`expired`: the lane's set remembers
+    them; the count went one short for each, refill stopped before the live job, and every
+    later refill found nothing held), and for jobs a producer before the set ended (`hash`:
+    only their hashes' mark, which this one writes too, for workers before the set)."""
     store = JobStore(aredis, KEYS, ttl_s=60)
-    stream = KEYS.queue("m", f"held-ends-{expired}")
+    stream = KEYS.queue("m", f"held-ends-{marked}")
     await aredis.xgroup_create(stream, GROUP, "0", mkstream=True)
 
     async def create(job_id: str, tenant: str = "a") -> int:
@@ -310,8 +311,11 @@ async def test_a_held_job_that_ends_no_longer_counts_toward_the_lanes_length(
         await create("refused")
     for job_id in ("held-1", "held-2"):
         await store.transition(job_id, JobStatus.CANCELLED)
-        if expired:  # what their TTL does, before refill reaches their entries
+        assert await aredis.hget(KEYS.job(job_id), "held") == b"uncounted"
+        if marked == "expired":  # what their TTL does, before refill reaches their entries
             await aredis.delete(KEYS.job(job_id))
+        if marked == "hash":
+            await aredis.srem(f"{stream}{UNCOUNTED_SUFFIX}", job_id)
     await create("after", "b")  # another tenant's: its turn comes after a's
     assert await aredis.hget(KEYS.fair(stream), "held") == b"1"
     take = aredis.register_script(job_scripts.TAKE)

@@ -235,8 +235,9 @@ def create_batch(
     return Batch.model_validate(response.json())
 
 
-def get_batch(batch_id: str) -> Op[Batch]:
-    response = yield Call("GET", f"/v1/batches/{segment(batch_id)}")
+def get_batch(batch_id: str, deadline: float | None = None) -> Op[Batch]:
+    """`deadline`: a wait's (no retry after it)."""
+    response = yield Call("GET", f"/v1/batches/{segment(batch_id)}", deadline=deadline)
     return Batch.model_validate(response.json())
 
 
@@ -257,7 +258,7 @@ def wait_batch(
     """Poll until the batch ends, calling `progress` with each look."""
     deadline = _deadline(timeout)
     while True:
-        batch = yield from get_batch(batch_id)
+        batch = yield from get_batch(batch_id, deadline)
         if progress is not None:
             progress(batch)
         if batch.done:

@@ -128,7 +128,7 @@ class CompletionRequest(SamplingRequest):
     prompt: Prompt
     max_tokens: int | None = Field(default=16, ge=1, strict=True)
     echo: Literal[False] | None = Field(default=None, description="Not supported: only false")
-    suffix: None = Field(default=None, description="Not supported: only null")
+    suffix: Literal[""] | None = Field(default=None, description="Not supported: only empty")
     best_of: Literal[1] | None = Field(default=None, description="Not supported: only 1")
 
     @field_validator("max_tokens", mode="after")

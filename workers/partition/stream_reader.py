@@ -245,7 +245,8 @@ def decode_delivery(
 ) -> Delivery:
     """A Lua script's `{id, fields, status}` row as a Delivery (undecodable: entry None)."""
     entry = _entry(entry_id, flat)
-    return Delivery(entry_id, entry, as_text(status), now, redelivered, attempts)
+    moved = flat is not None and _MOVED in flat[::2]
+    return Delivery(entry_id, entry, as_text(status), now, redelivered, attempts, moved)
 
 
 def _delivered(entry_id: bytes, fields: dict[bytes, bytes] | None, now: int) -> Delivery:
