@@ -368,7 +368,7 @@ class Stack:
         while time.monotonic() < deadline:
             if check():
                 return
-            if self.processes[child].poll() is not None:
+            if not self.running(child):
                 raise self._exited(child)
             time.sleep(0.2)
         why = f"was not ready after {self.start_timeout_s:g}s (CONVEYOR_START_TIMEOUT_S)"

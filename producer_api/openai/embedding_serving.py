@@ -32,8 +32,8 @@ class EmbeddingService(OpenAIService):
         """The job an embeddings request is (a batch line's too). `dimensions` is refused: no
         example model's vectors may be cut short (vLLM refuses it the same way for a model
         not trained for it)."""
-        self.check_serves(request.model, lambda config: config.task == "embed", "embed text")
-        if request.dimensions is not None and self.usable(request.model) is not None:
+        usable = self.check_serves(request.model, lambda c: c.task == "embed", "embed text")
+        if request.dimensions is not None and usable is not None:
             message = f"dimensions: model {request.model!r} gives whole vectors only"
             raise ConveyorError(400, "invalid_request", message)
         return PredictRequest(

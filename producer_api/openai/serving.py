@@ -178,11 +178,15 @@ class OpenAIService:
         config = self.state.repository.get(model)
         return config if config is not None and self.principal.may_use(model) else None
 
-    def check_serves(self, model: str, serves: Callable[[ModelConfig], bool], what: str) -> None:
-        """A usable model the route cannot run is a 400."""
+    def check_serves(
+        self, model: str, serves: Callable[[ModelConfig], bool], what: str
+    ) -> ModelConfig | None:
+        """A usable model the route cannot run is a 400; returns the usable model's config (None
+        for one the submit will refuse)."""
         if (config := self.usable(model)) is not None and not serves(config):
             message = f"model {model!r} does not {what}; use /v1/jobs"
             raise ConveyorError(400, "invalid_request", message)
+        return config
 
     async def submit(self, request: Sampling) -> str:
         """Enqueue the request as a job of a `generate` model; returns its id."""
