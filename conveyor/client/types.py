@@ -97,14 +97,14 @@ class Batch(_Open):
     output_file_id: str | None = None
     error_file_id: str | None = None
     metadata: dict[str, str] | None = None
-    created_at: float
-    in_progress_at: float | None = None
-    finalizing_at: float | None = None
-    completed_at: float | None = None
-    failed_at: float | None = None
-    cancelled_at: float | None = None
-    expired_at: float | None = None
-    expires_at: float | None = None
+    created_at: int  # whole Unix seconds, as the server (and OpenAI) gives them
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    cancelled_at: int | None = None
+    expired_at: int | None = None
+    expires_at: int | None = None
     webhook: dict[str, Any] | None = None
     urls: dict[str, str] = Field(default_factory=dict)
 
