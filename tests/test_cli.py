@@ -7,10 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from conveyor.client import Client
 from conveyor.local_stack import StackState
 from conveyor.stack import Stack, free_port
 
@@ -119,6 +121,48 @@ def test_submit_and_jobs(base_url: str, identity_worker: int) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert refused.returncode != 0 and "409 conflict" in refused.stderr
+
+
+def _exit_status(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CONVEYOR, *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_a_wait_exits_with_how_the_job_ended(base_url: str) -> None:
+    """Scripts branch on the status: 124 when the job had not ended as the wait ran out, 1 once
+    it ended otherwise than succeeded (here cancelled; identity:canary has no worker)."""
+    url = ("--url", base_url)
+    late = _exit_status(
+        "submit", "identity", "--variant", "canary", "--input", "{}", "--timeout", "0.5", *url
+    )
+    job = json.loads(late.stdout)
+    assert late.returncode == 124 and job["status"] == "queued", late.stderr
+    _run("jobs", "cancel", job["id"], *url)
+    for wait in (("jobs", "get", job["id"], "--wait", "5"), ("jobs", "wait", job["id"])):
+        ended = _exit_status(*wait, *url)
+        assert ended.returncode == 1 and json.loads(ended.stdout)["status"] == "cancelled", wait
+    assert _exit_status("jobs", "get", job["id"], *url).returncode == 0  # a read, not a wait
+
+
+def test_a_batch_wait_exits_1_unless_the_batch_completed(base_url: str, tmp_path: Path) -> None:
+    source = tmp_path / "stalled.jsonl"
+    line = {"custom_id": "s", "body": {"variant": "canary", "inputs": {}}}
+    source.write_text(json.dumps(line) + "\n")
+    with Client(base_url) as client:
+        before = client.batches.list(1).data
+        waiting = subprocess.Popen(
+            [CONVEYOR, "batch", "submit", str(source), "--model", "identity", "--wait",
+             "--url", base_url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        while (newest := client.batches.list(1).data) == before or newest[0].done:
+            assert waiting.poll() is None, waiting.communicate()
+            time.sleep(0.1)
+        client.batches.cancel(newest[0].id)
+        out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 1, err
+    assert f"{newest[0].id} cancelled: 0 succeeded" in out
 
 
 def test_unreachable_redis_is_one_clear_line() -> None:

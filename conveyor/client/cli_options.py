@@ -85,6 +85,21 @@ def json_argument(text: str, option: str) -> Any:
         raise click.BadParameter(f"not JSON: {exc}", param_hint=option) from None
 
 
+# What a command that waited exits with, for scripts: the job (or batch) ended otherwise than
+# succeeded (completed, for a batch); or it had not ended when the wait ran out (as timeout(1)).
+NOT_SUCCEEDED = 1
+WAIT_TIMED_OUT = 124
+
+
+def echo_waited(job: Job) -> None:
+    """Print a job the command waited for, then exit 0 only if it succeeded."""
+    click.echo(job.model_dump_json(indent=2, exclude_none=True))
+    if not job.done:
+        raise click.exceptions.Exit(WAIT_TIMED_OUT)
+    if not job.succeeded:
+        raise click.exceptions.Exit(NOT_SUCCEEDED)
+
+
 def wait_or_last(client: Client, job_id: str, timeout: float, attempts: bool = False) -> Job:
     """The job once it ends, or as it stands when `timeout` runs out (`attempts`: with its
     attempt history)."""

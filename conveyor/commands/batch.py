@@ -22,7 +22,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from conveyor.client.cli_options import connect, connection_options
+from conveyor.client.cli_options import NOT_SUCCEEDED, connect, connection_options
 from conveyor.client.sync_client import Client
 from conveyor.client.types import Batch, BatchResults
 
@@ -99,7 +99,9 @@ def submit(
     api_key: str | None,
 ) -> None:
     """Submit FILE (one `{"custom_id", "body": {...}}` per line); prints the batch id. With
-    --wait, writes FILE.output.jsonl and FILE.errors.jsonl once it ends."""
+    --wait, writes FILE.output.jsonl and FILE.errors.jsonl once it ends, and exits 0 if it
+    completed (its failed lines are in the errors file), 1 if it ended otherwise (cancelled,
+    expired, failed)."""
     with connect(url, api_key) as client:
         batch = client.batches.create(file, model, completion_window, webhook)
         if not wait:
@@ -111,6 +113,8 @@ def submit(
     counts = batch.counts
     click.echo(f"{batch.id} {batch.status}: {counts.succeeded} succeeded, {counts.failed} failed")
     click.echo(f"{output}\n{errors}")
+    if batch.status != "completed":
+        raise click.exceptions.Exit(NOT_SUCCEEDED)
 
 
 @command.command("get")

@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 
 from conveyor.client import Event
-from conveyor.client.cli_options import connect, connection_options, wait_or_last
+from conveyor.client.cli_options import connect, connection_options, echo_waited, wait_or_last
 
 
 @click.group("jobs")
@@ -24,13 +24,14 @@ def command() -> None:
 @click.option("--attempts", is_flag=True, help="With every attempt: worker, times, outcome.")
 @connection_options
 def get(job_id: str, wait_s: float, attempts: bool, url: str | None, api_key: str | None) -> None:
-    """Print the job (after waiting up to --wait seconds for it to end)."""
+    """Print the job. With --wait, after waiting up to that many seconds for it to end, and
+    exit 0 if it succeeded, 1 if it ended otherwise, 124 if it had not ended."""
     with connect(url, api_key) as client:
-        if wait_s > 0:
-            job = wait_or_last(client, job_id, wait_s, attempts)
-        else:
-            job = client.get(job_id, attempts)
-    click.echo(job.model_dump_json(indent=2, exclude_none=True))
+        if wait_s <= 0:
+            click.echo(client.get(job_id, attempts).model_dump_json(indent=2, exclude_none=True))
+            return
+        job = wait_or_last(client, job_id, wait_s, attempts)
+    echo_waited(job)
 
 
 @command.command("wait")
@@ -38,7 +39,8 @@ def get(job_id: str, wait_s: float, attempts: bool, url: str | None, api_key: st
 @connection_options
 def wait(job_id: str, url: str | None, api_key: str | None) -> None:
     """Follow the job's events with a progress line on stderr (its queue position and ETA,
-    or that a worker is being started), then print the finished job."""
+    or that a worker is being started), then print the finished job; exit 0 if it succeeded, 1
+    if it ended otherwise."""
     last = None
     with connect(url, api_key) as client, _progress_line() as show:
         for event in client.stream(job_id):
@@ -46,7 +48,7 @@ def wait(job_id: str, url: str | None, api_key: str | None) -> None:
                 show(line)
                 last = line
         job = client.get(job_id)
-    click.echo(job.model_dump_json(indent=2, exclude_none=True))
+    echo_waited(job)
 
 
 def _progress(event: Event) -> str | None:

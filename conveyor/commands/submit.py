@@ -8,6 +8,7 @@ from conveyor.client.calls import JobOptions
 from conveyor.client.cli_options import (
     connect,
     connection_options,
+    echo_waited,
     json_argument,
     wait_or_last,
 )
@@ -34,7 +35,9 @@ def command(
     url: str | None,
     api_key: str | None,
 ) -> None:
-    """Submit a job to MODEL and print it (the finished job, with --wait)."""
+    """Submit a job to MODEL and print it. With --wait, the job once it ends (or as it stands
+    after --timeout seconds); exit 0 if it succeeded, 1 if it ended otherwise, 124 if it had
+    not ended."""
     body = json_argument(inputs, "--input")
     if not isinstance(body, dict):
         raise click.BadParameter("inputs must be a JSON object", param_hint="--input")
@@ -43,6 +46,8 @@ def command(
         if variant:
             options["variant"] = variant
         job = client.submit(model, body, **options)
-        if wait:
-            job = wait_or_last(client, job.id, timeout)
-    click.echo(job.model_dump_json(indent=2, exclude_none=True))
+        if not wait:
+            click.echo(job.model_dump_json(indent=2, exclude_none=True))
+            return
+        job = wait_or_last(client, job.id, timeout)
+    echo_waited(job)
