@@ -126,6 +126,13 @@ def test_floats_beyond_64_bit_integers_round_trip(base_url: str, identity_worker
         ("/v1/completions", {"prompt": "Once", "echo": True}, "echo"),
         ("/v1/completions", {"prompt": "Once", "suffix": "end."}, "suffix"),
         ("/v1/completions", {"prompt": "Once", "best_of": 3}, "best_of"),
+        # JSON's own types, as OpenAI takes them: `true` is no 1, `0` no false
+        ("/v1/chat/completions", {"n": True}, "n: Value error, must be an integer"),
+        ("/v1/completions", {"prompt": "Once", "echo": 0}, "echo: Value error, must be a boolean"),
+        ("/v1/completions", {"prompt": "Once", "best_of": 1.0}, "best_of: Value error"),
+        ("/v1/chat/completions", {"stream": 1}, "stream: Input should be a valid boolean"),
+        # a usage chunk asked for from a response that is no stream
+        ("/v1/chat/completions", {"stream_options": {"include_usage": True}}, "stream is true"),
     ],
 )
 def test_sampling_the_engine_cannot_take_is_422_and_nothing_is_enqueued(
@@ -164,12 +171,16 @@ def test_a_null_is_openais_default() -> None:
     """OpenAI's API takes null for its optional fields, and its SDK sends `n=None` or
     `stream=None` as given: they were 422s. A completion's null `max_tokens` is OpenAI's 16; it
     was dropped from the job, which then ran to the model's own default (256)."""
-    nulls = {"n": None, "stream": None, "stream_options": {"include_usage": None}}
+    nulls = {"n": None, "stream": None, "stream_options": None}
     nulls |= {"logit_bias": None, "echo": None, "suffix": None, "best_of": None}
     chat = ChatCompletionRequest.model_validate(
         {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], **nulls}
     )
     assert not chat.stream and not chat.include_usage and chat.n is None
+    streamed = {**nulls, "stream": True, "stream_options": {"include_usage": None}}
+    assert not ChatCompletionRequest.model_validate(
+        {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], **streamed}
+    ).include_usage
     completion = CompletionRequest.model_validate(
         {"model": "smollm2", "prompt": "Once", "max_tokens": None, **nulls}
     )

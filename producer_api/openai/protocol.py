@@ -12,12 +12,15 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
+    StrictBool,
     Tag,
     field_serializer,
     field_validator,
+    model_validator,
 )
 
 from producer_api.jobs.protocol import SamplingParameters
@@ -27,8 +30,24 @@ SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed")
 PENALTIES = ("presence_penalty", "frequency_penalty")
 
 
+def _json_type(kind: type) -> BeforeValidator:
+    """A value of JSON's own type, as OpenAI's API takes it: pydantic's lax mode read `true` as
+    1, `0` as false (a Literal cannot be made strict)."""
+
+    def check(value: Any) -> Any:
+        if value is not None and type(value) is not kind:
+            raise ValueError(f"must be {'a boolean' if kind is bool else 'an integer'}")
+        return value
+
+    return BeforeValidator(check)
+
+
+OnlyOne = Annotated[Literal[1], _json_type(int)]
+OnlyFalse = Annotated[Literal[False], _json_type(bool)]
+
+
 class StreamOptions(BaseModel):
-    include_usage: bool | None = False  # null: OpenAI's default, false
+    include_usage: StrictBool | None = False  # null: OpenAI's default, false
 
 
 class SamplingRequest(SamplingParameters):
@@ -39,16 +58,24 @@ class SamplingRequest(SamplingParameters):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str = Field(pattern=NAME)
-    n: Literal[1] | None = Field(default=1, description="Only one choice per request")
+    n: OnlyOne | None = Field(default=1, description="Only one choice per request")
     # Fields that would change the answer and are not honoured: refused unless left at their
     # default, not ignored (the client would get another answer than it asked for).
     logit_bias: Annotated[dict[str, Any], Field(max_length=0)] | None = Field(
         default=None, description="Not supported: only empty"
     )
-    stream: bool | None = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
     variant: str | None = Field(default=None, pattern=NAME, description="Conveyor: a variant")
+
+    @model_validator(mode="after")
+    def _stream_options_only_when_streaming(self) -> SamplingRequest:
+        """As OpenAI's API and vLLM's server refuse them: the client expects a usage chunk that
+        a response without a stream would not send."""
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
 
     def parameters(self) -> dict[str, Any]:
         """The job's `parameters`: only what the client set."""
@@ -127,9 +154,9 @@ class CompletionRequest(SamplingRequest):
 
     prompt: Prompt
     max_tokens: int | None = Field(default=16, ge=1, strict=True)
-    echo: Literal[False] | None = Field(default=None, description="Not supported: only false")
+    echo: OnlyFalse | None = Field(default=None, description="Not supported: only false")
     suffix: Literal[""] | None = Field(default=None, description="Not supported: only empty")
-    best_of: Literal[1] | None = Field(default=None, description="Not supported: only 1")
+    best_of: OnlyOne | None = Field(default=None, description="Not supported: only 1")
 
     @field_validator("max_tokens", mode="after")
     @classmethod
@@ -241,7 +268,7 @@ class EmbeddingRequest(BaseModel):
     model: str = Field(pattern=NAME)
     input: str | Annotated[list[str], Field(min_length=1)]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(default=None, ge=1)
+    dimensions: int | None = Field(default=None, ge=1, strict=True)
     user: str | None = Field(default=None, max_length=256)
     variant: str | None = Field(default=None, pattern=NAME, description="Conveyor: a variant")
 
