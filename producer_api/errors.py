@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from producer_api.responses import FastJSONResponse
-from shared.redis_client import OUT_OF_REACH, PersistenceError
+from shared.redis_client import OUT_OF_REACH, PersistenceError, ReplicasMissing, ScriptBusy
 
 log = logging.getLogger(__name__)
 # Statuses whose retry repeats the outcome or does the work again, unless the error says when
@@ -31,7 +31,8 @@ FAILING_OVER = "the queue's Redis is a replica for now (a failover?); retry shor
 # request: what the 503 says, and its Retry-After in seconds. A replica where the master was (a
 # failover behind one address; the client has retried on new connections already, the next
 # request may reach the new master); one at its maxmemory (results expire, memory is added);
-# one that could not persist (a full or lost disk, which an operator mends).
+# one that could not persist (a full or lost disk, which an operator mends), or whose replicas
+# are too few for its min-replicas-to-write; one running a script past its time limit.
 REFUSALS: dict[type[Exception], tuple[str, int]] = {
     ReadOnlyError: (FAILING_OVER, 1),
     MasterDownError: (FAILING_OVER, 1),
@@ -43,6 +44,11 @@ REFUSALS: dict[type[Exception], tuple[str, int]] = {
         "the queue's Redis cannot write to its disk (MISCONF); retry later",
         FULL_RETRY_S,
     ),
+    ReplicasMissing: (
+        "the queue's Redis has too few replicas to take writes (NOREPLICAS); retry later",
+        FULL_RETRY_S,
+    ),
+    ScriptBusy: ("the queue's Redis is busy running a script (BUSY); retry shortly", 1),
 }
 
 

@@ -74,15 +74,31 @@ class ReplicaRefusal(ReadOnlyError, RedisConnectionError):
     BRPOP or its scripts ended the worker as unrecoverable."""
 
 
+class ReplicasMissing(RedisConnectionError):
+    """NOREPLICAS: a server with `min-replicas-to-write` refuses writes while too few replicas
+    are connected. A plain ResponseError in redis-py, it ended a worker's consumer mid
+    write-back (its results lost until reclaimed) and then its restart (XGROUP CREATE is a
+    write); a state that passes, waited out like an outage."""
+
+
+class ScriptBusy(RedisConnectionError):
+    """BUSY: the server runs a script past its time limit and answers nothing else until the
+    script ends or is killed; as NOREPLICAS, waited out rather than ending the worker."""
+
+
 BaseParser.EXCEPTION_CLASSES.update(
-    MISCONF=PersistenceError, UNBLOCKED=RoleChangedError, READONLY=ReplicaRefusal
+    MISCONF=PersistenceError,
+    UNBLOCKED=RoleChangedError,
+    READONLY=ReplicaRefusal,
+    NOREPLICAS=ReplicasMissing,
+    BUSY=ScriptBusy,
 )
 # A server that takes no writes for a while: the old master of a failover behind one address
 # (a managed Redis's endpoint; READONLY, MASTERDOWN), one at its maxmemory with noeviction (OOM),
 # one that cannot write to its disk (MISCONF). An outage too (503, back off); a failover's
 # errors also drop the connection and retry it, so the address's new master is found.
 FAILOVER_REFUSALS = (ReadOnlyError, MasterDownError)
-WRITES_REFUSED = (*FAILOVER_REFUSALS, OutOfMemoryError, PersistenceError)
+WRITES_REFUSED = (*FAILOVER_REFUSALS, OutOfMemoryError, PersistenceError, ReplicasMissing)
 # Per node: a cluster node's pool raises rather than waits when it is exhausted.
 CLUSTER_CONNECTIONS = 1_024
 

@@ -347,11 +347,26 @@ def _unable_to_persist(r: redis.Redis) -> Iterator[None]:
         r.config_set("save", saves)
 
 
+@contextmanager
+def _too_few_replicas(r: redis.Redis) -> Iterator[None]:
+    """min-replicas-to-write on a server with none: NOREPLICAS, which ended a worker's consumer
+    (and its restart: creating a group is a write) as redis-py maps no error class to it."""
+    r.config_set("min-replicas-to-write", 1)
+    try:
+        yield
+    finally:
+        r.config_set("min-replicas-to-write", 0)
+
+
 @pytest.mark.parametrize(
     ("refusing", "message"),
     [
         (_out_of_memory, "the queue's Redis is out of memory (its maxmemory); retry later"),
         (_unable_to_persist, "the queue's Redis cannot write to its disk (MISCONF); retry later"),
+        (
+            _too_few_replicas,
+            "the queue's Redis has too few replicas to take writes (NOREPLICAS); retry later",
+        ),
     ],
 )
 def test_a_redis_refusing_writes_is_a_503_and_a_worker_holds_its_results(
@@ -360,9 +375,9 @@ def test_a_redis_refusing_writes_is_a_503_and_a_worker_holds_its_results(
     refusing: Callable[[redis.Redis], AbstractContextManager[None]],
     message: str,
 ) -> None:
-    """At its maxmemory (noeviction), or unable to persist, Redis refuses writes: a submit was
-    a 500, and the worker's write-back stopped its consumer. Now the submit is a 503 to retry,
-    and the worker keeps the result in hand until Redis takes it."""
+    """At its maxmemory (noeviction), unable to persist, or short of replicas, Redis refuses
+    writes: a submit was a 500, and the worker's write-back stopped its consumer. Now the submit
+    is a 503 to retry, and the worker keeps the result in hand until Redis takes it."""
     pid = fault_stack.start_worker("faulty", name="refused")
     running = _faulty({"n": 1, "sleep_ms": 1500})
     job_id = httpx.post(f"{fault_stack.base_url}/v1/jobs", json=running).json()["id"]

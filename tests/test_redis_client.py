@@ -6,6 +6,8 @@ scripts; a burst past its pool waits its turn."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,9 +17,11 @@ import httpx
 import pytest
 import redis
 from redis._parsers.encoders import Encoder
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, RedisClusterException
+from redis.retry import Retry
 
 from conveyor.stack import Stack, free_port
 from producer_api.app import create_app
@@ -27,12 +31,14 @@ from shared.redis_client import (
     ClusterUnreachable,
     HiredisConnection,
     HiredisUnixConnection,
+    ScriptBusy,
     UncontendedPool,
     call_script,
     connect,
     reread_topology,
 )
 from shared.settings import get_settings
+from tests.conftest import until
 
 # What redis-py's asyncio connections encode argument by argument, and hiredis must match.
 VALUES: list[str | bytes | int | float | memoryview] = [
@@ -240,3 +246,46 @@ async def test_a_producer_whose_cluster_is_down_starts_unready_and_answers_503()
     assert ready.status_code == 503, ready.text
     assert submit.status_code == 503 and "Retry-After" in submit.headers, submit.text
     assert metrics.status_code == 200
+
+
+def test_a_server_busy_with_a_slow_script_is_an_outage_to_wait_out(redis_url: str) -> None:
+    """BUSY (a script past its time limit) was a plain ResponseError, which ended a worker's
+    consumer; a connection error, it is backed off and retried like an outage."""
+    admin = redis.Redis.from_url(redis_url)
+    threshold = admin.config_get("busy-reply-threshold")["busy-reply-threshold"]
+    admin.config_set("busy-reply-threshold", 50)
+    looping = threading.Thread(
+        target=lambda: _ignore_killed(redis.Redis.from_url(redis_url).eval, "while true do end", 0)
+    )
+    looping.start()
+    try:
+        asker = redis.Redis.from_url(redis_url, retry=Retry(NoBackoff(), 0))
+        until(lambda: _busy(asker), 10)
+        with pytest.raises(ScriptBusy) as busy:
+            asker.get("anything")
+        assert isinstance(busy.value, RedisConnectionError)
+    finally:
+        until(lambda: _killed(admin), 10)
+        looping.join(10)
+        admin.config_set("busy-reply-threshold", threshold)
+
+
+def _busy(client: redis.Redis) -> bool:
+    try:
+        client.get("anything")
+    except ScriptBusy:
+        return True
+    return False
+
+
+def _killed(admin: redis.Redis) -> bool:
+    try:
+        admin.script_kill()
+    except redis.ResponseError:  # NOTBUSY: not yet running, or gone
+        return False
+    return True
+
+
+def _ignore_killed(call: Callable[..., Any], *args: Any) -> None:
+    with contextlib.suppress(redis.ResponseError):  # the script killed
+        call(*args)
