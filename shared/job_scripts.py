@@ -239,14 +239,15 @@ return {0, {}}
 """
 )
 
-# ARGV: job-key prefix, worker, then per job: job id, started_ms, attempt → statuses after.
-# Marks jobs a plain XREADGROUP delivered as running, when their run is long enough to be seen.
+# KEYS: the jobs' hashes (one partition's, so one slot: a cluster routes the call by them);
+# ARGV: worker, then per job: started_ms, attempt → statuses after. Marks jobs a plain XREADGROUP
+# delivered as running, when their run is long enough to be seen.
 MARK_RUNNING = (
     _PRELUDE
     + """
 local out = {}
-for i = 3, #ARGV, 3 do
-  table.insert(out, claim(jobkey(ARGV[1], ARGV[i]), ARGV[i + 1], ARGV[2], ARGV[i + 2]))
+for k = 1, #KEYS do
+  table.insert(out, claim(KEYS[k], ARGV[2 * k], ARGV[1], ARGV[2 * k + 1]))
 end
 return out
 """

@@ -28,6 +28,7 @@ from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
 from shared.redis_client import HiredisPacking, RedisClient, connect
 from shared.settings import get_settings
+from workers.partition.stream_reader import StreamReader
 
 pytestmark = pytest.mark.slow
 KEYS = Keys()
@@ -183,3 +184,25 @@ async def test_the_reply_listener_follows_a_channel_whose_slot_moves(
         finally:
             await listener.stop()
             await client.aclose()
+
+
+async def test_a_generate_workers_read_marks_its_jobs_running_on_any_master(
+    cluster: LocalCluster, cluster_client: RedisClient
+) -> None:
+    """MARK_RUNNING named no key, so a cluster client sent it to a random node, which refused
+    the partition's job hashes as keys of another node: two reads in three ended a generate
+    worker (it marks every read). Each call now goes to its partition's master."""
+    store = JobStore(cluster_client, KEYS, 60)
+    for model, variant in PARTITIONS:
+        lane = KEYS.queue(model, variant)
+        reader = StreamReader(cluster_client, KEYS, [lane], "w-1", mark_on_read=True)
+        await reader.ensure_groups()
+        jobs = [_new_job(model, variant) for _ in range(6)]
+        for job in jobs:  # one read, one MARK_RUNNING call each
+            assert await store.create_many([job]) == []
+            [(stream, [delivery])] = await reader.wait([lane], 1, 100)
+            assert (stream, delivery.status) == (lane, JobStatus.RUNNING)
+        records = await store.get_many([job.entry.job_id for job in jobs])
+        assert {(r.status, r.fields["worker"]) for r in records if r} == {
+            (JobStatus.RUNNING, "w-1")
+        }

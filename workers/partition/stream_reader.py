@@ -23,7 +23,7 @@ from shared.consumer_groups import ensure_groups, recreating_groups
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.keys import GROUP, Keys
-from shared.redis_client import read_streams
+from shared.redis_client import call_script, read_streams
 from workers.partition.arrival_rate import ArrivalRate
 
 log = logging.getLogger(__name__)
@@ -215,12 +215,15 @@ class StreamReader:
         """Mark jobs running (those still queued or running), one round trip for all; each
         delivery's status becomes its job's after the mark (a cancelled one's: cancelled)."""
         marked = [d for d in deliveries if d.entry is not None]
-        args: list[str | int] = [self.keys.job_prefix, self.consumer]
+        keys: list[str] = []
+        args: list[str | int] = [self.consumer]
         for d in marked:
             assert d.entry is not None
-            args += [d.entry.job_id, d.claimed_ms, d.attempts]
+            keys.append(self.keys.job(d.entry.job_id))
+            args += [d.claimed_ms, d.attempts]
         if marked:
-            for delivery, status in zip(marked, await self._mark(args=args), strict=True):
+            statuses = await call_script(self._mark, keys, args)
+            for delivery, status in zip(marked, statuses, strict=True):
                 delivery.status = as_text(status)
 
     async def touch(self, stream: str, entry_ids: Sequence[bytes | str]) -> None:
