@@ -117,6 +117,16 @@ def _attempt_log() -> AttemptLog:
     return AttemptLog(_redis())
 
 
+def _record(kind: TargetKind, target_id: str, attempt: dict[str, Any], status: str) -> None:
+    """Bookkeeping, which never decides whether the event is retried: a Redis error here (a
+    blip, a failover of the node holding the hash) escaped the task, which Celery then
+    acknowledged, so the delivery was dropped for good after a failed attempt."""
+    try:
+        _attempt_log().record(_target_key(kind, target_id), attempt, status)
+    except redis.RedisError as exc:
+        log.warning("webhook attempt on %s %s not recorded: %r", kind, target_id, exc)
+
+
 async def _answer(
     url: str, body: bytes, headers: dict[str, str], timeout_s: float
 ) -> tuple[int, str | None]:
@@ -194,7 +204,7 @@ def deliver_webhook(
     else:
         attempt = _post(url, dumps(event), event)
         status, delay = after_attempt(number, attempt, first_attempt_at, settings)
-    _attempt_log().record(_target_key(kind, target_id), {"attempt": number, **attempt}, status)
+    _record(kind, target_id, {"attempt": number, **attempt}, status)
     log.info("webhook %s to %s, attempt %d: %s", event.get("id"), url, number, status)
     if status == "retrying":
         raise self.retry(countdown=delay)
