@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,24 +70,39 @@ def agreement(primary: Any, shadow: Any) -> tuple[bool, float]:
     return primary == shadow, float(primary == shadow)
 
 
-def min_cosine(first: list[list[float] | str], second: list[list[float] | str]) -> float:
-    """The lowest cosine similarity over the texts of a request (0 if the shapes differ)."""
-    if len(first) != len(second) or not first:
+def min_cosine(first: Any, second: Any) -> float:
+    """The lowest cosine similarity over the texts of a request: 0 if the shapes differ or a
+    vector is not one of finite numbers (a shadow build answering NaN disagrees; its pair raised,
+    and no pair after it was ever compared)."""
+    if not (isinstance(first, list) and isinstance(second, list)) or len(first) != len(second):
+        return 0.0
+    if not first:
         return 0.0
     return min(_cosine(_vector(a), _vector(b)) for a, b in zip(first, second, strict=True))
 
 
-def _vector(embedding: list[float] | str) -> list[float]:
+def _vector(embedding: Any) -> list[float] | None:
     """A job that asked for `encoding_format: base64` has each vector as its little-endian
-    float32 bytes."""
-    return float32_values(embedding) if isinstance(embedding, str) else embedding
+    float32 bytes; None unless a list of finite numbers (orjson writes a NaN as null)."""
+    try:
+        values = float32_values(embedding) if isinstance(embedding, str) else embedding
+    except (ValueError, struct.error):
+        return None
+    if not isinstance(values, list) or not all(_finite(value) for value in values):
+        return None
+    return values
 
 
-def _cosine(a: list[float], b: list[float]) -> float:
-    if len(a) != len(b):
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _cosine(a: list[float] | None, b: list[float] | None) -> float:
+    if a is None or b is None or len(a) != len(b):
         return 0.0
     norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
-    return sum(x * y for x, y in zip(a, b, strict=True)) / norm if norm else 0.0
+    cosine = sum(x * y for x, y in zip(a, b, strict=True)) / norm if norm else 0.0
+    return cosine if math.isfinite(cosine) else 0.0  # magnitudes past float's range
 
 
 def _service_ms(view: dict[str, Any]) -> float:

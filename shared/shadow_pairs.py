@@ -46,17 +46,24 @@ class ShadowPairs:
         rows = await self.redis.zrange(self.keys.shadow_pairs(model), 0, limit - 1, withscores=True)
         return [(ShadowPair.of(row[0]), int(row[1])) for row in cast(list[Any], rows)]
 
-    async def settle(self, model: str, pair: ShadowPair, fields: Mapping[str, str] | None) -> None:
-        """Store the comparison beside the primary (None: a side vanished, drop the pair)."""
+    async def take(self, model: str, pair: ShadowPair) -> bool:
+        """Remove the pair from those pending; True for the one caller that removed it, the one
+        to count it (two leaders a lapsed lease let overlap, or a look rerun after a Redis blip
+        between counting and removing, counted it twice)."""
+        return bool(await self.redis.zrem(self.keys.shadow_pairs(model), pair.member()))
+
+    async def store(self, pair: ShadowPair, fields: Mapping[str, str]) -> None:
+        """Keep the comparison beside the primary, as long as jobs are kept."""
+        key = self.keys.shadow_result(pair.primary_id)
         async with self.redis.pipeline(transaction=True) as pipe:
-            if fields is not None:
-                key = self.keys.shadow_result(pair.primary_id)
-                flat = [part for item in fields.items() for part in item]
-                pipe.hset(key, items=["shadow_id", pair.shadow_id, *flat])
-                pipe.expire(key, self.ttl_s)
-            pipe.zrem(self.keys.shadow_pairs(model), pair.member())
+            pipe.hset(key, items=["shadow_id", pair.shadow_id, *_flat(fields)])
+            pipe.expire(key, self.ttl_s)
             await pipe.execute()
 
     async def result(self, primary_id: str) -> dict[str, str]:
         raw = await self.redis.hgetall(self.keys.shadow_result(primary_id))
         return {as_text(k): as_text(v) for k, v in raw.items()}
+
+
+def _flat(fields: Mapping[str, str]) -> list[str]:
+    return [part for item in fields.items() for part in item]

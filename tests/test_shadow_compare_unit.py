@@ -49,6 +49,27 @@ def test_base64_embeddings_are_compared_as_their_float32_values() -> None:
     assert as_numbers.agree
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        [[1.0, None]],  # a NaN, as orjson stores it
+        [[1.0, math.nan]],
+        [[1.0, math.inf]],
+        [[True, False]],
+        [["1.0", "0.0"]],
+        {"0": [1.0, 0.0]},
+        [base64.b64encode(struct.pack("<2f", math.nan, 0.0)).decode()],
+        ["not base64!"],
+        ["AAAAAAA="],  # five bytes: no whole float32 in the last
+    ],
+)
+def test_a_vector_of_anything_but_finite_numbers_disagrees(answer: Any) -> None:
+    """It raised (None * None, a NaN into HINCRBYFLOAT), and its pair blocked every comparison
+    after it."""
+    compared = compare(_job({"embeddings": [[1.0, 0.0]]}), _job({"embeddings": answer}))
+    assert compared is not None and not compared.agree and compared.similarity == 0.0
+
+
 def test_generated_text_agrees_on_exact_match_with_a_similarity_beside_it() -> None:
     primary = _job({"text": "the queue is in front of the model", "finish_reason": "stop"})
     same = compare(primary, _job({"text": "the queue is in front of the model"}))

@@ -6,16 +6,22 @@ The stack's side (the copy runs, is compared, never reaches the client) is
 
 from __future__ import annotations
 
+import asyncio
+import time
+from typing import Any
+
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
-from producer_api.routes.shadowing import SHADOW_TENANT, ShadowCopies
-from shared.codec import RequestEntry
+from producer_api.routes.shadowing import SHADOW_TENANT, ShadowComparisons, ShadowCopies
+from shared.codec import RequestEntry, dumps
+from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys, new_job_id
-from shared.model_repository import ModelConfig, QueueLimits, Variant
+from shared.model_repository import ModelConfig, ModelRepository, QueueLimits, Variant
 from shared.routing import Routes
-from shared.shadow_pairs import ShadowPairs
+from shared.shadow_pairs import ShadowPair, ShadowPairs
+from shared.variant_stats import VariantStats
 
 KEYS = Keys("shadow:")
 CONFIG = ModelConfig(
@@ -75,3 +81,36 @@ async def test_a_copy_goes_to_the_shadow_bulk_lane_until_it_is_full(aredis: aior
     assert await _mirror_jobs(aredis) == 2  # the dropped copy wrote no job hash either
     primary = await store.get(entry.job_id)
     assert primary is not None and primary.fields["status"] == "queued"
+
+
+async def _ran(store: JobStore, entry: RequestEntry, outputs: Any) -> None:
+    """The job ran to `outputs`, as a worker writes it."""
+    await store.transition(entry.job_id, JobStatus.RUNNING, {"started": now_ms()})
+    fields = {"outputs": dumps(outputs).decode(), "finished": now_ms()}
+    await store.transition(entry.job_id, JobStatus.SUCCEEDED, fields)
+
+
+async def test_pairs_are_counted_once_and_one_that_cannot_compare_blocks_none(
+    aredis: aioredis.Redis,
+) -> None:
+    """A shadow answering NaN (stored as null) made its pair's comparison raise: the pair stayed
+    first in line and no pair after it was compared again. And two looks at once (leaders a
+    lapsed lease let overlap, a look rerun after a blip) counted the same pairs twice."""
+    await aredis.flushdb()
+    store, pairs = JobStore(aredis, KEYS, ttl_s=60), ShadowPairs(aredis, KEYS, ttl_s=60)
+    stats = VariantStats(aredis, KEYS)
+    answers = [[[1.0, None]], [[1.0, 0.0]], [[0.0, 1.0]]]  # the shadow's: NaN, agrees, differs
+    for n, shadow_answer in enumerate(answers):
+        primary = await _online(store, f"compared {n}")
+        shadow = RequestEntry(new_job_id("m", "mirror"), {"inputs": {}}, now_ms())
+        await store.create(shadow, MIRROR, {"model": "m", "variant": "mirror"})
+        await pairs.add("m", ShadowPair(primary.job_id, shadow.job_id, "stable", "mirror"))
+        await _ran(store, primary, {"embeddings": [[1.0, 0.0]]})
+        await _ran(store, shadow, {"embeddings": shadow_answer})
+    comparisons = ShadowComparisons(pairs, store, stats, ModelRepository({"m": CONFIG}))
+
+    await asyncio.gather(comparisons.look(), comparisons.look())
+
+    assert await pairs.pending("m", 10) == []
+    window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
+    assert window.counters["shadow_pairs"] == 3 and window.counters["shadow_agree"] == 1

@@ -13,7 +13,7 @@ import random
 from redis.exceptions import RedisError
 
 from shared.codec import RequestEntry
-from shared.job_store import JobStore, QueueFull, now_ms, stamp_ms
+from shared.job_store import JobRecord, JobStore, QueueFull, now_ms, stamp_ms
 from shared.keys import Keys, new_job_id
 from shared.metrics import SHADOW_COPIES
 from shared.model_repository import ModelConfig, ModelRepository
@@ -106,16 +106,23 @@ class ShadowComparisons:
         oldest = now_ms() - MAX_PAIR_AGE_MS
         for (pair, at_ms), (primary, shadow) in zip(pending, both, strict=True):
             if primary is None or shadow is None:
-                await self.pairs.settle(model, pair, None)
+                await self.pairs.take(model, pair)  # a side vanished
             elif primary.status.terminal and shadow.status.terminal:
-                comparison = compare(primary.view(), shadow.view())
-                if comparison is None:  # one of them never ran: nothing to compare
-                    await self.pairs.settle(model, pair, None)
-                    continue
-                await self.stats.add_counts(model, pair.shadow_variant, comparison.counts())
-                fields = {"primary_variant": pair.primary_variant, **comparison.fields()}
-                await self.pairs.settle(
-                    model, pair, {"shadow_variant": pair.shadow_variant, **fields}
-                )
+                await self._compare(model, pair, primary, shadow)
             elif at_ms < oldest:
-                await self.pairs.settle(model, pair, None)
+                await self.pairs.take(model, pair)
+
+    async def _compare(
+        self, model: str, pair: ShadowPair, primary: JobRecord, shadow: JobRecord
+    ) -> None:
+        """Count the comparison once, by whoever removes the pair (one with nothing to compare,
+        one of them never having run, is only removed). Removed first: a pair whose comparison
+        raised stayed first in line, and no pair after it was compared again."""
+        if not await self.pairs.take(model, pair):
+            return
+        comparison = compare(primary.view(), shadow.view())
+        if comparison is None:
+            return
+        await self.stats.add_counts(model, pair.shadow_variant, comparison.counts())
+        fields = {"primary_variant": pair.primary_variant, **comparison.fields()}
+        await self.pairs.store(pair, {"shadow_variant": pair.shadow_variant, **fields})
