@@ -145,7 +145,8 @@ class BatchApiStore(TenantIndexed):
         expires_ms: int,
     ) -> None:
         """validating → in_progress with `items` open in `lists` (or straight to failed when no
-        line was valid).
+        line was valid, indexed all the same: the sweeper then hands over a webhook its create
+        could not, and releases it).
 
         The hash and the active index are in different slots, so this is two steps, the hash
         first: a crash between leaves a running batch outside the index whose id nobody was
@@ -160,8 +161,7 @@ class BatchApiStore(TenantIndexed):
             "open": items,
         }
         await self.redis.hset(self.keys.batch(batch_id), items=_flat(mapping))
-        if lists:
-            await self.redis.zadd(self.keys.batches_active, {batch_id: expires_ms})
+        await self.redis.zadd(self.keys.batches_active, {batch_id: expires_ms})
 
     async def read(self, batch_id: str) -> dict[str, str] | None:
         raw = await self.redis.hgetall(self.keys.batch(batch_id))

@@ -132,17 +132,19 @@ class WebhookDispatcher:
 
     async def hand_over(
         self, kind: TargetKind, target_id: str, url: str, body: dict[str, Any]
-    ) -> None:
+    ) -> bool:
         """`send` from async code, for an event that reports what is already done (a result
         written, a cancel committed): a broker that refuses it once kombu has retried the
-        publish costs that event, logged, and fails nothing (a worker's loop ended; a cancel
-        answered 500, and the client's retry 409)."""
+        publish is logged and fails nothing (a worker's loop ended; a cancel answered 500, and
+        the client's retry 409). False then, for a caller that can hand it over again later."""
         try:
             await asyncio.to_thread(self.send, kind, target_id, url, body)
         except Exception as exc:
             log.error(
                 "webhook %s of %s %s not handed to delivery: %r", body["type"], kind, target_id, exc
             )
+            return False
+        return True
 
     def send(self, kind: TargetKind, target_id: str, url: str, body: dict[str, Any]) -> None:
         """Blocking (the broker publish): call it from a thread in async code."""

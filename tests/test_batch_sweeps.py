@@ -159,13 +159,13 @@ async def test_a_batch_whose_finalizer_died_after_its_commit_still_sends_its_web
 ) -> None:
     """The commit released the batch from the active index before its webhook was handed
     over; a finalizer that died in between (here: its broker refused) lost the webhook for
-    good, as the sweeper only released what was still indexed."""
+    good, as the sweeper only released what was still indexed. A refused hand-over fails
+    nothing either: it raised, and the cancel (or a read that finalized) answered 500."""
     store, jobs = BatchApiStore(aredis, KEYS, TTL_S), JobStore(aredis, KEYS, TTL_S)
     batch_id = await _running_batch(store, jobs)
     await store.set_fields(batch_id, {"webhook": "https://hooks.example.com/batches"})
     dying = BatchApiProgress(jobs, store, _Broker(refuses=True))
-    with pytest.raises(RuntimeError, match="broker unreachable"):
-        await dying.end(batch_id, BatchStatus.CANCELLED)
+    assert await dying.end(batch_id, BatchStatus.CANCELLED) == BatchStatus.CANCELLED
     assert (await store.read(batch_id) or {})["status"] == BatchStatus.CANCELLED
     broker = _Broker(refuses=False)
     sweeper = BatchApiSweeper(store, BatchApiProgress(jobs, store, broker))
@@ -178,6 +178,28 @@ async def test_a_batch_whose_finalizer_died_after_its_commit_still_sends_its_web
     assert broker.sent == [("batch", batch_id, "batch.cancelled", event_id)]
     assert await store.active() == []
     assert (await store.read(batch_id) or {})["webhook_status"] == "pending"
+
+
+async def test_a_batch_failed_at_create_whose_webhook_was_refused_still_sends_it(
+    aredis: aioredis.Redis,
+) -> None:
+    """A batch none of whose lines was valid fails at create, which hands its webhook over: a
+    broker that refused it made the create a 500 (no batch id; the client's retry made a second
+    batch), and the event was lost, as such a batch never joined the active index."""
+    store, jobs = BatchApiStore(aredis, KEYS, TTL_S), JobStore(aredis, KEYS, TTL_S)
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    fields = {"tenant": "default", "total": 1, "webhook": "https://hooks.example.com/b"}
+    await store.create(batch_id, fields, TTL_S)
+    await store.start(batch_id, [], 0, {"invalid": 1}, now_ms() + TTL_S * 1000)
+    creating = BatchApiProgress(jobs, store, _Broker(refuses=True))
+    failed = await creating.refresh(batch_id, window=0)
+    assert failed is not None and failed.fields["status"] == BatchStatus.FAILED
+    assert not await creating.notify(batch_id, failed)  # as create does
+    broker = _Broker(refuses=False)
+    await store.set_fields(batch_id, {"failed_at": now_ms() - COMPLETE_AFTER_MS})
+    await BatchApiSweeper(store, BatchApiProgress(jobs, store, broker)).sweep()
+    assert broker.sent == [("batch", batch_id, "batch.failed", f"evt_{batch_id}_failed")]
+    assert await store.active() == []
 
 
 async def test_a_cancel_whose_producer_died_before_settling_is_completed_by_the_sweeper(

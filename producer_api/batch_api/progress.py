@@ -129,27 +129,32 @@ class BatchApiProgress:
             await asyncio.sleep(FINALIZER_POLL_S)
             progress = await self.refresh(batch_id, window=0)
 
-    async def notify(self, batch_id: str, progress: Refresh) -> None:
+    async def notify(self, batch_id: str, progress: Refresh) -> bool:
         """Hand the batch's terminal view to the webhook task (Celery, so it survives us), then
         mark it `pending` unless the task has marked it already. At least once: a producer that
-        dies between the two hands it over again (`complete`)."""
+        dies between the two hands it over again (`complete`). False when the broker refused
+        it: the batch's end stands (a create or a read that raised answered 500 for a batch
+        that had ended), and the sweeper's `complete` hands it over again."""
         url = progress.fields.get("webhook")
         if not url:
-            return
+            return True
         data = view(batch_id, progress, f"/v1/batches/{batch_id}")
         status = progress.fields["status"]
         # one id for the batch's end: a sweeper completing a finalizer it took for dead may
         # hand the same event over a second time, which receivers then drop as a repeat
         body = event(f"batch.{status}", data, f"{batch_id}_{status}")
-        await asyncio.to_thread(self.webhooks.send, "batch", batch_id, url, body)
+        if not await self.webhooks.hand_over("batch", batch_id, url, body):
+            return False
         await self.store.set_field_unless_set(batch_id, "webhook_status", "pending")
+        return True
 
     async def complete(self, batch_id: str, progress: Refresh) -> None:
         """What follows an ended batch's commit: its webhook handed over (unless it was), then
         its keys in other slots released. The sweeper repeats it for a batch whose finalizer
-        died after the commit (it is still in the active index), so the webhook is not lost."""
-        if "webhook_status" not in progress.fields:
-            await self.notify(batch_id, progress)
+        died after the commit, or whose webhook the broker refused (it is still in the active
+        index), so the webhook is not lost."""
+        if "webhook_status" not in progress.fields and not await self.notify(batch_id, progress):
+            return
         await self.store.release(batch_id, progress.fields)
 
     async def _finalize(self, batch_id: str, progress: Refresh) -> None:
