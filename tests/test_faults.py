@@ -485,7 +485,8 @@ def test_a_batch_its_bulk_lane_cannot_hold_is_refused_whole(
     fault_stack: Stack, r: redis.Redis
 ) -> None:
     """A batch is admitted all or nothing: more items than the lane's limit ever holds is 413
-    (split it), more than it has room for now is 429 with Retry-After; neither enqueues any."""
+    (split it), more than it has room for now is 429 with Retry-After (the time to drain the
+    room it needs); neither enqueues any."""
 
     def batch(count: int) -> httpx.Response:
         lines = "".join(
@@ -505,6 +506,13 @@ def test_a_batch_its_bulk_lane_cannot_hold_is_refused_whole(
     no_room = batch(3)
     assert no_room.status_code == 429 and no_room.json()["error"]["type"] == "queue_full"
     assert int(no_room.headers["Retry-After"]) >= 1
+    assert r.xlen(lane) == 3
+    # Retry-After is the time to drain the room the batch needs, not one entry's: its clients
+    # came back in seconds, again and again, while the lane drained
+    r.set(KEYS.drained(lane, int(time.time())), 1, ex=60)  # ~0.1 entries/s over the window
+    needs_one, needs_three = batch(3), batch(5)
+    assert 10 <= int(needs_one.headers["Retry-After"]) <= 11
+    assert 30 <= int(needs_three.headers["Retry-After"]) <= 33, needs_three.headers
     assert r.xlen(lane) == 3
 
 

@@ -153,7 +153,8 @@ class BatchApiService:
                 message = f"{count} items for {stream}, whose limit is {limit}; split the batch"
                 raise ConveyorError(413, "payload_too_large", message)
             if length + count > limit:
-                raise await self.state.backpressure.queue_full(stream, int(length))
+                room = length + count - limit
+                raise await self.state.backpressure.queue_full(stream, int(length), room)
 
     async def _enqueue(
         self, batch_id: str, items: list[lines.Item], expires_ms: int, ttl_s: int

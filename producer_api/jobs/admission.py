@@ -203,11 +203,13 @@ class Backpressure:
         self.redis = client
         self.keys = keys
 
-    async def queue_full(self, stream: str, length: int) -> ConveyorError:
+    async def queue_full(self, stream: str, length: int, room: int = 1) -> ConveyorError:
         """429 whose Retry-After is how long the partition needs, at its drain rate over the
-        last few seconds, to make room (1 s at least, 60 s at most)."""
+        last few seconds, to make room for `room` more entries (a batch's: the time for one
+        sent its clients back in a second, and their retries ran out while the lane drained),
+        1 s at least, 60 s at most (OpenAI's SDKs ignore a longer one)."""
         (rate,) = await drain_rates(self.redis, self.keys, [stream], DRAIN_WINDOW_S)
-        wait = 60 if rate == 0 else min(60, max(1, math.ceil(1 / rate)))
+        wait = 60 if rate == 0 else min(60, max(1, math.ceil(room / rate)))
         return ConveyorError(
             429,
             "queue_full",
