@@ -167,3 +167,20 @@ def test_a_redis_outage_keeps_the_pools_as_they_are(tmp_path: Path) -> None:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=60)
         mine.stop()
+
+
+def test_a_worker_slower_than_the_start_timeout_is_reported(
+    elastic_stack: Stack, tmp_path: Path
+) -> None:
+    """CONVEYOR_START_TIMEOUT_S bounds a scale-up's start, as `conveyor up`'s: the autoscaler
+    waited 300 s whatever was set, and then named the setting it had ignored."""
+    env = {**elastic_stack.env, "CONVEYOR_START_TIMEOUT_S": "0.05"}
+    process, lines = _autoscaler(env, tmp_path / "scaler", "0.5")
+    try:
+        _wait_for(lines, "elastic:default replicas=0", timeout=60)
+        asyncio.run(_burst(elastic_stack.base_url, 20))
+        [*_, failed] = _wait_for(lines, "elastic:default: a worker did not start", 60, True)
+        assert "not ready after 0.05s (CONVEYOR_START_TIMEOUT_S)" in failed, failed
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
