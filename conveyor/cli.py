@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from conveyor import commands
 from shared.model_repository import ModelConfigError
-from shared.settings import Settings
+from shared.settings import Settings, bad_setting
 
 
 class _Group(click.Group):
@@ -37,11 +37,7 @@ class _Group(click.Group):
         except ValidationError as exc:
             if exc.title != Settings.__name__:
                 raise
-            problems = "; ".join(
-                f"CONVEYOR_{'_'.join(map(str, e['loc'])).upper()}={e['input']!r}: {e['msg']}"
-                for e in exc.errors()
-            )
-            raise click.ClickException(f"bad setting: {problems}") from None
+            raise click.ClickException(bad_setting(exc)) from None
 
 
 @click.group(cls=_Group)

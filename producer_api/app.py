@@ -52,7 +52,7 @@ from shared.model_repository import ModelRepository
 from shared.queue_position import QueuePositions
 from shared.rate_limit import InFlightLimiter, RateLimiter
 from shared.redis_client import connect, preload
-from shared.settings import Settings, get_settings
+from shared.settings import Settings, get_settings, settings_or_exit
 from shared.telemetry import configure_logging, configure_tracing
 from shared.webhook_events import WebhookDispatcher
 
@@ -202,4 +202,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+settings_or_exit()  # a bad CONVEYOR_* setting ends `uvicorn producer_api.app:app` in one line
 app = create_app()

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.http_url import is_http_url
@@ -148,3 +148,24 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+def bad_setting(exc: ValidationError) -> str:
+    """A Settings validation error in one line naming each variable, its value and why."""
+    problems = "; ".join(
+        f"CONVEYOR_{'_'.join(map(str, e['loc'])).upper()}={e['input']!r}: {e['msg']}"
+        for e in exc.errors()
+    )
+    return f"bad setting: {problems}"
+
+
+def settings_or_exit() -> Settings:
+    """The settings, for a process's entry module (`uvicorn producer_api.app:app`, `celery -A
+    workers.app`): a bad one ends it with one line naming the variable, as the CLI does, not a
+    traceback naming the field."""
+    try:
+        return get_settings()
+    except ValidationError as exc:
+        if exc.title != Settings.__name__:
+            raise
+        raise SystemExit(f"Error: {bad_setting(exc)}") from None

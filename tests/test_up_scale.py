@@ -173,6 +173,29 @@ def test_a_bad_setting_is_one_clear_line(
     assert not (tmp_path / "valkey").exists()
 
 
+@pytest.mark.parametrize(
+    "entry",
+    [
+        ["uvicorn", "producer_api.app:app", "--port", "0"],
+        ["celery", "-A", "workers.app", "worker", "--pool=solo"],
+    ],
+)
+def test_a_bad_setting_ends_a_process_started_as_compose_and_k8s_start_it(
+    entry: list[str],
+) -> None:
+    """The CLI's one line, from the commands the manifests run: a traceback that named the
+    field (`port`), not the variable."""
+    command = [str(Path(CONVEYOR).parent / entry[0]), *entry[1:]]
+    env = {**os.environ, "CONVEYOR_PORT": "99999"}
+    result = subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == (
+        "Error: bad setting: CONVEYOR_PORT='99999': Input should be less than or equal to 65535"
+    )
+
+
 def test_an_address_this_machine_lacks_is_refused_before_starting(tmp_path: Path) -> None:
     result = _up_refused(tmp_path, [], {"CONVEYOR_HOST": "999.1.1.1"})
     assert result.returncode == 1

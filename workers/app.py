@@ -9,14 +9,14 @@ from celery import signals
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from shared.celery_broker import broker_app
-from shared.settings import get_settings
+from shared.settings import settings_or_exit
 from shared.telemetry import configure_logging, configure_tracing
 from workers.runtime.broker_outage_log import BrokerOutageLog
 from workers.runtime.heartbeat import WorkerHeartbeat
 from workers.runtime.metrics_server import MetricsServer
 from workers.runtime.stream_consumer import StreamConsumer
 
-settings = get_settings()
+settings = settings_or_exit()
 configure_logging(settings.log_level)
 BrokerOutageLog.install()
 
