@@ -25,6 +25,24 @@ redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 return 1
 """
 
+# KEYS[1]=stream; ARGV: group, consumer, entry ids. Re-claims (XCLAIM JUSTID: idle reset,
+# delivery count kept) the entries the consumer still owns, so no reclaimer takes a long run for
+# an abandoned one; returns the others: taken over by another consumer (this one could not reach
+# Redis for a visibility timeout) or no longer pending (acknowledged by whoever reran them). A
+# plain XCLAIM took such an entry back, and two workers ran the job, its tokens interleaved.
+TOUCH = """
+local lost = {}
+for i = 3, #ARGV do
+  local row = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)[1]
+  if row and row[2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+  else
+    table.insert(lost, ARGV[i])
+  end
+end
+return lost
+"""
+
 
 async def ensure_groups(client: aioredis.Redis, streams: Iterable[str]) -> None:
     for stream in streams:

@@ -396,6 +396,26 @@ def test_a_redis_refusing_writes_is_a_503_and_a_worker_holds_its_results(
         fault_stack.stop_process("refused")
 
 
+def test_a_micro_batch_longer_than_the_visibility_timeout_runs_once(
+    fault_stack: Stack, r: redis.Redis
+) -> None:
+    """A batch loop never re-claimed its entries (only a generate loop did): a micro-batch that
+    ran past `visibility_timeout_s` (faulty's: 2 s) was reclaimed by the other worker and run
+    again, and its record gained a false `crashed` attempt."""
+    pids = [fault_stack.start_worker("faulty", name=f"patient-{n}") for n in range(2)]
+    try:
+        body = _faulty({"n": 1, "sleep_ms": 5000})
+        job_id = httpx.post(f"{fault_stack.base_url}/v1/jobs", json=body).json()["id"]
+        [job] = _wait_terminal(r, [job_id], timeout=60)
+        assert all(psutil.Process(pid).is_running() for pid in pids)
+    finally:
+        for n in range(2):
+            fault_stack.stop_process(f"patient-{n}")
+    assert job["status"] == "succeeded" and job["writes"] == "1", job
+    history = json.loads(job["attempt_history"])
+    assert [attempt["outcome"] for attempt in history] == ["succeeded"], history
+
+
 def test_a_redis_that_turned_replica_is_a_503_until_it_is_master_again(
     fault_stack: Stack, r: redis.Redis, receiver: Receiver
 ) -> None:

@@ -10,9 +10,11 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import redis
 import yaml
 
 from conveyor.stack import Stack, free_port
+from shared.keys import GROUP, Keys
 from tests.conftest import REPO_ROOT, until
 
 pytestmark = pytest.mark.slow
@@ -24,13 +26,15 @@ DEATH_FLAG = "death-flag"
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`paced` (a token every 50 ms), whose variant `brittle`'s engine raises when asked to
     abort; `mortal`, the same, whose engine a prompt with <die> kills while DEATH_FLAG exists,
-    and whose jobs are reclaimed a second after their worker is gone."""
+    and whose jobs are reclaimed a second after their worker is gone; `patient`, whose running
+    entries are re-claimed every 2 s (a third of its visibility timeout)."""
     config = yaml.safe_load((PACED / "paced" / "config.yaml").read_text())
     repository = tmp_path_factory.mktemp("paced-repository")
     mortal = {**config, "queue": {"visibility_timeout_s": 1}}
+    patient = {**config, "queue": {"visibility_timeout_s": 6}}
     mortal["parameters"] = {**config["parameters"], "death_flag": str(repository / DEATH_FLAG)}
     config["variants"]["brittle"] = {"weight": 0, "parameters": {"abort_fails": True}}
-    for name, model in (("paced", config), ("mortal", mortal)):
+    for name, model in (("paced", config), ("mortal", mortal), ("patient", patient)):
         (repository / name).mkdir()
         (repository / name / "config.yaml").write_text(yaml.safe_dump(model))
     return repository
@@ -130,3 +134,32 @@ def test_a_dead_engine_hands_its_jobs_back_and_its_worker_exits(
         assert ended[1]["attempts"] == 2, ended[1]  # the fatal job ran again, on the new worker
     finally:
         stack.stop_process("mortal-worker-2")
+
+
+def test_a_generation_another_worker_took_over_is_given_up(
+    stack: Stack, paced: tuple[str, int], repository: Path
+) -> None:
+    """A worker cut off from Redis past the visibility timeout finds, once back, its running
+    entry reclaimed by another: its periodic XCLAIM took the entry back, and both workers
+    generated the job, their tokens interleaved in its stream. Now it gives the job up."""
+    paced_url, _ = paced
+    env = {"CONVEYOR_MODEL_REPOSITORY": str(repository), "PYTHONPATH": str(REPO_ROOT)}
+    stack.start_worker("patient", "patient-worker", **env)
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        job_id = _submit(paced_url, "a long answer", max_tokens=400, model="patient")
+        until(lambda: _status(paced_url, job_id) == "running", 30)
+        stream = Keys().queue("patient", "default")
+        [entry] = client.xpending_range(stream, GROUP, "-", "+", 10)
+        client.xclaim(stream, GROUP, "rescuer-7", 0, [entry["message_id"]], justid=True)
+        until(lambda: _logged(stack, "patient-worker", "took the job over; giving it up"), 30)
+        [after] = client.xpending_range(stream, GROUP, "-", "+", 10)
+        assert after["consumer"] == b"rescuer-7"  # not taken back
+        assert _status(paced_url, job_id) == "running"  # no result: the rescuer's to write
+    finally:
+        client.close()
+        stack.stop_process("patient-worker")
+
+
+def _logged(stack: Stack, name: str, text: str) -> bool:
+    return any(text in line for line in stack.log_tail(name, 200))

@@ -128,6 +128,39 @@ async def test_an_entry_another_worker_reclaims_meanwhile_is_not_taken_back(
     assert row["consumer"] == b"rescuer-7"
 
 
+async def test_a_touch_keeps_what_is_still_ours_and_gives_up_what_another_took(
+    aredis: aioredis.Redis,
+) -> None:
+    """A long run's entries are re-claimed now and then, so no reclaimer takes them for
+    abandoned; after an outage past the visibility timeout another worker may have taken one
+    over. A plain XCLAIM took it back, and both ran the job (a generation's tokens interleaved)."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    for job_id in ("kept", "taken", "done"):
+        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
+        await store.create(entry, PARTITION.online, {"model": "m", "variant": "default"})
+    reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER)
+    await reader.ensure_groups()
+    [(_, rows)] = await aredis.xreadgroup(GROUP, WORKER, {PARTITION.online: ">"})
+    kept, taken, done = (entry_id for entry_id, _ in rows)
+    await aredis.xclaim(PARTITION.online, GROUP, "rescuer-7", 0, [taken], justid=True)
+    await aredis.xack(PARTITION.online, GROUP, done)  # the rescuer ran it to the end
+    await asyncio.sleep(0.3)
+    idle_before = (await _pending(aredis))[kept]["time_since_delivered"]
+
+    lost = await reader.touch(PARTITION.online, [kept, taken, done])
+
+    assert lost == [taken.decode(), done.decode()]
+    pending = await _pending(aredis)
+    assert pending[taken]["consumer"] == b"rescuer-7" and done not in pending
+    assert pending[kept]["consumer"] == WORKER.encode() and pending[kept]["times_delivered"] == 1
+    assert pending[kept]["time_since_delivered"] < idle_before  # reset by the touch
+
+
+async def _pending(aredis: aioredis.Redis) -> dict[bytes, dict[str, Any]]:
+    rows = await aredis.xpending_range(PARTITION.online, GROUP, "-", "+", 10)
+    return {row["message_id"]: row for row in rows}
+
+
 async def _slotted_lanes(aredis: aioredis.Redis, partition: Partition) -> LaneScheduler:
     """A generate loop's read path (jobs marked running as read) on `partition`."""
     reader = StreamReader(aredis, KEYS, partition.streams, WORKER, mark_on_read=True)

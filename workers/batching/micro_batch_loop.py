@@ -12,6 +12,7 @@ from functools import partial
 
 from shared.codec import dumps
 from shared.job_states import JobStatus
+from workers.batching.long_run import LongRun
 from workers.batching.micro_batch_executor import Outcome, execute
 from workers.batching.micro_batch_telemetry import batch_span, log_batch, record_batch, stage_span
 from workers.batching.stage_pipeline import StagePipeline
@@ -24,9 +25,6 @@ from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import Delivery, LaneEntry, StreamReader
 
 log = logging.getLogger(__name__)
-# A micro-batch still running after this long has its jobs marked running (one round trip), so
-# a long run shows in the job view; a quick one never pays for the mark.
-RUNNING_MARK_S = 0.1
 
 
 class MicroBatchLoop:
@@ -42,7 +40,7 @@ class MicroBatchLoop:
         self.partition = partition
         self.lanes = lanes
         self.reader = reader
-        self._marks: set[asyncio.Task[None]] = set()
+        self._touch_every_s = partition.config.queue.visibility_timeout_s / 3
         self.in_hand: set[LaneEntry] = set()  # entries read and not yet written back
         self.writer = writer
         self.engine = engine
@@ -91,8 +89,8 @@ class MicroBatchLoop:
         with batch_span(model, variant, runnable):
             with stage_span("decode"):
                 inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry]
-            mark = asyncio.get_running_loop().call_later(RUNNING_MARK_S, self._mark, runnable)
-            done = partial(self.complete, stream, runnable, finishes, mark)
+            watch = LongRun(self.reader, stream, runnable, self._touch_every_s)
+            done = partial(self.complete, stream, runnable, finishes, watch)
             if self.stages is not None and inputs:
                 await self.stages.submit(inputs, done)
                 return
@@ -100,28 +98,17 @@ class MicroBatchLoop:
                 outcomes = await execute(self.engine, inputs)
             await done(outcomes)
 
-    def _mark(self, runnable: list[Delivery]) -> None:
-        """Mark a long run's jobs running, off the loop's path (a failure only logs)."""
-        if runnable:
-            task = asyncio.create_task(self.reader.mark_running(runnable))
-            self._marks.add(task)
-            task.add_done_callback(self._marked)
-
-    def _marked(self, task: asyncio.Task[None]) -> None:
-        self._marks.discard(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.warning("could not mark a micro-batch running: %s", exc)
-
     async def complete(
         self,
         stream: str,
         runnable: list[Delivery],
         skipped: list[Finish],
-        mark: asyncio.TimerHandle,
+        watch: LongRun,
         outcomes: list[Outcome],
     ) -> None:
-        """Write a micro-batch's results and its skipped entries back in one round trip."""
-        mark.cancel()
+        """Write a micro-batch's results and its skipped entries back in one round trip (no
+        touch meanwhile: while Redis takes no write-back it takes no touch either)."""
+        watch.end()
         model, variant = self.partition.labels
         finishes = skipped + [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
         with stage_span("write"):

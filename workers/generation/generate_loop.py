@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 
-from shared.codec import dumps
+from shared.codec import as_text, dumps
 from shared.job_states import TERMINAL, JobStatus
 from shared.job_store import now_ms
 from shared.metrics import BATCH_SIZE, GENERATE_BUSY, TOKENS, TPOT, TTFT
@@ -197,6 +197,8 @@ class GenerateLoop:
         events: dict[str, tuple[RunningJob, list[TokenEvent]]] = {}
         stepped: dict[str, RunningJob] = {}
         for job, chunk, at_ms in chunks:
+            if job.abandoned:  # given up: its tokens are another run's to write
+                continue
             events.setdefault(job.job_id, (job, []))[1].extend(job.take(chunk, at_ms, running_now))
             stepped[job.job_id] = job
         for job in ended:
@@ -291,7 +293,18 @@ class GenerateLoop:
             return
         self._next_touch = time.monotonic() + self._touch_every_s
         for stream, entry_ids in _entries_by_stream(self.running.values()).items():
-            await self.reader.touch(stream, entry_ids)
+            await self._give_up(set(await self.reader.touch(stream, entry_ids)))
+
+    async def _give_up(self, lost: set[str]) -> None:
+        """Abort the generations whose entries another worker took over (this one could not
+        reach Redis for a visibility timeout) or finished: no more of their tokens, no result."""
+        for job in list(self.running.values()):
+            if as_text(job.delivery.entry_id) in lost and not job.abandoned:
+                job.abandoned = True
+                log.warning(
+                    "another worker took the job over; giving it up", extra={"job_id": job.job_id}
+                )
+                await self._abort_quietly(job.job_id)
 
     async def _drain(self) -> None:
         jobs = list(self.running.values())

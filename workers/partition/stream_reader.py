@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from shared import job_scripts
 from shared.codec import MOVED_FIELD, RequestEntry, as_text
-from shared.consumer_groups import ensure_groups, recreating_groups
+from shared.consumer_groups import TOUCH, ensure_groups, recreating_groups
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.keys import GROUP, Keys
@@ -74,6 +74,7 @@ class StreamReader:
         self.mark_on_read = mark_on_read
         self._take = client.register_script(job_scripts.TAKE)
         self._mark = client.register_script(job_scripts.MARK_RUNNING)
+        self._touch = client.register_script(TOUCH)
 
     async def ensure_groups(self) -> None:
         """Create the lanes' groups where missing (`shared/consumer_groups.py`)."""
@@ -226,16 +227,16 @@ class StreamReader:
             for delivery, status in zip(marked, statuses, strict=True):
                 delivery.status = as_text(status)
 
-    async def touch(self, stream: str, entry_ids: Sequence[bytes | str]) -> None:
-        """XCLAIM (JUSTID: the delivery count stays) entries this consumer is still running, so
-        their idle time resets and no reclaimer mistakes them for abandoned ones."""
-        await recreating_groups(
+    async def touch(self, stream: str, entry_ids: Sequence[bytes | str]) -> list[str]:
+        """Reset the idle time of entries this consumer is still running, so no reclaimer
+        mistakes them for abandoned ones (`consumer_groups.TOUCH`); returns those it no longer
+        owns, whose jobs another worker runs or ran: give them up."""
+        lost = await recreating_groups(
             self.redis,
             self.streams,
-            lambda: self.redis.xclaim(
-                stream, GROUP, self.consumer, 0, list(entry_ids), justid=True
-            ),
+            lambda: call_script(self._touch, [stream], [GROUP, self.consumer, *entry_ids]),
         )
+        return [as_text(entry_id) for entry_id in lost or []]
 
 
 def decode_delivery(

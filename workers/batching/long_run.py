@@ -1,0 +1,56 @@
+"""A micro-batch that runs long: its jobs marked running once it has run RUNNING_MARK_S (so the
+job view shows it; a quick one never pays for the mark), then its entries re-claimed every third
+of the visibility timeout until its write-back. A bisection's reruns or a wait for the device
+could outlast the timeout: another worker reclaimed the entries, ran the jobs again and put a
+false `crashed` attempt on their records."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from workers.partition.stream_reader import Delivery, StreamReader
+
+log = logging.getLogger(__name__)
+RUNNING_MARK_S = 0.1
+
+
+class LongRun:
+    """Watches one micro-batch from its read until `end` (its write-back), off the loop's path:
+    a failed mark or touch only logs."""
+
+    def __init__(
+        self, reader: StreamReader, stream: str, runnable: Sequence[Delivery], touch_every_s: float
+    ) -> None:
+        self.reader = reader
+        self.stream = stream
+        self.runnable = runnable
+        self.touch_every_s = touch_every_s
+        self._task: asyncio.Task[None] | None = None
+        self._timer = asyncio.get_running_loop().call_later(RUNNING_MARK_S, self._start)
+
+    def end(self) -> None:
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
+    def _start(self) -> None:
+        if self.runnable:
+            self._task = asyncio.create_task(self._watch())
+            self._task.add_done_callback(_log_failure)
+
+    async def _watch(self) -> None:
+        await self.reader.mark_running(self.runnable)
+        entry_ids = [delivery.entry_id for delivery in self.runnable]
+        while True:
+            await asyncio.sleep(self.touch_every_s)
+            if lost := await self.reader.touch(self.stream, entry_ids):
+                # another worker took them over all the same (this one could not reach Redis):
+                # FINISH keeps whichever result lands first, and refuses the other
+                log.warning("%d entries of a micro-batch were taken over", len(lost))
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("could not mark a micro-batch running or keep it claimed: %s", exc)
