@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
+
+from redis.exceptions import RedisError
 
 from workers.partition.stream_reader import Delivery, StreamReader
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 RUNNING_MARK_S = 0.1
 
 
 class LongRun:
-    """Watches one micro-batch from its read until `end` (its write-back), off the loop's path:
-    a failed mark or touch only logs."""
+    """Watches one micro-batch from its read until `end` (its write-back), off the loop's path;
+    a mark or touch Redis fails is tried again at the next touch."""
 
     def __init__(
         self, reader: StreamReader, stream: str, runnable: Sequence[Delivery], touch_every_s: float
@@ -41,14 +45,24 @@ class LongRun:
             self._task.add_done_callback(_log_failure)
 
     async def _watch(self) -> None:
-        await self.reader.mark_running(self.runnable)
+        await _unless_redis_fails(self.reader.mark_running(self.runnable))
         entry_ids = [delivery.entry_id for delivery in self.runnable]
         while True:
             await asyncio.sleep(self.touch_every_s)
-            if lost := await self.reader.touch(self.stream, entry_ids):
+            if lost := await _unless_redis_fails(self.reader.touch(self.stream, entry_ids)):
                 # another worker took them over all the same (this one could not reach Redis):
                 # FINISH keeps whichever result lands first, and refuses the other
                 log.warning("%d entries of a micro-batch were taken over", len(lost))
+
+
+async def _unless_redis_fails(call: Awaitable[T]) -> T | None:
+    """`call`'s result, or None while Redis fails it: the next touch tries again, and the
+    outage is the loop's to log (two lines however long it lasts)."""
+    try:
+        return await call
+    except RedisError as exc:
+        log.debug("a long micro-batch's mark or touch failed: %r", exc)
+        return None
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -8,8 +8,9 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from typing import Protocol
 
 import redis.asyncio as aioredis
 import uvloop
@@ -39,6 +40,29 @@ ENGINE_CLOSE_S = 10.0
 
 def consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class PartitionLoop(Protocol):
+    stopping: asyncio.Event
+
+    async def run(self) -> None: ...
+
+
+async def run_together(loops: Sequence[PartitionLoop]) -> None:
+    """Every partition's loop; the first that fails stops the others as a stop does (the work
+    in hand finished and written back, or left pending), then its error is raised. They ran on
+    while the engines were closed under them, and failed their jobs with the closed engines'
+    errors, written back as results."""
+    runs = [asyncio.create_task(partition_loop.run()) for partition_loop in loops]
+    try:
+        await asyncio.wait(runs, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for partition_loop in loops:
+            partition_loop.stopping.set()
+        ended = await asyncio.gather(*runs, return_exceptions=True)
+    for outcome in ended:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 class ConsumerRuntime:
@@ -114,7 +138,7 @@ class ConsumerRuntime:
         self._ready.set_result(None)
         log.info("serving %s as %s", [f"{c.name}:{v}" for c, v in self.partitions], self.consumer)
         try:
-            await asyncio.gather(*(partition_loop.run() for partition_loop in self._loops))
+            await run_together(self._loops)
         finally:
             for engine in self._engines:
                 if isinstance(engine, GenerateEngine):
