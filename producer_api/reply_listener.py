@@ -14,10 +14,11 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from producer_api.redis_outage import RedisOutage
@@ -34,6 +35,12 @@ from shared.redis_client import (
 )
 
 log = logging.getLogger(__name__)
+# A subscription silent this long is sent a PING; silent as long again, its connection is taken
+# for dead: a node whose host vanished without closing its sockets (a lost instance, a network
+# partition) left `listen()` reading forever while the cluster promoted its replica, and every
+# waiter on its partitions sat out its whole wait until the producer restarted.
+QUIET_S = 5.0
+LIVENESS = "conveyor-reply-listener"
 Node = tuple[str, int]  # (host, port); one server is the node (None-less key: ("", 0))
 ONE_SERVER: Node = ("", 0)
 
@@ -126,7 +133,7 @@ class ReplyListener:
                     await pubsub.connect()  # reconnects, then resubscribes its channels
                     outage.recovered()
                     await self._recheck()
-                async for message in pubsub.listen():
+                async for message in _heard(pubsub):
                     if message["type"] == "smessage":
                         self._deliver_all(loads(message["data"]))
                     elif message["type"] == "sunsubscribe" and self._held(node, message):
@@ -195,3 +202,23 @@ class ReplyListener:
         for future in self._waiters.pop(as_text(view.get("id", "")), ()):
             if not future.done():
                 future.set_result(view)
+
+
+async def _heard(pubsub: aioredis.client.PubSub) -> AsyncIterator[dict[str, Any]]:
+    """The subscription's messages, while it has channels; a connection that stays silent
+    through a PING is dropped (RedisConnectionError), so the listener reconnects or moves off
+    the node."""
+    clock = asyncio.get_running_loop().time
+    heard, pinged = clock(), False
+    while pubsub.subscribed:
+        message = await pubsub.get_message(timeout=QUIET_S / 5)
+        if message is not None:
+            heard, pinged = clock(), False
+            if message["type"] != "pong":
+                yield message
+        elif clock() - heard >= QUIET_S:
+            if pinged:
+                await cast(Any, pubsub.connection).disconnect()
+                raise RedisConnectionError(f"no answer to a PING in {QUIET_S:g}s")
+            await pubsub.ping(LIVENESS)
+            heard, pinged = clock(), True

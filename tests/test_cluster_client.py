@@ -195,6 +195,7 @@ async def test_a_generate_workers_read_marks_its_jobs_running_on_any_master(
     store = JobStore(cluster_client, KEYS, 60)
     for model, variant in PARTITIONS:
         lane = KEYS.queue(model, variant)
+        await cluster_client.delete(lane)  # other tests' entries
         reader = StreamReader(cluster_client, KEYS, [lane], "w-1", mark_on_read=True)
         await reader.ensure_groups()
         jobs = [_new_job(model, variant) for _ in range(6)]

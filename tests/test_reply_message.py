@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from producer_api.reply_listener import ReplyListener
+from producer_api.reply_listener import QUIET_S, ReplyListener
 from shared.codec import OUTPUTS_TEXT, dumps, loads, spliced_outputs
 from shared.job_store import JobStore
 from shared.keys import Keys
@@ -117,3 +118,61 @@ async def test_a_reply_lost_while_the_listener_reconnected_is_found_by_a_recheck
     finally:
         await listener.stop()
         await client.aclose()
+
+
+class _SilentProxy:
+    """TCP to Valkey; `silence()` drops everything on the connections open now, both ways,
+    without closing them (a host gone without a FIN or RST); later connections pass."""
+
+    def __init__(self, target: str) -> None:
+        parts = urlsplit(target)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 6379)
+        self.era = 0
+        self.port = 0
+
+    async def start(self) -> asyncio.Server:
+        server = await asyncio.start_server(self._pass, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        return server
+
+    def silence(self) -> None:
+        self.era += 1
+
+    async def _pass(self, client: asyncio.StreamReader, back: asyncio.StreamWriter) -> None:
+        upstream, forth = await asyncio.open_connection(*self.target)
+        era = self.era
+        await asyncio.gather(self._copy(client, forth, era), self._copy(upstream, back, era))
+
+    async def _copy(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, era: int
+    ) -> None:
+        while data := await source.read(65536):
+            if self.era == era:
+                sink.write(data)
+                await sink.drain()
+
+
+async def test_a_silent_subscription_is_noticed_and_what_it_missed_found(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """A node whose host vanished without closing its sockets left the listener reading its
+    connection forever: replies published elsewhere (a promoted replica) went unheard and every
+    waiter sat out its whole wait. Now silence through a PING drops the connection: the
+    listener reconnects and reads what it waits for."""
+    proxy = _SilentProxy(redis_url)
+    server = await proxy.start()
+    client = connect(f"redis://127.0.0.1:{proxy.port}/0", timeout_s=1)
+    keys = Keys()
+    listener = ReplyListener(client, keys, "p1", JobStore(client, keys, 60))
+    try:
+        job_id = "abcd" + "2" * 28
+        waiting = await listener.register(job_id)
+        proxy.silence()
+        fields = {"status": "succeeded", "model": "m", "variant": "default", "outputs": "{}"}
+        await aredis.hset(keys.job(job_id), mapping=fields)  # its reply lost with the node
+        view = await asyncio.wait_for(waiting, timeout=4 * QUIET_S)
+        assert view["status"] == "succeeded"
+    finally:
+        await listener.stop()
+        await client.aclose()
+        server.close()
