@@ -1,7 +1,8 @@
 """A real engine for fault tests (loaded as the custom backend `tests.fault_engine:FaultEngine`):
 returns its inputs, but an item can make the batch raise, make the process die mid-batch, call
-`sys.exit` (as a library may), get an output JSON cannot hold, or the batch can take time, so
-the tests inject faults through ordinary job inputs."""
+`sys.exit` (as a library may), get an output JSON cannot hold, poison the engine for good (as a
+CUDA error does, while the file an item names in `while` exists), or the batch can take time,
+so the tests inject faults through ordinary job inputs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import hashlib
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from shared.codec import dumps
@@ -27,6 +29,7 @@ class FaultEngine(BatchEngine):
         # A variant's `fail_percent` fails that share of distinct inputs, the same ones every
         # time (a hash of the item), so a flaky canary fails at a known rate.
         self.fail_percent = float(self.parameters.get("fail_percent", 0))
+        self._dead = False
 
     def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         actions = {item.get("action") for item in inputs}
@@ -36,6 +39,9 @@ class FaultEngine(BatchEngine):
             sys.exit(5)  # SystemExit: no Exception, so nothing on the way catches it
         if "no-list" in actions:
             return None  # type: ignore[return-value]
+        if self._dead or any(_flagged(item.get("while")) for item in inputs):
+            self._dead = True  # as a CUDA error that poisoned the device: nothing runs after it
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
         if "raise" in actions:
             tags = [item.get("tag") for item in inputs if item.get("action") == "raise"]
             raise ValueError(f"poison item {tags}")
@@ -46,8 +52,15 @@ class FaultEngine(BatchEngine):
             ODD_OUTPUTS.get(item.get("output"), {**item, "pid": os.getpid()}) for item in inputs
         ]
 
+    def dead(self) -> bool:
+        return self._dead
+
     def _fails(self, item: dict[str, Any]) -> bool:
         if not self.fail_percent:
             return False
         digest = hashlib.blake2b(dumps(item), digest_size=8).digest()
         return int.from_bytes(digest, "big") % 10_000 < self.fail_percent * 100
+
+
+def _flagged(path: Any) -> bool:
+    return isinstance(path, str) and Path(path).is_file()

@@ -416,6 +416,29 @@ def test_a_micro_batch_longer_than_the_visibility_timeout_runs_once(
     assert [attempt["outcome"] for attempt in history] == ["succeeded"], history
 
 
+def test_a_dead_device_hands_its_micro_batch_back_and_its_worker_exits(
+    fault_stack: Stack, r: redis.Redis, tmp_path: Path
+) -> None:
+    """A CUDA error that poisons the device fails every engine call after it: the worker
+    bisected each micro-batch, failed every job of it and of every one after (the queue drained
+    into failures, fast), while it looked alive. Now its jobs stay pending and it exits; a new
+    worker runs them all."""
+    poisoned = tmp_path / "poisoned"
+    poisoned.touch()
+    worker = psutil.Process(fault_stack.start_worker("faulty", name="poisoned"))
+    bodies = [_faulty({"n": 1, "while": str(poisoned)}), *(_faulty({"n": n}) for n in range(8))]
+    ids = asyncio.run(_submit_many(fault_stack.base_url, bodies, rate=1000))
+    worker.wait(timeout=60)  # raises if the worker lives on
+    assert {_job(r, i)["status"] for i in ids} <= {"queued", "running"}
+    poisoned.unlink()  # the device mended (a new pod, another GPU)
+    fault_stack.start_worker("faulty", name="mended")
+    try:
+        jobs = _wait_terminal(r, ids, timeout=60)
+    finally:
+        fault_stack.stop_process("mended")
+    assert [job["status"] for job in jobs] == ["succeeded"] * len(ids), jobs
+
+
 def test_a_redis_that_turned_replica_is_a_503_until_it_is_master_again(
     fault_stack: Stack, r: redis.Redis, receiver: Receiver
 ) -> None:

@@ -1,5 +1,7 @@
 """Runs a micro-batch through the engine; when the engine raises, bisects the batch so only the
-items that fail on their own fail, with the exception's type and message as their error."""
+items that fail on their own fail, with the exception's type and message as their error. An
+engine that died (`BatchEngine.dead`) fails nothing: EngineDied ends the loop, the micro-batch
+left pending for another worker."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 
 from shared.codec import dumps
 from shared.job_store import stamp_ms
-from workers.engines.base import BatchEngine
+from workers.engines.base import BatchEngine, EngineDied
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,8 @@ async def execute(
     try:
         outputs = await _call(engine, inputs, device)
     except Exception as exc:
+        if engine.dead():  # bisecting would fail every job, each through no fault of its own
+            raise EngineDied(f"the engine died: {exc!r}") from exc
         if len(inputs) == 1:
             error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
             engine_ms = _ms_since(start.perf)

@@ -42,6 +42,18 @@ class EngineBase(ABC):  # noqa: B024 (the two kinds below declare the abstract m
             )
         return folder
 
+    def dead(self) -> bool:
+        """Whether the engine can run nothing more (a generate engine's process died; a CUDA
+        error poisoned a batch engine's device): every call then fails at once, and a job failed
+        so would be lost through no fault of its own. Its loop stops, leaving its jobs pending,
+        and the worker exits to be restarted."""
+        return False
+
+
+class EngineDied(RuntimeError):
+    """The engine can run nothing more: the worker exits (and is restarted), its jobs left
+    pending for another worker to rerun."""
+
 
 class BatchEngine(EngineBase):
     """Dynamic-batching engine: one `infer` call per micro-batch, outputs in input order.
@@ -136,11 +148,6 @@ class GenerateEngine(EngineBase):
     @abstractmethod
     async def abort(self, request_id: str) -> None:
         """Stop a running request within one engine step and free its slot."""
-
-    def dead(self) -> bool:
-        """Whether the engine can generate nothing more (its engine process died): then every
-        request fails at once, and a job failed so would be lost, not the engine's doing."""
-        return False
 
     async def close(self) -> None:
         """Shut the engine down on warm shutdown."""

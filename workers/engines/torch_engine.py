@@ -240,10 +240,12 @@ class TorchEngine(StagedBatchEngine):
                     leased.append(self.buffers.lease(first_fit(self.batch_buckets, batch.shape[0])))
                     calls.append(self._run_call(leased[-1], batch, rows))
             except BaseException:
-                if self.stream is not None:
-                    self.stream.synchronize()  # no copy still lands in a buffer given back
-                for buffer in leased:
-                    self.buffers.give_back(buffer)
+                try:
+                    if self.stream is not None:
+                        self.stream.synchronize()  # no copy still lands in a buffer given back
+                finally:  # a poisoned stream raises again: the buffers go back all the same
+                    for buffer in leased:
+                        self.buffers.give_back(buffer)
                 raise
         return RunningBatch(prepared.split, calls)
 
@@ -289,6 +291,18 @@ class TorchEngine(StagedBatchEngine):
             call.done.synchronize()
         vectors: np.ndarray = call.buffer[: call.rows].numpy().copy()
         return vectors
+
+    def dead(self) -> bool:
+        """A CUDA error that poisoned the context (an illegal address, a device-side assert, a
+        GPU fallen off the bus) fails every call after it: the device is asked, once a call
+        failed, whether it still runs anything."""
+        if self.device.type != "cuda":
+            return False
+        try:
+            torch.cuda.synchronize(self.device)
+        except RuntimeError:  # torch.AcceleratorError is one
+            return True
+        return False
 
     def close(self) -> None:
         self.graphs.clear()

@@ -19,7 +19,7 @@ from shared.job_store import now_ms
 from shared.metrics import BATCH_SIZE, GENERATE_BUSY, TOKENS, TPOT, TTFT
 from shared.token_stream import TokenEvent
 from workers.batching.micro_batch_telemetry import record_batch
-from workers.engines.base import GenerateEngine, TokenChunk
+from workers.engines.base import EngineDied, GenerateEngine, TokenChunk
 from workers.generation.generate_job import InvalidChunk, RunningJob, checked, generate_request
 from workers.partition.finish import Finish
 from workers.partition.lane_scheduler import LaneScheduler
@@ -30,11 +30,6 @@ from workers.partition.stream_reader import Delivery, LaneEntry, StreamReader
 from workers.partition.token_writer import TokenWriter
 
 log = logging.getLogger(__name__)
-
-
-class EngineDied(RuntimeError):
-    """The engine can generate nothing more: the worker exits (and is restarted), its jobs
-    left pending for another worker to rerun."""
 
 
 class GenerateLoop:
