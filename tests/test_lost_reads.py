@@ -31,6 +31,16 @@ PARTITION = Partition.of(KEYS, CONFIG, "default")
 WORKER = "box-5-55"
 
 
+async def _queued(store: JobStore, aredis: aioredis.Redis, *job_ids: str) -> StreamReader:
+    """Jobs queued in the partition's online lane, and a reader of its lanes."""
+    for job_id in job_ids:
+        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
+        await store.create(entry, PARTITION.online, {"model": "m", "variant": "default"})
+    reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER)
+    await reader.ensure_groups()
+    return reader
+
+
 def _jobs(batches: list[MicroBatch]) -> list[str]:
     return [d.entry.job_id for _, deliveries in batches for d in deliveries if d.entry]
 
@@ -39,11 +49,7 @@ async def test_after_an_outage_the_entries_a_lost_read_was_handed_run_first(
     aredis: aioredis.Redis,
 ) -> None:
     store = JobStore(aredis, KEYS, ttl_s=60)
-    for job_id in ("a", "b", "c"):
-        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
-        await store.create(entry, PARTITION.online, {"model": "m", "variant": "default"})
-    reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER)
-    await reader.ensure_groups()
+    reader = await _queued(store, aredis, "a", "b", "c")
     events = JobEvents("redis://unused")
     lanes = LaneScheduler(PARTITION, reader, Reclaimer(aredis, KEYS, PARTITION, WORKER, 60, events))
     writer = ResultWriter(aredis, KEYS, 60, events, WORKER)
@@ -134,12 +140,7 @@ async def test_a_touch_keeps_what_is_still_ours_and_gives_up_what_another_took(
     """A long run's entries are re-claimed now and then, so no reclaimer takes them for
     abandoned; after an outage past the visibility timeout another worker may have taken one
     over. A plain XCLAIM took it back, and both ran the job (a generation's tokens interleaved)."""
-    store = JobStore(aredis, KEYS, ttl_s=60)
-    for job_id in ("kept", "taken", "done"):
-        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
-        await store.create(entry, PARTITION.online, {"model": "m", "variant": "default"})
-    reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER)
-    await reader.ensure_groups()
+    reader = await _queued(JobStore(aredis, KEYS, ttl_s=60), aredis, "kept", "taken", "done")
     [(_, rows)] = await aredis.xreadgroup(GROUP, WORKER, {PARTITION.online: ">"})
     kept, taken, done = (entry_id for entry_id, _ in rows)
     await aredis.xclaim(PARTITION.online, GROUP, "rescuer-7", 0, [taken], justid=True)
