@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 
-from conveyor.client import APIError, AsyncClient, Client, RateLimited
+from conveyor.client import APIError, AsyncClient, Client, RateLimited, calls
+from conveyor.client.errors import StreamError
+from conveyor.client.sse import EventStream
+from conveyor.stack import free_port
 from tests.local_http import LocalServer, serving
 
 SEPARATED = "a\u2028b\u2029c\x85d"  # line and paragraph separators, NEL: legal inside JSON
@@ -32,8 +35,18 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         self.server.posts.append((self.path.split("?")[0], self.headers.get("Idempotency-Key")))
+        if body.get("model") == "busy" and len(self.server.posts) == 1:
+            error = {"error": {"type": "rate_limited", "message": "slow down"}}
+            self._send(429, json.dumps(error).encode(), "application/json", {"Retry-After": "0"})
+            return
+        if body.get("model") == "busy":
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "busy"}
+            chunk["choices"] = [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]
+            events = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+            self._send(200, events, "text/event-stream")
+            return
         error = {"error": {"type": "unavailable", "message": "replicas did not confirm"}}
         self._send(503, json.dumps(error).encode(), "application/json", {"Retry-After": "0"})
 
@@ -115,6 +128,25 @@ def test_a_503_to_a_post_without_a_key_is_not_sent_again(server: _Server) -> Non
         "/v1/chat/completions",
         "/v1/batches",
     ]
+
+
+def test_a_streamed_chat_is_opened_again_after_a_429_only(server: _Server) -> None:
+    """A 429 refused the request before anything ran, as a connection never made sent nothing:
+    the streamed chat ended at either, where the same call unstreamed retried. A 503 may follow
+    a job already written: not sent again, streamed or not."""
+    hello = [{"role": "user", "content": "hi"}]
+    with Client(server.url) as client:
+        chunks = list(client.chat_stream("busy", hello))
+        assert [chunk.choices[0].delta.content for chunk in chunks] == ["hi"]
+        assert len(server.posts) == 2
+        with pytest.raises(APIError) as refused:
+            list(client.chat_stream("m", hello))
+    assert refused.value.status == 503 and len(server.posts) == 3
+    with Client(f"http://127.0.0.1:{free_port()}") as client:
+        stream = EventStream(calls.chat_stream_call("m", hello, {}), resumable=False)
+        with pytest.raises(StreamError, match="lost after 3 tries"):
+            stream.max_reconnects = 2
+            list(client.events(stream))
 
 
 def test_a_503_to_a_keyed_submit_is_retried_with_the_same_key(server: _Server) -> None:

@@ -103,6 +103,7 @@ class EventStream:
     _failures: int = 0
     _empty_closes: int = 0
     _received: int = 0
+    _opened: bool = False  # a response was served (a stream that is not resumable ends with it)
 
     def __post_init__(self) -> None:
         self._decoder = SSEDecoder(last_id=self.call.headers.get("Last-Event-ID"))
@@ -121,6 +122,7 @@ class EventStream:
         return replace(self.call, headers=headers)
 
     def opened(self, response: httpx.Response) -> None:
+        self._opened = True
         if response.status_code == 204:
             self.done = True
 
@@ -133,6 +135,19 @@ class EventStream:
             if self.done:
                 break
         return events
+
+    def _reopens(self, error: Exception) -> bool:
+        """A resumable stream resumes after any drop. One that is not (a chat completion: a
+        second request is a second completion) is only opened again while none of its
+        requests was served, and only where none can have run: after a 429 (refused before
+        anything ran; a 503 may follow a job already written) or a connection never made. It
+        ended at the first, as the same call unstreamed retries them."""
+        if self.resumable:
+            return True
+        if self._opened:
+            return False
+        never_sent = isinstance(error, httpx.ConnectError | httpx.ConnectTimeout)
+        return never_sent or (isinstance(error, APIError) and error.status == 429)
 
     def feed(self, line: str) -> Event | None:
         event = self._decoder.feed(line)
@@ -158,14 +173,14 @@ class EventStream:
         """A resume answered 429 or 503 (Redis still away, the producers busy): waited out as
         a dropped connection is, at least its Retry-After; any other error ends the stream.
         It used to end it at once, though the server had asked for the resume."""
-        if error.status not in (429, 503) or not self.resumable:
+        if error.status not in (429, 503) or not self._reopens(error):
             raise error
         return max(self.dropped(error), retry_after_s(error.headers) or 0.0)
 
     def dropped(self, error: Exception) -> float:
         """Seconds to wait before resuming; StreamError when it is time to give up."""
         self._failures += 1
-        if not self.resumable or self._failures > self.max_reconnects:
+        if not self._reopens(error) or self._failures > self.max_reconnects:
             raise StreamError(f"event stream lost after {self._failures} tries: {error!r}")
         if self._decoder.retry_ms is not None:
             return self._decoder.retry_ms / 1000.0
