@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.client import Client
+from conveyor.client import Client, Event
+from conveyor.commands.jobs import NO_WORKER, Progress
 from conveyor.local_stack import StackState
 from conveyor.stack import Stack, free_port
 
@@ -297,3 +298,20 @@ def test_a_key_or_split_that_cannot_mean_what_it_says_is_refused(stack: Stack) -
     twice = ("--weight", "default=60", "--weight", "canary=40", "--weight", "default=10")
     result = _refused("routes", "set", "identity", *twice, env=env)  # refused before any call
     assert result.returncode == 2 and "default given more than once" in result.stderr
+
+
+def test_the_progress_line_keeps_saying_a_worker_is_being_started() -> None:
+    """The server sends `scaling` and then, in the same tick, `queued`: the line said the
+    autoscaler was starting a worker for an instant, then only `start time not known yet`."""
+    progress = Progress()
+
+    def said(event: str, data: dict[str, object]) -> str | None:
+        return progress.line(Event(None, event, json.dumps(data)))
+
+    idle = {"queue_position": 0, "eta_ms": None}
+    assert said("scaling", {"consumers": 0, **idle}) == f"queued: {NO_WORKER}"
+    assert said("queued", idle) == f"queued: 0 ahead; {NO_WORKER}"
+    assert said("queued", {"queue_position": 3, "eta_ms": None}) == f"queued: 3 ahead; {NO_WORKER}"
+    served = {"queue_position": 2, "eta_ms": 1500}  # a worker drains the lane: an ETA
+    assert said("queued", served) == "queued: 2 ahead, starts in ~1.5s"
+    assert said("queued", idle) == "queued: 0 ahead, start time not known yet"

@@ -41,30 +41,44 @@ def wait(job_id: str, url: str | None, api_key: str | None) -> None:
     """Follow the job's events with a progress line on stderr (its queue position and ETA,
     or that a worker is being started), then print the finished job; exit 0 if it succeeded, 1
     if it ended otherwise."""
-    last = None
+    last, progress = None, Progress()
     with connect(url, api_key) as client, _progress_line() as show:
         for event in client.stream(job_id):
-            if (line := _progress(event)) not in (None, last):
+            if (line := progress.line(event)) not in (None, last):
                 show(line)
                 last = line
         job = client.get(job_id)
     echo_waited(job)
 
 
-def _progress(event: Event) -> str | None:
-    """What one event says about the job's progress, in a few words (None: nothing new)."""
-    if event.event == "queued":
-        data = event.json()
-        eta = data.get("eta_ms")
-        when = "start time not known yet" if eta is None else f"starts in ~{eta / 1000:.1f}s"
-        return f"queued: {data['queue_position']} ahead, {when}"
-    if event.event == "scaling":
-        return "queued: no worker serves this model yet; the autoscaler is starting one"
-    if event.event == "token":
-        return "running: streaming tokens"
-    if event.event == "restart":
-        return "restarted on another worker"
-    return None
+NO_WORKER = "no worker serves this model yet; the autoscaler is starting one"
+
+
+class Progress:
+    """What each event says about the job's progress, in a few words (None: nothing new). A
+    `scaling` event's news holds while the job waits with no start time known: the `queued`
+    event that follows it in the same tick replaced it at once."""
+
+    def __init__(self) -> None:
+        self.scaling = False
+
+    def line(self, event: Event) -> str | None:
+        if event.event == "queued":
+            data = event.json()
+            eta = data.get("eta_ms")
+            self.scaling = self.scaling and eta is None
+            if self.scaling:
+                return f"queued: {data['queue_position']} ahead; {NO_WORKER}"
+            when = "start time not known yet" if eta is None else f"starts in ~{eta / 1000:.1f}s"
+            return f"queued: {data['queue_position']} ahead, {when}"
+        if event.event == "scaling":
+            self.scaling = True
+            return f"queued: {NO_WORKER}"
+        if event.event == "token":
+            return "running: streaming tokens"
+        if event.event == "restart":
+            return "restarted on another worker"
+        return None
 
 
 @contextmanager
