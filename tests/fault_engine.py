@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.codec import dumps
-from workers.engines.base import BatchEngine
+from workers.engines.base import BatchEngine, StagedBatchEngine
 
 FIXED_ENV = "CONVEYOR_TEST_POISON_FIXED"
 # An item's `output`: an engine's output that no job can store (the engine returns it as is).
@@ -64,3 +64,16 @@ class FaultEngine(BatchEngine):
 
 def _flagged(path: Any) -> bool:
     return isinstance(path, str) and Path(path).is_file()
+
+
+class StagedFaultEngine(FaultEngine, StagedBatchEngine):
+    """The same faults through a staged engine's three stages: the device stage runs them."""
+
+    def prepare(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return inputs
+
+    def run(self, prepared: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return FaultEngine.infer(self, prepared)
+
+    def finish(self, running: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return running

@@ -426,8 +426,11 @@ def test_a_dead_device_hands_its_micro_batch_back_and_its_worker_exits(
     poisoned = tmp_path / "poisoned"
     poisoned.touch()
     worker = psutil.Process(fault_stack.start_worker("faulty", name="poisoned"))
-    bodies = [_faulty({"n": 1, "while": str(poisoned)}), *(_faulty({"n": n}) for n in range(8))]
-    ids = asyncio.run(_submit_many(fault_stack.base_url, bodies, rate=1000))
+    url = f"{fault_stack.base_url}/v1/jobs"
+    first = httpx.post(url, json=_faulty({"n": 1, "while": str(poisoned)}), timeout=30)
+    assert first.status_code == 202, first.text  # first in the lane: in the first read
+    bodies = [_faulty({"n": n}) for n in range(8)]
+    ids = [first.json()["id"], *asyncio.run(_submit_many(fault_stack.base_url, bodies, 1000))]
     worker.wait(timeout=60)  # raises if the worker lives on
     assert {_job(r, i)["status"] for i in ids} <= {"queued", "running"}
     poisoned.unlink()  # the device mended (a new pod, another GPU)

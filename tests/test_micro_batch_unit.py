@@ -3,14 +3,18 @@ own fail, with their exception as the error, and every other input still gets it
 
 from __future__ import annotations
 
+import asyncio
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shared.model_repository import ModelConfig
-from tests.fault_engine import FaultEngine
+from tests.fault_engine import FaultEngine, StagedFaultEngine
 from workers.batching.micro_batch_executor import Outcome, execute
+from workers.batching.stage_pipeline import StagePipeline
+from workers.engines.base import EngineDied
 
 
 @pytest.fixture
@@ -101,3 +105,29 @@ async def test_an_empty_batch_calls_nothing(
 
 def _outputs(outcomes: list[Outcome]) -> list[tuple[int, dict[str, Any]]]:
     return [(i, o.output) for i, o in enumerate(outcomes) if o.output is not None]
+
+
+async def test_a_staged_engine_that_died_is_raised_before_the_next_read(tmp_path: Path) -> None:
+    """A staged micro-batch runs in the background, where EngineDied was kept until the next
+    submit: on a partition no more jobs came to, the worker lived on, the dead micro-batch's
+    entries held by no one running them."""
+    config = ModelConfig(name="staged", kind="batch", backend="tests.fault_engine:FaultEngine")
+    engine = StagedFaultEngine(config, "default", "")
+    engine.load()
+    pipeline = StagePipeline(engine)
+    poisoned = tmp_path / "poisoned"
+    poisoned.touch()
+    written: list[list[Outcome]] = []
+
+    async def done(outcomes: list[Outcome]) -> None:
+        written.append(outcomes)
+
+    try:
+        await pipeline.submit([{"n": 1, "while": str(poisoned)}, {"n": 2}], done)
+        while pipeline.in_flight:
+            await asyncio.sleep(0.01)
+        with pytest.raises(EngineDied):
+            await pipeline.until_wanted()
+    finally:
+        pipeline.close()
+    assert written == []  # no job failed for it: both left pending

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
 from redis.exceptions import RedisError
 
 from workers.partition.stream_reader import Delivery, StreamReader
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 RUNNING_MARK_S = 0.1
 
 
@@ -45,24 +43,23 @@ class LongRun:
             self._task.add_done_callback(_log_failure)
 
     async def _watch(self) -> None:
-        await _unless_redis_fails(self.reader.mark_running(self.runnable))
+        """The mark, then a touch every `touch_every_s`; a mark or touch Redis fails is tried
+        again at the next touch (the outage is the loop's to log: two lines however long)."""
         entry_ids = [delivery.entry_id for delivery in self.runnable]
+        marked = touching = False
         while True:
+            try:
+                if not marked:
+                    await self.reader.mark_running(self.runnable)
+                    marked = True
+                if touching and (lost := await self.reader.touch(self.stream, entry_ids)):
+                    # another worker took them over all the same (this one could not reach
+                    # Redis): FINISH keeps whichever result lands first, and refuses the other
+                    log.warning("%d entries of a micro-batch were taken over", len(lost))
+            except RedisError as exc:
+                log.debug("a long micro-batch's mark or touch failed: %r", exc)
+            touching = True
             await asyncio.sleep(self.touch_every_s)
-            if lost := await _unless_redis_fails(self.reader.touch(self.stream, entry_ids)):
-                # another worker took them over all the same (this one could not reach Redis):
-                # FINISH keeps whichever result lands first, and refuses the other
-                log.warning("%d entries of a micro-batch were taken over", len(lost))
-
-
-async def _unless_redis_fails(call: Awaitable[T]) -> T | None:
-    """`call`'s result, or None while Redis fails it: the next touch tries again, and the
-    outage is the loop's to log (two lines however long it lasts)."""
-    try:
-        return await call
-    except RedisError as exc:
-        log.debug("a long micro-batch's mark or touch failed: %r", exc)
-        return None
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

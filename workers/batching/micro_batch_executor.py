@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from shared.codec import dumps
 from shared.job_store import stamp_ms
 from workers.engines.base import BatchEngine, EngineDied
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,9 @@ async def execute(
     try:
         outputs = await _call(engine, inputs, device)
     except Exception as exc:
-        if engine.dead():  # bisecting would fail every job, each through no fault of its own
+        # bisecting would fail every job, each through no fault of its own; asked off the loop
+        # (the torch engine waits for its device) and, for a staged engine, on the device thread
+        if await _on_engine_thread(engine, device, engine.dead):
             raise EngineDied(f"the engine died: {exc!r}") from exc
         if len(inputs) == 1:
             error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
@@ -91,13 +96,19 @@ def succeeded(
 async def _call(
     engine: BatchEngine, inputs: list[dict[str, Any]], device: Executor | None
 ) -> list[dict[str, Any]]:
+    return one_per_input(inputs, await _on_engine_thread(engine, device, engine.infer, inputs))
+
+
+async def _on_engine_thread(
+    engine: BatchEngine, device: Executor | None, call: Callable[..., T], *args: Any
+) -> T:
+    """`call(*args)` where the engine runs: the staged engine's device thread, the loop itself
+    for an `inline` engine, else a worker thread."""
     if device is not None:
-        outputs = await asyncio.get_running_loop().run_in_executor(device, engine.infer, inputs)
-    elif engine.inline:
-        outputs = engine.infer(inputs)
-    else:
-        outputs = await asyncio.to_thread(engine.infer, inputs)
-    return one_per_input(inputs, outputs)
+        return await asyncio.get_running_loop().run_in_executor(device, call, *args)
+    if engine.inline:
+        return call(*args)
+    return await asyncio.to_thread(call, *args)
 
 
 def one_per_input(

@@ -52,16 +52,22 @@ class MicroBatchLoop:
         """Serve until asked to stop; the micro-batch in hand is finished and acknowledged (or,
         when Redis is gone at stop, left pending for another worker to reclaim). Redis outages
         pause the loop (capped backoff) without losing the consumer's entries."""
-        await serve_until_stopped(self.step, self.stopping, self.partition.name, self.lanes.outage)
-        await self._drain()
+        try:
+            await serve_until_stopped(
+                self.step, self.stopping, self.partition.name, self.lanes.outage
+            )
+        finally:  # a loop that failed, too: its engine is closed once nothing runs on it
+            await self._drain()
 
     async def _drain(self) -> None:
         """Finish and write back the micro-batches still in the stage pipeline."""
         if self.stages is None:
             return
-        with contextlib.suppress(Stopped):
-            await self.stages.drain()
-        self.stages.close()
+        try:
+            with contextlib.suppress(Stopped):
+                await self.stages.drain()
+        finally:
+            self.stages.close()
 
     async def step(self) -> None:
         if self.stages is not None:
@@ -95,7 +101,11 @@ class MicroBatchLoop:
                 await self.stages.submit(inputs, done)
                 return
             with stage_span("engine"):
-                outcomes = await execute(self.engine, inputs)
+                try:
+                    outcomes = await execute(self.engine, inputs)
+                except BaseException:  # the engine died: its entries go back untouched
+                    watch.end()
+                    raise
             await done(outcomes)
 
     async def complete(

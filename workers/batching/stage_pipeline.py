@@ -41,7 +41,10 @@ class StagePipeline:
 
     async def until_wanted(self) -> None:
         """Wait until the device is about to want another micro-batch: the caller reads it
-        then, not as soon as the last one is queued (see `DeviceSchedule`)."""
+        then, not as soon as the last one is queued (see `DeviceSchedule`). What a micro-batch
+        raised in the background (an engine that died) is raised here first: raised at the
+        next submit only, it waited for traffic, its entries held by no one running them."""
+        self.raise_failure()
         await self.schedule.until_wanted()
 
     async def submit(self, inputs: list[dict[str, Any]], done: Done) -> None:
