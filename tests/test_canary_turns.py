@@ -253,3 +253,27 @@ async def test_a_step_is_judged_on_its_own_requests_only(aredis: aioredis.Redis)
     await leader.look()
     judged = await store.get(MODEL)
     assert judged is not None and (judged.step, judged.weight) == (0, 10.0), judged
+
+
+class _RefusingBroker(WebhookDispatcher):
+    """Celery's broker down: every hand-over of an event raises."""
+
+    def send(self, *_: Any) -> None:
+        raise RuntimeError("broker unreachable")
+
+
+async def test_a_refused_webhook_fails_neither_a_start_nor_an_abort(
+    aredis: aioredis.Redis,
+) -> None:
+    """The event was sent after the canary was stored: a broker that refused it made the start
+    (or the abort) answer 500 for a canary it had started (or ended)."""
+    store, routes = CanaryStore(aredis, KEYS), RouteStore(aredis, KEYS)
+    await routes.seed(MODEL, Routes({"stable": 100.0, "candidate": 0.0}))
+    controller = CanaryController(
+        store, routes, VariantStats(aredis, KEYS), ModelRepository({}), _RefusingBroker("x")
+    )
+    assert await controller.start(replace(_canary(), webhook="https://hooks.example.com/c"))
+    assert await controller.abort(MODEL, "aborted by the test")
+    canary = await store.get(MODEL)
+    assert canary is not None and canary.state == "aborted"
+    assert [event["type"] for event in await store.events(MODEL, 10)] == ["started", "aborted"]

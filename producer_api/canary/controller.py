@@ -7,7 +7,6 @@ event with its numbers, and a `model.canary.*` webhook when the canary has one."
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -222,4 +221,6 @@ class CanaryController:
         if canary.webhook:
             body = event(f"model.canary.{kind}", record)
             target = f"canary-{canary.model}"
-            await asyncio.to_thread(self.webhooks.send, "job", target, canary.webhook, body)
+            # handed over, never raised: the decision stands (a start or an abort answered 500
+            # for a canary it had started or ended)
+            await self.webhooks.hand_over("job", target, canary.webhook, body)
