@@ -100,6 +100,9 @@ class BatchApiStore(TenantIndexed):
     def index_of(self, tenant: str) -> str:
         return self.keys.batches_of(tenant)
 
+    def unlisted_of(self, tenant: str) -> str:
+        return self.keys.batches_unlisted_of(tenant)
+
     async def create(self, batch_id: str, fields: Mapping[str, str | int], ttl_s: int) -> None:
         key = self.keys.batch(batch_id)
         mapping = {**fields, "status": BatchStatus.VALIDATING.value, "created_at": now_ms()}

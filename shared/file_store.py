@@ -27,6 +27,9 @@ class FileStore(TenantIndexed):
     def index_of(self, tenant: str) -> str:
         return self.keys.files_of(tenant)
 
+    def unlisted_of(self, tenant: str) -> str:
+        return self.keys.files_unlisted_of(tenant)
+
     async def put(self, file_id: str, fields: Mapping[str, str], data: bytes) -> None:
         key = self.keys.file(file_id)
         items: list[EncodableT] = [*chain.from_iterable(fields.items()), "data", data]

@@ -242,6 +242,15 @@ class Keys:
         """A tenant's batches, scored by their creation time in ms (sorted set), for listing."""
         return f"{self.prefix}{CONTROL}batches:tenant:{tenant}"
 
+    def batches_unlisted_of(self, tenant: str) -> str:
+        """Scores of batches dropped from `batches_of` once their keys expired (hash: id ->
+        creation ms), so a page after one of them still finds its place."""
+        return f"{self.prefix}{CONTROL}batches:unlisted:{tenant}"
+
+    def files_unlisted_of(self, tenant: str) -> str:
+        """As `batches_unlisted_of`, for `files_of`."""
+        return f"{self.prefix}{CONTROL}files:unlisted:{tenant}"
+
     def files_of(self, tenant: str) -> str:
         """A tenant's uploaded files, scored by their upload time in ms (sorted set), for
         listing."""

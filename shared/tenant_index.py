@@ -18,15 +18,40 @@ from shared.redis_client import call_script
 
 T = TypeVar("T")
 
-# KEYS[1]=a tenant's index; ARGV: the id to list after, how many, 1 for newest first (else oldest
-# first). Ranked and read on from in one step: in two round trips, a record indexed between them
-# (a newer one shifts every rank up) would put `after` itself on the page again.
+# KEYS[1]=a tenant's index, KEYS[2]=the scores of ids unlisted from it; ARGV: the id to list after,
+# how many, 1 for newest first (else oldest first). Ranked and read on from in one step: in two
+# round trips, a record indexed between them (a newer one shifts every rank up) would put `after`
+# itself on the page again. An `after` unlisted since the client was given it (its record gone,
+# and dropped by another listing) is read on from by its score: the page after it was empty,
+# and a client listing page by page stopped with records left (ones of the same ms are skipped).
 LISTED_AFTER = """
 local newest_first = ARGV[3] == '1'
 local rank = redis.call(newest_first and 'ZREVRANK' or 'ZRANK', KEYS[1], ARGV[1])
-if not rank then return {} end
-local last = rank + tonumber(ARGV[2])
-return redis.call(newest_first and 'ZREVRANGE' or 'ZRANGE', KEYS[1], rank + 1, last)
+if rank then
+  local last = rank + tonumber(ARGV[2])
+  return redis.call(newest_first and 'ZREVRANGE' or 'ZRANGE', KEYS[1], rank + 1, last)
+end
+local score = redis.call('HGET', KEYS[2], ARGV[1])
+if not score then return {} end
+if newest_first then
+  return redis.call('ZREVRANGEBYSCORE', KEYS[1], '(' .. score, '-inf', 'LIMIT', 0, ARGV[2])
+end
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. score, '+inf', 'LIMIT', 0, ARGV[2])
+"""
+
+# KEYS[1]=a tenant's index, KEYS[2]=the scores of ids unlisted from it; ARGV: the ids. Each leaves
+# the index and its score is kept beside it, as long as the index lives (LISTED_AFTER).
+UNLIST = """
+for i = 1, #ARGV do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score then
+    redis.call('HSET', KEYS[2], ARGV[i], score)
+    redis.call('ZREM', KEYS[1], ARGV[i])
+  end
+end
+local ttl = redis.call('TTL', KEYS[1])
+if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+return 1
 """
 
 
@@ -39,10 +64,18 @@ class TenantIndexed(ABC):
     def index_of(self, tenant: str) -> str:
         """The tenant's index key."""
 
+    @abstractmethod
+    def unlisted_of(self, tenant: str) -> str:
+        """The key of the scores of ids unlisted from the tenant's index (its slot)."""
+
     @cached_property
     def _listed_after(self) -> AsyncScript:
         """Registered once per store: `register_script` hashes the script each time."""
         return self.redis.register_script(LISTED_AFTER)
+
+    @cached_property
+    def _unlist(self) -> AsyncScript:
+        return self.redis.register_script(UNLIST)
 
     async def enlist(self, tenant: str, record_id: str, keep_s: int) -> None:
         """Index the record under its tenant; entries older than `keep_s` (the longest a record
@@ -66,13 +99,15 @@ class TenantIndexed(ABC):
                 *span
             )
         else:
-            ids = await call_script(self._listed_after, [key], [after, count, int(newest_first)])
+            keys = [key, self.unlisted_of(tenant)]
+            ids = await call_script(self._listed_after, keys, [after, count, int(newest_first)])
         return [as_text(record_id) for record_id in ids]
 
     async def unlist(self, tenant: str, record_ids: list[str]) -> None:
         """Records whose keys expired before their index entries, in one call."""
         if record_ids:
-            await self.redis.zrem(self.index_of(tenant), *record_ids)
+            keys = [self.index_of(tenant), self.unlisted_of(tenant)]
+            await call_script(self._unlist, keys, record_ids)
 
     async def page(
         self,

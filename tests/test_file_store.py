@@ -4,6 +4,8 @@ stopped with files left."""
 
 from __future__ import annotations
 
+import asyncio
+
 import redis.asyncio as aioredis
 
 from shared.file_store import FileStore
@@ -32,3 +34,21 @@ async def test_the_page_after_a_deleted_file_lists_the_rest(aredis: aioredis.Red
         after = page[-1][0]
     assert listed == ["file-2", "file-1", "file-0"]
     assert await store.page("acme", None, 10, lambda ids: _looked(store, ids)) == ([], False)
+
+
+async def test_a_page_after_a_file_another_listing_dropped_goes_on_from_its_place(
+    aredis: aioredis.Redis,
+) -> None:
+    """A file whose keys expired leaves the index when a listing finds it gone; a client that
+    held it as its `after` then got an empty page (`has_more` false), files left unlisted."""
+    store = FileStore(aredis, KEYS, 600)
+    for n in range(4):
+        await store.put(f"file-{n}", {"tenant": "acme", "filename": f"{n}.jsonl"}, b"{}\n")
+        await asyncio.sleep(0.002)  # scored by the ms each was uploaded in
+    first, more = await store.page("acme", None, 2, lambda ids: _looked(store, ids))
+    assert [file_id for file_id, _ in first] == ["file-3", "file-2"] and more
+    await aredis.delete(KEYS.file("file-2"))  # its TTL ran out
+    await store.page("acme", None, 10, lambda ids: _looked(store, ids))  # another listing
+    assert "file-2" not in await store.listed("acme", None, 10)  # dropped from the index
+    rest, more = await store.page("acme", "file-2", 2, lambda ids: _looked(store, ids))
+    assert [file_id for file_id, _ in rest] == ["file-1", "file-0"] and not more
