@@ -40,7 +40,6 @@ class MicroBatchLoop:
         self.partition = partition
         self.lanes = lanes
         self.reader = reader
-        self._touch_every_s = partition.config.queue.visibility_timeout_s / 3
         self.in_hand: set[LaneEntry] = set()  # entries read and not yet written back
         self.writer = writer
         self.engine = engine
@@ -95,7 +94,7 @@ class MicroBatchLoop:
         with batch_span(model, variant, runnable):
             with stage_span("decode"):
                 inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry]
-            watch = LongRun(self.reader, stream, runnable, self._touch_every_s)
+            watch = LongRun(self.reader, stream, runnable, self.partition.touch_every_s)
             done = partial(self.complete, stream, runnable, finishes, watch)
             if self.stages is not None and inputs:
                 await self.stages.submit(inputs, done)

@@ -62,7 +62,7 @@ class GenerateLoop:
         self._slot_freed = asyncio.Event()
         # Running entries are re-claimed (idle reset) well within the visibility timeout, so a
         # long generation is never mistaken for an abandoned one and run twice.
-        self._touch_every_s = partition.config.queue.visibility_timeout_s / 3
+        self._touch_every_s = partition.touch_every_s
         self._next_touch = time.monotonic() + self._touch_every_s
         self._busy_mark = time.monotonic()
         self.engine_death: BaseException | None = None

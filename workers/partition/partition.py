@@ -44,6 +44,12 @@ class Partition:
         return self.config.fair_window_of(self.variant) > 0 or delivery.moved
 
     @property
+    def touch_every_s(self) -> float:
+        """How often a long run re-claims its entries: well within the visibility timeout, so
+        no reclaimer takes a job still running for an abandoned one."""
+        return self.config.queue.visibility_timeout_s / 3
+
+    @property
     def max_batch_size(self) -> int:
         return self.config.max_batch_size_of(self.variant)
 
