@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from shared.codec import RequestEntry, is_stream_id
+from shared.codec import RequestEntry, is_stream_id, stream_id
 from shared.job_store import JobStore, stamp_ms
 from shared.keys import Keys, replay_job_id
 from shared.redis_client import executed
@@ -55,12 +55,23 @@ class DeadLetters:
         rows: Any = await self.redis.xrange(self.stream, min=start, count=count)
         return [_dead_letter(dlq_id, fields) for dlq_id, fields in rows]
 
-    async def pages(self) -> AsyncIterator[list[DeadLetter]]:
-        """Every letter, a page at a time: after an outage there may be thousands."""
+    async def pages(self, upto: str = "") -> AsyncIterator[list[DeadLetter]]:
+        """Every letter, a page at a time; with `upto`, only those up to that letter (the
+        newest an operator confirmed: what died after it is not touched)."""
         page = await self.entries()
         while page:
+            if upto:
+                page = [letter for letter in page if stream_id(letter.dlq_id) <= stream_id(upto)]
+            if not page:
+                return
             yield page
             page = await self.entries(PAGE, page[-1].dlq_id)
+
+    async def newest(self) -> str:
+        """The id of the newest letter ('' when there is none): the bound of a confirmed
+        "all"."""
+        rows: Any = await self.redis.xrevrange(self.stream, count=1)
+        return rows[0][0].decode() if rows else ""
 
     async def every_entry(self) -> list[DeadLetter]:
         return [letter async for page in self.pages() for letter in page]
@@ -69,13 +80,14 @@ class DeadLetters:
         letters: int = await self.redis.xlen(self.stream)
         return letters
 
-    async def replay(self, ids: list[str] | None = None) -> list[tuple[str, str]]:
-        """Enqueue each dead letter (those of `ids`, or every one) again as a new job, then
-        remove the letter; returns (old job id, new job id). A letter is replayed as one job
-        however many replays read it."""
-        if ids:
+    async def replay(self, ids: list[str] | None = None, upto: str = "") -> list[tuple[str, str]]:
+        """Enqueue each dead letter (those of `ids`, else every one, up to `upto` if given)
+        again as a new job, then remove the letter; returns (old job id, new job id). A letter
+        is replayed as one job however many replays read it."""
+        if ids is not None:
             return [await self._replay(letter) for letter in await self.letters_of(ids)]
-        return [await self._replay(letter) async for page in self.pages() for letter in page]
+        pages = self.pages(upto)
+        return [await self._replay(letter) async for page in pages for letter in page]
 
     async def letters_of(self, ids: list[str]) -> list[DeadLetter]:
         """The letters of `ids` that exist, in one round trip (an unknown or malformed id is
@@ -104,15 +116,22 @@ class DeadLetters:
         await self.redis.xdel(self.stream, letter.dlq_id)
         return letter.job_id, entry.job_id
 
-    async def purge(self, ids: list[str] | None = None) -> int:
+    async def purge(self, ids: list[str] | None = None, upto: str = "") -> int:
         """Remove the letters of `ids` (a malformed id removes nothing; Redis refused the
-        whole XDEL for it, a 500), or every letter."""
-        if ids:
+        whole XDEL for it, a 500), else every letter, up to `upto` if given. Trimmed exactly:
+        an approximate XTRIM (redis-py's default) removes whole nodes only, at most 10,000
+        entries a call, and kept the rest while saying how many it removed."""
+        if ids is not None:
             valid = [dlq_id for dlq_id in ids if is_stream_id(dlq_id)]
             removed: int = await self.redis.xdel(self.stream, *valid) if valid else 0
             return removed
         # one command, so a letter that dies meanwhile is either counted and removed, or kept
-        trimmed: int = await self.redis.xtrim(self.stream, maxlen=0)
+        if not upto:
+            trimmed: int = await self.redis.xtrim(self.stream, maxlen=0, approximate=False)
+            return trimmed
+        ms, seq = stream_id(upto)
+        after = f"{ms}-{seq + 1}" if seq < 2**64 - 1 else f"{ms + 1}-0"
+        trimmed = await self.redis.xtrim(self.stream, minid=after, approximate=False)
         return trimmed
 
 

@@ -265,6 +265,45 @@ def test_dead_letters_are_replayed_all_at_once_or_discarded_after_a_confirmation
     assert r.xlen(DLQ) == 0
 
 
+def _letters(r: redis.Redis) -> list[str]:
+    return [fields["id"] for _, fields in r.xrange(DLQ)]
+
+
+def test_all_is_what_the_confirmation_showed(
+    console_stack: Stack, page: Any, r: redis.Redis
+) -> None:
+    """A letter that died while the operator read "Discard 2 dead letters?" was discarded (or
+    replayed) with them: the confirmation acted on the whole stream as it stood at the click."""
+    for n in range(2):
+        _dead_letter(r, {"n": f"shown-{n}"})
+    page.goto(f"{console_stack.base_url}/console/dead-letters")
+    page.locator("a.button", has_text="Discard all").click()
+    assert "Discard 2 dead letters of faulty:default?" in page.inner_text("h1")
+    late = _dead_letter(r, {"n": "late"})
+    page.click("#confirm")
+    assert "Discarded 2 dead letters" in page.inner_text("h1")
+    assert _letters(r) == [late]
+
+    page.goto(f"{console_stack.base_url}/console/dead-letters")
+    page.locator("a.button", has_text="Replay all").click()
+    assert "Replay 1 dead letter of faulty:default?" in page.inner_text("h1")
+    later = _dead_letter(r, {"n": "later"})
+    page.click("#confirm")
+    assert len(page.locator("ul.replayed a").all_inner_texts()) == 1
+    assert _letters(r) == [later]
+
+    r.xtrim(DLQ, maxlen=0, approximate=False)
+    page.goto(
+        f"{console_stack.base_url}/console/dead-letters/confirm?action=discard&partition=faulty:default"
+    )
+    assert "Discard 0 dead letters of faulty:default?" in page.inner_text("h1")
+    unseen = _dead_letter(r, {"n": "unseen"})
+    page.click("#confirm")
+    assert "Discarded 0 dead letters" in page.inner_text("h1")
+    assert _letters(r) == [unseen]
+    r.xtrim(DLQ, maxlen=0, approximate=False)
+
+
 def test_a_key_sees_only_the_models_it_may_use(console_stack: Stack, admin_key: str) -> None:
     """`GET /v1/models` hides the models a key may not use; the console showed every model's
     partitions, queue depths and rates to it, on its pages and in its live feed, and every
@@ -407,6 +446,36 @@ def test_llm_job_streams_its_tokens_while_its_worker_warms_serves_and_drains(
     assert states == ["warming", "serving", "draining"], states
     assert _status(r, job_id) == "succeeded"
     workers.close()
+
+    # every token event carries its id, and a reconnection resumes after the one it names
+    # (the browser's EventSource sends Last-Event-ID; without ids the view showed it all twice)
+    token_ids = _token_ids(console_stack, admin_key, job_id)
+    assert len(token_ids) >= 6 and all(token_ids)
+    assert _token_ids(console_stack, admin_key, job_id, token_ids[4]) == token_ids[5:]
+
+
+def _token_ids(stack: Stack, key: str, job_id: str, last_event_id: str = "") -> list[str]:
+    """The ids of the token events the console's token view sends, until its `final`."""
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    ids: list[str] = []
+    event, event_id = "", ""
+    with httpx.Client(base_url=stack.base_url, timeout=30) as viewer:
+        assert console_login(viewer, key).status_code == 303
+        url = f"/console/jobs/{job_id}/tokens"
+        with viewer.stream("GET", url, headers=headers) as events:
+            for line in events.iter_lines():
+                name, _, value = line.partition(": ")
+                if name == "event":
+                    event = value
+                elif name == "id":
+                    event_id = value
+                elif not line and event == "final":
+                    return ids
+                elif not line:
+                    if event == "token":
+                        ids.append(event_id)
+                    event, event_id = "", ""
+    return ids
 
 
 def test_batch_progress_reaches_100_percent(

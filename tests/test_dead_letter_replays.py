@@ -123,3 +123,22 @@ async def test_a_letter_is_replayed_on_its_own_lane_and_queued_fairly_there(
     assert await aredis.hget(KEYS.job(held), "held") == b"1"  # its tenant's turn will come
     assert await aredis.lrange(KEYS.held(bulk, "batch"), 0, -1) != []
     assert [RequestEntry.decode(f).job_id for _, f in await aredis.xrange(online)] == [plain]
+
+
+async def test_purging_every_letter_removes_every_letter(aredis: aioredis.Redis) -> None:
+    """An approximate XTRIM (redis-py's default) removes whole nodes only, at most 10,000
+    entries a call: "Discard all" of an outage's 25,000 letters left 15,000 behind, and said
+    it had removed 10,000. Bounded by the newest letter shown, the same holds."""
+    stream = KEYS.dlq(MODEL, VARIANT)
+    entry = RequestEntry(new_job_id(MODEL, VARIANT), {"inputs": {}}, now_ms()).encode()
+    fields = {"entry": "1-0", "reason": "crashed", "deliveries": 3, **entry}
+    pipe = aredis.pipeline(transaction=False)
+    for _ in range(25_000):
+        pipe.xadd(stream, fields)  # type: ignore[arg-type]
+    ids = await pipe.execute()
+    letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT)
+    assert await letters.newest() == ids[-1].decode()
+    assert await letters.purge(upto=ids[19_999].decode()) == 20_000
+    assert await letters.depth() == 5_000
+    assert await letters.purge() == 5_000
+    assert await letters.depth() == 0 and await letters.newest() == ""

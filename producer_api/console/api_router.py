@@ -10,10 +10,11 @@ from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Form, HTTPException, Request
+import anyio
+from fastapi import APIRouter, Depends, Form, Header, HTTPException, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from producer_api.batch_api.serving import BATCH_ID, BatchApiService
 from producer_api.console.job_browser import JobFilter, job_page, recent_jobs
@@ -35,11 +36,13 @@ from producer_api.console.session import (
     still_open,
 )
 from producer_api.errors import ConveyorError
+from producer_api.events.api_router import PING_S, server_sent
 from producer_api.events.serving import EventsService
 from producer_api.live_feed import while_holds
 from producer_api.responses import JsonlResponse
 from producer_api.state import ProducerState, producer_state
-from shared.codec import as_text, dumps
+from producer_api.stream_shutdown import GRACE_S
+from shared.codec import as_text, dumps, is_stream_id
 from shared.dead_letters import DeadLetters
 from shared.job_store import JobRecord
 
@@ -62,7 +65,7 @@ router = APIRouter(prefix="/console", include_in_schema=False)
 templates = Jinja2Templates(directory=HERE / "templates")
 
 State = Annotated[ProducerState, Depends(producer_state)]
-Event = dict[str, str]  # one server-sent event: its name and data
+Event = dict[str, str] | ServerSentEvent  # one server-sent event: its name and data (its id)
 Feed = AsyncGenerator[Event, None]
 
 
@@ -267,18 +270,30 @@ async def _visible(state: ProducerState, current: ConsoleSession, job_id: str) -
 
 
 @router.get("/jobs/{job_id}/tokens")
-async def job_tokens(state: State, current: Session, service: Service, job_id: str) -> Response:
+async def job_tokens(
+    state: State,
+    current: Session,
+    service: Service,
+    job_id: str,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> Response:
     """The live token view of an LLM job: its job-events stream (producer_api/events), read as
-    the job's own tenant, which an admin may act as."""
+    the job's own tenant, which an admin may act as. Events carry their ids, so the browser's
+    reconnection (after a producer's shutdown, a Redis blip, a proxy's idle timeout) resumes
+    after the last token it showed: it replayed the stream from the start, every token shown
+    twice."""
     record = await _visible(state, current, job_id)
     reader = replace(current.principal, tenant=record.fields.get("tenant", "default"))
-    events = await EventsService(state, reader).open(job_id, None)
-
-    async def sent() -> Feed:
-        async for event in events:
-            yield {"event": event.event, "data": as_text(dumps(event.data))}
-
-    return _secure(EventSourceResponse(_while_open(state, service, current, sent()), ping=15))
+    after = last_event_id if last_event_id and is_stream_id(last_event_id) else None
+    events = await EventsService(state, reader).open(job_id, after)
+    shutdown = anyio.Event()
+    response = EventSourceResponse(
+        _while_open(state, service, current, server_sent(events, shutdown)),
+        ping=PING_S,
+        shutdown_event=shutdown,
+        shutdown_grace_period=GRACE_S,
+    )
+    return _secure(response)
 
 
 @router.get("/batches")
@@ -339,8 +354,10 @@ async def confirm(
     if entry and not await letters.letters_of([entry]):  # not "Replay 1 dead letter?" for none
         raise ConveyorError(404, "not_found", f"no dead letter {entry!r} in {partition}")
     count = 1 if entry else await letters.depth()
+    # "all" is what the operator was shown: a letter that dies before the click stays
+    upto = "" if entry else await letters.newest()
     context = {"action": action, "partition": partition, "entry": entry, "count": count}
-    return _page(request, "confirm.html", current, **context)
+    return _page(request, "confirm.html", current, upto=upto, **context)
 
 
 @router.post("/dead-letters/{action}")
@@ -351,17 +368,22 @@ async def act(
     action: str,
     partition: Annotated[str, Form()] = "",
     entry: Annotated[str, Form()] = "",
+    upto: Annotated[str, Form()] = "",
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
+    """One letter (`entry`), or all up to the newest the confirmation showed (`upto`; none
+    when it showed none)."""
     check_csrf(current, csrf)
     letters = _dead_letters(state, partition)
     ids = [entry] if entry else None
+    if ids is None and not is_stream_id(upto):
+        ids = []  # the confirmation showed no letter: nothing is acted on
     if action == "replay":
-        replayed = await letters.replay(ids)
+        replayed = await letters.replay(ids, upto)
         done = [new for _, new in replayed]
         return _page(request, "done.html", current, action=action, partition=partition, jobs=done)
     if action == "discard":
-        removed = await letters.purge(ids)
+        removed = await letters.purge(ids, upto)
         context = {"action": action, "partition": partition, "removed": removed}
         return _page(request, "done.html", current, **context)
     raise ConveyorError(404, "not_found", "no such action")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any
 
 import anyio
@@ -29,7 +29,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 
 async def server_sent(
     events: AsyncIterator[JobEvent], shutdown: anyio.Event
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncGenerator[ServerSentEvent, None]:
     """The job's events; if the producer shuts down or Redis stops answering first, an
     `error` event (type `unavailable`) with `retry:` ends the stream: reconnect with
     Last-Event-ID to resume."""
