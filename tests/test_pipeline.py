@@ -278,6 +278,11 @@ def test_malformed_json_is_422(base_url: str) -> None:
         timeout=10,
     )
     assert response.status_code == 422 and response.json()["error"]["type"] == "invalid_request"
+    # and the schema says so: it listed a 400 that no jobs route ever answers
+    documented = httpx.get(f"{base_url}/openapi.json", timeout=10).json()["paths"]
+    for path, method in (("/v1/jobs", "post"), ("/v1/models/{model}/predict", "post")):
+        responses = documented[path][method]["responses"]
+        assert "400" not in responses and "JSON" in responses["422"]["description"]
 
 
 def test_oversized_body_is_413(base_url: str) -> None:

@@ -172,6 +172,26 @@ def test_a_keyed_submit_waits_as_one_without_a_key_does(
     assert again.status_code == 200 and again.json()["id"] == first.json()["id"], again.text
 
 
+def test_a_keyed_repeat_waits_as_its_first_request_did(
+    api: httpx.Client, store: redis.Redis
+) -> None:
+    """A repeat of a keyed `?wait` submit (its 202 was lost) answered 200 with the job still
+    running: a client that takes 200 for finished read an unfinished job as final."""
+    _drained(store)
+    headers = {"Idempotency-Key": f"repeat-{uuid.uuid4().hex}"}
+    slow = _job(inputs={"sleep_ms": 3_000})  # well past the waits, however slow the machine
+    first = api.post("/v1/jobs", params={"wait": 0.3}, json=slow, headers=headers)
+    assert first.status_code == 202, first.text
+    again = api.post("/v1/jobs", params={"wait": 0.3}, json=slow, headers=headers)
+    assert again.status_code == 202, again.text
+    repeated = again.json()
+    assert repeated["id"] == first.json()["id"] and repeated["status"] in ("queued", "running")
+    assert repeated["urls"]["self"].endswith(repeated["id"])
+    ended = api.post("/v1/jobs", params={"wait": 30}, json=slow, headers=headers)
+    assert ended.status_code == 200 and ended.json()["status"] == "succeeded", ended.text
+    _drained(store)
+
+
 def test_a_retry_past_its_deadline_answers_with_the_job_it_was_accepted_as(
     api: httpx.Client, store: redis.Redis
 ) -> None:

@@ -49,12 +49,11 @@ SubmitService = Annotated[JobsService, Depends(acting_for("submit", JobsService)
 ReadService = Annotated[JobsService, Depends(acting_for("read", JobsService))]
 
 _DESCRIPTIONS = {
-    400: "Body is not decodable JSON",
     404: "Unknown model, variant or job",
     409: "Idempotency-Key reused with another body, or its first request still being enqueued "
     "after 5 s (Retry-After), or job already ended",
     413: "Body too large",
-    422: "Invalid request",
+    422: "Invalid request, or a body that is not acceptable JSON",
     429: "Partition full, rate limited, too many jobs in flight, or the deadline cannot be met"
     " (`deadline_unmeetable`, with the `eta_ms` it would have had); see Retry-After",
     503: "Queue unreachable",
@@ -118,16 +117,20 @@ async def submit_job(
     idempotency_key: str | None = IDEMPOTENCY_KEY,
 ) -> FastJSONResponse:
     """Enqueue a job; with `wait`, answer 200 with the finished job if it ends in time. A
-    repeated `Idempotency-Key` with the same body answers 200 with the original job."""
+    repeated `Idempotency-Key` with the same body answers with the original job: 200, or,
+    with `wait`, as the first request did (202 while it has not ended)."""
     if wait > 0 and idempotency_key is None:
         job_id, variant, view = await service.submit_and_wait(body.model, body, wait)
         return _waited(request, job_id, body.model, variant, view)
     submitted = await service.submit(body.model, body, idempotency_key)
-    if not submitted.created:
-        return FastJSONResponse(await service.get(submitted.job_id, wait))
+    if not submitted.created and wait <= 0:
+        return FastJSONResponse(await service.get(submitted.job_id, 0))
     if wait > 0:  # keyed: the key was claimed before the job existed, so wait on it now
+        # a repeat waits as its first request did: 200 once ended, else the 202 (a repeat
+        # answered 200 with a job still running, which a client reads as final)
         view = await service.get(submitted.job_id, wait)
-        return _waited(request, submitted.job_id, body.model, submitted.variant, view)
+        variant = str(view.get("variant") or submitted.variant)
+        return _waited(request, submitted.job_id, body.model, variant, view)
     accepted = _accepted(request, submitted.job_id, "queued", body.model, submitted.variant)
     return FastJSONResponse({**accepted, **submitted.standing}, 202)
 

@@ -51,7 +51,7 @@ UNSUCCESSFUL_STATUS: dict[str, int] = {
 # Those statuses as the routes' OpenAPI describes them.
 UNSUCCESSFUL_DESCRIPTIONS = {
     409: "The job was cancelled",
-    422: "Invalid request, or the model failed on it",
+    422: "Invalid request (or a body that is not acceptable JSON), or the model failed on it",
     504: "The job expired before it ran (its `deadline` or the queue's `max_queue_time_s`)",
 }
 
