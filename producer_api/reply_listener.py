@@ -54,6 +54,8 @@ class ReplyListener:
         self._waiters: dict[str, set[asyncio.Future[dict[str, Any]]]] = defaultdict(set)
         self._nodes: dict[Node, aioredis.client.PubSub] = {}
         self._channels: dict[str, Node] = {}
+        self._made = 0  # subscriptions made so far: see `follow`
+        self._made_at: dict[str, int] = {}  # each channel's number among them
         self._tasks: dict[Node, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
 
@@ -72,21 +74,32 @@ class ReplyListener:
         for pubsub in self._nodes.values():
             await pubsub.aclose()
 
-    async def follow(self, channel: str) -> bool:
+    def made(self) -> int:
+        """How many subscriptions were made so far: noted before a read of a job, it tells
+        `follow` whether the job's channel was subscribed after that read."""
+        return self._made
+
+    async def follow(self, channel: str, since: int) -> bool:
         """Also hear a channel this producer did not subscribe yet (another producer's, for a
         job submitted through another replica; a partition not known at start). True when the
-        subscription is new: what was published on it before went unheard."""
-        if not channel or channel in self._channels:
+        subscription came after `since` (a `made()`), by this call or another request's: what
+        was published on it before went unheard, so a read before then must be done again."""
+        if not channel:
             return False
-        await self._subscribe([channel])
-        return True
+        if channel not in self._channels:
+            await self._subscribe([channel])
+        return self._made_at.get(channel, 0) > since
 
-    async def register(self, job_id: str) -> asyncio.Future[dict[str, Any]]:
-        """A future the job's end resolves; a subscription that fails leaves no waiter."""
+    async def register(self, job_id: str, follow: bool = True) -> asyncio.Future[dict[str, Any]]:
+        """A future the job's end resolves; a subscription that fails leaves no waiter. With
+        `follow`, the job's channel on this producer is subscribed first (a job about to be
+        submitted here); without, the caller follows the channel its job names once it knows
+        the job exists (a poll of an unknown id subscribed a channel for good)."""
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiters[job_id].add(future)
         try:
-            await self.follow(self.channel(job_id))
+            if follow:
+                await self.follow(self.channel(job_id), self._made)
         except BaseException:
             self.unregister(job_id, future)
             raise
@@ -108,6 +121,8 @@ class ReplyListener:
                 pubsub = self._pubsub(node)
                 await pubsub.ssubscribe(channel)
                 self._channels[channel] = node
+                self._made += 1
+                self._made_at[channel] = self._made
 
     def _node_of(self, channel: str) -> Node:
         if not is_cluster(self.redis):

@@ -285,6 +285,19 @@ def test_malformed_json_is_422(base_url: str) -> None:
         assert "400" not in responses and "JSON" in responses["422"]["description"]
 
 
+def test_a_poll_of_an_unknown_job_subscribes_nothing(
+    base_url: str, stack_redis: redis.Redis
+) -> None:
+    """A long-poll subscribed the reply channel its id's tag named before it knew the job
+    existed: any caller could make a producer hold up to 65,536 channels for good, each
+    subscribed again at every reconnection."""
+    before = set(stack_redis.execute_command("PUBSUB", "SHARDCHANNELS"))
+    for tag in ("fffe", "ffff"):
+        unknown = httpx.get(f"{base_url}/v1/jobs/{tag}{'0' * 28}", params={"wait": 0.1})
+        assert unknown.status_code == 404, unknown.text
+    assert set(stack_redis.execute_command("PUBSUB", "SHARDCHANNELS")) == before
+
+
 def test_oversized_body_is_413(base_url: str) -> None:
     body = {"model": "minilm", "inputs": {"texts": ["x" * 2_000_000]}}
     response = _submit(base_url, body)

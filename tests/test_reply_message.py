@@ -66,17 +66,22 @@ async def test_the_listener_takes_a_large_reply_without_formatting_it(
         await client.aclose()
 
 
-async def test_following_says_whether_the_subscription_is_new(redis_url: str) -> None:
-    """A long-poll reads the job again after a new subscription: a reply published between its
-    first read and the subscription went unheard, and the poll sat out its wait."""
+async def test_following_says_whether_the_subscription_came_after_a_read(
+    redis_url: str,
+) -> None:
+    """A long-poll reads the job again when its channel was subscribed after its first read: a
+    reply published in between went unheard, and the poll sat out its wait. That holds when
+    another request made the subscription meanwhile (it was told, the first poll was not)."""
     client = connect(redis_url)
     keys = Keys()
     listener = ReplyListener(client, keys, "p1", JobStore(client, keys, 60))
     try:
         other = keys.reply("p2", "abcd")
-        assert await listener.follow(other) is True
-        assert await listener.follow(other) is False
-        assert await listener.follow("") is False  # a job that replies to nobody
+        read_before = listener.made()  # request A reads its job, then B subscribes the channel
+        assert await listener.follow(other, listener.made()) is True  # B's own subscription
+        assert await listener.follow(other, read_before) is True  # A reads again
+        assert await listener.follow(other, listener.made()) is False  # a read after it
+        assert await listener.follow("", read_before) is False  # a job that replies to nobody
     finally:
         await listener.stop()
         await client.aclose()

@@ -284,11 +284,12 @@ class JobsService:
         wait the hash is read again)."""
         checked_id(job_id)
         replies = self.state.replies
-        future = await replies.register(job_id) if wait > 0 else None
+        made = replies.made()
+        future = await replies.register(job_id, follow=False) if wait > 0 else None
         try:
             record = await self.owned(job_id)
             if future is not None and not record.status.terminal:
-                record = await self._heard(record)
+                record = await self._heard(record, made)
             if future is None or record.status.terminal:
                 return await self._view(record, history)
             if record.fields.get("reply"):
@@ -316,11 +317,12 @@ class JobsService:
             await self.state.webhooks.hand_over("job", job_id, url, body)
         return view
 
-    async def _heard(self, record: JobRecord) -> JobRecord:
+    async def _heard(self, record: JobRecord, made: int) -> JobRecord:
         """Follow the channel the job's worker replies on (another producer's, for a job
-        submitted through it); the job is read again when that subscription is new, since a
-        reply published before it went unheard."""
-        if await self.state.replies.follow(record.fields.get("reply", "")):
+        submitted through it); the job is read again when that channel was subscribed after
+        `made` (by this request or another, meanwhile): a reply published before it went
+        unheard."""
+        if await self.state.replies.follow(record.fields.get("reply", ""), made):
             return await self.owned(record.job_id)
         return record
 
