@@ -29,6 +29,17 @@ GENERATE_BACKENDS = frozenset({"vllm"})
 # The engines that tokenise texts themselves and read EncoderParameters.
 ENCODER_BACKENDS = frozenset({"onnxruntime", "tensorrt", "torch"})
 DEFAULT_MAX_SEQ_LENGTH = 256  # tokens per text, special ones included; longer texts are truncated
+# The artifact builders workers/model_prep knows by name (`prepare:`, `conveyor models prepare`).
+PREPARER_NAMES = frozenset({"minilm", "smollm2"})
+# The token positions of the encoder a preparer builds (`max_position_embeddings` of the
+# config.json it writes), known before any artifact exists: a CUDA-graph seq bucket past them
+# fails capture at warm-up, and the worker restarts into the same failure.
+PREPARED_POSITIONS = {"minilm": 512}
+
+
+# What /v1/embeddings submits to a `task: embed` model (producer_api/openai/protocol.py), at
+# least: its schema must accept it.
+EMBED_INPUTS = {"texts": ["x"], "encoding_format": "base64"}
 
 
 # Every part of a config.yaml: an unknown field is a typo, and an infinite or NaN number (YAML's
@@ -212,9 +223,26 @@ class ModelConfig(BaseModel):
             self.input_check  # noqa: B018 - compiled once, at load: a schema it refuses is an error here
         except ValueError as exc:
             raise ModelConfigError(f"model {self.name}: input_schema: {exc}") from exc
+        if self.task == "embed":
+            self._check_embed_inputs()
+        if self.prepare is not None and self.prepare not in PREPARER_NAMES:
+            raise ModelConfigError(
+                f"model {self.name}: unknown preparer {self.prepare!r}; one of "
+                f"{', '.join(sorted(PREPARER_NAMES))}"
+            )
         for variant in self.variants:
             self._check_variant(variant)
         return self
+
+    def _check_embed_inputs(self) -> None:
+        """/v1/embeddings submits `{texts, encoding_format}` (producer_api/openai/protocol.py):
+        a schema that refuses them answers every call 422."""
+        errors = self.input_errors(EMBED_INPUTS)
+        if errors:
+            raise ModelConfigError(
+                f"model {self.name}: task embed needs an input_schema that accepts "
+                f"/v1/embeddings' inputs {{texts, encoding_format}}: {'; '.join(errors)}"
+            )
 
     def _check_variant(self, variant: str) -> None:
         backend = self.backend_of(variant)
@@ -236,6 +264,11 @@ class ModelConfig(BaseModel):
                 f"model {self.name} variant {variant}: preferred_batch_sizes {sizes} must lie in "
                 f"1..max_batch_size ({largest})"
             )
+        if backend in GENERATE_BACKENDS and "max_num_seqs" in self.variant_parameters(variant):
+            raise ModelConfigError(  # the engine would take it, the worker's loop never reads it
+                f"model {self.name} variant {variant}: parameters.max_num_seqs: set the model's "
+                "top-level max_num_seqs instead (the worker reads it, and passes it to vLLM)"
+            )
         if backend in ENCODER_BACKENDS:
             self._check_encoder(variant, backend)
 
@@ -244,10 +277,19 @@ class ModelConfig(BaseModel):
         if backend != "torch":
             return
         buckets = self.torch_options(variant).cuda_graphs
-        if buckets is not None and longest > buckets.seq_buckets[-1]:
+        if buckets is None:
+            return
+        if longest > buckets.seq_buckets[-1]:
             raise ModelConfigError(
                 f"model {self.name} variant {variant}: max_seq_length {longest} exceeds the "
                 f"largest of parameters.torch.cuda_graphs.seq_buckets ({buckets.seq_buckets[-1]})"
+            )
+        positions = PREPARED_POSITIONS.get(self.prepare or "")
+        if positions is not None and buckets.seq_buckets[-1] > positions:
+            raise ModelConfigError(
+                f"model {self.name} variant {variant}: parameters.torch.cuda_graphs.seq_buckets "
+                f"{buckets.seq_buckets} exceed the {positions} positions of the model "
+                f"`prepare: {self.prepare}` builds"
             )
 
     @cached_property

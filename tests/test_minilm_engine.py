@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
 from shared.codec import dumps, loads
 from tests.minilm_reference import (
@@ -145,6 +146,47 @@ def test_a_max_seq_length_past_the_models_positions_is_refused_at_load(artifacts
     error naming an ONNX broadcast; the worker now refuses to start and says why."""
     with pytest.raises(ValueError, match="max_seq_length 513 exceeds the model's 512 positions"):
         make_engine(artifacts, max_seq_length=513).load()
+
+
+class StandInSession:
+    """The engine's real CPU session, reporting `providers`; `fault` stands for a CUDA error
+    that poisoned the device (ONNX Runtime raises its `Fail`, an Exception)."""
+
+    def __init__(self, session: Any, providers: list[str], fault: Exception | None) -> None:
+        self.session = session
+        self.providers = providers
+        self.fault = fault
+        self.runs = 0
+
+    def get_providers(self) -> list[str]:
+        return self.providers
+
+    def run(self, names: Any, feeds: dict[str, np.ndarray]) -> Any:
+        self.runs += 1
+        if self.fault is not None:
+            raise self.fault
+        return self.session.run(names, feeds)
+
+
+CUDA_FAULT = Fail("CUDA failure 700: an illegal memory access was encountered")
+ON_CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+@pytest.mark.parametrize(
+    ("providers", "fault", "dead", "probes"),
+    [
+        (ON_CUDA, CUDA_FAULT, True, 1),  # every queued job used to be bisected and failed
+        (ON_CUDA, None, False, 1),  # the micro-batch failed on its own input
+        (["TensorrtExecutionProvider", "CPUExecutionProvider"], CUDA_FAULT, True, 1),
+        (["CPUExecutionProvider"], CUDA_FAULT, False, 0),  # a CPU fails only on its input
+    ],
+)
+def test_a_session_on_a_faulted_gpu_is_dead(artifacts, providers, fault, dead, probes):
+    engine = make_engine(artifacts)
+    session = StandInSession(engine.session, providers, fault)
+    engine.session = session  # type: ignore[assignment]
+    assert engine.dead() is dead
+    assert session.runs == probes
 
 
 def test_the_registry_builds_this_engine_for_the_minilm_config(artifacts):

@@ -5,14 +5,27 @@ producer (which queued jobs for them) and failed only when a worker started."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from shared.model_repository import BACKEND_NAMES, ModelConfig, ModelConfigError, ModelRepository
+from shared.model_repository import (
+    BACKEND_NAMES,
+    PREPARED_POSITIONS,
+    PREPARER_NAMES,
+    ModelConfig,
+    ModelConfigError,
+    ModelRepository,
+)
 from workers.engines.registry import BACKENDS, EngineNotFound, create_engine, engine_class
+from workers.engines.text_encoding import POSITIONS
+from workers.model_prep import PREPARERS
+from workers.model_prep.minilm import packaged_model_dir
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _repository(root: Path, text: str) -> Path:
@@ -87,6 +100,33 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "model m variant default: max_seq_length 256 exceeds the largest of "
             "parameters.torch.cuda_graphs.seq_buckets (128)",
         ),
+        (  # a bucket past the model's 512 positions failed capture at warm-up: a crash loop
+            "kind: batch\nbackend: torch\nprepare: minilm\nparameters: {torch: {cuda_graphs: "
+            "{batch_buckets: [1], seq_buckets: [256, 1024]}}}\n",
+            "model m variant default: parameters.torch.cuda_graphs.seq_buckets [256, 1024] exceed "
+            "the 512 positions of the model `prepare: minilm` builds",
+        ),
+        (  # `conveyor models prepare` failed with a bare KeyError
+            "kind: batch\nbackend: identity\nprepare: nope\n",
+            "model m: unknown preparer 'nope'; one of minilm, smollm2",
+        ),
+        (  # /v1/embeddings always sends encoding_format: every call got a 422
+            "kind: batch\ntask: embed\nbackend: identity\ninput_schema: {type: object, "
+            "additionalProperties: false, properties: {texts: {type: array}}}\n",
+            "model m: task embed needs an input_schema that accepts /v1/embeddings' inputs "
+            "{texts, encoding_format}: inputs: Additional properties are not allowed "
+            "('encoding_format' was unexpected)",
+        ),
+        (  # vLLM took it while the worker's loop kept reading the top-level one
+            "kind: generate\nbackend: vllm\nparameters: {max_num_seqs: 64}\n",
+            "model m variant default: parameters.max_num_seqs: set the model's top-level "
+            "max_num_seqs instead",
+        ),
+        (
+            "kind: generate\nbackend: vllm\n"
+            "variants: {default: {}, big: {parameters: {max_num_seqs: 64}}}\n",
+            "model m variant big: parameters.max_num_seqs: set the model's top-level max_num_seqs",
+        ),
         (  # the producer served the model by its kind, the worker by its engine
             "kind: batch\nbackend: vllm\n",
             "model m variant default: backend vllm serves kind generate, not batch",
@@ -121,6 +161,25 @@ def test_a_custom_engine_is_named_by_module_and_class(tmp_path: Path) -> None:
 
 def test_the_names_a_config_accepts_are_the_engines_a_worker_has() -> None:
     assert set(BACKENDS) == BACKEND_NAMES
+
+
+def test_the_preparers_a_config_names_are_the_ones_the_cli_has() -> None:
+    assert set(PREPARERS) == PREPARER_NAMES
+    assert set(PREPARED_POSITIONS) <= PREPARER_NAMES
+
+
+def test_the_positions_of_a_prepared_model_are_those_of_its_weights() -> None:
+    """The cap the loader checks seq buckets against is the config.json minilm ships with."""
+    config = json.loads((packaged_model_dir() / "config.json").read_text())
+    assert PREPARED_POSITIONS["minilm"] == config[POSITIONS]
+
+
+def test_the_shipped_models_load() -> None:
+    """minilm's schema accepts what /v1/embeddings sends, and its seq buckets fit its model."""
+    repository = ModelRepository.load(REPO_ROOT / "model_repository")
+    assert {config.name for config in repository} >= {"identity", "minilm", "smollm2"}
+    minilm = repository.get("minilm")
+    assert minilm is not None and minilm.task == "embed"
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -105,6 +106,45 @@ def test_the_plan_is_built_once_and_reused(engine, artifact_dir):
         again.close()
     assert plans[0].stat().st_mtime_ns == built_at
     assert (got * reference_embeddings(SHORT_TEXTS)).sum(axis=1).min() >= 0.999
+
+
+class StandInCudaError(Exception):
+    """pycuda.driver.Error's stand-in: the base of every CUDA error pycuda raises."""
+
+
+class StandInContext:
+    """The engine's primary context and pycuda's `Context` statics that `dead` touches;
+    `fault` stands for a CUDA error that poisoned the context."""
+
+    def __init__(self, fault: bool) -> None:
+        self.fault = fault
+        self.pushed = 0
+        self.synchronized = 0
+
+    def push(self) -> None:
+        self.pushed += 1
+
+    def pop(self) -> None:
+        self.pushed -= 1
+
+    def synchronize(self) -> None:
+        assert self.pushed == 1, "synchronized off the engine's device"
+        self.synchronized += 1
+        if self.fault:
+            raise StandInCudaError("cuCtxSynchronize failed: an illegal memory access")
+
+
+@pytest.mark.parametrize("fault", [True, False])
+def test_an_engine_whose_context_faulted_is_dead(fault: bool) -> None:
+    """Without `dead`, every queued job was bisected and failed after a CUDA fault; the
+    engine now asks its own context, made current on the asking thread (no GPU needed)."""
+    config = minilm_config().model_copy(update={"backend": "tensorrt"})
+    engine = TensorRTEngine(config, "default", "unused")
+    context = StandInContext(fault)
+    engine._cuda = SimpleNamespace(Error=StandInCudaError, Context=context)
+    engine._device_context = context
+    assert engine.dead() is fault
+    assert (context.synchronized, context.pushed) == (1, 0)
 
 
 def test_settings_refuse_what_tensorrt_cannot_build():

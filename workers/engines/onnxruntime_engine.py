@@ -24,6 +24,11 @@ from workers.engines.text_encoding import (
 log = logging.getLogger(__name__)
 
 ProviderSpec = str | tuple[str, dict[str, Any]]
+# Providers that run on a GPU, where a CUDA fault poisons the session for every later call.
+GPU_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"})
+# Warm-up's texts, which `dead` probes with too: a shape the session has run (the TensorRT
+# provider builds an engine for each new one).
+WARMUP_TEXTS = ["warm up the session", "and its kernels for a batch"]
 
 
 def provider_specs(configured: list[Any] | str) -> list[ProviderSpec]:
@@ -81,7 +86,7 @@ class OnnxRuntimeEngine(StagedBatchEngine):
         return options
 
     def warmup(self) -> None:
-        self.infer([{"texts": ["warm up the session", "and its kernels for a batch"]}])
+        self.infer([{"texts": WARMUP_TEXTS}])
 
     def prepare(self, inputs: list[dict[str, Any]]) -> TextCalls:
         return tokenize_jobs(inputs, self.encoder, self.max_texts_per_call)
@@ -97,6 +102,18 @@ class OnnxRuntimeEngine(StagedBatchEngine):
         feeds = {name: value for name, value in batch.feeds().items() if name in self.input_names}
         hidden: np.ndarray = self.session.run(None, feeds)[0]
         return hidden
+
+    def dead(self) -> bool:
+        """On a GPU provider, whether warm-up's call still runs once a call failed: after a CUDA
+        fault (an illegal address, a GPU fallen off the bus) every call fails, and bisecting
+        would fail every queued job. On the CPU a call fails only on its input."""
+        if GPU_PROVIDERS.isdisjoint(self.session.get_providers()):
+            return False
+        try:
+            self.run_batch(self.encoder.tokenize(WARMUP_TEXTS))
+        except Exception:  # ONNX Runtime's Fail, RuntimeException, EPFail derive from it only
+            return True
+        return False
 
     def close(self) -> None:
         self.__dict__.pop("session", None)

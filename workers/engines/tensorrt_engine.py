@@ -368,6 +368,17 @@ class TensorRTEngine(BatchEngine):
         self._stream.synchronize()
         return result.reshape(shape).astype(np.float32, copy=True)
 
+    def dead(self) -> bool:
+        """A CUDA error that poisoned the context (an illegal address, a GPU fallen off the bus)
+        fails every call after it: once a call failed, the context is synchronized on this
+        thread, and pycuda raises its error there if it can run nothing more."""
+        try:
+            with self._on_device():
+                self._cuda.Context.synchronize()
+        except self._cuda.Error:
+            return True
+        return False
+
     def close(self) -> None:
         """Free GPU memory and TensorRT objects while the context is current, then release it."""
         if not hasattr(self, "_context"):

@@ -9,6 +9,9 @@ from pathlib import Path
 
 from shared.model_repository import ModelConfig
 
+# The same names as shared.model_repository.PREPARER_NAMES, which model configs are checked
+# against at load, so `preparer` is never asked for another (tests/test_model_repository_unit.py
+# keeps the two equal).
 PREPARERS: dict[str, str] = {
     "minilm": "workers.model_prep.minilm:prepare",
     "smollm2": "workers.model_prep.smollm2:prepare",
