@@ -8,7 +8,9 @@ import os
 import subprocess
 import sys
 import time
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ from conveyor.client import Client, Event
 from conveyor.commands.jobs import NO_WORKER, Progress
 from conveyor.local_stack import StackState
 from conveyor.stack import Stack, free_port
+from tests.local_http import LocalServer, serving
 
 pytestmark = pytest.mark.slow
 CONVEYOR = str(Path(sys.executable).parent / "conveyor")
@@ -146,6 +149,39 @@ def test_a_wait_exits_with_how_the_job_ended(base_url: str) -> None:
     assert _exit_status("jobs", "get", job["id"], *url).returncode == 0  # a read, not a wait
 
 
+class _EndingLate(BaseHTTPRequestHandler):
+    """An LLM job as the producer serves it between its worker's last two writes: the `final`
+    token event is in the stream, the job itself still `running` (the worker marks it finished
+    right after); a long-poll answers once it has ended."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/jobs/j/events":
+            body, kind = b'event: final\ndata: {"status": "succeeded"}\n\n', "text/event-stream"
+        else:
+            status = "succeeded" if "wait=" in self.path else "running"
+            body, kind = json.dumps({"id": "j", "status": status}).encode(), "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def test_jobs_wait_prints_the_job_once_it_ended_after_its_final_event() -> None:
+    """After the stream's `final` event the job was read without waiting: an LLM job read
+    between its final token event and its end was printed `running`, with exit 124 (`the wait
+    ran out`) from a command that has no timeout."""
+    with serving(LocalServer(_EndingLate)) as server:
+        ended = _exit_status("jobs", "wait", "j", "--url", server.url)
+    assert ended.returncode == 0, (ended.stdout, ended.stderr)
+    assert json.loads(ended.stdout)["status"] == "succeeded"
+
+
 def test_a_batch_wait_exits_1_unless_the_batch_completed(base_url: str, tmp_path: Path) -> None:
     source = tmp_path / "stalled.jsonl"
     line = {"custom_id": "s", "body": {"variant": "canary", "inputs": {}}}
@@ -193,12 +229,20 @@ def _refused(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
         ("canary", "start", "identity", "canary", "--max-error-rate", "nan"),  # a JSON traceback
         ("canary", "start", "identity", "canary", "--max-p99-ms", "inf"),
         ("submit", "identity", "--input", "{}", "--timeout", "nan"),  # waited without a limit
+        ("submit", "identity", "--input", '{"x": NaN}'),  # httpx refused to send it: traceback
+        ("submit", "identity", "--input", '{"x": [-Infinity]}'),
+        ("submit", "identity", "--input", '{"x": 1e400}'),  # read as inf
     ],
 )
 def test_a_number_that_is_not_finite_is_a_usage_error(args: tuple[str, ...]) -> None:
     result = _refused(*args, env={**os.environ, "CONVEYOR_URL": "http://127.0.0.1:9"})
     assert result.returncode == 2, result.stderr
-    assert f"Invalid value for '{args[-2]}': '{args[-1]}' is not a finite number" in result.stderr
+    if args[-2] == "--input":  # a number inside the JSON: it is named, not the whole value
+        assert "Invalid value for --input: JSON number " in result.stderr, result.stderr
+        assert "is not a finite number" in result.stderr, result.stderr
+    else:
+        said = f"Invalid value for '{args[-2]}': '{args[-1]}' is not a finite number"
+        assert said in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.client import APIError, AsyncClient, Client, RateLimited, calls
+from conveyor.client import APIError, AsyncClient, Client, Conflict, RateLimited, calls
 from conveyor.client.errors import StreamError
 from conveyor.client.sse import EventStream
 from conveyor.stack import free_port
@@ -28,6 +28,7 @@ class _Server(LocalServer):
         self.posts: list[tuple[str, str | None]] = []  # (path, Idempotency-Key)
         self.resumed: list[str | None] = []  # Last-Event-ID of each /v1/jobs/cut/events
         self.limited = 0  # GETs of /v1/jobs/limited, each answered 429 with Retry-After: 30
+        self.deletes: list[str] = []  # paths of DELETEs: odd ones answered 503, even ones 409
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -50,7 +51,23 @@ class _Handler(BaseHTTPRequestHandler):
         error = {"error": {"type": "unavailable", "message": "replicas did not confirm"}}
         self._send(503, json.dumps(error).encode(), "application/json", {"Retry-After": "0"})
 
+    def do_DELETE(self) -> None:
+        """A cancel that commits but whose answer is lost (503), then the resend's 409; a job
+        whose path holds `ended` ended before any cancel: 409 at once."""
+        self.server.deletes.append(self.path)
+        if len(self.server.deletes) % 2 and "ended" not in self.path:
+            error = {"error": {"type": "unavailable", "message": "replicas did not confirm"}}
+            self._send(503, json.dumps(error).encode(), "application/json", {"Retry-After": "0"})
+            return
+        error = {"error": {"type": "conflict", "message": "job already cancelled"}}
+        self._send(409, json.dumps(error).encode(), "application/json")
+
     def do_GET(self) -> None:
+        if self.path in ("/v1/jobs/x", "/v1/jobs/ended", "/v1/jobs/done"):
+            status = "succeeded" if self.path == "/v1/jobs/done" else "cancelled"
+            job = json.dumps({"id": self.path.rsplit("/", 1)[1], "status": status})
+            self._send(200, job.encode(), "application/json")
+            return
         if self.path.startswith(("/v1/jobs/limited", "/v1/batches/limited")):
             self.server.limited += 1
             error = {"error": {"type": "rate_limited", "message": "slow down"}}
@@ -199,3 +216,23 @@ def test_a_wait_does_not_retry_past_its_timeout(server: _Server) -> None:
         with pytest.raises(RateLimited):
             client.batches.wait("limited", timeout=1)
     assert server.limited == 2  # one each, no retry: the first would have started 30 s in
+
+
+def test_a_resent_cancel_that_finds_its_own_cancel_returns_the_job(server: _Server) -> None:
+    """The first DELETE cancelled the job but its answer was lost (503): the resend's 409 was
+    raised as Conflict, though this very call had cancelled the job. A 409 to a first try, or
+    to a resend that finds the job ended otherwise, is still a Conflict."""
+
+    async def cancel_async(job_id: str) -> str:
+        async with AsyncClient(server.url) as client:
+            return (await client.cancel(job_id)).status
+
+    with Client(server.url) as client:
+        assert client.cancel("x").status == "cancelled"
+        assert asyncio.run(cancel_async("x")) == "cancelled"
+        for job_id in ("done", "ended"):
+            with pytest.raises(Conflict):
+                client.cancel(job_id)
+            with pytest.raises(Conflict):
+                asyncio.run(cancel_async(job_id))
+    assert server.deletes == ["/v1/jobs/x"] * 4 + ["/v1/jobs/done"] * 4 + ["/v1/jobs/ended"] * 2

@@ -130,7 +130,7 @@ class AsyncClient:
             else:
                 pause = self.retry.after_response(attempt, response, call.repeatable, call.deadline)
                 if pause is None:
-                    return raise_for_error(response)
+                    return call.checked(response, attempt)
             await self._pause(pause)
             attempt += 1
 

@@ -16,7 +16,13 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from conveyor.client.errors import APIError, InvalidArgument, StreamFailed, WaitTimeout
+from conveyor.client.errors import (
+    APIError,
+    InvalidArgument,
+    StreamFailed,
+    WaitTimeout,
+    raise_for_error,
+)
 from conveyor.client.types import (
     Batch,
     BatchError,
@@ -50,6 +56,8 @@ class Call:
     timeout: float | None = None
     repeatable: bool = True
     deadline: float | None = None  # monotonic: no retry after it (a wait's timeout)
+    # a 409 to a resend reaches the op, not raised: the try whose answer was lost may have done it
+    conflict_to_op: bool = False
 
     def build(self, client: httpx.Client | httpx.AsyncClient) -> httpx.Request:
         timeout = client.timeout if self.timeout is None else httpx.Timeout(self.timeout)
@@ -62,6 +70,13 @@ class Call:
             headers=self.headers,
             timeout=timeout,
         )
+
+    def checked(self, response: httpx.Response, attempt: int) -> httpx.Response:
+        """The response the op receives for try number `attempt` (0: the first), or its
+        APIError."""
+        if attempt and self.conflict_to_op and response.status_code == 409:
+            return response
+        return raise_for_error(response)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +170,16 @@ def _attempts(attempts: bool) -> dict[str, str]:
 
 
 def cancel(job_id: str) -> Op[Job]:
-    response = yield Call("DELETE", f"/v1/jobs/{segment(job_id)}")
-    return Job.model_validate(response.json())
+    """A resent cancel's 409 may answer this call's own first try, which cancelled the job but
+    whose answer was lost (a 503, a dropped connection): the job is read, and returned if it
+    is cancelled, rather than a Conflict."""
+    response = yield Call("DELETE", f"/v1/jobs/{segment(job_id)}", conflict_to_op=True)
+    if response.status_code != 409:
+        return Job.model_validate(response.json())
+    job = yield from get(job_id)
+    if job.status != "cancelled":
+        raise_for_error(response)
+    return job
 
 
 _FAILED_AS = {"failed": 422, "cancelled": 409, "expired": 504}

@@ -5,6 +5,7 @@ one readable line instead of a traceback."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -70,6 +71,20 @@ def connect(url: str | None, api_key: str | None) -> Iterator[Client]:
         raise click.ClickException(f"cannot reach the producer: {exc!r}") from None
 
 
+class _NotFinite(ValueError):
+    """A number JSON cannot carry: Python's json reads `NaN`, `Infinity` and `1e400` (as inf),
+    and sending them failed with httpx's traceback."""
+
+
+def _refuse(number: str) -> float:
+    raise _NotFinite(number)
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    return value if math.isfinite(value) else _refuse(number)
+
+
 def json_argument(text: str, option: str) -> Any:
     """A JSON value given inline, or `@path` to read it from a file (`option`: where it was
     given, for the error)."""
@@ -80,7 +95,10 @@ def json_argument(text: str, option: str) -> Any:
         except (OSError, UnicodeDecodeError) as exc:
             raise click.BadParameter(f"cannot read {text[1:]}: {exc}", param_hint=option) from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse, parse_float=_finite)
+    except _NotFinite as exc:
+        message = f"JSON number {exc} is not a finite number"
+        raise click.BadParameter(message, param_hint=option) from None
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint=option) from None
 

@@ -129,7 +129,7 @@ class Client:
                 reply = self.send(step)
 
     def send(self, call: Call) -> httpx.Response:
-        """One call, retried by the policy; raises APIError for an error status."""
+        """One call, retried by the policy; raises APIError for an error status (`Call.checked`)."""
         attempt = 0
         while True:
             try:
@@ -141,7 +141,7 @@ class Client:
             else:
                 pause = self.retry.after_response(attempt, response, call.repeatable, call.deadline)
                 if pause is None:
-                    return raise_for_error(response)
+                    return call.checked(response, attempt)
             self._pause(pause)
             attempt += 1
 

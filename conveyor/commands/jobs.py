@@ -47,10 +47,13 @@ def wait(job_id: str, url: str | None, api_key: str | None) -> None:
             if (line := progress.line(event)) not in (None, last):
                 show(line)
                 last = line
-        job = client.get(job_id)
+        job = wait_or_last(client, job_id, SETTLE_S)
     echo_waited(job)
 
 
+# How long the job may take to end after its stream's `final` event: an LLM job's worker writes
+# that event before it marks the job finished, so a read just after it can find it `running`.
+SETTLE_S = 30.0
 NO_WORKER = "no worker serves this model yet; the autoscaler is starting one"
 
 
