@@ -103,6 +103,11 @@ class BatchApiStore(TenantIndexed):
     def unlisted_of(self, tenant: str) -> str:
         return self.keys.batches_unlisted_of(tenant)
 
+    @property
+    def listed_for_s(self) -> int:
+        """A batch's window is at most the result TTL, and its records live a TTL after it."""
+        return 2 * self.ttl_s
+
     async def create(self, batch_id: str, fields: Mapping[str, str | int], ttl_s: int) -> None:
         key = self.keys.batch(batch_id)
         mapping = {**fields, "status": BatchStatus.VALIDATING.value, "created_at": now_ms()}

@@ -30,6 +30,10 @@ class FileStore(TenantIndexed):
     def unlisted_of(self, tenant: str) -> str:
         return self.keys.files_unlisted_of(tenant)
 
+    @property
+    def listed_for_s(self) -> int:
+        return self.ttl_s
+
     async def put(self, file_id: str, fields: Mapping[str, str], data: bytes) -> None:
         key = self.keys.file(file_id)
         items: list[EncodableT] = [*chain.from_iterable(fields.items()), "data", data]
@@ -37,7 +41,7 @@ class FileStore(TenantIndexed):
             pipe.hset(key, items=items)
             pipe.expire(key, self.ttl_s)
             await pipe.execute()
-        await self.enlist(fields["tenant"], file_id, self.ttl_s)
+        await self.enlist(fields["tenant"], file_id)
 
     async def fields_many(self, file_ids: list[str]) -> list[dict[str, str] | None]:
         """Each file's `FIELDS`, without its bytes (None: no such file), in one round trip (a

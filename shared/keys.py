@@ -243,13 +243,14 @@ class Keys:
         return f"{self.prefix}{CONTROL}batches:tenant:{tenant}"
 
     def batches_unlisted_of(self, tenant: str) -> str:
-        """Scores of batches dropped from `batches_of` once their keys expired (hash: id ->
-        creation ms), so a page after one of them still finds its place."""
-        return f"{self.prefix}{CONTROL}batches:unlisted:{tenant}"
+        """Batches dropped from `batches_of` once their keys expired, scored by their creation
+        ms (sorted set; `unlisted`, a hash, kept every one for good), so a page after one of
+        them still finds its place."""
+        return f"{self.prefix}{CONTROL}batches:dropped:{tenant}"
 
     def files_unlisted_of(self, tenant: str) -> str:
         """As `batches_unlisted_of`, for `files_of`."""
-        return f"{self.prefix}{CONTROL}files:unlisted:{tenant}"
+        return f"{self.prefix}{CONTROL}files:dropped:{tenant}"
 
     def files_of(self, tenant: str) -> str:
         """A tenant's uploaded files, scored by their upload time in ms (sorted set), for

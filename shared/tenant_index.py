@@ -31,7 +31,7 @@ if rank then
   local last = rank + tonumber(ARGV[2])
   return redis.call(newest_first and 'ZREVRANGE' or 'ZRANGE', KEYS[1], rank + 1, last)
 end
-local score = redis.call('HGET', KEYS[2], ARGV[1])
+local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not score then return {} end
 if newest_first then
   return redis.call('ZREVRANGEBYSCORE', KEYS[1], '(' .. score, '-inf', 'LIMIT', 0, ARGV[2])
@@ -39,18 +39,22 @@ end
 return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. score, '+inf', 'LIMIT', 0, ARGV[2])
 """
 
-# KEYS[1]=a tenant's index, KEYS[2]=the scores of ids unlisted from it; ARGV: the ids. Each leaves
-# the index and its score is kept beside it, as long as the index lives (LISTED_AFTER).
+# KEYS[1]=a tenant's index, KEYS[2]=the ids unlisted from it (sorted set, by the same scores);
+# ARGV: now (ms), how long a record is listed (s), the ids. Each leaves the index and keeps its
+# score beside it (LISTED_AFTER) for as long as a record is listed: older ones are dropped, and
+# the key expires then (it was given the index's TTL read after the index could be gone, so a
+# tenant who deleted all it listed left the key for good, and an active tenant's never shrank).
 UNLIST = """
-for i = 1, #ARGV do
+for i = 3, #ARGV do
   local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
   if score then
-    redis.call('HSET', KEYS[2], ARGV[i], score)
+    redis.call('ZADD', KEYS[2], score, ARGV[i])
     redis.call('ZREM', KEYS[1], ARGV[i])
   end
 end
-local ttl = redis.call('TTL', KEYS[1])
-if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+local keep = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[1]) - keep * 1000)
+redis.call('EXPIRE', KEYS[2], keep)
 return 1
 """
 
@@ -66,7 +70,12 @@ class TenantIndexed(ABC):
 
     @abstractmethod
     def unlisted_of(self, tenant: str) -> str:
-        """The key of the scores of ids unlisted from the tenant's index (its slot)."""
+        """The key of the ids unlisted from the tenant's index (its slot)."""
+
+    @property
+    @abstractmethod
+    def listed_for_s(self) -> int:
+        """How long a record is listed: the longest one lives."""
 
     @cached_property
     def _listed_after(self) -> AsyncScript:
@@ -77,10 +86,10 @@ class TenantIndexed(ABC):
     def _unlist(self) -> AsyncScript:
         return self.redis.register_script(UNLIST)
 
-    async def enlist(self, tenant: str, record_id: str, keep_s: int) -> None:
-        """Index the record under its tenant; entries older than `keep_s` (the longest a record
-        lives) are dropped, so the index stays as long as what it lists."""
-        key, now = self.index_of(tenant), now_ms()
+    async def enlist(self, tenant: str, record_id: str) -> None:
+        """Index the record under its tenant; entries older than `listed_for_s` are dropped,
+        so the index stays as long as what it lists."""
+        key, now, keep_s = self.index_of(tenant), now_ms(), self.listed_for_s
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.zadd(key, {record_id: now})
             pipe.zremrangebyscore(key, "-inf", now - keep_s * 1000)
@@ -107,7 +116,7 @@ class TenantIndexed(ABC):
         """Records whose keys expired before their index entries, in one call."""
         if record_ids:
             keys = [self.index_of(tenant), self.unlisted_of(tenant)]
-            await call_script(self._unlist, keys, record_ids)
+            await call_script(self._unlist, keys, [now_ms(), self.listed_for_s, *record_ids])
 
     async def page(
         self,

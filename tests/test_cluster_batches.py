@@ -173,7 +173,7 @@ async def test_input_files_and_the_tenant_index_work_across_masters(
     store = _services(client)[0]
     batches = [f"batch_{uuid.uuid4().hex}" for _ in range(3)]
     for batch_id in batches:
-        await store.enlist("acme", batch_id, TTL_S)
+        await store.enlist("acme", batch_id)
         await asyncio.sleep(0.002)  # scored by the ms each was created in
     assert await store.listed("acme", None, 2) == batches[:0:-1]
     assert await store.listed("acme", batches[1], 5) == batches[:1]

@@ -52,3 +52,23 @@ async def test_a_page_after_a_file_another_listing_dropped_goes_on_from_its_plac
     assert "file-2" not in await store.listed("acme", None, 10)  # dropped from the index
     rest, more = await store.page("acme", "file-2", 2, lambda ids: _looked(store, ids))
     assert [file_id for file_id, _ in rest] == ["file-1", "file-0"] and not more
+
+
+async def test_what_a_listing_drops_is_kept_only_as_long_as_a_file_is_listed(
+    aredis: aioredis.Redis,
+) -> None:
+    """The ids a listing dropped were kept in a key that never expired once the tenant had
+    deleted all it listed (its TTL was read from the index after the index was gone), and that
+    grew by every dropped id for as long as the tenant stayed active."""
+    store = FileStore(aredis, KEYS, 1)
+    dropped = KEYS.files_unlisted_of("acme")
+    await store.put("file-a", {"tenant": "acme", "filename": "a.jsonl"}, b"{}\n")
+    await store.delete("file-a")
+    assert await store.page("acme", None, 10, lambda ids: _looked(store, ids)) == ([], False)
+    assert not await aredis.exists(KEYS.files_of("acme"))  # the index is gone, empty
+    assert 0 < await aredis.ttl(dropped) <= 1  # and what it dropped goes after it
+    await aredis.zadd(dropped, {"file-old": 1})  # dropped a file's lifetime ago and more
+    await store.put("file-b", {"tenant": "acme", "filename": "b.jsonl"}, b"{}\n")
+    await store.delete("file-b")
+    await store.page("acme", None, 10, lambda ids: _looked(store, ids))
+    assert await aredis.zrange(dropped, 0, -1) == [b"file-a", b"file-b"]  # file-old pruned

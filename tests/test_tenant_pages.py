@@ -23,7 +23,7 @@ async def indexed(aredis: aioredis.Redis) -> tuple[FileStore, list[str]]:
     store = FileStore(aredis, KEYS, KEEP_S)
     ids = [f"file-{n}" for n in range(6)]
     for file_id in ids:
-        await store.enlist("acme", file_id, KEEP_S)
+        await store.enlist("acme", file_id)
         await asyncio.sleep(0.003)
     return store, ids
 
@@ -54,7 +54,7 @@ class _IndexingMeanwhile:
 
     async def zrevrank(self, key: str, member: str) -> Any:
         rank = await self.client.zrevrank(key, member)
-        await self.store.enlist("acme", "file-new", KEEP_S)
+        await self.store.enlist("acme", "file-new")
         return rank
 
 

@@ -90,8 +90,7 @@ class BatchApiService:
             open_lists = sorted({open_list for _, open_list in accepted})
             invalid = {"invalid": len(rejected)}
             await self.store.start(batch_id, open_lists, len(accepted), invalid, expires_ms)
-            longest_s = 2 * self.state.settings.result_ttl_s  # a window is at most the result TTL
-            await self.store.enlist(self.principal.tenant, batch_id, longest_s)
+            await self.store.enlist(self.principal.tenant, batch_id)
         except BaseException:
             await self._withdraw(batch_id, parsed.items)
             raise
