@@ -238,6 +238,11 @@ class Keys:
         """Lines refused at submit (invalid, or their partition was full), in line order."""
         return f"{self.prefix}batch:{{{batch_id}}}:rejected"
 
+    def webhook_hold(self, origin: str) -> str:
+        """A webhook receiver (`scheme://host:port`) that ran out a delivery's whole timeout:
+        set with a TTL, its deliveries wait out the hold instead of trying it (string)."""
+        return f"{self.prefix}{CONTROL}webhook-hold:{origin}"
+
     def batches_of(self, tenant: str) -> str:
         """A tenant's batches, scored by their creation time in ms (sorted set), for listing."""
         return f"{self.prefix}{CONTROL}batches:tenant:{tenant}"

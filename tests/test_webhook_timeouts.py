@@ -6,6 +6,7 @@ that asks for time (Retry-After), which the next attempt waits for."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -13,10 +14,21 @@ from collections.abc import Callable, Iterator
 from email.utils import formatdate
 
 import pytest
+import redis
+from celery.exceptions import Retry
 
+from shared.keys import Keys
 from shared.settings import Settings
 from shared.webhook_events import allowed
-from workers.webhook_delivery import BACKOFF_CAP_S, _post, after_attempt, retry_delay_s
+from workers import webhook_delivery
+from workers.webhook_delivery import (
+    BACKOFF_CAP_S,
+    AttemptLog,
+    ReceiverHolds,
+    _post,
+    after_attempt,
+    retry_delay_s,
+)
 
 EVENT = {"id": "evt_1", "type": "job.succeeded"}
 
@@ -122,3 +134,59 @@ def test_the_wait_a_receiver_asked_for_decides_the_next_attempt() -> None:
     late = time.time() - 500  # 100 s of the window left: 120 s would pass it
     assert after_attempt(1, asked, late, settings)[0] == "failed"
     assert after_attempt(3, {"error": None}, late, settings) == ("delivered", 0.0)
+
+
+@pytest.fixture
+def hanging() -> Iterator[tuple[str, list[socket.socket]]]:
+    """A receiver that takes every connection and never answers; its URL and the connections
+    it took."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    taken: list[socket.socket] = []
+
+    def take() -> None:
+        while True:
+            try:
+                taken.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=take, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}", taken
+    listener.close()
+    for connection in taken:
+        connection.close()
+
+
+def test_a_receiver_that_ran_out_the_timeout_is_held_for_its_other_deliveries(
+    hanging: tuple[str, list[socket.socket]],
+    redis_client: redis.Redis,
+    settings_env: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each delivery to a receiver that hangs ran out the whole timeout on the worker's one
+    task loop, every other tenant's delivery queued behind them: now the receiver's other
+    deliveries wait out a hold, recorded as attempts not tried, and other receivers are not
+    held."""
+    origin, taken = hanging
+    settings_env(
+        CONVEYOR_WEBHOOK_TIMEOUT_S="1",
+        CONVEYOR_WEBHOOK_SECRET="whsec-test",
+        CONVEYOR_WEBHOOK_ALLOWLIST=origin,
+        CONVEYOR_KEY_PREFIX="hold-test:",
+    )
+    keys = Keys("hold-test:")
+    holds = ReceiverHolds(redis_client, keys)
+    monkeypatch.setattr(webhook_delivery, "_receiver_holds", lambda: holds)
+    monkeypatch.setattr(webhook_delivery, "_attempt_log", lambda: AttemptLog(redis_client))
+    for job_id in ("j1", "j2"):
+        redis_client.hset(keys.job(job_id), "status", "succeeded")
+        with pytest.raises(Retry):
+            webhook_delivery.deliver_webhook.run(
+                "job", job_id, f"{origin}/{job_id}", EVENT, time.time()
+            )
+    assert len(taken) == 1  # j2's delivery did not try the receiver: it was held
+    (ran_out,) = json.loads(redis_client.hget(keys.job("j1"), "webhook_attempts") or "")
+    (held,) = json.loads(redis_client.hget(keys.job("j2"), "webhook_attempts") or "")
+    assert ran_out["error"] == "TimeoutError: no answer within 1s", ran_out
+    assert held["error"].startswith("held:") and held["retry_after_s"] > 1, held  # 6 s, less
+    assert holds.left_s("http://127.0.0.1:9/other") == 0

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 300.0
+# A receiver that ran out the timeout is held this many timeouts: it takes at most a seventh of
+# a worker's delivery time however many of its deliveries queue.
+HOLD_TIMEOUTS = 6
 
 
 def backoff_s(attempt: int) -> float:
@@ -117,6 +120,43 @@ def _attempt_log() -> AttemptLog:
     return AttemptLog(_redis())
 
 
+class ReceiverHolds:
+    """Receivers that ran out a delivery's whole timeout are held: their other deliveries wait
+    out the hold, recorded as attempts not tried, instead of each running out the timeout on
+    the worker's one task loop, every other tenant's delivery behind them (a receiver hanging
+    on a burst of events held it for the timeout a hundred times over). Bookkeeping, like the
+    attempt log: a Redis error holds nothing and stops no delivery."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+
+    def left_s(self, url: str) -> float:
+        """How long the receiver of `url` stays held (0: it is not)."""
+        try:
+            left_ms = int(self.redis.pttl(self.keys.webhook_hold(_origin(url))))
+        except redis.RedisError as exc:
+            log.warning("webhook hold of %s not read: %r", url, exc)
+            return 0.0
+        return max(left_ms, 0) / 1000.0
+
+    def hold(self, url: str, seconds: float) -> None:
+        try:
+            self.redis.set(self.keys.webhook_hold(_origin(url)), 1, px=max(1, int(seconds * 1000)))
+        except redis.RedisError as exc:
+            log.warning("webhook hold of %s not set: %r", url, exc)
+
+
+def _origin(url: str) -> str:
+    parsed = httpx.URL(url)
+    return f"{parsed.scheme}://{parsed.netloc.decode()}"
+
+
+@cache
+def _receiver_holds() -> ReceiverHolds:
+    return ReceiverHolds(_redis(), Keys(get_settings().key_prefix))
+
+
 def _record(kind: TargetKind, target_id: str, attempt: dict[str, Any], status: str) -> None:
     """Bookkeeping, which never decides whether the event is retried: a Redis error here (a
     blip, a failover of the node holding the hash) escaped the task, which Celery then
@@ -167,8 +207,21 @@ def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
         outcome["error"] = f"TimeoutError: no answer within {timeout_s:g}s"
     except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:
         outcome["error"] = f"{type(exc).__name__}: {exc}"
-    outcome["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    took_s = time.monotonic() - started
+    outcome["duration_ms"] = round(took_s * 1000, 1)
+    if outcome["error"] and took_s >= timeout_s:  # it ran out the whole timeout
+        _receiver_holds().hold(url, HOLD_TIMEOUTS * timeout_s)
     return outcome
+
+
+def _held(url: str) -> dict[str, Any] | None:
+    """The attempt not tried, while the receiver of `url` is held, with the wait left as the
+    time the next attempt waits for (as a receiver's Retry-After)."""
+    left = _receiver_holds().left_s(url)
+    if not left:
+        return None
+    error = "held: the receiver ran out the timeout on a delivery; not tried"
+    return {"at": round(time.time(), 3), "status_code": None, "error": error, "retry_after_s": left}
 
 
 def after_attempt(
@@ -202,7 +255,7 @@ def deliver_webhook(
         attempt: dict[str, Any] = {"at": round(time.time(), 3), "error": refused}
         status, delay = "failed", 0.0
     else:
-        attempt = _post(url, dumps(event), event)
+        attempt = _held(url) or _post(url, dumps(event), event)
         status, delay = after_attempt(number, attempt, first_attempt_at, settings)
     _record(kind, target_id, {"attempt": number, **attempt}, status)
     log.info("webhook %s to %s, attempt %d: %s", event.get("id"), url, number, status)
