@@ -1,23 +1,26 @@
 """`conveyor autoscale`: KEDA's decision for one machine. Each pool (model, variant) is polled
-with the same triggers and formula KEDA and the HPA use (`scaling_math`; a pool scaled on
-seconds of backlog reads them from Redis with the producer's formula), and worker processes
-are started or stopped between min and max replicas; stops are SIGTERM, so workers drain. A
-worker that died (killed for memory, crashed) leaves the count at the next poll and the formula
-replaces it, as Kubernetes restarts a pod."""
+with the triggers, formula and scale-down window KEDA and the HPA use (`scaling_math`; a pool
+scaled on seconds of backlog reads them from Redis with the producer's formula), and worker
+processes are started or stopped between min and max replicas; stops are SIGTERM, so workers
+drain. A worker that died (killed for memory, crashed) leaves the count at the next poll and the
+formula replaces it, as Kubernetes restarts a pod."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
-from autoscaling.keda import pool_triggers
+from autoscaling.keda import scaled_object
 from autoscaling.scaling_math import (
     BacklogTrigger,
+    Reading,
     StreamTrigger,
     Trigger,
     desired_replicas,
@@ -31,20 +34,24 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PoolScaler:
-    """One pool. Up at once to what the formula asks; down one worker per tick, and only after
-    `cooldown_s` without any active trigger (KEDA's cooldown, the HPA's slow scale-down)."""
+    """One pool, as its rendered ScaledObject has KEDA and the HPA decide it: up at once to the
+    HPA's count; down, one worker per tick, only to the highest count the HPA asked for over
+    its scale-down stabilization window `window_s`; to zero only after `cooldown_s` without
+    an active trigger (KEDA's cooldownPeriod, which gates that step alone)."""
 
     name: str
     triggers: list[Trigger]
     min_replicas: int
     max_replicas: int
     cooldown_s: float
+    window_s: float
     start_worker: Callable[[str], str]
-    stop_worker: Callable[[str], None]
+    stop_workers: Callable[[list[str]], object]
     alive: Callable[[str], bool]
     workers: list[str] = field(default_factory=list)
     last_active: float = 0.0
     started: int = 0
+    recommendations: deque[tuple[float, int]] = field(default_factory=deque)
 
     @classmethod
     def for_partition(
@@ -53,21 +60,21 @@ class PoolScaler:
         variant: str,
         keys: Keys,
         start_worker: Callable[[str], str],
-        stop_worker: Callable[[str], None],
+        stop_workers: Callable[[list[str]], object],
         alive: Callable[[str], bool],
     ) -> PoolScaler:
-        hints = config.autoscaling
-        triggers = [
-            _trigger(t, config, variant, keys) for t in pool_triggers(config, variant, keys)
-        ]
+        """The pool's ScaledObject as rendered for KEDA, read by this autoscaler."""
+        spec = scaled_object(config, variant, keys)["spec"]
+        scale_down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
         return cls(
             f"{config.name}:{variant}",
-            triggers,
-            hints.min_replicas,
-            hints.max_replicas,
-            hints.cooldown_s,
+            [_trigger(t, config, variant, keys) for t in spec["triggers"]],
+            spec["minReplicaCount"],
+            spec["maxReplicaCount"],
+            spec["cooldownPeriod"],
+            scale_down["stabilizationWindowSeconds"],
             start_worker,
-            stop_worker,
+            stop_workers,
             alive,
         )
 
@@ -75,20 +82,34 @@ class PoolScaler:
         """Poll once and act; returns the worker count afterwards."""
         now = time.monotonic() if now is None else now
         self._forget_dead()
-        readings = poll(client, self.triggers)
-        if any(r.active for r in readings):
-            self.last_active = now
         current = len(self.workers)
-        desired = desired_replicas(readings, self.min_replicas, self.max_replicas, current)
-        if desired > current:
-            self._scale_up(desired - current)
-        elif desired < current and now - self.last_active >= self.cooldown_s:
+        wanted = self._wanted(poll(client, self.triggers), current, now)
+        if wanted > current:
+            self._scale_up(wanted - current)
+        elif wanted < current:
             self._scale_down()
         return len(self.workers)
 
-    def stop_all(self) -> None:
-        while self.workers:
-            self._scale_down()
+    def _wanted(self, readings: list[Reading], current: int, now: float) -> int:
+        """KEDA's zero once the pool has idled for `cooldown_s` (or is there already), else
+        the HPA's count, whose minimum is one, stabilized."""
+        if any(r.active for r in readings):
+            self.last_active = now
+        elif self.min_replicas == 0 and (current == 0 or now - self.last_active >= self.cooldown_s):
+            return 0
+        floor = max(self.min_replicas, 1)
+        count = desired_replicas(readings, floor, self.max_replicas, current)
+        return self._stabilized(count, current, now)
+
+    def _stabilized(self, count: int, current: int, now: float) -> int:
+        """The HPA's scale-down stabilization: never below the highest count recommended within
+        the window; scale-up is not held back. (Gated on inactivity instead, the autoscaler
+        kept every replica while anything at all was queued.)"""
+        while self.recommendations and self.recommendations[0][0] <= now - self.window_s:
+            self.recommendations.popleft()
+        self.recommendations.append((now, count))
+        peak = max(recommended for _, recommended in self.recommendations)
+        return max(count, min(current, peak))
 
     def _forget_dead(self) -> None:
         """Workers that died leave the count: counted on, they kept their pool short for good
@@ -101,11 +122,31 @@ class PoolScaler:
         log.info("scale up", extra={"pool": self.name, "from": len(self.workers), "by": count})
         for _ in range(count):
             self.started += 1
-            self.workers.append(self.start_worker(f"{self.name.replace(':', '-')}-{self.started}"))
+            # The pool's own name, `:` included: `a-b:c` and `a:b-c` were both `a-b-c`.
+            self.workers.append(self.start_worker(f"{self.name}-{self.started}"))
 
     def _scale_down(self) -> None:
         log.info("scale down", extra={"pool": self.name, "from": len(self.workers)})
-        self.stop_worker(self.workers.pop())
+        self.stop_workers([self.workers.pop()])
+
+
+def pool_scalers(
+    partitions: Iterable[tuple[ModelConfig, str]],
+    keys: Keys,
+    start_worker: Callable[[str, str], str],
+    stop_workers: Callable[[list[str]], object],
+    alive: Callable[[str], bool],
+) -> list[PoolScaler]:
+    """One scaler per distinct pool, in the order named; `start_worker(pool, name)`.
+    Overlapping selectors (`minilm,minilm:torch`) named a pool twice, and its two scalers
+    each started workers blind to the other's."""
+    pools = {f"{config.name}:{variant}": (config, variant) for config, variant in partitions}
+    return [
+        PoolScaler.for_partition(
+            config, variant, keys, functools.partial(start_worker, pool), stop_workers, alive
+        )
+        for pool, (config, variant) in pools.items()
+    ]
 
 
 def _trigger(rendered: dict[str, Any], config: ModelConfig, variant: str, keys: Keys) -> Trigger:

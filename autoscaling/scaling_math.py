@@ -161,7 +161,8 @@ def desired_replicas(
 ) -> int:
     """Steady-state replica count of one ScaledObject: 0 when no trigger is active and min is 0
     (KEDA, after cooldown), otherwise the HPA's max over metrics, clamped to [max(min,1), max].
-    Time-based HPA behaviour (scale-up rate, scale-down stabilization) is not modelled."""
+    Time-based HPA behaviour is not modelled here (the local autoscaler adds the scale-down
+    stabilization window)."""
     readings = list(readings)
     if min_replicas == 0 and not any(r.active for r in readings):
         return 0

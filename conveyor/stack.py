@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, cast
@@ -25,6 +25,9 @@ from shared.model_repository import ModelRepository
 from shared.settings import Settings
 
 BIN = Path(sys.executable).parent
+# Past CONVEYOR_SHUTDOWN_GRACE_S, which a worker's drain and engine close share: an engine's close
+# that overruns its share (workers/runtime/consumer_runtime.py), then Celery's own exit.
+STOP_MARGIN_S = 20.0
 Server = Literal["uvicorn", "conveyor"]
 # A producer's command line but its address: uvicorn's (compose, Kubernetes), or the server
 # `conveyor up` runs (conveyor/producer_server.py: SO_REUSEPORT, several per port).
@@ -275,15 +278,31 @@ class Stack:
             self._wait(self.readiness.pop(name), name)
         return [self.processes[name].pid for name in names]
 
-    def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        process = self.processes.pop(name)
-        if process.poll() is None:
-            process.send_signal(sig)
-        try:
-            return process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            return process.wait()
+    @property
+    def stop_timeout_s(self) -> float:
+        """How long a stopped child may take to exit before it is killed: a worker's drain
+        (CONVEYOR_SHUTDOWN_GRACE_S, from the settings its children inherit) and STOP_MARGIN_S.
+        A fixed 30 s killed workers that were allowed longer."""
+        return self.settings.shutdown_grace_s + STOP_MARGIN_S
+
+    def stop_process(
+        self, name: str, sig: int = signal.SIGTERM, timeout: float | None = None
+    ) -> int:
+        """Signal child `name` and wait for its exit code (`timeout`: `stop_timeout_s`)."""
+        return self.stop_processes([name], sig, timeout)[0]
+
+    def stop_processes(
+        self, names: Iterable[str], sig: int = signal.SIGTERM, timeout: float | None = None
+    ) -> list[int]:
+        """Signal every child first, then wait for each: they drain side by side (one after
+        another, N workers took N drains). Any still running `timeout` after the signal is
+        killed. Exit codes in the order of `names`."""
+        processes = [self.processes.pop(name) for name in names]
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(sig)
+        deadline = time.monotonic() + (self.stop_timeout_s if timeout is None else timeout)
+        return [_reap(process, deadline) for process in processes]
 
     def stop(self) -> None:
         """Stop in reverse start order, Redis last: workers drain before the producer goes."""
@@ -377,6 +396,15 @@ class Stack:
     def _exited(self, name: str) -> ChildExited:
         why = "exited before it was ready"
         return ChildExited(name, why, self.log_path(name), self.log_tail(name))
+
+
+def _reap(process: subprocess.Popen[bytes], deadline: float) -> int:
+    """Its exit code, killing it if it is still running at `deadline` (monotonic)."""
+    try:
+        return process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
 
 
 def _instance(base_url: str) -> str:

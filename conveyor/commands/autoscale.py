@@ -13,7 +13,7 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from autoscaling.local_autoscaler import PoolScaler
+from autoscaling.local_autoscaler import PoolScaler, pool_scalers
 from conveyor.finite_float import FiniteFloat
 from conveyor.local_stack import NO_STACK, redis_url, refuse_unreachable
 from conveyor.stack import ChildNotReady, Stack
@@ -40,17 +40,13 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
     stack.start_timeout_s = settings.start_timeout_s  # it waited 300 s whatever was set
     keys = Keys(settings.key_prefix)
     partitions = ModelRepository.load(settings.model_repository).partitions(models.split(","))
-    scalers = [
-        PoolScaler.for_partition(
-            config,
-            variant,
-            keys,
-            functools.partial(start_pool_worker, stack, f"{config.name}:{variant}"),
-            functools.partial(_stop, stack),
-            stack.running,
-        )
-        for config, variant in partitions
-    ]
+    scalers = pool_scalers(
+        partitions,
+        keys,
+        functools.partial(start_pool_worker, stack),
+        stack.stop_processes,
+        stack.running,
+    )
     period = interval or min(c.autoscaling.polling_interval_s for c, _ in partitions)
     refuse_unreachable(stack.redis_url, NO_STACK)
     client = stack.client()
@@ -62,9 +58,8 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
             for scaler in scalers:
                 _tick(scaler, client)
             time.sleep(period)
-    finally:
-        for scaler in scalers:
-            scaler.stop_all()
+    finally:  # every pool's workers drain side by side
+        stack.stop_processes([name for scaler in scalers for name in scaler.workers])
         client.close()
 
 
@@ -94,7 +89,3 @@ def start_pool_worker(stack: Stack, pool: str, name: str) -> str:
             stack.stop_process(name)
         raise
     return name
-
-
-def _stop(stack: Stack, name: str) -> None:
-    stack.stop_process(name)
