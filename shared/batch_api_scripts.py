@@ -71,24 +71,26 @@ end
     + f"return {{at, more, {_lua_list('counts')}, {_lua_list('seen')}}}\n"
 )
 
-# KEYS[1]=batch hash; ARGV: now_ms, stale_ms, then per partition counted: index, cursor the
-# count started from, cursor it reached, counts..., seen... (COUNT's, in ITEM_STATES order).
+# KEYS[1]=batch hash; ARGV: now_ms, stale_ms, the call's token, then per partition counted:
+# index, cursor the count started from, cursor it reached, counts..., seen... (COUNT's, in
+# ITEM_STATES order).
 # A count of some items whose start is still the partition's cursor (and only while the batch
 # runs) moves the cursor, adds to `n_<status>` and takes `open` down. Its `seen` (items past
 # where it stopped) joins this answer if the cursor is where it stopped: moved by it, or by a
 # producer that counted the same items at the same time; otherwise it is dropped, never counted
 # twice. When `open` is 0, the batch moves to `finalizing` and the caller that saw it move (or
-# that found a finalizer silent for `stale_ms`) is told to finalize. Returns false when the
-# batch is gone, else {finalize, hash fields..., seen...}.
+# that found a finalizer silent for `stale_ms`) is told to finalize; its token, kept as
+# `finalizer`, tells that caller so again when the client reruns the call (its reply lost).
+# Returns false when the batch is gone, else {finalize, hash fields..., seen...}.
 ADVANCE = (
     f"local STATES = {_STATES}\n"
     + f"local seen = {_lua_table('0')}\n"
     + """
-local now, stale = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, stale, token = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return false end
 local n = #STATES
-for i = 3, #ARGV, 3 + 2 * n do
+for i = 4, #ARGV, 3 + 2 * n do
   local cursor = 'at:' .. ARGV[i]
   local from, to = ARGV[i + 1], ARGV[i + 2]
   local at = redis.call('HGET', KEYS[1], cursor) or '0'
@@ -111,7 +113,9 @@ local finalize = 0
 if tonumber(redis.call('HGET', KEYS[1], 'open') or '0') == 0 then
   local since = tonumber(redis.call('HGET', KEYS[1], 'finalizing_at') or '0')
   if cur == 'in_progress' or (cur == 'finalizing' and since < now - stale) then
-    redis.call('HSET', KEYS[1], 'status', 'finalizing', 'finalizing_at', now)
+    redis.call('HSET', KEYS[1], 'status', 'finalizing', 'finalizing_at', now, 'finalizer', token)
+    finalize = 1
+  elseif cur == 'finalizing' and redis.call('HGET', KEYS[1], 'finalizer') == token then
     finalize = 1
   end
 end

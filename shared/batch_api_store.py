@@ -9,6 +9,7 @@ spans two of them (shared/batch_api_scripts.py says how counting stays exact).""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -192,9 +193,8 @@ class BatchApiStore(TenantIndexed):
                     for index, key in enumerate(open_lists(fields))
                 )
             )
-        reply = await self._advance(
-            keys=[self.keys.batch(batch_id)], args=[now_ms(), stale_ms, *chain(*counted)]
-        )
+        args: list[EncodableT] = [now_ms(), stale_ms, uuid.uuid4().hex[:16], *chain(*counted)]
+        reply = await self._advance(keys=[self.keys.batch(batch_id)], args=args)
         if not reply:
             return None
         finalize, flat, *seen = reply

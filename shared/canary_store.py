@@ -1,17 +1,20 @@
 """The one owner of canary state in Redis: `cv:canary:{model}` (hash, `doc`: the rollout as
-JSON), its decisions `cv:canary:{model}:events` (list), `cv:canaries` (set of models with
-one running) and `cv:canary:{model}:lock` (a decision, a start, an abort: one at a time).
-State lives here, not in a process, so a canary outlives the producer that drives it:
-whichever producer leads next picks it up where it stood."""
+JSON, `start_call`: the token of the call that started it), its decisions
+`cv:canary:{model}:events` (list), `cv:canaries` (set of models with one running) and
+`cv:canary:{model}:lock` (a decision, a start, an abort: one at a time). State lives here, not in
+a process, so a canary outlives the producer that drives it: whichever producer leads next picks
+it up where it stood."""
 
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from redis.asyncio.lock import Lock
+from redis.typing import EncodableT
 
 from shared.codec import as_text, dumps, loads
 from shared.keys import Keys
@@ -20,11 +23,16 @@ CanaryState = Literal["running", "completed", "rolled_back", "aborted"]
 EVENTS_KEPT = 500
 LOCK_S = 10.0  # a decision or an abort takes milliseconds; a holder that died frees it then
 
-# KEYS[1]=canary hash, KEYS[2]=active set; ARGV: doc JSON, model. Starts unless one is running.
+# KEYS[1]=canary hash, KEYS[2]=active set; ARGV: doc JSON, model, the call's token. Starts
+# unless one is running; one running that this call's token started is its own, rerun (its
+# reply was lost): the doc alone cannot tell, two starts of one caller in one millisecond
+# write the same.
 _START = """
 local doc = redis.call('HGET', KEYS[1], 'doc')
-if doc and cjson.decode(doc).state == 'running' then return 0 end
-redis.call('HSET', KEYS[1], 'doc', ARGV[1])
+if doc and cjson.decode(doc).state == 'running' then
+  return redis.call('HGET', KEYS[1], 'start_call') == ARGV[3] and 1 or 0
+end
+redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'start_call', ARGV[3])
 redis.call('SADD', KEYS[2], ARGV[2])
 return 1
 """
@@ -74,9 +82,11 @@ class CanaryStore:
         self._start = client.register_script(_START)
 
     async def start(self, canary: Canary) -> bool:
-        """Store a new running canary; False if the model has one running already."""
+        """Store a new running canary; False if the model has one running already (not one
+        this call started: the client reruns a script whose reply was lost)."""
         keys = [self.keys.canary(canary.model), self.keys.canaries_active]
-        return bool(await self._start(keys=keys, args=[canary.to_json(), canary.model]))
+        args: list[EncodableT] = [canary.to_json(), canary.model, uuid.uuid4().hex[:16]]
+        return bool(await self._start(keys=keys, args=args))
 
     def lock(self, model: str, wait_s: float | None) -> Lock:
         """The lock that serializes a model's canary decisions (the leader's) with its start

@@ -1,12 +1,13 @@
 """The one owner of live routes in Redis: `cv:{ctl}routes:{model}` (hash: `doc` JSON,
-`version`), its change log `cv:{ctl}routes:{model}:log` (who, when, old → new) and the global
-counter `cv:{ctl}routes-version` producers poll. A change is one Lua script, so the version,
-the log and the counter never disagree, and a writer that names the version it read cannot lose
-a race."""
+`version`, `change`: the id of the call that wrote them), its change log
+`cv:{ctl}routes:{model}:log` (who, when, old → new) and the global counter
+`cv:{ctl}routes-version` producers poll. A change is one Lua script, so the version, the log and
+the counter never disagree, and a writer that names the version it read cannot lose a race."""
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -20,15 +21,17 @@ from shared.routing import Routes
 LOG_LENGTH = 1_000
 
 # KEYS[1]=routes hash, KEYS[2]=log, KEYS[3]=global version; ARGV: new doc JSON, who, unix time,
-# expected version ('' for any), only-if-absent ('1'/'0'), log length. Returns {version, changed}
-# (changed: 1 written, 0 left as it was, -1 expected version stale).
+# expected version ('' for any), only-if-absent ('1'/'0'), log length, the change's id. Returns
+# {version, changed} (changed: 1 written, 0 left as it was, -1 expected version stale). The
+# routes last written by this change's id are its own, rerun (its reply was lost): written, once.
 _PUT = """
 local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if redis.call('HGET', KEYS[1], 'change') == ARGV[7] then return {current, 1} end
 if ARGV[5] == '1' and current > 0 then return {current, 0} end
 if ARGV[4] ~= '' and tonumber(ARGV[4]) ~= current then return {current, -1} end
 local old = redis.call('HGET', KEYS[1], 'doc') or 'null'
 local version = current + 1
-redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'version', version)
+redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'version', version, 'change', ARGV[7])
 redis.call('RPUSH', KEYS[2], '{"version":' .. version .. ',"at":' .. ARGV[3] .. ',"by":'
   .. cjson.encode(ARGV[2]) .. ',"old":' .. old .. ',"new":' .. ARGV[1] .. '}')
 redis.call('LTRIM', KEYS[2], -tonumber(ARGV[6]), -1)
@@ -61,7 +64,9 @@ class RouteStore:
         self._put = client.register_script(_PUT)
 
     async def put(self, model: str, routes: Routes, by: str, expected: int | None = None) -> int:
-        """Store `routes` as the next version (checked by the caller) and log the change."""
+        """Store `routes` as the next version (checked by the caller) and log the change. The
+        client reruns a script whose reply was lost: the rerun answers the version the first
+        run wrote, not a conflict with it, and logs nothing twice."""
         version, changed = await self._call(model, routes, by, expected, only_if_absent=False)
         if changed < 0:
             raise VersionConflict(version)
@@ -82,6 +87,7 @@ class RouteStore:
             "" if expected is None else expected,
             "1" if only_if_absent else "0",
             LOG_LENGTH,
+            uuid.uuid4().hex[:16],
         ]
         version, changed = await self._put(keys=keys, args=args)
         return int(version), int(changed)
