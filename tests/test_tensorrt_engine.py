@@ -5,6 +5,7 @@ Runs only where a CUDA GPU with tensorrt and pycuda exists."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,6 +26,8 @@ from tests.minilm_reference import (
 from workers.engines.tensorrt_engine import (
     BuildSettings,
     TensorRTEngine,
+    build_inputs,
+    calibration_cache_path,
     check_precision_supported,
 )
 
@@ -167,3 +170,30 @@ def test_weak_typing_and_implicit_int8_are_refused_on_tensorrt_11():
         with pytest.raises(RuntimeError, match="removed in TensorRT 11"):
             check_precision_supported("11.1.0", precision)
     check_precision_supported("11.1.0", "fp32")
+
+
+def test_int8_caches_are_keyed_by_what_they_are_built_from(tmp_path: Path) -> None:
+    """The INT8 calibration cache was named by the calibration file's stem and opt_seq alone,
+    and the plan by its path: edited calibration texts, another calibration_batch or a new
+    model.onnx reused stale scales. Both keys now change with each (no GPU needed)."""
+    onnx = tmp_path / "model.onnx"
+    onnx.write_bytes(b"the first exported graph")
+    texts = tmp_path / "calibration.txt"
+    texts.write_text("a first text\na second text\n")
+    parameters = {"precision": "int8", "calibration_file": str(texts)}
+    settings = BuildSettings.from_parameters(parameters, 32, 128)
+
+    def keys(settings: BuildSettings = settings) -> tuple[Path, dict[str, Any]]:
+        return calibration_cache_path(onnx, settings), build_inputs(onnx, settings)
+
+    seen = [keys()]
+    assert keys() == seen[0]  # nothing changed: both caches are found again
+    assert seen[0][0].parent == tmp_path and seen[0][0].suffix == ".calibration"
+    seen.append(keys(replace(settings, calibration_batch=8)))
+    texts.write_text("a first text\nanother second text\n")  # the same file, other texts
+    seen.append(keys())
+    onnx.write_bytes(b"a graph exported again, of another size")  # model.onnx replaced
+    seen.append(keys())
+    assert len({path for path, _ in seen}) == len(seen)
+    plans = [inputs for _, inputs in seen]
+    assert all(a != b for i, a in enumerate(plans) for b in plans[i + 1 :])

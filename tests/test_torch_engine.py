@@ -381,6 +381,41 @@ def test_invalid_torch_options_fail_with_a_clear_error(tmp_path):
         ModelRepository.load(tmp_path)
 
 
+def test_seq_buckets_past_the_models_positions_are_refused_at_load(artifacts: Path) -> None:
+    """A seq bucket wider than the model's position embeddings failed CUDA graph capture at
+    warm-up, and the worker restarted into the same failure; the repository only knows the
+    positions of `prepare: minilm`. The engine reads them from config.json and refuses the
+    bucket when it loads, on the CPU as well (the helper skips the repository's check)."""
+    buckets = {"batch_buckets": [1, 8], "seq_buckets": [256, 1024]}
+    with pytest.raises(ValueError, match=r"seq_buckets .*1024 exceeds the model's 512 positions"):
+        torch_engine(artifacts, device="cpu", cuda_graphs=buckets)
+    fits = {"batch_buckets": [1, 8], "seq_buckets": [256, 512]}
+    assert torch_engine(artifacts, device="cpu", cuda_graphs=fits).buckets is not None
+
+
+def test_compile_with_buckets_keeps_one_graph_per_bucket_pair(artifacts: Path) -> None:
+    """Static shapes compile once per (batch, seq) bucket pair, and dynamo ran every pair past
+    its default recompile_limit (8) eagerly, silently. 3 x 3 pairs here, each traced by dynamo
+    for real; dynamo's `eager` backend (its debug override, on this thread only) stands in
+    for inductor's minutes of code generation."""
+    buckets = {"batch_buckets": [1, 2, 4], "seq_buckets": [8, 16, 32]}
+    engine = torch_engine(artifacts, device="cpu", compile=True, cuda_graphs=buckets)
+    frames = torch._dynamo.utils.counters["frames"]
+    compiled = frames["ok"]
+    try:
+        with torch._dynamo.config.patch(debug_backend_override=">=0:eager"), torch.no_grad():
+            for rows in buckets["batch_buckets"]:
+                for width in buckets["seq_buckets"]:
+                    feeds = {
+                        name: torch.ones((rows, width), dtype=torch.int64)
+                        for name in ("input_ids", "attention_mask", "token_type_ids")
+                    }
+                    assert engine.model(**feeds).shape == (rows, DIMENSION)
+    finally:
+        torch._dynamo.reset()
+    assert frames["ok"] - compiled == 9
+
+
 def test_cuda_without_a_device_fails_loudly(artifacts: Path) -> None:
     """`device: cuda` where torch sees no device fails, naming why, rather than serving from
     the CPU; run with no device visible (CUDA_VISIBLE_DEVICES empty), so a GPU machine checks

@@ -119,28 +119,49 @@ class BuildSettings:
         return (1, 1), (self.opt_batch, self.opt_seq), (self.max_batch, self.max_seq)
 
 
+def build_inputs(onnx_path: Path, settings: BuildSettings) -> dict[str, Any]:
+    """What a plan is built from besides the GPU and TensorRT, by identity rather than by name:
+    the settings, the calibration file's path replaced by a hash of its texts (INT8 only, the
+    one precision that reads them), and the ONNX file's name, size and modification time. So
+    edited calibration texts or a replaced model.onnx never reuse a stale plan or INT8 scales."""
+    stat = onnx_path.stat()
+    calibration = None
+    if settings.precision == "int8" and settings.calibration_file:
+        calibration = hashlib.sha256(Path(settings.calibration_file).read_bytes()).hexdigest()
+    return {
+        **asdict(settings),
+        "calibration_file": calibration,
+        "onnx": [onnx_path.name, stat.st_size, stat.st_mtime_ns],
+    }
+
+
+def _digest(key: Any) -> str:
+    return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
+
+
+def calibration_cache_path(onnx_path: Path, settings: BuildSettings) -> Path:
+    """Beside the ONNX file, named by what its INT8 scales come from: the ONNX file, the
+    calibration texts and the (calibration_batch, opt_seq) shape they are fed at."""
+    inputs = build_inputs(onnx_path, settings)
+    key = [inputs[name] for name in ("onnx", "calibration_file", "calibration_batch", "opt_seq")]
+    return onnx_path.with_suffix(f".int8-{_digest(key)}.calibration")
+
+
 def plan_path(cache_dir: Path, onnx_path: Path, settings: BuildSettings) -> Path:
-    """A plan runs only on the GPU model and TensorRT version that built it, from the ONNX file
-    it was built from; all of them go into the file name, so a stale plan is never loaded."""
+    """A plan runs only on the GPU model and TensorRT version that built it, from the inputs
+    it was built from (`build_inputs`); all of them go into the file name, so a stale plan is
+    never loaded."""
     import pycuda.driver as cuda
     import tensorrt as trt
 
     device = cuda.Context.get_device()
-    stat = onnx_path.stat()
-    key = json.dumps(
-        [
-            asdict(settings),
-            trt.__version__,
-            device.name(),
-            device.compute_capability(),
-            onnx_path.name,
-            stat.st_size,
-            stat.st_mtime_ns,
-        ],
-        default=str,
-    )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_dir / f"{onnx_path.stem}.{settings.precision}.{digest}.plan"
+    key = [
+        build_inputs(onnx_path, settings),
+        trt.__version__,
+        device.name(),
+        device.compute_capability(),
+    ]
+    return cache_dir / f"{onnx_path.stem}.{settings.precision}.{_digest(key)}.plan"
 
 
 def build_plan(onnx_path: Path, settings: BuildSettings, encoder: TextEncoder) -> bytes:
@@ -217,8 +238,7 @@ def _calibrator(
     ]
     if len(texts) < settings.calibration_batch:
         raise ValueError(f"{settings.calibration_file} holds fewer texts than one batch")
-    calibration_set = Path(settings.calibration_file).stem
-    cache_path = onnx_path.with_suffix(f".int8-{calibration_set}-{settings.opt_seq}.calibration")
+    cache_path = calibration_cache_path(onnx_path, settings)
     shape = (settings.calibration_batch, settings.opt_seq)
 
     class EntropyCalibrator(trt.IInt8EntropyCalibrator2):

@@ -47,6 +47,18 @@ class TokenBatch:
         }
 
 
+def check_positions(artifact_dir: Path, setting: str, tokens: int) -> None:
+    """Refuse `tokens` per text (named by its `setting`) past the model's position embeddings,
+    read from its config.json where the artifacts have one: a wider input fails in the model."""
+    config = artifact_dir / MODEL_CONFIG_FILE
+    positions = orjson.loads(config.read_bytes()).get(POSITIONS) if config.is_file() else None
+    if positions is not None and tokens > positions:
+        raise ValueError(
+            f"{setting} {tokens} exceeds the model's {positions} positions "
+            f"({POSITIONS} in {config})"
+        )
+
+
 class TextEncoder:
     """The fast (Rust) tokenizer of the model, truncating like sentence-transformers'
     `max_seq_length` (special tokens included) and padding per call rather than to a fixed size."""
@@ -62,13 +74,7 @@ class TextEncoder:
     def from_artifacts(cls, artifact_dir: Path, max_seq_length: int) -> TextEncoder:
         """Refuses a `max_seq_length` past the model's positions (its config.json, where the
         artifacts have one): every longer text would fail in the engine, one job at a time."""
-        config = artifact_dir / MODEL_CONFIG_FILE
-        positions = orjson.loads(config.read_bytes()).get(POSITIONS) if config.is_file() else None
-        if positions is not None and max_seq_length > positions:
-            raise ValueError(
-                f"max_seq_length {max_seq_length} exceeds the model's {positions} positions "
-                f"({POSITIONS} in {config})"
-            )
+        check_positions(artifact_dir, "max_seq_length", max_seq_length)
         return cls(Tokenizer.from_file(str(artifact_dir / TOKENIZER_FILE)), max_seq_length)
 
     def tokenize(

@@ -14,6 +14,7 @@ import logging
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from workers.engines.text_encoding import (
     JobSplit,
     TextEncoder,
     TokenBatch,
+    check_positions,
     chunks,
     flatten_texts,
 )
@@ -149,6 +151,7 @@ class TorchEngine(StagedBatchEngine):
         artifact_dir = self.artifacts(*WEIGHT_FILES, TOKENIZER_FILE)
         own = self.config.encoder_parameters(self.variant)
         self.buckets = self.options.cuda_graphs  # max_seq_length fits the largest (at load)
+        self._check_seq_buckets(artifact_dir)
         self.batch_buckets = (self.buckets or CudaGraphBuckets()).batch_buckets
         largest = self.batch_buckets[-1]  # a call never outgrows its captured graphs
         self.max_texts_per_call = min(own.max_texts_per_call or largest, largest)
@@ -167,6 +170,18 @@ class TorchEngine(StagedBatchEngine):
         self.device_lock = threading.Lock()
         log.info("torch engine for %s on %s in %s", artifact_dir, self.device, self.dtype)
 
+    def _check_seq_buckets(self, artifact_dir: Path) -> None:
+        """A seq bucket past the model's positions fails its graph's capture at warm-up (BERT's
+        position ids are only that wide), and the worker would restart into the same failure:
+        refused here, on any device, for any model (the repository knows only its preparers')."""
+        if self.buckets is not None:
+            seq_buckets = self.buckets.seq_buckets
+            setting = (
+                f"model {self.config.name} variant {self.variant}: "
+                f"parameters.torch.cuda_graphs.seq_buckets {seq_buckets}: bucket"
+            )
+            check_positions(artifact_dir, setting, seq_buckets[-1])
+
     def _dtype(self) -> torch.dtype:
         """fp16 on a CPU computes in fp32: CPU half-precision kernels are slower, not faster."""
         if self.device.type == "cpu" and self.options.dtype == "fp16":
@@ -175,13 +190,27 @@ class TorchEngine(StagedBatchEngine):
         return DTYPES[self.options.dtype]
 
     def _wrap(self, encoder: Any, threads: int) -> torch.nn.Module:
-        """Pooling on the device; `compile` fuses it further (static shapes with buckets)."""
+        """Pooling on the device; `compile` fuses it further."""
         if self.device.type == "cpu" and threads > 0:
             torch.set_num_threads(threads)
         model: torch.nn.Module = PooledEncoder(encoder).eval()
-        if self.options.compile:
-            model = torch.compile(model, dynamic=self.buckets is None)  # type: ignore[assignment]
-        return model
+        return self._compile(model) if self.options.compile else model
+
+    def _compile(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Without buckets shapes are dynamic: one compile serves every call. With them they
+        are static, one compile per (batch, seq) bucket pair, and dynamo runs every pair past
+        its `recompile_limit` (8 by default) eagerly, silently: the limit is raised to the
+        pairs for this compile alone (`isolate_recompiles`: neither another engine's compiles
+        of the encoder count against it nor does it change the process-wide setting)."""
+        if self.buckets is None:
+            return torch.compile(model, dynamic=True)  # type: ignore[return-value]
+        pairs = len(self.buckets.batch_buckets) * len(self.buckets.seq_buckets)
+        limit = max(pairs, torch._dynamo.config.recompile_limit)
+        # torch 2.13's typing overloads lack two keywords its torch.compile takes
+        compiled: torch.nn.Module = torch.compile(  # type: ignore[call-overload]
+            model, dynamic=False, recompile_limit=limit, isolate_recompiles=True
+        )
+        return compiled
 
     def warmup(self) -> None:
         """Capture every bucket's graph (CUDA with `cuda_graphs`), then run one real call."""
