@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from benchmarks.batching_efficiency import NO_BATCHING
+from benchmarks.load import LoadResult
+from benchmarks.pipeline_overhead import CELERY, CONVEYOR, IN_PROCESS, MINIMAL_HOP, targets
 from benchmarks.report import machine, write_report
 from benchmarks.run import run_parts
 from benchmarks.scales import SMOKE
@@ -258,3 +260,20 @@ def test_a_report_of_parts_from_different_runs_says_so(tmp_path: Path) -> None:
     assert "one run on one machine" not in report
     assert "Parts measured in different runs: A on " in report and "at abc1234; D on " in report
     assert "at commit def5678 (load average 0.5)" in report
+
+
+def test_part_a_judges_the_p50_ratio_on_unrounded_latencies() -> None:
+    """p50s near 1 ms were rounded to 0.01 ms before their ratio was taken: 1.0651 and
+    3.2004 ms read 1.07 / 3.20 = 0.334, missed against 1/3, though they are 0.3328, met."""
+    cpu = {"producer": 0.2, "worker": 0.1, "valkey": 0.05}
+    p50_s = {CONVEYOR: 0.0010651, CELERY: 0.0032004, MINIMAL_HOP: 0.0007, IN_PROCESS: 0.0002}
+    runs = [
+        {"system": system, "concurrency": 1, **_closed_loop(latency_s).summary(), "cpu_ms": cpu}
+        for system, latency_s in p50_s.items()
+    ]
+    (p50,) = [t for t in targets(runs) if "p50 latency" in t.name]
+    assert p50.measured == pytest.approx(1.0651 / 3.2004) and p50.met
+
+
+def _closed_loop(latency_s: float) -> LoadResult:
+    return LoadResult(elapsed_s=1.0, latencies_s=[latency_s] * 100)
