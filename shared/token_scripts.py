@@ -8,19 +8,22 @@ from __future__ import annotations
 # KEYS[1]=a job's token stream; ARGV: ttl_s (0: the TTL stays), the attempt (random per run of
 # the job), the number of this call's first event in the attempt, then per event its field count
 # and field/value pairs. Each entry carries `a` (the attempt) and `n` (its number in it): events
-# the stream's last entry says this attempt appended already are skipped.
+# the stream's last entry says this attempt appended already are skipped. A call that continues
+# its attempt (first event past 1) on a stream whose last entry is another attempt's is refused
+# (0; else 1): a later run of the job (a reclaim while this one was cut off from Redis) wrote
+# since, and this stale run's text would interleave with it, its `final` end readers early.
 APPEND = """
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+local n, i = tonumber(ARGV[3]), 4
 local done = 0
 if last then
-  local a, n
-  for i = 1, #last[2], 2 do
-    local name = last[2][i]
-    if name == 'a' then a = last[2][i + 1] elseif name == 'n' then n = last[2][i + 1] end
+  local a, at
+  for j = 1, #last[2], 2 do
+    local name = last[2][j]
+    if name == 'a' then a = last[2][j + 1] elseif name == 'n' then at = last[2][j + 1] end
   end
-  if a == ARGV[2] then done = tonumber(n) end
+  if a == ARGV[2] then done = tonumber(at) elseif n > 1 then return 0 end
 end
-local n, i = tonumber(ARGV[3]), 4
 while i <= #ARGV do
   local count = tonumber(ARGV[i])
   if n > done then
@@ -29,6 +32,7 @@ while i <= #ARGV do
   n, i = n + 1, i + 1 + count * 2
 end
 if ARGV[1] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+return 1
 """
 
 ALL = (APPEND,)

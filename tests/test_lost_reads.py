@@ -95,8 +95,24 @@ async def test_a_generate_loops_recovered_jobs_are_marked_running(aredis: aiored
 
     assert delivery.entry is not None and delivery.entry.job_id == "g"
     assert delivery.status == JobStatus.RUNNING
+    assert not delivery.redelivered and delivery.attempts == 1  # its first delivery, all along
     record = await store.get("g")
     assert record is not None and record.status == JobStatus.RUNNING
+
+
+async def test_an_entry_reclaimed_by_a_reclaim_whose_reply_was_lost_is_a_redelivery(
+    aredis: aioredis.Redis,
+) -> None:
+    """RECLAIM took over a dead consumer's entry but its reply was lost: claimed back from the
+    pending list, it was handed over as a first delivery, and a generation run again this way
+    wrote no `restart`, so readers showed the dead run's text twice."""
+    reader = await _queued(JobStore(aredis, KEYS, ttl_s=60), aredis, "again")
+    [(_, [(entry_id, _)])] = await aredis.xreadgroup(GROUP, "dead", {PARTITION.online: ">"})
+    await aredis.xclaim(PARTITION.online, GROUP, WORKER, 0, [entry_id])  # the lost RECLAIM
+
+    ((_, (delivery,)),) = await reader.held(PARTITION.streams, 10, frozenset())
+
+    assert delivery.entry_id == entry_id and delivery.redelivered and delivery.attempts == 2
 
 
 async def test_an_entry_another_worker_reclaims_meanwhile_is_not_taken_back(

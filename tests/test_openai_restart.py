@@ -91,3 +91,26 @@ async def test_a_token_write_resent_after_its_reply_was_lost_appends_nothing_twi
     texts = [fields.get(b"text", fields[b"kind"]) for _, fields in await aredis.xrange(stream)]
     assert texts == [b"Hel", b"lo", b"lo", b"final", b"restart"]
     assert 0 < await aredis.ttl(stream) <= 60
+
+
+async def test_a_run_another_run_of_its_job_overtook_appends_nothing_more(
+    aredis: aioredis.Redis,
+) -> None:
+    """A worker cut off past the visibility timeout generates on while another runs the job
+    again: its later events were appended after the new run's `restart`, so the two runs'
+    text interleaved and its `final` could end a reader's stream early. They are refused."""
+    job_id, writer = "overtaken-1", TokenWriter(aredis, KEYS, 60)
+    old, new = TokenEvent("token", text="A1", tokens=1), TokenEvent("token", text="B1", tokens=1)
+    await writer.write([TokenAppend(job_id, "run-a", 1, [old], expire=True)], [])
+    rerun = TokenAppend(job_id, "run-b", 1, [TokenEvent("restart"), new], expire=True)
+    assert (await writer.write([rerun], [])).refused == []
+    late = [TokenEvent("token", text="A2", tokens=1)]
+    written = await writer.write([TokenAppend(job_id, "run-a", 2, late, expire=False)], [job_id])
+    assert written.refused == [job_id]
+    assert written.statuses == {job_id: None}  # no job hash here
+    rows = await aredis.xrange(KEYS.tokens(job_id))
+    assert [fields.get(b"text", fields[b"kind"]) for _, fields in rows] == [
+        b"A1",
+        b"restart",
+        b"B1",
+    ]

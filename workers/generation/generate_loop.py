@@ -202,11 +202,13 @@ class GenerateLoop:
         appends = [job.append(e) for job, e in events.values() if e]
         ended_ids = {job.job_id for job in ended}
         watch = [job_id for job_id in stepped if job_id not in ended_ids]
-        statuses = await until_done(
+        written = await until_done(
             lambda: self.tokens.write(appends, watch), self.stopping, self.partition.name
         )
+        # refused: another run of the job (a reclaim after an outage) wrote its stream since
+        await self._give_up(events[job_id][0] for job_id in written.refused)
         self._observe_step(chunks, len(stepped))
-        await self._abort_ended(statuses)
+        await self._abort_ended(written.statuses)
         await self._finish(ended)
 
     def _clock_busy(self) -> None:
@@ -283,18 +285,26 @@ class GenerateLoop:
             TPOT.labels(*partition).observe(tpot / 1e3)
 
     async def _touch_running(self) -> None:
-        """XCLAIM (JUSTID: the delivery count stays) the entries of running jobs."""
+        """XCLAIM (JUSTID: the delivery count stays) the entries of running jobs. The next
+        touch is scheduled once these succeeded: one an outage failed is tried again on the
+        next admit, not a third of the visibility timeout later, when a reclaimer may already
+        have taken a job still generating here."""
         if time.monotonic() < self._next_touch or not self.running:
             return
-        self._next_touch = time.monotonic() + self._touch_every_s
         for stream, entry_ids in _entries_by_stream(self.running.values()).items():
-            await self._give_up(set(await self.reader.touch(stream, entry_ids)))
+            lost = set(await self.reader.touch(stream, entry_ids))
+            await self._give_up(
+                job
+                for job in list(self.running.values())
+                if job.stream == stream and as_text(job.delivery.entry_id) in lost
+            )
+        self._next_touch = time.monotonic() + self._touch_every_s
 
-    async def _give_up(self, lost: set[str]) -> None:
-        """Abort the generations whose entries another worker took over (this one could not
-        reach Redis for a visibility timeout) or finished: no more of their tokens, no result."""
-        for job in list(self.running.values()):
-            if as_text(job.delivery.entry_id) in lost and not job.abandoned:
+    async def _give_up(self, jobs: Iterable[RunningJob]) -> None:
+        """Abort generations another worker took over (this one could not reach Redis for a
+        visibility timeout) or finished: no more of their tokens, no result."""
+        for job in jobs:
+            if not job.abandoned:
                 job.abandoned = True
                 log.warning(
                     "another worker took the job over; giving it up", extra={"job_id": job.job_id}

@@ -107,8 +107,8 @@ class Reclaimer:
     async def _settle(self, stream: str, dead: list[Delivery]) -> None:
         """What follows a RECLAIM that committed. An outage here costs at most what it does
         (slots the in-flight scan frees later, a dead letter's webhook, a prune the next run
-        does), not the claimed entries: raised, they came back through `held` as first
-        deliveries (no `restart` for a generation's stream, attempts counted from one)."""
+        does), not the claimed entries: raised, they come back through `held` as the
+        redeliveries they are (a `restart` for a generation's stream, attempts as delivered)."""
         await self._free_slots(dead)
         if dead:  # a variant that crashes its workers fails: no canary may read it as healthy
             await self.stats.add_counts(*self.variant, {"requests": len(dead), "errors": len(dead)})

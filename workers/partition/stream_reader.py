@@ -115,7 +115,13 @@ class StreamReader:
                 group=(GROUP, self.consumer),
             ),
         )
-        return await self._handed_over(reply or [], count, frozenset())
+        now = now_ms()
+        batches = [
+            (as_text(stream), [_delivered(e, fields, now) for e, fields in rows])
+            for stream, rows in reply or []
+            if rows
+        ]
+        return await self._marked(batches)
 
     async def held(
         self, streams: Sequence[str], count: int, in_hand: Collection[LaneEntry]
@@ -126,15 +132,17 @@ class StreamReader:
         listed (XPENDING counts no delivery) and what is not in hand claimed again (XCLAIM: one
         delivery more each), two round trips after an outage. Reading the consumer's history
         (XREADGROUP id 0) instead counted a delivery of every entry it returned, those still
-        running too, which a later crash would then dead-letter before their time."""
-        reply: Any = await recreating_groups(
+        running too, which a later crash would then dead-letter before their time. An entry
+        delivered more than once before (a RECLAIM whose reply was lost took it over from a dead
+        consumer) is handed over as redelivered, so a generation run again starts `restart`."""
+        batches = await recreating_groups(
             self.redis, self.streams, lambda: self._claim_back(streams, count, in_hand)
         )
-        return await self._handed_over(reply or [], count, in_hand)
+        return await self._marked(batches or [])
 
     async def _claim_back(
         self, streams: Sequence[str], count: int, in_hand: Collection[LaneEntry]
-    ) -> list[tuple[str, list[Any]]]:
+    ) -> list[MicroBatch]:
         async with self.redis.pipeline(transaction=False) as pipe:
             for stream in streams:
                 pipe.xpending_range(
@@ -156,23 +164,20 @@ class StreamReader:
                 idle_ms = row["time_since_delivered"]
                 pipe.xclaim(stream, GROUP, self.consumer, idle_ms, [row["message_id"]])
             claimed = await pipe.execute()
-        by_stream: dict[str, list[Any]] = {}
-        for (stream, _), rows in zip(lost, claimed, strict=True):
-            by_stream.setdefault(stream, []).extend(rows)
+        now = now_ms()
+        by_stream: dict[str, list[Delivery]] = {}
+        for (stream, row), rows in zip(lost, claimed, strict=True):
+            # deliveries before this claim back: this consumer's lost read counted one
+            delivered = int(row["times_delivered"])
+            for entry_id, fields in rows:  # none where another worker reclaimed it meanwhile
+                by_stream.setdefault(stream, []).append(
+                    _delivered(entry_id, fields, now, delivered)
+                )
         return list(by_stream.items())
 
-    async def _handed_over(
-        self, reply: Sequence[Any], count: int, in_hand: Collection[LaneEntry]
-    ) -> list[MicroBatch]:
-        """An XREADGROUP reply's entries not `in_hand`, at most `count` per stream, as queued
-        deliveries (a generate loop's marked running: one round trip)."""
-        now = now_ms()
-        batches = []
-        for raw_stream, rows in reply:
-            stream = as_text(raw_stream)
-            mine = [_delivered(e, fields, now) for e, fields in rows if (stream, e) not in in_hand]
-            if mine:
-                batches.append((stream, mine[:count]))
+    async def _marked(self, batches: list[MicroBatch]) -> list[MicroBatch]:
+        """Deliveries handed over as they are, a generate loop's marked running (one round
+        trip)."""
         if self.mark_on_read:
             for _, deliveries in batches:
                 await self.mark_running(deliveries)
@@ -253,10 +258,15 @@ def decode_delivery(
     return Delivery(entry_id, entry, as_text(status), now, redelivered, attempts, moved)
 
 
-def _delivered(entry_id: bytes, fields: dict[bytes, bytes] | None, now: int) -> Delivery:
-    """An entry a plain XREADGROUP delivered: its job is taken as queued."""
+def _delivered(
+    entry_id: bytes, fields: dict[bytes, bytes] | None, now: int, deliveries: int = 1
+) -> Delivery:
+    """An entry a plain XREADGROUP (or XCLAIM) delivered: its job is taken as queued. One with
+    `deliveries` before is a redelivery: a previous run may have streamed tokens."""
     moved = fields is not None and _MOVED in fields
-    return Delivery(entry_id, _entry(entry_id, fields), JobStatus.QUEUED.value, now, moved=moved)
+    entry = _entry(entry_id, fields)
+    status = JobStatus.QUEUED.value
+    return Delivery(entry_id, entry, status, now, deliveries > 1, deliveries, moved)
 
 
 def _entry(entry_id: bytes, fields: list[bytes] | dict[bytes, bytes] | None) -> RequestEntry | None:

@@ -2,7 +2,7 @@
 trip, and reads those jobs' statuses back in the same trip: a job cancelled through the API is
 seen (and aborted) after the next engine step without any extra Redis call. Each job's events
 go through APPEND (shared/token_scripts.py), so a trip resent after its reply was lost appends
-nothing twice."""
+nothing twice, and a run that another run of its job overtook (a reclaim) appends nothing more."""
 
 from __future__ import annotations
 
@@ -32,6 +32,15 @@ class TokenAppend:
     expire: bool
 
 
+@dataclass(frozen=True, slots=True)
+class TickWritten:
+    """`refused`: the jobs whose events APPEND refused, as another run of theirs wrote their
+    streams since (give them up); `statuses`: each watched job's status (None: hash gone)."""
+
+    refused: list[str]
+    statuses: dict[str, str | None]
+
+
 class TokenWriter:
     def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
         self.redis = client
@@ -39,21 +48,21 @@ class TokenWriter:
         self.ttl_s = ttl_s
         self._append = client.register_script(token_scripts.APPEND)
 
-    async def write(
-        self, appends: Sequence[TokenAppend], watch: Sequence[str]
-    ) -> dict[str, str | None]:
-        """Append each job's events in order, and return the status of each job in `watch`
-        (None: its hash is gone)."""
+    async def write(self, appends: Sequence[TokenAppend], watch: Sequence[str]) -> TickWritten:
+        """Append each job's events in order, and read the status of each job in `watch`."""
         if not appends and not watch:
-            return {}
+            return TickWritten([], {})
         _, replies = await run_pipeline(
             self.redis, partial(self._queue, appends, watch), [self._append]
         )
-        statuses = replies[len(replies) - len(watch) :]
-        return {
-            job_id: None if status is None else as_text(status)
-            for job_id, status in zip(watch, statuses, strict=True)
-        }
+        appended, statuses = replies[: len(appends)], replies[len(appends) :]
+        return TickWritten(
+            [append.job_id for append, ok in zip(appends, appended, strict=True) if not ok],
+            {
+                job_id: None if status is None else as_text(status)
+                for job_id, status in zip(watch, statuses, strict=True)
+            },
+        )
 
     async def _queue(self, appends: Sequence[TokenAppend], watch: Sequence[str], pipe: Any) -> None:
         for append in appends:
