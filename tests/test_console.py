@@ -21,12 +21,14 @@ import redis
 import yaml
 
 from conveyor.stack import Stack
+from producer_api.console.job_browser import CLOCK_SKEW_MS
 from producer_api.console.session import RECHECK_S
 from shared.codec import RequestEntry
 from shared.keys import Keys, new_job_id
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
 from tests.console_login import console_login
 from tests.fault_engine import FIXED_ENV
+from tests.test_redis_freeze import frozen
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed")
 
@@ -747,3 +749,48 @@ def test_ten_viewers_cost_redis_what_one_does(
     one = viewers(1)
     ten = viewers(10)
     assert ten < one * 1.5 + 40, (one, ten)
+
+
+def test_a_deep_queued_jobs_page_shows_its_inputs(
+    console_stack: Stack, admin_key: str, page: Any, r: redis.Redis
+) -> None:
+    """A job queued behind 2,100 others, with no worker for its partition (`paced` has none
+    here): its page read its partition's lanes oldest first, 2,000 entries of each, and showed
+    no inputs. It reads the lane the job's hash names from the job's creation on."""
+    assert not {"paced", "paced-unseen"} & set(console_stack.processes)
+    lane = KEYS.queue("paced", "default")
+    with r.pipeline(transaction=False) as pipe:
+        for n in range(2_100):
+            ahead = RequestEntry(new_job_id("paced", "default"), {"prompt": f"ahead-{n}"}, 1.0)
+            pipe.xadd(lane, ahead.encode())  # type: ignore[arg-type]
+        ahead_ids = pipe.execute()
+    # older than the job by more than the clock-skew margin the page reads back from
+    time.sleep(CLOCK_SKEW_MS / 1000 + 0.5)
+    job_id = _submit(console_stack, admin_key, {"prompt": "deep-queued"}, model="paced")
+    try:
+        page.goto(f"{console_stack.base_url}/console/jobs/{job_id}")
+        assert page.inner_text("#job-status") == "queued"
+        assert page.locator("#job-inputs").count() == 1, page.inner_text("main")
+        assert "deep-queued" in page.inner_text("#job-inputs")
+    finally:
+        httpx.delete(
+            f"{console_stack.base_url}/v1/jobs/{job_id}",
+            headers={"Authorization": f"Bearer {admin_key}"},
+        )
+        r.xdel(lane, *ahead_ids)
+
+
+def _classes(node: Any) -> set[str]:
+    return set((node.get_attribute("class") or "").split())
+
+
+def test_the_live_dot_goes_stale_while_no_summary_comes(console_stack: Stack, page: Any) -> None:
+    """Redis frozen, the producer publishes no summary while the page's stream stays open: the
+    dot stayed green over figures that no longer moved. It turns `stale` once none came for
+    3 s, and back on with the next one. Last: the whole stack's Redis stops a while."""
+    page.goto(f"{console_stack.base_url}/console")
+    live = page.locator("#live")
+    until(lambda: "on" in _classes(live))
+    with frozen(console_stack):
+        until(lambda: _classes(live) & {"on", "stale"} == {"stale"}, timeout=20)
+    until(lambda: _classes(live) & {"on", "stale"} == {"on"}, timeout=60)

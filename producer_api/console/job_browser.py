@@ -19,7 +19,8 @@ from shared.redis_client import RedisClient, queue_script, run_pipeline
 
 READ_LIMIT = 5_000  # job hashes one listing reads at most
 SHOWN = 100
-ENTRY_SCAN = 2_000
+ENTRY_SCAN = 2_000  # stream entries one job page reads at most, per stream
+CLOCK_SKEW_MS = 5_000  # how far behind the producer's clock Redis's may be (entry ids)
 PREVIEW_BYTES = 4_096
 _LISTED = ("status", "model", "variant", "tenant", "created")
 
@@ -133,7 +134,8 @@ async def _candidates(
     """Ids of the newest jobs of every partition of the repository (of `model` only, when
     given): queued and running (the lanes' streams, and a fair lane's jobs held back per
     tenant, in no stream yet), ended there (`Keys.recent`) and dead letters, READ_LIMIT shared
-    among these sources; one pipeline of reads of one slot each."""
+    evenly among these sources (at least one id each: READ_LIMIT in all up to a thousand
+    partitions); one pipeline of reads of one slot each."""
     configs = [c for c in repository if model in ("", c.name)]
     partitions = [(c.name, v) for c in configs for v in c.variants]
     lanes = [named(m, v) for m, v in partitions for named in (keys.queue, keys.bulk_queue)]
@@ -145,7 +147,7 @@ async def _candidates(
         for named in (keys.queue, keys.bulk_queue)
     ]
     streams = [*lanes, *(keys.dlq(m, v) for m, v in partitions)]
-    each = max(SHOWN, READ_LIMIT // max(len(streams) + len(lanes) + len(fair), 1))
+    each = max(1, READ_LIMIT // max(len(streams) + len(lanes) + len(fair), 1))
     held = client.register_script(job_scripts.HELD_IDS)
 
     async def fill(pipe: Any) -> None:
@@ -165,17 +167,20 @@ async def _candidates(
 
 
 async def find_entry(state: ProducerState, record: JobRecord) -> RequestEntry | None:
-    """The job's entry in its partition's lanes or dead letters (the job hash keeps inputs
-    only for jobs that did not succeed, cut to 4 KiB)."""
-    model, variant = record.fields.get("model", ""), record.fields.get("variant", "")
-    keys: Keys = state.keys
-    lanes = (keys.queue, keys.bulk_queue, keys.dlq)
-    streams = [lane(model, variant) for lane in lanes]
+    """The job's entry in the lane its hash names or in its partition's dead letters (the job
+    hash keeps inputs only for jobs that did not succeed, cut to 4 KiB). An entry is added at
+    the job's creation or later (a fair lane's held job, a dead letter), so each stream is read
+    from the job's `created` less the hosts' clock skew: ENTRY_SCAN entries at most, however
+    deep the queue."""
+    fields = record.fields
+    dlq = state.keys.dlq(fields.get("model", ""), fields.get("variant", ""))
+    streams = [name for name in (fields.get("stream"), dlq) if name]
+    start = f"{max(0, int(fields.get('created') or 0) - CLOCK_SKEW_MS)}-0"
     for stream in streams:
-        rows: Any = await state.redis.xrange(stream, count=ENTRY_SCAN)
-        for _, fields in rows:
-            if fields.get(b"id", b"").decode() == record.job_id:
-                return RequestEntry.decode(fields)
+        rows: Any = await state.redis.xrange(stream, min=start, count=ENTRY_SCAN)
+        for _, entry in rows:
+            if entry.get(b"id", b"").decode() == record.job_id:
+                return RequestEntry.decode(entry)
     return None
 
 

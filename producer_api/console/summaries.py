@@ -54,7 +54,8 @@ class ConsoleSummaries:
         self._history: dict[str, deque[int]] = {}
         self._throughput: dict[str, deque[float]] = {}
         self._rates: dict[str, dict[str, Any]] = {}
-        self._ended: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._shown: dict[str, dict[str, Any]] = {}  # each batch's view as last read, by id
+        self._turn = 0  # where in the running batches the next look's refreshes begin
         self._ticks = 0
         self._changed = asyncio.Condition()
         self._loop = Periodic("console-summaries", INTERVAL_S, self.step)
@@ -123,25 +124,37 @@ class ConsoleSummaries:
                 points.append(self._rates[name]["rate_per_s"])
 
     async def _batches(self) -> list[dict[str, Any]]:
-        """Running batches, refreshed as the sweeper does, plus those that ended lately."""
-        now = time.time()
+        """Every running batch and every one that ended lately, each as last read: a look
+        refreshes at most MAX_BATCHES running ones (those not shown yet first, then the next in
+        turn) and those ended but not yet shown ended, so its cost is bounded however many run,
+        and each running batch's turn comes round every len(active) / MAX_BATCHES looks."""
         store = self.state.batch_store
         active = [batch_id for batch_id, _ in await store.active()]
         # an ended batch is read until its final view is held: once more if it was shown
         # running, once if it ran and ended between two looks
-        ended = await store.ended_since(int((now - ENDED_BATCH_KEEP_S) * 1000))
+        ended = await store.ended_since(int((time.time() - ENDED_BATCH_KEEP_S) * 1000))
         unfinal = [batch_id for batch_id in ended if not self._final(batch_id)]
-        for batch_id in dict.fromkeys([*active[:MAX_BATCHES], *unfinal[-MAX_BATCHES:]]):
+        for batch_id in dict.fromkeys([*self._in_turn(active), *unfinal[-MAX_BATCHES:]]):
             progress = await self.state.batch_progress.refresh(batch_id, window=0)
             if progress is not None:
                 body = batch_view(batch_id, progress, f"/console/batches/{batch_id}")
                 body["tenant"] = progress.fields.get("tenant", "default")
-                self._ended[batch_id] = (now, body)
-        for batch_id, (seen, _) in list(self._ended.items()):
-            if now - seen > ENDED_BATCH_KEEP_S:
-                del self._ended[batch_id]
-        return [body for _, body in sorted(self._ended.values(), key=lambda pair: -pair[0])]
+                self._shown[batch_id] = body
+        listed = {*active, *ended}
+        self._shown = {batch_id: b for batch_id, b in self._shown.items() if batch_id in listed}
+        return sorted(self._shown.values(), key=lambda body: -(body["created_at"] or 0))
+
+    def _in_turn(self, active: list[str]) -> list[str]:
+        """The running batches this look refreshes: those never shown, then from where the
+        last look stopped, MAX_BATCHES in all."""
+        if len(active) <= MAX_BATCHES:
+            return active
+        start = self._turn % len(active)
+        self._turn = start + MAX_BATCHES
+        unseen = [batch_id for batch_id in active if batch_id not in self._shown]
+        rotated = active[start:] + active[:start]
+        return list(dict.fromkeys([*unseen, *rotated]))[:MAX_BATCHES]
 
     def _final(self, batch_id: str) -> bool:
-        held = self._ended.get(batch_id)
-        return held is not None and held[1]["status"] in _ENDED
+        held = self._shown.get(batch_id)
+        return held is not None and held["status"] in _ENDED

@@ -118,14 +118,35 @@ function localTimes() {
   }
 }
 
+// The dot is green while summaries come (one a second). A producer that cannot reach Redis
+// sends none over a stream still open: the dot turns `stale` rather than stay green over
+// figures that no longer move.
+const STALE_MS = 3000;
+
+function watchStaleness(live) {
+  let last = Date.now();
+  setInterval(() => {
+    const stale = Date.now() - last > STALE_MS;
+    live.classList.toggle("stale", stale);
+    if (stale) live.classList.remove("on");
+    live.title = stale ? `no update for ${Math.round((Date.now() - last) / 1000)} s` : "live updates";
+  }, 1000);
+  return () => {
+    last = Date.now();
+    live.classList.remove("stale");
+    live.classList.add("on");
+  };
+}
+
 function follow() {
   const live = document.getElementById("live");
   const page = document.body.dataset.page;
   if (!live || !["overview", "workers", "batches"].includes(page)) return;
+  const arrived = watchStaleness(live);
   const source = new EventSource("/console/stream");
   source.addEventListener("summary", (event) => {
     const summary = JSON.parse(event.data);
-    live.classList.add("on");
+    arrived();
     renderPartitions(summary.partitions);
     renderWorkers(summary.workers, summary.at);
     renderBatches(summary.batches);
