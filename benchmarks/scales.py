@@ -43,9 +43,12 @@ class Scale:
     # Part F: the flooding tenant's jobs, the quiet tenant's spaced ones beside it, and alone
     # (the unloaded p99 the target divides by: of 50 jobs it was their slowest, 3 to 8 ms from
     # run to run, which moved the ratio 3x with no change in code).
+    # B sends at least `fair_quiet` beside the flood, and goes on until it drained; the target
+    # needs `fair_met` of B's jobs that met the flood (of 50, its p99 was one job's wait).
     fair_flood: int = 2_000
     fair_quiet: int = 50
     fair_unloaded: int = 400
+    fair_met: int = 100
 
 
 FULL = Scale(
@@ -111,6 +114,7 @@ SMOKE = Scale(
     fair_flood=200,
     fair_quiet=8,
     fair_unloaded=8,
+    fair_met=1,
 )
 
 SCALES = {scale.name: scale for scale in (FULL, QUICK, SMOKE)}

@@ -7,18 +7,20 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from benchmarks import fairness
 from benchmarks.batching_efficiency import NO_BATCHING
 from benchmarks.load import LoadResult
 from benchmarks.pipeline_overhead import CELERY, CONVEYOR, IN_PROCESS, MINIMAL_HOP, targets
 from benchmarks.report import machine, write_report
 from benchmarks.run import run_parts
-from benchmarks.scales import SMOKE
+from benchmarks.scales import FULL, SMOKE
 from benchmarks.scaling import SATURATED
 
 pytestmark = pytest.mark.slow
@@ -167,7 +169,7 @@ def test_part_f_fairness(tmp_path: Path) -> None:
         "flood, fair queuing on",
     ]
     assert len(runs[0]["quiet_waits_ms"]) == SMOKE.fair_unloaded
-    assert all(len(r["quiet_waits_ms"]) == SMOKE.fair_quiet for r in runs[1:])
+    assert all(len(r["quiet_waits_ms"]) >= SMOKE.fair_quiet for r in runs[1:])
     assert all(len(r["flood_waits_ms"]) == SMOKE.fair_flood for r in runs[1:])
     for r in runs:  # end to end holds the queue wait, and the engine's time besides
         assert all(
@@ -277,3 +279,19 @@ def test_part_a_judges_the_p50_ratio_on_unrounded_latencies() -> None:
 
 def _closed_loop(latency_s: float) -> LoadResult:
     return LoadResult(elapsed_s=1.0, latencies_s=[latency_s] * 100)
+
+
+def test_part_f_gives_no_verdict_on_a_p99_of_too_few_jobs() -> None:
+    """The p99 of the 9 of B's jobs that met a flood on a fast GPU was the slowest of them: the
+    ratio was one job's wait, and moved 3x from run to run with no change in code."""
+    runs: list[dict[str, Any]] = [{"run": "B alone", "quiet_waits_ms": [2.0] * 400}]
+    for label in ("flood, fair queuing off", "flood, fair queuing on"):
+        waits = [3.0] * 8 + [12.0]
+        flood = {"flood_waits_ms": [50.0], "flood_drain_s": 0.3, "quiet_during_flood": 9}
+        runs.append({"run": label, "quiet_waits_ms": waits, "quiet_e2e_ms": [5.0] * 9, **flood})
+        runs[-1]["quiet_during_flood_waits_ms"] = waits
+    runs[0]["quiet_e2e_ms"] = [3.0] * 400
+    [target] = fairness._result(runs, FULL).targets
+    assert math.isnan(target.measured) and "9 of B's jobs met the flood" in target.detail
+    [enough] = fairness._result(runs, replace(FULL, fair_met=9)).targets
+    assert enough.measured == pytest.approx(np.percentile([3.0] * 8 + [12.0], 99) / 2.0)
