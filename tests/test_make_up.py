@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from conveyor.local_stack import StackState
+from conveyor.stack import free_port
 from tests.conftest import issue_key
 from tests.up_process import CONVEYOR, conveyor_up
 
@@ -106,4 +108,30 @@ def test_conveyor_up_refuses_a_taken_port(tmp_path: Path) -> None:
         )
     assert result.returncode != 0
     assert f"port {port} is in use" in result.stderr, result.stderr
+    assert "a state dir of its own (--state-dir" in result.stderr, result.stderr  # its data too
     assert not (tmp_path / "valkey").exists()  # refused before starting anything
+
+
+def test_a_second_conveyor_up_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:
+    """On another port it started a second Valkey on the first one's data directory, and took
+    the first one's `stack.json` and logs."""
+    env = _env(CONVEYOR_AUTH="disabled")
+    with conveyor_up(tmp_path, "identity", env) as up:
+        command = [str(CONVEYOR), "up", "--models", "identity", "--port", str(free_port())]
+        second = subprocess.Popen(
+            [*command, "--state-dir", str(tmp_path)], env=env, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            _, stderr = second.communicate(timeout=120)
+        finally:
+            if second.poll() is None:  # as Ctrl-C: a kill would orphan what it started
+                second.send_signal(signal.SIGINT)
+                second.wait(timeout=90)
+        assert second.returncode == 1
+        assert stderr.strip() == (
+            f"Error: another `conveyor up` uses the state dir {tmp_path}: stop it, or give this "
+            "one a state dir of its own with --state-dir or CONVEYOR_STATE_DIR"
+        )
+        state = StackState.read(tmp_path)
+        assert state is not None and state.producer_url == up.url
+        assert httpx.get(f"{up.url}/readyz", timeout=10).status_code == 200

@@ -4,6 +4,8 @@ that keeps dying is marked failed with its last log lines while the others keep 
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,6 +34,16 @@ KEYS = Keys("cv:")
 
 pytestmark = pytest.mark.slow
 QUEUE = KEYS.queue("identity", "default")
+NO_REDIS = "redis://127.0.0.1:1/0"  # a stack that never talks to Redis
+# A child that ignores SIGTERM and has a process of its own in its group, as the Valkey wrapper
+# has its server; it prints that process's pid.
+STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(helper.pid, flush=True)
+time.sleep(600)
+"""
 
 
 def _repository(folder: Path) -> Path:
@@ -112,7 +124,7 @@ def test_killed_worker_is_replaced_and_no_accepted_job_is_lost(tmp_path: Path) -
 
 
 def test_crash_loop_marks_the_child_failed_and_the_others_keep_running(tmp_path: Path) -> None:
-    stack = Stack.create(tmp_path, redis_url="redis://127.0.0.1:1/0")  # no Redis needed
+    stack = Stack.create(tmp_path, redis_url=NO_REDIS)
     crash = "import sys; print('cannot start: model file missing', flush=True); sys.exit(3)"
     stack.spawn("crasher", [sys.executable, "-c", crash], {})
     survivor = stack.spawn("survivor", [sys.executable, "-c", "import time; time.sleep(600)"], {})
@@ -189,3 +201,72 @@ def test_an_embedded_valkey_may_load_its_data_for_the_start_timeout(
     loaded = start_embedded_valkey(tmp_path, config={"key-load-delay": "100000"})
     assert redis.Redis.from_url(loaded.connection_url).dbsize() == 30
     loaded.stop()
+
+
+def _stubborn(stack: Stack, name: str) -> list[psutil.Process]:
+    """Spawn a STUBBORN child; returns it and its helper once both run."""
+    child = stack.spawn(name, [sys.executable, "-c", STUBBORN], {})
+    (helper,) = until(lambda: stack.log_tail(name), timeout=60)
+    return [psutil.Process(child.pid), psutil.Process(int(helper))]
+
+
+def _gone(processes: list[psutil.Process]) -> None:
+    """Every one of `processes` exits (the test's own cleanup kills them either way)."""
+    try:
+        _, alive = psutil.wait_procs(processes, timeout=30)
+        assert not alive, [process.cmdline() for process in alive]
+    finally:
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+
+
+def test_a_child_past_its_stop_timeout_is_killed_with_its_own_processes(tmp_path: Path) -> None:
+    """The kill at the stop timeout reached the child alone: the Valkey wrapper went, and its
+    server, a process of its own, kept serving on the data directory."""
+    stack = Stack.create(tmp_path, redis_url=NO_REDIS)
+    group = _stubborn(stack, "stubborn")
+    try:
+        assert stack.stop_process("stubborn", timeout=1) == -signal.SIGKILL
+    finally:
+        _gone(group)
+
+
+def test_ctrl_c_while_stopping_kills_every_child(tmp_path: Path) -> None:
+    """`conveyor up` stops its children last; a second Ctrl-C (or a SIGTERM) while they drained
+    ended the stop halfway, and the children, in sessions of their own, ran on."""
+    stack = Stack.create(tmp_path, redis_url=NO_REDIS)
+    processes = [p for name in ("stubborn-1", "stubborn-2") for p in _stubborn(stack, name)]
+    ctrl_c = threading.Timer(1.0, _thread.interrupt_main)
+    try:
+        ctrl_c.start()
+        with pytest.raises(KeyboardInterrupt):
+            stack.stop()  # they ignore SIGTERM: it would wait out their stop timeout
+    finally:
+        ctrl_c.cancel()
+        _gone(processes)
+    assert stack.processes == {}
+
+
+def test_the_valkey_wrapper_stopped_while_its_server_loads_stops_it(tmp_path: Path) -> None:
+    """SIGTERM while the server loaded its data waited for the load to end (up to
+    CONVEYOR_START_TIMEOUT_S), past the stop's timeout, whose kill then orphaned the server."""
+    server = start_embedded_valkey(tmp_path)
+    client = redis.Redis.from_url(server.connection_url)
+    client.mset({f"k{i}": "v" for i in range(300)})
+    client.save()
+    client.close()
+    server.stop()
+    log = tmp_path / "valkey.log"
+    logged = log.stat().st_size
+    command = [sys.executable, "-m", "conveyor.embedded_valkey", "--port", str(free_port())]
+    slow_load = "--set=key-load-delay=1000000"  # a second a key
+    wrapper = subprocess.Popen([*command, "--data-dir", str(tmp_path), slow_load])
+    group = [psutil.Process(wrapper.pid)]
+    try:
+        group += until(lambda: psutil.Process(wrapper.pid).children(), timeout=60)
+        until(lambda: b"Loading" in log.read_bytes()[logged:], timeout=60)
+        wrapper.send_signal(signal.SIGTERM)
+        wrapper.wait(timeout=60)  # long before the load ends
+    finally:
+        _gone(group)

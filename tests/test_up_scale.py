@@ -4,10 +4,13 @@ through them; one killed is restarted while the other keeps serving. Bad counts 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -22,7 +25,7 @@ from conveyor.local_stack import StackState
 from conveyor.stack import ChildExited, ChildTooSlow, Stack, free_port
 from shared.model_repository import ModelRepository
 from tests.conftest import REPO_ROOT, until
-from tests.up_process import CONVEYOR, Up, conveyor_up
+from tests.up_process import BANNER_END, CONVEYOR, Up, conveyor_up
 
 pytestmark = pytest.mark.slow
 
@@ -170,6 +173,18 @@ def test_a_bad_setting_is_one_clear_line(
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr
     assert f"bad setting: {name}=" in result.stderr and problem in result.stderr, result.stderr
+    assert not (tmp_path / "valkey").exists()
+
+
+def test_a_cluster_without_its_url_is_refused_before_starting(tmp_path: Path) -> None:
+    """The embedded Valkey is one server, not a cluster: it started, and the cluster client
+    sent to it ended `conveyor up` with a traceback."""
+    result = _up_refused(tmp_path, ["--port", str(free_port())], {"CONVEYOR_REDIS_CLUSTER": "1"})
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "Error: CONVEYOR_REDIS_CLUSTER=1 needs CONVEYOR_REDIS_URL, a node of the cluster: "
+        "the embedded Valkey is a single server"
+    ), result.stderr
     assert not (tmp_path / "valkey").exists()
 
 
@@ -335,3 +350,47 @@ def test_a_child_slower_than_the_start_timeout_says_so(stack: Stack, tmp_path: P
     assert message.startswith(
         f"slow was not ready after 2s (CONVEYOR_START_TIMEOUT_S); the end of {tmp_path}/slow.log"
     ), message
+
+
+def test_the_start_timeout_holds_from_the_embedded_valkey_on(
+    tmp_path: Path, settings_env: Callable[..., None]
+) -> None:
+    """`Stack.create` waited for its embedded Valkey (loading its data files) 300 s whatever
+    CONVEYOR_START_TIMEOUT_S said: `conveyor up` set the stack's timeout only afterwards."""
+    settings_env(CONVEYOR_START_TIMEOUT_S="900")
+    assert Stack.create(tmp_path, "redis://127.0.0.1:1/0").start_timeout_s == 900
+
+
+def _kill_producers(up: psutil.Process) -> None:
+    for child in up.children():
+        with contextlib.suppress(psutil.Error):  # gone, a zombie, not yet exec'd
+            if "conveyor.producer_server" in " ".join(child.cmdline()):
+                child.kill()
+
+
+def test_a_child_given_up_on_fails_the_run(tmp_path: Path) -> None:
+    """A child that kept dying was reported once, then `conveyor up` served on without it and
+    exited 0 on Ctrl-C: a script or a service manager saw a clean run."""
+    command = [str(CONVEYOR), "up", "--models", "identity", "--port", str(free_port())]
+    up = subprocess.Popen(
+        [*command, "--state-dir", str(tmp_path)],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    threading.Thread(target=lines.extend, args=(up.stdout,), daemon=True).start()
+    try:
+        until(lambda: any(BANNER_END in line for line in lines), 180)
+
+        def given_up() -> bool:
+            _kill_producers(psutil.Process(up.pid))  # again each time it is restarted
+            return any(line.startswith("producer: failed") for line in lines)
+
+        until(given_up, timeout=120, every=0.2)
+    finally:
+        up.send_signal(signal.SIGINT)
+        code = up.wait(timeout=90)
+    assert code == 1, "".join(lines)
+    assert "Error: gave up on producer after repeated exits" in lines[-1], "".join(lines)

@@ -37,7 +37,6 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
     """Scale workers between each model's min and max replicas, as KEDA would."""
     settings = get_settings()
     stack = Stack.create(state_dir, redis_url(settings), cluster=settings.redis_cluster)
-    stack.start_timeout_s = settings.start_timeout_s  # it waited 300 s whatever was set
     keys = Keys(settings.key_prefix)
     partitions = ModelRepository.load(settings.model_repository).partitions(models.split(","))
     scalers = pool_scalers(

@@ -5,11 +5,14 @@ through `<state dir>/stack.json` (`conveyor/local_stack.py`)."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import secrets
 import signal
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -109,16 +112,30 @@ def command(
     repository.partitions(names)  # a mistyped model or variant stops here, before anything runs
     producers = producers or settings.producer_processes
     workers = workers_by_model(repository, names, producers, workers_per_model)
-    _refuse_unbindable(host, port)
-    _exit_on_sigterm()
     redis_url = os.environ.get("CONVEYOR_REDIS_URL")
-    if redis_url is not None:  # else it waited, silently, for producers that never got ready
-        refuse_unreachable(settings.redis_url, "check CONVEYOR_REDIS_URL")
-    valkey_config = None
-    if redis_url is None:  # on a machine with cores to spare, I/O threads lift its ceiling
-        valkey_config = {"appendonly": "yes", "io-threads": str(io_threads())}
-    stack = Stack.create(state_dir, redis_url, valkey_config, cluster=settings.redis_cluster)
-    stack.start_timeout_s = settings.start_timeout_s
+    if redis_url is None and settings.redis_cluster:  # was a traceback once Valkey had started
+        raise click.ClickException(
+            "CONVEYOR_REDIS_CLUSTER=1 needs CONVEYOR_REDIS_URL, a node of the cluster: "
+            "the embedded Valkey is a single server"
+        )
+    with _state_dir_lock(state_dir):
+        _refuse_unbindable(host, port)
+        _exit_on_sigterm()
+        if redis_url is not None:  # else it waited, silently, for producers that never got ready
+            refuse_unreachable(settings.redis_url, "check CONVEYOR_REDIS_URL")
+        valkey_config = None
+        if redis_url is None:  # on a machine with cores to spare, I/O threads lift its ceiling
+            valkey_config = {"appendonly": "yes", "io-threads": str(io_threads())}
+        stack = Stack.create(state_dir, redis_url, valkey_config, cluster=settings.redis_cluster)
+        _serve(stack, state_dir, host, port, producers, workers)
+
+
+def _serve(
+    stack: Stack, state_dir: Path, host: str, port: int, producers: int, workers: dict[str, int]
+) -> None:
+    """Start the producers and workers, show the banner and supervise until Ctrl-C; then stop
+    everything, whatever ended it."""
+    settings = get_settings()
     try:
         # One console secret for all producers: a session cookie is good on whichever answers.
         secret = settings.console_secret or secrets.token_urlsafe(32)
@@ -143,16 +160,20 @@ def command(
             url=url,
             producers=producers,
             models=", ".join(f"{name} ({count})" for name, count in workers.items()),
-            examples=examples(names, url, auth["auth"]),
+            examples=examples(list(workers), url, auth["auth"]),
             redis_url=stack.redis_url,
             **auth,
         )
         click.echo(banner, nl=True)
-        _supervise(stack)
+        failed = _supervise(stack)
     finally:
         click.echo("stopping: workers drain their batches first")
         StackState.remove(state_dir)
         stack.stop()
+    if failed:  # a run that lost a child for good is no clean run (a script, a service manager)
+        raise click.ClickException(
+            f"gave up on {', '.join(failed)} after repeated exits (last log lines above)"
+        )
 
 
 def examples(names: list[str], url: str, auth: str) -> str:
@@ -179,6 +200,22 @@ def _batches(repository: ModelRepository, name: str) -> bool:
     return repository.models[name.split(":", 1)[0]].kind == "batch"
 
 
+@contextmanager
+def _state_dir_lock(state_dir: Path) -> Iterator[None]:
+    """Hold `<state dir>/lock` for the run: two runs on one state dir ran two Valkey servers on
+    one data directory and took each other's `stack.json` and logs."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with (state_dir / "lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise click.ClickException(
+                f"another `conveyor up` uses the state dir {state_dir}: stop it, or give this "
+                "one a state dir of its own with --state-dir or CONVEYOR_STATE_DIR"
+            ) from None
+        yield  # closing the file lets it go
+
+
 def _refuse_unbindable(host: str, port: int) -> None:
     """Another server on the port would answer in our place, and an address this machine does
     not have would fail in every producer: say so instead of starting."""
@@ -189,8 +226,9 @@ def _refuse_unbindable(host: str, port: int) -> None:
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise click.ClickException(
-                    f"port {port} is in use ({exc.strerror}): another `conveyor up`? "
-                    "Stop it, or choose another port with --port or CONVEYOR_PORT."
+                    f"port {port} is in use ({exc.strerror}): another `conveyor up`? Stop it, "
+                    "or run this one on another port (--port or CONVEYOR_PORT) with a state "
+                    "dir of its own (--state-dir or CONVEYOR_STATE_DIR)."
                 ) from None
             raise click.ClickException(
                 f"cannot listen on {host}:{port} ({exc.strerror or exc}): check CONVEYOR_HOST"
@@ -224,8 +262,8 @@ def _exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _terminated)
 
 
-def _supervise(stack: Stack) -> None:
-    """Restart children that die until SIGINT or SIGTERM."""
+def _supervise(stack: Stack) -> list[str]:
+    """Restart children that die until SIGINT or SIGTERM; returns those given up on."""
     stopping = False
 
     def _stop(signum: int, _frame: object) -> None:
@@ -238,3 +276,4 @@ def _supervise(stack: Stack) -> None:
     while not stopping:
         supervisor.check()
         time.sleep(SUPERVISE_EVERY_S)
+    return supervisor.failed
