@@ -22,6 +22,7 @@ BUCKET_S = 10
 SAMPLES_PER_BUCKET = 5_000
 WINDOW_SAMPLES = 100_000
 RETENTION_S = 2 * 86_400
+# timed; `expired` counts untimed (it never ran), `cancelled` (the client's choice) not at all
 COUNTED = ("succeeded", "failed")
 Variant = tuple[str, str]  # (model, variant)
 
@@ -79,11 +80,13 @@ return {out, samples}
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One finished job: whether it succeeded, its queue wait and its service time (claim to
-    result), in milliseconds."""
+    result), in milliseconds. An untimed one (an expired job: it never ran) counts as a request
+    and an error but keeps no latency, as a dead letter keeps none."""
 
     ok: bool
     queue_ms: float
     service_ms: float
+    timed: bool = True
 
     @property
     def total_ms(self) -> float:
@@ -121,14 +124,18 @@ class Window:
 
 def sample_of(fields: Mapping[str, str]) -> Sample | None:
     """The sample of a finished job from its hash fields (`status`; `created`, `started` and
-    `finished` in ms), or None unless it succeeded or failed with all three stamps."""
-    if fields.get("status") not in COUNTED:
+    `finished` in ms): untimed if it expired, None unless it succeeded or failed with all three
+    stamps otherwise."""
+    status = fields.get("status")
+    if status == "expired":
+        return Sample(False, 0.0, 0.0, timed=False)
+    if status not in COUNTED:
         return None
     try:
         created, started, finished = (int(fields[k]) for k in ("created", "started", "finished"))
     except (KeyError, ValueError):
         return None
-    ok = fields["status"] == "succeeded"
+    ok = status == "succeeded"
     return Sample(ok, float(max(started - created, 0)), float(max(finished - started, 0)))
 
 
@@ -196,7 +203,7 @@ class VariantStats:
         args = [RETENTION_S, SAMPLES_PER_BUCKET, len(counts), *flat]
         return await self._record(
             keys=self._bucket_keys(model, variant, [bucket_of(time.time())]),
-            args=[*args, *(s.encode() for s in samples)],
+            args=[*args, *(s.encode() for s in samples if s.timed)],
         )
 
     async def window(

@@ -1,16 +1,27 @@
 """Stack-free: when a canary must roll back. The error-rate rule runs end to end in
 tests/test_canary.py (a flaky variant); the latency rule, a canary slower than its bound, is
-the one no stack test drives, so both are pinned here on the decision itself."""
+the one no stack test drives, so both are pinned here on the decision itself, with the window
+a decision reads (on a real Valkey)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from conveyor.commands.canary import print_canary
-from producer_api.canary.controller import breach
-from shared.canary_store import Canary
+from producer_api.canary.controller import LONGEST_LOOK_S, CanaryController, breach
+from shared.canary_store import Canary, CanaryStore
+from shared.keys import Keys
+from shared.model_repository import ModelRepository
+from shared.route_store import RouteStore
+from shared.routing import Routes
+from shared.variant_stats import BUCKET_S, Sample, VariantStats, Window, bucket_of
+from shared.webhook_events import WebhookDispatcher
 
 CANARY = Canary(
     model="ab",
@@ -46,6 +57,86 @@ def test_errors_beyond_the_baselines_by_more_than_the_bound_roll_back() -> None:
 def test_a_p99_above_the_bound_rolls_back_even_without_errors() -> None:
     reason = breach(CANARY, _numbers(0.0, 750.5), BASELINE)
     assert reason == "p99 750.5 ms is above 750 ms"
+
+
+def test_a_baseline_with_too_few_requests_is_no_reference() -> None:
+    """At 100 % the baseline's window holds a few leftover jobs: one failure among 14 made its
+    error rate 7 %, and a canary failing 8 % completed. Below `min_requests` the canary is held
+    to `max_error_rate` itself."""
+    strict = replace(CANARY, max_error_rate=0.01)
+    mine = {"requests": 200, "errors": 16, "error_rate": 0.08, "p99_ms": 100.0}
+    leftovers = {"requests": 14, "errors": 1, "error_rate": round(1 / 14, 6), "p99_ms": 90.0}
+    reason = breach(strict, mine, leftovers)
+    assert reason == (
+        "error rate 0.0800 exceeds 0 (the baseline's 14 requests are fewer than min_requests 40)"
+        " by more than 0.01"
+    )
+    assert breach(strict, mine | {"errors": 2, "error_rate": 0.01}, leftovers) is None
+
+
+@pytest.mark.parametrize(
+    ("earlier_errors", "canary_errors", "state"),
+    [(0, 16, "rolled_back"), (50, 10, "completed")],
+)
+async def test_at_100_percent_the_baseline_is_taken_over_the_whole_canary(
+    aredis: aioredis.Redis, earlier_errors: int, canary_errors: int, state: str
+) -> None:
+    """The last step's baseline window held 14 leftover jobs, one failed: a canary failing 8 %
+    completed against its 7 %. Its 1 000 jobs of the earlier steps are the reference (0.1 %:
+    rolled back); and a baseline that always fails 5 % does not roll back a canary failing 5 %,
+    as holding it to `max_error_rate` alone would."""
+    keys = Keys("canary-base:")
+    store, stats = CanaryStore(aredis, keys), VariantStats(aredis, keys)
+    await RouteStore(aredis, keys).seed("ab", Routes({"stable": 0.0, "candidate": 100.0}))
+    bucket = bucket_of(time.time())
+    canary = replace(CANARY, max_error_rate=0.01, interval_s=1.0, step=1, weight=100.0)
+    canary.started_at, canary.step_started_at = (bucket - 5) * BUCKET_S, (bucket - 1) * BUCKET_S
+    assert await store.start(canary)
+    earlier = f"{keys.variant_stats('ab', 'stable')}{bucket - 3}"  # the 50 % step's bucket
+    await aredis.hset(earlier, mapping={"requests": 1000, "errors": earlier_errors})
+    leftovers = [Sample(n > 0, 1.0, 1.0) for n in range(14)]
+    candidate = [Sample(n >= canary_errors, 1.0, 1.0) for n in range(200)]
+    await stats.record_samples({("ab", "stable"): leftovers, ("ab", "candidate"): candidate})
+    await _controller(aredis, keys, stats).decide(canary)
+    assert canary.state == state
+    last = (await store.events("ab", 1))[-1]
+    assert last["numbers"]["baseline"]["requests"] == 1014
+
+
+def _controller(client: aioredis.Redis, keys: Keys, stats: VariantStats) -> CanaryController:
+    return CanaryController(
+        CanaryStore(client, keys),
+        RouteStore(client, keys),
+        stats,
+        ModelRepository({}),
+        WebhookDispatcher("redis://unused"),  # the canary has no webhook: never sent
+    )
+
+
+class _WindowsAsked(VariantStats):
+    """Real statistics on Valkey that note where each window asked for began."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        super().__init__(client, keys)
+        self.since: list[float] = []
+
+    async def window(
+        self, model: str, variants: Iterable[str], since_s: float, until_s: float | None = None
+    ) -> dict[str, Window]:
+        self.since.append(since_s)
+        return await super().window(model, variants, since_s, until_s)
+
+
+async def test_a_long_step_reads_a_bounded_window(aredis: aioredis.Redis) -> None:
+    """Every look read the step's whole window: a step that began 3 days ago (its canary short
+    of `min_requests`) summed some 26 000 buckets per variant twice a second."""
+    keys = Keys("canary-cap:")
+    stats = _WindowsAsked(aredis, keys)
+    canary = replace(CANARY, step=0, weight=50.0, step_started_at=time.time() - 3 * 86_400)
+    before = time.time()
+    await _controller(aredis, keys, stats).decide(canary)
+    assert stats.since and min(stats.since) >= before - LONGEST_LOOK_S
+    assert (canary.state, canary.step) == ("running", 0)  # short of min_requests: waits
 
 
 def test_status_shows_as_many_decisions_as_asked(capsys: pytest.CaptureFixture[str]) -> None:

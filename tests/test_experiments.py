@@ -6,6 +6,7 @@ percentiles, success rates, shadow agreement, z-test and Mann-Whitney U computed
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -13,10 +14,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer_api.app import create_app
+from producer_api.experiments.statistics import versus
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.shadow_compare import Comparison
-from shared.variant_stats import VariantStats
+from shared.variant_stats import BUCKET_S, Sample, VariantStats, Window
 from tests.conftest import REPO_ROOT
 
 TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
@@ -73,9 +75,15 @@ async def api(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.Asy
 
 
 async def test_statistics_match_a_hand_computation(api: httpx.AsyncClient) -> None:
+    before = time.time()
     response = await api.get("/v1/experiments/ab", params={"window_s": 600})
+    after = time.time()
     assert response.status_code == 200, response.text
     report = response.json()
+    # the span measured: whole buckets, so from the start of the one 600 s ago (it echoed 600)
+    span = report["window_s"]
+    assert 600 < span < 600 + BUCKET_S
+    assert math.floor((after - span) / BUCKET_S) * BUCKET_S >= before - span - 1e-3
     assert report["baseline"] == "stable"
     by_name = {v["variant"]: v for v in report["variants"]}
     assert set(by_name) == {"stable", "candidate", "flaky", "mirror"}
@@ -127,3 +135,21 @@ async def test_unknown_model_or_baseline_is_a_4xx(api: httpx.AsyncClient) -> Non
     assert response.status_code == 422 and "no variant 'nope'" in response.text
     negative = await api.get("/v1/experiments/ab", params={"window_s": -1})
     assert negative.status_code == 422
+
+
+def _window(service_ms: list[int]) -> Window:
+    window = Window(samples=[Sample(True, 1.0, float(ms)) for ms in service_ms])
+    window.counters["requests"] = len(service_ms)
+    return window
+
+
+def test_a_faster_variant_with_the_same_median_is_called_faster() -> None:
+    """The direction came from the medians, so equal ones (common with whole-ms service times)
+    read "slower" even for a significantly faster variant; it comes from U now."""
+    baseline = _window([12] * 100 + [14] * 200 + [16] * 100 + [30] * 100)
+    candidate = _window([10] * 150 + [14] * 200 + [15] * 100 + [16] * 50)
+    report = versus("stable", baseline, candidate)
+    assert report is not None and report["latency_p"] < 1e-10
+    assert "significantly faster than stable (median service 14.0 vs 14.0 ms" in report["verdict"]
+    slower = versus("stable", candidate, baseline)
+    assert slower is not None and "significantly slower than stable" in slower["verdict"]

@@ -72,3 +72,17 @@ async def test_a_window_counts_over_its_whole_buckets(aredis: aioredis.Redis) ->
     await stats.add_counts("m", "v", {"succeeded": 7.0})
     window = (await stats.window("m", ["v"], since, now))["v"]
     assert window.counters["succeeded"] == 7.0
+
+
+async def test_an_expired_job_counts_as_an_error_without_a_latency(
+    aredis: aioredis.Redis,
+) -> None:
+    """Expired jobs were not counted: a canary whose lane backed up showed 0 % errors and
+    stepped on (or never saw `min_requests`). It never ran, so it gives no latency sample, as a
+    dead letter gives none; a cancelled job is the client's choice and stays uncounted."""
+    stats = VariantStats(aredis, Keys("expired:"))
+    gathered = FinishedStats(stats)
+    gathered.add([_finished("expired", 0), _finished("cancelled", 0)])
+    await gathered.close()
+    window = (await stats.window("m", ["a"], time.time() - 60))["a"]
+    assert (window.requests, window.errors, window.samples) == (1, 1, [])

@@ -2,8 +2,10 @@
 first step at start; the next step once the step has lasted `interval_s` with `min_requests`
 seen and the bounds held; a rollback to 0 % the moment `min_requests` are seen and a bound is
 broken (error rate above the baseline's by more than `max_error_rate`, or p99 above
-`max_p99_ms`); completion after a healthy interval at the last step. Every decision is an
-event with its numbers, and a `model.canary.*` webhook when the canary has one."""
+`max_p99_ms`); completion after a healthy interval at the last step. A baseline short of
+`min_requests` in the step (at 100 % it gets no traffic) is taken over the whole canary, and
+if still short, the canary's error rate is held to `max_error_rate` itself. Every decision is
+an event with its numbers, and a `model.canary.*` webhook when the canary has one."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 STATES: tuple[CanaryState, ...] = ("running", "completed", "rolled_back", "aborted")
 TURN_WAIT_S = 5.0  # a decision holds the model's canary lock for milliseconds
 ABORT_TRIES = 3  # an abort whose routes write meets a concurrent change reads them again
+LONGEST_LOOK_S = 6 * 3600.0  # of a step's window read per look, unless its interval is longer
 
 
 def numbers(window: Window) -> dict[str, Any]:
@@ -43,15 +46,36 @@ def numbers(window: Window) -> dict[str, Any]:
 
 def breach(canary: Canary, mine: dict[str, Any], base: dict[str, Any]) -> str | None:
     """Why the canary must roll back, or None while it stays within its bounds."""
-    excess = mine["error_rate"] - base["error_rate"]
-    if excess > canary.max_error_rate:
+    reference, against = error_reference(canary, base)
+    if mine["error_rate"] - reference > canary.max_error_rate:
         return (
-            f"error rate {mine['error_rate']:.4f} exceeds the baseline's"
-            f" {base['error_rate']:.4f} by more than {canary.max_error_rate}"
+            f"error rate {mine['error_rate']:.4f} exceeds {against}"
+            f" by more than {canary.max_error_rate}"
         )
     if mine["p99_ms"] is not None and mine["p99_ms"] > canary.max_p99_ms:
         return f"p99 {mine['p99_ms']:.1f} ms is above {canary.max_p99_ms} ms"
     return None
+
+
+def error_reference(canary: Canary, base: dict[str, Any]) -> tuple[float, str]:
+    """The error rate the canary's may exceed by `max_error_rate`, and its name in a reason:
+    the baseline's, or 0 when the baseline is short of `min_requests` (a few leftover jobs,
+    one failure among 14, would excuse a canary failing 8 %)."""
+    if base["requests"] >= canary.min_requests:
+        return base["error_rate"], f"the baseline's {base['error_rate']:.4f}"
+    return 0.0, (
+        f"0 (the baseline's {base['requests']} requests are fewer than"
+        f" min_requests {canary.min_requests})"
+    )
+
+
+def since(canary: Canary, began: float) -> float:
+    """Where a look's window from `began` starts: at the first whole bucket after it (the one
+    a step began in holds the last step's requests), never more than max(interval,
+    LONGEST_LOOK_S) back, so a step long past its interval (short of min_requests) is judged
+    on its latest part, not on a window that grows without end."""
+    longest = max(canary.interval_s, LONGEST_LOOK_S)
+    return max(first_bucket_after(began), time.time() - longest)
 
 
 def show(canary: Canary) -> None:
@@ -153,13 +177,15 @@ class CanaryController:
             await self.move(canary, 0, "step", None, {})
             return
         variants = [canary.variant, canary.baseline]
-        # whole buckets of this step only: the one it began in holds the last step's requests
-        since = first_bucket_after(canary.step_started_at)
-        windows = await self.stats.window(canary.model, variants, since)
+        windows = await self.stats.window(
+            canary.model, variants, since(canary, canary.step_started_at)
+        )
         seen = {"canary": numbers(windows[canary.variant])}
         seen["baseline"] = numbers(windows[canary.baseline])
         if seen["canary"]["requests"] < canary.min_requests:
             return
+        if seen["baseline"]["requests"] < canary.min_requests:  # at 100 % it gets no traffic
+            seen["baseline"] = await self.baseline_so_far(canary)
         if reason := breach(canary, seen["canary"], seen["baseline"]):
             await self.end(canary, "rolled_back", 0.0, reason, seen)
         elif time.time() - canary.step_started_at >= canary.interval_s:
@@ -167,6 +193,14 @@ class CanaryController:
                 await self.move(canary, canary.step + 1, "step", "bounds held", seen)
             else:
                 await self.end(canary, "completed", canary.weight, "bounds held", seen)
+
+    async def baseline_so_far(self, canary: Canary) -> dict[str, Any]:
+        """The baseline's numbers over the whole canary (its earlier steps gave it traffic):
+        the reference of a step that gives it too little."""
+        window = await self.stats.window(
+            canary.model, [canary.baseline], since(canary, canary.started_at)
+        )
+        return numbers(window[canary.baseline])
 
     async def move(
         self, canary: Canary, step: int, kind: str, reason: str | None, seen: dict[str, Any]

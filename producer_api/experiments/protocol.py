@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class Percentiles(BaseModel):
@@ -44,6 +44,9 @@ class VariantReport(BaseModel):
 
 class ExperimentReport(BaseModel):
     model: str
-    window_s: float
+    window_s: float = Field(
+        description="Seconds the numbers cover: the window asked for, from the start of its "
+        "first 10 s bucket (up to 10 s more)"
+    )
     baseline: str
     variants: list[VariantReport]

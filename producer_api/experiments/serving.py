@@ -11,6 +11,7 @@ from producer_api.errors import ConveyorError
 from producer_api.experiments.statistics import summary, versus
 from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
+from shared.variant_stats import window_span_s
 
 
 class ExperimentsService:
@@ -28,7 +29,8 @@ class ExperimentsService:
         traffic = self.state.traffic
         routes = traffic.routes.of(config)
         now = time.time()
-        windows = await traffic.stats.window(model, config.variants, now - window_s, now)
+        since = now - window_s
+        windows = await traffic.stats.window(model, config.variants, since, now)
         variants = []
         for name, window in windows.items():
             role = (
@@ -50,4 +52,6 @@ class ExperimentsService:
                     else versus(baseline, windows[baseline], window),
                 }
             )
-        return {"model": model, "window_s": window_s, "baseline": baseline, "variants": variants}
+        # the span measured: whole buckets, so up to BUCKET_S more than asked for
+        span_s = round(window_span_s(since, now), 3)
+        return {"model": model, "window_s": span_s, "baseline": baseline, "variants": variants}

@@ -68,13 +68,12 @@ def versus(baseline_name: str, baseline: Window, other: Window) -> dict[str, Any
     z, p_success = two_proportion_z(base_ok, baseline.requests, other_ok, other.requests)
     mine = [s.service_ms for s in other.samples]
     theirs = [s.service_ms for s in baseline.samples]
+    words = [_success_words(baseline_name, baseline, other, p_success)]
     u, p_latency = None, None
     if mine and theirs:
         result = stats.mannwhitneyu(mine, theirs, alternative="two-sided", method="asymptotic")
         u, p_latency = float(result.statistic), float(result.pvalue)
-    words = [_success_words(baseline_name, baseline, other, p_success)]
-    if p_latency is not None:
-        words.append(_latency_words(baseline_name, theirs, mine, p_latency))
+        words.append(_latency_words(baseline_name, theirs, mine, u, p_latency))
     return {
         "baseline": baseline_name,
         "success_rate_z": round(z, 6),
@@ -95,9 +94,11 @@ def _success_words(name: str, baseline: Window, other: Window, p: float) -> str:
     )
 
 
-def _latency_words(name: str, theirs: list[float], mine: list[float], p: float) -> str:
+def _latency_words(name: str, theirs: list[float], mine: list[float], u: float, p: float) -> str:
+    """The direction is U's (`mine`'s: below half the pairs means mostly shorter), not the
+    medians': with whole-ms service times they are often equal for a significant difference."""
     a, b = float(np.median(mine)), float(np.median(theirs))
     if p >= ALPHA:
         return f"median service {a:.1f} ms vs {b:.1f} ms: no significant difference (p={p:.3g})"
-    faster = "faster" if a < b else "slower"
+    faster = "faster" if u < len(mine) * len(theirs) / 2 else "slower"
     return f"significantly {faster} than {name} (median service {a:.1f} vs {b:.1f} ms, p={p:.3g})"
