@@ -1,4 +1,5 @@
-"""Prometheus metric families (prefix `conveyor_`, labels `model`/`variant`, never job ids).
+"""Prometheus metric families (prefix `conveyor_`, labels `model`/`variant`, and `lane` where the
+online and bulk lanes differ; never job ids).
 Both processes import this one module; a family only appears in a process's scrape once that
 process has observed it. Several producer processes sharing one port (`conveyor up --producers
 N`) keep their metrics in PROMETHEUS_MULTIPROC_DIR, so a scrape of any of them answers for all
@@ -14,6 +15,9 @@ from prometheus_client import Counter, Gauge, Histogram
 
 PARTITION = ("model", "variant")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Waits in a queue: up to `queue.max_queue_time_s` (10 minutes by default), and a Batch API
+# item's whole completion window (a day); topped at 60 s, every quantile of a backlog read 60.
+WAIT_BUCKETS = (*LATENCY_BUCKETS, 120, 300, 600, 1800, 3600, 21600, 86400)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Gauges under several producer processes (see above): one value, the latest any of them read
 # from Redis; or a series per live process, for what each applies itself.
@@ -33,11 +37,13 @@ JOBS_REJECTED = Counter(
 JOBS_FINISHED = Counter(
     "conveyor_jobs_finished", "Jobs that reached a terminal state", (*PARTITION, "state")
 )
+# Per lane: a bulk lane's jobs wait hours by design, which an online lane's quantiles must not
+# take in.
 QUEUE_WAIT = Histogram(
     "conveyor_queue_wait_seconds",
     "Enqueue to claim by a worker",
-    PARTITION,
-    buckets=LATENCY_BUCKETS,
+    (*PARTITION, "lane"),
+    buckets=WAIT_BUCKETS,
 )
 ENGINE_TIME = Histogram(
     "conveyor_engine_seconds", "Engine time per micro-batch", PARTITION, buckets=LATENCY_BUCKETS
@@ -45,13 +51,15 @@ ENGINE_TIME = Histogram(
 E2E_LATENCY = Histogram(
     "conveyor_e2e_latency_seconds",
     "Enqueue to terminal state",
-    PARTITION,
-    buckets=LATENCY_BUCKETS,
+    (*PARTITION, "lane"),
+    buckets=WAIT_BUCKETS,
 )
 BATCH_SIZE = Histogram(
     "conveyor_batch_size", "Jobs per engine call", PARTITION, buckets=BATCH_BUCKETS
 )
-TTFT = Histogram("conveyor_ttft_seconds", "Time to first token", PARTITION, buckets=LATENCY_BUCKETS)
+TTFT = Histogram(  # the queue wait included
+    "conveyor_ttft_seconds", "Time to first token", PARTITION, buckets=WAIT_BUCKETS
+)
 TPOT = Histogram(
     "conveyor_tpot_seconds", "Time per output token", PARTITION, buckets=LATENCY_BUCKETS
 )

@@ -265,7 +265,7 @@ def test_dashboard_queries_only_metrics_conveyor_exports():
             "latency percentiles",
             r"histogram_quantile\(0\.99, .*conveyor_e2e_latency_seconds_bucket",
         ),
-        ("queue lag per partition", r"sum by \(model, variant\) \(conveyor_partition_lag"),
+        ("queue lag per partition", r"sum by \(model, variant\) \(max by .*conveyor_partition_lag"),
         ("batch sizes", r"conveyor_batch_size_bucket"),
         ("time to first token", r"histogram_quantile\(0\.5, .*conveyor_ttft_seconds_bucket"),
     ],
@@ -414,3 +414,23 @@ def test_a_stage_that_prepares_models_installs_what_their_preparers_import(docke
         for name in preparers(stage):
             missing = PREPARER_NEEDS[name] - installed(stage)
             assert not missing, f"{dockerfile}: {name} needs {sorted(missing)}"
+
+
+# Gauges each producer reads from Redis and exports alike: summed across producers, two of them
+# showed a partition's lag twice over.
+REDIS_GAUGES = (
+    "conveyor_partition_lag",
+    "conveyor_partition_pending",
+    "conveyor_dlq_depth",
+    "conveyor_backlog_seconds",
+    "conveyor_oldest_queued_age_seconds",
+)
+
+
+def test_dashboard_sums_gauges_from_redis_only_over_one_producers_copy() -> None:
+    exprs = [e for group in dashboard_exprs().values() for e in group]
+    for expr in exprs:
+        for name in REDIS_GAUGES:
+            grouping = r"(?:(?:by|without)\s*\([^)]*\)\s*)?"
+            if re.search(rf"\bsum\s*{grouping}\(\s*{name}\b", expr):
+                pytest.fail(f"{expr} sums {name} over every producer that exports it")

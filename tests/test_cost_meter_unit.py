@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.metrics import GENERATE_BUSY, JOBS_FINISHED, TOKENS
+from shared.metrics import GENERATE_BUSY, JOBS_FINISHED, TOKENS, TTFT
 from shared.model_repository import ModelConfig
 from workers.runtime.cost_meter import CostMeter
 
@@ -21,6 +21,23 @@ def test_a_generation_over_several_beats_counts_all_its_tokens_per_job() -> None
         GENERATE_BUSY.labels(*labels).inc(2.0)
         if beat == 4:
             JOBS_FINISHED.labels(*labels, "succeeded").inc()
+            TTFT.labels(*labels).observe(0.5)
         cost = meter.measure()[labels]
     assert cost.units_per_job == pytest.approx(200)
     assert cost.seconds_per_unit == pytest.approx(0.05)
+
+
+def test_a_generate_models_tokens_per_job_count_every_run_that_generated() -> None:
+    """Tokens of failed and cancelled runs were divided by succeeded jobs alone (200 tokens of
+    a succeeded and a cancelled run read as 200 per job); a job ended before it ran (cancelled
+    while queued, expired, dead-lettered elsewhere) generated none and counts for none."""
+    config = ModelConfig(name="meter-runs", kind="generate", backend="vllm")
+    meter = CostMeter([(config, "default")])
+    labels = ("meter-runs", "default")
+    TOKENS.labels(*labels).inc(200)
+    GENERATE_BUSY.labels(*labels).inc(4.0)
+    for state in ("succeeded", "cancelled", "cancelled", "expired", "failed"):
+        JOBS_FINISHED.labels(*labels, state).inc()
+    for _ in range(2):  # the succeeded and the first cancelled run streamed tokens
+        TTFT.labels(*labels).observe(0.1)
+    assert meter.measure()[labels].units_per_job == pytest.approx(100)

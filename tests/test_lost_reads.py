@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
 from shared.codec import RequestEntry
 from shared.job_states import JobStatus
@@ -290,3 +291,29 @@ async def test_a_consumer_handed_entries_while_it_is_pruned_keeps_them(
     assert await reclaimer.prune_consumers(partition.online) == []
     [pending] = await aredis.xpending_range(partition.online, GROUP, "-", "+", 10)
     assert pending["consumer"] == b"other-1"
+
+
+async def test_a_dead_lettered_job_counts_as_a_failed_job(aredis: aioredis.Redis) -> None:
+    """An entry past `max_deliveries` fails its job in RECLAIM: counted nowhere, a crashing
+    variant's failures never reached `conveyor_jobs_finished_total`."""
+    config = ModelConfig(
+        name="m",
+        kind="batch",
+        backend="identity",
+        queue=QueueLimits(visibility_timeout_s=0.2, max_deliveries=1),
+    )
+    partition = Partition.of(KEYS, config, "default")
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    await store.create(RequestEntry("doomed", {"inputs": {}}, now_ms()), partition.online, {})
+    await StreamReader(aredis, KEYS, partition.streams, WORKER).ensure_groups()
+    await aredis.xreadgroup(GROUP, "dead-1", {partition.online: ">"})  # then it died
+    await asyncio.sleep(0.3)  # past the visibility timeout
+    reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
+    labels = {"model": "m", "variant": "default", "state": "failed"}
+    before = REGISTRY.get_sample_value("conveyor_jobs_finished_total", labels) or 0.0
+
+    assert await reclaimer.reclaim(partition.online) == []  # dead-lettered, not run again
+
+    record = await store.get("doomed")
+    assert record is not None and record.status == JobStatus.FAILED
+    assert REGISTRY.get_sample_value("conveyor_jobs_finished_total", labels) == before + 1

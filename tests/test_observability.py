@@ -12,24 +12,42 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 from opentelemetry import trace
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from conveyor.stack import Stack
 from producer_api.app import UNTRACED, create_app
+from shared.codec import RequestEntry
+from shared.job_states import JobStatus
+from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
+from shared.model_repository import ModelConfig, QueueLimits
 from shared.settings import Settings
 from shared.telemetry import current_traceparent, tracing_on
 from tests.conftest import running_stack, until
+from tests.paced_engine import PacedEngine
+from workers.batching.micro_batch_loop import MicroBatchLoop
 from workers.batching.micro_batch_telemetry import stage_span
+from workers.engines.identity_engine import IdentityEngine
+from workers.generation.generate_loop import GenerateLoop
+from workers.partition.job_events import JobEvents
+from workers.partition.lane_scheduler import LaneScheduler
+from workers.partition.partition import Partition
+from workers.partition.reclaim import Reclaimer
+from workers.partition.result_writer import ResultWriter
+from workers.partition.stream_reader import StreamReader
+from workers.partition.token_writer import TokenWriter
 from workers.runtime.consumer_runtime import ConsumerRuntime
 
 KEYS = Keys("cv:")
+ENDED_KEYS = Keys("ended:")
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -74,8 +92,16 @@ def test_metrics_match_a_known_workload(
 
     assert delta(after_p, before_p, "conveyor_jobs_submitted_total", **part, lane="online") == 10
     assert delta(after_w, before_w, "conveyor_jobs_finished_total", **part, state="succeeded") == 10
-    assert delta(after_w, before_w, "conveyor_queue_wait_seconds_count", **part) == 10
-    assert delta(after_w, before_w, "conveyor_e2e_latency_seconds_count", **part) == 10
+    assert (
+        delta(after_w, before_w, "conveyor_queue_wait_seconds_count", **part, lane="online") == 10
+    )
+    assert (
+        delta(after_w, before_w, "conveyor_e2e_latency_seconds_count", **part, lane="online") == 10
+    )
+    # a wait as long as a queue lets a job wait reads as itself, not as the top bucket's bound
+    for wait in ("conveyor_queue_wait_seconds_bucket", "conveyor_e2e_latency_seconds_bucket"):
+        bounds = [float(dict(labels)["le"]) for name, labels in after_w if name == wait]
+        assert max(b for b in bounds if b != float("inf")) >= QueueLimits().max_queue_time_s
     batches = {stack_redis.hget(KEYS.job(i), "batch_id") for i in ids}
     assert delta(after_w, before_w, "conveyor_batch_size_count", **part) == len(batches)
     assert delta(after_w, before_w, "conveyor_batch_size_sum", **part) == 10
@@ -195,3 +221,90 @@ def test_without_a_tracer_provider_the_batch_loop_opens_no_span(
     assert tracing_on()
     with stage_span("engine") as span:
         assert span.is_recording()
+
+
+def _finished(model: str, state: str) -> float:
+    labels = {"model": model, "variant": "default", "state": state}
+    return REGISTRY.get_sample_value("conveyor_jobs_finished_total", labels) or 0.0
+
+
+async def _queued_then_ended(aredis: aioredis.Redis, partition: Partition) -> JobStore:
+    """Three bulk jobs: one the API cancels and one a Batch API batch expires while they wait,
+    and one that runs."""
+    store = JobStore(aredis, ENDED_KEYS, ttl_s=60)
+    for job_id in ("cancelled", "expired", "kept"):
+        entry = RequestEntry(job_id, {"inputs": {}, "prompt": "a b"}, now_ms())
+        await store.create(entry, partition.bulk, {"model": partition.config.name})
+    await store.transition("cancelled", JobStatus.CANCELLED)
+    await store.settle_many(["expired"], JobStatus.EXPIRED, {})
+    return store
+
+
+async def test_jobs_the_api_ended_while_queued_count_as_finished(aredis: aioredis.Redis) -> None:
+    """Read with their status, they are only acknowledged (`status` ''): no FINISH reported
+    them, and `{state="cancelled"}` stayed 0 for batch models. The job that ran counts its
+    queue wait under its lane."""
+    config = ModelConfig(name="ended-batch", kind="batch", backend="identity")
+    partition = Partition.of(ENDED_KEYS, config, "default")
+    await _queued_then_ended(aredis, partition)
+    events = JobEvents("redis://unused")
+    reader = StreamReader(aredis, ENDED_KEYS, partition.streams, "w-1")
+    await reader.ensure_groups()
+    reclaimer = Reclaimer(aredis, ENDED_KEYS, partition, "w-1", 60, events)
+    writer = ResultWriter(aredis, ENDED_KEYS, 60, events, "w-1")
+    engine = IdentityEngine(config, "default", "")
+    loop = MicroBatchLoop(
+        partition, LaneScheduler(partition, reader, reclaimer), reader, writer, engine, 100
+    )
+    states = ("cancelled", "expired", "succeeded")
+    before = [_finished("ended-batch", state) for state in states]
+    wait = {"model": "ended-batch", "variant": "default", "lane": "bulk"}
+    waits = REGISTRY.get_sample_value("conveyor_queue_wait_seconds_count", wait) or 0.0
+
+    batch = await reader.take([partition.bulk], 10)  # under load: read with their statuses
+    assert batch is not None
+    await loop.process(*batch)
+    await writer.close()
+
+    assert [_finished("ended-batch", s) - b for s, b in zip(states, before, strict=True)] == [
+        1,
+        1,
+        1,
+    ]
+    assert REGISTRY.get_sample_value("conveyor_queue_wait_seconds_count", wait) == waits + 1
+
+
+async def test_a_generate_loop_counts_jobs_the_api_ended_while_queued(
+    aredis: aioredis.Redis,
+) -> None:
+    config = ModelConfig(
+        name="ended-gen", kind="generate", backend="tests.paced_engine:PacedEngine"
+    )
+    partition = Partition.of(ENDED_KEYS, config, "default")
+    await _queued_then_ended(aredis, partition)
+    events = JobEvents("redis://unused")
+    reader = StreamReader(aredis, ENDED_KEYS, partition.streams, "w-2", mark_on_read=True)
+    await reader.ensure_groups()
+    reclaimer = Reclaimer(aredis, ENDED_KEYS, partition, "w-2", 60, events)
+    engine = PacedEngine(config, "default", "")
+    await engine.load()
+    loop = GenerateLoop(
+        partition,
+        LaneScheduler(partition, reader, reclaimer),
+        reader,
+        ResultWriter(aredis, ENDED_KEYS, 60, events, "w-2"),
+        TokenWriter(aredis, ENDED_KEYS, 60),
+        engine,
+        block_ms=50,
+        drain_s=1,
+    )
+    before = [_finished("ended-gen", state) for state in ("cancelled", "expired")]
+
+    batch = await reader.take([partition.bulk], 10)
+    assert batch is not None
+    await loop._start_all(*batch)
+
+    assert list(loop.running) == ["kept"]
+    after = [_finished("ended-gen", state) for state in ("cancelled", "expired")]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1]
+    await loop._drain()

@@ -9,19 +9,29 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
 
 from conveyor.client import Client
 from conveyor.commands.batch import write_results
+from producer_api.app import create_app
 from producer_api.batch_api.serving import _error, _openai_error
 from producer_api.errors import ConveyorError
 from producer_api.openai.serving import Generation, generation_of
+from producer_api.state import ProducerState
 from shared.batch_api_store import ItemState
+from shared.codec import RequestEntry
+from shared.job_store import JobStore, NewJob, now_ms
+from shared.keys import new_job_id
+from shared.settings import Settings
 from tests.conftest import until
 from tests.minilm_reference import (
     SENTENCES,
@@ -269,3 +279,59 @@ def test_other_outputs_of_a_generate_job_are_a_bad_gateway(outputs: Any) -> None
     with pytest.raises(ConveyorError) as refused:
         generation_of("odd", outputs)
     assert (refused.value.status, refused.value.type) == (502, "bad_model_output")
+
+
+class _LaneFillsMeanwhile(JobStore):
+    """The producer's job store, as another submit fills the bulk lane between a batch's room
+    check and its enqueue: one job more, just before the batch's."""
+
+    async def create_many(self, jobs: Sequence[NewJob], max_length: int = 0) -> list[int]:
+        rival = RequestEntry(new_job_id("tight", "default"), {"inputs": {}}, now_ms())
+        assert await super().create_many([NewJob(rival, jobs[0].stream, {})], max_length) == []
+        return await super().create_many(jobs, max_length)
+
+
+def test_batch_items_count_as_bulk_submits_and_a_full_lanes_as_refused(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Batch API items went uncounted: 2 of 3 lines enqueued read as no submit at all, and the
+    one a full lane refused as no `queue_full` rejection."""
+    (tmp_path / "tight").mkdir()
+    (tmp_path / "tight" / "config.yaml").write_text(
+        "kind: batch\nbackend: identity\ninput_schema: {type: object}\nqueue: {max_length: 3}\n"
+    )
+    settings = Settings(
+        redis_url=redis_url, key_prefix="bm:", auth="disabled", model_repository=tmp_path
+    )
+    app = create_app(settings)
+    source = "".join(_line(f"c{n}", {"inputs": {"n": n}}, url="/v1/jobs") + "\n" for n in range(3))
+    part = {"model": "tight", "variant": "default"}
+    with TestClient(app) as client:
+        state: ProducerState = app.state.conveyor
+        store = _LaneFillsMeanwhile(state.job_store.redis, state.keys, settings.result_ttl_s)
+        app.state.conveyor = replace(state, job_store=store)
+        before = _scraped(client)
+        response = client.post(
+            "/v1/batches",
+            params={"model": "tight"},
+            content=source,
+            headers={"Content-Type": "application/jsonl"},
+        )
+        after = _scraped(client)
+    assert response.status_code == 202, response.text
+    assert response.json()["counts"]["invalid"] == 1  # refused: the lane was full
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, frozenset({**part, **labels}.items()))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("conveyor_jobs_submitted_total", lane="bulk") == 2
+    assert delta("conveyor_jobs_rejected_total", reason="queue_full") == 1
+
+
+def _scraped(client: TestClient) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(client.get("/metrics").text)
+        for sample in family.samples
+    }

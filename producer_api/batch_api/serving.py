@@ -27,6 +27,7 @@ from shared.batch_api_store import CHUNK, BatchStatus, ItemState, Refresh
 from shared.codec import as_objects, as_written, dumps, loads
 from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
+from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.webhook_events import refusal
 
 log = logging.getLogger(__name__)
@@ -171,11 +172,13 @@ class BatchApiService:
             round_trips += 1
             for index, item in enumerate(chunk):
                 if index in full:
+                    JOBS_REJECTED.labels(item.config.name, item.variant, "queue_full").inc()
                     message = f"the bulk lane of {item.config.name}:{item.variant} was full"
                     refused.append(
                         lines.rejection(item.line, item.custom_id, "queue_full", message)
                     )
                 else:
+                    JOBS_SUBMITTED.labels(item.config.name, item.variant, "bulk").inc()
                     open_list = self.state.keys.batch_open(batch_id, item.config.name, item.variant)
                     accepted.append((item.entry.job_id, open_list))
         elapsed_ms = (time.perf_counter() - started) * 1000

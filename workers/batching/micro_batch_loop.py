@@ -14,7 +14,13 @@ from shared.codec import dumps
 from shared.job_states import JobStatus
 from workers.batching.long_run import LongRun
 from workers.batching.micro_batch_executor import Outcome, execute
-from workers.batching.micro_batch_telemetry import batch_span, log_batch, record_batch, stage_span
+from workers.batching.micro_batch_telemetry import (
+    batch_span,
+    log_batch,
+    record_batch,
+    record_ended,
+    stage_span,
+)
 from workers.batching.stage_pipeline import StagePipeline
 from workers.engines.base import BatchEngine, StagedBatchEngine
 from workers.partition.finish import Finish
@@ -90,6 +96,7 @@ class MicroBatchLoop:
                 runnable.append(delivery)
             else:
                 finishes.append(finish)
+        record_ended(self.partition, batch)
         model, variant = self.partition.labels
         with batch_span(model, variant, runnable):
             with stage_span("decode"):
@@ -118,7 +125,6 @@ class MicroBatchLoop:
         """Write a micro-batch's results and its skipped entries back in one round trip (no
         touch meanwhile: while Redis takes no write-back it takes no touch either)."""
         watch.end()
-        model, variant = self.partition.labels
         finishes = skipped + [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
         with stage_span("write"):
             written = await until_done(
@@ -127,9 +133,9 @@ class MicroBatchLoop:
         self.in_hand.difference_update((stream, finish.entry_id) for finish in finishes)
         # what FINISH refused (a job cancelled meanwhile, or run twice after a reclaim) did not
         # finish here: counted, it showed as succeeded, and a twice-run job twice
-        record_batch(model, variant, written, outcomes)
+        record_batch(self.partition, stream, written, outcomes)
         if runnable:
-            log_batch(model, runnable, outcomes)
+            log_batch(self.partition.config.name, runnable, outcomes)
 
     def _result(self, delivery: Delivery, outcome: Outcome) -> Finish:
         fields = {

@@ -5,7 +5,7 @@ and one JSON log line with the job ids and trace ids."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import cache
 from typing import Any, TypeVar, cast
@@ -15,10 +15,12 @@ from opentelemetry.trace import Link, NonRecordingSpan
 from prometheus_client import Counter, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
+from shared.job_states import JobStatus
 from shared.metrics import BATCH_SIZE, E2E_LATENCY, ENGINE_TIME, JOBS_FINISHED, QUEUE_WAIT
 from shared.telemetry import span_context_of, trace_id_of, tracing_on
 from workers.batching.micro_batch_executor import Outcome
 from workers.partition.finish import Finish
+from workers.partition.partition import Partition
 from workers.partition.stream_reader import Delivery
 
 log = logging.getLogger(__name__)
@@ -65,8 +67,17 @@ def _child(metric: M, *labels: str) -> M:
     return cast(M, _labelled(metric, *labels))
 
 
-def record_batch(model: str, variant: str, finishes: list[Finish], outcomes: list[Outcome]) -> None:
-    queue_wait, e2e = _child(QUEUE_WAIT, model, variant), _child(E2E_LATENCY, model, variant)
+def lane(partition: Partition, stream: str) -> str:
+    """The `lane` label of one of the partition's streams."""
+    return "bulk" if stream == partition.bulk else "online"
+
+
+def record_batch(
+    partition: Partition, stream: str, finishes: list[Finish], outcomes: list[Outcome]
+) -> None:
+    model, variant = partition.labels
+    waits = (model, variant, lane(partition, stream))
+    queue_wait, e2e = _child(QUEUE_WAIT, *waits), _child(E2E_LATENCY, *waits)
     for finish in finishes:
         if not finish.status:
             continue
@@ -80,6 +91,20 @@ def record_batch(model: str, variant: str, finishes: list[Finish], outcomes: lis
     for outcome in {o.batch_id: o for o in outcomes}.values():
         engine_time.observe(outcome.engine_ms / 1e3)
         batch_size.observe(outcome.batch_size)
+
+
+# What the API ends a queued job with: a cancel, or the end of its Batch API batch.
+ENDED_BY_THE_API = frozenset({JobStatus.CANCELLED, JobStatus.EXPIRED})
+
+
+def record_ended(partition: Partition, deliveries: Iterable[Delivery]) -> None:
+    """Count the jobs the API ended while they were queued, read with that status: their
+    entries are only acknowledged (`status` ''), so no written result counts them. (One a
+    blocking read handed over as queued runs, and FINISH refuses its result without saying
+    why: that cancel goes uncounted.)"""
+    for delivery in deliveries:
+        if delivery.status in ENDED_BY_THE_API:
+            _child(JOBS_FINISHED, *partition.labels, delivery.status).inc()
 
 
 def log_batch(model: str, runnable: list[Delivery], outcomes: list[Outcome]) -> None:

@@ -18,7 +18,7 @@ from shared.job_states import TERMINAL, JobStatus
 from shared.job_store import now_ms
 from shared.metrics import BATCH_SIZE, GENERATE_BUSY, TOKENS, TPOT, TTFT
 from shared.token_stream import TokenEvent
-from workers.batching.micro_batch_telemetry import record_batch
+from workers.batching.micro_batch_telemetry import record_batch, record_ended
 from workers.engines.base import EngineDied, GenerateEngine, TokenChunk
 from workers.generation.generate_job import InvalidChunk, RunningJob, checked, generate_request
 from workers.partition.finish import Finish
@@ -115,6 +115,7 @@ class GenerateLoop:
         for delivery in deliveries:
             if delivery.entry is not None and delivery.entry.job_id in self.running:
                 continue  # our own entry, reclaimed while it runs: it is still ours
+            record_ended(self.partition, [delivery])
             outcome = self.partition.skip_or_expire(delivery) or self._start(stream, delivery)
             if outcome is not None:
                 settled.append(outcome)
@@ -275,7 +276,7 @@ class GenerateLoop:
         # as written (a refused result did not finish here); a job the API cancelled while it
         # ran ended here all the same: FINISH writes what it ran to, and counts no write
         cancelled = [f for f in finishes if f.status == JobStatus.CANCELLED]
-        record_batch(*self.partition.labels, [*written, *cancelled], [])
+        record_batch(self.partition, stream, [*written, *cancelled], [])
 
     def _observe_job(self, job: RunningJob) -> None:
         partition = self.partition.labels

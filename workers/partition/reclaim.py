@@ -1,8 +1,8 @@
 """Crash recovery for one partition: entries idle past the visibility timeout in any consumer's
 pending list are taken over (XAUTOCLAIM) and run again, or dead-lettered after
-`max_deliveries` (the job fails, counts as its variant's error for canaries and experiments,
-and its webhook is called); consumers that are gone and own nothing are removed from the
-group."""
+`max_deliveries` (the job fails, counts as a failed job in `conveyor_jobs_finished_total` and
+as its variant's error for canaries and experiments, and its webhook is called); consumers that
+are gone and own nothing are removed from the group."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import redis.asyncio as aioredis
 from shared import job_scripts
 from shared.codec import as_text
 from shared.consumer_groups import DELETE_IF_IDLE, recreating_groups
+from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms, queue_slot_frees
 from shared.keys import GROUP, Keys
+from shared.metrics import JOBS_FINISHED
 from shared.redis_client import call_script
 from shared.variant_stats import VariantStats
 from workers.partition.job_events import JobEvents
@@ -109,6 +111,8 @@ class Reclaimer:
         (slots the in-flight scan frees later, a dead letter's webhook, a prune the next run
         does), not the claimed entries: raised, they come back through `held` as the
         redeliveries they are (a `restart` for a generation's stream, attempts as delivered)."""
+        if dead:  # before any await: an outage below must not lose the count
+            JOBS_FINISHED.labels(*self.variant, JobStatus.FAILED).inc(len(dead))
         await self._free_slots(dead)
         if dead:  # a variant that crashes its workers fails: no canary may read it as healthy
             await self.stats.add_counts(*self.variant, {"requests": len(dead), "errors": len(dead)})

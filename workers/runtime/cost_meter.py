@@ -1,7 +1,8 @@
 """What one replica's work costs, measured from this process's own Prometheus counters at every
 heartbeat, for backlog seconds (shared/backlog.py): a `batch` partition's engine seconds per job
 run, a `generate` partition's busy seconds (a generation running) per completion token and its
-tokens per finished job. Nothing is added to the hot path: the loops already count these."""
+tokens per run that generated any (its time to first token observed). Nothing is added to the
+hot path: the loops already count these."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.backlog import ServiceCost
-from shared.metrics import BATCH_SIZE, ENGINE_TIME, GENERATE_BUSY, JOBS_FINISHED, TOKENS
+from shared.metrics import BATCH_SIZE, ENGINE_TIME, GENERATE_BUSY, TOKENS, TTFT
 from shared.model_repository import ModelConfig
 
 # A measurement's weight grows with the busy time behind it: 30 s of work halves the weight of
@@ -32,7 +33,7 @@ def labelled_total(metric: Any, suffix: str, labels: dict[str, str]) -> float:
 class _Partition:
     config: ModelConfig
     variant: str
-    seen: tuple[float, float, float] = (0.0, 0.0, 0.0)  # busy s, units, finished jobs
+    seen: tuple[float, float, float] = (0.0, 0.0, 0.0)  # busy s, units, jobs run
     counted: float = 0.0  # units when jobs last finished: theirs since, for units per job
     cost: ServiceCost | None = None
 
@@ -44,7 +45,9 @@ class _Partition:
             return busy, units, units
         busy = labelled_total(GENERATE_BUSY, "_total", labels)
         units = labelled_total(TOKENS, "_total", labels)
-        jobs = labelled_total(JOBS_FINISHED, "_total", {**labels, "state": "succeeded"})
+        # every run that generated, failed and cancelled ones too (their tokens are in
+        # `units`); not a job ended before it ran, nor one dead-lettered after a crash elsewhere
+        jobs = labelled_total(TTFT, "_count", labels)
         return busy, units, jobs
 
     def measure(self) -> ServiceCost | None:
