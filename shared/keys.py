@@ -249,13 +249,13 @@ class Keys:
 
     def batches_unlisted_of(self, tenant: str) -> str:
         """Batches dropped from `batches_of` once their keys expired, scored by their creation
-        ms (sorted set; `unlisted`, a hash, kept every one for good), so a page after one of
-        them still finds its place."""
-        return f"{self.prefix}{CONTROL}batches:dropped:{tenant}"
+        ms (sorted set; a hash before, which shared/tenant_index.py converts), so a page after
+        one of them still finds its place."""
+        return f"{self.prefix}{CONTROL}batches:unlisted:{tenant}"
 
     def files_unlisted_of(self, tenant: str) -> str:
         """As `batches_unlisted_of`, for `files_of`."""
-        return f"{self.prefix}{CONTROL}files:dropped:{tenant}"
+        return f"{self.prefix}{CONTROL}files:unlisted:{tenant}"
 
     def files_of(self, tenant: str) -> str:
         """A tenant's uploaded files, scored by their upload time in ms (sorted set), for

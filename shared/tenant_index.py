@@ -18,13 +18,26 @@ from shared.redis_client import call_script
 
 T = TypeVar("T")
 
+# KEYS[2] as releases before 2026-12-02 left it: a hash of the same scores, never pruned, and with
+# no TTL once its tenant had deleted all it listed. Made the sorted set it now is on first use,
+# so a cursor given out before keeps its place and the key its TTL from then on.
+_FROM_HASH = """
+if redis.call('TYPE', KEYS[2]).ok == 'hash' then
+  local flat = redis.call('HGETALL', KEYS[2])
+  redis.call('DEL', KEYS[2])
+  for i = 1, #flat, 2 do redis.call('ZADD', KEYS[2], flat[i + 1], flat[i]) end
+end
+"""
+
 # KEYS[1]=a tenant's index, KEYS[2]=the scores of ids unlisted from it; ARGV: the id to list after,
 # how many, 1 for newest first (else oldest first). Ranked and read on from in one step: in two
 # round trips, a record indexed between them (a newer one shifts every rank up) would put `after`
 # itself on the page again. An `after` unlisted since the client was given it (its record gone,
 # and dropped by another listing) is read on from by its score: the page after it was empty,
 # and a client listing page by page stopped with records left (ones of the same ms are skipped).
-LISTED_AFTER = """
+LISTED_AFTER = (
+    _FROM_HASH
+    + """
 local newest_first = ARGV[3] == '1'
 local rank = redis.call(newest_first and 'ZREVRANK' or 'ZRANK', KEYS[1], ARGV[1])
 if rank then
@@ -38,13 +51,16 @@ if newest_first then
 end
 return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. score, '+inf', 'LIMIT', 0, ARGV[2])
 """
+)
 
 # KEYS[1]=a tenant's index, KEYS[2]=the ids unlisted from it (sorted set, by the same scores);
 # ARGV: now (ms), how long a record is listed (s), the ids. Each leaves the index and keeps its
 # score beside it (LISTED_AFTER) for as long as a record is listed: older ones are dropped, and
 # the key expires then (it was given the index's TTL read after the index could be gone, so a
 # tenant who deleted all it listed left the key for good, and an active tenant's never shrank).
-UNLIST = """
+UNLIST = (
+    _FROM_HASH
+    + """
 for i = 3, #ARGV do
   local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
   if score then
@@ -57,6 +73,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[1]) - keep * 1000)
 redis.call('EXPIRE', KEYS[2], keep)
 return 1
 """
+)
 
 
 class TenantIndexed(ABC):

@@ -44,8 +44,8 @@ return last - first + 1
 
 
 # KEYS: the counters hashes of n buckets, then their samples lists (all in the model's slot);
-# ARGV: most samples. Sums the counters and returns {flat name/sum pairs, samples}; past `most`
-# samples in all, each bucket keeps its proportional share.
+# ARGV: most samples (0: none, counters only). Sums the counters and returns {flat name/sum
+# pairs, samples}; past `most` samples in all, each bucket keeps its proportional share.
 _SUM = """
 local n, most = #KEYS / 2, tonumber(ARGV[1])
 local lengths, total = {}, 0
@@ -61,8 +61,8 @@ for b = 1, n do
     if sums[flat[i]] == nil then sums[flat[i]] = 0; table.insert(names, flat[i]) end
     sums[flat[i]] = sums[flat[i]] + tonumber(flat[i + 1])
   end
-  if lengths[b] > 0 then
-    local keep = math.ceil(lengths[b] * share)
+  local keep = math.ceil(lengths[b] * share)
+  if keep > 0 then
     for _, row in ipairs(redis.call('LRANGE', KEYS[n + b], 0, keep - 1)) do
       table.insert(samples, row)
     end
@@ -207,20 +207,23 @@ class VariantStats:
         )
 
     async def window(
-        self, model: str, variants: Iterable[str], since_s: float, until_s: float | None = None
+        self,
+        model: str,
+        variants: Iterable[str],
+        since_s: float,
+        until_s: float | None = None,
+        samples: bool = True,
     ) -> dict[str, Window]:
-        """Each variant's counters and samples over the buckets from `since_s` to `until_s`
-        (now): one script call per variant, sent at once, summed in Redis. Buckets are whole
-        (the window starts up to BUCKET_S early); past WINDOW_SAMPLES samples, each bucket keeps
-        its proportional share. A 6 h window (the API's longest, ~2 200 buckets) costs about
-        25 ms of Redis time per variant."""
+        """Each variant's counters and samples (none without `samples`) over the buckets from
+        `since_s` to `until_s` (now): one script call per variant, sent at once, summed in
+        Redis. Buckets are whole (the window starts up to BUCKET_S early); past WINDOW_SAMPLES
+        samples, each bucket keeps its proportional share. A 6 h window (the API's longest,
+        ~2 200 buckets) costs about 25 ms of Redis time per variant."""
         names = list(variants)
         buckets = range(bucket_of(since_s), bucket_of(until_s or time.time()) + 1)
+        most = WINDOW_SAMPLES if samples else 0
         replies = await asyncio.gather(
-            *(
-                self._sum(keys=self._bucket_keys(model, v, buckets), args=[WINDOW_SAMPLES])
-                for v in names
-            )
+            *(self._sum(keys=self._bucket_keys(model, v, buckets), args=[most]) for v in names)
         )
         windows = {}
         for variant, (flat, rows) in zip(names, replies, strict=True):

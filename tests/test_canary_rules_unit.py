@@ -86,7 +86,7 @@ async def test_at_100_percent_the_baseline_is_taken_over_the_whole_canary(
     rolled back); and a baseline that always fails 5 % does not roll back a canary failing 5 %,
     as holding it to `max_error_rate` alone would."""
     keys = Keys("canary-base:")
-    store, stats = CanaryStore(aredis, keys), VariantStats(aredis, keys)
+    store, stats = CanaryStore(aredis, keys), _WindowsAsked(aredis, keys)
     await RouteStore(aredis, keys).seed("ab", Routes({"stable": 0.0, "candidate": 100.0}))
     bucket = bucket_of(time.time())
     canary = replace(CANARY, max_error_rate=0.01, interval_s=1.0, step=1, weight=100.0)
@@ -101,6 +101,7 @@ async def test_at_100_percent_the_baseline_is_taken_over_the_whole_canary(
     assert canary.state == state
     last = (await store.events("ab", 1))[-1]
     assert last["numbers"]["baseline"]["requests"] == 1014
+    assert stats.sampled[-1] == 0  # the whole canary's baseline: counters, never its samples
 
 
 def _controller(client: aioredis.Redis, keys: Keys, stats: VariantStats) -> CanaryController:
@@ -114,17 +115,26 @@ def _controller(client: aioredis.Redis, keys: Keys, stats: VariantStats) -> Cana
 
 
 class _WindowsAsked(VariantStats):
-    """Real statistics on Valkey that note where each window asked for began."""
+    """Real statistics on Valkey that note where each window asked for began, and how many
+    latency samples it gave."""
 
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         super().__init__(client, keys)
         self.since: list[float] = []
+        self.sampled: list[int] = []
 
     async def window(
-        self, model: str, variants: Iterable[str], since_s: float, until_s: float | None = None
+        self,
+        model: str,
+        variants: Iterable[str],
+        since_s: float,
+        until_s: float | None = None,
+        samples: bool = True,
     ) -> dict[str, Window]:
         self.since.append(since_s)
-        return await super().window(model, variants, since_s, until_s)
+        windows = await super().window(model, variants, since_s, until_s, samples)
+        self.sampled.append(sum(len(window.samples) for window in windows.values()))
+        return windows
 
 
 async def test_a_long_step_reads_a_bounded_window(aredis: aioredis.Redis) -> None:

