@@ -12,6 +12,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -302,14 +303,7 @@ def test_sigterm_while_starting_stops_what_has_started(tmp_path: Path) -> None:
     """`conveyor up` ended by SIGTERM while it started its workers (`timeout`, a service
     manager) left Valkey, the producer and the workers running: they live in sessions of their
     own, and Python's default SIGTERM ends a process without its `finally`."""
-    command = [str(CONVEYOR), "up", "--models", "identity", "--port", str(free_port())]
-    up = subprocess.Popen(
-        [*command, "--state-dir", str(tmp_path)],
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    up = _identity_up(tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         until(lambda: (tmp_path / "identity.log").exists(), 120)  # the worker is starting
         started = psutil.Process(up.pid).children(recursive=True)
@@ -371,14 +365,7 @@ def _kill_producers(up: psutil.Process) -> None:
 def test_a_child_given_up_on_fails_the_run(tmp_path: Path) -> None:
     """A child that kept dying was reported once, then `conveyor up` served on without it and
     exited 0 on Ctrl-C: a script or a service manager saw a clean run."""
-    command = [str(CONVEYOR), "up", "--models", "identity", "--port", str(free_port())]
-    up = subprocess.Popen(
-        [*command, "--state-dir", str(tmp_path)],
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    up = _identity_up(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[str] = []
     threading.Thread(target=lines.extend, args=(up.stdout,), daemon=True).start()
     try:
@@ -394,3 +381,11 @@ def test_a_child_given_up_on_fails_the_run(tmp_path: Path) -> None:
         code = up.wait(timeout=90)
     assert code == 1, "".join(lines)
     assert "Error: gave up on producer after repeated exits" in lines[-1], "".join(lines)
+
+
+def _identity_up(state_dir: Path, **output: Any) -> subprocess.Popen[str]:
+    """`conveyor up` serving identity on a free port from `state_dir`, its output as asked."""
+    command = [str(CONVEYOR), "up", "--models", "identity", "--port", str(free_port())]
+    return subprocess.Popen(
+        [*command, "--state-dir", str(state_dir)], env=_env(), text=True, **output
+    )
