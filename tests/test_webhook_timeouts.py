@@ -16,6 +16,7 @@ from email.utils import formatdate
 import pytest
 import redis
 from celery.exceptions import Retry
+from redis.exceptions import RedisClusterException
 
 from shared.keys import Keys
 from shared.settings import Settings
@@ -175,7 +176,7 @@ def test_a_receiver_that_ran_out_the_timeout_is_held_for_its_other_deliveries(
         CONVEYOR_KEY_PREFIX="hold-test:",
     )
     keys = Keys("hold-test:")
-    holds = ReceiverHolds(redis_client, keys)
+    holds = ReceiverHolds(lambda: redis_client, keys)
     monkeypatch.setattr(webhook_delivery, "_receiver_holds", lambda: holds)
     monkeypatch.setattr(webhook_delivery, "_attempt_log", lambda: AttemptLog(redis_client))
     for job_id in ("j1", "j2"):
@@ -190,3 +191,22 @@ def test_a_receiver_that_ran_out_the_timeout_is_held_for_its_other_deliveries(
     assert ran_out["error"] == "TimeoutError: no answer within 1s", ran_out
     assert held["error"].startswith("held:") and held["retry_after_s"] > 1, held  # 6 s, less
     assert holds.left_s("http://127.0.0.1:9/other") == 0
+
+
+def test_a_cluster_out_of_reach_stops_no_delivery(
+    settings_env: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster client is made by reaching a node, and raises RedisClusterException (no
+    RedisError) when none answers: the hold looked up before the POST let it escape the task,
+    and Celery dropped the delivery for good (seen after a failover of the broker's master)."""
+    receiver = _answering("200 OK", "")
+    settings_env(CONVEYOR_WEBHOOK_SECRET="whsec-test", CONVEYOR_WEBHOOK_ALLOWLIST=receiver)
+
+    def unreachable() -> redis.Redis:
+        raise RedisClusterException("Redis Cluster cannot be connected")
+
+    holds = ReceiverHolds(unreachable, Keys("hold-test:"))
+    monkeypatch.setattr(webhook_delivery, "_receiver_holds", lambda: holds)
+    monkeypatch.setattr(webhook_delivery, "_attempt_log", unreachable)
+    status = webhook_delivery.deliver_webhook.run("job", "j3", f"{receiver}/j3", EVENT, time.time())
+    assert status == "delivered"

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from functools import cache
 from typing import Any, cast
@@ -21,6 +22,7 @@ from typing import Any, cast
 import httpx
 import redis
 from celery import Task
+from redis.exceptions import RedisClusterException
 
 from shared.codec import dumps
 from shared.keys import Keys
@@ -31,6 +33,9 @@ from workers.app import app
 
 log = logging.getLogger(__name__)
 
+# What a Redis out of reach raises here: a cluster client that cannot reach a node to start from
+# raises RedisClusterException, no RedisError (escaped, it dropped the delivery for good).
+UNREACHABLE = (redis.RedisError, RedisClusterException)
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 300.0
 # A receiver that ran out the timeout is held this many timeouts: it takes at most a seventh of
@@ -125,25 +130,27 @@ class ReceiverHolds:
     out the hold, recorded as attempts not tried, instead of each running out the timeout on
     the worker's one task loop, every other tenant's delivery behind them (a receiver hanging
     on a burst of events held it for the timeout a hundred times over). Bookkeeping, like the
-    attempt log: a Redis error holds nothing and stops no delivery."""
+    attempt log: a Redis error holds nothing and stops no delivery. `client` is asked for the
+    client at each use: a cluster client is made by reaching a node, which can fail too."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
-        self.redis = client
+    def __init__(self, client: Callable[[], redis.Redis], keys: Keys) -> None:
+        self.client = client
         self.keys = keys
 
     def left_s(self, url: str) -> float:
         """How long the receiver of `url` stays held (0: it is not)."""
         try:
-            left_ms = int(self.redis.pttl(self.keys.webhook_hold(_origin(url))))
-        except redis.RedisError as exc:
+            left_ms = int(self.client().pttl(self.keys.webhook_hold(_origin(url))))
+        except UNREACHABLE as exc:
             log.warning("webhook hold of %s not read: %r", url, exc)
             return 0.0
         return max(left_ms, 0) / 1000.0
 
     def hold(self, url: str, seconds: float) -> None:
         try:
-            self.redis.set(self.keys.webhook_hold(_origin(url)), 1, px=max(1, int(seconds * 1000)))
-        except redis.RedisError as exc:
+            hold_ms = max(1, int(seconds * 1000))
+            self.client().set(self.keys.webhook_hold(_origin(url)), 1, px=hold_ms)
+        except UNREACHABLE as exc:
             log.warning("webhook hold of %s not set: %r", url, exc)
 
 
@@ -154,7 +161,7 @@ def _origin(url: str) -> str:
 
 @cache
 def _receiver_holds() -> ReceiverHolds:
-    return ReceiverHolds(_redis(), Keys(get_settings().key_prefix))
+    return ReceiverHolds(_redis, Keys(get_settings().key_prefix))
 
 
 def _record(kind: TargetKind, target_id: str, attempt: dict[str, Any], status: str) -> None:
@@ -163,7 +170,7 @@ def _record(kind: TargetKind, target_id: str, attempt: dict[str, Any], status: s
     acknowledged, so the delivery was dropped for good after a failed attempt."""
     try:
         _attempt_log().record(_target_key(kind, target_id), attempt, status)
-    except redis.RedisError as exc:
+    except UNREACHABLE as exc:
         log.warning("webhook attempt on %s %s not recorded: %r", kind, target_id, exc)
 
 
