@@ -7,7 +7,6 @@ instance after it failed to bind its port. So the cancel is repeated until the t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
@@ -15,7 +14,7 @@ RECANCEL_S = 0.1
 T = TypeVar("T")
 
 
-async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
     """Cancel `task` (again every RECANCEL_S while it runs on) and wait for it to end."""
     if task is None:
         return
@@ -30,15 +29,15 @@ async def first_done(
     work: Awaitable[T], rivals: Iterable[asyncio.Future[Any]], timeout: float | None = None
 ) -> asyncio.Future[T]:
     """`work` as a future once it, or one of `rivals`, is done (or `timeout` has passed): not
-    done then, it is cancelled and waited for (a task is cancelled only once it has run to its
-    next await). The caller reads `cancelled()` or `result()`; the rivals stay as they are."""
+    done then, it is cancelled (again while it runs on, as `cancel_and_wait` does: a token
+    follower's `wait_for` swallowed a single cancel, and a non-streamed answer held its
+    stopping producer for its whole generation) and waited for. The caller reads `cancelled()`
+    or `result()`; the rivals stay as they are."""
     task: asyncio.Future[T] = asyncio.ensure_future(work)
     racing: list[asyncio.Future[Any]] = [task, *rivals]
     try:
         await asyncio.wait(racing, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
     return task
