@@ -122,10 +122,13 @@ class Stack:
         return stack
 
     def client(self) -> redis.Redis:
-        """A blocking client of the stack's Redis (a cluster client on a cluster)."""
+        """A blocking client of the stack's Redis (a cluster client on a cluster), whose commands
+        fail after CONVEYOR_REDIS_TIMEOUT_S on a frozen server rather than hang."""
+        timeout = self.settings.redis_timeout_s
+        options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
         if self.settings.redis_cluster:
-            return cast(redis.Redis, redis.RedisCluster.from_url(self.redis_url))
-        return redis.Redis.from_url(self.redis_url)
+            return cast(redis.Redis, redis.RedisCluster.from_url(self.redis_url, **options))
+        return redis.Redis.from_url(self.redis_url, **options)
 
     def start_valkey(self, config: dict[str, str]) -> None:
         port = free_port()
@@ -374,7 +377,7 @@ class Stack:
         client = self.client()
         try:
             return bool(client.ping())
-        except redis.ConnectionError:
+        except (redis.ConnectionError, redis.TimeoutError):  # not up yet, or not answering yet
             return False
         finally:
             client.close()

@@ -227,7 +227,7 @@ class ClusterUnreachable(RedisConnectionError):
 
 
 @contextlib.contextmanager
-def _topology_read() -> Iterator[None]:
+def topology_read() -> Iterator[None]:
     """What a topology read raises, as an outage when it is one: no node answered, or the
     nodes that did leave slots uncovered. Anything else (a URL of a server that is no cluster
     node) stays the error it is, so a misconfigured process fails at start, not as a 503."""
@@ -258,14 +258,14 @@ class HiredisCluster(RedisCluster):
             node.connection_class = packing
 
     async def initialize(self, *args: Any, **kwargs: Any) -> HiredisCluster:
-        with _topology_read():
+        with topology_read():
             await super().initialize(*args, **kwargs)
         return self
 
 
 async def reread_topology(client: RedisClient) -> None:
     """Read a cluster's slots again now, not at its next failed command (a node was lost)."""
-    with _topology_read():
+    with topology_read():
         await cast(Any, client).nodes_manager.initialize()
 
 

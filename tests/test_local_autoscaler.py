@@ -20,9 +20,11 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from redis.exceptions import ClusterDownError, RedisClusterException
 
 from autoscaling.local_autoscaler import PoolScaler, pool_scalers
 from autoscaling.scaling_math import StreamTrigger
+from conveyor.commands.autoscale import _tick
 from conveyor.stack import Stack
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
@@ -52,6 +54,16 @@ class Ledger:
 
     def alive(self, name: str) -> bool:
         return name not in self.stopped
+
+
+@dataclass
+class OutageScaler(PoolScaler):
+    """A pool whose polls meet a Redis outage: each tick raises the next of `outages`."""
+
+    outages: list[Exception] = field(default_factory=list)
+
+    def tick(self, client: redis.Redis, now: float | None = None) -> int:
+        raise self.outages.pop(0)
 
 
 def _scaler(
@@ -160,6 +172,42 @@ def test_stop_timeout_outlasts_the_shutdown_grace(
     settings_env(CONVEYOR_SHUTDOWN_GRACE_S="75")
     stack = Stack.create(tmp_path / "stack", NO_REDIS)
     assert stack.stop_timeout_s > 75
+
+
+def _no_cluster_node() -> RedisClusterException:
+    """What redis-py raises when no node of a cluster answers: no RedisError."""
+    with pytest.raises(RedisClusterException, match="Redis Cluster cannot be connected") as raised:
+        redis.RedisCluster.from_url(NO_REDIS)
+    return raised.value
+
+
+def test_a_cluster_outage_keeps_the_pool_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """On a Redis Cluster, a failover that outlasted the client's retries (CLUSTERDOWN, a
+    ResponseError) and a cluster no node answered (a RedisClusterException) escaped the poll:
+    the autoscaler died, and stopped every worker it had started on its way out."""
+    ledger = Ledger()
+    outages = [ClusterDownError("CLUSTERDOWN The cluster is down"), _no_cluster_node()]
+    scaler = OutageScaler(**vars(_scaler(ledger)), outages=outages)
+    scaler.workers.append("elastic-default-1")
+    client = redis.Redis.from_url(NO_REDIS)
+    for _ in range(2):
+        _tick(scaler, client)
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2, said
+    assert all(line.startswith("elastic:default: redis unavailable (") for line in said), said
+    assert scaler.workers == ["elastic-default-1"] and not ledger.stopped
+
+
+def test_the_stack_client_times_out_as_configured(
+    tmp_path: Path, settings_env: Callable[..., None]
+) -> None:
+    """A frozen Redis hung a poll for good: the autoscaler's client had no socket timeouts,
+    whatever CONVEYOR_REDIS_TIMEOUT_S said."""
+    settings_env(CONVEYOR_REDIS_TIMEOUT_S="3.5")
+    client = Stack.create(tmp_path / "stack", NO_REDIS).client()
+    options = client.connection_pool.connection_kwargs
+    assert options["socket_timeout"] == options["socket_connect_timeout"] == 3.5, options
+    client.close()
 
 
 @pytest.fixture

@@ -182,6 +182,26 @@ def test_the_autoscaler_stops_a_worker_too_slow_to_start(tmp_path: Path, redis_u
         stack.stop()
 
 
+def test_the_autoscaler_stops_a_worker_whose_readiness_redis_could_not_confirm(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis dropping out while a new worker's readiness was read raised past the
+    ChildNotReady guard: the autoscale loop kept running (an outage keeps every pool as it
+    is), and the half-started worker ran on, counted by no pool, out of Ctrl-C's reach."""
+
+    def redis_gone(*_: object) -> bool:
+        raise redis.ConnectionError("Connection refused")
+
+    monkeypatch.setattr(Stack, "_consuming", redis_gone)
+    stack = Stack.create(tmp_path, redis_url=redis_url)
+    try:
+        with pytest.raises(redis.ConnectionError):
+            start_pool_worker(stack, "identity:default", "unconfirmed-1")
+        assert "unconfirmed-1" not in stack.processes
+    finally:
+        stack.stop()
+
+
 @pytest.mark.parametrize(("timeout_s", "starts"), [("1", False), ("30", True)])
 def test_an_embedded_valkey_may_load_its_data_for_the_start_timeout(
     tmp_path: Path, settings_env: Callable[..., None], timeout_s: str, starts: bool

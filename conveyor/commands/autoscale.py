@@ -10,8 +10,6 @@ from pathlib import Path
 
 import click
 import redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from autoscaling.local_autoscaler import PoolScaler, pool_scalers
 from conveyor.finite_float import FiniteFloat
@@ -19,6 +17,7 @@ from conveyor.local_stack import NO_STACK, redis_url, refuse_unreachable
 from conveyor.stack import ChildNotReady, Stack
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
+from shared.redis_client import OUT_OF_REACH, topology_read
 from shared.settings import get_settings
 
 
@@ -64,10 +63,12 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
 
 def _tick(scaler: PoolScaler, client: redis.Redis) -> None:
     """One poll; a Redis outage keeps the pool as it is until the next (as KEDA does): it
-    stopped the autoscaler, and with it every worker it had started."""
+    stopped the autoscaler, and with it every worker it had started. A cluster's count too:
+    one failing over (CLUSTERDOWN), one no node answers (ClusterUnreachable)."""
     try:
-        count = scaler.tick(client)
-    except (RedisConnectionError, RedisTimeoutError) as exc:
+        with topology_read():
+            count = scaler.tick(client)
+    except OUT_OF_REACH as exc:
         click.echo(f"{scaler.name}: redis unavailable ({exc}); replicas kept", err=True)
         return
     except ChildNotReady as exc:  # it ended the autoscaler with a traceback, every worker too
@@ -79,11 +80,12 @@ def _tick(scaler: PoolScaler, client: redis.Redis) -> None:
 
 
 def start_pool_worker(stack: Stack, pool: str, name: str) -> str:
-    """A worker serving `pool`; one that does not get ready is stopped (it was left running,
-    counted by no pool, and outlived the autoscaler)."""
+    """A worker serving `pool`; one that does not get ready, or whose readiness Redis could
+    not confirm, is stopped (it was left running, counted by no pool, and outlived the
+    autoscaler)."""
     try:
         stack.start_worker(pool, name=name)
-    except ChildNotReady:
+    except BaseException:
         if name in stack.processes:
             stack.stop_process(name)
         raise
