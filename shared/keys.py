@@ -300,6 +300,10 @@ class Keys:
         """Token bucket of one API key (hash: tokens, ms timestamp), shared by all producers."""
         return f"{self.prefix}rl:{{{key_id}}}"
 
+    def rate_verdict(self, key_id: str, request_id: str) -> str:
+        """One take of the key's bucket: its verdict, kept so a rerun is not charged again."""
+        return f"{self.rate_bucket(key_id)}:req:{request_id}"
+
     def in_flight(self, key_id: str) -> str:
         """Jobs of one API key not yet seen terminal (sorted set: job id by admission ms)."""
         return f"{self.prefix}inflight:{{{key_id}}}"

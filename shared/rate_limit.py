@@ -5,6 +5,7 @@ replicas racing for the last token cannot both win and skewed host clocks do not
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +21,13 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS[1]=bucket; ARGV: rate per second, burst, cost. Returns
-# {allowed (0|1), tokens left (floored), ms until one more token, ms until the bucket is full}.
+# KEYS[1]=bucket, KEYS[2]=the request's verdict; ARGV: rate per second, burst, cost, ms the
+# verdict is kept. Returns {allowed (0|1), tokens left (floored), ms until one more token, ms
+# until the bucket is full}. A request whose verdict is kept is not charged again, and keeps it
+# (refused too): its rerun after the reply was lost (redis-py resends through a dropped
+# connection, group commit its whole flush) took a second token, a false 429 at the burst.
+# One SET NX per call finds a rerun: five commands a call (TIME, HMGET, SET, HSET, PEXPIRE),
+# a rerun GET in place of HSET.
 TOKEN_BUCKET = (
     _NOW_MS
     + """
@@ -31,11 +37,13 @@ local tokens = tonumber(b[1]) or burst
 local ts = tonumber(b[2]) or now
 if now > ts then tokens = math.min(burst, tokens + (now - ts) * rate / 1000) end
 local allowed = 0
-if tokens >= cost then
-  tokens = tokens - cost
-  allowed = 1
+if tokens >= cost then allowed = 1 end
+if redis.call('SET', KEYS[2], allowed, 'NX', 'PX', ARGV[4]) then
+  tokens = tokens - allowed * cost
+  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', math.max(now, ts))
+else
+  allowed = tonumber(redis.call('GET', KEYS[2]))
 end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', math.max(now, ts))
 local full_ms = math.ceil((burst - tokens) * 1000 / rate)
 redis.call('PEXPIRE', KEYS[1], full_ms + 1000)
 local next_ms = 0
@@ -100,14 +108,24 @@ class BucketState:
 
 
 class RateLimiter:
+    # How long a verdict is kept for a rerun: past redis-py's retries of a dropped connection
+    # (3, each a backoff under 1 s and a connect of CONVEYOR_REDIS_TIMEOUT_S, 2 s by default).
+    RERUN_MS = 10_000
+
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self.keys = keys
         self._bucket = client.register_script(TOKEN_BUCKET)
 
-    async def take(self, key_id: str, quota: Quota) -> BucketState:
-        """Take one token from the key's bucket; `allowed` is False when it is empty."""
+    async def take(self, key_id: str, quota: Quota, request_id: str | None = None) -> BucketState:
+        """Take one token from the key's bucket; `allowed` is False when it is empty. The
+        request is charged once however often its call is resent; `request_id` (unique, a
+        random one by default) names it."""
+        keys = [
+            self.keys.rate_bucket(key_id),
+            self.keys.rate_verdict(key_id, request_id or uuid.uuid4().hex[:16]),
+        ]
         allowed, remaining, next_ms, full_ms = await call_script(
-            self._bucket, [self.keys.rate_bucket(key_id)], [quota.rate_per_s, quota.burst, 1]
+            self._bucket, keys, [quota.rate_per_s, quota.burst, 1, self.RERUN_MS]
         )
         return BucketState(
             allowed=bool(allowed),

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from conveyor.stack import Stack, free_port
 from shared.job_store import now_ms
 from shared.keys import Keys
-from shared.rate_limit import InFlightLimiter
+from shared.rate_limit import InFlightLimiter, Quota, RateLimiter
 from tests.conftest import issue_key
 
 pytestmark = pytest.mark.slow
@@ -167,3 +167,20 @@ async def test_an_admission_rerun_after_its_reply_was_lost_is_admitted(
     assert await limiter.admit("k1", "j1", cap=1)
     assert await limiter.admit("k1", "j1", cap=1)  # the rerun
     assert not await limiter.admit("k1", "j2", cap=1)
+
+
+async def test_a_bucket_rerun_after_its_reply_was_lost_is_not_charged_again(
+    aredis: aioredis.Redis,
+) -> None:
+    """The rerun of a take (redis-py resends through a dropped connection) took a second
+    token: a key at its burst got a false 429. A rerun keeps its first verdict, refused too,
+    even once a token came back, and charges nothing."""
+    keys = Keys("rl-rerun-bucket:")
+    limiter = RateLimiter(aredis, keys)
+    quota = Quota(rate_per_s=0.001, burst=1, max_in_flight=1)
+    assert (await limiter.take("k1", quota, request_id="r1")).allowed
+    assert (await limiter.take("k1", quota, request_id="r1")).allowed  # the rerun
+    assert not (await limiter.take("k1", quota, request_id="r2")).allowed
+    await aredis.hset(keys.rate_bucket("k1"), "tokens", 1)  # a token came back meanwhile
+    assert not (await limiter.take("k1", quota, request_id="r2")).allowed  # the rerun
+    assert (await limiter.take("k1", quota, request_id="r3")).allowed  # the token is still there
