@@ -336,6 +336,57 @@ def test_a_key_sees_only_the_models_it_may_use(console_stack: Stack, admin_key: 
     assert unseen not in data
 
 
+def test_console_requests_count_against_the_keys_rate_limit(console_stack: Stack) -> None:
+    """A key limited to one request per burst on /v1 read up to 5,000 job hashes a request
+    from /console/jobs, as often as it liked: the console never took from its bucket."""
+    with ThreadPoolExecutor(1) as pool:  # issue_key runs its own event loop
+        slow = pool.submit(
+            issue_key, console_stack.redis_url, "acme", "read", rate_per_s=0.001, burst=1
+        ).result()
+    with httpx.Client(base_url=console_stack.base_url, timeout=30) as client:
+        assert console_login(client, slow).status_code == 303
+        assert client.get("/console/jobs").status_code == 200
+        limited = client.get("/console/jobs")
+        assert limited.status_code == 429, limited.text
+        assert int(limited.headers["retry-after"]) > 0
+        assert limited.json()["error"]["type"] == "rate_limited"
+        assert client.get("/console/static/console.css").status_code == 200  # not charged
+
+
+def test_an_admin_key_sees_and_acts_only_on_the_models_it_may_use(
+    console_stack: Stack, r: redis.Redis
+) -> None:
+    """An admin key allowed `faulty` only got 403 for `paced` on /v1; its console showed
+    `paced` in the live feed, its dead letters (to replay or discard) and its routes."""
+    with ThreadPoolExecutor(1) as pool:  # issue_key runs its own event loop
+        narrow = pool.submit(
+            issue_key, console_stack.redis_url, "ops", "admin", models=frozenset({"faulty"})
+        ).result()
+    dlq = KEYS.dlq("paced", "default")
+    entry = RequestEntry(new_job_id("paced", "default"), {"inputs": {"n": "hidden"}}, 1.0)
+    r.xadd(dlq, {"entry": "1-0", "reason": "test", "deliveries": 3, **entry.encode()})
+    try:
+        with httpx.Client(base_url=console_stack.base_url, timeout=30) as client:
+            assert console_login(client, narrow).status_code == 303
+            letters = client.get("/console/dead-letters").text
+            assert "<h2>faulty:default" in letters and "paced:default" not in letters
+            confirm = "/console/dead-letters/confirm?action=discard&partition="
+            assert client.get(confirm + "faulty:default").status_code == 200
+            assert client.get(confirm + "paced:default").status_code == 404
+            csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', letters)
+            assert csrf is not None
+            form = {"partition": "paced:default", "csrf": csrf[1]}
+            assert client.post("/console/dead-letters/discard", data=form).status_code == 404
+            routes = client.get("/console/routes").text
+            assert 'data-model="faulty"' in routes and 'data-model="paced"' not in routes
+            with client.stream("GET", "/console/stream") as events:
+                data = next(line for line in events.iter_lines() if line.startswith("data: "))
+        assert r.xlen(dlq) == 1
+    finally:
+        r.delete(dlq)
+    assert {p["model"] for p in json.loads(data[6:])["partitions"]} == {"faulty"}
+
+
 def _workers_page(stack: Stack, key: str) -> str:
     with httpx.Client(base_url=stack.base_url, timeout=30) as client:
         console_login(client, key)

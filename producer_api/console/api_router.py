@@ -16,6 +16,8 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from producer_api.auth import Principal
+from producer_api.auth.dependencies import throttle
 from producer_api.batch_api.serving import BATCH_ID, BatchApiService
 from producer_api.console.job_browser import JobFilter, job_page, recent_jobs
 from producer_api.console.route_board import route_board
@@ -78,11 +80,16 @@ Service = Annotated[Console, Depends(console)]
 
 
 async def session(request: Request, state: State, service: Service) -> ConsoleSession:
-    """The caller's console session; without one, a redirect to the login page."""
+    """The caller's console session, the request taken from its key's bucket as on /v1 (429
+    with Retry-After): a key limited there read thousands of job hashes a request here, as
+    often as it liked. Without a session, a redirect to the login page. Static files and a
+    live feed's rechecks of its session are not counted."""
     try:
-        return await current_session(state, service.signer, service.logouts, request)
+        current = await current_session(state, service.signer, service.logouts, request)
     except LoginRequired:
         raise HTTPException(303, "login required", {"Location": "/console/login"}) from None
+    await throttle(state, current.principal)
+    return current
 
 
 Session = Annotated[ConsoleSession, Depends(session)]
@@ -188,13 +195,19 @@ def _summary_page(
 
 
 def _summary_for(snapshot: dict[str, Any], current: ConsoleSession) -> dict[str, Any]:
-    """The summary as a session may see it: an admin all of it; anyone else the batches of
-    their tenant, and the partitions and workers of the models their key may use (every model's
-    queues and rates, and every worker with its host and pid, were shown to a key
-    `GET /v1/models` shows one model)."""
-    if current.admin:
-        return snapshot
+    """The summary as a session may see it: the partitions and workers of the models its key
+    may use, admin or not (every model's queues and rates, and every worker with its host and
+    pid, were shown to a key `GET /v1/models` shows one model); every batch to an admin,
+    anyone else their tenant's."""
     principal = current.principal
+    seen = _usable_only(snapshot, principal) if principal.models else snapshot
+    if current.admin:
+        return seen
+    return {**seen, "batches": [b for b in seen["batches"] if b["tenant"] == principal.tenant]}
+
+
+def _usable_only(snapshot: dict[str, Any], principal: Principal) -> dict[str, Any]:
+    """The summary's partitions and workers cut to the models `principal` may use."""
 
     def usable(partitions: list[str]) -> list[str]:
         return [p for p in partitions if principal.may_use(p.partition(":")[0])]
@@ -204,7 +217,6 @@ def _summary_for(snapshot: dict[str, Any], current: ConsoleSession) -> dict[str,
         **snapshot,
         "partitions": [p for p in snapshot["partitions"] if principal.may_use(p["model"])],
         "workers": [w for w in workers if w["models"]],
-        "batches": [b for b in snapshot["batches"] if b["tenant"] == principal.tenant],
     }
 
 
@@ -245,9 +257,7 @@ async def jobs(
         tenant = current.principal.tenant
     wanted = JobFilter(status=status, model=model, tenant=tenant)
     rows = await recent_jobs(state.redis, state.keys, state.repository, wanted)
-    models = [
-        c.name for c in state.repository if current.admin or current.principal.may_use(c.name)
-    ]
+    models = [c.name for c in state.repository if current.principal.may_use(c.name)]
     return _page(request, "jobs.html", current, jobs=rows, wanted=wanted, models=models)
 
 
@@ -319,9 +329,11 @@ async def batch_file(state: State, current: Session, batch_id: str, kind: str) -
     return _secure(response)
 
 
-def _dead_letters(state: ProducerState, partition: str) -> DeadLetters:
+def _dead_letters(state: ProducerState, current: ConsoleSession, partition: str) -> DeadLetters:
+    """A partition's dead letters; 404 for one that does not exist, or whose model the
+    session's key may not use (as the key's `GET /v1/models` does not list it)."""
     model, _, variant = partition.partition(":")
-    config = state.repository.get(model)
+    config = state.repository.get(model) if current.principal.may_use(model) else None
     if config is None or variant not in config.variants:
         raise ConveyorError(404, "not_found", f"no partition {partition!r}")
     fair_window = config.fair_window_of(variant)
@@ -334,9 +346,11 @@ async def dead_letters(request: Request, state: State, current: Admin) -> Respon
     200 entries of a partition holding 5,000, whose "Replay all" replays all 5,000)."""
     partitions = []
     for config in state.repository:
+        if not current.principal.may_use(config.name):
+            continue
         for variant in config.variants:
             name = f"{config.name}:{variant}"
-            letters = _dead_letters(state, name)
+            letters = _dead_letters(state, current, name)
             partitions.append(
                 (name, await letters.entries(count=LETTERS_SHOWN), await letters.depth())
             )
@@ -350,7 +364,7 @@ async def confirm(
     """The confirmation step of replay and discard (a page, so it works without scripts)."""
     if action not in ("replay", "discard"):
         raise ConveyorError(404, "not_found", "no such action")
-    letters = _dead_letters(state, partition)
+    letters = _dead_letters(state, current, partition)
     if entry and not await letters.letters_of([entry]):  # not "Replay 1 dead letter?" for none
         raise ConveyorError(404, "not_found", f"no dead letter {entry!r} in {partition}")
     count = 1 if entry else await letters.depth()
@@ -374,7 +388,7 @@ async def act(
     """One letter (`entry`), or all up to the newest the confirmation showed (`upto`; none
     when it showed none)."""
     check_csrf(current, csrf)
-    letters = _dead_letters(state, partition)
+    letters = _dead_letters(state, current, partition)
     ids = [entry] if entry else None
     if ids is None and not is_stream_id(upto):
         ids = []  # the confirmation showed no letter: nothing is acted on
@@ -391,6 +405,7 @@ async def act(
 
 @router.get("/routes")
 async def routes(request: Request, state: State, current: Admin) -> Response:
-    """Weights, canary and shadow comparisons per model (producer_api/console/route_board.py)."""
-    rows = await route_board(state.traffic)
+    """Weights, canary and shadow comparisons per model the key may use
+    (producer_api/console/route_board.py)."""
+    rows = await route_board(state.traffic, current.principal.may_use)
     return _page(request, "routes.html", current, rows=rows)

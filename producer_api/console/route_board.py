@@ -5,6 +5,7 @@ shadow variant's comparisons over the last hour, as `GET /v1/experiments` report
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,10 +26,13 @@ class RouteRow:
     decision: dict[str, Any] | None  # the canary's latest event
 
 
-async def route_board(traffic: TrafficControl) -> list[RouteRow]:
+async def route_board(traffic: TrafficControl, shown: Callable[[str], bool]) -> list[RouteRow]:
+    """A row per model that `shown` accepts (the others' routes and stats are not read)."""
     now = time.time()
     rows = []
     for config in traffic.repository:
+        if not shown(config.name):
+            continue
         routes = traffic.routes.of(config)
         windows = await traffic.stats.window(config.name, routes.shadows, now - SHADOW_WINDOW_S)
         shadows = [
