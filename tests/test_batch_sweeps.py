@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from producer_api.app import create_app
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.batch_api.sweeper import COMPLETE_AFTER_MS, BatchApiSweeper
+from producer_api.state import ProducerState
 from shared.batch_api_store import BatchApiStore, BatchStatus, Refresh
 from shared.codec import RequestEntry
 from shared.job_states import JobStatus
@@ -220,14 +221,12 @@ async def test_a_cancel_whose_producer_died_before_settling_is_completed_by_the_
     assert await store.active() == []
 
 
-async def test_a_create_that_fails_after_its_items_were_enqueued_withdraws_them(
-    redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Redis fails between enqueueing a batch's items and recording them (a torn connection):
-    the client gets a 503 and no batch id, and its retry enqueues every item again. The items
-    of the failed create ran all the same, for a batch nobody could read; now they are
-    cancelled before any worker takes them. The producer runs in-process, on a real Valkey."""
-    keys = Keys("withdraws:")  # its own keys: no worker of another test reads its lane
+async def _create_through(
+    redis_url: str, aredis: aioredis.Redis, keys: Keys, fault: Callable[[ProducerState], None]
+) -> tuple[httpx.Response, list[bytes]]:
+    """POST a batch of ITEMS lines to a producer run in-process on a real Valkey, `fault` set on
+    its state first; returns the answer and the statuses of the items it enqueued (in their own
+    keys: no worker of another test reads their lane)."""
     settings = Settings(redis_url=redis_url, key_prefix=keys.prefix, auth="disabled")
     app = create_app(settings)
     source = "".join(
@@ -237,12 +236,7 @@ async def test_a_create_that_fails_after_its_items_were_enqueued_withdraws_them(
     stream = keys.bulk_queue("identity", "default")
     before = {f[b"id"] for _, f in await aredis.xrange(stream)}
     async with app.router.lifespan_context(app):
-        store = app.state.conveyor.batch_store
-
-        async def lost(*args: Any, **kwargs: Any) -> None:
-            raise RedisConnectionError("the connection was torn")
-
-        monkeypatch.setattr(store, "add_items", lost)
+        fault(app.state.conveyor)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             response = await client.post(
@@ -251,8 +245,74 @@ async def test_a_create_that_fails_after_its_items_were_enqueued_withdraws_them(
                 content=source,
                 headers={"Content-Type": "application/jsonl"},
             )
-    assert response.status_code == 503, response.text
     items = [f[b"id"] for _, f in await aredis.xrange(stream) if f[b"id"] not in before]
     assert len(items) == ITEMS  # enqueued before the failure
-    statuses = [await aredis.hget(keys.job(job_id.decode()), "status") for job_id in items]
+    return response, [await aredis.hget(keys.job(job_id.decode()), "status") for job_id in items]
+
+
+async def _torn(*args: Any, **kwargs: Any) -> None:
+    raise RedisConnectionError("the connection was torn")
+
+
+async def test_a_create_that_fails_after_its_items_were_enqueued_withdraws_them(
+    redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis fails between enqueueing a batch's items and recording them (a torn connection):
+    the client gets a 503 and no batch id, and its retry enqueues every item again. The items
+    of the failed create ran all the same, for a batch nobody could read; now they are
+    cancelled before any worker takes them."""
+
+    def fault(state: ProducerState) -> None:
+        monkeypatch.setattr(state.batch_store, "add_items", _torn)
+
+    response, statuses = await _create_through(redis_url, aredis, Keys("withdraws:"), fault)
+    assert response.status_code == 503, response.text
     assert statuses == [b"cancelled"] * ITEMS
+
+
+async def test_a_create_whose_look_after_the_start_fails_ends_its_batch_cancelled(
+    redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis fails at the look that follows the batch's start: the create answered 503 (no
+    batch id) while the batch ran, and OpenAI's SDK, which retries a 503, ran every line twice.
+    Now its items are withdrawn and the batch ends cancelled; left running, the sweeper would
+    have ended it `completed` (batch.completed), every item cancelled."""
+    keys = Keys("unlooked:")
+    looked: list[str] = []
+
+    def fault(state: ProducerState) -> None:
+        refresh = state.batch_progress.refresh
+
+        async def torn_once(batch_id: str, window: int) -> Refresh | None:
+            if window and not looked:  # the create's look; the sweeper's have no window
+                looked.append(batch_id)
+                await _torn()
+            return await refresh(batch_id, window)
+
+        monkeypatch.setattr(state.batch_progress, "refresh", torn_once)
+
+    response, statuses = await _create_through(redis_url, aredis, keys, fault)
+    assert response.status_code == 503, response.text
+    assert statuses == [b"cancelled"] * ITEMS
+    (batch_id,) = looked
+    assert await aredis.hget(keys.batch(batch_id), "status") == b"cancelled"
+    assert await aredis.zscore(keys.batches_active, batch_id) is None
+
+
+async def test_a_batch_whose_items_all_succeeded_by_its_window_s_end_completes(
+    aredis: aioredis.Redis,
+) -> None:
+    """A batch ends when something counts it: one whose last item succeeded just before its
+    window ran out, with nobody looking, was met by the sweeper past due and expired first,
+    every item having succeeded (batch.expired; `conveyor batch submit --wait` exited 1)."""
+    store, jobs = BatchApiStore(aredis, KEYS, TTL_S), JobStore(aredis, KEYS, TTL_S)
+    batch_id = await _running_batch(store, jobs)
+    ids = [job_id.decode() for job_id in await aredis.lrange(KEYS.batch_items(batch_id), 0, -1)]
+    for job_id in ids:
+        await aredis.hset(KEYS.job(job_id), "status", JobStatus.SUCCEEDED.value)
+    await aredis.zadd(KEYS.batches_active, {batch_id: now_ms() - 1})
+
+    await BatchApiSweeper(store, BatchApiProgress(jobs, store, WEBHOOKS)).sweep()
+    fields = await store.read(batch_id) or {}
+    assert fields["status"] == BatchStatus.COMPLETED, fields
+    assert fields["n_succeeded"] == str(ITEMS) and fields["open"] == "0"

@@ -197,6 +197,26 @@ def test_completion_window_expires_the_rest(base_url: str) -> None:
     assert len(errors) == 50 and {e["error"]["type"] for e in errors} == {"expired"}
 
 
+def test_an_item_running_when_the_window_ends_expires_without_its_result(
+    base_url: str, stack_redis: redis.Redis
+) -> None:
+    """The window's end expires running items as well as queued ones (`progress.end`): a
+    result that comes later is not the output file's, as after a cancel."""
+    keys = Keys()
+    created = _create(base_url, _canary_lines(3), model="identity", completion_window="1h")
+    done, running, _ = stack_redis.lrange(keys.batch_items(created["id"]), 0, -1)
+    stack_redis.hset(keys.job(done), mapping={"status": "succeeded", "outputs": '{"n": 1}'})
+    stack_redis.hset(keys.job(running), "status", "running")  # as the worker taking it does
+    stack_redis.zadd(keys.batches_active, {created["id"]: 0})  # its window has run out
+    batch = _wait_ended(base_url, created["id"], timeout=30)
+    assert batch["status"] == "expired", batch
+    assert batch["counts"]["succeeded"] == 1 and batch["counts"]["expired"] == 2
+    assert stack_redis.hget(keys.job(running), "status") == "expired"
+    assert [line["id"] for line in _jsonl(base_url, batch["id"], "output")] == [done]
+    expired = {e["id"] for e in _jsonl(base_url, batch["id"], "errors")}
+    assert running in expired and len(expired) == 2
+
+
 def test_a_batch_items_record_outlives_its_window(base_url: str, stack_redis: redis.Redis) -> None:
     """An item's hash lived the result TTL from its submit: with a 24 h window and the default
     24 h TTL it expired as the window ran out, before the sweeper ended the batch, and the

@@ -92,10 +92,10 @@ class BatchApiService:
             invalid = {"invalid": len(rejected)}
             await self.store.start(batch_id, open_lists, len(accepted), invalid, expires_ms)
             await self.store.enlist(self.principal.tenant, batch_id)
+            progress = await self._look(batch_id)
         except BaseException:
             await self._withdraw(batch_id, parsed.items)
             raise
-        progress = await self._look(batch_id)
         if progress.fields["status"] == BatchStatus.FAILED:
             await self.progress.notify(batch_id, progress)
         return batch_id, progress
@@ -103,7 +103,14 @@ class BatchApiService:
     async def _withdraw(self, batch_id: str, items: list[lines.Item]) -> None:
         """A create that failed part-way (the client gets its 503 and no batch id) cancels the
         items it may have enqueued: they ran for a batch nobody could read, and the client's
-        retry enqueued them again. Best effort: a Redis that refuses this too keeps them."""
+        retry enqueued them again. A batch that had started ends cancelled too: left running,
+        the sweeper would end it `completed`, every item cancelled. Its end is asked first, or
+        a look in between would do just that. Best effort: a Redis that refuses this keeps
+        them."""
+        try:
+            await self.progress.end(batch_id, BatchStatus.CANCELLED)
+        except RedisError as exc:
+            log.warning("batch %s could not be cancelled (%r)", batch_id, exc)
         job_ids = [item.entry.job_id for item in items]
         try:
             for start in range(0, len(job_ids), CHUNK):

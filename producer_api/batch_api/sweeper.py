@@ -23,13 +23,11 @@ class BatchApiSweeper:
     async def sweep(self) -> None:
         now = now_ms()
         for batch_id, expires_ms in await self.store.active():
-            if expires_ms <= now:
-                await self.progress.end(batch_id, BatchStatus.EXPIRED)
+            # counted first: a batch whose last item finished just before its window ran out,
+            # with nobody looking, completes rather than expiring with every item done
             progress = await self.progress.refresh(batch_id, window=0)
-            if progress is not None and _ending_unsettled(progress):
-                # a cancel whose producer died between asking the end and settling the items:
-                # they ran on (GPU time for a cancelled batch) until the window ran out
-                await self.progress.end(batch_id, BatchStatus(progress.fields["ending"]))
+            if progress is not None and (ending := _ending_due(progress, expires_ms <= now)):
+                await self.progress.end(batch_id, ending)
                 progress = await self.progress.refresh(batch_id, window=0)
             if progress is None:
                 await self.store.forget(batch_id)
@@ -54,7 +52,13 @@ def _left_by_its_finalizer(progress: Refresh, now: int) -> bool:
     return status.terminal and not progress.finalize and now - ended_at >= COMPLETE_AFTER_MS
 
 
-def _ending_unsettled(progress: Refresh) -> bool:
-    """An end was asked of a batch that still runs: its items may be unsettled."""
+def _ending_due(progress: Refresh, past_window: bool) -> BatchStatus | None:
+    """The end to apply to a batch still running once counted: one asked already (a cancel
+    whose producer died between asking the end and settling the items, which then ran on until
+    the window ran out), else expiry once its window has run out."""
     fields = progress.fields
-    return bool(fields.get("ending")) and not BatchStatus(fields["status"]).terminal
+    if fields["status"] != BatchStatus.IN_PROGRESS:
+        return None
+    if ending := fields.get("ending"):
+        return BatchStatus(ending)
+    return BatchStatus.EXPIRED if past_window else None
