@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
 
+from producer_api.task_cancel import cancel_and_wait
 from shared.redis_client import OUT_OF_REACH
 
 log = logging.getLogger(__name__)
@@ -52,9 +52,8 @@ async def until_shutdown(events: AsyncIterator[T], shutdown: anyio.Event) -> Asy
             upcoming = asyncio.ensure_future(anext(events))
     finally:
         stop.cancel()
-        upcoming.cancel()
-        with suppress(asyncio.CancelledError, StopAsyncIteration):
-            await upcoming
+        # Cancelled once, a token follower's `wait_for` could swallow it (gh-86296) and follow on.
+        await cancel_and_wait(upcoming)
         if (aclose := getattr(events, "aclose", None)) is not None:
             await aclose()
 

@@ -28,6 +28,7 @@ from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
 from shared.redis_client import HiredisPacking, RedisClient, connect
 from shared.settings import get_settings
+from tests.conftest import until_async
 from workers.partition.stream_reader import StreamReader
 
 pytestmark = pytest.mark.slow
@@ -178,8 +179,14 @@ async def test_the_reply_listener_follows_a_channel_whose_slot_moves(
             for node in (target, source):  # an empty slot: handed over without MIGRATE
                 node.client().execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
             view = {"id": job_id, "status": "succeeded"}
-            await asyncio.sleep(0.5)  # the listener's resubscription on the new owner
-            target.client().execute_command("SPUBLISH", channel, dumps([view]))
+            with target.client() as owner:  # a message published before it listens is lost
+
+                async def resubscribed() -> bool:
+                    [(_, count)] = owner.pubsub_shardnumsub(channel)
+                    return bool(count == 1)
+
+                await until_async(resubscribed, timeout=10)  # on the new owner
+                assert owner.execute_command("SPUBLISH", channel, dumps([view])) == 1
             assert (await asyncio.wait_for(waiting, 10))["status"] == "succeeded"
         finally:
             await listener.stop()

@@ -98,12 +98,12 @@ async def test_a_claim_whose_job_never_appeared_is_taken_over_once_abandoned(
     meanwhile, stays), and one written before claims carried their time counts as abandoned."""
     keys, store = _stores(aredis)
     monkeypatch.setattr(admission, "IN_PROGRESS_WAIT_S", 0.3)
-    monkeypatch.setattr(admission, "ABANDONED_AFTER_S", 0.5)
     lost, retry = new_job_id("m", "default"), new_job_id("m", "default")
     assert await keys.claim(TENANT, KEY, lost, BODY, store.exists) is None
-    with pytest.raises(ConveyorError):  # young: maybe still being enqueued
+    with pytest.raises(ConveyorError):  # young (ABANDONED_AFTER_S: 60): maybe being enqueued
         await keys.claim(TENANT, KEY, retry, BODY, store.exists)
-    await asyncio.sleep(0.5)
+    # the claim is older now than that: the retry waited IN_PROGRESS_WAIT_S for it
+    monkeypatch.setattr(admission, "ABANDONED_AFTER_S", 0.1)
     assert await keys.claim(TENANT, KEY, retry, BODY, store.exists) is None  # taken over
     await _enqueue(store, retry)
     assert await keys.claim(TENANT, KEY, new_job_id("m", "default"), BODY, store.exists) == retry

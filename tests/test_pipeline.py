@@ -18,6 +18,7 @@ import redis
 from conveyor.stack import Stack
 from shared.codec import loads
 from shared.keys import Keys
+from tests.conftest import until
 from tests.minilm_reference import reference_embeddings
 
 KEYS = Keys("cv:")
@@ -200,16 +201,20 @@ def test_cancel_before_a_worker_reads_it(
 
 
 def test_a_predict_whose_job_expired_in_the_queue_is_a_documented_504(
-    base_url: str, stack: Stack
+    base_url: str, stack: Stack, stack_redis: redis.Redis
 ) -> None:
     """The job's deadline passes while no worker serves its variant: the worker that comes
     reads it too late and ends it `expired`; the waiting predict answers 504, a status its
-    OpenAPI lists."""
-    body = {"variant": "canary", "inputs": {"n": 1}, "deadline": time.time() + 0.2}
+    OpenAPI lists. The deadline leaves the request time to arrive (one already past is 422)."""
+    deadline = time.time() + 3
+    body = {"variant": "canary", "inputs": {"n": 1}, "deadline": deadline}
     url = f"{base_url}/v1/models/identity/predict"
+    queue = KEYS.queue("identity", "canary")
+    before = stack_redis.xlen(queue)
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(httpx.post, url, json=body, timeout=60)
-        time.sleep(0.5)  # past the deadline, with the job queued
+        until(lambda: stack_redis.xlen(queue) > before or waiting.done())  # the job is queued
+        until(lambda: time.time() > deadline)  # and its deadline passed
         stack.start_worker("identity:canary", name="canary-late")
         try:
             response = waiting.result(timeout=60)

@@ -110,7 +110,8 @@ def test_position_falls_as_the_jobs_ahead_finish(api: httpx.Client, store: redis
 
     until(started, timeout=30, every=0.05)
     assert seen == sorted(seen, reverse=True), seen  # never rises
-    assert len(set(seen)) >= 5 and seen[-1] <= 1, seen
+    # it fell most of the way to the head (how near depends on how fast the polls came)
+    assert len(set(seen)) >= 5 and seen[-1] <= positions[-1] // 2, seen
     assert api.get(f"/v1/jobs/{last}", params={"wait": 30}).json()["status"] == "succeeded"
     done = api.get(f"/v1/jobs/{last}").json()
     assert "queue_position" not in done and "eta_ms" not in done
@@ -240,7 +241,8 @@ def test_eta_error_on_a_steady_load(api: httpx.Client, store: redis.Redis) -> No
 
 def test_a_deadline_the_eta_cannot_meet_is_refused(api: httpx.Client, store: redis.Redis) -> None:
     _drained(store)
-    _measured(api)  # ~3 s of jobs queued
+    _measured(api)
+    _submit(api, 30)  # ~3 s of jobs ahead (~9 a second), whatever drained meanwhile
     before = store.xlen(STEADY), store.get(KEYS.added(STEADY))
     response = api.post("/v1/jobs", json=_job(ttl_s=0.2))
     assert response.status_code == 429, response.text
@@ -255,7 +257,8 @@ def test_a_deadline_the_eta_cannot_meet_is_refused(api: httpx.Client, store: red
         Client(str(api.base_url), on_retry=retries.append) as client,
         pytest.raises(APIError) as absolute,
     ):
-        client.submit("steady", {"sleep_ms": JOB_MS}, deadline=time.time() + 0.2)
+        # ~2.5 s of jobs still ahead; a second leaves the request time to arrive (422 if late)
+        client.submit("steady", {"sleep_ms": JOB_MS}, deadline=time.time() + 1.0)
     assert absolute.value.status == 429 and retries == [], retries
     assert absolute.value.type == "deadline_unmeetable" and "later deadline" in str(absolute.value)
     meetable = api.post("/v1/jobs", json=_job(deadline=time.time() + 120))

@@ -24,6 +24,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from conveyor.stack import Stack
+from producer_api.health.api_router import READY_TIMEOUT_S
 from shared.keys import Keys
 from shared.redis_client import OUT_OF_REACH, connect
 from shared.settings import get_settings
@@ -88,9 +89,12 @@ def test_a_frozen_redis_is_a_fast_503_and_recovers(freezable: Stack) -> None:
     log = freezable.log_dir / "producer.log"
     assert httpx.post(f"{url}/v1/jobs", json=BODY, timeout=30).status_code == 202
     with frozen(freezable):
-        # A load balancer's probe with a 1 s timeout sees a 503 rather than timing out.
-        ready = httpx.get(f"{url}/readyz", timeout=1.0)
+        # A load balancer's probe (a 1 s timeout) sees a 503 rather than timing out: the
+        # producer's own READY_TIMEOUT_S ended the ping (a bare TimeoutError), not the Redis
+        # client's REDIS_TIMEOUT_S. The client here waits longer only for a loaded machine.
+        ready = httpx.get(f"{url}/readyz", timeout=READY_TIMEOUT_S + 3)
         assert ready.status_code == 503 and ready.json()["error"]["type"] == "unavailable"
+        assert ready.json()["error"]["message"] == "redis unreachable: TimeoutError()", ready.text
         # No submit times out (the client's timeout is the bound); each is a 503 to retry.
         responses = asyncio.run(_submits(url))
         assert all(_unavailable(r) for r in responses), {r.status_code for r in responses}

@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import redis
 from redis.exceptions import ClusterDownError
 
 from conveyor.client import Client, StreamFailed
@@ -191,18 +192,22 @@ def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(
     doomed = paced.start_producer(free_port(), name=DOOMED, server=server)
     job_id = _submit(doomed, key, 400)  # 20 s of tokens
     chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 400}
+    sent = [threading.Event(), threading.Event()]
     with ThreadPoolExecutor(2) as pool:
         url = f"{doomed}/v1/jobs/{job_id}"
-        poll = pool.submit(httpx.get, url, params={"wait": 60}, headers=_headers(key), timeout=90)
+        poll = pool.submit(_sent, "GET", url, sent[0], params={"wait": 60}, headers=_headers(key))
         whole = pool.submit(
-            httpx.post,
+            _sent,
+            "POST",
             f"{doomed}/v1/chat/completions",
+            sent[1],
             json=chat,
             headers=_headers(key),
-            timeout=90,
         )
         until(lambda: _status(paced.base_url, key, job_id) == "running")
-        time.sleep(0.5)  # both requests are waiting by now
+        _until_read(doomed, sent)  # uvicorn's stop would drop a request not read yet
+        with redis.Redis.from_url(paced.redis_url) as client:  # the chat's job is admitted
+            until(lambda: client.zcard(Keys().in_flight(key_id_of(key))) == 2)
         began = time.monotonic()
         exit_code = paced.stop_process(DOOMED, timeout=60)
         stopped_s = time.monotonic() - began
@@ -220,6 +225,24 @@ def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(
             timeout=60,
         ).json()
         assert view["status"] == "succeeded", view
+
+
+def _sent(method: str, url: str, sent: threading.Event, **kwargs: Any) -> httpx.Response:
+    """The response to one request; `sent` is set once the whole request is on the wire."""
+
+    def trace(event: str, _: dict[str, Any]) -> None:
+        if event == "http11.send_request_body.complete":
+            sent.set()
+
+    with httpx.Client(timeout=90) as client:
+        return client.request(method, url, extensions={"trace": trace}, **kwargs)
+
+
+def _until_read(base_url: str, sent: list[threading.Event]) -> None:
+    """Until the producer has read every request `sent` says is on the wire: it reads its
+    connections in turn, so one it answers after they were all sent was read after them."""
+    until(lambda: all(event.is_set() for event in sent))
+    assert httpx.get(f"{base_url}/healthz", timeout=30).status_code == 200
 
 
 def _status(base_url: str, key: str, job_id: str) -> str:
@@ -241,6 +264,7 @@ def test_a_frozen_redis_ends_open_streams_cleanly_and_they_resume(paced: Stack) 
 
 ATTACKS = 30
 ATTACK_EVERY_S = 0.1
+STALL_S = 0.3  # the paced model's tokens come every 50 ms
 
 
 def _token_times(base_url: str, key: str, job_id: str, times: list[float]) -> None:
@@ -261,9 +285,10 @@ async def _attack(base_url: str, key: str, job_id: str) -> list[int]:
     return codes
 
 
-def _max_gap(times: list[float], start: float, end: float) -> float:
+def _stalled_s(times: list[float], start: float, end: float) -> float:
+    """How long the stream stalled between `start` and `end`: its gaps of STALL_S or more."""
     inside = [t for t in times if start <= t <= end]
-    return max((b - a for a, b in itertools.pairwise(inside)), default=0.0)
+    return sum(gap for a, b in itertools.pairwise(inside) if (gap := b - a) >= STALL_S)
 
 
 def test_a_tenant_with_bad_resume_ids_does_not_slow_another_tenants_tokens(paced: Stack) -> None:
@@ -284,11 +309,11 @@ def test_a_tenant_with_bad_resume_ids_does_not_slow_another_tenants_tokens(paced
 
     assert set(codes) == {422}, codes
     assert times[-1] > end, "the stream ended before the attack did; make it longer"
-    baseline = _max_gap(times, times[0], start)
-    attacked = _max_gap(times, start, end)
-    # Generous: its worst gap under attack stays near its own worst gap before (each bad
-    # request once stalled every stream of the producer for ~0.5 s).
-    assert attacked <= 2 * baseline + 0.25, (baseline, attacked)
+    # Each bad request once stalled every stream of the producer for ~0.5 s: the next came
+    # within ~0.1 s, so the stream stalled for most of the attack. A loaded machine's odd
+    # stall stays far below half of it.
+    stalled = _stalled_s(times, start, end)
+    assert stalled < (end - start) / 2, (stalled, end - start)
 
 
 async def test_a_cluster_failing_over_ends_a_stream_as_an_outage_does() -> None:

@@ -16,6 +16,7 @@ from producer_api.events.protocol import JobEvent
 from producer_api.jobs.serving import JobsService
 from producer_api.live_feed import while_holds
 from producer_api.state import ProducerState
+from producer_api.task_cancel import cancel_and_wait
 from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
 
@@ -59,15 +60,16 @@ class EventsService:
         self, job_id: str, then: AsyncIterator[JobEvent]
     ) -> AsyncGenerator[JobEvent, None]:
         """`then`'s events, with the job's standing before the first of them: `then` starts at
-        once, so its first event (a token, the final one) is never held up by the ticks."""
+        once, so its first event (a token, the final one) is never held up by the ticks. Ended
+        first, it stops `then` for sure (else a token follower could follow on, unread)."""
         first = asyncio.ensure_future(anext(then, None))
         try:
             async for event in self._queued(job_id, first):
                 yield event
             if (head := await first) is None:
                 return
-        finally:
-            first.cancel()
+        finally:  # a token follower's `wait_for` could swallow a single cancel (gh-86296)
+            await cancel_and_wait(first)
         yield head
         async for event in then:
             yield event
