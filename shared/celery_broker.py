@@ -22,6 +22,11 @@ from redis.exceptions import RedisClusterException, RedisError
 from shared.settings import get_settings
 
 BRPOP_S = 1.0  # kombu's default brpop_timeout
+# When kombu gives a delivery a worker took but never acknowledged (it died) to another: past
+# the longest retry countdown a live worker holds (5 min) and the attempt after it, far within
+# CONVEYOR_WEBHOOK_RETRY_FOR_S. kombu's hour had a dead worker's retry wait that long, and the
+# task then found itself out of time after one more attempt.
+VISIBILITY_TIMEOUT_S = 900.0
 BROKER_TAG = "{celery}"
 
 
@@ -33,6 +38,7 @@ def broker_app(broker_url: str, **options: Any) -> Celery:
     transport: dict[str, Any] = {
         "socket_timeout": timeout + BRPOP_S,
         "socket_connect_timeout": timeout,
+        "visibility_timeout": VISIBILITY_TIMEOUT_S,
     }
     if settings.redis_cluster:
         broker_url = ";".join(_node_urls(broker_url))

@@ -55,9 +55,13 @@ UNSENDABLE = re.compile(r"[\x00-\x20\x7f]")
 
 def _normalised(path: str) -> str:
     """The path as the HTTP client sends it: dot segments, percent-encoded ones too, resolved
-    (RFC 3986), so `/hooks/../admin` is checked as `/admin`."""
+    (RFC 3986), so `/hooks/../admin` is checked as `/admin`; a trailing slash is kept (an
+    entry `…/hooks/` refused the very URL it names)."""
     plain = path.replace("%2e", ".").replace("%2E", ".")
-    return posixpath.normpath(plain) if plain else "/"
+    if not plain:
+        return "/"
+    resolved = posixpath.normpath(plain)
+    return resolved + "/" if plain.endswith("/") and resolved != "/" else resolved
 
 
 def allowed(url: str, allowlist: list[str]) -> bool:

@@ -18,6 +18,7 @@ import redis
 from celery.exceptions import Retry
 from redis.exceptions import RedisClusterException
 
+from shared.celery_broker import broker_app
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.webhook_events import allowed
@@ -210,3 +211,15 @@ def test_a_cluster_out_of_reach_stops_no_delivery(
     monkeypatch.setattr(webhook_delivery, "_attempt_log", unreachable)
     status = webhook_delivery.deliver_webhook.run("job", "j3", f"{receiver}/j3", EVENT, time.time())
     assert status == "delivered"
+
+
+def test_a_dead_workers_pending_retry_is_handed_on_well_within_the_retry_window() -> None:
+    """kombu gives an unacknowledged delivery to another worker after its visibility timeout,
+    an hour by default: a retry whose worker died waited that long, then found itself out of
+    CONVEYOR_WEBHOOK_RETRY_FOR_S after one more attempt. A live worker holds a retry for at
+    most BACKOFF_CAP_S before its attempt, which must end before it is handed on (twice)."""
+    settings = Settings()
+    options = broker_app("redis://127.0.0.1:1/0").conf.broker_transport_options
+    visibility = options["visibility_timeout"]
+    assert BACKOFF_CAP_S + settings.webhook_timeout_s < visibility
+    assert visibility <= settings.webhook_retry_for_s / 4

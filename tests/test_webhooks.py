@@ -128,6 +128,11 @@ def test_allow_list_matching() -> None:
     assert not allowed("ftp://hooks.example.com/conveyor/", rules)
     assert not allowed("https://hooks.example.com/conveyor/#frag", rules)
     assert not allowed("https://a..acme.io/", rules)  # an empty label: no request can go there
+    slashed = ["https://hooks.example.com/conveyor/"]
+    assert allowed("https://hooks.example.com/conveyor/", slashed)  # the URL the entry names
+    assert allowed("https://hooks.example.com/conveyor/jobs", slashed)
+    assert not allowed("https://hooks.example.com/conveyor/../admin/", slashed)
+    assert not allowed("https://hooks.example.com/conveyorx/", slashed)
 
 
 def test_signatures_reject_tampering_and_stale_timestamps() -> None:
