@@ -1,7 +1,8 @@
-"""What a partition loop runs next: abandoned entries whose reclaim is due first, then two
-lanes — online requests first, the bulk lane (Batch API jobs) a share of micro-batches while
-both have work (`bulk_share`), and all of them while online is idle — so a large Batch API job
-drains at full speed alone and interactive jobs still go first when they arrive."""
+"""What a partition loop runs next: abandoned entries whose reclaim is due first (a micro-batch
+loop's one at a time, each followed by a turn for new work), then two lanes — online requests
+first, the bulk lane (Batch API jobs) a share of micro-batches while both have work
+(`bulk_share`), and all of them while online is idle — so a large Batch API job drains at full
+speed alone and interactive jobs still go first when they arrive."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from workers.partition.arrival_rate import ArrivalRate
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
 from workers.partition.stream_reader import Delivery, LaneEntry, MicroBatch, StreamReader
+
+# How long a read blocks while a reclaimed entry is still in a staged engine's pipeline: the next
+# is claimed once it is written back, not a whole idle read (a second) later.
+REDELIVERED_WAIT_MS = 50
 
 
 class LaneCredit:
@@ -51,6 +56,8 @@ class LaneScheduler:
         # Undelivered entries a fair lane's stream holds before jobs are held (0: not fair).
         self.fair_window = partition.config.fair_window_of(partition.variant)
         self.after_outage = False  # a read's reply may have been lost: look in our pending list
+        self.new_turn = False  # a reclaimed entry was handed over last: new work goes next
+        self.redelivered: set[LaneEntry] = set()  # the reclaimed entry handed over last
 
     def outage(self) -> None:
         """Redis failed a call: if it was a read that Redis served but whose reply was lost,
@@ -68,12 +75,14 @@ class LaneScheduler:
     ) -> list[MicroBatch]:
         """One micro-batch (rarely two, when a blocking read returns from both lanes): after
         an outage, this consumer's pending entries that are not `in_hand` (running); then
-        reclaimed entries as they come; after a full micro-batch (a backlog) one script reads
-        the lane preferred now, else the other; otherwise (idle, or keeping up) one blocking
-        XREADGROUP on both lanes, which returns at once when entries wait and hands them over
-        with no further round trip (with `slots`, after the script found neither lane had any:
-        a round trip more per admission of a generate loop, whose jobs run for seconds). Then
-        the micro-batch is topped up while more are coming.
+        reclaimed entries as they come (`_reclaimed`), each followed by what waits new, read
+        without blocking (none: `[]`, and the next call reclaims again); after a full
+        micro-batch (a backlog) one script reads the lane preferred now, else the other;
+        otherwise (idle, or keeping up) one blocking XREADGROUP on both lanes, which returns at
+        once when entries wait and hands them over with no further round trip (with `slots`,
+        after the script found neither lane had any: a round trip more per admission of a
+        generate loop, whose jobs run for seconds). Then the micro-batch is topped up while
+        more are coming.
         `slots`: `max_items` are free engine slots (a generate loop), not a micro-batch's
         size, and no more may be handed over in all: the lanes are read one at a time (a
         script first, which finds what waits in either; the blocking read only if neither
@@ -82,19 +91,46 @@ class LaneScheduler:
             if held := await self.reader.held([self.online, self.bulk], max_items, in_hand):
                 return held
             self.after_outage = False
-        if reclaimed := await self.reclaimer.due(max_items):
+        if self.new_turn:  # between reclaimed entries, what waits new (without blocking)
+            self.new_turn = False
+            return [batch] if (batch := await self._take(max_items, delay_ms)) else []
+        if reclaimed := await self._reclaimed(max_items, in_hand, slots):
+            self.new_turn = True
             return [reclaimed]
-        if self.backlog or slots:
-            order = (
-                [self.bulk, self.online] if self.credit.bulk_turn() else [self.online, self.bulk]
-            )
-            if (batch := await self.reader.take(order, max_items)) is not None:
-                self.credit.served(bulk=batch[0] == self.bulk)
-                self.backlog = len(batch[1]) >= max_items
-                return [await self._topped_up(batch, max_items, delay_ms)]
+        if (self.backlog or slots) and (batch := await self._take(max_items, delay_ms)):
+            return [batch]
+        if self.redelivered.intersection(in_hand):  # a staged engine runs it: claim on soon
+            block_ms = min(block_ms, REDELIVERED_WAIT_MS)
         waited = await self.reader.wait([self.online, self.bulk], max_items, block_ms)
         self.backlog = any(self._left_waiting(deliveries, max_items) for _, deliveries in waited)
         return [await self._topped_up(b, max_items, delay_ms) for b in waited]
+
+    async def _reclaimed(
+        self, max_items: int, in_hand: Collection[LaneEntry], slots: bool
+    ) -> MicroBatch | None:
+        """Abandoned entries whose reclaim is due. A micro-batch loop's come one at a time,
+        each claimed once the one before is written back (no longer `in_hand`): a crashed
+        worker's micro-batch may hold an input that kills the process, which, run with the
+        others again, would take them all past `max_deliveries`; alone, it dies alone. A
+        generate loop's fill its free slots (its jobs run side by side in any case)."""
+        if slots:
+            return await self.reclaimer.due(max_items)
+        if self.redelivered.intersection(in_hand):
+            return None
+        reclaimed = await self.reclaimer.due(1)
+        self.redelivered = (
+            {(reclaimed[0], d.entry_id) for d in reclaimed[1]} if reclaimed else set()
+        )
+        return reclaimed
+
+    async def _take(self, max_items: int, delay_ms: float) -> MicroBatch | None:
+        """One script's read of the lane preferred now, else the other (None: both empty)."""
+        order = [self.bulk, self.online] if self.credit.bulk_turn() else [self.online, self.bulk]
+        if (batch := await self.reader.take(order, max_items)) is None:
+            return None
+        self.credit.served(bulk=batch[0] == self.bulk)
+        self.backlog = len(batch[1]) >= max_items
+        return await self._topped_up(batch, max_items, delay_ms)
 
     def _left_waiting(self, deliveries: list[Delivery], max_items: int) -> bool:
         """Whether a blocking read that handed over `deliveries` likely left jobs waiting: it

@@ -63,24 +63,26 @@ class Reclaimer:
 
     async def due(self, count: int) -> MicroBatch | None:
         """Up to `count` of the first lane's abandoned entries whose reclaim is due:
-        (stream, deliveries)."""
+        (stream, deliveries). A lane stays due while its claims come back full, past any
+        dead-lettered ones, so a backlog drains at once however few are claimed at a time."""
         for stream in self.streams:
-            if time.monotonic() < self._next[stream]:
-                continue
-            if abandoned := await self.reclaim(stream, count):
-                return stream, abandoned
+            while time.monotonic() >= self._next[stream]:
+                if abandoned := await self.reclaim(stream, count):
+                    return stream, abandoned
         return None
 
     async def reclaim(self, stream: str, count: int | None = None) -> list[Delivery]:
-        """Claim a batch of abandoned entries (at most `count`, or a micro-batch's worth);
-        dead-lettered ones are already settled."""
+        """Claim abandoned entries (at most `count`, or a micro-batch's worth); dead-lettered
+        ones are already settled. The lane's next reclaim is due half a visibility timeout
+        later, or at once when this one claimed all it asked for (more may be waiting)."""
         self._next[stream] = time.monotonic() + self.interval_s
         now = now_ms()
+        asked = min(self.batch, count or self.batch)
         args: list[str | int] = [
             GROUP,
             self.consumer,
             self.idle_ms,
-            min(self.batch, count or self.batch),
+            asked,
             self.keys.job_prefix,
             now,
             self.max_deliveries,
@@ -91,6 +93,8 @@ class Reclaimer:
         )
         if rows is None:  # the lane had vanished: nothing of it to reclaim
             return []
+        if len(rows) >= asked:
+            self._next[stream] = 0.0
         deliveries = [
             decode_delivery(eid, fields, status, now, redelivered=True, attempts=int(count))
             for eid, fields, status, count in rows

@@ -1,0 +1,111 @@
+"""A process-killing input must not take its micro-batch with it: entries taken back from a
+crashed worker run one at a time, so only the poison entry keeps killing workers and reaches
+the dead letters (README: bad input never loses another job)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from conveyor.stack import Stack
+from shared.codec import RequestEntry
+from shared.job_store import JobStore, now_ms
+from shared.keys import GROUP, Keys
+from shared.model_repository import ModelConfig, QueueLimits
+from tests.conftest import REPO_ROOT, running_stack, until
+from tests.test_faults import FIXTURES, _faulty, _job
+from tests.test_lost_reads import _jobs
+from workers.partition.job_events import JobEvents
+from workers.partition.lane_scheduler import LaneScheduler
+from workers.partition.partition import Partition
+from workers.partition.reclaim import Reclaimer
+from workers.partition.stream_reader import StreamReader
+
+KEYS = Keys("poison:")
+WORKER = "box-7-77"
+
+
+@pytest.fixture(scope="module")
+def poison_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A producer over the test models (`faulty`: visibility timeout 2 s, max_deliveries 2)."""
+    with running_stack(
+        tmp_path_factory.mktemp("poison"),
+        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
+        PYTHONPATH=str(REPO_ROOT),  # the custom backend lives in tests/
+        CONVEYOR_AUTH="disabled",
+    ) as stack:
+        yield stack
+
+
+@pytest.mark.slow
+def test_a_crashing_entry_does_not_dead_letter_its_batchmates(poison_stack: Stack) -> None:
+    bodies = [_faulty({"n": 0}), _faulty({"action": "crash"}), _faulty({"n": 2}), _faulty({"n": 3})]
+    ids = [
+        httpx.post(f"{poison_stack.base_url}/v1/jobs", json=body).json()["id"] for body in bodies
+    ]
+    r = redis.Redis.from_url(poison_stack.redis_url, decode_responses=True)
+
+    def ended() -> bool:
+        return all(_job(r, i).get("status") in {"succeeded", "failed"} for i in ids)
+
+    exits: list[int] = []
+    try:
+        # the first worker reads all four in one micro-batch and dies; each later one takes the
+        # entries back, until the crashing one is past max_deliveries (the third worker)
+        for attempt in range(4):
+            name = f"poison-{attempt}"
+            poison_stack.start_worker("faulty", name=name)
+            worker = poison_stack.processes[name]
+            until(lambda: ended() or worker.poll() is not None, timeout=60)  # noqa: B023
+            exits.append(poison_stack.stop_process(name))
+            if ended():
+                break
+        jobs = [_job(r, i) for i in ids]
+    finally:
+        r.close()
+    statuses = [j.get("status") for j in jobs]
+    assert statuses == ["succeeded", "failed", "succeeded", "succeeded"], (exits, jobs)
+    assert "DeadLettered" in jobs[1]["error"]
+    assert {j["batch_size"] for j in jobs if j["status"] == "succeeded"} == {"1"}  # alone
+
+
+async def test_reclaimed_entries_run_one_at_a_time_between_new_work(
+    aredis: aioredis.Redis,
+) -> None:
+    """A dead consumer's three entries come back one per micro-batch, the next claimed only
+    once the one before is no longer in hand; new work gets a turn after each, and the whole
+    backlog is served without waiting a reclaim interval in between."""
+    config = ModelConfig(
+        name="m", kind="batch", backend="identity", queue=QueueLimits(visibility_timeout_s=0.2)
+    )
+    partition = Partition.of(KEYS, config, "default")
+    store = JobStore(aredis, KEYS, ttl_s=60)
+
+    async def queued(*job_ids: str) -> None:
+        for job_id in job_ids:
+            entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
+            await store.create(entry, partition.online, {"model": "m", "variant": "default"})
+
+    await queued("a0", "a1", "a2")
+    reader = StreamReader(aredis, KEYS, partition.streams, WORKER)
+    await reader.ensure_groups()
+    await aredis.xreadgroup(GROUP, "dead-1", {partition.online: ">"})  # then it died
+    await asyncio.sleep(0.3)  # past the visibility timeout
+    await queued("n0", "n1")
+    reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
+    lanes = LaneScheduler(partition, reader, reclaimer)
+
+    first = await lanes.next_batch(32, 0, 50)
+    assert _jobs(first) == ["a0"] and first[0][1][0].redelivered
+    running = {(partition.online, first[0][1][0].entry_id)}  # a staged engine still has it
+    assert _jobs(await lanes.next_batch(32, 0, 50, running)) == ["n0", "n1"]
+    # no second claim meanwhile, and no idle read's whole block either (a minute here): the
+    # next is claimed soon after the staged engine writes this one back
+    assert await asyncio.wait_for(lanes.next_batch(32, 0, 60_000, running), 10) == []
+    served = [_jobs(await lanes.next_batch(32, 0, 50)) for _ in range(5)]
+    assert served == [["a1"], [], ["a2"], [], []]
