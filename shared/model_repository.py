@@ -121,6 +121,11 @@ class QueueLimits(BaseModel):
     max_queue_time_s: float = Field(default=600.0, gt=0, le=YEAR_S)
     visibility_timeout_s: float = Field(default=60.0, gt=0, le=YEAR_S)
     max_deliveries: int = Field(default=3, ge=1)
+    # Longest one micro-batch may run on the engine (a bisection's reruns and a staged engine's
+    # wait for the device included) before the engine is deemed hung (a wedged kernel, a
+    # deadlocked library): its entries are no longer re-claimed and the worker exits, as for a
+    # dead engine. 0: no ceiling. Not for generate models (their loop re-claims on its own).
+    max_run_s: float = Field(default=600.0, ge=0, le=YEAR_S)
     # Refuse at submit (429 deadline_unmeetable) a job whose deadline falls before its ETA,
     # rather than accept it and let it expire (producer_api/jobs/queue_eta.py).
     admit_by_deadline: bool = False

@@ -2,13 +2,15 @@
 job view shows it; a quick one never pays for the mark), then its entries re-claimed every third
 of the visibility timeout until its write-back. A bisection's reruns or a wait for the device
 could outlast the timeout: another worker reclaimed the entries, ran the jobs again and put a
-false `crashed` attempt on their records."""
+false `crashed` attempt on their records. Its engine call has a ceiling, `queue.max_run_s`: one
+that never returns (a wedged kernel, a deadlocked library) kept its jobs claimed, and its
+partition reading nothing, for as long as the worker lived."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
 
@@ -20,22 +22,45 @@ RUNNING_MARK_S = 0.1
 
 class LongRun:
     """Watches one micro-batch from its read until `end` (its write-back), off the loop's path;
-    a mark or touch Redis fails is tried again at the next touch."""
+    a mark or touch Redis fails is tried again at the next touch. Once its engine call has run
+    `max_run_s` (0: no ceiling) it stops touching and calls `hung`: the engine is deemed dead."""
 
     def __init__(
-        self, reader: StreamReader, stream: str, runnable: Sequence[Delivery], touch_every_s: float
+        self,
+        reader: StreamReader,
+        stream: str,
+        runnable: Sequence[Delivery],
+        touch_every_s: float,
+        max_run_s: float,
+        hung: Callable[[], None],
     ) -> None:
         self.reader = reader
         self.stream = stream
         self.runnable = runnable
         self.touch_every_s = touch_every_s
+        self.max_run_s = max_run_s
+        self.hung = hung
         self._task: asyncio.Task[None] | None = None
+        self._ceiling: asyncio.TimerHandle | None = None
         self._timer = asyncio.get_running_loop().call_later(RUNNING_MARK_S, self._start)
+
+    def started(self) -> None:
+        """The engine takes the micro-batch up now (a staged engine's pipeline: its wait for
+        the device counts); from now on its run is bounded by `max_run_s`."""
+        if self.max_run_s:
+            self._ceiling = asyncio.get_running_loop().call_later(self.max_run_s, self._overran)
 
     def end(self) -> None:
         self._timer.cancel()
+        if self._ceiling is not None:
+            self._ceiling.cancel()
         if self._task is not None:
             self._task.cancel()
+
+    def _overran(self) -> None:
+        """Past the ceiling: the entries go back untouched, to be redelivered elsewhere."""
+        self.end()
+        self.hung()
 
     def _start(self) -> None:
         if self.runnable:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from functools import partial
 
 from shared.codec import dumps
@@ -22,7 +23,7 @@ from workers.batching.micro_batch_telemetry import (
     stage_span,
 )
 from workers.batching.stage_pipeline import StagePipeline
-from workers.engines.base import BatchEngine, StagedBatchEngine
+from workers.engines.base import BatchEngine, EngineDied, StagedBatchEngine
 from workers.partition.finish import Finish
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
@@ -31,6 +32,17 @@ from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import Delivery, LaneEntry, StreamReader
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A micro-batch read and kept claimed (`watch`) until its write-back: what runs, and the
+    results of what must not (cancelled, expired)."""
+
+    stream: str
+    runnable: list[Delivery]
+    skipped: list[Finish]
+    watch: LongRun
 
 
 class MicroBatchLoop:
@@ -52,11 +64,23 @@ class MicroBatchLoop:
         self.block_ms = block_ms
         self.stopping = asyncio.Event()
         self.stages = StagePipeline(engine) if isinstance(engine, StagedBatchEngine) else None
+        self.hung: EngineDied | None = None  # an engine call ran past `queue.max_run_s`
+        self._running: asyncio.Task[None] | None = None  # `run`'s, which `hung` cancels
 
     async def run(self) -> None:
         """Serve until asked to stop; the micro-batch in hand is finished and acknowledged (or,
         when Redis is gone at stop, left pending for another worker to reclaim). Redis outages
-        pause the loop (capped backoff) without losing the consumer's entries."""
+        pause the loop (capped backoff) without losing the consumer's entries. An engine call
+        past `queue.max_run_s` ends it with EngineDied, its micro-batches left pending."""
+        self._running = asyncio.current_task()
+        try:
+            await self._serve()
+        except asyncio.CancelledError:
+            if self.hung is None:
+                raise
+            raise self.hung from None
+
+    async def _serve(self) -> None:
         try:
             await serve_until_stopped(
                 self.step, self.stopping, self.partition.name, self.lanes.outage
@@ -65,14 +89,16 @@ class MicroBatchLoop:
             await self._drain()
 
     async def _drain(self) -> None:
-        """Finish and write back the micro-batches still in the stage pipeline."""
-        if self.stages is None:
+        """Finish and write back the micro-batches still in the stage pipeline; a hung engine's
+        never finish, and its threads never stop: the worker exits without them."""
+        if self.stages is None or self.hung is not None:
             return
         try:
             with contextlib.suppress(Stopped):
                 await self.stages.drain()
         finally:
-            self.stages.close()
+            if self.hung is None:
+                self.stages.close()
 
     async def step(self) -> None:
         if self.stages is not None:
@@ -83,49 +109,79 @@ class MicroBatchLoop:
             self.block_ms,
             self.in_hand,
         )
-        for stream, batch in batches:
-            await self.process(stream, batch)
+        await self._in_turn([self.claim(stream, batch) for stream, batch in batches])
 
     async def process(self, stream: str, batch: list[Delivery]) -> None:
+        """Claim and run one micro-batch."""
+        await self._in_turn([self.claim(stream, batch)])
+
+    async def _in_turn(self, waiting: list[Claimed]) -> None:
+        """Run claimed micro-batches one after another, each kept claimed from its read: a
+        blocking read can return both lanes', and the second's entries, untouched while the
+        first ran, were reclaimed and run again by another worker. Those an error (an engine
+        that died) left unwritten go back untouched."""
+        try:
+            while waiting:
+                await self._run(waiting[0])
+                waiting.pop(0)
+        finally:
+            for claimed in waiting:
+                claimed.watch.end()
+
+    def claim(self, stream: str, batch: list[Delivery]) -> Claimed:
+        """Sort a micro-batch just read into what runs and what must not, and keep its runnable
+        entries claimed until its write-back."""
         self.in_hand.update((stream, delivery.entry_id) for delivery in batch)
-        finishes: list[Finish] = []
+        skipped: list[Finish] = []
         runnable: list[Delivery] = []
         for delivery in batch:
             finish = self.partition.skip_or_expire(delivery)
             if finish is None:
                 runnable.append(delivery)
             else:
-                finishes.append(finish)
+                skipped.append(finish)
         record_ended(self.partition, batch)
+        queue = self.partition.config.queue
+        watch = LongRun(
+            self.reader, stream, runnable, self.partition.touch_every_s, queue.max_run_s, self._hung
+        )
+        return Claimed(stream, runnable, skipped, watch)
+
+    async def _run(self, claimed: Claimed) -> None:
         model, variant = self.partition.labels
-        with batch_span(model, variant, runnable):
+        with batch_span(model, variant, claimed.runnable):
             with stage_span("decode"):
-                inputs = [d.entry.payload.get("inputs", {}) for d in runnable if d.entry]
-            watch = LongRun(self.reader, stream, runnable, self.partition.touch_every_s)
-            done = partial(self.complete, stream, runnable, finishes, watch)
+                inputs = [d.entry.payload.get("inputs", {}) for d in claimed.runnable if d.entry]
+            done = partial(self.complete, claimed)
+            claimed.watch.started()
             if self.stages is not None and inputs:
                 await self.stages.submit(inputs, done)
                 return
             with stage_span("engine"):
-                try:
-                    outcomes = await execute(self.engine, inputs)
-                except BaseException:  # the engine died: its entries go back untouched
-                    watch.end()
-                    raise
+                outcomes = await execute(self.engine, inputs)
             await done(outcomes)
 
-    async def complete(
-        self,
-        stream: str,
-        runnable: list[Delivery],
-        skipped: list[Finish],
-        watch: LongRun,
-        outcomes: list[Outcome],
-    ) -> None:
+    def _hung(self) -> None:
+        """A micro-batch's engine call ran past `queue.max_run_s`: the engine is deemed dead
+        (it never returns), so the loop ends as it does on EngineDied and the worker exits."""
+        if self.hung is not None:
+            return
+        max_run_s = self.partition.config.queue.max_run_s
+        self.hung = EngineDied(
+            f"{self.partition.name}: a micro-batch ran past queue.max_run_s ({max_run_s:g} s):"
+            " the engine is deemed hung"
+        )
+        if self._running is not None:
+            self._running.cancel()
+
+    async def complete(self, claimed: Claimed, outcomes: list[Outcome]) -> None:
         """Write a micro-batch's results and its skipped entries back in one round trip (no
         touch meanwhile: while Redis takes no write-back it takes no touch either)."""
-        watch.end()
-        finishes = skipped + [self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)]
+        claimed.watch.end()
+        stream, runnable = claimed.stream, claimed.runnable
+        finishes = claimed.skipped + [
+            self._result(d, o) for d, o in zip(runnable, outcomes, strict=True)
+        ]
         with stage_span("write"):
             written = await until_done(
                 lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name

@@ -5,6 +5,7 @@ batch in hand, acknowledge, exit)."""
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from celery import bootsteps
@@ -13,6 +14,10 @@ from celery.worker import state as celery_state
 from shared.settings import get_settings
 from workers.runtime.consumer_runtime import ConsumerRuntime
 from workers.runtime.heartbeat import WorkerHeartbeat
+
+# What Celery gets to shut down after a crash, past the grace (a webhook delivery in hand), before
+# the exit is forced.
+FORCED_EXIT_MARGIN_S = 20.0
 
 
 class StreamConsumer(bootsteps.StartStopStep):
@@ -36,5 +41,11 @@ class StreamConsumer(bootsteps.StartStopStep):
 
 def _exit_worker() -> None:
     """Ask Celery's main loop to shut the worker down with EX_SOFTWARE, as a signal would (it
-    checks this flag on every turn): the consumer thread cannot stop it from where it runs."""
+    checks this flag on every turn): the consumer thread cannot stop it from where it runs.
+    The exit is forced if the process outlives that shutdown: an engine call that never
+    returns (queue.max_run_s) holds a pool thread, which Python waits for at exit, for ever."""
     celery_state.should_stop = os.EX_SOFTWARE
+    delay_s = get_settings().shutdown_grace_s + FORCED_EXIT_MARGIN_S
+    forced = threading.Timer(delay_s, os._exit, [os.EX_SOFTWARE])
+    forced.daemon = True
+    forced.start()

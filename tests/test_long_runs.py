@@ -1,0 +1,157 @@
+"""Micro-batches that run long, end to end on real workers: one read beside a long one is kept
+claimed while it waits its turn, and one whose engine call never returns is handed back once it
+has run `queue.max_run_s`, rather than kept claimed for as long as the worker lives."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import yaml
+
+from conveyor.stack import Stack
+from shared.keys import Keys
+from shared.model_repository import ModelConfigError, ModelRepository
+from tests.conftest import REPO_ROOT, running_stack, until
+from tests.test_faults import _job, _wait_terminal
+
+KEYS = Keys("cv:")
+FAULTY = REPO_ROOT / "tests" / "fixtures" / "model_repository" / "faulty" / "config.yaml"
+
+
+def _repository(root: Path, **models: dict[str, Any]) -> Path:
+    """A model repository of copies of the `faulty` test model (visibility timeout 2 s), one
+    per keyword, each with those settings on top (its `queue`'s merged into faulty's)."""
+    root.mkdir(exist_ok=True)
+    for name, settings in models.items():
+        config = yaml.safe_load(FAULTY.read_text())
+        config |= {**settings, "queue": config["queue"] | settings.get("queue", {})}
+        (root / name).mkdir()
+        (root / name / "config.yaml").write_text(yaml.safe_dump(config))
+    return root
+
+
+@pytest.fixture(scope="module")
+def long_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    wedged = {"queue": {"max_run_s": 2}}
+    models = _repository(
+        tmp_path_factory.mktemp("models"),
+        faulty={},
+        wedged=wedged,
+        staged={**wedged, "backend": "tests.fault_engine:StagedFaultEngine"},
+    )
+    with running_stack(
+        tmp_path_factory.mktemp("long-runs"),
+        CONVEYOR_MODEL_REPOSITORY=str(models),
+        PYTHONPATH=str(REPO_ROOT),  # the custom backend lives in tests/
+        CONVEYOR_AUTH="disabled",
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture
+def r(long_stack: Stack) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(long_stack.redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def _submit(stack: Stack, model: str, inputs: dict[str, Any]) -> str:
+    response = httpx.post(f"{stack.base_url}/v1/jobs", json={"model": model, "inputs": inputs})
+    assert response.status_code == 202, response.text
+    job_id: str = response.json()["id"]
+    return job_id
+
+
+def _submit_bulk(stack: Stack, r: redis.Redis, model: str, inputs: dict[str, Any]) -> str:
+    """One Batch API item (the bulk lane); returns its job id."""
+    line = json.dumps({"custom_id": "c0", "body": {"inputs": inputs}}) + "\n"
+    response = httpx.post(
+        f"{stack.base_url}/v1/batches",
+        params={"model": model},
+        content=line,
+        headers={"Content-Type": "application/jsonl"},
+        timeout=60,
+    )
+    assert response.status_code == 202, response.text
+    [job_id] = r.lrange(KEYS.batch_items(response.json()["id"]), 0, -1)
+    return str(job_id)
+
+
+def _history(job: dict[str, str]) -> list[dict[str, Any]]:
+    history: list[dict[str, Any]] = json.loads(job.get("attempt_history", "[]"))
+    return history
+
+
+@pytest.mark.slow
+def test_a_second_lanes_micro_batch_is_kept_claimed_while_the_first_runs(
+    long_stack: Stack, r: redis.Redis
+) -> None:
+    """One blocking read returned both lanes; the bulk micro-batch's entries were first
+    re-claimed only once the online one had run: past the visibility timeout another worker
+    took the bulk job over and ran it, the first ran it again, and its record showed a false
+    `crashed` attempt."""
+    online_id = _submit(long_stack, "faulty", {"sleep_ms": 15_000})
+    bulk_id = _submit_bulk(long_stack, r, "faulty", {"n": 1})
+    first = long_stack.start_worker("faulty", name="both-lanes")  # reads both in one read
+    time.sleep(0.5)
+    long_stack.start_worker("faulty", name="reclaimer")
+    try:
+        # the second worker came up while the first still ran the online job
+        assert _job(r, online_id)["status"] == "running"
+        _, bulk = _wait_terminal(r, [online_id, bulk_id], timeout=120)
+    finally:
+        long_stack.stop_processes(["both-lanes", "reclaimer"])
+    assert bulk["status"] == "succeeded" and bulk["writes"] == "1", bulk
+    assert [(a["outcome"], a["pid"]) for a in _history(bulk)] == [("succeeded", first)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["wedged", "staged"])
+def test_a_micro_batch_past_max_run_s_is_handed_back(
+    long_stack: Stack, r: redis.Redis, model: str
+) -> None:
+    """An engine call that never returns (a wedged kernel, a deadlocked library) kept its jobs
+    running for as long as the worker lived: it re-claimed them every third of the visibility
+    timeout. Past `max_run_s` (2 s here) it stops, and the other worker takes the job over; a
+    staged engine's pipeline alike."""
+    names = [f"{model}-{n}" for n in range(2)]
+    for name in names:
+        long_stack.spawn_worker(model, name=name)
+    long_stack.wait_ready(*names)
+    try:
+        job_id = _submit(long_stack, model, {"sleep_ms": 600_000})
+        terminal = {"succeeded", "failed", "cancelled", "expired"}
+
+        def settled() -> list[dict[str, Any]] | None:
+            job = _job(r, job_id)
+            history = _history(job)
+            crashed = any(attempt["outcome"] == "crashed" for attempt in history)
+            return history if crashed or job.get("status") in terminal else None
+
+        history: list[dict[str, Any]] = until(settled, timeout=180, every=0.5)
+        # the worker that hung exits, its engine's thread still asleep (Python waited for it)
+        hung = next(n for n in names if long_stack.processes[n].pid == history[0]["pid"])
+        until(lambda: not long_stack.running(hung), timeout=240, every=1)
+        exit_code = long_stack.processes[hung].returncode
+    finally:
+        long_stack.stop_processes(names)
+    assert history and history[0]["outcome"] == "crashed", history
+    assert history[0]["error"]["type"] == "WorkerLost", history
+    assert exit_code == os.EX_SOFTWARE, exit_code
+
+
+def test_max_run_s_is_a_non_negative_number_of_seconds(tmp_path: Path) -> None:
+    unbounded = ModelRepository.load(
+        _repository(tmp_path / "ok", unbounded={"queue": {"max_run_s": 0}})
+    )
+    assert unbounded.models["unbounded"].queue.max_run_s == 0
+    with pytest.raises(ModelConfigError, match=r"queue\.max_run_s"):
+        ModelRepository.load(_repository(tmp_path / "bad", wedged={"queue": {"max_run_s": -1}}))
