@@ -52,6 +52,7 @@ def long_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         CONVEYOR_MODEL_REPOSITORY=str(models),
         PYTHONPATH=str(REPO_ROOT),  # the custom backend lives in tests/
         CONVEYOR_AUTH="disabled",
+        CONVEYOR_SHUTDOWN_GRACE_S="3",  # a hung worker's exit is forced 23 s after, not 50
     ) as stack:
         yield stack
 
