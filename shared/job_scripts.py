@@ -18,6 +18,7 @@ from shared.keys import (
     REFUSED_SUFFIX,
     REFUSED_TTL_S,
     UNCOUNTED_SUFFIX,
+    WEBHOOKS_OWED_SUFFIX,
 )
 
 _PRELUDE = (
@@ -207,6 +208,29 @@ end
 """
 )
 
+# For the scripts that end jobs with webhooks (FINISH, RECLAIM, TRANSITION): a job's event is
+# owed from the step that ends it, so a worker that dies before it hands the event to the broker
+# loses none (the reclaimer re-sends it: workers/partition/reclaim.py). The set lives as long as
+# the hashes it names, which the event is built from.
+_OWE = (
+    f"""
+local OWED = '{WEBHOOKS_OWED_SUFFIX}'
+"""
+    + """
+-- Jobs `ids` of lane `stream`, ended at `at` (ms), owe their webhook events.
+local function owe(stream, ids, at, ttl)
+  if #ids == 0 then return end
+  local scored = {}
+  for _, jid in ipairs(ids) do
+    table.insert(scored, at)
+    table.insert(scored, jid)
+  end
+  redis.call('ZADD', stream .. OWED, unpack(scored))
+  redis.call('EXPIRE', stream .. OWED, ttl)
+end
+"""
+)
+
 # KEYS: streams in order of preference (lanes); ARGV: group, consumer, count, job-key prefix,
 # now_ms, mark ('1': mark the jobs running, as a generate loop wants; '': only read their status).
 # Non-blocking XREADGROUP of the first stream that has new entries, plus each job's status, in one
@@ -386,9 +410,11 @@ return out
 # otherwise they are claimed for running again. Rows: {entry_id, fields, status, deliveries}.
 # The consumer that abandoned an entry (read before XAUTOCLAIM makes it ours) goes on the job's
 # attempt history: `crashed`, or `dead-lettered` for the last one. A dead job joins the lane's
-# recent list; the caller frees its in-flight slot (named by the entry).
+# recent list, and one with a webhook the lane's owed set (the caller hands its event over, then
+# takes it off); the caller frees its in-flight slot (named by the entry).
 RECLAIM = (
     _PRELUDE
+    + _OWE
     + """
 local owners = {}
 for _, row in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+',
@@ -409,9 +435,11 @@ for _, e in ipairs(res[2]) do
     for i = 1, #fields do table.insert(dead, fields[i]) end
     redis.call('XADD', KEYS[2], '*', unpack(dead))
     local jk = jid and jobkey(ARGV[5], jid)
+    local job = jk and redis.call('HMGET', jk, 'status', 'webhook') or {}
     local fate = 'dead-ended'
-    if jk and can(redis.call('HGET', jk, 'status'), 'failed') then
+    if jk and can(job[1], 'failed') then
       fate = 'dead'
+      if job[2] then owe(KEYS[1], {jid}, ARGV[6], ARGV[8]) end
       local err = cjson.encode({type = 'DeadLettered', message = reason})
       local args = {'status', 'failed', 'error', err, 'finished', ARGV[6]}
       if owner then
@@ -447,15 +475,18 @@ return out
 # created since still has the TTL its enqueue set, ttl_s give or take the slack of
 # shared/job_store.renew_before_ms), refill ('1': move a held job in, as a fair lane's
 # write-back does, or one after an entry round robin moved in; '': a plain lane's, which then
-# never looks at the fair hash: workers/partition/partition.Partition.refills), then per job a
-# record:
-#   entry_id, job_id, reply_channel, view, status, write_id, attempt, nfields, field, value, ...
+# never looks at the fair hash: workers/partition/partition.Partition.refills), now_ms, then per
+# job a record:
+#   entry_id, job_id, reply_channel, view, status, write_id, attempt, webhook, nfields, field,
+#   value, ...
 # status '' means only acknowledge (job already terminal, cancelled or gone; write_id and attempt
-# are then ''); `attempt` is this run's entry for the job's history, as JSON
-# (shared/job_store.attempt_json, the twin of `attempt` above); a job still
-# `queued` ran unmarked (see stream_reader.py) and moves as if from `running`. A `cancelled`
-# record for a job the API cancelled while it ran (a generation it aborted) writes its fields
-# only: what the job ran to, its outputs so far (workers/partition/finish.py: Finish.record).
+# are then ''); webhook '1' for a job with one: its result, written, puts it on the lane's owed
+# set (one ZADD and EXPIRE per call, none for a call without such jobs), which the writer takes
+# it off once its event is handed over; `attempt` is this run's entry for the job's history, as
+# JSON (shared/job_store.attempt_json, the twin of `attempt` above); a job still `queued` ran
+# unmarked (see stream_reader.py) and moves as if from `running`. A `cancelled` record for a job
+# the API cancelled while it ran (a generation it aborted) writes its fields only: what it ran to,
+# its outputs so far (workers/partition/finish.py: Finish.record).
 # Per written job two commands (HMGET, HSET; EXPIRE too for a job older than renew_before); per
 # micro-batch one SPUBLISH per reply
 # channel (a JSON array of the views written for it; the channel is in the partition's slot),
@@ -470,14 +501,15 @@ return out
 # XACK acknowledged.
 FINISH = (
     _PRELUDE
+    + _OWE
     + """
-local i, renew_before = 7, tonumber(ARGV[5])
-local ids, written, fresh = {}, {}, {}
+local i, renew_before = 8, tonumber(ARGV[5])
+local ids, written, fresh, owed = {}, {}, {}, {}
 local replies, channels = {}, {}
 while i <= #ARGV do
   local eid, jid, reply, view, status = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
-  local write_id, run = ARGV[i+5], ARGV[i+6]
-  local first, last = i + 8, i + 7 + tonumber(ARGV[i+7]) * 2  -- the record's field/value pairs
+  local write_id, run, webhook = ARGV[i+5], ARGV[i+6], ARGV[i+7]
+  local first, last = i + 9, i + 8 + tonumber(ARGV[i+8]) * 2  -- the record's field/value pairs
   table.insert(ids, eid)
   if status ~= '' then
     local jk = jobkey(ARGV[3], jid)
@@ -495,6 +527,7 @@ while i <= #ARGV do
         redis.call('EXPIRE', jk, ARGV[2], 'GT')  -- never shorter: see ENQUEUE's ttl
       end
       table.insert(fresh, jid)
+      if webhook == '1' then table.insert(owed, jid) end
       again = true
     elseif again then
       -- this very result, rerun: written again (as it is), so that this call, likely on a
@@ -521,6 +554,7 @@ for _, reply in ipairs(channels) do
   redis.call('SPUBLISH', reply, '[' .. table.concat(replies[reply], ',') .. ']')
 end
 remember(KEYS[1], fresh)
+owe(KEYS[1], owed, ARGV[7], ARGV[2])
 if #ids > 0 then
   local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
   redis.call('XDEL', KEYS[1], unpack(ids))
@@ -540,11 +574,15 @@ return written
 # worker running the job (its `worker` since its `started`) on the job's attempt history, as
 # `cancelled`, `expired` or `failed`; a job a fair lane holds back leaves the lane's `held`
 # count then (admission counts it against max_length), not when refill later drops its entry.
+# A terminal move that writes `ended_by` (JobStore.transition's: the API's cancel, which then
+# hands the job's event over) of a job with a webhook puts it on its lane's owed set, scored by
+# its `finished`; settle_many's (a batch's items, whose ends no job event reports) does not.
 TRANSITION = (
     _PRELUDE
+    + _OWE
     + """
 local job = redis.call('HMGET', KEYS[1], 'status', 'worker', 'started', 'attempt_history',
-                      'stream', 'held')
+                      'stream', 'held', 'webhook')
 local cur = job[1]
 if not can(cur, ARGV[1]) then return {0, cur or false} end
 local args = {'status', ARGV[1]}
@@ -565,7 +603,12 @@ end
 redis.call('HSET', KEYS[1], unpack(args))
 redis.call('EXPIRE', KEYS[1], ARGV[4], 'GT')
 if ARGV[2] ~= '' then redis.call('SPUBLISH', ARGV[2], ARGV[3]) end
-if not ALLOWED[ARGV[1]] and job[5] then remember(job[5], {ARGV[5]}) end
+if not ALLOWED[ARGV[1]] and job[5] then
+  remember(job[5], {ARGV[5]})
+  if job[7] and field(args, 'ended_by') then
+    owe(job[5], {ARGV[5]}, field(args, 'finished'), ARGV[4])
+  end
+end
 return {1, cur}
 """
 )

@@ -44,6 +44,10 @@ UNCOUNTED_SUFFIX = ":fair:uncounted"
 # It outlives any retry of the call (a few backoffs through a failover).
 REFUSED_SUFFIX = ":refused"
 REFUSED_TTL_S = 300
+# Ids of a lane's jobs that ended owing their webhook event (a sorted set, by the end's ms): the
+# script that ends such a job adds it, whoever hands the event to the broker removes it, and the
+# reclaimer re-sends what stays owed (docs/architecture.md, "Webhooks").
+WEBHOOKS_OWED_SUFFIX = ":webhooks-owed"
 
 
 def partition_tag(model: str, variant: str) -> str:
@@ -138,6 +142,11 @@ class Keys:
         that end jobs; trimmed back to RECENT_KEPT once RECENT_SLACK past it): what the console
         lists jobs from (the first RECENT_KEPT at most), without a SCAN of the keyspace."""
         return f"{stream}{RECENT_SUFFIX}"
+
+    def webhooks_owed(self, stream: str) -> str:
+        """Jobs of a lane whose webhook event may not have reached the broker yet (sorted set:
+        job id by the ms it ended), so that one lost with its worker is sent all the same."""
+        return f"{stream}{WEBHOOKS_OWED_SUFFIX}"
 
     def fair(self, stream: str) -> str:
         """A fair lane's counters (hash: held, window, per-tenant weight and deficit)."""

@@ -124,6 +124,14 @@ def event(event_type: str, data: dict[str, Any], event_id: str | None = None) ->
     }
 
 
+def job_event(view: dict[str, Any]) -> dict[str, Any]:
+    """A job's event, `job.<status>`, from its public view. Its id names the job and the status
+    it ended in: the same for the first hand-over and for any re-send of one a dead worker may
+    have lost (the reclaimer's, workers/partition/reclaim.py), so receivers dedupe on it."""
+    status = view["status"]
+    return event(f"job.{status}", view, f"{view['id']}_{status}")
+
+
 @dataclass
 class WebhookDispatcher:
     """Hands deliveries to the Celery task by name (no import of the worker code)."""

@@ -2,15 +2,18 @@
 ahead of it finish; the ETA of a steady load is within ±50% of when jobs really started, once
 the drain rate is measured; the events stream says where a queued job stands, at most once a
 second, and when no worker serves its partition; a deadline the ETA cannot meet is refused at
-submit (429 deadline_unmeetable) and one it can is accepted; a deadline that is negative or
-already past is refused (422) with nothing enqueued."""
+submit (429 deadline_unmeetable) and one it can is accepted, as is (with a deadline or none) a
+job that would wait past `max_queue_time_s`; a rate outlives a pause while a worker serves; a
+deadline that is negative or already past is refused (422) with nothing enqueued."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import statistics
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,10 +28,14 @@ import redis.asyncio as aioredis
 from conveyor.client import Client, RetryEvent
 from conveyor.client.errors import APIError
 from conveyor.stack import Stack
+from producer_api.events.serving import QUEUED_EVERY_S
+from producer_api.jobs.queue_eta import REFRESH_S
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, stamp_ms
 from shared.keys import Keys, new_job_id
-from tests.conftest import REPO_ROOT, running_stack, until
+from shared.queue_position import RATE_WINDOW_S
+from shared.worker_registry import TTL_S
+from tests.conftest import REPO_ROOT, running_stack, serve, until
 from tests.test_cli import CONVEYOR
 from tests.test_llm_pipeline import sse_events
 
@@ -37,11 +44,12 @@ FIXTURES = REPO_ROOT / "tests" / "fixtures" / "queue_repository"
 JOB_MS = 100  # one job per micro-batch, each sleeping this long: ~9 jobs/s with one worker
 KEYS = Keys()
 STEADY = KEYS.queue("steady", "default")
+BRIEF = KEYS.queue("brief", "default")  # `steady` with a 3 s max_queue_time_s
 
 
 @pytest.fixture(scope="module")
 def queue_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The `steady` model with one worker; `idle` with none."""
+    """The `steady` model with one worker; `idle` with none; `brief` gets one when a test asks."""
     with running_stack(
         tmp_path_factory.mktemp("queue-position"),
         CONVEYOR_AUTH="disabled",
@@ -78,18 +86,26 @@ def _submit(api: httpx.Client, count: int) -> list[dict[str, Any]]:
     return accepted
 
 
-def _drained(store: redis.Redis) -> None:
-    until(lambda: store.xlen(STEADY) == 0, timeout=60)
+def _drained(store: redis.Redis, stream: str = STEADY) -> None:
+    until(lambda: store.xlen(stream) == 0, timeout=60)
 
 
-def _measured(api: httpx.Client) -> None:
-    """Wait until the producer knows the drain rate: a 202 behind a backlog carries an ETA."""
+def _measured(api: httpx.Client, model: str = "steady", backlog: int = 30) -> None:
+    """Wait until the producer knows the drain rate: a 202 behind a backlog carries an ETA, or
+    deadline admission refuses (it only does with a rate known)."""
 
     def known() -> bool:
-        [job] = _submit(api, 1)
-        return job["eta_ms"] is not None and job["queue_position"] > 0
+        for _ in range(3):  # up to a job behind another (at the head an ETA shows no rate)
+            response = api.post("/v1/jobs", json=_job(model))
+            if response.status_code == 429:
+                return bool(response.json()["error"]["type"] == "deadline_unmeetable")
+            job = response.json()
+            if job["queue_position"] > 0:
+                return job["eta_ms"] is not None
+        return False
 
-    _submit(api, 30)
+    for _ in range(backlog):
+        assert api.post("/v1/jobs", json=_job(model)).status_code == 202
     until(known, timeout=30, every=0.5)
 
 
@@ -139,14 +155,20 @@ def test_a_wait_that_runs_out_answers_where_the_job_stands(
     assert api.get(running["urls"]["self"], params={"wait": 30}).json()["status"] == "succeeded"
 
 
-async def _enqueued_replying_to_nobody(redis_url: str, inputs: dict[str, Any]) -> str:
-    """A job as a dead letter's replay enqueues it: no producer's reply channel."""
+async def _enqueued_replying_to_nobody(
+    redis_url: str, inputs: dict[str, Any], model: str = "steady", count: int = 1
+) -> list[str]:
+    """Jobs as a dead letter's replay enqueues them: no producer's reply channel, no admission."""
     client = aioredis.Redis.from_url(redis_url)
-    entry = RequestEntry(new_job_id("steady", "default"), {"inputs": inputs}, stamp_ms())
-    fields = {"model": "steady", "variant": "default"}
-    await JobStore(client, KEYS, 600).create(entry, STEADY, fields)
+    store, fields = JobStore(client, KEYS, 600), {"model": model, "variant": "default"}
+    entries = [
+        RequestEntry(new_job_id(model, "default"), {"inputs": inputs}, stamp_ms())
+        for _ in range(count)
+    ]
+    for entry in entries:
+        await store.create(entry, KEYS.queue(model, "default"), fields)
     await client.aclose()
-    return entry.job_id
+    return [entry.job_id for entry in entries]
 
 
 def test_a_long_poll_ends_with_a_job_that_has_no_reply_channel(
@@ -155,7 +177,7 @@ def test_a_long_poll_ends_with_a_job_that_has_no_reply_channel(
     """Nothing publishes the end of a job no producer submitted (a dead letter's replay, a
     batch's line): its long-poll sat out the whole wait, though the job ended in a second."""
     _drained(store)
-    job_id = asyncio.run(_enqueued_replying_to_nobody(queue_stack.redis_url, {"sleep_ms": 1_000}))
+    [job_id] = asyncio.run(_enqueued_replying_to_nobody(queue_stack.redis_url, {"sleep_ms": 1_000}))
     answer = api.get(f"/v1/jobs/{job_id}", params={"wait": 60}, timeout=20)
     assert answer.status_code == 200 and answer.json()["status"] == "succeeded", answer.text
 
@@ -267,6 +289,45 @@ def test_a_deadline_the_eta_cannot_meet_is_refused(api: httpx.Client, store: red
     assert job["status"] == "succeeded", job
 
 
+def test_a_job_that_would_wait_past_max_queue_time_is_refused(
+    queue_stack: Stack, api: httpx.Client, store: redis.Redis
+) -> None:
+    """Admission weighed only the job's own deadline: with none, or a far one, a job behind more
+    than `max_queue_time_s` of work was accepted (202), to expire in the queue."""
+    serve(queue_stack, "brief")
+    _measured(api, "brief", backlog=10)  # ~1 s of work: none expires
+    _drained(store, BRIEF)
+    # ~100 jobs of 100 ms ahead, far past the 3 s any of them may wait (none expires yet)
+    asyncio.run(_enqueued_replying_to_nobody(queue_stack.redis_url, _job()["inputs"], "brief", 100))
+    added = store.get(KEYS.added(BRIEF))
+    for extra in ({}, {"deadline": time.time() + 600}):
+        response = api.post("/v1/jobs", json=_job("brief", **extra))
+        assert response.status_code == 429, (extra, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "deadline_unmeetable" and error["eta_ms"] > 3_000, error
+        assert "max_queue_time_s" in error["message"], error
+        assert int(response.headers["Retry-After"]) in range(1, 61)  # the limit moves with a retry
+    assert store.get(KEYS.added(BRIEF)) == added  # nothing enqueued
+    _drained(store, BRIEF)
+
+
+def test_a_rate_measured_before_a_pause_still_counts(api: httpx.Client, store: redis.Redis) -> None:
+    """Once the window held no completion (a pause longer than RATE_WINDOW_S), a partition with
+    a worker serving had no rate: the next burst's 202s said `eta_ms: null`, and deadline
+    admission let every job in."""
+    _drained(store)
+    _measured(api)
+    _drained(store)
+    time.sleep(RATE_WINDOW_S + 2 * REFRESH_S)  # the pause itself: nothing drains meanwhile
+    burst = _submit(api, 20)
+    waiting = [job for job in burst if job["queue_position"] > 0]
+    assert waiting and all(job["eta_ms"] is not None for job in waiting), burst
+    response = api.post("/v1/jobs", json=_job(ttl_s=0.2))
+    assert response.status_code == 429, response.text
+    assert response.json()["error"]["type"] == "deadline_unmeetable"
+    _drained(store)
+
+
 @pytest.mark.parametrize(
     "extra",
     [{"deadline": -5}, {"deadline": 0}, {"deadline": 1_000_000_000}, {"ttl_s": -1}],
@@ -327,6 +388,40 @@ def test_scaling_event_when_no_worker_serves_the_partition(
     scaling = httpx.Response(200, content=events[0][1]["data"]).json()
     assert scaling["consumers"] == 0 and scaling["eta_ms"] is None and "KEDA" in scaling["message"]
     assert api.delete(f"/v1/jobs/{job['id']}").json()["status"] == "cancelled"
+
+
+def _event_names(base_url: str, job_id: str, seen: list[str]) -> None:
+    """Append the name of each of the job's events to `seen` as it arrives, up to `final`."""
+    with httpx.stream("GET", f"{base_url}/v1/jobs/{job_id}/events", timeout=120) as response:
+        for event in sse_events(response.iter_lines()):
+            seen.append(event["event"])
+            if event["event"] == "final":
+                return
+
+
+def test_scaling_event_when_the_worker_dies_with_the_job_at_the_head(
+    queue_stack: Stack, api: httpx.Client, store: redis.Redis
+) -> None:
+    """A job at the head of its lane with a worker serving got no more events, so once that
+    worker died its stream never said `scaling`, though no worker served the partition."""
+    _drained(store)
+    running = api.post("/v1/jobs", json=_job(inputs={"sleep_ms": 120_000})).json()
+    until(lambda: api.get(running["urls"]["self"]).json()["status"] == "running")
+    head = api.post("/v1/jobs", json=_job()).json()
+    assert head["queue_position"] == 0, head
+    seen: list[str] = []
+    reader = threading.Thread(target=_event_names, args=(queue_stack.base_url, head["id"], seen))
+    reader.start()
+    try:
+        time.sleep(2 * QUEUED_EVERY_S)  # the stream has seen it at the head, a worker serving
+        queue_stack.stop_process("steady", sig=signal.SIGKILL)
+        # cancelled, its rerun (after the visibility timeout) does not hold the next worker
+        assert api.delete(running["urls"]["self"]).json()["status"] == "cancelled"
+        until(lambda: "scaling" in seen, timeout=TTL_S + 30, every=0.5)
+    finally:
+        queue_stack.start_worker("steady")
+        reader.join(timeout=60)
+    assert seen[-1] == "final" and seen.index("scaling") < seen.index("final"), seen
 
 
 def test_cli_jobs_wait_shows_progress(

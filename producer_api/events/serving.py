@@ -78,8 +78,9 @@ class EventsService:
         self, job_id: str, first: asyncio.Future[JobEvent | None]
     ) -> AsyncIterator[JobEvent]:
         """Until `first` is done: the job's standing when it changed, read once a second while
-        it is queued with something to wait for (jobs ahead, or no worker); a job at the head
-        of its lane with a worker serving is about to start and gets none."""
+        it is queued with something to wait for (jobs ahead, or no worker). A job at the head
+        of its lane with a worker serving is about to start and gets none that tick; it is
+        still watched, for that worker may die before it takes the job (then `scaling`)."""
         last: dict[str, Any] = {}
         scaling = False
         while not first.done():
@@ -89,14 +90,12 @@ class EventsService:
             now = {"queue_position": view["queue_position"], "eta_ms": view.get("eta_ms")}
             load = self.state.queue_eta.load(view["model"], view["variant"])
             idle = load is None or load.serving == 0
-            if not idle and now["queue_position"] == 0:
-                return
             if idle and not scaling:
                 warming = load.warming if load else 0
                 data = {"consumers": 0, "warming": warming, "message": SCALING, **now}
                 yield JobEvent("scaling", data)
             scaling = idle
-            if now != last:
+            if now != last and (idle or now["queue_position"] > 0):
                 yield JobEvent("queued", now)
                 last = now
             await asyncio.wait([first], timeout=QUEUED_EVERY_S)

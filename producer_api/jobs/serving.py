@@ -21,7 +21,7 @@ from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import PredictRequest, SamplingParameters
-from producer_api.jobs.queue_eta import Standing
+from producer_api.jobs.queue_eta import Standing, StartBy
 from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
 from shared.codec import RequestEntry
@@ -32,7 +32,7 @@ from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.model_repository import ModelConfig
 from shared.routing import UnknownVariant
 from shared.telemetry import current_traceparent
-from shared.webhook_events import event, refusal
+from shared.webhook_events import job_event, refusal
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,8 @@ class JobsService:
     ) -> int:
         """Append to the partition, or 429 when it holds `queue.max_length` entries already,
         the key has its `max_in_flight` jobs queued or running, or (`queue.admit_by_deadline`)
-        the job would start after its deadline. Returns the job's position in its queue."""
+        the job would start after its deadline or after `queue.max_queue_time_s` (either way a
+        worker would only expire it). Returns the job's position in its queue."""
         keys = self.state.keys
         bulk = body.priority == "bulk"
         lane = keys.bulk_queue if bulk else keys.queue
@@ -142,7 +143,8 @@ class JobsService:
         if body.webhook:
             fields["webhook"] = body.webhook
         eta = self.state.queue_eta
-        max_ahead = eta.max_ahead(config, variant, bulk, entry.deadline_ms)
+        start_by = StartBy.of(config, entry.enqueued_ms, entry.deadline_ms)
+        max_ahead = eta.max_ahead(config, variant, bulk, start_by)
         async with self._in_flight_slot(entry, fields):
             try:
                 position = await self.state.job_store.create(
@@ -159,7 +161,7 @@ class JobsService:
             except TooFarBack as late:
                 JOBS_REJECTED.labels(config.name, variant, "deadline_unmeetable").inc()
                 standing = eta.standing(config, variant, bulk, late.ahead)
-                raise _unmeetable(standing, entry, body.deadline is None) from None
+                raise _unmeetable(standing, entry, start_by, body.deadline is None) from None
         JOBS_SUBMITTED.labels(config.name, variant, body.priority).inc()
         if body.priority == "online":
             self.state.traffic.shadow(config, entry, variant)
@@ -312,9 +314,13 @@ class JobsService:
                 409, "conflict", f"job {job_id} is already {exc.current}; cannot cancel"
             ) from None
         view = record.view()
-        if url := record.fields.get("webhook"):
-            body = event("job.cancelled", view)
-            await self.state.webhooks.hand_over("job", job_id, url, body)
+        url = record.fields.get("webhook")
+        if url and await self.state.webhooks.hand_over("job", job_id, url, job_event(view)):
+            try:  # TRANSITION left it owed; still owed, a worker's reclaimer sends it again
+                owed = self.state.keys.webhooks_owed(record.fields.get("stream", ""))
+                await self.state.redis.zrem(owed, job_id)
+            except RedisError as exc:
+                log.warning("cancel of %s: its event stays owed (%r)", job_id, exc)
         return view
 
     async def _heard(self, record: JobRecord, made: int) -> JobRecord:
@@ -406,23 +412,28 @@ def _deadline_ms(body: PredictRequest) -> int:
     return 0
 
 
-def _unmeetable(standing: Standing, entry: RequestEntry, moves: bool) -> ConveyorError:
-    """429 for a job that would start after its deadline. A deadline that `moves` with a retry
-    (`ttl_s`) gets Retry-After, how long until as many entries have drained as it was too far
-    back (1 to 60 s); an absolute one none: the queue drains no faster than its deadline nears,
-    so the same request later is refused the same (a client retried it to the deadline)."""
+def _unmeetable(
+    standing: Standing, entry: RequestEntry, start_by: StartBy, moves: bool
+) -> ConveyorError:
+    """429 for a job that would start after `start_by`. A limit that moves with a retry (a
+    deadline that `moves`, from `ttl_s`; `max_queue_time_s`) gets Retry-After, how long until
+    as many entries have drained as it was too far back (1 to 60 s); an absolute deadline none:
+    the queue drains no faster than it nears, so the same request later is refused the same (a
+    client retried it to the deadline)."""
     ahead = f"{standing.queue_position} jobs are ahead"
     if standing.eta_ms is None:  # the drain rate was read again meanwhile, and is gone
         return ConveyorError(
-            429, "deadline_unmeetable", f"{ahead}, more than can start before its deadline"
+            429, "deadline_unmeetable", f"{ahead}, more than can start before {start_by.what}"
         )
-    late_s = (entry.enqueued_ms + standing.eta_ms - entry.deadline_ms) / 1000
-    message = f"{ahead}: it would start in about {standing.eta_ms} ms, {late_s:.1f}s too late"
+    late_s = (entry.enqueued_ms + standing.eta_ms - start_by.ms) / 1000
+    late = f"{late_s:.1f}s too late for {start_by.what}"
+    message = f"{ahead}: it would start in about {standing.eta_ms} ms, {late}"
     headers = None
-    if moves:
+    if moves or start_by.queue_time:
         wait = min(60, max(1, math.ceil(late_s)))
         headers = {"Retry-After": str(wait)}
-        message += f"; retry in {wait}s or with a later deadline"
+        later = "" if start_by.queue_time else " or with a later deadline"
+        message += f"; retry in {wait}s{later}"
     else:
         message += "; set a later deadline"
     return ConveyorError(429, "deadline_unmeetable", message, headers, {"eta_ms": standing.eta_ms})

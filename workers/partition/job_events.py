@@ -1,12 +1,14 @@
 """Webhooks of single jobs: once a result is written or a job is dead-lettered (and only then,
 so a redelivered job does not notify twice), its signed event is handed to the Celery delivery
-task, which retries with backoff and survives this worker."""
+task, which retries with backoff and survives this worker. The script that ended the job left
+it owed (shared/job_scripts.py, `owe`): the caller takes it off once this hands it over, and
+the reclaimer re-sends one a dead worker left owed, under the same event id."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from shared.webhook_events import WebhookDispatcher, event
+from shared.webhook_events import WebhookDispatcher, job_event
 from workers.partition.finish import Finish
 
 
@@ -14,13 +16,17 @@ class JobEvents:
     def __init__(self, broker_url: str) -> None:
         self.dispatcher = WebhookDispatcher(broker_url)
 
-    async def notify(self, written: list[Finish]) -> None:
-        for item in written:
-            if item.webhook:
-                await self.send(item.job_id, item.webhook, item.view())
+    async def notify(self, written: list[Finish]) -> list[str]:
+        """Hand over the events of the written jobs with webhooks; returns the ids handed
+        over (the rest stay owed)."""
+        return [
+            item.job_id
+            for item in written
+            if item.webhook and await self.send(item.job_id, item.webhook, item.view())
+        ]
 
-    async def send(self, job_id: str, url: str, view: dict[str, Any]) -> None:
-        """Hand one event to delivery; one the broker refuses is logged, not raised: raising
-        would end the worker's loop (kombu's error is no Redis outage) or, for an outage, rerun
-        the write-back before it and send the batch's other events twice."""
-        await self.dispatcher.hand_over("job", job_id, url, event(f"job.{view['status']}", view))
+    async def send(self, job_id: str, url: str, view: dict[str, Any]) -> bool:
+        """Hand one event to delivery; whether the broker took it. One it refuses is logged, not
+        raised: raising would end the worker's loop (kombu's error is no Redis outage) or, for
+        an outage, rerun the write-back before it and send the batch's other events twice."""
+        return await self.dispatcher.hand_over("job", job_id, url, job_event(view))

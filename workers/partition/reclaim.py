@@ -2,12 +2,15 @@
 pending list are taken over (XAUTOCLAIM) and run again, or dead-lettered after
 `max_deliveries` (the job fails, counts as a failed job in `conveyor_jobs_finished_total` and
 as its variant's error for canaries and experiments, and its webhook is called); consumers that
-are gone and own nothing are removed from the group."""
+are gone and own nothing are removed from the group. Each pass also re-sends the webhook events
+a lane has owed longer than the visibility timeout: their worker died after the step that ended
+the job and before it handed the event over (shared/job_scripts.py, `owe`)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -15,7 +18,7 @@ from shared import job_scripts
 from shared.codec import as_text
 from shared.consumer_groups import DELETE_IF_IDLE, recreating_groups
 from shared.job_states import JobStatus
-from shared.job_store import JobStore, now_ms, queue_slot_frees
+from shared.job_store import JobRecord, JobStore, now_ms, queue_slot_frees
 from shared.keys import GROUP, Keys
 from shared.metrics import JOBS_FINISHED
 from shared.redis_client import call_script
@@ -27,6 +30,7 @@ from workers.partition.stream_reader import Delivery, MicroBatch, decode_deliver
 
 log = logging.getLogger(__name__)
 DEAD = ("dead", "dead-ended")  # dead-lettered by the script; "dead": the job failed just now
+OWED_PER_PASS = 100  # owed events a pass re-sends at most; a longer backlog takes more passes
 
 
 class Reclaimer:
@@ -112,17 +116,16 @@ class Reclaimer:
 
     async def _settle(self, stream: str, dead: list[Delivery]) -> None:
         """What follows a RECLAIM that committed. An outage here costs at most what it does
-        (slots the in-flight scan frees later, a dead letter's webhook, a prune the next run
-        does), not the claimed entries: raised, they come back through `held` as the
+        (slots the in-flight scan frees later, events the next run sends, as owed, a prune the
+        next run does), not the claimed entries: raised, they come back through `held` as the
         redeliveries they are (a `restart` for a generation's stream, attempts as delivered)."""
         if dead:  # before any await: an outage below must not lose the count
             JOBS_FINISHED.labels(*self.variant, JobStatus.FAILED).inc(len(dead))
         await self._free_slots(dead)
         if dead:  # a variant that crashes its workers fails: no canary may read it as healthy
             await self.stats.add_counts(*self.variant, {"requests": len(dead), "errors": len(dead)})
-        for delivery in dead:
-            if delivery.entry is not None:
-                await self._notify(delivery.entry.job_id)
+        await self._notify(stream, [d.entry.job_id for d in dead if d.entry is not None])
+        await self.resend_owed(stream)
         await self.prune_consumers(stream)
 
     async def _free_slots(self, failed: list[Delivery]) -> None:
@@ -134,11 +137,32 @@ class Reclaimer:
                 queue_slot_frees(pipe, held)
                 await pipe.execute()
 
-    async def _notify(self, job_id: str) -> None:
-        """The failed job's webhook, with the view a client reading the job would get."""
-        record = await self.store.get(job_id)
-        if record is not None and (url := record.fields.get("webhook")):
-            await self.events.send(job_id, url, record.view())
+    async def resend_owed(self, stream: str) -> None:
+        """Hand over again the events the lane has owed longer than the visibility timeout (a
+        live worker hands its over at once), at most OWED_PER_PASS."""
+        owed: list[Any] = await self.redis.zrangebyscore(
+            self.keys.webhooks_owed(stream), "-inf", now_ms() - self.idle_ms, 0, OWED_PER_PASS
+        )
+        await self._notify(stream, [as_text(job_id) for job_id in owed])
+
+    async def _notify(self, stream: str, job_ids: list[str]) -> None:
+        """The ended jobs' webhook events, each with the view a client reading the job would
+        get, then one ZREM of those handed over from the lane's owed set, and of those whose
+        hash is gone (expired: no event to build)."""
+        if not job_ids:
+            return
+        records = await self.store.get_many(job_ids)
+        pairs = zip(job_ids, records, strict=True)
+        settled = [job_id for job_id, record in pairs if await self._settled(job_id, record)]
+        if settled:
+            await self.redis.zrem(self.keys.webhooks_owed(stream), *settled)
+
+    async def _settled(self, job_id: str, record: JobRecord | None) -> bool:
+        """Whether the job owes no event now: handed over just now, or its hash is gone."""
+        if record is None:
+            return True
+        url = record.fields.get("webhook", "")
+        return bool(url) and await self.events.send(job_id, url, record.view())
 
     async def prune_consumers(self, stream: str) -> list[str]:
         """Forget consumers idle past the visibility timeout that own no pending entries (live

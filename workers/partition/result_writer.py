@@ -9,6 +9,7 @@ could lose."""
 
 from __future__ import annotations
 
+import logging
 import time
 from functools import partial
 from typing import Any
@@ -29,6 +30,9 @@ from shared.variant_stats import VariantStats
 from workers.partition.finish import Finish
 from workers.partition.finished_stats import FinishedStats
 from workers.partition.job_events import JobEvents
+from workers.partition.redis_backoff import OUTAGE
+
+log = logging.getLogger(__name__)
 
 
 class ResultWriter:
@@ -45,13 +49,24 @@ class ResultWriter:
 
     async def finish(self, stream: str, batch: list[Finish]) -> list[Finish]:
         """Write and acknowledge the batch, then hand the webhook events of the written ones to
-        delivery (only then, so a redelivered job does not notify twice); returns the finishes
-        whose results were written (the rest were acknowledged only: already terminal,
-        cancelled, or gone)."""
+        delivery (only then, so a redelivered job does not notify twice) and take them off the
+        lane's owed set; returns the finishes whose results were written (the rest were
+        acknowledged only: already terminal, cancelled, or gone)."""
         written = await self._write(stream, batch)
         self.stats.add({**i.context, **i.fields, "status": i.status} for i in written)
-        await self.events.notify(written)
+        await self._settle_owed(stream, await self.events.notify(written))
         return written
+
+    async def _settle_owed(self, stream: str, handed: list[str]) -> None:
+        """One ZREM for the jobs whose events were handed over (none without webhooks). An
+        outage only leaves them owed: the reclaimer sends them again, under the same ids,
+        where a raise would rerun the write-back and send every event of the batch again."""
+        if not handed:
+            return
+        try:
+            await self.redis.zrem(self.keys.webhooks_owed(stream), *handed)
+        except OUTAGE as exc:
+            log.warning("%d webhook events of %s stay owed: %r", len(handed), stream, exc)
 
     async def close(self) -> None:
         """Send the variant statistics still gathered (`FinishedStats`)."""
@@ -81,21 +96,23 @@ class ResultWriter:
     def _args(self, batch: list[Finish]) -> list[Any]:
         """FINISH's arguments; its replies are left to `_publish` while replicas must confirm
         first (a record's reply channel and view are sent empty). Only a result carries its
-        `write_id` and attempt: an acknowledgement writes nothing."""
+        `write_id`, attempt and webhook mark (FINISH owes its event): an acknowledgement writes
+        nothing."""
         publish = not get_settings().replica_acks
-        renew_before = renew_before_ms(self.ttl_s, now_ms())
+        now = now_ms()
+        renew_before = renew_before_ms(self.ttl_s, now)
         refill = "1" if any(item.refill for item in batch) else ""
         args: list[Any] = [GROUP, self.ttl_s, self.keys.job_prefix, self.worker, renew_before]
-        args.append(refill)
+        args += [refill, now]
         for item in batch:
             reply, view = (item.reply, item.message()) if publish else ("", b"")
             args += [item.entry_id, item.job_id, reply, view, item.status]
             if item.status:
                 record = item.record()
-                args += [item.write_id, self._attempt(item)]
+                args += [item.write_id, self._attempt(item), "1" if item.webhook else ""]
             else:
                 record = item.fields
-                args += ["", ""]
+                args += ["", "", ""]
             args.append(len(record))
             for name, value in record.items():
                 args += [name, value]
