@@ -345,12 +345,19 @@ def test_console_requests_count_against_the_keys_rate_limit(console_stack: Stack
         ).result()
     with httpx.Client(base_url=console_stack.base_url, timeout=30) as client:
         assert console_login(client, slow).status_code == 303
-        assert client.get("/console/jobs").status_code == 200
+        page = client.get("/console/jobs")
+        assert page.status_code == 200
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+        assert csrf is not None
         limited = client.get("/console/jobs")
         assert limited.status_code == 429, limited.text
         assert int(limited.headers["retry-after"]) > 0
         assert limited.json()["error"]["type"] == "rate_limited"
         assert client.get("/console/static/console.css").status_code == 200  # not charged
+        # a user signs out though the key's bucket is empty (its clients busy elsewhere)
+        signed_out = client.post("/console/logout", data={"csrf": csrf[1]})
+        assert signed_out.status_code == 303, signed_out.text
+        assert client.get("/console/jobs").headers.get("location") == "/console/login"
 
 
 def test_an_admin_key_sees_and_acts_only_on_the_models_it_may_use(

@@ -79,15 +79,22 @@ async def console(request: Request) -> Console:
 Service = Annotated[Console, Depends(console)]
 
 
-async def session(request: Request, state: State, service: Service) -> ConsoleSession:
-    """The caller's console session, the request taken from its key's bucket as on /v1 (429
-    with Retry-After): a key limited there read thousands of job hashes a request here, as
-    often as it liked. Without a session, a redirect to the login page. Static files and a
-    live feed's rechecks of its session are not counted."""
+async def signed_in(request: Request, state: State, service: Service) -> ConsoleSession:
+    """The caller's console session; without one, a redirect to the login page."""
     try:
-        current = await current_session(state, service.signer, service.logouts, request)
+        return await current_session(state, service.signer, service.logouts, request)
     except LoginRequired:
         raise HTTPException(303, "login required", {"Location": "/console/login"}) from None
+
+
+SignedIn = Annotated[ConsoleSession, Depends(signed_in)]
+
+
+async def session(state: State, current: SignedIn) -> ConsoleSession:
+    """The caller's console session, the request taken from its key's bucket as on /v1 (429
+    with Retry-After): a key limited there read thousands of job hashes a request here, as
+    often as it liked. Static files, a live feed's rechecks of its session and a logout (a user
+    must be able to sign out while the key is busy elsewhere) are not counted."""
     await throttle(state, current.principal)
     return current
 
@@ -168,7 +175,9 @@ async def login(
 
 
 @router.post("/logout")
-async def logout(current: Session, service: Service, csrf: Annotated[str, Form()] = "") -> Response:
+async def logout(
+    current: SignedIn, service: Service, csrf: Annotated[str, Form()] = ""
+) -> Response:
     check_csrf(current, csrf)
     if current.nonce:
         await service.logouts.record(current.nonce)
