@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,18 @@ class FaultEngine(BatchEngine):
         # time (a hash of the item), so a flaky canary fails at a known rate.
         self.fail_percent = float(self.parameters.get("fail_percent", 0))
         self._dead = False
+        self._running = threading.Lock()
 
     def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        with self._running:
+            return self._infer(inputs)
+
+    def close(self) -> None:
+        """Waits for the call in flight, as freeing a device's memory waits for its work."""
+        with self._running:
+            pass
+
+    def _infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         actions = {item.get("action") for item in inputs}
         if "crash" in actions and not self.fixed:
             os._exit(3)

@@ -139,6 +139,9 @@ class ConsumerRuntime:
         log.info("serving %s as %s", [f"{c.name}:{v}" for c, v in self.partitions], self.consumer)
         try:
             await run_together(self._loops)
+        except BaseException:
+            self._on_crash()  # before the engines close: a hung engine's close never returns
+            raise
         finally:
             for engine in self._engines:
                 if isinstance(engine, GenerateEngine):

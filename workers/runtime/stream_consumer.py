@@ -44,6 +44,8 @@ def _exit_worker() -> None:
     checks this flag on every turn): the consumer thread cannot stop it from where it runs.
     The exit is forced if the process outlives that shutdown: an engine call that never
     returns (queue.max_run_s) holds a pool thread, which Python waits for at exit, for ever."""
+    if celery_state.should_stop == os.EX_SOFTWARE:
+        return  # asked already (before the engines closed), its exit forced already
     celery_state.should_stop = os.EX_SOFTWARE
     delay_s = get_settings().shutdown_grace_s + FORCED_EXIT_MARGIN_S
     forced = threading.Timer(delay_s, os._exit, [os.EX_SOFTWARE])
