@@ -252,6 +252,11 @@ class Keys:
         set with a TTL, its deliveries wait out the hold instead of trying it (string)."""
         return f"{self.prefix}{CONTROL}webhook-hold:{origin}"
 
+    def webhook_claim(self, task_id: str, retries: int) -> str:
+        """The claim of one attempt of a webhook delivery (its Celery task id, its retries count):
+        a copy kombu restores while the first still holds it finds it taken (string, TTL)."""
+        return f"{self.prefix}{CONTROL}webhook-claim:{task_id}:{retries}"
+
     def batches_of(self, tenant: str) -> str:
         """A tenant's batches, scored by their creation time in ms (sorted set), for listing."""
         return f"{self.prefix}{CONTROL}batches:tenant:{tenant}"

@@ -18,7 +18,7 @@ import redis
 from celery.exceptions import Retry
 from redis.exceptions import RedisClusterException
 
-from shared.celery_broker import broker_app
+from shared.celery_broker import VISIBILITY_TIMEOUT_S, broker_app
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.webhook_events import allowed
@@ -194,12 +194,23 @@ def test_a_receiver_that_ran_out_the_timeout_is_held_for_its_other_deliveries(
     assert holds.left_s("http://127.0.0.1:9/other") == 0
 
 
+def _attempt(task_id: str, retries: int, job_id: str, url: str) -> str:
+    """The task run as a worker runs delivery `task_id` after `retries` retries."""
+    task = webhook_delivery.deliver_webhook
+    task.push_request(id=task_id, retries=retries)
+    try:
+        return task.run("job", job_id, url, EVENT, time.time())
+    finally:
+        task.pop_request()
+
+
 def test_a_cluster_out_of_reach_stops_no_delivery(
     settings_env: Callable[..., None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A cluster client is made by reaching a node, and raises RedisClusterException (no
     RedisError) when none answers: the hold looked up before the POST let it escape the task,
-    and Celery dropped the delivery for good (seen after a failover of the broker's master)."""
+    and Celery dropped the delivery for good (seen after a failover of the broker's master).
+    The attempt's claim fails too, and the attempt is sent unclaimed."""
     receiver = _answering("200 OK", "")
     settings_env(CONVEYOR_WEBHOOK_SECRET="whsec-test", CONVEYOR_WEBHOOK_ALLOWLIST=receiver)
 
@@ -209,8 +220,8 @@ def test_a_cluster_out_of_reach_stops_no_delivery(
     holds = ReceiverHolds(unreachable, Keys("hold-test:"))
     monkeypatch.setattr(webhook_delivery, "_receiver_holds", lambda: holds)
     monkeypatch.setattr(webhook_delivery, "_attempt_log", unreachable)
-    status = webhook_delivery.deliver_webhook.run("job", "j3", f"{receiver}/j3", EVENT, time.time())
-    assert status == "delivered"
+    monkeypatch.setattr(webhook_delivery, "_redis", unreachable)
+    assert _attempt("task-j3", 0, "j3", f"{receiver}/j3") == "delivered"
 
 
 def test_a_dead_workers_pending_retry_is_handed_on_well_within_the_retry_window() -> None:
@@ -223,3 +234,69 @@ def test_a_dead_workers_pending_retry_is_handed_on_well_within_the_retry_window(
     visibility = options["visibility_timeout"]
     assert BACKOFF_CAP_S + settings.webhook_timeout_s < visibility
     assert visibility <= settings.webhook_retry_for_s / 4
+
+
+@pytest.fixture
+def failing() -> Iterator[tuple[str, list[bytes]]]:
+    """A receiver that answers every POST with a 500; its URL and the requests it took."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    taken: list[bytes] = []
+
+    def answer() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                taken.append(connection.recv(65536))  # before answering: counted once answered
+                connection.sendall(b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}", taken
+    listener.close()
+
+
+def test_a_restored_copy_of_an_attempt_neither_posts_nor_retries_again(
+    failing: tuple[str, list[bytes]],
+    redis_client: redis.Redis,
+    settings_env: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kombu hands a delivery left unacknowledged past its visibility timeout to another worker,
+    even while its own worker still holds it (a retry's countdown, then its turn): both copies
+    posted the same attempt, and, both failing, ran two retry chains. The copy that comes second
+    finds the attempt claimed and does nothing; the next attempt (one more retry) posts."""
+    origin, taken = failing
+    settings_env(
+        CONVEYOR_WEBHOOK_SECRET="whsec-test",
+        CONVEYOR_WEBHOOK_ALLOWLIST=origin,
+        CONVEYOR_KEY_PREFIX="claim-test:",
+    )
+    keys = Keys("claim-test:")
+    monkeypatch.setattr(webhook_delivery, "_redis", lambda: redis_client)
+    monkeypatch.setattr(webhook_delivery, "_attempt_log", lambda: AttemptLog(redis_client))
+    monkeypatch.setattr(
+        webhook_delivery, "_receiver_holds", lambda: ReceiverHolds(lambda: redis_client, keys)
+    )
+    redis_client.hset(keys.job("j4"), "status", "succeeded")
+    url = f"{origin}/j4"
+    with pytest.raises(Retry):
+        _attempt("task-j4", 0, "j4", url)
+    assert _attempt("task-j4", 0, "j4", url) == "duplicate"  # no POST, no attempt, no retry
+    assert len(taken) == 1
+    assert redis_client.ttl(keys.webhook_claim("task-j4", 0)) > Settings().webhook_retry_for_s
+    with pytest.raises(Retry):
+        _attempt("task-j4", 1, "j4", url)
+    assert len(taken) == 2
+    attempts = json.loads(redis_client.hget(keys.job("j4"), "webhook_attempts") or "")
+    assert [attempt["attempt"] for attempt in attempts] == [1, 2]
+    # a copy whose worker died in its attempt (claimed, never recorded): the claim lapses soon,
+    # and the copy kombu restores later runs the attempt, not "duplicate" for ever
+    assert webhook_delivery._claimed_before("task-j4", 2) is False
+    running_ttl = redis_client.ttl(keys.webhook_claim("task-j4", 2))
+    assert 0 < running_ttl <= Settings().webhook_timeout_s + 60 < VISIBILITY_TIMEOUT_S
+    redis_client.delete(keys.webhook_claim("task-j4", 2))  # lapsed
+    with pytest.raises(Retry):
+        _attempt("task-j4", 2, "j4", url)
+    assert len(taken) == 3

@@ -24,6 +24,7 @@ import redis
 from celery import Task
 from redis.exceptions import RedisClusterException
 
+from shared.celery_broker import VISIBILITY_TIMEOUT_S
 from shared.codec import dumps
 from shared.keys import Keys
 from shared.settings import Settings, get_settings
@@ -41,6 +42,11 @@ BACKOFF_CAP_S = 300.0
 # A receiver that ran out the timeout is held this many timeouts: it takes at most a seventh of
 # a worker's delivery time however many of its deliveries queue.
 HOLD_TIMEOUTS = 6
+# An attempt's claim holds while it runs (a POST ends within the timeout), then, once recorded,
+# past the retry window and a copy of its last attempt that kombu restores a visibility timeout
+# later. A worker that died mid-attempt leaves a claim that lapses, so a restored copy runs it.
+CLAIM_RUNNING_MARGIN_S = 60.0
+CLAIM_KEPT_MARGIN_S = VISIBILITY_TIMEOUT_S
 
 
 def backoff_s(attempt: int) -> float:
@@ -164,6 +170,37 @@ def _receiver_holds() -> ReceiverHolds:
     return ReceiverHolds(_redis, Keys(get_settings().key_prefix))
 
 
+def _claimed_before(task_id: str | None, retries: int) -> bool:
+    """Whether another copy of this attempt took it first: kombu hands a delivery left
+    unacknowledged past its visibility timeout to another worker even while its own still
+    holds it (Celery prefetches countdown tasks and acknowledges them once run), and both
+    copies posted, then both retried. One SET NX per attempt lets one copy through; it lapses
+    unless the attempt is recorded (`_keep_claim`), so a copy of an attempt whose worker died
+    in it runs. A direct call (no task id) has no copy."""
+    if task_id is None:
+        return False
+    settings = get_settings()
+    key = Keys(settings.key_prefix).webhook_claim(task_id, retries)
+    ttl_s = int(settings.webhook_timeout_s + CLAIM_RUNNING_MARGIN_S)
+    try:
+        return not _redis().set(key, 1, nx=True, ex=ttl_s)
+    except UNREACHABLE as exc:  # at least once beats none: a copy may post the attempt again
+        log.warning("webhook attempt %s/%d not claimed, sent anyway: %r", task_id, retries, exc)
+        return False
+
+
+def _keep_claim(task_id: str | None, retries: int) -> None:
+    """The attempt ran: its claim now outlives any copy of it kombu could still restore."""
+    if task_id is None:
+        return
+    settings = get_settings()
+    key = Keys(settings.key_prefix).webhook_claim(task_id, retries)
+    try:
+        _redis().expire(key, int(settings.webhook_retry_for_s + CLAIM_KEPT_MARGIN_S))
+    except UNREACHABLE as exc:  # the claim lapses: a late copy may post the attempt again
+        log.warning("webhook attempt %s/%d claim not kept: %r", task_id, retries, exc)
+
+
 def _record(kind: TargetKind, target_id: str, attempt: dict[str, Any], status: str) -> None:
     """Bookkeeping, which never decides whether the event is retried: a Redis error here (a
     blip, a failover of the node holding the hash) escaped the task, which Celery then
@@ -254,9 +291,15 @@ def deliver_webhook(
     first_attempt_at: float,
 ) -> str:
     """Returns the delivery's status: `delivered`, or `failed` once retrying would pass the
-    bound (or the URL is no longer allowed); raises Celery's Retry in between."""
+    bound (or the URL is no longer allowed); raises Celery's Retry in between. A copy of an
+    attempt another copy took (`_claimed_before`) does nothing and returns `duplicate`."""
     settings = get_settings()
     number = self.request.retries + 1
+    if _claimed_before(self.request.id, self.request.retries):
+        log.info(
+            "webhook %s to %s, attempt %d: taken by another copy", event.get("id"), url, number
+        )
+        return "duplicate"
     if not (settings.webhook_secret and allowed(url, settings.webhook_allowlist)):
         refused = "refused: URL not allowed or no secret"
         attempt: dict[str, Any] = {"at": round(time.time(), 3), "error": refused}
@@ -265,6 +308,7 @@ def deliver_webhook(
         attempt = _held(url) or _post(url, dumps(event), event)
         status, delay = after_attempt(number, attempt, first_attempt_at, settings)
     _record(kind, target_id, {"attempt": number, **attempt}, status)
+    _keep_claim(self.request.id, self.request.retries)
     log.info("webhook %s to %s, attempt %d: %s", event.get("id"), url, number, status)
     if status == "retrying":
         raise self.retry(countdown=delay)
