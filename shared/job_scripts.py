@@ -411,17 +411,19 @@ return out
 # The consumer that abandoned an entry (read before XAUTOCLAIM makes it ours) goes on the job's
 # attempt history: `crashed`, or `dead-lettered` for the last one. A dead job joins the lane's
 # recent list, and one with a webhook the lane's owed set (the caller hands its event over, then
-# takes it off); the caller frees its in-flight slot (named by the entry).
+# takes it off); the caller frees its in-flight slot (named by the entry). XAUTOCLAIM scans at
+# most COUNT*10 pending entries, so it starts at the first idle one that XPENDING found: from the
+# list's head, a micro-batch loop's COUNT 1 never got past 10 live entries ahead (other workers'
+# long micro-batches, kept from going idle) to the abandoned ones behind them.
 RECLAIM = (
     _PRELUDE
     + _OWE
     + """
+local idle = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', ARGV[4])
 local owners = {}
-for _, row in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+',
-                                ARGV[4])) do
-  owners[row[1]] = row
-end
-local res = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
+for _, row in ipairs(idle) do owners[row[1]] = row end
+local start = idle[1] and idle[1][1] or '0-0'
+local res = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], start, 'COUNT', ARGV[4])
 local out = {}
 for _, e in ipairs(res[2]) do
   local eid, fields, owner = e[1], e[2], owners[e[1]]

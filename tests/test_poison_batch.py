@@ -109,3 +109,34 @@ async def test_reclaimed_entries_run_one_at_a_time_between_new_work(
     assert await asyncio.wait_for(lanes.next_batch(32, 0, 60_000, running), 10) == []
     served = [_jobs(await lanes.next_batch(32, 0, 50)) for _ in range(5)]
     assert served == [["a1"], [], ["a2"], [], []]
+
+
+async def test_one_reclaim_finds_an_entry_abandoned_behind_ten_live_ones(
+    aredis: aioredis.Redis,
+) -> None:
+    """A micro-batch loop claims one entry at a time (XAUTOCLAIM COUNT 1, which scans only 10
+    pending entries a call): a dead consumer's entry behind a live worker's long micro-batch
+    of 12, kept from going idle, is still found by one reclaim, its abandoning consumer on the
+    job's attempt history."""
+    config = ModelConfig(
+        name="m", kind="batch", backend="identity", queue=QueueLimits(visibility_timeout_s=30)
+    )
+    partition = Partition.of(KEYS, config, "default")
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    for job_id in [f"live{i}" for i in range(12)] + ["abandoned"]:
+        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
+        await store.create(entry, partition.online, {"model": "m", "variant": "default"})
+    await StreamReader(aredis, KEYS, partition.streams, WORKER).ensure_groups()
+    await aredis.xreadgroup(GROUP, "live-1", {partition.online: ">"}, count=12)  # still running
+    ((_, [(entry_id, _)]),) = await aredis.xreadgroup(GROUP, "dead-1", {partition.online: ">"})
+    # dead-1 read it a minute ago and died (XCLAIM's IDLE sets exactly that idle time)
+    await aredis.xclaim(partition.online, GROUP, "dead-1", 0, [entry_id], idle=60_000)
+    reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
+
+    reclaimed = await reclaimer.due(1)
+    assert reclaimed is not None and reclaimed[0] == partition.online
+    assert _jobs([reclaimed]) == ["abandoned"]
+    record = await store.get("abandoned")
+    assert record is not None
+    history = record.view(history=True)["attempt_history"]
+    assert [(run["consumer"], run["outcome"]) for run in history] == [("dead-1", "crashed")]
