@@ -29,11 +29,13 @@ from conveyor.client import Client, RetryEvent
 from conveyor.client.errors import APIError
 from conveyor.stack import Stack
 from producer_api.events.serving import QUEUED_EVERY_S
-from producer_api.jobs.queue_eta import REFRESH_S
+from producer_api.jobs import queue_eta
+from producer_api.jobs.queue_eta import REFRESH_S, Partition, QueueEta, StartBy
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, stamp_ms
-from shared.keys import Keys, new_job_id
-from shared.queue_position import RATE_WINDOW_S
+from shared.keys import GROUP, Keys, new_job_id
+from shared.model_repository import ModelRepository
+from shared.queue_position import RATE_WINDOW_S, PartitionLoad, QueuePositions
 from shared.worker_registry import TTL_S
 from tests.conftest import REPO_ROOT, running_stack, serve, until
 from tests.test_cli import CONVEYOR
@@ -293,22 +295,34 @@ def test_a_job_that_would_wait_past_max_queue_time_is_refused(
     queue_stack: Stack, api: httpx.Client, store: redis.Redis
 ) -> None:
     """Admission weighed only the job's own deadline: with none, or a far one, a job behind more
-    than `max_queue_time_s` of work was accepted (202), to expire in the queue."""
+    than `max_queue_time_s` of work was accepted (202), to expire in the queue. One without a
+    deadline is weighed once a refresh has seen work waiting (the workers' capacity, not a light
+    load's arrivals)."""
     serve(queue_stack, "brief")
     _measured(api, "brief", backlog=10)  # ~1 s of work: none expires
     _drained(store, BRIEF)
     # ~100 jobs of 100 ms ahead, far past the 3 s any of them may wait (none expires yet)
     asyncio.run(_enqueued_replying_to_nobody(queue_stack.redis_url, _job()["inputs"], "brief", 100))
     added = store.get(KEYS.added(BRIEF))
-    for extra in ({}, {"deadline": time.time() + 600}):
-        response = api.post("/v1/jobs", json=_job("brief", **extra))
-        assert response.status_code == 429, (extra, response.text)
-        error = response.json()["error"]
-        assert error["type"] == "deadline_unmeetable" and error["eta_ms"] > 3_000, error
-        assert "max_queue_time_s" in error["message"], error
-        assert int(response.headers["Retry-After"]) in range(1, 61)  # the limit moves with a retry
+    _refused_past_max_queue_time(
+        api.post("/v1/jobs", json=_job("brief", deadline=time.time() + 600))
+    )
     assert store.get(KEYS.added(BRIEF)) == added  # nothing enqueued
+
+    def refused() -> httpx.Response | None:
+        response = api.post("/v1/jobs", json=_job("brief"))  # a 202 only adds to the backlog
+        return response if response.status_code == 429 else None
+
+    _refused_past_max_queue_time(until(refused, timeout=5, every=0.2))
     _drained(store, BRIEF)
+
+
+def _refused_past_max_queue_time(response: httpx.Response) -> None:
+    assert response.status_code == 429, response.text
+    error = response.json()["error"]
+    assert error["type"] == "deadline_unmeetable" and error["eta_ms"] > 3_000, error
+    assert "max_queue_time_s" in error["message"], error
+    assert int(response.headers["Retry-After"]) in range(1, 61)  # the limit moves with a retry
 
 
 def test_a_rate_measured_before_a_pause_still_counts(api: httpx.Client, store: redis.Redis) -> None:
@@ -439,3 +453,56 @@ def test_cli_jobs_wait_shows_progress(
     lines = result.stderr.splitlines()
     assert len(lines) >= 2 and all(line.startswith("queued: ") for line in lines), lines
     assert " ahead, starts in ~" in lines[0], lines
+
+
+async def _refresh(
+    eta: QueueEta, monkeypatch: pytest.MonkeyPatch, loads: list[PartitionLoad]
+) -> None:
+    """Refresh `eta` once per load of `steady` (as `read_partition_loads` would read it), the
+    lanes' backlog as Redis holds it."""
+    for load in loads:
+
+        async def read(*_: object, load: PartitionLoad = load) -> dict[Partition, PartitionLoad]:
+            return {("steady", "default"): load}
+
+        monkeypatch.setattr(queue_eta, "read_partition_loads", read)
+        await eta.refresh()
+
+
+def _queue_eta(aredis: aioredis.Redis) -> QueueEta:
+    return QueueEta(aredis, QueuePositions(aredis, KEYS), ModelRepository.load(FIXTURES))
+
+
+async def test_capacity_outlives_the_lane_running_dry(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept rate was the last non-zero window's: once a burst drained, the 5 s window
+    stepped down to a tail of the burst's last second, so the next burst's ETAs were several
+    times too long and deadline admission refused jobs that would start in time."""
+    eta = _queue_eta(aredis)
+    config = eta.repository.models["steady"]
+    await aredis.xgroup_create(STEADY, GROUP, id="0", mkstream=True)
+    for index in range(20):  # work waits throughout: the window's rate is the capacity
+        await aredis.xadd(STEADY, {"n": index})
+    await _refresh(eta, monkeypatch, [PartitionLoad(9.0, serving=1)] * RATE_WINDOW_S)
+    await aredis.delete(STEADY)  # drained: the window steps down with nothing left to do
+    for rate in (7.2, 5.4, 3.6, 1.8, 0.8, 0.0, 0.0):
+        await _refresh(eta, monkeypatch, [PartitionLoad(rate, serving=1)])
+        assert eta.lane_rate(config, "default", bulk=False) >= 4.5, rate
+    # no deadline, the capacity known: held to max_queue_time_s
+    assert eta.max_ahead(config, "default", False, StartBy.of(config, stamp_ms(), 0)) > 0
+
+
+async def test_a_light_load_does_not_limit_jobs_without_a_deadline(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lane never backlogged drains what arrives: its rate (1/s) is not the worker's, yet
+    `max_queue_time_s` was applied with it to every job without a deadline, refusing ones a
+    fast worker would start at once. A job with a deadline is still weighed by that rate."""
+    eta = _queue_eta(aredis)
+    config = eta.repository.models["steady"]
+    await _refresh(eta, monkeypatch, [PartitionLoad(1.0, serving=1)] * 7)
+    no_deadline = StartBy.of(config, stamp_ms(), 0)
+    assert eta.max_ahead(config, "default", False, no_deadline) == -1
+    deadline = StartBy.of(config, stamp_ms(), int(stamp_ms()) + 100_000)
+    assert 90 <= eta.max_ahead(config, "default", False, deadline) <= 100

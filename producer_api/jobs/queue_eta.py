@@ -6,11 +6,13 @@ Method (docs/architecture.md): the partition's throughput over the last RATE_WIN
 scaled by live workers now over the mean live workers then, is what drains a lane; a lane
 shares it with the other lane when both have work (online 1/(1+bulk_share), bulk
 bulk_share/(1+bulk_share), as workers alternate). ETA = entries ahead / lane rate: when the job
-should start running. A window that drained nothing while workers serve (a pause) keeps the
-last measured rate: the workers did not slow down, they had nothing to do."""
+should start running. A window's rate is the workers' capacity only while a lane had work
+waiting (else it is the arrival rate); that capacity per worker is kept through a pause or a
+light load, so a burst after one gets ETAs at the speed the workers drain it."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import deque
@@ -20,6 +22,7 @@ from dataclasses import fields as dataclass_fields
 import redis.asyncio as aioredis
 
 from producer_api.periodic import Periodic
+from shared.drain_rate import undelivered
 from shared.job_store import JobRecord
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.queue_position import (
@@ -34,28 +37,22 @@ Partition = tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)
-class PerWorker:
-    """A partition's last measured throughput per serving worker, by lane (entries/s)."""
-
-    online: float
-    bulk: float
-
-
-@dataclass(frozen=True, slots=True)
 class StartBy:
     """The latest a job may start and still run (Unix ms): its deadline, or sooner the end of
     the wait its queue allows (`max_queue_time_s`: a worker expires the job past it), a limit
-    that moves with a retry as a `ttl_s` deadline does."""
+    that moves with a retry as a `ttl_s` deadline does. `deadline`: the job has one of its own."""
 
     ms: int
     queue_time: bool
+    deadline: bool
 
     @classmethod
     def of(cls, config: ModelConfig, enqueued_ms: float, deadline_ms: int) -> StartBy:
         waited_out = math.floor(enqueued_ms + config.queue.max_queue_time_s * 1000)
-        if deadline_ms and deadline_ms <= waited_out:
-            return cls(deadline_ms, queue_time=False)
-        return cls(waited_out, queue_time=True)
+        own = bool(deadline_ms)
+        if own and deadline_ms <= waited_out:
+            return cls(deadline_ms, queue_time=False, deadline=own)
+        return cls(waited_out, queue_time=True, deadline=own)
 
     @property
     def what(self) -> str:
@@ -89,39 +86,60 @@ class QueueEta:
         self.positions = positions
         self.loads: dict[Partition, PartitionLoad] = {}
         self._serving: dict[Partition, deque[int]] = {}
-        self._measured: dict[Partition, PerWorker] = {}
+        self._backlogged: dict[Partition, deque[bool]] = {}
+        self._waiting: dict[Partition, list[int]] = {}  # (online, bulk) at the last refresh
+        self._capacity: dict[Partition, float] = {}  # entries/s per serving worker, both lanes
         self.refresher = Periodic("queue-eta", REFRESH_S, self.refresh)
 
     async def refresh(self) -> None:
         partitions = [(c.name, v) for c in self.repository for v in c.variants]
-        self.loads = await read_partition_loads(self.client, self.keys, partitions)
+        lanes = [(self.keys.queue(*p), self.keys.bulk_queue(*p)) for p in partitions]
+        self.loads, waiting = await asyncio.gather(
+            read_partition_loads(self.client, self.keys, partitions),
+            undelivered(self.client, lanes),
+        )
+        self._waiting = dict(zip(partitions, waiting, strict=True))
         for partition, load in self.loads.items():
-            samples = self._serving.setdefault(partition, deque(maxlen=RATE_WINDOW_S))
-            samples.append(load.serving)
-            self._remember(partition, load, sum(samples) / len(samples))
+            self._remember(partition, load, self._waiting.get(partition, [0, 0]))
 
-    def _remember(self, partition: Partition, load: PartitionLoad, mean_serving: float) -> None:
-        """Keep the window's rate per worker unless it drained nothing: serving workers that
-        finished nothing for RATE_WINDOW_S were idle, not slow, and drain a burst as before.
-        Forgotten once no worker serves (the next ones may differ)."""
+    def _remember(self, partition: Partition, load: PartitionLoad, waiting: list[int]) -> None:
+        """Keep the workers' capacity per worker, measured only while work waited: a lane
+        drained dry finishes what arrives, which says nothing of how fast the workers go (a
+        pause, a light load). A window busy throughout gives the capacity, up or down; one
+        partly idle only a floor under it. Forgotten once no worker serves (the next ones may
+        differ)."""
+        samples = self._serving.setdefault(partition, deque(maxlen=RATE_WINDOW_S))
+        samples.append(load.serving)
+        backlogged = self._backlogged.setdefault(partition, deque(maxlen=RATE_WINDOW_S))
+        backlogged.append(sum(waiting) > 0)
         if load.serving == 0:
-            self._measured.pop(partition, None)
-        elif load.online_per_s + load.bulk_per_s > 0:
-            per_worker = PerWorker(load.online_per_s / mean_serving, load.bulk_per_s / mean_serving)
-            self._measured[partition] = per_worker
+            self._capacity.pop(partition, None)
+            return
+        if not backlogged[-1]:
+            return
+        rate = (load.online_per_s + load.bulk_per_s) / (sum(samples) / len(samples))
+        busy_throughout = len(backlogged) == RATE_WINDOW_S and all(backlogged)
+        floor = 0.0 if busy_throughout else self._capacity.get(partition, 0.0)
+        if max(rate, floor) > 0:
+            self._capacity[partition] = max(rate, floor)
 
     def load(self, model: str, variant: str) -> PartitionLoad | None:
         """The partition's load at the last refresh (None: not seen yet)."""
         return self.loads.get((model, variant))
 
     def lane_rate(self, config: ModelConfig, variant: str, bulk: bool) -> float:
-        """Entries per second the lane should drain at now (0: unknown)."""
-        load = self.loads.get((config.name, variant), PartitionLoad())
-        measured = self._measured.get((config.name, variant))
-        if load.serving == 0 or measured is None:
+        """Entries per second the lane should drain at now (0: unknown): the workers' capacity
+        when measured, else (or if more) the window's rate, both scaled to the workers now."""
+        partition = (config.name, variant)
+        load = self.loads.get(partition, PartitionLoad())
+        samples = self._serving.get(partition) or deque([load.serving])
+        mean_serving = sum(samples) / len(samples)
+        if load.serving == 0 or mean_serving == 0:
             return 0.0
-        total = (measured.online + measured.bulk) * load.serving
-        other_busy = measured.online > 0 if bulk else measured.bulk > 0
+        window = (load.online_per_s + load.bulk_per_s) / mean_serving
+        total = max(window, self._capacity.get(partition, 0.0)) * load.serving
+        other_waiting = self._waiting.get(partition, [0, 0])[0 if bulk else 1]
+        other_busy = (load.online_per_s if bulk else load.bulk_per_s) > 0 or other_waiting > 0
         share = config.bulk_share if bulk else 1.0
         return total * share / (1 + config.bulk_share) if other_busy else total
 
@@ -137,8 +155,11 @@ class QueueEta:
 
     def max_ahead(self, config: ModelConfig, variant: str, bulk: bool, start_by: StartBy) -> int:
         """Most entries that may wait ahead of a job for it to start by `start_by`, when the
-        model admits by deadline and a rate is known; else -1 (no limit)."""
-        if not config.queue.admit_by_deadline:
+        model admits by deadline and a rate is known; else -1 (no limit). A job without a
+        deadline of its own is held to `max_queue_time_s` only once the workers' capacity is
+        known: a light load's rate is its arrivals, far below what a worker could start."""
+        measured = (config.name, variant) in self._capacity
+        if not config.queue.admit_by_deadline or not (start_by.deadline or measured):
             return -1
         rate = self.lane_rate(config, variant, bulk)
         if rate <= 0:
