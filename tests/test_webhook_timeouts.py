@@ -281,6 +281,15 @@ def test_a_restored_copy_of_an_attempt_neither_posts_nor_retries_again(
     )
     redis_client.hset(keys.job("j4"), "status", "succeeded")
     url = f"{origin}/j4"
+    queued: list[float] = []
+
+    def published(countdown: float, throw: bool = True) -> Retry:
+        """Celery's retry as a worker's: it queues the next attempt, then raises (throw=False:
+        returns) Retry. Run directly, a task's retry raises before it queues anything."""
+        queued.append(countdown)
+        return Retry("queued", None)
+
+    monkeypatch.setattr(webhook_delivery.deliver_webhook, "retry", published)
     with pytest.raises(Retry):
         _attempt("task-j4", 0, "j4", url)
     assert _attempt("task-j4", 0, "j4", url) == "duplicate"  # no POST, no attempt, no retry
@@ -299,4 +308,46 @@ def test_a_restored_copy_of_an_attempt_neither_posts_nor_retries_again(
     redis_client.delete(keys.webhook_claim("task-j4", 2))  # lapsed
     with pytest.raises(Retry):
         _attempt("task-j4", 2, "j4", url)
-    assert len(taken) == 3
+    assert len(taken) == 3 and len(queued) == 3
+
+
+class Died(BaseException):
+    """The worker's death, as the next attempt is being queued."""
+
+
+def test_an_attempt_whose_worker_died_before_its_retry_was_queued_runs_again(
+    failing: tuple[str, list[bytes]],
+    redis_client: redis.Redis,
+    settings_env: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The claim was kept as soon as the attempt was recorded: a worker that died before its
+    retry was queued left attempt N claimed for the whole retry window, and the copy kombu
+    restored returned "duplicate": no attempt N+1, the delivery stopped for good."""
+    origin, taken = failing
+    settings_env(
+        CONVEYOR_WEBHOOK_SECRET="whsec-test",
+        CONVEYOR_WEBHOOK_ALLOWLIST=origin,
+        CONVEYOR_KEY_PREFIX="claim-died:",
+    )
+    keys = Keys("claim-died:")
+    monkeypatch.setattr(webhook_delivery, "_redis", lambda: redis_client)
+    monkeypatch.setattr(webhook_delivery, "_attempt_log", lambda: AttemptLog(redis_client))
+    monkeypatch.setattr(
+        webhook_delivery, "_receiver_holds", lambda: ReceiverHolds(lambda: redis_client, keys)
+    )
+
+    def dies(countdown: float, throw: bool = True) -> Retry:
+        raise Died
+
+    monkeypatch.setattr(webhook_delivery.deliver_webhook, "retry", dies)
+    redis_client.hset(keys.job("j5"), "status", "succeeded")
+    url = f"{origin}/j5"
+    with pytest.raises(Died):
+        _attempt("task-j5", 0, "j5", url)
+    claim = redis_client.ttl(keys.webhook_claim("task-j5", 0))
+    assert 0 < claim <= Settings().webhook_timeout_s + 60  # left to lapse
+    redis_client.delete(keys.webhook_claim("task-j5", 0))  # lapsed
+    with pytest.raises(Died):  # the restored copy posts the attempt again
+        _attempt("task-j5", 0, "j5", url)
+    assert len(taken) == 2

@@ -308,8 +308,12 @@ def deliver_webhook(
         attempt = _held(url) or _post(url, dumps(event), event)
         status, delay = after_attempt(number, attempt, first_attempt_at, settings)
     _record(kind, target_id, {"attempt": number, **attempt}, status)
-    _keep_claim(self.request.id, self.request.retries)
     log.info("webhook %s to %s, attempt %d: %s", event.get("id"), url, number, status)
     if status == "retrying":
-        raise self.retry(countdown=delay)
+        # kept once the next attempt is queued: a worker that died before that left the claim
+        # to lapse, and the copy kombu restores runs this attempt again, not "duplicate"
+        retry = self.retry(countdown=delay, throw=False)
+        _keep_claim(self.request.id, self.request.retries)
+        raise retry
+    _keep_claim(self.request.id, self.request.retries)
     return status
