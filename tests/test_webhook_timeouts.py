@@ -257,6 +257,28 @@ def failing() -> Iterator[tuple[str, list[bytes]]]:
     listener.close()
 
 
+def _delivering_to(
+    origin: str,
+    prefix: str,
+    redis_client: redis.Redis,
+    settings_env: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Keys:
+    """Deliveries allowed to `origin`, their bookkeeping on `redis_client` under `prefix`."""
+    settings_env(
+        CONVEYOR_WEBHOOK_SECRET="whsec-test",
+        CONVEYOR_WEBHOOK_ALLOWLIST=origin,
+        CONVEYOR_KEY_PREFIX=prefix,
+    )
+    keys = Keys(prefix)
+    monkeypatch.setattr(webhook_delivery, "_redis", lambda: redis_client)
+    monkeypatch.setattr(webhook_delivery, "_attempt_log", lambda: AttemptLog(redis_client))
+    monkeypatch.setattr(
+        webhook_delivery, "_receiver_holds", lambda: ReceiverHolds(lambda: redis_client, keys)
+    )
+    return keys
+
+
 def test_a_restored_copy_of_an_attempt_neither_posts_nor_retries_again(
     failing: tuple[str, list[bytes]],
     redis_client: redis.Redis,
@@ -268,17 +290,7 @@ def test_a_restored_copy_of_an_attempt_neither_posts_nor_retries_again(
     posted the same attempt, and, both failing, ran two retry chains. The copy that comes second
     finds the attempt claimed and does nothing; the next attempt (one more retry) posts."""
     origin, taken = failing
-    settings_env(
-        CONVEYOR_WEBHOOK_SECRET="whsec-test",
-        CONVEYOR_WEBHOOK_ALLOWLIST=origin,
-        CONVEYOR_KEY_PREFIX="claim-test:",
-    )
-    keys = Keys("claim-test:")
-    monkeypatch.setattr(webhook_delivery, "_redis", lambda: redis_client)
-    monkeypatch.setattr(webhook_delivery, "_attempt_log", lambda: AttemptLog(redis_client))
-    monkeypatch.setattr(
-        webhook_delivery, "_receiver_holds", lambda: ReceiverHolds(lambda: redis_client, keys)
-    )
+    keys = _delivering_to(origin, "claim-test:", redis_client, settings_env, monkeypatch)
     redis_client.hset(keys.job("j4"), "status", "succeeded")
     url = f"{origin}/j4"
     queued: list[float] = []
@@ -325,17 +337,7 @@ def test_an_attempt_whose_worker_died_before_its_retry_was_queued_runs_again(
     retry was queued left attempt N claimed for the whole retry window, and the copy kombu
     restored returned "duplicate": no attempt N+1, the delivery stopped for good."""
     origin, taken = failing
-    settings_env(
-        CONVEYOR_WEBHOOK_SECRET="whsec-test",
-        CONVEYOR_WEBHOOK_ALLOWLIST=origin,
-        CONVEYOR_KEY_PREFIX="claim-died:",
-    )
-    keys = Keys("claim-died:")
-    monkeypatch.setattr(webhook_delivery, "_redis", lambda: redis_client)
-    monkeypatch.setattr(webhook_delivery, "_attempt_log", lambda: AttemptLog(redis_client))
-    monkeypatch.setattr(
-        webhook_delivery, "_receiver_holds", lambda: ReceiverHolds(lambda: redis_client, keys)
-    )
+    keys = _delivering_to(origin, "claim-died:", redis_client, settings_env, monkeypatch)
 
     def dies(countdown: float, throw: bool = True) -> Retry:
         raise Died
