@@ -176,29 +176,44 @@ def _claimed_before(task_id: str | None, retries: int) -> bool:
     holds it (Celery prefetches countdown tasks and acknowledges them once run), and both
     copies posted, then both retried. One SET NX per attempt lets one copy through; it lapses
     unless the attempt is recorded (`_keep_claim`), so a copy of an attempt whose worker died
-    in it runs. A direct call (no task id) has no copy."""
-    if task_id is None:
-        return False
-    settings = get_settings()
-    key = Keys(settings.key_prefix).webhook_claim(task_id, retries)
-    ttl_s = int(settings.webhook_timeout_s + CLAIM_RUNNING_MARGIN_S)
-    try:
-        return not _redis().set(key, 1, nx=True, ex=ttl_s)
-    except UNREACHABLE as exc:  # at least once beats none: a copy may post the attempt again
-        log.warning("webhook attempt %s/%d not claimed, sent anyway: %r", task_id, retries, exc)
-        return False
+    in it runs. A direct call (no task id) has no copy. Redis out of reach claims nothing and
+    the attempt is sent: at least once beats none (a copy may post it again)."""
+
+    def take(client: redis.Redis, key: str, settings: Settings) -> bool:
+        ttl_s = int(settings.webhook_timeout_s + CLAIM_RUNNING_MARGIN_S)
+        return not client.set(key, 1, nx=True, ex=ttl_s)
+
+    return _on_claim(task_id, retries, take, "not claimed, sent anyway")
 
 
 def _keep_claim(task_id: str | None, retries: int) -> None:
-    """The attempt ran: its claim now outlives any copy of it kombu could still restore."""
+    """The attempt ran: its claim now outlives any copy of it kombu could still restore (with
+    Redis out of reach it lapses: a late copy may post the attempt again)."""
+
+    def keep(client: redis.Redis, key: str, settings: Settings) -> bool:
+        return bool(client.expire(key, int(settings.webhook_retry_for_s + CLAIM_KEPT_MARGIN_S)))
+
+    _on_claim(task_id, retries, keep, "claim not kept")
+
+
+def _on_claim(
+    task_id: str | None,
+    retries: int,
+    command: Callable[[redis.Redis, str, Settings], bool],
+    unreached: str,
+) -> bool:
+    """`command` on the claim of one attempt (`_claimed_before`, `_keep_claim`): its answer, or
+    False with no task id (a direct call has no copy) or with Redis out of reach, logged as
+    `unreached` (what the attempt does without it)."""
     if task_id is None:
-        return
+        return False
     settings = get_settings()
     key = Keys(settings.key_prefix).webhook_claim(task_id, retries)
     try:
-        _redis().expire(key, int(settings.webhook_retry_for_s + CLAIM_KEPT_MARGIN_S))
-    except UNREACHABLE as exc:  # the claim lapses: a late copy may post the attempt again
-        log.warning("webhook attempt %s/%d claim not kept: %r", task_id, retries, exc)
+        return command(_redis(), key, settings)
+    except UNREACHABLE as exc:
+        log.warning("webhook attempt %s/%d %s: %r", task_id, retries, unreached, exc)
+        return False
 
 
 def _record(kind: TargetKind, target_id: str, attempt: dict[str, Any], status: str) -> None:

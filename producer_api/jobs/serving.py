@@ -33,6 +33,7 @@ from shared.model_repository import ModelConfig
 from shared.routing import UnknownVariant
 from shared.telemetry import current_traceparent
 from shared.webhook_events import job_event, refusal
+from shared.webhook_outbox import WebhookOutbox
 
 log = logging.getLogger(__name__)
 
@@ -317,8 +318,8 @@ class JobsService:
         url = record.fields.get("webhook")
         if url and await self.state.webhooks.hand_over("job", job_id, url, job_event(view)):
             try:  # TRANSITION left it owed; still owed, a worker's reclaimer sends it again
-                owed = self.state.keys.webhooks_owed(record.fields.get("stream", ""))
-                await self.state.redis.zrem(owed, job_id)
+                outbox = WebhookOutbox(self.state.redis, self.state.keys)
+                await outbox.settle(record.fields.get("stream", ""), [job_id])
             except RedisError as exc:
                 log.warning("cancel of %s: its event stays owed (%r)", job_id, exc)
         return view

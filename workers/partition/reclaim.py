@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -23,6 +22,7 @@ from shared.keys import GROUP, Keys
 from shared.metrics import JOBS_FINISHED
 from shared.redis_client import call_script
 from shared.variant_stats import VariantStats
+from shared.webhook_outbox import WebhookOutbox
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
 from workers.partition.redis_backoff import OUTAGE
@@ -50,6 +50,7 @@ class Reclaimer:
         self.redis = client
         self.store = JobStore(client, keys, ttl_s)
         self.events = events
+        self.outbox = WebhookOutbox(client, keys)
         self.keys = keys
         self.streams = partition.streams
         self.dlq = keys.dlq(partition.config.name, partition.variant)
@@ -140,10 +141,8 @@ class Reclaimer:
     async def resend_owed(self, stream: str) -> None:
         """Hand over again the events the lane has owed longer than the visibility timeout (a
         live worker hands its over at once), at most OWED_PER_PASS."""
-        owed: list[Any] = await self.redis.zrangebyscore(
-            self.keys.webhooks_owed(stream), "-inf", now_ms() - self.idle_ms, 0, OWED_PER_PASS
-        )
-        await self._notify(stream, [as_text(job_id) for job_id in owed])
+        owed = await self.outbox.overdue(stream, now_ms() - self.idle_ms, OWED_PER_PASS)
+        await self._notify(stream, owed)
 
     async def _notify(self, stream: str, job_ids: list[str]) -> None:
         """The ended jobs' webhook events, each with the view a client reading the job would
@@ -154,8 +153,7 @@ class Reclaimer:
         records = await self.store.get_many(job_ids)
         pairs = zip(job_ids, records, strict=True)
         settled = [job_id for job_id, record in pairs if await self._settled(job_id, record)]
-        if settled:
-            await self.redis.zrem(self.keys.webhooks_owed(stream), *settled)
+        await self.outbox.settle(stream, settled)
 
     async def _settled(self, job_id: str, record: JobRecord | None) -> bool:
         """Whether the job owes no event now: handed over just now, or its hash is gone."""

@@ -27,6 +27,7 @@ from shared.redis_client import (
 )
 from shared.settings import get_settings
 from shared.variant_stats import VariantStats
+from shared.webhook_outbox import WebhookOutbox
 from workers.partition.finish import Finish
 from workers.partition.finished_stats import FinishedStats
 from workers.partition.job_events import JobEvents
@@ -44,6 +45,7 @@ class ResultWriter:
         self.ttl_s = ttl_s
         self.worker = worker
         self.events = events
+        self.outbox = WebhookOutbox(client, keys)
         self._finish = client.register_script(job_scripts.FINISH)
         self.stats = FinishedStats(VariantStats(client, keys))
 
@@ -61,10 +63,8 @@ class ResultWriter:
         """One ZREM for the jobs whose events were handed over (none without webhooks). An
         outage only leaves them owed: the reclaimer sends them again, under the same ids,
         where a raise would rerun the write-back and send every event of the batch again."""
-        if not handed:
-            return
         try:
-            await self.redis.zrem(self.keys.webhooks_owed(stream), *handed)
+            await self.outbox.settle(stream, handed)
         except OUTAGE as exc:
             log.warning("%d webhook events of %s stay owed: %r", len(handed), stream, exc)
 
