@@ -315,14 +315,26 @@ class Stack:
             raise
 
     def stop(self) -> None:
-        """Stop in reverse start order, Redis last: workers drain before the producer goes.
-        Interrupted, it kills every child it had not reached yet too."""
+        """Stop tier by tier, each tier's children side by side (`stop_processes`): workers
+        drain before the producers go, Redis goes last. Stopped one at a time, Ctrl-C took the
+        sum of the drains, while the workers not yet signalled kept taking work. Interrupted,
+        it kills every child it had not reached yet too."""
         try:
-            for name in sorted(reversed(list(self.processes)), key=lambda n: n == "valkey"):
-                self.stop_process(name)
+            for tier in range(3):
+                named = [
+                    name for name in reversed(list(self.processes)) if self._tier(name) == tier
+                ]
+                self.stop_processes(named)
         except BaseException:
             _kill_all([self.processes.pop(name) for name in list(self.processes)])
             raise
+
+    def _tier(self, name: str) -> int:
+        """When `stop` stops child `name`: 0 a worker (`spawn_worker`), 1 a producer or any
+        other child, 2 the embedded Valkey they all use."""
+        if name == "valkey":
+            return 2
+        return 0 if name in self.metrics_ports else 1
 
     def respawn(self, name: str) -> subprocess.Popen[bytes]:
         """Start `name` again as it was first started (same command, environment and log)."""

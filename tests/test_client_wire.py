@@ -20,6 +20,7 @@ from conveyor.stack import free_port
 from tests.local_http import LocalServer, serving
 
 SEPARATED = "a\u2028b\u2029c\x85d"  # line and paragraph separators, NEL: legal inside JSON
+_ENDED = {"jobs": "succeeded", "batches": "completed"}  # how each ends by itself
 
 
 class _Server(LocalServer):
@@ -28,7 +29,8 @@ class _Server(LocalServer):
         self.posts: list[tuple[str, str | None]] = []  # (path, Idempotency-Key)
         self.resumed: list[str | None] = []  # Last-Event-ID of each /v1/jobs/cut/events
         self.limited = 0  # GETs of /v1/jobs/limited, each answered 429 with Retry-After: 30
-        self.deletes: list[str] = []  # paths of DELETEs: odd ones answered 503, even ones 409
+        # paths of cancels (a job's DELETE, a batch's POST): odd ones answered 503, even ones 409
+        self.cancels: list[str] = []
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -37,6 +39,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path.endswith("/cancel"):
+            self._cancel()
+            return
         self.server.posts.append((self.path.split("?")[0], self.headers.get("Idempotency-Key")))
         if body.get("model") == "busy" and len(self.server.posts) == 1:
             error = {"error": {"type": "rate_limited", "message": "slow down"}}
@@ -52,21 +57,23 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(503, json.dumps(error).encode(), "application/json", {"Retry-After": "0"})
 
     def do_DELETE(self) -> None:
+        self._cancel()
+
+    def _cancel(self) -> None:
         """A cancel that commits but whose answer is lost (503), then the resend's 409; a job
-        whose path holds `ended` ended before any cancel: 409 at once."""
-        self.server.deletes.append(self.path)
-        if len(self.server.deletes) % 2 and "ended" not in self.path:
+        or batch whose path holds `ended` ended before any cancel: 409 at once."""
+        self.server.cancels.append(self.path)
+        if len(self.server.cancels) % 2 and "ended" not in self.path:
             error = {"error": {"type": "unavailable", "message": "replicas did not confirm"}}
             self._send(503, json.dumps(error).encode(), "application/json", {"Retry-After": "0"})
             return
-        error = {"error": {"type": "conflict", "message": "job already cancelled"}}
+        error = {"error": {"type": "conflict", "message": "already cancelled"}}
         self._send(409, json.dumps(error).encode(), "application/json")
 
     def do_GET(self) -> None:
-        if self.path in ("/v1/jobs/x", "/v1/jobs/ended", "/v1/jobs/done"):
-            status = "succeeded" if self.path == "/v1/jobs/done" else "cancelled"
-            job = json.dumps({"id": self.path.rsplit("/", 1)[1], "status": status})
-            self._send(200, job.encode(), "application/json")
+        kind, _, name = self.path.removeprefix("/v1/").partition("/")
+        if kind in _ENDED and name in ("x", "ended", "done"):
+            self._ended(kind, name)
             return
         if self.path.startswith(("/v1/jobs/limited", "/v1/batches/limited")):
             self.server.limited += 1
@@ -83,6 +90,14 @@ class _Handler(BaseHTTPRequestHandler):
         data = json.dumps(final, ensure_ascii=False)  # raw, as orjson writes it
         body = f"id: 1\nevent: final\ndata: {data}\n\n".encode()
         self._send(200, body, "text/event-stream")
+
+    def _ended(self, kind: str, name: str) -> None:
+        """What the cancels above find: `done` ended by itself, the others were cancelled."""
+        view = {"id": name, "status": "cancelled" if name != "done" else _ENDED[kind]}
+        if kind == "batches":
+            view |= {"counts": {"total": 1, "succeeded": 0, "failed": 1, "pending": 0}}
+            view["created_at"] = 0
+        self._send(200, json.dumps(view).encode(), "application/json")
 
     def _cut(self) -> None:
         """A producer losing Redis: it ends the stream with `event: error` and `retry:`; the
@@ -129,12 +144,14 @@ def server() -> Iterator[_Server]:
 
 
 def test_a_503_to_a_post_without_a_key_is_not_sent_again(server: _Server) -> None:
-    """predict, chat and batch creation carry no Idempotency-Key: each 503 was retried, up to
-    six POSTs, each of which could enqueue the job (or the whole batch) once more."""
+    """predict, chat, embeddings and batch creation carry no Idempotency-Key: each 503 was
+    retried, up to six POSTs, each of which could enqueue the job (or the whole batch) once
+    more."""
     with Client(server.url) as client:
         for call in (
             lambda: client.predict("m", {"x": 1}),
             lambda: client.chat("m", [{"role": "user", "content": "hi"}]),
+            lambda: client.embed("m", ["a"]),
             lambda: client.batches.create([{"custom_id": "a", "body": {"inputs": {}}}], model="m"),
         ):
             with pytest.raises(APIError) as refused:
@@ -143,6 +160,7 @@ def test_a_503_to_a_post_without_a_key_is_not_sent_again(server: _Server) -> Non
     assert [path for path, _ in server.posts] == [
         "/v1/models/m/predict",
         "/v1/chat/completions",
+        "/v1/embeddings",
         "/v1/batches",
     ]
 
@@ -218,21 +236,30 @@ def test_a_wait_does_not_retry_past_its_timeout(server: _Server) -> None:
     assert server.limited == 2  # one each, no retry: the first would have started 30 s in
 
 
-def test_a_resent_cancel_that_finds_its_own_cancel_returns_the_job(server: _Server) -> None:
-    """The first DELETE cancelled the job but its answer was lost (503): the resend's 409 was
-    raised as Conflict, though this very call had cancelled the job. A 409 to a first try, or
-    to a resend that finds the job ended otherwise, is still a Conflict."""
+@pytest.mark.parametrize(("kind", "suffix"), [("jobs", ""), ("batches", "/cancel")])
+def test_a_resent_cancel_that_finds_its_own_cancel_returns_what_it_cancelled(
+    server: _Server, kind: str, suffix: str
+) -> None:
+    """The first try cancelled the job (or batch) but its answer was lost (503): the resend's
+    409 was raised as Conflict (and `conveyor batch cancel` exited 1), though this very call
+    had cancelled it. A 409 to a first try, or to a resend that finds it ended otherwise, is
+    still a Conflict."""
 
-    async def cancel_async(job_id: str) -> str:
+    def cancel(client: Client, name: str) -> str:
+        return (client.cancel(name) if kind == "jobs" else client.batches.cancel(name)).status
+
+    async def cancel_async(name: str) -> str:
         async with AsyncClient(server.url) as client:
-            return (await client.cancel(job_id)).status
+            cancelling = client.cancel(name) if kind == "jobs" else client.batches.cancel(name)
+            return (await cancelling).status
 
     with Client(server.url) as client:
-        assert client.cancel("x").status == "cancelled"
+        assert cancel(client, "x") == "cancelled"
         assert asyncio.run(cancel_async("x")) == "cancelled"
-        for job_id in ("done", "ended"):
+        for name in ("done", "ended"):
             with pytest.raises(Conflict):
-                client.cancel(job_id)
+                cancel(client, name)
             with pytest.raises(Conflict):
-                asyncio.run(cancel_async(job_id))
-    assert server.deletes == ["/v1/jobs/x"] * 4 + ["/v1/jobs/done"] * 4 + ["/v1/jobs/ended"] * 2
+                asyncio.run(cancel_async(name))
+    paths = [f"/v1/{kind}/{name}{suffix}" for name in ("x", "done", "ended")]
+    assert server.cancels == [paths[0]] * 4 + [paths[1]] * 4 + [paths[2]] * 2

@@ -45,6 +45,18 @@ helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]
 print(helper.pid, flush=True)
 time.sleep(600)
 """
+# A child that drains for 2 s on SIGTERM, then exits 0; it prints when each happened.
+DRAINING = """
+import signal, sys, time
+def drain(*_):
+    print("term", time.time(), flush=True)
+    time.sleep(2)
+    print("exit", time.time(), flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, drain)
+print("ready", flush=True)
+time.sleep(600)
+"""
 
 
 def _repository(folder: Path) -> Path:
@@ -267,6 +279,24 @@ def test_ctrl_c_while_stopping_kills_every_child(tmp_path: Path) -> None:
         ctrl_c.cancel()
         _gone(processes)
     assert stack.processes == {}
+
+
+def test_stop_drains_the_children_of_a_tier_side_by_side(tmp_path: Path) -> None:
+    """Ctrl-C on `conveyor up` stopped one child at a time, each waited out before the next was
+    signalled: the stop took the sum of the drains, while the workers not yet signalled kept
+    taking work. Every child of a tier now has its SIGTERM before any of them exits."""
+    stack = Stack.create(tmp_path, redis_url=NO_REDIS)
+    names = ["drain-1", "drain-2", "drain-3"]
+    children = [stack.spawn(name, [sys.executable, "-c", DRAINING], {}) for name in names]
+    try:
+        until(lambda: all(stack.log_tail(name) for name in names), timeout=60)
+    finally:
+        stack.stop()
+    assert [child.returncode for child in children] == [0, 0, 0]
+    marks = [line.split() for name in names for line in stack.log_tail(name)[1:]]
+    terms = [float(at) for mark, at in marks if mark == "term"]
+    exits = [float(at) for mark, at in marks if mark == "exit"]
+    assert len(terms) == len(exits) == 3 and max(terms) < min(exits), marks
 
 
 def test_the_valkey_wrapper_stopped_while_its_server_loads_stops_it(tmp_path: Path) -> None:

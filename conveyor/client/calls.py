@@ -8,7 +8,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 from urllib.parse import quote
@@ -38,6 +38,7 @@ from conveyor.client.types import (
 from shared.codec import float32_values
 
 T = TypeVar("T")
+Ended = TypeVar("Ended", Job, Batch)  # what a cancel answers
 LONG_POLL_S = 30.0  # one long-poll request; the server caps it at CONVEYOR_MAX_WAIT_S anyway
 SLACK_S = 15.0  # HTTP timeout beyond the time the server was asked to wait
 STREAM_TIMEOUT_S = 60.0  # an event stream's: four of the server's keep-alive pings
@@ -170,16 +171,22 @@ def _attempts(attempts: bool) -> dict[str, str]:
 
 
 def cancel(job_id: str) -> Op[Job]:
-    """A resent cancel's 409 may answer this call's own first try, which cancelled the job but
-    whose answer was lost (a 503, a dropped connection): the job is read, and returned if it
-    is cancelled, rather than a Conflict."""
-    response = yield Call("DELETE", f"/v1/jobs/{segment(job_id)}", conflict_to_op=True)
+    return (yield from _cancel(Call("DELETE", f"/v1/jobs/{segment(job_id)}"), Job, get, job_id))
+
+
+def _cancel(
+    call: Call, model: type[Ended], read: Callable[[str], Op[Ended]], id_: str
+) -> Op[Ended]:
+    """A resent cancel's 409 may answer this call's own first try, which cancelled the job (or
+    batch) but whose answer was lost (a 503, a dropped connection): it is read, and returned
+    if it is cancelled, rather than a Conflict."""
+    response = yield replace(call, conflict_to_op=True)
     if response.status_code != 409:
-        return Job.model_validate(response.json())
-    job = yield from get(job_id)
-    if job.status != "cancelled":
+        return model.model_validate(response.json())
+    found = yield from read(id_)
+    if found.status != "cancelled":
         raise_for_error(response)
-    return job
+    return found
 
 
 _FAILED_AS = {"failed": 422, "cancelled": 409, "expired": 504}
@@ -220,10 +227,11 @@ def chat(model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> 
 def embed(model: str, texts: str | list[str], params: dict[str, Any]) -> Op[EmbeddingList]:
     """`POST /v1/embeddings`. Unless `encoding_format` is given, the vectors travel as base64
     (under half the bytes, nothing for the server to parse) and come back decoded, as OpenAI's
-    client does. Sending it again does no harm: an embedding changes nothing, and the server
-    cancels the job of a request whose client left."""
+    client does. Not sent again after a 503, as `chat`: it carries no Idempotency-Key, and a
+    draining producer answers 503 to a request whose job it already queued (the job runs on),
+    so a resend ran the job twice."""
     body = {"model": model, "input": texts, "encoding_format": "base64", **params}
-    response = yield Call("POST", "/v1/embeddings", json=body, timeout=600)
+    response = yield Call("POST", "/v1/embeddings", json=body, timeout=600, repeatable=False)
     answer = EmbeddingList.model_validate(response.json())
     if "encoding_format" not in params:
         for item in answer.data:
@@ -271,8 +279,10 @@ def list_batches(limit: int, after: str | None) -> Op[BatchList]:
 
 
 def cancel_batch(batch_id: str) -> Op[Batch]:
-    response = yield Call("POST", f"/v1/batches/{segment(batch_id)}/cancel")
-    return Batch.model_validate(response.json())
+    """Resent after a lost answer, as a job's `cancel` is: the resend finds the batch no longer
+    running (409) when the first try cancelled it."""
+    call = Call("POST", f"/v1/batches/{segment(batch_id)}/cancel")
+    return (yield from _cancel(call, Batch, get_batch, batch_id))
 
 
 def wait_batch(
