@@ -7,48 +7,79 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 
+from shared.job_scripts import LUA_UNDELIVERED
 from shared.keys import GROUP, Keys
 
 # KEYS: lanes sharing one hash tag (a partition's two); ARGV[1]: the group. Entries of each no
-# consumer has been handed yet (acknowledged ones are deleted, so XLEN - pending), as the
-# POSITION script counts them: sent as EVAL, which a cluster pipeline routes without loading.
-UNDELIVERED = """
+# consumer has been handed yet, as the POSITION script counts them: sent as EVAL, which a
+# cluster pipeline routes without loading.
+UNDELIVERED = (
+    LUA_UNDELIVERED
+    + """
 local waiting = {}
-for i, stream in ipairs(KEYS) do
-  local ok, pel = pcall(redis.call, 'XPENDING', stream, ARGV[1])
-  waiting[i] = redis.call('XLEN', stream) - (ok and pel[1] or 0)
-end
+for i, stream in ipairs(KEYS) do waiting[i] = undelivered(stream, ARGV[1]) end
 return waiting
 """
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """The seconds a rate is read over: the last `window_s` complete ones and the part of this
+    one gone by, so that a lane that began draining this second is not read as idle, and a
+    partial second does not read as a slow one."""
+
+    seconds: range
+    span_s: float
+
+    @classmethod
+    def last(cls, window_s: int) -> _Window:
+        now = time.time()
+        second = int(now)
+        return cls(range(second - window_s, second + 1), window_s + now - second)
+
+    def read(self, pipe: Any, keys: Keys, stream: str) -> None:
+        """Queue the lane's counters: they share its hash tag, so one MGET (sent as a raw
+        command: a cluster pipeline refuses its `mget`, made for keys of any slot)."""
+        pipe.execute_command("MGET", *(keys.drained(stream, s) for s in self.seconds))
+
+    def rate(self, counts: Sequence[bytes | None]) -> float:
+        return sum(int(count) for count in counts if count) / self.span_s
 
 
 async def drain_rates(
     client: aioredis.Redis, keys: Keys, streams: Sequence[str], window_s: int
 ) -> list[float]:
-    """Entries each lane finished per second over the last `window_s` complete seconds and the
-    part of this one gone by (one round trip): a lane that began draining this second is not
-    read as idle, and a partial second does not read as a slow one. A lane's counters share its
-    hash tag, so each lane is one MGET (sent as a raw command: a cluster pipeline refuses its
-    `mget`, made for keys of any slot), and a cluster pipeline sends each node its lanes at once."""
-    now = time.time()
-    second = int(now)
-    seconds = range(second - window_s, second + 1)
+    """Entries each lane finished per second over the last `window_s` seconds (`_Window`), in
+    one round trip: a cluster pipeline sends each node its lanes at once."""
+    window = _Window.last(window_s)
     async with client.pipeline(transaction=False) as pipe:
         for stream in streams:
-            pipe.execute_command("MGET", *(keys.drained(stream, s) for s in seconds))
+            window.read(pipe, keys, stream)
         lanes = await pipe.execute()
-    span = window_s + now - second
-    return [sum(int(count) for count in counts if count) / span for counts in lanes]
+    return [window.rate(counts) for counts in lanes]
 
 
-async def undelivered(client: aioredis.Redis, lanes: Sequence[Sequence[str]]) -> list[list[int]]:
-    """Entries waiting undelivered in each lane, one EVAL per group of lanes that share a hash
-    tag (a partition's online and bulk lanes), all in one round trip."""
+async def drain_rates_and_undelivered(
+    client: aioredis.Redis, keys: Keys, lanes: Sequence[Sequence[str]], window_s: int
+) -> tuple[list[list[float]], list[list[int]]]:
+    """Each lane's drain rate (as `drain_rates`) and entries waiting undelivered in it, grouped
+    as `lanes` are (lanes that share a hash tag: a partition's online and bulk ones), all in
+    one round trip: a group's MGETs and one EVAL go to its node together."""
+    window = _Window.last(window_s)
     async with client.pipeline(transaction=False) as pipe:
         for group in lanes:
+            for stream in group:
+                window.read(pipe, keys, stream)
             pipe.execute_command("EVAL", UNDELIVERED, len(group), *group, GROUP)
-        counts = await pipe.execute()
-    return [[max(0, int(count)) for count in group] for group in counts]
+        replies = iter(await pipe.execute())
+    rates, waiting = [], []
+    for group in lanes:
+        rates.append([window.rate(next(replies)) for _ in group])
+        waiting.append([max(0, int(count)) for count in next(replies)])
+    return rates, waiting

@@ -21,6 +21,16 @@ from shared.keys import (
     WEBHOOKS_OWED_SUFFIX,
 )
 
+# Entries of a lane stream no consumer has been handed yet: the one definition, which the
+# scripts here and shared/drain_rate.py's UNDELIVERED share.
+LUA_UNDELIVERED = """
+-- Entries of a lane stream no consumer has been handed yet (acknowledged ones are deleted).
+local function undelivered(stream, group)
+  local ok, pel = pcall(redis.call, 'XPENDING', stream, group)
+  return redis.call('XLEN', stream) - (ok and pel[1] or 0)
+end
+"""
+
 _PRELUDE = (
     lua_transition_table()
     + LUA_JOB_KEY
@@ -98,13 +108,9 @@ local function remember(stream, ids)
     redis.call('LTRIM', stream .. RECENT, 0, RECENT_KEPT - 1)
   end
 end
-
--- Entries of a lane stream no consumer has been handed yet (acknowledged ones are deleted).
-local function undelivered(stream, group)
-  local ok, pel = pcall(redis.call, 'XPENDING', stream, group)
-  return redis.call('XLEN', stream) - (ok and pel[1] or 0)
-end
-
+"""
+    + LUA_UNDELIVERED
+    + """
 -- Credit that counts as a whole one: ten additions of 0.1 sum to 0.9999999999999999.
 local WHOLE = 1 - 1e-9
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from shared import job_scripts
-from shared.drain_rate import drain_rates
 from shared.keys import GROUP, Keys
 from shared.redis_client import call_script
 from shared.worker_registry import WorkerRegistry
@@ -45,20 +44,22 @@ class PartitionLoad:
 
 
 async def read_partition_loads(
-    client: aioredis.Redis, keys: Keys, partitions: Sequence[tuple[str, str]]
+    client: aioredis.Redis,
+    keys: Keys,
+    partitions: Sequence[tuple[str, str]],
+    rates: Sequence[Sequence[float]],
 ) -> dict[tuple[str, str], PartitionLoad]:
-    """Every partition's load: one read of the drained counters plus the worker registry's two
-    round trips, however many partitions. A worker counts while it beats (a killed one drops
-    out within the registry's TTL), unlike a consumer-group member, which stays until pruned."""
-    lanes = [lane for m, v in partitions for lane in (keys.queue(m, v), keys.bulk_queue(m, v))]
-    rates = await drain_rates(client, keys, lanes, RATE_WINDOW_S)
+    """Every partition's load: its lanes' drain `rates` (online, bulk: read with their backlog
+    in one round trip, shared/drain_rate.py) and the worker registry's two round trips, however
+    many partitions. A worker counts while it beats (a killed one drops out within the
+    registry's TTL), unlike a consumer-group member, which stays until pruned."""
     beats = await WorkerRegistry(client, keys).live()
     loads = {}
-    for index, (model, variant) in enumerate(partitions):
+    for (model, variant), (online_per_s, bulk_per_s) in zip(partitions, rates, strict=True):
         mine = [b for b in beats if f"{model}:{variant}" in b.models]
         loads[(model, variant)] = PartitionLoad(
-            rates[2 * index],
-            rates[2 * index + 1],
+            online_per_s,
+            bulk_per_s,
             sum(1 for b in mine if b.state == "serving"),
             sum(1 for b in mine if b.state == "warming"),
         )

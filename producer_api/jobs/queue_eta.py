@@ -12,7 +12,6 @@ light load, so a burst after one gets ETAs at the speed the workers drain it."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections import deque
@@ -22,7 +21,7 @@ from dataclasses import fields as dataclass_fields
 import redis.asyncio as aioredis
 
 from producer_api.periodic import Periodic
-from shared.drain_rate import undelivered
+from shared.drain_rate import drain_rates_and_undelivered
 from shared.job_store import JobRecord
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.queue_position import (
@@ -92,12 +91,14 @@ class QueueEta:
         self.refresher = Periodic("queue-eta", REFRESH_S, self.refresh)
 
     async def refresh(self) -> None:
+        """Every partition's load and its lanes' backlog: the lanes' drained counters and
+        undelivered entries in one round trip, then the worker registry's two."""
         partitions = [(c.name, v) for c in self.repository for v in c.variants]
         lanes = [(self.keys.queue(*p), self.keys.bulk_queue(*p)) for p in partitions]
-        self.loads, waiting = await asyncio.gather(
-            read_partition_loads(self.client, self.keys, partitions),
-            undelivered(self.client, lanes),
+        rates, waiting = await drain_rates_and_undelivered(
+            self.client, self.keys, lanes, RATE_WINDOW_S
         )
+        self.loads = await read_partition_loads(self.client, self.keys, partitions, rates)
         self._waiting = dict(zip(partitions, waiting, strict=True))
         for partition, load in self.loads.items():
             self._remember(partition, load, self._waiting.get(partition, [0, 0]))
