@@ -205,22 +205,34 @@ async def test_a_generate_loop_is_handed_no_more_jobs_than_it_has_free_slots(
     assert seen == [f"s{index}" for index in range(6)]  # online first
 
 
-async def test_a_generate_loop_reclaims_no_more_jobs_than_it_has_free_slots(
-    aredis: aioredis.Redis,
-) -> None:
+async def test_a_generate_loop_reclaims_one_entry_at_a_time(aredis: aioredis.Redis) -> None:
+    """A crashed worker's generations were reclaimed all together, up to the free slots: one
+    prompt that kills the engine ran beside them again, killed them again, and took them all
+    past `max_deliveries`. Now one at a time, the next once the last is no longer running, as a
+    micro-batch loop's; new work fills the other slots in between."""
     config = ModelConfig(
         name="m", kind="batch", backend="identity", queue=QueueLimits(visibility_timeout_s=1)
     )
     partition = Partition.of(KEYS, config, "default")
     store = JobStore(aredis, KEYS, ttl_s=60)
-    for index in range(5):
-        entry = RequestEntry(f"r{index}", {"inputs": {}}, now_ms())
-        await store.create(entry, partition.online, {"model": "m", "variant": "default"})
+
+    async def queued(*job_ids: str) -> None:
+        for job_id in job_ids:
+            entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
+            await store.create(entry, partition.online, {"model": "m", "variant": "default"})
+
+    await queued(*(f"r{index}" for index in range(5)))
     lanes = await _slotted_lanes(aredis, partition)
     await aredis.xreadgroup(GROUP, "dead-1", {partition.online: ">"})  # then it died
     await asyncio.sleep(1.1)  # past the visibility timeout
-    reclaimed = await lanes.next_batch(1, 0, 50, slots=True)
-    assert _jobs(reclaimed) == ["r0"]
+    await queued("n0")
+
+    first = await lanes.next_batch(4, 0, 50, slots=True)
+    assert _jobs(first) == ["r0"]
+    running = {(partition.online, first[0][1][0].entry_id)}
+    assert _jobs(await lanes.next_batch(3, 0, 50, running, slots=True)) == ["n0"]  # new work
+    assert await lanes.next_batch(3, 0, 50, running, slots=True) == []  # r0 still runs
+    assert _jobs(await lanes.next_batch(4, 0, 50, slots=True)) == ["r1"]
 
 
 async def test_after_an_outage_no_more_are_claimed_back_than_asked_for_in_all(

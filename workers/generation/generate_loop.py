@@ -2,7 +2,9 @@
 micro-batches: whenever an engine slot is free the loop reads (and claims) as many entries as
 there are free slots and starts them at once. Every engine step's new text of ALL running jobs
 goes to their token streams in one pipelined round trip, which also reads back their statuses
-(a cancelled job is aborted after the next step), and each job is acknowledged as it ends."""
+(a cancelled job is aborted after the next step), and each job is acknowledged as it ends. An
+engine that stepped and ended no generation for `queue.max_run_s` while it had some is deemed
+hung, and handled as a dead one."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from shared.codec import as_text, dumps
 from shared.job_states import TERMINAL, JobStatus
@@ -30,6 +32,37 @@ from workers.partition.stream_reader import Delivery, LaneEntry, StreamReader
 from workers.partition.token_writer import TokenWriter
 
 log = logging.getLogger(__name__)
+
+
+class EngineWatch:
+    """When the engine last showed life (a chunk, a generation's end) while it had generations,
+    to tell a hung engine (vLLM's engine core wedged: the process alive, `dead()` false, no
+    error ever raised) from a busy one: its loop re-claimed the hung generations for ever."""
+
+    def __init__(self, max_run_s: float) -> None:
+        self.max_run_s = max_run_s  # 0: no ceiling
+        self.generating = 0
+        self.lively_at = time.monotonic()
+
+    @contextlib.contextmanager
+    def generation(self) -> Iterator[None]:
+        """One generation in the engine; an idle engine owes no step for its idle time."""
+        if not self.generating:
+            self.stepped()
+        self.generating += 1
+        try:
+            yield
+        finally:
+            self.generating -= 1
+            self.stepped()
+
+    def stepped(self) -> None:
+        self.lively_at = time.monotonic()
+
+    def hung(self) -> bool:
+        """Generations ran, and none stepped or ended for `max_run_s`."""
+        quiet_s = time.monotonic() - self.lively_at
+        return bool(self.max_run_s and self.generating) and quiet_s > self.max_run_s
 
 
 class GenerateLoop:
@@ -65,12 +98,14 @@ class GenerateLoop:
         self._touch_every_s = partition.touch_every_s
         self._next_touch = time.monotonic() + self._touch_every_s
         self._busy_mark = time.monotonic()
+        self._watch = EngineWatch(partition.config.queue.max_run_s)
         self.engine_death: BaseException | None = None
 
     async def run(self) -> None:
         """Serve until asked to stop; then admit nothing more, give running generations up to
-        `drain_s` to finish, and abort the rest unacknowledged (another worker reruns them). With
-        Redis gone at stop, what is unwritten stays pending for another worker to reclaim."""
+        `drain_s` to finish, and abort the rest unacknowledged (another worker reruns them); a
+        dead or hung engine's are given up at once, and EngineDied raised. With Redis gone at
+        stop, what is unwritten stays pending for another worker to reclaim."""
         publisher = asyncio.create_task(self._publish_loop(), name="token-publisher")
         try:
             await self._admit_loop(publisher)
@@ -81,7 +116,8 @@ class GenerateLoop:
             with contextlib.suppress(Stopped):
                 await publisher
         if self.engine_death is not None:
-            raise EngineDied(f"{self.partition.name}: the engine died") from self.engine_death
+            death = f"{self.partition.name}: the engine died: {self.engine_death!r}"
+            raise EngineDied(death) from self.engine_death
 
     async def _admit_loop(self, publisher: asyncio.Task[None]) -> None:
         """Admit until asked to stop, or until the publisher died (its error then surfaces)."""
@@ -94,8 +130,12 @@ class GenerateLoop:
         )
 
     async def _admit(self) -> None:
-        """Fill free slots: reclaimed entries first, then online before bulk. Blocks up to
-        `block_ms` when no slot is free or nothing is queued (which bounds noticing a stop)."""
+        """Fill free slots: a reclaimed entry first (one at a time, `LaneScheduler`), then online
+        before bulk. Blocks up to `block_ms` when no slot is free or nothing is queued (which
+        bounds noticing a stop, and a hung engine: nothing more is touched or admitted then)."""
+        if self._watch.hung():
+            self._hung()
+            return
         await self._touch_running()
         free = self.capacity - len(self.running)
         if free <= 0:
@@ -139,15 +179,18 @@ class GenerateLoop:
     async def _generate(self, job: RunningJob) -> None:
         """Feed the job's chunks to the publisher; an engine error fails this job only."""
         try:
-            async for chunk in self.engine.generate(job.request):
-                self._chunks.append((job, checked(chunk), now_ms()))
-                self._wake.set()
+            with self._watch.generation():
+                async for chunk in self.engine.generate(job.request):
+                    self._watch.stepped()
+                    self._chunks.append((job, checked(chunk), now_ms()))
+                    self._wake.set()
         except InvalidChunk as exc:
             job.error = {"type": "InvalidOutput", "message": str(exc)}
             await self._abort_quietly(job.job_id)  # the engine goes on generating otherwise
         except Exception as exc:
             if self.engine.dead():
-                self._engine_died(job, exc)
+                job.abandoned = True
+                self._engine_died(exc)
             else:
                 job.error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
         if job.error:
@@ -155,12 +198,21 @@ class GenerateLoop:
         self._ended.append(job)
         self._wake.set()
 
-    def _engine_died(self, job: RunningJob, cause: Exception) -> None:
+    def _hung(self) -> None:
+        """No generation stepped or ended for `queue.max_run_s`: handled as a dead engine."""
+        max_run_s = self._watch.max_run_s
+        self._engine_died(
+            TimeoutError(
+                f"no generation stepped or ended for queue.max_run_s ({max_run_s:g} s): "
+                "the engine is deemed hung"
+            )
+        )
+
+    def _engine_died(self, cause: Exception) -> None:
         """A dead engine fails every job at once, through no fault of theirs: failing them
-        emptied the queue within seconds while the worker lived on. The job is left pending
+        emptied the queue within seconds while the worker lived on. Its jobs are left pending
         (no result, no final event: a rerun elsewhere restarts its stream) and the loop stops,
         so the worker exits."""
-        job.abandoned = True
         if self.engine_death is None:
             log.critical("the engine died: %r; handing jobs back and exiting", cause)
             self.engine_death = cause
@@ -313,6 +365,9 @@ class GenerateLoop:
                 await self._abort_quietly(job.job_id)
 
     async def _drain(self) -> None:
+        if self.engine_death is not None:
+            await self._cancel()
+            return
         jobs = list(self.running.values())
         tasks = [job.task for job in jobs if job.task is not None]
         if not tasks:
@@ -324,6 +379,19 @@ class GenerateLoop:
                 log.warning("abandoning unfinished generation", extra={"job_id": job.job_id})
                 await self._abort_quietly(job.job_id)
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _cancel(self) -> None:
+        """A dead or hung engine's generations are given up at once, left pending: a hung one
+        neither ends nor aborts them, and its drain waited on them for ever. Each goes to the
+        publisher as ended, abandoned, which lets it go."""
+        given_up: list[tuple[RunningJob, asyncio.Task[None]]] = []
+        for job in self.running.values():
+            if job.task is not None and not job.task.done():
+                job.abandoned = True
+                job.task.cancel()
+                given_up.append((job, job.task))
+        await asyncio.gather(*(task for _, task in given_up), return_exceptions=True)
+        self._ended.extend(job for job, task in given_up if task.cancelled())
 
 
 def _entries_by_stream(jobs: Iterable[RunningJob]) -> dict[str, list[bytes]]:

@@ -1,8 +1,8 @@
-"""What a partition loop runs next: abandoned entries whose reclaim is due first (a micro-batch
-loop's one at a time, each followed by a turn for new work), then two lanes — online requests
-first, the bulk lane (Batch API jobs) a share of micro-batches while both have work
-(`bulk_share`), and all of them while online is idle — so a large Batch API job drains at full
-speed alone and interactive jobs still go first when they arrive."""
+"""What a partition loop runs next: abandoned entries whose reclaim is due first (one at a time,
+each followed by a turn for new work), then two lanes — online requests first, the bulk lane
+(Batch API jobs) a share of micro-batches while both have work (`bulk_share`), and all of them
+while online is idle — so a large Batch API job drains at full speed alone and interactive jobs
+still go first when they arrive."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
 from workers.partition.stream_reader import Delivery, LaneEntry, MicroBatch, StreamReader
 
-# How long a read blocks while a reclaimed entry is still in a staged engine's pipeline: the next
-# is claimed once it is written back, not a whole idle read (a second) later.
+# How long a micro-batch loop's read blocks while a reclaimed entry is still in a staged engine's
+# pipeline: the next is claimed once it is written back, not a whole idle read (a second) later.
+# Not a generate loop's: its reclaimed entry runs for seconds, a poll every 50 ms all through it
+# would cost two round trips each; its next is claimed on the first read after it ends.
 REDELIVERED_WAIT_MS = 50
 
 
@@ -94,27 +96,23 @@ class LaneScheduler:
         if self.new_turn:  # between reclaimed entries, what waits new (without blocking)
             self.new_turn = False
             return [batch] if (batch := await self._take(max_items, delay_ms)) else []
-        if reclaimed := await self._reclaimed(max_items, in_hand, slots):
+        if reclaimed := await self._reclaimed(in_hand):
             self.new_turn = True
             return [reclaimed]
         if (self.backlog or slots) and (batch := await self._take(max_items, delay_ms)):
             return [batch]
-        if self.redelivered.intersection(in_hand):  # a staged engine runs it: claim on soon
+        if not slots and self.redelivered.intersection(in_hand):  # staged: claim on soon
             block_ms = min(block_ms, REDELIVERED_WAIT_MS)
         waited = await self.reader.wait([self.online, self.bulk], max_items, block_ms)
         self.backlog = any(self._left_waiting(deliveries, max_items) for _, deliveries in waited)
         return [await self._topped_up(b, max_items, delay_ms) for b in waited]
 
-    async def _reclaimed(
-        self, max_items: int, in_hand: Collection[LaneEntry], slots: bool
-    ) -> MicroBatch | None:
-        """Abandoned entries whose reclaim is due. A micro-batch loop's come one at a time,
-        each claimed once the one before is written back (no longer `in_hand`): a crashed
-        worker's micro-batch may hold an input that kills the process, which, run with the
-        others again, would take them all past `max_deliveries`; alone, it dies alone. A
-        generate loop's fill its free slots (its jobs run side by side in any case)."""
-        if slots:
-            return await self.reclaimer.due(max_items)
+    async def _reclaimed(self, in_hand: Collection[LaneEntry]) -> MicroBatch | None:
+        """An abandoned entry whose reclaim is due, one at a time, each claimed once the one
+        before is written back (no longer `in_hand`): a crashed worker's micro-batch, or a
+        generate loop's running jobs, may hold an input that kills the engine or the process,
+        which, run with the others again, would take them all past `max_deliveries`; alone,
+        it dies alone. A generate loop's new work fills its other slots meanwhile."""
         if self.redelivered.intersection(in_hand):
             return None
         reclaimed = await self.reclaimer.due(1)
