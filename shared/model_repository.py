@@ -122,9 +122,10 @@ class QueueLimits(BaseModel):
     visibility_timeout_s: float = Field(default=60.0, gt=0, le=YEAR_S)
     max_deliveries: int = Field(default=3, ge=1)
     # Longest one micro-batch may run on the engine (a bisection's reruns and a staged engine's
-    # wait for the device included) before the engine is deemed hung (a wedged kernel, a
-    # deadlocked library): its entries are no longer re-claimed and the worker exits, as for a
-    # dead engine. 0: no ceiling. Not for generate models (their loop re-claims on its own).
+    # wait for the device included), or a generate model's engine may go without a step (no
+    # chunk, no generation ended) while it has generations, before the engine is deemed hung (a
+    # wedged kernel, a deadlocked library, vLLM's engine core wedged): its entries are no longer
+    # re-claimed and the worker exits, as for a dead engine. 0: no ceiling.
     max_run_s: float = Field(default=600.0, ge=0, le=YEAR_S)
     # Refuse at submit (429 deadline_unmeetable) a job whose deadline, or whose enqueue plus
     # max_queue_time_s, falls before its ETA, rather than accept it and let it expire
@@ -137,6 +138,11 @@ class QueueLimits(BaseModel):
     # trigger does not see them.
     fair: bool = False
     fair_window: int | None = Field(default=None, ge=1)
+    # While a fair lane's round robin serves more than one tenant, micro-batches are sized so an
+    # engine call takes about this long (workers/batching/batch_budget.py): a micro-batch is not
+    # preempted, and a quiet tenant's job waits for the one in hand. None: full micro-batches.
+    # Read by the worker, which follows the held jobs it is handed, whatever its `fair` says.
+    fair_batch_ms: float | None = Field(default=None, gt=0, le=YEAR_S * 1000)
 
 
 class BacklogScaling(BaseModel):

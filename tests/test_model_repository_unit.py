@@ -74,6 +74,10 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "kind: batch\nbackend: identity\nmax_queue_delay_ms: .nan\n",
             "max_queue_delay_ms: Input should be a finite number",
         ),
+        (  # a budget no call can meet would cap every contended micro-batch at one job
+            "kind: batch\nbackend: identity\nqueue: {fair_batch_ms: 0}\n",
+            "queue.fair_batch_ms: Input should be greater than 0",
+        ),
         (
             "kind: batch\nbackend: identity\nqueue: {max_queue_time_s: 1e300}\n",
             "queue.max_queue_time_s: Input should be less than or equal to 31536000",

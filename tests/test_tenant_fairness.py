@@ -79,16 +79,20 @@ async def _quiet(client: httpx.AsyncClient, key: str, until: float) -> list[str]
     return ids
 
 
-async def _queue_waits(client: httpx.AsyncClient, key: str, ids: list[str]) -> list[float]:
-    waits = []
+async def _succeeded(client: httpx.AsyncClient, key: str, ids: list[str]) -> list[dict[str, Any]]:
+    jobs = []
     for job_id in ids:
         response = await client.get(
             f"/v1/jobs/{job_id}", params={"wait": 60}, headers={"X-API-Key": key}
         )
         job = response.json()
         assert job["status"] == "succeeded", job
-        waits.append(job["timings"]["queue_wait_ms"])
-    return waits
+        jobs.append(job)
+    return jobs
+
+
+async def _queue_waits(client: httpx.AsyncClient, key: str, ids: list[str]) -> list[float]:
+    return [job["timings"]["queue_wait_ms"] for job in await _succeeded(client, key, ids)]
 
 
 def _second_worst(values: list[float]) -> float:
@@ -139,9 +143,12 @@ SHORT_MS = 50
 QUIET_JOBS = 8
 
 
-async def _flood_then_quiet(base_url: str, model: str, flooder: str, quiet: str) -> dict[str, Any]:
-    """Submit FAIR_FLOOD jobs at once, then QUIET_JOBS spaced quiet ones while they drain; the
-    quiet jobs' queue waits and how long the flood took to drain, from the jobs' own timings."""
+async def _flood_then_quiet(
+    base_url: str, model: str, flooder: str, quiet: str, flood_jobs: int = FAIR_FLOOD
+) -> dict[str, Any]:
+    """Submit `flood_jobs` at once, then QUIET_JOBS spaced quiet ones while they drain; the
+    quiet jobs' queue waits and micro-batch sizes, and how long the flood took to drain, from
+    the jobs' own timings."""
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
 
         async def submit(key: str) -> str:
@@ -150,18 +157,23 @@ async def _flood_then_quiet(base_url: str, model: str, flooder: str, quiet: str)
             assert response.status_code == 202, response.text
             return str(response.json()["id"])
 
-        flood = await asyncio.gather(*(submit(flooder) for _ in range(FAIR_FLOOD)))
+        flood = await asyncio.gather(*(submit(flooder) for _ in range(flood_jobs)))
         quiet_ids = []
         for _ in range(QUIET_JOBS):
             quiet_ids.append(await submit(quiet))
             await asyncio.sleep(SHORT_MS * 2 / 1000)
-        waits = await _queue_waits(client, quiet, quiet_ids)
+        quiet_jobs = await _succeeded(client, quiet, quiet_ids)
         response = await client.get(
             f"/v1/jobs/{flood[-1]}", params={"wait": 60}, headers={"X-API-Key": flooder}
         )
         last = response.json()["timings"]
     drain_ms = (last["finished"] - last["created"]) * 1000
-    return {"waits": waits, "drain_ms": drain_ms}
+    waits = [job["timings"]["queue_wait_ms"] for job in quiet_jobs]
+    return {
+        "waits": waits,
+        "sizes": [job["batch_size"] for job in quiet_jobs],
+        "drain_ms": drain_ms,
+    }
 
 
 def test_fair_queuing_lets_a_quiet_tenant_overtake_a_flood(fair_stack: Stack) -> None:
@@ -187,3 +199,30 @@ def test_fair_queuing_lets_a_quiet_tenant_overtake_a_flood(fair_stack: Stack) ->
     assert median(fair["waits"]) * 4 < fair["drain_ms"], report
     # Off (arrival order): quiet jobs queue behind the backlog, far longer than with it on.
     assert median(fifo["waits"]) > 2 * median(fair["waits"]), report
+
+
+BUDGET_FLOOD = 40  # at one job a micro-batch, longer than the quiet tenant sends
+
+
+def test_a_batch_budget_shrinks_micro_batches_while_tenants_compete(fair_stack: Stack) -> None:
+    """`queue.fair_batch_ms`: the fault engine's calls take SHORT_MS whatever their size, over
+    the `budgeted` model's 10 ms, so once round robin serves both tenants its micro-batches
+    shrink to one job (a tenth fewer after each call over budget: 4, 3, 2, 1), and a quiet job
+    waits for one job's call, not four's. Without a budget (`fair`) they stay full."""
+    serve(fair_stack, "fair")
+    serve(fair_stack, "budgeted")
+    url = fair_stack.redis_url
+    quiet = issue_key(url, "quiet", "submit", "read", max_in_flight=1_000, **NO_LIMITS)
+    flooder = issue_key(url, "flood", "submit", "read", max_in_flight=1_000_000, **NO_LIMITS)
+
+    base = fair_stack.base_url
+    budgeted = asyncio.run(_flood_then_quiet(base, "budgeted", flooder, quiet, BUDGET_FLOOD))
+    full = asyncio.run(_flood_then_quiet(base, "fair", flooder, quiet, BUDGET_FLOOD))
+
+    report = f"quiet jobs' micro-batch sizes: budgeted {budgeted['sizes']}, fair {full['sizes']}"
+    print(report)
+    # three calls over budget after both tenants were seen bring the cap to one; the fourth
+    # quiet job comes 400 ms after the first, which met the flood
+    assert budgeted["sizes"][4:] == [1] * (QUIET_JOBS - 4), report
+    # without a budget a quiet job shares a micro-batch with the flood's jobs
+    assert max(full["sizes"]) > 1, report

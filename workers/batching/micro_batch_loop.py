@@ -13,6 +13,7 @@ from functools import partial
 
 from shared.codec import dumps
 from shared.job_states import JobStatus
+from workers.batching.batch_budget import BatchBudget
 from workers.batching.long_run import LongRun
 from workers.batching.micro_batch_executor import Outcome, execute
 from workers.batching.micro_batch_telemetry import (
@@ -62,6 +63,7 @@ class MicroBatchLoop:
         self.writer = writer
         self.engine = engine
         self.block_ms = block_ms
+        self.budget = BatchBudget(partition.max_batch_size, partition.config.queue.fair_batch_ms)
         self.stopping = asyncio.Event()
         self.stages = StagePipeline(engine) if isinstance(engine, StagedBatchEngine) else None
         self.hung: EngineDied | None = None  # an engine call ran past `queue.max_run_s`
@@ -104,7 +106,7 @@ class MicroBatchLoop:
         if self.stages is not None:
             await self.stages.until_wanted()
         batches = await self.lanes.next_batch(
-            self.partition.max_batch_size,
+            self.budget.limit(),
             self.partition.config.max_queue_delay_ms,
             self.block_ms,
             self.in_hand,
@@ -132,6 +134,7 @@ class MicroBatchLoop:
         """Sort a micro-batch just read into what runs and what must not, and keep its runnable
         entries claimed until its write-back."""
         self.in_hand.update((stream, delivery.entry_id) for delivery in batch)
+        self.budget.read(batch)
         skipped: list[Finish] = []
         runnable: list[Delivery] = []
         for delivery in batch:
@@ -190,6 +193,8 @@ class MicroBatchLoop:
         # what FINISH refused (a job cancelled meanwhile, or run twice after a reclaim) did not
         # finish here: counted, it showed as succeeded, and a twice-run job twice
         record_batch(self.partition, stream, written, outcomes)
+        for outcome in {o.batch_id: o for o in outcomes}.values():
+            self.budget.ran(outcome.batch_size, outcome.engine_ms / 1000.0)
         if runnable:
             log_batch(self.partition.config.name, runnable, outcomes)
 
