@@ -14,6 +14,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 from shared.codec import as_text, dumps
 from shared.job_states import TERMINAL, JobStatus
@@ -29,7 +30,7 @@ from workers.partition.partition import Partition
 from workers.partition.redis_backoff import Stopped, serve_until_stopped, until_done
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import Delivery, LaneEntry, StreamReader
-from workers.partition.token_writer import TokenWriter
+from workers.partition.token_writer import EntryHolder, TickWritten, TokenAppend, TokenWriter
 
 log = logging.getLogger(__name__)
 
@@ -252,17 +253,32 @@ class GenerateLoop:
         for job in ended:
             if not job.abandoned:
                 events.setdefault(job.job_id, (job, []))[1].append(job.final_event())
-        appends = [job.append(e) for job, e in events.values() if e]
+        appends = [(job, self._append(job, e)) for job, e in events.values() if e]
         ended_ids = {job.job_id for job in ended}
         watch = [job_id for job_id in stepped if job_id not in ended_ids]
-        written = await until_done(
-            lambda: self.tokens.write(appends, watch), self.stopping, self.partition.name
-        )
-        # refused: another run of the job (a reclaim after an outage) wrote its stream since
+        written = await self._write(appends, watch)
+        # refused: another worker took the job over, or wrote its stream since (a reclaim)
         await self._give_up(events[job_id][0] for job_id in written.refused)
         self._observe_step(chunks, len(stepped))
         await self._abort_ended(written.statuses)
         await self._finish(ended)
+
+    def _append(self, job: RunningJob, events: list[TokenEvent]) -> TokenAppend:
+        """The job's next append, taken only while this consumer still holds its lane entry."""
+        holder = EntryHolder(job.stream, job.delivery.entry_id, self.reader.consumer)
+        return replace(job.append(events), holder=holder)
+
+    async def _write(
+        self, appends: list[tuple[RunningJob, TokenAppend]], watch: list[str]
+    ) -> TickWritten:
+        """The tick's round trip, retried through an outage; each try leaves out the jobs given
+        up meanwhile (a touch found them taken over, a drain let them go): the write built
+        before the outage wrote them all."""
+        return await until_done(
+            lambda: self.tokens.write([a for job, a in appends if not job.abandoned], watch),
+            self.stopping,
+            self.partition.name,
+        )
 
     def _clock_busy(self) -> None:
         """Count the wall time since the last call if a generation ran through it: tokens per

@@ -2,7 +2,7 @@
 trip, and reads those jobs' statuses back in the same trip: a job cancelled through the API is
 seen (and aborted) after the next engine step without any extra Redis call. Each job's events
 go through APPEND (shared/token_scripts.py), so a trip resent after its reply was lost appends
-nothing twice, and a run that another run of its job overtook (a reclaim) appends nothing more."""
+nothing twice, and a run whose job another worker took over (a reclaim) appends nothing more."""
 
 from __future__ import annotations
 
@@ -15,21 +15,33 @@ import redis.asyncio as aioredis
 
 from shared import token_scripts
 from shared.codec import as_text
-from shared.keys import Keys
+from shared.keys import GROUP, Keys
 from shared.redis_client import queue_script, run_pipeline
 from shared.token_stream import TokenEvent
 
 
 @dataclass(frozen=True, slots=True)
+class EntryHolder:
+    """A consumer that must still hold a job's lane entry (`stream`, `entry_id`) for the run's
+    events to be appended: once another worker took the entry over, they are refused."""
+
+    stream: str
+    entry_id: bytes
+    consumer: str
+
+
+@dataclass(frozen=True, slots=True)
 class TokenAppend:
     """One tick's events of one run (`attempt`) of a job, the first numbered `first` in that
-    run; `expire`: set the stream's TTL (its first and last writes)."""
+    run; `expire`: set the stream's TTL (its first and last writes); `holder`: who must hold the
+    job's lane entry (None: unchecked, a stream written with no lane behind it)."""
 
     job_id: str
     attempt: str
     first: int
     events: Sequence[TokenEvent]
     expire: bool
+    holder: EntryHolder | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +78,21 @@ class TokenWriter:
 
     async def _queue(self, appends: Sequence[TokenAppend], watch: Sequence[str], pipe: Any) -> None:
         for append in appends:
-            args: list[Any] = [self.ttl_s if append.expire else 0, append.attempt, append.first]
+            keys, args = [self.keys.tokens(append.job_id)], _head(append, self.ttl_s)
+            if append.holder is not None:
+                keys.append(append.holder.stream)
             for event in append.events:
                 fields = event.encode()
                 args.append(len(fields))
                 args.extend(part for pair in fields.items() for part in pair)
-            queue_script(pipe, self._append, [self.keys.tokens(append.job_id)], args)
+            queue_script(pipe, self._append, keys, args)
         for job_id in watch:
             pipe.hget(self.keys.job(job_id), "status")
+
+
+def _head(append: TokenAppend, ttl_s: int) -> list[Any]:
+    """APPEND's arguments before the events: TTL, run, first number, and the lane entry's
+    group, id and consumer (empty when unchecked)."""
+    holder = append.holder
+    held = ("", "", "") if holder is None else (GROUP, holder.entry_id, holder.consumer)
+    return [ttl_s if append.expire else 0, append.attempt, append.first, *held]
