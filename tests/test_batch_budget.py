@@ -39,7 +39,19 @@ def test_calls_over_budget_shrink_the_cap_by_a_tenth_and_one_at_least() -> None:
     small = _competing(Clock(), max_items=4)
     for _ in range(5):
         small.ran(small.limit(), 0.010)
-    assert small.limit() == 1  # 4, 3, 2, 1, and never 0
+    assert small.limit() == 2  # 4, 3, 2: one job per competing tenant at least
+
+
+def test_each_competing_tenant_keeps_a_place_in_every_micro_batch() -> None:
+    budget = _competing(Clock(), max_items=4)
+    budget.read([_read("third")])
+    for _ in range(5):
+        budget.ran(budget.limit(), 0.010)
+    assert budget.limit() == 3
+    crowd = _competing(Clock(), max_items=4)
+    crowd.read([_read(f"tenant-{n}") for n in range(6)])
+    crowd.ran(4, 0.010)
+    assert crowd.limit() == 4  # more tenants than a micro-batch holds: never past its size
 
 
 def test_full_calls_within_budget_grow_the_cap_back_one_at_a_time() -> None:
