@@ -235,6 +235,36 @@ async def test_a_generate_loop_reclaims_one_entry_at_a_time(aredis: aioredis.Red
     assert _jobs(await lanes.next_batch(4, 0, 50, slots=True)) == ["r1"]
 
 
+async def test_housekeeping_goes_on_while_a_reclaimed_generation_runs(
+    aredis: aioredis.Redis,
+) -> None:
+    """Claiming waits for the reclaimed entry in hand to end, a reclaimed generation for
+    minutes; the reclaim pass's housekeeping did too: an event left owed (its broker refused it)
+    waited for the generation instead of half a visibility timeout. Here the owed job's hash is
+    gone, so the pass settles it."""
+    config = ModelConfig(
+        name="m", kind="batch", backend="identity", queue=QueueLimits(visibility_timeout_s=1)
+    )
+    partition = Partition.of(KEYS, config, "default")
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    for job_id in ("k0", "k1"):
+        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
+        await store.create(entry, partition.online, {"model": "m", "variant": "default"})
+    lanes = await _slotted_lanes(aredis, partition)
+    await aredis.xreadgroup(GROUP, "dead-2", {partition.online: ">"})  # then it died
+    await asyncio.sleep(1.1)  # past the visibility timeout
+
+    first = await lanes.next_batch(4, 0, 50, slots=True)
+    assert _jobs(first) == ["k0"]
+    running = {(partition.online, first[0][1][0].entry_id)}
+    owed = KEYS.webhooks_owed(partition.online)
+    await aredis.zadd(owed, {"gone-job": now_ms() - 2_000})
+    await asyncio.sleep(0.6)  # past the pass's interval, half the visibility timeout
+    for _ in range(2):  # a turn for new work, then the reclaim that waits for k0
+        assert await lanes.next_batch(3, 0, 50, running, slots=True) == []
+    assert await aredis.zcard(owed) == 0
+
+
 async def test_after_an_outage_no_more_are_claimed_back_than_asked_for_in_all(
     aredis: aioredis.Redis,
 ) -> None:

@@ -112,8 +112,10 @@ class LaneScheduler:
         before is written back (no longer `in_hand`): a crashed worker's micro-batch, or a
         generate loop's running jobs, may hold an input that kills the engine or the process,
         which, run with the others again, would take them all past `max_deliveries`; alone,
-        it dies alone. A generate loop's new work fills its other slots meanwhile."""
+        it dies alone. A generate loop's new work fills its other slots meanwhile, and the
+        reclaim pass's housekeeping goes on (`Reclaimer.housekeep`)."""
         if self.redelivered.intersection(in_hand):
+            await self.reclaimer.housekeep()
             return None
         reclaimed = await self.reclaimer.due(1)
         self.redelivered = (

@@ -63,6 +63,7 @@ class Reclaimer:
         self.interval_s = max(0.25, queue.visibility_timeout_s / 2)
         self.batch = partition.max_batch_size
         self._next = dict.fromkeys(self.streams, 0.0)
+        self._kept = dict.fromkeys(self.streams, 0.0)  # when `housekeep` is next due, per lane
         self._script = client.register_script(job_scripts.RECLAIM)
         self._delete_if_idle = client.register_script(DELETE_IF_IDLE)
 
@@ -76,11 +77,25 @@ class Reclaimer:
                     return stream, abandoned
         return None
 
+    async def housekeep(self) -> None:
+        """What a reclaim pass does besides claiming (owed webhook events re-sent, idle consumers
+        pruned), on the same interval, for a loop that claims nothing meanwhile: it runs a
+        reclaimed entry first, one at a time, and a reclaimed generation runs for minutes."""
+        for stream in self.streams:
+            if time.monotonic() < self._kept[stream]:
+                continue
+            self._kept[stream] = time.monotonic() + self.interval_s
+            try:
+                await self.resend_owed(stream)
+                await self.prune_consumers(stream)
+            except OUTAGE as exc:
+                log.warning("housekeeping of %s waits for Redis: %r", stream, exc)
+
     async def reclaim(self, stream: str, count: int | None = None) -> list[Delivery]:
         """Claim abandoned entries (at most `count`, or a micro-batch's worth); dead-lettered
         ones are already settled. The lane's next reclaim is due half a visibility timeout
         later, or at once when this one claimed all it asked for (more may be waiting)."""
-        self._next[stream] = time.monotonic() + self.interval_s
+        self._next[stream] = self._kept[stream] = time.monotonic() + self.interval_s
         now = now_ms()
         asked = min(self.batch, count or self.batch)
         args: list[str | int] = [
