@@ -7,17 +7,19 @@ real Valkey with the paced test engine and no worker process."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
 from shared.codec import RequestEntry
-from shared.job_states import JobStatus
+from shared.job_states import TERMINAL, JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, QueueLimits
 from tests.paced_engine import PacedEngine
-from workers.engines.base import EngineDied
+from workers.engines.base import EngineDied, GenerateRequest, TokenChunk
+from workers.engines.vllm_engine import StepStats
 from workers.generation.generate_loop import GenerateLoop
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
@@ -39,16 +41,36 @@ PARTITION = Partition.of(KEYS, CONFIG, "default")
 WORKER = "box-8-88"
 
 
-async def test_a_hung_engine_hands_its_jobs_back_and_ends_the_loop(
-    aredis: aioredis.Redis,
-) -> None:
+class SilentStepsEngine(PacedEngine):
+    """Decodes SILENT_STEPS steps whose text shows nothing yet (special tokens), a step every
+    0.2 s, counted as vLLM's stat logger counts them, then ends with one chunk."""
+
+    async def load(self) -> None:
+        await super().load()
+        self.step_stats = StepStats()
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        for _ in range(SILENT_STEPS):
+            await asyncio.sleep(0.2)
+            self.step_stats.record(running=1, waiting=0)
+        yield TokenChunk(
+            "done", finish_reason="stop", prompt_tokens=1, completion_tokens=SILENT_STEPS + 1
+        )
+
+
+SILENT_STEPS = 8  # 1.6 s without a chunk, three times max_run_s
+
+
+async def _loop(
+    aredis: aioredis.Redis, engine: PacedEngine, job_id: str
+) -> tuple[GenerateLoop, JobStore]:
+    """A generate loop on `engine` (loaded here), with job `job_id` queued."""
     store = JobStore(aredis, KEYS, 60)
-    entry = RequestEntry("stuck", {"inputs": {"prompt": "an answer"}}, now_ms())
+    entry = RequestEntry(job_id, {"inputs": {"prompt": "an answer"}}, now_ms())
     await store.create(entry, PARTITION.online, {"model": "m"})
     reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER, mark_on_read=True)
     await reader.ensure_groups()
     events = JobEvents("redis://unused")
-    engine = PacedEngine(CONFIG, "default", "")
     await engine.load()
     loop = GenerateLoop(
         PARTITION,
@@ -60,6 +82,14 @@ async def test_a_hung_engine_hands_its_jobs_back_and_ends_the_loop(
         block_ms=50,
         drain_s=1,
     )
+    return loop, store
+
+
+async def test_a_hung_engine_hands_its_jobs_back_and_ends_the_loop(
+    aredis: aioredis.Redis,
+) -> None:
+    engine = PacedEngine(CONFIG, "default", "")
+    loop, store = await _loop(aredis, engine, "stuck")
 
     with pytest.raises(EngineDied, match=r"queue\.max_run_s"):
         await asyncio.wait_for(loop.run(), 60)  # a hang guard: it ran on for ever
@@ -69,3 +99,25 @@ async def test_a_hung_engine_hands_its_jobs_back_and_ends_the_loop(
     record = await store.get("stuck")
     assert record is not None and record.status == JobStatus.RUNNING  # no result: rerun elsewhere
     assert not engine.dead() and not loop.running
+
+
+async def test_an_engine_that_steps_without_showing_text_is_not_hung(
+    aredis: aioredis.Redis,
+) -> None:
+    """Only chunks counted as life: an engine decoding steps whose text shows nothing yet (vLLM
+    skips special tokens; a chunk goes out only with text) was deemed hung after max_run_s,
+    the worker exited and the job ran again, and again, until dead-lettered."""
+    config = CONFIG.model_copy(update={"parameters": {"step_ms": 200}})
+    loop, store = await _loop(aredis, SilentStepsEngine(config, "default", ""), "quiet")
+    running = asyncio.create_task(loop.run())
+
+    async def ended() -> str:
+        while (record := await store.get("quiet")) is None or record.status not in TERMINAL:
+            if running.done():
+                return "the loop ended"
+            await asyncio.sleep(0.05)
+        return str(record.status)
+
+    assert await asyncio.wait_for(ended(), 60) == JobStatus.SUCCEEDED
+    loop.stopping.set()
+    await asyncio.wait_for(running, 60)  # and the loop ends without EngineDied

@@ -44,6 +44,7 @@ class EngineWatch:
         self.max_run_s = max_run_s  # 0: no ceiling
         self.generating = 0
         self.lively_at = time.monotonic()
+        self.steps: int | None = None  # the engine's own count of steps, where it keeps one
 
     @contextlib.contextmanager
     def generation(self) -> Iterator[None]:
@@ -60,8 +61,13 @@ class EngineWatch:
     def stepped(self) -> None:
         self.lively_at = time.monotonic()
 
-    def hung(self) -> bool:
-        """Generations ran, and none stepped or ended for `max_run_s`."""
+    def hung(self, steps: int | None = None) -> bool:
+        """Generations ran, and none stepped or ended for `max_run_s`. `steps`: the engine's
+        count of its steps (vLLM's), where it keeps one: a step may decode text that shows
+        nothing yet (special tokens skipped), and a long run of them yields no chunk."""
+        if steps is not None and steps != self.steps:
+            self.steps = steps
+            self.stepped()
         quiet_s = time.monotonic() - self.lively_at
         return bool(self.max_run_s and self.generating) and quiet_s > self.max_run_s
 
@@ -134,7 +140,7 @@ class GenerateLoop:
         """Fill free slots: a reclaimed entry first (one at a time, `LaneScheduler`), then online
         before bulk. Blocks up to `block_ms` when no slot is free or nothing is queued (which
         bounds noticing a stop, and a hung engine: nothing more is touched or admitted then)."""
-        if self._watch.hung():
+        if self._watch.hung(getattr(self._step_stats(), "steps", None)):
             self._hung()
             return
         await self._touch_running()
@@ -290,9 +296,12 @@ class GenerateLoop:
 
     def _engine_running(self) -> int:
         """Requests the engine decoded in its last step, where the engine reports it."""
-        stats = getattr(self.engine, "step_stats", None)
-        running = getattr(stats, "last_running", 0)
+        running = getattr(self._step_stats(), "last_running", 0)
         return int(running) if running else len(self.running)
+
+    def _step_stats(self) -> object | None:
+        """What the engine reports of its steps (vLLM's `StepStats`), if it reports any."""
+        return getattr(self.engine, "step_stats", None)
 
     def _observe_step(self, chunks: list[tuple[RunningJob, TokenChunk, int]], jobs: int) -> None:
         partition = self.partition.labels
