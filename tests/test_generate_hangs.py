@@ -17,17 +17,13 @@ from shared.job_states import TERMINAL, JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, QueueLimits
+from tests.lane_rig import generate_loop
 from tests.paced_engine import PacedEngine
 from workers.engines.base import EngineDied, GenerateRequest, TokenChunk
 from workers.engines.vllm_engine import StepStats
 from workers.generation.generate_loop import GenerateLoop
-from workers.partition.job_events import JobEvents
-from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
-from workers.partition.reclaim import Reclaimer
-from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import StreamReader
-from workers.partition.token_writer import TokenWriter
 
 KEYS = Keys("genhang:")
 CONFIG = ModelConfig(
@@ -70,18 +66,8 @@ async def _loop(
     await store.create(entry, PARTITION.online, {"model": "m"})
     reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER, mark_on_read=True)
     await reader.ensure_groups()
-    events = JobEvents("redis://unused")
     await engine.load()
-    loop = GenerateLoop(
-        PARTITION,
-        LaneScheduler(PARTITION, reader, Reclaimer(aredis, KEYS, PARTITION, WORKER, 60, events)),
-        reader,
-        ResultWriter(aredis, KEYS, 60, events, WORKER),
-        TokenWriter(aredis, KEYS, 60),
-        engine,
-        block_ms=50,
-        drain_s=1,
-    )
+    loop = generate_loop(aredis, KEYS, PARTITION, reader, engine)
     return loop, store
 
 

@@ -20,15 +20,12 @@ from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, QueueLimits
 from shared.token_stream import TokenEvent
+from tests.lane_rig import generate_loop
 from tests.paced_engine import PacedEngine
 from workers.engines.base import GenerateRequest, TokenChunk
 from workers.generation.generate_job import RunningJob
 from workers.generation.generate_loop import GenerateLoop
-from workers.partition.job_events import JobEvents
-from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
-from workers.partition.reclaim import Reclaimer
-from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import StreamReader
 from workers.partition.token_writer import TickWritten, TokenAppend, TokenWriter
 
@@ -62,19 +59,9 @@ async def _running(aredis: aioredis.Redis, reader: StreamReader) -> tuple[Genera
     await JobStore(aredis, KEYS, 60).create(entry, PARTITION.online, {"model": "m"})
     await reader.ensure_groups()
     [(stream, [delivery])] = await reader.wait([PARTITION.online], 1, None)
-    events = JobEvents("redis://unused")
     engine = PacedEngine(CONFIG, "default", "")
     await engine.load()
-    loop = GenerateLoop(
-        PARTITION,
-        LaneScheduler(PARTITION, reader, Reclaimer(aredis, KEYS, PARTITION, WORKER, 60, events)),
-        reader,
-        ResultWriter(aredis, KEYS, 60, events, WORKER),
-        TokenWriter(aredis, KEYS, 60),
-        engine,
-        block_ms=50,
-        drain_s=1,
-    )
+    loop = generate_loop(aredis, KEYS, PARTITION, reader, engine)
     job = RunningJob(delivery, stream, GenerateRequest("long"), delivery.redelivered)
     loop.running[job.job_id] = job
     return loop, job

@@ -17,6 +17,7 @@ from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, QueueLimits
+from tests.lane_rig import abandoned_after, queue_jobs
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
@@ -210,22 +211,13 @@ async def test_a_generate_loop_reclaims_one_entry_at_a_time(aredis: aioredis.Red
     prompt that kills the engine ran beside them again, killed them again, and took them all
     past `max_deliveries`. Now one at a time, the next once the last is no longer running, as a
     micro-batch loop's; new work fills the other slots in between."""
-    config = ModelConfig(
-        name="m", kind="batch", backend="identity", queue=QueueLimits(visibility_timeout_s=1)
-    )
-    partition = Partition.of(KEYS, config, "default")
+    partition = abandoned_after(KEYS, 1)
     store = JobStore(aredis, KEYS, ttl_s=60)
-
-    async def queued(*job_ids: str) -> None:
-        for job_id in job_ids:
-            entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
-            await store.create(entry, partition.online, {"model": "m", "variant": "default"})
-
-    await queued(*(f"r{index}" for index in range(5)))
+    await queue_jobs(store, partition.online, *(f"r{index}" for index in range(5)))
     lanes = await _slotted_lanes(aredis, partition)
     await aredis.xreadgroup(GROUP, "dead-1", {partition.online: ">"})  # then it died
     await asyncio.sleep(1.1)  # past the visibility timeout
-    await queued("n0")
+    await queue_jobs(store, partition.online, "n0")
 
     first = await lanes.next_batch(4, 0, 50, slots=True)
     assert _jobs(first) == ["r0"]
@@ -242,14 +234,8 @@ async def test_housekeeping_goes_on_while_a_reclaimed_generation_runs(
     minutes; the reclaim pass's housekeeping did too: an event left owed (its broker refused it)
     waited for the generation instead of half a visibility timeout. Here the owed job's hash is
     gone, so the pass settles it."""
-    config = ModelConfig(
-        name="m", kind="batch", backend="identity", queue=QueueLimits(visibility_timeout_s=1)
-    )
-    partition = Partition.of(KEYS, config, "default")
-    store = JobStore(aredis, KEYS, ttl_s=60)
-    for job_id in ("k0", "k1"):
-        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
-        await store.create(entry, partition.online, {"model": "m", "variant": "default"})
+    partition = abandoned_after(KEYS, 1)
+    await queue_jobs(JobStore(aredis, KEYS, ttl_s=60), partition.online, "k0", "k1")
     lanes = await _slotted_lanes(aredis, partition)
     await aredis.xreadgroup(GROUP, "dead-2", {partition.online: ">"})  # then it died
     await asyncio.sleep(1.1)  # past the visibility timeout

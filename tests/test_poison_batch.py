@@ -18,6 +18,7 @@ from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, QueueLimits
 from tests.conftest import REPO_ROOT, running_stack, until
+from tests.lane_rig import abandoned_after, queue_jobs
 from tests.test_faults import FIXTURES, _faulty, _job
 from tests.test_lost_reads import _jobs
 from workers.partition.job_events import JobEvents
@@ -80,23 +81,14 @@ async def test_reclaimed_entries_run_one_at_a_time_between_new_work(
     """A dead consumer's three entries come back one per micro-batch, the next claimed only
     once the one before is no longer in hand; new work gets a turn after each, and the whole
     backlog is served without waiting a reclaim interval in between."""
-    config = ModelConfig(
-        name="m", kind="batch", backend="identity", queue=QueueLimits(visibility_timeout_s=0.2)
-    )
-    partition = Partition.of(KEYS, config, "default")
+    partition = abandoned_after(KEYS, 0.2)
     store = JobStore(aredis, KEYS, ttl_s=60)
-
-    async def queued(*job_ids: str) -> None:
-        for job_id in job_ids:
-            entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
-            await store.create(entry, partition.online, {"model": "m", "variant": "default"})
-
-    await queued("a0", "a1", "a2")
+    await queue_jobs(store, partition.online, "a0", "a1", "a2")
     reader = StreamReader(aredis, KEYS, partition.streams, WORKER)
     await reader.ensure_groups()
     await aredis.xreadgroup(GROUP, "dead-1", {partition.online: ">"})  # then it died
     await asyncio.sleep(0.3)  # past the visibility timeout
-    await queued("n0", "n1")
+    await queue_jobs(store, partition.online, "n0", "n1")
     reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
     lanes = LaneScheduler(partition, reader, reclaimer)
 
