@@ -69,7 +69,7 @@ class TrafficControl:
             stats=stats,
             shadow_pairs=pairs,
             shadows=ShadowCopies(job_store, pairs, keys),
-            comparisons=ShadowComparisons(pairs, job_store, stats, repository),
+            comparisons=ShadowComparisons(pairs, job_store, stats, repository, LEADER_LOOK_S),
             canaries=canaries,
             controller=CanaryController(canaries, route_store, stats, repository, webhooks),
             lease=LeaderLock(client, keys.traffic_leader, settings.instance_id, LEASE_MS),

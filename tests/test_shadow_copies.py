@@ -10,15 +10,23 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
-from producer_api.routes.shadowing import SHADOW_TENANT, ShadowComparisons, ShadowCopies
+from conveyor.valkey_cluster import LocalCluster
+from producer_api.routes.shadowing import (
+    PAIRS_PER_PAGE,
+    SHADOW_TENANT,
+    ShadowComparisons,
+    ShadowCopies,
+)
 from shared.codec import RequestEntry, dumps
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys, new_job_id
 from shared.model_repository import ModelConfig, ModelRepository, QueueLimits, Variant
+from shared.redis_client import RedisClient
 from shared.routing import Routes
 from shared.shadow_pairs import ShadowPair, ShadowPairs
 from shared.variant_stats import VariantStats
@@ -107,10 +115,103 @@ async def test_pairs_are_counted_once_and_one_that_cannot_compare_blocks_none(
         await pairs.add("m", ShadowPair(primary.job_id, shadow.job_id, "stable", "mirror"))
         await _ran(store, primary, {"embeddings": [[1.0, 0.0]]})
         await _ran(store, shadow, {"embeddings": shadow_answer})
-    comparisons = ShadowComparisons(pairs, store, stats, ModelRepository({"m": CONFIG}))
+    comparisons = ShadowComparisons(pairs, store, stats, ModelRepository({"m": CONFIG}), 60)
 
     await asyncio.gather(comparisons.look(), comparisons.look())
 
     assert await pairs.pending("m", 10) == []
     window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
     assert window.counters["shadow_pairs"] == 3 and window.counters["shadow_agree"] == 1
+
+
+async def test_a_request_for_the_shadow_itself_is_not_shadowed_onto_itself(
+    aredis: aioredis.Redis,
+) -> None:
+    """A client that names the shadow variant runs on it: a copy would be a second `mirror` job
+    on its bulk lane and a mirror-vs-mirror pair pushing its agreement toward 100 %."""
+    store, pairs = JobStore(aredis, KEYS, ttl_s=60), ShadowPairs(aredis, KEYS, ttl_s=60)
+    copies = ShadowCopies(store, pairs, KEYS)
+    entry = RequestEntry(new_job_id("m", "mirror"), {"inputs": {"text": "explicit"}}, now_ms())
+    await store.create(entry, KEYS.queue("m", "mirror"), {"model": "m", "variant": "mirror"})
+
+    copies.copy(CONFIG, ROUTES, entry, "mirror")
+    await copies.stop()
+
+    assert await aredis.xlen(MIRROR) == 0 and await pairs.pending("m", 10) == []
+
+
+async def _pairs(
+    client: RedisClient, pairs: ShadowPairs, count: int, status: str = "succeeded"
+) -> list[ShadowPair]:
+    """`count` pending pairs whose two jobs are at `status` (succeeded: the same answer), their
+    hashes as a worker leaves them (written in one pipeline: 2 000 jobs one by one take long)."""
+    job = {"model": "m", "status": status, "created": 1}
+    if status == "succeeded":
+        job |= {"started": 2, "finished": 5, "outputs": dumps({"embeddings": [[1.0]]}).decode()}
+    made = [
+        ShadowPair(new_job_id("m", "stable"), new_job_id("m", "mirror"), "stable", "mirror")
+        for _ in range(count)
+    ]
+    async with client.pipeline(transaction=False) as pipe:
+        for pair in made:
+            for job_id, variant in ((pair.primary_id, "stable"), (pair.shadow_id, "mirror")):
+                pipe.hset(KEYS.job(job_id), mapping={**job, "variant": variant})
+        await pipe.execute()
+    for pair in made:
+        await pairs.add("m", pair)
+    return made
+
+
+async def _settles_every_page(client: RedisClient) -> None:
+    """Pairs were settled 256 a look, three round trips each, a look every 0.5 s: past ~500
+    shadowed requests a second the pending set grew without end. A look with no time to spare
+    settles one page; one with time settles every page, counts and stores each pair once."""
+    store, pairs = JobStore(client, KEYS, ttl_s=60), ShadowPairs(client, KEYS, ttl_s=60)
+    stats, repository = VariantStats(client, KEYS), ModelRepository({"m": CONFIG})
+    made = await _pairs(client, pairs, 1_000)
+
+    await ShadowComparisons(pairs, store, stats, repository, budget_s=0).look()
+    assert len(await pairs.pending("m", 1_000)) == 1_000 - PAIRS_PER_PAGE
+    await ShadowComparisons(pairs, store, stats, repository, budget_s=60).look()
+
+    assert await pairs.pending("m", 1_000) == []
+    window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
+    assert window.counters["shadow_pairs"] == 1_000 and window.counters["shadow_agree"] == 1_000
+    for pair in (made[0], made[-1]):
+        result = await pairs.result(pair.primary_id)
+        assert result["shadow_id"] == pair.shadow_id and result["agree"] == "1"
+        assert result["primary_variant"] == "stable" and result["shadow_variant"] == "mirror"
+        assert 0 < await client.ttl(KEYS.shadow_result(pair.primary_id)) <= 60
+
+
+async def test_a_look_settles_every_page_of_finished_pairs(aredis: aioredis.Redis) -> None:
+    await _settles_every_page(aredis)
+
+
+@pytest.mark.slow
+async def test_a_look_settles_pairs_whose_jobs_live_on_other_masters(
+    cluster: LocalCluster, cluster_client: RedisClient
+) -> None:
+    """On a cluster the pending set and the results live in `{ctl}`'s slot, the job hashes in
+    their partitions' slots: the pages' pipelines must split or stay within one slot."""
+    control = cluster.master_of(KEYS.shadow_pairs("m")).port
+    assert control != cluster.master_of(KEYS.job(new_job_id("m", "stable"))).port
+    assert control != cluster.master_of(KEYS.job(new_job_id("m", "mirror"))).port
+    await _settles_every_page(cluster_client)
+
+
+async def test_pairs_still_running_wait_without_holding_up_those_after_them(
+    aredis: aioredis.Redis,
+) -> None:
+    """A page's pairs still running stay pending and the next page starts past them: every
+    finished pair of the set is settled in one look, whatever the running ones' ranks."""
+    store, pairs = JobStore(aredis, KEYS, ttl_s=60), ShadowPairs(aredis, KEYS, ttl_s=60)
+    stats, repository = VariantStats(aredis, KEYS), ModelRepository({"m": CONFIG})
+    running = await _pairs(aredis, pairs, 100, status="running")
+    await _pairs(aredis, pairs, 200)
+
+    await ShadowComparisons(pairs, store, stats, repository, budget_s=60).look()
+
+    assert {pair for pair, _ in await pairs.pending("m", 1_000)} == set(running)
+    window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
+    assert window.counters["shadow_pairs"] == 200

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
+from collections import defaultdict
 
 from redis.exceptions import RedisError
 
@@ -26,8 +28,10 @@ log = logging.getLogger(__name__)
 
 # Not a valid tenant name (shared/api_keys.TENANT), so no API key can read a shadow job.
 SHADOW_TENANT = "~shadow"
-PAIRS_PER_LOOK = 256
+PAIRS_PER_PAGE = 256
 MAX_PAIR_AGE_MS = 15 * 60 * 1000
+# a pair whose two jobs ended, with their records
+Ended = tuple[ShadowPair, JobRecord, JobRecord]
 
 
 class ShadowCopies:
@@ -38,9 +42,11 @@ class ShadowCopies:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def copy(self, config: ModelConfig, routes: Routes, entry: RequestEntry, variant: str) -> None:
-        """Start the sampled copies of one accepted online request; returns at once."""
+        """Start the sampled copies of one accepted online request; returns at once. None to
+        the variant it runs on (a client named a shadow): that was a second job of the same
+        variant, and a pair of it with itself, pushing its agreement toward 100 %."""
         for shadow, rate in routes.shadows.items():
-            if rate > 0 and random.random() < rate:
+            if shadow != variant and rate > 0 and random.random() < rate:
                 task = asyncio.create_task(self._enqueue(config, shadow, entry, variant))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -85,44 +91,82 @@ class ShadowComparisons:
         jobs: JobStore,
         stats: VariantStats,
         repository: ModelRepository,
+        budget_s: float,
     ) -> None:
         self.pairs = pairs
         self.jobs = jobs
         self.stats = stats
         self.repository = repository
+        self.budget_s = budget_s
 
     async def look(self) -> None:
-        for config in self.repository:
-            await self.settle(config.name)
+        """Settle pages of every model's pending pairs, one page per model in turn, until no
+        model's page settles anything or `budget_s` is spent (every model gets one page). One
+        page a look held settling under ~500 pairs a second: past that, pairs piled up until
+        their jobs' hashes expired."""
+        deadline = time.monotonic() + self.budget_s
+        starts = {config.name: 0 for config in self.repository}
+        while starts:
+            for model, start in list(starts.items()):
+                after = await self.settle(model, start)
+                if after is None:
+                    del starts[model]
+                else:
+                    starts[model] = after
+            if time.monotonic() >= deadline:
+                return
 
-    async def settle(self, model: str) -> None:
-        """Compare every pending pair whose two jobs ended; drop pairs too old to finish."""
-        pending = await self.pairs.pending(model, PAIRS_PER_LOOK)
-        if not pending:
-            return
-        ids = [job_id for pair, _ in pending for job_id in (pair.primary_id, pair.shadow_id)]
+    async def settle(self, model: str, start: int) -> int | None:
+        """Settle one page of pending pairs, from rank `start`: compare those whose two jobs
+        ended, drop those with a side vanished or too old to finish. The rank the next page
+        starts at (past the pairs left waiting), None when there is none worth reading (this
+        page settled nothing, or was the last). A few round trips a page, not three a pair."""
+        page = await self.pairs.pending(model, PAIRS_PER_PAGE, start)
+        ended, dropped = await self._sort(page)
+        taken = await self.pairs.take(model, [*dropped, *(pair for pair, _, _ in ended)])
+        won = [both for both, ours in zip(ended, taken[len(dropped) :], strict=True) if ours]
+        await self._count(model, won)
+        waiting = len(page) - len(ended) - len(dropped)
+        if waiting == len(page) or len(page) < PAIRS_PER_PAGE:
+            return None
+        return start + waiting
+
+    async def _sort(
+        self, page: list[tuple[ShadowPair, int]]
+    ) -> tuple[list[Ended], list[ShadowPair]]:
+        """The page's pairs whose two jobs ended (with their records), and those to drop: a
+        side vanished, or older than MAX_PAIR_AGE_MS and still running. The rest wait."""
+        ids = [job_id for pair, _ in page for job_id in (pair.primary_id, pair.shadow_id)]
         records = await self.jobs.get_many(ids)
         both = zip(records[::2], records[1::2], strict=True)
         oldest = now_ms() - MAX_PAIR_AGE_MS
-        for (pair, at_ms), (primary, shadow) in zip(pending, both, strict=True):
+        ended: list[Ended] = []
+        dropped: list[ShadowPair] = []
+        for (pair, at_ms), (primary, shadow) in zip(page, both, strict=True):
             if primary is None or shadow is None:
-                await self.pairs.take(model, pair)  # a side vanished
+                dropped.append(pair)
             elif primary.status.terminal and shadow.status.terminal:
-                await self._compare(model, pair, primary, shadow)
+                ended.append((pair, primary, shadow))
             elif at_ms < oldest:
-                await self.pairs.take(model, pair)
+                dropped.append(pair)
+        return ended, dropped
 
-    async def _compare(
-        self, model: str, pair: ShadowPair, primary: JobRecord, shadow: JobRecord
-    ) -> None:
-        """Count the comparison once, by whoever removes the pair (one with nothing to compare,
-        one of them never having run, is only removed). Removed first: a pair whose comparison
-        raised stayed first in line, and no pair after it was compared again."""
-        if not await self.pairs.take(model, pair):
-            return
-        comparison = compare(primary.view(), shadow.view())
-        if comparison is None:
-            return
-        await self.stats.add_counts(model, pair.shadow_variant, comparison.counts())
-        fields = {"primary_variant": pair.primary_variant, **comparison.fields()}
-        await self.pairs.store(pair, {"shadow_variant": pair.shadow_variant, **fields})
+    async def _count(self, model: str, won: list[Ended]) -> None:
+        """Count and store the comparisons of the pairs this look removed (one with nothing to
+        compare, one of them never having run, is only removed): summed per shadow variant,
+        one script call each, and the results in one transaction. Removed first: a pair whose
+        comparison raised stayed first in line, and no pair after it was compared again."""
+        totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        results: list[tuple[ShadowPair, dict[str, str]]] = []
+        for pair, primary, shadow in won:
+            comparison = compare(primary.view(), shadow.view())
+            if comparison is None:
+                continue
+            for name, value in comparison.counts().items():
+                totals[pair.shadow_variant][name] += value
+            fields = {"primary_variant": pair.primary_variant, **comparison.fields()}
+            results.append((pair, {"shadow_variant": pair.shadow_variant, **fields}))
+        await asyncio.gather(
+            *(self.stats.add_counts(model, variant, counts) for variant, counts in totals.items())
+        )
+        await self.pairs.store(results)
