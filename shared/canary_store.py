@@ -22,6 +22,10 @@ from shared.keys import Keys
 CanaryState = Literal["running", "completed", "rolled_back", "aborted"]
 EVENTS_KEPT = 500
 LOCK_S = 10.0  # a decision or an abort takes milliseconds; a holder that died frees it then
+# A step's default `max_step_s`: this many intervals, and never less than the floor (a step's
+# window counts from the first whole 10 s bucket after it; a producer may restart meanwhile).
+STEP_BOUND_INTERVALS = 5
+STEP_BOUND_FLOOR_S = 120.0
 
 # KEYS[1]=canary hash, KEYS[2]=active set; ARGV: doc JSON, model, the call's token. Starts
 # unless one is running; one running that this call's token started is its own, rerun (its
@@ -66,6 +70,14 @@ class Canary:
     # The other primaries' weights when last seen with traffic: what a rollback from 100 %
     # hands the traffic back to, in their ratios (none seen: all to the baseline).
     others: dict[str, float] = field(default_factory=dict)
+    # How long a step may stay short of `min_requests` before it rolls back (a variant whose
+    # workers never take a job left its share of users waiting for ever); 0: the default.
+    max_step_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.max_step_s:  # not given, or stored before there was one
+            bound = STEP_BOUND_INTERVALS * self.interval_s
+            self.max_step_s = max(bound, STEP_BOUND_FLOOR_S)
 
     def to_json(self) -> bytes:
         return dumps(asdict(self))

@@ -249,20 +249,30 @@ def test_abort_and_bad_starts(url: str, producers: list[str]) -> None:
         ({"variant": "candidate", "steps": [50, 10]}, 422, "ascending"),
         ({"variant": "candidate", "max_error_rate": -1}, 422, "max_error_rate"),
         ({"variant": "candidate", "webhook": "http://evil.example/x"}, 422, "ALLOWLIST"),
+        ({"variant": "candidate", "max_step_s": 0}, 422, "max_step_s"),
+        # swapped: `stable` serves everything, its first step would hand `candidate` 95 %
+        ({"variant": "stable", "baseline": "candidate"}, 409, "already serves 100 %"),
     ]
+    routes = _weights(url)
     for body, code, words in bad:
         response = _start(url, **body)
         assert response.status_code == code, (body, response.text)
         assert words in response.json()["error"]["message"], response.text
+    assert _weights(url) == routes
     env = {"CONVEYOR_URL": url}
     runner = CliRunner()
     args = ["canary", "start", "ab", "candidate", "--steps", "10,100", "--interval", "1h"]
     bounds = ["--max-error-rate", "0.02", "--max-p99-ms", "750", "--min-requests", "300"]
+    bounds += ["--max-step", "2h"]
     started = runner.invoke(main, [*args, *bounds], env=env)
     assert started.exit_code == 0, started.output
     until(lambda: _weights(url).get("candidate") == 10)
     running = _status(url)["canary"]
-    assert (running["steps"], running["interval_s"]) == ([10, 100], 3600)
+    assert (running["steps"], running["interval_s"], running["max_step_s"]) == (
+        [10, 100],
+        3600,
+        7200,
+    )
     assert (running["max_error_rate"], running["max_p99_ms"], running["min_requests"]) == (
         0.02,
         750,

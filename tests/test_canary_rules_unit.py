@@ -137,16 +137,62 @@ class _WindowsAsked(VariantStats):
         return windows
 
 
+async def _at_step_0(client: aioredis.Redis, keys: Keys, **changes: Any) -> Canary:
+    """CANARY at its first step (50 %), as the live routes have it."""
+    await RouteStore(client, keys).seed("ab", Routes({"stable": 50.0, "candidate": 50.0}))
+    return replace(CANARY, step=0, weight=50.0, **changes)
+
+
 async def test_a_long_step_reads_a_bounded_window(aredis: aioredis.Redis) -> None:
     """Every look read the step's whole window: a step that began 3 days ago (its canary short
-    of `min_requests`) summed some 26 000 buckets per variant twice a second."""
+    of `min_requests`, within a `max_step_s` of a week) summed some 26 000 buckets per variant
+    twice a second."""
     keys = Keys("canary-cap:")
     stats = _WindowsAsked(aredis, keys)
-    canary = replace(CANARY, step=0, weight=50.0, step_started_at=time.time() - 3 * 86_400)
+    began = time.time() - 3 * 86_400
+    canary = await _at_step_0(aredis, keys, step_started_at=began, max_step_s=7 * 86_400.0)
     before = time.time()
     await _controller(aredis, keys, stats).decide(canary)
     assert stats.since and min(stats.since) >= before - LONGEST_LOOK_S
     assert (canary.state, canary.step) == ("running", 0)  # short of min_requests: waits
+
+
+async def test_a_step_short_of_min_requests_past_its_bound_rolls_back(
+    aredis: aioredis.Redis,
+) -> None:
+    """A candidate whose workers never take a job (no Deployment, an image that won't pull, an
+    engine that won't load) had its step's share of jobs wait in its lane: nothing was ever
+    counted, and the step waited for `min_requests` for ever. Past `max_step_s` (by default
+    5 intervals here) it rolls back."""
+    keys = Keys("canary-stuck:")
+    bound = 5 * CANARY.interval_s
+    canary = await _at_step_0(aredis, keys, step_started_at=time.time() - bound - 5)
+    await _controller(aredis, keys, VariantStats(aredis, keys)).decide(canary)
+    assert (canary.state, canary.weight) == ("rolled_back", 0.0)
+    live = (await RouteStore(aredis, keys).get_many(["ab"]))["ab"]
+    assert live.weights == {"stable": 100.0, "candidate": 0.0}, live
+    reason = (await CanaryStore(aredis, keys).events("ab", 1))[-1]["reason"]
+    assert "0 requests" in reason and f"max_step_s {bound:g}" in reason, reason
+
+
+async def test_a_routes_change_during_a_canary_aborts_it(aredis: aioredis.Redis) -> None:
+    """An operator's PUT of the routes (candidate 0 %) during a step was answered 200, then
+    written over by the canary's next step: the canary stops and the operator's routes stay."""
+    keys = Keys("canary-operator:")
+    bucket = bucket_of(time.time())
+    began = (bucket - 1) * BUCKET_S  # the samples below fall in the step's window
+    canary = await _at_step_0(aredis, keys, interval_s=1.0, step_started_at=began)
+    routes = RouteStore(aredis, keys)
+    await routes.put("ab", Routes({"stable": 100.0, "candidate": 0.0}), "operator")
+    healthy = [Sample(True, 1.0, 1.0)] * CANARY.min_requests
+    both = {("ab", "stable"): healthy, ("ab", "candidate"): healthy}
+    await VariantStats(aredis, keys).record_samples(both)
+    await _controller(aredis, keys, VariantStats(aredis, keys)).decide(canary)
+    live = (await routes.get_many(["ab"]))["ab"]
+    assert live.weights == {"stable": 100.0, "candidate": 0.0}, live
+    assert (canary.state, canary.weight) == ("aborted", 0.0)
+    reason = (await CanaryStore(aredis, keys).events("ab", 1))[-1]["reason"]
+    assert "routes changed" in reason, reason
 
 
 def test_status_shows_as_many_decisions_as_asked(capsys: pytest.CaptureFixture[str]) -> None:

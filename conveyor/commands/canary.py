@@ -65,6 +65,12 @@ def print_canary(view: dict[str, Any], events: int) -> None:
 @click.option("--max-error-rate", default=0.01, show_default=True, type=FiniteFloat())
 @click.option("--max-p99-ms", default=500.0, show_default=True, type=FiniteFloat())
 @click.option("--min-requests", default=200, show_default=True, type=int)
+@click.option(
+    "--max-step",
+    default=None,
+    help="How long a step may stay short of --min-requests before it rolls back"
+    " (default: 5 intervals, at least 120s).",
+)
 @click.option("--baseline", default=None, help="Default: the model's default variant.")
 @click.option("--webhook", default=None, help="URL that receives model.canary.* events.")
 @connection_options
@@ -76,6 +82,7 @@ def start(
     max_error_rate: float,
     max_p99_ms: float,
     min_requests: int,
+    max_step: str | None,
     baseline: str | None,
     webhook: str | None,
     url: str | None,
@@ -89,6 +96,7 @@ def start(
         "max_error_rate": max_error_rate,
         "max_p99_ms": max_p99_ms,
         "min_requests": min_requests,
+        "max_step_s": seconds(max_step) if max_step else None,
         "baseline": baseline,
         "webhook": webhook,
     }

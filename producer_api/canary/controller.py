@@ -5,7 +5,10 @@ broken (error rate above the baseline's by more than `max_error_rate`, or p99 ab
 `max_p99_ms`); completion after a healthy interval at the last step. A baseline short of
 `min_requests` in the step (at 100 % it gets no traffic) is taken over the whole canary, and
 if still short, the canary's error rate is held to `max_error_rate` itself. Every decision is
-an event with its numbers, and a `model.canary.*` webhook when the canary has one."""
+an event with its numbers, and a `model.canary.*` webhook when the canary has one. A step still
+short of `min_requests` after `max_step_s` rolls back (its variant's workers may never take a
+job); live routes that no longer give the variant the canary's weight (an operator changed
+them) abort it, leaving them as they are."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from shared.canary_store import Canary, CanaryState, CanaryStore, stamp
 from shared.metrics import CANARY_STATE, CANARY_WEIGHT
 from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore, VersionConflict
+from shared.routing import Routes
 from shared.variant_stats import VariantStats, Window, first_bucket_after
 from shared.webhook_events import WebhookDispatcher, event
 
@@ -30,6 +34,7 @@ STATES: tuple[CanaryState, ...] = ("running", "completed", "rolled_back", "abort
 TURN_WAIT_S = 5.0  # a decision holds the model's canary lock for milliseconds
 ABORT_TRIES = 3  # an abort whose routes write meets a concurrent change reads them again
 LONGEST_LOOK_S = 6 * 3600.0  # of a step's window read per look, unless its interval is longer
+WEIGHT_SLACK = 1e-6  # percent: live routes that differ by more were changed by someone else
 
 
 def numbers(window: Window) -> dict[str, Any]:
@@ -76,6 +81,19 @@ def since(canary: Canary, began: float) -> float:
     on its latest part, not on a window that grows without end."""
     longest = max(canary.interval_s, LONGEST_LOOK_S)
     return max(first_bucket_after(began), time.time() - longest)
+
+
+def starved(canary: Canary, requests: int) -> str | None:
+    """Why a step short of `min_requests` must roll back: it has been so past `max_step_s`
+    (its variant's workers may never take a job: the jobs of its share wait in its lane, and
+    nothing is ever counted); None while it may wait on."""
+    waited = time.time() - canary.step_started_at
+    if waited <= canary.max_step_s:
+        return None
+    return (
+        f"{requests} requests in {waited:.0f} s at {canary.weight:g} %, fewer than min_requests"
+        f" {canary.min_requests} within max_step_s {canary.max_step_s:g}: do its workers take jobs?"
+    )
 
 
 def show(canary: Canary) -> None:
@@ -176,6 +194,8 @@ class CanaryController:
         if canary.step < 0:
             await self.move(canary, 0, "step", None, {})
             return
+        if await self.overridden(canary):
+            return
         variants = [canary.variant, canary.baseline]
         windows = await self.stats.window(
             canary.model, variants, since(canary, canary.step_started_at)
@@ -183,6 +203,8 @@ class CanaryController:
         seen = {"canary": numbers(windows[canary.variant])}
         seen["baseline"] = numbers(windows[canary.baseline])
         if seen["canary"]["requests"] < canary.min_requests:
+            if reason := starved(canary, seen["canary"]["requests"]):
+                await self.end(canary, "rolled_back", 0.0, reason, seen)
             return
         if seen["baseline"]["requests"] < canary.min_requests:  # at 100 % it gets no traffic
             seen["baseline"] = await self.baseline_so_far(canary)
@@ -193,6 +215,22 @@ class CanaryController:
                 await self.move(canary, canary.step + 1, "step", "bounds held", seen)
             else:
                 await self.end(canary, "completed", canary.weight, "bounds held", seen)
+
+    async def overridden(self, canary: Canary) -> bool:
+        """Abort the canary if the live routes no longer give its variant its weight: someone
+        changed them during the step, and its next step would write over their change. The
+        canary takes the live weight, so the abort leaves their routes as they are."""
+        live = await self.live_routes(canary)
+        weight = live.weights.get(canary.variant, 0.0)
+        if abs(weight - canary.weight) <= WEIGHT_SLACK:
+            return False
+        reason = (
+            f"routes changed outside the canary (version {live.version}): {canary.variant}"
+            f" has {weight:g} %, not its step's {canary.weight:g} %"
+        )
+        canary.weight = weight
+        await self.end(canary, "aborted", weight, reason, {})
+        return True
 
     async def baseline_so_far(self, canary: Canary) -> dict[str, Any]:
         """The baseline's numbers over the whole canary (its earlier steps gave it traffic):
@@ -227,8 +265,11 @@ class CanaryController:
         await self.store.save(canary)
         await self.announce(canary, state, reason, seen)
 
+    async def live_routes(self, canary: Canary) -> Routes:
+        return (await self.routes.get_many([canary.model]))[canary.model]
+
     async def set_weight(self, canary: Canary, percent: float) -> None:
-        current = (await self.routes.get_many([canary.model]))[canary.model]
+        current = await self.live_routes(canary)
         canary.others = current.served_besides(canary.variant) or canary.others
         routes = current.with_share(canary.variant, percent, canary.others or {canary.baseline: 1})
         # Conditional on the version read: an operator's change made meanwhile wins.

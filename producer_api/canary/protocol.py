@@ -19,6 +19,13 @@ class CanaryStart(BaseModel):
     max_error_rate: float = Field(default=0.01, ge=0, le=1)
     max_p99_ms: float = Field(default=500.0, gt=0)
     min_requests: int = Field(default=200, ge=1)
+    max_step_s: float | None = Field(
+        default=None,
+        ge=30,  # three 10 s buckets: a step's window counts from the first after it
+        le=7 * 86_400,
+        description="How long a step may stay short of min_requests before it rolls back."
+        " Default: 5 intervals, at least 120 s",
+    )
     webhook: str | None = Field(default=None, max_length=2048)
 
 

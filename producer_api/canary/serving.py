@@ -18,6 +18,7 @@ from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
 from shared.canary_store import Canary
 from shared.model_repository import ModelConfig
+from shared.routing import seed_routes
 from shared.webhook_events import refusal
 
 
@@ -35,6 +36,7 @@ class CanaryService:
         config = self.config(model)
         baseline = body.baseline or config.default_variant
         self._check(config, body, baseline)
+        await self._check_routes(config, body)
         canary = Canary(
             model=model,
             variant=body.variant,
@@ -44,6 +46,7 @@ class CanaryService:
             max_error_rate=body.max_error_rate,
             max_p99_ms=body.max_p99_ms,
             min_requests=body.min_requests,
+            max_step_s=body.max_step_s or 0.0,  # 0: the default bound
             webhook=body.webhook or "",
             by=f"key:{self.principal.key_id} ({self.principal.tenant})",
         )
@@ -64,6 +67,20 @@ class CanaryService:
             raise ConveyorError(422, "invalid_request", "steps: ascending percents in (0, 100]")
         if body.webhook and (why := refusal(body.webhook, self.state.settings)):
             raise ConveyorError(422, "invalid_request", why)
+
+    async def _check_routes(self, config: ModelConfig, body: CanaryStart) -> None:
+        """Refuse a canary the live routes contradict (a variant and baseline given swapped):
+        its first step would take a variant serving everything down to the first step's share,
+        and a rollback would hand all traffic to a baseline that had none."""
+        store = self.state.traffic.route_store
+        routes = (await store.get_many([config.name])).get(config.name) or seed_routes(config)
+        held = routes.weights.get(body.variant, 0.0)
+        if held > body.steps[0] or not routes.served_besides(body.variant):
+            message = (
+                f"variant {body.variant} already serves {held:g} % of model {config.name}'s"
+                f" traffic (the first step gives it {body.steps[0]:g} %): is it the baseline?"
+            )
+            raise ConveyorError(409, "conflict", message)
 
     async def show(self, model: str, limit: int = 100) -> dict[str, Any]:
         self.config(model)
