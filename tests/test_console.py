@@ -361,10 +361,11 @@ def test_console_requests_count_against_the_keys_rate_limit(console_stack: Stack
 
 
 def test_an_admin_key_sees_and_acts_only_on_the_models_it_may_use(
-    console_stack: Stack, r: redis.Redis
+    console_stack: Stack, admin_key: str, r: redis.Redis
 ) -> None:
     """An admin key allowed `faulty` only got 403 for `paced` on /v1; its console showed
-    `paced` in the live feed, its dead letters (to replay or discard) and its routes."""
+    `paced` in the live feed, its dead letters (to replay or discard) and its routes, and
+    listed, opened and downloaded every tenant's `paced` jobs and batches."""
     with ThreadPoolExecutor(1) as pool:  # issue_key runs its own event loop
         narrow = pool.submit(
             issue_key, console_stack.redis_url, "ops", "admin", models=frozenset({"faulty"})
@@ -372,9 +373,22 @@ def test_an_admin_key_sees_and_acts_only_on_the_models_it_may_use(
     dlq = KEYS.dlq("paced", "default")
     entry = RequestEntry(new_job_id("paced", "default"), {"inputs": {"n": "hidden"}}, 1.0)
     r.xadd(dlq, {"entry": "1-0", "reason": "test", "deliveries": 3, **entry.encode()})
+    job = _submit(console_stack, admin_key, {"prompt": "another team's"}, model="paced")
+    batch = _paced_batch(console_stack, admin_key)
     try:
+        assert job in _listed(console_stack, admin_key, model="paced")  # there to be hidden
+        with httpx.Client(base_url=console_stack.base_url, timeout=30) as full:
+            console_login(full, admin_key)
+            _feed_batches(full, batch)  # in the summary every viewer shares
         with httpx.Client(base_url=console_stack.base_url, timeout=30) as client:
             assert console_login(client, narrow).status_code == 303
+            assert client.get(f"/console/jobs/{job}").status_code == 404
+            with client.stream("GET", f"/console/jobs/{job}/tokens") as tokens:
+                assert tokens.status_code == 404  # (it streamed the job's tokens)
+            assert job not in client.get("/console/jobs").text
+            assert job not in client.get("/console/jobs", params={"model": "paced"}).text
+            assert batch not in client.get("/console/batches").text
+            assert client.get(f"/console/batches/{batch}/output").status_code == 404
             letters = client.get("/console/dead-letters").text
             assert "<h2>faulty:default" in letters and "paced:default" not in letters
             confirm = "/console/dead-letters/confirm?action=discard&partition="
@@ -391,7 +405,24 @@ def test_an_admin_key_sees_and_acts_only_on_the_models_it_may_use(
         assert r.xlen(dlq) == 1
     finally:
         r.delete(dlq)
-    assert {p["model"] for p in json.loads(data[6:])["partitions"]} == {"faulty"}
+        auth = {"Authorization": f"Bearer {admin_key}"}  # no worker runs them: end them here
+        httpx.delete(f"{console_stack.base_url}/v1/jobs/{job}", headers=auth)
+        httpx.post(f"{console_stack.base_url}/v1/batches/{batch}/cancel", headers=auth)
+    summary = json.loads(data[6:])
+    assert {p["model"] for p in summary["partitions"]} == {"faulty"}
+    assert batch not in {b["id"] for b in summary["batches"]}
+
+
+def _paced_batch(stack: Stack, key: str) -> str:
+    """A one-line batch of `paced` jobs, submitted with `key`."""
+    response = httpx.post(
+        f"{stack.base_url}/v1/batches",
+        params={"model": "paced"},
+        content=b'{"custom_id": "c0", "body": {"inputs": {"prompt": "theirs"}}}\n',
+        headers={"Authorization": f"Bearer {key}", "content-type": "application/jsonl"},
+    )
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
 
 
 def _workers_page(stack: Stack, key: str) -> str:

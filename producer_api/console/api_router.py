@@ -18,7 +18,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from producer_api.auth import Principal
 from producer_api.auth.dependencies import throttle
-from producer_api.batch_api.serving import BATCH_ID, BatchApiService
+from producer_api.batch_api.serving import BATCH_ID, BatchApiService, not_found
 from producer_api.console.job_browser import JobFilter, job_page, recent_jobs
 from producer_api.console.route_board import route_board
 from producer_api.console.service import Console
@@ -206,13 +206,18 @@ def _summary_page(
 def _summary_for(snapshot: dict[str, Any], current: ConsoleSession) -> dict[str, Any]:
     """The summary as a session may see it: the partitions and workers of the models its key
     may use, admin or not (every model's queues and rates, and every worker with its host and
-    pid, were shown to a key `GET /v1/models` shows one model); every batch to an admin,
-    anyone else their tenant's."""
+    pid, were shown to a key `GET /v1/models` shows one model); every tenant's batches of
+    those models to an admin, anyone else their tenant's."""
     principal = current.principal
     seen = _usable_only(snapshot, principal) if principal.models else snapshot
-    if current.admin:
-        return seen
-    return {**seen, "batches": [b for b in seen["batches"] if b["tenant"] == principal.tenant]}
+    batches = [b for b in seen["batches"] if _sees(current, b["tenant"], b["model"] or "")]
+    return {**seen, "batches": batches}
+
+
+def _sees(current: ConsoleSession, tenant: str, model: str) -> bool:
+    """Whether the session sees a job or batch of `tenant` and `model`: its tenant's, or any
+    tenant's for an admin, of the models it reaches."""
+    return current.reaches(model) and (current.admin or tenant == current.principal.tenant)
 
 
 def _usable_only(snapshot: dict[str, Any], principal: Principal) -> dict[str, Any]:
@@ -240,8 +245,8 @@ def _while_open(
 @router.get("/stream")
 async def stream(state: State, current: Session, service: Service) -> Response:
     """The one live feed of every console page: a summary per second, batches cut to the
-    viewer's tenant unless admin. Costs no Redis command per viewer but its session's look
-    every RECHECK_S."""
+    viewer's tenant, an admin's to the models its key may use. Costs no Redis command per
+    viewer but its session's look every RECHECK_S."""
 
     async def events() -> Feed:
         async for snapshot in service.summaries.follow():
@@ -265,7 +270,7 @@ async def jobs(
     if not current.admin:
         tenant = current.principal.tenant
     wanted = JobFilter(status=status, model=model, tenant=tenant)
-    rows = await recent_jobs(state.redis, state.keys, state.repository, wanted)
+    rows = await recent_jobs(state.redis, state.keys, state.repository, wanted, current.reaches)
     models = [c.name for c in state.repository if current.principal.may_use(c.name)]
     return _page(request, "jobs.html", current, jobs=rows, wanted=wanted, models=models)
 
@@ -280,10 +285,13 @@ async def job(request: Request, state: State, current: Session, job_id: str) -> 
 
 
 async def _visible(state: ProducerState, current: ConsoleSession, job_id: str) -> JobRecord:
-    """The job if the session may see it (its tenant's, or any for admin); else 404."""
+    """The job if the session may see it (its tenant's, or any of the models its key may use
+    for admin); else 404."""
     record = await state.job_store.get(job_id) if len(job_id) <= 128 else None
-    owner = record.fields.get("tenant", "default") if record else None
-    if record is None or (not current.admin and owner != current.principal.tenant):
+    fields = record.fields if record else {}
+    if record is None or not _sees(
+        current, fields.get("tenant", "default"), fields.get("model", "")
+    ):
         raise ConveyorError(404, "not_found", "no such job")
     return record
 
@@ -324,12 +332,14 @@ async def batches(request: Request, current: Session, service: Service) -> Respo
 async def batch_file(state: State, current: Session, batch_id: str, kind: str) -> Response:
     """The batch's output or errors file, as `GET /v1/batches/{id}/output` serves it, read as
     the batch's own tenant, which an admin may act as (the Batches page lists every tenant's
-    batches to an admin; their files answered 404)."""
+    batches to an admin; their files answered 404), if its key may use the batch's model."""
     if kind not in ("output", "errors"):
         raise ConveyorError(404, "not_found", "no such file")
     reader = current.principal
     if current.admin and BATCH_ID.match(batch_id):
         fields = await state.batch_store.read(batch_id) or {}
+        if not current.reaches(fields.get("model", "")):
+            raise not_found(batch_id)
         reader = replace(reader, tenant=fields.get("tenant", reader.tenant))
     body = await BatchApiService(state, reader).file(batch_id, kind)
     disposition = f'attachment; filename="{batch_id}-{kind}.jsonl"'

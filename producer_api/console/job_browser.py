@@ -6,6 +6,7 @@ queued or dead-lettered."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ from shared import job_scripts
 from shared.codec import RequestEntry, as_text, dumps
 from shared.job_store import JobRecord
 from shared.keys import Keys
-from shared.model_repository import ModelRepository
+from shared.model_repository import ModelConfig, ModelRepository
 from shared.redis_client import RedisClient, queue_script, run_pipeline
 
 READ_LIMIT = 5_000  # job hashes one listing reads at most
@@ -108,13 +109,24 @@ class JobPage:
     timeline: list[Step] = field(default_factory=list)
 
 
+def _every_model(model: str) -> bool:
+    return True
+
+
 async def recent_jobs(
-    client: RedisClient, keys: Keys, repository: ModelRepository, wanted: JobFilter
+    client: RedisClient,
+    keys: Keys,
+    repository: ModelRepository,
+    wanted: JobFilter,
+    reaches: Callable[[str], bool] = _every_model,
 ) -> list[dict[str, str]]:
-    """Up to SHOWN jobs matching `wanted`, newest first, among at most READ_LIMIT candidates
-    (a console view, not an index: bounded cost on a large Redis). The job hashes are read
-    with one pipeline, which a cluster client splits by node."""
-    ids = await _candidates(client, keys, repository, wanted.model)
+    """Up to SHOWN jobs matching `wanted`, newest first, of the models the viewer `reaches`
+    (an admin key limited to some: a model it may not use lists nothing, as one that does not
+    exist), among at most READ_LIMIT candidates (a console view, not an index: bounded cost on
+    a large Redis). The job hashes are read with one pipeline, which a cluster client splits by
+    node."""
+    configs = [c for c in repository if wanted.model in ("", c.name) and reaches(c.name)]
+    ids = await _candidates(client, keys, configs)
     async with client.pipeline(transaction=False) as pipe:
         for job_id in ids:
             pipe.hmget(keys.job(job_id), list(_LISTED))
@@ -128,15 +140,12 @@ async def recent_jobs(
     return jobs[:SHOWN]
 
 
-async def _candidates(
-    client: RedisClient, keys: Keys, repository: ModelRepository, model: str
-) -> list[str]:
-    """Ids of the newest jobs of every partition of the repository (of `model` only, when
-    given): queued and running (the lanes' streams, and a fair lane's jobs held back per
-    tenant, in no stream yet), ended there (`Keys.recent`) and dead letters, READ_LIMIT shared
-    evenly among these sources (at least one id each: READ_LIMIT in all up to a thousand
-    partitions); one pipeline of reads of one slot each."""
-    configs = [c for c in repository if model in ("", c.name)]
+async def _candidates(client: RedisClient, keys: Keys, configs: list[ModelConfig]) -> list[str]:
+    """Ids of the newest jobs of every partition of `configs`: queued and running (the lanes'
+    streams, and a fair lane's jobs held back per tenant, in no stream yet), ended there
+    (`Keys.recent`) and dead letters, READ_LIMIT shared evenly among these sources (at least
+    one id each: READ_LIMIT in all up to a thousand partitions); one pipeline of reads of one
+    slot each."""
     partitions = [(c.name, v) for c in configs for v in c.variants]
     lanes = [named(m, v) for m, v in partitions for named in (keys.queue, keys.bulk_queue)]
     fair = [

@@ -48,6 +48,13 @@ class ConsoleSession:
     def admin(self) -> bool:
         return self.principal.may("admin")
 
+    def reaches(self, model: str) -> bool:
+        """Whether the session sees jobs and batches of `model`: an admin, who sees every
+        tenant's, only of the models its key may use (`/v1` answers 403 for the others); anyone
+        else, cut to their tenant's, of any model, as on `/v1`. A batch whose every line was
+        invalid has no model."""
+        return not self.admin or not model or self.principal.may_use(model)
+
 
 def same(presented: str, expected: str) -> bool:
     """A constant-time comparison that any presented text survives: compare_digest raises
