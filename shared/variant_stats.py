@@ -81,24 +81,27 @@ return {out, samples}
 class Sample:
     """One finished job: whether it succeeded, its queue wait and its service time (claim to
     result), in milliseconds. An untimed one (an expired job: it never ran) counts as a request
-    and an error but keeps no latency, as a dead letter keeps none."""
+    and an error but keeps no latency, as a dead letter keeps none. `bulk`: it ran from the bulk
+    lane (Batch API items, bulk submissions), whose wait behind online work is by design."""
 
     ok: bool
     queue_ms: float
     service_ms: float
     timed: bool = True
+    bulk: bool = False
 
     @property
     def total_ms(self) -> float:
         return self.queue_ms + self.service_ms
 
     def encode(self) -> str:
-        return f"{int(self.ok)},{self.queue_ms:.3f},{self.service_ms:.3f}"
+        lane = ",1" if self.bulk else ""  # samples stored before there was a lane read online
+        return f"{int(self.ok)},{self.queue_ms:.3f},{self.service_ms:.3f}{lane}"
 
     @classmethod
     def decode(cls, text: str) -> Sample:
-        ok, queue_ms, service_ms = text.split(",")
-        return cls(ok == "1", float(queue_ms), float(service_ms))
+        ok, queue_ms, service_ms, *lane = text.split(",")
+        return cls(ok == "1", float(queue_ms), float(service_ms), bulk=lane == ["1"])
 
 
 @dataclass(slots=True)
@@ -124,11 +127,12 @@ class Window:
 
 def sample_of(fields: Mapping[str, str]) -> Sample | None:
     """The sample of a finished job from its hash fields (`status`; `created`, `started` and
-    `finished` in ms): untimed if it expired, None unless it succeeded or failed with all three
-    stamps otherwise."""
+    `finished` in ms; `lane`): untimed if it expired, None unless it succeeded or failed with
+    all three stamps otherwise."""
     status = fields.get("status")
+    bulk = fields.get("lane") == "bulk"
     if status == "expired":
-        return Sample(False, 0.0, 0.0, timed=False)
+        return Sample(False, 0.0, 0.0, timed=False, bulk=bulk)
     if status not in COUNTED:
         return None
     try:
@@ -136,7 +140,8 @@ def sample_of(fields: Mapping[str, str]) -> Sample | None:
     except (KeyError, ValueError):
         return None
     ok = status == "succeeded"
-    return Sample(ok, float(max(started - created, 0)), float(max(finished - started, 0)))
+    queue_ms, service_ms = float(max(started - created, 0)), float(max(finished - started, 0))
+    return Sample(ok, queue_ms, service_ms, bulk=bulk)
 
 
 def finished_samples(jobs: Iterable[Mapping[str, str]]) -> dict[Variant, list[Sample]]:

@@ -404,3 +404,23 @@ async def test_a_broker_that_refuses_a_webhook_costs_the_event_not_the_write_bac
     for job_id in ("hooked-1", "hooked-2"):
         record = await store.get(job_id)
         assert record is not None and record.status == JobStatus.SUCCEEDED
+
+
+async def test_each_finished_jobs_lane_goes_into_its_variants_samples(
+    aredis: aioredis.Redis, writers: Callable[[str], ResultWriter]
+) -> None:
+    """A canary's p99 leaves out the bulk lane's jobs (Batch API items wait behind online work
+    by design): the writer marks each finished job's lane in its variant's samples."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    for job_id, stream in (("lane-on", PARTITION.online), ("lane-bulk", PARTITION.bulk)):
+        entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
+        await store.create(entry, stream, {"model": "m", "variant": "v"})
+    reader = StreamReader(aredis, KEYS, PARTITION.streams, "lanes-1")
+    await reader.ensure_groups()
+    writer = writers("lanes-1")
+    for stream, deliveries in await reader.wait(list(PARTITION.streams), 10, 100):
+        done = [PARTITION.finish(d, JobStatus.SUCCEEDED, {"outputs": "{}"}) for d in deliveries]
+        assert len(await writer.finish(stream, done)) == 1
+    await writer.close()
+    window = (await VariantStats(aredis, KEYS).window("m", ["v"], time.time() - 60))["v"]
+    assert sorted(sample.bulk for sample in window.samples) == [False, True]

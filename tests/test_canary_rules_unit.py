@@ -195,6 +195,30 @@ async def test_a_routes_change_during_a_canary_aborts_it(aredis: aioredis.Redis)
     assert "routes changed" in reason, reason
 
 
+async def test_the_bulk_lanes_waits_are_left_out_of_the_p99(aredis: aioredis.Redis) -> None:
+    """Batch API items follow the live routes into the canary's bulk lane, where they wait
+    behind online work by design: three of them, a minute each, took a healthy canary's p99 past
+    `max_p99_ms`, and it rolled back. The p99 is its online jobs'; bulk ones still count as
+    requests."""
+    keys = Keys("canary-bulk:")
+    began = (bucket_of(time.time()) - 1) * BUCKET_S  # the samples below fall in the step's window
+    canary = await _at_step_0(aredis, keys, interval_s=1.0, step_started_at=began)
+    online = [Sample(True, 1.0, 10.0)] * 200
+    bulk = [Sample(True, 60_000.0, 10.0, bulk=True)] * 3
+    both = {("ab", "stable"): online, ("ab", "candidate"): online + bulk}
+    await VariantStats(aredis, keys).record_samples(both)
+    await _controller(aredis, keys, VariantStats(aredis, keys)).decide(canary)
+    assert (canary.state, canary.step) == ("running", 1)  # on to the next step
+    numbers = (await CanaryStore(aredis, keys).events("ab", 1))[-1]["numbers"]["canary"]
+    assert numbers["requests"] == 203 and numbers["p99_ms"] == 11.0, numbers
+
+
+def test_a_samples_lane_survives_its_encoding() -> None:
+    for sample in (Sample(True, 1.5, 2.0), Sample(False, 60_000.0, 3.0, bulk=True)):
+        assert Sample.decode(sample.encode()) == sample
+    assert Sample.decode("1,2.000,3.000") == Sample(True, 2.0, 3.0)  # stored before lanes
+
+
 def test_status_shows_as_many_decisions_as_asked(capsys: pytest.CaptureFixture[str]) -> None:
     """`--events 0` printed every decision (`[-0:]` is the whole list)."""
     canary = {"model": "ab", "variant": "c", "baseline": "s", "state": "running", "weight": 5.0}
