@@ -46,6 +46,7 @@ NO_STREAM = "WRONGTYPE"  # the one refusal of a read that is a key's fault, not 
 HUB_BLOCK_MS = 5000  # a read returns sooner whenever any followed stream (or the wake) grows
 WAKE_MAXLEN = 64
 WAKE_TTL_S = 86_400
+FINISH_GRACE_S = 0.005  # first wait to see FINISH confirm a final: a live worker is ~1 ms behind
 
 
 class TokenHub:
@@ -223,7 +224,14 @@ class TokenFollower:
     """Follows one job's token stream from where the client left off: what already exists is
     read directly, live entries come from the hub; whenever nothing came for `block_ms`, a
     look at the job hash ends a stream whose job ended without a final event (cancelled while
-    queued, expired)."""
+    queued, expired).
+
+    A final ends the stream only as its last word. A worker appends it before FINISH writes the
+    job's result; one that died in between left a final the hash never confirms, and a rerun's
+    `restart`, text and final after it. So a final that entries follow is dropped unsent, and
+    one that ends what is read is held until a look at the hash finds the job over: one look
+    as it comes, then (its worker still at FINISH, or dead) every FINISH_GRACE_S, doubling up
+    to `block_ms`. The job's hash has the last word over a final it contradicts."""
 
     def __init__(self, hub: TokenHub, store: JobStore, keys: Keys, block_ms: int = 1000) -> None:
         self.hub = hub
@@ -234,36 +242,41 @@ class TokenFollower:
     async def follow(self, job_id: str, after: str = "0-0") -> AsyncGenerator[TokenEvent, None]:
         """Every event after `after`, live ones as they come, ending with exactly one final."""
         key = self.keys.tokens(job_id)
+        block_s = self.block_ms / 1000
         async with self.hub.listen(job_tag(job_id), key, after) as queue:
             events, over, record = await self._read(key, after), False, None
+            held: TokenEvent | None = None  # a final not known yet to be the stream's last word
+            wait_s = block_s
             while True:
+                fresh = False  # what was read ends with a final not looked into yet
                 for event in events:
                     if stream_id(event.id) <= stream_id(after):
                         continue  # the hub's read and ours overlap
-                    yield event
-                    if event.final:
-                        return
-                    after = event.id
+                    after, held, fresh = event.id, event if event.final else None, event.final
+                    if not event.final:
+                        yield event
                 if over:
-                    if record is not None:  # the job ended without a final event
-                        yield final_from_job(record)
+                    if (final := _last_word(held, record)) is not None:
+                        yield final
                     return
-                events, over, record = await self._next(job_id, key, after, queue)
+                if fresh:
+                    events, over, record = await self._poll(job_id, key, after)
+                    wait_s = FINISH_GRACE_S
+                    continue
+                events, over, record = await self._next(
+                    job_id, key, after, queue, wait_s if held else block_s
+                )
+                wait_s = min(2 * wait_s, block_s)
 
     async def _next(
-        self, job_id: str, key: str, after: str, queue: asyncio.Queue[Delivery]
+        self, job_id: str, key: str, after: str, queue: asyncio.Queue[Delivery], wait_s: float
     ) -> tuple[list[TokenEvent], bool, JobRecord | None]:
-        """(events, over, record): the next live entries; or, after `block_ms` without any, a
-        look at the job, and once it is over (or gone) what is left of its stream."""
+        """(events, over, record): the next live entries; or, after `wait_s` without any, what
+        `_poll` finds."""
         try:
-            delivery = await asyncio.wait_for(queue.get(), self.block_ms / 1000)
+            delivery = await asyncio.wait_for(queue.get(), wait_s)
         except TimeoutError:
-            record = await self.store.get(job_id)
-            # The worker appends its final event before it marks the job terminal: once the
-            # hash is terminal, what is left in the stream is readable without blocking.
-            if record is not None and not record.status.terminal:
-                return [], False, None
-            return await self._read(key, after), True, record
+            return await self._poll(job_id, key, after)
         deliveries = [delivery]
         while not queue.empty():
             deliveries.append(queue.get_nowait())
@@ -273,6 +286,18 @@ class TokenFollower:
                 raise item
             rows += item
         return [TokenEvent.decode(eid, raw) for eid, raw in rows], False, None
+
+    async def _poll(
+        self, job_id: str, key: str, after: str
+    ) -> tuple[list[TokenEvent], bool, JobRecord | None]:
+        """A look at the job: nothing while it runs; once it is over (or gone), what is left of
+        its stream, and its record."""
+        record = await self.store.get(job_id)
+        # The worker appends its final event before it marks the job terminal: once the hash is
+        # terminal, what is left in the stream is readable without blocking.
+        if record is not None and not record.status.terminal:
+            return [], False, None
+        return await self._read(key, after), True, record
 
     async def _read(self, key: str, after: str) -> list[TokenEvent]:
         """Everything the stream holds after `after` now (no blocking), however long."""
@@ -284,3 +309,12 @@ class TokenFollower:
             if len(read) < READ_COUNT:
                 return events
             after = read[-1].id
+
+
+def _last_word(final: TokenEvent | None, record: JobRecord | None) -> TokenEvent | None:
+    """How a stream read to its end once its job was over ends: with its own last final, unless
+    the hash contradicts it (its run died before FINISH, and the job ended otherwise: dead-
+    lettered, cancelled, expired) or there is none; then with the hash's (none if it is gone)."""
+    if final is not None and (record is None or final.status == record.status):
+        return final
+    return final_from_job(record) if record is not None else None
