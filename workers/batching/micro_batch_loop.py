@@ -156,10 +156,10 @@ class MicroBatchLoop:
             with stage_span("decode"):
                 inputs = [d.entry.payload.get("inputs", {}) for d in claimed.runnable if d.entry]
             done = partial(self.complete, claimed)
-            claimed.watch.started()
-            if self.stages is not None and inputs:
-                await self.stages.submit(inputs, done)
+            if self.stages is not None and inputs:  # bounded once it holds a pipeline slot
+                await self.stages.submit(inputs, done, claimed.watch.started)
                 return
+            claimed.watch.started()
             with stage_span("engine"):
                 outcomes = await execute(self.engine, inputs)
             await done(outcomes)

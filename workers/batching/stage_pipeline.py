@@ -47,11 +47,17 @@ class StagePipeline:
         self.raise_failure()
         await self.schedule.until_wanted()
 
-    async def submit(self, inputs: list[dict[str, Any]], done: Done) -> None:
+    async def submit(
+        self, inputs: list[dict[str, Any]], done: Done, started: Callable[[], None] | None = None
+    ) -> None:
         """Returns once `inputs` is prepared and queued, so the caller reads the next
-        micro-batch while this one runs; `done` gets its outcomes (job order) when it ends."""
+        micro-batch while this one runs; `done` gets its outcomes (job order) when it ends.
+        `started`, if given, is called once it holds a slot: the wait for one is a wait for earlier
+        micro-batches' write-backs (Redis refusing writes), which no engine time limit counts."""
         self.raise_failure()
         await self.slots.acquire()
+        if started is not None:
+            started()
         try:
             prepared: Any = await self._on(self.host, self.engine.prepare, inputs)
         except Exception:
