@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar, cast
 
 import hiredis
 import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import (
+    ClusterPipeline,
+    PipelineStrategy,
+    RedisCluster,
+    TransactionStrategy,
+)
 from redis.asyncio.connection import AbstractConnection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
@@ -101,6 +107,15 @@ FAILOVER_REFUSALS = (ReadOnlyError, MasterDownError)
 WRITES_REFUSED = (*FAILOVER_REFUSALS, OutOfMemoryError, PersistenceError, ReplicasMissing)
 # Per node: a cluster node's pool raises rather than waits when it is exhausted.
 CLUSTER_CONNECTIONS = 1_024
+# What a cluster client tries again, the topology read anew first: a lost connection, a slot
+# without a master yet (a failover). redis-py's own list adds timeouts, and its loop ignores
+# the client's Retry: a frozen master cost four timeouts, and each command sent again ran too
+# once it woke (a TAKE twice: entries left pending that this consumer never held).
+CLUSTER_RETRIED: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    ClusterDownError,
+    SlotNotCoveredError,
+)
 
 
 class HiredisPacking(AbstractConnection):
@@ -246,7 +261,10 @@ class HiredisCluster(RedisCluster):
     """A cluster client whose node connections pack with hiredis too. RedisCluster fixes their
     class (Connection, or SSLConnection for `rediss://`) in the keyword arguments it builds
     every node from, startup nodes and nodes found later alike, with no parameter for it. Its
-    topology reads (before a first command, after a failed one) fail as ClusterUnreachable."""
+    topology reads (before a first command, after a failed one) fail as ClusterUnreachable.
+    A timeout is raised after one try, by a command and a pipeline alike (`CLUSTER_RETRIED`)."""
+
+    ERRORS_ALLOW_RETRY: Any = CLUSTER_RETRIED  # typed by redis-py as its own four
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -261,6 +279,52 @@ class HiredisCluster(RedisCluster):
         with topology_read():
             await super().initialize(*args, **kwargs)
         return self
+
+    def pipeline(
+        self, transaction: Any | None = None, shard_hint: Any | None = None
+    ) -> ClusterPipeline:
+        """redis-py's pipelines try again what the base RedisCluster's list names, whatever
+        this class's: theirs are swapped for ones that raise a timeout."""
+        pipe = super().pipeline(transaction, shard_hint)
+        strategy = TimeoutRaisingTransaction if transaction else TimeoutRaisingPipeline
+        pipe._execution_strategy = strategy(pipe)
+        return pipe
+
+
+class _TimedOut(Exception):
+    """A timeout carried past redis-py's pipeline loop, which tries any timeout again."""
+
+    def __init__(self, timeout: RedisTimeoutError) -> None:
+        super().__init__(timeout)
+        self.timeout = timeout
+
+
+class TimeoutRaisingPipeline(PipelineStrategy):
+    """A cluster pipeline whose timeout is raised at once, the slots read again before the
+    next command, as after a command's timeout."""
+
+    async def execute(self, *args: Any, **kwargs: Any) -> list[Any]:
+        try:
+            return await super().execute(*args, **kwargs)
+        except _TimedOut as carried:
+            raise carried.timeout from carried.timeout.__cause__
+
+    async def _execute(self, client: RedisCluster, *args: Any, **kwargs: Any) -> list[Any]:
+        try:
+            return await super()._execute(client, *args, **kwargs)
+        except RedisTimeoutError as exc:
+            client._initialize = True
+            raise _TimedOut(exc) from exc
+
+
+class TimeoutRaisingTransaction(TransactionStrategy):
+    """A cluster transaction whose timeout is raised at once: redis-py's adds the base class's
+    list, timeouts included, to the client's Retry."""
+
+    def __init__(self, pipe: ClusterPipeline) -> None:
+        super().__init__(pipe)
+        self._retry = copy.copy(pipe.cluster_client.retry)
+        self._retry.update_supported_errors(cast(Any, CLUSTER_RETRIED + self.SLOT_REDIRECT_ERRORS))
 
 
 async def reread_topology(client: RedisClient) -> None:
@@ -280,7 +344,8 @@ def connect(
 ) -> RedisClient:
     """A client whose commands retry a few times through dropped connections (jittered backoff
     capped at 1 s) before they raise; callers map what still fails to 503 or to their own
-    backoff. A timeout is not retried: it would multiply the wait on a frozen server.
+    backoff. A timeout is not retried, on one server or a cluster: it would multiply the wait
+    on a frozen server, and send again a command the server may run once it wakes.
 
     `name` labels its connections in CLIENT LIST (a worker uses its consumer name).
     `blocks_ms` is the longest BLOCK its commands use (default `CONVEYOR_BLOCK_MS`, what a
@@ -295,7 +360,7 @@ def connect(
         "retry": Retry(
             ExponentialWithJitterBackoff(base=0.02, cap=1.0),
             retries=3,
-            # the default would retry timeouts too
+            # the default would retry timeouts too (a cluster's loop: `CLUSTER_RETRIED`)
             supported_errors=(RedisConnectionError, *FAILOVER_REFUSALS),
         ),
         "health_check_interval": 15,
@@ -304,7 +369,8 @@ def connect(
     }
     if settings.redis_cluster:
         # A failover moves slots: the client re-reads the topology on MOVED and connection
-        # errors, for up to its retry attempts, before a command fails (503 upstream).
+        # errors, for up to its retry attempts, before a command fails (503 upstream); a
+        # timeout fails at once.
         cluster = cluster_class.from_url(
             url, max_connections=max(max_connections, CLUSTER_CONNECTIONS), **options
         )
