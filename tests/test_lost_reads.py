@@ -345,3 +345,17 @@ async def test_a_dead_lettered_job_counts_as_a_failed_job(aredis: aioredis.Redis
     record = await store.get("doomed")
     assert record is not None and record.status == JobStatus.FAILED
     assert REGISTRY.get_sample_value("conveyor_jobs_finished_total", labels) == before + 1
+
+
+async def test_each_lane_keeps_its_own_arrival_rate(aredis: aioredis.Redis) -> None:
+    """One estimate served both lanes: a Batch API drain's thousands of jobs a second made a
+    lone online job wait `max_queue_delay_ms` for online arrivals that never came."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    await queue_jobs(store, PARTITION.bulk, *(f"bulk{n}" for n in range(32)))
+    await queue_jobs(store, PARTITION.online, "lone")
+    lanes = await _slotted_lanes(aredis, PARTITION)
+    assert len(await lanes.next_batch(32, 0, 50)) == 2  # one read of both lanes
+    assert (
+        lanes.arrivals[PARTITION.bulk].overall() > 10 * lanes.arrivals[PARTITION.online].overall()
+    )
+    assert not lanes.arrivals[PARTITION.online].expects_more(0.002)

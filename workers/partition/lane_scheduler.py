@@ -53,7 +53,8 @@ class LaneScheduler:
         self.bulk = partition.bulk
         self.credit = LaneCredit(partition.config.bulk_share)
         self.preferred = partition.config.preferred_batch_sizes_of(partition.variant)
-        self.arrivals = ArrivalRate()
+        # per lane: a bulk drain's rate made a lone online job wait for arrivals that never came
+        self.arrivals = {self.online: ArrivalRate(), self.bulk: ArrivalRate()}
         self.backlog = False  # the last read filled a micro-batch: more is likely waiting
         # Undelivered entries a fair lane's stream holds before jobs are held (0: not fair).
         self.fair_window = partition.config.fair_window_of(partition.variant)
@@ -144,5 +145,6 @@ class LaneScheduler:
         return bool(self.fair_window) and len(deliveries) >= self.fair_window
 
     async def _topped_up(self, batch: MicroBatch, max_items: int, delay_ms: float) -> MicroBatch:
-        self.arrivals.arrived(len(batch[1]))
-        return await self.reader.gather(batch, max_items, delay_ms, self.preferred, self.arrivals)
+        arrivals = self.arrivals[batch[0]]
+        arrivals.arrived(len(batch[1]))
+        return await self.reader.gather(batch, max_items, delay_ms, self.preferred, arrivals)
