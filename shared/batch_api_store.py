@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import chain
@@ -24,6 +24,7 @@ from shared.batch_api_scripts import ITEM_STATES
 from shared.codec import as_text, dumps, loads
 from shared.job_store import now_ms
 from shared.keys import Keys
+from shared.redis_client import check_replica_acks, queue_replica_wait, run_pipeline
 from shared.tenant_index import TenantIndexed
 
 CHUNK = 500
@@ -137,13 +138,15 @@ class BatchApiStore(TenantIndexed):
             *by_list.items(),
             (self.keys.batch_rejected(batch_id), rejected),
         ]
-        async with self.redis.pipeline(transaction=False) as pipe:
+
+        def queue(pipe: Any) -> None:
             for key, values in lists:
                 pipe.delete(key)
                 for start in range(0, len(values), CHUNK * 4):
                     pipe.rpush(key, *values[start : start + CHUNK * 4])
                 pipe.expire(key, ttl_s)
-            await pipe.execute()
+
+        await self._confirmed(queue, [key for key, _ in lists])
 
     async def start(
         self,
@@ -169,8 +172,23 @@ class BatchApiStore(TenantIndexed):
             "open_lists": dumps(lists).decode(),
             "open": items,
         }
-        await self.redis.hset(self.keys.batch(batch_id), items=_flat(mapping))
-        await self.redis.zadd(self.keys.batches_active, {batch_id: expires_ms})
+        key, active = self.keys.batch(batch_id), self.keys.batches_active
+        await self._confirmed(lambda pipe: pipe.hset(key, items=_flat(mapping)), [key])
+        await self._confirmed(lambda pipe: pipe.zadd(active, {batch_id: expires_ms}), [active])
+
+    async def _confirmed(self, queue: Callable[[Any], object], written: Sequence[str]) -> None:
+        """Run the writes `queue` puts on a pipeline, with `CONVEYOR_REPLICA_ACKS` followed by a
+        WAIT on the master of each key `written` (ReplicaAckTimeout when too few replicas
+        confirm): a create's 202 rests on them. On the same connection, as WAIT counts only its
+        own connection's writes; it confirms that master's earlier writes too (the hash
+        `create` wrote)."""
+
+        async def fill(pipe: Any) -> int:
+            queue(pipe)
+            return await queue_replica_wait(self.redis, pipe, written)
+
+        waits, replies = await run_pipeline(self.redis, fill, [])
+        check_replica_acks(replies[len(replies) - waits :])
 
     async def read(self, batch_id: str) -> dict[str, str] | None:
         raw = await self.redis.hgetall(self.keys.batch(batch_id))

@@ -20,7 +20,9 @@ from shared.redis_client import (
     RedisClient,
     ScriptCall,
     call_script,
+    check_replica_acks,
     hgetall_many,
+    queue_replica_wait,
     queue_script,
     run_pipeline,
     run_script,
@@ -255,12 +257,23 @@ class JobStore:
     async def create_many(self, jobs: Sequence[NewJob], max_length: int = 0) -> list[int]:
         """`create` for many jobs in one pipelined round trip (each job still admitted and
         enqueued atomically; their calls merged as `merged_enqueues` merges them); returns the
-        indexes of the jobs refused because their partition was full."""
+        indexes of the jobs refused because their partition was full. With
+        `CONVEYOR_REPLICA_ACKS` the round trip ends with WAIT on each master written, as group
+        commit's does (ReplicaAckTimeout when too few replicas confirm): a Batch API 202 rests on
+        these jobs. A rerun after NOSCRIPT sends every call again, which ENQUEUE tells apart."""
         merged = merged_enqueues([self.enqueue_call(job, max_length) for job in jobs])
-        replies = await run_script(self.redis, self._enqueue, [call for call, _ in merged])
+
+        async def fill(pipe: Any) -> int:
+            for (keys, args), _ in merged:
+                queue_script(pipe, self._enqueue, keys, args)
+            streams = [keys[0] for (keys, _args), _ in merged]
+            return await queue_replica_wait(self.redis, pipe, streams)
+
+        _, replies = await run_pipeline(self.redis, fill, [self._enqueue])
+        check_replica_acks(replies[len(merged) :])  # the WAITs' replies, if any
         refused = [
             index
-            for (_, parts), lane in zip(merged, replies, strict=True)
+            for (_, parts), lane in zip(merged, replies[: len(merged)], strict=True)
             for (index, _), (admitted, *_) in zip(parts, lane, strict=True)
             if not admitted
         ]

@@ -27,7 +27,8 @@ from shared.codec import RequestEntry
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
-from shared.settings import Settings
+from shared.redis_client import ReplicaAckTimeout
+from shared.settings import Settings, get_settings
 from shared.webhook_events import WebhookDispatcher
 from tests.conftest import until_async
 
@@ -297,6 +298,55 @@ async def test_a_create_whose_look_after_the_start_fails_ends_its_batch_cancelle
     (batch_id,) = looked
     assert await aredis.hget(keys.batch(batch_id), "status") == b"cancelled"
     assert await aredis.zscore(keys.batches_active, batch_id) is None
+
+
+async def test_a_create_its_replicas_did_not_confirm_answers_503_and_withdraws_its_items(
+    redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `CONVEYOR_REPLICA_ACKS` and no replica to confirm anything, `/v1/jobs` answers 503
+    and `/v1/batches` answered 202: its items, their lists and its hash were written with no
+    WAIT behind them, so a failover right after could lose what the 202 promised, and the batch
+    never completed. Now its create answers 503 too and withdraws its items; the batch never
+    started (nobody reads it; its hash expires with its TTL)."""
+    monkeypatch.setenv("CONVEYOR_REPLICA_ACKS", "1")
+    monkeypatch.setenv("CONVEYOR_REDIS_TIMEOUT_S", "0.5")
+    get_settings.cache_clear()
+    keys = Keys("unconfirmed:")
+    try:
+        response, statuses = await _create_through(redis_url, aredis, keys, lambda _: None)
+    finally:
+        get_settings.cache_clear()
+    assert response.status_code == 503, response.text
+    assert statuses == [b"cancelled"] * ITEMS
+    (batch_key,) = await aredis.keys(keys.batch("*"))
+    batch_id = batch_key.decode().split("{")[1].rstrip("}")
+    assert await aredis.hget(keys.batch(batch_id), "status") == b"validating"
+    assert await aredis.zscore(keys.batches_active, batch_id) is None
+
+
+async def test_a_batchs_writes_wait_for_their_replicas(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each write of a create that its 202 rests on (the items, their lists, the batch's start)
+    is followed by a WAIT on its own connection: with no replica to confirm it, each raises."""
+    monkeypatch.setenv("CONVEYOR_REPLICA_ACKS", "1")
+    monkeypatch.setenv("CONVEYOR_REDIS_TIMEOUT_S", "0.2")
+    get_settings.cache_clear()
+    store, jobs = BatchApiStore(aredis, KEYS, TTL_S), JobStore(aredis, KEYS, TTL_S)
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    open_list = KEYS.batch_open(batch_id, "identity", "default")
+    entry = RequestEntry(new_job_id("identity", "default"), {"inputs": {}}, now_ms())
+    job = NewJob(entry, KEYS.bulk_queue("identity", "default"), {"batch": batch_id})
+    try:
+        await store.create(batch_id, {"tenant": "default", "total": 1}, TTL_S)
+        with pytest.raises(ReplicaAckTimeout):
+            await jobs.create_many([job])
+        with pytest.raises(ReplicaAckTimeout):
+            await store.add_items(batch_id, [(entry.job_id, open_list)], [], TTL_S)
+        with pytest.raises(ReplicaAckTimeout):
+            await store.start(batch_id, [open_list], 1, {"invalid": 0}, now_ms() + 60_000)
+    finally:
+        get_settings.cache_clear()
 
 
 async def test_a_batch_whose_items_all_succeeded_by_its_window_s_end_completes(

@@ -22,7 +22,9 @@ from shared.file_store import FileStore
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
 from shared.redis_client import RedisClient
+from shared.settings import get_settings
 from shared.webhook_events import WebhookDispatcher
+from tests.test_cluster_client import _waits
 
 pytestmark = pytest.mark.slow
 KEYS = Keys()
@@ -179,3 +181,22 @@ async def test_input_files_and_the_tenant_index_work_across_masters(
     assert await store.listed("acme", batches[1], 5) == batches[:1]
     await store.unlist("acme", [batches[0]])
     assert await store.listed("acme", None, 5) == batches[:0:-1]
+
+
+async def test_a_batchs_writes_wait_for_the_replicas_of_every_master_they_reach(
+    cluster: LocalCluster, client: RedisClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `CONVEYOR_REPLICA_ACKS` a batch's items, their lists and its start are confirmed
+    by the replicas of each master that holds them: its items sit on all three."""
+    monkeypatch.setenv("CONVEYOR_REPLICA_ACKS", "1")
+    get_settings.cache_clear()
+    for node in cluster.masters:
+        node.client().config_resetstat()
+    store, jobs, _ = _services(client)
+    try:
+        batch_id, _ = await _submit(cluster, store, jobs, per_variant=3)
+    finally:
+        get_settings.cache_clear()
+    assert all(calls > 0 for calls in _waits(cluster).values()), _waits(cluster)
+    fields = await store.read(batch_id)
+    assert fields is not None and fields["status"] == "in_progress"

@@ -101,8 +101,9 @@ class BatchApiService:
         return batch_id, progress
 
     async def _withdraw(self, batch_id: str, items: list[lines.Item]) -> None:
-        """A create that failed part-way (the client gets its 503 and no batch id) cancels the
-        items it may have enqueued: they ran for a batch nobody could read, and the client's
+        """A create that failed part-way (Redis failed, or with `CONVEYOR_REPLICA_ACKS` too few
+        replicas confirmed a write: the client gets its 503 and no batch id) cancels the items
+        it may have enqueued: they ran for a batch nobody could read, and the client's
         retry enqueued them again. A batch that had started ends cancelled too: left running,
         the sweeper would end it `completed`, every item cancelled. Its end is asked first, or
         a look in between would do just that. Best effort: a Redis that refuses this keeps
