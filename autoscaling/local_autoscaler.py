@@ -1,9 +1,11 @@
 """`conveyor autoscale`: KEDA's decision for one machine. Each pool (model, variant) is polled
 with the triggers, formula and scale-down window KEDA and the HPA use (`scaling_math`; a pool
 scaled on seconds of backlog reads them from Redis with the producer's formula), and worker
-processes are started or stopped between min and max replicas; stops are SIGTERM, so workers
-drain. A worker that died (killed for memory, crashed) leaves the count at the next poll and the
-formula replaces it, as Kubernetes restarts a pod."""
+processes are started or stopped between min and max replicas, none waited for: a starting
+worker counts at once and the polls after confirm it got ready (`alive`), a stopped one (SIGTERM,
+so it drains) leaves the count at once, as a terminating pod leaves the HPA's. A worker that died
+(killed for memory, crashed) leaves the count at the next poll and the formula replaces it, as
+Kubernetes restarts a pod."""
 
 from __future__ import annotations
 
@@ -113,10 +115,19 @@ class PoolScaler:
 
     def _forget_dead(self) -> None:
         """Workers that died leave the count: counted on, they kept their pool short for good
-        (the formula saw its replicas all there)."""
-        for name in [w for w in self.workers if not self.alive(w)]:
-            log.warning("%s: worker %s exited; a new one replaces it if needed", self.name, name)
-            self.workers.remove(name)
+        (the formula saw its replicas all there). One whose start failed (`alive` raised, having
+        stopped it) leaves it too, and its error ends the tick, as a failed start did."""
+        for name in list(self.workers):
+            try:
+                running = self.alive(name)
+            except BaseException:
+                self.workers.remove(name)
+                raise
+            if not running:
+                log.warning(
+                    "%s: worker %s exited; a new one replaces it if needed", self.name, name
+                )
+                self.workers.remove(name)
 
     def _scale_up(self, count: int) -> None:
         log.info("scale up", extra={"pool": self.name, "from": len(self.workers), "by": count})

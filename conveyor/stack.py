@@ -90,6 +90,8 @@ class Stack:
     metrics_ports: dict[str, int] = field(default_factory=dict)
     commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
     readiness: dict[str, Callable[[], bool]] = field(default_factory=dict)  # spawned workers
+    # children `terminate` signalled, each with when it is killed if still running
+    stopping: dict[str, tuple[subprocess.Popen[bytes], float]] = field(default_factory=dict)
     start_timeout_s: float = 300.0  # how long a child may take to be ready
 
     @classmethod
@@ -283,6 +285,16 @@ class Stack:
             self._wait(self.readiness.pop(name), name)
         return [self.processes[name].pid for name in names]
 
+    def poll_ready(self, name: str, deadline: float) -> bool:
+        """`wait_ready` of one spawned worker without the wait, for a caller that looks again
+        later (`conveyor autoscale` polls every pool meanwhile): whether it is ready, after which
+        it is not looked at again; ChildExited if it died, ChildTooSlow once `deadline`
+        (monotonic) passed."""
+        ready = self._look(self.readiness[name], name, deadline)
+        if ready:
+            del self.readiness[name]
+        return ready
+
     @property
     def stop_timeout_s(self) -> float:
         """How long a stopped child may take to exit before it is killed: a worker's drain
@@ -313,6 +325,30 @@ class Stack:
         except BaseException:
             _kill_all(processes)
             raise
+
+    def terminate(self, names: Iterable[str]) -> None:
+        """`stop_processes` without the wait, for a caller that cannot block on a drain: each
+        child gets SIGTERM and moves from `processes` (so it is not `running`, and neither a
+        supervisor nor `stop` sees it again) to `stopping`, where `reap_stopped` forgets it once
+        it exits, or kills it if it still runs `stop_timeout_s` after the signal."""
+        deadline = time.monotonic() + self.stop_timeout_s
+        for name in names:
+            process = self.processes.pop(name)
+            self.readiness.pop(name, None)  # one stopped while starting is not waited for
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            self.stopping[name] = (process, deadline)
+
+    def reap_stopped(self) -> None:
+        """One look at the children `terminate` signalled, never waiting: those that exited
+        are forgotten, those past their deadline killed."""
+        now = time.monotonic()
+        for name, (process, deadline) in list(self.stopping.items()):
+            if process.poll() is None:
+                if now < deadline:
+                    continue
+                _kill_all([process])
+            del self.stopping[name]
 
     def stop(self) -> None:
         """Stop tier by tier, each tier's children side by side (`stop_processes`): workers
@@ -411,14 +447,20 @@ class Stack:
         """Until `check` passes; ChildExited as soon as the child named `child` dies instead,
         ChildTooSlow when `start_timeout_s` runs out."""
         deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if check():
-                return
-            if not self.running(child):
-                raise self._exited(child)
+        while not self._look(check, child, deadline):
             time.sleep(0.2)
-        why = f"was not ready after {self.start_timeout_s:g}s (CONVEYOR_START_TIMEOUT_S)"
-        raise ChildTooSlow(child, why, self.log_path(child), self.log_tail(child))
+
+    def _look(self, check: Callable[[], bool], child: str, deadline: float) -> bool:
+        """One look of `_wait`'s: whether `check` passes; ChildExited if `child` died,
+        ChildTooSlow once `deadline` (monotonic) passed."""
+        if check():
+            return True
+        if not self.running(child):
+            raise self._exited(child)
+        if time.monotonic() >= deadline:
+            why = f"was not ready after {self.start_timeout_s:g}s (CONVEYOR_START_TIMEOUT_S)"
+            raise ChildTooSlow(child, why, self.log_path(child), self.log_tail(child))
+        return False
 
     def _exited(self, name: str) -> ChildExited:
         why = "exited before it was ready"

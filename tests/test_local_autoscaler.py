@@ -1,7 +1,7 @@
 """`conveyor autoscale`: its decisions tick by tick on a real stream (KEDA's step to zero, the
-HPA's scale-down window), its pools and worker names, how it stops workers; and on a real
-pipeline, a burst scales the pool up to its max, an empty queue scales it back to zero after the
-cooldown, every job succeeds."""
+HPA's scale-down window), its pools and worker names, how it starts and stops workers without
+waiting on them; and on a real pipeline, a burst scales the pool up to its max, an empty queue
+scales it back to zero after the cooldown, every job succeeds."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from redis.exceptions import ClusterDownError, RedisClusterException
 
 from autoscaling.local_autoscaler import PoolScaler, pool_scalers
 from autoscaling.scaling_math import StreamTrigger
-from conveyor.commands.autoscale import _tick
-from conveyor.stack import Stack
+from conveyor.commands.autoscale import PoolWorkers, _tick
+from conveyor.stack import ChildTooSlow, Stack
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from tests.conftest import REPO_ROOT, running_stack, until
@@ -36,6 +36,18 @@ FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 AUTOSCALE = [str(Path(sys.executable).parent / "conveyor"), "autoscale", "--models", "elastic"]
 STREAM = "autoscale-test"
 NO_REDIS = "redis://127.0.0.1:1/0"  # a stack that never talks to Redis
+# A worker that drains until the test lets it go: it says `ready` once SIGTERM is handled, `term`
+# when one comes, and runs on until `release` exists; then it says `exit` and exits 0.
+DRAINER = """
+import pathlib, signal, sys, time
+here = pathlib.Path(sys.argv[1])
+state = here / "state"
+signal.signal(signal.SIGTERM, lambda *_: state.write_text("term"))
+state.write_text("ready")
+while not (here / "release").exists():
+    time.sleep(0.05)
+state.write_text("exit")
+"""
 
 
 @dataclass
@@ -76,12 +88,12 @@ def _scaler(
     )
 
 
-def _queue(client: redis.Redis, entries: int) -> None:
+def _queue(client: redis.Redis, entries: int, stream: str = STREAM) -> None:
     """Exactly `entries` entries in the stream."""
     pipe = client.pipeline(transaction=False)
-    pipe.delete(STREAM)
+    pipe.delete(stream)
     for _ in range(entries):
-        pipe.xadd(STREAM, {"job": "x"})
+        pipe.xadd(stream, {"job": "x"})
     pipe.execute()
 
 
@@ -172,6 +184,105 @@ def test_stop_timeout_outlasts_the_shutdown_grace(
     settings_env(CONVEYOR_SHUTDOWN_GRACE_S="75")
     stack = Stack.create(tmp_path / "stack", NO_REDIS)
     assert stack.stop_timeout_s > 75
+
+
+def _drainer(stack: Stack, folder: Path, name: str) -> subprocess.Popen[bytes]:
+    """A DRAINER child of `stack` telling its state in `folder`, once it handles SIGTERM."""
+    folder.mkdir()
+    process = stack.spawn(name, [sys.executable, "-c", DRAINER, str(folder)], {})
+    until(lambda: _state(folder) == "ready")
+    return process
+
+
+def _state(folder: Path) -> str:
+    path = folder / "state"
+    return path.read_text() if path.exists() else ""
+
+
+def _reaped(stack: Stack) -> bool:
+    """Whether every child the stack stopped without waiting has exited, after one look."""
+    stack.reap_stopped()
+    return not stack.stopping
+
+
+def test_a_draining_worker_holds_up_no_other_pool(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A scale-down waited for its worker's drain (up to CONVEYOR_SHUTDOWN_GRACE_S + 20 s), and
+    no other pool was polled meanwhile. Now the tick counts the worker out at once, and the
+    next pool's tick runs while it drains on, to be reaped later."""
+    stack = Stack.create(tmp_path / "stack", redis_url)
+    workers = PoolWorkers(stack)
+    partitions = ModelRepository.load(FIXTURES).partitions(["elastic", "tiny"])
+    draining, other = pool_scalers(partitions, KEYS, workers.start, workers.stop, workers.alive)
+    folder = tmp_path / "drainer"
+    process = _drainer(stack, folder, "elastic-default-1")
+    draining.workers.append("elastic-default-1")
+    try:
+        assert draining.tick(redis_client, now=1e6) == 0  # nothing queued, the cooldown over
+        assert other.tick(redis_client, now=1e6) == 0
+        assert process.poll() is None and _state(folder) != "exit"  # still draining
+        until(lambda: _state(folder) == "term")
+        (folder / "release").touch()
+        until(lambda: _state(folder) == "exit")
+        until(lambda: _reaped(stack))
+        assert process.returncode == 0
+    finally:
+        (folder / "release").touch()
+        stack.stop()
+
+
+def test_ctrl_c_drains_the_workers_stopped_before_too(tmp_path: Path) -> None:
+    """Stops no longer wait, so a worker stopped at a poll may still drain at Ctrl-C: the
+    shutdown waits for it as for the workers it stops then, and kills neither."""
+    stack = Stack.create(tmp_path / "stack", NO_REDIS)
+    workers = PoolWorkers(stack)
+    folders = [tmp_path / "stopped-before", tmp_path / "counted"]
+    processes = [_drainer(stack, folder, folder.name) for folder in folders]
+    workers.stop(["stopped-before"])
+    until(lambda: _state(folders[0]) == "term")
+    shutdown = threading.Thread(target=workers.drain, args=(["counted"],))
+    shutdown.start()
+    until(lambda: _state(folders[1]) == "term")
+    shutdown.join(timeout=0.5)
+    assert shutdown.is_alive()  # neither can exit before it is released
+    for folder in folders:
+        (folder / "release").touch()
+    shutdown.join(timeout=60)
+    assert not shutdown.is_alive() and not stack.stopping
+    assert [process.returncode for process in processes] == [0, 0]
+
+
+@pytest.mark.slow
+def test_a_scale_up_starts_its_workers_side_by_side(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scale-up by N started N workers in turn, each waited for until its engine had loaded,
+    and no pool was polled meanwhile. Now one tick spawns them all, and the polls after look at
+    each: one not ready within CONVEYOR_START_TIMEOUT_S is stopped, counted out and reported,
+    as a failed start was, and the next poll tries again."""
+    stack = Stack.create(tmp_path / "stack", redis_url)
+    stack.env.update(CONVEYOR_MODEL_REPOSITORY=str(FIXTURES), PYTHONPATH=str(REPO_ROOT))
+    stack.start_timeout_s = 0.0  # no worker is ready by the next poll
+    workers = PoolWorkers(stack)
+    partitions = ModelRepository.load(FIXTURES).partitions(["elastic"])
+    (scaler,) = pool_scalers(partitions, KEYS, workers.start, workers.stop, workers.alive)
+    _queue(redis_client, 20, KEYS.queue("elastic", "default"))  # two workers' worth
+    try:
+        assert scaler.tick(redis_client, now=0.0) == 2
+        first, second = scaler.workers
+        assert set(workers.ready_by) == {first, second}  # both spawned, neither waited for
+        assert stack.running(first) and stack.running(second)
+        _tick(scaler, redis_client)
+        said = capsys.readouterr().err
+        assert said.startswith("elastic:default: a worker did not start ("), said
+        assert f"{first} was not ready after 0s (CONVEYOR_START_TIMEOUT_S)" in said, said
+        assert scaler.workers == [second] and first in stack.stopping
+        with pytest.raises(ChildTooSlow):
+            scaler.tick(redis_client)
+        assert not scaler.workers and not workers.ready_by and not stack.processes
+    finally:
+        workers.drain(list(scaler.workers))
 
 
 def _no_cluster_node() -> RedisClusterException:

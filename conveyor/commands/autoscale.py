@@ -3,9 +3,9 @@ depth with KEDA's formula, until Ctrl-C (which drains them)."""
 
 from __future__ import annotations
 
-import functools
 import signal
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -38,13 +38,8 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
     stack = Stack.create(state_dir, redis_url(settings), cluster=settings.redis_cluster)
     keys = Keys(settings.key_prefix)
     partitions = ModelRepository.load(settings.model_repository).partitions(models.split(","))
-    scalers = pool_scalers(
-        partitions,
-        keys,
-        functools.partial(start_pool_worker, stack),
-        stack.stop_processes,
-        stack.running,
-    )
+    workers = PoolWorkers(stack)
+    scalers = pool_scalers(partitions, keys, workers.start, workers.stop, workers.alive)
     period = interval or min(c.autoscaling.polling_interval_s for c, _ in partitions)
     refuse_unreachable(stack.redis_url, NO_STACK)
     client = stack.client()
@@ -53,11 +48,12 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
     signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
     try:
         while not stopping:
+            stack.reap_stopped()
             for scaler in scalers:
                 _tick(scaler, client)
             time.sleep(period)
-    finally:  # every pool's workers drain side by side
-        stack.stop_processes([name for scaler in scalers for name in scaler.workers])
+    finally:  # every pool's workers drain side by side, with those stopped before
+        workers.drain([name for scaler in scalers for name in scaler.workers])
         client.close()
 
 
@@ -79,14 +75,51 @@ def _tick(scaler: PoolScaler, client: redis.Redis) -> None:
     click.echo(f"{scaler.name} replicas={count}", nl=True)
 
 
-def start_pool_worker(stack: Stack, pool: str, name: str) -> str:
-    """A worker serving `pool`; one that does not get ready, or whose readiness Redis could
-    not confirm, is stopped (it was left running, counted by no pool, and outlived the
-    autoscaler)."""
-    try:
-        stack.start_worker(pool, name=name)
-    except BaseException:
-        if name in stack.processes:
-            stack.stop_process(name)
-        raise
-    return name
+@dataclass
+class PoolWorkers:
+    """The stack's workers as the scalers start, confirm and stop them, none waited for: a
+    start waited for its engine to load, a stop for its drain (up to CONVEYOR_SHUTDOWN_GRACE_S
+    + 20 s), and meanwhile no pool was polled; a scale-up by N loaded N engines in turn."""
+
+    stack: Stack
+    ready_by: dict[str, float] = field(default_factory=dict)  # started, not yet seen ready
+
+    def start(self, pool: str, name: str) -> str:
+        """Spawn a worker serving `pool`; the polls after confirm it gets ready (`alive`)."""
+        try:
+            self.stack.spawn_worker(pool, name=name)
+        except BaseException:  # spawned, then failed: it ran on, counted by no pool
+            if name in self.stack.processes:
+                self.stack.terminate([name])
+            raise
+        self.ready_by[name] = time.monotonic() + self.stack.start_timeout_s
+        return name
+
+    def alive(self, name: str) -> bool:
+        """Whether worker `name` runs. One still starting that died, was not ready within
+        CONVEYOR_START_TIMEOUT_S, or whose readiness Redis could not confirm is stopped and
+        the error raised (left running, it was counted by no pool and outlived the
+        autoscaler)."""
+        if name in self.ready_by:
+            try:
+                if self.stack.poll_ready(name, self.ready_by[name]):
+                    del self.ready_by[name]
+            except BaseException:
+                self.stop([name])
+                raise
+        return self.stack.running(name)
+
+    def stop(self, names: list[str]) -> None:
+        """SIGTERM, not waited for: they drain while the pools are polled on, and the loop
+        reaps them (`Stack.reap_stopped`)."""
+        for name in names:
+            self.ready_by.pop(name, None)
+        self.stack.terminate(names)
+
+    def drain(self, names: list[str]) -> None:
+        """Ctrl-C: stop `names`, then wait until they and those stopped before have exited,
+        side by side, each killed `Stack.stop_timeout_s` after its SIGTERM."""
+        self.stop(names)
+        while self.stack.stopping:
+            self.stack.reap_stopped()
+            time.sleep(0.1)
