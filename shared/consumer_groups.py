@@ -56,13 +56,13 @@ async def ensure_groups(client: aioredis.Redis, streams: Iterable[str]) -> None:
 async def recreating_groups(
     client: aioredis.Redis, streams: Sequence[str], call: Callable[[], Awaitable[T]]
 ) -> T | None:
-    """`call`, or None when its lanes' group or stream had vanished (NOGROUP: an operator's
-    DEL, a Redis back without its data), after creating them again: a worker goes on instead
-    of dying."""
+    """`call`, or None when its lanes' group or stream had vanished (NOGROUP, or XINFO's `no
+    such key`: an operator's DEL, a Redis back without its data), after creating them again: a
+    worker goes on instead of dying."""
     try:
         return await call()
     except ResponseError as exc:
-        if "NOGROUP" not in str(exc):
+        if "NOGROUP" not in str(exc) and "no such key" not in str(exc):
             raise
     log.warning("consumer group missing on %s; recreating", ", ".join(streams))
     await ensure_groups(client, streams)

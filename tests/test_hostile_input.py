@@ -261,6 +261,23 @@ async def test_a_reclaim_on_a_vanished_lane_makes_its_group_again(aredis: aiored
         assert [group["name"] for group in await aredis.xinfo_groups(stream)] == [GROUP.encode()]
 
 
+async def test_housekeeping_on_a_vanished_lane_makes_its_group_again(
+    aredis: aioredis.Redis,
+) -> None:
+    """The pass's housekeeping runs on its own while a reclaimed entry is in hand: on a lane
+    that vanished, its consumer listing met NOGROUP and the error ended the worker's loop."""
+    config = ModelConfig(name="m", kind="batch", backend="identity")
+    partition = Partition.of(Keys("hk:"), config, "default")
+    await ensure_groups(aredis, partition.streams)
+    events = JobEvents("redis://unused")
+    reclaimer = Reclaimer(aredis, Keys("hk:"), partition, "box-2-2", 60, events)
+    await aredis.delete(*partition.streams)
+
+    await reclaimer.housekeep()
+    for stream in partition.streams:
+        assert [group["name"] for group in await aredis.xinfo_groups(stream)] == [GROUP.encode()]
+
+
 @pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"])
 @pytest.mark.parametrize(
     "template",

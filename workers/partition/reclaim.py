@@ -8,6 +8,7 @@ the job and before it handed the event over (shared/job_scripts.py, `owe`)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -87,7 +88,9 @@ class Reclaimer:
             self._kept[stream] = time.monotonic() + self.interval_s
             try:
                 await self.resend_owed(stream)
-                await self.prune_consumers(stream)
+                # a lane that vanished (NOGROUP) gets its groups again, as a reclaim's does
+                prune = functools.partial(self.prune_consumers, stream)
+                await recreating_groups(self.redis, self.streams, prune)
             except OUTAGE as exc:
                 log.warning("housekeeping of %s waits for Redis: %r", stream, exc)
 
