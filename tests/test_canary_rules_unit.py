@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from conveyor.commands.canary import print_canary
@@ -217,6 +218,38 @@ def test_a_samples_lane_survives_its_encoding() -> None:
     for sample in (Sample(True, 1.5, 2.0), Sample(False, 60_000.0, 3.0, bulk=True)):
         assert Sample.decode(sample.encode()) == sample
     assert Sample.decode("1,2.000,3.000") == Sample(True, 2.0, 3.0)  # stored before lanes
+
+
+async def test_a_step_whose_record_was_lost_is_taken_up_not_aborted(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step writes the routes, then the canary's record: a save that failed in between (a
+    Redis error, a leader that died) left routes the record did not know, and the next look
+    aborted the canary as if an operator had changed them, its candidate left at the new share
+    with nothing watching it. Routes the canary itself wrote last are taken up instead."""
+    keys = Keys("canary-lost-save:")
+    began = (bucket_of(time.time()) - 1) * BUCKET_S
+    canary = await _at_step_0(aredis, keys, interval_s=1.0, step_started_at=began)
+    store = CanaryStore(aredis, keys)
+    assert await store.start(canary)
+    healthy = [Sample(True, 1.0, 1.0)] * CANARY.min_requests
+    both = {("ab", "stable"): healthy, ("ab", "candidate"): healthy}
+    await VariantStats(aredis, keys).record_samples(both)
+    saved = CanaryStore.save
+
+    async def lost(*_: object) -> None:
+        raise redis.ConnectionError("Connection reset by peer")
+
+    monkeypatch.setattr(CanaryStore, "save", lost)
+    with pytest.raises(redis.ConnectionError):
+        await _controller(aredis, keys, VariantStats(aredis, keys)).decide(canary)
+    monkeypatch.setattr(CanaryStore, "save", saved)
+    stored = await store.get("ab")
+    assert stored is not None and stored.step == 0  # the routes moved on, the record did not
+    await _controller(aredis, keys, VariantStats(aredis, keys)).decide(stored)
+    assert (stored.state, stored.step, stored.weight) == ("running", 1, 100.0)
+    live = (await RouteStore(aredis, keys).get_many(["ab"]))["ab"]
+    assert live.weights["candidate"] == 100.0
 
 
 def test_status_shows_as_many_decisions_as_asked(capsys: pytest.CaptureFixture[str]) -> None:

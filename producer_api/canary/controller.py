@@ -227,6 +227,9 @@ class CanaryController:
         weight = live.weights.get(canary.variant, 0.0)
         if abs(weight - canary.weight) <= WEIGHT_SLACK:
             return False
+        if await self._own_write(canary, live.version):
+            await self._resume(canary, weight)
+            return True
         reason = (
             f"routes changed outside the canary (version {live.version}): {canary.variant}"
             f" has {weight:g} %, not its step's {canary.weight:g} %"
@@ -234,6 +237,22 @@ class CanaryController:
         canary.weight = weight
         await self.end(canary, "aborted", weight, reason, {})
         return True
+
+    async def _own_write(self, canary: Canary, version: int) -> bool:
+        """Whether the live routes are the canary's own last write, its record's save lost (a
+        Redis error, a leader that died between the two): no one else changed them."""
+        last = await self.routes.history(canary.model, 1)
+        return bool(last) and (last[-1].version, last[-1].by) == (version, _author(canary))
+
+    async def _resume(self, canary: Canary, weight: float) -> None:
+        """Take up the step (or rollback) the canary's routes already show."""
+        if weight <= WEIGHT_SLACK:
+            await self.end(canary, "rolled_back", 0.0, "its rollback's record was lost", {})
+            return
+        steps = [n for n, share in enumerate(canary.steps) if abs(share - weight) <= WEIGHT_SLACK]
+        canary.step = steps[0] if steps else canary.step
+        canary.weight, canary.step_started_at = weight, time.time()
+        await self.store.save(canary)
 
     async def baseline_so_far(self, canary: Canary) -> dict[str, Any]:
         """The baseline's numbers over the whole canary (its earlier steps gave it traffic):
@@ -276,7 +295,7 @@ class CanaryController:
         canary.others = current.served_besides(canary.variant) or canary.others
         routes = current.with_share(canary.variant, percent, canary.others or {canary.baseline: 1})
         # Conditional on the version read: an operator's change made meanwhile wins.
-        await self.routes.put(canary.model, routes, f"canary:{canary.variant}", current.version)
+        await self.routes.put(canary.model, routes, _author(canary), current.version)
 
     async def announce(
         self, canary: Canary, kind: str, reason: str | None, seen: dict[str, Any]
@@ -302,3 +321,8 @@ class CanaryController:
             # handed over, never raised: the decision stands (a start or an abort answered 500
             # for a canary it had started or ended)
             await self.webhooks.hand_over("job", target, canary.webhook, body)
+
+
+def _author(canary: Canary) -> str:
+    """Who the route log says wrote the canary's changes."""
+    return f"canary:{canary.variant}"
