@@ -9,10 +9,16 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
+from shared.job_states import JobStatus
+from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.variant_stats import BUCKET_S, VariantStats, window_span_s
 from tests.conftest import until_async
+from tests.lane_rig import abandoned_after, queue_jobs
 from workers.partition.finished_stats import FinishedStats
+from workers.partition.job_events import JobEvents
+from workers.partition.result_writer import ResultWriter
+from workers.partition.stream_reader import StreamReader
 
 KEYS = Keys("fs:")
 
@@ -86,3 +92,22 @@ async def test_an_expired_job_counts_as_an_error_without_a_latency(
     await gathered.close()
     window = (await stats.window("m", ["a"], time.time() - 60))["a"]
     assert (window.requests, window.errors, window.samples) == (1, 1, [])
+
+
+async def test_the_writer_marks_each_lanes_samples(aredis: aioredis.Redis) -> None:
+    """A canary's p99 leaves out the bulk lane (`Sample.bulk`): the write-back is what tells
+    the two lanes' results apart, from the stream it acknowledges them on."""
+    keys = Keys("fs-lanes:")
+    partition = abandoned_after(keys, 60)
+    store = JobStore(aredis, keys, 60)
+    await queue_jobs(store, partition.online, "on-1")
+    await queue_jobs(store, partition.bulk, "bulk-1")
+    reader = StreamReader(aredis, keys, partition.streams, "w-1")
+    await reader.ensure_groups()
+    writer = ResultWriter(aredis, keys, 60, JobEvents("redis://unused"), "w-1")
+    for stream, got in await reader.wait(list(partition.streams), 10, 100):
+        done = [partition.finish(d, JobStatus.SUCCEEDED, {"outputs": "{}"}) for d in got]
+        assert len(await writer.finish(stream, done)) == 1
+    await writer.close()
+    window = await VariantStats(aredis, keys).window("m", ["default"], time.time() - 60)
+    assert sorted(s.bulk for s in window["default"].samples) == [False, True]

@@ -55,16 +55,20 @@ class ResultWriter:
         lane's owed set; returns the finishes whose results were written (the rest were
         acknowledged only: already terminal, cancelled, or gone)."""
         written = await self._write(stream, batch)
-        self.stats.add({**i.context, **i.fields, **self._lane(stream, i)} for i in written)
+        lane = self._lane(stream, written)
+        self.stats.add({**i.context, **i.fields, "status": i.status, "lane": lane} for i in written)
         await self._settle_owed(stream, await self.events.notify(written))
         return written
 
-    def _lane(self, stream: str, finish: Finish) -> dict[str, str]:
-        """Its status and lane, for the variant's statistics: a canary's p99 leaves out the bulk
-        lane's jobs, which wait behind online work by design."""
-        model, variant = finish.context.get("model", ""), finish.context.get("variant", "")
-        bulk = stream == self.keys.bulk_queue(model, variant)
-        return {"status": finish.status, "lane": "bulk" if bulk else "online"}
+    def _lane(self, stream: str, written: list[Finish]) -> str:
+        """The batch's lane, for the variant's statistics: a canary's p99 leaves out the bulk
+        lane's jobs, which wait behind online work by design. One partition's batch: its
+        streams are named once (a variant may be called `bulk`, so no suffix test)."""
+        if not written:
+            return "online"
+        context = written[0].context
+        bulk = self.keys.bulk_queue(context.get("model", ""), context.get("variant", ""))
+        return "bulk" if stream == bulk else "online"
 
     async def _settle_owed(self, stream: str, handed: list[str]) -> None:
         """One ZREM for the jobs whose events were handed over (none without webhooks). An
