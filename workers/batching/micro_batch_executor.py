@@ -45,6 +45,11 @@ class Outcome:
     written: str = ""  # `output` as the JSON text its job stores
 
 
+def engine_calls(outcomes: list[Outcome]) -> list[Outcome]:
+    """One outcome per engine call (a bisected micro-batch made several; its jobs share one)."""
+    return list({outcome.batch_id: outcome for outcome in outcomes}.values())
+
+
 async def execute(
     engine: BatchEngine, inputs: list[dict[str, Any]], device: Executor | None = None
 ) -> list[Outcome]:

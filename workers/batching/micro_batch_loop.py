@@ -15,7 +15,7 @@ from shared.codec import dumps
 from shared.job_states import JobStatus
 from workers.batching.batch_budget import BatchBudget
 from workers.batching.long_run import LongRun
-from workers.batching.micro_batch_executor import Outcome, execute
+from workers.batching.micro_batch_executor import Outcome, engine_calls, execute
 from workers.batching.micro_batch_telemetry import (
     batch_span,
     log_batch,
@@ -192,8 +192,9 @@ class MicroBatchLoop:
         self.in_hand.difference_update((stream, finish.entry_id) for finish in finishes)
         # what FINISH refused (a job cancelled meanwhile, or run twice after a reclaim) did not
         # finish here: counted, it showed as succeeded, and a twice-run job twice
-        record_batch(self.partition, stream, written, outcomes)
-        for outcome in {o.batch_id: o for o in outcomes}.values():
+        calls = engine_calls(outcomes)
+        record_batch(self.partition, stream, written, calls)
+        for outcome in calls:
             self.budget.ran(outcome.batch_size, outcome.engine_ms / 1000.0)
         if runnable:
             log_batch(self.partition.config.name, runnable, outcomes)

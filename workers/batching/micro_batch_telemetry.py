@@ -73,8 +73,9 @@ def lane(partition: Partition, stream: str) -> str:
 
 
 def record_batch(
-    partition: Partition, stream: str, finishes: list[Finish], outcomes: list[Outcome]
+    partition: Partition, stream: str, finishes: list[Finish], calls: list[Outcome]
 ) -> None:
+    """The metrics of a write-back: its finished jobs' and its engine calls' (`engine_calls`)."""
     model, variant = partition.labels
     waits = (model, variant, lane(partition, stream))
     queue_wait, e2e = _child(QUEUE_WAIT, *waits), _child(E2E_LATENCY, *waits)
@@ -88,7 +89,7 @@ def record_batch(
         e2e.observe((int(finish.fields["finished"]) - created) / 1e3)
     engine_time = _child(ENGINE_TIME, model, variant)
     batch_size = _child(BATCH_SIZE, model, variant)
-    for outcome in {o.batch_id: o for o in outcomes}.values():
+    for outcome in calls:
         engine_time.observe(outcome.engine_ms / 1e3)
         batch_size.observe(outcome.batch_size)
 
