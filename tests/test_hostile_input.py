@@ -246,34 +246,25 @@ def test_a_lane_deleted_under_its_worker_is_made_again_and_served(
     assert [group["name"] for group in stack_redis.xinfo_groups(stream)] == [GROUP]
 
 
-async def test_a_reclaim_on_a_vanished_lane_makes_its_group_again(aredis: aioredis.Redis) -> None:
-    """The reclaimer's turn can come first after a lane vanished (before any read met NOGROUP):
-    it finds nothing to reclaim and makes the groups again, rather than killing its worker."""
-    config = ModelConfig(name="m", kind="batch", backend="identity")
-    partition = Partition.of(Keys("hi:"), config, "default")
-    await ensure_groups(aredis, partition.streams)
-    events = JobEvents("redis://unused")
-    reclaimer = Reclaimer(aredis, Keys("hi:"), partition, "box-1-1", 60, events)
-    await aredis.delete(*partition.streams)
-
-    assert await reclaimer.reclaim(partition.online) == []
-    for stream in partition.streams:
-        assert [group["name"] for group in await aredis.xinfo_groups(stream)] == [GROUP.encode()]
-
-
-async def test_housekeeping_on_a_vanished_lane_makes_its_group_again(
-    aredis: aioredis.Redis,
+@pytest.mark.parametrize("turn", ["reclaim", "housekeep"])
+async def test_a_reclaim_pass_on_a_vanished_lane_makes_its_group_again(
+    aredis: aioredis.Redis, turn: str
 ) -> None:
-    """The pass's housekeeping runs on its own while a reclaimed entry is in hand: on a lane
-    that vanished, its consumer listing met NOGROUP and the error ended the worker's loop."""
+    """The reclaimer's turn can come first after a lane vanished (before any read met NOGROUP):
+    it finds nothing to reclaim and makes the groups again, rather than killing its worker. The
+    pass's housekeeping also runs on its own while a reclaimed entry is in hand: its consumer
+    listing met 'no such key', and the error ended the worker's loop."""
     config = ModelConfig(name="m", kind="batch", backend="identity")
-    partition = Partition.of(Keys("hk:"), config, "default")
+    keys = Keys(f"vanished-{turn}:")
+    partition = Partition.of(keys, config, "default")
     await ensure_groups(aredis, partition.streams)
-    events = JobEvents("redis://unused")
-    reclaimer = Reclaimer(aredis, Keys("hk:"), partition, "box-2-2", 60, events)
+    reclaimer = Reclaimer(aredis, keys, partition, "box-1-1", 60, JobEvents("redis://unused"))
     await aredis.delete(*partition.streams)
 
-    await reclaimer.housekeep()
+    if turn == "reclaim":
+        assert await reclaimer.reclaim(partition.online) == []
+    else:
+        await reclaimer.housekeep()
     for stream in partition.streams:
         assert [group["name"] for group in await aredis.xinfo_groups(stream)] == [GROUP.encode()]
 
