@@ -8,7 +8,15 @@ producer's 503), never a hang.
 `CONVEYOR_REDIS_CLUSTER=1` makes every client a `RedisCluster` on `CONVEYOR_REDIS_URL` (any node
 of the cluster: the rest is discovered). Keys are named so that nothing a script or a transaction
 touches spans slots (shared/keys.py), so the same calls work against one server and a cluster;
-`RedisClient` is the one type both sides annotate with."""
+`RedisClient` is the one type both sides annotate with.
+
+Two kinds of call are sent once, never again by redis-py on a lost connection: a worker's reads
+of its consumer group (`sent_once`), and a cluster pipeline that carries a replica WAIT
+(`queue_replica_wait`). A read the server served whose reply was lost, sent again unseen, hid
+the outage from the loop that claims such entries back (they sat pending a visibility timeout);
+a pipeline sent again lost its WAIT's target (redis-py pops it as it routes), so the WAIT ran
+on the default node, on a connection that wrote nothing, and passed whatever the replicas held.
+`run_pipeline` builds such a pipeline anew and runs it again instead."""
 
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ import asyncio
 import contextlib
 import copy
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, TypeAlias, TypeVar, cast
 
 import hiredis
@@ -116,6 +125,48 @@ CLUSTER_RETRIED: tuple[type[Exception], ...] = (
     ClusterDownError,
     SlotNotCoveredError,
 )
+# How many times a client `connect` made sends a command again through lost connections.
+RETRIES = 3
+# redis-py's pause before it sends a cluster pipeline again; `run_pipeline`'s too.
+RESEND_PAUSE_S = 0.25
+_SENT_ONCE: ContextVar[bool] = ContextVar("sent_once", default=False)
+
+
+class CallerRetry(Retry):
+    """The Retry of a client `connect` made, which a caller turns off for the calls it makes
+    inside `sent_once()`: one server's connections and a cluster client's loops ask it."""
+
+    def get_retries(self) -> int:
+        return 0 if _SENT_ONCE.get() else super().get_retries()
+
+    async def call_with_retry(
+        self,
+        do: Callable[[], Awaitable[T]],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        if not _SENT_ONCE.get():
+            return await super().call_with_retry(do, fail, is_retryable, with_failure_count)
+        try:
+            return await do()
+        except self._supported_errors as error:
+            # the connection is dropped as before a retry (a replica's is, so the next call
+            # finds the address's new master)
+            await (fail(error, 1) if with_failure_count else fail(error))
+            raise
+
+
+@contextlib.contextmanager
+def sent_once() -> Iterator[None]:
+    """Commands sent inside (by this task) are not sent again by redis-py on a lost connection:
+    the error reaches the caller. For reads that hand work over (a consumer group's): one the
+    server served whose reply was lost must be seen as the outage it is."""
+    token = _SENT_ONCE.set(True)
+    try:
+        yield
+    finally:
+        _SENT_ONCE.reset(token)
 
 
 class HiredisPacking(AbstractConnection):
@@ -291,30 +342,45 @@ class HiredisCluster(RedisCluster):
         return pipe
 
 
-class _TimedOut(Exception):
-    """A timeout carried past redis-py's pipeline loop, which tries any timeout again."""
+class NotResent(RedisConnectionError):
+    """A cluster pipeline that carries a WAIT lost a connection (or met a slot without a
+    master) and was not sent again (`TimeoutRaisingPipeline`): an outage to its caller,
+    which `run_pipeline` builds anew and runs again."""
 
-    def __init__(self, timeout: RedisTimeoutError) -> None:
-        super().__init__(timeout)
-        self.timeout = timeout
+
+class _Carried(Exception):
+    """An error carried past redis-py's pipeline loop, which would send the stack again."""
+
+    def __init__(self, error: Exception, cause: BaseException | None) -> None:
+        super().__init__(error)
+        self.error = error
+        self.cause = cause
 
 
 class TimeoutRaisingPipeline(PipelineStrategy):
     """A cluster pipeline whose timeout is raised at once, the slots read again before the
-    next command, as after a command's timeout."""
+    next command, as after a command's timeout. One that carries a WAIT (`resends` off) is not
+    sent again by redis-py after any other error either: the WAIT's target would be lost."""
+
+    resends = True
 
     async def execute(self, *args: Any, **kwargs: Any) -> list[Any]:
         try:
             return await super().execute(*args, **kwargs)
-        except _TimedOut as carried:
-            raise carried.timeout from carried.timeout.__cause__
+        except _Carried as carried:
+            raise carried.error from carried.cause
 
     async def _execute(self, client: RedisCluster, *args: Any, **kwargs: Any) -> list[Any]:
         try:
             return await super()._execute(client, *args, **kwargs)
         except RedisTimeoutError as exc:
             client._initialize = True
-            raise _TimedOut(exc) from exc
+            raise _Carried(exc, exc.__cause__) from exc
+        except RedisCluster.ERRORS_ALLOW_RETRY as exc:
+            if self.resends:
+                raise
+            client._initialize = True
+            raise _Carried(NotResent(f"pipeline not sent again: {exc!r}"), exc) from exc
 
 
 class TimeoutRaisingTransaction(TransactionStrategy):
@@ -343,9 +409,10 @@ def connect(
     cluster_class: type[RedisCluster] = HiredisCluster,
 ) -> RedisClient:
     """A client whose commands retry a few times through dropped connections (jittered backoff
-    capped at 1 s) before they raise; callers map what still fails to 503 or to their own
-    backoff. A timeout is not retried, on one server or a cluster: it would multiply the wait
-    on a frozen server, and send again a command the server may run once it wakes.
+    capped at 1 s) before they raise (not those sent once: `sent_once`, a cluster pipeline with
+    a WAIT); callers map what still fails to 503 or to their own backoff. A timeout is not
+    retried, on one server or a cluster: it would multiply the wait on a frozen server, and
+    send again a command the server may run once it wakes.
 
     `name` labels its connections in CLIENT LIST (a worker uses its consumer name).
     `blocks_ms` is the longest BLOCK its commands use (default `CONVEYOR_BLOCK_MS`, what a
@@ -357,9 +424,9 @@ def connect(
     block_s = (settings.block_ms if blocks_ms is None else blocks_ms) / 1000
     options: dict[str, Any] = {
         "client_name": name,
-        "retry": Retry(
+        "retry": CallerRetry(
             ExponentialWithJitterBackoff(base=0.02, cap=1.0),
-            retries=3,
+            retries=RETRIES,
             # the default would retry timeouts too (a cluster's loop: `CLUSTER_RETRIED`)
             supported_errors=(RedisConnectionError, *FAILOVER_REFUSALS),
         ),
@@ -437,7 +504,8 @@ async def queue_replica_wait(client: RedisClient, pipe: Any, written: Iterable[s
     `written`: on the connection of each of their nodes (a cluster; one server: its one), since
     WAIT counts only the writes of its own connection; none when nothing is written, so a read
     or another shard's lost replica never holds a write up. Returns how many WAITs were queued
-    (0 when acks are off); `check_replica_acks` reads their replies."""
+    (0 when acks are off); `check_replica_acks` reads their replies. A cluster pipeline with a
+    WAIT is not sent again by redis-py (`TimeoutRaisingPipeline`; a client `connect` made)."""
     settings = get_settings()
     if settings.replica_acks == 0:
         return 0
@@ -451,6 +519,9 @@ async def queue_replica_wait(client: RedisClient, pipe: Any, written: Iterable[s
     cluster = cast(Any, client)
     await cluster.initialize()  # knows its nodes before its first command (no-op after)
     nodes = {node.name: node for node in map(cluster.get_node_from_key, keys)}
+    strategy = getattr(pipe, "_execution_strategy", None)
+    if isinstance(strategy, TimeoutRaisingPipeline):
+        strategy.resends = False
     for node in nodes.values():
         pipe.execute_command(*args, target_nodes=node)
     return len(nodes)
@@ -477,12 +548,24 @@ async def run_pipeline(
     """What `fill` returns and the replies of the pipeline it queued (the first error reply
     raised). A server that lacks one of `scripts` refuses its call with NOSCRIPT, which ran
     nothing: the scripts are then loaded everywhere and the whole pipeline runs once more, so
-    what `fill` queues must be safe to run twice (a script refused, the rest repeated)."""
+    what `fill` queues must be safe to run twice (a script refused, the rest repeated). So is
+    one redis-py did not send again after a lost connection (`NotResent`: it carries a WAIT),
+    filled anew, as many times as redis-py would have sent it."""
     try:
-        return await _filled(client, fill)
+        return await _refilled(client, fill)
     except NoScriptError:
         await preload(client, [cast(str, script.script) for script in scripts])
-        return await _filled(client, fill)
+        return await _refilled(client, fill)
+
+
+async def _refilled(
+    client: RedisClient, fill: Callable[[Any], Awaitable[T]]
+) -> tuple[T, list[Any]]:
+    for _ in range(RETRIES):
+        with contextlib.suppress(NotResent):
+            return await _filled(client, fill)
+        await asyncio.sleep(RESEND_PAUSE_S)
+    return await _filled(client, fill)
 
 
 async def _filled(client: RedisClient, fill: Callable[[Any], Awaitable[T]]) -> tuple[T, list[Any]]:

@@ -21,7 +21,7 @@ from shared.job_states import JobStatus
 from shared.job_store import JobRecord, JobStore, now_ms, queue_slot_frees
 from shared.keys import GROUP, Keys
 from shared.metrics import JOBS_FINISHED
-from shared.redis_client import call_script
+from shared.redis_client import call_script, sent_once
 from shared.variant_stats import VariantStats
 from shared.webhook_outbox import WebhookOutbox
 from workers.partition.job_events import JobEvents
@@ -111,9 +111,10 @@ class Reclaimer:
             self.max_deliveries,
             self.ttl_s,
         ]
-        rows = await recreating_groups(
-            self.redis, self.streams, lambda: self._script(keys=[stream, self.dlq], args=args)
-        )
+        with sent_once():  # sent again, it claims past what the lost reply held (`held`)
+            rows = await recreating_groups(
+                self.redis, self.streams, lambda: self._script(keys=[stream, self.dlq], args=args)
+            )
         if rows is None:  # the lane had vanished: nothing of it to reclaim
             return []
         if len(rows) >= asked:

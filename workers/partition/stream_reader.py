@@ -5,7 +5,13 @@ check refuses a result the job can no longer take (cancelled meanwhile). Under l
 reads the preferred lane with each job's status in the same round trip, so cancelled jobs are
 skipped. Also: marking jobs running (for runs long enough to be seen, and for generate models at
 once), the XCLAIM that keeps long-running entries ours, and the recovery of a consumer group
-that vanished (Redis restarted empty, or flushed)."""
+that vanished (Redis restarted empty, or flushed).
+
+The reads that hand entries over (XREADGROUP, TAKE, the claim back after an outage) are sent
+once (`sent_once`): a lost connection reaches the loop, which backs off and claims back what a
+read the server served had handed over (`held`). redis-py sent such a read again unseen, and the
+first read's entries sat in the pending list until a reclaim, a visibility timeout later and one
+delivery more."""
 
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from shared.consumer_groups import TOUCH, ensure_groups, recreating_groups
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.keys import GROUP, Keys
-from shared.redis_client import call_script, read_streams
+from shared.redis_client import call_script, read_streams, sent_once
 from workers.partition.arrival_rate import ArrivalRate
 
 log = logging.getLogger(__name__)
@@ -85,14 +91,15 @@ class StreamReader:
         that has any (in the order the caller prefers), with their jobs' statuses."""
         now = now_ms()
         mark = "1" if self.mark_on_read else ""
-        reply = await recreating_groups(
-            self.redis,
-            self.streams,
-            lambda: self._take(
-                keys=list(streams),
-                args=[GROUP, self.consumer, count, self.keys.job_prefix, now, mark],
-            ),
-        )
+        with sent_once():
+            reply = await recreating_groups(
+                self.redis,
+                self.streams,
+                lambda: self._take(
+                    keys=list(streams),
+                    args=[GROUP, self.consumer, count, self.keys.job_prefix, now, mark],
+                ),
+            )
         if not reply or not reply[0]:
             return None
         index, rows = reply
@@ -104,17 +111,18 @@ class StreamReader:
         """Block up to `block_ms` on all of `streams` at once (wakes on whichever fills first;
         returns at once when entries wait; None: do not block). The jobs are handed over as
         they are: no claim round trip (a generate loop's are marked running, one round trip)."""
-        reply: Any = await recreating_groups(
-            self.redis,
-            self.streams,
-            lambda: read_streams(
+        with sent_once():
+            reply: Any = await recreating_groups(
                 self.redis,
-                dict.fromkeys(streams, ">"),
-                count,
-                None if block_ms is None else max(block_ms, 1),
-                group=(GROUP, self.consumer),
-            ),
-        )
+                self.streams,
+                lambda: read_streams(
+                    self.redis,
+                    dict.fromkeys(streams, ">"),
+                    count,
+                    None if block_ms is None else max(block_ms, 1),
+                    group=(GROUP, self.consumer),
+                ),
+            )
         now = now_ms()
         batches = [
             (as_text(stream), [_delivered(e, fields, now) for e, fields in rows])
@@ -159,11 +167,12 @@ class StreamReader:
             return []
         # Each claimed only if idle at least as long as listed: one another worker reclaimed
         # meanwhile (its idle time reset) stays with it, not taken back and run twice.
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for stream, row in lost:
-                idle_ms = row["time_since_delivered"]
-                pipe.xclaim(stream, GROUP, self.consumer, idle_ms, [row["message_id"]])
-            claimed = await pipe.execute()
+        with sent_once():  # sent again, it claims nothing (the first reset their idle time)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for stream, row in lost:
+                    idle_ms = row["time_since_delivered"]
+                    pipe.xclaim(stream, GROUP, self.consumer, idle_ms, [row["message_id"]])
+                claimed = await pipe.execute()
         now = now_ms()
         by_stream: dict[str, list[Delivery]] = {}
         for (stream, row), rows in zip(lost, claimed, strict=True):
