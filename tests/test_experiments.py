@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer_api.app import create_app
-from producer_api.experiments.statistics import versus
+from producer_api.experiments.statistics import percentiles, summary, versus
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.shadow_compare import Comparison
@@ -153,3 +153,20 @@ def test_a_faster_variant_with_the_same_median_is_called_faster() -> None:
     assert "significantly faster than stable (median service 14.0 vs 14.0 ms" in report["verdict"]
     slower = versus("stable", candidate, baseline)
     assert slower is not None and "significantly slower than stable" in slower["verdict"]
+
+
+def test_bulk_lane_waits_leave_the_queue_and_total_percentiles_alone() -> None:
+    """A Batch API item waits in the bulk lane behind online work by design: a few 60 s waits
+    moved the experiment's p99 (the canary's had stopped counting them); they still count as
+    requests and errors, and their service time (claim → result) is the variant's."""
+    online = [Sample(i % 10 != 0, 5.0 + i % 7, 20.0 + i % 11) for i in range(200)]
+    bulk = [Sample(False, 60_000.0, 25.0, bulk=True) for _ in range(5)]
+    alone, mixed = Window(samples=online), Window(samples=[*online, *bulk])
+    for window in (alone, mixed):
+        window.counters["requests"] = len(window.samples)
+        window.counters["errors"] = sum(1 for s in window.samples if not s.ok)
+    report, expected = summary(mixed), summary(alone)
+    assert (report["requests"], report["failed"]) == (205, 25)
+    for kind in ("queue", "total"):
+        assert report["latency_ms"][kind] == expected["latency_ms"][kind], kind
+    assert report["latency_ms"]["service"] == percentiles([s.service_ms for s in mixed.samples])
