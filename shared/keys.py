@@ -199,6 +199,10 @@ class Keys:
         """Primary/shadow job pairs not yet compared (sorted set by submit ms)."""
         return f"{self.prefix}{CONTROL}shadow:{model}:pending"
 
+    def shadow_claims(self, model: str) -> str:
+        """Pairs a look is comparing (sorted set by claim ms), in the pending set's slot."""
+        return f"{self.shadow_pairs(model)}:claimed"
+
     def shadow_result(self, job_id: str) -> str:
         """The comparison of a primary job with its shadow copy (hash, result TTL)."""
         return f"{self.prefix}{CONTROL}shadow:{job_id}"

@@ -1,13 +1,15 @@
 """The one owner of shadow pairs in Redis: a primary job and its shadow copy wait in
-`cv:{ctl}shadow:{model}:pending` (sorted set by submit ms) until both ended; their comparison
-is then stored beside the primary as `cv:{ctl}shadow:{primary id}` (hash, result TTL), a key
-the job API never reads, so a shadow result cannot reach the client."""
+`cv:{ctl}shadow:{model}:pending` (sorted set by submit ms) until both ended; the look that
+compares them claims them into `…:pending:claimed` (sorted set by claim ms), and releases them
+as it stores their comparison beside the primary as `cv:{ctl}shadow:{primary id}` (hash, result
+TTL), a key the job API never reads, so a shadow result cannot reach the client. A claim not
+released within SETTLE_WITHIN_MS (its look failed after claiming: a Redis error while counting)
+goes back to pending, so its pairs are settled by a later look, not lost uncounted."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
 
 import redis.asyncio as aioredis
 
@@ -15,6 +17,35 @@ from shared.codec import as_text, dumps, loads
 from shared.job_store import now_ms
 from shared.keys import Keys
 from shared.redis_client import executed
+
+SETTLE_WITHIN_MS = 60_000  # a page settles in milliseconds; a claim this old was abandoned
+
+# KEYS[1]=pending, KEYS[2]=claimed; ARGV[1]=now ms, ARGV[2]=how many pairs to drop, then their
+# members, then those to claim. Removes the first from pending; moves each of the rest that is
+# still pending into claimed; a 1 per claimed member this call moved, else 0.
+_TAKE = """
+local drops = tonumber(ARGV[2])
+for i = 3, 2 + drops do redis.call('ZREM', KEYS[1], ARGV[i]) end
+local moved = {}
+for i = 3 + drops, #ARGV do
+  local removed = redis.call('ZREM', KEYS[1], ARGV[i])
+  if removed == 1 then redis.call('ZADD', KEYS[2], ARGV[1], ARGV[i]) end
+  table.insert(moved, removed)
+end
+return moved
+"""
+
+# KEYS[1]=pending, KEYS[2]=claimed; ARGV: claims at or before this ms are abandoned, first rank,
+# last rank. Puts abandoned claims back in pending (scored by their claim ms), then reads the
+# page: {member, score, ...}.
+_PENDING = """
+local stale = redis.call('ZRANGE', KEYS[2], '-inf', ARGV[1], 'BYSCORE', 'WITHSCORES')
+for i = 1, #stale, 2 do
+  redis.call('ZADD', KEYS[1], 'NX', stale[i + 1], stale[i])
+  redis.call('ZREM', KEYS[2], stale[i])
+end
+return redis.call('ZRANGE', KEYS[1], ARGV[2], ARGV[3], 'WITHSCORES')
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,44 +65,70 @@ class ShadowPair:
 
 
 class ShadowPairs:
-    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: Keys,
+        ttl_s: int,
+        settle_within_ms: int = SETTLE_WITHIN_MS,
+    ) -> None:
         self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
+        self.settle_within_ms = settle_within_ms
+        self._take = client.register_script(_TAKE)
+        self._pending = client.register_script(_PENDING)
 
     async def add(self, model: str, pair: ShadowPair) -> None:
         await self.redis.zadd(self.keys.shadow_pairs(model), {pair.member(): now_ms()})
 
     async def pending(self, model: str, limit: int, start: int = 0) -> list[tuple[ShadowPair, int]]:
-        """`limit` pairs not yet compared, oldest first from rank `start`, with their submit ms."""
-        key, last = self.keys.shadow_pairs(model), start + limit - 1
-        rows = await self.redis.zrange(key, start, last, withscores=True)
-        return [(ShadowPair.of(row[0]), int(row[1])) for row in cast(list[Any], rows)]
+        """`limit` pairs not yet compared, oldest first from rank `start`, with their submit ms
+        (claim ms for one put back): abandoned claims go back first, in the same script."""
+        rows = await self._pending(
+            keys=self._keys(model),
+            args=[now_ms() - self.settle_within_ms, start, start + limit - 1],
+        )
+        pairs = zip(rows[::2], rows[1::2], strict=True)
+        return [(ShadowPair.of(member), int(float(score))) for member, score in pairs]
 
-    async def take(self, model: str, pairs: Sequence[ShadowPair]) -> list[bool]:
-        """Remove the pairs from those pending, in one round trip (the set is in one slot);
-        each True for the one caller that removed it, the one to count it (two leaders a lapsed
-        lease let overlap, or a look rerun after a Redis blip between counting and removing,
-        counted it twice)."""
-        key = self.keys.shadow_pairs(model)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for pair in pairs:
-                pipe.zrem(key, pair.member())
-            return [bool(removed) for removed in await executed(pipe)]
+    async def take(
+        self, model: str, pairs: Sequence[ShadowPair], drop: Sequence[ShadowPair] = ()
+    ) -> list[bool]:
+        """Claim `pairs` and remove `drop` (nothing to count) from those pending, in one script
+        (the sets are in one slot); each True for the one caller that claimed it, the one to
+        count it (two leaders a lapsed lease let overlap counted it twice). Claimed rather than
+        removed: a page that failed after removing its pairs lost them uncounted; a claim lasts
+        until `done` releases it or, abandoned, it goes back to pending."""
+        members = [pair.member() for pair in (*drop, *pairs)]
+        moved = await self._take(keys=self._keys(model), args=[now_ms(), len(drop), *members])
+        return [bool(flag) for flag in moved]
 
-    async def store(self, results: Sequence[tuple[ShadowPair, Mapping[str, str]]]) -> None:
-        """Keep each comparison beside its primary, as long as jobs are kept: one transaction
-        (the results share `{ctl}`'s slot), so none is left without its TTL."""
+    async def done(
+        self,
+        model: str,
+        pairs: Sequence[ShadowPair],
+        results: Sequence[tuple[ShadowPair, Mapping[str, str]]],
+    ) -> None:
+        """Keep each comparison beside its primary, as long as jobs are kept, and release the
+        claims of `pairs` (all settled, compared or not): one transaction (all share `{ctl}`'s
+        slot), so none is left without its TTL and no claim outlives its stored result."""
         async with self.redis.pipeline(transaction=True) as pipe:
             for pair, fields in results:
                 key = self.keys.shadow_result(pair.primary_id)
                 pipe.hset(key, items=["shadow_id", pair.shadow_id, *_flat(fields)])
                 pipe.expire(key, self.ttl_s)
+            if pairs:
+                pipe.zrem(self._keys(model)[1], *(pair.member() for pair in pairs))
             await executed(pipe)
 
     async def result(self, primary_id: str) -> dict[str, str]:
         raw = await self.redis.hgetall(self.keys.shadow_result(primary_id))
         return {as_text(k): as_text(v) for k, v in raw.items()}
+
+    def _keys(self, model: str) -> list[str]:
+        """Pending, then its claimed pairs (one slot: both carry `{ctl}`)."""
+        return [self.keys.shadow_pairs(model), self.keys.shadow_claims(model)]
 
 
 def _flat(fields: Mapping[str, str]) -> list[str]:

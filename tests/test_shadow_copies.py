@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from conveyor.valkey_cluster import LocalCluster
 from producer_api.routes.shadowing import (
@@ -122,6 +123,37 @@ async def test_pairs_are_counted_once_and_one_that_cannot_compare_blocks_none(
     assert await pairs.pending("m", 10) == []
     window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
     assert window.counters["shadow_pairs"] == 3 and window.counters["shadow_agree"] == 1
+
+
+async def test_a_page_that_fails_after_claiming_is_settled_by_a_later_look(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page's pairs were removed before they were counted: a Redis error while counting lost
+    them uncounted. Claimed instead, they go back to pending once the claim is abandoned (at
+    once here) and the next look counts and stores each of them once."""
+    await aredis.flushdb()
+    store, stats = JobStore(aredis, KEYS, ttl_s=60), VariantStats(aredis, KEYS)
+    pairs = ShadowPairs(aredis, KEYS, ttl_s=60, settle_within_ms=0)
+    made = await _pairs(aredis, pairs, 10)
+
+    async def blip(model: str, variant: str, counts: dict[str, float]) -> None:
+        monkeypatch.undo()  # once
+        raise RedisConnectionError("connection lost")
+
+    monkeypatch.setattr(stats, "add_counts", blip)
+    comparisons = ShadowComparisons(pairs, store, stats, ModelRepository({"m": CONFIG}), 60)
+    with pytest.raises(RedisConnectionError):
+        await comparisons.look()
+    assert await pairs.result(made[0].primary_id) == {}
+
+    await comparisons.look()
+    await comparisons.look()  # the claims were released: none goes back to be counted again
+
+    assert await pairs.pending("m", 100) == []
+    window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
+    assert window.counters["shadow_pairs"] == 10 and window.counters["shadow_agree"] == 10
+    for pair in made:
+        assert (await pairs.result(pair.primary_id))["agree"] == "1"
 
 
 async def test_a_request_for_the_shadow_itself_is_not_shadowed_onto_itself(

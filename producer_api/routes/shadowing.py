@@ -123,8 +123,8 @@ class ShadowComparisons:
         page settled nothing, or was the last). A few round trips a page, not three a pair."""
         page = await self.pairs.pending(model, PAIRS_PER_PAGE, start)
         ended, dropped = await self._sort(page)
-        taken = await self.pairs.take(model, [*dropped, *(pair for pair, _, _ in ended)])
-        won = [both for both, ours in zip(ended, taken[len(dropped) :], strict=True) if ours]
+        taken = await self.pairs.take(model, [pair for pair, _, _ in ended], drop=dropped)
+        won = [both for both, ours in zip(ended, taken, strict=True) if ours]
         await self._count(model, won)
         waiting = len(page) - len(ended) - len(dropped)
         if waiting == len(page) or len(page) < PAIRS_PER_PAGE:
@@ -152,10 +152,13 @@ class ShadowComparisons:
         return ended, dropped
 
     async def _count(self, model: str, won: list[Ended]) -> None:
-        """Count and store the comparisons of the pairs this look removed (one with nothing to
-        compare, one of them never having run, is only removed): summed per shadow variant,
-        one script call each, and the results in one transaction. Removed first: a pair whose
-        comparison raised stayed first in line, and no pair after it was compared again."""
+        """Count and store the comparisons of the pairs this look claimed (one with nothing to
+        compare, one of them never having run, is only released): summed per shadow variant,
+        one script call each, then the results stored and the claims released in one
+        transaction. Claimed before comparing (a pair whose comparison raised stayed first in
+        line, and no pair after it was compared again), not removed: a page that failed here (a
+        Redis error) lost its pairs uncounted, where a claim left unreleased goes back to
+        pending after SETTLE_WITHIN_MS (shared/shadow_pairs.py)."""
         totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         results: list[tuple[ShadowPair, dict[str, str]]] = []
         for pair, primary, shadow in won:
@@ -169,4 +172,4 @@ class ShadowComparisons:
         await asyncio.gather(
             *(self.stats.add_counts(model, variant, counts) for variant, counts in totals.items())
         )
-        await self.pairs.store(results)
+        await self.pairs.done(model, [pair for pair, _, _ in won], results)
