@@ -98,7 +98,7 @@ def build_state(settings: Settings) -> ProducerState:
     job_store = JobStore(hot, keys, ttl_s)
     batch_store = BatchApiStore(client, keys, ttl_s)
     webhooks = WebhookDispatcher(settings.redis_url)
-    repository = ModelRepository.load(settings.model_repository)
+    repository = ModelRepository.load(settings.model_repository, settings.result_ttl_s)
     replies = ReplyListener(client, keys, settings.instance_id, job_store)
     return ProducerState(
         settings=settings,

@@ -388,6 +388,18 @@ def _settings(config_path: Path) -> dict[str, Any]:
     return raw
 
 
+def _check_queue_time(config_path: Path, queue: QueueLimits, result_ttl_s: int) -> None:
+    """A job's hash gets the result TTL at enqueue and is renewed only once the job ended
+    (shared/job_store.py): a job allowed to wait that long lost its hash while queued (a 404
+    for a queued job, which the worker then skipped as missing)."""
+    if queue.max_queue_time_s >= result_ttl_s:
+        raise ModelConfigError(
+            f"{config_path}: queue.max_queue_time_s ({queue.max_queue_time_s} s) must be below "
+            f"CONVEYOR_RESULT_TTL_S ({result_ttl_s} s): a job's hash expires that long after it "
+            "was enqueued, even while it waits"
+        )
+
+
 class ModelRepository:
     """All models under one folder, discovered by walking it (like Triton's repository)."""
 
@@ -395,9 +407,11 @@ class ModelRepository:
         self.models = models
 
     @classmethod
-    def load(cls, root: Path) -> ModelRepository:
+    def load(cls, root: Path, result_ttl_s: int | None = None) -> ModelRepository:
         """Every `*/config.yaml` under `root`. An empty folder is an empty repository, but a
-        missing one is an error: a mistyped path would otherwise serve nothing, silently."""
+        missing one is an error: a mistyped path would otherwise serve nothing, silently. With
+        the result TTL (the producer and the workers pass it), a queue wait it does not cover
+        is an error too."""
         if not root.is_dir():
             raise ModelConfigError(f"model repository {root} is not a directory")
         models: dict[str, ModelConfig] = {}
@@ -410,6 +424,8 @@ class ModelRepository:
                 raise ModelConfigError(f"{config_path}: {_problems(exc)}") from None
             if config.name != config_path.parent.name:
                 raise ModelConfigError(f"{config_path}: name must match its folder")
+            if result_ttl_s is not None:
+                _check_queue_time(config_path, config.queue, result_ttl_s)
             models[config.name] = config
         return cls(models)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from producer_api.app import build_state
 from shared.model_repository import (
     BACKEND_NAMES,
     PREPARED_POSITIONS,
@@ -20,10 +21,12 @@ from shared.model_repository import (
     ModelConfigError,
     ModelRepository,
 )
+from shared.settings import Settings
 from workers.engines.registry import BACKENDS, EngineNotFound, create_engine, engine_class
 from workers.engines.text_encoding import POSITIONS
 from workers.model_prep import PREPARERS
 from workers.model_prep.minilm import packaged_model_dir
+from workers.runtime.consumer_runtime import ConsumerRuntime
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -215,3 +218,25 @@ def test_a_custom_engine_of_the_other_kind_is_named() -> None:
         "backend 'tests.fault_engine:FaultEngine': FaultEngine serves kind batch; model m has "
         "kind generate"
     )
+
+
+def test_a_queue_wait_longer_than_the_result_ttl_is_refused_where_both_are_known(
+    tmp_path: Path,
+) -> None:
+    """A job hash gets the result TTL when its job is enqueued and is renewed only once the job
+    ended: a queue that let a job wait longer let its hash expire under it (404 while queued, and
+    the worker skipped it as missing). The producer and the worker refuse to start with such a
+    config, naming both values; a wait under the TTL loads."""
+    config = _repository(
+        tmp_path, "kind: batch\nbackend: identity\nqueue: {max_queue_time_s: 3600}\n"
+    )
+    settings = Settings(model_repository=tmp_path, result_ttl_s=3600, models=["m"])
+    problem = (
+        f"{config}: queue.max_queue_time_s (3600.0 s) must be below CONVEYOR_RESULT_TTL_S "
+        "(3600 s): a job's hash expires that long after it was enqueued, even while it waits"
+    )
+    for start in (build_state, ConsumerRuntime):
+        with pytest.raises(ModelConfigError) as refused:
+            start(settings)
+        assert str(refused.value) == problem, start
+    assert [c.name for c in ModelRepository.load(tmp_path, result_ttl_s=3601)] == ["m"]

@@ -72,7 +72,7 @@ class ConsumerRuntime:
         # must exit (and be restarted), not idle on as a live process that reads nothing.
         self._on_crash = on_crash
         self.keys = Keys(settings.key_prefix)
-        self.repository = ModelRepository.load(settings.model_repository)
+        self.repository = ModelRepository.load(settings.model_repository, settings.result_ttl_s)
         if not settings.models:  # a forgotten variable would leave a worker that serves nothing
             known = ", ".join(self.repository.models)
             raise ModelConfigError(
