@@ -3,10 +3,16 @@ replay it as new jobs once the cause is fixed, or purge it. Dead-lettered jobs s
 (terminal states never change); a replay is a new job that records `replay_of`, on the lane its
 letter died in (a Batch API item's replay goes to the bulk lane, where interactive jobs go
 first), through fair queuing where the lane has it (at the default weight: a letter does not
-record its key's)."""
+record its key's). A replay keeps its job's deadline and batch, so it waits as its job would
+have (a batch item: its batch's window, not `max_queue_time_s`); a letter whose deadline has
+passed is not replayed (it could only expire) and stays until purged.
+
+The stream has no cap and no TTL (a cap would drop letters unseen): only a purge or replay
+shrinks it; the producer's `conveyor_dlq_depth` gauge and `conveyor dlq list` show it."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +21,8 @@ from shared.codec import RequestEntry, is_stream_id, stream_id
 from shared.job_store import JobStore, stamp_ms
 from shared.keys import Keys, replay_job_id
 from shared.redis_client import executed
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -83,11 +91,27 @@ class DeadLetters:
     async def replay(self, ids: list[str] | None = None, upto: str = "") -> list[tuple[str, str]]:
         """Enqueue each dead letter (those of `ids`, else every one, up to `upto` if given)
         again as a new job, then remove the letter; returns (old job id, new job id). A letter
-        is replayed as one job however many replays read it."""
+        is replayed as one job however many replays read it. A letter past its job's deadline
+        is kept, not replayed (`_live`)."""
         if ids is not None:
-            return [await self._replay(letter) for letter in await self.letters_of(ids)]
+            return [await self._replay(letter) for letter in self._live(await self.letters_of(ids))]
         pages = self.pages(upto)
-        return [await self._replay(letter) async for page in pages for letter in page]
+        return [await self._replay(letter) async for page in pages for letter in self._live(page)]
+
+    def _live(self, letters: list[DeadLetter]) -> list[DeadLetter]:
+        """The letters whose job's deadline is still ahead (or that have none): a replay of
+        the others would only expire, for a client that stopped waiting. They stay, logged,
+        for an operator to purge."""
+        now = stamp_ms()
+        live: list[DeadLetter] = []
+        past: list[DeadLetter] = []
+        for letter in letters:
+            (past if 0 < letter.entry.deadline_ms <= now else live).append(letter)
+        if past:
+            message = "%s:%s: %d dead letters not replayed, past their job's deadline: %s"
+            ids = " ".join(letter.dlq_id for letter in past)
+            log.warning(message, self.model, self.variant, len(past), ids)
+        return live
 
     async def letters_of(self, ids: list[str]) -> list[DeadLetter]:
         """The letters of `ids` that exist, in one round trip (an unknown or malformed id is
@@ -105,9 +129,16 @@ class DeadLetters:
             job_id=replay_job_id(self.model, self.variant, letter.job_id, letter.dlq_id),
             payload=letter.entry.payload,
             enqueued_ms=stamp_ms(),
+            deadline_ms=letter.entry.deadline_ms,
             tenant=letter.entry.tenant,
+            batch=letter.entry.batch,  # a batch item's window bounds its wait, as its job's
         )
-        fields = {"model": self.model, "variant": self.variant, "replay_of": letter.job_id}
+        fields: dict[str, str | int] = {
+            "model": self.model,
+            "variant": self.variant,
+            "deadline": entry.deadline_ms,  # as a submitted job's record holds it
+            "replay_of": letter.job_id,
+        }
         if webhook := letter.entry.payload.get("webhook"):
             fields["webhook"] = webhook  # where a cancel or a dead letter finds it, as any job's
         bulk = self.keys.bulk_queue(self.model, self.variant)

@@ -449,6 +449,19 @@ def test_the_dead_letters_page_counts_every_letter(
         r.delete(dlq)
 
 
+def test_the_replay_confirmation_names_the_lane_a_letter_goes_back_to(
+    console_stack: Stack, admin_key: str
+) -> None:
+    """It said every entry became a job on the online lane, though a Batch item's letter goes
+    back to the bulk lane, and one past its deadline is not replayed."""
+    with httpx.Client(base_url=console_stack.base_url) as client:
+        console_login(client, admin_key)
+        wanted = {"action": "replay", "partition": "faulty:default"}
+        page = client.get("/console/dead-letters/confirm", params=wanted).text
+    assert "new job on the lane it died in" in page and "the online lane" not in page, page
+    assert "deadline has passed" in page
+
+
 def test_failed_job_page_shows_its_error(
     console_stack: Stack, admin_key: str, page: Any, r: redis.Redis
 ) -> None:

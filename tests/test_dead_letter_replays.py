@@ -9,18 +9,30 @@ import redis.asyncio as aioredis
 
 from shared.codec import RequestEntry
 from shared.dead_letters import PAGE, DeadLetter, DeadLetters
+from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys, new_job_id, replay_job_id
+from shared.model_repository import ModelConfig, QueueLimits
+from workers.partition.partition import Partition
+from workers.partition.stream_reader import Delivery
 
 KEYS = Keys("dl:")
 MODEL, VARIANT = "m", "default"
 
 
-async def _dead_letter(client: aioredis.Redis, tenant: str, lane: str | None = None) -> str:
+async def _dead_letter(
+    client: aioredis.Redis,
+    tenant: str,
+    lane: str | None = None,
+    deadline_ms: int = 0,
+    batch: str = "",
+) -> str:
     """A dead letter as the reclaimer writes it (its entry's fields, the lane it died in,
     reason and deliveries); `lane` None: one written before letters named their lane."""
     payload = {"inputs": {"t": tenant}}
-    entry = RequestEntry(new_job_id(MODEL, VARIANT), payload, now_ms(), tenant=tenant)
+    entry = RequestEntry(
+        new_job_id(MODEL, VARIANT), payload, now_ms(), deadline_ms, tenant, batch=batch
+    )
     named = {} if lane is None else {"lane": lane}
     fields = {"entry": "1-0", **named, "reason": "crashed", "deliveries": 3, **entry.encode()}
     await client.xadd(KEYS.dlq(MODEL, VARIANT), fields)  # type: ignore[arg-type]
@@ -142,3 +154,51 @@ async def test_purging_every_letter_removes_every_letter(aredis: aioredis.Redis)
     assert await letters.depth() == 5_000
     assert await letters.purge() == 5_000
     assert await letters.depth() == 0 and await letters.newest() == ""
+
+
+async def _replayed(client: aioredis.Redis, stream: str) -> RequestEntry:
+    """The one entry a replay queued in `stream`."""
+    ((_, fields),) = await client.xrange(stream)
+    return RequestEntry.decode(fields)
+
+
+async def test_a_batch_items_replay_is_bounded_by_its_batch_not_the_queue_time(
+    aredis: aioredis.Redis,
+) -> None:
+    """A replay kept only the job id, payload and tenant: a Batch API item's replay lost its
+    batch, so the bulk lane's max_queue_time_s expired every one a worker had not read in
+    time (after an outage, most of a "replay all" of thousands), though a batch's items wait
+    as long as its window."""
+    window = now_ms() + 3_600_000
+    await _dead_letter(aredis, "t", KEYS.bulk_queue(MODEL, VARIANT), window, batch="b1")
+    ((_, new),) = await DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT).replay()
+    entry = await _replayed(aredis, KEYS.bulk_queue(MODEL, VARIANT))
+    assert (entry.job_id, entry.batch, entry.deadline_ms) == (new, "b1", window)
+    config = ModelConfig(
+        name=MODEL, kind="batch", backend="identity", queue=QueueLimits(max_queue_time_s=1)
+    )
+    read_late = Delivery(b"1-0", entry, JobStatus.QUEUED, int(entry.enqueued_ms) + 2_000)
+    assert Partition.of(KEYS, config, VARIANT).skip_or_expire(read_late) is None
+
+
+async def test_a_replay_keeps_its_jobs_deadline(aredis: aioredis.Redis) -> None:
+    """A replay dropped the job's deadline: it ran after the client's cutoff, and the job's
+    record did not show one."""
+    deadline = now_ms() + 60_000
+    await _dead_letter(aredis, "t", deadline_ms=deadline)
+    store = JobStore(aredis, KEYS, 60)
+    ((_, new),) = await DeadLetters(store, KEYS, MODEL, VARIANT).replay()
+    assert (await _replayed(aredis, KEYS.queue(MODEL, VARIANT))).deadline_ms == deadline
+    record = await store.get(new)
+    assert record is not None and record.fields["deadline"] == str(deadline)
+
+
+async def test_a_letter_past_its_deadline_is_kept_not_replayed(aredis: aioredis.Redis) -> None:
+    """A replay past the job's deadline could only expire (or run for a client that stopped
+    waiting): the letter stays, for an operator to discard, and the others are replayed."""
+    past = await _dead_letter(aredis, "late", deadline_ms=now_ms() - 1)
+    live = await _dead_letter(aredis, "live")
+    letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT)
+    assert [old for old, _ in await letters.replay()] == [live]
+    assert [letter.job_id for letter in await letters.every_entry()] == [past]
+    assert await aredis.xlen(KEYS.queue(MODEL, VARIANT)) == 1
