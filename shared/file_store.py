@@ -1,6 +1,7 @@
 """Files uploaded for the Batch API (OpenAI's `/v1/files`, purpose `batch`): a hash per file,
 its bytes beside its name, size and owner, in the file's own slot, kept as long as a batch's
-results are (the result TTL); its tenant lists it (TenantIndexed)."""
+results are (the result TTL); its tenant lists it (TenantIndexed) and holds its bytes against a
+budget (`CONVEYOR_MAX_FILE_BYTES_PER_TENANT`), so no tenant's uploads fill Redis."""
 
 from __future__ import annotations
 
@@ -11,11 +12,52 @@ import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
 from shared.codec import as_text
+from shared.job_store import now_ms
 from shared.keys import Keys
-from shared.redis_client import executed
+from shared.redis_client import call_script, executed
 from shared.tenant_index import TenantIndexed
 
 FIELDS = ("tenant", "filename", "purpose", "bytes", "created_at")
+
+# KEYS[1]=a tenant's held files (hash: file id -> its bytes, `total` their sum), KEYS[2]=when each
+# expires (sorted set, ms), both in the tenant index's slot; ARGV: now (ms), file id, its bytes,
+# its expiry (ms), the budget, the keys' TTL (s). Files past their expiry leave the sum first
+# (each once, so a call costs what expired since the last); a file the budget cannot take is
+# refused. Returns {1 if held else 0, the bytes held after}.
+HOLD = """
+local now = tonumber(ARGV[1])
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
+  redis.call('HINCRBY', KEYS[1], 'total', -tonumber(redis.call('HGET', KEYS[1], gone) or '0'))
+  redis.call('HDEL', KEYS[1], gone)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local held, size = tonumber(redis.call('HGET', KEYS[1], 'total') or '0'), tonumber(ARGV[3])
+if held + size > tonumber(ARGV[5]) then return {0, held} end
+redis.call('HSET', KEYS[1], ARGV[2], size)
+redis.call('HINCRBY', KEYS[1], 'total', size)
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+return {1, held + size}
+"""
+
+# KEYS as HOLD's; ARGV: a deleted file's id. Gives its bytes back once, however many deletes.
+RELEASE = """
+local size = redis.call('HGET', KEYS[1], ARGV[1])
+if not size then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'total', -tonumber(size))
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+
+
+class OverBudget(Exception):
+    """The tenant's files already hold too much for this one."""
+
+    def __init__(self, held: int, size: int, budget: int) -> None:
+        super().__init__(f"{held} bytes held, {size} more asked, budget {budget}")
+        self.held, self.size, self.budget = held, size, budget
 
 
 class FileStore(TenantIndexed):
@@ -23,6 +65,8 @@ class FileStore(TenantIndexed):
         self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
+        self._hold = client.register_script(HOLD)
+        self._release = client.register_script(RELEASE)
 
     def index_of(self, tenant: str) -> str:
         return self.keys.files_of(tenant)
@@ -33,6 +77,20 @@ class FileStore(TenantIndexed):
     @property
     def listed_for_s(self) -> int:
         return self.ttl_s
+
+    def _held_of(self, tenant: str) -> list[str]:
+        return list(self.keys.file_budget_of(tenant))
+
+    async def hold(self, tenant: str, file_id: str, size: int, budget: int) -> None:
+        """Hold a file's `size` bytes against its tenant's `budget` (OverBudget when they do
+        not fit), before `put` stores it: the two are in different slots, so a put that fails
+        after its hold leaves the hold until the file would have expired, erring on the side
+        of the budget."""
+        now = now_ms()
+        args = [now, file_id, size, now + self.ttl_s * 1000, budget, self.ttl_s]
+        held, after = await call_script(self._hold, self._held_of(tenant), args)
+        if not held:
+            raise OverBudget(int(after), size, budget)
 
     async def put(self, file_id: str, fields: Mapping[str, str], data: bytes) -> None:
         key = self.keys.file(file_id)
@@ -65,7 +123,15 @@ class FileStore(TenantIndexed):
         return as_text(tenant), data if isinstance(data, bytes) else data.encode()
 
     async def delete(self, file_id: str) -> None:
-        """The file's index entry stays until a page finds it gone (`page` drops it then): a
-        client that deletes what it lists, then asks for the page after the last id it saw,
-        got an empty last page, the deleted id having no place left to list after."""
-        await self.redis.delete(self.keys.file(file_id))
+        """Drop the file and give its bytes back to its tenant's budget (once: the owner read
+        in the transaction that drops it). The file's index entry stays until a page finds it
+        gone (`page` drops it then): a client that deletes what it lists, then asks for the
+        page after the last id it saw, got an empty last page, the deleted id having no place
+        left to list after."""
+        key = self.keys.file(file_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hget(key, "tenant")
+            pipe.delete(key)
+            tenant, _ = await pipe.execute()
+        if tenant is not None:  # it was there, and this transaction dropped it
+            await call_script(self._release, self._held_of(as_text(tenant)), [file_id])

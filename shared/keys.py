@@ -280,6 +280,13 @@ class Keys:
         listing."""
         return f"{self.prefix}{CONTROL}files:tenant:{tenant}"
 
+    def file_budget_of(self, tenant: str) -> tuple[str, str]:
+        """What a tenant's files hold against its budget: file id -> bytes with their `total`
+        (hash), and when each expires (sorted set, ms); in its index's slot (a tenant name holds
+        no `:`, so no other tenant's index is named alike)."""
+        index = self.files_of(tenant)
+        return f"{index}:bytes", f"{index}:expiring"
+
     @property
     def batches_active(self) -> str:
         """Batches not yet finished, scored by their expiry time in ms (sorted set)."""

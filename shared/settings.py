@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65_535)
     instance_id: str = Field(default_factory=_default_instance_id)
     max_body_bytes: int = Field(default=1_048_576, ge=1)
+    # Bytes of `/v1/files` uploads a tenant may hold at once (they live the result TTL): a loop
+    # of uploads would otherwise fill Redis to its maxmemory, every tenant's submits then 503s.
+    max_file_bytes_per_tenant: int = Field(default=1_073_741_824, ge=1)
     # Request boundary (producer_api/request_boundary.py): deepest JSON nesting accepted.
     max_json_depth: int = Field(default=64, ge=2)
     # Longest wait on Redis for one command, a connection or a free pooled connection.

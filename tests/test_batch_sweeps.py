@@ -366,3 +366,22 @@ async def test_a_batch_whose_items_all_succeeded_by_its_window_s_end_completes(
     fields = await store.read(batch_id) or {}
     assert fields["status"] == BatchStatus.COMPLETED, fields
     assert fields["n_succeeded"] == str(ITEMS) and fields["open"] == "0"
+
+
+async def test_a_batch_whose_items_expired_past_its_window_ends_expired(
+    aredis: aioredis.Redis,
+) -> None:
+    """Workers mark an item they read past the batch's expiry `expired` themselves: a look
+    that then counted the last of them finalized the batch `completed` (batch.completed,
+    `conveyor batch submit --wait` exited 0), the sweeper never having met it running."""
+    store, jobs = BatchApiStore(aredis, KEYS, TTL_S), JobStore(aredis, KEYS, TTL_S)
+    batch_id = await _running_batch(store, jobs)
+    await store.set_fields(batch_id, {"expires_at": now_ms() - 1})
+    ids = [job_id.decode() for job_id in await aredis.lrange(KEYS.batch_items(batch_id), 0, -1)]
+    for job_id in ids:
+        await aredis.hset(KEYS.job(job_id), "status", JobStatus.EXPIRED.value)
+
+    progress = await BatchApiProgress(jobs, store, WEBHOOKS).refresh(batch_id, window=0)
+    assert progress is not None and progress.fields["status"] == BatchStatus.EXPIRED
+    assert progress.fields["n_expired"] == str(ITEMS)
+    assert await store.active() == []

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis.asyncio as aioredis
 
-from shared.file_store import FileStore
+from shared.file_store import FileStore, OverBudget
 from shared.keys import Keys
 
 KEYS = Keys("files:")
@@ -95,3 +96,17 @@ async def test_a_cursor_dropped_before_the_sorted_set_keeps_its_place(
     await aredis.delete(KEYS.file("old-0"))
     await store.page("legacy", None, 5, lambda ids: _looked(store, ids))  # drops old-0: UNLIST
     assert 0 < await aredis.ttl(dropped) <= 600
+
+
+async def test_a_file_past_its_ttl_gives_its_bytes_back_to_its_tenants_budget(
+    aredis: aioredis.Redis,
+) -> None:
+    """Files leave the budget as their keys expire, not only when deleted: a tenant whose
+    uploads had all expired would stay refused."""
+    store = FileStore(aredis, KEYS, 600)
+    await store.hold("quota", "file-old", 8, 10)
+    with pytest.raises(OverBudget):
+        await store.hold("quota", "file-new", 8, 10)
+    await aredis.zadd(f"{KEYS.files_of('quota')}:expiring", {"file-old": 1})  # as its TTL ran out
+    await store.hold("quota", "file-new", 8, 10)
+    assert await aredis.hget(f"{KEYS.files_of('quota')}:bytes", "total") == b"8"

@@ -258,13 +258,13 @@ class BatchApiService:
     async def file(self, batch_id: str, kind: str) -> AsyncIterator[bytes]:
         """The lines of an ended batch's `output` or `errors` file (a 409 before it ends: a
         batch is completed, failed, cancelled or expired first)."""
-        return self._lines(batch_id, kind, await self._ended(batch_id))
+        return self._lines(batch_id, kind, await self.ended(batch_id))
 
     async def file_object(self, batch_id: str, kind: str) -> dict[str, Any]:
         """An ended batch's `output` or `errors` file as OpenAI's file object (purpose
         `batch_output`, made when the batch ended): what OpenAI's SDK retrieves by the ids the
         batch gives. Its size is read through the lines `file` serves."""
-        fields = await self._ended(batch_id)
+        fields = await self.ended(batch_id)
         size = 0
         async for chunk in self._lines(batch_id, kind, fields):
             size += len(chunk)
@@ -277,7 +277,7 @@ class BatchApiService:
             "purpose": "batch_output",
         }
 
-    async def _ended(self, batch_id: str) -> Mapping[str, str]:
+    async def ended(self, batch_id: str) -> Mapping[str, str]:
         """The batch's fields once it has ended (a 409 before)."""
         progress = await self._look(batch_id)
         status = BatchStatus(progress.fields["status"])

@@ -22,6 +22,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"description": "The batch whose file it is has not ended"},
     413: {"description": "Body too large"},
     422: {"description": "No file, an empty one, or a purpose other than batch"},
+    429: {"description": "The tenant's files would pass its storage budget (not retried)"},
     503: {"description": "Store unreachable"},
 }
 
@@ -69,7 +70,8 @@ async def get_file(service: ReadService, file_id: str = FILE_ID) -> Any:
 
 @router.delete("/v1/files/{file_id}", response_model=FileDeleted, responses=_ERRORS)
 async def delete_file(service: Uploads, file_id: str = FILE_ID) -> Any:
-    """Forget an uploaded file; a batch made from it keeps its lines."""
+    """Forget an uploaded file (a batch made from it keeps its lines); a batch's output and
+    errors files go with the batch (`deleted: false`)."""
     return FastJSONResponse(await service.delete(file_id))
 
 

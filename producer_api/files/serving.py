@@ -11,8 +11,9 @@ from typing import Any
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api.progress import BATCH_FILE
 from producer_api.batch_api.serving import BatchApiService
-from producer_api.errors import ConveyorError
+from producer_api.errors import NO_RETRY, ConveyorError
 from producer_api.state import ProducerState
+from shared.file_store import OverBudget
 from shared.job_store import now_ms
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
@@ -33,6 +34,17 @@ def file_object(file_id: str, fields: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def over_budget(refused: OverBudget) -> ConveyorError:
+    """A 429 as OpenAI's for a spent quota (`insufficient_quota`), marked not to be retried:
+    room comes back only as the tenant deletes files or they expire, not after a backoff."""
+    message = (
+        f"this tenant's files hold {refused.held} bytes; {refused.size} more would pass its "
+        f"budget of {refused.budget} (CONVEYOR_MAX_FILE_BYTES_PER_TENANT): delete files "
+        "(DELETE /v1/files/{id}) or wait for them to expire"
+    )
+    return ConveyorError(429, "insufficient_quota", message, NO_RETRY)
+
+
 async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
@@ -44,8 +56,9 @@ class FilesService:
         self.principal = principal
 
     async def upload(self, filename: str, data: bytes) -> dict[str, Any]:
-        """Keep a batch input file (purpose `batch`) for the result TTL; its lines are checked
-        when a batch names it, as an uploaded batch's are."""
+        """Keep a batch input file (purpose `batch`) for the result TTL, within the tenant's
+        storage budget; its lines are checked when a batch names it, as an uploaded batch's
+        are."""
         if not data.strip():
             raise ConveyorError(422, "invalid_request", "the file is empty")
         file_id = f"file-{uuid.uuid4().hex}"
@@ -56,6 +69,11 @@ class FilesService:
             "bytes": str(len(data)),
             "created_at": str(now_ms() // 1000),
         }
+        budget = self.state.settings.max_file_bytes_per_tenant
+        try:
+            await self.store.hold(self.principal.tenant, file_id, len(data), budget)
+        except OverBudget as refused:
+            raise over_budget(refused) from None
         await self.store.put(file_id, fields, data)
         return file_object(file_id, fields)
 
@@ -92,8 +110,12 @@ class FilesService:
         return [file for _, file in found], more
 
     async def delete(self, file_id: str) -> dict[str, Any]:
-        """Forget an uploaded file (a batch made from it keeps its lines; a batch's own files
-        are not uploads, and go with it)."""
+        """Forget an uploaded file (a batch made from it keeps its lines). A batch's own output
+        and errors files are read from its items, and go with the batch: `deleted: false` once
+        it has ended (OpenAI's clients delete them after reading), 409 before."""
+        if named := BATCH_FILE.match(file_id):
+            await BatchApiService(self.state, self.principal).ended(named[1])
+            return {"id": file_id, "object": "file", "deleted": False}
         await self._uploaded(file_id)
         await self.store.delete(file_id)
         return {"id": file_id, "object": "file", "deleted": True}
