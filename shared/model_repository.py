@@ -169,8 +169,8 @@ class AutoscalingHints(BaseModel):
     activation_lag: int = Field(default=0, ge=0)
     min_replicas: int = Field(default=0, ge=0)
     max_replicas: int = Field(default=4, ge=1)
-    cooldown_s: int = Field(default=120, ge=0)
-    polling_interval_s: int = Field(default=5, ge=1)
+    cooldown_s: int = Field(default=120, ge=0, le=YEAR_S)
+    polling_interval_s: int = Field(default=5, ge=1, le=YEAR_S)
     # Longest one micro-batch (or, for generate models, one whole generation) may run: a
     # worker's drain timeout and the pod's termination grace period must both exceed it.
     slowest_batch_s: float = Field(default=30.0, gt=0, le=YEAR_S)

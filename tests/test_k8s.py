@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from autoscaling.keda import SECRET_NAME, render, worker_name
+from autoscaling.keda import SECRET_NAME, render, scaled_object, worker_name
 from autoscaling.scaling_math import StreamTrigger
 from shared.keys import Keys
 from shared.model_repository import AutoscalingHints, ModelRepository
@@ -35,16 +35,20 @@ KUBECTL = shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
 
-@cache
-def build(overlay: str) -> tuple[dict[str, Any], ...]:
+def kustomize(path: Path) -> tuple[dict[str, Any], ...]:
     out = subprocess.run(
-        [str(KUBECTL), "kustomize", str(REPO_ROOT / "k8s" / "overlays" / overlay)],
+        [str(KUBECTL), "kustomize", str(path)],
         check=True,
         capture_output=True,
         text=True,
         timeout=120,
     ).stdout
     return tuple(doc for doc in yaml.safe_load_all(out) if doc)
+
+
+@cache
+def build(overlay: str) -> tuple[dict[str, Any], ...]:
+    return kustomize(REPO_ROOT / "k8s" / "overlays" / overlay)
 
 
 def of_kind(overlay: str, kind: str) -> dict[str, dict[str, Any]]:
@@ -131,6 +135,38 @@ def test_each_pool_is_a_deployment_scaled_by_its_own_streams(overlay, repository
         assert name == worker_name(*served_pool(deployment))
     pools = {worker_name(c.name, v) for c in repository for v in c.variants}
     assert set(deployments) == set(scaled) == pools, "every pool needs a Deployment and a render"
+
+
+def metrics_api_urls(objects: tuple[dict[str, Any], ...]) -> list[str]:
+    return [
+        trigger["metadata"]["url"]
+        for obj in objects
+        if obj["kind"] == "ScaledObject"
+        for trigger in obj["spec"]["triggers"]
+        if trigger["type"] == "metrics-api"
+    ]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_metrics_api_triggers_read_the_producer_of_the_overlays_namespace(overlay, tmp_path):
+    """KEDA's operator fetches a backlog-seconds trigger's URL from its own namespace: base
+    renders `producer.conveyor.svc`, which in conveyor-dev named a producer that is not there.
+    Built over a base that also scales a pool on backlog seconds, so that the check bites."""
+    k8s = shutil.copytree(REPO_ROOT / "k8s", tmp_path / "k8s")
+    models = tmp_path / "models"
+    (models / "slow").mkdir(parents=True)
+    (models / "slow" / "config.yaml").write_text(
+        "kind: batch\nbackend: identity\nautoscaling: {metric: backlog_seconds}\n"
+    )
+    (config,) = ModelRepository.load(models)
+    with (k8s / "base" / "keda.yaml").open("a") as keda:
+        keda.write(yaml.safe_dump(scaled_object(config, "default", Keys()), explicit_start=True))
+    urls = metrics_api_urls(kustomize(k8s / "overlays" / overlay)) + metrics_api_urls(
+        build(overlay)
+    )
+    assert urls, "no metrics-api trigger built"
+    producer = f"http://producer.{NAMESPACES[overlay]}.svc/"
+    assert [url for url in urls if not url.startswith(producer)] == []
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

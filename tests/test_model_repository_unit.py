@@ -146,6 +146,14 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "kind: batch\nbackend: identity\nautoscaling: {min_replicas: 3, max_replicas: 1}\n",
             "autoscaling: min_replicas (3) exceeds max_replicas (1)",
         ),
+        (  # durations are at most a year, as README says of every one
+            "kind: batch\nbackend: identity\nautoscaling: {cooldown_s: 40000000}\n",
+            "autoscaling.cooldown_s: Input should be less than or equal to 31536000",
+        ),
+        (
+            "kind: batch\nbackend: identity\nautoscaling: {polling_interval_s: 40000000}\n",
+            "autoscaling.polling_interval_s: Input should be less than or equal to 31536000",
+        ),
     ],
 )
 def test_what_no_worker_could_serve_is_one_line_naming_the_file(
