@@ -501,37 +501,60 @@ class ReplicaAckTimeout(RedisConnectionError):
 
 async def queue_replica_wait(client: RedisClient, pipe: Any, written: Iterable[str]) -> int:
     """Queue `WAIT CONVEYOR_REPLICA_ACKS` on `pipe` behind the writes it carries to the keys
+    `written` (`queue_replica_waits`). Returns how many WAITs were queued (0 when acks are
+    off); `check_replica_acks` reads their replies."""
+    return len(set((await queue_replica_waits(client, pipe, written)).values()))
+
+
+async def queue_replica_waits(
+    client: RedisClient, pipe: Any, written: Iterable[str]
+) -> dict[str, str]:
+    """Queue `WAIT CONVEYOR_REPLICA_ACKS` on `pipe` behind the writes it carries to the keys
     `written`: on the connection of each of their nodes (a cluster; one server: its one), since
     WAIT counts only the writes of its own connection; none when nothing is written, so a read
-    or another shard's lost replica never holds a write up. Returns how many WAITs were queued
-    (0 when acks are off); `check_replica_acks` reads their replies. A cluster pipeline with a
-    WAIT is not sent again by redis-py (`TimeoutRaisingPipeline`; a client `connect` made)."""
+    or another shard's lost replica never holds a write up. Returns the node of each key (its
+    name; "" on one server), the WAITs queued in the order their nodes first appear (none when
+    acks are off). A cluster pipeline with a WAIT is not sent again by redis-py
+    (`TimeoutRaisingPipeline`; a client `connect` made).
+
+    The WAIT gives up at half of `CONVEYOR_REDIS_TIMEOUT_S`: its reply (fewer replicas than
+    asked) must come before the socket timeout of a client that never blocks, which is that
+    timeout, and the server notices a WAIT's end on its cron (up to 100 ms late at hz 10). A
+    WAIT the socket cut failed every command of its pipeline, reads and other nodes' too."""
     settings = get_settings()
     if settings.replica_acks == 0:
-        return 0
+        return {}
     keys = list(written)
     if not keys:
-        return 0
-    args = ("WAIT", settings.replica_acks, int(settings.redis_timeout_s * 1000))
+        return {}
+    args = ("WAIT", settings.replica_acks, int(settings.redis_timeout_s * 1000 / 2))
     if not is_cluster(client):
         pipe.execute_command(*args)
-        return 1
+        return dict.fromkeys(keys, "")
     cluster = cast(Any, client)
     await cluster.initialize()  # knows its nodes before its first command (no-op after)
-    nodes = {node.name: node for node in map(cluster.get_node_from_key, keys)}
+    nodes = {key: cluster.get_node_from_key(key) for key in keys}
     strategy = getattr(pipe, "_execution_strategy", None)
     if isinstance(strategy, TimeoutRaisingPipeline):
         strategy.resends = False
-    for node in nodes.values():
+    for node in {node.name: node for node in nodes.values()}.values():
         pipe.execute_command(*args, target_nodes=node)
-    return len(nodes)
+    return {key: node.name for key, node in nodes.items()}
+
+
+def replica_shortfall(reply: Any) -> ReplicaAckTimeout | None:
+    """The error of a WAIT whose reply fell short of `CONVEYOR_REPLICA_ACKS`, else None."""
+    wanted = get_settings().replica_acks
+    if isinstance(reply, int) and reply >= wanted:
+        return None
+    return ReplicaAckTimeout(f"fewer than {wanted} replicas confirmed the write: {reply!r}")
 
 
 def check_replica_acks(replies: list[Any]) -> None:
     """Raise ReplicaAckTimeout unless every WAIT reply reached `CONVEYOR_REPLICA_ACKS`."""
-    wanted = get_settings().replica_acks
-    if any(not isinstance(n, int) or n < wanted for n in replies):
-        raise ReplicaAckTimeout(f"fewer than {wanted} replicas confirmed the write: {replies}")
+    for reply in replies:
+        if (short := replica_shortfall(reply)) is not None:
+            raise short
 
 
 def queue_script(pipe: Any, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> None:

@@ -1,11 +1,12 @@
 """The cluster client's own duties on a real Valkey Cluster (#12).
 
 With `CONVEYOR_REPLICA_ACKS`, a group-commit flush waits for the replicas of the masters it wrote
-to, and only theirs: a flush of reads waits for none, so one shard that lost its replicas never
-holds up (or fails) another shard's writes. Scripts a node lost (it restarted since the
-processes loaded them) still run, pipelined or group-committed. Lanes on several masters have
-their drain rates read in one go. And every node's connections pack commands with hiredis, as a
-single server's do."""
+to, and only theirs: a flush of reads waits for none, and a WAIT that falls short fails only the
+writes to its master, so one shard that lost its replicas never fails another shard's reads or
+writes (those sharing a flush with its writes wait as long as it). Scripts a node lost (it
+restarted since the processes loaded them) still run, pipelined or group-committed. Lanes on
+several masters have their drain rates read in one go. And every node's connections pack
+commands with hiredis, as a single server's do."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from shared.drain_rate import drain_rates
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
-from shared.redis_client import HiredisPacking, RedisClient, connect
+from shared.redis_client import HiredisPacking, RedisClient, ReplicaAckTimeout, connect
 from shared.settings import get_settings
 from tests.conftest import until_async
 from workers.partition.stream_reader import StreamReader
@@ -73,6 +74,33 @@ async def test_a_flush_waits_on_the_masters_it_wrote_to_only(
     wrote_to = cluster.master_of(written).port
     assert after_write == {node.port: int(node.port == wrote_to) for node in cluster.masters}
     assert after_read == after_write
+
+
+async def test_a_master_without_replicas_fails_its_own_writes_only(
+    tmp_path: Path, settings_env: Callable[..., None]
+) -> None:
+    """A flush that writes to a master with no replica left, and reads a key of another master:
+    the WAIT on the first falls short and fails the write, and the read gets its value. It
+    failed too (one short WAIT failed the whole flush): a producer answered every request 503
+    while one shard lacked its replicas, not only the submits to that shard's partitions."""
+    timeout = {"CONVEYOR_REDIS_TIMEOUT_S": "0.5"}
+    settings_env(CONVEYOR_REDIS_CLUSTER="1", CONVEYOR_REPLICA_ACKS="1", **timeout)
+    written, read = "cv:test:{a}", "cv:test:{b}"
+    with local_cluster(tmp_path, replicas=0) as bare:
+        assert bare.master_of(written).port != bare.master_of(read).port
+        bare.master_of(read).client().set(read, "value")
+        url = f"redis://127.0.0.1:{bare.masters[0].port}/0"
+        plain = connect(url, name="bare", blocks_ms=0)  # as the producer's
+        hot = group_committing(plain, url, "bare-hot")
+        try:
+            wrote, got = await asyncio.gather(
+                hot.set(written, 1), hot.get(read), return_exceptions=True
+            )
+        finally:
+            await hot.aclose()
+            await plain.aclose()
+    assert isinstance(wrote, ReplicaAckTimeout), repr(wrote)
+    assert got == b"value"
 
 
 def _forget_scripts(cluster: LocalCluster) -> None:

@@ -6,15 +6,29 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from producer_api.app import create_app
 from producer_api.jobs.group_commit import FLUSHES, group_committing
+from shared.api_keys import ApiKeyStore, KeySpec
 from shared.codec import RequestEntry, as_text
 from shared.job_store import JobStore, QueueFull, now_ms
-from shared.keys import Keys
+from shared.keys import Keys, new_job_id
+from shared.rate_limit import (
+    IN_FLIGHT,
+    TOKEN_BUCKET,
+    BucketState,
+    InFlightLimiter,
+    Quota,
+    RateLimiter,
+)
+from shared.redis_client import ReplicaAckTimeout, connect, preload
+from shared.settings import get_settings
 
 
 def _entry() -> RequestEntry:
@@ -97,3 +111,68 @@ async def test_a_lone_command_gets_its_own_reply_or_error(aredis: aioredis.Redis
         await hot.lpush("cv:plain", "x")
     assert await hot.incr("cv:counter") == 1
     assert FLUSHES._value.get() - flushes == 2
+
+
+async def test_a_short_replica_wait_fails_the_writes_it_waited_for_alone(
+    redis_url: str, aredis: aioredis.Redis, settings_env: Callable[..., None]
+) -> None:
+    """With `CONVEYOR_REPLICA_ACKS` and no replica to confirm (the test Valkey has none), a
+    flush's WAIT falls short: the write it waited for fails, a read beside it gets its reply,
+    and the rate limiter's and the in-flight limit's scripts wait for no replica. One short
+    WAIT failed the whole flush (as a socket timeout: the WAIT gave up no sooner than the
+    producer's client), and every request behind the rate limit answered 503."""
+    settings_env(CONVEYOR_REPLICA_ACKS="1", CONVEYOR_REDIS_TIMEOUT_S="0.5")
+    plain = connect(redis_url, name="acked", blocks_ms=0)  # as the producer's
+    hot = group_committing(plain, redis_url, "hot")
+    keys, quota = Keys("cv"), Quota(rate_per_s=10, burst=10, max_in_flight=1)
+    await aredis.set("cv:read", "value")
+    await preload(aredis, [TOKEN_BUCKET, IN_FLIGHT])  # one flush, with no reruns after it
+    await aredis.config_resetstat()
+    try:
+        written, read, bucket, slot = await asyncio.gather(
+            hot.set("cv:written", 1),
+            hot.get("cv:read"),
+            RateLimiter(hot, keys).take("key", quota),
+            InFlightLimiter(hot, keys, 60).admit("key", "job", quota.max_in_flight),
+            return_exceptions=True,
+        )
+    finally:
+        await plain.aclose()
+    assert isinstance(written, ReplicaAckTimeout), repr(written)
+    assert read == b"value"
+    assert isinstance(bucket, BucketState) and bucket.allowed, repr(bucket)
+    assert slot is True
+    waits = (await aredis.info("commandstats")).get("cmdstat_wait", {}).get("calls", 0)
+    assert waits == 1
+
+
+async def test_an_api_with_unconfirmed_writes_still_answers_reads(
+    redis_url: str, aredis: aioredis.Redis, settings_env: Callable[..., None]
+) -> None:
+    """With `CONVEYOR_REPLICA_ACKS` and no replica, only writes that need one fail: every
+    authenticated request takes a token from its key's bucket, and a queued job's view reads
+    its position, both scripts; each ended in a WAIT, so reading a job answered 503."""
+    settings_env(CONVEYOR_REPLICA_ACKS="1", CONVEYOR_REDIS_TIMEOUT_S="0.5")
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    spec = KeySpec(tenant=tenant, scopes=frozenset({"submit", "read"}))
+    api_key, _ = await ApiKeyStore(aredis, Keys()).create(spec)
+    settings = get_settings().model_copy(update={"redis_url": redis_url, "instance_id": "acked"})
+    app = create_app(settings)
+    entry = RequestEntry(new_job_id("identity", "default"), {"inputs": {}}, now_ms(), tenant=tenant)
+    fields = {"model": "identity", "variant": "default"}
+    auth = {"Authorization": f"Bearer {api_key}"}
+    async with app.router.lifespan_context(app):
+        await JobStore(aredis, Keys(), 60).create(
+            entry, Keys().queue("identity", "default"), fields
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            job = await client.get(f"/v1/jobs/{entry.job_id}", headers=auth)
+            models = await client.get("/v1/models", headers=auth)
+            submit = await client.post(
+                "/v1/jobs", json={"model": "identity", "inputs": {}}, headers=auth
+            )
+    assert job.status_code == 200, job.text
+    assert job.json()["status"] == "queued" and "queue_position" in job.json(), job.text
+    assert models.status_code == 200, models.text
+    assert submit.status_code == 503, submit.text  # its job was not confirmed

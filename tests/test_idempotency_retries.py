@@ -113,13 +113,17 @@ async def test_a_claim_whose_job_never_appeared_is_taken_over_once_abandoned(
     assert await keys.claim(TENANT, older, retry, BODY, store.exists) is None
 
 
+@pytest.mark.parametrize("check_fails", [False, True])
 async def test_a_job_written_before_its_enqueue_failed_keeps_its_key_and_slot(
-    redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch, check_fails: bool
 ) -> None:
     """An enqueue can fail after ENQUEUE ran: replicas that did not confirm the job, a reply
     lost with its connection (a 503 either way). The key and the in-flight slot were given back
     all the same, so the client's retry with the key enqueued the job a second time, beside a
-    job holding no slot. The producer runs in-process, ENQUEUE on a real Valkey."""
+    job holding no slot. So they were when the look for the job failed too (`check_fails`; it
+    shared a flush whose replica WAIT fell short): what cannot be told enqueued may be, and the
+    claim and slot of a job that never appears are taken over and pruned later. The producer
+    runs in-process, ENQUEUE on a real Valkey."""
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     spec = KeySpec(tenant=tenant, scopes=frozenset({"submit", "read"}), max_in_flight=1)
     api_key, _ = await ApiKeyStore(aredis, Keys()).create(spec)
@@ -135,9 +139,14 @@ async def test_a_job_written_before_its_enqueue_failed_keeps_its_key_and_slot(
             await written(*args, **kwargs)
             raise RedisConnectionError("the reply was lost with its connection")
 
+        async def unreadable(job_id: str) -> bool:
+            raise RedisConnectionError("the look for the job failed too")
+
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             monkeypatch.setattr(store, "create", written_then_lost)
+            if check_fails:
+                monkeypatch.setattr(store, "exists", unreadable)
             first = await client.post(url, json=body, headers=headers)
             assert first.status_code == 503, first.text
             monkeypatch.undo()

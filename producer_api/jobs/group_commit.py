@@ -11,15 +11,18 @@ script given a merge are sent as fewer calls: the producer's ENQUEUE calls of on
 become one (shared/job_store.merged_enqueues).
 
 With `CONVEYOR_REPLICA_ACKS`, each pipeline that writes ends with WAIT on every node it wrote to,
-and no caller hears back before the replicas confirmed the batch: a 202 is never given for a job a
-failover could lose. A cluster client (`GroupCommitCluster`) batches the same way; redis-py
-splits its pipeline per node, still one round trip in parallel."""
+and no caller of a write hears back before the replicas confirmed it: a 202 is never given for a
+job a failover could lose. A WAIT that falls short fails the writes to its node only: reads, the
+scripts that need no ack (`_UNACKED`) and other nodes' writes keep their replies, so a shard
+without its replicas refuses the submits to its partitions, not every request. A cluster client
+(`GroupCommitCluster`) batches the same way; redis-py splits its pipeline per node, still one
+round trip in parallel."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -27,17 +30,19 @@ from prometheus_client import Counter
 from redis.cluster import READ_COMMANDS
 from redis.exceptions import NoScriptError
 
+from shared.job_scripts import POSITION
+from shared.rate_limit import IN_FLIGHT, TOKEN_BUCKET
 from shared.redis_client import (
     HiredisCluster,
     MergedCall,
     RedisClient,
     ScriptCall,
-    check_replica_acks,
     connect,
     executed,
     is_cluster,
     preload,
-    queue_replica_wait,
+    queue_replica_waits,
+    replica_shortfall,
 )
 from shared.settings import get_settings
 
@@ -51,6 +56,20 @@ _DIRECT |= {"XREADGROUP", "SUBSCRIBE", "PSUBSCRIBE", "MONITOR", "SCRIPT LOAD"}
 # Commands that change nothing: a flush of only these waits for no replica. redis-py's list of
 # read-only commands (what it may send to a replica) lacks the few below.
 _READS = READ_COMMANDS | {"PING", "XINFO STREAM", "XINFO GROUPS", "XINFO CONSUMERS"}
+
+
+def _sha(script: str) -> str:
+    """The SHA an EVALSHA names `script` by."""
+    return hashlib.sha1(script.encode()).hexdigest()
+
+
+# Scripts that wait for no replica: what a failover loses of them costs no client anything, and
+# a WAIT would fail every caller while their key's shard lacks replicas. The rate limiter's
+# token bucket, taken by every authenticated request: a bucket lost refills early, a few
+# requests over the rate. The in-flight admission, only a limit: a slot lost lets the key hold
+# one job more until one ends (whose removal of the missing slot is a no-op). POSITION, read
+# only. An idempotency claim waits: lost while its job survives, the retry enqueues it again.
+_UNACKED = frozenset(map(_sha, (TOKEN_BUCKET, IN_FLIGHT, POSITION)))
 
 _Pending = tuple[tuple[Any, ...], dict[str, Any], "asyncio.Future[Any]"]
 # How one flush's calls of a script become fewer calls (shared/job_store.merged_enqueues).
@@ -85,13 +104,26 @@ def _merged_script(args: tuple[Any, ...], merges: Mapping[str, Any]) -> bool:
 
 def _written_key(args: tuple[Any, ...]) -> str | None:
     """The key a command writes (a script's first key; one node owns all of a command's keys),
-    or None for a read."""
+    or None for a read or a script that waits for no replica (`_UNACKED`)."""
     name = str(args[0]).upper()
-    if name in _READS:
+    if name in _READS or (name == "EVALSHA" and args[1] in _UNACKED):
         return None
     if name in ("EVALSHA", "EVAL") and int(args[2]) > 0:
         return str(args[3])
     return str(args[1]) if len(args) > 1 else ""
+
+
+def _acked(written: list[str | None], nodes: Mapping[str, str], replies: list[Any]) -> list[Any]:
+    """The replies of the commands that `written` names the key of (None: no WAIT for it),
+    `replies` ending with the WAITs': each write's (an error reply aside) its node's
+    ReplicaAckTimeout where the WAIT fell short. `nodes`: the node of each key written, in the
+    order of the WAITs."""
+    waited = zip(dict.fromkeys(nodes.values()), replies[len(written) :], strict=True)
+    shortfalls = {node: replica_shortfall(ack) for node, ack in waited}
+    return [
+        reply if key is None or isinstance(reply, Exception) else shortfalls[nodes[key]] or reply
+        for key, reply in zip(written, replies[: len(written)], strict=True)
+    ]
 
 
 def group_committing(
@@ -128,7 +160,7 @@ class GroupCommit:
     def merge(self, script: str, merge: Merge) -> None:
         """Send the calls of `script` one flush holds as `merge` makes them (fewer calls: a
         merged call stands where the first of its calls stood)."""
-        self._merges[hashlib.sha1(script.encode()).hexdigest()] = (script, merge)
+        self._merges[_sha(script)] = (script, merge)
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if str(args[0]).upper() in _DIRECT:
@@ -147,15 +179,13 @@ class GroupCommit:
 
     async def _send(self, batch: list[_Pending]) -> None:
         """One pipeline for the whole batch (a lone command sent as itself); a reply that is
-        an error fails its callers only, a connection that fails after retries fails every
-        caller of the batch."""
+        an error (a WAIT short of replicas: the writes to its node) fails its callers only, a
+        connection that fails after retries fails every caller of the batch."""
         FLUSHES.inc()
         COMMANDS.inc(len(batch))
         sends = self._merged(batch)
-        # lazy: only read when replica acks are on
-        written = (key for args, _, _ in sends if (key := _written_key(args)) is not None)
         try:
-            replies = await self._loaded_again(sends, await self._replies(sends, written))
+            replies = await self._loaded_again(sends, await self._replies(sends))
         except BaseException as exc:  # the callers see the error; a cancel ends them too
             for *_, future in batch:
                 if not future.done():
@@ -173,7 +203,7 @@ class GroupCommit:
                 else:
                     future.set_result(share)
 
-    async def _replies(self, sends: list[_Send], written: Iterable[str]) -> list[Any]:
+    async def _replies(self, sends: list[_Send]) -> list[Any]:
         if len(sends) == 1 and not get_settings().replica_acks:
             # a lone command (a quiet producer's every flush) costs less without a pipeline
             args, options, _ = sends[0]
@@ -181,7 +211,7 @@ class GroupCommit:
                 return [await super().execute_command(*args, **options)]  # type: ignore[misc]
             except NoScriptError as refused:
                 return [refused]
-        return await self._pipelined(sends, written)
+        return await self._pipelined(sends)
 
     async def _loaded_again(self, sends: list[_Send], replies: list[Any]) -> list[Any]:
         """The replies once the merged calls a server refused for lacking their script (NOSCRIPT:
@@ -198,26 +228,26 @@ class GroupCommit:
             return replies
         shas = {sends[index][0][1] for index in refused}
         again = [sends[index] for index in refused]
-        written = (key for args, _, _ in again if (key := _written_key(args)) is not None)
         try:
             await preload(cast(RedisClient, self), [self._merges[sha][0] for sha in shas])
-            resent = await self._replies(again, written)
+            resent = await self._replies(again)
         except Exception as exc:  # theirs alone: the rest of the flush ran and keeps its replies
             resent = [exc] * len(again)
         for index, reply in zip(refused, resent, strict=True):
             replies[index] = reply
         return replies
 
-    async def _pipelined(self, sends: list[_Send], written: Iterable[str]) -> list[Any]:
+    async def _pipelined(self, sends: list[_Send]) -> list[Any]:
         pipe: Any = self.pipeline(transaction=False)  # type: ignore[attr-defined]
         for args, options, _ in sends:
             pipe.execute_command(*args, **options)
-        waits = await queue_replica_wait(cast(RedisClient, self), pipe, written)
+        written = (
+            [_written_key(args) for args, _, _ in sends] if get_settings().replica_acks else []
+        )
+        keys = [key for key in written if key is not None]
+        nodes = await queue_replica_waits(cast(RedisClient, self), pipe, keys)
         replies = await executed(pipe, raise_on_error=False)
-        if waits:
-            check_replica_acks(replies[-waits:])
-            replies = replies[:-waits]
-        return replies
+        return _acked(written, nodes, replies) if nodes else replies
 
     def _merged(self, batch: list[_Pending]) -> list[_Send]:
         """The batch's commands, each with the (index, share) of the callers its reply is for;

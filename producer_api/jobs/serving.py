@@ -237,13 +237,17 @@ class JobsService:
         """Whether a failed enqueue left no job, so what it claimed (an idempotency key, an
         in-flight slot) can be given back. A refusal enqueued nothing; a Redis error may come
         after ENQUEUE ran (replicas that did not confirm it, a reply lost with its connection),
-        and a key given back then would let the client's retry enqueue the job twice."""
+        and a key given back then would let the client's retry enqueue the job twice. When the
+        look for the job fails too, both are kept: a claim whose job never appears is taken
+        over once abandoned (`IdempotencyKeys.claim`), a slot whose job has no hash is pruned
+        after a grace (`InFlightLimiter`). The look is a read: it waits for no replica."""
         if isinstance(failure, ConveyorError):
             return True
         try:
             return not await self.state.job_store.exists(job_id)
-        except RedisError:
-            return True  # cannot tell: giving back is what a retry needs if nothing was written
+        except RedisError as exc:
+            log.warning("job %s may be enqueued (%r): its key and slot are kept", job_id, exc)
+            return False
 
     def _submitted(
         self,
