@@ -110,7 +110,7 @@ class EncoderParameters(BaseModel):
     # 2 at least: a tokenizer cannot cut below its two special tokens, and at 1 cut nothing
     max_seq_length: int = Field(default=DEFAULT_MAX_SEQ_LENGTH, ge=2)
     max_texts_per_call: int | None = Field(default=None, ge=1)
-    # 0 lets the runtime use every core; a worker pinned to a share of the machine sets it lower
+    # 0: the runtime's own, or the CPUs this worker may use where a CPU limit or mask narrows it
     intra_op_threads: int = Field(default=0, ge=0)
 
 

@@ -141,6 +141,27 @@ def test_one_provider_named_alone_is_a_list_of_it(artifacts):
     assert len(engine.infer([{"texts": ["a provider named alone"]}])[0]["embeddings"]) == 1
 
 
+def test_automatic_intra_op_threads_fit_the_cgroup_cpu_quota(artifacts, tmp_path, monkeypatch):
+    """`intra_op_threads: 0` under a 1-CPU quota (a k8s CPU limit): ONNX Runtime alone would
+    start a thread per host core; the session gets the quota's 1. Without a quota (nor an
+    affinity mask) narrowing the machine, 0 stays the runtime's own choice. A set count stays
+    as set."""
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    monkeypatch.setattr("workers.engines.cpu_budget.CGROUP_ROOT", tmp_path)
+    automatic = make_engine(artifacts, intra_op_threads=0).session.get_session_options()
+    assert automatic.intra_op_num_threads == 1
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    if len(os.sched_getaffinity(0)) == os.cpu_count():
+        unlimited = make_engine(artifacts, intra_op_threads=0).session.get_session_options()
+        assert unlimited.intra_op_num_threads == 0
+    assert (
+        make_engine(artifacts, intra_op_threads=3)
+        .session.get_session_options()
+        .intra_op_num_threads
+        == 3
+    )
+
+
 def test_a_max_seq_length_past_the_models_positions_is_refused_at_load(artifacts):
     """Every text longer than the model's 512 positions used to fail in the session, as a job
     error naming an ONNX broadcast; the worker now refuses to start and says why."""

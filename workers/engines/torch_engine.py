@@ -22,6 +22,7 @@ import torch
 
 from shared.model_repository import CudaGraphBuckets, TorchOptions
 from workers.engines.base import StagedBatchEngine
+from workers.engines.cpu_budget import resolve_threads
 from workers.engines.text_encoding import (
     MODEL_CONFIG_FILE,
     TOKENIZER_FILE,
@@ -190,9 +191,11 @@ class TorchEngine(StagedBatchEngine):
         return DTYPES[self.options.dtype]
 
     def _wrap(self, encoder: Any, threads: int) -> torch.nn.Module:
-        """Pooling on the device; `compile` fuses it further."""
-        if self.device.type == "cpu" and threads > 0:
-            torch.set_num_threads(threads)
+        """Pooling on the device; `compile` fuses it further. On the CPU, 0 threads is this
+        process's CPU budget: PyTorch's own default is every host core, blind to a container's
+        CPU limit."""
+        if self.device.type == "cpu" and (count := resolve_threads(threads)):
+            torch.set_num_threads(count)
         model: torch.nn.Module = PooledEncoder(encoder).eval()
         return self._compile(model) if self.options.compile else model
 

@@ -1,0 +1,69 @@
+"""A worker's CPU budget: its affinity mask capped by its cgroup's CPU quota, read from a cgroup
+folder written here (v2's `cpu.max`, v1's `cpu/cpu.cfs_*_us`), so the CPU engines' automatic
+thread counts (`intra_op_threads: 0`) fit a container's CPU limit, not the node's cores."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.minilm_reference import prepared_artifacts
+from tests.test_torch_engine import torch_engine
+from workers.engines.cpu_budget import cgroup_cpu_limit, usable_cpus
+
+AFFINITY = len(os.sched_getaffinity(0))
+
+
+def cgroup_v2(root: Path, cpu_max: str) -> Path:
+    (root / "cpu.max").write_text(cpu_max + "\n")
+    return root
+
+
+def cgroup_v1(root: Path, quota_us: int, period_us: int = 100_000) -> Path:
+    (root / "cpu").mkdir()
+    (root / "cpu" / "cpu.cfs_quota_us").write_text(f"{quota_us}\n")
+    (root / "cpu" / "cpu.cfs_period_us").write_text(f"{period_us}\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "expected"),
+    [
+        ("200000 100000", min(2, AFFINITY)),
+        ("max 100000", AFFINITY),
+        ("50000 100000", 1),  # half a CPU still runs one thread
+        ("150000 100000", min(2, AFFINITY)),  # rounded up
+    ],
+)
+def test_a_v2_quota_caps_the_cpus(tmp_path: Path, cpu_max: str, expected: int) -> None:
+    assert usable_cpus(cgroup_v2(tmp_path, cpu_max)) == expected
+
+
+@pytest.mark.parametrize(
+    ("quota_us", "expected"), [(200_000, min(2, AFFINITY)), (-1, AFFINITY), (50_000, 1)]
+)
+def test_a_v1_quota_caps_the_cpus(tmp_path: Path, quota_us: int, expected: int) -> None:
+    assert usable_cpus(cgroup_v1(tmp_path, quota_us)) == expected
+
+
+def test_no_cgroup_files_leave_the_affinity_mask(tmp_path: Path) -> None:
+    assert cgroup_cpu_limit(tmp_path) is None
+    assert usable_cpus(tmp_path) == AFFINITY
+
+
+def test_the_torch_engine_on_the_cpu_threads_to_the_quota(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`intra_op_threads: 0` under a 1-CPU quota: one PyTorch thread, not one per core."""
+    monkeypatch.setattr(
+        "workers.engines.cpu_budget.CGROUP_ROOT", cgroup_v2(tmp_path, "100000 100000")
+    )
+    before = torch.get_num_threads()
+    try:
+        torch_engine(prepared_artifacts(), device="cpu", cuda_graphs=None)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
