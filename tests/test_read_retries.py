@@ -22,6 +22,7 @@ from shared.redis_client import RedisClient, connect
 from tests.lane_rig import abandoned_after, queue_jobs
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
+from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
 from workers.partition.redis_backoff import serve_until_stopped
 from workers.partition.stream_reader import Delivery, StreamReader
@@ -66,28 +67,37 @@ def lose_reply(monkeypatch: pytest.MonkeyPatch) -> Callable[[Matches], None]:
     return armed.append
 
 
-@pytest.mark.parametrize("read", READS)
-async def test_a_read_whose_reply_was_lost_hands_its_entries_over_at_once(
-    client: RedisClient, lose_reply: Callable[[Matches], None], read: str
-) -> None:
-    await queue_jobs(JobStore(client, KEYS, ttl_s=60), PARTITION.online, "a", "b")
-    reader = StreamReader(client, KEYS, PARTITION.streams, WORKER)
+async def _served_after_a_lost_reply(
+    client: RedisClient, partition: Partition, slots: bool = False
+) -> tuple[list[Delivery], int]:
+    """What the lanes hand `WORKER` through the loop's own handling of an outage (it backs
+    off, then claims back what it was handed) once the reply the caller's `lose_reply` armed
+    for was lost: the deliveries, and the turns it took."""
+    reader = StreamReader(client, KEYS, partition.streams, WORKER)
     await reader.ensure_groups()
-    reclaimer = Reclaimer(client, KEYS, PARTITION, WORKER, 60, JobEvents("redis://unused"))
-    lanes = LaneScheduler(PARTITION, reader, reclaimer)
+    reclaimer = Reclaimer(client, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
+    lanes = LaneScheduler(partition, reader, reclaimer)
     handed: list[Delivery] = []
     turns = 0
 
     async def turn() -> None:
         nonlocal turns
         turns += 1
-        for _, deliveries in await lanes.next_batch(10, 0, 50, slots=read == "TAKE"):
+        for _, deliveries in await lanes.next_batch(10, 0, 50, slots=slots):
             handed.extend(deliveries)
 
-    lose_reply(READS[read])
-    # the loop's own handling of an outage: it backs off, then claims back what it was handed
     going = lambda: not handed and turns < 5  # noqa: E731
     await serve_until_stopped(turn, asyncio.Event(), WORKER, lanes.outage, going)
+    return handed, turns
+
+
+@pytest.mark.parametrize("read", READS)
+async def test_a_read_whose_reply_was_lost_hands_its_entries_over_at_once(
+    client: RedisClient, lose_reply: Callable[[Matches], None], read: str
+) -> None:
+    await queue_jobs(JobStore(client, KEYS, ttl_s=60), PARTITION.online, "a", "b")
+    lose_reply(READS[read])
+    handed, turns = await _served_after_a_lost_reply(client, PARTITION, slots=read == "TAKE")
 
     assert [d.entry.job_id for d in handed if d.entry] == ["a", "b"]
     assert turns == 2  # the turn after the outage's, not a visibility timeout later
@@ -105,22 +115,9 @@ async def test_a_reclaim_whose_reply_was_lost_hands_its_entries_over_at_once(
     await dead.ensure_groups()
     assert len((await dead.wait([partition.online], 10, None))[0][1]) == 2
     await asyncio.sleep(1.1)  # abandoned: idle past the visibility timeout
-    reader = StreamReader(client, KEYS, partition.streams, WORKER)
-    reclaimer = Reclaimer(client, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
-    lanes = LaneScheduler(partition, reader, reclaimer)
-    handed: list[Delivery] = []
-    turns = 0
-
-    async def turn() -> None:
-        nonlocal turns
-        turns += 1
-        for _, deliveries in await lanes.next_batch(10, 0, 50):
-            handed.extend(deliveries)
-
     reclaim_sha = hashlib.sha1(job_scripts.RECLAIM.encode()).hexdigest()
     lose_reply(lambda args: args[:2] == ("EVALSHA", reclaim_sha))
-    going = lambda: not handed and turns < 5  # noqa: E731
-    await serve_until_stopped(turn, asyncio.Event(), WORKER, lanes.outage, going)
+    handed, turns = await _served_after_a_lost_reply(client, partition)
 
     assert [d.entry.job_id for d in handed if d.entry] == ["a"]  # reclaimed one at a time
     assert turns == 2 and handed[0].redelivered
