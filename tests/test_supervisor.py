@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -27,7 +28,7 @@ from conveyor.commands.autoscale import PoolWorkers
 from conveyor.embedded_valkey import start_embedded_valkey
 from conveyor.local_stack import StackState
 from conveyor.stack import ChildTooSlow, Stack, free_port
-from conveyor.supervisor import CRASH_LOOP_EXITS, Supervisor
+from conveyor.supervisor import CRASH_LOOP_EXITS, STABLE_AFTER_S, Supervisor
 from shared.keys import GROUP, Keys
 from tests.conftest import REPO_ROOT, until
 from tests.up_process import conveyor_up
@@ -161,6 +162,60 @@ def test_crash_loop_marks_the_child_failed_and_the_others_keep_running(tmp_path:
         assert survivor.poll() is None and supervisor.failed == ["crasher"]
     finally:
         stack.stop()
+
+
+class Clock:
+    """The supervisor's monotonic clock, moved by the test: a run lasts as long as it says."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _runs(tmp_path: Path, ups: list[float]) -> tuple[Supervisor, list[float]]:
+    """A child (a real process that exits at once) whose runs are seen to end `ups` simulated
+    seconds after each start, each restart once its announced delay is over; returns the
+    supervisor and the delays it announced."""
+    stack = Stack.create(tmp_path, redis_url=NO_REDIS)
+    clock = Clock()
+    said: list[str] = []
+    supervisor = Supervisor(stack, said.append, clock)
+    stack.spawn("loader", [sys.executable, "-c", "import sys; sys.exit(3)"], {})
+    try:
+        for up_s in ups:
+            stack.processes["loader"].wait()
+            clock.now += up_s
+            supervisor.check()  # sees the exit
+            if (restart_at := supervisor.children["loader"].restart_at) is None:
+                break
+            clock.now = restart_at
+            supervisor.check()  # starts it again
+    finally:
+        stack.stop()
+    restarts = [line for line in said if line.startswith("loader: exited with")]
+    return supervisor, [float(line.rsplit(" ", 1)[1].rstrip("s")) for line in restarts]
+
+
+def test_a_child_that_dies_after_each_slow_start_backs_off_and_is_given_up_on(
+    tmp_path: Path,
+) -> None:
+    """Only exits within the last 60 s counted: a worker dying 20 s after each start (an LLM
+    whose cache allocation fails once its weights are loaded) settled at 3 recent exits, a 2 s
+    delay, and reloaded its model every ~22 s for ever, never reported."""
+    supervisor, delays = _runs(tmp_path, [0.0] + [20.0] * 10)
+    assert len(delays) == CRASH_LOOP_EXITS - 1
+    assert all(a < b for a, b in pairwise(delays)), delays
+    assert supervisor.failed == ["loader"]
+
+
+def test_the_backoff_starts_over_once_a_child_stayed_up(tmp_path: Path) -> None:
+    """A run that lasted past STABLE_AFTER_S ends the crash loop: the next exit waits the first
+    delay again and starts a new count toward giving up."""
+    supervisor, delays = _runs(tmp_path, [0.0, 0.0, STABLE_AFTER_S + 1, 0.0, 0.0])
+    assert delays == [0.5, 1.0, 0.5, 1.0, 2.0]
+    assert supervisor.failed == []
 
 
 def test_the_valkey_wrapper_exits_when_its_server_dies(tmp_path: Path) -> None:
