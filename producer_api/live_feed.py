@@ -1,14 +1,18 @@
 """A long-lived stream that must stop once what it was opened under no longer holds: a console
-session logged out of, an API key revoked or expired. It is asked again every so often, as the
-stream's own events come (a stream with nothing to send is not asked), so a busy stream costs
-one look per period, not one per event."""
+session logged out of, an API key revoked or expired. It is asked again every so often, whether
+or not the stream has events to send (a token stream of a queued job sends none until a worker
+takes it), so a busy stream costs one look per period, not one per event, and a silent one
+still ends on time."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from producer_api.task_cancel import cancel_and_wait
 
 T = TypeVar("T")
 
@@ -17,12 +21,40 @@ async def while_holds(
     events: AsyncGenerator[T, None], holds: Callable[[], Awaitable[bool]], every_s: float
 ) -> AsyncIterator[T]:
     """`events` as they come, until `holds()`, asked every `every_s`, says no: then the
-    stream ends (`events` closed)."""
+    stream ends (the pending read cancelled, `events` closed). One read stays pending across
+    looks: cancelling it on each would tear down and lose the generator's wait."""
     async with aclosing(events):
-        due = time.monotonic() + every_s
-        async for event in events:
-            if time.monotonic() >= due:
-                if not await holds():
+        upcoming: asyncio.Future[T] | None = None
+        try:
+            due = time.monotonic() + every_s
+            while True:
+                upcoming = upcoming or asyncio.ensure_future(anext(events))
+                await asyncio.wait({upcoming}, timeout=max(due - time.monotonic(), 0))
+                if time.monotonic() >= due:
+                    if not await holds():
+                        return
+                    due = time.monotonic() + every_s
+                if not upcoming.done():
+                    continue
+                try:
+                    event = upcoming.result()
+                except StopAsyncIteration:
                     return
-                due = time.monotonic() + every_s
-            yield event
+                upcoming = None
+                yield event
+        finally:
+            await _stop(upcoming)
+
+
+async def _stop(read: asyncio.Future[Any] | None) -> None:
+    """`cancel_and_wait(read)` seen through though this task is cancelled meanwhile (whoever
+    stops it repeats the cancel while a token follower swallows one, gh-86296): cut short, the
+    read would run on and closing its generator, still running, would fail. Raised after."""
+    cancelled = False
+    while read is not None and not read.done():
+        try:
+            await cancel_and_wait(read)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError

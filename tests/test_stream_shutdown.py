@@ -10,12 +10,14 @@ paced generate engine, Valkey), keys on:
   nothing and repeating nothing, and both jobs run to their end.
 - One tenant asking again and again to resume from an id beyond 64 bits (which once failed the
   shared token hub's read, stalling every stream ~0.5 s a time) does not slow another tenant's
-  tokens."""
+  tokens.
+- A revoked key ends its streams within RECHECK_S, one of a queued job (nothing to send) too."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import signal
 import threading
 import time
@@ -33,8 +35,10 @@ from conveyor.client import Client, StreamFailed
 from conveyor.stack import Server, Stack, free_port
 from producer_api.auth.key_watch import RECHECK_S
 from producer_api.draining import Draining
+from producer_api.live_feed import while_holds
 from producer_api.reply_listener import ReplyListener
 from producer_api.stream_shutdown import GRACE_S, UNREACHABLE, Cut, until_cut
+from producer_api.task_cancel import RECANCEL_S, cancel_and_wait
 from shared.api_keys import ApiKeyStore, key_id_of
 from shared.job_store import JobStore
 from shared.keys import Keys
@@ -385,6 +389,87 @@ def test_a_revoked_key_ends_its_open_streams(paced: Stack) -> None:
     assert not any(e["event"] == "final" for e in sse.events)
     assert openai.events[-1]["data"] == "[DONE]"
     assert '"unauthorized"' in openai.events[-2]["data"], openai.events[-2]
+
+
+def test_a_revoked_key_ends_its_stream_of_a_queued_job(paced: Stack) -> None:
+    """A stream sends nothing while its job waits, and its key was looked at only as events
+    came: a revoked key's chat stream stayed open until a worker took the job, which then ran
+    for it. Now it ends within RECHECK_S as a running job's does, and its job is cancelled
+    before any worker runs it (here the worker is stopped)."""
+    key = issue_key(paced.redis_url, "queued-revoked", "submit", "read")
+    chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "stream": True}
+    openai = Reader("POST", f"{paced.base_url}/v1/chat/completions", key, chat | {"max_tokens": 5})
+    store = redis.Redis.from_url(paced.redis_url, decode_responses=True)
+    worker = paced.processes["paced"].pid
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        openai.start()
+        until(lambda: openai.job_id)  # the stream is open (200), its job queued
+        asyncio.run(_revoke(paced.redis_url, key))
+        openai.join(RECHECK_S + 8)
+        assert not openai.is_alive() and openai.error is None, openai.error
+        assert openai.events[-1]["data"] == "[DONE]"
+        assert '"unauthorized"' in openai.events[-2]["data"], openai.events[-2]
+        assert len(openai.events) == 3, openai.events  # the role's opening chunk, no token
+        status = store.hget(Keys().job(openai.job_id), "status")
+        assert status == "cancelled", status
+    finally:
+        os.kill(worker, signal.SIGCONT)
+        store.close()
+
+
+async def test_a_silent_feed_ends_once_what_it_was_opened_under_is_gone() -> None:
+    """The look is taken on time though no event comes, and an event slower than the period
+    is still delivered, once, from the same generator (never restarted)."""
+    started, closed, gone = [], asyncio.Event(), asyncio.Event()
+
+    async def events() -> AsyncIterator[int]:
+        started.append(1)
+        try:
+            await asyncio.sleep(0.3)  # three periods
+            yield 1
+            await asyncio.Event().wait()  # then nothing, ever
+        finally:
+            closed.set()
+
+    async def holds() -> bool:
+        return not gone.is_set()
+
+    feed = while_holds(events(), holds, 0.1)
+    async with asyncio.timeout(10):  # before, it waited for an event that never comes
+        assert await anext(feed) == 1 and started == [1]
+        gone.set()
+        assert [event async for event in feed] == [] and closed.is_set()
+
+
+async def test_a_feed_stopped_while_its_read_swallows_a_cancel_still_closes_it() -> None:
+    """Stopped as `until_shutdown` stops it (the cancel repeated every RECANCEL_S) while its
+    pending read swallowed the first cancel and ran on (gh-86296): the read is still seen
+    through to its end and the generator closed, not left running."""
+    swallowed, closed = asyncio.Event(), asyncio.Event()
+
+    async def events() -> AsyncIterator[int]:
+        try:
+            yield 1
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                swallowed.set()
+            await asyncio.sleep(3 * RECANCEL_S)  # past the stopper's next cancel
+            await asyncio.Event().wait()
+        finally:
+            closed.set()
+
+    async def holds() -> bool:
+        return True
+
+    feed = while_holds(events(), holds, 60)
+    assert await anext(feed) == 1
+    reading = asyncio.ensure_future(anext(feed))
+    await asyncio.sleep(0)
+    async with asyncio.timeout(10):
+        await cancel_and_wait(reading)
+    assert reading.cancelled() and swallowed.is_set() and closed.is_set()
 
 
 async def _revoke(redis_url: str, key: str) -> None:
