@@ -238,7 +238,7 @@ def _while_open(
     state: ProducerState, service: Console, current: ConsoleSession, feed: Feed
 ) -> AsyncIterator[Event]:
     """A live feed that ends with its session (a logout, from any replica; the key revoked; the
-    session's expiry): looked at again every RECHECK_S, as its events come."""
+    session's expiry): looked at again every RECHECK_S, events or none."""
     return while_holds(feed, partial(still_open, state, service.logouts, current), RECHECK_S)
 
 
