@@ -5,11 +5,14 @@ in the key's slot, not the job's, so it is freed beside the script that ends the
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from shared import job_scripts
 from shared.codec import RequestEntry, as_text, as_written, dumps, loads
@@ -27,7 +30,9 @@ from shared.redis_client import (
     run_pipeline,
     run_script,
 )
+from shared.settings import get_settings
 
+log = logging.getLogger(__name__)
 _TIMING_FIELDS = ("queue_wait_ms", "engine_ms", "ttft_ms", "tpot_ms")
 # A random token a terminal move of the API writes: which call made it (`_made_by`).
 ENDED_BY = "ended_by"
@@ -317,7 +322,13 @@ class JobStore:
         whose reply was lost and that the client reran (the rerun finds the job at `target`
         already) is still this call's, known by the `ended_by` token it wrote: it answered 409
         "already cancelled", and the cancel's webhook was never sent. (Its `finished` stamp
-        told two cancels of one millisecond apart from neither: both answered 200.)"""
+        told two cancels of one millisecond apart from neither: both answered 200.)
+
+        With `CONVEYOR_REPLICA_ACKS` the move ends with WAIT on the job's master
+        (ReplicaAckTimeout when too few replicas confirm: the API's 503) and its waiters hear of
+        it only then, as a worker's FINISH defers its replies: a cancel TRANSITION published
+        itself was answered and announced before any replica held it, and a failover brought
+        the job back `queued`, to run."""
         record = await self.get(job_id)
         if record is None:
             raise JobNotFound(job_id)
@@ -326,22 +337,42 @@ class JobStore:
             extra = {"finished": now_ms(), ENDED_BY: uuid.uuid4().hex[:16], **extra}
         message = dumps(job_view(job_id, {**record.fields, **_strs(extra), "status": target}))
         flat = [str(part) for pair in extra.items() for part in pair]
-        args = [target.value, record.fields.get("reply", ""), message, self.ttl_s, job_id, *flat]
+        reply = record.fields.get("reply", "")
+        published = "" if get_settings().replica_acks else reply  # else `_announce`, once held
+        args = [target.value, published, message, self.ttl_s, job_id, *flat]
         inflight = record.fields.get("inflight", "")
 
-        async def fill(pipe: Any) -> None:
+        async def fill(pipe: Any) -> int:
             queue_script(pipe, self._transition, [self.keys.job(job_id)], args)
             if target.terminal:  # ZREM is idempotent: a job that had ended is no longer held
                 queue_slot_frees(pipe, [(inflight, job_id)])
+            return await queue_replica_wait(self.redis, pipe, [self.keys.job(job_id)])
 
-        _, ((ok, before), *_) = await run_pipeline(self.redis, fill, [self._transition])
+        waits, replies = await run_pipeline(self.redis, fill, [self._transition])
+        ok, before = replies[0]
         updated = await self.get(job_id)
         if not ok and not _made_by(updated, target, extra):
             current = as_text(before) if before else None
             raise IllegalTransition(job_id, current, target.value)
         if updated is None:
             raise JobNotFound(job_id)
+        if waits:
+            check_replica_acks(replies[len(replies) - waits :])
+            await self._announce(reply, message)
         return updated
+
+    async def _announce(self, channel: str, message: bytes) -> None:
+        """TRANSITION's SPUBLISH of a move, sent once replicas hold it. On a pipeline: a group
+        commit client would WAIT for the publish as for a write. A publish that fails is only
+        logged: the move stands, and each waiter reads the job when its wait ends."""
+        if not channel:
+            return
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.spublish(channel, message)
+                await pipe.execute()
+        except RedisError as exc:
+            log.warning("the move of a job was not announced on %s: %r", channel, exc)
 
     async def settle_many(
         self, job_ids: Sequence[str], target: JobStatus, fields: Mapping[str, str | int]

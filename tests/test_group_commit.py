@@ -5,18 +5,22 @@ and the order in which commands were issued is the order they run in."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from conveyor.embedded_valkey import start_embedded_valkey
 from producer_api.app import create_app
 from producer_api.jobs.group_commit import FLUSHES, group_committing
 from shared.api_keys import ApiKeyStore, KeySpec
-from shared.codec import RequestEntry, as_text
+from shared.codec import RequestEntry, as_text, loads
+from shared.job_states import JobStatus
 from shared.job_store import JobStore, QueueFull, now_ms
 from shared.keys import Keys, new_job_id
 from shared.rate_limit import (
@@ -29,6 +33,7 @@ from shared.rate_limit import (
 )
 from shared.redis_client import ReplicaAckTimeout, connect, preload
 from shared.settings import get_settings
+from tests.conftest import until_async
 
 
 def _entry() -> RequestEntry:
@@ -176,3 +181,81 @@ async def test_an_api_with_unconfirmed_writes_still_answers_reads(
     assert job.json()["status"] == "queued" and "queue_position" in job.json(), job.text
     assert models.status_code == 200, models.text
     assert submit.status_code == 503, submit.text  # its job was not confirmed
+
+
+async def test_a_cancel_no_replica_confirmed_is_neither_answered_nor_announced(
+    redis_url: str, aredis: aioredis.Redis, settings_env: Callable[..., None]
+) -> None:
+    """With `CONVEYOR_REPLICA_ACKS` and no replica, a cancel is refused (503) and its job's
+    waiters hear nothing of it. TRANSITION ran on a pipeline without WAIT and published the end
+    itself: a long-poll answered `cancelled` and DELETE 200 for a cancel that a failover undid,
+    the job back `queued`, to run."""
+    settings_env(CONVEYOR_REPLICA_ACKS="1", CONVEYOR_REDIS_TIMEOUT_S="0.5")
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    spec = KeySpec(tenant=tenant, scopes=frozenset({"submit", "read"}))
+    api_key, _ = await ApiKeyStore(aredis, Keys()).create(spec)
+    settings = get_settings().model_copy(update={"redis_url": redis_url, "instance_id": "acked"})
+    app = create_app(settings)
+    channel = f"reply-{uuid.uuid4().hex}"  # one the API subscribes when a long-poll follows it
+    job_id = new_job_id("identity", "default")
+    entry = RequestEntry(job_id, {"inputs": {}}, now_ms(), tenant=tenant, reply=channel)
+    auth = {"Authorization": f"Bearer {api_key}"}
+    async with app.router.lifespan_context(app):
+        await JobStore(aredis, Keys(), 60).create(
+            entry, Keys().queue("identity", "default"), {"model": "identity"}
+        )
+        await aredis.config_resetstat()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            poll = asyncio.create_task(client.get(f"/v1/jobs/{job_id}?wait=30", headers=auth))
+            while not (await aredis.pubsub_shardnumsub(channel))[0][1]:
+                await asyncio.sleep(0.01)  # the long-poll read the job, and follows its channel
+            cancel = await client.delete(f"/v1/jobs/{job_id}", headers=auth)
+            await asyncio.sleep(0.5)  # time enough for a published end to reach the long-poll
+            heard = poll.done()
+            poll.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poll
+    assert cancel.status_code == 503, cancel.text
+    assert not heard, poll.result().text
+    waits = (await aredis.info("commandstats")).get("cmdstat_wait", {}).get("calls", 0)
+    assert waits >= 1
+
+
+async def test_a_cancel_a_replica_confirmed_is_announced(
+    aredis: aioredis.Redis, settings_env: Callable[..., None]
+) -> None:
+    """With `CONVEYOR_REPLICA_ACKS` and a replica, a group-committed cancel waits for it, then
+    tells the job's waiters itself (TRANSITION publishes nothing then)."""
+    settings_env(CONVEYOR_REPLICA_ACKS="1")
+    port = aredis.connection_pool.connection_kwargs["port"]
+    replica = start_embedded_valkey(config={"replicaof": f"127.0.0.1 {port}"})
+    hot = group_committing(aredis, "", "hot")
+    channel = f"reply-{uuid.uuid4().hex}"
+    entry = RequestEntry(uuid.uuid4().hex, {"inputs": {}}, now_ms(), reply=channel)
+    pubsub = aredis.pubsub()
+    try:
+        await until_async(_replica_online(aredis))
+        await JobStore(aredis, Keys(), 60).create(entry, Keys().queue("identity", "default"), {})
+        await pubsub.ssubscribe(channel)
+        await until_async(partial(pubsub.get_message, False, 1))  # subscribed
+        await aredis.config_resetstat()
+        record = await JobStore(hot, Keys(), 60).transition(entry.job_id, JobStatus.CANCELLED)
+        heard = await until_async(partial(pubsub.get_message, False, 1))
+    finally:
+        await pubsub.aclose()
+        replica.stop()
+    assert record.status == JobStatus.CANCELLED
+    assert loads(heard["data"])["status"] == "cancelled"
+    waits = (await aredis.info("commandstats")).get("cmdstat_wait", {}).get("calls", 0)
+    assert waits == 1
+
+
+def _replica_online(client: aioredis.Redis) -> Callable[[], Awaitable[bool]]:
+    """A check that `client`'s server has a replica in sync."""
+
+    async def online() -> bool:
+        replication = await client.info("replication")
+        return "online" in str(replication.get("slave0", ""))
+
+    return online
