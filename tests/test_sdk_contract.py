@@ -14,6 +14,7 @@ the running producer's responses match the schema."""
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Iterator
 from typing import Any, Union, get_args, get_origin
@@ -25,7 +26,8 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 from pydantic import BaseModel
 
-from conveyor.client.errors import APIError, raise_for_error
+from conveyor.client import calls
+from conveyor.client.errors import APIError, WaitTimeout, raise_for_error
 from conveyor.client.types import (
     Batch,
     BatchList,
@@ -371,3 +373,34 @@ def test_the_checks_catch_drift() -> None:
             Strict.model_validate(body)
 
     rejected()
+
+
+@pytest.mark.parametrize("timeout", [0.0, 1e-9])
+def test_a_predict_with_no_time_left_asks_only_what_the_routes_accept(timeout: float) -> None:
+    """`predict(timeout=0)`, or one whose timeout ran out before its request went out, asked
+    the route for `timeout=0.0`, which it refuses as not over 0: every such call failed with a
+    422. It submits, and its wait ends as `wait(timeout=0)` does: WaitTimeout with the job."""
+    op = calls.predict("m", {"x": 1}, timeout, {})
+    submit = next(op)
+    assert _accepts("post", "/v1/models/{model}/predict", "timeout", submit)
+    queued = {"id": "j", "status": "queued"}
+    poll = op.send(httpx.Response(202, json=queued))
+    assert _accepts("get", "/v1/jobs/{job_id}", "wait", poll)
+    with pytest.raises(WaitTimeout) as raised:
+        op.send(httpx.Response(200, json=queued))
+    assert raised.value.last == Job.model_validate(queued)
+
+
+def _accepts(method: str, path: str, name: str, call: calls.Call) -> bool:
+    """Whether the query parameter `name` of `call` is within the bounds the route declares."""
+    [declared] = [
+        parameter["schema"]
+        for parameter in SCHEMA["paths"][path][method]["parameters"]
+        if parameter["name"] == name
+    ]
+    value = (call.params or {})[name]
+    return (
+        value > declared.get("exclusiveMinimum", -math.inf)
+        and value >= declared.get("minimum", -math.inf)
+        and value <= declared.get("maximum", math.inf)
+    )

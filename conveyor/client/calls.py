@@ -42,6 +42,8 @@ Ended = TypeVar("Ended", Job, Batch)  # what a cancel answers
 LONG_POLL_S = 30.0  # one long-poll request; the server caps it at CONVEYOR_MAX_WAIT_S anyway
 SLACK_S = 15.0  # HTTP timeout beyond the time the server was asked to wait
 STREAM_TIMEOUT_S = 60.0  # an event stream's: four of the server's keep-alive pings
+# What a predict with no time left asks the route to wait: its `timeout` must be over 0.
+LEAST_PREDICT_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +196,11 @@ _FAILED_AS = {"failed": 422, "cancelled": 409, "expired": 504}
 
 def predict(model: str, inputs: dict[str, Any], timeout: float, options: JobOptions) -> Op[Job]:
     """Submit and wait: the finished job, or the APIError the server gives for a job that
-    failed (422), was cancelled (409) or expired (504), even when it ended after the call."""
+    failed (422), was cancelled (409) or expired (504), even when it ended after the call;
+    WaitTimeout (with the job) once `timeout` runs out, as `wait`'s; `timeout=0` too, unless
+    the job ended at once (it asked the route to wait 0 s, which the route refuses: a 422)."""
     deadline = _deadline(timeout)
-    asked = _left(deadline, LONG_POLL_S * 2)
+    asked = max(_left(deadline, LONG_POLL_S * 2), LEAST_PREDICT_S)
     response = yield Call(
         "POST",
         f"/v1/models/{segment(model)}/predict",
