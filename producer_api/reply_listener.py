@@ -6,7 +6,11 @@ Each partition's replies to this producer go to its own channel in the partition
 (`Keys.reply`), because the scripts that end jobs SPUBLISH from that slot; the listener
 SSUBSCRIBEs on the node that owns each channel. A message can be lost while a node fails over
 (pub/sub is not stored), so after any reconnection the listener reads every job it still waits
-for and wakes those that ended: a waiter never sits out its timeout for a reply it missed."""
+for and wakes those that ended: a waiter never sits out its timeout for a reply it missed.
+
+Another producer's channel (a job submitted through another replica) is left once idle: instance
+ids change with every restart, so a producer that kept them held every channel it ever followed,
+each resubscribed on every reconnection."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -41,6 +45,9 @@ log = logging.getLogger(__name__)
 # waiter on its partitions sat out its whole wait until the producer restarted.
 QUIET_S = 5.0
 LIVENESS = "conveyor-reply-listener"
+# Another producer's channel that no request followed this long, with no waiter on its partition,
+# is unsubscribed (a sweep every quarter of it); a later request follows it again.
+IDLE_S = 300.0
 Node = tuple[str, int]  # (host, port); one server is the node (None-less key: ("", 0))
 ONE_SERVER: Node = ("", 0)
 
@@ -56,6 +63,9 @@ class ReplyListener:
         self._channels: dict[str, Node] = {}
         self._made = 0  # subscriptions made so far: see `follow`
         self._made_at: dict[str, int] = {}  # each channel's number among them
+        self._used: dict[str, float] = {}  # when each other producer's channel was last followed
+        # channels unsubscribed on each node whose confirmation is not read yet: not slot moves
+        self._leaving: dict[Node, list[str]] = defaultdict(list)
         self._tasks: dict[Node, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
 
@@ -83,18 +93,22 @@ class ReplyListener:
         """Also hear a channel this producer did not subscribe yet (another producer's, for a
         job submitted through another replica; a partition not known at start). True when the
         subscription came after `since` (a `made()`), by this call or another request's: what
-        was published on it before went unheard, so a read before then must be done again."""
+        was published on it before went unheard, so a read before then must be done again.
+        Another producer's channel is left once idle (`_sweep`): a later call subscribes it
+        again, and so answers True."""
         if not channel:
             return False
         if channel not in self._channels:
             await self._subscribe([channel])
+        if channel != self.keys.reply(self.producer, _hash_tag(channel)):
+            self._used[channel] = asyncio.get_running_loop().time()
         return self._made_at.get(channel, 0) > since
 
     async def register(self, job_id: str, follow: bool = True) -> asyncio.Future[dict[str, Any]]:
         """A future the job's end resolves; a subscription that fails leaves no waiter. With
         `follow`, the job's channel on this producer is subscribed first (a job about to be
         submitted here); without, the caller follows the channel its job names once it knows
-        the job exists (a poll of an unknown id subscribed a channel for good)."""
+        the job exists (a poll of an unknown id subscribed a channel)."""
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiters[job_id].add(future)
         try:
@@ -145,10 +159,11 @@ class ReplyListener:
         while True:
             try:
                 if outage.failures:
+                    self._leaving.pop(node, None)  # their confirmations went with the connection
                     await pubsub.connect()  # reconnects, then resubscribes its channels
                     outage.recovered()
                     await self._recheck()
-                async for message in _heard(pubsub):
+                async for message in _heard(pubsub, lambda: self._sweep(node, pubsub)):
                     if message["type"] == "smessage":
                         self._deliver_all(loads(message["data"]))
                     elif message["type"] == "sunsubscribe" and self._held(node, message):
@@ -164,9 +179,42 @@ class ReplyListener:
                 await asyncio.sleep(outage.failed(exc))
 
     def _held(self, node: Node, message: dict[str, Any]) -> bool:
-        """Whether an unsubscription is of a channel this listener holds on `node` (none it
-        asked for: it never unsubscribes)."""
-        return self._channels.get(as_text(message["channel"])) == node
+        """Whether an unsubscription is of a channel this listener holds on `node`, not the
+        server's confirmation of one `_sweep` left (taken off its list here): that channel may
+        be held again already, followed meanwhile."""
+        channel = as_text(message["channel"])
+        if channel in self._leaving[node]:
+            self._leaving[node].remove(channel)
+            return False
+        return self._channels.get(channel) == node
+
+    def _idle(self, node: Node) -> list[str]:
+        """Other producers' channels on `node` followed last `IDLE_S` ago or more, on whose
+        partitions nothing waits (a long-poll registers its waiter before it follows)."""
+        now = asyncio.get_running_loop().time()
+        waited = {job_tag(job_id) for job_id in self._waiters}
+        return [
+            channel
+            for channel, used in self._used.items()
+            if now - used >= IDLE_S
+            and self._channels.get(channel) == node
+            and _hash_tag(channel) not in waited
+        ]
+
+    async def _sweep(self, node: Node, pubsub: aioredis.client.PubSub) -> None:
+        """Unsubscribe `node`'s idle channels. Each leaves `_channels` before its SUNSUBSCRIBE
+        (the lock keeps a new subscription behind it), so a request that follows it meanwhile
+        subscribes it again, and reads its job again (`follow`); it leaves redis-py's list too,
+        or a reconnection before the server's confirmation would subscribe it again."""
+        if not self._idle(node):
+            return
+        encoder = pubsub.encoder
+        async with self._lock:
+            for channel in self._idle(node):
+                del self._channels[channel], self._made_at[channel], self._used[channel]
+                pubsub.shard_channels.pop(encoder.decode(encoder.encode(channel)), None)
+                self._leaving[node].append(channel)
+                await pubsub.sunsubscribe(channel)  # one slot a command, as SSUBSCRIBE
 
     async def _move_off(self, node: Node, reason: object) -> None:
         """A cluster node failed (or gave up a slot): subscribe its channels again wherever
@@ -175,6 +223,7 @@ class ReplyListener:
         async with self._lock:
             pubsub = self._nodes.pop(node)
             self._tasks.pop(node, None)
+            self._leaving.pop(node, None)
             moved = [channel for channel, owner in self._channels.items() if owner == node]
             for channel in moved:
                 del self._channels[channel]
@@ -219,14 +268,24 @@ class ReplyListener:
                 future.set_result(view)
 
 
-async def _heard(pubsub: aioredis.client.PubSub) -> AsyncIterator[dict[str, Any]]:
-    """The subscription's messages, while it has channels; a connection that stays silent
-    through a PING is dropped (RedisConnectionError), so the listener reconnects or moves off
-    the node."""
+def _hash_tag(channel: str) -> str:
+    """The partition tag a reply channel is braced by (`Keys.reply`; a key prefix has none)."""
+    return channel.partition("{")[2].partition("}")[0]
+
+
+async def _heard(
+    pubsub: aioredis.client.PubSub, sweep: Callable[[], Awaitable[None]]
+) -> AsyncIterator[dict[str, Any]]:
+    """The subscription's messages, while it has channels, with a `sweep` every quarter of
+    `IDLE_S`; a connection that stays silent through a PING is dropped (RedisConnectionError),
+    so the listener reconnects or moves off the node."""
     clock = asyncio.get_running_loop().time
-    heard, pinged = clock(), False
+    heard, pinged, swept = clock(), False, clock()
     while pubsub.subscribed:
         message = await pubsub.get_message(timeout=QUIET_S / 5)
+        if clock() - swept >= IDLE_S / 4:
+            await sweep()
+            swept = clock()
         if message is not None:
             heard, pinged = clock(), False
             if message["type"] != "pong":

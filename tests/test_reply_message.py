@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from producer_api import reply_listener
 from producer_api.reply_listener import QUIET_S, ReplyListener
 from shared.codec import OUTPUTS_TEXT, dumps, loads, spliced_outputs
 from shared.job_store import JobStore
@@ -120,6 +121,58 @@ async def test_a_reply_lost_while_the_listener_reconnected_is_found_by_a_recheck
                 await aredis.client_kill_filter(_id=peer["id"])
         view = await asyncio.wait_for(waiting, timeout=10)
         assert view["status"] == "succeeded"
+    finally:
+        await listener.stop()
+        await client.aclose()
+
+
+async def _shard_subscribers(aredis: aioredis.Redis, channel: str) -> int:
+    _, count = await aredis.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+    return int(count)
+
+
+async def _until_left(listener: ReplyListener, aredis: aioredis.Redis, channel: str) -> None:
+    """Wait for a sweep of the listener (each second or so here) to have left `channel`."""
+    for _ in range(300):
+        held = channel in listener._channels  # nothing public tells
+        if not held and await _shard_subscribers(aredis, channel) == 0:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{channel} is still subscribed")
+
+
+async def test_another_producers_channel_left_idle_is_unsubscribed_and_heard_again(
+    redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-poll of a job submitted through another replica subscribed that replica's channel
+    for good: instance ids change with every restart, so across rollouts a producer held every
+    channel it ever followed, and resubscribed each on every reconnection. Now one idle past
+    `IDLE_S` with no waiter on its partition is left (this producer's own never are), and one
+    followed again is heard again, the read before it done again."""
+    monkeypatch.setattr(reply_listener, "IDLE_S", 0.2)
+    client = connect(redis_url)
+    keys = Keys()
+    listener = ReplyListener(client, keys, "p1", JobStore(client, keys, 60))
+    try:
+        await listener.start(["abcd"])
+        awaited_job, job_id = "ef01" + "4" * 28, "abcd" + "3" * 28
+        own, idle = listener.channel(job_id), keys.reply("p2", "abcd")
+        awaited = keys.reply("p2", "ef01")  # another producer's too, but a waiter's
+        held = await listener.register(awaited_job, follow=False)
+        for channel in (idle, awaited):
+            await listener.follow(channel, listener.made())
+        await _until_left(listener, aredis, idle)
+        for kept in (own, awaited):
+            assert kept in listener._channels and await _shard_subscribers(aredis, kept) == 1
+
+        read_before = listener.made()
+        waiting = await listener.register(job_id, follow=False)
+        assert await listener.follow(idle, read_before) is True  # the read must be done again
+        for channel, job in ((idle, job_id), (awaited, awaited_job)):
+            reply = [{"id": job, "status": "succeeded", OUTPUTS_TEXT: "{}"}]
+            await aredis.execute_command("SPUBLISH", channel, dumps(reply))
+        for future in (waiting, held):
+            assert (await asyncio.wait_for(future, timeout=10))["status"] == "succeeded"
     finally:
         await listener.stop()
         await client.aclose()
