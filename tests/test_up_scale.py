@@ -338,7 +338,7 @@ def test_a_child_slower_than_the_start_timeout_says_so(stack: Stack, tmp_path: P
                 PYTHONPATH=str(REPO_ROOT),
             )
     finally:
-        mine.stop_process("slow", signal.SIGKILL)  # it holds SIGTERM until its engine loads
+        mine.stop_process("slow", signal.SIGKILL)  # no need to wait for its drain
         mine.stop()
     message = str(slow.value)
     assert message.startswith(

@@ -1,11 +1,12 @@
 """A worker whose Redis is gone still stops on SIGTERM within its shutdown grace, even with a
 finished micro-batch it cannot write back, and logs the outage once rather than once per retry
-(issue 18 finding 5, issue 16 item 6)."""
+(issue 18 finding 5, issue 16 item 6); one whose engine call outlasts the grace still exits."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import time
@@ -15,8 +16,9 @@ from typing import Any
 import httpx
 import redis
 
-from shared.keys import Keys
+from shared.keys import GROUP, Keys
 from tests.conftest import REPO_ROOT, running_stack, until
+from workers.runtime.stream_consumer import FORCED_EXIT_MARGIN_S
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 GRACE_S = 3
@@ -68,3 +70,35 @@ def test_worker_exits_on_sigterm_while_redis_is_gone(tmp_path: Path) -> None:
         assert "consumer did not drain" not in log.read_text(), "a loop ignored the stop"
         warnings = _worker_warnings(log)
         assert len(warnings) in range(1, 4), warnings
+
+
+def test_worker_exits_after_its_grace_with_an_engine_call_that_outlasts_it(
+    tmp_path: Path,
+) -> None:
+    """Engine calls run on pool threads, which Python waits for at exit: after SIGTERM the
+    worker gave up its drain at the grace, then lingered until the call returned (here in a
+    minute). Its exit is forced shortly after the grace now; the job stays pending for reclaim."""
+    with running_stack(
+        tmp_path,
+        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
+        PYTHONPATH=str(REPO_ROOT),  # the custom backend lives in tests/
+        CONVEYOR_AUTH="disabled",
+        CONVEYOR_SHUTDOWN_GRACE_S=str(GRACE_S),
+    ) as pipeline:
+        pipeline.start_worker("faulty", name="worker")
+        worker = pipeline.processes["worker"]
+        body = {"model": "faulty", "inputs": {"sleep_ms": 60_000}}
+        job_id = httpx.post(f"{pipeline.base_url}/v1/jobs", json=body).json()["id"]
+        client = redis.Redis.from_url(pipeline.redis_url, decode_responses=True)
+        until(lambda: client.hget(Keys().job(job_id), "status") == "running")
+        worker.send_signal(signal.SIGTERM)
+        try:  # a bound, not a measured duration: the call in hand would hold it a minute
+            code = worker.wait(timeout=GRACE_S + FORCED_EXIT_MARGIN_S + 15)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"worker still running after SIGTERM; see {tmp_path}") from None
+        assert code == os.EX_SOFTWARE
+        stream = Keys().queue("faulty", "default")
+        consumer = pipeline.consumer_name(worker.pid)
+        assert len(client.xpending_range(stream, GROUP, "-", "+", 10, consumer)) == 1
+        assert client.hget(Keys().job(job_id), "status") == "running"
+        client.close()

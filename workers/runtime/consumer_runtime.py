@@ -4,12 +4,14 @@ Celery worker's main thread stays free for Celery's own work (remote control, ta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -36,10 +38,21 @@ from workers.partition.token_writer import TokenWriter
 log = logging.getLogger(__name__)
 # Of the shutdown grace, what a generate engine's own shutdown needs after the drain.
 ENGINE_CLOSE_S = 10.0
+# The least a worker waits for its engines: the longest startup probe in k8s/base (smollm2's,
+# 120 x 5 s), which the worker's own wait must not cut short.
+MIN_START_WAIT_S = 600.0
+# How often a worker still loading its engines looks whether it was asked to stop.
+START_SLICE_S = 0.5
 
 
 def consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def start_wait_s(settings: Settings) -> float:
+    """How long a worker waits for its engines: CONVEYOR_START_TIMEOUT_S, which is raised for a
+    large LLM's load (`conveyor up` waits that long for the worker), or MIN_START_WAIT_S."""
+    return max(settings.start_timeout_s, MIN_START_WAIT_S)
 
 
 class PartitionLoop(Protocol):
@@ -89,32 +102,67 @@ class ConsumerRuntime:
             target=self._run_thread, name="conveyor-consumer", daemon=True
         )
         self._ready: Future[None] = Future()
+        self._serving: asyncio.Task[None] | None = None
         self._loops: list[MicroBatchLoop | GenerateLoop] = []
         self._engines: list[BatchEngine | GenerateEngine] = []
 
-    def start(self, timeout: float = 600.0) -> None:
-        """Load every engine and start serving; returns once all partitions are being read."""
+    def start(self, check_stop: Callable[[], None] = lambda: None) -> None:
+        """Load every engine and start serving; returns once all partitions are being read.
+        `check_stop` runs every START_SLICE_S meanwhile and raises to give up (the worker's:
+        Celery's `maybe_shutdown`, once SIGTERM asked for a stop; a long load held it off).
+        Whatever ends the wait early, that, a failed load or one past `start_wait_s`, stops
+        the runtime before it is raised: the engines loaded by then are closed."""
         self._thread.start()
-        self._ready.result(timeout=timeout)
+        try:
+            self._wait_ready(check_stop)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, check_stop: Callable[[], None]) -> None:
+        wait_s = start_wait_s(self.settings)
+        deadline = time.monotonic() + wait_s
+        while not wait([self._ready], timeout=START_SLICE_S).done:
+            check_stop()
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"the engines did not load within {wait_s:g}s (CONVEYOR_START_TIMEOUT_S)"
+                )
+        self._ready.result()  # the load's error, if it failed
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and self._ready.done()
 
-    def stop(self) -> None:
-        """Warm shutdown: stop reading, finish the batch in hand, acknowledge, then return."""
+    def stop(self) -> bool:
+        """Warm shutdown: stop reading (or loading), finish the batch in hand, acknowledge,
+        close the engines, then return. False when the consumer is still at it after the
+        grace (an engine call that outlasts it): the jobs in hand stay pending, for a reclaim."""
         if not self._thread.is_alive():  # it crashed: its loop is closed, nothing is in hand
-            return
-        for partition_loop in self._loops:
-            self.loop.call_soon_threadsafe(partition_loop.stopping.set)
+            return True
+        with contextlib.suppress(RuntimeError):  # its loop closed meanwhile: nothing to stop
+            self.loop.call_soon_threadsafe(self._stop_serving)
         self._thread.join(timeout=self.settings.shutdown_grace_s)
         if self._thread.is_alive():
             log.error("consumer did not drain within %.0fs", self.settings.shutdown_grace_s)
+            return False
+        return True
+
+    def _stop_serving(self) -> None:
+        """On the loop, so it cannot race the end of the load: a load still running is
+        cancelled (the engines loaded are closed), partition loops are told to stop."""
+        if self._serving is not None and not self._ready.done():
+            self._serving.cancel()
+        for partition_loop in self._loops:
+            partition_loop.stopping.set()
 
     def _run_thread(self) -> None:
         asyncio.set_event_loop(self.loop)
+        self._serving = self.loop.create_task(self._serve())
         try:
-            self.loop.run_until_complete(self._serve())
+            self.loop.run_until_complete(self._serving)
+        except asyncio.CancelledError:
+            log.info("engine load given up: the worker stops")  # only a stop cancels it
         except BaseException as exc:
             if not self._ready.done():
                 self._ready.set_exception(exc)
@@ -128,20 +176,22 @@ class ConsumerRuntime:
 
     async def _serve(self) -> None:
         client = connect(self.settings.redis_url, name=self.consumer)
-        await preload(client, [*job_scripts.ALL, *token_scripts.ALL])
         events = JobEvents(self.settings.redis_url)
         writer = ResultWriter(client, self.keys, self.settings.result_ttl_s, events, self.consumer)
-        for config, variant in self.partitions:
-            partition = Partition.of(self.keys, config, variant)
-            self._loops.append(await self._build_loop(client, writer, events, partition))
-        settle_heap(self.settings)
-        self._ready.set_result(None)
-        log.info("serving %s as %s", [f"{c.name}:{v}" for c, v in self.partitions], self.consumer)
-        try:
-            await run_together(self._loops)
-        except BaseException:
-            self._on_crash()  # before the engines close: a hung engine's close never returns
-            raise
+        try:  # a load that fails or is given up closes the engines loaded before it too
+            await preload(client, [*job_scripts.ALL, *token_scripts.ALL])
+            for config, variant in self.partitions:
+                partition = Partition.of(self.keys, config, variant)
+                self._loops.append(await self._build_loop(client, writer, events, partition))
+            settle_heap(self.settings)
+            self._ready.set_result(None)
+            served = [f"{c.name}:{v}" for c, v in self.partitions]
+            log.info("serving %s as %s", served, self.consumer)
+            try:
+                await run_together(self._loops)
+            except BaseException:
+                self._on_crash()  # before the engines close: a hung engine's close never returns
+                raise
         finally:
             for engine in self._engines:
                 if isinstance(engine, GenerateEngine):

@@ -1,5 +1,7 @@
 """Celery worker bootstep serving `/metrics` (Prometheus) and `/healthz` (the consumer thread is
-alive: the liveness probe) on `CONVEYOR_METRICS_PORT`; 0 turns it off."""
+alive: the liveness probe; 503 while the engines load) on `CONVEYOR_METRICS_PORT`; 0 turns it
+off. It starts before the stream consumer: a port in use stopped a worker that had read a
+micro-batch, which Celery, not fully started, did not drain."""
 
 from __future__ import annotations
 
@@ -12,13 +14,12 @@ from celery import bootsteps
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shared.settings import get_settings
-from workers.runtime.stream_consumer import StreamConsumer
 
 log = logging.getLogger(__name__)
 
 
 class MetricsServer(bootsteps.StartStopStep):
-    requires = (StreamConsumer,)
+    requires = ("celery.worker.components:Pool",)
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
@@ -28,7 +29,10 @@ class MetricsServer(bootsteps.StartStopStep):
         port = get_settings().metrics_port
         if port == 0:
             return
-        self.server = ThreadingHTTPServer(("0.0.0.0", port), _handler(worker))
+        try:
+            self.server = ThreadingHTTPServer(("0.0.0.0", port), _handler(worker))
+        except OSError as exc:  # Celery logs only the error: name the setting
+            raise OSError(exc.errno, f"CONVEYOR_METRICS_PORT={port}: {exc.strerror}") from exc
         threading.Thread(target=self.server.serve_forever, name="metrics", daemon=True).start()
         log.info("metrics on :%d", port)
 

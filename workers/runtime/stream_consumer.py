@@ -1,6 +1,7 @@
 """Celery worker bootstep that serves Conveyor's partition streams: started after the worker's
-pool and its heartbeat, stopped before the heartbeat on warm shutdown (stop reading, finish the
-batch in hand, acknowledge, exit)."""
+pool, its heartbeat and its metrics server (bound before anything is read, so a port in use
+stops the worker with no job in hand), stopped before them on warm shutdown (stop reading,
+finish the batch in hand, acknowledge, exit)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ from celery.worker import state as celery_state
 from shared.settings import get_settings
 from workers.runtime.consumer_runtime import ConsumerRuntime
 from workers.runtime.heartbeat import WorkerHeartbeat
+from workers.runtime.metrics_server import MetricsServer
 
 # What Celery gets to shut down after a crash, past the grace (a webhook delivery in hand), before
-# the exit is forced.
+# the exit is forced; after a drain that overran the grace, or a start given up, likewise.
 FORCED_EXIT_MARGIN_S = 20.0
 
 
 class StreamConsumer(bootsteps.StartStopStep):
     # after the heartbeat: it shows `warming` while engines load, `draining` while this drains
-    requires = ("celery.worker.components:Pool", WorkerHeartbeat)
+    requires = ("celery.worker.components:Pool", WorkerHeartbeat, MetricsServer)
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
@@ -30,24 +32,36 @@ class StreamConsumer(bootsteps.StartStopStep):
 
     def start(self, worker: Any) -> None:
         self.runtime = ConsumerRuntime(get_settings(), on_crash=_exit_worker)
-        self.runtime.start()
+        try:  # SIGTERM while the engines load raises WorkerShutdown here, as Celery's loop does
+            self.runtime.start(celery_state.maybe_shutdown)
+        except BaseException:
+            # Celery stops no step of a worker that did not fully start; the runtime stopped
+            # itself, but a load it gave up may still hold a pool thread
+            _force_exit(FORCED_EXIT_MARGIN_S)
+            raise
         worker.conveyor_runtime = self.runtime
 
     def stop(self, worker: Any) -> None:
         if self.runtime is not None:
-            self.runtime.stop()
+            if not self.runtime.stop():  # its jobs in hand stay pending, for a reclaim
+                _force_exit(FORCED_EXIT_MARGIN_S)
             self.runtime = None
 
 
 def _exit_worker() -> None:
     """Ask Celery's main loop to shut the worker down with EX_SOFTWARE, as a signal would (it
-    checks this flag on every turn): the consumer thread cannot stop it from where it runs.
-    The exit is forced if the process outlives that shutdown: an engine call that never
-    returns (queue.max_run_s) holds a pool thread, which Python waits for at exit, for ever."""
+    checks this flag on every turn): the consumer thread cannot stop it from where it runs."""
     if celery_state.should_stop == os.EX_SOFTWARE:
         return  # asked already (before the engines closed), its exit forced already
     celery_state.should_stop = os.EX_SOFTWARE
-    delay_s = get_settings().shutdown_grace_s + FORCED_EXIT_MARGIN_S
+    _force_exit(get_settings().shutdown_grace_s + FORCED_EXIT_MARGIN_S)
+
+
+def _force_exit(delay_s: float) -> None:
+    """Exit with EX_SOFTWARE if the process still runs `delay_s` from now: an engine call that
+    does not return (queue.max_run_s, a drain past the grace, a load given up) holds a pool
+    thread (asyncio.to_thread, a staged engine's executors), which Python waits for at exit,
+    for as long as the call lasts."""
     forced = threading.Timer(delay_s, os._exit, [os.EX_SOFTWARE])
     forced.daemon = True
     forced.start()
