@@ -75,6 +75,15 @@ if redis.call('SET', KEYS[2], 1, 'NX', 'PX', 1000) then last = -1 end
 return {0, now, redis.call('ZRANGE', KEYS[1], 0, last, 'WITHSCORES')}
 """
 )
+# KEYS[1]=in-flight set; ARGV: the job ids whose slots are freed. Returns how many it held. A
+# script, not a ZREM, so that group commit waits for no replica for it either (its `_UNACKED`):
+# a removal lost in a failover costs a slot until the prune at the cap. One ZREM per id: a
+# prune may free the whole set, more ids than Lua's unpack takes.
+RELEASE = """
+local freed = 0
+for _, job_id in ipairs(ARGV) do freed = freed + redis.call('ZREM', KEYS[1], job_id) end
+return freed
+"""
 _LIVE = frozenset(s.value for s in JobStatus if s not in TERMINAL)
 
 
@@ -152,6 +161,7 @@ class InFlightLimiter:
         self.keys = keys
         self.ttl_ms = ttl_s * 1000
         self._admit = client.register_script(IN_FLIGHT)
+        self._release = client.register_script(RELEASE)
 
     async def admit(self, key_id: str, job_id: str, cap: int) -> bool:
         """Take a slot for the job; at the cap, prune the members whose jobs ended and try
@@ -181,10 +191,11 @@ class InFlightLimiter:
             for (job_id, admitted_ms), status in zip(members, statuses, strict=True)
             if not _live(status, now_ms - admitted_ms, self.GRACE_MS)
         ]
-        return int(await self.redis.zrem(in_flight, *ended)) if ended else 0
+        return int(await call_script(self._release, [in_flight], ended)) if ended else 0
 
     async def release(self, key_id: str, job_id: str) -> None:
-        await self.redis.zrem(self.keys.in_flight(key_id), job_id)
+        """Give the job's slot back (its submit enqueued nothing)."""
+        await call_script(self._release, [self.keys.in_flight(key_id)], [job_id])
 
 
 def _live(status: bytes | str | None, age_ms: float, grace_ms: int) -> bool:

@@ -9,6 +9,7 @@ import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from functools import partial
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -33,7 +34,7 @@ from shared.rate_limit import (
 )
 from shared.redis_client import ReplicaAckTimeout, connect, preload
 from shared.settings import get_settings
-from tests.conftest import until_async
+from tests.conftest import REPO_ROOT, until_async
 
 
 def _entry() -> RequestEntry:
@@ -259,3 +260,61 @@ def _replica_online(client: aioredis.Redis) -> Callable[[], Awaitable[bool]]:
         return "online" in str(replication.get("slave0", ""))
 
     return online
+
+
+async def test_in_flight_slots_are_given_back_without_a_replica(
+    redis_url: str, aredis: aioredis.Redis, settings_env: Callable[..., None]
+) -> None:
+    """With `CONVEYOR_REPLICA_ACKS` and no replica, the in-flight limit's removals wait for no
+    replica, as its admission: they were plain ZREMs, which group commit waited for, so a key at
+    its cap was answered 503 where a dead submit's slot was free (the prune failed), and a
+    submit's give-back raised over the refusal it followed."""
+    settings_env(CONVEYOR_REPLICA_ACKS="1", CONVEYOR_REDIS_TIMEOUT_S="0.5")
+    plain = connect(redis_url, name="acked", blocks_ms=0)  # as the producer's
+    limiter = InFlightLimiter(group_committing(plain, redis_url, "hot"), Keys("gc"), 60)
+    slots = Keys("gc").in_flight("key")
+    await aredis.zadd(slots, {"died": now_ms() - InFlightLimiter.GRACE_MS - 1_000})  # no hash
+    try:
+        assert await limiter.admit("key", "j2", 1)
+        await limiter.release("key", "j2")
+    finally:
+        await plain.aclose()
+    assert await aredis.zcard(slots) == 0
+
+
+async def test_a_give_back_that_fails_leaves_the_refusal_it_followed(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """A submit refused (its queue full) gives its in-flight slot back; when that fails (here
+    its server refuses ZREM to the producer's user) the slot is left to the prune and the
+    client still hears 429, not the give-back's error."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    api_key, _ = await ApiKeyStore(aredis, Keys()).create(
+        KeySpec(tenant=tenant, scopes=frozenset({"submit"}))
+    )
+    store, stream = JobStore(aredis, Keys(), 60), Keys().queue("tiny", "default")
+    for _ in range(5):  # tiny's queue.max_length
+        await store.create(_entry(), stream, {})
+    await aredis.execute_command("ACL SETUSER no-zrem on >pw ~* &* +@all -zrem")
+    url = urlsplit(redis_url)
+    settings = get_settings().model_copy(
+        update={
+            "redis_url": url._replace(netloc=f"no-zrem:pw@{url.hostname}:{url.port}").geturl(),
+            "instance_id": "no-zrem",
+            "model_repository": REPO_ROOT / "tests/fixtures/model_repository",
+        }
+    )
+    app = create_app(settings)
+    try:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                submit = await client.post(
+                    "/v1/jobs",
+                    json={"model": "tiny", "inputs": {}},
+                    headers={"Authorization": f"Bearer {api_key}"},
+                )
+    finally:
+        await aredis.acl_deluser("no-zrem")
+    assert submit.status_code == 429, submit.text
+    assert submit.json()["error"]["type"] == "queue_full"

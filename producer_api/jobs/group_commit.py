@@ -31,7 +31,7 @@ from redis.cluster import READ_COMMANDS
 from redis.exceptions import NoScriptError
 
 from shared.job_scripts import POSITION
-from shared.rate_limit import IN_FLIGHT, TOKEN_BUCKET
+from shared.rate_limit import IN_FLIGHT, RELEASE, TOKEN_BUCKET
 from shared.redis_client import (
     HiredisCluster,
     MergedCall,
@@ -66,10 +66,11 @@ def _sha(script: str) -> str:
 # Scripts that wait for no replica: what a failover loses of them costs no client anything, and
 # a WAIT would fail every caller while their key's shard lacks replicas. The rate limiter's
 # token bucket, taken by every authenticated request: a bucket lost refills early, a few
-# requests over the rate. The in-flight admission, only a limit: a slot lost lets the key hold
-# one job more until one ends (whose removal of the missing slot is a no-op). POSITION, read
-# only. An idempotency claim waits: lost while its job survives, the retry enqueues it again.
-_UNACKED = frozenset(map(_sha, (TOKEN_BUCKET, IN_FLIGHT, POSITION)))
+# requests over the rate. The in-flight admission and removals, only a limit: a slot lost lets
+# the key hold one job more until one ends (whose removal of the missing slot is a no-op), a
+# removal lost keeps a slot until the prune at the cap. POSITION, read only. An idempotency
+# claim waits: lost while its job survives, the retry enqueues it again.
+_UNACKED = frozenset(map(_sha, (TOKEN_BUCKET, IN_FLIGHT, RELEASE, POSITION)))
 
 _Pending = tuple[tuple[Any, ...], dict[str, Any], "asyncio.Future[Any]"]
 # How one flush's calls of a script become fewer calls (shared/job_store.merged_enqueues).
