@@ -207,6 +207,14 @@ class Keys:
         """The comparison of a primary job with its shadow copy (hash, result TTL)."""
         return f"{self.prefix}{CONTROL}shadow:{job_id}"
 
+    def shadow_page(self, page: str) -> str:
+        """A compared page's counts per shadow variant until all are added (hash, result TTL)."""
+        return f"{self.prefix}{CONTROL}shadowpage:{page}"
+
+    def shadow_page_added(self, model: str, page: str) -> str:
+        """The shadow variants a page's counts were added to (hash), in the counters' slot."""
+        return f"{self.prefix}vpage:{{{model}}}:{page}"
+
     def canary(self, model: str) -> str:
         """A model's canary rollout (hash: `doc` JSON of its state)."""
         return f"{self.prefix}{CONTROL}canary:{model}"

@@ -1,14 +1,19 @@
 """The one owner of shadow pairs in Redis: a primary job and its shadow copy wait in
 `cv:{ctl}shadow:{model}:pending` (sorted set by submit ms) until both ended; the look that
-compares them claims them into `…:pending:claimed` (sorted set by claim ms), and releases them
-as it stores their comparison beside the primary as `cv:{ctl}shadow:{primary id}` (hash, result
-TTL), a key the job API never reads, so a shadow result cannot reach the client. A claim not
-released within SETTLE_WITHIN_MS (its look failed after claiming: a Redis error while counting)
-goes back to pending, so its pairs are settled by a later look, not lost uncounted."""
+compares them claims them into `…:pending:claimed` (sorted set by claim ms), stores their
+comparisons beside the primaries as `cv:{ctl}shadow:{primary id}` (hash, result TTL; a key the
+job API never reads, so a shadow result cannot reach the client), each naming its page, with
+the page's counts per shadow variant (`cv:{ctl}shadowpage:{page}`), adds those counts, then
+releases the claims and forgets the page. A claim not released within SETTLE_WITHIN_MS (its
+look failed: a Redis error) goes back to pending and a later look settles it: compared again if
+no result is stored, else only the counts of its page still kept are added again, once per
+variant at most (the counters' slot keeps the variants a page was added to). So a pair is
+counted once, not lost, across failures; only a look that stalls longer than SETTLE_WITHIN_MS
+between claiming and storing can have its pairs compared and counted by a second look too."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -64,6 +69,10 @@ class ShadowPair:
         return cls(primary_id, shadow_id, primary_variant, shadow_variant)
 
 
+Totals = dict[str, dict[str, float]]  # a page's counts per shadow variant
+Results = Sequence[tuple[ShadowPair, Mapping[str, str]]]  # each pair's comparison fields
+
+
 class ShadowPairs:
     def __init__(
         self,
@@ -97,29 +106,58 @@ class ShadowPairs:
     ) -> list[bool]:
         """Claim `pairs` and remove `drop` (nothing to count) from those pending, in one script
         (the sets are in one slot); each True for the one caller that claimed it, the one to
-        count it (two leaders a lapsed lease let overlap counted it twice). Claimed rather than
+        settle it (two leaders a lapsed lease let overlap counted it twice). Claimed rather than
         removed: a page that failed after removing its pairs lost them uncounted; a claim lasts
         until `done` releases it or, abandoned, it goes back to pending."""
         members = [pair.member() for pair in (*drop, *pairs)]
         moved = await self._take(keys=self._keys(model), args=[now_ms(), len(drop), *members])
         return [bool(flag) for flag in moved]
 
-    async def done(
-        self,
-        model: str,
-        pairs: Sequence[ShadowPair],
-        results: Sequence[tuple[ShadowPair, Mapping[str, str]]],
-    ) -> None:
-        """Keep each comparison beside its primary, as long as jobs are kept, and release the
-        claims of `pairs` (all settled, compared or not): one transaction (all share `{ctl}`'s
-        slot), so none is left without its TTL and no claim outlives its stored result."""
+    async def compared(
+        self, pairs: Sequence[ShadowPair]
+    ) -> tuple[set[ShadowPair], dict[str, Totals]]:
+        """Of claimed `pairs`, those compared before (their result is stored: their page failed
+        after `store`), and the counts of those pages not yet forgotten, by page: to add
+        again (once per variant, VariantStats.add_counts_once), never to compare again."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for pair in pairs:
+                pipe.hget(self.keys.shadow_result(pair.primary_id), "page")
+            named = await executed(pipe)
+        before = {pair for pair, page in zip(pairs, named, strict=True) if page is not None}
+        pages = sorted({as_text(page) for page in named if page is not None})
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for page in pages:
+                pipe.hgetall(self.keys.shadow_page(page))
+            kept = await executed(pipe)
+        return before, {
+            page: {as_text(variant): loads(counts) for variant, counts in totals.items()}
+            for page, totals in zip(pages, kept, strict=True)
+        }
+
+    async def store(self, page: str, totals: Totals, results: Results) -> None:
+        """Keep each comparison beside its primary, as long as jobs are kept, naming `page`, and
+        the page's counts until `done` forgets it: one transaction (all share `{ctl}`'s slot),
+        so none is left without its TTL and no result without the counts it adds."""
         async with self.redis.pipeline(transaction=True) as pipe:
             for pair, fields in results:
                 key = self.keys.shadow_result(pair.primary_id)
-                pipe.hset(key, items=["shadow_id", pair.shadow_id, *_flat(fields)])
+                pipe.hset(key, items=["shadow_id", pair.shadow_id, "page", page, *_flat(fields)])
                 pipe.expire(key, self.ttl_s)
+            kept = [part for variant, counts in totals.items() for part in (variant, dumps(counts))]
+            pipe.hset(self.keys.shadow_page(page), items=kept)
+            pipe.expire(self.keys.shadow_page(page), self.ttl_s)
+            await executed(pipe)
+
+    async def done(self, model: str, pairs: Sequence[ShadowPair], pages: Iterable[str]) -> None:
+        """Release the claims of `pairs` (all settled, compared or not) and forget `pages`,
+        whose counts were all added: one transaction, so a claim a failure left behind still
+        finds its page's counts, for a later look to add those missing."""
+        forgotten = [self.keys.shadow_page(page) for page in pages]
+        async with self.redis.pipeline(transaction=True) as pipe:
             if pairs:
                 pipe.zrem(self._keys(model)[1], *(pair.member() for pair in pairs))
+            if forgotten:
+                pipe.delete(*forgotten)
             await executed(pipe)
 
     async def result(self, primary_id: str) -> dict[str, str]:

@@ -42,6 +42,15 @@ redis.call('EXPIRE', KEYS[2], ARGV[1])
 return last - first + 1
 """
 
+# KEYS[1]=counters hash, KEYS[2]=a page's added hash; ARGV: ttl, the page's ttl, variant, then
+# (field, increment) pairs. Adds the increments unless this page's were added to this variant.
+_ADD_ONCE = """
+if redis.call('HSETNX', KEYS[2], ARGV[3], 1) == 0 then return 0 end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+for i = 4, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
 
 # KEYS: the counters hashes of n buckets, then their samples lists (all in the model's slot);
 # ARGV: most samples (0: none, counters only). Sums the counters and returns {flat name/sum
@@ -181,6 +190,7 @@ class VariantStats:
         self.keys = keys
         self._record = client.register_script(_RECORD)
         self._sum = client.register_script(_SUM)
+        self._add_once = client.register_script(_ADD_ONCE)
 
     async def record_finished(self, jobs: Iterable[Mapping[str, str]]) -> None:
         """Count finished jobs (their hash fields) and keep their latencies."""
@@ -200,6 +210,19 @@ class VariantStats:
     async def add_counts(self, model: str, variant: str, counts: Mapping[str, float]) -> None:
         """Add to a variant's counters of the current bucket (shadow comparisons)."""
         await self._add(model, variant, counts, [])
+
+    async def add_counts_once(
+        self, model: str, variant: str, counts: Mapping[str, float], page: str, keep_s: int
+    ) -> None:
+        """Add to a variant's counters of the current bucket unless `page`'s were added to it
+        (remembered `keep_s`), in one script: a page of shadow comparisons retried after a
+        failure adds only what it had not, never a variant's counts twice."""
+        flat = [part for pair in counts.items() for part in pair]
+        counters = self._bucket_keys(model, variant, [bucket_of(time.time())])[0]
+        await self._add_once(
+            keys=[counters, self.keys.shadow_page_added(model, page)],
+            args=[RETENTION_S, keep_s, variant, *flat],
+        )
 
     async def _add(
         self, model: str, variant: str, counts: Mapping[str, float], samples: list[Sample]

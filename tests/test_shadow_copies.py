@@ -125,26 +125,33 @@ async def test_pairs_are_counted_once_and_one_that_cannot_compare_blocks_none(
     assert window.counters["shadow_pairs"] == 3 and window.counters["shadow_agree"] == 1
 
 
+def _fail_once(monkeypatch: pytest.MonkeyPatch, owner: object, method: str) -> None:
+    """`owner.method` raises a lost connection on its first call, then is itself again."""
+
+    async def blip(*args: Any) -> None:
+        monkeypatch.undo()
+        raise RedisConnectionError("connection lost")
+
+    monkeypatch.setattr(owner, method, blip)
+
+
+@pytest.mark.parametrize("failing", ["pairs.store", "stats.add_counts_once", "pairs.done"])
 async def test_a_page_that_fails_after_claiming_is_settled_by_a_later_look(
-    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
     """A page's pairs were removed before they were counted: a Redis error while counting lost
-    them uncounted. Claimed instead, they go back to pending once the claim is abandoned (at
-    once here) and the next look counts and stores each of them once."""
+    them uncounted. Claimed instead, they went back to pending once the claim was abandoned (at
+    once here) and the next look counted them again if the page had failed after counting
+    (releasing the claims). Now each pair is counted and stored once, wherever the page failed."""
     await aredis.flushdb()
     store, stats = JobStore(aredis, KEYS, ttl_s=60), VariantStats(aredis, KEYS)
     pairs = ShadowPairs(aredis, KEYS, ttl_s=60, settle_within_ms=0)
     made = await _pairs(aredis, pairs, 10)
-
-    async def blip(model: str, variant: str, counts: dict[str, float]) -> None:
-        monkeypatch.undo()  # once
-        raise RedisConnectionError("connection lost")
-
-    monkeypatch.setattr(stats, "add_counts", blip)
+    owner, method = failing.split(".")
+    _fail_once(monkeypatch, {"stats": stats, "pairs": pairs}[owner], method)
     comparisons = ShadowComparisons(pairs, store, stats, ModelRepository({"m": CONFIG}), 60)
     with pytest.raises(RedisConnectionError):
         await comparisons.look()
-    assert await pairs.result(made[0].primary_id) == {}
 
     await comparisons.look()
     await comparisons.look()  # the claims were released: none goes back to be counted again
@@ -154,6 +161,43 @@ async def test_a_page_that_fails_after_claiming_is_settled_by_a_later_look(
     assert window.counters["shadow_pairs"] == 10 and window.counters["shadow_agree"] == 10
     for pair in made:
         assert (await pairs.result(pair.primary_id))["agree"] == "1"
+    assert await aredis.keys(KEYS.shadow_page("*")) == []  # each page forgotten once added
+
+
+async def test_a_page_counted_for_one_shadow_but_not_another_counts_each_once(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page counts each shadow variant in its own call: one failing after another had added
+    its counts left the claims, and the next look counted every variant's pairs again."""
+    await aredis.flushdb()
+    store, stats = JobStore(aredis, KEYS, ttl_s=60), VariantStats(aredis, KEYS)
+    pairs = ShadowPairs(aredis, KEYS, ttl_s=60, settle_within_ms=0)
+    await _pairs(aredis, pairs, 10)
+    await _pairs(aredis, pairs, 10, shadow="echo")
+    add, mirror_counted = stats.add_counts_once, asyncio.Event()
+
+    async def echo_fails_once(model: str, variant: str, *args: Any) -> None:
+        if variant == "echo":
+            monkeypatch.undo()
+            await mirror_counted.wait()  # fails after mirror's counts were added
+            raise RedisConnectionError("connection lost")
+        await add(model, variant, *args)
+        mirror_counted.set()
+
+    monkeypatch.setattr(stats, "add_counts_once", echo_fails_once)
+    config = CONFIG.model_copy(
+        update={"variants": {**CONFIG.variants, "echo": CONFIG.variants["mirror"]}}
+    )
+    comparisons = ShadowComparisons(pairs, store, stats, ModelRepository({"m": config}), 60)
+    with pytest.raises(RedisConnectionError):
+        await comparisons.look()
+
+    await comparisons.look()
+    await comparisons.look()
+
+    assert await pairs.pending("m", 100) == []
+    windows = await stats.window("m", ["mirror", "echo"], time.time() - 60)
+    assert {v: w.counters["shadow_pairs"] for v, w in windows.items()} == {"mirror": 10, "echo": 10}
 
 
 async def test_a_request_for_the_shadow_itself_is_not_shadowed_onto_itself(
@@ -173,20 +217,25 @@ async def test_a_request_for_the_shadow_itself_is_not_shadowed_onto_itself(
 
 
 async def _pairs(
-    client: RedisClient, pairs: ShadowPairs, count: int, status: str = "succeeded"
+    client: RedisClient,
+    pairs: ShadowPairs,
+    count: int,
+    status: str = "succeeded",
+    shadow: str = "mirror",
 ) -> list[ShadowPair]:
-    """`count` pending pairs whose two jobs are at `status` (succeeded: the same answer), their
-    hashes as a worker leaves them (written in one pipeline: 2 000 jobs one by one take long)."""
+    """`count` pending pairs of `shadow` whose two jobs are at `status` (succeeded: the same
+    answer), their hashes as a worker leaves them (written in one pipeline: 2 000 jobs one by
+    one take long)."""
     job = {"model": "m", "status": status, "created": 1}
     if status == "succeeded":
         job |= {"started": 2, "finished": 5, "outputs": dumps({"embeddings": [[1.0]]}).decode()}
     made = [
-        ShadowPair(new_job_id("m", "stable"), new_job_id("m", "mirror"), "stable", "mirror")
+        ShadowPair(new_job_id("m", "stable"), new_job_id("m", shadow), "stable", shadow)
         for _ in range(count)
     ]
     async with client.pipeline(transaction=False) as pipe:
         for pair in made:
-            for job_id, variant in ((pair.primary_id, "stable"), (pair.shadow_id, "mirror")):
+            for job_id, variant in ((pair.primary_id, "stable"), (pair.shadow_id, shadow)):
                 pipe.hset(KEYS.job(job_id), mapping={**job, "variant": variant})
         await pipe.execute()
     for pair in made:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 
 from redis.exceptions import RedisError
 
@@ -21,7 +23,7 @@ from shared.metrics import SHADOW_COPIES
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.routing import Routes
 from shared.shadow_compare import compare
-from shared.shadow_pairs import ShadowPair, ShadowPairs
+from shared.shadow_pairs import ShadowPair, ShadowPairs, Totals
 from shared.variant_stats import VariantStats
 
 log = logging.getLogger(__name__)
@@ -152,24 +154,43 @@ class ShadowComparisons:
         return ended, dropped
 
     async def _count(self, model: str, won: list[Ended]) -> None:
-        """Count and store the comparisons of the pairs this look claimed (one with nothing to
-        compare, one of them never having run, is only released): summed per shadow variant,
-        one script call each, then the results stored and the claims released in one
-        transaction. Claimed before comparing (a pair whose comparison raised stayed first in
-        line, and no pair after it was compared again), not removed: a page that failed here (a
-        Redis error) lost its pairs uncounted, where a claim left unreleased goes back to
-        pending after SETTLE_WITHIN_MS (shared/shadow_pairs.py)."""
-        totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        results: list[tuple[ShadowPair, dict[str, str]]] = []
-        for pair, primary, shadow in won:
-            comparison = compare(primary.view(), shadow.view())
-            if comparison is None:
-                continue
-            for name, value in comparison.counts().items():
-                totals[pair.shadow_variant][name] += value
-            fields = {"primary_variant": pair.primary_variant, **comparison.fields()}
-            results.append((pair, {"shadow_variant": pair.shadow_variant, **fields}))
+        """Settle the pairs this look claimed: compare those never compared (one with nothing
+        to compare, one of them never having run, is only released), store their results with
+        their page's counts summed per shadow variant, add those counts (one script call per
+        variant) and any a failed page before left unadded, then release the claims (see
+        shared/shadow_pairs.py). Claimed before comparing: a pair whose comparison raised
+        stayed first in line, and no pair after it was compared again. Results stored before
+        counting: a page that failed after counting was counted again by a later look."""
+        if not won:
+            return
+        claimed = [pair for pair, _, _ in won]
+        before, pages = await self.pairs.compared(claimed)
+        totals, results = _compared(both for both in won if both[0] not in before)
+        if results:
+            fresh = os.urandom(16).hex()
+            await self.pairs.store(fresh, totals, results)
+            pages[fresh] = totals
+        keep_s = self.pairs.ttl_s
         await asyncio.gather(
-            *(self.stats.add_counts(model, variant, counts) for variant, counts in totals.items())
+            *(
+                self.stats.add_counts_once(model, variant, counts, page, keep_s)
+                for page, by_variant in pages.items()
+                for variant, counts in by_variant.items()
+            )
         )
-        await self.pairs.done(model, [pair for pair, _, _ in won], results)
+        await self.pairs.done(model, claimed, pages)
+
+
+def _compared(ended: Iterable[Ended]) -> tuple[Totals, list[tuple[ShadowPair, dict[str, str]]]]:
+    """The comparisons' counts summed per shadow variant, and each pair's result fields."""
+    totals: Totals = defaultdict(lambda: defaultdict(float))
+    results: list[tuple[ShadowPair, dict[str, str]]] = []
+    for pair, primary, shadow in ended:
+        comparison = compare(primary.view(), shadow.view())
+        if comparison is None:
+            continue
+        for name, value in comparison.counts().items():
+            totals[pair.shadow_variant][name] += value
+        fields = {"primary_variant": pair.primary_variant, **comparison.fields()}
+        results.append((pair, {"shadow_variant": pair.shadow_variant, **fields}))
+    return totals, results
