@@ -345,7 +345,9 @@ class HiredisCluster(RedisCluster):
 class NotResent(RedisConnectionError):
     """A cluster pipeline that carries a WAIT lost a connection (or met a slot without a
     master) and was not sent again (`TimeoutRaisingPipeline`): an outage to its caller,
-    which `run_pipeline` builds anew and runs again."""
+    which `run_pipeline` builds anew and runs again. Never a server's refusal (NOREPLICAS,
+    MISCONF, BUSY, READONLY, LOADING): that reaches the caller as itself, so the producer's
+    503 names it (and its Retry-After)."""
 
 
 class _Carried(Exception):
@@ -360,7 +362,9 @@ class _Carried(Exception):
 class TimeoutRaisingPipeline(PipelineStrategy):
     """A cluster pipeline whose timeout is raised at once, the slots read again before the
     next command, as after a command's timeout. One that carries a WAIT (`resends` off) is not
-    sent again by redis-py after any other error either: the WAIT's target would be lost."""
+    sent again by redis-py after any other error either: the WAIT's target would be lost. What
+    redis-py would have sent it again for is then `NotResent` only where `_lost` says so; a
+    refusal the server replied is raised as it came."""
 
     resends = True
 
@@ -380,7 +384,21 @@ class TimeoutRaisingPipeline(PipelineStrategy):
             if self.resends:
                 raise
             client._initialize = True
+            if not self._lost(exc):
+                raise _Carried(exc, exc.__cause__) from exc
             raise _Carried(NotResent(f"pipeline not sent again: {exc!r}"), exc) from exc
+
+    @staticmethod
+    def _lost(error: Exception) -> bool:
+        """Whether a pipeline is worth running again whole: a connection lost (no reply read;
+        redis-py's parser gives each error reply its `status_code`) or a slot without a master
+        (CLUSTERDOWN and MASTERDOWN, replies of a failover under way; a slot no node covers),
+        which redis-py's own loops send again once the topology is read anew, a pipeline with
+        no WAIT included. Refusals made connection errors (NOREPLICAS, MISCONF, BUSY, READONLY,
+        LOADING) are states of a server that a rerun a moment later would meet again."""
+        if isinstance(error, ClusterDownError | SlotNotCoveredError):
+            return True
+        return isinstance(error, RedisConnectionError) and error.status_code is None
 
 
 class TimeoutRaisingTransaction(TransactionStrategy):

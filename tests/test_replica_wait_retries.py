@@ -16,7 +16,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from conveyor.valkey_cluster import LocalCluster
 from producer_api.jobs.group_commit import group_committing
 from shared.redis_client import (
+    NotResent,
     RedisClient,
+    ReplicasMissing,
     WritesInTurn,
     check_replica_acks,
     connect,
@@ -104,3 +106,27 @@ async def test_a_group_commit_flush_cut_is_an_outage(
     finally:
         await committing.aclose()
     assert wait_sends == [cluster.master_of(key).port]
+
+
+async def test_a_refusal_of_a_pipeline_with_a_wait_comes_through_as_itself(
+    cluster: LocalCluster, acked: RedisClient
+) -> None:
+    """A server's refusal (NOREPLICAS: too few replicas for its min-replicas-to-write) is a
+    reply, not a lost connection: it reaches `run_pipeline`'s caller as its own class (the
+    producer's 503 that names it, Retry-After 5), not as a pipeline not sent again."""
+    key = await _key_off_default_node(acked)
+    master = cluster.master_of(key).client()
+
+    async def fill(pipe: Any) -> int:
+        pipe.set(key, "refused")
+        return await queue_replica_wait(acked, pipe, [key])
+
+    master.config_set("min-replicas-to-write", 10)
+    try:
+        with pytest.raises(ReplicasMissing) as refused:
+            await run_pipeline(acked, fill, [])
+    finally:
+        master.config_set("min-replicas-to-write", 0)
+        master.close()
+    assert not isinstance(refused.value, NotResent)
+    assert await acked.get(key) != b"refused"
