@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,10 @@ def _worker_warnings(log: Path) -> list[dict[str, Any]]:
     ]
 
 
-def test_worker_exits_on_sigterm_while_redis_is_gone(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _running_a_job(tmp_path: Path, sleep_ms: int) -> Iterator[tuple[Any, str, redis.Redis]]:
+    """A stack whose `faulty` worker (`worker`) runs a job that sleeps `sleep_ms`: the stack,
+    the job's id, and a client of its Redis (closed after)."""
     with running_stack(
         tmp_path,
         CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
@@ -52,13 +56,20 @@ def test_worker_exits_on_sigterm_while_redis_is_gone(tmp_path: Path) -> None:
         CONVEYOR_SHUTDOWN_GRACE_S=str(GRACE_S),
     ) as pipeline:
         pipeline.start_worker("faulty", name="worker")
-        worker = pipeline.processes["worker"]
-        log = tmp_path / "worker.log"
-        body = {"model": "faulty", "inputs": {"sleep_ms": int(ENGINE_S * 1000)}}
+        body = {"model": "faulty", "inputs": {"sleep_ms": sleep_ms}}
         job_id = httpx.post(f"{pipeline.base_url}/v1/jobs", json=body).json()["id"]
         client = redis.Redis.from_url(pipeline.redis_url, decode_responses=True)
-        until(lambda: client.hget(Keys().job(job_id), "status") == "running")
-        client.close()
+        try:
+            until(lambda: client.hget(Keys().job(job_id), "status") == "running")
+            yield pipeline, job_id, client
+        finally:
+            client.close()
+
+
+def test_worker_exits_on_sigterm_while_redis_is_gone(tmp_path: Path) -> None:
+    with _running_a_job(tmp_path, int(ENGINE_S * 1000)) as (pipeline, _, _):
+        worker = pipeline.processes["worker"]
+        log = tmp_path / "worker.log"
         pipeline.stop_process("valkey")
         until(lambda: "redis unavailable" in log.read_text(), timeout=ENGINE_S + 30)
         time.sleep(OUTAGE_S)
@@ -78,19 +89,8 @@ def test_worker_exits_after_its_grace_with_an_engine_call_that_outlasts_it(
     """Engine calls run on pool threads, which Python waits for at exit: after SIGTERM the
     worker gave up its drain at the grace, then lingered until the call returned (here in a
     minute). Its exit is forced shortly after the grace now; the job stays pending for reclaim."""
-    with running_stack(
-        tmp_path,
-        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
-        PYTHONPATH=str(REPO_ROOT),  # the custom backend lives in tests/
-        CONVEYOR_AUTH="disabled",
-        CONVEYOR_SHUTDOWN_GRACE_S=str(GRACE_S),
-    ) as pipeline:
-        pipeline.start_worker("faulty", name="worker")
+    with _running_a_job(tmp_path, 60_000) as (pipeline, job_id, client):
         worker = pipeline.processes["worker"]
-        body = {"model": "faulty", "inputs": {"sleep_ms": 60_000}}
-        job_id = httpx.post(f"{pipeline.base_url}/v1/jobs", json=body).json()["id"]
-        client = redis.Redis.from_url(pipeline.redis_url, decode_responses=True)
-        until(lambda: client.hget(Keys().job(job_id), "status") == "running")
         worker.send_signal(signal.SIGTERM)
         try:  # a bound, not a measured duration: the call in hand would hold it a minute
             code = worker.wait(timeout=GRACE_S + FORCED_EXIT_MARGIN_S + 15)
@@ -101,4 +101,3 @@ def test_worker_exits_after_its_grace_with_an_engine_call_that_outlasts_it(
         consumer = pipeline.consumer_name(worker.pid)
         assert len(client.xpending_range(stream, GROUP, "-", "+", 10, consumer)) == 1
         assert client.hget(Keys().job(job_id), "status") == "running"
-        client.close()
