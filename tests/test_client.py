@@ -8,7 +8,6 @@ import asyncio
 import os
 import re
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -177,9 +176,14 @@ def test_retries_honour_retry_after_on_a_real_429(stack: Stack, fixtures_url: st
         assert float(codes[-1].headers["Retry-After"]) in (1, 2), codes[-1].headers
 
         retries: list[RetryEvent] = []
-        threading.Timer(0.3, os.kill, (pid, signal.SIGCONT)).start()  # room soon after
+
+        def resume_on_retry(event: RetryEvent) -> None:
+            """Room comes back only once the client has met the 429, however slow this host."""
+            retries.append(event)
+            os.kill(pid, signal.SIGCONT)
+
         started = time.monotonic()
-        with Client(fixtures_url, on_retry=retries.append) as client:
+        with Client(fixtures_url, on_retry=resume_on_retry) as client:
             job = client.submit("tiny", {"after": "429"})
             elapsed = time.monotonic() - started
             assert client.wait(job.id, timeout=30).succeeded
