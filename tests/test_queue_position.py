@@ -506,3 +506,19 @@ async def test_a_light_load_does_not_limit_jobs_without_a_deadline(
     assert eta.max_ahead(config, "default", False, no_deadline) == -1
     deadline = StartBy.of(config, stamp_ms(), int(stamp_ms()) + 100_000)
     assert 90 <= eta.max_ahead(config, "default", False, deadline) <= 100
+
+
+async def test_a_bulk_head_with_no_share_has_no_eta_while_online_work_waits(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `bulk_share: 0` the bulk lane is read only once online is idle: its head showed
+    `eta_ms: 0` (an idle worker takes it at once) while online jobs waited ahead of it."""
+    eta = _queue_eta(aredis)
+    no_share = eta.repository.models["steady"].model_copy(update={"bulk_share": 0.0})
+    await aredis.xgroup_create(STEADY, GROUP, id="0", mkstream=True)
+    await _refresh(eta, monkeypatch, [PartitionLoad(0.0, serving=1)])
+    assert eta.standing(no_share, "default", bulk=True, position=0).eta_ms == 0
+    await aredis.xadd(STEADY, {"n": 1})  # online work waits: the bulk head waits behind it
+    await _refresh(eta, monkeypatch, [PartitionLoad(0.0, serving=1)])
+    assert eta.standing(no_share, "default", bulk=True, position=0).eta_ms is None
+    assert eta.standing(no_share, "default", bulk=False, position=0).eta_ms == 0

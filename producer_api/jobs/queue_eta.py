@@ -150,9 +150,15 @@ class QueueEta:
         eta: int | None = None
         if rate > 0:
             eta = round(position / rate * 1000)
-        elif position == 0 and load.serving:
+        elif position == 0 and load.serving and not self._held_back(config, variant, bulk):
             eta = 0  # an idle worker takes it at once
         return Standing(position, eta)
+
+    def _held_back(self, config: ModelConfig, variant: str, bulk: bool) -> bool:
+        """A bulk lane with no share of the reads starts nothing while online work waits, so
+        its head has no ETA then, not one of zero."""
+        online_waiting = self._waiting.get((config.name, variant), [0, 0])[0]
+        return bulk and config.bulk_share == 0 and online_waiting > 0
 
     def max_ahead(self, config: ModelConfig, variant: str, bulk: bool, start_by: StartBy) -> int:
         """Most entries that may wait ahead of a job for it to start by `start_by`, when the
