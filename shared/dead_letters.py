@@ -5,7 +5,8 @@ letter died in (a Batch API item's replay goes to the bulk lane, where interacti
 first), through fair queuing where the lane has it (at the default weight: a letter does not
 record its key's). A replay keeps its job's deadline and batch, so it waits as its job would
 have (a batch item: its batch's window, not `max_queue_time_s`); a letter whose deadline has
-passed is not replayed (it could only expire) and stays until purged.
+passed is not replayed (it could only expire) and stays until purged: the replay's result names
+it (`ReplayResult.kept`, with the reason), so whoever replayed sees what was kept and why.
 
 The stream has no cap and no TTL (a cap would drop letters unseen): only a purge or replay
 shrinks it; the producer's `conveyor_dlq_depth` gauge and `conveyor dlq list` show it."""
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared.codec import RequestEntry, is_stream_id, stream_id
@@ -36,6 +37,25 @@ class DeadLetter:
 
 
 PAGE = 1_000  # letters per XRANGE
+DEADLINE_PASSED = "deadline_passed"  # a kept letter's reason: its replay could only expire
+
+
+@dataclass(frozen=True, slots=True)
+class KeptLetter:
+    """A letter a replay left in the stream, and why (`DEADLINE_PASSED`)."""
+
+    dlq_id: str
+    job_id: str
+    reason: str
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """What a replay did: each replayed letter's (old job id, new job id), and the letters it
+    kept, so the operator who asked for the replay learns of them (not only the server's log)."""
+
+    replayed: list[tuple[str, str]] = field(default_factory=list)
+    kept: list[KeptLetter] = field(default_factory=list)
 
 
 class DeadLetters:
@@ -88,30 +108,33 @@ class DeadLetters:
         letters: int = await self.redis.xlen(self.stream)
         return letters
 
-    async def replay(self, ids: list[str] | None = None, upto: str = "") -> list[tuple[str, str]]:
+    async def replay(self, ids: list[str] | None = None, upto: str = "") -> ReplayResult:
         """Enqueue each dead letter (those of `ids`, else every one, up to `upto` if given)
-        again as a new job, then remove the letter; returns (old job id, new job id). A letter
-        is replayed as one job however many replays read it. A letter past its job's deadline
-        is kept, not replayed (`_live`)."""
+        again as a new job, then remove the letter. A letter is replayed as one job however
+        many replays read it. A letter past its job's deadline is kept, not replayed
+        (`_replay_page`), and named in the result."""
+        result = ReplayResult()
         if ids is not None:
-            return [await self._replay(letter) for letter in self._live(await self.letters_of(ids))]
-        pages = self.pages(upto)
-        return [await self._replay(letter) async for page in pages for letter in self._live(page)]
-
-    def _live(self, letters: list[DeadLetter]) -> list[DeadLetter]:
-        """The letters whose job's deadline is still ahead (or that have none): a replay of
-        the others would only expire, for a client that stopped waiting. They stay, logged,
-        for an operator to purge."""
-        now = stamp_ms()
-        live: list[DeadLetter] = []
-        past: list[DeadLetter] = []
-        for letter in letters:
-            (past if 0 < letter.entry.deadline_ms <= now else live).append(letter)
-        if past:
+            await self._replay_page(await self.letters_of(ids), result)
+        else:
+            async for page in self.pages(upto):
+                await self._replay_page(page, result)
+        if result.kept:
             message = "%s:%s: %d dead letters not replayed, past their job's deadline: %s"
-            ids = " ".join(letter.dlq_id for letter in past)
-            log.warning(message, self.model, self.variant, len(past), ids)
-        return live
+            kept = " ".join(letter.dlq_id for letter in result.kept)
+            log.warning(message, self.model, self.variant, len(result.kept), kept)
+        return result
+
+    async def _replay_page(self, letters: list[DeadLetter], result: ReplayResult) -> None:
+        """Replay the letters whose job's deadline is still ahead (or that have none) into
+        `result`; the others are kept: their replay would only expire, for a client that
+        stopped waiting. They stay for an operator to purge."""
+        now = stamp_ms()
+        for letter in letters:
+            if 0 < letter.entry.deadline_ms <= now:
+                result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, DEADLINE_PASSED))
+            else:
+                result.replayed.append(await self._replay(letter))
 
     async def letters_of(self, ids: list[str]) -> list[DeadLetter]:
         """The letters of `ids` that exist, in one round trip (an unknown or malformed id is

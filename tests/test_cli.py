@@ -13,11 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from conveyor.client import Client, Event
 from conveyor.commands.jobs import NO_WORKER, Progress
 from conveyor.local_stack import StackState
 from conveyor.stack import Stack, free_port
+from shared.codec import RequestEntry
+from shared.job_store import now_ms
+from shared.keys import Keys, new_job_id, replay_job_id
 from tests.local_http import LocalServer, serving
 
 pytestmark = pytest.mark.slow
@@ -311,8 +315,33 @@ def test_a_typo_is_one_clear_error_not_silence(
         typo = _refused("dlq", action, "identity", "--variant", "nope", env=env)
         assert "no partition identity:nope in this Redis" in typo.stderr, typo.stderr
     for letter in ("1-1", "not-an-id"):  # no such letter: nothing done, no traceback
-        assert _run("dlq", "replay", "identity", "--id", letter, env=env).stdout == ""
+        replayed = _run("dlq", "replay", "identity", "--id", letter, env=env).stdout
+        assert replayed == "replayed 0, kept 0\n"
         assert _run("dlq", "purge", "identity", "--id", letter, env=env).stdout == "purged 0\n"
+
+
+def test_dlq_replay_prints_each_letter_it_kept_and_why(
+    stack: Stack, stack_redis: redis.Redis
+) -> None:
+    """A letter past its job's deadline is kept, not replayed: the command printed only what it
+    replayed (here nothing), so the operator never learnt the letter was kept, or why."""
+    env = {**os.environ, "CONVEYOR_REDIS_URL": stack.redis_url}
+    keys = Keys()
+    dlq = keys.dlq("identity", "default")
+    job_id = new_job_id("identity", "default")
+    entry = RequestEntry(job_id, {"inputs": {}}, now_ms() - 2_000, now_ms() - 1_000)
+    fields: dict[Any, Any] = {"entry": "1-0", "reason": "crashed", "deliveries": 3}
+    letter = stack_redis.xadd(dlq, fields | entry.encode())
+    try:
+        replayed = _run("dlq", "replay", "identity", env=env).stdout
+        assert replayed == (
+            f"kept {job_id} (dead letter {letter}): deadline_passed\nreplayed 0, kept 1\n"
+        )
+        assert [dlq_id for dlq_id, _ in stack_redis.xrange(dlq)] == [letter]  # still there
+        replay = replay_job_id("identity", "default", job_id, str(letter))
+        assert not stack_redis.exists(keys.job(replay))  # never enqueued
+    finally:
+        stack_redis.xdel(dlq, letter)
 
 
 def test_a_key_or_split_that_cannot_mean_what_it_says_is_refused(stack: Stack) -> None:

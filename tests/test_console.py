@@ -219,11 +219,10 @@ def test_dead_letter_is_replayed_from_the_ui_and_succeeds(
     assert r.xlen(DLQ) == 0
 
 
-def _dead_letter(r: redis.Redis, inputs: dict[str, Any]) -> str:
+def _dead_letter(r: redis.Redis, inputs: dict[str, Any], deadline_ms: int = 0) -> str:
     """A dead letter as a worker leaves one (the entry, why it died, its deliveries)."""
-    entry = RequestEntry(
-        new_job_id("faulty", "default"), {"inputs": inputs}, int(time.time() * 1000)
-    )
+    job_id, now = new_job_id("faulty", "default"), int(time.time() * 1000)
+    entry = RequestEntry(job_id, {"inputs": inputs}, now, deadline_ms)
     reason = "dead-lettered after 3 deliveries without finishing (max_deliveries 2)"
     fields: dict[Any, Any] = {"entry": "1-0", "reason": reason, "deliveries": 3}
     fields |= entry.encode()
@@ -236,14 +235,19 @@ def test_dead_letters_are_replayed_all_at_once_or_discarded_after_a_confirmation
 ) -> None:
     for n in range(2):
         _dead_letter(r, {"n": f"dead-{n}"})
+    late = _dead_letter(r, {"n": "late"}, deadline_ms=int(time.time() * 1000) - 1)
     page.goto(f"{console_stack.base_url}/console/dead-letters")
     page.locator("a.button", has_text="Replay all").click()
-    assert "Replay 2 dead letters of faulty:default?" in page.inner_text("h1")
-    assert r.xlen(DLQ) == 2  # nothing happens before the confirmation
+    assert "Replay 3 dead letters of faulty:default?" in page.inner_text("h1")
+    assert r.xlen(DLQ) == 3  # nothing happens before the confirmation
     page.click("#confirm")
     replayed = page.locator("ul.replayed a").all_inner_texts()
-    assert len(replayed) == 2 and r.xlen(DLQ) == 0
+    assert len(replayed) == 2 and _letters(r) == [late]
+    # the letter past its deadline is kept, and the page says so (it listed only the replays)
+    assert page.inner_text("#kept") == "Kept 1 dead letter"
+    assert page.locator("ul.kept li").all_inner_texts() == [f"{late} (deadline passed)"]
     until(lambda: all(_status(r, job_id) == "succeeded" for job_id in replayed))
+    r.xtrim(DLQ, maxlen=0, approximate=False)
 
     doomed = _dead_letter(r, {"n": "discarded"})
     page.goto(f"{console_stack.base_url}/console/dead-letters")

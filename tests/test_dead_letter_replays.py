@@ -8,7 +8,7 @@ import asyncio
 import redis.asyncio as aioredis
 
 from shared.codec import RequestEntry
-from shared.dead_letters import PAGE, DeadLetter, DeadLetters
+from shared.dead_letters import DEADLINE_PASSED, PAGE, DeadLetter, DeadLetters, KeptLetter
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys, new_job_id, replay_job_id
@@ -57,7 +57,8 @@ def _replayer(client: aioredis.Redis, both_read: asyncio.Barrier) -> DeadLetters
 async def test_two_replays_at_once_enqueue_each_letter_once(aredis: aioredis.Redis) -> None:
     dead = [await _dead_letter(aredis, tenant) for tenant in ("a", "b", "c")]
     both_read = asyncio.Barrier(2)
-    first, second = await asyncio.gather(*(_replayer(aredis, both_read).replay() for _ in "12"))
+    replays = await asyncio.gather(*(_replayer(aredis, both_read).replay() for _ in "12"))
+    first, second = (replay.replayed for replay in replays)
     queued = [RequestEntry.decode(f) for _, f in await aredis.xrange(KEYS.queue(MODEL, VARIANT))]
     assert len(queued) == 3  # not six
     assert first == second and [old for old, _ in first] == dead
@@ -67,7 +68,8 @@ async def test_two_replays_at_once_enqueue_each_letter_once(aredis: aioredis.Red
         job = await aredis.hgetall(KEYS.job(new))
         assert job[b"replay_of"].decode() == old and job[b"status"] == b"queued"
     assert await aredis.xlen(KEYS.dlq(MODEL, VARIANT)) == 0
-    assert await DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT).replay() == []
+    again = await DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT).replay()
+    assert (again.replayed, again.kept) == ([], [])
 
 
 async def test_every_letter_past_the_first_page_is_listed_and_replayed(
@@ -84,9 +86,9 @@ async def test_every_letter_past_the_first_page_is_listed_and_replayed(
 
     late = every[PAGE + 500]
     one = await letters.replay([late.dlq_id, "0-1", "not-an-id"])  # unknown ids are skipped
-    assert one == [(late.job_id, replay_job_id(MODEL, VARIANT, late.job_id, late.dlq_id))]
+    assert one.replayed == [(late.job_id, replay_job_id(MODEL, VARIANT, late.job_id, late.dlq_id))]
     rest = await letters.replay()
-    assert [old for old, _ in rest] == [job_id for job_id in dead if job_id != late.job_id]
+    assert [old for old, _ in rest.replayed] == [job_id for job_id in dead if job_id != late.job_id]
     assert await aredis.xlen(KEYS.dlq(MODEL, VARIANT)) == 0
     assert await aredis.xlen(KEYS.queue(MODEL, VARIANT)) == len(dead)
 
@@ -99,7 +101,7 @@ async def test_a_malformed_id_replays_and_purges_nothing(aredis: aioredis.Redis)
     letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT)
     (first, *_) = await letters.entries()
     assert await letters.purge(["bogus", "1-x"]) == 0
-    assert await letters.replay([first.dlq_id.partition("-")[0]]) == []
+    assert (await letters.replay([first.dlq_id.partition("-")[0]])).replayed == []
     assert await letters.depth() == 2
     assert await letters.purge(["bogus", first.dlq_id]) == 1
     assert await letters.depth() == 1
@@ -113,7 +115,7 @@ async def test_a_replayed_letter_keeps_its_webhook_on_record(aredis: aioredis.Re
     fields = {"entry": "1-0", "reason": "crashed", "deliveries": 3, **entry.encode()}
     await aredis.xadd(KEYS.dlq(MODEL, VARIANT), fields)  # type: ignore[arg-type]
     store = JobStore(aredis, KEYS, 60)
-    ((_, replay),) = await DeadLetters(store, KEYS, MODEL, VARIANT).replay()
+    ((_, replay),) = (await DeadLetters(store, KEYS, MODEL, VARIANT).replay()).replayed
     record = await store.get(replay)
     assert record is not None and record.fields["webhook"] == url
 
@@ -131,7 +133,7 @@ async def test_a_letter_is_replayed_on_its_own_lane_and_queued_fairly_there(
     await _dead_letter(aredis, "old")  # a letter that does not say: the online lane
     await aredis.xadd(bulk, {"id": "waiting"})  # the bulk lane's window of 1, undelivered
     letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT, fair_window=1)
-    (_, held), (_, plain) = await letters.replay()
+    (_, held), (_, plain) = (await letters.replay()).replayed
     assert await aredis.hget(KEYS.job(held), "held") == b"1"  # its tenant's turn will come
     assert await aredis.lrange(KEYS.held(bulk, "batch"), 0, -1) != []
     assert [RequestEntry.decode(f).job_id for _, f in await aredis.xrange(online)] == [plain]
@@ -171,7 +173,8 @@ async def test_a_batch_items_replay_is_bounded_by_its_batch_not_the_queue_time(
     as long as its window."""
     window = now_ms() + 3_600_000
     await _dead_letter(aredis, "t", KEYS.bulk_queue(MODEL, VARIANT), window, batch="b1")
-    ((_, new),) = await DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT).replay()
+    letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT)
+    ((_, new),) = (await letters.replay()).replayed
     entry = await _replayed(aredis, KEYS.bulk_queue(MODEL, VARIANT))
     assert (entry.job_id, entry.batch, entry.deadline_ms) == (new, "b1", window)
     config = ModelConfig(
@@ -187,7 +190,7 @@ async def test_a_replay_keeps_its_jobs_deadline(aredis: aioredis.Redis) -> None:
     deadline = now_ms() + 60_000
     await _dead_letter(aredis, "t", deadline_ms=deadline)
     store = JobStore(aredis, KEYS, 60)
-    ((_, new),) = await DeadLetters(store, KEYS, MODEL, VARIANT).replay()
+    ((_, new),) = (await DeadLetters(store, KEYS, MODEL, VARIANT).replay()).replayed
     assert (await _replayed(aredis, KEYS.queue(MODEL, VARIANT))).deadline_ms == deadline
     record = await store.get(new)
     assert record is not None and record.fields["deadline"] == str(deadline)
@@ -195,10 +198,18 @@ async def test_a_replay_keeps_its_jobs_deadline(aredis: aioredis.Redis) -> None:
 
 async def test_a_letter_past_its_deadline_is_kept_not_replayed(aredis: aioredis.Redis) -> None:
     """A replay past the job's deadline could only expire (or run for a client that stopped
-    waiting): the letter stays, for an operator to discard, and the others are replayed."""
+    waiting): the letter stays, for an operator to discard, and the others are replayed. The
+    replay says which it kept and why (only the server's log did: the operator who replayed
+    saw fewer jobs than letters, and no reason), whether it named the letter or replayed all."""
     past = await _dead_letter(aredis, "late", deadline_ms=now_ms() - 1)
     live = await _dead_letter(aredis, "live")
     letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT)
-    assert [old for old, _ in await letters.replay()] == [live]
+    (late, _) = await letters.entries()
+    kept = [KeptLetter(late.dlq_id, past, DEADLINE_PASSED)]
+    named = await letters.replay([late.dlq_id])
+    assert (named.replayed, named.kept) == ([], kept)
+    replay = await letters.replay()
+    assert [old for old, _ in replay.replayed] == [live] and replay.kept == kept
     assert [letter.job_id for letter in await letters.every_entry()] == [past]
     assert await aredis.xlen(KEYS.queue(MODEL, VARIANT)) == 1
+    assert not await aredis.exists(KEYS.job(replay_job_id(MODEL, VARIANT, past, late.dlq_id)))

@@ -67,9 +67,15 @@ def list_letters(model: str, variant: str) -> None:
 @variant_option
 @ids_option
 def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
-    """Enqueue dead letters again as new jobs (prints old → new job id)."""
-    for old, new in _run(model, variant, lambda d: d.replay(list(ids) or None)):
+    """Enqueue dead letters again as new jobs (prints old → new job id); a letter past its
+    job's deadline is kept, not replayed (prints its job id, DLQ id for `purge --id`, and
+    why), then the counts."""
+    result = _run(model, variant, lambda d: d.replay(list(ids) or None))
+    for old, new in result.replayed:
         click.echo(f"{old} -> {new}")
+    for letter in result.kept:
+        click.echo(f"kept {letter.job_id} (dead letter {letter.dlq_id}): {letter.reason}")
+    click.echo(f"replayed {len(result.replayed)}, kept {len(result.kept)}")
 
 
 @command.command("purge")

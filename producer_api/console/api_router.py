@@ -412,9 +412,10 @@ async def act(
     if ids is None and not is_stream_id(upto):
         ids = []  # the confirmation showed no letter: nothing is acted on
     if action == "replay":
-        replayed = await letters.replay(ids, upto)
-        done = [new for _, new in replayed]
-        return _page(request, "done.html", current, action=action, partition=partition, jobs=done)
+        result = await letters.replay(ids, upto)
+        done = [new for _, new in result.replayed]
+        page = {"action": action, "partition": partition, "jobs": done, "kept": result.kept}
+        return _page(request, "done.html", current, **page)
     if action == "discard":
         removed = await letters.purge(ids, upto)
         context = {"action": action, "partition": partition, "removed": removed}
