@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from itertools import chain
 from typing import Any
@@ -22,6 +23,7 @@ from redis.typing import EncodableT
 from shared import batch_api_scripts
 from shared.batch_api_scripts import ITEM_STATES
 from shared.codec import as_text, dumps, loads
+from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.keys import Keys
 from shared.redis_client import check_replica_acks, queue_replica_wait, run_pipeline
@@ -47,6 +49,28 @@ class BatchStatus(StrEnum):
         return self in {self.COMPLETED, self.FAILED, self.CANCELLED, self.EXPIRED}
 
 
+# Why an item has no result when its batch's cancel or expiry stopped it (its error's message).
+ENDED_EARLY = {
+    BatchStatus.CANCELLED: "the batch was cancelled before this job finished",
+    BatchStatus.EXPIRED: "the batch's completion window ended before this job finished",
+}
+# The states a result (a worker's, or a dead letter's) ends an item in.
+_RESULTS = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value})
+
+
+def ended_early(ending: BatchStatus) -> bytes:
+    """The error (JSON) of an item that its batch's cancel or expiry stopped."""
+    return dumps({"type": ending.value, "message": ENDED_EARLY[ending]})
+
+
+def window_end(status: str, fields: Mapping[str, str]) -> int | None:
+    """Until when (ms) a result is the batch's: an expired batch's `expires_at`, as OpenAI's
+    expired batch answers only what completed before it expired; None (whenever) for any other."""
+    if status != BatchStatus.EXPIRED or "expires_at" not in fields:
+        return None
+    return int(fields["expires_at"])
+
+
 def _flat(fields: Mapping[str, str | int]) -> list[EncodableT]:
     return [part for pair in fields.items() for part in pair]
 
@@ -68,6 +92,20 @@ def _counts(fields: Mapping[str, str], seen: Sequence[int | bytes]) -> dict[str,
     }
 
 
+def final_counts(fields: Mapping[str, str]) -> dict[str, int]:
+    """The counts of a batch that is not running: those counted for good."""
+    return _counts(fields, [0] * len(ITEM_STATES))
+
+
+def _recounted(fields: Mapping[str, str], late: Counter[str]) -> dict[str, int]:
+    """The counts with the `late` results moved to `expired`, written whole rather than added
+    to, so a finalizer that takes over a silent one writes the same."""
+    if not late:
+        return {}
+    moved = {f"n_{state}": int(fields.get(f"n_{state}", 0)) - n for state, n in late.items()}
+    return {**moved, "n_expired": int(fields.get("n_expired", 0)) + late.total()}
+
+
 @dataclass(slots=True)
 class Refresh:
     """One look at a batch: its hash, the counts of finished items (those counted for good plus
@@ -86,6 +124,24 @@ class ItemState:
     line: int
     outputs: bytes | None
     error: bytes | None
+    finished: int | None = None  # when its job ended (ms): FINISH writes the worker's stamp
+
+    def late(self, until: int | None) -> bool:
+        """A result that came after `until` (`window_end`)."""
+        return (
+            until is not None
+            and self.status in _RESULTS
+            and self.finished is not None
+            and self.finished > until
+        )
+
+    def reported(self, until: int | None) -> ItemState:
+        """The item as its batch reports it: a late result is not the batch's, but `expired`,
+        as if the expiry had stopped the job."""
+        if not self.late(until):
+            return self
+        error = ended_early(BatchStatus.EXPIRED)
+        return replace(self, status=JobStatus.EXPIRED.value, outputs=None, error=error)
 
 
 class BatchApiStore(TenantIndexed):
@@ -202,7 +258,7 @@ class BatchApiStore(TenantIndexed):
             return None
         status = fields["status"]
         if status not in {BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING}:
-            return Refresh(fields, False, _counts(fields, [0] * len(ITEM_STATES)))
+            return Refresh(fields, False, final_counts(fields))
         counted: Sequence[list[int]] = []
         if status == BatchStatus.IN_PROGRESS and int(fields.get("open", 0)) > 0:
             counted = await asyncio.gather(
@@ -253,18 +309,21 @@ class BatchApiStore(TenantIndexed):
             lists = await pipe.execute()
         return [as_text(job_id) for ids in lists for job_id in ids]
 
-    async def items(self, batch_id: str) -> AsyncIterator[list[ItemState]]:
-        """Items in line order, a chunk per round trip (one LRANGE plus pipelined HMGETs)."""
+    async def items(
+        self, batch_id: str, until: int | None = None
+    ) -> AsyncIterator[list[ItemState]]:
+        """Items in line order, a chunk per round trip (one LRANGE plus pipelined HMGETs); with
+        `until` (`window_end`), as the batch reports them (`ItemState.reported`)."""
         key = self.keys.batch_items(batch_id)
         for start in range(0, await self.redis.llen(key), CHUNK):
             ids = [as_text(i) for i in await self.redis.lrange(key, start, start + CHUNK - 1)]
             async with self.redis.pipeline(transaction=False) as pipe:
                 for job_id in ids:
-                    pipe.hmget(
-                        self.keys.job(job_id), "status", "custom_id", "line", "outputs", "error"
-                    )
+                    pipe.hmget(self.keys.job(job_id), *_ITEM_FIELDS)
                 rows = await pipe.execute()
-            yield [_item(job_id, row) for job_id, row in zip(ids, rows, strict=True)]
+            yield [
+                _item(job_id, row).reported(until) for job_id, row in zip(ids, rows, strict=True)
+            ]
 
     async def rejected(self, batch_id: str) -> AsyncIterator[list[dict[str, object]]]:
         """Lines refused at submit, in line order, a chunk per round trip."""
@@ -278,15 +337,28 @@ class BatchApiStore(TenantIndexed):
         batch's slot changes in one transaction, the commit point (a finalizer that dies before
         it is replaced after STALE_MS). The keys in other slots are the caller's to `release`
         after it, once the batch's webhook is handed over: an ended batch still in the active
-        index is one whose finalizer died after the commit, which the sweeper completes."""
+        index is one whose finalizer died after the commit, which the sweeper completes.
+        An expired batch's results that came after its window (`ItemState.late`) are counted as
+        expired here, as its files report them; its counts are final once it is finalizing, and
+        moved once: a finalizer that took over a silent one may find that one's commit made."""
+        fields = await self.read(batch_id) or {}
+        committed = "status" in fields and BatchStatus(fields["status"]).terminal
+        until = None if committed else window_end(status, fields)
+        late: Counter[str] = Counter()
         async for chunk in self.items(batch_id):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for item in chunk:
                     pipe.expire(self.keys.job(item.job_id), self.ttl_s)
                 await pipe.execute()
+            late.update(str(item.status) for item in chunk if item.late(until))
         key = self.keys.batch(batch_id)
+        ending = {
+            "status": status.value,
+            f"{status.value}_at": now_ms(),
+            **_recounted(fields, late),
+        }
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, items=["status", status.value, f"{status.value}_at", now_ms()])
+            pipe.hset(key, items=_flat(ending))
             for name in (key, self.keys.batch_items(batch_id), self.keys.batch_rejected(batch_id)):
                 pipe.expire(name, self.ttl_s)
             await pipe.execute()
@@ -326,8 +398,11 @@ class BatchApiStore(TenantIndexed):
         await self.redis.hsetnx(self.keys.batch(batch_id), name, value)
 
 
+_ITEM_FIELDS = ("status", "custom_id", "line", "outputs", "error", "finished")
+
+
 def _item(job_id: str, row: list[bytes | None]) -> ItemState:
-    status, custom_id, line, outputs, error = row
+    status, custom_id, line, outputs, error, finished = row
     return ItemState(
         job_id=job_id,
         status=as_text(status) if status is not None else None,
@@ -335,4 +410,5 @@ def _item(job_id: str, row: list[bytes | None]) -> ItemState:
         line=int(line) if line is not None else 0,
         outputs=outputs,
         error=error,
+        finished=int(finished) if finished is not None else None,
     )

@@ -7,19 +7,23 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import redis
+import yaml
 
 from conveyor.client import Client
-from conveyor.stack import Stack
+from conveyor.stack import Stack, free_port
 from producer_api.app import create_app
+from shared.job_store import now_ms
 from shared.keys import Keys
 from shared.settings import Settings
-from tests.conftest import issue_key, until
+from tests.conftest import REPO_ROOT, issue_key, until
 
 pytestmark = pytest.mark.slow
 OPENAPI = create_app().openapi()
@@ -215,6 +219,68 @@ def test_an_item_running_when_the_window_ends_expires_without_its_result(
     assert [line["id"] for line in _jsonl(base_url, batch["id"], "output")] == [done]
     expired = {e["id"] for e in _jsonl(base_url, batch["id"], "errors")}
     assert running in expired and len(expired) == 2
+
+
+WINDOWED_WORKERS = ("windowed-producer", "windowed-default", "windowed-late")
+
+
+@pytest.fixture
+def windowed(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A producer (its URL, and the env its children need) whose repository holds `windowed`:
+    the paced generate model of tests/paced_engine.py, whose variants are served apart:
+    `default` by a worker started here, `late` by one the test starts when it wants, `never` by
+    none."""
+    config = yaml.safe_load(
+        (REPO_ROOT / "tests/fixtures/paced_repository/paced/config.yaml").read_text()
+    )
+    config["variants"] = {"default": {"weight": 100}, "late": {"weight": 0}, "never": {"weight": 0}}
+    (tmp_path / "windowed").mkdir()
+    (tmp_path / "windowed" / "config.yaml").write_text(yaml.safe_dump(config))
+    env = {"CONVEYOR_MODEL_REPOSITORY": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
+    try:
+        url = stack.start_producer(free_port(), "windowed-producer", **env)
+        stack.start_worker("windowed:default", "windowed-default", **env)
+        yield url, env
+    finally:
+        stack.stop_processes([name for name in WINDOWED_WORKERS if name in stack.processes])
+
+
+def test_an_expired_batch_answers_only_what_finished_within_its_window(
+    windowed: tuple[str, dict[str, str]], stack: Stack, stack_redis: redis.Redis
+) -> None:
+    """OpenAI's expired batch answers only the requests completed before it expired: a result
+    that came after the window's end (here from a worker that came late) is the errors file's
+    `batch_expired`, not the output file's, and is counted as expired. The window is ended by
+    ordering, between the two results, not by the clock."""
+    url, env = windowed
+    keys = Keys()
+    body = {"model": "windowed", "prompt": "word", "max_tokens": 2}
+    source = "".join(
+        json.dumps({"custom_id": c, "url": "/v1/completions", "body": {**body, "variant": v}})
+        + "\n"
+        for c, v in (("early", "default"), ("late", "late"), ("never", "never"))
+    )
+    batch_id = _create(url, source, completion_window="1h")["id"]
+    early, late, _ = stack_redis.lrange(keys.batch_items(batch_id), 0, -1)
+    until(lambda: stack_redis.hget(keys.job(early), "status") == "succeeded", 60)
+    window_end = now_ms()  # `early` has its result; `late` has no worker yet
+    stack.start_worker("windowed:late", "windowed-late", **env)
+    until(lambda: stack_redis.hget(keys.job(late), "status") == "succeeded", 120)
+    stamps = [int(stack_redis.hget(keys.job(job_id), "finished") or 0) for job_id in (early, late)]
+    assert stamps[0] <= window_end < stamps[1], (stamps, window_end)
+    stack_redis.hset(keys.batch(batch_id), "expires_at", window_end)  # the window ended then,
+    stack_redis.zadd(keys.batches_active, {batch_id: 0})  # and the sweeper now finds it so
+
+    batch = _wait_ended(url, batch_id, timeout=60)
+    assert batch["status"] == "expired", batch
+    output, errors = _jsonl(url, batch_id, "output"), _jsonl(url, batch_id, "errors")
+    assert [(o["custom_id"], o["response"]["status_code"]) for o in output] == [("early", 200)]
+    assert [(e["custom_id"], e["status"], e["error"]["code"], e["response"]) for e in errors] == [
+        ("late", "expired", "batch_expired", None),
+        ("never", "expired", "batch_expired", None),
+    ]
+    assert batch["request_counts"] == {"total": 3, "completed": 1, "failed": 2}
+    assert (batch["counts"]["succeeded"], batch["counts"]["expired"]) == (1, 2)
 
 
 def test_a_batch_items_record_outlives_its_window(base_url: str, stack_redis: redis.Redis) -> None:

@@ -11,8 +11,15 @@ import re
 from typing import Any
 
 from producer_api.batch_api.protocol import JOBS
-from shared.batch_api_store import CHUNK, BatchApiStore, BatchStatus, Refresh
-from shared.codec import dumps, loads
+from shared.batch_api_store import (
+    CHUNK,
+    BatchApiStore,
+    BatchStatus,
+    Refresh,
+    ended_early,
+    final_counts,
+)
+from shared.codec import loads
 from shared.job_states import JobStatus
 from shared.job_store import JobStore
 from shared.webhook_events import WebhookDispatcher, event
@@ -30,10 +37,6 @@ _TIMESTAMPS = (
     "expires",
 )
 FINALIZER_POLL_S = 0.05  # how often an early end looks at another caller's finalization
-_ENDED_EARLY = {
-    BatchStatus.CANCELLED: "the batch was cancelled before this job finished",
-    BatchStatus.EXPIRED: "the batch's completion window ended before this job finished",
-}
 
 
 def _seconds(fields: dict[str, str], name: str) -> int | None:
@@ -112,7 +115,7 @@ class BatchApiProgress:
             return None
         fields = await self.store.read(batch_id) or {}
         ids = await self.store.open_ids(fields)
-        error = dumps({"type": in_force.value, "message": _ENDED_EARLY[in_force]}).decode()
+        error = ended_early(in_force).decode()
         for start in range(0, len(ids), CHUNK):
             chunk = ids[start : start + CHUNK]
             await self.jobs.settle_many(chunk, JobStatus(in_force.value), {"error": error})
@@ -161,6 +164,9 @@ class BatchApiProgress:
         status = BatchStatus(progress.fields.get("ending") or BatchStatus.COMPLETED)
         await self.store.finish(batch_id, status)
         fresh = await self.store.read(batch_id)
-        progress.fields = fresh or {**progress.fields, "status": status.value}
+        if fresh is None:
+            progress.fields = {**progress.fields, "status": status.value}
+        else:  # counted as `finish` counted them (an expired batch's late results `expired`)
+            progress.fields, progress.counts = fresh, final_counts(fresh)
         log.info("batch %s %s: %s", batch_id, status.value, progress.counts)
         await self.complete(batch_id, progress)

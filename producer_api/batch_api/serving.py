@@ -23,7 +23,7 @@ from producer_api.openai.embedding_serving import EmbeddingService, embedding_li
 from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from producer_api.openai.serving import ChatRenderer, CompletionRenderer, generation_of
 from producer_api.state import ProducerState
-from shared.batch_api_store import CHUNK, BatchStatus, ItemState, Refresh
+from shared.batch_api_store import CHUNK, BatchStatus, ItemState, Refresh, window_end
 from shared.codec import as_objects, as_written, dumps, loads
 from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
@@ -291,23 +291,25 @@ class BatchApiService:
 
     async def output(self, batch_id: str, fields: Mapping[str, str]) -> AsyncIterator[bytes]:
         """One line per succeeded item, in line order: `{id, custom_id, line, outputs}`; in a
-        batch of lines for one of OpenAI's routes, OpenAI's `response` in place of `outputs`."""
+        batch of lines for one of OpenAI's routes, OpenAI's `response` in place of `outputs`.
+        An expired batch's results that came after its window are the errors file's."""
         render = _output
         if (endpoint := fields.get("endpoint", JOBS)) != JOBS:
             render = partial(_openai_output, endpoint, fields.get("model", ""))
-        async for chunk in self.store.items(batch_id):
+        async for chunk in self.store.items(batch_id, window_end(fields["status"], fields)):
             yield b"".join(_line(render(item)) for item in chunk if item.status == "succeeded")
 
     async def errors(self, batch_id: str, fields: Mapping[str, str]) -> AsyncIterator[bytes]:
         """One line per line that did not succeed, in line order: `{custom_id, line, status,
         error: {type, message}}` (plus `id` for lines that became jobs); in a batch of lines for
-        one of OpenAI's routes, OpenAI's `response` and `error.code` as well (`_openai_error`)."""
+        one of OpenAI's routes, OpenAI's `response` and `error.code` as well (`_openai_error`).
+        An expired batch's results that came after its window are `expired` lines here."""
         render = _openai_error if fields.get("endpoint", JOBS) != JOBS else dict
         rejected: list[dict[str, Any]] = []
         async for chunk in self.store.rejected(batch_id):
             rejected.extend(chunk)
         rejected.reverse()
-        async for items in self.store.items(batch_id):
+        async for items in self.store.items(batch_id, window_end(fields["status"], fields)):
             out: list[bytes] = []
             for item in items:
                 while rejected and int(str(rejected[-1]["line"])) < item.line:
