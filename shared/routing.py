@@ -5,6 +5,7 @@ towards the variant that gained weight."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import random
@@ -69,6 +70,19 @@ class Routes:
         if self.sticky_by not in ("routing_key", "tenant"):
             raise InvalidRoutes("sticky_by must be `routing_key` or `tenant`")
 
+    def without_removed(self, config: ModelConfig) -> tuple[Routes, list[str]]:
+        """These routes without the variants `config` no longer has, and their names: removing a
+        variant nobody is routed to from config.yaml must not move any traffic. Raise
+        UnknownVariant if a removed one carries weight: its share has nowhere to go."""
+        removed = [n for n in {**self.weights, **self.shadows} if n not in config.variants]
+        for name in removed:
+            if self.weights.get(name, 0.0) != 0:
+                weight = self.weights[name]
+                raise UnknownVariant(f"model {config.name} has no variant {name!r} ({weight:g} %)")
+        weights = {k: w for k, w in self.weights.items() if k in config.variants}
+        shadows = {k: r for k, r in self.shadows.items() if k in config.variants}
+        return Routes(weights, shadows, self.sticky_by, self.version), removed
+
     def with_share(self, variant: str, percent: float, held: Mapping[str, float]) -> Routes:
         """The same routes with `variant` at `percent`, the other primaries scaled so their
         ratios hold; once they have no weight left (the variant took everything), the ratios
@@ -101,6 +115,23 @@ def seed_routes(config: ModelConfig) -> Routes:
         weights = {n: WEIGHT_TOTAL if n == config.default_variant else 0.0 for n in primaries}
     shadows = {n: v.sample_rate for n, v in config.variants.items() if v.shadow}
     return Routes(weights, shadows)
+
+
+def served_routes(stored: Routes, config: ModelConfig) -> tuple[Routes, str | None]:
+    """The routes producers serve `config` with, given its stored ones, and why they differ (None
+    when they don't): variants config.yaml no longer has are dropped while they carry no weight;
+    routes that still cannot serve give way to config.yaml's (at the stored version, which is
+    what a change must name) until someone fixes them."""
+    try:
+        routes, removed = stored.without_removed(config)
+        routes.check(config)
+    except (UnknownVariant, InvalidRoutes) as exc:
+        seeded = dataclasses.replace(seed_routes(config), version=stored.version)
+        return seeded, f"stored routes ignored, config.yaml's apply: {exc}"
+    if removed:
+        names = ", ".join(map(repr, removed))
+        return routes, f"dropped {names}: no weight and no longer in config.yaml"
+    return routes, None
 
 
 def choose_variant(

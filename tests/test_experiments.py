@@ -170,3 +170,22 @@ def test_bulk_lane_waits_leave_the_queue_and_total_percentiles_alone() -> None:
     for kind in ("queue", "total"):
         assert report["latency_ms"][kind] == expected["latency_ms"][kind], kind
     assert report["latency_ms"]["service"] == percentiles([s.service_ms for s in mixed.samples])
+
+
+def _outcomes(requests: int, errors: int) -> Window:
+    window = Window()
+    window.counters["requests"], window.counters["errors"] = requests, errors
+    return window
+
+
+def test_a_few_requests_are_tested_exactly_not_with_z() -> None:
+    """The z-test called 0 of 1 against 15 of 15 "significantly lower" (p≈6e-5): its normal
+    approximation needs every expected count at 5 or more; below, Fisher's exact test decides
+    (p = 1/16 here). Large samples keep the z-test."""
+    few = versus("stable", _outcomes(15, 0), _outcomes(1, 1))
+    assert few is not None and few["success_rate_test"] == "fisher"
+    assert few["success_rate_p"] == pytest.approx(1 / 16) and few["success_rate_p"] > 0.05
+    assert "no significant difference" in few["verdict"]
+    many = versus("stable", _outcomes(200, 10), _outcomes(100, 20))
+    assert many is not None and many["success_rate_test"] == "z"
+    assert many["success_rate_p"] < 0.05 and "significantly lower" in many["verdict"]

@@ -134,6 +134,55 @@ async def test_stored_routes_that_no_longer_fit_the_model_are_ignored(
     assert live.of(AB).weights == {"stable": 50.0, "candidate": 50.0}
 
 
+async def test_a_removed_variant_without_weight_is_dropped_not_the_whole_routes(
+    aredis: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Removing a 0-weight variant from config.yaml sent every producer back to config.yaml's
+    split (100 % stable after a canary had moved everything to candidate); it is dropped now,
+    and only weight on a removed variant still gives way to config.yaml's routes."""
+    store = RouteStore(aredis, KEYS)
+    live = LiveRoutes(store, ModelRepository.load(TRAFFIC))
+    await live.refresh()  # seeds config.yaml's routes
+    await store.put("ab", Routes({"stable": 0.0, "candidate": 100.0, "removed": 0.0}), "test")
+    await live.refresh()
+    assert live.of(AB).weights == {"stable": 0.0, "candidate": 100.0}
+    assert [r.message for r in caplog.records if r.levelno == logging.WARNING] == [
+        "live routes of ab (version 2): dropped 'removed': no weight and no longer in config.yaml"
+    ]
+    await store.put("ab", Routes({"stable": 100.0}, {"mirror": 0.5, "gone": 1.0}), "test")
+    await live.refresh()
+    assert (live.of(AB).weights, live.of(AB).shadows) == ({"stable": 100.0}, {"mirror": 0.5})
+    await store.put("ab", Routes({"candidate": 90.0, "removed": 10.0}), "test")
+    await live.refresh()
+    assert live.of(AB).weights == seed_routes(AB).weights
+
+
+async def test_shown_routes_are_the_ones_producers_serve(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """The routes API showed the stored split while producers served another one; it shows
+    the served one now, and says why it differs from the stored one."""
+    settings = Settings(
+        redis_url=redis_url, model_repository=TRAFFIC, auth="disabled", instance_id="shown"
+    )
+    app = create_app(settings)
+    store = RouteStore(aredis, KEYS)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            served = await client.put("/v1/models/ab/routes", json={"weights": {"stable": 100}})
+            assert served.json()["adjusted"] is None, served.text
+            await store.put("ab", Routes({"candidate": 100.0, "removed": 0.0}), "test")
+            dropped = (await client.get("/v1/models/ab/routes")).json()
+            assert dropped["weights"] == {"candidate": 100.0}
+            assert "removed" in dropped["adjusted"]
+            await store.put("ab", Routes({"candidate": 50.0, "removed": 50.0}), "test")
+            ignored = (await client.get("/v1/models/ab/routes")).json()
+            assert ignored["weights"] == seed_routes(AB).weights
+            assert ignored["version"] == dropped["version"] + 1
+            assert "config.yaml" in ignored["adjusted"] and "'removed'" in ignored["adjusted"]
+
+
 # --- the real pipeline: two producers, one worker serving every variant of `ab` ---
 
 

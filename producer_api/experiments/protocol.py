@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -21,6 +21,10 @@ class Latencies(BaseModel):
 
 class VersusBaseline(BaseModel):
     baseline: str
+    success_rate_test: Literal["z", "fisher"] = Field(
+        description="The test behind success_rate_p: the two-proportion z-test, or Fisher's "
+        "exact test when an expected count is under 5 (success_rate_z is then informative only)"
+    )
     success_rate_z: float
     success_rate_p: float
     latency_u: float | None

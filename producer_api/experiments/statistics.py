@@ -1,12 +1,13 @@
 """Experiment statistics from per-variant windows (shared/variant_stats): latency percentiles,
 success rates, shadow agreement, and tests against the baseline — a two-proportion z-test on
-success rates and Mann-Whitney U (scipy, asymptotic with continuity correction) on service
-times — with a verdict in plain words at ALPHA."""
+success rates (Fisher's exact test when an expected count is under MIN_EXPECTED, where the
+normal approximation fails) and Mann-Whitney U (scipy, asymptotic with continuity correction) on
+service times — with a verdict in plain words at ALPHA."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from scipy import stats
@@ -14,6 +15,7 @@ from scipy import stats
 from shared.variant_stats import Window
 
 ALPHA = 0.05
+MIN_EXPECTED = 5.0  # the usual validity rule of the z-test's normal approximation
 PERCENTILES = (50, 95, 99)
 
 
@@ -64,12 +66,27 @@ def two_proportion_z(success_a: int, n_a: int, success_b: int, n_b: int) -> tupl
     return z, float(2 * stats.norm.sf(abs(z)))
 
 
+def success_test(
+    success_a: int, n_a: int, success_b: int, n_b: int
+) -> tuple[Literal["z", "fisher"], float, float]:
+    """(test, z, two-sided p) for success rate b against a: the z-test's p unless an expected
+    count (successes or failures, pooled) is under MIN_EXPECTED, then Fisher's exact test's, so
+    a request or two never reads as significant. z is reported either way."""
+    z, p = two_proportion_z(success_a, n_a, success_b, n_b)
+    pooled = (success_a + success_b) / (n_a + n_b)
+    expected = [n * share for n in (n_a, n_b) for share in (pooled, 1 - pooled)]
+    if min(expected) >= MIN_EXPECTED:
+        return "z", z, p
+    table = [[success_a, n_a - success_a], [success_b, n_b - success_b]]
+    return "fisher", z, float(stats.fisher_exact(table, alternative="two-sided").pvalue)
+
+
 def versus(baseline_name: str, baseline: Window, other: Window) -> dict[str, Any] | None:
     """Tests of `other` against the baseline, with a verdict; None without data on both."""
     if not baseline.requests or not other.requests:
         return None
     base_ok, other_ok = baseline.requests - baseline.errors, other.requests - other.errors
-    z, p_success = two_proportion_z(base_ok, baseline.requests, other_ok, other.requests)
+    test, z, p_success = success_test(base_ok, baseline.requests, other_ok, other.requests)
     mine = [s.service_ms for s in other.samples]
     theirs = [s.service_ms for s in baseline.samples]
     words = [_success_words(baseline_name, baseline, other, p_success)]
@@ -80,6 +97,7 @@ def versus(baseline_name: str, baseline: Window, other: Window) -> dict[str, Any
         words.append(_latency_words(baseline_name, theirs, mine, u, p_latency))
     return {
         "baseline": baseline_name,
+        "success_rate_test": test,
         "success_rate_z": round(z, 6),
         "success_rate_p": p_success,
         "latency_u": u,

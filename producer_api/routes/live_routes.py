@@ -10,7 +10,7 @@ import logging
 from shared.metrics import ROUTES_VERSION
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.route_store import RouteStore
-from shared.routing import InvalidRoutes, Routes, UnknownVariant, seed_routes
+from shared.routing import Routes, seed_routes, served_routes
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,7 @@ class LiveRoutes:
         self.repository = repository
         self._routes: dict[str, Routes] = {}
         self._version = -1
+        self._warned: dict[str, tuple[int, str | None]] = {}
 
     def of(self, config: ModelConfig) -> Routes:
         """The model's live routes (config.yaml's until the first poll has read them)."""
@@ -42,18 +43,15 @@ class LiveRoutes:
             return  # seeding moved the version: the next poll reads everything
         if self._version >= 0:
             log.info("routes reloaded at version %d", version)
-        self._routes = {name: r for name, r in routes.items() if self._servable(name, r)}
+        self._routes = {c.name: self._served(c, routes[c.name]) for c in self.repository}
         self._version = version
         ROUTES_VERSION.set(version)
 
-    def _servable(self, model: str, routes: Routes) -> bool:
-        """Stored routes that no longer fit the model (a variant removed from its config.yaml
-        since) are ignored, config.yaml's apply until someone fixes them."""
-        config = self.repository.get(model)
-        try:
-            if config is not None:
-                routes.check(config)
-                return True
-        except (UnknownVariant, InvalidRoutes) as exc:
-            log.warning("live routes of %s ignored: %s", model, exc)
-        return False
+    def _served(self, config: ModelConfig, stored: Routes) -> Routes:
+        """The stored routes as they can serve the model (see served_routes), with a warning
+        the first time they differ, not at every reload."""
+        routes, why = served_routes(stored, config)
+        if why is not None and self._warned.get(config.name) != (stored.version, why):
+            log.warning("live routes of %s (version %d): %s", config.name, stored.version, why)
+        self._warned[config.name] = (stored.version, why)
+        return routes

@@ -30,9 +30,17 @@ class RouteChange(BaseModel):
 
 
 class RoutesView(BaseModel):
+    """The routes producers serve: the stored ones, as they fit the model's config.yaml now."""
+
     model: str
     version: int
     weights: dict[str, float]
     shadows: dict[str, float]
     sticky_by: StickyBy
+    adjusted: str | None = Field(
+        default=None,
+        description="Why the routes shown differ from the stored ones (the history's last "
+        "`new`): variants config.yaml no longer has were dropped (they had no weight), or the "
+        "stored routes cannot serve and config.yaml's apply; null when served as stored",
+    )
     history: list[RouteChange]

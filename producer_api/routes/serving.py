@@ -13,7 +13,7 @@ from producer_api.routes.protocol import RoutesBody
 from producer_api.state import ProducerState
 from shared.model_repository import ModelConfig
 from shared.route_store import VersionConflict
-from shared.routing import InvalidRoutes, Routes, UnknownVariant, seed_routes
+from shared.routing import InvalidRoutes, Routes, UnknownVariant, seed_routes, served_routes
 
 
 class RoutesService:
@@ -26,10 +26,19 @@ class RoutesService:
         return model_of(self.state, self.principal, model)
 
     async def show(self, model: str, history: int = 20) -> dict[str, Any]:
+        """The routes producers serve (the stored ones as they fit config.yaml now), with why
+        they differ from the stored ones, if they do, and the change log."""
         config = self.config(model)
-        routes = (await self.store.get_many([model])).get(model) or seed_routes(config)
+        stored = (await self.store.get_many([model])).get(model)
+        routes, adjusted = served_routes(stored, config) if stored else (seed_routes(config), None)
         changes = [asdict(change) for change in await self.store.history(model, history)]
-        return {"model": model, "version": routes.version, **routes.document(), "history": changes}
+        return {
+            "model": model,
+            "version": routes.version,
+            **routes.document(),
+            "adjusted": adjusted,
+            "history": changes,
+        }
 
     async def replace(self, model: str, body: RoutesBody) -> dict[str, Any]:
         config = self.config(model)
