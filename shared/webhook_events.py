@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import posixpath
 import re
 import time
 import uuid
@@ -53,21 +52,34 @@ def _path_matches(path: str, prefix: str) -> bool:
 UNSENDABLE = re.compile(r"[\x00-\x20\x7f]")
 
 
-def _normalised(path: str) -> str:
-    """The path as the HTTP client sends it: dot segments, percent-encoded ones too, resolved
-    (RFC 3986), so `/hooks/../admin` is checked as `/admin`; a trailing slash is kept (an
-    entry `…/hooks/` refused the very URL it names)."""
-    plain = path.replace("%2e", ".").replace("%2E", ".")
-    if not plain:
-        return "/"
-    resolved = posixpath.normpath(plain)
-    return resolved + "/" if plain.endswith("/") and resolved != "/" else resolved
+# What receivers (and proxies in front of them) may read otherwise than the HTTP client sends
+# it: an empty segment (merged away, so a `..` after it climbs further), escaped `.`, `/` and
+# `\` (sent as they are, decoded into dot segments and separators), a backslash (a separator
+# to some servers).
+AMBIGUOUS_PATH = re.compile(r"//|%2e|%2f|%5c|\\", re.IGNORECASE)
+
+
+def _sent_path(url: str) -> str | None:
+    """The path the HTTP client sends for `url`, dot segments removed as it removes them
+    (RFC 3986), decoded; None when it cannot send to `url` at all (a host label no IDNA
+    encoding takes, `\u0661.example.com`, matched a `*.` rule and was accepted at submit, then
+    failed its delivery with no attempt on record) or when a receiver may read the path
+    otherwise (`AMBIGUOUS_PATH`). A normalisation of the check's own (posixpath's drops empty
+    segments before `..`) let `/admin//..//hooks/x` through as `/hooks/x`; it was sent as
+    `/admin//hooks/x`."""
+    try:
+        target = httpx.URL(url)
+    except (httpx.InvalidURL, UnicodeError):
+        return None
+    raw_path = target.raw_path.split(b"?", 1)[0].decode("ascii", "replace")
+    return None if AMBIGUOUS_PATH.search(raw_path) else target.path
 
 
 def allowed(url: str, allowlist: list[str]) -> bool:
     """True if `url` matches an entry `scheme://host[:port][/path-prefix]` of the allow-list
-    (`*.example.com` matches subdomains). Scheme, host and port must match exactly; URLs with
-    credentials, fragments or other schemes never match."""
+    (`*.example.com` matches subdomains). Scheme, host and port must match exactly, the path
+    as the HTTP client sends it (`_sent_path`); URLs with credentials, fragments or other
+    schemes never match."""
     try:
         parts = urlsplit(url)
         host = parts.hostname
@@ -77,7 +89,7 @@ def allowed(url: str, allowlist: list[str]) -> bool:
         return False
     if UNSENDABLE.search(url) or "" in host.split("."):
         return False  # a control character or an empty host label: the HTTP client refuses it
-    if parts.fragment or not _sendable(url):
+    if parts.fragment or (path := _sent_path(url)) is None:
         return False
     for entry in allowlist:
         rule = urlsplit(entry.strip())
@@ -86,21 +98,10 @@ def allowed(url: str, allowlist: list[str]) -> bool:
             and rule.hostname is not None
             and _host_matches(host, rule.hostname)
             and _port(rule) == _port(parts)
-            and _path_matches(_normalised(parts.path), rule.path)
+            and _path_matches(path, rule.path)
         ):
             return True
     return False
-
-
-def _sendable(url: str) -> bool:
-    """Whether the HTTP client can send to `url` at all: a host label no IDNA encoding takes
-    (`\u0661.example.com`, a zero-width space) matched a `*.` rule, was accepted at submit, and
-    then failed its delivery with no attempt on record."""
-    try:
-        httpx.URL(url)
-    except (httpx.InvalidURL, UnicodeError):
-        return False
-    return True
 
 
 def refusal(url: str, settings: Settings) -> str | None:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from email.utils import formatdate
+from typing import Any
 
 import pytest
 import redis
@@ -68,6 +69,30 @@ def test_an_answer_trickled_a_byte_at_a_time_times_out_as_a_whole(
 ) -> None:
     outcome = _post(trickling, b"{}", EVENT)
     assert outcome["status_code"] is None
+    assert outcome["error"] == "TimeoutError: no answer within 1s", outcome
+
+
+def test_a_slow_name_lookup_is_cut_off_at_the_timeout(
+    one_second: None, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiver's name is looked up (getaddrinfo) on a thread of the loop's executor, which
+    the timeout cannot stop: closing the loop waited for that thread, however long the lookup
+    took, and the worker's one task loop with it."""
+    looked_up = threading.Event()
+    lookup = socket.getaddrinfo
+
+    def slow_lookup(host: bytes | str, *args: Any, **kwargs: Any) -> list[Any]:
+        if host not in (b"slow-dns.example", "slow-dns.example"):  # anyio passes IDNA bytes
+            return lookup(host, *args, **kwargs)
+        time.sleep(3)
+        looked_up.set()
+        raise socket.gaierror(socket.EAI_NONAME, "not found")
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_lookup)
+    holds = ReceiverHolds(lambda: redis_client, Keys("slow-dns:"))
+    monkeypatch.setattr(webhook_delivery, "_receiver_holds", lambda: holds)
+    outcome = _post("http://slow-dns.example/hooks", b"{}", EVENT)
+    assert not looked_up.is_set()
     assert outcome["error"] == "TimeoutError: no answer within 1s", outcome
 
 

@@ -98,6 +98,7 @@ def test_urls_outside_the_allow_list_are_refused_at_submit(
         f"{receiver.base}/hooks-evil/x",
         f"{receiver.base}/hooks/../elsewhere",  # dot segments, resolved by the HTTP client
         f"{receiver.base}/hooks/%2e%2e/elsewhere",
+        f"{receiver.base}/elsewhere//..//hooks/x",  # checked as /hooks/x, sent elsewhere
         f"https://127.0.0.1:{port}/hooks/x",
         f"http://user:pw@127.0.0.1:{port}/hooks/x",
         f"http://127.0.0.1:{port + 1}/hooks/x",
@@ -133,6 +134,36 @@ def test_allow_list_matching() -> None:
     assert allowed("https://hooks.example.com/conveyor/jobs", slashed)
     assert not allowed("https://hooks.example.com/conveyor/../admin/", slashed)
     assert not allowed("https://hooks.example.com/conveyorx/", slashed)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin//..//conveyor/x",  # checked as /conveyor/x, sent as /admin//conveyor/x
+        "/conveyor//x",  # an empty segment: receivers that merge slashes resolve `..` after it
+        "/conveyor/%2e%2e/admin",  # escaped dots, separators and backslashes are sent as they
+        "/conveyor/%2E%2E/admin",  # are, and a receiver may decode them into segments the
+        "/conveyor/x%2F..%2F..%2Fadmin",  # check never saw
+        "/conveyor/x%2f..%2f..%2fadmin",
+        "/conveyor/x%5C..%5C..%5Cadmin",
+        "/conveyor/x%5c..%5c..%5cadmin",
+        "/conveyor/x\\..\\..\\admin",
+    ],
+)
+def test_allow_list_refuses_paths_a_receiver_may_read_otherwise(path: str) -> None:
+    """The check normalised the path its own way (posixpath.normpath drops empty segments
+    before `..`, and it decoded `%2e`), not as the HTTP client sends it: a URL checked as
+    inside the allowed prefix reached another path of the receiver."""
+    rules = ["https://hooks.example.com/conveyor"]
+    assert not allowed(f"https://hooks.example.com{path}", rules)
+
+
+def test_allow_list_checks_the_path_the_http_client_sends() -> None:
+    rules = ["https://hooks.example.com/conveyor"]
+    assert allowed("https://hooks.example.com/other/../conveyor/x", rules)  # sent: /conveyor/x
+    assert allowed("https://hooks.example.com/conveyor/./a/../b?next=//x", rules)
+    assert allowed("https://hooks.example.com/conveyor/%41%252e", rules)  # no `.` once sent
+    assert not allowed("https://hooks.example.com/conveyor/..", rules)  # sent: /
 
 
 def test_signatures_reject_tampering_and_stale_timestamps() -> None:

@@ -14,10 +14,12 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 from functools import cache
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import httpx
 import redis
@@ -33,6 +35,7 @@ from shared.webhook_signing import HEADER, sign
 from workers.app import app
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # What a Redis out of reach raises here: a cluster client that cannot reach a node to start from
 # raises RedisClusterException, no RedisError (escaped, it dropped the delivery for good).
@@ -177,11 +180,16 @@ def _claimed_before(task_id: str | None, retries: int) -> bool:
     copies posted, then both retried. One SET NX per attempt lets one copy through; it lapses
     unless the attempt is recorded (`_keep_claim`), so a copy of an attempt whose worker died
     in it runs. A direct call (no task id) has no copy. Redis out of reach claims nothing and
-    the attempt is sent: at least once beats none (a copy may post it again)."""
+    the attempt is sent: at least once beats none (a copy may post it again). The claim holds a
+    token of this call, read back as it is set: redis-py sends a SET again whose reply was lost,
+    and a bare SET NX that found its own first write took it for another copy's (the delivery
+    returned "duplicate" and was dropped for good)."""
+    mine = uuid.uuid4().hex
 
     def take(client: redis.Redis, key: str, settings: Settings) -> bool:
         ttl_s = int(settings.webhook_timeout_s + CLAIM_RUNNING_MARGIN_S)
-        return not client.set(key, 1, nx=True, ex=ttl_s)
+        first = client.set(key, mine, nx=True, get=True, ex=ttl_s)
+        return first is not None and first != mine.encode()
 
     return _on_claim(task_id, retries, take, "not claimed, sent anyway")
 
@@ -238,11 +246,29 @@ async def _answer(
         return response.status_code, response.headers.get("Retry-After")
 
 
+class _Unwaited(ThreadPoolExecutor):
+    """An attempt's loop's executor, where the receiver's name is looked up (getaddrinfo, which
+    nothing can stop): shut down as the loop closes, it waits for no lookup, so an attempt ends
+    at its timeout (the loop's own executor held the worker as long as a slow DNS took). A
+    lookup left running ends on its own; its answer is dropped."""
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        super().shutdown(wait=False, cancel_futures=True)
+
+
+def _within(answer: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    """`answer` run on a loop of its own, given up after `timeout_s` (TimeoutError)."""
+    with asyncio.Runner() as runner:
+        runner.get_loop().set_default_executor(_Unwaited(thread_name_prefix="webhook-dns"))
+        return runner.run(asyncio.wait_for(answer, timeout_s))
+
+
 def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
     """One attempt, answered within CONVEYOR_WEBHOOK_TIMEOUT_S as a whole (httpx's timeout
     bounds each read: a receiver trickling a byte a second held the worker's one task loop,
-    every other delivery and the worker's own exit behind it); never raises. Redirects are
-    not followed (they could leave the allow-list)."""
+    every other delivery and the worker's own exit behind it), the receiver's name lookup
+    included (`_Unwaited`); never raises. Redirects are not followed (they could leave the
+    allow-list)."""
     settings = get_settings()
     headers = {
         "Content-Type": "application/json",
@@ -255,8 +281,7 @@ def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
     outcome: dict[str, Any] = {"at": round(time.time(), 3), "status_code": None, "error": None}
     timeout_s = settings.webhook_timeout_s
     try:
-        answer = _answer(url, body, headers, timeout_s)
-        status, retry_after = asyncio.run(asyncio.wait_for(answer, timeout_s))
+        status, retry_after = _within(_answer(url, body, headers, timeout_s), timeout_s)
         outcome["status_code"] = status
         if not httpx.codes.is_success(status):
             outcome["error"] = f"HTTP {status}"
