@@ -116,12 +116,13 @@ def _controller(client: aioredis.Redis, keys: Keys, stats: VariantStats) -> Cana
 
 
 class _WindowsAsked(VariantStats):
-    """Real statistics on Valkey that note where each window asked for began, and how many
-    latency samples it gave."""
+    """Real statistics on Valkey that note where each window asked for began, which variants
+    it asked for with or without samples, and how many latency samples it gave."""
 
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         super().__init__(client, keys)
         self.since: list[float] = []
+        self.asked: list[tuple[str, bool]] = []
         self.sampled: list[int] = []
 
     async def window(
@@ -133,7 +134,9 @@ class _WindowsAsked(VariantStats):
         samples: bool = True,
     ) -> dict[str, Window]:
         self.since.append(since_s)
-        windows = await super().window(model, variants, since_s, until_s, samples)
+        names = list(variants)
+        self.asked += [(name, samples) for name in names]
+        windows = await super().window(model, names, since_s, until_s, samples)
         self.sampled.append(sum(len(window.samples) for window in windows.values()))
         return windows
 
@@ -142,6 +145,32 @@ async def _at_step_0(client: aioredis.Redis, keys: Keys, **changes: Any) -> Cana
     """CANARY at its first step (50 %), as the live routes have it."""
     await RouteStore(client, keys).seed("ab", Routes({"stable": 50.0, "candidate": 50.0}))
     return replace(CANARY, step=0, weight=50.0, **changes)
+
+
+async def test_a_look_that_decides_nothing_reads_no_baseline_samples(
+    aredis: aioredis.Redis,
+) -> None:
+    """Every look (twice a second) read up to WINDOW_SAMPLES latency samples of the baseline,
+    though `breach` reads only its error rate: its p99 is shown in a decision's event alone.
+    A look that decides nothing reads the baseline's counters; a decision reads its samples."""
+    keys = Keys("canary-lazy:")
+    stats = _WindowsAsked(aredis, keys)
+    began = (bucket_of(time.time()) - 1) * BUCKET_S  # the samples below fall in the step's window
+    canary = await _at_step_0(aredis, keys, interval_s=3600.0, step_started_at=began)
+    healthy = [Sample(True, 1.0, 1.0)] * CANARY.min_requests
+    await stats.record_samples({("ab", "stable"): healthy, ("ab", "candidate"): healthy})
+    controller = _controller(aredis, keys, stats)
+
+    await controller.decide(canary)
+    assert (canary.state, canary.step) == ("running", 0)  # within its interval: no decision
+    assert ("stable", False) in stats.asked and ("stable", True) not in stats.asked
+    assert ("candidate", True) in stats.asked  # its own p99 is a bound
+
+    canary.interval_s = 1.0
+    await controller.decide(canary)
+    assert (canary.state, canary.step) == ("running", 1)
+    shown = (await CanaryStore(aredis, keys).events("ab", 1))[-1]["numbers"]["baseline"]
+    assert shown["requests"] == CANARY.min_requests and shown["p99_ms"] == 2.0
 
 
 async def test_a_long_step_reads_a_bounded_window(aredis: aioredis.Redis) -> None:

@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import pytest
 import redis.asyncio as aioredis
 
 from producer_api.app import build_state
 from producer_api.console.job_browser import READ_LIMIT, JobFilter, recent_jobs
+from producer_api.console.route_board import route_board
 from producer_api.console.summaries import MAX_BATCHES, ConsoleSummaries
 from producer_api.state import ProducerState
 from shared.codec import RequestEntry
 from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
 from shared.keys import Keys, new_job_id
-from shared.model_repository import ModelConfig, ModelRepository
+from shared.model_repository import ModelConfig, ModelRepository, Variant
 from shared.settings import Settings
+from shared.variant_stats import Sample, VariantStats, Window
 
 KEYS = Keys("bounds:")
 HOUR_MS = 3_600_000
@@ -98,3 +100,43 @@ async def test_a_job_list_reads_at_most_read_limit_job_hashes(aredis: aioredis.R
 async def _hash_reads(client: aioredis.Redis) -> int:
     stats = await client.info("commandstats")
     return int(stats.get("cmdstat_hmget", {}).get("calls", 0))
+
+
+class _SamplesAsked(VariantStats):
+    """Real statistics on Valkey that note whether each window asked for latency samples."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        super().__init__(client, keys)
+        self.samples_asked: list[bool] = []
+
+    async def window(
+        self,
+        model: str,
+        variants: Iterable[str],
+        since_s: float,
+        until_s: float | None = None,
+        samples: bool = True,
+    ) -> dict[str, Window]:
+        self.samples_asked.append(samples)
+        return await super().window(model, variants, since_s, until_s, samples)
+
+
+async def test_the_route_board_reads_no_latency_samples(
+    state: ProducerState, aredis: aioredis.Redis
+) -> None:
+    """The Routes page read each shadow's last hour with its latency samples (up to
+    WINDOW_SAMPLES rows decoded per shadow per view) and showed only its comparison counters."""
+    variants = {"stable": Variant(), "mirror": Variant(weight=0, shadow=True, sample_rate=0.5)}
+    config = ModelConfig(
+        name="m", kind="batch", backend="identity", default_variant="stable", variants=variants
+    )
+    stats = _SamplesAsked(aredis, KEYS)
+    await stats.record_samples({("m", "mirror"): [Sample(True, 1.0, 2.0)] * 3})
+    await stats.add_counts_once("m", "mirror", {"shadow_pairs": 2, "shadow_agree": 1}, "p", 60)
+    state.traffic.repository, state.traffic.stats = ModelRepository({"m": config}), stats
+
+    (row,) = await route_board(state.traffic, lambda model: True)
+
+    shown = [(s["variant"], s["rate"], s["compared"]["pairs"]) for s in row.shadows]
+    assert shown == [("mirror", 0.5, 2)]
+    assert stats.samples_asked == [False]

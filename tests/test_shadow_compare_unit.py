@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shared.shadow_compare import COSINE_THRESHOLD, compare
+from shared.shadow_compare import COSINE_THRESHOLD, compare, min_cosine
 
 
 def _job(outputs: Any, status: str = "succeeded", service_s: float = 0.010) -> dict[str, Any]:
@@ -68,6 +68,17 @@ def test_a_vector_of_anything_but_finite_numbers_disagrees(answer: Any) -> None:
     after it."""
     compared = compare(_job({"embeddings": [[1.0, 0.0]]}), _job({"embeddings": answer}))
     assert compared is not None and not compared.agree and compared.similarity == 0.0
+
+
+def test_the_lowest_cosine_is_over_every_text_whatever_its_width() -> None:
+    """Rows are compared a width at a time (numpy): a text with vectors of another width, or
+    one that is no vector of numbers (cosine 0), still counts, and a negative cosine is kept."""
+    assert min_cosine([[1.0, 0.0], [0.0, 0.0, 2.0]], [[0.6, 0.8], [0, 0, 3]]) == pytest.approx(0.6)
+    opposite = [[1.0, 0.0], [0.0, 0.0, 2.0]], [[-1.0, 0.0], [0.0, 0.0, 2.0]]
+    assert min_cosine(*opposite) == pytest.approx(-1.0)
+    assert min_cosine([[1.0, 0.0], [1.0]], [[1.0, 0.0], [None]]) == 0.0
+    assert min_cosine([[1.0, 0.0], [1.0]], [[-1.0, 0.0], [1.0, 2.0]]) == pytest.approx(-1.0)
+    assert min_cosine([[1e200, 1e200], [1.0]], [[1e200, 1e200], [1.0]]) == 0.0  # past float
 
 
 def test_generated_text_agrees_on_exact_match_with_a_similarity_beside_it() -> None:

@@ -12,6 +12,7 @@ them) abort it, leaving them as they are."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -199,25 +200,48 @@ class CanaryController:
             return
         if await self.overridden(canary):
             return
-        variants = [canary.variant, canary.baseline]
-        windows = await self.stats.window(
-            canary.model, variants, since(canary, canary.step_started_at)
-        )
-        seen = {"canary": numbers(windows[canary.variant])}
-        seen["baseline"] = numbers(windows[canary.baseline])
+        began = since(canary, canary.step_started_at)
+        seen = await self.step_numbers(canary, began)
         if seen["canary"]["requests"] < canary.min_requests:
             if reason := starved(canary, seen["canary"]["requests"]):
-                await self.end(canary, "rolled_back", 0.0, reason, seen)
+                await self.end(
+                    canary, "rolled_back", 0.0, reason, await self.timed(canary, seen, began)
+                )
             return
-        if seen["baseline"]["requests"] < canary.min_requests:  # at 100 % it gets no traffic
+        whole_canary = seen["baseline"]["requests"] < canary.min_requests
+        if whole_canary:  # at 100 % it gets no traffic
             seen["baseline"] = await self.baseline_so_far(canary)
-        if reason := breach(canary, seen["canary"], seen["baseline"]):
+        reason = breach(canary, seen["canary"], seen["baseline"])
+        if reason is None and time.time() - canary.step_started_at < canary.interval_s:
+            return
+        if not whole_canary:
+            seen = await self.timed(canary, seen, began)
+        if reason:
             await self.end(canary, "rolled_back", 0.0, reason, seen)
-        elif time.time() - canary.step_started_at >= canary.interval_s:
-            if canary.step + 1 < len(canary.steps):
-                await self.move(canary, canary.step + 1, "step", "bounds held", seen)
-            else:
-                await self.end(canary, "completed", canary.weight, "bounds held", seen)
+        elif canary.step + 1 < len(canary.steps):
+            await self.move(canary, canary.step + 1, "step", "bounds held", seen)
+        else:
+            await self.end(canary, "completed", canary.weight, "bounds held", seen)
+
+    async def step_numbers(self, canary: Canary, began: float) -> dict[str, dict[str, Any]]:
+        """Both variants' numbers over the step, the baseline's without its p99: `breach`
+        reads its error rate alone, and every look (twice a second) read up to WINDOW_SAMPLES
+        of its samples. Its p99 is read for a decision's event only (`timed`)."""
+        canary_window, baseline_window = await asyncio.gather(
+            self.stats.window(canary.model, [canary.variant], began),
+            self.stats.window(canary.model, [canary.baseline], began, samples=False),
+        )
+        return {
+            "canary": numbers(canary_window[canary.variant]),
+            "baseline": numbers(baseline_window[canary.baseline]),
+        }
+
+    async def timed(self, canary: Canary, seen: dict[str, Any], began: float) -> dict[str, Any]:
+        """`seen` with the baseline's p99 over the step, for the event of a decision made on
+        its counters."""
+        window = await self.stats.window(canary.model, [canary.baseline], began)
+        p99_ms = numbers(window[canary.baseline])["p99_ms"]
+        return seen | {"baseline": seen["baseline"] | {"p99_ms": p99_ms}}
 
     async def overridden(self, canary: Canary) -> bool:
         """Abort the canary if the live routes no longer give its variant its weight: someone

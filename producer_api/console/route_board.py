@@ -34,7 +34,9 @@ async def route_board(traffic: TrafficControl, shown: Callable[[str], bool]) -> 
         if not shown(config.name):
             continue
         routes = traffic.routes.of(config)
-        windows = await traffic.stats.window(config.name, routes.shadows, now - SHADOW_WINDOW_S)
+        # counters only: a shadow's comparisons are counted, its latency samples never shown
+        since = now - SHADOW_WINDOW_S
+        windows = await traffic.stats.window(config.name, routes.shadows, since, samples=False)
         shadows = [
             {"variant": name, "rate": rate, "compared": summary(windows[name])["shadow"]}
             for name, rate in routes.shadows.items()

@@ -160,12 +160,14 @@ class ShadowComparisons:
         variant) and any a failed page before left unadded, then release the claims (see
         shared/shadow_pairs.py). Claimed before comparing: a pair whose comparison raised
         stayed first in line, and no pair after it was compared again. Results stored before
-        counting: a page that failed after counting was counted again by a later look."""
+        counting: a page that failed after counting was counted again by a later look. Compared
+        in a thread: a page of minilm pairs held the API's loop (every reply) for seconds."""
         if not won:
             return
         claimed = [pair for pair, _, _ in won]
         before, pages = await self.pairs.compared(claimed)
-        totals, results = _compared(both for both in won if both[0] not in before)
+        fresh_pairs = [both for both in won if both[0] not in before]
+        totals, results = await asyncio.to_thread(_compared, fresh_pairs)
         if results:
             fresh = os.urandom(16).hex()
             await self.pairs.store(fresh, totals, results)
