@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -35,8 +35,12 @@ class Cut:
     message: str
 
 
-async def until_shutdown(events: AsyncIterator[T], shutdown: anyio.Event) -> AsyncIterator[T]:
-    """`events` as they come, until they end or `shutdown` is set (then `events` is closed)."""
+async def until_shutdown(
+    events: AsyncIterator[T], shutdown: anyio.Event, on_end: Callable[[], object] | None = None
+) -> AsyncIterator[T]:
+    """`events` as they come, until they end (then `on_end` is called) or `shutdown` is set
+    (then `events` is closed): a caller tells a stream that ran to its end from one stopped,
+    though `shutdown` may be set by then."""
     stop: asyncio.Future[Any] = asyncio.ensure_future(shutdown.wait())
     upcoming: asyncio.Future[Any] = asyncio.ensure_future(anext(events))
     try:
@@ -47,6 +51,8 @@ async def until_shutdown(events: AsyncIterator[T], shutdown: anyio.Event) -> Asy
             try:
                 item: T = upcoming.result()
             except StopAsyncIteration:
+                if on_end is not None:
+                    on_end()
                 return
             yield item
             upcoming = asyncio.ensure_future(anext(events))
@@ -60,13 +66,16 @@ async def until_shutdown(events: AsyncIterator[T], shutdown: anyio.Event) -> Asy
 
 async def until_cut(events: AsyncIterator[T], shutdown: anyio.Event) -> AsyncIterator[T | Cut]:
     """`events` as they come; if the producer shuts down or Redis stops answering before they
-    end, one last `Cut` saying which (the caller turns it into its protocol's error event)."""
+    end, one last `Cut` saying which (the caller turns it into its protocol's error event). A
+    shutdown that comes once they ran to their end adds none: an error after a complete stream
+    made its client retry a job that had succeeded."""
+    exhausted = asyncio.Event()
     try:
-        async for item in until_shutdown(events, shutdown):
+        async for item in until_shutdown(events, shutdown, exhausted.set):
             yield item
     except OUT_OF_REACH as exc:  # a cluster failing over (CLUSTERDOWN) too
         log.info("a stream ends early: redis unavailable (%r)", exc)
         yield Cut(UNREACHABLE)
         return
-    if shutdown.is_set():
+    if shutdown.is_set() and not exhausted.is_set():
         yield Cut(MESSAGE)

@@ -21,9 +21,9 @@ import os
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import httpx
@@ -35,9 +35,11 @@ from conveyor.client import Client, StreamFailed
 from conveyor.stack import Server, Stack, free_port
 from producer_api.auth.key_watch import RECHECK_S
 from producer_api.draining import Draining
+from producer_api.events.api_router import server_sent
+from producer_api.events.protocol import JobEvent
 from producer_api.live_feed import while_holds
 from producer_api.reply_listener import ReplyListener
-from producer_api.stream_shutdown import GRACE_S, UNREACHABLE, Cut, until_cut
+from producer_api.stream_shutdown import GRACE_S, MESSAGE, UNREACHABLE, Cut, until_cut
 from producer_api.task_cancel import RECANCEL_S, cancel_and_wait
 from shared.api_keys import ApiKeyStore, key_id_of
 from shared.job_store import JobStore
@@ -50,6 +52,7 @@ from tests.test_redis_freeze import frozen
 pytestmark = pytest.mark.slow
 PACED = str(REPO_ROOT / "tests" / "fixtures" / "paced_repository")
 DOOMED = "doomed-producer"
+T = TypeVar("T")
 PROMPT = "the keeper climbed the stairs of the lighthouse as the storm came in"
 
 
@@ -332,6 +335,46 @@ async def test_a_cluster_failing_over_ends_a_stream_as_an_outage_does() -> None:
         1,
         Cut(UNREACHABLE),
     ]
+
+
+async def _ending_with(last: T, *, ends: bool) -> AsyncIterator[T]:
+    """`last`, then the end if `ends`; else nothing more, ever (the job runs on)."""
+    yield last
+    if not ends:
+        await asyncio.Event().wait()
+
+
+async def _seen_when_shutdown_comes(
+    follow: Callable[[AsyncIterator[T], anyio.Event], AsyncIterator[Any]],
+    events: AsyncIterator[T],
+) -> list[Any]:
+    """What `follow` gives when the producer is asked to stop while each event is handled."""
+    shutdown, seen = anyio.Event(), []
+    async with asyncio.timeout(30):  # a hang guard only
+        async for event in follow(events, shutdown):
+            seen.append(event)
+            shutdown.set()
+    return seen
+
+
+async def test_a_shutdown_just_after_the_last_event_adds_no_error() -> None:
+    """A stream that ran to its final event ended with an `unavailable` error after it when the
+    producer was asked to stop meanwhile: the OpenAI SDK raised it, and its client ran the
+    succeeded job again."""
+    seen = await _seen_when_shutdown_comes(until_cut, _ending_with("final", ends=True))
+    assert seen == ["final"]
+
+
+async def test_a_shutdown_before_the_last_event_still_cuts_the_stream() -> None:
+    seen = await _seen_when_shutdown_comes(until_cut, _ending_with("token", ends=False))
+    assert seen == ["token", Cut(MESSAGE)]
+
+
+async def test_no_error_event_follows_a_final_one() -> None:
+    """The job's `final` event ends the SSE stream's story, though its feed has yet to end."""
+    final = JobEvent("final", {"status": "succeeded"}, "1-0")
+    seen = await _seen_when_shutdown_comes(server_sent, _ending_with(final, ends=False))
+    assert [event.event for event in seen] == ["final"]
 
 
 async def test_a_producer_asked_to_stop_ends_every_wait(redis_url: str) -> None:

@@ -32,12 +32,15 @@ async def server_sent(
 ) -> AsyncGenerator[ServerSentEvent, None]:
     """The job's events; if the producer shuts down or Redis stops answering first, an
     `error` event (type `unavailable`) with `retry:` ends the stream: reconnect with
-    Last-Event-ID to resume."""
+    Last-Event-ID to resume. None follows a `final` event: the stream is whole."""
+    ended = False
     async for event in until_cut(events, shutdown):
         if isinstance(event, Cut):
-            error = {"type": "unavailable", "message": event.message}
-            yield ServerSentEvent(data=dumps(error).decode(), event="error", retry=RECONNECT_MS)
+            if not ended:
+                error = {"type": "unavailable", "message": event.message}
+                yield ServerSentEvent(data=dumps(error).decode(), event="error", retry=RECONNECT_MS)
         else:
+            ended = event.event == "final"
             yield ServerSentEvent(data=dumps(event.data).decode(), event=event.event, id=event.id)
 
 

@@ -258,8 +258,9 @@ class OpenAIService:
             events = while_holds(self._follow(job_id), watch.holds, RECHECK_S)
             async for event in until_cut(events, shutdown):
                 if isinstance(event, Cut):
-                    ended = True  # not the client's choice: the job runs on
-                    yield _error_chunk("unavailable", f"{event.message}; job {job_id} runs on")
+                    if not ended:  # after the final event, the stream is whole: no error
+                        ended = True  # not the client's choice: the job runs on
+                        yield _error_chunk("unavailable", f"{event.message}; job {job_id} runs on")
                     break
                 if event.kind == "restart" and sent:
                     yield _error_chunk("restarted", "the job's worker died; retry the request")

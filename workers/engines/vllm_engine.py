@@ -8,18 +8,23 @@ this engine need an `if __name__ == "__main__":` guard.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from workers.engines.base import GenerateEngine, GenerateRequest, TokenChunk
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
+
+    from shared.model_repository import ModelConfig
+
+T = TypeVar("T")
 
 # Keys of a model's `parameters` that Conveyor reads; every other key is an AsyncEngineArgs field.
 CONVEYOR_PARAMETERS = frozenset({"max_tokens_limit", "default_max_tokens"})
@@ -61,6 +66,14 @@ class VllmEngine(GenerateEngine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.step_stats = StepStats()
+        self._aborting: dict[str, asyncio.Event] = {}  # by request id, while its chunks flow
+
+    @classmethod
+    def around(cls, engine: AsyncLLM, config: ModelConfig, variant: str) -> VllmEngine:
+        """An engine serving through `engine`, already started (no artifacts read)."""
+        served = cls(config, variant, "")
+        served._engine = engine
+        return served
 
     async def load(self) -> None:
         """Start the engine-core process (weights, KV cache) and load the chat tokenizer."""
@@ -105,32 +118,38 @@ class VllmEngine(GenerateEngine):
         # vLLM's TokensInput, spelled as a dict so older vLLM (a TokensPrompt) accepts it too
         engine_input: Any = {"type": "token", "prompt_token_ids": prompt_ids}
         stream = engine.generate(engine_input, params, request.request_id)
-        completion_tokens = unsent = 0  # unsent: tokens of steps whose text vLLM held back
-        async with contextlib.aclosing(stream):
-            async for output in stream:
-                delta = output.outputs[0] if output.outputs else None
-                step_tokens = len(delta.token_ids) if delta else 0
-                completion_tokens += step_tokens
-                unsent += step_tokens
-                finish_reason = delta.finish_reason if delta and output.finished else None
-                if output.finished and finish_reason is None:
-                    finish_reason = "abort"
-                text = delta.text if delta else ""
-                # a step may hold its text back (the first bytes of an emoji, a possible stop
-                # string): its tokens count with the next chunk sent, or they went uncounted
-                if text or finish_reason:
-                    yield TokenChunk(
-                        text=text,
-                        token_count=unsent,
-                        finish_reason=finish_reason,
-                        prompt_tokens=len(prompt_ids),
-                        completion_tokens=completion_tokens,
-                    )
-                    unsent = 0
+        chunks = self.chunks(stream, request.request_id, len(prompt_ids))
+        async with contextlib.aclosing(chunks):  # closing them closes (aborts) the stream
+            async for chunk in chunks:
+                yield chunk
+
+    async def chunks(
+        self, stream: AsyncGenerator[Any, None], request_id: str, prompt_tokens: int
+    ) -> AsyncGenerator[TokenChunk, None]:
+        """vLLM's DELTA outputs of one request as chunks, the last with its finish reason.
+        `abort(request_id)` ends them with an "abort" chunk (once): vLLM before its PR #22283
+        (August 2025) sent no last output for an aborted request, and its stream waited for
+        ever, holding the job's slot and the worker's shutdown."""
+        aborted = self._aborting[request_id] = asyncio.Event()
+        tally = _Tally(prompt_tokens)
+        try:
+            async with contextlib.aclosing(stream):
+                async for output in _until_set(stream, aborted):
+                    if (chunk := tally.chunk(output)) is not None:
+                        yield chunk
+                        if chunk.finish_reason is not None:
+                            return
+            if aborted.is_set():
+                yield tally.aborted()
+        finally:
+            if self._aborting.get(request_id) is aborted:
+                del self._aborting[request_id]
 
     async def abort(self, request_id: str) -> None:
         """The request's stream then ends with finish_reason "abort" and its slot is freed."""
         await self._running_engine().abort(request_id)
+        if (aborted := self._aborting.get(request_id)) is not None:
+            aborted.set()
 
     def dead(self) -> bool:
         """vLLM marks itself errored when its engine-core process dies (EngineDeadError)."""
@@ -187,6 +206,69 @@ class VllmEngine(GenerateEngine):
         if self._engine is None:
             raise RuntimeError("VllmEngine.load() has not run (or close() already did)")
         return self._engine
+
+
+@dataclass
+class _Tally:
+    """Token counts of one request's chunks so far."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    unsent: int = 0  # tokens of steps whose text vLLM held back
+
+    def chunk(self, output: Any) -> TokenChunk | None:
+        """One vLLM output as a chunk; None for a step whose text vLLM holds back (the first
+        bytes of an emoji, a possible stop string): its tokens count with the next chunk sent,
+        or they went uncounted."""
+        delta = output.outputs[0] if output.outputs else None
+        step_tokens = len(delta.token_ids) if delta else 0
+        self.completion_tokens += step_tokens
+        self.unsent += step_tokens
+        finish_reason = delta.finish_reason if delta and output.finished else None
+        if output.finished and finish_reason is None:
+            finish_reason = "abort"
+        text = delta.text if delta else ""
+        return self._sent(text, finish_reason) if text or finish_reason else None
+
+    def aborted(self) -> TokenChunk:
+        """The last chunk of a request aborted before vLLM said so."""
+        return self._sent("", "abort")
+
+    def _sent(self, text: str, finish_reason: str | None) -> TokenChunk:
+        chunk = TokenChunk(
+            text=text,
+            token_count=self.unsent,
+            finish_reason=finish_reason,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+        )
+        self.unsent = 0
+        return chunk
+
+
+async def _until_set(stream: AsyncIterator[T], event: asyncio.Event) -> AsyncIterator[T]:
+    """`stream`'s items until it ends or `event` is set, whichever comes first. A read still
+    pending then is cancelled and seen to its end, so that the caller can close `stream`."""
+    stop = asyncio.ensure_future(event.wait())
+    upcoming: asyncio.Future[T] | None = None
+    try:
+        while True:
+            upcoming = asyncio.ensure_future(anext(stream))
+            await asyncio.wait({upcoming, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not upcoming.done():
+                return
+            try:
+                item = upcoming.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        stop.cancel()
+        if upcoming is not None and not upcoming.done():
+            upcoming.cancel()
+            await asyncio.wait({upcoming})
+            if not upcoming.cancelled():
+                upcoming.exception()  # retrieved: the request was given up, its error with it
 
 
 def step_logger_factory(stats: StepStats) -> Callable[[Any, int], Any]:
