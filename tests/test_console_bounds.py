@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -24,7 +24,8 @@ from shared.job_store import NewJob, now_ms
 from shared.keys import Keys, new_job_id
 from shared.model_repository import ModelConfig, ModelRepository, Variant
 from shared.settings import Settings
-from shared.variant_stats import Sample, VariantStats, Window
+from shared.variant_stats import Sample
+from tests.test_canary_rules_unit import _WindowsAsked
 
 KEYS = Keys("bounds:")
 HOUR_MS = 3_600_000
@@ -102,25 +103,6 @@ async def _hash_reads(client: aioredis.Redis) -> int:
     return int(stats.get("cmdstat_hmget", {}).get("calls", 0))
 
 
-class _SamplesAsked(VariantStats):
-    """Real statistics on Valkey that note whether each window asked for latency samples."""
-
-    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
-        super().__init__(client, keys)
-        self.samples_asked: list[bool] = []
-
-    async def window(
-        self,
-        model: str,
-        variants: Iterable[str],
-        since_s: float,
-        until_s: float | None = None,
-        samples: bool = True,
-    ) -> dict[str, Window]:
-        self.samples_asked.append(samples)
-        return await super().window(model, variants, since_s, until_s, samples)
-
-
 async def test_the_route_board_reads_no_latency_samples(
     state: ProducerState, aredis: aioredis.Redis
 ) -> None:
@@ -130,7 +112,7 @@ async def test_the_route_board_reads_no_latency_samples(
     config = ModelConfig(
         name="m", kind="batch", backend="identity", default_variant="stable", variants=variants
     )
-    stats = _SamplesAsked(aredis, KEYS)
+    stats = _WindowsAsked(aredis, KEYS)
     await stats.record_samples({("m", "mirror"): [Sample(True, 1.0, 2.0)] * 3})
     await stats.add_counts_once("m", "mirror", {"shadow_pairs": 2, "shadow_agree": 1}, "p", 60)
     state.traffic.repository, state.traffic.stats = ModelRepository({"m": config}), stats
@@ -139,4 +121,4 @@ async def test_the_route_board_reads_no_latency_samples(
 
     shown = [(s["variant"], s["rate"], s["compared"]["pairs"]) for s in row.shadows]
     assert shown == [("mirror", 0.5, 2)]
-    assert stats.samples_asked == [False]
+    assert stats.asked == [("mirror", False)]
