@@ -5,12 +5,16 @@ processes are started or stopped between min and max replicas, none waited for: 
 worker counts at once and the polls after confirm it got ready (`alive`), a stopped one (SIGTERM,
 so it drains) leaves the count at once, as a terminating pod leaves the HPA's. A worker that died
 (killed for memory, crashed) leaves the count at the next poll and the formula replaces it, as
-Kubernetes restarts a pod."""
+Kubernetes restarts a pod. One autoscaler scales a pool at a time, the holder of its lease in
+Redis (as one KEDA operator scales a ScaledObject): two of them on one pool each started up to
+its max."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -29,9 +33,25 @@ from autoscaling.scaling_math import (
     poll,
 )
 from shared.keys import Keys
+from shared.leader_lock import BlockingLeaderLock
 from shared.model_repository import ModelConfig
 
 log = logging.getLogger(__name__)
+
+# A pool's lease lasts this many polls, this long at least: a leader that misses a poll or two (a
+# slow Redis) keeps its pool; one that stopped loses it within one lease.
+LEASE_POLLS = 3
+MIN_LEASE_S = 10.0
+
+
+def lease_ms_for(period_s: float) -> int:
+    """The lease of an autoscaler that polls every `period_s`."""
+    return round(max(LEASE_POLLS * period_s, MIN_LEASE_S) * 1000)
+
+
+def _lease_owner() -> str:
+    """Each scaler a holder of its own, named for its process (two in one process, two)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}"
 
 
 @dataclass
@@ -39,7 +59,11 @@ class PoolScaler:
     """One pool, as its rendered ScaledObject has KEDA and the HPA decide it: up at once to the
     HPA's count; down, one worker per tick, only to the highest count the HPA asked for over
     its scale-down stabilization window `window_s`; to zero only after `cooldown_s` without
-    an active trigger (KEDA's cooldownPeriod, which gates that step alone)."""
+    an active trigger (KEDA's cooldownPeriod, which gates that step alone). All only while it
+    holds the pool's lease (`lease_key`), renewed every tick: without it, another autoscaler
+    scales the pool, and this one starts nothing and stops every worker it had (they drain,
+    and leave the count at once, as on a scale-down); it takes over once that one stops
+    renewing."""
 
     name: str
     triggers: list[Trigger]
@@ -50,6 +74,10 @@ class PoolScaler:
     start_worker: Callable[[str], str]
     stop_workers: Callable[[list[str]], object]
     alive: Callable[[str], bool]
+    lease_key: str
+    lease_ms: int
+    owner: str = field(default_factory=_lease_owner)
+    leading: bool = False  # held the lease at the last tick
     workers: list[str] = field(default_factory=list)
     last_active: float = 0.0
     started: int = 0
@@ -64,6 +92,7 @@ class PoolScaler:
         start_worker: Callable[[str], str],
         stop_workers: Callable[[list[str]], object],
         alive: Callable[[str], bool],
+        lease_ms: int = lease_ms_for(0.0),
     ) -> PoolScaler:
         """The pool's ScaledObject as rendered for KEDA, read by this autoscaler."""
         spec = scaled_object(config, variant, keys)["spec"]
@@ -78,11 +107,20 @@ class PoolScaler:
             start_worker,
             stop_workers,
             alive,
+            keys.autoscale_leader(config.name, variant),
+            lease_ms,
         )
 
     def tick(self, client: redis.Redis, now: float | None = None) -> int:
-        """Poll once and act; returns the worker count afterwards."""
+        """Poll once and act; returns the count of this autoscaler's workers afterwards. A
+        Redis error leaves everything as it was, the lease too: neither of two autoscalers
+        takes it over from the other while Redis is out of reach."""
         now = time.monotonic() if now is None else now
+        lease = BlockingLeaderLock(client, self.lease_key, self.owner, self.lease_ms)
+        self.leading = lease.hold()  # first: a failed start ends the tick (`_forget_dead`)
+        if not self.leading:
+            self._step_aside()
+            return 0
         self._forget_dead()
         current = len(self.workers)
         wanted = self._wanted(poll(client, self.triggers), current, now)
@@ -129,6 +167,14 @@ class PoolScaler:
                 )
                 self.workers.remove(name)
 
+    def _step_aside(self) -> None:
+        """Another autoscaler holds the pool: stop this one's workers, all at once (kept, they
+        ran beside its own, up to its max; stopped one per tick, they went on taking jobs)."""
+        stopped, self.workers = self.workers, []
+        if stopped:
+            log.warning("%s: another autoscaler scales it; stopping %s", self.name, stopped)
+            self.stop_workers(stopped)
+
     def _scale_up(self, count: int) -> None:
         log.info("scale up", extra={"pool": self.name, "from": len(self.workers), "by": count})
         for _ in range(count):
@@ -147,6 +193,7 @@ def pool_scalers(
     start_worker: Callable[[str, str], str],
     stop_workers: Callable[[list[str]], object],
     alive: Callable[[str], bool],
+    lease_ms: int,
 ) -> list[PoolScaler]:
     """One scaler per distinct pool, in the order named; `start_worker(pool, name)`.
     Overlapping selectors (`minilm,minilm:torch`) named a pool twice, and its two scalers
@@ -154,7 +201,13 @@ def pool_scalers(
     pools = {f"{config.name}:{variant}": (config, variant) for config, variant in partitions}
     return [
         PoolScaler.for_partition(
-            config, variant, keys, functools.partial(start_worker, pool), stop_workers, alive
+            config,
+            variant,
+            keys,
+            functools.partial(start_worker, pool),
+            stop_workers,
+            alive,
+            lease_ms,
         )
         for pool, (config, variant) in pools.items()
     ]

@@ -4,12 +4,14 @@ benchmarks share it): an embedded Valkey unless a Redis URL is given, the produc
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +28,9 @@ from shared.model_repository import ModelRepository
 from shared.settings import Settings
 
 BIN = Path(sys.executable).parent
+# prctl(2), resolved before any child forks; PR_SET_PDEATHSIG from <linux/prctl.h>
+_PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
+_PR_SET_PDEATHSIG = 1
 # Past CONVEYOR_SHUTDOWN_GRACE_S, which a worker's drain and engine close share: an engine's close
 # that overruns its share (workers/runtime/consumer_runtime.py), then Celery's own exit.
 STOP_MARGIN_S = 20.0
@@ -399,7 +404,8 @@ class Stack:
         return text.splitlines()[-lines:]
 
     def spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """Start a child named `name`, its output appended to `<log_dir>/<name>.log`."""
+        """Start a child named `name`, its output appended to `<log_dir>/<name>.log`; it stops
+        (SIGTERM) when this process dies, however it dies (`_exit_with_parent`)."""
         self.commands[name] = (command, env)
         log = self.log_path(name).open("ab")
         # A session of its own: a terminal's Ctrl-C reaches only `conveyor up`, which then
@@ -410,6 +416,7 @@ class Stack:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_exit_with_parent(),
         )
         self.processes[name] = process
         return process
@@ -467,6 +474,25 @@ class Stack:
         return ChildExited(name, why, self.log_path(name), self.log_tail(name))
 
 
+def _exit_with_parent() -> Callable[[], None] | None:
+    """For a child about to start: on Linux, the kernel sends it SIGTERM (its orderly stop)
+    once this process dies, even by SIGKILL or the OOM killer, which leave no time to stop it;
+    in a session of its own, it ran on, holding the port and the Valkey data. The signal
+    follows the thread that started the child, not the process: only the main thread's
+    children get it (one started from a thread that ends would be stopped with it). None
+    elsewhere: nothing to set."""
+    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
+        return None
+    prctl, parent = _PRCTL, os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # it died before prctl: no signal is coming
+            os._exit(1)
+
+    return die_with_parent
+
+
 def _reap(process: subprocess.Popen[bytes], deadline: float) -> int:
     """Its exit code, killing it if it is still running at `deadline` (monotonic)."""
     try:
@@ -479,7 +505,8 @@ def _reap(process: subprocess.Popen[bytes], deadline: float) -> int:
 def _kill_all(processes: list[subprocess.Popen[bytes]]) -> None:
     """SIGKILL each child's whole process group (each leads its own, `Stack.spawn`), then reap
     them: the Valkey wrapper's server is a process of its own in its group, which a kill of the
-    wrapper alone left running on the data directory. Ctrl-C and SIGTERM wait until done."""
+    wrapper alone left running on the data directory. Ctrl-C, SIGTERM and SIGHUP wait until
+    done."""
     with _signals_held():
         running = [process for process in processes if process.poll() is None]
         for process in running:
@@ -491,8 +518,8 @@ def _kill_all(processes: list[subprocess.Popen[bytes]]) -> None:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait (blocked, then delivered) until the block is done."""
-    held = {signal.SIGINT, signal.SIGTERM}
+    """SIGINT, SIGTERM and SIGHUP wait (blocked, then delivered) until the block is done."""
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         yield

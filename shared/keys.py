@@ -237,6 +237,11 @@ class Keys:
         """The lock one producer holds to run canaries and shadow comparisons (string, PX)."""
         return f"{self.prefix}{CONTROL}leader:traffic"
 
+    def autoscale_leader(self, model: str, variant: str) -> str:
+        """The lease one `conveyor autoscale` holds to scale a pool (string, PX): two of them
+        on one pool each started up to its max."""
+        return f"{self.prefix}{CONTROL}autoscale:{model}:{variant}"
+
     def batch(self, batch_id: str) -> str:
         """A batch's metadata, counters and webhook log (hash)."""
         return f"{self.prefix}batch:{{{batch_id}}}"

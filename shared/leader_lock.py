@@ -4,6 +4,7 @@ process takes over within one lease after the leader dies."""
 
 from __future__ import annotations
 
+import redis
 import redis.asyncio as aioredis
 
 # KEYS[1]=lock; ARGV: owner, lease ms. 1 if `owner` holds the lease now.
@@ -17,13 +18,37 @@ return 0
 """
 
 
-class LeaderLock:
-    def __init__(self, client: aioredis.Redis, key: str, owner: str, lease_ms: int) -> None:
+class _Lease:
+    """Which lease, whose, for how long: what `_HOLD` is called with, on either client."""
+
+    def __init__(self, key: str, owner: str, lease_ms: int) -> None:
         self.key = key
         self.owner = owner
         self.lease_ms = lease_ms
+
+    @property
+    def _args(self) -> list[str | int]:
+        return [self.owner, self.lease_ms]
+
+
+class LeaderLock(_Lease):
+    def __init__(self, client: aioredis.Redis, key: str, owner: str, lease_ms: int) -> None:
+        super().__init__(key, owner, lease_ms)
         self._hold = client.register_script(_HOLD)
 
     async def hold(self) -> bool:
         """Take or renew the lease; True while this process leads."""
-        return bool(await self._hold(keys=[self.key], args=[self.owner, self.lease_ms]))
+        return bool(await self._hold(keys=[self.key], args=self._args))
+
+
+class BlockingLeaderLock(_Lease):
+    """`LeaderLock` on a blocking client, for a process that polls with one (`conveyor
+    autoscale`)."""
+
+    def __init__(self, client: redis.Redis, key: str, owner: str, lease_ms: int) -> None:
+        super().__init__(key, owner, lease_ms)
+        self._hold = client.register_script(_HOLD)
+
+    def hold(self) -> bool:
+        """Take or renew the lease; True while this process leads."""
+        return bool(self._hold(keys=[self.key], args=self._args))

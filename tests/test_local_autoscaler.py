@@ -1,7 +1,8 @@
 """`conveyor autoscale`: its decisions tick by tick on a real stream (KEDA's step to zero, the
 HPA's scale-down window), its pools and worker names, how it starts and stops workers without
-waiting on them; and on a real pipeline, a burst scales the pool up to its max, an empty queue
-scales it back to zero after the cooldown, every job succeeds."""
+waiting on them, one autoscaler per pool (its lease) and per state dir; and on a real pipeline,
+a burst scales the pool up to its max, an empty queue scales it back to zero after the
+cooldown, every job succeeds."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ KEYS = Keys("cv:")
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 AUTOSCALE = [str(Path(sys.executable).parent / "conveyor"), "autoscale", "--models", "elastic"]
 STREAM = "autoscale-test"
+LEASE_MS = 60_000
 NO_REDIS = "redis://127.0.0.1:1/0"  # a stack that never talks to Redis
 # A worker that drains until the test lets it go: it says `ready` once SIGTERM is handled, `term`
 # when one comes, and runs on until `release` exists; then it says `exit` and exits 0.
@@ -83,8 +85,10 @@ def _scaler(
 ) -> PoolScaler:
     """A pool of 0 to 4 replicas on one `streamLength` trigger of 64 entries per replica."""
     trigger = StreamTrigger.from_metadata({"stream": STREAM, "streamLength": "64"})
+    lease_key = KEYS.autoscale_leader(*name.split(":"))
+    start, stop, alive = ledger.start, ledger.stop, ledger.alive
     return PoolScaler(
-        name, [trigger], 0, 4, cooldown_s, window_s, ledger.start, ledger.stop, ledger.alive
+        name, [trigger], 0, 4, cooldown_s, window_s, start, stop, alive, lease_key, LEASE_MS
     )
 
 
@@ -127,7 +131,9 @@ def test_overlapping_selectors_give_one_scaler_per_pool() -> None:
     blind to the other's, under colliding names."""
     ledger = Ledger()
     partitions = ModelRepository.load(FIXTURES).partitions(["elastic", "elastic:default"])
-    scalers = pool_scalers(partitions, KEYS, lambda _pool, name: name, ledger.stop, ledger.alive)
+    scalers = pool_scalers(
+        partitions, KEYS, lambda _pool, name: name, ledger.stop, ledger.alive, LEASE_MS
+    )
     assert [s.name for s in scalers] == ["elastic:default"]
 
 
@@ -139,6 +145,85 @@ def test_worker_names_of_two_pools_never_collide(redis_client: redis.Redis) -> N
     for pool in ("a-b:c", "a:b-c"):
         _scaler(ledger, name=pool).tick(redis_client, now=0.0)
     assert len(set(ledger.started)) == 2, ledger.started
+
+
+def test_two_autoscalers_of_one_pool_start_its_max_between_them(
+    redis_client: redis.Redis,
+) -> None:
+    """Two `conveyor autoscale` of one pool each read its 256 queued entries and each started
+    its max: the pool ran twice its max. Only the holder of the pool's lease scales it."""
+    ledgers = [Ledger(), Ledger()]
+    scalers = [_scaler(ledger) for ledger in ledgers]
+    _queue(redis_client, 256)
+    assert [scaler.tick(redis_client, now=0.0) for scaler in scalers] == [4, 0]
+    assert sum(len(ledger.started) for ledger in ledgers) <= scalers[0].max_replicas
+    assert [scaler.leading for scaler in scalers] == [True, False]
+
+
+def test_a_pool_whose_leader_stopped_renewing_is_taken_over(redis_client: redis.Redis) -> None:
+    """The other autoscaler scales the pool once the lease runs out; the former leader, back,
+    stops its workers, all at once, rather than run them beside the new leader's."""
+    first, second = Ledger(), Ledger()
+    leader, follower = _scaler(first), _scaler(second)
+    _queue(redis_client, 256)
+    assert [leader.tick(redis_client, now=0.0), follower.tick(redis_client, now=0.0)] == [4, 0]
+    redis_client.delete(leader.lease_key)  # as if the lease had run out
+    assert follower.tick(redis_client, now=1.0) == 4
+    assert leader.tick(redis_client, now=1.0) == 0
+    assert first.stopped == first.started and len(second.started) == 4 and not second.stopped
+    assert not leader.leading and follower.leading
+
+
+def test_a_redis_outage_hands_no_pool_over(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through a Valkey restart the lease stays with its holder: neither autoscaler stops or
+    starts a worker while Redis is out, and after it only the leader scales the pool."""
+    stack = Stack.create(tmp_path / "stack")
+    client = stack.client()
+    ledgers = [Ledger(), Ledger()]
+    scalers = [_scaler(ledger) for ledger in ledgers]
+    try:
+        _queue(client, 256)
+        for scaler in scalers:
+            _tick(scaler, client)
+        stack.stop_process("valkey")
+        for scaler in scalers:
+            _tick(scaler, client)
+        assert capsys.readouterr().err.count("redis unavailable") == 2
+        stack.spawn_valkey()
+        for scaler in scalers:
+            _tick(scaler, client)
+        assert [scaler.leading for scaler in scalers] == [True, False]
+        assert [len(ledger.started) for ledger in ledgers] == [4, 0]
+        assert not any(ledger.stopped for ledger in ledgers)
+    finally:
+        client.close()
+        stack.stop()
+
+
+@pytest.mark.slow
+def test_a_second_autoscaler_on_one_state_dir_is_refused(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Two on one state dir (both on the default `var/autoscale`) named their workers alike
+    and wrote to each other's logs."""
+    env = {"CONVEYOR_REDIS_URL": redis_url, "CONVEYOR_MODEL_REPOSITORY": str(FIXTURES)}
+    process, lines = _autoscaler(env, tmp_path / "scaler", "0.5")
+    try:
+        _wait_for(lines, "elastic:default replicas=0", timeout=60)
+        second = subprocess.run(
+            [*AUTOSCALE, "--state-dir", str(tmp_path / "scaler")],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == 1, second.stderr
+        assert "another `conveyor autoscale` uses the state dir" in second.stderr, second.stderr
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
 
 
 def _sleeper(marks: Path, siblings: int) -> list[str]:
@@ -214,7 +299,9 @@ def test_a_draining_worker_holds_up_no_other_pool(
     stack = Stack.create(tmp_path / "stack", redis_url)
     workers = PoolWorkers(stack)
     partitions = ModelRepository.load(FIXTURES).partitions(["elastic", "tiny"])
-    draining, other = pool_scalers(partitions, KEYS, workers.start, workers.stop, workers.alive)
+    draining, other = pool_scalers(
+        partitions, KEYS, workers.start, workers.stop, workers.alive, LEASE_MS
+    )
     folder = tmp_path / "drainer"
     process = _drainer(stack, folder, "elastic-default-1")
     draining.workers.append("elastic-default-1")
@@ -266,7 +353,7 @@ def test_a_scale_up_starts_its_workers_side_by_side(
     stack.start_timeout_s = 0.0  # no worker is ready by the next poll
     workers = PoolWorkers(stack)
     partitions = ModelRepository.load(FIXTURES).partitions(["elastic"])
-    (scaler,) = pool_scalers(partitions, KEYS, workers.start, workers.stop, workers.alive)
+    (scaler,) = pool_scalers(partitions, KEYS, workers.start, workers.stop, workers.alive, LEASE_MS)
     _queue(redis_client, 20, KEYS.queue("elastic", "default"))  # two workers' worth
     try:
         assert scaler.tick(redis_client, now=0.0) == 2

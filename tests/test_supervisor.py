@@ -261,23 +261,41 @@ def test_the_autoscaler_stops_a_worker_too_slow_to_start(tmp_path: Path, redis_u
         stack.stop()
 
 
-def test_the_autoscaler_stops_a_worker_whose_readiness_redis_could_not_confirm(
-    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Redis dropping out while a new worker's readiness was read raised past the
-    ChildNotReady guard: the autoscale loop kept running (an outage keeps every pool as it
-    is), and the half-started worker ran on, counted by no pool, out of Ctrl-C's reach."""
-
-    def redis_gone(*_: object) -> bool:
-        raise redis.ConnectionError("Connection refused")
-
-    monkeypatch.setattr(Stack, "_consuming", redis_gone)
-    stack = Stack.create(tmp_path, redis_url=redis_url)
+def test_the_autoscaler_keeps_a_starting_worker_through_a_redis_outage(tmp_path: Path) -> None:
+    """A Valkey restart while a new worker loaded made its readiness read raise: the worker
+    was stopped and counted out while the autoscaler said "replicas kept". Now a look that
+    finds Redis gone keeps it, still starting, and the first look once Redis answers again
+    confirms it ready."""
+    stack = Stack.create(tmp_path)
     workers = PoolWorkers(stack)
     try:
-        with pytest.raises(redis.ConnectionError):
-            _start_until_settled(workers, "identity:default", "unconfirmed-1")
-        assert "unconfirmed-1" not in stack.processes and "unconfirmed-1" in stack.stopping
+        workers.start("identity:default", "loading-1")
+        stack.stop_process("valkey")
+        assert workers.alive("loading-1")
+        assert "loading-1" in stack.processes and not stack.stopping
+        assert "loading-1" in workers.ready_by  # its start deadline still applies
+        stack.spawn_valkey()
+        until(lambda: workers.alive("loading-1") and "loading-1" not in workers.ready_by, 120)
+        assert stack.running("loading-1")
+    finally:
+        workers.drain([])
+        stack.stop()
+
+
+def test_the_autoscaler_counts_out_a_starting_worker_that_died_in_a_redis_outage(
+    tmp_path: Path,
+) -> None:
+    """Kept through an outage only while it runs: one that died meanwhile is counted out and
+    forgotten, as any dead worker, not looked at again once Redis answers."""
+    stack = Stack.create(tmp_path)
+    workers = PoolWorkers(stack)
+    try:
+        workers.start("identity:default", "died-1")
+        stack.stop_process("valkey")
+        stack.processes["died-1"].kill()
+        stack.processes["died-1"].wait()
+        assert not workers.alive("died-1")
+        assert not workers.ready_by and "died-1" not in stack.processes
     finally:
         workers.drain([])
         stack.stop()

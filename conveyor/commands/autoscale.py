@@ -11,10 +11,11 @@ from pathlib import Path
 import click
 import redis
 
-from autoscaling.local_autoscaler import PoolScaler, pool_scalers
+from autoscaling.local_autoscaler import PoolScaler, lease_ms_for, pool_scalers
 from conveyor.finite_float import FiniteFloat
 from conveyor.local_stack import NO_STACK, redis_url, refuse_unreachable
 from conveyor.stack import ChildNotReady, Stack
+from conveyor.state_dir_lock import state_dir_lock
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.redis_client import OUT_OF_REACH, topology_read
@@ -34,18 +35,27 @@ from shared.settings import get_settings
 )
 def command(models: str, interval: float | None, state_dir: Path) -> None:
     """Scale workers between each model's min and max replicas, as KEDA would."""
+    with state_dir_lock(state_dir, "conveyor autoscale", "--state-dir"):
+        _autoscale(models, interval, state_dir)
+
+
+def _autoscale(models: str, interval: float | None, state_dir: Path) -> None:
+    """The polls; each pool scaled only while this process holds its lease (`PoolScaler`)."""
     settings = get_settings()
     stack = Stack.create(state_dir, redis_url(settings), cluster=settings.redis_cluster)
     keys = Keys(settings.key_prefix)
     partitions = ModelRepository.load(settings.model_repository).partitions(models.split(","))
     workers = PoolWorkers(stack)
-    scalers = pool_scalers(partitions, keys, workers.start, workers.stop, workers.alive)
     period = interval or min(c.autoscaling.polling_interval_s for c, _ in partitions)
     refuse_unreachable(stack.redis_url, NO_STACK)
     client = stack.client()
+    scalers = pool_scalers(
+        partitions, keys, workers.start, workers.stop, workers.alive, lease_ms_for(period)
+    )
     stopping: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, _: stopping.append(signum))
-    signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
+    # SIGHUP too (its terminal closed): left to its default, the workers ran on undrained
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, lambda signum, _: stopping.append(signum))
     try:
         while not stopping:
             stack.reap_stopped()
@@ -72,6 +82,9 @@ def _tick(scaler: PoolScaler, client: redis.Redis) -> None:
             f"{scaler.name}: a worker did not start ({exc}); next poll tries again", err=True
         )
         return
+    if not scaler.leading:
+        click.echo(f"{scaler.name}: scaled by another autoscaler (it holds the pool's lease)")
+        return
     click.echo(f"{scaler.name} replicas={count}", nl=True)
 
 
@@ -96,14 +109,19 @@ class PoolWorkers:
         return name
 
     def alive(self, name: str) -> bool:
-        """Whether worker `name` runs. One still starting that died, was not ready within
-        CONVEYOR_START_TIMEOUT_S, or whose readiness Redis could not confirm is stopped and
-        the error raised (left running, it was counted by no pool and outlived the
-        autoscaler)."""
+        """Whether worker `name` runs. One still starting that died or was not ready within
+        CONVEYOR_START_TIMEOUT_S is stopped and the error raised (left running, it was counted
+        by no pool and outlived the autoscaler). One whose readiness Redis cannot tell now is
+        kept while it runs, still starting: its deadline applies at the first look Redis
+        answers (stopped, an LLM worker lost minutes of loading to a one-second restart)."""
         if name in self.ready_by:
             try:
-                if self.stack.poll_ready(name, self.ready_by[name]):
-                    del self.ready_by[name]
+                with topology_read():
+                    if self.stack.poll_ready(name, self.ready_by[name]):
+                        del self.ready_by[name]
+            except OUT_OF_REACH:  # kept, and its deadline; one that died meanwhile counted out
+                if not self.stack.running(name):
+                    self.stop([name])
             except BaseException:
                 self.stop([name])
                 raise

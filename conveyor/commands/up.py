@@ -4,15 +4,14 @@ through `<state dir>/stack.json` (`conveyor/local_stack.py`)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import fcntl
 import os
 import secrets
 import signal
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Collection
 from pathlib import Path
 
 import click
@@ -22,6 +21,7 @@ from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState, refuse_unreachable
 from conveyor.producer_server import family_of
 from conveyor.stack import ChildNotReady, Stack
+from conveyor.state_dir_lock import state_dir_lock
 from conveyor.supervisor import Supervisor
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
@@ -67,6 +67,10 @@ ANY_MODEL = """
   curl -s '{url}/v1/jobs/<id>?wait=10'{auth}
 """
 SUPERVISE_EVERY_S = 0.5
+# Besides Ctrl-C, what stops it in order: `kill` and service managers send SIGTERM, a closed
+# terminal or a dropped SSH session SIGHUP (left to its default, `up` died and its children,
+# in sessions of their own, ran on).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 @click.command("up")
@@ -118,9 +122,9 @@ def command(
             "CONVEYOR_REDIS_CLUSTER=1 needs CONVEYOR_REDIS_URL, a node of the cluster: "
             "the embedded Valkey is a single server"
         )
-    with _state_dir_lock(state_dir):
+    with state_dir_lock(state_dir, "conveyor up", "--state-dir or CONVEYOR_STATE_DIR"):
         _refuse_unbindable(host, port)
-        _exit_on_sigterm()
+        _exit_on_stop_signals()
         if redis_url is not None:  # else it waited, silently, for producers that never got ready
             refuse_unreachable(settings.redis_url, "check CONVEYOR_REDIS_URL")
         valkey_config = None
@@ -143,13 +147,8 @@ def _serve(
             url = stack.start_producers(
                 port, producers, f"up-{os.getpid()}", host, CONVEYOR_CONSOLE_SECRET=secret
             )
-            stack.wait_ready(
-                *(
-                    stack.spawn_worker(name, name if number == 1 else f"{name}-{number}")
-                    for name, count in workers.items()
-                    for number in range(1, count + 1)
-                )
-            )
+            named = worker_names(workers, taken=stack.processes)
+            stack.wait_ready(*(stack.spawn_worker(model, name) for name, model in named.items()))
         except ChildNotReady as exc:
             raise click.ClickException(str(exc)) from None
         key_file = state_dir / "dev-api-key"
@@ -167,13 +166,37 @@ def _serve(
         click.echo(banner, nl=True)
         failed = _supervise(stack)
     finally:
-        click.echo("stopping: workers drain their batches first")
+        _say("stopping: workers drain their batches first")
         StackState.remove(state_dir)
         stack.stop()
     if failed:  # a run that lost a child for good is no clean run (a script, a service manager)
         raise click.ClickException(
             f"gave up on {', '.join(failed)} after repeated exits (last log lines above)"
         )
+
+
+def _say(line: str, err: bool = False) -> None:
+    """A line that cannot stop the stop: a closed terminal (SIGHUP) answers every write with
+    EIO, which skipped the stop and left every child running."""
+    with contextlib.suppress(OSError):
+        click.echo(line, err=err)
+
+
+def worker_names(workers: dict[str, int], taken: Collection[str] = ()) -> dict[str, str]:
+    """Each worker's name (its log `<state dir>/<name>.log`, its Celery hostname) and the model
+    it serves: a model's first worker is named as the model, its others `<model>_<n>`. `_` is
+    in no model's or variant's name: with `-`, model `a`'s second worker and model `a-2`'s
+    first were both `a-2`, one of them overwritten in the stack and never stopped. Refused: a
+    name one of the stack's other children (`taken`) has, say a model named `valkey`."""
+    names = {
+        (model if number == 1 else f"{model}_{number}"): model
+        for model, count in workers.items()
+        for number in range(1, count + 1)
+    }
+    if clash := sorted(set(names) & set(taken)):
+        model = names[clash[0]]
+        raise click.ClickException(f"model {model}'s worker would be named as another child")
+    return names
 
 
 def examples(names: list[str], url: str, auth: str) -> str:
@@ -198,22 +221,6 @@ def workers_by_model(
 def _batches(repository: ModelRepository, name: str) -> bool:
     """`name` (`model` or `model:variant`) is a micro-batching model, not an LLM."""
     return repository.models[name.split(":", 1)[0]].kind == "batch"
-
-
-@contextmanager
-def _state_dir_lock(state_dir: Path) -> Iterator[None]:
-    """Hold `<state dir>/lock` for the run: two runs on one state dir ran two Valkey servers on
-    one data directory and took each other's `stack.json` and logs."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with (state_dir / "lock").open("a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise click.ClickException(
-                f"another `conveyor up` uses the state dir {state_dir}: stop it, or give this "
-                "one a state dir of its own with --state-dir or CONVEYOR_STATE_DIR"
-            ) from None
-        yield  # closing the file lets it go
 
 
 def _refuse_unbindable(host: str, port: int) -> None:
@@ -250,36 +257,39 @@ def _auth(stack: Stack, key_file: Path) -> dict[str, str]:
     }
 
 
-def _exit_on_sigterm() -> None:
-    """Until the supervisor takes over, SIGTERM (`kill`, `timeout`, a service manager) stops what
-    has started, as Ctrl-C does: the children run in sessions of their own, and a `conveyor up`
-    ended outright while it starts them left them all running."""
+def _exit_on_stop_signals() -> None:
+    """Until the supervisor takes over, SIGTERM (`kill`, `timeout`, a service manager) and
+    SIGHUP (its terminal closed, its SSH session dropped) stop what has started, as Ctrl-C
+    does: the children run in sessions of their own, and a `conveyor up` ended outright while
+    it starts them left them all running."""
 
     def _terminated(signum: int, _frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the stop that follows must finish
+        for stop in STOP_SIGNALS:  # once: the stop that follows must finish
+            signal.signal(stop, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, _terminated)
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, _terminated)
 
 
 def _supervise(stack: Stack) -> list[str]:
-    """Restart children that die until SIGINT or SIGTERM; returns those given up on."""
+    """Restart children that die until SIGINT, SIGTERM or SIGHUP; returns those given up on."""
     stopping = False
 
     def _stop(signum: int, _frame: object) -> None:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
-    supervisor = Supervisor(stack, lambda line: click.echo(line, err=True))
+    for stop in (signal.SIGINT, *STOP_SIGNALS):
+        signal.signal(stop, _stop)
+    supervisor = Supervisor(stack, lambda line: _say(line, err=True))
     try:
         while not stopping:
             supervisor.check()
             time.sleep(SUPERVISE_EVERY_S)
     finally:
-        # the stop that follows: a second Ctrl-C or SIGTERM ends it, and Stack.stop kills what
-        # is left (still swallowed here, one waited out every child's drain in turn)
+        # the stop that follows: a second Ctrl-C, SIGTERM or SIGHUP ends it, and Stack.stop
+        # kills what is left (still swallowed here, one waited out every child's drain in turn)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        _exit_on_sigterm()
+        _exit_on_stop_signals()
     return supervisor.failed
