@@ -116,8 +116,9 @@ class PoolScaler:
         Redis error leaves everything as it was, the lease too: neither of two autoscalers
         takes it over from the other while Redis is out of reach."""
         now = time.monotonic() if now is None else now
-        lease = BlockingLeaderLock(client, self.lease_key, self.owner, self.lease_ms)
-        self.leading = lease.hold()  # first: a failed start ends the tick (`_forget_dead`)
+        self.leading = self._lease(
+            client
+        ).hold()  # first: a failed start ends the tick (`_forget_dead`)
         if not self.leading:
             self._step_aside()
             return 0
@@ -166,6 +167,16 @@ class PoolScaler:
                     "%s: worker %s exited; a new one replaces it if needed", self.name, name
                 )
                 self.workers.remove(name)
+
+    def release(self, client: redis.Redis) -> None:
+        """Give the pool's lease up as this autoscaler stops: another one scales the pool at
+        its next poll, not a lease later."""
+        if self.leading:
+            self._lease(client).release()
+            self.leading = False
+
+    def _lease(self, client: redis.Redis) -> BlockingLeaderLock:
+        return BlockingLeaderLock(client, self.lease_key, self.owner, self.lease_ms)
 
     def _step_aside(self) -> None:
         """Another autoscaler holds the pool: stop this one's workers, all at once (kept, they

@@ -5,6 +5,7 @@ pairs. Built once in the app's lifespan; state lives in Redis, so any producer c
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from shared.keys import Keys
 from shared.leader_lock import LeaderLock
 from shared.metrics import ROUTE_WEIGHT
 from shared.model_repository import ModelConfig, ModelRepository
+from shared.redis_client import OUT_OF_REACH
 from shared.route_store import RouteStore
 from shared.routing import choose_variant
 from shared.settings import Settings
@@ -112,6 +114,10 @@ class TrafficControl:
             loop.start()
 
     async def stop(self) -> None:
+        """Stop the loops, then give up the lease if held: another producer leads at its next
+        look, not a lease later (Redis out of reach: the lease lapses as it would have)."""
         for loop in self.loops:
             await loop.stop()
         await self.shadows.stop()
+        with contextlib.suppress(*OUT_OF_REACH):
+            await self.lease.release()

@@ -174,6 +174,21 @@ def test_a_pool_whose_leader_stopped_renewing_is_taken_over(redis_client: redis.
     assert not leader.leading and follower.leading
 
 
+def test_a_stopping_leader_hands_its_pool_over_at_once(redis_client: redis.Redis) -> None:
+    """An autoscaler stopped in order (Ctrl-C) kept its lease until it lapsed: a new one
+    started right after scaled nothing for a whole lease. It gives the lease up as it stops;
+    a follower's release takes nothing from the leader."""
+    first, second = Ledger(), Ledger()
+    leader, follower = _scaler(first), _scaler(second)
+    _queue(redis_client, 256)
+    assert [leader.tick(redis_client, now=0.0), follower.tick(redis_client, now=0.0)] == [4, 0]
+    follower.release(redis_client)
+    assert follower.tick(redis_client, now=1.0) == 0 and leader.leading
+    leader.release(redis_client)
+    assert not leader.leading and redis_client.get(leader.lease_key) is None
+    assert follower.tick(redis_client, now=2.0) == 4 and follower.leading
+
+
 def test_a_redis_outage_hands_no_pool_over(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -22,10 +22,12 @@ from typing import Any
 import click
 import psutil
 import pytest
+import redis
 
 from conveyor.commands.up import worker_names
 from conveyor.local_stack import STATE_FILE
 from conveyor.stack import free_port
+from shared.keys import Keys
 from tests.conftest import until
 from tests.up_process import BANNER_END, CONVEYOR
 
@@ -138,6 +140,9 @@ def test_closing_the_terminal_of_autoscale_drains_its_workers(
         process.send_signal(signal.SIGHUP)
         assert process.wait(timeout=GONE_WITHIN_S) == 0  # it drained, not killed by SIGHUP
         assert all(_gone(worker) for worker in workers)
+        # and gave up the pool's lease: another autoscaler scales it at once
+        lease = Keys(env["CONVEYOR_KEY_PREFIX"]).autoscale_leader("steady", "default")
+        assert redis.Redis.from_url(redis_url).exists(lease) == 0
     finally:
         _stop(process, workers)
 

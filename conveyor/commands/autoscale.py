@@ -63,8 +63,20 @@ def _autoscale(models: str, interval: float | None, state_dir: Path) -> None:
                 _tick(scaler, client)
             time.sleep(period)
     finally:  # every pool's workers drain side by side, with those stopped before
+        _release_leases(scalers, client)
         workers.drain([name for scaler in scalers for name in scaler.workers])
         client.close()
+
+
+def _release_leases(scalers: list[PoolScaler], client: redis.Redis) -> None:
+    """Each pool this autoscaler led is free for another at once; Redis out of reach, its lease
+    lapses as it would have."""
+    try:
+        with topology_read():
+            for scaler in scalers:
+                scaler.release(client)
+    except OUT_OF_REACH as exc:
+        click.echo(f"leases left to lapse: redis unavailable ({exc})", err=True)
 
 
 def _tick(scaler: PoolScaler, client: redis.Redis) -> None:
