@@ -237,8 +237,9 @@ def test_crashing_entry_is_dead_lettered_then_replayed(
             text=True,
             check=True,
         )
-        old, _, new = replayed.stdout.strip().partition(" -> ")
-        assert old == job_id
+        pair, counts = replayed.stdout.splitlines()
+        old, _, new = pair.partition(" -> ")
+        assert old == job_id and counts == "replayed 1, kept 0"
         assert _wait_terminal(r, [new])[0]["status"] == "succeeded"
         assert _job(r, new)["replay_of"] == job_id
     finally:
