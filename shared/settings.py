@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(default=2.0, gt=0)
     max_wait_s: float = Field(default=60.0, gt=0)
     result_ttl_s: int = Field(default=86_400, ge=1)
+    # An LLM job's token stream once its final event is written (its text lives on in the
+    # job's result); never longer than `result_ttl_s`. While written, it keeps `result_ttl_s`.
+    token_stream_ttl_s: int = Field(default=600, ge=1)
     log_level: str = "INFO"
 
     # API keys (shared/api_keys.py); `disabled` serves everyone as tenant "default" (local use).

@@ -5,18 +5,19 @@ reader showed twice."""
 
 from __future__ import annotations
 
-# KEYS[1]=a job's token stream, KEYS[2] (optional) its lane stream; ARGV: ttl_s (0: the TTL
-# stays), the attempt (random per run of the job), the number of this call's first event in the
-# attempt, the group, lane entry id and consumer that must hold the entry (read with KEYS[2]),
-# then per event its field count and field/value pairs. A call whose consumer no longer holds the
-# lane entry is refused (0; else 1): another worker took the job over (a reclaim while this run
-# was cut off from Redis) or ended it, and this stale run's text, its first write's too (no
-# `restart` before it: it is no redelivery), would mix with the new run's, its `final` end
+# KEYS[1]=a job's token stream, KEYS[2] (optional) its lane stream; ARGV: ttl_s (0: the TTL stays; a
+# run's first write sets the result TTL, its final one the shorter token-stream TTL,
+# workers/partition/token_writer.py), the attempt (random per run of the job), the number of this
+# call's first event in the attempt, the group, lane entry id and consumer that must hold the entry
+# (read with KEYS[2]), then per event its field count and field/value pairs. A call whose consumer
+# no longer holds the lane entry is refused (0; else 1): another worker took the job over (a reclaim
+# while this run was cut off from Redis) or ended it, and this stale run's text, its first write's
+# too (no `restart` before it: it is no redelivery), would mix with the new run's, its `final` end
 # readers early. Each entry carries `a` (the attempt) and `n` (its number in it): events the
 # stream's last entry says this attempt appended already are skipped. A call that continues its
-# attempt (first event past 1) on a stream whose last entry is another attempt's is refused too:
-# a later run of the job wrote since (this worker's own reclaimer may have taken the entry back).
-# The lane stream and the token stream carry the partition's hash tag: one slot on a Cluster.
+# attempt (first event past 1) on a stream whose last entry is another attempt's is refused too: a
+# later run of the job wrote since (this worker's own reclaimer may have taken the entry back). The
+# lane stream and the token stream carry the partition's hash tag: one slot on a Cluster.
 APPEND = """
 if KEYS[2] then
   local row = redis.pcall('XPENDING', KEYS[2], ARGV[4], ARGV[5], ARGV[5], 1)

@@ -2,7 +2,10 @@
 trip, and reads those jobs' statuses back in the same trip: a job cancelled through the API is
 seen (and aborted) after the next engine step without any extra Redis call. Each job's events
 go through APPEND (shared/token_scripts.py), so a trip resent after its reply was lost appends
-nothing twice, and a run whose job another worker took over (a reclaim) appends nothing more."""
+nothing twice, and a run whose job another worker took over (a reclaim) appends nothing more.
+A stream being written lives the result TTL (a long generation keeps its head); the write of
+its final event cuts that to CONVEYOR_TOKEN_STREAM_TTL_S: the text lives on in the job's result,
+and readers of an expired stream get the final event from the job's hash."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from shared import token_scripts
 from shared.codec import as_text
 from shared.keys import GROUP, Keys
 from shared.redis_client import queue_script, run_pipeline
+from shared.settings import get_settings
 from shared.token_stream import TokenEvent
 
 
@@ -33,8 +37,9 @@ class EntryHolder:
 @dataclass(frozen=True, slots=True)
 class TokenAppend:
     """One tick's events of one run (`attempt`) of a job, the first numbered `first` in that
-    run; `expire`: set the stream's TTL (its first and last writes); `holder`: who must hold the
-    job's lane entry (None: unchecked, a stream written with no lane behind it)."""
+    run; `expire`: set the stream's TTL (its first and last writes: the one with a final event
+    sets the shorter, finished stream's); `holder`: who must hold the job's lane entry (None:
+    unchecked, a stream written with no lane behind it)."""
 
     job_id: str
     attempt: str
@@ -55,9 +60,12 @@ class TickWritten:
 
 class TokenWriter:
     def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+        """`ttl_s`: the result TTL, which a stream keeps while written; a finished one keeps
+        CONVEYOR_TOKEN_STREAM_TTL_S, never longer."""
         self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
+        self.final_ttl_s = min(ttl_s, get_settings().token_stream_ttl_s)
         self._append = client.register_script(token_scripts.APPEND)
 
     async def write(self, appends: Sequence[TokenAppend], watch: Sequence[str]) -> TickWritten:
@@ -78,7 +86,7 @@ class TokenWriter:
 
     async def _queue(self, appends: Sequence[TokenAppend], watch: Sequence[str], pipe: Any) -> None:
         for append in appends:
-            keys, args = [self.keys.tokens(append.job_id)], _head(append, self.ttl_s)
+            keys, args = [self.keys.tokens(append.job_id)], _head(append, self._ttl(append))
             if append.holder is not None:
                 keys.append(append.holder.stream)
             for event in append.events:
@@ -89,10 +97,17 @@ class TokenWriter:
         for job_id in watch:
             pipe.hget(self.keys.job(job_id), "status")
 
+    def _ttl(self, append: TokenAppend) -> int:
+        """The TTL `append` sets: 0 (the stream's stays), the short one of a finished stream
+        (its final event is in it), or the long one of a stream being written."""
+        if not append.expire:
+            return 0
+        return self.final_ttl_s if any(event.final for event in append.events) else self.ttl_s
+
 
 def _head(append: TokenAppend, ttl_s: int) -> list[Any]:
-    """APPEND's arguments before the events: TTL, run, first number, and the lane entry's
-    group, id and consumer (empty when unchecked)."""
+    """APPEND's arguments before the events: TTL (0: unchanged), run, first number, and the
+    lane entry's group, id and consumer (empty when unchecked)."""
     holder = append.holder
     held = ("", "", "") if holder is None else (GROUP, holder.entry_id, holder.consumer)
-    return [ttl_s if append.expire else 0, append.attempt, append.first, *held]
+    return [ttl_s, append.attempt, append.first, *held]
