@@ -42,9 +42,10 @@ def generate_loop(
     partition: Partition,
     reader: StreamReader,
     engine: GenerateEngine,
+    drain_s: float = 1,
 ) -> GenerateLoop:
-    """A generate loop of consumer `reader.consumer` on `engine` (loaded), serving `partition`;
-    webhooks go nowhere (no broker)."""
+    """A generate loop of consumer `reader.consumer` on `engine` (loaded), serving `partition`,
+    that gives its generations `drain_s` at a stop; webhooks go nowhere (no broker)."""
     events = JobEvents("redis://unused")
     worker = reader.consumer
     return GenerateLoop(
@@ -55,5 +56,5 @@ def generate_loop(
         TokenWriter(aredis, keys, 60),
         engine,
         block_ms=50,
-        drain_s=1,
+        drain_s=drain_s,
     )

@@ -27,12 +27,23 @@ from workers.generation.generate_job import InvalidChunk, RunningJob, checked, g
 from workers.partition.finish import Finish
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
-from workers.partition.redis_backoff import Stopped, serve_until_stopped, until_done
+from workers.partition.redis_backoff import (
+    OUTAGE,
+    OutageLog,
+    Stopped,
+    serve_until_stopped,
+    until_done,
+)
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import Delivery, LaneEntry, StreamReader
 from workers.partition.token_writer import EntryHolder, TickWritten, TokenAppend, TokenWriter
 
 log = logging.getLogger(__name__)
+# How long a drain waits for the generations it aborted: an abort ends one within an engine step;
+# an engine that ignores it must not hold the drain into the grace left for the engine's close.
+ABORT_S = 2.0
+# How soon a drain tries again a touch that an outage failed.
+TOUCH_RETRY_S = 0.5
 
 
 class EngineWatch:
@@ -394,21 +405,41 @@ class GenerateLoop:
             await self._cancel()
             return
         jobs = list(self.running.values())
-        tasks = [job.task for job in jobs if job.task is not None]
+        tasks = {job.task for job in jobs if job.task is not None}
         if not tasks:
             return
-        await asyncio.wait(tasks, timeout=self.drain_s)
-        for job in jobs:
-            if job.task is not None and not job.task.done():
+        await self._wait_touching(tasks)
+        for job in jobs:  # (one another worker took over meanwhile is given up already)
+            if job.task is not None and not job.task.done() and not job.abandoned:
                 job.abandoned = True
                 log.warning("abandoning unfinished generation", extra={"job_id": job.job_id})
                 await self._abort_quietly(job.job_id)
-        await asyncio.gather(*tasks, return_exceptions=True)
+        _, ignored = await asyncio.wait(tasks, timeout=ABORT_S)
+        if ignored:  # the engine honours no abort (hung, not yet deemed so)
+            await self._cancel()
+
+    async def _wait_touching(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Wait up to `drain_s` for the generations to end, touching their entries when due as
+        the admit loop did: a drain longer than two thirds of the visibility timeout let another
+        worker's reclaimer take over generations still running here (a false `crashed` attempt,
+        the job run twice, the nearly finished run given up)."""
+        deadline = time.monotonic() + self.drain_s
+        outage = OutageLog(f"{self.partition.name} drain")
+        while tasks and (left_s := deadline - time.monotonic()) > 0:
+            try:
+                await self._touch_running()
+                outage.recovered()
+            except OUTAGE as exc:  # tried again a slice later; unreachable, none reclaims either
+                outage.failed(exc)
+            due_s = self._next_touch - time.monotonic()
+            slice_s = due_s if due_s > 0 else min(self._touch_every_s, TOUCH_RETRY_S)
+            _, tasks = await asyncio.wait(tasks, timeout=min(left_s, slice_s))
 
     async def _cancel(self) -> None:
         """A dead or hung engine's generations are given up at once, left pending: a hung one
-        neither ends nor aborts them, and its drain waited on them for ever. Each goes to the
-        publisher as ended, abandoned, which lets it go."""
+        neither ends nor aborts them, and its drain waited on them for ever (so did a drain's
+        wait for the generations it aborted). Each goes to the publisher as ended, abandoned,
+        which lets it go."""
         given_up: list[tuple[RunningJob, asyncio.Task[None]]] = []
         for job in self.running.values():
             if job.task is not None and not job.task.done():
