@@ -1,9 +1,11 @@
 """Micro-batches that run long, end to end on real workers: one read beside a long one is kept
 claimed while it waits its turn, and one whose engine call never returns is handed back once it
-has run `queue.max_run_s`, rather than kept claimed for as long as the worker lives."""
+has run `queue.max_run_s`, rather than kept claimed for as long as the worker lives. Also, on a
+real Valkey without a stack: a long micro-batch's skipped entries are kept claimed with it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -14,13 +16,24 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 import yaml
 
 from conveyor.stack import Stack
+from shared.codec import RequestEntry
+from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
-from shared.model_repository import ModelConfigError, ModelRepository
+from shared.model_repository import ModelConfig, ModelConfigError, ModelRepository, QueueLimits
 from tests.conftest import REPO_ROOT, running_stack, until
+from tests.fault_engine import FaultEngine
 from tests.test_faults import _job, _wait_terminal
+from workers.batching.micro_batch_loop import MicroBatchLoop
+from workers.partition.job_events import JobEvents
+from workers.partition.lane_scheduler import LaneScheduler
+from workers.partition.partition import Partition
+from workers.partition.reclaim import Reclaimer
+from workers.partition.result_writer import ResultWriter
+from workers.partition.stream_reader import Delivery, StreamReader
 
 KEYS = Keys("cv:")
 FAULTY = REPO_ROOT / "tests" / "fixtures" / "model_repository" / "faulty" / "config.yaml"
@@ -112,6 +125,52 @@ def test_a_second_lanes_micro_batch_is_kept_claimed_while_the_first_runs(
         long_stack.stop_processes(["both-lanes", "reclaimer"])
     assert bulk["status"] == "succeeded" and bulk["writes"] == "1", bulk
     assert [(a["outcome"], a["pid"]) for a in _history(bulk)] == [("succeeded", first)]
+
+
+async def test_an_expired_job_read_beside_a_long_one_is_kept_claimed_with_it(
+    aredis: aioredis.Redis,
+) -> None:
+    """A job past `max_queue_time` is not run, but written back only with its micro-batch's
+    results; only the runnable entries were re-claimed meanwhile: past the visibility timeout
+    another worker reclaimed the expired one, put a false `crashed` attempt naming this live
+    worker on its record, and (a redelivery skips `max_queue_time`) ran it."""
+    keys = Keys("long:")
+    queue = QueueLimits(visibility_timeout_s=1, max_queue_time_s=60)
+    backend = "tests.fault_engine:FaultEngine"
+    config = ModelConfig(name="m", kind="batch", backend=backend, queue=queue)
+    partition = Partition.of(keys, config, "default")
+    store = JobStore(aredis, keys, ttl_s=60)
+    for entry in (
+        RequestEntry("stale", {"inputs": {}}, now_ms() - 120_000),  # waited past 60 s
+        RequestEntry("slow", {"inputs": {"sleep_ms": 2_500}}, now_ms()),  # past the timeout
+    ):
+        await store.create(entry, partition.online, {"model": "m", "variant": "default"})
+    events = JobEvents("redis://unused")
+    reader = StreamReader(aredis, keys, partition.streams, "box-1-11")
+    await reader.ensure_groups()
+    [(stream, deliveries)] = await reader.wait(partition.streams, 10, 100)
+    engine = FaultEngine(config, "default", "")
+    engine.load()
+    writer = ResultWriter(aredis, keys, 60, events, reader.consumer)
+    lanes = LaneScheduler(
+        partition, reader, Reclaimer(aredis, keys, partition, reader.consumer, 60, events)
+    )
+    loop = MicroBatchLoop(partition, lanes, reader, writer, engine, block_ms=100)
+    rescuer = Reclaimer(aredis, keys, partition, "box-2-22", 60, events)
+
+    running = asyncio.create_task(loop.process(stream, deliveries))
+    taken: list[Delivery] = []
+    while not running.done():  # the other worker's reclaims, all through the long run
+        taken += await rescuer.reclaim(partition.online)
+        await asyncio.sleep(0.1)
+    await running
+    await writer.close()
+
+    assert [d.entry.job_id for d in taken if d.entry] == []
+    for job_id, status in (("stale", "expired"), ("slow", "succeeded")):
+        job = {k.decode(): v.decode() for k, v in (await aredis.hgetall(keys.job(job_id))).items()}
+        assert job["status"] == status, job
+        assert [a["outcome"] for a in _history(job) if a["outcome"] == "crashed"] == [], job
 
 
 @pytest.mark.slow

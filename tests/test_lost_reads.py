@@ -6,6 +6,7 @@ StreamReader) runs them first, except those it still has in hand. On a real Valk
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +18,9 @@ from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, QueueLimits
+from shared.redis_client import connect
 from tests.lane_rig import abandoned_after, queue_jobs
+from workers.partition.arrival_rate import ArrivalRate
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
@@ -359,3 +362,49 @@ async def test_each_lane_keeps_its_own_arrival_rate(aredis: aioredis.Redis) -> N
         lanes.arrivals[PARTITION.bulk].overall() > 10 * lanes.arrivals[PARTITION.online].overall()
     )
     assert not lanes.arrivals[PARTITION.online].expects_more(0.002)
+
+
+async def test_a_top_up_blocks_no_longer_than_the_socket_timeout_allows(
+    aredis: aioredis.Redis, redis_url: str, settings_env: Callable[..., None]
+) -> None:
+    """A micro-batch held open for more jobs blocked in one read for all of what was left of
+    `max_queue_delay_ms` (up to a minute), past the socket timeout (`CONVEYOR_REDIS_TIMEOUT_S`
+    beyond `CONVEYOR_BLOCK_MS`): the read failed as an outage, the micro-batch was dropped and
+    claimed back a delivery more, and the next lone job after steady traffic did the same."""
+    settings_env(CONVEYOR_REDIS_TIMEOUT_S="0.2", CONVEYOR_BLOCK_MS="50")
+    await _queued(JobStore(aredis, KEYS, ttl_s=60), aredis, "lone")
+    client = connect(redis_url, name=WORKER)  # as a worker's: socket timeout 0.25 s
+    try:
+        reader = StreamReader(client, KEYS, PARTITION.streams, WORKER)
+        [batch] = await reader.wait(PARTITION.streams, 8, 50)
+        arrivals = ArrivalRate()
+        arrivals.arrived(1_000)  # steady traffic until now: more jobs expected
+        _, deliveries = await reader.gather(batch, 8, 1_000, arrivals=arrivals)
+    finally:
+        await client.aclose()
+    assert [d.entry.job_id for d in deliveries if d.entry] == ["lone"]
+    [pending] = await aredis.xpending_range(PARTITION.online, GROUP, "-", "+", 10)
+    assert pending["times_delivered"] == 1
+
+
+async def test_jobs_queued_in_both_lanes_after_the_take_fill_no_more_than_the_free_slots(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both lanes empty at the script's read, a generate loop blocks on both; jobs queued in
+    each meanwhile were handed over up to the free slots from each lane: twice the slots, all
+    marked running. The blocking read hands over no more than the free slots in all."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    lanes = await _slotted_lanes(aredis, PARTITION)
+    take = lanes.reader.take
+
+    async def queued_after_take(*args: Any) -> MicroBatch | None:
+        found = await take(*args)
+        await queue_jobs(store, PARTITION.online, "o0", "o1")
+        await queue_jobs(store, PARTITION.bulk, "b0", "b1")
+        return found
+
+    monkeypatch.setattr(lanes.reader, "take", queued_after_take)
+    handed = _jobs(await lanes.next_batch(2, 0, 50, slots=True))
+    assert 1 <= len(handed) <= 2, handed
+    pending = [(await aredis.xpending(lane, GROUP))["pending"] for lane in PARTITION.streams]
+    assert sum(pending) == len(handed)  # the rest still waits for any worker

@@ -2,9 +2,11 @@
 job view shows it; a quick one never pays for the mark), then its entries re-claimed every third
 of the visibility timeout until its write-back. A bisection's reruns or a wait for the device
 could outlast the timeout: another worker reclaimed the entries, ran the jobs again and put a
-false `crashed` attempt on their records. Its engine call has a ceiling, `queue.max_run_s`: one
-that never returns (a wedged kernel, a deadlocked library) kept its jobs claimed, and its
-partition reading nothing, for as long as the worker lived."""
+false `crashed` attempt on their records. The entries not run (expired, cancelled) are written
+back with the results, so they are re-claimed too: untouched, an expired job was reclaimed, and
+run as a redelivery (which `max_queue_time` does not bound). Its engine call has a ceiling,
+`queue.max_run_s`: one that never returns (a wedged kernel, a deadlocked library) kept its jobs
+claimed, and its partition reading nothing, for as long as the worker lived."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ class LongRun:
         self,
         reader: StreamReader,
         stream: str,
+        entries: Sequence[Delivery],
         runnable: Sequence[Delivery],
         touch_every_s: float,
         max_run_s: float,
@@ -36,7 +39,8 @@ class LongRun:
     ) -> None:
         self.reader = reader
         self.stream = stream
-        self.runnable = runnable
+        self.entry_ids = [delivery.entry_id for delivery in entries]  # all kept claimed
+        self.runnable = runnable  # marked running
         self.touch_every_s = touch_every_s
         self.max_run_s = max_run_s
         self.hung = hung
@@ -63,21 +67,19 @@ class LongRun:
         self.hung()
 
     def _start(self) -> None:
-        if self.runnable:
-            self._task = asyncio.create_task(self._watch())
-            self._task.add_done_callback(_log_failure)
+        self._task = asyncio.create_task(self._watch())
+        self._task.add_done_callback(_log_failure)
 
     async def _watch(self) -> None:
         """The mark, then a touch every `touch_every_s`; a mark or touch Redis fails is tried
         again at the next touch (the outage is the loop's to log: two lines however long)."""
-        entry_ids = [delivery.entry_id for delivery in self.runnable]
         marked = touching = False
         while True:
             try:
                 if not marked:
                     await self.reader.mark_running(self.runnable)
                     marked = True
-                if touching and (lost := await self.reader.touch(self.stream, entry_ids)):
+                if touching and (lost := await self.reader.touch(self.stream, self.entry_ids)):
                     # another worker took them over all the same (this one could not reach
                     # Redis): FINISH keeps whichever result lands first, and refuses the other
                     log.warning("%d entries of a micro-batch were taken over", len(lost))

@@ -131,8 +131,8 @@ class MicroBatchLoop:
                 claimed.watch.end()
 
     def claim(self, stream: str, batch: list[Delivery]) -> Claimed:
-        """Sort a micro-batch just read into what runs and what must not, and keep its runnable
-        entries claimed until its write-back."""
+        """Sort a micro-batch just read into what runs and what must not, and keep all its
+        entries claimed until its write-back (which writes back those that must not, too)."""
         self.in_hand.update((stream, delivery.entry_id) for delivery in batch)
         self.budget.read(batch)
         skipped: list[Finish] = []
@@ -146,7 +146,13 @@ class MicroBatchLoop:
         record_ended(self.partition, batch)
         queue = self.partition.config.queue
         watch = LongRun(
-            self.reader, stream, runnable, self.partition.touch_every_s, queue.max_run_s, self._hung
+            self.reader,
+            stream,
+            batch,
+            runnable,
+            self.partition.touch_every_s,
+            queue.max_run_s,
+            self._hung,
         )
         return Claimed(stream, runnable, skipped, watch)
 

@@ -87,9 +87,9 @@ class LaneScheduler:
         generate loop, whose jobs run for seconds). Then the micro-batch is topped up while
         more are coming.
         `slots`: `max_items` are free engine slots (a generate loop), not a micro-batch's
-        size, and no more may be handed over in all: the lanes are read one at a time (a
-        script first, which finds what waits in either; the blocking read only if neither
-        has any), where a read of both returned up to `max_items` from each."""
+        size, and no more may be handed over in all: a script reads first, which finds what
+        waits in either lane, and the blocking read only if neither has any (`_blocking_read`:
+        jobs may reach both before it)."""
         if self.after_outage:
             if held := await self.reader.held([self.online, self.bulk], max_items, in_hand):
                 return held
@@ -104,9 +104,23 @@ class LaneScheduler:
             return [batch]
         if not slots and self.redelivered.intersection(in_hand):  # staged: claim on soon
             block_ms = min(block_ms, REDELIVERED_WAIT_MS)
-        waited = await self.reader.wait([self.online, self.bulk], max_items, block_ms)
-        self.backlog = any(self._left_waiting(deliveries, max_items) for _, deliveries in waited)
+        lanes, count = self._blocking_read(max_items, slots)
+        waited = await self.reader.wait(lanes, count, block_ms)
+        self.backlog = any(self._left_waiting(deliveries, count) for _, deliveries in waited)
         return [await self._topped_up(b, max_items, delay_ms) for b in waited]
+
+    def _blocking_read(self, max_items: int, slots: bool) -> tuple[list[str], int]:
+        """The lanes the blocking read waits on, and its COUNT, which Redis applies to each
+        lane: with `slots`, half the free slots, so both lanes together hand over no more than
+        those (one free slot: the online lane alone, and a bulk job is found by the next
+        call's script, one block later at most). A read of both lanes with COUNT `max_items`
+        handed over up to twice the free slots when jobs reached both after the script's
+        read."""
+        if not slots:
+            return [self.online, self.bulk], max_items
+        if max_items > 1:
+            return [self.online, self.bulk], max_items // 2
+        return [self.online], max_items
 
     async def _reclaimed(self, in_hand: Collection[LaneEntry]) -> MicroBatch | None:
         """An abandoned entry whose reclaim is due, one at a time, each claimed once the one

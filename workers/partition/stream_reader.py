@@ -30,6 +30,7 @@ from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.keys import GROUP, Keys
 from shared.redis_client import call_script, read_streams, sent_once
+from shared.settings import get_settings
 from workers.partition.arrival_rate import ArrivalRate
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,8 @@ class StreamReader:
         self.streams = tuple(streams)
         self.consumer = consumer
         self.mark_on_read = mark_on_read
+        # the longest a read may block: the client's socket timeout allows no more (`connect`)
+        self.max_block_ms = get_settings().block_ms
         self._take = client.register_script(job_scripts.TAKE)
         self._mark = client.register_script(job_scripts.MARK_RUNNING)
         self._touch = client.register_script(TOUCH)
@@ -204,7 +207,9 @@ class StreamReader:
         while `arrivals` (when given) expects another job before then: a lone job on an idle
         partition is served at once. When the stream runs dry at one of the `preferred` sizes
         (a size that fills an engine's shape bucket, as Triton's `preferred_batch_size`), stop
-        there instead of waiting."""
+        there instead of waiting. Each read blocks at most `CONVEYOR_BLOCK_MS`, a longer delay
+        takes several: one read blocking for all of it (up to a minute) outlasted the socket
+        timeout, and the micro-batch was lost to a timeout and claimed back a delivery more."""
         stream, deliveries = batch
         if not deliveries or delay_ms <= 0:
             return batch
@@ -215,7 +220,7 @@ class StreamReader:
                 break
             at_preferred = len(deliveries) in preferred
             started = time.monotonic()
-            block_ms = None if at_preferred else int(remaining_s * 1000)
+            block_ms = None if at_preferred else min(int(remaining_s * 1000), self.max_block_ms)
             wanted = max_items - len(deliveries)
             more = [d for _, got in await self.wait([stream], wanted, block_ms) for d in got]
             if arrivals is not None:
