@@ -153,6 +153,22 @@ def test_a_wait_exits_with_how_the_job_ended(base_url: str) -> None:
     assert _exit_status("jobs", "get", job["id"], *url).returncode == 0  # a read, not a wait
 
 
+def test_a_wait_that_cannot_learn_how_the_job_ended_exits_3(tmp_path: Path) -> None:
+    """A wait that could not reach the producer exited 1, which says the job ended otherwise
+    (failed, cancelled, expired): a script counted a job still running as failed."""
+    unreachable = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text('{"custom_id": "a", "body": {"inputs": {"text": "x"}}}\n')
+    for waits in (
+        ("jobs", "get", "0" * 32, "--wait", "5"),
+        ("batch", "submit", str(lines), "--wait"),
+    ):
+        lost = _exit_status(*waits, "--url", unreachable)
+        assert lost.returncode == 3, (waits, lost.returncode, lost.stderr)
+        assert "Error: cannot reach the producer: ConnectError(" in lost.stderr, lost.stderr
+        assert lost.stdout == ""
+
+
 class _EndingLate(BaseHTTPRequestHandler):
     """An LLM job as the producer serves it between its worker's last two writes: the `final`
     token event is in the stream, the job itself still `running` (the worker marks it finished

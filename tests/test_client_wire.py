@@ -10,17 +10,29 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from conveyor.client import APIError, AsyncClient, Client, Conflict, RateLimited, calls
-from conveyor.client.errors import StreamError
+from conveyor.client import (
+    APIError,
+    AsyncClient,
+    Client,
+    Conflict,
+    RateLimited,
+    WaitTimeout,
+    calls,
+)
+from conveyor.client.errors import InvalidArgument, StreamError
 from conveyor.client.sse import EventStream
 from conveyor.stack import free_port
 from tests.local_http import LocalServer, serving
 
 SEPARATED = "a\u2028b\u2029c\x85d"  # line and paragraph separators, NEL: legal inside JSON
+OUTAGE_S = 3.0  # how long /v1/jobs/outage/events answers its resumes 503
+MOVED_TO = "https://conveyor.example/v1/jobs/moved"  # where /v1/jobs/moved redirects (308)
 _ENDED = {"jobs": "succeeded", "batches": "completed"}  # how each ends by itself
+_JSON = "application/json"
 
 
 class _Server(LocalServer):
@@ -31,6 +43,8 @@ class _Server(LocalServer):
         self.limited = 0  # GETs of /v1/jobs/limited, each answered 429 with Retry-After: 30
         # paths of cancels (a job's DELETE, a batch's POST): odd ones answered 503, even ones 409
         self.cancels: list[str] = []
+        self.outage_since: float | None = None  # the first resume of /v1/jobs/outage/events
+        self.predict_timeouts: list[float] = []  # `timeout` of each /v1/models/slow/predict
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -41,6 +55,12 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if self.path.endswith("/cancel"):
             self._cancel()
+            return
+        if self.path.startswith("/v1/models/slow/"):
+            self._slow_predict()
+            return
+        if self.path.startswith("/v1/models/cancelled/"):  # handed off, then cancelled
+            self._send(202, json.dumps({"id": "gone", "status": "queued"}).encode(), _JSON)
             return
         self.server.posts.append((self.path.split("?")[0], self.headers.get("Idempotency-Key")))
         if body.get("model") == "busy" and len(self.server.posts) == 1:
@@ -70,7 +90,22 @@ class _Handler(BaseHTTPRequestHandler):
         error = {"error": {"type": "conflict", "message": "already cancelled"}}
         self._send(409, json.dumps(error).encode(), "application/json")
 
+    def _slow_predict(self) -> None:
+        """A predict refused once (429, `Retry-After: 1`), then waited for its whole `timeout`
+        before the job is handed off (202, still queued)."""
+        if not self.server.predict_timeouts:
+            self.server.predict_timeouts.append(-1.0)
+            error = {"error": {"type": "rate_limited", "message": "slow down"}}
+            self._send(429, json.dumps(error).encode(), _JSON, {"Retry-After": "1"})
+            return
+        timeout = float(parse_qs(urlsplit(self.path).query)["timeout"][0])
+        self.server.predict_timeouts.append(timeout)
+        time.sleep(timeout)
+        self._send(202, json.dumps({"id": "slowjob", "status": "queued"}).encode(), _JSON)
+
     def do_GET(self) -> None:
+        if self._special_get():
+            return
         kind, _, name = self.path.removeprefix("/v1/").partition("/")
         if kind in _ENDED and name in ("x", "ended", "done"):
             self._ended(kind, name)
@@ -90,6 +125,37 @@ class _Handler(BaseHTTPRequestHandler):
         data = json.dumps(final, ensure_ascii=False)  # raw, as orjson writes it
         body = f"id: 1\nevent: final\ndata: {data}\n\n".encode()
         self._send(200, body, "text/event-stream")
+
+    def _special_get(self) -> bool:
+        """The answers of the later tests, by path; False for the others."""
+        path = urlsplit(self.path).path
+        if path.startswith("/v1/jobs/moved"):
+            self._send(308, b"", "text/plain", {"Location": MOVED_TO})
+        elif path == "/v1/jobs/outage/events":
+            self._outage()
+        elif path == "/v1/jobs/down/events":
+            error = {"error": {"type": "unavailable", "message": "redis unavailable"}}
+            self._send(503, json.dumps(error).encode(), _JSON, {"Retry-After": "0"})
+        elif path in ("/v1/jobs/slowjob", "/v1/jobs/gone"):
+            view = {"id": path[9:], "status": "queued" if path.endswith("slowjob") else "cancelled"}
+            self._send(200, json.dumps(view).encode(), _JSON)
+        else:
+            return False
+        return True
+
+    def _outage(self) -> None:
+        """A Redis failover of OUTAGE_S: the stream ends with `event: error` and `retry: 100`,
+        every resume is answered 503 until the outage is over, then the rest is served."""
+        if self.headers.get("Last-Event-ID") is None:
+            body = b"retry: 100\nid: 1\nevent: token\ndata: {}\n\nevent: error\ndata: {}\n\n"
+            self._send(200, body, "text/event-stream")
+            return
+        self.server.outage_since = self.server.outage_since or time.monotonic()
+        if time.monotonic() - self.server.outage_since < OUTAGE_S:
+            error = {"error": {"type": "unavailable", "message": "redis unavailable"}}
+            self._send(503, json.dumps(error).encode(), _JSON, {"Retry-After": "0"})
+            return
+        self._send(200, b'id: 2\nevent: final\ndata: {"id": "outage"}\n\n', "text/event-stream")
 
     def _ended(self, kind: str, name: str) -> None:
         """What the cancels above find: `done` ended by itself, the others were cancelled."""
@@ -178,9 +244,9 @@ def test_a_streamed_chat_is_opened_again_after_a_429_only(server: _Server) -> No
             list(client.chat_stream("m", hello))
     assert refused.value.status == 503 and len(server.posts) == 3
     with Client(f"http://127.0.0.1:{free_port()}") as client:
-        stream = EventStream(calls.chat_stream_call("m", hello, {}), resumable=False)
-        with pytest.raises(StreamError, match="lost after 3 tries"):
-            stream.max_reconnects = 2
+        call = calls.chat_stream_call("m", hello, {})
+        stream = EventStream(call, resumable=False, reconnect_for_s=1)
+        with pytest.raises(StreamError, match="without an event"):
             list(client.events(stream))
 
 
@@ -263,3 +329,45 @@ def test_a_resent_cancel_that_finds_its_own_cancel_returns_what_it_cancelled(
                 asyncio.run(cancel_async(name))
     paths = [f"/v1/{kind}/{name}{suffix}" for name in ("x", "done", "ended")]
     assert server.cancels == [paths[0]] * 4 + [paths[1]] * 4 + [paths[2]] * 2
+
+
+def test_a_stream_outlives_an_outage_longer_than_its_retries(server: _Server) -> None:
+    """Once the server had sent `retry:`, every resume came after exactly that (no backoff),
+    and the ninth 503 in a row ended the stream (StreamError) after about nine `retry:`s: a
+    Redis failover of a few seconds ended every stream while its job ran on. Resumes now back
+    off (`retry:` the least pause) until no event came for `reconnect_for_s`."""
+    with Client(server.url) as client:
+        events = [event.event for event in client.stream("outage")]
+        assert events == ["token", "error", "final"]
+        with pytest.raises(StreamError, match="without an event"):
+            list(client.stream("down", reconnect_for_s=0.5))
+        with pytest.raises(InvalidArgument):
+            client.stream("down", reconnect_for_s=float("nan"))
+
+
+def test_a_retried_predict_asks_only_for_the_time_left(server: _Server) -> None:
+    """The retry after a 429 resent the first try's `timeout` (and HTTP timeout): a predict of
+    3 s refused for 1 s asked the route for 3 s more, and ended past 4 s."""
+    with Client(server.url) as client, pytest.raises(WaitTimeout):
+        client.predict("slow", {}, timeout=3)
+    first, second = server.predict_timeouts
+    assert first == -1.0 and 0 < second <= 2.1, server.predict_timeouts
+
+
+def test_a_redirect_is_an_error_that_names_where_it_leads(server: _Server) -> None:
+    """httpx follows no redirect: a 308 (an ingress sending http to https) was read as the
+    answer, a JSONDecodeError traceback, or a stream that ended at once with nothing."""
+    with Client(server.url) as client:
+        with pytest.raises(APIError, match=MOVED_TO) as read:
+            client.get("moved")
+        with pytest.raises(APIError) as streamed:
+            list(client.stream("moved"))
+    assert read.value.status == streamed.value.status == 308
+
+
+def test_a_predict_cancelled_after_its_hand_off_raises_conflict(server: _Server) -> None:
+    """A job cancelled within predict's first request raised Conflict (409, by the status
+    map), one cancelled after its 202 hand-off a plain APIError(409)."""
+    with Client(server.url) as client, pytest.raises(Conflict) as cancelled:
+        client.predict("cancelled", {}, timeout=5)
+    assert cancelled.value.status == 409

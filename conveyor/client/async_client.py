@@ -16,7 +16,7 @@ from conveyor.client.calls import Call, JobOptions, Op, Pause, Progress
 from conveyor.client.connection import http_options
 from conveyor.client.errors import APIError, raise_for_error
 from conveyor.client.retries import OnRetry, RetryEvent, RetryPolicy
-from conveyor.client.sse import EventStream
+from conveyor.client.sse import RECONNECT_FOR_S, EventStream
 from conveyor.client.types import (
     Batch,
     BatchList,
@@ -101,8 +101,14 @@ class AsyncClient:
             if (chunk := calls.chat_chunk(event)) is not None:
                 yield chunk
 
-    def stream(self, job_id: str, last_event_id: str | None = None) -> AsyncIterator[Event]:
-        return self.events(EventStream(calls.events_call(job_id, last_event_id)))
+    def stream(
+        self,
+        job_id: str,
+        last_event_id: str | None = None,
+        reconnect_for_s: float = RECONNECT_FOR_S,
+    ) -> AsyncIterator[Event]:
+        call = calls.events_call(job_id, last_event_id)
+        return self.events(EventStream(call, reconnect_for_s=reconnect_for_s))
 
     async def run(self, op: Op[T]) -> T:
         reply: httpx.Response | None = None

@@ -17,10 +17,10 @@ import httpx
 import orjson
 
 from conveyor.client.errors import (
-    APIError,
     InvalidArgument,
     StreamFailed,
     WaitTimeout,
+    api_error,
     raise_for_error,
 )
 from conveyor.client.types import (
@@ -61,18 +61,37 @@ class Call:
     deadline: float | None = None  # monotonic: no retry after it (a wait's timeout)
     # a 409 to a resend reaches the op, not raised: the try whose answer was lost may have done it
     conflict_to_op: bool = False
+    # The query parameter (in `params`) that asks the server to wait that many seconds, and the
+    # least it may ask: see `bounded`.
+    wait_param: str | None = None
+    least_wait: float = 0.0
 
     def build(self, client: httpx.Client | httpx.AsyncClient) -> httpx.Request:
-        timeout = client.timeout if self.timeout is None else httpx.Timeout(self.timeout)
+        """The request of this try: built again for each, so a retry asks for the time left."""
+        params, timeout_s = self.bounded()
+        timeout = client.timeout if timeout_s is None else httpx.Timeout(timeout_s)
         return client.build_request(
             self.method,
             self.path,
-            params=self.params,
+            params=params,
             json=self.json,
             content=self.content,
             headers=self.headers,
             timeout=timeout,
         )
+
+    def bounded(self) -> tuple[Mapping[str, Any] | None, float | None]:
+        """`params` and the HTTP timeout of a try: a call that asks the server to wait
+        (`wait_param`) asks at most for the time left before `deadline` (`least_wait` at the
+        least), and waits for the answer that long plus SLACK_S. A retry resent the first
+        try's: `predict(timeout=61)` refused 60 s (a 429) asked for 60 s more."""
+        if self.wait_param is None or self.params is None:
+            return self.params, self.timeout
+        asked = float(self.params[self.wait_param])
+        if self.deadline is not None:
+            asked = min(asked, self.deadline - time.monotonic())
+        asked = max(self.least_wait, asked)
+        return {**self.params, self.wait_param: asked}, asked + SLACK_S
 
     def checked(self, response: httpx.Response, attempt: int) -> httpx.Response:
         """The response the op receives for try number `attempt` (0: the first), or its
@@ -152,14 +171,13 @@ def wait(job_id: str, timeout: float | None, attempts: bool = False) -> Op[Job]:
     """Long-polls (the server answers as soon as the job ends), so no request is wasted."""
     deadline = _deadline(timeout)
     while True:
-        slice_s = _left(deadline, LONG_POLL_S)
-        params = {"wait": slice_s, **_attempts(attempts)}
+        params = {"wait": _left(deadline, LONG_POLL_S), **_attempts(attempts)}
         response = yield Call(
             "GET",
             f"/v1/jobs/{segment(job_id)}",
             params=params,
-            timeout=slice_s + SLACK_S,
             deadline=deadline,
+            wait_param="wait",
         )
         job = Job.model_validate(response.json())
         if job.done:
@@ -200,15 +218,15 @@ def predict(model: str, inputs: dict[str, Any], timeout: float, options: JobOpti
     WaitTimeout (with the job) once `timeout` runs out, as `wait`'s; `timeout=0` too, unless
     the job ended at once (it asked the route to wait 0 s, which the route refuses: a 422)."""
     deadline = _deadline(timeout)
-    asked = max(_left(deadline, LONG_POLL_S * 2), LEAST_PREDICT_S)
     response = yield Call(
         "POST",
         f"/v1/models/{segment(model)}/predict",
-        params={"timeout": asked},
+        params={"timeout": max(_left(deadline, LONG_POLL_S * 2), LEAST_PREDICT_S)},
         json={"inputs": inputs, **options},
-        timeout=asked + SLACK_S,
         repeatable=False,
         deadline=deadline,
+        wait_param="timeout",
+        least_wait=LEAST_PREDICT_S,
     )
     job = Job.model_validate(response.json())
     if response.status_code == 202:
@@ -216,7 +234,7 @@ def predict(model: str, inputs: dict[str, Any], timeout: float, options: JobOpti
     if not job.succeeded:
         error = job.error
         message = f"job {job.id} {job.status}: {error.message if error else ''}"
-        raise APIError(
+        raise api_error(
             _FAILED_AS.get(job.status, 500), error.type if error else job.status, message
         )
     return job

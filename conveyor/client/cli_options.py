@@ -52,23 +52,40 @@ def stack_target(url: str | None, api_key: str | None) -> tuple[str | None, str 
     return url, api_key
 
 
+# What a command that waited exits with, for scripts: the job (or batch) ended otherwise than
+# succeeded (completed, for a batch); it had not ended when the wait ran out (as timeout(1)); or
+# an error (the producer unreachable, a request refused) kept it from learning how the job
+# ended: 1 said the job had failed, and a script took a job still running for a failed one.
+NOT_SUCCEEDED = 1
+OUTCOME_UNKNOWN = 3
+WAIT_TIMED_OUT = 124
+
+
+class OutcomeUnknown(click.ClickException):
+    """The error of a command that waits: it exits OUTCOME_UNKNOWN, not 1 (`NOT_SUCCEEDED`)."""
+
+    exit_code = OUTCOME_UNKNOWN
+
+
 @contextmanager
-def connect(url: str | None, api_key: str | None) -> Iterator[Client]:
-    """A client of `url` (`stack_target`)."""
+def connect(url: str | None, api_key: str | None, waits: bool = False) -> Iterator[Client]:
+    """A client of `url` (`stack_target`). `waits`: the command reports how a job ended, so
+    an error exits OUTCOME_UNKNOWN."""
     url, api_key = stack_target(url, api_key)
     try:
         client = Client(url, api_key, on_retry=_say_retry)
     except ValueError as exc:
         raise bad_url(exc) from None
+    failure = OutcomeUnknown if waits else click.ClickException
     try:
         with client:
             yield client
     except ConveyorError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise failure(str(exc)) from None
     except InvalidArgument as exc:
         raise click.UsageError(str(exc)) from None
     except httpx.HTTPError as exc:
-        raise click.ClickException(f"cannot reach the producer: {exc!r}") from None
+        raise failure(f"cannot reach the producer: {exc!r}") from None
 
 
 class _NotFinite(ValueError):
@@ -101,12 +118,6 @@ def json_argument(text: str, option: str) -> Any:
         raise click.BadParameter(message, param_hint=option) from None
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint=option) from None
-
-
-# What a command that waited exits with, for scripts: the job (or batch) ended otherwise than
-# succeeded (completed, for a batch); or it had not ended when the wait ran out (as timeout(1)).
-NOT_SUCCEEDED = 1
-WAIT_TIMED_OUT = 124
 
 
 def echo_waited(job: Job) -> None:

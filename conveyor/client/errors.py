@@ -58,18 +58,32 @@ _BY_STATUS: dict[int, type[APIError]] = {
 }
 
 
+def api_error(
+    status: int, type_: str, message: str, headers: httpx.Headers | None = None
+) -> APIError:
+    """The error of `status` as its class (Conflict for 409, ...), whether the answer's status
+    says it or a job's end does (a predict's job cancelled after its 202 hand-off)."""
+    return _BY_STATUS.get(status, APIError)(status, type_, message, headers)
+
+
 def raise_for_error(response: httpx.Response) -> httpx.Response:
-    """Return the response when it succeeded, else raise its APIError."""
-    if response.status_code < 400:
+    """Return the response when it succeeded, else raise its APIError. A redirect is one:
+    httpx follows none, and its body read as the answer was a JSONDecodeError (or, streamed,
+    an empty stream)."""
+    status = response.status_code
+    if status < 300:
         return response
+    if status < 400:
+        where = response.headers.get("Location", "nowhere named")
+        message = f"redirected to {where}; set CONVEYOR_URL (or --url) to where it leads"
+        raise api_error(status, "redirect", message, response.headers)
     type_, message = "http_error", response.reason_phrase
     try:
         body: Any = response.json()
         type_, message = body["error"]["type"], body["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = response.text[:500] or message
-    cls = _BY_STATUS.get(response.status_code, APIError)
-    raise cls(response.status_code, type_, message, response.headers)
+    raise api_error(status, type_, message, response.headers)
 
 
 class WaitTimeout(ConveyorError, TimeoutError):
@@ -88,4 +102,4 @@ class StreamFailed(APIError):
 
 
 class StreamError(ConveyorError):
-    """An event stream could not be resumed (the reconnects ran out)."""
+    """An event stream could not be resumed: no event came for its `reconnect_for_s`."""

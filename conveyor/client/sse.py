@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import random
 import re
+import time
 from dataclasses import dataclass, field, replace
 
 import httpx
 
 from conveyor.client.calls import Call
-from conveyor.client.errors import APIError, StreamError
+from conveyor.client.errors import APIError, InvalidArgument, StreamError
 from conveyor.client.retries import retry_after_s
 from conveyor.client.types import Event
 
@@ -20,6 +21,10 @@ from conveyor.client.types import Event
 # OpenAI-style stream.
 TERMINAL_EVENTS = frozenset({"final", "done", "end", "cancelled", "failed", "expired"})
 _LINE_END = re.compile(r"\r\n|\r|\n")
+# How long a stream is resumed with no event received before StreamError: longer than a Redis
+# failover or a producer's restart, which the server's `retry:` (1 s) alone outlasted in 9 s.
+RECONNECT_FOR_S = 120.0
+BACKOFF_CAP_S = 10.0  # the longest pause between two resumes (but a longer Retry-After)
 
 
 @dataclass
@@ -90,22 +95,27 @@ class SSEDecoder:
 @dataclass
 class EventStream:
     """One logical stream. It ends on a terminal event, on 204 (the spec's "stop"), or when a
-    resume twice in a row brings nothing new; a dropped connection is resumed after a backoff
-    (the server's `retry:` if it sent one), up to `max_reconnects` times in a row without
-    progress. A stream that is not `resumable` (a chat completion) ends with its connection."""
+    resume twice in a row brings nothing new; a dropped connection is resumed after an
+    exponential backoff (never sooner than the server's `retry:`), until no event came for
+    `reconnect_for_s` seconds of failed resumes. A stream that is not `resumable` (a chat
+    completion) ends with its connection."""
 
     call: Call
     resumable: bool = True
-    max_reconnects: int = 8
+    reconnect_for_s: float = RECONNECT_FOR_S
     done: bool = False
     _decoder: SSEDecoder = field(default_factory=SSEDecoder)
     _lines: LineSplitter = field(default_factory=LineSplitter)
     _failures: int = 0
+    _failing_since: float | None = None  # monotonic: the first failure since the last event
     _empty_closes: int = 0
     _received: int = 0
     _opened: bool = False  # a response was served (a stream that is not resumable ends with it)
 
     def __post_init__(self) -> None:
+        if not self.reconnect_for_s >= 0:  # NaN: resumed forever, unnoticed
+            message = f"reconnect_for_s {self.reconnect_for_s!r}: seconds, 0 or more"
+            raise InvalidArgument(message)
         self._decoder = SSEDecoder(last_id=self.call.headers.get("Last-Event-ID"))
 
     @property
@@ -154,6 +164,7 @@ class EventStream:
         if event is not None:
             self._received += 1
             self._failures = self._empty_closes = 0
+            self._failing_since = None
             if event.event in TERMINAL_EVENTS or event.data == "[DONE]":
                 self.done = True
         return event
@@ -178,10 +189,19 @@ class EventStream:
         return max(self.dropped(error), retry_after_s(error.headers) or 0.0)
 
     def dropped(self, error: Exception) -> float:
-        """Seconds to wait before resuming; StreamError when it is time to give up."""
+        """Seconds to wait before resuming: full-jitter exponential backoff, at least the
+        server's `retry:` (which alone, unchanging, was every pause once sent); StreamError
+        when the stream cannot be reopened or no event came for `reconnect_for_s`."""
         self._failures += 1
-        if not self._reopens(error) or self._failures > self.max_reconnects:
-            raise StreamError(f"event stream lost after {self._failures} tries: {error!r}")
-        if self._decoder.retry_ms is not None:
-            return self._decoder.retry_ms / 1000.0
-        return random.uniform(0, min(10.0, 0.25 * 2**self._failures))
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        if not self._reopens(error):
+            raise StreamError(f"event stream lost: {error!r}")
+        if now - self._failing_since > self.reconnect_for_s:
+            raise StreamError(
+                f"event stream lost: {self._failures} tries over "
+                f"{now - self._failing_since:.1f}s without an event: {error!r}"
+            )
+        backoff = random.uniform(0, min(BACKOFF_CAP_S, 0.25 * 2**self._failures))
+        return max(backoff, (self._decoder.retry_ms or 0) / 1000.0)

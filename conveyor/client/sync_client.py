@@ -16,7 +16,7 @@ from conveyor.client.calls import Call, JobOptions, Op, Pause, Progress
 from conveyor.client.connection import http_options
 from conveyor.client.errors import APIError, raise_for_error
 from conveyor.client.retries import OnRetry, RetryEvent, RetryPolicy
-from conveyor.client.sse import EventStream
+from conveyor.client.sse import RECONNECT_FOR_S, EventStream
 from conveyor.client.types import (
     Batch,
     BatchList,
@@ -108,10 +108,17 @@ class Client:
             if (chunk := calls.chat_chunk(event)) is not None:
                 yield chunk
 
-    def stream(self, job_id: str, last_event_id: str | None = None) -> Iterator[Event]:
+    def stream(
+        self,
+        job_id: str,
+        last_event_id: str | None = None,
+        reconnect_for_s: float = RECONNECT_FOR_S,
+    ) -> Iterator[Event]:
         """The job's events (`GET /v1/jobs/{id}/events`), each exactly once, resuming after a
-        dropped connection from the last event received."""
-        return self.events(EventStream(calls.events_call(job_id, last_event_id)))
+        dropped connection from the last event received; StreamError once resumes failed for
+        `reconnect_for_s` seconds without an event (an outage outlasting it)."""
+        call = calls.events_call(job_id, last_event_id)
+        return self.events(EventStream(call, reconnect_for_s=reconnect_for_s))
 
     def run(self, op: Op[T]) -> T:
         """Drive an operation of `calls.py` to its result."""

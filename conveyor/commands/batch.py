@@ -101,8 +101,8 @@ def submit(
     """Submit FILE (one `{"custom_id", "body": {...}}` per line); prints the batch id. With
     --wait, writes FILE.output.jsonl and FILE.errors.jsonl once it ends, and exits 0 if it
     completed (its failed lines are in the errors file), 1 if it ended otherwise (cancelled,
-    expired, failed)."""
-    with connect(url, api_key) as client:
+    expired, failed), 3 if an error kept it from learning how the batch ended."""
+    with connect(url, api_key, waits=wait) as client:
         batch = client.batches.create(file, model, completion_window, webhook)
         if not wait:
             click.echo(batch.id)

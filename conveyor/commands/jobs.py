@@ -25,8 +25,9 @@ def command() -> None:
 @connection_options
 def get(job_id: str, wait_s: float, attempts: bool, url: str | None, api_key: str | None) -> None:
     """Print the job. With --wait, after waiting up to that many seconds for it to end, and
-    exit 0 if it succeeded, 1 if it ended otherwise, 124 if it had not ended."""
-    with connect(url, api_key) as client:
+    exit 0 if it succeeded, 1 if it ended otherwise, 124 if it had not ended, 3 if an error
+    kept it from learning."""
+    with connect(url, api_key, waits=wait_s > 0) as client:
         if wait_s <= 0:
             click.echo(client.get(job_id, attempts).model_dump_json(indent=2, exclude_none=True))
             return
@@ -40,9 +41,9 @@ def get(job_id: str, wait_s: float, attempts: bool, url: str | None, api_key: st
 def wait(job_id: str, url: str | None, api_key: str | None) -> None:
     """Follow the job's events with a progress line on stderr (its queue position and ETA,
     or that a worker is being started), then print the finished job; exit 0 if it succeeded, 1
-    if it ended otherwise."""
+    if it ended otherwise, 3 if an error kept it from learning."""
     last, progress = None, Progress()
-    with connect(url, api_key) as client, _progress_line() as show:
+    with connect(url, api_key, waits=True) as client, _progress_line() as show:
         for event in client.stream(job_id):
             if (line := progress.line(event)) not in (None, last):
                 show(line)

@@ -37,11 +37,11 @@ def command(
 ) -> None:
     """Submit a job to MODEL and print it. With --wait, the job once it ends (or as it stands
     after --timeout seconds); exit 0 if it succeeded, 1 if it ended otherwise, 124 if it had
-    not ended."""
+    not ended, 3 if an error kept it from learning."""
     body = json_argument(inputs, "--input")
     if not isinstance(body, dict):
         raise click.BadParameter("inputs must be a JSON object", param_hint="--input")
-    with connect(url, api_key) as client:
+    with connect(url, api_key, waits=wait) as client:
         options: JobOptions = {"priority": priority}
         if variant:
             options["variant"] = variant
