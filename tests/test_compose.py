@@ -51,6 +51,8 @@ METRICS = {
     "conveyor_canary_state",
     "conveyor_shadow_copies_total",
 }
+# Compose's `${NAME}`, `${NAME:-default}` and `${NAME-default}`; group 1: the default.
+INTERPOLATION = re.compile(r"\$\{\w+(?::?-([^}]*))?\}")
 
 
 @cache
@@ -63,10 +65,11 @@ def service(name: str) -> dict[str, Any]:
 
 
 def env(name: str) -> dict[str, str]:
+    """The service's environment as a plain `up` sets it: no variable exported on the host."""
     raw = service(name).get("environment", {})
     if isinstance(raw, list):
         raw = dict(item.split("=", 1) for item in raw)
-    return {k: str(v) for k, v in raw.items()}
+    return {k: INTERPOLATION.sub(lambda m: m.group(1) or "", str(v)) for k, v in raw.items()}
 
 
 def argv(name: str) -> list[str]:
@@ -493,8 +496,17 @@ def test_each_compose_worker_image_serves_what_the_worker_is_told_to():
     for name, spec in workers.items():
         built = image(REPO_ROOT / spec["build"]["dockerfile"], spec["build"].get("args"))
         assert unservable(built, env(name)["CONVEYOR_MODELS"]) == [], name
-    cpu = {(c.name, v) for c, v in partitions(env("worker-cpu")["CONVEYOR_MODELS"])}
-    assert ("minilm", "default") in cpu  # the GPU worker serves minilm:torch
+
+
+def test_the_cpu_and_gpu_workers_share_no_partition():
+    """A bare `minilm` is every variant: under the gpu profile the CPU worker joined
+    minilm:torch's consumer group beside the GPU worker, and ran its jobs on the CPU at random."""
+    cpu, gpu = (
+        {(c.name, v) for c, v in partitions(env(name)["CONVEYOR_MODELS"])}
+        for name in ("worker-cpu", "worker-gpu")
+    )
+    assert ("minilm", "default") in cpu and ("minilm", "torch") in gpu
+    assert cpu & gpu == set()
 
 
 def preparer_gaps(stages: list[Stage]) -> list[str]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
@@ -28,7 +29,7 @@ from tests.minilm_reference import (
     vectors,
 )
 from tests.stage_overlap import trace_two_micro_batches
-from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
+from workers.engines.onnxruntime_engine import OnnxRuntimeEngine, provider_specs
 from workers.engines.registry import create_engine
 from workers.model_prep.minilm import prepare
 
@@ -134,6 +135,29 @@ def test_a_provider_that_is_not_installed_fails_loudly(artifacts):
         make_engine(artifacts, providers=[{"NoSuchExecutionProvider": {"device_id": 0}}])
     with pytest.raises(RuntimeError, match=r"\['NoSuchExecutionProvider'\]"):  # not ['N', ...]
         make_engine(artifacts, providers="NoSuchExecutionProvider")
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider .CUDAExecutionProvider.")
+def test_a_gpu_provider_the_session_fell_back_from_fails_the_load(artifacts, monkeypatch):
+    """The onnxruntime-gpu wheel always lists CUDA as available; without cuDNN or a visible GPU
+    ONNX Runtime only warns and builds a CPU session, and a GPU pool served on the CPU. Here the
+    CPU wheel is told CUDA is available: its session falls back to the CPU the same way."""
+    available = [*ort.get_available_providers(), "CUDAExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: available)
+    fell_back = (
+        r"got providers \['CPUExecutionProvider'\], not the requested \['CUDAExecutionProvider'\]"
+    )
+    with pytest.raises(RuntimeError, match=fell_back):
+        make_engine(artifacts, providers=["CUDAExecutionProvider"])
+
+
+def test_providers_as_a_mapping_keep_their_options():
+    """A mapping was iterated as its names: `{CUDAExecutionProvider: {device_id: 1}}` ran on
+    device 0. Anything else than a name, a list or a mapping names the setting."""
+    options = {"arena_extend_strategy": "kSameAsRequested"}
+    assert provider_specs({"CPUExecutionProvider": options}) == [("CPUExecutionProvider", options)]
+    with pytest.raises(ValueError, match="providers"):
+        provider_specs(5)
 
 
 def test_one_provider_named_alone_is_a_list_of_it(artifacts):

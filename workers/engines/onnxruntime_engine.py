@@ -32,26 +32,55 @@ GPU_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"}
 WARMUP_TEXTS = ["warm up the session", "and its kernels for a batch"]
 
 
-def provider_specs(configured: list[Any] | str) -> list[ProviderSpec]:
+def provider_specs(configured: Any) -> list[ProviderSpec]:
     """Config entries are a provider name or `{name: {option: value}}` (like
     `{CUDAExecutionProvider: {device_id: 0}}`); ONNX Runtime takes names or (name, options).
     One name alone is a list of it (`providers: CUDAExecutionProvider` was read a character at
-    a time, and the worker failed on provider `C`)."""
-    specs: list[ProviderSpec] = []
-    for entry in [configured] if isinstance(configured, str) else configured:
-        if isinstance(entry, str):
-            specs.append(entry)
-        elif isinstance(entry, dict) and len(entry) == 1:
-            [(name, options)] = entry.items()
-            specs.append((str(name), dict(options or {})))
-        else:
-            raise ValueError(f"providers entry {entry!r} is neither a name nor {{name: options}}")
+    a time, and the worker failed on provider `C`); a mapping is a list of its items."""
+    specs = [_spec(entry) for entry in _entries(configured)]
     available = set(ort.get_available_providers())
     missing = [_name(s) for s in specs if _name(s) not in available]
     if missing:
         # ONNX Runtime would silently fall back to the CPU; a GPU pool must not.
         raise RuntimeError(f"providers {missing} are not available here; have {sorted(available)}")
     return specs
+
+
+def _entries(configured: Any) -> list[Any]:
+    """The setting as a list of entries: a mapping was iterated as its names alone, dropping
+    every provider's options."""
+    if isinstance(configured, str):
+        return [configured]
+    if isinstance(configured, dict):
+        return [{name: options} for name, options in configured.items()]
+    if isinstance(configured, list):
+        return configured
+    raise ValueError(
+        f"providers must be a provider name, a list of them or {{name: options}}, "
+        f"not {configured!r}"
+    )
+
+
+def _spec(entry: Any) -> ProviderSpec:
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, dict) and len(entry) == 1:
+        [(name, options)] = entry.items()
+        return (str(name), dict(options or {}))
+    raise ValueError(f"providers entry {entry!r} is neither a name nor {{name: options}}")
+
+
+def _check_session_providers(specs: list[ProviderSpec], got: list[str]) -> None:
+    """ONNX Runtime only logs a provider it could not create (the GPU wheel lists CUDA as
+    available without cuDNN or a visible GPU) and runs the session on the rest, the CPU: a GPU
+    pool must not serve from there."""
+    missing = [_name(s) for s in specs if _name(s) not in got]
+    if missing:
+        raise RuntimeError(
+            f"the onnxruntime session got providers {got}, not the requested {missing}: "
+            "ONNX Runtime could not create them (its log says why: no visible GPU, cuDNN or "
+            "TensorRT missing)"
+        )
 
 
 def _name(spec: ProviderSpec) -> str:
@@ -71,11 +100,14 @@ class OnnxRuntimeEngine(StagedBatchEngine):
         self.encoder = TextEncoder.from_artifacts(artifact_dir, own.max_seq_length)
         self.max_texts_per_call = own.max_texts_per_call or DEFAULT_MAX_TEXTS_PER_CALL
         model_path = artifact_dir / model_file
-        self.session = ort.InferenceSession(
+        specs = provider_specs(self.parameters.get("providers") or ["CPUExecutionProvider"])
+        session = ort.InferenceSession(
             str(model_path),
             sess_options=self._session_options(own.intra_op_threads),
-            providers=provider_specs(self.parameters.get("providers") or ["CPUExecutionProvider"]),
+            providers=specs,
         )
+        _check_session_providers(specs, session.get_providers())
+        self.session = session
         self.input_names = {i.name for i in self.session.get_inputs()}
         log.info("onnxruntime session for %s uses %s", model_path, self.session.get_providers())
 
