@@ -6,12 +6,16 @@ in `workers/partition/redis_backoff.py`."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 log = logging.getLogger(__name__)
 
 FIRST_RETRY_S = 0.1
 MAX_RETRY_S = 5.0
+# Doublings that reach the cap: counted further, 2**failures made a float overflow (an
+# OverflowError at the 1,025th retry, which ended the loop that asked, silently, for good).
+_DOUBLINGS = math.ceil(math.log2(MAX_RETRY_S / FIRST_RETRY_S))
 
 
 class RedisOutage:
@@ -28,7 +32,7 @@ class RedisOutage:
             log.warning("%s: redis unavailable (%r); retrying with backoff", self.name, error)
         else:
             log.debug("%s: redis still unavailable (%r)", self.name, error)
-        delay = min(MAX_RETRY_S, FIRST_RETRY_S * 2**self.failures)
+        delay = min(MAX_RETRY_S, FIRST_RETRY_S * 2 ** min(self.failures, _DOUBLINGS))
         self.failures += 1
         return delay
 

@@ -133,7 +133,12 @@ class ReplyListener:
                     continue
                 node = self._node_of(channel)
                 pubsub = self._pubsub(node)
-                await pubsub.ssubscribe(channel)
+                try:
+                    await pubsub.ssubscribe(channel)
+                except BaseException:
+                    if not pubsub.subscribed:
+                        await self._drop(node)
+                    raise
                 self._channels[channel] = node
                 self._made += 1
                 self._made_at[channel] = self._made
@@ -152,6 +157,16 @@ class ReplyListener:
             self._nodes[node] = pubsub
             self._tasks[node] = asyncio.create_task(self._listen(node), name="reply-listener")
         return self._nodes[node]
+
+    async def _drop(self, node: Node) -> None:
+        """Forget `node`'s connection and stop its task: its first SSUBSCRIBE failed (a master
+        dead and not yet failed over), and kept, the task woke every 50 ms for good, one more
+        for each address a failover moved the channel to. The next subscription there makes
+        them anew."""
+        pubsub = self._nodes.pop(node)
+        await cancel_and_wait(self._tasks.pop(node, None))
+        with contextlib.suppress(RedisError, OSError):
+            await pubsub.aclose()
 
     async def _listen(self, node: Node) -> None:
         outage = RedisOutage("reply listener")

@@ -1,6 +1,10 @@
 """Queue state of every partition and lane, read in two pipelined round trips however many
 models there are (XINFO GROUPS + XLEN + the fair lane's held count, then XRANGE after each
-group's last delivered id): what `GET /v1/models` shows and what the Prometheus gauges report."""
+group's last delivered id): what `GET /v1/models` shows and what the Prometheus gauges report.
+An error reply other than a lane's "no such key" is raised, as one server's outage is: a cluster
+pipeline returns each node's errors (a master failing over, loading, frozen) as its commands'
+replies, which were read as 0 and dropped the gauges of that master's partitions to 0 mid-outage,
+clearing their alerts, where the metrics route keeps the last values of a read that raises."""
 
 from __future__ import annotations
 
@@ -9,10 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
 
 from shared.codec import as_text, stream_id
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
+from shared.redis_client import executed
 
 
 @dataclass(slots=True)
@@ -58,7 +65,7 @@ async def read_partition_stats(
             pipe.xlen(lane.stream)
             pipe.hget(keys.fair(lane.stream), "held")
         pipe.xlen(keys.dlq(partition.model, partition.variant))
-    results = iter(await pipe.execute(raise_on_error=False))
+    results = iter(await _replies(pipe))
     for partition in partitions:
         for lane in (partition.online, partition.bulk):
             _apply_group(lane, next(results))
@@ -88,10 +95,28 @@ async def _oldest_ages(client: aioredis.Redis, lanes: list[LaneStats]) -> None:
     for lane in busy:
         pipe.xrange(lane.stream, min=f"({lane.last_delivered}", count=1)
     now_ms = time.time() * 1000
-    for lane, rows in zip(busy, await pipe.execute(raise_on_error=False), strict=True):
+    for lane, rows in zip(busy, await _replies(pipe), strict=True):
         if isinstance(rows, list) and rows:
             first_ms = stream_id(rows[0][0])[0]
             lane.oldest_age_s = max(0.0, (now_ms - first_ms) / 1000)
+
+
+async def _replies(pipe: Any) -> list[Any]:
+    """The pipeline's replies, XINFO GROUPS's "no such key" (a lane not written yet) among them;
+    any other error is raised, one that is no RedisError (a transport torn down under a
+    command) as a lost connection."""
+    replies = await executed(pipe, raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, RedisError):
+            if not _no_such_key(reply):
+                raise reply
+        elif isinstance(reply, Exception):
+            raise RedisConnectionError(f"connection lost mid-pipeline: {reply!r}") from reply
+    return replies
+
+
+def _no_such_key(error: RedisError) -> bool:
+    return type(error) is ResponseError and str(error).startswith("no such key")
 
 
 def _int(value: Any) -> int:
@@ -99,5 +124,5 @@ def _int(value: Any) -> int:
 
 
 def _number(value: Any) -> int:
-    """A counter read with HGET; an error reply (a node failing over) or none reads as 0."""
+    """A counter read with HGET; none (a lane without fair queuing yet) reads as 0."""
     return int(value) if isinstance(value, bytes | str) else 0

@@ -16,7 +16,8 @@ of its consumer group (`sent_once`), and a cluster pipeline that carries a repli
 the outage from the loop that claims such entries back (they sat pending a visibility timeout);
 a pipeline sent again lost its WAIT's target (redis-py pops it as it routes), so the WAIT ran
 on the default node, on a connection that wrote nothing, and passed whatever the replicas held.
-`run_pipeline` builds such a pipeline anew and runs it again instead."""
+Nor are the writes of such a pipeline that a node redirected (its slot moved) sent again alone,
+without the WAIT. `run_pipeline` builds such a pipeline anew and runs it again instead."""
 
 from __future__ import annotations
 
@@ -41,9 +42,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import (
+    AskError,
     ClusterDownError,
     DataError,
     MasterDownError,
+    MovedError,
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
@@ -63,6 +66,11 @@ T = TypeVar("T")
 # What a cluster answers while a master fails over (no master for a slot yet, a slot moving):
 # an outage like a dropped connection (503, back off), not a fault of the request.
 CLUSTER_OUTAGE = (ClusterDownError, TryAgainError, SlotNotCoveredError)
+# A cluster node's reply to a command for a slot it does not serve now (resharding moved it, or
+# is moving it). redis-py sends each such command of a pipeline again by itself, through its
+# client's `execute_command`: unless the pipeline is run without (`executed`), where they stay
+# replies and the slots are read anew before the next command.
+REDIRECTS = (MovedError, AskError, TryAgainError)
 # Redis out of reach for now, on one server or a cluster (ClusterUnreachable is a
 # RedisConnectionError): a request's 503, a stream's cut.
 OUT_OF_REACH = (RedisConnectionError, RedisTimeoutError, *CLUSTER_OUTAGE)
@@ -344,10 +352,10 @@ class HiredisCluster(RedisCluster):
 
 class NotResent(RedisConnectionError):
     """A cluster pipeline that carries a WAIT lost a connection (or met a slot without a
-    master) and was not sent again (`TimeoutRaisingPipeline`): an outage to its caller,
-    which `run_pipeline` builds anew and runs again. Never a server's refusal (NOREPLICAS,
-    MISCONF, BUSY, READONLY, LOADING): that reaches the caller as itself, so the producer's
-    503 names it (and its Retry-After)."""
+    master, or one that moved) and was not sent again (`TimeoutRaisingPipeline`): an outage to
+    its caller, which `run_pipeline` builds anew and runs again. Never a server's refusal
+    (NOREPLICAS, MISCONF, BUSY, READONLY, LOADING): that reaches the caller as itself, so the
+    producer's 503 names it (and its Retry-After)."""
 
 
 class _Carried(Exception):
@@ -364,7 +372,11 @@ class TimeoutRaisingPipeline(PipelineStrategy):
     next command, as after a command's timeout. One that carries a WAIT (`resends` off) is not
     sent again by redis-py after any other error either: the WAIT's target would be lost. What
     redis-py would have sent it again for is then `NotResent` only where `_lost` says so; a
-    refusal the server replied is raised as it came."""
+    refusal the server replied is raised as it came. Nor are its commands a node redirected
+    (`REDIRECTS`): each would run alone on the slot's new master, without the WAIT (queued on
+    the old one, where it proved nothing); the slots are read anew and the pipeline, raising
+    its errors, is `NotResent`. A pipeline run without redirections keeps them as replies,
+    the slots read anew too."""
 
     resends = True
 
@@ -374,9 +386,18 @@ class TimeoutRaisingPipeline(PipelineStrategy):
         except _Carried as carried:
             raise carried.error from carried.cause
 
-    async def _execute(self, client: RedisCluster, *args: Any, **kwargs: Any) -> list[Any]:
+    async def _execute(
+        self,
+        client: RedisCluster,
+        stack: list[Any],
+        raise_on_error: bool = True,
+        allow_redirections: bool = True,
+    ) -> list[Any]:
+        follows = allow_redirections and self.resends
         try:
-            return await super()._execute(client, *args, **kwargs)
+            return await super()._execute(client, stack, raise_on_error, follows)
+        except REDIRECTS as exc:  # raised only when not followed
+            raise _Carried(NotResent(f"pipeline not sent again: {exc!r}"), exc) from exc
         except RedisTimeoutError as exc:
             client._initialize = True
             raise _Carried(exc, exc.__cause__) from exc
@@ -387,6 +408,9 @@ class TimeoutRaisingPipeline(PipelineStrategy):
             if not self._lost(exc):
                 raise _Carried(exc, exc.__cause__) from exc
             raise _Carried(NotResent(f"pipeline not sent again: {exc!r}"), exc) from exc
+        finally:
+            if not follows and any(isinstance(cmd.result, REDIRECTS) for cmd in stack):
+                client._initialize = True
 
     @staticmethod
     def _lost(error: Exception) -> bool:
@@ -532,8 +556,8 @@ async def queue_replica_waits(
     WAIT counts only the writes of its own connection; none when nothing is written, so a read
     or another shard's lost replica never holds a write up. Returns the node of each key (its
     name; "" on one server), the WAITs queued in the order their nodes first appear (none when
-    acks are off). A cluster pipeline with a WAIT is not sent again by redis-py
-    (`TimeoutRaisingPipeline`; a client `connect` made).
+    acks are off). A cluster pipeline with a WAIT is not sent again by redis-py, nor are the
+    commands of it a node redirected (`TimeoutRaisingPipeline`; a client `connect` made).
 
     The WAIT gives up at half of `CONVEYOR_REDIS_TIMEOUT_S`: its reply (fewer replicas than
     asked) must come before the socket timeout of a client that never blocks, which is that
@@ -700,11 +724,16 @@ async def hgetall_many(client: Any, keys: Sequence[str]) -> list[dict[Any, Any]]
         return await executed(pipe)
 
 
-async def executed(pipe: Any, raise_on_error: bool = True) -> list[Any]:
+async def executed(pipe: Any, raise_on_error: bool = True, follows: bool = True) -> list[Any]:
     """The pipeline's replies. redis-py's cluster pipeline can fail with an AttributeError or a
     RuntimeError (a closed transport) when a node's connection is torn down under it in a
-    failover: that is a lost connection (503, back off), not a fault of the caller."""
+    failover: that is a lost connection (503, back off), not a fault of the caller. `follows`
+    False: a cluster's redirect replies (`REDIRECTS`) are left as replies, not sent again one
+    by one through the client's `execute_command`; the slots are read anew (a client `connect`
+    made: `TimeoutRaisingPipeline`)."""
+    unfollowed = not follows and isinstance(pipe, ClusterPipeline)
+    options = {"allow_redirections": False} if unfollowed else {}
     try:
-        return list(await pipe.execute(raise_on_error=raise_on_error))
+        return list(await pipe.execute(raise_on_error=raise_on_error, **options))
     except (AttributeError, RuntimeError) as exc:
         raise RedisConnectionError(f"connection lost mid-pipeline: {exc!r}") from exc

@@ -6,7 +6,8 @@ writes to its master, so one shard that lost its replicas never fails another sh
 writes (those sharing a flush with its writes wait as long as it). Scripts a node lost (it
 restarted since the processes loaded them) still run, pipelined or group-committed. Lanes on
 several masters have their drain rates read in one go. And every node's connections pack
-commands with hiredis, as a single server's do."""
+commands with hiredis, as a single server's do. A slot that resharding moved is followed by a
+pipeline with a WAIT, group-committed or not, and its WAIT goes to the slot's new master."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from pathlib import Path
 import pytest
 from redis._parsers.encoders import Encoder
 from redis.crc import key_slot
+from redis.exceptions import TryAgainError
 
-from conveyor.valkey_cluster import LocalCluster, local_cluster
+from conveyor.valkey_cluster import ClusterNode, LocalCluster, local_cluster
 from producer_api.jobs.group_commit import group_committing
 from producer_api.reply_listener import ReplyListener
 from shared.codec import RequestEntry, dumps
@@ -29,7 +31,7 @@ from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
 from shared.redis_client import HiredisPacking, RedisClient, ReplicaAckTimeout, connect
 from shared.settings import get_settings
-from tests.conftest import until_async
+from tests.conftest import until, until_async
 from workers.partition.stream_reader import StreamReader
 
 pytestmark = pytest.mark.slow
@@ -38,18 +40,18 @@ PARTITIONS = (("identity", "default"), ("identity", "canary"))
 
 
 @pytest.fixture
-async def acked(
-    cluster: LocalCluster, cluster_client: RedisClient, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[RedisClient]:
+def one_ack(cluster: LocalCluster, settings_env: Callable[..., None]) -> str:
+    """The cluster's URL, every client `connect` makes in the test waiting for one replica."""
+    settings_env(CONVEYOR_REDIS_CLUSTER="1", CONVEYOR_REPLICA_ACKS="1")
+    return f"redis://127.0.0.1:{cluster.masters[0].port}/0"
+
+
+@pytest.fixture
+async def acked(cluster_client: RedisClient, one_ack: str) -> AsyncIterator[RedisClient]:
     """A group-committing cluster client whose writes wait for one replica."""
-    url = f"redis://127.0.0.1:{cluster.masters[0].port}/0"
-    for name, value in {"CONVEYOR_REDIS_CLUSTER": "1", "CONVEYOR_REPLICA_ACKS": "1"}.items():
-        monkeypatch.setenv(name, value)
-    get_settings.cache_clear()
-    client = group_committing(cluster_client, url, "group-commit-test")
+    client = group_committing(cluster_client, one_ack, "group-commit-test")
     yield client
     await client.aclose()
-    get_settings.cache_clear()
 
 
 def _waits(cluster: LocalCluster) -> dict[int, int]:
@@ -242,3 +244,93 @@ async def test_a_generate_workers_read_marks_its_jobs_running_on_any_master(
         assert {(r.status, r.fields["worker"]) for r in records if r} == {
             (JobStatus.RUNNING, "w-1")
         }
+
+
+def _owner(node: ClusterNode, slot: int) -> int:
+    """The port of the master `node` says serves `slot`."""
+    with node.client() as viewer:
+        for start, end, master, *_ in viewer.execute_command("CLUSTER SLOTS"):
+            if int(start) <= slot <= int(end):
+                return int(master[1])
+    raise LookupError(f"node {node.port} knows no master of slot {slot}")
+
+
+def _reshard(cluster: LocalCluster, key: str) -> ClusterNode:
+    """Give `key`'s slot (empty: handed over without MIGRATE) to another master, as online
+    resharding does, and wait until every node names it; returns the new master. The nodes'
+    stats are reset, for `_waits`."""
+    slot, source = key_slot(key.encode()), cluster.master_of(key)
+    target = next(node for node in cluster.masters if node.port != source.port)
+    others = [node for node in cluster.masters if node not in (source, target)]
+    for node in (target, source, *others):
+        with node.client() as admin:
+            admin.execute_command("CLUSTER SETSLOT", slot, "NODE", target.node_id)
+    with target.client() as admin:
+        admin.execute_command("CLUSTER BUMPEPOCH")  # its claim wins every node's view
+    nodes = cluster.masters + cluster.replicas
+    until(lambda: all(_owner(node, slot) == target.port for node in nodes), timeout=20)
+    for node in cluster.masters:
+        with node.client() as admin:
+            admin.config_resetstat()
+    return target
+
+
+async def test_a_flush_follows_a_slot_that_moved(cluster: LocalCluster, acked: RedisClient) -> None:
+    """A write whose slot moved since the client read the slots is answered MOVED. redis-py
+    sent it again through the client's `execute_command`, which queued it into another flush,
+    sent to the same node (a pipeline never read the slots again): MOVED again, forever, and
+    every later submit to that partition hung. It now lands on the new master, its WAIT
+    there."""
+    key = "cv:test:{resharded-flush}"
+    assert await acked.get(key) is None  # the slots read, as a running producer has them
+    target = _reshard(cluster, key)
+    assert await asyncio.wait_for(acked.set(key, 1), 10)
+    with target.client() as owner:
+        assert owner.get(key) == b"1"
+    assert _waits(cluster)[target.port] == 1
+
+
+async def test_a_flush_to_a_slot_mid_migration_is_an_outage(
+    cluster: LocalCluster, acked: RedisClient
+) -> None:
+    """A write to a key of a slot being migrated, that its old master no longer holds, is
+    answered ASK: only a lone command can be sent on to the new master (ASKING first), not a
+    pipeline with its WAIT. After a few tries it fails as the outage it is (503, back off),
+    where it was sent again for ever."""
+    key = "cv:test:{migrating-flush}"
+    assert await acked.get(key) is None  # the slots read
+    slot, source = key_slot(key.encode()), cluster.master_of(key)
+    target = next(node for node in cluster.masters if node.port != source.port)
+    moves = ((target, "IMPORTING", source.node_id), (source, "MIGRATING", target.node_id))
+    for node, state, peer in moves:
+        with node.client() as admin:
+            admin.execute_command("CLUSTER SETSLOT", slot, state, peer)
+    try:
+        with pytest.raises(TryAgainError):
+            await asyncio.wait_for(acked.set(key, 1), 10)
+    finally:
+        for node, *_ in moves:
+            with node.client() as admin:
+                admin.execute_command("CLUSTER SETSLOT", slot, "STABLE")
+
+
+async def test_a_write_pipeline_waits_on_the_master_a_slot_moved_to(
+    cluster: LocalCluster, cluster_client: RedisClient, one_ack: str
+) -> None:
+    """`run_pipeline` (here a Batch API create) queues its WAIT on the master the client
+    believes owns the slot. When the slot has moved, that master answers MOVED to the write,
+    redis-py sent the write again alone to the new one, and the WAIT ran where nothing was
+    written: a 202 no replica confirmed. The pipeline now runs again, whole, on the new
+    master. (`cluster_client` loaded the scripts, as the processes do at start.)"""
+    client = connect(one_ack, name="resharded-pipeline", blocks_ms=0)
+    store = JobStore(client, KEYS, 60)
+    job = _new_job("resharded", "default")
+    try:
+        assert await store.get(job.entry.job_id) is None  # the slots read
+        target = _reshard(cluster, job.stream)
+        assert await store.create_many([job]) == []
+    finally:
+        await client.aclose()
+    with target.client() as owner:
+        assert owner.exists(KEYS.job(job.entry.job_id))
+    assert _waits(cluster)[target.port] == 1

@@ -1,7 +1,8 @@
 """The producer's process ends when it should: one that cannot bind its port exits non-zero
 (it used to hang in "Waiting for application shutdown", its background loops never ending), and
 SIGTERM stops it within its shutdown timeout even while its Redis is gone. A Redis outage is
-one warning per background loop when it starts and one when it ends, not one per retry."""
+one warning per background loop when it starts and one when it ends, not one per retry, and its
+backoff stays at its cap however long the outage lasts."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from conveyor.stack import Stack
+from producer_api.redis_outage import MAX_RETRY_S, RedisOutage
 from shared.settings import Settings
 from tests.conftest import running_stack, until
 
@@ -77,3 +80,11 @@ def test_redis_outage_logs_once_per_change_and_sigterm_still_stops(tmp_path: Pat
 
 def _unready(base_url: str) -> bool:
     return httpx.get(f"{base_url}/readyz", timeout=5).status_code == 503
+
+
+def test_the_backoff_stays_at_its_cap_through_a_long_outage() -> None:
+    """The 1,025th retry (about 85 minutes into an outage) raised OverflowError (0.1 * 2**1024
+    is no float): every background loop of the producer died with it, silently, for good."""
+    outage = RedisOutage("long outage")
+    delays = [outage.failed(RedisConnectionError("refused")) for _ in range(1_100)]
+    assert delays[-1] == MAX_RETRY_S

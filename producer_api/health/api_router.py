@@ -1,11 +1,14 @@
 """`/healthz`: the process is alive; `/readyz`: it can serve (Redis answers, models known).
 Readiness answers within `READY_TIMEOUT_S` whatever Redis does, so a load balancer's probe sees
-a 503 rather than timing out on a frozen Redis."""
+a 503 rather than timing out on a frozen Redis. On a cluster, the Redis asked is the master of
+the control plane's slot (`{ctl}`: API keys, routes), which every authenticated request reads:
+redis-py's default node (the master of slot 0) said ready while that master was gone, and not
+ready while only another master was."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends
 from redis.exceptions import RedisError
@@ -13,6 +16,8 @@ from redis.exceptions import RedisError
 from producer_api.errors import error_response
 from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
+from shared.keys import Keys
+from shared.redis_client import OUT_OF_REACH, RedisClient, is_cluster
 
 router = APIRouter(tags=["health"])
 READY_TIMEOUT_S = 0.5
@@ -28,10 +33,22 @@ async def healthz(state: Annotated[ProducerState, Depends(producer_state)]) -> d
 async def readyz(state: Annotated[ProducerState, Depends(producer_state)]) -> FastJSONResponse:
     try:
         async with asyncio.timeout(READY_TIMEOUT_S):
-            await state.redis.ping()
-    except (RedisError, TimeoutError) as exc:
+            await _ping(state.redis, state.keys)
+    except (RedisError, *OUT_OF_REACH, TimeoutError) as exc:
         message = f"redis unreachable: {exc!r}"
         return error_response(503, "unavailable", message, {"Retry-After": "1"})
     if not state.repository.models:
         return error_response(503, "unavailable", "no models in the repository")
     return FastJSONResponse({"status": "ready", "models": sorted(state.repository.models)})
+
+
+async def _ping(client: RedisClient, keys: Keys) -> None:
+    """PING the server, or the cluster's master of the control plane's slot as known now (the
+    topology read first if a failed command left it to read again)."""
+    if not is_cluster(client):
+        await client.ping()
+        return
+    cluster = cast(Any, client)
+    await cluster.initialize()
+    owner = cluster.get_node_from_key(keys.api_key_index)
+    await cluster.execute_command("PING", target_nodes=owner)

@@ -28,11 +28,13 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from prometheus_client import Counter
 from redis.cluster import READ_COMMANDS
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, TryAgainError
 
 from shared.job_scripts import POSITION
 from shared.rate_limit import IN_FLIGHT, RELEASE, TOKEN_BUCKET
 from shared.redis_client import (
+    REDIRECTS,
+    RETRIES,
     HiredisCluster,
     MergedCall,
     RedisClient,
@@ -127,6 +129,11 @@ def _acked(written: list[str | None], nodes: Mapping[str, str], replies: list[An
     ]
 
 
+def _moving(redirect: Exception) -> TryAgainError:
+    """A command whose slot kept moving: an outage to its caller (503, back off)."""
+    return TryAgainError(f"slot still moving after {RETRIES} redirects: {redirect}")
+
+
 def group_committing(
     client: RedisClient, url: str, name: str, merges: Mapping[str, Merge] | None = None
 ) -> RedisClient:
@@ -205,6 +212,22 @@ class GroupCommit:
                     future.set_result(share)
 
     async def _replies(self, sends: list[_Send]) -> list[Any]:
+        """The replies, the commands a cluster node redirected (`REDIRECTS`: their slot moved)
+        sent again once the slots are read anew (a write with its WAIT on the slot's new
+        master); one still redirected after `RETRIES` times (a slot mid-migration) fails as the
+        outage it is. redis-py's pipeline sent it again through this client's
+        `execute_command`: into a later flush, to the same stale node, MOVED for ever."""
+        replies = await self._sent(sends)
+        for _ in range(RETRIES):
+            moved = [index for index, reply in enumerate(replies) if isinstance(reply, REDIRECTS)]
+            if not moved:
+                return replies
+            again = await self._sent([sends[index] for index in moved])
+            for index, reply in zip(moved, again, strict=True):
+                replies[index] = reply
+        return [_moving(reply) if isinstance(reply, REDIRECTS) else reply for reply in replies]
+
+    async def _sent(self, sends: list[_Send]) -> list[Any]:
         if len(sends) == 1 and not get_settings().replica_acks:
             # a lone command (a quiet producer's every flush) costs less without a pipeline
             args, options, _ = sends[0]
@@ -247,7 +270,7 @@ class GroupCommit:
         )
         keys = [key for key in written if key is not None]
         nodes = await queue_replica_waits(cast(RedisClient, self), pipe, keys)
-        replies = await executed(pipe, raise_on_error=False)
+        replies = await executed(pipe, raise_on_error=False, follows=False)
         return _acked(written, nodes, replies) if nodes else replies
 
     def _merged(self, batch: list[_Pending]) -> list[_Send]:
