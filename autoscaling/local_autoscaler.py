@@ -5,7 +5,9 @@ processes are started or stopped between min and max replicas, none waited for: 
 worker counts at once and the polls after confirm it got ready (`alive`), a stopped one (SIGTERM,
 so it drains) leaves the count at once, as a terminating pod leaves the HPA's. A worker that died
 (killed for memory, crashed) leaves the count at the next poll and the formula replaces it, as
-Kubernetes restarts a pod. One autoscaler scales a pool at a time, the holder of its lease in
+Kubernetes restarts a pod: after a backoff (`conveyor.restart_backoff`, `conveyor up`'s policy),
+which doubles while the pool's workers keep dying soon after their start (CrashLoopBackOff), and
+meanwhile the pool starts none. One autoscaler scales a pool at a time, the holder of its lease in
 Redis (as one KEDA operator scales a ScaledObject): two of them on one pool each started up to
 its max."""
 
@@ -32,6 +34,7 @@ from autoscaling.scaling_math import (
     desired_replicas,
     poll,
 )
+from conveyor.restart_backoff import RestartBackoff
 from shared.keys import Keys
 from shared.leader_lock import BlockingLeaderLock
 from shared.model_repository import ModelConfig
@@ -78,10 +81,13 @@ class PoolScaler:
     lease_ms: int
     owner: str = field(default_factory=_lease_owner)
     leading: bool = False  # held the lease at the last tick
-    workers: list[str] = field(default_factory=list)
+    workers: dict[str, float] = field(default_factory=dict)  # each with the tick that started it
     last_active: float = 0.0
     started: int = 0
     recommendations: deque[tuple[float, int]] = field(default_factory=deque)
+    backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    start_after: float = 0.0  # no worker starts before: the backoff of the last that died
+    held: str = ""  # why the last tick started fewer workers than the formula asked for
 
     @classmethod
     def for_partition(
@@ -122,11 +128,12 @@ class PoolScaler:
         if not self.leading:
             self._step_aside()
             return 0
-        self._forget_dead()
+        self.held = ""
+        self._forget_dead(now)
         current = len(self.workers)
         wanted = self._wanted(poll(client, self.triggers), current, now)
         if wanted > current:
-            self._scale_up(wanted - current)
+            self._scale_up(wanted - current, now)
         elif wanted < current:
             self._scale_down()
         return len(self.workers)
@@ -152,7 +159,7 @@ class PoolScaler:
         peak = max(recommended for _, recommended in self.recommendations)
         return max(count, min(current, peak))
 
-    def _forget_dead(self) -> None:
+    def _forget_dead(self, now: float) -> None:
         """Workers that died leave the count: counted on, they kept their pool short for good
         (the formula saw its replicas all there). One whose start failed (`alive` raised, having
         stopped it) leaves it too, and its error ends the tick, as a failed start did."""
@@ -160,13 +167,25 @@ class PoolScaler:
             try:
                 running = self.alive(name)
             except BaseException:
-                self.workers.remove(name)
+                self._gone(name, now)
                 raise
             if not running:
-                log.warning(
-                    "%s: worker %s exited; a new one replaces it if needed", self.name, name
-                )
-                self.workers.remove(name)
+                self._gone(name, now)
+
+    def _gone(self, name: str, now: float) -> None:
+        """Count a worker out and hold the pool's next start back by the backoff: one that died
+        at every start (a broken model) was replaced every other poll, for good."""
+        ran_s = now - self.workers.pop(name)
+        delay = self.backoff.exited(ran_s)
+        self.start_after = now + delay
+        log.warning(
+            "%s: worker %s ended after %.1fs; backing off, next start in %.1fs (%s)",
+            self.name,
+            name,
+            ran_s,
+            delay,
+            self.backoff.why(),
+        )
 
     def release(self, client: redis.Redis) -> None:
         """Give the pool's lease up as this autoscaler stops: another one scales the pool at
@@ -181,21 +200,25 @@ class PoolScaler:
     def _step_aside(self) -> None:
         """Another autoscaler holds the pool: stop this one's workers, all at once (kept, they
         ran beside its own, up to its max; stopped one per tick, they went on taking jobs)."""
-        stopped, self.workers = self.workers, []
+        stopped, self.workers = list(self.workers), {}
         if stopped:
             log.warning("%s: another autoscaler scales it; stopping %s", self.name, stopped)
             self.stop_workers(stopped)
 
-    def _scale_up(self, count: int) -> None:
+    def _scale_up(self, count: int, now: float) -> None:
+        if now < self.start_after:
+            wait_s = self.start_after - now
+            self.held = f"backing off {wait_s:.1f}s more: {self.backoff.why()}"
+            return
         log.info("scale up", extra={"pool": self.name, "from": len(self.workers), "by": count})
         for _ in range(count):
             self.started += 1
             # The pool's own name, `:` included: `a-b:c` and `a:b-c` were both `a-b-c`.
-            self.workers.append(self.start_worker(f"{self.name}-{self.started}"))
+            self.workers[self.start_worker(f"{self.name}-{self.started}")] = now
 
     def _scale_down(self) -> None:
         log.info("scale down", extra={"pool": self.name, "from": len(self.workers)})
-        self.stop_workers([self.workers.pop()])
+        self.stop_workers([self.workers.popitem()[0]])
 
 
 def pool_scalers(

@@ -1,23 +1,20 @@
 """`conveyor up` keeps its pipeline serving: a child that exits (a worker, the producer, the
-embedded Valkey) is started again after an exponential backoff, since the queue design survives
-a dead process (its jobs are reclaimed). A child that keeps dying (`CRASH_LOOP_EXITS` runs in a
-row that each ended within `STABLE_AFTER_S` of their start) is given up on and reported with its
-last log lines, while every other child keeps serving."""
+embedded Valkey) is started again after an exponential backoff (`conveyor.restart_backoff`, the
+policy `conveyor autoscale` follows too), since the queue design survives a dead process (its
+jobs are reclaimed). A child that keeps dying (`CRASH_LOOP_EXITS` runs in a row that each ended
+within `STABLE_AFTER_S` of their start) is given up on and reported with its last log lines,
+while every other child keeps serving."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from conveyor.restart_backoff import STABLE_AFTER_S, RestartBackoff
 from conveyor.stack import Stack
 
 CRASH_LOOP_EXITS = 5
-# A run this long ends a crash loop: the backoff and the count toward giving up start over. The
-# supervisor cannot tell when a restarted child is ready, so time up stands for it.
-STABLE_AFTER_S = 60.0
-FIRST_BACKOFF_S = 0.5
-MAX_BACKOFF_S = 30.0
 TAIL_LINES = 20
 
 
@@ -26,17 +23,9 @@ class Child:
     """One supervised process's current run, its crash loop so far and its pending restart."""
 
     started_at: float
-    failures: int = 0  # runs in a row that ended before STABLE_AFTER_S
+    backoff: RestartBackoff = field(default_factory=RestartBackoff)
     restart_at: float | None = None
     failed: bool = False
-
-    def exited(self, now: float) -> int:
-        """Count an exit; returns the runs in a row that ended short of STABLE_AFTER_S: unlike
-        a window of recent exits, it keeps growing for a child whose every slow start fails."""
-        if now - self.started_at >= STABLE_AFTER_S:
-            self.failures = 0
-        self.failures += 1
-        return self.failures
 
 
 class Supervisor:
@@ -73,15 +62,15 @@ class Supervisor:
 
     def _exited(self, name: str, child: Child, code: int, now: float) -> None:
         self.stack.exited(name)
-        failures = child.exited(now)
-        if failures >= CRASH_LOOP_EXITS:
+        delay = child.backoff.exited(now - child.started_at)
+        if child.backoff.failures >= CRASH_LOOP_EXITS:
             child.failed = True
             tail = "\n".join(f"  | {line}" for line in self.stack.log_tail(name, TAIL_LINES))
             self.say(
-                f"{name}: failed ({failures} exits in a row, none up {STABLE_AFTER_S:.0f}s; last "
-                f"{code}); not restarting it, the rest keeps serving. Its last log lines:\n{tail}"
+                f"{name}: failed ({child.backoff.failures} exits in a row, none up "
+                f"{STABLE_AFTER_S:.0f}s; last {code}); not restarting it, the rest keeps serving. "
+                f"Its last log lines:\n{tail}"
             )
             return
-        delay = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (failures - 1))
         child.restart_at = now + delay
         self.say(f"{name}: exited with {code}; restarting in {delay:.1f}s")

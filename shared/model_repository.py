@@ -14,7 +14,7 @@ import jsonschema_rs
 import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"  # a model's or a variant's name, wherever one is accepted
 NAME_PATTERN = re.compile(NAME)
@@ -157,6 +157,19 @@ class BacklogScaling(BaseModel):
     # has measured it.
     cost_estimate_s: float = Field(default=0.05, gt=0, le=YEAR_S)
     scaler: Literal["metrics-api", "prometheus"] = "metrics-api"
+
+    @field_validator("target_s")
+    @classmethod
+    def _keda_can_send(cls, target_s: float) -> float:
+        """KEDA hands the HPA a target in whole thousandths (milli-units, cut, not rounded):
+        under 1 ms it sends 0, which the HPA refuses; raised to 1 ms, a pool would scale on a
+        target its config does not say."""
+        if target_s < 0.001:
+            raise ValueError(
+                f"{target_s:g} is below 0.001: KEDA sends the HPA 0.001 s at least (a target "
+                "in whole thousandths), and this one would be 0"
+            )
+        return target_s
 
 
 class AutoscalingHints(BaseModel):

@@ -232,6 +232,29 @@ def test_render_cli_takes_the_metric_sources(tmp_path):
     )
 
 
+@pytest.mark.parametrize("target_s", [0.0009, 1e-7])
+def test_render_refuses_a_backlog_target_keda_would_send_as_zero(tmp_path, target_s):
+    """KEDA hands the HPA a target in thousandths, cut to a whole one: `target_s` under 1 ms
+    rendered a trigger the HPA got as 0 and refused. It is refused at load, by model and field;
+    1 ms, the least KEDA can send, renders."""
+    config = tmp_path / "eager" / "config.yaml"
+    config.parent.mkdir()
+    args = ["render", "keda", "--model-repository", str(tmp_path)]
+    rendered = []
+    for target in (target_s, 0.001):
+        scaling = {"metric": "backlog_seconds", "backlog": {"target_s": target}}
+        body = {"kind": "batch", "backend": "identity", "autoscaling": scaling}
+        config.write_text(yaml.safe_dump(body))
+        rendered.append(CliRunner().invoke(main, args))
+    refused, least = rendered
+    assert refused.exit_code == 1, refused.output
+    assert f"{config}: autoscaling.backlog.target_s: " in refused.output, refused.output
+    assert "KEDA sends the HPA 0.001 s at least" in refused.output, refused.output
+    assert least.exit_code == 0, least.output
+    (trigger,) = list(yaml.safe_load_all(least.stdout))[1]["spec"]["triggers"]
+    assert trigger["metadata"]["targetValue"] == "0.001"
+
+
 def test_committed_manifest_is_a_fresh_render():
     args = ["render", "keda", "--model-repository", str(REPO_ROOT / "model_repository")]
     result = CliRunner().invoke(main, [*args, "--key-prefix", "cv:"])

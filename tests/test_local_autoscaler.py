@@ -1,14 +1,15 @@
 """`conveyor autoscale`: its decisions tick by tick on a real stream (KEDA's step to zero, the
 HPA's scale-down window), its pools and worker names, how it starts and stops workers without
-waiting on them, one autoscaler per pool (its lease) and per state dir; and on a real pipeline,
-a burst scales the pool up to its max, an empty queue scales it back to zero after the
-cooldown, every job succeeds."""
+waiting on them, its backoff for workers that keep dying (CrashLoopBackOff), one autoscaler per
+pool (its lease) and per state dir; and on a real pipeline, a burst scales the pool up to its
+max, an empty queue scales it back to zero after the cooldown, every job succeeds."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import count, islice, pairwise
 from pathlib import Path
 
 import httpx
@@ -26,6 +28,7 @@ from redis.exceptions import ClusterDownError, RedisClusterException
 from autoscaling.local_autoscaler import PoolScaler, pool_scalers
 from autoscaling.scaling_math import StreamTrigger
 from conveyor.commands.autoscale import PoolWorkers, _tick
+from conveyor.restart_backoff import MAX_BACKOFF_S, STABLE_AFTER_S
 from conveyor.stack import ChildTooSlow, Stack
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
@@ -38,6 +41,8 @@ AUTOSCALE = [str(Path(sys.executable).parent / "conveyor"), "autoscale", "--mode
 STREAM = "autoscale-test"
 LEASE_MS = 60_000
 NO_REDIS = "redis://127.0.0.1:1/0"  # a stack that never talks to Redis
+# A model whose engine cannot load (its module is missing): each of its workers dies at start-up.
+BROKEN = "kind: batch\nbackend: tests.no_such_engine:Engine\ninput_schema: {type: object}\n"
 # A worker that drains until the test lets it go: it says `ready` once SIGTERM is handled, `term`
 # when one comes, and runs on until `release` exists; then it says `exit` and exits 0.
 DRAINER = """
@@ -68,6 +73,16 @@ class Ledger:
 
     def alive(self, name: str) -> bool:
         return name not in self.stopped
+
+
+@dataclass
+class CrashingLedger(Ledger):
+    """Stand-in workers that, while `crashing`, have each exited by the next poll."""
+
+    crashing: bool = True
+
+    def alive(self, name: str) -> bool:
+        return not self.crashing and super().alive(name)
 
 
 @dataclass
@@ -124,6 +139,30 @@ def test_a_pool_goes_to_zero_only_after_cooldown_without_activity(
     _queue(redis_client, 0)
     assert scaler.tick(redis_client, now=59.0) == 1
     assert scaler.tick(redis_client, now=60.0) == 0
+
+
+def test_the_backoff_is_capped_never_gives_up_and_starts_over_after_a_long_run(
+    redis_client: redis.Redis,
+) -> None:
+    """As Kubernetes' CrashLoopBackOff, not `conveyor up`'s give-up: a pool whose workers keep
+    dying waits twice as long before each start, up to MAX_BACKOFF_S, and keeps trying (nothing
+    else serves it); one that stayed up STABLE_AFTER_S ends the loop, and the next start after
+    its death waits the first delay again. One poll a second."""
+    ledger = CrashingLedger()
+    scaler = _scaler(ledger)
+    _queue(redis_client, 1)
+    polls = (float(t) for t in count())
+    starts = list(islice((t for t in polls if scaler.tick(redis_client, now=t)), 12))
+    gaps = [later - earlier for earlier, later in pairwise(starts)]
+    # each 0.5, 1, 2, 4, 8, 16, 30, 30 … s of backoff, plus the poll that saw the exit
+    assert gaps == [2, 2, 3, 5, 9, 17] + [MAX_BACKOFF_S + 1] * 5, starts
+    ledger.crashing = False
+    up_until = starts[-1] + STABLE_AFTER_S  # the last one stays up that long, then dies
+    assert scaler.tick(redis_client, now=up_until) == 1
+    ledger.crashing = True
+    assert scaler.tick(redis_client, now=up_until + 1.0) == 0
+    assert scaler.held.startswith("backing off 0.5s more: crash loop exit 1:"), scaler.held
+    assert scaler.tick(redis_client, now=up_until + 2.0) == 1
 
 
 def test_overlapping_selectors_give_one_scaler_per_pool() -> None:
@@ -319,7 +358,7 @@ def test_a_draining_worker_holds_up_no_other_pool(
     )
     folder = tmp_path / "drainer"
     process = _drainer(stack, folder, "elastic-default-1")
-    draining.workers.append("elastic-default-1")
+    draining.workers["elastic-default-1"] = 0.0
     try:
         assert draining.tick(redis_client, now=1e6) == 0  # nothing queued, the cooldown over
         assert other.tick(redis_client, now=1e6) == 0
@@ -379,7 +418,7 @@ def test_a_scale_up_starts_its_workers_side_by_side(
         said = capsys.readouterr().err
         assert said.startswith("elastic:default: a worker did not start ("), said
         assert f"{first} was not ready after 0s (CONVEYOR_START_TIMEOUT_S)" in said, said
-        assert scaler.workers == [second] and first in stack.stopping
+        assert list(scaler.workers) == [second] and first in stack.stopping
         with pytest.raises(ChildTooSlow):
             scaler.tick(redis_client)
         assert not scaler.workers and not workers.ready_by and not stack.processes
@@ -401,14 +440,14 @@ def test_a_cluster_outage_keeps_the_pool_as_it_is(capsys: pytest.CaptureFixture[
     ledger = Ledger()
     outages = [ClusterDownError("CLUSTERDOWN The cluster is down"), _no_cluster_node()]
     scaler = OutageScaler(**vars(_scaler(ledger)), outages=outages)
-    scaler.workers.append("elastic-default-1")
+    scaler.workers["elastic-default-1"] = 0.0
     client = redis.Redis.from_url(NO_REDIS)
     for _ in range(2):
         _tick(scaler, client)
     said = capsys.readouterr().err.splitlines()
     assert len(said) == 2, said
     assert all(line.startswith("elastic:default: redis unavailable (") for line in said), said
-    assert scaler.workers == ["elastic-default-1"] and not ledger.stopped
+    assert list(scaler.workers) == ["elastic-default-1"] and not ledger.stopped
 
 
 def test_the_stack_client_times_out_as_configured(
@@ -582,3 +621,51 @@ def test_a_worker_slower_than_the_start_timeout_is_reported(
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_worker_that_keeps_dying_at_start_is_restarted_with_growing_delays(
+    tmp_path: Path,
+    redis_url: str,
+    redis_client: redis.Redis,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker that died at every start (a broken model) was replaced at once: the poll that
+    saw it dead was followed by one that started the next, every other poll, for good. Now the
+    pool backs off as Kubernetes' CrashLoopBackOff does: each start waits twice as long as the
+    one before, and the polls between say so and why. Real workers, polled every 0.5 s of the
+    scaler's own clock."""
+    repository = tmp_path / "models"
+    (repository / "broken").mkdir(parents=True)
+    (repository / "broken" / "config.yaml").write_text(BROKEN)
+    stack = Stack.create(tmp_path / "stack", redis_url)
+    stack.env.update(CONVEYOR_MODEL_REPOSITORY=str(repository), PYTHONPATH=str(REPO_ROOT))
+    workers = PoolWorkers(stack)
+    partitions = ModelRepository.load(repository).partitions(["broken"])
+    (scaler,) = pool_scalers(partitions, KEYS, workers.start, workers.stop, workers.alive, LEASE_MS)
+    stream = KEYS.queue("broken", "default")
+    _queue(redis_client, 1, stream)  # the pool wants one worker throughout
+    starts: list[float] = []
+    try:
+        for poll in range(20):
+            now = poll * 0.5
+            for name in scaler.workers:  # it has died by the next poll
+                stack.processes[name].wait(timeout=120)
+            started = scaler.started
+            _tick(scaler, redis_client, now)
+            if scaler.started > started:
+                starts.append(now)
+            stack.reap_stopped()
+    finally:
+        redis_client.delete(stream)
+        scaler.release(redis_client)
+        workers.drain(list(scaler.workers))
+        stack.stop()
+    assert starts == [0.0, 1.0, 2.5, 5.0, 9.5]  # every other poll, it was 0.0, 1.0, 2.0, 3.0 …
+    delays = re.findall(r"ended after [\d.]+s; backing off, next start in ([\d.]+)s", caplog.text)
+    assert delays == ["0.5", "1.0", "2.0", "4.0"], caplog.text
+    said = capsys.readouterr()
+    assert said.err.count("broken:default: a worker did not start (") == 4, said.err
+    why = "crash loop exit 2: the wait doubles with each exit within 60s of its start, up to 30s"
+    assert f"broken:default replicas=0 (backing off 0.5s more: {why})" in said.out, said.out

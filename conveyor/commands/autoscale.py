@@ -79,25 +79,28 @@ def _release_leases(scalers: list[PoolScaler], client: redis.Redis) -> None:
         click.echo(f"leases left to lapse: redis unavailable ({exc})", err=True)
 
 
-def _tick(scaler: PoolScaler, client: redis.Redis) -> None:
-    """One poll; a Redis outage keeps the pool as it is until the next (as KEDA does): it
-    stopped the autoscaler, and with it every worker it had started. A cluster's count too:
-    one failing over (CLUSTERDOWN), one no node answers (ClusterUnreachable)."""
+def _tick(scaler: PoolScaler, client: redis.Redis, now: float | None = None) -> None:
+    """One poll (at `now`, as `PoolScaler.tick`'s); a Redis outage keeps the pool as it is until
+    the next (as KEDA does): it stopped the autoscaler, and with it every worker it had started.
+    A cluster's count too: one failing over (CLUSTERDOWN), one no node answers
+    (ClusterUnreachable)."""
     try:
         with topology_read():
-            count = scaler.tick(client)
+            count = scaler.tick(client, now)
     except OUT_OF_REACH as exc:
         click.echo(f"{scaler.name}: redis unavailable ({exc}); replicas kept", err=True)
         return
     except ChildNotReady as exc:  # it ended the autoscaler with a traceback, every worker too
         click.echo(
-            f"{scaler.name}: a worker did not start ({exc}); next poll tries again", err=True
+            f"{scaler.name}: a worker did not start ({exc}); backing off before another",
+            err=True,
         )
         return
     if not scaler.leading:
         click.echo(f"{scaler.name}: scaled by another autoscaler (it holds the pool's lease)")
         return
-    click.echo(f"{scaler.name} replicas={count}", nl=True)
+    held = f" ({scaler.held})" if scaler.held else ""  # CrashLoopBackOff, in the pool's words
+    click.echo(f"{scaler.name} replicas={count}{held}")
 
 
 @dataclass
