@@ -298,7 +298,15 @@ class ModelConfig(BaseModel):
             self._check_encoder(variant, backend)
 
     def _check_encoder(self, variant: str, backend: str) -> None:
+        """A length past the prepared model's positions fails every engine's load (a worker
+        crash loop while the producer queues jobs): refused here, as a seq bucket past them."""
         longest = self.encoder_parameters(variant).max_seq_length
+        positions = PREPARED_POSITIONS.get(self.prepare or "")
+        if positions is not None and longest > positions:
+            raise ModelConfigError(
+                f"model {self.name} variant {variant}: max_seq_length {longest} exceeds the "
+                f"{positions} positions of the model `prepare: {self.prepare}` builds"
+            )
         if backend != "torch":
             return
         buckets = self.torch_options(variant).cuda_graphs
@@ -309,7 +317,6 @@ class ModelConfig(BaseModel):
                 f"model {self.name} variant {variant}: max_seq_length {longest} exceeds the "
                 f"largest of parameters.torch.cuda_graphs.seq_buckets ({buckets.seq_buckets[-1]})"
             )
-        positions = PREPARED_POSITIONS.get(self.prepare or "")
         if positions is not None and buckets.seq_buckets[-1] > positions:
             raise ModelConfigError(
                 f"model {self.name} variant {variant}: parameters.torch.cuda_graphs.seq_buckets "
@@ -391,9 +398,14 @@ def _problems(exc: ValidationError, whole: str = "", within: str = "") -> str:
 
 
 def _settings(config_path: Path) -> dict[str, Any]:
-    """A config.yaml's mapping; what is not one is refused in one line that names the file."""
+    """A config.yaml's mapping; what is not one is refused in one line that names the file. Read
+    as bytes: PyYAML decodes them itself, and a file that is not UTF-8 is then its ReaderError."""
     try:
-        raw = yaml.safe_load(config_path.read_text()) or {}
+        text = config_path.read_bytes()
+    except OSError as exc:  # unreadable, or a folder named config.yaml
+        raise ModelConfigError(f"{config_path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise ModelConfigError(f"{config_path}: not YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(raw, dict):

@@ -24,9 +24,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from conveyor.valkey_cluster import ClusterNode, LocalCluster, local_cluster
 from producer_api.app import create_app
 from producer_api.reply_listener import ReplyListener
+from shared.backlog import read_backlogs
 from shared.job_store import JobStore
 from shared.keys import GROUP, Keys
-from shared.model_repository import ModelConfig, ModelRepository
+from shared.model_repository import ModelConfig, ModelRepository, Variant
 from shared.partition_stats import read_partition_stats
 from shared.redis_client import HiredisPacking, RedisClient, connect
 from shared.settings import get_settings
@@ -164,6 +165,25 @@ async def test_stats_of_a_frozen_masters_partitions_are_an_outage_not_empty_lane
     assert (stats.online.lag, stats.dlq_depth) == (3, 1)
     with frozen(steady.master_of(stream)), pytest.raises(RedisError):
         await read_partition_stats(client, KEYS, repository)
+
+
+async def test_the_backlog_of_a_frozen_masters_partition_is_an_outage_not_zero(
+    steady: LocalCluster, client: RedisClient
+) -> None:
+    """Read as 0, the backlog gauge and the local autoscaler would scale a pool to zero while
+    its master is out: the pipeline raises its nodes' errors instead (shared/backlog.py)."""
+    model = _off_startup_node(steady, lambda name: KEYS.queue(name, "b"))
+    variants = {"b": Variant()}  # lanes of their own: the module's cluster outlives each test
+    config = ModelConfig(
+        name=model, kind="batch", backend="identity", variants=variants, default_variant="b"
+    )
+    stream = KEYS.queue(model, "b")
+    for n in range(3):
+        await client.xadd(stream, {"n": n})
+    [backlog] = await read_backlogs(client, KEYS, [(config, "b")])
+    assert backlog.entries == 3
+    with frozen(steady.master_of(stream)), pytest.raises(RedisError):
+        await read_backlogs(client, KEYS, [(config, "b")])
 
 
 async def test_a_subscription_a_frozen_master_refused_leaves_no_listener(

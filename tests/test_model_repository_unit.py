@@ -113,6 +113,18 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "model m variant default: parameters.torch.cuda_graphs.seq_buckets [256, 1024] exceed "
             "the 512 positions of the model `prepare: minilm` builds",
         ),
+        (  # accepted, then every worker failed at engine load and restarted into it again
+            "kind: batch\nbackend: onnxruntime\nprepare: minilm\n"
+            "parameters: {max_seq_length: 1024}\n",
+            "model m variant default: max_seq_length 1024 exceeds the 512 positions of the model "
+            "`prepare: minilm` builds",
+        ),
+        (  # a variant's own engine and length are checked as well
+            "kind: batch\nbackend: identity\nprepare: minilm\n"
+            "variants: {default: {}, gpu: {backend: tensorrt, "
+            "parameters: {max_seq_length: 513}}}\n",
+            "model m variant gpu: max_seq_length 513 exceeds the 512 positions",
+        ),
         (  # `conveyor models prepare` failed with a bare KeyError
             "kind: batch\nbackend: identity\nprepare: nope\n",
             "model m: unknown preparer 'nope'; one of minilm, smollm2",
@@ -165,6 +177,21 @@ def test_what_no_worker_could_serve_is_one_line_naming_the_file(
     message = str(refused.value)
     assert message.startswith(f"{config}: {problem}"), message
     assert "\n" not in message
+
+
+def test_a_config_yaml_that_cannot_be_read_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    """Not UTF-8, or not a file: the producer, the workers and the CLI died with a traceback
+    (UnicodeDecodeError, IsADirectoryError) that named no file."""
+    config = _repository(tmp_path, "")
+    config.write_bytes(b"kind: batch\nbackend: identity\n# caf\xe9\n")  # Latin-1
+    with pytest.raises(ModelConfigError, match=f"^{re.escape(str(config))}: not YAML: ") as e:
+        ModelRepository.load(tmp_path)
+    assert "#x00e9" in str(e.value) and "\n" not in str(e.value)
+    config.unlink()
+    config.mkdir()
+    with pytest.raises(ModelConfigError, match=f"^{re.escape(str(config))}: cannot read: ") as e:
+        ModelRepository.load(tmp_path)
+    assert "\n" not in str(e.value)
 
 
 def test_a_custom_engine_is_named_by_module_and_class(tmp_path: Path) -> None:
