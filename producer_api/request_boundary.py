@@ -13,6 +13,7 @@ from email.message import Message as MimeHeader
 from typing import Any
 
 import orjson
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer_api.errors import error_response
@@ -114,16 +115,16 @@ def _parse_checked(body: bytes, max_depth: int) -> Any:
     return value
 
 
-def _is_json(scope: Scope, raw: bytes | None, own_format: frozenset[str]) -> bool:
+def _is_json(scope: Scope, raw: str | None, own_format: frozenset[str]) -> bool:
     """As FastAPI decides from the content type `raw`: none, `application/json` or
     `application/*+json`; routes in `own_format` (JSONL uploads) parse and check their bodies
     themselves, line by line."""
     if scope["path"] in own_format and scope["method"] == "POST":
         return False
-    if raw is None or raw == b"application/json":
+    if raw is None or raw == "application/json":
         return True
     header = MimeHeader()
-    header["content-type"] = raw.decode("latin-1")
+    header["content-type"] = raw
     subtype = header.get_content_subtype()
     return header.get_content_maintype() == "application" and (
         subtype == "json" or subtype.endswith("+json")
@@ -147,17 +148,20 @@ class RequestBoundaryMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers", []))
-        declared = headers.get(b"content-length")
+        # Read as Starlette reads them, so a body is checked whenever FastAPI will parse it: a
+        # repeated header's first value (a dict kept the last, and `application/json` then
+        # `text/plain` reached the route unchecked).
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length", "")  # latin-1 text: "²" is a digit too
         try:
-            if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            if declared.isascii() and declared.isdigit() and int(declared) > self.max_bytes:
                 raise BodyTooLarge
             body = await self._read(receive)
         except BodyTooLarge:
             message = f"request body exceeds {self.max_bytes} bytes"
             await error_response(413, "payload_too_large", message)(scope, receive, send)
             return
-        if body and _is_json(scope, headers.get(b"content-type"), self.own_format):
+        if body and _is_json(scope, headers.get("content-type"), self.own_format):
             try:
                 scope[PARSED_JSON] = parse_json(body, self.max_depth)
             except ValueError as exc:  # UnstorableJson, JSONDecodeError, UnicodeDecodeError

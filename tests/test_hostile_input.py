@@ -18,9 +18,11 @@ import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
+from fastapi import APIRouter, FastAPI
 
 from producer_api.app import create_app
 from producer_api.errors import ConveyorError
+from producer_api.jobs.orjson_route import OrjsonRoute
 from producer_api.jobs.serving import check_sampling
 from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from producer_api.token_hub import StreamUnreadable, TagReader
@@ -289,6 +291,54 @@ def test_nesting_deeper_than_the_limit_is_422(base_url: str, depth: int, idempot
     headers = {"Idempotency-Key": f"deep-{depth}"} if idempotent else {}
     error = _refused(_post(base_url, "/v1/jobs", _nested(depth), **headers))
     assert "nested deeper than 64" in error["message"]
+
+
+# Starlette reads a repeated header's first value; the boundary read the last one.
+TWO_TYPES = [("content-type", "application/json"), ("content-type", "text/plain")]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        ("/v1/jobs", _nested(300), "nested deeper than 64"),
+        ("/v1/jobs", b'{"model": "identity", "inputs": {"x": %s}}' % TOO_BIG, "64 bits"),
+        ("/v1/chat/completions", CHAT % (b"[" * 5000 + b"]" * 5000), "nested deeper than 64"),
+    ],
+)
+def test_a_second_content_type_does_not_skip_the_checks(
+    base_url: str, path: str, body: bytes, says: str
+) -> None:
+    """`application/json` then `text/plain`: the boundary took the body for text and let it
+    through unchecked, and the route parsed it as JSON all the same: 300 levels were a 500
+    (orjson cannot write them), 2**64 a float (202), 5000 levels a 400."""
+    response = httpx.post(f"{base_url}{path}", content=body, headers=TWO_TYPES, timeout=30)
+    assert says in _refused(response)["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (_nested(300), "nested deeper than 64"),
+        (b'{"model": "identity", "inputs": {"x": %s}}' % TOO_BIG, "64 bits"),
+        (b'{"model": "identity", "inputs": {"x": NaN}}', "finite"),
+    ],
+)
+async def test_a_jobs_route_checks_a_body_no_boundary_parsed(body: bytes, says: str) -> None:
+    """A jobs route parses a body itself only when no boundary did (none in front): with the
+    boundary's checks, not a bare orjson.loads, which took 1024 levels and 2**64 as a float."""
+    router = APIRouter(route_class=OrjsonRoute)
+
+    @router.post("/echo")
+    async def echo(value: dict[str, Any]) -> dict[str, Any]:
+        return value
+
+    app = FastAPI()
+    app.include_router(router)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        response = await client.post("/echo", content=body, headers=JSON)
+    assert response.status_code == 422, response.text
+    assert says in response.json()["detail"][0]["ctx"]["error"]
 
 
 def test_nesting_within_the_limit_round_trips(base_url: str, identity_worker: int) -> None:

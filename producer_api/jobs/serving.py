@@ -356,8 +356,9 @@ class JobsService:
     async def _await_reply(
         self, job_id: str, future: asyncio.Future[dict[str, Any]], timeout: float
     ) -> dict[str, Any] | None:
-        """The job's terminal view, or None after `timeout` (at most `max_wait_s`). A worker's
-        reply lacks what only the hash counts (`attempts`): then the hash is read."""
+        """The job's terminal view, or None after `timeout` (at most `max_wait_s`). A reply
+        lacks what only the hash counts (`attempts`; a cancel's, a dead letter's): then the
+        hash is read, and the reply answers when Redis fails that read."""
         timeout = min(timeout, self.state.settings.max_wait_s)
         if self.state.draining.asked():
             return None
@@ -367,16 +368,19 @@ class JobsService:
             return None
         if not view:  # woken as the producer stops (`ReplyListener.wake_all`): as it stands
             return None
-        return view if "attempts" in view else await self._read(job_id)
+        return view if "attempts" in view else await self._as_it_stands(job_id, view)
 
-    async def _as_it_stands(self, job_id: str) -> dict[str, Any] | None:
-        """An accepted job's view after a wait ran out. Redis failing here is no 503: the job
-        was accepted, and a client told otherwise would submit it again."""
+    async def _as_it_stands(
+        self, job_id: str, known: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """An accepted job's view after a wait ran out or a reply came, else `known` (what the
+        reply said). Redis failing here is no 503: the job was accepted, and a client told
+        otherwise would submit it again."""
         try:
             return await self._read(job_id)
         except RedisError as exc:
             log.warning("job %s accepted, but its state could not be read: %r", job_id, exc)
-            return None
+            return known
 
     async def _read(self, job_id: str, history: bool = False) -> dict[str, Any]:
         return await self._view(await self.owned(job_id), history)
