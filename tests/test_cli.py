@@ -154,19 +154,37 @@ def test_a_wait_exits_with_how_the_job_ended(base_url: str) -> None:
 
 
 def test_a_wait_that_cannot_learn_how_the_job_ended_exits_3(tmp_path: Path) -> None:
-    """A wait that could not reach the producer exited 1, which says the job ended otherwise
-    (failed, cancelled, expired): a script counted a job still running as failed."""
+    """A wait that could not reach the producer, or whose request was refused, exited 1,
+    which says the job ended otherwise (failed, cancelled, expired): a script counted a job
+    still running as failed."""
     unreachable = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    lost = _exit_status("jobs", "get", "0" * 32, "--wait", "1", "--url", unreachable)
+    assert lost.returncode == 3, (lost.returncode, lost.stderr)
+    assert "Error: cannot reach the producer: ConnectError(" in lost.stderr, lost.stderr
+    assert lost.stdout == ""
     lines = tmp_path / "lines.jsonl"
     lines.write_text('{"custom_id": "a", "body": {"inputs": {"text": "x"}}}\n')
-    for waits in (
-        ("jobs", "get", "0" * 32, "--wait", "5"),
-        ("batch", "submit", str(lines), "--wait"),
-    ):
-        lost = _exit_status(*waits, "--url", unreachable)
-        assert lost.returncode == 3, (waits, lost.returncode, lost.stderr)
-        assert "Error: cannot reach the producer: ConnectError(" in lost.stderr, lost.stderr
-        assert lost.stdout == ""
+    with serving(LocalServer(_Refusing)) as server:
+        refused = _exit_status("batch", "submit", str(lines), "--wait", "--url", server.url)
+    assert refused.returncode == 3, (refused.returncode, refused.stderr)
+    assert "no such key" in refused.stderr and refused.stdout == ""
+
+
+class _Refusing(BaseHTTPRequestHandler):
+    """A producer that refuses every request (401: not retried)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        body = json.dumps({"error": {"type": "unauthorized", "message": "no such key"}}).encode()
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
 
 
 class _EndingLate(BaseHTTPRequestHandler):
