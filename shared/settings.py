@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     # Bytes of `/v1/files` uploads a tenant may hold at once (they live the result TTL): a loop
     # of uploads would otherwise fill Redis to its maxmemory, every tenant's submits then 503s.
     max_file_bytes_per_tenant: int = Field(default=1_073_741_824, ge=1)
+    # Non-blank lines a Batch API batch may hold (OpenAI's cap): each refused line is an
+    # errors-file record kept for the window and the result TTL, so a 1 MiB body of one-byte
+    # lines would keep ~80 MB in Redis for one request.
+    max_batch_lines: int = Field(default=50_000, ge=1)
     # Request boundary (producer_api/request_boundary.py): deepest JSON nesting accepted.
     max_json_depth: int = Field(default=64, ge=2)
     # Longest wait on Redis for one command, a connection or a free pooled connection.

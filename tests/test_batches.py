@@ -432,3 +432,40 @@ def test_a_batch_whose_keys_expired_leaves_the_list(
     page = httpx.get(f"{base_url}/v1/batches", params={"limit": 1}, timeout=30).json()
     assert [b["id"] for b in page["data"]] == [kept]
     assert stack_redis.zscore(index, expired) is None
+
+
+@pytest.fixture
+def capped_url(stack: Stack) -> Iterator[str]:
+    """A producer of the stack's whose batches may hold at most 3 lines."""
+    try:
+        yield stack.start_producer(free_port(), "capped-producer", CONVEYOR_MAX_BATCH_LINES="3")
+    finally:
+        stack.stop_processes(["capped-producer"])
+
+
+def test_a_batch_over_the_line_limit_is_refused_before_anything_is_stored(
+    capped_url: str, stack_redis: redis.Redis
+) -> None:
+    """Each refused line was stored as an errors-file record for the window and the result TTL:
+    a 1 MiB body of `x` lines kept ~80 MB in Redis for one rate-limit token, and a file uploaded
+    once could be named by any number of creates. Blank lines count toward no limit."""
+    url = f"{capped_url}/v1/batches"
+    stored = set(stack_redis.scan_iter("cv:batch:*"))
+    listed = stack_redis.zcard(Keys().batches_of("default"))
+    over = httpx.post(url, params={"model": "identity"}, content=b"x\n\n" * 4, timeout=30)
+    uploaded = httpx.post(
+        f"{capped_url}/v1/files", files={"file": ("x.jsonl", b"x\n" * 4)}, data={"purpose": "batch"}
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    named = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/jobs", "model": "identity"}
+    over_by_file = httpx.post(url, json=named, timeout=30)
+    for refused in (over, over_by_file):
+        assert refused.status_code == 413, refused.text
+        error = refused.json()["error"]
+        assert error["type"] == "payload_too_large"
+        assert "CONVEYOR_MAX_BATCH_LINES" in error["message"] and "3" in error["message"]
+    assert set(stack_redis.scan_iter("cv:batch:*")) == stored
+    assert stack_redis.zcard(Keys().batches_of("default")) == listed
+
+    at_limit = _create(capped_url, "\n" + _canary_lines(3) + "\n\n", model="identity")
+    assert at_limit["counts"]["total"] == 3, at_limit

@@ -32,7 +32,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "A multipart body that does not parse"},
     404: {"description": "Unknown batch or model"},
     409: {"description": "Batch not running (cancel) or not ended (files)"},
-    413: {"description": "Body too large, or more items than the bulk lane can ever hold"},
+    413: {
+        "description": "Body too large, more lines than CONVEYOR_MAX_BATCH_LINES, or more "
+        "items than the bulk lane can ever hold"
+    },
     422: {"description": "No lines, bad options, or a webhook URL outside the allow-list"},
     429: {"description": "Bulk lane full; see Retry-After"},
     503: {"description": "Queue unreachable"},

@@ -73,6 +73,7 @@ class ParsedBatch:
     build: Build
     readers: Mapping[str, Reader]
     max_depth: int
+    max_lines: int
     url: str | None = None
     items: list[Item] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
@@ -129,8 +130,15 @@ def _line(raw: bytes, max_depth: int) -> BatchLine:
 
 
 def parse(source: bytes, parsed: ParsedBatch) -> ParsedBatch:
-    """Line numbers count every physical line (1-based); blank lines are skipped."""
-    for number, raw in enumerate(source.splitlines(), start=1):
-        if raw.strip():
-            parsed.add(number, raw)
+    """Line numbers count every physical line (1-based); blank lines are skipped. More lines
+    than `max_lines` is a 413 before any is read: each would be stored, if only as a rejection."""
+    numbered = [(n, raw) for n, raw in enumerate(source.splitlines(), start=1) if raw.strip()]
+    if len(numbered) > parsed.max_lines:
+        message = (
+            f"the batch has {len(numbered)} lines, more than CONVEYOR_MAX_BATCH_LINES "
+            f"({parsed.max_lines}); split it"
+        )
+        raise ConveyorError(413, "payload_too_large", message)
+    for number, raw in numbered:
+        parsed.add(number, raw)
     return parsed

@@ -131,8 +131,15 @@ class BatchApiService:
             COMPLETIONS: partial(openai.sampling_line, CompletionRequest),
         }
         build = JobsService(self.state, self.principal).build
-        depth = self.state.settings.max_json_depth
-        return lines.ParsedBatch(options.model, build, readers, depth, options.endpoint)
+        settings = self.state.settings
+        return lines.ParsedBatch(
+            options.model,
+            build,
+            readers,
+            settings.max_json_depth,
+            settings.max_batch_lines,
+            options.endpoint,
+        )
 
     def _window_s(self, window: str) -> int:
         seconds = int(window[:-1]) * _UNITS[window[-1]]

@@ -1,9 +1,10 @@
 """OpenAI's request and response bodies for (chat) completions and embeddings, as far as Conveyor
 serves them.
-Fields OpenAI defines that Conveyor does not honour yet (tools, tool_choice, logprobs,
-response_format) are accepted and ignored, so existing client code runs unchanged; vLLM's own
-server honours logprobs and response_format (README, "LLMs"). Those that would change the text
-itself (echo, suffix, best_of, logit_bias) are refused unless left at their defaults."""
+Fields OpenAI defines that Conveyor does not honour (echo, suffix, best_of, logit_bias,
+response_format, tool_choice, logprobs, top_logprobs) are refused unless left at their defaults,
+where the client would otherwise get another answer than it asked for (other text, or plain
+text where its SDK reads JSON, a tool call or logprobs); `tools` alone leaves the choice to the
+model (`auto`), which answers in text, so it is accepted and ignored."""
 
 from __future__ import annotations
 
@@ -43,11 +44,18 @@ def _json_type(kind: type) -> BeforeValidator:
 
 
 OnlyOne = Annotated[Literal[1], _json_type(int)]
+OnlyZero = Annotated[Literal[0], _json_type(int)]
 OnlyFalse = Annotated[Literal[False], _json_type(bool)]
 
 
 class StreamOptions(BaseModel):
     include_usage: StrictBool | None = False  # null: OpenAI's default, false
+
+
+class TextFormat(BaseModel):
+    """The one `response_format` answered as asked: plain text (not JSON, nor a schema's)."""
+
+    type: Literal["text"]
 
 
 class SamplingRequest(SamplingParameters):
@@ -63,6 +71,9 @@ class SamplingRequest(SamplingParameters):
     # default, not ignored (the client would get another answer than it asked for).
     logit_bias: Annotated[dict[str, Any], Field(max_length=0)] | None = Field(
         default=None, description="Not supported: only empty"
+    )
+    response_format: TextFormat | None = Field(
+        default=None, description='Not supported: only {"type": "text"}'
     )
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
@@ -112,6 +123,11 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
+    tool_choice: Literal["none", "auto"] | None = Field(
+        default=None, description="Not supported: only none or auto (the reply is text)"
+    )
+    logprobs: OnlyFalse | None = Field(default=None, description="Not supported: only false")
+    top_logprobs: OnlyZero | None = Field(default=None, description="Not supported: only 0")
 
     def inputs(self) -> dict[str, Any]:
         return {"messages": [message.as_input() for message in self.messages]}
@@ -157,6 +173,8 @@ class CompletionRequest(SamplingRequest):
     echo: OnlyFalse | None = Field(default=None, description="Not supported: only false")
     suffix: Literal[""] | None = Field(default=None, description="Not supported: only empty")
     best_of: OnlyOne | None = Field(default=None, description="Not supported: only 1")
+    # 0 still asks for the chosen tokens' logprobs (OpenAI's and vLLM's answer carries them)
+    logprobs: None = Field(default=None, description="Not supported: only null")
 
     @field_validator("max_tokens", mode="after")
     @classmethod

@@ -1,0 +1,98 @@
+"""OpenAI parameters that would change the answer are refused (422 naming the parameter, nothing
+enqueued) unless left at their defaults: `response_format` JSON, a `tool_choice` that asks for a
+tool call, and logprobs were dropped, and openai-python's `beta.chat.completions.parse`, its
+`message.tool_calls[0]` and `choice.logprobs.content` then failed on the plain-text reply."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from shared.keys import Keys
+
+pytestmark = pytest.mark.slow
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MESSAGES = [{"role": "user", "content": "hi"}]
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {}}}
+NAMED_TOOL = {"type": "function", "function": {"name": "lookup"}}
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+
+# (route, parameters asked for, the parameter the refusal must name)
+REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {"response_format": JSON_SCHEMA}, "response_format"),
+    (COMPLETIONS, {"response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
+    (CHAT, {"tools": TOOLS, "tool_choice": NAMED_TOOL}, "tool_choice"),
+    (CHAT, {"logprobs": True}, "logprobs"),
+    (CHAT, {"top_logprobs": 2}, "top_logprobs"),
+    (COMPLETIONS, {"logprobs": 3}, "logprobs"),
+    # OpenAI and vLLM answer the chosen tokens' logprobs for 0: only null leaves them out
+    (COMPLETIONS, {"logprobs": 0}, "logprobs"),
+]
+
+# Each at the default, or a value that asks for the same plain-text answer.
+DEFAULTS: list[tuple[str, dict[str, Any]]] = [
+    (CHAT, {"response_format": None, "tool_choice": None, "logprobs": None, "top_logprobs": None}),
+    (CHAT, {"response_format": {"type": "text"}, "logprobs": False, "top_logprobs": 0}),
+    (CHAT, {"tools": TOOLS, "tool_choice": "auto"}),
+    (CHAT, {"tools": TOOLS, "tool_choice": "none"}),
+    (CHAT, {"tools": TOOLS}),
+    (COMPLETIONS, {"response_format": {"type": "text"}, "logprobs": None}),
+]
+
+
+def _body(path: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    asked = {"messages": MESSAGES} if path == CHAT else {"prompt": "Once"}
+    return {"model": "smollm2", "max_tokens": 4, **asked, **parameters}
+
+
+@pytest.mark.parametrize(("path", "parameters", "named"), REFUSED)
+def test_a_parameter_that_changes_the_answer_is_422_and_nothing_is_enqueued(
+    base_url: str, stack_redis: redis.Redis, path: str, parameters: dict[str, Any], named: str
+) -> None:
+    lane = Keys().queue("smollm2", "default")
+    before = stack_redis.xlen(lane)
+    response = httpx.post(f"{base_url}{path}", json=_body(path, parameters), timeout=30)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request" and error["message"].startswith(named), error
+    assert stack_redis.xlen(lane) == before
+
+
+@pytest.mark.parametrize(("path", "parameters", "named"), REFUSED)
+def test_a_batch_line_asking_for_it_is_refused_as_the_route_refuses_it(
+    base_url: str, stack_redis: redis.Redis, path: str, parameters: dict[str, Any], named: str
+) -> None:
+    bulk = Keys().bulk_queue("smollm2", "default")
+    before = stack_redis.xlen(bulk)
+    line = {"custom_id": "a", "url": path, "body": _body(path, parameters)}
+    response = httpx.post(f"{base_url}/v1/batches", content=json.dumps(line), timeout=30)
+    assert response.status_code == 202, response.text
+    batch = response.json()
+    assert batch["status"] == "failed" and batch["counts"]["invalid"] == 1, batch
+    errors = httpx.get(f"{base_url}/v1/batches/{batch['id']}/errors", timeout=30).json()
+    assert errors["error"]["message"].startswith(f"body.{named}"), errors
+    assert stack_redis.xlen(bulk) == before
+
+
+@pytest.mark.parametrize(("path", "parameters"), DEFAULTS)
+def test_the_defaults_are_accepted(
+    base_url: str, stack_redis: redis.Redis, path: str, parameters: dict[str, Any]
+) -> None:
+    """Past validation: an absent variant is the 404 that comes after it, and enqueues nothing
+    (no worker serves smollm2 here)."""
+    request = ChatCompletionRequest if path == CHAT else CompletionRequest
+    request.model_validate(_body(path, parameters))
+    lane = Keys().queue("smollm2", "default")
+    before = stack_redis.xlen(lane)
+    body = {**_body(path, parameters), "variant": "absent"}
+    response = httpx.post(f"{base_url}{path}", json=body, timeout=30)
+    assert response.status_code == 404, response.text
+    assert stack_redis.xlen(lane) == before
