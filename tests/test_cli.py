@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -306,52 +307,79 @@ def test_a_typo_is_one_clear_error_not_silence(
     stack: Stack, identity_worker: int, tmp_path: Path
 ) -> None:
     """A mistyped model, variant, file or repository gets one line that names it: these used to
-    print nothing and exit 0 (so a typo looked like an empty answer), or a traceback."""
+    print nothing and exit 0 (so a typo looked like an empty answer), or a traceback. The runs
+    change nothing, so they run side by side (each is mostly the CLI's import, on one core)."""
     env = {**os.environ, "CONVEYOR_REDIS_URL": stack.redis_url}
-    prepare = _refused("models", "prepare", "minilm", "nope", env=env)
-    assert "no model nope (the repository has identity, minilm, smollm2)" in prepare.stderr
-    assert "preparing" not in prepare.stdout  # refused before building anything
-    named = _run("models", "prepare", "identity", env=env)  # printed nothing, as if it had built
-    assert named.stdout == "identity: nothing to prepare (its config.yaml has no `prepare`)\n"
-
     missing = tmp_path / "missing"
-    for args in (("models", "list"), ("up",)):
-        result = _refused(*args, env={**env, "CONVEYOR_MODEL_REPOSITORY": str(missing)})
-        assert result.stderr == f"Error: model repository {missing} is not a directory\n"
     broken = tmp_path / "broken" / "m"
     broken.mkdir(parents=True)
     (broken / "config.yaml").write_text("backend: no-such-backend\n")
-    result = _refused(
-        "models", "list", env={**env, "CONVEYOR_MODEL_REPOSITORY": str(broken.parent)}
+    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
+
+        def ran(*args: str, **more: str) -> Future[subprocess.CompletedProcess[str]]:
+            return pool.submit(_run, *args, env={**env, **more})
+
+        def refused(*args: str, **more: str) -> Future[subprocess.CompletedProcess[str]]:
+            return pool.submit(_refused, *args, env={**env, **more})
+
+        prepare = refused("models", "prepare", "minilm", "nope")
+        named = ran("models", "prepare", "identity")  # printed nothing, as if it had built
+        no_repository = [
+            refused(*args, CONVEYOR_MODEL_REPOSITORY=str(missing))
+            for args in (("models", "list"), ("up",))
+        ]
+        broken_repository = refused("models", "list", CONVEYOR_MODEL_REPOSITORY=str(broken.parent))
+        up_typos = [
+            (refused("up", "--models", models), problem)
+            for models, problem in (
+                ("minlm", "unknown model 'minlm' (the repository has identity, minilm, smollm2)"),
+                ("identity:nope", "model identity has no variant 'nope'"),
+            )
+        ]  # refused before anything starts (a worker used to crash-loop on it)
+        unread = refused("submit", "identity", "--input", f"@{missing}.json")
+        bad_urls = [  # at once, no retries
+            refused(*args, CONVEYOR_URL="localhost:8000")
+            for args in (("jobs", "get", "x"), ("routes", "show", "identity"))
+        ]
+        dead = ran("dlq", "list", "identity")
+        dlq_typos = [
+            refused("dlq", action, "identity", "--variant", "nope")
+            for action in ("list", "replay", "purge")
+        ]
+        no_letters = [  # no such letter: nothing done, no traceback
+            (
+                ran("dlq", "replay", "identity", "--id", letter),
+                ran("dlq", "purge", "identity", "--id", letter),
+            )
+            for letter in ("1-1", "not-an-id")
+        ]
+
+    assert "no model nope (the repository has identity, minilm, smollm2)" in prepare.result().stderr
+    assert "preparing" not in prepare.result().stdout  # refused before building anything
+    assert (
+        named.result().stdout == "identity: nothing to prepare (its config.yaml has no `prepare`)\n"
     )
-    assert result.stderr.startswith(f"Error: {broken / 'config.yaml'}: "), result.stderr
-    assert len(result.stderr.splitlines()) == 1, result.stderr
-
-    for models, problem in (
-        ("minlm", "unknown model 'minlm' (the repository has identity, minilm, smollm2)"),
-        ("identity:nope", "model identity has no variant 'nope'"),
-    ):  # refused before anything starts (a worker used to crash-loop on it)
-        assert _refused("up", "--models", models, env=env).stderr == f"Error: {problem}\n"
-
-    unread = _refused("submit", "identity", "--input", f"@{missing}.json", env=env)
-    assert f"Invalid value for --input: cannot read {missing}.json: " in unread.stderr
-    assert "Traceback" not in unread.stderr
-
-    for args in (("jobs", "get", "x"), ("routes", "show", "identity")):  # at once, no retries
-        bad_url = _refused(*args, env={**env, "CONVEYOR_URL": "localhost:8000"})
-        assert bad_url.stderr.endswith(
+    for result in no_repository:
+        assert result.result().stderr == f"Error: model repository {missing} is not a directory\n"
+    said = broken_repository.result().stderr
+    assert said.startswith(f"Error: {broken / 'config.yaml'}: "), said
+    assert len(said.splitlines()) == 1, said
+    for up, problem in up_typos:
+        assert up.result().stderr == f"Error: {problem}\n"
+    assert f"Invalid value for --input: cannot read {missing}.json: " in unread.result().stderr
+    assert "Traceback" not in unread.result().stderr
+    for bad_url in bad_urls:
+        assert bad_url.result().stderr.endswith(
             "Invalid value for '--url': producer URL 'localhost:8000' is not an http(s) URL "
             "with a host\n"
-        ), bad_url.stderr
-
-    assert _run("dlq", "list", "identity", env=env).stdout == ""  # served, nothing dead
-    for action in ("list", "replay", "purge"):
-        typo = _refused("dlq", action, "identity", "--variant", "nope", env=env)
-        assert "no partition identity:nope in this Redis" in typo.stderr, typo.stderr
-    for letter in ("1-1", "not-an-id"):  # no such letter: nothing done, no traceback
-        replayed = _run("dlq", "replay", "identity", "--id", letter, env=env).stdout
-        assert replayed == "replayed 0, kept 0\n"
-        assert _run("dlq", "purge", "identity", "--id", letter, env=env).stdout == "purged 0\n"
+        ), bad_url.result().stderr
+    assert dead.result().stdout == ""  # served, nothing dead
+    for typo in dlq_typos:
+        said = typo.result().stderr
+        assert "no partition identity:nope in this Redis" in said, said
+    for replayed, purged in no_letters:
+        assert replayed.result().stdout == "replayed 0, kept 0\n"
+        assert purged.result().stdout == "purged 0\n"
 
 
 def test_dlq_replay_prints_each_letter_it_kept_and_why(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import statistics
 import subprocess
@@ -18,12 +19,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
+import yaml
 
 from conveyor.client import Client, RetryEvent
 from conveyor.client.errors import APIError
@@ -49,13 +52,26 @@ STEADY = KEYS.queue("steady", "default")
 BRIEF = KEYS.queue("brief", "default")  # `steady` with a 3 s max_queue_time_s
 
 
+def _repository(root: Path) -> Path:
+    """The fixture repository with `steady`'s visibility timeout cut from 30 s to 6 s: the job a
+    killed worker leaves in the stream (test_scaling_event_when_the_worker_dies_with_the_job_at_
+    the_head) is reclaimed by the next worker as it starts, not half a minute after the kill.
+    One worker serves `steady`, touching what it runs every 2 s: nothing else may reclaim it."""
+    shutil.copytree(FIXTURES, root)
+    config = root / "steady" / "config.yaml"
+    settings = yaml.safe_load(config.read_text())
+    settings["queue"]["visibility_timeout_s"] = 6
+    config.write_text(yaml.safe_dump(settings))
+    return root
+
+
 @pytest.fixture(scope="module")
 def queue_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The `steady` model with one worker; `idle` with none; `brief` gets one when a test asks."""
     with running_stack(
         tmp_path_factory.mktemp("queue-position"),
         CONVEYOR_AUTH="disabled",
-        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
+        CONVEYOR_MODEL_REPOSITORY=str(_repository(tmp_path_factory.mktemp("queue") / "models")),
         PYTHONPATH=str(REPO_ROOT),  # the fault engine lives in tests/
     ) as stack:
         stack.start_worker("steady")
@@ -436,6 +452,7 @@ def test_scaling_event_when_the_worker_dies_with_the_job_at_the_head(
         queue_stack.start_worker("steady")
         reader.join(timeout=60)
     assert seen[-1] == "final" and seen.index("scaling") < seen.index("final"), seen
+    _drained(store)  # the killed worker's cancelled job, reclaimed by the new one
 
 
 def test_cli_jobs_wait_shows_progress(

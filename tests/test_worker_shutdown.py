@@ -24,9 +24,11 @@ from workers.runtime.stream_consumer import FORCED_EXIT_MARGIN_S
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 GRACE_S = 3
 ENGINE_S = 2.0  # the job in hand outlives Redis: its write-back meets the outage
-# Long enough for a backoff that logged every retry (0.1 s doubling to a 5 s cap) to have
-# logged about six lines: the outage's length is the scenario here, not a synchronisation.
-OUTAGE_S = 8.0
+# Long enough for a backoff that logged every retry (0.1 s doubling to a 5 s cap, jitter only
+# shortening a sleep) to have logged four more lines at least, past the three warnings allowed,
+# even in the write-back's loop, whose outage starts when the job ends (up to ENGINE_S later):
+# the outage's length is the scenario here, not a synchronisation.
+OUTAGE_S = 4.0
 
 
 def _worker_warnings(log: Path) -> list[dict[str, Any]]:
@@ -45,15 +47,17 @@ def _worker_warnings(log: Path) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _running_a_job(tmp_path: Path, sleep_ms: int) -> Iterator[tuple[Any, str, redis.Redis]]:
-    """A stack whose `faulty` worker (`worker`) runs a job that sleeps `sleep_ms`: the stack,
-    the job's id, and a client of its Redis (closed after)."""
+def _running_a_job(
+    tmp_path: Path, sleep_ms: int, grace_s: float = GRACE_S
+) -> Iterator[tuple[Any, str, redis.Redis]]:
+    """A stack whose `faulty` worker (`worker`, shutdown grace `grace_s`) runs a job that sleeps
+    `sleep_ms`: the stack, the job's id, and a client of its Redis (closed after)."""
     with running_stack(
         tmp_path,
         CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
         PYTHONPATH=str(REPO_ROOT),  # the custom backend lives in tests/
         CONVEYOR_AUTH="disabled",
-        CONVEYOR_SHUTDOWN_GRACE_S=str(GRACE_S),
+        CONVEYOR_SHUTDOWN_GRACE_S=str(grace_s),
     ) as pipeline:
         pipeline.start_worker("faulty", name="worker")
         body = {"model": "faulty", "inputs": {"sleep_ms": sleep_ms}}
@@ -88,12 +92,14 @@ def test_worker_exits_after_its_grace_with_an_engine_call_that_outlasts_it(
 ) -> None:
     """Engine calls run on pool threads, which Python waits for at exit: after SIGTERM the
     worker gave up its drain at the grace, then lingered until the call returned (here in a
-    minute). Its exit is forced shortly after the grace now; the job stays pending for reclaim."""
-    with _running_a_job(tmp_path, 60_000) as (pipeline, job_id, client):
+    minute). Its exit is forced shortly after the grace now; the job stays pending for reclaim.
+    A grace of 1 s: the forced exit comes FORCED_EXIT_MARGIN_S (20 s) after it anyway."""
+    grace_s = 1
+    with _running_a_job(tmp_path, 60_000, grace_s) as (pipeline, job_id, client):
         worker = pipeline.processes["worker"]
         worker.send_signal(signal.SIGTERM)
         try:  # a bound, not a measured duration: the call in hand would hold it a minute
-            code = worker.wait(timeout=GRACE_S + FORCED_EXIT_MARGIN_S + 15)
+            code = worker.wait(timeout=grace_s + FORCED_EXIT_MARGIN_S + 15)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"worker still running after SIGTERM; see {tmp_path}") from None
         assert code == os.EX_SOFTWARE
