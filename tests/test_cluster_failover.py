@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from conveyor.stack import Stack
 from conveyor.valkey_cluster import LocalCluster
@@ -21,12 +23,29 @@ from shared.celery_broker import BROKER_TAG
 from shared.keys import Keys
 from tests.conftest import until
 from tests.test_cluster_pipeline import PARTITIONS, cluster_stack
-from tests.webhook_receiver import serving
+from tests.webhook_receiver import Receiver, serving
 
 pytestmark = pytest.mark.slow
 KEYS = Keys("cv:")
 TARGET = 250  # accepted jobs per partition (≥ 500 in all)
 VICTIM = PARTITIONS[1]  # whose master is killed
+Failing = tuple[LocalCluster, Stack, Receiver]
+
+
+@pytest.fixture(scope="module")
+def failing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Failing]:
+    """One cluster stack without replica acks, its webhooks delivered to a receiver, shared by
+    tests that each kill another master of it: VICTIM's, the broker's. Neither owns the other's
+    slots nor is the other's replica, so each test finds its own master and that master's
+    replica as a fresh stack has them, whichever runs first."""
+    with serving() as receiver:
+        env = {
+            "CONVEYOR_REPLICA_ACKS": "0",
+            "CONVEYOR_WEBHOOK_SECRET": "failover-test",
+            "CONVEYOR_WEBHOOK_ALLOWLIST": f"{receiver.base}/hooks/",
+        }
+        with cluster_stack(tmp_path_factory.mktemp("failing"), **env) as (cluster, stack):
+            yield cluster, stack, receiver
 
 
 @dataclass
@@ -87,9 +106,16 @@ def _promotion(cluster: LocalCluster, key: str, old_port: int, since: float) -> 
     raise AssertionError("no replica was promoted within 30 s")
 
 
+def _client(cluster: LocalCluster) -> redis.RedisCluster:
+    """A cluster client that starts from a master no test kills: `cluster.client()` starts from
+    the first one, the broker's, which a test kills."""
+    port = cluster.master_of(KEYS.queue(*PARTITIONS[0])).port
+    return redis.RedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
+
+
 def _outcomes(cluster: LocalCluster, job_ids: list[str]) -> list[tuple[bytes | None, bytes | None]]:
     """(status, writes) of each job, once no job is still queued or running (or 60 s)."""
-    client = cluster.client()
+    client = _client(cluster)
     deadline = time.monotonic() + 60
     while True:
         rows = [tuple(client.hmget(KEYS.job(i), "status", "writes")) for i in job_ids]
@@ -117,69 +143,60 @@ def test_with_replica_acks_no_accepted_job_is_lost(tmp_path: Path) -> None:
         lost = [i for i, (status, _) in zip(ids, outcomes, strict=True) if status != b"succeeded"]
         assert lost == []
         twice = [i for i, (_, writes) in zip(ids, outcomes, strict=True) if writes != b"1"]
-        client = cluster.client()
+        client = _client(cluster)
         for i in twice[:2]:
             print("TWICE", i, client.hgetall(KEYS.job(i)))
         assert twice == []
 
 
-def test_without_replica_acks_the_loss_is_counted(tmp_path: Path) -> None:
-    with cluster_stack(tmp_path, CONVEYOR_REPLICA_ACKS="0") as (cluster, stack):
-        loads, promoted_after = _fail_over_under_load(cluster, stack)
-        _check_refusals(loads)
-        ids = [i for load in loads for i in load.accepted]
-        outcomes = _outcomes(cluster, ids)
-        lost = [i for i, (status, _) in zip(ids, outcomes, strict=True) if status is None]
-        print(
-            f"REPLICA_ACKS=0: {len(lost)} of {len(ids)} acknowledged jobs lost; replica promoted "
-            f"{promoted_after:.1f} s after kill -9"
-        )
-        assert len(ids) >= 2 * TARGET
-        # a job either ran, once, or went with its master (its hash and entry written by one
-        # script, replicated together or not at all): none is left hanging or written twice
-        assert {status for status, _ in outcomes} <= {b"succeeded", None}, outcomes
-        assert {writes for _, writes in outcomes} <= {b"1", None}, outcomes
-        [victim] = [
-            load for partition, load in zip(PARTITIONS, loads, strict=True) if partition == VICTIM
-        ]
-        assert set(lost) <= set(victim.accepted)  # only the killed master's partition lost any
+def test_without_replica_acks_the_loss_is_counted(failing: Failing) -> None:
+    cluster, stack, _ = failing
+    loads, promoted_after = _fail_over_under_load(cluster, stack)
+    _check_refusals(loads)
+    ids = [i for load in loads for i in load.accepted]
+    outcomes = _outcomes(cluster, ids)
+    lost = [i for i, (status, _) in zip(ids, outcomes, strict=True) if status is None]
+    print(
+        f"REPLICA_ACKS=0: {len(lost)} of {len(ids)} acknowledged jobs lost; replica promoted "
+        f"{promoted_after:.1f} s after kill -9"
+    )
+    assert len(ids) >= 2 * TARGET
+    # a job either ran, once, or went with its master (its hash and entry written by one
+    # script, replicated together or not at all): none is left hanging or written twice
+    assert {status for status, _ in outcomes} <= {b"succeeded", None}, outcomes
+    assert {writes for _, writes in outcomes} <= {b"1", None}, outcomes
+    [victim] = [
+        load for partition, load in zip(PARTITIONS, loads, strict=True) if partition == VICTIM
+    ]
+    assert set(lost) <= set(victim.accepted)  # only the killed master's partition lost any
 
 
-def test_webhooks_follow_a_failover_of_their_brokers_master(tmp_path: Path) -> None:
+def test_webhooks_follow_a_failover_of_their_brokers_master(failing: Failing) -> None:
     """kombu's keys live in one slot; its master, also the node every client started from, is
     killed: a job submitted after the promotion still runs and its webhook still arrives
     (published and consumed on the promoted replica)."""
-    with (
-        serving() as receiver,
-        cluster_stack(
-            tmp_path,
-            CONVEYOR_WEBHOOK_SECRET="failover-test",
-            CONVEYOR_WEBHOOK_ALLOWLIST=f"{receiver.base}/hooks/",
-        ) as (cluster, stack),
-    ):
-        broker = cluster.master_of(BROKER_TAG)
-        assert broker.port == cluster.masters[0].port  # the stack's CONVEYOR_REDIS_URL
-        assert all(broker.port != cluster.master_of(KEYS.queue(*p)).port for p in PARTITIONS)
+    cluster, stack, receiver = failing
+    broker = cluster.master_of(BROKER_TAG)
+    assert broker.port == cluster.masters[0].port  # the stack's CONVEYOR_REDIS_URL
+    assert all(broker.port != cluster.master_of(KEYS.queue(*p)).port for p in PARTITIONS)
 
-        def delivery(n: int) -> dict[str, Any]:
-            """The delivery of the webhook of a new job (within 60 s)."""
-            body = {
-                "model": "identity",
-                "inputs": {"n": n},
-                "webhook": f"{receiver.base}/hooks/job",
-            }
-            answer = httpx.post(f"{stack.base_url}/v1/jobs", json=body)
-            assert answer.status_code == 202, answer.text
-            job_id = answer.json()["id"]
-            mine = until(
-                lambda: [d for d in receiver.deliveries if job_id.encode() in d["body"]], 60
-            )
-            return dict(mine[0])
+    def delivery(n: int) -> dict[str, Any]:
+        """The delivery of the webhook of a new job (within 60 s)."""
+        body = {
+            "model": "identity",
+            "inputs": {"n": n},
+            "webhook": f"{receiver.base}/hooks/job",
+        }
+        answer = httpx.post(f"{stack.base_url}/v1/jobs", json=body)
+        assert answer.status_code == 202, answer.text
+        job_id = answer.json()["id"]
+        mine = until(lambda: [d for d in receiver.deliveries if job_id.encode() in d["body"]], 60)
+        return dict(mine[0])
 
-        assert delivery(1)["status"] == 200
-        killed_at = time.monotonic()
-        cluster.kill(broker)
-        promoted_after = _promotion(cluster, BROKER_TAG, broker.port, killed_at)
-        print(f"the broker's master was promoted {promoted_after:.1f} s after kill -9")
-        after = delivery(2)
-        assert after["status"] == 200 and b"job.succeeded" in after["body"]
+    assert delivery(1)["status"] == 200
+    killed_at = time.monotonic()
+    cluster.kill(broker)
+    promoted_after = _promotion(cluster, BROKER_TAG, broker.port, killed_at)
+    print(f"the broker's master was promoted {promoted_after:.1f} s after kill -9")
+    after = delivery(2)
+    assert after["status"] == 200 and b"job.succeeded" in after["body"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import signal
 import threading
@@ -48,22 +49,36 @@ from shared.redis_client import connect
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
 from tests.test_llm_pipeline import sse_events
 from tests.test_redis_freeze import frozen
+from workers.runtime.consumer_runtime import ENGINE_CLOSE_S
 
 pytestmark = pytest.mark.slow
 PACED = str(REPO_ROOT / "tests" / "fixtures" / "paced_repository")
 DOOMED = "doomed-producer"
 T = TypeVar("T")
 PROMPT = "the keeper climbed the stairs of the lighthouse as the storm came in"
+STEP_S = 0.05  # the paced model's step_ms: its tokens come no faster
+# The longest stop of a producer with requests waiting that the test below accepts.
+STOPPED_WITHIN_S = GRACE_S + 7
 
 
 @pytest.fixture(scope="module")
 def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """Keys on, the `paced` model (a token every 50 ms) and one worker serving it."""
+    """Keys on, the `paced` model (a token every 50 ms) and one worker serving it. That worker
+    drains nothing when the module ends (a grace of only its engine's close): the long jobs
+    some tests leave running (a revoked key's) are aborted, not waited for."""
     folder = tmp_path_factory.mktemp("paced")
-    with running_stack(folder, CONVEYOR_MODEL_REPOSITORY=PACED) as stack:
+    grace = str(ENGINE_CLOSE_S)
+    with running_stack(
+        folder, CONVEYOR_MODEL_REPOSITORY=PACED, CONVEYOR_SHUTDOWN_GRACE_S=grace
+    ) as stack:
         # The engine lives in tests/, importable from the repository root.
         stack.start_worker("paced", PYTHONPATH=str(REPO_ROOT))
         yield stack
+
+
+def _tokens(seconds: float) -> int:
+    """`max_tokens` for a paced job that runs for at least `seconds`."""
+    return math.ceil(seconds / STEP_S)
 
 
 def _headers(key: str) -> dict[str, str]:
@@ -134,12 +149,14 @@ class SdkChat(threading.Thread):
             self.error = exc
 
 
-def _open_streams(base_url: str, key: str) -> tuple[Reader, Reader]:
-    """An SSE stream of a 10 s job and a streamed chat completion as long, both under way."""
-    job_id = _submit(base_url, key, 200)
+def _open_streams(base_url: str, key: str, seconds: float) -> tuple[Reader, Reader]:
+    """An SSE stream of a job of `seconds` and a streamed chat completion as long, both under
+    way."""
+    tokens = _tokens(seconds)
+    job_id = _submit(base_url, key, tokens)
     sse = Reader("GET", f"{base_url}/v1/jobs/{job_id}/events", key)
     chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "stream": True}
-    openai = Reader("POST", f"{base_url}/v1/chat/completions", key, chat | {"max_tokens": 200})
+    openai = Reader("POST", f"{base_url}/v1/chat/completions", key, chat | {"max_tokens": tokens})
     sse.start()
     openai.start()
     until(lambda: sse.count("token") >= 3 and openai.count('"content"') >= 3)
@@ -175,7 +192,8 @@ def _resumes_and_runs_on(stack: Stack, key: str, sse: Reader, openai: Reader) ->
 def test_sigterm_ends_open_streams_cleanly_and_the_job_resumes_elsewhere(paced: Stack) -> None:
     key = issue_key(paced.redis_url, "shutdown", "submit", "read")
     doomed = paced.start_producer(free_port(), name=DOOMED)
-    sse, openai = _open_streams(doomed, key)
+    # They end at the SIGTERM; one that did not would be cut GRACE_S later, its job still on.
+    sse, openai = _open_streams(doomed, key, GRACE_S + 2)
 
     exit_code = paced.stop_process(DOOMED)  # SIGTERM, then waits for the exit
     sse.join(30)
@@ -197,8 +215,16 @@ def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(
     line (compose, Kubernetes) and under `conveyor up`'s own server (producer_server.py)."""
     key = issue_key(paced.redis_url, "draining", "submit", "read")
     doomed = paced.start_producer(free_port(), name=DOOMED, server=server)
-    job_id = _submit(doomed, key, 400)  # 20 s of tokens
-    chat = {"model": "paced", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 400}
+    # Both jobs run past the longest stop accepted below (and the few requests between their
+    # start and the SIGTERM): a stop that passes answered while they ran, however loaded the
+    # machine. A request that waits for its job's end cannot.
+    tokens = _tokens(STOPPED_WITHIN_S + 1)
+    job_id = _submit(doomed, key, tokens)
+    chat = {
+        "model": "paced",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": tokens,
+    }
     sent = [threading.Event(), threading.Event()]
     with ThreadPoolExecutor(2) as pool:
         url = f"{doomed}/v1/jobs/{job_id}"
@@ -220,7 +246,7 @@ def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(
         stopped_s = time.monotonic() - began
         polled, answered = poll.result(), whole.result()
     # within the grace a job that ends is still answered (test_faults.py); then the waits end
-    assert exit_code in (0, -signal.SIGTERM) and stopped_s < GRACE_S + 7, stopped_s  # not 20 s
+    assert exit_code in (0, -signal.SIGTERM) and stopped_s < STOPPED_WITHIN_S, stopped_s
     assert polled.status_code == 200 and polled.json()["status"] == "running", polled.text
     assert answered.status_code == 503 and answered.headers["Retry-After"] == "1", answered.text
     running = answered.json()["error"]["job"]
@@ -262,7 +288,7 @@ def test_a_frozen_redis_ends_open_streams_cleanly_and_they_resume(paced: Stack) 
     """Once, such a stream was cut mid-body (an incomplete chunked read) when a Redis read
     timed out; now the producer ends it, Redis still frozen, within a read's timeout."""
     key = issue_key(paced.redis_url, "freeze", "submit", "read")
-    sse, openai = _open_streams(paced.base_url, key)
+    sse, openai = _open_streams(paced.base_url, key, 10)
     with frozen(paced):
         until(lambda: not sse.is_alive() and not openai.is_alive())
     _ended_cleanly(sse, openai, "unreachable")
