@@ -147,7 +147,7 @@ def choose_variant(
         return config.default_variant
     if len(candidates) == 1:  # the usual case: one variant takes everything
         return candidates[0][0]
-    if sticky_key is None:
+    if not sticky_key:  # an empty key ("" routing_key or user) is no key: it would pin them all
         names, shares = zip(*candidates, strict=True)
         return random.choices(names, shares)[0]
     return max(candidates, key=lambda c: _score(sticky_key, config.name, c[0], c[1]))[0]

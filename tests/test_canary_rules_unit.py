@@ -5,6 +5,7 @@ a decision reads (on a real Valkey)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -19,7 +20,7 @@ from producer_api.canary.controller import LONGEST_LOOK_S, CanaryController, bre
 from shared.canary_store import Canary, CanaryStore
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
-from shared.route_store import RouteStore
+from shared.route_store import RouteStore, VersionConflict
 from shared.routing import Routes
 from shared.variant_stats import BUCKET_S, Sample, VariantStats, Window, bucket_of
 from shared.webhook_events import WebhookDispatcher
@@ -222,6 +223,57 @@ async def test_a_routes_change_during_a_canary_aborts_it(aredis: aioredis.Redis)
     assert live.weights == {"stable": 100.0, "candidate": 0.0}, live
     assert (canary.state, canary.weight) == ("aborted", 0.0)
     reason = (await CanaryStore(aredis, keys).events("ab", 1))[-1]["reason"]
+    assert "routes changed" in reason, reason
+
+
+class _RoutesSetMidDecision(VariantStats):
+    """Real statistics on Valkey whose first window read lands an operator's routes change
+    first: it comes while a decision awaits its windows, after it judged the live routes."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys, routes: Routes) -> None:
+        super().__init__(client, keys)
+        self.route_store = RouteStore(client, keys)
+        self.pending: Routes | None = routes
+
+    async def window(
+        self,
+        model: str,
+        variants: Iterable[str],
+        since_s: float,
+        until_s: float | None = None,
+        samples: bool = True,
+    ) -> dict[str, Window]:
+        if self.pending is not None:
+            routes, self.pending = self.pending, None
+            await self.route_store.put(model, routes, "operator")
+        return await super().window(model, variants, since_s, until_s, samples)
+
+
+async def test_a_routes_change_while_a_step_is_decided_aborts_it(aredis: aioredis.Redis) -> None:
+    """An operator's PUT (candidate 0 %) landing after a look judged the live routes, while it
+    read its windows, was read over by the step it then took: scaled from and written at the
+    new version, the rollback undone, no abort. The step is refused, and the next look aborts
+    the canary, the operator's routes left as they are."""
+    keys = Keys("canary-mid-decision:")
+    began = (bucket_of(time.time()) - 1) * BUCKET_S  # the samples below fall in the step's window
+    canary = await _at_step_0(aredis, keys, interval_s=1.0, step_started_at=began)
+    store = CanaryStore(aredis, keys)
+    assert await store.start(canary)
+    healthy = [Sample(True, 1.0, 1.0)] * CANARY.min_requests
+    both = {("ab", "stable"): healthy, ("ab", "candidate"): healthy}
+    await VariantStats(aredis, keys).record_samples(both)
+    operator = Routes({"stable": 100.0, "candidate": 0.0})
+    controller = _controller(aredis, keys, _RoutesSetMidDecision(aredis, keys, operator))
+
+    with contextlib.suppress(VersionConflict):  # the look's "deciding again"
+        await controller.decide(canary)
+    stored = await store.get("ab")
+    assert stored is not None
+    await controller.decide(stored)
+    live = (await RouteStore(aredis, keys).get_many(["ab"]))["ab"]
+    assert live.weights == operator.weights, live
+    assert (stored.state, stored.weight) == ("aborted", 0.0)
+    reason = (await store.events("ab", 1))[-1]["reason"]
     assert "routes changed" in reason, reason
 
 

@@ -41,3 +41,13 @@ def test_keys_split_by_weight() -> None:
     config = _config(default=80, canary=20)
     counts = Counter(choose_variant(config, None, f"user-{i}") for i in range(4000))
     assert counts["canary"] / 4000 == pytest.approx(0.2, abs=0.03)
+
+
+def test_an_empty_key_is_no_key() -> None:
+    """An empty `routing_key` (or OpenAI `user`) was a sticky key like any other: every request
+    sending "" went to the one variant it hashed to. It is split at random by weight, as no key
+    is (5 000 draws: a share more than 4 points off is over 6 standard deviations away)."""
+    weights = {"default": 70, "b": 20, "c": 10}
+    counts = Counter(choose_variant(_config(**weights), None, "") for _ in range(5000))
+    for name, weight in weights.items():
+        assert counts[name] / 5000 == pytest.approx(weight / 100, abs=0.04), counts

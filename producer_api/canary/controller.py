@@ -198,15 +198,15 @@ class CanaryController:
         if canary.step < 0:
             await self.move(canary, 0, "step", None, {})
             return
-        if await self.overridden(canary):
+        read = await self.overridden(canary)
+        if read is None:
             return
         began = since(canary, canary.step_started_at)
         seen = await self.step_numbers(canary, began)
         if seen["canary"]["requests"] < canary.min_requests:
             if reason := starved(canary, seen["canary"]["requests"]):
-                await self.end(
-                    canary, "rolled_back", 0.0, reason, await self.timed(canary, seen, began)
-                )
+                seen = await self.timed(canary, seen, began)
+                await self.end(canary, "rolled_back", 0.0, reason, seen, read)
             return
         whole_canary = seen["baseline"]["requests"] < canary.min_requests
         if whole_canary:  # at 100 % it gets no traffic
@@ -217,11 +217,11 @@ class CanaryController:
         if not whole_canary:
             seen = await self.timed(canary, seen, began)
         if reason:
-            await self.end(canary, "rolled_back", 0.0, reason, seen)
+            await self.end(canary, "rolled_back", 0.0, reason, seen, read)
         elif canary.step + 1 < len(canary.steps):
-            await self.move(canary, canary.step + 1, "step", "bounds held", seen)
+            await self.move(canary, canary.step + 1, "step", "bounds held", seen, read)
         else:
-            await self.end(canary, "completed", canary.weight, "bounds held", seen)
+            await self.end(canary, "completed", canary.weight, "bounds held", seen, read)
 
     async def step_numbers(self, canary: Canary, began: float) -> dict[str, dict[str, Any]]:
         """Both variants' numbers over the step, the baseline's without its p99: `breach`
@@ -243,24 +243,26 @@ class CanaryController:
         p99_ms = numbers(window[canary.baseline])["p99_ms"]
         return seen | {"baseline": seen["baseline"] | {"p99_ms": p99_ms}}
 
-    async def overridden(self, canary: Canary) -> bool:
-        """Abort the canary if the live routes no longer give its variant its weight: someone
-        changed them during the step, and its next step would write over their change. The
-        canary takes the live weight, so the abort leaves their routes as they are."""
+    async def overridden(self, canary: Canary) -> Routes | None:
+        """The live routes, judged to give the canary's variant its weight; None once it
+        aborted the canary because they don't: someone changed them during the step, and its
+        next step would write over their change. The canary takes the live weight, so the abort
+        leaves their routes as they are. A decision writes its step conditional on the routes
+        returned, so a change landing while it reads its windows fails that write."""
         live = await self.live_routes(canary)
         weight = live.weights.get(canary.variant, 0.0)
         if abs(weight - canary.weight) <= WEIGHT_SLACK:
-            return False
+            return live
         if await self._own_write(canary, live.version):
-            await self._resume(canary, weight)
-            return True
+            await self._resume(canary, live)
+            return None
         reason = (
             f"routes changed outside the canary (version {live.version}): {canary.variant}"
             f" has {weight:g} %, not its step's {canary.weight:g} %"
         )
         canary.weight = weight
         await self.end(canary, "aborted", weight, reason, {})
-        return True
+        return None
 
     async def _own_write(self, canary: Canary, version: int) -> bool:
         """Whether the live routes are the canary's own last write, its record's save lost (a
@@ -268,10 +270,11 @@ class CanaryController:
         last = await self.routes.history(canary.model, 1)
         return bool(last) and (last[-1].version, last[-1].by) == (version, _author(canary))
 
-    async def _resume(self, canary: Canary, weight: float) -> None:
-        """Take up the step (or rollback) the canary's routes already show."""
+    async def _resume(self, canary: Canary, live: Routes) -> None:
+        """Take up the step (or rollback) the canary's routes, `live`, already show."""
+        weight = live.weights.get(canary.variant, 0.0)
         if weight <= WEIGHT_SLACK:
-            await self.end(canary, "rolled_back", 0.0, "its rollback's record was lost", {})
+            await self.end(canary, "rolled_back", 0.0, "its rollback's record was lost", {}, live)
             return
         steps = [n for n, share in enumerate(canary.steps) if abs(share - weight) <= WEIGHT_SLACK]
         canary.step = steps[0] if steps else canary.step
@@ -287,12 +290,19 @@ class CanaryController:
         return numbers(window[canary.baseline])
 
     async def move(
-        self, canary: Canary, step: int, kind: str, reason: str | None, seen: dict[str, Any]
+        self,
+        canary: Canary,
+        step: int,
+        kind: str,
+        reason: str | None,
+        seen: dict[str, Any],
+        read: Routes | None = None,
     ) -> None:
+        """Take `step`, its routes built from `read` (the routes judged; None: read them now)."""
         canary.step = step
         canary.weight = canary.steps[step]
         canary.step_started_at = time.time()
-        await self.set_weight(canary, canary.weight)
+        await self.set_weight(canary, canary.weight, read)
         await self.store.save(canary)
         await self.announce(canary, kind, reason, seen)
 
@@ -303,10 +313,12 @@ class CanaryController:
         weight: float,
         reason: str | None,
         seen: dict[str, Any],
+        read: Routes | None = None,
     ) -> None:
-        """Finish the rollout; a rollback or an abort puts the canary back to 0 % first."""
+        """Finish the rollout; a rollback or an abort puts the canary back to 0 % first, from
+        `read` as `move` does."""
         if weight != canary.weight:
-            await self.set_weight(canary, weight)
+            await self.set_weight(canary, weight, read)
         canary.state, canary.weight = state, weight
         await self.store.save(canary)
         await self.announce(canary, state, reason, seen)
@@ -314,11 +326,14 @@ class CanaryController:
     async def live_routes(self, canary: Canary) -> Routes:
         return (await self.routes.get_many([canary.model]))[canary.model]
 
-    async def set_weight(self, canary: Canary, percent: float) -> None:
-        current = await self.live_routes(canary)
+    async def set_weight(self, canary: Canary, percent: float, read: Routes | None) -> None:
+        """Give the variant `percent` of the routes `read`, those a decision judged (None where
+        none was: the first step, an abort), conditional on their version: an operator's change
+        made since wins (VersionConflict), and the next look aborts the canary on it. Read
+        again here, it was scaled from and written over."""
+        current = read if read is not None else await self.live_routes(canary)
         canary.others = current.served_besides(canary.variant) or canary.others
         routes = current.with_share(canary.variant, percent, canary.others or {canary.baseline: 1})
-        # Conditional on the version read: an operator's change made meanwhile wins.
         await self.routes.put(canary.model, routes, _author(canary), current.version)
 
     async def announce(
