@@ -105,6 +105,8 @@ class MicroBatchLoop:
     async def step(self) -> None:
         if self.stages is not None:
             await self.stages.until_wanted()
+            if self.stopping.is_set():  # asked meanwhile: a read now would run past the stop
+                return
         batches = await self.lanes.next_batch(
             self.budget.limit(),
             self.partition.config.max_queue_delay_ms,

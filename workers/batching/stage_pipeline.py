@@ -43,9 +43,12 @@ class StagePipeline:
         """Wait until the device is about to want another micro-batch: the caller reads it
         then, not as soon as the last one is queued (see `DeviceSchedule`). What a micro-batch
         raised in the background (an engine that died) is raised here first: raised at the
-        next submit only, it waited for traffic, its entries held by no one running them."""
+        next submit only, it waited for traffic, its entries held by no one running them. Asked
+        again after the wait, which the failure itself may end: else the loop read one more
+        micro-batch for the dead engine, left pending under a consumer about to exit."""
         self.raise_failure()
         await self.schedule.until_wanted()
+        self.raise_failure()
 
     async def submit(
         self, inputs: list[dict[str, Any]], done: Done, started: Callable[[], None] | None = None
@@ -68,14 +71,19 @@ class StagePipeline:
         task.add_done_callback(self._forget)
 
     async def _complete(self, inputs: list[dict[str, Any]], prepared: Any, done: Done) -> None:
+        """What a stage or the write-back raises is kept for the loop (`raise_failure`), before
+        the schedule is told: its wake-up may be the loop's cue to read (`until_wanted`)."""
+        outcomes: list[Outcome] | None = None
         try:
-            try:
-                outcomes = await self._outcomes(inputs, prepared)
-            except BaseException:
-                self.schedule.done(None)
-                raise
+            outcomes = await self._outcomes(inputs, prepared)
             self.schedule.done(_device_s(outcomes))
             await done(outcomes)
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                self.failures.append(exc)
+            if outcomes is None:
+                self.schedule.done(None)
+            raise
         finally:
             self.slots.release()
 
@@ -102,8 +110,8 @@ class StagePipeline:
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self.failures.append(task.exception())  # type: ignore[arg-type]
+        if not task.cancelled():
+            task.exception()  # kept in `failures` already; retrieved, asyncio logs it no more
 
     def raise_failure(self) -> None:
         """Re-raise, in the loop, what a micro-batch's write-back raised in the background."""
