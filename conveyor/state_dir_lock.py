@@ -5,6 +5,7 @@ their children (two Valkey servers on one data directory, two workers named alik
 from __future__ import annotations
 
 import fcntl
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,15 +15,25 @@ import click
 
 @contextmanager
 def state_dir_lock(state_dir: Path, command: str, options: str) -> Iterator[None]:
-    """Hold `<state dir>/lock` for the run of `command` (`conveyor up`); `options` are how to
-    give it another state dir (`--state-dir`), named in the refusal."""
+    """Hold `<state dir>/lock` for the run of `command` (`conveyor up`), which it names with
+    its pid there; `options` are how to give it another state dir (`--state-dir`), named in
+    the refusal."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    with (state_dir / "lock").open("a") as lock:
+    path = state_dir / "lock"
+    with path.open("a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise click.ClickException(
-                f"another `{command}` uses the state dir {state_dir}: stop it, or give this "
-                f"one a state dir of its own with {options}"
+                f"another `{_holder(path) or command}` uses the state dir {state_dir}: stop "
+                f"it, or give this one a state dir of its own with {options}"
             ) from None
+        lock.truncate(0)  # whom a refused run names (it named its own command, say autoscale)
+        lock.write(f"{command}\n{os.getpid()}\n")
+        lock.flush()
         yield  # closing the file lets it go
+
+
+def _holder(path: Path) -> str:
+    """The command holding the lock, by its first line; empty while it has yet to write it."""
+    return path.read_text().partition("\n")[0]

@@ -151,11 +151,14 @@ def _until_known(node: ClusterNode, node_id: str, timeout_s: float = 10.0) -> No
 def local_cluster(
     root: Path, masters: int = 3, node_timeout_ms: int = 2000, replicas: int = 1
 ) -> Iterator[LocalCluster]:
-    """A formed, healthy cluster of `masters` masters with `replicas` replicas each."""
-    count = masters * (1 + replicas)
-    nodes = [_start_node(root / f"node{i}", node_timeout_ms) for i in range(count)]
-    cluster = LocalCluster(nodes[:masters], nodes[masters:], node_timeout_ms)
+    """A formed, healthy cluster of `masters` masters with `replicas` replicas each. Nodes start
+    one at a time into it, so that a node that fails to start stops those before it (they ran
+    until the interpreter exited)."""
+    cluster = LocalCluster([], [], node_timeout_ms)
     try:
+        for index in range(masters * (1 + replicas)):
+            role = cluster.masters if index < masters else cluster.replicas
+            role.append(_start_node(root / f"node{index}", node_timeout_ms))
         _form(cluster.masters, cluster.replicas)
         cluster.wait_healthy(timeout_s=30)
         yield cluster

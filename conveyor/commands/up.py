@@ -11,13 +11,13 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 import click
 
 from conveyor.commands.keys import dev_key
-from conveyor.embedded_valkey import io_threads
+from conveyor.embedded_valkey import config_can_name, io_threads
 from conveyor.local_stack import StackState, refuse_unreachable
 from conveyor.producer_server import family_of
 from conveyor.stack import ChildNotReady, Stack
@@ -69,7 +69,8 @@ ANY_MODEL = """
 SUPERVISE_EVERY_S = 0.5
 # Besides Ctrl-C, what stops it in order: `kill` and service managers send SIGTERM, a closed
 # terminal or a dropped SSH session SIGHUP (left to its default, `up` died and its children,
-# in sessions of their own, ran on).
+# in sessions of their own, ran on). One ignored when `up` starts (`nohup` ignores SIGHUP)
+# stays ignored, as Python leaves an ignored SIGINT.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -110,7 +111,9 @@ def command(
     """Run the pipeline: embedded Valkey (unless CONVEYOR_REDIS_URL), producers, workers."""
     settings = get_settings()
     port, host = port or settings.port, settings.host
-    state_dir = state_dir or settings.state_dir
+    # absolute: stack.json and the banner name its key file, which the CLI read relative to
+    # its own directory (`var/run/dev-api-key` from anywhere but the checkout)
+    state_dir = (state_dir or settings.state_dir).absolute()
     repository = ModelRepository.load(settings.model_repository)
     names = models.split(",") if models else list(repository.models)
     repository.partitions(names)  # a mistyped model or variant stops here, before anything runs
@@ -122,6 +125,11 @@ def command(
             "CONVEYOR_REDIS_CLUSTER=1 needs CONVEYOR_REDIS_URL, a node of the cluster: "
             "the embedded Valkey is a single server"
         )
+    if redis_url is None and not config_can_name(state_dir / "valkey"):
+        raise click.ClickException(
+            f"the embedded Valkey cannot run in {state_dir}: its config file cannot name a "
+            "path with whitespace or a quote; choose another --state-dir or CONVEYOR_STATE_DIR"
+        )
     with state_dir_lock(state_dir, "conveyor up", "--state-dir or CONVEYOR_STATE_DIR"):
         _refuse_unbindable(host, port)
         _exit_on_stop_signals()
@@ -130,7 +138,10 @@ def command(
         valkey_config = None
         if redis_url is None:  # on a machine with cores to spare, I/O threads lift its ceiling
             valkey_config = {"appendonly": "yes", "io-threads": str(io_threads())}
-        stack = Stack.create(state_dir, redis_url, valkey_config, cluster=settings.redis_cluster)
+        with _one_line_if_not_ready():  # an embedded Valkey that cannot start
+            stack = Stack.create(
+                state_dir, redis_url, valkey_config, cluster=settings.redis_cluster
+            )
         _serve(stack, state_dir, host, port, producers, workers)
 
 
@@ -143,14 +154,12 @@ def _serve(
     try:
         # One console secret for all producers: a session cookie is good on whichever answers.
         secret = settings.console_secret or secrets.token_urlsafe(32)
-        try:
+        with _one_line_if_not_ready():
             url = stack.start_producers(
                 port, producers, f"up-{os.getpid()}", host, CONVEYOR_CONSOLE_SECRET=secret
             )
             named = worker_names(workers, taken=stack.processes)
             stack.wait_ready(*(stack.spawn_worker(model, name) for name, model in named.items()))
-        except ChildNotReady as exc:
-            raise click.ClickException(str(exc)) from None
         key_file = state_dir / "dev-api-key"
         auth = _auth(stack, key_file)
         dev_key_file = str(key_file) if auth["auth"] else ""
@@ -173,6 +182,16 @@ def _serve(
         raise click.ClickException(
             f"gave up on {', '.join(failed)} after repeated exits (last log lines above)"
         )
+
+
+@contextlib.contextmanager
+def _one_line_if_not_ready() -> Iterator[None]:
+    """A child that does not get ready ends `up` with its name and the end of its log, not a
+    traceback of the wait."""
+    try:
+        yield
+    except ChildNotReady as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _say(line: str, err: bool = False) -> None:
@@ -268,8 +287,15 @@ def _exit_on_stop_signals() -> None:
             signal.signal(stop, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
-    for stop in STOP_SIGNALS:
+    for stop in _honoured(STOP_SIGNALS):
         signal.signal(stop, _terminated)
+
+
+def _honoured(signals: Iterable[signal.Signals]) -> list[signal.Signals]:
+    """The stop signals `up` acts on: those not ignored. Only `_terminated` ignores one itself,
+    and `up` is stopping by then, so one ignored here was ignored when `up` started (`nohup`
+    leaves SIGHUP so)."""
+    return [stop for stop in signals if signal.getsignal(stop) != signal.SIG_IGN]
 
 
 def _supervise(stack: Stack) -> list[str]:
@@ -280,7 +306,7 @@ def _supervise(stack: Stack) -> list[str]:
         nonlocal stopping
         stopping = True
 
-    for stop in (signal.SIGINT, *STOP_SIGNALS):
+    for stop in (signal.SIGINT, *_honoured(STOP_SIGNALS)):
         signal.signal(stop, _stop)
     supervisor = Supervisor(stack, lambda line: _say(line, err=True))
     try:
