@@ -2,11 +2,12 @@
 replay it as new jobs once the cause is fixed, or purge it. Dead-lettered jobs stay `failed`
 (terminal states never change); a replay is a new job that records `replay_of`, on the lane its
 letter died in (a Batch API item's replay goes to the bulk lane, where interactive jobs go
-first), through fair queuing where the lane has it (at the default weight: a letter does not
-record its key's). A replay keeps its job's deadline and batch, so it waits as its job would
-have (a batch item: its batch's window, not `max_queue_time_s`); a letter whose deadline has
-passed is not replayed (it could only expire) and stays until purged: the replay's result names
-it (`ReplayResult.kept`, with the reason), so whoever replayed sees what was kept and why.
+first), through fair queuing where the lane has it (a letter does not record its key's weight:
+the replay's tenant keeps the weight recorded for it, else gets the default). A replay keeps its
+job's deadline and batch, so it waits as its job would have (a batch item: its batch's window,
+not `max_queue_time_s`); a letter whose deadline has passed is not replayed (it could only
+expire) and stays until purged: the replay's result names it (`ReplayResult.kept`, with the
+reason), so whoever replayed sees what was kept and why.
 
 The stream has no cap and no TTL (a cap would drop letters unseen): only a purge or replay
 shrinks it; the producer's `conveyor_dlq_depth` gauge and `conveyor dlq list` show it."""
@@ -166,7 +167,9 @@ class DeadLetters:
             fields["webhook"] = webhook  # where a cancel or a dead letter finds it, as any job's
         bulk = self.keys.bulk_queue(self.model, self.variant)
         stream = bulk if letter.lane == bulk else self.keys.queue(self.model, self.variant)
-        await self.store.create(entry, stream, fields, fair=(self.fair_window, 1.0), may_exist=True)
+        await self.store.create(
+            entry, stream, fields, fair=(self.fair_window, None), may_exist=True
+        )
         await self.redis.xdel(self.stream, letter.dlq_id)
         return letter.job_id, entry.job_id
 

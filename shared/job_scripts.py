@@ -241,16 +241,19 @@ end
 # now_ms, mark ('1': mark the jobs running, as a generate loop wants; '': only read their status).
 # Non-blocking XREADGROUP of the first stream that has new entries, plus each job's status, in one
 # round trip; returns {index of that stream (0: none), {entry_id, fields, status} triples}. Fair
-# lanes are refilled from their held jobs first, every lane, not only the one read: a lane left
-# empty with jobs held would strand them under a worker that next blocks on its stream.
+# lanes are refilled from their held jobs in turn, each up to the micro-batch just before it is
+# read; once one is read, those after it up to one entry only: a lane left empty with jobs held
+# would strand them under a worker that next blocks on its stream, but a micro-batch moved into
+# a lane not read is committed ahead of every tenant that comes before the next read of it.
 TAKE = (
     _PRELUDE
     + """
-for k = 1, #KEYS do refill(KEYS[k], ARGV[1], ARGV[4], tonumber(ARGV[3])) end
 for k = 1, #KEYS do
+  refill(KEYS[k], ARGV[1], ARGV[4], tonumber(ARGV[3]))
   local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
                          'STREAMS', KEYS[k], '>')
   if res then
+    for later = k + 1, #KEYS do refill(KEYS[later], ARGV[1], ARGV[4], 1) end
     local out = {}
     for _, e in ipairs(res[1][2]) do
       local jid = field(e[2], 'id')
@@ -285,7 +288,8 @@ return out
 
 # KEYS[1]=a lane's stream, KEYS[2]=its added counter, KEYS[3...]=the keys of the jobs to enqueue
 # (in the lane's slot); ARGV: max_length (0: none), ttl_s, group, fair window (0: not a fair
-# lane), job-key prefix, then per job: max_ahead (-1: none), the tenant's weight, n hash pairs,
+# lane), job-key prefix, then per job: max_ahead (-1: none), the tenant's weight ('': none given,
+# a dead letter's replay, which keeps the weight recorded for the tenant, else 1), n hash pairs,
 # m entry pairs, may_exist (1: an id used before, a dead letter's replay), the hash's n
 # field/value pairs, the entry's m. One reply per job, in order.
 # Admission control and enqueue in one atomic step per job, as if each came alone in turn (the
@@ -363,6 +367,9 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   if hold then
     fields = {unpack(ARGV, entry, last)}
     tenant = field(fields, 'tenant') or 'default'
+    if weight == '' then  -- unspecified (a replay): the weight recorded for the tenant, else 1
+      weight = redis.call('HGET', stream .. FAIR, 'w:' .. tenant) or 1
+    end
     local own = redis.call('LLEN', stream .. HELD .. tenant)
     ahead = ahead + held_ahead(stream, tenant, tonumber(weight), held, own)
   end
@@ -501,12 +508,16 @@ return out
 # XACK, XDEL, and the lane's recent list (LPUSH; an LTRIM now and then). In-flight slots live in
 # their API keys' slots: the writer frees them beside this script, in the same round trip.
 # The written job's attempt history gains the record's `attempt` (read and written in the same
-# HMGET and HSET). Idempotent: a call rerun after its reply was lost (a torn connection, a
-# replica WAIT that timed out) changes nothing more, and returns and publishes the results it
-# wrote (a job whose hash holds the record's `status` and `write_id`, random per result) again,
-# so the writer still publishes them and hands their webhooks on, after a replica WAIT that now
-# counts them (the rerun writes each `write_id` again); the drained counter counts only entries
-# XACK acknowledged.
+# HMGET and HSET). A job still `running` under another consumer (its `worker`, in the same HMGET;
+# a worker's own mark, or none yet, leaves it this one's) was taken over by RECLAIM from this
+# one, cut off from Redis past the visibility timeout: its result is not written and its entry,
+# the new owner's now, is left out of the XACK and XDEL, so the new owner's result stands and no
+# attempt goes on record twice. Idempotent: a call rerun after its reply was lost (a torn
+# connection, a replica WAIT that timed out) changes nothing more, and returns and publishes the
+# results it wrote (a job whose hash holds the record's `status` and `write_id`, random per
+# result) again, so the writer still publishes them and hands their webhooks on, after a replica
+# WAIT that now counts them (the rerun writes each `write_id` again); the drained counter counts
+# only entries XACK acknowledged.
 FINISH = (
     _PRELUDE
     + _OWE
@@ -518,11 +529,15 @@ while i <= #ARGV do
   local eid, jid, reply, view, status = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
   local write_id, run, webhook = ARGV[i+5], ARGV[i+6], ARGV[i+7]
   local first, last = i + 9, i + 8 + tonumber(ARGV[i+8]) * 2  -- the record's field/value pairs
-  table.insert(ids, eid)
-  if status ~= '' then
-    local jk = jobkey(ARGV[3], jid)
-    local cur = redis.call('HMGET', jk, 'status', 'writes', 'attempt_history', 'write_id',
-                           'created')
+  local jk = jobkey(ARGV[3], jid)
+  local cur = status == '' and {} or redis.call('HMGET', jk, 'status', 'writes',
+                                                'attempt_history', 'write_id', 'created', 'worker')
+  -- running under another consumer: taken over (RECLAIM) from this one, which lost Redis past
+  -- the visibility timeout; the new owner's result stands, so this one neither writes its
+  -- result nor acknowledges the entry the new owner holds
+  local taken = cur[1] == 'running' and cur[6] and cur[6] ~= ARGV[4]
+  if not taken then table.insert(ids, eid) end
+  if status ~= '' and not taken then
     -- a job handed over by a plain XREADGROUP ran without its hash saying so: through running
     local from = (cur[1] == 'queued' and can('queued', 'running')) and 'running' or cur[1]
     -- this very result, written by a call whose reply was lost (the writer retries it)

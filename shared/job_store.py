@@ -137,7 +137,8 @@ class JobRecord:
 @dataclass(slots=True)
 class NewJob:
     """One job to enqueue: its stream entry, the partition stream, extra job-hash fields, for
-    a fair lane its window (`queue.fair_window`; 0: not fair) and the tenant's weight, and how
+    a fair lane its window (`queue.fair_window`; 0: not fair) and the tenant's weight (None: not
+    known, as for a dead letter's replay: the weight recorded for the tenant stands), and how
     long its hash lives unless it ends sooner (0: the store's TTL; a Batch API item's outlives
     its batch's window). Ending a job only ever lengthens its hash's life. `may_exist`: its id
     may have been enqueued before (a dead letter's replay id), so its hash is looked for first
@@ -147,7 +148,7 @@ class NewJob:
     stream: str
     fields: Mapping[str, str | int]
     fair_window: int = 0
-    weight: float = 1.0
+    weight: float | None = 1.0
     ttl_s: int = 0
     may_exist: bool = False
 
@@ -239,7 +240,7 @@ class JobStore:
         fields: Mapping[str, str | int],
         max_length: int = 0,
         max_ahead: int = -1,
-        fair: tuple[int, float] = (0, 1.0),
+        fair: tuple[int, float | None] = (0, 1.0),
         may_exist: bool = False,
     ) -> int:
         """Write the queued job and append its entry atomically (never one alone), unless the
@@ -299,7 +300,8 @@ class JobStore:
         keys = [stream, self.keys.added(stream), self.keys.job(entry.job_id)]  # _SHARED_KEYS, 1
         ttl_s = job.ttl_s or self.ttl_s
         args: list[Any] = [max_length, ttl_s, GROUP, job.fair_window, self.keys.job_prefix]
-        args += [max_ahead, job.weight, len(mapping), len(encoded), int(job.may_exist)]
+        weight = "" if job.weight is None else job.weight
+        args += [max_ahead, weight, len(mapping), len(encoded), int(job.may_exist)]
         args += [part for pair in mapping.items() for part in pair]
         args += [part for pair in encoded.items() for part in pair]
         return keys, args

@@ -25,7 +25,7 @@ from conveyor.stack import Stack
 from shared.codec import RequestEntry, dumps
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
-from shared.keys import RECENT_KEPT, RECENT_SLACK, Keys
+from shared.keys import GROUP, RECENT_KEPT, RECENT_SLACK, Keys
 from shared.model_repository import ModelConfig, QueueLimits
 from shared.variant_stats import VariantStats
 from tests.conftest import REPO_ROOT, running_stack, until
@@ -302,6 +302,43 @@ async def test_an_outage_after_reclaim_committed_keeps_the_claimed_entries(
     (claimed,) = await reclaimer.reclaim(STREAM)
     assert claimed.redelivered and claimed.attempts == 2
     assert claimed.entry is not None and claimed.entry.job_id == "stranded"
+
+
+async def test_a_result_written_after_a_takeover_leaves_the_job_to_its_new_owner(
+    aredis: aioredis.Redis, writers: Callable[[str], ResultWriter]
+) -> None:
+    """hA-1 lost Redis past the visibility timeout and hB-2 took its entry over: hA-1's late
+    result was written all the same (its attempt on record twice, crashed then succeeded) and
+    acknowledged the entry hB-2 held, whose own result was then refused. The new owner's
+    stands: the late one writes nothing and leaves the entry pending for it."""
+    store = await _queued(aredis, "taken")
+    (late,) = await _read(aredis, "hA-1")
+    await asyncio.sleep(0.1)  # past the 50 ms visibility timeout
+    reclaimer = Reclaimer(aredis, KEYS, PARTITION, "hB-2", 60, JobEvents("redis://unused"))
+    (rescued,) = await reclaimer.reclaim(STREAM)
+
+    done = {"outputs": "{}"}
+    assert (
+        await writers("hA-1").finish(STREAM, [PARTITION.finish(late, JobStatus.SUCCEEDED, done)])
+        == []
+    )
+    record = await store.get("taken")
+    assert record is not None and record.status == JobStatus.RUNNING
+    assert [(r["consumer"], r["outcome"]) for r in await _history(store, "taken")] == [
+        ("hA-1", "crashed")
+    ]
+    pending = await aredis.xpending_range(STREAM, GROUP, "-", "+", 10)
+    assert [(row["message_id"], row["consumer"]) for row in pending] == [(late.entry_id, b"hB-2")]
+
+    written = await writers("hB-2").finish(
+        STREAM, [PARTITION.finish(rescued, JobStatus.SUCCEEDED, done)]
+    )
+    assert [f.job_id for f in written] == ["taken"]
+    assert [(r["consumer"], r["outcome"]) for r in await _history(store, "taken")] == [
+        ("hA-1", "crashed"),
+        ("hB-2", "succeeded"),
+    ]
+    assert await aredis.xlen(STREAM) == 0
 
 
 # --- through the API and the SDK, with a real worker -------------------------------------------

@@ -22,9 +22,10 @@ from producer_api.console.job_browser import JobFilter, recent_jobs
 from producer_api.task_cancel import cancel_and_wait
 from shared.api_keys import InvalidKeySpec, KeySpec
 from shared.codec import RequestEntry, as_text
+from shared.dead_letters import DeadLetters
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, QueueFull, TooFarBack, now_ms
-from shared.keys import Keys
+from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, ModelRepository, QueueLimits
 from shared.partition_stats import read_partition_stats
 from shared.queue_position import QueuePositions
@@ -406,6 +407,47 @@ async def test_a_newcomer_is_read_by_the_first_take_after_it_arrives(
     moved = await reader.take([stream], 4)
     assert moved is not None and "b" in [d.entry.tenant for d in moved[1] if d.entry]
     assert all(d.moved for d in moved[1])  # a TAKE's rows say so too: their write-back refills
+
+
+async def test_a_replayed_dead_letter_keeps_its_tenants_weight(aredis: aioredis.Redis) -> None:
+    """A replay records no API key, so no weight: it was enqueued at weight 1, which then
+    served the tenant's whole held backlog (the weight is the tenant's, not the job's) 1:1."""
+    config = _config(window=1)
+    store, reader, stream = await _lane(aredis, config)
+    await _enqueue(store, [_job(config, "a", 3.0) for _ in range(12)])
+    await _enqueue(store, [_job(config, "b", 1.0) for _ in range(12)])
+    died = RequestEntry(uuid.uuid4().hex, {"inputs": {"t": "a"}}, now_ms(), tenant="a")
+    letter = {"entry": "1-0", "lane": stream, "reason": "crashed", "deliveries": 3}
+    await aredis.xadd(KEYS.dlq("m", "default"), {**letter, **died.encode()})  # type: ignore[arg-type]
+    letters = DeadLetters(store, KEYS, "m", "default", config.fair_window_of("default"))
+    assert len((await letters.replay()).replayed) == 1
+    await _take_tenants(reader, stream, 1)  # the window's first job
+    served = await _take_tenants(reader, stream, 4) + await _take_tenants(reader, stream, 4)
+    assert (served.count("a"), served.count("b")) == (6, 2), served
+
+
+async def test_a_take_moves_no_micro_batch_into_a_lane_it_does_not_read(
+    aredis: aioredis.Redis,
+) -> None:
+    """On the bulk lane's turn TAKE refilled the online lane up to a micro-batch too, then read
+    bulk: the flood's jobs it moved in were committed ahead of a tenant that came next, which
+    waited a micro-batch more. A lane after the one read gets one entry at most (a worker that
+    blocks on it next is woken)."""
+    config = _config(window=1)
+    partition = Partition.of(KEYS, config, "default")
+    store, reader, online = await _lane(aredis, config)
+    await _enqueue(store, [_job(config, "a") for _ in range(12)])
+    assert len(await _take_tenants(reader, online, 4)) == 4
+    fields: dict[str, str | int] = {"model": "m", "variant": "default"}
+    bulk = [NewJob(_job(config, "x").entry, partition.bulk, fields) for _ in range(2)]
+    await _enqueue(store, bulk)
+    taken = await reader.take([partition.bulk, online], 4)
+    assert taken is not None and taken[0] == partition.bulk and len(taken[1]) == 2
+    pending = (await aredis.xpending(online, GROUP))["pending"]
+    assert await aredis.xlen(online) - pending == 1
+    await _enqueue(store, [_job(config, "b")])
+    taken = await reader.take([online, partition.bulk], 4)
+    assert taken is not None and "b" in [d.entry.tenant for d in taken[1] if d.entry], taken
 
 
 @pytest.fixture

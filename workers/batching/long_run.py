@@ -81,7 +81,7 @@ class LongRun:
                     marked = True
                 if touching and (lost := await self.reader.touch(self.stream, self.entry_ids)):
                     # another worker took them over all the same (this one could not reach
-                    # Redis): FINISH keeps whichever result lands first, and refuses the other
+                    # Redis): FINISH refuses this one's results, the new owner's stand
                     log.warning("%d entries of a micro-batch were taken over", len(lost))
             except RedisError as exc:
                 log.debug("a long micro-batch's mark or touch failed: %r", exc)
