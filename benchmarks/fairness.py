@@ -249,7 +249,7 @@ def _result(runs: list[dict[str, Any]], scale: Scale) -> PartResult:
         f" submitted before the flood's last job ended), {unloaded:.1f} ms unloaded; the flood"
         f" drained in {runs[2]['flood_drain_s']} s"
     )
-    if met < scale.fair_met:  # a p99 of too few is one job's wait: no verdict
+    if met < scale.fair_met:  # a p99 of too few is one job's wait: no verdict (NaN)
         detail += f"; {met} of B's jobs met the flood, fewer than the {scale.fair_met} needed"
     target = Target(
         f"B's p99 queue wait under a {scale.fair_flood:,}-job flood with fair queuing on,"
@@ -289,9 +289,9 @@ def _result(runs: list[dict[str, Any]], scale: Scale) -> PartResult:
             "A's jobs are all admitted while the worker is stopped, and it starts again before"
             " B's first job, so B finds the whole flood queued however fast the engine drains"
             " it. 'B during flood' counts B's jobs submitted before A's last one finished; a"
-            " flood row's B p50 and p99 are over those, and so is the target (NaN, missed, if"
-            " none). 'A drain s' runs from the worker's first start on A's jobs to their last"
-            " finish.",
+            " flood row's B p50 and p99 are over those, and so is the target (no verdict over"
+            f" fewer than {scale.fair_met} of them). 'A drain s' runs from the worker's first"
+            " start on A's jobs to their last finish.",
             "With fair queuing on a B job waits for the micro-batch in hand and its turn in the"
             " ring, which the next read serves (a fair lane's stream holds no more of the flood"
             " than that read takes); a micro-batch is not preempted, so that floor stays"

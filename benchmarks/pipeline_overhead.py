@@ -204,7 +204,7 @@ def _cpu_table(runs: list[dict[str, Any]]) -> Table:
                 r["system"],
                 round(sum(servers.values()), 3),
                 by_process,
-                r["cpu_ms"][LOAD_GENERATOR],
+                round(r["cpu_ms"][LOAD_GENERATOR], 3),
             ]
         )
     return Table(

@@ -49,7 +49,8 @@ class Table:
 
 @dataclass
 class Target:
-    """One target of the issue as a ratio measured in this run."""
+    """One target of the issue as a ratio measured in this run; NaN measured where the run
+    gives no verdict (part F's p99 of too few jobs): not met, but never printed as missed."""
 
     name: str
     measured: float
@@ -58,8 +59,13 @@ class Target:
     detail: str = ""
 
     @property
+    def judged(self) -> bool:
+        """False where the run gives no verdict (NaN measured); such a target is not met."""
+        return math.isfinite(self.measured)
+
+    @property
     def met(self) -> bool:
-        if not math.isfinite(self.measured):
+        if not self.judged:
             return False
         if self.higher_is_better:
             return self.measured >= self.threshold
@@ -67,7 +73,7 @@ class Target:
 
     def verdict(self) -> str:
         sign = "≥" if self.higher_is_better else "≤"
-        state = "met" if self.met else "MISSED"
+        state = ("met" if self.met else "MISSED") if self.judged else "no verdict"
         return f"{state}: {self.measured:.3g} (target {sign} {self.threshold:.3g})"
 
 
@@ -175,7 +181,7 @@ def print_part(result: PartResult, console: Console) -> None:
             rich_table.add_row(*(_cell(v) for v in row))
         console.print(rich_table)
     for target in result.targets:
-        style = "green" if target.met else "red"
+        style = ("green" if target.met else "red") if target.judged else "yellow"
         console.print(f"[{style}]{target.name}: {target.verdict()}[/] {target.detail}")
 
 
@@ -263,10 +269,9 @@ def _headline(documents: list[dict[str, Any]]) -> list[str]:
     for document in documents:
         for target in document["targets"]:
             sign = "≥" if target["higher_is_better"] else "≤"
-            verdict = "met" if target["met"] else "**missed**"
             lines.append(
                 f"| {document['part']} | {target['name']} ({sign} {target['threshold']:.3g}) | "
-                f"{_cell(target['measured'])} | {verdict} |"
+                f"{_cell(target['measured'])} | {_state(target)} |"
             )
     return [*lines, ""]
 
@@ -301,15 +306,22 @@ def _part_section(document: dict[str, Any]) -> list[str]:
     for plot in document["plots"]:
         lines += [f"![{plot['title']}]({plot['file']})", ""]
     for target in document["targets"]:
-        state = "met" if target["met"] else "**missed**"
         sign = "≥" if target["higher_is_better"] else "≤"
         lines.append(
-            f"- {target['name']}: {state}, {_cell(target['measured'])} "
+            f"- {target['name']}: {_state(target)}, {_cell(target['measured'])} "
             f"(target {sign} {target['threshold']:.3g}). {target['detail']}"
         )
     lines += ["", *(f"{note}\n" for note in document["notes"])]
     lines += _profile_section(document["profile"])
     return lines
+
+
+def _state(target: dict[str, Any]) -> str:
+    """A target's verdict as the report prints it; a measure that is not a number (null in
+    the JSON) is no verdict, not a miss."""
+    if target["measured"] is None:
+        return "no verdict"
+    return "met" if target["met"] else "**missed**"
 
 
 def _markdown_table(table: dict[str, Any]) -> list[str]:

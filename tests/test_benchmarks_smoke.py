@@ -78,6 +78,8 @@ def test_part_a_pipeline_overhead(tmp_path: Path) -> None:
         assert run["completed"] > 0 and run["errors"] == 0, run
         assert run["rps"] > 0 and run["p99_ms"] >= run["p50_ms"] > 0
         assert sum(v for k, v in run["cpu_ms"].items() if k != "load generator") > 0
+        if run["system"] == "Conveyor":  # each group read, not only their sum
+            assert all(run["cpu_ms"][group] > 0 for group in ("producer", "worker", "valkey")), run
     summed, *by_process = [t for t in document["targets"] if "CPU ms per job" in t["name"]]
     assert [t["name"].rsplit(", ", 1)[1] for t in by_process] == ["producer", "worker", "valkey"]
     assert summed["measured"] == pytest.approx(sum(t["measured"] for t in by_process))
@@ -117,6 +119,7 @@ def test_part_d_redis_cost(tmp_path: Path) -> None:
         assert load["batches"] > 0 and load["mean_batch"] >= 1
         assert load["write_back_per_batch"] > 0 and load["read_per_batch"] > 0
     assert all(v > 0 for v in data["commands_per_job"].values())
+    assert "worker" in data["idle_round_trips_per_s"]  # the idle window's worker, since stopped
 
 
 def test_part_e_scale(tmp_path: Path) -> None:
