@@ -31,9 +31,6 @@ BIN = Path(sys.executable).parent
 # prctl(2), resolved before any child forks; PR_SET_PDEATHSIG from <linux/prctl.h>
 _PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
 _PR_SET_PDEATHSIG = 1
-# Past CONVEYOR_SHUTDOWN_GRACE_S, which a worker's drain and engine close share: an engine's close
-# that overruns its share (workers/runtime/consumer_runtime.py), then Celery's own exit.
-STOP_MARGIN_S = 20.0
 Server = Literal["uvicorn", "conveyor"]
 # A producer's command line but its address: uvicorn's (compose, Kubernetes), or the server
 # `conveyor up` runs (conveyor/producer_server.py: SO_REUSEPORT, several per port).
@@ -303,9 +300,10 @@ class Stack:
     @property
     def stop_timeout_s(self) -> float:
         """How long a stopped child may take to exit before it is killed: a worker's drain
-        (CONVEYOR_SHUTDOWN_GRACE_S, from the settings its children inherit) and STOP_MARGIN_S.
-        A fixed 30 s killed workers that were allowed longer."""
-        return self.settings.shutdown_grace_s + STOP_MARGIN_S
+        (CONVEYOR_SHUTDOWN_GRACE_S, from the settings its children inherit), then an engine's
+        close that overran its share and Celery's own exit (CONVEYOR_FORCED_EXIT_MARGIN_S, when
+        the worker forces its own exit). A fixed 30 s killed workers that were allowed longer."""
+        return self.settings.shutdown_grace_s + self.settings.forced_exit_margin_s
 
     def stop_process(
         self, name: str, sig: int = signal.SIGTERM, timeout: float | None = None

@@ -99,6 +99,10 @@ class Settings(BaseSettings):
     # 0 would be BLOCK 0: wait forever, and never notice a stop.
     block_ms: int = Field(default=1_000, ge=1)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
+    # Past the grace (or a crash, or a start given up): what an engine's close that overran its
+    # share and Celery's own exit get before a worker's exit is forced, and before `conveyor up`
+    # and `conveyor autoscale` kill a worker they stopped.
+    forced_exit_margin_s: float = Field(default=20.0, gt=0)
     # `conveyor up`: how long a child may take to be ready (a large LLM's load takes minutes).
     start_timeout_s: float = Field(default=300.0, gt=0)
 

@@ -66,7 +66,10 @@ def long_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         CONVEYOR_MODEL_REPOSITORY=str(models),
         PYTHONPATH=str(REPO_ROOT),  # the custom backend lives in tests/
         CONVEYOR_AUTH="disabled",
-        CONVEYOR_SHUTDOWN_GRACE_S="1",  # a hung worker's exit is forced 21 s after, not 50
+        # a hung worker's exit is forced 6 s after, not 50 (the defaults: a grace of 30 s, then
+        # 20 s for Celery's exit)
+        CONVEYOR_SHUTDOWN_GRACE_S="1",
+        CONVEYOR_FORCED_EXIT_MARGIN_S="5",
     ) as stack:
         yield stack
 
@@ -189,7 +192,8 @@ def test_a_micro_batch_past_max_run_s_is_handed_back(long_stack: Stack, r: redis
     running for as long as the worker lived: it re-claimed them every third of the visibility
     timeout. Past `max_run_s` (2 s here) it stops, and the other worker takes the job over; a
     staged engine's pipeline alike. Both models run side by side: each hung worker's exit is
-    forced only ~20 s on (FORCED_EXIT_MARGIN_S), and they sit those out together."""
+    forced only ~6 s on (grace and CONVEYOR_FORCED_EXIT_MARGIN_S), and they sit those out
+    together."""
     models = ("wedged", "staged")
     names = {model: [f"{model}-{n}" for n in range(2)] for model in models}
     workers = [name for model in models for name in names[model]]

@@ -19,10 +19,12 @@ import redis
 
 from shared.keys import GROUP, Keys
 from tests.conftest import REPO_ROOT, running_stack, until
-from workers.runtime.stream_consumer import FORCED_EXIT_MARGIN_S
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 GRACE_S = 3
+# Past the grace, what Celery's exit gets before the worker forces its own (20 s by default):
+# short here, where only the forced exit ends the worker at all.
+FORCED_EXIT_MARGIN_S = 5
 ENGINE_S = 2.0  # the job in hand outlives Redis: its write-back meets the outage
 # Long enough for a backoff that logged every retry (0.1 s doubling to a 5 s cap, jitter only
 # shortening a sleep) to have logged four more lines at least, past the three warnings allowed,
@@ -48,16 +50,18 @@ def _worker_warnings(log: Path) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def _running_a_job(
-    tmp_path: Path, sleep_ms: int, grace_s: float = GRACE_S
+    tmp_path: Path, sleep_ms: int, grace_s: float = GRACE_S, **env: str
 ) -> Iterator[tuple[Any, str, redis.Redis]]:
-    """A stack whose `faulty` worker (`worker`, shutdown grace `grace_s`) runs a job that sleeps
-    `sleep_ms`: the stack, the job's id, and a client of its Redis (closed after)."""
+    """A stack whose `faulty` worker (`worker`, shutdown grace `grace_s`, settings `env`) runs a
+    job that sleeps `sleep_ms`: the stack, the job's id, and a client of its Redis (closed
+    after)."""
     with running_stack(
         tmp_path,
         CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
         PYTHONPATH=str(REPO_ROOT),  # the custom backend lives in tests/
         CONVEYOR_AUTH="disabled",
         CONVEYOR_SHUTDOWN_GRACE_S=str(grace_s),
+        **env,
     ) as pipeline:
         pipeline.start_worker("faulty", name="worker")
         body = {"model": "faulty", "inputs": {"sleep_ms": sleep_ms}}
@@ -93,13 +97,14 @@ def test_worker_exits_after_its_grace_with_an_engine_call_that_outlasts_it(
     """Engine calls run on pool threads, which Python waits for at exit: after SIGTERM the
     worker gave up its drain at the grace, then lingered until the call returned (here in a
     minute). Its exit is forced shortly after the grace now; the job stays pending for reclaim.
-    A grace of 1 s: the forced exit comes FORCED_EXIT_MARGIN_S (20 s) after it anyway."""
+    A grace of 1 s: the forced exit comes CONVEYOR_FORCED_EXIT_MARGIN_S (5 s here) after it."""
     grace_s = 1
-    with _running_a_job(tmp_path, 60_000, grace_s) as (pipeline, job_id, client):
+    margin = {"CONVEYOR_FORCED_EXIT_MARGIN_S": str(FORCED_EXIT_MARGIN_S)}
+    with _running_a_job(tmp_path, 60_000, grace_s, **margin) as (pipeline, job_id, client):
         worker = pipeline.processes["worker"]
         worker.send_signal(signal.SIGTERM)
         try:  # a bound, not a measured duration: the call in hand would hold it a minute
-            code = worker.wait(timeout=grace_s + FORCED_EXIT_MARGIN_S + 15)
+            code = worker.wait(timeout=grace_s + FORCED_EXIT_MARGIN_S + 10)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"worker still running after SIGTERM; see {tmp_path}") from None
         assert code == os.EX_SOFTWARE

@@ -17,10 +17,6 @@ from workers.runtime.consumer_runtime import ConsumerRuntime
 from workers.runtime.heartbeat import WorkerHeartbeat
 from workers.runtime.metrics_server import MetricsServer
 
-# What Celery gets to shut down after a crash, past the grace (a webhook delivery in hand), before
-# the exit is forced; after a drain that overran the grace, or a start given up, likewise.
-FORCED_EXIT_MARGIN_S = 20.0
-
 
 class StreamConsumer(bootsteps.StartStopStep):
     # after the heartbeat: it shows `warming` while engines load, `draining` while this drains
@@ -37,14 +33,14 @@ class StreamConsumer(bootsteps.StartStopStep):
         except BaseException:
             # Celery stops no step of a worker that did not fully start; the runtime stopped
             # itself, but a load it gave up may still hold a pool thread
-            _force_exit(FORCED_EXIT_MARGIN_S)
+            _force_exit(get_settings().forced_exit_margin_s)
             raise
         worker.conveyor_runtime = self.runtime
 
     def stop(self, worker: Any) -> None:
         if self.runtime is not None:
             if not self.runtime.stop():  # its jobs in hand stay pending, for a reclaim
-                _force_exit(FORCED_EXIT_MARGIN_S)
+                _force_exit(get_settings().forced_exit_margin_s)
             self.runtime = None
 
 
@@ -54,7 +50,8 @@ def _exit_worker() -> None:
     if celery_state.should_stop == os.EX_SOFTWARE:
         return  # asked already (before the engines closed), its exit forced already
     celery_state.should_stop = os.EX_SOFTWARE
-    _force_exit(get_settings().shutdown_grace_s + FORCED_EXIT_MARGIN_S)
+    settings = get_settings()
+    _force_exit(settings.shutdown_grace_s + settings.forced_exit_margin_s)
 
 
 def _force_exit(delay_s: float) -> None:
