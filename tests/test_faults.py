@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) ->
         CONVEYOR_AUTH="disabled",  # faults, not keys, are under test here
         CONVEYOR_WEBHOOK_ALLOWLIST=f"{receiver.base}/",
         CONVEYOR_WEBHOOK_SECRET="whsec-faults",
+        # a worker notices a stop once its read's block ends: every test stops its workers
+        CONVEYOR_BLOCK_MS="100",
     ) as stack:
         yield stack
 
@@ -71,9 +74,18 @@ def _job(r: redis.Redis, job_id: str) -> dict[str, str]:
     return fields
 
 
+def _jobs(r: redis.Redis, ids: list[str]) -> list[dict[str, str]]:
+    """Several jobs' fields in one round trip: a poll of hundreds one by one kept a core busy."""
+    with r.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.hgetall(KEYS.job(job_id))
+        jobs: list[dict[str, str]] = pipe.execute()
+    return jobs
+
+
 def _wait_terminal(r: redis.Redis, ids: list[str], timeout: float = 120) -> list[dict[str, str]]:
     def ended() -> list[dict[str, str]] | None:
-        jobs = [_job(r, i) for i in ids]
+        jobs = _jobs(r, ids)
         terminal = {"succeeded", "failed", "cancelled", "expired"}
         return jobs if all(j.get("status") in terminal for j in jobs) else None
 
@@ -105,17 +117,22 @@ def _faulty(inputs: dict[str, Any]) -> dict[str, Any]:
     return {"model": "faulty", "inputs": inputs}
 
 
-def _attempts(stack: Stack, job_id: str) -> list[dict[str, Any]]:
-    """The job's attempt history, as `GET /v1/jobs/{id}?attempts=true` shows it."""
-    response = httpx.get(f"{stack.base_url}/v1/jobs/{job_id}", params={"attempts": "true"})
-    history: list[dict[str, Any]] = response.json()["attempt_history"]
-    return history
+def _attempts(stack: Stack, ids: list[str]) -> list[list[dict[str, Any]]]:
+    """Each job's attempt history, as `GET /v1/jobs/{id}?attempts=true` shows it."""
+    with httpx.Client(base_url=stack.base_url) as client:  # one connection for them all
+        answers = [client.get(f"/v1/jobs/{i}", params={"attempts": "true"}) for i in ids]
+    return [answer.json()["attempt_history"] for answer in answers]
+
+
+def _start_workers(stack: Stack, *names: str) -> list[int]:
+    """Faulty workers started side by side (a start is mostly one process importing, which
+    leaves the other core idle); their pids once every one reads."""
+    return stack.wait_ready(*[stack.spawn_worker("faulty", name=name) for name in names])
 
 
 def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: redis.Redis) -> None:
-    victim = fault_stack.start_worker("faulty", name="victim")
-    survivor = fault_stack.start_worker("faulty", name="survivor")
-    bodies = [_faulty({"n": i, "sleep_ms": 100}) for i in range(600)]
+    victim, survivor = _start_workers(fault_stack, "victim", "survivor")
+    bodies = [_faulty({"n": i, "sleep_ms": 100}) for i in range(300)]
     orphans: list[str] = []  # job ids of the entries the dead victim still owned
 
     def kill_mid_batch() -> None:
@@ -145,8 +162,7 @@ def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: r
         assert orphans, "the victim was never caught mid-batch"
         jobs = _wait_terminal(r, ids)
     finally:
-        fault_stack.stop_process("survivor")
-        fault_stack.stop_process("victim")
+        fault_stack.stop_processes(["survivor", "victim"])
     assert [j["status"] for j in jobs] == ["succeeded"] * len(ids)
     assert [j["writes"] for j in jobs] == ["1"] * len(ids)
     # Each was reclaimed and finished by the survivor. (Its attempts may still be 1: an
@@ -160,8 +176,7 @@ def test_kill_9_mid_batch_loses_nothing_and_writes_once(fault_stack: Stack, r: r
         (fault_stack.consumer_name(victim), "crashed"),
         (fault_stack.consumer_name(survivor), "succeeded"),
     ]
-    for job_id in orphans:
-        history = _attempts(fault_stack, job_id)
+    for history in _attempts(fault_stack, orphans):
         assert [(run["consumer"], run["outcome"]) for run in history] == both, history
         assert history[0]["error"]["type"] == "WorkerLost"
 
@@ -206,7 +221,8 @@ def test_crashing_entry_is_dead_lettered_then_replayed(
     job = _job(r, job_id)
     assert job["status"] == "failed" and "DeadLettered" in job["error"]
     assert "dead-lettered after 3 deliveries" in job["error"]
-    history = [(run["consumer"], run["outcome"]) for run in _attempts(fault_stack, job_id)]
+    [runs] = _attempts(fault_stack, [job_id])
+    history = [(run["consumer"], run["outcome"]) for run in runs]
     assert history == [
         (fault_stack.consumer_name(pids[0]), "crashed"),
         (fault_stack.consumer_name(pids[1]), "dead-lettered"),
@@ -215,16 +231,18 @@ def test_crashing_entry_is_dead_lettered_then_replayed(
     faulty = next(m for m in models if m["id"] == "faulty")
     assert faulty["partitions"][0]["dlq_depth"] == 1
 
+    # it starts while the CLI lists the letter (nothing it reads waits until the replay)
+    fixed = fault_stack.spawn_worker("faulty", name="fixed", **{FIXED_ENV: "1"})
     conveyor = Path(sys.executable).parent / "conveyor"
     env = {**os.environ, "CONVEYOR_REDIS_URL": fault_stack.redis_url}
-    listed = subprocess.run(
-        [conveyor, "dlq", "list", "faulty"], env=env, capture_output=True, text=True, check=True
-    )
-    assert job_id in listed.stdout and "max_deliveries 2" in listed.stdout
-    ((_, letter),) = r.xrange(KEYS.dlq("faulty", "default"))
-    assert letter["lane"] == KEYS.queue("faulty", "default")  # where its replay goes
-    fault_stack.start_worker("faulty", name="fixed", **{FIXED_ENV: "1"})
     try:
+        listed = subprocess.run(
+            [conveyor, "dlq", "list", "faulty"], env=env, capture_output=True, text=True, check=True
+        )
+        assert job_id in listed.stdout and "max_deliveries 2" in listed.stdout
+        ((_, letter),) = r.xrange(KEYS.dlq("faulty", "default"))
+        assert letter["lane"] == KEYS.queue("faulty", "default")  # where its replay goes
+        fault_stack.wait_ready(fixed)
         until(lambda: receiver.at("/dead"))  # queued by the worker that dead-lettered it
         (delivery,) = receiver.at("/dead")
         notified = json.loads(delivery["body"])
@@ -403,15 +421,15 @@ def test_a_micro_batch_longer_than_the_visibility_timeout_runs_once(
     """A batch loop never re-claimed its entries (only a generate loop did): a micro-batch that
     ran past `visibility_timeout_s` (faulty's: 2 s) was reclaimed by the other worker and run
     again, and its record gained a false `crashed` attempt."""
-    pids = [fault_stack.start_worker("faulty", name=f"patient-{n}") for n in range(2)]
+    names = [f"patient-{n}" for n in range(2)]
+    pids = _start_workers(fault_stack, *names)
     try:
         body = _faulty({"n": 1, "sleep_ms": 5000})
         job_id = httpx.post(f"{fault_stack.base_url}/v1/jobs", json=body).json()["id"]
         [job] = _wait_terminal(r, [job_id], timeout=60)
         assert all(psutil.Process(pid).is_running() for pid in pids)
     finally:
-        for n in range(2):
-            fault_stack.stop_process(f"patient-{n}")
+        fault_stack.stop_processes(names)
     assert job["status"] == "succeeded" and job["writes"] == "1", job
     history = json.loads(job["attempt_history"])
     assert [attempt["outcome"] for attempt in history] == ["succeeded"], history
@@ -456,7 +474,7 @@ def test_a_redis_that_turned_replica_is_a_503_until_it_is_master_again(
     r.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
     try:
         refused = httpx.post(url, json=_faulty({"n": 1}), timeout=30)
-        time.sleep(3)  # the worker's reads, Celery's included, meet the replica
+        time.sleep(1.5)  # the worker's reads, Celery's included, meet the replica
     finally:
         r.execute_command("REPLICAOF", "NO", "ONE")
     assert refused.status_code == 503, refused.text
@@ -575,27 +593,35 @@ async def test_retry_after_counts_this_seconds_drain(aredis: aioredis.Redis) -> 
 
 def test_sigterm_drains_the_batch_in_hand(fault_stack: Stack, r: redis.Redis) -> None:
     bodies = [_faulty({"n": i, "sleep_ms": 500}) for i in range(320)]
-    ids = asyncio.run(_submit_many(fault_stack.base_url, bodies, rate=10_000))
-    pid = fault_stack.start_worker("faulty", name="drain")
-    consumer = fault_stack.consumer_name(pid)
-    until(lambda: r.xpending_range(STREAM, "workers", "-", "+", 10, consumer))
-    started = time.monotonic()
-    assert fault_stack.stop_process("drain", signal.SIGTERM) == 0
-    assert time.monotonic() - started < 30
+    # The worker starts while the jobs go in, and is stopped once it holds a micro-batch (its
+    # first read may find one job come in): what it runs before the stop does not grow with
+    # how long the submits take.
+    drain = fault_stack.spawn_worker("faulty", name="drain")
+    with ThreadPoolExecutor(1) as submitter:
+        submitted = submitter.submit(
+            asyncio.run, _submit_many(fault_stack.base_url, bodies, rate=10_000)
+        )
+        consumer = fault_stack.consumer_name(fault_stack.wait_ready(drain)[0])
+        until(lambda: len(r.xpending_range(STREAM, "workers", "-", "+", 10, consumer)) >= 2)
+        started = time.monotonic()
+        assert fault_stack.stop_process("drain", signal.SIGTERM) == 0
+        assert time.monotonic() - started < 30
+        ids = submitted.result()
     assert r.xpending_range(STREAM, "workers", "-", "+", 100, consumer) == []
-    statuses = [_job(r, i)["status"] for i in ids]
+    statuses = [job["status"] for job in _jobs(r, ids)]
     assert "running" not in statuses and "succeeded" in statuses and "queued" in statuses
-    fault_stack.start_worker("faulty", name="finisher")
+    finishers = ["finisher-1", "finisher-2"]  # two: the rest is ~4 s of work for one
+    _start_workers(fault_stack, *finishers)
     try:
         assert {j["status"] for j in _wait_terminal(r, ids)} == {"succeeded"}
     finally:
-        fault_stack.stop_process("finisher")
+        fault_stack.stop_processes(finishers)
 
 
 def test_producer_sigterm_finishes_in_flight_requests(fault_stack: Stack, r: redis.Redis) -> None:
-    port = free_port()
-    base_url = fault_stack.start_producer(port, name="producer-2")
-    consumer = fault_stack.consumer_name(fault_stack.start_worker("faulty", name="slow"))
+    slow = fault_stack.spawn_worker("faulty", name="slow")  # starts beside the producer
+    base_url = fault_stack.start_producer(free_port(), name="producer-2")
+    consumer = fault_stack.consumer_name(fault_stack.wait_ready(slow)[0])
     result: dict[str, Any] = {}
 
     def predict() -> None:

@@ -67,13 +67,16 @@ def _repository(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def queue_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The `steady` model with one worker; `idle` with none; `brief` gets one when a test asks."""
+    """The `steady` model with one worker; `idle` with none; `brief` with one, started beside
+    steady's (a start is mostly one process importing) and waited for by the test that uses it."""
     with running_stack(
         tmp_path_factory.mktemp("queue-position"),
         CONVEYOR_AUTH="disabled",
         CONVEYOR_MODEL_REPOSITORY=str(_repository(tmp_path_factory.mktemp("queue") / "models")),
         PYTHONPATH=str(REPO_ROOT),  # the fault engine lives in tests/
+        CONVEYOR_BLOCK_MS="100",  # a worker notices a stop once its read's block ends
     ) as stack:
+        stack.spawn_worker("brief")
         stack.start_worker("steady")
         yield stack
 
@@ -108,7 +111,7 @@ def _drained(store: redis.Redis, stream: str = STEADY) -> None:
     until(lambda: store.xlen(stream) == 0, timeout=60)
 
 
-def _measured(api: httpx.Client, model: str = "steady", backlog: int = 30) -> None:
+def _measured(api: httpx.Client, model: str = "steady", backlog: int = 10) -> None:
     """Wait until the producer knows the drain rate: a 202 behind a backlog carries an ETA, or
     deadline admission refuses (it only does with a rate known)."""
 
@@ -315,7 +318,7 @@ def test_a_job_that_would_wait_past_max_queue_time_is_refused(
     deadline is weighed once a refresh has seen work waiting (the workers' capacity, not a light
     load's arrivals)."""
     serve(queue_stack, "brief")
-    _measured(api, "brief", backlog=10)  # ~1 s of work: none expires
+    _measured(api, "brief")  # ~1 s of work: none expires
     _drained(store, BRIEF)
     # ~100 jobs of 100 ms ahead, far past the 3 s any of them may wait (none expires yet)
     asyncio.run(_enqueued_replying_to_nobody(queue_stack.redis_url, _job()["inputs"], "brief", 100))
@@ -346,10 +349,10 @@ def test_a_rate_measured_before_a_pause_still_counts(api: httpx.Client, store: r
     a worker serving had no rate: the next burst's 202s said `eta_ms: null`, and deadline
     admission let every job in."""
     _drained(store)
-    _measured(api)
+    _measured(api, backlog=30)  # ~3 s of work: refreshes see it wait, measuring the capacity
     _drained(store)
     time.sleep(RATE_WINDOW_S + 2 * REFRESH_S)  # the pause itself: nothing drains meanwhile
-    burst = _submit(api, 20)
+    burst = _submit(api, 10)  # ~1 s of work: five times the 0.2 s deadline below
     waiting = [job for job in burst if job["queue_position"] > 0]
     assert waiting and all(job["eta_ms"] is not None for job in waiting), burst
     response = api.post("/v1/jobs", json=_job(ttl_s=0.2))
@@ -443,7 +446,9 @@ def test_scaling_event_when_the_worker_dies_with_the_job_at_the_head(
     reader = threading.Thread(target=_event_names, args=(queue_stack.base_url, head["id"], seen))
     reader.start()
     try:
-        time.sleep(2 * QUEUED_EVERY_S)  # the stream has seen it at the head, a worker serving
+        # the stream has seen it at the head, a worker serving (whose heartbeat outlives it
+        # by up to TTL_S: a look late by some ticks sees it serving all the same)
+        time.sleep(QUEUED_EVERY_S)
         queue_stack.stop_process("steady", sig=signal.SIGKILL)
         # cancelled, its rerun (after the visibility timeout) does not hold the next worker
         assert api.delete(running["urls"]["self"]).json()["status"] == "cancelled"
