@@ -30,7 +30,7 @@ from autoscaling.scaling_math import StreamTrigger
 from conveyor.commands.autoscale import PoolWorkers, _tick
 from conveyor.restart_backoff import MAX_BACKOFF_S, STABLE_AFTER_S
 from conveyor.stack import ChildTooSlow, Stack
-from shared.keys import Keys
+from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
 from tests.conftest import REPO_ROOT, running_stack, until
 
@@ -462,15 +462,32 @@ def test_the_stack_client_times_out_as_configured(
     client.close()
 
 
-@pytest.fixture
-def elastic_stack(tmp_path: Path) -> Iterator[Stack]:
+@pytest.fixture(scope="module")
+def elastic_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One pipeline for the module's `conveyor autoscale` runs (each start costs seconds)."""
     with running_stack(
-        tmp_path / "stack",
+        tmp_path_factory.mktemp("elastic"),
         CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
         PYTHONPATH=str(REPO_ROOT),
         CONVEYOR_AUTH="disabled",
+        CONVEYOR_BLOCK_MS="100",  # workers notice a stop within 0.1 s, not 1 s
     ) as stack:
         yield stack
+
+
+@pytest.fixture
+def elastic_stack(elastic_pipeline: Stack) -> Stack:
+    """The module's pipeline with the elastic pool's lanes as a new one has them: empty, with
+    their group. A test before may have left a backlog behind (its autoscaler stopped, its
+    workers drained), which would scale the next test's pool up at its first poll."""
+    client = elastic_pipeline.client()
+    try:
+        for lane in (KEYS.queue("elastic", "default"), KEYS.bulk_queue("elastic", "default")):
+            client.delete(lane)
+            client.xgroup_create(lane, GROUP, id="0", mkstream=True)
+    finally:
+        client.close()
+    return elastic_pipeline
 
 
 def _autoscaler(
@@ -565,7 +582,9 @@ def test_a_worker_that_dies_is_replaced(elastic_stack: Stack, tmp_path: Path) ->
     hints, pool = config.autoscaling, f"{config.name}:{variant}"
     # 240 jobs in batches of 8 taking 5 s: 50 s of three workers' work, far longer than a start
     ids = asyncio.run(_burst(elastic_stack.base_url, 240, sleep_ms=5000))
-    process, lines = _autoscaler(elastic_stack.env, tmp_path / "scaler", "0.5")
+    # its workers are mid-batch when it stops: cut off (their jobs stay pending), not drained
+    cut = {"CONVEYOR_SHUTDOWN_GRACE_S": "0", "CONVEYOR_FORCED_EXIT_MARGIN_S": "1"}
+    process, lines = _autoscaler({**elastic_stack.env, **cut}, tmp_path / "scaler", "0.5")
     client = redis.Redis.from_url(elastic_stack.redis_url, decode_responses=True)
     try:
         _wait_for(lines, f"{pool} replicas={hints.max_replicas}", timeout=120)
@@ -655,6 +674,9 @@ def test_a_worker_that_keeps_dying_at_start_is_restarted_with_growing_delays(
     (repository / "broken" / "config.yaml").write_text(BROKEN)
     stack = Stack.create(tmp_path / "stack", redis_url)
     stack.env.update(CONVEYOR_MODEL_REPOSITORY=str(repository), PYTHONPATH=str(REPO_ROOT))
+    # a worker whose start failed is made to exit this long after (status 70): left to Celery,
+    # its exit took 2 s more
+    stack.env["CONVEYOR_FORCED_EXIT_MARGIN_S"] = "0.5"
     workers = PoolWorkers(stack)
     partitions = ModelRepository.load(repository).partitions(["broken"])
     (scaler,) = pool_scalers(partitions, KEYS, workers.start, workers.stop, workers.alive, LEASE_MS)

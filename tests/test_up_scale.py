@@ -10,7 +10,7 @@ import shutil
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,32 +34,42 @@ pytestmark = pytest.mark.slow
 def _env() -> dict[str, str]:
     own = ("CONVEYOR_REDIS_URL", "CONVEYOR_STATE_DIR", "CONVEYOR_INSTANCE_ID")
     env = {k: v for k, v in os.environ.items() if k not in own}
-    return {**env, "CONVEYOR_AUTH": "disabled"}
+    # every run here ends by stopping its workers: a read of 0.1 s, not 1 s, lets them notice
+    return {**env, "CONVEYOR_AUTH": "disabled", "CONVEYOR_BLOCK_MS": "100"}
 
 
-def _answering(up: Up) -> str:
+@pytest.fixture
+def fresh() -> Iterator[httpx.Client]:
+    """A client that opens a new connection for every request (it keeps none alive), as a
+    call of `httpx.get` does, without the TLS context each of those builds (50 ms a request,
+    seconds over a test's hundreds)."""
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as client:
+        yield client
+
+
+def _answering(fresh: httpx.Client, up: Up) -> str:
     """The instance id of the producer that takes a new connection."""
-    instance: str = httpx.get(f"{up.url}/healthz", timeout=10).json()["instance"]
+    instance: str = fresh.get(f"{up.url}/healthz", timeout=10).json()["instance"]
     return instance
 
 
-def _seen_all(up: Up, ids: set[str]) -> bool:
-    seen = {_answering(up) for _ in range(40)}
+def _seen_all(fresh: httpx.Client, up: Up, ids: set[str]) -> bool:
+    seen = {_answering(fresh, up) for _ in range(40)}
     assert seen <= ids, seen  # never a stranger
     return seen == ids
 
 
-def _predict(up: Up, n: int) -> None:
+def _predict(fresh: httpx.Client, up: Up, n: int) -> None:
     """A submit-and-wait identity job on a fresh connection; its output is its input."""
     url = f"{up.url}/v1/models/identity/predict"
-    response = httpx.post(url, json={"inputs": {"n": n}}, timeout=60)
+    response = fresh.post(url, json={"inputs": {"n": n}}, timeout=60)
     assert response.status_code == 200, response.text
     assert response.json()["outputs"] == {"n": n}
 
 
-def _submitted(up: Up) -> int:
+def _submitted(fresh: httpx.Client, up: Up) -> int:
     """Identity jobs accepted, as one scrape of `/metrics` (on a new connection) counts them."""
-    text = httpx.get(f"{up.url}/metrics", timeout=10).text
+    text = fresh.get(f"{up.url}/metrics", timeout=10).text
     return round(
         sum(
             sample.value
@@ -93,7 +103,9 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path) -> None:
+def test_two_producers_share_the_port_and_one_killed_is_restarted(
+    tmp_path: Path, fresh: httpx.Client
+) -> None:
     options = ("--producers", "2", "--workers-per-model", "2")
     env = {**_env(), "CONVEYOR_HOST": "0.0.0.0"}  # every address: it was ignored (loopback only)
     with conveyor_up(tmp_path, "identity", env, options=options) as up:
@@ -105,11 +117,11 @@ def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path
         setting = redis.Redis.from_url(state.redis_url, decode_responses=True).config_get("io-*")
         assert setting["io-threads"] == str(io_threads())  # this machine's share
         ids = {f"up-{up_pid}-1", f"up-{up_pid}-2"}
-        until(lambda: _seen_all(up, ids), timeout=60)
+        until(lambda: _seen_all(fresh, up, ids), timeout=60)
         for n in range(30):  # each on a new connection: the kernel spreads them over both
-            _predict(up, n)
+            _predict(fresh, up, n)
         # whichever process a scrape reaches answers for both: it answered with its own share
-        assert [_submitted(up) for _ in range(6)] == [30] * 6
+        assert [_submitted(fresh, up) for _ in range(6)] == [30] * 6
         # the instance ids are the processes' own: each waits on its own reply channel
         first = _producer_pid(f"up-{up_pid}-1")
         listening = psutil.Process(first).net_connections(kind="tcp")
@@ -119,13 +131,13 @@ def test_two_producers_share_the_port_and_one_killed_is_restarted(tmp_path: Path
         # new connection there, which the exit then resets (the client's to retry).
         until(lambda: _exited(first), timeout=30)
         for n in range(10):  # the other one keeps serving
-            _predict(up, n)
+            _predict(fresh, up, n)
         until(lambda: any("producer-1: restarted" in line for line in up.lines), timeout=60)
-        until(lambda: _seen_all(up, ids), timeout=60)
+        until(lambda: _seen_all(fresh, up, ids), timeout=60)
         assert _producer_pid(f"up-{up_pid}-1") != first
         for n in range(10):
-            _predict(up, n)
-        assert [_submitted(up) for _ in range(6)] == [50] * 6  # the killed one's count stays
+            _predict(fresh, up, n)
+        assert [_submitted(fresh, up) for _ in range(6)] == [50] * 6  # the killed one's count stays
 
 
 def _up_refused(
@@ -287,11 +299,10 @@ def test_a_worker_that_dies_while_starting_says_why(tmp_path: Path) -> None:
         "kind: batch\nbackend: no_such_package.engines:Engine\n"
     )
     shutil.copytree(REPO_ROOT / "model_repository" / "identity", repository / "identity")
-    result = _up_refused(
-        tmp_path,
-        ["--models", "broken,identity", "--port", str(free_port())],
-        {"CONVEYOR_MODEL_REPOSITORY": str(repository)},
-    )
+    # the broken one is made to exit this long after its failed start (status 70): left to
+    # Celery, its exit took 2 s more
+    env = {"CONVEYOR_MODEL_REPOSITORY": str(repository), "CONVEYOR_FORCED_EXIT_MARGIN_S": "0.5"}
+    result = _up_refused(tmp_path, ["--models", "broken,identity", "--port", str(free_port())], env)
     assert (tmp_path / "identity.log").exists(), result.stderr
     assert result.returncode == 1
     assert "Traceback" not in result.stderr.split("the end of", 1)[0], result.stderr
