@@ -416,7 +416,9 @@ def test_a_second_ctrl_c_after_supervising_reaches_the_stop(tmp_path: Path) -> N
     in turn, though the stop kills what is left when interrupted."""
     stack = Stack.create(tmp_path, redis_url=NO_REDIS)
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-    previous = signal.getsignal(signal.SIGTERM)
+    # restored after: the stop's handler ignores SIGTERM and SIGHUP once it runs, and every
+    # `conveyor up` a later test starts would inherit an ignored SIGHUP (as under nohup)
+    previous = {stop: signal.getsignal(stop) for stop in (signal.SIGTERM, signal.SIGHUP)}
     try:
         assert up._supervise(stack) == []
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -424,5 +426,6 @@ def test_a_second_ctrl_c_after_supervising_reaches_the_stop(tmp_path: Path) -> N
             os.kill(os.getpid(), signal.SIGTERM)
             until(lambda: False, timeout=5)  # the handler raises in the main thread
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
         signal.signal(signal.SIGINT, signal.default_int_handler)
