@@ -68,11 +68,18 @@ end
 
 -- Mark one job running (queued|running -> running) with its start, worker and attempt number;
 -- `owner` (an XPENDING row) when the entry is taken over from a consumer that abandoned it: its
--- attempt goes on record as crashed. Returns the job's status after.
+-- attempt goes on record as crashed. Returns the job's status after. A mark from an earlier
+-- delivery than the one another worker runs (a worker cut off from Redis past the visibility
+-- timeout, whose mark lands after RECLAIM took the entry over) changes nothing: the job stays
+-- its new owner's, whose result FINISH keeps.
 local function claim(jk, now, worker, attempts, owner)
-  local cur = redis.call('HGET', jk, 'status')
+  local job = redis.call('HMGET', jk, 'status', 'attempts', 'worker')
+  local cur = job[1]
   if not cur then return 'missing' end
   if not can(cur, 'running') then return cur end
+  if cur == 'running' and job[3] ~= worker and (tonumber(job[2]) or 0) > tonumber(attempts) then
+    return cur
+  end
   local args = {'status', 'running', 'started', now, 'worker', worker, 'attempts', attempts}
   if owner then
     local err = {type = 'WorkerLost', message = 'no result from ' .. owner[2] .. ' after '

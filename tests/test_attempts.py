@@ -341,6 +341,36 @@ async def test_a_result_written_after_a_takeover_leaves_the_job_to_its_new_owner
     assert await aredis.xlen(STREAM) == 0
 
 
+async def test_a_mark_that_lands_after_a_takeover_leaves_the_job_to_its_new_owner(
+    aredis: aioredis.Redis, writers: Callable[[str], ResultWriter]
+) -> None:
+    """hA-1, cut off past the visibility timeout, retries its long run's mark once Redis is back
+    (workers/batching/long_run.py), after hB-2 took the entry over: the mark set the job's
+    worker back to hA-1, and hA-1's late result was then written as its own. A mark from an
+    earlier delivery than the running one changes nothing."""
+    store = await _queued(aredis, "marked-late")
+    (late,) = await _read(aredis, "hA-1")
+    await asyncio.sleep(0.1)  # past the 50 ms visibility timeout
+    reclaimer = Reclaimer(aredis, KEYS, PARTITION, "hB-2", 60, JobEvents("redis://unused"))
+    (rescued,) = await reclaimer.reclaim(STREAM)
+    assert (late.attempts, rescued.attempts) == (1, 2)
+
+    await StreamReader(aredis, KEYS, PARTITION.streams, "hA-1").mark_running([late])
+    assert await aredis.hmget(KEYS.job("marked-late"), "worker", "attempts") == [b"hB-2", b"2"]
+
+    done = {"outputs": "{}"}
+    late_finish = PARTITION.finish(late, JobStatus.SUCCEEDED, done)
+    assert await writers("hA-1").finish(STREAM, [late_finish]) == []
+    written = await writers("hB-2").finish(
+        STREAM, [PARTITION.finish(rescued, JobStatus.SUCCEEDED, done)]
+    )
+    assert [f.job_id for f in written] == ["marked-late"]
+    assert [(r["consumer"], r["outcome"]) for r in await _history(store, "marked-late")] == [
+        ("hA-1", "crashed"),
+        ("hB-2", "succeeded"),
+    ]
+
+
 # --- through the API and the SDK, with a real worker -------------------------------------------
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
