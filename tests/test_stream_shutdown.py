@@ -249,6 +249,8 @@ def test_sigterm_answers_waiting_requests_at_once_and_their_jobs_run_on(
     assert exit_code in (0, -signal.SIGTERM) and stopped_s < STOPPED_WITHIN_S, stopped_s
     assert polled.status_code == 200 and polled.json()["status"] == "running", polled.text
     assert answered.status_code == 503 and answered.headers["Retry-After"] == "1", answered.text
+    # an OpenAI SDK retries a 503 unless told not to: each retry ran the job again
+    assert answered.headers["x-should-retry"] == "false", answered.headers
     running = answered.json()["error"]["job"]
     for ran_on in (job_id, running):  # neither was cancelled: each runs to its end
         view = httpx.get(

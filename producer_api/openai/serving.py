@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
-from producer_api.errors import ConveyorError
+from producer_api.errors import NO_RETRY, ConveyorError
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.live_feed import while_holds
@@ -160,9 +160,11 @@ def _failure(final: TokenEvent) -> ConveyorError:
 
 def shutting_down(job_id: str) -> ConveyorError:
     """What a request waiting for its whole answer gets once the producer is asked to stop
-    (producer_api/draining.py): 503, the job running on, named in it."""
+    (producer_api/draining.py): 503, the job running on, named in it. Not to be retried: an
+    OpenAI SDK retries a 503 unless told not to, and each retry ran the job again."""
     message = f"the producer is shutting down; the job runs on: GET /v1/jobs/{job_id}"
-    return ConveyorError(503, "unavailable", message, {"Retry-After": "1"}, {"job": job_id})
+    headers = {"Retry-After": "1", **NO_RETRY}
+    return ConveyorError(503, "unavailable", message, headers, {"job": job_id})
 
 
 class OpenAIService:
