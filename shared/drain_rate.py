@@ -1,7 +1,8 @@
 """How fast lanes drain, the one reading of the per-second drained counters FINISH keeps
 (`{lane}:drained:{second}`): what a 429's Retry-After and a queued job's ETA are derived from;
-and how many entries wait undelivered in them, which tells a drain rate that is the workers'
-capacity (they had work waiting) from one that is only the arrival rate."""
+and how many jobs wait in them, which tells a drain rate that is the workers' capacity (they had
+work waiting) from one that is only the arrival rate: undelivered entries, and a fair lane's held
+jobs (its flood waits mostly outside the stream)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,20 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from shared.job_scripts import LUA_UNDELIVERED
-from shared.keys import GROUP, Keys
+from shared.keys import FAIR_SUFFIX, GROUP, Keys
 
-# KEYS: lanes sharing one hash tag (a partition's two); ARGV[1]: the group. Entries of each no
-# consumer has been handed yet, as the POSITION script counts them: sent as EVAL, which a
-# cluster pipeline routes without loading.
-UNDELIVERED = (
+# KEYS: lanes sharing one hash tag (a partition's two); ARGV[1]: the group. Jobs waiting in each:
+# entries no consumer has been handed yet, as the POSITION script counts them, plus those a fair
+# lane holds back (its fair hash's `held`; a worker's read can leave its stream with none
+# undelivered while a flood waits). Sent as EVAL, which a cluster pipeline routes without loading.
+WAITING = (
     LUA_UNDELIVERED
-    + """
-local waiting = {}
-for i, stream in ipairs(KEYS) do waiting[i] = undelivered(stream, ARGV[1]) end
+    + f"""
+local waiting = {{}}
+for i, stream in ipairs(KEYS) do
+  local held = tonumber(redis.call('HGET', stream .. '{FAIR_SUFFIX}', 'held')) or 0
+  waiting[i] = math.max(0, undelivered(stream, ARGV[1])) + math.max(0, held)
+end
 return waiting
 """
 )
@@ -65,10 +70,10 @@ async def drain_rates(
     return [window.rate(counts) for counts in lanes]
 
 
-async def drain_rates_and_undelivered(
+async def drain_rates_and_waiting(
     client: aioredis.Redis, keys: Keys, lanes: Sequence[Sequence[str]], window_s: int
 ) -> tuple[list[list[float]], list[list[int]]]:
-    """Each lane's drain rate (as `drain_rates`) and entries waiting undelivered in it, grouped
+    """Each lane's drain rate (as `drain_rates`) and jobs waiting in it (`WAITING`), grouped
     as `lanes` are (lanes that share a hash tag: a partition's online and bulk ones), all in
     one round trip: a group's MGETs and one EVAL go to its node together."""
     window = _Window.last(window_s)
@@ -76,10 +81,10 @@ async def drain_rates_and_undelivered(
         for group in lanes:
             for stream in group:
                 window.read(pipe, keys, stream)
-            pipe.execute_command("EVAL", UNDELIVERED, len(group), *group, GROUP)
+            pipe.execute_command("EVAL", WAITING, len(group), *group, GROUP)
         replies = iter(await pipe.execute())
     rates, waiting = [], []
     for group in lanes:
         rates.append([window.rate(next(replies)) for _ in group])
-        waiting.append([max(0, int(count)) for count in next(replies)])
+        waiting.append([int(count) for count in next(replies)])
     return rates, waiting

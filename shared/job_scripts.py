@@ -22,7 +22,7 @@ from shared.keys import (
 )
 
 # Entries of a lane stream no consumer has been handed yet: the one definition, which the
-# scripts here and shared/drain_rate.py's UNDELIVERED share.
+# scripts here and shared/drain_rate.py's WAITING share.
 LUA_UNDELIVERED = """
 -- Entries of a lane stream no consumer has been handed yet (acknowledged ones are deleted).
 local function undelivered(stream, group)

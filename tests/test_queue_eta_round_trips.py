@@ -15,7 +15,7 @@ from redis.asyncio.connection import Connection, ConnectionPool
 
 from conveyor.valkey_cluster import LocalCluster
 from producer_api.jobs.queue_eta import QueueEta, StartBy
-from shared.drain_rate import drain_rates_and_undelivered
+from shared.drain_rate import drain_rates_and_waiting
 from shared.job_store import stamp_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
@@ -90,8 +90,9 @@ async def test_a_refresh_reads_the_lanes_in_one_round_trip(
 async def test_lanes_on_several_masters_in_one_go(
     cluster: LocalCluster, cluster_client: RedisClient
 ) -> None:
-    """Each partition's rates and undelivered counts, a partition's two lanes in one EVAL on
-    its own master: delivered entries are not counted, nor are lanes without a group."""
+    """Each partition's rates and jobs waiting, a partition's two lanes in one EVAL on its own
+    master: delivered entries are not counted, held ones are (a fair lane's `held`), and a lane
+    without a group has all its entries undelivered."""
     partitions = [("identity", "default"), ("identity", "canary")]
     lanes = [(KEYS.queue(*p), KEYS.bulk_queue(*p)) for p in partitions]
     (first, first_bulk), (other, other_bulk) = lanes
@@ -103,12 +104,13 @@ async def test_lanes_on_several_masters_in_one_go(
     await cluster_client.xreadgroup(GROUP, "w-1", {first: ">"}, count=2)  # delivered, pending
     await cluster_client.xadd(first_bulk, {"n": 0})  # no group yet: all of it undelivered
     await cluster_client.xadd(other_bulk, {"n": 0})
+    await cluster_client.hset(KEYS.fair(other_bulk), "held", 4)
     await cluster_client.set(KEYS.drained(first, second - 2), 10)
     await cluster_client.set(KEYS.drained(other, second - 1), 20)
 
-    rates, waiting = await drain_rates_and_undelivered(cluster_client, KEYS, lanes, 5)
+    rates, waiting = await drain_rates_and_waiting(cluster_client, KEYS, lanes, 5)
 
-    assert waiting == [[3, 1], [0, 1]]
+    assert waiting == [[3, 1], [0, 5]]
     assert 10 / 6 <= rates[0][0] <= 10 / 5
     assert rates[1][0] == pytest.approx(rates[0][0] * 2)
     assert [rates[0][1], rates[1][1]] == [0.0, 0.0]

@@ -21,7 +21,7 @@ from dataclasses import fields as dataclass_fields
 import redis.asyncio as aioredis
 
 from producer_api.periodic import Periodic
-from shared.drain_rate import drain_rates_and_undelivered
+from shared.drain_rate import drain_rates_and_waiting
 from shared.job_store import JobRecord
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.queue_position import (
@@ -91,13 +91,12 @@ class QueueEta:
         self.refresher = Periodic("queue-eta", REFRESH_S, self.refresh)
 
     async def refresh(self) -> None:
-        """Every partition's load and its lanes' backlog: the lanes' drained counters and
-        undelivered entries in one round trip, then the worker registry's two."""
+        """Every partition's load and its lanes' backlog: the lanes' drained counters and jobs
+        waiting (undelivered, or held back by a fair lane) in one round trip, then the worker
+        registry's two."""
         partitions = [(c.name, v) for c in self.repository for v in c.variants]
         lanes = [(self.keys.queue(*p), self.keys.bulk_queue(*p)) for p in partitions]
-        rates, waiting = await drain_rates_and_undelivered(
-            self.client, self.keys, lanes, RATE_WINDOW_S
-        )
+        rates, waiting = await drain_rates_and_waiting(self.client, self.keys, lanes, RATE_WINDOW_S)
         self.loads = await read_partition_loads(self.client, self.keys, partitions, rates)
         self._waiting = dict(zip(partitions, waiting, strict=True))
         for partition, load in self.loads.items():
