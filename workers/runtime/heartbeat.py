@@ -96,7 +96,10 @@ class _Beater:
                     outage.recovered()
                 except RedisError as exc:
                     outage.failed(exc)
-                await asyncio.to_thread(self._stopping.wait, HEARTBEAT_S)
+                # on this thread, its loop's only task: an executor thread would be one the
+                # interpreter's exit joins, and a worker whose start failed (Celery stops none
+                # of its steps) waited up to a beat more to exit
+                self._stopping.wait(HEARTBEAT_S)
             await registry.remove(self.beat.name)
         except RedisError as exc:
             log.warning("heartbeat not removed (%r)", exc)
