@@ -31,6 +31,9 @@ BIN = Path(sys.executable).parent
 # prctl(2), resolved before any child forks; PR_SET_PDEATHSIG from <linux/prctl.h>
 _PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
 _PR_SET_PDEATHSIG = 1
+# What a stopped producer or Valkey gets past the grace at least (the margin every child had
+# before CONVEYOR_FORCED_EXIT_MARGIN_S, a worker's, could be set).
+CHILD_MARGIN_S = 20.0
 Server = Literal["uvicorn", "conveyor"]
 # A producer's command line but its address: uvicorn's (compose, Kubernetes), or the server
 # `conveyor up` runs (conveyor/producer_server.py: SO_REUSEPORT, several per port).
@@ -299,16 +302,25 @@ class Stack:
 
     @property
     def stop_timeout_s(self) -> float:
-        """How long a stopped child may take to exit before it is killed: a worker's drain
+        """How long a stopped worker may take to exit before it is killed: its drain
         (CONVEYOR_SHUTDOWN_GRACE_S, from the settings its children inherit), then an engine's
         close that overran its share and Celery's own exit (CONVEYOR_FORCED_EXIT_MARGIN_S, when
         the worker forces its own exit). A fixed 30 s killed workers that were allowed longer."""
         return self.settings.shutdown_grace_s + self.settings.forced_exit_margin_s
 
+    def _stop_timeout_s(self, name: str) -> float:
+        """A worker's `stop_timeout_s`; a producer or Valkey gets the grace and CHILD_MARGIN_S
+        at least: a margin shortened for workers that hang (the tests') killed producers before
+        their streams said goodbye, and Valkey before it had written its data."""
+        if self._tier(name) == 0:
+            return self.stop_timeout_s
+        margin = max(self.settings.forced_exit_margin_s, CHILD_MARGIN_S)
+        return self.settings.shutdown_grace_s + margin
+
     def stop_process(
         self, name: str, sig: int = signal.SIGTERM, timeout: float | None = None
     ) -> int:
-        """Signal child `name` and wait for its exit code (`timeout`: `stop_timeout_s`)."""
+        """Signal child `name` and wait for its exit code (`timeout`: its `_stop_timeout_s`)."""
         return self.stop_processes([name], sig, timeout)[0]
 
     def stop_processes(
@@ -316,15 +328,21 @@ class Stack:
     ) -> list[int]:
         """Signal every child first, then wait for each: they drain side by side (one after
         another, N workers took N drains). Any still running `timeout` after the signal is
-        killed. Exit codes in the order of `names`. Interrupted (a second Ctrl-C, a SIGTERM),
-        it kills them all before it raises: in sessions of their own, they would run on."""
-        processes = [self.processes.pop(name) for name in names]
+        killed (by default each child's `_stop_timeout_s`). Exit codes in the order of `names`.
+        Interrupted (a second Ctrl-C, a SIGTERM), it kills them all before it raises: in
+        sessions of their own, they would run on."""
+        named = list(names)
+        timeouts = [self._stop_timeout_s(name) if timeout is None else timeout for name in named]
+        processes = [self.processes.pop(name) for name in named]
         try:
             for process in processes:
                 if process.poll() is None:
                     process.send_signal(sig)
-            deadline = time.monotonic() + (self.stop_timeout_s if timeout is None else timeout)
-            return [_reap(process, deadline) for process in processes]
+            signalled = time.monotonic()
+            return [
+                _reap(process, signalled + limit)
+                for process, limit in zip(processes, timeouts, strict=True)
+            ]
         except BaseException:
             _kill_all(processes)
             raise

@@ -325,6 +325,26 @@ def test_stop_timeout_outlasts_the_shutdown_grace(
     assert stack.stop_timeout_s > 75
 
 
+def test_a_margin_set_short_for_workers_leaves_producers_theirs(
+    tmp_path: Path, settings_env: Callable[..., None]
+) -> None:
+    """CONVEYOR_FORCED_EXIT_MARGIN_S, a worker's, bounded every child's stop: set short (as for
+    workers that hang), it killed a producer before its streams said goodbye."""
+    settings_env(CONVEYOR_SHUTDOWN_GRACE_S="0", CONVEYOR_FORCED_EXIT_MARGIN_S="0.2")
+    stack = Stack.create(tmp_path / "stack", NO_REDIS)
+    ready = tmp_path / "ready"
+    code = f"""
+import pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(0)))
+pathlib.Path({str(ready)!r}).touch()
+while True:
+    time.sleep(1)
+"""
+    stack.spawn("producer-slow", [sys.executable, "-c", code], {})
+    until(ready.exists)
+    assert stack.stop_processes(["producer-slow"]) == [0]
+
+
 def _drainer(stack: Stack, folder: Path, name: str) -> subprocess.Popen[bytes]:
     """A DRAINER child of `stack` telling its state in `folder`, once it handles SIGTERM."""
     folder.mkdir()
