@@ -103,9 +103,9 @@ SMOKE = Scale(
     queue_delays_ms=(2.0,),
     redis_jobs=200,
     profile_s=1.0,
-    # C still starts vLLM twice (45-100 s each here), whatever its scale.
+    # C still starts vLLM twice (side by side, ~55 s for both here), whatever its scale.
     llm_streams=(1, 2),
-    llm_requests=2,
+    llm_requests=1,
     llm_rounds=1,
     llm_max_tokens=4,
     scale_max_pairs=2,
