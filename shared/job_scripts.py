@@ -519,7 +519,9 @@ return out
 # a worker's own mark, or none yet, leaves it this one's) was taken over by RECLAIM from this
 # one, cut off from Redis past the visibility timeout: its result is not written and its entry,
 # the new owner's now, is left out of the XACK and XDEL, so the new owner's result stands and no
-# attempt goes on record twice. Idempotent: a call rerun after its reply was lost (a torn
+# attempt goes on record twice; its id is returned as taken, for the writer to hold its in-flight
+# slot again (freed beside this script, before its reply said so). Returns {written, taken}, job
+# ids. Idempotent: a call rerun after its reply was lost (a torn
 # connection, a replica WAIT that timed out) changes nothing more, and returns and publishes the
 # results it wrote (a job whose hash holds the record's `status` and `write_id`, random per
 # result) again, so the writer still publishes them and hands their webhooks on, after a replica
@@ -530,7 +532,7 @@ FINISH = (
     + _OWE
     + """
 local i, renew_before = 8, tonumber(ARGV[5])
-local ids, written, fresh, owed = {}, {}, {}, {}
+local ids, written, fresh, owed, taken_ids = {}, {}, {}, {}, {}
 local replies, channels = {}, {}
 while i <= #ARGV do
   local eid, jid, reply, view, status = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
@@ -543,7 +545,7 @@ while i <= #ARGV do
   -- the visibility timeout; the new owner's result stands, so this one neither writes its
   -- result nor acknowledges the entry the new owner holds
   local taken = cur[1] == 'running' and cur[6] and cur[6] ~= ARGV[4]
-  if not taken then table.insert(ids, eid) end
+  if taken then table.insert(taken_ids, jid) else table.insert(ids, eid) end
   if status ~= '' and not taken then
     -- a job handed over by a plain XREADGROUP ran without its hash saying so: through running
     local from = (cur[1] == 'queued' and can('queued', 'running')) and 'running' or cur[1]
@@ -594,7 +596,7 @@ if #ids > 0 then
 end
 -- each write-back keeps a fair lane's stream awake
 if ARGV[6] == '1' then refill(KEYS[1], ARGV[1], ARGV[3], 1) end
-return written
+return {written, taken_ids}
 """
 )
 

@@ -402,6 +402,21 @@ def queue_slot_frees(pipe: Any, held: Sequence[tuple[str, str]]) -> None:
         pipe.zrem(slot, *job_ids)
 
 
+async def hold_slots_again(client: Any, held: Sequence[tuple[str, str]], ttl_s: int) -> None:
+    """Take back, in one round trip, the in-flight slots `queue_slot_frees` gave up beside a
+    write-back for jobs that still run (their results refused: another worker took them over).
+    ZADD NX at now: a job its new owner finished meanwhile holds its slot only until the
+    limiter's prune at the cap finds it ended; the set's TTL is set only where it has none (the
+    free may have emptied and so deleted it)."""
+    now = now_ms()
+    async with client.pipeline(transaction=False) as pipe:
+        for slot, job_id in held:
+            if slot:
+                pipe.zadd(slot, {job_id: now}, nx=True)
+                pipe.pexpire(slot, ttl_s * 1000, nx=True)
+        await pipe.execute()
+
+
 def _made_by(record: JobRecord | None, target: JobStatus, written: Mapping[str, str | int]) -> bool:
     """Whether `record` is at `target` with the token this call wrote (a terminal move's)."""
     token = written.get(ENDED_BY)

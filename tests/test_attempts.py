@@ -46,10 +46,14 @@ PARTITION = Partition.of(KEYS, CONFIG, "v")
 STREAM = PARTITION.online
 
 
-async def _queued(client: aioredis.Redis, *job_ids: str) -> JobStore:
+async def _queued(client: aioredis.Redis, *job_ids: str, inflight: str = "") -> JobStore:
+    """Jobs queued on STREAM; each holding a slot of `inflight` when named, as admission left
+    it."""
     store = JobStore(client, KEYS, ttl_s=60)
     for job_id in job_ids:
-        entry = RequestEntry(job_id, {"inputs": {"x": job_id}}, now_ms())
+        entry = RequestEntry(job_id, {"inputs": {"x": job_id}}, now_ms(), inflight=inflight)
+        if inflight:
+            await client.zadd(inflight, {job_id: now_ms()})
         await store.create(entry, STREAM, {"model": "m", "variant": "v"})
     return store
 
@@ -310,8 +314,11 @@ async def test_a_result_written_after_a_takeover_leaves_the_job_to_its_new_owner
     """hA-1 lost Redis past the visibility timeout and hB-2 took its entry over: hA-1's late
     result was written all the same (its attempt on record twice, crashed then succeeded) and
     acknowledged the entry hB-2 held, whose own result was then refused. The new owner's
-    stands: the late one writes nothing and leaves the entry pending for it."""
-    store = await _queued(aredis, "taken")
+    stands: the late one writes nothing and leaves the entry pending for it, and the job keeps
+    its API key's in-flight slot (freed beside the refused write-back, it was one job under its
+    limit while hB-2 ran it)."""
+    slots = KEYS.in_flight("key-1")
+    store = await _queued(aredis, "taken", inflight=slots)
     (late,) = await _read(aredis, "hA-1")
     await asyncio.sleep(0.1)  # past the 50 ms visibility timeout
     reclaimer = Reclaimer(aredis, KEYS, PARTITION, "hB-2", 60, JobEvents("redis://unused"))
@@ -329,6 +336,7 @@ async def test_a_result_written_after_a_takeover_leaves_the_job_to_its_new_owner
     ]
     pending = await aredis.xpending_range(STREAM, GROUP, "-", "+", 10)
     assert [(row["message_id"], row["consumer"]) for row in pending] == [(late.entry_id, b"hB-2")]
+    assert await aredis.zscore(slots, "taken") is not None
 
     written = await writers("hB-2").finish(
         STREAM, [PARTITION.finish(rescued, JobStatus.SUCCEEDED, done)]
@@ -339,6 +347,7 @@ async def test_a_result_written_after_a_takeover_leaves_the_job_to_its_new_owner
         ("hB-2", "succeeded"),
     ]
     assert await aredis.xlen(STREAM) == 0
+    assert await aredis.zscore(slots, "taken") is None
 
 
 async def test_a_mark_that_lands_after_a_takeover_leaves_the_job_to_its_new_owner(

@@ -16,7 +16,13 @@ from typing import Any
 
 from shared import job_scripts
 from shared.codec import as_text
-from shared.job_store import attempt_json, now_ms, queue_slot_frees, renew_before_ms
+from shared.job_store import (
+    attempt_json,
+    hold_slots_again,
+    now_ms,
+    queue_slot_frees,
+    renew_before_ms,
+)
 from shared.keys import GROUP, Keys
 from shared.redis_client import (
     RedisClient,
@@ -89,12 +95,23 @@ class ResultWriter:
         waits, replies = await run_pipeline(
             self.redis, partial(self._queue_write, stream, batch), [self._finish]
         )
-        written_ids = {as_text(job_id) for job_id in replies[0]}
+        written_ids, taken_ids = ({as_text(job_id) for job_id in ids} for ids in replies[0])
         written = [item for item in batch if item.job_id in written_ids]
         if waits:
             check_replica_acks(replies[-waits:])
             await self._publish(written)
+        if taken_ids:
+            await self._hold_again([item for item in batch if item.job_id in taken_ids])
         return written
+
+    async def _hold_again(self, taken: list[Finish]) -> None:
+        """The in-flight slots of jobs another worker took over, freed beside FINISH before its
+        reply said so: held again while their new owner runs them (their tenants' limits held
+        one job too few). An outage costs only that: a raise would rerun the write-back."""
+        try:
+            await hold_slots_again(self.redis, [(t.inflight, t.job_id) for t in taken], self.ttl_s)
+        except OUTAGE as exc:
+            log.warning("%d taken-over jobs' in-flight slots not held again: %r", len(taken), exc)
 
     async def _queue_write(self, stream: str, batch: list[Finish], pipe: Any) -> int:
         """FINISH, the in-flight slots' frees, and the replica WAITs (how many: the return), on
