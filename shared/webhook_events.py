@@ -55,8 +55,9 @@ UNSENDABLE = re.compile(r"[\x00-\x20\x7f]")
 # What receivers (and proxies in front of them) may read otherwise than the HTTP client sends
 # it: an empty segment (merged away, so a `..` after it climbs further), escaped `.`, `/` and
 # `\` (sent as they are, decoded into dot segments and separators), a backslash (a separator
-# to some servers).
-AMBIGUOUS_PATH = re.compile(r"//|%2e|%2f|%5c|\\", re.IGNORECASE)
+# to some servers), a `;`, bare or escaped (Tomcat and Spring strip a segment's `;params`
+# before resolving dot segments: `/conveyor/..;/manager` reaches `/manager`).
+AMBIGUOUS_PATH = re.compile(r"//|%2e|%2f|%5c|\\|;|%3b", re.IGNORECASE)
 
 
 def _sent_path(url: str) -> str | None:
@@ -113,24 +114,29 @@ def refusal(url: str, settings: Settings) -> str | None:
     return None
 
 
-def event(event_type: str, data: dict[str, Any], event_id: str | None = None) -> dict[str, Any]:
+def event(
+    event_type: str, owner: str, data: dict[str, Any], event_id: str | None = None
+) -> dict[str, Any]:
     """The JSON body of one delivery; `id` is stable across retries so receivers can dedupe
     (`event_id`: one that names the event itself, for an event two producers may both hand
-    over)."""
+    over). `tenant` names its owner (a tenant, or `shared.webhook_signing.OPERATOR` for the
+    operator's own events), whose key signs it (`workers/webhook_delivery.py`)."""
     return {
         "id": f"evt_{event_id or uuid.uuid4().hex}",
         "type": event_type,
         "created": int(time.time()),
+        "tenant": owner,
         "data": data,
     }
 
 
-def job_event(view: dict[str, Any]) -> dict[str, Any]:
-    """A job's event, `job.<status>`, from its public view. Its id names the job and the status
-    it ended in: the same for the first hand-over and for any re-send of one a dead worker may
-    have lost (the reclaimer's, workers/partition/reclaim.py), so receivers dedupe on it."""
+def job_event(view: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """A job's event, `job.<status>`, from its public view, owned by the job's tenant. Its id
+    names the job and the status it ended in: the same for the first hand-over and for any
+    re-send of one a dead worker may have lost (the reclaimer's, workers/partition/reclaim.py),
+    so receivers dedupe on it."""
     status = view["status"]
-    return event(f"job.{status}", view, f"{view['id']}_{status}")
+    return event(f"job.{status}", tenant, view, f"{view['id']}_{status}")
 
 
 @dataclass

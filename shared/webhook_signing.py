@@ -1,7 +1,11 @@
 """HMAC-SHA256 signatures of webhook deliveries, over `timestamp.body` like Stripe's: the
 timestamp inside the signed text lets a receiver refuse replays of an old, captured delivery.
 
-Header: `Conveyor-Signature: t=<unix seconds>,v1=<hex digest>`. Receivers call `verify`."""
+Header: `Conveyor-Signature: t=<unix seconds>,v1=<hex digest>`. Receivers call `verify`.
+
+Each event is signed with its owner's key (`owner_secret`), derived from the operator's
+CONVEYOR_WEBHOOK_SECRET: a receiver holds its own tenant's key only, so it can neither forge
+another tenant's events nor take another tenant's job (pointed at its URL) for one of its own."""
 
 from __future__ import annotations
 
@@ -11,10 +15,22 @@ import time
 
 HEADER = "Conveyor-Signature"
 DEFAULT_TOLERANCE_S = 300.0
+# What `owner_secret` signs before the owner's name: fixed, so the operator can derive a key by
+# hand; versioned, so another derivation could never yield the same keys.
+OWNER_LABEL = "conveyor-webhook-owner-v1:"
+# The owner of the operator's own events (canaries): no tenant can be named so
+# (shared/api_keys.TENANT starts with a lowercase letter or a digit).
+OPERATOR = "~operator"
 
 
 class InvalidSignature(ValueError):
     """The header is malformed, the digest does not match, or the timestamp is stale."""
+
+
+def owner_secret(secret: str, owner: str) -> str:
+    """The key that signs the events of `owner` (a tenant, or `OPERATOR`): hex HMAC-SHA256 of
+    the operator's `secret` over `OWNER_LABEL` and the owner's name."""
+    return hmac.new(secret.encode(), (OWNER_LABEL + owner).encode(), hashlib.sha256).hexdigest()
 
 
 def _digest(secret: str, timestamp: int, body: bytes) -> str:

@@ -21,6 +21,7 @@ from conveyor.stack import Stack, free_port
 from shared.canary_store import Canary, stamp
 from shared.codec import loads
 from shared.keys import Keys
+from shared.webhook_signing import HEADER, OPERATOR, owner_secret, verify
 from tests.conftest import REPO_ROOT, running_stack, until
 from tests.webhook_receiver import Receiver, serving
 
@@ -28,6 +29,7 @@ TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
 pytestmark = pytest.mark.slow
 BOUNDS = {"max_error_rate": 0.05, "max_p99_ms": 5000}
 KEYS = Keys()
+SECRET = "canary-secret"
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Itera
         CONVEYOR_MODEL_REPOSITORY=str(TRAFFIC),
         PYTHONPATH=str(REPO_ROOT),  # the FaultEngine backend lives in tests/
         CONVEYOR_AUTH="disabled",  # rollouts, not keys, are under test (test_routes has scopes)
-        CONVEYOR_WEBHOOK_SECRET="canary-secret",
+        CONVEYOR_WEBHOOK_SECRET=SECRET,
         CONVEYOR_WEBHOOK_ALLOWLIST=receiver.base,
     ) as pipeline:
         pipeline.start_worker("ab", name="ab-worker")
@@ -164,8 +166,12 @@ def test_a_failing_canary_rolls_back_with_its_numbers(
 
     types = until(delivered, timeout=30)
     assert {"model.canary.started", "model.canary.step"} <= set(types)
-    payload = next(loads(d["body"]) for d in receiver.at("/canary") if b"rolled_back" in d["body"])
+    delivery = next(d for d in receiver.at("/canary") if b"rolled_back" in d["body"])
+    payload = loads(delivery["body"])
     assert payload["data"]["numbers"] == rollback["numbers"]
+    # the operator's own event, signed with a key no tenant is given
+    assert payload["tenant"] == OPERATOR
+    verify(owner_secret(SECRET, OPERATOR), delivery["body"], delivery["headers"][HEADER])
 
 
 def test_a_healthy_canary_reaches_100_percent(url: str, producers: list[str]) -> None:

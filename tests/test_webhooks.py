@@ -1,31 +1,43 @@
 """Webhooks for real: a local HTTP receiver that fails twice before accepting, a Celery worker
-that delivers the signed event with backoff and records every attempt, and the allow-list that
-refuses other URLs at submit."""
+that delivers the event signed with its tenant's key, with backoff, and records every attempt,
+and the allow-list that refuses other URLs at submit."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 import redis
+from click.testing import CliRunner
 from kombu.exceptions import OperationalError
 
-from conveyor.stack import Stack
+from conveyor.commands.keys import command as keys_command
+from conveyor.stack import Stack, free_port
 from producer_api.app import create_app
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.webhook_events import allowed
-from shared.webhook_signing import HEADER, InvalidSignature, sign, verify
-from tests.conftest import running_stack, until
+from shared.webhook_signing import (
+    HEADER,
+    OPERATOR,
+    InvalidSignature,
+    owner_secret,
+    sign,
+    verify,
+)
+from tests.conftest import issue_key, running_stack, until
 from tests.webhook_receiver import Receiver, serving
+from workers import webhook_delivery
 
 pytestmark = pytest.mark.slow
 SECRET = "whsec-test-1234"
+# With auth disabled every job and batch is the `default` tenant's, signed with its key.
+DEFAULT_KEY = owner_secret(SECRET, "default")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +89,7 @@ def test_batch_webhook_is_signed_and_retried_until_accepted(
     attempts = receiver.at("/hooks/flaky")
     assert [d["status"] for d in attempts] == [500, 500, 200]
     for delivery in attempts:
-        verify(SECRET, delivery["body"], delivery["headers"][HEADER])
+        verify(DEFAULT_KEY, delivery["body"], delivery["headers"][HEADER])
     events = [json.loads(d["body"]) for d in attempts]
     assert len({e["id"] for e in events}) == 1, "retries must carry the same event id"
     assert events[0]["type"] == "batch.completed"
@@ -105,6 +117,7 @@ def test_urls_outside_the_allow_list_are_refused_at_submit(
         "http://169.254.169.254/hooks/",
         "http://[::1/hooks/x",  # an unclosed IPv6 literal: urlsplit raised, a 500
         f"{receiver.base}/hooks/a\x00b",  # accepted, then every delivery raised in httpx
+        f"{receiver.base}/hooks/..;/elsewhere",  # `..` to Tomcat and Spring
     ):
         response = httpx.post(
             f"{hook_stack.base_url}/v1/batches",
@@ -134,6 +147,7 @@ def test_allow_list_matching() -> None:
     assert allowed("https://hooks.example.com/conveyor/jobs", slashed)
     assert not allowed("https://hooks.example.com/conveyor/../admin/", slashed)
     assert not allowed("https://hooks.example.com/conveyorx/", slashed)
+    assert not allowed("https://hooks.example.com/conveyor/..;/manager", slashed)
 
 
 @pytest.mark.parametrize(
@@ -148,6 +162,9 @@ def test_allow_list_matching() -> None:
         "/conveyor/x%5C..%5C..%5Cadmin",
         "/conveyor/x%5c..%5c..%5cadmin",
         "/conveyor/x\\..\\..\\admin",
+        "/conveyor/..;/manager/html",  # Tomcat and Spring strip `;params`, then resolve `..`
+        "/conveyor/..;jsessionid=1/manager",
+        "/conveyor/..%3B/manager",
     ],
 )
 def test_allow_list_refuses_paths_a_receiver_may_read_otherwise(path: str) -> None:
@@ -206,7 +223,7 @@ def test_job_webhooks_fire_once_on_success_and_on_cancel(
 
     deliveries = until(two_deliveries)
     for delivery in deliveries:
-        verify(SECRET, delivery["body"], delivery["headers"][HEADER])
+        verify(DEFAULT_KEY, delivery["body"], delivery["headers"][HEADER])
     events = {json.loads(d["body"])["data"]["id"]: json.loads(d["body"]) for d in deliveries}
     assert events[done["id"]]["type"] == "job.succeeded"
     assert events[done["id"]]["data"]["outputs"] == {"n": 1}
@@ -218,6 +235,55 @@ def test_job_webhooks_fire_once_on_success_and_on_cancel(
         json={"model": "identity", "inputs": {}, "webhook": "http://169.254.169.254/x"},
     )
     assert refused.status_code == 422 and "ALLOWLIST" in refused.json()["error"]["message"]
+
+
+def test_a_tenants_event_is_signed_with_its_own_key_and_names_it(
+    hook_stack: Stack, receiver: Receiver
+) -> None:
+    """Every delivery was signed with the one CONVEYOR_WEBHOOK_SECRET that every receiver
+    held: tenant b's receiver took tenant a's job, pointed at its URL, for one of its own, and
+    any receiver could forge any event. Tenant a's job event is signed with a's key only. A
+    second producer, with keys, on the same stack (its worker delivers)."""
+    authed = hook_stack.start_producer(free_port(), "producer-keys", CONVEYOR_AUTH="enabled")
+    key = issue_key(hook_stack.redis_url, "a", "submit", "read")
+    done = httpx.post(
+        f"{authed}/v1/jobs",
+        json={"model": "identity", "inputs": {}, "webhook": f"{receiver.base}/hooks/tenant"},
+        params={"wait": 30},
+        headers={"Authorization": f"Bearer {key}"},
+    ).json()
+    assert done["status"] == "succeeded", done
+    (delivery,) = until(lambda: receiver.at("/hooks/tenant"))
+    body, header = delivery["body"], delivery["headers"][HEADER]
+    assert json.loads(body)["tenant"] == "a"
+    verify(owner_secret(SECRET, "a"), body, header)
+    for other in (SECRET, owner_secret(SECRET, "b"), DEFAULT_KEY):
+        with pytest.raises(InvalidSignature):
+            verify(other, body, header)
+
+
+def test_the_cli_prints_the_key_a_tenants_receiver_verifies_with(
+    settings_env: Callable[..., None],
+) -> None:
+    settings_env(CONVEYOR_WEBHOOK_SECRET=SECRET)
+    for args, owner in ((["--tenant", "a"], "a"), (["--operator"], OPERATOR)):
+        printed = CliRunner().invoke(keys_command, ["webhook-secret", *args])
+        assert printed.exit_code == 0, printed.output
+        assert printed.output.strip() == owner_secret(SECRET, owner)
+
+
+def test_an_event_that_names_no_owner_is_signed_with_the_operators_secret(
+    settings_env: Callable[..., None], receiver: Receiver
+) -> None:
+    """One handed over by a producer or worker of an older release, still queued in the broker
+    during a rolling upgrade, is signed as that release signed it."""
+    settings_env(CONVEYOR_WEBHOOK_SECRET=SECRET)
+    event = {"id": "evt_older", "type": "job.succeeded", "created": 0, "data": {}}
+    body = json.dumps(event).encode()
+    attempt = webhook_delivery._post(f"{receiver.base}/hooks/older", body, event)
+    assert attempt["status_code"] == 200, attempt
+    (delivery,) = receiver.at("/hooks/older")
+    verify(SECRET, delivery["body"], delivery["headers"][HEADER])
 
 
 def test_a_batch_lines_webhook_is_called_when_its_item_is_cancelled(

@@ -31,7 +31,7 @@ from shared.codec import dumps
 from shared.keys import Keys
 from shared.settings import Settings, get_settings
 from shared.webhook_events import TASK_NAME, TargetKind, allowed
-from shared.webhook_signing import HEADER, sign
+from shared.webhook_signing import HEADER, owner_secret, sign
 from workers.app import app
 
 log = logging.getLogger(__name__)
@@ -263,19 +263,27 @@ def _within(answer: Coroutine[Any, Any, T], timeout_s: float) -> T:
         return runner.run(asyncio.wait_for(answer, timeout_s))
 
 
+def _signing_key(secret: str, event: dict[str, Any]) -> str:
+    """The key that signs `event`: its owner's (`tenant`), or for an event that names none
+    (handed over by a producer or worker of an older release, still queued in the broker) the
+    operator's secret itself, as that release signed it."""
+    owner = event.get("tenant")
+    return secret if owner is None else owner_secret(secret, str(owner))
+
+
 def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
     """One attempt, answered within CONVEYOR_WEBHOOK_TIMEOUT_S as a whole (httpx's timeout
     bounds each read: a receiver trickling a byte a second held the worker's one task loop,
     every other delivery and the worker's own exit behind it), the receiver's name lookup
     included (`_Unwaited`); never raises. Redirects are not followed (they could leave the
-    allow-list)."""
+    allow-list). Signed with the key of the event's owner (`_signing_key`)."""
     settings = get_settings()
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "Conveyor-Webhooks/1",
         "Conveyor-Event-Id": str(event.get("id", "")),
         "Conveyor-Event-Type": str(event.get("type", "")),
-        HEADER: sign(settings.webhook_secret, body),
+        HEADER: sign(_signing_key(settings.webhook_secret, event), body),
     }
     started = time.monotonic()
     outcome: dict[str, Any] = {"at": round(time.time(), 3), "status_code": None, "error": None}

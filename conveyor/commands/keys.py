@@ -1,5 +1,6 @@
 """`conveyor keys create|list|revoke`: manage the API keys the producer accepts. A key is
-printed once, at creation; Redis keeps only its SHA-256."""
+printed once, at creation; Redis keeps only its SHA-256. `conveyor keys webhook-secret` prints
+the key a tenant's webhook receiver verifies deliveries with."""
 
 from __future__ import annotations
 
@@ -14,11 +15,20 @@ from typing import Any, TypeVar
 import click
 
 from conveyor.local_stack import with_redis
-from shared.api_keys import SCOPES, ApiKey, ApiKeyStore, InvalidKeySpec, KeySpec, key_id_of
+from shared.api_keys import (
+    SCOPES,
+    TENANT,
+    ApiKey,
+    ApiKeyStore,
+    InvalidKeySpec,
+    KeySpec,
+    key_id_of,
+)
 from shared.keys import Keys
 from shared.model_repository import ModelConfigError, ModelRepository
 from shared.redis_client import connect
 from shared.settings import Settings, get_settings
+from shared.webhook_signing import OPERATOR, owner_secret
 
 T = TypeVar("T")
 DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -219,3 +229,19 @@ def revoke(key_id: str) -> None:
     if not _run(lambda store: store.revoke(key_id)):
         raise click.ClickException(f"no key with id {key_id}")
     click.echo(f"revoked {key_id}")
+
+
+@command.command("webhook-secret")
+@click.option("--tenant", default=None, help="The tenant whose receivers verify with the key.")
+@click.option("--operator", is_flag=True, help="The key of the operator's own (canary) events.")
+def webhook_secret(tenant: str | None, operator: bool) -> None:
+    """Print the key that signs one tenant's webhook deliveries (derived from
+    CONVEYOR_WEBHOOK_SECRET, which no receiver needs): give it to that tenant only."""
+    if operator == (tenant is not None):
+        raise click.UsageError("give one of --tenant NAME or --operator")
+    if tenant is not None and not TENANT.match(tenant):
+        raise click.BadParameter(f"must match {TENANT.pattern}", param_hint="--tenant")
+    secret = get_settings().webhook_secret
+    if not secret:
+        raise click.ClickException("CONVEYOR_WEBHOOK_SECRET is not set: webhooks are disabled")
+    click.echo(owner_secret(secret, OPERATOR if operator else str(tenant)))

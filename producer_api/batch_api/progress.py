@@ -145,7 +145,8 @@ class BatchApiProgress:
         status = progress.fields["status"]
         # one id for the batch's end: a sweeper completing a finalizer it took for dead may
         # hand the same event over a second time, which receivers then drop as a repeat
-        body = event(f"batch.{status}", data, f"{batch_id}_{status}")
+        owner = progress.fields.get("tenant", "default")
+        body = event(f"batch.{status}", owner, data, f"{batch_id}_{status}")
         if not await self.webhooks.hand_over("batch", batch_id, url, body):
             return False
         await self.store.set_field_unless_set(batch_id, "webhook_status", "pending")

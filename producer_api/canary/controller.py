@@ -28,6 +28,7 @@ from shared.route_store import RouteStore, VersionConflict
 from shared.routing import Routes
 from shared.variant_stats import VariantStats, Window, first_bucket_after
 from shared.webhook_events import WebhookDispatcher, event
+from shared.webhook_signing import OPERATOR
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +356,7 @@ class CanaryController:
         await self.store.record(canary.model, record)
         log.info("canary %s:%s %s at %g%%", canary.model, canary.variant, kind, canary.weight)
         if canary.webhook:
-            body = event(f"model.canary.{kind}", record)
+            body = event(f"model.canary.{kind}", OPERATOR, record)
             target = f"canary-{canary.model}"
             # handed over, never raised: the decision stands (a start or an abort answered 500
             # for a canary it had started or ended)

@@ -323,7 +323,8 @@ class JobsService:
             ) from None
         view = record.view()
         url = record.fields.get("webhook")
-        if url and await self.state.webhooks.hand_over("job", job_id, url, job_event(view)):
+        body = job_event(view, record.fields.get("tenant", "default"))
+        if url and await self.state.webhooks.hand_over("job", job_id, url, body):
             try:  # TRANSITION left it owed; still owed, a worker's reclaimer sends it again
                 outbox = WebhookOutbox(self.state.redis, self.state.keys)
                 await outbox.settle(record.fields.get("stream", ""), [job_id])

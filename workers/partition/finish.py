@@ -24,6 +24,7 @@ class Finish:
     fields: dict[str, str] = field(default_factory=dict)
     context: Mapping[str, str] = field(default_factory=dict)
     webhook: str = ""
+    tenant: str = "default"  # who owns the job: its webhook event is signed with their key
     inflight: str = ""  # the API key's in-flight set holding the job, freed with the write
     refill: bool = False  # the write-back moves a held job in (Partition.refills)
     # this result's own: a write-back retried after its reply was lost finds it in the hash

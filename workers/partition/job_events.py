@@ -22,11 +22,12 @@ class JobEvents:
         return [
             item.job_id
             for item in written
-            if item.webhook and await self.send(item.job_id, item.webhook, item.view())
+            if item.webhook and await self.send(item.job_id, item.webhook, item.view(), item.tenant)
         ]
 
-    async def send(self, job_id: str, url: str, view: dict[str, Any]) -> bool:
-        """Hand one event to delivery; whether the broker took it. One it refuses is logged, not
-        raised: raising would end the worker's loop (kombu's error is no Redis outage) or, for
-        an outage, rerun the write-back before it and send the batch's other events twice."""
-        return await self.dispatcher.hand_over("job", job_id, url, job_event(view))
+    async def send(self, job_id: str, url: str, view: dict[str, Any], tenant: str) -> bool:
+        """Hand one event of `tenant`'s job to delivery; whether the broker took it. One it
+        refuses is logged, not raised: raising would end the worker's loop (kombu's error is no
+        Redis outage) or, for an outage, rerun the write-back before it and send the batch's
+        other events twice."""
+        return await self.dispatcher.hand_over("job", job_id, url, job_event(view, tenant))

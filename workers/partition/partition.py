@@ -122,6 +122,7 @@ class Partition:
             fields,
             context,
             webhook,
+            entry.tenant,
             entry.inflight,
             refill=self.refills(delivery),
         )

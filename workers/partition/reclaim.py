@@ -179,7 +179,8 @@ class Reclaimer:
         if record is None:
             return True
         url = record.fields.get("webhook", "")
-        return bool(url) and await self.events.send(job_id, url, record.view())
+        tenant = record.fields.get("tenant", "default")
+        return bool(url) and await self.events.send(job_id, url, record.view(), tenant)
 
     async def prune_consumers(self, stream: str) -> list[str]:
         """Forget consumers idle past the visibility timeout that own no pending entries (live
