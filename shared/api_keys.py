@@ -71,13 +71,13 @@ class KeySpec:
 
     def check(self) -> None:
         """Tenants and model names end up in Redis key names: only validated identifiers."""
-        if not TENANT.match(self.tenant):
+        if not TENANT.fullmatch(self.tenant):
             raise InvalidKeySpec(f"tenant {self.tenant!r} must match {TENANT.pattern}")
         if unknown := set(self.scopes) - set(SCOPES):
             raise InvalidKeySpec(f"unknown scopes {sorted(unknown)}; choose from {list(SCOPES)}")
         if not self.scopes:
             raise InvalidKeySpec("a key needs at least one scope")
-        if bad := sorted(m for m in self.models if not TENANT.match(m)):
+        if bad := sorted(m for m in self.models if not TENANT.fullmatch(m)):
             raise InvalidKeySpec(f"invalid model names {bad}")
         if not (math.isfinite(self.weight) and 0 < self.weight <= MAX_WEIGHT):
             raise InvalidKeySpec(f"weight {self.weight} must be a number in (0, {MAX_WEIGHT:g}]")

@@ -1,11 +1,13 @@
 """The API key store on a real Valkey: a listing holds every key as stored, revoked ones
-included, in id order, and a key whose record is gone is left out."""
+included, in id order, and a key whose record is gone is left out. A key's tenant and model
+names are whole identifiers (they end up in Redis key names)."""
 
 from __future__ import annotations
 
+import pytest
 import redis.asyncio as aioredis
 
-from shared.api_keys import ApiKeyStore, KeySpec
+from shared.api_keys import ApiKeyStore, InvalidKeySpec, KeySpec
 from shared.keys import Keys
 
 
@@ -29,3 +31,10 @@ async def test_the_listing_holds_every_key_as_stored(aredis: aioredis.Redis) -> 
         assert by_id[record.key_id].digest == record.digest
     assert by_id[created[0].key_id].revoked_at == 0
     assert by_id[created[1].key_id].revoked_at > 0
+
+
+@pytest.mark.parametrize("spec", [{"tenant": "acme\n"}, {"tenant": "acme", "models": {"m\n"}}])
+def test_a_name_with_a_trailing_newline_is_refused(spec: dict[str, object]) -> None:
+    """`$` matches before a final newline: `acme\\n` passed as a tenant of its own."""
+    with pytest.raises(InvalidKeySpec):
+        KeySpec(scopes=frozenset({"submit"}), **spec).check()  # type: ignore[arg-type]

@@ -239,7 +239,7 @@ def webhook_secret(tenant: str | None, operator: bool) -> None:
     CONVEYOR_WEBHOOK_SECRET, which no receiver needs): give it to that tenant only."""
     if operator == (tenant is not None):
         raise click.UsageError("give one of --tenant NAME or --operator")
-    if tenant is not None and not TENANT.match(tenant):
+    if tenant is not None and not TENANT.fullmatch(tenant):
         raise click.BadParameter(f"must match {TENANT.pattern}", param_hint="--tenant")
     secret = get_settings().webhook_secret
     if not secret:
