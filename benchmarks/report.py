@@ -192,9 +192,11 @@ def write_part(
     started: str,
     seconds: float,
     at_start: dict[str, Any],
+    run: str = "",
 ) -> Path:
     """Write `<part>.json` and the part's plots; returns the JSON's path. `at_start`: the
-    machine (`machine()`) as the part found it."""
+    machine (`machine()`) as the part found it; `run`: when the run that measured it began (the
+    report tells parts of one run from those kept from another by it)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     for plot in result.plots:
         render_plot(plot, results_dir / plot.file)
@@ -204,6 +206,7 @@ def write_part(
         "scale": scale,
         "started": started,
         "duration_s": round(seconds, 1),
+        "run": run,
         "machine": at_start,
         **{key: value for key, value in asdict(result).items() if key not in ("part", "title")},
         "targets": [{**asdict(t), "met": t.met} for t in result.targets],
@@ -251,14 +254,16 @@ def write_report(results_dir: Path) -> Path:
 
 
 def _headline(documents: list[dict[str, Any]]) -> list[str]:
-    runs: dict[tuple[str, str], list[str]] = {}
+    runs: dict[tuple[str, str, str], list[str]] = {}
     for document in documents:
-        run = (document["machine"]["cpu"], document["machine"]["commit"])
+        # a document written before runs were named: its machine and commit alone
+        run = (document["machine"]["cpu"], document["machine"]["commit"], document.get("run", ""))
         runs.setdefault(run, []).append(document["part"])
     said = "Ratios measured in one run on one machine"
     if len(runs) > 1:  # parts kept from other runs (a part skipped here, one run alone)
         said = "Parts measured in different runs: " + "; ".join(
-            f"{', '.join(parts)} on {cpu} at {commit}" for (cpu, commit), parts in runs.items()
+            f"{', '.join(parts)} on {cpu} at {commit}" + (f" (run of {began})" if began else "")
+            for (cpu, commit, began), parts in runs.items()
         )
     lines = [
         f"{said} (absolute numbers drift on shared machines).",

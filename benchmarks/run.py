@@ -47,6 +47,7 @@ def run_parts(parts: list[str], scale: Scale, results_dir: Path) -> list[Path]:
     os.chdir(REPO_ROOT)
     console = Console()
     written = []
+    run_began = started_now()  # names this run in each part's document
     for part in parts:
         module = importlib.import_module(PARTS[part])
         run: Callable[[Scale, Path], PartResult] = module.run
@@ -61,7 +62,13 @@ def run_parts(parts: list[str], scale: Scale, results_dir: Path) -> list[Path]:
         print_part(result, console)
         written.append(
             write_part(
-                result, results_dir, scale.name, started, time.perf_counter() - begin, at_start
+                result,
+                results_dir,
+                scale.name,
+                started,
+                time.perf_counter() - begin,
+                at_start,
+                run_began,
             )
         )
     if written:

@@ -155,3 +155,15 @@ def test_a_target_without_a_measure_reads_no_verdict(tmp_path: Path) -> None:
     assert len(lines) == 2  # the headline's row and the part's own line
     assert all("no verdict" in line and "missed" not in line for line in lines), lines
     assert report.count("**missed**") == 2  # the missed one still reads missed, twice
+
+
+def test_parts_of_two_runs_at_one_commit_are_not_one_run(tmp_path: Path) -> None:
+    """The report grouped parts by machine and commit: part A rerun an hour later at the same
+    commit (on a quieter machine) read as measured in one run with the rest."""
+    for part, run in (("A", "2026-12-01 10:00:00 UTC"), ("D", "2026-12-01 09:00:00 UTC")):
+        result = PartResult(part=part, title=f"part {part}")
+        write_part(result, tmp_path, "full", run, 1.0, machine(), run)
+    report = write_report(tmp_path).read_text()
+    assert "one run on one machine" not in report
+    assert "(run of 2026-12-01 10:00:00 UTC)" in report
+    assert "(run of 2026-12-01 09:00:00 UTC)" in report
