@@ -126,7 +126,7 @@ class PoolScaler:
             client
         ).hold()  # first: a failed start ends the tick (`_forget_dead`)
         if not self.leading:
-            self._step_aside()
+            self._step_aside(now)
             return 0
         self.held = ""
         self._forget_dead(now)
@@ -135,7 +135,7 @@ class PoolScaler:
         if wanted > current:
             self._scale_up(wanted - current, now)
         elif wanted < current:
-            self._scale_down()
+            self._scale_down(now)
         return len(self.workers)
 
     def _wanted(self, readings: list[Reading], current: int, now: float) -> int:
@@ -197,13 +197,20 @@ class PoolScaler:
     def _lease(self, client: redis.Redis) -> BlockingLeaderLock:
         return BlockingLeaderLock(client, self.lease_key, self.owner, self.lease_ms)
 
-    def _step_aside(self) -> None:
+    def _step_aside(self, now: float) -> None:
         """Another autoscaler holds the pool: stop this one's workers, all at once (kept, they
         ran beside its own, up to its max; stopped one per tick, they went on taking jobs)."""
-        stopped, self.workers = list(self.workers), {}
+        stopped = [self._stop(name, now) for name in list(self.workers)]
         if stopped:
             log.warning("%s: another autoscaler scales it; stopping %s", self.name, stopped)
             self.stop_workers(stopped)
+
+    def _stop(self, name: str, now: float) -> str:
+        """Count a worker out to be stopped: one that ran long enough ends the crash loop, as
+        its death would have (else the pool's next death after hours up waited the loop's
+        longest)."""
+        self.backoff.stopped(now - self.workers.pop(name))
+        return name
 
     def _scale_up(self, count: int, now: float) -> None:
         if now < self.start_after:
@@ -216,9 +223,9 @@ class PoolScaler:
             # The pool's own name, `:` included: `a-b:c` and `a:b-c` were both `a-b-c`.
             self.workers[self.start_worker(f"{self.name}-{self.started}")] = now
 
-    def _scale_down(self) -> None:
+    def _scale_down(self, now: float) -> None:
         log.info("scale down", extra={"pool": self.name, "from": len(self.workers)})
-        self.stop_workers([self.workers.popitem()[0]])
+        self.stop_workers([self._stop(next(reversed(self.workers)), now)])
 
 
 def pool_scalers(

@@ -165,6 +165,47 @@ def test_the_backoff_is_capped_never_gives_up_and_starts_over_after_a_long_run(
     assert scaler.tick(redis_client, now=up_until + 2.0) == 1
 
 
+def _scale_to_zero(scaler: PoolScaler, client: redis.Redis, now: float) -> None:
+    """The queue is empty, and the pool's cooldown (0 s) over: it scales its worker down."""
+    _queue(client, 0)
+    assert scaler.tick(client, now=now) == 0
+
+
+def _step_aside(scaler: PoolScaler, client: redis.Redis, now: float) -> None:
+    """Another autoscaler took the pool over, then gave it back: this one stopped its worker."""
+    other = _scaler(Ledger())
+    client.delete(scaler.lease_key)  # as if the lease had run out
+    assert other.tick(client, now=now) == 1 and scaler.tick(client, now=now) == 0
+    other.release(client)
+
+
+@pytest.mark.parametrize("stop", [_scale_to_zero, _step_aside])
+def test_a_long_run_stopped_ends_the_crash_loop_as_its_death_would(
+    redis_client: redis.Redis, stop: Callable[[PoolScaler, redis.Redis, float], None]
+) -> None:
+    """A pool that crash-looped (a model file missing, then put back), then served for hours
+    and was stopped (scaled to zero, or handed to another autoscaler), waited the loop's grown
+    delay at the first death of its next burst, however healthy those hours: only a death
+    ended the loop. Stopped after STABLE_AFTER_S up, a worker ends it too. One poll a second."""
+    ledger = CrashingLedger()
+    scaler = _scaler(ledger, window_s=0.0, cooldown_s=0.0)
+    _queue(redis_client, 1)
+    polls = (float(t) for t in count())
+    starts = list(islice((t for t in polls if scaler.tick(redis_client, now=t)), 6))
+    assert scaler.backoff.delay_s == 8.0, starts  # five deaths: 0.5, 1, 2, 4, 8 s
+    ledger.crashing = False
+    up_until = starts[-1] + STABLE_AFTER_S + 3600.0  # the last one serves for hours
+    assert scaler.tick(redis_client, now=up_until) == 1
+    stop(scaler, redis_client, up_until + 1.0)
+    assert ledger.stopped == ledger.started[-1:]  # stopped, not dead
+    morning = up_until + 12 * 3600.0
+    _queue(redis_client, 1)  # the next morning's burst
+    assert scaler.tick(redis_client, now=morning) == 1
+    ledger.crashing = True  # its first worker dies at start, once
+    assert scaler.tick(redis_client, now=morning + 1.0) == 0
+    assert scaler.held.startswith("backing off 0.5s more: crash loop exit 1:"), scaler.held
+
+
 def test_overlapping_selectors_give_one_scaler_per_pool() -> None:
     """`elastic,elastic:default` named one pool twice: two scalers started workers for it, each
     blind to the other's, under colliding names."""
