@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
 
 from conveyor.client import (
@@ -24,12 +26,13 @@ from conveyor.client import (
     calls,
 )
 from conveyor.client.errors import InvalidArgument, StreamError
-from conveyor.client.sse import EventStream
+from conveyor.client.sse import BACKOFF_CAP_S, EventStream
 from conveyor.stack import free_port
 from tests.local_http import LocalServer, serving
 
 SEPARATED = "a\u2028b\u2029c\x85d"  # line and paragraph separators, NEL: legal inside JSON
 OUTAGE_S = 3.0  # how long /v1/jobs/outage/events answers its resumes 503
+QUIET_S = 1.0  # how long /v1/jobs/quietcut/events stays open, pinged once, before each cut
 MOVED_TO = "https://conveyor.example/v1/jobs/moved"  # where /v1/jobs/moved redirects (308)
 _ENDED = {"jobs": "succeeded", "batches": "completed"}  # how each ends by itself
 _JSON = "application/json"
@@ -45,6 +48,7 @@ class _Server(LocalServer):
         self.cancels: list[str] = []
         self.outage_since: float | None = None  # the first resume of /v1/jobs/outage/events
         self.predict_timeouts: list[float] = []  # `timeout` of each /v1/models/slow/predict
+        self.quiet_cuts = 0  # requests of /v1/jobs/quietcut/events
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -136,6 +140,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/v1/jobs/down/events":
             error = {"error": {"type": "unavailable", "message": "redis unavailable"}}
             self._send(503, json.dumps(error).encode(), _JSON, {"Retry-After": "0"})
+        elif path == "/v1/jobs/quietcut/events":
+            self._quiet_cut()
+        elif path == "/v1/jobs/accept-drop/events":
+            self._cut_after(b"", 0.0)
         elif path in ("/v1/jobs/slowjob", "/v1/jobs/gone"):
             view = {"id": path[9:], "status": "queued" if path.endswith("slowjob") else "cancelled"}
             self._send(200, json.dumps(view).encode(), _JSON)
@@ -156,6 +164,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(503, json.dumps(error).encode(), _JSON, {"Retry-After": "0"})
             return
         self._send(200, b'id: 2\nevent: final\ndata: {"id": "outage"}\n\n', "text/event-stream")
+
+    def _quiet_cut(self) -> None:
+        """A quiet job's stream cut twice, each time QUIET_S after it opened (pings only);
+        the third connection brings its final event."""
+        self.server.quiet_cuts += 1
+        if self.server.quiet_cuts <= 2:
+            self._cut_after(b": ping\n\n", QUIET_S)
+            return
+        self._send(200, b'id: 1\nevent: final\ndata: {"id": "quietcut"}\n\n', "text/event-stream")
+
+    def _cut_after(self, ping: bytes, pause_s: float) -> None:
+        """A 200 whose chunked body sends `ping`, then after `pause_s` its connection is cut
+        without the last chunk: to the client, a dropped stream (httpx's RemoteProtocolError)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if ping:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(ping), ping))
+        time.sleep(pause_s)
+        self.close_connection = True
 
     def _ended(self, kind: str, name: str) -> None:
         """What the cancels above find: `done` ended by itself, the others were cancelled."""
@@ -343,6 +372,26 @@ def test_a_stream_outlives_an_outage_longer_than_its_retries(server: _Server) ->
             list(client.stream("down", reconnect_for_s=0.5))
         with pytest.raises(InvalidArgument):
             client.stream("down", reconnect_for_s=float("nan"))
+
+
+def test_only_failing_time_counts_toward_reconnect_for_s(server: _Server) -> None:
+    """The failing time ran from the first drop after an event, connections that opened fine
+    included: a quiet job's stream (pings only) cut at 5 s and again at 150 s raised StreamError
+    at the second cut, untried. Only time from a drop to the next open counts; a server that
+    accepts each resume and drops it at once still runs `reconnect_for_s` out."""
+    with Client(server.url) as client:
+        events = [event.event for event in client.stream("quietcut", reconnect_for_s=0.8)]
+        assert (events, server.quiet_cuts) == (["final"], 3)
+        with pytest.raises(StreamError, match="without an event"):
+            list(client.stream("accept-drop", reconnect_for_s=0.2))
+
+
+def test_the_backoff_stays_capped_however_many_drops() -> None:
+    """`0.25 * 2**failures` overflowed a float at the 1024th drop in a row (OverflowError, not
+    a pause), which a `reconnect_for_s` of a day or math.inf lets a long outage reach."""
+    stream = EventStream(calls.events_call("x", None), reconnect_for_s=math.inf)
+    pauses = [stream.dropped(httpx.ConnectError("refused")) for _ in range(1100)]
+    assert all(0 <= pause <= BACKOFF_CAP_S for pause in pauses)
 
 
 def test_a_retried_predict_asks_only_for_the_time_left(server: _Server) -> None:

@@ -21,10 +21,12 @@ from conveyor.client.types import Event
 # OpenAI-style stream.
 TERMINAL_EVENTS = frozenset({"final", "done", "end", "cancelled", "failed", "expired"})
 _LINE_END = re.compile(r"\r\n|\r|\n")
-# How long a stream is resumed with no event received before StreamError: longer than a Redis
-# failover or a producer's restart, which the server's `retry:` (1 s) alone outlasted in 9 s.
+# How long resumes may fail with no event received before StreamError (a connection open,
+# however quiet, does not count): longer than a Redis failover or a producer's restart, which the
+# server's `retry:` (1 s) alone outlasted in 9 s.
 RECONNECT_FOR_S = 120.0
 BACKOFF_CAP_S = 10.0  # the longest pause between two resumes (but a longer Retry-After)
+_BACKOFF_DOUBLINGS = 6  # 0.25 s * 2**6 is past the cap; 2**1024 failures overflowed a float
 
 
 @dataclass
@@ -97,8 +99,10 @@ class EventStream:
     """One logical stream. It ends on a terminal event, on 204 (the spec's "stop"), or when a
     resume twice in a row brings nothing new; a dropped connection is resumed after an
     exponential backoff (never sooner than the server's `retry:`), until no event came for
-    `reconnect_for_s` seconds of failed resumes. A stream that is not `resumable` (a chat
-    completion) ends with its connection."""
+    `reconnect_for_s` seconds of failed resumes: from each drop to the next connection opened,
+    so a quiet job's stream (keep-alive pings for minutes) is not ended by its second drop, and
+    a server that accepts each resume then drops it at once still runs the time out. A stream
+    that is not `resumable` (a chat completion) ends with its connection."""
 
     call: Call
     resumable: bool = True
@@ -106,8 +110,9 @@ class EventStream:
     done: bool = False
     _decoder: SSEDecoder = field(default_factory=SSEDecoder)
     _lines: LineSplitter = field(default_factory=LineSplitter)
-    _failures: int = 0
-    _failing_since: float | None = None  # monotonic: the first failure since the last event
+    _failures: int = 0  # drops since the last event: an open connection does not reset the backoff
+    _failed_s: float = 0.0  # seconds spent failing since the last event, before `_failing_since`
+    _failing_since: float | None = None  # monotonic: the drop not yet followed by an open
     _empty_closes: int = 0
     _received: int = 0
     _opened: bool = False  # a response was served (a stream that is not resumable ends with it)
@@ -132,7 +137,11 @@ class EventStream:
         return replace(self.call, headers=headers)
 
     def opened(self, response: httpx.Response) -> None:
+        """A successful answer ends the failing period (not the backoff: `_failures` stays)."""
         self._opened = True
+        if self._failing_since is not None:
+            self._failed_s += time.monotonic() - self._failing_since
+            self._failing_since = None
         if response.status_code == 204:
             self.done = True
 
@@ -164,7 +173,7 @@ class EventStream:
         if event is not None:
             self._received += 1
             self._failures = self._empty_closes = 0
-            self._failing_since = None
+            self._failed_s = 0.0
             if event.event in TERMINAL_EVENTS or event.data == "[DONE]":
                 self.done = True
         return event
@@ -191,17 +200,20 @@ class EventStream:
     def dropped(self, error: Exception) -> float:
         """Seconds to wait before resuming: full-jitter exponential backoff, at least the
         server's `retry:` (which alone, unchanging, was every pause once sent); StreamError
-        when the stream cannot be reopened or no event came for `reconnect_for_s`."""
+        when the stream cannot be reopened or resumes failed for `reconnect_for_s` seconds
+        without an event."""
         self._failures += 1
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
         if not self._reopens(error):
             raise StreamError(f"event stream lost: {error!r}")
-        if now - self._failing_since > self.reconnect_for_s:
+        failed_s = self._failed_s + now - self._failing_since
+        if failed_s > self.reconnect_for_s:
             raise StreamError(
-                f"event stream lost: {self._failures} tries over "
-                f"{now - self._failing_since:.1f}s without an event: {error!r}"
+                f"event stream lost: {self._failures} tries failing for "
+                f"{failed_s:.1f}s without an event: {error!r}"
             )
-        backoff = random.uniform(0, min(BACKOFF_CAP_S, 0.25 * 2**self._failures))
+        doublings = min(self._failures, _BACKOFF_DOUBLINGS)
+        backoff = random.uniform(0, min(BACKOFF_CAP_S, 0.25 * 2**doublings))
         return max(backoff, (self._decoder.retry_ms or 0) / 1000.0)
