@@ -41,13 +41,15 @@ PARTS = {
 }
 
 
-def run_parts(parts: list[str], scale: Scale, results_dir: Path) -> list[Path]:
-    """Run `parts` in order at `scale`; returns the JSON files written."""
+def run_parts(parts: list[str], scale: Scale, results_dir: Path, run_name: str = "") -> list[Path]:
+    """Run `parts` in order at `scale`; returns the JSON files written. `run_name` names the run in
+    each part's document (default: when this call began): a caller that runs the parts of one
+    run one call at a time (benchmarks/device/on-device.sh) names them all alike."""
     # Workers and the baseline run as subprocesses that import from the checkout.
     os.chdir(REPO_ROOT)
     console = Console()
     written = []
-    run_began = started_now()  # names this run in each part's document
+    run_began = run_name or started_now()
     for part in parts:
         module = importlib.import_module(PARTS[part])
         run: Callable[[Scale, Path], PartResult] = module.run
@@ -85,13 +87,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--scale", choices=sorted(SCALES), help="overrides --quick")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--run", default="", help="name of the run the parts belong to (default: now)"
+    )
     args = parser.parse_args(argv)
     parts = [p.strip().upper() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         parser.error(f"unknown parts {unknown}; known: {sorted(PARTS)}")
     scale = SCALES[args.scale] if args.scale else (QUICK if args.quick else FULL)
-    run_parts(parts, scale, args.results_dir.resolve())
+    run_parts(parts, scale, args.results_dir.resolve(), args.run)
 
 
 if __name__ == "__main__":

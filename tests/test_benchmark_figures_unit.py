@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,12 @@ from typing import Any
 import pytest
 import redis
 
+from benchmarks import run as bench_run
 from benchmarks.pipeline_overhead import cpu_targets
 from benchmarks.process_cpu import LOAD_GENERATOR, CpuMeter, per_request_ms
 from benchmarks.redis_cost import Command, CommandLog, Window, batch_round_trips, summarise
 from benchmarks.report import PartResult, Target, machine, write_part, write_report
+from benchmarks.scales import SMOKE
 
 # Spawns a child that burns ~0.4 s of CPU, waits for it (so its time moves into this process's
 # children_user/system) and prints the CPU seconds the child counted itself.
@@ -167,3 +170,18 @@ def test_parts_of_two_runs_at_one_commit_are_not_one_run(tmp_path: Path) -> None
     assert "one run on one machine" not in report
     assert "(run of 2026-12-01 10:00:00 UTC)" in report
     assert "(run of 2026-12-01 09:00:00 UTC)" in report
+
+
+def test_parts_run_one_call_each_under_one_run_name_are_one_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device session runs its parts one `benchmarks.run` call each (on-device.sh saves after
+    every part): named by each call's start, they read as measured in different runs."""
+    for part in ("A", "D"):
+        module = types.ModuleType(f"stub_part_{part}")
+        module.run = lambda scale, workdir, part=part: PartResult(part, f"part {part}")  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        monkeypatch.setitem(bench_run.PARTS, part, module.__name__)
+    bench_run.run_parts(["A"], SMOKE, tmp_path, run_name="2026-12-01 10:00:00 UTC")
+    bench_run.run_parts(["D"], SMOKE, tmp_path, run_name="2026-12-01 10:00:00 UTC")
+    assert "Ratios measured in one run on one machine" in (tmp_path / "REPORT.md").read_text()

@@ -34,11 +34,15 @@ save() { tar -C "$(dirname "$results")" -czf /tmp/res.tgz res && mv /tmp/res.tgz
   fi
 } > "$log" 2>&1
 save
+# one run however many calls it takes: each part's document names it (the report's headline)
+run="${RUN:-$(date -u '+%Y-%m-%d %H:%M:%S UTC')}"
+echo "== run $run" >> "$log"
 for part in ${PARTS:-G}; do
   echo "== part $part $(date -u)" >> "$log"
   limit=150
   [ "$part" = G ] && limit=300  # its workers start one after another, each capturing its graphs
-  timeout "$limit" python -m benchmarks.run --parts "$part" --results-dir "$results" >> "$log" 2>&1
+  timeout "$limit" python -m benchmarks.run --parts "$part" --results-dir "$results" \
+    --run "$run" >> "$log" 2>&1
   echo "part $part exit $?" >> "$log"
   save
 done
