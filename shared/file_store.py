@@ -18,6 +18,16 @@ from shared.redis_client import call_script, executed
 from shared.tenant_index import TenantIndexed
 
 FIELDS = ("tenant", "filename", "purpose", "bytes", "created_at")
+# Bytes a file is charged against its tenant's budget beside its content and its name: its keys
+# and entries (its hash's fields, its index, budget and expiry entries, its id unlisted once
+# deleted), so a loop of tiny files is held to the budget too.
+FILE_OVERHEAD_BYTES = 512
+
+
+def charged(filename: str, size: int) -> int:
+    """What a file of `size` bytes named `filename` holds of its tenant's budget."""
+    return size + len(filename.encode()) + FILE_OVERHEAD_BYTES
+
 
 # KEYS[1]=a tenant's held files (hash: file id -> its bytes, `total` their sum), KEYS[2]=when each
 # expires (sorted set, ms), both in the tenant index's slot; ARGV: now (ms), file id, its bytes,
@@ -123,15 +133,16 @@ class FileStore(TenantIndexed):
         return as_text(tenant), data if isinstance(data, bytes) else data.encode()
 
     async def delete(self, file_id: str) -> None:
-        """Drop the file and give its bytes back to its tenant's budget (once: the owner read
-        in the transaction that drops it). The file's index entry stays until a page finds it
-        gone (`page` drops it then): a client that deletes what it lists, then asks for the
-        page after the last id it saw, got an empty last page, the deleted id having no place
-        left to list after."""
+        """Drop the file, give its bytes back to its tenant's budget and unlist it (once: the
+        owner read in the transaction that drops it). Left listed, a loop of uploads and
+        deletes grew the index without bound, every entry a lookup for the next listing; a
+        page after the deleted id still goes on from its place (LISTED_AFTER)."""
         key = self.keys.file(file_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hget(key, "tenant")
             pipe.delete(key)
             tenant, _ = await pipe.execute()
         if tenant is not None:  # it was there, and this transaction dropped it
-            await call_script(self._release, self._held_of(as_text(tenant)), [file_id])
+            owner = as_text(tenant)
+            await call_script(self._release, self._held_of(owner), [file_id])
+            await self.unlist(owner, [file_id])

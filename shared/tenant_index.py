@@ -1,6 +1,7 @@
 """What a tenant lists (its batches, its uploaded files), for OpenAI's list routes: a sorted set
 per tenant of ids scored by creation time in ms, in the control plane's slot. An entry does not
-expire with the key it names, so a page drops the entries its lookups find gone."""
+expire with the key it names, so a page drops the entries its lookups find gone (a store whose
+records are deleted unlists them then)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from shared.job_store import now_ms
 from shared.redis_client import call_script
 
 T = TypeVar("T")
+PAGE_ROUNDS = 4  # reads one page makes at most, however many gone entries it passes
+UNLIST_CHUNK = 1_000  # ids one UNLIST call takes: a script holds Redis for every client as it runs
 
 # KEYS[2] as releases before 2026-12-02 left it: a hash of the same scores, never pruned, and with
 # no TTL once its tenant had deleted all it listed. Made the sorted set it now is on first use,
@@ -32,24 +35,26 @@ end
 # KEYS[1]=a tenant's index, KEYS[2]=the scores of ids unlisted from it; ARGV: the id to list after,
 # how many, 1 for newest first (else oldest first). Ranked and read on from in one step: in two
 # round trips, a record indexed between them (a newer one shifts every rank up) would put `after`
-# itself on the page again. An `after` unlisted since the client was given it (its record gone,
-# and dropped by another listing) is read on from by its score: the page after it was empty,
-# and a client listing page by page stopped with records left (ones of the same ms are skipped).
+# itself on the page again. An `after` unlisted since the client was given it (deleted, or its
+# record gone and dropped by a listing) is put back by its score for the step, so it is ranked
+# among the ones of its own ms as it was: the page after it was empty, and a client listing page
+# by page (deleting what it lists) stopped with records left.
 LISTED_AFTER = (
     _FROM_HASH
     + """
-local newest_first = ARGV[3] == '1'
-local rank = redis.call(newest_first and 'ZREVRANK' or 'ZRANK', KEYS[1], ARGV[1])
-if rank then
-  local last = rank + tonumber(ARGV[2])
-  return redis.call(newest_first and 'ZREVRANGE' or 'ZRANGE', KEYS[1], rank + 1, last)
+local rank_of = ARGV[3] == '1' and 'ZREVRANK' or 'ZRANK'
+local rank = redis.call(rank_of, KEYS[1], ARGV[1])
+local score = not rank and redis.call('ZSCORE', KEYS[2], ARGV[1])
+if score then
+  redis.call('ZADD', KEYS[1], score, ARGV[1])
+  rank = redis.call(rank_of, KEYS[1], ARGV[1])
+elseif not rank then
+  return {}
 end
-local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not score then return {} end
-if newest_first then
-  return redis.call('ZREVRANGEBYSCORE', KEYS[1], '(' .. score, '-inf', 'LIMIT', 0, ARGV[2])
-end
-return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. score, '+inf', 'LIMIT', 0, ARGV[2])
+local range = ARGV[3] == '1' and 'ZREVRANGE' or 'ZRANGE'
+local ids = redis.call(range, KEYS[1], rank + 1, rank + tonumber(ARGV[2]))
+if score then redis.call('ZREM', KEYS[1], ARGV[1]) end
+return ids
 """
 )
 
@@ -130,10 +135,12 @@ class TenantIndexed(ABC):
         return [as_text(record_id) for record_id in ids]
 
     async def unlist(self, tenant: str, record_ids: list[str]) -> None:
-        """Records whose keys expired before their index entries, in one call."""
-        if record_ids:
-            keys = [self.index_of(tenant), self.unlisted_of(tenant)]
-            await call_script(self._unlist, keys, [now_ms(), self.listed_for_s, *record_ids])
+        """Records deleted, or whose keys expired before their index entries, `UNLIST_CHUNK`
+        to a call."""
+        keys = [self.index_of(tenant), self.unlisted_of(tenant)]
+        for start in range(0, len(record_ids), UNLIST_CHUNK):
+            chunk = record_ids[start : start + UNLIST_CHUNK]
+            await call_script(self._unlist, keys, [now_ms(), self.listed_for_s, *chunk])
 
     async def page(
         self,
@@ -146,19 +153,24 @@ class TenantIndexed(ABC):
         """The tenant's records, newest (or oldest) first, from the one after `after`: up to
         `limit` (id, what `look` found for it: `look` reads a page's ids at once), and whether
         more follow. One that `look` finds gone (None) leaves the index, and the page is filled
-        from the ones after it."""
+        from the ones after it, each read taking as many more as were gone so far; after
+        `PAGE_ROUNDS` reads the page is answered as it stands, `has_more` true (the gone ones
+        it passed are unlisted, so the next request goes on past them): an index of expired
+        entries cost one request a round trip per page of them."""
         found: list[tuple[str, T]] = []
         gone: list[str] = []
-        while True:
-            wanted = limit + 1 - len(found)
+        exhausted = False
+        for _ in range(PAGE_ROUNDS):
+            wanted = limit + 1 - len(found) + len(gone)
             ids = await self.listed(tenant, after, wanted, newest_first)
             for record_id, record in zip(ids, await look(ids), strict=True):
                 if record is None:
                     gone.append(record_id)
                 else:
                     found.append((record_id, record))
-            if len(ids) < wanted or len(found) > limit:
+            exhausted = len(ids) < wanted
+            if exhausted or len(found) > limit:
                 break
             after = ids[-1]
         await self.unlist(tenant, gone)
-        return found[:limit], len(found) > limit
+        return found[:limit], len(found) > limit or not exhausted

@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.file_store import FileStore, OverBudget
+from shared.job_store import now_ms
 from shared.keys import Keys
 
 KEYS = Keys("files:")
@@ -110,3 +111,48 @@ async def test_a_file_past_its_ttl_gives_its_bytes_back_to_its_tenants_budget(
     await aredis.zadd(f"{KEYS.files_of('quota')}:expiring", {"file-old": 1})  # as its TTL ran out
     await store.hold("quota", "file-new", 8, 10)
     assert await aredis.hget(f"{KEYS.files_of('quota')}:bytes", "total") == b"8"
+
+
+async def test_a_deleted_file_leaves_its_tenants_index(aredis: aioredis.Redis) -> None:
+    """Deleted files stayed indexed: a loop of uploads and deletes (each giving its bytes back)
+    grew the index without bound, and the next listing looked up every dead entry."""
+    store = FileStore(aredis, KEYS, 600)
+    for n in range(300):
+        await store.put(f"churn-{n}", {"tenant": "churn", "filename": "a.jsonl"}, b"{}\n")
+        await store.delete(f"churn-{n}")
+    assert await aredis.zcard(KEYS.files_of("churn")) == 0
+
+
+async def test_a_page_past_many_gone_entries_does_bounded_work(aredis: aioredis.Redis) -> None:
+    """A page read on past gone entries until it filled, however many (a round trip per page of
+    them, then every one in one script call): it now stops after a few reads, `has_more` true,
+    and the next request goes on past what it unlisted."""
+    store = FileStore(aredis, KEYS, 600)
+    await store.put("file-live", {"tenant": "bulk", "filename": "a.jsonl"}, b"{}\n")
+    index = KEYS.files_of("bulk")
+    await aredis.zadd(index, {f"file-gone-{n}": n for n in range(3000)})  # expired, oldest first
+    page, more = await store.page("bulk", None, 10, lambda ids: _looked(store, ids), False)
+    assert (page, more) == ([], True)
+    assert 2000 < await aredis.zcard(index) < 3001  # some unlisted, not all
+    requests = 1
+    while not page:
+        page, more = await store.page("bulk", None, 10, lambda ids: _looked(store, ids), False)
+        requests += 1
+    assert [file_id for file_id, _ in page] == ["file-live"] and not more and requests > 2
+
+
+async def test_a_page_after_a_deleted_file_keeps_its_place_among_those_of_its_ms(
+    aredis: aioredis.Redis,
+) -> None:
+    """A page after an unlisted id read on from its score alone, skipping the files uploaded in
+    the same ms; a delete unlists its file, so a client deleting what it lists lost them."""
+    store = FileStore(aredis, KEYS, 600)
+    for n in range(4):
+        await store.put(f"file-{n}", {"tenant": "acme", "filename": f"{n}.jsonl"}, b"{}\n")
+    await aredis.zadd(
+        KEYS.files_of("acme"), dict.fromkeys(await store.listed("acme", None, 4), now_ms())
+    )
+    await store.delete("file-2")
+    assert await store.listed("acme", "file-2", 5) == ["file-1", "file-0"]  # by id within an ms
+    assert await store.listed("acme", "file-2", 5, newest_first=False) == ["file-3"]
+    assert await store.listed("acme", None, 5) == ["file-3", "file-1", "file-0"]  # put back

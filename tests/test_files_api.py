@@ -15,6 +15,7 @@ from openai import AsyncOpenAI
 
 from producer_api.app import create_app
 from shared.api_keys import ApiKeyStore, KeySpec
+from shared.file_store import charged
 from shared.keys import Keys
 from shared.settings import Settings
 
@@ -37,19 +38,23 @@ async def _producer(redis_url: str, **settings: int) -> AsyncIterator[httpx.Asyn
             yield client
 
 
-async def _upload(client: httpx.AsyncClient, auth: dict[str, str]) -> httpx.Response:
-    files = {"file": ("a.jsonl", FILE)}
+async def _upload(
+    client: httpx.AsyncClient, auth: dict[str, str], name: str = "a.jsonl"
+) -> httpx.Response:
+    files = {"file": (name, FILE)}
     return await client.post("/v1/files", files=files, data={"purpose": "batch"}, headers=auth)
 
 
 async def test_a_tenants_uploads_are_held_to_its_storage_budget(
     redis_url: str, aredis: aioredis.Redis
 ) -> None:
-    """Two files fit a budget of 100 bytes, a third does not until one is deleted; another
-    tenant's budget is its own."""
+    """Two files fit a budget of a little over two, a third does not until one is deleted;
+    another tenant's budget is its own."""
     acme = await _key(aredis, f"acme-{uuid.uuid4().hex[:8]}")
     globex = await _key(aredis, f"globex-{uuid.uuid4().hex[:8]}")
-    async with _producer(redis_url, max_file_bytes_per_tenant=2 * len(FILE) + 2) as client:
+    async with _producer(
+        redis_url, max_file_bytes_per_tenant=2 * charged("a.jsonl", len(FILE)) + 2
+    ) as client:
         kept = [(await _upload(client, acme)).json()["id"] for _ in range(2)]
         files_before = len(await aredis.keys(KEYS.file("*")))
         refused = await _upload(client, acme)
@@ -65,6 +70,26 @@ async def test_a_tenants_uploads_are_held_to_its_storage_budget(
         assert again.status_code == 404  # and the budget is not given back twice
         assert (await _upload(client, acme)).status_code == 200
         assert (await _upload(client, acme)).status_code == 429
+
+
+async def test_a_files_name_counts_against_the_budget_and_is_bounded(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """Only a file's content counted: 1-byte files with ~4 KB names (python-multipart's header
+    limit) filled Redis while barely touching the budget. A name over 255 bytes is refused,
+    and each file holds its name and a fixed overhead besides its content."""
+    acme = await _key(aredis, f"acme-{uuid.uuid4().hex[:8]}")
+    async with _producer(redis_url, max_file_bytes_per_tenant=2000) as client:
+        files_before = len(await aredis.keys(KEYS.file("*")))
+        long = await _upload(client, acme, "é" * 150)  # 300 bytes of UTF-8
+        assert long.status_code == 422, long.text
+        assert "255 bytes" in long.json()["error"]["message"]
+        assert len(await aredis.keys(KEYS.file("*"))) == files_before  # nothing stored
+        name = "n" * 250  # 3 files' content is 147 bytes, their names and overhead 2286
+        assert [(await _upload(client, acme, name)).status_code for _ in range(2)] == [200, 200]
+        refused = await _upload(client, acme, name)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["type"] == "insufficient_quota"
 
 
 async def test_a_batchs_own_files_answer_openais_delete(

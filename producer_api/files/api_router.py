@@ -21,7 +21,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "Unknown file (or another tenant's)"},
     409: {"description": "The batch whose file it is has not ended"},
     413: {"description": "Body too large"},
-    422: {"description": "No file, an empty one, or a purpose other than batch"},
+    422: {
+        "description": "No file, an empty one, a filename over 255 bytes, or a purpose not batch"
+    },
     429: {"description": "The tenant's files would pass its storage budget (not retried)"},
     503: {"description": "Store unreachable"},
 }

@@ -13,10 +13,11 @@ from producer_api.batch_api.progress import BATCH_FILE
 from producer_api.batch_api.serving import BatchApiService
 from producer_api.errors import NO_RETRY, ConveyorError
 from producer_api.state import ProducerState
-from shared.file_store import OverBudget
+from shared.file_store import FILE_OVERHEAD_BYTES, OverBudget, charged
 from shared.job_store import now_ms
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
+MAX_FILENAME_BYTES = 255  # UTF-8; a name is stored with its file (multipart allows ~4 KB)
 
 
 def not_found(file_id: str) -> ConveyorError:
@@ -38,8 +39,9 @@ def over_budget(refused: OverBudget) -> ConveyorError:
     """A 429 as OpenAI's for a spent quota (`insufficient_quota`), marked not to be retried:
     room comes back only as the tenant deletes files or they expire, not after a backoff."""
     message = (
-        f"this tenant's files hold {refused.held} bytes; {refused.size} more would pass its "
-        f"budget of {refused.budget} (CONVEYOR_MAX_FILE_BYTES_PER_TENANT): delete files "
+        f"this tenant's files hold {refused.held} bytes; {refused.size} more (this file's "
+        f"content and name, and {FILE_OVERHEAD_BYTES} per file) would pass its budget of "
+        f"{refused.budget} (CONVEYOR_MAX_FILE_BYTES_PER_TENANT): delete files "
         "(DELETE /v1/files/{id}) or wait for them to expire"
     )
     return ConveyorError(429, "insufficient_quota", message, NO_RETRY)
@@ -57,10 +59,14 @@ class FilesService:
 
     async def upload(self, filename: str, data: bytes) -> dict[str, Any]:
         """Keep a batch input file (purpose `batch`) for the result TTL, within the tenant's
-        storage budget; its lines are checked when a batch names it, as an uploaded batch's
-        are."""
+        storage budget (its name and a per-file overhead counted with its bytes, so tiny
+        files with long names do not fill Redis); its lines are checked when a batch names
+        it, as an uploaded batch's are."""
         if not data.strip():
             raise ConveyorError(422, "invalid_request", "the file is empty")
+        if len(filename.encode()) > MAX_FILENAME_BYTES:
+            message = f"the filename is longer than {MAX_FILENAME_BYTES} bytes (UTF-8)"
+            raise ConveyorError(422, "invalid_request", message)
         file_id = f"file-{uuid.uuid4().hex}"
         fields = {
             "tenant": self.principal.tenant,
@@ -69,9 +75,9 @@ class FilesService:
             "bytes": str(len(data)),
             "created_at": str(now_ms() // 1000),
         }
-        budget = self.state.settings.max_file_bytes_per_tenant
+        budget, size = self.state.settings.max_file_bytes_per_tenant, charged(filename, len(data))
         try:
-            await self.store.hold(self.principal.tenant, file_id, len(data), budget)
+            await self.store.hold(self.principal.tenant, file_id, size, budget)
         except OverBudget as refused:
             raise over_budget(refused) from None
         await self.store.put(file_id, fields, data)
