@@ -349,3 +349,8 @@ class Keys:
     def in_flight_scan(self, key_id: str) -> str:
         """Marker that limits full rescans of an at-cap in-flight set to one per second."""
         return f"{self.prefix}inflight:{{{key_id}}}:scan"
+
+    def open_streams(self, key_id: str) -> str:
+        """Job-event streams one API key holds open (sorted set: stream id by the ms it was
+        last seen alive)."""
+        return f"{self.prefix}streams:{{{key_id}}}"

@@ -1,6 +1,7 @@
 """Per-key quotas shared by every producer replica: a token bucket (requests per second with a
-burst) and a cap on jobs in flight. Each decision is one Lua script on Redis's clock, so two
-replicas racing for the last token cannot both win and skewed host clocks do not matter."""
+burst), a cap on jobs in flight and one on open event streams. Each decision is one Lua script
+on Redis's clock, so two replicas racing for the last token cannot both win and skewed host
+clocks do not matter."""
 
 from __future__ import annotations
 
@@ -84,6 +85,24 @@ local freed = 0
 for _, job_id in ipairs(ARGV) do freed = freed + redis.call('ZREM', KEYS[1], job_id) end
 return freed
 """
+# KEYS[1]=a key's open event streams; ARGV: cap, stream id, ms a member lives unrenewed. Drops
+# the members not renewed that long (their producer died before removing them), then holds the
+# stream: a member already is renewed (its score: now), a new one is added below the cap. Both
+# an open and each renewal are this script: a renewal the set lost meanwhile (Redis paused past
+# the lapse) takes its place back if there is room. Returns 1 if the set holds the stream now.
+HOLD_STREAM = (
+    _NOW_MS
+    + """
+local cap, lapse = tonumber(ARGV[1]), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - lapse)
+if not redis.call('ZSCORE', KEYS[1], ARGV[2]) and redis.call('ZCARD', KEYS[1]) >= cap then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now, ARGV[2])
+redis.call('PEXPIRE', KEYS[1], lapse)
+return 1
+"""
+)
 _LIVE = frozenset(s.value for s in JobStatus if s not in TERMINAL)
 
 
@@ -201,3 +220,24 @@ class InFlightLimiter:
 def _live(status: bytes | str | None, age_ms: float, grace_ms: int) -> bool:
     """Queued or running; without a hash, only while its submit may still be writing it."""
     return as_text(status) in _LIVE if status is not None else age_ms < grace_ms
+
+
+class StreamLimiter:
+    """Job-event streams a key holds open, as a sorted set of stream ids by when each was last
+    seen alive (Redis's clock). A stream takes its place when it opens, renews it while it
+    lasts and gives it back when it ends; the place of one whose producer died first lapses
+    `lapse_s` after its last renewal, so a lost removal costs a place only that long."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys, lapse_s: float) -> None:
+        self.redis = client
+        self.keys = keys
+        self.lapse_ms = math.ceil(lapse_s * 1000)
+        self._hold = client.register_script(HOLD_STREAM)
+
+    async def hold(self, key_id: str, stream_id: str, cap: int) -> bool:
+        """Take or renew the stream's place; False when the key holds `cap` others."""
+        keys = [self.keys.open_streams(key_id)]
+        return bool(await call_script(self._hold, keys, [cap, stream_id, self.lapse_ms]))
+
+    async def release(self, key_id: str, stream_id: str) -> None:
+        await self.redis.zrem(self.keys.open_streams(key_id), stream_id)

@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     rate_limit_per_s: float = Field(default=100.0, gt=0)
     rate_limit_burst: int = Field(default=200, ge=1)
     max_in_flight: int = Field(default=1_000, ge=1)
+    # Job-event streams (`GET /v1/jobs/{id}/events`) one key may hold open at once: each reads
+    # Redis about once a second while its job is queued, and holds a socket on a producer.
+    max_streams_per_key: int = Field(default=100, ge=1)
 
     # Signs the operator console's session cookies (producer_api/console/session.py); empty:
     # a random secret per process (sessions then end when the producer restarts, and each

@@ -3,6 +3,8 @@ events outlived the key's revocation or expiry for as long as the job ran."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from redis.exceptions import RedisError
 
 from producer_api.auth.principal import ANONYMOUS, Principal
@@ -14,11 +16,18 @@ REVOKED = "API key revoked or expired"
 
 class KeyWatch:
     """A stream's look at its key, for `live_feed.while_holds`; remembers whether the key was
-    found no longer good, so the stream can end saying so."""
+    found no longer good, so the stream can end saying so. `renew`, if given, runs on each look
+    too: a job-event stream's place among its key's open streams, which lapses unrenewed."""
 
-    def __init__(self, keys: ApiKeyStore, principal: Principal) -> None:
+    def __init__(
+        self,
+        keys: ApiKeyStore,
+        principal: Principal,
+        renew: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
         self.keys = keys
         self.principal = principal
+        self.renew = renew
         self.revoked = False
 
     async def holds(self) -> bool:
@@ -27,6 +36,8 @@ class KeyWatch:
         if self.principal.key_id == ANONYMOUS.key_id:
             return True
         try:
+            if self.renew is not None:
+                await self.renew()
             self.revoked = await self.keys.usable(self.principal.key_id) is None
         except RedisError:
             return True

@@ -24,6 +24,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "token, restart, final events"},
     404: {"model": ErrorBody, "description": "Unknown job"},
     422: {"model": ErrorBody, "description": "Last-Event-ID is not a stream entry id"},
+    429: {"model": ErrorBody, "description": "Rate limited, or the key's streams cap reached"},
 }
 
 
@@ -58,7 +59,7 @@ async def job_events(
     when it ends. The job keeps running when the client goes away, when this producer shuts
     down or when Redis stops answering (the stream then ends with an `error` event carrying
     `retry:`). A `Last-Event-ID` that no stream could hold (parts beyond 64 bits) is refused
-    (422)."""
+    (422); a key holding CONVEYOR_MAX_STREAMS_PER_KEY streams open gets 429 (`Retry-After`)."""
     if last_event_id is not None and not is_stream_id(last_event_id):
         message = "Last-Event-ID: not a token-stream entry id (<ms>-<seq>, each within 64 bits)"
         raise ConveyorError(422, "invalid_request", message)

@@ -2,16 +2,24 @@
 they change, at most once a second, and one `scaling` event while no worker serves its
 partition. Then an LLM job streams its token stream from where the client left off (every
 missed chunk once, then live ones, then one final event); any other job sends a single final
-event when it ends, woken by the reply listener rather than by polling."""
+event when it ends, woken by the reply listener rather than by polling. A key holds at most
+CONVEYOR_MAX_STREAMS_PER_KEY streams open at once (each costs Redis reads and a socket)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
+from functools import partial
 from typing import Any
+
+import anyio
+from redis.exceptions import RedisError
 
 from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
+from producer_api.errors import ConveyorError
 from producer_api.events.protocol import JobEvent
 from producer_api.jobs.serving import JobsService
 from producer_api.live_feed import while_holds
@@ -19,8 +27,12 @@ from producer_api.state import ProducerState
 from producer_api.task_cancel import cancel_and_wait
 from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
+from shared.rate_limit import StreamLimiter
 
 START = "0-0"
+# A stream's place among its key's open streams lapses after this long unrenewed (three missed
+# key checks): the place of a stream whose producer died before giving it back.
+LAPSE_S = 3 * RECHECK_S
 QUEUED_EVERY_S = 1.0
 SCALING = (
     "no worker serves this partition: the autoscaler starts one from its queue depth (KEDA"
@@ -33,28 +45,56 @@ class EventsService:
         self.state = state
         self.principal = principal
         self.jobs = JobsService(state, principal)
+        self.streams = StreamLimiter(state.redis, state.keys, LAPSE_S)
 
     async def open(self, job_id: str, last_event_id: str | None) -> AsyncIterator[JobEvent]:
         """The caller's job's events after `last_event_id`; raises 404 (before any event is
-        sent) when the job is unknown or another tenant's. A key revoked or expired meanwhile
-        ends the stream within RECHECK_S with an `error` event (type `unauthorized`); the job
-        runs on."""
+        sent) when the job is unknown or another tenant's, 429 when the key holds its cap of
+        streams open. A key revoked or expired meanwhile ends the stream within RECHECK_S with
+        an `error` event (type `unauthorized`); the job runs on."""
         record = await self.jobs.owned(job_id)
         config = self.state.repository.get(record.fields.get("model", ""))
         if config is not None and config.kind == "generate":
             events = self._after_queue(job_id, self._tokens(job_id, last_event_id or START))
         else:
             events = self._after_queue(job_id, self._final(job_id))
-        return self._while_key_holds(events)
+        return self._while_key_holds(events, await self._place())
+
+    async def _place(self) -> str | None:
+        """A place among the key's open streams (its stream id; None with auth off), or 429:
+        a stream polls Redis once a second while its job is queued, so streams beyond the cap
+        would starve every tenant."""
+        if self.principal.quota is None:
+            return None
+        stream_id, cap = uuid.uuid4().hex, self.state.settings.max_streams_per_key
+        if not await self.streams.hold(self.principal.key_id, stream_id, cap):
+            message = f"this API key has {cap} event streams open; retry when one is closed"
+            raise ConveyorError(429, "too_many_streams", message, {"Retry-After": "1"})
+        return stream_id
 
     async def _while_key_holds(
-        self, events: AsyncGenerator[JobEvent, None]
+        self, events: AsyncGenerator[JobEvent, None], stream_id: str | None
     ) -> AsyncIterator[JobEvent]:
-        watch = KeyWatch(self.state.api_keys, self.principal)
-        async for event in while_holds(events, watch.holds, RECHECK_S):
-            yield event
-        if watch.revoked:
-            yield JobEvent("error", {"type": "unauthorized", "message": REVOKED})
+        """`events` while the key holds, renewing the stream's place on each look at the key
+        and giving it back at the end (a stream never started keeps it until it lapses)."""
+        key_id, cap = self.principal.key_id, self.state.settings.max_streams_per_key
+        renew = partial(self.streams.hold, key_id, stream_id, cap) if stream_id else None
+        watch = KeyWatch(self.state.api_keys, self.principal, renew)
+        try:
+            async for event in while_holds(events, watch.holds, RECHECK_S):
+                yield event
+            if watch.revoked:
+                yield JobEvent("error", {"type": "unauthorized", "message": REVOKED})
+        finally:
+            if stream_id is not None:
+                await self._release(stream_id)
+
+    async def _release(self, stream_id: str) -> None:
+        """Give the place back, though the stream is being cancelled (the client went away);
+        with Redis not answering, it lapses instead."""
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(RedisError):
+                await self.streams.release(self.principal.key_id, stream_id)
 
     async def _after_queue(
         self, job_id: str, then: AsyncIterator[JobEvent]
