@@ -316,9 +316,11 @@ def test_sigterm_while_starting_stops_what_has_started(tmp_path: Path) -> None:
     own, and Python's default SIGTERM ends a process without its `finally`."""
     up = _identity_up(tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        until(lambda: (tmp_path / "identity.log").exists(), 120)  # the worker is starting
+        # the worker is starting: its log is made before it is spawned, and a child caught
+        # between its fork and its exec still shows `conveyor up`'s command line
+        until(lambda: any("celery" in name for name in _command_lines(up.pid)), 120)
         started = psutil.Process(up.pid).children(recursive=True)
-        names = {" ".join(process.cmdline()) for process in started}
+        names = _command_lines(up.pid)
         up.send_signal(signal.SIGTERM)
         code = up.wait(timeout=90)
     finally:
@@ -329,6 +331,15 @@ def test_sigterm_while_starting_stops_what_has_started(tmp_path: Path) -> None:
     assert any("valkey" in name for name in names) and any("celery" in name for name in names)
     _, alive = psutil.wait_procs(started, timeout=30)
     assert not alive, [process.cmdline() for process in alive]
+
+
+def _command_lines(pid: int) -> set[str]:
+    """The command lines of the process's descendants, leaving out any that exits meanwhile."""
+    lines = set()
+    for process in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            lines.add(" ".join(process.cmdline()))
+    return lines
 
 
 def test_a_child_slower_than_the_start_timeout_says_so(stack: Stack, tmp_path: Path) -> None:
