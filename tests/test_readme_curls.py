@@ -16,14 +16,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conveyor.stack import Stack
-from tests.conftest import REPO_ROOT, issue_key
+from conveyor.stack import Stack, free_port
+from tests.conftest import REPO_ROOT, issue_key, serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 README = REPO_ROOT / "README.md"
 BLOCK = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", re.DOTALL)
 TRANSCRIPT = re.compile(r"```console\n(.*?)```", re.DOTALL)  # recorded `$ command` + output
 README_ADDRESS = "localhost:8000"
+PRODUCER = "readme-producer"  # keys enforced, beside the shared stack's own
 JOB_FIELDS = {"id", "status", "model", "variant", "timings", "batch_size", "attempts"}
 
 
@@ -97,18 +98,15 @@ class Session:
 
 
 @pytest.fixture(scope="module")
-def readme_stack(auth_stack: Stack) -> Iterator[Stack]:
-    """The README's models served, as `make up` serves them. The workers it starts stop with
-    the module: the other modules on this shared stack count on no worker taking their jobs
-    (test_auth cancels a queued job, test_rate_limit fills in-flight slots, test_client reads
-    a job back queued), whatever order the modules run in."""
-    started = [
-        model for model in ("identity", "minilm", "smollm2") if model not in auth_stack.processes
-    ]
-    auth_stack.wait_ready(*(auth_stack.spawn_worker(model) for model in started))
-    yield auth_stack
-    for model in started:
-        auth_stack.stop_process(model)
+def readme_url(stack: Stack, identity_worker: int, minilm_worker: int) -> Iterator[str]:
+    """The README's models served, as `make up` serves them, behind a producer of their own
+    with API keys enforced, as in production. It joins the shared stack, whose smollm2 worker
+    the LLM tests started (a vLLM start is about a minute on 2 cores), and stops with the
+    module; the README's curls change no state other tests read (jobs and a key only)."""
+    serve(stack, "smollm2")
+    url = stack.start_producer(free_port(), name=PRODUCER, CONVEYOR_AUTH="enabled")
+    yield url.removeprefix("http://")
+    stack.stop_process(PRODUCER)
 
 
 def test_the_readme_has_the_curls_it_should() -> None:
@@ -123,9 +121,9 @@ def test_the_readme_has_the_curls_it_should() -> None:
     assert all("Bearer $KEY" in c for c in protected), [c for c in protected if "$KEY" not in c]
 
 
-def test_every_readme_curl_answers_2xx(readme_stack: Stack) -> None:
-    key = issue_key(readme_stack.redis_url, "readme", "submit", "read")
-    session = Session(readme_stack.base_url.removeprefix("http://"), key)
+def test_every_readme_curl_answers_2xx(stack: Stack, readme_url: str) -> None:
+    key = issue_key(stack.redis_url, "readme", "submit", "read")
+    session = Session(readme_url, key)
     for command in readme_curls(README.read_text()):
         status, body = session.run(command)
         assert 200 <= status < 300, (command, status, body)
@@ -135,8 +133,8 @@ def test_every_readme_curl_answers_2xx(readme_stack: Stack) -> None:
                 assert set(view) >= JOB_FIELDS, (command, sorted(view))
 
 
-def test_a_command_that_fails_is_caught(readme_stack: Stack) -> None:
+def test_a_command_that_fails_is_caught(readme_url: str) -> None:
     """The check can fail: a curl without the key answers 401 here."""
-    session = Session(readme_stack.base_url.removeprefix("http://"), "cvk_not_a_key")
+    session = Session(readme_url, "cvk_not_a_key")
     status, _ = session.run(f"curl -s {README_ADDRESS}/v1/models")
     assert status == 401
