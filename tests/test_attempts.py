@@ -308,6 +308,31 @@ async def test_an_outage_after_reclaim_committed_keeps_the_claimed_entries(
     assert claimed.entry is not None and claimed.entry.job_id == "stranded"
 
 
+async def _taken_over(
+    client: aioredis.Redis, job_id: str, inflight: str = ""
+) -> tuple[JobStore, Delivery, Delivery]:
+    """`job_id` read by hA-1, which then lost Redis past the visibility timeout, and its entry
+    taken over by hB-2: (store, hA-1's delivery, hB-2's)."""
+    store = await _queued(client, job_id, inflight=inflight)
+    (late,) = await _read(client, "hA-1")
+    await asyncio.sleep(0.1)  # past the 50 ms visibility timeout
+    reclaimer = Reclaimer(client, KEYS, PARTITION, "hB-2", 60, JobEvents("redis://unused"))
+    (rescued,) = await reclaimer.reclaim(STREAM)
+    return store, late, rescued
+
+
+async def _new_owner_finishes(
+    store: JobStore, writer: ResultWriter, rescued: Delivery, job_id: str
+) -> None:
+    """hB-2's result is written, and the job's history is hA-1's crash then hB-2's success."""
+    done = PARTITION.finish(rescued, JobStatus.SUCCEEDED, {"outputs": "{}"})
+    assert [f.job_id for f in await writer.finish(STREAM, [done])] == [job_id]
+    assert [(r["consumer"], r["outcome"]) for r in await _history(store, job_id)] == [
+        ("hA-1", "crashed"),
+        ("hB-2", "succeeded"),
+    ]
+
+
 async def test_a_result_written_after_a_takeover_leaves_the_job_to_its_new_owner(
     aredis: aioredis.Redis, writers: Callable[[str], ResultWriter]
 ) -> None:
@@ -318,11 +343,7 @@ async def test_a_result_written_after_a_takeover_leaves_the_job_to_its_new_owner
     its API key's in-flight slot (freed beside the refused write-back, it was one job under its
     limit while hB-2 ran it)."""
     slots = KEYS.in_flight("key-1")
-    store = await _queued(aredis, "taken", inflight=slots)
-    (late,) = await _read(aredis, "hA-1")
-    await asyncio.sleep(0.1)  # past the 50 ms visibility timeout
-    reclaimer = Reclaimer(aredis, KEYS, PARTITION, "hB-2", 60, JobEvents("redis://unused"))
-    (rescued,) = await reclaimer.reclaim(STREAM)
+    store, late, rescued = await _taken_over(aredis, "taken", inflight=slots)
 
     done = {"outputs": "{}"}
     assert (
@@ -338,14 +359,7 @@ async def test_a_result_written_after_a_takeover_leaves_the_job_to_its_new_owner
     assert [(row["message_id"], row["consumer"]) for row in pending] == [(late.entry_id, b"hB-2")]
     assert await aredis.zscore(slots, "taken") is not None
 
-    written = await writers("hB-2").finish(
-        STREAM, [PARTITION.finish(rescued, JobStatus.SUCCEEDED, done)]
-    )
-    assert [f.job_id for f in written] == ["taken"]
-    assert [(r["consumer"], r["outcome"]) for r in await _history(store, "taken")] == [
-        ("hA-1", "crashed"),
-        ("hB-2", "succeeded"),
-    ]
+    await _new_owner_finishes(store, writers("hB-2"), rescued, "taken")
     assert await aredis.xlen(STREAM) == 0
     assert await aredis.zscore(slots, "taken") is None
 
@@ -357,27 +371,15 @@ async def test_a_mark_that_lands_after_a_takeover_leaves_the_job_to_its_new_owne
     (workers/batching/long_run.py), after hB-2 took the entry over: the mark set the job's
     worker back to hA-1, and hA-1's late result was then written as its own. A mark from an
     earlier delivery than the running one changes nothing."""
-    store = await _queued(aredis, "marked-late")
-    (late,) = await _read(aredis, "hA-1")
-    await asyncio.sleep(0.1)  # past the 50 ms visibility timeout
-    reclaimer = Reclaimer(aredis, KEYS, PARTITION, "hB-2", 60, JobEvents("redis://unused"))
-    (rescued,) = await reclaimer.reclaim(STREAM)
+    store, late, rescued = await _taken_over(aredis, "marked-late")
     assert (late.attempts, rescued.attempts) == (1, 2)
 
     await StreamReader(aredis, KEYS, PARTITION.streams, "hA-1").mark_running([late])
     assert await aredis.hmget(KEYS.job("marked-late"), "worker", "attempts") == [b"hB-2", b"2"]
 
-    done = {"outputs": "{}"}
-    late_finish = PARTITION.finish(late, JobStatus.SUCCEEDED, done)
+    late_finish = PARTITION.finish(late, JobStatus.SUCCEEDED, {"outputs": "{}"})
     assert await writers("hA-1").finish(STREAM, [late_finish]) == []
-    written = await writers("hB-2").finish(
-        STREAM, [PARTITION.finish(rescued, JobStatus.SUCCEEDED, done)]
-    )
-    assert [f.job_id for f in written] == ["marked-late"]
-    assert [(r["consumer"], r["outcome"]) for r in await _history(store, "marked-late")] == [
-        ("hA-1", "crashed"),
-        ("hB-2", "succeeded"),
-    ]
+    await _new_owner_finishes(store, writers("hB-2"), rescued, "marked-late")
 
 
 # --- through the API and the SDK, with a real worker -------------------------------------------
