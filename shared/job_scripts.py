@@ -21,6 +21,10 @@ from shared.keys import (
     WEBHOOKS_OWED_SUFFIX,
 )
 
+# Held entries of ended jobs one refill drops at most (~3 us each): a fair lane's lists of
+# cancelled jobs are dropped over as many refills as it takes, none holding the server long.
+REFILL_MAX_DROPS = 256
+
 # Entries of a lane stream no consumer has been handed yet: the one definition, which the
 # scripts here and shared/drain_rate.py's WAITING share.
 LUA_UNDELIVERED = """
@@ -103,6 +107,7 @@ local ADDED, FAIR, RECENT = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}', '{RECENT_SUFFIX}'
 local RECENT_KEPT, RECENT_SLACK = {RECENT_KEPT}, {RECENT_SLACK}
 local FAIR_RING, HELD, MOVED = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}', '{MOVED_FIELD}'
 local REFUSED, REFUSED_TTL = '{REFUSED_SUFFIX}', {REFUSED_TTL_S}
+local MAX_DROPS = {REFILL_MAX_DROPS}
 local UNCOUNTED = '{UNCOUNTED_SUFFIX}'
 local UNCOUNTED_MARK = 'uncounted'  -- the job hash's mark, before the set (rolling upgrades)
 """
@@ -150,13 +155,19 @@ end
 -- knows more may be held); a held job no longer queued (cancelled, gone) is dropped, so it never
 -- reaches a worker, and costs its tenant no credit (one that ended held left the `held` count
 -- when it ended: TRANSITION put its id in the lane's UNCOUNTED set, which outlives its hash).
+-- One call drops MAX_DROPS entries at most (a tenant's list of cancelled jobs would otherwise
+-- hold the server for as long as it takes to drop them all) and leaves the rest to the next
+-- refill; one that stops so having moved nothing while jobs are still held moves the entry it
+-- dropped last in after all (MOVED), so that a worker blocked on the stream wakes, treats it as
+-- any job cancelled once in the stream (no result of it is written) and takes again.
 local function refill(stream, group, job_prefix, upto)
   local fair, ring, held = stream .. FAIR, stream .. FAIR_RING, stream .. HELD
   local left = tonumber(redis.call('HGET', fair, 'held')) or 0
   if left <= 0 then return end
   local room = upto - undelivered(stream, group)
   local added, moved, idle = nil, 0, 0  -- idle: turns in a row that took nothing off a list
-  while room > 0 and left > 0 do
+  local drops, dropped = 0, nil  -- dropped: the entry dropped last
+  while room > 0 and left > 0 and drops < MAX_DROPS do
     local tenant = redis.call('LINDEX', ring, 0)
     if not tenant then left = 0; break end
     local list = held .. tenant
@@ -165,7 +176,7 @@ local function refill(stream, group, job_prefix, upto)
       credit = credit + (tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 1)
     end
     local before = left
-    while credit >= WHOLE and room > 0 do
+    while credit >= WHOLE and room > 0 and drops < MAX_DROPS do
       local packed = redis.call('LPOP', list)
       if not packed then break end
       left = left - 1
@@ -178,6 +189,7 @@ local function refill(stream, group, job_prefix, upto)
         if redis.call('SREM', stream .. UNCOUNTED, jid) == 1 or job[2] == UNCOUNTED_MARK then
           left = left + 1
         end
+        drops, dropped = drops + 1, entry
       else
         redis.call('XADD', stream, '*', MOVED, '1', unpack(entry))
         added = added or tonumber(redis.call('GET', stream .. ADDED)) or 0
@@ -200,6 +212,10 @@ local function refill(stream, group, job_prefix, upto)
       fast_forward(fair, ring)
       idle = 0
     end
+  end
+  if drops >= MAX_DROPS and moved == 0 and room > 0 and left > 0 then
+    redis.call('XADD', stream, '*', MOVED, '1', unpack(dropped))  -- the wake-up (see above)
+    moved = 1
   end
   redis.call('HSET', fair, 'held', math.max(left, 0))
   if moved > 0 then redis.call('INCRBY', stream .. ADDED, moved) end
@@ -308,7 +324,11 @@ return out
 # A fair lane whose stream holds `window` undelivered entries, or that holds jobs back already,
 # holds the job in its tenant's list instead (hash field `held` = 1, no seq until it joins the
 # stream; reply {1, ahead, 0}) for refill (TAKE, FINISH) to move by deficit round robin; its
-# ahead counts the held jobs the round robin serves first, and so does deadline admission.
+# ahead counts the held jobs the round robin serves first, and so does deadline admission. A
+# tenant's list that holds max_length entries refuses as a full partition does ({0, its length}):
+# the entries of jobs ended while held stay in it (out of the `held` count) until a refill drops
+# them, so a tenant that submits and cancels while no worker reads would otherwise grow it
+# without bound.
 # A job whose hash exists already changes nothing (reply {1, 0, its seq}; its `created` is
 # written again, as it is, for a replica WAIT): a call retried after its reply was lost (a
 # connection torn mid-pipeline, a failover) must not enqueue it twice. A retry resends the call
@@ -378,6 +398,7 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
       weight = redis.call('HGET', stream .. FAIR, 'w:' .. tenant) or 1
     end
     local own = redis.call('LLEN', stream .. HELD .. tenant)
+    if max_length > 0 and own >= max_length then return {0, own} end
     ahead = ahead + held_ahead(stream, tenant, tonumber(weight), held, own)
   end
   if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end

@@ -1,0 +1,84 @@
+"""A fair lane's held lists stay bounded on a real Valkey: a job cancelled while held keeps its
+entry in its tenant's list (out of the `held` count) until a refill drops it, so a tenant that
+submits and cancels while no worker reads is refused, as a full partition is, once its list holds
+`max_length` entries; and one refill drops a bounded number of such entries, moving the live
+ones behind them in over the refills that follow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+import redis.asyncio as aioredis
+from starlette.testclient import TestClient
+
+from producer_api.app import create_app
+from shared.job_scripts import REFILL_MAX_DROPS
+from shared.job_states import JobStatus
+from shared.keys import Keys
+from shared.settings import Settings
+from tests.test_fair_queuing import KEYS, _config, _job, _lane
+
+MAX_LENGTH = 4
+
+
+def test_a_tenant_cancelling_its_held_jobs_is_refused_once_its_list_is_full(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Each cancel took its job off the `held` count that admission reads, so with no worker
+    reading (no refill dropping the entries) submit + cancel was accepted without end, each
+    loop leaving one more entry, payload and all, in the tenant's list."""
+    (tmp_path / "fair").mkdir()
+    (tmp_path / "fair" / "config.yaml").write_text(
+        "kind: batch\nbackend: identity\ninput_schema: {type: object}\n"
+        f"queue: {{max_length: {MAX_LENGTH}, fair: true, fair_window: 1}}\n"
+    )
+    keys = Keys("fh:")
+    settings = Settings(
+        redis_url=redis_url, key_prefix=keys.prefix, auth="disabled", model_repository=tmp_path
+    )
+    statuses: list[int] = []
+    with TestClient(create_app(settings)) as client:
+        for n in range(5 * MAX_LENGTH):
+            submit = client.post("/v1/jobs", json={"model": "fair", "inputs": {"n": n}})
+            statuses.append(submit.status_code)
+            if submit.status_code != 202:
+                break
+            assert client.delete(f"/v1/jobs/{submit.json()['id']}").status_code == 200
+    # the first job joins the stream (its window), the next MAX_LENGTH are held and cancelled
+    assert statuses == [202] * (1 + MAX_LENGTH) + [429], statuses
+    assert submit.json()["error"]["type"] == "queue_full"
+    stream = keys.queue("fair", "default")
+    assert redis_client.llen(keys.held(stream, "default")) == MAX_LENGTH
+    assert redis_client.hget(keys.fair(stream), "held") == b"0"
+
+
+async def test_refills_drop_cancelled_entries_a_bounded_number_at_a_time(
+    aredis: aioredis.Redis,
+) -> None:
+    """One refill dropped every cancelled entry ahead of a live one in the same script (a list
+    of a million held the server for seconds); now each drops REFILL_MAX_DROPS at most and,
+    having moved nothing, moves in one dropped entry marked `moved`, so that the worker reading
+    it (its job cancelled: skipped) takes again and the live jobs still arrive."""
+    config = _config(window=1)
+    store, reader, stream = await _lane(aredis, config)
+    dead = [_job(config, "a") for _ in range(3 * REFILL_MAX_DROPS)]
+    live = [_job(config, "a") for _ in range(3)]
+    assert await store.create_many(dead + live) == []  # dead[0] in the stream, the rest held
+    for job in dead:
+        await store.transition(job.entry.job_id, JobStatus.CANCELLED)
+    held = KEYS.held(stream, "a")
+
+    first = await reader.take([stream], 4)
+    assert first is not None
+    assert not any(d.runnable for d in first[1])
+    assert any(d.moved for d in first[1])  # a worker that reads it takes again
+    assert await aredis.llen(held) == len(dead) - 1 + len(live) - REFILL_MAX_DROPS
+
+    served: list[str] = []
+    for _ in range(len(dead) // REFILL_MAX_DROPS + 1):
+        taken = await reader.take([stream], 4)
+        served += [d.entry.job_id for d in taken[1] if d.runnable and d.entry] if taken else []
+    assert served == [job.entry.job_id for job in live]
+    assert await aredis.hget(KEYS.fair(stream), "held") == b"0"
+    assert not await aredis.exists(held, KEYS.fair_ring(stream))
