@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
@@ -81,6 +82,18 @@ return 1
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a tenant's records: (id, what was found for it) pairs, whether more follow,
+    and `last_id`, the id the next page goes on after (OpenAI's cursor): the last record's, or,
+    for a page that stopped early having found none, the last entry it read (its score is kept
+    while it is unlisted, so `after` it keeps its place); None when nothing was read."""
+
+    found: list[tuple[str, T]]
+    more: bool
+    last_id: str | None
+
+
 class TenantIndexed(ABC):
     """Mixed into a store whose records a tenant lists; `index_of` names a tenant's index."""
 
@@ -149,14 +162,20 @@ class TenantIndexed(ABC):
         limit: int,
         look: Callable[[list[str]], Awaitable[Sequence[T | None]]],
         newest_first: bool = True,
-    ) -> tuple[list[tuple[str, T]], bool]:
+    ) -> Page[T]:
         """The tenant's records, newest (or oldest) first, from the one after `after`: up to
         `limit` (id, what `look` found for it: `look` reads a page's ids at once), and whether
         more follow. One that `look` finds gone (None) leaves the index, and the page is filled
         from the ones after it, each read taking as many more as were gone so far; after
-        `PAGE_ROUNDS` reads the page is answered as it stands, `has_more` true (the gone ones
-        it passed are unlisted, so the next request goes on past them): an index of expired
-        entries cost one request a round trip per page of them."""
+        `PAGE_ROUNDS` reads the page is answered as it stands, `has_more` true, its `last_id`
+        the last entry read when it found none: an index of expired entries cost one request a
+        round trip per page of them, and an empty page without a cursor sent a client back to
+        the start. Entries older than any record lives leave the index first, as `enlist`
+        drops them: unlisted, their scores would be dropped at once, and `after` one of them
+        would find no place."""
+        await self.redis.zremrangebyscore(
+            self.index_of(tenant), "-inf", now_ms() - self.listed_for_s * 1000
+        )
         found: list[tuple[str, T]] = []
         gone: list[str] = []
         exhausted = False
@@ -173,4 +192,7 @@ class TenantIndexed(ABC):
                 break
             after = ids[-1]
         await self.unlist(tenant, gone)
-        return found[:limit], len(found) > limit or not exhausted
+        more = len(found) > limit or not exhausted
+        if found:
+            return Page(found[:limit], more, found[:limit][-1][0])
+        return Page([], more, after if more else None)  # `after`: the last entry read

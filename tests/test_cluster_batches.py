@@ -166,8 +166,8 @@ async def test_input_files_and_the_tenant_index_work_across_masters(
     assert set(await files.listed("acme", None, 50)) == set(ids)  # one index, every master's
     await files.delete(ids[7])
     assert await files.data(ids[7]) is None and await files.fields_many([ids[7]]) == [None]
-    listed, more = await files.page("acme", None, 50, files.fields_many)
-    assert {file_id for file_id, _ in listed} == set(ids) - {ids[7]} and not more
+    listed = await files.page("acme", None, 50, files.fields_many)
+    assert {file_id for file_id, _ in listed.found} == set(ids) - {ids[7]} and not listed.more
     assert set(await files.listed("acme", None, 50)) == set(ids) - {ids[7]}  # the page dropped it
     newest = await files.listed("acme", None, 5)
     assert await files.listed("acme", newest[2], 2) == newest[3:5]  # a page after an id: a script

@@ -16,8 +16,13 @@ from shared.keys import Keys
 KEYS = Keys("files:")
 
 
-async def _looked(store: FileStore, ids: list[str]) -> list[dict[str, str] | None]:
-    return await store.fields_many(ids)
+async def _page(
+    store: FileStore, tenant: str, after: str | None, limit: int, newest_first: bool = True
+) -> tuple[list[tuple[str, dict[str, str]]], bool]:
+    """A page of the tenant's files as FilesService reads it: (id, fields) pairs, whether more
+    follow."""
+    page = await store.page(tenant, after, limit, store.fields_many, newest_first)
+    return page.found, page.more
 
 
 async def test_the_page_after_a_deleted_file_lists_the_rest(aredis: aioredis.Redis) -> None:
@@ -27,7 +32,7 @@ async def test_the_page_after_a_deleted_file_lists_the_rest(aredis: aioredis.Red
     listed: list[str] = []
     after = None
     while True:
-        page, more = await store.page("acme", after, 1, lambda ids: _looked(store, ids))
+        page, more = await _page(store, "acme", after, 1)
         for file_id, _ in page:
             listed.append(file_id)
             await store.delete(file_id)  # the client deletes what it lists
@@ -35,7 +40,7 @@ async def test_the_page_after_a_deleted_file_lists_the_rest(aredis: aioredis.Red
             break
         after = page[-1][0]
     assert listed == ["file-2", "file-1", "file-0"]
-    assert await store.page("acme", None, 10, lambda ids: _looked(store, ids)) == ([], False)
+    assert await _page(store, "acme", None, 10) == ([], False)
 
 
 async def test_a_page_after_a_file_another_listing_dropped_goes_on_from_its_place(
@@ -47,12 +52,12 @@ async def test_a_page_after_a_file_another_listing_dropped_goes_on_from_its_plac
     for n in range(4):
         await store.put(f"file-{n}", {"tenant": "acme", "filename": f"{n}.jsonl"}, b"{}\n")
         await asyncio.sleep(0.002)  # scored by the ms each was uploaded in
-    first, more = await store.page("acme", None, 2, lambda ids: _looked(store, ids))
+    first, more = await _page(store, "acme", None, 2)
     assert [file_id for file_id, _ in first] == ["file-3", "file-2"] and more
     await aredis.delete(KEYS.file("file-2"))  # its TTL ran out
-    await store.page("acme", None, 10, lambda ids: _looked(store, ids))  # another listing
+    await _page(store, "acme", None, 10)  # another listing
     assert "file-2" not in await store.listed("acme", None, 10)  # dropped from the index
-    rest, more = await store.page("acme", "file-2", 2, lambda ids: _looked(store, ids))
+    rest, more = await _page(store, "acme", "file-2", 2)
     assert [file_id for file_id, _ in rest] == ["file-1", "file-0"] and not more
 
 
@@ -66,13 +71,13 @@ async def test_what_a_listing_drops_is_kept_only_as_long_as_a_file_is_listed(
     dropped = KEYS.files_unlisted_of("acme")
     await store.put("file-a", {"tenant": "acme", "filename": "a.jsonl"}, b"{}\n")
     await store.delete("file-a")
-    assert await store.page("acme", None, 10, lambda ids: _looked(store, ids)) == ([], False)
+    assert await _page(store, "acme", None, 10) == ([], False)
     assert not await aredis.exists(KEYS.files_of("acme"))  # the index is gone, empty
     assert 0 < await aredis.ttl(dropped) <= 60  # and what it dropped goes after it
     await aredis.zadd(dropped, {"file-old": 1})  # dropped a file's lifetime ago and more
     await store.put("file-b", {"tenant": "acme", "filename": "b.jsonl"}, b"{}\n")
     await store.delete("file-b")
-    await store.page("acme", None, 10, lambda ids: _looked(store, ids))
+    await _page(store, "acme", None, 10)
     assert await aredis.zrange(dropped, 0, -1) == [b"file-a", b"file-b"]  # file-old pruned
 
 
@@ -91,11 +96,11 @@ async def test_a_cursor_dropped_before_the_sorted_set_keeps_its_place(
     await aredis.zrem(index, "old-1")  # dropped by a listing of an earlier release
     await aredis.delete(KEYS.file("old-1"))
     await aredis.hset(dropped, "old-1", str(score))
-    rest, more = await store.page("legacy", "old-1", 5, lambda ids: _looked(store, ids))
+    rest, more = await _page(store, "legacy", "old-1", 5)
     assert [file_id for file_id, _ in rest] == ["old-0"] and not more
     assert await aredis.type(dropped) == b"zset" and await aredis.zscore(dropped, "old-1") == score
     await aredis.delete(KEYS.file("old-0"))
-    await store.page("legacy", None, 5, lambda ids: _looked(store, ids))  # drops old-0: UNLIST
+    await _page(store, "legacy", None, 5)  # drops old-0: UNLIST
     assert 0 < await aredis.ttl(dropped) <= 600
 
 
@@ -130,13 +135,14 @@ async def test_a_page_past_many_gone_entries_does_bounded_work(aredis: aioredis.
     store = FileStore(aredis, KEYS, 600)
     await store.put("file-live", {"tenant": "bulk", "filename": "a.jsonl"}, b"{}\n")
     index = KEYS.files_of("bulk")
-    await aredis.zadd(index, {f"file-gone-{n}": n for n in range(3000)})  # expired, oldest first
-    page, more = await store.page("bulk", None, 10, lambda ids: _looked(store, ids), False)
+    since = now_ms() - 60_000  # gone before their entries (evicted), oldest first
+    await aredis.zadd(index, {f"file-gone-{n}": since + n for n in range(3000)})
+    page, more = await _page(store, "bulk", None, 10, False)
     assert (page, more) == ([], True)
     assert 2000 < await aredis.zcard(index) < 3001  # some unlisted, not all
     requests = 1
     while not page:
-        page, more = await store.page("bulk", None, 10, lambda ids: _looked(store, ids), False)
+        page, more = await _page(store, "bulk", None, 10, False)
         requests += 1
     assert [file_id for file_id, _ in page] == ["file-live"] and not more and requests > 2
 

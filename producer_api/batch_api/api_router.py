@@ -149,10 +149,10 @@ async def list_batches(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> Any:
     """The tenant's batches, newest first (OpenAI's list: `has_more`, `after` = `last_id`)."""
-    batches, more = await service.list(after, limit)
+    page = await service.list(after, limit)
     base = str(request.url_for("list_batches"))
-    data = [view(batch_id, progress, f"{base}/{batch_id}") for batch_id, progress in batches]
-    return page_response(data, more)
+    data = [view(batch_id, progress, f"{base}/{batch_id}") for batch_id, progress in page.found]
+    return page_response(data, page.more, page.last_id)
 
 
 @router.get("/v1/batches/{batch_id}", name="get_batch", response_model=BatchView, responses=_ERRORS)

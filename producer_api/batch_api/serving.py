@@ -28,6 +28,7 @@ from shared.codec import as_objects, as_written, dumps, loads
 from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
+from shared.tenant_index import Page
 from shared.webhook_events import refusal
 
 log = logging.getLogger(__name__)
@@ -234,7 +235,7 @@ class BatchApiService:
     async def get(self, batch_id: str) -> Refresh:
         return await self._look(batch_id)
 
-    async def list(self, after: str | None, limit: int) -> tuple[list[tuple[str, Refresh]], bool]:
+    async def list(self, after: str | None, limit: int) -> Page[Refresh]:
         """The tenant's batches, newest first, from the one after `after`: up to `limit`, and
         whether more follow. A batch whose keys expired leaves the index once passed over."""
         return await self.store.page(self.principal.tenant, after, limit, self._listed_page)

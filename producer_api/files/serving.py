@@ -15,6 +15,7 @@ from producer_api.errors import NO_RETRY, ConveyorError
 from producer_api.state import ProducerState
 from shared.file_store import FILE_OVERHEAD_BYTES, OverBudget, charged
 from shared.job_store import now_ms
+from shared.tenant_index import Page
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
 MAX_FILENAME_BYTES = 255  # UTF-8; a name is stored with its file (multipart allows ~4 KB)
@@ -106,14 +107,10 @@ class FilesService:
             )
         ]
 
-    async def list(
-        self, after: str | None, limit: int, newest_first: bool
-    ) -> tuple[list[dict[str, Any]], bool]:
+    async def list(self, after: str | None, limit: int, newest_first: bool) -> Page[dict[str, Any]]:
         """The tenant's uploaded files from the one after `after`: up to `limit`, and whether
         more follow. A file whose key expired leaves the list once passed over."""
-        tenant = self.principal.tenant
-        found, more = await self.store.page(tenant, after, limit, self._owned, newest_first)
-        return [file for _, file in found], more
+        return await self.store.page(self.principal.tenant, after, limit, self._owned, newest_first)
 
     async def delete(self, file_id: str) -> dict[str, Any]:
         """Forget an uploaded file (a batch made from it keeps its lines). A batch's own output
