@@ -1,7 +1,7 @@
 """Job hashes (`Keys.job`): create with the stream entry in one transaction, read, and move
 through the state machine atomically; the producer and the workers share this module. A job
-that ends gives back its API key's in-flight slot here too (`queue_slot_frees`): the set lives
-in the key's slot, not the job's, so it is freed beside the script that ends the job."""
+that ends gives back its API key's in-flight slot here too (shared/rate_limit.queue_slot_frees):
+the set lives in the key's slot, not the job's, so it is freed beside the script that ends it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from shared import job_scripts
 from shared.codec import RequestEntry, as_text, as_written, dumps, loads
 from shared.job_states import IllegalTransition, JobStatus
 from shared.keys import GROUP, Keys
+from shared.rate_limit import queue_slot_frees
 from shared.redis_client import (
     MergedCall,
     RedisClient,
@@ -389,32 +390,6 @@ class JobStore:
         ]
         replies = await run_script(self.redis, self._transition, calls)
         return sum(1 for ok, _ in replies if ok)
-
-
-def queue_slot_frees(pipe: Any, held: Sequence[tuple[str, str]]) -> None:
-    """Queue on `pipe` the release of each ended job's in-flight slot: (the set its entry or
-    hash names, job id), '' for a job that held none."""
-    by_set: dict[str, list[str]] = {}
-    for slot, job_id in held:
-        if slot:
-            by_set.setdefault(slot, []).append(job_id)
-    for slot, job_ids in by_set.items():
-        pipe.zrem(slot, *job_ids)
-
-
-async def hold_slots_again(client: Any, held: Sequence[tuple[str, str]], ttl_s: int) -> None:
-    """Take back, in one round trip, the in-flight slots `queue_slot_frees` gave up beside a
-    write-back for jobs that still run (their results refused: another worker took them over).
-    ZADD NX at now: a job its new owner finished meanwhile holds its slot only until the
-    limiter's prune at the cap finds it ended; the set's TTL is set only where it has none (the
-    free may have emptied and so deleted it)."""
-    now = now_ms()
-    async with client.pipeline(transaction=False) as pipe:
-        for slot, job_id in held:
-            if slot:
-                pipe.zadd(slot, {job_id: now}, nx=True)
-                pipe.pexpire(slot, ttl_s * 1000, nx=True)
-        await pipe.execute()
 
 
 def _made_by(record: JobRecord | None, target: JobStatus, written: Mapping[str, str | int]) -> bool:

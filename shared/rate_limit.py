@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,3 +242,30 @@ class StreamLimiter:
 
     async def release(self, key_id: str, stream_id: str) -> None:
         await self.redis.zrem(self.keys.open_streams(key_id), stream_id)
+
+
+def queue_slot_frees(pipe: Any, held: Sequence[tuple[str, str]]) -> None:
+    """Queue on `pipe` the release of each ended job's in-flight slot: (the set its entry or
+    hash names, job id), '' for a job that held none."""
+    by_set: dict[str, list[str]] = {}
+    for slot, job_id in held:
+        if slot:
+            by_set.setdefault(slot, []).append(job_id)
+    for slot, job_ids in by_set.items():
+        pipe.zrem(slot, *job_ids)
+
+
+async def hold_slots_again(
+    client: Any, held: Sequence[tuple[str, str]], ttl_s: int, now_ms: int
+) -> None:
+    """Take back, in one round trip, the in-flight slots `queue_slot_frees` gave up beside a
+    write-back for jobs that still run (their results refused: another worker took them over).
+    ZADD NX at now: a job its new owner finished meanwhile holds its slot only until the
+    limiter's prune at the cap finds it ended; the set's TTL is set only where it has none (the
+    free may have emptied and so deleted it)."""
+    async with client.pipeline(transaction=False) as pipe:
+        for slot, job_id in held:
+            if slot:
+                pipe.zadd(slot, {job_id: now_ms}, nx=True)
+                pipe.pexpire(slot, ttl_s * 1000, nx=True)
+        await pipe.execute()

@@ -18,9 +18,10 @@ from shared import job_scripts
 from shared.codec import as_text
 from shared.consumer_groups import DELETE_IF_IDLE, recreating_groups
 from shared.job_states import JobStatus
-from shared.job_store import JobRecord, JobStore, now_ms, queue_slot_frees
+from shared.job_store import JobRecord, JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.metrics import JOBS_FINISHED
+from shared.rate_limit import queue_slot_frees
 from shared.redis_client import call_script, sent_once
 from shared.variant_stats import VariantStats
 from shared.webhook_outbox import WebhookOutbox

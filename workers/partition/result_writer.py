@@ -16,14 +16,9 @@ from typing import Any
 
 from shared import job_scripts
 from shared.codec import as_text
-from shared.job_store import (
-    attempt_json,
-    hold_slots_again,
-    now_ms,
-    queue_slot_frees,
-    renew_before_ms,
-)
+from shared.job_store import attempt_json, now_ms, renew_before_ms
 from shared.keys import GROUP, Keys
+from shared.rate_limit import hold_slots_again, queue_slot_frees
 from shared.redis_client import (
     RedisClient,
     check_replica_acks,
@@ -109,7 +104,8 @@ class ResultWriter:
         reply said so: held again while their new owner runs them (their tenants' limits held
         one job too few). An outage costs only that: a raise would rerun the write-back."""
         try:
-            await hold_slots_again(self.redis, [(t.inflight, t.job_id) for t in taken], self.ttl_s)
+            held = [(t.inflight, t.job_id) for t in taken]
+            await hold_slots_again(self.redis, held, self.ttl_s, now_ms())
         except OUTAGE as exc:
             log.warning("%d taken-over jobs' in-flight slots not held again: %r", len(taken), exc)
 
