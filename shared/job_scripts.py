@@ -221,6 +221,39 @@ local function refill(stream, group, job_prefix, upto)
   if moved > 0 then redis.call('INCRBY', stream .. ADDED, moved) end
 end
 
+-- A tenant's held list at ENQUEUE's bound (max_length entries) loses its entries of jobs that
+-- ended while held, the order of the rest kept: such an entry left the `held` count when its job
+-- ended, and only a refill drops it, which runs only while a worker reads and jobs are held, so a
+-- tenant that submits and cancels would grow its list without bound. Its live entries are fewer
+-- than `held`, which admission holds under max_length, so the list then has room. One whose hash
+-- is gone (never uncounted) leaves the count as a refill's drop does. Returns the list's length.
+local function sweep(stream, job_prefix, tenant)
+  local list = stream .. HELD .. tenant
+  local kept, counted = {}, 0
+  for _, packed in ipairs(redis.call('LRANGE', list, 0, -1)) do
+    local jid = field(cmsgpack.unpack(packed), 'id') or ''
+    local job = redis.call('HMGET', jobkey(job_prefix, jid), 'status', 'held')
+    if can(job[1], 'running') then
+      kept[#kept + 1] = packed
+    elseif redis.call('SREM', stream .. UNCOUNTED, jid) == 0 and job[2] ~= UNCOUNTED_MARK then
+      counted = counted + 1
+    end
+  end
+  redis.call('DEL', list)
+  for i = 1, #kept, 1000 do  -- unpack's stack holds a few thousand values at most
+    redis.call('RPUSH', list, unpack(kept, i, math.min(i + 999, #kept)))
+  end
+  if #kept == 0 then
+    redis.call('LREM', stream .. FAIR_RING, 0, tenant)
+    redis.call('HDEL', stream .. FAIR, 'd:' .. tenant, 'w:' .. tenant)
+  end
+  if counted > 0 then
+    local left = (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) - counted
+    redis.call('HSET', stream .. FAIR, 'held', math.max(left, 0))
+  end
+  return #kept
+end
+
 -- Held jobs that deficit round robin moves into the stream before a job of `tenant` (weight
 -- `weight`) with `own` of its tenant's held jobs ahead of it: those, and per round the other
 -- tenants' weights' worth, for as many rounds as the tenant needs to reach it; at most `held`.
@@ -325,10 +358,7 @@ return out
 # holds the job in its tenant's list instead (hash field `held` = 1, no seq until it joins the
 # stream; reply {1, ahead, 0}) for refill (TAKE, FINISH) to move by deficit round robin; its
 # ahead counts the held jobs the round robin serves first, and so does deadline admission. A
-# tenant's list that holds max_length entries refuses as a full partition does ({0, its length}):
-# the entries of jobs ended while held stay in it (out of the `held` count) until a refill drops
-# them, so a tenant that submits and cancels while no worker reads would otherwise grow it
-# without bound.
+# tenant's list that holds max_length entries is swept of its ended jobs' entries first (`sweep`).
 # A job whose hash exists already changes nothing (reply {1, 0, its seq}; its `created` is
 # written again, as it is, for a replica WAIT): a call retried after its reply was lost (a
 # connection torn mid-pipeline, a failover) must not enqueue it twice. A retry resends the call
@@ -398,7 +428,7 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
       weight = redis.call('HGET', stream .. FAIR, 'w:' .. tenant) or 1
     end
     local own = redis.call('LLEN', stream .. HELD .. tenant)
-    if max_length > 0 and own >= max_length then return {0, own} end
+    if max_length > 0 and own >= max_length then own = sweep(stream, job_prefix, tenant) end
     ahead = ahead + held_ahead(stream, tenant, tonumber(weight), held, own)
   end
   if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
