@@ -163,8 +163,9 @@ class BatchApiStore(TenantIndexed):
 
     @property
     def listed_for_s(self) -> int:
-        """A batch's window is at most the result TTL, and its records live a TTL after it."""
-        return 2 * self.ttl_s
+        """A batch's window is at most the result TTL, and its records live a TTL after it
+        ends: at most an hour after its window for one whose finalizer died and was replaced."""
+        return 2 * self.ttl_s + 3600
 
     async def create(self, batch_id: str, fields: Mapping[str, str | int], ttl_s: int) -> None:
         key = self.keys.batch(batch_id)

@@ -34,27 +34,25 @@ end
 """
 
 # KEYS[1]=a tenant's index, KEYS[2]=the scores of ids unlisted from it; ARGV: the id to list after,
-# how many, 1 for newest first (else oldest first). Ranked and read on from in one step: in two
+# how many, 1 for newest first (else oldest first), the score at or below which entries outlived
+# any record (they leave the index first, as `enlist` drops them: unlisted, their scores would go
+# at once, and a page after one would list nothing). Ranked and read on from in one step: in two
 # round trips, a record indexed between them (a newer one shifts every rank up) would put `after`
-# itself on the page again. An `after` unlisted since the client was given it (deleted, or its
-# record gone and dropped by a listing) is put back by its score for the step, so it is ranked
-# among the ones of its own ms as it was: the page after it was empty, and a client listing page
-# by page (deleting what it lists) stopped with records left.
+# itself on the page again. An `after` no longer listed (deleted, its record gone and dropped by
+# a listing, or past the cut-off) is put back by its score for the step, so it is ranked among
+# the ones of its own ms as it was: the page after it was empty, and a client listing page by
+# page (deleting what it lists) stopped with records left.
 LISTED_AFTER = (
     _FROM_HASH
     + """
-local rank_of = ARGV[3] == '1' and 'ZREVRANK' or 'ZRANK'
-local rank = redis.call(rank_of, KEYS[1], ARGV[1])
-local score = not rank and redis.call('ZSCORE', KEYS[2], ARGV[1])
-if score then
-  redis.call('ZADD', KEYS[1], score, ARGV[1])
-  rank = redis.call(rank_of, KEYS[1], ARGV[1])
-elseif not rank then
-  return {}
-end
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not score then return {} end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[4])
+local put_back = redis.call('ZADD', KEYS[1], 'NX', score, ARGV[1])
+local rank = redis.call(ARGV[3] == '1' and 'ZREVRANK' or 'ZRANK', KEYS[1], ARGV[1])
 local range = ARGV[3] == '1' and 'ZREVRANGE' or 'ZRANGE'
 local ids = redis.call(range, KEYS[1], rank + 1, rank + tonumber(ARGV[2]))
-if score then redis.call('ZREM', KEYS[1], ARGV[1]) end
+if put_back == 1 then redis.call('ZREM', KEYS[1], ARGV[1]) end
 return ids
 """
 )
@@ -136,15 +134,16 @@ class TenantIndexed(ABC):
     ) -> list[str]:
         """Up to `count` of the tenant's ids, newest (or oldest) first, from the one after
         `after`."""
-        key = self.index_of(tenant)
+        key, cut_off = self.index_of(tenant), now_ms() - self.listed_for_s * 1000
         if after is None:
-            span = (key, 0, count - 1)
-            ids: list[Any] = await (self.redis.zrevrange if newest_first else self.redis.zrange)(
-                *span
-            )
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zremrangebyscore(key, "-inf", cut_off)
+                (pipe.zrevrange if newest_first else pipe.zrange)(key, 0, count - 1)
+                ids: list[Any] = (await pipe.execute())[1]
         else:
             keys = [key, self.unlisted_of(tenant)]
-            ids = await call_script(self._listed_after, keys, [after, count, int(newest_first)])
+            args = [after, count, int(newest_first), cut_off]
+            ids = await call_script(self._listed_after, keys, args)
         return [as_text(record_id) for record_id in ids]
 
     async def unlist(self, tenant: str, record_ids: list[str]) -> None:
@@ -170,12 +169,7 @@ class TenantIndexed(ABC):
         `PAGE_ROUNDS` reads the page is answered as it stands, `has_more` true, its `last_id`
         the last entry read when it found none: an index of expired entries cost one request a
         round trip per page of them, and an empty page without a cursor sent a client back to
-        the start. Entries older than any record lives leave the index first, as `enlist`
-        drops them: unlisted, their scores would be dropped at once, and `after` one of them
-        would find no place."""
-        await self.redis.zremrangebyscore(
-            self.index_of(tenant), "-inf", now_ms() - self.listed_for_s * 1000
-        )
+        the start."""
         found: list[tuple[str, T]] = []
         gone: list[str] = []
         exhausted = False

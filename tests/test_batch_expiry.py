@@ -5,11 +5,13 @@ and a second finalizer (one that took over a silent one) does not move them twic
 
 from __future__ import annotations
 
+import uuid
+
 import redis.asyncio as aioredis
 
 from producer_api.batch_api.progress import BatchApiProgress
 from shared.batch_api_store import BatchApiStore, BatchStatus, final_counts, window_end
-from shared.job_store import JobStore
+from shared.job_store import JobStore, now_ms
 from tests.test_batch_sweeps import KEYS, TTL_S, WEBHOOKS, _running_batch
 
 WINDOW_END = 1_000_000
@@ -47,3 +49,22 @@ async def test_the_finalizer_counts_an_expired_batchs_late_results_as_expired(
     await store.finish(batch_id, BatchStatus.EXPIRED)  # a finalizer that came after the commit
     fields = await store.read(batch_id)
     assert fields is not None and final_counts(fields) == COUNTS
+
+
+async def test_a_batch_finalized_after_its_window_is_listed_while_its_hash_lives(
+    aredis: aioredis.Redis,
+) -> None:
+    """An expired batch is finalized after its window (a replaced finalizer: a minute or more),
+    and its hash lives a TTL from then: its index entry, dropped 2 TTLs after it was listed,
+    left the list while `GET /v1/batches/{id}` still answered it."""
+    store = BatchApiStore(aredis, KEYS, TTL_S)
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    await store.create(batch_id, {"tenant": "late"}, TTL_S)
+    listed_at = now_ms() - (2 * TTL_S + 120) * 1000  # window, finalized 2 minutes late, TTL
+    await aredis.zadd(KEYS.batches_of("late"), {batch_id: listed_at})
+
+    async def look(ids: list[str]) -> list[dict[str, str] | None]:
+        return [await store.read(record_id) for record_id in ids]
+
+    page = await store.page("late", None, 10, look)
+    assert [record_id for record_id, _ in page.found] == [batch_id]

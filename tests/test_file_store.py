@@ -162,3 +162,15 @@ async def test_a_page_after_a_deleted_file_keeps_its_place_among_those_of_its_ms
     assert await store.listed("acme", "file-2", 5) == ["file-1", "file-0"]  # by id within an ms
     assert await store.listed("acme", "file-2", 5, newest_first=False) == ["file-3"]
     assert await store.listed("acme", None, 5) == ["file-3", "file-1", "file-0"]  # put back
+
+
+async def test_a_cursor_past_a_files_lifetime_keeps_its_place(aredis: aioredis.Redis) -> None:
+    """Oldest first, the file a page ended on expired before the next request: a listing that
+    dropped entries past any file's lifetime before reading dropped the cursor with its score,
+    so the page after it was empty and final, the newer live file never listed."""
+    store = FileStore(aredis, KEYS, 60)
+    await store.put("file-new", {"tenant": "late", "filename": "b.jsonl"}, b"{}\n")
+    await aredis.zadd(KEYS.files_of("late"), {"file-old": now_ms() - 61_000})  # its file gone
+    page, more = await _page(store, "late", "file-old", 1, False)
+    assert [file_id for file_id, _ in page] == ["file-new"] and not more
+    assert await aredis.zscore(KEYS.files_of("late"), "file-old") is None  # it left the index
