@@ -6,14 +6,17 @@ percentiles, success rates, shadow agreement, z-test and Mann-Whitney U computed
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
 
 from producer_api.app import create_app
+from producer_api.experiments import serving as experiments_serving
 from producer_api.experiments.statistics import percentiles, summary, versus
 from shared.keys import Keys
 from shared.settings import Settings
@@ -127,6 +130,23 @@ async def test_statistics_match_a_hand_computation(api: httpx.AsyncClient) -> No
         "mean_latency_delta_ms": 2.0,
         "error_delta": 0.0,
     }
+
+
+async def test_the_tests_run_off_the_event_loop(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first comparison imports scipy.stats (about a second on 2 cores, kept out of the
+    producer's start): run on the event loop, it held every other request of the producer."""
+    threads: list[threading.Thread] = []
+
+    def seen(*args: Any) -> Any:
+        threads.append(threading.current_thread())
+        return versus(*args)
+
+    monkeypatch.setattr(experiments_serving, "versus", seen)
+    response = await api.get("/v1/experiments/ab", params={"window_s": 600})
+    assert response.status_code == 200, response.text
+    assert threads and threading.main_thread() not in threads  # the loop's thread
 
 
 async def test_unknown_model_or_baseline_is_a_4xx(api: httpx.AsyncClient) -> None:

@@ -3,6 +3,7 @@ workers and producers keep in Redis, tested against the baseline."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -11,7 +12,8 @@ from producer_api.errors import ConveyorError
 from producer_api.experiments.statistics import summary, versus
 from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
-from shared.variant_stats import window_span_s
+from shared.routing import Routes
+from shared.variant_stats import Window, window_span_s
 
 
 class ExperimentsService:
@@ -31,27 +33,32 @@ class ExperimentsService:
         now = time.time()
         since = now - window_s
         windows = await traffic.stats.window(model, config.variants, since, now)
-        variants = []
-        for name, window in windows.items():
-            role = (
-                "baseline"
-                if name == baseline
-                else "shadow"
-                if name in routes.shadows
-                else "variant"
-            )
-            variants.append(
-                {
-                    "variant": name,
-                    "role": role,
-                    "weight": routes.weights.get(name, 0.0),
-                    "shadow_rate": routes.shadows.get(name),
-                    **summary(window),
-                    "vs_baseline": None
-                    if name == baseline
-                    else versus(baseline, windows[baseline], window),
-                }
-            )
+        # off the event loop: the first comparison imports scipy.stats (about 1 s on 2 cores),
+        # and a test on many samples is numpy work; every other request waits on the loop
+        variants = await asyncio.to_thread(compared, windows, baseline, routes)
         # the span measured: whole buckets, so up to BUCKET_S more than asked for
         span_s = round(window_span_s(since, now), 3)
         return {"model": model, "window_s": span_s, "baseline": baseline, "variants": variants}
+
+
+def compared(windows: dict[str, Window], baseline: str, routes: Routes) -> list[dict[str, Any]]:
+    """Each variant's summary, role and weight, and its tests against the baseline's window."""
+    return [
+        {
+            "variant": name,
+            "role": _role(name, baseline, routes),
+            "weight": routes.weights.get(name, 0.0),
+            "shadow_rate": routes.shadows.get(name),
+            **summary(window),
+            "vs_baseline": None
+            if name == baseline
+            else versus(baseline, windows[baseline], window),
+        }
+        for name, window in windows.items()
+    ]
+
+
+def _role(name: str, baseline: str, routes: Routes) -> str:
+    if name == baseline:
+        return "baseline"
+    return "shadow" if name in routes.shadows else "variant"
