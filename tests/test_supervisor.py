@@ -429,3 +429,29 @@ def test_a_second_ctrl_c_after_supervising_reaches_the_stop(tmp_path: Path) -> N
         for stop, handler in previous.items():
             signal.signal(stop, handler)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_an_ignored_ctrl_c_stays_ignored_while_supervising(tmp_path: Path) -> None:
+    """A `conveyor up` started with SIGINT ignored (a script's `up &`: its shell ignores SIGINT
+    for background jobs) stopped on a Ctrl-C meant for the script's foreground, as Python
+    itself would not: only SIGTERM or SIGHUP stop it then, and SIGINT stays ignored after."""
+    stack = Stack.create(tmp_path, redis_url=NO_REDIS)
+    termed = threading.Event()
+
+    def ctrl_c_then_term() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(3 * up.SUPERVISE_EVERY_S)  # long enough to have stopped on it
+        termed.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = {stop: signal.getsignal(stop) for stop in (signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Timer(0.3, ctrl_c_then_term).start()
+    try:
+        assert up._supervise(stack) == []
+        assert termed.is_set()  # it ran on past the SIGINT, to the SIGTERM
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -69,8 +69,8 @@ ANY_MODEL = """
 SUPERVISE_EVERY_S = 0.5
 # Besides Ctrl-C, what stops it in order: `kill` and service managers send SIGTERM, a closed
 # terminal or a dropped SSH session SIGHUP (left to its default, `up` died and its children,
-# in sessions of their own, ran on). One ignored when `up` starts (`nohup` ignores SIGHUP)
-# stays ignored, as Python leaves an ignored SIGINT.
+# in sessions of their own, ran on). One ignored when `up` starts (`nohup` ignores SIGHUP, a
+# script's `cmd &` SIGINT) stays ignored, as Python leaves an ignored SIGINT.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -306,7 +306,9 @@ def _supervise(stack: Stack) -> list[str]:
         nonlocal stopping
         stopping = True
 
-    for stop in (signal.SIGINT, *_honoured(STOP_SIGNALS)):
+    # SIGINT too only where it was not ignored at start (`cmd &` in a script ignores it there)
+    honoured = _honoured((signal.SIGINT, *STOP_SIGNALS))
+    for stop in honoured:
         signal.signal(stop, _stop)
     supervisor = Supervisor(stack, lambda line: _say(line, err=True))
     try:
@@ -316,6 +318,7 @@ def _supervise(stack: Stack) -> list[str]:
     finally:
         # the stop that follows: a second Ctrl-C, SIGTERM or SIGHUP ends it, and Stack.stop
         # kills what is left (still swallowed here, one waited out every child's drain in turn)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if signal.SIGINT in honoured:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         _exit_on_stop_signals()
     return supervisor.failed
