@@ -22,6 +22,7 @@ from producer_api.console import router as console_router
 from producer_api.draining import Draining
 from producer_api.errors import install_error_handlers
 from producer_api.events.api_router import router as events_router
+from producer_api.events.serving import LAPSE_S
 from producer_api.experiments.api_router import router as experiments_router
 from producer_api.files.api_router import router as files_router
 from producer_api.health.api_router import router as health_router
@@ -50,7 +51,7 @@ from shared.job_store import JobStore, merged_enqueues
 from shared.keys import Keys, partition_tag
 from shared.model_repository import ModelRepository
 from shared.queue_position import QueuePositions
-from shared.rate_limit import InFlightLimiter, RateLimiter
+from shared.rate_limit import InFlightLimiter, RateLimiter, StreamLimiter
 from shared.redis_client import connect, preload
 from shared.settings import Settings, get_settings, settings_or_exit
 from shared.telemetry import configure_logging, configure_tracing
@@ -114,6 +115,7 @@ def build_state(settings: Settings) -> ProducerState:
         api_keys=ApiKeyStore(hot, keys),
         rate_limiter=RateLimiter(hot, keys),
         in_flight=InFlightLimiter(hot, keys, ttl_s),
+        open_streams=StreamLimiter(client, keys, LAPSE_S),
         idempotency=IdempotencyKeys(hot, keys, ttl_s),
         backpressure=Backpressure(hot, keys),
         queue_eta=QueueEta(client, QueuePositions(hot, keys), repository),

@@ -22,7 +22,7 @@ from shared.file_store import FileStore
 from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
-from shared.rate_limit import InFlightLimiter, RateLimiter
+from shared.rate_limit import InFlightLimiter, RateLimiter, StreamLimiter
 from shared.settings import Settings
 from shared.webhook_events import WebhookDispatcher
 
@@ -42,6 +42,7 @@ class ProducerState:
     api_keys: ApiKeyStore
     rate_limiter: RateLimiter
     in_flight: InFlightLimiter
+    open_streams: StreamLimiter
     idempotency: IdempotencyKeys
     backpressure: Backpressure
     queue_eta: QueueEta

@@ -67,6 +67,7 @@ class KeySpec:
     rate_per_s: float | None = None
     burst: int | None = None
     max_in_flight: int | None = None
+    max_streams: int | None = None
     weight: float = 1.0
 
     def check(self) -> None:
@@ -90,7 +91,12 @@ class KeySpec:
         rate = self.rate_per_s
         if rate is not None and not (math.isfinite(rate) and rate > 0):
             raise InvalidKeySpec(f"rate {rate} must be a positive number of requests per second")
-        for name, limit in (("burst", self.burst), ("max in flight", self.max_in_flight)):
+        limits = (
+            ("burst", self.burst),
+            ("max in flight", self.max_in_flight),
+            ("max streams", self.max_streams),
+        )
+        for name, limit in limits:
             if limit is not None and limit < 1:
                 raise InvalidKeySpec(f"{name} {limit} must be at least 1")
 
@@ -147,6 +153,7 @@ class ApiKey:
             rate_per_s=cast(float | None, number("rate_per_s", float)),
             burst=cast(int | None, number("burst", int)),
             max_in_flight=cast(int | None, number("max_in_flight", int)),
+            max_streams=cast(int | None, number("max_streams", int)),
             weight=float(text.get("weight") or 1.0),
         )
         return cls(

@@ -109,11 +109,13 @@ _LIVE = frozenset(s.value for s in JobStatus if s not in TERMINAL)
 
 @dataclass(frozen=True, slots=True)
 class Quota:
-    """One key's limits: `rate_per_s` with bursts of `burst`, at most `max_in_flight` jobs."""
+    """One key's limits: `rate_per_s` with bursts of `burst`, at most `max_in_flight` jobs and
+    `max_streams` job-event streams open."""
 
     rate_per_s: float
     burst: int
     max_in_flight: int
+    max_streams: int
 
 
 @dataclass(frozen=True, slots=True)

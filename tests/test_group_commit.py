@@ -131,7 +131,7 @@ async def test_a_short_replica_wait_fails_the_writes_it_waited_for_alone(
     settings_env(CONVEYOR_REPLICA_ACKS="1", CONVEYOR_REDIS_TIMEOUT_S="0.5")
     plain = connect(redis_url, name="acked", blocks_ms=0)  # as the producer's
     hot = group_committing(plain, redis_url, "hot")
-    keys, quota = Keys("cv"), Quota(rate_per_s=10, burst=10, max_in_flight=1)
+    keys, quota = Keys("cv"), Quota(rate_per_s=10, burst=10, max_in_flight=1, max_streams=1)
     await aredis.set("cv:read", "value")
     await preload(aredis, [TOKEN_BUCKET, IN_FLIGHT])  # one flush, with no reruns after it
     await aredis.config_resetstat()

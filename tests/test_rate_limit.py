@@ -177,7 +177,7 @@ async def test_a_bucket_rerun_after_its_reply_was_lost_is_not_charged_again(
     even once a token came back, and charges nothing."""
     keys = Keys("rl-rerun-bucket:")
     limiter = RateLimiter(aredis, keys)
-    quota = Quota(rate_per_s=0.001, burst=1, max_in_flight=1)
+    quota = Quota(rate_per_s=0.001, burst=1, max_in_flight=1, max_streams=1)
     assert (await limiter.take("k1", quota, request_id="r1")).allowed
     assert (await limiter.take("k1", quota, request_id="r1")).allowed  # the rerun
     assert not (await limiter.take("k1", quota, request_id="r2")).allowed

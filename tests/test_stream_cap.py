@@ -1,23 +1,30 @@
 """A key holds at most CONVEYOR_MAX_STREAMS_PER_KEY job-event streams open: each polls Redis
 about once a second while its job is queued, so a tenant opening streams without end starved
-every other one. One more is refused before it opens; closing one makes room."""
+every other one. One more is refused before it opens; closing one makes room. A key's own
+`max_streams` (`conveyor keys create --max-streams`) overrides the setting for that key alone."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
 from conveyor.stack import Stack
-from shared.api_keys import key_id_of
+from shared.api_keys import ApiKey, key_id_of
 from shared.keys import Keys
 from shared.settings import get_settings
 from tests.conftest import issue_key, until, until_async
 
 # No test serves minilm on the auth stack: its job stays queued, its streams open.
 QUEUED = {"model": "minilm", "inputs": {"texts": ["held"]}}
+CONVEYOR = str(Path(sys.executable).parent / "conveyor")
 
 
 async def _opened(api: httpx.AsyncClient, url: str, streams: AsyncExitStack) -> httpx.Response:
@@ -31,6 +38,27 @@ def key(auth_stack: Stack) -> str:
     """A fresh key: no other test's streams count toward its cap (issued outside the test's
     event loop, which `issue_key` cannot run in)."""
     return issue_key(auth_stack.redis_url, "streamer", "submit", "read")
+
+
+@pytest.fixture
+def capped_key(auth_stack: Stack) -> str:
+    """A fresh key of the same tenant whose own cap is one stream."""
+    return issue_key(auth_stack.redis_url, "streamer", "submit", "read", max_streams=1)
+
+
+async def _streams_opened(base_url: str, key: str, count: int) -> list[int]:
+    """The statuses of `count` streams one key opens at once on a queued job of its own."""
+    headers = {"authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as api:
+        submitted = await api.post("/v1/jobs", json=QUEUED)
+        assert submitted.status_code == 202, submitted.text
+        url = f"/v1/jobs/{submitted.json()['id']}/events"
+        async with AsyncExitStack() as streams:
+            opened = [await _opened(api, url, streams) for _ in range(count)]
+            if (last := opened[-1]).status_code == 429:  # a stream's own body never ends
+                await last.aread()
+                assert last.json()["error"]["type"] == "too_many_streams"
+            return [r.status_code for r in opened]
 
 
 async def test_a_key_opens_its_cap_of_event_streams_and_no_more(
@@ -66,3 +94,31 @@ async def test_a_key_opens_its_cap_of_event_streams_and_no_more(
     with redis.Redis.from_url(auth_stack.redis_url) as client:
         open_streams = Keys().open_streams(key_id_of(key))
         assert until(lambda: client.zcard(open_streams) == 0, timeout=10)
+
+
+async def test_a_keys_own_max_streams_caps_that_key_alone(
+    auth_stack: Stack, key: str, capped_key: str
+) -> None:
+    assert await _streams_opened(auth_stack.base_url, capped_key, 2) == [200, 429]
+    assert await _streams_opened(auth_stack.base_url, key, 2) == [200, 200]
+
+
+def test_keys_create_stores_and_lists_max_streams(auth_stack: Stack) -> None:
+    env = {**os.environ, "CONVEYOR_REDIS_URL": auth_stack.redis_url}
+
+    def keys(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [CONVEYOR, "keys", *args]
+        return subprocess.run(
+            command, capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+
+    made = keys("create", "--tenant", "streamer", "--max-streams", "3", "--json")
+    assert made.returncode == 0, made.stderr
+    key_id = json.loads(made.stdout)["key_id"]
+    with redis.Redis.from_url(auth_stack.redis_url) as client:
+        stored = ApiKey.from_fields(client.hgetall(Keys().api_key(key_id)))
+    assert stored.spec.max_streams == 3
+    listed = [json.loads(line) for line in keys("list", "--json").stdout.splitlines()]
+    assert {k["key_id"]: k["max_streams"] for k in listed}[key_id] == 3
+    refused = keys("create", "--tenant", "streamer", "--max-streams", "0")
+    assert refused.returncode == 2 and "max streams 0 must be at least 1" in refused.stderr

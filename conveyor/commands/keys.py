@@ -133,6 +133,7 @@ def _describe(key: ApiKey) -> dict[str, Any]:
         "rate_per_s": spec.rate_per_s,
         "burst": spec.burst,
         "max_in_flight": spec.max_in_flight,
+        "max_streams": spec.max_streams,
         "weight": spec.weight,
     }
 
@@ -159,6 +160,7 @@ def command() -> None:
 @click.option("--rate", type=float, default=None, help="Requests per second (default: settings).")
 @click.option("--burst", type=int, default=None, help="Bucket size (default: settings).")
 @click.option("--max-in-flight", type=int, default=None, help="Jobs queued or running at once.")
+@click.option("--max-streams", type=int, default=None, help="Job-event streams open at once.")
 @click.option(
     "--weight",
     type=float,
@@ -176,6 +178,7 @@ def create(
     rate: float | None,
     burst: int | None,
     max_in_flight: int | None,
+    max_streams: int | None,
     weight: float,
     as_json: bool,
 ) -> None:
@@ -190,6 +193,7 @@ def create(
         rate_per_s=rate,
         burst=burst,
         max_in_flight=max_in_flight,
+        max_streams=max_streams,
         weight=weight,
     )
     try:

@@ -33,6 +33,7 @@ class Principal:
             rate_per_s=spec.rate_per_s or settings.rate_limit_per_s,
             burst=spec.burst or settings.rate_limit_burst,
             max_in_flight=spec.max_in_flight or settings.max_in_flight,
+            max_streams=spec.max_streams or settings.max_streams_per_key,
         )
         return cls(spec.tenant, spec.scopes, spec.models, key.key_id, quota, spec.weight)
 

@@ -3,7 +3,8 @@ they change, at most once a second, and one `scaling` event while no worker serv
 partition. Then an LLM job streams its token stream from where the client left off (every
 missed chunk once, then live ones, then one final event); any other job sends a single final
 event when it ends, woken by the reply listener rather than by polling. A key holds at most
-CONVEYOR_MAX_STREAMS_PER_KEY streams open at once (each costs Redis reads and a socket)."""
+its own `max_streams`, else CONVEYOR_MAX_STREAMS_PER_KEY, streams open at once (each costs
+Redis reads and a socket)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ from producer_api.state import ProducerState
 from producer_api.task_cancel import cancel_and_wait
 from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
-from shared.rate_limit import StreamLimiter
 
 START = "0-0"
 # A stream's place among its key's open streams lapses after this long unrenewed (three missed
@@ -45,7 +45,6 @@ class EventsService:
         self.state = state
         self.principal = principal
         self.jobs = JobsService(state, principal)
-        self.streams = StreamLimiter(state.redis, state.keys, LAPSE_S)
 
     async def open(self, job_id: str, last_event_id: str | None) -> AsyncIterator[JobEvent]:
         """The caller's job's events after `last_event_id`; raises 404 (before any event is
@@ -60,25 +59,27 @@ class EventsService:
             events = self._after_queue(job_id, self._final(job_id))
         return self._while_key_holds(events, await self._place())
 
-    async def _place(self) -> str | None:
-        """A place among the key's open streams (its stream id; None with auth off), or 429:
-        a stream polls Redis once a second while its job is queued, so streams beyond the cap
-        would starve every tenant."""
+    async def _place(self) -> tuple[str, int] | None:
+        """A place among the key's open streams (its stream id, and the key's cap: its own
+        `max_streams`, else CONVEYOR_MAX_STREAMS_PER_KEY; None with auth off), or 429: a stream
+        polls Redis once a second while its job is queued, so streams beyond the cap would
+        starve every tenant."""
         if self.principal.quota is None:
             return None
-        stream_id, cap = uuid.uuid4().hex, self.state.settings.max_streams_per_key
-        if not await self.streams.hold(self.principal.key_id, stream_id, cap):
+        stream_id, cap = uuid.uuid4().hex, self.principal.quota.max_streams
+        if not await self.state.open_streams.hold(self.principal.key_id, stream_id, cap):
             message = f"this API key has {cap} event streams open; retry when one is closed"
             raise ConveyorError(429, "too_many_streams", message, {"Retry-After": "1"})
-        return stream_id
+        return stream_id, cap
 
     async def _while_key_holds(
-        self, events: AsyncGenerator[JobEvent, None], stream_id: str | None
+        self, events: AsyncGenerator[JobEvent, None], place: tuple[str, int] | None
     ) -> AsyncIterator[JobEvent]:
-        """`events` while the key holds, renewing the stream's place on each look at the key
-        and giving it back at the end (a stream never started keeps it until it lapses)."""
-        key_id, cap = self.principal.key_id, self.state.settings.max_streams_per_key
-        renew = partial(self.streams.hold, key_id, stream_id, cap) if stream_id else None
+        """`events` while the key holds, renewing the stream's place (under the cap it was
+        taken with) on each look at the key and giving it back at the end (a stream never
+        started keeps it until it lapses)."""
+        key_id = self.principal.key_id
+        renew = partial(self.state.open_streams.hold, key_id, *place) if place else None
         watch = KeyWatch(self.state.api_keys, self.principal, renew)
         try:
             async for event in while_holds(events, watch.holds, RECHECK_S):
@@ -86,15 +87,15 @@ class EventsService:
             if watch.revoked:
                 yield JobEvent("error", {"type": "unauthorized", "message": REVOKED})
         finally:
-            if stream_id is not None:
-                await self._release(stream_id)
+            if place is not None:
+                await self._release(place[0])
 
     async def _release(self, stream_id: str) -> None:
         """Give the place back, though the stream is being cancelled (the client went away);
         with Redis not answering, it lapses instead."""
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(RedisError):
-                await self.streams.release(self.principal.key_id, stream_id)
+                await self.state.open_streams.release(self.principal.key_id, stream_id)
 
     async def _after_queue(
         self, job_id: str, then: AsyncIterator[JobEvent]
