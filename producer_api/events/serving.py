@@ -59,9 +59,9 @@ class EventsService:
             events = self._after_queue(job_id, self._final(job_id))
         return self._while_key_holds(events, await self._place())
 
-    async def _place(self) -> tuple[str, int] | None:
-        """A place among the key's open streams (its stream id, and the key's cap: its own
-        `max_streams`, else CONVEYOR_MAX_STREAMS_PER_KEY; None with auth off), or 429: a stream
+    async def _place(self) -> str | None:
+        """A place among the key's open streams (its stream id; None with auth off) under the
+        key's cap (its own `max_streams`, else CONVEYOR_MAX_STREAMS_PER_KEY), or 429: a stream
         polls Redis once a second while its job is queued, so streams beyond the cap would
         starve every tenant."""
         if self.principal.quota is None:
@@ -70,16 +70,19 @@ class EventsService:
         if not await self.state.open_streams.hold(self.principal.key_id, stream_id, cap):
             message = f"this API key has {cap} event streams open; retry when one is closed"
             raise ConveyorError(429, "too_many_streams", message, {"Retry-After": "1"})
-        return stream_id, cap
+        return stream_id
 
     async def _while_key_holds(
-        self, events: AsyncGenerator[JobEvent, None], place: tuple[str, int] | None
+        self, events: AsyncGenerator[JobEvent, None], stream_id: str | None
     ) -> AsyncIterator[JobEvent]:
-        """`events` while the key holds, renewing the stream's place (under the cap it was
-        taken with) on each look at the key and giving it back at the end (a stream never
-        started keeps it until it lapses)."""
-        key_id = self.principal.key_id
-        renew = partial(self.state.open_streams.hold, key_id, *place) if place else None
+        """`events` while the key holds, renewing the stream's place on each look at the key
+        and giving it back at the end (a stream never started keeps it until it lapses)."""
+        key_id, quota = self.principal.key_id, self.principal.quota
+        renew = (
+            partial(self.state.open_streams.hold, key_id, stream_id, quota.max_streams)
+            if stream_id and quota
+            else None
+        )
         watch = KeyWatch(self.state.api_keys, self.principal, renew)
         try:
             async for event in while_holds(events, watch.holds, RECHECK_S):
@@ -87,8 +90,8 @@ class EventsService:
             if watch.revoked:
                 yield JobEvent("error", {"type": "unauthorized", "message": REVOKED})
         finally:
-            if place is not None:
-                await self._release(place[0])
+            if stream_id is not None:
+                await self._release(stream_id)
 
     async def _release(self, stream_id: str) -> None:
         """Give the place back, though the stream is being cancelled (the client went away);
