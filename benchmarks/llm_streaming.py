@@ -7,7 +7,8 @@ other): the stack's smollm2 worker loads while the in-process engine does (a sta
 process importing, so two overlap), then waits, idle, while the in-process engine is measured
 and shut down; only then is the pipeline measured. An idle worker blocks on its stream read and
 its engine polls for work now and then (2 % of a core here). Each engine starts once (45-100 s
-here): C is the longest part of the smoke test."""
+here), most of the part's time: its smoke test measures the engine and worker its test session
+started for every LLM test (`measured`)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from benchmarks.load import Connection, drive
 from benchmarks.pipeline_stack import ARTIFACT_DIR, MODEL_REPOSITORY, running_stack, spawn_worker
 from benchmarks.report import PartResult, Plot, Series, Table, Target, ratio
 from benchmarks.scales import Scale
+from workers.engines.base import GenerateEngine, GenerateRequest
 
 TITLE = "LLM streaming (smollm2 on vLLM)"
 MODEL = "smollm2"
@@ -82,7 +84,21 @@ def run(scale: Scale, workdir: Path) -> PartResult:
         except Exception as error:
             error.add_note("\n".join(["the worker's log ends:", *stack.log_tail(worker, 40)]))
             raise
-    runs = [*engine_runs, *pipeline_runs]
+    result = _result([*engine_runs, *pipeline_runs], scale)
+    result.data["environment_set_by_engine"] = sorted(changed)
+    return result
+
+
+async def measured(engine: GenerateEngine, base_url: str, scale: Scale) -> PartResult:
+    """Part C on smollm2's `engine`, loaded and warmed up already, and the producer at
+    `base_url`, whose smollm2 worker reads already: what `run` measures once it started both,
+    which is most of its time (the smoke test measures its session's, started once for every
+    LLM test)."""
+    engine_runs = await _measure(ENGINE, _engine_generate(engine, scale), scale)
+    return _result([*engine_runs, *await _pipeline_side(base_url, scale)], scale)
+
+
+def _result(runs: list[dict[str, Any]], scale: Scale) -> PartResult:
     return PartResult(
         part="C",
         title=TITLE,
@@ -103,12 +119,7 @@ def run(scale: Scale, workdir: Path) -> PartResult:
             "down: the two never generate at once.",
             drift_note(runs),
         ],
-        data={
-            "prompts": PROMPTS,
-            "max_tokens": scale.llm_max_tokens,
-            "runs": runs,
-            "environment_set_by_engine": sorted(changed),
-        },
+        data={"prompts": PROMPTS, "max_tokens": scale.llm_max_tokens, "runs": runs},
     )
 
 
@@ -116,7 +127,6 @@ async def _engine_side(scale: Scale, worker_ready: Callable[[], object]) -> list
     """The in-process engine measured once it and the stack's worker (`worker_ready` waits
     for it) have both loaded."""
     from shared.model_repository import ModelRepository
-    from workers.engines.base import GenerateEngine, GenerateRequest
     from workers.engines.registry import create_engine
 
     config = ModelRepository.load(MODEL_REPOSITORY).get(MODEL)
@@ -129,28 +139,33 @@ async def _engine_side(scale: Scale, worker_ready: Callable[[], object]) -> list
     try:
         await engine.warmup()
         await asyncio.to_thread(worker_ready)
-        sent = 0
-
-        async def generate(index: int) -> Stream:
-            nonlocal sent
-            sent += 1
-            request = GenerateRequest(
-                request_id=f"bench-{sent}",
-                prompt=PROMPTS[index % len(PROMPTS)],
-                max_tokens=scale.llm_max_tokens,
-                temperature=0.0,
-            )
-            begin = time.perf_counter()
-            first, tokens = 0.0, 0
-            async for chunk in engine.generate(request):
-                if chunk.text and not first:
-                    first = time.perf_counter()
-                tokens = chunk.completion_tokens
-            return Stream(first - begin if first else float("nan"), _since(begin), tokens)
-
-        return await _measure(ENGINE, generate, scale)
+        return await _measure(ENGINE, _engine_generate(engine, scale), scale)
     finally:
         await engine.close()
+
+
+def _engine_generate(engine: GenerateEngine, scale: Scale) -> Generate:
+    """One greedy generation from `engine` called directly, timed as the client sees it."""
+    sent = 0
+
+    async def generate(index: int) -> Stream:
+        nonlocal sent
+        sent += 1
+        request = GenerateRequest(
+            request_id=f"bench-{sent}",
+            prompt=PROMPTS[index % len(PROMPTS)],
+            max_tokens=scale.llm_max_tokens,
+            temperature=0.0,
+        )
+        begin = time.perf_counter()
+        first, tokens = 0.0, 0
+        async for chunk in engine.generate(request):
+            if chunk.text and not first:
+                first = time.perf_counter()
+            tokens = chunk.completion_tokens
+        return Stream(first - begin if first else float("nan"), _since(begin), tokens)
+
+    return generate
 
 
 async def _pipeline_side(base_url: str, scale: Scale) -> list[dict[str, Any]]:

@@ -34,6 +34,19 @@ pytest_plugins = ["tests.hang_guard"]
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def vllm_cpu_unbound() -> Iterator[None]:
+    """vLLM on a CPU binds its model process's OpenMP threads to the cores it does not reserve
+    (`VLLM_CPU_OMP_THREADS_BIND=auto`): one core of two here, the same one for every engine, so
+    the session's two smollm2 starts (its in-process engine and its worker, side by side) took
+    turns on it, 150 s against 80 s unbound. Set for the session, before any engine or worker
+    starts; what the tests check does not depend on it (`make bench` and `conveyor up` keep vLLM's
+    binding)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        yield
+
+
 @pytest.fixture(scope="session")
 def smollm2_config() -> ModelConfig:
     config = ModelRepository.load(REPO_ROOT / "model_repository").get("smollm2")

@@ -1,6 +1,7 @@
 """Each benchmark part at the `smoke` scale (seconds of load, real servers and models), so the
 benchmark code cannot rot: the JSON it writes has the promised shape and sane values. Speed
-itself is never asserted here; `make bench` measures it."""
+itself is never asserted here; `make bench` measures it. Part C's is in
+test_llm_streaming_benchmark.py, on the session's vLLM engine and worker."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _run(part: str, results: Path) -> dict[str, Any]:
     return document
 
 
-def _check_common(document: dict[str, Any], part: str, results: Path) -> None:
+def check_common(document: dict[str, Any], part: str, results: Path) -> None:
     assert document["part"] == part and document["scale"] == "smoke"
     assert document["machine"]["cores"] >= 1 and document["machine"]["packages"]["celery"]
     for table in document["tables"]:
@@ -68,7 +69,7 @@ def _check_profile(profile: dict[str, Any]) -> None:
 
 def test_part_a_pipeline_overhead(tmp_path: Path) -> None:
     document = _run("A", tmp_path)
-    _check_common(document, "A", tmp_path)
+    check_common(document, "A", tmp_path)
     runs = document["data"]["runs"]
     systems = {"Conveyor", "FastAPI + Celery", "minimal hop", "in-process"}
     assert {(r["system"], r["concurrency"]) for r in runs} == {
@@ -89,7 +90,7 @@ def test_part_a_pipeline_overhead(tmp_path: Path) -> None:
 
 def test_part_b_batching_efficiency(tmp_path: Path) -> None:
     document = _run("B", tmp_path)
-    _check_common(document, "B", tmp_path)
+    check_common(document, "B", tmp_path)
     data = document["data"]
     assert [r["batch_size"] for r in data["engine"]] == list(SMOKE.engine_batch_sizes)
     assert all(r["sentences_per_s"] > 0 for r in data["engine"])
@@ -109,7 +110,7 @@ def test_part_b_batching_efficiency(tmp_path: Path) -> None:
 
 def test_part_d_redis_cost(tmp_path: Path) -> None:
     document = _run("D", tmp_path)
-    _check_common(document, "D", tmp_path)
+    check_common(document, "D", tmp_path)
     data = document["data"]
     assert data["jobs"] == SMOKE.redis_jobs
     for phase in data["phases"].values():
@@ -124,7 +125,7 @@ def test_part_d_redis_cost(tmp_path: Path) -> None:
 
 def test_part_e_scale(tmp_path: Path) -> None:
     document = _run("E", tmp_path)
-    _check_common(document, "E", tmp_path)
+    check_common(document, "E", tmp_path)
     steps = document["data"]["steps"]
     assert [s["pairs"] for s in steps] == [1, 2]  # the smoke scale stops at 2 pairs
     for step in steps:
@@ -149,7 +150,7 @@ def test_part_e_scale(tmp_path: Path) -> None:
 
 def test_part_ec_cluster_scale(tmp_path: Path) -> None:
     document = _run("EC", tmp_path)
-    _check_common(document, "EC", tmp_path)
+    check_common(document, "EC", tmp_path)
     steps = document["data"]["steps"]
     assert [s["masters"] for s in steps] == [1, 2]  # the smoke scale stops at 2 masters
     for step in steps:
@@ -164,7 +165,7 @@ def test_part_ec_cluster_scale(tmp_path: Path) -> None:
 
 def test_part_f_fairness(tmp_path: Path) -> None:
     document = _run("F", tmp_path)
-    _check_common(document, "F", tmp_path)
+    check_common(document, "F", tmp_path)
     runs = document["data"]["runs"]
     assert [r["run"] for r in runs] == [
         "B alone (unloaded)",
@@ -188,25 +189,6 @@ def test_part_f_fairness(tmp_path: Path) -> None:
     assert target["measured"] == pytest.approx(fair / unloaded)
 
 
-# Two vLLM starts (the in-process engine and the stack's worker, side by side): most of this test,
-# more on a busy CI machine, as test_llm_pipeline.py allows for its own two.
-@pytest.mark.timeout(900)
-def test_part_c_llm_streaming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # vLLM's CPU auto-binding pins every engine's model process to core 0 as it imports torch, so
-    # the two starts took turns on one core (75 s for both vs 52 s unpinned, on 2 cores). Speed
-    # is not measured here; the stack's worker inherits this too. `make bench` keeps the binding.
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    document = _run("C", tmp_path)
-    _check_common(document, "C", tmp_path)
-    runs = document["data"]["runs"]
-    assert {(r["system"], r["concurrency"]) for r in runs} == {
-        (s, c) for s in ("pipeline (SSE)", "engine in-process") for c in SMOKE.llm_streams
-    }
-    for run in runs:
-        assert run["generations"] >= SMOKE.llm_requests and run["tokens"] > 0, run
-        assert run["tokens_per_s"] > 0 and run["ttft_p50_ms"] > 0
-
-
 def test_part_g_gpu_engine(tmp_path: Path) -> None:
     """Without CUDA part G says why and writes nothing (no numbers it did not measure)."""
     from benchmarks.gpu_engine import BATCHES, CONCURRENCIES, LOADS, WORKER_COUNTS, cuda_missing
@@ -216,7 +198,7 @@ def test_part_g_gpu_engine(tmp_path: Path) -> None:
         assert list(tmp_path.iterdir()) == []
         return
     document = _run("G", tmp_path)
-    _check_common(document, "G", tmp_path)
+    check_common(document, "G", tmp_path)
     assert document["data"]["gpu"] in (tmp_path / "REPORT.md").read_text()
     assert [r["batch"] for r in document["data"]["engine"]] == list(BATCHES)
     points = document["data"]["pipeline"]

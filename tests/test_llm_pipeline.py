@@ -3,8 +3,8 @@ Celery worker running VllmEngine with continuous batching, an embedded Valkey. O
 routes, SSE with resume, cancellation and the official `openai` client.
 
 One worker per session (its engine takes minutes to start on a loaded 2-core machine). The
-greedy reference comes from VllmEngine called directly in this process, computed and shut down
-before the worker starts, so two engines never compete for the cores."""
+greedy reference comes from the session's VllmEngine called directly in this process (conftest's
+`smollm2_engine`, started beside the worker), computed before any test here asks the worker."""
 
 from __future__ import annotations
 
