@@ -31,11 +31,10 @@ class FastJSONResponse(JSONResponse):
         return dumps(content)
 
 
-def page_response(
-    data: list[dict[str, Any]], has_more: bool, last_id: str | None
-) -> FastJSONResponse:
-    """A page of OpenAI's cursor lists (batches, files): the next page is `after=last_id`, which
-    is the last entry read for a page that stopped early with none (shared/tenant_index.Page)."""
-    first = data[0]["id"] if data else None
-    page = {"object": "list", "data": data, "first_id": first, "last_id": last_id}
+def page_response(data: list[dict[str, Any]], has_more: bool) -> FastJSONResponse:
+    """A page of OpenAI's cursor lists (batches, files): the next page is `after=last_id`, its
+    last record's id, as OpenAI's clients take it (an empty page is the last:
+    shared/tenant_index.Page)."""
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    page = {"object": "list", "data": data, "first_id": first, "last_id": last}
     return FastJSONResponse({**page, "has_more": has_more})

@@ -163,9 +163,10 @@ class BatchApiStore(TenantIndexed):
 
     @property
     def listed_for_s(self) -> int:
-        """A batch's window is at most the result TTL, and its records live a TTL after it
-        ends: at most an hour after its window for one whose finalizer died and was replaced."""
-        return 2 * self.ttl_s + 3600
+        """As long as its hash may live: its window and a TTL from its create (a create refuses
+        a window longer than a TTL), then a TTL from its `finish`, which the sweeper, back after
+        every producer was down, may do as late as that: 3 TTLs from its create."""
+        return 3 * self.ttl_s
 
     async def create(self, batch_id: str, fields: Mapping[str, str | int], ttl_s: int) -> None:
         key = self.keys.batch(batch_id)

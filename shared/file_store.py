@@ -136,7 +136,7 @@ class FileStore(TenantIndexed):
         """Drop the file, give its bytes back to its tenant's budget and unlist it (once: the
         owner read in the transaction that drops it). Left listed, a loop of uploads and
         deletes grew the index without bound, every entry a lookup for the next listing; a
-        page after the deleted id still goes on from its place (LISTED_AFTER)."""
+        page after the deleted id still goes on from its place (LISTED)."""
         key = self.keys.file(file_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hget(key, "tenant")

@@ -19,51 +19,79 @@ from shared.job_store import now_ms
 from shared.redis_client import call_script
 
 T = TypeVar("T")
-PAGE_ROUNDS = 4  # reads one page makes at most, however many gone entries it passes
-UNLIST_CHUNK = 1_000  # ids one UNLIST call takes: a script holds Redis for every client as it runs
+PAGE_ROUNDS = 4  # reads after which a page that has found records is answered as it stands
+# Ids one read of a page or one UNLIST call takes: a look reads each id read, and a script holds
+# Redis for every client as it runs.
+CHUNK = 1_000
 
-# KEYS[2] as releases before 2026-12-02 left it: a hash of the same scores, never pruned, and with
-# no TTL once its tenant had deleted all it listed. Made the sorted set it now is on first use,
-# so a cursor given out before keeps its place and the key its TTL from then on.
-_FROM_HASH = """
+# KEYS[1]=a tenant's index, KEYS[2]=the ids unlisted from it, by the same scores: the prelude of
+# every script on them. KEYS[2] as releases before 2026-12-02 left it (a hash of the same scores,
+# never pruned, and with no TTL once its tenant had deleted all it listed) is made the sorted set
+# it now is, so a cursor given out before keeps its place and the key a TTL from then on.
+# `trim(now, keep)`, the one place entries leave the index by age: those past `keep` s (no record
+# lives longer) are unlisted with their scores, each once, and a score is dropped `keep` after
+# that, the key with the last: a cursor outlives its entry by a lifetime. Dropped with its entry,
+# a cursor aged past the cut-off by the next page (an upload or another listing trimmed it
+# between) lost its place, and that page was empty and final, records left.
+_PRELUDE = """
 if redis.call('TYPE', KEYS[2]).ok == 'hash' then
   local flat = redis.call('HGETALL', KEYS[2])
   redis.call('DEL', KEYS[2])
   for i = 1, #flat, 2 do redis.call('ZADD', KEYS[2], flat[i + 1], flat[i]) end
 end
+local function trim(now, keep)
+  local cut_off = now - keep * 1000
+  local aged = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cut_off, 'WITHSCORES')
+  for i = 1, #aged, 2 do redis.call('ZADD', KEYS[2], aged[i + 1], aged[i]) end
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cut_off)
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', cut_off - keep * 1000)
+  redis.call('EXPIRE', KEYS[2], 2 * keep)
+end
 """
 
-# KEYS[1]=a tenant's index, KEYS[2]=the scores of ids unlisted from it; ARGV: the id to list after,
-# how many, 1 for newest first (else oldest first), the score at or below which entries outlived
-# any record (they leave the index first, as `enlist` drops them: unlisted, their scores would go
-# at once, and a page after one would list nothing). Ranked and read on from in one step: in two
-# round trips, a record indexed between them (a newer one shifts every rank up) would put `after`
-# itself on the page again. An `after` no longer listed (deleted, its record gone and dropped by
-# a listing, or past the cut-off) is put back by its score for the step, so it is ranked among
-# the ones of its own ms as it was: the page after it was empty, and a client listing page by
-# page (deleting what it lists) stopped with records left.
-LISTED_AFTER = (
-    _FROM_HASH
+# ARGV: now (ms), how long a record is listed (s), the id. Indexed at `now`; the index lives as
+# long as what it lists.
+ENLIST = (
+    _PRELUDE
     + """
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZSCORE', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[3])
+trim(tonumber(ARGV[1]), tonumber(ARGV[2]))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+)
+
+# ARGV: now (ms), how long a record is listed (s), how many, 1 for newest first (else oldest
+# first), the id to list after (none: from the first). Trimmed, ranked and read on from in one
+# step: in two round trips, a record indexed between them (a newer one shifts every rank up)
+# would put `after` itself on the page again. An `after` no longer listed (deleted, its record
+# gone and dropped by a listing, or trimmed) is put back by its score for the step, so it is
+# ranked among the ones of its own ms as it was: the page after it was empty, and a client
+# listing page by page (deleting what it lists) stopped with records left.
+LISTED = (
+    _PRELUDE
+    + """
+trim(tonumber(ARGV[1]), tonumber(ARGV[2]))
+local count = tonumber(ARGV[3])
+local range = ARGV[4] == '1' and 'ZREVRANGE' or 'ZRANGE'
+local after = ARGV[5]
+if not after then return redis.call(range, KEYS[1], 0, count - 1) end
+local score = redis.call('ZSCORE', KEYS[1], after) or redis.call('ZSCORE', KEYS[2], after)
 if not score then return {} end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[4])
-local put_back = redis.call('ZADD', KEYS[1], 'NX', score, ARGV[1])
-local rank = redis.call(ARGV[3] == '1' and 'ZREVRANK' or 'ZRANK', KEYS[1], ARGV[1])
-local range = ARGV[3] == '1' and 'ZREVRANGE' or 'ZRANGE'
-local ids = redis.call(range, KEYS[1], rank + 1, rank + tonumber(ARGV[2]))
-if put_back == 1 then redis.call('ZREM', KEYS[1], ARGV[1]) end
+local put_back = redis.call('ZADD', KEYS[1], 'NX', score, after)
+local rank = redis.call(ARGV[4] == '1' and 'ZREVRANK' or 'ZRANK', KEYS[1], after)
+local ids = redis.call(range, KEYS[1], rank + 1, rank + count)
+if put_back == 1 then redis.call('ZREM', KEYS[1], after) end
 return ids
 """
 )
 
-# KEYS[1]=a tenant's index, KEYS[2]=the ids unlisted from it (sorted set, by the same scores);
 # ARGV: now (ms), how long a record is listed (s), the ids. Each leaves the index and keeps its
-# score beside it (LISTED_AFTER) for as long as a record is listed: older ones are dropped, and
-# the key expires then (it was given the index's TTL read after the index could be gone, so a
-# tenant who deleted all it listed left the key for good, and an active tenant's never shrank).
+# score beside it (LISTED), as `trim` keeps those it unlists (the key was given the index's TTL
+# read after the index could be gone, so a tenant who deleted all it listed left the key for
+# good, and an active tenant's never shrank).
 UNLIST = (
-    _FROM_HASH
+    _PRELUDE
     + """
 for i = 3, #ARGV do
   local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
@@ -72,9 +100,7 @@ for i = 3, #ARGV do
     redis.call('ZREM', KEYS[1], ARGV[i])
   end
 end
-local keep = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[1]) - keep * 1000)
-redis.call('EXPIRE', KEYS[2], keep)
+trim(tonumber(ARGV[1]), tonumber(ARGV[2]))
 return 1
 """
 )
@@ -82,14 +108,11 @@ return 1
 
 @dataclass(frozen=True, slots=True)
 class Page(Generic[T]):
-    """One page of a tenant's records: (id, what was found for it) pairs, whether more follow,
-    and `last_id`, the id the next page goes on after (OpenAI's cursor): the last record's, or,
-    for a page that stopped early having found none, the last entry it read (its score is kept
-    while it is unlisted, so `after` it keeps its place); None when nothing was read."""
+    """One page of a tenant's records: (id, what was found for it) pairs, and whether more
+    follow; an empty one is the last (OpenAI's clients stop at it, whatever `has_more` says)."""
 
     found: list[tuple[str, T]]
     more: bool
-    last_id: str | None
 
 
 class TenantIndexed(ABC):
@@ -111,47 +134,41 @@ class TenantIndexed(ABC):
         """How long a record is listed: the longest one lives."""
 
     @cached_property
-    def _listed_after(self) -> AsyncScript:
+    def _enlist(self) -> AsyncScript:
         """Registered once per store: `register_script` hashes the script each time."""
-        return self.redis.register_script(LISTED_AFTER)
+        return self.redis.register_script(ENLIST)
+
+    @cached_property
+    def _listed(self) -> AsyncScript:
+        return self.redis.register_script(LISTED)
 
     @cached_property
     def _unlist(self) -> AsyncScript:
         return self.redis.register_script(UNLIST)
 
+    def _keys(self, tenant: str) -> list[str]:
+        return [self.index_of(tenant), self.unlisted_of(tenant)]
+
     async def enlist(self, tenant: str, record_id: str) -> None:
-        """Index the record under its tenant; entries older than `listed_for_s` are dropped,
-        so the index stays as long as what it lists."""
-        key, now, keep_s = self.index_of(tenant), now_ms(), self.listed_for_s
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.zadd(key, {record_id: now})
-            pipe.zremrangebyscore(key, "-inf", now - keep_s * 1000)
-            pipe.expire(key, keep_s)
-            await pipe.execute()
+        """Index the record under its tenant, in one round trip."""
+        args = [now_ms(), self.listed_for_s, record_id]
+        await call_script(self._enlist, self._keys(tenant), args)
 
     async def listed(
         self, tenant: str, after: str | None, count: int, newest_first: bool = True
     ) -> list[str]:
         """Up to `count` of the tenant's ids, newest (or oldest) first, from the one after
-        `after`."""
-        key, cut_off = self.index_of(tenant), now_ms() - self.listed_for_s * 1000
-        if after is None:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.zremrangebyscore(key, "-inf", cut_off)
-                (pipe.zrevrange if newest_first else pipe.zrange)(key, 0, count - 1)
-                ids: list[Any] = (await pipe.execute())[1]
-        else:
-            keys = [key, self.unlisted_of(tenant)]
-            args = [after, count, int(newest_first), cut_off]
-            ids = await call_script(self._listed_after, keys, args)
+        `after`, in one round trip."""
+        args = [now_ms(), self.listed_for_s, count, int(newest_first), *([after] if after else [])]
+        ids: list[Any] = await call_script(self._listed, self._keys(tenant), args)
         return [as_text(record_id) for record_id in ids]
 
     async def unlist(self, tenant: str, record_ids: list[str]) -> None:
-        """Records deleted, or whose keys expired before their index entries, `UNLIST_CHUNK`
-        to a call."""
-        keys = [self.index_of(tenant), self.unlisted_of(tenant)]
-        for start in range(0, len(record_ids), UNLIST_CHUNK):
-            chunk = record_ids[start : start + UNLIST_CHUNK]
+        """Records deleted, or whose keys expired before their index entries, `CHUNK` to a
+        call."""
+        keys = self._keys(tenant)
+        for start in range(0, len(record_ids), CHUNK):
+            chunk = record_ids[start : start + CHUNK]
             await call_script(self._unlist, keys, [now_ms(), self.listed_for_s, *chunk])
 
     async def page(
@@ -163,30 +180,29 @@ class TenantIndexed(ABC):
         newest_first: bool = True,
     ) -> Page[T]:
         """The tenant's records, newest (or oldest) first, from the one after `after`: up to
-        `limit` (id, what `look` found for it: `look` reads a page's ids at once), and whether
-        more follow. One that `look` finds gone (None) leaves the index, and the page is filled
-        from the ones after it, each read taking as many more as were gone so far; after
-        `PAGE_ROUNDS` reads the page is answered as it stands, `has_more` true, its `last_id`
-        the last entry read when it found none: an index of expired entries cost one request a
-        round trip per page of them, and an empty page without a cursor sent a client back to
-        the start."""
+        `limit` (id, what `look` found for it: `look` takes the ids of a read at once), and whether
+        more follow. Ones that `look` finds gone (None) leave the index before the next read,
+        which fills the page from the ones after them, taking as many more as were gone so far
+        (at most `CHUNK`): each dead entry is read once. After `PAGE_ROUNDS` reads a page that
+        has found records is answered as it stands, `has_more` true, a client going on after
+        its last record; one that has found none reads on until it finds one or the index
+        ends, as an empty page ends OpenAI's clients' listing."""
         found: list[tuple[str, T]] = []
-        gone: list[str] = []
-        exhausted = False
-        for _ in range(PAGE_ROUNDS):
-            wanted = limit + 1 - len(found) + len(gone)
+        passed = 0  # entries read whose records were gone
+        rounds = 0
+        while True:
+            wanted = min(limit + 1 - len(found) + passed, CHUNK)
             ids = await self.listed(tenant, after, wanted, newest_first)
+            gone: list[str] = []
             for record_id, record in zip(ids, await look(ids), strict=True):
                 if record is None:
                     gone.append(record_id)
                 else:
                     found.append((record_id, record))
-            exhausted = len(ids) < wanted
-            if exhausted or len(found) > limit:
-                break
+            await self.unlist(tenant, gone)
+            passed, rounds = passed + len(gone), rounds + 1
+            if len(ids) < wanted:
+                return Page(found[:limit], len(found) > limit)
+            if len(found) > limit or (found and rounds >= PAGE_ROUNDS):
+                return Page(found[:limit], True)
             after = ids[-1]
-        await self.unlist(tenant, gone)
-        more = len(found) > limit or not exhausted
-        if found:
-            return Page(found[:limit], more, found[:limit][-1][0])
-        return Page([], more, after if more else None)  # `after`: the last entry read

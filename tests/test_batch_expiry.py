@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 import redis.asyncio as aioredis
 
 from producer_api.batch_api.progress import BatchApiProgress
@@ -51,16 +52,22 @@ async def test_the_finalizer_counts_an_expired_batchs_late_results_as_expired(
     assert fields is not None and final_counts(fields) == COUNTS
 
 
+@pytest.mark.parametrize(
+    ("ttl_s", "late_s"),
+    [(TTL_S, 120), (86_400, 7200)],
+    ids=["finalizer replaced", "producers down"],
+)
 async def test_a_batch_finalized_after_its_window_is_listed_while_its_hash_lives(
-    aredis: aioredis.Redis,
+    aredis: aioredis.Redis, ttl_s: int, late_s: int
 ) -> None:
-    """An expired batch is finalized after its window (a replaced finalizer: a minute or more),
-    and its hash lives a TTL from then: its index entry, dropped 2 TTLs after it was listed,
-    left the list while `GET /v1/batches/{id}` still answered it."""
-    store = BatchApiStore(aredis, KEYS, TTL_S)
+    """An expired batch is finalized after its window (a replaced finalizer: a minute or more;
+    the sweeper after an outage of every producer: up to a TTL, its hash's life), and its hash
+    lives a TTL from then: its index entry, dropped 2 TTLs (then 2 TTLs and an hour) after it
+    was listed, left the list while `GET /v1/batches/{id}` still answered it."""
+    store = BatchApiStore(aredis, KEYS, ttl_s)
     batch_id = f"batch_{uuid.uuid4().hex}"
-    await store.create(batch_id, {"tenant": "late"}, TTL_S)
-    listed_at = now_ms() - (2 * TTL_S + 120) * 1000  # window, finalized 2 minutes late, TTL
+    await store.create(batch_id, {"tenant": "late"}, ttl_s)  # as `finish` leaves it
+    listed_at = now_ms() - (2 * ttl_s + late_s) * 1000  # window, finalized late, TTL
     await aredis.zadd(KEYS.batches_of("late"), {batch_id: listed_at})
 
     async def look(ids: list[str]) -> list[dict[str, str] | None]:

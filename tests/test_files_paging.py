@@ -1,6 +1,7 @@
-"""`GET /v1/files` followed by `after=last_id`, as OpenAI's clients page, past more entries whose
-files are gone than a page reads (PAGE_ROUNDS): such a page stopped early, empty, `has_more`
-true and no `last_id`, so a client started over from the first page (and saw it again)."""
+"""`GET /v1/files` paged on, as OpenAI's clients page, past more entries whose files are gone
+than a page reads (PAGE_ROUNDS): such a page stopped early, empty, `has_more` true, and the
+official client, which stops at an empty page and goes on after its last file, missed the files
+after them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import redis.asyncio as aioredis
 
@@ -25,12 +27,17 @@ GONE = 120  # more than the 4 reads of a page take at LIMIT 2 (3 + 6 + 12 + 24)
 
 
 @pytest.fixture
-async def client(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
+async def transport(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.ASGITransport]:
+    """The producer's app, started, as an HTTP transport."""
     app = create_app(Settings(redis_url=redis_url, auth="disabled", instance_id="files-paging"))
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
-            yield http
+        yield httpx.ASGITransport(app=app)
+
+
+@pytest.fixture
+async def client(transport: httpx.ASGITransport) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        yield http
 
 
 async def _put(store: FileStore, name: str) -> str:
@@ -57,26 +64,29 @@ async def _paged(
         listed += [file["id"] for file in page["data"]]
         if not page["has_more"]:
             return listed, pages
-        assert page["last_id"] is not None, page  # else the client has no cursor
+        assert page["data"] and page["last_id"] is not None, page  # OpenAI's clients stop
         after = page["last_id"]
     raise AssertionError(f"still paging after {len(pages)} pages: {listed}")
 
 
-async def test_pages_past_files_gone_before_their_entries_go_on_from_the_last_one_read(
-    client: httpx.AsyncClient, aredis: aioredis.Redis
+async def test_the_official_client_lists_every_file_past_files_gone_before_their_entries(
+    transport: httpx.ASGITransport, aredis: aioredis.Redis
 ) -> None:
     """Files whose keys went before their index entries (evicted, or a delete whose unlist
-    failed), between live ones: an empty page names where it stopped, and the next goes on."""
+    failed), between live ones: no page is empty while more follow, so OpenAI's client (its
+    cursor is the last file of a page) lists every live file, each once, in order."""
     store = FileStore(aredis, Keys(), 600)
     old = [await _put(store, f"file-old-{n}") for n in range(2)]
     await asyncio.sleep(0.002)
     gone = {f"file-gone-{n:03}": now_ms() for n in range(GONE)}
     await aredis.zadd(Keys().files_of(TENANT), gone)  # listed, their keys gone
     new = [await _put(store, f"file-new-{n}") for n in range(2)]
-    listed, pages = await _paged(client, limit=LIMIT)
-    assert listed == new[::-1] + old[::-1]  # each once, in order
-    assert any(not page["data"] and page["has_more"] for page in pages)  # one stopped early
-    assert pages[-1]["data"] and not pages[-1]["has_more"]
+    async with httpx.AsyncClient(transport=transport) as http:
+        sdk = openai.AsyncOpenAI(
+            base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0
+        )
+        listed = [file.id async for file in sdk.files.list(limit=LIMIT)]
+    assert listed == new[::-1] + old[::-1]
 
 
 async def test_an_oldest_first_listing_reaches_the_files_after_expired_ones(

@@ -152,7 +152,7 @@ async def list_batches(
     page = await service.list(after, limit)
     base = str(request.url_for("list_batches"))
     data = [view(batch_id, progress, f"{base}/{batch_id}") for batch_id, progress in page.found]
-    return page_response(data, page.more, page.last_id)
+    return page_response(data, page.more)
 
 
 @router.get("/v1/batches/{batch_id}", name="get_batch", response_model=BatchView, responses=_ERRORS)

@@ -59,9 +59,9 @@ async def list_files(
     another `purpose` lists none. A batch's output and errors files are read by the ids its
     view gives, not listed."""
     if purpose not in (None, "batch"):
-        return page_response([], False, None)
+        return page_response([], False)
     page = await service.list(after, min(limit, PAGE_MAX), order == "desc")
-    return page_response([file for _, file in page.found], page.more, page.last_id)
+    return page_response([file for _, file in page.found], page.more)
 
 
 @router.get("/v1/files/{file_id}", response_model=FileObject, responses=_ERRORS)
