@@ -221,12 +221,14 @@ local function refill(stream, group, job_prefix, upto)
   if moved > 0 then redis.call('INCRBY', stream .. ADDED, moved) end
 end
 
--- A tenant's held list at ENQUEUE's bound (max_length entries) loses its entries of jobs that
--- ended while held, the order of the rest kept: such an entry left the `held` count when its job
--- ended, and only a refill drops it, which runs only while a worker reads and jobs are held, so a
--- tenant that submits and cancels would grow its list without bound. Its live entries are fewer
--- than `held`, which admission holds under max_length, so the list then has room. One whose hash
--- is gone (never uncounted) leaves the count as a refill's drop does. Returns the list's length.
+-- A tenant's held list at ENQUEUE's bound (2 x max_length entries) loses its entries of jobs
+-- that ended while held, the order of the rest kept: such an entry left the `held` count when its
+-- job ended, and only a refill drops it, which runs only while a worker reads and jobs are held,
+-- so a tenant that submits and cancels would grow its list without bound. Its live entries are
+-- fewer than `held`, which admission holds under max_length, so a sweep drops max_length entries
+-- at least: one O(list) sweep per max_length submits at most (swept at max_length, a tenant with
+-- nearly max_length live held jobs was swept every few submits). One whose hash is gone (never
+-- uncounted) leaves the count as a refill's drop does. Returns the list's length.
 local function sweep(stream, job_prefix, tenant)
   local list = stream .. HELD .. tenant
   local kept, counted = {}, 0
@@ -358,7 +360,8 @@ return out
 # holds the job in its tenant's list instead (hash field `held` = 1, no seq until it joins the
 # stream; reply {1, ahead, 0}) for refill (TAKE, FINISH) to move by deficit round robin; its
 # ahead counts the held jobs the round robin serves first, and so does deadline admission. A
-# tenant's list that holds max_length entries is swept of its ended jobs' entries first (`sweep`).
+# tenant's list that holds 2 x max_length entries is swept of its ended jobs' entries first
+# (`sweep`), so it holds at most that many.
 # A job whose hash exists already changes nothing (reply {1, 0, its seq}; its `created` is
 # written again, as it is, for a replica WAIT): a call retried after its reply was lost (a
 # connection torn mid-pipeline, a failover) must not enqueue it twice. A retry resends the call
@@ -428,7 +431,7 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
       weight = redis.call('HGET', stream .. FAIR, 'w:' .. tenant) or 1
     end
     local own = redis.call('LLEN', stream .. HELD .. tenant)
-    if max_length > 0 and own >= max_length then own = sweep(stream, job_prefix, tenant) end
+    if max_length > 0 and own >= 2 * max_length then own = sweep(stream, job_prefix, tenant) end
     ahead = ahead + held_ahead(stream, tenant, tonumber(weight), held, own)
   end
   if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end

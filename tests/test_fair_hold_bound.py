@@ -1,11 +1,12 @@
 """A fair lane's held lists stay bounded on a real Valkey: a job cancelled while held keeps its
 entry in its tenant's list (out of the `held` count) until a refill drops it, so a tenant that
-submits and cancels while no worker reads has its list swept of them once it holds `max_length`
-entries; and one refill drops a bounded number of such entries, moving the live
+submits and cancels while no worker reads has its list swept of them once it holds twice
+`max_length` entries; and one refill drops a bounded number of such entries, moving the live
 ones behind them in over the refills that follow."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import redis
@@ -27,9 +28,9 @@ def test_a_tenant_cancelling_its_held_jobs_keeps_its_list_bounded_and_is_not_ref
 ) -> None:
     """Each cancel took its job off the `held` count that admission reads, so with no worker
     reading (no refill dropping the entries) submit + cancel was accepted without end, each
-    loop leaving one more entry, payload and all, in the tenant's list. A list at max_length
-    is swept of its ended jobs' entries instead; refusing there refused the tenant for good
-    while its lane was busy (its list all cancelled jobs, `held` 0: no refill ever ran)."""
+    loop leaving one more entry, payload and all, in the tenant's list. A list at twice
+    max_length is swept of its ended jobs' entries instead; refusing there refused the tenant
+    for good while its lane was busy (its list all cancelled jobs, `held` 0: no refill ran)."""
     (tmp_path / "fair").mkdir()
     (tmp_path / "fair" / "config.yaml").write_text(
         "kind: batch\nbackend: identity\ninput_schema: {type: object}\n"
@@ -48,9 +49,9 @@ def test_a_tenant_cancelling_its_held_jobs_keeps_its_list_bounded_and_is_not_ref
             assert submit.status_code == 202, (n, submit.text)
             assert client.delete(f"/v1/jobs/{submit.json()['id']}").status_code == 200
             lengths.append(redis_client.llen(keys.held(stream, "default")))
-    assert max(lengths) == MAX_LENGTH and lengths[-1] < MAX_LENGTH, lengths
+    assert max(lengths) == 2 * MAX_LENGTH and lengths[-1] < 2 * MAX_LENGTH, lengths
     assert redis_client.hget(keys.fair(stream), "held") == b"0"
-    assert redis_client.scard(f"{stream}{UNCOUNTED_SUFFIX}") <= MAX_LENGTH  # swept with them
+    assert redis_client.scard(f"{stream}{UNCOUNTED_SUFFIX}") <= 2 * MAX_LENGTH  # swept too
 
 
 async def test_refills_drop_cancelled_entries_a_bounded_number_at_a_time(
@@ -82,3 +83,27 @@ async def test_refills_drop_cancelled_entries_a_bounded_number_at_a_time(
     assert served == [job.entry.job_id for job in live]
     assert await aredis.hget(KEYS.fair(stream), "held") == b"0"
     assert not await aredis.exists(held, KEYS.fair_ring(stream))
+
+
+async def test_a_tenant_near_its_bound_is_swept_once_per_max_length_submits(
+    aredis: aioredis.Redis,
+) -> None:
+    """A sweep at max_length entries left the tenant's live held jobs, up to max_length - 1 of
+    them, so the next one came after as few cancel + submit cycles: a tenant holding nearly
+    max_length jobs paid a sweep of its whole list every few submits. Swept at twice max_length,
+    each sweep drops max_length ended entries at least: one per max_length submits at most."""
+    max_length, cycles = 50, 200
+    config = _config(window=1)
+    store, _, stream = await _lane(aredis, config)
+    live = [_job(config, "a") for _ in range(max_length - 4)]  # the first joins the stream
+    assert await store.create_many(live, max_length) == []
+    held = KEYS.held(stream, "a")
+    lengths = [await aredis.llen(held)]
+    for n in range(cycles):
+        await store.transition(live[1 + n].entry.job_id, JobStatus.CANCELLED)
+        live.append(_job(config, "a"))
+        assert await store.create_many(live[-1:], max_length) == [], n
+        lengths.append(await aredis.llen(held))
+    sweeps = sum(after < before for before, after in itertools.pairwise(lengths))
+    assert sweeps <= cycles // max_length + 1, lengths
+    assert max(lengths) <= 2 * max_length, lengths

@@ -5,6 +5,7 @@ every other one. One more is refused before it opens; closing one makes room. A 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 import redis
 
 from conveyor.stack import Stack
+from producer_api.auth.key_watch import RECHECK_S
 from shared.api_keys import ApiKey, key_id_of
 from shared.keys import Keys
 from shared.settings import get_settings
@@ -122,3 +124,40 @@ def test_keys_create_stores_and_lists_max_streams(auth_stack: Stack) -> None:
     assert {k["key_id"]: k["max_streams"] for k in listed}[key_id] == 3
     refused = keys("create", "--tenant", "streamer", "--max-streams", "0")
     assert refused.returncode == 2 and "max streams 0 must be at least 1" in refused.stderr
+
+
+async def _sse(response: httpx.Response) -> list[tuple[str, str]]:
+    """The (event, data) pairs of an SSE body, read to its end."""
+    events: list[tuple[str, str]] = []
+    name = ""
+    async for line in response.aiter_lines():
+        if line.startswith("event:"):
+            name = line.removeprefix("event:").strip()
+        elif line.startswith("data:"):
+            events.append((name, line.removeprefix("data:").strip()))
+    return events
+
+
+async def test_a_stream_that_lost_its_place_ends_with_too_many_streams(
+    auth_stack: Stack, capped_key: str
+) -> None:
+    """A stream renews its place only while it is read: one whose client stopped reading let it
+    lapse, another stream of the key took it, and once read again the first streamed on beside
+    it, two on a cap of one (its renewal's refusal was ignored). It ends at its next renewal
+    now, with the error a stream refused at open gets. Its place is taken here by hand."""
+    headers = {"authorization": f"Bearer {capped_key}"}
+    open_streams = Keys().open_streams(key_id_of(capped_key))
+    async with httpx.AsyncClient(base_url=auth_stack.base_url, headers=headers, timeout=30) as api:
+        submitted = await api.post("/v1/jobs", json=QUEUED)
+        assert submitted.status_code == 202, submitted.text
+        async with api.stream("GET", f"/v1/jobs/{submitted.json()['id']}/events") as stream:
+            assert stream.status_code == 200
+            with redis.Redis.from_url(auth_stack.redis_url) as client:
+                [place] = client.zrange(open_streams, 0, -1)
+                seconds, micros = client.time()
+                client.zrem(open_streams, place)
+                client.zadd(open_streams, {"another": seconds * 1000 + micros // 1000})
+            async with asyncio.timeout(RECHECK_S + 5):  # its next renewal, and some
+                events = await _sse(stream)
+    name, data = events[-1]
+    assert name == "error" and json.loads(data)["type"] == "too_many_streams", events

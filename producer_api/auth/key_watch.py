@@ -8,10 +8,15 @@ from collections.abc import Awaitable, Callable
 from redis.exceptions import RedisError
 
 from producer_api.auth.principal import ANONYMOUS, Principal
+from producer_api.errors import ConveyorError
 from shared.api_keys import ApiKeyStore
 
 RECHECK_S = 5.0  # how often an open stream looks at its key again (one HGETALL)
 REVOKED = "API key revoked or expired"
+PLACE_LOST = (
+    "this stream's place among the API key's open event streams lapsed unrenewed (its client"
+    " stopped reading) and another stream took it; reconnect when one is closed"
+)
 
 
 class KeyWatch:
@@ -23,7 +28,7 @@ class KeyWatch:
         self,
         keys: ApiKeyStore,
         principal: Principal,
-        renew: Callable[[], Awaitable[object]] | None = None,
+        renew: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.keys = keys
         self.principal = principal
@@ -32,12 +37,14 @@ class KeyWatch:
 
     async def holds(self) -> bool:
         """True with auth off, and while the key is neither revoked nor expired; a Redis that
-        does not answer cuts no stream (its own reads say so)."""
+        does not answer cuts no stream (its own reads say so). A renewal that finds the place
+        taken raises the 429 `too_many_streams` a stream refused at open gets: streaming on, the
+        key held more streams than its cap."""
         if self.principal.key_id == ANONYMOUS.key_id:
             return True
         try:
-            if self.renew is not None:
-                await self.renew()
+            if self.renew is not None and not await self.renew():
+                raise ConveyorError(429, "too_many_streams", PLACE_LOST)
             self.revoked = await self.keys.usable(self.principal.key_id) is None
         except RedisError:
             return True

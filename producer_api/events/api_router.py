@@ -33,16 +33,24 @@ async def server_sent(
 ) -> AsyncGenerator[ServerSentEvent, None]:
     """The job's events; if the producer shuts down or Redis stops answering first, an
     `error` event (type `unavailable`) with `retry:` ends the stream: reconnect with
-    Last-Event-ID to resume. None follows a `final` event: the stream is whole."""
+    Last-Event-ID to resume. None follows a `final` event: the stream is whole. One that fails
+    as a request would (its place among the key's streams taken: `too_many_streams`) ends with
+    that error as an `error` event."""
     ended = False
-    async for event in until_cut(events, shutdown):
-        if isinstance(event, Cut):
-            if not ended:
-                error = {"type": "unavailable", "message": event.message}
-                yield ServerSentEvent(data=dumps(error).decode(), event="error", retry=RECONNECT_MS)
-        else:
-            ended = event.event == "final"
-            yield ServerSentEvent(data=dumps(event.data).decode(), event=event.event, id=event.id)
+    try:
+        async for event in until_cut(events, shutdown):
+            if isinstance(event, Cut):
+                if not ended:
+                    error = {"type": "unavailable", "message": event.message}
+                    data = dumps(error).decode()
+                    yield ServerSentEvent(data=data, event="error", retry=RECONNECT_MS)
+            else:
+                ended = event.event == "final"
+                data = dumps(event.data).decode()
+                yield ServerSentEvent(data=data, event=event.event, id=event.id)
+    except ConveyorError as exc:
+        error = {"type": exc.type, "message": exc.message}
+        yield ServerSentEvent(data=dumps(error).decode(), event="error")
 
 
 @router.get("/v1/jobs/{job_id}/events", response_class=EventSourceResponse, responses=_RESPONSES)
@@ -59,7 +67,10 @@ async def job_events(
     when it ends. The job keeps running when the client goes away, when this producer shuts
     down or when Redis stops answering (the stream then ends with an `error` event carrying
     `retry:`). A `Last-Event-ID` that no stream could hold (parts beyond 64 bits) is refused
-    (422); a key holding CONVEYOR_MAX_STREAMS_PER_KEY streams open gets 429 (`Retry-After`)."""
+    (422); a key holding its cap of streams open (its own `--max-streams`, else
+    CONVEYOR_MAX_STREAMS_PER_KEY) gets 429 (`Retry-After`). A stream whose client stopped reading
+    renews its place no more; should another stream take it meanwhile, this one ends with an
+    `error` event (type `too_many_streams`) when it goes on."""
     if last_event_id is not None and not is_stream_id(last_event_id):
         message = "Last-Event-ID: not a token-stream entry id (<ms>-<seq>, each within 64 bits)"
         raise ConveyorError(422, "invalid_request", message)
