@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import uuid
 from typing import Any
 
@@ -20,6 +21,7 @@ from producer_api.app import create_app
 from producer_api.errors import ConveyorError
 from producer_api.jobs import admission
 from producer_api.jobs.admission import BodyPrint, IdempotencyKeys
+from producer_api.jobs.protocol import PredictRequest
 from shared.api_keys import ApiKeyStore, KeySpec
 from shared.codec import RequestEntry, dumps
 from shared.job_store import JobStore, now_ms
@@ -217,3 +219,37 @@ def test_a_body_with_its_keys_in_another_order_is_the_same_body() -> None:
     changed = {"model": "m", "inputs": {"text": "hi", "options": {"a": 1, "b": [2, 1]}}}
     assert not BodyPrint.of(changed).matches(BodyPrint.of(first).value)
     assert not BodyPrint.of(changed).matches(older_producer)
+
+
+async def test_a_retry_whose_deadline_passed_while_it_waited_on_the_key_is_refused(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """A keyed submit checked its deadline before waiting for an earlier try's claim (up to
+    IN_PROGRESS_WAIT_S); should that try then give the key up, the retry enqueued its job with
+    the deadline passed meanwhile (202, then `expired`), where a past deadline is a 422 and
+    nothing enqueued. The producer runs in-process, on a real Valkey."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    spec = KeySpec(tenant=tenant, scopes=frozenset({"submit", "read"}))
+    api_key, _ = await ApiKeyStore(aredis, Keys()).create(spec)
+    app = create_app(Settings(redis_url=redis_url, instance_id="late-retry"))
+    body = {"model": "identity", "inputs": {"x": tenant}, "deadline": 0.0}
+    headers = {"Authorization": f"Bearer {api_key}", "Idempotency-Key": "order-9"}
+    keys = IdempotencyKeys(aredis, Keys(), 60)
+    first = new_job_id("identity", "default")
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            body["deadline"] = time.time() + 0.5
+            request = PredictRequest.model_validate({k: v for k, v in body.items() if k != "model"})
+            print_ = BodyPrint.of({"model": body["model"], **request.model_dump(mode="json")})
+            # the first try holds the key, its job not enqueued yet
+            assert await keys.claim(tenant, "order-9", first, print_, aredis.exists) is None
+            retry = asyncio.create_task(client.post("/v1/jobs", json=body, headers=headers))
+            await asyncio.sleep(1.0)  # past the deadline, the retry still waiting on the key
+            assert not retry.done()
+            await keys.release(tenant, "order-9", first)  # the first try failed (queue full)
+            answer = await asyncio.wait_for(retry, 10)
+    assert answer.status_code == 422, answer.text
+    assert "deadline: already past" in answer.json()["error"]["message"]
+    entries = await aredis.xrange(Keys().queue("identity", "default"))
+    assert not any(f.get(b"tenant", b"").decode() == tenant for _, f in entries)

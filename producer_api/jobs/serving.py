@@ -229,6 +229,7 @@ class JobsService:
             first = await idempotency.claim(tenant, key, entry.job_id, body_print, exists)
             if first is not None:
                 return Submitted(first, variant, created=False)
+            _deadline_ms(body)  # the wait on an earlier try's claim may have outlasted it
             position = await self.enqueue(entry, config, variant, body)
         except BaseException as exc:
             if await self._nothing_enqueued(entry.job_id, exc):
