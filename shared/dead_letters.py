@@ -96,11 +96,16 @@ class DeadLetters:
             yield page
             page = await self.entries(PAGE, page[-1].dlq_id)
 
-    async def newest(self) -> str:
-        """The id of the newest letter ('' when there is none): the bound of a confirmed
-        "all"."""
-        rows: Any = await self.redis.xrevrange(self.stream, count=1)
-        return rows[0][0].decode() if rows else ""
+    async def counted(self) -> tuple[int, str]:
+        """How many letters the stream holds and the newest's id ('' when there is none): the
+        count and bound of a confirmed "all", read at once (one MULTI), so the count is of
+        exactly the letters up to the bound (in two round trips, a letter that died between
+        them was acted on uncounted)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xlen(self.stream)
+            pipe.xrevrange(self.stream, count=1)
+            letters, rows = await pipe.execute()
+        return int(letters), rows[0][0].decode() if rows else ""
 
     async def every_entry(self) -> list[DeadLetter]:
         return [letter async for page in self.pages() for letter in page]
@@ -183,13 +188,21 @@ class DeadLetters:
             removed: int = await self.redis.xdel(self.stream, *valid) if valid else 0
             return removed
         # one command, so a letter that dies meanwhile is either counted and removed, or kept
-        if not upto:
-            trimmed: int = await self.redis.xtrim(self.stream, maxlen=0, approximate=False)
-            return trimmed
-        ms, seq = stream_id(upto)
-        after = f"{ms}-{seq + 1}" if seq < 2**64 - 1 else f"{ms + 1}-0"
-        trimmed = await self.redis.xtrim(self.stream, minid=after, approximate=False)
+        after = _next_id(upto) if upto else None
+        trimmed: int
+        if after is None:  # every letter
+            trimmed = await self.redis.xtrim(self.stream, maxlen=0, approximate=False)
+        else:
+            trimmed = await self.redis.xtrim(self.stream, minid=after, approximate=False)
         return trimmed
+
+
+def _next_id(entry_id: str) -> str | None:
+    """The id right after `entry_id`, None after the greatest (no letter can follow it; its
+    successor, one past 64 bits, made Redis refuse the XTRIM: a 500)."""
+    ms, seq = stream_id(entry_id)
+    after = f"{ms}-{seq + 1}" if seq < 2**64 - 1 else f"{ms + 1}-0"
+    return after if is_stream_id(after) else None
 
 
 def _dead_letter(dlq_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:

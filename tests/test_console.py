@@ -5,6 +5,7 @@ session cookie, CSRF, and the cost of many viewers in Redis."""
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import shutil
@@ -21,9 +22,9 @@ import redis
 import yaml
 
 from conveyor.stack import Stack
-from producer_api.console.job_browser import CLOCK_SKEW_MS
+from producer_api.console.job_browser import ENTRY_SCAN
 from producer_api.console.session import RECHECK_S
-from shared.codec import RequestEntry
+from shared.codec import RequestEntry, stream_id
 from shared.keys import Keys, new_job_id
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
 from tests.console_login import console_login
@@ -297,6 +298,66 @@ def test_all_is_what_the_confirmation_showed(
     assert "Discarded 0 dead letters" in page.inner_text("h1")
     assert _letters(r) == [unseen]
     r.xtrim(DLQ, maxlen=0, approximate=False)
+
+
+def test_a_confirmations_count_is_of_the_letters_up_to_its_bound(
+    console_stack: Stack, admin_key: str, r: redis.Redis
+) -> None:
+    """The confirmation read how many letters there were and the newest one in two round trips:
+    a letter that died between them was under its bound ("all" up to it) but not in its count,
+    and was replayed or discarded unannounced. Letters die here as fast as one client adds
+    them, while the page is asked for again and again."""
+    dlq = KEYS.dlq("paced", "default")
+    stop = threading.Event()
+
+    def die() -> None:
+        with redis.Redis.from_url(console_stack.redis_url) as writer:
+            while not stop.is_set():
+                writer.xadd(dlq, {"id": "racing"})
+
+    shown: list[tuple[int, str]] = []
+    wanted = {"action": "discard", "partition": "paced:default"}
+    try:
+        with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=console_stack.base_url) as client:
+            console_login(client, admin_key)
+            dying = pool.submit(die)
+            until(lambda: r.xlen(dlq) > 0)
+            for _ in range(50):
+                page = client.get("/console/dead-letters/confirm", params=wanted).text
+                count = re.search(r"Discard (\d+) dead letter", page)
+                upto = re.search(r'name="upto" value="([0-9-]+)"', page)
+                assert count is not None and upto is not None, page
+                shown.append((int(count[1]), upto[1]))
+            stop.set()
+            dying.result()
+        ids = [stream_id(entry_id) for entry_id, _ in r.xrange(dlq)]
+    finally:
+        stop.set()
+        r.delete(dlq)
+    wrong = [(n, upto) for n, upto in shown if n != bisect.bisect(ids, stream_id(upto))]
+    assert not wrong, f"{len(wrong)} of {len(shown)} counts were not of the letters up to upto"
+
+
+def test_discarding_up_to_the_greatest_entry_id_discards_every_letter(
+    console_stack: Stack, admin_key: str, r: redis.Redis
+) -> None:
+    """A discard bound by the greatest id an entry may have: the id after it, one past 64 bits,
+    made Redis refuse the trim, a 500."""
+    dlq = KEYS.dlq("paced", "default")
+    for _ in range(2):
+        r.xadd(dlq, {"id": "doomed"})
+    greatest = f"{2**64 - 1}-{2**64 - 1}"
+    try:
+        with httpx.Client(base_url=console_stack.base_url) as client:
+            console_login(client, admin_key)
+            csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', client.get("/console").text)
+            assert csrf is not None
+            form = {"partition": "paced:default", "upto": greatest, "csrf": csrf[1]}
+            done = client.post("/console/dead-letters/discard", data=form)
+        assert done.status_code == 200 and "Discarded 2 dead letters" in done.text, done.text
+        assert r.xlen(dlq) == 0
+    finally:
+        r.delete(dlq)
 
 
 def test_a_key_sees_only_the_models_it_may_use(console_stack: Stack, admin_key: str) -> None:
@@ -765,6 +826,30 @@ def test_a_batch_that_ran_between_two_looks_of_the_feed_is_shown(
         assert (response.json()["id"], "ops") in _feed_batches(admin, response.json()["id"])
 
 
+def test_error_responses_carry_the_security_headers(console_stack: Stack, admin_key: str) -> None:
+    """Only pages carried the Content-Security-Policy: the app's exception handlers made the
+    redirect to the login page and every 403, 404 and 422 without it."""
+    with ThreadPoolExecutor(1) as pool:  # issue_key runs its own event loop
+        reader = pool.submit(issue_key, console_stack.redis_url, "acme", "read").result()
+    with httpx.Client(base_url=console_stack.base_url) as client:
+        answers = [client.get("/console/dead-letters")]  # no session: to the login page
+        console_login(client, reader)
+        answers += [
+            client.get("/console/dead-letters"),  # an admin's page
+            client.get(f"/console/jobs/{new_job_id('faulty', 'default')}"),
+        ]
+    with httpx.Client(base_url=console_stack.base_url) as client:
+        console_login(client, admin_key)
+        answers.append(client.get("/console/dead-letters/confirm"))  # no action, no partition
+    assert [answer.status_code for answer in answers] == [303, 403, 404, 422]
+    for answer in answers:
+        assert "script-src 'self'" in answer.headers.get("content-security-policy", ""), (
+            answer.status_code,
+            dict(answer.headers),
+        )
+        assert answer.headers["x-frame-options"] == "DENY"
+
+
 def test_post_without_csrf_token_is_refused(console_stack: Stack, admin_key: str) -> None:
     with httpx.Client(base_url=console_stack.base_url) as client:
         without = client.post("/console/login", data={"key": admin_key})
@@ -869,16 +954,15 @@ def test_a_deep_queued_jobs_page_shows_its_inputs(
 ) -> None:
     """A job queued behind 2,100 others, with no worker for its partition (`paced` has none
     here): its page read its partition's lanes oldest first, 2,000 entries of each, and showed
-    no inputs. It reads the lane the job's hash names from the job's creation on."""
+    no inputs; then from the job's creation less the clock-skew margin, 2,000 entries, which a
+    burst of 2,100 jobs in the seconds before it (a Batch API batch) filled. It reads on."""
     assert not {"paced", "paced-unseen"} & set(console_stack.processes)
     lane = KEYS.queue("paced", "default")
     with r.pipeline(transaction=False) as pipe:
-        for n in range(2_100):
+        for n in range(ENTRY_SCAN + 100):
             ahead = RequestEntry(new_job_id("paced", "default"), {"prompt": f"ahead-{n}"}, 1.0)
             pipe.xadd(lane, ahead.encode())  # type: ignore[arg-type]
         ahead_ids = pipe.execute()
-    # older than the job by more than the clock-skew margin the page reads back from
-    time.sleep(CLOCK_SKEW_MS / 1000 + 0.5)
     job_id = _submit(console_stack, admin_key, {"prompt": "deep-queued"}, model="paced")
     try:
         page.goto(f"{console_stack.base_url}/console/jobs/{job_id}")
@@ -891,6 +975,60 @@ def test_a_deep_queued_jobs_page_shows_its_inputs(
             headers={"Authorization": f"Bearer {admin_key}"},
         )
         r.xdel(lane, *ahead_ids)
+
+
+def test_a_page_opens_a_new_feed_once_the_browser_gave_its_own_up(
+    console_stack: Stack, page: Any
+) -> None:
+    """EventSource gives up for good on an answer that is not a stream (a 503 while the producer
+    cannot reach Redis, a proxy's 502 while it restarts): the page's figures stopped until it
+    was reloaded. Its first stream is refused here; the page opens another."""
+    opened: list[str] = []
+
+    def refuse_the_first(route: Any) -> None:
+        opened.append(route.request.url)
+        if len(opened) == 1:
+            route.fulfill(status=503, body="unavailable")
+        else:
+            route.continue_()
+
+    page.route("**/console/stream", refuse_the_first)
+    try:
+        page.goto(f"{console_stack.base_url}/console")
+        until(lambda: page.locator("body").get_attribute("data-updated"), timeout=15)
+    finally:
+        page.unroute("**/console/stream", refuse_the_first)
+    assert len(opened) >= 2, opened
+
+
+def test_a_live_feed_outlasts_a_redis_outage(console_stack: Stack, admin_key: str) -> None:
+    """A Redis that did not answer a feed's look at its session (every RECHECK_S) cut the feed;
+    the browser's reconnect met a 503 (no session without Redis) and EventSource gave up:
+    every open page stopped for good. The same feed goes on once Redis answers again."""
+    summaries: list[float] = []
+    stop = threading.Event()
+    with httpx.Client(base_url=console_stack.base_url, timeout=30) as viewer:
+        assert console_login(viewer, admin_key).status_code == 303
+
+        def watch() -> None:
+            with viewer.stream("GET", "/console/stream") as events:
+                for line in events.iter_lines():
+                    if line.startswith("event: summary"):
+                        summaries.append(time.monotonic())
+                    if stop.is_set():
+                        return
+
+        watching = threading.Thread(target=watch, daemon=True)
+        watching.start()
+        until(lambda: summaries)
+        with frozen(console_stack):
+            time.sleep(RECHECK_S + 5)  # an outage that a look at the session falls in
+        thawed = time.monotonic()
+        try:
+            until(lambda: summaries[-1] > thawed, timeout=10)
+        finally:
+            stop.set()
+            watching.join(timeout=10)
 
 
 def _classes(node: Any) -> set[str]:

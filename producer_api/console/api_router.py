@@ -4,7 +4,7 @@ response carries a strict Content-Security-Policy: scripts and styles only from 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, Form, Header, HTTPException, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -62,8 +63,40 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
+ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]  # the app's, each async
 
-router = APIRouter(prefix="/console", include_in_schema=False)
+
+class SecuredRoute(APIRoute):
+    """A console route whose error responses carry SECURITY_HEADERS too, as its pages do: the
+    app's exception handlers, which know nothing of the console, made its 303 to the login
+    page, its 403s, 404s, 422s, 429s and 503s without them."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def secured(request: Request) -> Response:
+            try:
+                return await handle(request)
+            except Exception as error:
+                if (answer := _handler_of(request, error)) is None:
+                    raise
+                return _secure(await answer(request, error))
+
+        return secured
+
+
+def _handler_of(request: Request, error: Exception) -> ErrorHandler | None:
+    """The app's handler of `error`'s class or a base of it, as Starlette looks it up; None for
+    an error of no class handled but Exception (a bug: Starlette's outermost layer answers
+    its 500 with the app's handler and logs it)."""
+    handlers = request.app.exception_handlers
+    kinds = type(error).__mro__
+    return next(
+        (handlers[kind] for kind in kinds if kind in handlers and kind is not Exception), None
+    )
+
+
+router = APIRouter(prefix="/console", include_in_schema=False, route_class=SecuredRoute)
 templates = Jinja2Templates(directory=HERE / "templates")
 
 State = Annotated[ProducerState, Depends(producer_state)]
@@ -386,9 +419,8 @@ async def confirm(
     letters = _dead_letters(state, current, partition)
     if entry and not await letters.letters_of([entry]):  # not "Replay 1 dead letter?" for none
         raise ConveyorError(404, "not_found", f"no dead letter {entry!r} in {partition}")
-    count = 1 if entry else await letters.depth()
     # "all" is what the operator was shown: a letter that dies before the click stays
-    upto = "" if entry else await letters.newest()
+    count, upto = (1, "") if entry else await letters.counted()
     context = {"action": action, "partition": partition, "entry": entry, "count": count}
     return _page(request, "confirm.html", current, upto=upto, **context)
 

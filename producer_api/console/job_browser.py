@@ -20,7 +20,7 @@ from shared.redis_client import RedisClient, queue_script, run_pipeline
 
 READ_LIMIT = 5_000  # job hashes one listing reads at most
 SHOWN = 100
-ENTRY_SCAN = 2_000  # stream entries one job page reads at most, per stream
+ENTRY_SCAN = 2_000  # stream entries a job page reads at once
 CLOCK_SKEW_MS = 5_000  # how far behind the producer's clock Redis's may be (entry ids)
 PREVIEW_BYTES = 4_096
 _LISTED = ("status", "model", "variant", "tenant", "created")
@@ -179,17 +179,37 @@ async def find_entry(state: ProducerState, record: JobRecord) -> RequestEntry | 
     """The job's entry in the lane its hash names or in its partition's dead letters (the job
     hash keeps inputs only for jobs that did not succeed, cut to 4 KiB). An entry is added at
     the job's creation or later (a fair lane's held job, a dead letter), so each stream is read
-    from the job's `created` less the hosts' clock skew: ENTRY_SCAN entries at most, however
-    deep the queue."""
+    from the job's `created` less the hosts' clock skew, however deep the job is queued: up to
+    the partition's `queue.max_length` entries (a lane never holds more), ENTRY_SCAN a read."""
     fields = record.fields
-    dlq = state.keys.dlq(fields.get("model", ""), fields.get("variant", ""))
-    streams = [name for name in (fields.get("stream"), dlq) if name]
+    model = fields.get("model", "")
+    dlq = state.keys.dlq(model, fields.get("variant", ""))
+    config = state.repository.get(model)
+    most = config.queue.max_length if config is not None else ENTRY_SCAN
     start = f"{max(0, int(fields.get('created') or 0) - CLOCK_SKEW_MS)}-0"
-    for stream in streams:
-        rows: Any = await state.redis.xrange(stream, min=start, count=ENTRY_SCAN)
-        for _, entry in rows:
-            if entry.get(b"id", b"").decode() == record.job_id:
-                return RequestEntry.decode(entry)
+    for stream in (name for name in (fields.get("stream"), dlq) if name):
+        if (entry := await _entry_in(state.redis, stream, start, record.job_id, most)) is not None:
+            return RequestEntry.decode(entry)
+    return None
+
+
+async def _entry_in(
+    client: RedisClient, stream: str, start: str, job_id: str, most: int
+) -> dict[bytes, bytes] | None:
+    """The fields of `job_id`'s entry in `stream`, read on from `start` a page at a time (one
+    read of ENTRY_SCAN missed it behind a burst of more jobs in the skew margin before it), up
+    to `most` entries."""
+    wanted = job_id.encode()
+    while most > 0:
+        count = min(ENTRY_SCAN, most)
+        rows: Any = await client.xrange(stream, min=start, count=count)
+        found: dict[bytes, bytes] | None = next(
+            (entry for _, entry in rows if entry.get(b"id") == wanted), None
+        )
+        if found is not None or len(rows) < count:
+            return found
+        most -= count
+        start = f"({rows[-1][0].decode()}"
     return None
 
 

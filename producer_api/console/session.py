@@ -2,8 +2,8 @@
 only the key's public id in an HttpOnly, SameSite=Strict cookie signed with HMAC-SHA256
 (CONVEYOR_CONSOLE_SECRET, random per process when unset). Each request re-reads the key's record,
 so revocation and expiry end a session at once, and so does logging out (`logouts.py`); a live
-feed opened in it ends within RECHECK_S. Each session carries a nonce; its CSRF token is an HMAC
-of that nonce, checked on every POST."""
+feed opened in it ends within RECHECK_S (a Redis that does not answer ends none). Each session
+carries a nonce; its CSRF token is an HMAC of that nonce, checked on every POST."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from fastapi import Request
+from redis.exceptions import RedisError
 
 from producer_api.auth import ANONYMOUS, Principal
 from producer_api.auth.dependencies import authenticate
@@ -119,12 +120,18 @@ async def current_session(
 
 async def still_open(state: ProducerState, logouts: Logouts, session: ConsoleSession) -> bool:
     """Whether the session a live feed was opened in holds still: not expired, its key not
-    revoked, not logged out (from any replica)."""
+    revoked, not logged out (from any replica). A Redis that does not answer cuts no feed, as
+    it cuts no key's stream (KeyWatch.holds): the feed was cut with an error, its browser's
+    reconnect met a 503 and EventSource gave up for good, every open page stopped."""
     if not session.nonce:
         return True
     if session.expires < time.time():
         return False
-    return await _usable_key(state, logouts, session.principal.key_id, session.nonce) is not None
+    try:
+        key = await _usable_key(state, logouts, session.principal.key_id, session.nonce)
+    except RedisError:
+        return True
+    return key is not None
 
 
 async def _usable_key(

@@ -138,21 +138,40 @@ function watchStaleness(live) {
   };
 }
 
+function render(summary) {
+  renderPartitions(summary.partitions);
+  renderWorkers(summary.workers, summary.at);
+  renderBatches(summary.batches);
+  document.body.dataset.updated = String(summary.at);
+}
+
+// EventSource reconnects by itself to a dropped stream, but gives up for good on an answer that
+// is not one (a 503 while the producer cannot reach Redis, a proxy's 502 while it restarts): the
+// page then opens a new one, waiting twice as long after each failure, up to REOPEN_MAX_MS.
+const REOPEN_MS = 1000;
+const REOPEN_MAX_MS = 30000;
+
 function follow() {
   const live = document.getElementById("live");
   const page = document.body.dataset.page;
   if (!live || !["overview", "workers", "batches"].includes(page)) return;
   const arrived = watchStaleness(live);
-  const source = new EventSource("/console/stream");
-  source.addEventListener("summary", (event) => {
-    const summary = JSON.parse(event.data);
-    arrived();
-    renderPartitions(summary.partitions);
-    renderWorkers(summary.workers, summary.at);
-    renderBatches(summary.batches);
-    document.body.dataset.updated = String(summary.at);
-  });
-  source.addEventListener("error", () => live.classList.remove("on"));
+  let wait = REOPEN_MS;
+  const open = () => {
+    const source = new EventSource("/console/stream");
+    source.addEventListener("summary", (event) => {
+      arrived();
+      wait = REOPEN_MS;
+      render(JSON.parse(event.data));
+    });
+    source.addEventListener("error", () => {
+      live.classList.remove("on");
+      if (source.readyState !== EventSource.CLOSED) return;
+      setTimeout(open, wait);
+      wait = Math.min(wait * 2, REOPEN_MAX_MS);
+    });
+  };
+  open();
 }
 
 // An LLM job's page: its tokens as they are generated, then how it ended.
