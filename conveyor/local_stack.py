@@ -1,8 +1,9 @@
-"""How the CLI finds the stack `conveyor up` runs on this machine: `up` writes its Redis URL,
-producer URL and development key file to `<CONVEYOR_STATE_DIR>/stack.json` (the embedded
-Valkey listens on a random port), and the Redis-backed commands (`keys`, `dlq`, `autoscale`)
-read it when `CONVEYOR_REDIS_URL` is not set. A Redis they cannot reach ends the command with
-one line that says where they looked, not a traceback."""
+"""How the CLI finds the stack `conveyor up` runs on this machine: `up` writes its Redis URL
+(and whether it is a cluster's), producer URL and development key file to
+`<CONVEYOR_STATE_DIR>/stack.json` (the embedded Valkey listens on a random port), and the
+Redis-backed commands (`keys`, `dlq`, `autoscale`) read it when `CONVEYOR_REDIS_URL` is not
+set. A Redis they cannot reach ends the command with one line that says where they looked, not
+a traceback."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ class StackState:
     producer_url: str
     dev_key_file: str  # empty when auth is disabled
     pid: int  # the `conveyor up` process: a state file it left behind (kill -9) is ignored
+    # a cluster's node: its client must be a cluster client (a single server's failed on MOVED);
+    # false in a state file an older `conveyor up` wrote
+    redis_cluster: bool = False
 
     def write(self, state_dir: Path) -> Path:
         path = state_dir / STATE_FILE
@@ -64,21 +68,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def redis_url(settings: Settings) -> str:
-    """CONVEYOR_REDIS_URL when set, else the running `conveyor up`'s, else the default."""
+def stack_redis(settings: Settings) -> Settings:
+    """`settings` with the CLI's Redis: CONVEYOR_REDIS_URL (CONVEYOR_REDIS_CLUSTER too) when set,
+    else the running `conveyor up`'s URL and whether it is a cluster, else the defaults."""
     if "CONVEYOR_REDIS_URL" in os.environ:
-        return settings.redis_url
+        return settings
     state = StackState.read(settings.state_dir)
-    return state.redis_url if state is not None else settings.redis_url
+    if state is None:
+        return settings
+    return settings.model_copy(
+        update={"redis_url": state.redis_url, "redis_cluster": state.redis_cluster}
+    )
 
 
 def with_redis(action: Callable[[aioredis.Redis, Settings], Awaitable[T]]) -> T:
     """Run `action` on a client of the CLI's Redis; unreachable is one clear line."""
-    settings = get_settings()
-    url = redis_url(settings)
+    settings = stack_redis(get_settings())
+    url = settings.redis_url
 
     async def main() -> T:
-        client = connect(url, blocks_ms=0)
+        client = connect(settings.redis_url, blocks_ms=0, cluster=settings.redis_cluster)
         try:
             return await action(client, settings)
         finally:

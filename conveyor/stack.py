@@ -97,6 +97,8 @@ class Stack:
     readiness: dict[str, Callable[[], bool]] = field(default_factory=dict)  # spawned workers
     # children `terminate` signalled, each with when it is killed if still running
     stopping: dict[str, tuple[subprocess.Popen[bytes], float]] = field(default_factory=dict)
+    # children seen to exit (`exited`), each with when what it left in its group is killed
+    leftovers: dict[str, float] = field(default_factory=dict)
     start_timeout_s: float = 300.0  # how long a child may take to be ready
 
     @classmethod
@@ -328,16 +330,16 @@ class Stack:
     ) -> list[int]:
         """Signal every child first, then wait for each: they drain side by side (one after
         another, N workers took N drains). Any still running `timeout` after the signal is
-        killed (by default each child's `_stop_timeout_s`). Exit codes in the order of `names`.
-        Interrupted (a second Ctrl-C, a SIGTERM), it kills them all before it raises: in
-        sessions of their own, they would run on."""
+        killed (by default each child's `_stop_timeout_s`), and so is what a child left in its
+        group (`_reap`). Exit codes in the order of `names`. Interrupted (a second Ctrl-C, a
+        SIGTERM), it kills them all before it raises: in sessions of their own, they would run
+        on."""
         named = list(names)
         timeouts = [self._stop_timeout_s(name) if timeout is None else timeout for name in named]
         processes = [self.processes.pop(name) for name in named]
         try:
             for process in processes:
-                if process.poll() is None:
-                    process.send_signal(sig)
+                _signal(process, sig)
             signalled = time.monotonic()
             return [
                 _reap(process, signalled + limit)
@@ -403,11 +405,26 @@ class Stack:
         return process is not None and process.poll() is None
 
     def exited(self, name: str) -> None:
-        """Child `name` was seen to exit: a producer sharing its metrics directory takes its
-        per-process series (shared/metrics.py) with it, restarted or given up on; its counts
-        stay in the sums."""
+        """Child `name` was seen to exit: what it left running in its group gets SIGTERM (the
+        Valkey wrapper's server, the wrapper killed: it kept the port and the data, and each
+        restart failed on the port), and `lingering` says until they are gone. A producer
+        sharing its metrics directory takes its per-process series (shared/metrics.py) with
+        it, restarted or given up on; its counts stay in the sums."""
+        pid = self.processes[name].pid
         if metrics_dir := self.commands[name][1].get(MULTIPROC_DIR):
-            multiprocess.mark_process_dead(self.processes[name].pid, metrics_dir)
+            multiprocess.mark_process_dead(pid, metrics_dir)
+        _signal_group(pid, signal.SIGTERM)
+        self.leftovers[name] = time.monotonic() + self._stop_timeout_s(name)
+
+    def lingering(self, name: str) -> bool:
+        """Whether what child `name` left in its group when it exited (`exited`) still runs:
+        it is not started again before they are gone. One look, never waiting; they are killed
+        once its stop timeout has passed since `exited` signalled them."""
+        kill_at = self.leftovers.get(name)
+        if kill_at is None or _group_ended(self.processes[name].pid, kill_at):
+            self.leftovers.pop(name, None)
+            return False
+        return True
 
     def log_path(self, name: str) -> Path:
         """Where child `name` writes its output."""
@@ -509,25 +526,60 @@ def _exit_with_parent() -> Callable[[], None] | None:
     return die_with_parent
 
 
-def _reap(process: subprocess.Popen[bytes], deadline: float) -> int:
-    """Its exit code, killing it if it is still running at `deadline` (monotonic)."""
+def _signal(process: subprocess.Popen[bytes], sig: int) -> None:
+    """A stop's signal: to the child while it runs (its group's other processes, an LLM
+    worker's engine, serve its drain), else to what it left in its group (the Valkey wrapper's
+    server, the wrapper killed: it outlived `conveyor up`, and the next one started a second
+    server on the same data)."""
+    if process.poll() is None:
+        process.send_signal(sig)
+    else:
+        _signal_group(process.pid, sig)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    """`sig` to every process of group `pgid` (a child's: each leads its own, `Stack.spawn`)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _group_ended(pgid: int, kill_at: float) -> bool:
+    """One look: whether process group `pgid` is gone. Past `kill_at` (monotonic) it is killed
+    and counted gone: what may be left of it then are zombies no init reaps, which hold no port
+    and no file."""
     try:
-        return process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    if time.monotonic() < kill_at:
+        return False
+    _signal_group(pgid, signal.SIGKILL)
+    return True
+
+
+def _reap(process: subprocess.Popen[bytes], deadline: float) -> int:
+    """Its exit code, killing it if it is still running at `deadline` (monotonic); then what it
+    left in its group gets SIGTERM, and is killed if still there at `deadline`."""
+    try:
+        code = process.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         _kill_all([process])
         return process.wait()
+    _signal_group(process.pid, signal.SIGTERM)
+    while not _group_ended(process.pid, deadline):
+        time.sleep(0.05)
+    return code
 
 
 def _kill_all(processes: list[subprocess.Popen[bytes]]) -> None:
-    """SIGKILL each child's whole process group (each leads its own, `Stack.spawn`), then reap
-    them: the Valkey wrapper's server is a process of its own in its group, which a kill of the
-    wrapper alone left running on the data directory. Ctrl-C, SIGTERM and SIGHUP wait until
-    done."""
+    """SIGKILL each child's whole process group (each leads its own, `Stack.spawn`), one that
+    exited too, then reap them: the Valkey wrapper's server is a process of its own in its
+    group, which a kill of the wrapper alone left running on the data directory. Ctrl-C,
+    SIGTERM and SIGHUP wait until done."""
     with _signals_held():
         running = [process for process in processes if process.poll() is None]
-        for process in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+        for process in processes:
+            _signal_group(process.pid, signal.SIGKILL)
         for process in running:
             process.wait()
 

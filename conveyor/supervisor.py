@@ -1,9 +1,11 @@
 """`conveyor up` keeps its pipeline serving: a child that exits (a worker, the producer, the
 embedded Valkey) is started again after an exponential backoff (`conveyor.restart_backoff`, the
 policy `conveyor autoscale` follows too), since the queue design survives a dead process (its
-jobs are reclaimed). A child that keeps dying (`CRASH_LOOP_EXITS` runs in a row that each ended
-within `STABLE_AFTER_S` of their start) is given up on and reported with its last log lines,
-while every other child keeps serving."""
+jobs are reclaimed), and once what it left running in its process group is gone (the killed
+Valkey wrapper's server held the port and the data: every restart failed on them). A child that
+keeps dying (`CRASH_LOOP_EXITS` runs in a row that each ended within `STABLE_AFTER_S` of their
+start) is given up on and reported with its last log lines, while every other child keeps
+serving."""
 
 from __future__ import annotations
 
@@ -41,14 +43,15 @@ class Supervisor:
         self.children: dict[str, Child] = {}
 
     def check(self) -> None:
-        """One look at every child: note exits, restart those whose backoff is over."""
+        """One look at every child: note exits, restart those whose backoff is over and whose
+        exited run's processes are gone (`Stack.lingering`; never waited for here)."""
         now = self.clock()
         for name, process in list(self.stack.processes.items()):
             child = self.children.setdefault(name, Child(started_at=now))
             if child.failed:
                 continue
             if child.restart_at is not None:
-                if now >= child.restart_at:
+                if now >= child.restart_at and not self.stack.lingering(name):
                     child.restart_at, child.started_at = None, now
                     self.say(f"{name}: restarted (pid {self.stack.respawn(name).pid})")
                 continue

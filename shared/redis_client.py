@@ -449,6 +449,7 @@ def connect(
     blocks_ms: int | None = None,
     timeout_s: float | None = None,
     cluster_class: type[RedisCluster] = HiredisCluster,
+    cluster: bool | None = None,
 ) -> RedisClient:
     """A client whose commands retry a few times through dropped connections (jittered backoff
     capped at 1 s) before they raise (not those sent once: `sent_once`, a cluster pipeline with
@@ -460,7 +461,9 @@ def connect(
     `blocks_ms` is the longest BLOCK its commands use (default `CONVEYOR_BLOCK_MS`, what a
     worker's reads block for; 0 for a client that never blocks): the socket timeout is
     `timeout_s` (default `CONVEYOR_REDIS_TIMEOUT_S`) beyond it, so no blocking read is cut.
-    `cluster_class`: the RedisCluster subclass a cluster client is made as."""
+    `cluster_class`: the RedisCluster subclass a cluster client is made as. `cluster`: whether
+    `url` is a cluster's node (default `CONVEYOR_REDIS_CLUSTER`; the CLI's stack.json says it
+    of the stack `conveyor up` runs)."""
     settings = get_settings()
     timeout = settings.redis_timeout_s if timeout_s is None else timeout_s
     block_s = (settings.block_ms if blocks_ms is None else blocks_ms) / 1000
@@ -476,14 +479,14 @@ def connect(
         "socket_connect_timeout": timeout,
         "socket_timeout": timeout + block_s,
     }
-    if settings.redis_cluster:
+    if settings.redis_cluster if cluster is None else cluster:
         # A failover moves slots: the client re-reads the topology on MOVED and connection
         # errors, for up to its retry attempts, before a command fails (503 upstream); a
         # timeout fails at once.
-        cluster = cluster_class.from_url(
+        client = cluster_class.from_url(
             url, max_connections=max(max_connections, CLUSTER_CONNECTIONS), **options
         )
-        return cast(RedisClient, cluster)
+        return cast(RedisClient, client)
     pool = UncontendedPool.from_url(
         url,
         max_connections=max_connections,

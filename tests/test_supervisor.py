@@ -237,6 +237,43 @@ def test_the_valkey_wrapper_exits_when_its_server_dies(tmp_path: Path) -> None:
         wrapper.wait()
 
 
+def test_a_killed_valkey_wrapper_is_restarted_once_its_server_is_gone(tmp_path: Path) -> None:
+    """kill -9 of the wrapper left its server running on the port and the append-only file:
+    each restart failed ("already in use"), `valkey` was given up on, and the stop signalled
+    the dead wrapper alone, so the server outlived `conveyor up` and the next one started a
+    second server on the same file. Now its group is stopped before the restart."""
+    stack = Stack.create(tmp_path)
+    said: list[str] = []
+    supervisor = Supervisor(stack, said.append)
+    wrapper = stack.processes["valkey"].pid
+    (server,) = psutil.Process(wrapper).children()
+    client = redis.Redis.from_url(stack.redis_url)
+
+    def starts() -> int:
+        return stack.log_path("valkey").read_text().count("valkey ready on")
+
+    def restarted() -> bool:
+        supervisor.check()
+        with contextlib.suppress(redis.ConnectionError):
+            return starts() == 2 and bool(client.ping())
+        return False
+
+    try:
+        until(starts)  # its server answers a moment before the wrapper says so
+        os.kill(wrapper, signal.SIGKILL)
+        until(restarted, timeout=15, every=0.2)
+        assert "valkey" not in supervisor.failed, said
+    finally:
+        stack.stop()
+        client.close()
+        _, outlived = psutil.wait_procs([server], timeout=1)
+        for process in outlived:
+            process.kill()
+    assert not outlived
+    with pytest.raises(ProcessLookupError):
+        os.killpg(wrapper, 0)  # nothing of its group outlived the stack
+
+
 def _start_until_settled(workers: PoolWorkers, pool: str, name: str) -> None:
     """A scale-up's start, then the looks of the polls after it until the worker is ready or
     its start failed (raised)."""

@@ -43,7 +43,14 @@ def test_a_model_named_like_another_models_second_worker_gets_its_own_worker() -
     """`a`'s second worker and `a-2`'s first were both `a-2`: one overwrote the other in the
     stack, whose wait for them then failed (KeyError), the other running on unstopped."""
     names = worker_names({"a": 2, "a-2": 1})
-    assert names == {"a": "a", "a_2": "a", "a-2": "a-2"}
+    assert names == {"a": "a", "a+2": "a", "a-2": "a-2"}
+
+
+def test_a_model_named_with_an_underscore_and_a_number_gets_its_own_worker() -> None:
+    """`_` is in a model's name too: `a`'s second worker and `a_2`'s first were both `a_2`,
+    and `a`'s never started while the banner said `a (2)`."""
+    names = worker_names({"a": 2, "a_2": 1})
+    assert len(names) == 3 and list(names.values()).count("a") == 2, names
 
 
 def test_a_worker_named_as_another_child_is_refused() -> None:

@@ -13,12 +13,12 @@ import redis
 
 from autoscaling.local_autoscaler import PoolScaler, lease_ms_for, pool_scalers
 from conveyor.finite_float import FiniteFloat
-from conveyor.local_stack import NO_STACK, redis_url, refuse_unreachable
+from conveyor.local_stack import NO_STACK, refuse_unreachable, stack_redis
 from conveyor.stack import ChildNotReady, Stack
 from conveyor.state_dir_lock import state_dir_lock
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
-from shared.redis_client import OUT_OF_REACH, topology_read
+from shared.redis_client import OUT_OF_REACH, WRITES_REFUSED, topology_read
 from shared.settings import get_settings
 
 
@@ -41,8 +41,8 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
 
 def _autoscale(models: str, interval: float | None, state_dir: Path) -> None:
     """The polls; each pool scaled only while this process holds its lease (`PoolScaler`)."""
-    settings = get_settings()
-    stack = Stack.create(state_dir, redis_url(settings), cluster=settings.redis_cluster)
+    settings = stack_redis(get_settings())
+    stack = Stack.create(state_dir, settings.redis_url, cluster=settings.redis_cluster)
     keys = Keys(settings.key_prefix)
     partitions = ModelRepository.load(settings.model_repository).partitions(models.split(","))
     workers = PoolWorkers(stack)
@@ -77,18 +77,24 @@ def _release_leases(scalers: list[PoolScaler], client: redis.Redis) -> None:
                 scaler.release(client)
     except OUT_OF_REACH as exc:
         click.echo(f"leases left to lapse: redis unavailable ({exc})", err=True)
+    except WRITES_REFUSED as exc:  # it ended the stop before the workers were drained
+        click.echo(f"leases left to lapse: redis refuses writes ({exc})", err=True)
 
 
 def _tick(scaler: PoolScaler, client: redis.Redis, now: float | None = None) -> None:
     """One poll (at `now`, as `PoolScaler.tick`'s); a Redis outage keeps the pool as it is until
     the next (as KEDA does): it stopped the autoscaler, and with it every worker it had started.
     A cluster's count too: one failing over (CLUSTERDOWN), one no node answers
-    (ClusterUnreachable)."""
+    (ClusterUnreachable). So does a Redis that refuses writes (at its maxmemory with
+    noeviction, a failover's old master): the lease's renewal is a write."""
     try:
         with topology_read():
             count = scaler.tick(client, now)
     except OUT_OF_REACH as exc:
         click.echo(f"{scaler.name}: redis unavailable ({exc}); replicas kept", err=True)
+        return
+    except WRITES_REFUSED as exc:
+        click.echo(f"{scaler.name}: redis refuses writes ({exc}); replicas kept", err=True)
         return
     except ChildNotReady as exc:  # it ended the autoscaler with a traceback, every worker too
         click.echo(

@@ -34,7 +34,7 @@ Operator console: {url}/console (log in with an API key that has the read or adm
   curl -s {url}/v1/models{auth}
 
   # the CLI (.venv/bin/conveyor) and the SDK from another shell
-  export CONVEYOR_REDIS_URL={redis_url} CONVEYOR_URL={url}{key_export}
+  export {redis_exports} CONVEYOR_URL={url}{key_export}
 
 Ctrl-C stops everything (workers drain first); a child that dies is restarted.
 """
@@ -163,13 +163,14 @@ def _serve(
         key_file = state_dir / "dev-api-key"
         auth = _auth(stack, key_file)
         dev_key_file = str(key_file) if auth["auth"] else ""
-        StackState(stack.redis_url, url, dev_key_file, os.getpid()).write(state_dir)
+        cluster = stack.settings.redis_cluster
+        StackState(stack.redis_url, url, dev_key_file, os.getpid(), cluster).write(state_dir)
         banner = BANNER.format(
             url=url,
             producers=producers,
             models=", ".join(f"{name} ({count})" for name, count in workers.items()),
             examples=examples(list(workers), url, auth["auth"]),
-            redis_url=stack.redis_url,
+            redis_exports=redis_exports(stack.redis_url, cluster),
             **auth,
         )
         click.echo(banner, nl=True)
@@ -203,19 +204,27 @@ def _say(line: str, err: bool = False) -> None:
 
 def worker_names(workers: dict[str, int], taken: Collection[str] = ()) -> dict[str, str]:
     """Each worker's name (its log `<state dir>/<name>.log`, its Celery hostname) and the model
-    it serves: a model's first worker is named as the model, its others `<model>_<n>`. `_` is
-    in no model's or variant's name: with `-`, model `a`'s second worker and model `a-2`'s
-    first were both `a-2`, one of them overwritten in the stack and never stopped. Refused: a
-    name one of the stack's other children (`taken`) has, say a model named `valkey`."""
+    it serves: a model's first worker is named as the model, its others `<model>+<n>`. `+` is
+    in no model's or variant's name (`shared.model_repository.NAME`): with `-` (then `_`, which
+    names may have too), model `a`'s second worker and model `a-2`'s (`a_2`'s) first were both
+    `a-2`, one of them overwritten in the stack and never started or stopped. Refused: a name
+    one of the stack's other children (`taken`) has, say a model named `valkey`."""
     names = {
-        (model if number == 1 else f"{model}_{number}"): model
+        (model if number == 1 else f"{model}+{number}"): model
         for model, count in workers.items()
         for number in range(1, count + 1)
     }
+    assert len(names) == sum(workers.values()), f"worker names collide: {names}"
     if clash := sorted(set(names) & set(taken)):
         model = names[clash[0]]
         raise click.ClickException(f"model {model}'s worker would be named as another child")
     return names
+
+
+def redis_exports(url: str, cluster: bool) -> str:
+    """The banner's Redis for other tools: a cluster's node needs CONVEYOR_REDIS_CLUSTER=1 too
+    (without, their single-server client failed on MOVED)."""
+    return f"CONVEYOR_REDIS_URL={url}" + (" CONVEYOR_REDIS_CLUSTER=1" if cluster else "")
 
 
 def examples(names: list[str], url: str, auth: str) -> str:
