@@ -138,6 +138,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # not confirm writes: a NOSCRIPT then would hide behind the failed ack
         await preload(state.redis, [*job_scripts.ALL, *admission.SCRIPTS])
         await state.replies.start(_partition_tags(state.repository))
+        # the live routes before the first request: config.yaml's split until then sent a
+        # restarted producer's first requests where the live routes no longer do
+        await state.traffic.refresh_routes()
     except RedisError as exc:
         log.warning("redis not reachable at startup (%s); readyz will say so", exc)
     await state.tokens.start(_partition_tags(state.repository, "generate"))

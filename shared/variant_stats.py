@@ -24,6 +24,10 @@ WINDOW_SAMPLES = 100_000
 RETENTION_S = 2 * 86_400
 # timed; `expired` counts untimed (it never ran), `cancelled` (the client's choice) not at all
 COUNTED = ("succeeded", "failed")
+# The tenant of shadow copies (producer_api/routes/shadowing.py), no API key's (shared/api_keys
+# TENANT). One that expired counts not at all: it waited in the bulk lane behind online work, by
+# design, with its primary's deadline, which says nothing of its variant.
+SHADOW_TENANT = "~shadow"
 Variant = tuple[str, str]  # (model, variant)
 
 # KEYS[1]=counters hash, KEYS[2]=samples list; ARGV: ttl, sample cap, n, n (field, increment)
@@ -136,11 +140,13 @@ class Window:
 
 def sample_of(fields: Mapping[str, str]) -> Sample | None:
     """The sample of a finished job from its hash fields (`status`; `created`, `started` and
-    `finished` in ms; `lane`): untimed if it expired, None unless it succeeded or failed with
-    all three stamps otherwise."""
+    `finished` in ms; `lane`; `tenant`): untimed if it expired (None for a shadow copy), None
+    unless it succeeded or failed with all three stamps otherwise."""
     status = fields.get("status")
     bulk = fields.get("lane") == "bulk"
     if status == "expired":
+        if fields.get("tenant") == SHADOW_TENANT:
+            return None
         return Sample(False, 0.0, 0.0, timed=False, bulk=bulk)
     if status not in COUNTED:
         return None
@@ -154,8 +160,8 @@ def sample_of(fields: Mapping[str, str]) -> Sample | None:
 
 
 def finished_samples(jobs: Iterable[Mapping[str, str]]) -> dict[Variant, list[Sample]]:
-    """The samples of finished jobs (their hash fields: model, variant, status, stamps), by
-    (model, variant)."""
+    """The samples of finished jobs (their hash fields: model, variant, status, stamps,
+    tenant), by (model, variant)."""
     by_variant: dict[Variant, list[Sample]] = defaultdict(list)
     for fields in jobs:
         if (sample := sample_of(fields)) is not None:

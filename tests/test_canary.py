@@ -256,6 +256,8 @@ def test_abort_and_bad_starts(url: str, producers: list[str]) -> None:
         ({"variant": "candidate", "max_error_rate": -1}, 422, "max_error_rate"),
         ({"variant": "candidate", "webhook": "http://evil.example/x"}, 422, "ALLOWLIST"),
         ({"variant": "candidate", "max_step_s": 0}, 422, "max_step_s"),
+        # read as inf, stored as null: every decision of the canary raised, and it never moved
+        ({"variant": "candidate", "max_p99_ms": "Infinity"}, 422, "max_p99_ms: Input should be"),
         # swapped: `stable` serves everything, its first step would hand `candidate` 95 %
         ({"variant": "stable", "baseline": "candidate"}, 409, "already serves 100 %"),
     ]
@@ -265,6 +267,7 @@ def test_abort_and_bad_starts(url: str, producers: list[str]) -> None:
         assert response.status_code == code, (body, response.text)
         assert words in response.json()["error"]["message"], response.text
     assert _weights(url) == routes
+    assert (_status(url)["canary"] or {}).get("state") != "running"
     env = {"CONVEYOR_URL": url}
     runner = CliRunner()
     args = ["canary", "start", "ab", "candidate", "--steps", "10,100", "--interval", "1h"]

@@ -333,6 +333,30 @@ async def test_a_step_whose_record_was_lost_is_taken_up_not_aborted(
     assert live.weights["candidate"] == 100.0
 
 
+async def test_a_step_taken_up_after_its_record_was_lost_is_announced(
+    aredis: aioredis.Redis,
+) -> None:
+    """A step's routes written, its record's save lost before its announcement: the next look
+    took the step up silently, with no `step` event and no `model.canary.step` webhook, though
+    every decision is one."""
+    keys = Keys("canary-lost-event:")
+    routes = RouteStore(aredis, keys)
+    await routes.seed("ab", Routes({"stable": 95.0, "candidate": 5.0}))
+    canary = replace(CANARY, steps=[5, 25, 50, 100], step=0, weight=5.0)
+    canary.step_started_at = time.time()
+    store = CanaryStore(aredis, keys)
+    assert await store.start(canary)
+    await routes.put("ab", Routes({"stable": 75.0, "candidate": 25.0}), "canary:candidate")
+
+    await _controller(aredis, keys, VariantStats(aredis, keys)).look()
+
+    stored = await store.get("ab")
+    assert stored is not None and (stored.state, stored.step, stored.weight) == ("running", 1, 25)
+    events = await store.events("ab")
+    assert [(e["type"], e["weight"]) for e in events] == [("step", 25.0)], events
+    assert events[-1]["reason"] == "taken up: its record was lost"
+
+
 def test_status_shows_as_many_decisions_as_asked(capsys: pytest.CaptureFixture[str]) -> None:
     """`--events 0` printed every decision (`[-0:]` is the whole list)."""
     canary = {"model": "ab", "variant": "c", "baseline": "s", "state": "running", "weight": 5.0}

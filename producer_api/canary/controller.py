@@ -272,7 +272,8 @@ class CanaryController:
         return bool(last) and (last[-1].version, last[-1].by) == (version, _author(canary))
 
     async def _resume(self, canary: Canary, live: Routes) -> None:
-        """Take up the step (or rollback) the canary's routes, `live`, already show."""
+        """Take up the step (or rollback) the canary's routes, `live`, already show, and announce
+        it: the lost save was before its announcement, so no event or webhook told of it."""
         weight = live.weights.get(canary.variant, 0.0)
         if weight <= WEIGHT_SLACK:
             await self.end(canary, "rolled_back", 0.0, "its rollback's record was lost", {}, live)
@@ -281,6 +282,7 @@ class CanaryController:
         canary.step = steps[0] if steps else canary.step
         canary.weight, canary.step_started_at = weight, time.time()
         await self.store.save(canary)
+        await self.announce(canary, "step", "taken up: its record was lost", {})
 
     async def baseline_so_far(self, canary: Canary) -> dict[str, Any]:
         """The baseline's numbers over the whole canary (its earlier steps gave it traffic):

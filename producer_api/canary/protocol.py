@@ -10,7 +10,10 @@ from shared.model_repository import NAME
 
 
 class CanaryStart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A canary's rollout and bounds. Finite numbers only: pydantic's lax mode read "Infinity"
+    as inf, which the stored record keeps as null, and every decision then raised."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     variant: str = Field(pattern=NAME)
     baseline: str | None = Field(default=None, description="Default: the model's default variant")

@@ -1,7 +1,8 @@
 """This producer's copy of every model's live routes. One cheap GET of the global routes
 version every POLL_S tells it whether anything changed; only then are the routes read again, so
 a change made through any replica applies here within POLL_S plus one round trip, without a
-restart. Models without live routes yet are seeded from config.yaml on the first poll."""
+restart. Models without live routes yet are seeded from config.yaml on the first poll, which the
+app's startup awaits: a producer serves its first request by the live routes."""
 
 from __future__ import annotations
 
@@ -26,21 +27,26 @@ class LiveRoutes:
         self._warned: dict[str, tuple[int, str | None]] = {}
 
     def of(self, config: ModelConfig) -> Routes:
-        """The model's live routes (config.yaml's until the first poll has read them)."""
+        """The model's live routes (config.yaml's until a poll has read them: Redis was out of
+        reach at startup)."""
         return self._routes.get(config.name) or seed_routes(config)
 
     async def refresh(self) -> None:
-        """Reload every model's routes if the global version moved since the last look."""
+        """Reload every model's routes if the global version moved since the last look. Models
+        without stored routes are seeded, then everything is read again at once: returning
+        there left every model on config.yaml's split until the next poll, and a producer just
+        started sent its first requests by it, not by the live routes."""
         version = await self.store.version()
         if version == self._version:
             return
         names = [config.name for config in self.repository]
         routes = await self.store.get_many(names)
         missing = [config for config in self.repository if config.name not in routes]
-        for config in missing:
-            await self.store.seed(config.name, seed_routes(config))
         if missing:
-            return  # seeding moved the version: the next poll reads everything
+            for config in missing:
+                await self.store.seed(config.name, seed_routes(config))
+            version = await self.store.version()  # before the routes: a later change reloads
+            routes = await self.store.get_many(names)
         if self._version >= 0:
             log.info("routes reloaded at version %d", version)
         self._routes = {c.name: self._served(c, routes[c.name]) for c in self.repository}

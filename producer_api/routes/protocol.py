@@ -9,9 +9,10 @@ from shared.routing import StickyBy
 
 class RoutesBody(BaseModel):
     """A model's new routes: every serving variant's percent (summing to 100), shadow variants
-    with the share of online requests copied to them, and what keeps a user on its variant."""
+    with the share of online requests copied to them, and what keeps a user on its variant.
+    Finite numbers only, refused by pydantic's own message ("Infinity" is otherwise inf)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     weights: dict[str, float]
     shadows: dict[str, float] = Field(default_factory=dict)

@@ -24,12 +24,10 @@ from shared.model_repository import ModelConfig, ModelRepository
 from shared.routing import Routes
 from shared.shadow_compare import compare
 from shared.shadow_pairs import ShadowPair, ShadowPairs, Totals
-from shared.variant_stats import VariantStats
+from shared.variant_stats import SHADOW_TENANT, VariantStats
 
 log = logging.getLogger(__name__)
 
-# Not a valid tenant name (shared/api_keys.TENANT), so no API key can read a shadow job.
-SHADOW_TENANT = "~shadow"
 PAIRS_PER_PAGE = 256
 MAX_PAIR_AGE_MS = 15 * 60 * 1000
 # a pair whose two jobs ended, with their records
@@ -61,7 +59,7 @@ class ShadowCopies:
             payload={k: v for k, v in entry.payload.items() if k != "webhook"},
             enqueued_ms=stamp_ms(),
             deadline_ms=entry.deadline_ms,
-            tenant=SHADOW_TENANT,
+            tenant=SHADOW_TENANT,  # no API key's: none can read the copy
             traceparent=entry.traceparent,
         )
         stream = self.keys.bulk_queue(config.name, shadow)

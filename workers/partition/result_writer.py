@@ -57,7 +57,10 @@ class ResultWriter:
         acknowledged only: already terminal, cancelled, or gone)."""
         written = await self._write(stream, batch)
         lane = self._lane(stream, written)
-        self.stats.add({**i.context, **i.fields, "status": i.status, "lane": lane} for i in written)
+        self.stats.add(
+            {**i.context, **i.fields, "status": i.status, "lane": lane, "tenant": i.tenant}
+            for i in written
+        )
         await self._settle_owed(stream, await self.events.notify(written))
         return written
 
