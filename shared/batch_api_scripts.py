@@ -83,7 +83,9 @@ end
 # `finalizer`, tells that caller so again when the client reruns the call (its reply lost).
 # A batch not asked to end early that reaches `open` 0 past its `expires_at` with items
 # `expired` (workers expire the items they read past it themselves) ends `expired`, not
-# `completed`: decided here, so no look between the sweeper's can end it otherwise.
+# `completed`: decided here, so no look between the sweeper's can end it otherwise. One with a
+# result that came past `expires_at` ends `expired` too, decided by its finalizer, which reads
+# every item (`BatchApiStore.finish`).
 # Returns false when the batch is gone, else {finalize, hash fields..., seen...}.
 ADVANCE = (
     f"local STATES = {_STATES}\n"

@@ -58,9 +58,14 @@ ENDED_EARLY = {
 _RESULTS = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value})
 
 
+# Marks the error of an item its batch's own end stopped (`by`), not its own cancel or deadline.
+BY_BATCH = "batch"
+
+
 def ended_early(ending: BatchStatus) -> bytes:
-    """The error (JSON) of an item that its batch's cancel or expiry stopped."""
-    return dumps({"type": ending.value, "message": ENDED_EARLY[ending]})
+    """The error (JSON) of an item that its batch's cancel or expiry stopped, marked so: an
+    item cancelled alone, or expired by its line's own deadline, has the same status."""
+    return dumps({"type": ending.value, "message": ENDED_EARLY[ending], "by": BY_BATCH})
 
 
 def window_end(status: str, fields: Mapping[str, str]) -> int | None:
@@ -69,6 +74,15 @@ def window_end(status: str, fields: Mapping[str, str]) -> int | None:
     if status != BatchStatus.EXPIRED or "expires_at" not in fields:
         return None
     return int(fields["expires_at"])
+
+
+def _checked_until(status: BatchStatus, fields: Mapping[str, str]) -> int | None:
+    """Until when a result is the batch's, as its finalizer checks: `window_end`, and for a
+    batch heading to `completed` once its window has ended, that window's end as well."""
+    if status != BatchStatus.COMPLETED:
+        return window_end(status, fields)
+    until = window_end(BatchStatus.EXPIRED, fields)
+    return until if until is not None and now_ms() >= until else None
 
 
 def _flat(fields: Mapping[str, str | int]) -> list[EncodableT]:
@@ -125,6 +139,7 @@ class ItemState:
     outputs: bytes | None
     error: bytes | None
     finished: int | None = None  # when its job ended (ms): FINISH writes the worker's stamp
+    deadline: int | None = None  # its job's: the batch's expiry, or its line's own, earlier
 
     def late(self, until: int | None) -> bool:
         """A result that came after `until` (`window_end`)."""
@@ -135,10 +150,21 @@ class ItemState:
             and self.finished > until
         )
 
+    def _expired_by_window(self, until: int | None) -> bool:
+        """Expired by a worker that read it past `until` (`window_end`) with the batch's expiry
+        as its deadline: the window stopped it, as the sweeper would have had it come first."""
+        return (
+            until is not None
+            and self.status == JobStatus.EXPIRED
+            and self.deadline is not None
+            and self.deadline >= until
+        )
+
     def reported(self, until: int | None) -> ItemState:
         """The item as its batch reports it: a late result is not the batch's, but `expired`,
-        as if the expiry had stopped the job."""
-        if not self.late(until):
+        as if the expiry had stopped the job, which it did stop for an item a worker expired
+        past the window (`_expired_by_window`)."""
+        if not (self.late(until) or self._expired_by_window(until)):
             return self
         error = ended_early(BatchStatus.EXPIRED)
         return replace(self, status=JobStatus.EXPIRED.value, outputs=None, error=error)
@@ -333,19 +359,25 @@ class BatchApiStore(TenantIndexed):
         for start in range(0, await self.redis.llen(key), CHUNK):
             yield [loads(line) for line in await self.redis.lrange(key, start, start + CHUNK - 1)]
 
-    async def finish(self, batch_id: str, status: BatchStatus) -> None:
-        """finalizing → `status`: every key of the batch, item job hashes included, now lives
-        `ttl_s` from here, so early items' output does not expire before the batch's. The
-        batch's slot changes in one transaction, the commit point (a finalizer that dies before
-        it is replaced after STALE_MS). The keys in other slots are the caller's to `release`
-        after it, once the batch's webhook is handed over: an ended batch still in the active
-        index is one whose finalizer died after the commit, which the sweeper completes.
+    async def finish(self, batch_id: str, status: BatchStatus) -> BatchStatus:
+        """finalizing → `status`; returns the status committed. Every key of the batch, item job
+        hashes included, now lives `ttl_s` from here, so early items' output does not expire
+        before the batch's. The batch's slot changes in one transaction, the commit point (a
+        finalizer that dies before it is replaced after STALE_MS). The keys in other slots are
+        the caller's to `release` after it, once the batch's webhook is handed over: an ended
+        batch still in the active index is one whose finalizer died after the commit, which the
+        sweeper completes.
         An expired batch's results that came after its window (`ItemState.late`) are counted as
-        expired here, as its files report them; its counts are final once it is finalizing, and
-        moved once: a finalizer that took over a silent one may find that one's commit made."""
+        expired here, as its files report them; a batch heading to `completed` that has one
+        (workers check an item's deadline as they read it, not as they write its result) ends
+        `expired` instead, whoever counts it and whenever. Its counts are final once it is
+        finalizing, and moved once: a finalizer that took over a silent one may find that one's
+        commit made, which it keeps."""
         fields = await self.read(batch_id) or {}
-        committed = "status" in fields and BatchStatus(fields["status"]).terminal
-        until = None if committed else window_end(status, fields)
+        if "status" in fields and BatchStatus(fields["status"]).terminal:  # committed: kept
+            status, until = BatchStatus(fields["status"]), None
+        else:
+            until = _checked_until(status, fields)
         late: Counter[str] = Counter()
         async for chunk in self.items(batch_id):
             async with self.redis.pipeline(transaction=False) as pipe:
@@ -353,6 +385,8 @@ class BatchApiStore(TenantIndexed):
                     pipe.expire(self.keys.job(item.job_id), self.ttl_s)
                 await pipe.execute()
             late.update(str(item.status) for item in chunk if item.late(until))
+        if late:
+            status = BatchStatus.EXPIRED
         key = self.keys.batch(batch_id)
         ending = {
             "status": status.value,
@@ -364,6 +398,7 @@ class BatchApiStore(TenantIndexed):
             for name in (key, self.keys.batch_items(batch_id), self.keys.batch_rejected(batch_id)):
                 pipe.expire(name, self.ttl_s)
             await pipe.execute()
+        return status
 
     async def release(self, batch_id: str, fields: Mapping[str, str]) -> None:
         """Drop an ended batch's per-partition lists and move it from the active index to the
@@ -400,11 +435,11 @@ class BatchApiStore(TenantIndexed):
         await self.redis.hsetnx(self.keys.batch(batch_id), name, value)
 
 
-_ITEM_FIELDS = ("status", "custom_id", "line", "outputs", "error", "finished")
+_ITEM_FIELDS = ("status", "custom_id", "line", "outputs", "error", "finished", "deadline")
 
 
 def _item(job_id: str, row: list[bytes | None]) -> ItemState:
-    status, custom_id, line, outputs, error, finished = row
+    status, custom_id, line, outputs, error, finished, deadline = row
     return ItemState(
         job_id=job_id,
         status=as_text(status) if status is not None else None,
@@ -413,4 +448,5 @@ def _item(job_id: str, row: list[bytes | None]) -> ItemState:
         outputs=outputs,
         error=error,
         finished=int(finished) if finished is not None else None,
+        deadline=int(deadline) if deadline is not None else None,
     )

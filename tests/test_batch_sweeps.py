@@ -45,9 +45,9 @@ class _GatedFinish(BatchApiStore):
         super().__init__(client, KEYS, TTL_S)
         self.gate = gate
 
-    async def finish(self, batch_id: str, status: BatchStatus) -> None:
+    async def finish(self, batch_id: str, status: BatchStatus) -> BatchStatus:
         await self.gate.wait()
-        await super().finish(batch_id, status)
+        return await super().finish(batch_id, status)
 
 
 class _RacedSettle(JobStore):

@@ -24,6 +24,7 @@ from typing import Any, TypeVar, cast
 import httpx
 import redis
 from celery import Task
+from celery.exceptions import Reject, Retry
 from redis.exceptions import RedisClusterException
 
 from shared.celery_broker import VISIBILITY_TIMEOUT_S
@@ -50,6 +51,9 @@ HOLD_TIMEOUTS = 6
 # later. A worker that died mid-attempt leaves a claim that lapses, so a restored copy runs it.
 CLAIM_RUNNING_MARGIN_S = 60.0
 CLAIM_KEPT_MARGIN_S = VISIBILITY_TIMEOUT_S
+# The longest wait between two tries to queue a next attempt the broker refused (`_queue_next`):
+# a broker that takes writes again is found soon.
+REQUEUE_WAIT_CAP_S = 10.0
 
 
 def backoff_s(attempt: int) -> float:
@@ -329,6 +333,41 @@ def after_attempt(
     return ("failed" if out_of_time else "retrying"), delay
 
 
+def _queue_next(task: Task, delay_s: float, until: float) -> Retry:
+    """Queue the next attempt `delay_s` from now; returns Celery's Retry, to raise. Celery's
+    retry drops the delivery when the broker refuses that publish (Reject, requeue=False:
+    Valkey at maxmemory refusing writes, a connection lost past kombu's retries), and nothing
+    owes it any more: the webhook was never sent again, its status `retrying` for good. So the
+    publish is tried again here, with backoff, until the broker takes it or the retry window
+    ends (`until`, Unix seconds; then it is dropped, logged). The delivery this attempt runs
+    stays unacknowledged meanwhile: kombu restores it a visibility timeout after it was taken
+    if this worker dies (or is still waiting then), and that copy, this attempt's claim lapsed,
+    posts the attempt again (receivers drop a repeat by its id); the next attempt's claim lets
+    one of the two go on. Not requeued: kombu's requeue writes to the broker too, and when the
+    broker refused it as well, Celery stopped the worker ("Unrecoverable error")."""
+    due = time.monotonic() + delay_s
+    tries = 0
+    while True:
+        try:
+            return task.retry(countdown=max(0.0, due - time.monotonic()), throw=False)
+        except Reject as refused:
+            tries += 1
+            wait_s = min(backoff_s(tries), REQUEUE_WAIT_CAP_S)
+            if time.time() + wait_s > until:
+                log.error(
+                    "webhook delivery %s dropped: no next attempt queued within its window",
+                    task.request.id,
+                )
+                raise
+            log.warning(
+                "webhook delivery %s: next attempt not queued (%r), tried again in %.1fs",
+                task.request.id,
+                refused.reason,
+                wait_s,
+            )
+            time.sleep(wait_s)
+
+
 @app.task(name=TASK_NAME, bind=True, acks_late=True, max_retries=None)
 def deliver_webhook(
     self: Task,
@@ -360,7 +399,7 @@ def deliver_webhook(
     if status == "retrying":
         # kept once the next attempt is queued: a worker that died before that left the claim
         # to lapse, and the copy kombu restores runs this attempt again, not "duplicate"
-        retry = self.retry(countdown=delay, throw=False)
+        retry = _queue_next(self, delay, first_attempt_at + settings.webhook_retry_for_s)
         _keep_claim(self.request.id, self.request.retries)
         raise retry
     _keep_claim(self.request.id, self.request.retries)

@@ -162,8 +162,8 @@ class BatchApiProgress:
         await self.store.release(batch_id, progress.fields)
 
     async def _finalize(self, batch_id: str, progress: Refresh) -> None:
-        status = BatchStatus(progress.fields.get("ending") or BatchStatus.COMPLETED)
-        await self.store.finish(batch_id, status)
+        ending = BatchStatus(progress.fields.get("ending") or BatchStatus.COMPLETED)
+        status = await self.store.finish(batch_id, ending)  # expired, for a late result
         fresh = await self.store.read(batch_id)
         if fresh is None:
             progress.fields = {**progress.fields, "status": status.value}

@@ -23,7 +23,7 @@ from producer_api.openai.embedding_serving import EmbeddingService, embedding_li
 from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from producer_api.openai.serving import ChatRenderer, CompletionRenderer, generation_of
 from producer_api.state import ProducerState
-from shared.batch_api_store import CHUNK, BatchStatus, ItemState, Refresh, window_end
+from shared.batch_api_store import BY_BATCH, CHUNK, BatchStatus, ItemState, Refresh, window_end
 from shared.codec import as_objects, as_written, dumps, loads
 from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
@@ -42,7 +42,9 @@ def not_found(batch_id: str) -> ConveyorError:
     return ConveyorError(404, "not_found", f"batch {batch_id} not found")
 
 
-# OpenAI's codes for a line its batch never answered, having been cancelled or expired first.
+# OpenAI's codes for a line its batch never answered, having been cancelled or expired first
+# (its error marked `by` the batch: a job cancelled alone, or past its line's own deadline, has
+# the same status, and its error's own type as its code).
 _NEVER_ANSWERED: dict[str, str] = {
     JobStatus.CANCELLED: "batch_cancelled",
     JobStatus.EXPIRED: "batch_expired",
@@ -369,10 +371,12 @@ def _openai_error(record: dict[str, Any]) -> dict[str, Any]:
     response, error: {code, message}}`), keeping Conveyor's fields: a job that failed carries the
     `response` its route would have answered (the status `/predict` answers, the error as its
     body, the job id as request id); a line that never ran, or was cancelled or expired before
-    it did, `response: null` and OpenAI's `batch_cancelled` or `batch_expired` as its code."""
+    it did, `response: null`, and when its batch's cancel or expiry stopped it (its error marked
+    `by` the batch) OpenAI's `batch_cancelled` or `batch_expired` as its code."""
     error = as_objects(record["error"])
     status = str(record["status"])
-    error = {**error, "code": _NEVER_ANSWERED.get(status, error.get("type", status))}
+    never_answered = _NEVER_ANSWERED.get(status) if error.get("by") == BY_BATCH else None
+    error = {**error, "code": never_answered or error.get("type", status)}
     response = None
     if status == JobStatus.FAILED:
         code = UNSUCCESSFUL_STATUS[status]
@@ -383,8 +387,8 @@ def _openai_error(record: dict[str, Any]) -> dict[str, Any]:
 def _error(item: ItemState) -> dict[str, Any]:
     status = item.status or "expired"
     error: Any = {"type": status, "message": f"the job ended {status}"}
-    if item.status is None:
-        error["message"] = "the job's record expired"
+    if item.status is None:  # it went with the batch's keys: the batch never answered it
+        error.update(message="the job's record expired", by=BY_BATCH)
     if item.error is not None:
         error = as_written(item.error)
     return {
