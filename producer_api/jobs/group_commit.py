@@ -27,7 +27,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter
-from redis.cluster import READ_COMMANDS
+from redis.commands import READ_COMMANDS
 from redis.exceptions import NoScriptError, TryAgainError
 
 from shared.job_scripts import POSITION
