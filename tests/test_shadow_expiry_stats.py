@@ -16,24 +16,18 @@ from producer_api.routes.shadowing import ShadowCopies
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys, new_job_id
-from shared.model_repository import ModelConfig, Variant
-from shared.routing import Routes
+from shared.model_repository import QueueLimits
 from shared.shadow_pairs import ShadowPairs
 from shared.variant_stats import VariantStats
+from tests.test_shadow_copies import CONFIG as SHADOWED
+from tests.test_shadow_copies import ROUTES
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import StreamReader
 
 KEYS = Keys("shadow-expiry:")
-CONFIG = ModelConfig(
-    name="m",
-    kind="batch",
-    backend="identity",
-    default_variant="stable",
-    variants={"stable": Variant(), "mirror": Variant(weight=0, shadow=True)},
-)
-ROUTES = Routes(weights={"stable": 100.0}, shadows={"mirror": 1.0})
+CONFIG = SHADOWED.model_copy(update={"queue": QueueLimits()})  # room for every copy
 MIRROR = Partition.of(KEYS, CONFIG, "mirror")
 
 
