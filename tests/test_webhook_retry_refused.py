@@ -3,10 +3,13 @@ publish into Reject(requeue=False), so the delivery was dropped, its owed entry 
 hand-over: never sent again, its status `retrying` for good, though deliveries are retried
 until CONVEYOR_WEBHOOK_RETRY_FOR_S. Here a real Celery worker on a Valkey of the module's own,
 which refuses writes (maxmemory, noeviction: LPUSH refused, HDEL allowed) from the first POST
-until 2 s later."""
+until 2 s later; and a worker asked to stop while it waits for the broker to take its retry.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,17 +28,20 @@ REFUSED_FOR_S = 2.0
 
 class _RefusingReceiver(ThreadingHTTPServer):
     """Answers its first POST 503 (Retry-After: 1), having made the broker refuse writes for
-    REFUSED_FOR_S; every later one 200. Counts the POSTs."""
+    `refused_for_s` (None: until the test ends); every later one 200. Counts the POSTs."""
 
-    def __init__(self, broker: redis.Redis) -> None:
+    def __init__(self, broker: redis.Redis, refused_for_s: float | None) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.broker = broker
+        self.refused_for_s = refused_for_s
         self.posts = 0
 
     def refuse_writes(self) -> None:
         self.broker.config_set("maxmemory-policy", "noeviction")
         self.broker.config_set("maxmemory", 1)
-        threading.Timer(REFUSED_FOR_S, self.broker.config_set, ("maxmemory", 0)).start()
+        if self.refused_for_s is not None:
+            lift = threading.Timer(self.refused_for_s, self.broker.config_set, ("maxmemory", 0))
+            lift.start()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -57,9 +63,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A Valkey of the module's own (its writes are refused) and nothing else yet."""
+    """A Valkey of the test's own (its writes are refused) and nothing else yet."""
     own = Stack.create(tmp_path_factory.mktemp("webhook-refused"))
     try:
         yield own
@@ -67,10 +73,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         own.stop()
 
 
-@pytest.fixture(scope="module")
-def receiver(stack: Stack) -> Iterator[_RefusingReceiver]:
+@contextlib.contextmanager
+def _receiving(stack: Stack, refused_for_s: float | None) -> Iterator[_RefusingReceiver]:
     broker = stack.client()
-    server = _RefusingReceiver(broker)
+    server = _RefusingReceiver(broker, refused_for_s)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield server
@@ -80,15 +86,32 @@ def receiver(stack: Stack) -> Iterator[_RefusingReceiver]:
         broker.close()
 
 
-def test_a_retry_the_broker_refused_to_queue_is_still_made(
-    stack: Stack, receiver: _RefusingReceiver
-) -> None:
+def _refused_webhook(stack: Stack, receiver: _RefusingReceiver) -> None:
+    """A worker, and a webhook for it to deliver to `receiver`."""
     url = f"http://127.0.0.1:{receiver.server_address[1]}/hooks/refused"
     stack.start_worker(
         "identity:default",
         CONVEYOR_WEBHOOK_SECRET="whsec-refused",
         CONVEYOR_WEBHOOK_ALLOWLIST=url,
+        CONVEYOR_SHUTDOWN_GRACE_S="1",
     )
     body = event("job.succeeded", "default", {"id": "j-refused"}, "j-refused_succeeded")
     WebhookDispatcher(stack.redis_url).send("job", "j-refused", url, body)
-    until(lambda: receiver.posts >= 2, timeout=30)
+
+
+def test_a_retry_the_broker_refused_to_queue_is_still_made(stack: Stack) -> None:
+    with _receiving(stack, REFUSED_FOR_S) as receiver:
+        _refused_webhook(stack, receiver)
+        until(lambda: receiver.posts >= 2, timeout=30)
+
+
+def test_a_worker_waiting_to_queue_a_retry_stops_when_asked(stack: Stack) -> None:
+    """The wait for the broker ran on the solo pool's main thread, which looks at the stop
+    flags only between tasks: a SIGTERM went unheeded (the worker's engine still taking work)
+    until the worker was killed, a micro-batch perhaps in hand."""
+    with _receiving(stack, None) as receiver:
+        _refused_webhook(stack, receiver)
+        log = stack.log_path("identity-default")
+        until(lambda: "next attempt not queued" in log.read_text(errors="replace"), timeout=30)
+        code = stack.stop_process("identity-default", timeout=20)
+    assert code != -signal.SIGKILL, stack.log_tail("identity-default")

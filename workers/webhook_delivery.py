@@ -25,6 +25,7 @@ import httpx
 import redis
 from celery import Task
 from celery.exceptions import Reject, Retry
+from celery.worker import state as worker_state
 from redis.exceptions import RedisClusterException
 
 from shared.celery_broker import VISIBILITY_TIMEOUT_S
@@ -54,6 +55,7 @@ CLAIM_KEPT_MARGIN_S = VISIBILITY_TIMEOUT_S
 # The longest wait between two tries to queue a next attempt the broker refused (`_queue_next`):
 # a broker that takes writes again is found soon.
 REQUEUE_WAIT_CAP_S = 10.0
+STOP_CHECK_S = 0.25  # how often that wait looks whether the worker is asked to stop
 
 
 def backoff_s(attempt: int) -> float:
@@ -344,7 +346,8 @@ def _queue_next(task: Task, delay_s: float, until: float) -> Retry:
     if this worker dies (or is still waiting then), and that copy, this attempt's claim lapsed,
     posts the attempt again (receivers drop a repeat by its id); the next attempt's claim lets
     one of the two go on. Not requeued: kombu's requeue writes to the broker too, and when the
-    broker refused it as well, Celery stopped the worker ("Unrecoverable error")."""
+    broker refused it as well, Celery stopped the worker ("Unrecoverable error"). A worker asked
+    to stop meanwhile stops (`_wait_unless_stopping`)."""
     due = time.monotonic() + delay_s
     tries = 0
     while True:
@@ -365,7 +368,20 @@ def _queue_next(task: Task, delay_s: float, until: float) -> Retry:
                 refused.reason,
                 wait_s,
             )
-            time.sleep(wait_s)
+            _wait_unless_stopping(wait_s)
+
+
+def _wait_unless_stopping(wait_s: float) -> None:
+    """Sleep `wait_s`, unless the worker is asked to stop (SIGTERM, Ctrl-C): then Celery's
+    WorkerShutdown (WorkerTerminate) is raised out of the task, which leaves the delivery
+    unacknowledged for kombu to restore. On the solo pool this wait is the worker's main
+    thread, which looks at the stop flags only between tasks: the worker ran on, its engine
+    still taking micro-batches, until it was killed with one in hand."""
+    until = time.monotonic() + wait_s
+    while (left := until - time.monotonic()) > 0:
+        worker_state.maybe_shutdown()
+        time.sleep(min(left, STOP_CHECK_S))
+    worker_state.maybe_shutdown()
 
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True, max_retries=None)
