@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, cast
@@ -99,6 +99,9 @@ class Stack:
     stopping: dict[str, tuple[subprocess.Popen[bytes], float]] = field(default_factory=dict)
     # children seen to exit (`exited`), each with when what it left in its group is killed
     leftovers: dict[str, float] = field(default_factory=dict)
+    # exited children whose group was seen gone: never signalled again, since their pid may
+    # lead another group by now (pids are reused once no process holds them)
+    ended: set[subprocess.Popen[bytes]] = field(default_factory=set)
     start_timeout_s: float = 300.0  # how long a child may take to be ready
 
     @classmethod
@@ -339,14 +342,14 @@ class Stack:
         processes = [self.processes.pop(name) for name in named]
         try:
             for process in processes:
-                _signal(process, sig)
+                _signal(process, sig, self.ended)
             signalled = time.monotonic()
             return [
-                _reap(process, signalled + limit)
+                _reap(process, signalled + limit, self.ended)
                 for process, limit in zip(processes, timeouts, strict=True)
             ]
         except BaseException:
-            _kill_all(processes)
+            _kill_all(processes, self.ended)
             raise
 
     def terminate(self, names: Iterable[str]) -> None:
@@ -385,7 +388,7 @@ class Stack:
                 ]
                 self.stop_processes(named)
         except BaseException:
-            _kill_all([self.processes.pop(name) for name in list(self.processes)])
+            _kill_all([self.processes.pop(name) for name in list(self.processes)], self.ended)
             raise
 
     def _tier(self, name: str) -> int:
@@ -421,10 +424,14 @@ class Stack:
         it is not started again before they are gone. One look, never waiting; they are killed
         once its stop timeout has passed since `exited` signalled them."""
         kill_at = self.leftovers.get(name)
-        if kill_at is None or _group_ended(self.processes[name].pid, kill_at):
-            self.leftovers.pop(name, None)
+        if kill_at is None:
             return False
-        return True
+        process = self.processes[name]
+        if not _group_ended(process.pid, kill_at):
+            return True
+        del self.leftovers[name]
+        self.ended.add(process)
+        return False
 
     def log_path(self, name: str) -> Path:
         """Where child `name` writes its output."""
@@ -526,20 +533,23 @@ def _exit_with_parent() -> Callable[[], None] | None:
     return die_with_parent
 
 
-def _signal(process: subprocess.Popen[bytes], sig: int) -> None:
+def _signal(
+    process: subprocess.Popen[bytes], sig: int, ended: Collection[subprocess.Popen[bytes]]
+) -> None:
     """A stop's signal: to the child while it runs (its group's other processes, an LLM
     worker's engine, serve its drain), else to what it left in its group (the Valkey wrapper's
     server, the wrapper killed: it outlived `conveyor up`, and the next one started a second
-    server on the same data)."""
+    server on the same data), unless that group was seen gone (`ended`)."""
     if process.poll() is None:
         process.send_signal(sig)
-    else:
+    elif process not in ended:
         _signal_group(process.pid, sig)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    """`sig` to every process of group `pgid` (a child's: each leads its own, `Stack.spawn`)."""
-    with contextlib.suppress(ProcessLookupError):
+    """`sig` to every process of group `pgid` (a child's: each leads its own, `Stack.spawn`);
+    none there, or another user's (its pid reused), is nothing to signal."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
 
@@ -557,29 +567,37 @@ def _group_ended(pgid: int, kill_at: float) -> bool:
     return True
 
 
-def _reap(process: subprocess.Popen[bytes], deadline: float) -> int:
+def _reap(
+    process: subprocess.Popen[bytes], deadline: float, ended: Collection[subprocess.Popen[bytes]]
+) -> int:
     """Its exit code, killing it if it is still running at `deadline` (monotonic); then what it
-    left in its group gets SIGTERM, and is killed if still there at `deadline`."""
+    left in its group gets SIGTERM, and is killed if still there at `deadline` (unless the
+    group was seen gone before, `ended`)."""
     try:
         code = process.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         _kill_all([process])
         return process.wait()
+    if process in ended:
+        return code
     _signal_group(process.pid, signal.SIGTERM)
     while not _group_ended(process.pid, deadline):
         time.sleep(0.05)
     return code
 
 
-def _kill_all(processes: list[subprocess.Popen[bytes]]) -> None:
+def _kill_all(
+    processes: list[subprocess.Popen[bytes]], ended: Collection[subprocess.Popen[bytes]] = ()
+) -> None:
     """SIGKILL each child's whole process group (each leads its own, `Stack.spawn`), one that
-    exited too, then reap them: the Valkey wrapper's server is a process of its own in its
-    group, which a kill of the wrapper alone left running on the data directory. Ctrl-C,
-    SIGTERM and SIGHUP wait until done."""
+    exited too unless its group was seen gone (`ended`), then reap them: the Valkey wrapper's
+    server is a process of its own in its group, which a kill of the wrapper alone left running
+    on the data directory. Ctrl-C, SIGTERM and SIGHUP wait until done."""
     with _signals_held():
         running = [process for process in processes if process.poll() is None]
         for process in processes:
-            _signal_group(process.pid, signal.SIGKILL)
+            if process not in ended:
+                _signal_group(process.pid, signal.SIGKILL)
         for process in running:
             process.wait()
 

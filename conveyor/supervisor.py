@@ -49,6 +49,7 @@ class Supervisor:
         for name, process in list(self.stack.processes.items()):
             child = self.children.setdefault(name, Child(started_at=now))
             if child.failed:
+                self.stack.lingering(name)  # its group seen gone soon, not signalled at stop
                 continue
             if child.restart_at is not None:
                 if now >= child.restart_at and not self.stack.lingering(name):

@@ -492,3 +492,28 @@ def test_an_ignored_ctrl_c_stays_ignored_while_supervising(tmp_path: Path) -> No
         for stop, handler in previous.items():
             signal.signal(stop, handler)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_a_child_whose_group_was_seen_gone_is_not_signalled_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exited child stays in the stack (given up on, or waiting out its backoff), and its
+    pid may lead another group by the time `conveyor up` stops: the stop signalled that
+    group, someone else's shell or service, SIGTERM then SIGKILL. Once its group is seen
+    gone, nothing signals it again."""
+    stack = Stack.create(tmp_path, redis_url=NO_REDIS)
+    supervisor = Supervisor(stack, lambda _: None, Clock())
+    child = stack.spawn("quick", [sys.executable, "-c", "pass"], {})
+    child.wait()
+    supervisor.check()  # sees the exit; the clock stands still, so no restart
+    until(lambda: not stack.lingering("quick"), timeout=10)
+    signalled: list[int] = []
+    killpg = os.killpg
+
+    def recorded(pgid: int, sig: int) -> None:
+        signalled.append(pgid)
+        killpg(pgid, sig)
+
+    monkeypatch.setattr(os, "killpg", recorded)
+    stack.stop()
+    assert child.pid not in signalled, signalled
