@@ -104,3 +104,148 @@ def test_readme_says_the_hpa_caps_the_stabilization_window() -> None:
     readme = (REPO_ROOT / "README.md").read_text()
     assert readme.count(f"`cooldown_s`, at most {_HPA_MAX_WINDOW_S} s") == 1  # local autoscaler
     assert f"`cooldown_s` (at most {_HPA_MAX_WINDOW_S} s" in readme  # KEDA
+
+
+MODEL_SECTION = re.compile(r"^## Model repository\n.*?^## ", re.MULTILINE | re.DOTALL)
+PARENTHESES = re.compile(r"\([^()]*\)")
+
+
+def _top_level(text: str) -> str:
+    """`text` without its parenthesised asides (nested too): a row's own list, not its notes."""
+    while (stripped := PARENTHESES.sub("", text)) != text:
+        text = stripped
+    return text
+
+
+def _split_defaults(cell: str) -> list[str]:
+    """A default cell's comma-separated values, commas inside parentheses left alone."""
+    values, depth, start = [], 0, 0
+    for index, char in enumerate(cell):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            values.append(cell[start:index].strip())
+            start = index + 1
+    return [*values, cell[start:].strip()]
+
+
+def _written(default: object) -> str:
+    """A config.yaml default as the README's tables write it (YAML's `false`, `2` for 2.0)."""
+    if isinstance(default, bool):
+        return str(default).lower()
+    if isinstance(default, float) and default.is_integer():
+        return str(int(default))
+    return str(default)
+
+
+def model_config_rows() -> Iterator[tuple[str, str, object]]:
+    """(field path, README's default, the code's default) for each scalar default the Model
+    repository tables give: a `| field | meaning | default |` row for one field, or a row for a
+    group (`queue`, `autoscaling`) listing its fields in the meaning cell and their defaults,
+    in order, in the default cell."""
+    from pydantic import BaseModel
+
+    from shared.model_repository import ModelConfig, TorchOptions
+
+    section = MODEL_SECTION.search((REPO_ROOT / "README.md").read_text())
+    assert section is not None, "README lost its Model repository section"
+    tables: dict[str, type[BaseModel]] = {"field": ModelConfig, "option": TorchOptions}
+    table: type[BaseModel] | None = None
+    for line in section.group().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        if not line.startswith("|"):
+            table = None
+        elif cells[0] in tables:  # a table's header row says whose fields it lists
+            table = tables[cells[0]]
+        head = re.fullmatch(r"`([\w.]+)`", cells[0])
+        if table is None or head is None:
+            continue
+        model, fields = table, head.group(1).split(".")
+        for name in fields[:-1]:
+            model = model.model_fields[name].annotation  # type: ignore[assignment]
+        info = model.model_fields[fields[-1]]  # a KeyError: a row for a key the code dropped
+        group = info.default_factory if isinstance(info.default_factory, type) else None
+        if group is not None and issubclass(group, BaseModel):  # a group's row
+            names = re.findall(r"`(\w+)`", _top_level(cells[1]))
+            defaults = _split_defaults(cells[2])
+            assert len(names) == len(defaults), f"{cells[0]}: {names} against {defaults}"
+            for name, shown in zip(names, defaults, strict=True):
+                yield f"{head.group(1)}.{name}", shown, group.model_fields[name].default
+        else:
+            yield head.group(1), cells[2], info.default
+
+
+def test_readme_model_repository_tables_give_the_codes_defaults() -> None:
+    """A config.yaml default changed in shared/model_repository.py (or a table's order slipping
+    against its list of fields) fails here, not in a user's capacity plan."""
+    rows = list(model_config_rows())
+    assert ("queue.max_length", "10000", 10_000) in rows  # parsed
+    assert ("tokenizer_threads", "2", 2) in rows  # the torch table's too
+    wrong = [
+        f"{path}: README {shown!r}, code {_written(default)!r}"
+        for path, shown, default in rows
+        if isinstance(default, bool | int | float | str)
+        and not re.fullmatch(rf"`?{re.escape(_written(default))}`?", shown)
+    ]
+    assert wrong == [], "README Model repository disagrees with shared/model_repository.py"
+
+
+def test_readme_model_repository_names_every_config_field() -> None:
+    """A config.yaml key the code accepts but the README never names is a knob nobody finds."""
+    from shared.model_repository import (
+        AutoscalingHints,
+        BacklogScaling,
+        ModelConfig,
+        QueueLimits,
+        TorchOptions,
+        Variant,
+    )
+
+    section = MODEL_SECTION.search((REPO_ROOT / "README.md").read_text())
+    assert section is not None
+    internal = {"name", "directory"}  # the model's folder, not keys of its config.yaml
+    models = (ModelConfig, QueueLimits, AutoscalingHints, BacklogScaling, Variant, TorchOptions)
+    missing = [
+        f"{model.__name__}.{field}"
+        for model in models
+        for field in model.model_fields
+        if field not in internal and not re.search(rf"\b{field}\b", section.group())
+    ]
+    assert missing == [], "config.yaml fields the README's Model repository never names"
+
+
+def key_name_parts() -> Iterator[tuple[str, str]]:
+    """(Keys method or suffix constant, a fixed part of the names it makes): each name made with
+    every argument a placeholder, split at the placeholders (and a partition's tag, a hash)."""
+    import inspect
+
+    from shared import keys as key_module
+
+    blank = "\0"
+    made = key_module.Keys("cv:")
+    for name, member in inspect.getmembers(key_module.Keys):
+        if name.startswith("_") or name in ("tag", "prefix"):
+            continue
+        if isinstance(inspect.getattr_static(key_module.Keys, name), property):
+            names = getattr(made, name)
+        else:
+            arity = len(inspect.signature(member).parameters) - 1
+            names = getattr(made, name)(*[blank] * arity)
+        for key in names if isinstance(names, tuple) else (names,):
+            key = key.replace(key_module.Keys.tag(blank, blank), blank)
+            for part in (part.strip("{}") for part in key.split(blank)):  # a tag's braces
+                if sum(char.isalpha() for char in part) >= 2:
+                    yield name, part
+    for name, value in vars(key_module).items():
+        if name.endswith("_SUFFIX"):
+            yield name, value
+
+
+def test_architecture_data_plane_names_every_redis_key() -> None:
+    """docs/architecture.md's data plane is the design of record of what lives in Redis: a key
+    shared/keys.py starts making must get its row (what it holds, who writes and reads it)."""
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    parts = list(key_name_parts())
+    assert ("tokens", "cv:tok:") in parts  # parsed
+    assert ("REFUSED_SUFFIX", ":refused") in parts
+    missing = sorted({f"{name}: {part!r}" for name, part in parts if part not in text})
+    assert missing == [], "Redis keys docs/architecture.md's data plane never names"
