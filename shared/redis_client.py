@@ -178,14 +178,14 @@ def sent_once() -> Iterator[None]:
 
 
 class HiredisPacking(AbstractConnection):
-    """Commands packed in C by hiredis, as redis-py's sync client packs them when hiredis is
-    installed; its asyncio connections pack in Python, argument by argument (a tenth of a
-    producer's CPU per job, which sends a script call of some 35 arguments per submit). The
+    """Commands packed in C by hiredis, arguments and all: redis-py 8.2's asyncio connections
+    pack with hiredis too, but encode every argument in Python first (37 against 8 µs for a
+    submit's script call of some 35 arguments; a tenth of a producer's CPU per job before). The
     bytes are the same: hiredis encodes str as UTF-8 and numbers as redis-py's encoder does."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
         if _carries_a_large_argument(args):
-            return super().pack_command(*args)
+            return self._pack_command_python(*args)
         first = args[0]
         if isinstance(first, str):  # a command name of several words ('SCRIPT LOAD')
             args = (*first.encode().split(), *args[1:])
@@ -258,17 +258,18 @@ class UncontendedPool(aioredis.BlockingConnectionPool):
     """A blocking pool whose uncontended take and return go straight to its lists: redis-py's
     own pass through the pool's condition, a timeout armed and cancelled, and its pool
     telemetry every time, a quarter of a command's client CPU (~15 of 60 µs per round trip).
-    While a caller waits for a connection (the pool exhausted) or the pool is in maintenance
-    mode, every take and return is BlockingConnectionPool's, so the waiters are served in turn.
-    A taken connection goes through redis-py's own check (`ensure_connection`). Its lists and
-    maintenance flag are redis-py 8.1's (pyproject's floor)."""
+    While a caller waits for a connection (the pool exhausted), the pool is in maintenance
+    mode or its lock is held (a re-authentication or maintenance handler rewriting the pool),
+    every take and return is BlockingConnectionPool's, so the waiters are served in turn. A
+    taken connection goes through redis-py's own check (`ensure_connection`). Its lists, lock
+    and maintenance flag are redis-py 8.2's (pyproject's floor)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._waiting = 0
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> AbstractConnection:
-        if not self._available_connections or self._waiting or self._in_maintenance:
+        if not self._available_connections or self._contended():
             self._waiting += 1
             try:
                 return cast(AbstractConnection, await super().get_connection())
@@ -284,13 +285,16 @@ class UncontendedPool(aioredis.BlockingConnectionPool):
         return connection
 
     async def release(self, connection: AbstractConnection) -> None:
-        if self._waiting or self._in_maintenance:
+        if self._contended():
             await super().release(connection)
             return
         self._in_use_connections.remove(connection)
         if connection.should_reconnect():
             await connection.disconnect()
         self._available_connections.append(connection)
+
+    def _contended(self) -> bool:
+        return bool(self._waiting or self._in_maintenance or self._lock.locked())
 
 
 class ClusterUnreachable(RedisConnectionError):
@@ -484,7 +488,10 @@ def connect(
         # errors, for up to its retry attempts, before a command fails (503 upstream); a
         # timeout fails at once.
         client = cluster_class.from_url(
-            url, max_connections=max(max_connections, CLUSTER_CONNECTIONS), **options
+            url,
+            max_connections=max(max_connections, CLUSTER_CONNECTIONS),
+            topology_refresh_min_interval=0,
+            **options,
         )
         return cast(RedisClient, client)
     pool = UncontendedPool.from_url(

@@ -1,5 +1,5 @@
-"""Worker heartbeats: the one owner of `cv:worker:{name}` (a hash with a TTL, rewritten every
-few seconds by each worker) and the `cv:workers` index (sorted set by heartbeat ms). Workers
+"""Worker heartbeats: the one owner of `cv:{ctl}worker:{name}` (a hash with a TTL, rewritten every
+few seconds by each worker) and the `cv:{ctl}workers` index (sorted set by heartbeat ms). Workers
 publish; the producer's console lists. A worker that dies simply stops beating: its hash
 expires and `live()` leaves it out, so nobody has to clean up after a kill -9."""
 

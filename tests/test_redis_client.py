@@ -10,7 +10,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -125,6 +125,23 @@ async def test_a_burst_past_the_pool_waits_for_connections_in_turn(
         assert await client.lpop("after") == b"a"
         assert len(pool._available_connections) == 2 and not pool._in_use_connections
         assert isinstance(pool, UncontendedPool) and pool._waiting == 0  # the fast path again
+    finally:
+        await client.aclose()
+
+
+async def test_a_command_waits_while_a_handler_holds_the_pool(redis_url: str) -> None:
+    """redis-py's re-authentication and maintenance handlers rewrite a pool under its lock: a
+    command taken from the pool meanwhile waits for them (it took a connection mid-rewrite)."""
+    client = connect(redis_url, blocks_ms=0)
+    pool = cast(UncontendedPool, client.connection_pool)
+    try:
+        assert await client.ping()  # a connection in the pool, free
+        async with pool._lock:
+            command = asyncio.ensure_future(client.ping())
+            await asyncio.sleep(0.1)
+            assert not command.done()
+        assert await command
+        assert pool._available_connections and not pool._in_use_connections
     finally:
         await client.aclose()
 
