@@ -1,9 +1,11 @@
-"""A model's input schema, compiled once (jsonschema-rs) to check every submit, and walked by
-jsonschema only to explain a refusal: the two must agree on what is valid, under draft 2020-12,
-and a schema that would need the network is refused when the repository loads."""
+"""A model's input schema, compiled once (jsonschema-rs) to check every submit and explain a
+refusal: it must agree with jsonschema's reading of draft 2020-12, take ECMA-262 patterns, and
+a schema that would need the network is refused when the repository loads."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,18 +63,18 @@ def test_the_compiled_check_and_the_explanation_agree(
 def test_a_draft_2020_12_keyword_is_enforced() -> None:
     """Under draft 7, which some compiled validators implement, `prefixItems` would pass all."""
     assert _config(PAIR_SCHEMA).input_errors({"pair": [1, "a"]}) == [
-        "inputs['pair'][0]: 1 is not of type 'string'",
-        "inputs['pair'][1]: 'a' is not of type 'integer'",
+        "inputs['pair'][0]: 1 is not of type \"string\"",
+        'inputs[\'pair\'][1]: "a" is not of type "integer"',
     ]
 
 
-def test_what_the_compiled_check_refuses_is_refused_when_the_explanation_finds_nothing() -> None:
+def test_a_refusal_where_pythons_re_differs_is_explained_where_it_is() -> None:
     """ECMA-262's `$` (the compiled check's) ends the string; Python's also matches before a
-    final newline, so the explanation found no error and the input went through."""
+    final newline: explained with jsonschema, the refusal found nothing to name."""
     schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]+$"}}}
     assert not list(Draft202012Validator(schema).iter_errors({"id": "abc\n"}))
     assert _config(schema).input_errors({"id": "abc\n"}) == [
-        "inputs: does not match the model's input_schema"
+        'inputs[\'id\']: "abc\\n" does not match "^[a-z]+$"'
     ]
     assert _config(schema).input_errors({"id": "abc"}) == []
 
@@ -85,3 +87,52 @@ def test_a_schema_with_a_remote_ref_is_refused_at_load_without_fetching(tmp_path
     (model / "config.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ModelConfigError, match=r"remote \$ref 'http://127.0.0.1:9/schema.json'"):
         ModelRepository.load(tmp_path)
+
+
+# Words separated by single spaces: Python's backtracking `re` takes time exponential in a
+# non-matching string's length (2^40 steps here), the compiled check's automaton linear time.
+WORDS_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "pattern": "^([a-z]+ ?)*$", "maxLength": 100}},
+}
+EXPLAIN_WORDS = f"""
+from shared.model_repository import ModelConfig
+config = ModelConfig(name="m", kind="batch", backend="identity", input_schema={WORDS_SCHEMA!r})
+print(*config.input_errors({{"name": "a" * 40 + "!"}}), sep="\\n")
+"""
+
+
+def test_a_refusal_is_explained_without_backtracking_through_the_pattern() -> None:
+    """The explanation ran on the producer's event loop with Python's `re`: one job whose text
+    failed such a pattern stalled every request of the producer for hours. Run in a child,
+    which a hang guard well past the expected instant can kill."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", EXPLAIN_WORDS],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("explaining one refused input hung on the pattern")
+    assert done.returncode == 0, done.stderr
+    assert "inputs['name']: " in done.stdout
+    assert "does not match" in done.stdout
+
+
+@pytest.mark.parametrize("pattern", [r"^\p{L}+$", r"^(?<word>\p{Lu}\p{Ll}*)$"])
+def test_an_ecma_262_pattern_python_lacks_is_a_valid_input_schema(pattern: str) -> None:
+    """JSON Schema's patterns are ECMA-262, as the compiled check's: Unicode property classes
+    and named groups were refused at load as "not a 'regex'" (Python's `re` has neither)."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": pattern}}}
+    config = _config(schema)
+    assert config.input_errors({"name": "Zoë"}) == []
+    [error] = config.input_errors({"name": "Zoë 1"})
+    assert error.startswith("inputs['name']: ")
+
+
+def test_a_pattern_no_engine_compiles_is_refused_at_load_naming_where() -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "(["}}}
+    with pytest.raises(ValueError, match=r"input_schema\.properties\.name\.pattern: "):
+        _config(schema)

