@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from tests.local_http import LocalServer, serving
 
 pytestmark = pytest.mark.slow
 CONVEYOR = str(Path(sys.executable).parent / "conveyor")
+REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -329,6 +331,14 @@ def test_a_typo_is_one_clear_error_not_silence(
             for args in (("models", "list"), ("up",))
         ]
         broken_repository = refused("models", "list", CONVEYOR_MODEL_REPOSITORY=str(broken.parent))
+        shutil.copytree(REPOSITORY, tmp_path / "repository")
+        in_place = refused(  # would replace smollm2's folder, its config.yaml with it
+            "models",
+            "prepare",
+            "smollm2",
+            CONVEYOR_MODEL_REPOSITORY=str(tmp_path / "repository"),
+            CONVEYOR_ARTIFACT_DIR=str(tmp_path / "repository"),
+        )
         up_typos = [
             (refused("up", "--models", models), problem)
             for models, problem in (
@@ -361,6 +371,8 @@ def test_a_typo_is_one_clear_error_not_silence(
     )
     for result in no_repository:
         assert result.result().stderr == f"Error: model repository {missing} is not a directory\n"
+    assert "CONVEYOR_ARTIFACT_DIR is the model repository" in in_place.result().stderr
+    assert (tmp_path / "repository" / "smollm2" / "config.yaml").exists()
     said = broken_repository.result().stderr
     assert said.startswith(f"Error: {broken / 'config.yaml'}: "), said
     assert len(said.splitlines()) == 1, said

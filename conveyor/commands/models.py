@@ -20,6 +20,12 @@ def command() -> None:
 def prepare(names: tuple[str, ...], force: bool) -> None:
     """Build artifacts for the models that need preparing (all by default); cached."""
     settings = get_settings()
+    if settings.artifact_dir.resolve() == settings.model_repository.resolve():  # Triton's habit
+        raise click.UsageError(
+            f"CONVEYOR_ARTIFACT_DIR is the model repository ({settings.model_repository}): a "
+            "build replaces its model's folder whole, config.yaml included; give artifacts a "
+            "folder of their own"
+        )
     repository = ModelRepository.load(settings.model_repository)
     unknown = [name for name in names if repository.get(name) is None]
     if unknown:
