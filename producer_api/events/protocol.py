@@ -40,7 +40,9 @@ class ScalingData(QueuedData):
 
 
 class TokenData(BaseModel):
-    """`event: token`: new text of one engine step."""
+    """`event: token`: new text of one engine step, and its tokens (the text is empty for a
+    step that decoded none, often the last: its end-of-sequence token). The `tokens` of a
+    run's events add up to its usage's `completion_tokens`."""
 
     text: str
     tokens: int

@@ -34,13 +34,16 @@ from producer_api.openai.protocol import (
     Usage,
 )
 from producer_api.state import ProducerState
-from producer_api.stream_shutdown import Cut, until_cut
+from producer_api.stream_shutdown import MESSAGE, UNREACHABLE, Cut, until_cut
 from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
 from shared.model_repository import ModelConfig
 from shared.token_stream import TokenEvent
 
 DONE = "[DONE]"
+# Why a stream was cut, without the job-events route's advice to resume with Last-Event-ID: an
+# OpenAI route takes none, and posting the request again ran a second job.
+CUT_REASONS = {MESSAGE: "the producer is shutting down", UNREACHABLE: "the queue is unreachable"}
 
 
 @dataclass(slots=True)
@@ -262,12 +265,12 @@ class OpenAIService:
                 if isinstance(event, Cut):
                     if not ended:  # after the final event, the stream is whole: no error
                         ended = True  # not the client's choice: the job runs on
-                        yield _error_chunk("unavailable", f"{event.message}; job {job_id} runs on")
+                        yield _error_chunk("unavailable", _cut(event, job_id))
                     break
                 if event.kind == "restart" and sent:
                     yield _error_chunk("restarted", "the job's worker died; retry the request")
                     break
-                if event.kind == "token":
+                if event.kind == "token" and event.text:  # a step's tokens alone: no chunk
                     sent = True
                     yield renderer.encode(renderer.chunk(event.text))
                 if event.kind != "final":
@@ -300,6 +303,13 @@ class OpenAIService:
         except ConveyorError as exc:
             if exc.status not in (404, 409):
                 raise
+
+
+def _cut(cut: Cut, job_id: str) -> str:
+    """A cut stream's error: why, and where the job that runs on is answered (an OpenAI stream
+    is not resumed)."""
+    reason = CUT_REASONS.get(cut.message, cut.message)
+    return f"{reason}; the job runs on: GET /v1/jobs/{job_id}"
 
 
 def _error_chunk(type_: str, message: str) -> str:

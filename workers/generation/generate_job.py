@@ -96,7 +96,10 @@ class RunningJob:
 
     def take(self, chunk: TokenChunk, at_ms: int, engine_running: int) -> list[TokenEvent]:
         """Account for one chunk; returns the token-stream events it becomes (a redelivered
-        job's first write starts with `restart`, so readers drop the dead attempt's text)."""
+        job's first write starts with `restart`, so readers drop the dead attempt's text). A
+        step that decoded no text still counts its tokens in a token event (empty text): the
+        last step often has none (end of sequence, or text a stop string cut), and readers'
+        sums of `tokens` fell short of the usage."""
         events = [TokenEvent("restart")] if self.redelivered and not self.streamed else []
         self.streamed = True
         self.peak_running = max(self.peak_running, engine_running)
@@ -106,7 +109,7 @@ class RunningJob:
         self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
         self.completion_tokens = chunk.completion_tokens or self.completion_tokens
         self.finish_reason = chunk.finish_reason or self.finish_reason
-        if chunk.text:
+        if chunk.text or chunk.token_count:
             self.text.append(chunk.text)
             events.append(TokenEvent("token", text=chunk.text, tokens=chunk.token_count))
         return events

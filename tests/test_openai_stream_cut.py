@@ -1,0 +1,48 @@
+"""An OpenAI stream cut short by the producer's stop, on a real Valkey with the producer's
+state in-process (no worker: the job stays queued). Its error chunk told the client to
+"reconnect (with Last-Event-ID to resume)", the job-events route's advice: an OpenAI route
+takes no Last-Event-ID, so reconnecting as told posted the request again, a second job, while
+the first ran on. The chunk names where the job that runs on is answered instead."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import redis.asyncio as aioredis
+
+from producer_api.app import create_app
+from producer_api.auth.principal import ANONYMOUS
+from producer_api.openai.protocol import ChatCompletionRequest, ChatMessage
+from producer_api.openai.serving import DONE, ChatRenderer, OpenAIService
+from shared.keys import Keys
+from shared.settings import Settings
+from tests.test_openai_restart import _next_job
+
+LANE = Keys().queue("smollm2", "default")
+
+
+async def test_a_cut_stream_names_its_job_and_no_resume_it_does_not_take(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    app = create_app(Settings(redis_url=redis_url, auth="disabled", instance_id="cut-review"))
+    newest = await aredis.xrevrange(LANE, count=1)
+    after = newest[0][0] if newest else b"0-0"
+    async with app.router.lifespan_context(app):
+        service = OpenAIService(app.state.conveyor, ANONYMOUS)
+        message = ChatMessage(role="user", content="hi")
+        request = ChatCompletionRequest(model="smollm2", messages=[message], stream=True)
+        job_id = await service.submit(request)
+        shutdown, chunks = anyio.Event(), []
+        with anyio.fail_after(30):  # a hang guard only
+            async for chunk in service.stream(job_id, ChatRenderer(job_id, "smollm2"), shutdown):
+                chunks.append(chunk)
+                shutdown.set()  # the producer is asked to stop once the stream has begun
+        await service.cancel(job_id)  # no worker here runs it: leave the lane as found
+    entry_id, _ = await _next_job(aredis, after)
+    await aredis.xdel(LANE, entry_id)
+    assert chunks[-1] == DONE, chunks
+    error = json.loads(chunks[-2])["error"]
+    assert error["type"] == "unavailable", error
+    assert "Last-Event-ID" not in error["message"], error
+    assert f"GET /v1/jobs/{job_id}" in error["message"], error
