@@ -48,6 +48,7 @@ def freezable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         CONVEYOR_AUTH="disabled",
         CONVEYOR_REDIS_TIMEOUT_S=str(REDIS_TIMEOUT_S),
         CONVEYOR_LOG_LEVEL="DEBUG",
+        CONVEYOR_MAX_WAIT_S="2",  # an embeddings answer's long polls look at Redis this often
     ) as stack:
         yield stack
 
@@ -108,20 +109,54 @@ def test_a_frozen_redis_is_a_fast_503_and_recovers(freezable: Stack) -> None:
 def test_a_wait_that_runs_out_on_a_frozen_redis_still_answers_202(freezable: Stack) -> None:
     """The job was accepted before Redis froze: once the wait runs out, reading where it stands
     fails, and the answer is still the 202 with its id (a 503 would have it submitted twice)."""
-    queue = Keys().queue("identity", "default")
-    store = redis.Redis.from_url(freezable.redis_url)
-    before = store.xlen(queue)
-    with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(
-            httpx.post, f"{freezable.base_url}/v1/jobs", params={"wait": 3}, json=BODY, timeout=30
-        )
-        until(lambda: store.xlen(queue) > before, every=0.02)
-        with frozen(freezable):
-            response = answer.result(timeout=30)
-    store.close()
+    response = _answered_across_a_freeze(freezable, "/v1/jobs", BODY, wait=3)
     assert response.status_code == 202, response.text
     accepted = response.json()
     assert accepted["status"] == "queued" and "queue_position" not in accepted, accepted
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]},
+        ),
+        ("/v1/embeddings", {"model": "minilm", "input": "hi"}),
+    ],
+)
+def test_an_openai_answer_a_frozen_redis_cut_is_not_to_be_retried(
+    freezable: Stack, path: str, body: dict[str, object]
+) -> None:
+    """The job was enqueued (no worker serves it here) when Redis froze: the 503 names it and
+    says x-should-retry: false. The generic 503 ("retry shortly") had the OpenAI SDK post the
+    request again, a second job, while the first ran on."""
+    response = _answered_across_a_freeze(freezable, path, body)
+    assert response.status_code == 503, response.text
+    assert response.headers["x-should-retry"] == "false", response.headers
+    error = response.json()["error"]
+    assert (
+        error["message"]
+        == f"the queue is unreachable; the job runs on: GET /v1/jobs/{error['job']}"
+    )
+
+
+def _answered_across_a_freeze(
+    stack: Stack, path: str, body: dict[str, object], **params: int
+) -> httpx.Response:
+    """`path`'s answer to `body`, Redis frozen once the request's job is in its lane."""
+    queue = Keys().queue(str(body["model"]), "default")
+    store = redis.Redis.from_url(stack.redis_url)
+    before = store.xlen(queue)
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(
+            httpx.post, f"{stack.base_url}{path}", params=params, json=body, timeout=30
+        )
+        until(lambda: store.xlen(queue) > before, every=0.02)
+        with frozen(stack):
+            response = answer.result(timeout=30)
+    store.close()
+    return response
 
 
 def test_a_webhook_publish_gives_up_on_a_frozen_broker(

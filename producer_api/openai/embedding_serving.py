@@ -13,7 +13,7 @@ from producer_api.errors import ConveyorError
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.serving import unsuccessful
 from producer_api.openai.protocol import EmbeddingRequest
-from producer_api.openai.serving import OpenAIService, shutting_down
+from producer_api.openai.serving import OpenAIService, awaiting, running_on
 from shared.codec import as_objects, as_written, dumps
 from shared.job_states import JobStatus
 
@@ -44,13 +44,14 @@ class EmbeddingService(OpenAIService):
         """OpenAI's answer once the job ends, waited for in long polls of `max_wait_s`; raises
         as `/predict` answers a job that did not succeed, and as a non-streamed completion
         does once the producer is asked to stop (each poll then returned at once: the request
-        spun, reading the job, until the server cut it)."""
+        spun, reading the job, until the server cut it) or Redis stops answering."""
         wait = self.state.settings.max_wait_s
-        view = await self.jobs.get(job_id, wait)
-        while not JobStatus(view["status"]).terminal:
-            if self.state.draining.asked():
-                raise shutting_down(job_id)
+        with awaiting(job_id):
             view = await self.jobs.get(job_id, wait)
+            while not JobStatus(view["status"]).terminal:
+                if self.state.draining.asked():
+                    raise running_on(job_id)
+                view = await self.jobs.get(job_id, wait)
         if view["status"] != JobStatus.SUCCEEDED:
             raise unsuccessful(f"job {job_id}", view["status"], view.get("error"))
         return embedding_list(model, view.get("outputs"))

@@ -5,9 +5,11 @@ before the job does (client gone), the job is cancelled and the engine frees its
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,12 +40,15 @@ from producer_api.stream_shutdown import MESSAGE, UNREACHABLE, Cut, until_cut
 from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
 from shared.model_repository import ModelConfig
+from shared.redis_client import OUT_OF_REACH
 from shared.token_stream import TokenEvent
 
 DONE = "[DONE]"
+SHUTTING_DOWN, QUEUE_UNREACHABLE = "the producer is shutting down", "the queue is unreachable"
 # Why a stream was cut, without the job-events route's advice to resume with Last-Event-ID: an
 # OpenAI route takes none, and posting the request again ran a second job.
-CUT_REASONS = {MESSAGE: "the producer is shutting down", UNREACHABLE: "the queue is unreachable"}
+CUT_REASONS = {MESSAGE: SHUTTING_DOWN, UNREACHABLE: QUEUE_UNREACHABLE}
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -161,13 +166,28 @@ def _failure(final: TokenEvent) -> ConveyorError:
     return unsuccessful("job", final.status, final.error)
 
 
-def shutting_down(job_id: str) -> ConveyorError:
+def running_on(job_id: str, reason: str = SHUTTING_DOWN) -> ConveyorError:
     """What a request waiting for its whole answer gets once the producer is asked to stop
-    (producer_api/draining.py): 503, the job running on, named in it. Not to be retried: an
-    OpenAI SDK retries a 503 unless told not to, and each retry ran the job again."""
-    message = f"the producer is shutting down; the job runs on: GET /v1/jobs/{job_id}"
+    (producer_api/draining.py) or Redis stops answering: 503, the job running on, named in it.
+    Not to be retried: an OpenAI SDK retries a 503 unless told not to, and each retry ran the
+    job again."""
     headers = {"Retry-After": "1", **NO_RETRY}
-    return ConveyorError(503, "unavailable", message, headers, {"job": job_id})
+    return ConveyorError(503, "unavailable", _runs_on(reason, job_id), headers, {"job": job_id})
+
+
+@contextmanager
+def awaiting(job_id: str) -> Iterator[None]:
+    """A wait for an enqueued job's answer: Redis lost meanwhile is `running_on`'s 503, not the
+    generic one, which asks to be retried."""
+    try:
+        yield
+    except OUT_OF_REACH as exc:
+        log.info("an answer's wait ends early: redis unavailable (%r)", exc)
+        raise running_on(job_id, QUEUE_UNREACHABLE) from exc
+
+
+def _runs_on(reason: str, job_id: str) -> str:
+    return f"{reason}; the job runs on: GET /v1/jobs/{job_id}"
 
 
 class OpenAIService:
@@ -226,9 +246,10 @@ class OpenAIService:
     async def answer(self, job_id: str, renderer: Renderer) -> dict[str, Any]:
         """The whole (non-streamed) response, once the job ends; 503 if this producer is asked
         to stop first (it waited out the whole generation): the job runs on, named in it."""
-        generation = await self.state.draining.first(self.complete(job_id))
+        with awaiting(job_id):
+            generation = await self.state.draining.first(self.complete(job_id))
         if generation is None:
-            raise shutting_down(job_id)
+            raise running_on(job_id)
         return renderer.response(generation).model_dump(mode="json")
 
     async def complete(self, job_id: str) -> Generation:
@@ -308,8 +329,7 @@ class OpenAIService:
 def _cut(cut: Cut, job_id: str) -> str:
     """A cut stream's error: why, and where the job that runs on is answered (an OpenAI stream
     is not resumed)."""
-    reason = CUT_REASONS.get(cut.message, cut.message)
-    return f"{reason}; the job runs on: GET /v1/jobs/{job_id}"
+    return _runs_on(CUT_REASONS.get(cut.message, cut.message), job_id)
 
 
 def _error_chunk(type_: str, message: str) -> str:
