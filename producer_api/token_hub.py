@@ -92,6 +92,11 @@ class TokenHub:
         pool, not a blocking reader)."""
         return await read_streams(self.redis, {key: after}, count)
 
+    async def last(self, key: str) -> TokenEvent | None:
+        """`key`'s last entry now (None while it holds none)."""
+        rows: Any = await self.redis.xrevrange(key, count=1)
+        return TokenEvent.decode(*rows[0]) if rows else None
+
 
 class TagReader:
     """The blocking reader of one partition's token streams (and its wake stream)."""

@@ -310,6 +310,11 @@ def test_sse_resume_gets_exactly_the_missed_chunks_and_the_job_outlives_its_list
     assert final["finish_reason"] == "length" and final["usage"]["completion_tokens"] == 40
     text = "".join(httpx.Response(200, content=e["data"]).json()["text"] for e in everything[:-1])
     assert get_job(llm, job_id)["outputs"]["text"] == text
+    # After the final event nothing follows: 204, EventSource's "stop" (a final made again from
+    # the job, with no id, had a browser reconnect with the same Last-Event-ID for ever).
+    url = f"{llm}/v1/jobs/{job_id}/events"
+    ended = httpx.get(url, headers={"Last-Event-ID": tail[-1]["id"]}, timeout=30)
+    assert ended.status_code == 204, ended.text
 
 
 def test_events_of_unknown_jobs_are_404(llm: str) -> None:

@@ -346,6 +346,8 @@ async def job_tokens(
     reader = replace(current.principal, tenant=record.fields.get("tenant", "default"))
     after = last_event_id if last_event_id and is_stream_id(last_event_id) else None
     events = await EventsService(state, reader).open(job_id, after)
+    if events is None:  # the browser has the final event: EventSource's "stop"
+        return _secure(Response(status_code=204))
     shutdown = anyio.Event()
     response = EventSourceResponse(
         _while_open(state, service, current, server_sent(events, shutdown)),

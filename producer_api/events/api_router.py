@@ -6,7 +6,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, Header, Path
+from fastapi import APIRouter, Depends, Header, Path, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
@@ -22,6 +22,7 @@ PING_S = 15
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
     200: {"content": {"text/event-stream": {}}, "description": "token, restart, final events"},
+    204: {"description": "Last-Event-ID is the ended job's final event: nothing follows"},
     404: {"model": ErrorBody, "description": "Unknown job"},
     422: {"model": ErrorBody, "description": "Last-Event-ID is not a stream entry id"},
     429: {"model": ErrorBody, "description": "Rate limited, or the key's streams cap reached"},
@@ -58,12 +59,13 @@ async def job_events(
     service: Annotated[EventsService, Depends(acting_for("read", EventsService))],
     job_id: str = Path(max_length=128, description="Job id"),
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID", pattern=EVENT_ID),
-) -> EventSourceResponse:
+) -> Response:
     """Stream a job's events. While it is queued: `queued` events (position, ETA) when they
     change, at most once a second, and `scaling` when no worker serves its partition. LLM
     jobs: one `token` event per engine step (id = token-stream entry id), then a `final`
     event with the finish reason and usage; reconnecting with
-    `Last-Event-ID` resumes right after that event. Other jobs: one `final` event with the job
+    `Last-Event-ID` resumes right after that event (204 after the `final` one: nothing
+    follows it, and an EventSource stops reconnecting). Other jobs: one `final` event with the job
     when it ends. The job keeps running when the client goes away, when this producer shuts
     down or when Redis stops answering (the stream then ends with an `error` event carrying
     `retry:`). A `Last-Event-ID` that no stream could hold (parts beyond 64 bits) is refused
@@ -75,6 +77,8 @@ async def job_events(
         message = "Last-Event-ID: not a token-stream entry id (<ms>-<seq>, each within 64 bits)"
         raise ConveyorError(422, "invalid_request", message)
     events = await service.open(job_id, last_event_id)
+    if events is None:  # the client has the final event: EventSource's "stop"
+        return Response(status_code=204)
     shutdown = anyio.Event()
     return EventSourceResponse(
         server_sent(events, shutdown),

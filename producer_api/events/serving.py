@@ -28,6 +28,7 @@ from producer_api.state import ProducerState
 from producer_api.task_cancel import cancel_and_wait
 from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
+from shared.job_store import JobRecord
 
 START = "0-0"
 # A stream's place among its key's open streams lapses after this long unrenewed (three missed
@@ -46,18 +47,30 @@ class EventsService:
         self.principal = principal
         self.jobs = JobsService(state, principal)
 
-    async def open(self, job_id: str, last_event_id: str | None) -> AsyncIterator[JobEvent]:
-        """The caller's job's events after `last_event_id`; raises 404 (before any event is
-        sent) when the job is unknown or another tenant's, 429 when the key holds its cap of
+    async def open(self, job_id: str, last_event_id: str | None) -> AsyncIterator[JobEvent] | None:
+        """The caller's job's events after `last_event_id`; None when there are none to send
+        (`last_event_id` is the final event of a job that ended); raises 404 (before any event
+        is sent) when the job is unknown or another tenant's, 429 when the key holds its cap of
         streams open. A key revoked or expired meanwhile ends the stream within RECHECK_S with
         an `error` event (type `unauthorized`); the job runs on."""
         record = await self.jobs.owned(job_id)
         config = self.state.repository.get(record.fields.get("model", ""))
         if config is not None and config.kind == "generate":
+            if last_event_id is not None and await self._had_the_end(record, last_event_id):
+                return None
             events = self._after_queue(job_id, self._tokens(job_id, last_event_id or START))
         else:
             events = self._after_queue(job_id, self._final(job_id))
         return self._while_key_holds(events, await self._place())
+
+    async def _had_the_end(self, record: JobRecord, last_event_id: str) -> bool:
+        """Whether a resume after `last_event_id` has nothing to follow: it is the final event
+        of a job that ended. A final made again from the record (no id) would follow, and an
+        EventSource reconnected after it for ever, `Last-Event-ID` unchanged."""
+        if not record.status.terminal:
+            return False
+        last = await self.state.tokens.last(self.state.keys.tokens(record.job_id))
+        return last is not None and last.final and last.id == last_event_id
 
     async def _place(self) -> str | None:
         """A place among the key's open streams (its stream id; None with auth off) under the
