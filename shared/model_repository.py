@@ -16,6 +16,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from shared.codec import dumps
+
 NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"  # a model's or a variant's name, wherever one is accepted
 NAME_PATTERN = re.compile(NAME)
 
@@ -28,6 +30,7 @@ CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 GENERATE_BACKENDS = frozenset({"vllm"})
 # The engines that tokenise texts themselves and read EncoderParameters.
 ENCODER_BACKENDS = frozenset({"onnxruntime", "tensorrt", "torch"})
+QUOTED_CHARS = 200  # of a refused value, quoted in its 422
 DEFAULT_MAX_SEQ_LENGTH = 256  # tokens per text, special ones included; longer texts are truncated
 # The artifact builders workers/model_prep knows by name (`prepare:`, `conveyor models prepare`).
 PREPARER_NAMES = frozenset({"minilm", "smollm2"})
@@ -210,6 +213,16 @@ class AutoscalingHints(BaseModel):
         return self
 
 
+def _briefly(error: jsonschema_rs.ValidationError) -> str:
+    """The error's message with the value it quotes cut short: a refused 16 KB prompt was
+    quoted whole in its 422, once for every way it broke the schema."""
+    quoted = dumps(error.instance).decode()
+    if len(quoted) <= QUOTED_CHARS or quoted not in error.message:
+        return error.message
+    shown = f"{quoted[:QUOTED_CHARS]}… ({len(quoted)} characters of JSON)"
+    return error.message.replace(quoted, shown, 1)
+
+
 def _no_retrieval(uri: str) -> Any:
     raise ValueError(f"remote $ref {uri!r}: input schemas must be self-contained")
 
@@ -364,7 +377,7 @@ class ModelConfig(BaseModel):
             return []
         errors = sorted(self.input_check.iter_errors(inputs), key=lambda e: list(e.instance_path))
         return [
-            f"inputs{''.join(f'[{p!r}]' for p in e.instance_path)}: {e.message}" for e in errors
+            f"inputs{''.join(f'[{p!r}]' for p in e.instance_path)}: {_briefly(e)}" for e in errors
         ]
 
     def fair_window_of(self, variant: str) -> int:

@@ -136,3 +136,18 @@ def test_a_pattern_no_engine_compiles_is_refused_at_load_naming_where() -> None:
     schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "(["}}}
     with pytest.raises(ValueError, match=r"input_schema\.properties\.name\.pattern: "):
         _config(schema)
+
+
+def test_a_refused_long_value_is_quoted_cut_short() -> None:
+    """A 16 KB prompt over its maxLength was quoted whole in the 422; the reason after it
+    (what the user needs) stays whole, and a short value is quoted as it is."""
+    schema = {"type": "object", "properties": {"text": {"type": "string", "maxLength": 10}}}
+    [error] = _config(schema).input_errors({"text": "y" * 16_384})
+    quoted = '"' + "y" * 199
+    assert (
+        error
+        == f"inputs['text']: {quoted}… (16386 characters of JSON) is longer than 10 characters"
+    )
+    assert _config(schema).input_errors({"text": "y" * 11}) == [
+        f"inputs['text']: \"{'y' * 11}\" is longer than 10 characters"
+    ]
