@@ -13,17 +13,14 @@ import pytest
 import redis.asyncio as aioredis
 
 from conveyor.stack import Stack
-from producer_api.app import create_app
-from producer_api.auth.principal import ANONYMOUS
 from producer_api.openai.protocol import CompletionRequest
-from producer_api.openai.serving import DONE, CompletionRenderer, OpenAIService
+from producer_api.openai.serving import DONE, CompletionRenderer
 from shared.job_states import JobStatus
 from shared.keys import Keys
-from shared.settings import Settings
 from shared.token_stream import TokenEvent
 from tests.conftest import serve
 from tests.test_llm_pipeline import read_events, submit_job
-from tests.test_openai_restart import LANE, _next_job
+from tests.test_openai_stream_cut import openai_service
 from workers.engines.base import GenerateRequest, TokenChunk
 from workers.generation.generate_job import RunningJob
 from workers.partition.stream_reader import Delivery
@@ -52,11 +49,7 @@ def test_the_tokens_of_a_last_step_without_text_are_in_a_token_event() -> None:
 async def test_an_openai_stream_sends_no_chunk_for_a_step_without_text(
     redis_url: str, aredis: aioredis.Redis
 ) -> None:
-    app = create_app(Settings(redis_url=redis_url, auth="disabled", instance_id="count-review"))
-    newest = await aredis.xrevrange(LANE, count=1)
-    after = newest[0][0] if newest else b"0-0"
-    async with app.router.lifespan_context(app):
-        service = OpenAIService(app.state.conveyor, ANONYMOUS)
+    async with openai_service(redis_url, aredis) as service:
         job_id = await service.submit(CompletionRequest(model="smollm2", prompt="Say", stream=True))
         events = _events()
         await TokenWriter(aredis, Keys(), 60).write(
@@ -66,8 +59,6 @@ async def test_an_openai_stream_sends_no_chunk_for_a_step_without_text(
         with anyio.fail_after(30):  # a hang guard only
             renderer = CompletionRenderer(job_id, "smollm2")
             chunks = [c async for c in service.stream(job_id, renderer, anyio.Event())]
-    entry_id, _ = await _next_job(aredis, after)
-    await aredis.xdel(LANE, entry_id)  # no worker here takes it: leave the lane as found
     assert chunks[-1] == DONE, chunks
     choices = [json.loads(chunk)["choices"][0] for chunk in chunks[:-1]]
     assert [(c["text"], c["finish_reason"]) for c in choices] == [("Yes", None), ("", "stop")]

@@ -7,6 +7,8 @@ the first ran on. The chunk names where the job that runs on is answered instead
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio
 import redis.asyncio as aioredis
@@ -22,14 +24,23 @@ from tests.test_openai_restart import _next_job
 LANE = Keys().queue("smollm2", "default")
 
 
-async def test_a_cut_stream_names_its_job_and_no_resume_it_does_not_take(
-    redis_url: str, aredis: aioredis.Redis
-) -> None:
-    app = create_app(Settings(redis_url=redis_url, auth="disabled", instance_id="cut-review"))
+@asynccontextmanager
+async def openai_service(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[OpenAIService]:
+    """The OpenAI service of an in-process producer on real Valkey. No worker serves it: the
+    smollm2 job a test enqueues is taken out of its lane on the way out (the lane as found)."""
+    app = create_app(Settings(redis_url=redis_url, auth="disabled", instance_id="openai-unit"))
     newest = await aredis.xrevrange(LANE, count=1)
     after = newest[0][0] if newest else b"0-0"
     async with app.router.lifespan_context(app):
-        service = OpenAIService(app.state.conveyor, ANONYMOUS)
+        yield OpenAIService(app.state.conveyor, ANONYMOUS)
+    entry_id, _ = await _next_job(aredis, after)
+    await aredis.xdel(LANE, entry_id)
+
+
+async def test_a_cut_stream_names_its_job_and_no_resume_it_does_not_take(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    async with openai_service(redis_url, aredis) as service:
         message = ChatMessage(role="user", content="hi")
         request = ChatCompletionRequest(model="smollm2", messages=[message], stream=True)
         job_id = await service.submit(request)
@@ -38,9 +49,7 @@ async def test_a_cut_stream_names_its_job_and_no_resume_it_does_not_take(
             async for chunk in service.stream(job_id, ChatRenderer(job_id, "smollm2"), shutdown):
                 chunks.append(chunk)
                 shutdown.set()  # the producer is asked to stop once the stream has begun
-        await service.cancel(job_id)  # no worker here runs it: leave the lane as found
-    entry_id, _ = await _next_job(aredis, after)
-    await aredis.xdel(LANE, entry_id)
+        await service.cancel(job_id)
     assert chunks[-1] == DONE, chunks
     error = json.loads(chunks[-2])["error"]
     assert error["type"] == "unavailable", error
