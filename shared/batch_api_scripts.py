@@ -147,3 +147,22 @@ if ending then return {cur, ending} end
 redis.call('HSET', KEYS[1], 'ending', ARGV[1], 'ending_at', ARGV[2])
 return {cur, ARGV[1]}
 """
+
+# KEYS[1]=batch hash, then the batch's lists that expire with it; ARGV: ttl_s, then the fields
+# of its ending. A finalizer's commit: its ending written and every key given `ttl_s` from now,
+# only while the hash exists. One that expired since the finalizer counted it stays gone:
+# written, it came back a batch of a `status` alone, with no tenant, counts or times.
+# Returns 1 when committed, 0 when the batch is gone.
+COMMIT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
+return 1
+"""
+
+# KEYS[1]=batch hash; ARGV: field, value. HSETNX, only while the hash exists: on a hash that
+# expired after its last read, HSETNX made a key of that field alone, with no TTL.
+SET_UNLESS_SET = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+"""

@@ -180,6 +180,8 @@ class BatchApiStore(TenantIndexed):
         self._count = client.register_script(batch_api_scripts.COUNT)
         self._advance = client.register_script(batch_api_scripts.ADVANCE)
         self._request_end = client.register_script(batch_api_scripts.REQUEST_END)
+        self._commit = client.register_script(batch_api_scripts.COMMIT)
+        self._set_unless_set = client.register_script(batch_api_scripts.SET_UNLESS_SET)
 
     def index_of(self, tenant: str) -> str:
         return self.keys.batches_of(tenant)
@@ -275,8 +277,12 @@ class BatchApiStore(TenantIndexed):
         check_replica_acks(replies[len(replies) - waits :])
 
     async def read(self, batch_id: str) -> dict[str, str] | None:
+        """None for a batch gone, and for a hash with no `status`: what a write into a batch
+        hash that had expired left (before `SET_UNLESS_SET`), never a batch, which a look then
+        failed on (a 500)."""
         raw = await self.redis.hgetall(self.keys.batch(batch_id))
-        return {as_text(k): as_text(v) for k, v in raw.items()} if raw else None
+        fields = {as_text(k): as_text(v) for k, v in raw.items()}
+        return fields if "status" in fields else None
 
     async def refresh(self, batch_id: str, window: int, stale_ms: int = STALE_MS) -> Refresh | None:
         """Count what finished in every partition, then apply it to the batch hash; None when
@@ -362,7 +368,7 @@ class BatchApiStore(TenantIndexed):
     async def finish(self, batch_id: str, status: BatchStatus) -> BatchStatus:
         """finalizing → `status`; returns the status committed. Every key of the batch, item job
         hashes included, now lives `ttl_s` from here, so early items' output does not expire
-        before the batch's. The batch's slot changes in one transaction, the commit point (a
+        before the batch's. The batch's slot changes at once (`COMMIT`), the commit point (a
         finalizer that dies before it is replaced after STALE_MS). The keys in other slots are
         the caller's to `release` after it, once the batch's webhook is handed over: an ended
         batch still in the active index is one whose finalizer died after the commit, which the
@@ -372,7 +378,7 @@ class BatchApiStore(TenantIndexed):
         (workers check an item's deadline as they read it, not as they write its result) ends
         `expired` instead, whoever counts it and whenever. Its counts are final once it is
         finalizing, and moved once: a finalizer that took over a silent one may find that one's
-        commit made, which it keeps."""
+        commit made, which it keeps. A batch whose hash expired meanwhile stays gone (`COMMIT`)."""
         fields = await self.read(batch_id) or {}
         if "status" in fields and BatchStatus(fields["status"]).terminal:  # committed: kept
             status, until = BatchStatus(fields["status"]), None
@@ -387,17 +393,17 @@ class BatchApiStore(TenantIndexed):
             late.update(str(item.status) for item in chunk if item.late(until))
         if late:
             status = BatchStatus.EXPIRED
-        key = self.keys.batch(batch_id)
         ending = {
             "status": status.value,
             f"{status.value}_at": now_ms(),
             **_recounted(fields, late),
         }
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, items=_flat(ending))
-            for name in (key, self.keys.batch_items(batch_id), self.keys.batch_rejected(batch_id)):
-                pipe.expire(name, self.ttl_s)
-            await pipe.execute()
+        names = [
+            self.keys.batch(batch_id),
+            self.keys.batch_items(batch_id),
+            self.keys.batch_rejected(batch_id),
+        ]
+        await self._commit(keys=names, args=[self.ttl_s, *_flat(ending)])
         return status
 
     async def release(self, batch_id: str, fields: Mapping[str, str]) -> None:
@@ -432,7 +438,8 @@ class BatchApiStore(TenantIndexed):
         await self.redis.hset(self.keys.batch(batch_id), items=_flat(fields))
 
     async def set_field_unless_set(self, batch_id: str, name: str, value: str) -> None:
-        await self.redis.hsetnx(self.keys.batch(batch_id), name, value)
+        """Only into a batch still there (`SET_UNLESS_SET`)."""
+        await self._set_unless_set(keys=[self.keys.batch(batch_id)], args=[name, value])
 
 
 _ITEM_FIELDS = ("status", "custom_id", "line", "outputs", "error", "finished", "deadline")
