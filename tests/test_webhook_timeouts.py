@@ -23,6 +23,7 @@ from shared.celery_broker import VISIBILITY_TIMEOUT_S, broker_app
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.webhook_events import allowed
+from tests.webhook_receiver import attempt, delivering_to
 from workers import webhook_delivery
 from workers.webhook_delivery import (
     BACKOFF_CAP_S,
@@ -129,6 +130,9 @@ def _answering(status_line: str, headers: str) -> str:
         ("503 Service Unavailable", "soon", None),  # unreadable: the backoff alone
         ("429 Too Many Requests", "\u00b2", None),  # a digit float() cannot read
         ("500 Internal Server Error", "120", None),  # means nothing on a 500
+        # a year past C's int: parsedate_to_datetime's OverflowError escaped the task, which
+        # Celery acknowledged, and the delivery was dropped with no attempt on record
+        ("429 Too Many Requests", "Mon, 01 Jan 99999999999 00:00:00 GMT", None),
     ],
 )
 def test_a_receiver_asking_for_time_gets_it_before_the_next_attempt(
@@ -219,16 +223,6 @@ def test_a_receiver_that_ran_out_the_timeout_is_held_for_its_other_deliveries(
     assert holds.left_s("http://127.0.0.1:9/other") == 0
 
 
-def _attempt(task_id: str, retries: int, job_id: str, url: str) -> str:
-    """The task run as a worker runs delivery `task_id` after `retries` retries."""
-    task = webhook_delivery.deliver_webhook
-    task.push_request(id=task_id, retries=retries)
-    try:
-        return task.run("job", job_id, url, EVENT, time.time())
-    finally:
-        task.pop_request()
-
-
 def test_a_cluster_out_of_reach_stops_no_delivery(
     settings_env: Callable[..., None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -246,7 +240,7 @@ def test_a_cluster_out_of_reach_stops_no_delivery(
     monkeypatch.setattr(webhook_delivery, "_receiver_holds", lambda: holds)
     monkeypatch.setattr(webhook_delivery, "_attempt_log", unreachable)
     monkeypatch.setattr(webhook_delivery, "_redis", unreachable)
-    assert _attempt("task-j3", 0, "j3", f"{receiver}/j3") == "delivered"
+    assert attempt(EVENT, "task-j3", 0, "j3", f"{receiver}/j3") == "delivered"
 
 
 def test_a_dead_workers_pending_retry_is_handed_on_well_within_the_retry_window() -> None:
@@ -282,28 +276,6 @@ def failing() -> Iterator[tuple[str, list[bytes]]]:
     listener.close()
 
 
-def _delivering_to(
-    origin: str,
-    prefix: str,
-    redis_client: redis.Redis,
-    settings_env: Callable[..., None],
-    monkeypatch: pytest.MonkeyPatch,
-) -> Keys:
-    """Deliveries allowed to `origin`, their bookkeeping on `redis_client` under `prefix`."""
-    settings_env(
-        CONVEYOR_WEBHOOK_SECRET="whsec-test",
-        CONVEYOR_WEBHOOK_ALLOWLIST=origin,
-        CONVEYOR_KEY_PREFIX=prefix,
-    )
-    keys = Keys(prefix)
-    monkeypatch.setattr(webhook_delivery, "_redis", lambda: redis_client)
-    monkeypatch.setattr(webhook_delivery, "_attempt_log", lambda: AttemptLog(redis_client))
-    monkeypatch.setattr(
-        webhook_delivery, "_receiver_holds", lambda: ReceiverHolds(lambda: redis_client, keys)
-    )
-    return keys
-
-
 def test_a_restored_copy_of_an_attempt_neither_posts_nor_retries_again(
     failing: tuple[str, list[bytes]],
     redis_client: redis.Redis,
@@ -315,7 +287,7 @@ def test_a_restored_copy_of_an_attempt_neither_posts_nor_retries_again(
     posted the same attempt, and, both failing, ran two retry chains. The copy that comes second
     finds the attempt claimed and does nothing; the next attempt (one more retry) posts."""
     origin, taken = failing
-    keys = _delivering_to(origin, "claim-test:", redis_client, settings_env, monkeypatch)
+    keys = delivering_to(origin, "claim-test:", redis_client, settings_env, monkeypatch)
     redis_client.hset(keys.job("j4"), "status", "succeeded")
     url = f"{origin}/j4"
     queued: list[float] = []
@@ -328,12 +300,12 @@ def test_a_restored_copy_of_an_attempt_neither_posts_nor_retries_again(
 
     monkeypatch.setattr(webhook_delivery.deliver_webhook, "retry", published)
     with pytest.raises(Retry):
-        _attempt("task-j4", 0, "j4", url)
-    assert _attempt("task-j4", 0, "j4", url) == "duplicate"  # no POST, no attempt, no retry
+        attempt(EVENT, "task-j4", 0, "j4", url)
+    assert attempt(EVENT, "task-j4", 0, "j4", url) == "duplicate"  # no POST, no attempt, no retry
     assert len(taken) == 1
     assert redis_client.ttl(keys.webhook_claim("task-j4", 0)) > Settings().webhook_retry_for_s
     with pytest.raises(Retry):
-        _attempt("task-j4", 1, "j4", url)
+        attempt(EVENT, "task-j4", 1, "j4", url)
     assert len(taken) == 2
     attempts = json.loads(redis_client.hget(keys.job("j4"), "webhook_attempts") or "")
     assert [attempt["attempt"] for attempt in attempts] == [1, 2]
@@ -344,7 +316,7 @@ def test_a_restored_copy_of_an_attempt_neither_posts_nor_retries_again(
     assert 0 < running_ttl <= Settings().webhook_timeout_s + 60 < VISIBILITY_TIMEOUT_S
     redis_client.delete(keys.webhook_claim("task-j4", 2))  # lapsed
     with pytest.raises(Retry):
-        _attempt("task-j4", 2, "j4", url)
+        attempt(EVENT, "task-j4", 2, "j4", url)
     assert len(taken) == 3 and len(queued) == 3
 
 
@@ -362,7 +334,7 @@ def test_an_attempt_whose_worker_died_before_its_retry_was_queued_runs_again(
     retry was queued left attempt N claimed for the whole retry window, and the copy kombu
     restored returned "duplicate": no attempt N+1, the delivery stopped for good."""
     origin, taken = failing
-    keys = _delivering_to(origin, "claim-died:", redis_client, settings_env, monkeypatch)
+    keys = delivering_to(origin, "claim-died:", redis_client, settings_env, monkeypatch)
 
     def dies(countdown: float, throw: bool = True) -> Retry:
         raise Died
@@ -371,10 +343,10 @@ def test_an_attempt_whose_worker_died_before_its_retry_was_queued_runs_again(
     redis_client.hset(keys.job("j5"), "status", "succeeded")
     url = f"{origin}/j5"
     with pytest.raises(Died):
-        _attempt("task-j5", 0, "j5", url)
+        attempt(EVENT, "task-j5", 0, "j5", url)
     claim = redis_client.ttl(keys.webhook_claim("task-j5", 0))
     assert 0 < claim <= Settings().webhook_timeout_s + 60  # left to lapse
     redis_client.delete(keys.webhook_claim("task-j5", 0))  # lapsed
     with pytest.raises(Died):  # the restored copy posts the attempt again
-        _attempt("task-j5", 0, "j5", url)
+        attempt(EVENT, "task-j5", 0, "j5", url)
     assert len(taken) == 2

@@ -1,14 +1,22 @@
 """A real local HTTP receiver for webhook tests: answers each path with its scripted statuses in
-turn (then 200) and records every delivery."""
+turn (then 200) and records every delivery; and the webhook task run as a worker runs it,
+against such receivers, its bookkeeping on a test's Redis."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import pytest
+import redis
+
+from shared.keys import Keys
+from workers import webhook_delivery
+from workers.webhook_delivery import AttemptLog, ReceiverHolds
 
 
 class Receiver(ThreadingHTTPServer):
@@ -53,3 +61,35 @@ def serving(script: dict[str, list[int]] | None = None) -> Iterator[Receiver]:
         yield server
     finally:
         server.shutdown()
+
+
+def delivering_to(
+    origin: str,
+    prefix: str,
+    redis_client: redis.Redis,
+    settings_env: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Keys:
+    """Deliveries allowed to `origin`, their bookkeeping on `redis_client` under `prefix`."""
+    settings_env(
+        CONVEYOR_WEBHOOK_SECRET="whsec-test",
+        CONVEYOR_WEBHOOK_ALLOWLIST=origin,
+        CONVEYOR_KEY_PREFIX=prefix,
+    )
+    keys = Keys(prefix)
+    monkeypatch.setattr(webhook_delivery, "_redis", lambda: redis_client)
+    monkeypatch.setattr(webhook_delivery, "_attempt_log", lambda: AttemptLog(redis_client))
+    monkeypatch.setattr(
+        webhook_delivery, "_receiver_holds", lambda: ReceiverHolds(lambda: redis_client, keys)
+    )
+    return keys
+
+
+def attempt(event: dict[str, Any], task_id: str, retries: int, job_id: str, url: str) -> str:
+    """The task run as a worker runs delivery `task_id` of `event` after `retries` retries."""
+    task = webhook_delivery.deliver_webhook
+    task.push_request(id=task_id, retries=retries)
+    try:
+        return task.run("job", job_id, url, event, time.time())
+    finally:
+        task.pop_request()

@@ -1,8 +1,8 @@
 """Webhook delivery as a Celery task, so a delivery outlives the process that asked for it:
 POST the signed event, retry with exponential backoff and jitter for a bounded time
-(`CONVEYOR_WEBHOOK_RETRY_FOR_S`), no sooner than a receiver's 429 or 503 asks in Retry-After,
-and record every attempt on the hash of the job or of the Batch API job (target kind `batch`)
-the event is about.
+(`CONVEYOR_WEBHOOK_RETRY_FOR_S`), no sooner than a receiver's 429 or 503 asks in Retry-After
+(a 4xx that refuses the request itself is not retried), and record every attempt on the hash
+of the job or of the Batch API job (target kind `batch`) the event is about.
 
 Events are queued by name (`shared.webhook_events.WebhookDispatcher`): by the producer when a
 Batch API job ends or a job is cancelled, by workers when a job with a webhook ends
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 import uuid
@@ -44,6 +45,14 @@ T = TypeVar("T")
 UNREACHABLE = (redis.RedisError, RedisClusterException)
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 300.0
+# Doublings past which the backoff is capped: 2 ** (attempt - 1) for an attempt past 1024 is no
+# float (OverflowError), which a 3-day retry window, Stripe's, reaches.
+BACKOFF_DOUBLINGS = math.ceil(math.log2(BACKOFF_CAP_S / BACKOFF_BASE_S))
+# The 4xx answers worth another attempt: a receiver that timed the request out (408), asks it
+# sent later (425) or is rate limited (429). Any other 4xx says the request itself is refused
+# (a wrong URL, a signature the receiver does not verify): it fails at once, as Amazon SNS
+# fails it, instead of knocking for the whole retry window.
+RETRIED_4XX = frozenset({408, 425, 429})
 # A receiver that ran out the timeout is held this many timeouts: it takes at most a seventh of
 # a worker's delivery time however many of its deliveries queue.
 HOLD_TIMEOUTS = 6
@@ -61,7 +70,7 @@ STOP_CHECK_S = 0.25  # how often that wait looks whether the worker is asked to 
 def backoff_s(attempt: int) -> float:
     """Equal jitter: half of the exponential step is fixed, half random, so a failing receiver
     is not hit by all its retries at once and no retry comes back immediately."""
-    step = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
+    step = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** min(attempt - 1, BACKOFF_DOUBLINGS))
     return step / 2 + random.uniform(0, step / 2)
 
 
@@ -86,7 +95,7 @@ def retry_after_s(status: int, value: str | None) -> float | None:
             return None
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # a year past C's int: OverflowError
         return None
     return max(0.0, when.timestamp() - time.time())
 
@@ -326,13 +335,20 @@ def after_attempt(
     number: int, attempt: dict[str, Any], first_attempt_at: float, settings: Settings
 ) -> tuple[str, float]:
     """The delivery's status after attempt `number`, and how long before the next: `delivered`;
-    `retrying` after the backoff, or the longer wait the receiver asked for; `failed` once that
-    wait would end past `CONVEYOR_WEBHOOK_RETRY_FOR_S` from the first attempt."""
+    `failed` at once for a 4xx the receiver would answer again (`RETRIED_4XX`); `retrying`
+    after the backoff, or the longer wait the receiver asked for; `failed` once that wait would
+    end past `CONVEYOR_WEBHOOK_RETRY_FOR_S` from the first attempt."""
     if attempt["error"] is None:
         return "delivered", 0.0
+    if _refused_for_good(attempt.get("status_code")):
+        return "failed", 0.0
     delay = retry_delay_s(number, attempt.get("retry_after_s"))
     out_of_time = time.time() + delay > first_attempt_at + settings.webhook_retry_for_s
     return ("failed" if out_of_time else "retrying"), delay
+
+
+def _refused_for_good(status: int | None) -> bool:
+    return status is not None and 400 <= status < 500 and status not in RETRIED_4XX
 
 
 def _queue_next(task: Task, delay_s: float, until: float) -> Retry:
