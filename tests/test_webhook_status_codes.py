@@ -6,6 +6,8 @@ and a 5xx are retried. And a delivery retried for days (Stripe's three) keeps it
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -81,3 +83,49 @@ def test_a_delivery_retried_for_days_keeps_its_backoff(
     assert [d["status"] for d in receiver.at("/hooks/days")] == [500]
     status, delay = after_attempt(5000, {"error": "HTTP 500"}, time.time(), Settings())
     assert status == "retrying" and delay <= BACKOFF_CAP_S
+
+
+def test_a_redirect_is_not_followed_to_another_host_and_is_retried(
+    receiver: Receiver,
+    redis_client: redis.Redis,
+    settings_env: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A receiver allowed by the allow-list could point the delivery anywhere with a Location:
+    followed, the signed event would reach a host the allow-list never named."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    moved = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    def answer() -> None:
+        connection, _ = listener.accept()
+        with connection, listener:
+            connection.recv(65536)
+            location = f"Location: {receiver.base}/hooks/elsewhere\r\n"
+            connection.sendall(
+                f"HTTP/1.1 307 Moved\r\n{location}Content-Length: 0\r\n\r\n".encode()
+            )
+
+    threading.Thread(target=answer, daemon=True).start()
+    keys = delivering_to(moved, "moved:", redis_client, settings_env, monkeypatch)
+    redis_client.hset(keys.job("j-moved"), "status", "succeeded")
+    with pytest.raises(Retry):
+        webhook_delivery.deliver_webhook.run("job", "j-moved", f"{moved}/hooks", EVENT, time.time())
+    assert receiver.at("/hooks/elsewhere") == []
+    (tried,) = json.loads(redis_client.hget(keys.job("j-moved"), "webhook_attempts") or b"")
+    assert tried["status_code"] == 307
+
+
+def test_a_refused_connection_is_retried(
+    redis_client: redis.Redis,
+    settings_env: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    closed = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()  # nothing listens there now: the connection is refused
+    keys = delivering_to(closed, "refused:", redis_client, settings_env, monkeypatch)
+    redis_client.hset(keys.job("j-refused"), "status", "succeeded")
+    with pytest.raises(Retry):
+        webhook_delivery.deliver_webhook.run("job", "j-refused", f"{closed}/h", EVENT, time.time())
+    (tried,) = json.loads(redis_client.hget(keys.job("j-refused"), "webhook_attempts") or b"")
+    assert tried["error"].startswith("ConnectError"), tried
