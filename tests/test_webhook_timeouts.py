@@ -223,6 +223,59 @@ def test_a_receiver_that_ran_out_the_timeout_is_held_for_its_other_deliveries(
     assert holds.left_s("http://127.0.0.1:9/other") == 0
 
 
+@pytest.fixture
+def failing_slowly() -> Iterator[tuple[str, list[bytes]]]:
+    """A receiver that answers every POST with a 500 after 0.7 s; its URL and the requests it
+    took."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    taken: list[bytes] = []
+
+    def answer(connection: socket.socket) -> None:
+        with connection:
+            taken.append(connection.recv(65536))
+            time.sleep(0.7)
+            connection.sendall(b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n")
+
+    def take() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(connection,), daemon=True).start()
+
+    threading.Thread(target=take, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}", taken
+    listener.close()
+
+
+def test_a_receiver_that_fails_slowly_is_held_as_long_as_it_took_six_times_over(
+    failing_slowly: tuple[str, list[bytes]],
+    redis_client: redis.Redis,
+    settings_env: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only a receiver that ran out the whole timeout was held: one that failed just before it
+    (a 500 after 9.9 s of a 10 s timeout) was never held, each of its deliveries retried some
+    25 times in an hour at that cost, and 16 of them took a worker's whole delivery time, every
+    other tenant's behind them."""
+    origin, taken = failing_slowly
+    keys = delivering_to(origin, "slow-hold:", redis_client, settings_env, monkeypatch)
+    settings_env(CONVEYOR_WEBHOOK_TIMEOUT_S="1")
+    for job_id in ("j1", "j2"):
+        redis_client.hset(keys.job(job_id), "status", "succeeded")
+        with pytest.raises(Retry):
+            webhook_delivery.deliver_webhook.run(
+                "job", job_id, f"{origin}/{job_id}", EVENT, time.time()
+            )
+    assert len(taken) == 1  # j2's delivery did not try the receiver: it was held
+    (failed,) = json.loads(redis_client.hget(keys.job("j1"), "webhook_attempts") or "")
+    (held,) = json.loads(redis_client.hget(keys.job("j2"), "webhook_attempts") or "")
+    assert failed["error"] == "HTTP 500" and failed["duration_ms"] >= 700, failed
+    assert held["error"].startswith("held:"), held
+    assert held["retry_after_s"] <= 6 * failed["duration_ms"] / 1000, held
+
+
 def test_a_cluster_out_of_reach_stops_no_delivery(
     settings_env: Callable[..., None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
