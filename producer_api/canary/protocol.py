@@ -11,9 +11,10 @@ from shared.model_repository import NAME
 
 class CanaryStart(BaseModel):
     """A canary's rollout and bounds. Finite numbers only: pydantic's lax mode read "Infinity"
-    as inf, which the stored record keeps as null, and every decision then raised."""
+    as inf, which the stored record keeps as null, and every decision then raised. Strict ones:
+    lax mode read `max_error_rate: true` as 1.0, a canary no error rate could roll back."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     variant: str = Field(pattern=NAME)
     baseline: str | None = Field(default=None, description="Default: the model's default variant")

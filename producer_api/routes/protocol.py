@@ -10,9 +10,10 @@ from shared.routing import StickyBy
 class RoutesBody(BaseModel):
     """A model's new routes: every serving variant's percent (summing to 100), shadow variants
     with the share of online requests copied to them, and what keeps a user on its variant.
-    Finite numbers only, refused by pydantic's own message ("Infinity" is otherwise inf)."""
+    Finite numbers only, refused by pydantic's own message ("Infinity" is otherwise inf), and
+    strict ones: lax mode read `true` as a weight of 1 and `"3"` as version 3."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     weights: dict[str, float]
     shadows: dict[str, float] = Field(default_factory=dict)
