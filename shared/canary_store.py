@@ -27,10 +27,11 @@ LOCK_S = 10.0  # a decision or an abort takes milliseconds; a holder that died f
 STEP_BOUND_INTERVALS = 5
 STEP_BOUND_FLOOR_S = 120.0
 
-# KEYS[1]=canary hash, KEYS[2]=active set; ARGV: doc JSON, model, the call's token. Starts
-# unless one is running; one running that this call's token started is its own, rerun (its
-# reply was lost): the doc alone cannot tell, two starts of one caller in one millisecond
-# write the same.
+# KEYS[1]=canary hash, KEYS[2]=active set, KEYS[3]=events; ARGV: doc JSON, model, the call's
+# token. Starts unless one is running; one running that this call's token started is its own,
+# rerun (its reply was lost): the doc alone cannot tell, two starts of one caller in one
+# millisecond write the same. A start drops the last canary's events with its record: they
+# were shown as the new one's decisions (its `aborted` under the new one's `started`).
 _START = """
 local doc = redis.call('HGET', KEYS[1], 'doc')
 if doc and cjson.decode(doc).state == 'running' then
@@ -38,6 +39,7 @@ if doc and cjson.decode(doc).state == 'running' then
 end
 redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'start_call', ARGV[3])
 redis.call('SADD', KEYS[2], ARGV[2])
+redis.call('DEL', KEYS[3])
 return 1
 """
 
@@ -94,9 +96,11 @@ class CanaryStore:
         self._start = client.register_script(_START)
 
     async def start(self, canary: Canary) -> bool:
-        """Store a new running canary; False if the model has one running already (not one
-        this call started: the client reruns a script whose reply was lost)."""
-        keys = [self.keys.canary(canary.model), self.keys.canaries_active]
+        """Store a new running canary in place of the last one, its events with it; False if
+        the model has one running already (not one this call started: the client reruns a
+        script whose reply was lost)."""
+        model = canary.model
+        keys = [self.keys.canary(model), self.keys.canaries_active, self.keys.canary_events(model)]
         args: list[EncodableT] = [canary.to_json(), canary.model, uuid.uuid4().hex[:16]]
         return bool(await self._start(keys=keys, args=args))
 
