@@ -134,7 +134,8 @@ class BatchApiProgress:
 
     async def notify(self, batch_id: str, progress: Refresh) -> bool:
         """Hand the batch's terminal view to the webhook task (Celery, so it survives us), then
-        mark it `pending` unless the task has marked it already. At least once: a producer that
+        mark it `pending` unless the task has marked it already, or its hash expired meanwhile
+        (not brought back). At least once: a producer that
         dies between the two hands it over again (`complete`). False when the broker refused
         it: the batch's end stands (a create or a read that raised answered 500 for a batch
         that had ended), and the sweeper's `complete` hands it over again."""
