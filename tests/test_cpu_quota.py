@@ -5,14 +5,16 @@ thread counts (`intra_op_threads: 0`) fit a container's CPU limit, not the node'
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.minilm_reference import prepared_artifacts
+from tests.minilm_reference import minilm_config, prepared_artifacts
 from tests.test_torch_engine import torch_engine
-from workers.engines.cpu_budget import cgroup_cpu_limit, usable_cpus
+from workers.engines.cpu_budget import CPU_SHARES, cgroup_cpu_limit, usable_cpus
+from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
 
 AFFINITY = len(os.sched_getaffinity(0))
 
@@ -67,3 +69,31 @@ def test_the_torch_engine_on_the_cpu_threads_to_the_quota(
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture
+def two_partitions() -> Iterator[None]:
+    """A worker that serves two partitions (minilm's two variants), as it tells the budget."""
+    before = torch.get_num_threads()
+    CPU_SHARES.share_among(2)
+    try:
+        yield
+    finally:
+        CPU_SHARES.share_among(1)
+        torch.set_num_threads(before)
+
+
+def test_the_engines_of_one_worker_share_its_cpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_partitions: None
+) -> None:
+    """Two partitions under a 2-CPU quota, `intra_op_threads: 0`: the ONNX Runtime session and
+    PyTorch each took both CPUs, 4 threads on 2 CPUs once both were busy. Each now has one."""
+    monkeypatch.setattr(
+        "workers.engines.cpu_budget.CGROUP_ROOT", cgroup_v2(tmp_path, "200000 100000")
+    )
+    share = max(1, min(2, AFFINITY) // 2)
+    onnx = OnnxRuntimeEngine(minilm_config(), "default", str(prepared_artifacts()))
+    onnx.load()
+    assert onnx.session.get_session_options().intra_op_num_threads == share
+    torch_engine(prepared_artifacts(), device="cpu", cuda_graphs=None)
+    assert torch.get_num_threads() == share

@@ -36,11 +36,30 @@ def usable_cpus(root: Path | None = None) -> int:
     return allowed if limit is None else min(allowed, math.ceil(limit))
 
 
-def resolve_threads(configured: int) -> int:
-    """A thread count from a model's config, any but 0 as set. 0 (automatic) is `usable_cpus`
-    where a quota or an affinity mask narrows the machine, else 0 still: the runtime's own
-    choice (ONNX Runtime's is the physical cores, fewer than the logical ones it may run on)."""
-    if configured:
-        return configured
-    usable = usable_cpus()
-    return usable if usable < (os.cpu_count() or usable) else 0
+class CpuShares:
+    """How many engines share this process's CPUs, as Triton's model instances share the
+    machine's cores: a worker serving N partitions ran N pools, each of all its CPUs, N times
+    its CPUs in threads once every partition was busy. The worker says how many before it
+    loads them (`share_among`), since a pool is sized once, when its session is built."""
+
+    def __init__(self) -> None:
+        self._engines = 1
+
+    def share_among(self, engines: int) -> None:
+        self._engines = max(1, engines)
+
+    def threads(self, configured: int) -> int:
+        """A thread count from a model's config, any but 0 as set. 0 (automatic) is this
+        engine's share of `usable_cpus` (1 at least) where several engines share them or a
+        quota or an affinity mask narrows the machine, else 0 still: the runtime's own choice
+        (ONNX Runtime's is the physical cores, fewer than the logical ones it may run on)."""
+        if configured:
+            return configured
+        usable = usable_cpus()
+        if self._engines == 1 and usable >= (os.cpu_count() or usable):
+            return 0
+        return max(1, usable // self._engines)
+
+
+# This process's: PyTorch's count is one per process, whatever each engine asks.
+CPU_SHARES = CpuShares()

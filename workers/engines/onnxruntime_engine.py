@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 
 from workers.engines.base import StagedBatchEngine
-from workers.engines.cpu_budget import resolve_threads
+from workers.engines.cpu_budget import CPU_SHARES
 from workers.engines.text_encoding import (
     DEFAULT_MAX_TEXTS_PER_CALL,
     TOKENIZER_FILE,
@@ -112,11 +112,12 @@ class OnnxRuntimeEngine(StagedBatchEngine):
         log.info("onnxruntime session for %s uses %s", model_path, self.session.get_providers())
 
     def _session_options(self, intra_op_threads: int) -> ort.SessionOptions:
-        """0 threads is this process's CPU budget: ONNX Runtime's own 0 is every host core,
-        blind to a container's CPU limit."""
+        """0 threads is this engine's share of the process's CPUs: ONNX Runtime's own 0 is
+        every host core for each session, blind to a container's CPU limit and to the other
+        sessions of the worker."""
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = resolve_threads(intra_op_threads)
+        options.intra_op_num_threads = CPU_SHARES.threads(intra_op_threads)
         options.inter_op_num_threads = 1
         return options
 

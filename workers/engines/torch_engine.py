@@ -22,7 +22,7 @@ import torch
 
 from shared.model_repository import CudaGraphBuckets, TorchOptions
 from workers.engines.base import StagedBatchEngine
-from workers.engines.cpu_budget import resolve_threads
+from workers.engines.cpu_budget import CPU_SHARES
 from workers.engines.text_encoding import (
     MODEL_CONFIG_FILE,
     TOKENIZER_FILE,
@@ -192,9 +192,9 @@ class TorchEngine(StagedBatchEngine):
 
     def _wrap(self, encoder: Any, threads: int) -> torch.nn.Module:
         """Pooling on the device; `compile` fuses it further. On the CPU, 0 threads is this
-        process's CPU budget: PyTorch's own default is every host core, blind to a container's
-        CPU limit."""
-        if self.device.type == "cpu" and (count := resolve_threads(threads)):
+        engine's share of the process's CPUs: PyTorch's own default is every host core, blind
+        to a container's CPU limit and to the worker's other engines."""
+        if self.device.type == "cpu" and (count := CPU_SHARES.threads(threads)):
             torch.set_num_threads(count)
         model: torch.nn.Module = PooledEncoder(encoder).eval()
         return self._compile(model) if self.options.compile else model
