@@ -81,11 +81,11 @@ end
 # twice. When `open` is 0, the batch moves to `finalizing` and the caller that saw it move (or
 # that found a finalizer silent for `stale_ms`) is told to finalize; its token, kept as
 # `finalizer`, tells that caller so again when the client reruns the call (its reply lost).
-# A batch not asked to end early that reaches `open` 0 past its `expires_at` with items
-# `expired` (workers expire the items they read past it themselves) ends `expired`, not
-# `completed`: decided here, so no look between the sweeper's can end it otherwise. One with a
-# result that came past `expires_at` ends `expired` too, decided by its finalizer, which reads
-# every item (`BatchApiStore.finish`).
+# A batch not asked to end early that reaches `open` 0 past its `expires_at` with an item the
+# window stopped (workers expire the items they read past it themselves), or a result that came
+# past it, ends `expired`, not `completed`: decided by its finalizer, which reads every item's
+# deadline and end (`BatchApiStore.finish`); an item `expired` by its line's own, earlier
+# deadline is no sign of the window's.
 # Returns false when the batch is gone, else {finalize, hash fields..., seen...}.
 ADVANCE = (
     f"local STATES = {_STATES}\n"
@@ -114,18 +114,10 @@ for i = 4, #ARGV, 3 + 2 * n do
     end
   end
 end
-local function past_window_with_items_expired()
-  local f = redis.call('HMGET', KEYS[1], 'ending', 'expires_at', 'n_expired')
-  local expires = tonumber(f[2] or '0')
-  return not f[1] and expires > 0 and now >= expires and tonumber(f[3] or '0') > 0
-end
 local finalize = 0
 if tonumber(redis.call('HGET', KEYS[1], 'open') or '0') == 0 then
   local since = tonumber(redis.call('HGET', KEYS[1], 'finalizing_at') or '0')
   if cur == 'in_progress' or (cur == 'finalizing' and since < now - stale) then
-    if cur == 'in_progress' and past_window_with_items_expired() then
-      redis.call('HSET', KEYS[1], 'ending', 'expired', 'ending_at', now)
-    end
     redis.call('HSET', KEYS[1], 'status', 'finalizing', 'finalizing_at', now, 'finalizer', token)
     finalize = 1
   elseif cur == 'finalizing' and redis.call('HGET', KEYS[1], 'finalizer') == token then

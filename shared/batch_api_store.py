@@ -150,7 +150,7 @@ class ItemState:
             and self.finished > until
         )
 
-    def _expired_by_window(self, until: int | None) -> bool:
+    def expired_by_window(self, until: int | None) -> bool:
         """Expired by a worker that read it past `until` (`window_end`) with the batch's expiry
         as its deadline: the window stopped it, as the sweeper would have had it come first."""
         return (
@@ -163,8 +163,8 @@ class ItemState:
     def reported(self, until: int | None) -> ItemState:
         """The item as its batch reports it: a late result is not the batch's, but `expired`,
         as if the expiry had stopped the job, which it did stop for an item a worker expired
-        past the window (`_expired_by_window`)."""
-        if not (self.late(until) or self._expired_by_window(until)):
+        past the window (`expired_by_window`)."""
+        if not (self.late(until) or self.expired_by_window(until)):
             return self
         error = ended_early(BatchStatus.EXPIRED)
         return replace(self, status=JobStatus.EXPIRED.value, outputs=None, error=error)
@@ -375,8 +375,9 @@ class BatchApiStore(TenantIndexed):
         sweeper completes.
         An expired batch's results that came after its window (`ItemState.late`) are counted as
         expired here, as its files report them; a batch heading to `completed` that has one
-        (workers check an item's deadline as they read it, not as they write its result) ends
-        `expired` instead, whoever counts it and whenever. Its counts are final once it is
+        (workers check an item's deadline as they read it, not as they write its result), or an
+        item the window stopped (`ItemState.expired_by_window`), ends `expired` instead, whoever
+        counts it and whenever. Its counts are final once it is
         finalizing, and moved once: a finalizer that took over a silent one may find that one's
         commit made, which it keeps. A batch whose hash expired meanwhile stays gone (`COMMIT`)."""
         fields = await self.read(batch_id) or {}
@@ -385,13 +386,15 @@ class BatchApiStore(TenantIndexed):
         else:
             until = _checked_until(status, fields)
         late: Counter[str] = Counter()
+        stopped = False  # an item the window stopped
         async for chunk in self.items(batch_id):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for item in chunk:
                     pipe.expire(self.keys.job(item.job_id), self.ttl_s)
                 await pipe.execute()
             late.update(str(item.status) for item in chunk if item.late(until))
-        if late:
+            stopped = stopped or any(item.expired_by_window(until) for item in chunk)
+        if late or stopped:
             status = BatchStatus.EXPIRED
         ending = {
             "status": status.value,

@@ -376,10 +376,12 @@ async def test_a_batch_whose_items_expired_past_its_window_ends_expired(
     `conveyor batch submit --wait` exited 0), the sweeper never having met it running."""
     store, jobs = BatchApiStore(aredis, KEYS, TTL_S), JobStore(aredis, KEYS, TTL_S)
     batch_id = await _running_batch(store, jobs)
-    await store.set_fields(batch_id, {"expires_at": now_ms() - 1})
+    window_end = now_ms() - 1
+    await store.set_fields(batch_id, {"expires_at": window_end})
     ids = [job_id.decode() for job_id in await aredis.lrange(KEYS.batch_items(batch_id), 0, -1)]
-    for job_id in ids:
-        await aredis.hset(KEYS.job(job_id), "status", JobStatus.EXPIRED.value)
+    for job_id in ids:  # an item's deadline is its batch's expiry, as the Batch API enqueues it
+        expired = {"status": JobStatus.EXPIRED.value, "deadline": window_end}
+        await aredis.hset(KEYS.job(job_id), mapping=expired)
 
     progress = await BatchApiProgress(jobs, store, WEBHOOKS).refresh(batch_id, window=0)
     assert progress is not None and progress.fields["status"] == BatchStatus.EXPIRED
