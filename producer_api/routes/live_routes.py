@@ -6,6 +6,7 @@ app's startup awaits: a producer serves its first request by the live routes."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from shared.metrics import ROUTES_VERSION
@@ -25,6 +26,7 @@ class LiveRoutes:
         self._routes: dict[str, Routes] = {}
         self._version = -1
         self._warned: dict[str, tuple[int, str | None]] = {}
+        self._reloading = asyncio.Lock()
 
     def of(self, config: ModelConfig) -> Routes:
         """The model's live routes (config.yaml's until a poll has read them: Redis was out of
@@ -32,10 +34,17 @@ class LiveRoutes:
         return self._routes.get(config.name) or seed_routes(config)
 
     async def refresh(self) -> None:
-        """Reload every model's routes if the global version moved since the last look. Models
-        without stored routes are seeded, then everything is read again at once: returning
-        there left every model on config.yaml's split until the next poll, and a producer just
-        started sent its first requests by it, not by the live routes."""
+        """Reload every model's routes if the global version moved since the last look, one
+        reload at a time: a PUT's own reload and the poll ran at once, and a poll that had read
+        the routes before the change landed wrote them back over it (requests after the 200
+        went by the old split until the next poll)."""
+        async with self._reloading:
+            await self._reload()
+
+    async def _reload(self) -> None:
+        """Models without stored routes are seeded, then everything is read again at once:
+        returning there left every model on config.yaml's split until the next poll, and a
+        producer just started sent its first requests by it, not by the live routes."""
         version = await self.store.version()
         if version == self._version:
             return
