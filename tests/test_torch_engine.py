@@ -1,11 +1,12 @@
 """The minilm example on PyTorch (`minilm:torch`): on the CPU it serves the same vectors as the
-ONNX engine, bucket padding never changes a vector, output buffers are reused, and the stage
-pipeline that overlaps host and device work keeps every result with its job. The `gpu` tests
-check fp16, CUDA graphs and the served variant on a CUDA device."""
+ONNX engine (its CUDA options ignored), bucket padding never changes a vector, output buffers are
+reused, and the stage pipeline that overlaps host and device work keeps every result with its
+job. The `gpu` tests check fp16, CUDA graphs and the served variant on a CUDA device."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import subprocess
@@ -27,10 +28,11 @@ from conveyor.stack import Stack
 from shared.codec import RequestEntry, dumps, loads
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
-from shared.model_repository import ModelConfigError, ModelRepository
+from shared.model_repository import CudaGraphBuckets, ModelConfigError, ModelRepository
 from tests.conftest import REPO_ROOT
 from tests.minilm_reference import (
     DIMENSION,
+    MAX_SEQ_LENGTH,
     NO_TOKENS,
     SENTENCES,
     assert_base64_beside_numbers,
@@ -47,7 +49,14 @@ from workers.batching.micro_batch_executor import Outcome
 from workers.batching.stage_pipeline import StagePipeline
 from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
 from workers.engines.registry import create_engine
-from workers.engines.torch_engine import TorchEngine, cuda_missing
+from workers.engines.text_encoding import TextEncoder, flatten_texts
+from workers.engines.torch_engine import (
+    CallShapes,
+    PreparedBatch,
+    TorchEngine,
+    compile_encoder,
+    cuda_missing,
+)
 from workers.partition.stream_reader import StreamReader
 
 CUDA_MISSING = cuda_missing()
@@ -78,10 +87,32 @@ def torch_engine(
 
 @pytest.fixture(scope="module")
 def cpu_engine(artifacts: Path) -> TorchEngine:
-    """Bucketed like the repository's variant, on the CPU."""
+    """The repository's variant on the CPU (its CUDA graph buckets and fp16 ignored there)."""
     engine = torch_engine(artifacts, device="cpu")
     engine.warmup()
     return engine
+
+
+def bucketed(
+    artifacts: Path, max_texts: int = 256, buckets: CudaGraphBuckets | None = None
+) -> CallShapes:
+    """Calls shaped as on CUDA, by `buckets` (else the repository variant's)."""
+    chosen = buckets or minilm_config().torch_options("torch").cuda_graphs
+    return CallShapes(TextEncoder.from_artifacts(artifacts, MAX_SEQ_LENGTH), max_texts, chosen)
+
+
+# Calls of at most 4 texts, each padded to 1 or 4 rows of 256 tokens.
+FOUR_ROWS = CudaGraphBuckets(batch_buckets=[1, 4], seq_buckets=[256])
+
+
+def run_shaped(
+    engine: TorchEngine, jobs: list[dict[str, Any]], shapes: CallShapes
+) -> tuple[list[tuple[Any, int]], list[dict[str, Any]]]:
+    """The jobs' calls shaped by `shapes` and their outputs, through the engine's device stage
+    (on the CPU: CUDA's padded shapes, run eagerly)."""
+    texts, split = flatten_texts(jobs)
+    calls = shapes.calls(texts)
+    return calls, engine.finish(engine.run(PreparedBatch(split.counted(calls), calls)))
 
 
 def test_the_variant_is_the_same_model_on_the_torch_backend():
@@ -105,63 +136,65 @@ def test_cpu_embeddings_equal_the_onnx_engine(cpu_engine, artifacts):
     assert cosines(got, reference_embeddings(SENTENCES)).min() >= 0.999
 
 
-def test_calls_are_padded_up_to_their_bucket(cpu_engine):
-    prepared = cpu_engine.prepare([{"texts": SENTENCES[:3]}, {"texts": ["short"]}])
-    [(batch, rows)] = prepared.calls
+def test_cuda_options_on_the_cpu_are_ignored_with_a_logged_reason(artifacts, caplog):
+    """The repository's variant asks for CUDA graphs and fp16 (`device: auto`): on the CPU each
+    call was padded up to its graph bucket all the same (4 texts ran as 8 rows of 32 tokens),
+    work for nothing. Both are ignored there, each saying so."""
+    with caplog.at_level(logging.WARNING, logger="workers.engines.torch_engine"):
+        engine = torch_engine(artifacts, device="cpu")
+    [(batch, rows)] = engine.prepare([{"texts": SENTENCES[:3]}, {"texts": ["short"]}]).calls
+    assert batch.shape[0] == rows == 4
+    assert batch.attention_mask[:, -1].any()  # as wide as its longest text, no wider
+    assert engine.dtype == torch.float32
+    said = [r.getMessage() for r in caplog.records]
+    for option in ("cuda_graphs", "dtype fp16"):
+        assert any(f"parameters.torch.{option} is for CUDA, ignored on the CPU" in m for m in said)
+
+
+def test_calls_are_padded_up_to_their_bucket(artifacts):
+    shapes = bucketed(artifacts)
+    [(batch, rows)] = shapes.calls([*SENTENCES[:3], "short"])
     assert (batch.shape, rows) == ((8, 32), 4)
     assert not batch.attention_mask[rows:].any()
-    long = cpu_engine.prepare([{"texts": SENTENCES}])
-    assert long.calls[0][0].shape == (32, 256)  # the 12th sentence is truncated to 256 tokens
+    [(long, _)] = shapes.calls(SENTENCES)
+    assert long.shape == (32, 256)  # the 12th sentence is truncated to 256 tokens
 
 
 def test_bucket_padding_never_changes_a_result(cpu_engine, artifacts):
-    unpadded = torch_engine(artifacts, device="cpu", cuda_graphs=None)
-    [(batch, _)] = unpadded.prepare([{"texts": SENTENCES[:11]}]).calls
+    [(batch, _)] = cpu_engine.prepare([{"texts": SENTENCES[:11]}]).calls
     assert batch.shape[0] == 11 and batch.shape[1] < 64  # padded to its longest text only
     for texts in (SENTENCES[:11], SENTENCES[7:9], [SENTENCES[0]]):
-        plain = vectors(unpadded.infer([{"texts": texts}]))
-        padded = vectors(cpu_engine.infer([{"texts": texts}]))
-        assert cosines(plain, padded).min() >= 0.9999
+        plain = vectors(cpu_engine.infer([{"texts": texts}]))
+        calls, outputs = run_shaped(cpu_engine, [{"texts": texts}], bucketed(artifacts))
+        assert calls[0][0].shape[0] in (1, 8, 32)
+        assert cosines(plain, vectors(outputs)).min() >= 0.9999
 
 
-def test_a_micro_batch_beyond_the_largest_bucket_is_split_into_calls(artifacts):
-    engine = torch_engine(
-        artifacts, device="cpu", cuda_graphs={"batch_buckets": [1, 4], "seq_buckets": [256]}
-    )
-    prepared = engine.prepare([{"texts": SENTENCES[:6]}, {"texts": SENTENCES[6:9]}])
-    assert [(b.shape, rows) for b, rows in prepared.calls] == [
-        ((4, 256), 4),
-        ((4, 256), 4),
-        ((1, 256), 1),
-    ]
-    outputs = engine.finish(engine.run(prepared))
+def test_a_micro_batch_beyond_the_largest_bucket_is_split_into_calls(cpu_engine, artifacts):
+    shapes = bucketed(artifacts, 4, FOUR_ROWS)
+    jobs = [{"texts": SENTENCES[:6]}, {"texts": SENTENCES[6:9]}]
+    calls, outputs = run_shaped(cpu_engine, jobs, shapes)
+    assert [(b.shape, rows) for b, rows in calls] == [((4, 256), 4), ((4, 256), 4), ((1, 256), 1)]
     assert [len(o["embeddings"]) for o in outputs] == [6, 3]
     assert cosines(vectors(outputs), reference_embeddings(SENTENCES[:9])).min() >= 0.999
 
 
-def test_max_texts_per_call_cuts_calls_below_the_largest_bucket(artifacts):
+def test_max_texts_per_call_cuts_calls(artifacts):
     """The torch engine ignored it (calls were cut at the largest bucket only), though the
     model repository's `parameters` say every encoder engine reads it."""
-    buckets = {"batch_buckets": [1, 4, 8], "seq_buckets": [256]}
-    engine = torch_engine(artifacts, {"max_texts_per_call": 3}, device="cpu", cuda_graphs=buckets)
+    engine = torch_engine(artifacts, {"max_texts_per_call": 3}, device="cpu")
     prepared = engine.prepare([{"texts": SENTENCES[:5]}, {"texts": SENTENCES[5:8]}])
-    assert [(b.shape, rows) for b, rows in prepared.calls] == [
-        ((4, 256), 3),
-        ((4, 256), 3),
-        ((4, 256), 2),
-    ]
+    assert [(b.shape[0], rows) for b, rows in prepared.calls] == [(3, 3), (3, 3), (2, 2)]
     outputs = engine.finish(engine.run(prepared))
     assert cosines(vectors(outputs), reference_embeddings(SENTENCES[:8])).min() >= 0.999
 
 
-def test_usage_counts_each_jobs_tokens_across_calls_padded_to_buckets(artifacts):
-    engine = torch_engine(
-        artifacts, device="cpu", cuda_graphs={"batch_buckets": [1, 4], "seq_buckets": [256]}
-    )
+def test_usage_counts_each_jobs_tokens_across_calls_padded_to_buckets(cpu_engine, artifacts):
+    shapes = bucketed(artifacts, 4, FOUR_ROWS)
     jobs = [{"texts": SENTENCES[9:12]}, {"texts": SENTENCES[:4]}]
-    prepared = engine.prepare(jobs)
-    assert [(b.shape, rows) for b, rows in prepared.calls] == [((4, 256), 4), ((4, 256), 3)]
-    assert_usage_counts_tokens(jobs, engine.finish(engine.run(prepared)))
+    calls, outputs = run_shaped(cpu_engine, jobs, shapes)
+    assert [(b.shape, rows) for b, rows in calls] == [((4, 256), 4), ((4, 256), 3)]
+    assert_usage_counts_tokens(jobs, outputs)
 
 
 def test_output_buffers_are_leased_and_reused(cpu_engine):
@@ -334,7 +367,7 @@ def test_the_encoder_traces_whole_with_no_host_sync(cpu_engine):
             traced, eager = whole(**feeds), cpu_engine.model(**feeds)
     finally:
         torch._dynamo.reset()
-    assert traced.shape == (8, DIMENSION)
+    assert traced.shape == (3, DIMENSION)
     assert torch.allclose(traced, eager, atol=1e-6)
 
 
@@ -385,32 +418,33 @@ def test_seq_buckets_past_the_models_positions_are_refused_at_load(artifacts: Pa
     """A seq bucket wider than the model's position embeddings failed CUDA graph capture at
     warm-up, and the worker restarted into the same failure; the repository only knows the
     positions of `prepare: minilm`. The engine reads them from config.json and refuses the
-    bucket when it loads, on the CPU as well (the helper skips the repository's check)."""
+    bucket when it loads, on the CPU as well, which ignores the buckets (the helper skips the
+    repository's check)."""
     buckets = {"batch_buckets": [1, 8], "seq_buckets": [256, 1024]}
     with pytest.raises(ValueError, match=r"seq_buckets .*1024 exceeds the model's 512 positions"):
         torch_engine(artifacts, device="cpu", cuda_graphs=buckets)
     fits = {"batch_buckets": [1, 8], "seq_buckets": [256, 512]}
-    assert torch_engine(artifacts, device="cpu", cuda_graphs=fits).buckets is not None
+    torch_engine(artifacts, device="cpu", cuda_graphs=fits)  # loads
 
 
-def test_compile_with_buckets_keeps_one_graph_per_bucket_pair(artifacts: Path) -> None:
+def test_compile_with_buckets_keeps_one_graph_per_bucket_pair(cpu_engine) -> None:
     """Static shapes compile once per (batch, seq) bucket pair, and dynamo ran every pair past
     its default recompile_limit (8) eagerly, silently. 3 x 3 pairs here, each traced by dynamo
-    for real; dynamo's `eager` backend (its debug override, on this thread only) stands in
-    for inductor's minutes of code generation."""
-    buckets = {"batch_buckets": [1, 2, 4], "seq_buckets": [8, 16, 32]}
-    engine = torch_engine(artifacts, device="cpu", compile=True, cuda_graphs=buckets)
+    for real, on the CPU engine's encoder as on CUDA's; dynamo's `eager` backend (its debug
+    override, on this thread only) stands in for inductor's minutes of code generation."""
+    buckets = CudaGraphBuckets(batch_buckets=[1, 2, 4], seq_buckets=[8, 16, 32])
+    model = compile_encoder(cpu_engine.model, buckets)
     frames = torch._dynamo.utils.counters["frames"]
     compiled = frames["ok"]
     try:
         with torch._dynamo.config.patch(debug_backend_override=">=0:eager"), torch.no_grad():
-            for rows in buckets["batch_buckets"]:
-                for width in buckets["seq_buckets"]:
+            for rows in buckets.batch_buckets:
+                for width in buckets.seq_buckets:
                     feeds = {
                         name: torch.ones((rows, width), dtype=torch.int64)
                         for name in ("input_ids", "attention_mask", "token_type_ids")
                     }
-                    assert engine.model(**feeds).shape == (rows, DIMENSION)
+                    assert model(**feeds).shape == (rows, DIMENSION)
     finally:
         torch._dynamo.reset()
     assert frames["ok"] - compiled == 9

@@ -80,6 +80,44 @@ def pad_rows(batch: TokenBatch, rows: int) -> TokenBatch:
     return TokenBatch(*padded)
 
 
+def compile_encoder(model: torch.nn.Module, buckets: CudaGraphBuckets | None) -> torch.nn.Module:
+    """Without buckets shapes are dynamic: one compile serves every call. With them they are
+    static, one compile per (batch, seq) bucket pair, and dynamo runs every pair past its
+    `recompile_limit` (8 by default) eagerly, silently: the limit is raised to the pairs for
+    this compile alone (`isolate_recompiles`: neither another engine's compiles of the encoder
+    count against it nor does it change the process-wide setting)."""
+    if buckets is None:
+        return torch.compile(model, dynamic=True)  # type: ignore[return-value]
+    pairs = len(buckets.batch_buckets) * len(buckets.seq_buckets)
+    limit = max(pairs, torch._dynamo.config.recompile_limit)
+    # torch 2.13's typing overloads lack two keywords its torch.compile takes
+    compiled: torch.nn.Module = torch.compile(  # type: ignore[call-overload]
+        model, dynamic=False, recompile_limit=limit, isolate_recompiles=True
+    )
+    return compiled
+
+
+@dataclass(frozen=True, slots=True)
+class CallShapes:
+    """How a micro-batch's texts become engine calls: at most `max_texts` texts each, padded to
+    their longest text, or with `buckets` (captured CUDA graphs) up to their (batch, seq)
+    bucket."""
+
+    encoder: TextEncoder
+    max_texts: int
+    buckets: CudaGraphBuckets | None = None
+
+    def calls(self, texts: list[str]) -> list[tuple[TokenBatch, int]]:
+        """Each call's tokens and real row count (the rest pad a graph's shape)."""
+        return [self._call(part) for part in chunks(texts, self.max_texts)]
+
+    def _call(self, texts: list[str]) -> tuple[TokenBatch, int]:
+        if self.buckets is None:
+            return self.encoder.tokenize(texts), len(texts)
+        batch = self.encoder.tokenize(texts, widths=self.buckets.seq_buckets)
+        return pad_rows(batch, first_fit(self.buckets.batch_buckets, len(texts))), len(texts)
+
+
 @dataclass(slots=True)
 class PreparedBatch:
     """Host-side result of `prepare`: each engine call's padded tokens and real row count."""
@@ -142,8 +180,8 @@ class HostBuffers:
 
 class TorchEngine(StagedBatchEngine):
     """Embeds each micro-batch in calls of at most `max_texts_per_call` texts and the largest
-    batch bucket; with `cuda_graphs` each call is padded up to its (batch, seq) bucket and, on
-    CUDA, replays that bucket's graph."""
+    batch bucket; on CUDA with `cuda_graphs` each call is padded up to its (batch, seq) bucket
+    and replays that bucket's graph."""
 
     def load(self) -> None:
         self.options: TorchOptions = self.config.torch_options(self.variant)
@@ -151,12 +189,13 @@ class TorchEngine(StagedBatchEngine):
         self.dtype = self._dtype()
         artifact_dir = self.artifacts(*WEIGHT_FILES, TOKENIZER_FILE)
         own = self.config.encoder_parameters(self.variant)
-        self.buckets = self.options.cuda_graphs  # max_seq_length fits the largest (at load)
         self._check_seq_buckets(artifact_dir)
+        self.buckets = self._buckets()  # max_seq_length fits the largest (at load)
         self.batch_buckets = (self.buckets or CudaGraphBuckets()).batch_buckets
         largest = self.batch_buckets[-1]  # a call never outgrows its captured graphs
-        self.max_texts_per_call = min(own.max_texts_per_call or largest, largest)
         self.encoder = TextEncoder.from_artifacts(artifact_dir, own.max_seq_length)
+        max_texts = min(own.max_texts_per_call or largest, largest)
+        self.shapes = CallShapes(self.encoder, max_texts, self.buckets)
         self.host_threads = self.options.tokenizer_threads
         encoder: Any = load_encoder(artifact_dir, attention="sdpa")
         encoder.to(device=self.device, dtype=self.dtype)
@@ -175,20 +214,38 @@ class TorchEngine(StagedBatchEngine):
         """A seq bucket past the model's positions fails its graph's capture at warm-up (BERT's
         position ids are only that wide), and the worker would restart into the same failure:
         refused here, on any device, for any model (the repository knows only its preparers')."""
-        if self.buckets is not None:
-            seq_buckets = self.buckets.seq_buckets
+        if self.options.cuda_graphs is not None:
+            seq_buckets = self.options.cuda_graphs.seq_buckets
             setting = (
                 f"model {self.config.name} variant {self.variant}: "
                 f"parameters.torch.cuda_graphs.seq_buckets {seq_buckets}: bucket"
             )
             check_positions(artifact_dir, setting, seq_buckets[-1])
 
+    def _buckets(self) -> CudaGraphBuckets | None:
+        """`cuda_graphs` on the CPU is ignored, as `device: auto` finds no GPU: no graph is
+        captured there, and padding each call up to its bucket only multiplied its work (9
+        texts ran as 32 rows)."""
+        if self.device.type == "cpu" and self.options.cuda_graphs is not None:
+            self._ignored_on_cpu("cuda_graphs", "calls pad to their longest text only")
+            return None
+        return self.options.cuda_graphs
+
     def _dtype(self) -> torch.dtype:
         """fp16 on a CPU computes in fp32: CPU half-precision kernels are slower, not faster."""
         if self.device.type == "cpu" and self.options.dtype == "fp16":
-            log.warning("dtype fp16 on the CPU runs in fp32")
+            self._ignored_on_cpu("dtype fp16", "it runs in fp32")
             return torch.float32
         return DTYPES[self.options.dtype]
+
+    def _ignored_on_cpu(self, option: str, instead: str) -> None:
+        log.warning(
+            "model %s variant %s: parameters.torch.%s is for CUDA, ignored on the CPU: %s",
+            self.config.name,
+            self.variant,
+            option,
+            instead,
+        )
 
     def _wrap(self, encoder: Any, threads: int) -> torch.nn.Module:
         """Pooling on the device; `compile` fuses it further. On the CPU, 0 threads is this
@@ -197,23 +254,7 @@ class TorchEngine(StagedBatchEngine):
         if self.device.type == "cpu" and (count := CPU_SHARES.threads(threads)):
             torch.set_num_threads(count)
         model: torch.nn.Module = PooledEncoder(encoder).eval()
-        return self._compile(model) if self.options.compile else model
-
-    def _compile(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Without buckets shapes are dynamic: one compile serves every call. With them they
-        are static, one compile per (batch, seq) bucket pair, and dynamo runs every pair past
-        its `recompile_limit` (8 by default) eagerly, silently: the limit is raised to the
-        pairs for this compile alone (`isolate_recompiles`: neither another engine's compiles
-        of the encoder count against it nor does it change the process-wide setting)."""
-        if self.buckets is None:
-            return torch.compile(model, dynamic=True)  # type: ignore[return-value]
-        pairs = len(self.buckets.batch_buckets) * len(self.buckets.seq_buckets)
-        limit = max(pairs, torch._dynamo.config.recompile_limit)
-        # torch 2.13's typing overloads lack two keywords its torch.compile takes
-        compiled: torch.nn.Module = torch.compile(  # type: ignore[call-overload]
-            model, dynamic=False, recompile_limit=limit, isolate_recompiles=True
-        )
-        return compiled
+        return compile_encoder(model, self.buckets) if self.options.compile else model
 
     def warmup(self) -> None:
         """Capture every bucket's graph (CUDA with `cuda_graphs`), then run one real call."""
@@ -250,14 +291,8 @@ class TorchEngine(StagedBatchEngine):
 
     def prepare(self, inputs: list[dict[str, Any]]) -> PreparedBatch:
         texts, split = flatten_texts(inputs)
-        calls = [self._tokenize(part) for part in chunks(texts, self.max_texts_per_call)]
+        calls = self.shapes.calls(texts)
         return PreparedBatch(split.counted(calls), calls)
-
-    def _tokenize(self, texts: list[str]) -> tuple[TokenBatch, int]:
-        if self.buckets is None:
-            return self.encoder.tokenize(texts), len(texts)
-        batch = self.encoder.tokenize(texts, widths=self.buckets.seq_buckets)
-        return pad_rows(batch, first_fit(self.buckets.batch_buckets, len(texts))), len(texts)
 
     def run(self, prepared: PreparedBatch) -> RunningBatch:
         """Serialised: captured graphs share their static inputs, so two threads must never
