@@ -153,11 +153,15 @@ def test_a_gpu_provider_the_session_fell_back_from_fails_the_load(artifacts, mon
 
 def test_providers_as_a_mapping_keep_their_options():
     """A mapping was iterated as its names: `{CUDAExecutionProvider: {device_id: 1}}` ran on
-    device 0. Anything else than a name, a list or a mapping names the setting."""
+    device 0. Anything else than a name, a list or a mapping names the setting, as do options
+    that are no mapping (a TypeError that named nothing)."""
     options = {"arena_extend_strategy": "kSameAsRequested"}
     assert provider_specs({"CPUExecutionProvider": options}) == [("CPUExecutionProvider", options)]
     with pytest.raises(ValueError, match="providers"):
         provider_specs(5)
+    for options in (0, "kSameAsRequested", [1]):
+        with pytest.raises(ValueError, match=r"providers entry .* neither a name nor"):
+            provider_specs({"CPUExecutionProvider": options})
 
 
 def test_one_provider_named_alone_is_a_list_of_it(artifacts):

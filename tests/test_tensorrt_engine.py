@@ -163,6 +163,23 @@ def test_settings_refuse_what_tensorrt_cannot_build():
     assert BuildSettings.from_parameters({}, 32, 16).opt_seq == 16
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("max_batch", "many"),  # refused by int() naming no setting
+        ("opt_seq", 2.5),  # read as 2
+        ("opt_batch", True),  # read as 1
+        ("workspace_mib", 0),  # failed the build on the GPU
+        ("calibration_batch", 0),  # failed calibration on the GPU
+    ],
+)
+def test_settings_that_are_no_positive_whole_number_are_refused_by_name(name, value):
+    with pytest.raises(ValueError, match=rf"parameters.{name} must be a whole number of 1 or more"):
+        BuildSettings.from_parameters({name: value}, 32, 128)
+    with pytest.raises(ValueError, match="calibration_file must be a path"):
+        BuildSettings.from_parameters({"precision": "int8", "calibration_file": 7}, 32, 128)
+
+
 def test_weak_typing_and_implicit_int8_are_refused_on_tensorrt_11():
     """TensorRT 11 removed BuilderFlag.FP16/INT8 and the calibrators; 10.x still has them."""
     for precision in ("fp16", "int8"):

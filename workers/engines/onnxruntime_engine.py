@@ -62,12 +62,15 @@ def _entries(configured: Any) -> list[Any]:
 
 
 def _spec(entry: Any) -> ProviderSpec:
+    """Options that are no mapping (`{CUDAExecutionProvider: 0}`) are refused by name: `dict()`
+    of them failed the load with a TypeError that named no setting."""
     if isinstance(entry, str):
         return entry
     if isinstance(entry, dict) and len(entry) == 1:
         [(name, options)] = entry.items()
-        return (str(name), dict(options or {}))
-    raise ValueError(f"providers entry {entry!r} is neither a name nor {{name: options}}")
+        if options is None or isinstance(options, dict):
+            return (str(name), dict(options or {}))
+    raise ValueError(f"providers entry {entry!r} is neither a name nor {{name: {{options}}}}")
 
 
 def _check_session_providers(specs: list[ProviderSpec], got: list[str]) -> None:

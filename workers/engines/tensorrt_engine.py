@@ -92,16 +92,21 @@ class BuildSettings:
         cls, parameters: dict[str, Any], max_batch_size: int, max_seq: int
     ) -> BuildSettings:
         """`max_seq`: the variant's checked `max_seq_length` (ModelConfig.encoder_parameters)."""
-        max_batch = int(parameters.get("max_batch", max_batch_size))
+        max_batch = _count(parameters, "max_batch", max_batch_size)
+        calibration_file = parameters.get("calibration_file")
+        if calibration_file is not None and not isinstance(calibration_file, str):
+            raise ValueError(
+                f"parameters.calibration_file must be a path, not {calibration_file!r}"
+            )
         settings = cls(
             precision=str(parameters.get("precision", "fp16")),
             max_batch=max_batch,
-            opt_batch=int(parameters.get("opt_batch", max_batch)),
+            opt_batch=_count(parameters, "opt_batch", max_batch),
             max_seq=max_seq,
-            opt_seq=int(parameters.get("opt_seq", min(64, max_seq))),
-            workspace_mib=int(parameters.get("workspace_mib", 2048)),
-            calibration_file=parameters.get("calibration_file"),
-            calibration_batch=int(parameters.get("calibration_batch", 16)),
+            opt_seq=_count(parameters, "opt_seq", min(64, max_seq)),
+            workspace_mib=_count(parameters, "workspace_mib", 2048),
+            calibration_file=calibration_file,
+            calibration_batch=_count(parameters, "calibration_batch", 16),
         )
         settings.check()
         return settings
@@ -117,6 +122,15 @@ class BuildSettings:
     def shapes(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
         """(min, opt, max) of every (batch, sequence) input."""
         return (1, 1), (self.opt_batch, self.opt_seq), (self.max_batch, self.max_seq)
+
+
+def _count(parameters: dict[str, Any], name: str, default: int) -> int:
+    """A whole number of 1 or more, else an error naming the setting: `int()` read "many" as an
+    error that named none, 2.5 as 2 and `true` as 1, and a 0 failed the build on the GPU."""
+    value = parameters.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"parameters.{name} must be a whole number of 1 or more, not {value!r}")
+    return value
 
 
 def build_inputs(onnx_path: Path, settings: BuildSettings) -> dict[str, Any]:
