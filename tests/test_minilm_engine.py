@@ -128,6 +128,9 @@ def test_bad_input_raises_so_the_loop_can_isolate_it(engine):
         engine.infer([{"text": "wrong key"}])
     with pytest.raises(ValueError, match="encoding_format must be one of float, base64"):
         engine.infer([{"texts": ["fine"], "encoding_format": "binary"}])
+    for other in (["a list"], "a text", None):  # an AttributeError named no input
+        with pytest.raises(ValueError, match="inputs must be an object with texts"):
+            engine.infer([other])  # type: ignore[list-item]
 
 
 def test_a_provider_that_is_not_installed_fails_loudly(artifacts):

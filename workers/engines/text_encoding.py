@@ -155,6 +155,8 @@ def flatten_texts(inputs: list[dict[str, Any]]) -> tuple[list[str], JobSplit]:
     texts: list[str] = []
     split = JobSplit([], [])
     for item in inputs:
+        if not isinstance(item, dict):  # a model whose input_schema lets any JSON through
+            raise ValueError(f"inputs must be an object with texts, not {type(item).__name__}")
         job_texts = item.get("texts")
         if not isinstance(job_texts, list) or not all(isinstance(t, str) for t in job_texts):
             raise ValueError("inputs.texts must be a list of strings")
