@@ -2,7 +2,8 @@
 micro-batches: whenever an engine slot is free the loop reads (and claims) as many entries as
 there are free slots and starts them at once. Every engine step's new text of ALL running jobs
 goes to their token streams in one pipelined round trip, which also reads back their statuses
-(a cancelled job is aborted after the next step), and each job is acknowledged as it ends. An
+(a cancelled job is aborted after the next step; one the engine yields nothing for, within
+`STATUS_POLL_S`), and each job is acknowledged as it ends. An
 engine that stepped and ended no generation for `queue.max_run_s` while it had some is deemed
 hung, and handled as a dead one."""
 
@@ -44,6 +45,10 @@ log = logging.getLogger(__name__)
 ABORT_S = 2.0
 # How soon a drain tries again a touch that an outage failed.
 TOUCH_RETRY_S = 0.5
+# How often every running job's status is read back, not only those of the jobs that stepped: a
+# job the engine yields nothing for (waiting in vLLM behind others, a long prefill) had its
+# cancel go unseen, its slot held, until its first chunk, as long as the jobs ahead of it ran.
+STATUS_POLL_S = 1.0
 
 
 class EngineWatch:
@@ -115,6 +120,7 @@ class GenerateLoop:
         # long generation is never mistaken for an abandoned one and run twice.
         self._touch_every_s = partition.touch_every_s
         self._next_touch = time.monotonic() + self._touch_every_s
+        self._polled_at = time.monotonic()
         self._busy_mark = time.monotonic()
         self._watch = EngineWatch(partition.config.queue.max_run_s)
         self.engine_death: BaseException | None = None
@@ -246,7 +252,8 @@ class GenerateLoop:
 
     async def _publish_loop(self) -> None:
         while self.running or self._chunks or self._ended or not self.stopping.is_set():
-            await self._wake.wait()
+            with contextlib.suppress(TimeoutError):  # a tick at least once a status poll
+                await asyncio.wait_for(self._wake.wait(), STATUS_POLL_S)
             self._wake.clear()
             await asyncio.sleep(0)  # the rest of this engine step's chunks land in this tick
             chunks, self._chunks = self._chunks, []
@@ -271,14 +278,26 @@ class GenerateLoop:
             if not job.abandoned:
                 events.setdefault(job.job_id, (job, []))[1].append(job.final_event())
         appends = [(job, self._append(job, e)) for job, e in events.values() if e]
-        ended_ids = {job.job_id for job in ended}
-        watch = [job_id for job_id in stepped if job_id not in ended_ids]
-        written = await self._write(appends, watch)
+        written = await self._write(appends, self._watched(stepped, ended))
         # refused: another worker took the job over, or wrote its stream since (a reclaim)
         await self._give_up(events[job_id][0] for job_id in written.refused)
         self._observe_step(chunks, len(stepped))
         await self._abort_ended(written.statuses)
         await self._finish(ended)
+
+    def _watched(self, stepped: dict[str, RunningJob], ended: list[RunningJob]) -> list[str]:
+        """The jobs whose statuses the tick reads back: those that stepped, and once per
+        `STATUS_POLL_S` every running one, for the jobs that yield nothing to be seen by."""
+        jobs: Iterable[RunningJob] = stepped.values()
+        if (now := time.monotonic()) >= self._polled_at + STATUS_POLL_S:
+            self._polled_at = now
+            jobs = self.running.values()
+        ended_ids = {job.job_id for job in ended}
+        return [
+            job.job_id
+            for job in jobs
+            if job.job_id not in ended_ids and job.ended_as is None and not job.abandoned
+        ]
 
     def _append(self, job: RunningJob, events: list[TokenEvent]) -> TokenAppend:
         """The job's next append, taken only while this consumer still holds its lane entry."""

@@ -1,7 +1,8 @@
 """Appends one loop tick's token events, for every running job at once, in ONE pipelined round
 trip, and reads those jobs' statuses back in the same trip: a job cancelled through the API is
-seen (and aborted) after the next engine step without any extra Redis call. Each job's events
-go through APPEND (shared/token_scripts.py), so a trip resent after its reply was lost appends
+seen (and aborted) after the next engine step without any extra Redis call (the loop's status
+poll of jobs that yield nothing is the same call with no events). Each job's events go through
+APPEND (shared/token_scripts.py), so a trip resent after its reply was lost appends
 nothing twice, and a run whose job another worker took over (a reclaim) appends nothing more.
 A stream being written lives the result TTL (a long generation keeps its head); the write of
 its final event cuts that to CONVEYOR_TOKEN_STREAM_TTL_S: the text lives on in the job's result,
