@@ -97,3 +97,32 @@ def test_the_engines_of_one_worker_share_its_cpus(
     assert onnx.session.get_session_options().intra_op_num_threads == share
     torch_engine(prepared_artifacts(), device="cpu", cuda_graphs=None)
     assert torch.get_num_threads() == share
+
+
+def test_torch_engines_of_one_worker_agree_on_its_one_thread_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PyTorch's count is one per process: a second engine setting another silently changed
+    the first's. It is refused, naming both; an automatic one (here 1, the quota's) keeps the
+    set count; once the first engine closes, another count may be set."""
+    monkeypatch.setattr(
+        "workers.engines.cpu_budget.CGROUP_ROOT", cgroup_v2(tmp_path, "100000 100000")
+    )
+    before = torch.get_num_threads()
+    artifacts = prepared_artifacts()
+    first = torch_engine(artifacts, {"intra_op_threads": 2}, device="cpu", cuda_graphs=None)
+    try:
+        with pytest.raises(
+            ValueError,
+            match="variant torch: intra_op_threads 3, but model minilm variant torch in this "
+            "worker set 2: PyTorch has one CPU thread count per process",
+        ):
+            torch_engine(artifacts, {"intra_op_threads": 3}, device="cpu", cuda_graphs=None)
+        torch_engine(artifacts, device="cpu", cuda_graphs=None).close()
+        assert torch.get_num_threads() == 2
+        first.close()
+        torch_engine(artifacts, {"intra_op_threads": 3}, device="cpu", cuda_graphs=None).close()
+        assert torch.get_num_threads() == 3
+    finally:
+        first.close()
+        torch.set_num_threads(before)

@@ -66,6 +66,34 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device("cuda")
 
 
+class TorchThreads:
+    """PyTorch's CPU thread count, one per process: a second CPU engine whose config set
+    another count silently changed the first's. An engine that sets one holds it until it
+    closes, and a different one is refused at load; an automatic count yields to one held."""
+
+    def __init__(self) -> None:
+        self._held: dict[object, tuple[str, int]] = {}  # engine: (its name, its count)
+
+    def set(self, engine: object, name: str, configured: int) -> None:
+        clash = next((held for held in self._held.values() if held[1] != configured), None)
+        if configured and clash is not None:
+            raise ValueError(
+                f"{name}: intra_op_threads {configured}, but {clash[0]} in this worker set "
+                f"{clash[1]}: PyTorch has one CPU thread count per process; set the same, or "
+                "serve them from separate workers"
+            )
+        if configured:
+            self._held[engine] = (name, configured)
+        if (configured or not self._held) and (count := CPU_SHARES.threads(configured)):
+            torch.set_num_threads(count)
+
+    def release(self, engine: object) -> None:
+        self._held.pop(engine, None)
+
+
+TORCH_THREADS = TorchThreads()
+
+
 def first_fit(buckets: list[int], size: int) -> int:
     """The smallest bucket that holds `size` (buckets ascend; `size` never exceeds the last)."""
     return next(b for b in buckets if b >= size)
@@ -251,8 +279,8 @@ class TorchEngine(StagedBatchEngine):
         """Pooling on the device; `compile` fuses it further. On the CPU, 0 threads is this
         engine's share of the process's CPUs: PyTorch's own default is every host core, blind
         to a container's CPU limit and to the worker's other engines."""
-        if self.device.type == "cpu" and (count := CPU_SHARES.threads(threads)):
-            torch.set_num_threads(count)
+        if self.device.type == "cpu":
+            TORCH_THREADS.set(self, f"model {self.config.name} variant {self.variant}", threads)
         model: torch.nn.Module = PooledEncoder(encoder).eval()
         return compile_encoder(model, self.buckets) if self.options.compile else model
 
@@ -372,5 +400,6 @@ class TorchEngine(StagedBatchEngine):
         return False
 
     def close(self) -> None:
+        TORCH_THREADS.release(self)
         self.graphs.clear()
         self.__dict__.pop("model", None)
