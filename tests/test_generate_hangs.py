@@ -60,14 +60,16 @@ SILENT_STEPS = 8  # 1.6 s without a chunk, three times max_run_s
 async def _loop(
     aredis: aioredis.Redis, engine: PacedEngine, job_id: str
 ) -> tuple[GenerateLoop, JobStore]:
-    """A generate loop on `engine` (loaded here), with job `job_id` queued."""
+    """A generate loop on `engine` (loaded here; its config's `queue.max_run_s` is the
+    loop's), with job `job_id` queued."""
     store = JobStore(aredis, KEYS, 60)
     entry = RequestEntry(job_id, {"inputs": {"prompt": "an answer"}}, now_ms())
     await store.create(entry, PARTITION.online, {"model": "m"})
     reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER, mark_on_read=True)
     await reader.ensure_groups()
     await engine.load()
-    loop = generate_loop(aredis, KEYS, PARTITION, reader, engine)
+    partition = Partition.of(KEYS, engine.config, "default")
+    loop = generate_loop(aredis, KEYS, partition, reader, engine)
     return loop, store
 
 
@@ -107,3 +109,49 @@ async def test_an_engine_that_steps_without_showing_text_is_not_hung(
     assert await asyncio.wait_for(ended(), 60) == JobStatus.SUCCEEDED
     loop.stopping.set()
     await asyncio.wait_for(running, 60)  # and the loop ends without EngineDied
+
+
+class WedgedEngine(PacedEngine):
+    """Steps nothing, as a wedged vLLM engine core; an abort ends a generation all the same, as
+    `VllmEngine.abort` ends its chunks whatever the engine core does."""
+
+    async def load(self) -> None:
+        await super().load()
+        self._aborts: dict[str, asyncio.Event] = {}
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        await self._aborts.setdefault(request.request_id, asyncio.Event()).wait()
+        yield TokenChunk("", 0, "abort", prompt_tokens=1)
+
+    async def abort(self, request_id: str) -> None:
+        self._aborts.setdefault(request_id, asyncio.Event()).set()
+
+
+async def _cancel_each_job_it_runs(loop: GenerateLoop, store: JobStore) -> None:
+    """Clients that give up: a job queued, cancelled once running, then the next."""
+    for n in range(10_000):
+        job_id = f"given-up-{n}"
+        entry = RequestEntry(job_id, {"inputs": {"prompt": "an answer"}}, now_ms())
+        await store.create(entry, PARTITION.online, {"model": "m"})
+        while job_id not in loop.running:
+            await asyncio.sleep(0.02)
+        await store.transition(job_id, JobStatus.CANCELLED)
+        await asyncio.sleep(0.2)
+
+
+async def test_cancels_do_not_keep_a_hung_engine_deemed_alive(
+    aredis: aioredis.Redis,
+) -> None:
+    """A generation our own abort ended (a cancel, seen by the status poll while the engine
+    yields nothing) showed no life of the engine: counted as life, clients that gave up on a
+    wedged engine, one after another, kept it from ever being deemed hung, and every job the
+    loop admitted into it in their place was swallowed."""
+    queue = QueueLimits(visibility_timeout_s=1, max_run_s=3)  # longer than a status poll
+    engine = WedgedEngine(CONFIG.model_copy(update={"queue": queue}), "default", "")
+    loop, store = await _loop(aredis, engine, "stuck")
+    clients = asyncio.create_task(_cancel_each_job_it_runs(loop, store))
+    try:
+        with pytest.raises(EngineDied, match=r"queue\.max_run_s"):
+            await asyncio.wait_for(loop.run(), 60)  # a hang guard: it ran on for ever
+    finally:
+        clients.cancel()

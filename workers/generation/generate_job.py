@@ -123,6 +123,12 @@ class RunningJob:
         return append
 
     @property
+    def let_go(self) -> bool:
+        """Aborted by the loop (the API ended it, or it was given up): what the engine yields
+        for it from then on is the abort's doing."""
+        return self.ended_as is not None or self.abandoned
+
+    @property
     def status(self) -> JobStatus:
         if self.ended_as is not None:
             return JobStatus(self.ended_as)

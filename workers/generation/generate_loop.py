@@ -63,8 +63,11 @@ class EngineWatch:
         self.steps: int | None = None  # the engine's own count of steps, where it keeps one
 
     @contextlib.contextmanager
-    def generation(self) -> Iterator[None]:
-        """One generation in the engine; an idle engine owes no step for its idle time."""
+    def generation(self, job: RunningJob) -> Iterator[None]:
+        """One generation in the engine; an idle engine owes no step for its idle time. An end
+        this loop's abort made (`RunningJob.let_go`) shows no life of the engine: a wedged one
+        ends its generations on abort all the same (`VllmEngine.abort`), and clients giving up
+        on it one after another kept it from ever being deemed hung."""
         if not self.generating:
             self.stepped()
         self.generating += 1
@@ -72,7 +75,8 @@ class EngineWatch:
             yield
         finally:
             self.generating -= 1
-            self.stepped()
+            if not job.let_go:
+                self.stepped()
 
     def stepped(self) -> None:
         self.lively_at = time.monotonic()
@@ -203,9 +207,10 @@ class GenerateLoop:
     async def _generate(self, job: RunningJob) -> None:
         """Feed the job's chunks to the publisher; an engine error fails this job only."""
         try:
-            with self._watch.generation():
+            with self._watch.generation(job):
                 async for chunk in self.engine.generate(job.request):
-                    self._watch.stepped()
+                    if not job.let_go:
+                        self._watch.stepped()
                     self._chunks.append((job, checked(chunk), now_ms()))
                     self._wake.set()
         except InvalidChunk as exc:
