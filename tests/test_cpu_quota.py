@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
+from shared.settings import Settings
 from tests.minilm_reference import minilm_config, prepared_artifacts
 from tests.test_torch_engine import torch_engine
 from workers.engines.cpu_budget import CPU_SHARES, cgroup_cpu_limit, usable_cpus
 from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
+from workers.runtime.consumer_runtime import ConsumerRuntime
 
 AFFINITY = len(os.sched_getaffinity(0))
 
@@ -125,4 +128,33 @@ def test_torch_engines_of_one_worker_agree_on_its_one_thread_count(
         assert torch.get_num_threads() == 3
     finally:
         first.close()
+        torch.set_num_threads(before)
+
+
+def test_a_worker_shares_its_cpus_among_the_partitions_it_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str
+) -> None:
+    """A real worker serving minilm on ONNX Runtime and on PyTorch, under a 2-CPU quota: it
+    tells the budget before it loads them, so PyTorch gets one engine's share (each engine had
+    the whole worker's CPUs, so two busy partitions ran twice its CPUs in threads)."""
+    monkeypatch.setattr(
+        "workers.engines.cpu_budget.CGROUP_ROOT", cgroup_v2(tmp_path, "200000 100000")
+    )
+    share = max(1, min(2, AFFINITY) // 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(share + 1)  # what a worker that did not share would leave as it was
+    settings = Settings(
+        redis_url=redis_url, key_prefix="cpus:", models=["minilm:default", "minilm:torch"]
+    )
+    runtime = ConsumerRuntime(settings)
+    runtime.start()
+    try:
+        # read on a new thread, as the engine's calls run: PyTorch's count (OpenMP's) is per
+        # thread once a thread has used it, and a new one starts from the last one set
+        with ThreadPoolExecutor(1) as fresh:
+            assert fresh.submit(torch.get_num_threads).result() == share
+        assert CPU_SHARES.threads(0) == share
+    finally:
+        runtime.stop()
+        CPU_SHARES.share_among(1)
         torch.set_num_threads(before)

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
+
+# The named backends whose engines build a CPU thread pool (an ONNX Runtime session's intra-op
+# pool, PyTorch's); the others run in the worker's own threads (identity, custom engines) or on
+# the GPU with vLLM's and TensorRT's own.
+CPU_POOL_BACKENDS = frozenset({"onnxruntime", "torch"})
 
 # A container's own cgroup: v2's unified hierarchy (`cpu.max`), or v1's `cpu` controller.
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -47,6 +53,10 @@ class CpuShares:
 
     def share_among(self, engines: int) -> None:
         self._engines = max(1, engines)
+
+    def share_among_backends(self, backends: Iterable[str]) -> None:
+        """Share among the engines of `backends` (one per partition) that build a CPU pool."""
+        self.share_among(sum(backend in CPU_POOL_BACKENDS for backend in backends))
 
     def threads(self, configured: int) -> int:
         """A thread count from a model's config, any but 0 as set. 0 (automatic) is this

@@ -25,6 +25,7 @@ from shared.redis_client import connect, preload
 from shared.settings import Settings
 from workers.batching.micro_batch_loop import MicroBatchLoop
 from workers.engines.base import BatchEngine, GenerateEngine
+from workers.engines.cpu_budget import CPU_SHARES
 from workers.engines.registry import create_engine
 from workers.generation.generate_loop import GenerateLoop
 from workers.partition.job_events import JobEvents
@@ -180,6 +181,8 @@ class ConsumerRuntime:
         writer = ResultWriter(client, self.keys, self.settings.result_ttl_s, events, self.consumer)
         try:  # a load that fails or is given up closes the engines loaded before it too
             await preload(client, [*job_scripts.ALL, *token_scripts.ALL])
+            # before any engine sizes its pool: each of this worker's gets its share of the CPUs
+            CPU_SHARES.share_among_backends(c.backend_of(v) for c, v in self.partitions)
             for config, variant in self.partitions:
                 partition = Partition.of(self.keys, config, variant)
                 self._loops.append(await self._build_loop(client, writer, events, partition))
