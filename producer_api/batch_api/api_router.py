@@ -6,15 +6,22 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from producer_api.auth import AUTH_RESPONSES, Principal, acting_for
 from producer_api.batch_api.progress import view
-from producer_api.batch_api.protocol import WINDOW, BatchList, BatchOptions, BatchView, Endpoint
-from producer_api.batch_api.serving import BatchApiService
+from producer_api.batch_api.protocol import (
+    WINDOW,
+    BatchLine,
+    BatchList,
+    BatchOptions,
+    BatchView,
+    Endpoint,
+)
+from producer_api.batch_api.serving import Asked, BatchApiService
 from producer_api.errors import ConveyorError
 from producer_api.files.serving import FilesService
+from producer_api.jobs.api_router import IDEMPOTENCY_KEY
 from producer_api.request_boundary import parse_json
 from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route, page_response
 from producer_api.state import ProducerState
@@ -31,7 +38,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
     400: {"description": "A multipart body that does not parse"},
     404: {"description": "Unknown batch or model"},
-    409: {"description": "Batch not running (cancel) or not ended (files)"},
+    409: {
+        "description": "Batch not running (cancel) or not ended (files); for a create, its "
+        "Idempotency-Key reused with another request, or its first request still being created "
+        "after 5 s (Retry-After)"
+    },
     413: {
         "description": "Body too large, more lines than CONVEYOR_MAX_BATCH_LINES, or more "
         "items than the bulk lane can ever hold"
@@ -66,54 +77,58 @@ def _respond(request: Request, batch_id: str, progress: Refresh, status: int = 2
     return FastJSONResponse(view(batch_id, progress, base), status_code=status)
 
 
-async def _upload(
-    request: Request, options: dict[str, Any], files: FilesService
-) -> tuple[bytes, BatchOptions]:
-    """The JSONL as the raw body, as the `file` field of a multipart form whose other fields
-    are the options, or as an uploaded file that OpenAI's JSON body names (`input_file_id`,
-    with `endpoint`, `completion_window` and `metadata`)."""
-    source: bytes | None = None
+async def _asked(request: Request, options: dict[str, Any]) -> Asked:
+    """The create as sent: the JSONL as the raw body, as the `file` field of a multipart form
+    whose other fields are the options, or OpenAI's JSON body naming an uploaded file
+    (`input_file_id`, with `endpoint`, `completion_window` and `metadata`)."""
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         form = await request.form()
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise ConveyorError(422, "invalid_request", "multipart body needs a `file` field")
-        source = await upload.read()
-        options.update({k: v for k, v in form.items() if k != "file" and isinstance(v, str)})
-    elif (named := _names_a_file(request, body := await request.body())) is not None:
-        options.update(named)
-    else:
-        source = body
-    parsed = _options(options)
-    if parsed.input_file_id is None:
-        return source or b"", parsed
-    if source is not None:
-        message = "input_file_id names the batch's lines: send it in a JSON body, not with a file"
-        raise ConveyorError(422, "invalid_request", message)
-    return await files.data(parsed.input_file_id), parsed
+        fields = {k: v for k, v in form.items() if k != "file" and isinstance(v, str)}
+        return Asked(await upload.read(), {**options, **fields})
+    if (create := _openai_create(request, body := await request.body())) is not None:
+        return Asked(None, {**options, **create})
+    return Asked(body, options)
 
 
-def _names_a_file(request: Request, body: bytes) -> dict[str, Any] | None:
+# What only OpenAI's create body holds, and what only a batch line does.
+_CREATE_FIELDS = frozenset(BatchOptions.model_fields)
+_LINE_FIELDS = frozenset(BatchLine.model_fields)
+
+
+def _openai_create(request: Request, body: bytes) -> dict[str, Any] | None:
     """OpenAI's create body, a JSON object naming `input_file_id`; None for JSONL (which a
-    one-line batch sent as `application/json` also is)."""
+    one-line batch sent as `application/json` also is). An object with a create's fields and
+    none of a line's is a create that left its file out: refused, where it ran as a one-line
+    batch whose one line was invalid (a 202, the batch `failed`)."""
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         return None
     try:
         value = parse_json(body, get_settings().max_json_depth)
     except ValueError:
         return None
-    return value if isinstance(value, dict) and "input_file_id" in value else None
+    if not isinstance(value, dict) or not value.keys() & _CREATE_FIELDS:
+        return None
+    if "input_file_id" in value:
+        return value
+    if value.keys() & _LINE_FIELDS:
+        return None
+    message = (
+        "input_file_id is required: OpenAI's create names an uploaded file (POST /v1/files, "
+        "purpose batch); send the lines themselves as application/jsonl"
+    )
+    raise ConveyorError(422, "invalid_request", message)
 
 
-def _options(options: dict[str, Any]) -> BatchOptions:
-    try:
-        return BatchOptions.model_validate(options)
-    except ValidationError as exc:
-        message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConveyorError(422, "invalid_request", message) from None
+_CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": BatchView, "description": "The batch its Idempotency-Key first created"},
+    **_ERRORS,
+}
 
 
-@router.post("/v1/batches", status_code=202, response_model=BatchView, responses=_ERRORS)
+@router.post("/v1/batches", status_code=202, response_model=BatchView, responses=_CREATE_RESPONSES)
 async def create_batch(
     request: Request,
     creation: Creation,
@@ -123,6 +138,7 @@ async def create_batch(
     completion_window: str = Query(default="24h", pattern=WINDOW),
     webhook: str | None = Query(default=None, max_length=2048),
     endpoint: Annotated[Endpoint | None, Query(description="The url every line names")] = None,
+    idempotency_key: str | None = IDEMPOTENCY_KEY,
 ) -> Any:
     """Create a batch from JSONL (`application/jsonl` body, a multipart `file` upload with
     the same options as form fields, or OpenAI's JSON body naming an uploaded `input_file_id`).
@@ -130,13 +146,14 @@ async def create_batch(
     OpenAI's `/v1/embeddings`, `/v1/chat/completions` or `/v1/completions`, `body` being that
     route's request (one url per batch).
     Invalid lines go to the errors file with their line number and reason; the rest run on
-    the bulk lane."""
+    the bulk lane. A repeated `Idempotency-Key` with the same request answers 200 with the
+    batch it first created, as `POST /v1/jobs` answers with its job."""
     options = {"model": model, "completion_window": completion_window, "webhook": webhook}
     options["endpoint"] = endpoint
     given = {k: v for k, v in options.items() if v is not None}
-    source, parsed = await _upload(request, given, creation.files)
-    batch_id, progress = await creation.batches.create(source, parsed)
-    return _respond(request, batch_id, progress, 202)
+    asked = await _asked(request, given)
+    created = await creation.batches.create(asked, creation.files.data, idempotency_key)
+    return _respond(request, created.batch_id, created.progress, 202 if created.new else 200)
 
 
 @router.get("/v1/batches", response_model=BatchList, responses=_ERRORS)

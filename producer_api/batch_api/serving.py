@@ -4,20 +4,24 @@ in pipelined chunks, read progress, cancel, and stream results and errors as JSO
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api import lines
 from producer_api.batch_api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, JOBS, BatchOptions
 from producer_api.errors import ConveyorError
+from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.serving import UNSUCCESSFUL_STATUS, JobsService
 from producer_api.openai.embedding_serving import EmbeddingService, embedding_list
 from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -55,6 +59,65 @@ def _line(record: dict[str, Any]) -> bytes:
     return dumps(record) + b"\n"
 
 
+# Reads an uploaded file's bytes (`FilesService.data`): a batch's input named by `input_file_id`.
+ReadFile = Callable[[str], Awaitable[bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """A create as sent: its lines (the body, or a multipart upload's file), None where its
+    options name an uploaded file instead; the options as given, not yet checked."""
+
+    source: bytes | None
+    options: dict[str, Any]
+
+    def body_print(self) -> BodyPrint:
+        """What a retry with the create's Idempotency-Key repeats: its options and lines (by
+        digest), as sent, so that one refused now (its file deleted) still matches."""
+        lines_sha = None if self.source is None else hashlib.sha256(self.source).hexdigest()
+        return BodyPrint.of({"batch": self.options, "lines": lines_sha})
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A create checked, nothing stored yet."""
+
+    options: BatchOptions
+    parsed: lines.ParsedBatch
+    window_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """A create's batch: `new`, or the one its Idempotency-Key was first used for."""
+
+    batch_id: str
+    progress: Refresh
+    new: bool = True
+
+
+def _new_id() -> str:
+    return f"batch_{uuid.uuid4().hex}"
+
+
+def _options(options: dict[str, Any]) -> BatchOptions:
+    try:
+        return BatchOptions.model_validate(options)
+    except ValidationError as exc:
+        message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConveyorError(422, "invalid_request", message) from None
+
+
+async def _source(asked: Asked, options: BatchOptions, read_file: ReadFile) -> bytes:
+    """The batch's lines: those sent, or the uploaded file's `input_file_id` names."""
+    if options.input_file_id is None:
+        return asked.source or b""
+    if asked.source is not None:
+        message = "input_file_id names the batch's lines: send it in a JSON body, not with a file"
+        raise ConveyorError(422, "invalid_request", message)
+    return await read_file(options.input_file_id)
+
+
 class BatchApiService:
     def __init__(self, state: ProducerState, principal: Principal = ANONYMOUS) -> None:
         self.state = state
@@ -62,17 +125,66 @@ class BatchApiService:
         self.store = state.batch_store
         self.principal = principal
 
-    async def create(self, source: bytes, options: BatchOptions) -> tuple[str, Refresh]:
+    async def create(self, asked: Asked, read_file: ReadFile, key: str | None = None) -> Created:
+        """A new batch of what was `asked` (its lines, or an uploaded file's that `read_file`
+        reads); with an Idempotency-Key, as `/v1/jobs` takes one (`_create_once`)."""
+        if key is not None:
+            return await self._create_once(asked, read_file, key)
+        prepared = await self._prepared(asked, read_file)
+        batch_id = _new_id()
+        return Created(batch_id, await self._created(batch_id, prepared))
+
+    async def _create_once(self, asked: Asked, read_file: ReadFile, key: str) -> Created:
+        """A retry answers with the batch its first try created (its 202 lost), also when the
+        request would be refused now (its input file deleted since, its model gone), as
+        `JobsService._submit_once` answers with a job: a second batch ran every line again. A
+        create that fails gives the key up, its batch withdrawn (`_withdraw`): the retry makes
+        its own."""
+        idempotency, tenant = self.state.idempotency, self.principal.tenant
+        body_print = asked.body_print()
+        try:
+            prepared = await self._prepared(asked, read_file)
+        except ConveyorError:
+            if (
+                first := await idempotency.used_for(tenant, key, body_print, self._started)
+            ) is None:
+                raise
+            return Created(first, await self._look(first), new=False)
+        batch_id = _new_id()
+        try:
+            first = await idempotency.claim(tenant, key, batch_id, body_print, self._started)
+            if first is None:
+                return Created(batch_id, await self._created(batch_id, prepared))
+        except BaseException:
+            await idempotency.release(tenant, key, batch_id)
+            raise
+        return Created(first, await self._look(first), new=False)
+
+    async def _started(self, batch_id: str) -> bool:
+        """Whether the batch an Idempotency-Key was claimed for is there to answer with: past
+        `validating`, as its create's 202 shows it (a retry waits for it until then)."""
+        fields = await self.store.read(batch_id)
+        return fields is not None and fields["status"] != BatchStatus.VALIDATING
+
+    async def _prepared(self, asked: Asked, read_file: ReadFile) -> Prepared:
+        """The create's options and lines checked, nothing stored: every refusal that does not
+        depend on the bulk lane's room."""
+        options = _options(asked.options)
         window_s = self._window_s(options.completion_window)
         if options.webhook is not None and (why := refusal(options.webhook, self.state.settings)):
             raise ConveyorError(422, "invalid_request", why)
         if options.model is not None and self.state.repository.get(options.model) is None:
             raise ConveyorError(404, "not_found", f"model {options.model!r} not found")
+        source = await _source(asked, options, read_file)
         parsed = await asyncio.to_thread(lines.parse, source, self._batch(options))
         if not parsed.items and not parsed.rejected:
             raise ConveyorError(422, "invalid_request", "the batch has no lines")
+        return Prepared(options, parsed, window_s)
+
+    async def _created(self, batch_id: str, prepared: Prepared) -> Refresh:
+        """Enqueue a prepared batch's items and start it, or withdraw what was written."""
+        options, parsed, window_s = prepared.options, prepared.parsed, prepared.window_s
         await self._check_room(parsed.items)
-        batch_id = f"batch_{uuid.uuid4().hex}"
         expires_ms = now_ms() + window_s * 1000
         meta: dict[str, str | int] = {
             "tenant": self.principal.tenant,
@@ -101,7 +213,7 @@ class BatchApiService:
             raise
         if progress.fields["status"] == BatchStatus.FAILED:
             await self.progress.notify(batch_id, progress)
-        return batch_id, progress
+        return progress
 
     async def _withdraw(self, batch_id: str, items: list[lines.Item]) -> None:
         """A create that failed part-way (Redis failed, or with `CONVEYOR_REPLICA_ACKS` too few
