@@ -224,7 +224,8 @@ class Keys:
         return f"{self.prefix}{CONTROL}canary:{model}:lock"
 
     def canary_events(self, model: str) -> str:
-        """Every decision of a model's canaries, oldest first (list of JSON)."""
+        """Every decision of a model's latest canary, oldest first (list of JSON): its start
+        drops the last canary's."""
         return f"{self.prefix}{CONTROL}canary:{model}:events"
 
     @property

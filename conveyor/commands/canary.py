@@ -45,8 +45,8 @@ def print_canary(view: dict[str, Any], events: int) -> None:
         f"{canary['model']}:{canary['variant']} vs {canary['baseline']}: {canary['state']},"
         f" {canary['weight']:g} % (steps {','.join(f'{s:g}' for s in canary['steps'])})"
     )
-    mine = [e for e in view["events"] if e["at"] >= canary["started_at"] - 1]  # this rollout's
-    for item in mine[max(len(mine) - events, 0) :]:  # not [-events:]: [-0:] is every one
+    shown = view["events"]  # this rollout's alone: a canary's start drops the last one's
+    for item in shown[max(len(shown) - events, 0) :]:  # not [-events:]: [-0:] is every one
         numbers = "".join(
             f"  {side} {seen['requests']} req, {seen['error_rate']:.2%} errors,"
             f" p99 {seen['p99_ms']} ms"
