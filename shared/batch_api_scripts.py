@@ -158,3 +158,15 @@ SET_UNLESS_SET = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 """
+
+# KEYS[1]=one of a batch's lists (its items in line order, one partition's items, its refused
+# lines); ARGV: ttl_s, then the list's values. Written afresh, so a rerun (a reply lost) lists
+# nothing twice, and given its TTL in the same step: as a pipeline's DEL, RPUSH and EXPIRE, a
+# connection torn after the RPUSH reached the server left a list with no TTL, kept for ever.
+REPLACE_LIST = """
+redis.call('DEL', KEYS[1])
+for i = 2, #ARGV, 1000 do
+  redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+return redis.call('EXPIRE', KEYS[1], ARGV[1])
+"""

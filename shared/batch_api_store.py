@@ -18,6 +18,7 @@ from itertools import chain
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 from redis.typing import EncodableT
 
 from shared import batch_api_scripts
@@ -26,7 +27,12 @@ from shared.codec import as_text, dumps, loads
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.keys import Keys
-from shared.redis_client import check_replica_acks, queue_replica_wait, run_pipeline
+from shared.redis_client import (
+    check_replica_acks,
+    queue_replica_wait,
+    queue_script,
+    run_pipeline,
+)
 from shared.tenant_index import TenantIndexed
 
 CHUNK = 500
@@ -182,6 +188,7 @@ class BatchApiStore(TenantIndexed):
         self._request_end = client.register_script(batch_api_scripts.REQUEST_END)
         self._commit = client.register_script(batch_api_scripts.COMMIT)
         self._set_unless_set = client.register_script(batch_api_scripts.SET_UNLESS_SET)
+        self._replace_list = client.register_script(batch_api_scripts.REPLACE_LIST)
 
     def index_of(self, tenant: str) -> str:
         return self.keys.batches_of(tenant)
@@ -213,9 +220,9 @@ class BatchApiStore(TenantIndexed):
     ) -> None:
         """Record enqueued items `(job_id, open list)` in line order and the refused lines, in
         one round trip (no transaction: the lists are in several slots, and the batch is not
-        read before `start`). They expire with the batch's hash unless `finish` renews them.
-        Each list is written afresh, so a rerun (the client retries a pipeline whose reply was
-        lost) does not list an item twice."""
+        read before `start`). Each list is written whole with its TTL at once (`REPLACE_LIST`),
+        so none outlives the batch's hash unless `finish` renews it, and afresh, so a rerun
+        (the client retries a pipeline whose reply was lost) does not list an item twice."""
         by_list: dict[str, list[str]] = {}
         for job_id, open_list in items:
             by_list.setdefault(open_list, []).append(job_id)
@@ -227,12 +234,9 @@ class BatchApiStore(TenantIndexed):
 
         def queue(pipe: Any) -> None:
             for key, values in lists:
-                pipe.delete(key)
-                for start in range(0, len(values), CHUNK * 4):
-                    pipe.rpush(key, *values[start : start + CHUNK * 4])
-                pipe.expire(key, ttl_s)
+                queue_script(pipe, self._replace_list, [key], [ttl_s, *values])
 
-        await self._confirmed(queue, [key for key, _ in lists])
+        await self._confirmed(queue, [key for key, _ in lists], [self._replace_list])
 
     async def start(
         self,
@@ -262,18 +266,23 @@ class BatchApiStore(TenantIndexed):
         await self._confirmed(lambda pipe: pipe.hset(key, items=_flat(mapping)), [key])
         await self._confirmed(lambda pipe: pipe.zadd(active, {batch_id: expires_ms}), [active])
 
-    async def _confirmed(self, queue: Callable[[Any], object], written: Sequence[str]) -> None:
+    async def _confirmed(
+        self,
+        queue: Callable[[Any], object],
+        written: Sequence[str],
+        scripts: Sequence[AsyncScript] = (),
+    ) -> None:
         """Run the writes `queue` puts on a pipeline, with `CONVEYOR_REPLICA_ACKS` followed by a
         WAIT on the master of each key `written` (ReplicaAckTimeout when too few replicas
         confirm): a create's 202 rests on them. On the same connection, as WAIT counts only its
         own connection's writes; it confirms that master's earlier writes too (the hash
-        `create` wrote)."""
+        `create` wrote). The `scripts` it calls are loaded where a server lacks them."""
 
         async def fill(pipe: Any) -> int:
             queue(pipe)
             return await queue_replica_wait(self.redis, pipe, written)
 
-        waits, replies = await run_pipeline(self.redis, fill, [])
+        waits, replies = await run_pipeline(self.redis, fill, scripts)
         check_replica_acks(replies[len(replies) - waits :])
 
     async def read(self, batch_id: str) -> dict[str, str] | None:
