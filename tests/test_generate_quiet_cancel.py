@@ -79,11 +79,17 @@ async def test_a_cancelled_job_waiting_in_the_engine_is_aborted_before_the_one_a
         async with asyncio.timeout(HANG_GUARD_S):
             while not await aredis.exists(KEYS.tokens("ahead")) or len(loop.running) < 2:
                 await asyncio.sleep(0.05)  # the first job streams; the second was admitted
-            assert await aredis.exists(KEYS.tokens("behind")) == 0  # it waits inside vLLM
+            assert await aredis.exists(KEYS.tokens("behind")) == 0
+            while engine.step_stats.last_waiting != 1:  # it waits in vLLM's scheduler
+                assert await _status(store, "ahead") not in TERMINAL
+                await asyncio.sleep(0.05)
             await store.transition("behind", JobStatus.CANCELLED)
             while (final := await _final(aredis, "behind")) is None:
                 assert await _status(store, "ahead") not in TERMINAL, "noticed only after it"
                 await asyncio.sleep(0.05)
+            steps = engine.step_stats.steps
+            while engine.step_stats.steps == steps or engine.step_stats.last_waiting:
+                await asyncio.sleep(0.05)  # vLLM let it go too
         assert final.data()["status"] == JobStatus.CANCELLED
         assert final.data()["finish_reason"] == "abort"
         assert await _status(store, "ahead") == JobStatus.RUNNING
