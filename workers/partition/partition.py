@@ -5,11 +5,12 @@ timing and context fields."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from shared.codec import dumps
 from shared.job_states import JobStatus
-from shared.job_store import now_ms
+from shared.job_store import stamp_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
 from workers.partition.finish import Finish
@@ -96,7 +97,9 @@ class Partition:
             **fields,
             "started": str(delivery.claimed_ms),  # when this worker read it: no claim writes it
             "attempts": str(delivery.attempts),
-            "finished": str(now_ms()),
+            # rounded up, as `created` is down: the whole ms between them (`total_ms`) never
+            # read shorter than the queue wait and engine time inside it, which are to the µs
+            "finished": str(math.ceil(stamp_ms())),
             "queue_wait_ms": str(round(ran - entry.enqueued_ms, 3)),
         }
         if status != JobStatus.SUCCEEDED:  # the console shows what a failed job was given
