@@ -122,13 +122,7 @@ def _openai_create(request: Request, body: bytes) -> dict[str, Any] | None:
     raise ConveyorError(422, "invalid_request", message)
 
 
-_CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"model": BatchView, "description": "The batch its Idempotency-Key first created"},
-    **_ERRORS,
-}
-
-
-@router.post("/v1/batches", status_code=202, response_model=BatchView, responses=_CREATE_RESPONSES)
+@router.post("/v1/batches", status_code=202, response_model=BatchView, responses=_ERRORS)
 async def create_batch(
     request: Request,
     creation: Creation,
@@ -146,14 +140,14 @@ async def create_batch(
     OpenAI's `/v1/embeddings`, `/v1/chat/completions` or `/v1/completions`, `body` being that
     route's request (one url per batch).
     Invalid lines go to the errors file with their line number and reason; the rest run on
-    the bulk lane. A repeated `Idempotency-Key` with the same request answers 200 with the
-    batch it first created, as `POST /v1/jobs` answers with its job."""
+    the bulk lane. A repeated `Idempotency-Key` with the same request answers as its first
+    try did, 202 with the batch it created (as `POST /v1/jobs` answers with its job)."""
     options = {"model": model, "completion_window": completion_window, "webhook": webhook}
     options["endpoint"] = endpoint
     given = {k: v for k, v in options.items() if v is not None}
     asked = await _asked(request, given)
-    created = await creation.batches.create(asked, creation.files.data, idempotency_key)
-    return _respond(request, created.batch_id, created.progress, 202 if created.new else 200)
+    batch_id, progress = await creation.batches.create(asked, creation.files.data, idempotency_key)
+    return _respond(request, batch_id, progress, 202)
 
 
 @router.get("/v1/batches", response_model=BatchList, responses=_ERRORS)

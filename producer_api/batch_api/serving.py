@@ -87,15 +87,6 @@ class Prepared:
     window_s: int
 
 
-@dataclass(frozen=True, slots=True)
-class Created:
-    """A create's batch: `new`, or the one its Idempotency-Key was first used for."""
-
-    batch_id: str
-    progress: Refresh
-    new: bool = True
-
-
 def _new_id() -> str:
     return f"batch_{uuid.uuid4().hex}"
 
@@ -125,16 +116,20 @@ class BatchApiService:
         self.store = state.batch_store
         self.principal = principal
 
-    async def create(self, asked: Asked, read_file: ReadFile, key: str | None = None) -> Created:
+    async def create(
+        self, asked: Asked, read_file: ReadFile, key: str | None = None
+    ) -> tuple[str, Refresh]:
         """A new batch of what was `asked` (its lines, or an uploaded file's that `read_file`
         reads); with an Idempotency-Key, as `/v1/jobs` takes one (`_create_once`)."""
         if key is not None:
             return await self._create_once(asked, read_file, key)
         prepared = await self._prepared(asked, read_file)
         batch_id = _new_id()
-        return Created(batch_id, await self._created(batch_id, prepared))
+        return batch_id, await self._created(batch_id, prepared)
 
-    async def _create_once(self, asked: Asked, read_file: ReadFile, key: str) -> Created:
+    async def _create_once(
+        self, asked: Asked, read_file: ReadFile, key: str
+    ) -> tuple[str, Refresh]:
         """A retry answers with the batch its first try created (its 202 lost), also when the
         request would be refused now (its input file deleted since, its model gone), as
         `JobsService._submit_once` answers with a job: a second batch ran every line again. A
@@ -149,16 +144,16 @@ class BatchApiService:
                 first := await idempotency.used_for(tenant, key, body_print, self._started)
             ) is None:
                 raise
-            return Created(first, await self._look(first), new=False)
+            return first, await self._look(first)
         batch_id = _new_id()
         try:
             first = await idempotency.claim(tenant, key, batch_id, body_print, self._started)
             if first is None:
-                return Created(batch_id, await self._created(batch_id, prepared))
+                return batch_id, await self._created(batch_id, prepared)
         except BaseException:
             await idempotency.release(tenant, key, batch_id)
             raise
-        return Created(first, await self._look(first), new=False)
+        return first, await self._look(first)
 
     async def _started(self, batch_id: str) -> bool:
         """Whether the batch an Idempotency-Key was claimed for is there to answer with: past
