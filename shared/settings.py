@@ -91,7 +91,11 @@ class Settings(BaseSettings):
     webhook_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
     webhook_secret: str = ""
     webhook_retry_for_s: float = Field(default=3_600.0, ge=0)
-    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    # At most 5 minutes: an attempt's claim lives the timeout and a minute more
+    # (workers/webhook_delivery.py), and must lapse before kombu restores a dead worker's
+    # attempt (shared/celery_broker.VISIBILITY_TIMEOUT_S, 15 minutes), or that copy finds it
+    # and drops the delivery as a duplicate.
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=300)
 
     metrics_port: int = Field(default=9_100, ge=0, le=65_535)
     # Garbage collection once a process serves (shared/heap_tuning.py): start-up's objects
