@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -81,6 +82,22 @@ async def test_embed_decodes_the_base64_it_asked_for(base_url: str, minilm_worke
         np.testing.assert_allclose(np.array(vectors), np.array(numbers), atol=1e-6)
     np.testing.assert_allclose(plain.data[0].embedding, numbers[0], atol=1e-6)
     assert all(isinstance(item.embedding, str) for item in raw.data)
+
+
+def test_a_batch_created_again_with_its_key_is_the_first_batch(
+    base_url: str, identity_worker: int
+) -> None:
+    """What a create retried after its answer was lost sends: the first batch comes back, its
+    lines run once."""
+    lines = [{"custom_id": f"k{i}", "body": {"inputs": {"i": i}}} for i in range(3)]
+    key = f"batch-{uuid.uuid4().hex}"
+    with Client(base_url) as client:
+        first = client.batches.create(lines, model="identity", idempotency_key=key)
+        again = client.batches.create(lines, model="identity", idempotency_key=key)
+        other = client.batches.create(lines, model="identity")
+        done = client.batches.wait(first.id, poll_s=0.1)
+    assert again.id == first.id != other.id
+    assert done.counts.total == 3 and done.counts.succeeded == 3
 
 
 async def test_async_client_runs_a_batch(base_url: str, identity_worker: int) -> None:

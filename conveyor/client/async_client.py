@@ -180,9 +180,12 @@ class AsyncBatches:
         model: str | None = None,
         completion_window: str | None = None,
         webhook: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Batch:
         body = calls.jsonl(source)
-        return await self.client.run(calls.create_batch(body, model, completion_window, webhook))
+        return await self.client.run(
+            calls.create_batch(body, model, completion_window, webhook, idempotency_key)
+        )
 
     async def get(self, batch_id: str) -> Batch:
         return await self.client.run(calls.get_batch(batch_id))

@@ -273,17 +273,24 @@ def jsonl(source: bytes | str | os.PathLike[str] | Iterable[Mapping[str, Any]]) 
 
 
 def create_batch(
-    source: bytes, model: str | None, completion_window: str | None, webhook: str | None
+    source: bytes,
+    model: str | None,
+    completion_window: str | None,
+    webhook: str | None,
+    idempotency_key: str | None,
 ) -> Op[Batch]:
+    """An Idempotency-Key is always sent (a fresh one by default), as a submit's is: a create
+    retried after its answer was lost answers with the batch it made, not a second one that
+    runs every line again."""
     options = {"model": model, "completion_window": completion_window, "webhook": webhook}
+    key = idempotency_key or uuid.uuid4().hex
     response = yield Call(
         "POST",
         "/v1/batches",
         params={k: v for k, v in options.items() if v is not None},
         content=source,
-        headers={"Content-Type": "application/jsonl"},
+        headers={"Content-Type": "application/jsonl", "Idempotency-Key": key},
         timeout=300,
-        repeatable=False,
     )
     return Batch.model_validate(response.json())
 

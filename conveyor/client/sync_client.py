@@ -191,10 +191,13 @@ class Batches:
         model: str | None = None,
         completion_window: str | None = None,
         webhook: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Batch:
         """`source`: JSONL bytes, a file path, or lines `{"custom_id", "body": {...}}`."""
         body = calls.jsonl(source)
-        return self.client.run(calls.create_batch(body, model, completion_window, webhook))
+        return self.client.run(
+            calls.create_batch(body, model, completion_window, webhook, idempotency_key)
+        )
 
     def get(self, batch_id: str) -> Batch:
         return self.client.run(calls.get_batch(batch_id))
