@@ -19,6 +19,7 @@ from producer_api.app import create_app
 from shared.codec import dumps
 from shared.keys import Keys
 from shared.settings import Settings
+from tests.app_client import app_client
 from tests.conftest import until_async
 
 KEYS = Keys("error-codes:")
@@ -29,10 +30,8 @@ LINE = {"url": "/v1/completions", "body": {"model": "smollm2", "prompt": "word",
 async def producer(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
     """After `aredis` has flushed the database."""
     app = create_app(Settings(redis_url=redis_url, key_prefix=KEYS.prefix, auth="disabled"))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield client
+    async with app_client(app) as client:
+        yield client
 
 
 async def _batch(client: httpx.AsyncClient, aredis: aioredis.Redis, lines: int) -> list[str]:

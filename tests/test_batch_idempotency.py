@@ -19,6 +19,7 @@ from producer_api.app import create_app
 from shared.api_keys import ApiKeyStore, KeySpec
 from shared.keys import Keys
 from shared.settings import Settings
+from tests.app_client import app_client
 
 KEYS = Keys("batch-idem:")
 LINES = "".join(
@@ -31,10 +32,8 @@ JSONL = {"Content-Type": "application/jsonl"}
 async def producer(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
     """After `aredis` has flushed the database."""
     app = create_app(Settings(redis_url=redis_url, key_prefix=KEYS.prefix))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield client
+    async with app_client(app) as client:
+        yield client
 
 
 async def _key(aredis: aioredis.Redis, tenant: str) -> dict[str, str]:

@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from producer_api.app import create_app
 from shared.keys import Keys
 from shared.settings import Settings
+from tests.app_client import app_client
 
 KEYS = Keys("batch-json:")
 
@@ -24,10 +25,8 @@ KEYS = Keys("batch-json:")
 async def producer(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
     """After `aredis` has flushed the database."""
     app = create_app(Settings(redis_url=redis_url, key_prefix=KEYS.prefix, auth="disabled"))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield client
+    async with app_client(app) as client:
+        yield client
 
 
 @pytest.mark.parametrize(

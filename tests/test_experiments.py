@@ -22,6 +22,7 @@ from shared.keys import Keys
 from shared.settings import Settings
 from shared.shadow_compare import Comparison
 from shared.variant_stats import BUCKET_S, Sample, VariantStats, Window
+from tests.app_client import app_client
 from tests.conftest import REPO_ROOT
 
 TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
@@ -70,11 +71,8 @@ async def api(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.Asy
     settings = Settings(
         redis_url=redis_url, model_repository=TRAFFIC, auth="disabled", instance_id="experiments"
     )
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield client
+    async with app_client(create_app(settings)) as client:
+        yield client
 
 
 async def test_statistics_match_a_hand_computation(api: httpx.AsyncClient) -> None:
