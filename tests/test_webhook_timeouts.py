@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from email.utils import formatdate
 from typing import Any
 
@@ -223,17 +224,17 @@ def test_a_receiver_that_ran_out_the_timeout_is_held_for_its_other_deliveries(
     assert holds.left_s("http://127.0.0.1:9/other") == 0
 
 
-@pytest.fixture
-def failing_slowly() -> Iterator[tuple[str, list[bytes]]]:
-    """A receiver that answers every POST with a 500 after 0.7 s; its URL and the requests it
-    took."""
+@contextmanager
+def failing_receiver(delay_s: float) -> Iterator[tuple[str, list[bytes]]]:
+    """A receiver that answers every POST with a 500, `delay_s` after taking it; its URL and
+    the requests it took (each counted before its answer)."""
     listener = socket.create_server(("127.0.0.1", 0))
     taken: list[bytes] = []
 
     def answer(connection: socket.socket) -> None:
         with connection:
             taken.append(connection.recv(65536))
-            time.sleep(0.7)
+            time.sleep(delay_s)
             connection.sendall(b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n")
 
     def take() -> None:
@@ -247,6 +248,12 @@ def failing_slowly() -> Iterator[tuple[str, list[bytes]]]:
     threading.Thread(target=take, daemon=True).start()
     yield f"http://127.0.0.1:{listener.getsockname()[1]}", taken
     listener.close()
+
+
+@pytest.fixture
+def failing_slowly() -> Iterator[tuple[str, list[bytes]]]:
+    with failing_receiver(0.7) as receiver:
+        yield receiver
 
 
 def test_a_receiver_that_fails_slowly_is_held_as_long_as_it_took_six_times_over(
@@ -310,23 +317,8 @@ def test_a_dead_workers_pending_retry_is_handed_on_well_within_the_retry_window(
 
 @pytest.fixture
 def failing() -> Iterator[tuple[str, list[bytes]]]:
-    """A receiver that answers every POST with a 500; its URL and the requests it took."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    taken: list[bytes] = []
-
-    def answer() -> None:
-        while True:
-            try:
-                connection, _ = listener.accept()
-            except OSError:
-                return
-            with connection:
-                taken.append(connection.recv(65536))  # before answering: counted once answered
-                connection.sendall(b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n")
-
-    threading.Thread(target=answer, daemon=True).start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}", taken
-    listener.close()
+    with failing_receiver(0.0) as receiver:
+        yield receiver
 
 
 def test_a_restored_copy_of_an_attempt_neither_posts_nor_retries_again(
