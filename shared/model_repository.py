@@ -213,14 +213,22 @@ class AutoscalingHints(BaseModel):
         return self
 
 
+def quote(value: Any) -> str:
+    """A refused value as a 422 quotes it: its JSON, cut at QUOTED_CHARS with its length (a
+    refused 16 KB prompt or variant name was quoted whole)."""
+    quoted = dumps(value).decode()
+    if len(quoted) <= QUOTED_CHARS:
+        return quoted
+    return f"{quoted[:QUOTED_CHARS]}… ({len(quoted)} characters of JSON)"
+
+
 def _briefly(error: jsonschema_rs.ValidationError) -> str:
-    """The error's message with the value it quotes cut short: a refused 16 KB prompt was
-    quoted whole in its 422, once for every way it broke the schema."""
+    """The error's message with the value it quotes cut short, once for every way it broke
+    the schema."""
     quoted = dumps(error.instance).decode()
-    if len(quoted) <= QUOTED_CHARS or quoted not in error.message:
+    if quoted not in error.message:
         return error.message
-    shown = f"{quoted[:QUOTED_CHARS]}… ({len(quoted)} characters of JSON)"
-    return error.message.replace(quoted, shown, 1)
+    return error.message.replace(quoted, quote(error.instance), 1)
 
 
 def _no_retrieval(uri: str) -> Any:

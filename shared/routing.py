@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from shared.model_repository import ModelConfig
+from shared.model_repository import ModelConfig, quote
 
 StickyBy = Literal["routing_key", "tenant"]
 WEIGHT_TOTAL = 100.0
@@ -55,8 +55,10 @@ class Routes:
     def check(self, config: ModelConfig) -> None:
         """Raise UnknownVariant or InvalidRoutes unless these routes can serve `config`."""
         for name in [*self.weights, *self.shadows]:
-            if name not in config.variants:
-                raise UnknownVariant(f"model {config.name} has no variant {name!r}")
+            known_variant(config, name)
+        for name, weight in self.weights.items():
+            if weight > 0:
+                serving_variant(config, name)
         if any(not math.isfinite(w) or w < 0 for w in self.weights.values()):
             raise InvalidRoutes("weights must be finite and not negative")
         total = sum(self.weights.values())
@@ -102,6 +104,25 @@ class Routes:
     def served_besides(self, variant: str) -> dict[str, float]:
         """The primaries other than `variant` that have traffic, with their weights."""
         return {k: w for k, w in self.weights.items() if k != variant and w > 0}
+
+
+def known_variant(config: ModelConfig, name: str) -> None:
+    """Raise UnknownVariant unless `config` has the variant, its name quoted cut short (a body
+    may name any string: a 100 KB one was quoted whole in the 422)."""
+    if name not in config.variants:
+        raise UnknownVariant(f"model {config.name} has no variant {quote(name)}")
+
+
+def serving_variant(config: ModelConfig, name: str) -> None:
+    """Raise UnknownVariant or InvalidRoutes unless the variant may take live traffic: one
+    config.yaml marks `shadow: true` only takes copies (a SageMaker shadow variant, an Istio
+    mirror), so weight on it, from routes or a canary, is a mistake."""
+    known_variant(config, name)
+    if config.variants[name].shadow:
+        raise InvalidRoutes(
+            f"variant {name} of model {config.name} is a shadow (`shadow: true` in config.yaml):"
+            " it takes copies of requests, never live traffic"
+        )
 
 
 def seed_routes(config: ModelConfig) -> Routes:

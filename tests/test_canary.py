@@ -249,8 +249,8 @@ def test_a_shadowed_request_notifies_only_its_own_webhook(
 
 def test_abort_and_bad_starts(url: str, producers: list[str]) -> None:
     bad: list[tuple[dict[str, Any], int, str]] = [
-        ({"variant": "nope"}, 422, "no serving variant 'nope'"),
-        ({"variant": "mirror"}, 422, "no serving variant 'mirror'"),
+        ({"variant": "nope"}, 422, 'model ab has no variant "nope"'),
+        ({"variant": "mirror"}, 422, "a shadow (`shadow: true` in config.yaml)"),
         ({"variant": "stable"}, 422, "are one"),
         ({"variant": "candidate", "steps": [50, 10]}, 422, "ascending"),
         ({"variant": "candidate", "max_error_rate": -1}, 422, "max_error_rate"),

@@ -309,11 +309,17 @@ def test_bad_routes_get_a_clear_4xx_and_change_nothing(
     url = urls[0]
     before = _routes(url, admin)
     cases: list[tuple[dict[str, str], dict[str, Any], int, str]] = [
-        (admin, {"weights": {"stable": 50, "nope": 50}}, 422, "no variant 'nope'"),
+        (admin, {"weights": {"stable": 50, "nope": 50}}, 422, 'no variant "nope"'),
         (admin, {"weights": {"stable": 50, "candidate": 40}}, 422, "sum to 100"),
         (admin, {"weights": {"stable": 110, "candidate": -10}}, 422, "not negative"),
         (admin, {"weights": {"stable": 100}, "shadows": {"mirror": -0.5}}, 422, "[0, 1]"),
-        (admin, {"weights": {"stable": 90, "mirror": 10}, "shadows": {"mirror": 1}}, 422, "both"),
+        (
+            admin,
+            {"weights": {"stable": 90, "candidate": 10}, "shadows": {"candidate": 1}},
+            422,
+            "both",
+        ),
+        (admin, {"weights": {"stable": 90, "mirror": 10}}, 422, "never live traffic"),
         (admin, {"weights": {"stable": 100}, "sticky_by": "ip"}, 422, "sticky_by"),
         (admin, {"weights": {"stable": 100}, "expected_version": -1}, 422, "expected_version"),
         (admin, {"weights": {"stable": "Infinity"}}, 422, "stable: Input should be a valid number"),
@@ -364,6 +370,28 @@ def test_cli_sets_and_shows_routes(traffic: Stack, urls: list[str], admin: dict[
     assert refused.exit_code != 0 and "422 invalid_routes" in refused.output
     shown = runner.invoke(main, ["routes", "show", "ab"], env=env)
     assert shown.exit_code == 0 and "sticky by routing_key" in shown.output
+
+
+def test_cli_resets_routes_to_config_yaml_on_every_producer(
+    traffic: Stack, urls: list[str], admin: dict[str, str], client_key: dict[str, str]
+) -> None:
+    """There was no way back to the deployed config.yaml's routes but retyping them."""
+    env = {"CONVEYOR_URL": urls[1], "CONVEYOR_API_KEY": admin["X-API-Key"]}
+    moved = _put(urls[0], admin, weights={"stable": 0, "candidate": 100}, shadows={})
+    assert moved.status_code == 200, moved.text
+    version = moved.json()["version"]
+    runner = CliRunner()
+    stale = ["routes", "reset", "ab", "--expected-version", str(version - 1)]
+    refused = runner.invoke(main, stale, env=env)
+    assert refused.exit_code != 0 and "409 conflict" in refused.output, refused.output
+    result = runner.invoke(main, ["routes", "reset", "ab"], env=env)
+    assert result.exit_code == 0, result.output
+    assert f"version {version + 1}" in result.output and "(ops)" in result.output
+    seeded = seed_routes(AB)
+    shown = _routes(urls[0], admin)
+    assert (shown["weights"], shown["shadows"]) == (seeded.weights, seeded.shadows)
+    _until_applied(traffic, urls)
+    assert {_submit(url, client_key, inputs={})["variant"] for url in urls} == {"stable"}
 
 
 def _predict(url: str, headers: dict[str, str], inputs: dict[str, Any]) -> dict[str, Any]:

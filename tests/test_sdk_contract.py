@@ -75,6 +75,7 @@ NOT_READ_BY_SDK = {
     ("get", "/v1/models/{model}"),
     ("get", "/v1/models/{model}/routes"),
     ("put", "/v1/models/{model}/routes"),
+    ("delete", "/v1/models/{model}/routes"),
     ("get", "/v1/models/{model}/canary"),
     ("post", "/v1/models/{model}/canary"),
     ("delete", "/v1/models/{model}/canary"),

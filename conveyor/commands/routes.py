@@ -1,5 +1,6 @@
-"""`conveyor routes show|set MODEL`: read or change a model's live split between variants,
-its shadows and its stickiness; every producer applies a change within a second."""
+"""`conveyor routes show|set|reset MODEL`: read or change a model's live split between variants,
+its shadows and its stickiness, or put config.yaml's back; every producer applies a change
+within a second."""
 
 from __future__ import annotations
 
@@ -91,4 +92,21 @@ def set_routes(
         "expected_version": current["version"],
     }
     view = admin_call("PUT", f"/v1/models/{segment(model)}/routes", url, api_key, body)
+    print_routes({**view, "history": view["history"][-1:]})
+
+
+@command.command("reset")
+@click.argument("model")
+@click.option(
+    "--expected-version",
+    type=click.IntRange(min=0),
+    help="Refuse unless the routes are still at this version (see `routes show`).",
+)
+@connection_options
+def reset(model: str, expected_version: int | None, url: str | None, api_key: str | None) -> None:
+    """Put config.yaml's routes back (a new version, logged) and print them."""
+    path = f"/v1/models/{segment(model)}/routes"
+    if expected_version is not None:
+        path += f"?expected_version={expected_version}"
+    view = admin_call("DELETE", path, url, api_key)
     print_routes({**view, "history": view["history"][-1:]})

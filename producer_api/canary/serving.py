@@ -18,7 +18,7 @@ from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
 from shared.canary_store import Canary
 from shared.model_repository import ModelConfig
-from shared.routing import seed_routes
+from shared.routing import InvalidRoutes, UnknownVariant, seed_routes, serving_variant
 from shared.webhook_events import refusal
 
 
@@ -58,9 +58,12 @@ class CanaryService:
 
     def _check(self, config: ModelConfig, body: CanaryStart, baseline: str) -> None:
         for name in (body.variant, baseline):
-            if name not in config.variants or config.variants[name].shadow:
-                message = f"model {config.name} has no serving variant {name!r}"
-                raise ConveyorError(422, "unknown_variant", message)
+            try:
+                serving_variant(config, name)  # as the live routes refuse it
+            except UnknownVariant as exc:
+                raise ConveyorError(422, "unknown_variant", str(exc)) from None
+            except InvalidRoutes as exc:
+                raise ConveyorError(422, "invalid_request", str(exc)) from None
         if body.variant == baseline:
             raise ConveyorError(422, "invalid_request", "the canary and its baseline are one")
         if any(not 0 < s <= 100 for s in body.steps) or body.steps != sorted(set(body.steps)):

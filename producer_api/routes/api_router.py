@@ -39,3 +39,16 @@ async def get_routes(
 async def put_routes(body: RoutesBody, service: Service, model: str = MODEL) -> FastJSONResponse:
     """Replace the model's routes; every producer applies them within a second."""
     return FastJSONResponse(await service.replace(model, body))
+
+
+@router.delete("/v1/models/{model}/routes", response_model=RoutesView, responses=_ERRORS)
+async def reset_routes(
+    service: Service,
+    model: str = MODEL,
+    expected_version: int | None = Query(
+        default=None, ge=0, description="Refuse (409) unless the routes are still at this version"
+    ),
+) -> FastJSONResponse:
+    """Put config.yaml's routes back (a new version, logged); every producer applies them
+    within a second."""
+    return FastJSONResponse(await service.reset(model, expected_version))

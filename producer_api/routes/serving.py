@@ -49,9 +49,17 @@ class RoutesService:
             raise ConveyorError(422, "unknown_variant", str(exc)) from None
         except InvalidRoutes as exc:
             raise ConveyorError(422, "invalid_routes", str(exc)) from None
+        return await self._store(model, routes, body.expected_version)
+
+    async def reset(self, model: str, expected_version: int | None) -> dict[str, Any]:
+        """Put config.yaml's routes back as the next version: a rollback to the deployed
+        config, versioned, logged and applied by every producer as a replace is."""
+        return await self._store(model, seed_routes(self.config(model)), expected_version)
+
+    async def _store(self, model: str, routes: Routes, expected: int | None) -> dict[str, Any]:
         by = f"key:{self.principal.key_id} ({self.principal.tenant})"
         try:
-            await self.store.put(model, routes, by, body.expected_version)
+            await self.store.put(model, routes, by, expected)
         except VersionConflict as exc:
             raise ConveyorError(
                 409, "conflict", f"routes of {model} changed meanwhile: now version {exc.current}"
