@@ -112,6 +112,11 @@ ROUTES_VERSION = Gauge(
 SHADOW_COPIES = Counter(
     "conveyor_shadow_copies", "Shadow copies of online requests", (*PARTITION, "outcome")
 )
+SHADOW_PAIRS_DROPPED = Counter(
+    "conveyor_shadow_pairs_dropped",
+    "Shadow pairs dropped uncompared (a job vanished, or still running when too old)",
+    (*PARTITION, "reason"),
+)
 CANARY_WEIGHT = Gauge(
     "conveyor_canary_weight",
     "Percent of traffic on a canary",

@@ -27,17 +27,16 @@ SETTLE_WITHIN_MS = 60_000  # a page settles in milliseconds; a claim this old wa
 
 # KEYS[1]=pending, KEYS[2]=claimed; ARGV[1]=now ms, ARGV[2]=how many pairs to drop, then their
 # members, then those to claim. Removes the first from pending; moves each of the rest that is
-# still pending into claimed; a 1 per claimed member this call moved, else 0.
+# still pending into claimed; a 1 per member this call removed (dropped or moved), else 0.
 _TAKE = """
 local drops = tonumber(ARGV[2])
-for i = 3, 2 + drops do redis.call('ZREM', KEYS[1], ARGV[i]) end
-local moved = {}
-for i = 3 + drops, #ARGV do
-  local removed = redis.call('ZREM', KEYS[1], ARGV[i])
-  if removed == 1 then redis.call('ZADD', KEYS[2], ARGV[1], ARGV[i]) end
-  table.insert(moved, removed)
+local removed = {}
+for i = 3, #ARGV do
+  local gone = redis.call('ZREM', KEYS[1], ARGV[i])
+  if gone == 1 and i > 2 + drops then redis.call('ZADD', KEYS[2], ARGV[1], ARGV[i]) end
+  table.insert(removed, gone)
 end
-return moved
+return removed
 """
 
 # KEYS[1]=pending, KEYS[2]=claimed; ARGV: claims at or before this ms are abandoned, first rank,
@@ -103,15 +102,17 @@ class ShadowPairs:
 
     async def take(
         self, model: str, pairs: Sequence[ShadowPair], drop: Sequence[ShadowPair] = ()
-    ) -> list[bool]:
+    ) -> tuple[list[bool], list[bool]]:
         """Claim `pairs` and remove `drop` (nothing to count) from those pending, in one script
-        (the sets are in one slot); each True for the one caller that claimed it, the one to
-        settle it (two leaders a lapsed lease let overlap counted it twice). Claimed rather than
-        removed: a page that failed after removing its pairs lost them uncounted; a claim lasts
-        until `done` releases it or, abandoned, it goes back to pending."""
+        (the sets are in one slot); for each of `pairs`, then of `drop`, True for the one caller
+        that claimed or dropped it, the one to settle or count it (two leaders a lapsed lease let
+        overlap counted it twice). Claimed rather than removed: a page that failed after
+        removing its pairs lost them uncounted; a claim lasts until `done` releases it or,
+        abandoned, it goes back to pending."""
         members = [pair.member() for pair in (*drop, *pairs)]
-        moved = await self._take(keys=self._keys(model), args=[now_ms(), len(drop), *members])
-        return [bool(flag) for flag in moved]
+        removed = await self._take(keys=self._keys(model), args=[now_ms(), len(drop), *members])
+        flags = [bool(flag) for flag in removed]
+        return flags[len(drop) :], flags[: len(drop)]
 
     async def compared(
         self, pairs: Sequence[ShadowPair]

@@ -16,7 +16,9 @@ from prometheus_client import REGISTRY
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from conveyor.valkey_cluster import LocalCluster
+from producer_api.routes import shadowing
 from producer_api.routes.shadowing import (
+    MAX_COPIES_IN_FLIGHT,
     PAIRS_PER_PAGE,
     SHADOW_TENANT,
     ShadowComparisons,
@@ -48,6 +50,11 @@ MIRROR = KEYS.bulk_queue("m", "mirror")
 def _copies(outcome: str) -> float:
     labels = {"model": "m", "variant": "mirror", "outcome": outcome}
     return REGISTRY.get_sample_value("conveyor_shadow_copies_total", labels) or 0.0
+
+
+def _dropped(reason: str) -> float:
+    labels = {"model": "m", "variant": "mirror", "reason": reason}
+    return REGISTRY.get_sample_value("conveyor_shadow_pairs_dropped_total", labels) or 0.0
 
 
 async def _online(store: JobStore, text: str) -> RequestEntry:
@@ -90,6 +97,56 @@ async def test_a_copy_goes_to_the_shadow_bulk_lane_until_it_is_full(aredis: aior
     assert await _mirror_jobs(aredis) == 2  # the dropped copy wrote no job hash either
     primary = await store.get(entry.job_id)
     assert primary is not None and primary.fields["status"] == "queued"
+
+
+async def test_copies_past_the_bound_in_flight_are_dropped_and_counted(
+    aredis: aioredis.Redis,
+) -> None:
+    """Copies in flight had no bound: while Redis was slow every accepted request added a task
+    that held its payload and queued for the pool's connections. A burst of requests before any
+    copy's round trip is answered stands for it here: the copies past MAX_COPIES_IN_FLIGHT are
+    dropped at once (`busy`), the others land, and once they have, copies start again."""
+    await aredis.flushdb()
+    store, pairs = JobStore(aredis, KEYS, ttl_s=60), ShadowPairs(aredis, KEYS, ttl_s=60)
+    roomy = CONFIG.model_copy(update={"queue": QueueLimits(max_length=1_000)})
+    copies = ShadowCopies(store, pairs, KEYS)
+    busy, enqueued = _copies("busy"), _copies("enqueued")
+    entries = [await _online(store, f"burst {n}") for n in range(MAX_COPIES_IN_FLIGHT + 3)]
+
+    for entry in entries:
+        copies.copy(roomy, ROUTES, entry, "stable")  # returns at once: nothing awaited
+    assert _copies("busy") == busy + 3
+    await copies.stop()
+
+    assert _copies("enqueued") == enqueued + MAX_COPIES_IN_FLIGHT
+    assert len(await pairs.pending("m", 1_000)) == MAX_COPIES_IN_FLIGHT
+    copies.copy(roomy, ROUTES, await _online(store, "after the burst"), "stable")
+    await copies.stop()
+    assert await aredis.xlen(MIRROR) == MAX_COPIES_IN_FLIGHT + 1
+    assert _copies("busy") == busy + 3
+
+
+async def test_pairs_dropped_uncompared_are_counted_once(
+    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pairs still running past MAX_PAIR_AGE_MS, or whose jobs' hashes are gone, were dropped
+    with nothing an operator could see. Two looks at once (leaders a lapsed lease let overlap)
+    count each drop once, as they compare each pair once."""
+    await aredis.flushdb()
+    store, pairs = JobStore(aredis, KEYS, ttl_s=60), ShadowPairs(aredis, KEYS, ttl_s=60)
+    stats, repository = VariantStats(aredis, KEYS), ModelRepository({"m": CONFIG})
+    too_old, vanished = _dropped("too_old"), _dropped("vanished")
+    await _pairs(aredis, pairs, 7, status="running")
+    for _ in range(4):  # their jobs' hashes expired
+        ids = new_job_id("m", "stable"), new_job_id("m", "mirror")
+        await pairs.add("m", ShadowPair(*ids, "stable", "mirror"))
+    monkeypatch.setattr(shadowing, "MAX_PAIR_AGE_MS", -60_000)  # every pair is too old
+
+    comparisons = ShadowComparisons(pairs, store, stats, repository, 60)
+    await asyncio.gather(comparisons.look(), comparisons.look())
+
+    assert await pairs.pending("m", 100) == []
+    assert (_dropped("too_old"), _dropped("vanished")) == (too_old + 7, vanished + 4)
 
 
 async def _ran(store: JobStore, entry: RequestEntry, outputs: Any) -> None:

@@ -1,8 +1,9 @@
 """Shadow traffic on the producer. `ShadowCopies` copies a sampled share of online requests to
-each shadow variant's bulk lane in the background (the client's request never waits for it, a
-full lane drops the copy); the copy belongs to a tenant no API key can have, has no reply
-channel and no webhook, so its result never reaches the client. `ShadowComparisons` compares
-finished pairs (run by the traffic leader) and adds the outcome to the shadow's counters."""
+each shadow variant's bulk lane in the background (the client's request never waits for it; a
+full lane, or MAX_COPIES_IN_FLIGHT copies under way, drops the copy); the copy belongs to a
+tenant no API key can have, has no reply channel and no webhook, so its result never reaches
+the client. `ShadowComparisons` compares finished pairs (run by the traffic leader) and adds
+the outcome to the shadow's counters."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from redis.exceptions import RedisError
 from shared.codec import RequestEntry
 from shared.job_store import JobRecord, JobStore, QueueFull, now_ms, stamp_ms
 from shared.keys import Keys, new_job_id
-from shared.metrics import SHADOW_COPIES
+from shared.metrics import SHADOW_COPIES, SHADOW_PAIRS_DROPPED
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.routing import Routes
 from shared.shadow_compare import compare
@@ -29,24 +30,43 @@ from shared.variant_stats import SHADOW_TENANT, VariantStats
 log = logging.getLogger(__name__)
 
 PAIRS_PER_PAGE = 256
+# A pair still running this long after its submit is dropped uncompared (counted in
+# conveyor_shadow_pairs_dropped_total): past a queue's default max_queue_time_s (10 min), its
+# copy waits in a bulk lane that cannot keep up.
 MAX_PAIR_AGE_MS = 15 * 60 * 1000
+# Copies a producer has in flight at once: each takes two round trips (~1 ms), so the bound
+# only bites while Redis is slow, when the tasks piled up without end, each holding its
+# request's payload and a connection of the producer's pool (64) that requests wait for. Half
+# that pool: the copies never hold every connection.
+MAX_COPIES_IN_FLIGHT = 32
 # a pair whose two jobs ended, with their records
 Ended = tuple[ShadowPair, JobRecord, JobRecord]
 
 
 class ShadowCopies:
-    def __init__(self, job_store: JobStore, pairs: ShadowPairs, keys: Keys) -> None:
+    def __init__(
+        self,
+        job_store: JobStore,
+        pairs: ShadowPairs,
+        keys: Keys,
+        max_in_flight: int = MAX_COPIES_IN_FLIGHT,
+    ) -> None:
         self.job_store = job_store
         self.pairs = pairs
         self.keys = keys
+        self.max_in_flight = max_in_flight
         self._tasks: set[asyncio.Task[None]] = set()
 
     def copy(self, config: ModelConfig, routes: Routes, entry: RequestEntry, variant: str) -> None:
         """Start the sampled copies of one accepted online request; returns at once. None to
         the variant it runs on (a client named a shadow): that was a second job of the same
-        variant, and a pair of it with itself, pushing its agreement toward 100 %."""
+        variant, and a pair of it with itself, pushing its agreement toward 100 %. One past
+        `max_in_flight` copies is dropped and counted (`busy`), never waited for."""
         for shadow, rate in routes.shadows.items():
             if shadow != variant and rate > 0 and random.random() < rate:
+                if len(self._tasks) >= self.max_in_flight:
+                    SHADOW_COPIES.labels(config.name, shadow, "busy").inc()
+                    continue
                 task = asyncio.create_task(self._enqueue(config, shadow, entry, variant))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -123,7 +143,11 @@ class ShadowComparisons:
         page settled nothing, or was the last). A few round trips a page, not three a pair."""
         page = await self.pairs.pending(model, PAIRS_PER_PAGE, start)
         ended, dropped = await self._sort(page)
-        taken = await self.pairs.take(model, [pair for pair, _, _ in ended], drop=dropped)
+        drop = [pair for pair, _ in dropped]
+        taken, gone = await self.pairs.take(model, [pair for pair, _, _ in ended], drop=drop)
+        for (pair, reason), ours in zip(dropped, gone, strict=True):
+            if ours:  # counted by the one look that dropped it
+                SHADOW_PAIRS_DROPPED.labels(model, pair.shadow_variant, reason).inc()
         won = [both for both, ours in zip(ended, taken, strict=True) if ours]
         await self._count(model, won)
         waiting = len(page) - len(ended) - len(dropped)
@@ -133,22 +157,23 @@ class ShadowComparisons:
 
     async def _sort(
         self, page: list[tuple[ShadowPair, int]]
-    ) -> tuple[list[Ended], list[ShadowPair]]:
-        """The page's pairs whose two jobs ended (with their records), and those to drop: a
-        side vanished, or older than MAX_PAIR_AGE_MS and still running. The rest wait."""
+    ) -> tuple[list[Ended], list[tuple[ShadowPair, str]]]:
+        """The page's pairs whose two jobs ended (with their records), and those to drop with
+        why: a side `vanished` (its hash expired), or `too_old`, older than MAX_PAIR_AGE_MS and
+        still running. The rest wait."""
         ids = [job_id for pair, _ in page for job_id in (pair.primary_id, pair.shadow_id)]
         records = await self.jobs.get_many(ids)
         both = zip(records[::2], records[1::2], strict=True)
         oldest = now_ms() - MAX_PAIR_AGE_MS
         ended: list[Ended] = []
-        dropped: list[ShadowPair] = []
+        dropped: list[tuple[ShadowPair, str]] = []
         for (pair, at_ms), (primary, shadow) in zip(page, both, strict=True):
             if primary is None or shadow is None:
-                dropped.append(pair)
+                dropped.append((pair, "vanished"))
             elif primary.status.terminal and shadow.status.terminal:
                 ended.append((pair, primary, shadow))
             elif at_ms < oldest:
-                dropped.append(pair)
+                dropped.append((pair, "too_old"))
         return ended, dropped
 
     async def _count(self, model: str, won: list[Ended]) -> None:
