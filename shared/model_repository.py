@@ -40,6 +40,13 @@ PREPARER_NAMES = frozenset({"minilm", "smollm2"})
 PREPARED_POSITIONS = {"minilm": 512}
 
 
+# The most intra_op_threads a config may set, on any machine: more CPUs than the largest machine a
+# worker may run on has (cloud VMs top out under 900 vCPUs), so a count past it is a typo that
+# started that many threads per ONNX Runtime session or for PyTorch. The producer checks it too,
+# not knowing the workers' machines; a worker refuses a count past its own (cpu_budget.py).
+MAX_INTRA_OP_THREADS = 1024
+
+
 # What /v1/embeddings submits to a `task: embed` model (producer_api/openai/protocol.py), at
 # least: its schema must accept it.
 EMBED_INPUTS = {"texts": ["x"], "encoding_format": "base64"}
@@ -114,7 +121,7 @@ class EncoderParameters(BaseModel):
     max_seq_length: int = Field(default=DEFAULT_MAX_SEQ_LENGTH, ge=2)
     max_texts_per_call: int | None = Field(default=None, ge=1)
     # 0: the runtime's own, or the CPUs this worker may use where a CPU limit or mask narrows it
-    intra_op_threads: int = Field(default=0, ge=0)
+    intra_op_threads: int = Field(default=0, ge=0, le=MAX_INTRA_OP_THREADS)
 
 
 class GenerateParameters(BaseModel):

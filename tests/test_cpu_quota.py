@@ -15,7 +15,12 @@ import torch
 from shared.settings import Settings
 from tests.minilm_reference import minilm_config, prepared_artifacts
 from tests.test_torch_engine import torch_engine
-from workers.engines.cpu_budget import CPU_SHARES, cgroup_cpu_limit, usable_cpus
+from workers.engines.cpu_budget import (
+    CPU_SHARES,
+    MOST_THREADS_PER_CPU,
+    cgroup_cpu_limit,
+    usable_cpus,
+)
 from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
 from workers.runtime.consumer_runtime import ConsumerRuntime
 
@@ -128,6 +133,40 @@ def test_torch_engines_of_one_worker_agree_on_its_one_thread_count(
         assert torch.get_num_threads() == 3
     finally:
         first.close()
+        torch.set_num_threads(before)
+
+
+# A set count a worker on this machine refuses, one more than the most it takes (on 256 CPUs or
+# more, past the repository's bound of 1024, which refuses it first)
+TYPO_THREADS = MOST_THREADS_PER_CPU * (os.cpu_count() or 1) + 1
+
+
+def onnx_engine(intra_op_threads: int) -> OnnxRuntimeEngine:
+    config = minilm_config()
+    parameters = {**config.parameters, "intra_op_threads": intra_op_threads}
+    config = config.model_copy(update={"parameters": parameters})
+    engine = OnnxRuntimeEngine(config, "default", str(prepared_artifacts()))
+    engine.load()
+    return engine
+
+
+def test_a_thread_count_far_past_the_machines_cpus_is_refused_by_name() -> None:
+    """A typo such as 1000 started 1000 threads per ONNX Runtime session, or for PyTorch, on a
+    machine of a few CPUs: refused when a worker loads the engine, naming it and the setting."""
+    refused = (
+        rf"^model minilm variant {{}}: parameters.intra_op_threads {TYPO_THREADS} is more than "
+        rf"{MOST_THREADS_PER_CPU} threads per CPU of this machine's {os.cpu_count()}"
+    )
+    with pytest.raises(ValueError, match=refused.format("default")):
+        onnx_engine(TYPO_THREADS)
+    before = torch.get_num_threads()
+    try:
+        with pytest.raises(ValueError, match=refused.format("torch")):
+            torch_engine(prepared_artifacts(), {"intra_op_threads": TYPO_THREADS}, device="cpu")
+        assert torch.get_num_threads() == before
+        most = TYPO_THREADS - 1
+        assert onnx_engine(most).session.get_session_options().intra_op_num_threads == most
+    finally:
         torch.set_num_threads(before)
 
 

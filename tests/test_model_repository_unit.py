@@ -101,6 +101,11 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "model m variant t: parameters.intra_op_threads: Input should be greater than or equal "
             "to 0",
         ),
+        (  # a typo (1000 for 100) started that many threads per ONNX Runtime session
+            "kind: batch\nbackend: onnxruntime\nparameters: {intra_op_threads: 1025}\n",
+            "model m variant default: parameters.intra_op_threads: Input should be less than or "
+            "equal to 1024",
+        ),
         (  # was found only when a torch worker loaded the engine
             "kind: batch\nbackend: torch\nparameters: {torch: {cuda_graphs: "
             "{batch_buckets: [1], seq_buckets: [32, 128]}}}\n",

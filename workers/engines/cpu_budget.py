@@ -42,6 +42,24 @@ def usable_cpus(root: Path | None = None) -> int:
     return allowed if limit is None else min(allowed, math.ceil(limit))
 
 
+# A set intra_op_threads past this many times the machine's CPUs is refused when a worker loads
+# the engine: a config shared with larger nodes may oversubscribe a smaller one a little, but
+# 1000 threads on 16 CPUs is a typo (100, or 10) that only contends for them.
+MOST_THREADS_PER_CPU = 4
+
+
+def check_threads(configured: int, owner: str) -> None:
+    """Refuse a set thread count far past this machine's CPUs, naming `owner` (its model and
+    variant) and the setting: the repository's bound (MAX_INTRA_OP_THREADS) knows no machine."""
+    cpus = os.cpu_count() or 1
+    if configured > MOST_THREADS_PER_CPU * cpus:
+        raise ValueError(
+            f"{owner}: parameters.intra_op_threads {configured} is more than "
+            f"{MOST_THREADS_PER_CPU} threads per CPU of this machine's {cpus}: a typo? "
+            "0 shares the worker's CPUs out automatically"
+        )
+
+
 class CpuShares:
     """How many engines share this process's CPUs, as Triton's model instances share the
     machine's cores: a worker serving N partitions ran N pools, each of all its CPUs, N times

@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 
 from workers.engines.base import StagedBatchEngine
-from workers.engines.cpu_budget import CPU_SHARES
+from workers.engines.cpu_budget import CPU_SHARES, check_threads
 from workers.engines.text_encoding import (
     DEFAULT_MAX_TEXTS_PER_CALL,
     TOKENIZER_FILE,
@@ -100,6 +100,7 @@ class OnnxRuntimeEngine(StagedBatchEngine):
         model_file = self.config.artifact or "model.onnx"
         artifact_dir = self.artifacts(TOKENIZER_FILE, model_file)
         own = self.config.encoder_parameters(self.variant)
+        check_threads(own.intra_op_threads, f"model {self.config.name} variant {self.variant}")
         self.encoder = TextEncoder.from_artifacts(artifact_dir, own.max_seq_length)
         self.max_texts_per_call = own.max_texts_per_call or DEFAULT_MAX_TEXTS_PER_CALL
         model_path = artifact_dir / model_file

@@ -22,7 +22,7 @@ import torch
 
 from shared.model_repository import CudaGraphBuckets, TorchOptions
 from workers.engines.base import StagedBatchEngine
-from workers.engines.cpu_budget import CPU_SHARES
+from workers.engines.cpu_budget import CPU_SHARES, check_threads
 from workers.engines.text_encoding import (
     MODEL_CONFIG_FILE,
     TOKENIZER_FILE,
@@ -75,6 +75,7 @@ class TorchThreads:
         self._held: dict[object, tuple[str, int]] = {}  # engine: (its name, its count)
 
     def set(self, engine: object, name: str, configured: int) -> None:
+        check_threads(configured, name)
         clash = next((held for held in self._held.values() if held[1] != configured), None)
         if configured and clash is not None:
             raise ValueError(
