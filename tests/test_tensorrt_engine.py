@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from importlib.util import find_spec
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shared.model_repository import ModelConfig
 from tests.gpu_requirements import needs_gpu
 from tests.minilm_reference import (
     DIMENSION,
@@ -46,12 +48,16 @@ def artifact_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def make_engine(artifact_dir: Path, **parameters: Any) -> TensorRTEngine:
+def tensorrt_config(**parameters: Any) -> ModelConfig:
+    """minilm's config served on TensorRT, with `parameters` over its own."""
     config = minilm_config()
-    config = config.model_copy(
+    return config.model_copy(
         update={"backend": "tensorrt", "parameters": {**config.parameters, **parameters}}
     )
-    return recording_engine(TensorRTEngine, config, artifact_dir)
+
+
+def make_engine(artifact_dir: Path, **parameters: Any) -> TensorRTEngine:
+    return recording_engine(TensorRTEngine, tensorrt_config(**parameters), artifact_dir)
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +147,7 @@ class StandInContext:
 def test_an_engine_whose_context_faulted_is_dead(fault: bool) -> None:
     """Without `dead`, every queued job was bisected and failed after a CUDA fault; the
     engine now asks its own context, made current on the asking thread (no GPU needed)."""
-    config = minilm_config().model_copy(update={"backend": "tensorrt"})
-    engine = TensorRTEngine(config, "default", "unused")
+    engine = unloaded_engine()
     context = StandInContext(fault)
     engine._cuda = SimpleNamespace(Error=StandInCudaError, Context=context)
     engine._device_context = context
@@ -178,6 +183,35 @@ def test_settings_that_are_no_positive_whole_number_are_refused_by_name(name, va
         BuildSettings.from_parameters({name: value}, 32, 128)
     with pytest.raises(ValueError, match="calibration_file must be a path"):
         BuildSettings.from_parameters({"precision": "int8", "calibration_file": 7}, 32, 128)
+
+
+def unloaded_engine(**parameters: Any) -> TensorRTEngine:
+    """One with no artifacts: its load's checks of settings and packages come first."""
+    return TensorRTEngine(tensorrt_config(**parameters), "default", "unused")
+
+
+@pytest.mark.parametrize("device_id", ["gpu0", -1, 1.5, True])
+def test_a_device_id_that_is_no_gpu_index_is_refused_by_name(device_id: Any) -> None:
+    """`int()` read 1.5 as GPU 1 and `true` as 1, and "gpu0" failed naming no setting; it is
+    checked before the GPU packages are imported, so on any machine."""
+    engine = unloaded_engine(device_id=device_id)
+    with pytest.raises(ValueError, match=r"^parameters.device_id must be a whole number of 0 or"):
+        engine.load()
+
+
+@pytest.mark.skipif(
+    find_spec("tensorrt") is not None and find_spec("pycuda") is not None,
+    reason="tensorrt and pycuda are installed",
+)
+def test_a_machine_without_the_gpu_packages_is_told_what_to_install() -> None:
+    """It failed with only "No module named 'pycuda'": not which backend, nor how to have it."""
+    with pytest.raises(ImportError) as refused:
+        unloaded_engine().load()
+    message = str(refused.value)
+    assert message.startswith("backend tensorrt needs the packages tensorrt and pycuda, and ")
+    assert "install the project's `gpu` extra (`pip install '.[gpu]'`" in message
+    missing = [name for name in ("tensorrt", "pycuda") if find_spec(name) is None]
+    assert f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not" in message
 
 
 def test_weak_typing_and_implicit_int8_are_refused_on_tensorrt_11():

@@ -56,9 +56,30 @@ def check_precision_supported(tensorrt_version: str, precision: str) -> None:
         )
 
 
+# What this engine imports besides the CPU install's packages: the project's `gpu` extra.
+GPU_PACKAGES = ("tensorrt", "pycuda")
+
+
+def missing_gpu_packages() -> list[str]:
+    return [name for name in GPU_PACKAGES if find_spec(name) is None]
+
+
+def require_gpu_packages() -> None:
+    """A worker without them failed the load with only "No module named 'pycuda'", which named
+    neither the backend that needs it nor how to have it."""
+    missing = missing_gpu_packages()
+    if missing:
+        raise ImportError(
+            f"backend tensorrt needs the packages {' and '.join(GPU_PACKAGES)}, and "
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
+            "install the project's `gpu` extra (`pip install '.[gpu]'`: TensorRT 10 and pycuda) "
+            "on a machine with an NVIDIA GPU and CUDA, or serve this variant on another backend"
+        )
+
+
 def tensorrt_available() -> bool:
     """True where tensorrt and pycuda import and a CUDA device exists (the guard for GPU code)."""
-    if find_spec("tensorrt") is None or find_spec("pycuda") is None:
+    if missing_gpu_packages():
         return False
     try:
         import pycuda.driver as cuda
@@ -92,7 +113,7 @@ class BuildSettings:
         cls, parameters: dict[str, Any], max_batch_size: int, max_seq: int
     ) -> BuildSettings:
         """`max_seq`: the variant's checked `max_seq_length` (ModelConfig.encoder_parameters)."""
-        max_batch = _count(parameters, "max_batch", max_batch_size)
+        max_batch = _whole(parameters, "max_batch", max_batch_size)
         calibration_file = parameters.get("calibration_file")
         if calibration_file is not None and not isinstance(calibration_file, str):
             raise ValueError(
@@ -101,12 +122,12 @@ class BuildSettings:
         settings = cls(
             precision=str(parameters.get("precision", "fp16")),
             max_batch=max_batch,
-            opt_batch=_count(parameters, "opt_batch", max_batch),
+            opt_batch=_whole(parameters, "opt_batch", max_batch),
             max_seq=max_seq,
-            opt_seq=_count(parameters, "opt_seq", min(64, max_seq)),
-            workspace_mib=_count(parameters, "workspace_mib", 2048),
+            opt_seq=_whole(parameters, "opt_seq", min(64, max_seq)),
+            workspace_mib=_whole(parameters, "workspace_mib", 2048),
             calibration_file=calibration_file,
-            calibration_batch=_count(parameters, "calibration_batch", 16),
+            calibration_batch=_whole(parameters, "calibration_batch", 16),
         )
         settings.check()
         return settings
@@ -124,12 +145,14 @@ class BuildSettings:
         return (1, 1), (self.opt_batch, self.opt_seq), (self.max_batch, self.max_seq)
 
 
-def _count(parameters: dict[str, Any], name: str, default: int) -> int:
-    """A whole number of 1 or more, else an error naming the setting: `int()` read "many" as an
-    error that named none, 2.5 as 2 and `true` as 1, and a 0 failed the build on the GPU."""
+def _whole(parameters: dict[str, Any], name: str, default: int, least: int = 1) -> int:
+    """A whole number of `least` or more, else an error naming the setting: `int()` read "many"
+    as an error that named none, 2.5 as 2 and `true` as 1, and a 0 failed the build on the GPU."""
     value = parameters.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"parameters.{name} must be a whole number of 1 or more, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(
+            f"parameters.{name} must be a whole number of {least} or more, not {value!r}"
+        )
     return value
 
 
@@ -304,21 +327,25 @@ class TensorRTEngine(BatchEngine):
     `max_batch` texts run as several calls."""
 
     def load(self) -> None:
+        """The settings are checked before the GPU packages are imported, so a bad one is named
+        on any machine; the packages before the artifacts, which no machine without them needs."""
+        own = self.config.encoder_parameters(self.variant)
+        self.settings = BuildSettings.from_parameters(
+            self.parameters, self.config.max_batch_size_of(self.variant), own.max_seq_length
+        )
+        device_id = _whole(self.parameters, "device_id", 0, least=0)
+        require_gpu_packages()
         import pycuda.driver as cuda
         import tensorrt as trt
 
         self._cuda = cuda
         artifact_dir = self.artifacts(TOKENIZER_FILE, self.config.artifact or "model.onnx")
-        own = self.config.encoder_parameters(self.variant)
-        self.settings = BuildSettings.from_parameters(
-            self.parameters, self.config.max_batch_size_of(self.variant), own.max_seq_length
-        )
         self.encoder = TextEncoder.from_artifacts(artifact_dir, self.settings.max_seq)
         self.max_texts_per_call = min(
             own.max_texts_per_call or self.settings.max_batch, self.settings.max_batch
         )
         cuda.init()
-        device = cuda.Device(int(self.parameters.get("device_id", 0)))
+        device = cuda.Device(device_id)
         self._device_context = device.retain_primary_context()
         with self._on_device():
             plan = self._load_or_build_plan(artifact_dir)
