@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from shared.model_repository import NAME
 
@@ -12,7 +13,9 @@ from shared.model_repository import NAME
 class SamplingParameters(BaseModel):
     """A generate job's sampling parameters, within the bounds vLLM takes: a job whose values
     it would refuse is refused at submit (422, nothing enqueued), not failed by the worker after
-    its wait in the queue. Other parameters (a custom engine's) pass as they are."""
+    its wait in the queue. They are OpenAI's and the extra ones vLLM's own server takes; the
+    `vllm` backend maps each onto its SamplingParams. Other keys are not refused for a custom
+    engine's model (the job keeps them), and are for a `vllm` one (`unknown`): it drops them."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
@@ -26,6 +29,19 @@ class SamplingParameters(BaseModel):
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64, strict=True)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
+    # vLLM's own beyond OpenAI's: 0 or -1 is every token (vLLM's disabled), as is one past the
+    # vocabulary
+    top_k: int | None = Field(default=None, ge=-1, strict=True)
+    min_p: float | None = Field(default=None, ge=0, le=1, strict=True)
+    repetition_penalty: float | None = Field(default=None, gt=0, strict=True)
+    # at most the job's max_tokens: checked where that is known (its default is the model's)
+    min_tokens: int | None = Field(default=None, ge=0, strict=True)
+    ignore_eos: StrictBool | None = None
+
+    @classmethod
+    def unknown(cls, parameters: Mapping[str, Any]) -> list[str]:
+        """The keys of `parameters` that are no sampling parameter, sorted."""
+        return sorted(parameters.keys() - cls.model_fields.keys())
 
 
 class PredictRequest(BaseModel):

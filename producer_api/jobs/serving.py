@@ -29,7 +29,7 @@ from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, stamp_ms
 from shared.keys import new_job_id
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
-from shared.model_repository import ModelConfig
+from shared.model_repository import GENERATE_BACKENDS, ModelConfig
 from shared.routing import UnknownVariant
 from shared.telemetry import current_traceparent
 from shared.webhook_events import job_event, refusal
@@ -399,19 +399,45 @@ class JobsService:
 
 def check_sampling(config: ModelConfig, variant: str, parameters: dict[str, Any]) -> None:
     """A generate model's sampling parameters within vLLM's bounds (`SamplingParameters`),
-    and its `max_tokens` within the variant's `max_tokens_limit` (its own, else the model's):
-    refused here (422) rather than failed by the worker, or silently cut by the engine."""
+    `max_tokens` within the variant's `max_tokens_limit` (its own, else the model's) and
+    `min_tokens` within the job's max_tokens: refused here (422) rather than failed by the worker,
+    or silently cut by the engine. A `vllm` variant refuses other keys: it would drop them."""
     if config.kind != "generate":
         return
     try:
-        value = SamplingParameters.model_validate(parameters).max_tokens
+        sampling = SamplingParameters.model_validate(parameters)
     except ValidationError as exc:
         problems = (f"parameters.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ConveyorError(422, "invalid_request", "; ".join(problems)) from None
-    limit = config.variant_parameters(variant).get("max_tokens_limit")
-    if value is not None and limit is not None and value > int(limit):
-        message = f"parameters.max_tokens: at most {limit} for model {config.name}:{variant}"
+    served = f"model {config.name}:{variant}"
+    backend = config.backend_of(variant)
+    if backend in GENERATE_BACKENDS and (unknown := SamplingParameters.unknown(parameters)):
+        named = ", ".join(f"parameters.{name}" for name in unknown)
+        taken = ", ".join(sorted(SamplingParameters.model_fields))
+        message = f"{named}: not taken by {served} (backend {backend}, which takes: {taken})"
         raise ConveyorError(422, "invalid_request", message)
+    own = config.variant_parameters(variant)
+    limit = own.get("max_tokens_limit")
+    if sampling.max_tokens is not None and limit is not None and sampling.max_tokens > int(limit):
+        message = f"parameters.max_tokens: at most {limit} for {served}"
+        raise ConveyorError(422, "invalid_request", message)
+    if (why := _min_tokens_refusal(sampling, own.get("default_max_tokens"), limit)) is not None:
+        raise ConveyorError(422, "invalid_request", f"parameters.min_tokens: {why} for {served}")
+
+
+def _min_tokens_refusal(sampling: SamplingParameters, default: Any, limit: Any) -> str | None:
+    """Why `min_tokens` exceeds the max_tokens the engine will run the job with (the job's own,
+    else the model's default; within the limit), as vLLM refuses it; None if it does not."""
+    if sampling.min_tokens is None:
+        return None
+    if sampling.max_tokens is not None:
+        cap, what = sampling.max_tokens, "max_tokens"
+    else:
+        known = [int(value) for value in (default, limit) if value is not None]
+        if not known:
+            return None  # the engine's own default: it cuts min_tokens to it
+        cap, what = min(known), "the max_tokens a job naming none runs with"
+    return f"at most {what} ({cap})" if sampling.min_tokens > cap else None
 
 
 def _deadline_ms(body: PredictRequest) -> int:

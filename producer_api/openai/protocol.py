@@ -27,8 +27,8 @@ from pydantic import (
 from producer_api.jobs.protocol import SamplingParameters
 from shared.model_repository import NAME
 
-SAMPLING = ("max_tokens", "temperature", "top_p", "stop", "seed")
-PENALTIES = ("presence_penalty", "frequency_penalty")
+# The job's sampling parameters: OpenAI's and vLLM's extra ones (top_k, min_p, ...).
+SAMPLING = tuple(SamplingParameters.model_fields)
 
 
 def _json_type(kind: type) -> BeforeValidator:
@@ -59,9 +59,11 @@ class TextFormat(BaseModel):
 
 
 class SamplingRequest(SamplingParameters):
-    """What both endpoints share: the model, sampling (a job's bounds), streaming, and
-    Conveyor's `variant`. `user` doubles as the routing key, so one user stays on one variant.
-    A null is OpenAI's default, as its API takes it (its SDK sends `n=None`, `stream=None`)."""
+    """What both endpoints share: the model, sampling (a job's bounds, vLLM's extra parameters
+    with them: `extra_body` in OpenAI's SDK), streaming, and Conveyor's `variant`. `user`
+    doubles as the routing key, so one user stays on one variant. A null is OpenAI's default,
+    as its API takes it (its SDK sends `n=None`, `stream=None`). Other fields are ignored, as
+    vLLM's server ignores them (OpenAI's own API refuses them)."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
@@ -90,7 +92,7 @@ class SamplingRequest(SamplingParameters):
 
     def parameters(self) -> dict[str, Any]:
         """The job's `parameters`: only what the client set."""
-        values = {name: getattr(self, name) for name in (*SAMPLING, *PENALTIES)}
+        values = {name: getattr(self, name) for name in SAMPLING}
         return {name: value for name, value in values.items() if value is not None}
 
     @property

@@ -118,6 +118,11 @@ class GenerateRequest:
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    top_k: int = 0  # 0: every token
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
 
 
 @dataclass(slots=True)

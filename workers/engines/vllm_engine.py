@@ -174,7 +174,9 @@ class VllmEngine(GenerateEngine):
         return list(ids)
 
     def sampling_params(self, request: GenerateRequest, prompt_tokens: int) -> SamplingParams:
-        """Map the request onto vLLM; max_tokens is capped by the config and the context left."""
+        """Map the request onto vLLM; max_tokens is capped by the config and the context left,
+        and min_tokens by max_tokens then (vLLM refuses more: the job would fail for a prompt
+        whose length the submit could not know)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -185,15 +187,21 @@ class VllmEngine(GenerateEngine):
                 f"prompt has {prompt_tokens} tokens; the context holds {max_model_len}"
             )
         limit = int(self.parameters.get("max_tokens_limit", room))
+        max_tokens = max(1, min(request.max_tokens, limit, room))
         return SamplingParams(
             n=1,
-            max_tokens=max(1, min(request.max_tokens, limit, room)),
+            max_tokens=max_tokens,
+            min_tokens=min(request.min_tokens, max_tokens),
             temperature=request.temperature,
             top_p=request.top_p,
+            top_k=request.top_k,
+            min_p=request.min_p,
             stop=list(request.stop) or None,
             seed=request.seed,
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
+            repetition_penalty=request.repetition_penalty,
+            ignore_eos=request.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
         )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,28 @@ from workers.engines.base import GenerateRequest, TokenChunk
 from workers.partition.stream_reader import Delivery
 from workers.partition.token_writer import TokenAppend
 
-FLOAT_PARAMETERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+
+def _boolean(value: Any) -> bool:
+    """A JSON boolean as it is: `bool("false")` would be True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"expected a boolean, got {type(value).__name__}")
+    return value
+
+
+# The sampling parameters a request takes as they are, each with the type it holds it as
+# (max_tokens and stop have their own defaults and shapes).
+CONVERSIONS: dict[str, Callable[[Any], Any]] = {
+    "seed": int,
+    "top_k": int,
+    "min_tokens": int,
+    "temperature": float,
+    "top_p": float,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "min_p": float,
+    "repetition_penalty": float,
+    "ignore_eos": _boolean,
+}
 
 
 def generate_request(
@@ -35,11 +57,10 @@ def generate_request(
         messages=inputs.get("messages"),
         max_tokens=int(parameters.get("max_tokens") or defaults.get("default_max_tokens", 128)),
         stop=[stop] if isinstance(stop, str) else [str(s) for s in stop],
-        seed=None if parameters.get("seed") is None else int(parameters["seed"]),
     )
-    for name in FLOAT_PARAMETERS:
+    for name, convert in CONVERSIONS.items():
         if parameters.get(name) is not None:
-            setattr(request, name, float(parameters[name]))
+            setattr(request, name, convert(parameters[name]))
     return request
 
 
