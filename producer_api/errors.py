@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from producer_api.responses import FastJSONResponse
+from shared.model_repository import QUOTED_CHARS, quote
 from shared.redis_client import OUT_OF_REACH, PersistenceError, ReplicasMissing, ScriptBusy
 
 log = logging.getLogger(__name__)
@@ -112,9 +113,17 @@ def _validation_message(request: Request, exc: RequestValidationError) -> str:
         )
     parts = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        where = ".".join(_step(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts)
+
+
+def _step(part: str | int) -> str:
+    """A step of an error's location, as the client named it: a field's name, a list's index,
+    or a key of the client's own, quoted cut short when long (an unknown field or a route's
+    variant named in 100 KB was quoted whole)."""
+    text = str(part)
+    return text if len(text) <= QUOTED_CHARS else quote(text)
 
 
 def _whole_body_refused(exc: RequestValidationError) -> bool:

@@ -88,6 +88,14 @@ def test_an_integer_beyond_64_bits_is_422(base_url: str, path: str, body: bytes)
     assert "64 bits" in _refused(_post(base_url, path, body))["message"]
 
 
+def test_a_name_the_client_made_long_is_quoted_cut_short(base_url: str) -> None:
+    """A 422 names where the body broke: an unknown field named in 100 KB was quoted whole."""
+    body = {"model": "identity", "inputs": {}, "x" * 100_000: 1}
+    message = _refused(_post(base_url, "/v1/jobs", json.dumps(body).encode()))["message"]
+    assert len(message) < 1_000 and "(100002 characters of JSON)" in message, message[:300]
+    assert "Extra inputs are not permitted" in message
+
+
 def test_the_largest_64_bit_integers_round_trip(base_url: str, identity_worker: int) -> None:
     body = (
         b'{"model": "identity", "inputs": {"u": 18446744073709551615, "i": -9223372036854775808}}'
