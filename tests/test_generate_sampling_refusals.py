@@ -124,3 +124,12 @@ def test_the_engine_request_carries_every_sampling_parameter_a_job_may_name() ->
     assert {name: getattr(request, name) for name in parameters} == parameters
     with pytest.raises(TypeError, match="boolean"):
         generate_request("job", {"parameters": {"ignore_eos": "false"}}, {})
+
+
+def test_a_custom_engines_own_parameters_reach_its_request() -> None:
+    """The job kept them, but the request its engine got carried only vLLM's: a custom
+    engine never saw its own."""
+    parameters = {"beam_width": 4, "style": {"tone": "dry"}, "top_k": 1, "max_tokens": 5}
+    request = generate_request("job", {"inputs": {"prompt": "x"}, "parameters": parameters}, {})
+    assert request.custom == {"beam_width": 4, "style": {"tone": "dry"}}
+    assert (request.top_k, request.max_tokens) == (1, 5)

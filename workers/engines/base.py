@@ -123,6 +123,9 @@ class GenerateRequest:
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     ignore_eos: bool = False
+    # The job's parameters no field above names: a custom engine's own (a `vllm` model's job
+    # names none: they are refused at submit).
+    custom: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -41,6 +41,8 @@ CONVERSIONS: dict[str, Callable[[Any], Any]] = {
     "repetition_penalty": float,
     "ignore_eos": _boolean,
 }
+# Every parameter the request has a field for; the rest go to its `custom`.
+MAPPED = frozenset({*CONVERSIONS, "max_tokens", "stop"})
 
 
 def generate_request(
@@ -61,6 +63,7 @@ def generate_request(
     for name, convert in CONVERSIONS.items():
         if parameters.get(name) is not None:
             setattr(request, name, convert(parameters[name]))
+    request.custom = {k: v for k, v in parameters.items() if k not in MAPPED}
     return request
 
 
