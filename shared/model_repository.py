@@ -117,11 +117,12 @@ class EncoderParameters(BaseModel):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
+    # strict, as GenerateParameters: `true` read as 1 and "8" as 8
     # 2 at least: a tokenizer cannot cut below its two special tokens, and at 1 cut nothing
-    max_seq_length: int = Field(default=DEFAULT_MAX_SEQ_LENGTH, ge=2)
-    max_texts_per_call: int | None = Field(default=None, ge=1)
+    max_seq_length: int = Field(default=DEFAULT_MAX_SEQ_LENGTH, ge=2, strict=True)
+    max_texts_per_call: int | None = Field(default=None, ge=1, strict=True)
     # 0: the runtime's own, or the CPUs this worker may use where a CPU limit or mask narrows it
-    intra_op_threads: int = Field(default=0, ge=0, le=MAX_INTRA_OP_THREADS)
+    intra_op_threads: int = Field(default=0, ge=0, le=MAX_INTRA_OP_THREADS, strict=True)
 
 
 class GenerateParameters(BaseModel):

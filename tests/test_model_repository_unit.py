@@ -101,6 +101,14 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "model m variant t: parameters.intra_op_threads: Input should be greater than or equal "
             "to 0",
         ),
+        (  # read as 1 thread
+            "kind: batch\nbackend: onnxruntime\nparameters: {intra_op_threads: true}\n",
+            "model m variant default: parameters.intra_op_threads: Input should be a valid integer",
+        ),
+        (  # read as 64 tokens
+            "kind: batch\nbackend: onnxruntime\nparameters: {max_seq_length: '64'}\n",
+            "model m variant default: parameters.max_seq_length: Input should be a valid integer",
+        ),
         (  # a typo (1000 for 100) started that many threads per ONNX Runtime session
             "kind: batch\nbackend: onnxruntime\nparameters: {intra_op_threads: 1025}\n",
             "model m variant default: parameters.intra_op_threads: Input should be less than or "
