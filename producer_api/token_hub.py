@@ -41,7 +41,16 @@ class StreamUnreadable(RuntimeError):
     """Redis refused to read a followed stream; its listeners get this instead of rows."""
 
 
-Delivery = Rows | StreamUnreadable
+class Behind:
+    """In place of the rows a listener fell too far behind to be kept: it reads them again
+    from Redis."""
+
+
+BEHIND = Behind()
+Delivery = Rows | StreamUnreadable | Behind
+# Deliveries kept for a listener that does not take them (its client stopped reading): they
+# grew by every step of its job, for as long as the job ran, held in the producer's memory.
+LISTENER_BACKLOG = 32
 NO_STREAM = "WRONGTYPE"  # the one refusal of a read that is a key's fault, not the server's
 HUB_BLOCK_MS = 5000  # a read returns sooner whenever any followed stream (or the wake) grows
 WAKE_MAXLEN = 64
@@ -124,10 +133,11 @@ class TagReader:
     @asynccontextmanager
     async def listen(self, key: str, after: str) -> AsyncIterator[asyncio.Queue[Delivery]]:
         """Every batch of entries the hub reads from `key` from now on (possibly some at or
-        before `after`: the caller drops what it has already seen), or StreamUnreadable."""
+        before `after`: the caller drops what it has already seen), or StreamUnreadable; BEHIND
+        once the listener left LISTENER_BACKLOG batches untaken (they are dropped)."""
         if not is_stream_id(after):
             raise ValueError(f"not a stream entry id: {after[:48]!r}")
-        queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        queue: asyncio.Queue[Delivery] = asyncio.Queue(LISTENER_BACKLOG)
         self._queues[key].add(queue)
         try:
             if key not in self._cursors:
@@ -185,7 +195,7 @@ class TagReader:
                 elif key in self._cursors:
                     self._cursors[key] = last
                     for queue in self._queues[key]:
-                        queue.put_nowait(rows)
+                        _hand(queue, rows)
 
     async def _drop_unreadable(self) -> int:
         """Read each followed stream alone (not blocking) and stop following those Redis
@@ -202,7 +212,7 @@ class TagReader:
                 self._cursors.pop(key, None)
                 dropped += 1
                 for queue in self._queues.get(key, ()):
-                    queue.put_nowait(StreamUnreadable(f"{key}: {exc}"))
+                    _hand(queue, StreamUnreadable(f"{key}: {exc}"))
             except RedisError:  # an outage meanwhile (it used to end the reader): waited out
                 return dropped
         return dropped
@@ -223,6 +233,17 @@ class TagReader:
             pipe.expire(self.wake_key, WAKE_TTL_S)
             entry_id, _ = await pipe.execute()
         return as_text(entry_id)
+
+
+def _hand(queue: asyncio.Queue[Delivery], delivery: Rows | StreamUnreadable) -> None:
+    """Queue `delivery` for a listener, never blocking the hub (one reader serves every stream
+    of the partition); a full queue is emptied for BEHIND, or for a refusal, its last word."""
+    if queue.full():
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(delivery if isinstance(delivery, StreamUnreadable) else BEHIND)
+    else:
+        queue.put_nowait(delivery)
 
 
 class TokenFollower:
@@ -276,8 +297,8 @@ class TokenFollower:
     async def _next(
         self, job_id: str, key: str, after: str, queue: asyncio.Queue[Delivery], wait_s: float
     ) -> tuple[list[TokenEvent], bool, JobRecord | None]:
-        """(events, over, record): the next live entries; or, after `wait_s` without any, what
-        `_poll` finds."""
+        """(events, over, record): the next live entries (read from Redis again if the hub
+        dropped some: BEHIND); or, after `wait_s` without any, what `_poll` finds."""
         try:
             delivery = await asyncio.wait_for(queue.get(), wait_s)
         except TimeoutError:
@@ -289,7 +310,9 @@ class TokenFollower:
         for item in deliveries:
             if isinstance(item, StreamUnreadable):
                 raise item
-            rows += item
+            rows += item if isinstance(item, list) else []
+        if any(item is BEHIND for item in deliveries):
+            return await self._read(key, after), False, None
         return [TokenEvent.decode(eid, raw) for eid, raw in rows], False, None
 
     async def _poll(
