@@ -33,6 +33,10 @@ KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 PRESENTED = re.compile(f"^{VISIBLE_ASCII}{{8,256}}$")
 KEY_PREFIX = "cvk_"
 MAX_WEIGHT = 1000.0  # a tenant's fair-queuing weight lies in (0, MAX_WEIGHT]
+# The token bucket's bounds: its refill time (burst / rate, at most 10^18 ms) must stay an
+# integer Redis takes as a PEXPIRE, and its tokens whole numbers a double holds exactly.
+MIN_RATE_PER_S = 1e-6  # a token every 11.6 days
+MAX_BURST = 1_000_000_000
 
 
 class InvalidKeySpec(ValueError):
@@ -87,10 +91,17 @@ class KeySpec:
     def _check_limits(self) -> None:
         """A limit is unset (the producer's default) or positive: a negative rate would make the
         token bucket's expiry negative (no limit at all), a burst or cap below 1 refuse every
-        request, and 0 would quietly mean the default."""
+        request, and 0 would quietly mean the default. A rate below MIN_RATE_PER_S made every
+        request of the key a 500 (the bucket's expiry past what Redis takes), a burst above
+        MAX_BURST a bucket that never emptied (a token lost in a double's rounding)."""
         rate = self.rate_per_s
-        if rate is not None and not (math.isfinite(rate) and rate > 0):
-            raise InvalidKeySpec(f"rate {rate} must be a positive number of requests per second")
+        if rate is not None and not (math.isfinite(rate) and rate >= MIN_RATE_PER_S):
+            raise InvalidKeySpec(
+                f"rate {rate} must be a positive number of requests per second, at least"
+                f" {MIN_RATE_PER_S:g}"
+            )
+        if self.burst is not None and self.burst > MAX_BURST:
+            raise InvalidKeySpec(f"burst {self.burst} must be at most {MAX_BURST:,}")
         limits = (
             ("burst", self.burst),
             ("max in flight", self.max_in_flight),
