@@ -1,6 +1,7 @@
 """The development key `conveyor up` prints, on a real Valkey: one chosen by
 CONVEYOR_DEV_API_KEY and then revoked (it leaked) used to be stored afresh, revocation gone, by
-the next `conveyor up` with the same setting."""
+the next `conveyor up` with the same setting. The file the key is kept in is its owner's
+alone, though it was there before with wider permissions."""
 
 from __future__ import annotations
 
@@ -43,3 +44,14 @@ def test_a_revoked_chosen_key_is_not_brought_back(redis_url: str, tmp_path: Path
         dev_key(settings, tmp_path / "dev-key")
     record = _on_store(redis_url, "read")
     assert record is not None and record.revoked_at
+
+
+def test_the_key_file_is_made_owner_only_though_it_existed(redis_url: str, tmp_path: Path) -> None:
+    """`touch(mode=0o600)` sets a mode only on a file it creates: a key file left readable by
+    everyone (an older run, a copy) kept the admin key readable by everyone."""
+    key_file = tmp_path / "dev-key"
+    key_file.write_text("")
+    key_file.chmod(0o644)
+    key = dev_key(Settings(redis_url=redis_url), key_file)
+    assert key_file.read_text() == key + "\n"
+    assert key_file.stat().st_mode & 0o777 == 0o600

@@ -61,6 +61,7 @@ def dev_key(settings: Settings, key_file: Path) -> str:
 
     key = asyncio.run(choose())
     key_file.touch(mode=0o600)
+    key_file.chmod(0o600)  # touch sets no mode on a file already there, maybe wider
     key_file.write_text(key + "\n")
     return key
 
