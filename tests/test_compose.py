@@ -51,6 +51,9 @@ METRICS = {
     "conveyor_canary_state",
     "conveyor_shadow_copies_total",
 }
+# The API: every request but health and metrics names an API key. Nothing else authenticates.
+PUBLIC = {"producer", "producer-cluster"}
+LOOPBACK = {"127.0.0.1", "[::1]"}
 # Compose's `${NAME}`, `${NAME:-default}` and `${NAME-default}`; group 1: the default.
 INTERPOLATION = re.compile(r"\$\{\w+(?::?-([^}]*))?\}")
 
@@ -77,6 +80,16 @@ def argv(name: str) -> list[str]:
     return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
 
 
+def published(name: str) -> dict[int, str]:
+    """Container port → the host address it is published on ('' for every interface), from the
+    short syntax `[HOST:]HOST_PORT:CONTAINER_PORT`."""
+    ports = {}
+    for mapping in service(name).get("ports", []):
+        parts = str(mapping).rsplit(":", 2)
+        ports[int(parts[-1])] = parts[0] if len(parts) == 3 else ""
+    return ports
+
+
 def host_mounts(name: str) -> dict[str, Path]:
     """Container path → host path for the bind mounts of one service."""
     mounts = {}
@@ -100,6 +113,18 @@ def test_compose_file_satisfies_the_compose_specification():
 
 def test_every_pipeline_service_is_present():
     assert set(compose()["services"]) >= PIPELINE
+
+
+def test_only_the_producers_publish_beyond_loopback():
+    """Redis, with no password, was published on every interface: anyone who could reach the
+    host could write keys (API keys among them); Prometheus, Grafana and Jaeger were open too."""
+    open_to_all = {
+        name
+        for name in compose()["services"]
+        if any(host not in LOOPBACK for host in published(name).values())
+    }
+    assert open_to_all <= PUBLIC
+    assert published("redis") == {6379: "127.0.0.1"}  # README: localhost:6379
 
 
 def test_redis_is_7_with_an_append_only_file():
@@ -221,7 +246,7 @@ def test_grafana_is_provisioned_with_prometheus_and_the_dashboard():
     sources = yaml.safe_load((provisioning / "datasources" / "datasources.yml").read_text())
     prometheus = next(d for d in sources["datasources"] if d["type"] == "prometheus")
     assert urlparse(prometheus["url"]).hostname == "prometheus"
-    assert "9090:9090" in service("prometheus")["ports"]
+    assert 9090 in published("prometheus")
     providers = yaml.safe_load((provisioning / "dashboards" / "conveyor.yml").read_text())
     dashboard_dir = providers["providers"][0]["options"]["path"]
     assert (mounts[dashboard_dir] / "conveyor.json").is_file()
@@ -230,12 +255,11 @@ def test_grafana_is_provisioned_with_prometheus_and_the_dashboard():
 
 
 def test_traces_go_to_jaeger_over_otlp():
-    jaeger = service("jaeger")
     assert env("jaeger")["COLLECTOR_OTLP_ENABLED"] == "true"
     for name in ("producer", "worker-cpu", "worker-gpu"):
         endpoint = urlparse(env(name)["OTEL_EXPORTER_OTLP_ENDPOINT"])
         assert endpoint.hostname == "jaeger", name
-        assert f"{endpoint.port}:{endpoint.port}" in jaeger["ports"], name
+        assert endpoint.port in published("jaeger"), name
 
 
 # ---------------------------------------------------------------- dashboard
