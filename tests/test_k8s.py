@@ -206,7 +206,9 @@ def test_probes_hit_ports_the_container_serves(overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_grace_period_outlasts_the_slowest_batch(overlay, repository):
-    """kubelet's SIGKILL comes after the worker's drain limit, itself above the slowest batch."""
+    """kubelet's SIGKILL comes after the worker's own forced exit (its drain limit, itself above
+    the slowest batch, plus CONVEYOR_FORCED_EXIT_MARGIN_S for the engines' close and Celery's
+    exit, as `conveyor up` and `conveyor autoscale` wait): identity's 60 s fell inside 45 + 20."""
     for name, deployment in workers(overlay).items():
         model, _ = served_pool(deployment)
         config = repository.get(model)
@@ -214,8 +216,29 @@ def test_grace_period_outlasts_the_slowest_batch(overlay, repository):
         spec = deployment["spec"]["template"]["spec"]
         env = env_of(spec["containers"][0])
         drain = float(env.get("CONVEYOR_SHUTDOWN_GRACE_S", Settings().shutdown_grace_s))
+        margin = float(env.get("CONVEYOR_FORCED_EXIT_MARGIN_S", Settings().forced_exit_margin_s))
         assert drain > hints.slowest_batch_s, name
-        assert spec["terminationGracePeriodSeconds"] > drain, name
+        assert spec["terminationGracePeriodSeconds"] > drain + margin, name
+
+
+def option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_producer_leaves_its_endpoints_before_it_stops_listening(overlay):
+    """uvicorn closes its socket at SIGTERM, while Services and ingresses route to the pod until
+    they see it leave the endpoints: a preStop wait comes first, and the grace period holds it
+    and uvicorn's graceful shutdown. Without it, requests in that window were refused."""
+    spec = of_kind(overlay, "Deployment")["producer"]["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    pre_stop = container.get("lifecycle", {}).get("preStop", {})
+    command = pre_stop.get("exec", {}).get("command", [])
+    assert command[:1] == ["sleep"], "no preStop wait"
+    wait_s = float(command[1])
+    assert wait_s >= 5
+    graceful_s = float(option(container["command"], "--timeout-graceful-shutdown"))
+    assert spec["terminationGracePeriodSeconds"] > wait_s + graceful_s
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
