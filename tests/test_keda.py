@@ -347,13 +347,17 @@ def test_render_to_a_directory_sets_the_namespace(tmp_path):
         ("--namespace", "", "is not a Kubernetes namespace"),
         ("--producer-url", "conveyor-api:8000", "is not an http(s) URL with a host"),
         ("--prometheus-url", "ftp://prometheus", "is not an http(s) URL with a host"),
+        ("--prometheus-url", "http://admin:s3cret@prometheus:9090", "carries credentials"),
+        ("--producer-url", "http://s3cret@producer.conveyor.svc", "carries credentials"),
     ],
 )
 def test_render_refuses_what_kubernetes_or_keda_would(tmp_path, option, value, problem):
-    """These rendered YAML that the API server refuses, or a trigger that never reads."""
+    """These rendered YAML that the API server refuses, a trigger that never reads, or a
+    credential in plain text in the manifest (which the refusal does not echo either)."""
     args = ["render", "keda", "--out", str(tmp_path), option, value]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and problem in result.output, result.output
+    assert "s3cret" not in result.output
     assert not (tmp_path / "keda.yaml").exists()
 
 

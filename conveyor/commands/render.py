@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -29,9 +30,17 @@ def _namespace(_ctx: click.Context, _param: click.Parameter, value: str | None) 
 
 
 def _http_url(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    """KEDA's scalers fetch these URLs: a typo would render a trigger that never reads."""
-    if value is not None and not is_http_url(value):
+    """KEDA's scalers fetch these URLs: a typo would render a trigger that never reads, and a
+    `user:password@` would sit in plain text in the manifest, which is committed."""
+    if value is None:
+        return value
+    if not is_http_url(value):
         raise click.BadParameter(f"{value!r} is not an http(s) URL with a host")
+    if urlsplit(value).username is not None:  # not echoed: it holds the credential
+        raise click.BadParameter(
+            "carries credentials (user:password@), which would be written into the manifest in "
+            "plain text: give the trigger KEDA's authModes and a TriggerAuthentication instead"
+        )
     return value
 
 
