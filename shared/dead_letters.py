@@ -10,7 +10,8 @@ expire) and stays until purged: the replay's result names it (`ReplayResult.kept
 reason), so whoever replayed sees what was kept and why.
 
 The stream has no cap and no TTL (a cap would drop letters unseen): only a purge or replay
-shrinks it; the producer's `conveyor_dlq_depth` gauge and `conveyor dlq list` show it."""
+shrinks it; the producer's `conveyor_dlq_depth` gauge and `conveyor dlq list` show it, and
+`conveyor dlq show` one letter whole."""
 
 from __future__ import annotations
 
@@ -35,6 +36,23 @@ class DeadLetter:
     deliveries: int
     entry: RequestEntry
     lane: str = ""  # the stream it died in ('' in letters written before it was recorded)
+
+    def view(self) -> dict[str, Any]:
+        """The letter whole, as an operator inspects it before a replay (what the job asked,
+        whose it was, where it died), not only the reason `list` gives."""
+        entry = self.entry
+        return {
+            "dlq_id": self.dlq_id,
+            "job_id": self.job_id,
+            "reason": self.reason,
+            "deliveries": self.deliveries,
+            "lane": self.lane,
+            "tenant": entry.tenant,
+            "enqueued_ms": entry.enqueued_ms,
+            "deadline_ms": entry.deadline_ms,
+            "batch": entry.batch,
+            "payload": entry.payload,
+        }
 
 
 PAGE = 1_000  # letters per XRANGE
@@ -152,6 +170,14 @@ class DeadLetters:
         found = await executed(pipe, raise_on_error=False)
         rows = [row for rows in found if isinstance(rows, list) for row in rows]
         return [_dead_letter(dlq_id, fields) for dlq_id, fields in rows]
+
+    async def absent(self, ids: list[str]) -> list[str]:
+        """Those of `ids` that name no letter (malformed, or none such: replayed or purged
+        already, or never one), for a CLI to say so rather than act on nothing silently."""
+        found = {stream_id(letter.dlq_id) for letter in await self.letters_of(ids)}
+        return [
+            dlq_id for dlq_id in ids if not is_stream_id(dlq_id) or stream_id(dlq_id) not in found
+        ]
 
     async def _replay(self, letter: DeadLetter) -> tuple[str, str]:
         entry = RequestEntry(

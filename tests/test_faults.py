@@ -234,7 +234,12 @@ def test_crashing_entry_is_dead_lettered_then_replayed(
     # it starts while the CLI lists the letter (nothing it reads waits until the replay)
     fixed = fault_stack.spawn_worker("faulty", name="fixed", **{FIXED_ENV: "1"})
     conveyor = Path(sys.executable).parent / "conveyor"
-    env = {**os.environ, "CONVEYOR_REDIS_URL": fault_stack.redis_url}
+    # the workers' repository: a replay is refused for a model no worker could serve
+    env = {
+        **os.environ,
+        "CONVEYOR_REDIS_URL": fault_stack.redis_url,
+        "CONVEYOR_MODEL_REPOSITORY": str(FIXTURES),
+    }
     try:
         listed = subprocess.run(
             [conveyor, "dlq", "list", "faulty"], env=env, capture_output=True, text=True, check=True

@@ -1,7 +1,8 @@
-"""`conveyor dlq list|replay|purge MODEL [--variant V]`: manage a partition's dead letters."""
+"""`conveyor dlq list|show|replay|purge MODEL [--variant V]`: manage a partition's dead letters."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -9,7 +10,8 @@ import click
 import redis.asyncio as aioredis
 
 from conveyor.local_stack import with_redis
-from shared.dead_letters import DeadLetters
+from shared.codec import is_stream_id
+from shared.dead_letters import DeadLetters, ReplayResult
 from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.model_repository import ModelConfigError, ModelRepository
@@ -18,29 +20,44 @@ from shared.settings import Settings
 T = TypeVar("T")
 
 
-def _run(model: str, variant: str, action: Callable[[DeadLetters], Awaitable[T]]) -> T:
+def _run(
+    model: str, variant: str, action: Callable[[DeadLetters], Awaitable[T]], replays: bool = False
+) -> T:
+    """`action` on the partition's dead letters; `replays`: it enqueues jobs, so the partition
+    must still be served (`_served_fair_window`)."""
+
     async def on(client: aioredis.Redis, settings: Settings) -> T:
         keys = Keys(settings.key_prefix)
         store = JobStore(client, keys, settings.result_ttl_s)
-        letters = DeadLetters(store, keys, model, variant, _fair_window(settings, model, variant))
+        letters = DeadLetters(store, keys, model, variant)
         if not await letters.partition_exists():
             raise click.ClickException(
                 f"no partition {model}:{variant} in this Redis (neither its queue nor its "
                 "dead-letter stream exists): check MODEL and --variant"
             )
+        if replays:  # queued fairly where the producers would queue it
+            fair_window = _served_fair_window(settings, model, variant)
+            letters = DeadLetters(store, keys, model, variant, fair_window)
         return await action(letters)
 
     return with_redis(on)
 
 
-def _fair_window(settings: Settings, model: str, variant: str) -> int:
+def _served_fair_window(settings: Settings, model: str, variant: str) -> int:
     """The partition's fair window in this machine's model repository, so a replay is queued
-    fairly where the producers would; 0 (not fair) where the repository lacks the model."""
+    fairly where the producers would. A partition the repository lacks (or a repository that
+    cannot be read) is refused: no worker serves it, and its replays would stay queued for ever
+    (the producers refuse its submits as unknown)."""
     try:
-        config = ModelRepository.load(settings.model_repository).models.get(model)
-    except ModelConfigError:
-        return 0
-    return config.fair_window_of(variant) if config is not None else 0
+        ((config, _),) = ModelRepository.load(settings.model_repository).partitions(
+            [f"{model}:{variant}"]
+        )
+    except ModelConfigError as exc:
+        raise click.ClickException(
+            f"{exc}: no worker would run a replay of {model}:{variant}'s letters (they stay, for"
+            " `purge`); restore it, or set CONVEYOR_MODEL_REPOSITORY to the workers' repository"
+        ) from None
+    return config.fair_window_of(variant)
 
 
 @click.group("dlq")
@@ -62,15 +79,38 @@ def list_letters(model: str, variant: str) -> None:
         click.echo(f"{letter.dlq_id}\t{letter.job_id}\t{letter.deliveries}\t{letter.reason}")
 
 
+@command.command("show")
+@model_argument
+@click.argument("dlq_id")
+@variant_option
+def show(model: str, dlq_id: str, variant: str) -> None:
+    """Print one dead letter whole, as JSON: reason, deliveries, lane, tenant, deadline and the
+    job's payload (what it asked)."""
+    found = _run(model, variant, lambda d: d.letters_of([dlq_id]))
+    if not found:
+        raise click.ClickException(_absent(f"{model}:{variant}", dlq_id))
+    click.echo(json.dumps(found[0].view(), indent=2))
+
+
 @command.command("replay")
 @model_argument
 @variant_option
 @ids_option
 def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
-    """Enqueue dead letters again as new jobs (prints old → new job id); a letter past its
-    job's deadline is kept, not replayed (prints its job id, DLQ id for `purge --id`, and
-    why), then the counts."""
-    result = _run(model, variant, lambda d: d.replay(list(ids) or None))
+    """Enqueue dead letters again as new jobs (prints old → new job id), all those the partition
+    holds now or the given ids; a letter past its job's deadline is kept, not replayed (prints
+    its job id, DLQ id for `purge --id`, and why), then the counts. Refused for a partition the
+    model repository no longer has."""
+
+    async def act(letters: DeadLetters) -> ReplayResult:
+        if ids:
+            await _say_absent(letters, list(ids))
+            return await letters.replay(list(ids))
+        # "all" is what is there now: a letter that dies meanwhile (a replayed poison job) waits
+        _, upto = await letters.counted()
+        return await letters.replay(None, upto) if upto else ReplayResult()
+
+    result = _run(model, variant, act, replays=True)
     for old, new in result.replayed:
         click.echo(f"{old} -> {new}")
     for letter in result.kept:
@@ -82,7 +122,33 @@ def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
 @model_argument
 @variant_option
 @ids_option
-def purge(model: str, variant: str, ids: tuple[str, ...]) -> None:
-    """Delete dead letters (all of the partition's, or the given ids)."""
-    removed = _run(model, variant, lambda d: d.purge(list(ids) or None))
+@click.option("--yes", "-y", is_flag=True, help="Purge every letter without asking first.")
+def purge(model: str, variant: str, ids: tuple[str, ...], yes: bool) -> None:
+    """Delete dead letters: the given ids, or every letter the partition holds after a
+    confirmation (letters that die after it stay)."""
+    if ids:
+
+        async def by_id(letters: DeadLetters) -> int:
+            await _say_absent(letters, list(ids))
+            return await letters.purge(list(ids))
+
+        click.echo(f"purged {_run(model, variant, by_id)}")
+        return
+    count, upto = _run(model, variant, lambda d: d.counted())
+    if count and not yes:
+        click.confirm(f"Purge all {count} dead letters of {model}:{variant}?", abort=True)
+    removed = _run(model, variant, lambda d: d.purge(None, upto)) if upto else 0
     click.echo(f"purged {removed}")
+
+
+async def _say_absent(letters: DeadLetters, ids: list[str]) -> None:
+    """One line on stderr per id that names no letter. Not an error: a replay retried after
+    its answer was lost finds its letters gone, replayed."""
+    for dlq_id in await letters.absent(ids):
+        click.echo(_absent(f"{letters.model}:{letters.variant}", dlq_id), err=True)
+
+
+def _absent(partition: str, dlq_id: str) -> str:
+    if not is_stream_id(dlq_id):
+        return f"{dlq_id!r} is not a dead letter's id (as `conveyor dlq list` prints them)"
+    return f"no dead letter {dlq_id} in {partition} (replayed or purged already, or never one)"
