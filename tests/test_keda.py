@@ -361,6 +361,16 @@ def test_render_refuses_what_kubernetes_or_keda_would(tmp_path, option, value, p
     assert not (tmp_path / "keda.yaml").exists()
 
 
+def test_render_to_a_file_is_one_error_naming_the_option(tmp_path):
+    """`--out` naming a file, not a folder, was a FileExistsError traceback."""
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    result = CliRunner().invoke(main, ["render", "keda", "--out", str(taken)])
+    assert result.exit_code == 1, result.output
+    assert f"--out {taken}: cannot write keda.yaml there" in result.output
+    assert isinstance(result.exception, SystemExit)
+
+
 def test_autoscale_refuses_a_poll_interval_that_is_not_positive():
     """A negative interval was a traceback after the first tick; 0 meant the default, silently."""
     for value in ("-1", "0"):

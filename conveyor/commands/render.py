@@ -105,6 +105,9 @@ def keda(
         click.echo(text, nl=False)
         return
     target = Path(out) / KEDA_FILE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    except OSError as exc:  # a file where the folder goes, no permission: a traceback before
+        raise click.ClickException(f"--out {out}: cannot write {KEDA_FILE} there: {exc}") from exc
     click.echo(f"wrote {target}", err=True)
