@@ -31,7 +31,7 @@ from shared.codec import as_text, is_stream_id, stream_id
 from shared.job_store import JobRecord, JobStore
 from shared.keys import Keys, job_tag
 from shared.redis_client import RedisClient, connect, read_streams
-from shared.token_stream import READ_COUNT, TokenEvent, final_from_job
+from shared.token_stream import READ_COUNT, TokenEvent, confirms, final_from_job
 
 log = logging.getLogger(__name__)
 Rows = list[tuple[Any, Any]]
@@ -100,6 +100,10 @@ class TokenHub:
         """Up to `count` entries of `key` after `after`, now, without blocking (the shared
         pool, not a blocking reader)."""
         return await read_streams(self.redis, {key: after}, count)
+
+    async def holds(self, key: str, entry_id: str) -> bool:
+        """Whether `key` holds an entry `entry_id`."""
+        return bool(await self.redis.xrange(key, entry_id, entry_id, count=1))
 
     async def last(self, key: str) -> TokenEvent | None:
         """`key`'s last entry now (None while it holds none)."""
@@ -248,9 +252,9 @@ def _hand(queue: asyncio.Queue[Delivery], delivery: Rows | StreamUnreadable) -> 
 
 class TokenFollower:
     """Follows one job's token stream from where the client left off: what already exists is
-    read directly, live entries come from the hub; whenever nothing came for `block_ms`, a
-    look at the job hash ends a stream whose job ended without a final event (cancelled while
-    queued, expired).
+    read directly, live entries come from the hub; as it opens, and whenever nothing came for
+    `block_ms`, a look at the job hash ends a stream whose job ended without a final event
+    (cancelled while queued, expired).
 
     A final ends the stream only as its last word. A worker appends it before FINISH writes the
     job's result; one that died in between left a final the hash never confirms, and a rerun's
@@ -270,7 +274,9 @@ class TokenFollower:
         key = self.keys.tokens(job_id)
         block_s = self.block_ms / 1000
         async with self.hub.listen(job_tag(job_id), key, after) as queue:
-            events, over, record = await self._read(key, after), False, None
+            events, over, record = await self._poll(job_id, key, after)
+            if not over:  # a job over already ends at once, not after `block_ms`
+                events = await self._read(key, after)
             held: TokenEvent | None = None  # a final not known yet to be the stream's last word
             wait_s = block_s
             while True:
@@ -282,7 +288,7 @@ class TokenFollower:
                     if not event.final:
                         yield event
                 if over:
-                    if (final := _last_word(held, record)) is not None:
+                    if (final := await self._last_word(key, held, record)) is not None:
                         yield final
                     return
                 if fresh:
@@ -327,6 +333,20 @@ class TokenFollower:
             return [], False, None
         return await self._read(key, after), True, record
 
+    async def _last_word(
+        self, key: str, final: TokenEvent | None, record: JobRecord | None
+    ) -> TokenEvent | None:
+        """How a stream read to its end once its job was over ends: with its own last final,
+        unless the hash contradicts it (its run died before FINISH, and the job ended otherwise:
+        dead-lettered, cancelled, expired) or there is none; then with the hash's (none if it is
+        gone), whose id follows the stream's last entry."""
+        if final is not None and confirms(record, final):
+            return final
+        if record is None:
+            return None
+        last = await self.hub.last(key)
+        return final_from_job(record, last.id if last else None)
+
     async def _read(self, key: str, after: str) -> list[TokenEvent]:
         """Everything the stream holds after `after` now (no blocking), however long."""
         events: list[TokenEvent] = []
@@ -337,12 +357,3 @@ class TokenFollower:
             if len(read) < READ_COUNT:
                 return events
             after = read[-1].id
-
-
-def _last_word(final: TokenEvent | None, record: JobRecord | None) -> TokenEvent | None:
-    """How a stream read to its end once its job was over ends: with its own last final, unless
-    the hash contradicts it (its run died before FINISH, and the job ended otherwise: dead-
-    lettered, cancelled, expired) or there is none; then with the hash's (none if it is gone)."""
-    if final is not None and (record is None or final.status == record.status):
-        return final
-    return final_from_job(record) if record is not None else None

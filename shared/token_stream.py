@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from shared.codec import as_text, dumps, loads
+from shared.codec import as_text, dumps, loads, stream_id
 from shared.job_store import JobRecord
 
 # token: new text of one engine step; final: the job ended (status, finish reason, usage);
@@ -87,9 +87,34 @@ def usage_of(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def final_from_job(record: JobRecord) -> TokenEvent:
+def confirms(record: JobRecord | None, last: TokenEvent) -> bool:
+    """Whether the stream's last entry `last` is its job's last word: a final the job's hash
+    does not contradict (one whose run died before FINISH is not; none without a hash)."""
+    return last.final and (record is None or last.status == record.status)
+
+
+def final_id(record: JobRecord, last: TokenEvent | None) -> str:
+    """The id of the final event that ends a stream of the ended job `record` whose last entry
+    is `last`: that entry's own, or the made one's (`final_from_job`)."""
+    if last is not None and confirms(record, last):
+        return last.id
+    return made_final_id(last.id if last else None)
+
+
+def made_final_id(last_id: str | None) -> str:
+    """The id of a final made from the job: the one after the stream's last entry (0-1 for
+    none), so that a resume after it is told nothing follows. Without an id, an EventSource
+    reconnected after it for ever, sent the same final each time."""
+    if last_id is None:
+        return "0-1"
+    ms, seq = stream_id(last_id)
+    return f"{ms}-{seq + 1}" if seq < 2**64 - 1 else f"{ms + 1}-0"
+
+
+def final_from_job(record: JobRecord, last_id: str | None) -> TokenEvent:
     """The final event of a job that ended without one in its stream (cancelled or expired
-    while queued, dead-lettered, failed before its first token, stream expired)."""
+    while queued, dead-lettered, failed before its first token, stream expired); `last_id`
+    is the stream's last entry (None: it holds none)."""
     view = record.view()
     raw_outputs = view.get("outputs")
     outputs: dict[str, Any] = raw_outputs if isinstance(raw_outputs, dict) else {}
@@ -104,4 +129,5 @@ def final_from_job(record: JobRecord) -> TokenEvent:
         finish_reason=outputs.get("finish_reason"),
         usage=usage,
         error=view.get("error"),
+        id=made_final_id(last_id),
     )

@@ -24,7 +24,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "token, restart, final events"},
     204: {"description": "Last-Event-ID is the ended job's final event: nothing follows"},
     404: {"model": ErrorBody, "description": "Unknown job"},
-    422: {"model": ErrorBody, "description": "Last-Event-ID is not a stream entry id"},
+    422: {"model": ErrorBody, "description": "Last-Event-ID names no event of the job's stream"},
     429: {"model": ErrorBody, "description": "Rate limited, or the key's streams cap reached"},
 }
 
@@ -66,9 +66,11 @@ async def job_events(
     event with the finish reason and usage; reconnecting with
     `Last-Event-ID` resumes right after that event (204 after the `final` one: nothing
     follows it, and an EventSource stops reconnecting). Other jobs: one `final` event with the job
-    when it ends. The job keeps running when the client goes away, when this producer shuts
-    down or when Redis stops answering (the stream then ends with an `error` event carrying
-    `retry:`). A `Last-Event-ID` that no stream could hold (parts beyond 64 bits) is refused
+    when it ends. Every `final` has an id: one made from the job (no entry of its own in the
+    stream) has the id after the stream's last entry (`0-1` for none). The job keeps running
+    when the client goes away, when this producer shuts down or when Redis stops answering (the
+    stream then ends with an `error` event carrying `retry:`). A `Last-Event-ID` that no stream
+    could hold (parts beyond 64 bits), or that names no event this job's stream sent, is refused
     (422); a key holding its cap of streams open (its own `--max-streams`, else
     CONVEYOR_MAX_STREAMS_PER_KEY) gets 429 (`Retry-After`). A stream whose client stopped reading
     renews its place no more; should another stream take it meanwhile, this one ends with an

@@ -1,6 +1,7 @@
 """What the job-events stream carries. Each SSE event has a name (`token`, `restart`, `final`),
-an id (the token stream's entry id, so `Last-Event-ID` resumes exactly after it) and JSON data;
-the models below document that data."""
+an id (the token stream's entry id, so `Last-Event-ID` resumes exactly after it; a final made
+from the job, with no entry of its own, the id after the stream's last entry) and JSON data; the
+models below document that data."""
 
 from __future__ import annotations
 

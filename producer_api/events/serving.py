@@ -29,6 +29,7 @@ from producer_api.task_cancel import cancel_and_wait
 from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
 from shared.job_store import JobRecord
+from shared.token_stream import final_id, made_final_id
 
 START = "0-0"
 # A stream's place among its key's open streams lapses after this long unrenewed (three missed
@@ -50,27 +51,36 @@ class EventsService:
     async def open(self, job_id: str, last_event_id: str | None) -> AsyncIterator[JobEvent] | None:
         """The caller's job's events after `last_event_id`; None when there are none to send
         (`last_event_id` is the final event of a job that ended); raises 404 (before any event
-        is sent) when the job is unknown or another tenant's, 429 when the key holds its cap of
-        streams open. A key revoked or expired meanwhile ends the stream within RECHECK_S with
-        an `error` event (type `unauthorized`); the job runs on."""
+        is sent) when the job is unknown or another tenant's, 422 when `last_event_id` names no
+        event of its stream, 429 when the key holds its cap of streams open. A key revoked or
+        expired meanwhile ends the stream within RECHECK_S with an `error` event (type
+        `unauthorized`); the job runs on."""
         record = await self.jobs.owned(job_id)
+        if last_event_id is not None and not await self._resumes(record, last_event_id):
+            return None
         config = self.state.repository.get(record.fields.get("model", ""))
         if config is not None and config.kind == "generate":
-            if last_event_id is not None and await self._had_the_end(record, last_event_id):
-                return None
             events = self._after_queue(job_id, self._tokens(job_id, last_event_id or START))
         else:
             events = self._after_queue(job_id, self._final(job_id))
         return self._while_key_holds(events, await self._place())
 
-    async def _had_the_end(self, record: JobRecord, last_event_id: str) -> bool:
-        """Whether a resume after `last_event_id` has nothing to follow: it is the final event
-        of a job that ended. A final made again from the record (no id) would follow, and an
-        EventSource reconnected after it for ever, `Last-Event-ID` unchanged."""
-        if not record.status.terminal:
+    async def _resumes(self, record: JobRecord, last_event_id: str) -> bool:
+        """Whether anything follows `last_event_id`: not the final event of a job that ended.
+        An id other than START or an entry of the job's stream is refused (422): one from the
+        far future had the stream send nothing until the job's end, another job's skipped this
+        one's text up to it. A stream gone (expired) after its job ended cannot tell: its final
+        follows."""
+        key = self.state.keys.tokens(record.job_id)
+        last = await self.state.tokens.last(key)
+        if record.status.terminal and last_event_id == final_id(record, last):
             return False
-        last = await self.state.tokens.last(self.state.keys.tokens(record.job_id))
-        return last is not None and last.final and last.id == last_event_id
+        if last_event_id == START or await self.state.tokens.holds(key, last_event_id):
+            return True
+        if last is None and record.status.terminal:
+            return True
+        message = f"Last-Event-ID {last_event_id}: no event of job {record.job_id}'s stream"
+        raise ConveyorError(422, "invalid_request", message)
 
     async def _place(self) -> str | None:
         """A place among the key's open streams (its stream id; None with auth off) under the
@@ -167,4 +177,4 @@ class EventsService:
         view = await self.jobs.get(job_id, self.state.settings.max_wait_s)
         while not JobStatus(view["status"]).terminal:
             view = await self.jobs.get(job_id, self.state.settings.max_wait_s)
-        yield JobEvent("final", view)
+        yield JobEvent("final", view, made_final_id(None))
