@@ -171,9 +171,10 @@ class InFlightLimiter:
     """Jobs a key has queued or running, as a sorted set of job ids. The producer adds a job at
     admission and removes it when it cancels one; whoever ends a job removes it beside the
     ending script (ZREM of the job id from the set the job hash names in its `inflight` field;
-    ZREM is idempotent, so every terminal path may). A job whose removal was lost is pruned
-    when the set reaches its cap, so the cap is never exceeded and a lost removal costs a slot
-    only until the next refusal."""
+    ZREM is idempotent, so every terminal path may). A job whose removal was lost, or that is
+    queued past its deadline (no worker reads its partition to expire it), is pruned when the
+    set reaches its cap, so the cap is never exceeded and such a job costs a slot only until
+    the next refusal."""
 
     SCAN = 64
     GRACE_MS = 10_000
@@ -200,29 +201,39 @@ class InFlightLimiter:
         return bool(admitted)
 
     async def _prune(self, in_flight: str, now_ms: int, rows: list[Any]) -> int:
-        """Remove the members whose job is terminal, or has no hash `GRACE_MS` after its
-        admission (a submit that died). One pipeline reads their statuses: each job hash is in
-        its partition's slot, which a cluster pipeline reaches node by node."""
+        """Remove the members whose job is terminal, queued past its deadline, or has no hash
+        `GRACE_MS` after its admission (a submit that died). One pipeline reads their statuses
+        and deadlines: each job hash is in its partition's slot, which a cluster pipeline
+        reaches node by node."""
         members = [(as_text(jid), float(ms)) for jid, ms in zip(rows[::2], rows[1::2], strict=True)]
         async with self.redis.pipeline(transaction=False) as pipe:
             for job_id, _ in members:
-                pipe.hget(self.keys.job(job_id), "status")
-            statuses = await pipe.execute()
+                pipe.hmget(self.keys.job(job_id), "status", "deadline")
+            found = await pipe.execute()
         ended = [
             job_id
-            for (job_id, admitted_ms), status in zip(members, statuses, strict=True)
-            if not _live(status, now_ms - admitted_ms, self.GRACE_MS)
+            for (job_id, admitted_ms), (status, deadline) in zip(members, found, strict=True)
+            if not self._live(status, deadline, now_ms, admitted_ms)
         ]
         return int(await call_script(self._release, [in_flight], ended)) if ended else 0
+
+    def _live(
+        self, status: bytes | None, deadline: bytes | None, now_ms: int, admitted_ms: float
+    ) -> bool:
+        """Queued or running; without a hash, only while its submit may still be writing it.
+        A job queued `GRACE_MS` past its deadline (the producer's clock, not Redis's) can only
+        expire: it held its slot until a worker read it, so jobs waiting on a partition no
+        worker serves kept the key from submitting to any other model."""
+        if status is None:
+            return now_ms - admitted_ms < self.GRACE_MS
+        deadline_ms = int(deadline or 0)  # 0: none
+        if as_text(status) == JobStatus.QUEUED and deadline_ms:
+            return now_ms < deadline_ms + self.GRACE_MS
+        return as_text(status) in _LIVE
 
     async def release(self, key_id: str, job_id: str) -> None:
         """Give the job's slot back (its submit enqueued nothing)."""
         await call_script(self._release, [self.keys.in_flight(key_id)], [job_id])
-
-
-def _live(status: bytes | str | None, age_ms: float, grace_ms: int) -> bool:
-    """Queued or running; without a hash, only while its submit may still be writing it."""
-    return as_text(status) in _LIVE if status is not None else age_ms < grace_ms
 
 
 class StreamLimiter:
