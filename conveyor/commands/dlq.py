@@ -54,8 +54,9 @@ def _served_fair_window(settings: Settings, model: str, variant: str) -> int:
         )
     except ModelConfigError as exc:
         raise click.ClickException(
-            f"{exc}: no worker would run a replay of {model}:{variant}'s letters (they stay, for"
-            " `purge`); restore it, or set CONVEYOR_MODEL_REPOSITORY to the workers' repository"
+            f"cannot replay {model}:{variant}: {exc}. A replay is queued only for a partition the"
+            " model repository has (no worker serves another: its replays would stay queued);"
+            " set CONVEYOR_MODEL_REPOSITORY to the workers' repository. The letters stay."
         ) from None
     return config.fair_window_of(variant)
 
