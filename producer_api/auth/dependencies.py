@@ -30,8 +30,11 @@ AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _unauthorized(message: str) -> ConveyorError:
-    return ConveyorError(401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
+def _unauthorized(message: str, presented: bool = True) -> ConveyorError:
+    """RFC 6750's challenge: `invalid_token` for a key that was presented and refused (unknown,
+    revoked, expired), no error code for a request that presented none."""
+    challenge = 'Bearer error="invalid_token"' if presented else "Bearer"
+    return ConveyorError(401, "unauthorized", message, {"WWW-Authenticate": challenge})
 
 
 def _presented(bearer: HTTPAuthorizationCredentials | None, header: str | None) -> str | None:
@@ -42,7 +45,8 @@ async def authenticate(state: ProducerState, presented: str | None) -> Principal
     if state.settings.auth == "disabled":
         return ANONYMOUS
     if not presented:
-        raise _unauthorized("an API key is required: `Authorization: Bearer <key>` or X-API-Key")
+        message = "an API key is required: `Authorization: Bearer <key>` or X-API-Key"
+        raise _unauthorized(message, presented=False)
     key = await state.api_keys.verify(presented)
     if key is None:
         raise _unauthorized("unknown API key")
