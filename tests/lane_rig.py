@@ -21,11 +21,11 @@ from workers.partition.stream_reader import StreamReader
 from workers.partition.token_writer import TokenWriter
 
 
-def abandoned_after(keys: Keys, visibility_timeout_s: float) -> Partition:
-    """Partition `m:default` (an identity model) whose entries a reclaimer takes over once
-    idle for `visibility_timeout_s`."""
+def abandoned_after(keys: Keys, visibility_timeout_s: float, model: str = "m") -> Partition:
+    """Partition `<model>:default` (an identity model) whose entries a reclaimer takes over
+    once idle for `visibility_timeout_s`."""
     queue = QueueLimits(visibility_timeout_s=visibility_timeout_s)
-    config = ModelConfig(name="m", kind="batch", backend="identity", queue=queue)
+    config = ModelConfig(name=model, kind="batch", backend="identity", queue=queue)
     return Partition.of(keys, config, "default")
 
 

@@ -25,6 +25,7 @@ from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
+from workers.partition.reclaim_turn import ReclaimTurn
 from workers.partition.stream_reader import StreamReader
 
 KEYS = Keys("poison:")
@@ -101,6 +102,38 @@ async def test_reclaimed_entries_run_one_at_a_time_between_new_work(
     assert await asyncio.wait_for(lanes.next_batch(32, 0, 60_000, running), 10) == []
     served = [_jobs(await lanes.next_batch(32, 0, 50)) for _ in range(5)]
     assert served == [["a1"], [], ["a2"], [], []]
+
+
+async def test_two_partitions_of_a_worker_run_their_reclaimed_entries_one_at_a_time(
+    aredis: aioredis.Redis,
+) -> None:
+    """A worker serving two models: a dead worker left an entry in each. Both ran at once, so
+    when one of them killed the process again, the other was counted a delivery too, and an
+    innocent job, killed twice by its neighbour, was dead-lettered. The second partition's
+    entry is claimed only once the first's is written back; its new work is not held."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    turn = ReclaimTurn()
+    schedulers = []
+    for name in ("pa", "pb"):
+        partition = abandoned_after(KEYS, 0.2, name)
+        await queue_jobs(store, partition.online, f"{name}-0")
+        reader = StreamReader(aredis, KEYS, partition.streams, WORKER)
+        await reader.ensure_groups()
+        await aredis.xreadgroup(GROUP, "dead-1", {partition.online: ">"})  # then it died
+        reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
+        schedulers.append((partition, LaneScheduler(partition, reader, reclaimer, turn)))
+    await asyncio.sleep(0.3)  # past the visibility timeout
+    (pa, first), (pb, second) = schedulers
+    taken = await first.next_batch(32, 0, 50)
+    assert _jobs(taken) == ["pa-0"] and taken[0][1][0].redelivered
+    running = {(pa.online, taken[0][1][0].entry_id)}  # the suspect runs
+    await queue_jobs(store, pb.online, "pb-new")
+    assert _jobs(await second.next_batch(32, 0, 50)) == ["pb-new"]  # new work goes on
+    assert _jobs(await second.next_batch(32, 0, 50)) == []  # its reclaim waits
+    assert await first.next_batch(32, 0, 50, running) == []
+    assert _jobs(await first.next_batch(32, 0, 50)) == []  # written back: the turn is free
+    again = await second.next_batch(32, 0, 50)
+    assert _jobs(again) == ["pb-0"] and again[0][1][0].redelivered
 
 
 async def test_one_reclaim_finds_an_entry_abandoned_behind_ten_live_ones(

@@ -11,6 +11,7 @@ from collections.abc import Collection
 from workers.partition.arrival_rate import ArrivalRate
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
+from workers.partition.reclaim_turn import ReclaimTurn
 from workers.partition.stream_reader import Delivery, LaneEntry, MicroBatch, StreamReader
 
 # How long a micro-batch loop's read blocks while a reclaimed entry is still in a staged engine's
@@ -46,9 +47,17 @@ class LaneCredit:
 
 
 class LaneScheduler:
-    def __init__(self, partition: Partition, reader: StreamReader, reclaimer: Reclaimer) -> None:
+    def __init__(
+        self,
+        partition: Partition,
+        reader: StreamReader,
+        reclaimer: Reclaimer,
+        turn: ReclaimTurn | None = None,
+    ) -> None:
+        """`turn`: the one the worker's other partitions share (none: this partition alone)."""
         self.reader = reader
         self.reclaimer = reclaimer
+        self.turn = turn or ReclaimTurn()
         self.online = partition.online
         self.bulk = partition.bulk
         self.credit = LaneCredit(partition.config.bulk_share)
@@ -128,14 +137,22 @@ class LaneScheduler:
         generate loop's running jobs, may hold an input that kills the engine or the process,
         which, run with the others again, would take them all past `max_deliveries`; alone,
         it dies alone. A generate loop's new work fills its other slots meanwhile, and the
-        reclaim pass's housekeeping goes on (`Reclaimer.housekeep`)."""
+        reclaim pass's housekeeping goes on (`Reclaimer.housekeep`). One at a time across the
+        worker's partitions too (`ReclaimTurn`): another's reclaimed entry in flight holds
+        this partition's reclaims back, not its new work."""
         if self.redelivered.intersection(in_hand):
+            await self.reclaimer.housekeep()
+            return None
+        self.turn.release(self)
+        if not self.turn.take(self):
             await self.reclaimer.housekeep()
             return None
         reclaimed = await self.reclaimer.due(1)
         self.redelivered = (
             {(reclaimed[0], d.entry_id) for d in reclaimed[1]} if reclaimed else set()
         )
+        if not reclaimed:
+            self.turn.release(self)
         return reclaimed
 
     async def _take(self, max_items: int, delay_ms: float) -> MicroBatch | None:

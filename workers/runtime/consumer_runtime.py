@@ -32,6 +32,7 @@ from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
+from workers.partition.reclaim_turn import ReclaimTurn
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import StreamReader
 from workers.partition.token_writer import TokenWriter
@@ -106,6 +107,7 @@ class ConsumerRuntime:
         self._serving: asyncio.Task[None] | None = None
         self._loops: list[MicroBatchLoop | GenerateLoop] = []
         self._engines: list[BatchEngine | GenerateEngine] = []
+        self._reclaim_turn = ReclaimTurn()  # every partition's: one reclaimed entry at a time
 
     def start(self, check_stop: Callable[[], None] = lambda: None) -> None:
         """Load every engine and start serving; returns once all partitions are being read.
@@ -213,7 +215,7 @@ class ConsumerRuntime:
         await reader.ensure_groups()
         ttl_s = self.settings.result_ttl_s
         reclaimer = Reclaimer(client, self.keys, partition, self.consumer, ttl_s, events)
-        lanes = LaneScheduler(partition, reader, reclaimer)
+        lanes = LaneScheduler(partition, reader, reclaimer, self._reclaim_turn)
         block_ms = self.settings.block_ms
         if isinstance(engine, GenerateEngine):
             tokens = TokenWriter(client, self.keys, ttl_s)
