@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from shared.codec import as_text
 from shared.keys import Keys
 from shared.redis_client import hgetall_many
-from shared.settings import VISIBLE_ASCII
+from shared.settings import MAX_BURST, MIN_RATE_PER_S, VISIBLE_ASCII
 
 Scope = Literal["submit", "read", "admin"]
 SCOPES: tuple[Scope, ...] = get_args(Scope)
@@ -33,10 +33,6 @@ KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 PRESENTED = re.compile(f"^{VISIBLE_ASCII}{{8,256}}$")
 KEY_PREFIX = "cvk_"
 MAX_WEIGHT = 1000.0  # a tenant's fair-queuing weight lies in (0, MAX_WEIGHT]
-# The token bucket's bounds: its refill time (burst / rate, at most 10^18 ms) must stay an
-# integer Redis takes as a PEXPIRE, and its tokens whole numbers a double holds exactly.
-MIN_RATE_PER_S = 1e-6  # a token every 11.6 days
-MAX_BURST = 1_000_000_000
 
 
 class InvalidKeySpec(ValueError):

@@ -18,6 +18,11 @@ from shared.http_url import is_http_url
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 VISIBLE_ASCII = "[!-~]"  # a character class: ASCII without spaces or control characters
 PRINTABLE = re.compile(f"^{VISIBLE_ASCII}*$")
+# A token bucket's bounds (shared/rate_limit.py), for the defaults here and a key's own: its
+# refill time (burst / rate, at most 10^18 ms) must stay an integer Redis takes as a PEXPIRE,
+# and its tokens whole numbers a double holds exactly.
+MIN_RATE_PER_S = 1e-6  # a token every 11.6 days
+MAX_BURST = 1_000_000_000
 
 
 def _default_instance_id() -> str:
@@ -76,8 +81,9 @@ class Settings(BaseSettings):
         default_factory=lambda: max(1, (os.cpu_count() or 1) // 4), ge=1
     )
     # Per-key defaults; a key may carry its own (`conveyor keys create --rate ...`).
-    rate_limit_per_s: float = Field(default=100.0, gt=0)
-    rate_limit_burst: int = Field(default=200, ge=1)
+    # within a bucket's bounds: a rate of 1e-16 answered every request 500
+    rate_limit_per_s: float = Field(default=100.0, ge=MIN_RATE_PER_S)
+    rate_limit_burst: int = Field(default=200, ge=1, le=MAX_BURST)
     max_in_flight: int = Field(default=1_000, ge=1)
     # Job-event streams (`GET /v1/jobs/{id}/events`) one key may hold open at once: each reads
     # Redis about once a second while its job is queued, and holds a socket on a producer.

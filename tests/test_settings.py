@@ -25,7 +25,11 @@ from shared.settings import Settings
         {"block_ms": 0},  # BLOCK 0 waits forever: a worker would never notice a stop
         {"shutdown_grace_s": -1},
         {"webhook_timeout_s": 0},
-        {"webhook_timeout_s": 301},  # its claim would outlive the broker's redelivery of it
+        {"webhook_timeout_s": 301},
+        {"rate_limit_per_s": 1e-16},  # a bucket Redis cannot keep: every request answered 500
+        {
+            "rate_limit_burst": 10**10
+        },  # a bucket that never empties  # its claim would outlive the broker's redelivery of it
         {"webhook_retry_for_s": -1},
         {"key_prefix": "{cv}:"},  # the brace would become every key's hash tag
         {"key_prefix": "my app:"},
