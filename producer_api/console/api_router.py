@@ -194,9 +194,11 @@ async def login(
     key: Annotated[str, Form()] = "",
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
+    """A refusal, a lapsed form's included (its pre-login cookie lives LOGIN_MAX_AGE_S: a form
+    left open longer answered a bare JSON 403), shows the form again with why, ready to retry."""
     signer = service.signer
-    check_login_csrf(signer, request.cookies.get(LOGIN_COOKIE, ""), csrf)
     try:
+        check_login_csrf(signer, request.cookies.get(LOGIN_COOKIE, ""), csrf)
         principal = await login_key(state, key.strip())
     except ConveyorError as refused:
         return _login_form(request, signer, refused.message, refused.status)

@@ -153,4 +153,6 @@ def check_login_csrf(signer: SessionSigner, cookie: str, presented: str) -> None
     read = signer.read(cookie)
     expected = signer.csrf(read[1]) if read is not None else ""
     if not read or not presented or not same(presented, expected):
-        raise ConveyorError(403, "forbidden", "missing or wrong CSRF token; reload the login page")
+        raise ConveyorError(
+            403, "forbidden", "the login form lapsed or was not this console's; enter the key again"
+        )
