@@ -22,6 +22,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {}}}
 NAMED_TOOL = {"type": "function", "function": {"name": "lookup"}}
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+FUNCTIONS = [{"name": "lookup", "parameters": {}}]
 
 # (route, parameters asked for, the parameter the refusal must name)
 REFUSED: list[tuple[str, dict[str, Any], str]] = [
@@ -30,6 +31,8 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     (COMPLETIONS, {"response_format": {"type": "json_object"}}, "response_format"),
     (CHAT, {"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
     (CHAT, {"tools": TOOLS, "tool_choice": NAMED_TOOL}, "tool_choice"),
+    # the deprecated `functions` and `function_call`, which forces a call as a named tool does
+    (CHAT, {"functions": FUNCTIONS, "function_call": {"name": "lookup"}}, "function_call"),
     (CHAT, {"logprobs": True}, "logprobs"),
     (CHAT, {"top_logprobs": 2}, "top_logprobs"),
     (COMPLETIONS, {"logprobs": 3}, "logprobs"),
@@ -44,6 +47,8 @@ DEFAULTS: list[tuple[str, dict[str, Any]]] = [
     (CHAT, {"tools": TOOLS, "tool_choice": "auto"}),
     (CHAT, {"tools": TOOLS, "tool_choice": "none"}),
     (CHAT, {"tools": TOOLS}),
+    (CHAT, {"functions": FUNCTIONS, "function_call": "auto"}),
+    (CHAT, {"functions": FUNCTIONS, "function_call": "none"}),
     (COMPLETIONS, {"response_format": {"type": "text"}, "logprobs": None}),
 ]
 

@@ -1,10 +1,11 @@
 """OpenAI's request and response bodies for (chat) completions and embeddings, as far as Conveyor
 serves them.
 Fields OpenAI defines that Conveyor does not honour (echo, suffix, best_of, logit_bias,
-response_format, tool_choice, logprobs, top_logprobs) are refused unless left at their defaults,
-where the client would otherwise get another answer than it asked for (other text, or plain
-text where its SDK reads JSON, a tool call or logprobs); `tools` alone leaves the choice to the
-model (`auto`), which answers in text, so it is accepted and ignored."""
+response_format, tool_choice, function_call, logprobs, top_logprobs) are refused unless left at
+their defaults, where the client would otherwise get another answer than it asked for (other
+text, or plain text where its SDK reads JSON, a tool or function call or logprobs); `tools` (and
+the deprecated `functions`) alone leave the choice to the model (`auto`), which answers in text,
+so they are accepted and ignored."""
 
 from __future__ import annotations
 
@@ -108,7 +109,8 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """`developer` is OpenAI's newer name for `system`; text parts are joined."""
+    """`developer` is OpenAI's newer name for `system`; text parts are joined by newlines, as
+    vLLM's server joins them (joined bare, "What is" and "the capital?" read "What isthe")."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -118,7 +120,7 @@ class ChatMessage(BaseModel):
     def as_input(self) -> dict[str, str]:
         role = "system" if self.role == "developer" else self.role
         content = self.content
-        text = content if isinstance(content, str) else "".join(p.text for p in content)
+        text = content if isinstance(content, str) else "\n".join(p.text for p in content)
         return {"role": role, "content": text}
 
 
@@ -126,6 +128,10 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
     tool_choice: Literal["none", "auto"] | None = Field(
+        default=None, description="Not supported: only none or auto (the reply is text)"
+    )
+    # the deprecated `tool_choice` of `functions`, which OpenAI's SDKs still send
+    function_call: Literal["none", "auto"] | None = Field(
         default=None, description="Not supported: only none or auto (the reply is text)"
     )
     logprobs: OnlyFalse | None = Field(default=None, description="Not supported: only false")
