@@ -38,16 +38,30 @@ class StackState:
     redis_cluster: bool = False
 
     def write(self, state_dir: Path) -> Path:
+        """Whole or not at all (a file renamed into place): a command that read it while
+        `up` wrote it found it empty, and ended with a traceback."""
         path = state_dir / STATE_FILE
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        partial = path.with_name(f".{STATE_FILE}.{os.getpid()}")
+        partial.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        partial.replace(path)
         return path
 
     @classmethod
     def read(cls, state_dir: Path) -> StackState | None:
-        """The running stack's state, or None when there is none."""
+        """The running stack's state, or None when there is none. One it cannot read (cut
+        short, edited) ends the command with one line naming it: every command, not only
+        those that need the stack, read it, and each ended with a traceback."""
         path = state_dir / STATE_FILE
-        state = cls(**json.loads(path.read_text())) if path.exists() else None
-        return state if state is not None and _alive(state.pid) else None
+        if not path.exists():
+            return None
+        try:
+            state = cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise click.ClickException(
+                f"cannot read {path.absolute()} ({exc}): `conveyor up` writes it while it "
+                "runs; remove it if none runs on that state dir"
+            ) from None
+        return state if _alive(state.pid) else None
 
     @property
     def dev_key(self) -> str | None:
