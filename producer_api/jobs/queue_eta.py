@@ -13,7 +13,6 @@ light load, so a burst after one gets ETAs at the speed the workers drain it."""
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
@@ -39,19 +38,27 @@ Partition = tuple[str, str]
 class StartBy:
     """The latest a job may start and still run (Unix ms): its deadline, or sooner the end of
     the wait its queue allows (`max_queue_time_s`: a worker expires the job past it), a limit
-    that moves with a retry as a `ttl_s` deadline does. `deadline`: the job has one of its own."""
+    that moves with a retry as a `ttl_s` deadline does. `deadline`: the job has one of its own.
+    `since_ms`: the job's enqueue stamp, from which its ETA and its lateness are counted (read
+    on a later clock, a deadline exactly at the ETA shown came out a fraction of a ms short)."""
 
     ms: int
     queue_time: bool
     deadline: bool
+    since_ms: float
 
     @classmethod
     def of(cls, config: ModelConfig, enqueued_ms: float, deadline_ms: int) -> StartBy:
         waited_out = math.floor(enqueued_ms + config.queue.max_queue_time_s * 1000)
         own = bool(deadline_ms)
         if own and deadline_ms <= waited_out:
-            return cls(deadline_ms, queue_time=False, deadline=own)
-        return cls(waited_out, queue_time=True, deadline=own)
+            return cls(deadline_ms, queue_time=False, deadline=own, since_ms=enqueued_ms)
+        return cls(waited_out, queue_time=True, deadline=own, since_ms=enqueued_ms)
+
+    @property
+    def budget_ms(self) -> int:
+        """How long the job may wait to start, in the whole ms its limit and ETA are in."""
+        return max(0, self.ms - math.floor(self.since_ms))
 
     @property
     def what(self) -> str:
@@ -72,6 +79,28 @@ class Standing:
 
 # What a queued job's view and 202 add (`Standing.public()`'s keys).
 STANDING_FIELDS = tuple(field.name for field in dataclass_fields(Standing))
+
+# Longest ETA given (2^53 ms: every JSON reader holds it exactly, JavaScript's too); past it,
+# as behind a vanishing `bulk_share`, the ETA is unknown: orjson refuses integers past 64 bits
+# and `round` an infinite float, either a 500 for every view of the job.
+MAX_ETA_MS = 2**53
+
+
+def eta_ms(position: int, rate: float) -> int | None:
+    """Milliseconds until the entry `position` entries back starts, draining at `rate` a
+    second (> 0); None past MAX_ETA_MS."""
+    ms = position / rate * 1000
+    return round(ms) if ms <= MAX_ETA_MS else None
+
+
+def most_ahead(rate: float, budget_ms: int) -> int:
+    """The most entries that may wait ahead of a job whose ETA (as `eta_ms` shows it) must be
+    within `budget_ms`: one more than the arithmetic bound, then back while its ETA is over,
+    as a float's error puts the bound a step either side."""
+    ahead = math.floor((budget_ms + 0.5) * rate / 1000) + 1
+    while ahead > 0 and ((eta := eta_ms(ahead, rate)) is None or eta > budget_ms):
+        ahead -= 1
+    return ahead
 
 
 class QueueEta:
@@ -148,7 +177,7 @@ class QueueEta:
         rate = self.lane_rate(config, variant, bulk)
         eta: int | None = None
         if rate > 0:
-            eta = round(position / rate * 1000)
+            eta = eta_ms(position, rate)
         elif position == 0 and load.serving and not self._held_back(config, variant, bulk):
             eta = 0  # an idle worker takes it at once
         return Standing(position, eta)
@@ -170,8 +199,7 @@ class QueueEta:
         rate = self.lane_rate(config, variant, bulk)
         if rate <= 0:
             return -1
-        budget_s = max(0.0, start_by.ms / 1000 - time.time())
-        return math.floor(budget_s * rate)
+        return most_ahead(rate, start_by.budget_ms)
 
     async def of(self, record: JobRecord) -> Standing | None:
         """A queued job's standing (one round trip), or None for a job enqueued before

@@ -162,7 +162,8 @@ class JobsService:
             except TooFarBack as late:
                 JOBS_REJECTED.labels(config.name, variant, "deadline_unmeetable").inc()
                 standing = eta.standing(config, variant, bulk, late.ahead)
-                raise _unmeetable(standing, entry, start_by, body.deadline is None) from None
+                moves = _moves(body, entry.deadline_ms)
+                raise _unmeetable(standing, entry, start_by, moves) from None
         JOBS_SUBMITTED.labels(config.name, variant, body.priority).inc()
         if body.priority == "online":
             self.state.traffic.shadow(config, entry, variant)
@@ -441,15 +442,23 @@ def _min_tokens_refusal(sampling: SamplingParameters, default: Any, limit: Any) 
 
 
 def _deadline_ms(body: PredictRequest) -> int:
-    """The job's deadline in Unix ms (0: none); one already past is refused (422), since the
-    job could only be accepted to expire."""
+    """The job's deadline in Unix ms (0: none): with both `deadline` and `ttl_s` the sooner, as
+    the job must not run past either (the `ttl_s` was dropped). One already past is refused
+    (422), since the job could only be accepted to expire."""
+    now = time.time()
+    if body.deadline is not None and body.deadline <= now:
+        raise ConveyorError(422, "invalid_request", "deadline: already past (Unix seconds)")
+    limits = []
     if body.deadline is not None:
-        if body.deadline <= time.time():
-            raise ConveyorError(422, "invalid_request", "deadline: already past (Unix seconds)")
-        return int(body.deadline * 1000)
+        limits.append(int(body.deadline * 1000))
     if body.ttl_s is not None:
-        return int((time.time() + body.ttl_s) * 1000)
-    return 0
+        limits.append(int((now + body.ttl_s) * 1000))
+    return min(limits, default=0)
+
+
+def _moves(body: PredictRequest, deadline_ms: int) -> bool:
+    """Whether the job's deadline moves with a retry: it is its `ttl_s`'s, not a `deadline`."""
+    return body.deadline is None or deadline_ms < int(body.deadline * 1000)
 
 
 def _unmeetable(
