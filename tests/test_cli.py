@@ -270,6 +270,8 @@ def _refused(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
         ("canary", "start", "identity", "canary", "--max-error-rate", "nan"),  # a JSON traceback
         ("canary", "start", "identity", "canary", "--max-p99-ms", "inf"),
         ("submit", "identity", "--input", "{}", "--timeout", "nan"),  # waited without a limit
+        ("jobs", "get", "0" * 32, "--wait", "nan"),  # the SDK's refusal, naming no option
+        ("jobs", "get", "0" * 32, "--wait", "inf"),  # waited without a limit
         ("submit", "identity", "--input", '{"x": NaN}'),  # httpx refused to send it: traceback
         ("submit", "identity", "--input", '{"x": [-Infinity]}'),
         ("submit", "identity", "--input", '{"x": 1e400}'),  # read as inf

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from conveyor.client import Event
 from conveyor.client.cli_options import connect, connection_options, echo_waited, wait_or_last
+from conveyor.finite_float import FiniteFloat
 
 
 @click.group("jobs")
@@ -20,7 +21,13 @@ def command() -> None:
 
 @command.command("get")
 @click.argument("job_id")
-@click.option("--wait", "wait_s", default=0.0, help="Seconds to wait for the job to end.")
+@click.option(
+    "--wait",
+    "wait_s",
+    default=0.0,
+    type=FiniteFloat(min=0),
+    help="Seconds to wait for the job to end.",
+)
 @click.option("--attempts", is_flag=True, help="With every attempt: worker, times, outcome.")
 @connection_options
 def get(job_id: str, wait_s: float, attempts: bool, url: str | None, api_key: str | None) -> None:
