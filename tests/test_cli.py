@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from conveyor.client import Client, Event
-from conveyor.commands.jobs import NO_WORKER, Progress
+from conveyor.commands.jobs import NO_WORKER, WARMING, Progress
 from conveyor.local_stack import StackState
 from conveyor.stack import Stack, free_port
 from shared.codec import RequestEntry
@@ -464,3 +464,17 @@ def test_the_progress_line_keeps_saying_a_worker_is_being_started() -> None:
     served = {"queue_position": 2, "eta_ms": 1500}  # a worker drains the lane: an ETA
     assert said("queued", served) == "queued: 2 ahead, starts in ~1.5s"
     assert said("queued", idle) == "queued: 0 ahead, start time not known yet"
+
+
+def test_the_progress_line_says_a_worker_loads_only_when_one_does() -> None:
+    """It said the autoscaler was starting a worker whenever none served the model: under
+    `conveyor up`, which runs no autoscaler, a job for a model it does not serve waited
+    forever under that line."""
+    progress = Progress()
+    idle = {"consumers": 0, "queue_position": 0, "eta_ms": None}
+    assert progress.line(Event(None, "scaling", json.dumps({**idle, "warming": 0}))) == (
+        "queued: no worker serves this model yet (an autoscaler starts one from the queue)"
+    )
+    warming = Event(None, "scaling", json.dumps({**idle, "warming": 1}))
+    assert progress.line(warming) == f"queued: {WARMING}"
+    assert progress.line(Event(None, "queued", json.dumps(idle))) == f"queued: 0 ahead; {WARMING}"

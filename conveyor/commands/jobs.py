@@ -47,7 +47,7 @@ def get(job_id: str, wait_s: float, attempts: bool, url: str | None, api_key: st
 @connection_options
 def wait(job_id: str, url: str | None, api_key: str | None) -> None:
     """Follow the job's events with a progress line on stderr (its queue position and ETA,
-    or that a worker is being started), then print the finished job; exit 0 if it succeeded, 1
+    or that no worker serves it yet), then print the finished job; exit 0 if it succeeded, 1
     if it ended otherwise, 3 if an error kept it from learning."""
     last, progress = None, Progress()
     with connect(url, api_key, waits=True) as client, _progress_line() as show:
@@ -62,7 +62,10 @@ def wait(job_id: str, url: str | None, api_key: str | None) -> None:
 # How long the job may take to end after its stream's `final` event: an LLM job's worker writes
 # that event before it marks the job finished, so a read just after it can find it `running`.
 SETTLE_S = 30.0
-NO_WORKER = "no worker serves this model yet; the autoscaler is starting one"
+# Why a job waits with no start time known, as a `scaling` event says: no autoscaler need be
+# running (`conveyor up` runs none), so the line claims no worker is coming unless one loads.
+NO_WORKER = "no worker serves this model yet (an autoscaler starts one from the queue)"
+WARMING = "a worker for this model is loading its engine"
 
 
 class Progress:
@@ -71,20 +74,20 @@ class Progress:
     event that follows it in the same tick replaced it at once."""
 
     def __init__(self) -> None:
-        self.scaling = False
+        self.no_start: str | None = None  # the last `scaling` event's news, while it holds
 
     def line(self, event: Event) -> str | None:
         if event.event == "queued":
             data = event.json()
             eta = data.get("eta_ms")
-            self.scaling = self.scaling and eta is None
-            if self.scaling:
-                return f"queued: {data['queue_position']} ahead; {NO_WORKER}"
+            self.no_start = self.no_start if eta is None else None
+            if self.no_start:
+                return f"queued: {data['queue_position']} ahead; {self.no_start}"
             when = "start time not known yet" if eta is None else f"starts in ~{eta / 1000:.1f}s"
             return f"queued: {data['queue_position']} ahead, {when}"
         if event.event == "scaling":
-            self.scaling = True
-            return f"queued: {NO_WORKER}"
+            self.no_start = WARMING if event.json().get("warming") else NO_WORKER
+            return f"queued: {self.no_start}"
         if event.event == "token":
             return "running: streaming tokens"
         if event.event == "restart":
