@@ -13,12 +13,15 @@ from conveyor import commands
 from shared.model_repository import ModelConfigError
 from shared.settings import Settings, bad_setting
 
+# Ctrl-C's exit status, as a shell reports a command SIGINT ended (128 + 2)
+INTERRUPTED = 130
+
 
 class _Group(click.Group):
     """Each module of `conveyor.commands` is the subcommand of its name, imported only when that
     command runs (or `--help` lists them all): a command starts without the others' imports. A
     bad `CONVEYOR_*` setting or model repository ends any command with one line, not a
-    traceback."""
+    traceback; Ctrl-C with INTERRUPTED."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(module.name for module in pkgutil.iter_modules(commands.__path__))
@@ -32,6 +35,9 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:  # click's own exit 1 said a waited-for job ended otherwise
+            click.echo("Aborted!", err=True)
+            raise click.exceptions.Exit(INTERRUPTED) from None
         except ModelConfigError as exc:
             raise click.ClickException(str(exc)) from None
         except ValidationError as exc:
