@@ -2,7 +2,8 @@
 the live summary refreshes MAX_BATCHES running batches a second, in turn, and shows all of them
 (it showed the 20 expiring first, so one tenant's batch beside another's 20 was never shown);
 the job list reads at most READ_LIMIT job hashes however many partitions there are (it read
-100 per source: 30,000 with 60 partitions)."""
+100 per source: 30,000 with 60 partitions); a viewer is sent at most BATCHES_SHOWN batches a
+second, its own tenant's among them (every viewer was sent every running batch)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer_api.app import build_state
+from producer_api.auth import ANONYMOUS, Principal
+from producer_api.console.api_router import BATCHES_SHOWN, summary_for
 from producer_api.console.job_browser import READ_LIMIT, JobFilter, recent_jobs
 from producer_api.console.route_board import route_board
+from producer_api.console.session import ConsoleSession
 from producer_api.console.summaries import MAX_BATCHES, ConsoleSummaries
 from producer_api.state import ProducerState
 from shared.codec import RequestEntry
@@ -80,6 +84,24 @@ async def test_every_running_batch_is_shown_and_refreshed_in_turn(state: Produce
         shown = await _shown(summaries)
     assert shown[lone]["cancelled"] == 1  # its progress, not the state it was first shown in
     assert set(shown) == {*crowd, lone}
+
+
+async def test_a_viewer_is_sent_the_newest_batches_it_may_see_and_how_many_there_are(
+    state: ProducerState,
+) -> None:
+    expires = now_ms() + HOUR_MS
+    lone = await _running_batch(state, "solo", 1, expires)
+    for n in range(BATCHES_SHOWN + 4):
+        await _running_batch(state, "acme", 1, expires + n)
+    summaries = ConsoleSummaries(state)
+    for _ in range(math.ceil((BATCHES_SHOWN + 5) / MAX_BATCHES)):
+        await summaries.step()
+    assert len(summaries.snapshot["batches"]) == BATCHES_SHOWN + 5  # held, not sent
+    admin = summary_for(summaries.snapshot, ConsoleSession(ANONYMOUS, "csrf"))
+    assert len(admin["batches"]) == BATCHES_SHOWN and admin["batches_total"] == BATCHES_SHOWN + 5
+    solo = Principal("solo", frozenset({"read"}), frozenset(), "solo-key", None)
+    own = summary_for(summaries.snapshot, ConsoleSession(solo, "csrf", "nonce"))
+    assert [b["id"] for b in own["batches"]] == [lone] and own["batches_total"] == 1
 
 
 async def test_a_job_list_reads_at_most_read_limit_job_hashes(aredis: aioredis.Redis) -> None:

@@ -51,6 +51,7 @@ from shared.job_store import JobRecord
 
 HERE = Path(__file__).parent
 LETTERS_SHOWN = 200  # per partition, oldest first
+BATCHES_SHOWN = 100  # per viewer, newest first, with how many it may see in all
 STATIC = {"console.js": "text/javascript", "console.css": "text/css"}
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -235,18 +236,20 @@ def _summary_page(
     request: Request, name: str, current: ConsoleSession, service: Console
 ) -> Response:
     """A page drawn from the summary every viewer shares, as this session may see it."""
-    return _page(request, name, current, snapshot=_summary_for(service.summaries.snapshot, current))
+    return _page(request, name, current, snapshot=summary_for(service.summaries.snapshot, current))
 
 
-def _summary_for(snapshot: dict[str, Any], current: ConsoleSession) -> dict[str, Any]:
+def summary_for(snapshot: dict[str, Any], current: ConsoleSession) -> dict[str, Any]:
     """The summary as a session may see it: the partitions and workers of the models its key
     may use, admin or not (every model's queues and rates, and every worker with its host and
     pid, were shown to a key `GET /v1/models` shows one model); every tenant's batches of
-    those models to an admin, anyone else their tenant's."""
+    those models to an admin, anyone else their tenant's: the newest BATCHES_SHOWN of them,
+    cut after the tenant's are picked (every running batch was sent to every viewer every
+    second, and drawn as a row: thousands of them made a page and a feed of megabytes)."""
     principal = current.principal
     seen = _usable_only(snapshot, principal) if principal.models else snapshot
     batches = [b for b in seen["batches"] if _sees(current, b["tenant"], b["model"] or "")]
-    return {**seen, "batches": batches}
+    return {**seen, "batches": batches[:BATCHES_SHOWN], "batches_total": len(batches)}
 
 
 def _sees(current: ConsoleSession, tenant: str, model: str) -> bool:
@@ -285,7 +288,7 @@ async def stream(state: State, current: Session, service: Service) -> Response:
 
     async def events() -> Feed:
         async for snapshot in service.summaries.follow():
-            yield {"event": "summary", "data": as_text(dumps(_summary_for(snapshot, current)))}
+            yield {"event": "summary", "data": as_text(dumps(summary_for(snapshot, current)))}
 
     return _secure(EventSourceResponse(_while_open(state, service, current, events()), ping=15))
 

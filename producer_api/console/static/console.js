@@ -86,9 +86,11 @@ function link(href, text) {
   return a;
 }
 
-function renderBatches(batches) {
+function renderBatches(batches, total) {
   const tbody = document.querySelector("#batches tbody");
   if (!tbody) return;
+  setText(document.getElementById("batches-cut"),
+    total > batches.length ? `The newest ${batches.length} of ${total} shown.` : "");
   const rows = batches.map((b) => {
     const done = b.counts.succeeded + b.counts.failed;
     const bar = document.createElement("span");
@@ -141,7 +143,7 @@ function watchStaleness(live) {
 function render(summary) {
   renderPartitions(summary.partitions);
   renderWorkers(summary.workers, summary.at);
-  renderBatches(summary.batches);
+  renderBatches(summary.batches, summary.batches_total);
   document.body.dataset.updated = String(summary.at);
 }
 
