@@ -65,3 +65,19 @@ def test_a_lapsed_login_form_shows_itself_again_and_logs_in(
     tab.fill("#key", admin_key)  # the form it showed carries a fresh cookie and token
     tab.click("button[type=submit]")
     tab.wait_for_url(f"{console_stack.base_url}/console")
+
+
+def test_a_page_whose_session_ended_elsewhere_goes_to_the_login_page(
+    console_stack: Stack,  # noqa: F811
+    admin_key: str,  # noqa: F811
+    tab: Any,
+) -> None:
+    """Its feed ends with the session and the reconnect is sent to the login page, which
+    EventSource takes for a failure: the page retried for good, its figures stale, its
+    viewer never told to log in again."""
+    _log_in(tab, console_stack, admin_key)
+    other = tab.context.new_page()  # the same session, in a second tab
+    other.goto(f"{console_stack.base_url}/console/workers")
+    other.click("header form button")  # Log out
+    other.wait_for_url(f"{console_stack.base_url}/console/login")
+    tab.wait_for_url(f"{console_stack.base_url}/console/login", timeout=30_000)

@@ -153,6 +153,18 @@ function render(summary) {
 const REOPEN_MS = 1000;
 const REOPEN_MAX_MS = 30000;
 
+// A feed ends with its session (logged out, the key revoked, expired) and its reconnect is sent
+// to the login page, which EventSource takes for a failure: the page sent its viewer there
+// rather than retry for good over figures gone stale.
+async function sessionEnded() {
+  try {
+    const answer = await fetch(location.href, { redirect: "manual", cache: "no-store" });
+    return answer.type === "opaqueredirect";
+  } catch {
+    return false;  // the producer unreachable: retried as any failure
+  }
+}
+
 function follow() {
   const live = document.getElementById("live");
   const page = document.body.dataset.page;
@@ -166,9 +178,13 @@ function follow() {
       wait = REOPEN_MS;
       render(JSON.parse(event.data));
     });
-    source.addEventListener("error", () => {
+    source.addEventListener("error", async () => {
       live.classList.remove("on");
       if (source.readyState !== EventSource.CLOSED) return;
+      if (await sessionEnded()) {
+        location.assign("/console/login");
+        return;
+      }
       setTimeout(open, wait);
       wait = Math.min(wait * 2, REOPEN_MAX_MS);
     });
