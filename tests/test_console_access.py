@@ -1,5 +1,6 @@
 """The console as a browser shows it to whoever holds it: a read-only key is offered only the
-pages it may open, and a login form left open past its pre-login cookie's life still logs in."""
+pages it may open, a login form left open past its pre-login cookie's life still logs in, and a
+page whose session ended elsewhere goes to the login page."""
 
 from __future__ import annotations
 
