@@ -168,6 +168,17 @@ def test_bad_process_counts_are_refused(tmp_path: Path, option: str, value: str)
     assert not (tmp_path / "valkey").exists()  # refused before starting anything
 
 
+@pytest.mark.parametrize("models", ["", "identity,"])
+def test_an_empty_model_name_is_refused(tmp_path: Path, models: str) -> None:
+    """`--models ""` (a script's unset variable) started every model, an LLM too. A Redis that
+    does not answer: what it would start, were the name let through, stops there."""
+    args = ["--models", models, "--port", str(free_port())]
+    result = _up_refused(tmp_path, args, {"CONVEYOR_REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert result.returncode == 2, result.stderr
+    said = f"Invalid value for '--models': {models!r} has an empty model name"
+    assert said in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize(
     ("name", "value", "problem"),
     [

@@ -115,7 +115,7 @@ def command(
     # its own directory (`var/run/dev-api-key` from anywhere but the checkout)
     state_dir = (state_dir or settings.state_dir).absolute()
     repository = ModelRepository.load(settings.model_repository)
-    names = models.split(",") if models else list(repository.models)
+    names = list(repository.models) if models is None else _model_names(models)
     repository.partitions(names)  # a mistyped model or variant stops here, before anything runs
     producers = producers or settings.producer_processes
     workers = workers_by_model(repository, names, producers, workers_per_model)
@@ -244,6 +244,15 @@ def workers_by_model(
     batch = [name for name in names if _batches(repository, name)]
     share = max(1, ((os.cpu_count() or 1) - producers) // max(1, len(batch)))
     return {name: per_model or (share if name in batch else 1) for name in names}
+
+
+def _model_names(models: str) -> list[str]:
+    """`--models` split; an empty name is refused: `--models ""` (a script's unset variable)
+    started every model of the repository, an LLM too."""
+    names = models.split(",")
+    if not all(names):
+        raise click.BadParameter(f"{models!r} has an empty model name", param_hint="'--models'")
+    return names
 
 
 def _batches(repository: ModelRepository, name: str) -> bool:
