@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 import click
 
@@ -18,9 +19,8 @@ def state_dir_lock(state_dir: Path, command: str, options: str) -> Iterator[None
     """Hold `<state dir>/lock` for the run of `command` (`conveyor up`), which it names with
     its pid there; `options` are how to give it another state dir (`--state-dir`), named in
     the refusal."""
-    state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / "lock"
-    with path.open("a") as lock:
+    with _opened(path, options) as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -32,6 +32,19 @@ def state_dir_lock(state_dir: Path, command: str, options: str) -> Iterator[None
         lock.write(f"{command}\n{os.getpid()}\n")
         lock.flush()
         yield  # closing the file lets it go
+
+
+def _opened(path: Path, options: str) -> TextIO:
+    """The lock file, its state dir made first; one that cannot be (a file in its place, no
+    permission) is one line, not a traceback."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.open("a")
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot use the state dir {path.parent} ({exc.strerror or exc}): choose another "
+            f"with {options}"
+        ) from None
 
 
 def _holder(path: Path) -> str:

@@ -74,6 +74,19 @@ def test_a_state_dir_valkey_cannot_name_is_refused_before_anything_starts(tmp_pa
     assert not state_dir.exists()
 
 
+@pytest.mark.parametrize("inside", ["", "sub"])
+def test_a_state_dir_it_cannot_make_is_one_error(tmp_path: Path, inside: str) -> None:
+    """A file where the state dir (or a folder above it) would be: mkdir's traceback."""
+    taken = tmp_path / "file"
+    taken.write_text("")
+    state_dir = taken / inside if inside else taken
+    assert _one_error_line(_up(state_dir)) == (
+        f"Error: cannot use the state dir {state_dir} "
+        f"({'File exists' if not inside else 'Not a directory'}): choose another with "
+        "--state-dir or CONVEYOR_STATE_DIR"
+    )
+
+
 def test_an_embedded_valkey_that_cannot_start_is_one_error(tmp_path: Path) -> None:
     (tmp_path / "valkey").write_text("")  # its data dir: the wrapper cannot create it
     error = _one_error_line(_up(tmp_path))
