@@ -65,7 +65,16 @@ class StackState:
 
     @property
     def dev_key(self) -> str | None:
-        return Path(self.dev_key_file).read_text().strip() if self.dev_key_file else None
+        """The development key; its file gone (removed while `up` runs) is one line."""
+        if not self.dev_key_file:
+            return None
+        try:
+            return Path(self.dev_key_file).read_text().strip()
+        except OSError as exc:
+            raise click.ClickException(
+                f"cannot read the development key ({exc}): pass --api-key (CONVEYOR_API_KEY), "
+                "or restart `conveyor up`, which writes it"
+            ) from None
 
     @staticmethod
     def remove(state_dir: Path) -> None:

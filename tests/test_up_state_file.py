@@ -38,6 +38,26 @@ def test_a_state_file_it_cannot_read_is_one_line_naming_it(tmp_path: Path, conte
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_a_development_key_file_gone_is_one_line(tmp_path: Path) -> None:
+    """Removed while `up` runs: a command that would use it ended with a traceback."""
+    gone = tmp_path / "dev-api-key"
+    state = StackState("redis://127.0.0.1:1/0", "http://127.0.0.1:1", str(gone), os.getpid())
+    state.write(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("CONVEYOR_URL", "CONVEYOR_API_KEY")}
+    env["CONVEYOR_STATE_DIR"] = str(tmp_path)
+    result = subprocess.run(
+        [CONVEYOR, "jobs", "get", "0" * 32],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("Error: cannot read the development key ("), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 WRITE_CUT_SHORT = """
 import resource, signal, sys
 from pathlib import Path
