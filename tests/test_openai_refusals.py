@@ -38,6 +38,16 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     (COMPLETIONS, {"logprobs": 3}, "logprobs"),
     # OpenAI and vLLM answer the chosen tokens' logprobs for 0: only null leaves them out
     (COMPLETIONS, {"logprobs": 0}, "logprobs"),
+    # vLLM's own, which its server acts on: they were ignored, the answer free text
+    (CHAT, {"guided_json": {"type": "object"}}, "guided_json"),
+    (COMPLETIONS, {"guided_regex": "[0-9]+"}, "guided_regex"),
+    (CHAT, {"guided_choice": ["yes", "no"]}, "guided_choice"),
+    (CHAT, {"structured_outputs": {"json": {}}}, "structured_outputs"),
+    (COMPLETIONS, {"use_beam_search": True}, "use_beam_search"),
+    (CHAT, {"stop_token_ids": [2]}, "stop_token_ids"),
+    (CHAT, {"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
+    (CHAT, {"add_generation_prompt": False}, "add_generation_prompt"),
+    (CHAT, {"echo": True}, "echo"),
 ]
 
 # Each at the default, or a value that asks for the same plain-text answer.
@@ -50,6 +60,8 @@ DEFAULTS: list[tuple[str, dict[str, Any]]] = [
     (CHAT, {"functions": FUNCTIONS, "function_call": "auto"}),
     (CHAT, {"functions": FUNCTIONS, "function_call": "none"}),
     (COMPLETIONS, {"response_format": {"type": "text"}, "logprobs": None}),
+    (CHAT, {"guided_json": None, "use_beam_search": False, "stop_token_ids": []}),
+    (CHAT, {"add_generation_prompt": True, "echo": False, "chat_template_kwargs": {}}),
 ]
 
 

@@ -1,10 +1,12 @@
 """OpenAI's request and response bodies for (chat) completions and embeddings, as far as Conveyor
 serves them.
 Fields OpenAI defines that Conveyor does not honour (echo, suffix, best_of, logit_bias,
-response_format, tool_choice, function_call, logprobs, top_logprobs) are refused unless left at
-their defaults, where the client would otherwise get another answer than it asked for (other
-text, or plain text where its SDK reads JSON, a tool or function call or logprobs); `tools` (and
-the deprecated `functions`) alone leave the choice to the model (`auto`), which answers in text,
+response_format, tool_choice, function_call, logprobs, top_logprobs), and vLLM's own that change
+its answer (guided decoding and structured outputs, beam search, token id lists, prompt
+logprobs, chat template settings), are refused unless left at their defaults, where the client
+would otherwise get another answer than it asked for (other text, or plain text where its SDK
+reads JSON, a tool or function call or logprobs); `tools` (and the deprecated `functions`) alone
+leave the choice to the model (`auto`), which answers in text,
 so they are accepted and ignored."""
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ def _json_type(kind: type) -> BeforeValidator:
 OnlyOne = Annotated[Literal[1], _json_type(int)]
 OnlyZero = Annotated[Literal[0], _json_type(int)]
 OnlyFalse = Annotated[Literal[False], _json_type(bool)]
+OnlyTrue = Annotated[Literal[True], _json_type(bool)]
+# A field of vLLM's server that Conveyor does not serve: only null (its default) is taken.
+NotServed = Annotated[None, Field(description="vLLM's; not served: only null")]
+Nothing = Annotated[list[Any], Field(max_length=0)]  # only an empty list
 
 
 class StreamOptions(BaseModel):
@@ -78,6 +84,20 @@ class SamplingRequest(SamplingParameters):
     response_format: TextFormat | None = Field(
         default=None, description='Not supported: only {"type": "text"}'
     )
+    # vLLM's own fields that change the answer (structured output, beam search, token lists,
+    # logprobs of the prompt): its server acts on them, so they are refused unless left at
+    # their default, as OpenAI's unhonoured ones are, not ignored as other unknown fields
+    guided_json: NotServed = None
+    guided_regex: NotServed = None
+    guided_choice: NotServed = None
+    guided_grammar: NotServed = None
+    structured_outputs: NotServed = None
+    prompt_logprobs: NotServed = None
+    use_beam_search: OnlyFalse | None = None
+    include_stop_str_in_output: OnlyFalse | None = None
+    allowed_token_ids: Nothing | None = None
+    bad_words: Nothing | None = None
+    stop_token_ids: Nothing | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
@@ -136,6 +156,13 @@ class ChatCompletionRequest(SamplingRequest):
     )
     logprobs: OnlyFalse | None = Field(default=None, description="Not supported: only false")
     top_logprobs: OnlyZero | None = Field(default=None, description="Not supported: only 0")
+    # vLLM's chat template fields and chat `echo`: the prompt is rendered by the model's own
+    # template, with a generation prompt
+    chat_template: NotServed = None
+    chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=0)] | None = None
+    add_generation_prompt: OnlyTrue | None = None
+    continue_final_message: OnlyFalse | None = None
+    echo: OnlyFalse | None = None
 
     def inputs(self) -> dict[str, Any]:
         return {"messages": [message.as_input() for message in self.messages]}
