@@ -63,6 +63,12 @@ def _finished(stack: Stack, job_id: str) -> None:
     assert view["status"] == "succeeded", view
 
 
+def _ran(stack: Stack) -> str:
+    job_id = _submit(stack, "paced", {"prompt": PROMPT})
+    _finished(stack, job_id)
+    return job_id
+
+
 def _open(stack: Stack, job_id: str, after: str | None = None) -> tuple[int, list[dict[str, str]]]:
     """The status of the job's event stream resumed after `after`, and its events (when 200)."""
     headers = {"Last-Event-ID": after} if after else {}
@@ -104,15 +110,16 @@ def test_a_resume_of_a_queued_job_that_sent_no_id_is_refused(idle: Stack, model:
 
 
 def test_a_resume_after_an_id_the_jobs_stream_never_sent_is_refused(paced: Stack) -> None:
-    job_id, other = (_submit(paced, "paced", {"prompt": PROMPT}) for _ in range(2))
-    for ran in (job_id, other):
-        _finished(paced, ran)
+    job_id, other = (_ran(paced) for _ in range(2))  # one after the other: see below
     status, events = _open(paced, job_id)
     ids = [e["id"] for e in events]
     assert status == 200 and events[-1]["event"] == "final", events
-    _, others = _open(paced, other)
+    # Entry ids come from the clock, so two jobs whose tokens were written in the same
+    # millisecond share ids: only one the job's own stream does not hold is foreign to it.
+    foreign_ids = [e["id"] for e in _open(paced, other)[1] if e["id"] not in ids]
+    assert foreign_ids, "the second job's stream repeats every id of the first's"
 
-    for foreign in (FAR_FUTURE, others[1]["id"]):
+    for foreign in (FAR_FUTURE, foreign_ids[0]):
         assert _open(paced, job_id, foreign) == (422, []), foreign
     assert [e["id"] for e in _open(paced, job_id, ids[1])[1]] == ids[2:]  # its own: the rest
     assert _open(paced, job_id, "0-0")[1] == events
