@@ -61,9 +61,10 @@ def test_conveyor_up_serves_embeddings_and_stops_on_ctrl_c(tmp_path: Path) -> No
 
 
 def test_make_up_reuses_its_dev_key_and_the_cli_finds_its_redis(tmp_path: Path) -> None:
-    with conveyor_up(tmp_path, "identity", _env()) as up:
+    with conveyor_up(tmp_path, "identity", _env(), options=("--producers", "1")) as up:
         first = _printed_key(up.lines)
         banner = "".join(up.lines)  # only the served model's example: minilm's would be a 404
+        assert f"producer {up.url} (1 process), workers for identity (" in banner
         assert f"curl -s {up.url}/v1/jobs -H 'authorization: Bearer {first}'" in banner
         assert '"model": "identity"' in banner and "/v1/models/minilm/predict" not in banner
         state = StackState.read(tmp_path)

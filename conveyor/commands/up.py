@@ -27,7 +27,7 @@ from shared.model_repository import ModelRepository
 from shared.settings import get_settings
 
 BANNER = """{key_note}
-Conveyor is up: producer {url} ({producers} processes), workers for {models}.
+Conveyor is up: producer {url} ({producers}), workers for {models}.
 Operator console: {url}/console (log in with an API key that has the read or admin scope)
 {examples}
   # models and their queues
@@ -167,7 +167,7 @@ def _serve(
         StackState(stack.redis_url, url, dev_key_file, os.getpid(), cluster).write(state_dir)
         banner = BANNER.format(
             url=url,
-            producers=producers,
+            producers=f"{producers} process{'es' if producers != 1 else ''}",
             models=", ".join(f"{name} ({count})" for name, count in workers.items()),
             examples=examples(list(workers), url, auth["auth"]),
             redis_exports=redis_exports(stack.redis_url, cluster),

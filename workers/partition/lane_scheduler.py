@@ -140,11 +140,7 @@ class LaneScheduler:
         reclaim pass's housekeeping goes on (`Reclaimer.housekeep`). One at a time across the
         worker's partitions too (`ReclaimTurn`): another's reclaimed entry in flight holds
         this partition's reclaims back, not its new work."""
-        if self.redelivered.intersection(in_hand):
-            await self.reclaimer.housekeep()
-            return None
-        self.turn.release(self)
-        if not self.turn.take(self):
+        if self.redelivered.intersection(in_hand) or not self._turn_taken():
             await self.reclaimer.housekeep()
             return None
         reclaimed = await self.reclaimer.due(1)
@@ -154,6 +150,12 @@ class LaneScheduler:
         if not reclaimed:
             self.turn.release(self)
         return reclaimed
+
+    def _turn_taken(self) -> bool:
+        """Whether this partition holds the worker's reclaim turn now: the one it held (its
+        last reclaimed entry is written back) is given up first, so another's may come next."""
+        self.turn.release(self)
+        return self.turn.take(self)
 
     async def _take(self, max_items: int, delay_ms: float) -> MicroBatch | None:
         """One script's read of the lane preferred now, else the other (None: both empty)."""
