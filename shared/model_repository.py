@@ -52,9 +52,11 @@ MAX_INTRA_OP_THREADS = 1024
 EMBED_INPUTS = {"texts": ["x"], "encoding_format": "base64"}
 
 
-# Every part of a config.yaml: an unknown field is a typo, and an infinite or NaN number (YAML's
-# `.inf`, `.nan`) would overflow where it becomes milliseconds (XAUTOCLAIM's idle time).
-STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+# Every part of a config.yaml: an unknown field is a typo, an infinite or NaN number (YAML's
+# `.inf`, `.nan`) would overflow where it becomes milliseconds (XAUTOCLAIM's idle time), and a
+# value of another type is one too: lax, `max_batch_size: yes` batched by 1, `1.0` and '8' passed
+# as integers and `fair: 1` or 'false' as booleans (YAML's own `true`, `yes`, `on` still are).
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 # The longest any of a config's durations may be: longer ones are typos, and Redis's millisecond
 # arguments overflow far past it.
 YEAR_S = 365 * 86_400.0
@@ -439,14 +441,29 @@ class ModelConfig(BaseModel):
 def _problems(exc: ValidationError, whole: str = "", within: str = "") -> str:
     """pydantic's errors on one line, each at its dotted location (`whole`: the object's own,
     if it is to be named; `within`: the object's own place, before each field's); our own
-    checks' messages without pydantic's `Value error, `."""
+    checks' messages without pydantic's `Value error, `. A value of the wrong type is quoted as
+    YAML read it: `max_batch_size: yes` is `true`, not the integer its author meant."""
 
     def problem(error: Any) -> str:
         message = str(error["msg"]).removeprefix("Value error, ")
+        if str(error["type"]).endswith("_type"):
+            message = f"{message}, not {quote(error['input'])}"
         where = ".".join(map(str, [within, *error["loc"]] if within else error["loc"])) or whole
         return f"{where}: {message}" if where else message
 
     return "; ".join(problem(error) for error in exc.errors())
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's (and JSON's) exponents: YAML 1.1 reads `1e3` and
+    `1.0e3` as strings (it wants `1.0e+3`), which strict numbers refuse."""
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 def _settings(config_path: Path) -> dict[str, Any]:
@@ -457,7 +474,7 @@ def _settings(config_path: Path) -> dict[str, Any]:
     except OSError as exc:  # unreadable, or a folder named config.yaml
         raise ModelConfigError(f"{config_path}: cannot read: {exc.strerror or exc}") from None
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = yaml.load(text, Loader=_ConfigLoader) or {}
     except yaml.YAMLError as exc:
         raise ModelConfigError(f"{config_path}: not YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(raw, dict):

@@ -159,10 +159,11 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "variants: {default: {}, big: {parameters: {max_num_seqs: 64}}}\n",
             "model m variant big: parameters.max_num_seqs: set the model's top-level max_num_seqs",
         ),
-        (  # YAML reads `1e3` as a string: the producer answered 500 to every request that
-            # named a max_tokens, and the worker failed every job
+        (  # a string or a float: the producer answered 500 to every request that named a
+            # max_tokens, and the worker failed every job
             "kind: generate\nbackend: vllm\nparameters: {max_tokens_limit: 1e3}\n",
-            "model m variant default: parameters.max_tokens_limit: Input should be a valid integer",
+            "model m variant default: parameters.max_tokens_limit: Input should be a valid "
+            "integer, not 1000.0",
         ),
         (
             "kind: generate\nbackend: vllm\n"
