@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 import httpx
 import orjson
+from pydantic import BaseModel
 
 from conveyor.client.errors import (
     InvalidArgument,
@@ -38,6 +39,7 @@ from conveyor.client.types import (
 from shared.codec import float32_values
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 Ended = TypeVar("Ended", Job, Batch)  # what a cancel answers
 LONG_POLL_S = 30.0  # one long-poll request; the server caps it at CONVEYOR_MAX_WAIT_S anyway
 SLACK_S = 15.0  # HTTP timeout beyond the time the server was asked to wait
@@ -69,7 +71,7 @@ class Call:
     def build(self, client: httpx.Client | httpx.AsyncClient) -> httpx.Request:
         """The request of this try: built again for each, so a retry asks for the time left."""
         params, timeout_s = self.bounded()
-        timeout = client.timeout if timeout_s is None else httpx.Timeout(timeout_s)
+        timeout = client.timeout if timeout_s is None else _reading_for(client.timeout, timeout_s)
         return client.build_request(
             self.method,
             self.path,
@@ -99,6 +101,42 @@ class Call:
         if attempt and self.conflict_to_op and response.status_code == 409:
             return response
         return raise_for_error(response)
+
+
+def _reading_for(own: httpx.Timeout, seconds: float) -> httpx.Timeout:
+    """The client's timeout, reads and writes allowed `seconds` at least: a call's own timeout
+    (a long-poll, a completion) is how long its answer may take, not how long to wait for a
+    connection, which took a chat six tries of 600 s each to a producer that did not answer."""
+
+    def wider(limit: float | None) -> float | None:
+        return None if limit is None else max(limit, seconds)
+
+    return httpx.Timeout(
+        connect=own.connect, read=wider(own.read), write=wider(own.write), pool=own.pool
+    )
+
+
+def parsed(model: type[M], response: httpx.Response) -> M:
+    """The answer as `model`. One the producer cannot have sent (a proxy's login page, another
+    service at its URL, answering 200) is an APIError with its status and `invalid_response`,
+    as an error answer that is not the producer's is: it was a JSONDecodeError or pydantic's
+    ValidationError, which no `except APIError` caught."""
+    return _parsed(model, response.content, response)
+
+
+def parsed_lines(model: type[M], response: httpx.Response) -> list[M]:
+    """A JSONL answer's lines, each as `model` (`parsed`'s error for one that is not)."""
+    return [_parsed(model, line, response) for line in response.content.splitlines()]
+
+
+def _parsed(model: type[M], content: bytes, response: httpx.Response) -> M:
+    try:
+        return model.model_validate_json(content)
+    except ValueError as exc:  # pydantic's ValidationError is one
+        message = f"not the producer's answer: {response.text[:200]!r}"
+        raise api_error(
+            response.status_code, "invalid_response", message, response.headers
+        ) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +196,13 @@ def submit(
     headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
     body = {"model": model, "inputs": inputs, **options}
     response = yield Call("POST", "/v1/jobs", json=body, headers=headers)
-    return Job.model_validate(response.json())
+    return parsed(Job, response)
 
 
 def get(job_id: str, attempts: bool = False) -> Op[Job]:
     """`attempts`: with the job's `attempt_history`."""
     response = yield Call("GET", f"/v1/jobs/{segment(job_id)}", params=_attempts(attempts))
-    return Job.model_validate(response.json())
+    return parsed(Job, response)
 
 
 def wait(job_id: str, timeout: float | None, attempts: bool = False) -> Op[Job]:
@@ -179,7 +217,7 @@ def wait(job_id: str, timeout: float | None, attempts: bool = False) -> Op[Job]:
             deadline=deadline,
             wait_param="wait",
         )
-        job = Job.model_validate(response.json())
+        job = parsed(Job, response)
         if job.done:
             return job
         if deadline is not None and time.monotonic() >= deadline:
@@ -202,7 +240,7 @@ def _cancel(
     if it is cancelled, rather than a Conflict."""
     response = yield replace(call, conflict_to_op=True)
     if response.status_code != 409:
-        return model.model_validate(response.json())
+        return parsed(model, response)
     found = yield from read(id_)
     if found.status != "cancelled":
         raise_for_error(response)
@@ -228,7 +266,7 @@ def predict(model: str, inputs: dict[str, Any], timeout: float, options: JobOpti
         wait_param="timeout",
         least_wait=LEAST_PREDICT_S,
     )
-    job = Job.model_validate(response.json())
+    job = parsed(Job, response)
     if response.status_code == 202:
         job = yield from wait(job.id, _left(deadline, float("inf")))
     if not job.succeeded:
@@ -243,7 +281,7 @@ def predict(model: str, inputs: dict[str, Any], timeout: float, options: JobOpti
 def chat(model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> Op[ChatCompletion]:
     body = {"model": model, "messages": messages, **params, "stream": False}
     response = yield Call("POST", "/v1/chat/completions", json=body, timeout=600, repeatable=False)
-    return ChatCompletion.model_validate(response.json())
+    return parsed(ChatCompletion, response)
 
 
 def embed(model: str, texts: str | list[str], params: dict[str, Any]) -> Op[EmbeddingList]:
@@ -254,7 +292,7 @@ def embed(model: str, texts: str | list[str], params: dict[str, Any]) -> Op[Embe
     so a resend ran the job twice."""
     body = {"model": model, "input": texts, "encoding_format": "base64", **params}
     response = yield Call("POST", "/v1/embeddings", json=body, timeout=600, repeatable=False)
-    answer = EmbeddingList.model_validate(response.json())
+    answer = parsed(EmbeddingList, response)
     if "encoding_format" not in params:
         for item in answer.data:
             if isinstance(item.embedding, str):
@@ -292,19 +330,19 @@ def create_batch(
         headers={"Content-Type": "application/jsonl", "Idempotency-Key": key},
         timeout=300,
     )
-    return Batch.model_validate(response.json())
+    return parsed(Batch, response)
 
 
 def get_batch(batch_id: str, deadline: float | None = None) -> Op[Batch]:
     """`deadline`: a wait's (no retry after it)."""
     response = yield Call("GET", f"/v1/batches/{segment(batch_id)}", deadline=deadline)
-    return Batch.model_validate(response.json())
+    return parsed(Batch, response)
 
 
 def list_batches(limit: int, after: str | None) -> Op[BatchList]:
     params: dict[str, str | int] = {"limit": limit, **({"after": after} if after else {})}
     response = yield Call("GET", "/v1/batches", params=params)
-    return BatchList.model_validate(response.json())
+    return parsed(BatchList, response)
 
 
 def cancel_batch(batch_id: str) -> Op[Batch]:
@@ -334,8 +372,7 @@ def batch_results(batch_id: str) -> Op[BatchResults]:
     outputs = yield Call("GET", f"/v1/batches/{segment(batch_id)}/output", timeout=600)
     errors = yield Call("GET", f"/v1/batches/{segment(batch_id)}/errors", timeout=600)
     return BatchResults(
-        outputs=[BatchOutput.model_validate_json(line) for line in outputs.content.splitlines()],
-        errors=[BatchError.model_validate_json(line) for line in errors.content.splitlines()],
+        outputs=parsed_lines(BatchOutput, outputs), errors=parsed_lines(BatchError, errors)
     )
 
 

@@ -1,6 +1,8 @@
 """When to try a request again: on 429 (refused before anything was done; not a deadline the
-queue cannot meet, which the same request never passes) and on 503 when
-repeating the request cannot do anything twice (a 503 may come after the job was written),
+queue cannot meet, which the same request never passes) and on 503, 502 and 504 when
+repeating the request cannot do anything twice (a 503 may come after the job was written; a
+proxy's 502 or 504 may come after the producer took the request), never on an answer that
+says `x-should-retry: false`,
 after `Retry-After` when the server gives one, else exponential backoff with full jitter; on a
 409 that carries `Retry-After` (an idempotent submit whose first try is still being enqueued);
 and on transport errors when repeating the request cannot do anything twice. Sans I/O: the
@@ -16,7 +18,9 @@ from dataclasses import dataclass
 
 import httpx
 
-REFUSED, UNAVAILABLE = 429, 503
+REFUSED = 429
+# A draining producer's 503, or a proxy's answer while the producer behind it restarts.
+UNAVAILABLE = frozenset({502, 503, 504})
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +82,10 @@ class RetryPolicy:
         repeatable: bool,
         deadline: float | None = None,
     ) -> RetryEvent | None:
-        """The pause before retry number `attempt + 1`, or None to accept `response`. A 503 to
-        a request that is not `repeatable` (a POST without an Idempotency-Key) is accepted: the
-        server may have enqueued its job before failing, and a retry would enqueue another. No
+        """The pause before retry number `attempt + 1`, or None to accept `response`. A 503
+        (502, 504) to a request that is not `repeatable` (a POST without an Idempotency-Key) is
+        accepted: the server may have enqueued its job before failing, and a retry would
+        enqueue another. No
         retry ends past `deadline` (monotonic; a wait's own timeout)."""
         return _before(deadline, self._after_response(attempt, response, repeatable))
 
@@ -89,9 +94,11 @@ class RetryPolicy:
     ) -> RetryEvent | None:
         asked = retry_after_s(response.headers)
         status = response.status_code
+        if response.headers.get("x-should-retry") == "false":  # the server says so, as OpenAI's
+            return None
         retryable = (
             (status == REFUSED and not _hopeless(response, asked))
-            or (status == UNAVAILABLE and repeatable)
+            or (status in UNAVAILABLE and repeatable)
             or (status == 409 and asked is not None)  # the server says when: not a clash
         )
         if not retryable or attempt >= self.max_retries:

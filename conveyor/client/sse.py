@@ -13,7 +13,7 @@ import httpx
 
 from conveyor.client.calls import Call
 from conveyor.client.errors import APIError, InvalidArgument, StreamError
-from conveyor.client.retries import retry_after_s
+from conveyor.client.retries import REFUSED, UNAVAILABLE, retry_after_s
 from conveyor.client.types import Event
 
 # Event types after which the server has nothing more to send (docs/architecture.md; progress,
@@ -190,10 +190,11 @@ class EventStream:
         return self._decoder.retry_ms / 1000.0
 
     def refused(self, error: APIError) -> float:
-        """A resume answered 429 or 503 (Redis still away, the producers busy): waited out as
-        a dropped connection is, at least its Retry-After; any other error ends the stream.
-        It used to end it at once, though the server had asked for the resume."""
-        if error.status not in (429, 503) or not self._reopens(error):
+        """A resume answered 429 or 503 (Redis still away, the producers busy), or a proxy's
+        502 or 504 (the producer behind it restarting): waited out as a dropped connection
+        is, at least its Retry-After; any other error ends the stream. It used to end it at
+        once, though the server had asked for the resume."""
+        if error.status not in {REFUSED, *UNAVAILABLE} or not self._reopens(error):
             raise error
         return max(self.dropped(error), retry_after_s(error.headers) or 0.0)
 
