@@ -274,7 +274,7 @@ class ModelConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
         for name in [self.name, *self.variants]:
-            if not NAME_PATTERN.match(name):
+            if not NAME_PATTERN.fullmatch(name):  # `$` alone matches before a final newline
                 raise ModelConfigError(f"{name!r} is not a valid model or variant name")
         if self.default_variant not in self.variants:
             raise ModelConfigError(

@@ -179,6 +179,10 @@ def test_a_missing_folder_is_an_error_and_an_empty_one_an_empty_repository(
             "kind: generate\nbackend: identity\nvariants: {default: {}, gpu: {backend: torch}}\n",
             "model m variant default: backend identity serves kind batch, not generate",
         ),
+        (  # Python's `$` matched before the final newline: a variant named so was served
+            'kind: batch\nbackend: identity\nvariants: {"a\\n": {}}\ndefault_variant: "a\\n"\n',
+            "'a\\n' is not a valid model or variant name",
+        ),
         (  # KEDA refuses the ScaledObject; render used to clamp it silently
             "kind: batch\nbackend: identity\nautoscaling: {min_replicas: 3, max_replicas: 1}\n",
             "autoscaling: min_replicas (3) exceeds max_replicas (1)",
