@@ -27,6 +27,11 @@ class APIError(ConveyorError):
         self.message = message
         self.headers = headers or httpx.Headers()
 
+    def __reduce__(self) -> tuple[type[APIError], tuple[int, str, str, httpx.Headers]]:
+        """Pickled as its fields (a Celery task's error, a process pool's): rebuilt from
+        `args`, its one formatted line, it raised TypeError where it was unpickled."""
+        return type(self), (self.status, self.type, self.message, self.headers)
+
 
 class AuthError(APIError):
     """401 or 403: the API key is missing, unknown, or not allowed to do this."""
@@ -92,6 +97,10 @@ class WaitTimeout(ConveyorError, TimeoutError):
     def __init__(self, message: str, last: Any) -> None:
         super().__init__(message)
         self.last = last
+
+    def __reduce__(self) -> tuple[type[WaitTimeout], tuple[str, Any]]:
+        """Pickled with the job or batch last seen, as `APIError` is with its fields."""
+        return type(self), (str(self), self.last)
 
 
 class StreamFailed(APIError):
