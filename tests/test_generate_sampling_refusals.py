@@ -15,7 +15,7 @@ import redis
 
 from producer_api.errors import ConveyorError
 from producer_api.jobs.protocol import SamplingParameters
-from producer_api.jobs.serving import check_sampling
+from producer_api.jobs.serving import check_parameters
 from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, Variant
@@ -87,9 +87,9 @@ def test_a_vllm_variant_refuses_an_unknown_parameter_and_a_custom_engines_takes_
         backend="vllm",
         variants={"default": Variant(), "own": Variant(backend="tests.paced_engine:PacedEngine")},
     )
-    check_sampling(config, "own", {"beam_width": 4, "top_k": 1})
+    check_parameters(config, "own", {"beam_width": 4, "top_k": 1})
     with pytest.raises(ConveyorError) as refused:
-        check_sampling(config, "default", {"beam_width": 4, "top_k": 1})
+        check_parameters(config, "default", {"beam_width": 4, "top_k": 1})
     message = str(refused.value)
     assert message.startswith("parameters.beam_width: not taken by model llm:default"), message
     assert all(name in message for name in SamplingParameters.model_fields), message

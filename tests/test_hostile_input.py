@@ -23,7 +23,7 @@ from fastapi import APIRouter, FastAPI
 from producer_api.app import create_app
 from producer_api.errors import ConveyorError
 from producer_api.jobs.orjson_route import OrjsonRoute
-from producer_api.jobs.serving import check_sampling
+from producer_api.jobs.serving import check_parameters
 from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from producer_api.token_hub import StreamUnreadable, TagReader
 from shared.consumer_groups import ensure_groups
@@ -163,6 +163,23 @@ def test_sampling_the_engine_cannot_take_is_422_and_nothing_is_enqueued(
     assert stack_redis.xlen(lane) == before
 
 
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/models/identity/predict"])
+def test_a_batch_models_job_parameters_are_422_not_dropped(
+    base_url: str, stack_redis: redis.Redis, path: str
+) -> None:
+    """A batch engine runs a job on its inputs alone: parameters were stored and ignored."""
+    lane = Keys().queue("identity", "default")
+    before = stack_redis.xlen(lane)
+    body: dict[str, Any] = {"inputs": {"x": 1}, "parameters": {"normalize": False, "k": 2}}
+    if path == "/v1/jobs":
+        body["model"] = "identity"
+    error = _refused(httpx.post(f"{base_url}{path}", json=body, timeout=30))
+    assert error["message"].startswith("parameters.k, parameters.normalize: model identity takes")
+    assert stack_redis.xlen(lane) == before
+    bare = {"model": "identity", "inputs": {"x": 1}, "parameters": {}}
+    assert httpx.post(f"{base_url}/v1/jobs", json=bare, timeout=30).status_code == 202
+
+
 def test_a_list_of_prompts_is_422_not_one_completion_of_them_joined(
     base_url: str, stack_redis: redis.Redis
 ) -> None:
@@ -212,9 +229,9 @@ def test_a_variants_own_max_tokens_limit_is_the_one_checked() -> None:
         parameters={"max_tokens_limit": 1024},
         variants={"default": Variant(), "small": Variant(parameters={"max_tokens_limit": 64})},
     )
-    check_sampling(config, "default", {"max_tokens": 100})
+    check_parameters(config, "default", {"max_tokens": 100})
     with pytest.raises(ConveyorError, match="at most 64 for model llm:small"):
-        check_sampling(config, "small", {"max_tokens": 100})
+        check_parameters(config, "small", {"max_tokens": 100})
 
 
 def _identity_round_trip(base_url: str, inputs: dict[str, str]) -> None:

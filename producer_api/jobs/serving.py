@@ -29,7 +29,7 @@ from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, stamp_ms
 from shared.keys import new_job_id
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
-from shared.model_repository import GENERATE_BACKENDS, ModelConfig
+from shared.model_repository import GENERATE_BACKENDS, QUOTED_CHARS, ModelConfig, quote
 from shared.routing import UnknownVariant
 from shared.telemetry import current_traceparent
 from shared.webhook_events import job_event, refusal
@@ -102,7 +102,7 @@ class JobsService:
             raise ConveyorError(404, "not_found", str(exc)) from None
         if errors := config.input_errors(body.inputs):
             raise ConveyorError(422, "invalid_request", "; ".join(errors))
-        check_sampling(config, variant, body.parameters)
+        check_parameters(config, variant, body.parameters)
         if body.webhook is not None and (why := refusal(body.webhook, self.state.settings)):
             raise ConveyorError(422, "invalid_request", why)
         return config, variant
@@ -398,12 +398,21 @@ class JobsService:
         return view
 
 
-def check_sampling(config: ModelConfig, variant: str, parameters: dict[str, Any]) -> None:
+def check_parameters(config: ModelConfig, variant: str, parameters: dict[str, Any]) -> None:
     """A generate model's sampling parameters within vLLM's bounds (`SamplingParameters`),
     `max_tokens` within the variant's `max_tokens_limit` (its own, else the model's) and
     `min_tokens` within the job's max_tokens: refused here (422) rather than failed by the worker,
-    or silently cut by the engine. A `vllm` variant refuses other keys: it would drop them."""
+    or silently cut by the engine. A `vllm` variant refuses other keys: it would drop them. A
+    batch model's job takes none: its engine runs each job on its inputs alone, and parameters
+    such as a `normalize: false` were stored and silently ignored."""
     if config.kind != "generate":
+        if parameters:
+            named = ", ".join(f"parameters.{_named(name)}" for name in sorted(parameters))
+            message = (
+                f"{named}: model {config.name} takes no job parameters (kind {config.kind}: its "
+                "engine runs a job on its inputs alone; engine settings are its config.yaml's)"
+            )
+            raise ConveyorError(422, "invalid_request", message)
         return
     try:
         sampling = SamplingParameters.model_validate(parameters)
@@ -424,6 +433,11 @@ def check_sampling(config: ModelConfig, variant: str, parameters: dict[str, Any]
         raise ConveyorError(422, "invalid_request", message)
     if (why := _min_tokens_refusal(sampling, own.get("default_max_tokens"), limit)) is not None:
         raise ConveyorError(422, "invalid_request", f"parameters.min_tokens: {why} for {served}")
+
+
+def _named(key: str) -> str:
+    """A key of the client's own as a 422 names it, quoted cut short when long."""
+    return key if len(key) <= QUOTED_CHARS else quote(key)
 
 
 def _min_tokens_refusal(sampling: SamplingParameters, default: Any, limit: Any) -> str | None:
