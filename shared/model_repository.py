@@ -62,6 +62,12 @@ STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 YEAR_S = 365 * 86_400.0
 
 
+# Bounds on a config.yaml, which is a few KB: past them a file is a mistake or a YAML bomb.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 100_000  # mappings, lists and scalars, aliases expanded
+MAX_CONFIG_DEPTH = 64  # of nested mappings and lists
+
+
 class ModelConfigError(ValueError):
     """A config.yaml that cannot describe a servable model."""
 
@@ -470,16 +476,58 @@ def _settings(config_path: Path) -> dict[str, Any]:
     """A config.yaml's mapping; what is not one is refused in one line that names the file. Read
     as bytes: PyYAML decodes them itself, and a file that is not UTF-8 is then its ReaderError."""
     try:
-        text = config_path.read_bytes()
+        with config_path.open("rb") as file:
+            text = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:  # unreadable, or a folder named config.yaml
         raise ModelConfigError(f"{config_path}: cannot read: {exc.strerror or exc}") from None
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ModelConfigError(f"{config_path}: larger than {MAX_CONFIG_BYTES} bytes")
     try:
         raw = yaml.load(text, Loader=_ConfigLoader) or {}
     except yaml.YAMLError as exc:
         raise ModelConfigError(f"{config_path}: not YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise _too_deep(config_path) from None
     if not isinstance(raw, dict):
         raise ModelConfigError(f"{config_path}: not a mapping of settings")
+    _ExpandedSize(config_path).of(raw, 0)
     return raw
+
+
+def _too_deep(config_path: Path) -> ModelConfigError:
+    return ModelConfigError(f"{config_path}: nested deeper than {MAX_CONFIG_DEPTH} levels")
+
+
+class _ExpandedSize:
+    """Counts a loaded config's values as its readers see them, aliases expanded, each shared
+    collection once. PyYAML shares one object wherever an alias names it: a few hundred bytes
+    of nested aliases (a billion laughs) are 10^9 values where the input schema is compiled,
+    which took every producer and worker down for memory, and an alias inside the collection
+    it names is a cycle that no reader's recursion ends (a RecursionError traceback)."""
+
+    def __init__(self, config_path: Path) -> None:
+        self.config_path = config_path
+        self.sizes: dict[int, int | None] = {}  # None: being counted (met again: a cycle)
+
+    def of(self, value: Any, depth: int) -> int:
+        if not isinstance(value, dict | list):
+            return 1
+        if id(value) in self.sizes:
+            size = self.sizes[id(value)]
+            if size is None:
+                raise ModelConfigError(f"{self.config_path}: an alias names a collection it is in")
+            return size
+        if depth >= MAX_CONFIG_DEPTH:
+            raise _too_deep(self.config_path)
+        self.sizes[id(value)] = None
+        children = value.values() if isinstance(value, dict) else value
+        size = 1 + sum(self.of(child, depth + 1) for child in children)
+        if size > MAX_CONFIG_VALUES:
+            raise ModelConfigError(
+                f"{self.config_path}: more than {MAX_CONFIG_VALUES} values, its aliases expanded"
+            )
+        self.sizes[id(value)] = size
+        return size
 
 
 def _check_queue_time(config_path: Path, queue: QueueLimits, result_ttl_s: int) -> None:
