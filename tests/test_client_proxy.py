@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conveyor.client import APIError, AsyncClient, Client, RetryPolicy
+from conveyor.client import APIError, AsyncClient, Client, RetryEvent, RetryPolicy
 from tests.local_http import LocalServer, serving
 
 JOB = json.dumps({"id": "job-1", "status": "succeeded", "outputs": {"x": 1}}).encode()
@@ -124,6 +124,17 @@ def test_a_stream_resumes_through_a_proxys_gateway_error(scripted: _Scripted) ->
     assert scripted.seen == [path, f"{path} after 1", f"{path} after 1"]
 
 
+@pytest.mark.parametrize(
+    "scripted",
+    [[(200, SSE, "retry: \u00b2\nid: 1\nevent: final\ndata: {}\n\n".encode())]],
+    indirect=True,
+)
+def test_a_retry_field_that_is_not_ascii_digits_is_ignored(scripted: _Scripted) -> None:
+    """The spec's `retry:` is ASCII digits; `²` passed `isdigit` and raised ValueError."""
+    with Client(scripted.url) as client:
+        assert [event.id for event in client.stream("job-1")] == ["1"]
+
+
 @pytest.mark.parametrize("scripted", [[(502, {}, GATEWAY_PAGE), (200, {}, JOB)]], indirect=True)
 def test_a_gateway_error_to_a_post_without_a_key_is_raised_with_the_page(
     scripted: _Scripted,
@@ -147,6 +158,29 @@ def test_an_answer_that_says_not_to_retry_is_raised_at_once(scripted: _Scripted)
         client.get("job-1")
     assert raised.value.status == 502
     assert len(scripted.seen) == 1
+
+
+LIMITED = b'{"error": {"type": "rate_limited", "message": "slow down"}}'
+
+
+@pytest.mark.parametrize(
+    ("scripted", "asked"),
+    [
+        ([(429, {"Retry-After": "0.2"}, LIMITED), (200, {}, JOB)], 0.2),
+        ([(429, {"Retry-After": "\u00b2"}, LIMITED), (200, {}, JOB)], None),  # no number
+        ([(429, {"Retry-After": "nan"}, LIMITED), (200, {}, JOB)], None),
+    ],
+    indirect=["scripted"],
+)
+def test_retry_after_with_a_fraction_is_honoured_and_junk_ignored(
+    scripted: _Scripted, asked: float | None
+) -> None:
+    """`Retry-After: 0.2` is waited (it was ignored for the backoff); one that is no number
+    falls back to the backoff (`²` raised ValueError out of the call)."""
+    retries: list[RetryEvent] = []
+    with Client(scripted.url, retry=NO_PAUSE, on_retry=retries.append) as client:
+        assert client.get("job-1").status == "succeeded"
+    assert [retry.retry_after_s for retry in retries] == [asked]
 
 
 @pytest.mark.parametrize("scripted", [[(200, {}, LOGIN_PAGE)]], indirect=True)

@@ -11,6 +11,7 @@ sync and async clients only sleep where it says."""
 from __future__ import annotations
 
 import email.utils
+import math
 import random
 import time
 from collections.abc import Callable
@@ -37,12 +38,18 @@ OnRetry = Callable[[RetryEvent], None]
 
 
 def retry_after_s(headers: httpx.Headers) -> float | None:
-    """`Retry-After` as seconds (it may be a number or an HTTP date), or None."""
+    """`Retry-After` as seconds (it may be a number or an HTTP date), or None. A number with a
+    fraction (`0.5`) is honoured too: it fell back to the backoff, ignoring what was asked;
+    and `isdigit` took `²` for a digit, which `float` then refused with a ValueError."""
     value = headers.get("Retry-After")
     if value is None:
         return None
-    if value.strip().isdigit():
-        return float(value)
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        return seconds if math.isfinite(seconds) and seconds >= 0 else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

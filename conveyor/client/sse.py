@@ -81,7 +81,7 @@ class SSEDecoder:
             self._event = value
         elif name == "id" and "\0" not in value:
             self._id = value
-        elif name == "retry" and value.isdigit():
+        elif name == "retry" and value.isascii() and value.isdigit():  # `²` is a digit too
             self.retry_ms = int(value)
         return None
 
