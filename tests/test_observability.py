@@ -4,7 +4,6 @@ to the worker's batch span, and JSON log lines carrying job and trace ids."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,6 @@ import redis
 import redis.asyncio as aioredis
 from opentelemetry import trace
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,6 +30,7 @@ from shared.settings import Settings
 from shared.telemetry import current_traceparent, tracing_on
 from tests.conftest import running_stack, until
 from tests.paced_engine import PacedEngine
+from tests.span_capture import PROVIDER, captured_spans  # noqa: F401 (`spans`)
 from workers.batching.micro_batch_loop import MicroBatchLoop
 from workers.batching.micro_batch_telemetry import stage_span
 from workers.engines.identity_engine import IdentityEngine
@@ -156,18 +154,6 @@ def test_a_worker_logs_at_conveyor_log_level_not_celerys(tmp_path: Path) -> None
     assert "batch finished" not in logged  # test_worker_logs_are_json_with_job_ids: at INFO
 
 
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace._TRACER_PROVIDER = None  # a fresh global provider for this test only
-    trace._TRACER_PROVIDER_SET_ONCE._done = False
-    trace.set_tracer_provider(provider)
-    yield exporter
-    provider.shutdown()
-
-
 def test_request_span_links_to_worker_batch_span(
     redis_url: str, spans: InMemorySpanExporter
 ) -> None:
@@ -217,7 +203,7 @@ def test_without_a_tracer_provider_the_batch_loop_opens_no_span(
     assert not tracing_on()
     assert isinstance(stage_span("engine"), nullcontext)
     assert current_traceparent() == ""
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER", TracerProvider())
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", PROVIDER)  # the one the tracers bind to
     assert tracing_on()
     with stage_span("engine") as span:
         assert span.is_recording()

@@ -28,15 +28,18 @@ tracer = trace.get_tracer("conveyor.worker")
 
 
 @contextmanager
-def batch_span(model: str, variant: str, runnable: list[Delivery]) -> Iterator[None]:
-    """No span at all while tracing is off (see `tracing_on`)."""
+def batch_span(
+    model: str, variant: str, runnable: list[Delivery], kind: str = "batch"
+) -> Iterator[None]:
+    """No span at all while tracing is off (see `tracing_on`). `kind` names it: a micro-batch,
+    or one job's generation (`generate`), which runs on its own beside the others."""
     if not tracing_on():
         yield
         return
     contexts = [sc for d in runnable if d.entry and (sc := span_context_of(d.entry.traceparent))]
     parent = trace.set_span_in_context(NonRecordingSpan(contexts[0])) if contexts else None
     with tracer.start_as_current_span(
-        f"batch {model}:{variant}",
+        f"{kind} {model}:{variant}",
         context=parent,
         links=[Link(sc) for sc in contexts],
         attributes={

@@ -22,7 +22,7 @@ from shared.job_states import TERMINAL, JobStatus
 from shared.job_store import now_ms
 from shared.metrics import BATCH_SIZE, GENERATE_BUSY, TOKENS, TPOT, TTFT
 from shared.token_stream import TokenEvent
-from workers.batching.micro_batch_telemetry import record_batch, record_ended
+from workers.batching.micro_batch_telemetry import batch_span, record_batch, record_ended
 from workers.engines.base import EngineDied, GenerateEngine, TokenChunk
 from workers.generation.generate_job import InvalidChunk, RunningJob, checked, generate_request
 from workers.partition.finish import Finish
@@ -207,7 +207,10 @@ class GenerateLoop:
     async def _generate(self, job: RunningJob) -> None:
         """Feed the job's chunks to the publisher; an engine error fails this job only."""
         try:
-            with self._watch.generation(job):
+            with (
+                self._watch.generation(job),
+                batch_span(*self.partition.labels, [job.delivery], "generate"),
+            ):
                 async for chunk in self.engine.generate(job.request):
                     if not job.let_go:
                         self._watch.stepped()
