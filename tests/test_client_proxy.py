@@ -201,6 +201,26 @@ def test_a_page_answering_in_the_producers_place_is_an_api_error(scripted: _Scri
         assert "Sign in to continue" in error.message
 
 
+@pytest.mark.parametrize("scripted", [[(200, {}, LOGIN_PAGE)]], indirect=True)
+def test_a_page_where_an_event_stream_was_asked_for_is_an_api_error(scripted: _Scripted) -> None:
+    """A job's events and a streamed chat: the page held no event, and each stream ended at
+    once as if whole, with nothing raised."""
+
+    async def chunks() -> None:
+        async with AsyncClient(scripted.url) as client:
+            async for _ in client.chat_stream("smollm2", [{"role": "user", "content": "hi"}]):
+                pass
+
+    with Client(scripted.url) as client, pytest.raises(APIError) as raised:
+        list(client.stream("job-1"))
+    with pytest.raises(APIError) as raised_async:
+        asyncio.run(chunks())
+    for error in (raised.value, raised_async.value):
+        assert (error.status, error.type) == (200, "invalid_response")
+        assert "text/html" in error.message
+    assert len(scripted.seen) == 2  # neither opened again
+
+
 @pytest.mark.parametrize(
     "scripted",
     [[(200, {}, b'{"status": "ok"}'), (200, {}, json.dumps(BATCH).encode())]],

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import httpx
 
 from conveyor.client.calls import Call
-from conveyor.client.errors import APIError, InvalidArgument, StreamError
+from conveyor.client.errors import APIError, InvalidArgument, StreamError, api_error
 from conveyor.client.retries import REFUSED, UNAVAILABLE, retry_after_s
 from conveyor.client.types import Event
 
@@ -137,13 +137,20 @@ class EventStream:
         return replace(self.call, headers=headers)
 
     def opened(self, response: httpx.Response) -> None:
-        """A successful answer ends the failing period (not the backoff: `_failures` stays)."""
+        """A successful answer ends the failing period (not the backoff: `_failures` stays).
+        One that is no event stream (a proxy's login page answering 200) is an APIError: read
+        as one, it held no event, and the stream ended as if whole, silently."""
         self._opened = True
         if self._failing_since is not None:
             self._failed_s += time.monotonic() - self._failing_since
             self._failing_since = None
         if response.status_code == 204:
             self.done = True
+            return
+        kind = response.headers.get("Content-Type", "")
+        if kind.partition(";")[0].strip().lower() != "text/event-stream":
+            message = f"not the producer's answer: {kind or 'no Content-Type'}, not an event stream"
+            raise api_error(response.status_code, "invalid_response", message, response.headers)
 
     def feed_text(self, text: str) -> list[Event]:
         """The events a piece of the response completes, up to the stream's end."""
