@@ -71,6 +71,21 @@ def test_minilm_is_served_from_cache_only_while_its_stamp_names_the_installed_wh
     assert json.loads(stamp_path.read_text()) == stamp
 
 
+def test_minilm_removes_the_temporaries_a_killed_run_left(tmp_path: Path) -> None:
+    """A run killed mid-export left its `.model.onnx.<pid>.tmp` (90 MB), and every rerun kept
+    it; another file's temporary-like name is not this build's, and stays."""
+    out_dir = tmp_path / "minilm"
+    shutil.copytree(prepared_artifacts(), out_dir)
+    finished = sorted(path.name for path in out_dir.iterdir())
+    leftovers = [".model.onnx.4242.tmp", ".model.safetensors.4243.tmp", f".{STAMP_FILE}.7.tmp"]
+    for name in [*leftovers, ".model.onnx.backup.tmp"]:
+        (out_dir / name).write_bytes(b"half")
+    minilm.prepare(minilm_config(), out_dir, False)
+    assert sorted(path.name for path in out_dir.iterdir()) == sorted(
+        [*finished, ".model.onnx.backup.tmp"]
+    )
+
+
 def test_an_interrupted_copy_leaves_no_temporary(tmp_path: Path) -> None:
     """The final rename fails (a non-empty folder is in the way): the copy made so far goes."""
     source = tmp_path / "source"

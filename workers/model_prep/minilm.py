@@ -29,7 +29,8 @@ from workers.engines.text_encoding import (
     mean_pool_normalize,
 )
 from workers.engines.torch_encoder import MaskedEncoder, load_encoder
-from workers.model_prep.prepared_stamp import stamp_matches, write_stamp
+from workers.model_prep.build_folder import build_lock, remove_temporaries, temporary_of
+from workers.model_prep.prepared_stamp import STAMP_FILE, stamp_matches, write_stamp
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -103,7 +104,7 @@ def verify_onnx(encoder: PreTrainedModel, path: Path, encoder_inputs: TextEncode
 
 def copy_atomically(source: Path, target: Path) -> None:
     """A reader sees the old file or the whole new one; an interrupted copy leaves nothing."""
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temporary = temporary_of(target)
     try:
         shutil.copyfile(source, temporary)
         os.replace(temporary, target)
@@ -124,29 +125,39 @@ def source_of(onnx_name: str) -> dict[str, object]:
 
 def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
     """Write `<out_dir>/model.onnx`, `tokenizer.json` and the torch weights; cached unless
-    `force`, a file is missing, or the stamp (written last) names another source."""
+    `force`, a file is missing, or the stamp (written last) names another source. One build at
+    a time, which first removes the temporaries a killed one left (each run's own were kept,
+    180 MB a kill)."""
     onnx_path = out_dir / (config.artifact or "model.onnx")
-    tokenizer_path = out_dir / TOKENIZER_FILE
+    files = (onnx_path, out_dir / TOKENIZER_FILE, *(out_dir / name for name in TORCH_FILES))
     source_stamp = source_of(onnx_path.name)
-    files = (onnx_path, tokenizer_path, *(out_dir / name for name in TORCH_FILES))
-    if not force and all(p.is_file() for p in files) and stamp_matches(out_dir, source_stamp):
-        print(f"{config.name}: cached artifacts in {out_dir}", flush=True)
-        return
+    with build_lock(out_dir):
+        remove_temporaries(out_dir, [*(path.name for path in files), STAMP_FILE])
+        if not force and all(p.is_file() for p in files) and stamp_matches(out_dir, source_stamp):
+            print(f"{config.name}: cached artifacts in {out_dir}", flush=True)
+            return
+        build(config, onnx_path)
+        write_stamp(out_dir, source_stamp)
+
+
+def build(config: ModelConfig, onnx_path: Path) -> None:
+    """The torch weights, then the ONNX graph, checked against PyTorch before it and its
+    tokenizer replace the old ones."""
     started = time.perf_counter()
+    out_dir = onnx_path.parent
     copy_torch_weights(out_dir)
     source = packaged_model_dir()
     max_seq_length = config.encoder_parameters(config.default_variant).max_seq_length
     text_encoder = TextEncoder.from_artifacts(source, max_seq_length)
     encoder = load_encoder(source)
-    temporary = onnx_path.with_name(f".{onnx_path.name}.{os.getpid()}.tmp")
+    temporary = temporary_of(onnx_path)
     try:
         export_onnx(encoder, text_encoder.tokenize(VERIFY_TEXTS[:2]).feeds(), temporary)
         diff = verify_onnx(encoder, temporary, text_encoder)
-        copy_atomically(source / TOKENIZER_FILE, tokenizer_path)
+        copy_atomically(source / TOKENIZER_FILE, out_dir / TOKENIZER_FILE)
         os.replace(temporary, onnx_path)
     finally:
         temporary.unlink(missing_ok=True)
-    write_stamp(out_dir, source_stamp)
     size_mb = onnx_path.stat().st_size / 1e6
     print(
         f"{config.name}: exported {onnx_path.name} ({size_mb:.0f} MB, max |diff| vs torch "

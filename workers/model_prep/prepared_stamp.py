@@ -9,6 +9,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from workers.model_prep.build_folder import temporary_of
+
 STAMP_FILE = ".prepared.json"
 
 
@@ -22,6 +24,6 @@ def stamp_matches(folder: Path, source: Mapping[str, object]) -> bool:
 
 def write_stamp(folder: Path, source: Mapping[str, object]) -> None:
     """Written whole or not at all: a reader never takes half a stamp for another source."""
-    temporary = folder / f".{STAMP_FILE}.{os.getpid()}.tmp"
+    temporary = temporary_of(folder / STAMP_FILE)
     temporary.write_text(json.dumps(source, sort_keys=True))
     os.replace(temporary, folder / STAMP_FILE)

