@@ -1,13 +1,15 @@
 """Tracing and structured logs shared by producer and workers. Tracing is off unless the
-standard `OTEL_TRACES_EXPORTER` asks for an exporter (`otlp` or `console`); the W3C
-`traceparent` of the producer's span travels in the stream entry so a worker's batch span links
-to every request it served."""
+standard `OTEL_TRACES_EXPORTER` asks for exporters (`otlp`, `console`, or both); OTLP goes over
+gRPC unless `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` or `OTEL_EXPORTER_OTLP_PROTOCOL` says
+`http/protobuf`. The W3C `traceparent` of the producer's span travels in the stream entry so a
+worker's batch span links to every request it served."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -17,25 +19,61 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from pythonjsonlogger.orjson import OrjsonFormatter
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+# What OTEL_TRACES_EXPORTER and the OTLP protocol variables may say here.
+EXPORTERS = "otlp, console or none"
+PROTOCOLS = "grpc or http/protobuf"
 
 
 def configure_tracing(service_name: str) -> bool:
-    """Install an SDK tracer provider with the exporter OTEL_* names; False when tracing is off."""
-    choice = os.environ.get("OTEL_TRACES_EXPORTER", "none").strip().lower()
-    if choice in ("", "none"):
+    """Install an SDK tracer provider with the exporters OTEL_* names; False when tracing is off.
+    A name or protocol it cannot export with ends the process in one line naming the variable:
+    anything but `console` was taken for gRPC OTLP, which exported nowhere (an HTTP port)."""
+    exporters = [_exporter(name) for name in _exporter_names()]
+    if not exporters:
         return False
-    exporter: SpanExporter
-    if choice == "console":
-        exporter = ConsoleSpanExporter()
-    else:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        exporter = OTLPSpanExporter()
     name = os.environ.get("OTEL_SERVICE_NAME", service_name)
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return True
+
+
+def _exporter_names() -> list[str]:
+    """OTEL_TRACES_EXPORTER's list (`otlp,console`: both), `none` left out."""
+    setting = os.environ.get("OTEL_TRACES_EXPORTER", "none")
+    names = [n for part in setting.split(",") if (n := part.strip().lower()) not in ("", "none")]
+    if unknown := [n for n in names if n not in ("otlp", "console")]:
+        _refuse("OTEL_TRACES_EXPORTER", setting, f"no exporter {', '.join(unknown)}", EXPORTERS)
+    return names
+
+
+def _exporter(name: str) -> SpanExporter:
+    if name == "console":
+        return ConsoleSpanExporter()
+    if _otlp_protocol() == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as OTLPHttpSpanExporter,
+    )
+
+    return OTLPHttpSpanExporter()
+
+
+def _otlp_protocol() -> str:
+    """The OTLP transport for traces, the traces' own variable first, as the spec orders them."""
+    for variable in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        if setting := os.environ.get(variable, "").strip():
+            if setting.lower() not in ("grpc", "http/protobuf"):
+                _refuse(variable, setting, "not a protocol this build exports with", PROTOCOLS)
+            return setting.lower()
+    return "grpc"
+
+
+def _refuse(variable: str, setting: str, why: str, choices: str) -> NoReturn:
+    raise SystemExit(f"Error: {variable}={setting}: {why} (it takes {choices})")
 
 
 def tracing_on() -> bool:
