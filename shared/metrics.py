@@ -19,6 +19,9 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 # item's whole completion window (a day); topped at 60 s, every quantile of a backlog read 60.
 WAIT_BUCKETS = (*LATENCY_BUCKETS, 120, 300, 600, 1800, 3600, 21600, 86400)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# A request may hold its connection up to 600 s (a long-poll's `wait`, a predict's `timeout`):
+# topped at 60 s, every quantile of those routes read 60.
+HTTP_BUCKETS = (*LATENCY_BUCKETS, 120, 300, 600)
 # Gauges under several producer processes (see above): one value, the latest any of them read
 # from Redis; or a series per live process, for what each applies itself.
 MULTIPROC_DIR: Final = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable
@@ -99,7 +102,7 @@ HTTP_LATENCY = Histogram(
     "conveyor_http_request_seconds",
     "HTTP request latency",
     ("method", "route"),
-    buckets=LATENCY_BUCKETS,
+    buckets=HTTP_BUCKETS,
 )
 
 # Live traffic (issue 13): what the routes say, what shadows and canaries do.
