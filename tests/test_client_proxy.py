@@ -139,13 +139,13 @@ def test_a_retry_field_that_is_not_ascii_digits_is_ignored(scripted: _Scripted) 
 def test_a_gateway_error_to_a_post_without_a_key_is_raised_with_the_page(
     scripted: _Scripted,
 ) -> None:
-    """A predict (no Idempotency-Key) may have reached the producer before its proxy failed:
-    one try, and the proxy's page is the error's message, not a JSONDecodeError."""
+    """A chat (no Idempotency-Key) may have reached the producer before its proxy failed: one
+    try, and the proxy's page is the error's message, not a JSONDecodeError."""
     with Client(scripted.url, retry=NO_PAUSE) as client, pytest.raises(APIError) as raised:
-        client.predict("identity", {"x": 1})
+        client.chat("smollm2", [{"role": "user", "content": "hi"}])
     assert (raised.value.status, raised.value.type) == (502, "http_error")
     assert "502 Bad Gateway" in raised.value.message
-    assert len(scripted.seen) == 1
+    assert scripted.seen == ["POST /v1/chat/completions"]
 
 
 @pytest.mark.parametrize(

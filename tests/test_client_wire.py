@@ -47,7 +47,7 @@ class _Server(LocalServer):
         # paths of cancels (a job's DELETE, a batch's POST): odd ones answered 503, even ones 409
         self.cancels: list[str] = []
         self.outage_since: float | None = None  # the first resume of /v1/jobs/outage/events
-        self.predict_timeouts: list[float] = []  # `timeout` of each /v1/models/slow/predict
+        self.predict_timeouts: list[float] = []  # `wait` of each predict of model `slow`
         self.quiet_cuts = 0  # requests of /v1/jobs/quietcut/events
 
 
@@ -60,10 +60,10 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.endswith("/cancel"):
             self._cancel()
             return
-        if self.path.startswith("/v1/models/slow/"):
+        if body.get("model") == "slow":
             self._slow_predict()
             return
-        if self.path.startswith("/v1/models/cancelled/"):  # handed off, then cancelled
+        if body.get("model") == "cancelled":  # handed off, then cancelled
             self._send(202, json.dumps({"id": "gone", "status": "queued"}).encode(), _JSON)
             return
         self.server.posts.append((self.path.split("?")[0], self.headers.get("Idempotency-Key")))
@@ -95,14 +95,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(409, json.dumps(error).encode(), "application/json")
 
     def _slow_predict(self) -> None:
-        """A predict refused once (429, `Retry-After: 1`), then waited for its whole `timeout`
+        """A predict refused once (429, `Retry-After: 1`), then waited for its whole `wait`
         before the job is handed off (202, still queued)."""
         if not self.server.predict_timeouts:
             self.server.predict_timeouts.append(-1.0)
             error = {"error": {"type": "rate_limited", "message": "slow down"}}
             self._send(429, json.dumps(error).encode(), _JSON, {"Retry-After": "1"})
             return
-        timeout = float(parse_qs(urlsplit(self.path).query)["timeout"][0])
+        timeout = float(parse_qs(urlsplit(self.path).query)["wait"][0])
         self.server.predict_timeouts.append(timeout)
         time.sleep(timeout)
         self._send(202, json.dumps({"id": "slowjob", "status": "queued"}).encode(), _JSON)
@@ -239,11 +239,10 @@ def server() -> Iterator[_Server]:
 
 
 def test_a_503_to_a_post_without_a_key_is_not_sent_again(server: _Server) -> None:
-    """predict, chat and embeddings carry no Idempotency-Key: each 503 was retried, up to six
-    POSTs, each of which could enqueue the job once more."""
+    """chat and embeddings carry no Idempotency-Key: each 503 was retried, up to six POSTs,
+    each of which could enqueue the job once more."""
     with Client(server.url) as client:
         for call in (
-            lambda: client.predict("m", {"x": 1}),
             lambda: client.chat("m", [{"role": "user", "content": "hi"}]),
             lambda: client.embed("m", ["a"]),
         ):
@@ -251,7 +250,6 @@ def test_a_503_to_a_post_without_a_key_is_not_sent_again(server: _Server) -> Non
                 call()
             assert refused.value.status == 503
     assert [path for path, _ in server.posts] == [
-        "/v1/models/m/predict",
         "/v1/chat/completions",
         "/v1/embeddings",
     ]
@@ -276,13 +274,15 @@ def test_a_streamed_chat_is_opened_again_after_a_429_only(server: _Server) -> No
             list(client.events(stream))
 
 
-@pytest.mark.parametrize("create", ["submit", "batch"])
+@pytest.mark.parametrize("create", ["submit", "predict", "batch"])
 def test_a_503_to_a_keyed_create_is_retried_with_the_same_key(server: _Server, create: str) -> None:
-    """A submit and a batch's create always carry an Idempotency-Key (a batch's was sent once,
-    without one: its 503 may have followed a batch already made)."""
+    """A submit, a predict and a batch's create always carry an Idempotency-Key (a batch's and
+    a predict's were sent once, without one: a 503 may have followed a job already made)."""
     with Client(server.url) as client, pytest.raises(APIError):
         if create == "submit":
             client.submit("m", {"x": 1})
+        elif create == "predict":
+            client.predict("m", {"x": 1})
         else:
             client.batches.create([{"custom_id": "a", "body": {"inputs": {}}}], model="m")
     assert len(server.posts) == 6  # the first try and five retries

@@ -379,11 +379,11 @@ def test_the_checks_catch_drift() -> None:
 @pytest.mark.parametrize("timeout", [0.0, 1e-9])
 def test_a_predict_with_no_time_left_asks_only_what_the_routes_accept(timeout: float) -> None:
     """`predict(timeout=0)`, or one whose timeout ran out before its request went out, asked
-    the route for `timeout=0.0`, which it refuses as not over 0: every such call failed with a
-    422. It submits, and its wait ends as `wait(timeout=0)` does: WaitTimeout with the job."""
+    `/predict` for `timeout=0.0`, which it refuses as not over 0: every such call failed with
+    a 422. It submits, and its wait ends as `wait(timeout=0)` does: WaitTimeout with the job."""
     op = calls.predict("m", {"x": 1}, timeout, {})
     submit = next(op)
-    assert _accepts("post", "/v1/models/{model}/predict", "timeout", submit)
+    assert _accepts("post", "/v1/jobs", "wait", submit)
     queued = {"id": "j", "status": "queued"}
     poll = op.send(httpx.Response(202, json=queued))
     assert _accepts("get", "/v1/jobs/{job_id}", "wait", poll)

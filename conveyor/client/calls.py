@@ -44,8 +44,6 @@ Ended = TypeVar("Ended", Job, Batch)  # what a cancel answers
 LONG_POLL_S = 30.0  # one long-poll request; the server caps it at CONVEYOR_MAX_WAIT_S anyway
 SLACK_S = 15.0  # HTTP timeout beyond the time the server was asked to wait
 STREAM_TIMEOUT_S = 60.0  # an event stream's: four of the server's keep-alive pings
-# What a predict with no time left asks the route to wait: its `timeout` must be over 0.
-LEAST_PREDICT_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +61,9 @@ class Call:
     deadline: float | None = None  # monotonic: no retry after it (a wait's timeout)
     # a 409 to a resend reaches the op, not raised: the try whose answer was lost may have done it
     conflict_to_op: bool = False
-    # The query parameter (in `params`) that asks the server to wait that many seconds, and the
-    # least it may ask: see `bounded`.
+    # The query parameter (in `params`) that asks the server to wait that many seconds: see
+    # `bounded`.
     wait_param: str | None = None
-    least_wait: float = 0.0
 
     def build(self, client: httpx.Client | httpx.AsyncClient) -> httpx.Request:
         """The request of this try: built again for each, so a retry asks for the time left."""
@@ -84,15 +81,15 @@ class Call:
 
     def bounded(self) -> tuple[Mapping[str, Any] | None, float | None]:
         """`params` and the HTTP timeout of a try: a call that asks the server to wait
-        (`wait_param`) asks at most for the time left before `deadline` (`least_wait` at the
-        least), and waits for the answer that long plus SLACK_S. A retry resent the first
+        (`wait_param`) asks at most for the time left before `deadline` (0 at the least), and
+        waits for the answer that long plus SLACK_S. A retry resent the first
         try's: `predict(timeout=61)` refused 60 s (a 429) asked for 60 s more."""
         if self.wait_param is None or self.params is None:
             return self.params, self.timeout
         asked = float(self.params[self.wait_param])
         if self.deadline is not None:
             asked = min(asked, self.deadline - time.monotonic())
-        asked = max(self.least_wait, asked)
+        asked = max(0.0, asked)
         return {**self.params, self.wait_param: asked}, asked + SLACK_S
 
     def checked(self, response: httpx.Response, attempt: int) -> httpx.Response:
@@ -191,12 +188,18 @@ def events_call(job_id: str, last_event_id: str | None) -> Call:
 def submit(
     model: str, inputs: dict[str, Any], idempotency_key: str | None, options: JobOptions
 ) -> Op[Job]:
-    """An Idempotency-Key is always sent (a fresh one by default), so retrying a submit whose
-    answer was lost never enqueues the job twice."""
+    response = yield submit_call(model, inputs, idempotency_key, options)
+    return parsed(Job, response)
+
+
+def submit_call(
+    model: str, inputs: dict[str, Any], idempotency_key: str | None, options: JobOptions
+) -> Call:
+    """`POST /v1/jobs`. An Idempotency-Key is always sent (a fresh one by default), so retrying
+    a submit whose answer was lost never enqueues the job twice."""
     headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
     body = {"model": model, "inputs": inputs, **options}
-    response = yield Call("POST", "/v1/jobs", json=body, headers=headers)
-    return parsed(Job, response)
+    return Call("POST", "/v1/jobs", json=body, headers=headers)
 
 
 def get(job_id: str, attempts: bool = False) -> Op[Job]:
@@ -251,20 +254,18 @@ _FAILED_AS = {"failed": 422, "cancelled": 409, "expired": 504}
 
 
 def predict(model: str, inputs: dict[str, Any], timeout: float, options: JobOptions) -> Op[Job]:
-    """Submit and wait: the finished job, or the APIError the server gives for a job that
-    failed (422), was cancelled (409) or expired (504), even when it ended after the call;
-    WaitTimeout (with the job) once `timeout` runs out, as `wait`'s; `timeout=0` too, unless
-    the job ended at once (it asked the route to wait 0 s, which the route refuses: a 422)."""
+    """Submit and wait: the finished job, or the APIError a job that failed (422), was
+    cancelled (409) or expired (504) is answered with at `/predict`; WaitTimeout (with the job)
+    once `timeout` runs out, as `wait`'s; `timeout=0` too, unless the job ended at once. Sent
+    as a submit that waits (`POST /v1/jobs?wait=`), with its Idempotency-Key: `/predict` takes
+    none, so a 503 or a connection lost mid-request was raised, though a resend with the key
+    answers with the job the first try made."""
     deadline = _deadline(timeout)
-    response = yield Call(
-        "POST",
-        f"/v1/models/{segment(model)}/predict",
-        params={"timeout": max(_left(deadline, LONG_POLL_S * 2), LEAST_PREDICT_S)},
-        json={"inputs": inputs, **options},
-        repeatable=False,
+    response = yield replace(
+        submit_call(model, inputs, None, options),
+        params={"wait": _left(deadline, LONG_POLL_S * 2)},
         deadline=deadline,
-        wait_param="timeout",
-        least_wait=LEAST_PREDICT_S,
+        wait_param="wait",
     )
     job = parsed(Job, response)
     if response.status_code == 202:
