@@ -11,7 +11,9 @@ class PartitionStats(BaseModel):
     length: int
     lag: int | None
     pending: int
-    consumers: int
+    consumers: int  # members of the consumer group: a killed worker's stays until pruned
+    serving: int  # workers that serve the partition now, by heartbeat (a killed one: within 10 s)
+    warming: int  # workers loading their engines for it
     oldest_queued_age_s: float
     bulk_length: int
     dlq_depth: int

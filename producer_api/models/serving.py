@@ -10,6 +10,7 @@ from producer_api.errors import ConveyorError
 from producer_api.state import ProducerState
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.partition_stats import PartitionStats, read_partition_stats
+from shared.queue_position import PartitionLoad, read_partition_loads
 
 
 def model_of(state: ProducerState, principal: Principal, model: str) -> ModelConfig:
@@ -37,6 +38,7 @@ class ModelsService:
     async def _cards(self, repository: ModelRepository) -> list[dict[str, Any]]:
         state = self.state
         stats = await read_partition_stats(state.redis, state.keys, repository)
+        loads = await _workers(state, [(p.model, p.variant) for p in stats])
         cards: dict[str, dict[str, Any]] = {
             config.name: {
                 "id": config.name,
@@ -52,8 +54,19 @@ class ModelsService:
             for config in repository
         }
         for partition in stats:
-            cards[partition.model]["partitions"].append(_partition(partition))
+            load = loads[(partition.model, partition.variant)]
+            cards[partition.model]["partitions"].append(_partition(partition, load))
         return list(cards.values())
+
+
+async def _workers(
+    state: ProducerState, partitions: list[tuple[str, str]]
+) -> dict[tuple[str, str], PartitionLoad]:
+    """Each partition's workers by heartbeat, as a job's `scaling` event counts them: a consumer
+    group keeps a killed worker as a member until another worker of its partition prunes it,
+    and its only one never is (`consumers` 1 for good, with nothing serving). No drain rates."""
+    no_rates = [(0.0, 0.0)] * len(partitions)
+    return await read_partition_loads(state.redis, state.keys, partitions, no_rates)
 
 
 def _created(config: ModelConfig) -> int:
@@ -65,7 +78,7 @@ def _created(config: ModelConfig) -> int:
         return 0
 
 
-def _partition(stats: PartitionStats) -> dict[str, Any]:
+def _partition(stats: PartitionStats, load: PartitionLoad) -> dict[str, Any]:
     online = stats.online
     return {
         "variant": stats.variant,
@@ -74,6 +87,8 @@ def _partition(stats: PartitionStats) -> dict[str, Any]:
         "lag": online.lag,
         "pending": online.pending,
         "consumers": online.consumers,
+        "serving": load.serving,
+        "warming": load.warming,
         "oldest_queued_age_s": round(online.oldest_age_s, 3),
         "bulk_length": stats.bulk.length,
         "dlq_depth": stats.dlq_depth,
