@@ -11,17 +11,21 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 
+from opentelemetry.trace import Span
+
 from shared.codec import dumps
 from shared.job_states import JobStatus
 from workers.batching.batch_budget import BatchBudget
 from workers.batching.long_run import LongRun
 from workers.batching.micro_batch_executor import Outcome, engine_calls, execute
 from workers.batching.micro_batch_telemetry import (
-    batch_span,
+    current_span,
+    end_span,
     log_batch,
     record_batch,
     record_ended,
     stage_span,
+    start_batch_span,
 )
 from workers.batching.stage_pipeline import StagePipeline
 from workers.engines.base import BatchEngine, EngineDied, StagedBatchEngine
@@ -159,18 +163,26 @@ class MicroBatchLoop:
         return Claimed(stream, runnable, skipped, watch)
 
     async def _run(self, claimed: Claimed) -> None:
-        model, variant = self.partition.labels
-        with batch_span(model, variant, claimed.runnable):
-            with stage_span("decode"):
-                inputs = [d.entry.payload.get("inputs", {}) for d in claimed.runnable if d.entry]
-            done = partial(self.complete, claimed)
-            if self.stages is not None and inputs:  # bounded once it holds a pipeline slot
-                await self.stages.submit(inputs, done, claimed.watch.started)
-                return
-            claimed.watch.started()
-            with stage_span("engine"):
-                outcomes = await execute(self.engine, inputs)
-            await done(outcomes)
+        """Under the micro-batch's span, which its write-back ends (`complete`): a staged
+        engine's runs on in the stage pipeline after this returns."""
+        span = start_batch_span(*self.partition.labels, claimed.runnable)
+        try:
+            with current_span(span):
+                with stage_span("decode"):
+                    inputs = [
+                        d.entry.payload.get("inputs", {}) for d in claimed.runnable if d.entry
+                    ]
+                done = partial(self.complete, claimed, span)
+                if self.stages is not None and inputs:  # bounded once it holds a pipeline slot
+                    await self.stages.submit(inputs, done, claimed.watch.started)
+                    return
+                claimed.watch.started()
+                with stage_span("engine"):
+                    outcomes = await execute(self.engine, inputs)
+                await done(outcomes)
+        except BaseException:
+            end_span(span)
+            raise
 
     def _hung(self) -> None:
         """A micro-batch's engine call ran past `queue.max_run_s`: the engine is deemed dead
@@ -185,9 +197,16 @@ class MicroBatchLoop:
         if self._running is not None:
             self._running.cancel()
 
-    async def complete(self, claimed: Claimed, outcomes: list[Outcome]) -> None:
+    async def complete(self, claimed: Claimed, span: Span | None, outcomes: list[Outcome]) -> None:
         """Write a micro-batch's results and its skipped entries back in one round trip (no
-        touch meanwhile: while Redis takes no write-back it takes no touch either)."""
+        touch meanwhile: while Redis takes no write-back it takes no touch either); its span
+        ends then."""
+        try:
+            await self._write_back(claimed, outcomes)
+        finally:
+            end_span(span)
+
+    async def _write_back(self, claimed: Claimed, outcomes: list[Outcome]) -> None:
         claimed.watch.end()
         stream, runnable = claimed.stream, claimed.runnable
         finishes = claimed.skipped + [

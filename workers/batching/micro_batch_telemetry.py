@@ -11,7 +11,7 @@ from functools import cache
 from typing import Any, TypeVar, cast
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, NonRecordingSpan
+from opentelemetry.trace import Link, NonRecordingSpan, Span
 from prometheus_client import Counter, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -27,18 +27,18 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("conveyor.worker")
 
 
-@contextmanager
-def batch_span(
+def start_batch_span(
     model: str, variant: str, runnable: list[Delivery], kind: str = "batch"
-) -> Iterator[None]:
-    """No span at all while tracing is off (see `tracing_on`). `kind` names it: a micro-batch,
-    or one job's generation (`generate`), which runs on its own beside the others."""
+) -> Span | None:
+    """A started span for a micro-batch, or one job's generation (`kind` "generate"), child of
+    its first request's span and linked to each; None while tracing is off (see `tracing_on`).
+    It is ended by `end_span`: a staged engine's micro-batch runs on in the stage pipeline
+    after the loop has moved on, and its span lasts until its write-back."""
     if not tracing_on():
-        yield
-        return
+        return None
     contexts = [sc for d in runnable if d.entry and (sc := span_context_of(d.entry.traceparent))]
     parent = trace.set_span_in_context(NonRecordingSpan(contexts[0])) if contexts else None
-    with tracer.start_as_current_span(
+    return tracer.start_span(
         f"{kind} {model}:{variant}",
         context=parent,
         links=[Link(sc) for sc in contexts],
@@ -47,8 +47,32 @@ def batch_span(
             "conveyor.variant": variant,
             "conveyor.batch_size": len(runnable),
         },
-    ):
-        yield
+    )
+
+
+def current_span(span: Span | None) -> AbstractContextManager[Any]:
+    """`span` as the current span (what raises inside is recorded on it), left open."""
+    return trace.use_span(span, end_on_exit=False) if span is not None else nullcontext()
+
+
+def end_span(span: Span | None) -> None:
+    """End `span` if it is still open: a micro-batch's ends after its write-back, or where
+    its run fails first, whichever comes first."""
+    if span is not None and span.is_recording():
+        span.end()
+
+
+@contextmanager
+def batch_span(
+    model: str, variant: str, runnable: list[Delivery], kind: str = "batch"
+) -> Iterator[None]:
+    """`start_batch_span`'s span, current inside and ended on the way out."""
+    span = start_batch_span(model, variant, runnable, kind)
+    try:
+        with current_span(span):
+            yield
+    finally:
+        end_span(span)
 
 
 def stage_span(name: str) -> AbstractContextManager[Any]:

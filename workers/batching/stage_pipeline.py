@@ -20,6 +20,7 @@ from workers.batching.micro_batch_executor import (
     one_per_input,
     succeeded,
 )
+from workers.batching.micro_batch_telemetry import stage_span
 from workers.engines.base import StagedBatchEngine
 
 T = TypeVar("T")
@@ -75,7 +76,8 @@ class StagePipeline:
         the schedule is told: its wake-up may be the loop's cue to read (`until_wanted`)."""
         outcomes: list[Outcome] | None = None
         try:
-            outcomes = await self._outcomes(inputs, prepared)
+            with stage_span("engine"):  # a child of the micro-batch's span: its context's
+                outcomes = await self._outcomes(inputs, prepared)
             self.schedule.done(_device_s(outcomes))
             await done(outcomes)
         except BaseException as exc:
