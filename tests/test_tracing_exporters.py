@@ -45,30 +45,43 @@ def otlp_http_receiver() -> Iterator[tuple[str, list[ExportTraceServiceRequest]]
         server.server_close()
 
 
-def _span_names(received: list[ExportTraceServiceRequest], service: str) -> set[str]:
-    return {
-        span.name
-        for request in received
-        for resource_spans in request.resource_spans
-        if any(a.value.string_value == service for a in resource_spans.resource.attributes)
-        for scope_spans in resource_spans.scope_spans
-        for span in scope_spans.spans
-    }
+def _traces(received: list[ExportTraceServiceRequest]) -> dict[tuple[str, str], set[str]]:
+    """(service, span name) → the trace ids of those spans."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for request in received:
+        for resource_spans in request.resource_spans:
+            attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    key = (attributes.get("service.name", ""), span.name)
+                    found.setdefault(key, set()).add(span.trace_id.hex())
+    return found
 
 
-def test_otlp_over_http_reaches_an_http_collector(tmp_path: Path) -> None:
+def test_otlp_over_http_carries_a_request_trace_into_the_worker(tmp_path: Path) -> None:
+    """Real processes, as an operator runs them against a collector's port 4318: the worker's
+    batch span is in the trace of the producer's request span."""
     with otlp_http_receiver() as (endpoint, received):
         env = {
             "CONVEYOR_AUTH": "disabled",
             "OTEL_TRACES_EXPORTER": "otlp",
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-            "OTEL_SERVICE_NAME": "producer-over-http",
             "OTEL_BSP_SCHEDULE_DELAY": "50",
         }
         with running_stack(tmp_path, **env) as stack:
-            assert httpx.get(f"{stack.base_url}/v1/models", timeout=10).status_code == 200
-            until(lambda: "GET /v1/models" in _span_names(received, "producer-over-http"), 20)
+            stack.start_worker("identity:default", OTEL_SERVICE_NAME="worker-over-http")
+            url = f"{stack.base_url}/v1/models/identity/predict"
+            response = httpx.post(url, json={"inputs": {"x": 1}}, timeout=30)
+            assert response.status_code == 200, response.text
+
+            def joined() -> bool:
+                traces = _traces(received)
+                request = traces.get(("conveyor-producer", "POST /v1/models/{model}/predict"))
+                batch = traces.get(("worker-over-http", "batch identity:default"))
+                return bool(request and batch and request & batch)
+
+            until(joined, 20)
 
 
 @pytest.mark.parametrize(
