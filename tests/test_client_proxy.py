@@ -15,7 +15,13 @@ from typing import Any
 import httpx
 import pytest
 
-from conveyor.client import APIError, AsyncClient, Client, RetryEvent, RetryPolicy
+from conveyor.client import (
+    APIError,
+    AsyncClient,
+    Client,
+    RetryEvent,
+    RetryPolicy,
+)
 from tests.local_http import LocalServer, serving
 
 JOB = json.dumps({"id": "job-1", "status": "succeeded", "outputs": {"x": 1}}).encode()

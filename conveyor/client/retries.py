@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from conveyor.client.errors import InvalidArgument
+
 REFUSED = 429
 # A draining producer's 503, or a proxy's answer while the producer behind it restarts.
 UNAVAILABLE = frozenset({502, 503, 504})
@@ -76,6 +78,15 @@ class RetryPolicy:
     base_s: float = 0.5
     cap_s: float = 30.0
     max_retry_after_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        """Refused when made: a negative `base_s` or `cap_s` drew a negative pause, which
+        `time.sleep` raised as ValueError at the first retry; a NaN `max_retry_after_s`
+        capped nothing."""
+        for name in ("max_retries", "base_s", "cap_s", "max_retry_after_s"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise InvalidArgument(f"RetryPolicy {name} {value!r}: 0 or more")
 
     def backoff_s(self, attempt: int) -> float:
         """Full jitter (uniform up to the exponential step) spreads out clients that failed
