@@ -6,6 +6,8 @@ import time
 from functools import lru_cache
 
 from prometheus_client.metrics import Counter, Histogram
+from starlette.applications import Starlette
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.metrics import HTTP_LATENCY, HTTP_REQUESTS
@@ -16,6 +18,17 @@ def _series(method: str, route: str, status: int) -> tuple[Counter, Histogram]:
     """The request counter and latency histogram of one (method, route, status): found once,
     not per request (`labels` takes a lock and builds its key each time)."""
     return HTTP_REQUESTS.labels(method, route, str(status)), HTTP_LATENCY.labels(method, route)
+
+
+def _route_of(scope: Scope) -> str:
+    """The template of the route that answered; for a request refused before routing ran (the
+    request boundary's 413 and 422), of the route it was for, so those are told apart by route.
+    A path no route matches reads `unmatched` (the router's own 404 is not matched again)."""
+    route = scope.get("route")
+    if route is None and "router" not in scope:
+        app: Starlette = scope["app"]
+        route = next((r for r in app.routes if r.matches(scope)[0] is Match.FULL), None)
+    return getattr(route, "path", "unmatched")
 
 
 class HttpMetricsMiddleware:
@@ -38,8 +51,6 @@ class HttpMetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            requests, latency = _series(
-                scope["method"], getattr(scope.get("route"), "path", "unmatched"), status
-            )
+            requests, latency = _series(scope["method"], _route_of(scope), status)
             requests.inc()
             latency.observe(time.perf_counter() - started)

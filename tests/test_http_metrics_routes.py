@@ -1,0 +1,34 @@
+"""`conveyor_http_requests_total` names the route a request was for when the request boundary
+refused its body (422, 413) before routing: those read `route="unmatched"`, as a path that
+matches no route does, so a client's bad bodies could not be told apart by route."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def _requests(base_url: str, route: str, status: str) -> float:
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "conveyor_http_requests_total"
+        and sample.labels == {"method": "POST", "route": route, "status": status}
+    )
+
+
+def test_a_body_refused_before_routing_counts_under_its_route(base_url: str) -> None:
+    before = _requests(base_url, "/v1/jobs", "422")
+    body = b'{"model": "identity", "inputs": {"x": 1e999}}'  # not finite: the boundary's 422
+    response = httpx.post(f"{base_url}/v1/jobs", content=body, timeout=10)
+    assert response.status_code == 422, response.text
+    assert _requests(base_url, "/v1/jobs", "422") == before + 1
+
+
+def test_a_path_no_route_matches_stays_unmatched(base_url: str) -> None:
+    before = _requests(base_url, "unmatched", "404")
+    response = httpx.post(f"{base_url}/v1/no-such-resource/123", json={}, timeout=10)
+    assert response.status_code == 404
+    assert _requests(base_url, "unmatched", "404") == before + 1
