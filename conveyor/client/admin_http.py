@@ -13,6 +13,7 @@ import httpx
 
 from conveyor.client.cli_options import bad_url, stack_target
 from conveyor.client.connection import http_options
+from conveyor.client.errors import APIError, raise_for_error
 
 
 def admin_call(
@@ -20,7 +21,9 @@ def admin_call(
 ) -> Any:
     """The producer's JSON answer; one readable line for every failure: the running stack's
     producer when no URL is given (as every other command finds it), a number that is no JSON
-    (`nan`: a traceback before), an answer that is not JSON (a proxy's HTML page: the same)."""
+    (`nan`: a traceback before), an answer that is not JSON (a proxy's HTML page: the same), a
+    redirect (an ingress sending http to https: `routes set` read its empty body as the routes,
+    a TypeError traceback)."""
     try:
         options = http_options(*stack_target(url, api_key), 30.0)
     except ValueError as exc:
@@ -36,16 +39,13 @@ def admin_call(
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach the producer: {exc!r}") from None
     try:
-        payload = response.json() if response.content else None
+        raise_for_error(response)
+    except APIError as exc:  # a redirect too: it was read as an empty answer, None
+        raise click.ClickException(str(exc)) from None
+    try:
+        return response.json() if response.content else None
     except ValueError:
-        payload = None
-    if response.is_error:
-        error = (payload or {}).get("error", {}) if isinstance(payload, dict) else {}
-        detail = f"{error.get('type', 'error')}: {error.get('message', response.text[:200])}"
-        raise click.ClickException(f"{response.status_code} {detail}")
-    if payload is None and response.content:
-        raise click.ClickException(f"not the producer's answer: {response.text[:200]!r}")
-    return payload
+        raise click.ClickException(f"not the producer's answer: {response.text[:200]!r}") from None
 
 
 def clock(at: float) -> str:
