@@ -117,11 +117,32 @@ class TorchOptions(BaseModel):
     tokenizer_threads: int = Field(default=2, ge=1, le=64)
 
 
+# The keys of `parameters` one encoder engine reads beside EncoderParameters' own: ONNX
+# Runtime's `providers`, PyTorch's `torch` (TorchOptions), TensorRT's build and device settings
+# (workers/engines/tensorrt_engine.py; tests/test_encoder_parameters.py keeps them all here).
+# A variant reads its model's parameters merged with its own, so its sibling engines' pass.
+ENGINE_SETTINGS = frozenset(
+    {
+        "providers",
+        "torch",
+        "precision",
+        "max_batch",
+        "opt_batch",
+        "opt_seq",
+        "workspace_mib",
+        "calibration_file",
+        "calibration_batch",
+        "device_id",
+        "engine_cache_dir",
+    }
+)
+
+
 class EncoderParameters(BaseModel):
     """The `parameters` every encoder engine reads (unset: the engine's default), checked when
     the repository loads: a negative `max_seq_length` used to stop the worker inside the
-    tokenizer. Other keys belong to one engine (`torch`, `providers`, TensorRT's build
-    settings) or to another variant's engine, and pass."""
+    tokenizer. Other keys must belong to one encoder engine (ENGINE_SETTINGS): a typo such as
+    `max_seq_lenght` served at the default length, silently."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
@@ -132,10 +153,21 @@ class EncoderParameters(BaseModel):
     # 0: the runtime's own, or the CPUs this worker may use where a CPU limit or mask narrows it
     intra_op_threads: int = Field(default=0, ge=0, le=MAX_INTRA_OP_THREADS, strict=True)
 
+    @model_validator(mode="after")
+    def _known(self) -> EncoderParameters:
+        unknown = sorted(set(self.model_extra or {}) - ENGINE_SETTINGS)
+        if unknown:
+            known = sorted({*EncoderParameters.model_fields, *ENGINE_SETTINGS})
+            raise ValueError(
+                f"{', '.join(map(repr, unknown))} is read by no encoder engine (onnxruntime, "
+                f"tensorrt, torch); they read {', '.join(known)}"
+            )
+        return self
+
 
 class GenerateParameters(BaseModel):
     """The `parameters` of a generate model that Conveyor reads itself (the producer, the
-    worker's loop, vLLM's cap), checked when the repository loads: YAML reads `1e3` as a
+    worker's loop, vLLM's cap), checked when the repository loads: PyYAML read `1e3` as a
     string, and the producer answered 500 to every request naming a `max_tokens` while the
     worker failed every job. Every other key is the engine's own, and passes."""
 
