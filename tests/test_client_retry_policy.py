@@ -1,9 +1,11 @@
-"""A RetryPolicy that could not pause is refused when it is made, not at its first retry."""
+"""RetryPolicy on its own: one that could not pause is refused when it is made, not at its
+first retry; which transport errors it retries for a request that must not be sent twice."""
 
 from __future__ import annotations
 
 import math
 
+import httpx
 import pytest
 
 from conveyor.client import InvalidArgument, RetryPolicy
@@ -17,3 +19,19 @@ def test_a_retry_policy_that_cannot_pause_is_refused_when_made(policy: dict[str,
     """`base_s=-1` drew negative pauses: the first 429 raised time.sleep's ValueError."""
     with pytest.raises(InvalidArgument, match=next(iter(policy))):
         RetryPolicy(**policy)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (httpx.ConnectError("refused"), True),
+        (httpx.PoolTimeout("no connection came free"), True),
+        (httpx.ReadTimeout("no answer"), False),  # it may have arrived
+    ],
+)
+def test_a_keyless_post_is_retried_only_when_it_never_went_out(
+    error: httpx.TransportError, retried: bool
+) -> None:
+    """A PoolTimeout (every pooled connection busy, as a thread pool's long-polls hold them)
+    sent nothing: a chat or embed waiting for a connection was raised, not retried."""
+    assert (RetryPolicy().after_error(0, error, repeatable=False) is not None) is retried

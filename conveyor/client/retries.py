@@ -24,6 +24,8 @@ from conveyor.client.errors import InvalidArgument
 REFUSED = 429
 # A draining producer's 503, or a proxy's answer while the producer behind it restarts.
 UNAVAILABLE = frozenset({502, 503, 504})
+# Transport errors raised before any byte of the request went out.
+NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +139,10 @@ class RetryPolicy:
         repeatable: bool,
         deadline: float | None = None,
     ) -> RetryEvent | None:
-        """A request that never reached the server (connect failed) is always safe to send
-        again; one that may have arrived only if sending it twice does no harm. No retry ends
-        past `deadline`."""
-        never_sent = isinstance(error, httpx.ConnectError | httpx.ConnectTimeout)
+        """A request that never reached the server (connect failed, or no pooled connection
+        came free in time) is always safe to send again; one that may have arrived only if
+        sending it twice does no harm. No retry ends past `deadline`."""
+        never_sent = isinstance(error, NEVER_SENT)
         if attempt >= self.max_retries or not (never_sent or repeatable):
             return None
         pause = RetryEvent(attempt + 1, self.backoff_s(attempt), f"{type(error).__name__}")

@@ -13,7 +13,7 @@ import httpx
 
 from conveyor.client.calls import Call
 from conveyor.client.errors import APIError, InvalidArgument, StreamError, api_error
-from conveyor.client.retries import REFUSED, UNAVAILABLE, retry_after_s
+from conveyor.client.retries import NEVER_SENT, REFUSED, UNAVAILABLE, retry_after_s
 from conveyor.client.types import Event
 
 # Event types after which the server has nothing more to send (docs/architecture.md; progress,
@@ -172,8 +172,9 @@ class EventStream:
             return True
         if self._opened:
             return False
-        never_sent = isinstance(error, httpx.ConnectError | httpx.ConnectTimeout)
-        return never_sent or (isinstance(error, APIError) and error.status == 429)
+        return isinstance(error, NEVER_SENT) or (
+            isinstance(error, APIError) and error.status == 429
+        )
 
     def feed(self, line: str) -> Event | None:
         event = self._decoder.feed(line)
