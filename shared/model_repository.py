@@ -562,6 +562,26 @@ class _ExpandedSize:
         return size
 
 
+def _config_paths(root: Path) -> list[Path]:
+    """Each model folder's config.yaml. A folder without one is refused, as Triton refuses a
+    model folder without its config.pbtxt: a `config.yml` or `Config.yaml` left its model
+    unserved, silently. A folder named `.…` or `_…` is no model (a model's name starts with a
+    letter or digit)."""
+    try:
+        folders = sorted(path for path in root.iterdir() if not path.name.startswith((".", "_")))
+    except OSError as exc:
+        raise ModelConfigError(f"model repository {root}: cannot read: {exc.strerror}") from None
+    paths = []
+    for folder in filter(Path.is_dir, folders):
+        config_path = folder / "config.yaml"
+        if not (config_path.exists() or config_path.is_symlink()):  # a broken link: unreadable
+            raise ModelConfigError(
+                f"{folder}: no config.yaml; each folder of a model repository is a model's"
+            )
+        paths.append(config_path)
+    return paths
+
+
 def _check_queue_time(config_path: Path, queue: QueueLimits, result_ttl_s: int) -> None:
     """A job's hash gets the result TTL at enqueue and is renewed only once the job ended
     (shared/job_store.py): a job allowed to wait that long lost its hash while queued (a 404
@@ -582,14 +602,14 @@ class ModelRepository:
 
     @classmethod
     def load(cls, root: Path, result_ttl_s: int | None = None) -> ModelRepository:
-        """Every `*/config.yaml` under `root`. An empty folder is an empty repository, but a
+        """Every `<model>/config.yaml` under `root`. An empty folder is an empty repository, but a
         missing one is an error: a mistyped path would otherwise serve nothing, silently. With
         the result TTL (the producer and the workers pass it), a queue wait it does not cover
         is an error too."""
         if not root.is_dir():
             raise ModelConfigError(f"model repository {root} is not a directory")
         models: dict[str, ModelConfig] = {}
-        for config_path in sorted(root.glob("*/config.yaml")):
+        for config_path in _config_paths(root):
             raw = _settings(config_path)
             raw.setdefault("name", config_path.parent.name)
             try:
@@ -597,7 +617,9 @@ class ModelRepository:
             except ValidationError as exc:
                 raise ModelConfigError(f"{config_path}: {_problems(exc)}") from None
             if config.name != config_path.parent.name:
-                raise ModelConfigError(f"{config_path}: name must match its folder")
+                raise ModelConfigError(
+                    f"{config_path}: name {config.name!r} must match its folder's"
+                )
             if result_ttl_s is not None:
                 _check_queue_time(config_path, config.queue, result_ttl_s)
             models[config.name] = config
