@@ -1,10 +1,11 @@
 """Streams end cleanly, never cut mid-body. When the producer stops (SIGTERM), sse-starlette
 sets each open stream's shutdown event and gives it `GRACE_S` to say goodbye before cutting
-it; when Redis stops answering mid-stream (frozen or gone past `CONVEYOR_REDIS_TIMEOUT_S`),
-there is nothing more to send for now. Either way a stream stops following its job at once and
-sends a last event telling the client to reconnect: the job keeps running, its token stream
-lives in Redis, so this producer (once Redis is back) or another resumes it from
-Last-Event-ID."""
+it; when Redis stops answering mid-stream (frozen or gone past `CONVEYOR_REDIS_TIMEOUT_S`), or
+refuses to read the job's events (a key of another type where its token stream should be, a
+script running past its limit), there is nothing more to send for now. Either way a stream
+stops following its job at once and sends a last event telling the client to reconnect: the
+job keeps running, its token stream lives in Redis, so this producer (once Redis is back) or
+another resumes it from Last-Event-ID."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
+from redis.exceptions import RedisError
 
 from producer_api.task_cancel import cancel_and_wait
 from shared.redis_client import OUT_OF_REACH
@@ -26,6 +28,7 @@ GRACE_S = 3.0
 RECONNECT_MS = 1000
 MESSAGE = "the producer is shutting down; reconnect (with Last-Event-ID to resume)"
 UNREACHABLE = "the queue is unreachable; reconnect (with Last-Event-ID to resume)"
+REFUSED = "the queue's Redis refused to read the job's events ({}); reconnect to retry"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,10 @@ async def until_cut(events: AsyncIterator[T], shutdown: anyio.Event) -> AsyncIte
     except OUT_OF_REACH as exc:  # a cluster failing over (CLUSTERDOWN) too
         log.info("a stream ends early: redis unavailable (%r)", exc)
         yield Cut(UNREACHABLE)
+        return
+    except RedisError as exc:  # a refusal: the key's (WRONGTYPE), a script's (BUSY)
+        log.warning("a stream ends early: redis refused a read (%s)", exc)
+        yield Cut(REFUSED.format(exc))
         return
     if shutdown.is_set() and not exhausted.is_set():
         yield Cut(MESSAGE)

@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 Rows = list[tuple[Any, Any]]
 
 
-class StreamUnreadable(RuntimeError):
-    """Redis refused to read a followed stream; its listeners get this instead of rows."""
+class StreamUnreadable(ResponseError):
+    """Redis refused to read a followed stream; its listeners get this instead of rows (and
+    raise it as the refusal it is)."""
 
 
 class Behind:
