@@ -106,6 +106,10 @@ def _run(venv: Path, folder: Path, *command: str) -> str:
 def test_cli_help_and_imports(base_venv: Path, tmp_path: Path) -> None:
     assert "up" in _run(base_venv, tmp_path, "conveyor", "--help").split("Commands:")[1]
     _run(base_venv, tmp_path, "python", "-c", "import producer_api.app, workers.app")
+    # the OTLP exporters each protocol loads (shared/telemetry.py), imported when tracing starts
+    for protocol in ("grpc", "http"):
+        module = f"opentelemetry.exporter.otlp.proto.{protocol}.trace_exporter"
+        _run(base_venv, tmp_path, "python", "-c", f"import {module}")
 
 
 def test_conveyor_up_serves_identity(base_venv: Path, tmp_path: Path) -> None:
