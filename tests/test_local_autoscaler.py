@@ -321,6 +321,25 @@ def test_a_second_autoscaler_on_one_state_dir_is_refused(
         process.wait(timeout=60)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_between_polls_ends_the_wait_for_the_next(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, stop: signal.Signals
+) -> None:
+    """The loop slept out its interval after a stop (Python resumes a sleep once the handler
+    returns): with `--interval 3600`, Ctrl-C drained nothing for an hour, and a `docker stop`
+    SIGKILLed the autoscaler 10 s after its SIGTERM, its workers undrained."""
+    env = {"CONVEYOR_REDIS_URL": redis_url, "CONVEYOR_MODEL_REPOSITORY": str(FIXTURES)}
+    process, lines = _autoscaler(env, tmp_path / "scaler", "3600")
+    try:
+        _wait_for(lines, "elastic:default replicas=0", timeout=60)
+        process.send_signal(stop)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
 def _sleeper(marks: Path, siblings: int) -> list[str]:
     """A child that, on SIGTERM, marks it and drains until every sibling got one too (exit 0),
     or gives up after 20 s (exit 3): stopped one after another, the first never sees the rest."""

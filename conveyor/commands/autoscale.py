@@ -4,6 +4,7 @@ depth with KEDA's formula, until Ctrl-C (which drains them)."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,16 +53,19 @@ def _autoscale(models: str, interval: float | None, state_dir: Path) -> None:
     scalers = pool_scalers(
         partitions, keys, workers.start, workers.stop, workers.alive, lease_ms_for(period)
     )
-    stopping: list[int] = []
+    # An event, not a flag read after `time.sleep(period)`: a sleep resumes after the handler,
+    # so a stop waited out the poll interval (30 s of it, the workers undrained, past a
+    # `docker stop`'s 10 s before its SIGKILL); `wait` returns as the handler sets it.
+    stopping = threading.Event()
     # SIGHUP too (its terminal closed): left to its default, the workers ran on undrained
     for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(stop, lambda signum, _: stopping.append(signum))
+        signal.signal(stop, lambda _signum, _frame: stopping.set())
     try:
-        while not stopping:
+        while not stopping.is_set():
             stack.reap_stopped()
             for scaler in scalers:
                 _tick(scaler, client)
-            time.sleep(period)
+            stopping.wait(period)
     finally:  # every pool's workers drain side by side, with those stopped before
         _release_leases(scalers, client)
         workers.drain([name for scaler in scalers for name in scaler.workers])
