@@ -563,10 +563,10 @@ class _ExpandedSize:
 
 
 def _config_paths(root: Path) -> list[Path]:
-    """Each model folder's config.yaml. A folder without one is refused, as Triton refuses a
-    model folder without its config.pbtxt: a `config.yml` or `Config.yaml` left its model
-    unserved, silently. A folder named `.…` or `_…` is no model (a model's name starts with a
-    letter or digit)."""
+    """Each model folder's config.yaml. A folder named as a model may be without one is
+    refused, as Triton refuses a model folder without its config.pbtxt: a `config.yml` or
+    `Config.yaml` left its model unserved, silently. A folder named `.…` or `_…` is no model,
+    nor one without a config.yaml that no model could be named (a volume's `lost+found`)."""
     try:
         folders = sorted(path for path in root.iterdir() if not path.name.startswith((".", "_")))
     except OSError as exc:
@@ -574,11 +574,12 @@ def _config_paths(root: Path) -> list[Path]:
     paths = []
     for folder in filter(Path.is_dir, folders):
         config_path = folder / "config.yaml"
-        if not (config_path.exists() or config_path.is_symlink()):  # a broken link: unreadable
+        if config_path.exists() or config_path.is_symlink():  # a broken link: unreadable
+            paths.append(config_path)
+        elif NAME_PATTERN.fullmatch(folder.name):
             raise ModelConfigError(
                 f"{folder}: no config.yaml; each folder of a model repository is a model's"
             )
-        paths.append(config_path)
     return paths
 
 

@@ -1,7 +1,8 @@
 """Which folders of a model repository are models: every one, except those named `.…` or `_…`
-(no model's name starts so). A folder without a config.yaml (`config.yml`, `Config.yaml`) was
-skipped silently and its model never served; a hidden folder holding a copy of a config.yaml
-(`.ipynb_checkpoints`) stopped the whole repository on its name."""
+(no model's name starts so) and those without a config.yaml no model could be named. A folder
+without a config.yaml (`config.yml`, `Config.yaml`) was skipped silently and its model never
+served; a hidden folder holding a copy of a config.yaml (`.ipynb_checkpoints`) stopped the
+whole repository on its name."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def test_a_folder_without_config_yaml_is_refused_by_name(tmp_path: Path, file: s
 
 
 def test_hidden_and_underscored_folders_and_files_are_no_models(tmp_path: Path) -> None:
+    """Nor a folder no model could be named without a config.yaml: a volume's `lost+found`."""
     _model(tmp_path, "m")
+    (tmp_path / "lost+found").mkdir()
     _model(tmp_path, ".ipynb_checkpoints")  # a notebook's copy of m's config.yaml
     _model(tmp_path, "__pycache__", "engine.cpython-311.pyc", "")
     (tmp_path / "README.md").write_text("models\n")
