@@ -65,11 +65,13 @@ class Backlog:
         return self.entries * self.units_per_job * self.seconds_per_unit
 
     def view(self) -> dict[str, Any]:
-        """The JSON the producer serves (KEDA's metrics-api reads `backlog_seconds`)."""
+        """The JSON the producer serves (KEDA's metrics-api reads `backlog_seconds`, exact as the
+        gauge and the local autoscaler have it: rounded to the microsecond, a queued job of a
+        model faster than that read 0, which KEDA takes for no work, and the pool never woke)."""
         return {
             "model": self.model,
             "variant": self.variant,
-            "backlog_seconds": round(self.seconds, 6),
+            "backlog_seconds": self.seconds,
             "entries": self.entries,
             "unit": self.unit,
             "units_per_job": round(self.units_per_job, 3),

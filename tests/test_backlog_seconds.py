@@ -20,7 +20,7 @@ import yaml
 from autoscaling.local_autoscaler import PoolScaler
 from autoscaling.scaling_math import BacklogTrigger, StreamTrigger, read_metric
 from conveyor.stack import Stack
-from shared.backlog import ServiceCost, queue_cost_write
+from shared.backlog import ServiceCost, queue_cost_write, read_backlogs
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelConfigError, ModelRepository
 from tests.conftest import REPO_ROOT, running_stack, until
@@ -224,3 +224,19 @@ def test_equal_entries_tenfold_costs_scale_in_proportion(costly_stack: Stack) ->
     assert counts["dear"] / counts["cheap"] == pytest.approx(backlog_ratio, rel=0.15)
     http.close()
     client.close()
+
+
+async def test_a_queued_job_of_a_fast_model_reads_as_work(redis_client, aredis):
+    """KEDA's metrics-api activates a pool on `backlog_seconds` above 0: the producer's JSON
+    rounded it to the microsecond, so one queued job of a model measured at 0.3 µs per job
+    (an identity engine's full micro-batch) read 0.0, and a pool at zero replicas never woke;
+    the gauge and the local autoscaler read it unrounded."""
+    config = ModelConfig.model_validate(batch_model("fast"))
+    pipe = redis_client.pipeline()
+    queue_cost_write(pipe, KEYS, "fast", "default", ServiceCost(3e-7))
+    pipe.execute()
+    enqueue(redis_client, KEYS.queue("fast", "default"), 1)
+    (backlog,) = await read_backlogs(aredis, KEYS, [(config, "default")])
+    view = backlog.view()
+    assert view["entries"] == 1 and view["measured"]
+    assert view["backlog_seconds"] == backlog_reading(redis_client, config) == pytest.approx(3e-7)
