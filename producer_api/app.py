@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from redis.exceptions import RedisError
 
+from producer_api.auth.rate_limit_headers import RateLimitHeadersMiddleware
 from producer_api.batch_api.api_router import JSONL_UPLOADS
 from producer_api.batch_api.api_router import router as batch_api_router
 from producer_api.batch_api.progress import BatchApiProgress
@@ -199,6 +200,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_depth=settings.max_json_depth,
         own_format=JSONL_UPLOADS,
     )
+    app.add_middleware(RateLimitHeadersMiddleware)
     app.add_middleware(HttpMetricsMiddleware)
     if configure_tracing("conveyor-producer"):
         FastAPIInstrumentor.instrument_app(app, excluded_urls=UNTRACED)

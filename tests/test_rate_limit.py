@@ -77,6 +77,11 @@ def test_token_bucket_admits_exactly_the_burst_across_two_producers(
     assert {r.headers["RateLimit-Limit"] for r in refused} == {"20"}
     assert {r.headers["RateLimit-Remaining"] for r in refused} == {"0"}
     assert all(int(r.headers["Retry-After"]) >= 999 for r in refused)
+    # every answer tells the key where it stands, not only its refusals: each take left one less
+    accepted = [r for r in responses if r.status_code == 202]
+    assert {r.headers["RateLimit-Limit"] for r in accepted} == {"20"}
+    assert sorted(int(r.headers["RateLimit-Remaining"]) for r in accepted) == list(range(20))
+    assert not any("Retry-After" in r.headers for r in accepted)
 
 
 def test_token_bucket_refills_at_its_rate(auth_stack: Stack, producers: list[str]) -> None:

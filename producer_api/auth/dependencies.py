@@ -1,7 +1,8 @@
 """`require(scope)`: the FastAPI dependency that guards a route. It reads the key from
 `Authorization: Bearer` or `X-API-Key`, verifies it (401), checks the scope (403), takes a
-token from the key's bucket (429 with Retry-After and RateLimit-* headers) and returns the
-caller's Principal. With CONVEYOR_AUTH=disabled every caller is the anonymous principal."""
+token from the key's bucket (429 with Retry-After; RateLimit-* headers on every answer) and
+returns the caller's Principal. With CONVEYOR_AUTH=disabled every caller is the anonymous
+principal."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ from collections.abc import Awaitable, Callable
 from functools import cache
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Security
+from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from producer_api.auth.principal import ANONYMOUS, Principal
+from producer_api.auth.rate_limit_headers import keep
 from producer_api.errors import ConveyorError, ErrorBody
 from producer_api.state import ProducerState, producer_state
 from shared.api_keys import Scope
+from shared.rate_limit import BucketState
 
 _BEARER = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
 _HEADER = APIKeyHeader(name="X-API-Key", auto_error=False, description="The API key")
@@ -55,10 +58,11 @@ async def authenticate(state: ProducerState, presented: str | None) -> Principal
     return Principal.of(key, state.settings)
 
 
-async def throttle(state: ProducerState, principal: Principal) -> None:
-    """One token per request from the key's bucket, shared by every producer replica."""
+async def throttle(state: ProducerState, principal: Principal) -> BucketState | None:
+    """One token per request from the key's bucket, shared by every producer replica; the
+    bucket after it (None for a key without a quota)."""
     if principal.quota is None:
-        return
+        return None
     bucket = await state.rate_limiter.take(principal.key_id, principal.quota)
     if not bucket.allowed:
         message = (
@@ -66,20 +70,23 @@ async def throttle(state: ProducerState, principal: Principal) -> None:
             f" reached; retry in {bucket.retry_after_s}s"
         )
         raise ConveyorError(429, "rate_limited", message, bucket.headers())
+    return bucket
 
 
 async def admitted(
     state: ProducerState,
+    request: Request,
     bearer: HTTPAuthorizationCredentials | None,
     header: str | None,
     scope: Scope,
 ) -> Principal:
     """The caller, once its key is verified (401), holds `scope` (403) and got a token from
-    its bucket (429)."""
+    its bucket (429), whose state its answer's head then carries."""
     principal = await authenticate(state, _presented(bearer, header))
     if not principal.may(scope):
         raise ConveyorError(403, "forbidden", f"this API key lacks the {scope!r} scope")
-    await throttle(state, principal)
+    if (bucket := await throttle(state, principal)) is not None:
+        keep(request.scope, bucket)
     return principal
 
 
@@ -90,10 +97,11 @@ def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
 
     async def dependency(
         state: Annotated[ProducerState, Depends(producer_state)],
+        request: Request,
         bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
         header: Annotated[str | None, Security(_HEADER)],
     ) -> Principal:
-        return await admitted(state, bearer, header, scope)
+        return await admitted(state, request, bearer, header, scope)
 
     dependency.__name__ = f"require_{scope}"
     return dependency
@@ -109,9 +117,10 @@ def acting_for(
 
     async def dependency(
         state: Annotated[ProducerState, Depends(producer_state)],
+        request: Request,
         bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)],
         header: Annotated[str | None, Security(_HEADER)],
     ) -> Service:
-        return service(state, await admitted(state, bearer, header, scope))
+        return service(state, await admitted(state, request, bearer, header, scope))
 
     return dependency
