@@ -4,13 +4,11 @@ and stops the background loops in order."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-from redis.exceptions import RedisError
 
 from producer_api.auth.rate_limit_headers import RateLimitHeadersMiddleware
 from producer_api.batch_api.api_router import JSONL_UPLOADS
@@ -27,6 +25,7 @@ from producer_api.events.serving import LAPSE_S
 from producer_api.experiments.api_router import router as experiments_router
 from producer_api.files.api_router import router as files_router
 from producer_api.health.api_router import router as health_router
+from producer_api.health.startup import Startup
 from producer_api.http_metrics import HttpMetricsMiddleware
 from producer_api.jobs import admission
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
@@ -58,7 +57,6 @@ from shared.settings import Settings, get_settings, settings_or_exit
 from shared.telemetry import configure_logging, configure_tracing
 from shared.webhook_events import WebhookDispatcher
 
-log = logging.getLogger(__name__)
 # Probes and scrapes, by path: OpenTelemetry searches the whole URL, Host included, so a bare
 # "metrics" left every request to a producer served as metrics.example.com (or to a model
 # named text-metrics) untraced.
@@ -123,7 +121,20 @@ def build_state(settings: Settings) -> ProducerState:
         webhooks=webhooks,
         traffic=TrafficControl.build(client, keys, settings, repository, job_store, webhooks),
         draining=Draining(replies),
+        startup=Startup(),
     )
+
+
+async def _redis_side_startup(state: ProducerState) -> None:
+    """What the producer sets up in Redis before it is ready (`Startup` retries it)."""
+    await ensure_groups(state.redis, _partition_streams(state.keys, state.repository))
+    # admission's scripts run when a submit failed, maybe on a server whose replicas do
+    # not confirm writes: a NOSCRIPT then would hide behind the failed ack
+    await preload(state.redis, [*job_scripts.ALL, *admission.SCRIPTS])
+    await state.replies.start(_partition_tags(state.repository))
+    # the live routes before the first request: config.yaml's split until then sent a
+    # restarted producer's first requests where the live routes no longer do
+    await state.traffic.refresh_routes()
 
 
 @asynccontextmanager
@@ -133,17 +144,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     configure_logging(settings.log_level)
     state = build_state(settings)
     app.state.conveyor = state
-    try:
-        await ensure_groups(state.redis, _partition_streams(state.keys, state.repository))
-        # admission's scripts run when a submit failed, maybe on a server whose replicas do
-        # not confirm writes: a NOSCRIPT then would hide behind the failed ack
-        await preload(state.redis, [*job_scripts.ALL, *admission.SCRIPTS])
-        await state.replies.start(_partition_tags(state.repository))
-        # the live routes before the first request: config.yaml's split until then sent a
-        # restarted producer's first requests where the live routes no longer do
-        await state.traffic.refresh_routes()
-    except RedisError as exc:
-        log.warning("redis not reachable at startup (%s); readyz will say so", exc)
+    await state.startup.run(lambda: _redis_side_startup(state))
     await state.tokens.start(_partition_tags(state.repository, "generate"))
     sweeper = BatchApiSweeper(state.batch_store, state.batch_progress)
     sweeper.start()
@@ -157,6 +158,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await state.draining.stop()
+        await state.startup.stop()
         await console.stop()
         await state.queue_eta.refresher.stop()
         await state.traffic.stop()

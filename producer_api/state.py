@@ -11,6 +11,7 @@ from fastapi import Request
 
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.draining import Draining
+from producer_api.health.startup import Startup
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
 from producer_api.jobs.queue_eta import QueueEta
 from producer_api.reply_listener import ReplyListener
@@ -49,6 +50,7 @@ class ProducerState:
     webhooks: WebhookDispatcher
     traffic: TrafficControl
     draining: Draining
+    startup: Startup
 
 
 async def producer_state(request: Request) -> ProducerState:

@@ -1,4 +1,5 @@
-"""`/healthz`: the process is alive; `/readyz`: it can serve (Redis answers, models known).
+"""`/healthz`: the process is alive; `/readyz`: it can serve (Redis answers, its Redis-side
+startup has run: `startup.py`, models known).
 Readiness answers within `READY_TIMEOUT_S` whatever Redis does, so a load balancer's probe sees
 a 503 rather than timing out on a frozen Redis. On a cluster, the Redis asked is the master of
 the control plane's slot (`{ctl}`: API keys, routes), which every authenticated request reads:
@@ -36,6 +37,9 @@ async def readyz(state: Annotated[ProducerState, Depends(producer_state)]) -> Fa
             await _ping(state.redis, state.keys)
     except (RedisError, *OUT_OF_REACH, TimeoutError) as exc:
         message = f"redis unreachable: {exc!r}"
+        return error_response(503, "unavailable", message, {"Retry-After": "1"})
+    if not state.startup.done():
+        message = "starting: the producer's Redis-side startup has not run yet"
         return error_response(503, "unavailable", message, {"Retry-After": "1"})
     if not state.repository.models:
         return error_response(503, "unavailable", "no models in the repository")

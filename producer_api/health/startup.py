@@ -1,0 +1,55 @@
+"""The producer's Redis-side startup (consumer groups, scripts, reply subscriptions, live routes),
+retried in the background until it has run once whole, and `/readyz` unready until then. A
+producer started while Redis was away skipped it for good and said ready at the first PING
+Redis answered: admission's scripts never loaded, no group for KEDA to measure, config.yaml's
+split routing its first requests. Every step is idempotent, so a try cut halfway runs again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from redis.exceptions import RedisError
+
+from producer_api.redis_outage import RedisOutage
+from producer_api.task_cancel import cancel_and_wait
+from shared.redis_client import OUT_OF_REACH
+
+NAME = "redis-side startup"
+Steps = Callable[[], Awaitable[None]]
+
+
+class Startup:
+    def __init__(self) -> None:
+        self._done = False
+        self._task: asyncio.Task[None] | None = None
+
+    def done(self) -> bool:
+        """Whether the Redis-side startup has run whole: until then the producer is not ready."""
+        return self._done
+
+    async def run(self, steps: Steps) -> None:
+        """`steps` now, before the port opens; if Redis is out of reach, again in the
+        background, backing off, until they succeed."""
+        outage = RedisOutage(NAME)
+        delay = await self._try(steps, outage)
+        if delay is not None:
+            self._task = asyncio.create_task(self._retry(steps, outage, delay), name=NAME)
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+
+    async def _retry(self, steps: Steps, outage: RedisOutage, delay: float | None) -> None:
+        while delay is not None:
+            await asyncio.sleep(delay)
+            delay = await self._try(steps, outage)
+
+    async def _try(self, steps: Steps, outage: RedisOutage) -> float | None:
+        """One try of `steps`: None once they ran whole, else the seconds to wait first."""
+        try:
+            await steps()
+        except (RedisError, *OUT_OF_REACH) as exc:
+            return outage.failed(exc)
+        outage.recovered()
+        self._done = True
+        return None
