@@ -1,6 +1,8 @@
 """Queue state of every partition and lane, read in two pipelined round trips however many
-models there are (XINFO GROUPS + XLEN + the fair lane's held count, then XRANGE after each
-group's last delivered id): what `GET /v1/models` shows and what the Prometheus gauges report.
+models there are (XINFO GROUPS + XLEN + the fair lane's held count, then the OLDEST script for
+each lane with jobs waiting): what `GET /v1/models` shows and what the Prometheus gauges report.
+A fair lane's flood waits outside its stream (held back per tenant), so its held jobs count as
+waiting in `lag` and in the oldest age, or a lag alert stayed quiet while a backlog built.
 An error reply other than a lane's "no such key" is raised, as one server's outage is: a cluster
 pipeline returns each node's errors (a master failing over, loading, frozen) as its commands'
 replies, which were read as 0 and dropped the gauges of that master's partitions to 0 mid-outage,
@@ -16,18 +18,62 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from shared.codec import as_text, stream_id
-from shared.keys import GROUP, Keys
+from shared.codec import as_text
+from shared.keys import FAIR_RING_SUFFIX, GROUP, HELD_SUFFIX, LUA_JOB_KEY, Keys
 from shared.model_repository import ModelRepository
 from shared.redis_client import executed
+
+# Entries of a tenant's held list looked at for its oldest live job: a job cancelled while held
+# keeps its entry until a refill drops it (the list's head is usually live: a refill drops the
+# ended ones it meets).
+HEADS_READ = 8
+
+# KEYS[1]: a lane's stream; ARGV: the group's last delivered id, the job-key prefix. The
+# submit stamp (`enq`, ms) of the oldest job still waiting: the first undelivered entry's (an
+# entry a fair lane moved in was appended then, under a later id), and the oldest queued one at
+# the head of each tenant's held list; none: false. O(tenants holding jobs).
+OLDEST = (
+    LUA_JOB_KEY
+    + f"""
+local RING, HELD = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}'
+local HEADS = {HEADS_READ}
+"""
+    + """
+local oldest = nil
+local function enq(fields)
+  for i = 1, #fields, 2 do
+    if fields[i] == 'enq' then return tonumber(fields[i + 1]) end
+  end
+end
+local function older(ms)
+  if ms and (not oldest or ms < oldest) then oldest = ms end
+end
+local first = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', 1)[1]
+if first then older(enq(first[2])) end
+for _, tenant in ipairs(redis.call('LRANGE', KEYS[1] .. RING, 0, -1)) do
+  for _, packed in ipairs(redis.call('LRANGE', KEYS[1] .. HELD .. tenant, 0, HEADS - 1)) do
+    local fields = cmsgpack.unpack(packed)
+    local jid
+    for i = 1, #fields, 2 do
+      if fields[i] == 'id' then jid = fields[i + 1] end
+    end
+    if jid and redis.call('HGET', jobkey(ARGV[2], jid), 'status') == 'queued' then
+      older(enq(fields))
+      break
+    end
+  end
+end
+return oldest and tostring(oldest) or false
+"""
+)
 
 
 @dataclass(slots=True)
 class LaneStats:
     """`length`: entries queued or in flight, jobs held back by fair queuing (`held`) included.
-    `lag`: entries in the stream no worker has been handed yet (XLEN - pending, as every
-    acknowledged entry is deleted): XINFO's own `lag` reads null once entries are acknowledged
-    out of order, and was shown as 0 while work waited."""
+    `lag`: jobs no worker has been handed yet: the stream's (XLEN - pending, as every
+    acknowledged entry is deleted; XINFO's own `lag` reads null once entries are acknowledged
+    out of order, and was shown as 0 while work waited) and the held ones."""
 
     stream: str
     length: int = 0
@@ -70,11 +116,12 @@ async def read_partition_stats(
         for lane in (partition.online, partition.bulk):
             _apply_group(lane, next(results))
             lane.length = _int(next(results))
-            lane.lag = max(0, lane.length - lane.pending)
             lane.held = _number(next(results))
+            lane.lag = max(0, lane.length - lane.pending) + lane.held
             lane.length += lane.held
         partition.dlq_depth = _int(next(results))
-    await _oldest_ages(client, [lane for p in partitions for lane in (p.online, p.bulk)])
+    lanes = [lane for p in partitions for lane in (p.online, p.bulk)]
+    await _oldest_ages(client, keys.job_prefix, lanes)
     return partitions
 
 
@@ -86,19 +133,20 @@ def _apply_group(lane: LaneStats, groups: Any) -> None:
             lane.last_delivered = as_text(group.get("last-delivered-id", "0-0"))
 
 
-async def _oldest_ages(client: aioredis.Redis, lanes: list[LaneStats]) -> None:
-    """Age of the first entry after the group's last delivered id: the oldest still queued."""
-    busy = [lane for lane in lanes if lane.length - lane.held > lane.pending]
+async def _oldest_ages(client: aioredis.Redis, job_prefix: str, lanes: list[LaneStats]) -> None:
+    """How long the oldest job still waiting in each lane has waited (`OLDEST`), for the lanes
+    with any waiting, in one round trip (sent as EVAL, which a cluster pipeline routes by the
+    lane without loading the script)."""
+    busy = [lane for lane in lanes if lane.lag > 0]
     if not busy:
         return
     pipe = client.pipeline(transaction=False)
     for lane in busy:
-        pipe.xrange(lane.stream, min=f"({lane.last_delivered}", count=1)
+        pipe.execute_command("EVAL", OLDEST, 1, lane.stream, lane.last_delivered, job_prefix)
     now_ms = time.time() * 1000
-    for lane, rows in zip(busy, await _replies(pipe), strict=True):
-        if isinstance(rows, list) and rows:
-            first_ms = stream_id(rows[0][0])[0]
-            lane.oldest_age_s = max(0.0, (now_ms - first_ms) / 1000)
+    for lane, oldest in zip(busy, await _replies(pipe), strict=True):
+        if isinstance(oldest, bytes | str):
+            lane.oldest_age_s = max(0.0, (now_ms - float(oldest)) / 1000)
 
 
 async def _replies(pipe: Any) -> list[Any]:
