@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from producer_api.auth.principal import Principal
-from producer_api.errors import ConveyorError
+from producer_api.errors import REFUSALS, ConveyorError
 from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import PredictRequest, SamplingParameters
 from producer_api.jobs.queue_eta import Standing, StartBy
@@ -30,6 +30,7 @@ from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, stam
 from shared.keys import new_job_id
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.model_repository import GENERATE_BACKENDS, QUOTED_CHARS, ModelConfig, quote
+from shared.redis_client import OUT_OF_REACH
 from shared.routing import UnknownVariant
 from shared.telemetry import current_traceparent
 from shared.webhook_events import job_event, refusal
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 # How often a long-poll reads a job that has no reply channel (nothing wakes it).
 REPLYLESS_POLL_S = 0.25
+# What the error handlers answer 503 for (producer_api/errors.py): a submit refused so counts as
+# one `unavailable` rejection (the client sees no job, whether or not ENQUEUE ran).
+UNAVAILABLE: tuple[type[Exception], ...] = (*OUT_OF_REACH, *REFUSALS)
 
 
 # The HTTP status of a job that ended without succeeding, where a route answers with its result
@@ -131,11 +135,8 @@ class JobsService:
         """Append to the partition, or 429 when it holds `queue.max_length` entries already,
         the key has its `max_in_flight` jobs queued or running, or (`queue.admit_by_deadline`)
         the job would start after its deadline or after `queue.max_queue_time_s` (either way a
-        worker would only expire it). Returns the job's position in its queue."""
-        keys = self.state.keys
-        bulk = body.priority == "bulk"
-        lane = keys.bulk_queue if bulk else keys.queue
-        stream = lane(config.name, variant)
+        worker would only expire it); each refusal, a 503 too, counted by reason. Returns the
+        job's position in its queue."""
         fields: dict[str, str | int] = {
             "model": config.name,
             "variant": variant,
@@ -143,27 +144,12 @@ class JobsService:
         }
         if body.webhook:
             fields["webhook"] = body.webhook
-        eta = self.state.queue_eta
-        start_by = StartBy.of(config, entry.enqueued_ms, entry.deadline_ms)
-        max_ahead = eta.max_ahead(config, variant, bulk, start_by)
-        async with self._in_flight_slot(entry, fields):
-            try:
-                position = await self.state.job_store.create(
-                    entry,
-                    stream,
-                    fields,
-                    config.queue.max_length,
-                    max_ahead,
-                    (config.fair_window_of(variant), self.principal.weight),
-                )
-            except QueueFull as full:
-                JOBS_REJECTED.labels(config.name, variant, "queue_full").inc()
-                raise await self.state.backpressure.queue_full(stream, full.length) from None
-            except TooFarBack as late:
-                JOBS_REJECTED.labels(config.name, variant, "deadline_unmeetable").inc()
-                standing = eta.standing(config, variant, bulk, late.ahead)
-                moves = _moves(body, entry.deadline_ms)
-                raise _unmeetable(standing, entry, start_by, moves) from None
+        try:
+            async with self._in_flight_slot(entry, fields):
+                position = await self._create(entry, config, variant, body, fields)
+        except UNAVAILABLE:
+            JOBS_REJECTED.labels(config.name, variant, "unavailable").inc()
+            raise
         JOBS_SUBMITTED.labels(config.name, variant, body.priority).inc()
         if body.priority == "online":
             self.state.traffic.shadow(config, entry, variant)
@@ -171,6 +157,39 @@ class JobsService:
         # micro-batch names every job id with its trace id
         log.debug("job accepted", extra={"job_id": entry.job_id, "model": config.name})
         return position
+
+    async def _create(
+        self,
+        entry: RequestEntry,
+        config: ModelConfig,
+        variant: str,
+        body: PredictRequest,
+        fields: dict[str, str | int],
+    ) -> int:
+        """ENQUEUE the job, admitted by the partition's length and (`admit_by_deadline`) the
+        entries that may wait ahead of it; a refusal is a 429, counted by reason."""
+        bulk, keys = body.priority == "bulk", self.state.keys
+        stream = (keys.bulk_queue if bulk else keys.queue)(config.name, variant)
+        eta = self.state.queue_eta
+        start_by = StartBy.of(config, entry.enqueued_ms, entry.deadline_ms)
+        max_ahead = eta.max_ahead(config, variant, bulk, start_by)
+        try:
+            return await self.state.job_store.create(
+                entry,
+                stream,
+                fields,
+                config.queue.max_length,
+                max_ahead,
+                (config.fair_window_of(variant), self.principal.weight),
+            )
+        except QueueFull as full:
+            JOBS_REJECTED.labels(config.name, variant, "queue_full").inc()
+            raise await self.state.backpressure.queue_full(stream, full.length) from None
+        except TooFarBack as late:
+            JOBS_REJECTED.labels(config.name, variant, "deadline_unmeetable").inc()
+            standing = eta.standing(config, variant, bulk, late.ahead)
+            moves = _moves(body, entry.deadline_ms)
+            raise _unmeetable(standing, entry, start_by, moves) from None
 
     @asynccontextmanager
     async def _in_flight_slot(
@@ -184,6 +203,7 @@ class JobsService:
             return
         limiter = self.state.in_flight
         if not await limiter.admit(self.principal.key_id, entry.job_id, quota.max_in_flight):
+            JOBS_REJECTED.labels(fields["model"], fields["variant"], "too_many_in_flight").inc()
             raise ConveyorError(
                 429,
                 "too_many_in_flight",
