@@ -220,8 +220,12 @@ class PoolScaler:
         log.info("scale up", extra={"pool": self.name, "from": len(self.workers), "by": count})
         for _ in range(count):
             self.started += 1
-            # The pool's own name, `:` included: `a-b:c` and `a:b-c` were both `a-b-c`.
-            self.workers[self.start_worker(f"{self.name}-{self.started}")] = now
+            try:
+                # The pool's own name, `:` included: `a-b:c` and `a:b-c` were both `a-b-c`.
+                self.workers[self.start_worker(f"{self.name}-{self.started}")] = now
+            except Exception:  # as an exit at once: retried at every poll, it never waited
+                self.start_after = now + self.backoff.exited(0.0)
+                raise
 
     def _scale_down(self, now: float) -> None:
         log.info("scale down", extra={"pool": self.name, "from": len(self.workers)})

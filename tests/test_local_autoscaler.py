@@ -10,6 +10,7 @@ import asyncio
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -504,6 +505,42 @@ def test_a_scale_up_starts_its_workers_side_by_side(
         assert not scaler.workers and not workers.ready_by and not stack.processes
     finally:
         workers.drain(list(scaler.workers))
+
+
+@pytest.mark.slow
+def test_a_repository_broken_mid_run_holds_back_its_starts_not_the_autoscaler(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each worker's start reads the model repository anew: a typo saved in any model's
+    config.yaml while the autoscaler ran ended it at its next scale-up, with a traceback, and
+    every pool's workers with it. Now that pool's start fails as a worker's would, backs off, and
+    the first poll after the fix and the backoff starts it."""
+    repository = tmp_path / "models"
+    shutil.copytree(FIXTURES, repository)
+    stack = Stack.create(tmp_path / "stack", redis_url)
+    stack.env.update(CONVEYOR_MODEL_REPOSITORY=str(repository), PYTHONPATH=str(REPO_ROOT))
+    workers = PoolWorkers(stack)
+    partitions = ModelRepository.load(repository).partitions(["elastic"])
+    (scaler,) = pool_scalers(partitions, KEYS, workers.start, workers.stop, workers.alive, LEASE_MS)
+    tiny = repository / "tiny" / "config.yaml"
+    good = tiny.read_text()
+    tiny.write_text(good.replace("max_length: 5", "max_length: -5"))
+    _queue(redis_client, 1, KEYS.queue("elastic", "default"))
+    try:
+        for now in (0.0, 0.2):  # the second poll is within the backoff: no start tried
+            _tick(scaler, redis_client, now)
+        said = capsys.readouterr()
+        assert said.err.count("elastic:default: a worker did not start (") == 1, said.err
+        assert "tiny/config.yaml: queue.max_length: " in said.err, said.err
+        assert "elastic:default replicas=0 (backing off 0.3s more: " in said.out, said.out
+        assert not scaler.workers
+        tiny.write_text(good)
+        _tick(scaler, redis_client, now=1.0)
+        assert len(scaler.workers) == 1
+    finally:
+        scaler.release(redis_client)
+        workers.drain(list(scaler.workers))
+        stack.stop()
 
 
 def _no_cluster_node() -> RedisClusterException:

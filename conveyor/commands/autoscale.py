@@ -18,7 +18,7 @@ from conveyor.local_stack import NO_STACK, refuse_unreachable, stack_redis
 from conveyor.stack import ChildNotReady, Stack
 from conveyor.state_dir_lock import state_dir_lock
 from shared.keys import Keys
-from shared.model_repository import ModelRepository
+from shared.model_repository import ModelConfigError, ModelRepository
 from shared.redis_client import OUT_OF_REACH, WRITES_REFUSED, topology_read
 from shared.settings import get_settings
 
@@ -100,7 +100,8 @@ def _tick(scaler: PoolScaler, client: redis.Redis, now: float | None = None) -> 
     except WRITES_REFUSED as exc:
         click.echo(f"{scaler.name}: redis refuses writes ({exc}); replicas kept", err=True)
         return
-    except ChildNotReady as exc:  # it ended the autoscaler with a traceback, every worker too
+    # it ended the autoscaler with a traceback, every worker too
+    except (ChildNotReady, WorkerNotSpawned) as exc:
         click.echo(
             f"{scaler.name}: a worker did not start ({exc}); backing off before another",
             err=True,
@@ -111,6 +112,12 @@ def _tick(scaler: PoolScaler, client: redis.Redis, now: float | None = None) -> 
         return
     held = f" ({scaler.held})" if scaler.held else ""  # CrashLoopBackOff, in the pool's words
     click.echo(f"{scaler.name} replicas={count}{held}")
+
+
+class WorkerNotSpawned(RuntimeError):
+    """A worker that could not be spawned: the model repository, read anew for each one, broke
+    since the autoscaler started (a typo in any model's config.yaml), or no process or log file
+    could be made. It ended the autoscaler, and every pool's workers with it."""
 
 
 @dataclass
@@ -126,9 +133,11 @@ class PoolWorkers:
         """Spawn a worker serving `pool`; the polls after confirm it gets ready (`alive`)."""
         try:
             self.stack.spawn_worker(pool, name=name)
-        except BaseException:  # spawned, then failed: it ran on, counted by no pool
+        except BaseException as exc:  # spawned, then failed: it ran on, counted by no pool
             if name in self.stack.processes:
                 self.stack.terminate([name])
+            if isinstance(exc, ModelConfigError | OSError):
+                raise WorkerNotSpawned(f"{name}: {exc}") from exc
             raise
         self.ready_by[name] = time.monotonic() + self.stack.start_timeout_s
         return name
