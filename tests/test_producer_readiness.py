@@ -12,12 +12,14 @@ from pathlib import Path
 
 import httpx
 import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from conveyor.stack import Stack, free_port
+from producer_api.health.startup import Startup
 from producer_api.jobs import admission
 from shared import job_scripts
 from shared.keys import GROUP, Keys
-from tests.conftest import until
+from tests.conftest import until, until_async
 
 
 def _status(url: str) -> int | None:
@@ -58,3 +60,24 @@ def test_a_producer_started_without_redis_is_ready_once_its_startup_ran(tmp_path
         client.close()
     finally:
         pipeline.stop()
+
+
+async def test_a_startup_retried_in_the_background_outlives_an_error_of_another_kind() -> None:
+    """A try that failed otherwise than by Redis ended the retries for good, the producer
+    unready in silence; it is logged and tried again."""
+    failures: list[Exception] = [RedisConnectionError("refused"), ValueError("a bad route")]
+
+    async def steps() -> None:
+        if failures:
+            raise failures.pop(0)
+
+    startup = Startup()
+    await startup.run(steps)
+    try:
+        await until_async(lambda: _done(startup))
+    finally:
+        await startup.stop()
+
+
+async def _done(startup: Startup) -> bool:
+    return startup.done()

@@ -7,6 +7,7 @@ split routing its first requests. Every step is idempotent, so a try cut halfway
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 
 from redis.exceptions import RedisError
@@ -15,6 +16,7 @@ from producer_api.redis_outage import RedisOutage
 from producer_api.task_cancel import cancel_and_wait
 from shared.redis_client import OUT_OF_REACH
 
+log = logging.getLogger(__name__)
 NAME = "redis-side startup"
 Steps = Callable[[], Awaitable[None]]
 
@@ -40,9 +42,15 @@ class Startup:
         await cancel_and_wait(self._task)
 
     async def _retry(self, steps: Steps, outage: RedisOutage, delay: float | None) -> None:
+        """Tries until one succeeds; one that fails otherwise than by Redis (a bug, a bad value
+        read) is logged and tried again, so the producer never sits unready in silence."""
         while delay is not None:
             await asyncio.sleep(delay)
-            delay = await self._try(steps, outage)
+            try:
+                delay = await self._try(steps, outage)
+            except Exception as exc:
+                log.exception("%s failed; trying again", NAME)
+                delay = outage.failed(exc)
 
     async def _try(self, steps: Steps, outage: RedisOutage) -> float | None:
         """One try of `steps`: None once they ran whole, else the seconds to wait first."""
