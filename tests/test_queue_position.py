@@ -515,19 +515,26 @@ async def test_capacity_outlives_the_lane_running_dry(
     assert eta.max_ahead(config, "default", False, StartBy.of(config, stamp_ms(), 0)) > 0
 
 
-async def test_a_light_load_does_not_limit_jobs_without_a_deadline(
+async def test_a_light_load_limits_no_job(
     aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A lane never backlogged drains what arrives: its rate (1/s) is not the worker's, yet
-    `max_queue_time_s` was applied with it to every job without a deadline, refusing ones a
-    fast worker would start at once. A job with a deadline is still weighed by that rate."""
+    `max_queue_time_s` was applied with it to every job without a deadline, and a job's own
+    deadline was weighed by it: after a minute at 1 job/s, 14 of a burst of 20 jobs with
+    `ttl_s: 4` were refused (429, "would start in about 4679 ms"), where `steady`'s worker
+    started each within 2 s. Once a refresh sees work waiting, the capacity limits them."""
     eta = _queue_eta(aredis)
     config = eta.repository.models["steady"]
     await _refresh(eta, monkeypatch, [PartitionLoad(1.0, serving=1)] * 7)
     no_deadline = StartBy.of(config, stamp_ms(), 0)
     assert eta.max_ahead(config, "default", False, no_deadline) == -1
-    deadline = StartBy.of(config, stamp_ms(), int(stamp_ms()) + 100_000)
-    assert 90 <= eta.max_ahead(config, "default", False, deadline) <= 100
+    deadline = StartBy.of(config, stamp_ms(), int(stamp_ms()) + 4_000)
+    assert eta.max_ahead(config, "default", False, deadline) == -1
+    await aredis.xgroup_create(STEADY, GROUP, id="0", mkstream=True)
+    for index in range(20):  # the burst, waiting: the workers' capacity is measured
+        await aredis.xadd(STEADY, {"n": index})
+    await _refresh(eta, monkeypatch, [PartitionLoad(9.0, serving=1)])
+    assert 30 <= eta.max_ahead(config, "default", False, deadline) <= 40
 
 
 async def test_a_bulk_head_with_no_share_has_no_eta_while_online_work_waits(

@@ -190,11 +190,12 @@ class QueueEta:
 
     def max_ahead(self, config: ModelConfig, variant: str, bulk: bool, start_by: StartBy) -> int:
         """Most entries that may wait ahead of a job for it to start by `start_by`, when the
-        model admits by deadline and a rate is known; else -1 (no limit). A job without a
-        deadline of its own is held to `max_queue_time_s` only once the workers' capacity is
-        known: a light load's rate is its arrivals, far below what a worker could start."""
+        model admits by deadline and the workers' capacity is known; else -1 (no limit). A
+        light load's rate is its arrivals, far below what a worker could start: weighed by it,
+        a burst's jobs with a deadline a few seconds off were refused (14 of 20 at 1 job/s
+        before, each of them started within 2 s)."""
         measured = (config.name, variant) in self._capacity
-        if not config.queue.admit_by_deadline or not (start_by.deadline or measured):
+        if not config.queue.admit_by_deadline or not measured:
             return -1
         rate = self.lane_rate(config, variant, bulk)
         if rate <= 0:
