@@ -78,6 +78,19 @@ class LocalCluster:
                 raise TimeoutError(f"cluster not healthy after {timeout_s} s: {infos}")
             time.sleep(0.1)
 
+    def add_master(self, data_dir: Path) -> ClusterNode:
+        """A new master without slots, joined and known to every node, as an operator adds one
+        before rebalancing slots onto it; clients that read the slots before know nothing of
+        it (no slot names it yet)."""
+        node = _start_node(data_dir, self.node_timeout_ms)
+        with self.masters[0].client() as first:
+            first.execute_command("CLUSTER MEET", "127.0.0.1", node.port, node.bus_port)
+        for peer in self._alive():
+            _until_known(peer, node.node_id)
+        self.masters.append(node)
+        self.wait_healthy(timeout_s=30)  # it learned every slot's master too
+        return node
+
     def _alive(self) -> list[ClusterNode]:
         return [n for n in self.masters + self.replicas if n not in self.killed]
 

@@ -32,6 +32,7 @@ import hiredis
 import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser
 from redis.asyncio.cluster import (
+    ClusterNode,
     ClusterPipeline,
     PipelineStrategy,
     RedisCluster,
@@ -40,6 +41,7 @@ from redis.asyncio.cluster import (
 from redis.asyncio.connection import AbstractConnection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.cluster import PRIMARY
 from redis.commands.core import AsyncScript
 from redis.exceptions import (
     AskError,
@@ -51,6 +53,7 @@ from redis.exceptions import (
     OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
+    ResponseError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -320,6 +323,48 @@ def topology_read() -> Iterator[None]:
         raise
 
 
+# The node whose next command a task's ASKING allows (`AskingNode`).
+_ASKED: ContextVar[ClusterNode | None] = ContextVar("asked", default=None)
+
+
+class AskingNode(ClusterNode):
+    """A node that sends ASKING on the connection of the command it allows, in one write.
+    redis-py sends it as a command of its own, and the command next on whichever connection
+    the node's pool hands out first (a queue: not the one ASKING went on): on a node with more
+    than one idle connection (any busy process's) the command came without ASKING, the
+    importing master answered MOVED back to the old one, which answered ASK again, until
+    redis-py gave up ("TTL exhausted", a ClusterError: a 500, a worker's error) on every key
+    already migrated while a slot moved."""
+
+    __slots__ = ()  # ClusterNode's layout, so that a node made by redis-py can become one
+
+    async def execute_command(self, *args: Any, asking: bool = False, **kwargs: Any) -> Any:
+        if args == ("ASKING",):
+            _ASKED.set(self)  # sent with this task's next command to this node
+            return True
+        if _ASKED.get() is not self:
+            return await super().execute_command(*args, asking=asking, **kwargs)
+        _ASKED.set(None)
+        connection = self.acquire_connection()
+        try:
+            await self.disconnect_if_needed(connection)
+            await connection.send_packed_command(connection.pack_commands([("ASKING",), args]))
+            refused: ResponseError | None = None
+            try:
+                await connection.read_response()
+            except ResponseError as exc:  # the command's reply is still to be read
+                refused = exc
+            reply = await self.parse_response(connection, args[0], **kwargs)
+            if refused is not None:
+                raise refused
+            return reply
+        finally:
+            try:
+                await self.disconnect_if_needed(connection)
+            finally:
+                self.release(connection)
+
+
 class HiredisCluster(RedisCluster):
     """A cluster client whose node connections pack with hiredis too. RedisCluster fixes their
     class (Connection, or SSLConnection for `rediss://`) in the keyword arguments it builds
@@ -342,6 +387,23 @@ class HiredisCluster(RedisCluster):
         with topology_read():
             await super().initialize(*args, **kwargs)
         return self
+
+    def get_node(
+        self, host: str | None = None, port: int | None = None, node_name: str | None = None
+    ) -> ClusterNode | None:
+        """The node, an `AskingNode`: redis-py looks up by address the node an ASK names, and
+        sends it ASKING. One by address that the slots read last did not name is added, a
+        master (the importing one of an ASK: a master added since, that slots are moving to),
+        as redis-py adds the node a MOVED names; it looked the node up as None and failed
+        with an AttributeError."""
+        node = super().get_node(host, port, node_name)
+        if node is None and host and port:
+            kwargs: dict[str, Any] = self.get_connection_kwargs()
+            node = ClusterNode(host, port, PRIMARY, **kwargs)
+            self.nodes_manager.set_nodes(self.nodes_manager.nodes_cache, {node.name: node})
+        if node is not None and type(node) is ClusterNode:
+            node.__class__ = AskingNode  # no state of its own: the same node, asking as one
+        return node
 
     def pipeline(
         self, transaction: Any | None = None, shard_hint: Any | None = None

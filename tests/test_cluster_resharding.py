@@ -1,0 +1,120 @@
+"""Resharding under a running client (#12): while a slot migrates (`CLUSTER SETSLOT …
+MIGRATING/IMPORTING` and `MIGRATE`, as `valkey-cli --cluster reshard` does), a key already
+moved is answered ASK by the old master and served by the importing one, whose connection
+must carry ASKING: on a busy client's node pool too, and on a master added since the client
+read the slots (rebalancing onto a new master)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from conveyor.valkey_cluster import ClusterNode, LocalCluster
+from shared.codec import RequestEntry
+from shared.job_states import JobStatus
+from shared.job_store import JobStore, NewJob, now_ms
+from shared.keys import Keys, new_job_id
+from shared.redis_client import RedisClient, connect
+
+pytestmark = pytest.mark.slow
+KEYS = Keys()
+# More idle connections than redis-py's redirect budget (16 tries, two per ASK and MOVED)
+IDLE_CONNECTIONS = 12
+
+
+@pytest.fixture
+async def busy(cluster: LocalCluster) -> AsyncIterator[RedisClient]:
+    """A cluster client as a process makes it, with the job scripts loaded."""
+    client = connect(
+        f"redis://127.0.0.1:{cluster.masters[0].port}/0", name="resharding", cluster=True
+    )
+    yield client
+    await client.aclose()
+
+
+@contextmanager
+def migrating(slot: int, source: ClusterNode, target: ClusterNode) -> Iterator[None]:
+    """`slot` mid-migration from `source` to `target`; stable on both again on the way out."""
+    moves = ((target, "IMPORTING", source.node_id), (source, "MIGRATING", target.node_id))
+    for node, state, peer in moves:
+        with node.client() as admin:
+            admin.execute_command("CLUSTER SETSLOT", slot, state, peer)
+    try:
+        yield
+    finally:
+        for node, *_ in moves:
+            with node.client() as admin:
+                admin.execute_command("CLUSTER SETSLOT", slot, "STABLE")
+
+
+def migrate(key: str, source: ClusterNode, target: ClusterNode) -> None:
+    """Move one key as `valkey-cli --cluster reshard` does, the slot already migrating."""
+    with source.client() as admin:
+        admin.execute_command("MIGRATE", "127.0.0.1", target.port, key, 0, 5000)
+
+
+def held_by(node: ClusterNode, key: str) -> bytes | None:
+    """`key`'s value on `node`, an importing master that serves it only after ASKING."""
+    with redis.Redis(port=node.port, single_connection_client=True) as admin:
+        admin.execute_command("ASKING")
+        return admin.get(key)
+
+
+async def _idle_connections(client: RedisClient, node: ClusterNode, count: int) -> None:
+    """Leave `count` idle connections in the client's pool of `node`, as a busy process has."""
+    probe = f"probe:{node.port}"
+    await asyncio.gather(
+        *(
+            client.execute_command("ECHO", probe, target_nodes=_known(client, node))
+            for _ in range(count)
+        )
+    )
+
+
+def _known(client: RedisClient, node: ClusterNode) -> object:
+    return client.get_node(host="127.0.0.1", port=node.port)  # type: ignore[attr-defined]
+
+
+def _other_master(cluster: LocalCluster, source: ClusterNode) -> ClusterNode:
+    return next(node for node in cluster.masters if node.port != source.port)
+
+
+async def test_a_migrated_job_is_read_from_the_importing_master_by_a_busy_client(
+    cluster: LocalCluster, busy: RedisClient
+) -> None:
+    """A job whose hash migrated before its stream is read where it went (GET /v1/jobs/{id}
+    mid-reshard). redis-py sent ASKING on one idle connection and the read on another: the
+    importing master answered MOVED, the old one ASK again, until "TTL exhausted"."""
+    store = JobStore(busy, KEYS, 60)
+    entry = RequestEntry(new_job_id("resharded", "read"), {"inputs": {}}, now_ms())
+    job = NewJob(entry, KEYS.queue("resharded", "read"), {"model": "resharded"})
+    assert await store.create_many([job]) == []
+    key = KEYS.job(entry.job_id)
+    source = cluster.master_of(key)
+    target = _other_master(cluster, source)
+    await _idle_connections(busy, target, IDLE_CONNECTIONS)
+    with migrating(key_slot(key.encode()), source, target):
+        migrate(key, source, target)
+        record = await store.get(entry.job_id)
+        assert record is not None and record.status == JobStatus.QUEUED
+
+
+async def test_a_write_to_a_migrating_slot_lands_on_a_master_added_since(
+    cluster: LocalCluster, busy: RedisClient, tmp_path: Path
+) -> None:
+    """Rebalancing onto a new master: the client read the slots before it joined, so the ASK
+    names a node it does not know. redis-py looked it up as None (an AttributeError); the
+    write now goes there, with ASKING on its connection."""
+    key = "cv:test:{rebalanced}"
+    assert await busy.get(key) is None  # the slots read, the new master not among them
+    source = cluster.master_of(key)
+    added = cluster.add_master(tmp_path / "added")
+    with migrating(key_slot(key.encode()), source, added):
+        assert await busy.set(key, "moved") is True
+        assert held_by(added, key) == b"moved"
