@@ -62,6 +62,31 @@ def test_a_producer_started_without_redis_is_ready_once_its_startup_ran(tmp_path
         pipeline.stop()
 
 
+def test_a_startup_redis_refuses_keeps_the_producer_unready_and_says_why(tmp_path: Path) -> None:
+    """A key of another type where a partition's stream belongs (an operator's slip): Redis
+    answers PING, but its refusal was logged as "redis not reachable" and the rest of the
+    startup skipped, the producer ready all the same. It stays unready, naming the refusal (its
+    class: an open probe shows no server message), until the key is mended."""
+    pipeline = Stack.create(tmp_path)
+    pipeline.env["CONVEYOR_AUTH"] = "disabled"
+    try:
+        stream = Keys(pipeline.settings.key_prefix).queue("identity", "default")
+        client = pipeline.client()
+        client.set(stream, "not a stream")
+        base_url = f"http://127.0.0.1:{free_port()}"
+        pipeline.start_producer_process(int(base_url.rsplit(":", 1)[1]))
+        until(lambda: _status(f"{base_url}/healthz") == 200, pipeline.start_timeout_s)
+        unready = httpx.get(f"{base_url}/readyz", timeout=5)
+        assert unready.status_code == 503 and "ResponseError" in unready.text, unready.text
+
+        client.delete(stream)
+        until(lambda: _status(f"{base_url}/readyz") == 200, 60)
+        assert _groups(client, stream) == [GROUP]
+        client.close()
+    finally:
+        pipeline.stop()
+
+
 async def test_a_startup_retried_in_the_background_outlives_an_error_of_another_kind() -> None:
     """A try that failed otherwise than by Redis ended the retries for good, the producer
     unready in silence; it is logged and tried again."""
@@ -80,4 +105,4 @@ async def test_a_startup_retried_in_the_background_outlives_an_error_of_another_
 
 
 async def _done(startup: Startup) -> bool:
-    return startup.done()
+    return startup.unready() is None

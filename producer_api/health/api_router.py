@@ -38,8 +38,8 @@ async def readyz(state: Annotated[ProducerState, Depends(producer_state)]) -> Fa
     except (RedisError, *OUT_OF_REACH, TimeoutError) as exc:
         message = f"redis unreachable: {exc!r}"
         return error_response(503, "unavailable", message, {"Retry-After": "1"})
-    if not state.startup.done():
-        message = "starting: the producer's Redis-side startup has not run yet"
+    if (waiting := state.startup.unready()) is not None:
+        message = f"starting: the producer's Redis-side startup has not run ({waiting})"
         return error_response(503, "unavailable", message, {"Retry-After": "1"})
     if not state.repository.models:
         return error_response(503, "unavailable", "no models in the repository")

@@ -23,12 +23,13 @@ Steps = Callable[[], Awaitable[None]]
 
 class Startup:
     def __init__(self) -> None:
-        self._done = False
+        self._unready: str | None = "not tried yet"
         self._task: asyncio.Task[None] | None = None
 
-    def done(self) -> bool:
-        """Whether the Redis-side startup has run whole: until then the producer is not ready."""
-        return self._done
+    def unready(self) -> str | None:
+        """Why the producer is not ready yet (its last try's error, for `/readyz` to name), or
+        None once the Redis-side startup has run whole."""
+        return self._unready
 
     async def run(self, steps: Steps) -> None:
         """`steps` now, before the port opens; if Redis is out of reach, again in the
@@ -50,6 +51,7 @@ class Startup:
                 delay = await self._try(steps, outage)
             except Exception as exc:
                 log.exception("%s failed; trying again", NAME)
+                self._unready = repr(exc)
                 delay = outage.failed(exc)
 
     async def _try(self, steps: Steps, outage: RedisOutage) -> float | None:
@@ -57,7 +59,8 @@ class Startup:
         try:
             await steps()
         except (RedisError, *OUT_OF_REACH) as exc:
+            self._unready = repr(exc)
             return outage.failed(exc)
         outage.recovered()
-        self._done = True
+        self._unready = None
         return None
