@@ -46,6 +46,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import (
     AskError,
     ClusterDownError,
+    ClusterError,
     DataError,
     MasterDownError,
     MovedError,
@@ -323,6 +324,14 @@ def topology_read() -> Iterator[None]:
         raise
 
 
+class RedirectsExhausted(TryAgainError):
+    """A command whose slot kept redirecting it for redis-py's whole budget (16 tries, a few
+    tenths of a second): mid-migration, a script or a multi-key command whose keys are split
+    between the slot's two masters (`TRYAGAIN` until `MIGRATE` has moved them all), a submit
+    while a partition's jobs move. redis-py raised a bare ClusterError, no outage: a 500 for
+    the submit, not the 503 a slot in flux is. A TryAgainError, it is one (`CLUSTER_OUTAGE`)."""
+
+
 # The node whose next command a task's ASKING allows (`AskingNode`).
 _ASKED: ContextVar[ClusterNode | None] = ContextVar("asked", default=None)
 
@@ -387,6 +396,14 @@ class HiredisCluster(RedisCluster):
         with topology_read():
             await super().initialize(*args, **kwargs)
         return self
+
+    async def _execute_command(self, target_node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super()._execute_command(target_node, *args, **kwargs)
+        except ClusterError as exc:
+            if type(exc) is not ClusterError:  # ClusterDownError and its kin stay themselves
+                raise
+            raise RedirectsExhausted(f"slot still moving: {exc}") from exc
 
     def get_node(
         self, host: str | None = None, port: int | None = None, node_name: str | None = None

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 from redis.crc import key_slot
+from redis.exceptions import TryAgainError
 
 from conveyor.valkey_cluster import ClusterNode, LocalCluster
 from shared.codec import RequestEntry
@@ -81,6 +82,11 @@ def _known(client: RedisClient, node: ClusterNode) -> object:
     return client.get_node(host="127.0.0.1", port=node.port)  # type: ignore[attr-defined]
 
 
+def _new_job(variant: str) -> NewJob:
+    entry = RequestEntry(new_job_id("resharded", variant), {"inputs": {}}, now_ms())
+    return NewJob(entry, KEYS.queue("resharded", variant), {"model": "resharded"})
+
+
 def _other_master(cluster: LocalCluster, source: ClusterNode) -> ClusterNode:
     return next(node for node in cluster.masters if node.port != source.port)
 
@@ -92,16 +98,15 @@ async def test_a_migrated_job_is_read_from_the_importing_master_by_a_busy_client
     mid-reshard). redis-py sent ASKING on one idle connection and the read on another: the
     importing master answered MOVED, the old one ASK again, until "TTL exhausted"."""
     store = JobStore(busy, KEYS, 60)
-    entry = RequestEntry(new_job_id("resharded", "read"), {"inputs": {}}, now_ms())
-    job = NewJob(entry, KEYS.queue("resharded", "read"), {"model": "resharded"})
+    job = _new_job("read")
     assert await store.create_many([job]) == []
-    key = KEYS.job(entry.job_id)
+    key = KEYS.job(job.entry.job_id)
     source = cluster.master_of(key)
     target = _other_master(cluster, source)
     await _idle_connections(busy, target, IDLE_CONNECTIONS)
     with migrating(key_slot(key.encode()), source, target):
         migrate(key, source, target)
-        record = await store.get(entry.job_id)
+        record = await store.get(job.entry.job_id)
         assert record is not None and record.status == JobStatus.QUEUED
 
 
@@ -118,3 +123,21 @@ async def test_a_write_to_a_migrating_slot_lands_on_a_master_added_since(
     with migrating(key_slot(key.encode()), source, added):
         assert await busy.set(key, "moved") is True
         assert held_by(added, key) == b"moved"
+
+
+async def test_a_submit_while_its_partitions_keys_move_is_an_outage(
+    cluster: LocalCluster, busy: RedisClient
+) -> None:
+    """A job hash moved, its lane's stream not yet: ENQUEUE's keys are split between the two
+    masters, answered TRYAGAIN until the rest moves. redis-py gave up with a bare ClusterError
+    (a 500); it is the outage a moving slot is (503, Retry-After; a worker backs off)."""
+    store = JobStore(busy, KEYS, 60)
+    first, late = _new_job("submit"), _new_job("submit")
+    assert await store.create_many([first]) == []
+    key = KEYS.job(first.entry.job_id)
+    source = cluster.master_of(key)
+    target = _other_master(cluster, source)
+    with migrating(key_slot(key.encode()), source, target):
+        migrate(key, source, target)
+        with pytest.raises(TryAgainError):
+            await store.create(late.entry, late.stream, late.fields)
