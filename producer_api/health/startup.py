@@ -51,7 +51,7 @@ class Startup:
                 delay = await self._try(steps, outage)
             except Exception as exc:
                 log.exception("%s failed; trying again", NAME)
-                self._unready = repr(exc)
+                self._unready = type(exc).__name__  # its message stays in the log, off a probe
                 delay = outage.failed(exc)
 
     async def _try(self, steps: Steps, outage: RedisOutage) -> float | None:
