@@ -89,19 +89,23 @@ def test_a_startup_redis_refuses_keeps_the_producer_unready_and_says_why(tmp_pat
 
 async def test_a_startup_retried_in_the_background_outlives_an_error_of_another_kind() -> None:
     """A try that failed otherwise than by Redis ended the retries for good, the producer
-    unready in silence; it is logged and tried again."""
+    unready in silence; it is logged and tried again, and the open probe names its class, not
+    its message (which may quote what was read)."""
     failures: list[Exception] = [RedisConnectionError("refused"), ValueError("a bad route")]
+    startup = Startup()
+    reasons: list[str | None] = []  # why unready, as each try began
 
     async def steps() -> None:
+        reasons.append(startup.unready())
         if failures:
             raise failures.pop(0)
 
-    startup = Startup()
     await startup.run(steps)
     try:
         await until_async(lambda: _done(startup))
     finally:
         await startup.stop()
+    assert reasons[-1] == "ValueError"
 
 
 async def _done(startup: Startup) -> bool:
