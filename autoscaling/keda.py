@@ -12,8 +12,9 @@ tombstones ahead of the group's position whenever jobs finish out of order, Redi
 `lag: nil`, and KEDA reads that as -1 (no work) while work is waiting.
 
 A model with `autoscaling.metric: backlog_seconds` scales instead on seconds of work (one
-trigger on `conveyor_backlog_seconds`, shared/backlog.py), read by KEDA's `metrics-api` scaler
-from the producer's `/metrics/backlog/{model}/{variant}` or by its `prometheus` scaler."""
+trigger on its scaling seconds, shared/backlog.py: the backlog, at most `target_s` per job),
+read by KEDA's `metrics-api` scaler from the producer's `/metrics/backlog/{model}/{variant}`
+(`scaling_seconds`) or by its `prometheus` scaler (`conveyor_backlog_scaling_seconds`)."""
 
 from __future__ import annotations
 
@@ -126,7 +127,9 @@ def backlog_trigger(config: ModelConfig, variant: str, sources: MetricSources) -
     target = f"{backlog.target_s:g}"
     if backlog.scaler == "prometheus":
         # Every producer reports the same value (it is read from Redis): take one.
-        query = f'max(conveyor_backlog_seconds{{model="{config.name}",variant="{variant}"}})'
+        query = (
+            f'max(conveyor_backlog_scaling_seconds{{model="{config.name}",variant="{variant}"}})'
+        )
         metadata = {
             "serverAddress": sources.prometheus_url,
             "query": query,
@@ -136,7 +139,7 @@ def backlog_trigger(config: ModelConfig, variant: str, sources: MetricSources) -
     else:
         metadata = {
             "url": f"{sources.producer_url}/metrics/backlog/{config.name}/{variant}",
-            "valueLocation": "backlog_seconds",
+            "valueLocation": "scaling_seconds",
             "targetValue": target,
             "activationTargetValue": "0",
         }

@@ -66,7 +66,8 @@ class StreamTrigger:
 
 @dataclass(frozen=True, slots=True)
 class BacklogTrigger:
-    """A `metrics-api` or `prometheus` trigger on `conveyor_backlog_seconds` of one pool."""
+    """A `metrics-api` or `prometheus` trigger on one pool's scaling seconds (its backlog
+    seconds, at most `target_s` per job)."""
 
     config: ModelConfig
     variant: str
@@ -88,7 +89,8 @@ class BacklogTrigger:
         pipe = client.pipeline(transaction=False)
         queue_backlog_read(pipe, self.keys, self.config.name, self.variant)
         replies = pipe.execute()
-        return Reading(self, backlog_from(self.config, self.variant, replies[:READS]).seconds)
+        backlog = backlog_from(self.config, self.variant, replies[:READS])
+        return Reading(self, backlog.scaling_seconds)
 
 
 Trigger = StreamTrigger | BacklogTrigger

@@ -4,6 +4,7 @@ The one formula, read by the producer's `conveyor_backlog_seconds` gauge and JSO
 the local autoscaler, and the one owner of `cv:cost:{model}:{variant}`.
 
     backlog_seconds = entries * units_per_job * seconds_per_unit
+    scaling_seconds = min(backlog_seconds, entries * target_s)
 
 - entries: XLEN of the online and bulk streams, queued plus in flight (what `streamLength`
   counts), plus the jobs a fair lane holds back outside its stream (its `held` count).
@@ -13,7 +14,10 @@ the local autoscaler, and the one owner of `cv:cost:{model}:{variant}`.
 - seconds_per_unit: one replica's measured cost, 1 ÷ its throughput. Workers measure it from
   their own counters at every heartbeat (engine seconds per job run; for `generate` models wall
   seconds with a generation running per token generated), smooth it and write it here in the
-  heartbeat's transaction; before any worker has, `autoscaling.backlog.cost_estimate_s`."""
+  heartbeat's transaction; before any worker has, `autoscaling.backlog.cost_estimate_s`.
+- scaling_seconds, what a pool scales on (`target_s` per replica): a job runs on one replica,
+  so no more replicas than jobs. One queued 20 s job with a 5 s target asked for four replicas,
+  three of them idle (GPU pods)."""
 
 from __future__ import annotations
 
@@ -59,10 +63,15 @@ class Backlog:
     units_per_job: float
     seconds_per_unit: float
     measured: bool
+    target_s: float  # one replica's share (autoscaling.backlog.target_s)
 
     @property
     def seconds(self) -> float:
         return self.entries * self.units_per_job * self.seconds_per_unit
+
+    @property
+    def scaling_seconds(self) -> float:
+        return min(self.seconds, self.entries * self.target_s)
 
     def view(self) -> dict[str, Any]:
         """The JSON the producer serves (KEDA's metrics-api reads `backlog_seconds`, exact as the
@@ -72,6 +81,7 @@ class Backlog:
             "model": self.model,
             "variant": self.variant,
             "backlog_seconds": self.seconds,
+            "scaling_seconds": self.scaling_seconds,
             "entries": self.entries,
             "unit": self.unit,
             "units_per_job": round(self.units_per_job, 3),
@@ -97,6 +107,7 @@ def backlog_of(config: ModelConfig, variant: str, entries: int, cost: Mapping[An
         units_per_job,
         seconds_per_unit if measured else config.autoscaling.backlog.cost_estimate_s,
         measured,
+        config.autoscaling.backlog.target_s,
     )
 
 

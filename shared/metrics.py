@@ -90,6 +90,12 @@ BACKLOG_SECONDS = Gauge(
     PARTITION,
     multiprocess_mode=FROM_REDIS,
 )
+BACKLOG_SCALING_SECONDS = Gauge(
+    "conveyor_backlog_scaling_seconds",
+    "The backlog seconds a pool scales on: at most target_s per job (a job runs on one replica)",
+    PARTITION,
+    multiprocess_mode=FROM_REDIS,
+)
 OLDEST_AGE = Gauge(
     "conveyor_oldest_queued_age_seconds",
     "Age of the oldest undelivered entry",

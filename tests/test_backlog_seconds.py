@@ -27,8 +27,8 @@ from tests.conftest import REPO_ROOT, running_stack, until
 
 KEYS = Keys("cv:")
 JOB_MS = {"cheap": 20, "dear": 200}  # engine time of one job: tenfold apart
-TARGET_S = 0.1  # seconds of backlog per replica
-QUEUED = 40  # entries per pool when the autoscaler looks
+TARGET_S = 0.25  # seconds of backlog per replica: more than a job of either pool costs
+QUEUED = 120  # entries per pool when the autoscaler looks: the cheap pool's ~11 replicas
 STEP_MS, MAX_TOKENS = 10, 20  # the generate pool: one token every STEP_MS
 
 
@@ -58,7 +58,7 @@ def generate_model(name: str) -> dict[str, Any]:
         "max_num_seqs": 1,
         "autoscaling": {
             "metric": "backlog_seconds",
-            "backlog": {"target_s": 1, "cost_estimate_s": 0.03},
+            "backlog": {"target_s": 5, "cost_estimate_s": 0.03},
         },
     }
 
@@ -224,6 +224,27 @@ def test_equal_entries_tenfold_costs_scale_in_proportion(costly_stack: Stack) ->
     assert counts["dear"] / counts["cheap"] == pytest.approx(backlog_ratio, rel=0.15)
     http.close()
     client.close()
+
+
+async def test_no_more_replicas_than_jobs_however_dear_each_is(redis_client, aredis):
+    """A job runs on one replica: one queued 20 s job with a 5 s target asked for four replicas,
+    three of them idle. The pool scales on its backlog seconds, at most `target_s` per job;
+    its seconds of work are still reported whole."""
+    config = ModelConfig.model_validate(batch_model("slow", backlog={"target_s": 5}))
+    pipe = redis_client.pipeline()
+    queue_cost_write(pipe, KEYS, "slow", "default", ServiceCost(20.0))
+    pipe.execute()
+    scaler = PoolScaler.for_partition(config, "default", KEYS, str, lambda _: None, bool)
+    for queued in (1, 3, 12):
+        enqueue(redis_client, KEYS.queue("slow", "default"), queued - xlen(redis_client))
+        (backlog,) = await read_backlogs(aredis, KEYS, [(config, "default")])
+        view = backlog.view()
+        assert (view["backlog_seconds"], view["scaling_seconds"]) == (20.0 * queued, 5 * queued)
+        assert scaler.tick(redis_client) == queued  # four per job, before
+
+
+def xlen(client: redis.Redis) -> int:
+    return int(client.xlen(KEYS.queue("slow", "default")))
 
 
 async def test_a_queued_job_of_a_fast_model_reads_as_work(redis_client, aredis):

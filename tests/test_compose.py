@@ -560,6 +560,7 @@ REDIS_GAUGES = (
     "conveyor_partition_pending",
     "conveyor_dlq_depth",
     "conveyor_backlog_seconds",
+    "conveyor_backlog_scaling_seconds",
     "conveyor_oldest_queued_age_seconds",
 )
 

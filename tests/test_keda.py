@@ -192,7 +192,7 @@ def test_backlog_seconds_pools_render_one_valid_trigger_per_scaler():
     assert trigger["type"] == "metrics-api" and trigger["metricType"] == "AverageValue"
     assert trigger["metadata"] == {
         "url": "http://producer.inference.svc/metrics/backlog/costly.metrics-api/default",
-        "valueLocation": "backlog_seconds",
+        "valueLocation": "scaling_seconds",
         "targetValue": "12.5",
         "activationTargetValue": "0",
     }
@@ -200,7 +200,9 @@ def test_backlog_seconds_pools_render_one_valid_trigger_per_scaler():
     assert trigger["type"] == "prometheus"
     assert trigger["metadata"] == {
         "serverAddress": "http://prom.monitoring.svc:9090",
-        "query": 'max(conveyor_backlog_seconds{model="costly.prometheus",variant="default"})',
+        "query": (
+            'max(conveyor_backlog_scaling_seconds{model="costly.prometheus",variant="default"})'
+        ),
         "threshold": "12.5",
         "activationThreshold": "0",
     }

@@ -23,6 +23,7 @@ from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
 from shared.backlog import read_backlogs
 from shared.metrics import (
+    BACKLOG_SCALING_SECONDS,
     BACKLOG_SECONDS,
     DLQ_DEPTH,
     MULTIPROC_DIR,
@@ -53,6 +54,7 @@ async def _refresh_gauges(state: ProducerState) -> None:
     partitions = [(config, variant) for config in state.repository for variant in config.variants]
     for backlog in await read_backlogs(state.redis, state.keys, partitions):
         BACKLOG_SECONDS.labels(backlog.model, backlog.variant).set(backlog.seconds)
+        BACKLOG_SCALING_SECONDS.labels(backlog.model, backlog.variant).set(backlog.scaling_seconds)
 
 
 @router.get("/metrics", include_in_schema=False)
