@@ -19,18 +19,33 @@ from shared.keys import FAIR_SUFFIX, GROUP, Keys
 # KEYS: lanes sharing one hash tag (a partition's two); ARGV[1]: the group. Jobs waiting in each:
 # entries no consumer has been handed yet, as the POSITION script counts them, plus those a fair
 # lane holds back (its fair hash's `held`; a worker's read can leave its stream with none
-# undelivered while a flood waits). Sent as EVAL, which a cluster pipeline routes without loading.
+# undelivered while a flood waits); then the entries in flight in them all (handed over, not yet
+# acknowledged: XLEN - undelivered). Sent as EVAL, which a cluster pipeline routes without loading.
 WAITING = (
     LUA_UNDELIVERED
     + f"""
-local waiting = {{}}
+local waiting, in_flight = {{}}, 0
 for i, stream in ipairs(KEYS) do
   local held = tonumber(redis.call('HGET', stream .. '{FAIR_SUFFIX}', 'held')) or 0
-  waiting[i] = math.max(0, undelivered(stream, ARGV[1])) + math.max(0, held)
+  local undelivered = undelivered(stream, ARGV[1])
+  waiting[i] = math.max(0, undelivered) + math.max(0, held)
+  in_flight = in_flight + redis.call('XLEN', stream) - undelivered
 end
+waiting[#KEYS + 1] = in_flight
 return waiting
 """
 )
+
+
+@dataclass(frozen=True, slots=True)
+class LaneBacklog:
+    """A group of lanes' (a partition's) drain rates and jobs waiting, lane by lane, and the
+    entries its workers have in hand: a partition that finished nothing lately is idle only
+    with none in flight (else its workers are busy on long jobs)."""
+
+    rates: list[float]
+    waiting: list[int]
+    in_flight: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +87,10 @@ async def drain_rates(
 
 async def drain_rates_and_waiting(
     client: aioredis.Redis, keys: Keys, lanes: Sequence[Sequence[str]], window_s: int
-) -> tuple[list[list[float]], list[list[int]]]:
-    """Each lane's drain rate (as `drain_rates`) and jobs waiting in it (`WAITING`), grouped
-    as `lanes` are (lanes that share a hash tag: a partition's online and bulk ones), all in
-    one round trip: a group's MGETs and one EVAL go to its node together."""
+) -> list[LaneBacklog]:
+    """Each group of `lanes` (lanes that share a hash tag: a partition's online and bulk ones):
+    its lanes' drain rates (as `drain_rates`), jobs waiting and entries in flight (`WAITING`),
+    all in one round trip: a group's MGETs and one EVAL go to its node together."""
     window = _Window.last(window_s)
     async with client.pipeline(transaction=False) as pipe:
         for group in lanes:
@@ -83,8 +98,9 @@ async def drain_rates_and_waiting(
                 window.read(pipe, keys, stream)
             pipe.execute_command("EVAL", WAITING, len(group), *group, GROUP)
         replies = iter(await pipe.execute())
-    rates, waiting = [], []
+    backlogs = []
     for group in lanes:
-        rates.append([window.rate(next(replies)) for _ in group])
-        waiting.append([int(count) for count in next(replies)])
-    return rates, waiting
+        rates = [window.rate(next(replies)) for _ in group]
+        *waiting, in_flight = (int(count) for count in next(replies))
+        backlogs.append(LaneBacklog(rates, waiting, in_flight))
+    return backlogs

@@ -92,7 +92,7 @@ async def test_lanes_on_several_masters_in_one_go(
 ) -> None:
     """Each partition's rates and jobs waiting, a partition's two lanes in one EVAL on its own
     master: delivered entries are not counted, held ones are (a fair lane's `held`), and a lane
-    without a group has all its entries undelivered."""
+    without a group has all its entries undelivered; the delivered ones are in flight."""
     partitions = [("identity", "default"), ("identity", "canary")]
     lanes = [(KEYS.queue(*p), KEYS.bulk_queue(*p)) for p in partitions]
     (first, first_bulk), (other, other_bulk) = lanes
@@ -108,9 +108,11 @@ async def test_lanes_on_several_masters_in_one_go(
     await cluster_client.set(KEYS.drained(first, second - 2), 10)
     await cluster_client.set(KEYS.drained(other, second - 1), 20)
 
-    rates, waiting = await drain_rates_and_waiting(cluster_client, KEYS, lanes, 5)
+    backlogs = await drain_rates_and_waiting(cluster_client, KEYS, lanes, 5)
 
-    assert waiting == [[3, 1], [0, 5]]
+    assert [b.waiting for b in backlogs] == [[3, 1], [0, 5]]
+    assert [b.in_flight for b in backlogs] == [2, 0]
+    rates = [b.rates for b in backlogs]
     assert 10 / 6 <= rates[0][0] <= 10 / 5
     assert rates[1][0] == pytest.approx(rates[0][0] * 2)
     assert [rates[0][1], rates[1][1]] == [0.0, 0.0]

@@ -20,7 +20,7 @@ from dataclasses import fields as dataclass_fields
 import redis.asyncio as aioredis
 
 from producer_api.periodic import Periodic
-from shared.drain_rate import drain_rates_and_waiting
+from shared.drain_rate import LaneBacklog, drain_rates_and_waiting
 from shared.job_store import JobRecord
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.queue_position import (
@@ -32,6 +32,8 @@ from shared.queue_position import (
 
 REFRESH_S = 1.0
 Partition = tuple[str, str]
+# What a partition not read yet counts as: nothing waiting, nothing in flight.
+NO_BACKLOG = LaneBacklog([0.0, 0.0], [0, 0], 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +117,7 @@ class QueueEta:
         self.loads: dict[Partition, PartitionLoad] = {}
         self._serving: dict[Partition, deque[int]] = {}
         self._backlogged: dict[Partition, deque[bool]] = {}
-        self._waiting: dict[Partition, list[int]] = {}  # (online, bulk) at the last refresh
+        self._backlogs: dict[Partition, LaneBacklog] = {}  # at the last refresh
         self._capacity: dict[Partition, float] = {}  # entries/s per serving worker, both lanes
         self.refresher = Periodic("queue-eta", REFRESH_S, self.refresh)
 
@@ -125,11 +127,12 @@ class QueueEta:
         registry's two."""
         partitions = [(c.name, v) for c in self.repository for v in c.variants]
         lanes = [(self.keys.queue(*p), self.keys.bulk_queue(*p)) for p in partitions]
-        rates, waiting = await drain_rates_and_waiting(self.client, self.keys, lanes, RATE_WINDOW_S)
+        backlogs = await drain_rates_and_waiting(self.client, self.keys, lanes, RATE_WINDOW_S)
+        rates = [backlog.rates for backlog in backlogs]
         self.loads = await read_partition_loads(self.client, self.keys, partitions, rates)
-        self._waiting = dict(zip(partitions, waiting, strict=True))
+        self._backlogs = dict(zip(partitions, backlogs, strict=True))
         for partition, load in self.loads.items():
-            self._remember(partition, load, self._waiting.get(partition, [0, 0]))
+            self._remember(partition, load, self._backlog(partition).waiting)
 
     def _remember(self, partition: Partition, load: PartitionLoad, waiting: list[int]) -> None:
         """Keep the workers' capacity per worker, measured only while work waited: a lane
@@ -167,26 +170,33 @@ class QueueEta:
             return 0.0
         window = (load.online_per_s + load.bulk_per_s) / mean_serving
         total = max(window, self._capacity.get(partition, 0.0)) * load.serving
-        other_waiting = self._waiting.get(partition, [0, 0])[0 if bulk else 1]
+        other_waiting = self._backlog(partition).waiting[0 if bulk else 1]
         other_busy = (load.online_per_s if bulk else load.bulk_per_s) > 0 or other_waiting > 0
         share = config.bulk_share if bulk else 1.0
         return total * share / (1 + config.bulk_share) if other_busy else total
 
     def standing(self, config: ModelConfig, variant: str, bulk: bool, position: int) -> Standing:
-        load = self.loads.get((config.name, variant), PartitionLoad())
         rate = self.lane_rate(config, variant, bulk)
         eta: int | None = None
         if rate > 0:
             eta = eta_ms(position, rate)
-        elif position == 0 and load.serving and not self._held_back(config, variant, bulk):
-            eta = 0  # an idle worker takes it at once
+        elif position == 0 and self._starts_at_once(config, variant, bulk):
+            eta = 0
         return Standing(position, eta)
 
-    def _held_back(self, config: ModelConfig, variant: str, bulk: bool) -> bool:
-        """A bulk lane with no share of the reads starts nothing while online work waits, so
-        its head has no ETA then, not one of zero."""
-        online_waiting = self._waiting.get((config.name, variant), [0, 0])[0]
-        return bulk and config.bulk_share == 0 and online_waiting > 0
+    def _starts_at_once(self, config: ModelConfig, variant: str, bulk: bool) -> bool:
+        """Whether a job at the head of a lane with no rate known starts now: a worker serves
+        and has nothing in hand (one busy past the rate window on long jobs, a generate
+        model's slots full, showed `eta_ms: 0` for as long as they ran), and, for a bulk lane
+        with no share of the reads, no online work waits ahead of it."""
+        partition = (config.name, variant)
+        backlog = self._backlog(partition)
+        if not self.loads.get(partition, PartitionLoad()).serving or backlog.in_flight:
+            return False
+        return not (bulk and config.bulk_share == 0 and backlog.waiting[0] > 0)
+
+    def _backlog(self, partition: Partition) -> LaneBacklog:
+        return self._backlogs.get(partition, NO_BACKLOG)
 
     def max_ahead(self, config: ModelConfig, variant: str, bulk: bool, start_by: StartBy) -> int:
         """Most entries that may wait ahead of a job for it to start by `start_by`, when the
