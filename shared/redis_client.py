@@ -334,6 +334,14 @@ class RedirectsExhausted(TryAgainError):
 
 # The node whose next command a task's ASKING allows (`AskingNode`).
 _ASKED: ContextVar[ClusterNode | None] = ContextVar("asked", default=None)
+# Commands that run a script, which may touch keys it does not declare (`AskingNode`).
+SCRIPT_COMMANDS = frozenset({"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO"})
+
+
+class ScriptHeldBack(TryAgainError):
+    """A script an ASK would send on to the importing master while its slot migrates: it
+    waits, as TRYAGAIN does, until the slot has moved (MOVED then takes it there whole), and
+    is the outage a moving slot is if it takes longer (`RedirectsExhausted`)."""
 
 
 class AskingNode(ClusterNode):
@@ -343,7 +351,13 @@ class AskingNode(ClusterNode):
     than one idle connection (any busy process's) the command came without ASKING, the
     importing master answered MOVED back to the old one, which answered ASK again, until
     redis-py gave up ("TTL exhausted", a ClusterError: a 500, a worker's error) on every key
-    already migrated while a slot moved."""
+    already migrated while a slot moved.
+
+    A script is not sent on by ASK (`ScriptHeldBack`). The old master asks only once every key
+    the script declares has moved, but the job scripts also touch keys they find in stream
+    entries (`LUA_JOB_KEY`), which may not have: on the importing master those read as
+    missing (TAKE handed a worker its lane's jobs as gone, and the worker dropped them) or
+    are written anew beside the old master's (which MIGRATE then refuses: BUSYKEY)."""
 
     __slots__ = ()  # ClusterNode's layout, so that a node made by redis-py can become one
 
@@ -354,6 +368,12 @@ class AskingNode(ClusterNode):
         if _ASKED.get() is not self:
             return await super().execute_command(*args, asking=asking, **kwargs)
         _ASKED.set(None)
+        if str(args[0]).upper() in SCRIPT_COMMANDS:
+            raise ScriptHeldBack(f"{args[0]} waits for its slot to finish moving to {self.name}")
+        return await self._asked(*args, **kwargs)
+
+    async def _asked(self, *args: Any, **kwargs: Any) -> Any:
+        """The command's reply, sent behind ASKING on one connection."""
         connection = self.acquire_connection()
         try:
             await self.disconnect_if_needed(connection)

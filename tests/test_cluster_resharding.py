@@ -22,6 +22,7 @@ from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
 from shared.redis_client import RedisClient, connect
+from workers.partition.stream_reader import StreamReader
 
 pytestmark = pytest.mark.slow
 KEYS = Keys()
@@ -58,6 +59,18 @@ def migrate(key: str, source: ClusterNode, target: ClusterNode) -> None:
     """Move one key as `valkey-cli --cluster reshard` does, the slot already migrating."""
     with source.client() as admin:
         admin.execute_command("MIGRATE", "127.0.0.1", target.port, key, 0, 5000)
+
+
+def hand_over(cluster: LocalCluster, slot: int, source: ClusterNode, target: ClusterNode) -> None:
+    """End the migration: the slot's remaining keys moved, then the slot given to `target`
+    on every master, as `valkey-cli --cluster reshard` ends it."""
+    with source.client() as admin:
+        if keys := admin.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000):
+            admin.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+    others = [node for node in cluster.masters if node not in (source, target)]
+    for node in (target, source, *others):
+        with node.client() as admin:
+            admin.execute_command("CLUSTER SETSLOT", slot, "NODE", target.node_id)
 
 
 def held_by(node: ClusterNode, key: str) -> bytes | None:
@@ -141,3 +154,30 @@ async def test_a_submit_while_its_partitions_keys_move_is_an_outage(
         migrate(key, source, target)
         with pytest.raises(TryAgainError):
             await store.create(late.entry, late.stream, late.fields)
+
+
+async def test_a_worker_takes_no_job_of_a_lane_moved_ahead_of_its_jobs(
+    cluster: LocalCluster, busy: RedisClient
+) -> None:
+    """A lane's stream moved, its job hashes not yet: the old master sent TAKE on by ASK, and
+    on the importing master its jobs' hashes, not keys TAKE declares, read as missing, so the
+    worker dropped every entry it took as a job gone (each accepted job lost). The read now
+    waits for the slot as an outage, and the jobs are taken, queued, once it has moved."""
+    store = JobStore(busy, KEYS, 60)
+    jobs = [_new_job("take") for _ in range(3)]
+    lane = jobs[0].stream
+    reader = StreamReader(busy, KEYS, [lane], "w-resharding")
+    await reader.ensure_groups()
+    assert await store.create_many(jobs) == []
+    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
+    target = _other_master(cluster, source)
+    with migrating(slot, source, target):
+        migrate(lane, source, target)
+        with pytest.raises(TryAgainError):
+            await reader.take([lane], 10)
+        hand_over(cluster, slot, source, target)
+        batch = await reader.take([lane], 10)
+    assert batch is not None
+    assert {(d.entry.job_id, d.status) for d in batch[1] if d.entry} == {
+        (job.entry.job_id, JobStatus.QUEUED) for job in jobs
+    }
