@@ -24,13 +24,17 @@ router = APIRouter(tags=["health"])
 READY_TIMEOUT_S = 0.5
 
 
+# HEAD as well as GET: a load balancer or monitor that checks with HEAD got 405 (RFC 9110 has
+# every general-purpose server support it), a healthy producer taken for down.
 @router.get("/healthz")
+@router.head("/healthz", include_in_schema=False)
 async def healthz(state: Annotated[ProducerState, Depends(producer_state)]) -> dict[str, str]:
     """Alive, and which producer this is (`conveyor up` checks its port answers as its own)."""
     return {"status": "ok", "instance": state.settings.instance_id}
 
 
 @router.get("/readyz")
+@router.head("/readyz", include_in_schema=False)
 async def readyz(state: Annotated[ProducerState, Depends(producer_state)]) -> FastJSONResponse:
     try:
         async with asyncio.timeout(READY_TIMEOUT_S):
