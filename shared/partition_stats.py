@@ -40,25 +40,23 @@ local HEADS = {HEADS_READ}
 """
     + """
 local oldest = nil
-local function enq(fields)
+local function field(fields, name)
   for i = 1, #fields, 2 do
-    if fields[i] == 'enq' then return tonumber(fields[i + 1]) end
+    if fields[i] == name then return fields[i + 1] end
   end
 end
-local function older(ms)
+local function older(fields)
+  local ms = tonumber(field(fields, 'enq'))
   if ms and (not oldest or ms < oldest) then oldest = ms end
 end
 local first = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', 1)[1]
-if first then older(enq(first[2])) end
+if first then older(first[2]) end
 for _, tenant in ipairs(redis.call('LRANGE', KEYS[1] .. RING, 0, -1)) do
   for _, packed in ipairs(redis.call('LRANGE', KEYS[1] .. HELD .. tenant, 0, HEADS - 1)) do
     local fields = cmsgpack.unpack(packed)
-    local jid
-    for i = 1, #fields, 2 do
-      if fields[i] == 'id' then jid = fields[i + 1] end
-    end
+    local jid = field(fields, 'id')
     if jid and redis.call('HGET', jobkey(ARGV[2], jid), 'status') == 'queued' then
-      older(enq(fields))
+      older(fields)
       break
     end
   end
