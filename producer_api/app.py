@@ -44,7 +44,7 @@ from producer_api.traffic_control import TrafficControl
 from shared import job_scripts
 from shared.api_keys import ApiKeyStore
 from shared.batch_api_store import BatchApiStore
-from shared.consumer_groups import ensure_groups
+from shared.consumer_groups import ensure_groups_where_streams_fit
 from shared.file_store import FileStore
 from shared.heap_tuning import settle_heap
 from shared.job_store import JobStore, merged_enqueues
@@ -127,7 +127,8 @@ def build_state(settings: Settings) -> ProducerState:
 
 async def _redis_side_startup(state: ProducerState) -> None:
     """What the producer sets up in Redis before it is ready (`Startup` retries it)."""
-    await ensure_groups(state.redis, _partition_streams(state.keys, state.repository))
+    streams = _partition_streams(state.keys, state.repository)
+    await ensure_groups_where_streams_fit(state.redis, streams)
     # admission's scripts run when a submit failed, maybe on a server whose replicas do
     # not confirm writes: a NOSCRIPT then would hide behind the failed ack
     await preload(state.redis, [*job_scripts.ALL, *admission.SCRIPTS])

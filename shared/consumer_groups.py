@@ -53,6 +53,20 @@ async def ensure_groups(client: aioredis.Redis, streams: Iterable[str]) -> None:
                 raise
 
 
+async def ensure_groups_where_streams_fit(client: aioredis.Redis, streams: Iterable[str]) -> None:
+    """`ensure_groups` on each stream, skipping (and logging) those whose key holds another
+    type (WRONGTYPE: an operator's slip): that partition cannot queue a job, the others can.
+    One such key kept a producer's whole startup from running, and so every producer unready,
+    every model's requests refused."""
+    for stream in streams:
+        try:
+            await ensure_groups(client, [stream])
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            log.error("%s holds no stream, so its partition serves nothing: %s", stream, exc)
+
+
 async def recreating_groups(
     client: aioredis.Redis, streams: Sequence[str], call: Callable[[], Awaitable[T]]
 ) -> T | None:
