@@ -530,12 +530,21 @@ class TimeoutRaisingPipeline(PipelineStrategy):
 
 class TimeoutRaisingTransaction(TransactionStrategy):
     """A cluster transaction whose timeout is raised at once: redis-py's adds the base class's
-    list, timeouts included, to the client's Retry."""
+    list, timeouts included, to the client's Retry. One its slot still redirects after those
+    tries (mid-migration: redis-py takes an ASK for a MOVED and sends no ASKING, so the old
+    master and the importing one send it back and forth) is the outage a moving slot is
+    (`RedirectsExhausted`), where the MovedError was a 500 (a file upload, a batch's create)."""
 
     def __init__(self, pipe: ClusterPipeline) -> None:
         super().__init__(pipe)
         self._retry = copy.copy(pipe.cluster_client.retry)
         self._retry.update_supported_errors(cast(Any, CLUSTER_RETRIED + self.SLOT_REDIRECT_ERRORS))
+
+    async def execute(self, *args: Any, **kwargs: Any) -> list[Any]:
+        try:
+            return await super().execute(*args, **kwargs)
+        except AskError as exc:  # a MovedError too
+            raise RedirectsExhausted(f"transaction's slot still moving: {exc}") from exc
 
 
 async def reread_topology(client: RedisClient) -> None:

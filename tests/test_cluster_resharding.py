@@ -18,6 +18,7 @@ from redis.exceptions import TryAgainError
 
 from conveyor.valkey_cluster import ClusterNode, LocalCluster
 from shared.codec import RequestEntry
+from shared.file_store import FileStore
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
@@ -181,3 +182,18 @@ async def test_a_worker_takes_no_job_of_a_lane_moved_ahead_of_its_jobs(
     assert {(d.entry.job_id, d.status) for d in batch[1] if d.entry} == {
         (job.entry.job_id, JobStatus.QUEUED) for job in jobs
     }
+
+
+async def test_a_transaction_to_a_slot_mid_migration_is_an_outage(
+    cluster: LocalCluster, busy: RedisClient
+) -> None:
+    """An uploaded file's first write, a MULTI, to a slot mid-migration: redis-py takes the
+    old master's ASK for a MOVED and sends no ASKING, so the two masters sent it back and forth
+    until a MovedError came out, a 500. It is the outage a moving slot is (503, Retry-After)."""
+    files = FileStore(busy, KEYS, 60)
+    key = KEYS.file("file-resharded")
+    assert await busy.exists(key) == 0  # the slots read
+    source, slot = cluster.master_of(key), key_slot(key.encode())
+    target = _other_master(cluster, source)
+    with migrating(slot, source, target), pytest.raises(TryAgainError):
+        await files.put("file-resharded", {"tenant": "t-resharding"}, b"line")
