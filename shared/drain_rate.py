@@ -27,9 +27,9 @@ WAITING = (
 local waiting, in_flight = {{}}, 0
 for i, stream in ipairs(KEYS) do
   local held = tonumber(redis.call('HGET', stream .. '{FAIR_SUFFIX}', 'held')) or 0
-  local undelivered = undelivered(stream, ARGV[1])
-  waiting[i] = math.max(0, undelivered) + math.max(0, held)
-  in_flight = in_flight + redis.call('XLEN', stream) - undelivered
+  local unread = undelivered(stream, ARGV[1])
+  waiting[i] = math.max(0, unread) + math.max(0, held)
+  in_flight = in_flight + redis.call('XLEN', stream) - unread
 end
 waiting[#KEYS + 1] = in_flight
 return waiting

@@ -122,9 +122,9 @@ class QueueEta:
         self.refresher = Periodic("queue-eta", REFRESH_S, self.refresh)
 
     async def refresh(self) -> None:
-        """Every partition's load and its lanes' backlog: the lanes' drained counters and jobs
-        waiting (undelivered, or held back by a fair lane) in one round trip, then the worker
-        registry's two."""
+        """Every partition's load and its lanes' backlog: the lanes' drained counters, jobs
+        waiting (undelivered, or held back by a fair lane) and entries in flight in one round
+        trip, then the worker registry's two."""
         partitions = [(c.name, v) for c in self.repository for v in c.variants]
         lanes = [(self.keys.queue(*p), self.keys.bulk_queue(*p)) for p in partitions]
         backlogs = await drain_rates_and_waiting(self.client, self.keys, lanes, RATE_WINDOW_S)
