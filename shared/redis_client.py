@@ -67,9 +67,34 @@ from shared.settings import get_settings
 # (`is_cluster`, `preload`, producer_api/reply_listener.py).
 RedisClient: TypeAlias = aioredis.Redis
 T = TypeVar("T")
+
+
+class ScriptKeyMoved(ResponseError):
+    """A script refused mid-run a key it does not declare that its slot's migration has moved
+    already (the job scripts find job hashes from stream entries, `LUA_JOB_KEY`): a state that
+    passes once the slot has moved, where a plain ResponseError ended the worker (every worker
+    of a partition that a reshard moved). A ResponseError, so redis-py never sends it again:
+    the script may have written before the refusal."""
+
+
+# What an ERR reply of a script refused a key moving says (Valkey: "Attempted to access …",
+# Redis: "Script attempted to access …"), followed by where in the script.
+NON_LOCAL_KEY = "to access a non local key in a cluster node"
+
+
+class _ErrReplies(dict[str, type[Exception]]):
+    """redis-py's classes of ERR replies, found by the whole message; a script's refused key
+    (`ScriptKeyMoved`) by what the message says, as it names the script's line too."""
+
+    def get(self, message: str, default: Any = None) -> Any:
+        if NON_LOCAL_KEY in message:
+            return ScriptKeyMoved
+        return super().get(message, default)
+
+
 # What a cluster answers while a master fails over (no master for a slot yet, a slot moving):
 # an outage like a dropped connection (503, back off), not a fault of the request.
-CLUSTER_OUTAGE = (ClusterDownError, TryAgainError, SlotNotCoveredError)
+CLUSTER_OUTAGE = (ClusterDownError, TryAgainError, SlotNotCoveredError, ScriptKeyMoved)
 # A cluster node's reply to a command for a slot it does not serve now (resharding moved it, or
 # is moving it). redis-py sends each such command of a pipeline again by itself, through its
 # client's `execute_command`: unless the pipeline is run without (`executed`), where they stay
@@ -114,6 +139,7 @@ class ScriptBusy(RedisConnectionError):
 
 
 BaseParser.EXCEPTION_CLASSES.update(
+    ERR=_ErrReplies(cast(dict[str, type[Exception]], BaseParser.EXCEPTION_CLASSES["ERR"])),
     MISCONF=PersistenceError,
     UNBLOCKED=RoleChangedError,
     READONLY=ReplicaRefusal,

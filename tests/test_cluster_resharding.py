@@ -23,6 +23,7 @@ from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
 from shared.redis_client import RedisClient, connect
+from workers.partition.redis_backoff import OUTAGE
 from workers.partition.stream_reader import StreamReader
 
 pytestmark = pytest.mark.slow
@@ -197,3 +198,24 @@ async def test_a_transaction_to_a_slot_mid_migration_is_an_outage(
     target = _other_master(cluster, source)
     with migrating(slot, source, target), pytest.raises(TryAgainError):
         await files.put("file-resharded", {"tenant": "t-resharding"}, b"line")
+
+
+async def test_a_workers_read_that_meets_a_moved_job_is_waited_out(
+    cluster: LocalCluster, busy: RedisClient
+) -> None:
+    """A job hash moved, its lane's stream not yet: TAKE runs on the old master, which refuses
+    the job's hash (a key TAKE does not declare) mid-script. A plain ResponseError, it ended
+    the worker; it is an outage the worker backs off from (the entries the script had read
+    before wait in the worker's pending list for the reclaimer)."""
+    store = JobStore(busy, KEYS, 60)
+    jobs = [_new_job("refused") for _ in range(2)]
+    lane = jobs[0].stream
+    reader = StreamReader(busy, KEYS, [lane], "w-refused")
+    await reader.ensure_groups()
+    assert await store.create_many(jobs) == []
+    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
+    target = _other_master(cluster, source)
+    with migrating(slot, source, target):
+        migrate(KEYS.job(jobs[0].entry.job_id), source, target)
+        with pytest.raises(OUTAGE):
+            await reader.take([lane], 10)
