@@ -2,7 +2,9 @@
 MIGRATING/IMPORTING` and `MIGRATE`, as `valkey-cli --cluster reshard` does), a key already
 moved is answered ASK by the old master and served by the importing one, whose connection
 must carry ASKING: on a busy client's node pool too, and on a master added since the client
-read the slots (rebalancing onto a new master)."""
+read the slots (rebalancing onto a new master). A script is not sent on by ASK (it would read
+job hashes still on the old master as missing), and what a moving slot refuses (TRYAGAIN,
+redirects without end, a script's moved key) is an outage: a 503, a worker's backoff."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ IDLE_CONNECTIONS = 12
 
 @pytest.fixture
 async def busy(cluster: LocalCluster) -> AsyncIterator[RedisClient]:
-    """A cluster client as a process makes it, with the job scripts loaded."""
+    """A cluster client as the processes make it (`connect`), its pools empty."""
     client = connect(
         f"redis://127.0.0.1:{cluster.masters[0].port}/0", name="resharding", cluster=True
     )
