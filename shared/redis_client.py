@@ -525,7 +525,7 @@ class TimeoutRaisingPipeline(PipelineStrategy):
         follows = allow_redirections and self.resends
         try:
             return await super()._execute(client, stack, raise_on_error, follows)
-        except REDIRECTS as exc:  # raised only when not followed
+        except REDIRECTS as exc:  # not followed, or followed past the budget
             raise _Carried(NotResent(f"pipeline not sent again: {exc!r}"), exc) from exc
         except RedisTimeoutError as exc:
             client._initialize = True
