@@ -12,8 +12,9 @@ the local autoscaler, and the one owner of `cv:cost:{model}:{variant}`.
   for `batch` models and the measured mean completion length for `generate` models (before any
   measurement: the model's `default_max_tokens`).
 - seconds_per_unit: one replica's measured cost, 1 ÷ its throughput. Workers measure it from
-  their own counters at every heartbeat (engine seconds per job run; for `generate` models wall
-  seconds with a generation running per token generated), smooth it and write it here in the
+  their own counters at every heartbeat (wall seconds with a micro-batch in hand per job run,
+  host work included; for `generate` models wall seconds with a generation running per token
+  generated), smooth it and write it here in the
   heartbeat's transaction; before any worker has, `autoscaling.backlog.cost_estimate_s`.
 - scaling_seconds, what a pool scales on (`target_s` per replica): a job runs on one replica,
   so no more replicas than jobs. One queued 20 s job with a 5 s target asked for four replicas,

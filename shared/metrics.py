@@ -67,6 +67,11 @@ TPOT = Histogram(
     "conveyor_tpot_seconds", "Time per output token", PARTITION, buckets=LATENCY_BUCKETS
 )
 TOKENS = Counter("conveyor_tokens_generated", "Completion tokens generated", PARTITION)
+BATCH_BUSY = Counter(
+    "conveyor_batch_busy_seconds",
+    "Wall time with a micro-batch in hand, read to write-back (overlapping ones once)",
+    PARTITION,
+)
 GENERATE_BUSY = Counter(
     "conveyor_generate_busy_seconds", "Wall time with a generation running", PARTITION
 )

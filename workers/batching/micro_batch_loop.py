@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -16,6 +17,7 @@ from opentelemetry.trace import Span
 from shared.codec import dumps
 from shared.job_states import JobStatus
 from workers.batching.batch_budget import BatchBudget
+from workers.batching.busy_time import BusyTime
 from workers.batching.long_run import LongRun
 from workers.batching.micro_batch_executor import Outcome, engine_calls, execute
 from workers.batching.micro_batch_telemetry import (
@@ -48,6 +50,7 @@ class Claimed:
     runnable: list[Delivery]
     skipped: list[Finish]
     watch: LongRun
+    read_at: float  # time.monotonic(), when its read handed it over
 
 
 class MicroBatchLoop:
@@ -68,6 +71,7 @@ class MicroBatchLoop:
         self.engine = engine
         self.block_ms = block_ms
         self.budget = BatchBudget(partition.max_batch_size, partition.config.queue.fair_batch_ms)
+        self.busy = BusyTime(*partition.labels)
         self.stopping = asyncio.Event()
         self.stages = StagePipeline(engine) if isinstance(engine, StagedBatchEngine) else None
         self.hung: EngineDied | None = None  # an engine call ran past `queue.max_run_s`
@@ -160,7 +164,7 @@ class MicroBatchLoop:
             queue.max_run_s,
             self._hung,
         )
-        return Claimed(stream, runnable, skipped, watch)
+        return Claimed(stream, runnable, skipped, watch, time.monotonic())
 
     async def _run(self, claimed: Claimed) -> None:
         """Under the micro-batch's span, which its write-back ends (`complete`): a staged
@@ -217,6 +221,7 @@ class MicroBatchLoop:
                 lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name
             )
         self.in_hand.difference_update((stream, finish.entry_id) for finish in finishes)
+        self.busy.held(claimed.read_at, time.monotonic())
         # what FINISH refused (a job cancelled meanwhile, or run twice after a reclaim) did not
         # finish here: counted, it showed as succeeded, and a twice-run job twice
         calls = engine_calls(outcomes)

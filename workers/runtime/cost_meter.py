@@ -1,8 +1,8 @@
 """What one replica's work costs, measured from this process's own Prometheus counters at every
-heartbeat, for backlog seconds (shared/backlog.py): a `batch` partition's engine seconds per job
-run, a `generate` partition's busy seconds (a generation running) per completion token and its
-tokens per run that generated any (its time to first token observed). Nothing is added to the
-hot path: the loops already count these."""
+heartbeat, for backlog seconds (shared/backlog.py): a `batch` partition's wall seconds with a
+micro-batch in hand per job run (workers/batching/busy_time.py), a `generate` partition's busy
+seconds (a generation running) per completion token and its tokens per run that generated any
+(its time to first token observed). The loops count these anyway, a counter per micro-batch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.backlog import ServiceCost
-from shared.metrics import BATCH_SIZE, ENGINE_TIME, GENERATE_BUSY, TOKENS, TTFT
+from shared.metrics import BATCH_BUSY, BATCH_SIZE, GENERATE_BUSY, TOKENS, TTFT
 from shared.model_repository import ModelConfig
 
 # A measurement's weight grows with the busy time behind it: 30 s of work halves the weight of
@@ -40,7 +40,7 @@ class _Partition:
     def counters(self) -> tuple[float, float, float]:
         labels = {"model": self.config.name, "variant": self.variant}
         if self.config.kind == "batch":
-            busy = labelled_total(ENGINE_TIME, "_sum", labels)
+            busy = labelled_total(BATCH_BUSY, "_total", labels)
             units = labelled_total(BATCH_SIZE, "_sum", labels)
             return busy, units, units
         busy = labelled_total(GENERATE_BUSY, "_total", labels)
