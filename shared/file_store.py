@@ -1,7 +1,8 @@
 """Files uploaded for the Batch API (OpenAI's `/v1/files`, purpose `batch`): a hash per file,
-its bytes beside its name, size and owner, in the file's own slot, kept as long as a batch's
-results are (the result TTL); its tenant lists it (TenantIndexed) and holds its bytes against a
-budget (`CONVEYOR_MAX_FILE_BYTES_PER_TENANT`), so no tenant's uploads fill Redis."""
+its bytes beside its name, size and owner, in the file's own slot, kept until the `expires_at`
+its upload set (the result TTL at most); its tenant lists it (TenantIndexed) and holds its
+bytes against a budget (`CONVEYOR_MAX_FILE_BYTES_PER_TENANT`), so no tenant's uploads fill
+Redis."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from shared.keys import Keys
 from shared.redis_client import call_script, executed
 from shared.tenant_index import TenantIndexed
 
-FIELDS = ("tenant", "filename", "purpose", "bytes", "created_at")
+FIELDS = ("tenant", "filename", "purpose", "bytes", "created_at", "expires_at")
 # Bytes a file is charged against its tenant's budget beside its content and its name: its keys
 # and entries (its hash's fields, its index, budget and expiry entries, its id unlisted once
 # deleted), so a loop of tiny files is held to the budget too.
@@ -91,23 +92,36 @@ class FileStore(TenantIndexed):
     def _held_of(self, tenant: str) -> list[str]:
         return list(self.keys.file_budget_of(tenant))
 
-    async def hold(self, tenant: str, file_id: str, size: int, budget: int) -> None:
-        """Hold a file's `size` bytes against its tenant's `budget` (OverBudget when they do
-        not fit), before `put` stores it: the two are in different slots, so a put that fails
-        after its hold leaves the hold until the file would have expired, erring on the side
-        of the budget."""
-        now = now_ms()
-        args = [now, file_id, size, now + self.ttl_s * 1000, budget, self.ttl_s]
+    def expires_at(self, created_at: int | None = None, asked_s: int | None = None) -> int:
+        """When a file created at `created_at` (s; default now) expires: `asked_s` later
+        (OpenAI's `expires_after`), the result TTL at most, since its tenant's index and budget
+        keys last no longer."""
+        since = now_ms() // 1000 if created_at is None else created_at
+        return since + min(asked_s or self.ttl_s, self.ttl_s)
+
+    async def hold(
+        self, tenant: str, file_id: str, size: int, budget: int, expires_at: int | None = None
+    ) -> None:
+        """Hold a file's `size` bytes against its tenant's `budget` until it expires (s;
+        default a result TTL from now), OverBudget when they do not fit, before `put` stores
+        it: the two are in different slots, so a put that fails after its hold leaves the hold
+        until the file would have expired, erring on the side of the budget."""
+        until = expires_at or self.expires_at()
+        args = [now_ms(), file_id, size, until * 1000, budget, self.ttl_s]
         held, after = await call_script(self._hold, self._held_of(tenant), args)
         if not held:
             raise OverBudget(int(after), size, budget)
 
-    async def put(self, file_id: str, fields: Mapping[str, str], data: bytes) -> None:
+    async def put(
+        self, file_id: str, fields: Mapping[str, str], data: bytes, expires_at: int | None = None
+    ) -> None:
+        """Store the file until `expires_at` (s; default a result TTL from now): the moment its
+        file object gives, not one a round trip later."""
         key = self.keys.file(file_id)
         items: list[EncodableT] = [*chain.from_iterable(fields.items()), "data", data]
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(key, items=items)
-            pipe.expire(key, self.ttl_s)
+            pipe.expireat(key, expires_at or self.expires_at())
             await pipe.execute()
         await self.enlist(fields["tenant"], file_id)
 

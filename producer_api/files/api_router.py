@@ -13,6 +13,7 @@ from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route,
 
 router = APIRouter(tags=["files"])
 FILE_ID = Path(max_length=64, description="A file id, or a batch's output_file_id / error_file_id")
+EXPIRES_AFTER = "OpenAI's expires_after: seconds from created_at, kept the result TTL at most"
 PAGE_MAX = 100  # files a page holds at most: each is looked up (OpenAI's `limit` goes to 10,000)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -37,11 +38,18 @@ async def upload_file(
     service: Uploads,
     file: Annotated[UploadFile, File(description="JSONL of batch lines")],
     purpose: Annotated[Literal["batch"], Form()],
+    # checked only: OpenAI's one anchor, the upload's `created_at`
+    anchor: Annotated[Literal["created_at"] | None, Form(alias="expires_after[anchor]")] = None,
+    seconds: Annotated[
+        int | None,
+        Form(alias="expires_after[seconds]", ge=3600, le=2_592_000, description=EXPIRES_AFTER),
+    ] = None,
 ) -> Any:
     """Upload a batch input file (OpenAI's Files API; purpose `batch` only), kept for the
-    result TTL; `POST /v1/batches` takes its id as `input_file_id`."""
+    result TTL or OpenAI's `expires_after` if shorter (`expires_at` says which); `POST
+    /v1/batches` takes its id as `input_file_id`."""
     data = await file.read()
-    return FastJSONResponse(await service.upload(file.filename or "batch.jsonl", data))
+    return FastJSONResponse(await service.upload(file.filename or "batch.jsonl", data, seconds))
 
 
 @router.get("/v1/files", response_model=FileList, responses=_ERRORS)

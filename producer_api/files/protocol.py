@@ -8,15 +8,17 @@ from pydantic import BaseModel
 
 
 class FileObject(BaseModel):
-    """OpenAI's file object; `created_at` in seconds. An upload's purpose is `batch`; an ended
-    batch's output and errors files are `batch_output`."""
+    """OpenAI's file object; `created_at` and `expires_at` in seconds. An upload's purpose is
+    `batch`; an ended batch's output and errors files are `batch_output`."""
 
     id: str
     object: Literal["file"] = "file"
     bytes: int
     created_at: int
+    expires_at: int | None = None
     filename: str
     purpose: Literal["batch", "batch_output"]
+    status: Literal["processed"] = "processed"
 
 
 class FileDeleted(BaseModel):

@@ -26,13 +26,18 @@ def not_found(file_id: str) -> ConveyorError:
 
 
 def file_object(file_id: str, fields: dict[str, str]) -> dict[str, Any]:
+    """OpenAI's file object, with the `status` its SDK's type requires (deprecated; an upload
+    is whole when answered) and `expires_at` (None for a file stored before it was kept)."""
+    expires_at = fields.get("expires_at")
     return {
         "id": file_id,
         "object": "file",
         "bytes": int(fields["bytes"]),
         "created_at": int(fields["created_at"]),
+        "expires_at": int(expires_at) if expires_at else None,
         "filename": fields.get("filename", ""),
         "purpose": fields["purpose"],
+        "status": "processed",
     }
 
 
@@ -58,30 +63,36 @@ class FilesService:
         self.store = state.file_store
         self.principal = principal
 
-    async def upload(self, filename: str, data: bytes) -> dict[str, Any]:
-        """Keep a batch input file (purpose `batch`) for the result TTL, within the tenant's
-        storage budget (its name and a per-file overhead counted with its bytes, so tiny
-        files with long names do not fill Redis); its lines are checked when a batch names
-        it, as an uploaded batch's are."""
+    async def upload(
+        self, filename: str, data: bytes, expires_after_s: int | None = None
+    ) -> dict[str, Any]:
+        """Keep a batch input file (purpose `batch`) for `expires_after_s` (OpenAI's
+        `expires_after`), the result TTL at most, within the tenant's storage budget (its name
+        and a per-file overhead counted with its bytes, so tiny files with long names do not
+        fill Redis); its lines are checked when a batch names it, as an uploaded batch's
+        are."""
         if not data.strip():
             raise ConveyorError(422, "invalid_request", "the file is empty")
         if len(filename.encode()) > MAX_FILENAME_BYTES:
             message = f"the filename is longer than {MAX_FILENAME_BYTES} bytes (UTF-8)"
             raise ConveyorError(422, "invalid_request", message)
         file_id = f"file-{uuid.uuid4().hex}"
+        created_at = now_ms() // 1000
+        expires_at = self.store.expires_at(created_at, expires_after_s)
         fields = {
             "tenant": self.principal.tenant,
             "filename": filename,
             "purpose": "batch",
             "bytes": str(len(data)),
-            "created_at": str(now_ms() // 1000),
+            "created_at": str(created_at),
+            "expires_at": str(expires_at),
         }
         budget, size = self.state.settings.max_file_bytes_per_tenant, charged(filename, len(data))
         try:
-            await self.store.hold(self.principal.tenant, file_id, size, budget)
+            await self.store.hold(self.principal.tenant, file_id, size, budget, expires_at)
         except OverBudget as refused:
             raise over_budget(refused) from None
-        await self.store.put(file_id, fields, data)
+        await self.store.put(file_id, fields, data, expires_at)
         return file_object(file_id, fields)
 
     async def get(self, file_id: str) -> dict[str, Any]:
