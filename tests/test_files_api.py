@@ -127,3 +127,22 @@ async def test_a_batchs_own_files_answer_openais_delete(
             answer = await openai.files.delete(file_id)
             assert (answer.id, answer.object, answer.deleted) == (file_id, "file", False)
             assert (await openai.files.retrieve(file_id)).id == file_id  # still served
+
+
+async def test_a_purpose_other_than_batch_is_refused_by_name(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """OpenAI's `user_data` (or `vision`, …) is a 422 whose message names it and the one
+    purpose Conveyor keeps (it said only "Input should be 'batch'"); nothing is stored."""
+    acme = await _key(aredis, f"acme-{uuid.uuid4().hex[:8]}")
+    async with _producer(redis_url) as client:
+        refused = await client.post(
+            "/v1/files",
+            files={"file": ("a.jsonl", FILE)},
+            data={"purpose": "user_data"},
+            headers=acme,
+        )
+        assert refused.status_code == 422, refused.text
+        message = refused.json()["error"]["message"]
+        assert "'user_data' is not supported" in message and "'batch'" in message
+        assert await aredis.keys(KEYS.file("*")) == []

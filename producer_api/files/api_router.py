@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, File, Form, Path, Query, UploadFile
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.files.protocol import FileDeleted, FileList, FileObject
-from producer_api.files.serving import FilesService
+from producer_api.files.serving import FilesService, check_purpose
 from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route, page_response
 
 router = APIRouter(tags=["files"])
@@ -37,7 +37,7 @@ ReadService = Annotated[FilesService, Depends(acting_for("read", FilesService))]
 async def upload_file(
     service: Uploads,
     file: Annotated[UploadFile, File(description="JSONL of batch lines")],
-    purpose: Annotated[Literal["batch"], Form()],
+    purpose: Annotated[str, Form(max_length=64, json_schema_extra={"enum": ["batch"]})],
     # checked only: OpenAI's one anchor, the upload's `created_at`
     anchor: Annotated[Literal["created_at"] | None, Form(alias="expires_after[anchor]")] = None,
     seconds: Annotated[
@@ -48,6 +48,7 @@ async def upload_file(
     """Upload a batch input file (OpenAI's Files API; purpose `batch` only), kept for the
     result TTL or OpenAI's `expires_after` if shorter (`expires_at` says which); `POST
     /v1/batches` takes its id as `input_file_id`."""
+    check_purpose(purpose)
     data = await file.read()
     return FastJSONResponse(await service.upload(file.filename or "batch.jsonl", data, seconds))
 

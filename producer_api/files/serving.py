@@ -41,6 +41,17 @@ def file_object(file_id: str, fields: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def check_purpose(purpose: str) -> None:
+    """OpenAI's other purposes (`user_data`, `vision`, `fine-tune`, …) serve APIs Conveyor
+    lacks: a 422 that names the one sent, since the schema's own said only what it expected."""
+    if purpose != "batch":
+        message = (
+            f"purpose {purpose!r} is not supported: Conveyor keeps files for its Batch API "
+            "only (purpose 'batch')"
+        )
+        raise ConveyorError(422, "invalid_request", message)
+
+
 def over_budget(refused: OverBudget) -> ConveyorError:
     """A 429 as OpenAI's for a spent quota (`insufficient_quota`), marked not to be retried:
     room comes back only as the tenant deletes files or they expire, not after a backoff."""
