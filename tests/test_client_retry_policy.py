@@ -13,7 +13,13 @@ from conveyor.client import InvalidArgument, RetryPolicy
 
 @pytest.mark.parametrize(
     "policy",
-    [{"base_s": -1.0}, {"cap_s": -0.5}, {"max_retry_after_s": math.nan}, {"max_retries": -1}],
+    [
+        {"base_s": -1.0},
+        {"cap_s": -0.5},
+        {"max_retry_after_s": math.nan},
+        {"max_retries": -1},
+        {"max_total_s": math.nan},
+    ],
 )
 def test_a_retry_policy_that_cannot_pause_is_refused_when_made(policy: dict[str, float]) -> None:
     """`base_s=-1` drew negative pauses: the first 429 raised time.sleep's ValueError."""

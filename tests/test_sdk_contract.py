@@ -381,7 +381,7 @@ def test_a_predict_with_no_time_left_asks_only_what_the_routes_accept(timeout: f
     """`predict(timeout=0)`, or one whose timeout ran out before its request went out, asked
     `/predict` for `timeout=0.0`, which it refuses as not over 0: every such call failed with
     a 422. It submits, and its wait ends as `wait(timeout=0)` does: WaitTimeout with the job."""
-    op = calls.predict("m", {"x": 1}, timeout, {})
+    op = calls.predict("m", {"x": 1}, timeout, "key", {})
     submit = next(op)
     assert _accepts("post", "/v1/jobs", "wait", submit)
     queued = {"id": "j", "status": "queued"}

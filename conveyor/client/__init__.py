@@ -12,7 +12,9 @@ implementation of every operation; both read `CONVEYOR_URL` and `CONVEYOR_API_KE
 
 from conveyor.client.async_client import AsyncBatches, AsyncClient
 from conveyor.client.errors import (
+    APIConnectionError,
     APIError,
+    APITimeoutError,
     AuthError,
     Conflict,
     ConveyorError,
@@ -42,7 +44,9 @@ from conveyor.client.types import (
 )
 
 __all__ = [
+    "APIConnectionError",
     "APIError",
+    "APITimeoutError",
     "AsyncBatches",
     "AsyncClient",
     "Attempt",

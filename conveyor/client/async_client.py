@@ -4,7 +4,9 @@ resumption as `Client`, driven with `await`; only the I/O differs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -14,7 +16,7 @@ from typing_extensions import Unpack
 from conveyor.client import calls
 from conveyor.client.calls import Call, JobOptions, Op, Pause, Progress
 from conveyor.client.connection import http_options
-from conveyor.client.errors import APIError, raise_for_error
+from conveyor.client.errors import APIError, connection_error, raise_for_error
 from conveyor.client.retries import OnRetry, RetryEvent, RetryPolicy
 from conveyor.client.sse import RECONNECT_FOR_S, EventStream
 from conveyor.client.types import (
@@ -81,9 +83,26 @@ class AsyncClient:
         model: str,
         inputs: dict[str, Any],
         timeout: float = 60.0,
+        idempotency_key: str | None = None,
         **options: Unpack[JobOptions],
     ) -> Job:
-        return await self.run(calls.predict(model, inputs, timeout, options))
+        """Cancelled (`asyncio.wait_for` timing out, a task cancelled), it cancels its job
+        too, as a Ray Serve handle's cancelled response does; `submit` + `wait` to keep it."""
+        key = idempotency_key or uuid.uuid4().hex
+        try:
+            return await self.run(calls.predict(model, inputs, timeout, key, options))
+        except asyncio.CancelledError:
+            await self._quietly(calls.abandon(model, inputs, key, options))
+            raise
+
+    async def _quietly(self, op: Op[object]) -> None:
+        """Best effort, shielded from the cancellation that asked for it: whatever goes wrong
+        (the producer gone, a second cancellation, which leaves it running on in the
+        background) is not raised over that cancellation."""
+        task = asyncio.ensure_future(self.run(op))
+        task.add_done_callback(_retrieve)
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.shield(task)
 
     async def chat(
         self, model: str, messages: list[dict[str, Any]], **params: Any
@@ -126,15 +145,16 @@ class AsyncClient:
 
     async def send(self, call: Call) -> httpx.Response:
         attempt = 0
+        deadline = self.retry.deadline(call.deadline)
         while True:
             try:
                 response = await self.http.send(call.build(self.http))
             except httpx.TransportError as exc:
-                pause = self.retry.after_error(attempt, exc, call.repeatable, call.deadline)
+                pause = self.retry.after_error(attempt, exc, call.repeatable, deadline)
                 if pause is None:
-                    raise
+                    raise connection_error(exc) from exc
             else:
-                pause = self.retry.after_response(attempt, response, call.repeatable, call.deadline)
+                pause = self.retry.after_response(attempt, response, call.repeatable, deadline)
                 if pause is None:
                     return call.checked(response, attempt)
             await self._pause(pause)
@@ -166,6 +186,12 @@ class AsyncClient:
                 await asyncio.sleep(stream.dropped(exc))
             except APIError as exc:
                 await asyncio.sleep(stream.refused(exc))
+
+
+def _retrieve(task: asyncio.Future[object]) -> None:
+    """An abandoned task's error is read, so asyncio logs no "exception never retrieved"."""
+    if not task.cancelled():
+        task.exception()
 
 
 class AsyncBatches:

@@ -44,6 +44,7 @@ Ended = TypeVar("Ended", Job, Batch)  # what a cancel answers
 LONG_POLL_S = 30.0  # one long-poll request; the server caps it at CONVEYOR_MAX_WAIT_S anyway
 SLACK_S = 15.0  # HTTP timeout beyond the time the server was asked to wait
 STREAM_TIMEOUT_S = 60.0  # an event stream's: four of the server's keep-alive pings
+ABANDON_S = 10.0  # an abandoned predict's cancel is retried for no longer
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +232,10 @@ def _attempts(attempts: bool) -> dict[str, str]:
     return {"attempts": "true"} if attempts else {}
 
 
-def cancel(job_id: str) -> Op[Job]:
-    return (yield from _cancel(Call("DELETE", f"/v1/jobs/{segment(job_id)}"), Job, get, job_id))
+def cancel(job_id: str, deadline: float | None = None) -> Op[Job]:
+    """`deadline`: no retry after it."""
+    call = Call("DELETE", f"/v1/jobs/{segment(job_id)}", deadline=deadline)
+    return (yield from _cancel(call, Job, get, job_id))
 
 
 def _cancel(
@@ -253,16 +256,19 @@ def _cancel(
 _FAILED_AS = {"failed": 422, "cancelled": 409, "expired": 504}
 
 
-def predict(model: str, inputs: dict[str, Any], timeout: float, options: JobOptions) -> Op[Job]:
+def predict(
+    model: str, inputs: dict[str, Any], timeout: float, key: str, options: JobOptions
+) -> Op[Job]:
     """Submit and wait: the finished job, or the APIError a job that failed (422), was
     cancelled (409) or expired (504) is answered with at `/predict`; WaitTimeout (with the job)
     once `timeout` runs out, as `wait`'s; `timeout=0` too, unless the job ended at once. Sent
     as a submit that waits (`POST /v1/jobs?wait=`), with its Idempotency-Key: `/predict` takes
     none, so a 503 or a connection lost mid-request was raised, though a resend with the key
-    answers with the job the first try made."""
+    answers with the job the first try made. `key`: its Idempotency-Key, which `abandon` finds
+    the job by."""
     deadline = _deadline(timeout)
     response = yield replace(
-        submit_call(model, inputs, None, options),
+        submit_call(model, inputs, key, options),
         params={"wait": _left(deadline, LONG_POLL_S * 2)},
         deadline=deadline,
         wait_param="wait",
@@ -277,6 +283,18 @@ def predict(model: str, inputs: dict[str, Any], timeout: float, options: JobOpti
             _FAILED_AS.get(job.status, 500), error.type if error else job.status, message
         )
     return job
+
+
+def abandon(model: str, inputs: dict[str, Any], key: str, options: JobOptions) -> Op[None]:
+    """A predict's caller gave up (its task cancelled, Ctrl-C): its job, found by the predict's
+    Idempotency-Key (resent, the submit answers with the job the first try made, or makes it
+    if none arrived), is cancelled unless it ended. It ran on, using a worker for nobody.
+    Retries end within ABANDON_S: the caller is waiting for its cancellation to finish."""
+    deadline = time.monotonic() + ABANDON_S
+    response = yield replace(submit_call(model, inputs, key, options), deadline=deadline)
+    job = parsed(Job, response)
+    if not job.done:
+        yield from cancel(job.id, deadline)
 
 
 def chat(model: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> Op[ChatCompletion]:

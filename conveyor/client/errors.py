@@ -110,5 +110,22 @@ class StreamFailed(APIError):
     `expired`)."""
 
 
+class APIConnectionError(ConveyorError):
+    """The producer could not be reached, or the connection failed mid-request, and the
+    retries ran out (or the request could not be resent safely); the httpx error is
+    `__cause__`. It was that httpx error itself, which no `except ConveyorError` caught."""
+
+
+class APITimeoutError(APIConnectionError):
+    """The connection, or the answer, took longer than the client's timeout (as OpenAI's
+    SDK names it; a `WaitTimeout` is a wait's own timeout, with the job)."""
+
+
+def connection_error(error: httpx.TransportError) -> APIConnectionError:
+    """`error` as the SDK's: raise it `from error`."""
+    kind = APITimeoutError if isinstance(error, httpx.TimeoutException) else APIConnectionError
+    return kind(f"cannot reach the producer: {error!r}")
+
+
 class StreamError(ConveyorError):
     """An event stream could not be resumed: no event came for its `reconnect_for_s`."""

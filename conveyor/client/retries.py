@@ -80,15 +80,24 @@ class RetryPolicy:
     base_s: float = 0.5
     cap_s: float = 30.0
     max_retry_after_s: float = 300.0
+    # All a call's retries end within this many seconds of its start: five Retry-Afters of
+    # 300 s each kept a call with no timeout of its own retrying for 25 minutes.
+    max_total_s: float = 300.0
 
     def __post_init__(self) -> None:
         """Refused when made: a negative `base_s` or `cap_s` drew a negative pause, which
         `time.sleep` raised as ValueError at the first retry; a NaN `max_retry_after_s`
         capped nothing."""
-        for name in ("max_retries", "base_s", "cap_s", "max_retry_after_s"):
+        for name in ("max_retries", "base_s", "cap_s", "max_retry_after_s", "max_total_s"):
             value = getattr(self, name)
             if not value >= 0:
                 raise InvalidArgument(f"RetryPolicy {name} {value!r}: 0 or more")
+
+    def deadline(self, own: float | None) -> float:
+        """The monotonic time after which no retry of a call starting now is made: its own
+        deadline (a wait's timeout), or `max_total_s` from now if sooner."""
+        total = time.monotonic() + self.max_total_s
+        return total if own is None else min(own, total)
 
     def backoff_s(self, attempt: int) -> float:
         """Full jitter (uniform up to the exponential step) spreads out clients that failed

@@ -3,8 +3,10 @@ lost connections by `RetryPolicy`, and resumes event streams by `sse.EventStream
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -14,7 +16,7 @@ from typing_extensions import Unpack
 from conveyor.client import calls
 from conveyor.client.calls import Call, JobOptions, Op, Pause, Progress
 from conveyor.client.connection import http_options
-from conveyor.client.errors import APIError, raise_for_error
+from conveyor.client.errors import APIError, connection_error, raise_for_error
 from conveyor.client.retries import OnRetry, RetryEvent, RetryPolicy
 from conveyor.client.sse import RECONNECT_FOR_S, EventStream
 from conveyor.client.types import (
@@ -85,10 +87,18 @@ class Client:
         model: str,
         inputs: dict[str, Any],
         timeout: float = 60.0,
+        idempotency_key: str | None = None,
         **options: Unpack[JobOptions],
     ) -> Job:
-        """Submit and wait for a succeeded job (APIError if it failed, was cancelled or expired)."""
-        return self.run(calls.predict(model, inputs, timeout, options))
+        """Submit and wait for a succeeded job (APIError if it failed, was cancelled or expired).
+        Interrupted (Ctrl-C), it cancels its job too, best effort; `submit` + `wait` to keep it."""
+        key = idempotency_key or uuid.uuid4().hex
+        try:
+            return self.run(calls.predict(model, inputs, timeout, key, options))
+        except KeyboardInterrupt:
+            with contextlib.suppress(Exception, KeyboardInterrupt):  # a second Ctrl-C: stop
+                self.run(calls.abandon(model, inputs, key, options))
+            raise
 
     def chat(self, model: str, messages: list[dict[str, Any]], **params: Any) -> ChatCompletion:
         """OpenAI-style chat completion (`POST /v1/chat/completions`)."""
@@ -138,15 +148,16 @@ class Client:
     def send(self, call: Call) -> httpx.Response:
         """One call, retried by the policy; raises APIError for an error status (`Call.checked`)."""
         attempt = 0
+        deadline = self.retry.deadline(call.deadline)
         while True:
             try:
                 response = self.http.send(call.build(self.http))
             except httpx.TransportError as exc:
-                pause = self.retry.after_error(attempt, exc, call.repeatable, call.deadline)
+                pause = self.retry.after_error(attempt, exc, call.repeatable, deadline)
                 if pause is None:
-                    raise
+                    raise connection_error(exc) from exc
             else:
-                pause = self.retry.after_response(attempt, response, call.repeatable, call.deadline)
+                pause = self.retry.after_response(attempt, response, call.repeatable, deadline)
                 if pause is None:
                     return call.checked(response, attempt)
             self._pause(pause)
