@@ -96,13 +96,14 @@ class AsyncClient:
             raise
 
     async def _quietly(self, op: Op[object]) -> None:
-        """Best effort, shielded from the cancellation that asked for it: whatever goes wrong
-        (the producer gone, a second cancellation, which leaves it running on in the
-        background) is not raised over that cancellation."""
+        """Best effort, shielded from the cancellation that asked for it, and waited for no
+        longer than ABANDON_S (a request that hangs would hold up `wait_for`'s timeout): what
+        goes wrong (the producer gone, a second cancellation, which leaves it running on in
+        the background) is not raised over that cancellation."""
         task = asyncio.ensure_future(self.run(op))
         task.add_done_callback(_retrieve)
         with contextlib.suppress(Exception, asyncio.CancelledError):
-            await asyncio.shield(task)
+            await asyncio.wait_for(asyncio.shield(task), calls.ABANDON_S)
 
     async def chat(
         self, model: str, messages: list[dict[str, Any]], **params: Any
