@@ -146,3 +146,18 @@ async def test_a_purpose_other_than_batch_is_refused_by_name(
         message = refused.json()["error"]["message"]
         assert "'user_data' is not supported" in message and "'batch'" in message
         assert await aredis.keys(KEYS.file("*")) == []
+
+
+async def test_an_uploaded_files_content_comes_with_its_length(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """An upload's bytes are read whole, so they are sent with their Content-Length (they went
+    chunked, and a client could not tell a cut download from a whole one); JSONL, as stored."""
+    acme = await _key(aredis, f"acme-{uuid.uuid4().hex[:8]}")
+    async with _producer(redis_url) as client:
+        file_id = (await _upload(client, acme)).json()["id"]
+        content = await client.get(f"/v1/files/{file_id}/content", headers=acme)
+        assert content.status_code == 200, content.text
+        assert content.content == FILE
+        assert content.headers["content-length"] == str(len(FILE))
+        assert content.headers["content-type"] == "application/jsonl"

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, File, Form, Path, Query, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Path, Query, Response, UploadFile
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.files.protocol import FileDeleted, FileList, FileObject
 from producer_api.files.serving import FilesService, check_purpose
-from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route, page_response
+from producer_api.responses import (
+    JSONL,
+    FastJSONResponse,
+    JsonlResponse,
+    jsonl_route,
+    page_response,
+)
 
 router = APIRouter(tags=["files"])
 FILE_ID = Path(max_length=64, description="A file id, or a batch's output_file_id / error_file_id")
@@ -88,6 +94,10 @@ async def delete_file(service: Uploads, file_id: str = FILE_ID) -> Any:
 
 
 @router.get("/v1/files/{file_id}/content", **jsonl_route(_ERRORS))
-async def file_content(service: ReadService, file_id: str = FILE_ID) -> JsonlResponse:
-    """An uploaded file's bytes, or an ended batch's output or errors file (JSONL)."""
-    return JsonlResponse(await service.content(file_id))
+async def file_content(service: ReadService, file_id: str = FILE_ID) -> Response:
+    """An uploaded file's bytes with their Content-Length (a client can tell a cut download
+    from a whole one), or an ended batch's output or errors file streamed (JSONL)."""
+    content = await service.content(file_id)
+    if isinstance(content, bytes):
+        return Response(content, media_type=JSONL)
+    return JsonlResponse(content)

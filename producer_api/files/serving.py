@@ -64,10 +64,6 @@ def over_budget(refused: OverBudget) -> ConveyorError:
     return ConveyorError(429, "insufficient_quota", message, NO_RETRY)
 
 
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
 class FilesService:
     def __init__(self, state: ProducerState, principal: Principal = ANONYMOUS) -> None:
         self.state = state
@@ -152,9 +148,10 @@ class FilesService:
             raise not_found(file_id)
         return found[1]
 
-    async def content(self, file_id: str) -> AsyncIterator[bytes]:
-        """An uploaded file's bytes, or an ended batch's output or errors file (409 before it
+    async def content(self, file_id: str) -> bytes | AsyncIterator[bytes]:
+        """An uploaded file's bytes, whole (one read of its hash, so its size is known), or an
+        ended batch's output or errors file, its lines as they are read (409 before it
         ends)."""
         if named := BATCH_FILE.match(file_id):
             return await BatchApiService(self.state, self.principal).file(named[1], named[2])
-        return _once(await self.data(file_id))
+        return await self.data(file_id)
