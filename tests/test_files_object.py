@@ -1,8 +1,9 @@
-"""An uploaded file's life as OpenAI's SDK sees it, on a producer run in-process on a real Valkey:
-the file object says when the file expires (`expires_at`, and the deprecated `status` the SDK's
-type requires; both were missing, so a client could not tell its file would be gone a result TTL
-after the upload), and `expires_after`, which the SDK sends to shorten a file's life, was
-ignored: the file was kept the whole result TTL."""
+"""An uploaded file's object and life as OpenAI's SDK sees them, on a producer run in-process on
+a real Valkey: the file object says when the file expires (`expires_at`) and carries the
+deprecated `status` the SDK's type requires; both were missing, so a client could not tell its
+file would be gone a result TTL after the upload, and the SDK's `wait_for_processing` polled
+until its timeout. `expires_after`, which the SDK sends to shorten a file's life, was ignored:
+the file was kept the whole result TTL."""
 
 from __future__ import annotations
 
@@ -50,6 +51,16 @@ async def test_the_file_object_says_when_the_file_expires(
     assert await _expiry_of(aredis, uploaded.id) == uploaded.expires_at
     assert await sdk.files.retrieve(uploaded.id) == uploaded
     assert [file async for file in sdk.files.list()] == [uploaded]
+
+
+async def test_the_sdks_wait_for_processing_returns_an_upload(sdk: openai.AsyncOpenAI) -> None:
+    """The SDK polls `retrieve` until `status` is `processed`, `error` or `deleted`: with no
+    `status` it polled until `max_wait_seconds` (30 minutes by default) and raised."""
+    uploaded = await sdk.files.create(file=("a.jsonl", LINE), purpose="batch")
+    waited = await sdk.files.wait_for_processing(
+        uploaded.id, poll_interval=0.01, max_wait_seconds=0
+    )
+    assert waited == uploaded
 
 
 @pytest.mark.parametrize(("asked_s", "kept_s"), [(3600, 3600), (2_592_000, TTL_S)])
