@@ -2,13 +2,14 @@
 (`{lane}:drained:{second}`): what a 429's Retry-After and a queued job's ETA are derived from;
 and how many jobs wait in them, which tells a drain rate that is the workers' capacity (they had
 work waiting) from one that is only the arrival rate: undelivered entries, and a fair lane's held
-jobs (its flood waits mostly outside the stream)."""
+jobs (its flood waits mostly outside the stream); and, for a rate over the busy time alone, what
+finished between two reads and how long ago the oldest entry there arrived."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -20,18 +21,27 @@ from shared.keys import FAIR_SUFFIX, GROUP, Keys
 # entries no consumer has been handed yet, as the POSITION script counts them, plus those a fair
 # lane holds back (its fair hash's `held`; a worker's read can leave its stream with none
 # undelivered while a flood waits); then the entries in flight in them all (handed over, not yet
-# acknowledged: XLEN - undelivered). Sent as EVAL, which a cluster pipeline routes without loading.
+# acknowledged: XLEN - undelivered), then the age in ms, on the server's clock, of the oldest entry
+# in them (0: none; an entry's id is its arrival time). Sent as EVAL, which a cluster pipeline
+# routes without loading.
 WAITING = (
     LUA_UNDELIVERED
     + f"""
-local waiting, in_flight = {{}}, 0
+local waiting, in_flight, oldest = {{}}, 0, 0
+local clock = redis.call('TIME')
+local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 for i, stream in ipairs(KEYS) do
   local held = tonumber(redis.call('HGET', stream .. '{FAIR_SUFFIX}', 'held')) or 0
   local unread = undelivered(stream, ARGV[1])
   waiting[i] = math.max(0, unread) + math.max(0, held)
   in_flight = in_flight + redis.call('XLEN', stream) - unread
+  local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
+  if first then
+    oldest = math.max(oldest, now_ms - tonumber(string.match(first[1], '^%d+')))
+  end
 end
 waiting[#KEYS + 1] = in_flight
+waiting[#KEYS + 2] = oldest
 return waiting
 """
 )
@@ -41,11 +51,23 @@ return waiting
 class LaneBacklog:
     """A group of lanes' (a partition's) drain rates and jobs waiting, lane by lane, and the
     entries its workers have in hand: a partition that finished nothing lately is idle only
-    with none in flight (else its workers are busy on long jobs)."""
+    with none in flight (else its workers are busy on long jobs). `read_s` (Unix s), `drained`
+    (entries finished per second, its lanes summed) and `oldest_s` (how long ago its oldest entry
+    arrived) let two reads tell how much finished in between, and since when work was there."""
 
     rates: list[float]
     waiting: list[int]
     in_flight: int
+    read_s: float = 0.0
+    drained: dict[int, int] = field(default_factory=dict)
+    oldest_s: float = 0.0
+
+    def finished_since(self, earlier: LaneBacklog) -> int:
+        """Entries finished between `earlier`'s read and this one: each second's counter now
+        less what it held then (a second gone from this read's window had ended by then)."""
+        return sum(
+            max(0, count - earlier.drained.get(second, 0)) for second, count in self.drained.items()
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +78,13 @@ class _Window:
 
     seconds: range
     span_s: float
+    now: float
 
     @classmethod
     def last(cls, window_s: int) -> _Window:
         now = time.time()
         second = int(now)
-        return cls(range(second - window_s, second + 1), window_s + now - second)
+        return cls(range(second - window_s, second + 1), window_s + now - second, now)
 
     def read(self, pipe: Any, keys: Keys, stream: str) -> None:
         """Queue the lane's counters: they share its hash tag, so one MGET (sent as a raw
@@ -70,6 +93,13 @@ class _Window:
 
     def rate(self, counts: Sequence[bytes | None]) -> float:
         return sum(int(count) for count in counts if count) / self.span_s
+
+    def per_second(self, lanes: Sequence[Sequence[bytes | None]]) -> dict[int, int]:
+        """The lanes' counters summed, second by second."""
+        return {
+            second: sum(int(counts[i] or 0) for counts in lanes)
+            for i, second in enumerate(self.seconds)
+        }
 
 
 async def drain_rates(
@@ -89,8 +119,9 @@ async def drain_rates_and_waiting(
     client: aioredis.Redis, keys: Keys, lanes: Sequence[Sequence[str]], window_s: int
 ) -> list[LaneBacklog]:
     """Each group of `lanes` (lanes that share a hash tag: a partition's online and bulk ones):
-    its lanes' drain rates (as `drain_rates`), jobs waiting and entries in flight (`WAITING`),
-    all in one round trip: a group's MGETs and one EVAL go to its node together."""
+    its lanes' drain rates (as `drain_rates`) and counters, jobs waiting, entries in flight and
+    the oldest entry's age (`WAITING`), all in one round trip: a group's MGETs and one EVAL go
+    to its node together."""
     window = _Window.last(window_s)
     async with client.pipeline(transaction=False) as pipe:
         for group in lanes:
@@ -100,7 +131,11 @@ async def drain_rates_and_waiting(
         replies = iter(await pipe.execute())
     backlogs = []
     for group in lanes:
-        rates = [window.rate(next(replies)) for _ in group]
-        *waiting, in_flight = (int(count) for count in next(replies))
-        backlogs.append(LaneBacklog(rates, waiting, in_flight))
+        counts = [next(replies) for _ in group]
+        *waiting, in_flight, oldest_ms = (int(count) for count in next(replies))
+        rates = [window.rate(lane) for lane in counts]
+        drained = window.per_second(counts)
+        backlogs.append(
+            LaneBacklog(rates, waiting, in_flight, window.now, drained, max(0, oldest_ms) / 1000)
+        )
     return backlogs

@@ -7,8 +7,10 @@ scaled by live workers now over the mean live workers then, is what drains a lan
 shares it with the other lane when both have work (online 1/(1+bulk_share), bulk
 bulk_share/(1+bulk_share), as workers alternate). ETA = entries ahead / lane rate: when the job
 should start running. A window's rate is the workers' capacity only while a lane had work
-waiting (else it is the arrival rate); that capacity per worker is kept through a pause or a
-light load, so a burst after one gets ETAs at the speed the workers drain it."""
+waiting (else it is the arrival rate); so is what finished over a busy spell (the looks since
+work began to wait) over the spell's own time, which a window partly idle divides over seconds
+the workers had nothing to do. That capacity per worker is kept through a pause or a light
+load, so a burst after one gets ETAs at the speed the workers drain it."""
 
 from __future__ import annotations
 
@@ -34,6 +36,38 @@ REFRESH_S = 1.0
 Partition = tuple[str, str]
 # What a partition not read yet counts as: nothing waiting, nothing in flight.
 NO_BACKLOG = LaneBacklog([0.0, 0.0], [0, 0], 0)
+# Shortest busy spell whose rate is taken: a burst that came just before a look has had a
+# couple of its jobs finished at most, too few to time the workers by.
+MIN_SPELL_S = 0.4
+
+
+@dataclass(frozen=True, slots=True)
+class BusySpell:
+    """Since when (Unix s) a partition's work has waited, at each of `looks` since, and how
+    many entries finished meanwhile: finished / elapsed is how fast its workers go while busy."""
+
+    since_s: float
+    finished: int
+    looks: int = 1
+
+    @classmethod
+    def begun(cls, now: LaneBacklog, earlier: LaneBacklog | None) -> BusySpell:
+        """Work waits now and did not at the last look: it began no earlier than that look nor
+        than the oldest entry there now arrived, so what finished since the look is timed
+        from the later (a light load's jobs before the burst count, its idle time does not)."""
+        if earlier is None:
+            return cls(now.read_s, 0)
+        since = max(earlier.read_s, now.read_s - now.oldest_s)
+        return cls(since, now.finished_since(earlier))
+
+    def went_on(self, now: LaneBacklog, earlier: LaneBacklog) -> BusySpell:
+        finished = self.finished + now.finished_since(earlier)
+        return BusySpell(self.since_s, finished, self.looks + 1)
+
+    def rate(self, now: LaneBacklog) -> float:
+        """Entries per second while busy (0: too short a spell to say)."""
+        elapsed = now.read_s - self.since_s
+        return self.finished / elapsed if elapsed >= MIN_SPELL_S else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +153,7 @@ class QueueEta:
         self._backlogged: dict[Partition, deque[bool]] = {}
         self._backlogs: dict[Partition, LaneBacklog] = {}  # at the last refresh
         self._capacity: dict[Partition, float] = {}  # entries/s per serving worker, both lanes
+        self._spells: dict[Partition, BusySpell] = {}  # partitions whose work waits now
         self.refresher = Periodic("queue-eta", REFRESH_S, self.refresh)
 
     async def refresh(self) -> None:
@@ -130,30 +165,62 @@ class QueueEta:
         backlogs = await drain_rates_and_waiting(self.client, self.keys, lanes, RATE_WINDOW_S)
         rates = [backlog.rates for backlog in backlogs]
         self.loads = await read_partition_loads(self.client, self.keys, partitions, rates)
-        self._backlogs = dict(zip(partitions, backlogs, strict=True))
+        earlier, self._backlogs = self._backlogs, dict(zip(partitions, backlogs, strict=True))
         for partition, load in self.loads.items():
-            self._remember(partition, load, self._backlog(partition).waiting)
+            self._remember(partition, load, earlier.get(partition))
 
-    def _remember(self, partition: Partition, load: PartitionLoad, waiting: list[int]) -> None:
+    def _remember(
+        self, partition: Partition, load: PartitionLoad, earlier: LaneBacklog | None
+    ) -> None:
         """Keep the workers' capacity per worker, measured only while work waited: a lane
         drained dry finishes what arrives, which says nothing of how fast the workers go (a
-        pause, a light load). A window busy throughout gives the capacity, up or down; one
-        partly idle only a floor under it. Forgotten once no worker serves (the next ones may
-        differ)."""
+        pause, a light load), nor do a light load's jobs a look catches before a worker
+        reads them (measured so, its arrival rate refused most of the next burst). A window
+        busy throughout gives the capacity, up or down; one partly idle, or a busy spell, only
+        a floor under it. Forgotten once no worker serves (the next ones may differ)."""
         samples = self._serving.setdefault(partition, deque(maxlen=RATE_WINDOW_S))
         samples.append(load.serving)
         backlogged = self._backlogged.setdefault(partition, deque(maxlen=RATE_WINDOW_S))
-        backlogged.append(sum(waiting) > 0)
-        if load.serving == 0:
-            self._capacity.pop(partition, None)
+        backlogged.append(sum(self._backlog(partition).waiting) > 0)
+        if load.serving == 0 or not backlogged[-1]:
+            self._spells.pop(partition, None)
+            if load.serving == 0:
+                self._capacity.pop(partition, None)
             return
-        if not backlogged[-1]:
-            return
-        rate = (load.online_per_s + load.bulk_per_s) / (sum(samples) / len(samples))
+        spell = self._spell(partition, earlier)
+        if spell.looks == 1 and sum(self._backlog(partition).waiting) <= load.serving:
+            return  # as many as idle workers take at once, caught before they read them
         busy_throughout = len(backlogged) == RATE_WINDOW_S and all(backlogged)
+        rate = self._busy_rate(partition, load, spell, busy_throughout)
+        rate /= sum(samples) / len(samples)
         floor = 0.0 if busy_throughout else self._capacity.get(partition, 0.0)
         if max(rate, floor) > 0:
             self._capacity[partition] = max(rate, floor)
+
+    def _busy_rate(
+        self,
+        partition: Partition,
+        load: PartitionLoad,
+        spell: BusySpell,
+        busy_throughout: bool,
+    ) -> float:
+        """Entries per second the partition drained while its work waited: the window's when
+        busy throughout (a long spell's rate lags a change), else the more of it and the busy
+        spell's. A window partly idle divides over seconds the workers had nothing to do: after
+        a light load, 11 of a burst of 20 jobs were refused by it, each of which the worker
+        started within its deadline."""
+        window = load.online_per_s + load.bulk_per_s
+        return window if busy_throughout else max(window, spell.rate(self._backlog(partition)))
+
+    def _spell(self, partition: Partition, earlier: LaneBacklog | None) -> BusySpell:
+        """The partition's busy spell, begun or gone on by this look (work waits now)."""
+        now, spell = self._backlog(partition), self._spells.get(partition)
+        if spell is None or earlier is None:
+            spell = BusySpell.begun(now, earlier)
+        else:
+            spell = spell.went_on(now, earlier)
+        self._spells[partition] = spell
+        return spell
 
     def load(self, model: str, variant: str) -> PartitionLoad | None:
         """The partition's load at the last refresh (None: not seen yet)."""
