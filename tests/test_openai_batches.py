@@ -179,6 +179,10 @@ def test_the_official_client_runs_a_batch_through_the_files_api(
     counts = batch.request_counts
     assert (counts.total, counts.completed, counts.failed) == (3 + len(REFUSED), 3, len(REFUSED))
     assert batch.output_file_id and batch.error_file_id
+    # the lines its create refused, as OpenAI's batch object names them (it was null)
+    assert batch.errors is not None and batch.errors.data is not None
+    refused = [(e.line, e.code, e.param) for e in batch.errors.data]
+    assert refused == [(len(RUN) + 1 + i, kind, None) for i, kind in enumerate(ERROR_TYPES)]
     # whole seconds, as OpenAI gives them (a client with integer types could not read fractions)
     raw = httpx.get(f"{base_url}/v1/batches/{batch.id}", timeout=30).json()
     times = ("created_at", "in_progress_at", "finalizing_at", "completed_at", "expires_at")

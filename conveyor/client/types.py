@@ -97,6 +97,8 @@ class Batch(_Open):
     output_file_id: str | None = None
     error_file_id: str | None = None
     metadata: dict[str, str] | None = None
+    # the first lines its create refused, {object, data: [{code, line, message, param}]}
+    errors: dict[str, Any] | None = None
     created_at: int  # whole Unix seconds, as the server (and OpenAI) gives them
     in_progress_at: int | None = None
     finalizing_at: int | None = None

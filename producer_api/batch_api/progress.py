@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from producer_api.batch_api.protocol import JOBS
@@ -19,7 +20,7 @@ from shared.batch_api_store import (
     ended_early,
     final_counts,
 )
-from shared.codec import loads
+from shared.codec import dumps, loads
 from shared.job_states import JobStatus
 from shared.job_store import JobStore
 from shared.webhook_events import WebhookDispatcher, event
@@ -44,6 +45,24 @@ def _seconds(fields: dict[str, str], name: str) -> int | None:
     types (openai-go's int64) could not read a batch whose times had fractions."""
     value = fields.get(name)
     return int(value) // 1000 if value else None
+
+
+# The refused lines a batch's object names in `errors`, as OpenAI's names its validation errors:
+# the first few (its errors file holds every one).
+ERRORS_SHOWN = 10
+
+
+def first_errors(rejected: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The batch hash's `errors` field for the lines its create refused (none: no field), each
+    as OpenAI's batch error: an OpenAI client reads a failed batch's `errors.data`, which was
+    always null, however many of its lines were refused."""
+    if not rejected:
+        return {}
+    data = [
+        {"code": r["error"]["type"], "line": r["line"], "message": r["error"]["message"]}
+        for r in rejected[:ERRORS_SHOWN]
+    ]
+    return {"errors": dumps([{**d, "param": None} for d in data]).decode()}
 
 
 def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
@@ -71,6 +90,9 @@ def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
         "input_file_id": fields.get("input_file_id"),
         **_file_ids(batch_id, BatchStatus(fields["status"]).terminal),
         "metadata": loads(fields["metadata"]) if "metadata" in fields else None,
+        "errors": {"object": "list", "data": loads(fields["errors"])}
+        if "errors" in fields
+        else None,
         **{f"{name}_at": _seconds(fields, f"{name}_at") for name in _TIMESTAMPS},
         "webhook": None,
         "urls": {"self": base, "output": f"{base}/output", "errors": f"{base}/errors"},

@@ -95,6 +95,20 @@ class WebhookState(BaseModel):
     attempts: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class BatchError(BaseModel):
+    """A line the create refused, as OpenAI's batch object lists one."""
+
+    code: str
+    line: int
+    message: str
+    param: str | None = None
+
+
+class BatchErrors(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchError]
+
+
 class BatchView(BaseModel):
     id: str
     object: Literal["batch"] = "batch"
@@ -114,6 +128,9 @@ class BatchView(BaseModel):
     )
     error_file_id: str | None = None
     metadata: dict[str, str] | None = None
+    errors: BatchErrors | None = Field(
+        default=None, description="The first lines its create refused (all: the errors file)"
+    )
     created_at: int
     in_progress_at: int | None = None
     finalizing_at: int | None = None

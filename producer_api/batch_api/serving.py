@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api import lines
+from producer_api.batch_api.progress import first_errors
 from producer_api.batch_api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, JOBS, BatchOptions
 from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import BodyPrint
@@ -199,7 +200,7 @@ class BatchApiService:
             rejected = sorted(parsed.rejected + refused, key=lambda r: int(r["line"]))
             await self.store.add_items(batch_id, accepted, [dumps(r) for r in rejected], ttl_s)
             open_lists = sorted({open_list for _, open_list in accepted})
-            invalid = {"invalid": len(rejected)}
+            invalid: dict[str, str | int] = {"invalid": len(rejected), **first_errors(rejected)}
             await self.store.start(batch_id, open_lists, len(accepted), invalid, expires_ms)
             await self.store.enlist(self.principal.tenant, batch_id)
             progress = await self._look(batch_id)
