@@ -35,6 +35,16 @@ local function undelivered(stream, group)
 end
 """
 
+# A field's value in a flat HGETALL-style list (nil when absent): one Lua helper for every script
+# that reads a job's or an entry's fields.
+LUA_FIELD = """
+local function field(fields, name)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+  return nil
+end
+"""
 _PRELUDE = (
     lua_transition_table()
     + LUA_JOB_KEY
@@ -95,13 +105,8 @@ local function claim(jk, now, worker, attempts, owner)
   return 'running'
 end
 
-local function field(fields, name)
-  for i = 1, #fields, 2 do
-    if fields[i] == name then return fields[i + 1] end
-  end
-  return nil
-end
 """
+    + LUA_FIELD
     + f"""
 local ADDED, FAIR, RECENT = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}', '{RECENT_SUFFIX}'
 local RECENT_KEPT, RECENT_SLACK = {RECENT_KEPT}, {RECENT_SLACK}

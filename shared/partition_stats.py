@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from shared.codec import as_text
+from shared.job_scripts import LUA_FIELD
 from shared.keys import FAIR_RING_SUFFIX, GROUP, HELD_SUFFIX, LUA_JOB_KEY, Keys
 from shared.model_repository import ModelRepository
 from shared.redis_client import executed
@@ -40,12 +41,9 @@ local HEADS = {HEADS_READ}
 """
     + """
 local oldest = nil
-local function field(fields, name)
-  for i = 1, #fields, 2 do
-    if fields[i] == name then return fields[i + 1] end
-  end
-  return nil
-end
+"""
+    + LUA_FIELD
+    + """
 local function older(fields)
   local ms = tonumber(field(fields, 'enq'))
   if ms and (not oldest or ms < oldest) then oldest = ms end
