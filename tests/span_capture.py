@@ -6,13 +6,20 @@ provider of its own saw none."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from starlette.testclient import TestClient
+
+from producer_api.app import create_app
+from shared.settings import Settings
+from workers.runtime.consumer_runtime import ConsumerRuntime
 
 PROVIDER = TracerProvider()
 _EXPORTER = InMemorySpanExporter()
@@ -27,3 +34,24 @@ def captured_spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExpo
     _EXPORTER.clear()
     yield _EXPORTER
     _EXPORTER.clear()
+
+
+def traced_predict(
+    spans: InMemorySpanExporter, settings: Settings, model: str, body: dict[str, Any]
+) -> tuple[ReadableSpan, Sequence[ReadableSpan]]:
+    """One predict of `model` (200) through an instrumented producer app and a worker runtime
+    serving `settings.models`, both in this process: the request's server span, and every span
+    finished by then."""
+    runtime = ConsumerRuntime(settings)
+    runtime.start()
+    app = create_app(settings)
+    FastAPIInstrumentor.instrument_app(app)
+    try:
+        with TestClient(app) as client:
+            response = client.post(f"/v1/models/{model}/predict", json=body)
+            assert response.status_code == 200, response.text
+    finally:
+        runtime.stop()
+    finished = spans.get_finished_spans()
+    server = next(s for s in finished if s.name == "POST /v1/models/{model}/predict")
+    return server, finished

@@ -3,15 +3,11 @@ its generation had no span at all, so an LLM request read in Jaeger as the produ
 
 from __future__ import annotations
 
-from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from starlette.testclient import TestClient
 
-from producer_api.app import create_app
 from shared.settings import Settings
 from tests.conftest import REPO_ROOT
-from tests.span_capture import captured_spans  # noqa: F401 (`spans`)
-from workers.runtime.consumer_runtime import ConsumerRuntime
+from tests.span_capture import captured_spans, traced_predict  # noqa: F401 (`spans`)
 
 
 def test_a_generation_span_continues_its_request_trace(
@@ -25,19 +21,8 @@ def test_a_generation_span_continues_its_request_trace(
         models=["paced:default"],
         auth="disabled",
     )
-    runtime = ConsumerRuntime(settings)
-    runtime.start()
-    app = create_app(settings)
-    FastAPIInstrumentor.instrument_app(app)
     body = {"inputs": {"prompt": "a b"}, "parameters": {"max_tokens": 2}}
-    try:
-        with TestClient(app) as client:
-            response = client.post("/v1/models/paced/predict", json=body)
-            assert response.status_code == 200, response.text
-    finally:
-        runtime.stop()
-    finished = spans.get_finished_spans()
-    server = next(s for s in finished if s.name == "POST /v1/models/{model}/predict")
+    server, finished = traced_predict(spans, settings, "paced", body)
     generation = [s for s in finished if s.name == "generate paced:default"]
     assert [s.context.trace_id for s in generation] == [server.context.trace_id]
     assert [link.context.span_id for link in generation[0].links] == [server.context.span_id]

@@ -30,7 +30,7 @@ from shared.settings import Settings
 from shared.telemetry import current_traceparent, tracing_on
 from tests.conftest import running_stack, until
 from tests.paced_engine import PacedEngine
-from tests.span_capture import PROVIDER, captured_spans  # noqa: F401 (`spans`)
+from tests.span_capture import PROVIDER, captured_spans, traced_predict  # noqa: F401 (`spans`)
 from workers.batching.micro_batch_loop import MicroBatchLoop
 from workers.batching.micro_batch_telemetry import stage_span
 from workers.engines.identity_engine import IdentityEngine
@@ -42,7 +42,6 @@ from workers.partition.reclaim import Reclaimer
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import StreamReader
 from workers.partition.token_writer import TokenWriter
-from workers.runtime.consumer_runtime import ConsumerRuntime
 
 KEYS = Keys("cv:")
 ENDED_KEYS = Keys("ended:")
@@ -160,18 +159,7 @@ def test_request_span_links_to_worker_batch_span(
     settings = Settings(
         redis_url=redis_url, key_prefix="trace:", models=["identity:default"], auth="disabled"
     )
-    runtime = ConsumerRuntime(settings)
-    runtime.start()
-    app = create_app(settings)
-    FastAPIInstrumentor.instrument_app(app)
-    try:
-        with TestClient(app) as client:
-            response = client.post("/v1/models/identity/predict", json={"inputs": {"t": 1}})
-            assert response.status_code == 200
-    finally:
-        runtime.stop()
-    finished = spans.get_finished_spans()
-    server = next(s for s in finished if s.name == "POST /v1/models/{model}/predict")
+    server, finished = traced_predict(spans, settings, "identity", {"inputs": {"t": 1}})
     batch = next(s for s in finished if s.name == "batch identity:default")
     assert batch.context.trace_id == server.context.trace_id
     assert [link.context.span_id for link in batch.links] == [server.context.span_id]

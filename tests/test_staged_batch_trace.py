@@ -6,14 +6,10 @@ its parent's end."""
 
 from __future__ import annotations
 
-from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from starlette.testclient import TestClient
 
-from producer_api.app import create_app
 from shared.settings import Settings
-from tests.span_capture import captured_spans  # noqa: F401 (`spans`)
-from workers.runtime.consumer_runtime import ConsumerRuntime
+from tests.span_capture import captured_spans, traced_predict  # noqa: F401 (`spans`)
 
 
 def test_a_staged_micro_batch_span_holds_its_engine_call_and_write(
@@ -22,19 +18,8 @@ def test_a_staged_micro_batch_span_holds_its_engine_call_and_write(
     settings = Settings(
         redis_url=redis_url, key_prefix="trace-staged:", models=["minilm:default"], auth="disabled"
     )
-    runtime = ConsumerRuntime(settings)
-    runtime.start()
-    app = create_app(settings)
-    FastAPIInstrumentor.instrument_app(app)
-    try:
-        with TestClient(app) as client:
-            body = {"inputs": {"texts": ["a staged micro-batch"]}}
-            response = client.post("/v1/models/minilm/predict", json=body)
-            assert response.status_code == 200, response.text
-    finally:
-        runtime.stop()
-    finished = spans.get_finished_spans()
-    server = next(s for s in finished if s.name == "POST /v1/models/{model}/predict")
+    body = {"inputs": {"texts": ["a staged micro-batch"]}}
+    server, finished = traced_predict(spans, settings, "minilm", body)
     batch = next(s for s in finished if s.name == "batch minilm:default")
     assert batch.context.trace_id == server.context.trace_id
     children = {
