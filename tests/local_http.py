@@ -7,9 +7,24 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TypeVar
+from typing import Any, TypeVar
 
 S = TypeVar("S", bound="LocalServer")
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A handler that answers whole bodies with their length and logs nothing to the test's
+    output."""
+
+    def answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for name, value in {**(headers or {}), "Content-Length": str(len(body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
 
 
 class LocalServer(ThreadingHTTPServer):

@@ -6,19 +6,17 @@ one readable line, a redirect included (its empty body was returned as the answe
 from __future__ import annotations
 
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
-from typing import Any
 
 import click
 import pytest
 
 from conveyor.client.admin_http import admin_call
-from tests.local_http import LocalServer, serving
+from tests.local_http import LocalServer, QuietHandler, serving
 
 MOVED_TO = "https://conveyor.example/v1/models/identity/routes"
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     """A 308 for `/moved`, a proxy's HTML 502 for `/down`."""
 
     protocol_version = "HTTP/1.1"
@@ -28,14 +26,7 @@ class _Handler(BaseHTTPRequestHandler):
             status, extra, body = 308, {"Location": MOVED_TO}, b""
         else:
             status, extra, body = 502, {"Content-Type": "text/html"}, b"<h1>Bad Gateway</h1>"
-        self.send_response(status)
-        for name, value in {**extra, "Content-Length": str(len(body))}.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: Any) -> None:
-        pass
+        self.answer(status, body, extra)
 
 
 @pytest.fixture

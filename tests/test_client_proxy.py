@@ -9,8 +9,6 @@ import asyncio
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
-from typing import Any
 
 import httpx
 import pytest
@@ -22,7 +20,7 @@ from conveyor.client import (
     RetryEvent,
     RetryPolicy,
 )
-from tests.local_http import LocalServer, serving
+from tests.local_http import LocalServer, QuietHandler, serving
 
 JOB = json.dumps({"id": "job-1", "status": "succeeded", "outputs": {"x": 1}}).encode()
 BATCH = {"id": "b-1", "status": "completed", "created_at": 1}
@@ -49,7 +47,7 @@ class _Scripted(LocalServer):
             return self.script[min(len(self.seen), len(self.script)) - 1]
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     protocol_version = "HTTP/1.1"
     server: _Scripted
 
@@ -64,16 +62,8 @@ class _Handler(BaseHTTPRequestHandler):
         after = self.headers.get("Last-Event-ID")
         request = f"{self.command} {self.path}" + (f" after {after}" if after else "")
         status, headers, body = self.server.next_answer(request)
-        self.send_response(status)
         kind = "application/json" if body.startswith(b"{") else "text/html"
-        for name, value in {"Content-Type": kind, **headers}.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: Any) -> None:
-        pass
+        self.answer(status, body, {"Content-Type": kind, **headers})
 
 
 @pytest.fixture

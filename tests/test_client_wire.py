@@ -9,7 +9,6 @@ import json
 import math
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -28,7 +27,7 @@ from conveyor.client import (
 from conveyor.client.errors import InvalidArgument, StreamError
 from conveyor.client.sse import BACKOFF_CAP_S, EventStream
 from conveyor.stack import free_port
-from tests.local_http import LocalServer, serving
+from tests.local_http import LocalServer, QuietHandler, serving
 
 SEPARATED = "a\u2028b\u2029c\x85d"  # line and paragraph separators, NEL: legal inside JSON
 OUTAGE_S = 3.0  # how long /v1/jobs/outage/events answers its resumes 503
@@ -51,7 +50,7 @@ class _Server(LocalServer):
         self.quiet_cuts = 0  # requests of /v1/jobs/quietcut/events
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
@@ -221,15 +220,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
     def _send(self, status: int, body: bytes, kind: str, extra: dict[str, str] | None = None):
-        self.send_response(status)
-        for name, value in {"Content-Type": kind, **(extra or {})}.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: Any) -> None:
-        pass
+        self.answer(status, body, {"Content-Type": kind, **(extra or {})})
 
 
 @pytest.fixture

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.model_repository import ModelConfigError, ModelRepository
-
-HEAD = "kind: batch\nbackend: identity\n"
+from shared.model_repository import ModelConfigError
+from tests.test_config_yaml_types import load_one
 
 
 def _laughs(levels: int) -> str:
@@ -26,12 +25,6 @@ def _laughs(levels: int) -> str:
         + "\n".join(lines)
         + f"\ninput_schema: {{type: object, default: *a{levels}}}\n"
     )
-
-
-def _load(root: Path, text: str) -> ModelRepository:
-    (root / "m").mkdir()
-    (root / "m" / "config.yaml").write_text(HEAD + text)
-    return ModelRepository.load(root)
 
 
 @pytest.mark.parametrize(
@@ -53,18 +46,18 @@ def test_a_config_that_would_exhaust_its_reader_is_one_line_naming_the_file(
     tmp_path: Path, text: str, problem: str
 ) -> None:
     with pytest.raises(ModelConfigError) as refused:
-        _load(tmp_path, text)
+        load_one(tmp_path, text)
     assert str(refused.value) == f"{tmp_path / 'm' / 'config.yaml'}: {problem}"
 
 
-def test_anchors_and_merge_keys_that_share_settings_load(tmp_path: Path) -> None:
+def test_anchors_and_merge_keys_that_share_settingsload_one(tmp_path: Path) -> None:
     text = (
         "variants:\n"
         "  default: &base {weight: 50, parameters: {threads: 2}}\n"
         "  b: {<<: *base, weight: 0}\n"
         "  c: *base\n"
     )
-    config = _load(tmp_path, text).get("m")
+    config = load_one(tmp_path, text).get("m")
     assert config is not None
     assert [config.variants[v].weight for v in ("default", "b", "c")] == [50, 0, 50]
     assert config.variant_parameters("b") == {"threads": 2}

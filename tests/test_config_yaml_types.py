@@ -13,7 +13,7 @@ from shared.model_repository import ModelConfigError, ModelRepository
 HEAD = "kind: batch\nbackend: identity\n"
 
 
-def _load(root: Path, text: str) -> ModelRepository:
+def load_one(root: Path, text: str) -> ModelRepository:
     (root / "m").mkdir()
     (root / "m" / "config.yaml").write_text(HEAD + text)
     return ModelRepository.load(root)
@@ -50,7 +50,7 @@ def test_a_value_of_another_type_is_refused_naming_field_and_value(
     tmp_path: Path, text: str, problem: str
 ) -> None:
     with pytest.raises(ModelConfigError) as refused:
-        _load(tmp_path, text)
+        load_one(tmp_path, text)
     assert str(refused.value).startswith(f"{tmp_path / 'm' / 'config.yaml'}: {problem}")
 
 
@@ -58,7 +58,7 @@ def test_yaml_booleans_whole_numbers_and_exponents_load_as_numbers(tmp_path: Pat
     """YAML 1.1's `on` is a boolean, an integer is a number of seconds, and `6e2` is 600 as in
     YAML 1.2 and JSON: PyYAML alone read it, and `1.0e3`, as strings."""
     text = "queue: {fair: on, max_run_s: 2, max_queue_time_s: 6e2, visibility_timeout_s: 1.2e1}\n"
-    config = _load(tmp_path, text).get("m")
+    config = load_one(tmp_path, text).get("m")
     assert config is not None
     assert config.queue.fair is True and config.queue.max_run_s == 2.0
     assert (config.queue.max_queue_time_s, config.queue.visibility_timeout_s) == (600.0, 12.0)
