@@ -113,12 +113,12 @@ def _validation_message(request: Request, exc: RequestValidationError) -> str:
         )
     parts = []
     for err in exc.errors():
-        where = ".".join(_step(p) for p in err.get("loc", ()) if p != "body")
+        where = ".".join(client_named(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts)
 
 
-def _step(part: str | int) -> str:
+def client_named(part: str | int) -> str:
     """A step of an error's location, as the client named it: a field's name, a list's index,
     or a key of the client's own, quoted cut short when long (an unknown field or a route's
     variant named in 100 KB was quoted whole)."""

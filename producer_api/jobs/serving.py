@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from producer_api.auth.principal import Principal
-from producer_api.errors import REFUSALS, ConveyorError
+from producer_api.errors import REFUSALS, ConveyorError, client_named
 from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import PredictRequest, SamplingParameters
 from producer_api.jobs.queue_eta import Standing, StartBy
@@ -29,7 +29,7 @@ from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, stamp_ms
 from shared.keys import new_job_id
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
-from shared.model_repository import GENERATE_BACKENDS, QUOTED_CHARS, ModelConfig, quote
+from shared.model_repository import GENERATE_BACKENDS, ModelConfig
 from shared.redis_client import OUT_OF_REACH
 from shared.routing import UnknownVariant
 from shared.telemetry import current_traceparent
@@ -427,7 +427,7 @@ def check_parameters(config: ModelConfig, variant: str, parameters: dict[str, An
     such as a `normalize: false` were stored and silently ignored."""
     if config.kind != "generate":
         if parameters:
-            named = ", ".join(f"parameters.{_named(name)}" for name in sorted(parameters))
+            named = ", ".join(f"parameters.{client_named(name)}" for name in sorted(parameters))
             message = (
                 f"{named}: model {config.name} takes no job parameters (kind {config.kind}: its "
                 "engine runs a job on its inputs alone; engine settings are its config.yaml's)"
@@ -453,11 +453,6 @@ def check_parameters(config: ModelConfig, variant: str, parameters: dict[str, An
         raise ConveyorError(422, "invalid_request", message)
     if (why := _min_tokens_refusal(sampling, own.get("default_max_tokens"), limit)) is not None:
         raise ConveyorError(422, "invalid_request", f"parameters.min_tokens: {why} for {served}")
-
-
-def _named(key: str) -> str:
-    """A key of the client's own as a 422 names it, quoted cut short when long."""
-    return key if len(key) <= QUOTED_CHARS else quote(key)
 
 
 def _min_tokens_refusal(sampling: SamplingParameters, default: Any, limit: Any) -> str | None:
