@@ -23,6 +23,7 @@ from producer_api.errors import install_error_handlers
 from producer_api.events.api_router import router as events_router
 from producer_api.events.serving import LAPSE_S
 from producer_api.experiments.api_router import router as experiments_router
+from producer_api.files.api_router import FILE_UPLOADS
 from producer_api.files.api_router import router as files_router
 from producer_api.health.api_router import router as health_router
 from producer_api.health.startup import Startup
@@ -36,7 +37,7 @@ from producer_api.metrics.api_router import router as metrics_router
 from producer_api.models.api_router import router as models_router
 from producer_api.openai.api_router import router as openai_router
 from producer_api.reply_listener import ReplyListener
-from producer_api.request_boundary import RequestBoundaryMiddleware
+from producer_api.request_boundary import BodyLimit, RequestBoundaryMiddleware
 from producer_api.routes.api_router import router as routes_router
 from producer_api.state import ProducerState
 from producer_api.token_hub import TokenHub
@@ -199,7 +200,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(
         RequestBoundaryMiddleware,
-        max_bytes=settings.max_body_bytes,
+        limit=BodyLimit(settings.max_body_bytes, "CONVEYOR_MAX_BODY_BYTES"),
+        upload_limit=BodyLimit(settings.max_upload_bytes, "CONVEYOR_MAX_UPLOAD_BYTES"),
+        uploads=JSONL_UPLOADS | FILE_UPLOADS,
         max_depth=settings.max_json_depth,
         own_format=JSONL_UPLOADS,
     )

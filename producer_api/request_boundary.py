@@ -1,14 +1,15 @@
 """The one edge every request body crosses before a route sees it: bodies are bounded (413,
-declared or chunked), and a JSON body must hold only what Conveyor can store and serialise —
-valid Unicode (no lone surrogates), integers within 64 bits, finite numbers, at most
-`CONVEYOR_MAX_JSON_DEPTH` levels of nesting — anywhere, free-form `inputs` and `parameters`
-included (422). Checking here, once, means nothing deeper (orjson, pydantic, Redis) ever meets
-a value it would fail on."""
+declared or chunked; batch input by its own, larger bound), and a JSON body must hold only what
+Conveyor can store and serialise — valid Unicode (no lone surrogates), integers within 64 bits,
+finite numbers, at most `CONVEYOR_MAX_JSON_DEPTH` levels of nesting — anywhere, free-form
+`inputs` and `parameters` included (422). Checking here, once, means nothing deeper (orjson,
+pydantic, Redis) ever meets a value it would fail on."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from email.message import Message as MimeHeader
 from typing import Any
 
@@ -27,6 +28,14 @@ NOT_PARSED = object()
 
 class BodyTooLarge(Exception):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class BodyLimit:
+    """The most bytes a body may hold, and the variable that sets it (named in the 413)."""
+
+    max_bytes: int
+    setting: str
 
 
 class UnstorableJson(ValueError):
@@ -132,15 +141,25 @@ def _is_json(scope: Scope, raw: str | None, own_format: frozenset[str]) -> bool:
 
 
 class RequestBoundaryMiddleware:
-    """Reads the whole body (up to `max_bytes`, else 413 before anything is parsed), checks a
+    """Reads the whole body (up to its limit, else 413 before anything is parsed), checks a
     JSON body (else 422) and leaves its value in the scope (`PARSED_JSON`), then replays the
-    body to the app; later `receive` calls (disconnects) pass straight through."""
+    body to the app; later `receive` calls (disconnects) pass straight through. A POST to one
+    of `uploads` (batch input: OpenAI's accept files of 200 MB and 50,000 lines) is held to
+    `upload_limit`, any other body to `limit`, which a job's inputs need."""
 
     def __init__(
-        self, app: ASGIApp, max_bytes: int, max_depth: int, own_format: frozenset[str]
+        self,
+        app: ASGIApp,
+        limit: BodyLimit,
+        upload_limit: BodyLimit,
+        uploads: frozenset[str],
+        max_depth: int,
+        own_format: frozenset[str],
     ) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.limit = limit
+        self.upload_limit = upload_limit
+        self.uploads = uploads
         self.max_depth = max_depth
         self.own_format = own_format
 
@@ -153,12 +172,13 @@ class RequestBoundaryMiddleware:
         # `text/plain` reached the route unchecked).
         headers = Headers(scope=scope)
         declared = headers.get("content-length", "")  # latin-1 text: "²" is a digit too
+        limit = self._limit_of(scope)
         try:
-            if declared.isascii() and declared.isdigit() and int(declared) > self.max_bytes:
+            if declared.isascii() and declared.isdigit() and int(declared) > limit.max_bytes:
                 raise BodyTooLarge
-            body = await self._read(receive)
+            body = await _read(receive, limit.max_bytes)
         except BodyTooLarge:
-            message = f"request body exceeds {self.max_bytes} bytes"
+            message = f"request body exceeds {limit.max_bytes} bytes ({limit.setting})"
             await error_response(413, "payload_too_large", message)(scope, receive, send)
             return
         if body and _is_json(scope, headers.get("content-type"), self.own_format):
@@ -170,20 +190,25 @@ class RequestBoundaryMiddleware:
                 return
         await self.app(scope, _replay(body, receive), send)
 
-    async def _read(self, receive: Receive) -> bytes:
-        chunks: list[bytes] = []
-        seen = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return b""  # the client left; the app will see the disconnect
-            chunk = message.get("body", b"")
-            seen += len(chunk)
-            if seen > self.max_bytes:
-                raise BodyTooLarge
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+    def _limit_of(self, scope: Scope) -> BodyLimit:
+        upload = scope["method"] == "POST" and scope["path"] in self.uploads
+        return self.upload_limit if upload else self.limit
+
+
+async def _read(receive: Receive, max_bytes: int) -> bytes:
+    chunks: list[bytes] = []
+    seen = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b""  # the client left; the app will see the disconnect
+        chunk = message.get("body", b"")
+        seen += len(chunk)
+        if seen > max_bytes:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

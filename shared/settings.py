@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65_535)
     instance_id: str = Field(default_factory=_default_instance_id)
     max_body_bytes: int = Field(default=1_048_576, ge=1)
+    # Bodies of batch input (`POST /v1/files`, `POST /v1/batches`): 10,000 lines of embedding
+    # requests alone pass 1 MiB. Each is held whole in the producer while it is read and stored.
+    max_upload_bytes: int = Field(default=104_857_600, ge=1)
     # Bytes of `/v1/files` uploads a tenant may hold at once (they live the result TTL): a loop
     # of uploads would otherwise fill Redis to its maxmemory, every tenant's submits then 503s.
     max_file_bytes_per_tenant: int = Field(default=1_073_741_824, ge=1)

@@ -21,6 +21,7 @@ from shared.settings import Settings
         {"result_ttl_s": 0},
         {"max_wait_s": 0},
         {"max_body_bytes": 0},
+        {"max_upload_bytes": 0},
         {"metrics_port": 65_536},
         {"block_ms": 0},  # BLOCK 0 waits forever: a worker would never notice a stop
         {"shutdown_grace_s": -1},

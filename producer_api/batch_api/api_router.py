@@ -44,8 +44,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         "after 5 s (Retry-After)"
     },
     413: {
-        "description": "Body too large, more lines than CONVEYOR_MAX_BATCH_LINES, or more "
-        "items than the bulk lane can ever hold"
+        "description": "Body over CONVEYOR_MAX_UPLOAD_BYTES, more lines than "
+        "CONVEYOR_MAX_BATCH_LINES, or more items than the bulk lane can ever hold"
     },
     422: {"description": "No lines, bad options, or a webhook URL outside the allow-list"},
     429: {"description": "Bulk lane full; see Retry-After"},

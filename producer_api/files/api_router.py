@@ -20,6 +20,8 @@ from producer_api.responses import (
 router = APIRouter(tags=["files"])
 FILE_ID = Path(max_length=64, description="A file id, or a batch's output_file_id / error_file_id")
 EXPIRES_AFTER = "OpenAI's expires_after: seconds from created_at, kept the result TTL at most"
+# Bodies held to CONVEYOR_MAX_UPLOAD_BYTES rather than CONVEYOR_MAX_BODY_BYTES (request_boundary).
+FILE_UPLOADS = frozenset({"/v1/files"})
 PAGE_MAX = 100  # files a page holds at most: each is looked up (OpenAI's `limit` goes to 10,000)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -27,7 +29,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "A multipart body that does not parse"},
     404: {"description": "Unknown file (or another tenant's)"},
     409: {"description": "The batch whose file it is has not ended"},
-    413: {"description": "Body too large"},
+    413: {"description": "Body over CONVEYOR_MAX_UPLOAD_BYTES"},
     422: {
         "description": "No file, an empty one, a filename over 255 bytes, or a purpose not batch"
     },
