@@ -194,6 +194,9 @@ def test_the_official_client_runs_a_batch_through_the_files_api(
         retrieved = client.files.retrieve(file_id)  # it was a 404: the id named no upload
         assert (retrieved.id, retrieved.purpose) == (file_id, "batch_output")
         assert retrieved.bytes == len(content.content) and retrieved.created_at > 0
+        # it goes with the batch, a result TTL after it ended (both were missing)
+        assert retrieved.expires_at == retrieved.created_at + Settings().result_ttl_s
+        assert retrieved.status == "processed"
     assert lines[0]["custom_id"] == REFUSED[0][0]
     assert client.files.delete(upload.id).deleted
     with pytest.raises(NotFoundError):

@@ -380,19 +380,23 @@ class BatchApiService:
 
     async def file_object(self, batch_id: str, kind: str) -> dict[str, Any]:
         """An ended batch's `output` or `errors` file as OpenAI's file object (purpose
-        `batch_output`, made when the batch ended): what OpenAI's SDK retrieves by the ids the
-        batch gives. Its size is read through the lines `file` serves."""
+        `batch_output`, made when the batch ended, gone with the batch's keys a result TTL
+        later): what OpenAI's SDK retrieves by the ids the batch gives. Its size is read through
+        the lines `file` serves."""
         fields = await self.ended(batch_id)
         size = 0
         async for chunk in self._lines(batch_id, kind, fields):
             size += len(chunk)
+        created_at = int(fields.get(f"{fields['status']}_at", 0)) // 1000
         return {
             "id": f"{batch_id}-{kind}",
             "object": "file",
             "bytes": size,
-            "created_at": int(fields.get(f"{fields['status']}_at", 0)) // 1000,
+            "created_at": created_at,
+            "expires_at": created_at + self.state.settings.result_ttl_s,
             "filename": f"{batch_id}_{kind}.jsonl",
             "purpose": "batch_output",
+            "status": "processed",
         }
 
     async def ended(self, batch_id: str) -> Mapping[str, str]:
