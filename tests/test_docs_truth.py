@@ -249,3 +249,60 @@ def test_architecture_data_plane_names_every_redis_key() -> None:
     assert ("REFUSED_SUFFIX", ":refused") in parts
     missing = sorted({f"{name}: {part!r}" for name, part in parts if part not in text})
     assert missing == [], "Redis keys docs/architecture.md's data plane never names"
+
+
+SCRIPTS_SECTION = re.compile(r"^## Lua scripts.*?(?=^## )", re.MULTILINE | re.DOTALL)
+SCRIPT_HOMES = ("shared", "producer_api", "workers")
+
+
+def lua_scripts() -> Iterator[tuple[str, str]]:
+    """(file name, script name without its leading `_`) of each module-level Lua script: a
+    string that calls Redis and that no other script contains (those are shared fragments)."""
+    import importlib
+
+    found: list[tuple[str, str, str]] = []
+    for package in SCRIPT_HOMES:
+        for path in (REPO_ROOT / package).rglob("*.py"):
+            if "redis.call(" not in path.read_text():
+                continue
+            module = importlib.import_module(
+                ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts)
+            )
+            source = path.read_text()
+            found += [
+                (path.name, name.lstrip("_"), value)
+                for name, value in vars(module).items()
+                if name.lstrip("_").isupper()
+                and isinstance(value, str)
+                and "redis.call(" in value
+                and re.search(rf"^{name}\b.* = ", source, re.MULTILINE)  # its own, not imported
+            ]
+    for file, name, value in found:
+        if not any(other != value and value in other for *_, other in found):
+            yield file, name
+
+
+def documented_scripts() -> set[tuple[str, str]]:
+    """(file name, script) of each row of docs/architecture.md's script tables: the row's own
+    `file.py`, else its table's heading's."""
+    section = SCRIPTS_SECTION.search((REPO_ROOT / "docs" / "architecture.md").read_text())
+    assert section is not None, "docs/architecture.md lost its Lua scripts section"
+    rows, heading = set(), ""
+    for line in section.group().splitlines():
+        if line.startswith("### "):
+            heading = (re.findall(r"`[\w/]*?(\w+\.py)`", line) or [""])[0]
+        elif line.startswith("| ") and not line.startswith("| script |"):
+            cell = line.split(" | ")[0]
+            files = re.findall(r"`[\w/]*?(\w+\.py)`", cell) or [heading]
+            rows |= {(files[0], name) for name in re.findall(r"\b[A-Z][A-Z_]+\b", cell)}
+    return rows
+
+
+def test_architecture_script_tables_name_every_lua_script() -> None:
+    """A Lua script is a step no client sees half done: the design of record says what each one
+    keeps true (15 of shared/'s, and the producer's and worker's own, had no row)."""
+    scripts = set(lua_scripts())
+    assert {("job_scripts.py", "FINISH"), ("canary_store.py", "START")} <= scripts  # parsed
+    assert ("job_scripts.py", "LUA_FIELD") not in scripts  # a fragment, not a script
+    missing = sorted(scripts - documented_scripts())
+    assert missing == [], "Lua scripts docs/architecture.md's script tables never name"
