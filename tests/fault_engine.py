@@ -7,6 +7,7 @@ so the tests inject faults through ordinary job inputs."""
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import sys
 import threading
@@ -14,12 +15,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from shared.codec import dumps
 from workers.engines.base import BatchEngine, StagedBatchEngine
 
 FIXED_ENV = "CONVEYOR_TEST_POISON_FIXED"
 # An item's `output`: an engine's output that no job can store (the engine returns it as is).
-ODD_OUTPUTS: dict[str, Any] = {"bytes": {"b": b"\x00\xff"}, "set": {"s": {1}}, "text": "plain"}
+ODD_OUTPUTS: dict[str, Any] = {
+    "bytes": {"b": b"\x00\xff"},
+    "set": {"s": {1}},
+    "text": "plain",
+    "nan": {"scores": [0.5, math.nan]},
+    "inf": {"logits": {"top": -math.inf}},
+    "nan-array": {"embeddings": np.array([[0.25, 0.5], [np.nan, 1.0]], dtype=np.float32)},
+}
 
 
 class FaultEngine(BatchEngine):

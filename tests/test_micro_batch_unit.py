@@ -83,6 +83,25 @@ async def test_an_output_no_job_can_store_fails_its_own_job(engine: FaultEngine)
     assert [o.batch_size for o in outcomes] == [5] * 5  # one engine call: no bisection needed
 
 
+async def test_a_nan_or_infinity_in_an_output_fails_its_own_job(engine: FaultEngine) -> None:
+    """orjson writes a NaN or an infinity as null: the job succeeded with its numbers silently
+    gone (an embedding of nulls). It fails alone now; an output's own nulls are kept."""
+    outputs = [None, "nan", "inf", "nan-array"]
+    outcomes = await execute(engine, [{"n": i, "output": o} for i, o in enumerate(outputs)])
+    assert [o.error for o in outcomes] == [
+        None,
+        *(
+            {
+                "type": "InvalidOutput",
+                "message": "the engine's output cannot be stored as JSON: "
+                f"{where} is not a finite number (JSON has no NaN or infinity)",
+            }
+            for where in ("scores[1]", "logits.top", "embeddings[1][0]")
+        ),
+    ]
+    assert outcomes[0].written == f'{{"n":0,"output":null,"pid":{os.getpid()}}}'
+
+
 async def test_an_engine_that_returns_no_list_fails_with_what_it_returned(
     engine: FaultEngine,
 ) -> None:

@@ -6,12 +6,15 @@ left pending for another worker."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+import numpy as np
 
 from shared.codec import dumps
 from shared.job_store import stamp_ms
@@ -88,14 +91,43 @@ def succeeded(
     for output in outputs:
         outcome = Outcome(output, None, engine_ms, len(inputs), batch_id, start.wall_ms)
         try:
-            if not isinstance(output, dict):
-                raise TypeError(f"it is {type(output).__name__}, not an object of named outputs")
-            outcome.written = dumps(output).decode()
-        except TypeError as exc:  # orjson's JSONEncodeError is one
+            outcome.written = _stored(output)
+        except (TypeError, ValueError) as exc:  # orjson's JSONEncodeError is a TypeError
             message = f"the engine's output cannot be stored as JSON: {exc}"
             outcome.output, outcome.error = None, {"type": "InvalidOutput", "message": message}
         outcomes.append(outcome)
     return outcomes
+
+
+def _stored(output: Any) -> str:
+    """`output` as the JSON text its job stores. A NaN or an infinity is refused as bytes are:
+    orjson writes it as null, and the job succeeded with its numbers silently gone. Only an
+    output whose text holds a null is searched for one, so a healthy output costs no walk."""
+    if not isinstance(output, dict):
+        raise TypeError(f"it is {type(output).__name__}, not an object of named outputs")
+    written = dumps(output).decode()
+    if "null" in written and (where := _non_finite(output, "")) is not None:
+        raise ValueError(f"{where} is not a finite number (JSON has no NaN or infinity)")
+    return written
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path of the first NaN or infinity in `value` (a float, a numpy array or scalar, or
+    dicts and lists of them), or None."""
+    if isinstance(value, float | np.floating):
+        return None if math.isfinite(value) else path
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "fc" or np.isfinite(value).all():
+            return None
+        first = np.argwhere(~np.isfinite(value))[0]
+        return path + "".join(f"[{i}]" for i in first)
+    if isinstance(value, dict):
+        items: Any = ((f"{path}.{key}" if path else str(key), v) for key, v in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    return next((where for p, v in items if (where := _non_finite(v, p)) is not None), None)
 
 
 async def _call(
