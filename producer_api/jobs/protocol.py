@@ -47,7 +47,8 @@ class SamplingParameters(BaseModel):
 class PredictRequest(BaseModel):
     """A job body without the model (the path names it). Unknown fields are refused, since a
     typo such as `input` would otherwise be silently ignored. Infinite or NaN times are
-    refused (422) rather than reaching the deadline arithmetic."""
+    refused (422) rather than reaching the deadline arithmetic, as are times that are no JSON
+    number (`true` was a one-second `ttl_s`, `"5"` read as 5)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -59,10 +60,11 @@ class PredictRequest(BaseModel):
         default=None,
         gt=0,
         le=1e11,
+        strict=True,
         description="Unix time after which not to run; one already past is refused (422)",
     )
     ttl_s: float | None = Field(
-        default=None, gt=0, le=1e9, description="Seconds from now to deadline"
+        default=None, gt=0, le=1e9, strict=True, description="Seconds from now to deadline"
     )
     priority: Literal["online", "bulk"] = "online"
     webhook: str | None = Field(

@@ -1,0 +1,29 @@
+"""The jobs resource at its edges, through the real producer and Valkey: what a client sends
+that a lax reading would guess at is refused (422) instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("ttl_s", True), ("ttl_s", "5"), ("deadline", "4102444800"), ("deadline", True)],
+)
+def test_a_time_limit_that_is_not_a_json_number_is_422(
+    base_url: str, field: str, value: Any
+) -> None:
+    """`"ttl_s": true` was a job that expired a second after it was accepted, and `"5"` was
+    read as 5, while the sampling parameters beside them refuse both."""
+    body = {"model": "identity", "inputs": {}, field: value}
+    for path in ("/v1/jobs", "/v1/models/identity/predict"):
+        sent = body if path == "/v1/jobs" else {k: v for k, v in body.items() if k != "model"}
+        response = httpx.post(f"{base_url}{path}", json=sent, timeout=30)
+        assert response.status_code == 422, (path, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request" and error["message"].startswith(f"{field}: ")
