@@ -5,7 +5,7 @@ a command the CLI has, with flags that command takes. Imports and parses only: n
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import click
 from fastapi.routing import APIRoute
@@ -119,3 +119,43 @@ def test_docs_conveyor_commands_exist_with_their_flags() -> None:
                 if flag not in flags
             ]
     assert wrong == [], "commands or flags the docs name that the CLI lacks"
+
+
+def _readme() -> str:
+    return (REPO_ROOT / "README.md").read_text()
+
+
+def _row(head: str) -> str:
+    """README's table row whose first cell is `head` (a route as its table writes it)."""
+    rows = re.findall(rf"^\| `{re.escape(head)}` \|.*$", _readme(), re.M)
+    assert len(rows) == 1, f"README has {len(rows)} rows for {head}"
+    return rows[0]
+
+
+def test_readme_rows_name_every_field_of_their_bodies() -> None:
+    """A field a response carries, or a request takes, and its route's row never names is one
+    no reader finds (`GET /v1/models` lacked `default_variant` and `oldest_queued_age_s`)."""
+    from producer_api.batch_api.protocol import BatchView
+    from producer_api.jobs.protocol import JobAccepted, JobRequest, JobView, SamplingParameters
+    from producer_api.models.protocol import ModelCard, PartitionStats
+
+    openai_own = {"id", "object", "owned_by"}  # "OpenAI-style list" names them
+    bodies: dict[str, list[Iterable[str]]] = {
+        "POST /v1/jobs": [JobRequest.model_fields, JobAccepted.model_fields],
+        "GET /v1/jobs/{id}": [JobView.model_fields],
+        "GET /v1/models": [ModelCard.model_fields.keys() - openai_own, PartitionStats.model_fields],
+        "GET /v1/batches/{id}": [BatchView.model_fields],
+    }
+    missing = [
+        f"{route}: {name}"
+        for route, models in bodies.items()
+        for fields in models
+        for name in fields
+        if not re.search(rf"\b{name}\b", _row(route))
+    ]
+    sampling = re.search(r"^\| parameter \| takes \| unset \|\n(.*?)\n\n", _readme(), re.M | re.S)
+    assert sampling is not None, "README lost its Sampling parameters table"
+    documented = set(re.findall(r"^\| `(\w+)`(?:, `(\w+)`)?", sampling.group(1), re.M))
+    names = {name for pair in documented for name in pair if name}
+    missing += [f"sampling: {name}" for name in SamplingParameters.model_fields.keys() - names]
+    assert missing == [], "fields README's tables never name"
