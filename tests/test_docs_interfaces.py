@@ -159,3 +159,32 @@ def test_readme_rows_name_every_field_of_their_bodies() -> None:
     names = {name for pair in documented for name in pair if name}
     missing += [f"sampling: {name}" for name in SamplingParameters.model_fields.keys() - names]
     assert missing == [], "fields README's tables never name"
+
+
+PACKAGES = ("shared", "producer_api", "workers", "conveyor", "autoscaling", "benchmarks")
+FILE_PATH = re.compile(r"(?<![\w./{}<$-])((?:[\w.-]+/)+[\w.-]*\.(?:py|md|sh|ya?ml|json|toml))\b")
+SYMBOL = re.compile(rf"`((?:{'|'.join(PACKAGES)})(?:/\w+)+)\.(?!(?:py|md|sh)`)(\w+)`")
+
+
+def test_docs_name_files_and_functions_that_exist() -> None:
+    """A path the docs point a reader to (`producer_api/token_hub.py`, a folder inside a package
+    the text names: `jobs/protocol.py`), or a `module/path.function`, that a rename left behind."""
+    folders = [REPO_ROOT, *(REPO_ROOT / p for p in PACKAGES)]
+    folders += [sub for folder in folders[1:] for sub in folder.iterdir() if sub.is_dir()]
+    wrong = []
+    for doc in DOCS:
+        text = (REPO_ROOT / doc).read_text()
+        here = [*folders, (REPO_ROOT / doc).parent]
+        wrong += [
+            f"{doc}: {path}"
+            for path in set(FILE_PATH.findall(text))
+            if not path.startswith("var/")  # what a run writes
+            and not any((folder / path).exists() for folder in here)
+        ]
+        for module, name in set(SYMBOL.findall(text)):
+            source = REPO_ROOT / f"{module}.py"
+            if not source.exists() or not re.search(
+                rf"^(?:async def |def |class )?{name}\b", source.read_text(), re.M
+            ):
+                wrong.append(f"{doc}: {module}.{name}")
+    assert wrong == [], "paths or functions the docs name that the repository lacks"
