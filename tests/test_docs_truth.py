@@ -24,9 +24,16 @@ def _constructor(call: ast.Call) -> str:
     return func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
 
 
-def exported_families() -> Iterator[str]:
-    """Names as a scrape shows them, read from every `Counter("conveyor_…", …)`-like call in
-    the project's source: parsing, not importing, so no engine library is loaded."""
+def _labels(call: ast.Call) -> set[str]:
+    """A metric's label names besides a partition's `model` and `variant` (`PARTITION`)."""
+    given = [k.value for k in call.keywords if k.arg == "labelnames"] or call.args[2:3]
+    names = ast.walk(given[0]) if given else ()
+    return {n.value for n in names if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def exported_families() -> Iterator[tuple[str, str, set[str]]]:
+    """(name as a scrape shows it, its type, its own labels) of every `Counter("conveyor_…",
+    …)`-like call in the project's source: parsing, not importing, so no engine library loads."""
     for package in PACKAGES:
         for path in (REPO_ROOT / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -39,15 +46,24 @@ def exported_families() -> Iterator[str]:
                     and isinstance(name.value, str)
                     and name.value.startswith("conveyor_")
                 ):
-                    yield name.value + SUFFIXES[kind]
+                    yield name.value + SUFFIXES[kind], kind.lower(), _labels(node)
 
 
 def test_readme_metrics_table_lists_every_exported_metric_family() -> None:
-    exported = set(exported_families())
-    assert {"conveyor_jobs_submitted_total", "conveyor_partition_lag"} <= exported  # parsed
-    documented = set(TABLE_ROW.findall((REPO_ROOT / "README.md").read_text()))
-    assert sorted(exported - documented) == [], "exported, missing from README's metrics table"
-    assert sorted(documented - exported) == [], "in README's metrics table, never exported"
+    families = {name: (kind, labels) for name, kind, labels in exported_families()}
+    assert families["conveyor_jobs_rejected_total"] == ("counter", {"reason"})  # parsed
+    readme = (REPO_ROOT / "README.md").read_text()
+    documented = set(TABLE_ROW.findall(readme))
+    assert sorted(families.keys() - documented) == [], "exported, missing from README's table"
+    assert sorted(documented - families.keys()) == [], "in README's metrics table, never exported"
+    rows = re.findall(r"^\| `(conveyor_\w+)(?:\{([\w,]+)\})?` \| (\w+) \|", readme, re.M)
+    wrong = [
+        f"{name}{{{labels}}} {kind}: exported as {families[name][0]} with {families[name][1]}"
+        for name, labels, kind in rows
+        if kind != families[name][0]
+        or not set(filter(None, labels.split(","))) <= families[name][1]
+    ]
+    assert wrong == [], "README's metrics table gives a type or label the code does not"
 
 
 def _env_name(node: ast.AST) -> str | None:
