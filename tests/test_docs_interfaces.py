@@ -181,6 +181,11 @@ def test_docs_name_files_and_functions_that_exist() -> None:
             if not path.startswith("var/")  # what a run writes
             and not any((folder / path).exists() for folder in here)
         ]
+        wrong += [
+            f"{doc}: {name}"
+            for name in set(re.findall(r"`(\w+\.py)`", text))  # a file its paragraph places
+            if not any(next((REPO_ROOT / p).rglob(name), None) for p in (*PACKAGES, "tests"))
+        ]
         for module, name in set(SYMBOL.findall(text)):
             source = REPO_ROOT / f"{module}.py"
             if not source.exists() or not re.search(
