@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import click
 from fastapi.routing import APIRoute
@@ -166,30 +167,39 @@ FILE_PATH = re.compile(r"(?<![\w./{}<$-])((?:[\w.-]+/)+[\w.-]*\.(?:py|md|sh|ya?m
 SYMBOL = re.compile(rf"`((?:{'|'.join(PACKAGES)})(?:/\w+)+)\.(?!(?:py|md|sh)`)(\w+)`")
 
 
+def _missing_files(text: str, doc_folder: Path) -> Iterator[str]:
+    """Paths (`producer_api/token_hub.py`, or a folder inside a package the text names:
+    `jobs/protocol.py`) and bare file names (`stream_reader.py`) that no such file answers."""
+    folders = [REPO_ROOT, doc_folder, *(REPO_ROOT / p for p in PACKAGES)]
+    folders += [sub for folder in folders[2:] for sub in folder.iterdir() if sub.is_dir()]
+    for path in set(FILE_PATH.findall(text)):
+        if not path.startswith("var/") and not any((f / path).exists() for f in folders):
+            yield path  # var/: what a run writes
+    for name in set(re.findall(r"`(\w+\.py)`", text)):
+        if not any(next((REPO_ROOT / p).rglob(name), None) for p in (*PACKAGES, "tests")):
+            yield name
+
+
+def _missing_names(text: str) -> Iterator[str]:
+    """`module/path.function` and `Class.method` that their module or class lacks."""
+    for module, name in set(SYMBOL.findall(text)):
+        source = REPO_ROOT / f"{module}.py"
+        if not source.exists() or not re.search(
+            rf"^(?:async def |def |class )?{name}\b", source.read_text(), re.M
+        ):
+            yield f"{module}.{name}"
+    sources = [path.read_text() for p in PACKAGES for path in (REPO_ROOT / p).rglob("*.py")]
+    for owner, name in set(re.findall(r"`([A-Z][A-Za-z0-9]+)\.(_?[a-z]\w*)(?:\(\))?`", text)):
+        homes = [s for s in sources if re.search(rf"^class {owner}\b", s, re.M)]
+        if not any(re.search(rf"def {name}\b|^\s+{name}\s*[:=]", s, re.M) for s in homes):
+            yield f"{owner}.{name}"
+
+
 def test_docs_name_files_and_functions_that_exist() -> None:
-    """A path the docs point a reader to (`producer_api/token_hub.py`, a folder inside a package
-    the text names: `jobs/protocol.py`), or a `module/path.function`, that a rename left behind."""
-    folders = [REPO_ROOT, *(REPO_ROOT / p for p in PACKAGES)]
-    folders += [sub for folder in folders[1:] for sub in folder.iterdir() if sub.is_dir()]
+    """A file, function or method the docs point a reader to that a rename left behind."""
     wrong = []
     for doc in DOCS:
-        text = (REPO_ROOT / doc).read_text()
-        here = [*folders, (REPO_ROOT / doc).parent]
-        wrong += [
-            f"{doc}: {path}"
-            for path in set(FILE_PATH.findall(text))
-            if not path.startswith("var/")  # what a run writes
-            and not any((folder / path).exists() for folder in here)
-        ]
-        wrong += [
-            f"{doc}: {name}"
-            for name in set(re.findall(r"`(\w+\.py)`", text))  # a file its paragraph places
-            if not any(next((REPO_ROOT / p).rglob(name), None) for p in (*PACKAGES, "tests"))
-        ]
-        for module, name in set(SYMBOL.findall(text)):
-            source = REPO_ROOT / f"{module}.py"
-            if not source.exists() or not re.search(
-                rf"^(?:async def |def |class )?{name}\b", source.read_text(), re.M
-            ):
-                wrong.append(f"{doc}: {module}.{name}")
+        text = re.sub(r"`\w+\.md`", "", (REPO_ROOT / doc).read_text())  # `REPORT.md`: a file
+        wrong += [f"{doc}: {miss}" for miss in _missing_files(text, (REPO_ROOT / doc).parent)]
+        wrong += [f"{doc}: {miss}" for miss in _missing_names(text)]
     assert wrong == [], "paths or functions the docs name that the repository lacks"
