@@ -1,5 +1,6 @@
 """The jobs resource at its edges, through the real producer and Valkey: what a client sends
-that a lax reading would guess at is refused (422) instead."""
+that a lax reading would guess at is refused (422) instead, and an id not shaped as one whole is
+unknown (404) before it reaches a Redis key."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
+
+from producer_api.errors import ConveyorError
+from producer_api.jobs.serving import checked_id
 
 pytestmark = pytest.mark.slow
 
@@ -27,3 +31,13 @@ def test_a_time_limit_that_is_not_a_json_number_is_422(
         assert response.status_code == 422, (path, response.text)
         error = response.json()["error"]
         assert error["type"] == "invalid_request" and error["message"].startswith(f"{field}: ")
+
+
+def test_an_id_with_a_trailing_newline_is_unknown() -> None:
+    """`GET /v1/jobs/{id}%0A` read the Redis key `cv:job:{tag}…\\n`: the id check let a
+    trailing newline through, though no client text reaches a key unchecked (README)."""
+    job_id = "eaac" + "0" * 28
+    assert checked_id(job_id) == job_id
+    with pytest.raises(ConveyorError) as refused:
+        checked_id(job_id + "\n")
+    assert refused.value.status == 404

@@ -38,7 +38,7 @@ from shared.webhook_outbox import WebhookOutbox
 
 log = logging.getLogger(__name__)
 
-JOB_ID = re.compile(r"^[0-9a-f]{32}$")
+JOB_ID = re.compile(r"[0-9a-f]{32}")
 # How often a long-poll reads a job that has no reply channel (nothing wakes it).
 REPLYLESS_POLL_S = 0.25
 # What the error handlers answer 503 for (producer_api/errors.py): a submit refused so counts as
@@ -74,8 +74,9 @@ def not_found(job_id: str) -> ConveyorError:
 
 
 def checked_id(job_id: str) -> str:
-    """Ids are never guessed into Redis keys: anything not shaped like one is simply unknown."""
-    if not JOB_ID.match(job_id):
+    """Ids are never guessed into Redis keys: anything not shaped like one is simply unknown
+    (whole: `match` of `^…$` let an id with a trailing newline through, into a key)."""
+    if not JOB_ID.fullmatch(job_id):
         raise not_found(job_id)
     return job_id
 
