@@ -8,6 +8,7 @@ from shared.codec import MOVED_FIELD
 from shared.job_states import lua_transition_table
 from shared.keys import (
     ADDED_SUFFIX,
+    DRAINED_SUFFIX,
     FAIR_RING_SUFFIX,
     FAIR_SUFFIX,
     HELD_SUFFIX,
@@ -49,6 +50,18 @@ _PRELUDE = (
     lua_transition_table()
     + LUA_JOB_KEY
     + """
+-- A command on a key the script does not declare, and whether this master served it: while the
+-- key's slot migrates, one that is not here (moved ahead of the keys the script declares, or not
+-- made yet, which only the importing master may do) is refused, and the script goes on without
+-- it rather than failing part-way (docs/redis-cluster.md, "Resharding"). Other errors are raised.
+local function here(...)
+  local ok, reply = pcall(redis.call, ...)
+  if ok then return reply, true end
+  local err = type(reply) == 'table' and reply.err or tostring(reply)
+  if not string.find(err, 'non local key', 1, true) then error(reply) end
+  return nil, false
+end
+
 local function can(cur, to)
   local t = cur and ALLOWED[cur]  -- a missing hash or field reads as false
   return t ~= nil and t ~= false and t[to] == 1
@@ -85,9 +98,13 @@ end
 -- attempt goes on record as crashed. Returns the job's status after. A mark from an earlier
 -- delivery than the one another worker runs (a worker cut off from Redis past the visibility
 -- timeout, whose mark lands after RECLAIM took the entry over) changes nothing: the job stays
--- its new owner's, whose result FINISH keeps.
+-- its new owner's, whose result FINISH keeps. A hash a slot's migration has moved already is
+-- left unmarked and reads as `queued`: the entry is run as a blocking read's is, FINISH's own
+-- state check deciding its result (an error here would leave it pending, run by nobody, for
+-- a visibility timeout).
 local function claim(jk, now, worker, attempts, owner)
-  local job = redis.call('HMGET', jk, 'status', 'attempts', 'worker')
+  local job, served = here('HMGET', jk, 'status', 'attempts', 'worker')
+  if not served then return 'queued' end
   local cur = job[1]
   if not cur then return 'missing' end
   if not can(cur, 'running') then return cur end
@@ -114,14 +131,17 @@ local FAIR_RING, HELD, MOVED = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}', '{MOVED_FI
 local REFUSED, REFUSED_TTL = '{REFUSED_SUFFIX}', {REFUSED_TTL_S}
 local MAX_DROPS = {REFILL_MAX_DROPS}
 local UNCOUNTED = '{UNCOUNTED_SUFFIX}'
+local DRAINED = '{DRAINED_SUFFIX}'
 local UNCOUNTED_MARK = 'uncounted'  -- the job hash's mark, before the set (rolling upgrades)
 """
     + """
 -- Jobs that ended in a lane, newest first and capped: what the console lists (no SCAN). The
 -- list is trimmed back to RECENT_KEPT once it runs RECENT_SLACK past it, not on every write-back.
+-- A script that does not declare the list leaves them out of it while a migration has it
+-- elsewhere (FINISH declares it).
 local function remember(stream, ids)
   if #ids == 0 then return end
-  if redis.call('LPUSH', stream .. RECENT, unpack(ids)) > RECENT_KEPT + RECENT_SLACK then
+  if (here('LPUSH', stream .. RECENT, unpack(ids)) or 0) > RECENT_KEPT + RECENT_SLACK then
     redis.call('LTRIM', stream .. RECENT, 0, RECENT_KEPT - 1)
   end
 end
@@ -137,7 +157,7 @@ local WHOLE = 1 - 1e-9
 -- next turn of the ring moves what it would have; without this a weight of 0.001 cost a thousand
 -- turns of the ring per job moved, all inside one script.
 local function fast_forward(fair, ring)
-  local tenants, credits, weights, k = redis.call('LRANGE', ring, 0, -1), {}, {}, math.huge
+  local tenants, credits, weights, k = here('LRANGE', ring, 0, -1) or {}, {}, {}, math.huge
   for i, tenant in ipairs(tenants) do
     local h = redis.call('HMGET', fair, 'd:' .. tenant, 'w:' .. tenant)
     credits[i], weights[i] = tonumber(h[1]) or 0, tonumber(h[2]) or 1
@@ -147,6 +167,15 @@ local function fast_forward(fair, ring)
   for i, tenant in ipairs(tenants) do
     redis.call('HSET', fair, 'd:' .. tenant, credits[i] + (k - 1) * weights[i])
   end
+end
+
+-- A popped held entry that cannot move now (see `refill`) put back at the head of its list; or,
+-- when its pop emptied the list (gone, which a migrating slot lets no script make again here),
+-- moved into the stream after all, its hash not marked (not here): true then. Never dropped.
+local function put_back(list, packed, stream)
+  if select(2, here('LPUSH', list, packed)) then return false end
+  redis.call('XADD', stream, '*', MOVED, '1', unpack(cmsgpack.unpack(packed)))
+  return true
 end
 
 -- Fair lanes: move held entries into the stream by weighted deficit round robin until it holds
@@ -164,16 +193,21 @@ end
 -- hold the server for as long as it takes to drop them all) and leaves the rest to the next
 -- refill; one that stops so having moved nothing while jobs are still held moves the entry it
 -- dropped last in after all (MOVED), so that a worker blocked on the stream wakes, treats it as
--- any job cancelled once in the stream (no result of it is written) and takes again.
+-- any job cancelled once in the stream (no result of it is written) and takes again. While the
+-- slot migrates, a move that needs a key not here (a job's hash, the tenant's list, the lane's
+-- counters: not declared) puts its entry back and ends the refill there, nothing half moved;
+-- a lane whose fair hash is not here moves none.
 local function refill(stream, group, job_prefix, upto)
   local fair, ring, held = stream .. FAIR, stream .. FAIR_RING, stream .. HELD
-  local left = tonumber(redis.call('HGET', fair, 'held')) or 0
+  local left = tonumber((here('HGET', fair, 'held'))) or 0
   if left <= 0 then return end
   local room = upto - undelivered(stream, group)
   local added, moved, idle = nil, 0, 0  -- idle: turns in a row that took nothing off a list
   local drops, dropped = 0, nil  -- dropped: the entry dropped last
-  while room > 0 and left > 0 and drops < MAX_DROPS do
-    local tenant = redis.call('LINDEX', ring, 0)
+  local stalled = false  -- a key the next move needs is not here (see `here`)
+  while room > 0 and left > 0 and drops < MAX_DROPS and not stalled do
+    local tenant, served = here('LINDEX', ring, 0)
+    if not served then break end
     if not tenant then left = 0; break end
     local list = held .. tenant
     local credit = tonumber(redis.call('HGET', fair, 'd:' .. tenant)) or 0
@@ -182,22 +216,34 @@ local function refill(stream, group, job_prefix, upto)
     end
     local before = left
     while credit >= WHOLE and room > 0 and drops < MAX_DROPS do
-      local packed = redis.call('LPOP', list)
+      local packed
+      packed, served = here('LPOP', list)
+      stalled = not served
       if not packed then break end
-      left = left - 1
       local entry = cmsgpack.unpack(packed)
       local jid = field(entry, 'id') or ''
       local jk = jobkey(job_prefix, jid)
-      local job = redis.call('HMGET', jk, 'status', 'held')
-      if not can(job[1], 'running') then  -- dropped: costs no credit
+      local job, runs, uncounted, count
+      job, served = here('HMGET', jk, 'status', 'held')
+      runs = served and can(job[1], 'running')
+      if served and not runs then
+        uncounted, served = here('SREM', stream .. UNCOUNTED, jid)
+      elseif served and not added then
+        count, served = here('GET', stream .. ADDED)
+        added = served and (tonumber(count) or 0) or nil
+      end
+      if not served then  -- back in its place, for the first refill after the migration
+        stalled = true
+        if put_back(list, packed, stream) then left, moved = left - 1, moved + 1 end
+        break
+      end
+      left = left - 1
+      if not runs then  -- dropped: costs no credit
         -- its end took it off the count (the set, or the hash's mark: a rolling upgrade)
-        if redis.call('SREM', stream .. UNCOUNTED, jid) == 1 or job[2] == UNCOUNTED_MARK then
-          left = left + 1
-        end
+        if uncounted == 1 or job[2] == UNCOUNTED_MARK then left = left + 1 end
         drops, dropped = drops + 1, entry
       else
         redis.call('XADD', stream, '*', MOVED, '1', unpack(entry))
-        added = added or tonumber(redis.call('GET', stream .. ADDED)) or 0
         moved = moved + 1
         redis.call('HSET', jk, 'seq', added + moved)
         redis.call('HDEL', jk, 'held')
@@ -205,7 +251,11 @@ local function refill(stream, group, job_prefix, upto)
         credit = credit - 1
       end
     end
-    if redis.call('LLEN', list) == 0 then
+    if stalled then  -- the tenant's turn goes on in the next refill, its credit kept
+      redis.call('HSET', fair, 'd:' .. tenant, credit)
+      break
+    end
+    if (here('LLEN', list) or 0) == 0 then  -- emptied: gone, which a migration answers as moved
       redis.call('LPOP', ring)
       redis.call('HDEL', fair, 'd:' .. tenant, 'w:' .. tenant)
     else
@@ -213,7 +263,7 @@ local function refill(stream, group, job_prefix, upto)
       if credit < WHOLE then redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT') end
     end
     idle = left == before and idle + 1 or 0
-    if idle > 0 and idle >= redis.call('LLEN', ring) then
+    if idle > 0 and idle >= (here('LLEN', ring) or 0) then
       fast_forward(fair, ring)
       idle = 0
     end
@@ -223,7 +273,7 @@ local function refill(stream, group, job_prefix, upto)
     moved = 1
   end
   redis.call('HSET', fair, 'held', math.max(left, 0))
-  if moved > 0 then redis.call('INCRBY', stream .. ADDED, moved) end
+  if moved > 0 then here('INCRBY', stream .. ADDED, moved) end
 end
 
 -- A tenant's held list at ENQUEUE's bound (2 x max_length entries) loses its entries of jobs
@@ -286,7 +336,9 @@ _OWE = (
 local OWED = '{WEBHOOKS_OWED_SUFFIX}'
 """
     + """
--- Jobs `ids` of lane `stream`, ended at `at` (ms), owe their webhook events.
+-- Jobs `ids` of lane `stream`, ended at `at` (ms), owe their webhook events. A script that does
+-- not declare the set owes none while a migration has it elsewhere: the caller hands the events
+-- over all the same, only not re-sent should it die first (FINISH declares the set).
 local function owe(stream, ids, at, ttl)
   if #ids == 0 then return end
   local scored = {}
@@ -294,8 +346,9 @@ local function owe(stream, ids, at, ttl)
     table.insert(scored, at)
     table.insert(scored, jid)
   end
-  redis.call('ZADD', stream .. OWED, unpack(scored))
-  redis.call('EXPIRE', stream .. OWED, ttl)
+  if select(2, here('ZADD', stream .. OWED, unpack(scored))) then
+    redis.call('EXPIRE', stream .. OWED, ttl)
+  end
 end
 """
 )
@@ -324,7 +377,8 @@ for k = 1, #KEYS do
       if jid and ARGV[6] == '1' then
         status = claim(jobkey(ARGV[4], jid), ARGV[5], ARGV[2], 1)
       elseif jid then
-        status = redis.call('HGET', jobkey(ARGV[4], jid), 'status') or 'missing'
+        local read, served = here('HGET', jobkey(ARGV[4], jid), 'status')
+        status = not served and 'queued' or read or 'missing'  -- not here: as `claim` reads it
       end
       table.insert(out, {e[1], e[2], status})
     end
@@ -493,56 +547,67 @@ return out
 # takes it off); the caller frees its in-flight slot (named by the entry). XAUTOCLAIM scans at
 # most COUNT*10 pending entries, so it starts at the first idle one that XPENDING found: from the
 # list's head, a micro-batch loop's COUNT 1 never got past 10 live entries ahead (other workers'
-# long micro-batches, kept from going idle) to the abandoned ones behind them.
+# long micro-batches, kept from going idle) to the abandoned ones behind them. While the slot
+# migrates, a job whose hash is not here is handed over unmarked (`claim`), and an entry past
+# max_deliveries whose job's hash is not here stays pending with this consumer: it is dead-lettered
+# by the first reclaim after the migration, its job failed with it, not left running.
 RECLAIM = (
     _PRELUDE
     + _OWE
     + """
+local out = {}
+
+-- Entry `eid` (`fields`), past max_deliveries, to the DLQ; its job (hash `jk`, its status and
+-- webhook in `job`) failed with the reason, unless it had ended already.
+local function dead_letter(eid, fields, owner, deliveries, jk, job)
+  local jid = field(fields, 'id')
+  local reason = 'dead-lettered after ' .. deliveries .. ' deliveries without finishing'
+    .. ' (max_deliveries ' .. ARGV[7] .. ')'
+  local dead = {'entry', eid, 'lane', KEYS[1], 'reason', reason, 'deliveries', deliveries}
+  for i = 1, #fields do table.insert(dead, fields[i]) end
+  redis.call('XADD', KEYS[2], '*', unpack(dead))
+  local fate = 'dead-ended'
+  if jk and can(job[1], 'failed') then
+    fate = 'dead'
+    if job[2] then owe(KEYS[1], {jid}, ARGV[6], ARGV[8]) end
+    local err = cjson.encode({type = 'DeadLettered', message = reason})
+    local args = {'status', 'failed', 'error', err, 'finished', ARGV[6]}
+    if owner then
+      table.insert(args, 'attempt_history')
+      table.insert(args, abandoned(jk, owner, ARGV[6], 'dead-lettered', err))
+    end
+    redis.call('HSET', jk, unpack(args))
+    redis.call('EXPIRE', jk, ARGV[8], 'GT')
+    local reply = field(fields, 'reply')
+    if reply and reply ~= '' then
+      local m = redis.call('HMGET', jk, 'model', 'variant')
+      redis.call('SPUBLISH', reply, cjson.encode({id = jid, status = 'failed', model = m[1],
+        variant = m[2], error = {type = 'DeadLettered', message = reason}}))
+    end
+  end
+  redis.call('XACK', KEYS[1], ARGV[1], eid)
+  redis.call('XDEL', KEYS[1], eid)
+  if fate == 'dead' then remember(KEYS[1], {jid}) end
+  table.insert(out, {eid, fields, fate, deliveries})
+end
+
 local idle = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', ARGV[4])
 local owners = {}
 for _, row in ipairs(idle) do owners[row[1]] = row end
 local start = idle[1] and idle[1][1] or '0-0'
 local res = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], start, 'COUNT', ARGV[4])
-local out = {}
 for _, e in ipairs(res[2]) do
   local eid, fields, owner = e[1], e[2], owners[e[1]]
   local info = redis.call('XPENDING', KEYS[1], ARGV[1], eid, eid, 1)
   local deliveries = info[1] and tonumber(info[1][4]) or 1
   local jid = field(fields, 'id')
+  local jk = jid and jobkey(ARGV[5], jid)
   if deliveries > tonumber(ARGV[7]) then
-    local reason = 'dead-lettered after ' .. deliveries .. ' deliveries without finishing'
-      .. ' (max_deliveries ' .. ARGV[7] .. ')'
-    local dead = {'entry', eid, 'lane', KEYS[1], 'reason', reason, 'deliveries', deliveries}
-    for i = 1, #fields do table.insert(dead, fields[i]) end
-    redis.call('XADD', KEYS[2], '*', unpack(dead))
-    local jk = jid and jobkey(ARGV[5], jid)
-    local job = jk and redis.call('HMGET', jk, 'status', 'webhook') or {}
-    local fate = 'dead-ended'
-    if jk and can(job[1], 'failed') then
-      fate = 'dead'
-      if job[2] then owe(KEYS[1], {jid}, ARGV[6], ARGV[8]) end
-      local err = cjson.encode({type = 'DeadLettered', message = reason})
-      local args = {'status', 'failed', 'error', err, 'finished', ARGV[6]}
-      if owner then
-        table.insert(args, 'attempt_history')
-        table.insert(args, abandoned(jk, owner, ARGV[6], 'dead-lettered', err))
-      end
-      redis.call('HSET', jk, unpack(args))
-      redis.call('EXPIRE', jk, ARGV[8], 'GT')
-      local reply = field(fields, 'reply')
-      if reply and reply ~= '' then
-        local m = redis.call('HMGET', jk, 'model', 'variant')
-        redis.call('SPUBLISH', reply, cjson.encode({id = jid, status = 'failed', model = m[1],
-          variant = m[2], error = {type = 'DeadLettered', message = reason}}))
-      end
-    end
-    redis.call('XACK', KEYS[1], ARGV[1], eid)
-    redis.call('XDEL', KEYS[1], eid)
-    if fate == 'dead' then remember(KEYS[1], {jid}) end
-    table.insert(out, {eid, fields, fate, deliveries})
+    local job, served = {}, true
+    if jk then job, served = here('HMGET', jk, 'status', 'webhook') end
+    if served then dead_letter(eid, fields, owner, deliveries, jk, job) end
   else
-    local status = 'missing'
-    if jid then status = claim(jobkey(ARGV[5], jid), ARGV[6], ARGV[2], deliveries, owner) end
+    local status = jk and claim(jk, ARGV[6], ARGV[2], deliveries, owner) or 'missing'
     table.insert(out, {eid, fields, status, deliveries})
   end
 end
@@ -551,13 +616,18 @@ return out
 """
 )
 
-# KEYS[1]=stream, KEYS[2]=this second's drained counter; ARGV: group, ttl_s, job-key prefix,
-# worker, renew_before (a job `created` before it gets its hash's TTL renewed to ttl_s; one
-# created since still has the TTL its enqueue set, ttl_s give or take the slack of
-# shared/job_store.renew_before_ms), refill ('1': move a held job in, as a fair lane's
-# write-back does, or one after an entry round robin moved in; '': a plain lane's, which then
-# never looks at the fair hash: workers/partition/partition.Partition.refills), now_ms, then per
-# job a record:
+# KEYS[1]=stream, then the hashes of the jobs whose results it writes, and the lane's owed set
+# when one of them has a webhook: declared, so that a migrating slot refuses the call whole
+# (TRYAGAIN, or ASK once all have moved) rather than part-way. The lane's recent list and this
+# second's drained counter (DRAINED, named here) are not: they may exist nowhere yet, and a
+# declared key that exists nowhere is refused for the whole migration; while one is not here,
+# its write is left out (`here`).
+# ARGV: group, ttl_s, job-key prefix, worker, renew_before (a job `created` before it gets its
+# hash's TTL renewed to ttl_s; one created since still has the TTL its enqueue set, ttl_s give or
+# take the slack of shared/job_store.renew_before_ms), refill ('1': move a held job in, as a
+# fair lane's write-back does, or one after an entry round robin moved in; '': a plain lane's,
+# which then never looks at the fair hash: workers/partition/partition.Partition.refills),
+# now_ms, then per job a record:
 #   entry_id, job_id, reply_channel, view, status, write_id, attempt, webhook, nfields, field,
 #   value, ...
 # status '' means only acknowledge (job already terminal, cancelled or gone; write_id and attempt
@@ -649,8 +719,10 @@ owe(KEYS[1], owed, ARGV[7], ARGV[2])
 if #ids > 0 then
   local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
   redis.call('XDEL', KEYS[1], unpack(ids))
-  if acked > 0 and redis.call('INCRBY', KEYS[2], acked) == acked then
-    redis.call('EXPIRE', KEYS[2], 120)
+  -- this second's counter, not declared (see DRAINED): while it is not here, not counted
+  local drained = KEYS[1] .. DRAINED .. string.format('%d', math.floor(tonumber(ARGV[7]) / 1000))
+  if acked > 0 and here('INCRBY', drained, acked) == acked then
+    redis.call('EXPIRE', drained, 120)
   end
 end
 -- each write-back keeps a fair lane's stream awake

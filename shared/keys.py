@@ -48,6 +48,10 @@ REFUSED_TTL_S = 300
 # script that ends such a job adds it, whoever hands the event to the broker removes it, and the
 # reclaimer re-sends what stays owed (docs/architecture.md, "Webhooks").
 WEBHOOKS_OWED_SUFFIX = ":webhooks-owed"
+# Entries a lane finished in one wall-clock second (+ the second): FINISH names the key itself
+# rather than declare it, as it does not exist at a second's first write-back, and a declared key
+# that exists nowhere held every write-back back for the whole of a migration of its slot.
+DRAINED_SUFFIX = ":drained:"
 
 
 def partition_tag(model: str, variant: str) -> str:
@@ -129,7 +133,7 @@ class Keys:
 
     def drained(self, stream: str, second: int) -> str:
         """Entries a partition finished in one wall-clock second (drain rate for Retry-After)."""
-        return f"{stream}:drained:{second}"
+        return f"{stream}{DRAINED_SUFFIX}{second}"
 
     def added(self, stream: str) -> str:
         """Entries ever added to a lane (counter, grown by ENQUEUE and by a fair lane's refill as

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -23,10 +23,13 @@ from shared.codec import RequestEntry
 from shared.file_store import FileStore
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
-from shared.keys import Keys, new_job_id
+from shared.keys import GROUP, Keys, new_job_id
 from shared.redis_client import RedisClient, connect
+from workers.partition.finish import Finish
+from workers.partition.job_events import JobEvents
 from workers.partition.redis_backoff import OUTAGE
-from workers.partition.stream_reader import StreamReader
+from workers.partition.result_writer import ResultWriter
+from workers.partition.stream_reader import Delivery, StreamReader
 
 pytestmark = pytest.mark.slow
 KEYS = Keys()
@@ -99,9 +102,23 @@ def _known(client: RedisClient, node: ClusterNode) -> object:
     return client.get_node(host="127.0.0.1", port=node.port)  # type: ignore[attr-defined]
 
 
-def _new_job(variant: str) -> NewJob:
+def _new_job(variant: str, fair_window: int = 0) -> NewJob:
     entry = RequestEntry(new_job_id("resharded", variant), {"inputs": {}}, now_ms())
-    return NewJob(entry, KEYS.queue("resharded", variant), {"model": "resharded"})
+    stream = KEYS.queue("resharded", variant)
+    return NewJob(entry, stream, {"model": "resharded"}, fair_window=fair_window)
+
+
+async def _taken(reader: StreamReader, lane: str) -> list[str]:
+    """The ids of the jobs one TAKE of `lane` hands over."""
+    batch = await reader.take([lane], 10)
+    return [d.entry.job_id for d in batch[1] if d.entry] if batch else []
+
+
+def _done(delivery: Delivery) -> Finish:
+    """The result of a job run."""
+    assert delivery.entry is not None
+    fields = {"outputs": "{}", "finished": str(now_ms())}
+    return Finish(delivery.entry_id, delivery.entry.job_id, status="succeeded", fields=fields)
 
 
 def _other_master(cluster: LocalCluster, source: ClusterNode) -> ClusterNode:
@@ -202,15 +219,16 @@ async def test_a_transaction_to_a_slot_mid_migration_is_an_outage(
         await files.put("file-resharded", {"tenant": "t-resharding"}, b"line")
 
 
-async def test_a_workers_read_that_meets_a_moved_job_is_waited_out(
+async def test_a_workers_read_that_meets_a_moved_job_hands_it_over_at_once(
     cluster: LocalCluster, busy: RedisClient
 ) -> None:
-    """A job hash moved, its lane's stream not yet: TAKE runs on the old master, which refuses
-    the job's hash (a key TAKE does not declare) mid-script. A plain ResponseError, it ended
-    the worker; it is an outage the worker backs off from (the entries the script had read
-    before wait in the worker's pending list for the reclaimer)."""
+    """A job hash moved, its fair lane's stream not yet: TAKE runs on the old master, took the
+    entries (XREADGROUP) and then failed on the moved hash, a key it does not declare, so the
+    entries sat in the worker's pending list, run by nobody until claimed back a delivery more
+    or a visibility timeout later. The moved job is handed over with the rest, unmarked (taken
+    as queued, as a blocking read's entries are), each entry at its first delivery."""
     store = JobStore(busy, KEYS, 60)
-    jobs = [_new_job("refused") for _ in range(2)]
+    jobs = [_new_job("refused", fair_window=2) for _ in range(3)]  # the third held: a fair hash
     lane = jobs[0].stream
     reader = StreamReader(busy, KEYS, [lane], "w-refused")
     await reader.ensure_groups()
@@ -219,5 +237,64 @@ async def test_a_workers_read_that_meets_a_moved_job_is_waited_out(
     target = _other_master(cluster, source)
     with migrating(slot, source, target):
         migrate(KEYS.job(jobs[0].entry.job_id), source, target)
+        batch = await reader.take([lane], 10)
+        pending = await busy.xpending_range(lane, GROUP, "-", "+", 10, consumername="w-refused")
+    assert batch is not None
+    assert {(d.entry.job_id, d.status) for d in batch[1] if d.entry} == {
+        (job.entry.job_id, JobStatus.QUEUED) for job in jobs
+    }
+    assert [row["times_delivered"] for row in pending] == [1, 1, 1]
+
+
+async def test_a_held_job_moved_ahead_of_its_lane_stays_held(
+    cluster: LocalCluster, busy: RedisClient
+) -> None:
+    """A fair lane's held job whose hash moved before the lane: a refill popped its entry off
+    the tenant's list, then failed on the hash (not a key it declares), and the job was never
+    run. The refill puts it back and stops; the job is moved in once the slot has moved."""
+    store = JobStore(busy, KEYS, 60)
+    jobs = [_new_job("held", fair_window=1) for _ in range(3)]  # the first in, two held
+    lane = jobs[0].stream
+    reader = StreamReader(busy, KEYS, [lane], "w-held")
+    await reader.ensure_groups()
+    assert await store.create_many(jobs) == []
+    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
+    target = _other_master(cluster, source)
+    taken: list[str] = []
+    with migrating(slot, source, target):
+        migrate(KEYS.job(jobs[1].entry.job_id), source, target)
+        with suppress(OUTAGE):
+            taken += await _taken(reader, lane)
+        hand_over(cluster, slot, source, target)
+    while more := await _taken(reader, lane):
+        taken += more
+    assert sorted(taken) == sorted(job.entry.job_id for job in jobs)
+
+
+async def test_a_write_back_goes_on_while_its_keys_have_not_moved(
+    cluster: LocalCluster, busy: RedisClient
+) -> None:
+    """FINISH declared this second's drained counter, which does not exist until the second's
+    first write-back: every write-back was refused (TRYAGAIN) from the start of a migration of
+    its slot to its end. It runs on the old master while the keys it writes are all there, and
+    one whose job hash has moved ahead is refused whole, nothing written."""
+    store = JobStore(busy, KEYS, 60)
+    jobs = [_new_job("written") for _ in range(2)]
+    lane = jobs[0].stream
+    reader = StreamReader(busy, KEYS, [lane], "w-written")
+    await reader.ensure_groups()
+    assert await store.create_many(jobs) == []
+    batch = await reader.take([lane], 10)
+    assert batch is not None
+    here, moved = (_done(d) for d in batch[1])
+    writer = ResultWriter(busy, KEYS, 60, JobEvents("redis://unused"), "w-written")
+    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
+    target = _other_master(cluster, source)
+    with migrating(slot, source, target):
+        assert [f.job_id for f in await writer.finish(lane, [here])] == [here.job_id]
+        migrate(KEYS.job(moved.job_id), source, target)
         with pytest.raises(OUTAGE):
-            await reader.take([lane], 10)
+            await writer.finish(lane, [moved])
+        assert [
+            row["message_id"] for row in await busy.xpending_range(lane, GROUP, "-", "+", 10)
+        ] == [moved.entry_id]

@@ -10,7 +10,6 @@ could lose."""
 from __future__ import annotations
 
 import logging
-import time
 from functools import partial
 from typing import Any
 
@@ -115,10 +114,19 @@ class ResultWriter:
     async def _queue_write(self, stream: str, batch: list[Finish], pipe: Any) -> int:
         """FINISH, the in-flight slots' frees, and the replica WAITs (how many: the return), on
         `pipe`; all safe to run twice (FINISH is idempotent, ZREM too)."""
-        drained = self.keys.drained(stream, int(time.time()))
-        queue_script(pipe, self._finish, [stream, drained], self._args(batch))
+        queue_script(pipe, self._finish, self._declared(stream, batch), self._args(batch))
         queue_slot_frees(pipe, [(item.inflight, item.job_id) for item in batch if item.status])
         return await queue_replica_wait(self.redis, pipe, [stream])
+
+    def _declared(self, stream: str, batch: list[Finish]) -> list[str]:
+        """FINISH's keys: the stream, the results' job hashes and, for webhooks, the owed set,
+        so that on a cluster a slot mid-migration refuses the whole call (TRYAGAIN) until they
+        are together on one master, never a part of it (a result written, its entry left
+        unacknowledged, its webhook owed by no one)."""
+        keys = [stream, *(self.keys.job(item.job_id) for item in batch if item.status)]
+        if any(item.webhook and item.status for item in batch):
+            keys.append(self.keys.webhooks_owed(stream))
+        return keys
 
     def _args(self, batch: list[Finish]) -> list[Any]:
         """FINISH's arguments; its replies are left to `_publish` while replicas must confirm
