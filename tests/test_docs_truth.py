@@ -322,3 +322,25 @@ def test_architecture_script_tables_name_every_lua_script() -> None:
     assert ("job_scripts.py", "LUA_FIELD") not in scripts  # a fragment, not a script
     missing = sorted(scripts - documented_scripts())
     assert missing == [], "Lua scripts docs/architecture.md's script tables never name"
+
+
+def test_docs_name_only_config_keys_the_code_reads() -> None:
+    """A `queue.…` or `autoscaling.…` key any doc names resolves in ModelConfig: a renamed key
+    left behind in prose sends an operator to write one that load refuses."""
+    from shared.model_repository import ModelConfig
+
+    wrong, seen = [], set()
+    for doc in ("README.md", "docs/architecture.md", "docs/redis-cluster.md"):
+        text = (REPO_ROOT / doc).read_text()
+        named = set(re.findall(r"`((?:queue|autoscaling)(?:\.\w+)+)(?::[^`]*)?`", text))
+        seen |= named
+        for path in named:
+            model: object = ModelConfig
+            for part in path.split("."):
+                fields = getattr(model, "model_fields", {})
+                if part not in fields:
+                    wrong.append(f"{doc}: {path}")
+                    break
+                model = fields[part].annotation
+    assert {"queue.admit_by_deadline", "autoscaling.backlog.cost_estimate_s"} <= seen  # parsed
+    assert wrong == [], "config.yaml keys the docs name that shared/model_repository.py lacks"
