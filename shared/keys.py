@@ -359,3 +359,8 @@ class Keys:
         """Job-event streams one API key holds open (sorted set: stream id by the ms it was
         last seen alive)."""
         return f"{self.prefix}streams:{{{key_id}}}"
+
+    def batch_held(self, batch_id: str, model: str, variant: str) -> str:
+        """A batch's items in one partition that its bulk lane had no room for at create, in
+        line order (list), in the partition's slot: fed into the lane as room frees."""
+        return f"{self.prefix}batch:{self.tag(model, variant)}:held:{batch_id}:{model}:{variant}"
