@@ -4,7 +4,9 @@ moved is answered ASK by the old master and served by the importing one, whose c
 must carry ASKING: on a busy client's node pool too, and on a master added since the client
 read the slots (rebalancing onto a new master). A script is not sent on by ASK (it would read
 job hashes still on the old master as missing), and what a moving slot refuses (TRYAGAIN,
-redirects without end, a script's moved key) is an outage: a 503, a worker's backoff."""
+redirects without end) is an outage: a 503, a worker's backoff. A job script that meets a key
+moved ahead of those it declares goes on without it (a job handed over unmarked, a held entry
+put back), and a write-back runs on the old master while the keys it declares are there."""
 
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ from redis.crc import key_slot
 from redis.exceptions import TryAgainError
 
 from conveyor.valkey_cluster import ClusterNode, LocalCluster
+from shared import job_scripts
 from shared.codec import RequestEntry
 from shared.file_store import FileStore
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import GROUP, Keys, new_job_id
-from shared.redis_client import RedisClient, connect
+from shared.redis_client import RedisClient, call_script, connect
 from workers.partition.finish import Finish
 from workers.partition.job_events import JobEvents
 from workers.partition.redis_backoff import OUTAGE
@@ -298,3 +301,27 @@ async def test_a_write_back_goes_on_while_its_keys_have_not_moved(
         assert [
             row["message_id"] for row in await busy.xpending_range(lane, GROUP, "-", "+", 10)
         ] == [moved.entry_id]
+
+
+async def test_a_reclaim_that_meets_a_moved_job_hands_its_entry_over(
+    cluster: LocalCluster, busy: RedisClient
+) -> None:
+    """An abandoned entry whose job hash moved before its lane: RECLAIM took it over
+    (XAUTOCLAIM) and then failed on the hash, a key it does not declare, so the entry sat with
+    the reclaiming consumer for a visibility timeout more. It is handed over, unmarked."""
+    store = JobStore(busy, KEYS, 60)
+    job = _new_job("reclaimed")
+    lane, dlq = job.stream, KEYS.dlq("resharded", "reclaimed")
+    abandoning = StreamReader(busy, KEYS, [lane], "w-abandoning")
+    await abandoning.ensure_groups()
+    assert await store.create_many([job]) == []
+    assert await abandoning.take([lane], 10) is not None
+    await busy.xadd(dlq, {"an": "earlier dead letter"})
+    reclaim = busy.register_script(job_scripts.RECLAIM)
+    args = [GROUP, "w-reclaiming", 0, 10, KEYS.job_prefix, now_ms(), 3, 60]
+    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
+    target = _other_master(cluster, source)
+    with migrating(slot, source, target):
+        migrate(KEYS.job(job.entry.job_id), source, target)
+        rows = await call_script(reclaim, [lane, dlq], args)
+    assert [(status, deliveries) for _, _, status, deliveries in rows] == [(b"queued", 2)]
