@@ -17,7 +17,7 @@ from shared.file_store import FILE_OVERHEAD_BYTES, OverBudget, charged
 from shared.job_store import now_ms
 from shared.tenant_index import Page
 
-FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
+FILE_ID = re.compile(r"file-[0-9a-f]{32}")  # matched whole: `$` lets a trailing newline by
 MAX_FILENAME_BYTES = 255  # UTF-8; a name is stored with its file (multipart allows ~4 KB)
 
 
@@ -109,7 +109,7 @@ class FilesService:
         return await self._uploaded(file_id)
 
     async def _uploaded(self, file_id: str) -> dict[str, Any]:
-        [found] = await self._owned([file_id]) if FILE_ID.match(file_id) else [None]
+        [found] = await self._owned([file_id]) if FILE_ID.fullmatch(file_id) else [None]
         if found is None:
             raise not_found(file_id)
         return found
@@ -143,7 +143,7 @@ class FilesService:
 
     async def data(self, file_id: str) -> bytes:
         """An uploaded file's bytes (a batch's input); 404 for another tenant's."""
-        found = await self.store.data(file_id) if FILE_ID.match(file_id) else None
+        found = await self.store.data(file_id) if FILE_ID.fullmatch(file_id) else None
         if found is None or found[0] != self.principal.tenant:
             raise not_found(file_id)
         return found[1]
