@@ -325,3 +325,26 @@ async def test_a_reclaim_that_meets_a_moved_job_hands_its_entry_over(
         migrate(KEYS.job(job.entry.job_id), source, target)
         rows = await call_script(reclaim, [lane, dlq], args)
     assert [(status, deliveries) for _, _, status, deliveries in rows] == [(b"queued", 2)]
+
+
+async def test_a_generate_read_hands_over_jobs_it_cannot_mark_mid_migration(
+    cluster: LocalCluster, busy: RedisClient
+) -> None:
+    """A generate loop marks the jobs a blocking read hands it running (MARK_RUNNING, which
+    declares their hashes): one hash moved ahead of its lane, the mark was refused (TRYAGAIN)
+    after the read had handed the entries over, and every retry claimed them back a delivery
+    more until the slot had moved. They are handed over unmarked, at their first delivery."""
+    store = JobStore(busy, KEYS, 60)
+    jobs = [_new_job("generated") for _ in range(2)]
+    lane = jobs[0].stream
+    reader = StreamReader(busy, KEYS, [lane], "w-generating", mark_on_read=True)
+    await reader.ensure_groups()
+    assert await store.create_many(jobs) == []
+    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
+    target = _other_master(cluster, source)
+    with migrating(slot, source, target):
+        migrate(KEYS.job(jobs[0].entry.job_id), source, target)
+        batches = await reader.wait([lane], 10, None)
+    assert sorted((d.entry.job_id, d.status) for _, got in batches for d in got if d.entry) == (
+        sorted((job.entry.job_id, JobStatus.QUEUED) for job in jobs)
+    )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import TryAgainError
 
 from shared import job_scripts
 from shared.codec import MOVED_FIELD, RequestEntry, as_text
@@ -189,10 +190,18 @@ class StreamReader:
 
     async def _marked(self, batches: list[MicroBatch]) -> list[MicroBatch]:
         """Deliveries handed over as they are, a generate loop's marked running (one round
-        trip)."""
+        trip). A mark refused because the jobs' slot is migrating (their hashes split between
+        two masters) leaves them unmarked, taken as queued (as TAKE hands over a job whose hash
+        moved ahead): raised, it left them in the pending list, and each retry claimed them back
+        a delivery more (`held`) until the slot had moved."""
         if self.mark_on_read:
             for _, deliveries in batches:
-                await self.mark_running(deliveries)
+                try:
+                    await self.mark_running(deliveries)
+                except TryAgainError as exc:  # RedirectsExhausted, ScriptHeldBack too
+                    log.info(
+                        "%d jobs run unmarked while their slot moves: %r", len(deliveries), exc
+                    )
         return batches
 
     async def gather(
