@@ -20,6 +20,7 @@ import redis
 
 from conveyor.client import AsyncClient, Client
 from conveyor.stack import Stack
+from producer_api.jobs.protocol import JobView
 from shared.keys import Keys
 from tests.conftest import serve, until
 from tests.test_llm_engine import QUESTIONS
@@ -133,6 +134,7 @@ def test_chat_completion_says_paris_and_equals_the_engine(
     assert job["status"] == "succeeded" and job["outputs"]["text"] == content
     assert job["completion_tokens"] == usage["completion_tokens"]
     assert job["prompt_tokens"] == usage["prompt_tokens"]
+    assert set(job) <= set(JobView.model_fields)  # the OpenAPI schema names every field
     assert 0 < job["timings"]["ttft_ms"] <= job["timings"]["total_ms"]
     assert job["timings"]["tpot_ms"] > 0
 

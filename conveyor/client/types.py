@@ -46,6 +46,8 @@ class Job(_Open):
     timings: dict[str, float] = Field(default_factory=dict)
     batch_size: int | None = None
     attempts: int | None = None
+    prompt_tokens: int | None = None  # a generate job's
+    completion_tokens: int | None = None
     attempt_history: list[Attempt] | None = None
     # Only while queued: entries ahead of it in its lane, and ms until it should start (None
     # while the producer knows no drain rate, e.g. no worker serves the partition yet).

@@ -127,6 +127,12 @@ class JobView(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     batch_size: int | None = None
     attempts: int | None = None
+    prompt_tokens: int | None = Field(
+        default=None, description="A generate job's, once it ended: tokens of its prompt"
+    )
+    completion_tokens: int | None = Field(
+        default=None, description="A generate job's, once it ended: tokens it generated"
+    )
     queue_position: int | None = Field(
         default=None, description="Only while queued: entries ahead of it in its lane"
     )
