@@ -17,6 +17,9 @@ from workers.runtime.broker_outage_log import (
     CONNECTION_LOGGER,
     CONSUMER_LOGGER,
     FREQUENT_RESTARTS,
+    KOMBU_LOGGER,
+    REFRESH_REFUSED,
+    REFRESH_SPELL_GAP_S,
     BrokerOutageLog,
 )
 
@@ -101,6 +104,26 @@ def test_a_broker_outage_is_two_lines_of_celerys_log() -> None:
     again = record(CONNECTION_LOGGER, CONNECTED, "redis://")
     assert outage_log.filter(again) and again.getMessage() == "Connected to redis://"
     assert outage_log.filter(record(CONSUMER_LOGGER, CONNECTION_ERROR, "redis://", "x", ""))
+
+
+def test_a_spell_of_refused_binding_refreshes_is_one_line_of_kombus_log() -> None:
+    """A full (noeviction) server refuses kombu's binding refresh while its connection stays
+    up: kombu logged a WARNING with its traceback on every turn of its loop, a second apart, for
+    as long as the server was full. A spell's first passes; one after a gap starts a new spell."""
+    now = [0.0]
+    outage_log = BrokerOutageLog(clock=lambda: now[0])
+
+    def refused(at: float) -> logging.LogRecord:
+        now[0] = at
+        return logging.LogRecord(
+            KOMBU_LOGGER, logging.WARNING, __file__, 1, REFRESH_REFUSED, (), None
+        )
+
+    spell = [refused(at) for at in (0.0, 1.0, 2.0, 3.0)]
+    assert [outage_log.filter(each) for each in spell] == [True, False, False, False]
+    assert [each.levelno for each in spell] == [logging.WARNING] + [logging.DEBUG] * 3
+    after_a_gap = refused(3.0 + REFRESH_SPELL_GAP_S + 1)
+    assert outage_log.filter(after_a_gap) and after_a_gap.levelno == logging.WARNING
 
 
 async def test_a_long_outage_keeps_backing_off_at_the_cap() -> None:
