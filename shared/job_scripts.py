@@ -752,9 +752,12 @@ local args = {'status', ARGV[1]}
 for j = 6, #ARGV do table.insert(args, ARGV[j]) end
 if not ALLOWED[ARGV[1]] and job[6] == '1' and job[5] then
   -- ended while its fair lane held it back: no longer counted where admission counts held jobs
-  -- (its entry stays in its tenant's list until refill drops it)
-  redis.call('HINCRBY', job[5] .. FAIR, 'held', -1)
+  -- (its entry stays in its tenant's list until refill drops it). The set first: neither key is
+  -- declared, so a migration that has one elsewhere fails the call here (an outage, the cancel
+  -- retried), and an SADD done before such a failure is done again alike; the count taken off
+  -- first was taken off again by every retry.
   redis.call('SADD', job[5] .. UNCOUNTED, ARGV[5])
+  redis.call('HINCRBY', job[5] .. FAIR, 'held', -1)
   table.insert(args, 'held')  -- the mark workers before the set read (a rolling upgrade)
   table.insert(args, UNCOUNTED_MARK)
 end

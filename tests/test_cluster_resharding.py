@@ -348,3 +348,25 @@ async def test_a_generate_read_hands_over_jobs_it_cannot_mark_mid_migration(
     assert sorted((d.entry.job_id, d.status) for _, got in batches for d in got if d.entry) == (
         sorted((job.entry.job_id, JobStatus.QUEUED) for job in jobs)
     )
+
+
+async def test_a_cancel_refused_mid_migration_leaves_the_held_count_alone(
+    cluster: LocalCluster, busy: RedisClient
+) -> None:
+    """Cancelling a job a fair lane holds while its lane's slot migrates, the lane's set of
+    uncounted jobs not there yet: TRANSITION took the job off the held count, then was refused
+    the set, so every retry of the cancel took it off again (the lane admitted as many jobs
+    more past max_length). Refused first, the set, nothing is written until the cancel runs."""
+    store = JobStore(busy, KEYS, 60)
+    jobs = [_new_job("cancelled", fair_window=1) for _ in range(2)]  # the second held
+    lane, held = jobs[0].stream, jobs[1].entry.job_id
+    assert await store.create_many(jobs) == []
+    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
+    target = _other_master(cluster, source)
+    with migrating(slot, source, target):
+        for _ in range(2):
+            with pytest.raises(OUTAGE):
+                await store.transition(held, JobStatus.CANCELLED)
+        hand_over(cluster, slot, source, target)
+    assert (await store.transition(held, JobStatus.CANCELLED)).status == JobStatus.CANCELLED
+    assert await busy.hget(KEYS.fair(lane), "held") == b"0"
