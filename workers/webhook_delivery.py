@@ -11,9 +11,11 @@ Batch API job ends or a job is cancelled, by workers when a job with a webhook e
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import random
+import socket
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -39,6 +41,9 @@ from workers.app import app
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+# IPv6 prefixes whose last 32 bits are an IPv4 address: NAT64's well-known one, IPv4-compatible
+IPV4_CARRIERS = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("::/96"))
 
 # What a Redis out of reach raises here: a cluster client that cannot reach a node to start from
 # raises RedisClusterException, no RedisError (escaped, it dropped the delivery for good).
@@ -253,14 +258,65 @@ def _record(kind: TargetKind, target_id: str, attempt: dict[str, Any], status: s
         log.warning("webhook attempt on %s %s not recorded: %r", kind, target_id, exc)
 
 
+class PrivateAddress(httpx.TransportError):
+    """A receiver's name resolves to an address that is not public (loopback, private,
+    link-local, IPv4-mapped or 6to4 one of those): the name is its tenant's to point anywhere
+    (its own domain under a `*.` rule), the worker's network is not."""
+
+
+def _public(address: IPAddress) -> bool:
+    """Whether `address`, and any IPv4 address it carries, is globally routable unicast."""
+    if isinstance(address, ipaddress.IPv6Address):
+        carried = _carried(address)
+        if carried is not None and not _public(carried):
+            return False
+    return address.is_global and not address.is_multicast
+
+
+def _carried(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one stands for: mapped, 6to4, NAT64's or IPv4-compatible (which
+    Python calls global whatever they carry)."""
+    if any(address in prefix for prefix in IPV4_CARRIERS):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address.ipv4_mapped or address.sixtofour
+
+
+async def _pinned(url: httpx.URL) -> tuple[httpx.URL, dict[str, str], dict[str, Any]]:
+    """The URL to connect to for `url`, with the Host header and TLS server name of `url`: an
+    address written in the URL as it is (the allow-list named it literally), a name looked up
+    once and its first address taken if every address it has is public (PrivateAddress if
+    not). The connection goes to the address checked: the HTTP client's own lookup of the name
+    could answer otherwise (DNS rebinding)."""
+    host = url.raw_host.decode("ascii")
+    try:
+        ipaddress.ip_address(host)
+        return url, {}, {}
+    except ValueError:
+        pass
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(
+            host, url.port, type=socket.SOCK_STREAM
+        )
+    except OSError as exc:  # no such name: a network error, as the HTTP client's lookup said
+        raise httpx.ConnectError(str(exc)) from exc
+    addresses = [ipaddress.ip_address(str(info[4][0]).partition("%")[0]) for info in found]
+    if refused := next((a for a in addresses if not _public(a)), None):
+        raise PrivateAddress(f"{host} resolves to {refused}, not a public address")
+    extensions: dict[str, Any] = {"sni_hostname": host} if url.scheme == "https" else {}
+    return url.copy_with(host=str(addresses[0])), {"Host": url.netloc.decode("ascii")}, extensions
+
+
 async def _answer(
     url: str, body: bytes, headers: dict[str, str], timeout_s: float
 ) -> tuple[int, str | None]:
     """The receiver's status code and Retry-After; its body is never read (an endless one cost
     memory)."""
+    target, host, extensions = await _pinned(httpx.URL(url))
     async with (
         httpx.AsyncClient(timeout=timeout_s) as client,
-        client.stream("POST", url, content=body, headers=headers) as response,
+        client.stream(
+            "POST", target, content=body, headers=headers | host, extensions=extensions
+        ) as response,
     ):
         return response.status_code, response.headers.get("Retry-After")
 

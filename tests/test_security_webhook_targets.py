@@ -1,0 +1,84 @@
+"""Where a webhook may connect, on real local sockets: a receiver's DNS name is the tenant's to
+point anywhere (its own domain under an allow-list entry, a `*.` rule), so a name that resolves
+to a loopback, private, link-local or IPv4-mapped address is refused, and the attempt connects
+to the very address it checked (a name that rebinds after the check reaches nothing else). An
+address written in the URL itself is the operator's: the allow-list names it literally."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.webhook_receiver import Receiver, serving
+from workers.webhook_delivery import _post
+
+EVENT = {"id": "evt_1", "type": "job.succeeded"}
+PUBLIC = "2001:4860:4860::8888"  # a global address: never the local receiver
+
+
+@pytest.fixture
+def receiver(settings_env: Callable[..., None]) -> Iterator[Receiver]:
+    settings_env(CONVEYOR_WEBHOOK_TIMEOUT_S="1", CONVEYOR_WEBHOOK_SECRET="whsec-test")
+    with serving() as server:
+        yield server
+
+
+def _resolving(monkeypatch: pytest.MonkeyPatch, name: str, *answers: str) -> list[str]:
+    """The system resolver, answering `name` with `answers[i]` at its i-th lookup (the last one
+    after that); the lookups of `name` made, returned."""
+    lookup = socket.getaddrinfo
+    made: list[str] = []
+
+    def resolve(host: bytes | str, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        if host not in (name, name.encode()):
+            return lookup(host, port, *args, **kwargs)
+        address = answers[min(len(made), len(answers) - 1)]
+        made.append(address)
+        return lookup(address, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    return made
+
+
+@pytest.mark.parametrize(
+    "address", ["127.0.0.1", "::ffff:127.0.0.1", "64:ff9b::a9fe:a9fe", "169.254.169.254"]
+)
+def test_a_name_resolving_to_a_local_address_is_not_connected_to(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch, address: str
+) -> None:
+    _resolving(monkeypatch, "hooks.tenant.example", address)
+    port = receiver.server_address[1]
+    outcome = _post(f"http://hooks.tenant.example:{port}/hooks", b"{}", EVENT)
+    assert outcome["error"].startswith("PrivateAddress: hooks.tenant.example resolves to"), outcome
+    assert receiver.deliveries == []
+
+
+def test_localhost_is_not_connected_to(receiver: Receiver) -> None:
+    outcome = _post(f"http://localhost:{receiver.server_address[1]}/hooks", b"{}", EVENT)
+    assert outcome["error"].startswith("PrivateAddress: localhost resolves to"), outcome
+    assert receiver.deliveries == []
+
+
+def test_a_name_that_rebinds_after_its_check_is_not_looked_up_again(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = _resolving(monkeypatch, "rebind.tenant.example", PUBLIC, "127.0.0.1")
+    port = receiver.server_address[1]
+    outcome = _post(f"http://rebind.tenant.example:{port}/hooks", b"{}", EVENT)
+    assert made == [PUBLIC] and outcome["error"], outcome
+    assert receiver.deliveries == []
+
+
+def test_an_address_the_url_names_is_connected_to_with_its_host(receiver: Receiver) -> None:
+    outcome = _post(f"{receiver.base}/hooks", b"{}", EVENT)
+    assert outcome["status_code"] == 200, outcome
+    (delivery,) = receiver.deliveries
+    assert delivery["headers"]["Host"] == receiver.base.removeprefix("http://")
+
+
+def test_a_name_that_does_not_resolve_is_a_network_error(receiver: Receiver) -> None:
+    outcome = _post("http://nothing.invalid/hooks", b"{}", EVENT)
+    assert outcome["error"].startswith(("ConnectError", "TimeoutError")), outcome
