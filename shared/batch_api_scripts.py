@@ -5,7 +5,8 @@ exactly one finalizer, however many producers look at it at once.
 A batch's items live in many partitions, hence many slots of a cluster, and its hash in one
 more, so no script sees them all (shared/keys.py): COUNT reads one partition's item job hashes
 in that partition's slot and writes nothing; ADVANCE applies what it counted to the batch hash,
-in the batch's slot. Each partition's item list is written once, before the batch starts, and
+in the batch's slot. Each partition's item list is written before the batch starts and only
+appended to after (FED, HELD_END: the items its bulk lane had no room for then), and
 the batch hash holds a cursor into it (`at:<index>`, how many of its items are counted). ADVANCE
 applies a count only if the cursor is still where the count started, then moves the cursor: a
 count is applied exactly once, whether two producers count the same items at once (the second
@@ -170,3 +171,58 @@ for i = 2, #ARGV, 1000 do
 end
 return redis.call('EXPIRE', KEYS[1], ARGV[1])
 """
+
+# KEYS[1]=a batch's held list in one partition (its items the bulk lane had no room for, each
+# `<record JSON>\n<entry JSON>`), KEYS[2]=the batch's item list in that partition; ARGV: the
+# held list's first entry as the feeder read it, then the ids of the entries from there on that
+# the lane took (ENQUEUE's, a call before). They leave the held list for the item list in one
+# step, once: a second feeder of the same entries (two producers sweep) finds the head moved and
+# records nothing, and one that died after its ENQUEUE is followed by a feeder whose ENQUEUE of
+# the same ids finds their hashes and enqueues nothing twice. The item list gets the held
+# list's TTL (a partition with no item enqueued at create has none until now).
+# Returns 1 when recorded, 0 when another feeder had.
+FED = """
+if redis.call('LINDEX', KEYS[1], 0) ~= ARGV[1] then return 0 end
+local ttl = redis.call('PTTL', KEYS[1])
+redis.call('LTRIM', KEYS[1], #ARGV - 1, -1)
+for i = 2, #ARGV, 1000 do
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+return 1
+"""
+
+# KEYS[1]=a batch's held list in one partition, KEYS[2]=its item list there; ARGV: job-key
+# prefix, how many entries, the items' ttl_s, then the fields of their end (status, error,
+# finished). A cancel's or an expiry's: up to that many held entries leave the held list for the
+# item list, each ended as a job record (its record's fields and the end's) unless its hash
+# exists (a feeder's ENQUEUE came first: the caller settles it as any enqueued item). A feeder's
+# ENQUEUE after this finds the hash and enqueues nothing, so a held item of an ended batch never
+# runs. Returns how many entries the held list still has.
+HELD_END = (
+    LUA_JOB_KEY
+    + """
+local prefix, ttl = ARGV[1], ARGV[3]
+local list_ttl = redis.call('PTTL', KEYS[1])
+local entries = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+if #entries == 0 then return 0 end
+local ids = {}
+for _, raw in ipairs(entries) do
+  local record = cjson.decode(string.sub(raw, 1, string.find(raw, '\\n', 1, true) - 1))
+  local jk = jobkey(prefix, record.id)
+  if redis.call('EXISTS', jk) == 0 then
+    redis.call('HSET', jk, unpack(record.fields))
+    redis.call('HSET', jk, unpack(record.record))
+    redis.call('HSET', jk, unpack(ARGV, 4))
+    redis.call('EXPIRE', jk, ttl)
+  end
+  table.insert(ids, record.id)
+end
+redis.call('LTRIM', KEYS[1], #entries, -1)
+for i = 1, #ids, 1000 do
+  redis.call('RPUSH', KEYS[2], unpack(ids, i, math.min(i + 999, #ids)))
+end
+if list_ttl > 0 then redis.call('PEXPIRE', KEYS[2], list_ttl) end
+return redis.call('LLEN', KEYS[1])
+"""
+)

@@ -1,6 +1,7 @@
 """Batch API batches in Redis (not the workers' micro-batches): a hash per batch (metadata,
 counters, webhook log), the item job ids in line order, the lines refused at submit, and per
-partition the batch's item ids in stream order, which the hash holds a cursor into: finished
+partition the batch's item ids in stream order (and its items the partition's bulk lane had no
+room for yet, `HeldLane`), which the hash holds a cursor into: finished
 items are counted from the cursor on, so progress costs work proportional to what changed, not
 to the batch's size. The per-partition lists live in their partitions' slots, everything else in
 the batch's, the active index in the control plane's (shared/keys.py); no script or transaction
@@ -12,7 +13,7 @@ import asyncio
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from itertools import chain
 from typing import Any
@@ -23,9 +24,9 @@ from redis.typing import EncodableT
 
 from shared import batch_api_scripts
 from shared.batch_api_scripts import ITEM_STATES
-from shared.codec import as_text, dumps, loads
+from shared.codec import RequestEntry, as_text, dumps, loads
 from shared.job_states import JobStatus
-from shared.job_store import now_ms
+from shared.job_store import NewJob, now_ms
 from shared.keys import Keys
 from shared.redis_client import (
     check_replica_acks,
@@ -103,6 +104,62 @@ def open_lists(fields: Mapping[str, str]) -> list[str]:
     """A batch's per-partition item lists, in the order their cursors (`at:<index>`) number."""
     lists: list[str] = loads(fields.get("open_lists") or "[]")
     return lists
+
+
+@dataclass(frozen=True, slots=True)
+class HeldLane:
+    """Where a batch's items its bulk lane had no room for at create wait (`held`, in line
+    order) and how they are enqueued as room frees: into `stream`, never past `limit` (its
+    `queue.max_length` at create, so every producer that feeds it keeps the same bound), with
+    the create's fair window, weight and TTL, recorded in `items` (the partition's item list)."""
+
+    held: str
+    items: str
+    stream: str
+    limit: int
+    model: str
+    variant: str
+    fair_window: int
+    weight: float | None
+    ttl_s: int
+
+    def entry(self, job: NewJob) -> bytes:
+        """A held item: its record's fields (what a batch's end writes for an item never
+        enqueued, `HELD_END`), then its stream entry."""
+        entry = job.entry
+        record: dict[str, str | int] = {
+            "tenant": entry.tenant,
+            "created": int(entry.enqueued_ms),
+            "stream": self.stream,
+        }
+        head = {"id": entry.job_id, "fields": _strings(job.fields), "record": _strings(record)}
+        encoded = {k: as_text(v) if isinstance(v, bytes) else v for k, v in entry.encode().items()}
+        return dumps(head) + b"\n" + dumps(encoded)
+
+    def job(self, raw: bytes) -> NewJob:
+        """The job a held item (`entry`) is: may_exist, so a feeder that follows one that died
+        after enqueueing it finds its hash and enqueues nothing twice."""
+        head, _, body = raw.partition(b"\n")
+        flat = loads(head)["fields"]
+        fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+        encoded = {k.encode(): str(v).encode() for k, v in loads(body).items()}
+        entry = RequestEntry.decode(encoded)
+        window, weight = self.fair_window, self.weight
+        return NewJob(entry, self.stream, fields, window, weight, self.ttl_s, may_exist=True)
+
+
+def _strings(fields: Mapping[str, str | int]) -> list[str]:
+    return [str(part) for pair in fields.items() for part in pair]
+
+
+def held_lanes(fields: Mapping[str, str]) -> list[HeldLane]:
+    """A batch's held lists, one per partition that had items its lane had no room for."""
+    return [HeldLane(**lane) for lane in loads(fields.get("held_lists") or "[]")]
+
+
+def held_lists_field(lanes: Sequence[HeldLane]) -> dict[str, str]:
+    """The batch hash's `held_lists` (none held: no field)."""
+    return {"held_lists": dumps([asdict(lane) for lane in lanes]).decode()} if lanes else {}
 
 
 def _counts(fields: Mapping[str, str], seen: Sequence[int | bytes]) -> dict[str, int]:
@@ -189,6 +246,8 @@ class BatchApiStore(TenantIndexed):
         self._commit = client.register_script(batch_api_scripts.COMMIT)
         self._set_unless_set = client.register_script(batch_api_scripts.SET_UNLESS_SET)
         self._replace_list = client.register_script(batch_api_scripts.REPLACE_LIST)
+        self._fed = client.register_script(batch_api_scripts.FED)
+        self._held_end = client.register_script(batch_api_scripts.HELD_END)
 
     def index_of(self, tenant: str) -> str:
         return self.keys.batches_of(tenant)
@@ -214,21 +273,26 @@ class BatchApiStore(TenantIndexed):
     async def add_items(
         self,
         batch_id: str,
-        items: Sequence[tuple[str, str]],
+        items: Sequence[tuple[str, str | None]],
         rejected: Sequence[bytes],
         ttl_s: int,
+        held: Sequence[tuple[str, Sequence[bytes]]] = (),
     ) -> None:
-        """Record enqueued items `(job_id, open list)` in line order and the refused lines, in
-        one round trip (no transaction: the lists are in several slots, and the batch is not
-        read before `start`). Each list is written whole with its TTL at once (`REPLACE_LIST`),
-        so none outlives the batch's hash unless `finish` renews it, and afresh, so a rerun
-        (the client retries a pipeline whose reply was lost) does not list an item twice."""
+        """Record the items `(job_id, open list)` in line order (open list None: held, in
+        `held`'s lists, `(held list, HeldLane.entry of each)`, in line order) and the refused
+        lines, in one round trip (no transaction: the lists are in several slots, and the batch
+        is not read before `start`). Each list is written whole with its TTL at once
+        (`REPLACE_LIST`), so none outlives the batch's hash unless `finish` renews it, and
+        afresh, so a rerun (the client retries a pipeline whose reply was lost) does not list
+        an item twice."""
         by_list: dict[str, list[str]] = {}
         for job_id, open_list in items:
-            by_list.setdefault(open_list, []).append(job_id)
+            if open_list is not None:
+                by_list.setdefault(open_list, []).append(job_id)
         lists: list[tuple[str, Sequence[str | bytes]]] = [
             (self.keys.batch_items(batch_id), [job_id for job_id, _ in items]),
             *by_list.items(),
+            *held,
             (self.keys.batch_rejected(batch_id), rejected),
         ]
 
@@ -246,9 +310,9 @@ class BatchApiStore(TenantIndexed):
         fields: Mapping[str, str | int],
         expires_ms: int,
     ) -> None:
-        """validating → in_progress with `items` open in `lists` (or straight to failed when no
-        line was valid, indexed all the same: the sweeper then hands over a webhook its create
-        could not, and releases it).
+        """validating → in_progress with `items` open in `lists`, held ones included (or
+        straight to failed when no line was valid, indexed all the same: the sweeper then hands
+        over a webhook its create could not, and releases it).
 
         The hash and the active index are in different slots, so this is two steps, the hash
         first: a crash between leaves a running batch outside the index whose id nobody was
@@ -352,6 +416,42 @@ class BatchApiStore(TenantIndexed):
             lists = await pipe.execute()
         return [as_text(job_id) for ids in lists for job_id in ids]
 
+    async def end_held(self, fields: Mapping[str, str], ending: BatchStatus) -> None:
+        """End a batch's held items as `ending` (`HELD_END`), CHUNK a call: they join their
+        partitions' item lists, where the caller settles and counts them as any open item."""
+        args: list[EncodableT] = [self.keys.job_prefix, CHUNK]
+        error = ended_early(ending).decode()
+        end = {"status": ending.value, "error": error, "finished": now_ms()}
+        for lane in held_lanes(fields):
+            keys = [lane.held, lane.items]
+            while await self._held_end(keys=keys, args=[*args, lane.ttl_s, *_flat(end)]):
+                pass
+
+    async def lane_lengths(self, streams: Sequence[str]) -> list[int]:
+        """How many entries each bulk lane holds (XLEN), in one round trip: what a create and
+        the feeding of held items size the room they take by (ENQUEUE still enforces it)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for stream in streams:
+                pipe.xlen(stream)
+            return [int(length) for length in await pipe.execute()]
+
+    async def held_waiting(self, lanes: Sequence[HeldLane]) -> list[int]:
+        """How many items each held list still has, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for lane in lanes:
+                pipe.llen(lane.held)
+            return [int(n) for n in await pipe.execute()]
+
+    async def held_head(self, lane: HeldLane, count: int) -> list[bytes]:
+        """The first `count` held items, in line order."""
+        rows = await self.redis.lrange(lane.held, 0, count - 1)
+        return [raw.encode() if isinstance(raw, str) else raw for raw in rows]
+
+    async def fed(self, lane: HeldLane, head: bytes, job_ids: Sequence[str]) -> bool:
+        """The held items from `head` on that the lane took leave the held list for the item
+        list (`FED`); False when another feeder recorded them first."""
+        return bool(await self._fed(keys=[lane.held, lane.items], args=[head, *job_ids]))
+
     async def items(
         self, batch_id: str, until: int | None = None
     ) -> AsyncIterator[list[ItemState]]:
@@ -426,6 +526,8 @@ class BatchApiStore(TenantIndexed):
         async with self.redis.pipeline(transaction=False) as pipe:
             for key in open_lists(fields):
                 pipe.delete(key)
+            for lane in held_lanes(fields):
+                pipe.delete(lane.held)
             pipe.zrem(self.keys.batches_active, batch_id)
             pipe.zadd(self.keys.batches_ended, {batch_id: now})
             pipe.zremrangebyscore(self.keys.batches_ended, "-inf", now - ENDED_KEPT_MS)

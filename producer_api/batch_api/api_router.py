@@ -44,11 +44,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         "after 5 s (Retry-After)"
     },
     413: {
-        "description": "Body over CONVEYOR_MAX_UPLOAD_BYTES, more lines than "
-        "CONVEYOR_MAX_BATCH_LINES, or more items than the bulk lane can ever hold"
+        "description": "Body over CONVEYOR_MAX_UPLOAD_BYTES, or more lines than "
+        "CONVEYOR_MAX_BATCH_LINES"
     },
     422: {"description": "No lines, bad options, or a webhook URL outside the allow-list"},
-    429: {"description": "Bulk lane full; see Retry-After"},
     503: {"description": "Queue unreachable"},
 }
 
@@ -140,8 +139,9 @@ async def create_batch(
     OpenAI's `/v1/embeddings`, `/v1/chat/completions` or `/v1/completions`, `body` being that
     route's request (one url per batch).
     Invalid lines go to the errors file with their line number and reason; the rest run on
-    the bulk lane. A repeated `Idempotency-Key` with the same request answers as its first
-    try did, 202 with the batch it created (as `POST /v1/jobs` answers with its job)."""
+    the bulk lane, those it has no room for held and fed in as it frees. A repeated
+    `Idempotency-Key` with the same request answers as its first try did, 202 with the batch it
+    created (as `POST /v1/jobs` answers with its job)."""
     options = {"model": model, "completion_window": completion_window, "webhook": webhook}
     options["endpoint"] = endpoint
     given = {k: v for k, v in options.items() if v is not None}

@@ -11,11 +11,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from producer_api.batch_api.feeding import BatchFeeder
 from producer_api.batch_api.protocol import JOBS
 from shared.batch_api_store import (
     CHUNK,
     BatchApiStore,
     BatchStatus,
+    HeldLane,
     Refresh,
     ended_early,
     final_counts,
@@ -118,6 +120,7 @@ class BatchApiProgress:
         self.jobs = jobs
         self.store = store
         self.webhooks = webhooks
+        self.feeder = BatchFeeder(jobs, store)
 
     async def refresh(self, batch_id: str, window: int) -> Refresh | None:
         """Count what finished (looking `window` items past each partition's first unfinished
@@ -131,11 +134,13 @@ class BatchApiProgress:
     async def end(self, batch_id: str, ending: BatchStatus) -> BatchStatus | None:
         """Cancel or expire what is left of a running batch; returns the ending in force (an
         earlier request's, if there was one) or None when the batch is not running. Settling
-        is idempotent, so a producer that died half-way is simply repeated."""
+        is idempotent, so a producer that died half-way is simply repeated. Held items end
+        first, so that none is enqueued after (a feeder's ENQUEUE finds their records)."""
         _, in_force = await self.store.request_end(batch_id, ending)
         if in_force is None:
             return None
         fields = await self.store.read(batch_id) or {}
+        await self.store.end_held(fields, in_force)
         ids = await self.store.open_ids(fields)
         error = ended_early(in_force).decode()
         for start in range(0, len(ids), CHUNK):
@@ -153,6 +158,10 @@ class BatchApiProgress:
         while progress is not None and progress.fields["status"] == BatchStatus.FINALIZING:
             await asyncio.sleep(FINALIZER_POLL_S)
             progress = await self.refresh(batch_id, window=0)
+
+    async def feed(self, lanes: list[HeldLane]) -> None:
+        """Feed running batches' held items into their lanes as room frees (`BatchFeeder`)."""
+        await self.feeder.feed(lanes)
 
     async def notify(self, batch_id: str, progress: Refresh) -> bool:
         """Hand the batch's terminal view to the webhook task (Celery, so it survives us), then

@@ -28,11 +28,20 @@ from producer_api.openai.embedding_serving import EmbeddingService, embedding_li
 from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from producer_api.openai.serving import ChatRenderer, CompletionRenderer, generation_of
 from producer_api.state import ProducerState
-from shared.batch_api_store import BY_BATCH, CHUNK, BatchStatus, ItemState, Refresh, window_end
+from shared.batch_api_store import (
+    BY_BATCH,
+    CHUNK,
+    BatchStatus,
+    HeldLane,
+    ItemState,
+    Refresh,
+    held_lists_field,
+    window_end,
+)
 from shared.codec import as_objects, as_written, dumps, loads
 from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
-from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
+from shared.metrics import JOBS_SUBMITTED
 from shared.tenant_index import Page
 from shared.webhook_events import refusal
 
@@ -54,6 +63,24 @@ _NEVER_ANSWERED: dict[str, str] = {
     JobStatus.CANCELLED: "batch_cancelled",
     JobStatus.EXPIRED: "batch_expired",
 }
+
+
+# An item with its job.
+Pending = tuple[lines.Item, NewJob]
+
+
+def _split(
+    items: list[lines.Item], jobs: list[NewJob], rooms: Mapping[str, int]
+) -> tuple[list[Pending], list[Pending]]:
+    """The items their lanes have room for now, the first ones in line order, and the rest."""
+    left = dict(rooms)
+    now: list[Pending] = []
+    later: list[Pending] = []
+    for item, job in zip(items, jobs, strict=True):
+        fits = left.get(job.stream, 0) > 0
+        left[job.stream] = left.get(job.stream, 0) - fits
+        (now if fits else later).append((item, job))
+    return now, later
 
 
 def _line(record: dict[str, Any]) -> bytes:
@@ -178,9 +205,11 @@ class BatchApiService:
         return Prepared(options, parsed, window_s)
 
     async def _created(self, batch_id: str, prepared: Prepared) -> Refresh:
-        """Enqueue a prepared batch's items and start it, or withdraw what was written."""
+        """Enqueue a prepared batch's items the bulk lane has room for, hold the rest for the
+        sweeper to feed as room frees (`feeding.py`), and start it; or withdraw what was
+        written."""
         options, parsed, window_s = prepared.options, prepared.parsed, prepared.window_s
-        await self._check_room(parsed.items)
+        rooms = await self._rooms(parsed.items)
         expires_ms = now_ms() + window_s * 1000
         meta: dict[str, str | int] = {
             "tenant": self.principal.tenant,
@@ -196,12 +225,19 @@ class BatchApiService:
         ttl_s = window_s + self.state.settings.result_ttl_s
         await self.store.create(batch_id, meta, ttl_s)
         try:
-            accepted, refused = await self._enqueue(batch_id, parsed.items, expires_ms, ttl_s)
-            rejected = sorted(parsed.rejected + refused, key=lambda r: int(r["line"]))
-            await self.store.add_items(batch_id, accepted, [dumps(r) for r in rejected], ttl_s)
-            open_lists = sorted({open_list for _, open_list in accepted})
-            invalid: dict[str, str | int] = {"invalid": len(rejected), **first_errors(rejected)}
-            await self.store.start(batch_id, open_lists, len(accepted), invalid, expires_ms)
+            jobs = [self._job(batch_id, item, expires_ms, ttl_s) for item in parsed.items]
+            now, later = _split(parsed.items, jobs, rooms)
+            enqueued = await self._enqueue(batch_id, now)
+            waiting = [p for p in now + later if p[1].entry.job_id not in enqueued]
+            lanes, held = self._held(batch_id, sorted(waiting, key=lambda p: p[0].line))
+            rejected = [dumps(r) for r in parsed.rejected]
+            items = [(job.entry.job_id, enqueued.get(job.entry.job_id)) for job in jobs]
+            await self.store.add_items(batch_id, items, rejected, ttl_s, list(held.items()))
+            open_lists = sorted({self._open_list(batch_id, item) for item in parsed.items})
+            invalid: dict[str, str | int] = {"invalid": len(rejected)}
+            invalid.update(first_errors(parsed.rejected))
+            fields = {**invalid, **held_lists_field(lanes)}
+            await self.store.start(batch_id, open_lists, len(jobs), fields, expires_ms)
             await self.store.enlist(self.principal.tenant, batch_id)
             progress = await self._look(batch_id)
         except BaseException:
@@ -260,57 +296,61 @@ class BatchApiService:
             raise ConveyorError(422, "invalid_request", message)
         return seconds
 
-    async def _check_room(self, items: list[lines.Item]) -> None:
-        """All or nothing: 429 (Retry-After) when the bulk lane lacks room for the batch now,
-        413 when it never could hold it."""
-        wanted: dict[str, int] = {}
-        for item in items:
-            stream = self.state.keys.bulk_queue(item.config.name, item.variant)
-            wanted[stream] = wanted.get(stream, 0) + 1
-        if not wanted:
-            return
+    async def _rooms(self, items: list[lines.Item]) -> dict[str, int]:
+        """How many items each bulk lane the batch's items go to has room for now (XLEN
+        against `queue.max_length`): those go in at create, the rest are held."""
+        streams = sorted({self._stream(item) for item in items})
+        if not streams:
+            return {}
         limit = items[0].config.queue.max_length
-        async with self.state.redis.pipeline(transaction=False) as pipe:
-            for stream in wanted:
-                pipe.xlen(stream)
-            lengths = await pipe.execute()
-        for (stream, count), length in zip(wanted.items(), lengths, strict=True):
-            if count > limit:
-                message = f"{count} items for {stream}, whose limit is {limit}; split the batch"
-                raise ConveyorError(413, "payload_too_large", message)
-            if length + count > limit:
-                room = length + count - limit
-                raise await self.state.backpressure.queue_full(stream, int(length), room)
+        lengths = await self.store.lane_lengths(streams)
+        return {
+            stream: max(0, limit - length) for stream, length in zip(streams, lengths, strict=True)
+        }
 
-    async def _enqueue(
-        self, batch_id: str, items: list[lines.Item], expires_ms: int, ttl_s: int
-    ) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
-        """Pipelined, CHUNK jobs per round trip; returns (job id, open list) of the enqueued
-        items and rejections for those refused by a lane that filled up meanwhile."""
-        accepted: list[tuple[str, str]] = []
-        refused: list[dict[str, Any]] = []
+    def _stream(self, item: lines.Item) -> str:
+        return self.state.keys.bulk_queue(item.config.name, item.variant)
+
+    def _open_list(self, batch_id: str, item: lines.Item) -> str:
+        return self.state.keys.batch_open(batch_id, item.config.name, item.variant)
+
+    async def _enqueue(self, batch_id: str, items: list[Pending]) -> dict[str, str]:
+        """Pipelined, CHUNK jobs per round trip; returns the open list of each job enqueued, by
+        id (those a lane that filled up meanwhile refused are not: held instead)."""
+        enqueued: dict[str, str] = {}
         round_trips, started = 0, time.perf_counter()
         for start in range(0, len(items), CHUNK):
             chunk = items[start : start + CHUNK]
-            jobs = [self._job(batch_id, item, expires_ms, ttl_s) for item in chunk]
-            limit = chunk[0].config.queue.max_length
-            full = set(await self.state.job_store.create_many(jobs, limit))
+            limit = chunk[0][0].config.queue.max_length
+            full = set(await self.state.job_store.create_many([job for _, job in chunk], limit))
             round_trips += 1
-            for index, item in enumerate(chunk):
-                if index in full:
-                    JOBS_REJECTED.labels(item.config.name, item.variant, "queue_full").inc()
-                    message = f"the bulk lane of {item.config.name}:{item.variant} was full"
-                    refused.append(
-                        lines.rejection(item.line, item.custom_id, "queue_full", message)
-                    )
-                else:
+            for index, (item, job) in enumerate(chunk):
+                if index not in full:
                     JOBS_SUBMITTED.labels(item.config.name, item.variant, "bulk").inc()
-                    open_list = self.state.keys.batch_open(batch_id, item.config.name, item.variant)
-                    accepted.append((item.entry.job_id, open_list))
+                    enqueued[job.entry.job_id] = self._open_list(batch_id, item)
         elapsed_ms = (time.perf_counter() - started) * 1000
         message = "batch %s: %d jobs enqueued in %d round trips, %.0f ms"
-        log.info(message, batch_id, len(items), round_trips, elapsed_ms)
-        return accepted, refused
+        log.info(message, batch_id, len(enqueued), round_trips, elapsed_ms)
+        return enqueued
+
+    def _held(
+        self, batch_id: str, items: list[Pending]
+    ) -> tuple[list[HeldLane], dict[str, list[bytes]]]:
+        """The held items' lanes and their entries by held list, in line order."""
+        lanes: dict[str, HeldLane] = {}
+        held: dict[str, list[bytes]] = {}
+        for item, job in items:
+            name, variant = item.config.name, item.variant
+            key = self.state.keys.batch_held(batch_id, name, variant)
+            if key not in lanes:
+                limit = item.config.queue.max_length
+                items_key = self._open_list(batch_id, item)
+                lanes[key] = HeldLane(
+                    key, items_key, job.stream, limit, name, variant, job.fair_window,
+                    job.weight, job.ttl_s,
+                )  # fmt: skip
+            held.setdefault(key, []).append(lanes[key].entry(job))
+        return list(lanes.values()), held
 
     def _job(self, batch_id: str, item: lines.Item, expires_ms: int, ttl_s: int) -> NewJob:
         """Batch items reply to nobody (no pub/sub per item) and expire with the batch, not
@@ -330,7 +370,7 @@ class BatchApiService:
         }
         if webhook := entry.payload.get("webhook"):
             fields["webhook"] = webhook  # where a cancel or a dead letter finds it, as any job's
-        stream = self.state.keys.bulk_queue(item.config.name, item.variant)
+        stream = self._stream(item)
         fair_window = item.config.fair_window_of(item.variant)
         return NewJob(entry, stream, fields, fair_window, self.principal.weight, ttl_s)
 

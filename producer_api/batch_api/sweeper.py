@@ -1,13 +1,14 @@
-"""Background loop of every producer: finishes Batch API batches whose last item just ended and
-expires those past their completion window, so neither waits for a client to look. Any number of
-producers may sweep at once: counting is atomic and finalization happens once (Lua). Started
-and stopped by the app's lifespan (`producer_api/app.py`)."""
+"""Background loop of every producer: finishes Batch API batches whose last item just ended,
+expires those past their completion window, so neither waits for a client to look, and feeds
+running batches' held items into their bulk lanes as room frees (`feeding.py`). Any number of
+producers may sweep at once: counting is atomic, finalization happens once and a held item is
+enqueued once (Lua). Started and stopped by the app's lifespan (`producer_api/app.py`)."""
 
 from __future__ import annotations
 
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.periodic import Periodic
-from shared.batch_api_store import BatchApiStore, BatchStatus, Refresh
+from shared.batch_api_store import BatchApiStore, BatchStatus, HeldLane, Refresh, held_lanes
 from shared.job_store import now_ms
 
 INTERVAL_S = 1.0
@@ -22,6 +23,7 @@ class BatchApiSweeper:
 
     async def sweep(self) -> None:
         now = now_ms()
+        held: list[HeldLane] = []
         for batch_id, expires_ms in await self.store.active():
             # counted first: a batch whose last item finished just before its window ran out,
             # with nobody looking, completes rather than expiring with every item done
@@ -35,12 +37,22 @@ class BatchApiSweeper:
                 # Ended, yet still indexed: its finalizer died between the batch's commit and
                 # its webhook's hand-over or the release of its keys in other slots.
                 await self.progress.complete(batch_id, progress)
+            elif _feeds(progress):
+                held.extend(held_lanes(progress.fields))
+        await self.progress.feed(held)
 
     def start(self) -> None:
         self._loop.start()
 
     async def stop(self) -> None:
         await self._loop.stop()
+
+
+def _feeds(progress: Refresh) -> bool:
+    """Whether a batch's held items are to be fed: it runs and no end has been asked (one
+    asked ends them, `BatchApiProgress.end`)."""
+    fields = progress.fields
+    return fields["status"] == BatchStatus.IN_PROGRESS and "ending" not in fields
 
 
 def _left_by_its_finalizer(progress: Refresh, now: int) -> bool:
