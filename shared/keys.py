@@ -260,9 +260,10 @@ class Keys:
         return f"{self.prefix}batch:{{{batch_id}}}:items"
 
     def batch_open(self, batch_id: str, model: str, variant: str) -> str:
-        """Job ids of a batch's items in one partition, in stream order (list, written once):
-        tagged with the PARTITION's tag, so the script that counts finished items reads their
-        job hashes in its own slot; the batch hash holds how far it has counted."""
+        """Job ids of a batch's items in one partition, in stream order (list, written at
+        create and as held items are fed): tagged with the PARTITION's tag, so the script that
+        counts finished items reads their job hashes in its own slot; the batch hash holds how
+        far it has counted."""
         return f"{self.prefix}batch:{self.tag(model, variant)}:open:{batch_id}:{model}:{variant}"
 
     def batch_rejected(self, batch_id: str) -> str:

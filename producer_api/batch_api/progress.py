@@ -106,7 +106,7 @@ def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
 
 
 # The ids `GET /v1/files/{id}/content` serves an ended batch's output and errors files under.
-BATCH_FILE = re.compile(r"^(batch_[0-9a-f]{32})-(output|errors)$")
+BATCH_FILE = re.compile(r"(batch_[0-9a-f]{32})-(output|errors)")  # matched whole
 
 
 def _file_ids(batch_id: str, ended: bool) -> dict[str, str | None]:

@@ -47,7 +47,7 @@ from shared.webhook_events import refusal
 
 log = logging.getLogger(__name__)
 
-BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
+BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")  # matched whole: `$` lets a trailing newline by
 WINDOW = 256  # items looked at past each open head: micro-batches in flight finish out of order
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -375,7 +375,7 @@ class BatchApiService:
         return NewJob(entry, stream, fields, fair_window, self.principal.weight, ttl_s)
 
     async def _look(self, batch_id: str) -> Refresh:
-        if not BATCH_ID.match(batch_id):
+        if not BATCH_ID.fullmatch(batch_id):
             raise not_found(batch_id)
         progress = await self.progress.refresh(batch_id, WINDOW)
         if progress is None or progress.fields.get("tenant") != self.principal.tenant:

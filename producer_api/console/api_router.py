@@ -376,7 +376,7 @@ async def batch_file(state: State, current: Session, batch_id: str, kind: str) -
     if kind not in ("output", "errors"):
         raise ConveyorError(404, "not_found", "no such file")
     reader = current.principal
-    if current.admin and BATCH_ID.match(batch_id):
+    if current.admin and BATCH_ID.fullmatch(batch_id):
         fields = await state.batch_store.read(batch_id) or {}
         if not current.reaches(fields.get("model", "")):
             raise not_found(batch_id)

@@ -104,7 +104,7 @@ class FilesService:
 
     async def get(self, file_id: str) -> dict[str, Any]:
         """An uploaded file's object, or an ended batch's output or errors file's."""
-        if named := BATCH_FILE.match(file_id):
+        if named := BATCH_FILE.fullmatch(file_id):
             return await BatchApiService(self.state, self.principal).file_object(*named.groups())
         return await self._uploaded(file_id)
 
@@ -134,7 +134,7 @@ class FilesService:
         """Forget an uploaded file (a batch made from it keeps its lines). A batch's own output
         and errors files are read from its items, and go with the batch: `deleted: false` once
         it has ended (OpenAI's clients delete them after reading), 409 before."""
-        if named := BATCH_FILE.match(file_id):
+        if named := BATCH_FILE.fullmatch(file_id):
             await BatchApiService(self.state, self.principal).ended(named[1])
             return {"id": file_id, "object": "file", "deleted": False}
         await self._uploaded(file_id)
@@ -152,6 +152,6 @@ class FilesService:
         """An uploaded file's bytes, whole (one read of its hash, so its size is known), or an
         ended batch's output or errors file, its lines as they are read (409 before it
         ends)."""
-        if named := BATCH_FILE.match(file_id):
+        if named := BATCH_FILE.fullmatch(file_id):
             return await BatchApiService(self.state, self.principal).file(named[1], named[2])
         return await self.data(file_id)
