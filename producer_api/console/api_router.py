@@ -41,6 +41,7 @@ from producer_api.console.session import (
 from producer_api.errors import ConveyorError
 from producer_api.events.api_router import PING_S, server_sent
 from producer_api.events.serving import EventsService
+from producer_api.jobs.serving import JOB_ID
 from producer_api.live_feed import while_holds
 from producer_api.responses import JsonlResponse
 from producer_api.state import ProducerState, producer_state
@@ -324,8 +325,9 @@ async def job(request: Request, state: State, current: Session, job_id: str) -> 
 
 async def _visible(state: ProducerState, current: ConsoleSession, job_id: str) -> JobRecord:
     """The job if the session may see it (its tenant's, or any of the models its key may use
-    for admin); else 404."""
-    record = await state.job_store.get(job_id) if len(job_id) <= 128 else None
+    for admin); else 404. An id not shaped like one is unknown unread: a length bound let any
+    text (`{id}%0A`) into a Redis key."""
+    record = await state.job_store.get(job_id) if JOB_ID.fullmatch(job_id) else None
     fields = record.fields if record else {}
     if record is None or not _sees(
         current, fields.get("tenant", "default"), fields.get("model", "")
