@@ -44,6 +44,27 @@ return lost
 """
 
 
+# KEYS[1]=stream; ARGV: group, consumer, idle_ms (the visibility timeout), entry ids. Hands back
+# entries the consumer gave up unfinished at a drain (a generation outlasting the stop's grace):
+# each it still owns is made idle past the visibility timeout, with the given-up delivery
+# uncounted (XCLAIM IDLE, RETRYCOUNT one less, JUSTID), so the next reclaim anywhere (a rolling
+# update's new worker at its start) takes it, where it waited out the whole timeout, and two
+# graceful restarts no longer dead-letter a healthy job. Returns how many it handed back.
+HAND_BACK = """
+local handed = 0
+for i = 4, #ARGV do
+  local row = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)[1]
+  if row and row[2] == ARGV[2] then
+    local count = math.max(tonumber(row[4]) - 1, 0)
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'IDLE', ARGV[3],
+      'RETRYCOUNT', count, 'JUSTID')
+    handed = handed + 1
+  end
+end
+return handed
+"""
+
+
 async def ensure_groups(client: aioredis.Redis, streams: Iterable[str]) -> None:
     for stream in streams:
         try:

@@ -99,6 +99,32 @@ async def test_a_generation_that_ignores_its_abort_holds_the_drain_no_longer(
     await asyncio.wait_for(running, 30)  # a hang guard: the drain waited for ever
 
     [pending] = await aredis.xpending_range(partition.online, GROUP, "-", "+", 10)
-    assert pending["consumer"] == WORKER.encode() and pending["times_delivered"] == 1
+    assert pending["consumer"] == WORKER.encode()
+    assert pending["times_delivered"] == 0  # handed back, its given-up run uncounted
     record = await JobStore(aredis, KEYS, 60).get("ignored")
     assert record is not None and record.status == JobStatus.RUNNING  # no result: rerun elsewhere
+
+
+async def test_a_generation_a_drain_gave_up_is_due_to_the_next_reclaim_uncounted(
+    aredis: aioredis.Redis,
+) -> None:
+    """Given up at a stop, a generation waited out the whole visibility timeout (smollm2's 300 s)
+    before any worker took it over, its run counted as a delivery: two graceful restarts (a
+    rolling update) dead-lettered a healthy job (max_deliveries 2). Handed back, another
+    worker's first reclaim takes it, as its first delivery."""
+    config = ModelConfig(
+        name="m",
+        kind="generate",
+        backend="tests.paced_engine:PacedEngine",
+        parameters={"step_ms": 3_600_000},  # never ends within the drain
+        queue=QueueLimits(visibility_timeout_s=60),
+    )
+    partition = Partition.of(KEYS, config, "default")
+    running = await _stopped_while_generating(aredis, partition, "handed", drain_s=0.2)
+    await asyncio.wait_for(running, 30)
+
+    taker = Reclaimer(aredis, KEYS, partition, TAKER, 60, JobEvents("redis://unused"))
+    claimed = await taker.reclaim(partition.online)  # at once, not 60 s on
+    assert [d.entry.job_id for d in claimed if d.entry] == ["handed"]
+    [pending] = await aredis.xpending_range(partition.online, GROUP, "-", "+", 10)
+    assert pending["consumer"] == TAKER.encode() and pending["times_delivered"] == 1

@@ -118,6 +118,7 @@ class GenerateLoop:
         self.stopping = asyncio.Event()
         self._chunks: list[tuple[RunningJob, TokenChunk, int]] = []
         self._ended: list[RunningJob] = []
+        self._given_up: list[RunningJob] = []  # a drain's: handed back once the publisher ends
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         # Running entries are re-claimed (idle reset) well within the visibility timeout, so a
@@ -131,9 +132,10 @@ class GenerateLoop:
 
     async def run(self) -> None:
         """Serve until asked to stop; then admit nothing more, give running generations up to
-        `drain_s` to finish, and abort the rest unacknowledged (another worker reruns them); a
-        dead or hung engine's are given up at once, and EngineDied raised. With Redis gone at
-        stop, what is unwritten stays pending for another worker to reclaim."""
+        `drain_s` to finish, and abort the rest, handing their entries back unacknowledged for
+        the next reclaim (another worker reruns them); a dead or hung engine's are given up at
+        once, left to the visibility timeout, and EngineDied raised. With Redis gone at stop,
+        what is unwritten stays pending for another worker to reclaim."""
         publisher = asyncio.create_task(self._publish_loop(), name="token-publisher")
         try:
             await self._admit_loop(publisher)
@@ -143,6 +145,7 @@ class GenerateLoop:
             self._wake.set()
             with contextlib.suppress(Stopped):
                 await publisher
+            await self._hand_back()
         if self.engine_death is not None:
             death = f"{self.partition.name}: the engine died: {self.engine_death!r}"
             raise EngineDied(death) from self.engine_death
@@ -441,9 +444,22 @@ class GenerateLoop:
                 job.abandoned = True
                 log.warning("abandoning unfinished generation", extra={"job_id": job.job_id})
                 await self._abort_quietly(job.job_id)
+                self._given_up.append(job)
         _, ignored = await asyncio.wait(tasks, timeout=ABORT_S)
         if ignored:  # the engine honours no abort (hung, not yet deemed so)
             await self._cancel()
+
+    async def _hand_back(self) -> None:
+        """A drain's given-up generations are due to the next reclaim, their run uncounted
+        (`StreamReader.hand_back`): they waited out the visibility timeout (smollm2's 300 s)
+        as if this worker had crashed, and two rolling restarts dead-lettered a healthy job.
+        Not an engine's death: the input may have killed it, and that run counts."""
+        idle_ms = int(self.partition.config.queue.visibility_timeout_s * 1000)
+        try:
+            for stream, entry_ids in _entries_by_stream(self._given_up).items():
+                await self.reader.hand_back(stream, entry_ids, idle_ms)
+        except OUTAGE as exc:  # left pending: reclaimed a visibility timeout on, as before
+            log.warning("could not hand back given-up generations: %r", exc)
 
     async def _wait_touching(self, tasks: set[asyncio.Task[None]]) -> None:
         """Wait up to `drain_s` for the generations to end, touching their entries when due as

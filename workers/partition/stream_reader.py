@@ -26,7 +26,7 @@ from redis.exceptions import TryAgainError
 
 from shared import job_scripts
 from shared.codec import MOVED_FIELD, RequestEntry, as_text
-from shared.consumer_groups import TOUCH, ensure_groups, recreating_groups
+from shared.consumer_groups import HAND_BACK, TOUCH, ensure_groups, recreating_groups
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.keys import GROUP, Keys
@@ -85,6 +85,7 @@ class StreamReader:
         self._take = client.register_script(job_scripts.TAKE)
         self._mark = client.register_script(job_scripts.MARK_RUNNING)
         self._touch = client.register_script(TOUCH)
+        self._hand_back = client.register_script(HAND_BACK)
 
     async def ensure_groups(self) -> None:
         """Create the lanes' groups where missing (`shared/consumer_groups.py`)."""
@@ -265,6 +266,14 @@ class StreamReader:
             lambda: call_script(self._touch, [stream], [GROUP, self.consumer, *entry_ids]),
         )
         return [as_text(entry_id) for entry_id in lost or []]
+
+    async def hand_back(self, stream: str, entry_ids: Sequence[bytes], idle_ms: int) -> int:
+        """Give up entries this consumer will not finish (a drain's), at once and uncounted
+        (`consumer_groups.HAND_BACK`): they are due to the next reclaim; returns how many."""
+        handed = await call_script(
+            self._hand_back, [stream], [GROUP, self.consumer, idle_ms, *entry_ids]
+        )
+        return int(handed)
 
 
 def decode_delivery(
