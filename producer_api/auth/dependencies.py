@@ -81,12 +81,11 @@ async def admitted(
     scope: Scope,
 ) -> Principal:
     """The caller, once its key is verified (401), holds `scope` (403) and got a token from
-    its bucket (429), whose state its answer's head then carries."""
+    its bucket (429); its answer's head then carries no-store and the bucket's state."""
     principal = await authenticate(state, _presented(bearer, header))
     if not principal.may(scope):
         raise ConveyorError(403, "forbidden", f"this API key lacks the {scope!r} scope")
-    if (bucket := await throttle(state, principal)) is not None:
-        keep(request.scope, bucket)
+    keep(request.scope, await throttle(state, principal))
     return principal
 
 
