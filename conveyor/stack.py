@@ -84,6 +84,16 @@ class ChildTooSlow(ChildNotReady):
 
 
 @dataclass
+class Stopping:
+    """A child `terminate` signalled, killed with its group if they still run at `deadline`
+    (monotonic); `exited` once its own exit was seen and what it left in its group signalled."""
+
+    process: subprocess.Popen[bytes]
+    deadline: float
+    exited: bool = False
+
+
+@dataclass
 class Stack:
     """A running pipeline; `stop()` sends SIGTERM so workers drain, then kills stragglers."""
 
@@ -95,8 +105,8 @@ class Stack:
     metrics_ports: dict[str, int] = field(default_factory=dict)
     commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
     readiness: dict[str, Callable[[], bool]] = field(default_factory=dict)  # spawned workers
-    # children `terminate` signalled, each with when it is killed if still running
-    stopping: dict[str, tuple[subprocess.Popen[bytes], float]] = field(default_factory=dict)
+    # children `terminate` signalled (`Stopping`), until they and their groups are gone
+    stopping: dict[str, Stopping] = field(default_factory=dict)
     # children seen to exit (`exited`), each with when what it left in its group is killed
     leftovers: dict[str, float] = field(default_factory=dict)
     # exited children whose group was seen gone: never signalled again, since their pid may
@@ -354,26 +364,36 @@ class Stack:
 
     def terminate(self, names: Iterable[str]) -> None:
         """`stop_processes` without the wait, for a caller that cannot block on a drain: each
-        child gets SIGTERM and moves from `processes` (so it is not `running`, and neither a
-        supervisor nor `stop` sees it again) to `stopping`, where `reap_stopped` forgets it once
-        it exits, or kills it if it still runs `stop_timeout_s` after the signal."""
+        child gets SIGTERM (one that exited already: what it left in its group, `_signal`) and
+        moves from `processes` (so it is not `running`, and neither a supervisor nor `stop`
+        sees it again) to `stopping`, where `reap_stopped` forgets it once it and its group
+        are gone, and kills them if they still run `stop_timeout_s` after the signal."""
         deadline = time.monotonic() + self.stop_timeout_s
         for name in names:
             process = self.processes.pop(name)
             self.readiness.pop(name, None)  # one stopped while starting is not waited for
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-            self.stopping[name] = (process, deadline)
+            _signal(process, signal.SIGTERM, self.ended)
+            self.stopping[name] = Stopping(process, deadline, exited=process.poll() is not None)
 
     def reap_stopped(self) -> None:
-        """One look at the children `terminate` signalled, never waiting: those that exited
-        are forgotten, those past their deadline killed."""
+        """One look at the children `terminate` signalled, never waiting: one past its deadline
+        is killed, group and all; one that exited is forgotten once its group is gone, what it
+        left there getting SIGTERM as its exit is seen. (Forgotten at its exit, a worker killed
+        or forced to exit left its vLLM engine-core process, gigabytes, running for good.)"""
         now = time.monotonic()
-        for name, (process, deadline) in list(self.stopping.items()):
+        for name, stopping in list(self.stopping.items()):
+            process = stopping.process
             if process.poll() is None:
-                if now < deadline:
+                if now < stopping.deadline:
                     continue
                 _kill_all([process])
+            elif not stopping.exited:
+                stopping.exited = True
+                _signal(process, signal.SIGTERM, self.ended)
+                continue
+            elif not _group_ended(process.pid, stopping.deadline):
+                continue
+            self.ended.add(process)
             del self.stopping[name]
 
     def stop(self) -> None:

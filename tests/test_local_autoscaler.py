@@ -7,6 +7,7 @@ max, an empty queue scales it back to zero after the cooldown, every job succeed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import re
@@ -473,6 +474,49 @@ def test_ctrl_c_drains_the_workers_stopped_before_too(tmp_path: Path) -> None:
     shutdown.join(timeout=60)
     assert not shutdown.is_alive() and not stack.stopping
     assert [process.returncode for process in processes] == [0, 0]
+
+
+# A worker with an engine process of its own (vLLM's engine core, in its process group): it
+# writes the engine's pid to argv[1], then sleeps until killed or stopped (SIGTERM's default).
+WITH_ENGINE = """
+import pathlib, subprocess, sys, time
+engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+pathlib.Path(sys.argv[1]).write_text(str(engine.pid))
+time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` ended (a zombie, its parent gone, waits for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("end", ["killed", "scaled down"])
+def test_a_worker_ended_takes_its_engine_process_with_it(tmp_path: Path, end: str) -> None:
+    """A worker killed (kill -9, the OOM killer) was counted out and forgotten, and one scaled
+    down forgotten at its exit: the engine-core process an LLM worker starts ran on (3.5 GB
+    each for smollm2), one more at every death. Now its process group follows it out."""
+    stack = Stack.create(tmp_path / "stack", NO_REDIS)
+    workers = PoolWorkers(stack)
+    engine_pid = tmp_path / "engine.pid"
+    process = stack.spawn("worker", [sys.executable, "-c", WITH_ENGINE, str(engine_pid)], {})
+    until(engine_pid.exists)
+    engine = int(engine_pid.read_text())
+    try:
+        if end == "killed":
+            process.kill()
+            process.wait()
+            assert not workers.alive("worker")
+        else:
+            workers.stop(["worker"])
+        until(lambda: _reaped(stack))
+        assert _gone(engine)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(engine, signal.SIGKILL)
 
 
 @pytest.mark.slow

@@ -147,19 +147,23 @@ class PoolWorkers:
         CONVEYOR_START_TIMEOUT_S is stopped and the error raised (left running, it was counted
         by no pool and outlived the autoscaler). One whose readiness Redis cannot tell now is
         kept while it runs, still starting: its deadline applies at the first look Redis
-        answers (stopped, an LLM worker lost minutes of loading to a one-second restart)."""
+        answers (stopped, an LLM worker lost minutes of loading to a one-second restart). One
+        that died is stopped as a scaled-down one is: what it left in its process group goes
+        too (counted out and forgotten, a killed LLM worker's engine-core process ran on)."""
         if name in self.ready_by:
             try:
                 with topology_read():
                     if self.stack.poll_ready(name, self.ready_by[name]):
                         del self.ready_by[name]
-            except OUT_OF_REACH:  # kept, and its deadline; one that died meanwhile counted out
-                if not self.stack.running(name):
-                    self.stop([name])
+            except OUT_OF_REACH:  # kept, and its deadline; one that died meanwhile stopped below
+                pass
             except BaseException:
                 self.stop([name])
                 raise
-        return self.stack.running(name)
+        running = self.stack.running(name)
+        if not running and name not in self.stack.stopping:
+            self.stop([name])
+        return running
 
     def stop(self, names: list[str]) -> None:
         """SIGTERM, not waited for: they drain while the pools are polled on, and the loop
