@@ -98,6 +98,10 @@ class Settings(BaseSettings):
     console_secret: str = ""
 
     webhook_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Host names of the operator's own receivers that may resolve to private addresses (an
+    # in-cluster Service): matched exactly, never by a `*.` rule, since any other name is the
+    # tenant's to point at the workers' network (workers/webhook_delivery.py).
+    webhook_internal_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     webhook_secret: str = ""
     webhook_retry_for_s: float = Field(default=3_600.0, ge=0)
     # At most 5 minutes: an attempt's claim lives the timeout and a minute more
@@ -167,12 +171,21 @@ class Settings(BaseSettings):
             raise ValueError(f"entry {bad[0]!r} is not http(s)://host[:port][/path-prefix]")
         return entries
 
-    @field_validator("models", "webhook_allowlist", mode="before")
+    @field_validator("models", "webhook_allowlist", "webhook_internal_hosts", mode="before")
     @classmethod
     def _split_lists(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("webhook_internal_hosts")
+    @classmethod
+    def _internal_hosts(cls, hosts: list[str]) -> list[str]:
+        """Bare host names, as a URL's host reads (lower case): a scheme, port or pattern would
+        match no receiver, and the receiver would be refused with nothing saying why."""
+        if bad := [host for host in hosts if not re.fullmatch(r"[A-Za-z0-9.-]+", host)]:
+            raise ValueError(f"entry {bad[0]!r} is not a bare host name (no scheme, port or *)")
+        return [host.lower() for host in hosts]
 
 
 @lru_cache(maxsize=1)

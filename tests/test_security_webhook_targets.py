@@ -62,6 +62,19 @@ def test_localhost_is_not_connected_to(receiver: Receiver) -> None:
     assert receiver.deliveries == []
 
 
+def test_a_host_the_operator_names_internal_may_resolve_to_a_private_address(
+    receiver: Receiver, settings_env: Callable[..., None]
+) -> None:
+    """An in-cluster receiver (a Service's name) is the operator's, named exactly in
+    CONVEYOR_WEBHOOK_INTERNAL_HOSTS: delivered, at the address checked, with its own Host."""
+    settings_env(CONVEYOR_WEBHOOK_INTERNAL_HOSTS="LocalHost, hooks.internal")
+    port = receiver.server_address[1]
+    outcome = _post(f"http://localhost:{port}/hooks", b"{}", EVENT)
+    assert outcome["status_code"] == 200, outcome
+    (delivery,) = receiver.deliveries
+    assert delivery["headers"]["Host"] == f"localhost:{port}"
+
+
 def test_a_name_that_rebinds_after_its_check_is_not_looked_up_again(
     receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -22,6 +22,7 @@ from shared.settings import Settings
         {"max_wait_s": 0},
         {"max_body_bytes": 0},
         {"max_upload_bytes": 0},
+        {"webhook_internal_hosts": "http://hooks:8080"},  # a host name, matched exactly
         {"metrics_port": 65_536},
         {"block_ms": 0},  # BLOCK 0 waits forever: a worker would never notice a stop
         {"shutdown_grace_s": -1},

@@ -284,9 +284,9 @@ def _carried(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
 async def _pinned(url: httpx.URL) -> tuple[httpx.URL, dict[str, str], dict[str, Any]]:
     """The URL to connect to for `url`, with the Host header and TLS server name of `url`: an
     address written in the URL as it is (the allow-list named it literally), a name looked up
-    once and its first address taken if every address it has is public (PrivateAddress if
-    not). The connection goes to the address checked: the HTTP client's own lookup of the name
-    could answer otherwise (DNS rebinding)."""
+    once and its first address taken if every address it has is public or the operator named
+    it internal (PrivateAddress if not). The connection goes to the address checked: the HTTP
+    client's own lookup of the name could answer otherwise (DNS rebinding)."""
     host = url.raw_host.decode("ascii")
     try:
         ipaddress.ip_address(host)
@@ -300,8 +300,10 @@ async def _pinned(url: httpx.URL) -> tuple[httpx.URL, dict[str, str], dict[str, 
     except OSError as exc:  # no such name: a network error, as the HTTP client's lookup said
         raise httpx.ConnectError(str(exc)) from exc
     addresses = [ipaddress.ip_address(str(info[4][0]).partition("%")[0]) for info in found]
-    if refused := next((a for a in addresses if not _public(a)), None):
-        raise PrivateAddress(f"{host} resolves to {refused}, not a public address")
+    refused = next((a for a in addresses if not _public(a)), None)
+    if refused is not None and host not in get_settings().webhook_internal_hosts:
+        message = f"{host} resolves to {refused}, not a public address"
+        raise PrivateAddress(f"{message} (nor in CONVEYOR_WEBHOOK_INTERNAL_HOSTS)")
     extensions: dict[str, Any] = {"sni_hostname": host} if url.scheme == "https" else {}
     return url.copy_with(host=str(addresses[0])), {"Host": url.netloc.decode("ascii")}, extensions
 
