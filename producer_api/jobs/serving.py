@@ -289,11 +289,17 @@ class JobsService:
         return Submitted(entry.job_id, variant, standing=standing.public())
 
     async def submit_and_wait(
-        self, model: str, body: PredictRequest, timeout: float
+        self,
+        model: str,
+        body: PredictRequest,
+        timeout: float,
+        idempotency_key: str | None = None,
     ) -> tuple[str, str, dict[str, Any] | None]:
         """Enqueue with the waiter registered first, so a fast worker cannot beat us to it.
         The view is the ended job's, or, once `timeout` runs out, the job as it stands then
         (queued, with its standing, or running); None when Redis cannot say."""
+        if idempotency_key is not None:
+            return await self._keyed_and_waited(model, body, timeout, idempotency_key)
         entry, config, variant = self.build(model, body)
         future = await self.state.replies.register(entry.job_id)
         try:
@@ -302,6 +308,16 @@ class JobsService:
         finally:
             self.state.replies.unregister(entry.job_id, future)
         return entry.job_id, variant, view or await self._as_it_stands(entry.job_id)
+
+    async def _keyed_and_waited(
+        self, model: str, body: PredictRequest, timeout: float, key: str
+    ) -> tuple[str, str, dict[str, Any]]:
+        """A keyed submit that waits: the key is claimed before the job exists, so the job (a
+        repeat's: its first try's, waited on as the first try was) is waited on once submitted;
+        `get` registers its waiter before it reads the job, so a fast end is not missed."""
+        submitted = await self.submit(model, body, key)
+        view = await self.get(submitted.job_id, timeout)
+        return submitted.job_id, str(view.get("variant") or submitted.variant), view
 
     async def owned(self, job_id: str) -> JobRecord:
         """The caller's job, or 404 when it is unknown or another tenant's (ids do not leak).
