@@ -2,7 +2,8 @@
 what the lane has no room for is held with the batch and fed in as room frees, never past the
 lane's `queue.max_length` (it was a 413 "split the batch", or a 429 while other work was
 queued). A producer run in-process on a real Valkey, with a model whose lane holds 2 entries;
-no worker reads it: the test ends jobs as a worker would, then sweeps, as any producer does."""
+no worker reads it: the test ends jobs as a worker would, then sweeps, as any producer does.
+Once end to end too, through a real stack and worker."""
 
 from __future__ import annotations
 
@@ -25,13 +26,15 @@ from shared.codec import as_text
 from shared.job_store import now_ms
 from shared.keys import Keys
 from shared.settings import Settings
+from tests import test_batches
 from tests.app_client import app_client
-from tests.conftest import until_async
+from tests.conftest import running_stack, until_async
 
 KEYS = Keys("batch-held:")
 LANE = KEYS.bulk_queue("tight", "default")
 LIMIT = 2
 LINES = 5
+LINES_END_TO_END = 12  # three lanes' worth: fed over a few sweeps
 
 
 Producer = tuple[httpx.AsyncClient, ProducerState]
@@ -200,3 +203,30 @@ async def test_two_batches_held_on_one_lane_share_its_room(
     await sweeper.BatchApiSweeper(state.batch_store, state.batch_progress).sweep()
     fed = [as_text(entry[b"batch"]) for _, entry in await aredis.xrange(LANE)]
     assert sorted(fed) == sorted([first, second])
+
+
+def test_a_held_batch_runs_through_a_real_worker_in_line_order(tmp_path: Path) -> None:
+    """End to end on a real stack: a 12-line batch on a lane of 4 entries, served by a real
+    identity worker while the producer's sweeper feeds the rest in; every line answered, in
+    order."""
+    root = tmp_path / "models" / "tight"
+    root.mkdir(parents=True)
+    (root / "config.yaml").write_text(
+        "kind: batch\nbackend: identity\ninput_schema: {type: object}\nmax_batch_size: 2\n"
+        "queue: {max_length: 4}\n"
+    )
+    numbers = range(LINES_END_TO_END)
+    lines = "".join(
+        json.dumps({"custom_id": f"c{n}", "body": {"inputs": {"n": n}}}) + "\n" for n in numbers
+    )
+    with running_stack(
+        tmp_path / "stack", CONVEYOR_MODEL_REPOSITORY=str(root.parent), CONVEYOR_AUTH="disabled"
+    ) as stack:
+        stack.start_worker("tight")
+        created = test_batches._create(stack.base_url, lines, model="tight")
+        assert created["request_counts"]["total"] == LINES_END_TO_END
+        batch = test_batches._wait_ended(stack.base_url, created["id"], timeout=120)
+        assert batch["status"] == "completed", batch
+        output = test_batches._jsonl(stack.base_url, created["id"], "output")
+    assert [row["custom_id"] for row in output] == [f"c{n}" for n in numbers]
+    assert [row["outputs"] for row in output] == [{"n": n} for n in numbers]
