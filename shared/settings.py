@@ -123,6 +123,10 @@ class Settings(BaseSettings):
     # share and Celery's own exit get before a worker's exit is forced, and before `conveyor up`
     # and `conveyor autoscale` kill a worker they stopped.
     forced_exit_margin_s: float = Field(default=20.0, gt=0)
+    # A worker whose resident memory (its engines' processes included) passes this many MiB is
+    # recycled as Celery's worker_max_memory_per_child does: drained, then exits 75 to be
+    # restarted (workers/runtime/memory_ceiling.py). 0: no ceiling.
+    worker_max_memory_mb: int = Field(default=0, ge=0)
     # `conveyor up`: how long a child may take to be ready (a large LLM's load takes minutes).
     start_timeout_s: float = Field(default=300.0, gt=0)
 

@@ -1,8 +1,9 @@
 """A real engine for fault tests (loaded as the custom backend `tests.fault_engine:FaultEngine`):
 returns its inputs, but an item can make the batch raise, make the process die mid-batch, call
 `sys.exit` (as a library may), get an output JSON cannot hold, poison the engine for good (as a
-CUDA error does, while the file an item names in `while` exists), or the batch can take time,
-so the tests inject faults through ordinary job inputs."""
+CUDA error does, while the file an item names in `while` exists), keep `hold_mb` MiB for good
+(as a leaking library does), or the batch can take time, so the tests inject faults through
+ordinary job inputs."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class FaultEngine(BatchEngine):
         self.fail_percent = float(self.parameters.get("fail_percent", 0))
         self._dead = False
         self._running = threading.Lock()
+        self._held: list[bytes] = []  # what items' `hold_mb` leaked, every page touched
 
     def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         with self._running:
@@ -68,6 +70,7 @@ class FaultEngine(BatchEngine):
             raise ValueError(f"poison item {tags}")
         if unlucky := [item for item in inputs if self._fails(item)]:
             raise RuntimeError(f"injected failure on {len(unlucky)} items")
+        self._held.extend(b"\x01" * (int(item.get("hold_mb", 0)) << 20) for item in inputs)
         time.sleep(max((item.get("sleep_ms", 0) for item in inputs), default=0) / 1000)
         return [
             ODD_OUTPUTS.get(item.get("output"), {**item, "pid": os.getpid()}) for item in inputs

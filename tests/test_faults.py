@@ -31,6 +31,7 @@ from tests.conftest import REPO_ROOT, running_stack, until
 from tests.fault_engine import FIXED_ENV
 from tests.webhook_receiver import Receiver, serving
 from workers.runtime.broker_outage_log import CONNECTION_LOGGER, CONSUMER_LOGGER
+from workers.runtime.memory_ceiling import RECYCLED
 
 KEYS = Keys("cv:")
 
@@ -330,6 +331,30 @@ def test_a_worker_whose_consumer_dies_exits_to_be_restarted(
     assert code == os.EX_SOFTWARE
     log = "\n".join(fault_stack.log_tail("exiter", 200))
     assert "the consumer stopped on an unexpected error; the worker exits" in log
+
+
+def test_a_worker_past_its_memory_ceiling_drains_and_exits_to_be_restarted(
+    fault_stack: Stack, r: redis.Redis
+) -> None:
+    """A worker whose engine leaks (a library's cache) grew until the OOM killer's SIGKILL cut
+    its batch off. With CONVEYOR_WORKER_MAX_MEMORY_MB it is recycled as Celery's
+    worker_max_memory_per_child does: passed mid-batch (the job leaks, then takes a while), the
+    ceiling lets the batch finish and be written back, then the worker stops reading and exits
+    75, for `conveyor up` or Kubernetes to start another, its log saying why."""
+    pid = fault_stack.start_worker("faulty", name="leaky", CONVEYOR_WORKER_MAX_MEMORY_MB="300")
+    body = _faulty({"hold_mb": 400, "sleep_ms": 1500})  # an idle worker holds ~100 MiB
+    answer = httpx.post(f"{fault_stack.base_url}/v1/jobs", json=body)
+    assert answer.status_code == 202
+    try:
+        code = psutil.Process(pid).wait(timeout=60)
+    finally:
+        fault_stack.stop_process("leaky")
+    assert code == RECYCLED
+    [job] = _jobs(r, [answer.json()["id"]])
+    assert (job["status"], job["writes"]) == ("succeeded", "1")
+    assert not r.xpending_range(STREAM, "workers", "-", "+", 10, fault_stack.consumer_name(pid))
+    log = "\n".join(fault_stack.log_tail("leaky", 200))
+    assert "passed CONVEYOR_WORKER_MAX_MEMORY_MB=300" in log
 
 
 def test_an_output_json_cannot_hold_fails_alone(fault_stack: Stack, r: redis.Redis) -> None:

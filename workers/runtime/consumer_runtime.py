@@ -36,6 +36,7 @@ from workers.partition.reclaim_turn import ReclaimTurn
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import StreamReader
 from workers.partition.token_writer import TokenWriter
+from workers.runtime.memory_ceiling import MemoryCeiling
 
 log = logging.getLogger(__name__)
 # Of the shutdown grace, what a generate engine's own shutdown needs after the drain.
@@ -81,11 +82,19 @@ async def run_together(loops: Sequence[PartitionLoop]) -> None:
 
 
 class ConsumerRuntime:
-    def __init__(self, settings: Settings, on_crash: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        on_crash: Callable[[], None] = lambda: None,
+        on_recycle: Callable[[], None] = lambda: None,
+    ) -> None:
         self.settings = settings
         # Called when serving ends on an error no loop handled: a worker whose consumer is gone
         # must exit (and be restarted), not idle on as a live process that reads nothing.
         self._on_crash = on_crash
+        # Called when its memory passed CONVEYOR_WORKER_MAX_MEMORY_MB (`MemoryCeiling`): the
+        # worker is to exit once drained, and be restarted.
+        self._on_recycle = on_recycle
         self.keys = Keys(settings.key_prefix)
         self.repository = ModelRepository.load(settings.model_repository, settings.result_ttl_s)
         if not settings.models:  # a forgotten variable would leave a worker that serves nothing
@@ -105,7 +114,7 @@ class ConsumerRuntime:
         )
         self._ready: Future[None] = Future()
         self._serving: asyncio.Task[None] | None = None
-        self._loops: list[MicroBatchLoop | GenerateLoop] = []
+        self._loops: list[PartitionLoop] = []  # every partition's, and a MemoryCeiling
         self._engines: list[BatchEngine | GenerateEngine] = []
         self._reclaim_turn = ReclaimTurn()  # every partition's: one reclaimed entry at a time
 
@@ -159,6 +168,12 @@ class ConsumerRuntime:
         for partition_loop in self._loops:
             partition_loop.stopping.set()
 
+    def _recycle(self) -> None:
+        """Past the memory ceiling: the loops stop reading now, finishing the work in hand
+        (the stop a SIGTERM makes), and the worker is asked to exit once they have."""
+        self._on_recycle()
+        self._stop_serving()
+
     def _run_thread(self) -> None:
         asyncio.set_event_loop(self.loop)
         self._serving = self.loop.create_task(self._serve())
@@ -188,6 +203,8 @@ class ConsumerRuntime:
             for config, variant in self.partitions:
                 partition = Partition.of(self.keys, config, variant)
                 self._loops.append(await self._build_loop(client, writer, events, partition))
+            if max_mib := self.settings.worker_max_memory_mb:
+                self._loops.append(MemoryCeiling(max_mib, self._recycle))
             settle_heap(self.settings)
             self._ready.set_result(None)
             served = [f"{c.name}:{v}" for c, v in self.partitions]

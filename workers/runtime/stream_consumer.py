@@ -15,6 +15,7 @@ from celery.worker import state as celery_state
 from shared.settings import get_settings
 from workers.runtime.consumer_runtime import ConsumerRuntime
 from workers.runtime.heartbeat import WorkerHeartbeat
+from workers.runtime.memory_ceiling import RECYCLED
 from workers.runtime.metrics_server import MetricsServer
 
 
@@ -27,7 +28,9 @@ class StreamConsumer(bootsteps.StartStopStep):
         self.runtime: ConsumerRuntime | None = None
 
     def start(self, worker: Any) -> None:
-        self.runtime = ConsumerRuntime(get_settings(), on_crash=_exit_worker)
+        self.runtime = ConsumerRuntime(
+            get_settings(), on_crash=_exit_worker, on_recycle=_recycle_worker
+        )
         try:  # SIGTERM while the engines load raises WorkerShutdown here, as Celery's loop does
             self.runtime.start(celery_state.maybe_shutdown)
         except BaseException:
@@ -52,6 +55,14 @@ def _exit_worker() -> None:
     celery_state.should_stop = os.EX_SOFTWARE
     settings = get_settings()
     _force_exit(settings.shutdown_grace_s + settings.forced_exit_margin_s)
+
+
+def _recycle_worker() -> None:
+    """Ask Celery's main loop for a warm shutdown that exits with RECYCLED (its memory passed
+    CONVEYOR_WORKER_MAX_MEMORY_MB): the stop runs as a SIGTERM's does, forced past the grace
+    as ever. A stop asked for already (a SIGTERM, a crash) keeps its own status."""
+    if celery_state.should_stop is None:
+        celery_state.should_stop = RECYCLED
 
 
 def _force_exit(delay_s: float) -> None:

@@ -1,0 +1,83 @@
+"""CONVEYOR_WORKER_MAX_MEMORY_MB: a worker whose resident memory passes it is recycled, as Celery
+recycles a pool process past `worker_max_memory_per_child`: it finishes the work in hand and
+writes it back, stops reading, closes its engines and exits with `RECYCLED`, for its supervisor
+(`conveyor up`, `conveyor autoscale`, Kubernetes) to start a fresh one. A slow leak (a library's
+cache, a fragmented heap) otherwise ends in the OOM killer's SIGKILL, mid-batch: the batch's
+jobs wait out their visibility timeout, each kill counted as one of their deliveries."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# A planned exit, told apart from a crash's EX_SOFTWARE (70) in the supervisor's log.
+RECYCLED = os.EX_TEMPFAIL  # 75
+CHECK_EVERY_S = 1.0
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+_MIB = 1 << 20
+
+
+def resident_mib(pid: int) -> float:
+    """The resident memory of process `pid` and its descendants, in MiB: an LLM worker's vLLM
+    engine core holds most of its memory. Read from /proc (a few small files, cheap once a
+    second); a process that ended meanwhile counts nothing."""
+    return sum(_resident_pages(member) for member in _family(pid)) * _PAGE_BYTES / _MIB
+
+
+def _family(pid: int) -> list[int]:
+    """`pid` and its descendants, breadth first."""
+    family = [pid]
+    for member in family:  # grows as it goes
+        family.extend(_children(member))
+    return family
+
+
+def _children(pid: int) -> list[int]:
+    """The children of process `pid`: each is listed under the thread that started it."""
+    children: list[int] = []
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                children.extend(int(child) for child in (task / "children").read_text().split())
+    return children
+
+
+def _resident_pages(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+
+
+class MemoryCeiling:
+    """Runs beside the partition loops (`run_together`), stopped with them: once the worker's
+    resident memory passes `max_mib`, it says why and calls `recycle` (which stops them as a
+    SIGTERM does, never mid-batch), then returns."""
+
+    def __init__(self, max_mib: int, recycle: Callable[[], None]) -> None:
+        self.max_mib = max_mib
+        self._recycle = recycle
+        self.stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        while not self.stopping.is_set():
+            used = resident_mib(os.getpid())
+            if used > self.max_mib:
+                log.warning(
+                    "resident memory %.0f MiB (its engines' processes included) passed "
+                    "CONVEYOR_WORKER_MAX_MEMORY_MB=%d: the worker finishes the work in hand, "
+                    "then exits (status %d) to be restarted",
+                    used,
+                    self.max_mib,
+                    RECYCLED,
+                )
+                self._recycle()
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), CHECK_EVERY_S)
