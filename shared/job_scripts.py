@@ -11,6 +11,7 @@ from shared.keys import (
     DRAINED_SUFFIX,
     FAIR_RING_SUFFIX,
     FAIR_SUFFIX,
+    GROUP,
     HELD_SUFFIX,
     LUA_JOB_KEY,
     RECENT_KEPT,
@@ -20,6 +21,7 @@ from shared.keys import (
     REFUSED_TTL_S,
     UNCOUNTED_SUFFIX,
     WEBHOOKS_OWED_SUFFIX,
+    WITHDRAWN_SUFFIX,
 )
 
 # Held entries of ended jobs one refill drops at most (~3 us each): a fair lane's lists of
@@ -132,6 +134,7 @@ local REFUSED, REFUSED_TTL = '{REFUSED_SUFFIX}', {REFUSED_TTL_S}
 local MAX_DROPS = {REFILL_MAX_DROPS}
 local UNCOUNTED = '{UNCOUNTED_SUFFIX}'
 local DRAINED = '{DRAINED_SUFFIX}'
+local WITHDRAWN = '{WITHDRAWN_SUFFIX}'
 local UNCOUNTED_MARK = 'uncounted'  -- the job hash's mark, before the set (rolling upgrades)
 """
     + """
@@ -243,9 +246,9 @@ local function refill(stream, group, job_prefix, upto)
         if uncounted == 1 or job[2] == UNCOUNTED_MARK then left = left + 1 end
         drops, dropped = drops + 1, entry
       else
-        redis.call('XADD', stream, '*', MOVED, '1', unpack(entry))
+        local eid = redis.call('XADD', stream, '*', MOVED, '1', unpack(entry))
         moved = moved + 1
-        redis.call('HSET', jk, 'seq', added + moved)
+        redis.call('HSET', jk, 'seq', added + moved, 'entry', eid)
         redis.call('HDEL', jk, 'held')
         room = room - 1
         credit = credit - 1
@@ -495,17 +498,18 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   end
   if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
   -- ARGV's pairs go to HSET and XADD as they are: copying them into tables took a fifth of
-  -- a lone job's script time
-  local mark, value = 'held', 1
-  if not hold then mark, value = 'seq', next_seq(left) end
-  redis.call('HSET', jk, mark, value, unpack(ARGV, first, entry - 1))
+  -- a lone job's script time. The hash keeps its entry's id (`entry`), which a cancel deletes
+  -- while no consumer has been handed it (TRANSITION): no command more than before.
+  local mark, value, eid = 'held', 1, nil
+  if not hold then
+    mark, value = 'seq', next_seq(left)
+    eid = redis.call('XADD', stream, '*', unpack(ARGV, entry, last))
+    length = length + 1
+  end
+  redis.call('HSET', jk, mark, value, 'entry', eid or '', unpack(ARGV, first, entry - 1))
   redis.call('EXPIRE', jk, ttl)
   wrote = true
-  if not hold then
-    redis.call('XADD', stream, '*', unpack(ARGV, entry, last))
-    length = length + 1
-    return {1, ahead, value}
-  end
+  if not hold then return {1, ahead, value} end
   if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(fields)) == 1 then
     redis.call('RPUSH', stream .. FAIR_RING, tenant)
   end
@@ -739,13 +743,41 @@ return {written, taken_ids}
 # count then (admission counts it against max_length), not when refill later drops its entry.
 # A terminal move that writes `ended_by` (JobStore.transition's: the API's cancel, which then
 # hands the job's event over) of a job with a webhook puts it on its lane's owed set, scored by
-# its `finished`; settle_many's (a batch's items, whose ends no job event reports) does not.
+# its `finished`; settle_many's (a batch's items, whose ends no job event reports) does not. A
+# queued job's end withdraws its stream entry unless a consumer holds it (`withdraw`).
 TRANSITION = (
     _PRELUDE
     + _OWE
+    + f"""
+local GROUP = '{GROUP}'
+"""
     + """
+-- A queued job's entry that no consumer has been handed leaves its lane as the job ends: kept,
+-- it went on counting toward max_length, other jobs' positions and KEDA's stream length until a
+-- worker read it only to skip it, which a pool scaled to zero never did. One in the group's PEL
+-- (read, not yet marked running) stays: its worker acknowledges it, as before. Its number joins
+-- the lane's WITHDRAWN set, from which POSITION counts it back for the jobs ahead of it (`added`
+-- still counts it); numbers below the oldest undelivered entry's correct no position and go (a
+-- bound of that entry's number: every number from it on is undelivered or withdrawn), all of
+-- them once nothing waits. While a migration has a key elsewhere, the entry stays. True if the
+-- entry was withdrawn: the job's hash says so (`withdrawn`), for whoever counts its end, which
+-- no worker will read.
+local function withdraw(stream, eid, seq, ttl)
+  local ok, pel = pcall(redis.call, 'XPENDING', stream, GROUP, eid, eid, 1)
+  if ok and #pel > 0 then return false end
+  if here('XDEL', stream, eid) ~= 1 then return false end
+  local withdrawn, waiting = stream .. WITHDRAWN, undelivered(stream, GROUP)
+  if waiting <= 0 then here('DEL', withdrawn); return true end
+  local added = tonumber((here('GET', stream .. ADDED))) or 0
+  if not select(2, here('ZADD', withdrawn, seq, seq)) then return true end
+  local below = added + 1 - waiting - redis.call('ZCARD', withdrawn)
+  redis.call('ZREMRANGEBYSCORE', withdrawn, '-inf', '(' .. below)
+  redis.call('EXPIRE', withdrawn, ttl)
+  return true
+end
+
 local job = redis.call('HMGET', KEYS[1], 'status', 'worker', 'started', 'attempt_history',
-                      'stream', 'held', 'webhook')
+                      'stream', 'held', 'webhook', 'seq', 'entry')
 local cur = job[1]
 if not can(cur, ARGV[1]) then return {0, cur or false} end
 local args = {'status', ARGV[1]}
@@ -760,6 +792,11 @@ if not ALLOWED[ARGV[1]] and job[6] == '1' and job[5] then
   redis.call('HINCRBY', job[5] .. FAIR, 'held', -1)
   table.insert(args, 'held')  -- the mark workers before the set read (a rolling upgrade)
   table.insert(args, UNCOUNTED_MARK)
+end
+if cur == 'queued' and not ALLOWED[ARGV[1]] and job[5] and job[8] and (job[9] or '') ~= ''
+   and withdraw(job[5], job[9], job[8], ARGV[4]) then
+  table.insert(args, 'withdrawn')
+  table.insert(args, '1')
 end
 if cur == 'running' and not ALLOWED[ARGV[1]] then
   local run = attempt(job[2], job[3], field(args, 'finished'), ARGV[1], field(args, 'error'))
@@ -782,7 +819,8 @@ return {1, cur}
 # KEYS[1]=stream, KEYS[2]=its added counter; ARGV: group, the job's seq ('' for a job a fair
 # lane holds), its tenant. Read-only: how many entries are still undelivered ahead of the job
 # numbered seq (undelivered = XLEN - pending; those added after it are undelivered too while it
-# is), three O(1) commands in one round trip. A held job: the undelivered entries plus the held
+# is, but for those a cancel withdrew: the lane's WITHDRAWN set), four commands in one round
+# trip, O(log withdrawn) at most. A held job: the undelivered entries plus the held
 # ones deficit round robin serves first, counting it as its tenant's last held job (its place
 # in the list is not kept): a bound, O(tenants holding jobs).
 POSITION = (
@@ -797,7 +835,8 @@ if ARGV[2] == '' then
   return math.max(0, waiting) + held_ahead(KEYS[1], tenant, weight, held, own)
 end
 local added = tonumber(redis.call('GET', KEYS[2]) or 0)
-return math.max(0, waiting - (added - tonumber(ARGV[2])) - 1)
+local gone = redis.call('ZCOUNT', KEYS[1] .. WITHDRAWN, '(' .. ARGV[2], '+inf')
+return math.max(0, waiting - (added - tonumber(ARGV[2]) - gone) - 1)
 """
 )
 

@@ -39,6 +39,10 @@ HELD_SUFFIX = ":held:"
 # and refill, dropping their entries later, must not count them off again. Kept with the lane,
 # not in the job's hash, which may have expired by then.
 UNCOUNTED_SUFFIX = ":fair:uncounted"
+# The numbers (`seq`) of entries a cancel withdrew from a lane before any consumer was handed
+# them (a sorted set, each scored by itself): POSITION counts those behind a job back, which the
+# lane's `added` counter still counts; TRANSITION trims the ones no queued job stands ahead of.
+WITHDRAWN_SUFFIX = ":withdrawn"
 # Left on the key of an ENQUEUE call's first job when the call refused it and wrote a later job:
 # how a rerun of the call (its reply lost) is told from a first run, with one EXISTS per call.
 # It outlives any retry of the call (a few backoffs through a failover).

@@ -1,5 +1,6 @@
 """Where a queued job stands, read in O(1) whatever the queue's length: its position in its lane
-(the POSITION script: XPENDING summary, XLEN, GET of the lane's added counter, one round trip),
+(the POSITION script: XPENDING summary, XLEN, GET of the lane's added counter, ZCOUNT of the
+entries a cancel withdrew, one round trip),
 and what a partition drains and with how many workers (per-second drained counters and worker
 heartbeats), from which the producer estimates when the job will start (docs/architecture.md,
 "Queue position and ETA")."""
