@@ -736,7 +736,8 @@ return {written, taken_ids}
 )
 
 # KEYS[1]=job key; ARGV: target status, reply channel, message, ttl_s, job id, field, value, ...
-# Returns {ok(0|1), status before}. A terminal target puts the job on its lane's recent list
+# Returns {0, status before}, or {1, status before, withdrawn (0|1: see `withdraw`), model,
+# variant}. A terminal target puts the job on its lane's recent list
 # (the caller frees its in-flight slot, in the API key's slot), and ends the attempt of the
 # worker running the job (its `worker` since its `started`) on the job's attempt history, as
 # `cancelled`, `expired` or `failed`; a job a fair lane holds back leaves the lane's `held`
@@ -760,8 +761,7 @@ local GROUP = '{GROUP}'
 -- still counts it); numbers below the oldest undelivered entry's correct no position and go (a
 -- bound of that entry's number: every number from it on is undelivered or withdrawn), all of
 -- them once nothing waits. While a migration has a key elsewhere, the entry stays. True if the
--- entry was withdrawn: the job's hash says so (`withdrawn`), for whoever counts its end, which
--- no worker will read.
+-- entry was withdrawn.
 local function withdraw(stream, eid, seq, ttl)
   local ok, pel = pcall(redis.call, 'XPENDING', stream, GROUP, eid, eid, 1)
   if ok and #pel > 0 then return false end
@@ -777,7 +777,7 @@ local function withdraw(stream, eid, seq, ttl)
 end
 
 local job = redis.call('HMGET', KEYS[1], 'status', 'worker', 'started', 'attempt_history',
-                      'stream', 'held', 'webhook', 'seq', 'entry')
+                      'stream', 'held', 'webhook', 'seq', 'entry', 'model', 'variant')
 local cur = job[1]
 if not can(cur, ARGV[1]) then return {0, cur or false} end
 local args = {'status', ARGV[1]}
@@ -793,10 +793,10 @@ if not ALLOWED[ARGV[1]] and job[6] == '1' and job[5] then
   table.insert(args, 'held')  -- the mark workers before the set read (a rolling upgrade)
   table.insert(args, UNCOUNTED_MARK)
 end
+local withdrawn = 0
 if cur == 'queued' and not ALLOWED[ARGV[1]] and job[5] and job[8] and (job[9] or '') ~= ''
    and withdraw(job[5], job[9], job[8], ARGV[4]) then
-  table.insert(args, 'withdrawn')
-  table.insert(args, '1')
+  withdrawn = 1
 end
 if cur == 'running' and not ALLOWED[ARGV[1]] then
   local run = attempt(job[2], job[3], field(args, 'finished'), ARGV[1], field(args, 'error'))
@@ -812,7 +812,7 @@ if not ALLOWED[ARGV[1]] and job[5] then
     owe(job[5], {ARGV[5]}, field(args, 'finished'), ARGV[4])
   end
 end
-return {1, cur}
+return {1, cur, withdrawn, job[10] or '', job[11] or ''}
 """
 )
 

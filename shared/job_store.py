@@ -18,6 +18,7 @@ from shared import job_scripts
 from shared.codec import RequestEntry, as_text, as_written, dumps, loads
 from shared.job_states import IllegalTransition, JobStatus
 from shared.keys import GROUP, Keys
+from shared.metrics import JOBS_FINISHED
 from shared.rate_limit import queue_slot_frees
 from shared.redis_client import (
     MergedCall,
@@ -352,7 +353,8 @@ class JobStore:
             return await queue_replica_wait(self.redis, pipe, [self.keys.job(job_id)])
 
         waits, replies = await run_pipeline(self.redis, fill, [self._transition])
-        ok, before = replies[0]
+        ok, before, *_ = replies[0]
+        _count_withdrawn(target, replies[:1])
         updated = await self.get(job_id)
         if not ok and not _made_by(updated, target, extra):
             current = as_text(before) if before else None
@@ -389,7 +391,17 @@ class JobStore:
             for job_id in job_ids
         ]
         replies = await run_script(self.redis, self._transition, calls)
-        return sum(1 for ok, _ in replies if ok)
+        _count_withdrawn(target, replies)
+        return sum(1 for ok, *_ in replies if ok)
+
+
+def _count_withdrawn(target: JobStatus, replies: Sequence[Sequence[Any]]) -> None:
+    """Count the ends of the jobs whose entries TRANSITION withdrew: no worker reads them, and a
+    worker counted a job the API ended while queued when it read the entry."""
+    for ok, _before, *withdrawn in replies:
+        if ok and withdrawn and withdrawn[0] == 1:
+            model, variant = as_text(withdrawn[1]), as_text(withdrawn[2])
+            JOBS_FINISHED.labels(model, variant, target.value).inc()
 
 
 def _made_by(record: JobRecord | None, target: JobStatus, written: Mapping[str, str | int]) -> bool:

@@ -28,7 +28,7 @@ from shared.codec import RequestEntry
 from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, stamp_ms
 from shared.keys import new_job_id
-from shared.metrics import JOBS_FINISHED, JOBS_REJECTED, JOBS_SUBMITTED
+from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.model_repository import GENERATE_BACKENDS, ModelConfig
 from shared.redis_client import OUT_OF_REACH
 from shared.routing import UnknownVariant
@@ -360,9 +360,6 @@ class JobsService:
             raise ConveyorError(
                 409, "conflict", f"job {job_id} is already {exc.current}; cannot cancel"
             ) from None
-        if record.fields.get("withdrawn"):  # its entry left the lane: no worker counts its end
-            model, variant = record.fields.get("model", ""), record.fields.get("variant", "")
-            JOBS_FINISHED.labels(model, variant, JobStatus.CANCELLED.value).inc()
         view = record.view()
         url = record.fields.get("webhook")
         body = job_event(view, record.fields.get("tenant", "default"))
