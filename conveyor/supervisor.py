@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from conveyor.restart_backoff import STABLE_AFTER_S, RestartBackoff
 from conveyor.stack import Stack
+from workers.runtime.memory_ceiling import RECYCLED
 
 CRASH_LOOP_EXITS = 5
 TAIL_LINES = 20
@@ -77,4 +78,11 @@ class Supervisor:
             )
             return
         child.restart_at = now + delay
-        self.say(f"{name}: exited with {code}; restarting in {delay:.1f}s")
+        self.say(f"{name}: exited with {code}{_why(code)}; restarting in {delay:.1f}s")
+
+
+def _why(code: int) -> str:
+    """What an exit status a worker gives on purpose means, for the line that reports it."""
+    return (
+        " (recycled: its memory passed CONVEYOR_WORKER_MAX_MEMORY_MB)" if code == RECYCLED else ""
+    )

@@ -32,6 +32,7 @@ from conveyor.supervisor import CRASH_LOOP_EXITS, STABLE_AFTER_S, Supervisor
 from shared.keys import GROUP, Keys
 from tests.conftest import REPO_ROOT, until
 from tests.up_process import conveyor_up
+from workers.runtime.memory_ceiling import RECYCLED
 
 KEYS = Keys("cv:")
 
@@ -160,6 +161,21 @@ def test_crash_loop_marks_the_child_failed_and_the_others_keep_running(tmp_path:
         # its last log lines: each of its runs printed why it stopped
         assert said[-1].count("| cannot start: model file missing") == CRASH_LOOP_EXITS
         assert survivor.poll() is None and supervisor.failed == ["crasher"]
+    finally:
+        stack.stop()
+
+
+def test_a_worker_recycled_for_memory_is_restarted_saying_why(tmp_path: Path) -> None:
+    """A worker past CONVEYOR_WORKER_MAX_MEMORY_MB exits 75 on purpose: `conveyor up` restarts
+    it as any exit, and names the reason rather than a bare status."""
+    stack = Stack.create(tmp_path, redis_url=NO_REDIS)
+    stack.spawn("worker", [sys.executable, "-c", f"import sys; sys.exit({RECYCLED})"], {})
+    said: list[str] = []
+    supervisor = Supervisor(stack, said.append)
+    try:
+        until(lambda: supervisor.check() or said)
+        why = "(recycled: its memory passed CONVEYOR_WORKER_MAX_MEMORY_MB); restarting in"
+        assert said[0].startswith(f"worker: exited with {RECYCLED} {why}"), said
     finally:
         stack.stop()
 
