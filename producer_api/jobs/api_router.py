@@ -30,7 +30,8 @@ IDEMPOTENCY_KEY = Header(
     pattern=f"^{KEY_CHARS}+$",
 )
 _KEY = re.compile(f"{KEY_CHARS}{{1,{KEY_MAX}}}")
-# The header as OpenAPI shows `IDEMPOTENCY_KEY`, for a route that reads it itself.
+# The header as OpenAPI shows `IDEMPOTENCY_KEY`, for the routes that read it themselves (the
+# submits: `_idempotency_key`).
 _KEY_PARAMETER = {
     "name": "Idempotency-Key",
     "in": "header",
@@ -139,17 +140,15 @@ def _waited(
     status_code=202,
     response_model=JobAccepted,
     responses={200: {"model": JobView, "description": "Finished within `wait`"}, **_ERRORS},
+    openapi_extra={"parameters": [_KEY_PARAMETER]},
 )
 async def submit_job(
-    body: JobRequest,
-    request: Request,
-    service: SubmitService,
-    wait: float = WAIT,
-    idempotency_key: str | None = IDEMPOTENCY_KEY,
+    body: JobRequest, request: Request, service: SubmitService, wait: float = WAIT
 ) -> FastJSONResponse:
     """Enqueue a job; with `wait`, answer 200 with the finished job if it ends in time. A
     repeated `Idempotency-Key` with the same body answers with the original job: 200, or,
     with `wait`, as the first request did (202 while it has not ended)."""
+    idempotency_key = _idempotency_key(request)
     if wait > 0:
         job_id, variant, view = await service.submit_and_wait(
             body.model, body, wait, idempotency_key
