@@ -262,10 +262,9 @@ def predict(
     """Submit and wait: the finished job, or the APIError a job that failed (422), was
     cancelled (409) or expired (504) is answered with at `/predict`; WaitTimeout (with the job)
     once `timeout` runs out, as `wait`'s; `timeout=0` too, unless the job ended at once. Sent
-    as a submit that waits (`POST /v1/jobs?wait=`), with its Idempotency-Key: `/predict` takes
-    none, so a 503 or a connection lost mid-request was raised, though a resend with the key
-    answers with the job the first try made. `key`: its Idempotency-Key, which `abandon` finds
-    the job by."""
+    as a submit that waits (`POST /v1/jobs?wait=`) with its Idempotency-Key, so a 503 or a
+    connection lost mid-request is sent again safely: the resend answers with the job the first
+    try made. `key`: its Idempotency-Key, which `abandon` finds the job by."""
     deadline = _deadline(timeout)
     response = yield replace(
         submit_call(model, inputs, key, options),

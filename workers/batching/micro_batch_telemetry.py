@@ -127,9 +127,10 @@ ENDED_BY_THE_API = frozenset({JobStatus.CANCELLED, JobStatus.EXPIRED})
 
 def record_ended(partition: Partition, deliveries: Iterable[Delivery]) -> None:
     """Count the jobs the API ended while they were queued, read with that status: their
-    entries are only acknowledged (`status` ''), so no written result counts them. (One a
-    blocking read handed over as queued runs, and FINISH refuses its result without saying
-    why: that cancel goes uncounted.)"""
+    entries are only acknowledged (`status` ''), so no written result counts them. Only jobs a
+    worker had been handed when the API ended them reach here: the API withdraws any other
+    entry, and JobStore counts that end. (One a blocking read handed over as queued runs, and
+    FINISH refuses its result without saying why: that cancel goes uncounted.)"""
     for delivery in deliveries:
         if delivery.status in ENDED_BY_THE_API:
             _child(JOBS_FINISHED, *partition.labels, delivery.status).inc()
