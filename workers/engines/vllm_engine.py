@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from workers.engines.base import GenerateEngine, GenerateRequest, TokenChunk
+from workers.runtime.engine_reaper import EngineReaper
+from workers.runtime.process_tree import children
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -62,6 +64,7 @@ class VllmEngine(GenerateEngine):
 
     _engine: AsyncLLM | None = None
     _tokenizer: Any = None
+    _reaper: EngineReaper | None = None  # ends the engine core if the worker dies first
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -83,9 +86,11 @@ class VllmEngine(GenerateEngine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._tokenizer = AutoTokenizer.from_pretrained(self.artifact_dir)
+        before = set(children(os.getpid()))
         self._engine = AsyncLLM.from_engine_args(
             self.engine_args(), stat_loggers=[step_logger_factory(self.step_stats)]
         )
+        self._reaper = EngineReaper.watching(set(children(os.getpid())) - before)
 
     def engine_args(self) -> Any:
         """AsyncEngineArgs from the model config: Conveyor's defaults, then `parameters`."""
@@ -159,6 +164,9 @@ class VllmEngine(GenerateEngine):
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+        if self._reaper is not None:
+            self._reaper.release()
+            self._reaper = None
 
     def prompt_token_ids(self, request: GenerateRequest) -> list[int]:
         """Chat messages go through the model's chat template; a prompt is used as written."""

@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from workers.runtime.process_tree import descendants
+
 log = logging.getLogger(__name__)
 
 # A planned exit, told apart from a crash's EX_SOFTWARE (70) in the supervisor's log.
@@ -27,25 +29,8 @@ def resident_mib(pid: int) -> float:
     """The resident memory of process `pid` and its descendants, in MiB: an LLM worker's vLLM
     engine core holds most of its memory. Read from /proc (a few small files, cheap once a
     second); a process that ended meanwhile counts nothing."""
-    return sum(_resident_pages(member) for member in _family(pid)) * _PAGE_BYTES / _MIB
-
-
-def _family(pid: int) -> list[int]:
-    """`pid` and its descendants, breadth first."""
-    family = [pid]
-    for member in family:  # grows as it goes
-        family.extend(_children(member))
-    return family
-
-
-def _children(pid: int) -> list[int]:
-    """The children of process `pid`: each is listed under the thread that started it."""
-    children: list[int] = []
-    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                children.extend(int(child) for child in (task / "children").read_text().split())
-    return children
+    family = [pid, *descendants(pid)]
+    return sum(_resident_pages(member) for member in family) * _PAGE_BYTES / _MIB
 
 
 def _resident_pages(pid: int) -> int:
