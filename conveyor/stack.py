@@ -21,6 +21,7 @@ from typing import Literal, cast
 import httpx
 import redis
 from prometheus_client import multiprocess
+from redis.cluster import ClusterNode
 
 from shared.keys import GROUP, Keys
 from shared.metrics import MULTIPROC_DIR
@@ -149,7 +150,9 @@ class Stack:
         timeout = self.settings.redis_timeout_s
         options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
         if self.settings.redis_cluster:
-            return cast(redis.Redis, redis.RedisCluster.from_url(self.redis_url, **options))
+            seeds = [ClusterNode(host, port) for host, port in self.settings.redis_cluster_nodes]
+            cluster = redis.RedisCluster.from_url(self.redis_url, startup_nodes=seeds, **options)
+            return cast(redis.Redis, cluster)
         return redis.Redis.from_url(self.redis_url, **options)
 
     def start_valkey(self, config: dict[str, str]) -> None:

@@ -81,10 +81,13 @@ def _slot_owner(urls: list[str]) -> str | None:
 
 
 def _node_urls(cluster_url: str) -> list[str]:
-    """The URL of every node of the cluster `cluster_url` names (any node), BROKER_TAG's
-    master first."""
+    """The URL of every node of the cluster `cluster_url` names (any node; or else one of
+    `CONVEYOR_REDIS_CLUSTER_NODES`), BROKER_TAG's master first."""
+    settings = get_settings()
     cluster = RedisCluster.from_url(
-        cluster_url, socket_connect_timeout=get_settings().redis_timeout_s
+        cluster_url,
+        startup_nodes=[ClusterNode(host, port) for host, port in settings.redis_cluster_nodes],
+        socket_connect_timeout=settings.redis_timeout_s,
     )
     try:
         owner = cluster.get_node_from_key(BROKER_TAG)

@@ -6,9 +6,10 @@ after a restart would fail), and socket, connect and pool-wait timeouts of
 producer's 503), never a hang.
 
 `CONVEYOR_REDIS_CLUSTER=1` makes every client a `RedisCluster` on `CONVEYOR_REDIS_URL` (any node
-of the cluster: the rest is discovered). Keys are named so that nothing a script or a transaction
-touches spans slots (shared/keys.py), so the same calls work against one server and a cluster;
-`RedisClient` is the one type both sides annotate with.
+of the cluster: the rest is discovered), and on the nodes `CONVEYOR_REDIS_CLUSTER_NODES` names
+too, so a process starts while the URL's node is down. Keys are named so that nothing a script
+or a transaction touches spans slots (shared/keys.py), so the same calls work against one server
+and a cluster; `RedisClient` is the one type both sides annotate with.
 
 Two kinds of call are sent once, never again by redis-py on a lost connection: a worker's reads
 of its consumer group (`sent_once`), and a cluster pipeline that carries a replica WAIT
@@ -601,7 +602,7 @@ def connect(
     `timeout_s` (default `CONVEYOR_REDIS_TIMEOUT_S`) beyond it, so no blocking read is cut.
     `cluster_class`: the RedisCluster subclass a cluster client is made as. `cluster`: whether
     `url` is a cluster's node (default `CONVEYOR_REDIS_CLUSTER`; the CLI's stack.json says it
-    of the stack `conveyor up` runs)."""
+    of the stack `conveyor up` runs), `CONVEYOR_REDIS_CLUSTER_NODES` its other seeds."""
     settings = get_settings()
     timeout = settings.redis_timeout_s if timeout_s is None else timeout_s
     block_s = (settings.block_ms if blocks_ms is None else blocks_ms) / 1000
@@ -623,6 +624,7 @@ def connect(
         # timeout fails at once.
         client = cluster_class.from_url(
             url,
+            startup_nodes=[ClusterNode(host, port) for host, port in settings.redis_cluster_nodes],
             max_connections=max(max_connections, CLUSTER_CONNECTIONS),
             topology_refresh_min_interval=0,
             **options,

@@ -9,6 +9,7 @@ import socket
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -29,6 +30,17 @@ def _default_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _host_port(address: str) -> tuple[str, int]:
+    try:
+        parts = urlsplit(f"//{address}")
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if not host or not port or parts.netloc != address or "@" in address:
+        raise ValueError(f"{address!r} is no host:port (an IPv6 host as [::1]:7000)")
+    return host, port
+
+
 class Settings(BaseSettings):
     """Every knob of the producer and the workers; README documents each one."""
 
@@ -39,6 +51,10 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     # `redis_url` names any node of a Redis/Valkey Cluster (shared/redis_client.py).
     redis_cluster: bool = False
+    # More nodes of that cluster (`host:port,host:port`), tried before `redis_url`'s to read
+    # the topology: a process starts while any of them serves. The URL keeps credentials,
+    # TLS and options for every node.
+    redis_cluster_nodes: Annotated[list[tuple[str, int]], NoDecode] = Field(default_factory=list)
     # Replicas that must hold an accepted job (and a written result) before the producer
     # answers 202 (and before the worker tells the waiting producer): WAIT N after the write.
     # 0: answer once the master has it (a failover may lose the last writes).
@@ -181,6 +197,15 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("redis_cluster_nodes", mode="before")
+    @classmethod
+    def _cluster_nodes(cls, value: object) -> object:
+        """`host:port` each (an IPv6 host bracketed), checked here: a seed redis-py cannot
+        reach is skipped in silence, so a typo would surface only once the others are down."""
+        if not isinstance(value, str):
+            return value
+        return [_host_port(part.strip()) for part in value.split(",") if part.strip()]
 
     @field_validator("webhook_internal_hosts")
     @classmethod

@@ -6,7 +6,8 @@ writes to its master, so one shard that lost its replicas never fails another sh
 writes (those sharing a flush with its writes wait as long as it). Scripts a node lost (it
 restarted since the processes loaded them) still run, pipelined or group-committed. Lanes on
 several masters have their drain rates read in one go. And every node's connections pack
-commands with hiredis, as a single server's do. A slot that resharding moved is followed by a
+commands with hiredis, as a single server's do. A process starts on the seed nodes it is given
+while the URL's node is down. A slot that resharding moved is followed by a
 pipeline with a WAIT, group-committed or not, and its WAIT goes to the slot's new master."""
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from redis._parsers.encoders import Encoder
 from redis.crc import key_slot
 from redis.exceptions import TryAgainError
 
+from conveyor.stack import free_port
 from conveyor.valkey_cluster import ClusterNode, LocalCluster, local_cluster
+from producer_api.app import create_app
 from producer_api.jobs.group_commit import group_committing
 from producer_api.reply_listener import ReplyListener
+from shared.celery_broker import BROKER_TAG, broker_app
 from shared.codec import RequestEntry, dumps
 from shared.drain_rate import drain_rates
 from shared.job_states import JobStatus
@@ -31,6 +35,7 @@ from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
 from shared.redis_client import HiredisPacking, RedisClient, ReplicaAckTimeout, connect
 from shared.settings import get_settings
+from tests.app_client import app_client
 from tests.conftest import until, until_async
 from workers.partition.stream_reader import StreamReader
 
@@ -334,3 +339,21 @@ async def test_a_write_pipeline_waits_on_the_master_a_slot_moved_to(
     with target.client() as owner:
         assert owner.exists(KEYS.job(job.entry.job_id))
     assert _waits(cluster)[target.port] == 1
+
+
+async def test_a_producer_and_the_broker_start_on_seed_nodes_while_the_urls_node_is_down(
+    cluster: LocalCluster, settings_env: Callable[..., None]
+) -> None:
+    """`CONVEYOR_REDIS_URL` names one node: down when they started, the producer (its topology
+    read) and the webhook broker could not come up, though the cluster served. The nodes
+    `CONVEYOR_REDIS_CLUSTER_NODES` names are tried too."""
+    seeds = ",".join(f"127.0.0.1:{node.port}" for node in cluster.masters)
+    settings_env(CONVEYOR_REDIS_CLUSTER="1", CONVEYOR_REDIS_CLUSTER_NODES=seeds)
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    app = create_app(get_settings().model_copy(update={"redis_url": down, "auth": "disabled"}))
+    async with app_client(app) as http:
+        accepted = await http.post("/v1/jobs", json={"model": "identity", "inputs": {"n": 1}})
+        assert accepted.status_code == 202, accepted.text
+        assert (await http.get(f"/v1/jobs/{accepted.json()['id']}")).json()["status"] == "queued"
+    owner = cluster.master_of(BROKER_TAG).port
+    assert broker_app(down).conf.broker_url.startswith(f"redis://127.0.0.1:{owner}/")
