@@ -15,6 +15,7 @@ applied; the next look counts those items again)."""
 
 from __future__ import annotations
 
+from shared.job_scripts import LUA_HERE
 from shared.job_states import TERMINAL, JobStatus
 from shared.keys import LUA_JOB_KEY
 
@@ -37,16 +38,22 @@ _STATES = "{" + ", ".join(f"'{state}'" for state in ITEM_STATES) + "}"
 # good (`counts`), at most `budget` items per call (`more` says to call again from `at`). Items
 # finish a little out of order (a micro-batch, several workers): a `window` of items behind the
 # first unfinished one is looked at and counted for this answer only (`seen`). A job hash gone
-# (expired) counts as `expired`. Returns {at, more, counts..., seen...}.
+# (expired) counts as `expired`. One that a migration of the partition's slot moved ahead of the
+# list reads as unfinished, so the count stops there until the slot has moved: the script
+# failed (a 503 for the batch) where a skip or a gone hash would count it wrongly, for good.
+# Returns {at, more, counts..., seen...}.
 COUNT = (
     LUA_JOB_KEY
+    + LUA_HERE
     + f"local TERMINAL = {_lua_table('true')}\n"
     + f"local counts, seen = {_lua_table('0')}, {_lua_table('0')}\n"
     + """
 local prefix, at = ARGV[1], tonumber(ARGV[2])
 local budget, window = tonumber(ARGV[3]), tonumber(ARGV[4])
 local function status(jid)
-  return redis.call('HGET', jobkey(prefix, jid), 'status') or 'expired'
+  local st, served = here('HGET', jobkey(prefix, jid), 'status')
+  if not served then return 'moving' end  -- not terminal: counted once it can be read
+  return st or 'expired'
 end
 local blocked = false
 while not blocked and budget > 0 do

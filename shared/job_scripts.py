@@ -48,10 +48,9 @@ local function field(fields, name)
   return nil
 end
 """
-_PRELUDE = (
-    lua_transition_table()
-    + LUA_JOB_KEY
-    + """
+# A command on a key the script does not declare, and whether this master served it: one Lua
+# helper for every script that touches such keys (job hashes found from entries or item lists).
+LUA_HERE = """
 -- A command on a key the script does not declare, and whether this master served it: while the
 -- key's slot migrates, one that is not here (moved ahead of the keys the script declares, or not
 -- made yet, which only the importing master may do) is refused, and the script goes on without
@@ -63,7 +62,12 @@ local function here(...)
   if not string.find(err, 'non local key', 1, true) then error(reply) end
   return nil, false
 end
-
+"""
+_PRELUDE = (
+    lua_transition_table()
+    + LUA_JOB_KEY
+    + LUA_HERE
+    + """
 local function can(cur, to)
   local t = cur and ALLOWED[cur]  -- a missing hash or field reads as false
   return t ~= nil and t ~= false and t[to] == 1

@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from shared.codec import as_text
-from shared.job_scripts import LUA_FIELD
+from shared.job_scripts import LUA_FIELD, LUA_HERE
 from shared.keys import FAIR_RING_SUFFIX, GROUP, HELD_SUFFIX, LUA_JOB_KEY, Keys
 from shared.model_repository import ModelRepository
 from shared.redis_client import executed
@@ -32,7 +32,11 @@ HEADS_READ = 8
 # KEYS[1]: a lane's stream; ARGV: the group's last delivered id, the job-key prefix. The
 # submit stamp (`enq`, ms) of the oldest job still waiting: the first undelivered entry's (an
 # entry a fair lane moved in was appended then, under a later id), and the oldest queued one at
-# the head of each tenant's held list; none: false. O(tenants holding jobs).
+# the head of each tenant's held list; none: false. O(tenants holding jobs). While the lane's
+# slot migrates, a held job whose hash moved ahead counts as queued (a held entry is, but for a
+# cancel the next refill drops), and a tenant whose list moved ahead is left out: the answer
+# stands for the migration's seconds, where the script failed (a 503 on GET /v1/models, the
+# gauges stale) until the slot had moved.
 OLDEST = (
     LUA_JOB_KEY
     + f"""
@@ -43,18 +47,23 @@ local HEADS = {HEADS_READ}
 local oldest = nil
 """
     + LUA_FIELD
+    + LUA_HERE
     + """
 local function older(fields)
   local ms = tonumber(field(fields, 'enq'))
   if ms and (not oldest or ms < oldest) then oldest = ms end
 end
+local function waiting(jid)
+  local status, served = here('HGET', jobkey(ARGV[2], jid), 'status')
+  return status == 'queued' or not served
+end
 local first = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', 1)[1]
 if first then older(first[2]) end
-for _, tenant in ipairs(redis.call('LRANGE', KEYS[1] .. RING, 0, -1)) do
-  for _, packed in ipairs(redis.call('LRANGE', KEYS[1] .. HELD .. tenant, 0, HEADS - 1)) do
+for _, tenant in ipairs(here('LRANGE', KEYS[1] .. RING, 0, -1) or {}) do
+  for _, packed in ipairs(here('LRANGE', KEYS[1] .. HELD .. tenant, 0, HEADS - 1) or {}) do
     local fields = cmsgpack.unpack(packed)
     local jid = field(fields, 'id')
-    if jid and redis.call('HGET', jobkey(ARGV[2], jid), 'status') == 'queued' then
+    if jid and waiting(jid) then
       older(fields)
       break
     end

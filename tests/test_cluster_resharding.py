@@ -21,12 +21,14 @@ from redis.crc import key_slot
 from redis.exceptions import TryAgainError
 
 from conveyor.valkey_cluster import ClusterNode, LocalCluster
-from shared import job_scripts
+from shared import batch_api_scripts, job_scripts
 from shared.codec import RequestEntry
 from shared.file_store import FileStore
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import GROUP, Keys, new_job_id
+from shared.model_repository import ModelConfig, ModelRepository, Variant
+from shared.partition_stats import read_partition_stats
 from shared.redis_client import RedisClient, call_script, connect
 from workers.partition.finish import Finish
 from workers.partition.job_events import JobEvents
@@ -105,8 +107,8 @@ def _known(client: RedisClient, node: ClusterNode) -> object:
     return client.get_node(host="127.0.0.1", port=node.port)  # type: ignore[attr-defined]
 
 
-def _new_job(variant: str, fair_window: int = 0) -> NewJob:
-    entry = RequestEntry(new_job_id("resharded", variant), {"inputs": {}}, now_ms())
+def _new_job(variant: str, fair_window: int = 0, enq_ms: int | None = None) -> NewJob:
+    entry = RequestEntry(new_job_id("resharded", variant), {"inputs": {}}, enq_ms or now_ms())
     stream = KEYS.queue("resharded", variant)
     return NewJob(entry, stream, {"model": "resharded"}, fair_window=fair_window)
 
@@ -370,3 +372,51 @@ async def test_a_cancel_refused_mid_migration_leaves_the_held_count_alone(
         hand_over(cluster, slot, source, target)
     assert (await store.transition(held, JobStatus.CANCELLED)).status == JobStatus.CANCELLED
     assert await busy.hget(KEYS.fair(lane), "held") == b"0"
+
+
+async def test_queue_stats_read_a_held_job_moved_ahead_of_its_lane_as_waiting(
+    cluster: LocalCluster, busy: RedisClient
+) -> None:
+    """OLDEST (GET /v1/models, the oldest-age gauge) read the hash of each tenant's first held
+    job, a key it does not declare: moved ahead of the lane, the script failed, /v1/models was
+    a 503 and the metrics kept stale values for the whole migration. A held entry whose hash is
+    not here is taken as waiting (the usual case: an ended one is dropped by the next refill)."""
+    jobs = [_new_job("oldest", fair_window=1, enq_ms=enq) for enq in (now_ms(), 1, now_ms())]
+    lane = jobs[0].stream  # the first in, the oldest and the last held
+    await StreamReader(busy, KEYS, [lane], "w-oldest").ensure_groups()
+    assert await JobStore(busy, KEYS, 60).create_many(jobs) == []
+    config = ModelConfig(
+        name="resharded",
+        kind="batch",
+        backend="identity",
+        variants={"oldest": Variant()},
+        default_variant="oldest",
+    )
+    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
+    with migrating(slot, source, target := _other_master(cluster, source)):
+        migrate(KEYS.job(jobs[1].entry.job_id), source, target)
+        [stats] = await read_partition_stats(busy, KEYS, ModelRepository({"resharded": config}))
+    assert stats.online.lag == 3 and stats.online.oldest_age_s == pytest.approx(now_ms() / 1000)
+
+
+async def test_a_batch_count_stops_at_an_item_moved_ahead_of_its_list(
+    cluster: LocalCluster, busy: RedisClient
+) -> None:
+    """COUNT (a batch's GET, its progress) read each item's job hash, a key it does not declare:
+    one moved ahead of the partition's item list failed the script, a 503 for the batch until
+    the slot had moved. The count stops at it (counted once it can be read), never as expired."""
+    jobs = [_new_job("counted") for _ in range(3)]
+    assert await JobStore(busy, KEYS, 60).create_many(jobs) == []
+    items = KEYS.batch_open("b-resharded", "resharded", "counted")
+    await busy.rpush(items, *(job.entry.job_id for job in jobs))
+    for job in jobs:
+        await busy.hset(KEYS.job(job.entry.job_id), "status", "succeeded")
+    count = busy.register_script(batch_api_scripts.COUNT)
+    slot, source = key_slot(items.encode()), cluster.master_of(items)
+    with migrating(slot, source, target := _other_master(cluster, source)):
+        migrate(KEYS.job(jobs[1].entry.job_id), source, target)
+        at, more, *tallies = await call_script(count, [items], [KEYS.job_prefix, 0, 100, 5])
+    states = batch_api_scripts.ITEM_STATES
+    one_succeeded = [int(state == "succeeded") for state in states]
+    assert (at, more) == (1, 0)
+    assert tallies == one_succeeded + one_succeeded  # the first counted, the third seen
