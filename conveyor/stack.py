@@ -21,11 +21,11 @@ from typing import Literal, cast
 import httpx
 import redis
 from prometheus_client import multiprocess
-from redis.cluster import ClusterNode
 
 from shared.keys import GROUP, Keys
 from shared.metrics import MULTIPROC_DIR
 from shared.model_repository import ModelRepository
+from shared.redis_client import blocking_cluster
 from shared.settings import Settings
 
 BIN = Path(sys.executable).parent
@@ -150,9 +150,8 @@ class Stack:
         timeout = self.settings.redis_timeout_s
         options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
         if self.settings.redis_cluster:
-            seeds = [ClusterNode(host, port) for host, port in self.settings.redis_cluster_nodes]
-            cluster = redis.RedisCluster.from_url(self.redis_url, startup_nodes=seeds, **options)
-            return cast(redis.Redis, cluster)
+            seeds = self.settings.redis_cluster_nodes
+            return cast(redis.Redis, blocking_cluster(self.redis_url, seeds, **options))
         return redis.Redis.from_url(self.redis_url, **options)
 
     def start_valkey(self, config: dict[str, str]) -> None:

@@ -16,9 +16,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from celery import Celery
-from redis.cluster import ClusterNode, RedisCluster
+from redis.cluster import ClusterNode
 from redis.exceptions import RedisClusterException, RedisError
 
+from shared.redis_client import blocking_cluster
 from shared.settings import get_settings
 
 BRPOP_S = 1.0  # kombu's default brpop_timeout
@@ -84,10 +85,8 @@ def _node_urls(cluster_url: str) -> list[str]:
     """The URL of every node of the cluster `cluster_url` names (any node; or else one of
     `CONVEYOR_REDIS_CLUSTER_NODES`), BROKER_TAG's master first."""
     settings = get_settings()
-    cluster = RedisCluster.from_url(
-        cluster_url,
-        startup_nodes=[ClusterNode(host, port) for host, port in settings.redis_cluster_nodes],
-        socket_connect_timeout=settings.redis_timeout_s,
+    cluster = blocking_cluster(
+        cluster_url, settings.redis_cluster_nodes, socket_connect_timeout=settings.redis_timeout_s
     )
     try:
         owner = cluster.get_node_from_key(BROKER_TAG)

@@ -30,6 +30,7 @@ from contextvars import ContextVar
 from typing import Any, TypeAlias, TypeVar, cast
 
 import hiredis
+import redis
 import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser
 from redis.asyncio.cluster import (
@@ -639,6 +640,15 @@ def connect(
     )
     pool.connection_class = _HIREDIS_PACKING.get(pool.connection_class, pool.connection_class)
     return aioredis.Redis.from_pool(pool)  # the client owns its pool: aclose() closes both
+
+
+def blocking_cluster(
+    url: str, seeds: Iterable[tuple[str, int]], **options: Any
+) -> redis.RedisCluster:
+    """A blocking client of the cluster `url` names that also starts from `seeds`
+    (`CONVEYOR_REDIS_CLUSTER_NODES`), so it comes up while the URL's node is down."""
+    nodes = [redis.cluster.ClusterNode(host, port) for host, port in seeds]
+    return redis.RedisCluster.from_url(url, startup_nodes=nodes, **options)
 
 
 def subscriber(client: RedisClient, node: tuple[str, int] | None = None) -> aioredis.Redis:

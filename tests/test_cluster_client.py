@@ -37,6 +37,7 @@ from shared.redis_client import HiredisPacking, RedisClient, ReplicaAckTimeout, 
 from shared.settings import get_settings
 from tests.app_client import app_client
 from tests.conftest import until, until_async
+from workers import webhook_delivery
 from workers.partition.stream_reader import StreamReader
 
 pytestmark = pytest.mark.slow
@@ -345,8 +346,8 @@ async def test_a_producer_and_the_broker_start_on_seed_nodes_while_the_urls_node
     cluster: LocalCluster, settings_env: Callable[..., None]
 ) -> None:
     """`CONVEYOR_REDIS_URL` names one node: down when they started, the producer (its topology
-    read) and the webhook broker could not come up, though the cluster served. The nodes
-    `CONVEYOR_REDIS_CLUSTER_NODES` names are tried too."""
+    read), the webhook broker and a webhook task's client could not come up, though the cluster
+    served. The nodes `CONVEYOR_REDIS_CLUSTER_NODES` names are tried too."""
     seeds = ",".join(f"127.0.0.1:{node.port}" for node in cluster.masters)
     settings_env(CONVEYOR_REDIS_CLUSTER="1", CONVEYOR_REDIS_CLUSTER_NODES=seeds)
     down = f"redis://127.0.0.1:{free_port()}/0"
@@ -357,3 +358,9 @@ async def test_a_producer_and_the_broker_start_on_seed_nodes_while_the_urls_node
         assert (await http.get(f"/v1/jobs/{accepted.json()['id']}")).json()["status"] == "queued"
     owner = cluster.master_of(BROKER_TAG).port
     assert broker_app(down).conf.broker_url.startswith(f"redis://127.0.0.1:{owner}/")
+    settings_env(CONVEYOR_REDIS_URL=down)  # and a webhook task's client, recording attempts
+    webhook_delivery._redis.cache_clear()
+    try:
+        assert webhook_delivery._redis().ping()
+    finally:
+        webhook_delivery._redis.cache_clear()

@@ -23,6 +23,9 @@ from shared.settings import Settings
         {"max_body_bytes": 0},
         {"max_upload_bytes": 0},
         {"webhook_internal_hosts": "http://hooks:8080"},  # a host name, matched exactly
+        {"redis_cluster_nodes": "node-1:7000,node-2"},  # a seed without its port
+        {"redis_cluster_nodes": "node-1:0"},
+        {"redis_cluster_nodes": "fd00::2:7001"},  # an IPv6 host unbracketed
         {"metrics_port": 65_536},
         {"block_ms": 0},  # BLOCK 0 waits forever: a worker would never notice a stop
         {"shutdown_grace_s": -1},

@@ -34,6 +34,7 @@ from redis.exceptions import RedisClusterException
 from shared.celery_broker import VISIBILITY_TIMEOUT_S
 from shared.codec import dumps
 from shared.keys import Keys
+from shared.redis_client import blocking_cluster
 from shared.settings import Settings, get_settings
 from shared.webhook_events import TASK_NAME, TargetKind, allowed
 from shared.webhook_signing import HEADER, owner_secret, sign
@@ -113,11 +114,11 @@ def _redis() -> redis.Redis:
     live in their jobs' or batches' slots)."""
     settings = get_settings()
     timeout = settings.redis_timeout_s
-    kind = redis.RedisCluster if settings.redis_cluster else redis.Redis
-    client = kind.from_url(
-        settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
-    )
-    return cast(redis.Redis, client)
+    options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    if settings.redis_cluster:
+        seeds = settings.redis_cluster_nodes
+        return cast(redis.Redis, blocking_cluster(settings.redis_url, seeds, **options))
+    return redis.Redis.from_url(settings.redis_url, **options)
 
 
 def _target_key(kind: TargetKind, target_id: str) -> str:
