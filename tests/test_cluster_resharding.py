@@ -130,6 +130,22 @@ def _other_master(cluster: LocalCluster, source: ClusterNode) -> ClusterNode:
     return next(node for node in cluster.masters if node.port != source.port)
 
 
+def _move_of(cluster: LocalCluster, key: str) -> tuple[int, ClusterNode, ClusterNode]:
+    """`key`'s slot, the master that holds it and another master to move it to."""
+    source = cluster.master_of(key)
+    return key_slot(key.encode()), source, _other_master(cluster, source)
+
+
+async def _queued(
+    busy: RedisClient, jobs: list[NewJob], consumer: str, mark_on_read: bool = False
+) -> StreamReader:
+    """`jobs` enqueued on their lane, and a reader of it as `consumer`, its group made."""
+    reader = StreamReader(busy, KEYS, [jobs[0].stream], consumer, mark_on_read=mark_on_read)
+    await reader.ensure_groups()
+    assert await JobStore(busy, KEYS, 60).create_many(jobs) == []
+    return reader
+
+
 async def test_a_migrated_job_is_read_from_the_importing_master_by_a_busy_client(
     cluster: LocalCluster, busy: RedisClient
 ) -> None:
@@ -140,10 +156,9 @@ async def test_a_migrated_job_is_read_from_the_importing_master_by_a_busy_client
     job = _new_job("read")
     assert await store.create_many([job]) == []
     key = KEYS.job(job.entry.job_id)
-    source = cluster.master_of(key)
-    target = _other_master(cluster, source)
+    slot, source, target = _move_of(cluster, key)
     await _idle_connections(busy, target, IDLE_CONNECTIONS)
-    with migrating(key_slot(key.encode()), source, target):
+    with migrating(slot, source, target):
         migrate(key, source, target)
         record = await store.get(job.entry.job_id)
         assert record is not None and record.status == JobStatus.QUEUED
@@ -174,9 +189,8 @@ async def test_a_submit_while_its_partitions_keys_move_is_an_outage(
     first, late = _new_job("submit"), _new_job("submit")
     assert await store.create_many([first]) == []
     key = KEYS.job(first.entry.job_id)
-    source = cluster.master_of(key)
-    target = _other_master(cluster, source)
-    with migrating(key_slot(key.encode()), source, target):
+    slot, source, target = _move_of(cluster, key)
+    with migrating(slot, source, target):
         migrate(key, source, target)
         with pytest.raises(TryAgainError):
             await store.create(late.entry, late.stream, late.fields)
@@ -189,14 +203,10 @@ async def test_a_worker_takes_no_job_of_a_lane_moved_ahead_of_its_jobs(
     on the importing master its jobs' hashes, not keys TAKE declares, read as missing, so the
     worker dropped every entry it took as a job gone (each accepted job lost). The read now
     waits for the slot as an outage, and the jobs are taken, queued, once it has moved."""
-    store = JobStore(busy, KEYS, 60)
     jobs = [_new_job("take") for _ in range(3)]
     lane = jobs[0].stream
-    reader = StreamReader(busy, KEYS, [lane], "w-resharding")
-    await reader.ensure_groups()
-    assert await store.create_many(jobs) == []
-    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
-    target = _other_master(cluster, source)
+    reader = await _queued(busy, jobs, "w-resharding")
+    slot, source, target = _move_of(cluster, lane)
     with migrating(slot, source, target):
         migrate(lane, source, target)
         with pytest.raises(TryAgainError):
@@ -218,8 +228,7 @@ async def test_a_transaction_to_a_slot_mid_migration_is_an_outage(
     files = FileStore(busy, KEYS, 60)
     key = KEYS.file("file-resharded")
     assert await busy.exists(key) == 0  # the slots read
-    source, slot = cluster.master_of(key), key_slot(key.encode())
-    target = _other_master(cluster, source)
+    slot, source, target = _move_of(cluster, key)
     with migrating(slot, source, target), pytest.raises(TryAgainError):
         await files.put("file-resharded", {"tenant": "t-resharding"}, b"line")
 
@@ -232,14 +241,10 @@ async def test_a_workers_read_that_meets_a_moved_job_hands_it_over_at_once(
     entries sat in the worker's pending list, run by nobody until claimed back a delivery more
     or a visibility timeout later. The moved job is handed over with the rest, unmarked (taken
     as queued, as a blocking read's entries are), each entry at its first delivery."""
-    store = JobStore(busy, KEYS, 60)
     jobs = [_new_job("refused", fair_window=2) for _ in range(3)]  # the third held: a fair hash
     lane = jobs[0].stream
-    reader = StreamReader(busy, KEYS, [lane], "w-refused")
-    await reader.ensure_groups()
-    assert await store.create_many(jobs) == []
-    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
-    target = _other_master(cluster, source)
+    reader = await _queued(busy, jobs, "w-refused")
+    slot, source, target = _move_of(cluster, lane)
     with migrating(slot, source, target):
         migrate(KEYS.job(jobs[0].entry.job_id), source, target)
         batch = await reader.take([lane], 10)
@@ -257,14 +262,10 @@ async def test_a_held_job_moved_ahead_of_its_lane_stays_held(
     """A fair lane's held job whose hash moved before the lane: a refill popped its entry off
     the tenant's list, then failed on the hash (not a key it declares), and the job was never
     run. The refill puts it back and stops; the job is moved in once the slot has moved."""
-    store = JobStore(busy, KEYS, 60)
     jobs = [_new_job("held", fair_window=1) for _ in range(3)]  # the first in, two held
     lane = jobs[0].stream
-    reader = StreamReader(busy, KEYS, [lane], "w-held")
-    await reader.ensure_groups()
-    assert await store.create_many(jobs) == []
-    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
-    target = _other_master(cluster, source)
+    reader = await _queued(busy, jobs, "w-held")
+    slot, source, target = _move_of(cluster, lane)
     taken: list[str] = []
     with migrating(slot, source, target):
         migrate(KEYS.job(jobs[1].entry.job_id), source, target)
@@ -283,18 +284,14 @@ async def test_a_write_back_goes_on_while_its_keys_have_not_moved(
     first write-back: every write-back was refused (TRYAGAIN) from the start of a migration of
     its slot to its end. It runs on the old master while the keys it writes are all there, and
     one whose job hash has moved ahead is refused whole, nothing written."""
-    store = JobStore(busy, KEYS, 60)
     jobs = [_new_job("written") for _ in range(2)]
     lane = jobs[0].stream
-    reader = StreamReader(busy, KEYS, [lane], "w-written")
-    await reader.ensure_groups()
-    assert await store.create_many(jobs) == []
+    reader = await _queued(busy, jobs, "w-written")
     batch = await reader.take([lane], 10)
     assert batch is not None
     here, moved = (_done(d) for d in batch[1])
     writer = ResultWriter(busy, KEYS, 60, JobEvents("redis://unused"), "w-written")
-    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
-    target = _other_master(cluster, source)
+    slot, source, target = _move_of(cluster, lane)
     with migrating(slot, source, target):
         assert [f.job_id for f in await writer.finish(lane, [here])] == [here.job_id]
         migrate(KEYS.job(moved.job_id), source, target)
@@ -321,8 +318,7 @@ async def test_a_reclaim_that_meets_a_moved_job_hands_its_entry_over(
     await busy.xadd(dlq, {"an": "earlier dead letter"})
     reclaim = busy.register_script(job_scripts.RECLAIM)
     args = [GROUP, "w-reclaiming", 0, 10, KEYS.job_prefix, now_ms(), 3, 60]
-    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
-    target = _other_master(cluster, source)
+    slot, source, target = _move_of(cluster, lane)
     with migrating(slot, source, target):
         migrate(KEYS.job(job.entry.job_id), source, target)
         rows = await call_script(reclaim, [lane, dlq], args)
@@ -336,14 +332,10 @@ async def test_a_generate_read_hands_over_jobs_it_cannot_mark_mid_migration(
     declares their hashes): one hash moved ahead of its lane, the mark was refused (TRYAGAIN)
     after the read had handed the entries over, and every retry claimed them back a delivery
     more until the slot had moved. They are handed over unmarked, at their first delivery."""
-    store = JobStore(busy, KEYS, 60)
     jobs = [_new_job("generated") for _ in range(2)]
     lane = jobs[0].stream
-    reader = StreamReader(busy, KEYS, [lane], "w-generating", mark_on_read=True)
-    await reader.ensure_groups()
-    assert await store.create_many(jobs) == []
-    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
-    target = _other_master(cluster, source)
+    reader = await _queued(busy, jobs, "w-generating", mark_on_read=True)
+    slot, source, target = _move_of(cluster, lane)
     with migrating(slot, source, target):
         migrate(KEYS.job(jobs[0].entry.job_id), source, target)
         batches = await reader.wait([lane], 10, None)
@@ -363,8 +355,7 @@ async def test_a_cancel_refused_mid_migration_leaves_the_held_count_alone(
     jobs = [_new_job("cancelled", fair_window=1) for _ in range(2)]  # the second held
     lane, held = jobs[0].stream, jobs[1].entry.job_id
     assert await store.create_many(jobs) == []
-    slot, source = key_slot(lane.encode()), cluster.master_of(lane)
-    target = _other_master(cluster, source)
+    slot, source, target = _move_of(cluster, lane)
     with migrating(slot, source, target):
         for _ in range(2):
             with pytest.raises(OUTAGE):
