@@ -2,7 +2,8 @@
 every HEARTBEAT_S from its own thread: state (warming while engines load, serving, draining on
 warm shutdown), models, engines, the mean micro-batch size since the last beat and jobs done,
 the last two read from this process's Prometheus counters so no loop has to report to it. The
-same beat carries what this worker measured its work to cost (cost_meter.py)."""
+same beat carries what this worker measured its work to cost (cost_meter.py), and every 30 s
+it compares this host's clock with Redis's (clock_skew.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from shared.redis_client import connect
 from shared.settings import Settings, get_settings
 from shared.worker_registry import HEARTBEAT_S, Heartbeat, WorkerRegistry, WorkerState
 from workers.partition.redis_backoff import OutageLog
+from workers.runtime.clock_skew import ClockSkew
 from workers.runtime.consumer_runtime import consumer_name
 from workers.runtime.cost_meter import CostMeter, labelled_total
 
@@ -88,11 +90,13 @@ class _Beater:
         client = connect(self.settings.redis_url, name=f"{self.beat.name}-heartbeat")
         registry = WorkerRegistry(client, Keys(self.settings.key_prefix))
         outage = OutageLog("heartbeat")  # one line per outage, not one per beat
+        clock = ClockSkew()
         try:
             while not self._stopping.is_set():
                 self._refresh()
                 try:
                     await registry.publish(self.beat, self.costs.measure())
+                    await clock.check(client)
                     outage.recovered()
                 except RedisError as exc:
                     outage.failed(exc)

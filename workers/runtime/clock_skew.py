@@ -1,0 +1,48 @@
+"""A worker's own clock decides whether a job it reads has passed its deadline or its queue
+time (the producers stamped them with theirs): a worker whose clock ran 11 minutes fast expired
+50 of 50 jobs, every one as if on time, and one running slow runs jobs past their deadlines.
+Redis's clock, which every producer and worker reaches, is the reference: the heartbeat thread
+compares the two now and then and says so in the log when they drift apart, as Celery warns of
+a drift between its workers' clocks. Nothing is corrected: NTP is the cure."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SKEW_WARN_S = 1.0  # past this (beyond the round trip's own uncertainty), the log says so
+EVERY_S = 30.0
+
+
+class ClockSkew:
+    """Compares this host's clock with Redis's every `every_s`: one warning when they drift
+    apart by more than SKEW_WARN_S, one line when they agree again."""
+
+    def __init__(self, every_s: float = EVERY_S) -> None:
+        self.every_s = every_s
+        self.drifted = False
+        self._due = 0.0
+
+    async def check(self, client: Any) -> float | None:
+        """This clock minus Redis's, in seconds, when a check was due (None otherwise)."""
+        if time.monotonic() < self._due:
+            return None
+        self._due = time.monotonic() + self.every_s
+        before = time.time()
+        seconds, micros = await client.time()
+        after = time.time()
+        skew = (before + after) / 2 - (int(seconds) + int(micros) / 1_000_000)
+        drifted = abs(skew) > SKEW_WARN_S + (after - before) / 2
+        if drifted and not self.drifted:
+            log.warning(
+                "this host's clock is %+.1fs off Redis's: jobs' deadlines and queue times are "
+                "judged by it (ahead, they expire early; behind, they run late); check NTP",
+                skew,
+            )
+        elif self.drifted and not drifted:
+            log.warning("this host's clock agrees with Redis's again (%+.3fs)", skew)
+        self.drifted = drifted
+        return skew
