@@ -134,6 +134,7 @@ end
 local ADDED, FAIR, RECENT = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}', '{RECENT_SUFFIX}'
 local RECENT_KEPT, RECENT_SLACK = {RECENT_KEPT}, {RECENT_SLACK}
 local FAIR_RING, HELD, MOVED = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}', '{MOVED_FIELD}'
+local WSUM = 'wsum'  -- the fair hash's sum of the ring's tenants' weights
 local REFUSED, REFUSED_TTL = '{REFUSED_SUFFIX}', {REFUSED_TTL_S}
 local MAX_DROPS = {REFILL_MAX_DROPS}
 local UNCOUNTED = '{UNCOUNTED_SUFFIX}'
@@ -173,6 +174,41 @@ local function fast_forward(fair, ring)
   if k <= 1 or k == math.huge then return end
   for i, tenant in ipairs(tenants) do
     redis.call('HSET', fair, 'd:' .. tenant, credits[i] + (k - 1) * weights[i])
+  end
+end
+
+-- The ring's tenants' weights summed, kept in the fair hash (WSUM) so that a held job's position
+-- reads no weight per tenant: thousands of one-job tenants made each held submit, and each GET of
+-- a held job, O(tenants) on the server. A lane held since before the sum was kept counts it once
+-- from the ring (read-only, for POSITION; the next hold writes it).
+local function ring_weight(fair, ring)
+  local sum = tonumber(redis.call('HGET', fair, WSUM))
+  if sum then return sum end
+  sum = 0
+  for _, tenant in ipairs(here('LRANGE', ring, 0, -1) or {}) do
+    sum = sum + (tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 1)
+  end
+  return sum
+end
+
+-- A tenant's weight recorded (its latest key's, so a key reweighed mid-flood counts at once) and
+-- the ring's sum moved by the change; before the tenant joins the ring, its recorded weight
+-- (`w:`, kept only while it is in the ring) is none.
+local function record_weight(fair, ring, tenant, weight)
+  local old = tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 0
+  local sum = ring_weight(fair, ring) + weight - old
+  redis.call('HSET', fair, 'w:' .. tenant, weight, WSUM, math.max(sum, 0))
+end
+
+-- A tenant taken off the ring (its held list emptied): its credit and weight go, and its weight
+-- leaves the sum, which goes with the ring's last tenant (no float residue outlives the ring).
+local function leave(fair, ring, tenant)
+  local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM)
+  redis.call('HDEL', fair, 'd:' .. tenant, 'w:' .. tenant)
+  if (here('LLEN', ring) or 0) == 0 then  -- emptied: gone, which a migration answers as moved
+    redis.call('HDEL', fair, WSUM)
+  elseif h[2] then
+    redis.call('HSET', fair, WSUM, math.max(tonumber(h[2]) - (tonumber(h[1]) or 1), 0))
   end
 end
 
@@ -264,7 +300,7 @@ local function refill(stream, group, job_prefix, upto)
     end
     if (here('LLEN', list) or 0) == 0 then  -- emptied: gone, which a migration answers as moved
       redis.call('LPOP', ring)
-      redis.call('HDEL', fair, 'd:' .. tenant, 'w:' .. tenant)
+      leave(fair, ring, tenant)
     else
       redis.call('HSET', fair, 'd:' .. tenant, credit)
       if credit < WHOLE then redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT') end
@@ -309,7 +345,7 @@ local function sweep(stream, job_prefix, tenant)
   end
   if #kept == 0 then
     redis.call('LREM', stream .. FAIR_RING, 0, tenant)
-    redis.call('HDEL', stream .. FAIR, 'd:' .. tenant, 'w:' .. tenant)
+    leave(stream .. FAIR, stream .. FAIR_RING, tenant)
   end
   if counted > 0 then
     local left = (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) - counted
@@ -322,12 +358,9 @@ end
 -- `weight`) with `own` of its tenant's held jobs ahead of it: those, and per round the other
 -- tenants' weights' worth, for as many rounds as the tenant needs to reach it; at most `held`.
 local function held_ahead(stream, tenant, weight, held, own)
-  local others = 0
-  for _, other in ipairs(redis.call('LRANGE', stream .. FAIR_RING, 0, -1)) do
-    if other ~= tenant then
-      others = others + (tonumber(redis.call('HGET', stream .. FAIR, 'w:' .. other)) or 1)
-    end
-  end
+  local fair = stream .. FAIR
+  local mine = tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 0  -- none: not in the ring
+  local others = math.max(0, ring_weight(fair, stream .. FAIR_RING) - mine)
   local rounds = math.ceil((own + 1) / math.max(weight, 1e-9))
   return math.max(0, math.min(held, own + math.floor(rounds * others)))
 end
@@ -514,10 +547,10 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   redis.call('EXPIRE', jk, ttl)
   wrote = true
   if not hold then return {1, ahead, value} end
+  record_weight(stream .. FAIR, stream .. FAIR_RING, tenant, tonumber(weight))
   if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(fields)) == 1 then
     redis.call('RPUSH', stream .. FAIR_RING, tenant)
   end
-  redis.call('HSET', stream .. FAIR, 'w:' .. tenant, weight)
   redis.call('HINCRBY', stream .. FAIR, 'held', 1)
   settle()
   refill(stream, group, job_prefix, 1)
@@ -826,7 +859,7 @@ return {1, cur, withdrawn, job[10] or '', job[11] or ''}
 # is, but for those a cancel withdrew: the lane's WITHDRAWN set), four commands in one round
 # trip, O(log withdrawn) at most. A held job: the undelivered entries plus the held
 # ones deficit round robin serves first, counting it as its tenant's last held job (its place
-# in the list is not kept): a bound, O(tenants holding jobs).
+# in the list is not kept): a bound, O(1) (the ring's weight sum is kept).
 POSITION = (
     _PRELUDE
     + """
