@@ -208,18 +208,21 @@ async def _queued_then_ended(aredis: aioredis.Redis, partition: Partition) -> Jo
     store = JobStore(aredis, ENDED_KEYS, ttl_s=60)
     for job_id in ("cancelled", "expired", "kept"):
         entry = RequestEntry(job_id, {"inputs": {}, "prompt": "a b"}, now_ms())
-        await store.create(entry, partition.bulk, {"model": partition.config.name})
+        fields = {"model": partition.config.name, "variant": partition.variant}
+        await store.create(entry, partition.bulk, fields)
     await store.transition("cancelled", JobStatus.CANCELLED)
     await store.settle_many(["expired"], JobStatus.EXPIRED, {})
     return store
 
 
 async def test_jobs_the_api_ended_while_queued_count_as_finished(aredis: aioredis.Redis) -> None:
-    """Read with their status, they are only acknowledged (`status` ''): no FINISH reported
-    them, and `{state="cancelled"}` stayed 0 for batch models. The job that ran counts its
-    queue wait under its lane."""
+    """No FINISH reports them, and `{state="cancelled"}` stayed 0 for batch models: they count
+    once each, where their entries are withdrawn (or, handed to a worker before they ended, as
+    it reads them with their status). The job that ran counts its queue wait under its lane."""
     config = ModelConfig(name="ended-batch", kind="batch", backend="identity")
     partition = Partition.of(ENDED_KEYS, config, "default")
+    states = ("cancelled", "expired", "succeeded")
+    before = [_finished("ended-batch", state) for state in states]
     await _queued_then_ended(aredis, partition)
     events = JobEvents("redis://unused")
     reader = StreamReader(aredis, ENDED_KEYS, partition.streams, "w-1")
@@ -230,8 +233,6 @@ async def test_jobs_the_api_ended_while_queued_count_as_finished(aredis: aioredi
     loop = MicroBatchLoop(
         partition, LaneScheduler(partition, reader, reclaimer), reader, writer, engine, 100
     )
-    states = ("cancelled", "expired", "succeeded")
-    before = [_finished("ended-batch", state) for state in states]
     wait = {"model": "ended-batch", "variant": "default", "lane": "bulk"}
     waits = REGISTRY.get_sample_value("conveyor_queue_wait_seconds_count", wait) or 0.0
 
@@ -255,6 +256,7 @@ async def test_a_generate_loop_counts_jobs_the_api_ended_while_queued(
         name="ended-gen", kind="generate", backend="tests.paced_engine:PacedEngine"
     )
     partition = Partition.of(ENDED_KEYS, config, "default")
+    before = [_finished("ended-gen", state) for state in ("cancelled", "expired")]
     await _queued_then_ended(aredis, partition)
     events = JobEvents("redis://unused")
     reader = StreamReader(aredis, ENDED_KEYS, partition.streams, "w-2", mark_on_read=True)
@@ -272,7 +274,6 @@ async def test_a_generate_loop_counts_jobs_the_api_ended_while_queued(
         block_ms=50,
         drain_s=1,
     )
-    before = [_finished("ended-gen", state) for state in ("cancelled", "expired")]
 
     batch = await reader.take([partition.bulk], 10)
     assert batch is not None

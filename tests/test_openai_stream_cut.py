@@ -19,7 +19,6 @@ from producer_api.openai.protocol import ChatCompletionRequest, ChatMessage
 from producer_api.openai.serving import DONE, ChatRenderer, OpenAIService
 from shared.keys import Keys
 from shared.settings import Settings
-from tests.test_openai_restart import _next_job
 
 LANE = Keys().queue("smollm2", "default")
 
@@ -27,14 +26,15 @@ LANE = Keys().queue("smollm2", "default")
 @asynccontextmanager
 async def openai_service(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[OpenAIService]:
     """The OpenAI service of an in-process producer on real Valkey. No worker serves it: the
-    smollm2 job a test enqueues is taken out of its lane on the way out (the lane as found)."""
+    smollm2 jobs a test enqueues are taken out of its lane on the way out (the lane as found),
+    those its cancel did not withdraw already."""
     app = create_app(Settings(redis_url=redis_url, auth="disabled", instance_id="openai-unit"))
     newest = await aredis.xrevrange(LANE, count=1)
     after = newest[0][0] if newest else b"0-0"
     async with app.router.lifespan_context(app):
         yield OpenAIService(app.state.conveyor, ANONYMOUS)
-    entry_id, _ = await _next_job(aredis, after)
-    await aredis.xdel(LANE, entry_id)
+    if left := [entry_id for entry_id, _ in await aredis.xrange(LANE, min=b"(" + after)]:
+        await aredis.xdel(LANE, *left)
 
 
 async def test_a_cut_stream_names_its_job_and_no_resume_it_does_not_take(
