@@ -8,7 +8,9 @@ ever, past the grace that the engine's close needs)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import pytest
 import redis.asyncio as aioredis
 
 from shared.codec import RequestEntry
@@ -106,7 +108,7 @@ async def test_a_generation_that_ignores_its_abort_holds_the_drain_no_longer(
 
 
 async def test_a_generation_a_drain_gave_up_is_due_to_the_next_reclaim_uncounted(
-    aredis: aioredis.Redis,
+    aredis: aioredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Given up at a stop, a generation waited out the whole visibility timeout (smollm2's 300 s)
     before any worker took it over, its run counted as a delivery: two graceful restarts (a
@@ -120,8 +122,11 @@ async def test_a_generation_a_drain_gave_up_is_due_to_the_next_reclaim_uncounted
         queue=QueueLimits(visibility_timeout_s=60),
     )
     partition = Partition.of(KEYS, config, "default")
-    running = await _stopped_while_generating(aredis, partition, "handed", drain_s=0.2)
-    await asyncio.wait_for(running, 30)
+    with caplog.at_level(logging.INFO, logger="workers"):
+        running = await _stopped_while_generating(aredis, partition, "handed", drain_s=0.2)
+        await asyncio.wait_for(running, 30)
+    [said] = [r for r in caplog.records if r.getMessage().startswith("handed given-up")]
+    assert (said.__dict__["handed"], said.__dict__["given_up"]) == (1, 1)  # the log says so
 
     taker = Reclaimer(aredis, KEYS, partition, TAKER, 60, JobEvents("redis://unused"))
     claimed = await taker.reclaim(partition.online)  # at once, not 60 s on

@@ -457,7 +457,12 @@ class GenerateLoop:
         idle_ms = int(self.partition.config.queue.visibility_timeout_s * 1000)
         try:
             for stream, entry_ids in _entries_by_stream(self._given_up).items():
-                await self.reader.hand_back(stream, entry_ids, idle_ms)
+                handed = await self.reader.hand_back(stream, entry_ids, idle_ms)
+                # an operator reading a rolling restart's log sees where those jobs went
+                log.info(
+                    "handed given-up generations back to the next reclaim",
+                    extra={"stream": stream, "handed": handed, "given_up": len(entry_ids)},
+                )
         except OUTAGE as exc:  # left pending: reclaimed a visibility timeout on, as before
             log.warning("could not hand back given-up generations: %r", exc)
 
