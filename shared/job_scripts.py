@@ -191,11 +191,14 @@ local function ring_weight(fair, ring)
   return sum
 end
 
--- A tenant's weight recorded (its latest key's, so a key reweighed mid-flood counts at once) and
--- the ring's sum moved by the change; before the tenant joins the ring, its recorded weight
--- (`w:`, kept only while it is in the ring) is none.
+-- A tenant's weight as a submit of `weight` leaves it: the highest of the keys it holds jobs
+-- with, recorded (`w:`, kept only while it is in the ring: none before it joins) and the ring's
+-- sum moved by the change. The latest key's flipped a tenant with two keys between their
+-- weights, submit by submit (one job sent with its weight-1 key cut its weight-3 flood to a
+-- third); any of its keys may submit, so the highest is the share it can claim anyway.
 local function record_weight(fair, ring, tenant, weight)
   local old = tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 0
+  if weight <= old then return end
   local sum = ring_weight(fair, ring) + weight - old
   redis.call('HSET', fair, 'w:' .. tenant, weight, WSUM, math.max(sum, 0))
 end
@@ -526,12 +529,12 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   if hold then
     fields = {unpack(ARGV, entry, last)}
     tenant = field(fields, 'tenant') or 'default'
-    if weight == '' then  -- unspecified (a replay): the weight recorded for the tenant, else 1
-      weight = redis.call('HGET', stream .. FAIR, 'w:' .. tenant) or 1
-    end
+    -- the tenant's weight once this job is held (see record_weight); a replay gives none
+    local recorded = tonumber(redis.call('HGET', stream .. FAIR, 'w:' .. tenant))
+    weight = weight == '' and (recorded or 1) or math.max(tonumber(weight), recorded or 0)
     local own = redis.call('LLEN', stream .. HELD .. tenant)
     if max_length > 0 and own >= 2 * max_length then own = sweep(stream, job_prefix, tenant) end
-    ahead = ahead + held_ahead(stream, tenant, tonumber(weight), held, own)
+    ahead = ahead + held_ahead(stream, tenant, weight, held, own)
   end
   if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
   -- ARGV's pairs go to HSET and XADD as they are: copying them into tables took a fifth of
@@ -547,7 +550,7 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   redis.call('EXPIRE', jk, ttl)
   wrote = true
   if not hold then return {1, ahead, value} end
-  record_weight(stream .. FAIR, stream .. FAIR_RING, tenant, tonumber(weight))
+  record_weight(stream .. FAIR, stream .. FAIR_RING, tenant, weight)
   if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(fields)) == 1 then
     redis.call('RPUSH', stream .. FAIR_RING, tenant)
   end

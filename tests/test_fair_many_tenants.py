@@ -33,7 +33,7 @@ async def test_a_held_jobs_position_costs_no_read_per_tenant(aredis: aioredis.Re
 async def test_the_weight_sum_follows_reweighing_and_tenants_leaving(
     aredis: aioredis.Redis,
 ) -> None:
-    """A key reweighed mid-flood counts at its new weight; a tenant served out of the ring no
+    """A heavier key's submit mid-flood counts at once; a tenant served out of the ring no
     longer counts at all."""
     config = _config(window=4)
     store, reader, stream = await _lane(aredis, config)
@@ -48,3 +48,25 @@ async def test_the_weight_sum_follows_reweighing_and_tenants_leaving(
     assert await aredis.hget(KEYS.fair(stream), "wsum") == b"3"
     await reader.take([stream], 20)  # a served out too: nothing held, no sum left
     assert not await aredis.hexists(KEYS.fair(stream), "wsum")
+
+
+async def test_a_tenants_weight_is_its_highest_keys_whatever_key_submitted_last(
+    aredis: aioredis.Redis,
+) -> None:
+    """Two keys of one tenant with different weights: the tenant weighed whatever its last
+    submit's key said, so one job sent with its weight-1 key cut its weight-3 flood to a third
+    (and the next weight-3 submit put it back). A tenant's weight is the highest of the keys it
+    holds jobs with."""
+    config = _config(window=4)
+    store, reader, stream = await _lane(aredis, config)
+    await _enqueue(store, [_job(config, "a", 3.0) for _ in range(12)])  # 4 in the stream, 8 held
+    await _enqueue(store, [_job(config, "b") for _ in range(8)])
+    await _enqueue(store, [_job(config, "a", 1.0)])  # a's other key
+    assert await aredis.hget(KEYS.fair(stream), "w:a") == b"3"
+    # c's first job: the stream's 4, then a round of the ring: a's 3 and b's 1
+    assert await QueuePositions(aredis, KEYS).position(stream, None, "c") == 4 + 3 + 1
+    await reader.take([stream], 4)  # the window's 4
+    taken = await reader.take([stream], 8)
+    assert taken is not None
+    tenants = [d.entry.tenant for d in taken[1] if d.entry]
+    assert tenants == ["a", "a", "a", "b"] * 2
