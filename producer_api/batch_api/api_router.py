@@ -21,7 +21,7 @@ from producer_api.batch_api.protocol import (
 from producer_api.batch_api.serving import Asked, BatchApiService
 from producer_api.errors import ConveyorError
 from producer_api.files.serving import FilesService
-from producer_api.jobs.api_router import IDEMPOTENCY_KEY
+from producer_api.jobs.api_router import KEY_PARAMETER, idempotency_key
 from producer_api.request_boundary import parse_json
 from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route, page_response
 from producer_api.state import ProducerState
@@ -121,7 +121,13 @@ def _openai_create(request: Request, body: bytes) -> dict[str, Any] | None:
     raise ConveyorError(422, "invalid_request", message)
 
 
-@router.post("/v1/batches", status_code=202, response_model=BatchView, responses=_ERRORS)
+@router.post(
+    "/v1/batches",
+    status_code=202,
+    response_model=BatchView,
+    responses=_ERRORS,
+    openapi_extra={"parameters": [KEY_PARAMETER]},
+)
 async def create_batch(
     request: Request,
     creation: Creation,
@@ -131,7 +137,6 @@ async def create_batch(
     completion_window: str = Query(default="24h", pattern=WINDOW),
     webhook: str | None = Query(default=None, max_length=2048),
     endpoint: Annotated[Endpoint | None, Query(description="The url every line names")] = None,
-    idempotency_key: str | None = IDEMPOTENCY_KEY,
 ) -> Any:
     """Create a batch from JSONL (`application/jsonl` body, a multipart `file` upload with
     the same options as form fields, or OpenAI's JSON body naming an uploaded `input_file_id`).
@@ -142,11 +147,12 @@ async def create_batch(
     the bulk lane, those it has no room for held and fed in as it frees. A repeated
     `Idempotency-Key` with the same request answers as its first try did, 202 with the batch it
     created (as `POST /v1/jobs` answers with its job)."""
+    key = idempotency_key(request)
     options = {"model": model, "completion_window": completion_window, "webhook": webhook}
     options["endpoint"] = endpoint
     given = {k: v for k, v in options.items() if v is not None}
     asked = await _asked(request, given)
-    batch_id, progress = await creation.batches.create(asked, creation.files.data, idempotency_key)
+    batch_id, progress = await creation.batches.create(asked, creation.files.data, key)
     return _respond(request, batch_id, progress, 202)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, TypeGuard
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BeforeValidator
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
@@ -22,17 +22,10 @@ router = APIRouter(tags=["jobs"], route_class=OrjsonRoute)
 JOB_ID = Path(max_length=128, description="Job id")
 # An Idempotency-Key: printable ASCII without spaces, 1 to KEY_MAX characters.
 KEY_CHARS, KEY_MAX = r"[\x21-\x7e]", 255
-IDEMPOTENCY_KEY = Header(
-    default=None,
-    alias="Idempotency-Key",
-    min_length=1,
-    max_length=KEY_MAX,
-    pattern=f"^{KEY_CHARS}+$",
-)
 _KEY = re.compile(f"{KEY_CHARS}{{1,{KEY_MAX}}}")
-# The header as OpenAPI shows `IDEMPOTENCY_KEY`, for the routes that read it themselves (the
-# submits: `_idempotency_key`).
-_KEY_PARAMETER = {
+# The header as OpenAPI shows it on every route that takes one (`openapi_extra`): each reads it
+# through `idempotency_key`, so each refuses a malformed key alike.
+KEY_PARAMETER = {
     "name": "Idempotency-Key",
     "in": "header",
     "required": False,
@@ -86,10 +79,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _PREDICT_ERRORS = {**_ERRORS, **error_responses(UNSUCCESSFUL_DESCRIPTIONS)}
 
 
-def _idempotency_key(request: Request) -> str | None:
-    """The request's Idempotency-Key, held to what `IDEMPOTENCY_KEY` admits. Read here, not
+def idempotency_key(request: Request) -> str | None:
+    """The request's Idempotency-Key, held to what `KEY_PARAMETER` documents. Read here, not
     declared: FastAPI's header parameter cost every request of the route ~20 us (measured on
-    its `request_params_to_args`), this lookup ~2 us."""
+    its `request_params_to_args`), this lookup ~2 us. Every route that takes the key reads it
+    here, so a malformed one is refused with one message wherever it is sent."""
     key = request.headers.get("idempotency-key")
     if key is not None and not _KEY.fullmatch(key):
         message = f"Idempotency-Key: 1 to {KEY_MAX} printable ASCII characters, no spaces"
@@ -140,7 +134,7 @@ def _waited(
     status_code=202,
     response_model=JobAccepted,
     responses={200: {"model": JobView, "description": "Finished within `wait`"}, **_ERRORS},
-    openapi_extra={"parameters": [_KEY_PARAMETER]},
+    openapi_extra={"parameters": [KEY_PARAMETER]},
 )
 async def submit_job(
     body: JobRequest, request: Request, service: SubmitService, wait: float = WAIT
@@ -148,13 +142,11 @@ async def submit_job(
     """Enqueue a job; with `wait`, answer 200 with the finished job if it ends in time. A
     repeated `Idempotency-Key` with the same body answers with the original job: 200, or,
     with `wait`, as the first request did (202 while it has not ended)."""
-    idempotency_key = _idempotency_key(request)
+    key = idempotency_key(request)
     if wait > 0:
-        job_id, variant, view = await service.submit_and_wait(
-            body.model, body, wait, idempotency_key
-        )
+        job_id, variant, view = await service.submit_and_wait(body.model, body, wait, key)
         return _waited(request, job_id, body.model, variant, view)
-    submitted = await service.submit(body.model, body, idempotency_key)
+    submitted = await service.submit(body.model, body, key)
     if not submitted.created:
         return FastJSONResponse(await service.get(submitted.job_id, 0))
     accepted = _accepted(request, submitted.job_id, "queued", body.model, submitted.variant)
@@ -180,7 +172,7 @@ async def cancel_job(service: SubmitService, job_id: str = JOB_ID) -> FastJSONRe
     "/v1/models/{model}/predict",
     response_model=JobView,
     responses={202: {"model": JobAccepted, "description": "Still running"}, **_PREDICT_ERRORS},
-    openapi_extra={"parameters": [_KEY_PARAMETER]},
+    openapi_extra={"parameters": [KEY_PARAMETER]},
 )
 async def predict(
     body: PredictRequest,
@@ -193,7 +185,7 @@ async def predict(
     the error of a job that failed (422), was cancelled (409) or expired (504). A repeated
     `Idempotency-Key` with the same request waits on the job its first try made, as
     `POST /v1/jobs?wait=` does: a client's retry after a lost answer runs nothing twice."""
-    key = _idempotency_key(request)
+    key = idempotency_key(request)
     job_id, variant, view = await service.submit_and_wait(model, body, timeout, key)
     if not _ended(view):
         return _waiting(request, job_id, model, variant, view)
