@@ -7,7 +7,10 @@ the replay's tenant keeps the weight recorded for it, else gets the default). A 
 job's deadline and batch, so it waits as its job would have (a batch item: its batch's window,
 not `max_queue_time_s`); a letter whose deadline has passed is not replayed (it could only
 expire) and stays until purged: the replay's result names it (`ReplayResult.kept`, with the
-reason), so whoever replayed sees what was kept and why.
+reason), so whoever replayed sees what was kept and why. A replay is admitted as a submit is,
+by the lane's `queue.max_length`: once its lane is full the letters left for it stay
+(`QUEUE_FULL`), to be replayed again when the lane has drained (a replay past the cap filled
+the lane that the API was refusing submits to with 429s).
 
 The stream has no cap and no TTL (a cap would drop letters unseen): only a purge or replay
 shrinks it; the producer's `conveyor_dlq_depth` gauge and `conveyor dlq list` show it, and
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.codec import RequestEntry, is_stream_id, stream_id
-from shared.job_store import JobStore, stamp_ms
+from shared.job_store import JobStore, QueueFull, stamp_ms
 from shared.keys import Keys, replay_job_id
 from shared.redis_client import executed
 
@@ -57,11 +60,12 @@ class DeadLetter:
 
 PAGE = 1_000  # letters per XRANGE
 DEADLINE_PASSED = "deadline_passed"  # a kept letter's reason: its replay could only expire
+QUEUE_FULL = "queue_full"  # a kept letter's reason: its lane held queue.max_length jobs
 
 
 @dataclass(frozen=True, slots=True)
 class KeptLetter:
-    """A letter a replay left in the stream, and why (`DEADLINE_PASSED`)."""
+    """A letter a replay left in the stream, and why (`DEADLINE_PASSED`, `QUEUE_FULL`)."""
 
     dlq_id: str
     job_id: str
@@ -79,9 +83,16 @@ class ReplayResult:
 
 class DeadLetters:
     def __init__(
-        self, store: JobStore, keys: Keys, model: str, variant: str, fair_window: int = 0
+        self,
+        store: JobStore,
+        keys: Keys,
+        model: str,
+        variant: str,
+        fair_window: int = 0,
+        max_length: int = 0,
     ) -> None:
-        """`fair_window`: the partition's (ModelConfig.fair_window_of; 0: not fair)."""
+        """`fair_window`: the partition's (ModelConfig.fair_window_of; 0: not fair);
+        `max_length`: its `queue.max_length`, which replays are admitted by (0: no cap)."""
         self.store = store
         self.redis = store.redis
         self.keys = keys
@@ -89,6 +100,7 @@ class DeadLetters:
         self.variant = variant
         self.stream = keys.dlq(model, variant)
         self.fair_window = fair_window
+        self.max_length = max_length
 
     async def partition_exists(self) -> bool:
         """Whether the partition was ever used here: its queue (a worker creates it) or its
@@ -135,30 +147,47 @@ class DeadLetters:
     async def replay(self, ids: list[str] | None = None, upto: str = "") -> ReplayResult:
         """Enqueue each dead letter (those of `ids`, else every one, up to `upto` if given)
         again as a new job, then remove the letter. A letter is replayed as one job however
-        many replays read it. A letter past its job's deadline is kept, not replayed
-        (`_replay_page`), and named in the result."""
-        result = ReplayResult()
+        many replays read it. A letter past its job's deadline, or whose lane is full, is
+        kept, not replayed (`_replay_page`), and named in the result."""
+        result, full = ReplayResult(), set[str]()
         if ids is not None:
-            await self._replay_page(await self.letters_of(ids), result)
+            await self._replay_page(await self.letters_of(ids), result, full)
         else:
             async for page in self.pages(upto):
-                await self._replay_page(page, result)
+                await self._replay_page(page, result, full)
         if result.kept:
-            message = "%s:%s: %d dead letters not replayed, past their job's deadline: %s"
+            message = "%s:%s: %d dead letters not replayed (past their deadline, or lane full): %s"
             kept = " ".join(letter.dlq_id for letter in result.kept)
             log.warning(message, self.model, self.variant, len(result.kept), kept)
         return result
 
-    async def _replay_page(self, letters: list[DeadLetter], result: ReplayResult) -> None:
+    async def _replay_page(
+        self, letters: list[DeadLetter], result: ReplayResult, full: set[str]
+    ) -> None:
         """Replay the letters whose job's deadline is still ahead (or that have none) into
         `result`; the others are kept: their replay would only expire, for a client that
-        stopped waiting. They stay for an operator to purge."""
+        stopped waiting. They stay for an operator to purge. So are those whose lane (`full`:
+        the lanes found full so far) refused one: once full, a lane is not tried again for the
+        rest of this replay, which would cost a round trip per letter for refusals."""
         now = stamp_ms()
         for letter in letters:
+            lane = self._lane(letter)
             if 0 < letter.entry.deadline_ms <= now:
                 result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, DEADLINE_PASSED))
+            elif lane in full:
+                result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, QUEUE_FULL))
             else:
-                result.replayed.append(await self._replay(letter))
+                try:
+                    result.replayed.append(await self._replay(letter, lane))
+                except QueueFull:
+                    full.add(lane)
+                    result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, QUEUE_FULL))
+
+    def _lane(self, letter: DeadLetter) -> str:
+        """The lane a letter's replay goes to: the one its job died in (the online lane for a
+        letter that does not say)."""
+        bulk = self.keys.bulk_queue(self.model, self.variant)
+        return bulk if letter.lane == bulk else self.keys.queue(self.model, self.variant)
 
     async def letters_of(self, ids: list[str]) -> list[DeadLetter]:
         """The letters of `ids` that exist, in one round trip (an unknown or malformed id is
@@ -179,7 +208,7 @@ class DeadLetters:
             dlq_id for dlq_id in ids if not is_stream_id(dlq_id) or stream_id(dlq_id) not in found
         ]
 
-    async def _replay(self, letter: DeadLetter) -> tuple[str, str]:
+    async def _replay(self, letter: DeadLetter, stream: str) -> tuple[str, str]:
         entry = RequestEntry(
             job_id=replay_job_id(self.model, self.variant, letter.job_id, letter.dlq_id),
             payload=letter.entry.payload,
@@ -196,10 +225,8 @@ class DeadLetters:
         }
         if webhook := letter.entry.payload.get("webhook"):
             fields["webhook"] = webhook  # where a cancel or a dead letter finds it, as any job's
-        bulk = self.keys.bulk_queue(self.model, self.variant)
-        stream = bulk if letter.lane == bulk else self.keys.queue(self.model, self.variant)
         await self.store.create(
-            entry, stream, fields, fair=(self.fair_window, None), may_exist=True
+            entry, stream, fields, self.max_length, fair=(self.fair_window, None), may_exist=True
         )
         await self.redis.xdel(self.stream, letter.dlq_id)
         return letter.job_id, entry.job_id

@@ -8,7 +8,14 @@ import asyncio
 import redis.asyncio as aioredis
 
 from shared.codec import RequestEntry
-from shared.dead_letters import DEADLINE_PASSED, PAGE, DeadLetter, DeadLetters, KeptLetter
+from shared.dead_letters import (
+    DEADLINE_PASSED,
+    PAGE,
+    QUEUE_FULL,
+    DeadLetter,
+    DeadLetters,
+    KeptLetter,
+)
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys, new_job_id, replay_job_id
@@ -213,3 +220,21 @@ async def test_a_letter_past_its_deadline_is_kept_not_replayed(aredis: aioredis.
     assert [letter.job_id for letter in await letters.every_entry()] == [past]
     assert await aredis.xlen(KEYS.queue(MODEL, VARIANT)) == 1
     assert not await aredis.exists(KEYS.job(replay_job_id(MODEL, VARIANT, past, late.dlq_id)))
+
+
+async def test_a_replay_stops_at_its_lanes_max_length_and_keeps_the_rest(
+    aredis: aioredis.Redis,
+) -> None:
+    """A replay ignored `queue.max_length`: replaying an outage's 10,000 letters into a lane
+    capped at 1,000 filled it ten times over while the API refused submits with 429. The replay
+    fills the lane to its cap and keeps the rest, named, for a replay once it drains; a full
+    lane does not stop the other lane's letters."""
+    online, bulk = KEYS.queue(MODEL, VARIANT), KEYS.bulk_queue(MODEL, VARIANT)
+    dead = [await _dead_letter(aredis, tenant, online) for tenant in "abc"]
+    batch = await _dead_letter(aredis, "batch", bulk)
+    letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT, max_length=2)
+    result = await letters.replay()
+    assert [old for old, _ in result.replayed] == [*dead[:2], batch]
+    (left,) = await letters.entries()
+    assert result.kept == [KeptLetter(left.dlq_id, dead[2], QUEUE_FULL)]
+    assert (await aredis.xlen(online), await aredis.xlen(bulk)) == (2, 1)

@@ -152,3 +152,15 @@ def test_replaying_all_replays_the_letters_there_when_it_began(
     dying.join()
     assert replayed.stdout.endswith("replayed 3000, kept 0\n"), replayed.stderr
     assert [dlq_id for dlq_id, _ in r.xrange(DLQ)] == later
+
+
+def test_a_replay_fills_a_capped_lane_and_keeps_the_rest(redis_url: str, r: redis.Redis) -> None:
+    """A replay pushed every letter into the lane past its `queue.max_length` (the API refused
+    submits to it with 429 meanwhile): it fills the lane to its cap (5 for `tiny`), keeps the
+    rest in the DLQ and says why."""
+    kept = [_letter(r, model="tiny", n=n) for n in range(7)][5:]
+    replayed = _dlq(redis_url, "replay", "tiny")
+    assert replayed.stdout.endswith("replayed 5, kept 2\n"), replayed.stderr
+    assert "lane is full" in replayed.stderr
+    assert [dlq_id for dlq_id, _ in r.xrange(KEYS.dlq("tiny", "default"))] == [d for d, _ in kept]
+    assert r.xlen(KEYS.queue("tiny", "default")) == 5

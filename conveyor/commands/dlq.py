@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from conveyor.local_stack import with_redis
 from shared.codec import is_stream_id
-from shared.dead_letters import DeadLetters, ReplayResult
+from shared.dead_letters import QUEUE_FULL, DeadLetters, ReplayResult
 from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.model_repository import ModelConfigError, ModelRepository
@@ -24,7 +24,7 @@ def _run(
     model: str, variant: str, action: Callable[[DeadLetters], Awaitable[T]], replays: bool = False
 ) -> T:
     """`action` on the partition's dead letters; `replays`: it enqueues jobs, so the partition
-    must still be served (`_served_fair_window`)."""
+    must still be served (`_served_limits`)."""
 
     async def on(client: aioredis.Redis, settings: Settings) -> T:
         keys = Keys(settings.key_prefix)
@@ -35,17 +35,18 @@ def _run(
                 f"no partition {model}:{variant} in this Redis (neither its queue nor its "
                 "dead-letter stream exists): check MODEL and --variant"
             )
-        if replays:  # queued fairly where the producers would queue it
-            fair_window = _served_fair_window(settings, model, variant)
-            letters = DeadLetters(store, keys, model, variant, fair_window)
+        if replays:  # queued fairly, and admitted by the cap, as the producers would queue it
+            fair_window, max_length = _served_limits(settings, model, variant)
+            letters = DeadLetters(store, keys, model, variant, fair_window, max_length)
         return await action(letters)
 
     return with_redis(on)
 
 
-def _served_fair_window(settings: Settings, model: str, variant: str) -> int:
-    """The partition's fair window in this machine's model repository, so a replay is queued
-    fairly where the producers would. A partition the repository lacks (or a repository that
+def _served_limits(settings: Settings, model: str, variant: str) -> tuple[int, int]:
+    """The partition's fair window and `queue.max_length` in this machine's model repository,
+    so a replay is queued fairly where the producers would, and never past the cap they admit
+    submits by. A partition the repository lacks (or a repository that
     cannot be read) is refused: no worker serves it, and its replays would stay queued for ever
     (the producers refuse its submits as unknown)."""
     try:
@@ -58,7 +59,7 @@ def _served_fair_window(settings: Settings, model: str, variant: str) -> int:
             " model repository has (no worker serves another: its replays would stay queued);"
             " set CONVEYOR_MODEL_REPOSITORY to the workers' repository. The letters stay."
         ) from None
-    return config.fair_window_of(variant)
+    return config.fair_window_of(variant), config.queue.max_length
 
 
 @click.group("dlq")
@@ -99,9 +100,9 @@ def show(model: str, dlq_id: str, variant: str) -> None:
 @ids_option
 def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
     """Enqueue dead letters again as new jobs (prints old → new job id), all those the partition
-    holds now or the given ids; a letter past its job's deadline is kept, not replayed (prints
-    its job id, DLQ id for `purge --id`, and why), then the counts. Refused for a partition the
-    model repository no longer has."""
+    holds now or the given ids; a letter past its job's deadline, or whose lane holds
+    queue.max_length jobs, is kept, not replayed (prints its job id, DLQ id for `purge --id`,
+    and why), then the counts. Refused for a partition the model repository no longer has."""
 
     async def act(letters: DeadLetters) -> ReplayResult:
         if ids:
@@ -117,6 +118,8 @@ def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
     for letter in result.kept:
         click.echo(f"kept {letter.job_id} (dead letter {letter.dlq_id}): {letter.reason}")
     click.echo(f"replayed {len(result.replayed)}, kept {len(result.kept)}")
+    if any(letter.reason == QUEUE_FULL for letter in result.kept):
+        click.echo("the lane is full (queue.max_length): replay again once it drains", err=True)
 
 
 @command.command("purge")

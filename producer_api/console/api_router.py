@@ -397,8 +397,8 @@ def _dead_letters(state: ProducerState, current: ConsoleSession, partition: str)
     config = state.repository.get(model) if current.principal.may_use(model) else None
     if config is None or variant not in config.variants:
         raise ConveyorError(404, "not_found", f"no partition {partition!r}")
-    fair_window = config.fair_window_of(variant)
-    return DeadLetters(state.job_store, state.keys, model, variant, fair_window)
+    fair_window, max_length = config.fair_window_of(variant), config.queue.max_length
+    return DeadLetters(state.job_store, state.keys, model, variant, fair_window, max_length)
 
 
 @router.get("/dead-letters")
