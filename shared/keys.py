@@ -345,6 +345,11 @@ class Keys:
         its nonce, so a copy of the cookie no longer opens the console."""
         return f"{self.prefix}console:logout:{nonce}"
 
+    def console_login_failures(self, bucket: str) -> str:
+        """Console logins from one client address in the current minute (string, TTL 60 s),
+        less those whose key was found (producer_api/console/login_throttle.py)."""
+        return f"{self.prefix}console:login-failures:{bucket}"
+
     def rate_bucket(self, key_id: str) -> str:
         """Token bucket of one API key (hash: tokens, ms timestamp), shared by all producers."""
         return f"{self.prefix}rl:{{{key_id}}}"

@@ -112,6 +112,9 @@ class Settings(BaseSettings):
     # a random secret per process (sessions then end when the producer restarts, and each
     # replica needs its own login).
     console_secret: str = ""
+    # Failed console logins one client address (an IPv6 /64) may make a minute, every producer
+    # counting together; past them its logins get 429 until the minute ends.
+    console_login_failures_per_minute: int = Field(default=10, ge=1)
 
     webhook_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Host names of the operator's own receivers that may resolve to private addresses (an

@@ -7,11 +7,15 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
+import pytest
 import redis.asyncio as aioredis
+from fastapi import FastAPI
 
 from producer_api.app import create_app
+from producer_api.console.login_throttle import bucket_of
 from shared.api_keys import SCOPES, ApiKeyStore, KeySpec
 from shared.keys import Keys
 from shared.settings import Settings
@@ -20,19 +24,36 @@ KEYS = Keys("security-console:")
 
 
 @asynccontextmanager
-async def _signed_in(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
-    """A producer run in-process, and a client signed in to its console with an admin key."""
+async def _console(
+    redis_url: str, aredis: aioredis.Redis, **settings: Any
+) -> AsyncIterator[tuple[FastAPI, str]]:
+    """A producer run in-process, and an admin key for its console."""
     key, _ = await ApiKeyStore(aredis, KEYS).create(KeySpec(tenant="ops", scopes=frozenset(SCOPES)))
-    app = create_app(Settings(redis_url=redis_url, key_prefix=KEYS.prefix))
+    app = create_app(Settings(redis_url=redis_url, key_prefix=KEYS.prefix, **settings))
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            form = (await client.get("/console/login")).text
-            csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', form)
-            assert csrf is not None, form
-            signed = await client.post("/console/login", data={"key": key, "csrf": csrf[1]})
-            assert signed.status_code == 303, signed.text
-            yield client
+        yield app, key
+
+
+def _client(app: FastAPI, address: str = "127.0.0.1") -> httpx.AsyncClient:
+    """A client of the app that connects from `address`."""
+    transport = httpx.ASGITransport(app=app, client=(address, 40_000))
+    return httpx.AsyncClient(transport=transport, base_url="http://test")
+
+
+async def _log_in(client: httpx.AsyncClient, key: str) -> httpx.Response:
+    form = (await client.get("/console/login")).text
+    csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', form)
+    assert csrf is not None, form
+    return await client.post("/console/login", data={"key": key, "csrf": csrf[1]})
+
+
+@asynccontextmanager
+async def _signed_in(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
+    """A client signed in to an in-process producer's console with an admin key."""
+    async with _console(redis_url, aredis) as (app, key), _client(app) as client:
+        signed = await _log_in(client, key)
+        assert signed.status_code == 303, signed.text
+        yield client
 
 
 async def test_a_job_id_with_a_trailing_newline_reaches_no_key(
@@ -50,3 +71,39 @@ async def test_a_job_id_with_a_trailing_newline_reaches_no_key(
             seen.append(command)
     assert seen, "MONITOR saw the requests' own commands (the session's key)"
     assert not [command for command in seen if digits[-16:] in command]  # past its {tag}
+
+
+async def test_an_address_that_fails_too_many_logins_waits_out_the_minute(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """The login form answered every guess at once, as often as it was posted. Logins whose key
+    was found count for nothing; another address is not held back."""
+    async with (
+        _console(redis_url, aredis, console_login_failures_per_minute=3) as (app, key),
+        _client(app, "10.0.0.1") as guesser,
+        _client(app, "10.0.0.2") as other,
+    ):
+        for _ in range(4):
+            assert (await _log_in(guesser, key)).status_code == 303
+        for attempt in range(3):
+            assert (await _log_in(guesser, f"cvk_guess{attempt}")).status_code == 401
+        refused = await _log_in(guesser, key)  # the right key too, till the minute ends
+        assert refused.status_code == 429, refused.text
+        assert 0 < int(refused.headers["retry-after"]) <= 60
+        assert "too many failed logins" in refused.text
+        assert refused.headers["content-security-policy"]  # the form, as ever
+        assert (await _log_in(other, key)).status_code == 303
+
+
+@pytest.mark.parametrize(
+    ("host", "bucket"),
+    [
+        ("10.1.2.3", "10.1.2.3"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::"),  # one machine's /64 is one bucket
+        ("2001:db8:1:2:bbbb::9", "2001:db8:1:2::"),
+        ("evil\n{x}", "unknown"),  # a proxy's header text reaches no key name
+        (None, "unknown"),
+    ],
+)
+def test_logins_are_counted_per_address(host: str | None, bucket: str) -> None:
+    assert bucket_of(host) == bucket

@@ -21,6 +21,7 @@ from producer_api.auth import Principal
 from producer_api.auth.dependencies import throttle
 from producer_api.batch_api.serving import BATCH_ID, BatchApiService, not_found
 from producer_api.console.job_browser import JobFilter, job_page, recent_jobs
+from producer_api.console.login_throttle import bucket_of
 from producer_api.console.route_board import route_board
 from producer_api.console.service import Console
 from producer_api.console.session import (
@@ -201,9 +202,12 @@ async def login(
     signer = service.signer
     try:
         check_login_csrf(signer, request.cookies.get(LOGIN_COOKIE, ""), csrf)
-        principal = await login_key(state, key.strip())
+        bucket = bucket_of(request.client.host if request.client else None)
+        principal = await login_key(state, service.logins, bucket, key.strip())
     except ConveyorError as refused:
-        return _login_form(request, signer, refused.message, refused.status)
+        form = _login_form(request, signer, refused.message, refused.status)
+        form.headers.update(refused.headers or {})  # a throttled login's Retry-After
+        return form
     response = _see("/console")
     cookie, _ = signer.issue(principal.key_id)
     _set_cookie(request, response, COOKIE, cookie, MAX_AGE_S)

@@ -1,11 +1,12 @@
 """The console's long-lived parts, built once in the app's lifespan and held on `app.state`: the
-session signer, the record of logged-out sessions, and the summaries loop that every viewer
-reads."""
+session signer, the record of logged-out sessions, the count of failed logins, and the
+summaries loop that every viewer reads."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from producer_api.console.login_throttle import LoginThrottle
 from producer_api.console.logouts import Logouts
 from producer_api.console.session import MAX_AGE_S, SessionSigner
 from producer_api.console.summaries import ConsoleSummaries
@@ -16,12 +17,18 @@ from producer_api.state import ProducerState
 class Console:
     signer: SessionSigner
     logouts: Logouts
+    logins: LoginThrottle
     summaries: ConsoleSummaries
 
     @classmethod
     def build(cls, state: ProducerState) -> Console:
-        signer = SessionSigner(state.settings.console_secret)
-        return cls(signer, Logouts(state.redis, state.keys, MAX_AGE_S), ConsoleSummaries(state))
+        settings = state.settings
+        return cls(
+            SessionSigner(settings.console_secret),
+            Logouts(state.redis, state.keys, MAX_AGE_S),
+            LoginThrottle(state.redis, state.keys, settings.console_login_failures_per_minute),
+            ConsoleSummaries(state),
+        )
 
     def start(self) -> None:
         self.summaries.start()

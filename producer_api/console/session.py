@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from producer_api.auth import ANONYMOUS, Principal
 from producer_api.auth.dependencies import authenticate
+from producer_api.console.login_throttle import LoginThrottle
 from producer_api.console.logouts import Logouts
 from producer_api.errors import ConveyorError
 from producer_api.state import ProducerState
@@ -94,9 +95,16 @@ class SessionSigner:
         return self._mac("csrf", nonce.encode())
 
 
-async def login_key(state: ProducerState, presented: str) -> Principal:
-    """The principal of a presented key, which must hold `read` (admin includes it)."""
+async def login_key(
+    state: ProducerState, logins: LoginThrottle, bucket: str, presented: str
+) -> Principal:
+    """The principal of a presented key, which must hold `read` (admin includes it); 429 with
+    Retry-After once `bucket` (the client's address) failed too often this minute."""
+    if wait_s := await logins.attempt(bucket):
+        message = f"too many failed logins from this address; try again in {wait_s} s"
+        raise ConveyorError(429, "rate_limited", message, {"Retry-After": str(wait_s)})
     principal = await authenticate(state, presented)
+    await logins.forgive(bucket)
     if not principal.may("read"):
         raise ConveyorError(403, "forbidden", "the console needs a key with the read scope")
     return principal
