@@ -14,7 +14,12 @@ tombstones ahead of the group's position whenever jobs finish out of order, Redi
 A model with `autoscaling.metric: backlog_seconds` scales instead on seconds of work (one
 trigger on its scaling seconds, shared/backlog.py: the backlog, at most `target_s` per job),
 read by KEDA's `metrics-api` scaler from the producer's `/metrics/backlog/{model}/{variant}`
-(`scaling_seconds`) or by its `prometheus` scaler (`conveyor_backlog_scaling_seconds`)."""
+(`scaling_seconds`) or by its `prometheus` scaler (`conveyor_backlog_scaling_seconds`).
+
+The stream triggers carry what KEDA cannot learn from the Secret's `address`: the database the
+URL names (`databaseIndex`; without it KEDA reads DB 0, sees no stream and holds the pools at
+their minimum) and TLS for a `rediss://` URL (`enableTLS`). The password never goes in: KEDA
+reads it from the Secret through the TriggerAuthentication."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from redis.connection import SSLConnection, parse_url
 
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelRepository
@@ -77,6 +83,25 @@ class MetricSources:
         return cls(producer_url=f"http://producer.{namespace or 'conveyor'}.svc")
 
 
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
+    """What of CONVEYOR_REDIS_URL the stream triggers need: its database and whether it is TLS
+    (never its password or address, which come from the Secret)."""
+
+    db: int = 0
+    tls: bool = False
+
+    @classmethod
+    def of_url(cls, url: str) -> RedisTarget:
+        parsed = parse_url(url)
+        return cls(int(parsed.get("db") or 0), parsed.get("connection_class") is SSLConnection)
+
+    def metadata(self, cluster: bool) -> dict[str, str]:
+        """The triggers' connection metadata: a cluster has database 0 only."""
+        found = {} if cluster or not self.db else {"databaseIndex": str(self.db)}
+        return found | ({"enableTLS": "true"} if self.tls else {})
+
+
 def streams_scaler(cluster: bool) -> str:
     """KEDA's scaler for Redis Streams on one server, or on a cluster."""
     return CLUSTER_STREAMS_SCALER if cluster else STREAMS_SCALER
@@ -95,9 +120,11 @@ def pool_triggers(
     keys: Keys,
     sources: MetricSources | None = None,
     cluster: bool = False,
+    redis: RedisTarget = RedisTarget(),
 ) -> list[dict[str, Any]]:
-    """One `streamLength` trigger per lane, both scaling on the model's lag_per_replica; or, for
-    `metric: backlog_seconds`, one trigger on the pool's seconds of backlog."""
+    """One `streamLength` trigger per lane, both scaling on the model's lag_per_replica, on
+    `redis`'s database; or, for `metric: backlog_seconds`, one trigger on the pool's seconds of
+    backlog."""
     hints = config.autoscaling
     if hints.metric == "backlog_seconds":
         return [backlog_trigger(config, variant, sources or MetricSources())]
@@ -114,6 +141,7 @@ def pool_triggers(
                 "stream": stream,
                 "streamLength": str(hints.lag_per_replica),
                 "activationLagCount": str(hints.activation_lag),
+                **redis.metadata(cluster),
             },
             "authenticationRef": {"name": AUTH_NAME},
         }
@@ -158,6 +186,7 @@ def scaled_object(
     namespace: str | None = None,
     sources: MetricSources | None = None,
     cluster: bool = False,
+    redis: RedisTarget = RedisTarget(),
 ) -> dict[str, Any]:
     """The ScaledObject for one pool; its target is the Deployment of the same name."""
     hints = config.autoscaling
@@ -176,7 +205,12 @@ def scaled_object(
             "maxReplicaCount": max(hints.max_replicas, hints.min_replicas),
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(config)}},
             "triggers": pool_triggers(
-                config, variant, keys, sources or MetricSources.for_namespace(namespace), cluster
+                config,
+                variant,
+                keys,
+                sources or MetricSources.for_namespace(namespace),
+                cluster,
+                redis,
             ),
         },
     }
@@ -201,12 +235,13 @@ def render(
     namespace: str | None = None,
     sources: MetricSources | None = None,
     cluster: bool = False,
+    redis: RedisTarget = RedisTarget(),
 ) -> list[dict[str, Any]]:
     """TriggerAuthentication first, then one ScaledObject per (model, variant), sorted."""
     objects = [trigger_authentication(namespace, cluster)]
     for config in sorted(repository, key=lambda c: c.name):
         objects.extend(
-            scaled_object(config, v, keys, namespace, sources, cluster)
+            scaled_object(config, v, keys, namespace, sources, cluster, redis)
             for v in sorted(config.variants)
         )
     _check_unique(objects)

@@ -333,6 +333,31 @@ def test_render_cli_follows_the_cluster_setting_unless_told(monkeypatch):
     }
 
 
+def test_render_takes_the_urls_database_and_tls_never_its_password(monkeypatch):
+    """A CONVEYOR_REDIS_URL naming DB 3 rendered triggers without `databaseIndex`: KEDA read
+    DB 0, found no stream and held every pool at its minimum; a `rediss://` one, no
+    `enableTLS`. A cluster has DB 0 only; the password stays in the Secret either way."""
+    monkeypatch.setenv("CONVEYOR_REDIS_URL", "rediss://:s3cret@redis.example:6380/3")
+    get_settings.cache_clear()
+    try:
+        args = ["render", "keda", "--model-repository", str(REPO_ROOT / "model_repository")]
+        runs = [
+            CliRunner().invoke(main, [*args, flag])
+            for flag in ("--single-redis", "--redis-cluster")
+        ]
+    finally:
+        get_settings.cache_clear()
+    connections = []
+    for result in runs:
+        assert result.exit_code == 0, result.output
+        assert "s3cret" not in result.stdout
+        scaled = list(yaml.safe_load_all(result.stdout))[1]
+        assert crd_errors(scaled) == []
+        metadata = [t["metadata"] for t in scaled["spec"]["triggers"]]
+        connections += [(m.get("databaseIndex"), m.get("enableTLS")) for m in metadata]
+    assert connections == [("3", "true")] * 2 + [(None, "true")] * 2
+
+
 def test_render_to_a_directory_sets_the_namespace(tmp_path):
     args = ["render", "keda", "--out", str(tmp_path), "--namespace", "inference"]
     repository = str(REPO_ROOT / "model_repository")

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from autoscaling.keda import PROMETHEUS_URL, MetricSources, render, to_yaml
+from autoscaling.keda import PROMETHEUS_URL, MetricSources, RedisTarget, render, to_yaml
 from shared.http_url import is_http_url
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
@@ -93,14 +93,17 @@ def keda(
     prometheus_url: str,
     redis_cluster: bool | None,
 ) -> None:
-    """TriggerAuthentication plus one ScaledObject per (model, variant), as multi-doc YAML."""
+    """TriggerAuthentication plus one ScaledObject per (model, variant), as multi-doc YAML. The
+    stream triggers take CONVEYOR_REDIS_URL's database (`databaseIndex`) and TLS
+    (`rediss://`: `enableTLS`); its password stays in the Secret."""
     settings = get_settings()
     repository = ModelRepository.load(model_repository or settings.model_repository)
     keys = Keys(key_prefix if key_prefix is not None else settings.key_prefix)
     default = MetricSources.for_namespace(namespace)
     sources = MetricSources(producer_url or default.producer_url, prometheus_url)
     cluster = settings.redis_cluster if redis_cluster is None else redis_cluster
-    text = to_yaml(render(repository, keys, namespace, sources, cluster))
+    redis = RedisTarget.of_url(settings.redis_url)  # its database and TLS, not its password
+    text = to_yaml(render(repository, keys, namespace, sources, cluster, redis))
     if out == "-":
         click.echo(text, nl=False)
         return
