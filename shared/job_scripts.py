@@ -10,6 +10,7 @@ from shared.keys import (
     ADDED_SUFFIX,
     DRAINED_SUFFIX,
     FAIR_RING_SUFFIX,
+    FAIR_SINCE_SUFFIX,
     FAIR_SUFFIX,
     GROUP,
     HELD_SUFFIX,
@@ -135,6 +136,7 @@ local ADDED, FAIR, RECENT = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}', '{RECENT_SUFFIX}'
 local RECENT_KEPT, RECENT_SLACK = {RECENT_KEPT}, {RECENT_SLACK}
 local FAIR_RING, HELD, MOVED = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}', '{MOVED_FIELD}'
 local WSUM = 'wsum'  -- the fair hash's sum of the ring's tenants' weights
+local SINCE = '{FAIR_SINCE_SUFFIX}'
 local REFUSED, REFUSED_TTL = '{REFUSED_SUFFIX}', {REFUSED_TTL_S}
 local MAX_DROPS = {REFILL_MAX_DROPS}
 local UNCOUNTED = '{UNCOUNTED_SUFFIX}'
@@ -203,13 +205,25 @@ local function record_weight(fair, ring, tenant, weight)
   redis.call('HSET', fair, 'w:' .. tenant, weight, WSUM, math.max(sum, 0))
 end
 
+-- Held jobs `ids` of lane `stream` that left its held lists (moved into the stream, dropped):
+-- off the lane's held jobs by submit time (SINCE). While a migration has the set elsewhere, they
+-- stay there: the oldest-age read skips a job no longer held, and the set goes with the ring.
+local function unheld(stream, ids)
+  for i = 1, #ids, 1000 do  -- unpack's stack holds a few thousand values at most
+    here('ZREM', stream .. SINCE, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+end
+
 -- A tenant taken off the ring (its held list emptied): its credit and weight go, and its weight
--- leaves the sum, which goes with the ring's last tenant (no float residue outlives the ring).
-local function leave(fair, ring, tenant)
+-- leaves the sum, which goes with the ring's last tenant (no float residue outlives the ring),
+-- as does the lane's set of held jobs by submit time (nothing stale in it outlives the ring).
+local function leave(stream, tenant)
+  local fair, ring = stream .. FAIR, stream .. FAIR_RING
   local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM)
   redis.call('HDEL', fair, 'd:' .. tenant, 'w:' .. tenant)
   if (here('LLEN', ring) or 0) == 0 then  -- emptied: gone, which a migration answers as moved
     redis.call('HDEL', fair, WSUM)
+    here('DEL', stream .. SINCE)
   elseif h[2] then
     redis.call('HSET', fair, WSUM, math.max(tonumber(h[2]) - (tonumber(h[1]) or 1), 0))
   end
@@ -250,6 +264,7 @@ local function refill(stream, group, job_prefix, upto)
   local room = upto - undelivered(stream, group)
   local added, moved, idle = nil, 0, 0  -- idle: turns in a row that took nothing off a list
   local drops, dropped = 0, nil  -- dropped: the entry dropped last
+  local gone = {}  -- ids of the held jobs taken off the lists (moved in or dropped)
   local stalled = false  -- a key the next move needs is not here (see `here`)
   while room > 0 and left > 0 and drops < MAX_DROPS and not stalled do
     local tenant, served = here('LINDEX', ring, 0)
@@ -280,10 +295,12 @@ local function refill(stream, group, job_prefix, upto)
       end
       if not served then  -- back in its place, for the first refill after the migration
         stalled = true
-        if put_back(list, packed, stream) then left, moved = left - 1, moved + 1 end
+        if put_back(list, packed, stream) then
+          left, moved, gone[#gone + 1] = left - 1, moved + 1, jid
+        end
         break
       end
-      left = left - 1
+      left, gone[#gone + 1] = left - 1, jid
       if not runs then  -- dropped: costs no credit
         -- its end took it off the count (the set, or the hash's mark: a rolling upgrade)
         if uncounted == 1 or job[2] == UNCOUNTED_MARK then left = left + 1 end
@@ -303,7 +320,7 @@ local function refill(stream, group, job_prefix, upto)
     end
     if (here('LLEN', list) or 0) == 0 then  -- emptied: gone, which a migration answers as moved
       redis.call('LPOP', ring)
-      leave(fair, ring, tenant)
+      leave(stream, tenant)
     else
       redis.call('HSET', fair, 'd:' .. tenant, credit)
       if credit < WHOLE then redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT') end
@@ -320,6 +337,7 @@ local function refill(stream, group, job_prefix, upto)
   end
   redis.call('HSET', fair, 'held', math.max(left, 0))
   if moved > 0 then here('INCRBY', stream .. ADDED, moved) end
+  unheld(stream, gone)
 end
 
 -- A tenant's held list at ENQUEUE's bound (2 x max_length entries) loses its entries of jobs
@@ -332,23 +350,27 @@ end
 -- uncounted) leaves the count as a refill's drop does. Returns the list's length.
 local function sweep(stream, job_prefix, tenant)
   local list = stream .. HELD .. tenant
-  local kept, counted = {}, 0
+  local kept, counted, gone = {}, 0, {}
   for _, packed in ipairs(redis.call('LRANGE', list, 0, -1)) do
     local jid = field(cmsgpack.unpack(packed), 'id') or ''
     local job = redis.call('HMGET', jobkey(job_prefix, jid), 'status', 'held')
     if can(job[1], 'running') then
       kept[#kept + 1] = packed
-    elseif redis.call('SREM', stream .. UNCOUNTED, jid) == 0 and job[2] ~= UNCOUNTED_MARK then
-      counted = counted + 1
+    else
+      gone[#gone + 1] = jid
+      if redis.call('SREM', stream .. UNCOUNTED, jid) == 0 and job[2] ~= UNCOUNTED_MARK then
+        counted = counted + 1
+      end
     end
   end
   redis.call('DEL', list)
   for i = 1, #kept, 1000 do  -- unpack's stack holds a few thousand values at most
     redis.call('RPUSH', list, unpack(kept, i, math.min(i + 999, #kept)))
   end
+  unheld(stream, gone)
   if #kept == 0 then
     redis.call('LREM', stream .. FAIR_RING, 0, tenant)
-    leave(stream .. FAIR, stream .. FAIR_RING, tenant)
+    leave(stream, tenant)
   end
   if counted > 0 then
     local left = (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) - counted
@@ -554,6 +576,8 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(fields)) == 1 then
     redis.call('RPUSH', stream .. FAIR_RING, tenant)
   end
+  local enq = tonumber(field(fields, 'enq'))
+  if enq then here('ZADD', stream .. SINCE, enq, field(fields, 'id')) end
   redis.call('HINCRBY', stream .. FAIR, 'held', 1)
   settle()
   refill(stream, group, job_prefix, 1)
@@ -830,6 +854,7 @@ if not ALLOWED[ARGV[1]] and job[6] == '1' and job[5] then
   -- first was taken off again by every retry.
   redis.call('SADD', job[5] .. UNCOUNTED, ARGV[5])
   redis.call('HINCRBY', job[5] .. FAIR, 'held', -1)
+  unheld(job[5], {ARGV[5]})  -- no longer the lane's oldest held job
   table.insert(args, 'held')  -- the mark workers before the set read (a rolling upgrade)
   table.insert(args, UNCOUNTED_MARK)
 end

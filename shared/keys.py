@@ -40,6 +40,10 @@ HELD_SUFFIX = ":held:"
 # and refill, dropping their entries later, must not count them off again. Kept with the lane,
 # not in the job's hash, which may have expired by then.
 UNCOUNTED_SUFFIX = ":fair:uncounted"
+# The ids of the jobs a fair lane holds, each scored by its submit (`enq`, ms): the oldest held
+# job in O(log n) (shared/partition_stats.py's OLDEST), where reading each tenant's list was
+# O(tenants) on every stats read.
+FAIR_SINCE_SUFFIX = ":fair:since"
 # The numbers (`seq`) of entries a cancel withdrew from a lane before any consumer was handed
 # them (a sorted set, each scored by itself): POSITION counts those behind a job back, which the
 # lane's `added` counter still counts; TRANSITION trims the ones no queued job stands ahead of.

@@ -20,27 +20,29 @@ from redis.exceptions import RedisError, ResponseError
 
 from shared.codec import as_text
 from shared.job_scripts import LUA_FIELD, LUA_HERE
-from shared.keys import FAIR_RING_SUFFIX, GROUP, HELD_SUFFIX, LUA_JOB_KEY, Keys
+from shared.keys import FAIR_SINCE_SUFFIX, GROUP, LUA_JOB_KEY, Keys
 from shared.model_repository import ModelRepository
 from shared.redis_client import executed
 
-# Entries of a tenant's held list looked at for its oldest live job: a job cancelled while held
-# keeps its entry until a refill drops it (the list's head is usually live: a refill drops the
-# ended ones it meets).
+# Held jobs looked at, oldest first, for the oldest still held: one that ended while held left
+# the lane's set then, so the first is that one but for a job whose hash expired (never ended)
+# or one a slot's migration left behind (see `unheld` in shared/job_scripts.py).
 HEADS_READ = 8
 
 # KEYS[1]: a lane's stream; ARGV: the group's last delivered id, the job-key prefix. The
 # submit stamp (`enq`, ms) of the oldest job still waiting: the first undelivered entry's (an
-# entry a fair lane moved in was appended then, under a later id), and the oldest queued one at
-# the head of each tenant's held list; none: false. O(tenants holding jobs). While the lane's
-# slot migrates, a held job whose hash moved ahead counts as queued (a held entry is, but for a
-# cancel the next refill drops), and a tenant whose list moved ahead is left out: the answer
-# stands for the migration's seconds, where the script failed (a 503 on GET /v1/models, the
-# gauges stale) until the slot had moved.
+# entry a fair lane moved in was appended then, under a later id), or the oldest held job's,
+# from the lane's held jobs by submit time (`{lane}:fair:since`); none: false. O(log held): it
+# read the head of every held tenant's list, thousands of reads inside Redis on every stats
+# read with thousands of one-job tenants. While the lane's slot migrates, a held job whose hash
+# moved ahead counts as held, and the set moved ahead reads as empty: the answer stands for the
+# migration's seconds, where the script failed (a 503 on GET /v1/models, the gauges stale)
+# until the slot had moved. A lane that held jobs before the set was kept counts those once
+# they reach its stream.
 OLDEST = (
     LUA_JOB_KEY
     + f"""
-local RING, HELD = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}'
+local SINCE = '{FAIR_SINCE_SUFFIX}'
 local HEADS = {HEADS_READ}
 """
     + """
@@ -49,24 +51,18 @@ local oldest = nil
     + LUA_FIELD
     + LUA_HERE
     + """
-local function older(fields)
-  local ms = tonumber(field(fields, 'enq'))
-  if ms and (not oldest or ms < oldest) then oldest = ms end
-end
-local function waiting(jid)
-  local status, served = here('HGET', jobkey(ARGV[2], jid), 'status')
-  return status == 'queued' or not served
+local function held(jid)
+  local job, served = here('HMGET', jobkey(ARGV[2], jid), 'status', 'held')
+  return not served or (job[1] == 'queued' and job[2] == '1')
 end
 local first = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', 1)[1]
-if first then older(first[2]) end
-for _, tenant in ipairs(here('LRANGE', KEYS[1] .. RING, 0, -1) or {}) do
-  for _, packed in ipairs(here('LRANGE', KEYS[1] .. HELD .. tenant, 0, HEADS - 1) or {}) do
-    local fields = cmsgpack.unpack(packed)
-    local jid = field(fields, 'id')
-    if jid and waiting(jid) then
-      older(fields)
-      break
-    end
+if first then oldest = tonumber(field(first[2], 'enq')) end
+local since = here('ZRANGE', KEYS[1] .. SINCE, 0, HEADS - 1, 'WITHSCORES') or {}
+for i = 1, #since, 2 do
+  if held(since[i]) then
+    local ms = tonumber(since[i + 1])
+    if not oldest or ms < oldest then oldest = ms end
+    break
   end
 end
 return oldest and tostring(oldest) or false

@@ -86,3 +86,19 @@ async def test_a_held_job_that_ended_is_no_oldest(aredis: aioredis.Redis) -> Non
     [stats] = await read_partition_stats(aredis, KEYS, _repository())
     assert (stats.online.held, stats.online.lag) == (1, 1)
     assert 59 <= stats.online.oldest_age_s < 120
+
+
+async def test_the_oldest_age_reads_no_entry_per_held_tenant(aredis: aioredis.Redis) -> None:
+    """Thousands of one-job tenants held: every `GET /v1/models` and metrics read ran one LRANGE
+    per tenant inside Redis (O(tenants), milliseconds of a blocked server at thousands). The held
+    jobs are kept by submit time, so the read is O(log held)."""
+    tenants = 200
+    ages = [(f"t{index}", 60.0 - index / 10) for index in range(tenants)]
+    await _fair_flood(aredis, [("first", 600.0), *ages])
+    await aredis.xreadgroup(GROUP, "w-1", {FAIR: ">"})
+    await aredis.config_resetstat()
+    [stats] = await read_partition_stats(aredis, KEYS, _repository())
+    assert stats.online.held == tenants
+    assert 59 <= stats.online.oldest_age_s < 120
+    counts = await aredis.info("commandstats")
+    assert sum(int(c["calls"]) for c in counts.values()) < 40, counts
