@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         host=args.host,
         port=args.port,
         access_log=False,
+        server_header=False,  # `server: uvicorn` told scanners what to try (OWASP)
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
     # The app before the server: importing it patches uvicorn's exit handler (sse-starlette),

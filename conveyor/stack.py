@@ -39,7 +39,12 @@ Server = Literal["uvicorn", "conveyor"]
 # A producer's command line but its address: uvicorn's (compose, Kubernetes), or the server
 # `conveyor up` runs (conveyor/producer_server.py: SO_REUSEPORT, several per port).
 _SERVERS: dict[Server, tuple[str, ...]] = {
-    "uvicorn": (str(BIN / "uvicorn"), "producer_api.app:app", "--no-access-log"),
+    "uvicorn": (
+        str(BIN / "uvicorn"),
+        "producer_api.app:app",
+        "--no-access-log",
+        "--no-server-header",
+    ),
     "conveyor": (sys.executable, "-m", "conveyor.producer_server"),
 }
 
