@@ -85,16 +85,19 @@ class MetricSources:
 
 @dataclass(frozen=True, slots=True)
 class RedisTarget:
-    """What of CONVEYOR_REDIS_URL the stream triggers need: its database and whether it is TLS
-    (never its password or address, which come from the Secret)."""
+    """What of CONVEYOR_REDIS_URL KEDA needs besides the Secret's address and password: its
+    database, whether it is TLS, and whether it names an ACL user (whose name KEDA then reads
+    from the Secret's `username`; the values themselves never go into the manifest)."""
 
     db: int = 0
     tls: bool = False
+    user: bool = False
 
     @classmethod
     def of_url(cls, url: str) -> RedisTarget:
         parsed = parse_url(url)
-        return cls(int(parsed.get("db") or 0), parsed.get("connection_class") is SSLConnection)
+        tls = parsed.get("connection_class") is SSLConnection
+        return cls(int(parsed.get("db") or 0), tls, bool(parsed.get("username")))
 
     def metadata(self, cluster: bool) -> dict[str, str]:
         """The triggers' connection metadata: a cluster has database 0 only."""
@@ -216,11 +219,16 @@ def scaled_object(
     }
 
 
-def trigger_authentication(namespace: str | None = None, cluster: bool = False) -> dict[str, Any]:
+def trigger_authentication(
+    namespace: str | None = None, cluster: bool = False, redis: RedisTarget = RedisTarget()
+) -> dict[str, Any]:
     """KEDA reads the Redis address (`addresses` of a cluster's nodes, any subset: the client
-    discovers the rest) and `password` for every stream trigger from one Secret."""
+    discovers the rest), `password` and, for a URL naming an ACL user, `username` for every
+    stream trigger from one Secret (without it KEDA authenticated as the default user with the
+    ACL user's password, refused, and scaled nothing)."""
     address = "addresses" if cluster else "address"
-    refs = [{"parameter": p, "name": SECRET_NAME, "key": p} for p in (address, "password")]
+    names = (address, "password", *(("username",) if redis.user else ()))
+    refs = [{"parameter": p, "name": SECRET_NAME, "key": p} for p in names]
     return {
         "apiVersion": API_VERSION,
         "kind": "TriggerAuthentication",
@@ -238,7 +246,7 @@ def render(
     redis: RedisTarget = RedisTarget(),
 ) -> list[dict[str, Any]]:
     """TriggerAuthentication first, then one ScaledObject per (model, variant), sorted."""
-    objects = [trigger_authentication(namespace, cluster)]
+    objects = [trigger_authentication(namespace, cluster, redis)]
     for config in sorted(repository, key=lambda c: c.name):
         objects.extend(
             scaled_object(config, v, keys, namespace, sources, cluster, redis)

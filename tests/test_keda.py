@@ -22,6 +22,7 @@ from autoscaling.keda import (
     SECRET_NAME,
     STREAMS_SCALER,
     MetricSources,
+    RedisTarget,
     render,
     scaled_object,
     worker_name,
@@ -356,6 +357,19 @@ def test_render_takes_the_urls_database_and_tls_never_its_password(monkeypatch):
         metadata = [t["metadata"] for t in scaled["spec"]["triggers"]]
         connections += [(m.get("databaseIndex"), m.get("enableTLS")) for m in metadata]
     assert connections == [("3", "true")] * 2 + [(None, "true")] * 2
+
+
+def test_an_acl_user_in_the_url_is_read_from_the_secret(repository):
+    """A URL naming an ACL user (MemoryDB, ElastiCache RBAC) rendered a TriggerAuthentication
+    without `username`: KEDA authenticated as the default user with that user's password, was
+    refused, and scaled nothing. The name comes from the Secret, as the password does."""
+    for cluster in (False, True):
+        user = RedisTarget.of_url("rediss://keda-acl-user:s3cret@redis.example:6379/0")
+        objects = render(repository, KEYS, cluster=cluster, redis=user)
+        assert ("username", SECRET_NAME, "username") in auth_refs(objects)
+        assert crd_errors(objects[0]) == [] and "keda-acl-user" not in yaml.safe_dump_all(objects)
+        plain = render(repository, KEYS, cluster=cluster, redis=RedisTarget.of_url("redis://h/0"))
+        assert "username" not in {parameter for parameter, _, _ in auth_refs(plain)}
 
 
 def test_render_to_a_directory_sets_the_namespace(tmp_path):
