@@ -179,30 +179,42 @@ local function fast_forward(fair, ring)
   end
 end
 
--- The ring's tenants' weights summed, kept in the fair hash (WSUM) so that a held job's position
--- reads no weight per tenant: thousands of one-job tenants made each held submit, and each GET of
--- a held job, O(tenants) on the server. A lane held since before the sum was kept counts it once
--- from the ring (read-only, for POSITION; the next hold writes it).
+-- The recorded weights (`w:`) of the ring's tenants with jobs still held, summed, kept in the
+-- fair hash (WSUM) so that a held job's position reads no weight per tenant: thousands of
+-- one-job tenants made each held submit, and each GET of a held job, O(tenants) on the server.
+-- A lane held since before the sum was kept counts it once from the ring (read-only, for
+-- POSITION; the next hold writes it).
 local function ring_weight(fair, ring)
   local sum = tonumber(redis.call('HGET', fair, WSUM))
   if sum then return sum end
   sum = 0
   for _, tenant in ipairs(here('LRANGE', ring, 0, -1) or {}) do
-    sum = sum + (tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 1)
+    sum = sum + (tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 0)
   end
   return sum
 end
 
 -- A tenant's weight as a submit of `weight` leaves it: the highest of the keys it holds jobs
--- with, recorded (`w:`, kept only while it is in the ring: none before it joins) and the ring's
+-- with, recorded (`w:`, kept only while it has jobs still held: none before) and the ring's
 -- sum moved by the change. The latest key's flipped a tenant with two keys between their
 -- weights, submit by submit (one job sent with its weight-1 key cut its weight-3 flood to a
 -- third); any of its keys may submit, so the highest is the share it can claim anyway.
 local function record_weight(fair, ring, tenant, weight)
-  local old = tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 0
-  if weight <= old then return end
-  local sum = ring_weight(fair, ring) + weight - old
+  local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM)
+  local old = tonumber(h[1]) or 0
+  if weight <= old and h[2] then return end
+  weight = math.max(weight, old)
+  local sum = (tonumber(h[2]) or ring_weight(fair, ring)) + weight - old
   redis.call('HSET', fair, 'w:' .. tenant, weight, WSUM, math.max(sum, 0))
+end
+
+-- A tenant left with no job still held (the rest of its list ended while held, or nothing
+-- left): its weight leaves the sum, so that no position counts a turn of its in each round.
+local function unweigh(fair, tenant)
+  local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM)
+  if not h[1] then return end
+  redis.call('HDEL', fair, 'w:' .. tenant)
+  if h[2] then redis.call('HSET', fair, WSUM, math.max(tonumber(h[2]) - tonumber(h[1]), 0)) end
 end
 
 -- Held jobs `ids` of lane `stream` that left its held lists (moved into the stream, dropped):
@@ -218,14 +230,13 @@ end
 -- leaves the sum, which goes with the ring's last tenant (no float residue outlives the ring),
 -- as does the lane's set of held jobs by submit time (nothing stale in it outlives the ring).
 local function leave(stream, tenant)
-  local fair, ring = stream .. FAIR, stream .. FAIR_RING
-  local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM)
-  redis.call('HDEL', fair, 'd:' .. tenant, 'w:' .. tenant)
-  if (here('LLEN', ring) or 0) == 0 then  -- emptied: gone, which a migration answers as moved
-    redis.call('HDEL', fair, WSUM)
+  local fair = stream .. FAIR
+  redis.call('HDEL', fair, 'd:' .. tenant, 'e:' .. tenant)
+  if (here('LLEN', stream .. FAIR_RING) or 0) == 0 then  -- emptied: gone, which a migration
+    redis.call('HDEL', fair, WSUM, 'w:' .. tenant)         -- answers as moved
     here('DEL', stream .. SINCE)
-  elseif h[2] then
-    redis.call('HSET', fair, WSUM, math.max(tonumber(h[2]) - (tonumber(h[1]) or 1), 0))
+  else
+    unweigh(fair, tenant)
   end
 end
 
@@ -271,10 +282,9 @@ local function refill(stream, group, job_prefix, upto)
     if not served then break end
     if not tenant then left = 0; break end
     local list = held .. tenant
-    local credit = tonumber(redis.call('HGET', fair, 'd:' .. tenant)) or 0
-    if credit < WHOLE then
-      credit = credit + (tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 1)
-    end
+    local h = redis.call('HMGET', fair, 'd:' .. tenant, 'w:' .. tenant, 'e:' .. tenant)
+    local credit, ended = tonumber(h[1]) or 0, tonumber(h[3]) or 0  -- ended: see `live`
+    if credit < WHOLE then credit = credit + (tonumber(h[2]) or 1) end
     local before = left
     while credit >= WHOLE and room > 0 and drops < MAX_DROPS do
       local packed
@@ -303,7 +313,9 @@ local function refill(stream, group, job_prefix, upto)
       left, gone[#gone + 1] = left - 1, jid
       if not runs then  -- dropped: costs no credit
         -- its end took it off the count (the set, or the hash's mark: a rolling upgrade)
-        if uncounted == 1 or job[2] == UNCOUNTED_MARK then left = left + 1 end
+        if uncounted == 1 or job[2] == UNCOUNTED_MARK then
+          left, ended = left + 1, math.max(ended - 1, 0)
+        end
         drops, dropped = drops + 1, entry
       else
         local eid = redis.call('XADD', stream, '*', MOVED, '1', unpack(entry))
@@ -314,15 +326,19 @@ local function refill(stream, group, job_prefix, upto)
         credit = credit - 1
       end
     end
+    local turn = {'d:' .. tenant, credit}  -- what the turn leaves in the fair hash
+    if h[3] then turn[3], turn[4] = 'e:' .. tenant, ended end
     if stalled then  -- the tenant's turn goes on in the next refill, its credit kept
-      redis.call('HSET', fair, 'd:' .. tenant, credit)
+      redis.call('HSET', fair, unpack(turn))
       break
     end
-    if (here('LLEN', list) or 0) == 0 then  -- emptied: gone, which a migration answers as moved
+    local entries = here('LLEN', list) or 0
+    if entries == 0 then  -- emptied: gone, which a migration answers as moved
       redis.call('LPOP', ring)
       leave(stream, tenant)
     else
-      redis.call('HSET', fair, 'd:' .. tenant, credit)
+      redis.call('HSET', fair, unpack(turn))
+      if entries <= ended then unweigh(fair, tenant) end  -- only ended jobs' entries left
       if credit < WHOLE then redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT') end
     end
     idle = left == before and idle + 1 or 0
@@ -371,6 +387,8 @@ local function sweep(stream, job_prefix, tenant)
   if #kept == 0 then
     redis.call('LREM', stream .. FAIR_RING, 0, tenant)
     leave(stream, tenant)
+  else
+    redis.call('HDEL', stream .. FAIR, 'e:' .. tenant)  -- no ended job's entry left
   end
   if counted > 0 then
     local left = (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) - counted
@@ -379,12 +397,13 @@ local function sweep(stream, job_prefix, tenant)
   return #kept
 end
 
--- Held jobs that deficit round robin moves into the stream before a job of `tenant` (weight
--- `weight`) with `own` of its tenant's held jobs ahead of it: those, and per round the other
--- tenants' weights' worth, for as many rounds as the tenant needs to reach it; at most `held`.
-local function held_ahead(stream, tenant, weight, held, own)
+-- Held jobs that deficit round robin moves into the stream before a job of a tenant of weight
+-- `weight` (`mine` in the ring's sum: 0 for one with no job held yet) with `own` of its tenant's
+-- held jobs ahead of it: those, and per round the other tenants' weights' worth, for as many
+-- rounds as the tenant needs to reach it; at most `held`. Jobs that ended while held count in
+-- none of these (the `e:` counts, `unweigh`), though their entries wait for a refill to drop.
+local function held_ahead(stream, weight, mine, held, own)
   local fair = stream .. FAIR
-  local mine = tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 0  -- none: not in the ring
   local others = math.max(0, ring_weight(fair, stream .. FAIR_RING) - mine)
   local rounds = math.ceil((own + 1) / math.max(weight, 1e-9))
   return math.max(0, math.min(held, own + math.floor(rounds * others)))
@@ -552,11 +571,16 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
     fields = {unpack(ARGV, entry, last)}
     tenant = field(fields, 'tenant') or 'default'
     -- the tenant's weight once this job is held (see record_weight); a replay gives none
-    local recorded = tonumber(redis.call('HGET', stream .. FAIR, 'w:' .. tenant))
+    local h = redis.call('HMGET', stream .. FAIR, 'w:' .. tenant, 'e:' .. tenant)
+    local recorded = tonumber(h[1])
     weight = weight == '' and (recorded or 1) or math.max(tonumber(weight), recorded or 0)
-    local own = redis.call('LLEN', stream .. HELD .. tenant)
-    if max_length > 0 and own >= 2 * max_length then own = sweep(stream, job_prefix, tenant) end
-    ahead = ahead + held_ahead(stream, tenant, weight, held, own)
+    local entries = redis.call('LLEN', stream .. HELD .. tenant)
+    local own = entries - (tonumber(h[2]) or 0)  -- its jobs still held
+    if max_length > 0 and entries >= 2 * max_length then
+      own = sweep(stream, job_prefix, tenant)
+      if own == 0 then recorded = nil end  -- swept out of the ring
+    end
+    ahead = ahead + held_ahead(stream, weight, recorded or 0, held, own)
   end
   if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
   -- ARGV's pairs go to HSET and XADD as they are: copying them into tables took a fifth of
@@ -841,7 +865,7 @@ local function withdraw(stream, eid, seq, ttl)
 end
 
 local job = redis.call('HMGET', KEYS[1], 'status', 'worker', 'started', 'attempt_history',
-                      'stream', 'held', 'webhook', 'seq', 'entry', 'model', 'variant')
+                      'stream', 'held', 'webhook', 'seq', 'entry', 'model', 'variant', 'tenant')
 local cur = job[1]
 if not can(cur, ARGV[1]) then return {0, cur or false} end
 local args = {'status', ARGV[1]}
@@ -855,6 +879,12 @@ if not ALLOWED[ARGV[1]] and job[6] == '1' and job[5] then
   redis.call('SADD', job[5] .. UNCOUNTED, ARGV[5])
   redis.call('HINCRBY', job[5] .. FAIR, 'held', -1)
   unheld(job[5], {ARGV[5]})  -- no longer the lane's oldest held job
+  -- nor one of its tenant's jobs ahead of another in a position, nor, its tenant's last held
+  -- one, a turn of that tenant's in every round (its entry's `e:` count goes as refill drops it)
+  local tenant = job[12] or 'default'
+  local ended = redis.call('HINCRBY', job[5] .. FAIR, 'e:' .. tenant, 1)
+  local entries, served = here('LLEN', job[5] .. HELD .. tenant)
+  if served and entries <= ended then unweigh(job[5] .. FAIR, tenant) end
   table.insert(args, 'held')  -- the mark workers before the set read (a rolling upgrade)
   table.insert(args, UNCOUNTED_MARK)
 end
@@ -894,10 +924,12 @@ POSITION = (
 local waiting = undelivered(KEYS[1], ARGV[1])
 if ARGV[2] == '' then
   local fair, tenant = KEYS[1] .. FAIR, ARGV[3]
-  local held = (tonumber(redis.call('HGET', fair, 'held')) or 1) - 1
-  local own = math.max(0, redis.call('LLEN', KEYS[1] .. HELD .. tenant) - 1)
-  local weight = tonumber(redis.call('HGET', fair, 'w:' .. tenant)) or 1
-  return math.max(0, waiting) + held_ahead(KEYS[1], tenant, weight, held, own)
+  local h = redis.call('HMGET', fair, 'held', 'w:' .. tenant, 'e:' .. tenant)
+  local held = (tonumber(h[1]) or 1) - 1
+  local entries = redis.call('LLEN', KEYS[1] .. HELD .. tenant)
+  local own = math.max(0, entries - (tonumber(h[3]) or 0) - 1)  -- its other jobs still held
+  local weight = tonumber(h[2])
+  return math.max(0, waiting) + held_ahead(KEYS[1], weight or 1, weight or 0, held, own)
 end
 local added = tonumber(redis.call('GET', KEYS[2]) or 0)
 local gone = redis.call('ZCOUNT', KEYS[1] .. WITHDRAWN, '(' .. ARGV[2], '+inf')

@@ -26,9 +26,9 @@ GROUP = "workers"
 TAG_LEN = 4  # hex digits of a partition's tag, and so the first characters of its job ids
 CONTROL = "{ctl}"
 # Keys of a fair lane, named after its stream (docs/architecture.md, "Fair queuing"): a hash of
-# counters (`held`, `window`, `w:<tenant>` weight, `d:<tenant>` deficit, `wsum` of the ring's
-# weights), the round-robin list of tenants with held jobs, and one list of held entries per
-# tenant (suffix + tenant).
+# counters (`held`, `window`, `w:<tenant>` weight, `d:<tenant>` deficit, `e:<tenant>` entries of
+# jobs that ended while held, `wsum` of the weights), the round-robin list of tenants with held
+# jobs, and one list of held entries per tenant (suffix + tenant).
 ADDED_SUFFIX = ":added"
 RECENT_SUFFIX = ":recent"
 RECENT_KEPT = 1_000  # what the console may list of a lane

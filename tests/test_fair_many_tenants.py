@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+from shared.job_states import JobStatus
 from shared.queue_position import QueuePositions
 from tests.test_fair_queuing import KEYS, _config, _enqueue, _job, _lane
 
@@ -70,3 +71,24 @@ async def test_a_tenants_weight_is_its_highest_keys_whatever_key_submitted_last(
     assert taken is not None
     tenants = [d.entry.tenant for d in taken[1] if d.entry]
     assert tenants == ["a", "a", "a", "b"] * 2
+
+
+async def test_jobs_cancelled_while_held_count_in_no_position(aredis: aioredis.Redis) -> None:
+    """A job cancelled while held keeps its entry in its tenant's list until a refill drops it:
+    positions counted those entries as the tenant's jobs ahead, and a tenant with only such
+    entries as a turn in every round, so a newcomer read 6 instead of 5 here, and the
+    cancelling tenant's next job 24 (every job held) instead of 5."""
+    config = _config(window=4)
+    store, _, stream = await _lane(aredis, config)
+    await _enqueue(store, [_job(config, "x") for _ in range(4)])  # the window
+    await _enqueue(store, [_job(config, "b") for _ in range(20)])
+    doomed = [_job(config, "a") for _ in range(10)]
+    await _enqueue(store, doomed)
+    for job in doomed:
+        await store.transition(job.entry.job_id, JobStatus.CANCELLED)
+    positions = QueuePositions(aredis, KEYS)
+    assert await positions.position(stream, None, "c") == 4 + 1  # b's turn; a has none
+    late = _job(config, "a")
+    assert await store.create(late.entry, stream, late.fields, fair=(4, 1.0)) == 4 + 1
+    assert await positions.position(stream, None, "a") == 4 + 1
+    assert await positions.position(stream, None, "c") == 4 + 2  # b's turn, then a's
