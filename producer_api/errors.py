@@ -13,7 +13,9 @@ from pydantic import BaseModel
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
+from starlette.types import Receive, Scope, Send
 
+from producer_api.openai import OPENAI_PATHS
 from producer_api.responses import FastJSONResponse
 from shared.model_repository import QUOTED_CHARS, quote
 from shared.redis_client import OUT_OF_REACH, PersistenceError, ReplicasMissing, ScriptBusy
@@ -68,6 +70,19 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None  # the field refused, where the refusal names one
+    code: str | None = None
+
+
+class OpenAIErrorBody(BaseModel):
+    """An invalid request to one of OpenAI's routes, as OpenAI's API answers it (a 400)."""
+
+    error: OpenAIErrorDetail
+
+
 def error_responses(descriptions: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` for error statuses, each with its description and the error body."""
     return {code: {"model": ErrorBody, "description": text} for code, text in descriptions.items()}
@@ -90,17 +105,62 @@ class ConveyorError(Exception):
         self.details = details  # more ErrorDetail fields, e.g. `eta_ms`
 
 
+class ErrorResponse(FastJSONResponse):
+    """An error, in the shape of the route it answers, chosen as it is sent (from the request's
+    path: the request boundary refuses a body before any route is matched). An invalid request
+    to one of OpenAI's routes answers as OpenAI's API and vLLM's server do, 400
+    `invalid_request_error` with `param` and `code`: OpenAI's SDKs raise BadRequestError for
+    it (a 422 raised UnprocessableEntityError, which no OpenAI client expects of a bad
+    request)."""
+
+    def __init__(
+        self,
+        body: dict[str, Any],
+        status: int,
+        headers: dict[str, str] | None,
+        openai: OpenAIErrorBody | None,
+    ) -> None:
+        super().__init__(body, status_code=status, headers=headers)
+        self.openai = openai
+        self.given_headers = headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.openai is None or scope.get("path") not in OPENAI_PATHS:
+            await super().__call__(scope, receive, send)
+            return
+        openai = FastJSONResponse(self.openai.model_dump(), 400, self.given_headers)
+        await openai(scope, receive, send)
+
+
 def error_response(
     status: int,
     type_: str,
     message: str,
     headers: dict[str, str] | None = None,
     details: dict[str, Any] | None = None,
-) -> FastJSONResponse:
+    param: str | None = None,
+) -> ErrorResponse:
+    """The error's response; `param` names the field an invalid request was refused for, which
+    only OpenAI's shape carries."""
     body = {"error": {"type": type_, "message": message, **(details or {})}}
     if status in NOT_RETRIED and "Retry-After" not in (headers or {}):
         headers = {**NO_RETRY, **(headers or {})}
-    return FastJSONResponse(body, status_code=status, headers=headers)
+    openai = None
+    if type_ == "invalid_request" and status in (400, 422):
+        detail = OpenAIErrorDetail(message=message, type="invalid_request_error", param=param)
+        openai = OpenAIErrorBody(error=detail)
+    return ErrorResponse(body, status, headers, openai)
+
+
+def _refused_field(exc: RequestValidationError) -> str | None:
+    """The field the first error names, as the client named it (OpenAI's `param`)."""
+    errors = exc.errors()
+    return (_where(errors[0]) or None) if errors else None
+
+
+def _where(err: Any) -> str:
+    """Where in the request an error is, as the client named it; empty for the whole body."""
+    return ".".join(client_named(p) for p in err.get("loc", ()) if p != "body")
 
 
 def _validation_message(request: Request, exc: RequestValidationError) -> str:
@@ -113,8 +173,7 @@ def _validation_message(request: Request, exc: RequestValidationError) -> str:
         )
     parts = []
     for err in exc.errors():
-        where = ".".join(client_named(p) for p in err.get("loc", ()) if p != "body")
-        parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
+        parts.append(f"{_where(err) or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts)
 
 
@@ -147,15 +206,16 @@ def _allowed_methods(request: Request) -> str:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ConveyorError)
-    async def _conveyor(_: Request, exc: ConveyorError) -> FastJSONResponse:
+    async def _conveyor(_: Request, exc: ConveyorError) -> ErrorResponse:
         return error_response(exc.status, exc.type, exc.message, exc.headers, exc.details)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> FastJSONResponse:
-        return error_response(422, "invalid_request", _validation_message(request, exc))
+    async def _invalid(request: Request, exc: RequestValidationError) -> ErrorResponse:
+        message = _validation_message(request, exc)
+        return error_response(422, "invalid_request", message, param=_refused_field(exc))
 
     @app.exception_handler(HTTPException)
-    async def _http(request: Request, exc: HTTPException) -> FastJSONResponse:
+    async def _http(request: Request, exc: HTTPException) -> ErrorResponse:
         type_ = "not_found" if exc.status_code == 404 else "http_error"
         headers = dict(exc.headers) if exc.headers else None
         if exc.status_code == 405 and (allowed := _allowed_methods(request)):

@@ -105,13 +105,13 @@ def test_one_text_as_base64_is_its_float32_bytes_and_the_job_is_on_record(
     [
         ({"model": "identity", "input": "x"}, 400, "does not embed text"),
         ({"model": "no-such-model", "input": "x"}, 404, "no-such-model"),
-        ({"input": [[101, 2054, 102]]}, 422, "check_embedding_ctx_length=False"),
-        ({"input": [1, 2, 3]}, 422, "token arrays are not taken"),
-        ({"input": []}, 422, "input"),
-        ({"input": "x", "encoding_format": "hex"}, 422, "encoding_format"),
+        ({"input": [[101, 2054, 102]]}, 400, "check_embedding_ctx_length=False"),
+        ({"input": [1, 2, 3]}, 400, "token arrays are not taken"),
+        ({"input": []}, 400, "input"),
+        ({"input": "x", "encoding_format": "hex"}, 400, "encoding_format"),
         ({"input": "x", "dimensions": 128}, 400, "whole vectors only"),
         ({"model": "nope", "input": "x", "dimensions": 8}, 404, "nope"),  # was the 400 above
-        ({"input": ["x"] * 257}, 422, "inputs['texts']"),
+        ({"input": ["x"] * 257}, 400, "inputs['texts']"),
     ],
 )
 def test_bad_requests_are_refused_and_enqueue_nothing(

@@ -1,4 +1,4 @@
-"""OpenAI parameters that would change the answer are refused (422 naming the parameter, nothing
+"""OpenAI parameters that would change the answer are refused (400 naming the parameter, nothing
 enqueued) unless left at their defaults: `response_format` JSON, a `tool_choice` that asks for a
 tool call, and logprobs were dropped, and openai-python's `beta.chat.completions.parse`, its
 `message.tool_calls[0]` and `choice.logprobs.content` then failed on the plain-text reply."""
@@ -71,15 +71,15 @@ def _body(path: str, parameters: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("path", "parameters", "named"), REFUSED)
-def test_a_parameter_that_changes_the_answer_is_422_and_nothing_is_enqueued(
+def test_a_parameter_that_changes_the_answer_is_400_and_nothing_is_enqueued(
     base_url: str, stack_redis: redis.Redis, path: str, parameters: dict[str, Any], named: str
 ) -> None:
     lane = Keys().queue("smollm2", "default")
     before = stack_redis.xlen(lane)
     response = httpx.post(f"{base_url}{path}", json=_body(path, parameters), timeout=30)
-    assert response.status_code == 422, response.text
+    assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["type"] == "invalid_request" and error["message"].startswith(named), error
+    assert error["type"] == "invalid_request_error" and error["message"].startswith(named), error
     assert stack_redis.xlen(lane) == before
 
 

@@ -15,8 +15,9 @@ from starlette.responses import Response
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.client_disconnect import ClientDisconnected, unless_disconnected
-from producer_api.errors import error_responses
+from producer_api.errors import OpenAIErrorBody, error_responses
 from producer_api.jobs.serving import UNSUCCESSFUL_DESCRIPTIONS
+from producer_api.openai import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
 from producer_api.openai.embedding_serving import EmbeddingService
 from producer_api.openai.protocol import (
     ChatCompletion,
@@ -37,26 +38,30 @@ PING_S = 15
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for it; nobody reads it, but logs and metrics do
 
 _DESCRIPTIONS = {
-    400: "The model does not generate text",
     404: "Unknown model or variant",
     413: "Body over CONVEYOR_MAX_BODY_BYTES (chunked too)",
     429: "Queue full, rate limited or too many jobs in flight; see Retry-After",
     503: "Queue unreachable",
 }
+_FAILED = {422: "The model failed on the request"}
+
+
+def _invalid(what: str) -> dict[int | str, dict[str, Any]]:
+    """The 400 of an invalid request, in OpenAI's shape (`producer_api.errors.ErrorResponse`)."""
+    return {400: {"model": OpenAIErrorBody, "description": f"Invalid request: {what}"}}
+
+
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
-    **error_responses(_DESCRIPTIONS | UNSUCCESSFUL_DESCRIPTIONS),
+    **error_responses(_DESCRIPTIONS | UNSUCCESSFUL_DESCRIPTIONS | _FAILED),
+    **_invalid("a malformed body or parameter, or a model that does not generate text"),
 }
-
-
 _EMBEDDING_RESPONSES = {
     **_RESPONSES,
     **error_responses(
-        {
-            400: "The model does not embed text, or `dimensions` was asked for",
-            502: "The model's outputs lack the `embeddings` and `usage` of a model of task embed",
-        }
+        {502: "The model's outputs lack the `embeddings` and `usage` of a model of task embed"}
     ),
+    **_invalid("a malformed body, a model that does not embed text, or `dimensions`"),
 }
 
 
@@ -98,7 +103,7 @@ async def _answer(
     )
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletion, responses=_RESPONSES)
+@router.post(CHAT_PATH, response_model=ChatCompletion, responses=_RESPONSES)
 async def chat_completions(
     request: Request, body: ChatCompletionRequest, service: Service
 ) -> Response:
@@ -108,13 +113,13 @@ async def chat_completions(
     return await _answer(request, service, body, ChatRenderer)
 
 
-@router.post("/v1/completions", response_model=Completion, responses=_RESPONSES)
+@router.post(COMPLETIONS_PATH, response_model=Completion, responses=_RESPONSES)
 async def completions(request: Request, body: CompletionRequest, service: Service) -> Response:
     """OpenAI's (legacy) text completion of a raw prompt, run as a Conveyor job."""
     return await _answer(request, service, body, CompletionRenderer)
 
 
-@router.post("/v1/embeddings", response_model=EmbeddingList, responses=_EMBEDDING_RESPONSES)
+@router.post(EMBEDDINGS_PATH, response_model=EmbeddingList, responses=_EMBEDDING_RESPONSES)
 async def embeddings(request: Request, body: EmbeddingRequest, service: Embedder) -> Response:
     """OpenAI's embeddings of one text or a list, run as one Conveyor job of a `task: embed`
     model (its id in `X-Conveyor-Job-Id`); `encoding_format: base64` gives each vector as its
