@@ -344,10 +344,10 @@ class Keys:
         """Ids of every API key (set), for `conveyor keys list`."""
         return f"{self.prefix}{CONTROL}apikeys"
 
-    def console_logout(self, nonce: str) -> str:
-        """A console session ended by logging out (string, expiring when its cookie would):
-        its nonce, so a copy of the cookie no longer opens the console."""
-        return f"{self.prefix}console:logout:{nonce}"
+    def console_session(self, nonce: str) -> str:
+        """A console session still open (string, TTL the idle timeout, renewed by each use);
+        gone once it lapses or is logged out of, so a copy of its cookie opens nothing."""
+        return f"{self.prefix}console:session:{nonce}"
 
     def console_login_failures(self, bucket: str) -> str:
         """Console logins from one client address in the current minute (string, TTL 60 s),

@@ -115,6 +115,9 @@ class Settings(BaseSettings):
     # Failed console logins one client address (an IPv6 /64) may make a minute, every producer
     # counting together; past them its logins get 429 until the minute ends.
     console_login_failures_per_minute: int = Field(default=10, ge=1)
+    # A console session unused this long ends (an open page's live feed uses it); at most
+    # its cookie's 12 hours.
+    console_idle_timeout_s: int = Field(default=1_800, ge=60, le=12 * 3_600)
 
     webhook_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Host names of the operator's own receivers that may resolve to private addresses (an

@@ -107,3 +107,23 @@ async def test_an_address_that_fails_too_many_logins_waits_out_the_minute(
 )
 def test_logins_are_counted_per_address(host: str | None, bucket: str) -> None:
     assert bucket_of(host) == bucket
+
+
+async def test_a_session_unused_for_its_idle_timeout_ends(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """A session cookie opened the console for its 12 hours, used or not: one left signed in on
+    a shared machine, or a copy of it, still worked at night. Each use renews it."""
+    async with (
+        _console(redis_url, aredis, console_idle_timeout_s=600) as (app, key),
+        _client(app) as client,
+    ):
+        assert (await _log_in(client, key)).status_code == 303
+        [mark] = await aredis.keys(KEYS.console_session("*"))
+        assert 0 < await aredis.ttl(mark) <= 600
+        await aredis.expire(mark, 30)  # most of its idle time gone
+        assert (await client.get("/console")).status_code == 200
+        assert await aredis.ttl(mark) > 30  # used: it has its whole idle timeout again
+        await aredis.delete(mark)  # as Redis drops it once the timeout passes unused
+        ended = await client.get("/console")
+        assert (ended.status_code, ended.headers["location"]) == (303, "/console/login")

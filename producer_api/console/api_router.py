@@ -118,7 +118,7 @@ Service = Annotated[Console, Depends(console)]
 async def signed_in(request: Request, state: State, service: Service) -> ConsoleSession:
     """The caller's console session; without one, a redirect to the login page."""
     try:
-        return await current_session(state, service.signer, service.logouts, request)
+        return await current_session(state, service.signer, service.sessions, request)
     except LoginRequired:
         raise HTTPException(303, "login required", {"Location": "/console/login"}) from None
 
@@ -175,8 +175,8 @@ async def login_page(request: Request, service: Service) -> Response:
 
 def _login_form(request: Request, signer: SessionSigner, error: str, status: int) -> Response:
     """The login page, with a fresh pre-login cookie and its CSRF token."""
-    cookie, csrf = signer.issue("", LOGIN_MAX_AGE_S)
-    page = _page(request, "login.html", None, error=error, csrf=csrf)
+    cookie, nonce = signer.issue("", LOGIN_MAX_AGE_S)
+    page = _page(request, "login.html", None, error=error, csrf=signer.csrf(nonce))
     page.status_code = status
     _set_cookie(request, page, LOGIN_COOKIE, cookie, LOGIN_MAX_AGE_S)
     return page
@@ -209,7 +209,8 @@ async def login(
         form.headers.update(refused.headers or {})  # a throttled login's Retry-After
         return form
     response = _see("/console")
-    cookie, _ = signer.issue(principal.key_id)
+    cookie, nonce = signer.issue(principal.key_id)
+    await service.sessions.open(nonce)
     _set_cookie(request, response, COOKIE, cookie, MAX_AGE_S)
     response.delete_cookie(LOGIN_COOKIE, path="/console")
     return response
@@ -221,7 +222,7 @@ async def logout(
 ) -> Response:
     check_csrf(current, csrf)
     if current.nonce:
-        await service.logouts.record(current.nonce)
+        await service.sessions.close(current.nonce)
     response = _see("/console/login")
     response.delete_cookie(COOKIE, path="/console")
     return response
@@ -282,7 +283,7 @@ def _while_open(
 ) -> AsyncIterator[Event]:
     """A live feed that ends with its session (a logout, from any replica; the key revoked; the
     session's expiry): looked at again every RECHECK_S, events or none."""
-    return while_holds(feed, partial(still_open, state, service.logouts, current), RECHECK_S)
+    return while_holds(feed, partial(still_open, state, service.sessions, current), RECHECK_S)
 
 
 @router.get("/stream")

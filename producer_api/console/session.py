@@ -1,9 +1,10 @@
 """Console sessions: an API key is presented once on the login page; the producer then keeps
 only the key's public id in an HttpOnly, SameSite=Strict cookie signed with HMAC-SHA256
 (CONVEYOR_CONSOLE_SECRET, random per process when unset). Each request re-reads the key's record,
-so revocation and expiry end a session at once, and so does logging out (`logouts.py`); a live
-feed opened in it ends within RECHECK_S (a Redis that does not answer ends none). Each session
-carries a nonce; its CSRF token is an HMAC of that nonce, checked on every POST."""
+so revocation and expiry end a session at once, and so do logging out and the idle timeout
+(`live_sessions.py`); a live feed opened in it ends within RECHECK_S (a Redis that does not
+answer ends none). Each session carries a nonce; its CSRF token is an HMAC of that nonce,
+checked on every POST."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from redis.exceptions import RedisError
 
 from producer_api.auth import ANONYMOUS, Principal
 from producer_api.auth.dependencies import authenticate
+from producer_api.console.live_sessions import LiveSessions
 from producer_api.console.login_throttle import LoginThrottle
-from producer_api.console.logouts import Logouts
 from producer_api.errors import ConveyorError
 from producer_api.state import ProducerState
 from shared.api_keys import ApiKey
@@ -73,13 +74,13 @@ class SessionSigner:
         return digest.hexdigest()
 
     def issue(self, key_id: str, max_age_s: float = MAX_AGE_S) -> tuple[str, str]:
-        """A cookie value (base64 JSON {key_id, nonce, expiry} and its MAC) and the CSRF token
-        that goes with it. The login form gets one with no key id, so logging in needs a
-        token too (no login CSRF)."""
+        """A cookie value (base64 JSON {key_id, nonce, expiry} and its MAC) and its fresh nonce,
+        whose `csrf` token goes with it. The login form gets one with no key id, so logging in
+        needs a token too (no login CSRF)."""
         nonce = secrets.token_hex(16)
         payload = dumps({"k": key_id, "n": nonce, "e": time.time() + max_age_s})
         body = base64.urlsafe_b64encode(payload).decode()
-        return f"{body}.{self._mac('session', body.encode())}", self.csrf(nonce)
+        return f"{body}.{self._mac('session', body.encode())}", nonce
 
     def read(self, cookie: str) -> tuple[str, str, float] | None:
         """(key_id, nonce, expiry) of a cookie this producer signed and that has not expired."""
@@ -111,7 +112,7 @@ async def login_key(
 
 
 async def current_session(
-    state: ProducerState, signer: SessionSigner, logouts: Logouts, request: Request
+    state: ProducerState, signer: SessionSigner, sessions: LiveSessions, request: Request
 ) -> ConsoleSession:
     """The caller's session, or LoginRequired. With CONVEYOR_AUTH=disabled everyone is the
     anonymous admin (local use), still with a CSRF token bound to a per-process nonce."""
@@ -121,34 +122,36 @@ async def current_session(
     if read is None:
         raise LoginRequired
     key_id, nonce, expires = read
-    if (key := await _usable_key(state, logouts, key_id, nonce)) is None:
+    if (key := await _usable_key(state, sessions, key_id, nonce)) is None:
         raise LoginRequired
     return ConsoleSession(Principal.of(key, state.settings), signer.csrf(nonce), nonce, expires)
 
 
-async def still_open(state: ProducerState, logouts: Logouts, session: ConsoleSession) -> bool:
+async def still_open(state: ProducerState, sessions: LiveSessions, session: ConsoleSession) -> bool:
     """Whether the session a live feed was opened in holds still: not expired, its key not
-    revoked, not logged out (from any replica). A Redis that does not answer cuts no feed, as
-    it cuts no key's stream (KeyWatch.holds): the feed was cut with an error, its browser's
-    reconnect met a 503 and EventSource gave up for good, every open page stopped."""
+    revoked, not logged out (from any replica), not idle (the feed renews it). A Redis that
+    does not answer cuts no feed, as it cuts no key's stream (KeyWatch.holds): the feed was
+    cut with an error, its browser's reconnect met a 503 and EventSource gave up for good,
+    every open page stopped."""
     if not session.nonce:
         return True
     if session.expires < time.time():
         return False
     try:
-        key = await _usable_key(state, logouts, session.principal.key_id, session.nonce)
+        key = await _usable_key(state, sessions, session.principal.key_id, session.nonce)
     except RedisError:
         return True
     return key is not None
 
 
 async def _usable_key(
-    state: ProducerState, logouts: Logouts, key_id: str, nonce: str
+    state: ProducerState, sessions: LiveSessions, key_id: str, nonce: str
 ) -> ApiKey | None:
-    """The session's key, unless revoked, expired or logged out of."""
-    # the key's record and the logout mark at once: one round trip's wait, not two
-    key, ended = await asyncio.gather(state.api_keys.usable(key_id), logouts.ended(nonce))
-    return None if ended else key
+    """The session's key, unless revoked or expired, or the session logged out of or idle
+    past its timeout; renews the session."""
+    # the key's record and the session's renewal at once: one round trip's wait, not two
+    key, open_ = await asyncio.gather(state.api_keys.usable(key_id), sessions.renewed(nonce))
+    return key if open_ else None
 
 
 def check_csrf(session: ConsoleSession, presented: str | None) -> None:
