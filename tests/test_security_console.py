@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from producer_api.app import create_app
 from producer_api.console.login_throttle import bucket_of
-from shared.api_keys import SCOPES, ApiKeyStore, KeySpec
+from shared.api_keys import SCOPES, ApiKeyStore, KeySpec, key_id_of
 from shared.keys import Keys
 from shared.settings import Settings
 
@@ -125,5 +125,21 @@ async def test_a_session_unused_for_its_idle_timeout_ends(
         assert (await client.get("/console")).status_code == 200
         assert await aredis.ttl(mark) > 30  # used: it has its whole idle timeout again
         await aredis.delete(mark)  # as Redis drops it once the timeout passes unused
+        ended = await client.get("/console")
+        assert (ended.status_code, ended.headers["location"]) == (303, "/console/login")
+
+
+async def test_a_session_holds_only_what_its_key_holds_now(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """The session keeps the key's id, not its scopes: the key stored again with fewer scopes
+    narrows it on its next request, and revoking the key ends it (README), as on `/v1`."""
+    store = ApiKeyStore(aredis, KEYS)
+    async with _console(redis_url, aredis) as (app, key), _client(app) as client:
+        assert (await _log_in(client, key)).status_code == 303
+        assert (await client.get("/console/dead-letters")).status_code == 200
+        await store.create(KeySpec(tenant="ops", scopes=frozenset({"read"})), secret=key)
+        assert (await client.get("/console/dead-letters")).status_code == 403
+        await store.revoke(key_id_of(key))
         ended = await client.get("/console")
         assert (ended.status_code, ended.headers["location"]) == (303, "/console/login")
