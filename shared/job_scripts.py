@@ -161,6 +161,15 @@ end
 -- Credit that counts as a whole one: ten additions of 0.1 sum to 0.9999999999999999.
 local WHOLE = 1 - 1e-9
 
+-- A weight as deficit round robin spends it (`value` as recorded; none: 1), MIN_WEIGHT at least:
+-- a key may weigh 1e-310 (positive and finite), whose turns to a whole credit (1 / weight)
+-- overflow to infinity, which nothing fast-forwarded: refill turned the ring for good, the
+-- server BUSY until killed.
+local MIN_WEIGHT = 1e-9
+local function spent(value)
+  return math.max(tonumber(value) or 1, MIN_WEIGHT)
+end
+
 -- A whole turn of the ring moved nothing (weights well below 1, each turn adding a fraction of a
 -- credit): the turns deficit round robin would go on spending so, taken at once. Each tenant
 -- gains (k - 1) weights, k the fewest turns any of them needs to reach a whole credit, so the
@@ -170,7 +179,7 @@ local function fast_forward(fair, ring)
   local tenants, credits, weights, k = here('LRANGE', ring, 0, -1) or {}, {}, {}, math.huge
   for i, tenant in ipairs(tenants) do
     local h = redis.call('HMGET', fair, 'd:' .. tenant, 'w:' .. tenant)
-    credits[i], weights[i] = tonumber(h[1]) or 0, tonumber(h[2]) or 1
+    credits[i], weights[i] = tonumber(h[1]) or 0, spent(h[2])
     k = math.min(k, math.ceil((WHOLE - credits[i]) / weights[i]))
   end
   if k <= 1 or k == math.huge then return end
@@ -284,7 +293,7 @@ local function refill(stream, group, job_prefix, upto)
     local list = held .. tenant
     local h = redis.call('HMGET', fair, 'd:' .. tenant, 'w:' .. tenant, 'e:' .. tenant)
     local credit, ended = tonumber(h[1]) or 0, tonumber(h[3]) or 0  -- ended: see `live`
-    if credit < WHOLE then credit = credit + (tonumber(h[2]) or 1) end
+    if credit < WHOLE then credit = credit + spent(h[2]) end
     local before = left
     while credit >= WHOLE and room > 0 and drops < MAX_DROPS do
       local packed
@@ -405,7 +414,7 @@ end
 local function held_ahead(stream, weight, mine, held, own)
   local fair = stream .. FAIR
   local others = math.max(0, ring_weight(fair, stream .. FAIR_RING) - mine)
-  local rounds = math.ceil((own + 1) / math.max(weight, 1e-9))
+  local rounds = math.ceil((own + 1) / weight)
   return math.max(0, math.min(held, own + math.floor(rounds * others)))
 end
 """
@@ -572,8 +581,8 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
     tenant = field(fields, 'tenant') or 'default'
     -- the tenant's weight once this job is held (see record_weight); a replay gives none
     local h = redis.call('HMGET', stream .. FAIR, 'w:' .. tenant, 'e:' .. tenant)
-    local recorded = tonumber(h[1])
-    weight = weight == '' and (recorded or 1) or math.max(tonumber(weight), recorded or 0)
+    local recorded = tonumber(h[1])  -- its weight in the ring's sum (none: not in it)
+    weight = spent(weight ~= '' and math.max(tonumber(weight), recorded or 0) or recorded)
     local entries = redis.call('LLEN', stream .. HELD .. tenant)
     local own = entries - (tonumber(h[2]) or 0)  -- its jobs still held
     if max_length > 0 and entries >= 2 * max_length then
@@ -929,7 +938,7 @@ if ARGV[2] == '' then
   local entries = redis.call('LLEN', KEYS[1] .. HELD .. tenant)
   local own = math.max(0, entries - (tonumber(h[3]) or 0) - 1)  -- its other jobs still held
   local weight = tonumber(h[2])
-  return math.max(0, waiting) + held_ahead(KEYS[1], weight or 1, weight or 0, held, own)
+  return math.max(0, waiting) + held_ahead(KEYS[1], spent(weight), weight or 0, held, own)
 end
 local added = tonumber(redis.call('GET', KEYS[2]) or 0)
 local gone = redis.call('ZCOUNT', KEYS[1] .. WITHDRAWN, '(' .. ARGV[2], '+inf')

@@ -235,6 +235,24 @@ async def test_tiny_weights_move_jobs_in_the_same_proportions_at_no_extra_cost(
     assert stats.get("cmdstat_lmove", {"calls": 0})["calls"] < 40
 
 
+async def test_a_weight_too_small_to_invert_holds_the_server_no_longer(
+    aredis: aioredis.Redis,
+) -> None:
+    """A key may weigh 1e-310 (positive and finite): the turns its tenant needs to a whole
+    credit (1 / weight) overflowed to infinity, which no fast-forward took, so the first refill
+    turned the ring for good and the server answered BUSY to every client until killed. Such a
+    weight counts as 1e-9, as does one a lane recorded before."""
+    config = _config(window=1)
+    store, reader, stream = await _lane(aredis, config)
+    await _enqueue(store, [_job(config, "tiny", 1e-310) for _ in range(3)])
+    assert float(await aredis.hget(KEYS.fair(stream), "w:tiny") or 0) == 1e-9
+    await aredis.hset(KEYS.fair(stream), "w:tiny", "1e-310")  # recorded before the floor
+    served: list[str] = []
+    while more := await _take_tenants(reader, stream, 1):
+        served += more
+    assert served == ["tiny"] * 3
+
+
 async def test_the_console_lists_held_jobs_beside_the_streams_entries(
     aredis: aioredis.Redis,
 ) -> None:
