@@ -14,8 +14,11 @@ import pytest
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
-from producer_api.app import create_app
+from producer_api.app import build_state, create_app
+from producer_api.auth import Principal
+from producer_api.console.live_sessions import LiveSessions
 from producer_api.console.login_throttle import bucket_of
+from producer_api.console.session import ConsoleSession, still_open
 from shared.api_keys import SCOPES, ApiKeyStore, KeySpec, key_id_of
 from shared.keys import Keys
 from shared.settings import Settings
@@ -143,3 +146,23 @@ async def test_a_session_holds_only_what_its_key_holds_now(
         await store.revoke(key_id_of(key))
         ended = await client.get("/console")
         assert (ended.status_code, ended.headers["location"]) == (303, "/console/login")
+
+
+async def test_a_live_feed_ends_once_its_key_allows_less(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """A feed kept the scopes and models its key had when it opened: an admin's view of every
+    tenant's batches went on after the key was stored again read-only, for as long as the page
+    stayed open. Its browser reopens it as the key now allows."""
+    store = ApiKeyStore(aredis, KEYS)
+    key, record = await store.create(KeySpec(tenant="ops", scopes=frozenset(SCOPES)))
+    state = build_state(Settings(redis_url=redis_url, key_prefix=KEYS.prefix))
+    sessions = LiveSessions(aredis, KEYS, idle_s=600)
+    await sessions.open("feed")
+    session = ConsoleSession(Principal.of(record, state.settings), "csrf", "feed")
+    try:
+        assert await still_open(state, sessions, session)
+        await store.create(KeySpec(tenant="ops", scopes=frozenset({"read"})), secret=key)
+        assert not await still_open(state, sessions, session)
+    finally:
+        await state.redis.aclose()

@@ -129,10 +129,12 @@ async def current_session(
 
 async def still_open(state: ProducerState, sessions: LiveSessions, session: ConsoleSession) -> bool:
     """Whether the session a live feed was opened in holds still: not expired, its key not
-    revoked, not logged out (from any replica), not idle (the feed renews it). A Redis that
-    does not answer cuts no feed, as it cuts no key's stream (KeyWatch.holds): the feed was
-    cut with an error, its browser's reconnect met a 503 and EventSource gave up for good,
-    every open page stopped."""
+    revoked, not logged out (from any replica), not idle (the feed renews it), and its key
+    allowing what it did at the feed's opening (stored again with fewer scopes or models, it
+    went on showing what it no longer may see; the browser's reconnect reopens it as the key
+    now allows). A Redis that does not answer cuts no feed, as it cuts no key's stream
+    (KeyWatch.holds): the feed was cut with an error, its browser's reconnect met a 503 and
+    EventSource gave up for good, every open page stopped."""
     if not session.nonce:
         return True
     if session.expires < time.time():
@@ -141,7 +143,7 @@ async def still_open(state: ProducerState, sessions: LiveSessions, session: Cons
         key = await _usable_key(state, sessions, session.principal.key_id, session.nonce)
     except RedisError:
         return True
-    return key is not None
+    return key is not None and Principal.of(key, state.settings) == session.principal
 
 
 async def _usable_key(
