@@ -21,7 +21,7 @@ from producer_api.batch_api.protocol import (
 from producer_api.batch_api.serving import Asked, BatchApiService
 from producer_api.errors import ConveyorError
 from producer_api.files.serving import FilesService
-from producer_api.jobs.api_router import KEY_PARAMETER, idempotency_key
+from producer_api.jobs.api_router import KEY_PARAMETER, LOCATED, idempotency_key
 from producer_api.request_boundary import parse_json
 from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route, page_response
 from producer_api.state import ProducerState
@@ -72,8 +72,10 @@ ReadService = Annotated[BatchApiService, Depends(acting_for("read", BatchApiServ
 
 
 def _respond(request: Request, batch_id: str, progress: Refresh, status: int = 200) -> Any:
+    """The batch; a create's 202 names it in `Location` too, as the jobs' 202 does."""
     base = str(request.url_for("get_batch", batch_id=batch_id))
-    return FastJSONResponse(view(batch_id, progress, base), status_code=status)
+    headers = {"Location": base} if status == 202 else None
+    return FastJSONResponse(view(batch_id, progress, base), status_code=status, headers=headers)
 
 
 async def _asked(request: Request, options: dict[str, Any]) -> Asked:
@@ -125,7 +127,7 @@ def _openai_create(request: Request, body: bytes) -> dict[str, Any] | None:
     "/v1/batches",
     status_code=202,
     response_model=BatchView,
-    responses=_ERRORS,
+    responses={202: {"headers": LOCATED}, **_ERRORS},
     openapi_extra={"parameters": [KEY_PARAMETER]},
 )
 async def create_batch(

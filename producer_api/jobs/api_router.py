@@ -36,6 +36,8 @@ KEY_PARAMETER = {
         "pattern": f"^{KEY_CHARS}+$",
     },
 }
+# A 202's headers as OpenAPI shows them: `Location`, the accepted job's (or batch's) URL.
+LOCATED = {"Location": {"description": "Its URL, to poll", "schema": {"type": "string"}}}
 WAIT = Query(
     default=0.0,
     ge=0,
@@ -92,17 +94,26 @@ def idempotency_key(request: Request) -> str | None:
 
 
 def _accepted(
-    request: Request, job_id: str, status: str, model: str, variant: str
-) -> dict[str, Any]:
+    request: Request,
+    job_id: str,
+    status: str,
+    model: str,
+    variant: str,
+    standing: dict[str, Any],
+) -> FastJSONResponse:
+    """The 202 of a job not ended yet; `Location` names where to poll it, as an asynchronous
+    request-reply API's 202 does for clients that follow it rather than read the body."""
     # What `url_for("get_job")` gives, without its scan of every route on each submit.
     base = f"{str(request.base_url).rstrip('/')}/v1/jobs/{job_id}"
-    return {
+    body = {
         "id": job_id,
         "status": status,
         "model": model,
         "variant": variant,
         "urls": {"self": base, "events": f"{base}/events"},
+        **standing,
     }
+    return FastJSONResponse(body, 202, {"Location": base})
 
 
 def _ended(view: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
@@ -116,8 +127,7 @@ def _waiting(
     (no view: Redis could not say, and the job was accepted, so `queued`)."""
     view = view or {"status": JobStatus.QUEUED.value}
     standing = {name: view[name] for name in STANDING_FIELDS if name in view}
-    accepted = _accepted(request, job_id, view["status"], model, variant)
-    return FastJSONResponse({**accepted, **standing}, 202)
+    return _accepted(request, job_id, view["status"], model, variant, standing)
 
 
 def _waited(
@@ -133,7 +143,11 @@ def _waited(
     "/v1/jobs",
     status_code=202,
     response_model=JobAccepted,
-    responses={200: {"model": JobView, "description": "Finished within `wait`"}, **_ERRORS},
+    responses={
+        200: {"model": JobView, "description": "Finished within `wait`"},
+        202: {"headers": LOCATED},
+        **_ERRORS,
+    },
     openapi_extra={"parameters": [KEY_PARAMETER]},
 )
 async def submit_job(
@@ -149,8 +163,9 @@ async def submit_job(
     submitted = await service.submit(body.model, body, key)
     if not submitted.created:
         return FastJSONResponse(await service.get(submitted.job_id, 0))
-    accepted = _accepted(request, submitted.job_id, "queued", body.model, submitted.variant)
-    return FastJSONResponse({**accepted, **submitted.standing}, 202)
+    return _accepted(
+        request, submitted.job_id, "queued", body.model, submitted.variant, submitted.standing
+    )
 
 
 @router.get("/v1/jobs/{job_id}", name="get_job", response_model=JobView, responses=_ERRORS)
@@ -171,7 +186,10 @@ async def cancel_job(service: SubmitService, job_id: str = JOB_ID) -> FastJSONRe
 @router.post(
     "/v1/models/{model}/predict",
     response_model=JobView,
-    responses={202: {"model": JobAccepted, "description": "Still running"}, **_PREDICT_ERRORS},
+    responses={
+        202: {"model": JobAccepted, "description": "Still running", "headers": LOCATED},
+        **_PREDICT_ERRORS,
+    },
     openapi_extra={"parameters": [KEY_PARAMETER]},
 )
 async def predict(
