@@ -77,6 +77,9 @@ class RequestEntry:
     # A Batch API item's batch: its completion window (carried as the deadline) bounds its
     # wait, not the queue's max_queue_time_s.
     batch: str = ""
+    # A dead letter's replay: the job it runs again, named in its view and webhook events, so
+    # that a receiver can tell an event for an id it never submitted.
+    replay_of: str = ""
 
     def encode(self) -> dict[str, bytes | str | float]:
         fields: dict[str, bytes | str | float] = {
@@ -92,6 +95,8 @@ class RequestEntry:
             fields["inflight"] = self.inflight
         if self.batch:
             fields["batch"] = self.batch
+        if self.replay_of:
+            fields["replay_of"] = self.replay_of
         return fields
 
     @classmethod
@@ -106,6 +111,7 @@ class RequestEntry:
             traceparent=fields.get(b"tp", b"").decode(),
             inflight=fields.get(b"inflight", b"").decode(),
             batch=fields.get(b"batch", b"").decode(),
+            replay_of=fields.get(b"replay_of", b"").decode(),
         )
 
 

@@ -216,6 +216,7 @@ class DeadLetters:
             deadline_ms=letter.entry.deadline_ms,
             tenant=letter.entry.tenant,
             batch=letter.entry.batch,  # a batch item's window bounds its wait, as its job's
+            replay_of=letter.job_id,
         )
         fields: dict[str, str | int] = {
             "model": self.model,

@@ -84,6 +84,8 @@ def job_view(
     if "finished" in timings and "created" in timings:
         timings["total_ms"] = round((timings["finished"] - timings["created"]) * 1000.0, 3)
     view["timings"] = timings
+    if replay_of := get("replay_of"):
+        view["replay_of"] = replay_of
     for name in _COUNT_FIELDS:
         if (value := get(name)) is not None:
             view[name] = int(value)

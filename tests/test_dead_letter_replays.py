@@ -127,6 +127,24 @@ async def test_a_replayed_letter_keeps_its_webhook_on_record(aredis: aioredis.Re
     assert record is not None and record.fields["webhook"] == url
 
 
+async def test_a_replay_names_the_job_it_runs_again_in_its_view_and_its_events(
+    aredis: aioredis.Redis,
+) -> None:
+    """A replay is a new job id: its view (GET /v1/jobs/{id}) and its webhook events (the
+    worker's view) never said which job it ran again, so a receiver got events for an id it
+    never submitted."""
+    old = await _dead_letter(aredis, "t")
+    store = JobStore(aredis, KEYS, 60)
+    ((_, new),) = (await DeadLetters(store, KEYS, MODEL, VARIANT).replay()).replayed
+    record = await store.get(new)
+    assert record is not None and record.view()["replay_of"] == old
+    entry = await _replayed(aredis, KEYS.queue(MODEL, VARIANT))
+    config = ModelConfig(name=MODEL, kind="batch", backend="identity")
+    delivery = Delivery(b"1-0", entry, JobStatus.QUEUED, now_ms())
+    finish = Partition.of(KEYS, config, VARIANT).finish(delivery, JobStatus.SUCCEEDED, {})
+    assert finish.view()["replay_of"] == old  # what its webhook event carries
+
+
 async def test_a_letter_is_replayed_on_its_own_lane_and_queued_fairly_there(
     aredis: aioredis.Redis,
 ) -> None:

@@ -46,6 +46,7 @@ class Job(_Open):
     timings: dict[str, float] = Field(default_factory=dict)
     batch_size: int | None = None
     attempts: int | None = None
+    replay_of: str | None = None  # a dead letter's replay: the job it runs again
     prompt_tokens: int | None = None  # a generate job's
     completion_tokens: int | None = None
     attempt_history: list[Attempt] | None = None

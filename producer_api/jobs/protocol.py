@@ -127,6 +127,9 @@ class JobView(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     batch_size: int | None = None
     attempts: int | None = None
+    replay_of: str | None = Field(
+        default=None, description="A dead letter's replay: the id of the job it runs again"
+    )
     prompt_tokens: int | None = Field(
         default=None, description="A generate job's, once it ended: tokens of its prompt"
     )

@@ -116,6 +116,8 @@ class Partition:
             "created": str(int(entry.enqueued_ms)),
             "started": str(delivery.claimed_ms),
         }
+        if entry.replay_of:
+            context["replay_of"] = entry.replay_of
         webhook = str(entry.payload.get("webhook", ""))
         return Finish(
             delivery.entry_id,
