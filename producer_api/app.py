@@ -16,7 +16,7 @@ from producer_api.batch_api.api_router import router as batch_api_router
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.batch_api.sweeper import BatchApiSweeper
 from producer_api.canary.api_router import router as canary_router
-from producer_api.console import Console
+from producer_api.console import Console, ConsoleHeadersMiddleware
 from producer_api.console import router as console_router
 from producer_api.draining import Draining
 from producer_api.errors import install_error_handlers
@@ -207,6 +207,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         own_format=JSONL_UPLOADS,
     )
     app.add_middleware(RateLimitHeadersMiddleware)
+    app.add_middleware(ConsoleHeadersMiddleware)
     app.add_middleware(HttpMetricsMiddleware)
     if configure_tracing("conveyor-producer"):
         FastAPIInstrumentor.instrument_app(app, excluded_urls=UNTRACED)

@@ -166,3 +166,27 @@ async def test_a_live_feed_ends_once_its_key_allows_less(
         assert not await still_open(state, sessions, session)
     finally:
         await state.redis.aclose()
+
+
+async def test_every_answer_under_the_console_carries_the_security_headers(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """The console's routes added them to their answers and errors, but the router answers some
+    before any route runs: a 405 for a console route asked with another method, a 404 for a
+    path the console does not have."""
+    async with _console(redis_url, aredis) as (app, _), _client(app) as client:
+        answers = [
+            await client.get("/console/logout"),
+            await client.post("/console/jobs"),
+            await client.get("/console/no-such-page"),
+            await client.get("/console/login"),
+        ]
+    assert [answer.status_code for answer in answers] == [405, 405, 404, 200]
+    for answer in answers:
+        headers = answer.headers
+        assert "frame-ancestors 'none'" in headers.get("content-security-policy", ""), headers
+        assert (headers["x-frame-options"], headers["x-content-type-options"]) == (
+            "DENY",
+            "nosniff",
+        )
+        assert headers["referrer-policy"] == "no-referrer"

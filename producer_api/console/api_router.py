@@ -1,10 +1,10 @@
 """HTTP routes of the operator console (`/console`): server-rendered pages (Jinja2, autoescaped),
 one SSE stream of the per-process summaries, and POST actions guarded by a CSRF token. Every
-response carries a strict Content-Security-Policy: scripts and styles only from /console/static."""
+response carries a strict Content-Security-Policy (`headers.py`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -13,7 +13,6 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, Form, Header, HTTPException, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
-from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -55,51 +54,9 @@ HERE = Path(__file__).parent
 LETTERS_SHOWN = 200  # per partition, oldest first
 BATCHES_SHOWN = 100  # per viewer, newest first, with how many it may see in all
 STATIC = {"console.js": "text/javascript", "console.css": "text/css"}
-CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
-)
-SECURITY_HEADERS = {
-    "Content-Security-Policy": CSP,
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Cache-Control": "no-store",
-}
-ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]  # the app's, each async
 
 
-class SecuredRoute(APIRoute):
-    """A console route whose error responses carry SECURITY_HEADERS too, as its pages do: the
-    app's exception handlers, which know nothing of the console, made its 303 to the login
-    page, its 403s, 404s, 422s, 429s and 503s without them."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handle = super().get_route_handler()
-
-        async def secured(request: Request) -> Response:
-            try:
-                return await handle(request)
-            except Exception as error:
-                if (answer := _handler_of(request, error)) is None:
-                    raise
-                return _secure(await answer(request, error))
-
-        return secured
-
-
-def _handler_of(request: Request, error: Exception) -> ErrorHandler | None:
-    """The app's handler of `error`'s class or a base of it, as Starlette looks it up; None for
-    an error of no class handled but Exception (a bug: Starlette's outermost layer answers
-    its 500 with the app's handler and logs it)."""
-    handlers = request.app.exception_handlers
-    kinds = type(error).__mro__
-    return next(
-        (handlers[kind] for kind in kinds if kind in handlers and kind is not Exception), None
-    )
-
-
-router = APIRouter(prefix="/console", include_in_schema=False, route_class=SecuredRoute)
+router = APIRouter(prefix="/console", include_in_schema=False)
 templates = Jinja2Templates(directory=HERE / "templates")
 
 State = Annotated[ProducerState, Depends(producer_state)]
@@ -147,25 +104,20 @@ async def admin(current: Session) -> ConsoleSession:
 Admin = Annotated[ConsoleSession, Depends(admin)]
 
 
-def _secure(response: Response) -> Response:
-    response.headers.update(SECURITY_HEADERS)
-    return response
-
-
 def _page(request: Request, name: str, current: ConsoleSession | None, **context: Any) -> Response:
     context |= {"session": current, "page": name.removesuffix(".html")}
-    return _secure(templates.TemplateResponse(request, name, context))
+    return templates.TemplateResponse(request, name, context)
 
 
 def _see(path: str) -> Response:
-    return _secure(RedirectResponse(path, status_code=303))
+    return RedirectResponse(path, status_code=303)
 
 
 @router.get("/static/{name}")
 async def static(name: str) -> Response:
     if name not in STATIC:
         raise ConveyorError(404, "not_found", "no such file")
-    return _secure(FileResponse(HERE / "static" / name, media_type=STATIC[name]))
+    return FileResponse(HERE / "static" / name, media_type=STATIC[name])
 
 
 @router.get("/login")
@@ -296,7 +248,7 @@ async def stream(state: State, current: Session, service: Service) -> Response:
         async for snapshot in service.summaries.follow():
             yield {"event": "summary", "data": as_text(dumps(summary_for(snapshot, current)))}
 
-    return _secure(EventSourceResponse(_while_open(state, service, current, events()), ping=15))
+    return EventSourceResponse(_while_open(state, service, current, events()), ping=15)
 
 
 @router.get("/jobs")
@@ -359,15 +311,14 @@ async def job_tokens(
     after = last_event_id if last_event_id and is_stream_id(last_event_id) else None
     events = await EventsService(state, reader).open(job_id, after)
     if events is None:  # the browser has the final event: EventSource's "stop"
-        return _secure(Response(status_code=204))
+        return Response(status_code=204)
     shutdown = anyio.Event()
-    response = EventSourceResponse(
+    return EventSourceResponse(
         _while_open(state, service, current, server_sent(events, shutdown)),
         ping=PING_S,
         shutdown_event=shutdown,
         shutdown_grace_period=GRACE_S,
     )
-    return _secure(response)
 
 
 @router.get("/batches")
@@ -392,7 +343,7 @@ async def batch_file(state: State, current: Session, batch_id: str, kind: str) -
     disposition = f'attachment; filename="{batch_id}-{kind}.jsonl"'
     response = JsonlResponse(body)
     response.headers["Content-Disposition"] = disposition
-    return _secure(response)
+    return response
 
 
 def _dead_letters(state: ProducerState, current: ConsoleSession, partition: str) -> DeadLetters:
