@@ -203,11 +203,12 @@ local function ring_weight(fair, ring)
   return sum
 end
 
--- A tenant's weight as a submit of `weight` leaves it: the highest of the keys it holds jobs
--- with, recorded (`w:`, kept only while it has jobs still held: none before) and the ring's
--- sum moved by the change. The latest key's flipped a tenant with two keys between their
--- weights, submit by submit (one job sent with its weight-1 key cut its weight-3 flood to a
--- third); any of its keys may submit, so the highest is the share it can claim anyway.
+-- A tenant's weight as a submit of `weight` leaves it: the highest of the keys its held jobs
+-- were submitted with since it last had none, recorded (`w:`, kept only while it has jobs still
+-- held: none before) and the ring's sum moved by the change. The latest key's flipped a tenant
+-- with two keys between their weights, submit by submit (one job sent with its weight-1 key cut
+-- its weight-3 flood to a third); any of its keys may submit, so the highest is the share it
+-- can claim anyway.
 local function record_weight(fair, ring, tenant, weight)
   local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM)
   local old = tonumber(h[1]) or 0

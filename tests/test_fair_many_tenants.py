@@ -56,8 +56,8 @@ async def test_a_tenants_weight_is_its_highest_keys_whatever_key_submitted_last(
 ) -> None:
     """Two keys of one tenant with different weights: the tenant weighed whatever its last
     submit's key said, so one job sent with its weight-1 key cut its weight-3 flood to a third
-    (and the next weight-3 submit put it back). A tenant's weight is the highest of the keys it
-    holds jobs with."""
+    (and the next weight-3 submit put it back). A tenant's weight is the highest of the keys its
+    held jobs were submitted with."""
     config = _config(window=4)
     store, reader, stream = await _lane(aredis, config)
     await _enqueue(store, [_job(config, "a", 3.0) for _ in range(12)])  # 4 in the stream, 8 held
