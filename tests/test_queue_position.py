@@ -111,22 +111,32 @@ def _drained(store: redis.Redis, stream: str = STEADY) -> None:
     until(lambda: store.xlen(stream) == 0, timeout=60)
 
 
-def _measured(api: httpx.Client, model: str = "steady", backlog: int = 10) -> None:
+def _measured(
+    api: httpx.Client, model: str = "steady", backlog: int = 10, admits: bool = False
+) -> None:
     """Wait until the producer knows the drain rate: a 202 behind a backlog carries an ETA, or
-    deadline admission refuses (it only does with a rate known)."""
+    deadline admission refuses. `admits`: until admission weighs deadlines, which waits for the
+    workers' capacity, measured only once a refresh saw work waiting (an ETA may come from the
+    window's rate before that: a job the test meant to be refused was then accepted)."""
+    probe = _job(model, ttl_s=0.05) if admits else _job(model)
+
+    def waiting() -> None:
+        for _ in range(backlog):
+            assert api.post("/v1/jobs", json=_job(model)).status_code == 202
 
     def known() -> bool:
         for _ in range(3):  # up to a job behind another (at the head an ETA shows no rate)
-            response = api.post("/v1/jobs", json=_job(model))
+            response = api.post("/v1/jobs", json=probe)
             if response.status_code == 429:
                 return bool(response.json()["error"]["type"] == "deadline_unmeetable")
             job = response.json()
-            if job["queue_position"] > 0:
+            if job["queue_position"] > 0 and not admits:
                 return job["eta_ms"] is not None
+        if admits:
+            waiting()  # work waiting again for the next refresh to see
         return False
 
-    for _ in range(backlog):
-        assert api.post("/v1/jobs", json=_job(model)).status_code == 202
+    waiting()
     until(known, timeout=30, every=0.5)
 
 
@@ -284,7 +294,7 @@ def test_eta_error_on_a_steady_load(api: httpx.Client, store: redis.Redis) -> No
 
 def test_a_deadline_the_eta_cannot_meet_is_refused(api: httpx.Client, store: redis.Redis) -> None:
     _drained(store)
-    _measured(api)
+    _measured(api, admits=True)
     _submit(api, 30)  # ~3 s of jobs ahead (~9 a second), whatever drained meanwhile
     before = store.xlen(STEADY), store.get(KEYS.added(STEADY))
     response = api.post("/v1/jobs", json=_job(ttl_s=0.2))
@@ -304,6 +314,9 @@ def test_a_deadline_the_eta_cannot_meet_is_refused(api: httpx.Client, store: red
         client.submit("steady", {"sleep_ms": JOB_MS}, deadline=time.time() + 1.0)
     assert absolute.value.status == 429 and retries == [], retries
     assert absolute.value.type == "deadline_unmeetable" and "later deadline" in str(absolute.value)
+    raw = api.post("/v1/jobs", json=_job(deadline=time.time() + 1.0))
+    assert raw.status_code == 429 and "Retry-After" not in raw.headers, raw.text
+    assert raw.headers["x-should-retry"] == "false"  # nor do SDKs that retry 429s by default
     meetable = api.post("/v1/jobs", json=_job(deadline=time.time() + 120))
     assert meetable.status_code == 202, meetable.text
     job = api.get(f"/v1/jobs/{meetable.json()['id']}", params={"wait": 60}).json()
@@ -318,7 +331,7 @@ def test_a_job_that_would_wait_past_max_queue_time_is_refused(
     deadline is weighed once a refresh has seen work waiting (the workers' capacity, not a light
     load's arrivals)."""
     serve(queue_stack, "brief")
-    _measured(api, "brief")  # ~1 s of work: none expires
+    _measured(api, "brief", admits=True)  # ~1 s of work: none expires
     _drained(store, BRIEF)
     # ~100 jobs of 100 ms ahead, far past the 3 s any of them may wait (none expires yet)
     asyncio.run(_enqueued_replying_to_nobody(queue_stack.redis_url, _job()["inputs"], "brief", 100))

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from producer_api.auth.principal import Principal
-from producer_api.errors import REFUSALS, ConveyorError, client_named
+from producer_api.errors import NO_RETRY, REFUSALS, ConveyorError, client_named
 from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import PredictRequest, SamplingParameters
 from producer_api.jobs.queue_eta import Standing, StartBy
@@ -516,7 +516,7 @@ def _unmeetable(
     deadline that `moves`, from `ttl_s`; `max_queue_time_s`) gets Retry-After, how long until
     as many entries have drained as it was too far back (1 to 60 s); an absolute deadline none:
     the queue drains no faster than it nears, so the same request later is refused the same (a
-    client retried it to the deadline)."""
+    client retried it to the deadline), and `x-should-retry: false`."""
     ahead = f"{standing.queue_position} jobs are ahead"
     if standing.eta_ms is None:  # the drain rate was read again meanwhile, and is gone
         return ConveyorError(
@@ -531,6 +531,7 @@ def _unmeetable(
         headers = {"Retry-After": str(wait)}
         later = "" if start_by.queue_time else " or with a later deadline"
         message += f"; retry in {wait}s{later}"
-    else:
+    else:  # said to SDKs that retry a 429 by default (OpenAI's, Stainless's) too
+        headers = NO_RETRY
         message += "; set a later deadline"
     return ConveyorError(429, "deadline_unmeetable", message, headers, {"eta_ms": standing.eta_ms})
