@@ -291,7 +291,6 @@ class Stack:
             "-A",
             "workers.app",
             "worker",
-            "--pool=solo",
             "--loglevel=INFO",  # ignored: CONVEYOR_LOG_LEVEL rules (test_observability.py)
             f"--hostname={name}@%h",
             "--without-mingle",

@@ -213,7 +213,8 @@ def test_producer_and_workers_share_one_redis():
 
 def test_workers_run_celery_and_the_gpu_one_reserves_a_gpu():
     for name in ("worker-cpu", "worker-gpu"):
-        assert argv(name)[:5] == ["celery", "-A", "workers.app", "worker", "--pool=solo"], name
+        # no --pool: workers/app.py's threads pool, CONVEYOR_WEBHOOK_CONCURRENCY deliveries
+        assert argv(name) == ["celery", "-A", "workers.app", "worker"], name
         assert env(name)["CONVEYOR_MODELS"], name
     assert "profiles" not in service("worker-cpu")
     gpu = service("worker-gpu")
@@ -402,6 +403,18 @@ def test_dockerfile(dockerfile, base_prefix, extra):
     ignore = (COMPOSE_DIR / f"{dockerfile}.dockerignore").read_text().splitlines()
     for source in {s for stage in stages for s in copy_sources(stage)}:
         assert f"!{source}" in ignore or f"!{source}/**" in ignore, f"{source} is ignored"
+
+
+def test_the_gpu_image_and_k8s_workers_leave_the_pool_to_the_app():
+    """A `--pool=solo` there delivered one webhook at a time, whatever workers/app.py set."""
+    worker = ["celery", "-A", "workers.app", "worker"]
+    _, stages = parse_dockerfile(COMPOSE_DIR / "Dockerfile.gpu")
+    assert json.loads(stages[-1].args("CMD")[-1]) == worker
+    manifests = sorted((REPO_ROOT / "k8s" / "base").glob("worker-*.yaml"))
+    assert manifests
+    for manifest in manifests:
+        spec = yaml.safe_load(manifest.read_text())["spec"]["template"]["spec"]
+        assert [c["command"] for c in spec["containers"]] == [worker], manifest.name
 
 
 def test_gpu_image_gets_artifacts_from_a_stage_that_prepares_them():

@@ -36,6 +36,7 @@ from shared.settings import Settings
             "rate_limit_burst": 10**10
         },  # a bucket that never empties  # its claim would outlive the broker's redelivery of it
         {"webhook_retry_for_s": -1},
+        {"webhook_concurrency": 0},  # a worker that never delivers
         {"key_prefix": "{cv}:"},  # the brace would become every key's hash tag
         {"key_prefix": "my app:"},
         {"instance_id": "my producer"},  # CLIENT SETNAME refuses spaces: no connection would open

@@ -216,7 +216,7 @@ def test_a_cluster_without_its_url_is_refused_before_starting(tmp_path: Path) ->
     "entry",
     [
         ["uvicorn", "producer_api.app:app", "--port", "0"],
-        ["celery", "-A", "workers.app", "worker", "--pool=solo"],
+        ["celery", "-A", "workers.app", "worker"],
     ],
 )
 def test_a_bad_setting_ends_a_process_started_as_compose_and_k8s_start_it(

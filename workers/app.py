@@ -1,5 +1,7 @@
-"""The Celery application workers run as (`celery -A workers.app worker --pool=solo`): Celery
-owns the process lifecycle; the StreamConsumer bootstep does the inference work."""
+"""The Celery application workers run as (`celery -A workers.app worker`): Celery owns the
+process lifecycle; the StreamConsumer bootstep does the inference work on its own thread, so
+Celery's pool runs only webhook deliveries: threads, CONVEYOR_WEBHOOK_CONCURRENCY of them (the
+solo pool delivered one event at a time, every tenant's webhook behind a slow receiver's)."""
 
 from __future__ import annotations
 
@@ -34,12 +36,16 @@ if configure_tracing("conveyor-worker"):
 
 app = broker_app(settings.redis_url, include=["workers.webhook_delivery"])
 app.conf.update(
+    # the pool for a bare `celery -A workers.app worker` too; a `--pool` given still rules
+    worker_pool="threads",
+    worker_concurrency=settings.webhook_concurrency,
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
-    worker_prefetch_multiplier=1,
+    worker_prefetch_multiplier=1,  # one unacknowledged delivery per thread
     task_acks_late=True,
-    # Celery 6's default, said here because Celery 5 warns on every reconnect without it; with
-    # the solo pool no task runs while the consumer reconnects, so there is nothing to cancel
+    # Celery 6's default, said here because Celery 5 warns on every reconnect without it. A
+    # thread cannot be cancelled (Celery logs that it failed to): the delivery runs on, and the
+    # copy kombu restores finds its attempt claimed (`duplicate`, workers/webhook_delivery.py)
     worker_cancel_long_running_tasks_on_connection_loss=True,
 )
 app.steps["worker"].add(WorkerHeartbeat)

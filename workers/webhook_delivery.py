@@ -159,13 +159,13 @@ def _attempt_log() -> AttemptLog:
 
 class ReceiverHolds:
     """Receivers whose attempt failed slowly are held: their other deliveries wait out the hold,
-    recorded as attempts not tried, instead of each taking up to the timeout on the worker's
-    one task loop, every other tenant's delivery behind them (a receiver hanging on a burst of
-    events held it for the timeout a hundred times over; one that answered a 500 just before
-    the timeout was never held, and 16 of its deliveries, each retried some 25 times in an
-    hour, took a worker's whole delivery time). Bookkeeping, like the attempt log: a Redis
-    error holds nothing and stops no delivery. `client` is asked for the client at each use: a
-    cluster client is made by reaching a node, which can fail too."""
+    recorded as attempts not tried, instead of each taking up to the timeout on one of the
+    worker's few delivery threads, every other tenant's delivery behind them (a receiver
+    hanging on a burst of events held it for the timeout a hundred times over; one that
+    answered a 500 just before the timeout was never held, and 16 of its deliveries, each
+    retried some 25 times in an hour, took a worker's whole delivery time). Bookkeeping, like
+    the attempt log: a Redis error holds nothing and stops no delivery. `client` is asked for
+    the client at each use: a cluster client is made by reaching a node, which can fail too."""
 
     def __init__(self, client: Callable[[], redis.Redis], keys: Keys) -> None:
         self.client = client
@@ -351,8 +351,8 @@ def _signing_key(secret: str, event: dict[str, Any]) -> str:
 
 def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
     """One attempt, answered within CONVEYOR_WEBHOOK_TIMEOUT_S as a whole (httpx's timeout
-    bounds each read: a receiver trickling a byte a second held the worker's one task loop,
-    every other delivery and the worker's own exit behind it), the receiver's name lookup
+    bounds each read: a receiver trickling a byte a second held a delivery thread, and the
+    worker's own exit, which waits for its threads), the receiver's name lookup
     included (`_Unwaited`); never raises. Redirects are not followed (they could leave the
     allow-list). Signed with the key of the event's owner (`_signing_key`)."""
     settings = get_settings()
@@ -451,11 +451,11 @@ def _queue_next(task: Task, delay_s: float, until: float) -> Retry:
 
 
 def _wait_unless_stopping(wait_s: float) -> None:
-    """Sleep `wait_s`, unless the worker is asked to stop (SIGTERM, Ctrl-C): then Celery's
-    WorkerShutdown (WorkerTerminate) is raised out of the task, which leaves the delivery
-    unacknowledged for kombu to restore. On the solo pool this wait is the worker's main
-    thread, which looks at the stop flags only between tasks: the worker ran on, its engine
-    still taking micro-batches, until it was killed with one in hand."""
+    """Sleep `wait_s`, unless the worker is asked to stop (SIGTERM, Ctrl-C, a crash or memory
+    recycle of the consumer): then Celery's WorkerShutdown (WorkerTerminate) is raised out of
+    the task, which leaves the delivery unacknowledged for kombu to restore. The wait runs on
+    a pool thread, which a stopping worker waits for (on the solo pool it was the main thread,
+    which looks at the stop flags only between tasks: the worker ran on until it was killed)."""
     until = time.monotonic() + wait_s
     while (left := until - time.monotonic()) > 0:
         worker_state.maybe_shutdown()

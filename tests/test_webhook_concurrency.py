@@ -1,0 +1,173 @@
+"""Webhook deliveries run side by side, CONVEYOR_WEBHOOK_CONCURRENCY of them per worker (Celery's
+threads pool, workers/app.py): on the solo pool one receiver answering slowly but in time held
+every other tenant's delivery on its worker. Here a real worker (concurrency 2, no `--pool` on
+its command line, as compose and Kubernetes start it) delivers to a real receiver that holds
+its /slow requests open until the test lets them go: a fast receiver's event arrives meanwhile,
+a third slow one waits in the broker, a stop waits for the deliveries in hand and
+acknowledges them, and a worker killed with two in hand leaves both for kombu to restore."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import redis
+
+from conveyor.stack import Stack
+from shared.webhook_events import WebhookDispatcher, event
+from tests.conftest import until
+
+pytestmark = pytest.mark.slow
+WORKER = "webhooks"
+QUEUE = "celery"  # kombu's queue of the deliveries, and its hash of those taken, unacknowledged
+UNACKED = "unacked"
+
+
+class _HoldingReceiver(ThreadingHTTPServer):
+    """Holds every /slow request open until `release` is set; answers any other at once. Keeps
+    each arrival as (path, target id, /slow requests open at that moment)."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.open = 0
+        self.arrivals: list[tuple[str, str, int]] = []
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def at(self, path: str) -> list[tuple[str, str, int]]:
+        with self.lock:
+            return [arrival for arrival in self.arrivals if arrival[0] == path]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HoldingReceiver
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        slow = self.path == "/slow"
+        with self.server.lock:
+            self.server.arrivals.append((self.path, body["data"]["id"], self.server.open))
+            self.server.open += slow
+        if slow:
+            self.server.release.wait()
+            with self.server.lock:
+                self.server.open -= 1
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A Valkey of the module's own (its broker queue is read whole) and nothing else yet."""
+    own = Stack.create(tmp_path_factory.mktemp("webhook-concurrency"))
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+@pytest.fixture
+def receiver(stack: Stack) -> Iterator[_HoldingReceiver]:
+    """The receiver, and a worker allowed to deliver to it (stopped, or killed, by the test)."""
+    server = _HoldingReceiver()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stack.start_worker(
+        "identity:default",
+        name=WORKER,
+        CONVEYOR_WEBHOOK_SECRET="whsec-concurrency",
+        CONVEYOR_WEBHOOK_ALLOWLIST=f"{server.base}/",
+        CONVEYOR_WEBHOOK_CONCURRENCY="2",
+    )
+    try:
+        yield server
+    finally:
+        server.release.set()
+        if WORKER in stack.processes:  # not stopped by the test
+            stack.stop_process(WORKER)
+        server.shutdown()
+        stack.client().delete(QUEUE, UNACKED, f"{UNACKED}_index")
+
+
+def _send(stack: Stack, receiver: _HoldingReceiver, path: str, target_id: str) -> None:
+    body = event("job.succeeded", "default", {"id": target_id}, f"{target_id}_succeeded")
+    WebhookDispatcher(stack.redis_url).send("job", target_id, f"{receiver.base}{path}", body)
+
+
+def _in_broker(client: redis.Redis) -> tuple[list[str], list[str]]:
+    """The target ids of the deliveries kombu holds: queued, and taken but not acknowledged."""
+
+    def target(message: dict[str, Any]) -> str:
+        _, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        return str(kwargs["target_id"])
+
+    queued = [target(json.loads(message)) for message in client.lrange(QUEUE, 0, -1)]
+    # each taken one is kept as [message, exchange, routing key]
+    taken = [target(json.loads(entry)[0]) for entry in client.hvals(UNACKED)]
+    return sorted(queued), sorted(taken)
+
+
+def _two_slow_in_hand(stack: Stack, receiver: _HoldingReceiver) -> None:
+    """Three deliveries to the slow receiver: two held open there, the third left queued."""
+    for number in range(3):
+        _send(stack, receiver, "/slow", f"slow-{number}")
+    until(lambda: receiver.open == 2, timeout=15)
+    until(lambda: len(_in_broker(stack.client())[0]) == 1, timeout=15)
+
+
+def test_a_slow_receiver_does_not_hold_another_receivers_delivery(
+    stack: Stack, receiver: _HoldingReceiver
+) -> None:
+    _send(stack, receiver, "/slow", "slow")
+    until(lambda: receiver.open == 1, timeout=15)
+    _send(stack, receiver, "/fast", "fast")
+    (arrival,) = until(lambda: receiver.at("/fast"), timeout=15)
+    assert arrival == ("/fast", "fast", 1), "the fast event came while /slow was held open"
+    assert not receiver.release.is_set()
+    receiver.release.set()
+    until(lambda: receiver.open == 0, timeout=15)
+
+
+def test_a_worker_killed_with_deliveries_in_hand_leaves_them_to_kombu(
+    stack: Stack, receiver: _HoldingReceiver
+) -> None:
+    """As many in hand as the setting allows, each unacknowledged: kombu gives them to another
+    worker after its visibility timeout, the third still queued."""
+    _two_slow_in_hand(stack, receiver)
+    assert stack.stop_process(WORKER, signal.SIGKILL) == -signal.SIGKILL
+    assert _in_broker(stack.client()) == (["slow-2"], ["slow-0", "slow-1"])
+    assert sorted(target for _, target, _ in receiver.at("/slow")) == ["slow-0", "slow-1"]
+
+
+def test_a_stop_waits_for_the_deliveries_in_hand_and_acknowledges_them(
+    stack: Stack, receiver: _HoldingReceiver
+) -> None:
+    """A warm shutdown (SIGTERM) ends the deliveries the threads hold, acknowledged (none left
+    for kombu to give another worker, which would find its attempt claimed and drop it); the
+    one not taken stays queued."""
+    _two_slow_in_hand(stack, receiver)
+    log = stack.log_path(WORKER)
+    codes: list[int] = []
+    stopping = threading.Thread(target=lambda: codes.append(stack.stop_process(WORKER)))
+    stopping.start()
+    until(lambda: "Warm shutdown" in log.read_text(errors="replace"), timeout=15)
+    receiver.release.set()
+    stopping.join(timeout=60)
+    assert codes == [0], stack.log_tail(WORKER)
+    assert _in_broker(stack.client()) == (["slow-2"], [])
+    assert sorted(target for _, target, _ in receiver.at("/slow")) == ["slow-0", "slow-1"]
