@@ -358,11 +358,10 @@ class JobStore:
         ok, before, *_ = replies[0]
         _count_withdrawn(target, replies[:1])
         updated = await self.get(job_id)
-        if not ok and not _made_by(updated, target, extra):
-            current = as_text(before) if before else None
-            raise IllegalTransition(job_id, current, target.value)
-        if updated is None:
+        if updated is None or (not ok and not before):  # gone (expired, lost) since the read
             raise JobNotFound(job_id)
+        if not ok and not _made_by(updated, target, extra):
+            raise IllegalTransition(job_id, as_text(before), target.value)
         if waits:
             check_replica_acks(replies[len(replies) - waits :])
             await self._announce(reply, message)

@@ -357,8 +357,6 @@ class JobsService:
         except JobNotFound:
             raise not_found(job_id) from None
         except IllegalTransition as exc:
-            if exc.current is None:  # the hash went (expired, lost) before TRANSITION ran
-                raise not_found(job_id) from None
             raise ConveyorError(
                 409, "conflict", f"job {job_id} is already {exc.current}; cannot cancel"
             ) from None
