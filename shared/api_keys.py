@@ -32,7 +32,9 @@ KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 # What a presented key may look like before anything is hashed or looked up.
 PRESENTED = re.compile(f"^{VISIBLE_ASCII}{{8,256}}$")
 KEY_PREFIX = "cvk_"
-MAX_WEIGHT = 1000.0  # a tenant's fair-queuing weight lies in (0, MAX_WEIGHT]
+# A tenant's fair-queuing weight lies in [MIN_WEIGHT, MAX_WEIGHT]: fair queuing's scripts spend
+# a smaller one as MIN_WEIGHT (its turns to a whole credit, 1 / weight, overflowed to infinity).
+MIN_WEIGHT, MAX_WEIGHT = 1e-9, 1000.0
 
 
 class InvalidKeySpec(ValueError):
@@ -80,8 +82,9 @@ class KeySpec:
             raise InvalidKeySpec("a key needs at least one scope")
         if bad := sorted(m for m in self.models if not TENANT.fullmatch(m)):
             raise InvalidKeySpec(f"invalid model names {bad}")
-        if not (math.isfinite(self.weight) and 0 < self.weight <= MAX_WEIGHT):
-            raise InvalidKeySpec(f"weight {self.weight} must be a number in (0, {MAX_WEIGHT:g}]")
+        if not (math.isfinite(self.weight) and MIN_WEIGHT <= self.weight <= MAX_WEIGHT):
+            bounds = f"[{MIN_WEIGHT:g}, {MAX_WEIGHT:g}]"
+            raise InvalidKeySpec(f"weight {self.weight} must be a number in {bounds}")
         self._check_limits()
 
     def _check_limits(self) -> None:

@@ -4,6 +4,7 @@ several calls."""
 
 from __future__ import annotations
 
+from shared.api_keys import MIN_WEIGHT
 from shared.codec import MOVED_FIELD
 from shared.job_states import lua_transition_table
 from shared.keys import (
@@ -162,11 +163,12 @@ end
 local WHOLE = 1 - 1e-9
 
 -- A weight as deficit round robin spends it (`value` as recorded; none: 1), MIN_WEIGHT at least:
--- a key may weigh 1e-310 (positive and finite), whose turns to a whole credit (1 / weight)
--- overflow to infinity, which nothing fast-forwarded: refill turned the ring for good, the
--- server BUSY until killed.
-local MIN_WEIGHT = 1e-9
-local function spent(value)
+-- a key stored before weights were held to it may weigh 1e-310 (positive and finite), whose
+-- turns to a whole credit (1 / weight) overflow to infinity, which nothing fast-forwarded:
+-- refill turned the ring for good, the server BUSY until killed.
+"""
+    + f"local MIN_WEIGHT = {MIN_WEIGHT!r}\n"
+    + """local function spent(value)
   return math.max(tonumber(value) or 1, MIN_WEIGHT)
 end
 

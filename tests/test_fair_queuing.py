@@ -238,10 +238,10 @@ async def test_tiny_weights_move_jobs_in_the_same_proportions_at_no_extra_cost(
 async def test_a_weight_too_small_to_invert_holds_the_server_no_longer(
     aredis: aioredis.Redis,
 ) -> None:
-    """A key may weigh 1e-310 (positive and finite): the turns its tenant needs to a whole
-    credit (1 / weight) overflowed to infinity, which no fast-forward took, so the first refill
-    turned the ring for good and the server answered BUSY to every client until killed. Such a
-    weight counts as 1e-9, as does one a lane recorded before."""
+    """A key stored before weights were held to 1e-9 may weigh 1e-310: the turns its tenant
+    needs to a whole credit (1 / weight) overflowed to infinity, which no fast-forward took, so
+    the first refill turned the ring for good and the server answered BUSY to every client
+    until killed. Such a weight counts as 1e-9, as does one a lane recorded before."""
     config = _config(window=1)
     store, reader, stream = await _lane(aredis, config)
     await _enqueue(store, [_job(config, "tiny", 1e-310) for _ in range(3)])
@@ -483,12 +483,14 @@ def cli_on_test_server(
 
 @pytest.mark.usefixtures("cli_on_test_server")
 def test_a_weight_must_be_a_positive_number(redis_client: redis.Redis) -> None:
-    for bad in (0.0, -1.0, float("nan"), float("inf"), 1001.0):
+    for bad in (0.0, -1.0, float("nan"), float("inf"), 1001.0, 1e-310):
         with pytest.raises(InvalidKeySpec, match="weight"):
             KeySpec(tenant="acme", scopes=frozenset({"submit"}), weight=bad).check()
     connected = redis_client.info("clients")["connected_clients"]  # other tests' clients too
     refused = CliRunner().invoke(keys_command, ["create", "--tenant", "acme", "--weight", "0"])
-    assert refused.exit_code == 2 and "weight 0.0 must be a number in (0, 1000]" in refused.output
+    assert (
+        refused.exit_code == 2 and "weight 0.0 must be a number in [1e-09, 1000]" in refused.output
+    )
     assert not redis_client.smembers(CLI_KEYS.api_key_index)  # nothing stored
     made = CliRunner().invoke(keys_command, ["create", "--tenant", "acme", "--weight", "2.5"])
     assert made.exit_code == 0, made.output
