@@ -96,6 +96,7 @@ class ConveyorError(Exception):
         message: str,
         headers: dict[str, str] | None = None,
         details: dict[str, Any] | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -103,15 +104,32 @@ class ConveyorError(Exception):
         self.message = message
         self.headers = headers
         self.details = details  # more ErrorDetail fields, e.g. `eta_ms`
+        self.param = param  # the field refused: OpenAI's `param` (see `error_response`)
+
+
+# The request state's flag that its refusals answer in OpenAI's shape (`answer_as_openai`).
+OPENAI_ERRORS = "openai_errors"
+
+
+def answer_as_openai(request: Request) -> None:
+    """Mark a request OpenAI's SDKs send to a route whose path alone does not say so (the Files
+    API, the Batch API's reads, and a batch create whose body is OpenAI's): its invalid request
+    answers OpenAI's 400 (`ErrorResponse`). A route dependency: it runs before FastAPI refuses
+    the route's parameters."""
+    setattr(request.state, OPENAI_ERRORS, True)
+
+
+def _openai_request(scope: Scope) -> bool:
+    return scope.get("path") in OPENAI_PATHS or bool(scope.get("state", {}).get(OPENAI_ERRORS))
 
 
 class ErrorResponse(FastJSONResponse):
     """An error, in the shape of the route it answers, chosen as it is sent (from the request's
-    path: the request boundary refuses a body before any route is matched). An invalid request
-    to one of OpenAI's routes answers as OpenAI's API and vLLM's server do, 400
-    `invalid_request_error` with `param` and `code`: OpenAI's SDKs raise BadRequestError for
-    it (a 422 raised UnprocessableEntityError, which no OpenAI client expects of a bad
-    request)."""
+    path: the request boundary refuses a body before any route is matched; or as its route
+    marked it, `answer_as_openai`). An invalid request to one of OpenAI's routes answers as
+    OpenAI's API and vLLM's server do, 400 `invalid_request_error` with `param` and `code`:
+    OpenAI's SDKs raise BadRequestError for it (a 422 raised UnprocessableEntityError, which
+    no OpenAI client expects of a bad request)."""
 
     def __init__(
         self,
@@ -125,7 +143,7 @@ class ErrorResponse(FastJSONResponse):
         self.given_headers = headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.openai is None or scope.get("path") not in OPENAI_PATHS:
+        if self.openai is None or not _openai_request(scope):
             await super().__call__(scope, receive, send)
             return
         openai = FastJSONResponse(self.openai.model_dump(), 400, self.given_headers)
@@ -153,9 +171,11 @@ def error_response(
 
 
 def _refused_field(exc: RequestValidationError) -> str | None:
-    """The field the first error names, as the client named it (OpenAI's `param`)."""
+    """The field the first error names, as the client named it (OpenAI's `param`): without its
+    place (`body`, `query`, `path`), as OpenAI names a query's `limit`."""
     errors = exc.errors()
-    return (_where(errors[0]) or None) if errors else None
+    field = errors[0].get("loc", ())[1:] if errors else ()
+    return ".".join(map(client_named, field)) or None
 
 
 def _where(err: Any) -> str:
@@ -207,7 +227,9 @@ def _allowed_methods(request: Request) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ConveyorError)
     async def _conveyor(_: Request, exc: ConveyorError) -> ErrorResponse:
-        return error_response(exc.status, exc.type, exc.message, exc.headers, exc.details)
+        return error_response(
+            exc.status, exc.type, exc.message, exc.headers, exc.details, exc.param
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> ErrorResponse:

@@ -41,9 +41,9 @@ async def test_an_openai_create_without_its_file_is_refused_naming_it(
     producer: httpx.AsyncClient, aredis: aioredis.Redis, body: dict[str, Any]
 ) -> None:
     refused = await producer.post("/v1/batches", json=body)
-    assert refused.status_code == 422, refused.text
+    assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
-    assert error["type"] == "invalid_request" and "input_file_id" in error["message"]
+    assert error["type"] == "invalid_request_error" and "input_file_id" in error["message"]
     assert await aredis.keys(f"{KEYS.prefix}*batch*") == []  # nothing stored
 
 

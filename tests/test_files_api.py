@@ -82,7 +82,7 @@ async def test_a_files_name_counts_against_the_budget_and_is_bounded(
     async with _producer(redis_url, max_file_bytes_per_tenant=2000) as client:
         files_before = len(await aredis.keys(KEYS.file("*")))
         long = await _upload(client, acme, "é" * 150)  # 300 bytes of UTF-8
-        assert long.status_code == 422, long.text
+        assert long.status_code == 400, long.text
         assert "255 bytes" in long.json()["error"]["message"]
         assert len(await aredis.keys(KEYS.file("*"))) == files_before  # nothing stored
         name = "n" * 250  # 3 files' content is 147 bytes, their names and overhead 2286
@@ -132,7 +132,7 @@ async def test_a_batchs_own_files_answer_openais_delete(
 async def test_a_purpose_other_than_batch_is_refused_by_name(
     redis_url: str, aredis: aioredis.Redis
 ) -> None:
-    """OpenAI's `user_data` (or `vision`, …) is a 422 whose message names it and the one
+    """OpenAI's `user_data` (or `vision`, …) is a 400 whose message names it and the one
     purpose Conveyor keeps (it said only "Input should be 'batch'"); nothing is stored."""
     acme = await _key(aredis, f"acme-{uuid.uuid4().hex[:8]}")
     async with _producer(redis_url) as client:
@@ -142,7 +142,7 @@ async def test_a_purpose_other_than_batch_is_refused_by_name(
             data={"purpose": "user_data"},
             headers=acme,
         )
-        assert refused.status_code == 422, refused.text
+        assert refused.status_code == 400, refused.text
         message = refused.json()["error"]["message"]
         assert "'user_data' is not supported" in message and "'batch'" in message
         assert await aredis.keys(KEYS.file("*")) == []

@@ -83,9 +83,9 @@ async def test_expires_after_shortens_a_files_life_to_the_result_ttl_at_most(
 async def test_an_expires_after_outside_openais_range_is_refused_by_name(
     sdk: openai.AsyncOpenAI, aredis: aioredis.Redis
 ) -> None:
-    """OpenAI takes 3600 to 2592000 seconds from `created_at`; less is a 422 that names the
+    """OpenAI takes 3600 to 2592000 seconds from `created_at`; less is a 400 that names the
     field, and nothing is stored."""
-    with pytest.raises(openai.UnprocessableEntityError, match=r"expires_after\[seconds\]"):
+    with pytest.raises(openai.BadRequestError, match=r"expires_after\[seconds\]"):
         await sdk.files.create(
             file=("a.jsonl", LINE),
             purpose="batch",

@@ -154,7 +154,7 @@ def test_the_official_client_runs_a_batch_through_the_files_api(
 ) -> None:
     """OpenAI's flow unchanged: upload the input file, create the batch by its id, poll it,
     download its output and error files by the ids it gives; they are the batch's files."""
-    from openai import NotFoundError, OpenAI, UnprocessableEntityError
+    from openai import BadRequestError, NotFoundError, OpenAI
 
     client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
     source = _source().encode()
@@ -208,7 +208,7 @@ def test_the_official_client_runs_a_batch_through_the_files_api(
         client.batches.create(
             input_file_id=f"file-{'0' * 32}", endpoint="/v1/embeddings", completion_window="24h"
         )
-    with pytest.raises(UnprocessableEntityError):
+    with pytest.raises(BadRequestError):
         client.files.create(file=("x.jsonl", source), purpose="fine-tune")
     with pytest.raises(NotFoundError):
         client.files.content(f"file-{'0' * 32}")
@@ -231,7 +231,7 @@ def test_a_batch_names_its_lines_once(base_url: str, minilm_worker: int) -> None
     empty = httpx.post(
         f"{base_url}/v1/files", files={"file": ("e.jsonl", b"\n")}, data={"purpose": "batch"}
     )
-    assert empty.status_code == 422 and "empty" in empty.json()["error"]["message"]
+    assert empty.status_code == 400 and "empty" in empty.json()["error"]["message"]
 
 
 def test_lines_a_cancel_stopped_carry_openais_batch_cancelled(

@@ -19,7 +19,7 @@ from producer_api.batch_api.protocol import (
     Endpoint,
 )
 from producer_api.batch_api.serving import Asked, BatchApiService
-from producer_api.errors import ConveyorError
+from producer_api.errors import ConveyorError, OpenAIErrorBody, answer_as_openai
 from producer_api.files.serving import FilesService
 from producer_api.jobs.api_router import KEY_PARAMETER, LOCATED, idempotency_key
 from producer_api.request_boundary import parse_json
@@ -36,7 +36,11 @@ JSONL_UPLOADS = frozenset({"/v1/batches"})
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
-    400: {"description": "A multipart body that does not parse"},
+    400: {
+        "model": OpenAIErrorBody,
+        "description": "A multipart body that does not parse; an invalid request to OpenAI's "
+        "create (a JSON body naming `input_file_id`), list, retrieve or cancel, in OpenAI's shape",
+    },
     404: {"description": "Unknown batch or model"},
     409: {
         "description": "Batch not running (cancel) or not ended (files); for a create, its "
@@ -47,7 +51,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         "description": "Body over CONVEYOR_MAX_UPLOAD_BYTES, or more lines than "
         "CONVEYOR_MAX_BATCH_LINES"
     },
-    422: {"description": "No lines, bad options, or a webhook URL outside the allow-list"},
+    422: {
+        "description": "No lines, bad options, or a webhook URL outside the allow-list, for a "
+        "create that sends its lines (a JSONL body or a multipart file)"
+    },
     503: {"description": "Queue unreachable"},
 }
 
@@ -69,6 +76,8 @@ class BatchCreation:
 SubmitService = Annotated[BatchApiService, Depends(acting_for("submit", BatchApiService))]
 Creation = Annotated[BatchCreation, Depends(acting_for("submit", BatchCreation.of))]
 ReadService = Annotated[BatchApiService, Depends(acting_for("read", BatchApiService))]
+# OpenAI's reads of a batch: their refusals answer in OpenAI's shape.
+OPENAI_ROUTE = [Depends(answer_as_openai)]
 
 
 def _respond(request: Request, batch_id: str, progress: Refresh, status: int = 200) -> Any:
@@ -103,7 +112,8 @@ def _openai_create(request: Request, body: bytes) -> dict[str, Any] | None:
     """OpenAI's create body, a JSON object naming `input_file_id`; None for JSONL (which a
     one-line batch sent as `application/json` also is). An object with a create's fields and
     none of a line's is a create that left its file out: refused, where it ran as a one-line
-    batch whose one line was invalid (a 202, the batch `failed`)."""
+    batch whose one line was invalid (a 202, the batch `failed`). OpenAI's create is refused in
+    OpenAI's shape, as its SDK expects (`answer_as_openai`)."""
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         return None
     try:
@@ -112,15 +122,16 @@ def _openai_create(request: Request, body: bytes) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict) or not value.keys() & _CREATE_FIELDS:
         return None
+    if "input_file_id" not in value and value.keys() & _LINE_FIELDS:
+        return None
+    answer_as_openai(request)
     if "input_file_id" in value:
         return value
-    if value.keys() & _LINE_FIELDS:
-        return None
     message = (
         "input_file_id is required: OpenAI's create names an uploaded file (POST /v1/files, "
         "purpose batch); send the lines themselves as application/jsonl"
     )
-    raise ConveyorError(422, "invalid_request", message)
+    raise ConveyorError(422, "invalid_request", message, param="input_file_id")
 
 
 @router.post(
@@ -158,7 +169,7 @@ async def create_batch(
     return _respond(request, batch_id, progress, 202)
 
 
-@router.get("/v1/batches", response_model=BatchList, responses=_ERRORS)
+@router.get("/v1/batches", response_model=BatchList, responses=_ERRORS, dependencies=OPENAI_ROUTE)
 async def list_batches(
     request: Request,
     service: ReadService,
@@ -174,13 +185,24 @@ async def list_batches(
     return page_response(data, page.more)
 
 
-@router.get("/v1/batches/{batch_id}", name="get_batch", response_model=BatchView, responses=_ERRORS)
+@router.get(
+    "/v1/batches/{batch_id}",
+    name="get_batch",
+    response_model=BatchView,
+    responses=_ERRORS,
+    dependencies=OPENAI_ROUTE,
+)
 async def get_batch(request: Request, service: ReadService, batch_id: str = BATCH_ID) -> Any:
     """State, counts (total = succeeded + failed + pending) and timestamps."""
     return _respond(request, batch_id, await service.get(batch_id))
 
 
-@router.post("/v1/batches/{batch_id}/cancel", response_model=BatchView, responses=_ERRORS)
+@router.post(
+    "/v1/batches/{batch_id}/cancel",
+    response_model=BatchView,
+    responses=_ERRORS,
+    dependencies=OPENAI_ROUTE,
+)
 async def cancel_batch(request: Request, service: SubmitService, batch_id: str = BATCH_ID) -> Any:
     """Cancel what has not finished; the batch ends `cancelled` (409 if it already ended)."""
     return _respond(request, batch_id, await service.cancel(batch_id))

@@ -123,8 +123,10 @@ def _options(options: dict[str, Any]) -> BatchOptions:
     try:
         return BatchOptions.model_validate(options)
     except ValidationError as exc:
-        message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConveyorError(422, "invalid_request", message) from None
+        errors = exc.errors()
+        named = [".".join(map(str, e["loc"])) for e in errors]
+        message = "; ".join(f"{where}: {e['msg']}" for where, e in zip(named, errors, strict=True))
+        raise ConveyorError(422, "invalid_request", message, param=named[0]) from None
 
 
 async def _source(asked: Asked, options: BatchOptions, read_file: ReadFile) -> bytes:
@@ -195,7 +197,7 @@ class BatchApiService:
         options = _options(asked.options)
         window_s = self._window_s(options.completion_window)
         if options.webhook is not None and (why := refusal(options.webhook, self.state.settings)):
-            raise ConveyorError(422, "invalid_request", why)
+            raise ConveyorError(422, "invalid_request", why, param="webhook")
         if options.model is not None and self.state.repository.get(options.model) is None:
             raise ConveyorError(404, "not_found", f"model {options.model!r} not found")
         source = await _source(asked, options, read_file)
@@ -293,7 +295,7 @@ class BatchApiService:
         longest = self.state.settings.result_ttl_s
         if seconds > longest:
             message = f"completion_window {window} is longer than the result TTL ({longest}s)"
-            raise ConveyorError(422, "invalid_request", message)
+            raise ConveyorError(422, "invalid_request", message, param="completion_window")
         return seconds
 
     async def _rooms(self, items: list[lines.Item]) -> dict[str, int]:

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, File, Form, Path, Query, Response, UploadFile
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
+from producer_api.errors import OpenAIErrorBody, answer_as_openai
 from producer_api.files.protocol import FileDeleted, FileList, FileObject
 from producer_api.files.serving import FilesService, check_purpose
 from producer_api.responses import (
@@ -17,7 +18,8 @@ from producer_api.responses import (
     page_response,
 )
 
-router = APIRouter(tags=["files"])
+# OpenAI's Files API, every route of it: its refusals answer in OpenAI's shape.
+router = APIRouter(tags=["files"], dependencies=[Depends(answer_as_openai)])
 FILE_ID = Path(max_length=64, description="A file id, or a batch's output_file_id / error_file_id")
 EXPIRES_AFTER = "OpenAI's expires_after: seconds from created_at, kept the result TTL at most"
 # Bodies held to CONVEYOR_MAX_UPLOAD_BYTES rather than CONVEYOR_MAX_BODY_BYTES (request_boundary).
@@ -26,13 +28,14 @@ PAGE_MAX = 100  # files a page holds at most: each is looked up (OpenAI's `limit
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
-    400: {"description": "A multipart body that does not parse"},
+    400: {
+        "model": OpenAIErrorBody,
+        "description": "A multipart body that does not parse; no file, an empty one, a filename "
+        "over 255 bytes, a purpose not batch, or another invalid parameter (OpenAI's shape)",
+    },
     404: {"description": "Unknown file (or another tenant's)"},
     409: {"description": "The batch whose file it is has not ended"},
     413: {"description": "Body over CONVEYOR_MAX_UPLOAD_BYTES"},
-    422: {
-        "description": "No file, an empty one, a filename over 255 bytes, or a purpose not batch"
-    },
     429: {"description": "The tenant's files would pass its storage budget (not retried)"},
     503: {"description": "Store unreachable"},
 }

@@ -43,13 +43,13 @@ def file_object(file_id: str, fields: dict[str, str]) -> dict[str, Any]:
 
 def check_purpose(purpose: str) -> None:
     """OpenAI's other purposes (`user_data`, `vision`, `fine-tune`, …) serve APIs Conveyor
-    lacks: a 422 that names the one sent, since the schema's own said only what it expected."""
+    lacks: a refusal that names the one sent, since the schema's own said only what it expected."""
     if purpose != "batch":
         message = (
             f"purpose {purpose!r} is not supported: Conveyor keeps files for its Batch API "
             "only (purpose 'batch')"
         )
-        raise ConveyorError(422, "invalid_request", message)
+        raise ConveyorError(422, "invalid_request", message, param="purpose")
 
 
 def over_budget(refused: OverBudget) -> ConveyorError:
@@ -79,10 +79,10 @@ class FilesService:
         fill Redis); its lines are checked when a batch names it, as an uploaded batch's
         are."""
         if not data.strip():
-            raise ConveyorError(422, "invalid_request", "the file is empty")
+            raise ConveyorError(422, "invalid_request", "the file is empty", param="file")
         if len(filename.encode()) > MAX_FILENAME_BYTES:
             message = f"the filename is longer than {MAX_FILENAME_BYTES} bytes (UTF-8)"
-            raise ConveyorError(422, "invalid_request", message)
+            raise ConveyorError(422, "invalid_request", message, param="file")
         file_id = f"file-{uuid.uuid4().hex}"
         created_at = now_ms() // 1000
         expires_at = self.store.expires_at(created_at, expires_after_s)
