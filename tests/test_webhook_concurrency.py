@@ -2,13 +2,14 @@
 threads pool, workers/app.py): on the solo pool one receiver answering slowly but in time held
 every other tenant's delivery on its worker. Here a real worker (concurrency 2, no `--pool` on
 its command line, as compose and Kubernetes start it) delivers to a real receiver that holds
-its /slow requests open until the test lets them go: a fast receiver's event arrives meanwhile,
+its requests open until the test lets them go: another receiver's event arrives meanwhile,
 a third slow one waits in the broker, a stop waits for the deliveries in hand and
 acknowledges them, and a worker killed with two in hand leaves both for kombu to restore."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import signal
 import threading
@@ -22,6 +23,7 @@ import redis
 from conveyor.stack import Stack
 from shared.webhook_events import WebhookDispatcher, event
 from tests.conftest import until
+from tests.webhook_receiver import Receiver, serving
 
 pytestmark = pytest.mark.slow
 WORKER = "webhooks"
@@ -30,8 +32,8 @@ UNACKED = "unacked"
 
 
 class _HoldingReceiver(ThreadingHTTPServer):
-    """Holds every /slow request open until `release` is set; answers any other at once. Keeps
-    each arrival as (path, target id, /slow requests open at that moment)."""
+    """Holds every request open until `release` is set, then answers 200. Keeps the target id
+    of each arrival."""
 
     daemon_threads = True
 
@@ -40,15 +42,11 @@ class _HoldingReceiver(ThreadingHTTPServer):
         self.release = threading.Event()
         self.lock = threading.Lock()
         self.open = 0
-        self.arrivals: list[tuple[str, str, int]] = []
+        self.arrivals: list[str] = []
 
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def at(self, path: str) -> list[tuple[str, str, int]]:
-        with self.lock:
-            return [arrival for arrival in self.arrivals if arrival[0] == path]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -56,14 +54,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        slow = self.path == "/slow"
         with self.server.lock:
-            self.server.arrivals.append((self.path, body["data"]["id"], self.server.open))
-            self.server.open += slow
-        if slow:
-            self.server.release.wait()
-            with self.server.lock:
-                self.server.open -= 1
+            self.server.arrivals.append(body["data"]["id"])
+            self.server.open += 1
+        self.server.release.wait()
+        with self.server.lock:
+            self.server.open -= 1
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -82,17 +78,33 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         own.stop()
 
 
+@pytest.fixture(scope="module")
+def broker(stack: Stack) -> Iterator[redis.Redis]:
+    with contextlib.closing(stack.client()) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def fast() -> Iterator[Receiver]:
+    """Another tenant's receiver, which answers at once."""
+    with serving() as server:
+        yield server
+
+
 @pytest.fixture
-def receiver(stack: Stack) -> Iterator[_HoldingReceiver]:
-    """The receiver, and a worker allowed to deliver to it (stopped, or killed, by the test)."""
+def receiver(stack: Stack, broker: redis.Redis, fast: Receiver) -> Iterator[_HoldingReceiver]:
+    """The slow receiver, and a worker allowed to deliver to both (stopped, or killed, by the
+    test)."""
     server = _HoldingReceiver()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     stack.start_worker(
         "identity:default",
         name=WORKER,
         CONVEYOR_WEBHOOK_SECRET="whsec-concurrency",
-        CONVEYOR_WEBHOOK_ALLOWLIST=f"{server.base}/",
+        CONVEYOR_WEBHOOK_ALLOWLIST=f"{server.base}/,{fast.base}/",
         CONVEYOR_WEBHOOK_CONCURRENCY="2",
+        # past every wait here: an attempt given up would free its thread (and hold the receiver)
+        CONVEYOR_WEBHOOK_TIMEOUT_S="60",
     )
     try:
         yield server
@@ -101,12 +113,12 @@ def receiver(stack: Stack) -> Iterator[_HoldingReceiver]:
         if WORKER in stack.processes:  # not stopped by the test
             stack.stop_process(WORKER)
         server.shutdown()
-        stack.client().delete(QUEUE, UNACKED, f"{UNACKED}_index")
+        broker.delete(QUEUE, UNACKED, f"{UNACKED}_index")
 
 
-def _send(stack: Stack, receiver: _HoldingReceiver, path: str, target_id: str) -> None:
+def _send(stack: Stack, base: str, target_id: str) -> None:
     body = event("job.succeeded", "default", {"id": target_id}, f"{target_id}_succeeded")
-    WebhookDispatcher(stack.redis_url).send("job", target_id, f"{receiver.base}{path}", body)
+    WebhookDispatcher(stack.redis_url).send("job", target_id, f"{base}/hooks", body)
 
 
 def _in_broker(client: redis.Redis) -> tuple[list[str], list[str]]:
@@ -122,45 +134,47 @@ def _in_broker(client: redis.Redis) -> tuple[list[str], list[str]]:
     return sorted(queued), sorted(taken)
 
 
-def _two_slow_in_hand(stack: Stack, receiver: _HoldingReceiver) -> None:
+def _two_slow_in_hand(stack: Stack, broker: redis.Redis, receiver: _HoldingReceiver) -> None:
     """Three deliveries to the slow receiver: two held open there, the third left queued."""
     for number in range(3):
-        _send(stack, receiver, "/slow", f"slow-{number}")
+        _send(stack, receiver.base, f"slow-{number}")
     until(lambda: receiver.open == 2, timeout=15)
-    until(lambda: len(_in_broker(stack.client())[0]) == 1, timeout=15)
+    until(lambda: len(_in_broker(broker)[0]) == 1, timeout=15)
 
 
 def test_a_slow_receiver_does_not_hold_another_receivers_delivery(
-    stack: Stack, receiver: _HoldingReceiver
+    stack: Stack, receiver: _HoldingReceiver, fast: Receiver
 ) -> None:
-    _send(stack, receiver, "/slow", "slow")
+    _send(stack, receiver.base, "slow")
     until(lambda: receiver.open == 1, timeout=15)
-    _send(stack, receiver, "/fast", "fast")
-    (arrival,) = until(lambda: receiver.at("/fast"), timeout=15)
-    assert arrival == ("/fast", "fast", 1), "the fast event came while /slow was held open"
-    assert not receiver.release.is_set()
+    _send(stack, fast.base, "fast")
+    (delivery,) = until(lambda: fast.at("/hooks"), timeout=15)
+    assert json.loads(delivery["body"])["data"]["id"] == "fast"
+    # the slow receiver's request is still open (it ends once the test releases it; the worker
+    # gives it up only after CONVEYOR_WEBHOOK_TIMEOUT_S, 60 s)
+    assert receiver.open == 1 and not receiver.release.is_set()
     receiver.release.set()
     until(lambda: receiver.open == 0, timeout=15)
 
 
 def test_a_worker_killed_with_deliveries_in_hand_leaves_them_to_kombu(
-    stack: Stack, receiver: _HoldingReceiver
+    stack: Stack, broker: redis.Redis, receiver: _HoldingReceiver
 ) -> None:
     """As many in hand as the setting allows, each unacknowledged: kombu gives them to another
     worker after its visibility timeout, the third still queued."""
-    _two_slow_in_hand(stack, receiver)
+    _two_slow_in_hand(stack, broker, receiver)
     assert stack.stop_process(WORKER, signal.SIGKILL) == -signal.SIGKILL
-    assert _in_broker(stack.client()) == (["slow-2"], ["slow-0", "slow-1"])
-    assert sorted(target for _, target, _ in receiver.at("/slow")) == ["slow-0", "slow-1"]
+    assert _in_broker(broker) == (["slow-2"], ["slow-0", "slow-1"])
+    assert sorted(receiver.arrivals) == ["slow-0", "slow-1"]
 
 
 def test_a_stop_waits_for_the_deliveries_in_hand_and_acknowledges_them(
-    stack: Stack, receiver: _HoldingReceiver
+    stack: Stack, broker: redis.Redis, receiver: _HoldingReceiver
 ) -> None:
     """A warm shutdown (SIGTERM) ends the deliveries the threads hold, acknowledged (none left
     for kombu to give another worker, which would find its attempt claimed and drop it); the
     one not taken stays queued."""
-    _two_slow_in_hand(stack, receiver)
+    _two_slow_in_hand(stack, broker, receiver)
     log = stack.log_path(WORKER)
     codes: list[int] = []
     stopping = threading.Thread(target=lambda: codes.append(stack.stop_process(WORKER)))
@@ -169,5 +183,5 @@ def test_a_stop_waits_for_the_deliveries_in_hand_and_acknowledges_them(
     receiver.release.set()
     stopping.join(timeout=60)
     assert codes == [0], stack.log_tail(WORKER)
-    assert _in_broker(stack.client()) == (["slow-2"], [])
-    assert sorted(target for _, target, _ in receiver.at("/slow")) == ["slow-0", "slow-1"]
+    assert _in_broker(broker) == (["slow-2"], [])
+    assert sorted(receiver.arrivals) == ["slow-0", "slow-1"]
