@@ -91,6 +91,19 @@ async def test_a_json_create_without_its_file_is_openais_400(
     )
 
 
+async def test_a_json_creates_malformed_idempotency_key_is_openais_400(
+    sdk: openai.AsyncOpenAI,
+) -> None:
+    """Its key was read before its body told it OpenAI's create: Conveyor's 422."""
+    create = sdk.batches.create(
+        input_file_id=f"file-{'0' * 32}",
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+        extra_headers={"Idempotency-Key": "a b"},
+    )
+    assert await _refused_param(create) is None
+
+
 async def test_a_create_sending_its_lines_keeps_conveyors_422(
     producer: httpx.AsyncClient,
 ) -> None:

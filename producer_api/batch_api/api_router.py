@@ -160,11 +160,11 @@ async def create_batch(
     the bulk lane, those it has no room for held and fed in as it frees. A repeated
     `Idempotency-Key` with the same request answers as its first try did, 202 with the batch it
     created (as `POST /v1/jobs` answers with its job)."""
-    key = idempotency_key(request)
     options = {"model": model, "completion_window": completion_window, "webhook": webhook}
     options["endpoint"] = endpoint
     given = {k: v for k, v in options.items() if v is not None}
-    asked = await _asked(request, given)
+    asked = await _asked(request, given)  # first: it tells OpenAI's create, refused as OpenAI's
+    key = idempotency_key(request)
     batch_id, progress = await creation.batches.create(asked, creation.files.data, key)
     return _respond(request, batch_id, progress, 202)
 
