@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 import redis
+from kombu import Connection
 
 from conveyor.stack import Stack
+from shared.celery_broker import kombu_url
 from shared.webhook_events import WebhookDispatcher, event
 from tests.conftest import until
 from tests.webhook_receiver import Receiver, serving
@@ -160,12 +162,17 @@ def test_a_slow_receiver_does_not_hold_another_receivers_delivery(
 def test_a_worker_killed_with_deliveries_in_hand_leaves_them_to_kombu(
     stack: Stack, broker: redis.Redis, receiver: _HoldingReceiver
 ) -> None:
-    """As many in hand as the setting allows, each unacknowledged: kombu gives them to another
-    worker after its visibility timeout, the third still queued."""
+    """As many in hand as the setting allows, each unacknowledged, the third still queued:
+    kombu puts both back in the queue once its visibility timeout passed (0 here), for another
+    worker (whose attempt finds the dead one's claim lapsed by then)."""
     _two_slow_in_hand(stack, broker, receiver)
     assert stack.stop_process(WORKER, signal.SIGKILL) == -signal.SIGKILL
     assert _in_broker(broker) == (["slow-2"], ["slow-0", "slow-1"])
     assert sorted(receiver.arrivals) == ["slow-0", "slow-1"]
+    options = {"visibility_timeout": 0}
+    with Connection(kombu_url(stack.redis_url), transport_options=options) as connection:
+        connection.default_channel.qos.restore_visible()
+    assert _in_broker(broker) == (["slow-0", "slow-1", "slow-2"], [])
 
 
 def test_a_stop_waits_for_the_deliveries_in_hand_and_acknowledges_them(
