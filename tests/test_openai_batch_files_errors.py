@@ -7,7 +7,7 @@ Valkey; nothing reaches a worker."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import httpx
 import openai
@@ -35,9 +35,9 @@ def sdk(producer: httpx.AsyncClient) -> openai.AsyncOpenAI:
     )
 
 
-async def _refused_param(call: object) -> str | None:
+async def _refused_param(call: Awaitable[object]) -> str | None:
     with pytest.raises(openai.BadRequestError) as refused:
-        await call  # type: ignore[misc]
+        await call
     assert refused.value.type == "invalid_request_error" and refused.value.message
     return refused.value.param
 
