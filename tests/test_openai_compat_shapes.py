@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from openai import OpenAI
 
 from conveyor.stack import Stack
 from shared.codec import loads
@@ -103,11 +104,12 @@ def test_a_completion_stream_stops_before_a_stop_string_that_spans_steps(llm: st
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-def test_the_official_client_reads_the_stream_to_its_end(llm: str) -> None:
-    from openai import OpenAI
+def _client(base_url: str) -> OpenAI:
+    return OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=300)
 
-    client = OpenAI(base_url=f"{llm}/v1", api_key="unused", max_retries=0)
-    stream = client.completions.create(
+
+def test_the_official_client_reads_the_stream_to_its_end(llm: str) -> None:
+    stream = _client(llm).completions.create(
         model="smollm2",
         prompt=PROMPT,
         max_tokens=4,
@@ -118,3 +120,15 @@ def test_the_official_client_reads_the_stream_to_its_end(llm: str) -> None:
     chunks = list(stream)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
     assert chunks[-2].choices[0].finish_reason == "length"
+
+
+def test_echo_puts_the_prompt_before_the_completion_whole_and_streamed(llm: str) -> None:
+    """As vLLM's server echoes it (it was refused, 400); the usage is the generation's."""
+    client = _client(llm)
+    asked: dict[str, Any] = {"model": "smollm2", "prompt": PROMPT, "max_tokens": 2, "echo": True}
+    whole = client.completions.create(**asked, temperature=0)
+    chunks = list(client.completions.create(**asked, temperature=0, stream=True))
+    text = whole.choices[0].text
+    assert text.startswith(PROMPT) and len(text) > len(PROMPT), text
+    assert "".join(c.choices[0].text for c in chunks) == text, chunks
+    assert whole.usage is not None and whole.usage.completion_tokens == 2

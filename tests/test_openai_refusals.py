@@ -89,14 +89,20 @@ def test_a_batch_line_asking_for_it_is_refused_as_the_route_refuses_it(
 ) -> None:
     bulk = Keys().bulk_queue("smollm2", "default")
     before = stack_redis.xlen(bulk)
+    assert _batch_refusal(base_url, path, parameters).startswith(f"body.{named}")
+    assert stack_redis.xlen(bulk) == before
+
+
+def _batch_refusal(base_url: str, path: str, parameters: dict[str, Any]) -> str:
+    """The error of a batch of one line to `path` that must be refused."""
     line = {"custom_id": "a", "url": path, "body": _body(path, parameters)}
     response = httpx.post(f"{base_url}/v1/batches", content=json.dumps(line), timeout=30)
     assert response.status_code == 202, response.text
     batch = response.json()
     assert batch["status"] == "failed" and batch["counts"]["invalid"] == 1, batch
     errors = httpx.get(f"{base_url}/v1/batches/{batch['id']}/errors", timeout=30).json()
-    assert errors["error"]["message"].startswith(f"body.{named}"), errors
-    assert stack_redis.xlen(bulk) == before
+    message: str = errors["error"]["message"]
+    return message
 
 
 @pytest.mark.parametrize(("path", "parameters"), DEFAULTS)
@@ -113,3 +119,9 @@ def test_the_defaults_are_accepted(
     response = httpx.post(f"{base_url}{path}", json=body, timeout=30)
     assert response.status_code == 404, response.text
     assert stack_redis.xlen(lane) == before
+
+
+def test_a_batch_line_asking_for_echo_is_refused(base_url: str) -> None:
+    """A batch line is answered from its job's outputs, which lack the prompt to echo."""
+    refusal = _batch_refusal(base_url, COMPLETIONS, {"echo": True})
+    assert refusal.startswith("echo:"), refusal

@@ -4,7 +4,7 @@ embeddings."""
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
 import anyio
@@ -85,12 +85,13 @@ async def _whole(
 
 
 async def _answer(
-    request: Request, service: OpenAIService, body: Sampling, renderer_of: type[Renderer]
+    request: Request, service: OpenAIService, body: Sampling, renderer_of: Callable[[str], Renderer]
 ) -> Response:
     """Interactive requests, run as a job: a client that goes away (stream closed early, or
-    the whole answer no longer awaited) cancels its job."""
+    the whole answer no longer awaited) cancels its job. `renderer_of` gives the job's renderer
+    from its id."""
     job_id = await service.submit(body)
-    renderer = renderer_of(job_id, body.model, body.include_usage)
+    renderer = renderer_of(job_id)
     if not body.stream:
         return await _whole(request, service, job_id, service.answer(job_id, renderer))
     shutdown = anyio.Event()
@@ -110,13 +111,20 @@ async def chat_completions(
     """OpenAI's chat completion, run as a Conveyor job (its id in `X-Conveyor-Job-Id`); with
     `stream: true`, chunks as server-sent events. A client that disconnects before the answer
     (streamed or not) cancels the job."""
-    return await _answer(request, service, body, ChatRenderer)
+    return await _answer(
+        request, service, body, lambda job: ChatRenderer(job, body.model, body.include_usage)
+    )
 
 
 @router.post(COMPLETIONS_PATH, response_model=Completion, responses=_RESPONSES)
 async def completions(request: Request, body: CompletionRequest, service: Service) -> Response:
-    """OpenAI's (legacy) text completion of a raw prompt, run as a Conveyor job."""
-    return await _answer(request, service, body, CompletionRenderer)
+    """OpenAI's (legacy) text completion of a raw prompt, run as a Conveyor job; with `echo`,
+    the prompt comes first."""
+
+    def renderer_of(job_id: str) -> CompletionRenderer:
+        return CompletionRenderer(job_id, body.model, body.include_usage, body.echoed())
+
+    return await _answer(request, service, body, renderer_of)
 
 
 @router.post(EMBEDDINGS_PATH, response_model=EmbeddingList, responses=_EMBEDDING_RESPONSES)

@@ -1,6 +1,6 @@
 """OpenAI's request and response bodies for (chat) completions and embeddings, as far as Conveyor
 serves them.
-Fields OpenAI defines that Conveyor does not honour (echo, suffix, best_of, logit_bias,
+Fields OpenAI defines that Conveyor does not honour (a chat's echo, suffix, best_of, logit_bias,
 response_format, tool_choice, function_call, logprobs, top_logprobs), and vLLM's own that change
 its answer (guided decoding and structured outputs, beam search, token id lists, prompt
 logprobs, chat template settings), are refused unless left at their defaults, where the client
@@ -201,11 +201,12 @@ Prompt = Annotated[
 
 
 class CompletionRequest(SamplingRequest):
-    """`max_tokens` defaults to 16, as in OpenAI's API (null too); one prompt per request."""
+    """`max_tokens` defaults to 16, as in OpenAI's API (null too); one prompt per request.
+    `echo` puts the prompt before the completion's text, as vLLM's server does."""
 
     prompt: Prompt
     max_tokens: int | None = Field(default=16, ge=1, strict=True)
-    echo: OnlyFalse | None = Field(default=None, description="Not supported: only false")
+    echo: StrictBool | None = False
     suffix: Literal[""] | None = Field(default=None, description="Not supported: only empty")
     best_of: OnlyOne | None = Field(default=None, description="Not supported: only 1")
     # 0 still asks for the chosen tokens' logprobs (OpenAI's and vLLM's answer carries them)
@@ -218,8 +219,16 @@ class CompletionRequest(SamplingRequest):
         return 16 if value is None else value
 
     def inputs(self) -> dict[str, Any]:
+        return {"prompt": self.text()}
+
+    def text(self) -> str:
+        """The one prompt's text."""
         prompt = self.prompt
-        return {"prompt": prompt if isinstance(prompt, str) else prompt[0]}
+        return prompt if isinstance(prompt, str) else prompt[0]
+
+    def echoed(self) -> str:
+        """What the completion's text starts with: the prompt if `echo`, else nothing."""
+        return self.text() if self.echo else ""
 
 
 # The requests a generate model answers, each as one job.

@@ -31,6 +31,7 @@ from producer_api.openai.protocol import (
     ChatDelta,
     Completion,
     CompletionChoice,
+    CompletionRequest,
     ErrorChunk,
     Sampling,
     Usage,
@@ -141,11 +142,24 @@ class ChatRenderer(Renderer):
 
 
 class CompletionRenderer(Renderer):
+    """`echo`: the text a completion starts with (its prompt, when asked to echo it); streamed,
+    it is the first chunk, as vLLM's server sends the prompt before the first token's text."""
+
     prefix = "cmpl-"
 
+    def __init__(
+        self, job_id: str, model: str, include_usage: bool = False, echo: str = ""
+    ) -> None:
+        super().__init__(job_id, model, include_usage)
+        self.echo = echo
+
     def response(self, generation: Generation) -> Completion:
-        choice = CompletionChoice(text=generation.text, finish_reason=generation.finish_reason)
+        text = self.echo + generation.text
+        choice = CompletionChoice(text=text, finish_reason=generation.finish_reason)
         return self._completion([choice], Usage(**generation.usage))
+
+    def opening(self) -> Completion | None:
+        return self.chunk(self.echo) if self.echo else None
 
     def chunk(self, text: str | None, finish_reason: str | None = None) -> Completion:
         return self._completion([CompletionChoice(text=text or "", finish_reason=finish_reason)])
@@ -231,10 +245,14 @@ class OpenAIService:
         self, kind: type[Sampling], body: dict[str, Any]
     ) -> tuple[str, PredictRequest]:
         """A batch line's body (`url: /v1/chat/completions` or `/v1/completions`) as the job it
-        is, with its model. A batch line is answered whole: `stream` is refused."""
+        is, with its model. A batch line is answered whole: `stream` is refused; and from its
+        job's outputs alone: a completion's `echo` too."""
         request = kind.model_validate(body)
         if request.stream:
             message = "stream: a batch line is answered whole, in the output file"
+            raise ConveyorError(400, "invalid_request", message)
+        if isinstance(request, CompletionRequest) and request.echo:
+            message = "echo: a batch line's completion is answered without its prompt"
             raise ConveyorError(400, "invalid_request", message)
         return request.model, self.sampling_job(request)
 
