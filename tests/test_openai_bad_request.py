@@ -27,10 +27,14 @@ async def producer(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[http
         yield client
 
 
-async def test_the_sdk_raises_bad_request_naming_the_param(producer: httpx.AsyncClient) -> None:
-    sdk = openai.AsyncOpenAI(
+@pytest.fixture
+def sdk(producer: httpx.AsyncClient) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
         base_url="http://test/v1", api_key="unused", http_client=producer, max_retries=0
     )
+
+
+async def test_the_sdk_raises_bad_request_naming_the_param(sdk: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as chat:
         await sdk.chat.completions.create(
             model="smollm2",
@@ -45,6 +49,18 @@ async def test_the_sdk_raises_bad_request_naming_the_param(producer: httpx.Async
         None,
     )
     assert embed.value.type == "invalid_request_error" and "token" in embed.value.message
+
+
+async def test_n_choices_are_refused_saying_to_send_n_requests(sdk: openai.AsyncOpenAI) -> None:
+    """vLLM's server answers `n` > 1 choices; the refusal read "n: Input should be 1"."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        await sdk.chat.completions.create(
+            model="smollm2",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            n=2,
+            max_tokens=4,
+        )
+    assert refused.value.param == "n" and "send 2 requests" in refused.value.message, refused
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from producer_api.jobs.protocol import SamplingParameters
 from shared.model_repository import NAME
@@ -47,6 +48,17 @@ def _json_type(kind: type) -> BeforeValidator:
 
 
 OnlyOne = Annotated[Literal[1], _json_type(int)]
+
+
+def _one_choice(value: Any) -> Any:
+    """vLLM's server answers `n` choices, Conveyor one per request (each a job): the refusal says
+    so and what to do instead, where pydantic's "Input should be 1" read as a typo."""
+    if type(value) is int and value > 1:
+        message = "one choice per request is served, not {n}: send {n} requests (seed each apart)"
+        raise PydanticCustomError("n_not_served", message, {"n": value})
+    return value
+
+
 OnlyZero = Annotated[Literal[0], _json_type(int)]
 OnlyFalse = Annotated[Literal[False], _json_type(bool)]
 OnlyTrue = Annotated[Literal[True], _json_type(bool)]
@@ -75,7 +87,9 @@ class SamplingRequest(SamplingParameters):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str = Field(pattern=NAME)
-    n: OnlyOne | None = Field(default=1, description="Only one choice per request")
+    n: Annotated[OnlyOne, BeforeValidator(_one_choice)] | None = Field(
+        default=1, description="Only one choice per request"
+    )
     # Fields that would change the answer and are not honoured: refused unless left at their
     # default, not ignored (the client would get another answer than it asked for).
     logit_bias: Annotated[dict[str, Any], Field(max_length=0)] | None = Field(
