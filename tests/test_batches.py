@@ -197,6 +197,8 @@ def test_completion_window_expires_the_rest(base_url: str) -> None:
     batch = _wait_ended(base_url, created["id"], timeout=30)
     assert batch["status"] == "expired" and batch["expired_at"] >= batch["expires_at"]
     assert batch["counts"]["expired"] == 50 and batch["counts"]["failed"] == 50
+    # no output line: no output file id, as OpenAI's batch object (an empty file was named)
+    assert batch["output_file_id"] is None and batch["error_file_id"] == f"{batch['id']}-errors"
     errors = _jsonl(base_url, batch["id"], "errors")
     assert len(errors) == 50 and {e["error"]["type"] for e in errors} == {"expired"}
 

@@ -90,7 +90,7 @@ def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
         },
         "request_counts": {"total": total, "completed": counts["succeeded"], "failed": failed},
         "input_file_id": fields.get("input_file_id"),
-        **_file_ids(batch_id, BatchStatus(fields["status"]).terminal),
+        **_file_ids(batch_id, BatchStatus(fields["status"]).terminal, counts["succeeded"], failed),
         "metadata": loads(fields["metadata"]) if "metadata" in fields else None,
         "errors": {"object": "list", "data": loads(fields["errors"])}
         if "errors" in fields
@@ -109,10 +109,13 @@ def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
 BATCH_FILE = re.compile(r"(batch_[0-9a-f]{32})-(output|errors)")  # matched whole
 
 
-def _file_ids(batch_id: str, ended: bool) -> dict[str, str | None]:
-    if not ended:
-        return {"output_file_id": None, "error_file_id": None}
-    return {"output_file_id": f"{batch_id}-output", "error_file_id": f"{batch_id}-errors"}
+def _file_ids(batch_id: str, ended: bool, outputs: int, errors: int) -> dict[str, str | None]:
+    """An ended batch's file ids, each only when it holds a line, as OpenAI's: a client that
+    fetches `error_file_id` when it is set read an empty file for a batch with no error."""
+    return {
+        "output_file_id": f"{batch_id}-output" if ended and outputs else None,
+        "error_file_id": f"{batch_id}-errors" if ended and errors else None,
+    }
 
 
 class BatchApiProgress:
