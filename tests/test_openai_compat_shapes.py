@@ -132,3 +132,14 @@ def test_echo_puts_the_prompt_before_the_completion_whole_and_streamed(llm: str)
     assert text.startswith(PROMPT) and len(text) > len(PROMPT), text
     assert "".join(c.choices[0].text for c in chunks) == text, chunks
     assert whole.usage is not None and whole.usage.completion_tokens == 2
+
+
+def test_the_sdks_request_id_is_the_job_id_whole_and_streamed(llm: str) -> None:
+    """OpenAI's SDK reads `x-request-id` as `_request_id`; it was None."""
+    client = _client(llm)
+    asked: dict[str, Any] = {"model": "smollm2", "prompt": PROMPT, "max_tokens": 1}
+    whole = client.completions.with_raw_response.create(**asked)
+    assert whole.parse()._request_id == whole.headers["x-conveyor-job-id"]
+    with client.completions.create(**asked, stream=True) as stream:
+        headers = stream.response.headers
+        assert headers["x-request-id"] == headers["x-conveyor-job-id"]

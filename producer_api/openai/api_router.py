@@ -34,6 +34,8 @@ from producer_api.stream_shutdown import GRACE_S
 
 router = APIRouter(tags=["openai"])
 JOB_HEADER = "X-Conveyor-Job-Id"
+# OpenAI's own: its SDK reads it as a response's `_request_id`, the id its users log and quote
+REQUEST_ID_HEADER = "X-Request-ID"
 PING_S = 15
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for it; nobody reads it, but logs and metrics do
 
@@ -69,12 +71,17 @@ Service = Annotated[OpenAIService, Depends(acting_for("submit", OpenAIService))]
 Embedder = Annotated[EmbeddingService, Depends(acting_for("submit", EmbeddingService))]
 
 
+def _job_headers(job_id: str) -> dict[str, str]:
+    """The job's id, under Conveyor's name and as OpenAI's request id."""
+    return {JOB_HEADER: job_id, REQUEST_ID_HEADER: job_id}
+
+
 async def _whole(
     request: Request, service: OpenAIService, job_id: str, answer: Coroutine[Any, Any, Any]
 ) -> Response:
     """`answer` once the job ends, or 499 when the client went away first: then its job is
     cancelled, so the engine does not work for nobody."""
-    headers = {JOB_HEADER: job_id}
+    headers = _job_headers(job_id)
     try:
         body = await unless_disconnected(request, answer)
     except ClientDisconnected:
@@ -98,7 +105,7 @@ async def _answer(
     return EventSourceResponse(
         service.stream(job_id, renderer, shutdown),
         ping=PING_S,
-        headers={JOB_HEADER: job_id},
+        headers=_job_headers(job_id),
         shutdown_event=shutdown,
         shutdown_grace_period=GRACE_S,
     )
