@@ -4,6 +4,7 @@ to the worker's batch span, and JSON log lines carrying job and trace ids."""
 from __future__ import annotations
 
 import json
+import re
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from shared.telemetry import current_traceparent, tracing_on
 from tests.conftest import running_stack, until
 from tests.paced_engine import PacedEngine
 from tests.span_capture import PROVIDER, captured_spans, traced_predict  # noqa: F401 (`spans`)
+from tests.test_compose import dashboard, dashboard_exprs
 from workers.batching.micro_batch_loop import MicroBatchLoop
 from workers.batching.micro_batch_telemetry import stage_span
 from workers.engines.identity_engine import IdentityEngine
@@ -283,3 +285,45 @@ async def test_a_generate_loop_counts_jobs_the_api_ended_while_queued(
     after = [_finished("ended-gen", state) for state in ("cancelled", "expired")]
     assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1]
     await loop._drain()
+
+
+def _exported(url: str) -> dict[str, set[str] | None]:
+    """Sample name → its label names, as Prometheus stores a scrape of `url`; None for a family
+    registered but not yet observed (its TYPE gives its names, no sample its labels)."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    found: dict[str, set[str] | None] = {}
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        found |= dict.fromkeys(family.name + s for s in suffixes.get(family.type, ()))
+        for sample in family.samples:
+            found[sample.name] = (found.get(sample.name) or set()) | sample.labels.keys()
+    return found
+
+
+def _labels_queried(query: str) -> set[str]:
+    """The labels a PromQL query groups by, matches on, or (`label_values`) lists."""
+    grouped = re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", query)
+    names = {name.strip() for group in grouped for name in group.split(",")}
+    names |= set(re.findall(r"[{,]\s*(\w+)\s*(?:=~|!~|!=|=)", query))
+    names |= set(re.findall(r"label_values\([^,]*,\s*(\w+)\)", query))
+    return names - {""}
+
+
+def test_every_dashboard_query_names_series_the_processes_export(
+    stack: Stack, base_url: str, identity_worker: int
+) -> None:
+    """Each metric a panel or variable queries is on a real producer's or worker's /metrics,
+    with its type's suffix and every label the query names (where the scrape holds samples of
+    it): a renamed family or label leaves a panel empty, never an error."""
+    httpx.post(f"{base_url}/v1/models/identity/predict", json={"inputs": {}}, timeout=30)
+    worker = f"http://127.0.0.1:{stack.metrics_ports['identity-default']}/metrics"
+    exported = _exported(f"{base_url}/metrics") | _exported(worker)
+    queries = [e for group in dashboard_exprs().values() for e in group]
+    queries += [v["definition"] for v in dashboard()["templating"]["list"] if v["type"] == "query"]
+    wrong = []
+    for query in queries:
+        for name in re.findall(r"\bconveyor_\w+", query):
+            if name not in exported:
+                wrong.append(f"{name} is not exported ({query})")
+            elif (has := exported[name]) is not None and not _labels_queried(query) <= has:
+                wrong.append(f"{name} has only {sorted(has)} ({query})")
+    assert wrong == []
