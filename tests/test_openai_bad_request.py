@@ -63,6 +63,16 @@ async def test_n_choices_are_refused_saying_to_send_n_requests(sdk: openai.Async
     assert refused.value.param == "n" and "send 2 requests" in refused.value.message, refused
 
 
+async def test_a_prompt_of_token_ids_is_refused_saying_to_send_text(
+    sdk: openai.AsyncOpenAI,
+) -> None:
+    """vLLM's server takes token ids; the refusal read "prompt.list.0: Input should be a valid
+    string" for each, as if the prompt were a malformed string."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        await sdk.completions.create(model="smollm2", prompt=[1, 2, 3], max_tokens=4)
+    assert refused.value.param == "prompt" and "token ids" in refused.value.message, refused
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [

@@ -188,6 +188,19 @@ class ChatCompletionRequest(SamplingRequest):
         return parameters
 
 
+def _text_only(why: str) -> BeforeValidator:
+    """Token arrays (lists holding other than text) refused, saying `why`: the model tokenises
+    its text itself, where pydantic's "Input should be a valid string" on each id read as a
+    malformed string."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, list) and any(not isinstance(item, str) for item in value):
+            raise ValueError(why)
+        return value
+
+    return BeforeValidator(check)
+
+
 def _one_prompt(prompts: list[str]) -> list[str]:
     if len(prompts) > 1:
         raise ValueError(
@@ -211,6 +224,7 @@ Prompt = Annotated[
         Tag("list"),
     ],
     Discriminator(lambda value: "list" if isinstance(value, list) else "text"),
+    _text_only("token ids are not taken: the model tokenises its text; send it as a string"),
 ]
 
 
@@ -342,18 +356,11 @@ class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(pattern=NAME)
-    input: str | Annotated[list[str], Field(min_length=1)]
+    input: Annotated[str | Annotated[list[str], Field(min_length=1)], _text_only(TEXT_ONLY)]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1, strict=True)
     user: str | None = Field(default=None, max_length=256)
     variant: str | None = Field(default=None, pattern=NAME, description="Conveyor: a variant")
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _text_only(cls, value: Any) -> Any:
-        if isinstance(value, list) and any(not isinstance(item, str) for item in value):
-            raise ValueError(TEXT_ONLY)
-        return value
 
     def inputs(self) -> dict[str, Any]:
         """The job's inputs for a model of `task: embed`."""
