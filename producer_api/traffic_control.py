@@ -29,6 +29,7 @@ from shared.settings import Settings
 from shared.shadow_pairs import ShadowPairs
 from shared.variant_stats import VariantStats
 from shared.webhook_events import WebhookDispatcher
+from shared.worker_registry import WorkerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class TrafficControl:
     canaries: CanaryStore
     controller: CanaryController
     lease: LeaderLock
+    workers: WorkerRegistry
     loops: tuple[Periodic, ...] = ()
 
     @classmethod
@@ -75,6 +77,7 @@ class TrafficControl:
             canaries=canaries,
             controller=CanaryController(canaries, route_store, stats, repository, webhooks),
             lease=LeaderLock(client, keys.traffic_leader, settings.instance_id, LEASE_MS),
+            workers=WorkerRegistry(client, keys),
         )
         traffic.loops = (
             Periodic("live-routes", POLL_S, traffic.refresh_routes),
@@ -93,6 +96,16 @@ class TrafficControl:
     def shadow(self, config: ModelConfig, entry: RequestEntry, variant: str) -> None:
         """Copy an accepted online request to the model's shadows (sampled, in the background)."""
         self.shadows.copy(config, self.routes.of(config), entry, variant)
+
+    async def unserved(self, model: str, variants: list[str]) -> list[str]:
+        """Those of `variants` of `model` no worker serves or warms up now, by heartbeat: routes
+        or a canary that send them jobs leave those waiting in a queue nobody reads (a canary's
+        step rolls back only after `max_step_s`), so the operator is told at once."""
+        if not variants:
+            return []
+        beats = await self.workers.live()
+        served = {p for beat in beats if beat.state != "draining" for p in beat.models}
+        return [name for name in variants if f"{model}:{name}" not in served]
 
     async def refresh_routes(self) -> None:
         await self.routes.refresh()

@@ -101,6 +101,11 @@ class Routes:
         shadows = {k: r for k, r in self.shadows.items() if k != variant or percent <= 0}
         return Routes({**scaled, variant: percent}, shadows, self.sticky_by, self.version)
 
+    def fed(self) -> list[str]:
+        """The variants these routes send jobs to: those with weight, and sampling shadows."""
+        served = [name for name, weight in self.weights.items() if weight > 0]
+        return served + [name for name, rate in self.shadows.items() if rate > 0]
+
     def served_besides(self, variant: str) -> dict[str, float]:
         """The primaries other than `variant` that have traffic, with their weights."""
         return {k: w for k, w in self.weights.items() if k != variant and w > 0}

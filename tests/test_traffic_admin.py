@@ -1,7 +1,7 @@
 """The admin API for live traffic, through two in-process producers on one real Valkey: a refused
 variant name is quoted cut short, a variant config.yaml marks `shadow: true` takes no live
-traffic from routes or a canary alike, and DELETE puts config.yaml's routes back, seen by every
-producer as a PUT is."""
+traffic from routes or a canary alike, DELETE puts config.yaml's routes back, seen by every
+producer as a PUT is, and traffic sent to a variant no worker serves is warned of."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from producer_api.app import create_app
+from shared.keys import Keys
 from shared.model_repository import QUOTED_CHARS, ModelRepository
 from shared.routing import seed_routes
 from shared.settings import Settings
+from shared.worker_registry import Heartbeat, WorkerRegistry
 from tests.conftest import REPO_ROOT, until_async
 
 TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
@@ -21,6 +24,7 @@ AB = ModelRepository.load(TRAFFIC).models["ab"]
 ROUTES = "/v1/models/ab/routes"
 CANARY = "/v1/models/ab/canary"
 LONG = "v" * 5_000
+PREFIX = "traffic-admin:"
 
 
 @pytest.fixture
@@ -34,7 +38,7 @@ async def producers(redis_url: str) -> AsyncIterator[list[httpx.AsyncClient]]:
                 model_repository=TRAFFIC,
                 auth="disabled",
                 instance_id=f"traffic-admin-{n}",
-                key_prefix="traffic-admin:",
+                key_prefix=PREFIX,
             )
         )
         for n in range(2)
@@ -119,6 +123,28 @@ async def test_delete_puts_config_yaml_routes_back_on_every_producer(
     assert view["history"][-1]["new"] == seeded.document()
     assert await _served_by(first, "stable")  # at once on the producer that took it
     await until_async(lambda: _served_by(second, "stable"))
+
+
+async def test_traffic_to_a_variant_no_worker_serves_is_warned(
+    aredis: aioredis.Redis, producers: list[httpx.AsyncClient]
+) -> None:
+    """Routes and a canary fed a variant without a worker in silence: its share of users waited
+    in a queue nobody read (a canary's step rolled back only after `max_step_s`)."""
+    api = producers[0]
+    workers = WorkerRegistry(aredis, Keys(PREFIX))
+    await workers.publish(Heartbeat("w-stable", "host", 1, "serving", models=["ab:stable"]))
+    split = {"weights": {"stable": 90, "candidate": 10}, "shadows": {"mirror": 0.5}}
+    routes = (await api.put(ROUTES, json=split)).json()
+    assert [w.split(" now")[0] for w in routes["warnings"]] == [
+        "no worker serves ab:candidate",
+        "no worker serves ab:mirror",
+    ]
+    await api.delete(ROUTES)
+    canary = (await api.post(CANARY, json={"variant": "candidate"})).json()
+    assert "no worker serves ab:candidate now" in canary["warnings"][0], canary
+    await workers.publish(Heartbeat("w-candidate", "host", 2, "warming", models=["ab:candidate"]))
+    assert (await api.get(CANARY)).json()["warnings"] == []
+    assert (await api.delete(CANARY)).json()["warnings"] == []
 
 
 async def _served_by(api: httpx.AsyncClient, variant: str) -> bool:

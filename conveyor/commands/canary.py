@@ -55,6 +55,8 @@ def print_canary(view: dict[str, Any], events: int) -> None:
         reason = f" ({item['reason']})" if item.get("reason") else ""
         at = clock(item["at"])
         click.echo(f"  {at} {item['type']} -> {item['weight']:g} %{reason}{numbers}")
+    for warning in view.get("warnings", []):
+        click.echo(f"warning: {warning}", err=True)
 
 
 @command.command("start")

@@ -53,6 +53,8 @@ def print_routes(view: dict[str, Any]) -> None:
             f"  v{change['version']} {clock(change['at'])} {change['by']}: {weights};"
             f" shadows {shadows}; sticky by {new['sticky_by']}"
         )
+    for warning in view.get("warnings", []):
+        click.echo(f"warning: {warning}", err=True)
 
 
 @command.command("show")

@@ -35,4 +35,8 @@ class CanaryStart(BaseModel):
 
 class CanaryView(BaseModel):
     canary: dict[str, Any] | None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="While it runs: its variant has no worker serving or warming up, by heartbeat",
+    )
     events: list[dict[str, Any]]

@@ -89,7 +89,23 @@ class CanaryService:
         self.config(model)
         canary = await self.store.get(model)
         events = await self.store.events(model, limit)
-        return {"canary": asdict(canary) if canary else None, "events": events}
+        return {
+            "canary": asdict(canary) if canary else None,
+            "warnings": await self._warnings(canary),
+            "events": events,
+        }
+
+    async def _warnings(self, canary: Canary | None) -> list[str]:
+        """A running canary whose variant no worker serves sends its step's share of users into
+        a queue nobody reads until the step rolls back, `max_step_s` later: say so at once."""
+        if canary is None or canary.state != "running":
+            return []
+        unserved = await self.state.traffic.unserved(canary.model, [canary.variant])
+        return [
+            f"no worker serves {canary.model}:{name} now: the canary's share of requests waits in"
+            f" its queue, and a step short of min_requests rolls back after {canary.max_step_s:g} s"
+            for name in unserved
+        ]
 
     async def abort(self, model: str) -> dict[str, Any]:
         self.config(model)

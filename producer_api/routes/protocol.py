@@ -45,4 +45,9 @@ class RoutesView(BaseModel):
         "`new`): variants config.yaml no longer has were dropped (they had no weight), or the "
         "stored routes cannot serve and config.yaml's apply; null when served as stored",
     )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="One per variant the routes send jobs to (weight or shadow sampling) that no"
+        " worker serves or warms up now, by heartbeat: its jobs wait in its queue",
+    )
     history: list[RouteChange]

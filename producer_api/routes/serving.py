@@ -27,16 +27,22 @@ class RoutesService:
 
     async def show(self, model: str, history: int = 20) -> dict[str, Any]:
         """The routes producers serve (the stored ones as they fit config.yaml now), with why
-        they differ from the stored ones, if they do, and the change log."""
+        they differ from the stored ones, if they do, a warning per variant they feed that no
+        worker serves, and the change log."""
         config = self.config(model)
         stored = (await self.store.get_many([model])).get(model)
         routes, adjusted = served_routes(stored, config) if stored else (seed_routes(config), None)
         changes = [asdict(change) for change in await self.store.history(model, history)]
+        unserved = await self.state.traffic.unserved(model, routes.fed())
         return {
             "model": model,
             "version": routes.version,
             **routes.document(),
             "adjusted": adjusted,
+            "warnings": [
+                f"no worker serves {model}:{name} now: its jobs wait in its queue until one does"
+                for name in unserved
+            ],
             "history": changes,
         }
 
