@@ -16,6 +16,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.orjson import OrjsonFormatter
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -124,9 +125,26 @@ def configure_logging(level: str) -> None:
         OrjsonFormatter(
             "%(asctime)s %(levelname)s %(name)s %(message)s",
             rename_fields={"levelname": "level", "asctime": "time"},
+            reserved_attrs=[*RESERVED_ATTRS, "color_message"],  # uvicorn's, with ANSI escapes
         )
     )
     handler.addFilter(_TraceFields())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for name in _OWN_HANDLERS:
+        _through_root(logging.getLogger(name))
+
+
+# Loggers a server gives plain-text handlers of their own, passing nothing up: uvicorn's (its
+# errors' tracebacks among them; `uvicorn.error` goes through `uvicorn`) and its access log.
+_OWN_HANDLERS = ("uvicorn", "uvicorn.access")
+
+
+def _through_root(logger: logging.Logger) -> None:
+    """`logger`'s records to the root's JSON handler rather than its own. One without handlers
+    stays silent: uvicorn turns its access log off so (`access_log=False`), and checks
+    `hasHandlers()`, which the root's would answer."""
+    if logger.handlers:
+        logger.handlers.clear()
+        logger.propagate = True

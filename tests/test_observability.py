@@ -140,6 +140,16 @@ def test_worker_logs_are_json_with_job_ids(stack: Stack, identity_worker: int) -
     assert all({"time", "level", "name", "trace_id"} <= e.keys() for e in logged)
 
 
+def test_the_producer_logs_uvicorns_lines_as_json_too(stack: Stack) -> None:
+    """uvicorn gives its loggers a plain-text handler of their own: its "Exception in ASGI
+    application" traceback, the line an operator most needs, was the one a JSON log pipeline
+    could not parse, without a trace id."""
+    lines = (stack.log_dir / "producer.log").read_text().splitlines()
+    running = json.loads(next(line for line in lines if "Uvicorn running on" in line))
+    assert running["name"] == "uvicorn.error" and "trace_id" in running
+    assert "color_message" not in running  # its copy of the message with terminal colours
+
+
 def test_a_worker_logs_at_conveyor_log_level_not_celerys(tmp_path: Path) -> None:
     """CONVEYOR_LOG_LEVEL=WARNING leaves out the worker's per-micro-batch lines, although its
     command line says `--loglevel=INFO`, as `conveyor.stack`'s does (Celery used to set the
