@@ -50,6 +50,9 @@ METRICS = {
     "conveyor_canary_weight",
     "conveyor_canary_state",
     "conveyor_shadow_copies_total",
+    "conveyor_jobs_rejected_total",
+    "conveyor_http_requests_total",
+    "conveyor_http_request_seconds",
 }
 # The API: every request but health and metrics names an API key. Nothing else authenticates.
 PUBLIC = {"producer", "producer-cluster"}
@@ -300,11 +303,33 @@ def test_dashboard_queries_only_metrics_conveyor_exports():
         ("queue lag per partition", r"sum by \(model, variant\) \(max by .*conveyor_partition_lag"),
         ("batch sizes", r"conveyor_batch_size_bucket"),
         ("time to first token", r"histogram_quantile\(0\.5, .*conveyor_ttft_seconds_bucket"),
+        (
+            "submits refused, by reason",
+            r"sum by \([^)]*reason\) \(rate\(conveyor_jobs_rejected_total",
+        ),
+        ("HTTP server errors", r'rate\(conveyor_http_requests_total\{status=~"5\.\."'),
+        ("HTTP latency", r"histogram_quantile\(0\.99, .*conveyor_http_request_seconds_bucket"),
     ],
 )
 def test_dashboard_shows(what, pattern):
     exprs = [e for group in dashboard_exprs().values() for e in group]
     assert any(re.search(pattern, e) for e in exprs), what
+
+
+def test_no_two_dashboard_panels_overlap() -> None:
+    """Grafana moves an overlapping panel on load wherever its grid finds room, so the board
+    it shows is not the one in the file."""
+    boxes = [(p["title"], p["gridPos"]) for p in dashboard()["panels"]]
+    overlapping = [
+        (a, b)
+        for i, (a, pa) in enumerate(boxes)
+        for b, pb in boxes[i + 1 :]
+        if pa["x"] < pb["x"] + pb["w"]
+        and pb["x"] < pa["x"] + pa["w"]
+        and pa["y"] < pb["y"] + pb["h"]
+        and pb["y"] < pa["y"] + pa["h"]
+    ]
+    assert overlapping == []
 
 
 # ---------------------------------------------------------------- Dockerfiles
