@@ -24,6 +24,7 @@ from shared.route_store import RouteStore, VersionConflict
 from shared.routing import Routes
 from shared.variant_stats import BUCKET_S, Sample, VariantStats, Window, bucket_of
 from shared.webhook_events import WebhookDispatcher
+from tests.conftest import REPO_ROOT
 
 CANARY = Canary(
     model="ab",
@@ -106,12 +107,14 @@ async def test_at_100_percent_the_baseline_is_taken_over_the_whole_canary(
     assert stats.sampled[-1] == 0  # the whole canary's baseline: counters, never its samples
 
 
-def _controller(client: aioredis.Redis, keys: Keys, stats: VariantStats) -> CanaryController:
+def _controller(
+    client: aioredis.Redis, keys: Keys, stats: VariantStats, models: ModelRepository | None = None
+) -> CanaryController:
     return CanaryController(
         CanaryStore(client, keys),
         RouteStore(client, keys),
         stats,
-        ModelRepository({}),
+        models or ModelRepository({}),
         WebhookDispatcher("redis://unused"),  # the canary has no webhook: never sent
     )
 
@@ -224,6 +227,27 @@ async def test_a_routes_change_during_a_canary_aborts_it(aredis: aioredis.Redis)
     assert (canary.state, canary.weight) == ("aborted", 0.0)
     reason = (await CanaryStore(aredis, keys).events("ab", 1))[-1]["reason"]
     assert "routes changed" in reason, reason
+
+
+async def test_a_canary_whose_variant_config_yaml_dropped_ends(aredis: aioredis.Redis) -> None:
+    """Redeployed without `candidate`, producers served config.yaml's routes, yet its canary
+    stepped on (to 100 %, then `completed`) on the counts its step had before: it is aborted,
+    the routes left as they are."""
+    keys = Keys("canary-dropped:")
+    began = (bucket_of(time.time()) - 1) * BUCKET_S  # the samples below fall in the step's window
+    canary = await _at_step_0(aredis, keys, interval_s=1.0, step_started_at=began)
+    healthy = [Sample(True, 1.0, 1.0)] * CANARY.min_requests
+    stats = VariantStats(aredis, keys)
+    await stats.record_samples({("ab", "stable"): healthy, ("ab", "candidate"): healthy})
+    ab = ModelRepository.load(REPO_ROOT / "tests" / "fixtures" / "traffic_repository").models["ab"]
+    variants = {name: v for name, v in ab.variants.items() if name != "candidate"}
+    redeployed = ModelRepository({"ab": ab.model_copy(update={"variants": variants})})
+    await _controller(aredis, keys, stats, redeployed).decide(canary)
+    assert (canary.state, canary.weight) == ("aborted", 50.0)
+    live = (await RouteStore(aredis, keys).get_many(["ab"]))["ab"]
+    assert live.weights == {"stable": 50.0, "candidate": 50.0}, live
+    reason = (await CanaryStore(aredis, keys).events("ab", 1))[-1]["reason"]
+    assert reason == 'its variant can no longer serve: model ab has no variant "candidate"', reason
 
 
 class _RoutesSetMidDecision(VariantStats):

@@ -8,7 +8,8 @@ if still short, the canary's error rate is held to `max_error_rate` itself. Ever
 an event with its numbers, and a `model.canary.*` webhook when the canary has one. A step still
 short of `min_requests` after `max_step_s` rolls back (its variant's workers may never take a
 job); live routes that no longer give the variant the canary's weight (an operator changed
-them) abort it, leaving them as they are."""
+them) abort it, leaving them as they are, and so does a config.yaml that no longer serves its
+variant or baseline."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from shared.canary_store import Canary, CanaryState, CanaryStore, stamp
 from shared.metrics import CANARY_STATE, CANARY_WEIGHT
 from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore, VersionConflict
-from shared.routing import Routes
+from shared.routing import InvalidRoutes, Routes, UnknownVariant, serving_variant
 from shared.variant_stats import VariantStats, Window, first_bucket_after
 from shared.webhook_events import WebhookDispatcher, event
 from shared.webhook_signing import OPERATOR
@@ -196,6 +197,9 @@ class CanaryController:
         self._shown = {}
 
     async def decide(self, canary: Canary) -> None:
+        if reason := self.unservable(canary):
+            await self.end(canary, "aborted", canary.weight, reason, {})
+            return
         if canary.step < 0:
             await self.move(canary, 0, "step", None, {})
             return
@@ -223,6 +227,23 @@ class CanaryController:
             await self.move(canary, canary.step + 1, "step", "bounds held", seen, read)
         else:
             await self.end(canary, "completed", canary.weight, "bounds held", seen, read)
+
+    def unservable(self, canary: Canary) -> str | None:
+        """Why the canary cannot go on: config.yaml (a redeploy) no longer has its variant or its
+        baseline as a serving variant. Producers then ignore stored routes that weigh it and
+        serve config.yaml's, and the canary stepped on, even `completed`, on counts of a variant
+        nobody was routed to. It ends leaving the routes as they are, as an operator's change
+        does (`routes reset` puts config.yaml's back). None while both serve; none for a model
+        the repository does not hold (it takes no traffic here)."""
+        config = self.repository.get(canary.model)
+        if config is None:
+            return None
+        for role, name in (("variant", canary.variant), ("baseline", canary.baseline)):
+            try:
+                serving_variant(config, name)
+            except (UnknownVariant, InvalidRoutes) as exc:
+                return f"its {role} can no longer serve: {exc}"
+        return None
 
     async def step_numbers(self, canary: Canary, began: float) -> dict[str, dict[str, Any]]:
         """Both variants' numbers over the step, the baseline's without its p99: `breach`
