@@ -61,19 +61,36 @@ def test_split_holds_its_proportions_over_10k_keys() -> None:
     assert unsticky["stable"] / 10_000 == pytest.approx(0.7, abs=0.02), unsticky
 
 
+KEYS_MOVED = 100_000
+
+
+def _moved(before: Routes, after: Routes) -> Counter[tuple[str, str]]:
+    """How many of KEYS_MOVED users each change of routes moves, by (old, new) variant."""
+    return Counter(
+        (old, new)
+        for key in (f"user-{i}" for i in range(KEYS_MOVED))
+        if (old := choose_variant(AB, None, key, before))
+        != (new := choose_variant(AB, None, key, after))
+    )
+
+
 def test_raising_a_weight_moves_only_its_share_and_only_to_it() -> None:
     before = Routes({"candidate": 10.0, "stable": 45.0, "flaky": 45.0})
     after = before.with_share("candidate", 20.0, {})
     assert after.weights == {"stable": 40.0, "flaky": 40.0, "candidate": 20.0}
-    keys = [f"user-{i}" for i in range(100_000)]
-    moved = Counter(
-        (old, new)
-        for key in keys
-        if (old := choose_variant(AB, None, key, before))
-        != (new := choose_variant(AB, None, key, after))
-    )
-    assert sum(moved.values()) / len(keys) == pytest.approx(0.10, abs=0.01), moved
+    moved = _moved(before, after)
+    assert moved.total() / KEYS_MOVED == pytest.approx(0.10, abs=0.01), moved
     assert {new for _, new in moved} == {"candidate"}, moved
+
+
+def test_a_change_of_the_others_ratios_moves_more_than_the_minimum() -> None:
+    """README said any weight change moved only the minimum share: it does when the others keep
+    their ratios (above); 70/20/10 to 50/40/10 moves keys off `flaky`, whose 10 % stayed."""
+    before = Routes({"stable": 70.0, "candidate": 20.0, "flaky": 10.0})
+    after = Routes({"stable": 50.0, "candidate": 40.0, "flaky": 10.0})
+    moved = _moved(before, after)
+    assert moved.total() / KEYS_MOVED == pytest.approx(0.216, abs=0.001), moved
+    assert moved[("flaky", "candidate")] > 0, moved
 
 
 @pytest.fixture
