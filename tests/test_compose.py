@@ -228,13 +228,32 @@ def test_workers_run_celery_and_the_gpu_one_reserves_a_gpu():
     assert service("producer")["build"]["dockerfile"] == "compose/Dockerfile"
 
 
+def _metrics_address(name: str) -> str | None:
+    """Where service `name` serves /metrics: a producer on its `--port`, a worker on its
+    CONVEYOR_METRICS_PORT; None for a service of neither kind."""
+    args = argv(name)
+    if "producer_api.app:app" in args:
+        return f"{name}:{args[args.index('--port') + 1]}"
+    port = env(name).get("CONVEYOR_METRICS_PORT")
+    return f"{name}:{port}" if port else None
+
+
+def prometheus_config() -> dict[str, Any]:
+    return yaml.safe_load(host_mounts("prometheus")["/etc/prometheus/prometheus.yml"].read_text())
+
+
+def target_labels() -> set[str]:
+    """The labels Prometheus adds to every series it scrapes (the config's, `job`, `instance`)."""
+    statics = [s for job in prometheus_config()["scrape_configs"] for s in job["static_configs"]]
+    return {"job", "instance"} | {name for s in statics for name in s.get("labels", {})}
+
+
 def test_prometheus_scrapes_what_the_services_expose():
-    config_path = host_mounts("prometheus")["/etc/prometheus/prometheus.yml"]
-    config = yaml.safe_load(config_path.read_text())
-    producer_args = argv("producer")
-    exposed = {f"producer:{producer_args[producer_args.index('--port') + 1]}"} | {
-        f"{name}:{env(name)['CONVEYOR_METRICS_PORT']}" for name in ("worker-cpu", "worker-gpu")
-    }
+    """Every producer and worker of every profile: the cluster profile's went unscraped, its
+    pipeline missing from the dashboard."""
+    config = prometheus_config()
+    exposed = {a for name in compose()["services"] if (a := _metrics_address(name))}
+    assert {"producer:8000", "worker-cpu:9100"} <= exposed
     targets = {
         target
         for job in config["scrape_configs"]
@@ -307,13 +326,27 @@ def test_dashboard_queries_only_metrics_conveyor_exports():
             "submits refused, by reason",
             r"sum by \([^)]*reason\) \(rate\(conveyor_jobs_rejected_total",
         ),
-        ("HTTP server errors", r'rate\(conveyor_http_requests_total\{status=~"5\.\."'),
+        ("HTTP server errors", r'rate\(conveyor_http_requests_total\{[^}]*status=~"5\.\."'),
         ("HTTP latency", r"histogram_quantile\(0\.99, .*conveyor_http_request_seconds_bucket"),
     ],
 )
 def test_dashboard_shows(what, pattern):
     exprs = [e for group in dashboard_exprs().values() for e in group]
     assert any(re.search(pattern, e) for e in exprs), what
+
+
+def test_the_dashboard_shows_one_pipeline_at_a_time() -> None:
+    """The cluster profile's services serve the same models from another Redis: summed with
+    the single-Redis pipeline's, a panel showed a pipeline that does not exist."""
+    statics = [s for job in prometheus_config()["scrape_configs"] for s in job["static_configs"]]
+    assert {s["labels"]["pipeline"] for s in statics} == {"single", "cluster"}
+    variables = dashboard()["templating"]["list"]
+    chooser = next(v for v in variables if v["name"] == "pipeline")
+    assert not chooser["multi"] and not chooser["includeAll"]
+    queries = [e for group in dashboard_exprs().values() for e in group]
+    queries += [v["definition"] for v in variables if v is not chooser]
+    selectors = [m for q in queries for m in re.findall(r"\bconveyor_\w+(?:\{[^}]*\})?", q)]
+    assert [s for s in selectors if 'pipeline=~"$pipeline"' not in s] == []
 
 
 def test_no_two_dashboard_panels_overlap() -> None:
