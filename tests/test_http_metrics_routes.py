@@ -32,3 +32,21 @@ def test_a_path_no_route_matches_stays_unmatched(base_url: str) -> None:
     response = httpx.post(f"{base_url}/v1/no-such-resource/123", json={}, timeout=10)
     assert response.status_code == 404
     assert _requests(base_url, "unmatched", "404") == before + 1
+
+
+def test_what_a_client_names_never_becomes_a_label_value(base_url: str) -> None:
+    """Unknown models, variants, job ids, paths and methods are each refused, never a series of
+    their own: 10,000 bogus names would have been 10,000 series in every scrape."""
+    name = "bogus7f3a"
+    with httpx.Client(base_url=base_url, timeout=10) as client:
+        answers = [
+            client.post("/v1/jobs", json={"model": name, "inputs": {}}),
+            client.post(f"/v1/models/{name}/predict", json={"inputs": {}}),
+            client.post("/v1/models/identity/predict", json={"variant": name, "inputs": {}}),
+            client.post("/v1/completions", json={"model": name, "prompt": "a"}),
+            client.get(f"/v1/jobs/{name}"),
+            client.get(f"/{name}/{name}"),
+            client.request(name.upper(), "/v1/jobs"),
+        ]
+    assert all(400 <= a.status_code < 500 for a in answers), [a.status_code for a in answers]
+    assert name not in httpx.get(f"{base_url}/metrics", timeout=10).text.lower()
