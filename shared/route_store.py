@@ -16,7 +16,8 @@ import redis.asyncio as aioredis
 
 from shared.codec import as_text, dumps, loads
 from shared.keys import Keys
-from shared.routing import Routes
+from shared.model_repository import ModelConfig
+from shared.routing import Routes, seed_routes, served_routes
 
 LOG_LENGTH = 1_000
 
@@ -104,6 +105,12 @@ class RouteStore:
             for model, (doc, version) in zip(names, replies, strict=True)
             if doc is not None
         }
+
+    async def served(self, config: ModelConfig) -> tuple[Routes, str | None]:
+        """The routes producers serve `config` with, and why they differ from the stored ones
+        (see served_routes); config.yaml's while none are stored."""
+        stored = (await self.get_many([config.name])).get(config.name)
+        return served_routes(stored, config) if stored else (seed_routes(config), None)
 
     async def version(self) -> int:
         """The global change counter: one cheap GET tells a producer whether to reload."""

@@ -36,6 +36,7 @@ CANARY = Canary(
     max_p99_ms=750,
     min_requests=40,
 )
+TRAFFIC = ModelRepository.load(REPO_ROOT / "tests" / "fixtures" / "traffic_repository")
 BASELINE = {"requests": 100, "errors": 1, "error_rate": 0.01, "p99_ms": 120.0}
 
 
@@ -229,6 +230,19 @@ async def test_a_routes_change_during_a_canary_aborts_it(aredis: aioredis.Redis)
     assert "routes changed" in reason, reason
 
 
+async def test_a_canary_steps_the_routes_producers_serve(aredis: aioredis.Redis) -> None:
+    """Stored routes weighing a variant a redeploy removed are ignored (config.yaml's apply): the
+    first step scaled them and stayed ignored, its 5 % never served until it starved and rolled
+    back. It scales config.yaml's, which producers then serve as stored."""
+    keys = Keys("canary-ignored:")
+    routes = RouteStore(aredis, keys)
+    await routes.seed("ab", Routes({"stable": 90.0, "gone": 10.0}))
+    canary = replace(CANARY, steps=[5.0, 100.0])
+    await _controller(aredis, keys, VariantStats(aredis, keys), TRAFFIC).decide(canary)
+    served, adjusted = await routes.served(TRAFFIC.models["ab"])
+    assert (served.weights, adjusted) == ({"stable": 95.0, "candidate": 5.0, "flaky": 0.0}, None)
+
+
 async def test_a_canary_whose_variant_config_yaml_dropped_ends(aredis: aioredis.Redis) -> None:
     """Redeployed without `candidate`, producers served config.yaml's routes, yet its canary
     stepped on (to 100 %, then `completed`) on the counts its step had before: it is aborted,
@@ -239,7 +253,7 @@ async def test_a_canary_whose_variant_config_yaml_dropped_ends(aredis: aioredis.
     healthy = [Sample(True, 1.0, 1.0)] * CANARY.min_requests
     stats = VariantStats(aredis, keys)
     await stats.record_samples({("ab", "stable"): healthy, ("ab", "candidate"): healthy})
-    ab = ModelRepository.load(REPO_ROOT / "tests" / "fixtures" / "traffic_repository").models["ab"]
+    ab = TRAFFIC.models["ab"]
     variants = {name: v for name, v in ab.variants.items() if name != "candidate"}
     redeployed = ModelRepository({"ab": ab.model_copy(update={"variants": variants})})
     await _controller(aredis, keys, stats, redeployed).decide(canary)

@@ -348,7 +348,14 @@ class CanaryController:
         await self.announce(canary, state, reason, seen)
 
     async def live_routes(self, canary: Canary) -> Routes:
-        return (await self.routes.get_many([canary.model]))[canary.model]
+        """The routes producers serve the model with: stored ones they ignore (weight on a
+        variant a redeploy removed) gave way to config.yaml's, and a step scaled from them
+        stayed ignored, its share never served, until the step starved and rolled back."""
+        config = self.repository.get(canary.model)
+        if config is None:  # a model no producer here serves: its stored routes as they are
+            return (await self.routes.get_many([canary.model]))[canary.model]
+        routes, _ = await self.routes.served(config)
+        return routes
 
     async def set_weight(self, canary: Canary, percent: float, read: Routes | None) -> None:
         """Give the variant `percent` of the routes `read`, those a decision judged (None where

@@ -18,7 +18,7 @@ from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
 from shared.canary_store import Canary
 from shared.model_repository import ModelConfig
-from shared.routing import InvalidRoutes, UnknownVariant, seed_routes, serving_variant
+from shared.routing import InvalidRoutes, UnknownVariant, serving_variant
 from shared.webhook_events import refusal
 
 
@@ -75,8 +75,7 @@ class CanaryService:
         """Refuse a canary the live routes contradict (a variant and baseline given swapped):
         its first step would take a variant serving everything down to the first step's share,
         and a rollback would hand all traffic to a baseline that had none."""
-        store = self.state.traffic.route_store
-        routes = (await store.get_many([config.name])).get(config.name) or seed_routes(config)
+        routes, _ = await self.state.traffic.route_store.served(config)
         held = routes.weights.get(body.variant, 0.0)
         if held > body.steps[0] or not routes.served_besides(body.variant):
             message = (

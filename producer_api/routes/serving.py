@@ -13,7 +13,7 @@ from producer_api.routes.protocol import RoutesBody
 from producer_api.state import ProducerState
 from shared.model_repository import ModelConfig
 from shared.route_store import VersionConflict
-from shared.routing import InvalidRoutes, Routes, UnknownVariant, seed_routes, served_routes
+from shared.routing import InvalidRoutes, Routes, UnknownVariant, seed_routes
 
 
 class RoutesService:
@@ -30,8 +30,7 @@ class RoutesService:
         they differ from the stored ones, if they do, a warning per variant they feed that no
         worker serves, and the change log."""
         config = self.config(model)
-        stored = (await self.store.get_many([model])).get(model)
-        routes, adjusted = served_routes(stored, config) if stored else (seed_routes(config), None)
+        routes, adjusted = await self.store.served(config)
         changes = [asdict(change) for change in await self.store.history(model, history)]
         unserved = await self.state.traffic.unserved(model, routes.fed())
         return {
