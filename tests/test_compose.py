@@ -248,6 +248,26 @@ def target_labels() -> set[str]:
     return {"job", "instance"} | {name for s in statics for name in s.get("labels", {})}
 
 
+def alert_rules() -> list[dict[str, Any]]:
+    """The alerting rules of every file prometheus.yml loads, read where the service mounts it."""
+    mounts = host_mounts("prometheus")
+    files = [yaml.safe_load(mounts[path].read_text()) for path in prometheus_config()["rule_files"]]
+    return [rule for file in files for group in file["groups"] for rule in group["rules"]]
+
+
+def test_prometheus_alerts_on_what_an_operator_acts_on():
+    """Stalled online queues, new dead letters, refused submits, 5xx answers: each alert's
+    summary names only labels its expression keeps."""
+    rules = {rule["alert"]: rule for rule in alert_rules()}
+    assert {"ConveyorOnlineQueueStalled", "ConveyorDeadLettersGrowing"} <= rules.keys()
+    for name, rule in rules.items():
+        kept = {
+            n.strip() for g in re.findall(r"\bby \(([^)]*)\)", rule["expr"]) for n in g.split(",")
+        }
+        named = set(re.findall(r"\$labels\.(\w+)", rule["annotations"]["summary"]))
+        assert named <= kept, name
+
+
 def test_prometheus_scrapes_what_the_services_expose():
     """Every producer and worker of every profile: the cluster profile's went unscraped, its
     pipeline missing from the dashboard."""

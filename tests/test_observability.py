@@ -32,7 +32,7 @@ from shared.telemetry import current_traceparent, tracing_on
 from tests.conftest import running_stack, until
 from tests.paced_engine import PacedEngine
 from tests.span_capture import PROVIDER, captured_spans, traced_predict  # noqa: F401 (`spans`)
-from tests.test_compose import dashboard, dashboard_exprs, target_labels
+from tests.test_compose import alert_rules, dashboard, dashboard_exprs, target_labels
 from workers.batching.micro_batch_loop import MicroBatchLoop
 from workers.batching.micro_batch_telemetry import stage_span
 from workers.engines.identity_engine import IdentityEngine
@@ -318,10 +318,10 @@ def _labels_queried(query: str) -> set[str]:
     return names - {""}
 
 
-def test_every_dashboard_query_names_series_the_processes_export(
+def test_every_dashboard_and_alert_query_names_series_the_processes_export(
     stack: Stack, base_url: str, identity_worker: int
 ) -> None:
-    """Each metric a panel or variable queries is on a real producer's or worker's /metrics,
+    """Each metric a panel, variable or alert queries is on a real producer's or worker's /metrics,
     with its type's suffix and every label the query names but Prometheus's target labels
     (where the scrape holds samples of it): a renamed family or label leaves a panel empty,
     never an error."""
@@ -330,6 +330,7 @@ def test_every_dashboard_query_names_series_the_processes_export(
     exported = _exported(f"{base_url}/metrics") | _exported(worker)
     queries = [e for group in dashboard_exprs().values() for e in group]
     queries += [v["definition"] for v in dashboard()["templating"]["list"] if v["type"] == "query"]
+    queries += [rule["expr"] for rule in alert_rules()]
     wrong = []
     for query in queries:
         labels = _labels_queried(query) - target_labels()
