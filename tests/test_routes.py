@@ -93,6 +93,21 @@ def test_a_change_of_the_others_ratios_moves_more_than_the_minimum() -> None:
     assert moved[("flaky", "candidate")] > 0, moved
 
 
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--shadow", "mirror=0.5", "--no-shadows"], "not both"),  # the shadow was dropped
+        ([], "nothing to set"),  # a new version that changed nothing
+    ],
+)
+def test_cli_set_refuses_options_that_contradict_or_say_nothing(
+    args: list[str], problem: str
+) -> None:
+    nowhere = ["--url", f"http://127.0.0.1:{free_port()}"]  # refused before any call
+    result = CliRunner().invoke(main, ["routes", "set", "ab", *args, *nowhere])
+    assert result.exit_code == 2 and problem in result.output, result.output
+
+
 @pytest.fixture
 def quiet() -> Iterator[None]:
     """No INFO lines: 10k "job accepted" lines would only slow the test down."""

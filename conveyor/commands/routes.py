@@ -85,6 +85,12 @@ def set_routes(
     api_key: str | None,
 ) -> None:
     """Replace the routes (what is not given stays as it is) and print the new ones."""
+    if shadows and no_shadows:  # --no-shadows dropped the --shadow given beside it, silently
+        raise click.UsageError("give --shadow or --no-shadows, not both")
+    if not (weights or shadows or no_shadows or sticky_by):  # a new version changing nothing
+        raise click.UsageError(
+            "nothing to set: give --weight, --shadow, --no-shadows or --sticky-by"
+        )
     new_weights, new_shadows = _pairs(weights, "--weight"), _pairs(shadows, "--shadow")
     current = admin_call("GET", f"/v1/models/{segment(model)}/routes?history=0", url, api_key)
     body = {
