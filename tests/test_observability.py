@@ -297,15 +297,17 @@ async def test_a_generate_loop_counts_jobs_the_api_ended_while_queued(
     await loop._drain()
 
 
-def _exported(url: str) -> dict[str, set[str] | None]:
-    """Sample name → its label names, as Prometheus stores a scrape of `url`; None for a family
-    registered but not yet observed (its TYPE gives its names, no sample its labels)."""
+def _exported(*urls: str) -> dict[str, set[str] | None]:
+    """Sample name → its label names, as Prometheus stores scrapes of `urls`; None for a family
+    registered but observed nowhere (its TYPE gives its names, no sample its labels)."""
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     found: dict[str, set[str] | None] = {}
-    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
-        found |= dict.fromkeys(family.name + s for s in suffixes.get(family.type, ()))
-        for sample in family.samples:
-            found[sample.name] = (found.get(sample.name) or set()) | sample.labels.keys()
+    for url in urls:
+        for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+            for name in (family.name + s for s in suffixes.get(family.type, ())):
+                found.setdefault(name, None)
+            for sample in family.samples:
+                found[sample.name] = (found.get(sample.name) or set()) | sample.labels.keys()
     return found
 
 
@@ -327,7 +329,7 @@ def test_every_dashboard_and_alert_query_names_series_the_processes_export(
     never an error."""
     httpx.post(f"{base_url}/v1/models/identity/predict", json={"inputs": {}}, timeout=30)
     worker = f"http://127.0.0.1:{stack.metrics_ports['identity-default']}/metrics"
-    exported = _exported(f"{base_url}/metrics") | _exported(worker)
+    exported = _exported(f"{base_url}/metrics", worker)
     queries = [e for group in dashboard_exprs().values() for e in group]
     queries += [v["definition"] for v in dashboard()["templating"]["list"] if v["type"] == "query"]
     queries += [rule["expr"] for rule in alert_rules()]
