@@ -261,7 +261,8 @@ async def test_a_canary_whose_variant_config_yaml_dropped_ends(aredis: aioredis.
     live = (await RouteStore(aredis, keys).get_many(["ab"]))["ab"]
     assert live.weights == {"stable": 50.0, "candidate": 50.0}, live
     reason = (await CanaryStore(aredis, keys).events("ab", 1))[-1]["reason"]
-    assert reason == 'its variant can no longer serve: model ab has no variant "candidate"', reason
+    leader = "its variant cannot serve by the leading producer's config.yaml"
+    assert reason == f'{leader}: model ab has no variant "candidate"', reason
 
 
 class _RoutesSetMidDecision(VariantStats):

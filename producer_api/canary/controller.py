@@ -233,8 +233,9 @@ class CanaryController:
         baseline as a serving variant. Producers then ignore stored routes that weigh it and
         serve config.yaml's, and the canary stepped on, even `completed`, on counts of a variant
         nobody was routed to. It ends leaving the routes as they are, as an operator's change
-        does (`routes reset` puts config.yaml's back). None while both serve; none for a model
-        the repository does not hold (it takes no traffic here)."""
+        does (`routes reset` puts config.yaml's back). The leader's config.yaml decides: a
+        rollout that adds the variant, not yet at the leader, ends it too (the reason says so).
+        None while both serve; none for a model the repository does not hold."""
         config = self.repository.get(canary.model)
         if config is None:
             return None
@@ -242,7 +243,7 @@ class CanaryController:
             try:
                 serving_variant(config, name)
             except (UnknownVariant, InvalidRoutes) as exc:
-                return f"its {role} can no longer serve: {exc}"
+                return f"its {role} cannot serve by the leading producer's config.yaml: {exc}"
         return None
 
     async def step_numbers(self, canary: Canary, began: float) -> dict[str, dict[str, Any]]:
