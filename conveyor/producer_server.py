@@ -13,6 +13,9 @@ import socket
 
 import uvicorn
 
+from shared.settings import settings_or_exit
+from shared.telemetry import configure_logging
+
 APP = "producer_api.app:app"
 # Requests still running this long after SIGTERM are cut, inside a 30 s kill timeout (waits and
 # streams end within 3 s: producer_api/draining.py, stream_shutdown.py; tests/
@@ -39,12 +42,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
+    # JSON from the first line on: uvicorn's own logging config wrote its start-up lines as
+    # text (the app configures logging only once its lifespan starts)
+    configure_logging(settings_or_exit().log_level)
     config = uvicorn.Config(
         APP,
         host=args.host,
         port=args.port,
         access_log=False,
         server_header=False,  # `server: uvicorn` told scanners what to try (OWASP)
+        log_config=None,  # the app's JSON logging (shared/telemetry.py), not uvicorn's text
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
     # The app before the server: importing it patches uvicorn's exit handler (sse-starlette),

@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from conveyor.stack import Stack
+from conveyor.stack import Stack, free_port
 from producer_api.app import UNTRACED, create_app
 from shared.codec import RequestEntry
 from shared.job_states import JobStatus
@@ -148,6 +148,17 @@ def test_the_producer_logs_uvicorns_lines_as_json_too(stack: Stack) -> None:
     running = json.loads(next(line for line in lines if "Uvicorn running on" in line))
     assert running["name"] == "uvicorn.error" and "trace_id" in running
     assert "color_message" not in running  # its copy of the message with terminal colours
+
+
+def test_conveyor_ups_producer_logs_json_from_its_first_line(stack: Stack) -> None:
+    """`conveyor up`'s producer server (conveyor/producer_server.py) let uvicorn configure
+    logging: "Started server process" and "Waiting for application startup" were plain text."""
+    name = "producer-json-log"
+    stack.start_producer(free_port(), name=name, server="conveyor")
+    stack.stop_process(name)
+    lines = (stack.log_dir / f"{name}.log").read_text().splitlines()
+    started = [json.loads(line) for line in lines if "Started server process" in line]
+    assert [line["name"] for line in started] == ["uvicorn.error"], lines[:3]
 
 
 def test_a_worker_logs_at_conveyor_log_level_not_celerys(tmp_path: Path) -> None:
