@@ -283,6 +283,7 @@ def test_a_change_reaches_the_other_producer_without_a_restart(
     # comes from, and eventually applied without a restart
     delay = until(routed_to_candidate)
     print(f"the second producer applied the change after {delay:.3f}s (it polls every {POLL_S}s)")
+    until(lambda: _routes(second, admin)["warnings"] == [])  # ab-worker serves every variant
     scrape = HTTP.get(f"{second}/metrics").text
     assert 'conveyor_route_weight{model="ab",variant="candidate"} 100.0' in scrape
     # routes that no longer name candidate: its gauge said 100 for as long as the process lived
