@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -111,12 +112,17 @@ class ConveyorError(Exception):
 OPENAI_ERRORS = "openai_errors"
 
 
-def answer_as_openai(request: Request) -> None:
+def mark_as_openai(request: Request) -> None:
     """Mark a request OpenAI's SDKs send to a route whose path alone does not say so (the Files
     API, the Batch API's reads, and a batch create whose body is OpenAI's): its invalid request
-    answers OpenAI's 400 (`ErrorResponse`). A route dependency: it runs before FastAPI refuses
-    the route's parameters."""
+    answers OpenAI's 400 (`ErrorResponse`)."""
     setattr(request.state, OPENAI_ERRORS, True)
+
+
+async def answer_as_openai(request: Request) -> None:
+    """`mark_as_openai` as a route dependency, which runs before FastAPI refuses the route's
+    parameters (async: a sync dependency runs on a thread of the pool, a hop per request)."""
+    mark_as_openai(request)
 
 
 def _openai_request(scope: Scope) -> bool:
@@ -224,7 +230,28 @@ def _allowed_methods(request: Request) -> str:
     return ", ".join(sorted(methods))
 
 
+def _without_fastapis_422(documented: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """The OpenAPI document without FastAPI's own 422 body (HTTPValidationError), which no
+    route answers (`_invalid` does, in ErrorBody's or OpenAI's shape): FastAPI adds it to a route
+    that declares no 422 of its own, as the Files API's, whose invalid requests are OpenAI's 400,
+    and an SDK generated from the document expected a body that never comes."""
+
+    def openapi() -> dict[str, Any]:
+        schema = documented()  # FastAPI's, made once and kept: this edits it once
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                if "HTTPValidationError" in str(operation["responses"].get("422", "")):
+                    del operation["responses"]["422"]
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        return schema
+
+    return openapi
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.openapi = _without_fastapis_422(app.openapi)  # type: ignore[method-assign]
+
     @app.exception_handler(ConveyorError)
     async def _conveyor(_: Request, exc: ConveyorError) -> ErrorResponse:
         return error_response(

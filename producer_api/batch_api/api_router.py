@@ -19,7 +19,12 @@ from producer_api.batch_api.protocol import (
     Endpoint,
 )
 from producer_api.batch_api.serving import Asked, BatchApiService
-from producer_api.errors import ConveyorError, OpenAIErrorBody, answer_as_openai
+from producer_api.errors import (
+    ConveyorError,
+    OpenAIErrorBody,
+    answer_as_openai,
+    mark_as_openai,
+)
 from producer_api.files.serving import FilesService
 from producer_api.jobs.api_router import KEY_PARAMETER, LOCATED, idempotency_key
 from producer_api.request_boundary import parse_json
@@ -124,7 +129,7 @@ def _openai_create(request: Request, body: bytes) -> dict[str, Any] | None:
         return None
     if "input_file_id" not in value and value.keys() & _LINE_FIELDS:
         return None
-    answer_as_openai(request)
+    mark_as_openai(request)
     if "input_file_id" in value:
         return value
     message = (
