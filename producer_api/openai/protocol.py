@@ -68,7 +68,13 @@ Nothing = Annotated[list[Any], Field(max_length=0)]  # only an empty list
 
 
 class StreamOptions(BaseModel):
+    """vLLM's `continuous_usage_stats` (usage in every chunk) is refused: each chunk would carry
+    `usage: null`, where the client reads running counts."""
+
     include_usage: StrictBool | None = False  # null: OpenAI's default, false
+    continuous_usage_stats: OnlyFalse | None = Field(
+        default=None, description="vLLM's; not served: only false"
+    )
 
 
 class TextFormat(BaseModel):
