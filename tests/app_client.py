@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+import openai
 from fastapi import FastAPI
 
 
@@ -17,3 +18,11 @@ async def app_client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client
+
+
+def openai_sdk(client: httpx.AsyncClient) -> openai.AsyncOpenAI:
+    """OpenAI's SDK speaking to a producer served here (`app_client`), retrying nothing: what an
+    OpenAI client sees of the producer's answers, with no socket and no worker."""
+    return openai.AsyncOpenAI(
+        base_url=client.base_url.join("/v1"), api_key="unused", http_client=client, max_retries=0
+    )
