@@ -60,8 +60,7 @@ def test_readme_metrics_table_lists_every_exported_metric_family() -> None:
     wrong = [
         f"{name}{{{labels}}} {kind}: exported as {families[name][0]} with {families[name][1]}"
         for name, labels, kind in rows
-        if kind != families[name][0]
-        or set(filter(None, labels.split(","))) != families[name][1]
+        if kind != families[name][0] or set(filter(None, labels.split(","))) != families[name][1]
     ]
     assert wrong == [], "README's metrics table gives a type or labels other than the code's"
 
