@@ -67,14 +67,16 @@ def free_port() -> int:
 class ChildNotReady(RuntimeError):
     """A child that did not get ready while starting, told by its own last lines (a host it
     cannot bind, a Redis it cannot reach, an engine that cannot load), not by a traceback of the
-    process that waited for it. Lines are cut short: a worker's last one is its whole traceback
-    as one JSON record."""
+    process that waited for it. Long lines keep both ends: a child's last one is often its whole
+    traceback as one JSON record, whose exception, the line that says why, is at its end."""
 
-    LINE_CHARS = 300
+    HEAD_CHARS, TAIL_CHARS = 100, 200
 
     def __init__(self, name: str, why: str, log: Path, tail: list[str]) -> None:
         cut = [
-            line if len(line) <= self.LINE_CHARS else line[: self.LINE_CHARS] + " …"
+            line
+            if len(line) <= self.HEAD_CHARS + self.TAIL_CHARS
+            else f"{line[: self.HEAD_CHARS]} … {line[-self.TAIL_CHARS :]}"
             for line in tail
         ]
         lines = "\n".join(f"  {line}" for line in cut)
