@@ -1,7 +1,8 @@
 """The Celery application workers run as (`celery -A workers.app worker`): Celery owns the
 process lifecycle; the StreamConsumer bootstep does the inference work on its own thread, so
-Celery's pool runs only webhook deliveries: threads, CONVEYOR_WEBHOOK_CONCURRENCY of them (the
-solo pool delivered one event at a time, every tenant's webhook behind a slow receiver's)."""
+Celery's pool runs only webhook deliveries: CONVEYOR_WEBHOOK_CONCURRENCY of them at once (above
+1, on threads; the solo pool delivers one event at a time, every tenant's webhook behind a slow
+receiver's)."""
 
 from __future__ import annotations
 
