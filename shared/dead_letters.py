@@ -10,7 +10,10 @@ expire) and stays until purged: the replay's result names it (`ReplayResult.kept
 reason), so whoever replayed sees what was kept and why. A replay is admitted as a submit is,
 by the lane's `queue.max_length`: once its lane is full the letters left for it stay
 (`QUEUE_FULL`), to be replayed again when the lane has drained (a replay past the cap filled
-the lane that the API was refusing submits to with 429s).
+the lane that the API was refusing submits to with 429s); and, for a model that admits by
+deadline (`queue.admit_by_deadline`), by the producers' deadline admission: a letter that would
+start after its deadline given the lane's ETA stays (`DEADLINE_UNMEETABLE`), as its submit
+would be refused, rather than be enqueued only to expire.
 
 The stream has no cap and no TTL (a cap would drop letters unseen): only a purge or replay
 shrinks it; the producer's `conveyor_dlq_depth` gauge and `conveyor dlq list` show it, and
@@ -19,12 +22,12 @@ shrinks it; the producer's `conveyor_dlq_depth` gauge and `conveyor dlq list` sh
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from shared.codec import RequestEntry, is_stream_id, stream_id
-from shared.job_store import JobStore, QueueFull, stamp_ms
+from shared.job_store import JobStore, QueueFull, TooFarBack, stamp_ms
 from shared.keys import Keys, replay_job_id
 from shared.redis_client import executed
 
@@ -61,11 +64,25 @@ class DeadLetter:
 PAGE = 1_000  # letters per XRANGE
 DEADLINE_PASSED = "deadline_passed"  # a kept letter's reason: its replay could only expire
 QUEUE_FULL = "queue_full"  # a kept letter's reason: its lane held queue.max_length jobs
+# a kept letter's reason: more wait ahead in its lane than can start before its deadline (or
+# max_queue_time_s), the reason a submit gets its 429 for
+DEADLINE_UNMEETABLE = "deadline_unmeetable"
+
+# The most entries that may wait ahead of a job for it to start in time, by (its lane is the
+# bulk one, its enqueue stamp in ms, its deadline in Unix ms or 0), -1 for any: the producers'
+# deadline admission (producer_api's `QueueEta.admission`), which shared code cannot import.
+Admission = Callable[[bool, float, int], int]
+
+
+def admit_any(bulk: bool, enqueued_ms: float, deadline_ms: int) -> int:
+    """No deadline admission (a caller that gives none): any number may wait ahead."""
+    return -1
 
 
 @dataclass(frozen=True, slots=True)
 class KeptLetter:
-    """A letter a replay left in the stream, and why (`DEADLINE_PASSED`, `QUEUE_FULL`)."""
+    """A letter a replay left in the stream, and why (`DEADLINE_PASSED`, `QUEUE_FULL`,
+    `DEADLINE_UNMEETABLE`)."""
 
     dlq_id: str
     job_id: str
@@ -90,9 +107,11 @@ class DeadLetters:
         variant: str,
         fair_window: int = 0,
         max_length: int = 0,
+        admission: Admission = admit_any,
     ) -> None:
         """`fair_window`: the partition's (ModelConfig.fair_window_of; 0: not fair);
-        `max_length`: its `queue.max_length`, which replays are admitted by (0: no cap)."""
+        `max_length`: its `queue.max_length`, which replays are admitted by (0: no cap);
+        `admission`: its deadline admission, which replays are admitted by too."""
         self.store = store
         self.redis = store.redis
         self.keys = keys
@@ -101,6 +120,7 @@ class DeadLetters:
         self.stream = keys.dlq(model, variant)
         self.fair_window = fair_window
         self.max_length = max_length
+        self.admission = admission
 
     async def partition_exists(self) -> bool:
         """Whether the partition was ever used here: its queue (a worker creates it) or its
@@ -147,8 +167,9 @@ class DeadLetters:
     async def replay(self, ids: list[str] | None = None, upto: str = "") -> ReplayResult:
         """Enqueue each dead letter (those of `ids`, else every one, up to `upto` if given)
         again as a new job, then remove the letter. A letter is replayed as one job however
-        many replays read it. A letter past its job's deadline, or whose lane is full, is
-        kept, not replayed (`_replay_page`), and named in the result."""
+        many replays read it. A letter past its job's deadline, or that its lane refuses (full,
+        or too many ahead to meet its deadline), is kept, not replayed (`_replay_page`), and
+        named in the result."""
         result, full = ReplayResult(), set[str]()
         if ids is not None:
             await self._replay_page(await self.letters_of(ids), result, full)
@@ -156,7 +177,10 @@ class DeadLetters:
             async for page in self.pages(upto):
                 await self._replay_page(page, result, full)
         if result.kept:
-            message = "%s:%s: %d dead letters not replayed (past their deadline, or lane full): %s"
+            message = (
+                "%s:%s: %d dead letters not replayed"
+                " (deadline passed or unmeetable, or lane full): %s"
+            )
             kept = " ".join(letter.dlq_id for letter in result.kept)
             log.warning(message, self.model, self.variant, len(result.kept), kept)
         return result
@@ -168,7 +192,9 @@ class DeadLetters:
         `result`; the others are kept: their replay would only expire, for a client that
         stopped waiting. They stay for an operator to purge. So are those whose lane (`full`:
         the lanes found full so far) refused one: once full, a lane is not tried again for the
-        rest of this replay, which would cost a round trip per letter for refusals."""
+        rest of this replay, which would cost a round trip per letter for refusals. A letter
+        too far back to start before its deadline is kept too (a later one, whose deadline is
+        further off, may still be admitted)."""
         now = stamp_ms()
         for letter in letters:
             lane = self._lane(letter)
@@ -182,6 +208,9 @@ class DeadLetters:
                 except QueueFull:
                     full.add(lane)
                     result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, QUEUE_FULL))
+                except TooFarBack:
+                    kept = KeptLetter(letter.dlq_id, letter.job_id, DEADLINE_UNMEETABLE)
+                    result.kept.append(kept)
 
     def _lane(self, letter: DeadLetter) -> str:
         """The lane a letter's replay goes to: the one its job died in (the online lane for a
@@ -209,6 +238,9 @@ class DeadLetters:
         ]
 
     async def _replay(self, letter: DeadLetter, stream: str) -> tuple[str, str]:
+        """Enqueue the letter's job again and remove the letter, admitted as its submit was:
+        by the lane's length, and by deadline (`admission`) unless it is a batch item, which
+        its batch's window bounds, not `max_queue_time_s`, and no submit refuses by deadline."""
         entry = RequestEntry(
             job_id=replay_job_id(self.model, self.variant, letter.job_id, letter.dlq_id),
             payload=letter.entry.payload,
@@ -226,8 +258,13 @@ class DeadLetters:
         }
         if webhook := letter.entry.payload.get("webhook"):
             fields["webhook"] = webhook  # where a cancel or a dead letter finds it, as any job's
+        bulk = stream == self.keys.bulk_queue(self.model, self.variant)
+        max_ahead = (
+            -1 if entry.batch else self.admission(bulk, entry.enqueued_ms, entry.deadline_ms)
+        )
+        fair = (self.fair_window, None)
         await self.store.create(
-            entry, stream, fields, self.max_length, fair=(self.fair_window, None), may_exist=True
+            entry, stream, fields, self.max_length, max_ahead, fair, may_exist=True
         )
         await self.redis.xdel(self.stream, letter.dlq_id)
         return letter.job_id, entry.job_id

@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from shared.codec import RequestEntry
 from shared.dead_letters import (
     DEADLINE_PASSED,
+    DEADLINE_UNMEETABLE,
     PAGE,
     QUEUE_FULL,
     DeadLetter,
@@ -20,6 +21,7 @@ from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys, new_job_id, replay_job_id
 from shared.model_repository import ModelConfig, QueueLimits
+from tests.test_queue_eta_deadlines import IDLE, PER_S, _measured, _queue_eta
 from workers.partition.partition import Partition
 from workers.partition.stream_reader import Delivery
 
@@ -33,16 +35,19 @@ async def _dead_letter(
     lane: str | None = None,
     deadline_ms: int = 0,
     batch: str = "",
+    partition: tuple[Keys, str] = (KEYS, MODEL),
 ) -> str:
     """A dead letter as the reclaimer writes it (its entry's fields, the lane it died in,
-    reason and deliveries); `lane` None: one written before letters named their lane."""
+    reason and deliveries); `lane` None: one written before letters named their lane.
+    `partition`: the keys and model it died in."""
+    keys, model = partition
     payload = {"inputs": {"t": tenant}}
     entry = RequestEntry(
-        new_job_id(MODEL, VARIANT), payload, now_ms(), deadline_ms, tenant, batch=batch
+        new_job_id(model, VARIANT), payload, now_ms(), deadline_ms, tenant, batch=batch
     )
     named = {} if lane is None else {"lane": lane}
     fields = {"entry": "1-0", **named, "reason": "crashed", "deliveries": 3, **entry.encode()}
-    await client.xadd(KEYS.dlq(MODEL, VARIANT), fields)  # type: ignore[arg-type]
+    await client.xadd(keys.dlq(model, VARIANT), fields)  # type: ignore[arg-type]
     return entry.job_id
 
 
@@ -256,3 +261,28 @@ async def test_a_replay_stops_at_its_lanes_max_length_and_keeps_the_rest(
     (left,) = await letters.entries()
     assert result.kept == [KeptLetter(left.dlq_id, dead[2], QUEUE_FULL)]
     assert (await aredis.xlen(online), await aredis.xlen(bulk)) == (2, 1)
+
+
+async def test_a_letter_its_lane_cannot_start_by_its_deadline_is_kept(
+    aredis: aioredis.Redis,
+) -> None:
+    """A replay skipped the deadline admission of a model that admits by deadline: a letter whose
+    deadline the lane's backlog put out of reach (the submit of its job would be refused 429
+    `deadline_unmeetable`) was enqueued only to expire. It is kept, named with that reason, by
+    the producers' own admission, and one the lane can still start in time is replayed."""
+    keys, backlog = Keys(), 100  # 100 entries ahead in a worker-free lane drained at PER_S a s
+    await _measured(aredis, IDLE, backlog)
+    eta = _queue_eta(aredis)
+    await eta.refresh()
+    config = eta.repository.models["idle"]
+    lane, in_10_s = (keys, "idle"), now_ms() + backlog // PER_S * 1000
+    near = await _dead_letter(aredis, "near", IDLE, in_10_s - 5_000, partition=lane)
+    far = await _dead_letter(aredis, "far", IDLE, in_10_s + 60_000, partition=lane)
+    store, admission = JobStore(aredis, keys, 60), eta.admission(config, VARIANT)
+    letters = DeadLetters(store, keys, "idle", VARIANT, admission=admission)
+    (first, _) = await letters.entries()
+    result = await letters.replay()
+    assert [old for old, _ in result.replayed] == [far]
+    assert result.kept == [KeptLetter(first.dlq_id, near, DEADLINE_UNMEETABLE)]
+    assert [letter.job_id for letter in await letters.every_entry()] == [near]
+    assert await aredis.xlen(IDLE) == backlog + 1

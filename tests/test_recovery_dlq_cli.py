@@ -16,11 +16,14 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from shared.codec import RequestEntry
 from shared.job_store import now_ms
 from shared.keys import Keys, new_job_id
 from tests.conftest import REPO_ROOT, until
+from tests.test_dead_letter_replays import _dead_letter
+from tests.test_queue_eta_deadlines import FIXTURES, IDLE, _measured
 
 pytestmark = pytest.mark.slow
 CONVEYOR = str(Path(sys.executable).parent / "conveyor")
@@ -39,12 +42,16 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
 
 
 def _dlq(
-    redis_url: str, *args: str, stdin: str = "", repository: Path | None = None
+    redis_url: str,
+    *args: str,
+    stdin: str = "",
+    repository: Path | None = None,
+    keys: Keys = KEYS,
 ) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "CONVEYOR_REDIS_URL": redis_url,
-        "CONVEYOR_KEY_PREFIX": KEYS.prefix,
+        "CONVEYOR_KEY_PREFIX": keys.prefix,
         "CONVEYOR_MODEL_REPOSITORY": str(
             repository or REPO_ROOT / "tests/fixtures/model_repository"
         ),
@@ -164,3 +171,22 @@ def test_a_replay_fills_a_capped_lane_and_keeps_the_rest(redis_url: str, r: redi
     assert "lane is full" in replayed.stderr
     assert [dlq_id for dlq_id, _ in r.xrange(KEYS.dlq("tiny", "default"))] == [d for d, _ in kept]
     assert r.xlen(KEYS.queue("tiny", "default")) == 5
+
+
+async def test_a_replay_keeps_a_letter_its_lane_cannot_start_by_its_deadline(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """For a model that admits by deadline, the CLI's replay enqueued a letter 100 entries
+    back in a lane drained at 10 a second, its deadline 2 s off: it could only expire (its
+    submit would be refused `deadline_unmeetable`). The CLI reads the lane's rate as a producer
+    does, keeps the letter and says why."""
+    keys = Keys()
+    await _measured(aredis, IDLE, 100)
+    job_id = await _dead_letter(aredis, "t", IDLE, now_ms() + 2_000, partition=(keys, "idle"))
+    dlq = keys.dlq("idle", "default")
+    ((dlq_id, _),) = await aredis.xrange(dlq)
+    replayed = _dlq(redis_url, "replay", "idle", repository=FIXTURES, keys=keys)
+    kept = f"kept {job_id} (dead letter {dlq_id.decode()}): deadline_unmeetable\n"
+    assert replayed.stdout == f"{kept}replayed 0, kept 1\n", replayed.stderr
+    assert "before the deadline" in replayed.stderr
+    assert (await aredis.xlen(dlq), await aredis.xlen(IDLE)) == (1, 100)

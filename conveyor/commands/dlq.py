@@ -10,11 +10,19 @@ import click
 import redis.asyncio as aioredis
 
 from conveyor.local_stack import with_redis
+from producer_api.jobs.queue_eta import QueueEta
 from shared.codec import is_stream_id
-from shared.dead_letters import QUEUE_FULL, DeadLetters, ReplayResult
+from shared.dead_letters import (
+    DEADLINE_UNMEETABLE,
+    QUEUE_FULL,
+    Admission,
+    DeadLetters,
+    ReplayResult,
+)
 from shared.job_store import JobStore
 from shared.keys import Keys
-from shared.model_repository import ModelConfigError, ModelRepository
+from shared.model_repository import ModelConfig, ModelConfigError, ModelRepository
+from shared.queue_position import QueuePositions
 from shared.settings import Settings
 
 T = TypeVar("T")
@@ -35,18 +43,30 @@ def _run(
                 f"no partition {model}:{variant} in this Redis (neither its queue nor its "
                 "dead-letter stream exists): check MODEL and --variant"
             )
-        if replays:  # queued fairly, and admitted by the cap, as the producers would queue it
-            fair_window, max_length = _served_limits(settings, model, variant)
-            letters = DeadLetters(store, keys, model, variant, fair_window, max_length)
+        if replays:  # queued fairly, and admitted by cap and deadline, as a submit would be
+            config = _served_config(settings, model, variant)
+            fair_window, max_length = config.fair_window_of(variant), config.queue.max_length
+            admission = await _admission(client, keys, config, variant)
+            letters = DeadLetters(store, keys, model, variant, fair_window, max_length, admission)
         return await action(letters)
 
     return with_redis(on)
 
 
-def _served_limits(settings: Settings, model: str, variant: str) -> tuple[int, int]:
-    """The partition's fair window and `queue.max_length` in this machine's model repository,
-    so a replay is queued fairly where the producers would, and never past the cap they admit
-    submits by. A partition the repository lacks (or a repository that
+async def _admission(
+    client: aioredis.Redis, keys: Keys, config: ModelConfig, variant: str
+) -> Admission:
+    """The producers' deadline admission of the partition, by its lanes' drain rate read once
+    now (one refresh: a few round trips per replay, none per letter)."""
+    eta = QueueEta(client, QueuePositions(client, keys), ModelRepository({config.name: config}))
+    await eta.refresh()
+    return eta.admission(config, variant)
+
+
+def _served_config(settings: Settings, model: str, variant: str) -> ModelConfig:
+    """The partition's model in this machine's model repository, so a replay is queued
+    fairly where the producers would, and admitted as they admit submits (never past the cap,
+    nor to start past its deadline). A partition the repository lacks (or a repository that
     cannot be read) is refused: no worker serves it, and its replays would stay queued for ever
     (the producers refuse its submits as unknown)."""
     try:
@@ -59,7 +79,7 @@ def _served_limits(settings: Settings, model: str, variant: str) -> tuple[int, i
             " model repository has (no worker serves another: its replays would stay queued);"
             " set CONVEYOR_MODEL_REPOSITORY to the workers' repository. The letters stay."
         ) from None
-    return config.fair_window_of(variant), config.queue.max_length
+    return config
 
 
 @click.group("dlq")
@@ -100,9 +120,11 @@ def show(model: str, dlq_id: str, variant: str) -> None:
 @ids_option
 def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
     """Enqueue dead letters again as new jobs (prints old → new job id), all those the partition
-    holds now or the given ids; a letter past its job's deadline, or whose lane holds
-    queue.max_length jobs, is kept, not replayed (prints its job id, DLQ id for `purge --id`,
-    and why), then the counts. Refused for a partition the model repository no longer has."""
+    holds now or the given ids; a letter past its job's deadline, whose lane holds
+    queue.max_length jobs, or (queue.admit_by_deadline) that would start past its deadline
+    behind the lane's backlog, is kept, not replayed (prints its job id, DLQ id for
+    `purge --id`, and why), then the counts. Refused for a partition the model repository no
+    longer has."""
 
     async def act(letters: DeadLetters) -> ReplayResult:
         if ids:
@@ -118,8 +140,12 @@ def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
     for letter in result.kept:
         click.echo(f"kept {letter.job_id} (dead letter {letter.dlq_id}): {letter.reason}")
     click.echo(f"replayed {len(result.replayed)}, kept {len(result.kept)}")
-    if any(letter.reason == QUEUE_FULL for letter in result.kept):
+    reasons = {letter.reason for letter in result.kept}
+    if QUEUE_FULL in reasons:
         click.echo("the lane is full (queue.max_length): replay again once it drains", err=True)
+    if DEADLINE_UNMEETABLE in reasons:
+        hint = "too many jobs wait ahead to start before the deadline: replay once the lane drains"
+        click.echo(f"{hint}, or purge", err=True)
 
 
 @command.command("purge")

@@ -354,7 +354,10 @@ def _dead_letters(state: ProducerState, current: ConsoleSession, partition: str)
     if config is None or variant not in config.variants:
         raise ConveyorError(404, "not_found", f"no partition {partition!r}")
     fair_window, max_length = config.fair_window_of(variant), config.queue.max_length
-    return DeadLetters(state.job_store, state.keys, model, variant, fair_window, max_length)
+    admission = state.queue_eta.admission(config, variant)  # a replay is admitted as a submit
+    return DeadLetters(
+        state.job_store, state.keys, model, variant, fair_window, max_length, admission
+    )
 
 
 @router.get("/dead-letters")

@@ -22,6 +22,7 @@ from dataclasses import fields as dataclass_fields
 import redis.asyncio as aioredis
 
 from producer_api.periodic import Periodic
+from shared.dead_letters import Admission
 from shared.drain_rate import LaneBacklog, drain_rates_and_waiting
 from shared.job_store import JobRecord
 from shared.model_repository import ModelConfig, ModelRepository
@@ -278,6 +279,17 @@ class QueueEta:
         if rate <= 0:
             return -1
         return most_ahead(rate, start_by.budget_ms)
+
+    def admission(self, config: ModelConfig, variant: str) -> Admission:
+        """`max_ahead` for a job of the partition enqueued other than by a submit (a dead
+        letter's replay), by its lane, enqueue stamp and deadline: it is refused as a submit
+        would be, rather than enqueued only to expire. No Redis call: the last refresh's rates."""
+
+        def max_ahead(bulk: bool, enqueued_ms: float, deadline_ms: int) -> int:
+            start_by = StartBy.of(config, enqueued_ms, deadline_ms)
+            return self.max_ahead(config, variant, bulk, start_by)
+
+        return max_ahead
 
     async def of(self, record: JobRecord) -> Standing | None:
         """A queued job's standing (one round trip), or None for a job enqueued before
