@@ -6,12 +6,16 @@ kombu speaks to one server. On a cluster (`CONVEYOR_REDIS_CLUSTER`) every kombu 
 prefix `BROKER_TAG`, so all of them live in one slot, and kombu is pointed at the master that
 owns it. Every node of the cluster is a kombu alternate, and `following_the_slot` is kombu's
 failover strategy: after a connection error kombu switches to whichever node owns the slot now,
-so a failover of that master pauses webhook hand-offs until a replica is promoted, no longer."""
+so a failover of that master pauses webhook hand-offs until a replica is promoted, no longer.
+
+kombu gets every URL with the scheme of Conveyor's own transport (`shared.broker_transport`),
+whose channels survive losing their server with deliveries in hand."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
@@ -19,6 +23,7 @@ from celery import Celery
 from redis.cluster import ClusterNode
 from redis.exceptions import RedisClusterException, RedisError
 
+from shared.broker_transport import SCHEME
 from shared.redis_client import blocking_cluster
 from shared.settings import get_settings
 
@@ -41,35 +46,44 @@ def broker_app(broker_url: str, **options: Any) -> Celery:
         "socket_connect_timeout": timeout,
         "visibility_timeout": VISIBILITY_TIMEOUT_S,
     }
+    nodes = _node_urls(broker_url) if settings.redis_cluster else [broker_url]
+    app = Celery("conveyor", broker=kombu_url(";".join(nodes)), **options)
     if settings.redis_cluster:
-        broker_url = ";".join(_node_urls(broker_url))
         transport["global_keyprefix"] = BROKER_TAG
-    broker_url = kombu_url(broker_url)
-    app = Celery("conveyor", broker=broker_url, **options)
+        app.conf.broker_failover_strategy = partial(following_the_slot, nodes)
     app.conf.broker_transport_options = transport
-    if settings.redis_cluster:
-        app.conf.broker_failover_strategy = following_the_slot
     return app
 
 
 def kombu_url(redis_url: str) -> str:
-    """redis-py's Unix-socket URL (`unix://[user:password@]/path?db=N`) in kombu's spelling
-    (`redis+socket://`, the database as `virtual_host`); other URLs are the same for both."""
+    """redis-py's URL (or `;`-separated URLs) in kombu's spelling, on Conveyor's transport
+    (`SCHEME`). A Unix socket's (`unix://[user:password@]/path?db=N`) is `SCHEME+socket://`,
+    the database as `virtual_host`. A `rediss://` one verifies the server's certificate unless
+    its `ssl_cert_reqs` says otherwise, as redis-py does (under a scheme that is not `rediss`,
+    kombu would not use TLS at all; under `rediss` it verified nothing)."""
+    return ";".join(_kombu_url(url) for url in redis_url.split(";"))
+
+
+def _kombu_url(redis_url: str) -> str:
     parts = urlsplit(redis_url)
-    if parts.scheme != "unix":
-        return redis_url
-    query = parse_qs(parts.query)
-    query["virtual_host"] = query.pop("db", ["0"])
-    return f"redis+socket://{parts.netloc}{parts.path}?{urlencode(query, doseq=True)}"
+    query = parse_qs(parts.query, keep_blank_values=True)
+    if parts.scheme == "unix":
+        query["virtual_host"] = query.pop("db", ["0"])
+        return f"{SCHEME}+socket://{parts.netloc}{parts.path}?{urlencode(query, doseq=True)}"
+    if parts.scheme == "rediss":
+        query.setdefault("ssl_cert_reqs", ["required"])
+    return urlunsplit(parts._replace(scheme=SCHEME, query=urlencode(query, doseq=True)))
 
 
-def following_the_slot(urls: list[str]) -> Iterator[str]:
-    """kombu's failover strategy on a cluster: each switch (after a connection error) goes to
-    the node that owns BROKER_TAG's slot now, as the first node of `urls` that answers says;
-    while none does, to the nodes in turn."""
-    yield urls[0]  # kombu skips the first: the URL it starts on
-    for fallback in itertools.cycle(urls):
-        yield _slot_owner(urls) or fallback
+def following_the_slot(nodes: list[str], alternates: list[str]) -> Iterator[str]:
+    """kombu's failover strategy on a cluster (`alternates`: kombu's URLs of `nodes`, whose
+    own are redis-py's): each switch (after a connection error) goes to the node that owns
+    BROKER_TAG's slot now, as the first of `nodes` that answers says; while none does, to the
+    nodes in turn."""
+    yield alternates[0]  # kombu skips the first: the URL it starts on
+    for fallback in itertools.cycle(alternates):
+        owner = _slot_owner(nodes)
+        yield fallback if owner is None else kombu_url(owner)
 
 
 def _slot_owner(urls: list[str]) -> str | None:

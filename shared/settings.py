@@ -133,8 +133,8 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = Field(default=10.0, gt=0, le=300)
     # Deliveries one worker runs at once, each on a thread of Celery's pool (workers/app.py):
     # a receiver answering slowly but in time holds one of them, not every other tenant's
-    # (1: the solo pool, one at a time; see workers/app.py for why that is the default).
-    webhook_concurrency: int = Field(default=1, ge=1, le=64)
+    # (1: the solo pool, one at a time).
+    webhook_concurrency: int = Field(default=4, ge=1, le=64)
 
     metrics_port: int = Field(default=9_100, ge=0, le=65_535)
     # Garbage collection once a process serves (shared/heap_tuning.py): start-up's objects

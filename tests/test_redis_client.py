@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,8 @@ from redis.retry import Retry
 
 from conveyor.stack import Stack, free_port
 from producer_api.app import create_app
-from shared.celery_broker import _node_url, kombu_url
+from shared import broker_transport
+from shared.celery_broker import _node_url, broker_app, kombu_url
 from shared.redis_client import (
     LARGE_ARGUMENT,
     ClusterUnreachable,
@@ -191,12 +193,38 @@ def test_the_pipeline_runs_on_a_unix_socket_url(tmp_path: Path) -> None:
         stack.stop()
 
 
-def test_kombu_gets_a_unix_socket_url_in_its_own_spelling() -> None:
+def test_kombu_gets_every_url_in_its_own_spelling_on_conveyors_transport() -> None:
     assert kombu_url("unix://user:secret@/run/valkey.sock?db=3") == (
-        "redis+socket://user:secret@/run/valkey.sock?virtual_host=3"
+        "conveyor-redis+socket://user:secret@/run/valkey.sock?virtual_host=3"
     )
-    assert kombu_url("unix:///run/valkey.sock") == "redis+socket:///run/valkey.sock?virtual_host=0"
-    assert kombu_url("redis://host:6380/2") == "redis://host:6380/2"
+    assert kombu_url("unix:///run/valkey.sock") == (
+        "conveyor-redis+socket:///run/valkey.sock?virtual_host=0"
+    )
+    assert kombu_url("redis://host:6380/2;redis://other:6381/0") == (
+        "conveyor-redis://host:6380/2;conveyor-redis://other:6381/0"
+    )
+    # TLS verifies the server as redis-py does, unless the URL says otherwise
+    assert kombu_url("rediss://:pw@host:6380/0") == (
+        "conveyor-redis://:pw@host:6380/0?ssl_cert_reqs=required"
+    )
+    assert kombu_url("rediss://host/0?ssl_cert_reqs=none") == (
+        "conveyor-redis://host/0?ssl_cert_reqs=none"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "tls"),
+    [("redis://host:6380/2", None), ("rediss://host:6380/0", {"ssl_cert_reqs": ssl.CERT_REQUIRED})],
+)
+def test_celerys_broker_connection_is_on_conveyors_transport(
+    url: str, tls: dict[str, Any] | None
+) -> None:
+    """Celery's connection, as a worker makes it, uses the transport whose channels close whole
+    (`shared.broker_transport`), and TLS where the URL asks for it."""
+    connection = broker_app(url).connection_for_write()
+    assert connection.transport_cls == "conveyor-redis"
+    assert isinstance(connection.transport, broker_transport.Transport)
+    assert (connection.hostname, connection.port, connection.ssl or None) == ("host", 6380, tls)
 
 
 @pytest.mark.parametrize(

@@ -192,3 +192,19 @@ def test_a_stop_waits_for_the_deliveries_in_hand_and_acknowledges_them(
     assert codes == [0], stack.log_tail(WORKER)
     assert _in_broker(broker) == (["slow-2"], [])
     assert sorted(receiver.arrivals) == ["slow-0", "slow-1"]
+
+
+def test_a_broker_restart_with_a_delivery_in_hand_does_not_end_the_workers_deliveries(
+    stack: Stack, broker: redis.Redis, receiver: _HoldingReceiver, fast: Receiver
+) -> None:
+    """The broker goes away while a thread holds a delivery and the consumer waits in BRPOP:
+    kombu's close of that channel failed on the read in flight, a second close found the
+    transport detached, and Celery's consumer ended ('Unrecoverable error'): the worker ran on
+    with no delivery ever again. It reconnects, and the next event arrives."""
+    _send(stack, receiver.base, "held")
+    until(lambda: receiver.open == 1, timeout=15)
+    stack.restart_valkey(down_s=1.0)
+    receiver.release.set()
+    _send(stack, fast.base, "after-restart")
+    until(lambda: [d for d in fast.at("/hooks") if b"after-restart" in d["body"]], timeout=30)
+    assert "Unrecoverable error" not in stack.log_path(WORKER).read_text(errors="replace")

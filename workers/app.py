@@ -37,10 +37,8 @@ if configure_tracing("conveyor-worker"):
 
 app = broker_app(settings.redis_url, include=["workers.webhook_delivery"])
 app.conf.update(
-    # the pool for a bare `celery -A workers.app worker` too; a `--pool` given still rules. One
-    # delivery at a time is the solo pool, as before the threads pool: with it the webhook of a
-    # job submitted after a failover of the broker's master (tests/test_cluster_failover.py)
-    # never arrived in two full runs of the suite, not reproduced alone
+    # the pool for a bare `celery -A workers.app worker` too; a `--pool` given still rules (one
+    # delivery at a time needs no thread: the solo pool)
     worker_pool="threads" if settings.webhook_concurrency > 1 else "solo",
     worker_concurrency=settings.webhook_concurrency,
     worker_hijack_root_logger=False,
