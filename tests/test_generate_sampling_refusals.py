@@ -48,8 +48,8 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     (CHAT, {"min_p": -0.1}, "min_p: Input should be greater than or equal to 0"),
     (CHAT, {"repetition_penalty": -1}, "repetition_penalty: Input should be greater than 0"),
     (CHAT, {"ignore_eos": "true"}, "ignore_eos: Input should be a valid boolean"),
-    (CHAT, {"min_tokens": 5, "max_completion_tokens": 4}, "parameters.min_tokens: at most max"),
-    (COMPLETIONS, {"min_tokens": 17}, "parameters.min_tokens: at most max_tokens (16)"),
+    (CHAT, {"min_tokens": 5, "max_completion_tokens": 4}, "min_tokens: at most max_completion"),
+    (COMPLETIONS, {"min_tokens": 17}, "min_tokens: at most max_tokens (16)"),
     (COMPLETIONS, {"top_k": -5}, "top_k: Input should be greater than or equal to -1"),
 ]
 

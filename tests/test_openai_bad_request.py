@@ -10,6 +10,7 @@ reaches a worker."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable
+from typing import Any
 
 import httpx
 import openai
@@ -63,6 +64,33 @@ async def test_n_choices_are_refused_saying_to_send_n_requests(sdk: openai.Async
             max_tokens=4,
         )
     assert refused.value.param == "n" and "send 2 requests" in refused.value.message, refused
+
+
+@pytest.mark.parametrize(
+    ("asked", "param", "says"),
+    [
+        ({"max_completion_tokens": 1025}, "max_completion_tokens", "max_completion_tokens: at"),
+        ({"max_tokens": 1025}, "max_tokens", "max_tokens: at most 1024"),
+        (
+            {"max_completion_tokens": 4, "extra_body": {"min_tokens": 5}},
+            "min_tokens",
+            "min_tokens: at most max_completion_tokens (4)",
+        ),
+    ],
+)
+async def test_a_refused_token_count_is_named_as_the_client_sent_it(
+    sdk: openai.AsyncOpenAI, asked: dict[str, Any], param: str, says: str
+) -> None:
+    """Past smollm2's max_tokens_limit (1024): the refusal named the job's
+    `parameters.max_tokens` (a chat's `max_completion_tokens` is its `max_tokens`), with no
+    `param`."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        await sdk.chat.completions.create(
+            model="smollm2",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            **asked,
+        )
+    assert refused.value.param == param and says in refused.value.message, refused
 
 
 async def test_a_prompt_of_token_ids_is_refused_saying_to_send_text(

@@ -3,11 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from shared.model_repository import NAME
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterNames:
+    """How a refusal names a job's sampling parameters: as `/v1/jobs` takes them (under
+    `parameters.`), or as an OpenAI route's client sent them (top-level fields, a chat's
+    `max_completion_tokens` for the job's `max_tokens`), so the 400 names a field it sent."""
+
+    prefix: str = "parameters."
+    renamed: Mapping[str, str] = field(default_factory=dict)
+
+    def sent(self, name: str) -> str:
+        """The parameter as the client named it, without the prefix (as a message cites it)."""
+        return self.renamed.get(name, name)
+
+    def where(self, name: str) -> str:
+        """Where the client put the parameter (the refusal's `param`)."""
+        return f"{self.prefix}{self.sent(name)}"
+
+
+AS_JOB_PARAMETERS = ParameterNames()
 
 
 class SamplingParameters(BaseModel):

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 from redis.exceptions import RedisError
@@ -20,7 +20,12 @@ from redis.exceptions import RedisError
 from producer_api.auth.principal import Principal
 from producer_api.errors import NO_RETRY, REFUSALS, ConveyorError, client_named
 from producer_api.jobs.admission import BodyPrint
-from producer_api.jobs.protocol import PredictRequest, SamplingParameters
+from producer_api.jobs.protocol import (
+    AS_JOB_PARAMETERS,
+    ParameterNames,
+    PredictRequest,
+    SamplingParameters,
+)
 from producer_api.jobs.queue_eta import Standing, StartBy
 from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
@@ -93,9 +98,18 @@ class Submitted:
 
 
 class JobsService:
-    def __init__(self, state: ProducerState, principal: Principal) -> None:
+    """`names`: how its refusals name a job's parameters (an OpenAI route's, as its client sent
+    them)."""
+
+    def __init__(
+        self,
+        state: ProducerState,
+        principal: Principal,
+        names: ParameterNames = AS_JOB_PARAMETERS,
+    ) -> None:
         self.state = state
         self.principal = principal
+        self.names = names
 
     def resolve(self, model: str, body: PredictRequest) -> tuple[ModelConfig, str]:
         config = model_of(self.state, self.principal, model)
@@ -107,7 +121,7 @@ class JobsService:
             raise ConveyorError(404, "not_found", str(exc)) from None
         if errors := config.input_errors(body.inputs):
             raise ConveyorError(422, "invalid_request", "; ".join(errors))
-        check_parameters(config, variant, body.parameters)
+        check_parameters(config, variant, body.parameters, self.names)
         if body.webhook is not None and (why := refusal(body.webhook, self.state.settings)):
             raise ConveyorError(422, "invalid_request", why)
         return config, variant
@@ -435,16 +449,22 @@ class JobsService:
         return view
 
 
-def check_parameters(config: ModelConfig, variant: str, parameters: dict[str, Any]) -> None:
+def check_parameters(
+    config: ModelConfig,
+    variant: str,
+    parameters: dict[str, Any],
+    names: ParameterNames = AS_JOB_PARAMETERS,
+) -> None:
     """A generate model's sampling parameters within vLLM's bounds (`SamplingParameters`),
     `max_tokens` within the variant's `max_tokens_limit` (its own, else the model's) and
     `min_tokens` within the job's max_tokens: refused here (422) rather than failed by the worker,
     or silently cut by the engine. A `vllm` variant refuses other keys: it would drop them. A
     batch model's job takes none: its engine runs each job on its inputs alone, and parameters
-    such as a `normalize: false` were stored and silently ignored."""
+    such as a `normalize: false` were stored and silently ignored. A refusal names the parameter
+    as `names` says the client sent it."""
     if config.kind != "generate":
         if parameters:
-            named = ", ".join(f"parameters.{client_named(name)}" for name in sorted(parameters))
+            named = ", ".join(names.where(client_named(name)) for name in sorted(parameters))
             message = (
                 f"{named}: model {config.name} takes no job parameters (kind {config.kind}: its "
                 "engine runs a job on its inputs alone; engine settings are its config.yaml's)"
@@ -454,31 +474,45 @@ def check_parameters(config: ModelConfig, variant: str, parameters: dict[str, An
     try:
         sampling = SamplingParameters.model_validate(parameters)
     except ValidationError as exc:
-        problems = (f"parameters.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = (f"{names.where(_dotted(e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ConveyorError(422, "invalid_request", "; ".join(problems)) from None
     served = f"model {config.name}:{variant}"
     backend = config.backend_of(variant)
     if backend in GENERATE_BACKENDS and (unknown := SamplingParameters.unknown(parameters)):
-        named = ", ".join(f"parameters.{name}" for name in unknown)
+        named = ", ".join(names.where(name) for name in unknown)
         taken = ", ".join(sorted(SamplingParameters.model_fields))
         message = f"{named}: not taken by {served} (backend {backend}, which takes: {taken})"
         raise ConveyorError(422, "invalid_request", message)
     own = config.variant_parameters(variant)
     limit = own.get("max_tokens_limit")
     if sampling.max_tokens is not None and limit is not None and sampling.max_tokens > int(limit):
-        message = f"parameters.max_tokens: at most {limit} for {served}"
-        raise ConveyorError(422, "invalid_request", message)
-    if (why := _min_tokens_refusal(sampling, own.get("default_max_tokens"), limit)) is not None:
-        raise ConveyorError(422, "invalid_request", f"parameters.min_tokens: {why} for {served}")
+        _refuse(names, "max_tokens", f"at most {limit} for {served}")
+    max_tokens = names.sent("max_tokens")
+    default = own.get("default_max_tokens")
+    if (why := _min_tokens_refusal(sampling, default, limit, max_tokens)) is not None:
+        _refuse(names, "min_tokens", f"{why} for {served}")
 
 
-def _min_tokens_refusal(sampling: SamplingParameters, default: Any, limit: Any) -> str | None:
+def _dotted(location: tuple[int | str, ...]) -> str:
+    return ".".join(map(str, location))
+
+
+def _refuse(names: ParameterNames, parameter: str, why: str) -> NoReturn:
+    """A 422 naming `parameter` as the client sent it (OpenAI's 400 carries it as `param`)."""
+    where = names.where(parameter)
+    raise ConveyorError(422, "invalid_request", f"{where}: {why}", param=where)
+
+
+def _min_tokens_refusal(
+    sampling: SamplingParameters, default: Any, limit: Any, max_tokens: str
+) -> str | None:
     """Why `min_tokens` exceeds the max_tokens the engine will run the job with (the job's own,
-    else the model's default; within the limit), as vLLM refuses it; None if it does not."""
+    named `max_tokens` as the client sent it, else the model's default; within the limit), as
+    vLLM refuses it; None if it does not."""
     if sampling.min_tokens is None:
         return None
     if sampling.max_tokens is not None:
-        cap, what = sampling.max_tokens, "max_tokens"
+        cap, what = sampling.max_tokens, max_tokens
     else:
         known = [int(value) for value in (default, limit) if value is not None]
         if not known:

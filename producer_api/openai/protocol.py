@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from producer_api.jobs.protocol import SamplingParameters
+from producer_api.jobs.protocol import ParameterNames, SamplingParameters
 from shared.model_repository import NAME
 
 # The job's sampling parameters: OpenAI's and vLLM's extra ones (top_k, min_p, ...).
@@ -136,6 +136,10 @@ class SamplingRequest(SamplingParameters):
         values = {name: getattr(self, name) for name in SAMPLING}
         return {name: value for name, value in values.items() if value is not None}
 
+    def parameter_names(self) -> ParameterNames:
+        """How a refusal of the job's parameters names them: as fields of this body."""
+        return ParameterNames(prefix="")
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and bool(self.stream_options.include_usage)
@@ -192,6 +196,12 @@ class ChatCompletionRequest(SamplingRequest):
         if self.max_completion_tokens is not None:
             parameters["max_tokens"] = self.max_completion_tokens
         return parameters
+
+    def parameter_names(self) -> ParameterNames:
+        """The job's `max_tokens` is `max_completion_tokens` where the client sent that."""
+        if self.max_completion_tokens is None:
+            return super().parameter_names()
+        return ParameterNames(prefix="", renamed={"max_tokens": "max_completion_tokens"})
 
 
 def _text_only(why: str) -> BeforeValidator:

@@ -228,8 +228,10 @@ class OpenAIService:
         return config
 
     async def submit(self, request: Sampling) -> str:
-        """Enqueue the request as a job of a `generate` model; returns its id."""
-        return (await self.jobs.submit(request.model, self.sampling_job(request))).job_id
+        """Enqueue the request as a job of a `generate` model; returns its id. A refusal of its
+        parameters names them as the client sent them."""
+        jobs = JobsService(self.state, self.principal, request.parameter_names())
+        return (await jobs.submit(request.model, self.sampling_job(request))).job_id
 
     def sampling_job(self, request: Sampling) -> PredictRequest:
         """The job a chat or completion request is (a batch line's too)."""
