@@ -306,6 +306,12 @@ class Stack:
         self.readiness[name] = lambda: self._consuming(consumer, streams)
         return name
 
+    def metrics_url(self, worker: str, producer_url: str) -> str:
+        """Worker `worker`'s `/metrics` on the producer's host (every worker listens on all
+        addresses, each on the port it was first started with)."""
+        host = producer_url.rpartition(":")[0]
+        return f"{host}:{self.metrics_ports[worker]}/metrics"
+
     def wait_ready(self, *names: str) -> list[int]:
         """The pids of the spawned workers `names`, once each has a reading consumer on every
         one of its partitions (ChildNotReady for the first that dies or runs out of time)."""

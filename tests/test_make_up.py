@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -67,6 +68,9 @@ def test_make_up_reuses_its_dev_key_and_the_cli_finds_its_redis(tmp_path: Path) 
         assert f"producer {up.url} (1 process), workers for identity (" in banner
         assert f"curl -s {up.url}/v1/jobs -H 'authorization: Bearer {first}'" in banner
         assert '"model": "identity"' in banner and "/v1/models/minilm/predict" not in banner
+        # each worker's metrics, where Prometheus finds them
+        metrics = next(line for line in up.lines if line.startswith("Worker metrics"))
+        (worker_metrics,) = re.findall(r"identity (http://127\.0\.0\.1:\d+/metrics)", metrics)
         state = StackState.read(tmp_path)
         assert state is not None
         assert state.producer_url == up.url
@@ -82,6 +86,8 @@ def test_make_up_reuses_its_dev_key_and_the_cli_finds_its_redis(tmp_path: Path) 
         submitted = _cli(tmp_path, "submit", "identity", "--input", '{"a": 1}')
         assert submitted.returncode == 0, submitted.stderr
         assert json.loads(submitted.stdout)["outputs"] == {"a": 1}
+        finished = 'conveyor_jobs_finished_total{model="identity",state="succeeded",variant='
+        assert finished in httpx.get(worker_metrics).text  # the worker that ran it counted it
     assert StackState.read(tmp_path) is None  # Ctrl-C took it away
     with conveyor_up(tmp_path, "identity", _env()) as up:
         assert _printed_key(up.lines) == first  # the same Valkey data: the same key

@@ -29,6 +29,7 @@ from shared.settings import get_settings
 BANNER = """{key_note}
 Conveyor is up: producer {url} ({producers}), workers for {models}.
 Operator console: {url}/console (log in with an API key that has the read or admin scope)
+Worker metrics for Prometheus (each kept across restarts): {metrics}
 {examples}
   # models and their queues
   curl -s {url}/v1/models{auth}
@@ -170,6 +171,7 @@ def _serve(
             producers=f"{producers} process{'es' if producers != 1 else ''}",
             models=", ".join(f"{name} ({count})" for name, count in workers.items()),
             examples=examples(list(workers), url, auth["auth"]),
+            metrics=", ".join(f"{name} {stack.metrics_url(name, url)}" for name in named),
             redis_exports=redis_exports(stack.redis_url, cluster),
             **auth,
         )
