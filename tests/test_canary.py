@@ -253,6 +253,10 @@ def test_abort_and_bad_starts(url: str, producers: list[str]) -> None:
         ({"variant": "mirror"}, 422, "a shadow (`shadow: true` in config.yaml)"),
         ({"variant": "stable"}, 422, "are one"),
         ({"variant": "candidate", "steps": [50, 10]}, 422, "ascending"),
+        # steps the controller cannot tell from the last (0 before the first): each took an
+        # interval and moved nothing, shown as "5 %" twice or as "5e-07 %"
+        ({"variant": "candidate", "steps": [5, 5.0000005, 100]}, 422, "5.0000005 % is within"),
+        ({"variant": "candidate", "steps": [5e-7, 100]}, 422, "of the 0 % before it"),
         ({"variant": "candidate", "max_error_rate": -1}, 422, "max_error_rate"),
         ({"variant": "candidate", "webhook": "http://evil.example/x"}, 422, "ALLOWLIST"),
         ({"variant": "candidate", "max_step_s": 0}, 422, "max_step_s"),

@@ -6,6 +6,7 @@ a decision reads (on a real Valkey)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
 from conveyor.commands.canary import print_canary
 from producer_api.canary.controller import LONGEST_LOOK_S, CanaryController, breach
@@ -394,6 +396,34 @@ async def test_a_step_taken_up_after_its_record_was_lost_is_announced(
     events = await store.events("ab")
     assert [(e["type"], e["weight"]) for e in events] == [("step", 25.0)], events
     assert events[-1]["reason"] == "taken up: its record was lost"
+
+
+async def test_routes_that_give_the_canary_minus_zero_abort_it_at_zero(
+    aredis: aioredis.Redis,
+) -> None:
+    """Routes an operator wrote with the canary's variant at -0.0 (JSON's `-0.0`, which the
+    routes API takes as not negative) aborted the canary at -0.0: its record, its event (and
+    reason, "-0 %") and its gauge said -0."""
+    keys = Keys("canary-minus-zero:")
+    routes = RouteStore(aredis, keys)
+    await routes.seed("ab", Routes({"stable": 95.0, "candidate": 5.0}))
+    canary = replace(CANARY, steps=[5, 25, 100], step=0, weight=5.0)
+    canary.step_started_at = time.time()
+    store = CanaryStore(aredis, keys)
+    assert await store.start(canary)
+    await routes.put("ab", Routes({"stable": 100.0, "candidate": -0.0}), "operator")
+
+    await _controller(aredis, keys, VariantStats(aredis, keys)).look()
+
+    stored = await store.get("ab")
+    (event,) = await store.events("ab")
+    assert stored is not None and (stored.state, event["type"]) == ("aborted", "aborted")
+    gauged = REGISTRY.get_sample_value(
+        "conveyor_canary_weight", {"model": "ab", "variant": "candidate"}
+    )
+    for weight in (stored.weight, event["weight"], gauged):
+        assert weight == 0 and math.copysign(1, weight) == 1, (stored, event, gauged)
+    assert "candidate has 0 %, not its step's 5 %" in event["reason"], event
 
 
 def test_status_shows_as_many_decisions_as_asked(capsys: pytest.CaptureFixture[str]) -> None:
