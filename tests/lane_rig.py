@@ -43,9 +43,11 @@ def generate_loop(
     reader: StreamReader,
     engine: GenerateEngine,
     drain_s: float = 1,
+    block_ms: int = 50,
 ) -> GenerateLoop:
     """A generate loop of consumer `reader.consumer` on `engine` (loaded), serving `partition`,
-    that gives its generations `drain_s` at a stop; webhooks go nowhere (no broker)."""
+    that gives its generations `drain_s` at a stop and blocks its reads up to `block_ms`;
+    webhooks go nowhere (no broker)."""
     events = JobEvents("redis://unused")
     worker = reader.consumer
     return GenerateLoop(
@@ -55,6 +57,6 @@ def generate_loop(
         ResultWriter(aredis, keys, 60, events, worker),
         TokenWriter(aredis, keys, 60),
         engine,
-        block_ms=50,
+        block_ms=block_ms,
         drain_s=drain_s,
     )

@@ -18,6 +18,8 @@ from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, QueueLimits
+from shared.redis_client import connect
+from tests.conftest import until_async
 from tests.lane_rig import generate_loop
 from tests.paced_engine import PacedEngine
 from workers.partition.job_events import JobEvents
@@ -133,3 +135,29 @@ async def test_a_generation_a_drain_gave_up_is_due_to_the_next_reclaim_uncounted
     assert [d.entry.job_id for d in claimed if d.entry] == ["handed"]
     [pending] = await aredis.xpending_range(partition.online, GROUP, "-", "+", 10)
     assert pending["consumer"] == TAKER.encode() and pending["times_delivered"] == 1
+
+
+async def test_an_idle_loop_asked_to_stop_ends_its_blocking_read_at_once(
+    aredis: aioredis.Redis, redis_url: str
+) -> None:
+    """Nothing queued, a read blocking 10 minutes: the stop waited the block out, past any
+    shutdown grace no longer than CONVEYOR_BLOCK_MS."""
+    partition = _partition(step_ms=100)
+    patient = connect(redis_url, blocks_ms=600_000)  # its socket outlasts the block
+    reader = StreamReader(patient, KEYS, partition.streams, WORKER, mark_on_read=True)
+    await reader.ensure_groups()
+    engine = PacedEngine(partition.config, "default", "")
+    await engine.load()
+    loop = generate_loop(patient, KEYS, partition, reader, engine, block_ms=600_000)
+    running = asyncio.create_task(loop.run())
+
+    async def blocked() -> bool:
+        clients = await aredis.client_list()
+        return any(c["cmd"] == "xreadgroup" and "b" in c["flags"] for c in clients)
+
+    await until_async(blocked)
+    loop.stopping.set()
+    try:
+        await asyncio.wait_for(running, 30)  # a hang guard: the read's block is 10 minutes
+    finally:
+        await patient.aclose()

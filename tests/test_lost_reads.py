@@ -19,6 +19,7 @@ from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, QueueLimits
 from shared.redis_client import connect
+from tests.conftest import until_async
 from tests.lane_rig import abandoned_after, queue_jobs
 from workers.partition.arrival_rate import ArrivalRate
 from workers.partition.job_events import JobEvents
@@ -86,6 +87,35 @@ async def test_after_an_outage_the_entries_a_lost_read_was_handed_run_first(
         RequestEntry("d", {"inputs": {}}, now_ms()), PARTITION.online, {"model": "m"}
     )
     assert _jobs(await lanes.next_batch(10, 0, 50, in_hand)) == ["d"]
+
+
+async def test_a_stop_ends_the_blocking_read_and_claims_back_what_its_cut_reply_handed_over(
+    aredis: aioredis.Redis, redis_url: str
+) -> None:
+    """An idle worker's stop waited out its read's block (CONVEYOR_BLOCK_MS), past a shorter
+    shutdown grace; cut short now, the read's reply may have been lost on the way, so what this
+    consumer was handed and does not hold is claimed back, to finish before it stops."""
+    await _queued(JobStore(aredis, KEYS, ttl_s=60), aredis, "a")
+    await aredis.xreadgroup(GROUP, WORKER, {PARTITION.online: ">"})  # the cut reply's entry
+    patient = connect(redis_url, blocks_ms=600_000)  # its socket outlasts the block
+    reader = StreamReader(patient, KEYS, PARTITION.streams, WORKER)
+    events = JobEvents("redis://unused")
+    lanes = LaneScheduler(
+        PARTITION, reader, Reclaimer(patient, KEYS, PARTITION, WORKER, 60, events)
+    )
+    stop = asyncio.Event()
+    reading = asyncio.create_task(lanes.next_batch(10, 0, 600_000, stop=stop))
+
+    async def blocked() -> bool:
+        clients = await aredis.client_list()
+        return any(c["cmd"] == "xreadgroup" and "b" in c["flags"] for c in clients)
+
+    try:
+        await until_async(blocked)
+        stop.set()
+        assert _jobs(await asyncio.wait_for(reading, 30)) == ["a"]  # a bound: the block is 10 min
+    finally:
+        await patient.aclose()
 
 
 async def test_a_generate_loops_recovered_jobs_are_marked_running(aredis: aioredis.Redis) -> None:

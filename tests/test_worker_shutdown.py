@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import redis
 
+from conveyor.stack import Stack
 from shared.keys import GROUP, Keys
 from tests.conftest import REPO_ROOT, running_stack, until
 
@@ -112,3 +113,28 @@ def test_worker_exits_after_its_grace_with_an_engine_call_that_outlasts_it(
         consumer = pipeline.consumer_name(worker.pid)
         assert len(client.xpending_range(stream, GROUP, "-", "+", 10, consumer)) == 1
         assert client.hget(Keys().job(job_id), "status") == "running"
+
+
+def test_an_idle_worker_stops_at_once_whatever_its_block_and_grace(stack: Stack) -> None:
+    """A stop ends the blocking read of an idle worker: it waited the read out (CONVEYOR_BLOCK_MS,
+    20 s here), past a shorter grace, and logged that it did not drain with nothing in hand."""
+    name = "idle-stop"
+    pid = stack.start_worker(
+        "identity:default",
+        name=name,
+        CONVEYOR_BLOCK_MS="20000",
+        CONVEYOR_SHUTDOWN_GRACE_S="1",
+        CONVEYOR_FORCED_EXIT_MARGIN_S="3",
+    )
+    with contextlib.closing(stack.client()) as client:
+        until(lambda: _blocked_reading(client, stack.consumer_name(pid)))
+    assert stack.stop_process(name) == 0, stack.log_tail(name)
+    assert "consumer did not drain" not in stack.log_path(name).read_text(errors="replace")
+
+
+def _blocked_reading(client: redis.Redis, consumer: str) -> bool:
+    """Whether a connection of `consumer` waits in its blocking XREADGROUP now."""
+    return any(
+        c["name"] == consumer and c["cmd"] == "xreadgroup" and "b" in c["flags"]
+        for c in client.client_list()
+    )

@@ -120,6 +120,7 @@ class MicroBatchLoop:
             self.partition.config.max_queue_delay_ms,
             self.block_ms,
             self.in_hand,
+            stop=self.stopping,
         )
         await self._in_turn([self.claim(stream, batch) for stream, batch in batches])
 

@@ -177,7 +177,9 @@ class GenerateLoop:
         in_hand = self.settling.union(
             (job.stream, job.delivery.entry_id) for job in self.running.values()
         )
-        batches = await self.lanes.next_batch(free, 0, self.block_ms, in_hand, slots=True)
+        batches = await self.lanes.next_batch(
+            free, 0, self.block_ms, in_hand, slots=True, stop=self.stopping
+        )
         for stream, deliveries in batches:
             await self._start_all(stream, deliveries)
 

@@ -1,7 +1,8 @@
 """Capped exponential backoff with jitter for Redis outages: workers keep their consumer name
 (and so their pending entries) and resume by themselves when the server is back. A backoff
 logs one line when Redis goes away and one when it is back, not one per retry, and its sleeps
-end as soon as the loop is asked to stop, so a worker whose Redis is gone still exits."""
+end as soon as the loop is asked to stop, so a worker whose Redis is gone still exits. A stop
+cuts a blocking read short too (`unless_stopped`)."""
 
 from __future__ import annotations
 
@@ -122,6 +123,30 @@ async def until_done(call: Callable[[], Awaitable[T]], stop: asyncio.Event, what
             continue
         backoff.reset()
         return result
+
+
+async def unless_stopped(call: Callable[[], Awaitable[T]], stop: asyncio.Event | None) -> T | None:
+    """`call`'s result, or None once asked to stop first: the call (a blocking read, which holds
+    nothing yet) is cancelled, not waited out. An idle worker sat in its read until its block
+    ended, past a shutdown grace no longer than CONVEYOR_BLOCK_MS."""
+    if stop is None:
+        return await call()
+    if stop.is_set():
+        return None
+    task = asyncio.ensure_future(call())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        task.cancel()  # none once it ended: what it returned is kept
+    try:
+        return await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # this caller's own cancellation, not the stop's
+        return None
 
 
 async def serve_until_stopped(
