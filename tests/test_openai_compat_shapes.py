@@ -143,3 +143,24 @@ def test_the_sdks_request_id_is_the_job_id_whole_and_streamed(llm: str) -> None:
     with client.completions.create(**asked, stream=True) as stream:
         headers = stream.response.headers
         assert headers["x-request-id"] == headers["x-conveyor-job-id"]
+
+
+def test_a_prompt_past_the_context_is_openais_400_saying_both_lengths(llm: str) -> None:
+    """As vLLM's server refuses it: 400 `invalid_request_error` naming the prompt's field,
+    saying the context's length and the prompt's, which OpenAI's SDK raises as BadRequestError.
+    It was the failed job's 422 (`ValueError`), UnprocessableEntityError to the SDK. Streamed,
+    the error chunk says the same."""
+    words = "hello " * 2100  # within the input schema's 16000 characters, past 2048 tokens
+    chat = {"messages": [{"role": "user", "content": words}]}
+    said = "This model's maximum context length is 2048 tokens. However, your prompt contains "
+    for path, asked, param in [
+        ("/v1/chat/completions", chat, "messages"),
+        ("/v1/completions", {"prompt": words}, "prompt"),
+    ]:
+        response = _post(llm, path, **asked)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", param), error
+        assert error["message"].startswith(said), error
+    *_, failed = _stream(llm, "/v1/chat/completions", **chat)
+    assert failed["error"]["message"].startswith(said), failed

@@ -56,7 +56,10 @@ def _invalid(what: str) -> dict[int | str, dict[str, Any]]:
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
     **error_responses(_DESCRIPTIONS | UNSUCCESSFUL_DESCRIPTIONS | _FAILED),
-    **_invalid("a malformed body or parameter, or a model that does not generate text"),
+    **_invalid(
+        "a malformed body or parameter, a model that does not generate text, or a prompt past"
+        " the model's context"
+    ),
 }
 _EMBEDDING_RESPONSES = {
     **_RESPONSES,

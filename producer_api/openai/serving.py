@@ -39,6 +39,7 @@ from producer_api.openai.protocol import (
 from producer_api.state import ProducerState
 from producer_api.stream_shutdown import MESSAGE, UNREACHABLE, Cut, until_cut
 from producer_api.token_hub import TokenFollower
+from shared.generate_errors import ContextLengthExceeded
 from shared.job_states import JobStatus
 from shared.model_repository import ModelConfig
 from shared.redis_client import OUT_OF_REACH
@@ -76,9 +77,11 @@ def generation_of(model: str, outputs: Any) -> Generation:
 
 
 class Renderer(ABC):
-    """One endpoint's response shapes (chat or plain completion) for one job."""
+    """One endpoint's response shapes (chat or plain completion) for one job; `prompt` is the
+    request's field that holds the prompt, which a refusal of its length names."""
 
     prefix = ""
+    prompt = "prompt"
 
     def __init__(self, job_id: str, model: str, include_usage: bool = False) -> None:
         self.id = f"{self.prefix}{job_id}"
@@ -109,6 +112,7 @@ class Renderer(ABC):
 
 class ChatRenderer(Renderer):
     prefix = "chatcmpl-"
+    prompt = "messages"
 
     def response(self, generation: Generation) -> ChatCompletion:
         choice = ChatChoice(
@@ -175,8 +179,15 @@ class CompletionRenderer(Renderer):
         )
 
 
-def _failure(final: TokenEvent) -> ConveyorError:
-    """As `/predict` answers a job that did not succeed."""
+def _failure(final: TokenEvent, renderer: Renderer) -> ConveyorError:
+    """As `/predict` answers a job that did not succeed; but a prompt past the model's context
+    as vLLM's server refuses it, 400 (OpenAI's `invalid_request_error`) naming the prompt's
+    field, with the context's length and the prompt's: it was the failed job's 422, which
+    OpenAI's SDK raises as UnprocessableEntityError, not BadRequestError."""
+    error = final.error or {}
+    if error.get("type") == ContextLengthExceeded.__name__:
+        message = error.get("message", "")
+        return ConveyorError(400, "invalid_request", message, param=renderer.prompt)
     return unsuccessful("job", final.status, final.error)
 
 
@@ -267,12 +278,12 @@ class OpenAIService:
         """The whole (non-streamed) response, once the job ends; 503 if this producer is asked
         to stop first (it waited out the whole generation): the job runs on, named in it."""
         with awaiting(job_id):
-            generation = await self.state.draining.first(self.complete(job_id))
+            generation = await self.state.draining.first(self.complete(job_id, renderer))
         if generation is None:
             raise running_on(job_id)
         return renderer.response(generation).model_dump(mode="json")
 
-    async def complete(self, job_id: str) -> Generation:
+    async def complete(self, job_id: str, renderer: Renderer) -> Generation:
         """Wait for the job by reading its token stream; raises if it did not succeed."""
         text: list[str] = []
         async for event in self._follow(job_id):
@@ -281,7 +292,7 @@ class OpenAIService:
             elif event.kind == "token":
                 text.append(event.text)
             elif event.status != JobStatus.SUCCEEDED:
-                raise _failure(event)
+                raise _failure(event, renderer)
             else:
                 return Generation("".join(text), event.finish_reason, event.usage)
         raise ConveyorError(404, "not_found", f"job {job_id} expired")
@@ -329,7 +340,7 @@ class OpenAIService:
 
     def _closing(self, renderer: Renderer, final: TokenEvent) -> list[str]:
         if final.status != JobStatus.SUCCEEDED:
-            failure = _failure(final)
+            failure = _failure(final, renderer)
             return [_error_chunk(failure.type, failure.message)]
         chunks = [renderer.encode(renderer.chunk(None, final.finish_reason))]
         if renderer.include_usage and final.usage:

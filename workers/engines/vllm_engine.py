@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from shared.generate_errors import ContextLengthExceeded
 from workers.engines.base import GenerateEngine, GenerateRequest, TokenChunk
 from workers.runtime.engine_reaper import EngineReaper
 from workers.runtime.process_tree import children
@@ -191,9 +192,7 @@ class VllmEngine(GenerateEngine):
         max_model_len = self._running_engine().model_config.max_model_len
         room = max_model_len - prompt_tokens
         if room < 1:
-            raise ValueError(
-                f"prompt has {prompt_tokens} tokens; the context holds {max_model_len}"
-            )
+            raise ContextLengthExceeded(prompt_tokens, max_model_len)
         limit = int(self.parameters.get("max_tokens_limit", room))
         max_tokens = max(1, min(request.max_tokens, limit, room))
         return SamplingParams(
