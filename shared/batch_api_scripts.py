@@ -148,15 +148,17 @@ redis.call('HSET', KEYS[1], 'ending', ARGV[1], 'ending_at', ARGV[2])
 return {cur, ARGV[1]}
 """
 
-# KEYS[1]=batch hash, then the batch's lists that expire with it; ARGV: ttl_s, then the fields
-# of its ending. A finalizer's commit: its ending written and every key given `ttl_s` from now,
-# only while the hash exists. One that expired since the finalizer counted it stays gone:
-# written, it came back a batch of a `status` alone, with no tenant, counts or times.
-# Returns 1 when committed, 0 when the batch is gone.
+# KEYS[1]=batch hash, then the batch's lists its files are read from; ARGV: ttl_s, when the
+# files expire (Unix s), then the fields of its ending. A finalizer's commit: its ending written,
+# the hash given `ttl_s` from now and the lists the files' expiry, only while the hash exists.
+# One that expired since the finalizer counted it stays gone: written, it came back a batch of
+# a `status` alone, with no tenant, counts or times. Returns 1 when committed, 0 when the batch
+# is gone.
 COMMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+for i = 2, #KEYS do redis.call('EXPIREAT', KEYS[i], ARGV[2]) end
 return 1
 """
 

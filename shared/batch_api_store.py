@@ -25,6 +25,7 @@ from redis.typing import EncodableT
 from shared import batch_api_scripts
 from shared.batch_api_scripts import ITEM_STATES
 from shared.codec import RequestEntry, as_text, dumps, loads
+from shared.file_store import file_expiry
 from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
 from shared.keys import Keys
@@ -63,6 +64,11 @@ ENDED_EARLY = {
 }
 # The states a result (a worker's, or a dead letter's) ends an item in.
 _RESULTS = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value})
+
+
+# The batch hash's field of OpenAI's `output_expires_after.seconds`: how long its output and
+# error files are kept from its end (`file_expiry`), where not the result TTL.
+OUTPUT_EXPIRES_AFTER = "output_expires_after"
 
 
 # Marks the error of an item its batch's own end stopped (`by`), not its own cancel or deadline.
@@ -475,9 +481,12 @@ class BatchApiStore(TenantIndexed):
             yield [loads(line) for line in await self.redis.lrange(key, start, start + CHUNK - 1)]
 
     async def finish(self, batch_id: str, status: BatchStatus) -> BatchStatus:
-        """finalizing → `status`; returns the status committed. Every key of the batch, item job
-        hashes included, now lives `ttl_s` from here, so early items' output does not expire
-        before the batch's. The batch's slot changes at once (`COMMIT`), the commit point (a
+        """finalizing → `status`; returns the status committed. The batch's hash now lives
+        `ttl_s` from here, and the keys its output and error files are read from (its item and
+        refused lists, its item job hashes, so early items' output does not expire before the
+        rest) as long as those files: `file_expiry` from its end, which its
+        `OUTPUT_EXPIRES_AFTER` may make sooner, so they go when the file objects say. The
+        batch's slot changes at once (`COMMIT`), the commit point (a
         finalizer that dies before it is replaced after STALE_MS). The keys in other slots are
         the caller's to `release` after it, once the batch's webhook is handed over: an ended
         batch still in the active index is one whose finalizer died after the commit, which the
@@ -494,12 +503,15 @@ class BatchApiStore(TenantIndexed):
             status, until = BatchStatus(fields["status"]), None
         else:
             until = _checked_until(status, fields)
+        ended = now_ms()  # the files' `created_at`, so their keys expire when they say
+        asked = fields.get(OUTPUT_EXPIRES_AFTER)
+        files_until = file_expiry(ended // 1000, int(asked) if asked else None, self.ttl_s)
         late: Counter[str] = Counter()
         stopped = False  # an item the window stopped
         async for chunk in self.items(batch_id):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for item in chunk:
-                    pipe.expire(self.keys.job(item.job_id), self.ttl_s)
+                    pipe.expireat(self.keys.job(item.job_id), files_until)
                 await pipe.execute()
             late.update(str(item.status) for item in chunk if item.late(until))
             stopped = stopped or any(item.expired_by_window(until) for item in chunk)
@@ -507,7 +519,7 @@ class BatchApiStore(TenantIndexed):
             status = BatchStatus.EXPIRED
         ending = {
             "status": status.value,
-            f"{status.value}_at": now_ms(),
+            f"{status.value}_at": ended,
             **_recounted(fields, late),
         }
         names = [
@@ -515,7 +527,7 @@ class BatchApiStore(TenantIndexed):
             self.keys.batch_items(batch_id),
             self.keys.batch_rejected(batch_id),
         ]
-        await self._commit(keys=names, args=[self.ttl_s, *_flat(ending)])
+        await self._commit(keys=names, args=[self.ttl_s, files_until, *_flat(ending)])
         return status
 
     async def release(self, batch_id: str, fields: Mapping[str, str]) -> None:

@@ -25,6 +25,18 @@ FIELDS = ("tenant", "filename", "purpose", "bytes", "created_at", "expires_at")
 FILE_OVERHEAD_BYTES = 512
 
 
+# OpenAI's expiry policy for a file (an upload's `expires_after`, a batch's
+# `output_expires_after` for its output and error files): this many seconds from its `created_at`.
+EXPIRES_AFTER_MIN_S, EXPIRES_AFTER_MAX_S = 3600, 2_592_000
+
+
+def file_expiry(created_at: int, asked_s: int | None, ttl_s: int) -> int:
+    """When a file created at `created_at` (s) expires: `asked_s` later (OpenAI's expiry
+    policy), the result TTL `ttl_s` at most, since its tenant's index and budget keys, or its
+    batch's, last no longer."""
+    return created_at + min(asked_s or ttl_s, ttl_s)
+
+
 def charged(filename: str, size: int) -> int:
     """What a file of `size` bytes named `filename` holds of its tenant's budget."""
     return size + len(filename.encode()) + FILE_OVERHEAD_BYTES
@@ -93,11 +105,9 @@ class FileStore(TenantIndexed):
         return list(self.keys.file_budget_of(tenant))
 
     def expires_at(self, created_at: int | None = None, asked_s: int | None = None) -> int:
-        """When a file created at `created_at` (s; default now) expires: `asked_s` later
-        (OpenAI's `expires_after`), the result TTL at most, since its tenant's index and budget
-        keys last no longer."""
+        """When a file created at `created_at` (s; default now) expires (`file_expiry`)."""
         since = now_ms() // 1000 if created_at is None else created_at
-        return since + min(asked_s or self.ttl_s, self.ttl_s)
+        return file_expiry(since, asked_s, self.ttl_s)
 
     async def hold(
         self, tenant: str, file_id: str, size: int, budget: int, expires_at: int | None = None

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
@@ -30,7 +31,7 @@ from producer_api.state import ProducerState
 from shared.batch_api_store import ItemState
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, NewJob, now_ms
-from shared.keys import new_job_id
+from shared.keys import Keys, new_job_id
 from shared.settings import Settings
 from tests.conftest import until
 from tests.minilm_reference import (
@@ -147,6 +148,35 @@ def test_a_batch_of_jobs_says_so_and_keeps_its_output_lines(
     [error] = _jsonl(base_url, batch["id"], "errors")
     assert (error["custom_id"], error["error"]["type"]) == ("b", "url_mismatch")
     assert "response" not in error and "code" not in error["error"]  # Conveyor's line only
+
+
+def test_the_official_clients_output_expires_after_keeps_a_batchs_files_that_long(
+    base_url: str, identity_worker: int, stack_redis: redis.Redis
+) -> None:
+    """OpenAI's `output_expires_after` (refused: the create forbade it): an hour from each
+    file's creation, the batch's end, which the files' objects say and their keys keep."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    source = _line("a", {"model": "identity", "inputs": {"x": 1}}, url="/v1/jobs") + "\n"
+    source += _line("b", {"model": "identity", "input": "x"}) + "\n"
+    upload = client.files.create(file=("jobs.jsonl", source.encode()), purpose="batch")
+    created = client.batches.create(
+        input_file_id=upload.id,
+        endpoint="/v1/jobs",  # type: ignore[arg-type]  # Conveyor's own route
+        completion_window="24h",
+        output_expires_after={"anchor": "created_at", "seconds": 3600},
+    )
+    until(lambda: client.batches.retrieve(created.id).status == "completed")
+    batch = client.batches.retrieve(created.id)
+    assert batch.output_file_id and batch.error_file_id, batch
+    output, errors = map(client.files.retrieve, (batch.output_file_id, batch.error_file_id))
+    assert output.created_at == errors.created_at == batch.completed_at
+    assert output.expires_at == errors.expires_at == batch.completed_at + 3600
+    [line] = [json.loads(text) for text in client.files.content(output.id).text.splitlines()]
+    assert line["outputs"] == {"x": 1}
+    assert stack_redis.expiretime(Keys().job(line["id"])) == output.expires_at
+    assert stack_redis.ttl(Keys().batch(batch.id)) > 3600  # the batch: a result TTL
 
 
 def test_the_official_client_runs_a_batch_through_the_files_api(

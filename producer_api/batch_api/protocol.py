@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from producer_api.jobs.protocol import PredictRequest
+from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 from shared.model_repository import NAME
 
 WINDOW = r"^[1-9][0-9]{0,6}[smhd]$"
@@ -39,6 +40,16 @@ class BatchItemBody(PredictRequest):
     model: str | None = Field(default=None, pattern=NAME)
 
 
+class OutputExpiresAfter(BaseModel):
+    """OpenAI's expiry policy for a batch's output and error files: `seconds` from each file's
+    creation (its one `anchor`), the result TTL at most, as an upload's `expires_after`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=EXPIRES_AFTER_MIN_S, le=EXPIRES_AFTER_MAX_S)
+
+
 class BatchOptions(BaseModel):
     """Query parameters (JSONL body) or form fields (file upload) of `POST /v1/batches`."""
 
@@ -60,6 +71,9 @@ class BatchOptions(BaseModel):
     metadata: (
         dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None
     ) = Field(default=None, max_length=16, description="Kept and shown with the batch, as OpenAI's")
+    output_expires_after: OutputExpiresAfter | None = Field(
+        default=None, description="OpenAI's: when its output and error files expire"
+    )
 
 
 class BatchCounts(BaseModel):

@@ -31,6 +31,7 @@ from producer_api.state import ProducerState
 from shared.batch_api_store import (
     BY_BATCH,
     CHUNK,
+    OUTPUT_EXPIRES_AFTER,
     BatchStatus,
     HeldLane,
     ItemState,
@@ -129,6 +130,14 @@ def _options(options: dict[str, Any]) -> BatchOptions:
         raise ConveyorError(422, "invalid_request", message, param=named[0]) from None
 
 
+def _files_kept(options: BatchOptions) -> dict[str, int]:
+    """The batch hash's `output_expires_after` (s), which its end (`BatchApiStore.finish`) and
+    its files' objects read; none asked: no field (a result TTL)."""
+    if (policy := options.output_expires_after) is None:
+        return {}
+    return {OUTPUT_EXPIRES_AFTER: policy.seconds}
+
+
 async def _source(asked: Asked, options: BatchOptions, read_file: ReadFile) -> bytes:
     """The batch's lines: those sent, or the uploaded file's `input_file_id` names."""
     if options.input_file_id is None:
@@ -219,6 +228,7 @@ class BatchApiService:
             "endpoint": parsed.url or JOBS,
             **({"input_file_id": options.input_file_id} if options.input_file_id else {}),
             **({"metadata": dumps(options.metadata).decode()} if options.metadata else {}),
+            **_files_kept(options),
             "completion_window": options.completion_window,
             "expires_at": expires_ms,
             "total": len(parsed.items) + len(parsed.rejected),
@@ -417,29 +427,44 @@ class BatchApiService:
 
     async def file(self, batch_id: str, kind: str) -> AsyncIterator[bytes]:
         """The lines of an ended batch's `output` or `errors` file (a 409 before it ends: a
-        batch is completed, failed, cancelled or expired first)."""
-        return self._lines(batch_id, kind, await self.ended(batch_id))
+        batch is completed, failed, cancelled or expired first; a 404 once it expired)."""
+        fields = await self.ended(batch_id)
+        self._file_life(batch_id, kind, fields)
+        return self._lines(batch_id, kind, fields)
 
     async def file_object(self, batch_id: str, kind: str) -> dict[str, Any]:
         """An ended batch's `output` or `errors` file as OpenAI's file object (purpose
-        `batch_output`, made when the batch ended, gone with the batch's keys a result TTL
-        later): what OpenAI's SDK retrieves by the ids the batch gives. Its size is read through
-        the lines `file` serves."""
+        `batch_output`, made when the batch ended, kept as `_file_life` says): what OpenAI's
+        SDK retrieves by the ids the batch gives. Its size is read through the lines `file`
+        serves."""
         fields = await self.ended(batch_id)
+        created_at, expires_at = self._file_life(batch_id, kind, fields)
         size = 0
         async for chunk in self._lines(batch_id, kind, fields):
             size += len(chunk)
-        created_at = int(fields.get(f"{fields['status']}_at", 0)) // 1000
         return {
             "id": f"{batch_id}-{kind}",
             "object": "file",
             "bytes": size,
             "created_at": created_at,
-            "expires_at": created_at + self.state.settings.result_ttl_s,
+            "expires_at": expires_at,
             "filename": f"{batch_id}_{kind}.jsonl",
             "purpose": "batch_output",
             "status": "processed",
         }
+
+    def _file_life(self, batch_id: str, kind: str, fields: Mapping[str, str]) -> tuple[int, int]:
+        """(created_at, expires_at) of an ended batch's file (s): made as the batch ended, kept
+        for its `output_expires_after` (OpenAI's), the result TTL at most, as an upload is
+        (`FileStore.expires_at`); its lines' keys expire then (`BatchApiStore.finish`), and a
+        404 answers from then on, as for an expired upload, not an empty file."""
+        created_at = int(fields.get(f"{fields['status']}_at", 0)) // 1000
+        asked = fields.get(OUTPUT_EXPIRES_AFTER)
+        expires_at = self.state.file_store.expires_at(created_at, int(asked) if asked else None)
+        if now_ms() // 1000 >= expires_at:
+            message = f"file {batch_id}-{kind} not found: it expired at {expires_at}"
+            raise ConveyorError(404, "not_found", message)
+        return created_at, expires_at
 
     async def ended(self, batch_id: str) -> Mapping[str, str]:
         """The batch's fields once it has ended (a 409 before)."""

@@ -17,6 +17,7 @@ from producer_api.responses import (
     jsonl_route,
     page_response,
 )
+from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 # OpenAI's Files API, every route of it: its refusals answer in OpenAI's shape.
 router = APIRouter(tags=["files"], dependencies=[Depends(answer_as_openai)])
@@ -53,7 +54,12 @@ async def upload_file(
     anchor: Annotated[Literal["created_at"] | None, Form(alias="expires_after[anchor]")] = None,
     seconds: Annotated[
         int | None,
-        Form(alias="expires_after[seconds]", ge=3600, le=2_592_000, description=EXPIRES_AFTER),
+        Form(
+            alias="expires_after[seconds]",
+            ge=EXPIRES_AFTER_MIN_S,
+            le=EXPIRES_AFTER_MAX_S,
+            description=EXPIRES_AFTER,
+        ),
     ] = None,
 ) -> Any:
     """Upload a batch input file (OpenAI's Files API; purpose `batch` only), kept for the
