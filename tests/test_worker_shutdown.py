@@ -115,21 +115,25 @@ def test_worker_exits_after_its_grace_with_an_engine_call_that_outlasts_it(
         assert client.hget(Keys().job(job_id), "status") == "running"
 
 
-def test_an_idle_worker_stops_at_once_whatever_its_block_and_grace(stack: Stack) -> None:
+def test_an_idle_worker_stops_at_once_whatever_its_block_and_grace(tmp_path: Path) -> None:
     """A stop ends the blocking read of an idle worker: it waited the read out (CONVEYOR_BLOCK_MS,
-    20 s here), past a shorter grace, and logged that it did not drain with nothing in hand."""
-    name = "idle-stop"
-    pid = stack.start_worker(
-        "identity:default",
-        name=name,
-        CONVEYOR_BLOCK_MS="20000",
-        CONVEYOR_SHUTDOWN_GRACE_S="1",
-        CONVEYOR_FORCED_EXIT_MARGIN_S="3",
-    )
-    with contextlib.closing(stack.client()) as client:
-        until(lambda: _blocked_reading(client, stack.consumer_name(pid)))
-    assert stack.stop_process(name) == 0, stack.log_tail(name)
-    assert "consumer did not drain" not in stack.log_path(name).read_text(errors="replace")
+    20 s here), past a shorter grace, and logged that it did not drain with nothing in hand. A
+    Valkey of its own, no producer: nothing else reads or counts the partition's consumers."""
+    stack = Stack.create(tmp_path)
+    try:
+        pid = stack.start_worker(
+            "identity:default",
+            name="idle",
+            CONVEYOR_BLOCK_MS="20000",
+            CONVEYOR_SHUTDOWN_GRACE_S="1",
+            CONVEYOR_FORCED_EXIT_MARGIN_S="3",
+        )
+        with contextlib.closing(stack.client()) as client:
+            until(lambda: _blocked_reading(client, stack.consumer_name(pid)))
+        assert stack.stop_process("idle") == 0, stack.log_tail("idle")
+        assert "consumer did not drain" not in stack.log_path("idle").read_text(errors="replace")
+    finally:
+        stack.stop()
 
 
 def _blocked_reading(client: redis.Redis, consumer: str) -> bool:
