@@ -5,10 +5,10 @@ autoscaling (KEDA rendering) and the benchmarks alike."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jsonschema_rs
 import yaml
@@ -279,6 +279,18 @@ def _briefly(error: jsonschema_rs.ValidationError) -> str:
     return error.message.replace(quoted, quote(error.instance), 1)
 
 
+class InputProblem(NamedTuple):
+    """One way a job's `inputs` break the model's schema: where (keys and indexes), and how."""
+
+    path: tuple[str | int, ...]
+    why: str
+
+
+def in_inputs(path: Sequence[str | int]) -> str:
+    """A place in a job's inputs as `/v1/jobs` refusals name it: `inputs['messages'][0]`."""
+    return f"inputs{''.join(f'[{p!r}]' for p in path)}"
+
+
 def _no_retrieval(uri: str) -> Any:
     raise ValueError(f"remote $ref {uri!r}: input schemas must be self-contained")
 
@@ -424,17 +436,19 @@ class ModelConfig(BaseModel):
         checked and every refusal explained with. A remote `$ref` is refused, not fetched."""
         return jsonschema_rs.Draft202012Validator(self.input_schema, retriever=_no_retrieval)
 
-    def input_errors(self, inputs: Any) -> list[str]:
-        """Readable messages for every way `inputs` breaks the schema (empty when valid). Not
-        explained by Python's jsonschema: its `re` backtracks, and one refused text took hours
-        on the producer's event loop over a pattern as plain as `^([a-z]+ ?)*$` (and it found
-        nothing wrong where the two engines differ, as `$` before a final newline)."""
+    def input_problems(self, inputs: Any) -> list[InputProblem]:
+        """Every way `inputs` breaks the schema (none when valid), in the order of their places.
+        Not explained by Python's jsonschema: its `re` backtracks, and one refused text took
+        hours on the producer's event loop over a pattern as plain as `^([a-z]+ ?)*$` (and it
+        found nothing wrong where the two engines differ, as `$` before a final newline)."""
         if self.input_check.is_valid(inputs):
             return []
         errors = sorted(self.input_check.iter_errors(inputs), key=lambda e: list(e.instance_path))
-        return [
-            f"inputs{''.join(f'[{p!r}]' for p in e.instance_path)}: {_briefly(e)}" for e in errors
-        ]
+        return [InputProblem(tuple(e.instance_path), _briefly(e)) for e in errors]
+
+    def input_errors(self, inputs: Any) -> list[str]:
+        """Readable messages for every way `inputs` breaks the schema (empty when valid)."""
+        return [f"{in_inputs(p.path)}: {p.why}" for p in self.input_problems(inputs)]
 
     def fair_window_of(self, variant: str) -> int:
         """Undelivered entries a lane's stream may hold before jobs are held for fair queuing;

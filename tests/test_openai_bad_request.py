@@ -93,6 +93,33 @@ async def test_a_refused_token_count_is_named_as_the_client_sent_it(
     assert refused.value.param == param and says in refused.value.message, refused
 
 
+LONG = "x" * 20_001  # past smollm2's 16000 characters a text, and minilm's 20000
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"model": "smollm2", "prompt": LONG}, "prompt"),
+        (
+            "/v1/chat/completions",
+            {"model": "smollm2", "messages": [{"role": "user", "content": LONG}]},
+            "messages.0.content",
+        ),
+        ("/v1/embeddings", {"model": "minilm", "input": LONG}, "input"),
+        ("/v1/embeddings", {"model": "minilm", "input": ["a", LONG]}, "input.1"),
+    ],
+)
+async def test_an_input_the_models_schema_refuses_is_named_as_the_client_sent_it(
+    producer: httpx.AsyncClient, path: str, body: dict[str, Any], param: str
+) -> None:
+    """The refusal named the job's inputs (`inputs['prompt']`; `inputs['texts'][0]` for one
+    `input` text), with no `param`."""
+    answer = await producer.post(path, json=body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: "), error
+
+
 async def test_a_prompt_of_token_ids_is_refused_saying_to_send_text(
     sdk: openai.AsyncOpenAI,
 ) -> None:

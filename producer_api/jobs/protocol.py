@@ -2,34 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from shared.model_repository import NAME
+from shared.model_repository import NAME, in_inputs
 
 
-@dataclass(frozen=True, slots=True)
-class ParameterNames:
-    """How a refusal names a job's sampling parameters: as `/v1/jobs` takes them (under
-    `parameters.`), or as an OpenAI route's client sent them (top-level fields, a chat's
-    `max_completion_tokens` for the job's `max_tokens`), so the 400 names a field it sent."""
+class FieldNames:
+    """How a refusal names a job's fields: as `/v1/jobs` takes them (`parameters.max_tokens`,
+    `inputs['prompt']`). An OpenAI route's request names them as its client sent them
+    (`producer_api.openai.protocol.SentNames`), so its 400 names a field it sent."""
 
-    prefix: str = "parameters."
-    renamed: Mapping[str, str] = field(default_factory=dict)
-
-    def sent(self, name: str) -> str:
-        """The parameter as the client named it, without the prefix (as a message cites it)."""
-        return self.renamed.get(name, name)
+    def parameter(self, name: str) -> str:
+        """A parameter as a message cites it."""
+        return name
 
     def where(self, name: str) -> str:
-        """Where the client put the parameter (the refusal's `param`)."""
-        return f"{self.prefix}{self.sent(name)}"
+        """Where a parameter is in the body: the refusal's `param`."""
+        return f"parameters.{self.parameter(name)}"
+
+    def input(self, path: Sequence[str | int]) -> str:
+        """A place in the job's inputs (keys and indexes)."""
+        return in_inputs(path)
 
 
-AS_JOB_PARAMETERS = ParameterNames()
+AS_JOB_FIELDS = FieldNames()
 
 
 class SamplingParameters(BaseModel):

@@ -21,8 +21,8 @@ from producer_api.auth.principal import Principal
 from producer_api.errors import NO_RETRY, REFUSALS, ConveyorError, client_named
 from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import (
-    AS_JOB_PARAMETERS,
-    ParameterNames,
+    AS_JOB_FIELDS,
+    FieldNames,
     PredictRequest,
     SamplingParameters,
 )
@@ -98,14 +98,11 @@ class Submitted:
 
 
 class JobsService:
-    """`names`: how its refusals name a job's parameters (an OpenAI route's, as its client sent
+    """`names`: how its refusals name a job's fields (an OpenAI route's, as its client sent
     them)."""
 
     def __init__(
-        self,
-        state: ProducerState,
-        principal: Principal,
-        names: ParameterNames = AS_JOB_PARAMETERS,
+        self, state: ProducerState, principal: Principal, names: FieldNames = AS_JOB_FIELDS
     ) -> None:
         self.state = state
         self.principal = principal
@@ -119,8 +116,10 @@ class JobsService:
             )
         except UnknownVariant as exc:
             raise ConveyorError(404, "not_found", str(exc)) from None
-        if errors := config.input_errors(body.inputs):
-            raise ConveyorError(422, "invalid_request", "; ".join(errors))
+        if problems := config.input_problems(body.inputs):
+            where = [self.names.input(problem.path) for problem in problems]
+            said = (f"{at}: {problem.why}" for at, problem in zip(where, problems, strict=True))
+            raise ConveyorError(422, "invalid_request", "; ".join(said), param=where[0])
         check_parameters(config, variant, body.parameters, self.names)
         if body.webhook is not None and (why := refusal(body.webhook, self.state.settings)):
             raise ConveyorError(422, "invalid_request", why)
@@ -453,7 +452,7 @@ def check_parameters(
     config: ModelConfig,
     variant: str,
     parameters: dict[str, Any],
-    names: ParameterNames = AS_JOB_PARAMETERS,
+    names: FieldNames = AS_JOB_FIELDS,
 ) -> None:
     """A generate model's sampling parameters within vLLM's bounds (`SamplingParameters`),
     `max_tokens` within the variant's `max_tokens_limit` (its own, else the model's) and
@@ -487,7 +486,7 @@ def check_parameters(
     limit = own.get("max_tokens_limit")
     if sampling.max_tokens is not None and limit is not None and sampling.max_tokens > int(limit):
         _refuse(names, "max_tokens", f"at most {limit} for {served}")
-    max_tokens = names.sent("max_tokens")
+    max_tokens = names.parameter("max_tokens")
     default = own.get("default_max_tokens")
     if (why := _min_tokens_refusal(sampling, default, limit, max_tokens)) is not None:
         _refuse(names, "min_tokens", f"{why} for {served}")
@@ -497,7 +496,7 @@ def _dotted(location: tuple[int | str, ...]) -> str:
     return ".".join(map(str, location))
 
 
-def _refuse(names: ParameterNames, parameter: str, why: str) -> NoReturn:
+def _refuse(names: FieldNames, parameter: str, why: str) -> NoReturn:
     """A 422 naming `parameter` as the client sent it (OpenAI's 400 carries it as `param`)."""
     where = names.where(parameter)
     raise ConveyorError(422, "invalid_request", f"{where}: {why}", param=where)

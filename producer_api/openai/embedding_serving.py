@@ -21,7 +21,7 @@ from shared.job_states import JobStatus
 class EmbeddingService(OpenAIService):
     async def submit_texts(self, request: EmbeddingRequest) -> str:
         """Enqueue the texts as a job of an embedding model; returns its id."""
-        return (await self.jobs.submit(request.model, self.embedding_job(request))).job_id
+        return await self.submit_as_sent(request, self.embedding_job(request))
 
     def embedding_line(self, body: dict[str, Any]) -> tuple[str, PredictRequest]:
         """A batch line's body (`url: /v1/embeddings`) as the job it is, with its model."""

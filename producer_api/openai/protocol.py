@@ -11,6 +11,8 @@ so they are accepted and ignored."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -28,7 +30,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from producer_api.jobs.protocol import ParameterNames, SamplingParameters
+from producer_api.jobs.protocol import FieldNames, SamplingParameters
 from shared.model_repository import NAME
 
 # The job's sampling parameters: OpenAI's and vLLM's extra ones (top_k, min_p, ...).
@@ -65,6 +67,32 @@ OnlyTrue = Annotated[Literal[True], _json_type(bool)]
 # A field of vLLM's server that Conveyor does not serve: only null (its default) is taken.
 NotServed = Annotated[None, Field(description="vLLM's; not served: only null")]
 Nothing = Annotated[list[Any], Field(max_length=0)]  # only an empty list
+
+
+@dataclass(frozen=True, slots=True)
+class SentNames(FieldNames):
+    """A job's fields as an OpenAI request's client sent them: top-level and dotted
+    (`messages.0.content`, not `inputs['messages'][0]['content']`), by the request's own name
+    where it has another (`renamed`: a chat's `max_completion_tokens` for the job's `max_tokens`,
+    embeddings' `input` for its `texts`). `unlisted`: inputs the job lists where the client sent
+    one value (embeddings' one text), whose index the client never sent."""
+
+    renamed: Mapping[str, str] = field(default_factory=dict)
+    unlisted: frozenset[str] = frozenset()
+
+    def parameter(self, name: str) -> str:
+        return self.renamed.get(name, name)
+
+    def where(self, name: str) -> str:
+        return self.parameter(name)
+
+    def input(self, path: Sequence[str | int]) -> str:
+        if not path:
+            return "body"
+        head, *rest = path
+        if head in self.unlisted:
+            rest = rest[1:]
+        return ".".join([self.parameter(str(head)), *map(str, rest)])
 
 
 class StreamOptions(BaseModel):
@@ -136,9 +164,9 @@ class SamplingRequest(SamplingParameters):
         values = {name: getattr(self, name) for name in SAMPLING}
         return {name: value for name, value in values.items() if value is not None}
 
-    def parameter_names(self) -> ParameterNames:
-        """How a refusal of the job's parameters names them: as fields of this body."""
-        return ParameterNames(prefix="")
+    def field_names(self) -> SentNames:
+        """How a refusal of the job names its fields: as fields of this body."""
+        return SentNames()
 
     @property
     def include_usage(self) -> bool:
@@ -197,11 +225,11 @@ class ChatCompletionRequest(SamplingRequest):
             parameters["max_tokens"] = self.max_completion_tokens
         return parameters
 
-    def parameter_names(self) -> ParameterNames:
+    def field_names(self) -> SentNames:
         """The job's `max_tokens` is `max_completion_tokens` where the client sent that."""
         if self.max_completion_tokens is None:
-            return super().parameter_names()
-        return ParameterNames(prefix="", renamed={"max_tokens": "max_completion_tokens"})
+            return super().field_names()
+        return SentNames({"max_tokens": "max_completion_tokens"})
 
 
 def _text_only(why: str) -> BeforeValidator:
@@ -382,6 +410,11 @@ class EmbeddingRequest(BaseModel):
         """The job's inputs for a model of `task: embed`."""
         texts = [self.input] if isinstance(self.input, str) else self.input
         return {"texts": texts, "encoding_format": self.encoding_format}
+
+    def field_names(self) -> SentNames:
+        """The job's `texts` are `input`: a list, or one string (listed by the job)."""
+        one = frozenset({"texts"}) if isinstance(self.input, str) else frozenset()
+        return SentNames({"texts": "input"}, one)
 
 
 class Embedding(BaseModel):

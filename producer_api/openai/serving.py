@@ -32,6 +32,7 @@ from producer_api.openai.protocol import (
     Completion,
     CompletionChoice,
     CompletionRequest,
+    EmbeddingRequest,
     ErrorChunk,
     Sampling,
     Usage,
@@ -239,10 +240,17 @@ class OpenAIService:
         return config
 
     async def submit(self, request: Sampling) -> str:
-        """Enqueue the request as a job of a `generate` model; returns its id. A refusal of its
-        parameters names them as the client sent them."""
-        jobs = JobsService(self.state, self.principal, request.parameter_names())
-        return (await jobs.submit(request.model, self.sampling_job(request))).job_id
+        """Enqueue the request as a job of a `generate` model; returns its id."""
+        return await self.submit_as_sent(request, self.sampling_job(request))
+
+    async def submit_as_sent(
+        self, request: Sampling | EmbeddingRequest, job: PredictRequest
+    ) -> str:
+        """Enqueue `job`, made of `request`; returns its id. A refusal names the job's fields as
+        the request's client sent them (`max_completion_tokens`, `prompt`, not the job's
+        `parameters.max_tokens`, `inputs['prompt']`)."""
+        jobs = JobsService(self.state, self.principal, request.field_names())
+        return (await jobs.submit(request.model, job)).job_id
 
     def sampling_job(self, request: Sampling) -> PredictRequest:
         """The job a chat or completion request is (a batch line's too)."""
