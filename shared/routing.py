@@ -39,6 +39,12 @@ class Routes:
     sticky_by: StickyBy = "routing_key"
     version: int = 0
 
+    def __post_init__(self) -> None:
+        """Every weight and rate unsigned at 0: `-0.0 < 0` is False, so a body's -0.0 (or a
+        step scaling one) passed the check and was stored, served and gauged as -0."""
+        object.__setattr__(self, "weights", _unsigned(self.weights))
+        object.__setattr__(self, "shadows", _unsigned(self.shadows))
+
     def document(self) -> dict[str, Any]:
         """The stored and served shape (the version travels beside it)."""
         return {"weights": self.weights, "shadows": self.shadows, "sticky_by": self.sticky_by}
@@ -109,6 +115,10 @@ class Routes:
     def served_besides(self, variant: str) -> dict[str, float]:
         """The primaries other than `variant` that have traffic, with their weights."""
         return {k: w for k, w in self.weights.items() if k != variant and w > 0}
+
+
+def _unsigned(shares: Mapping[str, float]) -> dict[str, float]:
+    return {name: 0.0 if share == 0 else share for name, share in shares.items()}
 
 
 def known_variant(config: ModelConfig, name: str) -> None:

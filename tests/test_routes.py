@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 import uuid
@@ -25,6 +26,7 @@ from conveyor.cli import main
 from conveyor.stack import Stack, free_port
 from producer_api.app import create_app
 from producer_api.routes.live_routes import POLL_S, LiveRoutes
+from shared.codec import loads
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore
@@ -81,6 +83,12 @@ def test_raising_a_weight_moves_only_its_share_and_only_to_it() -> None:
     moved = _moved(before, after)
     assert moved.total() / KEYS_MOVED == pytest.approx(0.10, abs=0.01), moved
     assert {new for _, new in moved} == {"candidate"}, moved
+
+
+def test_a_step_carries_no_negative_zero_on() -> None:
+    """Another variant's -0.0 was scaled to -0.0 by a canary step, and stored and shown so."""
+    routes = Routes({"stable": 100.0, "flaky": -0.0}).with_share("candidate", 10.0, {})
+    assert [math.copysign(1, w) for w in routes.weights.values()] == [1, 1, 1], routes
 
 
 def test_a_change_of_the_others_ratios_moves_more_than_the_minimum() -> None:
@@ -215,6 +223,30 @@ async def test_shown_routes_are_the_ones_producers_serve(
             assert "config.yaml" in ignored["adjusted"] and "'removed'" in ignored["adjusted"]
 
 
+async def test_a_negative_zero_weight_is_stored_served_and_gauged_as_0(
+    redis_url: str, aredis: aioredis.Redis
+) -> None:
+    """`-0.0 < 0` is False: a PUT giving a variant -0.0 passed the check and was stored, shown
+    and gauged as -0 (`-0 %` on the console, `-0.00 %` in `conveyor routes`)."""
+    settings = Settings(
+        redis_url=redis_url, model_repository=TRAFFIC, auth="disabled", instance_id="zero"
+    )
+    app = create_app(settings)
+    body = {"weights": {"stable": 100.0, "candidate": -0.0}, "shadows": {"mirror": -0.0}}
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            put = await client.put("/v1/models/ab/routes", json=body)
+            assert put.status_code == 200, put.text
+            shown = (await client.get("/v1/models/ab/routes")).json()
+            scrape = (await client.get("/metrics")).text
+    stored = loads(await aredis.hget(KEYS.routes("ab"), "doc"))
+    for served in (put.json(), shown, stored):
+        shares = [*served["weights"].values(), *served["shadows"].values()]
+        assert [math.copysign(1, share) for share in shares] == [1, 1, 1], served
+    assert 'conveyor_route_weight{model="ab",variant="candidate"} 0.0' in scrape
+
+
 # --- the real pipeline: two producers, one worker serving every variant of `ab` ---
 
 
@@ -344,6 +376,7 @@ def test_bad_routes_get_a_clear_4xx_and_change_nothing(
     cases: list[tuple[dict[str, str], dict[str, Any], int, str]] = [
         (admin, {"weights": {"stable": 50, "nope": 50}}, 422, 'no variant "nope"'),
         (admin, {"weights": {"stable": 50, "candidate": 40}}, 422, "sum to 100"),
+        (admin, {"weights": {"stable": 0, "candidate": 0}}, 422, "sum to 100, not 0"),
         (admin, {"weights": {"stable": 110, "candidate": -10}}, 422, "not negative"),
         (admin, {"weights": {"stable": 100}, "shadows": {"mirror": -0.5}}, 422, "[0, 1]"),
         (
