@@ -57,8 +57,6 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) ->
         CONVEYOR_AUTH="disabled",  # faults, not keys, are under test here
         CONVEYOR_WEBHOOK_ALLOWLIST=f"{receiver.base}/",
         CONVEYOR_WEBHOOK_SECRET="whsec-faults",
-        # a worker notices a stop once its read's block ends: every test stops its workers
-        CONVEYOR_BLOCK_MS="100",
     ) as stack:
         yield stack
 
