@@ -357,7 +357,7 @@ async def test_a_producer_and_the_broker_start_on_seed_nodes_while_the_urls_node
         assert accepted.status_code == 202, accepted.text
         assert (await http.get(f"/v1/jobs/{accepted.json()['id']}")).json()["status"] == "queued"
     owner = cluster.master_of(BROKER_TAG).port
-    assert broker_app(down).conf.broker_url.startswith(f"redis://127.0.0.1:{owner}/")
+    assert broker_app(down).conf.broker_url.startswith(f"conveyor-redis://127.0.0.1:{owner}/")
     settings_env(CONVEYOR_REDIS_URL=down)  # and a webhook task's client, recording attempts
     webhook_delivery._redis.cache_clear()
     try:
