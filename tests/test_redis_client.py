@@ -174,7 +174,8 @@ async def test_a_command_is_written_before_what_else_the_loop_has_ready(redis_ur
 
 def test_the_pipeline_runs_on_a_unix_socket_url(tmp_path: Path) -> None:
     """`CONVEYOR_REDIS_URL=unix://...` reaches every client, Celery's broker included (kombu
-    spells it `redis+socket://`, here `conveyor-redis+socket://`; given redis-py's spelling, the worker used to exit at start)."""
+    spells it `redis+socket://`, here `conveyor-redis+socket://`; given redis-py's spelling, the
+    worker used to exit at start)."""
     socket_path = tmp_path / "valkey.sock"
     stack = Stack.create(tmp_path / "stack", valkey_config={"unixsocket": str(socket_path)})
     stack.env.update(CONVEYOR_REDIS_URL=f"unix://{socket_path}?db=0", CONVEYOR_AUTH="disabled")
