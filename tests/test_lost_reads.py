@@ -26,6 +26,7 @@ from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
+from workers.partition.redis_backoff import Stopping
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import Delivery, MicroBatch, StreamReader
 
@@ -103,7 +104,7 @@ async def test_a_stop_ends_the_blocking_read_and_claims_back_what_its_cut_reply_
     lanes = LaneScheduler(
         PARTITION, reader, Reclaimer(patient, KEYS, PARTITION, WORKER, 60, events)
     )
-    stop = asyncio.Event()
+    stop = Stopping()
     reading = asyncio.create_task(lanes.next_batch(10, 0, 600_000, stop=stop))
 
     async def blocked() -> bool:

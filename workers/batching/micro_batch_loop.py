@@ -34,7 +34,7 @@ from workers.engines.base import BatchEngine, EngineDied, StagedBatchEngine
 from workers.partition.finish import Finish
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
-from workers.partition.redis_backoff import Stopped, serve_until_stopped, until_done
+from workers.partition.redis_backoff import Stopped, Stopping, serve_until_stopped, until_done
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import Delivery, LaneEntry, StreamReader
 
@@ -72,7 +72,7 @@ class MicroBatchLoop:
         self.block_ms = block_ms
         self.budget = BatchBudget(partition.max_batch_size, partition.config.queue.fair_batch_ms)
         self.busy = BusyTime(*partition.labels)
-        self.stopping = asyncio.Event()
+        self.stopping = Stopping()
         self.stages = StagePipeline(engine) if isinstance(engine, StagedBatchEngine) else None
         self.hung: EngineDied | None = None  # an engine call ran past `queue.max_run_s`
         self._running: asyncio.Task[None] | None = None  # `run`'s, which `hung` cancels

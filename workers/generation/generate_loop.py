@@ -32,6 +32,7 @@ from workers.partition.redis_backoff import (
     OUTAGE,
     OutageLog,
     Stopped,
+    Stopping,
     serve_until_stopped,
     until_done,
 )
@@ -115,7 +116,7 @@ class GenerateLoop:
         self.capacity = partition.config.max_num_seqs
         self.running: dict[str, RunningJob] = {}
         self.settling: set[LaneEntry] = set()  # entries of ended jobs not yet written back
-        self.stopping = asyncio.Event()
+        self.stopping = Stopping()
         self._chunks: list[tuple[RunningJob, TokenChunk, int]] = []
         self._ended: list[RunningJob] = []
         self._given_up: list[RunningJob] = []  # a drain's: handed back once the publisher ends

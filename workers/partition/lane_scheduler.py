@@ -6,14 +6,14 @@ still go first when they arrive."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Collection
+from functools import partial
 
 from workers.partition.arrival_rate import ArrivalRate
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
 from workers.partition.reclaim_turn import ReclaimTurn
-from workers.partition.redis_backoff import unless_stopped
+from workers.partition.redis_backoff import Stopping
 from workers.partition.stream_reader import Delivery, LaneEntry, MicroBatch, StreamReader
 
 # How long a micro-batch loop's read blocks while a reclaimed entry is still in a staged engine's
@@ -86,7 +86,7 @@ class LaneScheduler:
         block_ms: int,
         in_hand: Collection[LaneEntry] = frozenset(),
         slots: bool = False,
-        stop: asyncio.Event | None = None,
+        stop: Stopping | None = None,
     ) -> list[MicroBatch]:
         """One micro-batch (rarely two, when a blocking read returns from both lanes): after
         an outage, this consumer's pending entries that are not `in_hand` (running); then
@@ -102,8 +102,8 @@ class LaneScheduler:
         size, and no more may be handed over in all: a script reads first, which finds what
         waits in either lane, and the blocking read only if neither has any (`_blocking_read`:
         jobs may reach both before it).
-        `stop`: the loop's; set, it ends the blocking read at once (`unless_stopped`), and what
-        that read's lost reply may have handed over is claimed back as after an outage."""
+        `stop`: the loop's; set, it ends the blocking read at once (`Stopping.unless_set`), and
+        what that read's lost reply may have handed over is claimed back as after an outage."""
         if self.after_outage:
             if held := await self.reader.held([self.online, self.bulk], max_items, in_hand):
                 return held
@@ -119,7 +119,8 @@ class LaneScheduler:
         if not slots and self.redelivered.intersection(in_hand):  # staged: claim on soon
             block_ms = min(block_ms, REDELIVERED_WAIT_MS)
         lanes, count = self._blocking_read(max_items, slots)
-        waited = await unless_stopped(lambda: self.reader.wait(lanes, count, block_ms), stop)
+        read = partial(self.reader.wait, lanes, count, block_ms)
+        waited = await (read() if stop is None else stop.unless_set(read))
         if waited is None:
             return await self.reader.held([self.online, self.bulk], max_items, in_hand)
         self.backlog = any(self._left_waiting(deliveries, count) for _, deliveries in waited)

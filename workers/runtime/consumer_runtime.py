@@ -59,7 +59,8 @@ def start_wait_s(settings: Settings) -> float:
 
 
 class PartitionLoop(Protocol):
-    stopping: asyncio.Event
+    @property
+    def stopping(self) -> asyncio.Event: ...  # read-only: a loop's may be a Stopping
 
     async def run(self) -> None: ...
 
