@@ -33,7 +33,7 @@ TAKER = "box-8-88"  # another worker of the partition, reclaiming meanwhile
 STEPS = 18  # tokens of the drained generation, a step each
 
 
-def _partition(step_ms: int) -> Partition:
+def _partition(step_ms: int, max_num_seqs: int = 16) -> Partition:
     """Partition `m:default` on the paced engine, a step every `step_ms`; its entries are
     abandoned after a second without a touch."""
     config = ModelConfig(
@@ -42,12 +42,13 @@ def _partition(step_ms: int) -> Partition:
         backend="tests.paced_engine:PacedEngine",
         parameters={"step_ms": step_ms},
         queue=QueueLimits(visibility_timeout_s=1),
+        max_num_seqs=max_num_seqs,
     )
     return Partition.of(KEYS, config, "default")
 
 
 async def _stopped_while_generating(
-    aredis: aioredis.Redis, partition: Partition, job_id: str, drain_s: float
+    aredis: aioredis.Redis, partition: Partition, job_id: str, drain_s: float, block_ms: int = 50
 ) -> asyncio.Task[None]:
     """A loop of WORKER that started generating job `job_id` and was then asked to stop."""
     entry = RequestEntry(
@@ -58,7 +59,7 @@ async def _stopped_while_generating(
     await reader.ensure_groups()
     engine = PacedEngine(partition.config, "default", "")
     await engine.load()
-    loop = generate_loop(aredis, KEYS, partition, reader, engine, drain_s=drain_s)
+    loop = generate_loop(aredis, KEYS, partition, reader, engine, drain_s, block_ms)
     running = asyncio.create_task(loop.run())
 
     async def started() -> None:
@@ -107,6 +108,23 @@ async def test_a_generation_that_ignores_its_abort_holds_the_drain_no_longer(
     assert pending["times_delivered"] == 0  # handed back, its given-up run uncounted
     record = await JobStore(aredis, KEYS, 60).get("ignored")
     assert record is not None and record.status == JobStatus.RUNNING  # no result: rerun elsewhere
+
+
+async def test_a_loop_with_every_slot_busy_drains_at_a_stop_not_after_its_block(
+    aredis: aioredis.Redis,
+) -> None:
+    """Every slot generating, the loop waits for one to free, up to its block: a stop waited
+    that out (or the generation's end) before the drain began, past a grace no longer than
+    CONVEYOR_BLOCK_MS. The drain begins at once and gives the never-ending generation up."""
+    partition = _partition(step_ms=3_600_000, max_num_seqs=1)
+    running = await _stopped_while_generating(
+        aredis, partition, "busy", drain_s=0.2, block_ms=600_000
+    )
+
+    await asyncio.wait_for(running, 30)  # a hang guard: the slot's wait is 10 minutes
+
+    [pending] = await aredis.xpending_range(partition.online, GROUP, "-", "+", 10)
+    assert pending["consumer"] == WORKER.encode() and pending["times_delivered"] == 0
 
 
 async def test_a_generation_a_drain_gave_up_is_due_to_the_next_reclaim_uncounted(

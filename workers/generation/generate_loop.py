@@ -164,16 +164,19 @@ class GenerateLoop:
     async def _admit(self) -> None:
         """Fill free slots: a reclaimed entry first (one at a time, `LaneScheduler`), then online
         before bulk. Blocks up to `block_ms` when no slot is free or nothing is queued (which
-        bounds noticing a stop, and a hung engine: nothing more is touched or admitted then)."""
+        bounds noticing a hung engine: nothing more is touched or admitted then; a stop ends
+        the block at once)."""
         if self._watch.hung(getattr(self._step_stats(), "steps", None)):
             self._hung()
             return
         await self._touch_running()
         free = self.capacity - len(self.running)
-        if free <= 0:
+        if free <= 0:  # a stop ends the wait at once: the drain begins then, not a block later
             self._slot_freed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_freed.wait(), self.block_ms / 1000)
+                await self.stopping.unless_set(
+                    lambda: asyncio.wait_for(self._slot_freed.wait(), self.block_ms / 1000)
+                )
             return
         in_hand = self.settling.union(
             (job.stream, job.delivery.entry_id) for job in self.running.values()

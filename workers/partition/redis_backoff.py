@@ -143,9 +143,9 @@ class Stopping(asyncio.Event):
             self._reading.cancel()
 
     async def unless_set(self, call: Callable[[], Awaitable[T]]) -> T | None:
-        """`call`'s result (a blocking read, which holds nothing yet), or None once set first:
-        its reply, if Redis had sent one, is lost with the cut (the caller claims back what it
-        handed over)."""
+        """`call`'s result (a blocking read, which holds nothing yet, or another wait), or None
+        once set first: a read's reply, if Redis had sent one, is lost with the cut (the caller
+        claims back what it handed over)."""
         task = asyncio.current_task()
         if self.is_set() or task is None:
             return None if self.is_set() else await call()
