@@ -90,14 +90,8 @@ async def test_after_an_outage_the_entries_a_lost_read_was_handed_run_first(
     assert _jobs(await lanes.next_batch(10, 0, 50, in_hand)) == ["d"]
 
 
-async def test_a_stop_ends_the_blocking_read_and_claims_back_what_its_cut_reply_handed_over(
-    aredis: aioredis.Redis, redis_url: str
-) -> None:
-    """An idle worker's stop waited out its read's block (CONVEYOR_BLOCK_MS), past a shorter
-    shutdown grace; cut short now, the read's reply may have been lost on the way, so what this
-    consumer was handed and does not hold is claimed back, to finish before it stops."""
-    await _queued(JobStore(aredis, KEYS, ttl_s=60), aredis, "a")
-    await aredis.xreadgroup(GROUP, WORKER, {PARTITION.online: ">"})  # the cut reply's entry
+async def _cut_read(aredis: aioredis.Redis, redis_url: str, max_items: int) -> list[MicroBatch]:
+    """What a blocking `next_batch` of `max_items` returns when its stop cuts the read."""
     patient = connect(redis_url, blocks_ms=600_000)  # its socket outlasts the block
     reader = StreamReader(patient, KEYS, PARTITION.streams, WORKER)
     events = JobEvents("redis://unused")
@@ -105,7 +99,7 @@ async def test_a_stop_ends_the_blocking_read_and_claims_back_what_its_cut_reply_
         PARTITION, reader, Reclaimer(patient, KEYS, PARTITION, WORKER, 60, events)
     )
     stop = Stopping()
-    reading = asyncio.create_task(lanes.next_batch(10, 0, 600_000, stop=stop))
+    reading = asyncio.create_task(lanes.next_batch(max_items, 0, 600_000, stop=stop))
 
     async def blocked() -> bool:
         clients = await aredis.client_list()
@@ -114,9 +108,38 @@ async def test_a_stop_ends_the_blocking_read_and_claims_back_what_its_cut_reply_
     try:
         await until_async(blocked)
         stop.set()
-        assert _jobs(await asyncio.wait_for(reading, 30)) == ["a"]  # a bound: the block is 10 min
+        return await asyncio.wait_for(reading, 30)  # a bound: the block is 10 min
     finally:
         await patient.aclose()
+
+
+async def test_a_stop_ends_the_blocking_read_and_claims_back_what_its_cut_reply_handed_over(
+    aredis: aioredis.Redis, redis_url: str
+) -> None:
+    """An idle worker's stop waited out its read's block (CONVEYOR_BLOCK_MS), past a shorter
+    shutdown grace; cut short now, the read's reply may have been lost on the way, so what this
+    consumer was handed and does not hold is claimed back, to finish before it stops."""
+    await _queued(JobStore(aredis, KEYS, ttl_s=60), aredis, "a")
+    await aredis.xreadgroup(GROUP, WORKER, {PARTITION.online: ">"})  # the cut reply's entry
+    assert _jobs(await _cut_read(aredis, redis_url, 10)) == ["a"]
+
+
+async def test_a_cut_read_of_both_lanes_is_claimed_back_whole(
+    aredis: aioredis.Redis, redis_url: str
+) -> None:
+    """A micro-batch loop's blocking read hands over up to `max_items` of each lane; claimed
+    back after a cut as `max_items` in all, the rest stayed pending on a consumer that then
+    exited, run by nobody until another worker's reclaim, a visibility timeout later."""
+    store = JobStore(aredis, KEYS, ttl_s=60)
+    await _queued(store, aredis, "a")
+    await queue_jobs(store, PARTITION.bulk, "b")
+    streams = {PARTITION.online: ">", PARTITION.bulk: ">"}
+    await aredis.xreadgroup(GROUP, WORKER, streams, count=1)  # the cut reply's entries
+
+    batches = await _cut_read(aredis, redis_url, 1)
+
+    assert sorted(_jobs(batches)) == ["a", "b"]
+    assert all(len(deliveries) <= 1 for _, deliveries in batches)  # micro-batches of max_items
 
 
 async def test_a_generate_loops_recovered_jobs_are_marked_running(aredis: aioredis.Redis) -> None:

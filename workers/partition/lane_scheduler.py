@@ -103,7 +103,8 @@ class LaneScheduler:
         waits in either lane, and the blocking read only if neither has any (`_blocking_read`:
         jobs may reach both before it).
         `stop`: the loop's; set, it ends the blocking read at once (`Stopping.unless_set`), and
-        what that read's lost reply may have handed over is claimed back as after an outage."""
+        what that read's lost reply may have handed over (up to its COUNT of each lane) is
+        claimed back as after an outage."""
         if self.after_outage:
             if held := await self.reader.held([self.online, self.bulk], max_items, in_hand):
                 return held
@@ -121,8 +122,10 @@ class LaneScheduler:
         lanes, count = self._blocking_read(max_items, slots)
         read = partial(self.reader.wait, lanes, count, block_ms)
         waited = await (read() if stop is None else stop.unless_set(read))
-        if waited is None:
-            return await self.reader.held([self.online, self.bulk], max_items, in_hand)
+        if waited is None:  # cut: its lost reply may have handed over `count` of each lane
+            return [
+                batch for lane in lanes for batch in await self.reader.held([lane], count, in_hand)
+            ]
         self.backlog = any(self._left_waiting(deliveries, count) for _, deliveries in waited)
         return [await self._topped_up(b, max_items, delay_ms) for b in waited]
 
