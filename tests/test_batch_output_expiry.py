@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import redis.asyncio as aioredis
@@ -29,13 +30,18 @@ LINES = (
 
 
 @pytest.fixture
-async def sdk(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[openai.AsyncOpenAI]:
+async def producer(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
     """After `aredis` has flushed the database."""
     settings = Settings(
         redis_url=redis_url, key_prefix=KEYS.prefix, auth="disabled", result_ttl_s=TTL_S
     )
     async with app_client(create_app(settings)) as client:
-        yield openai_sdk(client)
+        yield client
+
+
+@pytest.fixture
+def sdk(producer: httpx.AsyncClient) -> openai.AsyncOpenAI:
+    return openai_sdk(producer)
 
 
 async def _create(sdk: openai.AsyncOpenAI, policy: dict[str, Any]) -> str:
@@ -105,4 +111,54 @@ async def test_a_policy_outside_openais_is_refused_by_name(
     error = refused.value.body
     assert isinstance(error, dict) and error["type"] == "invalid_request_error", error
     assert error["param"] == param and needle in error["message"], error
+    assert await aredis.keys(KEYS.batch("*")) == []
+
+
+def _policy(seconds: int, anchor: str | None = "created_at") -> dict[str, str]:
+    """OpenAI's policy as flat fields, as `POST /v1/files` takes an upload's `expires_after`."""
+    fields = {"output_expires_after[seconds]": str(seconds)}
+    return fields | ({"output_expires_after[anchor]": anchor} if anchor else {})
+
+
+async def _create_own(producer: httpx.AsyncClient, way: str, policy: dict[str, str]) -> Any:
+    """Conveyor's own creates: the lines as the body, the options its query parameters, or a
+    multipart upload, the options its form fields."""
+    window = {"completion_window": "1h"}
+    if way == "query":
+        jsonl = {"Content-Type": "application/jsonl"}
+        return await producer.post(
+            "/v1/batches", params=window | policy, content=LINES, headers=jsonl
+        )
+    return await producer.post(
+        "/v1/batches", params=window, data=policy, files={"file": ("b.jsonl", LINES)}
+    )
+
+
+@pytest.mark.parametrize("way", ["query", "form"])
+async def test_conveyors_own_creates_take_the_policy_as_fields(
+    producer: httpx.AsyncClient, way: str
+) -> None:
+    """Its query parameters were ignored (the files kept a result TTL), its form fields refused
+    (422: not an option)."""
+    created = await _create_own(producer, way, _policy(3600))
+    assert created.status_code == 202, created.text
+    batch = (await producer.post(f"/v1/batches/{created.json()['id']}/cancel")).json()
+    errors = (await producer.get(f"/v1/files/{batch['error_file_id']}")).json()
+    assert errors["expires_at"] == errors["created_at"] + 3600 == batch["cancelled_at"] + 3600
+
+
+@pytest.mark.parametrize("way", ["query", "form"])
+@pytest.mark.parametrize(
+    ("policy", "needle"),
+    [(_policy(60), "greater than or equal to 3600"), (_policy(3600, anchor=None), "anchor")],
+)
+async def test_conveyors_own_creates_refuse_a_policy_outside_openais(
+    producer: httpx.AsyncClient,
+    aredis: aioredis.Redis,
+    way: str,
+    policy: dict[str, str],
+    needle: str,
+) -> None:
+    refused = await _create_own(producer, way, policy)
+    assert refused.status_code == 422 and needle in refused.text, refused.text
     assert await aredis.keys(KEYS.batch("*")) == []

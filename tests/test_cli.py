@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
@@ -69,19 +70,24 @@ def test_batch_submit_wait_writes_both_files(
 
 def test_batch_get_cancel_and_results(base_url: str, tmp_path: Path) -> None:
     """A batch for identity:canary (no worker in these tests: its items stay queued) is shown
-    in progress, cancelled, and its results written: every item an error, no output."""
+    in progress, cancelled, and its results written: every item an error, no output. Its
+    errors file is kept the hour its submit asked (`--output-expires-after`: no such option)."""
     source = tmp_path / "later.jsonl"
     body = {"variant": "canary", "inputs": {"n": 1}}
     source.write_text(
         "".join(json.dumps({"custom_id": f"c{i}", "body": body}) + "\n" for i in range(3))
     )
     url = ("--url", base_url)
-    batch_id = _run("batch", "submit", str(source), "--model", "identity", *url).stdout.strip()
+    kept = ("--output-expires-after", "3600")  # its files' life, from its end
+    submitted = _run("batch", "submit", str(source), "--model", "identity", *kept, *url)
+    batch_id = submitted.stdout.strip()
 
     running = json.loads(_run("batch", "get", batch_id, *url).stdout)
     assert running["id"] == batch_id and running["status"] == "in_progress"
     cancelled = json.loads(_run("batch", "cancel", batch_id, *url).stdout)
     assert cancelled["status"] == "cancelled" and cancelled["counts"]["cancelled"] == 3
+    errors_file = httpx.get(f"{base_url}/v1/files/{cancelled['error_file_id']}").json()
+    assert errors_file["expires_at"] == cancelled["cancelled_at"] + 3600, errors_file
     written = _run("batch", "results", batch_id, str(tmp_path / "later"), *url).stdout.split()
     output, errors = tmp_path / "later.output.jsonl", tmp_path / "later.errors.jsonl"
     assert written == [str(output), str(errors)]

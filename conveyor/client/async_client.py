@@ -208,10 +208,13 @@ class AsyncBatches:
         completion_window: str | None = None,
         webhook: str | None = None,
         idempotency_key: str | None = None,
+        output_expires_after: int | None = None,
     ) -> Batch:
         body = calls.jsonl(source)
         return await self.client.run(
-            calls.create_batch(body, model, completion_window, webhook, idempotency_key)
+            calls.create_batch(
+                body, model, completion_window, webhook, idempotency_key, output_expires_after
+            )
         )
 
     async def get(self, batch_id: str) -> Batch:

@@ -334,11 +334,20 @@ def create_batch(
     completion_window: str | None,
     webhook: str | None,
     idempotency_key: str | None,
+    output_expires_after: int | None,
 ) -> Op[Batch]:
     """An Idempotency-Key is always sent (a fresh one by default), as a submit's is: a create
     retried after its answer was lost answers with the batch it made, not a second one that
-    runs every line again."""
-    options = {"model": model, "completion_window": completion_window, "webhook": webhook}
+    runs every line again. `output_expires_after` (s) goes as OpenAI's policy, its one anchor
+    the files' creation, in the query parameters the JSONL body's options travel in."""
+    options: dict[str, str | int | None] = {
+        "model": model,
+        "completion_window": completion_window,
+        "webhook": webhook,
+    }
+    if output_expires_after is not None:
+        options["output_expires_after[anchor]"] = "created_at"
+        options["output_expires_after[seconds]"] = output_expires_after
     key = idempotency_key or uuid.uuid4().hex
     response = yield Call(
         "POST",

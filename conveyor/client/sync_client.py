@@ -203,11 +203,16 @@ class Batches:
         completion_window: str | None = None,
         webhook: str | None = None,
         idempotency_key: str | None = None,
+        output_expires_after: int | None = None,
     ) -> Batch:
-        """`source`: JSONL bytes, a file path, or lines `{"custom_id", "body": {...}}`."""
+        """`source`: JSONL bytes, a file path, or lines `{"custom_id", "body": {...}}`.
+        `output_expires_after`: seconds its output and error files are kept from its end
+        (OpenAI's policy, 3600 to 2592000), the server's result TTL at most; None: that TTL."""
         body = calls.jsonl(source)
         return self.client.run(
-            calls.create_batch(body, model, completion_window, webhook, idempotency_key)
+            calls.create_batch(
+                body, model, completion_window, webhook, idempotency_key, output_expires_after
+            )
         )
 
     def get(self, batch_id: str) -> Batch:

@@ -25,6 +25,7 @@ from rich.text import Text
 from conveyor.client.cli_options import NOT_SUCCEEDED, connect, connection_options
 from conveyor.client.sync_client import Client
 from conveyor.client.types import Batch, BatchResults
+from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 console = Console(stderr=True)
 
@@ -87,6 +88,14 @@ def command() -> None:
 @click.option("--model", default=None, help="Model for lines whose body names none.")
 @click.option("--completion-window", default="24h", show_default=True, help="e.g. 30m, 24h.")
 @click.option("--webhook", default=None, help="URL POSTed a signed event when the batch ends.")
+@click.option(
+    "--output-expires-after",
+    type=click.IntRange(EXPIRES_AFTER_MIN_S, EXPIRES_AFTER_MAX_S),
+    default=None,
+    metavar="SECONDS",
+    help="Keep the output and error files this long from the batch's end (OpenAI's "
+    "output_expires_after), the server's result TTL at most. [default: the result TTL]",
+)
 @click.option("--wait", is_flag=True, help="Follow progress, then write the result files.")
 @connection_options
 def submit(
@@ -94,6 +103,7 @@ def submit(
     model: str | None,
     completion_window: str,
     webhook: str | None,
+    output_expires_after: int | None,
     wait: bool,
     url: str | None,
     api_key: str | None,
@@ -103,7 +113,9 @@ def submit(
     completed (its failed lines are in the errors file), 1 if it ended otherwise (cancelled,
     expired, failed), 3 if an error kept it from learning how the batch ended."""
     with connect(url, api_key, waits=wait) as client:
-        batch = client.batches.create(file, model, completion_window, webhook)
+        batch = client.batches.create(
+            file, model, completion_window, webhook, output_expires_after=output_expires_after
+        )
         if not wait:
             click.echo(batch.id)
             return

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.datastructures import UploadFile
@@ -31,6 +32,7 @@ from producer_api.request_boundary import parse_json
 from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route, page_response
 from producer_api.state import ProducerState
 from shared.batch_api_store import Refresh
+from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 from shared.model_repository import NAME
 from shared.settings import get_settings
 
@@ -102,10 +104,26 @@ async def _asked(request: Request, options: dict[str, Any]) -> Asked:
         if not isinstance(upload, UploadFile):
             raise ConveyorError(422, "invalid_request", "multipart body needs a `file` field")
         fields = {k: v for k, v in form.items() if k != "file" and isinstance(v, str)}
-        return Asked(await upload.read(), {**options, **fields})
+        return Asked(await upload.read(), {**options, **_folded(fields)})
     if (create := _openai_create(request, body := await request.body())) is not None:
         return Asked(None, {**options, **create})
     return Asked(body, options)
+
+
+# OpenAI's `output_expires_after` as the flat query parameters or form fields that send it where
+# the options are not a JSON body, as an upload's `expires_after[...]` form fields (`POST
+# /v1/files`): each field's name to its key in the object.
+_EXPIRES_AFTER = "output_expires_after"
+_EXPIRES_FIELDS = {f"{_EXPIRES_AFTER}[anchor]": "anchor", f"{_EXPIRES_AFTER}[seconds]": "seconds"}
+
+
+def _folded(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """`fields` with `output_expires_after[anchor]` and `[seconds]` as one `output_expires_after`
+    object, which `BatchOptions` checks as it checks OpenAI's JSON create's (a field left out is
+    named missing there, not taken as a default)."""
+    kept = {k: v for k, v in fields.items() if k not in _EXPIRES_FIELDS}
+    policy = {key: fields[name] for name, key in _EXPIRES_FIELDS.items() if name in fields}
+    return {**kept, _EXPIRES_AFTER: policy} if policy else kept
 
 
 # What only OpenAI's create body holds, and what only a batch line does.
@@ -155,9 +173,26 @@ async def create_batch(
     completion_window: str = Query(default="24h", pattern=WINDOW),
     webhook: str | None = Query(default=None, max_length=2048),
     endpoint: Annotated[Endpoint | None, Query(description="The url every line names")] = None,
+    # checked only: OpenAI's one anchor, each file's `created_at`
+    anchor: Annotated[
+        Literal["created_at"] | None, Query(alias=f"{_EXPIRES_AFTER}[anchor]")
+    ] = None,
+    seconds: Annotated[
+        int | None,
+        Query(
+            alias=f"{_EXPIRES_AFTER}[seconds]",
+            ge=EXPIRES_AFTER_MIN_S,
+            le=EXPIRES_AFTER_MAX_S,
+            description="OpenAI's output_expires_after: how long the batch's output and error "
+            "files are kept from its end, the result TTL at most",
+        ),
+    ] = None,
 ) -> Any:
     """Create a batch from JSONL (`application/jsonl` body, a multipart `file` upload with
     the same options as form fields, or OpenAI's JSON body naming an uploaded `input_file_id`).
+    OpenAI's `output_expires_after` is `output_expires_after[anchor]=created_at` and
+    `output_expires_after[seconds]` as query parameters or form fields, as `POST /v1/files`
+    takes an upload's `expires_after`.
     One line per request: `{"custom_id", "body": {job}}`, or `{"custom_id", "url", "body"}` for
     OpenAI's `/v1/embeddings`, `/v1/chat/completions` or `/v1/completions`, `body` being that
     route's request (one url per batch).
@@ -165,9 +200,15 @@ async def create_batch(
     the bulk lane, those it has no room for held and fed in as it frees. A repeated
     `Idempotency-Key` with the same request answers as its first try did, 202 with the batch it
     created (as `POST /v1/jobs` answers with its job)."""
-    options = {"model": model, "completion_window": completion_window, "webhook": webhook}
-    options["endpoint"] = endpoint
-    given = {k: v for k, v in options.items() if v is not None}
+    options = {
+        "model": model,
+        "completion_window": completion_window,
+        "webhook": webhook,
+        "endpoint": endpoint,
+        f"{_EXPIRES_AFTER}[anchor]": anchor,
+        f"{_EXPIRES_AFTER}[seconds]": seconds,
+    }
+    given = _folded({k: v for k, v in options.items() if v is not None})
     asked = await _asked(request, given)  # first: it tells OpenAI's create, refused as OpenAI's
     key = idempotency_key(request)
     batch_id, progress = await creation.batches.create(asked, creation.files.data, key)
