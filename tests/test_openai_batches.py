@@ -61,10 +61,12 @@ REFUSED = [
     ("ids", {"model": "minilm", "input": [[101, 102]]}, None, "check_embedding_ctx_length"),
     ("identity", {"model": "identity", "input": "x"}, None, "does not embed text"),
     ("cut", {"model": "minilm", "input": "x", "dimensions": 8}, None, "whole vectors only"),
+    # named as the line's body has it (`input`), not as the job stores it (`inputs['texts']`)
+    ("long", {"model": "minilm", "input": ["x"] * 257}, None, "input: "),
     ("job", {"model": "minilm", "inputs": {"texts": ["x"]}}, "/v1/jobs", "this batch is for"),
     ("responses", {"model": "minilm", "input": "x"}, "/v1/responses", "url"),
 ]
-ERROR_TYPES = ["invalid_request"] * 3 + ["url_mismatch", "invalid_request"]
+ERROR_TYPES = ["invalid_request"] * 4 + ["url_mismatch", "invalid_request"]
 
 
 def _source() -> str:

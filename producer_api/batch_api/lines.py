@@ -11,21 +11,22 @@ from pydantic import ValidationError
 
 from producer_api.batch_api.protocol import BatchItemBody, BatchLine
 from producer_api.errors import ConveyorError
-from producer_api.jobs.protocol import PredictRequest
+from producer_api.jobs.protocol import AS_JOB_FIELDS, FieldNames, PredictRequest
 from producer_api.request_boundary import parse_json
 from shared.codec import RequestEntry
 from shared.model_repository import ModelConfig
 
-Build = Callable[[str, PredictRequest], tuple[RequestEntry, ModelConfig, str]]
+# a line's job, from its model, its body as the route reads it, and how a refusal names its fields
+Build = Callable[[str, PredictRequest, FieldNames], tuple[RequestEntry, ModelConfig, str]]
 # How a line's body becomes a job request, by the route the line names: (the model the body
 # names, if it does, the request). Raises ValidationError or ConveyorError.
-Reader = Callable[[dict[str, Any]], tuple[str | None, PredictRequest]]
+Reader = Callable[[dict[str, Any]], tuple[str | None, PredictRequest, FieldNames]]
 
 
-def job_body(body: dict[str, Any]) -> tuple[str | None, PredictRequest]:
+def job_body(body: dict[str, Any]) -> tuple[str | None, PredictRequest, FieldNames]:
     """A `/v1/jobs` line's body: a job body whose model may be left to the batch."""
     request = BatchItemBody.model_validate(body)
-    return request.model, request
+    return request.model, request, AS_JOB_FIELDS
 
 
 @dataclass(slots=True)
@@ -95,7 +96,7 @@ class ParsedBatch:
             message = f"line is for {line.url}; this batch is for {self.url}"
             raise LineError("url_mismatch", message, line.custom_id)
         try:
-            named, body = self.readers[line.url](line.body)
+            named, body, names = self.readers[line.url](line.body)
         except ValidationError as exc:
             raise LineError("invalid_request", _describe(exc, "body"), line.custom_id) from None
         except ConveyorError as exc:
@@ -108,7 +109,7 @@ class ParsedBatch:
             message = f"line is for model {model!r}; this batch is for {self.model!r}"
             raise LineError("model_mismatch", message, line.custom_id)
         try:
-            entry, config, variant = self.build(model, body)
+            entry, config, variant = self.build(model, body, names)
         except ConveyorError as exc:
             raise LineError(exc.type, exc.message, line.custom_id) from None
         self.model, self.url = model, line.url

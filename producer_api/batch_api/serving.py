@@ -23,6 +23,7 @@ from producer_api.batch_api.progress import first_errors
 from producer_api.batch_api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, JOBS, BatchOptions
 from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import BodyPrint
+from producer_api.jobs.protocol import FieldNames, PredictRequest
 from producer_api.jobs.serving import UNSUCCESSFUL_STATUS, JobsService
 from producer_api.openai.embedding_serving import EmbeddingService, embedding_list
 from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -39,10 +40,11 @@ from shared.batch_api_store import (
     held_lists_field,
     window_end,
 )
-from shared.codec import as_objects, as_written, dumps, loads
+from shared.codec import RequestEntry, as_objects, as_written, dumps, loads
 from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
 from shared.metrics import JOBS_SUBMITTED
+from shared.model_repository import ModelConfig
 from shared.tenant_index import Page
 from shared.webhook_events import refusal
 
@@ -289,16 +291,21 @@ class BatchApiService:
             CHAT: partial(openai.sampling_line, ChatCompletionRequest),
             COMPLETIONS: partial(openai.sampling_line, CompletionRequest),
         }
-        build = JobsService(self.state, self.principal).build
         settings = self.state.settings
         return lines.ParsedBatch(
             options.model,
-            build,
+            self._build,
             readers,
             settings.max_json_depth,
             settings.max_batch_lines,
             options.endpoint,
         )
+
+    def _build(
+        self, model: str, body: PredictRequest, names: FieldNames
+    ) -> tuple[RequestEntry, ModelConfig, str]:
+        """A line's job, built as its route builds one: its refusals name the line's fields."""
+        return JobsService(self.state, self.principal, names).build(model, body)
 
     def _window_s(self, window: str) -> int:
         seconds = int(window[:-1]) * _UNITS[window[-1]]

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from producer_api.errors import ConveyorError
-from producer_api.jobs.protocol import PredictRequest
+from producer_api.jobs.protocol import FieldNames, PredictRequest
 from producer_api.jobs.serving import unsuccessful
 from producer_api.openai.protocol import EmbeddingRequest
 from producer_api.openai.serving import OpenAIService, awaiting, running_on
@@ -23,10 +23,11 @@ class EmbeddingService(OpenAIService):
         """Enqueue the texts as a job of an embedding model; returns its id."""
         return await self.submit_as_sent(request, self.embedding_job(request))
 
-    def embedding_line(self, body: dict[str, Any]) -> tuple[str, PredictRequest]:
-        """A batch line's body (`url: /v1/embeddings`) as the job it is, with its model."""
+    def embedding_line(self, body: dict[str, Any]) -> tuple[str, PredictRequest, FieldNames]:
+        """A batch line's body (`url: /v1/embeddings`) as the job it is, with its model and
+        how a refusal names its fields (as the line's body has them)."""
         request = EmbeddingRequest.model_validate(body)
-        return request.model, self.embedding_job(request)
+        return request.model, self.embedding_job(request), request.field_names()
 
     def embedding_job(self, request: EmbeddingRequest) -> PredictRequest:
         """The job an embeddings request is (a batch line's too). `dimensions` is refused: no

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
 from producer_api.errors import NO_RETRY, ConveyorError
-from producer_api.jobs.protocol import PredictRequest
+from producer_api.jobs.protocol import FieldNames, PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.live_feed import while_holds
 from producer_api.openai.protocol import (
@@ -264,10 +264,10 @@ class OpenAIService:
 
     def sampling_line(
         self, kind: type[Sampling], body: dict[str, Any]
-    ) -> tuple[str, PredictRequest]:
+    ) -> tuple[str, PredictRequest, FieldNames]:
         """A batch line's body (`url: /v1/chat/completions` or `/v1/completions`) as the job it
-        is, with its model. A batch line is answered whole: `stream` is refused; and from its
-        job's outputs alone: a completion's `echo` too."""
+        is, with its model and how a refusal names its fields. A batch line is answered whole:
+        `stream` is refused; and from its job's outputs alone: a completion's `echo` too."""
         request = kind.model_validate(body)
         if request.stream:
             message = "stream: a batch line is answered whole, in the output file"
@@ -275,7 +275,7 @@ class OpenAIService:
         if isinstance(request, CompletionRequest) and request.echo:
             message = "echo: a batch line's completion is answered without its prompt"
             raise ConveyorError(400, "invalid_request", message)
-        return request.model, self.sampling_job(request)
+        return request.model, self.sampling_job(request), request.field_names()
 
     def _follow(self, job_id: str) -> AsyncGenerator[TokenEvent, None]:
         return TokenFollower(self.state.tokens, self.state.job_store, self.state.keys).follow(
