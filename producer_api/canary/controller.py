@@ -102,12 +102,6 @@ def starved(canary: Canary, requests: int) -> str | None:
     )
 
 
-def unsigned(weight: float) -> float:
-    """`weight`, a negative zero as 0.0: routes an operator wrote with a weight of -0.0 pass as
-    not negative, and a canary that took it up was recorded, announced and gauged at "-0 %"."""
-    return weight or 0.0
-
-
 def show(canary: Canary) -> None:
     CANARY_WEIGHT.labels(canary.model, canary.variant).set(canary.weight)
     for state in STATES:
@@ -279,7 +273,7 @@ class CanaryController:
         leaves their routes as they are. A decision writes its step conditional on the routes
         returned, so a change landing while it reads its windows fails that write."""
         live = await self.live_routes(canary)
-        weight = unsigned(live.weights.get(canary.variant, 0.0))
+        weight = live.weights.get(canary.variant, 0.0)  # Routes hold no -0.0 (shared/routing)
         if abs(weight - canary.weight) <= WEIGHT_SLACK:
             return live
         if await self._own_write(canary, live.version):
