@@ -1,4 +1,5 @@
-"""kombu's Redis transport with one fix: a channel closes whole when its server is gone.
+"""kombu's Redis transport with two fixes: a channel closes whole when its server is gone, and
+its visibility sweep skips a turn when Redis refuses writes at its maxmemory (`QoS`).
 
 kombu's channel, closed while its BRPOP waits, first reads that BRPOP's reply; with the server
 gone the read raises, and the rest of the close (giving back the deliveries taken and not
@@ -17,12 +18,29 @@ named by a scheme of its own (`SCHEME`) rather than by Celery's `broker_transpor
 
 from __future__ import annotations
 
+from typing import Any
+
 from kombu.transport import TRANSPORT_ALIASES, redis
+from redis.exceptions import OutOfMemoryError
 
 SCHEME = "conveyor-redis"
 
 
+class QoS(redis.QoS):
+    def restore_visible(self, *args: Any, **kwargs: Any) -> Any:
+        """kombu's sweep of deliveries past their visibility timeout, which the consumer runs
+        at its start and then every so often: its lock is a write, which a Redis at its
+        maxmemory refuses, and kombu called that unrecoverable: a worker starting then ended.
+        Skipped this once; the next sweep restores them."""
+        try:
+            return super().restore_visible(*args, **kwargs)
+        except OutOfMemoryError:
+            return None
+
+
 class Channel(redis.Channel):
+    QoS = QoS
+
     def close(self) -> None:
         try:
             super().close()

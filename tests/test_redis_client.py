@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import redis
+from kombu import Connection
 from redis._parsers.encoders import Encoder
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
@@ -24,6 +25,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, RedisClusterException
 from redis.retry import Retry
 
+from conveyor.embedded_valkey import start_embedded_valkey
 from conveyor.stack import Stack, free_port
 from producer_api.app import create_app
 from shared import broker_transport
@@ -335,3 +337,18 @@ def _killed(admin: redis.Redis) -> bool:
 def _ignore_killed(call: Callable[..., Any], *args: Any) -> None:
     with contextlib.suppress(redis.ResponseError):  # the script killed
         call(*args)
+
+
+def test_kombus_visibility_sweep_skips_a_turn_on_a_redis_at_its_maxmemory(tmp_path: Path) -> None:
+    """A worker's Celery consumer runs the sweep at its start: its lock (a write) was refused at
+    maxmemory, kombu called that unrecoverable, and a worker starting then ended."""
+    server = start_embedded_valkey(tmp_path / "valkey")  # its own: maxmemory is server-wide
+    client = redis.Redis.from_url(server.connection_url)
+    try:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
+        with Connection(kombu_url(server.connection_url)) as connection:
+            assert connection.default_channel.qos.restore_visible() is None
+    finally:
+        client.close()
+        server.stop()
