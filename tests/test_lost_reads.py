@@ -26,8 +26,8 @@ from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
-from workers.partition.redis_backoff import Stopping
 from workers.partition.result_writer import ResultWriter
+from workers.partition.stopping import Stopping
 from workers.partition.stream_reader import Delivery, MicroBatch, StreamReader
 
 KEYS = Keys("lost:")

@@ -34,8 +34,9 @@ from workers.engines.base import BatchEngine, EngineDied, StagedBatchEngine
 from workers.partition.finish import Finish
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
-from workers.partition.redis_backoff import Stopped, Stopping, serve_until_stopped, until_done
+from workers.partition.redis_backoff import Stopped, serve_until_stopped, until_done
 from workers.partition.result_writer import ResultWriter
+from workers.partition.stopping import Stopping
 from workers.partition.stream_reader import Delivery, LaneEntry, StreamReader
 
 log = logging.getLogger(__name__)

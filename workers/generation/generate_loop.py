@@ -32,11 +32,11 @@ from workers.partition.redis_backoff import (
     OUTAGE,
     OutageLog,
     Stopped,
-    Stopping,
     serve_until_stopped,
     until_done,
 )
 from workers.partition.result_writer import ResultWriter
+from workers.partition.stopping import Stopping
 from workers.partition.stream_reader import Delivery, LaneEntry, StreamReader
 from workers.partition.token_writer import EntryHolder, TickWritten, TokenAppend, TokenWriter
 

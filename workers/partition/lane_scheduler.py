@@ -13,7 +13,7 @@ from workers.partition.arrival_rate import ArrivalRate
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
 from workers.partition.reclaim_turn import ReclaimTurn
-from workers.partition.redis_backoff import Stopping
+from workers.partition.stopping import Stopping
 from workers.partition.stream_reader import Delivery, LaneEntry, MicroBatch, StreamReader
 
 # How long a micro-batch loop's read blocks while a reclaimed entry is still in a staged engine's

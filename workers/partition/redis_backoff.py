@@ -1,8 +1,7 @@
 """Capped exponential backoff with jitter for Redis outages: workers keep their consumer name
 (and so their pending entries) and resume by themselves when the server is back. A backoff
 logs one line when Redis goes away and one when it is back, not one per retry, and its sleeps
-end as soon as the loop is asked to stop, so a worker whose Redis is gone still exits. A stop
-cuts a blocking read short too (`Stopping`)."""
+end as soon as the loop is asked to stop, so a worker whose Redis is gone still exits."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -123,41 +122,6 @@ async def until_done(call: Callable[[], Awaitable[T]], stop: asyncio.Event, what
             continue
         backoff.reset()
         return result
-
-
-class Stopping(asyncio.Event):
-    """A loop's stop. Set, it also ends the blocking read in progress under `unless_set` (its
-    task cancelled there): an idle worker sat in its read until its block ended, past a shutdown
-    grace no longer than CONVEYOR_BLOCK_MS. No task per read: wrapping each read in one (and a
-    waiter on the event) cost ~30-60 us per micro-batch on the worker's hot path."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._reading: asyncio.Task[Any] | None = None  # the task inside `unless_set`'s call
-        self._cut = False  # whether `set` cancelled it
-
-    def set(self) -> None:
-        super().set()
-        if self._reading is not None and not self._cut:
-            self._cut = True
-            self._reading.cancel()
-
-    async def unless_set(self, call: Callable[[], Awaitable[T]]) -> T | None:
-        """`call`'s result (a blocking read, which holds nothing yet, or another wait), or None
-        once set first: a read's reply, if Redis had sent one, is lost with the cut (the caller
-        claims back what it handed over)."""
-        task = asyncio.current_task()
-        if self.is_set() or task is None:
-            return None if self.is_set() else await call()
-        self._reading, self._cut = task, False
-        try:
-            return await call()
-        except asyncio.CancelledError:
-            if not self._cut or task.uncancel() > 0:
-                raise  # not the stop's, or this task is being cancelled besides
-            return None
-        finally:
-            self._reading = None
 
 
 async def serve_until_stopped(
