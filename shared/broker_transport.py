@@ -1,5 +1,5 @@
-"""kombu's Redis transport with two fixes: a channel closes whole when its server is gone, and
-its visibility sweep skips a turn when Redis refuses writes at its maxmemory (`QoS`).
+"""kombu's Redis transport with two fixes: a channel closes whole when its server is gone, and a
+Redis at its maxmemory is an outage to kombu, not a fault (`Transport`).
 
 kombu's channel, closed while its BRPOP waits, first reads that BRPOP's reply; with the server
 gone the read raises, and the rest of the close (giving back the deliveries taken and not
@@ -18,29 +18,13 @@ named by a scheme of its own (`SCHEME`) rather than by Celery's `broker_transpor
 
 from __future__ import annotations
 
-from typing import Any
-
 from kombu.transport import TRANSPORT_ALIASES, redis
 from redis.exceptions import OutOfMemoryError
 
 SCHEME = "conveyor-redis"
 
 
-class QoS(redis.QoS):
-    def restore_visible(self, *args: Any, **kwargs: Any) -> Any:
-        """kombu's sweep of deliveries past their visibility timeout, which the consumer runs
-        at its start and then every so often: its lock is a write, which a Redis at its
-        maxmemory refuses, and kombu called that unrecoverable: a worker starting then ended.
-        Skipped this once; the next sweep restores them."""
-        try:
-            return super().restore_visible(*args, **kwargs)
-        except OutOfMemoryError:
-            return None
-
-
 class Channel(redis.Channel):
-    QoS = QoS
-
     def close(self) -> None:
         try:
             super().close()
@@ -51,7 +35,16 @@ class Channel(redis.Channel):
 
 
 class Transport(redis.Transport):
+    """A Redis at its maxmemory (noeviction) refuses writes: kombu called its OutOfMemoryError
+    unrecoverable, so a worker whose Celery consumer started then (its pidbox binding, its
+    visibility sweep: writes) ended, and a running one lost its consumer at its first refused
+    write. As a connection error of kombu's, Celery's consumer reconnects and backs off until
+    memory frees, as for MISCONF, and a publish is retried by kombu's policy. Only here: the
+    producer's own clients keep the plain class, whose refusal is a 503, and redis-py does not
+    retry it or drop its connection (a pipeline's error as a redis-py connection error did)."""
+
     Channel = Channel
+    connection_errors = (*redis.Transport.connection_errors, OutOfMemoryError)
 
 
 TRANSPORT_ALIASES[SCHEME] = f"{__name__}:Transport"

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from shared.keys import GROUP
+from shared.redis_client import WRITES_REFUSED
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,9 +70,23 @@ async def ensure_groups(client: aioredis.Redis, streams: Iterable[str]) -> None:
     for stream in streams:
         try:
             await client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        except WRITES_REFUSED:
+            if not await _has_group(client, stream):
+                raise
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+
+async def _has_group(client: aioredis.Redis, stream: str) -> bool:
+    """Whether `stream` has the group: a Redis refusing writes (its maxmemory, a failover's old
+    master) refuses XGROUP CREATE before it looks for the group, so a worker or producer that
+    started then waited for writes it did not need."""
+    try:
+        groups = await client.xinfo_groups(stream)
+    except ResponseError:  # no such key
+        return False
+    return any(group["name"] in (GROUP, GROUP.encode()) for group in groups)
 
 
 async def ensure_groups_where_streams_fit(client: aioredis.Redis, streams: Iterable[str]) -> None:

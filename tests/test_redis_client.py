@@ -22,7 +22,7 @@ from redis._parsers.encoders import Encoder
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, RedisClusterException
+from redis.exceptions import DataError, OutOfMemoryError, RedisClusterException
 from redis.retry import Retry
 
 from conveyor.embedded_valkey import start_embedded_valkey
@@ -339,16 +339,39 @@ def _ignore_killed(call: Callable[..., Any], *args: Any) -> None:
         call(*args)
 
 
-def test_kombus_visibility_sweep_skips_a_turn_on_a_redis_at_its_maxmemory(tmp_path: Path) -> None:
-    """A worker's Celery consumer runs the sweep at its start: its lock (a write) was refused at
-    maxmemory, kombu called that unrecoverable, and a worker starting then ended."""
+async def _set_once(url: str) -> None:
+    producers = connect(url)
+    try:
+        await producers.set("k", "v")
+    finally:
+        await producers.aclose()
+
+
+def test_a_redis_at_its_maxmemory_is_an_outage_to_kombu_and_a_refusal_to_the_producer(
+    tmp_path: Path,
+) -> None:
+    """kombu called a plain OutOfMemoryError unrecoverable: a worker whose Celery consumer started
+    at maxmemory (its pidbox binding, its visibility sweep: writes) ended. On kombu's connections
+    OOM is a connection error, which Celery's consumer waits out; the producer's own clients
+    do not count it as one: its refusal is a 503 (tests/test_faults.py), not a lost connection
+    retried."""
     server = start_embedded_valkey(tmp_path / "valkey")  # its own: maxmemory is server-wide
     client = redis.Redis.from_url(server.connection_url)
     try:
         client.config_set("maxmemory-policy", "noeviction")
         client.config_set("maxmemory", 1)
         with Connection(kombu_url(server.connection_url)) as connection:
-            assert connection.default_channel.qos.restore_visible() is None
+            channel = connection.default_channel
+            recoverable = connection.recoverable_connection_errors
+            with pytest.raises(recoverable, match="maxmemory"):
+                channel.qos.restore_visible()  # its lock: a SET
+            channel.exchange_declare("x", "direct")  # kept in the process: no write
+            with pytest.raises(recoverable, match="maxmemory"):  # a MULTI's SADD
+                channel.queue_bind("q", "x", "q")
+        with pytest.raises(OutOfMemoryError) as plain:
+            asyncio.run(_set_once(server.connection_url))
+        assert not isinstance(plain.value, RedisConnectionError)
     finally:
+        client.config_set("maxmemory", 0)
         client.close()
         server.stop()

@@ -85,17 +85,29 @@ def _receiving(stack: Stack, refused_for_s: float | None) -> Iterator[_RefusingR
         broker.close()
 
 
-def _refused_webhook(stack: Stack, receiver: _RefusingReceiver) -> None:
-    """A worker, and a webhook for it to deliver to `receiver`."""
-    url = f"http://127.0.0.1:{receiver.server_address[1]}/hooks/refused"
-    stack.start_worker(
+def _url(receiver: _RefusingReceiver) -> str:
+    return f"http://127.0.0.1:{receiver.server_address[1]}/hooks/refused"
+
+
+def _spawn_worker(stack: Stack, receiver: _RefusingReceiver) -> str:
+    """A worker that may deliver to `receiver`, started; its name, for `wait_ready`."""
+    return stack.spawn_worker(
         "identity:default",
         CONVEYOR_WEBHOOK_SECRET="whsec-refused",
-        CONVEYOR_WEBHOOK_ALLOWLIST=url,
+        CONVEYOR_WEBHOOK_ALLOWLIST=_url(receiver),
         CONVEYOR_SHUTDOWN_GRACE_S="1",
     )
+
+
+def _send_webhook(stack: Stack, receiver: _RefusingReceiver) -> None:
     body = event("job.succeeded", "default", {"id": "j-refused"}, "j-refused_succeeded")
-    WebhookDispatcher(stack.redis_url).send("job", "j-refused", url, body)
+    WebhookDispatcher(stack.redis_url).send("job", "j-refused", _url(receiver), body)
+
+
+def _refused_webhook(stack: Stack, receiver: _RefusingReceiver) -> None:
+    """A worker, and a webhook for it to deliver to `receiver`."""
+    stack.wait_ready(_spawn_worker(stack, receiver))
+    _send_webhook(stack, receiver)
 
 
 def test_a_retry_the_broker_refused_to_queue_is_still_made(stack: Stack) -> None:

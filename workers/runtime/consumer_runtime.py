@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future, wait
 from typing import Protocol
 
@@ -33,6 +33,7 @@ from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
 from workers.partition.reclaim_turn import ReclaimTurn
+from workers.partition.redis_backoff import until_done
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import StreamReader
 from workers.partition.token_writer import TokenWriter
@@ -56,6 +57,14 @@ def start_wait_s(settings: Settings) -> float:
     """How long a worker waits for its engines: CONVEYOR_START_TIMEOUT_S, which is raised for a
     large LLM's load (`conveyor up` waits that long for the worker), or MIN_START_WAIT_S."""
     return max(settings.start_timeout_s, MIN_START_WAIT_S)
+
+
+async def _through_outages(call: Callable[[], Awaitable[object]], what: str) -> None:
+    """A start-up write of the worker's, waited out through an outage or a Redis refusing
+    writes (its maxmemory, a failover) as the loops' are: the worker ended there, where Celery's
+    consumer waits for the broker. A stop meanwhile cancels the start (`_stop_serving`); the
+    wait is bounded by CONVEYOR_START_TIMEOUT_S."""
+    await until_done(call, asyncio.Event(), what)
 
 
 class PartitionLoop(Protocol):
@@ -139,7 +148,8 @@ class ConsumerRuntime:
             check_stop()
             if time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"the engines did not load within {wait_s:g}s (CONVEYOR_START_TIMEOUT_S)"
+                    f"not serving within {wait_s:g}s (CONVEYOR_START_TIMEOUT_S): its engines"
+                    " still loading, or Redis unavailable (logged) all that time"
                 )
         self._ready.result()  # the load's error, if it failed
 
@@ -198,7 +208,8 @@ class ConsumerRuntime:
         events = JobEvents(self.settings.redis_url)
         writer = ResultWriter(client, self.keys, self.settings.result_ttl_s, events, self.consumer)
         try:  # a load that fails or is given up closes the engines loaded before it too
-            await preload(client, [*job_scripts.ALL, *token_scripts.ALL])
+            scripts = [*job_scripts.ALL, *token_scripts.ALL]
+            await _through_outages(lambda: preload(client, scripts), "worker start: its scripts")
             # before any engine sizes its pool: each of this worker's gets its share of the CPUs
             CPU_SHARES.share_among_backends(c.backend_of(v) for c, v in self.partitions)
             for config, variant in self.partitions:
@@ -230,7 +241,7 @@ class ConsumerRuntime:
         engine = await self._load_engine(partition.config, partition.variant)
         generate = isinstance(engine, GenerateEngine)
         reader = StreamReader(client, self.keys, partition.streams, self.consumer, generate)
-        await reader.ensure_groups()
+        await _through_outages(reader.ensure_groups, f"{partition.name}: its consumer groups")
         ttl_s = self.settings.result_ttl_s
         reclaimer = Reclaimer(client, self.keys, partition, self.consumer, ttl_s, events)
         lanes = LaneScheduler(partition, reader, reclaimer, self._reclaim_turn)
