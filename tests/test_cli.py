@@ -17,7 +17,9 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from click.testing import CliRunner
 
+from conveyor.cli import main
 from conveyor.client import Client, Event
 from conveyor.commands.jobs import NO_WORKER, WARMING, Progress
 from conveyor.local_stack import StackState
@@ -71,7 +73,8 @@ def test_batch_submit_wait_writes_both_files(
 def test_batch_get_cancel_and_results(base_url: str, tmp_path: Path) -> None:
     """A batch for identity:canary (no worker in these tests: its items stay queued) is shown
     in progress, cancelled, and its results written: every item an error, no output. Its
-    errors file is kept the hour its submit asked (`--output-expires-after`: no such option)."""
+    errors file is kept the hour its submit asked (`--output-expires-after`: no such option), and
+    it shows the metadata its submit gave it (`--metadata`: none either)."""
     source = tmp_path / "later.jsonl"
     body = {"variant": "canary", "inputs": {"n": 1}}
     source.write_text(
@@ -79,11 +82,13 @@ def test_batch_get_cancel_and_results(base_url: str, tmp_path: Path) -> None:
     )
     url = ("--url", base_url)
     kept = ("--output-expires-after", "3600")  # its files' life, from its end
-    submitted = _run("batch", "submit", str(source), "--model", "identity", *kept, *url)
+    tags = ("--metadata", "run=7", "--metadata", "note=a=b")
+    submitted = _run("batch", "submit", str(source), "--model", "identity", *kept, *tags, *url)
     batch_id = submitted.stdout.strip()
 
     running = json.loads(_run("batch", "get", batch_id, *url).stdout)
     assert running["id"] == batch_id and running["status"] == "in_progress"
+    assert running["metadata"] == {"run": "7", "note": "a=b"}
     cancelled = json.loads(_run("batch", "cancel", batch_id, *url).stdout)
     assert cancelled["status"] == "cancelled" and cancelled["counts"]["cancelled"] == 3
     errors_file = httpx.get(f"{base_url}/v1/files/{cancelled['error_file_id']}").json()
@@ -484,3 +489,14 @@ def test_the_progress_line_says_a_worker_loads_only_when_one_does() -> None:
     warming = Event(None, "scaling", json.dumps({**idle, "warming": 1}))
     assert progress.line(warming) == f"queued: {WARMING}"
     assert progress.line(Event(None, "queued", json.dumps(idle))) == f"queued: 0 ahead; {WARMING}"
+
+
+def test_batch_submit_refuses_metadata_that_is_no_pair(tmp_path: Path) -> None:
+    """Refused before anything is sent (no producer listens at the URL)."""
+    source = tmp_path / "one.jsonl"
+    source.write_text('{"custom_id": "a", "body": {"inputs": {}}}\n')
+    url = f"http://127.0.0.1:{free_port()}"
+    refused = CliRunner().invoke(
+        main, ["batch", "submit", str(source), "--metadata", "run", "--url", url]
+    )
+    assert refused.exit_code == 2 and "'run': expected KEY=VALUE" in refused.output, refused.output

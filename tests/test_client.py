@@ -120,16 +120,22 @@ async def test_async_client_runs_a_batch(base_url: str, identity_worker: int) ->
 
 async def test_a_batchs_create_asks_how_long_its_files_are_kept(base_url: str) -> None:
     """`output_expires_after` (s), sync and async: the create could not ask it, its files kept
-    the result TTL. Its item waits for a canary worker none runs, so a cancel ends it."""
+    the result TTL; nor `metadata`. Its item waits for a canary worker none runs, so a cancel
+    ends it."""
     lines = [{"custom_id": "c", "body": {"variant": "canary", "inputs": {}}}]
+    tags = {"run": "7", "team": "search"}
     with Client(base_url) as client:
-        made = client.batches.create(lines, model="identity", output_expires_after=3600)
+        made = client.batches.create(
+            lines, model="identity", output_expires_after=3600, metadata=tags
+        )
         ended = [(client.batches.cancel(made.id), 3600)]
     async with AsyncClient(base_url) as aclient:
-        made = await aclient.batches.create(lines, model="identity", output_expires_after=7200)
+        made = await aclient.batches.create(
+            lines, model="identity", output_expires_after=7200, metadata=tags
+        )
         ended.append((await aclient.batches.cancel(made.id), 7200))
     for batch, kept_s in ended:
-        assert batch.cancelled_at is not None, batch
+        assert batch.cancelled_at is not None and batch.metadata == tags, batch
         errors = httpx.get(f"{base_url}/v1/files/{batch.error_file_id}").json()
         assert errors["expires_at"] == batch.cancelled_at + kept_s, errors
 

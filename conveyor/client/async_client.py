@@ -209,11 +209,18 @@ class AsyncBatches:
         webhook: str | None = None,
         idempotency_key: str | None = None,
         output_expires_after: int | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> Batch:
         body = calls.jsonl(source)
         return await self.client.run(
             calls.create_batch(
-                body, model, completion_window, webhook, idempotency_key, output_expires_after
+                body,
+                model,
+                completion_window,
+                webhook,
+                idempotency_key,
+                output_expires_after,
+                metadata,
             )
         )
 

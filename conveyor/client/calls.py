@@ -335,11 +335,13 @@ def create_batch(
     webhook: str | None,
     idempotency_key: str | None,
     output_expires_after: int | None,
+    metadata: Mapping[str, str] | None = None,
 ) -> Op[Batch]:
     """An Idempotency-Key is always sent (a fresh one by default), as a submit's is: a create
     retried after its answer was lost answers with the batch it made, not a second one that
     runs every line again. `output_expires_after` (s) goes as OpenAI's policy, its one anchor
-    the files' creation, in the query parameters the JSONL body's options travel in."""
+    the files' creation, and `metadata` as `metadata[KEY]` pairs, in the query parameters the
+    JSONL body's options travel in."""
     options: dict[str, str | int | None] = {
         "model": model,
         "completion_window": completion_window,
@@ -348,6 +350,7 @@ def create_batch(
     if output_expires_after is not None:
         options["output_expires_after[anchor]"] = "created_at"
         options["output_expires_after[seconds]"] = output_expires_after
+    options.update({f"metadata[{key}]": value for key, value in (metadata or {}).items()})
     key = idempotency_key or uuid.uuid4().hex
     response = yield Call(
         "POST",

@@ -204,14 +204,22 @@ class Batches:
         webhook: str | None = None,
         idempotency_key: str | None = None,
         output_expires_after: int | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> Batch:
         """`source`: JSONL bytes, a file path, or lines `{"custom_id", "body": {...}}`.
         `output_expires_after`: seconds its output and error files are kept from its end
-        (OpenAI's policy, 3600 to 2592000), the server's result TTL at most; None: that TTL."""
+        (OpenAI's policy, 3600 to 2592000), the server's result TTL at most; None: that TTL.
+        `metadata`: OpenAI's key-value pairs (16 at most), kept and shown with the batch."""
         body = calls.jsonl(source)
         return self.client.run(
             calls.create_batch(
-                body, model, completion_window, webhook, idempotency_key, output_expires_after
+                body,
+                model,
+                completion_window,
+                webhook,
+                idempotency_key,
+                output_expires_after,
+                metadata,
             )
         )
 

@@ -78,6 +78,17 @@ def follow(client: Client, batch: Batch) -> Batch:
         return client.batches.wait(batch.id, progress=update, poll_s=0.5)
 
 
+def _metadata(values: tuple[str, ...]) -> dict[str, str]:
+    """`--metadata` pairs; the server checks their count and lengths."""
+    pairs = {}
+    for value in values:
+        key, sep, text = value.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{value!r}: expected KEY=VALUE", param_hint="--metadata")
+        pairs[key] = text
+    return pairs
+
+
 @click.group("batch")
 def command() -> None:
     """JSONL batches on the bulk lane."""
@@ -96,6 +107,14 @@ def command() -> None:
     help="Keep the output and error files this long from the batch's end (OpenAI's "
     "output_expires_after), the server's result TTL at most. [default: the result TTL]",
 )
+@click.option(
+    "--metadata",
+    "metadata",
+    multiple=True,
+    callback=lambda _ctx, _param, values: _metadata(values),
+    metavar="KEY=VALUE",
+    help="Kept and shown with the batch, as OpenAI's metadata (repeat; 16 at most).",
+)
 @click.option("--wait", is_flag=True, help="Follow progress, then write the result files.")
 @connection_options
 def submit(
@@ -104,6 +123,7 @@ def submit(
     completion_window: str,
     webhook: str | None,
     output_expires_after: int | None,
+    metadata: dict[str, str],
     wait: bool,
     url: str | None,
     api_key: str | None,
@@ -114,7 +134,12 @@ def submit(
     expired, failed), 3 if an error kept it from learning how the batch ended."""
     with connect(url, api_key, waits=wait) as client:
         batch = client.batches.create(
-            file, model, completion_window, webhook, output_expires_after=output_expires_after
+            file,
+            model,
+            completion_window,
+            webhook,
+            output_expires_after=output_expires_after,
+            metadata=metadata,
         )
         if not wait:
             click.echo(batch.id)

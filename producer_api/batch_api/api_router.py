@@ -110,20 +110,40 @@ async def _asked(request: Request, options: dict[str, Any]) -> Asked:
     return Asked(body, options)
 
 
-# OpenAI's `output_expires_after` as the flat query parameters or form fields that send it where
-# the options are not a JSON body, as an upload's `expires_after[...]` form fields (`POST
-# /v1/files`): each field's name to its key in the object.
+# OpenAI's `output_expires_after` and `metadata` as the flat query parameters or form fields
+# that send them where the options are not a JSON body, as an upload's `expires_after[...]` form
+# fields (`POST /v1/files`): each policy field's name to its key in the object, and
+# `metadata[KEY]=VALUE` per pair.
 _EXPIRES_AFTER = "output_expires_after"
 _EXPIRES_FIELDS = {f"{_EXPIRES_AFTER}[anchor]": "anchor", f"{_EXPIRES_AFTER}[seconds]": "seconds"}
+_METADATA = "metadata"
+
+
+def _metadata_key(name: str) -> str | None:
+    """KEY of a `metadata[KEY]` field; None for another field."""
+    if name.startswith(f"{_METADATA}[") and name.endswith("]"):
+        return name[len(_METADATA) + 1 : -1]
+    return None
 
 
 def _folded(fields: Mapping[str, Any]) -> dict[str, Any]:
     """`fields` with `output_expires_after[anchor]` and `[seconds]` as one `output_expires_after`
-    object, which `BatchOptions` checks as it checks OpenAI's JSON create's (a field left out is
-    named missing there, not taken as a default)."""
-    kept = {k: v for k, v in fields.items() if k not in _EXPIRES_FIELDS}
-    policy = {key: fields[name] for name, key in _EXPIRES_FIELDS.items() if name in fields}
-    return {**kept, _EXPIRES_AFTER: policy} if policy else kept
+    object and the `metadata[KEY]` fields as one `metadata` object, which `BatchOptions` checks
+    as it checks OpenAI's JSON create's (a policy field left out is named missing there, not
+    taken as a default; more than 16 pairs, a key past 64 characters or a value past 512 are
+    refused by name)."""
+    kept: dict[str, Any] = {}
+    policy: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name in _EXPIRES_FIELDS:
+            policy[_EXPIRES_FIELDS[name]] = value
+        elif (key := _metadata_key(name)) is not None:
+            metadata[key] = value
+        else:
+            kept[name] = value
+    objects = {_EXPIRES_AFTER: policy, _METADATA: metadata}
+    return kept | {name: value for name, value in objects.items() if value}
 
 
 # What only OpenAI's create body holds, and what only a batch line does.
@@ -192,7 +212,7 @@ async def create_batch(
     the same options as form fields, or OpenAI's JSON body naming an uploaded `input_file_id`).
     OpenAI's `output_expires_after` is `output_expires_after[anchor]=created_at` and
     `output_expires_after[seconds]` as query parameters or form fields, as `POST /v1/files`
-    takes an upload's `expires_after`.
+    takes an upload's `expires_after`, and its `metadata` one `metadata[KEY]=VALUE` each.
     One line per request: `{"custom_id", "body": {job}}`, or `{"custom_id", "url", "body"}` for
     OpenAI's `/v1/embeddings`, `/v1/chat/completions` or `/v1/completions`, `body` being that
     route's request (one url per batch).
@@ -208,7 +228,9 @@ async def create_batch(
         f"{_EXPIRES_AFTER}[anchor]": anchor,
         f"{_EXPIRES_AFTER}[seconds]": seconds,
     }
-    given = _folded({k: v for k, v in options.items() if v is not None})
+    # OpenAI's `metadata` pairs, as `metadata[KEY]=VALUE` query parameters (no declared name)
+    pairs = {k: v for k, v in request.query_params.items() if _metadata_key(k) is not None}
+    given = _folded({**{k: v for k, v in options.items() if v is not None}, **pairs})
     asked = await _asked(request, given)  # first: it tells OpenAI's create, refused as OpenAI's
     key = idempotency_key(request)
     batch_id, progress = await creation.batches.create(asked, creation.files.data, key)
