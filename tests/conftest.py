@@ -162,6 +162,17 @@ def running_stack(
         pipeline.stop()
 
 
+@pytest.fixture
+def bare_stack(tmp_path: Path) -> Iterator[Stack]:
+    """A Valkey of the test's own and nothing else yet: for a test that changes what is
+    server-wide (its maxmemory)."""
+    own = Stack.create(tmp_path / "bare-stack")
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A real pipeline: its own embedded Valkey and a producer on a free port; tests add workers."""

@@ -62,16 +62,6 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A Valkey of the test's own (its writes are refused) and nothing else yet."""
-    own = Stack.create(tmp_path_factory.mktemp("webhook-refused"))
-    try:
-        yield own
-    finally:
-        own.stop()
-
-
 @contextlib.contextmanager
 def _receiving(stack: Stack, refused_for_s: float | None) -> Iterator[_RefusingReceiver]:
     broker = stack.client()
@@ -110,22 +100,25 @@ def _refused_webhook(stack: Stack, receiver: _RefusingReceiver) -> None:
     _send_webhook(stack, receiver)
 
 
-def test_a_retry_the_broker_refused_to_queue_is_still_made(stack: Stack) -> None:
-    with _receiving(stack, REFUSED_FOR_S) as receiver:
-        _refused_webhook(stack, receiver)
+def test_a_retry_the_broker_refused_to_queue_is_still_made(bare_stack: Stack) -> None:
+    with _receiving(bare_stack, REFUSED_FOR_S) as receiver:
+        _refused_webhook(bare_stack, receiver)
         until(lambda: receiver.posts >= 2, timeout=30)
 
 
-def test_a_worker_waiting_to_queue_a_retry_stops_when_asked(stack: Stack) -> None:
+def test_a_worker_waiting_to_queue_a_retry_stops_when_asked(bare_stack: Stack) -> None:
     """The wait for the broker ran on the solo pool's main thread, which looks at the stop
     flags only between tasks: a SIGTERM went unheeded (the worker's engine still taking work)
     until the worker was killed, a micro-batch perhaps in hand. On a pool thread it ends too,
     the delivery left unacknowledged."""
-    with _receiving(stack, None) as receiver, contextlib.closing(stack.client()) as broker:
-        _refused_webhook(stack, receiver)
-        log = stack.log_path("identity-default")
+    with (
+        _receiving(bare_stack, None) as receiver,
+        contextlib.closing(bare_stack.client()) as broker,
+    ):
+        _refused_webhook(bare_stack, receiver)
+        log = bare_stack.log_path("identity-default")
         until(lambda: "next attempt not queued" in log.read_text(errors="replace"), timeout=30)
-        code = stack.stop_process("identity-default", timeout=20)
+        code = bare_stack.stop_process("identity-default", timeout=20)
         # not acknowledged: kombu still holds it (its restore to the queue refused, as writes are)
         assert broker.hlen("unacked") + broker.llen("celery") == 1
-    assert code == 0, stack.log_tail("identity-default")
+    assert code == 0, bare_stack.log_tail("identity-default")
