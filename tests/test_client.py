@@ -5,6 +5,7 @@ resuming an event stream whose connection is cut mid-stream."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -301,3 +303,40 @@ def test_async_stream_resumes_after_the_connection_drops(event_server: EventServ
 
     assert asyncio.run(collect()) == EXPECTED
     assert event_server.resumed_from == [None, "4", "7"]
+
+
+def test_files_feed_batches_and_are_read_and_deleted(base_url: str) -> None:
+    """`client.files`: an upload kept the hour it asked, read back whole, listed, and fed to a
+    batch by OpenAI's create (its metadata and its files' policy carried); the batch's errors
+    file read by its id; the upload deleted. Its item waits for a canary worker none runs, so a
+    cancel ends the batch."""
+    lines = [{"custom_id": "c", "body": {"variant": "canary", "inputs": {}}}]
+    with Client(base_url) as client:
+        upload = client.files.create(lines, expires_after=3600)
+        assert (upload.purpose, upload.filename) == ("batch", "batch.jsonl")
+        assert upload.expires_at == upload.created_at + 3600
+        assert client.files.get(upload.id) == upload
+        assert json.loads(client.files.content(upload.id)) == lines[0]
+        assert upload.id in [f.id for f in client.files.list(limit=100).data]
+        batch = client.batches.create_from_file(
+            upload.id, model="identity", metadata={"run": "7"}, output_expires_after=7200
+        )
+        ended = client.batches.cancel(batch.id)
+        assert ended.input_file_id == upload.id and ended.metadata == {"run": "7"}, ended
+        assert ended.cancelled_at is not None and ended.error_file_id is not None, ended
+        errors = client.files.get(ended.error_file_id)
+        assert (errors.purpose, errors.expires_at) == ("batch_output", ended.cancelled_at + 7200)
+        assert json.loads(client.files.content(errors.id))["custom_id"] == "c"
+        assert client.files.delete(upload.id).deleted
+        with pytest.raises(NotFound):
+            client.files.get(upload.id)
+
+
+async def test_async_files_name_an_upload_by_its_path(base_url: str, tmp_path: Path) -> None:
+    source = tmp_path / "prompts.jsonl"
+    source.write_text('{"custom_id": "a", "body": {"inputs": {}}}\n')
+    async with AsyncClient(base_url) as client:
+        upload = await client.files.create(source)
+        assert upload.filename == "prompts.jsonl" and upload.bytes == source.stat().st_size
+        assert await client.files.content(upload.id) == source.read_bytes()
+        assert (await client.files.delete(upload.id)).deleted

@@ -55,7 +55,8 @@ class _Handler(QuietHandler):
     server: _Server
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        sent = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = {} if self.path == "/v1/files" else json.loads(sent or b"{}")  # a multipart upload
         if self.path.endswith("/cancel"):
             self._cancel()
             return
@@ -231,11 +232,13 @@ def server() -> Iterator[_Server]:
 
 def test_a_503_to_a_post_without_a_key_is_not_sent_again(server: _Server) -> None:
     """chat and embeddings carry no Idempotency-Key: each 503 was retried, up to six POSTs,
-    each of which could enqueue the job once more."""
+    each of which could enqueue the job once more; nor does an upload, which would be stored
+    once more."""
     with Client(server.url) as client:
         for call in (
             lambda: client.chat("m", [{"role": "user", "content": "hi"}]),
             lambda: client.embed("m", ["a"]),
+            lambda: client.files.create(b'{"custom_id": "a", "body": {}}\n'),
         ):
             with pytest.raises(APIError) as refused:
                 call()
@@ -243,6 +246,7 @@ def test_a_503_to_a_post_without_a_key_is_not_sent_again(server: _Server) -> Non
     assert [path for path, _ in server.posts] == [
         "/v1/chat/completions",
         "/v1/embeddings",
+        "/v1/files",
     ]
 
 
@@ -265,17 +269,20 @@ def test_a_streamed_chat_is_opened_again_after_a_429_only(server: _Server) -> No
             list(client.events(stream))
 
 
-@pytest.mark.parametrize("create", ["submit", "predict", "batch"])
+@pytest.mark.parametrize("create", ["submit", "predict", "batch", "batch_from_file"])
 def test_a_503_to_a_keyed_create_is_retried_with_the_same_key(server: _Server, create: str) -> None:
-    """A submit, a predict and a batch's create always carry an Idempotency-Key (a batch's and
-    a predict's were sent once, without one: a 503 may have followed a job already made)."""
+    """A submit, a predict and a batch's create (from lines or an upload) always carry an
+    Idempotency-Key (a batch's and a predict's were sent once, without one: a 503 may have
+    followed a job already made)."""
     with Client(server.url) as client, pytest.raises(APIError):
         if create == "submit":
             client.submit("m", {"x": 1})
         elif create == "predict":
             client.predict("m", {"x": 1})
-        else:
+        elif create == "batch":
             client.batches.create([{"custom_id": "a", "body": {"inputs": {}}}], model="m")
+        else:
+            client.batches.create_from_file("file-1", model="m")
     assert len(server.posts) == 6  # the first try and five retries
     assert len({key for _, key in server.posts}) == 1 and server.posts[0][1]
 

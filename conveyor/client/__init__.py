@@ -10,7 +10,7 @@ implementation of every operation; both read `CONVEYOR_URL` and `CONVEYOR_API_KE
         results = client.batches.results(batch.id)
 """
 
-from conveyor.client.async_client import AsyncBatches, AsyncClient
+from conveyor.client.async_client import AsyncBatches, AsyncClient, AsyncFiles
 from conveyor.client.errors import (
     APIConnectionError,
     APIError,
@@ -27,7 +27,7 @@ from conveyor.client.errors import (
     WaitTimeout,
 )
 from conveyor.client.retries import RetryEvent, RetryPolicy
-from conveyor.client.sync_client import Batches, Client
+from conveyor.client.sync_client import Batches, Client, Files
 from conveyor.client.types import (
     Attempt,
     Batch,
@@ -40,6 +40,9 @@ from conveyor.client.types import (
     ChatCompletionChunk,
     EmbeddingList,
     Event,
+    FileDeleted,
+    FileList,
+    FileObject,
     Job,
 )
 
@@ -49,6 +52,7 @@ __all__ = [
     "APITimeoutError",
     "AsyncBatches",
     "AsyncClient",
+    "AsyncFiles",
     "Attempt",
     "AuthError",
     "Batch",
@@ -65,6 +69,10 @@ __all__ = [
     "ConveyorError",
     "EmbeddingList",
     "Event",
+    "FileDeleted",
+    "FileList",
+    "FileObject",
+    "Files",
     "InvalidArgument",
     "Job",
     "NotFound",

@@ -34,6 +34,9 @@ from conveyor.client.types import (
     ChatCompletionChunk,
     EmbeddingList,
     Event,
+    FileDeleted,
+    FileList,
+    FileObject,
     Job,
 )
 from shared.codec import float32_values
@@ -56,6 +59,8 @@ class Call:
     params: Mapping[str, Any] | None = None
     json: Any = None
     content: bytes | None = None
+    form: Mapping[str, str] | None = None  # a multipart form's fields, beside `files`
+    files: Mapping[str, tuple[str, bytes]] | None = None  # name: (filename, content)
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None
     repeatable: bool = True
@@ -76,6 +81,8 @@ class Call:
             params=params,
             json=self.json,
             content=self.content,
+            data=self.form,
+            files=self.files,
             headers=self.headers,
             timeout=timeout,
         )
@@ -318,6 +325,21 @@ def embed(model: str, texts: str | list[str], params: dict[str, Any]) -> Op[Embe
     return answer
 
 
+class BatchFileOptions(TypedDict, total=False):
+    """A create from an uploaded file's options beside the file, endpoint and window."""
+
+    model: str | None  # Conveyor's: for lines that name none
+    webhook: str | None
+    metadata: Mapping[str, str] | None
+    output_expires_after: int | None  # s; OpenAI's policy, its one anchor the files' creation
+    idempotency_key: str | None
+
+
+def filename_of(source: bytes | str | os.PathLike[str] | Iterable[Mapping[str, Any]]) -> str:
+    """The name an upload of `source` gets: a path's own, else `batch.jsonl`."""
+    return Path(source).name if isinstance(source, str | os.PathLike) else "batch.jsonl"
+
+
 def jsonl(source: bytes | str | os.PathLike[str] | Iterable[Mapping[str, Any]]) -> bytes:
     """A batch's JSONL from bytes, a file path, or an iterable of lines
     (`{"custom_id", "body": {...}}` mappings)."""
@@ -361,6 +383,66 @@ def create_batch(
         timeout=300,
     )
     return parsed(Batch, response)
+
+
+def create_batch_from_file(
+    input_file_id: str, endpoint: str, completion_window: str, options: BatchFileOptions
+) -> Op[Batch]:
+    """OpenAI's create, naming an upload (`upload_file`): one file may feed many batches. An
+    Idempotency-Key is always sent, as `create_batch` sends one."""
+    apart = ("output_expires_after", "idempotency_key")
+    body: dict[str, Any] = {
+        "input_file_id": input_file_id,
+        "endpoint": endpoint,
+        "completion_window": completion_window,
+        **{k: v for k, v in options.items() if k not in apart and v is not None},
+    }
+    if (seconds := options.get("output_expires_after")) is not None:
+        body["output_expires_after"] = {"anchor": "created_at", "seconds": seconds}
+    key = options.get("idempotency_key") or uuid.uuid4().hex
+    response = yield Call("POST", "/v1/batches", json=body, headers={"Idempotency-Key": key})
+    return parsed(Batch, response)
+
+
+def upload_file(source: bytes, filename: str, expires_after: int | None) -> Op[FileObject]:
+    """Not resent once it may have reached the server (`repeatable` off): the upload takes no
+    Idempotency-Key, and a resend after a lost answer would store a second file."""
+    form = {"purpose": "batch"}
+    if expires_after is not None:
+        form |= {
+            "expires_after[anchor]": "created_at",
+            "expires_after[seconds]": str(expires_after),
+        }
+    response = yield Call(
+        "POST",
+        "/v1/files",
+        form=form,
+        files={"file": (filename, source)},
+        timeout=300,
+        repeatable=False,
+    )
+    return parsed(FileObject, response)
+
+
+def get_file(file_id: str) -> Op[FileObject]:
+    return parsed(FileObject, (yield Call("GET", f"/v1/files/{segment(file_id)}")))
+
+
+def list_files(limit: int, after: str | None, order: str) -> Op[FileList]:
+    params: dict[str, str | int] = {"limit": limit, "order": order}
+    if after:
+        params["after"] = after
+    return parsed(FileList, (yield Call("GET", "/v1/files", params=params)))
+
+
+def delete_file(file_id: str) -> Op[FileDeleted]:
+    return parsed(FileDeleted, (yield Call("DELETE", f"/v1/files/{segment(file_id)}")))
+
+
+def file_content(file_id: str) -> Op[bytes]:
+    """An upload's bytes, or an ended batch's output or errors file (JSONL)."""
+    response = yield Call("GET", f"/v1/files/{segment(file_id)}/content", timeout=600)
+    return response.content
 
 
 def get_batch(batch_id: str, deadline: float | None = None) -> Op[Batch]:

@@ -14,7 +14,7 @@ import httpx
 from typing_extensions import Unpack
 
 from conveyor.client import calls
-from conveyor.client.calls import Call, JobOptions, Op, Pause, Progress
+from conveyor.client.calls import BatchFileOptions, Call, JobOptions, Op, Pause, Progress
 from conveyor.client.connection import http_options
 from conveyor.client.errors import APIError, connection_error, raise_for_error
 from conveyor.client.retries import OnRetry, RetryEvent, RetryPolicy
@@ -27,6 +27,9 @@ from conveyor.client.types import (
     ChatCompletionChunk,
     EmbeddingList,
     Event,
+    FileDeleted,
+    FileList,
+    FileObject,
     Job,
 )
 
@@ -50,6 +53,7 @@ class Client:
         self.retry = retry or RetryPolicy()
         self.on_retry = on_retry
         self.batches = Batches(self)
+        self.files = Files(self)
 
     def __enter__(self) -> Client:
         return self
@@ -223,6 +227,18 @@ class Batches:
             )
         )
 
+    def create_from_file(
+        self,
+        input_file_id: str,
+        endpoint: str = "/v1/jobs",
+        completion_window: str = "24h",
+        **options: Unpack[BatchFileOptions],
+    ) -> Batch:
+        """OpenAI's create, from an upload (`client.files.create`); `options`: model (for lines
+        that name none), webhook, metadata, output_expires_after (s), idempotency_key."""
+        op = calls.create_batch_from_file(input_file_id, endpoint, completion_window, options)
+        return self.client.run(op)
+
     def get(self, batch_id: str) -> Batch:
         return self.client.run(calls.get_batch(batch_id))
 
@@ -246,3 +262,35 @@ class Batches:
     def results(self, batch_id: str) -> BatchResults:
         """Outputs and errors of an ended batch, in line order."""
         return self.client.run(calls.batch_results(batch_id))
+
+
+class Files:
+    """`client.files`: OpenAI's Files API for batches: uploads that batches are created from
+    (`batches.create_from_file`), and an ended batch's output and errors files by their ids."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def create(
+        self,
+        source: bytes | str | os.PathLike[str] | Iterable[Mapping[str, Any]],
+        expires_after: int | None = None,
+    ) -> FileObject:
+        """Upload `source` (JSONL bytes, a file path, or lines), purpose `batch`;
+        `expires_after`: seconds it is kept (3600 to 2592000), the result TTL at most."""
+        op = calls.upload_file(calls.jsonl(source), calls.filename_of(source), expires_after)
+        return self.client.run(op)
+
+    def get(self, file_id: str) -> FileObject:
+        return self.client.run(calls.get_file(file_id))
+
+    def list(self, limit: int = 100, after: str | None = None, order: str = "desc") -> FileList:
+        """The tenant's uploads, newest first (`order="asc"`: oldest): `after=page.last_id`
+        while `page.has_more`."""
+        return self.client.run(calls.list_files(limit, after, order))
+
+    def delete(self, file_id: str) -> FileDeleted:
+        return self.client.run(calls.delete_file(file_id))
+
+    def content(self, file_id: str) -> bytes:
+        return self.client.run(calls.file_content(file_id))

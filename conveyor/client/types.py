@@ -128,6 +128,36 @@ class BatchList(_Open):
     has_more: bool
 
 
+class FileObject(_Open):
+    """OpenAI's file object: an upload (purpose `batch`), or an ended batch's output or errors
+    file (`batch_output`); times in Unix seconds, `expires_at` when it goes."""
+
+    id: str
+    object: str = "file"
+    bytes: int
+    created_at: int
+    expires_at: int | None = None
+    filename: str
+    purpose: str
+
+
+class FileList(_Open):
+    """A page of the tenant's uploads, newest first unless asked otherwise; `last_id` is the
+    next page's `after`."""
+
+    object: str = "list"
+    data: list[FileObject]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
+
+
+class FileDeleted(_Open):
+    id: str
+    object: str = "file"
+    deleted: bool
+
+
 class BatchOutput(_Open):
     """One line of a batch's output file: the job's `outputs`, or in a batch of lines for
     one of OpenAI's routes OpenAI's `response` (`{status_code, request_id, body}`, `body`
