@@ -18,13 +18,16 @@ T = TypeVar("T")
 
 
 async def while_holds(
-    events: AsyncGenerator[T, None], holds: Callable[[], Awaitable[bool]], every_s: float
+    events: AsyncGenerator[T, None],
+    holds: Callable[[], Awaitable[bool]],
+    every_s: float,
+    upcoming: asyncio.Future[T] | None = None,
 ) -> AsyncIterator[T]:
     """`events` as they come, until `holds()`, asked every `every_s`, says no: then the
     stream ends (the pending read cancelled, `events` closed). One read stays pending across
-    looks: cancelling it on each would tear down and lose the generator's wait."""
+    looks: cancelling it on each would tear down and lose the generator's wait. `upcoming`: a
+    read of `events` its caller started already (`anext`), the first one then."""
     async with aclosing(events):
-        upcoming: asyncio.Future[T] | None = None
         try:
             due = time.monotonic() + every_s
             while True:
@@ -44,6 +47,14 @@ async def while_holds(
                 yield event
         finally:
             await _stop(upcoming)
+
+
+async def stop_reading(events: AsyncGenerator[Any, None], read: asyncio.Future[Any]) -> None:
+    """End `events` whose read `read` (`anext`) may still be under way: the read first."""
+    try:
+        await _stop(read)
+    finally:
+        await events.aclose()
 
 
 async def _stop(read: asyncio.Future[Any] | None) -> None:

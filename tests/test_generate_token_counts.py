@@ -58,7 +58,8 @@ async def test_an_openai_stream_sends_no_chunk_for_a_step_without_text(
         await aredis.hset(Keys().job(job_id), "status", JobStatus.SUCCEEDED.value)
         with anyio.fail_after(30):  # a hang guard only
             renderer = CompletionRenderer(job_id, "smollm2")
-            chunks = [c async for c in service.stream(job_id, renderer, anyio.Event())]
+            opened = await service.open_stream(job_id, renderer)
+            chunks = [c async for c in service.stream(job_id, opened, renderer, anyio.Event())]
     assert chunks[-1] == DONE, chunks
     choices = [json.loads(chunk)["choices"][0] for chunk in chunks[:-1]]
     assert [(c["text"], c["finish_reason"]) for c in choices] == [("Yes", None), ("", "stop")]

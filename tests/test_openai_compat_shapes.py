@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 
 from conveyor.stack import Stack
 from shared.codec import loads
@@ -149,7 +149,8 @@ def test_a_prompt_past_the_context_is_openais_400_saying_both_lengths(llm: str) 
     """As vLLM's server refuses it: 400 `invalid_request_error` naming the prompt's field,
     saying the context's length and the prompt's, which OpenAI's SDK raises as BadRequestError.
     It was the failed job's 422 (`ValueError`), UnprocessableEntityError to the SDK. Streamed,
-    the error chunk says the same."""
+    the same 400 before any stream opens, as vLLM's server answers: it was a 200 stream whose
+    one chunk was the error, which OpenAI's SDK raised as a bare APIError mid-iteration."""
     words = "hello " * 2100  # within the input schema's 16000 characters, past 2048 tokens
     chat = {"messages": [{"role": "user", "content": words}]}
     said = "This model's maximum context length is 2048 tokens. However, your prompt contains "
@@ -162,5 +163,8 @@ def test_a_prompt_past_the_context_is_openais_400_saying_both_lengths(llm: str) 
         error = response.json()["error"]
         assert (error["type"], error["param"]) == ("invalid_request_error", param), error
         assert error["message"].startswith(said), error
-    *_, failed = _stream(llm, "/v1/chat/completions", **chat)
-    assert failed["error"]["message"].startswith(said), failed
+    streamed = _post(llm, "/v1/chat/completions", **chat, stream=True)
+    assert streamed.status_code == 400, streamed.text
+    assert streamed.json()["error"]["message"].startswith(said), streamed.text
+    with pytest.raises(BadRequestError, match="maximum context length"):
+        _client(llm).chat.completions.create(model="smollm2", stream=True, **chat)

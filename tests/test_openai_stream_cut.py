@@ -44,9 +44,11 @@ async def test_a_cut_stream_names_its_job_and_no_resume_it_does_not_take(
         message = ChatMessage(role="user", content="hi")
         request = ChatCompletionRequest(model="smollm2", messages=[message], stream=True)
         job_id = await service.submit(request)
+        renderer = ChatRenderer(job_id, "smollm2")
+        opened = await service.open_stream(job_id, renderer, wait_s=0.2)  # still queued: opens
         shutdown, chunks = anyio.Event(), []
         with anyio.fail_after(30):  # a hang guard only
-            async for chunk in service.stream(job_id, ChatRenderer(job_id, "smollm2"), shutdown):
+            async for chunk in service.stream(job_id, opened, renderer, shutdown):
                 chunks.append(chunk)
                 shutdown.set()  # the producer is asked to stop once the stream has begun
         await service.cancel(job_id)

@@ -5,7 +5,7 @@ embeddings."""
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends
@@ -28,7 +28,14 @@ from producer_api.openai.protocol import (
     EmbeddingRequest,
     Sampling,
 )
-from producer_api.openai.serving import ChatRenderer, CompletionRenderer, OpenAIService, Renderer
+from producer_api.openai.serving import (
+    FIRST_EVENT_S,
+    ChatRenderer,
+    CompletionRenderer,
+    OpenAIService,
+    OpenedStream,
+    Renderer,
+)
 from producer_api.responses import FastJSONResponse
 from producer_api.stream_shutdown import GRACE_S
 
@@ -36,7 +43,8 @@ router = APIRouter(tags=["openai"])
 JOB_HEADER = "X-Conveyor-Job-Id"
 # OpenAI's own: its SDK reads it as a response's `_request_id`, the id its users log and quote
 REQUEST_ID_HEADER = "X-Request-ID"
-PING_S = 15
+PING_S = FIRST_EVENT_S  # a stream waits no longer for its first event than for a ping
+T = TypeVar("T")
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for it; nobody reads it, but logs and metrics do
 
 _DESCRIPTIONS = {
@@ -82,16 +90,29 @@ def _job_headers(job_id: str) -> dict[str, str]:
 async def _whole(
     request: Request, service: OpenAIService, job_id: str, answer: Coroutine[Any, Any, Any]
 ) -> Response:
-    """`answer` once the job ends, or 499 when the client went away first: then its job is
-    cancelled, so the engine does not work for nobody."""
+    """`answer` once the job ends, or 499 when the client went away first."""
     headers = _job_headers(job_id)
+    return await _unless_gone(
+        request, service, job_id, answer, lambda body: FastJSONResponse(body, headers=headers)
+    )
+
+
+async def _unless_gone(
+    request: Request,
+    service: OpenAIService,
+    job_id: str,
+    work: Coroutine[Any, Any, T],
+    respond: Callable[[T], Response],
+) -> Response:
+    """`respond` to `work`'s result, or 499 when the client went away first: then its job is
+    cancelled, so the engine does not work for nobody."""
     try:
-        body = await unless_disconnected(request, answer)
+        result = await unless_disconnected(request, work)
     except ClientDisconnected:
         with anyio.CancelScope(shield=True):  # the server may be cancelling this handler
             await service.cancel(job_id)
-        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=headers)
-    return FastJSONResponse(body, headers=headers)
+        return Response(status_code=CLIENT_CLOSED_REQUEST, headers=_job_headers(job_id))
+    return respond(result)
 
 
 async def _answer(
@@ -105,12 +126,18 @@ async def _answer(
     if not body.stream:
         return await _whole(request, service, job_id, service.answer(job_id, renderer))
     shutdown = anyio.Event()
-    return EventSourceResponse(
-        service.stream(job_id, renderer, shutdown),
-        ping=PING_S,
-        headers=_job_headers(job_id),
-        shutdown_event=shutdown,
-        shutdown_grace_period=GRACE_S,
+
+    def streaming(opened: OpenedStream) -> Response:
+        return EventSourceResponse(
+            service.stream(job_id, opened, renderer, shutdown),
+            ping=PING_S,
+            headers=_job_headers(job_id),
+            shutdown_event=shutdown,
+            shutdown_grace_period=GRACE_S,
+        )
+
+    return await _unless_gone(
+        request, service, job_id, service.open_stream(job_id, renderer), streaming
     )
 
 

@@ -5,6 +5,7 @@ before the job does (client gone), the job is cancelled and the engine frees its
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -21,7 +22,7 @@ from producer_api.auth.principal import Principal
 from producer_api.errors import NO_RETRY, ConveyorError
 from producer_api.jobs.protocol import FieldNames, PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
-from producer_api.live_feed import while_holds
+from producer_api.live_feed import stop_reading, while_holds
 from producer_api.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -52,6 +53,21 @@ SHUTTING_DOWN, QUEUE_UNREACHABLE = "the producer is shutting down", "the queue i
 # OpenAI route takes none, and posting the request again ran a second job.
 CUT_REASONS = {MESSAGE: SHUTTING_DOWN, UNREACHABLE: QUEUE_UNREACHABLE}
 log = logging.getLogger(__name__)
+# How long a streamed request waits for its job's first event before its stream opens: a job
+# that failed by then (its prompt past the model's context) is answered as the whole request's
+# failure is (400, as vLLM's server refuses a stream's too-long prompt before opening it: OpenAI's
+# SDK raises BadRequestError), not as a 200 whose one chunk is the error. Past it the stream
+# opens, its keep-alive pings flowing while the job waits its turn; a failure then is its error
+# chunk. The route's keep-alive period: a client waits no longer for its headers than for a ping.
+FIRST_EVENT_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedStream:
+    """A streamed job's token events, their first read under way or done (`first`)."""
+
+    events: AsyncGenerator[TokenEvent, None]
+    first: asyncio.Future[TokenEvent]
 
 
 @dataclass(slots=True)
@@ -192,6 +208,17 @@ def _failure(final: TokenEvent, renderer: Renderer) -> ConveyorError:
     return unsuccessful("job", final.status, final.error)
 
 
+def _failed_first(first: asyncio.Future[TokenEvent], renderer: Renderer) -> ConveyorError | None:
+    """The request's error when the job's first event, already read, is a failed end; None for
+    anything else (no event yet, a token, a read that raised: the stream meets that itself)."""
+    if not first.done() or first.cancelled() or first.exception() is not None:
+        return None
+    event = first.result()
+    if event.kind != "final" or event.status == JobStatus.SUCCEEDED:
+        return None
+    return _failure(event, renderer)
+
+
 def running_on(job_id: str, reason: str = SHUTTING_DOWN) -> ConveyorError:
     """What a request waiting for its whole answer gets once the producer is asked to stop
     (producer_api/draining.py) or Redis stops answering: 503, the job running on, named in it.
@@ -305,8 +332,25 @@ class OpenAIService:
                 return Generation("".join(text), event.finish_reason, event.usage)
         raise ConveyorError(404, "not_found", f"job {job_id} expired")
 
+    async def open_stream(
+        self, job_id: str, renderer: Renderer, wait_s: float = FIRST_EVENT_S
+    ) -> OpenedStream:
+        """The job's token events once its first came, `wait_s` passed or the producer is
+        asked to stop; raises the request's error, as a whole answer does, when that first
+        event says the job failed (`FIRST_EVENT_S`)."""
+        events = self._follow(job_id)
+        first = asyncio.ensure_future(anext(events))
+        try:
+            await self.state.draining.first(asyncio.wait({first}), wait_s)
+            if (failure := _failed_first(first, renderer)) is not None:
+                raise failure
+        except BaseException:  # that, the client gone (`unless_disconnected`), a stop
+            await stop_reading(events, first)
+            raise
+        return OpenedStream(events, first)
+
     async def stream(
-        self, job_id: str, renderer: Renderer, shutdown: anyio.Event
+        self, job_id: str, opened: OpenedStream, renderer: Renderer, shutdown: anyio.Event
     ) -> AsyncIterator[str]:
         """The job's chunks in OpenAI's format, ending with `[DONE]`. A stream that stops
         before the job's final event (client disconnected) cancels the job; one cut by this
@@ -320,7 +364,7 @@ class OpenAIService:
         try:
             if (opening := renderer.opening()) is not None:
                 yield renderer.encode(opening)
-            events = while_holds(self._follow(job_id), watch.holds, RECHECK_S)
+            events = while_holds(opened.events, watch.holds, RECHECK_S, opened.first)
             async for event in until_cut(events, shutdown):
                 if isinstance(event, Cut):
                     if not ended:  # after the final event, the stream is whole: no error
