@@ -500,3 +500,28 @@ def test_batch_submit_refuses_metadata_that_is_no_pair(tmp_path: Path) -> None:
         main, ["batch", "submit", str(source), "--metadata", "run", "--url", url]
     )
     assert refused.exit_code == 2 and "'run': expected KEY=VALUE" in refused.output, refused.output
+
+
+def test_files_feed_a_batch_from_the_shell(base_url: str, tmp_path: Path) -> None:
+    """`conveyor files` and `conveyor batch from-file`: an upload (kept the hour asked), listed,
+    read back, fed to a batch (its item waits for a canary worker none runs, so a cancel ends
+    it), the batch's errors file read by its id, the upload deleted."""
+    source = tmp_path / "upload.jsonl"
+    source.write_text(
+        json.dumps({"custom_id": "u", "body": {"variant": "canary", "inputs": {}}}) + "\n"
+    )
+    url = ("--url", base_url)
+    file_id = _run("files", "upload", str(source), "--expires-after", "3600", *url).stdout.strip()
+    shown = json.loads(_run("files", "get", file_id, *url).stdout)
+    assert (shown["filename"], shown["expires_at"] - shown["created_at"]) == ("upload.jsonl", 3600)
+    listed = _run("files", "list", "--limit", "100", *url).stdout.splitlines()
+    assert any(line.split()[0] == file_id and line.endswith("upload.jsonl") for line in listed)
+    assert _run("files", "content", file_id, *url).stdout == source.read_text()
+    tags = ("--model", "identity", "--metadata", "run=9")
+    batch_id = _run("batch", "from-file", file_id, *tags, *url).stdout.strip()
+    cancelled = json.loads(_run("batch", "cancel", batch_id, *url).stdout)
+    assert (cancelled["input_file_id"], cancelled["metadata"]) == (file_id, {"run": "9"})
+    errors = tmp_path / "errors.jsonl"
+    _run("files", "content", cancelled["error_file_id"], "-o", str(errors), *url)
+    assert json.loads(errors.read_text())["custom_id"] == "u"
+    assert json.loads(_run("files", "delete", file_id, *url).stdout)["deleted"] is True

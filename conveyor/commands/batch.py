@@ -4,7 +4,9 @@ through the SDK, with a live progress bar (rate, ETA), then write `FILE.output.j
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 import orjson
@@ -28,6 +30,7 @@ from conveyor.client.types import Batch, BatchResults
 from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class RateColumn(ProgressColumn):
@@ -94,27 +97,39 @@ def command() -> None:
     """JSONL batches on the bulk lane."""
 
 
+def _create_options(create: F) -> F:
+    """The options of a batch's create, from lines or from an upload."""
+    options = (
+        click.option("--model", default=None, help="Model for lines whose body names none."),
+        click.option(
+            "--completion-window", default="24h", show_default=True, help="e.g. 30m, 24h."
+        ),
+        click.option("--webhook", default=None, help="URL POSTed a signed event when it ends."),
+        click.option(
+            "--output-expires-after",
+            type=click.IntRange(EXPIRES_AFTER_MIN_S, EXPIRES_AFTER_MAX_S),
+            default=None,
+            metavar="SECONDS",
+            help="Keep the output and error files this long from the batch's end (OpenAI's "
+            "output_expires_after), the server's result TTL at most. [default: the result TTL]",
+        ),
+        click.option(
+            "--metadata",
+            "metadata",
+            multiple=True,
+            callback=lambda _ctx, _param, values: _metadata(values),
+            metavar="KEY=VALUE",
+            help="Kept and shown with the batch, as OpenAI's metadata (repeat; 16 at most).",
+        ),
+    )
+    for option in reversed(options):
+        create = option(create)
+    return create
+
+
 @command.command("submit")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--model", default=None, help="Model for lines whose body names none.")
-@click.option("--completion-window", default="24h", show_default=True, help="e.g. 30m, 24h.")
-@click.option("--webhook", default=None, help="URL POSTed a signed event when the batch ends.")
-@click.option(
-    "--output-expires-after",
-    type=click.IntRange(EXPIRES_AFTER_MIN_S, EXPIRES_AFTER_MAX_S),
-    default=None,
-    metavar="SECONDS",
-    help="Keep the output and error files this long from the batch's end (OpenAI's "
-    "output_expires_after), the server's result TTL at most. [default: the result TTL]",
-)
-@click.option(
-    "--metadata",
-    "metadata",
-    multiple=True,
-    callback=lambda _ctx, _param, values: _metadata(values),
-    metavar="KEY=VALUE",
-    help="Kept and shown with the batch, as OpenAI's metadata (repeat; 16 at most).",
-)
+@_create_options
 @click.option("--wait", is_flag=True, help="Follow progress, then write the result files.")
 @connection_options
 def submit(
@@ -152,6 +167,43 @@ def submit(
     click.echo(f"{output}\n{errors}")
     if batch.status != "completed":
         raise click.exceptions.Exit(NOT_SUCCEEDED)
+
+
+@command.command("from-file")
+@click.argument("file_id")
+@click.option(
+    "--endpoint",
+    default="/v1/jobs",
+    show_default=True,
+    help="The url every line names (/v1/jobs, /v1/embeddings, /v1/chat/completions or "
+    "/v1/completions; the server refuses another).",
+)
+@_create_options
+@connection_options
+def from_file(
+    file_id: str,
+    endpoint: str,
+    model: str | None,
+    completion_window: str,
+    webhook: str | None,
+    output_expires_after: int | None,
+    metadata: dict[str, str],
+    url: str | None,
+    api_key: str | None,
+) -> None:
+    """Create a batch from FILE_ID (`conveyor files upload`), as OpenAI's create does: one
+    upload may feed many batches. Prints the batch id."""
+    with connect(url, api_key) as client:
+        batch = client.batches.create_from_file(
+            file_id,
+            endpoint,
+            completion_window,
+            model=model,
+            webhook=webhook,
+            metadata=metadata or None,
+            output_expires_after=output_expires_after,
+        )
+    click.echo(batch.id)
 
 
 @command.command("get")

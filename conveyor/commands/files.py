@@ -1,0 +1,94 @@
+"""`conveyor files`: OpenAI's Files API from the shell: uploads that batches are created from
+(`conveyor batch from-file`), and an ended batch's output and errors files by their ids."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from conveyor.client.admin_http import clock
+from conveyor.client.cli_options import connect, connection_options
+from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
+
+
+@click.group("files")
+def command() -> None:
+    """Batch input files, and batches' output and errors files."""
+
+
+@command.command("upload")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--expires-after",
+    type=click.IntRange(EXPIRES_AFTER_MIN_S, EXPIRES_AFTER_MAX_S),
+    default=None,
+    metavar="SECONDS",
+    help="Keep it this long (OpenAI's expires_after), the server's result TTL at most. "
+    "[default: the result TTL]",
+)
+@connection_options
+def upload(file: Path, expires_after: int | None, url: str | None, api_key: str | None) -> None:
+    """Upload FILE (JSONL batch lines, purpose batch); prints its id."""
+    with connect(url, api_key) as client:
+        click.echo(client.files.create(file, expires_after=expires_after).id)
+
+
+@command.command("list")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--after", default=None, help="A file id: list from the one after it.")
+@click.option("--order", type=click.Choice(["desc", "asc"]), default="desc", show_default=True)
+@connection_options
+def list_files(
+    limit: int, after: str | None, order: str, url: str | None, api_key: str | None
+) -> None:
+    """One line per upload of yours: id, bytes, created (UTC), expires (UTC), filename."""
+    with connect(url, api_key) as client:
+        page = client.files.list(limit, after, order)
+    for file in page.data:
+        expires = "-" if file.expires_at is None else clock(file.expires_at)
+        click.echo(
+            f"{file.id}  {file.bytes:>10}  {clock(file.created_at)}  {expires}  {file.filename}"
+        )
+    if page.has_more:
+        click.echo(f"more: --after {page.last_id}")
+
+
+@command.command("get")
+@click.argument("file_id")
+@connection_options
+def get(file_id: str, url: str | None, api_key: str | None) -> None:
+    """Print the file object: bytes, times, filename, purpose."""
+    with connect(url, api_key) as client:
+        click.echo(client.files.get(file_id).model_dump_json(indent=2))
+
+
+@command.command("content")
+@click.argument("file_id")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write it here. [default: standard output]",
+)
+@connection_options
+def content(file_id: str, output: Path | None, url: str | None, api_key: str | None) -> None:
+    """Its bytes: an upload's, or an ended batch's output or errors JSONL."""
+    with connect(url, api_key) as client:
+        body = client.files.content(file_id)
+    if output is None:
+        sys.stdout.buffer.write(body)
+        sys.stdout.buffer.flush()
+    else:
+        output.write_bytes(body)
+
+
+@command.command("delete")
+@click.argument("file_id")
+@connection_options
+def delete(file_id: str, url: str | None, api_key: str | None) -> None:
+    """Forget an upload (batches made from it keep their lines)."""
+    with connect(url, api_key) as client:
+        click.echo(client.files.delete(file_id).model_dump_json(indent=2))
