@@ -390,17 +390,21 @@ def create_batch_from_file(
 ) -> Op[Batch]:
     """OpenAI's create, naming an upload (`upload_file`): one file may feed many batches. An
     Idempotency-Key is always sent, as `create_batch` sends one."""
-    apart = ("output_expires_after", "idempotency_key")
-    body: dict[str, Any] = {
+    seconds = options.get("output_expires_after")
+    body = {
         "input_file_id": input_file_id,
         "endpoint": endpoint,
         "completion_window": completion_window,
-        **{k: v for k, v in options.items() if k not in apart and v is not None},
+        "model": options.get("model"),
+        "webhook": options.get("webhook"),
+        "metadata": options.get("metadata"),
+        "output_expires_after": None
+        if seconds is None
+        else {"anchor": "created_at", "seconds": seconds},
     }
-    if (seconds := options.get("output_expires_after")) is not None:
-        body["output_expires_after"] = {"anchor": "created_at", "seconds": seconds}
+    sent = {name: value for name, value in body.items() if value is not None}
     key = options.get("idempotency_key") or uuid.uuid4().hex
-    response = yield Call("POST", "/v1/batches", json=body, headers={"Idempotency-Key": key})
+    response = yield Call("POST", "/v1/batches", json=sent, headers={"Idempotency-Key": key})
     return parsed(Batch, response)
 
 
