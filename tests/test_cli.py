@@ -492,14 +492,22 @@ def test_the_progress_line_says_a_worker_loads_only_when_one_does() -> None:
 
 
 def test_batch_submit_refuses_metadata_that_is_no_pair(tmp_path: Path) -> None:
-    """Refused before anything is sent (no producer listens at the URL)."""
+    """Refused before anything is sent (no producer listens at the URL): no pair, or a key given
+    twice (the last value used to win, silently, as a variant named twice in `routes set`
+    did)."""
     source = tmp_path / "one.jsonl"
     source.write_text('{"custom_id": "a", "body": {"inputs": {}}}\n')
     url = f"http://127.0.0.1:{free_port()}"
-    refused = CliRunner().invoke(
-        main, ["batch", "submit", str(source), "--metadata", "run", "--url", url]
-    )
-    assert refused.exit_code == 2 and "'run': expected KEY=VALUE" in refused.output, refused.output
+    for pairs, problem in (
+        (("run",), "'run': expected KEY=VALUE"),
+        (("=7",), "'=7': expected KEY=VALUE"),
+        (("run=7", "note=a", "run=8"), "run given more than once"),
+    ):
+        metadata = [arg for pair in pairs for arg in ("--metadata", pair)]
+        refused = CliRunner().invoke(
+            main, ["batch", "submit", str(source), *metadata, "--url", url]
+        )
+        assert refused.exit_code == 2 and problem in refused.output, refused.output
 
 
 def test_files_feed_a_batch_from_the_shell(base_url: str, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from rich.text import Text
 from conveyor.client.cli_options import NOT_SUCCEEDED, connect, connection_options
 from conveyor.client.sync_client import Client
 from conveyor.client.types import Batch, BatchResults
+from conveyor.commands.option_pairs import option_pairs
 from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 console = Console(stderr=True)
@@ -81,17 +82,6 @@ def follow(client: Client, batch: Batch) -> Batch:
         return client.batches.wait(batch.id, progress=update, poll_s=0.5)
 
 
-def _metadata(values: tuple[str, ...]) -> dict[str, str]:
-    """`--metadata` pairs; the server checks their count and lengths."""
-    pairs = {}
-    for value in values:
-        key, sep, text = value.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{value!r}: expected KEY=VALUE", param_hint="--metadata")
-        pairs[key] = text
-    return pairs
-
-
 @click.group("batch")
 def command() -> None:
     """JSONL batches on the bulk lane."""
@@ -117,7 +107,9 @@ def _create_options(create: F) -> F:
             "--metadata",
             "metadata",
             multiple=True,
-            callback=lambda _ctx, _param, values: _metadata(values),
+            callback=lambda _ctx, _param, values: option_pairs(
+                values, "--metadata", "KEY=VALUE", str
+            ),
             metavar="KEY=VALUE",
             help="Kept and shown with the batch, as OpenAI's metadata (repeat; 16 at most).",
         ),

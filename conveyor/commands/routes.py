@@ -11,32 +11,12 @@ import click
 from conveyor.client.admin_http import admin_call, clock
 from conveyor.client.calls import segment
 from conveyor.client.cli_options import connection_options
+from conveyor.commands.option_pairs import option_pairs
 
 
 @click.group("routes")
 def command() -> None:
     """Live routes of a model (needs an admin key)."""
-
-
-def _pairs(values: tuple[str, ...], what: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    twice = set()
-    for value in values:
-        name, sep, number = value.partition("=")
-        try:
-            weight = float(number)
-        except ValueError:
-            sep = ""
-        if not sep:
-            raise click.BadParameter(f"{value!r}: expected VARIANT=NUMBER", param_hint=what)
-        if name in out:
-            twice.add(name)
-        out[name] = weight
-    if twice:
-        # the last would win, silently: a fixed typo beside the original sums to the wrong split
-        named = ", ".join(sorted(twice))
-        raise click.BadParameter(f"{named} given more than once", param_hint=what)
-    return out
 
 
 def print_routes(view: dict[str, Any]) -> None:
@@ -91,7 +71,8 @@ def set_routes(
         raise click.UsageError(
             "nothing to set: give --weight, --shadow, --no-shadows or --sticky-by"
         )
-    new_weights, new_shadows = _pairs(weights, "--weight"), _pairs(shadows, "--shadow")
+    new_weights = option_pairs(weights, "--weight", "VARIANT=NUMBER", float)
+    new_shadows = option_pairs(shadows, "--shadow", "VARIANT=NUMBER", float)
     current = admin_call("GET", f"/v1/models/{segment(model)}/routes?history=0", url, api_key)
     body = {
         "weights": new_weights or current["weights"],
