@@ -89,6 +89,9 @@ async def test_an_expired_batch_file_is_not_found_and_its_batch_stays(
         await sdk.files.retrieve(batch.error_file_id)
     with pytest.raises(openai.NotFoundError, match="expired"):
         await sdk.files.content(batch.error_file_id)
+    # its delete too, as OpenAI's of a file gone (it answered 200, `deleted: false`)
+    with pytest.raises(openai.NotFoundError, match="expired"):
+        await sdk.files.delete(batch.error_file_id)
     assert (await sdk.batches.retrieve(batch_id)).error_file_id == batch.error_file_id
 
 

@@ -81,9 +81,15 @@ class ParsedBatch:
     _seen: set[str] = field(default_factory=set)
 
     def add(self, number: int, raw: bytes) -> None:
+        """A refused line that names a `custom_id` holds it, as an accepted line does, whatever
+        it was refused for: one refused for its shape (an unknown field, a method not POST)
+        held none, so a later line with that id ran, and the id named both a line of the errors
+        file and one of the output (OpenAI's are unique per batch)."""
         try:
             self.items.append(self._item(number, raw))
         except LineError as err:
+            if err.custom_id is not None:
+                self._seen.add(err.custom_id)
             self.rejected.append(rejection(number, err.custom_id, err.type, err.message))
 
     def _item(self, number: int, raw: bytes) -> Item:

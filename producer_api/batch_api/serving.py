@@ -435,8 +435,7 @@ class BatchApiService:
     async def file(self, batch_id: str, kind: str) -> AsyncIterator[bytes]:
         """The lines of an ended batch's `output` or `errors` file (a 409 before it ends: a
         batch is completed, failed, cancelled or expired first; a 404 once it expired)."""
-        fields = await self.ended(batch_id)
-        self._file_life(batch_id, kind, fields)
+        fields = await self.kept(batch_id, kind)
         return self._lines(batch_id, kind, fields)
 
     async def file_object(self, batch_id: str, kind: str) -> dict[str, Any]:
@@ -472,6 +471,13 @@ class BatchApiService:
             message = f"file {batch_id}-{kind} not found: it expired at {expires_at}"
             raise ConveyorError(404, "not_found", message)
         return created_at, expires_at
+
+    async def kept(self, batch_id: str, kind: str) -> Mapping[str, str]:
+        """The batch's fields while its `output` or `errors` file is there: a 409 before the
+        batch ends, a 404 once the file expired (its retrieve, content and delete alike)."""
+        fields = await self.ended(batch_id)
+        self._file_life(batch_id, kind, fields)
+        return fields
 
     async def ended(self, batch_id: str) -> Mapping[str, str]:
         """The batch's fields once it has ended (a 409 before)."""
@@ -543,13 +549,16 @@ def _openai_output(endpoint: str, model: str, item: ItemState) -> dict[str, Any]
 
 def _answer(endpoint: str, model: str, item: ItemState) -> Any:
     """What `endpoint` answers for the item's finished job; a completion's `created` is when
-    the output file is read."""
+    its job finished, as OpenAI's is when the completion was made: dated as the output file
+    was read, each download differed and its completions seemed made after the batch ended."""
     outputs = item.outputs or b"null"
     if endpoint == EMBEDDINGS:
         return embedding_list(model, as_written(outputs))
-    renderer = ChatRenderer if endpoint == CHAT else CompletionRenderer
+    renderer = (ChatRenderer if endpoint == CHAT else CompletionRenderer)(item.job_id, model)
+    if item.finished is not None:
+        renderer.created = item.finished // 1000
     generation = generation_of(model, loads(outputs))
-    return renderer(item.job_id, model).response(generation).model_dump(mode="json")
+    return renderer.response(generation).model_dump(mode="json")
 
 
 def _openai_error(record: dict[str, Any]) -> dict[str, Any]:

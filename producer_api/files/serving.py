@@ -133,9 +133,10 @@ class FilesService:
     async def delete(self, file_id: str) -> dict[str, Any]:
         """Forget an uploaded file (a batch made from it keeps its lines). A batch's own output
         and errors files are read from its items, and go with the batch: `deleted: false` once
-        it has ended (OpenAI's clients delete them after reading), 409 before."""
+        it has ended (OpenAI's clients delete them after reading), 409 before, 404 once the
+        file expired (as its retrieve and content answer)."""
         if named := BATCH_FILE.fullmatch(file_id):
-            await BatchApiService(self.state, self.principal).ended(named[1])
+            await BatchApiService(self.state, self.principal).kept(*named.groups())
             return {"id": file_id, "object": "file", "deleted": False}
         await self._uploaded(file_id)
         await self.store.delete(file_id)
