@@ -1,9 +1,10 @@
 """The one edge every request body crosses before a route sees it: bodies are bounded (413,
-declared or chunked; batch input by its own, larger bound), and a JSON body must hold only what
-Conveyor can store and serialise — valid Unicode (no lone surrogates), integers within 64 bits,
-finite numbers, at most `CONVEYOR_MAX_JSON_DEPTH` levels of nesting — anywhere, free-form
-`inputs` and `parameters` included (422). Checking here, once, means nothing deeper (orjson,
-pydantic, Redis) ever meets a value it would fail on."""
+declared or chunked; batch input by its own, larger bound), sent as they are (415 for one in a
+`Content-Encoding`: none is decoded), and a JSON body must hold only what Conveyor can store and
+serialise — valid Unicode (no lone surrogates), integers within 64 bits, finite numbers, at most
+`CONVEYOR_MAX_JSON_DEPTH` levels of nesting — anywhere, free-form `inputs` and `parameters`
+included (422). Checking here, once, means nothing deeper (orjson, pydantic, Redis) ever meets a
+value it would fail on."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 # Where the parsed body waits for the route (an ASGI scope key), so it is parsed once.
 PARSED_JSON = "conveyor.parsed_json"
 NOT_PARSED = object()
+# What a 415 for a body in a content coding names as taken (RFC 9110 12.5.3): the body as is.
+UNCODED = {"Accept-Encoding": "identity"}
 
 
 class BodyTooLarge(Exception):
@@ -124,6 +127,16 @@ def _parse_checked(body: bytes, max_depth: int) -> Any:
     return value
 
 
+def _content_coding(headers: Headers) -> str:
+    """The body's content codings other than `identity`, as sent ('' for none). None is
+    decoded here: a gzipped body was read as plain text (a 422 "can't decode byte 0x8b" that sent
+    its client looking for a fault in its JSON), and a plain body labelled gzip was taken as
+    it came."""
+    codings = ", ".join(headers.getlist("content-encoding"))
+    named = [coding.strip() for coding in codings.split(",") if coding.strip()]
+    return codings if any(coding.lower() != "identity" for coding in named) else ""
+
+
 def _is_json(scope: Scope, raw: str | None, own_format: frozenset[str]) -> bool:
     """As FastAPI decides from the content type `raw`: none, `application/json` or
     `application/*+json`; routes in `own_format` (JSONL uploads) parse and check their bodies
@@ -180,6 +193,14 @@ class RequestBoundaryMiddleware:
         except BodyTooLarge:
             message = f"request body exceeds {limit.max_bytes} bytes ({limit.setting})"
             await error_response(413, "payload_too_large", message)(scope, receive, send)
+            return
+        if body and (coded := _content_coding(headers)):
+            message = (
+                f"Content-Encoding {coded} is not supported: send the body uncompressed "
+                "(no Content-Encoding)"
+            )
+            refusal = error_response(415, "unsupported_media_type", message, UNCODED)
+            await refusal(scope, receive, send)
             return
         if body and _is_json(scope, headers.get("content-type"), self.own_format):
             try:

@@ -130,8 +130,11 @@ def test_floats_beyond_64_bit_integers_round_trip(base_url: str, identity_worker
         ("/v1/jobs", {"parameters": {"top_p": 0}}, "parameters.top_p"),
         ("/v1/jobs", {"parameters": {"presence_penalty": 9}}, "parameters.presence_penalty"),
         ("/v1/jobs", {"parameters": {"stop": [""]}}, "parameters.stop"),
+        # one empty stop string is vLLM's [""]: refused by its SamplingParams, at the worker
+        ("/v1/jobs", {"parameters": {"stop": ""}}, "parameters.stop"),
         ("/v1/jobs", {"parameters": {"seed": 1.5}}, "parameters.seed"),
         ("/v1/chat/completions", {"stop": [""]}, "stop"),
+        ("/v1/chat/completions", {"stop": ""}, "stop"),
         # a boolean or a string is no number (`true` ran as 1 token, or a temperature of 1.0)
         ("/v1/chat/completions", {"max_completion_tokens": True}, "max_completion_tokens"),
         ("/v1/chat/completions", {"temperature": True}, "temperature"),

@@ -69,6 +69,7 @@ _DESCRIPTIONS = {
     409: "Idempotency-Key reused with another body, or its first request still being enqueued "
     "after 5 s (Retry-After), or job already ended",
     413: "Body too large",
+    415: "Body in a Content-Encoding (none is decoded): send it uncompressed",
     422: "Invalid request, or a body that is not acceptable JSON",
     429: "Partition full, rate limited, too many jobs in flight, or the deadline cannot be met"
     " (`deadline_unmeetable`, with the `eta_ms` it would have had); see Retry-After",

@@ -29,6 +29,7 @@ class FieldNames:
 
 
 AS_JOB_FIELDS = FieldNames()
+StopString = Annotated[str, Field(min_length=1)]
 
 
 class SamplingParameters(BaseModel):
@@ -44,9 +45,9 @@ class SamplingParameters(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1, strict=True)
     temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
     top_p: float | None = Field(default=None, gt=0, le=1, strict=True)
-    stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None = (
-        None
-    )
+    # no empty stop string, alone as in a list: vLLM's SamplingParams refuses [""], which is
+    # what a "" becomes, so such a job failed at the worker after its wait in the queue
+    stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64, strict=True)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
