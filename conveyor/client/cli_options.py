@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import click
 import httpx
 
+from conveyor.client.connection import InvalidApiKey
 from conveyor.client.errors import ConveyorError, InvalidArgument, WaitTimeout
 from conveyor.client.retries import RetryEvent
 from conveyor.client.sync_client import Client
@@ -39,8 +40,11 @@ def _say_retry(event: RetryEvent) -> None:
 
 
 def bad_url(exc: ValueError) -> click.BadParameter:
-    """The URL (or CONVEYOR_URL) cannot be a producer's: a usage error, not an outage."""
-    return click.BadParameter(str(exc), param_hint="'--url'")
+    """The URL (or CONVEYOR_URL) cannot be a producer's, or the API key (or CONVEYOR_API_KEY)
+    cannot be sent: a usage error naming its option, not an outage (a bad key was blamed on
+    `--url`)."""
+    option = "'--api-key'" if isinstance(exc, InvalidApiKey) else "'--url'"
+    return click.BadParameter(str(exc), param_hint=option)
 
 
 def stack_target(url: str | None, api_key: str | None) -> tuple[str | None, str | None]:
@@ -86,6 +90,22 @@ def connect(url: str | None, api_key: str | None, waits: bool = False) -> Iterat
         raise click.UsageError(str(exc)) from None
     except httpx.HTTPError as exc:
         raise failure(f"cannot reach the producer: {exc!r}") from None
+
+
+@contextmanager
+def runs_on(note: str) -> Iterator[None]:
+    """A wait after a create, which its failure or Ctrl-C leaves running: the error says
+    `note` (its id, and the command that follows it up), which nothing had printed, so a
+    script told "outcome unknown" (3) could not learn it."""
+    try:
+        yield
+    except ConveyorError as exc:
+        raise OutcomeUnknown(f"{exc}; {note}") from None
+    except httpx.HTTPError as exc:
+        raise OutcomeUnknown(f"cannot reach the producer: {exc!r}; {note}") from None
+    except KeyboardInterrupt:
+        click.echo(note, err=True)
+        raise
 
 
 class _NotFinite(ValueError):

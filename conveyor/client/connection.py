@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from conveyor.client.errors import InvalidArgument
 from shared.http_url import is_http_url
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -18,7 +19,24 @@ def resolve(base_url: str | None, api_key: str | None) -> tuple[str, str | None]
     url = base_url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
     if not is_http_url(url):
         raise ValueError(f"producer URL {url!r} is not an http(s) URL with a host")
-    return url.rstrip("/"), api_key or os.environ.get("CONVEYOR_API_KEY") or None
+    return url.rstrip("/"), _key(api_key or os.environ.get("CONVEYOR_API_KEY") or "") or None
+
+
+class InvalidApiKey(InvalidArgument):
+    """An API key no `Authorization` header can carry (the CLI names `--api-key` for it)."""
+
+
+def _key(key: str) -> str:
+    """The key without the whitespace around it (a key file's or Secret's trailing newline:
+    each try failed before it was sent, was retried as an outage, and its error printed the
+    key). One holding other characters no header carries is refused here, the key unshown: a
+    non-ASCII one was httpx's UnicodeEncodeError, a control character retried as an outage."""
+    key = key.strip()
+    if not (key.isascii() and key.isprintable()):
+        raise InvalidApiKey(
+            "the API key holds characters no HTTP header carries (non-ASCII, or control characters)"
+        )
+    return key
 
 
 def http_options(base_url: str | None, api_key: str | None, timeout: float) -> dict[str, Any]:

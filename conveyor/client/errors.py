@@ -74,7 +74,8 @@ def api_error(
 def raise_for_error(response: httpx.Response) -> httpx.Response:
     """Return the response when it succeeded, else raise its APIError. A redirect is one:
     httpx follows none, and its body read as the answer was a JSONDecodeError (or, streamed,
-    an empty stream)."""
+    an empty stream). A body that is not the producer's (another server's HTML page) is the
+    message on one line: its own lines made the CLI's one-line error a page of HTML."""
     status = response.status_code
     if status < 300:
         return response
@@ -87,7 +88,7 @@ def raise_for_error(response: httpx.Response) -> httpx.Response:
         body: Any = response.json()
         type_, message = body["error"]["type"], body["error"]["message"]
     except (ValueError, KeyError, TypeError):
-        message = response.text[:500] or message
+        message = " ".join(response.text[:2000].split())[:500] or message
     raise api_error(status, type_, message, response.headers)
 
 

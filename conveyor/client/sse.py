@@ -201,10 +201,23 @@ class EventStream:
         """A resume answered 429 or 503 (Redis still away, the producers busy), or a proxy's
         502 or 504 (the producer behind it restarting): waited out as a dropped connection
         is, at least its Retry-After; any other error ends the stream. It used to end it at
-        once, though the server had asked for the resume."""
+        once, though the server had asked for the resume. A Retry-After that would end past
+        `reconnect_for_s` of failing is StreamError at once: slept out whole, a maintenance
+        page's `Retry-After: 3600` held the stream silent for the hour."""
         if error.status not in {REFUSED, *UNAVAILABLE} or not self._reopens(error):
             raise error
-        return max(self.dropped(error), retry_after_s(error.headers) or 0.0)
+        pause = self.dropped(error)
+        asked = retry_after_s(error.headers)
+        if asked is None or asked <= pause:
+            return pause
+        assert self._failing_since is not None  # `dropped` began the failing period
+        failed_s = self._failed_s + time.monotonic() - self._failing_since
+        if failed_s + asked > self.reconnect_for_s:
+            raise StreamError(
+                f"event stream lost: Retry-After {asked:g}s would resume past "
+                f"reconnect_for_s ({self.reconnect_for_s:g}s): {error}"
+            ) from error
+        return asked
 
     def dropped(self, error: Exception) -> float:
         """Seconds to wait before resuming: full-jitter exponential backoff, at least the

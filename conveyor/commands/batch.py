@@ -4,6 +4,7 @@ through the SDK, with a live progress bar (rate, ETA), then write `FILE.output.j
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +25,13 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from conveyor.client.cli_options import NOT_SUCCEEDED, connect, connection_options
+from conveyor.client.cli_options import (
+    NOT_SUCCEEDED,
+    OutcomeUnknown,
+    connect,
+    connection_options,
+    runs_on,
+)
 from conveyor.client.sync_client import Client
 from conveyor.client.types import Batch, BatchResults
 from conveyor.commands.option_pairs import option_pairs
@@ -48,13 +55,36 @@ def result_paths(source: Path) -> tuple[Path, Path]:
     return stem.parent / f"{stem.name}.output.jsonl", stem.parent / f"{stem.name}.errors.jsonl"
 
 
-def write_results(results: BatchResults, output: Path, errors: Path) -> None:
+def write_results(
+    results: BatchResults,
+    output: Path,
+    errors: Path,
+    batch_id: str = "BATCH_ID",
+    failure: type[click.ClickException] = click.ClickException,
+) -> None:
     """Both files' lines as the server served them (what was absent stays absent, a null a
-    null: OpenAI's errors lines carry `id` and `response` null for a line that never ran)."""
+    null: OpenAI's errors lines carry `id` and `response` null for a line that never ran). A
+    file that cannot be written is `failure`, naming the command that writes them elsewhere:
+    it was an OSError traceback."""
     for path, lines in ((output, results.outputs), (errors, results.errors)):
-        path.write_bytes(
-            b"".join(orjson.dumps(o.model_dump(exclude_unset=True)) + b"\n" for o in lines)
-        )
+        try:
+            path.write_bytes(
+                b"".join(orjson.dumps(o.model_dump(exclude_unset=True)) + b"\n" for o in lines)
+            )
+        except OSError as exc:
+            raise failure(
+                f"cannot write {path}: {exc.strerror or exc}; `conveyor batch results "
+                f"{batch_id} PREFIX` writes them elsewhere"
+            ) from None
+
+
+def _writable(*paths: Path) -> None:
+    """Refused before the batch is created: a result file that cannot be written (a folder of
+    its name, a folder without write access) was found only after the whole batch had run."""
+    for path in paths:
+        if path.is_dir() or not os.access(path if path.exists() else path.parent, os.W_OK):
+            message = f"cannot write {path}, where --wait writes its results"
+            raise click.BadParameter(message, param_hint="FILE")
 
 
 def follow(client: Client, batch: Batch) -> Batch:
@@ -139,6 +169,9 @@ def submit(
     --wait, writes FILE.output.jsonl and FILE.errors.jsonl once it ends, and exits 0 if it
     completed (its failed lines are in the errors file), 1 if it ended otherwise (cancelled,
     expired, failed), 3 if an error kept it from learning how the batch ended."""
+    output, errors = result_paths(file)
+    if wait:
+        _writable(output, errors)
     with connect(url, api_key, waits=wait) as client:
         batch = client.batches.create(
             file,
@@ -151,9 +184,11 @@ def submit(
         if not wait:
             click.echo(batch.id)
             return
-        batch = follow(client, batch)
-        output, errors = result_paths(file)
-        write_results(client.batches.results(batch.id), output, errors)
+        with runs_on(f"batch {batch.id} was created: `conveyor batch get {batch.id}` shows it"):
+            batch = follow(client, batch)
+        with runs_on(f"`conveyor batch results {batch.id} PREFIX` writes its results"):
+            results = client.batches.results(batch.id)
+    write_results(results, output, errors, batch.id, OutcomeUnknown)
     counts = batch.counts
     click.echo(f"{batch.id} {batch.status}: {counts.succeeded} succeeded, {counts.failed} failed")
     click.echo(f"{output}\n{errors}")
@@ -240,5 +275,6 @@ def results(batch_id: str, prefix: Path, url: str | None, api_key: str | None) -
     """Write PREFIX.output.jsonl and PREFIX.errors.jsonl of an ended batch."""
     output, errors = result_paths(prefix)
     with connect(url, api_key) as client:
-        write_results(client.batches.results(batch_id), output, errors)
+        fetched = client.batches.results(batch_id)
+    write_results(fetched, output, errors, batch_id)
     click.echo(f"{output}\n{errors}")

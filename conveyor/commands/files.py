@@ -81,8 +81,11 @@ def content(file_id: str, output: Path | None, url: str | None, api_key: str | N
     if output is None:
         sys.stdout.buffer.write(body)
         sys.stdout.buffer.flush()
-    else:
+        return
+    try:
         output.write_bytes(body)
+    except OSError as exc:  # a folder that is not there: a traceback, after the download
+        raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from None
 
 
 @command.command("delete")

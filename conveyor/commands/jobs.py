@@ -51,11 +51,15 @@ def wait(job_id: str, url: str | None, api_key: str | None) -> None:
     if it ended otherwise, 3 if an error kept it from learning."""
     last, progress = None, Progress()
     with connect(url, api_key, waits=True) as client, _progress_line() as show:
-        for event in client.stream(job_id):
-            if (line := progress.line(event)) not in (None, last):
-                show(line)
-                last = line
-        job = wait_or_last(client, job_id, SETTLE_S)
+        # Read first, retried as any call is: a producer that is down (or a wrong URL) failed
+        # only once the stream's resumes ran out, two minutes of silence later.
+        job = client.get(job_id)
+        if not job.done:
+            for event in client.stream(job_id):
+                if (line := progress.line(event)) not in (None, last):
+                    show(line)
+                    last = line
+            job = wait_or_last(client, job_id, SETTLE_S)
     echo_waited(job)
 
 

@@ -10,6 +10,7 @@ from conveyor.client.cli_options import (
     connection_options,
     echo_waited,
     json_argument,
+    runs_on,
     wait_or_last,
 )
 from conveyor.finite_float import FiniteFloat
@@ -49,5 +50,6 @@ def command(
         if not wait:
             click.echo(job.model_dump_json(indent=2, exclude_none=True))
             return
-        job = wait_or_last(client, job.id, timeout)
+        with runs_on(f"job {job.id} was submitted: `conveyor jobs get {job.id}` shows it"):
+            job = wait_or_last(client, job.id, timeout)
     echo_waited(job)

@@ -1,0 +1,59 @@
+"""An event stream's resumes honour the server's Retry-After within `reconnect_for_s`: a 503 or
+429 asking for an hour (a maintenance page, a proxy's) was slept out whole, silently, by a
+stream that promised StreamError once its resumes failed for `reconnect_for_s` seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from conveyor.client import AsyncClient, StreamError, Unavailable, calls
+from conveyor.client.sse import EventStream
+from tests.local_http import LocalServer, QuietHandler, serving
+
+HOUR = "3600"
+
+
+class _Closed(QuietHandler):
+    """Every stream refused: 503, come back in an hour."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        body = b'{"error": {"type": "unavailable", "message": "down for maintenance"}}'
+        headers = {"Content-Type": "application/json", "Retry-After": HOUR}
+        self.answer(503, body, headers)
+
+
+@pytest.fixture
+def closed() -> Iterator[LocalServer]:
+    with serving(LocalServer(_Closed)) as server:
+        yield server
+
+
+async def test_a_retry_after_past_reconnect_for_s_ends_the_stream(closed: LocalServer) -> None:
+    async def read() -> None:
+        async with AsyncClient(closed.url) as client:
+            async for _ in client.stream("j", reconnect_for_s=5):
+                pass
+
+    started = time.monotonic()
+    with pytest.raises(StreamError, match="Retry-After") as ended:
+        await asyncio.wait_for(read(), 10)  # before: asleep for the hour asked
+    assert time.monotonic() - started < 5
+    assert isinstance(ended.value.__cause__, Unavailable)
+
+
+def test_a_retry_after_within_reconnect_for_s_is_waited_out() -> None:
+    """The blocking client shares the decision: a Retry-After that fits is the pause (never
+    less), one that does not is StreamError at once, not a pause."""
+    headers = httpx.Headers({"Retry-After": "2"})
+    stream = EventStream(calls.events_call("j", None), reconnect_for_s=5)
+    assert stream.refused(Unavailable(503, "unavailable", "busy", headers)) >= 2
+    late = Unavailable(503, "unavailable", "busy", httpx.Headers({"Retry-After": "6"}))
+    with pytest.raises(StreamError, match="Retry-After"):
+        stream.refused(late)
