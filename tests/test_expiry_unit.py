@@ -128,3 +128,9 @@ def test_the_queue_wait_ends_when_the_engine_started_on_the_job(partition: Parti
     finish = partition.finish(delivery, JobStatus.SUCCEEDED, {}, ran_ms=CLAIMED_MS + 40)
     assert finish.fields["queue_wait_ms"] == "290"
     assert finish.fields["started"] == str(CLAIMED_MS)
+
+
+def test_a_job_read_in_the_ms_it_came_waited_no_time(partition: Partition) -> None:
+    """The read is stamped to the whole ms, the enqueue to the µs: its wait read -0.247."""
+    finish = partition.finish(_delivery(enqueued_ms=CLAIMED_MS + 0.247), JobStatus.SUCCEEDED, {})
+    assert finish.fields["queue_wait_ms"] == "0"

@@ -100,7 +100,9 @@ class Partition:
             # rounded up, as `created` is down: the whole ms between them (`total_ms`) never
             # read shorter than the queue wait and engine time inside it, which are to the µs
             "finished": str(math.ceil(stamp_ms())),
-            "queue_wait_ms": str(round(ran - entry.enqueued_ms, 3)),
+            # never below 0: the read is stamped to the whole ms (and on another host's clock),
+            # the enqueue to the µs, so a job read in the ms it came read -0.247
+            "queue_wait_ms": str(round(max(0, ran - entry.enqueued_ms), 3)),
         }
         if status != JobStatus.SUCCEEDED:  # the console shows what a failed job was given
             raw = dumps(entry.payload)
