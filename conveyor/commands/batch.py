@@ -32,9 +32,9 @@ from conveyor.client.cli_options import (
     connection_options,
     runs_on,
 )
+from conveyor.client.option_pairs import option_pairs
 from conveyor.client.sync_client import Client
 from conveyor.client.types import Batch, BatchResults
-from conveyor.commands.option_pairs import option_pairs
 from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 console = Console(stderr=True)

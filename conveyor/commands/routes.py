@@ -11,7 +11,7 @@ import click
 from conveyor.client.admin_http import admin_call, clock
 from conveyor.client.calls import segment
 from conveyor.client.cli_options import connection_options
-from conveyor.commands.option_pairs import option_pairs
+from conveyor.client.option_pairs import option_pairs
 
 
 @click.group("routes")
