@@ -180,6 +180,15 @@ def test_a_timeout_that_is_not_a_number_of_seconds_is_refused(timeout: float) ->
             client.predict("identity", {}, timeout=timeout)
 
 
+@pytest.mark.parametrize("poll_s", [float("nan"), -1.0, 0.0])
+def test_a_batch_wait_polling_at_no_positive_pace_is_refused(poll_s: float) -> None:
+    """NaN or a negative pause was time.sleep's ValueError after the first look, 0 polled the
+    producer as fast as it answered. Refused before any request: nothing listens here."""
+    refused = pytest.raises(InvalidArgument, match=f"poll_s {poll_s!r}: seconds between looks")
+    with Client("http://127.0.0.1:9") as client, refused:
+        client.batches.wait("some-id", poll_s=poll_s)
+
+
 @pytest.mark.parametrize("job_id", ["../models", "..", "a/b", "x?attempts=true"])
 def test_an_id_is_one_path_segment_and_reaches_no_other_route(base_url: str, job_id: str) -> None:
     """`get("../models")` read the model list (then failed to parse it as a job), and `cancel`

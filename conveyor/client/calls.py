@@ -472,6 +472,8 @@ def wait_batch(
     batch_id: str, poll_s: float, timeout: float | None, progress: Progress | None
 ) -> Op[Batch]:
     """Poll until the batch ends, calling `progress` with each look."""
+    if not poll_s > 0:  # NaN or a negative one was time.sleep's ValueError, 0 a busy loop
+        raise InvalidArgument(f"poll_s {poll_s!r}: seconds between looks, more than 0")
     deadline = _deadline(timeout)
     while True:
         batch = yield from get_batch(batch_id, deadline)
