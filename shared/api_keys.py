@@ -192,7 +192,9 @@ class ApiKeyStore:
         it again replaces its record."""
         spec.check()
         key = secret or new_key()
-        if not PRESENTED.match(key):
+        # whole: `$` matched before a final newline, and a chosen key stored with one (a file
+        # or Secret written by `echo`) was a key no client can send in a header
+        if not PRESENTED.fullmatch(key):
             raise InvalidKeySpec("a key is 8 to 256 printable ASCII characters, no spaces")
         record = ApiKey(key_id_of(key), digest_of(key), spec, created_at=time.time())
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -205,7 +207,7 @@ class ApiKeyStore:
 
     async def verify(self, presented: str) -> ApiKey | None:
         """The record of a presented key, or None when no stored key matches it."""
-        if not PRESENTED.match(presented):
+        if not PRESENTED.fullmatch(presented):
             return None
         record = await self.get(key_id_of(presented))
         if record is None or not record.matches(presented):
@@ -213,7 +215,7 @@ class ApiKeyStore:
         return record
 
     async def get(self, key_id: str) -> ApiKey | None:
-        if not KEY_ID.match(key_id):
+        if not KEY_ID.fullmatch(key_id):
             return None
         raw = await self.redis.hgetall(self.keys.api_key(key_id))
         return ApiKey.from_fields(raw) if raw else None

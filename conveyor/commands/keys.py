@@ -16,6 +16,7 @@ import click
 
 from conveyor.local_stack import with_redis
 from shared.api_keys import (
+    KEY_ID,
     SCOPES,
     TENANT,
     ApiKey,
@@ -77,7 +78,10 @@ async def _dev_key(store: ApiKeyStore, chosen: str, previous: str) -> str:
         record = await store.verify(previous)
         if record is not None and record.refusal(time.time()) is None:
             return previous
-    key, _ = await store.create(DEV_KEY_SPEC, chosen or None)
+    try:
+        key, _ = await store.create(DEV_KEY_SPEC, chosen or None)
+    except InvalidKeySpec as exc:  # a traceback from `conveyor up`; the value is not repeated
+        raise click.ClickException(f"CONVEYOR_DEV_API_KEY is not a usable key: {exc}") from None
     return key
 
 
@@ -92,13 +96,18 @@ async def _revoke_dev_keys_but(store: ApiKeyStore, key_id: str) -> None:
 def _seconds(duration: str | None) -> float:
     if duration is None:
         return 0.0
-    match = DURATION.match(duration)
+    match = DURATION.fullmatch(duration)
+    hint = "--expires-in"
     if match is None:
-        raise click.BadParameter("use a number and a unit: 90s, 30m, 12h, 30d")
+        raise click.BadParameter("use a number and a unit: 90s, 30m, 12h, 30d", param_hint=hint)
     seconds = int(match[1]) * _UNITS[match[2]]
     if seconds == 0:  # an expiry of 0 is stored as "never": refuse it rather than invert it
-        raise click.BadParameter("a lifetime must be longer than 0")
-    return seconds
+        raise click.BadParameter("a lifetime must be longer than 0", param_hint=hint)
+    try:  # the expiry is a float of Unix seconds: a longer one ended `create` with a traceback
+        return float(seconds)
+    except OverflowError:
+        message = "too long a lifetime; leave --expires-in out for a key that never expires"
+        raise click.BadParameter(message, param_hint=hint) from None
 
 
 def _warn_unknown(models: tuple[str, ...]) -> None:
@@ -227,13 +236,31 @@ def list_keys(as_json: bool) -> None:
         )
 
 
+async def _revoked(store: ApiKeyStore, given: str) -> str | None:
+    """The id of the key revoked: `given` is its id or the key itself (an operator holding a
+    leaked key need not work out its id); None when it names no stored key."""
+    if KEY_ID.fullmatch(given):
+        key_id = given
+    elif (record := await store.verify(given)) is not None:
+        key_id = record.key_id
+    else:
+        return None
+    return key_id if await store.revoke(key_id) else None
+
+
 @command.command("revoke")
 @click.argument("key_id")
 def revoke(key_id: str) -> None:
-    """Revoke a key by id; every producer refuses it from the next request on."""
-    if not _run(lambda store: store.revoke(key_id)):
+    """Revoke a key by id (or by the key itself); every producer refuses it from the next
+    request on."""
+    revoked = _run(lambda store: _revoked(store, key_id))
+    if revoked is None and KEY_ID.fullmatch(key_id):
         raise click.ClickException(f"no key with id {key_id}")
-    click.echo(f"revoked {key_id}")
+    if revoked is None:  # not repeated: what was given may be a key, into a terminal or a log
+        raise click.ClickException(
+            "no such key: give its id (16 hex digits, as `conveyor keys list` shows) or the key"
+        )
+    click.echo(f"revoked {revoked}")
 
 
 @command.command("webhook-secret")
