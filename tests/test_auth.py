@@ -268,3 +268,18 @@ def test_keys_are_stored_hashed_and_never_logged(
         client.close()
     log = (auth_stack.log_dir / "producer.log").read_text()
     assert not [key for key in keys.values() if key in log]
+
+
+def test_a_batch_for_a_model_the_key_may_not_use_is_403(
+    auth_stack: Stack, api: httpx.Client
+) -> None:
+    """As a job's submit to it is: it was a 202, a batch whose every line was refused."""
+    narrow = issue_key(
+        auth_stack.redis_url, "delta", "submit", "read", models=frozenset({"identity"})
+    )
+    line = b'{"custom_id": "a", "body": {"inputs": {"texts": ["hi"]}}}\n'
+    headers = {**_bearer(narrow), "Content-Type": "application/jsonl"}
+    refused = api.post("/v1/batches", params={"model": "minilm"}, content=line, headers=headers)
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["type"] == "forbidden"
+    assert api.get("/v1/batches", headers=_bearer(narrow)).json()["data"] == []  # none made

@@ -25,6 +25,7 @@ from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import FieldNames, PredictRequest
 from producer_api.jobs.serving import UNSUCCESSFUL_STATUS, JobsService
+from producer_api.models.serving import model_of
 from producer_api.openai.embedding_serving import EmbeddingService, embedding_list
 from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from producer_api.openai.serving import ChatRenderer, CompletionRenderer, generation_of
@@ -209,8 +210,8 @@ class BatchApiService:
         window_s = self._window_s(options.completion_window)
         if options.webhook is not None and (why := refusal(options.webhook, self.state.settings)):
             raise ConveyorError(422, "invalid_request", why, param="webhook")
-        if options.model is not None and self.state.repository.get(options.model) is None:
-            raise ConveyorError(404, "not_found", f"model {options.model!r} not found")
+        if options.model is not None:  # a model the key may not use: 403, as every route
+            model_of(self.state, self.principal, options.model)  # (not a batch of refused lines)
         source = await _source(asked, options, read_file)
         parsed = await asyncio.to_thread(lines.parse, source, self._batch(options))
         if not parsed.items and not parsed.rejected:
