@@ -503,6 +503,54 @@ def test_gpu_image_gets_artifacts_from_a_stage_that_prepares_them():
     assert any("conveyor models prepare" in r for r in by_name["artifacts"].args("RUN"))
 
 
+def stage_env(stage: Stage) -> dict[str, str]:
+    """The stage's `ENV KEY=VALUE …` settings, the last one of each key winning."""
+    return dict(word.split("=", 1) for rest in stage.args("ENV") for word in shlex.split(rest))
+
+
+def home_of(stage: Stage) -> str:
+    """The HOME its processes start with: `ENV HOME`, else the home `useradd` gave its user
+    (the one the runtime sets HOME to)."""
+    if "HOME" in stage_env(stage):
+        return stage_env(stage)["HOME"]
+    for run in stage.args("RUN"):
+        for step in run.split("&&"):
+            words = shlex.split(step)
+            if words[:1] == ["useradd"]:
+                return words[words.index("--home-dir") + 1]
+    return "/root"
+
+
+def writable_dirs(stage: Stage) -> set[str]:
+    """What the image's non-root user may write: /tmp, what a RUN chowns, what a COPY --chown
+    lays down (relative to the WORKDIR)."""
+    workdir, found = "/", {"/tmp"}
+    for keyword, rest in stage.instructions:
+        if keyword == "WORKDIR":
+            workdir = str(Path(workdir) / rest)
+        elif keyword == "RUN":
+            for step in rest.split("&&"):
+                words = [w for w in shlex.split(step) if not w.startswith("-")]
+                if words[:1] == ["chown"]:
+                    found |= set(words[2:])
+        elif keyword == "COPY" and "--chown=" in rest:
+            found.add(str(Path(workdir) / rest.split()[-1]))
+    return found
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
+def test_the_images_user_can_write_its_home(dockerfile):
+    """HOME was /app (useradd's), which root owns: Triton's kernel cache (~/.triton/cache, where
+    vLLM's Triton kernels compile on a GPU) and vLLM's config (~/.config/vllm) could not be
+    created, and the compose GPU worker's smollm2 would fail to load. k8s sets HOME=/tmp on
+    its workers; compose did not."""
+    _, stages = parse_dockerfile(COMPOSE_DIR / dockerfile)
+    final = stages[-1]
+    home = Path(home_of(final))
+    writable = [Path(d) for d in writable_dirs(final)]
+    assert any(home == d or d in home.parents for d in writable), f"HOME {home} is not writable"
+
+
 # What each preparer in workers/model_prep/ needs installed, as distributions: smollm2's reads its
 # GGUF file through transformers, whose GGUF loader imports `gguf`.
 PREPARER_NEEDS = {

@@ -235,6 +235,27 @@ def test_render_cli_takes_the_metric_sources(tmp_path):
     )
 
 
+def test_metric_source_urls_ending_in_a_slash_still_name_the_endpoints(tmp_path):
+    """`--producer-url http://conveyor-api:8000/` rendered `…:8000//metrics/backlog/…`, a path
+    the producer answers 404 (KEDA's client sends it as written): the pool never scaled."""
+    for scaler in ("metrics-api", "prometheus"):
+        folder = tmp_path / scaler / "costly"
+        folder.mkdir(parents=True)
+        scaling = {"metric": "backlog_seconds", "backlog": {"scaler": scaler}}
+        body = {"kind": "batch", "backend": "identity", "autoscaling": scaling}
+        (folder / "config.yaml").write_text(yaml.safe_dump(body))
+        args = ["render", "keda", "--model-repository", str(folder.parent)]
+        urls = ["--producer-url", "http://conveyor-api:8000/", "--prometheus-url", "http://p:9090/"]
+        result = CliRunner().invoke(main, [*args, *urls])
+        assert result.exit_code == 0, result.output
+        (trigger,) = list(yaml.safe_load_all(result.stdout))[1]["spec"]["triggers"]
+        expected = {
+            "metrics-api": ("url", "http://conveyor-api:8000/metrics/backlog/costly/default"),
+            "prometheus": ("serverAddress", "http://p:9090"),
+        }[scaler]
+        assert (expected[0], trigger["metadata"][expected[0]]) == expected
+
+
 @pytest.mark.parametrize("target_s", [0.0009, 1e-7])
 def test_render_refuses_a_backlog_target_keda_would_send_as_zero(tmp_path, target_s):
     """KEDA hands the HPA a target in thousandths, cut to a whole one: `target_s` under 1 ms
@@ -256,6 +277,41 @@ def test_render_refuses_a_backlog_target_keda_would_send_as_zero(tmp_path, targe
     assert least.exit_code == 0, least.output
     (trigger,) = list(yaml.safe_load_all(least.stdout))[1]["spec"]["triggers"]
     assert trigger["metadata"]["targetValue"] == "0.001"
+
+
+class GoYamlLoader(yaml.SafeLoader):
+    """Reads plain scalars as Go's YAML (kubectl, kustomize) does: `1e3` and `1_0e3` floats,
+    `0o17` an int. PyYAML, on YAML 1.1, takes all three for strings."""
+
+
+GoYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9_]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9_]+)?$"),
+    list("-+.0123456789"),
+)
+GoYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^[-+]?0[oO][0-7_]+$"), list("-+0")
+)
+
+
+def test_names_that_read_as_numbers_stay_strings_for_kubectl(tmp_path):
+    """A model named `1e3` rendered `conveyor.dev/model: 1e3`: kubectl read a number there and
+    refused the file (`cannot unmarshal number into … labels of type string`)."""
+    folder = tmp_path / "1e3"
+    folder.mkdir()
+    body = {
+        "kind": "batch",
+        "backend": "identity",
+        "variants": {"default": {}, "0o17": {}, "2_5e1": {}},
+    }
+    (folder / "config.yaml").write_text(yaml.safe_dump(body))
+    args = ["render", "keda", "--model-repository", str(tmp_path)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    scaled = list(yaml.load_all(result.stdout, Loader=GoYamlLoader))[1:]
+    models = {o["metadata"]["labels"]["conveyor.dev/model"] for o in scaled}
+    variants = {o["metadata"]["labels"]["conveyor.dev/variant"] for o in scaled}
+    assert (models, variants) == ({"1e3"}, {"default", "0o17", "2_5e1"})
 
 
 def test_committed_manifest_is_a_fresh_render():
