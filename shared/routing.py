@@ -69,7 +69,8 @@ class Routes:
             raise InvalidRoutes("weights must be finite and not negative")
         total = sum(self.weights.values())
         if abs(total - WEIGHT_TOTAL) > _TOLERANCE:
-            raise InvalidRoutes(f"weights must sum to 100, not {total:g}")
+            # 10 digits: `:g`'s 6 printed a third each (33.33333) as "must sum to 100, not 100"
+            raise InvalidRoutes(f"weights must sum to 100, not {total:.10g}")
         for name, rate in self.shadows.items():
             if not math.isfinite(rate) or not 0.0 <= rate <= 1.0:
                 raise InvalidRoutes(f"shadow {name}: sample rate must lie in [0, 1], not {rate}")
@@ -95,7 +96,9 @@ class Routes:
         """The same routes with `variant` at `percent`, the other primaries scaled so their
         ratios hold; once they have no weight left (the variant took everything), the ratios
         `held` they had before: a canary step or rollback. A variant given traffic stops being
-        a shadow (no variant both serves and shadows)."""
+        a shadow (no variant both serves and shadows): the canary's own, and one `held` gives
+        its share back to (a rollback from 100 % left the old baseline an operator shadowed
+        meanwhile serving and shadowing, routes no producer serves)."""
         others = {k: w for k, w in self.weights.items() if k != variant}
         if sum(others.values()) <= 0:
             others |= {k: w for k, w in held.items() if k != variant}
@@ -104,8 +107,9 @@ class Routes:
         if rest <= 0 < left:
             raise InvalidRoutes(f"no variant besides {variant} to take {left:g} % of traffic")
         scaled = {k: w * left / rest if rest > 0 else 0.0 for k, w in others.items()}
-        shadows = {k: r for k, r in self.shadows.items() if k != variant or percent <= 0}
-        return Routes({**scaled, variant: percent}, shadows, self.sticky_by, self.version)
+        weights = {**scaled, variant: percent}
+        shadows = {k: r for k, r in self.shadows.items() if weights.get(k, 0.0) <= 0}
+        return Routes(weights, shadows, self.sticky_by, self.version)
 
     def fed(self) -> list[str]:
         """The variants these routes send jobs to: those with weight, and sampling shadows."""

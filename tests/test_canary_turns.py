@@ -23,8 +23,10 @@ from shared.route_store import RouteStore
 from shared.routing import Routes
 from shared.variant_stats import Sample, VariantStats
 from shared.webhook_events import WebhookDispatcher
+from tests.conftest import REPO_ROOT
 
 KEYS = Keys("canary-race:")
+TRAFFIC = ModelRepository.load(REPO_ROOT / "tests" / "fixtures" / "traffic_repository")
 MODEL = "ab"
 
 
@@ -182,6 +184,31 @@ async def test_a_canary_of_a_shadowed_variant_takes_it_out_of_the_shadows(
     live = (await routes.get_many([MODEL]))[MODEL]
     assert live.weights == {"stable": 90.0, "candidate": 10.0}, live
     assert live.shadows == {}, live
+
+
+async def test_a_rollback_from_100_percent_stops_shadowing_the_variant_it_serves_again(
+    aredis: aioredis.Redis,
+) -> None:
+    """At 100 % an operator shadows the old baseline (weight 0 now, the canary's share kept, so
+    the canary goes on): a rollback or an abort handed it its traffic back and left it
+    shadowing too, routes every producer refused to serve (they fell back to config.yaml's)."""
+    store, routes = CanaryStore(aredis, KEYS), RouteStore(aredis, KEYS)
+    await routes.seed(MODEL, Routes({"stable": 100.0, "candidate": 0.0}))
+    assert await store.start(replace(_canary(), steps=[100.0]))
+    leader = _Producer(aredis)
+    await leader.look()
+    served = (await routes.get_many([MODEL]))[MODEL]
+    assert served.weights == {"stable": 0.0, "candidate": 100.0}, served
+    shadowed = Routes(served.weights, {"stable": 1.0})
+    await routes.put(MODEL, shadowed, "operator", served.version)
+    await leader.look()  # the canary's weight is as it was: it goes on
+    running = await store.get(MODEL)
+    assert running is not None and (running.state, running.weight) == ("running", 100.0), running
+    assert await leader.abort(MODEL, "aborted by the test")
+    live = (await routes.get_many([MODEL]))[MODEL]
+    assert live.weights == {"stable": 100.0, "candidate": 0.0}, live
+    assert live.shadows == {}, live
+    live.check(TRAFFIC.models[MODEL])  # routes producers serve as stored
 
 
 class _OperatorFirst(RouteStore):

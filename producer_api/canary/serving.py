@@ -38,6 +38,7 @@ class CanaryService:
         config = self.config(model)
         baseline = body.baseline or config.default_variant
         self._check(config, body, baseline)
+        await self._check_none_running(model)
         await self._check_routes(config, body)
         canary = Canary(
             model=model,
@@ -55,7 +56,7 @@ class CanaryService:
         async with _in_turn(model):
             started = await self.controller.start(canary)
         if not started:
-            raise ConveyorError(409, "conflict", f"model {model} has a canary running already")
+            raise _running(model)
         return await self.show(model)
 
     def _check(self, config: ModelConfig, body: CanaryStart, baseline: str) -> None:
@@ -74,6 +75,14 @@ class CanaryService:
             raise ConveyorError(422, "invalid_request", unmoved)
         if body.webhook and (why := refusal(body.webhook, self.state.settings)):
             raise ConveyorError(422, "invalid_request", why)
+
+    async def _check_none_running(self, model: str) -> None:
+        """A 409 that says a canary runs, before the routes are judged: they are the running
+        canary's, and a second start of its variant was told it "already serves 25 %... is it
+        the baseline?". The start's own script still decides a race between two starts."""
+        running = await self.store.get(model)
+        if running is not None and running.state == "running":
+            raise _running(model)
 
     async def _check_routes(self, config: ModelConfig, body: CanaryStart) -> None:
         """Refuse a canary the live routes contradict (a variant and baseline given swapped):
@@ -118,6 +127,10 @@ class CanaryService:
         if not aborted:
             raise ConveyorError(409, "conflict", f"model {model} has no canary running")
         return await self.show(model)
+
+
+def _running(model: str) -> ConveyorError:
+    return ConveyorError(409, "conflict", f"model {model} has a canary running already")
 
 
 def _unmoved(steps: list[float]) -> str | None:
