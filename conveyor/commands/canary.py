@@ -15,6 +15,7 @@ from conveyor.finite_float import FiniteFloat
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_EVENTS = 500  # the most decisions `GET /v1/models/{model}/canary?events=` answers
 
 
 def seconds(text: str) -> float:
@@ -111,13 +112,15 @@ def start(
     "--events",
     default=20,
     show_default=True,
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, MAX_EVENTS),
     help="How many decisions to show.",
 )
 @connection_options
 def status(model: str, events: int, url: str | None, api_key: str | None) -> None:
-    """Print the latest canary and its decisions with their numbers."""
-    print_canary(admin_call("GET", f"/v1/models/{segment(model)}/canary", url, api_key), events)
+    """Print the latest canary and its decisions with their numbers. The producer is asked for
+    as many as shown: it answers 100 unless asked, so `--events 300` showed 100."""
+    path = f"/v1/models/{segment(model)}/canary?events={max(events, 1)}"
+    print_canary(admin_call("GET", path, url, api_key), events)
 
 
 @command.command("abort")
