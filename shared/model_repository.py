@@ -28,6 +28,9 @@ BACKEND_NAMES = frozenset({"identity", "onnxruntime", "tensorrt", "torch", "vllm
 CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 # The named backends that generate (continuous batching); every other named one batches.
 GENERATE_BACKENDS = frozenset({"vllm"})
+# vLLM engine arguments the worker sets itself: the artifact folder, whose tokenizer turns
+# prompts into the ids vLLM is given.
+VLLM_ARTIFACT_ARGS = frozenset({"model", "tokenizer"})
 # The engines that tokenise texts themselves and read EncoderParameters.
 ENCODER_BACKENDS = frozenset({"onnxruntime", "tensorrt", "torch"})
 QUOTED_CHARS = 200  # of a refused value, quoted in its 422
@@ -60,6 +63,11 @@ STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 # The longest any of a config's durations may be: longer ones are typos, and Redis's millisecond
 # arguments overflow far past it.
 YEAR_S = 365 * 86_400.0
+
+
+# KEDA's minReplicaCount and maxReplicaCount, and the HPA's, are int32: the API server refuses
+# a ScaledObject past them.
+MAX_REPLICAS = 2**31 - 1
 
 
 # Bounds on a config.yaml, which is a few KB: past them a file is a mistake or a YAML bomb.
@@ -207,6 +215,19 @@ class QueueLimits(BaseModel):
     # Read by the worker, which follows the held jobs it is handed, whatever its `fair` says.
     fair_batch_ms: float | None = Field(default=None, gt=0, le=YEAR_S * 1000)
 
+    @field_validator("visibility_timeout_s")
+    @classmethod
+    def _xautoclaim_can_wait(cls, visibility_timeout_s: float) -> float:
+        """XAUTOCLAIM's idle time is whole milliseconds (workers/partition/reclaim.py cuts it):
+        under 1 ms it is 0, which claims every entry the moment it is read, jobs still running
+        included, and runs them again until they are dead-lettered."""
+        if visibility_timeout_s < 0.001:
+            raise ValueError(
+                f"{visibility_timeout_s:g} is below 0.001: a reclaim's idle time is whole "
+                "milliseconds, and this one would be 0 (every job in hand claimed again at once)"
+            )
+        return visibility_timeout_s
+
 
 class BacklogScaling(BaseModel):
     """`autoscaling.backlog`: how a pool scaled on seconds of backlog (shared/backlog.py) is
@@ -243,8 +264,8 @@ class AutoscalingHints(BaseModel):
     backlog: BacklogScaling = Field(default_factory=BacklogScaling)
     lag_per_replica: int = Field(default=32, ge=1)
     activation_lag: int = Field(default=0, ge=0)
-    min_replicas: int = Field(default=0, ge=0)
-    max_replicas: int = Field(default=4, ge=1)
+    min_replicas: int = Field(default=0, ge=0, le=MAX_REPLICAS)
+    max_replicas: int = Field(default=4, ge=1, le=MAX_REPLICAS)
     cooldown_s: int = Field(default=120, ge=0, le=YEAR_S)
     polling_interval_s: int = Field(default=5, ge=1, le=YEAR_S)
     # Longest one micro-batch (or, for generate models, one whole generation) may run: a
@@ -330,8 +351,25 @@ class ModelConfig(BaseModel):
             raise ModelConfigError(
                 f"model {self.name}: default_variant {self.default_variant!r} is not a variant"
             )
+        if self.variants[self.default_variant].shadow:  # shared/routing.py's seed_routes
+            raise ModelConfigError(
+                f"model {self.name}: default_variant {self.default_variant!r} is a shadow "
+                "(`shadow: true`), which takes only copies: the default variant serves every "
+                "request naming none while no variant has weight, and is a canary's baseline"
+            )
         if self.task == "embed" and self.kind != "batch":
             raise ModelConfigError(f"model {self.name}: task embed needs kind batch")
+        if (
+            self.kind == "batch"
+            and self.max_queue_delay_ms >= self.queue.visibility_timeout_s * 1000
+        ):
+            # workers/partition/stream_reader.py's gather touches no entry it holds
+            raise ModelConfigError(
+                f"model {self.name}: max_queue_delay_ms ({self.max_queue_delay_ms:g}) must be "
+                f"below queue.visibility_timeout_s ({self.queue.visibility_timeout_s:g} s): a "
+                "micro-batch's first job waits that long, untouched, while it gathers, and "
+                "another worker's reclaimer takes it to run again"
+            )
         try:  # jsonschema's own error is a many-line dump, and no ValueError pydantic reports
             # No format checks: its `regex` one is Python's `re`, which refused ECMA-262 patterns
             # (`\p{L}`, named groups `(?<name>...)`) the compiled check takes; that compiles them.
@@ -348,6 +386,12 @@ class ModelConfig(BaseModel):
             ) from None
         except ValueError as exc:
             raise ModelConfigError(f"model {self.name}: input_schema: {exc}") from exc
+        types = self.input_schema.get("type")
+        if types is not None and "object" not in ([types] if isinstance(types, str) else types):
+            raise ModelConfigError(  # JobRequest.inputs, producer_api/jobs/protocol.py
+                f"model {self.name}: input_schema.type: a job's inputs are a JSON object, which "
+                f"type {quote(types)} refuses: every submit would be refused (422)"
+            )
         if self.task == "embed":
             self._check_embed_inputs()
         if self.prepare is not None and self.prepare not in PREPARER_NAMES:
@@ -393,6 +437,15 @@ class ModelConfig(BaseModel):
             raise ModelConfigError(  # the engine would take it, the worker's loop never reads it
                 f"model {self.name} variant {variant}: parameters.max_num_seqs: set the model's "
                 "top-level max_num_seqs instead (the worker reads it, and passes it to vLLM)"
+            )
+        if backend in GENERATE_BACKENDS and (
+            replaced := VLLM_ARTIFACT_ARGS.intersection(self.variant_parameters(variant))
+        ):
+            raise ModelConfigError(  # workers/engines/vllm_engine.py: prompt_token_ids
+                f"model {self.name} variant {variant}: parameters.{min(replaced)}: the worker "
+                "serves the model in its artifact folder (CONVEYOR_ARTIFACT_DIR/<model>) and "
+                "tokenises prompts with that folder's tokenizer; vLLM given another would be fed "
+                "its ids"
             )
         if self.kind == "generate":  # a custom engine's too: the producer and the loop read them
             try:
@@ -506,9 +559,45 @@ def _problems(exc: ValidationError, whole: str = "", within: str = "") -> str:
     return "; ".join(problem(error) for error in exc.errors())
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"  # `<<: *base`'s key
+
+
 class _ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2's (and JSON's) exponents: YAML 1.1 reads `1e3` and
-    `1.0e3` as strings (it wants `1.0e+3`), which strict numbers refuse."""
+    `1.0e3` as strings (it wants `1.0e+3`), which strict numbers refuse. A key given twice in
+    one mapping is refused, as YAML says it must be: PyYAML kept the last, silently, and the
+    first (perhaps the one its author meant) was ignored."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._refuse_duplicate_keys(node)
+        return super().construct_document(node)
+
+    def _refuse_duplicate_keys(self, root: yaml.Node) -> None:
+        """Checked on the composed nodes, before construction flattens merge keys into the
+        mappings that name them (a key set beside a merge overrides it). Each node once: aliases
+        share nodes, and one inside what it names is a cycle (refused later, by _ExpandedSize)."""
+        seen: set[int] = set()
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if id(node) in seen or isinstance(node, yaml.ScalarNode):
+                continue
+            seen.add(id(node))
+            if isinstance(node, yaml.SequenceNode):
+                stack.extend(node.value)
+                continue
+            keys: dict[Any, yaml.Node] = {}
+            for key_node, value_node in node.value:
+                stack += [key_node, value_node]
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == MERGE_TAG:
+                    continue
+                first = keys.setdefault(self.construct_object(key_node), key_node)
+                if first is not key_node:
+                    raise yaml.constructor.ConstructorError(
+                        problem=f"key {self.construct_object(key_node)!r} given twice (first on "
+                        f"line {first.start_mark.line + 1})",
+                        problem_mark=key_node.start_mark,
+                    )
 
 
 _ConfigLoader.add_implicit_resolver(
@@ -626,6 +715,8 @@ class ModelRepository:
         models: dict[str, ModelConfig] = {}
         for config_path in _config_paths(root):
             raw = _settings(config_path)
+            if "directory" in raw:  # the loader's to set, not a setting: it was replaced, silently
+                raise ModelConfigError(f"{config_path}: directory: Extra inputs are not permitted")
             raw.setdefault("name", config_path.parent.name)
             try:
                 config = ModelConfig.model_validate({**raw, "directory": config_path.parent})

@@ -40,7 +40,7 @@ def load_one(root: Path, text: str) -> ModelRepository:
         ("preferred_batch_sizes: [true]\n", "preferred_batch_sizes.0: Input should be a valid"),
         ("autoscaling: {cooldown_s: '120'}\n", "autoscaling.cooldown_s: Input should be a valid"),
         (
-            "backend: torch\nparameters: {torch: {compile: 1}}\n",
+            "variants: {default: {backend: torch, parameters: {torch: {compile: 1}}}}\n",
             "model m variant default: parameters.torch: compile: Input should be a valid boolean, "
             "not 1",
         ),
