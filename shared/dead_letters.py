@@ -42,11 +42,24 @@ class DeadLetter:
     deliveries: int
     entry: RequestEntry
     lane: str = ""  # the stream it died in ('' in letters written before it was recorded)
+    # An entry no worker could read as a job (RECLAIM dead-letters it as it is): its fields
+    # as text, for `show`; None for a job's letter. Never replayed (`UNDECODABLE`).
+    undecodable: dict[str, str] | None = None
 
     def view(self) -> dict[str, Any]:
         """The letter whole, as an operator inspects it before a replay (what the job asked,
-        whose it was, where it died), not only the reason `list` gives."""
+        whose it was, where it died), not only the reason `list` gives; an undecodable one's
+        fields as they are."""
         entry = self.entry
+        if self.undecodable is not None:
+            return {
+                "dlq_id": self.dlq_id,
+                "job_id": self.job_id,
+                "reason": self.reason,
+                "deliveries": self.deliveries,
+                "lane": self.lane,
+                "fields": self.undecodable,
+            }
         return {
             "dlq_id": self.dlq_id,
             "job_id": self.job_id,
@@ -67,6 +80,9 @@ QUEUE_FULL = "queue_full"  # a kept letter's reason: its lane held queue.max_len
 # a kept letter's reason: more wait ahead in its lane than can start before its deadline (or
 # max_queue_time_s), the reason a submit gets its 429 for
 DEADLINE_UNMEETABLE = "deadline_unmeetable"
+# a kept letter's reason: its entry is no job (no id, a payload that is no JSON object), so
+# there is nothing to replay; it stays for an operator to `show` and purge
+UNDECODABLE = "undecodable"
 
 # The most entries that may wait ahead of a job for it to start in time, by (its lane is the
 # bulk one, its enqueue stamp in ms, its deadline in Unix ms or 0), -1 for any: the producers'
@@ -82,7 +98,7 @@ def admit_any(bulk: bool, enqueued_ms: float, deadline_ms: int) -> int:
 @dataclass(frozen=True, slots=True)
 class KeptLetter:
     """A letter a replay left in the stream, and why (`DEADLINE_PASSED`, `QUEUE_FULL`,
-    `DEADLINE_UNMEETABLE`)."""
+    `DEADLINE_UNMEETABLE`, `UNDECODABLE`)."""
 
     dlq_id: str
     job_id: str
@@ -179,7 +195,7 @@ class DeadLetters:
         if result.kept:
             message = (
                 "%s:%s: %d dead letters not replayed"
-                " (deadline passed or unmeetable, or lane full): %s"
+                " (deadline passed or unmeetable, lane full, or undecodable): %s"
             )
             kept = " ".join(letter.dlq_id for letter in result.kept)
             log.warning(message, self.model, self.variant, len(result.kept), kept)
@@ -198,7 +214,9 @@ class DeadLetters:
         now = stamp_ms()
         for letter in letters:
             lane = self._lane(letter)
-            if 0 < letter.entry.deadline_ms <= now:
+            if letter.undecodable is not None:
+                result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, UNDECODABLE))
+            elif 0 < letter.entry.deadline_ms <= now:
                 result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, DEADLINE_PASSED))
             elif lane in full:
                 result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, QUEUE_FULL))
@@ -219,15 +237,16 @@ class DeadLetters:
         return bulk if letter.lane == bulk else self.keys.queue(self.model, self.variant)
 
     async def letters_of(self, ids: list[str]) -> list[DeadLetter]:
-        """The letters of `ids` that exist, in one round trip (an unknown or malformed id is
-        skipped, as a purge of it removes nothing; a bare `<ms>` would name every letter of
-        that millisecond)."""
+        """The letters of `ids` that exist, in one round trip, each once however often it is
+        named (`X` twice, or `X` and `0X`: replayed once, it was reported replayed twice); an
+        unknown or malformed id is skipped, as a purge of it removes nothing; a bare `<ms>`
+        would name every letter of that millisecond."""
         pipe = self.redis.pipeline(transaction=False)
         for dlq_id in filter(is_stream_id, ids):
             pipe.xrange(self.stream, min=dlq_id, max=dlq_id)
         found = await executed(pipe, raise_on_error=False)
-        rows = [row for rows in found if isinstance(rows, list) for row in rows]
-        return [_dead_letter(dlq_id, fields) for dlq_id, fields in rows]
+        rows = {row[0]: row[1] for rows in found if isinstance(rows, list) for row in rows}
+        return [_dead_letter(dlq_id, fields) for dlq_id, fields in rows.items()]
 
     async def absent(self, ids: list[str]) -> list[str]:
         """Those of `ids` that name no letter (malformed, or none such: replayed or purged
@@ -297,12 +316,28 @@ def _next_id(entry_id: str) -> str | None:
 
 
 def _dead_letter(dlq_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
-    entry = RequestEntry.decode(fields)
+    """A letter as read; one whose entry is no job is `undecodable`, not raised: RECLAIM
+    dead-letters an entry its workers could not read as it is, and a KeyError on it ended
+    `list`, `show` and `replay` with a traceback, every other letter of the partition out of
+    reach with it."""
+    text = {
+        key.decode(errors="replace"): value.decode(errors="replace")
+        for key, value in fields.items()
+    }
+    undecodable: dict[str, str] | None = None
+    try:
+        entry = RequestEntry.decode(fields)
+        if not isinstance(entry.payload, dict):
+            raise ValueError("the payload is no JSON object")
+    except (KeyError, ValueError):
+        entry = RequestEntry(text.get("id", ""), {}, 0.0, tenant=text.get("tenant", ""))
+        undecodable = text
     return DeadLetter(
         dlq_id=dlq_id.decode(),
         job_id=entry.job_id,
-        reason=fields.get(b"reason", b"").decode(),
+        reason=text.get("reason", ""),
         deliveries=int(fields.get(b"deliveries", b"0")),
         entry=entry,
-        lane=fields.get(b"lane", b"").decode(),
+        lane=text.get("lane", ""),
+        undecodable=undecodable,
     )

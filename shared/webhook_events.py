@@ -30,10 +30,14 @@ TargetKind = Literal["job", "batch"]
 
 
 def _port(parts: SplitResult) -> int | None:
+    """The port a request to `parts` goes to (None: none it can go to). An explicit port 0 is
+    port 0, not the default: `parts.port or default` let `http://host:0/` match `http://host`,
+    a 202 at submit for a webhook whose every attempt failed to connect."""
     try:
-        return parts.port or _DEFAULT_PORTS.get(parts.scheme)
+        port = parts.port
     except ValueError:
         return None
+    return _DEFAULT_PORTS.get(parts.scheme) if port is None else port
 
 
 def _host_matches(host: str, pattern: str) -> bool:
@@ -87,6 +91,8 @@ def allowed(url: str, allowlist: list[str]) -> bool:
     except ValueError:  # not a URL: an unclosed IPv6 literal (`http://[::1/`)
         return False
     if parts.scheme not in _DEFAULT_PORTS or not host or "@" in parts.netloc:
+        return False
+    if not _port(parts):  # out of range, or 0: no receiver can listen there
         return False
     if UNSENDABLE.search(url) or "" in host.split("."):
         return False  # a control character or an empty host label: the HTTP client refuses it

@@ -119,6 +119,20 @@ async def test_a_malformed_id_replays_and_purges_nothing(aredis: aioredis.Redis)
     assert await letters.depth() == 1
 
 
+async def test_a_letter_named_twice_is_replayed_and_counted_once(aredis: aioredis.Redis) -> None:
+    """`conveyor dlq replay --id X --id X` (or `X` beside `0X`, the same id) enqueued one job
+    but answered `X -> R` twice and `replayed 2`: the operator was told of a replay that never
+    happened. Each letter is acted on once, however often its id is given."""
+    job_id = await _dead_letter(aredis, "a")
+    letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT)
+    ((dlq_id, _),) = await aredis.xrange(KEYS.dlq(MODEL, VARIANT))
+    named = dlq_id.decode()
+    assert [letter.dlq_id for letter in await letters.letters_of([named, named])] == [named]
+    result = await letters.replay([named, named, f"0{named}"])
+    assert result.replayed == [(job_id, replay_job_id(MODEL, VARIANT, job_id, named))]
+    assert await aredis.xlen(KEYS.queue(MODEL, VARIANT)) == 1
+
+
 async def test_a_replayed_letter_keeps_its_webhook_on_record(aredis: aioredis.Redis) -> None:
     """A replay's webhook was in its payload only: cancelling the replay, or its dead letter,
     was never reported."""

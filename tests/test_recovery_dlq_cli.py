@@ -121,6 +121,32 @@ def test_show_prints_one_letter_whole(redis_url: str, r: redis.Redis) -> None:
         assert missing.returncode == 1 and missing.stderr.startswith("Error: "), missing.stderr
 
 
+def test_a_letter_that_is_no_job_is_listed_and_kept_not_a_traceback(
+    redis_url: str, r: redis.Redis
+) -> None:
+    """RECLAIM dead-letters an entry its workers could not read (no `id`, a payload that is no
+    JSON object) as it is: `list`, `show` and `replay` then died on it with `KeyError: b'id'`,
+    every other letter of the partition unlisted and unreplayable. It is listed, shown and kept
+    by a replay (with why), the others replayed."""
+    good, job_id = _letter(r)
+    bad = str(r.xadd(DLQ, {"entry": "2-0", "reason": "r", "deliveries": 3, "payload": "[1"}))
+    listed = _dlq(redis_url, "list", MODEL)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split("\t")[:2] for line in listed.stdout.splitlines()] == [
+        [good, job_id],
+        [bad, "-"],
+    ]
+    shown = _dlq(redis_url, "show", MODEL, bad)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["fields"]["payload"] == "[1"
+    replayed = _dlq(redis_url, "replay", MODEL)
+    assert replayed.returncode == 0, replayed.stderr
+    assert f"kept - (dead letter {bad}): undecodable\n" in replayed.stdout
+    assert replayed.stdout.startswith(f"{job_id} -> ")
+    assert replayed.stdout.endswith("replayed 1, kept 1\n")
+    assert [dlq_id for dlq_id, _ in r.xrange(DLQ)] == [bad]
+
+
 def test_a_replay_into_a_model_no_longer_served_is_refused(
     redis_url: str, r: redis.Redis, tmp_path: Path
 ) -> None:

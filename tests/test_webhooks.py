@@ -150,6 +150,17 @@ def test_allow_list_matching() -> None:
     assert not allowed("https://hooks.example.com/conveyor/..;/manager", slashed)
 
 
+def test_a_url_on_port_zero_is_refused_at_submit() -> None:
+    """Port 0 read as the scheme's default (`parts.port or 80`): `http://host:0/` passed the
+    allow-list's `http://host` at submit with a 202, then every attempt connected to port 0 and
+    failed, retried for CONVEYOR_WEBHOOK_RETRY_FOR_S with the event never delivered."""
+    rules = ["http://hooks.example.com", "https://hooks.example.com:443/conveyor"]
+    assert allowed("http://hooks.example.com:80/x", rules)  # the default port, written out
+    assert not allowed("http://hooks.example.com:0/x", rules)
+    assert not allowed("https://hooks.example.com:0/conveyor/x", rules)
+    assert not allowed("http://hooks.example.com:00/x", rules)
+
+
 @pytest.mark.parametrize(
     "path",
     [

@@ -98,7 +98,8 @@ ids_option = click.option("--id", "ids", multiple=True, help="Only these DLQ ent
 def list_letters(model: str, variant: str) -> None:
     """Print each dead letter: DLQ id, job id, deliveries, reason."""
     for letter in _run(model, variant, lambda d: d.every_entry()):
-        click.echo(f"{letter.dlq_id}\t{letter.job_id}\t{letter.deliveries}\t{letter.reason}")
+        job_id = letter.job_id or "-"  # an undecodable letter may name none
+        click.echo(f"{letter.dlq_id}\t{job_id}\t{letter.deliveries}\t{letter.reason}")
 
 
 @command.command("show")
@@ -138,7 +139,7 @@ def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
     for old, new in result.replayed:
         click.echo(f"{old} -> {new}")
     for letter in result.kept:
-        click.echo(f"kept {letter.job_id} (dead letter {letter.dlq_id}): {letter.reason}")
+        click.echo(f"kept {letter.job_id or '-'} (dead letter {letter.dlq_id}): {letter.reason}")
     click.echo(f"replayed {len(result.replayed)}, kept {len(result.kept)}")
     reasons = {letter.reason for letter in result.kept}
     if QUEUE_FULL in reasons:
