@@ -125,6 +125,9 @@ class Settings(BaseSettings):
     # tenant's to point at the workers' network (workers/webhook_delivery.py).
     webhook_internal_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     webhook_secret: str = ""
+    # The secret before a rotation: while set, each delivery is signed with the owner's key from
+    # both, so a receiver still holding its old key verifies until it has the new one.
+    webhook_previous_secret: str = ""
     webhook_retry_for_s: float = Field(default=3_600.0, ge=0)
     # At most 5 minutes: an attempt's claim lives the timeout and a minute more
     # (workers/webhook_delivery.py), and must lapse before kombu restores a dead worker's

@@ -38,10 +38,12 @@ def _digest(secret: str, timestamp: int, body: bytes) -> str:
     return hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
 
 
-def sign(secret: str, body: bytes, timestamp: int | None = None) -> str:
-    """The header value for `body`, signed now (or at `timestamp`)."""
+def sign(secret: str, body: bytes, timestamp: int | None = None, previous: str = "") -> str:
+    """The header value for `body`, signed now (or at `timestamp`); with a `previous` key too,
+    during a rotation (one `v1` each, as Stripe's header carries: `verify` takes either)."""
     stamp = int(time.time()) if timestamp is None else timestamp
-    return f"t={stamp},v1={_digest(secret, stamp, body)}"
+    keys = (secret, previous) if previous and previous != secret else (secret,)
+    return f"t={stamp}," + ",".join(f"v1={_digest(key, stamp, body)}" for key in keys)
 
 
 def _parse(header: str) -> tuple[int, list[str]]:

@@ -297,6 +297,36 @@ def test_an_event_that_names_no_owner_is_signed_with_the_operators_secret(
     verify(SECRET, delivery["body"], delivery["headers"][HEADER])
 
 
+def test_while_the_secret_is_rotated_a_delivery_verifies_with_the_old_key_and_the_new(
+    settings_env: Callable[..., None], receiver: Receiver
+) -> None:
+    """With CONVEYOR_WEBHOOK_PREVIOUS_SECRET set, each delivery carries a signature by the
+    owner's key from either secret: a receiver not yet given its new key loses no event."""
+    settings_env(CONVEYOR_WEBHOOK_SECRET="whsec-new", CONVEYOR_WEBHOOK_PREVIOUS_SECRET=SECRET)
+    for owner in ("a", None):  # a tenant's event, and one of an older release's (no owner)
+        event = {"id": f"evt_{owner}", "type": "job.succeeded", "created": 0, "data": {}}
+        event |= {"tenant": owner} if owner else {}
+        body = json.dumps(event).encode()
+        attempt = webhook_delivery._post(f"{receiver.base}/hooks/rotated", body, event)
+        assert attempt["status_code"] == 200, attempt
+        delivery = receiver.at("/hooks/rotated")[-1]
+        header = delivery["headers"][HEADER]
+        keys = [owner_secret(s, owner) if owner else s for s in ("whsec-new", SECRET)]
+        for key in keys:
+            verify(key, delivery["body"], header)
+        with pytest.raises(InvalidSignature):  # another tenant's key, from either secret
+            verify(owner_secret(SECRET, "b"), delivery["body"], header)
+    settings_env(CONVEYOR_WEBHOOK_PREVIOUS_SECRET="")  # the rotation over: the new key alone
+    event = {"id": "evt_after", "type": "job.succeeded", "created": 0, "data": {}, "tenant": "a"}
+    body = json.dumps(event).encode()
+    after = webhook_delivery._post(f"{receiver.base}/hooks/after", body, event)
+    assert after["status_code"] == 200, after
+    header = receiver.at("/hooks/after")[0]["headers"][HEADER]
+    verify(owner_secret("whsec-new", "a"), body, header)
+    with pytest.raises(InvalidSignature):
+        verify(owner_secret(SECRET, "a"), body, header)
+
+
 def test_a_batch_lines_webhook_is_called_when_its_item_is_cancelled(
     hook_stack: Stack, receiver: Receiver
 ) -> None:

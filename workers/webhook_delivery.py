@@ -349,6 +349,13 @@ def _signing_key(secret: str, event: dict[str, Any]) -> str:
     return secret if owner is None else owner_secret(secret, str(owner))
 
 
+def _previous_key(event: dict[str, Any]) -> str:
+    """The key `event` was signed with before CONVEYOR_WEBHOOK_SECRET was rotated ('' for
+    none): signed with both meanwhile, no receiver fails a delivery while it changes keys."""
+    previous = get_settings().webhook_previous_secret
+    return _signing_key(previous, event) if previous else ""
+
+
 def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
     """One attempt, answered within CONVEYOR_WEBHOOK_TIMEOUT_S as a whole (httpx's timeout
     bounds each read: a receiver trickling a byte a second held a delivery thread, and the
@@ -361,7 +368,9 @@ def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
         "User-Agent": "Conveyor-Webhooks/1",
         "Conveyor-Event-Id": str(event.get("id", "")),
         "Conveyor-Event-Type": str(event.get("type", "")),
-        HEADER: sign(_signing_key(settings.webhook_secret, event), body),
+        HEADER: sign(
+            _signing_key(settings.webhook_secret, event), body, previous=_previous_key(event)
+        ),
     }
     started = time.monotonic()
     outcome: dict[str, Any] = {"at": round(time.time(), 3), "status_code": None, "error": None}
