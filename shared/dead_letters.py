@@ -282,8 +282,10 @@ class DeadLetters:
             -1 if entry.batch else self.admission(bulk, entry.enqueued_ms, entry.deadline_ms)
         )
         fair = (self.fair_window, None)
+        # a batch item's record lives out its window, then the result TTL, as its first did
+        ttl_s = self.store.ttl_until(entry.deadline_ms) if entry.batch else 0
         await self.store.create(
-            entry, stream, fields, self.max_length, max_ahead, fair, may_exist=True
+            entry, stream, fields, self.max_length, max_ahead, fair, may_exist=True, ttl_s=ttl_s
         )
         await self.redis.xdel(self.stream, letter.dlq_id)
         return letter.job_id, entry.job_id

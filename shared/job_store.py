@@ -6,6 +6,7 @@ the set lives in the key's slot, not the job's, so it is freed beside the script
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -246,16 +247,18 @@ class JobStore:
         max_ahead: int = -1,
         fair: tuple[int, float | None] = (0, 1.0),
         may_exist: bool = False,
+        ttl_s: int = 0,
     ) -> int:
         """Write the queued job and append its entry atomically (never one alone), unless the
         partition already holds `max_length` entries (QueueFull) or more than `max_ahead` (if
         not -1) wait undelivered in the lane (TooFarBack): then write nothing. Returns the
         number of entries ahead of the job: its queue position, from the same round trip.
         `fair`: (window, tenant weight) of a fair lane, whose job may be held (NewJob);
-        `may_exist`: the id may have been enqueued before (NewJob).
+        `may_exist`: the id may have been enqueued before (NewJob); `ttl_s`: the record's
+        TTL, 0 for the store's (NewJob).
         On the producer's group-committing client the creates of one lane in one event-loop
         turn share one script call (`merged_enqueues`), each job admitted as if it came alone."""
-        job = NewJob(entry, stream, fields, *fair, may_exist=may_exist)
+        job = NewJob(entry, stream, fields, *fair, ttl_s=ttl_s, may_exist=may_exist)
         keys, args = self.enqueue_call(job, max_length, max_ahead)
         [(admitted, count, *_)] = await call_script(self._enqueue, keys, args)
         if admitted == 0:
@@ -263,6 +266,11 @@ class JobStore:
         if admitted == 2:
             raise TooFarBack(stream, int(count))
         return int(count)
+
+    def ttl_until(self, deadline_ms: int) -> int:
+        """The TTL of a job that may wait until `deadline_ms` (a batch item, to its window's
+        end) and then keeps its result the store's TTL: its record outlives its wait."""
+        return max(0, math.ceil((deadline_ms - now_ms()) / 1000)) + self.ttl_s
 
     async def create_many(self, jobs: Sequence[NewJob], max_length: int = 0) -> list[int]:
         """`create` for many jobs in one pipelined round trip (each job still admitted and

@@ -214,13 +214,15 @@ async def test_a_batch_items_replay_is_bounded_by_its_batch_not_the_queue_time(
     """A replay kept only the job id, payload and tenant: a Batch API item's replay lost its
     batch, so the bulk lane's max_queue_time_s expired every one a worker had not read in
     time (after an outage, most of a "replay all" of thousands), though a batch's items wait
-    as long as its window."""
+    as long as its window; its record too, which kept the result TTL alone (60 s here), so it
+    could expire while the job waited in its window."""
     window = now_ms() + 3_600_000
     await _dead_letter(aredis, "t", KEYS.bulk_queue(MODEL, VARIANT), window, batch="b1")
     letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT)
     ((_, new),) = (await letters.replay()).replayed
     entry = await _replayed(aredis, KEYS.bulk_queue(MODEL, VARIANT))
     assert (entry.job_id, entry.batch, entry.deadline_ms) == (new, "b1", window)
+    assert 3_600 < await aredis.ttl(KEYS.job(new)) <= 3_660  # the window's hour, then 60 s
     config = ModelConfig(
         name=MODEL, kind="batch", backend="identity", queue=QueueLimits(max_queue_time_s=1)
     )
