@@ -24,6 +24,10 @@ class ModelCard(BaseModel):
     object: str = "model"
     created: int  # Unix seconds: when its config.yaml was last written
     owned_by: str = "conveyor"
+    # vLLM's: `vllm bench serve` without `--model` reads the first card's `root`
+    root: str  # the model's name: Conveyor serves no other path for it
+    parent: str | None = None
+    max_model_len: int | None = None  # tokens of context, where the model's config says
     kind: str
     task: str | None = None  # `embed`: served by `/v1/embeddings` too
     backend: str

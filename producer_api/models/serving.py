@@ -45,6 +45,9 @@ class ModelsService:
                 "object": "model",
                 "created": _created(config),
                 "owned_by": "conveyor",
+                "root": config.name,
+                "parent": None,
+                "max_model_len": _max_model_len(config),
                 "kind": config.kind,
                 "task": config.task,
                 "backend": config.backend,
@@ -76,6 +79,18 @@ def _created(config: ModelConfig) -> int:
         return int((config.directory / "config.yaml").stat().st_mtime)
     except OSError:
         return 0
+
+
+def _max_model_len(config: ModelConfig) -> int | None:
+    """vLLM's `max_model_len` (tokens of context) of the default variant, as its server's card
+    says it: a vLLM engine's own argument, else an encoder's `max_seq_length` (what it cuts a
+    text to); None where the config says neither (the engine's default, unknown here)."""
+    parameters = {**config.parameters, **config.variants[config.default_variant].parameters}
+    for name in ("max_model_len", "max_seq_length"):
+        value = parameters.get(name)
+        if type(value) is int:
+            return value
+    return None
 
 
 def _partition(stats: PartitionStats, load: PartitionLoad) -> dict[str, Any]:

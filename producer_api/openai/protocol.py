@@ -24,13 +24,16 @@ from pydantic import (
     Field,
     StrictBool,
     Tag,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     field_serializer,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from producer_api.jobs.protocol import FieldNames, SamplingParameters
+from producer_api.jobs.protocol import FieldNames, SamplingParameters, StopString
 from shared.model_repository import NAME
 
 # The job's sampling parameters: OpenAI's and vLLM's extra ones (top_k, min_p, ...).
@@ -61,12 +64,48 @@ def _one_choice(value: Any) -> Any:
     return value
 
 
+def _branch_unnamed(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A union's errors placed where the client sent the value: pydantic puts the branch's tag
+    first in each error's place, which a refusal's `param` and message named as a field the
+    client never sent (`prompt.text`, `messages.0.content.list`)."""
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        errors = [
+            InitErrorDetails(
+                type=PydanticCustomError(error["type"], error["msg"]),
+                loc=error["loc"][1:],
+                input=error["input"],
+            )
+            for error in exc.errors(include_url=False)
+        ]
+        raise ValidationError.from_exception_data(exc.title, errors) from None
+
+
+def _by_json_type(value: Any) -> str:
+    """A union's branch by the JSON type sent: only that branch's errors are reported (a smart
+    union reported each branch's, the string's "Input should be a valid string" for a list)."""
+    return "list" if isinstance(value, list) else "text"
+
+
+# Both annotate a union of a text (`Tag("text")`) and a list (`Tag("list")`): the branch the
+# value's JSON type picks validates it, its errors named as the client sent the value
+BY_JSON_TYPE, AS_SENT = Discriminator(_by_json_type), WrapValidator(_branch_unnamed)
+
+
 OnlyZero = Annotated[Literal[0], _json_type(int)]
 OnlyFalse = Annotated[Literal[False], _json_type(bool)]
 OnlyTrue = Annotated[Literal[True], _json_type(bool)]
 # A field of vLLM's server that Conveyor does not serve: only null (its default) is taken.
 NotServed = Annotated[None, Field(description="vLLM's; not served: only null")]
 Nothing = Annotated[list[Any], Field(max_length=0)]  # only an empty list
+
+
+# A model's name as OpenAI's clients send it: any name, one no model has being unknown (404, as
+# OpenAI's API and vLLM's server answer it, which OpenAI's SDK raises as NotFoundError; a 400
+# about a pattern, for `SmolLM2` as vLLM's served names are written, was BadRequestError). Its
+# length is bounded: refusals quote it.
+ModelName = Annotated[str, Field(max_length=256)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +159,18 @@ class SamplingRequest(SamplingParameters):
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
-    model: str = Field(pattern=NAME)
+    model: ModelName
+    # the job's `stop`, its refusals naming `stop.0` (`stop.list[constrained-str].0` and
+    # `stop.constrained-str` were the union's branches)
+    stop: (
+        Annotated[
+            Annotated[StopString, Tag("text")]
+            | Annotated[list[StopString], Field(max_length=4), Tag("list")],
+            BY_JSON_TYPE,
+            AS_SENT,
+        ]
+        | None
+    ) = None
     n: Annotated[OnlyOne, BeforeValidator(_one_choice)] | None = Field(
         default=1, description="Only one choice per request"
     )
@@ -187,7 +237,11 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: Annotated[
+        Annotated[str, Tag("text")] | Annotated[list[TextPart], Tag("list")],
+        BY_JSON_TYPE,
+        AS_SENT,
+    ]
 
     def as_input(self) -> dict[str, str]:
         role = "system" if self.role == "developer" else self.role
@@ -267,7 +321,8 @@ Prompt = Annotated[
         AfterValidator(_one_prompt),
         Tag("list"),
     ],
-    Discriminator(lambda value: "list" if isinstance(value, list) else "text"),
+    BY_JSON_TYPE,
+    AS_SENT,
     _text_only("token ids are not taken: the model tokenises its text; send it as a string"),
 ]
 
@@ -399,8 +454,13 @@ class EmbeddingRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str = Field(pattern=NAME)
-    input: Annotated[str | Annotated[list[str], Field(min_length=1)], _text_only(TEXT_ONLY)]
+    model: ModelName
+    input: Annotated[
+        Annotated[str, Tag("text")] | Annotated[list[str], Field(min_length=1), Tag("list")],
+        BY_JSON_TYPE,
+        AS_SENT,
+        _text_only(TEXT_ONLY),
+    ]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1, strict=True)
     user: str | None = Field(default=None, max_length=256)
