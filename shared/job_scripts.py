@@ -974,4 +974,32 @@ return ids
 """
 )
 
-ALL = (TAKE, MARK_RUNNING, ENQUEUE, RECLAIM, FINISH, TRANSITION, POSITION, HELD_IDS)
+# KEYS[1]=a tenant's held list of a fair lane; ARGV[1]=a job id, ARGV[2], ARGV[3]=the first and
+# last index to look at. The job's packed entry as flat fields, else how many entries it looked
+# at: a held job is in no stream yet, so the console's page of it showed no inputs while it
+# waited.
+HELD_ENTRY = """
+local rows = redis.call('LRANGE', KEYS[1], ARGV[2], ARGV[3])
+for _, packed in ipairs(rows) do
+  local entry = cmsgpack.unpack(packed)
+  for i = 1, #entry, 2 do
+    if entry[i] == 'id' then
+      if entry[i + 1] == ARGV[1] then return entry end
+      break
+    end
+  end
+end
+return #rows
+"""
+
+ALL = (
+    TAKE,
+    MARK_RUNNING,
+    ENQUEUE,
+    RECLAIM,
+    FINISH,
+    TRANSITION,
+    POSITION,
+    HELD_IDS,
+    HELD_ENTRY,
+)

@@ -182,19 +182,20 @@ async def logout(
 
 @router.get("")
 async def overview(request: Request, current: Session, service: Service) -> Response:
-    return _summary_page(request, "overview.html", current, service)
+    return await _summary_page(request, "overview.html", current, service)
 
 
 @router.get("/workers")
 async def workers(request: Request, current: Session, service: Service) -> Response:
-    return _summary_page(request, "workers.html", current, service)
+    return await _summary_page(request, "workers.html", current, service)
 
 
-def _summary_page(
+async def _summary_page(
     request: Request, name: str, current: ConsoleSession, service: Console
 ) -> Response:
     """A page drawn from the summary every viewer shares, as this session may see it."""
-    return _page(request, name, current, snapshot=summary_for(service.summaries.snapshot, current))
+    snapshot = summary_for(await service.summaries.current(), current)
+    return _page(request, name, current, snapshot=snapshot)
 
 
 def summary_for(snapshot: dict[str, Any], current: ConsoleSession) -> dict[str, Any]:
@@ -323,7 +324,7 @@ async def job_tokens(
 
 @router.get("/batches")
 async def batches(request: Request, current: Session, service: Service) -> Response:
-    return _summary_page(request, "batches.html", current, service)
+    return await _summary_page(request, "batches.html", current, service)
 
 
 @router.get("/batches/{batch_id}/{kind}")

@@ -2,7 +2,7 @@
 jobs (the newest of each partition's lanes, of the jobs that ended in them and of its dead
 letters: jobs have no time index, and a SCAN of the keyspace would not work on a cluster), one
 job with its timeline, and its stream entry (inputs and trace context) while the job is still
-queued or dead-lettered."""
+queued (held back from a fair lane's stream too) or dead-lettered."""
 
 from __future__ import annotations
 
@@ -187,9 +187,36 @@ async def find_entry(state: ProducerState, record: JobRecord) -> RequestEntry | 
     config = state.repository.get(model)
     most = config.queue.max_length if config is not None else ENTRY_SCAN
     start = f"{max(0, int(fields.get('created') or 0) - CLOCK_SKEW_MS)}-0"
-    for stream in (name for name in (fields.get("stream"), dlq) if name):
+    lane = fields.get("stream")
+    if lane and fields.get("held"):  # held back from a fair lane: in its tenant's list
+        tenant = fields.get("tenant", "default")
+        held = await _held_entry(state.redis, state.keys.held(lane, tenant), record.job_id, most)
+        if held is not None:
+            return RequestEntry.decode(held)
+    for stream in (name for name in (lane, dlq) if name):
         if (entry := await _entry_in(state.redis, stream, start, record.job_id, most)) is not None:
             return RequestEntry.decode(entry)
+    return None
+
+
+async def _held_entry(
+    client: RedisClient, held: str, job_id: str, most: int
+) -> dict[bytes, bytes] | None:
+    """The fields of `job_id`'s entry in a tenant's `held` list, looked for ENTRY_SCAN entries
+    a call (one call unpacking a whole list would hold the server that long), up to `most`
+    entries (a lane never holds more). One moved into the stream meanwhile is found there."""
+    script = client.register_script(job_scripts.HELD_ENTRY)
+    for first in range(0, most, ENTRY_SCAN):
+        last = min(first + ENTRY_SCAN, most) - 1
+
+        async def fill(pipe: Any, first: int = first, last: int = last) -> None:
+            queue_script(pipe, script, [held], [job_id, first, last])
+
+        _, [found] = await run_pipeline(client, fill, [script])
+        if isinstance(found, list):
+            return dict(zip(found[::2], found[1::2], strict=True))
+        if int(found) < last - first + 1:  # the list ended
+            return None
     return None
 
 

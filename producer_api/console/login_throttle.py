@@ -18,11 +18,15 @@ WINDOW_S = 60
 def bucket_of(host: str | None) -> str:
     """Whom a login is counted against: an IPv4 address, an IPv6 address's /64 (what one
     machine is given to draw addresses from), or one shared bucket for what is no address (no
-    client text reaches a key name)."""
+    client text reaches a key name). An IPv4 client of a dual-stack socket (`--host ::`) is
+    seen as `::ffff:a.b.c.d`: it counts as its IPv4 address (the /64 `::` made every IPv4
+    client one bucket, which one guesser locked out)."""
     try:
         address = ipaddress.ip_address(host or "")
     except ValueError:
         return "unknown"
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
     if address.version == 6:
         return str(ipaddress.ip_network(f"{address}/64", strict=False).network_address)
     return str(address)

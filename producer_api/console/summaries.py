@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from contextlib import suppress
 from dataclasses import asdict
 from typing import Any
 
@@ -27,6 +28,7 @@ HISTORY = 120  # points per sparkline: two minutes of queue length, ten of throu
 STATS_EVERY = 5  # throughput/percentile windows are re-read every this many ticks
 STATS_WINDOW_S = 60.0
 MAX_BATCHES = 20
+FIRST_WAIT_S = 3.0  # how long a page drawn in a producer's first moment waits for a summary
 ENDED_BATCH_KEEP_S = ENDED_KEPT_MS / 1000  # as long as the ended index keeps them
 _ENDED = {status.value for status in BatchStatus if status.terminal}
 
@@ -84,9 +86,24 @@ class ConsoleSummaries:
             self.snapshot = snapshot
             self._changed.notify_all()
 
+    async def current(self, wait_s: float = FIRST_WAIT_S) -> dict[str, Any]:
+        """The latest snapshot; before the first is published (a producer just started), the
+        first, waited for up to `wait_s`. A page drawn from the empty placeholder had no
+        partition rows, which its script updates but never adds: the Overview stayed empty
+        until reloaded."""
+        if not self.snapshot["at"]:
+            async with self._changed:
+                with suppress(TimeoutError):
+                    async with asyncio.timeout(wait_s):
+                        await self._changed.wait_for(lambda: bool(self.snapshot["at"]))
+        return self.snapshot
+
     async def follow(self) -> AsyncIterator[dict[str, Any]]:
-        """The current snapshot, then each new one as it is published."""
-        yield self.snapshot
+        """The current snapshot (none before the first is published: the empty placeholder
+        drew "No live workers" and no batches over a full page, the live dot green), then each
+        new one as it is published."""
+        if self.snapshot["at"]:
+            yield self.snapshot
         while True:
             async with self._changed:
                 await self._changed.wait()

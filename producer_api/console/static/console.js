@@ -101,9 +101,15 @@ function renderBatches(batches, total) {
     pct.className = "pct";
     pct.textContent = ` ${Math.floor((done * 100) / (b.counts.total || 1))}%`;
     bar.append(progress, pct);
+    // A file is linked once the batch has ended with a line in it (its `*_file_id`): before
+    // then its download answers 409.
     const files = document.createElement("span");
-    files.append(link(`/console/batches/${encodeURIComponent(b.id)}/output`, "output"), " · ",
-      link(`/console/batches/${encodeURIComponent(b.id)}/errors`, "errors"));
+    const kinds = [["output", b.output_file_id], ["errors", b.error_file_id]].filter(([, id]) => id);
+    kinds.forEach(([kind], i) => {
+      if (i) files.append(" · ");
+      files.append(link(`/console/batches/${encodeURIComponent(b.id)}/${kind}`, kind));
+    });
+    if (!kinds.length) files.textContent = "–";
     const tr = row([b.id, b.status, bar, b.counts.succeeded, b.counts.failed, b.counts.total, files]);
     tr.dataset.batch = b.id;
     tr.children[0].className = "mono";
