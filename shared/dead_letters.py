@@ -317,6 +317,12 @@ def _next_id(entry_id: str) -> str | None:
     return after if is_stream_id(after) else None
 
 
+def _count(text: str) -> int:
+    """A letter's delivery count; 0 for one that is no count (a letter written by hand: its
+    ValueError made the console's dead-letter page a 500)."""
+    return int(text) if text.isascii() and text.isdigit() else 0
+
+
 def _dead_letter(dlq_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
     """A letter as read; one whose entry is no job is `undecodable`, not raised: RECLAIM
     dead-letters an entry its workers could not read as it is, and a KeyError on it ended
@@ -338,7 +344,7 @@ def _dead_letter(dlq_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
         dlq_id=dlq_id.decode(),
         job_id=entry.job_id,
         reason=text.get("reason", ""),
-        deliveries=int(fields.get(b"deliveries", b"0")),
+        deliveries=_count(text.get("deliveries", "0")),
         entry=entry,
         lane=text.get("lane", ""),
         undecodable=undecodable,
