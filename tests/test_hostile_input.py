@@ -129,9 +129,10 @@ def test_floats_beyond_64_bit_integers_round_trip(base_url: str, identity_worker
         ("/v1/jobs", {"parameters": {"temperature": -1}}, "parameters.temperature"),
         ("/v1/jobs", {"parameters": {"top_p": 0}}, "parameters.top_p"),
         ("/v1/jobs", {"parameters": {"presence_penalty": 9}}, "parameters.presence_penalty"),
-        ("/v1/jobs", {"parameters": {"stop": [""]}}, "parameters.stop"),
+        # named as sent, not by the union's branch (`parameters.stop.list[constrained-str].0`)
+        ("/v1/jobs", {"parameters": {"stop": [""]}}, "parameters.stop.0: String should"),
         # one empty stop string is vLLM's [""]: refused by its SamplingParams, at the worker
-        ("/v1/jobs", {"parameters": {"stop": ""}}, "parameters.stop"),
+        ("/v1/jobs", {"parameters": {"stop": ""}}, "parameters.stop: String should"),
         ("/v1/jobs", {"parameters": {"seed": 1.5}}, "parameters.seed"),
         ("/v1/chat/completions", {"stop": [""]}, "stop"),
         ("/v1/chat/completions", {"stop": ""}, "stop"),

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, Tag
 
+from producer_api.json_unions import AS_SENT, BY_JSON_TYPE
 from shared.model_repository import NAME, in_inputs
 
 
@@ -46,8 +47,17 @@ class SamplingParameters(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
     top_p: float | None = Field(default=None, gt=0, le=1, strict=True)
     # no empty stop string, alone as in a list: vLLM's SamplingParams refuses [""], which is
-    # what a "" becomes, so such a job failed at the worker after its wait in the queue
-    stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None
+    # what a "" becomes, so such a job failed at the worker after its wait in the queue; its
+    # refusals name `stop.0`, not the union's branches (`stop.list[constrained-str].0`)
+    stop: (
+        Annotated[
+            Annotated[StopString, Tag("text")]
+            | Annotated[list[StopString], Field(max_length=4), Tag("list")],
+            BY_JSON_TYPE,
+            AS_SENT,
+        ]
+        | None
+    ) = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64, strict=True)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)

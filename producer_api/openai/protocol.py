@@ -20,20 +20,17 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
-    Discriminator,
     Field,
     StrictBool,
     Tag,
-    ValidationError,
-    ValidatorFunctionWrapHandler,
-    WrapValidator,
     field_serializer,
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import PydanticCustomError
 
-from producer_api.jobs.protocol import FieldNames, SamplingParameters, StopString
+from producer_api.jobs.protocol import FieldNames, SamplingParameters
+from producer_api.json_unions import AS_SENT, BY_JSON_TYPE
 from shared.model_repository import NAME
 
 # The job's sampling parameters: OpenAI's and vLLM's extra ones (top_k, min_p, ...).
@@ -62,35 +59,6 @@ def _one_choice(value: Any) -> Any:
         message = "one choice per request is served, not {n}: send {n} requests (seed each apart)"
         raise PydanticCustomError("n_not_served", message, {"n": value})
     return value
-
-
-def _branch_unnamed(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    """A union's errors placed where the client sent the value: pydantic puts the branch's tag
-    first in each error's place, which a refusal's `param` and message named as a field the
-    client never sent (`prompt.text`, `messages.0.content.list`)."""
-    try:
-        return handler(value)
-    except ValidationError as exc:
-        errors = [
-            InitErrorDetails(
-                type=PydanticCustomError(error["type"], error["msg"]),
-                loc=error["loc"][1:],
-                input=error["input"],
-            )
-            for error in exc.errors(include_url=False)
-        ]
-        raise ValidationError.from_exception_data(exc.title, errors) from None
-
-
-def _by_json_type(value: Any) -> str:
-    """A union's branch by the JSON type sent: only that branch's errors are reported (a smart
-    union reported each branch's, the string's "Input should be a valid string" for a list)."""
-    return "list" if isinstance(value, list) else "text"
-
-
-# Both annotate a union of a text (`Tag("text")`) and a list (`Tag("list")`): the branch the
-# value's JSON type picks validates it, its errors named as the client sent the value
-BY_JSON_TYPE, AS_SENT = Discriminator(_by_json_type), WrapValidator(_branch_unnamed)
 
 
 OnlyZero = Annotated[Literal[0], _json_type(int)]
@@ -160,17 +128,6 @@ class SamplingRequest(SamplingParameters):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: ModelName
-    # the job's `stop`, its refusals naming `stop.0` (`stop.list[constrained-str].0` and
-    # `stop.constrained-str` were the union's branches)
-    stop: (
-        Annotated[
-            Annotated[StopString, Tag("text")]
-            | Annotated[list[StopString], Field(max_length=4), Tag("list")],
-            BY_JSON_TYPE,
-            AS_SENT,
-        ]
-        | None
-    ) = None
     n: Annotated[OnlyOne, BeforeValidator(_one_choice)] | None = Field(
         default=1, description="Only one choice per request"
     )
