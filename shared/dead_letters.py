@@ -50,22 +50,17 @@ class DeadLetter:
         """The letter whole, as an operator inspects it before a replay (what the job asked,
         whose it was, where it died), not only the reason `list` gives; an undecodable one's
         fields as they are."""
-        entry = self.entry
-        if self.undecodable is not None:
-            return {
-                "dlq_id": self.dlq_id,
-                "job_id": self.job_id,
-                "reason": self.reason,
-                "deliveries": self.deliveries,
-                "lane": self.lane,
-                "fields": self.undecodable,
-            }
-        return {
+        letter = {
             "dlq_id": self.dlq_id,
             "job_id": self.job_id,
             "reason": self.reason,
             "deliveries": self.deliveries,
             "lane": self.lane,
+        }
+        if self.undecodable is not None:
+            return letter | {"fields": self.undecodable}
+        entry = self.entry
+        return letter | {
             "tenant": entry.tenant,
             "enqueued_ms": entry.enqueued_ms,
             "deadline_ms": entry.deadline_ms,
