@@ -12,6 +12,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.metrics import HTTP_LATENCY, HTTP_REQUESTS
 
+# RFC 9110's methods and PATCH; any other a client sends (the HTTP parser takes some 30: WebDAV's,
+# PURGE) reads `other`, or each would be a series per route and status (a 405 needs no API key).
+_METHODS = frozenset(
+    ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
+)
+
 
 @lru_cache(maxsize=4096)
 def _series(method: str, route: str, status: int) -> tuple[Counter, Histogram]:
@@ -51,6 +57,7 @@ class HttpMetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            requests, latency = _series(scope["method"], _route_of(scope), status)
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            requests, latency = _series(method, _route_of(scope), status)
             requests.inc()
             latency.observe(time.perf_counter() - started)

@@ -9,6 +9,7 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 from celery import bootsteps
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -45,22 +46,35 @@ class MetricsServer(bootsteps.StartStopStep):
 
 def _handler(worker: Any) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        head_only = False  # this request is a HEAD: the headers GET would send, no body
+
         def do_GET(self) -> None:
-            if self.path == "/metrics":
+            """By path alone: a scrape job's `params:` add a query string, which read 404."""
+            path = urlsplit(self.path).path
+            if path == "/metrics":
                 self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)
-            elif self.path == "/healthz":
+            elif path == "/healthz":
                 runtime = getattr(worker, "conveyor_runtime", None)
                 alive = runtime is not None and runtime.alive
                 self._reply(200 if alive else 503, b"ok" if alive else b"down", "text/plain")
             else:
                 self._reply(404, b"not found", "text/plain")
 
+        def do_HEAD(self) -> None:
+            """As GET without the body: a monitor's `HEAD /healthz` got 501, the worker down."""
+            self.head_only = True
+            try:
+                self.do_GET()
+            finally:
+                self.head_only = False
+
         def _reply(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if not self.head_only:
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: Any) -> None:
             """Scrapes every few seconds would flood the worker's log."""
