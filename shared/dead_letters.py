@@ -323,24 +323,27 @@ def _dead_letter(dlq_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
     dead-letters an entry its workers could not read as it is, and a KeyError on it ended
     `list`, `show` and `replay` with a traceback, every other letter of the partition out of
     reach with it."""
-    text = {
-        key.decode(errors="replace"): value.decode(errors="replace")
-        for key, value in fields.items()
-    }
+
+    def field(name: str, default: str = "") -> str:
+        return fields.get(name.encode(), default.encode()).decode(errors="replace")
+
     undecodable: dict[str, str] | None = None
     try:
         entry = RequestEntry.decode(fields)
         if not isinstance(entry.payload, dict):
             raise ValueError("the payload is no JSON object")
     except (KeyError, ValueError):
-        entry = RequestEntry(text.get("id", ""), {}, 0.0, tenant=text.get("tenant", ""))
-        undecodable = text
+        entry = RequestEntry(field("id"), {}, 0.0, tenant=field("tenant"))
+        undecodable = {
+            key.decode(errors="replace"): value.decode(errors="replace")
+            for key, value in fields.items()
+        }
     return DeadLetter(
         dlq_id=dlq_id.decode(),
         job_id=entry.job_id,
-        reason=text.get("reason", ""),
-        deliveries=_count(text.get("deliveries", "0")),
+        reason=field("reason"),
+        deliveries=_count(field("deliveries", "0")),
         entry=entry,
-        lane=text.get("lane", ""),
+        lane=field("lane"),
         undecodable=undecodable,
     )

@@ -128,7 +128,7 @@ def test_an_openai_batch_of_embeddings_answers_as_the_route(
         assert client.batches.get(batch["id"]).endpoint == "/v1/embeddings"
         results = client.batches.results(batch["id"])
     assert [o.response["status_code"] for o in results.outputs if o.response] == [200] * 3
-    write_results(results, tmp_path / "out.jsonl", tmp_path / "err.jsonl")
+    write_results(results, tmp_path / "out.jsonl", tmp_path / "err.jsonl", batch["id"])
     written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert written == outputs
     # the errors file too: its nulls (`id`, `response` of a line that never ran) were dropped,

@@ -84,12 +84,15 @@ def connect(url: str | None, api_key: str | None, waits: bool = False) -> Iterat
     try:
         with client:
             yield client
-    except ConveyorError as exc:
-        raise failure(str(exc)) from None
     except InvalidArgument as exc:
         raise click.UsageError(str(exc)) from None
-    except httpx.HTTPError as exc:
-        raise failure(f"cannot reach the producer: {exc!r}") from None
+    except (ConveyorError, httpx.HTTPError) as exc:
+        raise failure(_failed(exc)) from None
+
+
+def _failed(exc: ConveyorError | httpx.HTTPError) -> str:
+    """A call's failure as the CLI says it: the producer's refusal, or why it was not reached."""
+    return str(exc) if isinstance(exc, ConveyorError) else f"cannot reach the producer: {exc!r}"
 
 
 @contextmanager
@@ -99,10 +102,8 @@ def runs_on(note: str) -> Iterator[None]:
     script told "outcome unknown" (3) could not learn it."""
     try:
         yield
-    except ConveyorError as exc:
-        raise OutcomeUnknown(f"{exc}; {note}") from None
-    except httpx.HTTPError as exc:
-        raise OutcomeUnknown(f"cannot reach the producer: {exc!r}; {note}") from None
+    except (ConveyorError, httpx.HTTPError) as exc:
+        raise OutcomeUnknown(f"{_failed(exc)}; {note}") from None
     except KeyboardInterrupt:
         click.echo(note, err=True)
         raise

@@ -59,7 +59,7 @@ def write_results(
     results: BatchResults,
     output: Path,
     errors: Path,
-    batch_id: str = "BATCH_ID",
+    batch_id: str,
     failure: type[click.ClickException] = click.ClickException,
 ) -> None:
     """Both files' lines as the server served them (what was absent stays absent, a null a
