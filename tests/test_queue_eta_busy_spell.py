@@ -89,3 +89,17 @@ async def test_a_light_load_job_caught_before_it_is_read_measures_nothing(
     await aredis.xadd(STEADY, {"n": 0})
     await eta.refresh()
     assert _most_ahead(eta, 4_000) == -1
+
+
+async def test_a_burst_looked_at_as_it_arrives_measures_nothing(
+    aredis: aioredis.Redis,
+) -> None:
+    """A look a moment after a burst arrived, its busy spell too short to time, took the
+    window's light-load rate (~1/s) for the capacity: until the next look, a second burst's
+    jobs with ttl_s 4 were refused from the fourth on ("13 jobs are ahead: it would start in
+    about 14000 ms"), each of which the worker started in time."""
+    eta = await _light_load(aredis)
+    for index in range(BURST - FINISHED):
+        await aredis.xadd(STEADY, {"n": index})
+    await eta.refresh()
+    assert _most_ahead(eta, 4_000) == -1

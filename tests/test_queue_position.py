@@ -33,7 +33,7 @@ from conveyor.client.errors import APIError
 from conveyor.stack import Stack
 from producer_api.events.serving import QUEUED_EVERY_S
 from producer_api.jobs import queue_eta
-from producer_api.jobs.queue_eta import REFRESH_S, Partition, QueueEta, StartBy
+from producer_api.jobs.queue_eta import MIN_SPELL_S, REFRESH_S, Partition, QueueEta, StartBy
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, stamp_ms
 from shared.keys import GROUP, Keys, new_job_id
@@ -535,7 +535,8 @@ async def test_a_light_load_limits_no_job(
     `max_queue_time_s` was applied with it to every job without a deadline, and a job's own
     deadline was weighed by it: after a minute at 1 job/s, 14 of a burst of 20 jobs with
     `ttl_s: 4` were refused (429, "would start in about 4679 ms"), where `steady`'s worker
-    started each within 2 s. Once a refresh sees work waiting, the capacity limits them."""
+    started each within 2 s. Once a refresh times the workers on work waiting, the capacity
+    limits them."""
     eta = _queue_eta(aredis)
     config = eta.repository.models["steady"]
     await _refresh(eta, monkeypatch, [PartitionLoad(1.0, serving=1)] * 7)
@@ -546,6 +547,9 @@ async def test_a_light_load_limits_no_job(
     await aredis.xgroup_create(STEADY, GROUP, id="0", mkstream=True)
     for index in range(20):  # the burst, waiting: the workers' capacity is measured
         await aredis.xadd(STEADY, {"n": index})
+    await _refresh(eta, monkeypatch, [PartitionLoad(9.0, serving=1)])
+    assert eta.max_ahead(config, "default", False, deadline) == -1  # too soon to time them
+    await asyncio.sleep(MIN_SPELL_S)
     await _refresh(eta, monkeypatch, [PartitionLoad(9.0, serving=1)])
     assert 30 <= eta.max_ahead(config, "default", False, deadline) <= 40
 

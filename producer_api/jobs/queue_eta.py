@@ -65,10 +65,13 @@ class BusySpell:
         finished = self.finished + now.finished_since(earlier)
         return BusySpell(self.since_s, finished, self.looks + 1)
 
+    def timed(self, now: LaneBacklog) -> bool:
+        """Whether the spell has gone on long enough to time the workers by."""
+        return now.read_s - self.since_s >= MIN_SPELL_S
+
     def rate(self, now: LaneBacklog) -> float:
         """Entries per second while busy (0: too short a spell to say)."""
-        elapsed = now.read_s - self.since_s
-        return self.finished / elapsed if elapsed >= MIN_SPELL_S else 0.0
+        return self.finished / (now.read_s - self.since_s) if self.timed(now) else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +194,8 @@ class QueueEta:
         spell = self._spell(partition, earlier)
         if spell.looks == 1 and sum(self._backlog(partition).waiting) <= load.serving:
             return  # as many as idle workers take at once, caught before they read them
+        if spell.looks == 1 and earlier is not None and not spell.timed(self._backlog(partition)):
+            return  # begun just now, after a look that saw none waiting: the window is idle's
         busy_throughout = len(backlogged) == RATE_WINDOW_S and all(backlogged)
         rate = self._busy_rate(partition, load, spell, busy_throughout)
         rate /= sum(samples) / len(samples)
