@@ -134,6 +134,9 @@ def configure_logging(level: str) -> None:
     root.setLevel(level.upper())
     for name in _OWN_HANDLERS:
         _through_root(logging.getLogger(name))
+    # its INFO line per request names the URL in full: a webhook's credential (its path, its
+    # query), which the delivery's own lines leave out
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 # Loggers a server gives plain-text handlers of their own, passing nothing up: uvicorn's (its

@@ -6,6 +6,7 @@ and a 5xx are retried. And a delivery retried for days (Stripe's three) keeps it
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -16,6 +17,7 @@ import redis
 from celery.exceptions import Retry
 
 from shared.settings import Settings
+from shared.telemetry import configure_logging
 from tests.webhook_receiver import Receiver, attempt, delivering_to, serving
 from workers import webhook_delivery
 from workers.webhook_delivery import BACKOFF_CAP_S, after_attempt
@@ -129,3 +131,36 @@ def test_a_refused_connection_is_retried(
         webhook_delivery.deliver_webhook.run("job", "j-refused", f"{closed}/h", EVENT, time.time())
     (tried,) = json.loads(redis_client.hget(keys.job("j-refused"), "webhook_attempts") or b"")
     assert tried["error"].startswith("ConnectError"), tried
+
+
+def test_the_log_names_a_receiver_by_its_origin_alone(
+    receiver: Receiver,
+    redis_client: redis.Redis,
+    settings_env: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A webhook URL's path and query often carry its credential (Slack's
+    /services/T…/B…/<secret>, a `?token=`): each attempt logged the URL in full at INFO, so
+    whoever reads the worker's logs could post to the receiver as Conveyor."""
+    keys = delivering_to(receiver.base, "logged:", redis_client, settings_env, monkeypatch)
+    redis_client.hset(keys.job("j-logged"), "status", "succeeded")
+    url = f"{receiver.base}/services/T0/B0/s3cret?token=s3cret"
+    with caplog.at_level("INFO", logger=webhook_delivery.log.name):
+        status = webhook_delivery.deliver_webhook.run("job", "j-logged", url, EVENT, time.time())
+    assert status == "delivered"
+    own = [r.getMessage() for r in caplog.records if r.name == webhook_delivery.log.name]
+    assert any(receiver.base in line for line in own), own
+    assert not any("s3cret" in line or "/services" in line for line in own), own
+
+
+def test_the_http_clients_request_lines_stay_out_of_the_log() -> None:
+    """httpx logs each request's URL in full at INFO, a webhook's credential with it."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        configure_logging("DEBUG")
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+        assert logging.getLogger(webhook_delivery.log.name).isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:], root.level = handlers, level

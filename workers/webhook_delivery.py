@@ -176,7 +176,7 @@ class ReceiverHolds:
         try:
             left_ms = int(self.client().pttl(self.keys.webhook_hold(_origin(url))))
         except UNREACHABLE as exc:
-            log.warning("webhook hold of %s not read: %r", url, exc)
+            log.warning("webhook hold of %s not read: %r", _origin(url), exc)
             return 0.0
         return max(left_ms, 0) / 1000.0
 
@@ -185,10 +185,12 @@ class ReceiverHolds:
             hold_ms = max(1, int(seconds * 1000))
             self.client().set(self.keys.webhook_hold(_origin(url)), 1, px=hold_ms)
         except UNREACHABLE as exc:
-            log.warning("webhook hold of %s not set: %r", url, exc)
+            log.warning("webhook hold of %s not set: %r", _origin(url), exc)
 
 
 def _origin(url: str) -> str:
+    """Who receives at `url`, for a hold and for the log: its path and query often carry the
+    receiver's credential (Slack's /services/…/<secret>, a `?token=`), and its userinfo does."""
     parsed = httpx.URL(url)
     return f"{parsed.scheme}://{parsed.netloc.decode()}"
 
@@ -488,7 +490,10 @@ def deliver_webhook(
     number = self.request.retries + 1
     if _claimed_before(self.request.id, self.request.retries):
         log.info(
-            "webhook %s to %s, attempt %d: taken by another copy", event.get("id"), url, number
+            "webhook %s to %s, attempt %d: taken by another copy",
+            event.get("id"),
+            _origin(url),
+            number,
         )
         return "duplicate"
     if not (settings.webhook_secret and allowed(url, settings.webhook_allowlist)):
@@ -499,7 +504,7 @@ def deliver_webhook(
         attempt = _held(url) or _post(url, dumps(event), event)
         status, delay = after_attempt(number, attempt, first_attempt_at, settings)
     _record(kind, target_id, {"attempt": number, **attempt}, status)
-    log.info("webhook %s to %s, attempt %d: %s", event.get("id"), url, number, status)
+    log.info("webhook %s to %s, attempt %d: %s", event.get("id"), _origin(url), number, status)
     if status == "retrying":
         # kept once the next attempt is queued: a worker that died before that left the claim
         # to lapse, and the copy kombu restores runs this attempt again, not "duplicate"
