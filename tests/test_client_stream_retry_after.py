@@ -57,3 +57,15 @@ def test_a_retry_after_within_reconnect_for_s_is_waited_out() -> None:
     late = Unavailable(503, "unavailable", "busy", httpx.Headers({"Retry-After": "6"}))
     with pytest.raises(StreamError, match="Retry-After"):
         stream.refused(late)
+
+
+def test_a_servers_retry_is_waited_out_no_longer_than_reconnect_for_s() -> None:
+    """`retry: 99999999` (ms: a day and more) was every pause after it, a clean end's and a
+    drop's alike: the stream slept for days, silently, past the budget it promised."""
+    stream = EventStream(calls.events_call("j", None), reconnect_for_s=5)
+    for line in ("retry: 99999999", "data: {}", ""):
+        stream.feed(line)
+    assert stream.closed() == 5
+    assert stream.dropped(httpx.ConnectError("refused")) == 5
+    stream.feed("retry: 2000")  # one within it is honoured whole
+    assert stream.closed() == 2

@@ -112,9 +112,10 @@ class StreamFailed(APIError):
 
 
 class APIConnectionError(ConveyorError):
-    """The producer could not be reached, or the connection failed mid-request, and the
-    retries ran out (or the request could not be resent safely); the httpx error is
-    `__cause__`. It was that httpx error itself, which no `except ConveyorError` caught."""
+    """The producer could not be reached, the connection failed mid-request, or its answer
+    came undecodable (a broken gzip body), and the retries ran out (or the request could not
+    be resent safely); the httpx error is `__cause__`. It was that httpx error itself, which
+    no `except ConveyorError` caught."""
 
 
 class APITimeoutError(APIConnectionError):
@@ -122,9 +123,17 @@ class APITimeoutError(APIConnectionError):
     SDK names it; a `WaitTimeout` is a wait's own timeout, with the job)."""
 
 
-def connection_error(error: httpx.TransportError) -> APIConnectionError:
+# What httpx raises when the connection, or the encoding of an answer's body, fails: a
+# DecodingError (a broken gzip body) is no TransportError, and escaped the SDK as httpx's own.
+WIRE_ERRORS = (httpx.TransportError, httpx.DecodingError)
+WireError = httpx.TransportError | httpx.DecodingError
+
+
+def connection_error(error: WireError) -> APIConnectionError:
     """`error` as the SDK's: raise it `from error`."""
     kind = APITimeoutError if isinstance(error, httpx.TimeoutException) else APIConnectionError
+    if isinstance(error, httpx.DecodingError):
+        return kind(f"cannot decode the producer's answer: {error!r}")
     return kind(f"cannot reach the producer: {error!r}")
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from conveyor.client.errors import InvalidArgument
+from conveyor.client.errors import InvalidArgument, WireError
 
 REFUSED = 429
 # A draining producer's 503, or a proxy's answer while the producer behind it restarts.
@@ -144,7 +144,7 @@ class RetryPolicy:
     def after_error(
         self,
         attempt: int,
-        error: httpx.TransportError,
+        error: WireError,
         repeatable: bool,
         deadline: float | None = None,
     ) -> RetryEvent | None:

@@ -98,11 +98,12 @@ class SSEDecoder:
 class EventStream:
     """One logical stream. It ends on a terminal event, on 204 (the spec's "stop"), or when a
     resume twice in a row brings nothing new; a dropped connection is resumed after an
-    exponential backoff (never sooner than the server's `retry:`), until no event came for
-    `reconnect_for_s` seconds of failed resumes: from each drop to the next connection opened,
-    so a quiet job's stream (keep-alive pings for minutes) is not ended by its second drop, and
-    a server that accepts each resume then drops it at once still runs the time out. A stream
-    that is not `resumable` (a chat completion) ends with its connection."""
+    exponential backoff (never sooner than the server's `retry:`, capped at `reconnect_for_s`),
+    until no event came for `reconnect_for_s` seconds of failed resumes: from each drop to the
+    next connection opened, so a quiet job's stream (keep-alive pings for minutes) is not ended
+    by its second drop, and a server that accepts each resume then drops it at once still runs
+    the time out. A stream that is not `resumable` (a chat completion) ends with its
+    connection."""
 
     call: Call
     resumable: bool = True
@@ -188,14 +189,19 @@ class EventStream:
 
     def closed(self) -> float:
         """The server ended the response cleanly; returns the seconds to wait before resuming:
-        the server's `retry:` (a producer that shuts down or lost Redis ends each stream with
-        `event: error` and `retry: 1000`; resuming at once met the same producer or outage)."""
+        the server's `retry:`, `reconnect_for_s` at most (a producer that shuts down or lost
+        Redis ends each stream with `event: error` and `retry: 1000`; resuming at once met the
+        same producer or outage)."""
         self._empty_closes = 0 if self._received else self._empty_closes + 1
         if not self.resumable or self._empty_closes >= 2:
             self.done = True
-        if self.done or self._decoder.retry_ms is None:
-            return 0.0
-        return self._decoder.retry_ms / 1000.0
+        return 0.0 if self.done else self._retry_s()
+
+    def _retry_s(self) -> float:
+        """The server's `retry:` in seconds (0 without one), `reconnect_for_s` at most, as a
+        Retry-After past it is never slept out (`refused`): `retry: 99999999` (ms) held the
+        stream silent for days."""
+        return min((self._decoder.retry_ms or 0) / 1000.0, self.reconnect_for_s)
 
     def refused(self, error: APIError) -> float:
         """A resume answered 429 or 503 (Redis still away, the producers busy), or a proxy's
@@ -221,9 +227,9 @@ class EventStream:
 
     def dropped(self, error: Exception) -> float:
         """Seconds to wait before resuming: full-jitter exponential backoff, at least the
-        server's `retry:` (which alone, unchanging, was every pause once sent); StreamError
-        when the stream cannot be reopened or resumes failed for `reconnect_for_s` seconds
-        without an event."""
+        server's `retry:` (`reconnect_for_s` at most; it alone, unchanging, was every pause
+        once sent); StreamError when the stream cannot be reopened or resumes failed for
+        `reconnect_for_s` seconds without an event."""
         self._failures += 1
         now = time.monotonic()
         if self._failing_since is None:
@@ -238,4 +244,4 @@ class EventStream:
             )
         doublings = min(self._failures, _BACKOFF_DOUBLINGS)
         backoff = random.uniform(0, min(BACKOFF_CAP_S, 0.25 * 2**doublings))
-        return max(backoff, (self._decoder.retry_ms or 0) / 1000.0)
+        return max(backoff, self._retry_s())

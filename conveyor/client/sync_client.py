@@ -16,7 +16,7 @@ from typing_extensions import Unpack
 from conveyor.client import calls
 from conveyor.client.calls import BatchFileOptions, Call, JobOptions, Op, Pause, Progress
 from conveyor.client.connection import http_options
-from conveyor.client.errors import APIError, connection_error, raise_for_error
+from conveyor.client.errors import WIRE_ERRORS, APIError, connection_error, raise_for_error
 from conveyor.client.retries import OnRetry, RetryEvent, RetryPolicy
 from conveyor.client.sse import RECONNECT_FOR_S, EventStream
 from conveyor.client.types import (
@@ -156,7 +156,7 @@ class Client:
         while True:
             try:
                 response = self.http.send(call.build(self.http))
-            except httpx.TransportError as exc:
+            except WIRE_ERRORS as exc:
                 pause = self.retry.after_error(attempt, exc, call.repeatable, deadline)
                 if pause is None:
                     raise connection_error(exc) from exc
@@ -188,7 +188,7 @@ class Client:
                     response.close()
                 if not stream.done:
                     time.sleep(stream.closed())
-            except httpx.TransportError as exc:
+            except WIRE_ERRORS as exc:
                 time.sleep(stream.dropped(exc))
             except APIError as exc:
                 time.sleep(stream.refused(exc))

@@ -100,11 +100,18 @@ async def login_key(
     state: ProducerState, logins: LoginThrottle, bucket: str, presented: str
 ) -> Principal:
     """The principal of a presented key, which must hold `read` (admin includes it); 429 with
-    Retry-After once `bucket` (the client's address) failed too often this minute."""
+    Retry-After once `bucket` (the client's address) failed too often this minute. A key that
+    is found counts for nothing, revoked or expired too: its presenter holds its secret, no
+    guess (counted, a revoked key's retries locked its whole office out for the minute)."""
     if wait_s := await logins.attempt(bucket):
         message = f"too many failed logins from this address; try again in {wait_s} s"
         raise ConveyorError(429, "rate_limited", message, {"Retry-After": str(wait_s)})
-    principal = await authenticate(state, presented)
+    try:
+        principal = await authenticate(state, presented)
+    except ConveyorError:
+        if await state.api_keys.verify(presented) is not None:  # refused, but found
+            await logins.forgive(bucket)
+        raise
     await logins.forgive(bucket)
     if not principal.may("read"):
         raise ConveyorError(403, "forbidden", "the console needs a key with the read scope")

@@ -18,7 +18,7 @@ import numpy as np
 from producer_api.batch_api.progress import view as batch_view
 from producer_api.periodic import Periodic
 from producer_api.state import ProducerState
-from shared.batch_api_store import ENDED_KEPT_MS, BatchStatus
+from shared.batch_api_store import ENDED_KEPT_MS, OUTPUT_EXPIRES_AFTER, BatchStatus
 from shared.partition_stats import PartitionStats, read_partition_stats
 from shared.variant_stats import VariantStats, Window, window_span_s
 from shared.worker_registry import WorkerRegistry
@@ -45,6 +45,17 @@ def _rates(window: Window, span_s: float) -> dict[str, Any]:
         "p50_ms": _percentile(service, 50),
         "p99_ms": _percentile(service, 99),
     }
+
+
+def _files_while_kept(batch: dict[str, Any], now: float) -> dict[str, Any]:
+    """`batch` as shown at `now`: no file ids once its files expired, so no page links them
+    (a link answered 404). An ended batch is listed for ENDED_BATCH_KEEP_S, which a producer
+    with a shorter result TTL (restarted with one, or a replica given one) keeps its files
+    less than."""
+    expires_at = batch["files_expire_at"]
+    if expires_at is None or now < expires_at:
+        return batch
+    return {**batch, "output_file_id": None, "error_file_id": None}
 
 
 class ConsoleSummaries:
@@ -76,11 +87,13 @@ class ConsoleSummaries:
             self.state.redis, self.state.keys, self.state.repository
         )
         workers = await self.workers.live()
+        batches = await self._batches()
+        at = time.time()
         snapshot = {
-            "at": time.time(),
+            "at": at,
             "partitions": [self._partition(p) for p in partitions],
             "workers": [asdict(beat) for beat in workers],
-            "batches": await self._batches(),
+            "batches": [_files_while_kept(batch, at) for batch in batches],
         }
         async with self._changed:
             self.snapshot = snapshot
@@ -156,10 +169,21 @@ class ConsoleSummaries:
             if progress is not None:
                 body = batch_view(batch_id, progress, f"/console/batches/{batch_id}")
                 body["tenant"] = progress.fields.get("tenant", "default")
+                body["files_expire_at"] = self._files_expire_at(body, progress.fields)
                 self._shown[batch_id] = body
         listed = {*active, *ended}
         self._shown = {batch_id: b for batch_id, b in self._shown.items() if batch_id in listed}
         return sorted(self._shown.values(), key=lambda body: -(body["created_at"] or 0))
+
+    def _files_expire_at(self, body: dict[str, Any], fields: dict[str, str]) -> int | None:
+        """When an ended batch's output and errors files go (s), as `GET /v1/batches/{id}/output`
+        judges it: its `output_expires_after` from its end, the result TTL at most; None while
+        it runs."""
+        ended_at = body.get(f"{body['status']}_at")
+        if body["status"] not in _ENDED or ended_at is None:
+            return None
+        asked = fields.get(OUTPUT_EXPIRES_AFTER)
+        return self.state.file_store.expires_at(ended_at, int(asked) if asked else None)
 
     def _in_turn(self, active: list[str]) -> list[str]:
         """The running batches this look refreshes: those never shown, then from where the

@@ -40,14 +40,18 @@ async def readyz(state: Annotated[ProducerState, Depends(producer_state)]) -> Fa
         async with asyncio.timeout(READY_TIMEOUT_S):
             await _ping(state.redis, state.keys)
     except (RedisError, *OUT_OF_REACH, TimeoutError) as exc:
-        message = f"redis unreachable: {exc!r}"
-        return error_response(503, "unavailable", message, {"Retry-After": "1"})
+        return _unready(f"redis unreachable: {exc!r}")
     if (waiting := state.startup.unready()) is not None:
-        message = f"starting: the producer's Redis-side startup has not run ({waiting})"
-        return error_response(503, "unavailable", message, {"Retry-After": "1"})
+        return _unready(f"starting: the producer's Redis-side startup has not run ({waiting})")
     if not state.repository.models:
-        return error_response(503, "unavailable", "no models in the repository")
+        return _unready("no models in the repository")
     return FastJSONResponse({"status": "ready", "models": sorted(state.repository.models)})
+
+
+def _unready(message: str) -> FastJSONResponse:
+    """Every unready answer alike: 503 with `Retry-After`, as the API's other 503s (the one
+    for no models came without it)."""
+    return error_response(503, "unavailable", message, {"Retry-After": "1"})
 
 
 async def _ping(client: RedisClient, keys: Keys) -> None:
