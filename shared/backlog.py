@@ -10,7 +10,8 @@ the local autoscaler, and the one owner of `cv:cost:{model}:{variant}`.
   counts), plus the jobs a fair lane holds back outside its stream (its `held` count).
 - unit: a job for `batch` models, a completion token for `generate` models; units_per_job is 1
   for `batch` models and the measured mean completion length for `generate` models (before any
-  measurement: the model's `default_max_tokens`).
+  measurement: the max_tokens a job naming none runs with, `default_max_tokens` or 128, within
+  `max_tokens_limit`).
 - seconds_per_unit: one replica's measured cost, 1 ÷ its throughput. Workers measure it from
   their own counters at every heartbeat (wall seconds with a micro-batch in hand per job run,
   host work included; for `generate` models wall seconds with a generation running per token
@@ -32,10 +33,10 @@ import redis.asyncio as aioredis
 from shared.codec import as_text
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
+from shared.redis_client import executed
 
 COST_TTL_S = 7 * 86_400  # a removed model's measurement goes; a pool idle for a week re-measures
 UNITS = {"batch": "job", "generate": "token"}
-_UNMEASURED_TOKENS = 128  # max_tokens of a job when the model names no default_max_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +140,7 @@ async def read_backlogs(
     pipe = client.pipeline(transaction=False)
     for config, variant in chosen:
         queue_backlog_read(pipe, keys, config.name, variant)
-    replies = await pipe.execute()
+    replies = await executed(pipe)  # a transport torn down under it: a lost connection
     return [
         backlog_from(config, variant, replies[i * READS : (i + 1) * READS])
         for i, (config, variant) in enumerate(chosen)
@@ -154,8 +155,8 @@ def queue_cost_write(pipe: Any, keys: Keys, model: str, variant: str, cost: Serv
 
 
 def _unmeasured_units_per_job(config: ModelConfig, variant: str) -> float:
-    """Tokens a generate job is expected to produce before any was measured: its max_tokens
-    default (workers/generation/generate_job.py falls back to the same 128)."""
+    """Tokens a generate job is expected to produce before any was measured: the max_tokens a
+    job naming none runs with, within the variant's limit as the engine cuts it."""
     if config.kind == "batch":
         return 1.0
-    return float(config.variant_parameters(variant).get("default_max_tokens", _UNMEASURED_TOKENS))
+    return float(config.unnamed_max_tokens_of(variant))

@@ -65,6 +65,18 @@ STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 YEAR_S = 365 * 86_400.0
 
 
+# max_tokens of a generate job that names none, on a model that names no `default_max_tokens`
+# (workers/generation/generate_job.py's fallback).
+UNNAMED_MAX_TOKENS = 128
+
+
+# The most jobs one worker's read may take at once (`max_batch_size`, a variant's too, and
+# `max_num_seqs`): its XREADGROUP COUNT, claimed in one Lua call that holds the server meanwhile
+# (a reclaim's XAUTOCLAIM COUNT too). Four times vLLM's largest default max_num_seqs (1024); past
+# it a size is a typo, and past 2**63 Redis refuses the COUNT, failing every read of the worker.
+MAX_JOBS_PER_READ = 4096
+
+
 # KEDA's minReplicaCount and maxReplicaCount, and the HPA's, are int32: the API server refuses
 # a ScaledObject past them.
 MAX_REPLICAS = 2**31 - 1
@@ -92,7 +104,7 @@ class Variant(BaseModel):
     backend: str | None = None
     # A variant on another engine may batch otherwise: a GPU's best micro-batch is many times a
     # CPU's (unset: the model's `max_batch_size`).
-    max_batch_size: int | None = Field(default=None, ge=1)
+    max_batch_size: int | None = Field(default=None, ge=1, le=MAX_JOBS_PER_READ)
     preferred_batch_sizes: list[int] | None = None
 
 
@@ -183,6 +195,18 @@ class GenerateParameters(BaseModel):
 
     max_tokens_limit: int | None = Field(default=None, ge=1, strict=True)
     default_max_tokens: int | None = Field(default=None, ge=1, strict=True)
+
+    def default_past_limit(self) -> str | None:
+        """Why the default is refused, if it is past the limit: the producer refuses a job's own
+        max_tokens past it (422), as vLLM refuses one past the context, and a job that named
+        none ran cut short at the limit, estimated uncut by shared/backlog.py."""
+        limit, default = self.max_tokens_limit, self.default_max_tokens
+        if limit is None or default is None or default <= limit:
+            return None
+        return (
+            f"parameters.default_max_tokens ({default}) must be at most "
+            f"parameters.max_tokens_limit ({limit}): a job naming max_tokens {default} is refused"
+        )
 
 
 class QueueLimits(BaseModel):
@@ -331,10 +355,10 @@ class ModelConfig(BaseModel):
     prepare: str | None = None
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     parameters: dict[str, Any] = Field(default_factory=dict)
-    max_batch_size: int = Field(default=32, ge=1)
+    max_batch_size: int = Field(default=32, ge=1, le=MAX_JOBS_PER_READ)
     max_queue_delay_ms: float = Field(default=2.0, ge=0, le=60_000)
     preferred_batch_sizes: list[int] = Field(default_factory=list)
-    max_num_seqs: int = Field(default=16, ge=1)
+    max_num_seqs: int = Field(default=16, ge=1, le=MAX_JOBS_PER_READ)
     bulk_share: float = Field(default=0.2, ge=0.0, le=1.0)
     queue: QueueLimits = Field(default_factory=QueueLimits)
     variants: dict[str, Variant] = Field(default_factory=lambda: {"default": Variant()})
@@ -449,10 +473,12 @@ class ModelConfig(BaseModel):
             )
         if self.kind == "generate":  # a custom engine's too: the producer and the loop read them
             try:
-                GenerateParameters.model_validate(self.variant_parameters(variant))
+                parameters = GenerateParameters.model_validate(self.variant_parameters(variant))
             except ValidationError as exc:
                 problems = _problems(exc, within="parameters")
                 raise ModelConfigError(f"model {self.name} variant {variant}: {problems}") from None
+            if (why := parameters.default_past_limit()) is not None:
+                raise ModelConfigError(f"model {self.name} variant {variant}: {why}")
         if backend in ENCODER_BACKENDS:
             self._check_encoder(variant, backend)
 
@@ -509,6 +535,16 @@ class ModelConfig(BaseModel):
         if not self.queue.fair:
             return 0
         return self.queue.fair_window or self.max_batch_size_of(variant)
+
+    def unnamed_max_tokens_of(self, variant: str) -> int:
+        """The max_tokens a generate job naming none runs with: the variant's
+        `default_max_tokens` (within its limit, as loaded), else UNNAMED_MAX_TOKENS, cut at the
+        limit as the engine cuts it."""
+        parameters = self.variant_parameters(variant)
+        default = parameters.get("default_max_tokens")
+        if default is not None:
+            return int(default)
+        return min(UNNAMED_MAX_TOKENS, int(parameters.get("max_tokens_limit", UNNAMED_MAX_TOKENS)))
 
     def max_batch_size_of(self, variant: str) -> int:
         """The variant's own maximum, else the model's (a variant the config lacks: the model's)."""

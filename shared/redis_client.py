@@ -56,6 +56,7 @@ from redis.exceptions import (
     OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
+    RedisClusterUnreachableError,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
@@ -333,7 +334,9 @@ class ClusterUnreachable(RedisConnectionError):
     """No node answered the cluster's topology query (or those that did left slots uncovered).
     redis-py raises a RedisClusterException, which is no RedisError: a cluster that was down was
     a 500, a producer that could not start, a worker that exited, where it is an outage (503,
-    back off, recover)."""
+    back off, recover). So does a command or pipeline of a client that had read the topology:
+    once its nodes are all gone (RedisClusterUnreachableError), or once the slot it asked for
+    lost its master (the read redis-py makes on CLUSTERDOWN finds the slot uncovered)."""
 
 
 @contextlib.contextmanager
@@ -344,12 +347,20 @@ def topology_read() -> Iterator[None]:
     try:
         yield
     except RedisClusterException as exc:
-        cause = exc.__cause__
-        if isinstance(cause, RedisConnectionError | RedisTimeoutError | OSError) or (
-            "not covered" in str(exc)
-        ):
+        if _unreachable(exc):
             raise ClusterUnreachable(str(exc)) from exc
         raise
+
+
+def _unreachable(error: RedisClusterException) -> bool:
+    """An outage that passes (no node answered, a slot without a master), not a misconfiguration
+    (a URL of a server that is no cluster node), which must fail as itself."""
+    cause = error.__cause__
+    return (
+        isinstance(error, RedisClusterUnreachableError)
+        or isinstance(cause, RedisConnectionError | RedisTimeoutError | OSError)
+        or "not covered" in str(error)
+    )
 
 
 class RedirectsExhausted(TryAgainError):
@@ -426,7 +437,8 @@ class HiredisCluster(RedisCluster):
     """A cluster client whose node connections pack with hiredis too. RedisCluster fixes their
     class (Connection, or SSLConnection for `rediss://`) in the keyword arguments it builds
     every node from, startup nodes and nodes found later alike, with no parameter for it. Its
-    topology reads (before a first command, after a failed one) fail as ClusterUnreachable.
+    topology reads (before a first command, after a failed one) fail as ClusterUnreachable, as
+    do its commands and pipelines that such a read ended (`topology_read`).
     A timeout is raised after one try, by a command and a pipeline alike (`CLUSTER_RETRIED`)."""
 
     ERRORS_ALLOW_RETRY: Any = CLUSTER_RETRIED  # typed by redis-py as its own four
@@ -444,6 +456,10 @@ class HiredisCluster(RedisCluster):
         with topology_read():
             await super().initialize(*args, **kwargs)
         return self
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        with topology_read():
+            return await super().execute_command(*args, **kwargs)
 
     async def _execute_command(self, target_node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -513,7 +529,8 @@ class TimeoutRaisingPipeline(PipelineStrategy):
 
     async def execute(self, *args: Any, **kwargs: Any) -> list[Any]:
         try:
-            return await super().execute(*args, **kwargs)
+            with topology_read():
+                return await super().execute(*args, **kwargs)
         except _Carried as carried:
             raise carried.error from carried.cause
 
@@ -570,7 +587,8 @@ class TimeoutRaisingTransaction(TransactionStrategy):
 
     async def execute(self, *args: Any, **kwargs: Any) -> list[Any]:
         try:
-            return await super().execute(*args, **kwargs)
+            with topology_read():
+                return await super().execute(*args, **kwargs)
         except AskError as exc:  # a MovedError too
             raise RedirectsExhausted(f"transaction's slot still moving: {exc}") from exc
 

@@ -15,7 +15,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from starlette.responses import Response
 
 from producer_api.errors import ConveyorError
@@ -37,6 +37,10 @@ from shared.partition_stats import read_partition_stats
 router = APIRouter(tags=["health"])
 _REFRESH_S = 1.0
 _last_refresh = 0.0
+# What a gauge read raises while Redis, or the cluster, is out of reach or misconfigured: redis-py
+# raises a RedisClusterException (no RedisError) where shared/redis_client.py does not make it an
+# outage. The scrape still answers with the process's counters and the gauges' last values.
+_UNREAD = (RedisError, RedisClusterException)
 
 
 async def _refresh_gauges(state: ProducerState) -> None:
@@ -59,7 +63,7 @@ async def _refresh_gauges(state: ProducerState) -> None:
 
 @router.get("/metrics", include_in_schema=False)
 async def metrics(state: Annotated[ProducerState, Depends(producer_state)]) -> Response:
-    with contextlib.suppress(RedisError):  # still serve the process's counters if Redis is down
+    with contextlib.suppress(*_UNREAD):
         await _refresh_gauges(state)
     return Response(_exposition(), media_type=CONTENT_TYPE_LATEST)
 
