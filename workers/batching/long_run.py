@@ -20,12 +20,13 @@ from workers.partition.stream_reader import Delivery, StreamReader
 
 log = logging.getLogger(__name__)
 RUNNING_MARK_S = 0.1
+TOUCH_RETRY_S = 0.5  # how soon a mark or touch Redis failed is tried again
 
 
 class LongRun:
     """Watches one micro-batch from its read until `end` (its write-back), off the loop's path;
-    a mark or touch Redis fails is tried again at the next touch. Once its engine call has run
-    `max_run_s` (0: no ceiling) it stops touching and calls `hung`: the engine is deemed dead."""
+    a mark or touch Redis fails is tried again soon. Once its engine call has run `max_run_s`
+    (0: no ceiling) it stops touching and calls `hung`: the engine is deemed dead."""
 
     def __init__(
         self,
@@ -45,6 +46,7 @@ class LongRun:
         self.max_run_s = max_run_s
         self.hung = hung
         self._task: asyncio.Task[None] | None = None
+        self._marked = self._touching = False
         self._ceiling: asyncio.TimerHandle | None = None
         self._timer = asyncio.get_running_loop().call_later(RUNNING_MARK_S, self._start)
 
@@ -71,22 +73,29 @@ class LongRun:
         self._task.add_done_callback(_log_failure)
 
     async def _watch(self) -> None:
-        """The mark, then a touch every `touch_every_s`; a mark or touch Redis fails is tried
-        again at the next touch (the outage is the loop's to log: two lines however long)."""
-        marked = touching = False
         while True:
-            try:
-                if not marked:
-                    await self.reader.mark_running(self.runnable)
-                    marked = True
-                if touching and (lost := await self.reader.touch(self.stream, self.entry_ids)):
-                    # another worker took them over all the same (this one could not reach
-                    # Redis): FINISH refuses this one's results, the new owner's stand
-                    log.warning("%d entries of a micro-batch were taken over", len(lost))
-            except RedisError as exc:
-                log.debug("a long micro-batch's mark or touch failed: %r", exc)
-            touching = True
-            await asyncio.sleep(self.touch_every_s)
+            await asyncio.sleep(await self._tick())
+
+    async def _tick(self) -> float:
+        """The mark, then a touch each time; the seconds until the next: `touch_every_s`, or
+        TOUCH_RETRY_S after one Redis failed (the outage is the loop's to log: two lines however
+        long). Tried again only a period later, a micro-batch running through an outage as long
+        as the visibility timeout stayed untouched up to a third of it after Redis was back,
+        ample time for another worker's reclaimer to take it over and run it again."""
+        try:
+            if not self._marked:
+                await self.reader.mark_running(self.runnable)
+                self._marked = True
+            if self._touching and (lost := await self.reader.touch(self.stream, self.entry_ids)):
+                # another worker took them over all the same (this one could not reach Redis):
+                # FINISH refuses this one's results, the new owner's stand
+                log.warning("%d entries of a micro-batch were taken over", len(lost))
+        except RedisError as exc:
+            log.debug("a long micro-batch's mark or touch failed: %r", exc)
+            return min(self.touch_every_s, TOUCH_RETRY_S)
+        finally:
+            self._touching = True
+        return self.touch_every_s
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -142,10 +142,21 @@ async def _on_engine_thread(
     """`call(*args)` where the engine runs: the staged engine's device thread, the loop itself
     for an `inline` engine, else a worker thread."""
     if device is not None:
-        return await asyncio.get_running_loop().run_in_executor(device, call, *args)
+        return await asyncio.get_running_loop().run_in_executor(device, engine_call, call, *args)
     if engine.inline:
+        return engine_call(call, *args)
+    return await asyncio.to_thread(engine_call, call, *args)
+
+
+def engine_call(call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)`, a StopIteration it raises (engine code's `next()` of an input's empty
+    list) turned into a RuntimeError, as a generator's is: asyncio cannot set one on the future
+    an executor's call completes, which never completed then, and the micro-batch, every job of
+    it, hung until `queue.max_run_s` deemed the engine dead."""
+    try:
         return call(*args)
-    return await asyncio.to_thread(call, *args)
+    except StopIteration as exc:
+        raise RuntimeError("the engine raised StopIteration") from exc
 
 
 def one_per_input(

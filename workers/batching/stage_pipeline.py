@@ -16,6 +16,7 @@ from workers.batching.device_schedule import DeviceSchedule
 from workers.batching.micro_batch_executor import (
     EngineStart,
     Outcome,
+    engine_call,
     execute,
     one_per_input,
     succeeded,
@@ -108,7 +109,7 @@ class StagePipeline:
         return start, self.engine.run(prepared)
 
     async def _on(self, pool: ThreadPoolExecutor, stage: Callable[[Any], T], arg: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(pool, stage, arg)
+        return await asyncio.get_running_loop().run_in_executor(pool, engine_call, stage, arg)
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)

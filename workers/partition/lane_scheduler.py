@@ -154,7 +154,7 @@ class LaneScheduler:
         if self.redelivered.intersection(in_hand) or not self._turn_taken():
             await self.reclaimer.housekeep()
             return None
-        reclaimed = await self.reclaimer.due(1)
+        reclaimed = await self.reclaimer.due(1, in_hand)
         self.redelivered = (
             {(reclaimed[0], d.entry_id) for d in reclaimed[1]} if reclaimed else set()
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Collection
 
 import redis.asyncio as aioredis
 
@@ -28,7 +29,7 @@ from shared.webhook_outbox import WebhookOutbox
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
 from workers.partition.redis_backoff import OUTAGE
-from workers.partition.stream_reader import Delivery, MicroBatch, decode_delivery
+from workers.partition.stream_reader import Delivery, LaneEntry, MicroBatch, decode_delivery
 
 log = logging.getLogger(__name__)
 DEAD = ("dead", "dead-ended")  # dead-lettered by the script; "dead": the job failed just now
@@ -69,13 +70,16 @@ class Reclaimer:
         self._script = client.register_script(job_scripts.RECLAIM)
         self._delete_if_idle = client.register_script(DELETE_IF_IDLE)
 
-    async def due(self, count: int) -> MicroBatch | None:
+    async def due(
+        self, count: int, in_hand: Collection[LaneEntry] = frozenset()
+    ) -> MicroBatch | None:
         """Up to `count` of the first lane's abandoned entries whose reclaim is due:
         (stream, deliveries). A lane stays due while its claims come back full, past any
-        dead-lettered ones, so a backlog drains at once however few are claimed at a time."""
+        dead-lettered ones and any `in_hand`, so a backlog drains at once however few are
+        claimed at a time."""
         for stream in self.streams:
             while time.monotonic() >= self._next[stream]:
-                if abandoned := await self.reclaim(stream, count):
+                if abandoned := await self.reclaim(stream, count, in_hand):
                     return stream, abandoned
         return None
 
@@ -95,10 +99,15 @@ class Reclaimer:
             except OUTAGE as exc:
                 log.warning("housekeeping of %s waits for Redis: %r", stream, exc)
 
-    async def reclaim(self, stream: str, count: int | None = None) -> list[Delivery]:
+    async def reclaim(
+        self, stream: str, count: int | None = None, in_hand: Collection[LaneEntry] = frozenset()
+    ) -> list[Delivery]:
         """Claim abandoned entries (at most `count`, or a micro-batch's worth); dead-lettered
         ones are already settled. The lane's next reclaim is due half a visibility timeout
-        later, or at once when this one claimed all it asked for (more may be waiting)."""
+        later, or at once when this one claimed all it asked for (more may be waiting). Those
+        `in_hand` are not handed over again: this consumer's own, still running, went idle past
+        the timeout while an outage failed their touches, and ran twice on this worker (FINISH
+        tells a run taken over only by another worker's name)."""
         self._next[stream] = self._kept[stream] = time.monotonic() + self.interval_s
         now = now_ms()
         asked = min(self.batch, count or self.batch)
@@ -133,7 +142,9 @@ class Reclaimer:
             await self._settle(stream, [d for d in dead if d.status == "dead"])
         except OUTAGE as exc:
             log.warning("reclaim of %s committed; the rest waits for Redis: %r", stream, exc)
-        return [d for d in deliveries if d.status not in DEAD]
+        return [
+            d for d in deliveries if d.status not in DEAD and (stream, d.entry_id) not in in_hand
+        ]
 
     async def _settle(self, stream: str, dead: list[Delivery]) -> None:
         """What follows a RECLAIM that committed. An outage here costs at most what it does
