@@ -8,6 +8,7 @@ from base64 import b64decode
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 
 _ID_PART_MAX = 2**64 - 1  # each half of a stream entry id is an unsigned 64-bit integer
@@ -16,7 +17,19 @@ _OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
 def dumps(value: Any) -> bytes:
-    return orjson.dumps(value, option=_OPTIONS)
+    return orjson.dumps(value, option=_OPTIONS, default=_array_as_written)
+
+
+def _array_as_written(value: Any) -> Any:
+    """A numpy array orjson's own support refuses, as it can write it: one not C-contiguous (a
+    transposed row, a slice: an engine's `scores.T[i]`) as a contiguous copy, a 0-d one (a torch
+    scalar's `.numpy()`) or one of objects as Python values. Each failed its job
+    `InvalidOutput`. Anything else is refused as before."""
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+    if value.ndim == 0 or value.dtype == object:
+        return value.tolist()
+    return np.ascontiguousarray(value)
 
 
 def loads(data: bytes | str) -> Any:

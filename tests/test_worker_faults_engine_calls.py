@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
+
+from shared.codec import loads
 from shared.model_repository import ModelConfig
 from workers.batching.micro_batch_executor import Outcome, execute
 from workers.batching.stage_pipeline import StagePipeline
@@ -59,4 +62,35 @@ async def test_a_stop_iteration_in_a_staged_engines_stage_fails_its_job_alone() 
         pipeline.close()
     assert [_results(outcomes) for outcomes in written] == [
         [{"first": "a"}, STOP_ITERATION, {"first": "c"}]
+    ]
+
+
+class ArrayViews(StagedBatchEngine):
+    """Outputs as numpy gives them: a row of a transposed matrix and a column slice (views, not
+    C-contiguous), a 0-d array (a torch scalar's `.numpy()`)."""
+
+    def load(self) -> None:
+        """Nothing to load."""
+
+    def prepare(self, inputs: list[dict[str, Any]]) -> np.ndarray:
+        return np.arange(len(inputs) * 3, dtype=np.float32).reshape(len(inputs), 3)
+
+    def run(self, prepared: np.ndarray) -> np.ndarray:
+        return prepared
+
+    def finish(self, running: np.ndarray) -> list[dict[str, Any]]:
+        return [
+            {"column": running.T[i], "head": running[i, :2], "sum": np.array(running[i].sum())}
+            for i in range(len(running))
+        ]
+
+
+async def test_numpy_views_and_scalars_are_stored_as_their_numbers() -> None:
+    """orjson writes only C-contiguous arrays of numbers: a transposed row, a slice or a 0-d
+    array failed its job `InvalidOutput` ("numpy array is not C contiguous")."""
+    outcomes = await asyncio.wait_for(execute(ArrayViews(CONFIG, "default", ""), JOBS[:2]), 5)
+    assert [outcome.error for outcome in outcomes] == [None, None]
+    assert [loads(outcome.written) for outcome in outcomes] == [
+        {"column": [0.0, 3.0], "head": [0.0, 1.0], "sum": 3.0},
+        {"column": [1.0, 4.0], "head": [3.0, 4.0], "sum": 12.0},
     ]
