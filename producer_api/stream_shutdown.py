@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -40,7 +41,7 @@ class Cut:
 
 async def until_shutdown(
     events: AsyncIterator[T], shutdown: anyio.Event, on_end: Callable[[], object] | None = None
-) -> AsyncIterator[T]:
+) -> AsyncGenerator[T, None]:
     """`events` as they come, until they end (then `on_end` is called) or `shutdown` is set
     (then `events` is closed): a caller tells a stream that ran to its end from one stopped,
     though `shutdown` may be set by then."""
@@ -67,15 +68,19 @@ async def until_shutdown(
             await aclose()
 
 
-async def until_cut(events: AsyncIterator[T], shutdown: anyio.Event) -> AsyncIterator[T | Cut]:
+async def until_cut(
+    events: AsyncIterator[T], shutdown: anyio.Event
+) -> AsyncGenerator[T | Cut, None]:
     """`events` as they come; if the producer shuts down or Redis stops answering before they
     end, one last `Cut` saying which (the caller turns it into its protocol's error event). A
     shutdown that comes once they ran to their end adds none: an error after a complete stream
-    made its client retry a job that had succeeded."""
+    made its client retry a job that had succeeded. Closed between items, it closes `events`
+    at once (left to the garbage collector, a token follower kept its listener in the hub)."""
     exhausted = asyncio.Event()
     try:
-        async for item in until_shutdown(events, shutdown, exhausted.set):
-            yield item
+        async with aclosing(until_shutdown(events, shutdown, exhausted.set)) as items:
+            async for item in items:
+                yield item
     except OUT_OF_REACH as exc:  # a cluster failing over (CLUSTERDOWN) too
         log.info("a stream ends early: redis unavailable (%r)", exc)
         yield Cut(UNREACHABLE)

@@ -106,9 +106,10 @@ class TokenHub:
         """Whether `key` holds an entry `entry_id`."""
         return bool(await self.redis.xrange(key, entry_id, entry_id, count=1))
 
-    async def last(self, key: str) -> TokenEvent | None:
-        """`key`'s last entry now (None while it holds none)."""
-        rows: Any = await self.redis.xrevrange(key, count=1)
+    async def last(self, key: str, before: str | None = None) -> TokenEvent | None:
+        """`key`'s last entry now, or its last before the id `before` (None: it holds none)."""
+        newest = "+" if before is None else f"({before}"
+        rows: Any = await self.redis.xrevrange(key, newest, count=1)
         return TokenEvent.decode(*rows[0]) if rows else None
 
 

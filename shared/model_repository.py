@@ -66,8 +66,18 @@ YEAR_S = 365 * 86_400.0
 
 
 # max_tokens of a generate job that names none, on a model that names no `default_max_tokens`
-# (workers/generation/generate_job.py's fallback).
+# (`unnamed_max_tokens`).
 UNNAMED_MAX_TOKENS = 128
+
+
+def unnamed_max_tokens(parameters: dict[str, Any]) -> int:
+    """The max_tokens a generate job naming none runs with, by its variant's `parameters`: its
+    `default_max_tokens` (within its limit, as loaded), else UNNAMED_MAX_TOKENS cut at the limit
+    as the engine cuts it; the worker's request and the backlog's estimate alike."""
+    default = parameters.get("default_max_tokens")
+    if default is not None:
+        return int(default)
+    return min(UNNAMED_MAX_TOKENS, int(parameters.get("max_tokens_limit", UNNAMED_MAX_TOKENS)))
 
 
 # The most jobs one worker's read may take at once (`max_batch_size`, a variant's too, and
@@ -537,14 +547,7 @@ class ModelConfig(BaseModel):
         return self.queue.fair_window or self.max_batch_size_of(variant)
 
     def unnamed_max_tokens_of(self, variant: str) -> int:
-        """The max_tokens a generate job naming none runs with: the variant's
-        `default_max_tokens` (within its limit, as loaded), else UNNAMED_MAX_TOKENS, cut at the
-        limit as the engine cuts it."""
-        parameters = self.variant_parameters(variant)
-        default = parameters.get("default_max_tokens")
-        if default is not None:
-            return int(default)
-        return min(UNNAMED_MAX_TOKENS, int(parameters.get("max_tokens_limit", UNNAMED_MAX_TOKENS)))
+        return unnamed_max_tokens(self.variant_parameters(variant))
 
     def max_batch_size_of(self, variant: str) -> int:
         """The variant's own maximum, else the model's (a variant the config lacks: the model's)."""

@@ -15,6 +15,7 @@ import pytest
 from shared.backlog import backlog_of
 from shared.model_repository import MAX_JOBS_PER_READ, ModelConfigError, ModelRepository
 from tests.test_config_yaml_types import load_one
+from workers.generation.generate_job import generate_request
 
 GENERATE = "kind: generate\nbackend: vllm\n"
 
@@ -88,8 +89,10 @@ def test_an_unmeasured_backlog_counts_the_tokens_a_job_runs_with(
     tmp_path: Path, parameters: str, tokens: int
 ) -> None:
     """Before any measurement a generate job counts as the max_tokens it runs with when it names
-    none: the default, else 128 (workers/generation/generate_job.py's), cut at the limit as the
+    none: the default, else 128, cut at the limit as the
     engine cuts it; a limit of 64 was estimated at 128 tokens a job, twice the pool's work."""
     config = _load(tmp_path, f"{GENERATE}parameters: {parameters}\n").get("m")
     assert config is not None
     assert backlog_of(config, "default", 3, {}).units_per_job == tokens
+    job = generate_request("j", {"inputs": {"prompt": "hi"}}, config.variant_parameters("default"))
+    assert job.max_tokens == tokens  # what the worker asks the engine for

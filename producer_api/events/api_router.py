@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Annotated, Any
 
 import anyio
@@ -36,19 +37,21 @@ async def server_sent(
     `error` event (type `unavailable`) with `retry:` ends the stream: reconnect with
     Last-Event-ID to resume. None follows a `final` event: the stream is whole. One that fails
     as a request would (its place among the key's streams taken: `too_many_streams`) ends with
-    that error as an `error` event."""
+    that error as an `error` event. Closed between events (sse-starlette closes it when a send
+    fails), it closes what it streams at once."""
     ended = False
     try:
-        async for event in until_cut(events, shutdown):
-            if isinstance(event, Cut):
-                if not ended:
-                    error = {"type": "unavailable", "message": event.message}
-                    data = dumps(error).decode()
-                    yield ServerSentEvent(data=data, event="error", retry=RECONNECT_MS)
-            else:
-                ended = event.event == "final"
-                data = dumps(event.data).decode()
-                yield ServerSentEvent(data=data, event=event.event, id=event.id)
+        async with aclosing(until_cut(events, shutdown)) as cut:
+            async for event in cut:
+                if isinstance(event, Cut):
+                    if not ended:
+                        error = {"type": "unavailable", "message": event.message}
+                        data = dumps(error).decode()
+                        yield ServerSentEvent(data=data, event="error", retry=RECONNECT_MS)
+                else:
+                    ended = event.event == "final"
+                    data = dumps(event.data).decode()
+                    yield ServerSentEvent(data=data, event=event.event, id=event.id)
     except ConveyorError as exc:
         error = {"type": exc.type, "message": exc.message}
         yield ServerSentEvent(data=dumps(error).decode(), event="error")

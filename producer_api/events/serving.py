@@ -79,8 +79,17 @@ class EventsService:
             return True
         if last is None and record.status.terminal:
             return True
+        if record.status.terminal and await self._made_final(key, last_event_id):
+            return False
         message = f"Last-Event-ID {last_event_id}: no event of job {record.job_id}'s stream"
         raise ConveyorError(422, "invalid_request", message)
+
+    async def _made_final(self, key: str, last_event_id: str) -> bool:
+        """Whether `last_event_id` is the id of a final made from the ended job while its
+        stream ended at the entry before it: its worker's own final may have landed after it
+        (a job cancelled while it ran), and an EventSource reconnecting with it was refused."""
+        before = await self.state.tokens.last(key, before=last_event_id)
+        return last_event_id == made_final_id(before.id if before else None)
 
     async def _place(self) -> str | None:
         """A place among the key's open streams (its stream id; None with auth off) under the
@@ -108,8 +117,9 @@ class EventsService:
         )
         watch = KeyWatch(self.state.api_keys, self.principal, renew)
         try:
-            async for event in while_holds(events, watch.holds, RECHECK_S):
-                yield event
+            async with contextlib.aclosing(events):  # `while_holds` left at a yield closes none
+                async for event in while_holds(events, watch.holds, RECHECK_S):
+                    yield event
             if watch.revoked:
                 yield JobEvent("error", {"type": "unauthorized", "message": REVOKED})
         finally:
@@ -124,22 +134,25 @@ class EventsService:
                 await self.state.open_streams.release(self.principal.key_id, stream_id)
 
     async def _after_queue(
-        self, job_id: str, then: AsyncIterator[JobEvent]
+        self, job_id: str, then: AsyncGenerator[JobEvent, None]
     ) -> AsyncGenerator[JobEvent, None]:
         """`then`'s events, with the job's standing before the first of them: `then` starts at
         once, so its first event (a token, the final one) is never held up by the ticks. Ended
-        first, it stops `then` for sure (else a token follower could follow on, unread)."""
-        first = asyncio.ensure_future(anext(then, None))
-        try:
-            async for event in self._queued(job_id, first):
+        first, it stops `then` for sure (else a token follower could follow on, unread); closed
+        between events, it closes `then` (left to the garbage collector, a token follower kept
+        its listener in the hub)."""
+        async with contextlib.aclosing(then):
+            first = asyncio.ensure_future(anext(then, None))
+            try:
+                async for event in self._queued(job_id, first):
+                    yield event
+                if (head := await first) is None:
+                    return
+            finally:  # a token follower's `wait_for` could swallow a single cancel (gh-86296)
+                await cancel_and_wait(first)
+            yield head
+            async for event in then:
                 yield event
-            if (head := await first) is None:
-                return
-        finally:  # a token follower's `wait_for` could swallow a single cancel (gh-86296)
-            await cancel_and_wait(first)
-        yield head
-        async for event in then:
-            yield event
 
     async def _queued(
         self, job_id: str, first: asyncio.Future[JobEvent | None]
@@ -167,12 +180,14 @@ class EventsService:
                 last = now
             await asyncio.wait([first], timeout=QUEUED_EVERY_S)
 
-    async def _tokens(self, job_id: str, after: str) -> AsyncIterator[JobEvent]:
+    async def _tokens(self, job_id: str, after: str) -> AsyncGenerator[JobEvent, None]:
+        """The job's token stream after `after`; closed, it closes its follower at once."""
         follower = TokenFollower(self.state.tokens, self.state.job_store, self.state.keys)
-        async for event in follower.follow(job_id, after):
-            yield JobEvent(event.kind, event.data(), event.id or None)
+        async with contextlib.aclosing(follower.follow(job_id, after)) as events:
+            async for event in events:
+                yield JobEvent(event.kind, event.data(), event.id or None)
 
-    async def _final(self, job_id: str) -> AsyncIterator[JobEvent]:
+    async def _final(self, job_id: str) -> AsyncGenerator[JobEvent, None]:
         """Long-poll in rounds of `max_wait_s` (keep-alive pings flow meanwhile)."""
         view = await self.jobs.get(job_id, self.state.settings.max_wait_s)
         while not JobStatus(view["status"]).terminal:

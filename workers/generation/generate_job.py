@@ -14,6 +14,7 @@ from typing import Any
 from shared.codec import dumps
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
+from shared.model_repository import unnamed_max_tokens
 from shared.token_stream import TokenEvent, usage_of
 from workers.engines.base import GenerateRequest, TokenChunk
 from workers.partition.stream_reader import Delivery
@@ -57,7 +58,7 @@ def generate_request(
         request_id=job_id,
         prompt=inputs.get("prompt"),
         messages=inputs.get("messages"),
-        max_tokens=int(parameters.get("max_tokens") or defaults.get("default_max_tokens", 128)),
+        max_tokens=int(parameters.get("max_tokens") or unnamed_max_tokens(defaults)),
         stop=[stop] if isinstance(stop, str) else [str(s) for s in stop],
     )
     for name, convert in CONVERSIONS.items():
@@ -124,8 +125,7 @@ class RunningJob:
         step that decoded no text still counts its tokens in a token event (empty text): the
         last step often has none (end of sequence, or text a stop string cut), and readers'
         sums of `tokens` fell short of the usage."""
-        events = [TokenEvent("restart")] if self.redelivered and not self.streamed else []
-        self.streamed = True
+        events = self._opening()
         self.peak_running = max(self.peak_running, engine_running)
         if chunk.token_count:
             self.first_token_ms = self.first_token_ms or at_ms
@@ -172,6 +172,17 @@ class RunningJob:
         """Its finish reason as told: `abort` for a generation aborted because the API ended it
         (a cancel), as vLLM reports an aborted request."""
         return "abort" if self.ended_as else self.finish_reason
+
+    def _opening(self) -> list[TokenEvent]:
+        """`restart` before a redelivered run's first event, whether a chunk's or its final (a
+        run that ended before any chunk: its final alone left the dead run's text standing)."""
+        events = [TokenEvent("restart")] if self.redelivered and not self.streamed else []
+        self.streamed = True
+        return events
+
+    def closing_events(self) -> list[TokenEvent]:
+        """The events its end appends: its final, after a `restart` its run still owes."""
+        return [*self._opening(), self.final_event()]
 
     def final_event(self) -> TokenEvent:
         status = self.status

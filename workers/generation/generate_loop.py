@@ -293,7 +293,7 @@ class GenerateLoop:
             stepped[job.job_id] = job
         for job in ended:
             if not job.abandoned:
-                events.setdefault(job.job_id, (job, []))[1].append(job.final_event())
+                events.setdefault(job.job_id, (job, []))[1].extend(job.closing_events())
         appends = [(job, self._append(job, e)) for job, e in events.values() if e]
         written = await self._write(appends, self._watched(stepped, ended))
         # refused: another worker took the job over, or wrote its stream since (a reclaim)
