@@ -11,13 +11,14 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, get_type_hints
 
 import click
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.redis_client import connect
@@ -25,6 +26,7 @@ from shared.settings import Settings, get_settings
 
 T = TypeVar("T")
 STATE_FILE = "stack.json"
+PIDS = range(1, 2**31)  # a process's id: a positive pid_t (a signed 32-bit integer)
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,18 @@ class StackState:
     # a cluster's node: its client must be a cluster client (a single server's failed on MOVED);
     # false in a state file an older `conveyor up` wrote
     redis_cluster: bool = False
+
+    def __post_init__(self) -> None:
+        """Each field of the type `up` writes, the pid a process's: an edited file's
+        `"pid": "12"` ended every command with `os.kill`'s traceback, and a pid of 0, which
+        `os.kill` takes for the command's own process group, named a stack long gone."""
+        types = get_type_hints(type(self))
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if type(value) is not types[item.name]:
+                raise TypeError(f"{item.name} {value!r} is no {types[item.name].__name__}")
+        if self.pid not in PIDS:
+            raise ValueError(f"pid {self.pid} is no process's")
 
     def write(self, state_dir: Path) -> Path:
         """Whole or not at all (a file renamed into place): a command that read it while
@@ -134,8 +148,8 @@ def unreachable(url: str, error: Exception, advice: str) -> click.ClickException
 
 
 def refuse_unreachable(url: str, advice: str) -> None:
-    """One line before anything starts, for a Redis that does not answer (a command that
-    starts processes would otherwise wait on, or die later with a traceback)."""
+    """One line before anything starts, for a Redis that does not answer, or answers with an
+    error (a command that starts processes would otherwise wait on, or die with a traceback)."""
 
     async def ping() -> None:
         client = connect(url, blocks_ms=0)
@@ -148,3 +162,5 @@ def refuse_unreachable(url: str, advice: str) -> None:
         asyncio.run(ping())
     except (RedisConnectionError, RedisTimeoutError) as exc:
         raise unreachable(url, exc, advice) from None
+    except RedisError as exc:  # it answers with an error: a database it lacks (`/99`)
+        raise click.ClickException(f"cannot use Redis at {url} ({exc}); {advice}") from None

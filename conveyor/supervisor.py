@@ -54,8 +54,7 @@ class Supervisor:
                 continue
             if child.restart_at is not None:
                 if now >= child.restart_at and not self.stack.lingering(name):
-                    child.restart_at, child.started_at = None, now
-                    self.say(f"{name}: restarted (pid {self.stack.respawn(name).pid})")
+                    self._restart(name, child, now)
                 continue
             code = process.poll()
             if code is not None:
@@ -65,20 +64,37 @@ class Supervisor:
     def failed(self) -> list[str]:
         return [name for name, child in self.children.items() if child.failed]
 
+    def _restart(self, name: str, child: Child, now: float) -> None:
+        """Start `name` again. One that cannot be started (its program gone while the
+        virtualenv is reinstalled, no process to be had) is a run that ended at once: its
+        OSError ended `up` with a traceback, and every other child with it."""
+        child.restart_at, child.started_at = None, now
+        try:
+            pid = self.stack.respawn(name).pid
+        except OSError as exc:
+            self._ended(name, child, f"could not be started ({exc})", str(exc), now)
+            return
+        self.say(f"{name}: restarted (pid {pid})")
+
     def _exited(self, name: str, child: Child, code: int, now: float) -> None:
         self.stack.exited(name)
+        self._ended(name, child, f"exited with {code}{_why(code)}", str(code), now)
+
+    def _ended(self, name: str, child: Child, how: str, last: str, now: float) -> None:
+        """Count a run that ended (`how`, in short `last`) in the crash loop: restart it after
+        its backoff, or give it up once the loop is long enough."""
         delay = child.backoff.exited(now - child.started_at)
         if child.backoff.failures >= CRASH_LOOP_EXITS:
             child.failed = True
             tail = "\n".join(f"  | {line}" for line in self.stack.log_tail(name, TAIL_LINES))
             self.say(
                 f"{name}: failed ({child.backoff.failures} exits in a row, none up "
-                f"{STABLE_AFTER_S:.0f}s; last {code}); not restarting it, the rest keeps serving. "
+                f"{STABLE_AFTER_S:.0f}s; last {last}); not restarting it, the rest keeps serving. "
                 f"Its last log lines:\n{tail}"
             )
             return
         child.restart_at = now + delay
-        self.say(f"{name}: exited with {code}{_why(code)}; restarting in {delay:.1f}s")
+        self.say(f"{name}: {how}; restarting in {delay:.1f}s")
 
 
 def _why(code: int) -> str:

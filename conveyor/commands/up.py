@@ -75,6 +75,14 @@ SUPERVISE_EVERY_S = 0.5
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
+def _state_dir(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Path | None:
+    """`--state-dir` as a path; an empty one is refused: `--state-dir ""` (a script's unset
+    variable) was the current directory, which got the stack's lock, logs and Valkey data."""
+    if value == "":
+        raise click.BadParameter("'' is empty: name a directory ('.' for this one)")
+    return None if value is None else Path(value)
+
+
 @click.command("up")
 @click.option(
     "--port",
@@ -86,7 +94,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 @click.option(
     "--state-dir",
     default=None,
-    type=click.Path(path_type=Path),
+    type=click.Path(),
+    callback=_state_dir,
     help="Logs, the embedded server's data, the dev key, stack.json (CONVEYOR_STATE_DIR).",
 )
 @click.option(
@@ -116,7 +125,11 @@ def command(
     # its own directory (`var/run/dev-api-key` from anywhere but the checkout)
     state_dir = (state_dir or settings.state_dir).absolute()
     repository = ModelRepository.load(settings.model_repository)
-    names = list(repository.models) if models is None else _model_names(models)
+    names = (
+        _all_models(repository, settings.model_repository)
+        if models is None
+        else _model_names(models)
+    )
     repository.partitions(names)  # a mistyped model or variant stops here, before anything runs
     producers = producers or settings.producer_processes
     workers = workers_by_model(repository, names, producers, workers_per_model)
@@ -246,6 +259,17 @@ def workers_by_model(
     batch = [name for name in names if _batches(repository, name)]
     share = max(1, ((os.cpu_count() or 1) - producers) // max(1, len(batch)))
     return {name: per_model or (share if name in batch else 1) for name in names}
+
+
+def _all_models(repository: ModelRepository, root: Path) -> list[str]:
+    """Every model of the repository at `root`; none is refused: its producers are never
+    ready (`/readyz`), and `up` waited out CONVEYOR_START_TIMEOUT_S in silence."""
+    if not repository.models:
+        raise click.ClickException(
+            f"the model repository {root} has no models (a folder with a config.yaml each): "
+            "check CONVEYOR_MODEL_REPOSITORY"
+        )
+    return list(repository.models)
 
 
 def _model_names(models: str) -> list[str]:
