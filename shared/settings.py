@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.cpu_count import usable_cpus
 from shared.http_url import is_http_url
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -94,11 +95,10 @@ class Settings(BaseSettings):
     dev_api_key: str = ""
     # `conveyor up`'s logs, embedded Valkey data, dev key and stack.json (read by the CLI).
     state_dir: Path = Path("var/run")
-    # `conveyor up`'s producer processes on its one port: a quarter of the cores (at least
-    # one), since workers (the models) and Redis need the rest (README "Sizing a deployment").
-    producer_processes: int = Field(
-        default_factory=lambda: max(1, (os.cpu_count() or 1) // 4), ge=1
-    )
+    # `conveyor up`'s producer processes on its one port: a quarter of the CPUs it may use (at
+    # least one), since workers (the models) and Redis need the rest (README "Sizing a
+    # deployment"). Those it may use: a container's CPU limit, not the host's cores.
+    producer_processes: int = Field(default_factory=lambda: max(1, usable_cpus() // 4), ge=1)
     # Per-key defaults; a key may carry its own (`conveyor keys create --rate ...`).
     # within a bucket's bounds: a rate of 1e-16 answered every request 500
     rate_limit_per_s: float = Field(default=100.0, ge=MIN_RATE_PER_S)
@@ -165,6 +165,16 @@ class Settings(BaseSettings):
         """redis-py's own error names no setting, and surfaces only once a process connects."""
         if not value.startswith(REDIS_SCHEMES):
             raise ValueError(f"must start with one of {', '.join(REDIS_SCHEMES)}")
+        return value
+
+    @field_validator("model_repository", "artifact_dir", "state_dir", "host", mode="before")
+    @classmethod
+    def _not_empty(cls, value: object, info: ValidationInfo) -> object:
+        """An empty value (a script's unset variable) was no default: a path became the current
+        directory (`up`'s lock, logs and Valkey data there), a host every interface."""
+        if isinstance(value, str) and not value.strip():
+            meant = "0.0.0.0 for every interface" if info.field_name == "host" else "'.' here"
+            raise ValueError(f"must not be empty: unset it for the default, or name {meant}")
         return value
 
     @field_validator("key_prefix")

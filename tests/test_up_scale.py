@@ -253,20 +253,17 @@ def test_a_redis_it_cannot_reach_is_refused_before_starting(tmp_path: Path) -> N
     assert not (tmp_path / "producer.log").exists()
 
 
-def test_default_workers_split_the_cores_over_batch_models_and_an_llm_gets_one(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_default_workers_split_the_cores_over_batch_models_and_an_llm_gets_one() -> None:
     repository = ModelRepository.load(REPO_ROOT / "model_repository")
     models = ["identity", "minilm:default", "smollm2"]
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    assert workers_by_model(repository, models, 4, None) == {
+    assert workers_by_model(repository, models, 4, None, cores=16) == {
         "identity": 6,
         "minilm:default": 6,
         "smollm2": 1,
     }
-    assert workers_by_model(repository, models, 4, 3) == dict.fromkeys(models, 3)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # this machine: one of each, as before
-    assert workers_by_model(repository, models, 1, None) == dict.fromkeys(models, 1)
+    assert workers_by_model(repository, models, 4, 3, cores=16) == dict.fromkeys(models, 3)
+    # two cores: one of each, as before
+    assert workers_by_model(repository, models, 1, None, cores=2) == dict.fromkeys(models, 1)
 
 
 def test_the_embedded_valkey_gets_io_threads_from_eight_cores() -> None:

@@ -23,6 +23,7 @@ from conveyor.producer_server import family_of
 from conveyor.stack import ChildNotReady, Stack
 from conveyor.state_dir_lock import state_dir_lock
 from conveyor.supervisor import Supervisor
+from shared.cpu_count import usable_cpus
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
 
@@ -178,7 +179,7 @@ def _serve(
         auth = _auth(stack, key_file)
         dev_key_file = str(key_file) if auth["auth"] else ""
         cluster = stack.settings.redis_cluster
-        StackState(stack.redis_url, url, dev_key_file, os.getpid(), cluster).write(state_dir)
+        StackState.for_this_process(stack.redis_url, url, dev_key_file, cluster).write(state_dir)
         banner = BANNER.format(
             url=url,
             producers=f"{producers} process{'es' if producers != 1 else ''}",
@@ -250,14 +251,19 @@ def examples(names: list[str], url: str, auth: str) -> str:
 
 
 def workers_by_model(
-    repository: ModelRepository, names: list[str], producers: int, per_model: int | None
+    repository: ModelRepository,
+    names: list[str],
+    producers: int,
+    per_model: int | None,
+    cores: int | None = None,
 ) -> dict[str, int]:
-    """Workers per model: `per_model` when given; else the cores the producers leave (Redis
-    takes its share from them too) split over the batch models, at least one each, since the
-    workers run the models, the expensive part of a real job. An LLM gets one: its engine
-    batches every stream itself and owns the device's memory."""
+    """Workers per model: `per_model` when given; else the `cores` (the CPUs `up` may use: a
+    container's limit, not the host's cores) the producers leave (Redis takes its share from
+    them too) split over the batch models, at least one each, since the workers run the models,
+    the expensive part of a real job. An LLM gets one: its engine batches every stream itself
+    and owns the device's memory."""
     batch = [name for name in names if _batches(repository, name)]
-    share = max(1, ((os.cpu_count() or 1) - producers) // max(1, len(batch)))
+    share = max(1, ((cores or usable_cpus()) - producers) // max(1, len(batch)))
     return {name: per_model or (share if name in batch else 1) for name in names}
 
 
@@ -294,15 +300,24 @@ def _refuse_unbindable(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise click.ClickException(
-                    f"port {port} is in use ({exc.strerror}): another `conveyor up`? Stop it, "
-                    "or run this one on another port (--port or CONVEYOR_PORT) with a state "
-                    "dir of its own (--state-dir or CONVEYOR_STATE_DIR)."
-                ) from None
-            raise click.ClickException(
-                f"cannot listen on {host}:{port} ({exc.strerror or exc}): check CONVEYOR_HOST"
-            ) from None
+            raise click.ClickException(_unbindable(host, port, exc)) from None
+
+
+def _unbindable(host: str, port: int, exc: OSError) -> str:
+    """Why `host:port` cannot be listened on, naming the setting to change: the port's for one
+    in use or a privileged one (EACCES, which was blamed on CONVEYOR_HOST), else the host's."""
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"port {port} is in use ({exc.strerror}): another `conveyor up`? Stop it, "
+            "or run this one on another port (--port or CONVEYOR_PORT) with a state "
+            "dir of its own (--state-dir or CONVEYOR_STATE_DIR)."
+        )
+    if exc.errno == errno.EACCES:
+        return (
+            f"cannot listen on port {port} ({exc.strerror}): a privileged port needs root or "
+            "CAP_NET_BIND_SERVICE; choose another (--port or CONVEYOR_PORT)"
+        )
+    return f"cannot listen on {host}:{port} ({exc.strerror or exc}): check CONVEYOR_HOST"
 
 
 def _auth(stack: Stack, key_file: Path) -> dict[str, str]:

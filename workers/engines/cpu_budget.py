@@ -1,45 +1,21 @@
-"""How many CPUs this process may keep busy: its affinity mask, capped by its cgroup's CPU quota
-(a container's CPU limit). ONNX Runtime and PyTorch size their thread pools to the host's cores
-and ignore the quota (microsoft/onnxruntime#29510), so a pod limited to 2 CPUs on a 16-core node
-ran 16 threads, throttled for most of every CFS period. (The tokenizers library's Rayon pool
-already honours the quota: Rust's `available_parallelism` reads it.)"""
+"""A worker's CPU threads: its engines share the CPUs it may use (shared/cpu_count.py), its
+affinity mask capped by its cgroup's CPU quota. ONNX Runtime and PyTorch size their thread pools
+to the host's cores and ignore the quota (microsoft/onnxruntime#29510), so a pod limited to 2
+CPUs on a 16-core node ran 16 threads, throttled for most of every CFS period. (The tokenizers
+library's Rayon pool already honours the quota: Rust's `available_parallelism` reads it.)"""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable
-from pathlib import Path
+
+from shared.cpu_count import CGROUP_ROOT, usable_cpus
+from shared.cpu_count import cgroup_cpu_limit as cgroup_cpu_limit  # this module's name too
 
 # The named backends whose engines build a CPU thread pool (an ONNX Runtime session's intra-op
 # pool, PyTorch's); the others run in the worker's own threads (identity, custom engines) or on
 # the GPU with vLLM's and TensorRT's own.
 CPU_POOL_BACKENDS = frozenset({"onnxruntime", "torch"})
-
-# A container's own cgroup: v2's unified hierarchy (`cpu.max`), or v1's `cpu` controller.
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def cgroup_cpu_limit(root: Path) -> float | None:
-    """The quota as CPUs (quota / period, possibly fractional), or None where none is set."""
-    cpu_max = root / "cpu.max"  # v2: "<quota> <period>", the quota "max" for none
-    if cpu_max.is_file():
-        quota, period = cpu_max.read_text().split()
-        return None if quota == "max" else int(quota) / int(period)
-    v1 = root / "cpu"  # v1: the quota -1 for none
-    quota_file = v1 / "cpu.cfs_quota_us"
-    if quota_file.is_file():
-        quota_us = int(quota_file.read_text())
-        return None if quota_us < 0 else quota_us / int((v1 / "cpu.cfs_period_us").read_text())
-    return None
-
-
-def usable_cpus(root: Path | None = None) -> int:
-    """The CPUs this process may use: those it may run on, at most its quota rounded up (a
-    1.5-CPU limit keeps 2 threads busy in turn rather than leave half a CPU unused)."""
-    allowed = len(os.sched_getaffinity(0))
-    limit = cgroup_cpu_limit(root or CGROUP_ROOT)
-    return allowed if limit is None else min(allowed, math.ceil(limit))
 
 
 # A set intra_op_threads past this many times the machine's CPUs is refused when a worker loads
@@ -83,7 +59,7 @@ class CpuShares:
         (ONNX Runtime's is the physical cores, fewer than the logical ones it may run on)."""
         if configured:
             return configured
-        usable = usable_cpus()
+        usable = usable_cpus(CGROUP_ROOT)  # this module's name: a test narrows it here
         if self._engines == 1 and usable >= (os.cpu_count() or usable):
             return 0
         return max(1, usable // self._engines)
