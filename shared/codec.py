@@ -3,6 +3,7 @@ flat field layout of a request entry in a partition stream."""
 
 from __future__ import annotations
 
+import math
 import struct
 from base64 import b64decode
 from dataclasses import dataclass
@@ -114,10 +115,13 @@ class RequestEntry:
 
     @classmethod
     def decode(cls, fields: dict[bytes, bytes]) -> RequestEntry:
+        """The entry a stream holds; KeyError or ValueError for one no producer writes (the
+        worker acknowledges it unrun): a payload that is JSON but not an object, or a
+        non-finite `enq`, decoded, then crashed the loop's micro-batch at each delivery."""
         return cls(
             job_id=fields[b"id"].decode(),
-            payload=loads(fields[b"payload"]),
-            enqueued_ms=float(fields[b"enq"]),
+            payload=_json_object(fields[b"payload"]),
+            enqueued_ms=_finite(fields[b"enq"]),
             deadline_ms=int(fields.get(b"deadline", b"0")),
             tenant=fields.get(b"tenant", b"default").decode(),
             reply=fields.get(b"reply", b"").decode(),
@@ -126,6 +130,20 @@ class RequestEntry:
             batch=fields.get(b"batch", b"").decode(),
             replay_of=fields.get(b"replay_of", b"").decode(),
         )
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    value = loads(data)
+    if not isinstance(value, dict):
+        raise ValueError(f"a payload must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _finite(data: bytes) -> float:
+    value = float(data)
+    if not math.isfinite(value):
+        raise ValueError(f"a timestamp must be finite, not {value}")
+    return value
 
 
 def as_text(value: bytes | str) -> str:

@@ -641,20 +641,24 @@ return out
 )
 
 # KEYS[1]=stream, KEYS[2]=dead-letter stream; ARGV: group, consumer, min_idle_ms, count,
-# job-key prefix, now_ms, max_deliveries, ttl_s. Takes over entries idle past the visibility
-# timeout (a dead or stuck consumer's); past max_deliveries they move to the DLQ and their job
-# fails with the reason (row status 'dead'; 'dead-ended' when the job had already ended),
-# otherwise they are claimed for running again. Rows: {entry_id, fields, status, deliveries}.
-# The consumer that abandoned an entry (read before XAUTOCLAIM makes it ours) goes on the job's
-# attempt history: `crashed`, or `dead-lettered` for the last one. A dead job joins the lane's
-# recent list, and one with a webhook the lane's owed set (the caller hands its event over, then
-# takes it off); the caller frees its in-flight slot (named by the entry). XAUTOCLAIM scans at
-# most COUNT*10 pending entries, so it starts at the first idle one that XPENDING found: from the
-# list's head, a micro-batch loop's COUNT 1 never got past 10 live entries ahead (other workers'
-# long micro-batches, kept from going idle) to the abandoned ones behind them. While the slot
-# migrates, a job whose hash is not here is handed over unmarked (`claim`), and an entry past
-# max_deliveries whose job's hash is not here stays pending with this consumer: it is dead-lettered
-# by the first reclaim after the migration, its job failed with it, not left running.
+# job-key prefix, now_ms, max_deliveries, ttl_s, then the ids of the stream's entries the
+# consumer still runs (none: all its idle ones are abandoned). Takes over entries idle past the
+# visibility timeout (a dead or stuck consumer's); past max_deliveries they move to the DLQ and
+# their job fails with the reason (row status 'dead'; 'dead-ended' when the job had already
+# ended), otherwise they are claimed for running again. Rows: {entry_id, fields, status,
+# deliveries}. The consumer that abandoned an entry (listed by XPENDING before XCLAIM makes it
+# ours) goes on the job's attempt history: `crashed`, or `dead-lettered` for the last one. A dead
+# job joins the lane's recent list, and one with a webhook the lane's owed set (the caller hands
+# its event over, then takes it off); the caller frees its in-flight slot (named by the entry).
+# The caller's own entries that it still runs went idle only while an outage failed their
+# touches: they are left as they are (no delivery counted, no attempt, never dead-lettered while
+# they run), and the scan reaches past them to the first `count` others (XCLAIMed by id: from the
+# list's head, XAUTOCLAIM's COUNT*10 scan, COUNT 1 for a micro-batch loop, never got past 10 live
+# entries ahead, other workers' long micro-batches, to the abandoned ones behind them). Its own
+# that it does not run (a process restarted under the same name) are abandoned as others'. While
+# the slot migrates, a job whose hash is not here is handed over unmarked (`claim`), and an entry
+# past max_deliveries whose job's hash is not here stays pending with this consumer: it is
+# dead-lettered by the first reclaim after the migration, its job failed with it, not left running.
 RECLAIM = (
     _PRELUDE
     + _OWE
@@ -695,15 +699,28 @@ local function dead_letter(eid, fields, owner, deliveries, jk, job)
   table.insert(out, {eid, fields, fate, deliveries})
 end
 
-local idle = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', ARGV[4])
-local owners = {}
-for _, row in ipairs(idle) do owners[row[1]] = row end
-local start = idle[1] and idle[1][1] or '0-0'
-local res = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], start, 'COUNT', ARGV[4])
-for _, e in ipairs(res[2]) do
+-- The idle entries to take over (XPENDING rows by id, and their ids in order): the first
+-- `count` that are not the caller's own still running (ARGV[9..]).
+local function abandoned_rows()
+  local running, count = {}, tonumber(ARGV[4])
+  for i = 9, #ARGV do running[ARGV[i]] = true end
+  local scan = count + #ARGV - 8  -- past those in hand, however many of them come first
+  local owners, ids = {}, {}
+  for _, row in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', scan)) do
+    if #ids < count and not (row[2] == ARGV[2] and running[row[1]]) then
+      owners[row[1]], ids[#ids + 1] = row, row[1]
+    end
+  end
+  return owners, ids
+end
+
+local owners, ids = abandoned_rows()
+-- one delivery more each; an entry deleted while pending leaves the list and is not returned
+local claimed = #ids > 0 and redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3],
+  unpack(ids)) or {}
+for _, e in ipairs(claimed) do
   local eid, fields, owner = e[1], e[2], owners[e[1]]
-  local info = redis.call('XPENDING', KEYS[1], ARGV[1], eid, eid, 1)
-  local deliveries = info[1] and tonumber(info[1][4]) or 1
+  local deliveries = tonumber(owner[4]) + 1
   local jid = field(fields, 'id')
   local jk = jid and jobkey(ARGV[5], jid)
   if deliveries > tonumber(ARGV[7]) then

@@ -1,5 +1,5 @@
 """Crash recovery for one partition: entries idle past the visibility timeout in any consumer's
-pending list are taken over (XAUTOCLAIM) and run again, or dead-lettered after
+pending list are taken over (XCLAIM, by RECLAIM) and run again, or dead-lettered after
 `max_deliveries` (the job fails, counts as a failed job in `conveyor_jobs_finished_total` and
 as its variant's error for canaries and experiments, and its webhook is called); consumers that
 are gone and own nothing are removed from the group. Each pass also re-sends the webhook events
@@ -105,13 +105,14 @@ class Reclaimer:
         """Claim abandoned entries (at most `count`, or a micro-batch's worth); dead-lettered
         ones are already settled. The lane's next reclaim is due half a visibility timeout
         later, or at once when this one claimed all it asked for (more may be waiting). Those
-        `in_hand` are not handed over again: this consumer's own, still running, went idle past
-        the timeout while an outage failed their touches, and ran twice on this worker (FINISH
-        tells a run taken over only by another worker's name)."""
+        `in_hand` are left to run (RECLAIM): this consumer's own, still running, went idle past
+        the timeout while an outage failed their touches; taken over, they ran twice on this
+        worker (FINISH tells a run taken over only by another worker's name), each with an
+        attempt `crashed` by itself, and one at max_deliveries was dead-lettered as it ran."""
         self._next[stream] = self._kept[stream] = time.monotonic() + self.interval_s
         now = now_ms()
         asked = min(self.batch, count or self.batch)
-        args: list[str | int] = [
+        args: list[str | int | bytes] = [
             GROUP,
             self.consumer,
             self.idle_ms,
@@ -120,6 +121,7 @@ class Reclaimer:
             now,
             self.max_deliveries,
             self.ttl_s,
+            *(entry_id for lane, entry_id in in_hand if lane == stream),
         ]
         with sent_once():  # sent again, it claims past what the lost reply held (`held`)
             rows = await recreating_groups(
@@ -142,9 +144,7 @@ class Reclaimer:
             await self._settle(stream, [d for d in dead if d.status == "dead"])
         except OUTAGE as exc:
             log.warning("reclaim of %s committed; the rest waits for Redis: %r", stream, exc)
-        return [
-            d for d in deliveries if d.status not in DEAD and (stream, d.entry_id) not in in_hand
-        ]
+        return [d for d in deliveries if d.status not in DEAD]
 
     async def _settle(self, stream: str, dead: list[Delivery]) -> None:
         """What follows a RECLAIM that committed. An outage here costs at most what it does

@@ -10,11 +10,16 @@ could lose."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+
 from shared import job_scripts
-from shared.codec import as_text
+from shared.codec import as_text, dumps
+from shared.job_states import JobStatus
 from shared.job_store import attempt_json, now_ms, renew_before_ms
 from shared.keys import GROUP, Keys
 from shared.rate_limit import hold_slots_again, queue_slot_frees
@@ -34,6 +39,9 @@ from workers.partition.job_events import JobEvents
 from workers.partition.redis_backoff import OUTAGE
 
 log = logging.getLogger(__name__)
+BULK_LIMIT = "proto-max-bulk-len"  # the most bytes the server takes in one value
+SMALLEST_BULK_LIMIT = 1 << 20  # the least it may be set to: a batch within it is never refused
+DEFAULT_BULK_LIMIT = 512 << 20
 
 
 class ResultWriter:
@@ -87,6 +95,51 @@ class ResultWriter:
         await self.stats.close()
 
     async def _write(self, stream: str, batch: list[Finish]) -> list[Finish]:
+        """The write-back; once more with the results too large for the server failed, if that
+        is why it was refused: one over `proto-max-bulk-len` (a protocol error, the connection
+        closed, as in an outage) is refused at every try, and the loop's retries, and each
+        worker that reclaimed the batch, were stuck on it for good."""
+        try:
+            return await self._write_once(stream, batch)
+        except RedisError:
+            if (fitted := await self._fitted(batch)) is None:
+                raise
+            return await self._write_once(stream, fitted)
+
+    async def _fitted(self, batch: list[Finish]) -> list[Finish] | None:
+        """`batch` with each finish holding a value over the server's bulk limit failed
+        (`too_large`); None when none does, so the refusal was something else (an outage). The
+        server is asked its limit only for a batch with a value over the smallest it takes."""
+        sizes = [_largest(item) for item in batch]
+        if max(sizes, default=0) <= SMALLEST_BULK_LIMIT:
+            return None
+        limit = await self._bulk_limit()
+        if all(size <= limit for size in sizes):
+            return None
+        log.error("%d results over the server's bulk limit fail", sum(s > limit for s in sizes))
+        return [
+            too_large(item, size, limit) if size > limit else item
+            for item, size in zip(batch, sizes, strict=True)
+        ]
+
+    async def _bulk_limit(self) -> int:
+        """The server's `proto-max-bulk-len`, asked on a second connection if need be: the
+        refused write's, which the server closed after its protocol error, goes back to the
+        pool as if open, and may be the one handed out first."""
+        try:
+            return await self._asked_bulk_limit()
+        except RedisConnectionError:
+            return await self._asked_bulk_limit()
+
+    async def _asked_bulk_limit(self) -> int:
+        """`proto-max-bulk-len`; its default where CONFIG is not allowed (a managed Redis)."""
+        try:
+            config = await self.redis.config_get(BULK_LIMIT)
+        except ResponseError:
+            return DEFAULT_BULK_LIMIT
+        return int(config.get(BULK_LIMIT) or DEFAULT_BULK_LIMIT)
+
+    async def _write_once(self, stream: str, batch: list[Finish]) -> list[Finish]:
         if not batch:
             return []
         waits, replies = await run_pipeline(
@@ -174,3 +227,25 @@ class ResultWriter:
             for channel, views in by_channel.items():
                 pipe.spublish(channel, b"[" + b",".join(views) + b"]")
             await pipe.execute()
+
+
+def _largest(item: Finish) -> int:
+    """The bytes of the largest value the write-back of `item` sends (its reply embeds its
+    outputs)."""
+    return max(len(item.message()), *(_size(value) for value in item.record().values()), 0)
+
+
+def _size(value: str | bytes) -> int:
+    return len(value.encode() if isinstance(value, str) else value)
+
+
+def too_large(item: Finish, size: int, limit: int) -> Finish:
+    """`item` without the values the server refuses for their size: a result fails saying so;
+    the record of a run cancelled meanwhile, or an acknowledgement, keeps the rest only."""
+    fields = {name: value for name, value in item.fields.items() if _size(value) <= limit}
+    if item.status in ("", JobStatus.CANCELLED):
+        return replace(item, fields=fields)
+    fields.pop("outputs", None)
+    message = f"the result ({size} bytes) is over the {limit} bytes Redis takes in one value"
+    fields["error"] = dumps({"type": "ResultTooLarge", "message": message}).decode()
+    return replace(item, status=JobStatus.FAILED, fields=fields)
