@@ -79,7 +79,8 @@ class OpenAIErrorDetail(BaseModel):
 
 
 class OpenAIErrorBody(BaseModel):
-    """An invalid request to one of OpenAI's routes, as OpenAI's API answers it (a 400)."""
+    """An invalid request to one of OpenAI's routes, as OpenAI's API answers it (a 400; an
+    unknown model's 404, `code` model_not_found)."""
 
     error: OpenAIErrorDetail
 
@@ -98,6 +99,7 @@ class ConveyorError(Exception):
         headers: dict[str, str] | None = None,
         details: dict[str, Any] | None = None,
         param: str | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -106,6 +108,14 @@ class ConveyorError(Exception):
         self.headers = headers
         self.details = details  # more ErrorDetail fields, e.g. `eta_ms`
         self.param = param  # the field refused: OpenAI's `param` (see `error_response`)
+        self.code = code  # OpenAI's `code` for an error its API answers too (`_as_openai`)
+
+
+def unknown_model(model: str) -> ConveyorError:
+    """A model the repository does not have: OpenAI's routes answer it as OpenAI's API does
+    (404 `model_not_found`: its SDK users read `e.code`), Conveyor's in Conveyor's shape."""
+    message = f"model {model!r} not found"
+    return ConveyorError(404, "not_found", message, param="model", code="model_not_found")
 
 
 # The request state's flag that its refusals answer in OpenAI's shape (`answer_as_openai`).
@@ -132,17 +142,15 @@ def _openai_request(scope: Scope) -> bool:
 class ErrorResponse(FastJSONResponse):
     """An error, in the shape of the route it answers, chosen as it is sent (from the request's
     path: the request boundary refuses a body before any route is matched; or as its route
-    marked it, `answer_as_openai`). An invalid request to one of OpenAI's routes answers as
-    OpenAI's API and vLLM's server do, 400 `invalid_request_error` with `param` and `code`:
-    OpenAI's SDKs raise BadRequestError for it (a 422 raised UnprocessableEntityError, which
-    no OpenAI client expects of a bad request)."""
+    marked it, `answer_as_openai`): `openai`, its status and body in OpenAI's shape, where it
+    has one (`_as_openai`)."""
 
     def __init__(
         self,
         body: dict[str, Any],
         status: int,
         headers: dict[str, str] | None,
-        openai: OpenAIErrorBody | None,
+        openai: tuple[int, OpenAIErrorBody] | None,
     ) -> None:
         super().__init__(body, status_code=status, headers=headers)
         self.openai = openai
@@ -152,8 +160,26 @@ class ErrorResponse(FastJSONResponse):
         if self.openai is None or not _openai_request(scope):
             await super().__call__(scope, receive, send)
             return
-        openai = FastJSONResponse(self.openai.model_dump(), 400, self.given_headers)
-        await openai(scope, receive, send)
+        status, body = self.openai
+        await FastJSONResponse(body.model_dump(), status, self.given_headers)(scope, receive, send)
+
+
+def _as_openai(
+    status: int, type_: str, message: str, param: str | None, code: str | None
+) -> tuple[int, OpenAIErrorBody] | None:
+    """An error as OpenAI's API and vLLM's server answer it, `invalid_request_error` with
+    `param` and `code`, where OpenAI's SDKs expect that shape; None for the rest. An invalid
+    request is a 400: OpenAI's SDKs raise BadRequestError for it (a 422 raised
+    UnprocessableEntityError, which no OpenAI client expects of a bad request). An error with
+    OpenAI's `code` (`unknown_model`) keeps its status."""
+    if type_ == "invalid_request" and status in (400, 422):
+        status = 400
+    elif code is None:
+        return None
+    detail = OpenAIErrorDetail(
+        message=message, type="invalid_request_error", param=param, code=code
+    )
+    return status, OpenAIErrorBody(error=detail)
 
 
 def error_response(
@@ -163,17 +189,14 @@ def error_response(
     headers: dict[str, str] | None = None,
     details: dict[str, Any] | None = None,
     param: str | None = None,
+    code: str | None = None,
 ) -> ErrorResponse:
-    """The error's response; `param` names the field an invalid request was refused for, which
+    """The error's response; `param` (the field an invalid request was refused for) and `code`
     only OpenAI's shape carries."""
     body = {"error": {"type": type_, "message": message, **(details or {})}}
     if status in NOT_RETRIED and "Retry-After" not in (headers or {}):
         headers = {**NO_RETRY, **(headers or {})}
-    openai = None
-    if type_ == "invalid_request" and status in (400, 422):
-        detail = OpenAIErrorDetail(message=message, type="invalid_request_error", param=param)
-        openai = OpenAIErrorBody(error=detail)
-    return ErrorResponse(body, status, headers, openai)
+    return ErrorResponse(body, status, headers, _as_openai(status, type_, message, param, code))
 
 
 def _refused_field(exc: RequestValidationError) -> str | None:
@@ -255,7 +278,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ConveyorError)
     async def _conveyor(_: Request, exc: ConveyorError) -> ErrorResponse:
         return error_response(
-            exc.status, exc.type, exc.message, exc.headers, exc.details, exc.param
+            exc.status, exc.type, exc.message, exc.headers, exc.details, exc.param, exc.code
         )
 
     @app.exception_handler(RequestValidationError)

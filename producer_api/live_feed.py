@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -22,11 +22,14 @@ async def while_holds(
     holds: Callable[[], Awaitable[bool]],
     every_s: float,
     upcoming: asyncio.Future[T] | None = None,
-) -> AsyncIterator[T]:
+) -> AsyncGenerator[T, None]:
     """`events` as they come, until `holds()`, asked every `every_s`, says no: then the
     stream ends (the pending read cancelled, `events` closed). One read stays pending across
     looks: cancelling it on each would tear down and lose the generator's wait. `upcoming`: a
-    read of `events` its caller started already (`anext`), the first one then."""
+    read of `events` its caller started already (`anext`), the first one then. A generator, so
+    a caller that leaves it early can close it (`aclosing`), `events` with it: once it has
+    begun (closed before its first read, it runs nothing, and `events` is its caller's to
+    close)."""
     async with aclosing(events):
         try:
             due = time.monotonic() + every_s
@@ -50,11 +53,15 @@ async def while_holds(
 
 
 async def stop_reading(events: AsyncGenerator[Any, None], read: asyncio.Future[Any]) -> None:
-    """End `events` whose read `read` (`anext`) may still be under way: the read first."""
+    """End `events` whose read `read` (`anext`) may still be under way: the read first. One
+    still running in another read is left to whoever reads it: a `while_holds` whose caller's
+    cancel cut its stop short stops that read and closes `events` itself (closing it here
+    would raise, "already running")."""
     try:
         await _stop(read)
     finally:
-        await events.aclose()
+        if not getattr(events, "ag_running", False):
+            await events.aclose()
 
 
 async def _stop(read: asyncio.Future[Any] | None) -> None:

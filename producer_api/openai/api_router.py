@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.client_disconnect import ClientDisconnected, unless_disconnected
-from producer_api.errors import OpenAIErrorBody, error_responses
+from producer_api.errors import ErrorBody, OpenAIErrorBody, error_responses
 from producer_api.jobs.serving import UNSUCCESSFUL_DESCRIPTIONS
 from producer_api.openai import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
 from producer_api.openai.embedding_serving import EmbeddingService
@@ -48,7 +48,6 @@ T = TypeVar("T")
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for it; nobody reads it, but logs and metrics do
 
 _DESCRIPTIONS = {
-    404: "Unknown model or variant",
     413: "Body over CONVEYOR_MAX_BODY_BYTES (chunked too)",
     429: "Queue full, rate limited or too many jobs in flight; see Retry-After",
     503: "Queue unreachable",
@@ -61,9 +60,18 @@ def _invalid(what: str) -> dict[int | str, dict[str, Any]]:
     return {400: {"model": OpenAIErrorBody, "description": f"Invalid request: {what}"}}
 
 
+# An unknown model as OpenAI's API answers it (`producer_api.errors.unknown_model`); an unknown
+# variant, a field of Conveyor's own, in Conveyor's shape.
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {
+        "model": OpenAIErrorBody | ErrorBody,
+        "description": "Unknown model (OpenAI's shape, `code` model_not_found) or variant",
+    }
+}
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     **AUTH_RESPONSES,
     **error_responses(_DESCRIPTIONS | UNSUCCESSFUL_DESCRIPTIONS | _FAILED),
+    **_NOT_FOUND,
     **_invalid(
         "a malformed body or parameter, a model that does not generate text, or a prompt past"
         " the model's context"

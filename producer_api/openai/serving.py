@@ -10,7 +10,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
-from producer_api.errors import NO_RETRY, ConveyorError
+from producer_api.errors import NO_RETRY, ConveyorError, unknown_model
 from producer_api.jobs.protocol import FieldNames, PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.live_feed import stop_reading, while_holds
@@ -275,7 +275,10 @@ class OpenAIService:
     ) -> str:
         """Enqueue `job`, made of `request`; returns its id. A refusal names the job's fields as
         the request's client sent them (`max_completion_tokens`, `prompt`, not the job's
-        `parameters.max_tokens`, `inputs['prompt']`)."""
+        `parameters.max_tokens`, `inputs['prompt']`); an unknown model is OpenAI's 404
+        (`unknown_model`), where the submit's is Conveyor's."""
+        if self.state.repository.get(request.model) is None:
+            raise unknown_model(request.model)
         jobs = JobsService(self.state, self.principal, request.field_names())
         return (await jobs.submit(request.model, job)).job_id
 
@@ -321,15 +324,16 @@ class OpenAIService:
     async def complete(self, job_id: str, renderer: Renderer) -> Generation:
         """Wait for the job by reading its token stream; raises if it did not succeed."""
         text: list[str] = []
-        async for event in self._follow(job_id):
-            if event.kind == "restart":
-                text.clear()
-            elif event.kind == "token":
-                text.append(event.text)
-            elif event.status != JobStatus.SUCCEEDED:
-                raise _failure(event, renderer)
-            else:
-                return Generation("".join(text), event.finish_reason, event.usage)
+        async with aclosing(self._follow(job_id)) as events:  # its hub listener goes with it
+            async for event in events:
+                if event.kind == "restart":
+                    text.clear()
+                elif event.kind == "token":
+                    text.append(event.text)
+                elif event.status != JobStatus.SUCCEEDED:
+                    raise _failure(event, renderer)
+                else:
+                    return Generation("".join(text), event.finish_reason, event.usage)
         raise ConveyorError(404, "not_found", f"job {job_id} expired")
 
     async def open_stream(
@@ -358,37 +362,50 @@ class OpenAIService:
         and its job runs on. A restart (the job's worker died and another runs it again) ends
         the stream only once text was sent: before, nothing is to be taken back. A key revoked
         or expired meanwhile ends it within RECHECK_S with an `unauthorized` error chunk and
-        `[DONE]`, and cancels its job."""
+        `[DONE]`, and cancels its job. Ended or closed, it lets go of the job's token stream at
+        once (`_let_go`): left to asyncio's finalizer, its listener stayed in the token hub,
+        which read the stream on for no one; closed at its opening chunk, for as long as the
+        job sent nothing."""
         ended, sent = False, False
         watch = KeyWatch(self.state.api_keys, self.principal)
         try:
             if (opening := renderer.opening()) is not None:
                 yield renderer.encode(opening)
-            events = while_holds(opened.events, watch.holds, RECHECK_S, opened.first)
-            async for event in until_cut(events, shutdown):
-                if isinstance(event, Cut):
-                    if not ended:  # after the final event, the stream is whole: no error
-                        ended = True  # not the client's choice: the job runs on
-                        yield _error_chunk("unavailable", _cut(event, job_id))
-                    break
-                if event.kind == "restart" and sent:
-                    yield _error_chunk("restarted", "the job's worker died; retry the request")
-                    break
-                if event.kind == "token" and event.text:  # a step's tokens alone: no chunk
-                    sent = True
-                    yield renderer.encode(renderer.chunk(event.text))
-                if event.kind != "final":
-                    continue
-                ended = True
-                for chunk in self._closing(renderer, event):
-                    yield chunk
+            held = while_holds(opened.events, watch.holds, RECHECK_S, opened.first)
+            async with aclosing(until_cut(held, shutdown)) as events:
+                async for event in events:
+                    if isinstance(event, Cut):
+                        if not ended:  # after the final event, the stream is whole: no error
+                            ended = True  # not the client's choice: the job runs on
+                            yield _error_chunk("unavailable", _cut(event, job_id))
+                        break
+                    if event.kind == "restart" and sent:
+                        yield _error_chunk("restarted", "the job's worker died; retry the request")
+                        break
+                    if event.kind == "token" and event.text:  # a step's tokens alone: no chunk
+                        sent = True
+                        yield renderer.encode(renderer.chunk(event.text))
+                    if event.kind != "final":
+                        continue
+                    ended = True
+                    for chunk in self._closing(renderer, event):
+                        yield chunk
             if watch.revoked:
                 yield _error_chunk("unauthorized", f"{REVOKED}; job {job_id} cancelled")
             yield DONE
         finally:
+            with anyio.CancelScope(shield=True):
+                await self._let_go(job_id, opened, ended)
+
+    async def _let_go(self, job_id: str, opened: OpenedStream, ended: bool) -> None:
+        """A stream's end: its job cancelled unless it `ended`, then its token events closed.
+        They close with the stream's `events` once it read them; not so if it was closed
+        before (at its opening chunk, its first read still waiting in the hub)."""
+        try:
             if not ended:
-                with anyio.CancelScope(shield=True):
-                    await self.cancel(job_id)
+                await self.cancel(job_id)
+        finally:
+            await stop_reading(opened.events, opened.first)
 
     def _closing(self, renderer: Renderer, final: TokenEvent) -> list[str]:
         if final.status != JobStatus.SUCCEEDED:
