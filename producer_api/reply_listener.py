@@ -67,6 +67,9 @@ class ReplyListener:
         # channels unsubscribed on each node whose confirmation is not read yet: not slot moves
         self._leaving: dict[Node, list[str]] = defaultdict(list)
         self._tasks: dict[Node, asyncio.Task[None]] = {}
+        # every listening task still running, those moving off a lost node too (no longer a
+        # node's in `_tasks`), for `stop`
+        self._running: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
 
     def channel(self, job_id: str) -> str:
@@ -79,7 +82,9 @@ class ReplyListener:
         await self._subscribe([self.keys.reply(self.producer, tag) for tag in tags])
 
     async def stop(self) -> None:
-        for task in list(self._tasks.values()):
+        """Every listening task ends, one resubscribing a lost node's channels elsewhere too:
+        left running, it retried for good once the producer stopped (a cluster gone)."""
+        for task in list(self._running):
             await cancel_and_wait(task)
         for pubsub in self._nodes.values():
             await pubsub.aclose()
@@ -155,7 +160,10 @@ class ReplyListener:
             client = subscriber(self.redis, None if node == ONE_SERVER else node)
             pubsub = client.pubsub(push_handler_func=push_as_received)
             self._nodes[node] = pubsub
-            self._tasks[node] = asyncio.create_task(self._listen(node), name="reply-listener")
+            task = asyncio.create_task(self._listen(node), name="reply-listener")
+            self._tasks[node] = task
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
         return self._nodes[node]
 
     async def _drop(self, node: Node) -> None:

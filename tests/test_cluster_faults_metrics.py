@@ -8,6 +8,7 @@ On a real one-node Valkey Cluster, shared by the module; the last test stops it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -97,3 +98,6 @@ async def test_a_scrape_answers_while_the_cluster_is_gone(
             backlog = await client.get("/metrics/backlog/echo/default")  # what KEDA reads
             assert backlog.status_code == 503, backlog.text
             assert backlog.headers["retry-after"] == "1"
+    # stopped, the producer leaves no reply listener behind: one that had lost its node and
+    # was resubscribing elsewhere was no longer the listener's to stop, and retried for good
+    assert not [task for task in asyncio.all_tasks() if task.get_name() == "reply-listener"]

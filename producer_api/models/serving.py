@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from producer_api.auth.principal import Principal
-from producer_api.errors import ConveyorError
+from producer_api.errors import ConveyorError, unknown_model
 from producer_api.state import ProducerState
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.partition_stats import PartitionStats, read_partition_stats
@@ -17,7 +17,7 @@ def model_of(state: ProducerState, principal: Principal, model: str) -> ModelCon
     """The model a route acts on: 404 when unknown, 403 when the key may not use it."""
     config = state.repository.get(model)
     if config is None:
-        raise ConveyorError(404, "not_found", f"model {model!r} not found")
+        raise unknown_model(model)
     if not principal.may_use(model):
         raise ConveyorError(403, "forbidden", f"this API key may not use model {model!r}")
     return config

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
-from producer_api.errors import NO_RETRY, ConveyorError, unknown_model
+from producer_api.errors import NO_RETRY, ConveyorError
 from producer_api.jobs.protocol import FieldNames, PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.live_feed import stop_reading, while_holds
@@ -275,10 +275,7 @@ class OpenAIService:
     ) -> str:
         """Enqueue `job`, made of `request`; returns its id. A refusal names the job's fields as
         the request's client sent them (`max_completion_tokens`, `prompt`, not the job's
-        `parameters.max_tokens`, `inputs['prompt']`); an unknown model is OpenAI's 404
-        (`unknown_model`), where the submit's is Conveyor's."""
-        if self.state.repository.get(request.model) is None:
-            raise unknown_model(request.model)
+        `parameters.max_tokens`, `inputs['prompt']`)."""
         jobs = JobsService(self.state, self.principal, request.field_names())
         return (await jobs.submit(request.model, job)).job_id
 
