@@ -12,15 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from shared.cpu_count import cgroup_cpu_limit, usable_cpus
 from shared.settings import Settings
 from tests.minilm_reference import minilm_config, prepared_artifacts
 from tests.test_torch_engine import torch_engine
-from workers.engines.cpu_budget import (
-    CPU_SHARES,
-    MOST_THREADS_PER_CPU,
-    cgroup_cpu_limit,
-    usable_cpus,
-)
+from workers.engines.cpu_budget import CPU_SHARES, MOST_THREADS_PER_CPU
 from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
 from workers.runtime.consumer_runtime import ConsumerRuntime
 
@@ -68,9 +64,7 @@ def test_the_torch_engine_on_the_cpu_threads_to_the_quota(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`intra_op_threads: 0` under a 1-CPU quota: one PyTorch thread, not one per core."""
-    monkeypatch.setattr(
-        "workers.engines.cpu_budget.CGROUP_ROOT", cgroup_v2(tmp_path, "100000 100000")
-    )
+    monkeypatch.setattr("shared.cpu_count.CGROUP_ROOT", cgroup_v2(tmp_path, "100000 100000"))
     before = torch.get_num_threads()
     try:
         torch_engine(prepared_artifacts(), device="cpu", cuda_graphs=None)
@@ -96,9 +90,7 @@ def test_the_engines_of_one_worker_share_its_cpus(
 ) -> None:
     """Two partitions under a 2-CPU quota, `intra_op_threads: 0`: the ONNX Runtime session and
     PyTorch each took both CPUs, 4 threads on 2 CPUs once both were busy. Each now has one."""
-    monkeypatch.setattr(
-        "workers.engines.cpu_budget.CGROUP_ROOT", cgroup_v2(tmp_path, "200000 100000")
-    )
+    monkeypatch.setattr("shared.cpu_count.CGROUP_ROOT", cgroup_v2(tmp_path, "200000 100000"))
     share = max(1, min(2, AFFINITY) // 2)
     onnx = OnnxRuntimeEngine(minilm_config(), "default", str(prepared_artifacts()))
     onnx.load()
@@ -113,9 +105,7 @@ def test_torch_engines_of_one_worker_agree_on_its_one_thread_count(
     """PyTorch's count is one per process: a second engine setting another silently changed
     the first's. It is refused, naming both; an automatic one (here 1, the quota's) keeps the
     set count; once the first engine closes, another count may be set."""
-    monkeypatch.setattr(
-        "workers.engines.cpu_budget.CGROUP_ROOT", cgroup_v2(tmp_path, "100000 100000")
-    )
+    monkeypatch.setattr("shared.cpu_count.CGROUP_ROOT", cgroup_v2(tmp_path, "100000 100000"))
     before = torch.get_num_threads()
     artifacts = prepared_artifacts()
     first = torch_engine(artifacts, {"intra_op_threads": 2}, device="cpu", cuda_graphs=None)
@@ -176,9 +166,7 @@ def test_a_worker_shares_its_cpus_among_the_partitions_it_serves(
     """A real worker serving minilm on ONNX Runtime and on PyTorch, under a 2-CPU quota: it
     tells the budget before it loads them, so PyTorch gets one engine's share (each engine had
     the whole worker's CPUs, so two busy partitions ran twice its CPUs in threads)."""
-    monkeypatch.setattr(
-        "workers.engines.cpu_budget.CGROUP_ROOT", cgroup_v2(tmp_path, "200000 100000")
-    )
+    monkeypatch.setattr("shared.cpu_count.CGROUP_ROOT", cgroup_v2(tmp_path, "200000 100000"))
     share = max(1, min(2, AFFINITY) // 2)
     before = torch.get_num_threads()
     torch.set_num_threads(share + 1)  # what a worker that did not share would leave as it was

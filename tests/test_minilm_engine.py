@@ -178,7 +178,7 @@ def test_automatic_intra_op_threads_fit_the_cgroup_cpu_quota(artifacts, tmp_path
     affinity mask) narrowing the machine, 0 stays the runtime's own choice. A set count stays
     as set."""
     (tmp_path / "cpu.max").write_text("100000 100000\n")
-    monkeypatch.setattr("workers.engines.cpu_budget.CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr("shared.cpu_count.CGROUP_ROOT", tmp_path)
     automatic = make_engine(artifacts, intra_op_threads=0).session.get_session_options()
     assert automatic.intra_op_num_threads == 1
     (tmp_path / "cpu.max").write_text("max 100000\n")

@@ -15,19 +15,13 @@ import redis.asyncio as aioredis
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
-from shared.model_repository import ModelConfig, QueueLimits
+from tests.test_attempts import CONFIG  # a batch model reclaimed after 50 ms, twice at most
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
 from workers.partition.stream_reader import StreamReader
 
 KEYS = Keys("reclaim-own:")
-CONFIG = ModelConfig(
-    name="m",
-    kind="batch",
-    backend="identity",
-    queue=QueueLimits(visibility_timeout_s=0.05, max_deliveries=2),
-)
 PARTITION = Partition.of(KEYS, CONFIG, "v")
 STREAM = PARTITION.online
 

@@ -185,16 +185,17 @@ class QueueEta:
         samples = self._serving.setdefault(partition, deque(maxlen=RATE_WINDOW_S))
         samples.append(load.serving)
         backlogged = self._backlogged.setdefault(partition, deque(maxlen=RATE_WINDOW_S))
-        backlogged.append(sum(self._backlog(partition).waiting) > 0)
+        now = self._backlog(partition)
+        backlogged.append(sum(now.waiting) > 0)
         if load.serving == 0 or not backlogged[-1]:
             self._spells.pop(partition, None)
             if load.serving == 0:
                 self._capacity.pop(partition, None)
             return
         spell = self._spell(partition, earlier)
-        if spell.looks == 1 and sum(self._backlog(partition).waiting) <= load.serving:
+        if spell.looks == 1 and sum(now.waiting) <= load.serving:
             return  # as many as idle workers take at once, caught before they read them
-        if spell.looks == 1 and earlier is not None and not spell.timed(self._backlog(partition)):
+        if spell.looks == 1 and earlier is not None and not spell.timed(now):
             return  # begun just now, after a look that saw none waiting: the window is idle's
         busy_throughout = len(backlogged) == RATE_WINDOW_S and all(backlogged)
         rate = self._busy_rate(partition, load, spell, busy_throughout)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from shared.cpu_count import CGROUP_ROOT, usable_cpus
-from shared.cpu_count import cgroup_cpu_limit as cgroup_cpu_limit  # this module's name too
+from shared.cpu_count import usable_cpus
 
 # The named backends whose engines build a CPU thread pool (an ONNX Runtime session's intra-op
 # pool, PyTorch's); the others run in the worker's own threads (identity, custom engines) or on
@@ -59,7 +58,7 @@ class CpuShares:
         (ONNX Runtime's is the physical cores, fewer than the logical ones it may run on)."""
         if configured:
             return configured
-        usable = usable_cpus(CGROUP_ROOT)  # this module's name: a test narrows it here
+        usable = usable_cpus()
         if self._engines == 1 and usable >= (os.cpu_count() or usable):
             return 0
         return max(1, usable // self._engines)
