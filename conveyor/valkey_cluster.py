@@ -47,7 +47,9 @@ class LocalCluster:
     killed: list[ClusterNode] = field(default_factory=list)
 
     def client(self) -> redis.RedisCluster:
-        return redis.RedisCluster(host="127.0.0.1", port=self.masters[0].port, socket_timeout=5)
+        """A client that starts from a live node: the first master may have been killed (a
+        failover test's), and the rest of the cluster still serves."""
+        return redis.RedisCluster(host="127.0.0.1", port=self._alive()[0].port, socket_timeout=5)
 
     def master_of(self, key: str) -> ClusterNode:
         """The master that serves `key`'s slot now (after a failover: the promoted replica)."""
@@ -83,7 +85,7 @@ class LocalCluster:
         before rebalancing slots onto it; clients that read the slots before know nothing of
         it (no slot names it yet)."""
         node = _start_node(data_dir, self.node_timeout_ms)
-        with self.masters[0].client() as first:
+        with self._alive()[0].client() as first:
             first.execute_command("CLUSTER MEET", "127.0.0.1", node.port, node.bus_port)
         for peer in self._alive():
             _until_known(peer, node.node_id)
