@@ -33,7 +33,7 @@ import yaml
 from redis.connection import SSLConnection, parse_url
 
 from shared.keys import Keys
-from shared.model_repository import ModelConfig, ModelRepository
+from shared.model_repository import ModelConfig, ModelConfigError, ModelRepository
 
 API_VERSION = "keda.sh/v1alpha1"
 AUTH_NAME = "conveyor-redis"  # the TriggerAuthentication
@@ -157,7 +157,7 @@ def backlog_trigger(config: ModelConfig, variant: str, sources: MetricSources) -
     A base URL's trailing `/` is dropped: KEDA sends `…//metrics/backlog/…` as written, and the
     producer answers that path 404."""
     backlog = config.autoscaling.backlog
-    target = f"{backlog.target_s:g}"
+    target = f"{backlog.target_s:.15g}"  # as written: `:g` kept six digits (1234.57)
     if backlog.scaler == "prometheus":
         # Every producer reports the same value (it is read from Redis): take one.
         query = (
@@ -248,20 +248,22 @@ def render(
     redis: RedisTarget = RedisTarget(),
 ) -> list[dict[str, Any]]:
     """TriggerAuthentication first, then one ScaledObject per (model, variant), sorted."""
-    objects = [trigger_authentication(namespace, cluster, redis)]
-    for config in sorted(repository, key=lambda c: c.name):
-        objects.extend(
-            scaled_object(config, v, keys, namespace, sources, cluster, redis)
-            for v in sorted(config.variants)
-        )
-    _check_unique(objects)
-    return objects
+    pools = [
+        (config, v)
+        for config in sorted(repository, key=lambda c: c.name)
+        for v in sorted(config.variants)
+    ]
+    _check_unique(pools)
+    return [trigger_authentication(namespace, cluster, redis)] + [
+        scaled_object(config, v, keys, namespace, sources, cluster, redis) for config, v in pools
+    ]
 
 
 class _KubeDumper(yaml.SafeDumper):
-    """Quotes the strings Go's YAML (kubectl, kustomize) reads as numbers and PyYAML's YAML 1.1
-    does not (`1e3`, `2_5e1`, `0o17`): a model named `1e3` rendered a label kubectl refused as a
-    number. Quoting a string that needs none changes nothing."""
+    """Quotes the strings Go's YAML (kubectl, kustomize) reads as numbers or booleans and PyYAML's
+    YAML 1.1 does not (`1e3`, `2_5e1`, `0o17`, `y`, `n`): a model named `1e3` rendered a label
+    kubectl refused as a number, one named `y` a label it refused as `true`. Quoting a string
+    that needs none changes nothing."""
 
 
 _KubeDumper.add_implicit_resolver(
@@ -272,6 +274,7 @@ _KubeDumper.add_implicit_resolver(
 _KubeDumper.add_implicit_resolver(
     "tag:yaml.org,2002:int", re.compile(r"^[-+]?0[oO][0-7_]+$"), list("-+0")
 )
+_KubeDumper.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^[yYnN]$"), list("yYnN"))
 
 
 def to_yaml(objects: Iterable[dict[str, Any]]) -> str:
@@ -314,8 +317,15 @@ def _metadata(
     return meta
 
 
-def _check_unique(objects: list[dict[str, Any]]) -> None:
-    names = [(o["kind"], o["metadata"]["name"]) for o in objects]
-    duplicates = {n for n in names if names.count(n) > 1}
-    if duplicates:
-        raise ValueError(f"two pools render to the same object name: {sorted(duplicates)}")
+def _check_unique(pools: list[tuple[ModelConfig, str]]) -> None:
+    """Refuse two pools whose names join to one (`a-b:c` and `a:b-c`: `worker-a-b-c`): applied,
+    one's objects replace the other's and that pool never scales. A repository error, so the
+    CLI says it in one line (it was a traceback)."""
+    seen: dict[str, str] = {}
+    for config, variant in pools:
+        name, pool = worker_name(config.name, variant), f"{config.name}:{variant}"
+        if name in seen:
+            raise ModelConfigError(
+                f"pools {seen[name]} and {pool} both render the object name {name}: rename one"
+            )
+        seen[name] = pool

@@ -4,9 +4,10 @@ source so tests (against a real Redis) and the local autoscaler predict the clus
 Sources: kedacore/keda `pkg/scalers/redis_streams_scaler.go` (metric per trigger mode, activity
 is `value > activationLagCount`), go-redis v9 (a NULL `XINFO GROUPS` lag reads as -1) and
 kubernetes `pkg/controller/podautoscaler/replica_calculator.go` (AverageValue external metrics:
-`ceil(value / target)` unless within the 10 % tolerance of the current count). A pool scaled on
-seconds of backlog (KEDA's metrics-api or prometheus scaler) is read here with the same formula
-the producer serves them (shared/backlog.py), straight from Redis."""
+`ceil(value / target)`, both in the whole thousandths KEDA sends, unless within the 10 %
+tolerance of the current count). A pool scaled on seconds of backlog (KEDA's metrics-api or
+prometheus scaler) is read here with the same formula the producer serves them
+(shared/backlog.py), straight from Redis."""
 
 from __future__ import annotations
 
@@ -149,13 +150,16 @@ def read_metric(client: redis.Redis, trigger: StreamTrigger) -> Reading:
 def replicas_for_metric(
     value: float, target: float, current: int, tolerance: float = HPA_TOLERANCE
 ) -> int:
-    """The HPA's count for one AverageValue external metric, before min/max clamping."""
-    if target <= 0:
-        raise ValueError("an AverageValue target must be positive")
+    """The HPA's count for one AverageValue external metric, before min/max clamping, on the
+    whole thousandths KEDA hands it (`_milli`): on floats, three jobs' 0.1 s each of backlog at a
+    0.1 s target read 3.0000000000000004 replicas' worth, and asked for four."""
+    usage, per_replica = _milli(value), _milli(target)
+    if per_replica <= 0:
+        raise ValueError("an AverageValue target must be 0.001 or more (KEDA sends thousandths)")
     current = max(current, 1)
-    if abs(1.0 - value / (target * current)) <= tolerance:
+    if abs(1.0 - usage / (per_replica * current)) <= tolerance:
         return current
-    return math.ceil(value / target)
+    return math.ceil(usage / per_replica)
 
 
 def desired_replicas(
@@ -185,3 +189,9 @@ def _require_redis_7(client: redis.Redis) -> None:
     version = str(client.info("server")["redis_version"])
     if int(version.split(".")[0]) < 7:
         raise RuntimeError(f"lagCount needs Redis 7+, server reports {version}")
+
+
+def _milli(value: float) -> int:
+    """A metric value or target as KEDA sends it to the HPA: a quantity in whole thousandths,
+    cut (`int64(value * 1000)`)."""
+    return int(value * 1000)
