@@ -24,7 +24,7 @@ from redis.exceptions import LockError, RedisError
 
 from shared.canary_store import Canary, CanaryState, CanaryStore, stamp
 from shared.metrics import CANARY_STATE, CANARY_WEIGHT
-from shared.model_repository import ModelRepository
+from shared.model_repository import ModelConfig, ModelRepository
 from shared.route_store import RouteStore, VersionConflict
 from shared.routing import InvalidRoutes, Routes, UnknownVariant, serving_variant
 from shared.variant_stats import VariantStats, Window, first_bucket_after
@@ -153,7 +153,8 @@ class CanaryController:
     async def _look_at(self, model: str, active: bool) -> str | None:
         """Decide a model's canary and show it; returns its variant while it is to be shown."""
         canary = await self.store.get(model)
-        if canary is None:
+        if canary is None:  # gone with a Redis restarted without its data: `running` no more
+            self._hide(model)
             return None
         try:
             if canary.state == "running":
@@ -190,11 +191,17 @@ class CanaryController:
 
     def step_down(self) -> None:
         """No longer the leader: stop showing canaries, so only the leader's gauges count."""
-        for model, variant in self._shown.items():
-            CANARY_WEIGHT.remove(model, variant)
-            for state in STATES:
-                CANARY_STATE.remove(model, variant, state)
+        for model in self._shown:
+            self._hide(model)
         self._shown = {}
+
+    def _hide(self, model: str) -> None:
+        """Remove the gauges of the model's canary this leader shows, if it shows one."""
+        if (variant := self._shown.get(model)) is None:
+            return
+        CANARY_WEIGHT.remove(model, variant)
+        for state in STATES:
+            CANARY_STATE.remove(model, variant, state)
 
     async def decide(self, canary: Canary) -> None:
         if reason := self.unservable(canary):
@@ -276,7 +283,7 @@ class CanaryController:
         weight = live.weights.get(canary.variant, 0.0)  # Routes hold no -0.0 (shared/routing)
         if abs(weight - canary.weight) <= WEIGHT_SLACK:
             return live
-        if await self._own_write(canary, live.version):
+        if await self._own_write(canary, live.version, weight):
             await self._resume(canary, live)
             return None
         reason = (
@@ -287,11 +294,16 @@ class CanaryController:
         await self.end(canary, "aborted", weight, reason, {})
         return None
 
-    async def _own_write(self, canary: Canary, version: int) -> bool:
-        """Whether the live routes are the canary's own last write, its record's save lost (a
-        Redis error, a leader that died between the two): no one else changed them."""
+    async def _own_write(self, canary: Canary, version: int, weight: float) -> bool:
+        """Whether the live routes, giving the variant `weight`, are the canary's own last
+        write, its record's save lost (a Redis error, a leader that died between the two): no
+        one else changed them. Its write must give that weight too: stored routes a redeploy
+        voided are served as config.yaml's at their version, and were taken for a rollback."""
         last = await self.routes.history(canary.model, 1)
-        return bool(last) and (last[-1].version, last[-1].by) == (version, _author(canary))
+        if not last or (last[-1].version, last[-1].by) != (version, _author(canary)):
+            return False
+        written = Routes.of(last[-1].new).weights.get(canary.variant, 0.0)
+        return abs(written - weight) <= WEIGHT_SLACK
 
     async def _resume(self, canary: Canary, live: Routes) -> None:
         """Take up the step (or rollback) the canary's routes, `live`, already show, and announce
@@ -365,8 +377,19 @@ class CanaryController:
         again here, it was scaled from and written over."""
         current = read if read is not None else await self.live_routes(canary)
         canary.others = current.served_besides(canary.variant) or canary.others
-        routes = current.with_share(canary.variant, percent, canary.others or {canary.baseline: 1})
+        held = self._servable(canary.model, canary.others) or {canary.baseline: 1}
+        routes = current.with_share(canary.variant, percent, held)
         await self.routes.put(canary.model, routes, _author(canary), current.version)
+
+    def _servable(self, model: str, weights: dict[str, float]) -> dict[str, float]:
+        """Those of `weights` whose variants config.yaml lets serve (all, for a model the
+        repository does not hold): a rollback from 100 % gave its old share back to a variant
+        a redeploy had removed since, routes no producer serves, so they served config.yaml's,
+        maybe the canary's variant still taking everything."""
+        config = self.repository.get(model)
+        if config is None:
+            return weights
+        return {name: weight for name, weight in weights.items() if _serves(config, name)}
 
     async def announce(
         self, canary: Canary, kind: str, reason: str | None, seen: dict[str, Any]
@@ -392,6 +415,15 @@ class CanaryController:
             # handed over, never raised: the decision stands (a start or an abort answered 500
             # for a canary it had started or ended)
             await self.webhooks.hand_over("job", target, canary.webhook, body)
+
+
+def _serves(config: ModelConfig, name: str) -> bool:
+    """Whether config.yaml lets the variant take live traffic (see serving_variant)."""
+    try:
+        serving_variant(config, name)
+    except (UnknownVariant, InvalidRoutes):
+        return False
+    return True
 
 
 def _author(canary: Canary) -> str:

@@ -37,9 +37,16 @@ class LiveRoutes:
         """Reload every model's routes if the global version moved since the last look, one
         reload at a time: a PUT's own reload and the poll ran at once, and a poll that had read
         the routes before the change landed wrote them back over it (requests after the 200
-        went by the old split until the next poll)."""
+        went by the old split until the next poll). A failed one forgets the version applied:
+        Redis may be restarting without its data, and the counter other producers' seeding and
+        changes bring back to that number read as "nothing changed" (the lost routes served
+        until the next change)."""
         async with self._reloading:
-            await self._reload()
+            try:
+                await self._reload()
+            except Exception:
+                self._version = -1
+                raise
 
     async def _reload(self) -> None:
         """Models without stored routes are seeded, then everything is read again at once:
