@@ -5,7 +5,8 @@ refuses to read the job's events (a key of another type where its token stream s
 script running past its limit), there is nothing more to send for now. Either way a stream
 stops following its job at once and sends a last event telling the client to reconnect: the
 job keeps running, its token stream lives in Redis, so this producer (once Redis is back) or
-another resumes it from Last-Event-ID."""
+another resumes it from Last-Event-ID. A client that stops reading is the one cut mid-body:
+once a send has waited SEND_TIMEOUT_S for room (BoundedEventSource), for it to resume likewise."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from typing import Any, TypeVar
 
 import anyio
 from redis.exceptions import RedisError
+from sse_starlette import EventSourceResponse
+from sse_starlette.sse import SendTimeoutError
+from starlette.types import Receive, Scope, Send
 
 from producer_api.task_cancel import cancel_and_wait
 from shared.redis_client import OUT_OF_REACH
@@ -27,9 +31,29 @@ T = TypeVar("T")
 # Shorter than any orchestrator's kill timeout (Kubernetes: 30 s) and uvicorn's graceful one.
 GRACE_S = 3.0
 RECONNECT_MS = 1000
+# The longest one send may wait for a client that reads nothing (its window full): without a
+# bound a stalled reader held its stream's task and its place in the token hub (which read its
+# job for it on) until it closed the socket. A client that reads never waits this long for room.
+SEND_TIMEOUT_S = 30.0
 MESSAGE = "the producer is shutting down; reconnect (with Last-Event-ID to resume)"
 UNREACHABLE = "the queue is unreachable; reconnect (with Last-Event-ID to resume)"
 REFUSED = "the queue's Redis refused to read the job's events ({}); reconnect to retry"
+
+
+class BoundedEventSource(EventSourceResponse):
+    """sse-starlette's response whose sends wait SEND_TIMEOUT_S at most: a client that stopped
+    reading loses its stream as one that closed it would (a job's events resume with
+    Last-Event-ID; an OpenAI stream's job is cancelled), quietly, for it is no fault of the
+    producer's (raised on, the safety net logged each as a bug)."""
+
+    def __init__(self, content: AsyncIterator[Any], **kwargs: Any) -> None:
+        super().__init__(content, send_timeout=SEND_TIMEOUT_S, **kwargs)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            log.info("a stream ends: its client read nothing for %s s", self.send_timeout)
 
 
 @dataclass(frozen=True, slots=True)

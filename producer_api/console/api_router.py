@@ -14,7 +14,7 @@ import anyio
 from fastapi import APIRouter, Depends, Form, Header, HTTPException, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 
 from producer_api.auth import Principal
 from producer_api.auth.dependencies import throttle
@@ -45,7 +45,7 @@ from producer_api.jobs.serving import JOB_ID
 from producer_api.live_feed import while_holds
 from producer_api.responses import JsonlResponse
 from producer_api.state import ProducerState, producer_state
-from producer_api.stream_shutdown import GRACE_S
+from producer_api.stream_shutdown import GRACE_S, BoundedEventSource
 from shared.codec import as_text, dumps, is_stream_id
 from shared.dead_letters import DeadLetters
 from shared.job_store import JobRecord
@@ -249,7 +249,7 @@ async def stream(state: State, current: Session, service: Service) -> Response:
         async for snapshot in service.summaries.follow():
             yield {"event": "summary", "data": as_text(dumps(summary_for(snapshot, current)))}
 
-    return EventSourceResponse(_while_open(state, service, current, events()), ping=15)
+    return BoundedEventSource(_while_open(state, service, current, events()), ping=15)
 
 
 @router.get("/jobs")
@@ -314,7 +314,7 @@ async def job_tokens(
     if events is None:  # the browser has the final event: EventSource's "stop"
         return Response(status_code=204)
     shutdown = anyio.Event()
-    return EventSourceResponse(
+    return BoundedEventSource(
         _while_open(state, service, current, server_sent(events, shutdown)),
         ping=PING_S,
         shutdown_event=shutdown,

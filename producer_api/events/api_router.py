@@ -14,7 +14,13 @@ from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.errors import ConveyorError, ErrorBody
 from producer_api.events.protocol import EVENT_ID, JobEvent
 from producer_api.events.serving import EventsService
-from producer_api.stream_shutdown import GRACE_S, RECONNECT_MS, Cut, until_cut
+from producer_api.stream_shutdown import (
+    GRACE_S,
+    RECONNECT_MS,
+    BoundedEventSource,
+    Cut,
+    until_cut,
+)
 from shared.codec import dumps, is_stream_id
 
 router = APIRouter(tags=["events"])
@@ -77,7 +83,8 @@ async def job_events(
     (422); a key holding its cap of streams open (its own `--max-streams`, else
     CONVEYOR_MAX_STREAMS_PER_KEY) gets 429 (`Retry-After`). A stream whose client stopped reading
     renews its place no more; should another stream take it meanwhile, this one ends with an
-    `error` event (type `too_many_streams`) when it goes on."""
+    `error` event (type `too_many_streams`) when it goes on. Once a send has waited 30 s for it
+    to read, the stream is closed (reconnect with Last-Event-ID)."""
     if last_event_id is not None and not is_stream_id(last_event_id):
         message = "Last-Event-ID: not a token-stream entry id (<ms>-<seq>, each within 64 bits)"
         raise ConveyorError(422, "invalid_request", message)
@@ -85,7 +92,7 @@ async def job_events(
     if events is None:  # the client has the final event: EventSource's "stop"
         return Response(status_code=204)
     shutdown = anyio.Event()
-    return EventSourceResponse(
+    return BoundedEventSource(
         server_sent(events, shutdown),
         ping=PING_S,
         shutdown_event=shutdown,

@@ -9,7 +9,6 @@ from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -37,7 +36,7 @@ from producer_api.openai.serving import (
     Renderer,
 )
 from producer_api.responses import FastJSONResponse
-from producer_api.stream_shutdown import GRACE_S
+from producer_api.stream_shutdown import GRACE_S, BoundedEventSource
 
 router = APIRouter(tags=["openai"])
 JOB_HEADER = "X-Conveyor-Job-Id"
@@ -136,7 +135,7 @@ async def _answer(
     shutdown = anyio.Event()
 
     def streaming(opened: OpenedStream) -> Response:
-        return EventSourceResponse(
+        return BoundedEventSource(
             service.stream(job_id, opened, renderer, shutdown),
             ping=PING_S,
             headers=_job_headers(job_id),
