@@ -65,8 +65,9 @@ class Call:
     timeout: float | None = None
     repeatable: bool = True
     deadline: float | None = None  # monotonic: no retry after it (a wait's timeout)
-    # a 409 to a resend reaches the op, not raised: the try whose answer was lost may have done it
-    conflict_to_op: bool = False
+    # This status to a resend (a cancel's 409, a delete's 404) reaches the op, not raised: the
+    # try whose answer was lost may have done it.
+    resent_to_op: int | None = None
     # The query parameter (in `params`) that asks the server to wait that many seconds: see
     # `bounded`.
     wait_param: str | None = None
@@ -103,7 +104,7 @@ class Call:
     def checked(self, response: httpx.Response, attempt: int) -> httpx.Response:
         """The response the op receives for try number `attempt` (0: the first), or its
         APIError."""
-        if attempt and self.conflict_to_op and response.status_code == 409:
+        if attempt and response.status_code == self.resent_to_op:
             return response
         return raise_for_error(response)
 
@@ -251,7 +252,7 @@ def _cancel(
     """A resent cancel's 409 may answer this call's own first try, which cancelled the job (or
     batch) but whose answer was lost (a 503, a dropped connection): it is read, and returned
     if it is cancelled, rather than a Conflict."""
-    response = yield replace(call, conflict_to_op=True)
+    response = yield replace(call, resent_to_op=409)
     if response.status_code != 409:
         return parsed(model, response)
     found = yield from read(id_)
@@ -440,7 +441,12 @@ def list_files(limit: int, after: str | None, order: str) -> Op[FileList]:
 
 
 def delete_file(file_id: str) -> Op[FileDeleted]:
-    return parsed(FileDeleted, (yield Call("DELETE", f"/v1/files/{segment(file_id)}")))
+    """A resend's 404 answers a first try that deleted the file but whose answer was lost (a
+    dropped connection): the file is gone, as asked, rather than NotFound."""
+    response = yield Call("DELETE", f"/v1/files/{segment(file_id)}", resent_to_op=404)
+    if response.status_code == 404:
+        return FileDeleted(id=file_id, deleted=True)
+    return parsed(FileDeleted, response)
 
 
 def file_content(file_id: str) -> Op[bytes]:

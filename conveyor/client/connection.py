@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -15,10 +16,13 @@ USER_AGENT = "conveyor-client/0.1"
 
 def resolve(base_url: str | None, api_key: str | None) -> tuple[str, str | None]:
     """A URL that is not http(s) with a host is refused here: sent, it failed only after every
-    retry's backoff, as if the producer were down."""
+    retry's backoff, as if the producer were down. So is one with a query or fragment, which
+    no call's path joins onto (each went to the URL's own path, its path in the query)."""
     url = base_url or os.environ.get("CONVEYOR_URL") or DEFAULT_URL
     if not is_http_url(url):
         raise ValueError(f"producer URL {url!r} is not an http(s) URL with a host")
+    if "?" in url or "#" in url:
+        raise ValueError(f"producer URL {url!r} has a query or fragment; give its path only")
     return url.rstrip("/"), _key(api_key or os.environ.get("CONVEYOR_API_KEY") or "") or None
 
 
@@ -40,7 +44,11 @@ def _key(key: str) -> str:
 
 
 def http_options(base_url: str | None, api_key: str | None, timeout: float) -> dict[str, Any]:
-    """Keyword arguments for `httpx.Client` / `httpx.AsyncClient`."""
+    """Keyword arguments for `httpx.Client` / `httpx.AsyncClient`. A timeout no request can be
+    sent with is refused here: 0 failed every call as an outage after every retry's backoff, a
+    negative, NaN or infinite one raised the socket's ValueError or OverflowError at the first."""
+    if not 0 < timeout < math.inf:
+        raise InvalidArgument(f"timeout {timeout!r}: seconds, more than 0 and finite")
     url, key = resolve(base_url, api_key)
     headers = {"User-Agent": USER_AGENT}
     if key:

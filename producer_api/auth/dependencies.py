@@ -18,7 +18,7 @@ from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.auth.rate_limit_headers import keep
 from producer_api.errors import ConveyorError, ErrorBody
 from producer_api.state import ProducerState, producer_state
-from shared.api_keys import Scope
+from shared.api_keys import ApiKey, Scope
 from shared.rate_limit import BucketState
 
 _BEARER = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
@@ -50,7 +50,12 @@ async def authenticate(state: ProducerState, presented: str | None) -> Principal
     if not presented:
         message = "an API key is required: `Authorization: Bearer <key>` or X-API-Key"
         raise _unauthorized(message, presented=False)
-    key = await state.api_keys.verify(presented)
+    return admit_key(state, await state.api_keys.verify(presented))
+
+
+def admit_key(state: ProducerState, key: ApiKey | None) -> Principal:
+    """The principal of a key read by the secret presented (None: no key has it), or the 401
+    that refuses it: unknown, revoked or expired."""
     if key is None:
         raise _unauthorized("unknown API key")
     if reason := key.refusal(time.time()):
