@@ -91,7 +91,7 @@ def build_state(settings: Settings) -> ProducerState:
     one Redis pool and registers its Lua scripts here, not per request."""
     keys = Keys(settings.key_prefix)
     name = f"producer-{settings.instance_id}"
-    client = connect(settings.redis_url, name=name, blocks_ms=0)
+    client = connect(settings.redis_url, name=name, blocks_ms=0, cluster=settings.redis_cluster)
     # the submit path: one pipeline per loop turn, one ENQUEUE call per lane in it
     merges = {job_scripts.ENQUEUE: merged_enqueues}
     hot = group_committing(client, settings.redis_url, f"{name}-hot", merges)

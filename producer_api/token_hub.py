@@ -30,7 +30,7 @@ from producer_api.task_cancel import cancel_and_wait
 from shared.codec import as_text, is_stream_id, stream_id
 from shared.job_store import JobRecord, JobStore
 from shared.keys import Keys, job_tag
-from shared.redis_client import RedisClient, connect, read_streams
+from shared.redis_client import RedisClient, connect, is_cluster, read_streams
 from shared.token_stream import READ_COUNT, TokenEvent, confirms, final_from_job
 
 log = logging.getLogger(__name__)
@@ -118,8 +118,9 @@ class TagReader:
 
     def __init__(self, url: str, client: RedisClient, wake_key: str, name: str) -> None:
         self.redis = client  # the shared pool: short reads and the wake-ups
-        # only the blocking XREAD
-        self._reader = connect(url, max_connections=1, name=name, blocks_ms=HUB_BLOCK_MS)
+        # only the blocking XREAD, a cluster's client if the pool's is (not the environment's
+        # say: the producer's Settings decided that)
+        self._reader = connect(url, 1, name, blocks_ms=HUB_BLOCK_MS, cluster=is_cluster(client))
         self.wake_key = wake_key
         self._cursors: dict[str, str] = {}
         self._queues: dict[str, set[asyncio.Queue[Delivery]]] = defaultdict(set)
