@@ -44,6 +44,7 @@ app.conf.update(
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,  # one unacknowledged delivery per thread
+    worker_consumer="workers.runtime.broker_consumer:Consumer",  # backs off its restarts
     task_acks_late=True,
     # Celery 6's default, said here because Celery 5 warns on every reconnect without it. A
     # thread cannot be cancelled (Celery logs that it failed to): the delivery runs on, and the

@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 import click
+import redis
 
 from conveyor.commands.keys import dev_key
 from conveyor.embedded_valkey import config_can_name, io_threads
@@ -169,14 +170,14 @@ def _serve(
     try:
         # One console secret for all producers: a session cookie is good on whichever answers.
         secret = settings.console_secret or secrets.token_urlsafe(32)
-        with _one_line_if_not_ready():
+        key_file = state_dir / "dev-api-key"
+        with _one_line_if_not_ready(), _one_line_if_redis_lost(stack.redis_url):
             url = stack.start_producers(
                 port, producers, f"up-{os.getpid()}", host, CONVEYOR_CONSOLE_SECRET=secret
             )
             named = worker_names(workers, taken=stack.processes)
             stack.wait_ready(*(stack.spawn_worker(model, name) for name, model in named.items()))
-        key_file = state_dir / "dev-api-key"
-        auth = _auth(stack, key_file)
+            auth = _auth(stack, key_file)
         dev_key_file = str(key_file) if auth["auth"] else ""
         cluster = stack.settings.redis_cluster
         StackState.for_this_process(stack.redis_url, url, dev_key_file, cluster).write(state_dir)
@@ -209,6 +210,17 @@ def _one_line_if_not_ready() -> Iterator[None]:
         yield
     except ChildNotReady as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _one_line_if_redis_lost(url: str) -> Iterator[None]:
+    """Redis lost while `up` starts (each look at a worker's readiness asks it, as does the
+    development key) ends `up` with the Redis it lost, not a traceback of the wait; `_serve`
+    then stops every child it started."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise click.ClickException(f"lost Redis at {url} ({exc}) while the stack started") from None
 
 
 def _say(line: str, err: bool = False) -> None:
