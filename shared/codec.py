@@ -131,6 +131,33 @@ class RequestEntry:
             replay_of=fields.get(b"replay_of", b"").decode(),
         )
 
+    @classmethod
+    def named(cls, fields: dict[bytes, bytes], now_ms: float) -> RequestEntry | None:
+        """What an entry `decode` refused still says of its job, its text fields as they read
+        (id, reply channel, tenant, in-flight set): enough to fail the job, whose client
+        otherwise polled it queued until its TTL. Its payload is empty, its enqueue stamp
+        `now_ms` unless its own reads; None for an entry that names no job."""
+
+        def text(name: bytes) -> str:
+            return fields.get(name, b"").decode(errors="replace")
+
+        if not (job_id := text(b"id")):
+            return None
+        try:
+            enqueued_ms = _finite(fields[b"enq"])
+        except (KeyError, ValueError):
+            enqueued_ms = now_ms
+        return cls(
+            job_id,
+            {},
+            enqueued_ms,
+            tenant=text(b"tenant") or "default",
+            reply=text(b"reply"),
+            traceparent=text(b"tp"),
+            inflight=text(b"inflight"),
+            replay_of=text(b"replay_of"),
+        )
+
 
 def _json_object(data: bytes) -> dict[str, Any]:
     value = loads(data)

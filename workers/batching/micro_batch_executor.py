@@ -133,7 +133,16 @@ def _non_finite(value: Any, path: str) -> str | None:
 async def _call(
     engine: BatchEngine, inputs: list[dict[str, Any]], device: Executor | None
 ) -> list[dict[str, Any]]:
-    return one_per_input(inputs, await _on_engine_thread(engine, device, engine.infer, inputs))
+    """One `infer`, on a list of its own (`engine_inputs`)."""
+    outputs = await _on_engine_thread(engine, device, engine.infer, engine_inputs(inputs))
+    return one_per_input(inputs, outputs)
+
+
+def engine_inputs(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A copy of the list, the items shared, for one engine call: an engine that takes its
+    inputs off the list it is given (`pop`) emptied the micro-batch's own, its outputs then
+    counted against none and its bisection's reruns given what it had left."""
+    return list(inputs)
 
 
 async def _on_engine_thread(

@@ -17,6 +17,7 @@ from workers.batching.micro_batch_executor import (
     EngineStart,
     Outcome,
     engine_call,
+    engine_inputs,
     execute,
     one_per_input,
     succeeded,
@@ -64,7 +65,7 @@ class StagePipeline:
         if started is not None:
             started()
         try:
-            prepared: Any = await self._on(self.host, self.engine.prepare, inputs)
+            prepared: Any = await self._on(self.host, self.engine.prepare, engine_inputs(inputs))
         except Exception:
             prepared = None  # bad input somewhere: `execute` bisects to the culprit
         self.schedule.given()

@@ -6,7 +6,7 @@ timing and context fields."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shared.codec import dumps
 from shared.job_states import JobStatus
@@ -14,7 +14,7 @@ from shared.job_store import stamp_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
 from workers.partition.finish import Finish
-from workers.partition.stream_reader import Delivery
+from workers.partition.stream_reader import Delivery, Undecodable
 
 INPUTS_KEPT = 4_096  # bytes of a failed job's inputs kept in its hash (its entry is deleted)
 
@@ -67,6 +67,8 @@ class Partition:
     def skip_or_expire(self, delivery: Delivery) -> Finish | None:
         """The Finish of an entry that must not run, or None when it should run."""
         entry = delivery.entry
+        if entry is None and delivery.undecodable is not None:
+            return self.undecodable(delivery, delivery.undecodable)
         if entry is None or not delivery.runnable:
             return Finish(delivery.entry_id, refill=self.refills(delivery))
         now = delivery.claimed_ms
@@ -79,6 +81,17 @@ class Partition:
             error = {"type": "DeadlineExceeded", "message": "job expired before it could run"}
             return self.finish(delivery, JobStatus.EXPIRED, {"error": dumps(error).decode()})
         return None
+
+    def undecodable(self, delivery: Delivery, refused: Undecodable) -> Finish:
+        """The failure of the job an entry that is no job names, saying why: acknowledged only,
+        it stayed `queued` until its TTL, its client polling for a result that never came.
+        FINISH fails it only from `queued` or `running`: a job that ended keeps its end."""
+        message = f"its queue entry cannot be read as a job: {refused.reason}"
+        error = dumps({"type": "UndecodableEntry", "message": message}).decode()
+        named = replace(delivery, entry=refused.entry)
+        finish = self.finish(named, JobStatus.FAILED, {"error": error})
+        finish.fields |= _inputs(refused.payload)  # as it came, not the empty one it stands for
+        return finish
 
     def finish(
         self,
@@ -105,11 +118,7 @@ class Partition:
             "queue_wait_ms": str(round(max(0, ran - entry.enqueued_ms), 3)),
         }
         if status != JobStatus.SUCCEEDED:  # the console shows what a failed job was given
-            raw = dumps(entry.payload)
-            fields |= {
-                "inputs": raw[:INPUTS_KEPT].decode(errors="ignore"),
-                "inputs_size": str(len(raw)),
-            }
+            fields |= _inputs(dumps(entry.payload))
         if entry.traceparent:
             fields["traceparent"] = entry.traceparent
         context = {
@@ -133,3 +142,8 @@ class Partition:
             entry.inflight,
             refill=self.refills(delivery),
         )
+
+
+def _inputs(raw: bytes) -> dict[str, str]:
+    """The fields that keep a failed job's payload (`raw` JSON), up to INPUTS_KEPT bytes."""
+    return {"inputs": raw[:INPUTS_KEPT].decode(errors="ignore"), "inputs_size": str(len(raw))}

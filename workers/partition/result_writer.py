@@ -40,8 +40,14 @@ from workers.partition.redis_backoff import OUTAGE
 
 log = logging.getLogger(__name__)
 BULK_LIMIT = "proto-max-bulk-len"  # the most bytes the server takes in one value
-SMALLEST_BULK_LIMIT = 1 << 20  # the least it may be set to: a batch within it is never refused
-DEFAULT_BULK_LIMIT = 512 << 20
+QUERY_LIMIT = "client-query-buffer-limit"  # the most it holds of a command read so far
+# What the server's query buffer may hold beside a value, at most the rest of one read
+# (PROTO_IOBUF_LEN): a value 2 bytes under `client-query-buffer-limit` was refused when the next
+# argument's header came in the same read.
+READ_AHEAD = 16 << 10
+# Both limits may be set to 1 MiB at least: a batch whose values are within this is never refused.
+SMALLEST_VALUE_LIMIT = (1 << 20) - READ_AHEAD
+DEFAULTS = {BULK_LIMIT: 512 << 20, QUERY_LIMIT: 1 << 30}
 
 
 class ResultWriter:
@@ -96,9 +102,10 @@ class ResultWriter:
 
     async def _write(self, stream: str, batch: list[Finish]) -> list[Finish]:
         """The write-back; once more with the results too large for the server failed, if that
-        is why it was refused: one over `proto-max-bulk-len` (a protocol error, the connection
-        closed, as in an outage) is refused at every try, and the loop's retries, and each
-        worker that reclaimed the batch, were stuck on it for good."""
+        is why it was refused: one over `proto-max-bulk-len` or `client-query-buffer-limit` (a
+        protocol error, the connection closed, as in an outage) is refused at every try, and
+        the loop's retries, and each worker that reclaimed the batch, were stuck on it for
+        good."""
         try:
             return await self._write_once(stream, batch)
         except RedisError:
@@ -107,37 +114,46 @@ class ResultWriter:
             return await self._write_once(stream, fitted)
 
     async def _fitted(self, batch: list[Finish]) -> list[Finish] | None:
-        """`batch` with each finish holding a value over the server's bulk limit failed
-        (`too_large`); None when none does, so the refusal was something else (an outage). The
-        server is asked its limit only for a batch with a value over the smallest it takes."""
+        """`batch` with each finish holding a value over what the server takes in one value
+        failed (`too_large`); None when none does, so the refusal was something else (an
+        outage). The server is asked its limits only for a batch with a value over the
+        smallest they may be."""
         sizes = [_largest(item) for item in batch]
-        if max(sizes, default=0) <= SMALLEST_BULK_LIMIT:
+        if max(sizes, default=0) <= SMALLEST_VALUE_LIMIT:
             return None
-        limit = await self._bulk_limit()
+        limit = await self._value_limit()
         if all(size <= limit for size in sizes):
             return None
-        log.error("%d results over the server's bulk limit fail", sum(s > limit for s in sizes))
+        log.error("%d results over the server's value limit fail", sum(s > limit for s in sizes))
         return [
             too_large(item, size, limit) if size > limit else item
             for item, size in zip(batch, sizes, strict=True)
         ]
 
-    async def _bulk_limit(self) -> int:
-        """The server's `proto-max-bulk-len`, asked on a second connection if need be: the
-        refused write's, which the server closed after its protocol error, goes back to the
-        pool as if open, and may be the one handed out first."""
+    async def _value_limit(self) -> int:
+        """The most bytes the server takes in one value, asked on a second connection if need
+        be: the refused write's, which the server closed after its protocol error, goes back
+        to the pool as if open, and may be the one handed out first."""
         try:
-            return await self._asked_bulk_limit()
+            return await self._asked_value_limit()
         except RedisConnectionError:
-            return await self._asked_bulk_limit()
+            return await self._asked_value_limit()
 
-    async def _asked_bulk_limit(self) -> int:
-        """`proto-max-bulk-len`; its default where CONFIG is not allowed (a managed Redis)."""
+    async def _asked_value_limit(self) -> int:
+        """`proto-max-bulk-len`, or less where `client-query-buffer-limit` is (a value whose
+        read overflows the query buffer closes the connection too; a command's values are read
+        one by one, so only each one's size counts)."""
+        query_limit = await self._config(QUERY_LIMIT) - READ_AHEAD
+        return min(await self._config(BULK_LIMIT), query_limit)
+
+    async def _config(self, name: str) -> int:
+        """The server's setting `name`; its default where CONFIG is not allowed (a managed
+        Redis). Asked one at a time: a Redis before 7 takes one name per CONFIG GET."""
         try:
-            config = await self.redis.config_get(BULK_LIMIT)
+            config = await self.redis.config_get(name)
         except ResponseError:
-            return DEFAULT_BULK_LIMIT
-        return int(config.get(BULK_LIMIT) or DEFAULT_BULK_LIMIT)
+            return DEFAULTS[name]
+        return int(config.get(name) or DEFAULTS[name])
 
     async def _write_once(self, stream: str, batch: list[Finish]) -> list[Finish]:
         if not batch:
@@ -218,15 +234,32 @@ class ResultWriter:
 
     async def _publish(self, written: list[Finish]) -> None:
         """One SPUBLISH per reply channel, of the views of its written jobs (FINISH's own
-        message, sent once the replicas hold the results)."""
+        message, sent once the replicas hold the results), or more for views too large
+        together (`_messages`)."""
         by_channel: dict[str, list[bytes]] = {}
         for item in written:
             if item.reply:
                 by_channel.setdefault(item.reply, []).append(item.message())
         async with self.redis.pipeline(transaction=False) as pipe:
             for channel, views in by_channel.items():
-                pipe.spublish(channel, b"[" + b",".join(views) + b"]")
+                for message in _messages(views):
+                    pipe.spublish(channel, message)
             await pipe.execute()
+
+
+def _messages(views: list[bytes]) -> list[bytes]:
+    """A channel's views as JSON arrays, each within SMALLEST_VALUE_LIMIT where the views allow
+    (a larger one goes alone): as one array, a producer's results, each within the server's
+    limits, could be one value over them, refused at every retry of the write-back."""
+    parts: list[list[bytes]] = [[]]
+    size = 1  # the opening bracket; each view counts with the comma or bracket after it
+    for view in views:
+        if parts[-1] and size + len(view) + 1 > SMALLEST_VALUE_LIMIT:
+            parts.append([])
+            size = 1
+        parts[-1].append(view)
+        size += len(view) + 1
+    return [b"[" + b",".join(part) + b"]" for part in parts]
 
 
 def _largest(item: Finish) -> int:

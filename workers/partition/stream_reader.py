@@ -38,13 +38,24 @@ log = logging.getLogger(__name__)
 _MOVED = MOVED_FIELD.encode()
 
 
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """An entry that is no job but names one (`RequestEntry.named`), why it is none, and its
+    payload as it came: its job fails saying so (`Partition.skip_or_expire`)."""
+
+    entry: RequestEntry
+    reason: str
+    payload: bytes
+
+
 @dataclass(slots=True)
 class Delivery:
     """One entry handed to this consumer; `status` is the job's state when read: `queued` or
     `running` means run it, anything else means acknowledge and skip (a blocking read's entries
     are taken as `queued`). `attempts`: this entry's deliveries so far. `redelivered`: taken
     over from a consumer that abandoned it (a previous attempt may have streamed tokens).
-    `moved`: a fair lane's round robin moved it in from the held jobs, so more may be held."""
+    `moved`: a fair lane's round robin moved it in from the held jobs, so more may be held.
+    `undecodable`: what an entry that is no job (`entry` None) says of the job it names."""
 
     entry_id: bytes
     entry: RequestEntry | None
@@ -53,6 +64,7 @@ class Delivery:
     redelivered: bool = False
     attempts: int = 1
     moved: bool = False
+    undecodable: Undecodable | None = None
 
     @property
     def runnable(self) -> bool:
@@ -285,9 +297,10 @@ def decode_delivery(
     attempts: int = 1,
 ) -> Delivery:
     """A Lua script's `{id, fields, status}` row as a Delivery (undecodable: entry None)."""
-    entry = _entry(entry_id, flat)
+    entry, undecodable = _entry(entry_id, flat, now)
     moved = flat is not None and _MOVED in flat[::2]
-    return Delivery(entry_id, entry, as_text(status), now, redelivered, attempts, moved)
+    status_text = as_text(status)
+    return Delivery(entry_id, entry, status_text, now, redelivered, attempts, moved, undecodable)
 
 
 def _delivered(
@@ -296,19 +309,32 @@ def _delivered(
     """An entry a plain XREADGROUP (or XCLAIM) delivered: its job is taken as queued. One with
     `deliveries` before is a redelivery: a previous run may have streamed tokens."""
     moved = fields is not None and _MOVED in fields
-    entry = _entry(entry_id, fields)
+    entry, undecodable = _entry(entry_id, fields, now)
     status = JobStatus.QUEUED.value
-    return Delivery(entry_id, entry, status, now, deliveries > 1, deliveries, moved)
+    redelivered = deliveries > 1
+    return Delivery(entry_id, entry, status, now, redelivered, deliveries, moved, undecodable)
 
 
-def _entry(entry_id: bytes, fields: list[bytes] | dict[bytes, bytes] | None) -> RequestEntry | None:
+def _entry(
+    entry_id: bytes, fields: list[bytes] | dict[bytes, bytes] | None, now: int
+) -> tuple[RequestEntry | None, Undecodable | None]:
+    """The entry's job, or (None, what it says of the job it names, if any)."""
     if fields is None:  # deleted while pending: a read of the pending list gives no fields
         log.error("entry %r pending but deleted from its stream; acknowledging it", entry_id)
-        return None
+        return None, None
     try:
         if isinstance(fields, list):
             fields = dict(zip(fields[::2], fields[1::2], strict=True))
-        return RequestEntry.decode(fields)
-    except (KeyError, ValueError):
-        log.error("undecodable entry %r on stream; acknowledging it", entry_id)
-        return None
+        return RequestEntry.decode(fields), None
+    except (KeyError, ValueError) as exc:
+        log.error("undecodable entry %r on stream (%s); acknowledging it", entry_id, exc)
+        if not isinstance(fields, dict) or (named := RequestEntry.named(fields, now)) is None:
+            return None, None
+        return None, Undecodable(named, _why(exc), fields.get(b"payload", b""))
+
+
+def _why(exc: KeyError | ValueError) -> str:
+    """Why an entry is no job, for its job's error."""
+    if isinstance(exc, KeyError):
+        return f"it has no {as_text(exc.args[0])} field"
+    return str(exc)
