@@ -282,8 +282,9 @@ class ReplyListener:
                 future.set_result({})
 
     def _deliver_all(self, message: list[dict[str, Any]] | dict[str, Any]) -> None:
-        """A worker publishes one array per micro-batch (every job of it this producer waits
-        for); a cancel or a dead letter publishes one view alone."""
+        """A worker publishes an array per micro-batch (every job of it this producer waits
+        for; several of ~1 MiB at most when it publishes after a replica WAIT); a cancel or a
+        dead letter publishes one view alone."""
         for view in message if isinstance(message, list) else [message]:
             self._deliver(spliced_outputs(view))
 
