@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError
 from starlette.exceptions import HTTPException
+from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
@@ -113,9 +115,12 @@ class ConveyorError(Exception):
 
 def unknown_model(model: str) -> ConveyorError:
     """A model the repository does not have: OpenAI's routes answer it as OpenAI's API does
-    (404 `model_not_found`: its SDK users read `e.code`), Conveyor's in Conveyor's shape."""
-    message = f"model {model!r} not found"
-    return ConveyorError(404, "not_found", message, param="model", code="model_not_found")
+    (404 `model_not_found`: its SDK users read `e.code`), Conveyor's in Conveyor's shape. A
+    long name is quoted cut short, as every refused value is."""
+    shown = repr(model) if len(model) <= QUOTED_CHARS else quote(model)
+    return ConveyorError(
+        404, "not_found", f"model {shown} not found", param="model", code="model_not_found"
+    )
 
 
 # The request state's flag that its refusals answer in OpenAI's shape (`answer_as_openai`).
@@ -133,6 +138,21 @@ async def answer_as_openai(request: Request) -> None:
     """`mark_as_openai` as a route dependency, which runs before FastAPI refuses the route's
     parameters (async: a sync dependency runs on a thread of the pool, a hop per request)."""
     mark_as_openai(request)
+
+
+class OpenAIRoute(APIRoute):
+    """A route all of whose requests are OpenAI's, marked before FastAPI reads the body: a form
+    is parsed before any dependency runs, so `answer_as_openai` came too late for a multipart
+    body that does not parse."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def marked(request: Request) -> Response:
+            mark_as_openai(request)
+            return await handler(request)
+
+        return marked
 
 
 def _openai_request(scope: Scope) -> bool:
@@ -171,10 +191,11 @@ def _as_openai(
     `param` and `code`, where OpenAI's SDKs expect that shape; None for the rest. An invalid
     request is a 400: OpenAI's SDKs raise BadRequestError for it (a 422 raised
     UnprocessableEntityError, which no OpenAI client expects of a bad request). An error with
-    OpenAI's `code` (`unknown_model`) keeps its status."""
+    OpenAI's `code` (`unknown_model`), or naming the field it refuses (a batch's unknown
+    `input_file_id`), keeps its status."""
     if type_ == "invalid_request" and status in (400, 422):
         status = 400
-    elif code is None:
+    elif code is None and param is None:
         return None
     detail = OpenAIErrorDetail(
         message=message, type="invalid_request_error", param=param, code=code
@@ -288,7 +309,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> ErrorResponse:
-        type_ = "not_found" if exc.status_code == 404 else "http_error"
+        # a 400: a body that does not parse (a multipart form), an invalid request
+        type_ = {400: "invalid_request", 404: "not_found"}.get(exc.status_code, "http_error")
         headers = dict(exc.headers) if exc.headers else None
         if exc.status_code == 405 and (allowed := _allowed_methods(request)):
             headers = {**(headers or {}), "Allow": allowed}

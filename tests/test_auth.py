@@ -191,7 +191,7 @@ def test_one_model_reads_as_the_list_shows_it(
             partition.pop("oldest_queued_age_s")
         assert one == card
     unknown = api.get("/v1/models/nope", headers=headers)
-    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found"
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     narrow = issue_key(auth_stack.redis_url, "gamma", "read", models=frozenset({"identity"}))
     refused = api.get("/v1/models/minilm", headers=_bearer(narrow))
     assert refused.status_code == 403 and refused.json()["error"]["type"] == "forbidden"

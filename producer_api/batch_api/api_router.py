@@ -168,7 +168,7 @@ def _openai_create(request: Request, body: bytes) -> dict[str, Any] | None:
     if "input_file_id" not in value and value.keys() & _LINE_FIELDS:
         return None
     mark_as_openai(request)
-    if "input_file_id" in value:
+    if value.get("input_file_id") is not None:  # a null one is left out too
         return value
     message = (
         "input_file_id is required: OpenAI's create names an uploaded file (POST /v1/files, "

@@ -75,6 +75,7 @@ class ParsedBatch:
     readers: Mapping[str, Reader]
     max_depth: int
     max_lines: int
+    max_line_bytes: int  # CONVEYOR_MAX_BODY_BYTES: what the route a line names takes of a body
     url: str | None = None
     items: list[Item] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
@@ -98,6 +99,12 @@ class ParsedBatch:
             message = "custom_id already used by an earlier line"
             raise LineError("duplicate_custom_id", message, line.custom_id)
         self._seen.add(line.custom_id)
+        if len(raw) > self.max_line_bytes:
+            message = (
+                f"line is {len(raw)} bytes, over CONVEYOR_MAX_BODY_BYTES ({self.max_line_bytes}):"
+                " a job's body is held to it here as on the route the line names"
+            )
+            raise LineError("payload_too_large", message, line.custom_id)
         if self.url is not None and line.url != self.url:
             message = f"line is for {line.url}; this batch is for {self.url}"
             raise LineError("url_mismatch", message, line.custom_id)

@@ -66,7 +66,10 @@ class BatchOptions(BaseModel):
         default=None, description="The url every line names (OpenAI's); else the first line's"
     )
     input_file_id: str | None = Field(
-        default=None, max_length=64, description="An uploaded file (POST /v1/files), not a body"
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="An uploaded file (POST /v1/files), not a body",
     )
     metadata: (
         dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None

@@ -148,7 +148,13 @@ async def _source(asked: Asked, options: BatchOptions, read_file: ReadFile) -> b
     if asked.source is not None:
         message = "input_file_id names the batch's lines: send it in a JSON body, not with a file"
         raise ConveyorError(422, "invalid_request", message)
-    return await read_file(options.input_file_id)
+    try:
+        return await read_file(options.input_file_id)
+    except ConveyorError as exc:
+        if exc.status != 404:
+            raise
+        exc.param = "input_file_id"  # OpenAI's create: its SDK reads the field refused
+        raise
 
 
 class BatchApiService:
@@ -299,6 +305,7 @@ class BatchApiService:
             readers,
             settings.max_json_depth,
             settings.max_batch_lines,
+            settings.max_body_bytes,
             options.endpoint,
         )
 

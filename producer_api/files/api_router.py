@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, File, Form, Path, Query, Response, UploadFile
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
-from producer_api.errors import OpenAIErrorBody, answer_as_openai
+from producer_api.errors import OpenAIErrorBody, OpenAIRoute
 from producer_api.files.protocol import FileDeleted, FileList, FileObject
 from producer_api.files.serving import FilesService, check_purpose
 from producer_api.responses import (
@@ -20,7 +20,7 @@ from producer_api.responses import (
 from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 # OpenAI's Files API, every route of it: its refusals answer in OpenAI's shape.
-router = APIRouter(tags=["files"], dependencies=[Depends(answer_as_openai)])
+router = APIRouter(tags=["files"], route_class=OpenAIRoute)
 FILE_ID = Path(max_length=64, description="A file id, or a batch's output_file_id / error_file_id")
 EXPIRES_AFTER = "OpenAI's expires_after: seconds from created_at, kept the result TTL at most"
 # Bodies held to CONVEYOR_MAX_UPLOAD_BYTES rather than CONVEYOR_MAX_BODY_BYTES (request_boundary).

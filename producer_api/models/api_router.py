@@ -7,12 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path
 
 from producer_api.auth import AUTH_RESPONSES, Principal, require
-from producer_api.errors import ConveyorError, error_responses
+from producer_api.errors import OpenAIErrorBody, answer_as_openai
 from producer_api.models.protocol import ModelCard, ModelList
 from producer_api.models.serving import ModelsService, model_of
 from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
-from shared.model_repository import NAME_PATTERN, quote
 
 router = APIRouter(tags=["models"])
 State = Annotated[ProducerState, Depends(producer_state)]
@@ -33,14 +32,13 @@ async def list_models(state: State, principal: Reader) -> FastJSONResponse:
     response_model=ModelCard,
     responses={
         **AUTH_RESPONSES,
-        **error_responses({404: "Unknown model"}),
+        404: {"model": OpenAIErrorBody, "description": "Unknown model (`code` model_not_found)"},
     },
+    dependencies=[Depends(answer_as_openai)],
 )
 async def get_model(state: State, principal: Reader, model: str = Path()) -> FastJSONResponse:
     """One model as the list shows it (OpenAI's retrieve-model call): whether its partitions
-    have consumers and how much waits in them; 403 when the key may not use it. A name no
-    model could have is unknown too (404, as OpenAI's API and vLLM's server answer it: OpenAI's
-    SDK raises NotFoundError, where a 422 about a pattern was UnprocessableEntityError)."""
-    if NAME_PATTERN.fullmatch(model) is None:
-        raise ConveyorError(404, "not_found", f"model {quote(model)} not found")
+    have consumers and how much waits in them; 403 when the key may not use it. An unknown
+    model, a name no model could have too, is OpenAI's 404 (`code` model_not_found, as OpenAI's
+    API and the other OpenAI routes answer it: its SDK users read `e.code`)."""
     return FastJSONResponse(await ModelsService(state).get_model(model_of(state, principal, model)))
