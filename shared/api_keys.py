@@ -82,6 +82,10 @@ class KeySpec:
             raise InvalidKeySpec("a key needs at least one scope")
         if bad := sorted(m for m in self.models if not TENANT.fullmatch(m)):
             raise InvalidKeySpec(f"invalid model names {bad}")
+        # `keys list` prints one tab-separated line a key: a tab or a newline in a name made
+        # extra columns, or a line that reads as another key
+        if not self.name.isprintable():
+            raise InvalidKeySpec(f"name {self.name!r} must be printable: no tabs or line breaks")
         if not (math.isfinite(self.weight) and MIN_WEIGHT <= self.weight <= MAX_WEIGHT):
             bounds = f"[{MIN_WEIGHT:g}, {MAX_WEIGHT:g}]"
             raise InvalidKeySpec(f"weight {self.weight} must be a number in {bounds}")

@@ -29,7 +29,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # (refused too): its rerun after the reply was lost (redis-py resends through a dropped
 # connection, group commit its whole flush) took a second token, a false 429 at the burst.
 # One SET NX per call finds a rerun: five commands a call (TIME, HMGET, SET, HSET, PEXPIRE),
-# a rerun GET in place of HSET.
+# a rerun GET in place of HSET. The bucket is stamped with now, not the later of now and its
+# stamp: once Redis's clock stepped back (a failover to a replica behind it) it refilled nothing
+# until the clock caught up, whatever Retry-After said. It never holds more than the burst, even
+# one filled at a higher burst (a lowered default rolled out beside replicas that had the old).
 TOKEN_BUCKET = (
     _NOW_MS
     + """
@@ -37,12 +40,12 @@ local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]
 local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
 local tokens = tonumber(b[1]) or burst
 local ts = tonumber(b[2]) or now
-if now > ts then tokens = math.min(burst, tokens + (now - ts) * rate / 1000) end
+tokens = math.min(burst, tokens + math.max(0, now - ts) * rate / 1000)
 local allowed = 0
 if tokens >= cost then allowed = 1 end
 if redis.call('SET', KEYS[2], allowed, 'NX', 'PX', ARGV[4]) then
   tokens = tokens - allowed * cost
-  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', math.max(now, ts))
+  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', now)
 else
   allowed = tonumber(redis.call('GET', KEYS[2]))
 end

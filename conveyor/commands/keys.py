@@ -100,14 +100,16 @@ def _seconds(duration: str | None) -> float:
     hint = "--expires-in"
     if match is None:
         raise click.BadParameter("use a number and a unit: 90s, 30m, 12h, 30d", param_hint=hint)
-    seconds = int(match[1]) * _UNITS[match[2]]
-    if seconds == 0:  # an expiry of 0 is stored as "never": refuse it rather than invert it
-        raise click.BadParameter("a lifetime must be longer than 0", param_hint=hint)
-    try:  # the expiry is a float of Unix seconds: a longer one ended `create` with a traceback
-        return float(seconds)
-    except OverflowError:
+    # the expiry is a float of Unix seconds: a longer one ended `create` with a traceback, as
+    # did more digits than Python parses into an int (4300, a ValueError)
+    try:
+        seconds = float(int(match[1]) * _UNITS[match[2]])
+    except (OverflowError, ValueError):
         message = "too long a lifetime; leave --expires-in out for a key that never expires"
         raise click.BadParameter(message, param_hint=hint) from None
+    if seconds == 0:  # an expiry of 0 is stored as "never": refuse it rather than invert it
+        raise click.BadParameter("a lifetime must be longer than 0", param_hint=hint)
+    return seconds
 
 
 def _warn_unknown(models: tuple[str, ...]) -> None:
@@ -238,14 +240,12 @@ def list_keys(as_json: bool) -> None:
 
 async def _revoked(store: ApiKeyStore, given: str) -> str | None:
     """The id of the key revoked: `given` is its id or the key itself (an operator holding a
-    leaked key need not work out its id); None when it names no stored key."""
-    if KEY_ID.fullmatch(given):
-        key_id = given
-    elif (record := await store.verify(given)) is not None:
-        key_id = record.key_id
-    else:
-        return None
-    return key_id if await store.revoke(key_id) else None
+    leaked key need not work out its id); None when it names no stored key. An id that names
+    none may be a key itself: a chosen development key of 16 hex digits looks like an id."""
+    if KEY_ID.fullmatch(given) and await store.revoke(given):
+        return given
+    record = await store.verify(given)
+    return record.key_id if record is not None and await store.revoke(record.key_id) else None
 
 
 @command.command("revoke")
