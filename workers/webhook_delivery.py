@@ -11,6 +11,7 @@ Batch API job ends or a job is cancelled, by workers when a job with a webhook e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import math
@@ -43,8 +44,14 @@ from workers.app import app
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-# IPv6 prefixes whose last 32 bits are an IPv4 address: NAT64's well-known one, IPv4-compatible
-IPV4_CARRIERS = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("::/96"))
+# IPv6 prefixes whose last 32 bits are an IPv4 address: NAT64's well-known one, IPv4-compatible,
+# SIIT's IPv4-translated (RFC 2765), which Python calls global whatever they carry
+IPV4_CARRIERS = tuple(
+    ipaddress.IPv6Network(prefix) for prefix in ("64:ff9b::/96", "::/96", "::ffff:0:0:0/96")
+)
+# NAT64's local-use prefix (RFC 8215): a site's own translator, which reaches any IPv4 address
+# behind it (its private ones too), never globally reachable; Python before 3.13 calls it global.
+LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
 
 # What a Redis out of reach raises here: a cluster client that cannot reach a node to start from
 # raises RedisClusterException, no RedisError (escaped, it dropped the delivery for good).
@@ -270,6 +277,8 @@ class PrivateAddress(httpx.TransportError):
 def _public(address: IPAddress) -> bool:
     """Whether `address`, and any IPv4 address it carries, is globally routable unicast."""
     if isinstance(address, ipaddress.IPv6Address):
+        if address in LOCAL_NAT64:
+            return False
         carried = _carried(address)
         if carried is not None and not _public(carried):
             return False
@@ -284,16 +293,17 @@ def _carried(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     return address.ipv4_mapped or address.sixtofour
 
 
-async def _pinned(url: httpx.URL) -> tuple[httpx.URL, dict[str, str], dict[str, Any]]:
-    """The URL to connect to for `url`, with the Host header and TLS server name of `url`: an
-    address written in the URL as it is (the allow-list named it literally), a name looked up
-    once and its first address taken if every address it has is public or the operator named
-    it internal (PrivateAddress if not). The connection goes to the address checked: the HTTP
-    client's own lookup of the name could answer otherwise (DNS rebinding)."""
+async def _pinned(url: httpx.URL) -> tuple[list[httpx.URL], dict[str, str], dict[str, Any]]:
+    """The URLs to connect to for `url`, in turn, with the Host header and TLS server name of
+    `url`: an address written in the URL as it is (the allow-list named it literally), a name
+    looked up once and each of its addresses taken, in the resolver's order, if every one is
+    public or the operator named it internal (PrivateAddress if not). The connection goes to an
+    address checked: the HTTP client's own lookup of the name could answer otherwise (DNS
+    rebinding)."""
     host = url.raw_host.decode("ascii")
     try:
         ipaddress.ip_address(host)
-        return url, {}, {}
+        return [url], {}, {}
     except ValueError:
         pass
     try:
@@ -308,21 +318,37 @@ async def _pinned(url: httpx.URL) -> tuple[httpx.URL, dict[str, str], dict[str, 
         message = f"{host} resolves to {refused}, not a public address"
         raise PrivateAddress(f"{message} (nor in CONVEYOR_WEBHOOK_INTERNAL_HOSTS)")
     extensions: dict[str, Any] = {"sni_hostname": host} if url.scheme == "https" else {}
-    return url.copy_with(host=str(addresses[0])), {"Host": url.netloc.decode("ascii")}, extensions
+    targets = [url.copy_with(host=str(address)) for address in addresses]
+    return targets, {"Host": url.netloc.decode("ascii")}, extensions
 
 
 async def _answer(
     url: str, body: bytes, headers: dict[str, str], timeout_s: float
 ) -> tuple[int, str | None]:
     """The receiver's status code and Retry-After; its body is never read (an endless one cost
-    memory)."""
-    target, host, extensions = await _pinned(httpx.URL(url))
-    async with (
-        httpx.AsyncClient(timeout=timeout_s) as client,
-        client.stream(
-            "POST", target, content=body, headers=headers | host, extensions=extensions
-        ) as response,
-    ):
+    memory). An address that refuses the connection (or has no route) is passed for the next,
+    as the HTTP client's own connect does: only the first was tried, and a receiver whose first
+    address was down (one of a round robin's, an AAAA with no route) failed every attempt."""
+    targets, host, extensions = await _pinned(httpx.URL(url))
+    *fallbacks, last = targets
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        for target in fallbacks:
+            with contextlib.suppress(httpx.ConnectError):  # nothing was sent
+                return await _status(client, target, body, headers | host, extensions)
+        return await _status(client, last, body, headers | host, extensions)
+
+
+async def _status(
+    client: httpx.AsyncClient,
+    target: httpx.URL,
+    body: bytes,
+    headers: dict[str, str],
+    extensions: dict[str, Any],
+) -> tuple[int, str | None]:
+    """One POST's status code and Retry-After, its body unread."""
+    async with client.stream(
+        "POST", target, content=body, headers=headers, extensions=extensions
+    ) as response:
         return response.status_code, response.headers.get("Retry-After")
 
 

@@ -235,7 +235,11 @@ class QueueEta:
 
     def lane_rate(self, config: ModelConfig, variant: str, bulk: bool) -> float:
         """Entries per second the lane should drain at now (0: unknown): the workers' capacity
-        when measured, else (or if more) the window's rate, both scaled to the workers now."""
+        when measured, else (or if more) the window's rate, both scaled to the workers now.
+        While the other lane has work waiting the lane gets its share of micro-batches; while
+        it has none but drained some in the window (a trickle), what that left, its share at
+        least: the scheduler alternates only while both lanes wait, and a bulk backlog beside
+        an online job a second was given its 0.2 share, ETAs six times too long."""
         partition = (config.name, variant)
         load = self.loads.get(partition, PartitionLoad())
         samples = self._serving.get(partition) or deque([load.serving])
@@ -245,9 +249,11 @@ class QueueEta:
         window = (load.online_per_s + load.bulk_per_s) / mean_serving
         total = max(window, self._capacity.get(partition, 0.0)) * load.serving
         other_waiting = self._backlog(partition).waiting[0 if bulk else 1]
-        other_busy = (load.online_per_s if bulk else load.bulk_per_s) > 0 or other_waiting > 0
-        share = config.bulk_share if bulk else 1.0
-        return total * share / (1 + config.bulk_share) if other_busy else total
+        other_per_s = load.online_per_s if bulk else load.bulk_per_s
+        if other_per_s == 0 and other_waiting == 0:
+            return total
+        share = total * (config.bulk_share if bulk else 1.0) / (1 + config.bulk_share)
+        return share if other_waiting > 0 else max(share, total - other_per_s)
 
     def standing(self, config: ModelConfig, variant: str, bulk: bool, position: int) -> Standing:
         rate = self.lane_rate(config, variant, bulk)
