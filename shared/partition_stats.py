@@ -3,13 +3,15 @@ models there are (XINFO GROUPS + XLEN + the fair lane's held count, then the OLD
 each lane with jobs waiting): what `GET /v1/models` shows and what the Prometheus gauges report.
 A fair lane's flood waits outside its stream (held back per tenant), so its held jobs count as
 waiting in `lag` and in the oldest age, or a lag alert stayed quiet while a backlog built.
-An error reply other than a lane's "no such key" is raised, as one server's outage is: a cluster
+A partition one of whose keys is of another type is left out (named once in the log). An error
+reply other than those and a lane's "no such key" is raised, as one server's outage is: a cluster
 pipeline returns each node's errors (a master failing over, loading, frozen) as its commands'
 replies, which were read as 0 and dropped the gauges of that master's partitions to 0 mid-outage,
 clearing their alerts, where the metrics route keeps the last values of a read that raises."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,11 @@ from shared.keys import FAIR_SINCE_SUFFIX, GROUP, LUA_JOB_KEY, Keys
 from shared.model_repository import ModelRepository
 from shared.redis_client import executed
 
+log = logging.getLogger(__name__)
+# A partition's replies: each lane's XINFO GROUPS, XLEN and held count, then its DLQ's XLEN.
+PER_PARTITION = 7
+# Partitions left out for a key of another type, each named once a process, not at every read.
+_LEFT_OUT: set[tuple[str, str]] = set()
 # Held jobs looked at, oldest first, for the oldest still held: one that ended while held left
 # the lane's set then, so the first is that one but for a job whose hash expired (never ended)
 # or one a slot's migration left behind (see `unheld` in shared/job_scripts.py).
@@ -113,18 +120,37 @@ async def read_partition_stats(
             pipe.xlen(lane.stream)
             pipe.hget(keys.fair(lane.stream), "held")
         pipe.xlen(keys.dlq(partition.model, partition.variant))
-    results = iter(await _replies(pipe))
-    for partition in partitions:
-        for lane in (partition.online, partition.bulk):
-            _apply_group(lane, next(results))
-            lane.length = _int(next(results))
-            lane.held = _number(next(results))
-            lane.lag = max(0, lane.length - lane.pending) + lane.held
-            lane.length += lane.held
-        partition.dlq_depth = _int(next(results))
-    lanes = [lane for p in partitions for lane in (p.online, p.bulk)]
+    replies = await _replies(pipe)
+    read = [
+        partition
+        for n, partition in enumerate(partitions)
+        if _applied(partition, replies[n * PER_PARTITION : (n + 1) * PER_PARTITION])
+    ]
+    lanes = [lane for p in read for lane in (p.online, p.bulk)]
     await _oldest_ages(client, keys.job_prefix, lanes)
-    return partitions
+    return read
+
+
+def _applied(partition: PartitionStats, replies: list[Any]) -> bool:
+    """Whether `replies` (the partition's share of the read) are its state, applied; not when a
+    key of it is of another type (an operator's slip), which is left out, named once: it
+    refused the read of every partition, every pool's gauges gone (its alerts blind)."""
+    if refused := next((r for r in replies if _wrong_type(r)), None):
+        if (partition.model, partition.variant) not in _LEFT_OUT:
+            _LEFT_OUT.add((partition.model, partition.variant))
+            log.warning(
+                "%s:%s left out of the queue state: %s", partition.model, partition.variant, refused
+            )
+        return False
+    results = iter(replies)
+    for lane in (partition.online, partition.bulk):
+        _apply_group(lane, next(results))
+        lane.length = _int(next(results))
+        lane.held = _number(next(results))
+        lane.lag = max(0, lane.length - lane.pending) + lane.held
+        lane.length += lane.held
+    partition.dlq_depth = _int(next(results))
+    return True
 
 
 def _apply_group(lane: LaneStats, groups: Any) -> None:
@@ -158,7 +184,7 @@ async def _replies(pipe: Any) -> list[Any]:
     replies = await executed(pipe, raise_on_error=False)
     for reply in replies:
         if isinstance(reply, RedisError):
-            if not _no_such_key(reply):
+            if not (_no_such_key(reply) or _wrong_type(reply)):
                 raise reply
         elif isinstance(reply, Exception):
             raise RedisConnectionError(f"connection lost mid-pipeline: {reply!r}") from reply
@@ -167,6 +193,10 @@ async def _replies(pipe: Any) -> list[Any]:
 
 def _no_such_key(error: RedisError) -> bool:
     return type(error) is ResponseError and str(error).startswith("no such key")
+
+
+def _wrong_type(reply: Any) -> bool:
+    return type(reply) is ResponseError and str(reply).startswith("WRONGTYPE")
 
 
 def _int(value: Any) -> int:

@@ -48,14 +48,22 @@ async def _refresh_gauges(state: ProducerState) -> None:
     if time.monotonic() - _last_refresh < _REFRESH_S:
         return
     _last_refresh = time.monotonic()
-    for partition in await read_partition_stats(state.redis, state.keys, state.repository):
+    read = await read_partition_stats(state.redis, state.keys, state.repository)
+    for partition in read:
         labels = (partition.model, partition.variant)
         for lane_name, lane in (("online", partition.online), ("bulk", partition.bulk)):
             PARTITION_LAG.labels(*labels, lane_name).set(lane.lag)
             PARTITION_PENDING.labels(*labels, lane_name).set(lane.pending)
             OLDEST_AGE.labels(*labels, lane_name).set(lane.oldest_age_s)
         DLQ_DEPTH.labels(*labels).set(partition.dlq_depth)
-    partitions = [(config, variant) for config in state.repository for variant in config.variants]
+    # those read: one left out (a key of another type) would refuse the backlogs' read too
+    shown = {(p.model, p.variant) for p in read}
+    partitions = [
+        (config, variant)
+        for config in state.repository
+        for variant in config.variants
+        if (config.name, variant) in shown
+    ]
     for backlog in await read_backlogs(state.redis, state.keys, partitions):
         BACKLOG_SECONDS.labels(backlog.model, backlog.variant).set(backlog.seconds)
         BACKLOG_SCALING_SECONDS.labels(backlog.model, backlog.variant).set(backlog.scaling_seconds)
