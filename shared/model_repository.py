@@ -70,6 +70,14 @@ YEAR_S = 365 * 86_400.0
 UNNAMED_MAX_TOKENS = 128
 
 
+def max_tokens_limit(parameters: dict[str, Any]) -> int | None:
+    """The variant's `max_tokens_limit`, None where it sets none: a `null` (a variant lifting its
+    model's limit) is none, as GenerateParameters loads it and the producer reads it, where
+    `int(None)` failed every job of the model on the worker."""
+    limit = parameters.get("max_tokens_limit")
+    return None if limit is None else int(limit)
+
+
 def unnamed_max_tokens(parameters: dict[str, Any]) -> int:
     """The max_tokens a generate job naming none runs with, by its variant's `parameters`: its
     `default_max_tokens` (within its limit, as loaded), else UNNAMED_MAX_TOKENS cut at the limit
@@ -77,7 +85,7 @@ def unnamed_max_tokens(parameters: dict[str, Any]) -> int:
     default = parameters.get("default_max_tokens")
     if default is not None:
         return int(default)
-    return min(UNNAMED_MAX_TOKENS, int(parameters.get("max_tokens_limit", UNNAMED_MAX_TOKENS)))
+    return min(UNNAMED_MAX_TOKENS, max_tokens_limit(parameters) or UNNAMED_MAX_TOKENS)
 
 
 # The most jobs one worker's read may take at once (`max_batch_size`, a variant's too, and
@@ -578,13 +586,13 @@ class ModelConfig(BaseModel):
             return TorchOptions.model_validate(self.variant_parameters(variant).get("torch") or {})
         except ValidationError as exc:
             raise ModelConfigError(
-                f"model {self.name} variant {variant}: parameters.torch: {_problems(exc, 'torch')}"
+                f"model {self.name} variant {variant}: parameters.torch: {_problems(exc)}"
             ) from None
 
 
-def _problems(exc: ValidationError, whole: str = "", within: str = "") -> str:
-    """pydantic's errors on one line, each at its dotted location (`whole`: the object's own,
-    if it is to be named; `within`: the object's own place, before each field's); our own
+def _problems(exc: ValidationError, within: str = "") -> str:
+    """pydantic's errors on one line, each at its dotted location (`within`: the object's own
+    place, before each field's; an error of the whole object has none of its own); our own
     checks' messages without pydantic's `Value error, `. A value of the wrong type is quoted as
     YAML read it: `max_batch_size: yes` is `true`, not the integer its author meant."""
 
@@ -592,7 +600,7 @@ def _problems(exc: ValidationError, whole: str = "", within: str = "") -> str:
         message = str(error["msg"]).removeprefix("Value error, ")
         if str(error["type"]).endswith("_type"):
             message = f"{message}, not {quote(error['input'])}"
-        where = ".".join(map(str, [within, *error["loc"]] if within else error["loc"])) or whole
+        where = ".".join(map(str, [within, *error["loc"]] if within else error["loc"]))
         return f"{where}: {message}" if where else message
 
     return "; ".join(problem(error) for error in exc.errors())

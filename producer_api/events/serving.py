@@ -1,10 +1,10 @@
 """Job events without HTTP. While a job is queued it gets `queued` events (position, ETA) when
 they change, at most once a second, and one `scaling` event while no worker serves its
-partition. Then an LLM job streams its token stream from where the client left off (every
-missed chunk once, then live ones, then one final event); any other job sends a single final
-event when it ends, woken by the reply listener rather than by polling. A key holds at most
-its own `max_streams`, else CONVEYOR_MAX_STREAMS_PER_KEY, streams open at once (each costs
-Redis reads and a socket)."""
+partition (none while its load is not known yet, as a producer starts). Then an LLM job streams
+its token stream from where the client left off (every missed chunk once, then live ones, then
+one final event); any other job sends a single final event when it ends, woken by the reply
+listener rather than by polling. A key holds at most its own `max_streams`, else
+CONVEYOR_MAX_STREAMS_PER_KEY, streams open at once (each costs Redis reads and a socket)."""
 
 from __future__ import annotations
 
@@ -168,11 +168,12 @@ class EventsService:
             if view["status"] != JobStatus.QUEUED or "queue_position" not in view:
                 return
             now = {"queue_position": view["queue_position"], "eta_ms": view.get("eta_ms")}
+            # A load not known yet (none read since the producer started) is no idle partition:
+            # its workers may well serve it, and such streams each began with a `scaling`.
             load = self.state.queue_eta.load(view["model"], view["variant"])
-            idle = load is None or load.serving == 0
-            if idle and not scaling:
-                warming = load.warming if load else 0
-                data = {"consumers": 0, "warming": warming, "message": SCALING, **now}
+            idle = load is not None and load.serving == 0
+            if load is not None and idle and not scaling:
+                data = {"consumers": 0, "warming": load.warming, "message": SCALING, **now}
                 yield JobEvent("scaling", data)
             scaling = idle
             if now != last and (idle or now["queue_position"] > 0):

@@ -114,11 +114,6 @@ class BuildSettings:
     ) -> BuildSettings:
         """`max_seq`: the variant's checked `max_seq_length` (ModelConfig.encoder_parameters)."""
         max_batch = _whole(parameters, "max_batch", max_batch_size)
-        calibration_file = parameters.get("calibration_file")
-        if calibration_file is not None and not isinstance(calibration_file, str):
-            raise ValueError(
-                f"parameters.calibration_file must be a path, not {calibration_file!r}"
-            )
         settings = cls(
             precision=str(parameters.get("precision", "fp16")),
             max_batch=max_batch,
@@ -126,7 +121,7 @@ class BuildSettings:
             max_seq=max_seq,
             opt_seq=_whole(parameters, "opt_seq", min(64, max_seq)),
             workspace_mib=_whole(parameters, "workspace_mib", 2048),
-            calibration_file=calibration_file,
+            calibration_file=_path(parameters, "calibration_file"),
             calibration_batch=_whole(parameters, "calibration_batch", 16),
         )
         settings.check()
@@ -153,6 +148,15 @@ def _whole(parameters: dict[str, Any], name: str, default: int, least: int = 1) 
         raise ValueError(
             f"parameters.{name} must be a whole number of {least} or more, not {value!r}"
         )
+    return value
+
+
+def _path(parameters: dict[str, Any], name: str) -> str | None:
+    """A path setting, None where unset, else an error naming the setting: `Path()` of a number
+    or a list failed with a TypeError that named none."""
+    value = parameters.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"parameters.{name} must be a path, not {value!r}")
     return value
 
 
@@ -334,6 +338,7 @@ class TensorRTEngine(BatchEngine):
             self.parameters, self.config.max_batch_size_of(self.variant), own.max_seq_length
         )
         device_id = _whole(self.parameters, "device_id", 0, least=0)
+        self.engine_cache_dir = _path(self.parameters, "engine_cache_dir")
         require_gpu_packages()
         import pycuda.driver as cuda
         import tensorrt as trt
@@ -360,7 +365,7 @@ class TensorRTEngine(BatchEngine):
 
     def _load_or_build_plan(self, artifact_dir: Path) -> bytes:
         onnx_path = artifact_dir / (self.config.artifact or "model.onnx")
-        cache_dir = Path(self.parameters.get("engine_cache_dir", artifact_dir / "tensorrt"))
+        cache_dir = Path(self.engine_cache_dir or artifact_dir / "tensorrt")
         path = plan_path(cache_dir, onnx_path, self.settings)
         if path.is_file():
             log.info("loading TensorRT plan %s", path)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shared.generate_errors import ContextLengthExceeded
+from shared.model_repository import max_tokens_limit
 from workers.engines.base import GenerateEngine, GenerateRequest, TokenChunk
 from workers.runtime.engine_reaper import EngineReaper
 from workers.runtime.process_tree import children
@@ -193,7 +194,7 @@ class VllmEngine(GenerateEngine):
         room = max_model_len - prompt_tokens
         if room < 1:
             raise ContextLengthExceeded(prompt_tokens, max_model_len)
-        limit = int(self.parameters.get("max_tokens_limit", room))
+        limit = max_tokens_limit(self.parameters) or room
         max_tokens = max(1, min(request.max_tokens, limit, room))
         return SamplingParams(
             n=1,
