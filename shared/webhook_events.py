@@ -26,7 +26,10 @@ log = logging.getLogger(__name__)
 TASK_NAME = "conveyor.deliver_webhook"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
-TargetKind = Literal["job", "batch"]
+# What an event is about, which keeps its delivery's attempts: a job's or a Batch API job's hash.
+# A canary's (its model) keeps none: its record holds its decisions (shared/canary_store.py), and
+# the worker's log its deliveries.
+TargetKind = Literal["job", "batch", "canary"]
 
 
 def _port(parts: SplitResult) -> int | None:

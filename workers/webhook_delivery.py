@@ -2,11 +2,12 @@
 POST the signed event, retry with exponential backoff and jitter for a bounded time
 (`CONVEYOR_WEBHOOK_RETRY_FOR_S`), no sooner than a receiver's 429 or 503 asks in Retry-After
 (a 4xx that refuses the request itself is not retried), and record every attempt on the hash
-of the job or of the Batch API job (target kind `batch`) the event is about.
+of the job or of the Batch API job (target kind `batch`) the event is about (a canary's, kind
+`canary`, only in the log).
 
 Events are queued by name (`shared.webhook_events.WebhookDispatcher`): by the producer when a
-Batch API job ends or a job is cancelled, by workers when a job with a webhook ends
-(`workers/partition/job_events.py`)."""
+Batch API job ends, a job is cancelled or a canary decides, by workers when a job with a
+webhook ends (`workers/partition/job_events.py`)."""
 
 from __future__ import annotations
 
@@ -128,7 +129,12 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(settings.redis_url, **options)
 
 
-def _target_key(kind: TargetKind, target_id: str) -> str:
+def _target_key(kind: TargetKind, target_id: str) -> str | None:
+    """The hash that keeps the attempts of an event about `target_id`; None for a canary's,
+    whose attempts the log alone keeps (it was handed over as a job that never exists, each
+    attempt sent to a hash that was never there)."""
+    if kind == "canary":
+        return None
     keys = Keys(get_settings().key_prefix)
     return keys.batch(target_id) if kind == "batch" else keys.job(target_id)
 
@@ -262,8 +268,10 @@ def _record(kind: TargetKind, target_id: str, attempt: dict[str, Any], status: s
     """Bookkeeping, which never decides whether the event is retried: a Redis error here (a
     blip, a failover of the node holding the hash) escaped the task, which Celery then
     acknowledged, so the delivery was dropped for good after a failed attempt."""
+    if (key := _target_key(kind, target_id)) is None:
+        return
     try:
-        _attempt_log().record(_target_key(kind, target_id), attempt, status)
+        _attempt_log().record(key, attempt, status)
     except UNREACHABLE as exc:
         log.warning("webhook attempt on %s %s not recorded: %r", kind, target_id, exc)
 

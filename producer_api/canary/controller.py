@@ -411,10 +411,9 @@ class CanaryController:
         log.info("canary %s:%s %s at %g%%", canary.model, canary.variant, kind, canary.weight)
         if canary.webhook:
             body = event(f"model.canary.{kind}", OPERATOR, record)
-            target = f"canary-{canary.model}"
             # handed over, never raised: the decision stands (a start or an abort answered 500
             # for a canary it had started or ended)
-            await self.webhooks.hand_over("job", target, canary.webhook, body)
+            await self.webhooks.hand_over("canary", canary.model, canary.webhook, body)
 
 
 def _serves(config: ModelConfig, name: str) -> bool:

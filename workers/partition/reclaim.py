@@ -177,8 +177,8 @@ class Reclaimer:
 
     async def _notify(self, stream: str, job_ids: list[str]) -> None:
         """The ended jobs' webhook events, each with the view a client reading the job would
-        get, then one ZREM of those handed over from the lane's owed set, and of those whose
-        hash is gone (expired: no event to build)."""
+        get, then one ZREM of those handed over from the lane's owed set, and of those with no
+        event to send (hash gone, or naming no webhook)."""
         if not job_ids:
             return
         records = await self.store.get_many(job_ids)
@@ -187,12 +187,14 @@ class Reclaimer:
         await self.outbox.settle(stream, settled)
 
     async def _settled(self, job_id: str, record: JobRecord | None) -> bool:
-        """Whether the job owes no event now: handed over just now, or its hash is gone."""
-        if record is None:
+        """Whether the job owes no event now: handed over just now, or there is none to send
+        (its hash is gone, or names no webhook). Left owed, one with none came back first on
+        every pass until the set's TTL, which each event owed renews: a pass's whole read of
+        such jobs held every due event back for good."""
+        if record is None or not (url := record.fields.get("webhook")):
             return True
-        url = record.fields.get("webhook", "")
         tenant = record.fields.get("tenant", "default")
-        return bool(url) and await self.events.send(job_id, url, record.view(), tenant)
+        return await self.events.send(job_id, url, record.view(), tenant)
 
     async def prune_consumers(self, stream: str) -> list[str]:
         """Forget consumers idle past the visibility timeout that own no pending entries (live
