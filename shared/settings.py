@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from redis.connection import parse_url
 
 from shared.cpu_count import usable_cpus
 from shared.http_url import is_http_url
@@ -20,15 +21,29 @@ from shared.http_url import is_http_url
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 VISIBLE_ASCII = "[!-~]"  # a character class: ASCII without spaces or control characters
 PRINTABLE = re.compile(f"^{VISIBLE_ASCII}*$")
+# `scheme://user:password@`: a URL's userinfo up to its password (a literal `@` in one is %40)
+URL_PASSWORD = re.compile(r"(://[^:/@\s,]*:)[^/@\s,]*@")
 # A token bucket's bounds (shared/rate_limit.py), for the defaults here and a key's own: its
 # refill time (burst / rate, at most 10^18 ms) must stay an integer Redis takes as a PEXPIRE,
 # and its tokens whole numbers a double holds exactly.
 MIN_RATE_PER_S = 1e-6  # a token every 11.6 days
 MAX_BURST = 1_000_000_000
+# Longest wait a thread's or socket's timeout is given (a year): past threading.TIMEOUT_MAX
+# (292 years) Python raises OverflowError, as it did for `inf`; a sum of a few stays below it.
+MAX_TIMEOUT_S = 31_536_000
 
 
 def _default_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def valid_key_prefix(value: str) -> str:
+    """CONVEYOR_KEY_PREFIX's rule, `conveyor render keda --key-prefix`'s too: a brace would move
+    every key's hash tag (shared/keys.py), scattering what one script touches over a cluster's
+    slots."""
+    if not PRINTABLE.match(value) or "{" in value or "}" in value:
+        raise ValueError("must be printable ASCII without spaces or braces")
+    return value
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -60,7 +75,7 @@ class Settings(BaseSettings):
     # answers 202 (and before the worker tells the waiting producer): WAIT N after the write.
     # 0: answer once the master has it (a failover may lose the last writes).
     replica_acks: int = Field(default=0, ge=0)
-    key_prefix: str = "cv:"
+    key_prefix: Annotated[str, AfterValidator(valid_key_prefix)] = "cv:"
     model_repository: Path = Path("model_repository")
     artifact_dir: Path = Path("var/models")
     models: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -82,7 +97,7 @@ class Settings(BaseSettings):
     # Request boundary (producer_api/request_boundary.py): deepest JSON nesting accepted.
     max_json_depth: int = Field(default=64, ge=2)
     # Longest wait on Redis for one command, a connection or a free pooled connection.
-    redis_timeout_s: float = Field(default=2.0, gt=0)
+    redis_timeout_s: float = Field(default=2.0, gt=0, le=MAX_TIMEOUT_S)
     max_wait_s: float = Field(default=60.0, gt=0)
     result_ttl_s: int = Field(default=86_400, ge=1)
     # An LLM job's token stream once its final event is written (its text lives on in the
@@ -146,12 +161,12 @@ class Settings(BaseSettings):
     gc_freeze: bool = True
     gc_young_threshold: int = Field(default=10_000, ge=1)
     # 0 would be BLOCK 0: wait forever, and never notice a stop.
-    block_ms: int = Field(default=1_000, ge=1)
-    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    block_ms: int = Field(default=1_000, ge=1, le=MAX_TIMEOUT_S * 1_000)
+    shutdown_grace_s: float = Field(default=30.0, ge=0, le=MAX_TIMEOUT_S)
     # Past the grace (or a crash, or a start given up): what an engine's close that overran its
     # share and Celery's own exit get before a worker's exit is forced, and before `conveyor up`
     # and `conveyor autoscale` kill a worker they stopped.
-    forced_exit_margin_s: float = Field(default=20.0, gt=0)
+    forced_exit_margin_s: float = Field(default=20.0, gt=0, le=MAX_TIMEOUT_S)
     # A worker whose resident memory (its engines' processes included) passes this many MiB is
     # recycled as Celery's worker_max_memory_per_child does: drained, then exits 75 to be
     # restarted (workers/runtime/memory_ceiling.py). 0: no ceiling.
@@ -161,11 +176,34 @@ class Settings(BaseSettings):
 
     @field_validator("redis_url")
     @classmethod
-    def _redis_scheme(cls, value: str) -> str:
-        """redis-py's own error names no setting, and surfaces only once a process connects."""
+    def _redis_url(cls, value: str) -> str:
+        """redis-py's own error names no setting, and surfaces only once a process connects: a
+        traceback from each command. A database path that is no number it drops in silence,
+        using database 0."""
         if not value.startswith(REDIS_SCHEMES):
             raise ValueError(f"must start with one of {', '.join(REDIS_SCHEMES)}")
+        try:
+            options = parse_url(value)
+        except ValueError as exc:
+            raise ValueError(str(exc).rstrip(".")) from None
+        database = "" if value.startswith("unix://") else urlsplit(value).path.strip("/")
+        if database and not database.isdigit():
+            raise ValueError(f"database {database!r} is not a number (redis://host:port/0)")
+        if options.get("port") == 0:
+            raise ValueError("port 0 is no port a server listens on")
+        if options.get("db", 0) < 0:
+            raise ValueError("a database is numbered from 0")
         return value
+
+    @field_validator("redis_cluster")
+    @classmethod
+    def _cluster_database(cls, cluster: bool, info: ValidationInfo) -> bool:
+        """A cluster has database 0 only: redis-py's RedisCluster refuses any other as each
+        process connects, with a traceback."""
+        url = info.data.get("redis_url")  # absent when it was refused itself
+        if cluster and url is not None and (database := parse_url(url).get("db", 0)):
+            raise ValueError(f"a cluster has database 0 only; CONVEYOR_REDIS_URL names {database}")
+        return cluster
 
     @field_validator("model_repository", "artifact_dir", "state_dir", "host", mode="before")
     @classmethod
@@ -175,15 +213,6 @@ class Settings(BaseSettings):
         if isinstance(value, str) and not value.strip():
             meant = "0.0.0.0 for every interface" if info.field_name == "host" else "'.' here"
             raise ValueError(f"must not be empty: unset it for the default, or name {meant}")
-        return value
-
-    @field_validator("key_prefix")
-    @classmethod
-    def _key_prefix(cls, value: str) -> str:
-        """A brace would move every key's hash tag (shared/keys.py), scattering what one script
-        touches over a cluster's slots."""
-        if not PRINTABLE.match(value) or "{" in value or "}" in value:
-            raise ValueError("must be printable ASCII without spaces or braces")
         return value
 
     @field_validator("instance_id")
@@ -245,10 +274,15 @@ def get_settings() -> Settings:
     return Settings()
 
 
+def _masked(value: object) -> str:
+    return URL_PASSWORD.sub(r"\1***@", repr(value))
+
+
 def bad_setting(exc: ValidationError) -> str:
-    """A Settings validation error in one line naming each variable, its value and why."""
+    """A Settings validation error in one line naming each variable, its value and why; a URL's
+    password masked, since the line goes to a terminal or a pod's log."""
     problems = "; ".join(
-        f"CONVEYOR_{'_'.join(map(str, e['loc'])).upper()}={e['input']!r}: {e['msg']}"
+        f"CONVEYOR_{'_'.join(map(str, e['loc'])).upper()}={_masked(e['input'])}: {e['msg']}"
         for e in exc.errors()
     )
     return f"bad setting: {problems}"

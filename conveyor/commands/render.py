@@ -13,7 +13,7 @@ from autoscaling.keda import PROMETHEUS_URL, MetricSources, RedisTarget, render,
 from shared.http_url import is_http_url
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
-from shared.settings import get_settings
+from shared.settings import get_settings, valid_key_prefix
 
 KEDA_FILE = "keda.yaml"
 # A Kubernetes namespace is an RFC 1123 label: anything else renders YAML the API server refuses.
@@ -27,6 +27,17 @@ def _namespace(_ctx: click.Context, _param: click.Parameter, value: str | None) 
             "at most 63, starting and ending with a letter or digit)"
         )
     return value
+
+
+def _key_prefix(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """CONVEYOR_KEY_PREFIX's rule: triggers for a prefix the pods refuse watch streams no one
+    writes."""
+    if value is None:
+        return value
+    try:
+        return valid_key_prefix(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} {exc}") from None
 
 
 def _http_url(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
@@ -63,7 +74,12 @@ def command() -> None:
     help=f"'-' for stdout, or a directory to write {KEDA_FILE} into.",
 )
 @click.option("--model-repository", type=click.Path(path_type=Path, file_okay=False), default=None)
-@click.option("--key-prefix", default=None, help="Redis key prefix (default: CONVEYOR_KEY_PREFIX).")
+@click.option(
+    "--key-prefix",
+    default=None,
+    callback=_key_prefix,
+    help="Redis key prefix (default: CONVEYOR_KEY_PREFIX).",
+)
 @click.option(
     "--producer-url",
     default=None,
