@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.redis_client import connect
-from shared.settings import Settings, get_settings
+from shared.settings import Settings, get_settings, masked_url
 
 T = TypeVar("T")
 STATE_FILE = "stack.json"
@@ -182,7 +182,7 @@ NO_STACK = (
 
 
 def unreachable(url: str, error: Exception, advice: str) -> click.ClickException:
-    return click.ClickException(f"cannot reach Redis at {url} ({error}); {advice}")
+    return click.ClickException(f"cannot reach Redis at {masked_url(url)} ({error}); {advice}")
 
 
 def refuse_unreachable(url: str, advice: str, cluster: bool | None = None) -> None:
@@ -201,4 +201,5 @@ def refuse_unreachable(url: str, advice: str, cluster: bool | None = None) -> No
     except (RedisConnectionError, RedisTimeoutError) as exc:
         raise unreachable(url, exc, advice) from None
     except RedisError as exc:  # it answers with an error: a database it lacks (`/99`)
-        raise click.ClickException(f"cannot use Redis at {url} ({exc}); {advice}") from None
+        message = f"cannot use Redis at {masked_url(url)} ({exc}); {advice}"
+        raise click.ClickException(message) from None

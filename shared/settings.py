@@ -274,18 +274,20 @@ def get_settings() -> Settings:
     return Settings()
 
 
-def _masked(value: object) -> str:
-    return URL_PASSWORD.sub(r"\1***@", repr(value))
+def masked_url(text: str) -> str:
+    """`text` with each URL's password shown as `***`: lines naming a Redis URL go to terminals
+    and pods' logs."""
+    return URL_PASSWORD.sub(r"\1***@", text)
 
 
 def bad_setting(exc: ValidationError) -> str:
     """A Settings validation error in one line naming each variable, its value and why; a URL's
     password masked, since the line goes to a terminal or a pod's log."""
     problems = "; ".join(
-        f"CONVEYOR_{'_'.join(map(str, e['loc'])).upper()}={_masked(e['input'])}: {e['msg']}"
+        f"CONVEYOR_{'_'.join(map(str, e['loc'])).upper()}={e['input']!r}: {e['msg']}"
         for e in exc.errors()
     )
-    return f"bad setting: {problems}"
+    return masked_url(f"bad setting: {problems}")
 
 
 def settings_or_exit() -> Settings:

@@ -26,7 +26,7 @@ from conveyor.state_dir_lock import state_dir_lock
 from conveyor.supervisor import Supervisor
 from shared.cpu_count import usable_cpus
 from shared.model_repository import ModelRepository
-from shared.settings import get_settings
+from shared.settings import get_settings, masked_url
 
 BANNER = """{key_note}
 Conveyor is up: producer {url} ({producers}), workers for {models}.
@@ -220,7 +220,8 @@ def _one_line_if_redis_lost(url: str) -> Iterator[None]:
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise click.ClickException(f"lost Redis at {url} ({exc}) while the stack started") from None
+        message = f"lost Redis at {masked_url(url)} ({exc}) while the stack started"
+        raise click.ClickException(message) from None
 
 
 def _say(line: str, err: bool = False) -> None:
