@@ -19,15 +19,17 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
+import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from producer_api.redis_outage import RedisOutage
 from producer_api.task_cancel import cancel_and_wait
-from shared.codec import as_text, loads, spliced_outputs
+from shared.codec import OUTPUTS_TEXT, as_text, loads, spliced_outputs
+from shared.job_states import TERMINAL
 from shared.job_store import JobStore
 from shared.keys import Keys, job_tag
 from shared.redis_client import (
@@ -190,7 +192,7 @@ class ReplyListener:
                     await self._recheck()
                 async for message in _heard(pubsub, lambda: self._sweep(node, pubsub)):
                     if message["type"] == "smessage":
-                        self._deliver_all(loads(message["data"]))
+                        self._deliver_all(message["data"])
                     elif message["type"] == "sunsubscribe" and self._held(node, message):
                         # the node gave the channel's slot away (resharding): it says so, and
                         # nothing else, and the connection lives on
@@ -281,17 +283,39 @@ class ReplyListener:
             if not future.done():
                 future.set_result({})
 
-    def _deliver_all(self, message: list[dict[str, Any]] | dict[str, Any]) -> None:
+    def _deliver_all(self, data: bytes) -> None:
         """A worker publishes an array per micro-batch (every job of it this producer waits
         for; several of ~1 MiB at most when it publishes after a replica WAIT); a cancel or a
-        dead letter publishes one view alone."""
+        dead letter publishes one view alone. What is no ended job's view (not JSON, no text
+        `id`, no terminal `status`) is logged and dropped alone: raised, it ended the listening
+        task, and every waiter of this producer sat out its whole wait from then on; delivered,
+        it woke its job's waiters before the job had ended."""
+        try:
+            message = loads(data)
+        except orjson.JSONDecodeError:
+            message = None
         for view in message if isinstance(message, list) else [message]:
-            self._deliver(spliced_outputs(view))
+            if _is_view(view):
+                self._deliver(spliced_outputs(view))
+            else:
+                log.warning("reply listener dropped a message that ends no job: %.200r", data)
 
     def _deliver(self, view: dict[str, Any]) -> None:
         for future in self._waiters.pop(as_text(view.get("id", "")), ()):
             if not future.done():
                 future.set_result(view)
+
+
+def _is_view(view: Any) -> TypeGuard[dict[str, Any]]:
+    """Whether a reply's item is the view of a job that ended: an object with a text `id` and
+    a terminal `status` (and its outputs, if written as text, as text)."""
+    return (
+        isinstance(view, dict)
+        and isinstance(view.get("id"), str)
+        and isinstance(status := view.get("status"), str)
+        and status in TERMINAL
+        and isinstance(view.get(OUTPUTS_TEXT, ""), str)
+    )
 
 
 def _hash_tag(channel: str) -> str:
