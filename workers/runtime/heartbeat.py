@@ -19,6 +19,7 @@ from celery import bootsteps
 from celery.worker import state as celery_state
 from redis.exceptions import RedisError
 
+from shared.backlog import ServiceCost
 from shared.keys import Keys
 from shared.metrics import BATCH_SIZE, JOBS_FINISHED
 from shared.model_repository import ModelRepository
@@ -83,6 +84,15 @@ class _Beater:
         self.beat.jobs_done = int(labelled_total(JOBS_FINISHED, "_total", {}))
         self.beat.state = self._state()
 
+    def _costs(self) -> dict[tuple[str, str], ServiceCost]:
+        """This beat's measured costs; none when measuring failed, so that the beat, which says
+        the worker is alive, still goes out."""
+        try:
+            return self.costs.measure()
+        except Exception:
+            log.exception("heartbeat: measuring this worker's costs failed; beating without")
+            return {}
+
     def _run(self) -> None:
         asyncio.run(self._serve())
 
@@ -93,13 +103,17 @@ class _Beater:
         clock = ClockSkew()
         try:
             while not self._stopping.is_set():
-                self._refresh()
                 try:
-                    await registry.publish(self.beat, self.costs.measure())
+                    self._refresh()
+                    await registry.publish(self.beat, self._costs())
                     await clock.check(client)
                     outage.recovered()
                 except RedisError as exc:
                     outage.failed(exc)
+                except Exception:
+                    # any other error ended the thread, the worker serving on unseen: its
+                    # partitions read as having no consumer (console, scaling, queue ETAs)
+                    log.exception("heartbeat: a beat failed; the next is due in %gs", HEARTBEAT_S)
                 # on this thread, its loop's only task: an executor thread would be one the
                 # interpreter's exit joins, and a worker whose start failed (Celery stops none
                 # of its steps) waited up to a beat more to exit

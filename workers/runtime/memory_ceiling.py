@@ -22,20 +22,34 @@ log = logging.getLogger(__name__)
 RECYCLED = os.EX_TEMPFAIL  # 75
 CHECK_EVERY_S = 1.0
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-_MIB = 1 << 20
 
 
-def resident_mib(pid: int) -> float:
+def resident_mib(pid: int, above_mib: float = 0.0) -> float:
     """The resident memory of process `pid` and its descendants, in MiB: an LLM worker's vLLM
-    engine core holds most of its memory. Read from /proc (a few small files, cheap once a
-    second); a process that ended meanwhile counts nothing."""
+    engine core holds most of its memory. Each page counts once, as the container's memory
+    limit counts it: one they share (a forked engine core's copy-on-write pages, a library) is
+    split among its holders (PSS), where summed RSS counted it in each and recycled a worker
+    well below its ceiling. PSS costs the kernel a walk of every page table (~20 ms a GiB), so
+    it is read only once summed RSS, read from /proc/*/statm for next to nothing and never
+    less, passes `above_mib`. A process that ended meanwhile counts nothing."""
     family = [pid, *descendants(pid)]
-    return sum(_resident_pages(member) for member in family) * _PAGE_BYTES / _MIB
+    rss_mib = sum(map(_rss_kib, family)) / 1024
+    return rss_mib if rss_mib <= above_mib else sum(map(_pss_kib, family)) / 1024
 
 
-def _resident_pages(pid: int) -> int:
+def _pss_kib(pid: int) -> int:
     try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:  # none (a kernel before 4.14), withheld (not dumpable), or the process gone
+        return _rss_kib(pid)
+    return next(
+        (int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0
+    )
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE_BYTES // 1024
     except (FileNotFoundError, ProcessLookupError):
         return 0
 
@@ -52,7 +66,7 @@ class MemoryCeiling:
 
     async def run(self) -> None:
         while not self.stopping.is_set():
-            used = resident_mib(os.getpid())
+            used = resident_mib(os.getpid(), self.max_mib)
             if used > self.max_mib:
                 log.warning(
                     "resident memory %.0f MiB (its engines' processes included) passed "
