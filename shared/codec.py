@@ -89,8 +89,10 @@ class RequestEntry:
     # ends the job: it lives in the key's slot, so the ender frees it beside its script.
     inflight: str = ""
     # A Batch API item's batch: its completion window (carried as the deadline) bounds its
-    # wait, not the queue's max_queue_time_s.
+    # wait, not the queue's max_queue_time_s. `batch_until`: that window's end (ms), which tells
+    # an item the window expired from one whose line's own earlier deadline did.
     batch: str = ""
+    batch_until: int = 0
     # A dead letter's replay: the job it runs again, named in its view and webhook events, so
     # that a receiver can tell an event for an id it never submitted.
     replay_of: str = ""
@@ -109,6 +111,7 @@ class RequestEntry:
             fields["inflight"] = self.inflight
         if self.batch:
             fields["batch"] = self.batch
+            fields["batch_until"] = self.batch_until
         if self.replay_of:
             fields["replay_of"] = self.replay_of
         return fields
@@ -128,8 +131,15 @@ class RequestEntry:
             traceparent=fields.get(b"tp", b"").decode(),
             inflight=fields.get(b"inflight", b"").decode(),
             batch=fields.get(b"batch", b"").decode(),
+            batch_until=int(fields.get(b"batch_until", b"0")),
             replay_of=fields.get(b"replay_of", b"").decode(),
         )
+
+    @property
+    def window_ended(self) -> bool:
+        """Whether this Batch API item's deadline is its batch's window end, not its line's own
+        earlier one (an older producer's item, naming no window end, is taken as its own)."""
+        return bool(self.batch_until) and self.deadline_ms >= self.batch_until
 
     @classmethod
     def named(cls, fields: dict[bytes, bytes], now_ms: float) -> RequestEntry | None:

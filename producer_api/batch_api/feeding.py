@@ -47,7 +47,10 @@ class BatchFeeder:
 
     async def _feed(self, lane: HeldLane, count: int) -> None:
         """Up to `count` of the lane's held items, CHUNK an ENQUEUE round trip, then each
-        chunk's taken ones recorded (`BatchApiStore.fed`); stops where the lane refuses one."""
+        chunk's taken ones recorded (`BatchApiStore.fed`); stops where the lane refuses one.
+        Counted submitted by the feeder that records them, so once: a second feeder of the same
+        items (two producers sweep) finds them enqueued already, and its ENQUEUE takes them
+        all the same."""
         while count > 0:
             head = await self.store.held_head(lane, min(count, CHUNK))
             if not head:
@@ -55,8 +58,8 @@ class BatchFeeder:
             jobs = [lane.job(raw) for raw in head]
             refused = await self.jobs.create_many(jobs, lane.limit)
             taken = refused[0] if refused else len(jobs)
-            if taken:
-                await self.store.fed(lane, head[0], [job.entry.job_id for job in jobs[:taken]])
+            ids = [job.entry.job_id for job in jobs[:taken]]
+            if taken and await self.store.fed(lane, head[0], ids):
                 JOBS_SUBMITTED.labels(lane.model, lane.variant, "bulk").inc(taken)
             if taken < len(jobs):
                 return

@@ -386,6 +386,7 @@ class BatchApiService:
         entry = item.entry
         entry.reply = ""
         entry.batch = batch_id
+        entry.batch_until = expires_ms
         entry.deadline_ms = min(entry.deadline_ms or expires_ms, expires_ms)
         fields: dict[str, str | int] = {
             "model": item.config.name,

@@ -79,7 +79,10 @@ class Partition:
         waited_too_long = queued and now - entry.enqueued_ms > max_wait_ms
         if (entry.deadline_ms and now > entry.deadline_ms) or waited_too_long:
             error = {"type": "DeadlineExceeded", "message": "job expired before it could run"}
-            return self.finish(delivery, JobStatus.EXPIRED, {"error": dumps(error).decode()})
+            expired = self.finish(delivery, JobStatus.EXPIRED, {"error": dumps(error).decode()})
+            if entry.window_ended:  # the batch's end, which its own webhook reports (README)
+                expired.webhook = ""
+            return expired
         return None
 
     def undecodable(self, delivery: Delivery, refused: Undecodable) -> Finish:
