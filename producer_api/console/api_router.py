@@ -73,11 +73,16 @@ Service = Annotated[Console, Depends(console)]
 
 
 async def signed_in(request: Request, state: State, service: Service) -> ConsoleSession:
-    """The caller's console session; without one, a redirect to the login page."""
+    """The caller's console session; without one, a redirect to the login page. A session whose
+    key no longer holds `read` (stored again with fewer scopes) is none: a login with that key
+    is refused, yet its session went on opening every page and feed."""
     try:
-        return await current_session(state, service.signer, service.sessions, request)
+        current = await current_session(state, service.signer, service.sessions, request)
     except LoginRequired:
-        raise HTTPException(303, "login required", {"Location": "/console/login"}) from None
+        current = None
+    if current is None or not current.principal.may("read"):
+        raise HTTPException(303, "login required", {"Location": "/console/login"})
+    return current
 
 
 SignedIn = Annotated[ConsoleSession, Depends(signed_in)]

@@ -1,11 +1,17 @@
 """Security headers on every answer under /console: its pages, files and feeds, and every error,
 whoever made it (the app's exception handlers, Starlette's router). A route class that added
 them to its routes' answers and errors left out what the router answers before any route runs:
-a 405 for a console route asked with another method, a 404 for a path it does not have. A
-strict Content-Security-Policy: scripts and styles only from /console/static, no framing."""
+a 405 for a console route asked with another method, a 404 for a path it does not have. Nor
+does a middleware see the safety net's 500 for a bug (Starlette answers it outside them all):
+the console's are answered here. A strict Content-Security-Policy: scripts and styles only
+from /console/static, no framing."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 PREFIX = "/console"
@@ -22,6 +28,7 @@ SECURITY_HEADERS = {
 }
 _RAW = [(name.lower().encode(), value.encode()) for name, value in SECURITY_HEADERS.items()]
 _NAMES = {name for name, _ in _RAW}
+SafetyNet = Callable[[Request, Exception], Awaitable[Response]]
 
 
 def is_console(path: str) -> bool:
@@ -37,10 +44,22 @@ class ConsoleHeadersMiddleware:
             await self.app(scope, receive, send)
             return
 
+        started = False
+
         async def send_secured(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 own = [(n, v) for n, v in message.get("headers", ()) if n.lower() not in _NAMES]
                 message = {**message, "headers": own + _RAW}
             await send(message)
 
-        await self.app(scope, receive, send_secured)
+        try:
+            await self.app(scope, receive, send_secured)
+        except Exception as exc:
+            safety_net: SafetyNet | None = scope["app"].exception_handlers.get(Exception)
+            if started or safety_net is None:
+                raise
+            # answered (and logged) once, here: raised on, the safety net ran again outside
+            response = await safety_net(Request(scope), exc)
+            await response(scope, receive, send_secured)
