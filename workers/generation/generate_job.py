@@ -73,9 +73,9 @@ class InvalidChunk(TypeError):
 
 
 def checked(chunk: object) -> TokenChunk:
-    """The engine's chunk, if a token stream can carry it: text a string, counts integers, a
-    finish reason a string or none. A bad one used to stop the loop that writes every job's
-    tokens (the worker's consumer with it); now it fails its own job."""
+    """The engine's chunk, if a token stream can carry it: text a string UTF-8 can hold, counts
+    integers, a finish reason such a string or none. A bad one used to stop the loop that writes
+    every job's tokens (the worker's consumer with it); now it fails its own job."""
     if not isinstance(chunk, TokenChunk):
         raise InvalidChunk(f"the engine yielded {type(chunk).__name__}, not a TokenChunk")
     try:
@@ -87,7 +87,22 @@ def checked(chunk: object) -> TokenChunk:
         raise InvalidChunk(
             f"the engine yielded text or a finish reason that is no string: {chunk!r}"
         )
+    try:  # a lone surrogate (a stray byte decoded with surrogateescape) failed the tick's write
+        f"{chunk.text}{chunk.finish_reason or ''}".encode()
+    except UnicodeEncodeError:
+        raise InvalidChunk(f"the engine yielded text UTF-8 cannot hold: {chunk!r}") from None
     return chunk
+
+
+def engine_failure(exc: Exception) -> dict[str, str]:
+    """A job's error for the exception the engine raised for it, its message as UTF-8 can hold
+    it: a lone surrogate in it (a stray byte decoded with surrogateescape) failed the JSON of
+    the job's final event, and that stopped the loop that writes every job's tokens."""
+    message = str(exc) or repr(exc)
+    return {
+        "type": type(exc).__name__,
+        "message": message.encode(errors="backslashreplace").decode(),
+    }
 
 
 @dataclass(slots=True)

@@ -22,9 +22,20 @@ from shared.job_states import TERMINAL, JobStatus
 from shared.job_store import now_ms
 from shared.metrics import BATCH_SIZE, GENERATE_BUSY, TOKENS, TPOT, TTFT
 from shared.token_stream import TokenEvent
-from workers.batching.micro_batch_telemetry import batch_span, record_batch, record_ended
+from workers.batching.micro_batch_telemetry import (
+    ENDED_BY_THE_API,
+    batch_span,
+    record_batch,
+    record_ended,
+)
 from workers.engines.base import EngineDied, GenerateEngine, TokenChunk
-from workers.generation.generate_job import InvalidChunk, RunningJob, checked, generate_request
+from workers.generation.generate_job import (
+    InvalidChunk,
+    RunningJob,
+    checked,
+    engine_failure,
+    generate_request,
+)
 from workers.partition.finish import Finish
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
@@ -117,6 +128,11 @@ class GenerateLoop:
         self.running: dict[str, RunningJob] = {}
         self.settling: set[LaneEntry] = set()  # entries of ended jobs not yet written back
         self.stopping = Stopping()
+        # Set once the drain is over: the publisher's writes ride out an outage until then, as
+        # the drain's touches do. They gave up at their first failure once a stop was asked: a
+        # blip then (a failover during a rolling restart) left the generations that finished
+        # in the drain unwritten, to run again elsewhere a visibility timeout later.
+        self._drained = asyncio.Event()
         self._chunks: list[tuple[RunningJob, TokenChunk, int]] = []
         self._ended: list[RunningJob] = []
         self._given_up: list[RunningJob] = []  # a drain's: handed back once the publisher ends
@@ -143,6 +159,7 @@ class GenerateLoop:
         finally:
             self.stopping.set()
             await self._drain()
+            self._drained.set()
             self._wake.set()
             with contextlib.suppress(Stopped):
                 await publisher
@@ -196,7 +213,7 @@ class GenerateLoop:
             outcome = self.partition.skip_or_expire(delivery) or self._start(stream, delivery)
             if outcome is not None:
                 settled.append(outcome)
-        await self._settle(stream, settled)
+        await self._settle(stream, settled, self.stopping)
 
     def _start(self, stream: str, delivery: Delivery) -> Finish | None:
         """Start generating; a job whose parameters the engine cannot take fails alone."""
@@ -233,7 +250,7 @@ class GenerateLoop:
                 job.abandoned = True
                 self._engine_died(exc)
             else:
-                job.error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
+                job.error = engine_failure(exc)
         if job.error:
             log.warning("generation failed", extra={"job_id": job.job_id, "error": job.error})
         self._ended.append(job)
@@ -324,12 +341,12 @@ class GenerateLoop:
     async def _write(
         self, appends: list[tuple[RunningJob, TokenAppend]], watch: list[str]
     ) -> TickWritten:
-        """The tick's round trip, retried through an outage; each try leaves out the jobs given
-        up meanwhile (a touch found them taken over, a drain let them go): the write built
-        before the outage wrote them all."""
+        """The tick's round trip, retried through an outage until the drain is over; each try
+        leaves out the jobs given up meanwhile (a touch found them taken over, a drain let them
+        go): the write built before the outage wrote them all."""
         return await until_done(
             lambda: self.tokens.write([a for job, a in appends if not job.abandoned], watch),
-            self.stopping,
+            self._drained,
             self.partition.name,
         )
 
@@ -381,26 +398,32 @@ class GenerateLoop:
         # in hand until written back, from now: the admit loop may read our pending list
         self.settling.update((s, f.entry_id) for s, finishes in by_stream.items() for f in finishes)
         for stream, finishes in by_stream.items():
-            await self._settle(stream, finishes)
+            await self._settle(stream, finishes, self._drained)
         if ended:
             self._slot_freed.set()
 
-    async def _settle(self, stream: str, finishes: list[Finish]) -> None:
-        """Write results, reply, XACK and XDEL in one script call, then notify and count. The
-        entries stop counting as in hand once written back (`_finish` counts them from when
-        their jobs end; the admit loop's own settles finish before it reads again)."""
+    async def _settle(self, stream: str, finishes: list[Finish], stop: asyncio.Event) -> None:
+        """Write results, reply, XACK and XDEL in one script call, retried through an outage
+        until `stop` (the admit loop's stop, the publisher's end of the drain), then notify and
+        count. The entries stop counting as in hand once written back (`_finish` counts them
+        from when their jobs end; the admit loop's own settles finish before it reads again)."""
         if not finishes:
             return
         try:
             written = await until_done(
-                lambda: self.writer.finish(stream, finishes), self.stopping, self.partition.name
+                lambda: self.writer.finish(stream, finishes), stop, self.partition.name
             )
         finally:
             self.settling.difference_update((stream, finish.entry_id) for finish in finishes)
-        # as written (a refused result did not finish here); a job the API cancelled while it
-        # ran ended here all the same: FINISH writes what it ran to, and counts no write
-        cancelled = [f for f in finishes if f.status == JobStatus.CANCELLED]
-        record_batch(self.partition, stream, [*written, *cancelled], [])
+        # as written (a refused result did not finish here); a job the API ended while it ran
+        # (a cancel, its Batch API batch's expiry: the API counts only the queued jobs it
+        # withdraws) ended here all the same, unwritten: FINISH keeps what a cancelled one ran
+        # to, and counts no write. A job expired here (its deadline passed) was written.
+        written_ids = {f.job_id for f in written}
+        by_the_api = [
+            f for f in finishes if f.status in ENDED_BY_THE_API and f.job_id not in written_ids
+        ]
+        record_batch(self.partition, stream, [*written, *by_the_api], [])
 
     def _observe_job(self, job: RunningJob) -> None:
         partition = self.partition.labels
