@@ -640,25 +640,27 @@ return out
 """
 )
 
-# KEYS[1]=stream, KEYS[2]=dead-letter stream; ARGV: group, consumer, min_idle_ms, count,
-# job-key prefix, now_ms, max_deliveries, ttl_s, then the ids of the stream's entries the
-# consumer still runs (none: all its idle ones are abandoned). Takes over entries idle past the
-# visibility timeout (a dead or stuck consumer's); past max_deliveries they move to the DLQ and
-# their job fails with the reason (row status 'dead'; 'dead-ended' when the job had already
-# ended), otherwise they are claimed for running again. Rows: {entry_id, fields, status,
-# deliveries}. The consumer that abandoned an entry (listed by XPENDING before XCLAIM makes it
-# ours) goes on the job's attempt history: `crashed`, or `dead-lettered` for the last one. A dead
-# job joins the lane's recent list, and one with a webhook the lane's owed set (the caller hands
-# its event over, then takes it off); the caller frees its in-flight slot (named by the entry).
-# The caller's own entries that it still runs went idle only while an outage failed their
-# touches: they are left as they are (no delivery counted, no attempt, never dead-lettered while
-# they run), and the scan reaches past them to the first `count` others (XCLAIMed by id: from the
-# list's head, XAUTOCLAIM's COUNT*10 scan, COUNT 1 for a micro-batch loop, never got past 10 live
-# entries ahead, other workers' long micro-batches, to the abandoned ones behind them). Its own
-# that it does not run (a process restarted under the same name) are abandoned as others'. While
-# the slot migrates, a job whose hash is not here is handed over unmarked (`claim`), and an entry
-# past max_deliveries whose job's hash is not here stays pending with this consumer: it is
-# dead-lettered by the first reclaim after the migration, its job failed with it, not left running.
+# KEYS[1]=stream, KEYS[2]=dead-letter stream; ARGV: group, consumer, min_idle_ms, count, job-key
+# prefix, now_ms, max_deliveries, ttl_s, token-stream key prefix, token_ttl_s, then the ids of the
+# stream's entries the consumer still runs (none: all its idle ones are abandoned). Takes over
+# entries idle past the visibility timeout (a dead or stuck consumer's); past max_deliveries they
+# move to the DLQ and their job fails with the reason (row status 'dead'; 'dead-ended' when the job
+# had already ended) and its token stream, if any, gets no more than the short TTL a finished one
+# gets (token_ttl_s: its writer, dead, never wrote its `final`, and it kept the result TTL);
+# otherwise they are claimed for running again. Rows: {entry_id, fields, status, deliveries}. The
+# consumer that abandoned an entry (listed by XPENDING before XCLAIM makes it ours) goes on the
+# job's attempt history: `crashed`, or `dead-lettered` for the last one. A dead job joins the lane's
+# recent list, and one with a webhook the lane's owed set (the caller hands its event over, then
+# takes it off); the caller frees its in-flight slot (named by the entry). The caller's own entries
+# that it still runs went idle only while an outage failed their touches: they are left as they are
+# (no delivery counted, no attempt, never dead-lettered while they run), and the scan reaches past
+# them to the first `count` others (XCLAIMed by id: from the list's head, XAUTOCLAIM's COUNT*10
+# scan, COUNT 1 for a micro-batch loop, never got past 10 live entries ahead, other workers' long
+# micro-batches, to the abandoned ones behind them). Its own that it does not run (a process
+# restarted under the same name) are abandoned as others'. While the slot migrates, a job whose hash
+# is not here is handed over unmarked (`claim`), and an entry past max_deliveries whose job's hash
+# is not here stays pending with this consumer: it is dead-lettered by the first reclaim after the
+# migration, its job failed with it, not left running.
 RECLAIM = (
     _PRELUDE
     + _OWE
@@ -674,6 +676,8 @@ local function dead_letter(eid, fields, owner, deliveries, jk, job)
   local dead = {'entry', eid, 'lane', KEYS[1], 'reason', reason, 'deliveries', deliveries}
   for i = 1, #fields do table.insert(dead, fields[i]) end
   redis.call('XADD', KEYS[2], '*', unpack(dead))
+  -- its token stream lives no longer than a finished one's: undeclared, as its hash (same slot)
+  if jid then here('EXPIRE', jobkey(ARGV[9], jid), ARGV[10], 'LT') end
   local fate = 'dead-ended'
   if jk and can(job[1], 'failed') then
     fate = 'dead'
@@ -700,11 +704,11 @@ local function dead_letter(eid, fields, owner, deliveries, jk, job)
 end
 
 -- The idle entries to take over (XPENDING rows by id, and their ids in order): the first
--- `count` that are not the caller's own still running (ARGV[9..]).
+-- `count` that are not the caller's own still running (ARGV[11..]).
 local function abandoned_rows()
   local running, count = {}, tonumber(ARGV[4])
-  for i = 9, #ARGV do running[ARGV[i]] = true end
-  local scan = count + #ARGV - 8  -- past those in hand, however many of them come first
+  for i = 11, #ARGV do running[ARGV[i]] = true end
+  local scan = count + #ARGV - 10  -- past those in hand, however many of them come first
   local owners, ids = {}, {}
   for _, row in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', scan)) do
     if #ids < count and not (row[2] == ARGV[2] and running[row[1]]) then

@@ -128,7 +128,12 @@ class Keys:
         return f"{self.prefix}job:"
 
     def tokens(self, job_id: str) -> str:
-        return f"{self.prefix}tok:{_in_slot(job_id)}"
+        return f"{self.token_prefix}{_in_slot(job_id)}"
+
+    @property
+    def token_prefix(self) -> str:
+        """What a script puts before a job's slotted id to name its token stream."""
+        return f"{self.prefix}tok:"
 
     def reply(self, producer: str, tag: str) -> str:
         """The sharded pub/sub channel on which workers tell `producer` that jobs of the

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from shared.codec import as_text, dumps, loads, stream_id
 from shared.job_store import JobRecord
+from shared.settings import get_settings
 
 # token: new text of one engine step; final: the job ended (status, finish reason, usage);
 # restart: a redelivered job starts over (its worker died mid-generation): drop the text so far.
@@ -131,3 +132,9 @@ def final_from_job(record: JobRecord, last_id: str | None) -> TokenEvent:
         error=view.get("error"),
         id=made_final_id(last_id),
     )
+
+
+def ended_stream_ttl_s(result_ttl_s: int) -> int:
+    """How long a job's token stream lives once its job ended (a final written, or the job
+    dead-lettered): CONVEYOR_TOKEN_STREAM_TTL_S, never longer than the result it streamed."""
+    return min(result_ttl_s, get_settings().token_stream_ttl_s)

@@ -317,7 +317,7 @@ async def test_a_reclaim_that_meets_a_moved_job_hands_its_entry_over(
     assert await abandoning.take([lane], 10) is not None
     await busy.xadd(dlq, {"an": "earlier dead letter"})
     reclaim = busy.register_script(job_scripts.RECLAIM)
-    args = [GROUP, "w-reclaiming", 0, 10, KEYS.job_prefix, now_ms(), 3, 60]
+    args = [GROUP, "w-reclaiming", 0, 10, KEYS.job_prefix, now_ms(), 3, 60, KEYS.token_prefix, 60]
     slot, source, target = _move_of(cluster, lane)
     with migrating(slot, source, target):
         migrate(KEYS.job(job.entry.job_id), source, target)

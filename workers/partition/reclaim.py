@@ -24,6 +24,7 @@ from shared.keys import GROUP, Keys
 from shared.metrics import JOBS_FINISHED
 from shared.rate_limit import queue_slot_frees
 from shared.redis_client import call_script, sent_once
+from shared.token_stream import ended_stream_ttl_s
 from shared.variant_stats import VariantStats
 from shared.webhook_outbox import WebhookOutbox
 from workers.partition.job_events import JobEvents
@@ -61,6 +62,9 @@ class Reclaimer:
         self.stats = VariantStats(client, keys)
         self.consumer = consumer
         self.ttl_s = ttl_s
+        # a dead-lettered job's token stream ends as a finished one's
+        self.token_prefix = keys.token_prefix
+        self.token_ttl_s = ended_stream_ttl_s(ttl_s)
         self.idle_ms = int(queue.visibility_timeout_s * 1000)
         self.max_deliveries = queue.max_deliveries
         self.interval_s = max(0.25, queue.visibility_timeout_s / 2)
@@ -121,6 +125,8 @@ class Reclaimer:
             now,
             self.max_deliveries,
             self.ttl_s,
+            self.token_prefix,
+            self.token_ttl_s,
             *(entry_id for lane, entry_id in in_hand if lane == stream),
         ]
         with sent_once():  # sent again, it claims past what the lost reply held (`held`)

@@ -21,8 +21,7 @@ from shared import token_scripts
 from shared.codec import as_text
 from shared.keys import GROUP, Keys
 from shared.redis_client import queue_script, run_pipeline
-from shared.settings import get_settings
-from shared.token_stream import TokenEvent
+from shared.token_stream import TokenEvent, ended_stream_ttl_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +65,7 @@ class TokenWriter:
         self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
-        self.final_ttl_s = min(ttl_s, get_settings().token_stream_ttl_s)
+        self.final_ttl_s = ended_stream_ttl_s(ttl_s)
         self._append = client.register_script(token_scripts.APPEND)
 
     async def write(self, appends: Sequence[TokenAppend], watch: Sequence[str]) -> TickWritten:

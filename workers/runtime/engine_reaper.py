@@ -44,9 +44,13 @@ class EngineReaper:
     """The helper watching one engine's processes; `release` once the engine closed them."""
 
     def __init__(self, pids: Collection[int]) -> None:
+        # A session of its own: what is sent to the worker's process group (a terminal's Ctrl-C
+        # or hangup, a group's SIGTERM) killed the helper, and the worker killed outright after
+        # it left its engine running; only the worker's end may end the helper.
         self._helper = subprocess.Popen(
             [sys.executable, "-c", _HELPER, str(TERM_GRACE_S), *map(str, pids)],
             stdin=subprocess.PIPE,
+            start_new_session=True,
         )
 
     @classmethod
