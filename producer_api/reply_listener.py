@@ -30,7 +30,7 @@ from producer_api.redis_outage import RedisOutage
 from producer_api.task_cancel import cancel_and_wait
 from shared.codec import OUTPUTS_TEXT, as_text, loads, spliced_outputs
 from shared.job_states import TERMINAL
-from shared.job_store import JobStore
+from shared.job_store import JobRecord, JobStore
 from shared.keys import Keys, job_tag
 from shared.redis_client import (
     RedisClient,
@@ -273,8 +273,8 @@ class ReplyListener:
         except RedisError:
             return  # the next reconnection rechecks again
         for record in records:
-            if record is not None and record.status.terminal:
-                self._deliver(record.view(spliced=True))
+            if record is not None and (view := _ended_view(record)) is not None:
+                self._deliver(view)
 
     def wake_all(self) -> None:
         """Answer every waiter with an empty view, "no end heard" (the producer is stopping:
@@ -304,6 +304,18 @@ class ReplyListener:
         for future in self._waiters.pop(as_text(view.get("id", "")), ()):
             if not future.done():
                 future.set_result(view)
+
+
+def _ended_view(record: JobRecord) -> dict[str, Any] | None:
+    """The job's view if it ended, else None. A hash that makes no view (no status, or one that
+    is no state; a field's JSON corrupt) is logged and skipped: raised, it ended the listening
+    task, and every waiter of this producer sat out its whole wait from then on. Its own
+    waiters sit out theirs, then read the job as it stands."""
+    try:
+        return record.view(spliced=True) if record.status.terminal else None
+    except (KeyError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        log.warning("reply listener skipped job %s, its hash unreadable (%r)", record.job_id, exc)
+        return None
 
 
 def _is_view(view: Any) -> TypeGuard[dict[str, Any]]:

@@ -22,7 +22,7 @@ from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.events.protocol import JobEvent
-from producer_api.jobs.serving import JobsService
+from producer_api.jobs.serving import REPLYLESS_POLL_S, JobsService
 from producer_api.live_feed import while_holds
 from producer_api.state import ProducerState
 from producer_api.task_cancel import cancel_and_wait
@@ -189,8 +189,13 @@ class EventsService:
                 yield JobEvent(event.kind, event.data(), event.id or None)
 
     async def _final(self, job_id: str) -> AsyncGenerator[JobEvent, None]:
-        """Long-poll in rounds of `max_wait_s` (keep-alive pings flow meanwhile)."""
+        """Long-poll in rounds of `max_wait_s` (keep-alive pings flow meanwhile). Once the
+        producer is asked to stop, each round answers at once with the job as it stands: the
+        job is then read every `REPLYLESS_POLL_S` (it may still end before the stream is cut),
+        not back to back, which read it from Redis as fast as Redis answered."""
         view = await self.jobs.get(job_id, self.state.settings.max_wait_s)
         while not JobStatus(view["status"]).terminal:
+            if self.state.draining.asked():
+                await asyncio.sleep(REPLYLESS_POLL_S)
             view = await self.jobs.get(job_id, self.state.settings.max_wait_s)
         yield JobEvent("final", view, made_final_id(None))
