@@ -242,10 +242,42 @@ def prometheus_config() -> dict[str, Any]:
     return yaml.safe_load(host_mounts("prometheus")["/etc/prometheus/prometheus.yml"].read_text())
 
 
+def relabel(labels: dict[str, str], rules: list[dict[str, Any]]) -> dict[str, str]:
+    """Prometheus's `replace` relabelling (the only action the config uses), then its defaults:
+    `instance` is the address unless a rule set it, and `__` labels are dropped."""
+    labels = dict(labels)
+    for rule in rules:
+        assert rule.get("action", "replace") == "replace", rule
+        value = rule.get("separator", ";").join(
+            labels.get(n, "") for n in rule.get("source_labels", [])
+        )
+        if match := re.fullmatch(rule.get("regex", "(.*)"), value):
+            replacement = re.sub(r"\$\{?(\w+)\}?", r"\\g<\1>", rule.get("replacement", "$1"))
+            labels[rule["target_label"]] = match.expand(replacement)
+    labels.setdefault("instance", labels["__address__"])
+    return {k: v for k, v in labels.items() if not k.startswith("__")}
+
+
+def scrape_targets(address: str | None = None) -> dict[str, dict[str, str]]:
+    """`service:port` → the labels of its series, for each name Prometheus discovers over DNS
+    (one target per replica, found at `address`, the service's name unless given)."""
+    targets = {}
+    for job in prometheus_config()["scrape_configs"]:
+        for sd in job["dns_sd_configs"]:
+            assert sd["type"] == "A", sd  # Docker's DNS answers an A record per replica
+            for name in sd["names"]:
+                found = {
+                    "__address__": f"{address or name}:{sd['port']}",
+                    "__meta_dns_name": name,
+                    "job": job["job_name"],
+                }
+                targets[f"{name}:{sd['port']}"] = relabel(found, job.get("relabel_configs", []))
+    return targets
+
+
 def target_labels() -> set[str]:
     """The labels Prometheus adds to every series it scrapes (the config's, `job`, `instance`)."""
-    statics = [s for job in prometheus_config()["scrape_configs"] for s in job["static_configs"]]
-    return {"job", "instance"} | {name for s in statics for name in s.get("labels", {})}
+    return {name for labels in scrape_targets().values() for name in labels}
 
 
 def alert_rules() -> list[dict[str, Any]]:
@@ -271,16 +303,9 @@ def test_prometheus_alerts_on_what_an_operator_acts_on():
 def test_prometheus_scrapes_what_the_services_expose():
     """Every producer and worker of every profile: the cluster profile's went unscraped, its
     pipeline missing from the dashboard."""
-    config = prometheus_config()
     exposed = {a for name in compose()["services"] if (a := _metrics_address(name))}
     assert {"producer:8000", "worker-cpu:9100"} <= exposed
-    targets = {
-        target
-        for job in config["scrape_configs"]
-        for static in job["static_configs"]
-        for target in static["targets"]
-    }
-    assert targets == exposed
+    assert set(scrape_targets()) == exposed
 
 
 def test_grafana_is_provisioned_with_prometheus_and_the_dashboard():
@@ -358,8 +383,7 @@ def test_dashboard_shows(what, pattern):
 def test_the_dashboard_shows_one_pipeline_at_a_time() -> None:
     """The cluster profile's services serve the same models from another Redis: summed with
     the single-Redis pipeline's, a panel showed a pipeline that does not exist."""
-    statics = [s for job in prometheus_config()["scrape_configs"] for s in job["static_configs"]]
-    assert {s["labels"]["pipeline"] for s in statics} == {"single", "cluster"}
+    assert {labels["pipeline"] for labels in scrape_targets().values()} == {"single", "cluster"}
     variables = dashboard()["templating"]["list"]
     chooser = next(v for v in variables if v["name"] == "pipeline")
     assert not chooser["multi"] and not chooser["includeAll"]
