@@ -114,8 +114,9 @@ class FileStore(TenantIndexed):
     ) -> None:
         """Hold a file's `size` bytes against its tenant's `budget` until it expires (s;
         default a result TTL from now), OverBudget when they do not fit, before `put` stores
-        it: the two are in different slots, so a put that fails after its hold leaves the hold
-        until the file would have expired, erring on the side of the budget."""
+        it: the two are in different slots, so a put that fails gives its hold back by
+        `discard`, and one whose discard fails too leaves the hold until the file would have
+        expired, erring on the side of the budget."""
         until = expires_at or self.expires_at()
         args = [now_ms(), file_id, size, until * 1000, budget, self.ttl_s]
         held, after = await call_script(self._hold, self._held_of(tenant), args)
@@ -134,6 +135,14 @@ class FileStore(TenantIndexed):
             pipe.expireat(key, expires_at or self.expires_at())
             await pipe.execute()
         await self.enlist(fields["tenant"], file_id)
+
+    async def discard(self, tenant: str, file_id: str) -> None:
+        """Undo an upload whose `put` failed part-way or timed out (its client got no id, so
+        nobody could delete it): its key if it was written, then its hold. Kept, the hold
+        refused the client's retry as over budget, with no file to delete, for up to a result
+        TTL. An index entry left behind is dropped by the next listing, as an expired file's."""
+        await self.redis.delete(self.keys.file(file_id))
+        await call_script(self._release, self._held_of(tenant), [file_id])
 
     async def fields_many(self, file_ids: list[str]) -> list[dict[str, str] | None]:
         """Each file's `FIELDS`, without its bytes (None: no such file), in one round trip (a

@@ -3,10 +3,13 @@ an ended batch's output and errors files under the file ids its view gives."""
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api.progress import BATCH_FILE
@@ -17,6 +20,7 @@ from shared.file_store import FILE_OVERHEAD_BYTES, OverBudget, charged
 from shared.job_store import now_ms
 from shared.tenant_index import Page
 
+log = logging.getLogger(__name__)
 FILE_ID = re.compile(r"file-[0-9a-f]{32}")  # matched whole: `$` lets a trailing newline by
 MAX_FILENAME_BYTES = 255  # UTF-8; a name is stored with its file (multipart allows ~4 KB)
 
@@ -99,8 +103,20 @@ class FilesService:
             await self.store.hold(self.principal.tenant, file_id, size, budget, expires_at)
         except OverBudget as refused:
             raise over_budget(refused) from None
-        await self.store.put(file_id, fields, data, expires_at)
+        try:
+            await self.store.put(file_id, fields, data, expires_at)
+        except BaseException:  # a cancelled request too: its client never learns the id
+            await self._discard(file_id)
+            raise
         return file_object(file_id, fields)
+
+    async def _discard(self, file_id: str) -> None:
+        """Give back an upload that failed after its hold, best effort: a Redis that refuses
+        this too keeps the hold until the file would have expired."""
+        try:
+            await self.store.discard(self.principal.tenant, file_id)
+        except RedisError as exc:
+            log.warning("upload %s failed; its bytes stay held until it expires (%r)", file_id, exc)
 
     async def get(self, file_id: str) -> dict[str, Any]:
         """An uploaded file's object, or an ended batch's output or errors file's."""
