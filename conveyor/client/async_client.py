@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any, TypeVar
 
 import httpx
@@ -119,18 +119,21 @@ class AsyncClient:
 
     async def chat_stream(
         self, model: str, messages: list[dict[str, Any]], **params: Any
-    ) -> AsyncIterator[ChatCompletionChunk]:
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
+        """Closed early (`aclose`), or ended by an error chunk, it closes its response then: left
+        to asyncio's finalizer, the connection, whose close cancels the job, outlived it."""
         call = calls.chat_stream_call(model, messages, params)
-        async for event in self.events(EventStream(call, resumable=False)):
-            if (chunk := calls.chat_chunk(event)) is not None:
-                yield chunk
+        async with contextlib.aclosing(self.events(EventStream(call, resumable=False))) as events:
+            async for event in events:
+                if (chunk := calls.chat_chunk(event)) is not None:
+                    yield chunk
 
     def stream(
         self,
         job_id: str,
         last_event_id: str | None = None,
         reconnect_for_s: float = RECONNECT_FOR_S,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         call = calls.events_call(job_id, last_event_id)
         return self.events(EventStream(call, reconnect_for_s=reconnect_for_s))
 
@@ -170,7 +173,7 @@ class AsyncClient:
             self.on_retry(pause)
         await asyncio.sleep(pause.delay_s)
 
-    async def events(self, stream: EventStream) -> AsyncIterator[Event]:
+    async def events(self, stream: EventStream) -> AsyncGenerator[Event, None]:
         while not stream.done:
             try:
                 response = await self.http.send(stream.next_call().build(self.http), stream=True)
@@ -178,8 +181,8 @@ class AsyncClient:
                     if response.is_error:
                         await response.aread()
                     stream.opened(raise_for_error(response))
-                    async for text in response.aiter_text():
-                        for event in stream.feed_text(text):
+                    async for data in response.aiter_bytes():
+                        for event in stream.feed_bytes(data):
                             yield event
                         if stream.done:
                             break

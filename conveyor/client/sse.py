@@ -4,6 +4,7 @@ resumes a dropped stream with `Last-Event-ID`, so every event arrives exactly on
 
 from __future__ import annotations
 
+import codecs
 import random
 import re
 import time
@@ -29,18 +30,30 @@ BACKOFF_CAP_S = 10.0  # the longest pause between two resumes (but a longer Retr
 _BACKOFF_DOUBLINGS = 6  # 0.25 s * 2**6 is past the cap; 2**1024 failures overflowed a float
 
 
+def _utf8() -> codecs.IncrementalDecoder:
+    """The spec's decoding of a stream's bytes: UTF-8, a leading BOM dropped, bytes that are
+    no UTF-8 read as U+FFFD (as httpx's `iter_text` read them), a character cut between two
+    pieces kept whole."""
+    return codecs.getincrementaldecoder("utf-8-sig")(errors="replace")
+
+
 @dataclass
 class LineSplitter:
-    """An event stream's lines, ended as the spec ends them (CRLF, CR or LF) and nowhere else:
-    httpx's `iter_lines` also breaks at U+2028, U+2029, U+0085 and the like, which JSON carries
-    raw inside strings, and so cut such an event's data in two."""
+    """An event stream's lines, decoded as the spec decodes them (UTF-8 whatever charset the
+    Content-Type names, one leading BOM dropped: read by its label, a relabelled stream's text
+    was mangled, and a BOM made the first field's name `\\ufeffid`) and ended as it ends them
+    (CRLF, CR or LF) and nowhere else: httpx's `iter_lines` also breaks at U+2028, U+2029,
+    U+0085 and the like, which JSON carries raw inside strings, and so cut such an event's data
+    in two."""
 
     _pending: list[str] = field(default_factory=list)  # the line begun, in pieces
     _after_cr: bool = False  # the last text ended with CR: an LF that opens the next is its CRLF
+    _decoder: codecs.IncrementalDecoder = field(default_factory=_utf8)
 
-    def feed(self, text: str) -> list[str]:
-        """The lines `text` ends. A line's pieces are joined once, when it ends: a long event
+    def feed(self, data: bytes) -> list[str]:
+        """The lines `data` ends. A line's pieces are joined once, when it ends: a long event
         (a final event's megabytes of outputs) is not copied again for every piece."""
+        text = self._decoder.decode(data)
         if not text:
             return []
         if self._after_cr and text.startswith("\n"):
@@ -129,8 +142,11 @@ class EventStream:
         return self._decoder.last_id
 
     def next_call(self) -> Call:
+        """The next request: resumed after the last id received, or from the start where the
+        server's empty `id:` reset it (an empty `Last-Event-ID` is no id: the producer's 422)."""
         headers = {**self.call.headers, "Accept": "text/event-stream", "Cache-Control": "no-cache"}
-        if self.last_id is not None:
+        headers.pop("Last-Event-ID", None)
+        if self.last_id:
             headers["Last-Event-ID"] = self.last_id
         self._received = 0
         self._decoder = SSEDecoder(last_id=self.last_id, retry_ms=self._decoder.retry_ms)
@@ -153,10 +169,10 @@ class EventStream:
             message = f"not the producer's answer: {kind or 'no Content-Type'}, not an event stream"
             raise api_error(response.status_code, "invalid_response", message, response.headers)
 
-    def feed_text(self, text: str) -> list[Event]:
+    def feed_bytes(self, data: bytes) -> list[Event]:
         """The events a piece of the response completes, up to the stream's end."""
         events = []
-        for line in self._lines.feed(text):
+        for line in self._lines.feed(data):
             if (event := self.feed(line)) is not None:
                 events.append(event)
             if self.done:

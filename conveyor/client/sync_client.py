@@ -180,8 +180,8 @@ class Client:
                     if response.is_error:
                         response.read()
                     stream.opened(raise_for_error(response))
-                    for text in response.iter_text():
-                        yield from stream.feed_text(text)
+                    for data in response.iter_bytes():
+                        yield from stream.feed_bytes(data)
                         if stream.done:
                             break
                 finally:
