@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
-from producer_api.errors import NO_RETRY, ConveyorError
+from producer_api.errors import NO_RETRY, ConveyorError, OpenAIErrorBody, OpenAIErrorDetail
 from producer_api.jobs.protocol import FieldNames, PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.live_feed import stop_reading, while_holds
@@ -406,8 +406,7 @@ class OpenAIService:
 
     def _closing(self, renderer: Renderer, final: TokenEvent) -> list[str]:
         if final.status != JobStatus.SUCCEEDED:
-            failure = _failure(final, renderer)
-            return [_error_chunk(failure.type, failure.message)]
+            return [_failure_chunk(_failure(final, renderer))]
         chunks = [renderer.encode(renderer.chunk(None, final.finish_reason))]
         if renderer.include_usage and final.usage:
             chunks.append(renderer.encode(renderer.usage_chunk(Usage(**final.usage))))
@@ -427,6 +426,18 @@ def _cut(cut: Cut, job_id: str) -> str:
     """A cut stream's error: why, and where the job that runs on is answered (an OpenAI stream
     is not resumed)."""
     return _runs_on(CUT_REASONS.get(cut.message, cut.message), job_id)
+
+
+def _failure_chunk(failure: ConveyorError) -> str:
+    """A failed job's error chunk; an invalid request's (a prompt past the context) as its 400
+    is unstreamed, OpenAI's `invalid_request_error` naming the field in `param`, which OpenAI's
+    SDK reads into its error's `type` and `param`."""
+    if failure.type != "invalid_request":
+        return _error_chunk(failure.type, failure.message)
+    detail = OpenAIErrorDetail(
+        message=failure.message, type="invalid_request_error", param=failure.param
+    )
+    return OpenAIErrorBody(error=detail).model_dump_json()
 
 
 def _error_chunk(type_: str, message: str) -> str:
