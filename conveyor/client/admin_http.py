@@ -11,7 +11,7 @@ from typing import Any
 import click
 import httpx
 
-from conveyor.client.cli_options import bad_url, stack_target
+from conveyor.client.cli_options import bad_url, printable, stack_target
 from conveyor.client.connection import http_options
 from conveyor.client.errors import APIError, raise_for_error
 
@@ -41,7 +41,7 @@ def admin_call(
     try:
         raise_for_error(response)
     except APIError as exc:  # a redirect too: it was read as an empty answer, None
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(printable(str(exc))) from None
     try:
         return response.json() if response.content else None
     except ValueError:

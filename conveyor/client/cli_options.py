@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -85,14 +86,32 @@ def connect(url: str | None, api_key: str | None, waits: bool = False) -> Iterat
         with client:
             yield client
     except InvalidArgument as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(printable(str(exc))) from None
     except (ConveyorError, httpx.HTTPError) as exc:
         raise failure(_failed(exc)) from None
 
 
 def _failed(exc: ConveyorError | httpx.HTTPError) -> str:
     """A call's failure as the CLI says it: the producer's refusal, or why it was not reached."""
-    return str(exc) if isinstance(exc, ConveyorError) else f"cannot reach the producer: {exc!r}"
+    if isinstance(exc, ConveyorError):
+        return printable(str(exc))
+    return f"cannot reach the producer: {exc!r}"
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` from the producer (a filename, a refusal echoing an id) with its control
+    characters written as `\\xNN`: sent raw to a terminal, an escape sequence in it could clear
+    the screen, retitle the window or forge lines."""
+    return _CONTROL.sub(lambda control: f"\\x{ord(control[0]):02x}", text)
+
+
+def terminal_safe(text: str) -> bool:
+    """Whether `text` holds no control character but a tab or a line end: one a terminal
+    would act on rather than show."""
+    return all(control in "\t\n\r" for control in _CONTROL.findall(text))
 
 
 @contextmanager

@@ -67,7 +67,7 @@ def print_canary(view: dict[str, Any], events: int) -> None:
 @click.option("--interval", default="60s", show_default=True, help="Time per step.")
 @click.option("--max-error-rate", default=0.01, show_default=True, type=FiniteFloat())
 @click.option("--max-p99-ms", default=500.0, show_default=True, type=FiniteFloat())
-@click.option("--min-requests", default=200, show_default=True, type=int)
+@click.option("--min-requests", default=200, show_default=True, type=click.IntRange(min=1))
 @click.option(
     "--max-step",
     default=None,

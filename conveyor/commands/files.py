@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from conveyor.client.admin_http import clock
-from conveyor.client.cli_options import connect, connection_options
+from conveyor.client.cli_options import connect, connection_options, printable, terminal_safe
 from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 
@@ -48,9 +48,8 @@ def list_files(
         page = client.files.list(limit, after, order)
     for file in page.data:
         expires = "-" if file.expires_at is None else clock(file.expires_at)
-        click.echo(
-            f"{file.id}  {file.bytes:>10}  {clock(file.created_at)}  {expires}  {file.filename}"
-        )
+        name = printable(file.filename)
+        click.echo(f"{file.id}  {file.bytes:>10}  {clock(file.created_at)}  {expires}  {name}")
     if page.has_more:
         click.echo(f"more: --after {page.last_id}")
 
@@ -79,6 +78,7 @@ def content(file_id: str, output: Path | None, url: str | None, api_key: str | N
     with connect(url, api_key) as client:
         body = client.files.content(file_id)
     if output is None:
+        _refuse_raw_to_terminal(file_id, body)
         sys.stdout.buffer.write(body)
         sys.stdout.buffer.flush()
         return
@@ -86,6 +86,23 @@ def content(file_id: str, output: Path | None, url: str | None, api_key: str | N
         output.write_bytes(body)
     except OSError as exc:  # a folder that is not there: a traceback, after the download
         raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from None
+
+
+def _refuse_raw_to_terminal(file_id: str, body: bytes) -> None:
+    """Standard output a terminal: refuse bytes it would act on rather than show (an upload
+    holds any bytes; an escape sequence in one could clear the screen or retitle the window),
+    as curl refuses binary output there."""
+    if not sys.stdout.isatty():
+        return
+    try:
+        safe = terminal_safe(body.decode())
+    except UnicodeDecodeError:
+        safe = False
+    if not safe:
+        raise click.UsageError(
+            f"{file_id} holds control characters or bytes that are not UTF-8, which a "
+            "terminal would act on: write it with -o FILE, or pipe it"
+        )
 
 
 @command.command("delete")

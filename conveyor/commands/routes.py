@@ -13,6 +13,8 @@ from conveyor.client.calls import segment
 from conveyor.client.cli_options import connection_options
 from conveyor.client.option_pairs import option_pairs
 
+MAX_HISTORY = 1000  # the most changes `GET /v1/models/{model}/routes?history=` answers
+
 
 @click.group("routes")
 def command() -> None:
@@ -39,7 +41,13 @@ def print_routes(view: dict[str, Any]) -> None:
 
 @command.command("show")
 @click.argument("model")
-@click.option("--history", default=5, show_default=True, help="How many past changes to show.")
+@click.option(
+    "--history",
+    default=5,
+    show_default=True,
+    type=click.IntRange(0, MAX_HISTORY),
+    help="How many past changes to show.",
+)
 @connection_options
 def show(model: str, history: int, url: str | None, api_key: str | None) -> None:
     """Print the routes, their version and the latest changes."""
