@@ -112,6 +112,12 @@ class ConveyorError(Exception):
         self.param = param  # the field refused: OpenAI's `param` (see `error_response`)
         self.code = code  # OpenAI's `code` for an error its API answers too (`_as_openai`)
 
+    def as_openai(self) -> OpenAIErrorBody | None:
+        """This error's body in OpenAI's shape, where it has one (`_as_openai`): what a stream,
+        its status sent already, ends with."""
+        openai = _as_openai(self.status, self.type, self.message, self.param, self.code)
+        return None if openai is None else openai[1]
+
 
 def unknown_model(model: str) -> ConveyorError:
     """A model the repository does not have: OpenAI's routes answer it as OpenAI's API does

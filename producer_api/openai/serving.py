@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
-from producer_api.errors import NO_RETRY, ConveyorError, OpenAIErrorBody, OpenAIErrorDetail
+from producer_api.errors import NO_RETRY, ConveyorError
 from producer_api.jobs.protocol import FieldNames, PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.live_feed import stop_reading, while_holds
@@ -429,15 +429,12 @@ def _cut(cut: Cut, job_id: str) -> str:
 
 
 def _failure_chunk(failure: ConveyorError) -> str:
-    """A failed job's error chunk; an invalid request's (a prompt past the context) as its 400
-    is unstreamed, OpenAI's `invalid_request_error` naming the field in `param`, which OpenAI's
-    SDK reads into its error's `type` and `param`."""
-    if failure.type != "invalid_request":
-        return _error_chunk(failure.type, failure.message)
-    detail = OpenAIErrorDetail(
-        message=failure.message, type="invalid_request_error", param=failure.param
-    )
-    return OpenAIErrorBody(error=detail).model_dump_json()
+    """A failed job's error chunk, in OpenAI's shape where its unstreamed answer has it (a
+    prompt past the context: `invalid_request_error` naming the field, which OpenAI's SDK reads
+    into its error's `type` and `param`), else Conveyor's."""
+    if (openai := failure.as_openai()) is not None:
+        return openai.model_dump_json()
+    return _error_chunk(failure.type, failure.message)
 
 
 def _error_chunk(type_: str, message: str) -> str:
