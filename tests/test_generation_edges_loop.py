@@ -80,20 +80,25 @@ async def _events(aredis: aioredis.Redis, job_id: str) -> list[TokenEvent]:
     return [TokenEvent.decode(entry_id, raw) for entry_id, raw in entries]
 
 
+async def _both_ended(
+    aredis: aioredis.Redis, prompts: dict[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The hashes of the two jobs `prompts` names, once both ended, the loop then stopped."""
+    loop, store, running = await _run(aredis, SurrogateEngine(CONFIG, "default", ""), prompts)
+    first, second = prompts
+    try:
+        async with asyncio.timeout(30):  # a hang guard
+            return await _ended(store, first, running), await _ended(store, second, running)
+    finally:
+        loop.stopping.set()
+        await asyncio.wait_for(running, 30)
+
+
 async def test_text_utf8_cannot_hold_fails_its_own_job_only(aredis: aioredis.Redis) -> None:
     """A chunk of text with a lone surrogate passed `checked` (it is a str), then failed to
     encode in the tick's write, which ended the loop writing every job's tokens: the worker's
     consumer stopped, the other running jobs with it."""
-    engine = SurrogateEngine(CONFIG, "default", "")
-    prompts = {"stray": "a <stray> word", "fine": "plain words here"}
-    loop, store, running = await _run(aredis, engine, prompts)
-    try:
-        async with asyncio.timeout(30):  # a hang guard
-            stray = await _ended(store, "stray", running)
-            fine = await _ended(store, "fine", running)
-    finally:
-        loop.stopping.set()
-        await asyncio.wait_for(running, 30)
+    stray, fine = await _both_ended(aredis, {"stray": "a <stray> word", "fine": "plain words here"})
     assert stray["status"] == JobStatus.FAILED
     assert loads(stray["error"])["type"] == "InvalidOutput"
     assert fine["status"] == JobStatus.SUCCEEDED
@@ -107,16 +112,8 @@ async def test_an_engine_error_utf8_cannot_hold_fails_its_own_job_only(
 ) -> None:
     """An engine's error saying a lone surrogate failed the JSON of its job's final event,
     which ended the loop writing every job's tokens; the message now says it escaped."""
-    engine = SurrogateEngine(CONFIG, "default", "")
     prompts = {"raising": "a <raise> word", "fine": "plain words here"}
-    loop, store, running = await _run(aredis, engine, prompts)
-    try:
-        async with asyncio.timeout(30):  # a hang guard
-            raising = await _ended(store, "raising", running)
-            fine = await _ended(store, "fine", running)
-    finally:
-        loop.stopping.set()
-        await asyncio.wait_for(running, 30)
+    raising, fine = await _both_ended(aredis, prompts)
     error = {"type": "ValueError", "message": "cannot decode \\udcff"}
     assert raising["status"] == JobStatus.FAILED and loads(raising["error"]) == error
     assert fine["status"] == JobStatus.SUCCEEDED
