@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, NoReturn
 
 import jsonschema_rs
 import yaml
@@ -25,7 +25,9 @@ NAME_PATTERN = re.compile(NAME)
 # The engines workers/engines/registry.py knows by name; any other backend is a custom engine
 # named `package.module:Class` (as Triton's Python backend keeps a model's code beside it).
 BACKEND_NAMES = frozenset({"identity", "onnxruntime", "tensorrt", "torch", "vllm"})
-CUSTOM_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# Matched whole (fullmatch): `$` matched before a final newline, and such a name loaded while
+# no worker could import its class.
+CUSTOM_BACKEND = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 # The named backends that generate (continuous batching); every other named one batches.
 GENERATE_BACKENDS = frozenset({"vllm"})
 # vLLM engine arguments the worker sets itself: the artifact folder, whose tokenizer turns
@@ -98,6 +100,9 @@ MAX_JOBS_PER_READ = 4096
 # KEDA's minReplicaCount and maxReplicaCount, and the HPA's, are int32: the API server refuses
 # a ScaledObject past them.
 MAX_REPLICAS = 2**31 - 1
+# KEDA parses a redis-streams trigger's counts (`streamLength`, `activationLagCount`) as int64:
+# past it the scaler is never built, and the pool never scales.
+MAX_KEDA_COUNT = 2**63 - 1
 
 
 # Bounds on a config.yaml, which is a few KB: past them a file is a mistake or a YAML bomb.
@@ -110,10 +115,17 @@ class ModelConfigError(ValueError):
     """A config.yaml that cannot describe a servable model."""
 
 
+# The largest variant weight: weights become floats where routes are seeded (shared/routing.py),
+# and past 2**53 a float no longer holds every integer; far past it (~1.8e308) the conversion
+# raised OverflowError at the producer's start, or two weights summed to inf and every share was
+# NaN. Weights are shares, so a larger one is a typo.
+MAX_WEIGHT = 2**53
+
+
 class Variant(BaseModel):
     model_config = STRICT
 
-    weight: int = Field(default=100, ge=0)
+    weight: int = Field(default=100, ge=0, le=MAX_WEIGHT)
     shadow: bool = False
     # A shadow variant's share of online requests copied to its bulk lane (live routes seed).
     sample_rate: float = Field(default=1.0, ge=0.0, le=1.0)
@@ -304,8 +316,8 @@ class AutoscalingHints(BaseModel):
     # What the pool scales on: entries in its streams, or seconds of work they hold.
     metric: Literal["stream_length", "backlog_seconds"] = "stream_length"
     backlog: BacklogScaling = Field(default_factory=BacklogScaling)
-    lag_per_replica: int = Field(default=32, ge=1)
-    activation_lag: int = Field(default=0, ge=0)
+    lag_per_replica: int = Field(default=32, ge=1, le=MAX_KEDA_COUNT)
+    activation_lag: int = Field(default=0, ge=0, le=MAX_KEDA_COUNT)
     min_replicas: int = Field(default=0, ge=0, le=MAX_REPLICAS)
     max_replicas: int = Field(default=4, ge=1, le=MAX_REPLICAS)
     cooldown_s: int = Field(default=120, ge=0, le=YEAR_S)
@@ -384,6 +396,20 @@ class ModelConfig(BaseModel):
     autoscaling: AutoscalingHints = Field(default_factory=AutoscalingHints)
     directory: Path = Path()
 
+    @field_validator("artifact")
+    @classmethod
+    def _inside_artifact_folder(cls, artifact: str | None) -> str | None:
+        """The engines read it, and `conveyor models prepare` writes it, at the model's artifact
+        folder joined with it: an absolute path or a `..` led out of that folder, and prepare
+        wrote the ONNX graph there (another model's folder, any file the CLI may write)."""
+        path = Path(artifact or "")
+        if path.is_absolute() or ".." in path.parts:
+            raise ValueError(
+                f"{artifact!r} is not a file inside the model's artifact folder "
+                "(CONVEYOR_ARTIFACT_DIR/<model>): name it relative to that folder, without `..`"
+            )
+        return artifact
+
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
         for name in [self.name, *self.variants]:
@@ -457,7 +483,7 @@ class ModelConfig(BaseModel):
 
     def _check_variant(self, variant: str) -> None:
         backend = self.backend_of(variant)
-        if backend not in BACKEND_NAMES and not CUSTOM_BACKEND.match(backend):
+        if backend not in BACKEND_NAMES and not CUSTOM_BACKEND.fullmatch(backend):
             raise ModelConfigError(
                 f"model {self.name} variant {variant}: unknown backend {backend!r}; one of "
                 f"{', '.join(sorted(BACKEND_NAMES))}, or a custom engine's `package.module:Class`"
@@ -647,6 +673,16 @@ class _ConfigLoader(yaml.SafeLoader):
                     )
 
 
+def _no_json_value(loader: yaml.SafeLoader, node: yaml.Node) -> NoReturn:
+    """A config's values are JSON's (an input schema, engine parameters, a refused value quoted
+    as JSON): a `!!set` or `!!binary` escaped as a TypeError traceback where one was quoted."""
+    raise yaml.constructor.ConstructorError(
+        problem=f"a !!{node.tag.rpartition(':')[2]} has no JSON value", problem_mark=node.start_mark
+    )
+
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:set", _no_json_value)
+_ConfigLoader.add_constructor("tag:yaml.org,2002:binary", _no_json_value)
 _ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
@@ -722,7 +758,10 @@ def _config_paths(root: Path) -> list[Path]:
     except OSError as exc:
         raise ModelConfigError(f"model repository {root}: cannot read: {exc.strerror}") from None
     paths = []
-    for folder in filter(Path.is_dir, folders):
+    for folder in folders:
+        if not folder.is_dir():
+            _refuse_broken_link(folder)
+            continue
         config_path = folder / "config.yaml"
         if config_path.exists() or config_path.is_symlink():  # a broken link: unreadable
             paths.append(config_path)
@@ -731,6 +770,14 @@ def _config_paths(root: Path) -> list[Path]:
                 f"{folder}: no config.yaml; each folder of a model repository is a model's"
             )
     return paths
+
+
+def _refuse_broken_link(path: Path) -> None:
+    """A link named as a model may be that leads to no folder (nothing, or itself) is refused,
+    as a broken link for config.yaml is: a model linked in from a volume not mounted went
+    unserved, silently."""
+    if path.is_symlink() and not path.exists() and NAME_PATTERN.fullmatch(path.name):
+        raise ModelConfigError(f"{path}: cannot read: a link to no folder ({path.readlink()})")
 
 
 def _check_queue_time(config_path: Path, queue: QueueLimits, result_ttl_s: int) -> None:
