@@ -23,12 +23,15 @@ def dumps(value: Any) -> bytes:
 
 def _array_as_written(value: Any) -> Any:
     """A numpy array orjson's own support refuses, as it can write it: one not C-contiguous (a
-    transposed row, a slice: an engine's `scores.T[i]`) as a contiguous copy, a 0-d one (a torch
-    scalar's `.numpy()`) or one of objects as Python values. Each failed its job
-    `InvalidOutput`. Anything else is refused as before."""
+    transposed row, a slice: an engine's `scores.T[i]`) as a contiguous copy; a contiguous one
+    (0-d, a torch scalar's `.numpy()`, or of a type orjson writes no numbers for: objects,
+    strings such as a classifier's `labels[scores.argmax(1)]`) as Python values, a type JSON has
+    none for (complex) then refused by name. Each failed its job `InvalidOutput`; one of strings
+    or complex numbers, given back as it came, failed it as "default serializer exceeds
+    recursion limit". Anything else is refused as before."""
     if not isinstance(value, np.ndarray):
         raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
-    if value.ndim == 0 or value.dtype == object:
+    if value.flags.c_contiguous:
         return value.tolist()
     return np.ascontiguousarray(value)
 

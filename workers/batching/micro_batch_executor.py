@@ -70,13 +70,21 @@ async def execute(
         if await _on_engine_thread(engine, device, engine.dead):
             raise EngineDied(f"the engine died: {exc!r}") from exc
         if len(inputs) == 1:
-            error = {"type": type(exc).__name__, "message": str(exc) or repr(exc)}
             engine_ms = _ms_since(start.perf)
-            return [Outcome(None, error, engine_ms, 1, uuid.uuid4().hex, start.wall_ms)]
+            return [Outcome(None, _error(exc), engine_ms, 1, uuid.uuid4().hex, start.wall_ms)]
         middle = len(inputs) // 2
         halves = (inputs[:middle], inputs[middle:])
         return [outcome for half in halves for outcome in await execute(engine, half, device)]
     return succeeded(inputs, outputs, start)
+
+
+def _error(exc: Exception) -> dict[str, str]:
+    """A job's error: the exception's type and message, a lone surrogate in it (a file name
+    decoded with `surrogateescape`) escaped. JSON cannot hold one: as it was, it stopped the
+    worker's consumer where the micro-batch was written back, every other job with it."""
+    message = str(exc) or repr(exc)
+    escaped = message.encode("utf-8", "backslashreplace").decode()
+    return {"type": type(exc).__name__, "message": escaped}
 
 
 def succeeded(
@@ -100,9 +108,10 @@ def succeeded(
 
 
 def _stored(output: Any) -> str:
-    """`output` as the JSON text its job stores. A NaN or an infinity is refused as bytes are:
-    orjson writes it as null, and the job succeeded with its numbers silently gone. Only an
-    output whose text holds a null is searched for one, so a healthy output costs no walk."""
+    """`output` as the JSON text its job stores. A NaN or an infinity, as a value or a key, is
+    refused as bytes are: orjson writes it as null, and the job succeeded with its numbers
+    silently gone. Only an output whose text holds a null is searched for one, so a healthy
+    output costs no walk."""
     if not isinstance(output, dict):
         raise TypeError(f"it is {type(output).__name__}, not an object of named outputs")
     written = dumps(output).decode()
@@ -113,21 +122,31 @@ def _stored(output: Any) -> str:
 
 def _non_finite(value: Any, path: str) -> str | None:
     """The path of the first NaN or infinity in `value` (a float, a numpy array or scalar, or
-    dicts and lists of them), or None."""
+    dicts and lists of them), a dict's keys included, or None."""
     if isinstance(value, float | np.floating):
         return None if math.isfinite(value) else path
     if isinstance(value, np.ndarray):
+        if value.dtype == object:  # written as its Python values (codec.py), floats among them
+            return _non_finite(value.tolist(), path)
         if value.dtype.kind not in "fc" or np.isfinite(value).all():
             return None
         first = np.argwhere(~np.isfinite(value))[0]
         return path + "".join(f"[{i}]" for i in first)
     if isinstance(value, dict):
+        if (key := _non_finite_key(value)) is not None:
+            return f"{path} key {key}" if path else f"key {key}"
         items: Any = ((f"{path}.{key}" if path else str(key), v) for key, v in value.items())
     elif isinstance(value, list | tuple):
         items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
     else:
         return None
     return next((where for p, v in items if (where := _non_finite(v, p)) is not None), None)
+
+
+def _non_finite_key(value: dict[Any, Any]) -> float | None:
+    """A NaN or infinite key of `value`: orjson writes it as "null", so the job succeeded with
+    the key gone (two such keys read as one)."""
+    return next((key for key in value if isinstance(key, float) and not math.isfinite(key)), None)
 
 
 async def _call(
@@ -139,10 +158,14 @@ async def _call(
 
 
 def engine_inputs(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A copy of the list, the items shared, for one engine call: an engine that takes its
-    inputs off the list it is given (`pop`) emptied the micro-batch's own, its outputs then
-    counted against none and its bisection's reruns given what it had left."""
-    return list(inputs)
+    """A list of its own for one engine call, each item a copy of its keys: an engine that
+    takes its inputs off the list (`pop`) emptied the micro-batch's own, its outputs then
+    counted against none; one that edits an item (takes its text off, writes its tokens in)
+    left it so for its bisection's reruns, which failed the healthy jobs, and for the failed
+    job's record of its inputs. The values inside are shared: a copy of them, whose cost grows
+    with their size, would be paid by every call for a rare rerun's sake. An item that is no
+    object (no producer sends one) is passed as it is, for the engine to fail its job."""
+    return [dict(item) if isinstance(item, dict) else item for item in inputs]
 
 
 async def _on_engine_thread(
