@@ -75,6 +75,13 @@ local function can(cur, to)
   return t ~= nil and t ~= false and t[to] == 1
 end
 
+-- Whether the job of a held entry (its hash's status and `held`) still waits for its turn: not
+-- ended, and not moved in already by another entry of the same job (a replay held again once the
+-- first replay's held hash expired: both entries moved in, the job ran twice).
+local function waits(job)
+  return job[2] == '1' and can(job[1], 'running')
+end
+
 -- One attempt of the job's history (`attempt_history`, a JSON list), as JSON: who ran it (the
 -- consumer `{host}-{pid}`, split), from when to when (ms), how it ended and the error (a JSON
 -- string or a table), if any.
@@ -269,9 +276,10 @@ end
 -- whose list empties leaves the ring (its credit reset), one out of credit goes to the back. A
 -- moved job gets its `seq` then (it joins the stream now; the lane's counter is read once and
 -- grown once for all the refill moves), and its entry the MOVED field (so a worker that reads it
--- knows more may be held); a held job no longer queued (cancelled, gone) is dropped, so it never
--- reaches a worker, and costs its tenant no credit (one that ended held left the `held` count
--- when it ended: TRANSITION put its id in the lane's UNCOUNTED set, which outlives its hash).
+-- knows more may be held); a held job no longer queued (cancelled, gone) or moved in already by
+-- another entry of it (`waits`) is dropped, so it never reaches a worker (twice), and costs its
+-- tenant no credit (one that ended held left the `held` count when it ended: TRANSITION put its
+-- id in the lane's UNCOUNTED set, which outlives its hash).
 -- One call drops MAX_DROPS entries at most (a tenant's list of cancelled jobs would otherwise
 -- hold the server for as long as it takes to drop them all) and leaves the rest to the next
 -- refill; one that stops so having moved nothing while jobs are still held moves the entry it
@@ -308,7 +316,7 @@ local function refill(stream, group, job_prefix, upto)
       local jk = jobkey(job_prefix, jid)
       local job, runs, uncounted, count
       job, served = here('HMGET', jk, 'status', 'held')
-      runs = served and can(job[1], 'running')
+      runs = served and waits(job)
       if served and not runs then
         uncounted, served = here('SREM', stream .. UNCOUNTED, jid)
       elseif served and not added then
@@ -375,14 +383,15 @@ end
 -- fewer than `held`, which admission holds under max_length, so a sweep drops max_length entries
 -- at least: one O(list) sweep per max_length submits at most (swept at max_length, a tenant with
 -- nearly max_length live held jobs was swept every few submits). One whose hash is gone (never
--- uncounted) leaves the count as a refill's drop does. Returns the list's length.
+-- uncounted), or whose job another entry moved in already (`waits`), leaves the count as a
+-- refill's drop does. Returns the list's length.
 local function sweep(stream, job_prefix, tenant)
   local list = stream .. HELD .. tenant
   local kept, counted, gone = {}, 0, {}
   for _, packed in ipairs(redis.call('LRANGE', list, 0, -1)) do
     local jid = field(cmsgpack.unpack(packed), 'id') or ''
     local job = redis.call('HMGET', jobkey(job_prefix, jid), 'status', 'held')
-    if can(job[1], 'running') then
+    if waits(job) then
       kept[#kept + 1] = packed
     else
       gone[#gone + 1] = jid

@@ -78,7 +78,9 @@ def new_job_id(model: str, variant: str) -> str:
 def replay_job_id(model: str, variant: str, dead_job_id: str, dlq_id: str) -> str:
     """The job id a dead letter is replayed as: the same for every replay of that letter, so
     two replays of it (two operators, a retried command, a replay that died before it removed
-    the letter) enqueue one job between them; ENQUEUE leaves a job whose hash exists alone."""
+    the letter) enqueue one job between them; ENQUEUE leaves a job whose hash exists alone, and
+    a fair lane's refill moves a held job in once, however many held entries name it (a second
+    replay after the first's held hash expired held it again)."""
     digest = hashlib.blake2s(f"{dead_job_id}:{dlq_id}".encode(), digest_size=16).hexdigest()
     return partition_tag(model, variant) + digest[TAG_LEN:]
 
