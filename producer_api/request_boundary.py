@@ -1,13 +1,15 @@
-"""The one edge every request body crosses before a route sees it: bodies are bounded (413,
-declared or chunked; batch input by its own, larger bound), sent as they are (415 for one in a
-`Content-Encoding`: none is decoded), and a JSON body must hold only what Conveyor can store and
-serialise — valid Unicode (no lone surrogates), integers within 64 bits, finite numbers, at most
-`CONVEYOR_MAX_JSON_DEPTH` levels of nesting — anywhere, free-form `inputs` and `parameters`
-included (422). Checking here, once, means nothing deeper (orjson, pydantic, Redis) ever meets a
-value it would fail on."""
+"""The one edge every request body crosses before a route sees it: a request to a route that takes
+an API key has its key verified first (401 whatever its body: `authenticate_early`), bodies are
+bounded (413, declared or chunked; batch input by its own, larger bound), sent as they are (415
+for one in a `Content-Encoding`: none is decoded), and a JSON body must hold only what Conveyor
+can store and serialise — valid Unicode (no lone surrogates), integers within 64 bits, finite
+numbers, at most `CONVEYOR_MAX_JSON_DEPTH` levels of nesting — anywhere, free-form `inputs` and
+`parameters` included (422). Checking here, once, means nothing deeper (orjson, pydantic, Redis)
+ever meets a value it would fail on."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from dataclasses import dataclass
@@ -16,8 +18,12 @@ from typing import Any
 
 import orjson
 from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from producer_api.auth.dependencies import authenticate_early, keyed
 from producer_api.errors import error_response
 
 # What orjson serialises: signed and unsigned 64-bit integers.
@@ -153,12 +159,31 @@ def _is_json(scope: Scope, raw: str | None, own_format: frozenset[str]) -> bool:
     )
 
 
+async def _unauthenticated(scope: Scope) -> Response | None:
+    """The refusal of a request whose key `authenticate_early` did not admit (None: admitted),
+    answered by the app's own exception handler (a ConveyorError's 401, Redis being down a
+    503), as it would be from the route: those stand behind this middleware. An error with no
+    handler of its own (a bug) is left to the server's, which logs it."""
+    request = Request(scope)
+    try:
+        await authenticate_early(request)
+    except Exception as exc:
+        handlers = request.app.exception_handlers
+        kind = next((k for k in type(exc).__mro__ if k in handlers and k is not Exception), None)
+        if kind is None:
+            raise
+        response = handlers[kind](request, exc)
+        return await response if inspect.isawaitable(response) else response
+    return None
+
+
 class RequestBoundaryMiddleware:
-    """Reads the whole body (up to its limit, else 413 before anything is parsed), checks a
-    JSON body (else 422) and leaves its value in the scope (`PARSED_JSON`), then replays the
-    body to the app; later `receive` calls (disconnects) pass straight through. A POST to one
-    of `uploads` (batch input: OpenAI's accept files of 200 MB and 50,000 lines) is held to
-    `upload_limit`, any other body to `limit`, which a job's inputs need."""
+    """Verifies the key of a request to a keyed route (else 401, its body unread), reads the
+    whole body (up to its limit, else 413 before anything is parsed), checks a JSON body (else
+    422) and leaves its value in the scope (`PARSED_JSON`), then replays the body to the app;
+    later `receive` calls (disconnects) pass straight through. A POST to one of `uploads`
+    (batch input: OpenAI's accept files of 200 MB and 50,000 lines) is held to `upload_limit`,
+    any other body to `limit`, which a job's inputs need."""
 
     def __init__(
         self,
@@ -175,10 +200,14 @@ class RequestBoundaryMiddleware:
         self.uploads = uploads
         self.max_depth = max_depth
         self.own_format = own_format
+        self.routes: list[tuple[BaseRoute, bool]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self._keyed(scope) and (refusal := await _unauthenticated(scope)):
+            await refusal(scope, receive, send)
             return
         # Read as Starlette reads them, so a body is checked whenever FastAPI will parse it: a
         # repeated header's first value (a dict kept the last, and `application/json` then
@@ -210,6 +239,15 @@ class RequestBoundaryMiddleware:
                 await error_response(422, "invalid_request", message)(scope, receive, send)
                 return
         await self.app(scope, _replay(body, receive), send)
+
+    def _keyed(self, scope: Scope) -> bool:
+        """Whether the route the router will pick for the request (the first whose path and
+        method match) takes an API key. The app's routes are classed at its first request, when
+        every router is included."""
+        if self.routes is None:
+            self.routes = [(route, keyed(route)) for route in scope["app"].routes]
+        full = (keys for route, keys in self.routes if route.matches(scope)[0] is Match.FULL)
+        return next(full, False)
 
     def _limit_of(self, scope: Scope) -> BodyLimit:
         upload = scope["method"] == "POST" and scope["path"] in self.uploads

@@ -165,17 +165,20 @@ class FileStore(TenantIndexed):
             return None
         return as_text(tenant), data if isinstance(data, bytes) else data.encode()
 
-    async def delete(self, file_id: str) -> None:
+    async def delete(self, file_id: str) -> bool:
         """Drop the file, give its bytes back to its tenant's budget and unlist it (once: the
-        owner read in the transaction that drops it). Left listed, a loop of uploads and
-        deletes grew the index without bound, every entry a lookup for the next listing; a
-        page after the deleted id still goes on from its place (LISTED)."""
+        owner read in the transaction that drops it); whether this call dropped it, so of
+        concurrent deletes only one says so. Left listed, a loop of uploads and deletes grew
+        the index without bound, every entry a lookup for the next listing; a page after the
+        deleted id still goes on from its place (LISTED)."""
         key = self.keys.file(file_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hget(key, "tenant")
             pipe.delete(key)
             tenant, _ = await pipe.execute()
-        if tenant is not None:  # it was there, and this transaction dropped it
-            owner = as_text(tenant)
-            await call_script(self._release, self._held_of(owner), [file_id])
-            await self.unlist(owner, [file_id])
+        if tenant is None:
+            return False
+        owner = as_text(tenant)  # it was there, and this transaction dropped it
+        await call_script(self._release, self._held_of(owner), [file_id])
+        await self.unlist(owner, [file_id])
+        return True

@@ -143,14 +143,15 @@ def _finite(number: str) -> float:
 
 
 def json_argument(text: str, option: str) -> Any:
-    """A JSON value given inline, or `@path` to read it from a file (`option`: where it was
-    given, for the error)."""
+    """A JSON value given inline, or `@path` to read it from a file, `@-` from standard input
+    as curl's `-d @-` (`option`: where it was given, for the error)."""
     if text.startswith("@"):
+        path = text[1:]
         try:
-            with open(text[1:], encoding="utf-8") as source:
+            with click.open_file(path, encoding="utf-8") as source:  # `-`: standard input
                 text = source.read()
         except (OSError, UnicodeDecodeError) as exc:
-            raise click.BadParameter(f"cannot read {text[1:]}: {exc}", param_hint=option) from None
+            raise click.BadParameter(f"cannot read {path}: {exc}", param_hint=option) from None
     try:
         return json.loads(text, parse_constant=_refuse, parse_float=_finite)
     except _NotFinite as exc:

@@ -18,7 +18,12 @@ from conveyor.finite_float import FiniteFloat
 
 @click.command("submit")
 @click.argument("model")
-@click.option("--input", "inputs", required=True, help="The job's inputs: JSON, or @file.json.")
+@click.option(
+    "--input",
+    "inputs",
+    required=True,
+    help="The job's inputs: JSON, @file.json, or @- to read standard input.",
+)
 @click.option("--variant", default=None, help="A variant instead of the weighted split.")
 @click.option("--priority", type=click.Choice(["online", "bulk"]), default="online")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for the result.")

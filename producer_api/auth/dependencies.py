@@ -1,18 +1,22 @@
 """`require(scope)`: the FastAPI dependency that guards a route. It reads the key from
 `Authorization: Bearer` or `X-API-Key`, verifies it (401), checks the scope (403), takes a
 token from the key's bucket (429 with Retry-After; RateLimit-* headers on every answer) and
-returns the caller's Principal. With CONVEYOR_AUTH=disabled every caller is the anonymous
-principal."""
+returns the caller's Principal. The request boundary verifies the key of a request to such a
+route before its body is read (`authenticate_early`), and the dependency takes the principal it
+found. With CONVEYOR_AUTH=disabled every caller is the anonymous principal."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from functools import cache
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request, Security
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.routing import BaseRoute
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.auth.rate_limit_headers import keep
@@ -25,6 +29,9 @@ _BEARER = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API 
 _HEADER = APIKeyHeader(name="X-API-Key", auto_error=False, description="The API key")
 
 Service = TypeVar("Service")
+# Where `authenticate_early` leaves the caller (an ASGI scope key) for the route's dependency,
+# so a request's key is read from Redis once.
+PRINCIPAL = "conveyor.principal"
 
 AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing, unknown, expired or revoked API key"},
@@ -63,6 +70,28 @@ def admit_key(state: ProducerState, key: ApiKey | None) -> Principal:
     return Principal.of(key, state.settings)
 
 
+def keyed(route: BaseRoute) -> bool:
+    """Whether `route` takes an API key: one of its dependencies reads the bearer token."""
+    return isinstance(route, APIRoute) and any(call is _BEARER for call in _calls(route.dependant))
+
+
+def _calls(dependant: Dependant) -> Iterator[Any]:
+    """What each of a route's dependencies calls, those of its dependencies included."""
+    for sub in dependant.dependencies:
+        yield sub.call
+        yield from _calls(sub)
+
+
+async def authenticate_early(request: Request) -> None:
+    """Verify the key of a request to a keyed route before anything reads its body (the request
+    boundary): a caller without a valid key is answered 401 whatever its body holds, as OpenAI's
+    API, Triton and vLLM answer it, and learns nothing of how a body is validated (JSON that did
+    not parse was a 422 first). The principal waits in the scope for `admitted`."""
+    state: ProducerState = request.app.state.conveyor
+    presented = _presented(await _BEARER(request), await _HEADER(request))
+    request.scope[PRINCIPAL] = await authenticate(state, presented)
+
+
 async def throttle(state: ProducerState, principal: Principal) -> BucketState | None:
     """One token per request from the key's bucket, shared by every producer replica; the
     bucket after it (None for a key without a quota)."""
@@ -87,7 +116,9 @@ async def admitted(
 ) -> Principal:
     """The caller, once its key is verified (401), holds `scope` (403) and got a token from
     its bucket (429); its answer's head then carries no-store and the bucket's state."""
-    principal = await authenticate(state, _presented(bearer, header))
+    principal: Principal | None = request.scope.get(PRINCIPAL)
+    if principal is None:  # a request the boundary did not see
+        principal = await authenticate(state, _presented(bearer, header))
     if not principal.may(scope):
         raise ConveyorError(403, "forbidden", f"this API key lacks the {scope!r} scope")
     keep(request.scope, await throttle(state, principal))

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, File, Form, Path, Query, Response, Uploa
 from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.errors import OpenAIErrorBody, OpenAIRoute
 from producer_api.files.protocol import FileDeleted, FileList, FileObject
-from producer_api.files.serving import FilesService, check_purpose
+from producer_api.files.serving import FilesService, check_purpose, expires_after_s
 from producer_api.responses import (
     JSONL,
     FastJSONResponse,
@@ -50,7 +50,7 @@ async def upload_file(
     service: Uploads,
     file: Annotated[UploadFile, File(description="JSONL of batch lines")],
     purpose: Annotated[str, Form(max_length=64, json_schema_extra={"enum": ["batch"]})],
-    # checked only: OpenAI's one anchor, the upload's `created_at`
+    # OpenAI's one anchor, the upload's `created_at`, sent with `seconds`
     anchor: Annotated[Literal["created_at"] | None, Form(alias="expires_after[anchor]")] = None,
     seconds: Annotated[
         int | None,
@@ -66,8 +66,9 @@ async def upload_file(
     result TTL or OpenAI's `expires_after` if shorter (`expires_at` says which); `POST
     /v1/batches` takes its id as `input_file_id`."""
     check_purpose(purpose)
+    asked_s = expires_after_s(anchor, seconds)
     data = await file.read()
-    return FastJSONResponse(await service.upload(file.filename or "batch.jsonl", data, seconds))
+    return FastJSONResponse(await service.upload(file.filename or "batch.jsonl", data, asked_s))
 
 
 @router.get("/v1/files", response_model=FileList, responses=_ERRORS)

@@ -56,6 +56,21 @@ def check_purpose(purpose: str) -> None:
         raise ConveyorError(422, "invalid_request", message, param="purpose")
 
 
+def expires_after_s(anchor: str | None, seconds: int | None) -> int | None:
+    """OpenAI's `expires_after`: its `anchor` (`created_at`, the one there is) and `seconds`
+    together or neither, as OpenAI requires both. Seconds sent alone were taken, so a request
+    OpenAI refuses worked here and not there."""
+    fields = {"expires_after[anchor]": anchor, "expires_after[seconds]": seconds}
+    missing = [name for name, value in fields.items() if value is None]
+    if len(missing) == 1:
+        message = (
+            f"{missing[0]} is required: OpenAI's expires_after is "
+            "expires_after[anchor]=created_at and expires_after[seconds] together"
+        )
+        raise ConveyorError(422, "invalid_request", message, param=missing[0])
+    return seconds
+
+
 def over_budget(refused: OverBudget) -> ConveyorError:
     """A 429 as OpenAI's for a spent quota (`insufficient_quota`), marked not to be retried:
     room comes back only as the tenant deletes files or they expire, not after a backoff."""
@@ -155,7 +170,8 @@ class FilesService:
             await BatchApiService(self.state, self.principal).kept(*named.groups())
             return {"id": file_id, "object": "file", "deleted": False}
         await self._uploaded(file_id)
-        await self.store.delete(file_id)
+        if not await self.store.delete(file_id):  # a concurrent delete dropped it first
+            raise not_found(file_id)
         return {"id": file_id, "object": "file", "deleted": True}
 
     async def data(self, file_id: str) -> bytes:
