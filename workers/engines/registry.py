@@ -20,7 +20,8 @@ BACKENDS: dict[str, str] = {
 
 
 class EngineNotFound(ImportError):
-    """A backend whose engine class cannot be had: the worker cannot serve its model."""
+    """A backend whose engine cannot be had (its module, its class or its constructor fails):
+    the worker cannot serve its model."""
 
 
 def engine_class(backend: str) -> type[BatchEngine] | type[GenerateEngine]:
@@ -32,7 +33,9 @@ def engine_class(backend: str) -> type[BatchEngine] | type[GenerateEngine]:
     module_name, _, class_name = target.partition(":")
     try:
         found = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:  # a custom engine's typo, or its missing package
+    # A custom engine's typo, its missing package, or its own code failing as it imports (a
+    # SyntaxError, a check of its licence or device): the last escaped naming no backend.
+    except Exception as exc:
         raise EngineNotFound(f"backend {backend!r}: cannot import {target}: {exc}") from exc
     if not (isinstance(found, type) and issubclass(found, BatchEngine | GenerateEngine)):
         raise EngineNotFound(
@@ -46,13 +49,24 @@ def create_engine(
     config: ModelConfig, variant: str, artifact_root: Path
 ) -> BatchEngine | GenerateEngine:
     """Build (not load) the engine for one partition (a variant may name its own backend); its
-    artifacts live in `<root>/<model>/`."""
+    artifacts live in `<root>/<model>/`. What fails is named with the model and variant: the
+    worker's log said only the backend, or a custom engine's bare exception."""
     backend = config.backend_of(variant)
-    cls = engine_class(backend)
+    owner = f"model {config.name} variant {variant}"
+    try:
+        cls = engine_class(backend)
+    except EngineNotFound as exc:
+        raise EngineNotFound(f"{owner}: {exc}") from exc.__cause__
     serves = "generate" if issubclass(cls, GenerateEngine) else "batch"
     if serves != config.kind:  # the producer serves the kind; the worker's loop the engine's
         raise EngineNotFound(
             f"backend {backend!r}: {cls.__name__} serves kind {serves}; model {config.name} "
             f"has kind {config.kind}"
         )
-    return cls(config, variant, str(artifact_root / config.name))
+    try:
+        return cls(config, variant, str(artifact_root / config.name))
+    except Exception as exc:  # an abstract class, or a custom constructor's own failure
+        raise EngineNotFound(
+            f"{owner}: backend {backend!r}: {cls.__name__} could not be built: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc

@@ -51,12 +51,25 @@ def check_positions(artifact_dir: Path, setting: str, tokens: int) -> None:
     """Refuse `tokens` per text (named by its `setting`) past the model's position embeddings,
     read from its config.json where the artifacts have one: a wider input fails in the model."""
     config = artifact_dir / MODEL_CONFIG_FILE
-    positions = orjson.loads(config.read_bytes()).get(POSITIONS) if config.is_file() else None
+    positions = _positions(config) if config.is_file() else None
     if positions is not None and tokens > positions:
         raise ValueError(
             f"{setting} {tokens} exceeds the model's {positions} positions "
             f"({POSITIONS} in {config})"
         )
+
+
+def _positions(config: Path) -> int | None:
+    """The config's position count, if it names one. A file that is no JSON object (a Git LFS
+    pointer left by a clone without LFS, a cut download) or a count that is no integer is
+    refused naming the file: the worker's start failed with the parser's bare message."""
+    try:
+        positions = orjson.loads(config.read_bytes()).get(POSITIONS)
+    except (orjson.JSONDecodeError, AttributeError) as exc:  # not JSON, or JSON but no object
+        raise ValueError(f"{config} is not a JSON object: {exc}") from exc
+    if positions is not None and type(positions) is not int:
+        raise ValueError(f"{config} has {POSITIONS} {positions!r}, not an integer")
+    return positions
 
 
 class TextEncoder:
