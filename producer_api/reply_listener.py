@@ -72,6 +72,7 @@ class ReplyListener:
         # every listening task still running, those moving off a lost node too (no longer a
         # node's in `_tasks`), for `stop`
         self._running: set[asyncio.Task[None]] = set()
+        self._rechecking: asyncio.Task[None] | None = None  # the latest recheck: `_recheck_soon`
         self._lock = asyncio.Lock()
 
     def channel(self, job_id: str) -> str:
@@ -84,10 +85,12 @@ class ReplyListener:
         await self._subscribe([self.keys.reply(self.producer, tag) for tag in tags])
 
     async def stop(self) -> None:
-        """Every listening task ends, one resubscribing a lost node's channels elsewhere too:
-        left running, it retried for good once the producer stopped (a cluster gone)."""
-        for task in list(self._running):
-            await cancel_and_wait(task)
+        """Every listening task ends, one resubscribing a lost node's channels elsewhere too,
+        and every recheck: left running, it retried for good once the producer stopped (a
+        cluster gone). Those started while others are stopped (a move's new node, its recheck)
+        are stopped too."""
+        while self._running:
+            await cancel_and_wait(self._running.pop())
         for pubsub in self._nodes.values():
             await pubsub.aclose()
 
@@ -189,7 +192,7 @@ class ReplyListener:
                     self._leaving.pop(node, None)  # their confirmations went with the connection
                     await pubsub.connect()  # reconnects, then resubscribes its channels
                     outage.recovered()
-                    await self._recheck()
+                    self._recheck_soon()
                 async for message in _heard(pubsub, lambda: self._sweep(node, pubsub)):
                     if message["type"] == "smessage":
                         self._deliver_all(message["data"])
@@ -264,14 +267,31 @@ class ReplyListener:
                 break
             except RedisError as error:
                 await asyncio.sleep(outage.failed(error))
-        await self._recheck()
+        self._recheck_soon()
+
+    def _recheck_soon(self) -> None:
+        """Recheck the waiters in a task of its own, which replaces one still retrying (a read
+        it has in flight may come before this gap). Given up at its first error (LOADING while
+        a restarted server reads its data back), the waiters whose jobs ended in the gap sat
+        out their whole wait; retried inline, a read that kept failing stopped the listening."""
+        if self._rechecking is not None:
+            self._rechecking.cancel()
+        task = asyncio.create_task(self._recheck(), name="reply-recheck")
+        self._rechecking = task
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
 
     async def _recheck(self) -> None:
-        """Wake waiters whose jobs ended while a reply could have been lost (one round trip)."""
-        try:
-            records = await self.jobs.get_many(list(self._waiters))
-        except RedisError:
-            return  # the next reconnection rechecks again
+        """Wake waiters whose jobs ended while a reply could have been lost (one round trip,
+        retried with backoff until Redis answers: the waiters read anew each time)."""
+        outage = RedisOutage("reply listener recheck")
+        while True:
+            try:
+                records = await self.jobs.get_many(list(self._waiters))
+                break
+            except RedisError as exc:
+                await asyncio.sleep(outage.failed(exc))
+        outage.recovered()
         for record in records:
             if record is not None and (view := _ended_view(record)) is not None:
                 self._deliver(view)

@@ -21,8 +21,10 @@ round trip in parallel."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -86,6 +88,37 @@ def _script_call(args: tuple[Any, ...]) -> ScriptCall:
     """An EVALSHA's keys and arguments."""
     count = int(args[2])
     return list(args[3 : 3 + count]), list(args[3 + count :])
+
+
+async def _answered(future: asyncio.Future[Any], turn: asyncio.Future[None]) -> Any:
+    """The command's reply. A caller cancelled meanwhile (a submit cut short by a shutdown)
+    returns, cancelled, only once its flush (`turn`) has answered: it went on at once to its
+    next command, which a later flush on another connection could run first (the earlier one
+    still connecting): a submit's look for the job it may have enqueued found none, and gave
+    back the idempotency key of a job then enqueued. Cancels repeated meanwhile (anyio repeats
+    one at every await) wait too; the flush's sockets time out, so the wait is bounded. The
+    reply is awaited as it is (a shield cost each command a loop turn more)."""
+    try:
+        return await future
+    except asyncio.CancelledError:
+        while not turn.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({turn})
+        if future.done() and not future.cancelled():
+            future.exception()  # retrieved: the caller gave up on it
+        raise
+
+
+def _cancel_unanswered(
+    batch: list[_Pending], turn: asyncio.Future[None], _flush: asyncio.Task[None]
+) -> None:
+    """End the flush's turn however it ended, and cancel the callers it did not answer:
+    cancelled before its first step (the loop shutting down), it never reached its own
+    handler, and they waited for good."""
+    for *_, future in batch:
+        future.cancel()
+    if not turn.done():
+        turn.set_result(None)
 
 
 def _shares(parts: list[tuple[int, int]], reply: Any) -> list[tuple[int, Any]]:
@@ -153,10 +186,12 @@ class GroupCommit:
     """The first command of a turn schedules a flush with `loop.call_soon`; the flush sends
     every command queued by then in one pipeline and resolves each caller's future with its
     own result. Order is kept: commands of one turn run in the order they were issued, and a
-    caller's next command (issued after it awaited the previous one) lands in a later flush.
+    caller's next command (issued after its previous one was answered, even when the caller was
+    cancelled: `_answered`) lands in a later flush.
     Mixed into a redis-py client class, before it."""
 
     _pending: list[_Pending]
+    _turn: asyncio.Future[None]  # done once the flush of the pending commands has ended
     _sending: set[asyncio.Task[None]]  # held, so no flush is collected mid-way
     _merges: dict[str, tuple[str, Merge]]  # the script's text and merge, by its SHA
 
@@ -173,17 +208,20 @@ class GroupCommit:
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if str(args[0]).upper() in _DIRECT:
             return await super().execute_command(*args, **options)  # type: ignore[misc]
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)
+            self._turn = loop.create_future()
         self._pending.append((args, options, future))
-        return await future
+        return await _answered(future, self._turn)
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
         task = asyncio.get_running_loop().create_task(self._send(batch))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
+        task.add_done_callback(partial(_cancel_unanswered, batch, self._turn))
 
     async def _send(self, batch: list[_Pending]) -> None:
         """One pipeline for the whole batch (a lone command sent as itself); a reply that is
@@ -194,12 +232,10 @@ class GroupCommit:
         sends = self._merged(batch)
         try:
             replies = await self._loaded_again(sends, await self._replies(sends))
-        except BaseException as exc:  # the callers see the error; a cancel ends them too
+        except Exception as exc:  # the callers see the error (a cancel: `_cancel_unanswered`)
             for *_, future in batch:
-                if not future.done():
+                if not future.done():  # its caller was cancelled meanwhile
                     future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
             return
         for (*_, parts), reply in zip(sends, replies, strict=True):
             for index, share in _shares(parts, reply):
