@@ -32,6 +32,7 @@ BIN = Path(sys.executable).parent
 # prctl(2), resolved before any child forks; PR_SET_PDEATHSIG from <linux/prctl.h>
 _PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
 _PR_SET_PDEATHSIG = 1
+PROC = Path("/proc")  # Linux's: the state and the process group of each process
 # What a stopped producer or Valkey gets past the grace at least (the margin every child had
 # before CONVEYOR_FORCED_EXIT_MARGIN_S, a worker's, could be set).
 CHILD_MARGIN_S = 20.0
@@ -386,8 +387,12 @@ class Stack:
         for name in names:
             process = self.processes.pop(name)
             self.readiness.pop(name, None)  # one stopped while starting is not waited for
+            # Its exit seen before the signal, which then goes to its group: looked at after,
+            # one that died of the signal at once was taken for one whose group had it, and
+            # its engine ran on until the deadline.
+            exited = process.poll() is not None
             _signal(process, signal.SIGTERM, self.ended)
-            self.stopping[name] = Stopping(process, deadline, exited=process.poll() is not None)
+            self.stopping[name] = Stopping(process, deadline, exited)
 
     def reap_stopped(self) -> None:
         """One look at the children `terminate` signalled, never waiting: one past its deadline
@@ -588,17 +593,45 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def _group_ended(pgid: int, kill_at: float) -> bool:
-    """One look: whether process group `pgid` is gone. Past `kill_at` (monotonic) it is killed
-    and counted gone: what may be left of it then are zombies no init reaps, which hold no port
-    and no file."""
+    """One look: whether process group `pgid` is gone, zombies aside: they hold no port and no
+    file, and an orphan's waits for an init to reap it (a container's PID 1 looks every few
+    seconds, or never: counted on, a stop waited for it until `kill_at`). Past `kill_at`
+    (monotonic) it is killed and counted gone."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
+        return True
+    if not _group_runs(pgid):
         return True
     if time.monotonic() < kill_at:
         return False
     _signal_group(pgid, signal.SIGKILL)
     return True
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a process of group `pgid` has yet to exit, by /proc's states (a zombie's `Z`, a
+    dead one's `X`). Where /proc shows none of it (not Linux, another namespace's), any process
+    of it is taken to run."""
+    try:
+        pids = [entry for entry in os.listdir(PROC) if entry.isdigit()]
+    except OSError:
+        return True
+    states = [state for pid in pids if (state := _state_in(pid, pgid))]
+    return not states or any(state not in ("Z", "X") for state in states)
+
+
+def _state_in(pid: str, pgid: int) -> str:
+    """Process `pid`'s state (/proc/<pid>/stat's field 3) if it is in group `pgid` (field 5),
+    else empty; empty too once it is gone."""
+    try:
+        stat = (PROC / pid / "stat").read_text()
+    except OSError:
+        return ""
+    # field 2, the command's name in parentheses, may hold spaces and `)`: fields 3 on follow
+    # its last `)`
+    state, _ppid, group, *_ = stat.rsplit(")", 1)[1].split()
+    return state if int(group) == pgid else ""
 
 
 def _reap(

@@ -51,14 +51,29 @@ class LocalCluster:
         failover test's), and the rest of the cluster still serves."""
         return redis.RedisCluster(host="127.0.0.1", port=self._alive()[0].port, socket_timeout=5)
 
-    def master_of(self, key: str) -> ClusterNode:
-        """The master that serves `key`'s slot now (after a failover: the promoted replica)."""
+    def master_of(self, key: str, timeout_s: float = 30.0) -> ClusterNode:
+        """The master that serves `key`'s slot now (after a failover: the promoted replica).
+        Mid-failover no live node serves it (the killed master still holds it, or none does
+        yet): it waits up to `timeout_s` for one, then raises LookupError saying which (it
+        raised StopIteration, at once)."""
         slot = key_slot(key.encode())
-        viewer = self._alive()[0].client()
-        for start, end, master, *_ in viewer.execute_command("CLUSTER SLOTS"):
-            if int(start) <= slot <= int(end):
-                return next(n for n in self._alive() if n.port == int(master[1]))
-        raise LookupError(f"no master serves slot {slot}")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            port = self._holder(slot)
+            if serving := [n for n in self._alive() if n.port == port]:
+                return serving[0]
+            if time.monotonic() >= deadline:
+                held = "no node holds it" if port is None else f"its master {port} is down"
+                raise LookupError(f"no live master serves slot {slot} after {timeout_s:g}s: {held}")
+            time.sleep(0.05)
+
+    def _holder(self, slot: int) -> int | None:
+        """The port of the master that holds `slot` as the first live node sees it, or None."""
+        with self._alive()[0].client() as viewer:
+            for start, end, master, *_ in viewer.execute_command("CLUSTER SLOTS"):
+                if int(start) <= slot <= int(end):
+                    return int(master[1])
+        return None
 
     def kill(self, node: ClusterNode) -> None:
         """kill -9, as a crashed host: no shutdown, no failover handshake."""

@@ -256,11 +256,12 @@ class WritesInTurn(AbstractConnection):
         try:
             async with asyncio.timeout(self.socket_timeout):
                 await self._send_packed_command(command)
-        except TimeoutError:
-            await self.disconnect(nowait=True)
-            raise RedisTimeoutError("Timeout writing to socket") from None
         except OSError as exc:
             await self.disconnect(nowait=True)
+            # The bound's timeout has no errno; the OS's (ETIMEDOUT: TCP gave up on the peer)
+            # is a dead connection, sent again on a new one, not a slow server.
+            if isinstance(exc, TimeoutError) and exc.errno is None:
+                raise RedisTimeoutError("Timeout writing to socket") from None
             raise RedisConnectionError(f"Error while writing to socket: {exc}") from exc
         except BaseException:
             await self.disconnect(nowait=True)
@@ -700,14 +701,36 @@ async def preload(client: RedisClient, scripts: Iterable[str]) -> None:
     """Load scripts on every node, replicas included (one server: on it), so that the first
     EVALSHA of each finds them there and after a failover. A call that misses one anyway (a
     node restarted since) loads it and tries again: a script's own call by itself, a pipeline
-    through `run_pipeline` or `run_script`."""
+    through `run_pipeline` or `run_script`.
+
+    A cluster node out of reach is passed over, unless every node is: a replica that died is
+    listed until the cluster marks it failed (`cluster-node-timeout`), and failing there
+    failed every call that met NOSCRIPT meanwhile, and every process that started. The node
+    gets the scripts once a call it refuses for lacking them loads them again."""
+    texts = list(scripts)
     if not is_cluster(client):
-        for script in scripts:
+        for script in texts:
             await client.script_load(script)
         return
     cluster = cast(Any, client)
+    await cluster.initialize()  # knows its nodes before the first load (no-op after)
+    nodes = cluster.get_nodes()
+    loads = await asyncio.gather(
+        *(_load_on(cluster, n, texts) for n in nodes), return_exceptions=True
+    )
+    failed = [out for out in loads if isinstance(out, BaseException)]
+    for error in failed:
+        if not isinstance(error, OUT_OF_REACH):
+            raise error
+    if failed and len(failed) == len(nodes):
+        raise failed[0]
+
+
+async def _load_on(cluster: Any, node: ClusterNode, scripts: list[str]) -> None:
+    """Load `scripts` on `node`, stopping at its first error: a node out of reach costs one
+    timeout, not one per script."""
     for script in scripts:
-        await cluster.execute_command("SCRIPT LOAD", script, target_nodes=RedisCluster.ALL_NODES)
+        await cluster.execute_command("SCRIPT LOAD", script, target_nodes=node)
 
 
 class ReplicaAckTimeout(RedisConnectionError):
