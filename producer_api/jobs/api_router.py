@@ -19,7 +19,9 @@ from shared.job_states import JobStatus
 from shared.model_repository import NAME
 
 router = APIRouter(tags=["jobs"], route_class=OrjsonRoute)
-JOB_ID = Path(max_length=128, description="Job id")
+# No length bound: an id of any length not shaped as one is an unknown job (404, as
+# `serving.checked_id` answers it), never a 422 about the path.
+JOB_ID = Path(description="Job id")
 # An Idempotency-Key: printable ASCII without spaces, 1 to KEY_MAX characters.
 KEY_CHARS, KEY_MAX = r"[\x21-\x7e]", 255
 _KEY = re.compile(f"{KEY_CHARS}{{1,{KEY_MAX}}}")
