@@ -109,14 +109,15 @@ class LaneScheduler:
             if held := await self.reader.held([self.online, self.bulk], max_items, in_hand):
                 return held
             self.after_outage = False
+        top_up = partial(self._topped_up, max_items, delay_ms, in_hand, stop)
         if self.new_turn:  # between reclaimed entries, what waits new (without blocking)
             self.new_turn = False
-            return [batch] if (batch := await self._take(max_items, delay_ms)) else []
+            return [await top_up(batch)] if (batch := await self._take(max_items)) else []
         if reclaimed := await self._reclaimed(in_hand):
             self.new_turn = True
             return [reclaimed]
-        if (self.backlog or slots) and (batch := await self._take(max_items, delay_ms)):
-            return [batch]
+        if (self.backlog or slots) and (batch := await self._take(max_items)):
+            return [await top_up(batch)]
         if not slots and self.redelivered.intersection(in_hand):  # staged: claim on soon
             block_ms = min(block_ms, REDELIVERED_WAIT_MS)
         lanes, count = self._blocking_read(max_items, slots)
@@ -127,7 +128,7 @@ class LaneScheduler:
                 batch for lane in lanes for batch in await self.reader.held([lane], count, in_hand)
             ]
         self.backlog = any(self._left_waiting(deliveries, count) for _, deliveries in waited)
-        return [await self._topped_up(b, max_items, delay_ms) for b in waited]
+        return [await top_up(b) for b in waited]
 
     def _blocking_read(self, max_items: int, slots: bool) -> tuple[list[str], int]:
         """The lanes the blocking read waits on, and its COUNT, which Redis applies to each
@@ -168,14 +169,14 @@ class LaneScheduler:
         self.turn.release(self)
         return self.turn.take(self)
 
-    async def _take(self, max_items: int, delay_ms: float) -> MicroBatch | None:
+    async def _take(self, max_items: int) -> MicroBatch | None:
         """One script's read of the lane preferred now, else the other (None: both empty)."""
         order = [self.bulk, self.online] if self.credit.bulk_turn() else [self.online, self.bulk]
         if (batch := await self.reader.take(order, max_items)) is None:
             return None
         self.credit.served(bulk=batch[0] == self.bulk)
         self.backlog = len(batch[1]) >= max_items
-        return await self._topped_up(batch, max_items, delay_ms)
+        return batch
 
     def _left_waiting(self, deliveries: list[Delivery], max_items: int) -> bool:
         """Whether a blocking read that handed over `deliveries` likely left jobs waiting: it
@@ -188,7 +189,24 @@ class LaneScheduler:
             return True
         return bool(self.fair_window) and len(deliveries) >= self.fair_window
 
-    async def _topped_up(self, batch: MicroBatch, max_items: int, delay_ms: float) -> MicroBatch:
-        arrivals = self.arrivals[batch[0]]
-        arrivals.arrived(len(batch[1]))
-        return await self.reader.gather(batch, max_items, delay_ms, self.preferred, arrivals)
+    async def _topped_up(
+        self,
+        max_items: int,
+        delay_ms: float,
+        in_hand: Collection[LaneEntry],
+        stop: Stopping | None,
+        batch: MicroBatch,
+    ) -> MicroBatch:
+        """`batch` topped up while more are coming (`StreamReader.gather`), until `stop`: then
+        what this consumer holds of its lane and is not running (a cut top-up's lost reply)
+        joins it, claimed back as after a cut blocking read, to finish before it stops."""
+        stream, deliveries = batch
+        arrivals = self.arrivals[stream]
+        arrivals.arrived(len(deliveries))
+        await self.reader.gather(batch, max_items, delay_ms, self.preferred, arrivals, stop)
+        if stop is None or not stop.is_set() or delay_ms <= 0 or len(deliveries) >= max_items:
+            return batch
+        ours = {*in_hand, *((stream, d.entry_id) for d in deliveries)}
+        for _, lost in await self.reader.held([stream], max_items - len(deliveries), ours):
+            deliveries.extend(lost)
+        return batch

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -33,6 +34,7 @@ from shared.keys import GROUP, Keys
 from shared.redis_client import call_script, read_streams, sent_once
 from shared.settings import get_settings
 from workers.partition.arrival_rate import ArrivalRate
+from workers.partition.stopping import Stopping
 
 log = logging.getLogger(__name__)
 _MOVED = MOVED_FIELD.encode()
@@ -224,6 +226,7 @@ class StreamReader:
         delay_ms: float,
         preferred: Sequence[int] = (),
         arrivals: ArrivalRate | None = None,
+        stop: Stopping | None = None,
     ) -> MicroBatch:
         """Top a non-empty batch up from its own stream until full or `delay_ms` has passed,
         while `arrivals` (when given) expects another job before then: a lone job on an idle
@@ -231,20 +234,23 @@ class StreamReader:
         (a size that fills an engine's shape bucket, as Triton's `preferred_batch_size`), stop
         there instead of waiting. Each read blocks at most `CONVEYOR_BLOCK_MS`, a longer delay
         takes several: one read blocking for all of it (up to a minute) outlasted the socket
-        timeout, and the micro-batch was lost to a timeout and claimed back a delivery more."""
+        timeout, and the micro-batch was lost to a timeout and claimed back a delivery more.
+        `stop`, set, ends the top-up (its read cut as `Stopping.unless_set` cuts it): a micro-
+        batch held open at a stop waited out the delay, reading jobs queued after the stop."""
         stream, deliveries = batch
         if not deliveries or delay_ms <= 0:
             return batch
         deadline = time.monotonic() + delay_ms / 1000.0
-        while len(deliveries) < max_items:
+        while len(deliveries) < max_items and not (stop and stop.is_set()):
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0.001 or (arrivals and not arrivals.expects_more(remaining_s)):
                 break
             at_preferred = len(deliveries) in preferred
             started = time.monotonic()
             block_ms = None if at_preferred else min(int(remaining_s * 1000), self.max_block_ms)
-            wanted = max_items - len(deliveries)
-            more = [d for _, got in await self.wait([stream], wanted, block_ms) for d in got]
+            read = partial(self.wait, [stream], max_items - len(deliveries), block_ms)
+            waited = await (read() if stop is None else stop.unless_set(read))
+            more = [d for _, got in waited or [] for d in got]
             if arrivals is not None:
                 arrivals.waited(time.monotonic() - started, len(more))
                 arrivals.arrived(len(more))
@@ -281,11 +287,17 @@ class StreamReader:
 
     async def hand_back(self, stream: str, entry_ids: Sequence[bytes], idle_ms: int) -> int:
         """Give up entries this consumer will not finish (a drain's), at once and uncounted
-        (`consumer_groups.HAND_BACK`): they are due to the next reclaim; returns how many."""
-        handed = await call_script(
-            self._hand_back, [stream], [GROUP, self.consumer, idle_ms, *entry_ids]
+        (`consumer_groups.HAND_BACK`): they are due to the next reclaim; returns how many. A
+        lane deleted meanwhile took them along (none handed back): its NOGROUP ended the drain
+        on an error."""
+        handed = await recreating_groups(
+            self.redis,
+            self.streams,
+            lambda: call_script(
+                self._hand_back, [stream], [GROUP, self.consumer, idle_ms, *entry_ids]
+            ),
         )
-        return int(handed)
+        return int(handed or 0)
 
 
 def decode_delivery(
