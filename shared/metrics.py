@@ -13,12 +13,16 @@ from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from shared.model_repository import MAX_JOBS_PER_READ
+
 PARTITION = ("model", "variant")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # Waits in a queue: up to `queue.max_queue_time_s` (10 minutes by default), and a Batch API
 # item's whole completion window (a day); topped at 60 s, every quantile of a backlog read 60.
 WAIT_BUCKETS = (*LATENCY_BUCKETS, 120, 300, 600, 1800, 3600, 21600, 86400)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Powers of 2 up to the largest batch a model may be configured for: topped at 256, every
+# quantile of a pool batching more read 256.
+BATCH_BUCKETS = tuple(2**n for n in range((MAX_JOBS_PER_READ - 1).bit_length() + 1))
 # A request may hold its connection up to 600 s (a long-poll's `wait`, a predict's `timeout`):
 # topped at 60 s, every quantile of those routes read 60.
 HTTP_BUCKETS = (*LATENCY_BUCKETS, 120, 300, 600)

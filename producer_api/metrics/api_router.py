@@ -1,6 +1,9 @@
 """`GET /metrics`: the producer's own counters plus partition gauges (lag, pending, DLQ depth,
 oldest queued age, backlog seconds) refreshed from Redis at most once a second, so a 5 s scrape
-stays cheap. Under several producer processes on one port (PROMETHEUS_MULTIPROC_DIR set, by
+stays cheap, and read for `READ_TIMEOUT_S` at most: a Redis that stopped answering without
+closing its connections held the scrape for the client's timeouts and retries (seconds each),
+past Prometheus' scrape timeout, and the process's own counters went missing with the gauges.
+Under several producer processes on one port (PROMETHEUS_MULTIPROC_DIR set, by
 `conveyor up --producers N`), whichever process a scrape reaches answers for all of them
 (shared/metrics.py): it had answered with its own share of the counters.
 `GET /metrics/backlog/{model}/{variant}`: one pool's backlog seconds as JSON, what KEDA's
@@ -8,6 +11,7 @@ metrics-api scaler reads; like `/metrics` it needs no API key (queue depths only
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -36,11 +40,13 @@ from shared.partition_stats import read_partition_stats
 
 router = APIRouter(tags=["health"])
 _REFRESH_S = 1.0
+READ_TIMEOUT_S = 1.0  # two pipelined round trips; a scrape's timeout is 10 s by default
 _last_refresh = 0.0
 # What a gauge read raises while Redis, or the cluster, is out of reach or misconfigured: redis-py
 # raises a RedisClusterException (no RedisError) where shared/redis_client.py does not make it an
-# outage. The scrape still answers with the process's counters and the gauges' last values.
-_UNREAD = (RedisError, RedisClusterException)
+# outage; a read past `READ_TIMEOUT_S`, a TimeoutError. The scrape still answers with the
+# process's counters and the gauges' last values.
+_UNREAD = (RedisError, RedisClusterException, TimeoutError)
 
 
 async def _refresh_gauges(state: ProducerState) -> None:
@@ -72,7 +78,8 @@ async def _refresh_gauges(state: ProducerState) -> None:
 @router.get("/metrics", include_in_schema=False)
 async def metrics(state: Annotated[ProducerState, Depends(producer_state)]) -> Response:
     with contextlib.suppress(*_UNREAD):
-        await _refresh_gauges(state)
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            await _refresh_gauges(state)
     return Response(_exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
