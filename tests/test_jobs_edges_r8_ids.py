@@ -22,6 +22,7 @@ async def test_a_long_malformed_id_is_an_unknown_job(redis_url: str, job_id: str
             await client.get(f"/v1/jobs/{job_id}"),
             await client.get(f"/v1/jobs/{job_id}?wait=0.1&attempts=true"),
             await client.delete(f"/v1/jobs/{job_id}"),
+            await client.get(f"/v1/jobs/{job_id}/events"),
         ]
     for answer in answers:
         assert answer.status_code == 404, answer.text

@@ -7,13 +7,14 @@ from contextlib import aclosing
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, Header, Path, Response
+from fastapi import APIRouter, Depends, Header, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
 from producer_api.errors import ConveyorError, ErrorBody
 from producer_api.events.protocol import EVENT_ID, JobEvent
 from producer_api.events.serving import EventsService
+from producer_api.jobs.api_router import JOB_ID
 from producer_api.stream_shutdown import (
     GRACE_S,
     RECONNECT_MS,
@@ -66,7 +67,7 @@ async def server_sent(
 @router.get("/v1/jobs/{job_id}/events", response_class=EventSourceResponse, responses=_RESPONSES)
 async def job_events(
     service: Annotated[EventsService, Depends(acting_for("read", EventsService))],
-    job_id: str = Path(max_length=128, description="Job id"),
+    job_id: str = JOB_ID,
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID", pattern=EVENT_ID),
 ) -> Response:
     """Stream a job's events. While it is queued: `queued` events (position, ETA) when they
@@ -78,7 +79,8 @@ async def job_events(
     when it ends. Every `final` has an id: one made from the job (no entry of its own in the
     stream) has the id after the stream's last entry (`0-1` for none). The job keeps running
     when the client goes away, when this producer shuts down or when Redis stops answering (the
-    stream then ends with an `error` event carrying `retry:`). A `Last-Event-ID` that no stream
+    stream then ends with an `error` event carrying `retry:`); a job gone meanwhile (its record
+    expired) ends it with an `error` event (type `not_found`). A `Last-Event-ID` that no stream
     could hold (parts beyond 64 bits), or that names no event this job's stream sent, is refused
     (422); a key holding its cap of streams open (its own `--max-streams`, else
     CONVEYOR_MAX_STREAMS_PER_KEY) gets 429 (`Retry-After`). A stream whose client stopped reading

@@ -22,7 +22,7 @@ from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.events.protocol import JobEvent
-from producer_api.jobs.serving import REPLYLESS_POLL_S, JobsService
+from producer_api.jobs.serving import REPLYLESS_POLL_S, JobsService, not_found
 from producer_api.live_feed import while_holds
 from producer_api.state import ProducerState
 from producer_api.task_cancel import cancel_and_wait
@@ -56,28 +56,30 @@ class EventsService:
         expired meanwhile ends the stream within RECHECK_S with an `error` event (type
         `unauthorized`); the job runs on."""
         record = await self.jobs.owned(job_id)
-        if last_event_id is not None and not await self._resumes(record, last_event_id):
-            return None
         config = self.state.repository.get(record.fields.get("model", ""))
-        if config is not None and config.kind == "generate":
+        streams = config is not None and config.kind == "generate"
+        if last_event_id is not None and not await self._resumes(record, last_event_id, streams):
+            return None
+        if streams:
             events = self._after_queue(job_id, self._tokens(job_id, last_event_id or START))
         else:
             events = self._after_queue(job_id, self._final(job_id))
         return self._while_key_holds(events, await self._place())
 
-    async def _resumes(self, record: JobRecord, last_event_id: str) -> bool:
+    async def _resumes(self, record: JobRecord, last_event_id: str, streams: bool) -> bool:
         """Whether anything follows `last_event_id`: not the final event of a job that ended.
         An id other than START or an entry of the job's stream is refused (422): one from the
         far future had the stream send nothing until the job's end, another job's skipped this
-        one's text up to it. A stream gone (expired) after its job ended cannot tell: its final
-        follows."""
+        one's text up to it. A token stream (`streams`) gone (expired) after its job ended
+        cannot tell: its final follows. A job that streams no tokens never had one: its only id
+        is its final's."""
         key = self.state.keys.tokens(record.job_id)
         last = await self.state.tokens.last(key)
         if record.status.terminal and last_event_id == final_id(record, last):
             return False
         if last_event_id == START or await self.state.tokens.holds(key, last_event_id):
             return True
-        if last is None and record.status.terminal:
+        if streams and last is None and record.status.terminal:
             return True
         if record.status.terminal and await self._made_final(key, last_event_id):
             return False
@@ -182,11 +184,17 @@ class EventsService:
             await asyncio.wait([first], timeout=QUEUED_EVERY_S)
 
     async def _tokens(self, job_id: str, after: str) -> AsyncGenerator[JobEvent, None]:
-        """The job's token stream after `after`; closed, it closes its follower at once."""
+        """The job's token stream after `after`; closed, it closes its follower at once. One
+        that ends with no final (the job's hash gone: expired, deleted) raises 404, an `error`
+        event: ended silently, it looked cut, and its client reconnected to be told so."""
         follower = TokenFollower(self.state.tokens, self.state.job_store, self.state.keys)
+        ended = False
         async with contextlib.aclosing(follower.follow(job_id, after)) as events:
             async for event in events:
+                ended = event.final
                 yield JobEvent(event.kind, event.data(), event.id or None)
+        if not ended:
+            raise not_found(job_id)
 
     async def _final(self, job_id: str) -> AsyncGenerator[JobEvent, None]:
         """Long-poll in rounds of `max_wait_s` (keep-alive pings flow meanwhile). Once the
