@@ -36,7 +36,7 @@ class EmbeddingService(OpenAIService):
         usable = self.check_serves(request.model, lambda c: c.task == "embed", "embed text")
         if request.dimensions is not None and usable is not None:
             message = f"dimensions: model {request.model!r} gives whole vectors only"
-            raise ConveyorError(400, "invalid_request", message)
+            raise ConveyorError(400, "invalid_request", message, param="dimensions")
         return PredictRequest(
             inputs=request.inputs(), routing_key=request.user, variant=request.variant
         )

@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     StrictBool,
     Tag,
+    ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
@@ -158,13 +159,19 @@ class SamplingRequest(SamplingParameters):
     user: str | None = Field(default=None, max_length=256)
     variant: str | None = Field(default=None, pattern=NAME, description="Conveyor: a variant")
 
-    @model_validator(mode="after")
-    def _stream_options_only_when_streaming(self) -> SamplingRequest:
+    @field_validator("stream_options", mode="after")
+    @classmethod
+    def _only_when_streaming(
+        cls, value: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
         """As OpenAI's API and vLLM's server refuse them: the client expects a usage chunk that
-        a response without a stream would not send."""
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
-        return self
+        a response without a stream would not send. Refused as a field, so the refusal names it
+        (OpenAI's `param`), where the whole body's refusal named none. A `stream` itself refused
+        is not in `info.data`: its own refusal says enough."""
+        if value is not None and "stream" in info.data and not info.data["stream"]:
+            message = "only allowed when stream is true"
+            raise PydanticCustomError("stream_options_without_stream", message)
+        return value
 
     def parameters(self) -> dict[str, Any]:
         """The job's `parameters`: only what the client set."""
@@ -185,6 +192,18 @@ class TextPart(BaseModel):
 
     type: Literal["text"]
     text: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        """A part of another type (an image, audio) is refused as one the model cannot read:
+        pydantic's "type: Input should be 'text'; text: Field required" read as a malformed
+        text part."""
+        kind = value.get("type") if isinstance(value, dict) else None
+        if isinstance(kind, str) and kind != "text":
+            message = "{kind} parts are not taken: the model reads text only"
+            raise PydanticCustomError("part_not_served", message, {"kind": kind})
+        return value
 
 
 class ChatMessage(BaseModel):

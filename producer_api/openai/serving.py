@@ -259,11 +259,12 @@ class OpenAIService:
     def check_serves(
         self, model: str, serves: Callable[[ModelConfig], bool], what: str
     ) -> ModelConfig | None:
-        """A usable model the route cannot run is a 400; returns the usable model's config (None
-        for one the submit will refuse)."""
+        """A usable model the route cannot run is a 400 naming `model`, as OpenAI's API refuses
+        an embedding model on its chat route; returns the usable model's config (None for one
+        the submit will refuse)."""
         if (config := self.usable(model)) is not None and not serves(config):
             message = f"model {model!r} does not {what}; use /v1/jobs"
-            raise ConveyorError(400, "invalid_request", message)
+            raise ConveyorError(400, "invalid_request", message, param="model")
         return config
 
     async def submit(self, request: Sampling) -> str:
