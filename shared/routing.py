@@ -19,6 +19,7 @@ StickyBy = Literal["routing_key", "tenant"]
 WEIGHT_TOTAL = 100.0
 _TOLERANCE = 1e-6
 _SCALE = float(2**64)
+_BELOW_ONE = math.nextafter(1.0, 0.0)
 
 
 class UnknownVariant(LookupError):
@@ -198,5 +199,11 @@ def _score(key: str, model: str, variant: str, weight: float) -> float:
     the highest score wins with probability w / sum(w); raising one weight (others scaled) only
     moves keys to it."""
     digest = hashlib.blake2b(f"{model}\0{variant}\0{key}".encode(), digest_size=8).digest()
-    unit = (int.from_bytes(digest, "big") + 0.5) / _SCALE
-    return -weight / math.log(unit)
+    return -weight / math.log(_unit(digest))
+
+
+def _unit(digest: bytes) -> float:
+    """The digest as u in (0, 1). Below 1 even for the top 1 024 of 2^64, which a float rounds
+    to 1.0, whose ln of 0 failed every request of their key; every other u is unchanged, so no
+    user moves."""
+    return min((int.from_bytes(digest, "big") + 0.5) / _SCALE, _BELOW_ONE)

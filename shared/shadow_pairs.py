@@ -2,8 +2,9 @@
 `cv:{ctl}shadow:{model}:pending` (sorted set by submit ms) until both ended; the look that
 compares them claims them into `…:pending:claimed` (sorted set by claim ms), stores their
 comparisons beside the primaries as `cv:{ctl}shadow:{primary id}` (hash, result TTL; a key the
-job API never reads, so a shadow result cannot reach the client), each naming its page, with
-the page's counts per shadow variant (`cv:{ctl}shadowpage:{page}`), adds those counts, then
+job API never reads, so a shadow result cannot reach the client), each naming its page under
+its shadow variant (a request copied to two shadows has two pairs and one primary), with the
+page's counts per shadow variant (`cv:{ctl}shadowpage:{page}`), adds those counts, then
 releases the claims and forgets the page. A claim not released within SETTLE_WITHIN_MS (its
 look failed: a Redis error) goes back to pending and a later look settles it: compared again if
 no result is stored, else only the counts of its page still kept are added again, once per
@@ -119,10 +120,13 @@ class ShadowPairs:
     ) -> tuple[set[ShadowPair], dict[str, Totals]]:
         """Of claimed `pairs`, those compared before (their result is stored: their page failed
         after `store`), and the counts of those pages not yet forgotten, by page: to add
-        again (once per variant, VariantStats.add_counts_once), never to compare again."""
+        again (once per variant, VariantStats.add_counts_once), never to compare again. The page
+        is read under the pair's shadow variant: with one `page` field for all of a primary's
+        pairs, a second shadow's pair that ended a look after the first's read as compared, and
+        was never counted."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for pair in pairs:
-                pipe.hget(self.keys.shadow_result(pair.primary_id), "page")
+                pipe.hget(self.keys.shadow_result(pair.primary_id), _page_field(pair))
             named = await executed(pipe)
         before = {pair for pair, page in zip(pairs, named, strict=True) if page is not None}
         pages = sorted({as_text(page) for page in named if page is not None})
@@ -142,7 +146,8 @@ class ShadowPairs:
         async with self.redis.pipeline(transaction=True) as pipe:
             for pair, fields in results:
                 key = self.keys.shadow_result(pair.primary_id)
-                pipe.hset(key, items=["shadow_id", pair.shadow_id, "page", page, *_flat(fields)])
+                named = ["shadow_id", pair.shadow_id, _page_field(pair), page, *_flat(fields)]
+                pipe.hset(key, items=named)
                 pipe.expire(key, self.ttl_s)
             kept = [part for variant, counts in totals.items() for part in (variant, dumps(counts))]
             pipe.hset(self.keys.shadow_page(page), items=kept)
@@ -172,3 +177,9 @@ class ShadowPairs:
 
 def _flat(fields: Mapping[str, str]) -> list[str]:
     return [part for item in fields.items() for part in item]
+
+
+def _page_field(pair: ShadowPair) -> str:
+    """The field of a primary's result naming the page that compared its pair with `pair`'s
+    shadow variant."""
+    return f"page:{pair.shadow_variant}"
