@@ -64,6 +64,8 @@ ENDED_EARLY = {
 }
 # The states a result (a worker's, or a dead letter's) ends an item in.
 _RESULTS = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value})
+# The states a batch's cancel or expiry ends an item in.
+_STOPPED = frozenset(ending.value for ending in ENDED_EARLY)
 
 
 # The batch hash's field of OpenAI's `output_expires_after.seconds`: how long its output and
@@ -228,6 +230,16 @@ class ItemState:
             and self.deadline is not None
             and self.deadline >= until
         )
+
+    def stopped_by_batch(self) -> bool:
+        """Ended by its batch's cancel or expiry (`ended_early`), or gone with the batch's keys:
+        not an item cancelled alone, or expired by its line's own deadline."""
+        if self.status is None:
+            return True
+        if self.status not in _STOPPED or self.error is None:
+            return False
+        error = loads(self.error)
+        return isinstance(error, dict) and error.get("by") == BY_BATCH
 
     def reported(self, until: int | None) -> ItemState:
         """The item as its batch reports it: a late result is not the batch's, but `expired`,
@@ -495,11 +507,14 @@ class BatchApiStore(TenantIndexed):
         expired here, as its files report them; a batch heading to `completed` that has one
         (workers check an item's deadline as they read it, not as they write its result), or an
         item the window stopped (`ItemState.expired_by_window`), ends `expired` instead, whoever
-        counts it and whenever. Its counts are final once it is
+        counts it and whenever. An early end that stopped no item (`ItemState.stopped_by_batch`),
+        every one having ended before it was asked, ends the batch `completed`, as a look a
+        moment before it would have. Its counts are final once it is
         finalizing, and moved once: a finalizer that took over a silent one may find that one's
         commit made, which it keeps. A batch whose hash expired meanwhile stays gone (`COMMIT`)."""
         fields = await self.read(batch_id) or {}
-        if "status" in fields and BatchStatus(fields["status"]).terminal:  # committed: kept
+        committed = "status" in fields and BatchStatus(fields["status"]).terminal
+        if committed:  # kept
             status, until = BatchStatus(fields["status"]), None
         else:
             until = _checked_until(status, fields)
@@ -508,6 +523,7 @@ class BatchApiStore(TenantIndexed):
         files_until = file_expiry(ended // 1000, int(asked) if asked else None, self.ttl_s)
         late: Counter[str] = Counter()
         stopped = False  # an item the window stopped
+        cut_short = False  # an item its early end stopped
         async for chunk in self.items(batch_id):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for item in chunk:
@@ -515,6 +531,9 @@ class BatchApiStore(TenantIndexed):
                 await pipe.execute()
             late.update(str(item.status) for item in chunk if item.late(until))
             stopped = stopped or any(item.expired_by_window(until) for item in chunk)
+            cut_short = cut_short or any(item.stopped_by_batch() for item in chunk)
+        if status in ENDED_EARLY and not (committed or cut_short):
+            status = BatchStatus.COMPLETED  # every item had ended before its end was asked
         if late or stopped:
             status = BatchStatus.EXPIRED
         ending = {

@@ -3,6 +3,7 @@ number and reason, so one bad line never sinks the batch. Runs in a thread (CPU-
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,8 +146,11 @@ def _line(raw: bytes, max_depth: int) -> BatchLine:
 
 def parse(source: bytes, parsed: ParsedBatch) -> ParsedBatch:
     """Line numbers count every physical line (1-based); blank lines are skipped. More lines
-    than `max_lines` is a 413 before any is read: each would be stored, if only as a rejection."""
-    numbered = [(n, raw) for n, raw in enumerate(source.splitlines(), start=1) if raw.strip()]
+    than `max_lines` is a 413 before any is read: each would be stored, if only as a rejection.
+    A UTF-8 byte order mark is the file's, not its first line's: left on a line of its own (the
+    file's first line blank, or the file empty) it made a line of invalid JSON."""
+    physical = source.removeprefix(codecs.BOM_UTF8).splitlines()
+    numbered = [(n, raw) for n, raw in enumerate(physical, start=1) if raw.strip()]
     if len(numbered) > parsed.max_lines:
         message = (
             f"the batch has {len(numbered)} lines, more than CONVEYOR_MAX_BATCH_LINES "

@@ -432,14 +432,20 @@ class BatchApiService:
 
     async def cancel(self, batch_id: str) -> Refresh:
         """Cancel every item not yet finished (running ones included; their results are then
-        discarded) and end the batch as `cancelled`."""
-        current = await self._look(batch_id)
+        discarded) and end the batch as `cancelled`. A 409 names the status the batch is in
+        after the refusal (or the other end in force, while it runs): the one read before named
+        `in_progress` for a batch that had ended meanwhile. One whose every item had ended
+        before the cancel ends `completed` (`BatchApiStore.finish`), refused as a batch that
+        had ended, not answered 200."""
+        await self._look(batch_id)  # a batch of another tenant's is not found, never acted on
         in_force = await self.progress.end(batch_id, BatchStatus.CANCELLED)
-        if in_force != BatchStatus.CANCELLED:
-            status = in_force.value if in_force else current.fields["status"]
-            message = f"batch {batch_id} is {status}; cannot cancel"
-            raise ConveyorError(409, "conflict", message)
-        return await self._look(batch_id)
+        progress = await self._look(batch_id)
+        ended = BatchStatus(progress.fields["status"])
+        if in_force == BatchStatus.CANCELLED and ended != BatchStatus.COMPLETED:
+            return progress
+        status = in_force if in_force is not None and not ended.terminal else ended
+        message = f"batch {batch_id} is {status.value}; cannot cancel"
+        raise ConveyorError(409, "conflict", message)
 
     async def file(self, batch_id: str, kind: str) -> AsyncIterator[bytes]:
         """The lines of an ended batch's `output` or `errors` file (a 409 before it ends: a
