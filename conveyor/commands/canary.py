@@ -18,14 +18,19 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 MAX_EVENTS = 500  # the most decisions `GET /v1/models/{model}/canary?events=` answers
 
 
-def seconds(text: str) -> float:
+def seconds(_ctx: click.Context, _param: click.Parameter, text: str | None) -> float | None:
+    """A duration option's seconds; a callback, so a refusal names the option (`--interval`
+    and `--max-step` take the same form)."""
+    if text is None:
+        return None
     match = DURATION.match(text.strip())
     if not match:
         raise click.BadParameter(f"{text!r}: a duration like 60s, 5m or 500ms")
     return float(match[1]) * _UNITS[match[2] or "s"]
 
 
-def steps(text: str) -> list[float]:
+def steps(_ctx: click.Context, _param: click.Parameter, text: str) -> list[float]:
+    """`--steps` as percents; a callback, so a refusal names the option."""
     try:
         return [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -63,14 +68,42 @@ def print_canary(view: dict[str, Any], events: int) -> None:
 @command.command("start")
 @click.argument("model")
 @click.argument("variant")
-@click.option("--steps", "step_list", default="5,25,50,100", show_default=True)
-@click.option("--interval", default="60s", show_default=True, help="Time per step.")
-@click.option("--max-error-rate", default=0.01, show_default=True, type=FiniteFloat())
-@click.option("--max-p99-ms", default=500.0, show_default=True, type=FiniteFloat())
-@click.option("--min-requests", default=200, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--steps",
+    "step_list",
+    default="5,25,50,100",
+    show_default=True,
+    callback=steps,
+    help="The variant's percents of traffic, one per step, ascending to at most 100.",
+)
+@click.option(
+    "--interval", default="60s", show_default=True, callback=seconds, help="Time per step."
+)
+@click.option(
+    "--max-error-rate",
+    default=0.01,
+    show_default=True,
+    type=FiniteFloat(min=0, max=1),  # the producer's bounds; unbounded, the help said x<=None
+    help="How far the variant's error rate may exceed the baseline's before it rolls back.",
+)
+@click.option(
+    "--max-p99-ms",
+    default=500.0,
+    show_default=True,
+    type=FiniteFloat(min=0, min_open=True),
+    help="The highest p99 (enqueue to result) of its online jobs before it rolls back.",
+)
+@click.option(
+    "--min-requests",
+    default=200,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Requests a step must see before its numbers are judged.",
+)
 @click.option(
     "--max-step",
     default=None,
+    callback=seconds,
     help="How long a step may stay short of --min-requests before it rolls back"
     " (default: 5 intervals, at least 120s).",
 )
@@ -80,12 +113,12 @@ def print_canary(view: dict[str, Any], events: int) -> None:
 def start(
     model: str,
     variant: str,
-    step_list: str,
-    interval: str,
+    step_list: list[float],
+    interval: float,
     max_error_rate: float,
     max_p99_ms: float,
     min_requests: int,
-    max_step: str | None,
+    max_step: float | None,
     baseline: str | None,
     webhook: str | None,
     url: str | None,
@@ -94,12 +127,12 @@ def start(
     """Start the canary and print it."""
     body = {
         "variant": variant,
-        "steps": steps(step_list),
-        "interval_s": seconds(interval),
+        "steps": step_list,
+        "interval_s": interval,
         "max_error_rate": max_error_rate,
         "max_p99_ms": max_p99_ms,
         "min_requests": min_requests,
-        "max_step_s": seconds(max_step) if max_step else None,
+        "max_step_s": max_step,
         "baseline": baseline,
         "webhook": webhook,
     }

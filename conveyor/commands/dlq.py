@@ -88,7 +88,9 @@ def command() -> None:
 
 
 model_argument = click.argument("model")
-variant_option = click.option("--variant", default="default", show_default=True)
+variant_option = click.option(
+    "--variant", default="default", show_default=True, help="The model's variant (partition)."
+)
 ids_option = click.option("--id", "ids", multiple=True, help="Only these DLQ entry ids.")
 
 

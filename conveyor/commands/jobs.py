@@ -101,10 +101,11 @@ class Progress:
 
 @contextmanager
 def _progress_line() -> Iterator[Any]:
-    """A live status line on a terminal; one line per change otherwise (logs, pipes)."""
+    """A live status line on a terminal; one line per change otherwise (logs, pipes), whole:
+    rich wrapped it at 80 columns there, splitting a line in two."""
     console = Console(stderr=True)
     if not console.is_terminal:
-        yield lambda line: console.print(line, highlight=False)
+        yield lambda line: click.echo(line, err=True)
         return
     with console.status("waiting for the job's first event") as status:
         yield status.update

@@ -40,7 +40,12 @@ def prepare(names: tuple[str, ...], force: bool) -> None:
             continue
         out_dir = settings.artifact_dir / config.name
         click.echo(f"preparing {config.name} → {out_dir}")
-        preparer(config.prepare)(config, out_dir, force)
+        try:
+            preparer(config.prepare)(config, out_dir, force)
+        except OSError as exc:  # a folder that cannot be made or written: a traceback before
+            raise click.ClickException(
+                f"cannot prepare {config.name} in {out_dir}: {exc}"
+            ) from None
 
 
 @command.command("list")

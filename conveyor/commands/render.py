@@ -73,7 +73,12 @@ def command() -> None:
     show_default=True,
     help=f"'-' for stdout, or a directory to write {KEDA_FILE} into.",
 )
-@click.option("--model-repository", type=click.Path(path_type=Path, file_okay=False), default=None)
+@click.option(
+    "--model-repository",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="The models to render pools for (default: CONVEYOR_MODEL_REPOSITORY).",
+)
 @click.option(
     "--key-prefix",
     default=None,

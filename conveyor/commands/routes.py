@@ -4,6 +4,7 @@ within a second."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import click
@@ -14,6 +15,17 @@ from conveyor.client.cli_options import connection_options
 from conveyor.client.option_pairs import option_pairs
 
 MAX_HISTORY = 1000  # the most changes `GET /v1/models/{model}/routes?history=` answers
+# What a `--weight` or `--shadow` value must be, said when one is not
+NUMBER = "VARIANT=NUMBER (every number must be finite)"
+
+
+def finite(text: str) -> float:
+    """`text` as a number JSON can carry: refused here, a `nan` was caught only once the routes
+    had been read, so a producer that is down turned a usage error into an outage."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(text)
+    return number
 
 
 @click.group("routes")
@@ -79,8 +91,8 @@ def set_routes(
         raise click.UsageError(
             "nothing to set: give --weight, --shadow, --no-shadows or --sticky-by"
         )
-    new_weights = option_pairs(weights, "--weight", "VARIANT=NUMBER", float)
-    new_shadows = option_pairs(shadows, "--shadow", "VARIANT=NUMBER", float)
+    new_weights = option_pairs(weights, "--weight", NUMBER, finite)
+    new_shadows = option_pairs(shadows, "--shadow", NUMBER, finite)
     current = admin_call("GET", f"/v1/models/{segment(model)}/routes?history=0", url, api_key)
     body = {
         "weights": new_weights or current["weights"],
