@@ -1,7 +1,7 @@
 """Worker heartbeats: the one owner of `cv:{ctl}worker:{name}` (a hash with a TTL, rewritten every
-few seconds by each worker) and the `cv:{ctl}workers` index (sorted set by heartbeat ms). Workers
-publish; the producer's console lists. A worker that dies simply stops beating: its hash
-expires and `live()` leaves it out, so nobody has to clean up after a kill -9."""
+few seconds by each worker) and the `cv:{ctl}workers` index (sorted set by heartbeat ms, on
+Redis's clock). Workers publish; the producer's console lists. A worker that dies simply stops
+beating: its hash expires and `live()` leaves it out, so nobody has to clean up after a kill -9."""
 
 from __future__ import annotations
 
@@ -21,6 +21,17 @@ WorkerState = Literal["warming", "serving", "draining"]
 HEARTBEAT_S = 2.0
 # A worker is gone after missing this many heartbeats.
 TTL_S = 10
+# KEYS[1]=the index; ARGV: the worker, TTL_S. Indexes the worker at Redis's time and drops those
+# that last beat a TTL before it, the index itself with the last of them. Judged by each host's
+# clock, a worker running a TTL fast dropped every other worker from the list, and a reader's
+# clock judged one running slow dead while its heartbeat lived.
+_INDEX = """
+local clock = redis.call('TIME')
+local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+redis.call('ZADD', KEYS[1], now_ms, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms - tonumber(ARGV[2]) * 1000)
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+"""
 
 
 @dataclass(slots=True)
@@ -56,18 +67,16 @@ class WorkerRegistry:
     async def publish(
         self, beat: Heartbeat, costs: Mapping[tuple[str, str], ServiceCost] | None = None
     ) -> None:
-        """Rewrite the worker's hash, renew its TTL and index it, in one transaction; drop
-        index entries of workers whose hashes have expired. The same transaction carries the
-        worker's latest measured cost of each (model, variant) it ran (shared/backlog.py)."""
-        now_ms = int(time.time() * 1000)
-        beat.last_beat = now_ms / 1000
+        """Rewrite the worker's hash, renew its TTL and index it (`_INDEX`), in one transaction.
+        The same transaction carries the worker's latest measured cost of each (model, variant)
+        it ran (shared/backlog.py)."""
+        beat.last_beat = time.time()
         key = self.keys.worker(beat.name)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(key)
             pipe.hset(key, mapping=beat.to_fields())  # type: ignore[arg-type]
             pipe.expire(key, TTL_S)
-            pipe.zadd(self.keys.workers, {beat.name: now_ms})
-            pipe.zremrangebyscore(self.keys.workers, "-inf", now_ms - TTL_S * 1000)
+            pipe.execute_command("EVAL", _INDEX, 1, self.keys.workers, beat.name, TTL_S)
             for (model, variant), cost in (costs or {}).items():
                 queue_cost_write(pipe, self.keys, model, variant, cost)
             await pipe.execute()
@@ -80,9 +89,10 @@ class WorkerRegistry:
             await pipe.execute()
 
     async def live(self) -> list[Heartbeat]:
-        """Every worker that beat within the TTL, by name: two round trips however many."""
-        since_ms = int(time.time() * 1000) - TTL_S * 1000
-        names: Any = await self.redis.zrangebyscore(self.keys.workers, since_ms, "+inf")
+        """Every worker whose heartbeat has not expired, by name: two round trips however many.
+        The index holds only workers that beat within a TTL (`_INDEX`); their hashes' TTLs say
+        which still live, by Redis's clock, not this host's."""
+        names: Any = await self.redis.zrangebyscore(self.keys.workers, "-inf", "+inf")
         if not names:
             return []
         rows = await hgetall_many(self.redis, [self.keys.worker(as_text(name)) for name in names])
