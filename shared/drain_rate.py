@@ -3,31 +3,37 @@
 and how many jobs wait in them, which tells a drain rate that is the workers' capacity (they had
 work waiting) from one that is only the arrival rate: undelivered entries, and a fair lane's held
 jobs (its flood waits mostly outside the stream); and, for a rate over the busy time alone, what
-finished between two reads and how long ago the oldest entry there arrived."""
+finished between two reads and how long ago the oldest job there arrived."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from shared.job_scripts import LUA_UNDELIVERED
-from shared.keys import FAIR_SUFFIX, GROUP, Keys
+from shared.codec import as_text
+from shared.job_scripts import LUA_FIELD, LUA_UNDELIVERED
+from shared.keys import FAIR_SINCE_SUFFIX, FAIR_SUFFIX, GROUP, Keys
+from shared.partition_stats import wrong_type
 
 # KEYS: lanes sharing one hash tag (a partition's two); ARGV[1]: the group. Jobs waiting in each:
 # entries no consumer has been handed yet, as the POSITION script counts them, plus those a fair
 # lane holds back (its fair hash's `held`; a worker's read can leave its stream with none
 # undelivered while a flood waits); then the entries in flight in them all (handed over, not yet
-# acknowledged: XLEN - undelivered), then the age in ms, on the server's clock, of the oldest entry
-# in them (0: none; an entry's id is its arrival time). Sent as EVAL, which a cluster pipeline
-# routes without loading.
+# acknowledged: XLEN - undelivered), then the age in ms, on the server's clock, of the oldest job
+# in them (0: none): by its entry's id (its arrival), or its submit stamp where older (`enq`: a fair
+# lane moves a held job in under a new id, which read a flood as just arrived), or the oldest
+# held job's (the lane's `{lane}:fair:since` set), then each consumer holding entries in
+# them and how many (XPENDING's summary, name after count: a dead worker's stay until reclaimed).
+# Sent as EVAL, which a cluster pipeline routes without loading.
 WAITING = (
     LUA_UNDELIVERED
+    + LUA_FIELD
     + f"""
-local waiting, in_flight, oldest = {{}}, 0, 0
+local waiting, in_flight, oldest, holders = {{}}, 0, 0, {{}}
 local clock = redis.call('TIME')
 local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 for i, stream in ipairs(KEYS) do
@@ -36,12 +42,24 @@ for i, stream in ipairs(KEYS) do
   waiting[i] = math.max(0, unread) + math.max(0, held)
   in_flight = in_flight + redis.call('XLEN', stream) - unread
   local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
+  local since = redis.call('ZRANGE', stream .. '{FAIR_SINCE_SUFFIX}', 0, 0, 'WITHSCORES')[2]
+  local arrived = tonumber(since) or math.huge
   if first then
-    oldest = math.max(oldest, now_ms - tonumber(string.match(first[1], '^%d+')))
+    local enq = tonumber(field(first[2], 'enq')) or math.huge
+    arrived = math.min(arrived, enq, tonumber(string.match(first[1], '^%d+')))
+  end
+  if arrived < math.huge then oldest = math.max(oldest, now_ms - arrived) end
+  local ok, pel = pcall(redis.call, 'XPENDING', stream, ARGV[1])
+  for _, holder in ipairs(ok and pel[4] or {{}}) do
+    holders[holder[1]] = (holders[holder[1]] or 0) + tonumber(holder[2])
   end
 end
 waiting[#KEYS + 1] = in_flight
 waiting[#KEYS + 2] = oldest
+for name, count in pairs(holders) do
+  table.insert(waiting, name)
+  table.insert(waiting, count)
+end
 return waiting
 """
 )
@@ -52,8 +70,9 @@ class LaneBacklog:
     """A group of lanes' (a partition's) drain rates and jobs waiting, lane by lane, and the
     entries its workers have in hand: a partition that finished nothing lately is idle only
     with none in flight (else its workers are busy on long jobs). `read_s` (Unix s), `drained`
-    (entries finished per second, its lanes summed) and `oldest_s` (how long ago its oldest entry
-    arrived) let two reads tell how much finished in between, and since when work was there."""
+    (entries finished per second, its lanes summed) and `oldest_s` (how long ago its oldest job
+    arrived) let two reads tell how much finished in between, and since when work was there;
+    `holders`, the entries in flight by the consumer holding them."""
 
     rates: list[float]
     waiting: list[int]
@@ -61,6 +80,12 @@ class LaneBacklog:
     read_s: float = 0.0
     drained: dict[int, int] = field(default_factory=dict)
     oldest_s: float = 0.0
+    holders: dict[str, int] = field(default_factory=dict)
+
+    def in_flight_at(self, workers: Collection[str]) -> int:
+        """Entries in flight at `workers` (live ones): a dead worker's stay in its pending list
+        until reclaimed, while the live ones may have nothing in hand."""
+        return sum(count for name, count in self.holders.items() if name in workers)
 
     def finished_since(self, earlier: LaneBacklog) -> int:
         """Entries finished between `earlier`'s read and this one: each second's counter now
@@ -117,25 +142,37 @@ async def drain_rates(
 
 async def drain_rates_and_waiting(
     client: aioredis.Redis, keys: Keys, lanes: Sequence[Sequence[str]], window_s: int
-) -> list[LaneBacklog]:
+) -> list[LaneBacklog | None]:
     """Each group of `lanes` (lanes that share a hash tag: a partition's online and bulk ones):
-    its lanes' drain rates (as `drain_rates`) and counters, jobs waiting, entries in flight and
-    the oldest entry's age (`WAITING`), all in one round trip: a group's MGETs and one EVAL go
-    to its node together."""
+    its lanes' drain rates (as `drain_rates`) and counters, jobs waiting, entries in flight (and
+    who holds them) and the oldest job's age (`WAITING`), all in one round trip: a group's
+    MGETs and one EVAL go to its node together. None for a group one of whose keys is of
+    another type (an operator's slip), left out as the queue state leaves it out: its EVAL
+    failed the read of every group."""
     window = _Window.last(window_s)
     async with client.pipeline(transaction=False) as pipe:
         for group in lanes:
             for stream in group:
                 window.read(pipe, keys, stream)
             pipe.execute_command("EVAL", WAITING, len(group), *group, GROUP)
-        replies = iter(await pipe.execute())
-    backlogs = []
-    for group in lanes:
-        counts = [next(replies) for _ in group]
-        *waiting, in_flight, oldest_ms = (int(count) for count in next(replies))
-        rates = [window.rate(lane) for lane in counts]
-        drained = window.per_second(counts)
-        backlogs.append(
-            LaneBacklog(rates, waiting, in_flight, window.now, drained, max(0, oldest_ms) / 1000)
-        )
-    return backlogs
+        replies = iter(await pipe.execute(raise_on_error=False))
+    return [_backlog(window, [next(replies) for _ in group], next(replies)) for group in lanes]
+
+
+def _backlog(window: _Window, counts: list[Any], waiting: Any) -> LaneBacklog | None:
+    """A group's backlog from its MGET replies and its `WAITING` reply; None when a key of it
+    is of another type, any other error raised."""
+    errors = [reply for reply in (*counts, waiting) if isinstance(reply, Exception)]
+    if failure := next((error for error in errors if not wrong_type(error)), None):
+        raise failure
+    if errors:
+        return None
+    lanes = len(counts)
+    jobs = [int(count) for count in waiting[:lanes]]
+    in_flight, oldest_ms = (int(count) for count in waiting[lanes : lanes + 2])
+    names, holding = waiting[lanes + 2 :: 2], waiting[lanes + 3 :: 2]
+    holders = {as_text(name): int(count) for name, count in zip(names, holding, strict=True)}
+    rates = [window.rate(lane) for lane in counts]
+    oldest_s = max(0, oldest_ms) / 1000
+    drained = window.per_second(counts)
+    return LaneBacklog(rates, jobs, in_flight, window.now, drained, oldest_s, holders)

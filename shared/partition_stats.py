@@ -12,6 +12,7 @@ clearing their alerts, where the metrics route keeps the last values of a read t
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -135,7 +136,7 @@ def _applied(partition: PartitionStats, replies: list[Any]) -> bool:
     """Whether `replies` (the partition's share of the read) are its state, applied; not when a
     key of it is of another type (an operator's slip), which is left out, named once: it
     refused the read of every partition, every pool's gauges gone (its alerts blind)."""
-    if refused := next((r for r in replies if _wrong_type(r)), None):
+    if refused := next((r for r in replies if wrong_type(r)), None):
         if (partition.model, partition.variant) not in _LEFT_OUT:
             _LEFT_OUT.add((partition.model, partition.variant))
             log.warning(
@@ -184,19 +185,26 @@ async def _replies(pipe: Any) -> list[Any]:
     replies = await executed(pipe, raise_on_error=False)
     for reply in replies:
         if isinstance(reply, RedisError):
-            if not (_no_such_key(reply) or _wrong_type(reply)):
+            if not (_no_such_key(reply) or wrong_type(reply)):
                 raise reply
         elif isinstance(reply, Exception):
             raise RedisConnectionError(f"connection lost mid-pipeline: {reply!r}") from reply
     return replies
 
 
+# A WRONGTYPE refusal, as a command answers it or as a script that met it raises it
+_WRONG_TYPE = re.compile(r"(user_script:\d+: )?WRONGTYPE")
+
+
 def _no_such_key(error: RedisError) -> bool:
     return type(error) is ResponseError and str(error).startswith("no such key")
 
 
-def _wrong_type(reply: Any) -> bool:
-    return type(reply) is ResponseError and str(reply).startswith("WRONGTYPE")
+def wrong_type(reply: Any) -> bool:
+    """Whether a reply is a key's refusal for holding another type (an operator's slip), which
+    leaves its partition out of a read of them all rather than failing the read; a script's
+    (`OLDEST` reading a lane's held jobs) comes prefixed with the script's line."""
+    return type(reply) is ResponseError and _WRONG_TYPE.match(str(reply)) is not None
 
 
 def _int(value: Any) -> int:

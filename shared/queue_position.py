@@ -36,12 +36,14 @@ class QueuePositions:
 @dataclass(frozen=True, slots=True)
 class PartitionLoad:
     """One partition's recent throughput per lane (entries finished per second over about the
-    last RATE_WINDOW_S seconds) and its workers now, by heartbeat state."""
+    last RATE_WINDOW_S seconds) and its workers now, by heartbeat state, and their names (the
+    consumers whose entries in flight are being run, not waiting to be reclaimed)."""
 
     online_per_s: float = 0.0
     bulk_per_s: float = 0.0
     serving: int = 0
     warming: int = 0
+    workers: frozenset[str] = frozenset()
 
 
 async def read_partition_loads(
@@ -63,5 +65,6 @@ async def read_partition_loads(
             bulk_per_s,
             sum(1 for b in mine if b.state == "serving"),
             sum(1 for b in mine if b.state == "warming"),
+            frozenset(b.name for b in mine),
         )
     return loads

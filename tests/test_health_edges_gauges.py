@@ -52,3 +52,25 @@ async def test_a_partition_key_of_another_type_leaves_the_others_gauges_read(
     assert lag[("default", "minilm", "online")] == 3, lag
     assert ("default", "identity", "online") not in lag  # the broken one: nothing to say
     assert ("default", "minilm") in _samples(text, "conveyor_backlog_seconds")
+
+
+async def test_a_key_a_script_finds_of_another_type_leaves_its_partition_out(
+    redis_url: str,
+) -> None:
+    """A key of another type that a script reads (a lane's held-jobs `fair:since` set written as
+    a string) is refused inside the script, its error prefixed with the script's line
+    (`user_script:26: WRONGTYPE …`): not taken for the slip it is, `GET /v1/models` was a 500.
+    The lane's state read by the commands stands; only its oldest job's age is unknown."""
+    keys = Keys(PREFIX + "script:")
+    lane = keys.queue("identity", "default")
+    with redis.Redis.from_url(redis_url) as client:
+        client.xadd(lane, {"enq": 1})
+        client.set(f"{lane}:fair:since", "not a sorted set")
+    settings = Settings(redis_url=redis_url, key_prefix=keys.prefix, auth="disabled")
+    async with app_client(create_app(settings)) as client:
+        listed = await client.get("/v1/models")
+    assert listed.status_code == 200, listed.text
+    cards = {card["id"]: card for card in listed.json()["data"]}
+    identity = {p["variant"]: p for p in cards["identity"]["partitions"]}
+    assert identity["default"]["lag"] == 1, identity
+    assert [p["variant"] for p in cards["minilm"]["partitions"]] == ["default", "torch"]

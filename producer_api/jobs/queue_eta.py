@@ -163,13 +163,15 @@ class QueueEta:
     async def refresh(self) -> None:
         """Every partition's load and its lanes' backlog: the lanes' drained counters, jobs
         waiting (undelivered, or held back by a fair lane) and entries in flight in one round
-        trip, then the worker registry's two."""
+        trip, then the worker registry's two. A partition with a key of another type is left
+        out (no load: its jobs' ETAs unknown), not every partition's refresh failed with it."""
         partitions = [(c.name, v) for c in self.repository for v in c.variants]
         lanes = [(self.keys.queue(*p), self.keys.bulk_queue(*p)) for p in partitions]
         backlogs = await drain_rates_and_waiting(self.client, self.keys, lanes, RATE_WINDOW_S)
-        rates = [backlog.rates for backlog in backlogs]
-        self.loads = await read_partition_loads(self.client, self.keys, partitions, rates)
-        earlier, self._backlogs = self._backlogs, dict(zip(partitions, backlogs, strict=True))
+        read = {p: b for p, b in zip(partitions, backlogs, strict=True) if b is not None}
+        rates = [backlog.rates for backlog in read.values()]
+        self.loads = await read_partition_loads(self.client, self.keys, list(read), rates)
+        earlier, self._backlogs = self._backlogs, read
         for partition, load in self.loads.items():
             self._remember(partition, load, earlier.get(partition))
 
@@ -220,8 +222,15 @@ class QueueEta:
         return window if busy_throughout else max(window, spell.rate(self._backlog(partition)))
 
     def _spell(self, partition: Partition, earlier: LaneBacklog | None) -> BusySpell:
-        """The partition's busy spell, begun or gone on by this look (work waits now)."""
+        """The partition's busy spell, begun or gone on by this look (work waits now); begun
+        anew at a look whose clock is behind the last one's (NTP stepped it back), with nothing
+        finished, so that the look measures nothing: its window read seconds that had ended
+        before the last look as finished since, and a spell begun in what became the future was
+        timed from there (hundreds of entries over half a second read as the workers' capacity
+        once the clock came back)."""
         now, spell = self._backlog(partition), self._spells.get(partition)
+        if earlier is not None and now.read_s < earlier.read_s:
+            earlier = None
         if spell is None or earlier is None:
             spell = BusySpell.begun(now, earlier)
         else:
@@ -267,11 +276,12 @@ class QueueEta:
     def _starts_at_once(self, config: ModelConfig, variant: str, bulk: bool) -> bool:
         """Whether a job at the head of a lane with no rate known starts now: a worker serves
         and has nothing in hand (one busy past the rate window on long jobs, a generate
-        model's slots full, showed `eta_ms: 0` for as long as they ran), and, for a bulk lane
-        with no share of the reads, no online work waits ahead of it."""
+        model's slots full, showed `eta_ms: 0` for as long as they ran; a dead worker's entries,
+        pending until reclaimed, are in no live worker's hand), and, for a bulk lane with no
+        share of the reads, no online work waits ahead of it."""
         partition = (config.name, variant)
-        backlog = self._backlog(partition)
-        if not self.loads.get(partition, PartitionLoad()).serving or backlog.in_flight:
+        backlog, load = self._backlog(partition), self.loads.get(partition, PartitionLoad())
+        if not load.serving or backlog.in_flight_at(load.workers):
             return False
         return not (bulk and config.bulk_share == 0 and backlog.waiting[0] > 0)
 
