@@ -7,11 +7,14 @@ gauges as last read, as it does while Redis is out of reach."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Callable
 
 import pytest
 import redis.asyncio as aioredis
 
+from conveyor.stack import Stack
 from producer_api.app import create_app
 from producer_api.metrics import api_router
 from shared.keys import Keys
@@ -46,3 +49,24 @@ async def test_a_scrape_answers_while_redis_is_frozen(
     lag = 'conveyor_partition_lag{lane="online",model="identity",variant="default"} 1.0'
     assert lag in read.text
     assert lag in frozen.text  # as last read
+
+
+async def test_a_backlog_read_of_a_frozen_redis_is_a_prompt_503(
+    bare_stack: Stack, settings_env: Callable[..., None]
+) -> None:
+    """KEDA's metrics-api scaler gives up on `/metrics/backlog/…` after 3 s: a read that waited
+    on a frozen Redis for the client's timeouts failed its poll as a timeout with nothing said;
+    a 503 with Retry-After, within the bound, says why. A Valkey of the test's own, stopped."""
+    settings_env(CONVEYOR_REDIS_TIMEOUT_S="60")
+    settings = Settings(redis_url=bare_stack.redis_url, auth="disabled")
+    pid = int(bare_stack.client().info("server")["process_id"])
+    async with app_client(create_app(settings)) as client:
+        assert (await client.get("/metrics/backlog/identity/default")).status_code == 200
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            async with asyncio.timeout(HANG_S):
+                frozen = await client.get("/metrics/backlog/identity/default")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert frozen.status_code == 503, frozen.text
+    assert frozen.headers["Retry-After"] == "1"

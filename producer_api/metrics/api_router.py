@@ -20,6 +20,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.responses import Response
 
 from producer_api.errors import ConveyorError
@@ -99,9 +100,15 @@ async def backlog(
     variant: Annotated[str, Path(pattern=NAME)],
 ) -> FastJSONResponse:
     """Seconds one replica needs for the pool's queued and running work, with the formula's
-    parts (shared/backlog.py); read from Redis on every call."""
+    parts (shared/backlog.py); read from Redis on every call, for `READ_TIMEOUT_S` at most (a
+    503 past it): KEDA's metrics-api scaler gives up after 3 s, and a read that waited on a
+    frozen Redis for the client's timeouts failed its poll with nothing said."""
     config = state.repository.get(model)
     if config is None or variant not in config.variants:
         raise ConveyorError(404, "not_found", f"no pool {model}:{variant}")
-    (found,) = await read_backlogs(state.redis, state.keys, [(config, variant)])
+    try:
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            (found,) = await read_backlogs(state.redis, state.keys, [(config, variant)])
+    except TimeoutError:
+        raise RedisTimeoutError(f"the backlog read took over {READ_TIMEOUT_S:g} s") from None
     return FastJSONResponse(found.view())
