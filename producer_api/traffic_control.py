@@ -116,8 +116,13 @@ class TrafficControl:
 
     async def lead(self) -> None:
         """Canaries and shadow comparisons, on the one producer that holds the lease."""
-        if await self.lease.hold():
-            await self.controller.look()
+        try:
+            leading = await self.lease.hold()
+        except Exception:  # unsure it leads: it must not export a canary's gauges as if it did
+            self.controller.step_down()
+            raise
+        if leading:
+            await self.controller.look(self.lease)
             await self.comparisons.look()
         else:
             self.controller.step_down()

@@ -18,6 +18,7 @@ from redis.typing import EncodableT
 
 from shared.codec import as_text, dumps, loads
 from shared.keys import Keys
+from shared.leader_lock import LeaderLock
 
 CanaryState = Literal["running", "completed", "rolled_back", "aborted"]
 EVENTS_KEPT = 500
@@ -42,6 +43,20 @@ redis.call('SADD', KEYS[2], ARGV[2])
 redis.call('DEL', KEYS[3])
 return 1
 """
+# KEYS[1]=canary hash, KEYS[2]=active set, KEYS[3] (fenced saves only)=traffic lease; ARGV:
+# doc JSON, the model to drop from the active set ('' while running), the lease's owner. A
+# leader's save is refused once its lease is another's (a pause past it let a second leader
+# decide): checked and written in one step, so a stale leader never writes over the new one's.
+_SAVE = """
+if KEYS[3] and redis.call('GET', KEYS[3]) ~= ARGV[3] then return 0 end
+redis.call('HSET', KEYS[1], 'doc', ARGV[1])
+if ARGV[2] ~= '' then redis.call('SREM', KEYS[2], ARGV[2]) end
+return 1
+"""
+
+
+class NotLeading(Exception):
+    """The traffic lease this producer decided under is no longer its own."""
 
 
 def stamp() -> float:
@@ -94,6 +109,7 @@ class CanaryStore:
         self.redis = client
         self.keys = keys
         self._start = client.register_script(_START)
+        self._save = client.register_script(_SAVE)
 
     async def start(self, canary: Canary) -> bool:
         """Store a new running canary in place of the last one, its events with it; False if
@@ -122,13 +138,18 @@ class CanaryStore:
         raw = await self.redis.hget(self.keys.canary(model), "doc")
         return Canary.of(raw) if raw is not None else None
 
-    async def save(self, canary: Canary) -> None:
-        """Store its new state; a canary that ended leaves the active set."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys.canary(canary.model), "doc", canary.to_json())
-            if canary.state != "running":
-                pipe.srem(self.keys.canaries_active, canary.model)
-            await pipe.execute()
+    async def save(self, canary: Canary, lease: LeaderLock | None = None) -> None:
+        """Store its new state; a canary that ended leaves the active set. `lease`: the
+        leader's, which must still be its own (NotLeading); None for a start or an abort, which
+        any producer may make."""
+        keys = [self.keys.canary(canary.model), self.keys.canaries_active]
+        ended = canary.model if canary.state != "running" else ""
+        args: list[EncodableT] = [canary.to_json(), ended]
+        if lease is not None:
+            keys.append(lease.key)
+            args.append(lease.owner)
+        if not await self._save(keys=keys, args=args):
+            raise NotLeading(canary.model)
 
     async def active(self) -> list[str]:
         return sorted(as_text(m) for m in await self.redis.smembers(self.keys.canaries_active))

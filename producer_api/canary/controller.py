@@ -17,12 +17,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
 from redis.exceptions import LockError, RedisError
 
-from shared.canary_store import Canary, CanaryState, CanaryStore, stamp
+from shared.canary_store import Canary, CanaryState, CanaryStore, NotLeading, stamp
+from shared.leader_lock import LeaderLock
 from shared.metrics import CANARY_STATE, CANARY_WEIGHT
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.route_store import RouteStore, VersionConflict
@@ -38,6 +40,9 @@ TURN_WAIT_S = 5.0  # a decision holds the model's canary lock for milliseconds
 ABORT_TRIES = 3  # an abort whose routes write meets a concurrent change reads them again
 LONGEST_LOOK_S = 6 * 3600.0  # of a step's window read per look, unless its interval is longer
 WEIGHT_SLACK = 1e-6  # percent: live routes that differ by more were changed by someone else
+# The traffic lease the look under way decides under: its writes are the leader's, fenced by
+# it. Unset in a start's or an abort's task, whose writes any producer may make.
+_LEASE: ContextVar[LeaderLock | None] = ContextVar("traffic_lease", default=None)
 
 
 def numbers(window: Window) -> dict[str, Any]:
@@ -124,10 +129,25 @@ class CanaryController:
         self.webhooks = webhooks
         self._shown: dict[str, str] = {}  # model → canary variant this leader shows in gauges
 
-    async def look(self) -> None:
-        """Decide for each running canary, then show its state in the gauges. Only the leader
-        sets them, and it shows a canary it saw running until it ended, even when another
-        producer ended it (an abort), so no producer keeps a stale `running`."""
+    async def look(self, lease: LeaderLock | None = None) -> None:
+        """Decide for each running canary under the traffic `lease` (None: unfenced), then show
+        its state in the gauges. A leader paused past its lease while another took it has each
+        write refused (NotLeading): it stops here and steps down, the new leader decides."""
+        token = _LEASE.set(lease)
+        try:
+            await self._look_all()
+        except NotLeading as exc:
+            log.warning(
+                "lost the traffic lease deciding the canary of %s; left to the new leader", exc
+            )
+            self.step_down()
+        finally:
+            _LEASE.reset(token)
+
+    async def _look_all(self) -> None:
+        """Only the leader sets the gauges, and it shows a canary it saw running until it
+        ended, even when another producer ended it (an abort), so no producer keeps a stale
+        `running`."""
         active = await self.store.active()
         shown: dict[str, str] = {}
         for model in sorted({*active, *self._shown}):
@@ -139,7 +159,7 @@ class CanaryController:
             try:
                 if variant := await self._look_at(model, model in active):
                     shown[model] = variant
-            except RedisError:
+            except (RedisError, NotLeading):
                 raise
             except Exception:  # one model's fault used to stop every other model's canary
                 log.exception("canary of %s: the decision failed; the next look retries", model)
@@ -315,7 +335,7 @@ class CanaryController:
         steps = [n for n, share in enumerate(canary.steps) if abs(share - weight) <= WEIGHT_SLACK]
         canary.step = steps[0] if steps else canary.step
         canary.weight, canary.step_started_at = weight, time.time()
-        await self.store.save(canary)
+        await self.store.save(canary, _LEASE.get())
         await self.announce(canary, "step", "taken up: its record was lost", {})
 
     async def baseline_so_far(self, canary: Canary) -> dict[str, Any]:
@@ -340,7 +360,7 @@ class CanaryController:
         canary.weight = canary.steps[step]
         canary.step_started_at = time.time()
         await self.set_weight(canary, canary.weight, read)
-        await self.store.save(canary)
+        await self.store.save(canary, _LEASE.get())
         await self.announce(canary, kind, reason, seen)
 
     async def end(
@@ -357,7 +377,7 @@ class CanaryController:
         if weight != canary.weight:
             await self.set_weight(canary, weight, read)
         canary.state, canary.weight = state, weight
-        await self.store.save(canary)
+        await self.store.save(canary, _LEASE.get())
         await self.announce(canary, state, reason, seen)
 
     async def live_routes(self, canary: Canary) -> Routes:
@@ -379,6 +399,9 @@ class CanaryController:
         canary.others = current.served_besides(canary.variant) or canary.others
         held = self._servable(canary.model, canary.others) or {canary.baseline: 1}
         routes = current.with_share(canary.variant, percent, held)
+        lease = _LEASE.get()
+        if lease is not None and not await lease.held():  # PUT cannot check it in its step
+            raise NotLeading(canary.model)
         await self.routes.put(canary.model, routes, _author(canary), current.version)
 
     def _servable(self, model: str, weights: dict[str, float]) -> dict[str, float]:
