@@ -220,17 +220,19 @@ def _per_job_ms(seconds: float, jobs: int) -> float:
 
 
 def targets(steps: list[dict[str, Any]], cores: int, pinned: bool) -> list[Target]:
-    by = {step["masters"]: step["jobs_per_s"] for step in steps}
+    by = {step["masters"]: step for step in steps}
     if 1 not in by or 2 not in by:
         return []
+    one, two = by[1]["jobs_per_s"], by[2]["jobs_per_s"]
     where = "each master on its own core" if pinned else f"all processes sharing {cores} cores"
     return [
         Target(
             "jobs/s at 2 masters ÷ jobs/s at 1 master (Redis Cluster)",
-            ratio(by[2], by[1]),
+            ratio(two, one),
             SCALING_TARGET,
             higher_is_better=True,
-            detail=f"{by[2]:.0f} vs {by[1]:.0f} jobs/s, {where}.",
+            detail=f"{two:.0f} vs {one:.0f} jobs/s, {where}.",
+            errors=by[1]["errors"] + by[2]["errors"],
         )
     ]
 

@@ -85,6 +85,7 @@ def run(scale: Scale, workdir: Path) -> PartResult:
             True,
             f"{row['sentences_per_s']:,.0f} of {row['engine_per_s']:,.0f} sentences/s, "
             f"at {row['clients']} clients (the better of {', '.join(map(str, CONCURRENCIES))})",
+            errors=row["errors"],
         )
         for row in best_rows(pipeline_rows)
     ]

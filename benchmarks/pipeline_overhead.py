@@ -125,8 +125,14 @@ def targets(runs: list[dict[str, Any]]) -> list[Target]:
     concurrencies = sorted({r["concurrency"] for r in runs})
     mid, low = _mid_concurrency(tuple(concurrencies)), concurrencies[0]
 
+    def best(system: str) -> dict[str, Any]:
+        return max((r for r in runs if r["system"] == system), key=lambda r: r["rps"])
+
     def peak(system: str) -> float:
-        return max(r["rps"] for r in runs if r["system"] == system)
+        return float(best(system)["rps"])
+
+    def errors(*compared: dict[str, Any]) -> int:
+        return sum(r["errors"] for r in compared)
 
     conveyor_mid, celery_mid = by[CONVEYOR, mid]["rps"], by[CELERY, mid]["rps"]
     conveyor_p50, celery_p50 = by[CONVEYOR, low]["p50_ms"], by[CELERY, low]["p50_ms"]
@@ -139,6 +145,7 @@ def targets(runs: list[dict[str, Any]]) -> list[Target]:
             higher_is_better=True,
             detail=f"{conveyor_mid:.0f} vs {celery_mid:.0f} requests/s; the minimal hop "
             f"{by[MINIMAL_HOP, mid]['rps']:.0f}.",
+            errors=errors(by[CONVEYOR, mid], by[CELERY, mid]),
         ),
         Target(
             f"Conveyor ÷ Celery p50 latency at concurrency {low}",
@@ -147,6 +154,7 @@ def targets(runs: list[dict[str, Any]]) -> list[Target]:
             higher_is_better=False,
             detail=f"{conveyor_p50:.2f} vs {celery_p50:.2f} ms; the minimal hop {hop_p50:.2f} ms, "
             f"{ratio(hop_p50, celery_p50):.2f} of Celery's.",
+            errors=errors(by[CONVEYOR, low], by[CELERY, low]),
         ),
         Target(
             "Conveyor ÷ in-process peak throughput",
@@ -156,14 +164,16 @@ def targets(runs: list[dict[str, Any]]) -> list[Target]:
             detail=f"{peak(CONVEYOR):.0f} vs {peak(IN_PROCESS):.0f} requests/s (best over the "
             f"concurrencies); the minimal hop {peak(MINIMAL_HOP):.0f}, "
             f"{ratio(peak(MINIMAL_HOP), peak(IN_PROCESS)):.2f} of in-process.",
+            errors=errors(best(CONVEYOR), best(IN_PROCESS)),
         ),
-        *cpu_targets(by[CONVEYOR, mid]["cpu_ms"], mid),
+        *cpu_targets(by[CONVEYOR, mid]["cpu_ms"], mid, by[CONVEYOR, mid]["errors"]),
     ]
 
 
-def cpu_targets(cpu_ms: dict[str, float], concurrency: int) -> list[Target]:
+def cpu_targets(cpu_ms: dict[str, float], concurrency: int, errors: int = 0) -> list[Target]:
     """Conveyor's CPU ms per job at `concurrency`, all its processes summed and each alone,
-    against the issue's budget (the headline shows where the cost sits, not only ratios)."""
+    against the issue's budget (the headline shows where the cost sits, not only ratios);
+    `errors`: the run's failed requests, whose CPU the completed jobs carry."""
     servers = {k: v for k, v in cpu_ms.items() if k != LOAD_GENERATOR}
     rows = [("all processes summed", sum(servers.values()), CPU_BUDGET_MS["summed"])]
     rows += [
@@ -177,6 +187,7 @@ def cpu_targets(cpu_ms: dict[str, float], concurrency: int) -> list[Target]:
             budget,
             higher_is_better=False,
             detail=f"By process: {by_process} ms.",
+            errors=errors,
         )
         for name, measured, budget in rows
     ]

@@ -50,18 +50,23 @@ class Table:
 @dataclass
 class Target:
     """One target of the issue as a ratio measured in this run; NaN measured where the run
-    gives no verdict (part F's p99 of too few jobs): not met, but never printed as missed."""
+    gives no verdict (part F's p99 of too few jobs): not met, but never printed as missed.
+    `errors`: requests that failed in the runs the ratio compares; their latencies and rates
+    leave the failures out (a baseline's timeouts lowered its throughput and flattered the
+    ratio), so any of them also means no verdict."""
 
     name: str
     measured: float
     threshold: float
     higher_is_better: bool
     detail: str = ""
+    errors: int = 0
 
     @property
     def judged(self) -> bool:
-        """False where the run gives no verdict (NaN measured); such a target is not met."""
-        return math.isfinite(self.measured)
+        """False where the run gives no verdict (NaN measured, or failed requests); such a
+        target is not met."""
+        return math.isfinite(self.measured) and not self.errors
 
     @property
     def met(self) -> bool:
@@ -73,8 +78,13 @@ class Target:
 
     def verdict(self) -> str:
         sign = "≥" if self.higher_is_better else "≤"
-        state = ("met" if self.met else "MISSED") if self.judged else "no verdict"
+        state = ("met" if self.met else "MISSED") if self.judged else _unjudged(self.errors)
         return f"{state}: {self.measured:.3g} (target {sign} {self.threshold:.3g})"
+
+
+def _unjudged(errors: int) -> str:
+    """The verdict of a target the run could not judge, saying why where requests failed."""
+    return f"no verdict ({errors:,} failed requests)" if errors else "no verdict"
 
 
 @dataclass
@@ -326,9 +336,11 @@ def _part_section(document: dict[str, Any]) -> list[str]:
 
 def _state(target: dict[str, Any]) -> str:
     """A target's verdict as the report prints it; a measure that is not a number (null in
-    the JSON) is no verdict, not a miss."""
-    if target["measured"] is None:
-        return "no verdict"
+    the JSON) or one taken with failed requests is no verdict, not a miss (a document written
+    before errors were recorded had none)."""
+    errors = target.get("errors", 0)
+    if target["measured"] is None or errors:
+        return _unjudged(errors)
     return "met" if target["met"] else "**missed**"
 
 

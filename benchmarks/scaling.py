@@ -151,16 +151,18 @@ def measure(pairs: int, urls: list[str], pids: dict[str, int], scale: Scale) -> 
 
 
 def targets(steps: list[dict[str, Any]]) -> list[Target]:
-    by = {step["pairs"]: step["jobs_per_s"] for step in steps}
+    by = {step["pairs"]: step for step in steps}
     if 1 not in by or 2 not in by:
         return []
+    one, two = by[1]["jobs_per_s"], by[2]["jobs_per_s"]
     return [
         Target(
             "jobs/s at 2 pairs ÷ twice jobs/s at 1 pair",
-            ratio(by[2], 2 * by[1]),
+            ratio(two, 2 * one),
             LINEAR_TARGET,
             higher_is_better=True,
-            detail=f"{by[2]:.0f} vs {by[1]:.0f} jobs/s (producer+worker pairs on one Redis).",
+            detail=f"{two:.0f} vs {one:.0f} jobs/s (producer+worker pairs on one Redis).",
+            errors=by[1]["errors"] + by[2]["errors"],
         )
     ]
 
