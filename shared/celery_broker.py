@@ -58,8 +58,12 @@ def broker_app(broker_url: str, **options: Any) -> Celery:
 def kombu_url(redis_url: str) -> str:
     """redis-py's URL (or `;`-separated URLs) in kombu's spelling, on Conveyor's transport
     (`SCHEME`). A Unix socket's (`unix://[user:password@]/path?db=N`) is `SCHEME+socket://`,
-    the database as `virtual_host`. A `rediss://` one verifies the server's certificate unless
-    its `ssl_cert_reqs` says otherwise, as redis-py does (under a scheme that is not `rediss`,
+    the database as `virtual_host`. A TCP one keeps only its `ssl_*` options, kombu's TLS
+    options, and its `?db=N` as its path (redis-py reads that before the path's): kombu's
+    Connection raised TypeError at any other key (redis-py's `protocol`, `client_name`, ...;
+    its connections get their bounds from `broker_transport_options`), and no webhook was
+    handed over. A `rediss://` one verifies the server's certificate unless its
+    `ssl_cert_reqs` says otherwise, as redis-py does (under a scheme that is not `rediss`,
     kombu would not use TLS at all; under `rediss` it verified nothing)."""
     return ";".join(_kombu_url(url) for url in redis_url.split(";"))
 
@@ -70,6 +74,9 @@ def _kombu_url(redis_url: str) -> str:
     if parts.scheme == "unix":
         query["virtual_host"] = query.pop("db", ["0"])
         return f"{SCHEME}+socket://{parts.netloc}{parts.path}?{urlencode(query, doseq=True)}"
+    if database := query.pop("db", None):
+        parts = parts._replace(path=f"/{database[0]}")
+    query = {key: values for key, values in query.items() if key.startswith("ssl_")}
     if parts.scheme == "rediss":
         query.setdefault("ssl_cert_reqs", ["required"])
     return urlunsplit(parts._replace(scheme=SCHEME, query=urlencode(query, doseq=True)))

@@ -12,8 +12,8 @@ import sys
 from typing import NoReturn
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from pythonjsonlogger.core import RESERVED_ATTRS
@@ -28,16 +28,32 @@ PROTOCOLS = "grpc or http/protobuf"
 def configure_tracing(service_name: str) -> bool:
     """Install an SDK tracer provider with the exporters OTEL_* names; False when tracing is off.
     A name or protocol it cannot export with ends the process in one line naming the variable:
-    anything but `console` was taken for gRPC OTLP, which exported nowhere (an HTTP port)."""
-    exporters = [_exporter(name) for name in _exporter_names()]
-    if not exporters:
+    anything but `console` was taken for gRPC OTLP, which exported nowhere (an HTTP port).
+    OTEL_SDK_DISABLED=true turns it off too: the SDK's provider then makes no-op spans only,
+    at the cost `tracing_on` saves."""
+    names = _exporter_names()
+    if not names or _sdk_disabled():
         return False
-    name = os.environ.get("OTEL_SERVICE_NAME", service_name)
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    exporters = [_exporter(name) for name in names]
+    provider = TracerProvider(resource=_resource(service_name))
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return True
+
+
+def _sdk_disabled() -> bool:
+    """OTEL_SDK_DISABLED, read as the SDK reads it."""
+    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
+def _resource(service_name: str) -> Resource:
+    """The standard variables' resource, `service_name` only where neither OTEL_SERVICE_NAME
+    nor OTEL_RESOURCE_ATTRIBUTES names the service: laid over them, it hid the latter's
+    `service.name`, and an empty OTEL_SERVICE_NAME (unset, to the spec) named the service
+    `unknown_service`."""
+    named = OTELResourceDetector().detect().attributes.get(SERVICE_NAME)
+    return Resource.create({} if named else {SERVICE_NAME: service_name})
 
 
 def _exporter_names() -> list[str]:
@@ -110,10 +126,20 @@ class _TraceFields(logging.Filter):
     """Stamp every record with the current trace id, so logs and traces join up."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        span_context = trace.get_current_span().get_span_context()
         if not hasattr(record, "trace_id"):
-            record.trace_id = format(span_context.trace_id, "032x") if span_context.is_valid else ""
+            record.trace_id = _open_trace_id()
         return True
+
+
+def _open_trace_id() -> str:
+    """The trace id of the current span while it is open ('' when none is). A task made under
+    a request keeps that request's context for good (the producer's reply listener, made for
+    its first waiter): its lines named the ended request's trace for as long as it ran."""
+    span = trace.get_current_span()
+    if isinstance(span, ReadableSpan) and span.end_time is not None:
+        return ""
+    span_context = span.get_span_context()
+    return format(span_context.trace_id, "032x") if span_context.is_valid else ""
 
 
 def configure_logging(level: str) -> None:
