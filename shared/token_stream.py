@@ -6,6 +6,7 @@ run, by which a resent append is appended once (shared/token_scripts.py); reader
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,9 +38,10 @@ class TokenEvent:
 
     def encode(self) -> dict[str, str | int]:
         """Entry fields: only what the kind needs, so a token entry stays two short fields
-        (besides the run and number APPEND adds)."""
+        (besides the run and number APPEND adds). The count goes as Python's int: an engine's
+        may be any integer (numpy's), which redis-py refuses, failing every job's tick."""
         if self.kind == "token":
-            return {"kind": "token", "text": self.text, "tokens": self.tokens}
+            return {"kind": "token", "text": self.text, "tokens": operator.index(self.tokens)}
         if self.kind == "restart":
             return {"kind": "restart"}
         fields: dict[str, str | int] = {"kind": "final", "status": self.status}
