@@ -205,15 +205,24 @@ class GenerateLoop:
             await self._start_all(stream, deliveries)
 
     async def _start_all(self, stream: str, deliveries: list[Delivery]) -> None:
+        """Start each delivery, or settle one that must not run; a taken-over one's dead run
+        left its token stream behind (`TokenWriter.ended`)."""
         settled: list[Finish] = []
+        dead_runs: list[str] = []
         for delivery in deliveries:
             if delivery.entry is not None and delivery.entry.job_id in self.running:
                 continue  # our own entry, reclaimed while it runs: it is still ours
             record_ended(self.partition, [delivery])
-            outcome = self.partition.skip_or_expire(delivery) or self._start(stream, delivery)
-            if outcome is not None:
-                settled.append(outcome)
+            if (skipped := self.partition.skip_or_expire(delivery)) is not None:
+                settled.append(skipped)
+                if delivery.redelivered and delivery.entry is not None:
+                    dead_runs.append(delivery.entry.job_id)
+            elif (failed := self._start(stream, delivery)) is not None:
+                settled.append(failed)
         await self._settle(stream, settled, self.stopping)
+        if dead_runs:
+            ended = self.tokens.ended
+            await until_done(lambda: ended(dead_runs), self.stopping, self.partition.name)
 
     def _start(self, stream: str, delivery: Delivery) -> Finish | None:
         """Start generating; a job whose parameters the engine cannot take fails alone."""

@@ -97,6 +97,17 @@ class TokenWriter:
         for job_id in watch:
             pipe.hget(self.keys.job(job_id), "status")
 
+    async def ended(self, job_ids: Sequence[str]) -> None:
+        """Give the streams of jobs that will not run again (ended while a dead worker's run of
+        theirs waited to be taken over) a finished stream's TTL, never a longer one: the dead
+        run's partial text kept the result TTL, a day by default."""
+        if not job_ids:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.expire(self.keys.tokens(job_id), self.final_ttl_s, lt=True)
+            await pipe.execute()
+
     def _ttl(self, append: TokenAppend) -> int:
         """The TTL `append` sets: 0 (the stream's stays), the short one of a finished stream
         (its final event is in it), or the long one of a stream being written."""
