@@ -31,13 +31,17 @@ def start_batch_span(
     model: str, variant: str, runnable: list[Delivery], kind: str = "batch"
 ) -> Span | None:
     """A started span for a micro-batch, or one job's generation (`kind` "generate"), child of
-    its first request's span and linked to each; None while tracing is off (see `tracing_on`).
+    its first sampled request's span (else its first's) and linked to each; None while tracing
+    is off (see `tracing_on`). The first's, unsampled, left a sampled request batched behind it
+    without a worker span under a parent-based sampler: its trace ended at the producer.
     It is ended by `end_span`: a staged engine's micro-batch runs on in the stage pipeline
     after the loop has moved on, and its span lasts until its write-back."""
     if not tracing_on():
         return None
     contexts = [sc for d in runnable if d.entry and (sc := span_context_of(d.entry.traceparent))]
-    parent = trace.set_span_in_context(NonRecordingSpan(contexts[0])) if contexts else None
+    first = contexts[0] if contexts else None
+    chosen = next((sc for sc in contexts if sc.trace_flags.sampled), first)
+    parent = trace.set_span_in_context(NonRecordingSpan(chosen)) if chosen else None
     return tracer.start_span(
         f"{kind} {model}:{variant}",
         context=parent,
