@@ -75,7 +75,7 @@ async def test_a_model_no_name_could_be_is_not_found(producer: httpx.AsyncClient
         (
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-            "messages.0.content.0.type",
+            "messages.0.content.0",  # the part the model cannot read, named whole
         ),
         ("/v1/chat/completions", {"messages": MESSAGES, "stop": [""]}, "stop.0"),
         ("/v1/chat/completions", {"messages": MESSAGES, "stop": 5}, "stop"),
