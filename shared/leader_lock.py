@@ -8,8 +8,6 @@ from __future__ import annotations
 import redis
 import redis.asyncio as aioredis
 
-from shared.codec import as_text
-
 # KEYS[1]=lock; ARGV: owner, lease ms. 1 if `owner` holds the lease now.
 _HOLD = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
@@ -42,19 +40,12 @@ class _Lease:
 class LeaderLock(_Lease):
     def __init__(self, client: aioredis.Redis, key: str, owner: str, lease_ms: int) -> None:
         super().__init__(key, owner, lease_ms)
-        self._client = client
         self._hold = client.register_script(_HOLD)
         self._release = client.register_script(_RELEASE)
 
     async def hold(self) -> bool:
         """Take or renew the lease; True while this process leads."""
         return bool(await self._hold(keys=[self.key], args=self._args))
-
-    async def held(self) -> bool:
-        """Whether this process still holds the lease, renewing nothing: checked before a
-        leader's write whose script cannot check the lease in its own step."""
-        owner = await self._client.get(self.key)
-        return owner is not None and as_text(owner) == self.owner
 
     async def release(self) -> None:
         """Give the lease up if held: the next leader need not wait out a lease."""

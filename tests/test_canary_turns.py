@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from producer_api.canary.controller import CanaryController
 from shared.canary_store import Canary, CanaryStore
 from shared.keys import Keys
+from shared.leader_lock import LeaderLock
 from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore
 from shared.routing import Routes
@@ -216,11 +217,18 @@ class _OperatorFirst(RouteStore):
 
     raced = False
 
-    async def put(self, model: str, routes: Routes, by: str, expected: int | None = None) -> int:
+    async def put(
+        self,
+        model: str,
+        routes: Routes,
+        by: str,
+        expected: int | None = None,
+        lease: LeaderLock | None = None,
+    ) -> int:
         if by.startswith("canary:") and not self.raced:
             self.raced = True
             await super().put(model, Routes({"stable": 80.0, "candidate": 20.0}), "operator")
-        return await super().put(model, routes, by, expected)
+        return await super().put(model, routes, by, expected, lease)
 
 
 class _RacedByAnOperator(_Producer):

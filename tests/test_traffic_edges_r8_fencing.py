@@ -64,8 +64,15 @@ class _PausedBeforeSave(RouteStore):
         super().__init__(client, KEYS)
         self.successor = successor
 
-    async def put(self, model: str, routes: Routes, by: str, expected: int | None = None) -> int:
-        written = await super().put(model, routes, by, expected)
+    async def put(
+        self,
+        model: str,
+        routes: Routes,
+        by: str,
+        expected: int | None = None,
+        lease: LeaderLock | None = None,
+    ) -> int:
+        written = await super().put(model, routes, by, expected, lease)
         await self.redis.delete(KEYS.traffic_leader)
         assert await self.successor.hold()
         return written

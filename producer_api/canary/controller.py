@@ -394,15 +394,15 @@ class CanaryController:
         """Give the variant `percent` of the routes `read`, those a decision judged (None where
         none was: the first step, an abort), conditional on their version: an operator's change
         made since wins (VersionConflict), and the next look aborts the canary on it. Read
-        again here, it was scaled from and written over."""
+        again here, it was scaled from and written over. A look's write is fenced by its lease
+        in PUT's own step (NotLeading): a check before it left a pause between the two open."""
         current = read if read is not None else await self.live_routes(canary)
         canary.others = current.served_besides(canary.variant) or canary.others
         held = self._servable(canary.model, canary.others) or {canary.baseline: 1}
         routes = current.with_share(canary.variant, percent, held)
-        lease = _LEASE.get()
-        if lease is not None and not await lease.held():  # PUT cannot check it in its step
-            raise NotLeading(canary.model)
-        await self.routes.put(canary.model, routes, _author(canary), current.version)
+        await self.routes.put(
+            canary.model, routes, _author(canary), current.version, lease=_LEASE.get()
+        )
 
     def _servable(self, model: str, weights: dict[str, float]) -> dict[str, float]:
         """Those of `weights` whose variants config.yaml lets serve (all, for a model the
