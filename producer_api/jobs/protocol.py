@@ -95,8 +95,10 @@ class PredictRequest(BaseModel):
         strict=True,
         description="Unix time after which not to run; one already past is refused (422)",
     )
+    # a millisecond at least: deadlines are whole Unix ms, so a shorter one was already past
+    # when enqueued (accepted only to expire), as a past `deadline` is refused
     ttl_s: float | None = Field(
-        default=None, gt=0, le=1e9, strict=True, description="Seconds from now to deadline"
+        default=None, ge=0.001, le=1e9, strict=True, description="Seconds from now to deadline"
     )
     priority: Literal["online", "bulk"] = "online"
     webhook: str | None = Field(

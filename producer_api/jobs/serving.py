@@ -49,6 +49,8 @@ REPLYLESS_POLL_S = 0.25
 # What the error handlers answer 503 for (producer_api/errors.py): a submit refused so counts as
 # one `unavailable` rejection (the client sees no job, whether or not ENQUEUE ran).
 UNAVAILABLE: tuple[type[Exception], ...] = (*OUT_OF_REACH, *REFUSALS)
+# The 422 of a `deadline` already past, at submit or once a keyed retry waited on its key.
+PAST_DEADLINE = "deadline: already past (Unix seconds)"
 
 
 # The HTTP status of a job that ended without succeeding, where a route answers with its result
@@ -264,7 +266,8 @@ class JobsService:
             first = await idempotency.claim(tenant, key, entry.job_id, body_print, exists)
             if first is not None:
                 return Submitted(first, variant, created=False)
-            _deadline_ms(body)  # the wait on an earlier try's claim may have outlasted it
+            # its deadline may have passed while it waited on an earlier try's claim
+            _refuse_past(body, entry.deadline_ms)
             position = await self.enqueue(entry, config, variant, body)
         except BaseException as exc:
             if await self._nothing_enqueued(entry.job_id, exc):
@@ -526,13 +529,23 @@ def _deadline_ms(body: PredictRequest) -> int:
     (422), since the job could only be accepted to expire."""
     now = time.time()
     if body.deadline is not None and body.deadline <= now:
-        raise ConveyorError(422, "invalid_request", "deadline: already past (Unix seconds)")
+        raise ConveyorError(422, "invalid_request", PAST_DEADLINE)
     limits = []
     if body.deadline is not None:
         limits.append(int(body.deadline * 1000))
     if body.ttl_s is not None:
         limits.append(int((now + body.ttl_s) * 1000))
     return min(limits, default=0)
+
+
+def _refuse_past(body: PredictRequest, deadline_ms: int) -> None:
+    """422 for a job whose deadline passed before its ENQUEUE (a keyed retry's, waiting on an
+    earlier try's claim): its `ttl_s` counts from its arrival, so it could only expire."""
+    if not deadline_ms or deadline_ms > stamp_ms():
+        return
+    if _moves(body, deadline_ms):
+        raise ConveyorError(422, "invalid_request", "ttl_s: ran out before it could be enqueued")
+    raise ConveyorError(422, "invalid_request", PAST_DEADLINE)
 
 
 def _moves(body: PredictRequest, deadline_ms: int) -> bool:
