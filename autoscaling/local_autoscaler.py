@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import socket
 import time
@@ -88,7 +87,7 @@ class PoolScaler:
     recommendations: deque[tuple[float, int]] = field(default_factory=deque)
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
     start_after: float = 0.0  # no worker starts before: the backoff of the last that died
-    held: str = ""  # why the last tick did not scale as the formula asked (or could not ask)
+    held: str = ""  # why the last tick started fewer workers than the formula asked for
 
     @classmethod
     def for_partition(
@@ -132,11 +131,7 @@ class PoolScaler:
         self.held = ""
         self._forget_dead(now)
         current = len(self.workers)
-        readings = poll(client, self.triggers)
-        if unread := _unread(readings):
-            self.held = unread
-            return current
-        wanted = self._wanted(readings, current, now)
+        wanted = self._wanted(poll(client, self.triggers), current, now)
         if wanted > current:
             self._scale_up(wanted - current, now)
         elif wanted < current:
@@ -261,15 +256,6 @@ def pool_scalers(
         )
         for pool, (config, variant) in pools.items()
     ]
-
-
-def _unread(readings: list[Reading]) -> str:
-    """Why no count can come of these readings: a value that is no number (a cost hash holding
-    `nan`, or `inf` times an empty queue) cannot be cut to thousandths, and raising, it ended the
-    autoscaler and every pool's workers; KEDA keeps the replicas of a scaler that answers no
-    value, and so does this one until a poll reads one."""
-    odd = [r for r in readings if not math.isfinite(r.value)]
-    return f"replicas kept: a trigger read {odd[0].value}, no count of work" if odd else ""
 
 
 def _trigger(rendered: dict[str, Any], config: ModelConfig, variant: str, keys: Keys) -> Trigger:

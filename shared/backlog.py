@@ -23,6 +23,7 @@ the local autoscaler, and the one owner of `cv:cost:{model}:{variant}`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -95,7 +96,7 @@ class Backlog:
 
 def backlog_of(config: ModelConfig, variant: str, entries: int, cost: Mapping[Any, Any]) -> Backlog:
     """The formula: `cost` is the partition's cost hash as read (empty: not measured yet)."""
-    fields = {as_text(k): float(v) for k, v in cost.items() if as_text(k) != "updated_ms"}
+    fields = {as_text(k): _measure(v) for k, v in cost.items() if as_text(k) != "updated_ms"}
     seconds_per_unit = fields.get("seconds_per_unit", 0.0)
     measured = seconds_per_unit > 0
     units_per_job = fields.get("units_per_job", 0.0)
@@ -111,6 +112,17 @@ def backlog_of(config: ModelConfig, variant: str, entries: int, cost: Mapping[An
         measured,
         config.autoscaling.backlog.target_s,
     )
+
+
+def _measure(value: Any) -> float:
+    """A cost field as a measure, 0 (not measured) for what is no finite number: a `nan` went
+    through the formula (`min` keeps a NaN) to the autoscaler, the gauge and KEDA's route,
+    and text failed the read."""
+    try:
+        number = float(value)
+    except ValueError:
+        return 0.0
+    return number if math.isfinite(number) else 0.0
 
 
 def queue_backlog_read(pipe: Any, keys: Keys, model: str, variant: str) -> None:

@@ -1,7 +1,8 @@
-"""The local autoscaler on a seconds-of-backlog metric that reads no number: a cost hash holding
-`nan` (or `inf` for an empty queue, whose backlog is 0 x inf) made the formula NaN, and its cut
-to thousandths raised, which ended `conveyor autoscale` and drained every pool's workers. KEDA
-keeps a ScaledObject's replicas while a scaler answers no usable value, and so does it."""
+"""The local autoscaler on a seconds-of-backlog metric whose measured cost is no number: a cost
+hash holding `nan` (or `inf` for an empty queue, whose backlog is 0 x inf) made the formula NaN,
+and its cut to thousandths raised, which ended `conveyor autoscale` and drained every pool's
+workers. Such a cost reads as not measured (shared/backlog.py): the pool scales on its
+estimate."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tests.test_local_autoscaler import Ledger
     ("cost", "queued"),
     [({"seconds_per_unit": "0.1", "units_per_job": "nan"}, 3), ({"seconds_per_unit": "inf"}, 0)],
 )
-def test_a_metric_that_reads_no_number_keeps_the_pool_as_it_is(
+def test_a_cost_that_is_no_number_scales_on_the_estimate(
     redis_client: redis.Redis,
     capsys: pytest.CaptureFixture[str],
     cost: dict[str, str],
@@ -35,6 +36,7 @@ def test_a_metric_that_reads_no_number_keeps_the_pool_as_it_is(
     redis_client.delete(KEYS.queue("odd", "default"))
     enqueue(redis_client, KEYS.queue("odd", "default"), queued)
     redis_client.hset(KEYS.service_cost("odd", "default"), mapping=cost)
-    _tick(scaler, redis_client, now=1.0)
-    assert len(scaler.workers) == 3 and ledger.stopped == []
-    assert "odd:default replicas=3 (replicas kept: a trigger read nan" in capsys.readouterr().out
+    _tick(scaler, redis_client, now=1.0)  # raised ValueError: NaN cut to thousandths
+    assert len(scaler.workers) == 3 and ledger.stopped == []  # the scale-down window holds them
+    out = capsys.readouterr().out
+    assert "odd:default replicas=3" in out and "nan" not in out
