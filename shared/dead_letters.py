@@ -1,4 +1,4 @@
-"""The dead-letter stream of a partition (`cv:dlq:{model}:{variant}`): list what died and why,
+"""The dead-letter stream of a partition (`cv:dlq:{tag}:{model}:{variant}`): list what died and why,
 replay it as new jobs once the cause is fixed, or purge it. Dead-lettered jobs stay `failed`
 (terminal states never change); a replay is a new job that records `replay_of`, on the lane its
 letter died in (a Batch API item's replay goes to the bulk lane, where interactive jobs go

@@ -155,8 +155,8 @@ local UNCOUNTED_MARK = 'uncounted'  -- the job hash's mark, before the set (roll
     + """
 -- Jobs that ended in a lane, newest first and capped: what the console lists (no SCAN). The
 -- list is trimmed back to RECENT_KEPT once it runs RECENT_SLACK past it, not on every write-back.
--- A script that does not declare the list leaves them out of it while a migration has it
--- elsewhere (FINISH declares it).
+-- A script that does not declare the list (FINISH, which cannot: see its KEYS) leaves them out
+-- of it while a migration has it elsewhere.
 local function remember(stream, ids)
   if #ids == 0 then return end
   if (here('LPUSH', stream .. RECENT, unpack(ids)) or 0) > RECENT_KEPT + RECENT_SLACK then

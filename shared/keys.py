@@ -26,7 +26,7 @@ GROUP = "workers"
 TAG_LEN = 4  # hex digits of a partition's tag, and so the first characters of its job ids
 CONTROL = "{ctl}"
 # Keys of a fair lane, named after its stream (docs/architecture.md, "Fair queuing"): a hash of
-# counters (`held`, `window`, `w:<tenant>` weight, `d:<tenant>` deficit, `e:<tenant>` entries of
+# counters (`held`, `w:<tenant>` weight, `d:<tenant>` deficit, `e:<tenant>` entries of
 # jobs that ended while held, `wsum` of the weights), the round-robin list of tenants with held
 # jobs, and one list of held entries per tenant (suffix + tenant).
 ADDED_SUFFIX = ":added"
@@ -169,7 +169,7 @@ class Keys:
         return f"{stream}{WEBHOOKS_OWED_SUFFIX}"
 
     def fair(self, stream: str) -> str:
-        """A fair lane's counters (hash: held, window, per-tenant weight and deficit)."""
+        """A fair lane's counters (hash: held, per-tenant weight and deficit)."""
         return f"{stream}{FAIR_SUFFIX}"
 
     def fair_ring(self, stream: str) -> str:
