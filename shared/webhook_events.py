@@ -57,6 +57,9 @@ def _path_matches(path: str, prefix: str) -> bool:
 
 # What no HTTP request can carry in its URL: whitespace and control characters.
 UNSENDABLE = re.compile(r"[\x00-\x20\x7f]")
+# The longest name and label DNS carries (RFC 1035), in octets as the name is looked up.
+MAX_NAME_OCTETS = 253
+MAX_LABEL_OCTETS = 63
 
 
 # What receivers (and proxies in front of them) may read otherwise than the HTTP client sends
@@ -71,16 +74,26 @@ def _sent_path(url: str) -> str | None:
     """The path the HTTP client sends for `url`, dot segments removed as it removes them
     (RFC 3986), decoded; None when it cannot send to `url` at all (a host label no IDNA
     encoding takes, `\u0661.example.com`, matched a `*.` rule and was accepted at submit, then
-    failed its delivery with no attempt on record) or when a receiver may read the path
-    otherwise (`AMBIGUOUS_PATH`). A normalisation of the check's own (posixpath's drops empty
-    segments before `..`) let `/admin//..//hooks/x` through as `/hooks/x`; it was sent as
-    `/admin//hooks/x`."""
+    failed its delivery with no attempt on record; a name DNS cannot carry, `_resolvable`) or
+    when a receiver may read the path otherwise (`AMBIGUOUS_PATH`). A normalisation of the
+    check's own (posixpath's drops empty segments before `..`) let `/admin//..//hooks/x`
+    through as `/hooks/x`; it was sent as `/admin//hooks/x`."""
     try:
         target = httpx.URL(url)
     except (httpx.InvalidURL, UnicodeError):
         return None
+    if not _resolvable(target.raw_host):
+        return None
     raw_path = target.raw_path.split(b"?", 1)[0].decode("ascii", "replace")
     return None if AMBIGUOUS_PATH.search(raw_path) else target.path
+
+
+def _resolvable(host: bytes) -> bool:
+    """Whether DNS can carry `host` as sent (IDNA-encoded): a label over 63 octets or a name
+    over 253 matched a `*.` rule and was accepted at submit, then every attempt failed its
+    lookup for the whole retry window."""
+    labels = host.split(b".")
+    return len(host) <= MAX_NAME_OCTETS and all(len(label) <= MAX_LABEL_OCTETS for label in labels)
 
 
 def allowed(url: str, allowlist: list[str]) -> bool:

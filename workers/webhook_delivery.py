@@ -283,9 +283,11 @@ class PrivateAddress(httpx.TransportError):
 
 
 def _public(address: IPAddress) -> bool:
-    """Whether `address`, and any IPv4 address it carries, is globally routable unicast."""
+    """Whether `address`, and any IPv4 address it carries, is globally routable unicast. IPv6's
+    deprecated site-local range (fec0::/10, the private range before fc00::/7, RFC 3879) is
+    private: Python calls it global."""
     if isinstance(address, ipaddress.IPv6Address):
-        if address in LOCAL_NAT64:
+        if address in LOCAL_NAT64 or address.is_site_local:
             return False
         carried = _carried(address)
         if carried is not None and not _public(carried):
@@ -336,14 +338,18 @@ async def _answer(
     """The receiver's status code and Retry-After; its body is never read (an endless one cost
     memory). An address that refuses the connection (or has no route) is passed for the next,
     as the HTTP client's own connect does: only the first was tried, and a receiver whose first
-    address was down (one of a round robin's, an AAAA with no route) failed every attempt."""
+    address was down (one of a round robin's, an AAAA with no route) failed every attempt. So is
+    one that does not connect within its share of the timeout: one dropping connection attempts
+    (no reset) took the whole timeout, and the next address was never tried."""
     targets, host, extensions = await _pinned(httpx.URL(url))
     *fallbacks, last = targets
-    async with httpx.AsyncClient(timeout=timeout_s) as client:
+    whole = httpx.Timeout(timeout_s)
+    share = httpx.Timeout(timeout_s, connect=timeout_s / len(targets))
+    async with httpx.AsyncClient() as client:
         for target in fallbacks:
-            with contextlib.suppress(httpx.ConnectError):  # nothing was sent
-                return await _status(client, target, body, headers | host, extensions)
-        return await _status(client, last, body, headers | host, extensions)
+            with contextlib.suppress(httpx.ConnectError, httpx.ConnectTimeout):  # nothing sent
+                return await _status(client, target, body, headers | host, extensions, share)
+        return await _status(client, last, body, headers | host, extensions, whole)
 
 
 async def _status(
@@ -352,10 +358,11 @@ async def _status(
     body: bytes,
     headers: dict[str, str],
     extensions: dict[str, Any],
+    timeout: httpx.Timeout,
 ) -> tuple[int, str | None]:
     """One POST's status code and Retry-After, its body unread."""
     async with client.stream(
-        "POST", target, content=body, headers=headers, extensions=extensions
+        "POST", target, content=body, headers=headers, extensions=extensions, timeout=timeout
     ) as response:
         return response.status_code, response.headers.get("Retry-After")
 
