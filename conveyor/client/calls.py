@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from conveyor.client.errors import (
     InvalidArgument,
+    NotFound,
     StreamFailed,
     WaitTimeout,
     api_error,
@@ -71,6 +72,8 @@ class Call:
     # The query parameter (in `params`) that asks the server to wait that many seconds: see
     # `bounded`.
     wait_param: str | None = None
+    # What the path names (`job a/b`), for a 404 whose answer names nothing: see `checked`.
+    subject: str | None = None
 
     def build(self, client: httpx.Client | httpx.AsyncClient) -> httpx.Request:
         """The request of this try: built again for each, so a retry asks for the time left."""
@@ -103,10 +106,17 @@ class Call:
 
     def checked(self, response: httpx.Response, attempt: int) -> httpx.Response:
         """The response the op receives for try number `attempt` (0: the first), or its
-        APIError."""
+        APIError. A 404 whose message is only its status's phrase (an id holding `/`, sent as
+        one segment, is decoded by the producer's router before routing and reaches no route;
+        a proxy's bare 404) names `subject`: its "Not Found" named neither the job nor its id."""
         if attempt and response.status_code == self.resent_to_op:
             return response
-        return raise_for_error(response)
+        try:
+            return raise_for_error(response)
+        except NotFound as error:
+            if self.subject is None or error.message != response.reason_phrase:
+                raise
+            raise NotFound(404, error.type, f"{self.subject} not found", error.headers) from error
 
 
 def _reading_for(own: httpx.Timeout, seconds: float) -> httpx.Timeout:
@@ -191,7 +201,7 @@ def events_call(job_id: str, last_event_id: str | None) -> Call:
     quiet job's stream again and again, and StreamError ended it while the job ran on."""
     headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
     path = f"/v1/jobs/{segment(job_id)}/events"
-    return Call("GET", path, headers=headers, timeout=STREAM_TIMEOUT_S)
+    return Call("GET", path, headers=headers, timeout=STREAM_TIMEOUT_S, subject=f"job {job_id}")
 
 
 def submit(
@@ -213,7 +223,8 @@ def submit_call(
 
 def get(job_id: str, attempts: bool = False) -> Op[Job]:
     """`attempts`: with the job's `attempt_history`."""
-    response = yield Call("GET", f"/v1/jobs/{segment(job_id)}", params=_attempts(attempts))
+    path = f"/v1/jobs/{segment(job_id)}"
+    response = yield Call("GET", path, params=_attempts(attempts), subject=f"job {job_id}")
     return parsed(Job, response)
 
 
@@ -228,6 +239,7 @@ def wait(job_id: str, timeout: float | None, attempts: bool = False) -> Op[Job]:
             params=params,
             deadline=deadline,
             wait_param="wait",
+            subject=f"job {job_id}",
         )
         job = parsed(Job, response)
         if job.done:
@@ -242,7 +254,8 @@ def _attempts(attempts: bool) -> dict[str, str]:
 
 def cancel(job_id: str, deadline: float | None = None) -> Op[Job]:
     """`deadline`: no retry after it."""
-    call = Call("DELETE", f"/v1/jobs/{segment(job_id)}", deadline=deadline)
+    path = f"/v1/jobs/{segment(job_id)}"
+    call = Call("DELETE", path, deadline=deadline, subject=f"job {job_id}")
     return (yield from _cancel(call, Job, get, job_id))
 
 
@@ -430,7 +443,8 @@ def upload_file(source: bytes, filename: str, expires_after: int | None) -> Op[F
 
 
 def get_file(file_id: str) -> Op[FileObject]:
-    return parsed(FileObject, (yield Call("GET", f"/v1/files/{segment(file_id)}")))
+    call = Call("GET", f"/v1/files/{segment(file_id)}", subject=f"file {file_id}")
+    return parsed(FileObject, (yield call))
 
 
 def list_files(limit: int, after: str | None, order: str) -> Op[FileList]:
@@ -443,7 +457,8 @@ def list_files(limit: int, after: str | None, order: str) -> Op[FileList]:
 def delete_file(file_id: str) -> Op[FileDeleted]:
     """A resend's 404 answers a first try that deleted the file but whose answer was lost (a
     dropped connection): the file is gone, as asked, rather than NotFound."""
-    response = yield Call("DELETE", f"/v1/files/{segment(file_id)}", resent_to_op=404)
+    path = f"/v1/files/{segment(file_id)}"
+    response = yield Call("DELETE", path, resent_to_op=404, subject=f"file {file_id}")
     if response.status_code == 404:
         return FileDeleted(id=file_id, deleted=True)
     return parsed(FileDeleted, response)
@@ -451,13 +466,15 @@ def delete_file(file_id: str) -> Op[FileDeleted]:
 
 def file_content(file_id: str) -> Op[bytes]:
     """An upload's bytes, or an ended batch's output or errors file (JSONL)."""
-    response = yield Call("GET", f"/v1/files/{segment(file_id)}/content", timeout=600)
+    path = f"/v1/files/{segment(file_id)}/content"
+    response = yield Call("GET", path, timeout=600, subject=f"file {file_id}")
     return response.content
 
 
 def get_batch(batch_id: str, deadline: float | None = None) -> Op[Batch]:
     """`deadline`: a wait's (no retry after it)."""
-    response = yield Call("GET", f"/v1/batches/{segment(batch_id)}", deadline=deadline)
+    path = f"/v1/batches/{segment(batch_id)}"
+    response = yield Call("GET", path, deadline=deadline, subject=f"batch {batch_id}")
     return parsed(Batch, response)
 
 
@@ -470,7 +487,7 @@ def list_batches(limit: int, after: str | None) -> Op[BatchList]:
 def cancel_batch(batch_id: str) -> Op[Batch]:
     """Resent after a lost answer, as a job's `cancel` is: the resend finds the batch no longer
     running (409) when the first try cancelled it."""
-    call = Call("POST", f"/v1/batches/{segment(batch_id)}/cancel")
+    call = Call("POST", f"/v1/batches/{segment(batch_id)}/cancel", subject=f"batch {batch_id}")
     return (yield from _cancel(call, Batch, get_batch, batch_id))
 
 
@@ -493,8 +510,9 @@ def wait_batch(
 
 
 def batch_results(batch_id: str) -> Op[BatchResults]:
-    outputs = yield Call("GET", f"/v1/batches/{segment(batch_id)}/output", timeout=600)
-    errors = yield Call("GET", f"/v1/batches/{segment(batch_id)}/errors", timeout=600)
+    path, subject = f"/v1/batches/{segment(batch_id)}", f"batch {batch_id}"
+    outputs = yield Call("GET", f"{path}/output", timeout=600, subject=subject)
+    errors = yield Call("GET", f"{path}/errors", timeout=600, subject=subject)
     return BatchResults(
         outputs=parsed_lines(BatchOutput, outputs), errors=parsed_lines(BatchError, errors)
     )

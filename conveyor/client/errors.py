@@ -27,6 +27,13 @@ class APIError(ConveyorError):
         self.message = message
         self.headers = headers or httpx.Headers()
 
+    @property
+    def request_id(self) -> str | None:
+        """The answer's `X-Request-ID` (an internal error's, its traceback logged under it; a
+        chat's, its job), the id to quote to the operator, as OpenAI's SDK errors carry it:
+        it was only in `headers`, or in the message's text."""
+        return self.headers.get("X-Request-ID")
+
     def __reduce__(self) -> tuple[type[APIError], tuple[int, str, str, httpx.Headers]]:
         """Pickled as its fields (a Celery task's error, a process pool's): rebuilt from
         `args`, its one formatted line, it raised TypeError where it was unpickled."""

@@ -16,7 +16,7 @@ from typing_extensions import Unpack
 from conveyor.client import calls
 from conveyor.client.calls import BatchFileOptions, Call, JobOptions, Op, Pause, Progress
 from conveyor.client.connection import http_options
-from conveyor.client.errors import WIRE_ERRORS, APIError, connection_error, raise_for_error
+from conveyor.client.errors import WIRE_ERRORS, APIError, connection_error
 from conveyor.client.retries import OnRetry, RetryEvent, RetryPolicy
 from conveyor.client.sse import RECONNECT_FOR_S, EventStream
 from conveyor.client.types import (
@@ -175,11 +175,12 @@ class Client:
     def events(self, stream: EventStream) -> Iterator[Event]:
         while not stream.done:
             try:
-                response = self.http.send(stream.next_call().build(self.http), stream=True)
+                call = stream.next_call()
+                response = self.http.send(call.build(self.http), stream=True)
                 try:
                     if response.is_error:
                         response.read()
-                    stream.opened(raise_for_error(response))
+                    stream.opened(call.checked(response, 0))
                     for data in response.iter_bytes():
                         yield from stream.feed_bytes(data)
                         if stream.done:
