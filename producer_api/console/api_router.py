@@ -4,7 +4,8 @@ response carries a strict Content-Security-Policy (`headers.py`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing, suppress
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -14,6 +15,7 @@ import anyio
 from fastapi import APIRouter, Depends, Form, Header, HTTPException, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from redis.exceptions import RedisError
 from sse_starlette import ServerSentEvent
 
 from producer_api.auth import Principal
@@ -45,6 +47,7 @@ from producer_api.jobs.serving import JOB_ID
 from producer_api.live_feed import while_holds
 from producer_api.responses import JsonlResponse
 from producer_api.state import ProducerState, producer_state
+from producer_api.stream_places import take_place
 from producer_api.stream_shutdown import GRACE_S, BoundedEventSource
 from shared.codec import as_text, dumps, is_stream_id
 from shared.dead_letters import DeadLetters
@@ -237,24 +240,64 @@ def _usable_only(snapshot: dict[str, Any], principal: Principal) -> dict[str, An
 
 
 def _while_open(
-    state: ProducerState, service: Console, current: ConsoleSession, feed: Feed
-) -> AsyncIterator[Event]:
+    state: ProducerState,
+    service: Console,
+    current: ConsoleSession,
+    feed: Feed,
+    place: str | None = None,
+) -> Feed:
     """A live feed that ends with its session (a logout, from any replica; the key revoked; the
-    session's expiry): looked at again every RECHECK_S, events or none."""
-    return while_holds(feed, partial(still_open, state, service.sessions, current), RECHECK_S)
+    session's expiry): looked at again every RECHECK_S, events or none. A feed holding a
+    `place` among its key's open streams renews it at each look, and ends once another
+    stream took it (its place lapsed while the feed went unread)."""
+    holds = partial(_holds, state, service, current, place)
+    return while_holds(feed, holds, RECHECK_S)
+
+
+async def _holds(
+    state: ProducerState, service: Console, current: ConsoleSession, place: str | None
+) -> bool:
+    """Whether the feed's session is still open and its place among its key's streams still
+    its own; a Redis that does not answer cuts no feed (`still_open`)."""
+    if not await still_open(state, service.sessions, current):
+        return False
+    quota = current.principal.quota
+    if place is None or quota is None:
+        return True
+    try:
+        return await state.open_streams.hold(current.principal.key_id, place, quota.max_streams)
+    except RedisError:
+        return True
+
+
+async def _given_back(
+    state: ProducerState, principal: Principal, place: str | None, feed: Feed
+) -> Feed:
+    """`feed`, its place given back when it ends, though cancelled (the browser went away);
+    with Redis not answering, the place lapses instead."""
+    try:
+        async with aclosing(feed):
+            async for event in feed:
+                yield event
+    finally:
+        if place is not None:
+            with anyio.CancelScope(shield=True), suppress(RedisError):
+                await state.open_streams.release(principal.key_id, place)
 
 
 @router.get("/stream")
 async def stream(state: State, current: Session, service: Service) -> Response:
     """The one live feed of every console page: a summary per second, batches cut to the
     viewer's tenant, an admin's to the models its key may use. Costs no Redis command per
-    viewer but its session's look every RECHECK_S."""
+    viewer but its session's look and its place's renewal every RECHECK_S."""
+    place = await take_place(state, current.principal)
 
     async def events() -> Feed:
         async for snapshot in service.summaries.follow():
             yield {"event": "summary", "data": as_text(dumps(summary_for(snapshot, current)))}
 
-    return BoundedEventSource(_while_open(state, service, current, events()), ping=15)
+    feed = _while_open(state, service, current, events(), place)
+    return BoundedEventSource(_given_back(state, current.principal, place, feed), ping=15)
 
 
 @router.get("/jobs")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from functools import partial
 from typing import Any
@@ -25,6 +24,7 @@ from producer_api.events.protocol import JobEvent
 from producer_api.jobs.serving import REPLYLESS_POLL_S, JobsService, not_found
 from producer_api.live_feed import while_holds
 from producer_api.state import ProducerState
+from producer_api.stream_places import take_place
 from producer_api.task_cancel import cancel_and_wait
 from producer_api.token_hub import TokenFollower
 from shared.job_states import JobStatus
@@ -64,7 +64,7 @@ class EventsService:
             events = self._after_queue(job_id, self._tokens(job_id, last_event_id or START))
         else:
             events = self._after_queue(job_id, self._final(job_id))
-        return self._while_key_holds(events, await self._place())
+        return self._while_key_holds(events, await take_place(self.state, self.principal))
 
     async def _resumes(self, record: JobRecord, last_event_id: str, streams: bool) -> bool:
         """Whether anything follows `last_event_id`: not the final event of a job that ended.
@@ -92,19 +92,6 @@ class EventsService:
         (a job cancelled while it ran), and an EventSource reconnecting with it was refused."""
         before = await self.state.tokens.last(key, before=last_event_id)
         return last_event_id == made_final_id(before.id if before else None)
-
-    async def _place(self) -> str | None:
-        """A place among the key's open streams (its stream id; None with auth off) under the
-        key's cap (its own `max_streams`, else CONVEYOR_MAX_STREAMS_PER_KEY), or 429: a stream
-        polls Redis once a second while its job is queued, so streams beyond the cap would
-        starve every tenant."""
-        if self.principal.quota is None:
-            return None
-        stream_id, cap = uuid.uuid4().hex, self.principal.quota.max_streams
-        if not await self.state.open_streams.hold(self.principal.key_id, stream_id, cap):
-            message = f"this API key has {cap} event streams open; retry when one is closed"
-            raise ConveyorError(429, "too_many_streams", message, {"Retry-After": "1"})
-        return stream_id
 
     async def _while_key_holds(
         self, events: AsyncGenerator[JobEvent, None], stream_id: str | None
