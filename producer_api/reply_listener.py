@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -165,7 +166,10 @@ class ReplyListener:
             client = subscriber(self.redis, None if node == ONE_SERVER else node)
             pubsub = client.pubsub(push_handler_func=push_as_received)
             self._nodes[node] = pubsub
-            task = asyncio.create_task(self._listen(node), name="reply-listener")
+            # its own context: made by a request, it took that request's trace for good
+            task = asyncio.create_task(
+                self._listen(node), name="reply-listener", context=contextvars.Context()
+            )
             self._tasks[node] = task
             self._running.add(task)
             task.add_done_callback(self._running.discard)
@@ -276,7 +280,9 @@ class ReplyListener:
         out their whole wait; retried inline, a read that kept failing stopped the listening."""
         if self._rechecking is not None:
             self._rechecking.cancel()
-        task = asyncio.create_task(self._recheck(), name="reply-recheck")
+        task = asyncio.create_task(
+            self._recheck(), name="reply-recheck", context=contextvars.Context()
+        )
         self._rechecking = task
         self._running.add(task)
         task.add_done_callback(self._running.discard)

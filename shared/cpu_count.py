@@ -30,6 +30,14 @@ def cgroup_cpu_limit(root: Path) -> float | None:
 def usable_cpus(root: Path | None = None) -> int:
     """The CPUs this process may use: those it may run on, at most its quota rounded up (a
     1.5-CPU limit keeps 2 threads busy in turn rather than leave half a CPU unused)."""
-    allowed = len(os.sched_getaffinity(0))
+    allowed = _allowed_cpus()
     limit = cgroup_cpu_limit(root or CGROUP_ROOT)
     return allowed if limit is None else min(allowed, math.ceil(limit))
+
+
+def _allowed_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask, or the machine's cores where the
+    platform has no such mask (macOS), so the settings' defaults still load there."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

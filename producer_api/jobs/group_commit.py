@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -218,7 +219,10 @@ class GroupCommit:
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
-        task = asyncio.get_running_loop().create_task(self._send(batch))
+        # its own context: the flush serves every caller of the turn, not the first one's trace
+        task = asyncio.get_running_loop().create_task(
+            self._send(batch), context=contextvars.Context()
+        )
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
         task.add_done_callback(partial(_cancel_unanswered, batch, self._turn))

@@ -26,6 +26,7 @@ from workers.batching.micro_batch_telemetry import (
     log_batch,
     record_batch,
     record_ended,
+    record_failures,
     stage_span,
     start_batch_span,
 )
@@ -206,8 +207,9 @@ class MicroBatchLoop:
     async def complete(self, claimed: Claimed, span: Span | None, outcomes: list[Outcome]) -> None:
         """Write a micro-batch's results and its skipped entries back in one round trip (no
         touch meanwhile: while Redis takes no write-back it takes no touch either); its span
-        ends then."""
+        ends then, with its failed jobs on it."""
         try:
+            record_failures(span, claimed.runnable, outcomes)
             await self._write_back(claimed, outcomes)
         finally:
             end_span(span)

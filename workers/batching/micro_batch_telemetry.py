@@ -1,6 +1,6 @@
 """What one micro-batch tells the outside: Prometheus observations, a span that links to every
-request span it served (parent: the first request's, so a lone request reads as one trace),
-and one JSON log line with the job ids and trace ids."""
+request span it served (parent: the first request's, so a lone request reads as one trace) and
+says which of its jobs failed, and one JSON log line with the job ids and trace ids."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from functools import cache
 from typing import Any, TypeVar, cast
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, NonRecordingSpan, Span
+from opentelemetry.trace import Link, NonRecordingSpan, Span, Status, StatusCode
 from prometheus_client import Counter, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -64,6 +64,25 @@ def end_span(span: Span | None) -> None:
     its run fails first, whichever comes first."""
     if span is not None and span.is_recording():
         span.end()
+
+
+def record_failures(span: Span | None, runnable: list[Delivery], outcomes: list[Outcome]) -> None:
+    """Each failed job of a micro-batch as an event on its span (job id, error type, message):
+    the executor turns an engine's exception into its jobs' errors, so nothing raised marks
+    the span. It is an error only when every job failed; a partly failed micro-batch served
+    the others, so its status stays unset and its events say which jobs failed."""
+    if span is None or not span.is_recording():
+        return
+    failed = [(d, o.error) for d, o in zip(runnable, outcomes, strict=True) if o.error is not None]
+    for delivery, error in failed:
+        attributes = {
+            "conveyor.job_id": delivery.entry.job_id if delivery.entry else "",
+            "exception.type": error.get("type", ""),
+            "exception.message": error.get("message", ""),
+        }
+        span.add_event("job failed", attributes)
+    if failed and len(failed) == len(outcomes):
+        span.set_status(Status(StatusCode.ERROR, f"all {len(failed)} jobs failed"))
 
 
 @contextmanager
