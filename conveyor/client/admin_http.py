@@ -51,3 +51,9 @@ def admin_call(
 def clock(at: float) -> str:
     """A Unix time as the UTC time of day, for the commands' event lines."""
     return time.strftime("%H:%M:%S", time.gmtime(at))
+
+
+def utc_time(at: float) -> str:
+    """`at` (Unix s) as its UTC date and time, for what lasts days (the time of day alone read
+    a file kept a day as expiring when it was uploaded)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import click
 
+from conveyor.client.admin_http import utc_time
 from conveyor.client.cli_options import connect, connection_options, printable, terminal_safe
 from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
@@ -47,18 +47,12 @@ def list_files(
     with connect(url, api_key) as client:
         page = client.files.list(limit, after, order)
     for file in page.data:
-        expires = "-" if file.expires_at is None else _utc(file.expires_at)
+        expires = "-" if file.expires_at is None else utc_time(file.expires_at)
         name = printable(file.filename)
-        click.echo(f"{file.id}  {file.bytes:>10}  {_utc(file.created_at)}  {expires}  {name}")
+        click.echo(f"{file.id}  {file.bytes:>10}  {utc_time(file.created_at)}  {expires}  {name}")
     if page.has_more:  # the order too: without it, the next page went newest first from there
         order_option = " --order asc" if order == "asc" else ""
         click.echo(f"more: --after {page.last_id}{order_option}")
-
-
-def _utc(at: int) -> str:
-    """A file's time as its UTC date and time: files are kept for days (the time of day alone
-    showed a file kept a day as expiring when it was uploaded)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
 
 @command.command("get")
