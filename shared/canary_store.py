@@ -84,8 +84,9 @@ class Canary:
     weight: float = 0.0
     started_at: float = field(default_factory=stamp)
     step_started_at: float = 0.0
-    # The other primaries' weights when last seen with traffic: what a rollback from 100 %
-    # hands the traffic back to, in their ratios (none seen: all to the baseline).
+    # The other primaries' weights before the canary, or when last seen with traffic once an
+    # operator changed their ratios: what a rollback hands the traffic back to (none seen: all
+    # to the baseline).
     others: dict[str, float] = field(default_factory=dict)
     # How long a step may stay short of `min_requests` before it rolls back (a variant whose
     # workers never take a job left its share of users waiting for ever); 0: the default.

@@ -21,7 +21,8 @@ NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def _namespace(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    if value is not None and not NAMESPACE.match(value):
+    # Matched whole: `$` alone matched before a final newline, and `ns\n` rendered.
+    if value is not None and not NAMESPACE.fullmatch(value):
         raise click.BadParameter(
             f"{value!r} is not a Kubernetes namespace (lowercase letters, digits and '-', "
             "at most 63, starting and ending with a letter or digit)"
@@ -42,7 +43,11 @@ def _key_prefix(_ctx: click.Context, _param: click.Parameter, value: str | None)
 
 def _http_url(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     """KEDA's scalers fetch these URLs: a typo would render a trigger that never reads, and a
-    `user:password@` would sit in plain text in the manifest, which is committed."""
+    `user:password@` would sit in plain text in the manifest, which is committed. The endpoint's
+    path goes after the URL as given, so a `?` or `#` in it (an empty one too) would take that
+    path into its query or fragment: KEDA asked for `/` and the pool never scaled. Python's
+    parser drops a line break or a leading space and takes a space in the host; Go's, KEDA's,
+    refuses such a URL."""
     if value is None:
         return value
     if not is_http_url(value):
@@ -52,6 +57,13 @@ def _http_url(_ctx: click.Context, _param: click.Parameter, value: str | None) -
             "carries credentials (user:password@), which would be written into the manifest in "
             "plain text: give the trigger KEDA's authModes and a TriggerAuthentication instead"
         )
+    if "?" in value or "#" in value:  # not echoed: a query may hold a token
+        raise click.BadParameter(
+            "has a query or fragment ('?', '#'): the trigger's path would be appended inside it; "
+            "give the scheme, host, port and path only"
+        )
+    if not value.isprintable() or " " in value:
+        raise click.BadParameter(f"{value!r} holds a space or a control character (write %20)")
     return value
 
 
@@ -131,7 +143,7 @@ def keda(
     target = Path(out) / KEDA_FILE
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        target.write_text(text, encoding="utf-8")  # what kubectl reads, whatever the locale
     except OSError as exc:  # a file where the folder goes, no permission: a traceback before
         raise click.ClickException(f"--out {out}: cannot write {KEDA_FILE} there: {exc}") from exc
     click.echo(f"wrote {target}", err=True)

@@ -40,6 +40,8 @@ TURN_WAIT_S = 5.0  # a decision holds the model's canary lock for milliseconds
 ABORT_TRIES = 3  # an abort whose routes write meets a concurrent change reads them again
 LONGEST_LOOK_S = 6 * 3600.0  # of a step's window read per look, unless its interval is longer
 WEIGHT_SLACK = 1e-6  # percent: live routes that differ by more were changed by someone else
+RATE_DIGITS = 6  # of an error rate, as a decision's numbers show it
+RATIO_SLACK = 1e-9  # of the others' shares: the same ratios, but for the scaling's rounding
 # The traffic lease the look under way decides under: its writes are the leader's, fenced by
 # it. Unset in a start's or an abort's task, whose writes any producer may make.
 _LEASE: ContextVar[LeaderLock | None] = ContextVar("traffic_lease", default=None)
@@ -55,15 +57,17 @@ def numbers(window: Window) -> dict[str, Any]:
     return {
         "requests": window.requests,
         "errors": window.errors,
-        "error_rate": round(window.error_rate, 6),
+        "error_rate": round(window.error_rate, RATE_DIGITS),
         "p99_ms": None if p99 is None else round(p99, 3),
     }
 
 
 def breach(canary: Canary, mine: dict[str, Any], base: dict[str, Any]) -> str | None:
-    """Why the canary must roll back, or None while it stays within its bounds."""
+    """Why the canary must roll back, or None while it stays within its bounds. The excess is
+    rounded as the rates are: unrounded, 7 % over 6 % was 0.010000000000000009, more than a
+    `max_error_rate` of 0.01, and rolled back while 2 % over 1 % held."""
     reference, against = error_reference(canary, base)
-    if mine["error_rate"] - reference > canary.max_error_rate:
+    if round(mine["error_rate"] - reference, RATE_DIGITS) > canary.max_error_rate:
         return (
             f"error rate {mine['error_rate']:.4f} exceeds {against}"
             f" by more than {canary.max_error_rate}"
@@ -397,9 +401,9 @@ class CanaryController:
         again here, it was scaled from and written over. A look's write is fenced by its lease
         in PUT's own step (NotLeading): a check before it left a pause between the two open."""
         current = read if read is not None else await self.live_routes(canary)
-        canary.others = current.served_besides(canary.variant) or canary.others
+        canary.others = _handed_back(canary.others, current.served_besides(canary.variant))
         held = self._servable(canary.model, canary.others) or {canary.baseline: 1}
-        routes = current.with_share(canary.variant, percent, held)
+        routes = _restored(current.with_share(canary.variant, percent, held), held)
         await self.routes.put(
             canary.model, routes, _author(canary), current.version, lease=_LEASE.get()
         )
@@ -446,6 +450,33 @@ def _serves(config: ModelConfig, name: str) -> bool:
     except (UnknownVariant, InvalidRoutes):
         return False
     return True
+
+
+def _handed_back(kept: dict[str, float], seen: dict[str, float]) -> dict[str, float]:
+    """The other primaries' weights a rollback hands traffic back to: `kept`, those they had
+    before the canary, while the live ones, `seen`, are them scaled (each step scales them);
+    `seen` once their ratios changed (an operator's), and `kept` at 100 %, where none is seen."""
+    if not seen:
+        return kept
+    if kept.keys() != seen.keys():
+        return seen
+    kept_total, seen_total = sum(kept.values()), sum(seen.values())
+    scaled = all(
+        abs(seen[name] / seen_total - weight / kept_total) <= RATIO_SLACK
+        for name, weight in kept.items()
+    )
+    return kept if scaled else seen
+
+
+def _restored(routes: Routes, held: dict[str, float]) -> Routes:
+    """`routes` with the others at their `held` weights where those are what the scaling gave
+    them back, but for float rounding: a rollback scaled them from the step's, and 60/40 came
+    back as 60/39.99999999999999, routes no operator had set."""
+    if any(
+        abs(routes.weights.get(name, 0.0) - weight) > WEIGHT_SLACK for name, weight in held.items()
+    ):
+        return routes
+    return Routes(routes.weights | held, routes.shadows, routes.sticky_by, routes.version)
 
 
 def _author(canary: Canary) -> str:

@@ -60,15 +60,21 @@ class CanaryService:
         return await self.show(model)
 
     def _check(self, config: ModelConfig, body: CanaryStart, baseline: str) -> None:
-        for name in (body.variant, baseline):
+        """Refuse a body the canary cannot start from, with a 422 naming the field: a typo in
+        the baseline was told as "model ab has no variant ...", as if it were in the variant."""
+        for field, name in (("variant", body.variant), ("baseline", baseline)):
             try:
                 serving_variant(config, name)  # as the live routes refuse it
             except UnknownVariant as exc:
-                raise ConveyorError(422, "unknown_variant", str(exc)) from None
+                raise ConveyorError(422, "unknown_variant", f"{field}: {exc}") from None
             except InvalidRoutes as exc:
-                raise ConveyorError(422, "invalid_request", str(exc)) from None
+                raise ConveyorError(422, "invalid_request", f"{field}: {exc}") from None
         if body.variant == baseline:
-            raise ConveyorError(422, "invalid_request", "the canary and its baseline are one")
+            message = (
+                f"baseline: the canary and its baseline are one, {baseline}"
+                " (the model's default variant unless `baseline` names another)"
+            )
+            raise ConveyorError(422, "invalid_request", message)
         if any(not 0 < s <= 100 for s in body.steps) or body.steps != sorted(set(body.steps)):
             raise ConveyorError(422, "invalid_request", "steps: ascending percents in (0, 100]")
         if (unmoved := _unmoved(body.steps)) is not None:

@@ -409,12 +409,6 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
-class ErrorChunk(BaseModel):
-    """A streamed job that did not succeed ends with this chunk: OpenAI's clients raise on it."""
-
-    error: dict[str, str]
-
-
 # LangChain's OpenAIEmbeddings sends tiktoken's token ids unless told not to: ids of OpenAI's
 # tokenizer, not the model's, so they are refused rather than embedded as nonsense.
 TEXT_ONLY = (

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
-from producer_api.errors import NO_RETRY, ConveyorError
+from producer_api.errors import NO_RETRY, ConveyorError, OpenAIErrorBody, OpenAIErrorDetail
 from producer_api.jobs.protocol import FieldNames, PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.live_feed import stop_reading, while_holds
@@ -34,12 +34,11 @@ from producer_api.openai.protocol import (
     CompletionChoice,
     CompletionRequest,
     EmbeddingRequest,
-    ErrorChunk,
     Sampling,
     Usage,
 )
 from producer_api.state import ProducerState
-from producer_api.stream_shutdown import MESSAGE, UNREACHABLE, Cut, until_cut
+from producer_api.stream_shutdown import Cut, until_cut
 from producer_api.token_hub import TokenFollower
 from shared.generate_errors import ContextLengthExceeded
 from shared.job_states import JobStatus
@@ -49,9 +48,10 @@ from shared.token_stream import TokenEvent
 
 DONE = "[DONE]"
 SHUTTING_DOWN, QUEUE_UNREACHABLE = "the producer is shutting down", "the queue is unreachable"
-# Why a stream was cut, without the job-events route's advice to resume with Last-Event-ID: an
-# OpenAI route takes none, and posting the request again ran a second job.
-CUT_REASONS = {MESSAGE: SHUTTING_DOWN, UNREACHABLE: QUEUE_UNREACHABLE}
+# What follows why a stream was cut (producer_api/stream_shutdown.py): the job-events route's
+# advice to reconnect, to resume with Last-Event-ID or to retry a refused read. An OpenAI route
+# takes no resume, and posting the request again ran a second job while the first ran on.
+RECONNECT_ADVICE = "; reconnect"
 log = logging.getLogger(__name__)
 # How long a streamed request waits for its job's first event before its stream opens: a job
 # that failed by then (its prompt past the model's context) is answered as the whole request's
@@ -426,17 +426,20 @@ class OpenAIService:
 def _cut(cut: Cut, job_id: str) -> str:
     """A cut stream's error: why, and where the job that runs on is answered (an OpenAI stream
     is not resumed)."""
-    return _runs_on(CUT_REASONS.get(cut.message, cut.message), job_id)
+    return _runs_on(cut.message.partition(RECONNECT_ADVICE)[0], job_id)
 
 
 def _failure_chunk(failure: ConveyorError) -> str:
     """A failed job's error chunk, in OpenAI's shape where its unstreamed answer has it (a
     prompt past the context: `invalid_request_error` naming the field, which OpenAI's SDK reads
-    into its error's `type` and `param`), else Conveyor's."""
+    into its error's `type` and `param`), else Conveyor's type and message in that shape."""
     if (openai := failure.as_openai()) is not None:
         return openai.model_dump_json()
     return _error_chunk(failure.type, failure.message)
 
 
 def _error_chunk(type_: str, message: str) -> str:
-    return ErrorChunk(error={"type": type_, "message": message}).model_dump_json()
+    """Conveyor's error in the fields of OpenAI's error object, `param` and `code` null, as
+    vLLM's server sends a stream's error: a client reading `error["code"]` failed on its
+    absence."""
+    return OpenAIErrorBody(error=OpenAIErrorDetail(message=message, type=type_)).model_dump_json()
