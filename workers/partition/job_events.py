@@ -17,13 +17,18 @@ class JobEvents:
         self.dispatcher = WebhookDispatcher(broker_url)
 
     async def notify(self, written: list[Finish]) -> list[str]:
-        """Hand over the events of the written jobs with webhooks; returns the ids handed
-        over (the rest stay owed)."""
-        return [
-            item.job_id
-            for item in written
-            if item.webhook and await self.send(item.job_id, item.webhook, item.view(), item.tenant)
-        ]
+        """Hand over the events of the written jobs with webhooks, up to the first the broker
+        refuses; returns the ids handed over (the rest stay owed, for the reclaimer to send once
+        overdue). A broker that is down refuses each only after kombu's retries: handed over
+        one by one, the write-back's loop sat out one refusal per job, and logged each."""
+        handed: list[str] = []
+        for item in written:
+            if not item.webhook:
+                continue
+            if not await self.send(item.job_id, item.webhook, item.view(), item.tenant):
+                break
+            handed.append(item.job_id)
+        return handed
 
     async def send(self, job_id: str, url: str, view: dict[str, Any], tenant: str) -> bool:
         """Hand one event of `tenant`'s job to delivery; whether the broker took it. One it

@@ -51,17 +51,22 @@ class _Partition:
         return busy, units, jobs
 
     def measure(self) -> ServiceCost | None:
-        """The smoothed cost after this beat, or None when no work ran since the last one."""
+        """The smoothed cost after this beat, or None when no unit of work was counted since
+        the last one."""
         now = self.counters()
         busy, units, jobs = (a - b for a, b in zip(now, self.seen, strict=True))
-        self.seen = now
         # a generation spans beats: its tokens are those since jobs last finished, not this
         # beat's (a 256-token answer over seven beats counted as the last beat's 30)
         per_job = (now[1] - self.counted) / jobs if jobs > 0 else None
         if jobs > 0:
             self.counted = now[1]
         if units <= 0 or busy <= 0:
+            # busy time with no unit to show for it yet (a prompt's prefill across a beat, a
+            # batch's write-back counted just before its jobs) waits for the units it bought:
+            # dropped, the prefill's seconds were left out of the cost per token
+            self.seen = (*self.seen[:2], now[2])
             return None
+        self.seen = now
         if self.cost is None:
             self.cost = ServiceCost(busy / units, per_job or 0.0)
             return self.cost

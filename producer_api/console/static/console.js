@@ -171,14 +171,21 @@ async function sessionEnded() {
   }
 }
 
+// A hidden page's feed is closed, and opened again when the page is shown: a tab left in the
+// background held its place among its key's open streams (the cap its API clients' event
+// streams share) and a server task for figures no one saw, for as long as it stayed open.
 function follow() {
   const live = document.getElementById("live");
   const page = document.body.dataset.page;
   if (!live || !["overview", "workers", "batches"].includes(page)) return;
   const arrived = watchStaleness(live);
   let wait = REOPEN_MS;
+  let current = null;
+  let reopen = null;
   const open = () => {
+    reopen = null;
     const source = new EventSource("/console/stream");
+    current = source;
     source.addEventListener("summary", (event) => {
       arrived();
       wait = REOPEN_MS;
@@ -191,11 +198,22 @@ function follow() {
         location.assign("/console/login");
         return;
       }
-      setTimeout(open, wait);
+      if (current !== source) return;  // closed meanwhile: the page was hidden
+      reopen = setTimeout(open, wait);
       wait = Math.min(wait * 2, REOPEN_MAX_MS);
     });
   };
-  open();
+  const close = () => {
+    current?.close();
+    current = null;
+    clearTimeout(reopen);
+    reopen = null;
+  };
+  document.addEventListener("visibilitychange", () => {
+    if (document.hidden) close();
+    else if (!current) open();
+  });
+  if (!document.hidden) open();
 }
 
 // An LLM job's page: its tokens as they are generated, then how it ended.
