@@ -233,7 +233,7 @@ class MicroBatchLoop:
         for outcome in calls:
             self.budget.ran(outcome.batch_size, outcome.engine_ms / 1000.0)
         if runnable:
-            log_batch(self.partition.config.name, runnable, outcomes)
+            log_batch(self.partition.config.name, runnable, written)
 
     def _result(self, delivery: Delivery, outcome: Outcome) -> Finish:
         fields = {

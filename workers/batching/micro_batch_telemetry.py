@@ -159,14 +159,22 @@ def record_ended(partition: Partition, deliveries: Iterable[Delivery]) -> None:
             _child(JOBS_FINISHED, *partition.labels, delivery.status).inc()
 
 
-def log_batch(model: str, runnable: list[Delivery], outcomes: list[Outcome]) -> None:
+def log_batch(model: str, runnable: list[Delivery], written: list[Finish]) -> None:
+    """One line per micro-batch: the jobs it ran, how many of them ended failed and how many
+    its write-back did not write (cancelled meanwhile, taken over by another worker, gone).
+    Counted from what the write-back wrote: from the engine's outcomes, a result too large for
+    Redis (failed at the write) read as a success, and a job another worker took over as one
+    this worker finished."""
     entries = [d.entry for d in runnable if d.entry is not None]
+    statuses = {finish.job_id: finish.status for finish in written}
+    ended = [statuses.get(e.job_id) for e in entries]
     log.info(
         "batch finished",
         extra={
             "model": model,
             "job_ids": [e.job_id for e in entries],
             "trace_ids": sorted({t for e in entries if (t := trace_id_of(e.traceparent))}),
-            "failed": sum(1 for o in outcomes if o.error is not None),
+            "failed": ended.count(JobStatus.FAILED),
+            "not_written": ended.count(None),
         },
     )
