@@ -257,10 +257,11 @@ async def test_an_abort_that_meets_a_routes_change_reads_them_again(
 async def test_one_models_failing_canary_does_not_stop_the_others(
     aredis: aioredis.Redis,
 ) -> None:
-    """`aa` has no routes stored (its step raises KeyError): its error used to end the look
+    """`aa`'s stored routes are no JSON (reading them raises): its error used to end the look
     before `ab`, which then never moved."""
     store, routes = CanaryStore(aredis, KEYS), RouteStore(aredis, KEYS)
     await routes.seed(MODEL, Routes({"stable": 100.0, "candidate": 0.0}))
+    await aredis.hset(KEYS.routes("aa"), mapping={"doc": "{not json", "version": 1})
     assert await store.start(replace(_canary(), model="aa"))
     assert await store.start(_canary())
     await _Producer(aredis).look()
@@ -268,6 +269,7 @@ async def test_one_models_failing_canary_does_not_stop_the_others(
     assert moved is not None and (moved.step, moved.weight) == (0, 10.0), moved
     stuck = await store.get("aa")
     assert stuck is not None and (stuck.state, stuck.step) == ("running", -1), stuck
+    await aredis.delete(KEYS.routes("aa"))
 
 
 async def test_a_step_is_judged_on_its_own_requests_only(aredis: aioredis.Redis) -> None:
@@ -312,3 +314,18 @@ async def test_a_refused_webhook_fails_neither_a_start_nor_an_abort(
     canary = await store.get(MODEL)
     assert canary is not None and canary.state == "aborted"
     assert [event["type"] for event in await store.events(MODEL, 10)] == ["started", "aborted"]
+
+
+async def test_a_canary_whose_model_left_with_its_routes_ends_aborted(
+    aredis: aioredis.Redis,
+) -> None:
+    """A model gone from config.yaml (this producer's repository holds none) whose stored routes
+    went too: every look raised KeyError reading them, and the canary ran on for ever."""
+    store = CanaryStore(aredis, KEYS)
+    await aredis.delete(KEYS.routes(MODEL))
+    assert await store.start(_canary())
+    await _Producer(aredis).look()
+    ended = await store.get(MODEL)
+    assert ended is not None and (ended.state, ended.weight) == ("aborted", 0.0), ended
+    [event] = [e for e in await store.events(MODEL, 10) if e["type"] == "aborted"]
+    assert "neither in the model repository nor has stored routes" in event["reason"], event

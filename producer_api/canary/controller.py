@@ -228,7 +228,7 @@ class CanaryController:
             CANARY_STATE.remove(model, variant, state)
 
     async def decide(self, canary: Canary) -> None:
-        if reason := self.unservable(canary):
+        if reason := self.unservable(canary) or await self.unrouted(canary):
             await self.end(canary, "aborted", canary.weight, reason, {})
             return
         if canary.step < 0:
@@ -383,6 +383,17 @@ class CanaryController:
         canary.state, canary.weight = state, weight
         await self.store.save(canary, _LEASE.get())
         await self.announce(canary, state, reason, seen)
+
+    async def unrouted(self, canary: Canary) -> str | None:
+        """Why the canary cannot go on where no routes are left to step: its model gone from
+        config.yaml, and no stored routes for it either (`routes reset`, a Redis restarted
+        without its data). Every look failed on them, twice a second, for ever; the canary's
+        model answered 404, so no abort could end it. None while either holds the model."""
+        if self.repository.get(canary.model) is not None:
+            return None
+        if await self.routes.get_many([canary.model]):
+            return None
+        return f"model {canary.model} is neither in the model repository nor has stored routes"
 
     async def live_routes(self, canary: Canary) -> Routes:
         """The routes producers serve the model with: stored ones they ignore (weight on a
