@@ -1,7 +1,8 @@
 """Who may call the producer: API keys, scopes, tenants and per-key quotas.
 
-A route opts in with one dependency, which authenticates the key, checks the scope, takes a
-rate-limit token and hands the route the caller's `Principal`:
+A route opts in with one dependency, which authenticates the key, takes a rate-limit token
+(the request boundary does both before the body is read), checks the scope and hands the route
+the caller's `Principal`:
 
     from producer_api.auth import Principal, require
 

@@ -1,9 +1,10 @@
 """`require(scope)`: the FastAPI dependency that guards a route. It reads the key from
-`Authorization: Bearer` or `X-API-Key`, verifies it (401), checks the scope (403), takes a
-token from the key's bucket (429 with Retry-After; RateLimit-* headers on every answer) and
+`Authorization: Bearer` or `X-API-Key`, verifies it (401), takes a token from the key's bucket
+(429 with Retry-After; RateLimit-* headers on every answer), checks the scope (403) and
 returns the caller's Principal. The request boundary verifies the key of a request to such a
-route before its body is read (`authenticate_early`), and the dependency takes the principal it
-found. With CONVEYOR_AUTH=disabled every caller is the anonymous principal."""
+route and takes its token before its body is read (`authenticate_early`), and the dependency
+takes the principal it found. With CONVEYOR_AUTH=disabled every caller is the anonymous
+principal."""
 
 from __future__ import annotations
 
@@ -86,10 +87,15 @@ async def authenticate_early(request: Request) -> None:
     """Verify the key of a request to a keyed route before anything reads its body (the request
     boundary): a caller without a valid key is answered 401 whatever its body holds, as OpenAI's
     API, Triton and vLLM answer it, and learns nothing of how a body is validated (JSON that did
-    not parse was a 422 first). The principal waits in the scope for `admitted`."""
+    not parse was a 422 first). Its token is taken here too: taken by the route, a key at its
+    limit still had every body read and parsed (1 MiB of JSON, 100 MiB of upload) before its
+    429, and a body the boundary refused was never counted. The principal waits in the scope
+    for `admitted`."""
     state: ProducerState = request.app.state.conveyor
     presented = _presented(await _BEARER(request), await _HEADER(request))
-    request.scope[PRINCIPAL] = await authenticate(state, presented)
+    principal = await authenticate(state, presented)
+    request.scope[PRINCIPAL] = principal
+    await charge(state, request, principal)
 
 
 async def throttle(state: ProducerState, principal: Principal) -> BucketState | None:
@@ -107,6 +113,14 @@ async def throttle(state: ProducerState, principal: Principal) -> BucketState | 
     return bucket
 
 
+async def charge(state: ProducerState, request: Request, principal: Principal) -> None:
+    """Take the request's token and keep its answer's headers: no-store from the key check on,
+    its 403 and 429 too (a shared cache keeping error answers by URL served one tenant's
+    refusal to the next), then the bucket after the take."""
+    keep(request.scope, None)
+    keep(request.scope, await throttle(state, principal))
+
+
 async def admitted(
     state: ProducerState,
     request: Request,
@@ -114,14 +128,14 @@ async def admitted(
     header: str | None,
     scope: Scope,
 ) -> Principal:
-    """The caller, once its key is verified (401), holds `scope` (403) and got a token from
-    its bucket (429); its answer's head then carries no-store and the bucket's state."""
+    """The caller, once its key is verified (401), got a token from its bucket (429) and holds
+    `scope` (403); its answer's head then carries no-store and the bucket's state."""
     principal: Principal | None = request.scope.get(PRINCIPAL)
     if principal is None:  # a request the boundary did not see
         principal = await authenticate(state, _presented(bearer, header))
+        await charge(state, request, principal)
     if not principal.may(scope):
         raise ConveyorError(403, "forbidden", f"this API key lacks the {scope!r} scope")
-    keep(request.scope, await throttle(state, principal))
     return principal
 
 
