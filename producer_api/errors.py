@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Coroutine
+from email.message import Message as MimeHeader
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -239,9 +240,26 @@ def _where(err: Any) -> str:
     return ".".join(client_named(p) for p in err.get("loc", ()) if p != "body")
 
 
+def read_as_json(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body of this Content-Type as JSON: `application/json` or
+    `application/*+json`, whatever its parameters. A body with none it does not read so (its
+    strict content type), nor a `text/json` one."""
+    if content_type == "application/json":
+        return True
+    if not content_type:
+        return False
+    header = MimeHeader()
+    header["content-type"] = content_type
+    subtype = header.get_content_subtype()
+    return header.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
 def _validation_message(request: Request, exc: RequestValidationError) -> str:
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if _whole_body_refused(exc) and not media_type.endswith(("/json", "+json")):
+    content_type = request.headers.get("content-type")
+    if _whole_body_refused(exc) and not read_as_json(content_type):
+        media_type = (content_type or "").split(";")[0].strip().lower()
         # curl's -d without -H sends application/x-www-form-urlencoded: the JSON is never read
         return (
             "body: send a JSON object with Content-Type: application/json (this request's is "

@@ -12,8 +12,8 @@ from __future__ import annotations
 import inspect
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from email.message import Message as MimeHeader
 from typing import Any
 
 import orjson
@@ -24,7 +24,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer_api.auth.dependencies import authenticate_early, keyed
-from producer_api.errors import error_response
+from producer_api.errors import error_response, read_as_json
 
 # The most (method, path) answers `RequestBoundaryMiddleware._keyed` keeps.
 KEYED_PATHS_KEPT = 4096
@@ -35,6 +35,9 @@ PARSED_JSON = "conveyor.parsed_json"
 NOT_PARSED = object()
 # What a 415 for a body in a content coding names as taken (RFC 9110 12.5.3): the body as is.
 UNCODED = {"Accept-Encoding": "identity"}
+# A 413 leaves the rest of its body unread: on a kept-alive connection uvicorn would go on
+# reading it all (to drop it), so a client sending 1 GB was taken for all of it.
+CLOSE = {"Connection": "close"}
 
 
 class BodyTooLarge(Exception):
@@ -53,20 +56,6 @@ class UnstorableJson(ValueError):
     """A JSON body that parses but holds a value Conveyor cannot store."""
 
 
-def _checked_int(text: str) -> int:
-    value = int(text)
-    if not INT_MIN <= value <= INT_MAX:
-        raise UnstorableJson(f"integer {text[:24]}... does not fit in 64 bits")
-    return value
-
-
-def _checked_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise UnstorableJson(f"number {text[:24]} is not finite")
-    return value
-
-
 def _no_constant(name: str) -> None:
     raise UnstorableJson(f"{name} is not a number JSON allows (numbers must be finite)")
 
@@ -83,30 +72,64 @@ def _check_text(text: str, path: tuple[str | int, ...]) -> None:
             raise UnstorableJson(f"{_where(path)}: a lone surrogate is not valid Unicode") from None
 
 
+def _check_scalar(item: Any, path: tuple[str | int, ...]) -> bool:
+    """Raise UnstorableJson for a string that is not valid Unicode, an integer beyond 64 bits or
+    a number that is not finite; True for a float beyond 64-bit integers."""
+    kind = type(item)
+    if kind is str:
+        _check_text(item, path)
+    elif kind is int and not INT_MIN <= item <= INT_MAX:
+        raise UnstorableJson(f"{_where(path)}: integer {str(item)[:24]}... does not fit in 64 bits")
+    elif kind is float and not abs(item) < -INT_MIN:
+        if not math.isfinite(item):
+            raise UnstorableJson(f"{_where(path)}: number {item} is not finite")
+        return True
+    return False
+
+
+def _items(
+    container: dict[str, Any] | list[Any], path: list[str | int], max_depth: int
+) -> Iterator[tuple[Any, Any]]:
+    """The (key, value) pairs of the container at `path`, once its depth and keys are checked."""
+    if len(path) >= max_depth:
+        raise UnstorableJson(f"{_where(tuple(path))}: nested deeper than {max_depth} levels")
+    if isinstance(container, list):
+        return enumerate(container)
+    if not all(map(str.isascii, container)):
+        for key in container:
+            _check_text(key, tuple(path))
+    return iter(container.items())
+
+
 def check_value(value: Any, max_depth: int) -> bool:
-    """Raise UnstorableJson when a parsed JSON value nests deeper than `max_depth` or holds a
-    string (keys too) that is not valid Unicode. Iterative, so depth costs no recursion. True
-    when it holds a float beyond 64-bit integers: orjson reads an oversized integer as one."""
-    pending: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    """Raise UnstorableJson when a parsed JSON value nests deeper than `max_depth`, or holds a
+    string (keys too) that is not valid Unicode, an integer beyond 64 bits or a number that is
+    not finite. True when it holds a float beyond 64-bit integers: orjson reads an oversized
+    integer as one. Iterative, so depth costs no recursion, and it holds only the containers
+    open and their path: an entry with its own path per value made a 1 MiB array of small
+    values cost 80 MB and most of a second of the event loop."""
+    if not isinstance(value, dict | list):
+        return _check_scalar(value, ())
+    path: list[str | int] = []
+    open_items = [_items(value, path, max_depth)]
     huge = False
-    while pending:
-        item, path = pending.pop()
-        if isinstance(item, str):
-            _check_text(item, path)
-            continue
-        if isinstance(item, float):
-            huge = huge or abs(item) >= -INT_MIN
-            continue
-        if not isinstance(item, dict | list):
-            continue
-        if len(path) >= max_depth:
-            raise UnstorableJson(f"{_where(path)}: nested deeper than {max_depth} levels")
-        if isinstance(item, dict):
-            for key, child in item.items():
-                _check_text(key, path)
-                pending.append((child, (*path, key)))
+    while open_items:
+        for key, item in open_items[-1]:
+            kind = type(item)
+            if kind is dict or kind is list:
+                path.append(key)
+                if item or len(path) >= max_depth:  # an empty one has only its depth to check
+                    open_items.append(_items(item, path, max_depth))
+                    break
+                path.pop()
+                continue
+            fits = (kind is int and INT_MIN <= item <= INT_MAX) or (kind is str and item.isascii())
+            if not fits:  # the common values pass without a call
+                huge = _check_scalar(item, (*path, key)) or huge
         else:
-            pending.extend((child, (*path, index)) for index, child in enumerate(item))
+            open_items.pop()
+            if path:
+                path.pop()
     return huge
 
 
@@ -123,12 +146,7 @@ def parse_json(body: bytes, max_depth: int) -> Any:
 
 def _parse_checked(body: bytes, max_depth: int) -> Any:
     try:
-        value = json.loads(
-            body,
-            parse_int=_checked_int,
-            parse_float=_checked_float,
-            parse_constant=_no_constant,
-        )
+        value = json.loads(body, parse_constant=_no_constant)
     except RecursionError:
         raise UnstorableJson(f"body: nested deeper than {max_depth} levels") from None
     check_value(value, max_depth)
@@ -146,19 +164,12 @@ def _content_coding(headers: Headers) -> str:
 
 
 def _is_json(scope: Scope, raw: str | None, own_format: frozenset[str]) -> bool:
-    """As FastAPI decides from the content type `raw`: none, `application/json` or
-    `application/*+json`; routes in `own_format` (JSONL uploads) parse and check their bodies
-    themselves, line by line."""
+    """As FastAPI decides from the content type `raw` (`read_as_json`): a body it will not parse
+    is left to the route, which refuses it for its type; routes in `own_format` (JSONL uploads)
+    parse and check their bodies themselves, line by line."""
     if scope["path"] in own_format and scope["method"] == "POST":
         return False
-    if raw is None or raw == "application/json":
-        return True
-    header = MimeHeader()
-    header["content-type"] = raw
-    subtype = header.get_content_subtype()
-    return header.get_content_maintype() == "application" and (
-        subtype == "json" or subtype.endswith("+json")
-    )
+    return read_as_json(raw)
 
 
 async def _unauthenticated(scope: Scope) -> Response | None:
@@ -181,8 +192,9 @@ async def _unauthenticated(scope: Scope) -> Response | None:
 
 class RequestBoundaryMiddleware:
     """Verifies the key of a request to a keyed route (else 401, its body unread), reads the
-    whole body (up to its limit, else 413 before anything is parsed), checks a JSON body (else
-    422) and leaves its value in the scope (`PARSED_JSON`), then replays the body to the app;
+    whole body (up to its limit, else 413 before anything is parsed), checks a JSON body to a
+    route (else 422) and leaves its value in the scope (`PARSED_JSON`), then replays the body to
+    the app;
     later `receive` calls (disconnects) pass straight through. A POST to one of `uploads`
     (batch input: OpenAI's accept files of 200 MB and 50,000 lines) is held to `upload_limit`,
     any other body to `limit`, which a job's inputs need."""
@@ -203,67 +215,84 @@ class RequestBoundaryMiddleware:
         self.max_depth = max_depth
         self.own_format = own_format
         self.routes: list[tuple[BaseRoute, bool]] | None = None
-        # (method, path) → whether its route takes a key: a hot route's fixed path (a submit, a
-        # completion) is matched against the routes once, not on every request (4 µs a submit)
-        self.keyed_paths: dict[tuple[str, str], bool] = {}
+        # (method, path) → whether its route takes a key (None: no route): a hot route's fixed
+        # path (a submit, a completion) is matched against the routes once, not on every
+        # request (4 µs a submit)
+        self.keyed_paths: dict[tuple[str, str], bool | None] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self._keyed(scope) and (refusal := await _unauthenticated(scope)):
+        keyed = self._keyed(scope)
+        if keyed and (refusal := await _unauthenticated(scope)):
             await refusal(scope, receive, send)
             return
         # Read as Starlette reads them, so a body is checked whenever FastAPI will parse it: a
         # repeated header's first value (a dict kept the last, and `application/json` then
         # `text/plain` reached the route unchecked).
         headers = Headers(scope=scope)
-        declared = headers.get("content-length", "")  # latin-1 text: "²" is a digit too
         limit = self._limit_of(scope)
         try:
-            if declared.isascii() and declared.isdigit() and int(declared) > limit.max_bytes:
+            if _declares_over(headers.get("content-length", ""), limit.max_bytes):
                 raise BodyTooLarge
             body = await _read(receive, limit.max_bytes)
         except BodyTooLarge:
             message = f"request body exceeds {limit.max_bytes} bytes ({limit.setting})"
-            await error_response(413, "payload_too_large", message)(scope, receive, send)
+            refusal = error_response(413, "payload_too_large", message, CLOSE)
+            await refusal(scope, receive, send)
             return
-        if body and (coded := _content_coding(headers)):
+        # a request no route takes is the router's 404 or 405, whatever its body holds
+        if body and keyed is not None and (refusal := self._refusal(scope, headers, body)):
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    def _refusal(self, scope: Scope, headers: Headers, body: bytes) -> Response | None:
+        """The 415 of a body in a content coding, or the 422 of a JSON body Conveyor cannot
+        store; None for a body the route may take, its JSON value left in the scope."""
+        if coded := _content_coding(headers):
             message = (
                 f"Content-Encoding {coded} is not supported: send the body uncompressed "
                 "(no Content-Encoding)"
             )
-            refusal = error_response(415, "unsupported_media_type", message, UNCODED)
-            await refusal(scope, receive, send)
-            return
-        if body and _is_json(scope, headers.get("content-type"), self.own_format):
+            return error_response(415, "unsupported_media_type", message, UNCODED)
+        if _is_json(scope, headers.get("content-type"), self.own_format):
             try:
                 scope[PARSED_JSON] = parse_json(body, self.max_depth)
             except ValueError as exc:  # UnstorableJson, JSONDecodeError, UnicodeDecodeError
-                message = f"body is not acceptable JSON: {exc}"
-                await error_response(422, "invalid_request", message)(scope, receive, send)
-                return
-        await self.app(scope, _replay(body, receive), send)
+                return error_response(422, "invalid_request", f"body is not acceptable JSON: {exc}")
+        return None
 
-    def _keyed(self, scope: Scope) -> bool:
+    def _keyed(self, scope: Scope) -> bool | None:
         """Whether the route the router will pick for the request (the first whose path and
-        method match) takes an API key. The app's routes are classed at its first request, when
-        every router is included; the answers kept are forgotten past KEYED_PATHS_KEPT (paths
-        holding ids are each new)."""
+        method match) takes an API key; None where no route takes it. The app's routes are
+        classed at its first request, when every router is included; the answers kept are
+        forgotten past KEYED_PATHS_KEPT (paths holding ids are each new)."""
         at = (scope["method"], scope["path"])
-        if (known := self.keyed_paths.get(at)) is not None:
-            return known
+        if at in self.keyed_paths:
+            return self.keyed_paths[at]
         if self.routes is None:
             self.routes = [(route, keyed(route)) for route in scope["app"].routes]
         full = (keys for route, keys in self.routes if route.matches(scope)[0] is Match.FULL)
         if len(self.keyed_paths) >= KEYED_PATHS_KEPT:
             self.keyed_paths.clear()
-        self.keyed_paths[at] = found = next(full, False)
+        self.keyed_paths[at] = found = next(full, None)
         return found
 
     def _limit_of(self, scope: Scope) -> BodyLimit:
         upload = scope["method"] == "POST" and scope["path"] in self.uploads
         return self.upload_limit if upload else self.limit
+
+
+def _declares_over(declared: str, max_bytes: int) -> bool:
+    """Whether a Content-Length declares more than `max_bytes` (latin-1 text: "²" is a digit
+    too). Compared as digits: Python reads no int of over 4,300 of them, and llhttp, uvicorn's
+    parser, takes `000…01` of any length (a 5,000-digit length answered 500)."""
+    if not (declared.isascii() and declared.isdigit()):
+        return False
+    digits, limit = declared.lstrip("0"), str(max_bytes)
+    return (len(digits), digits) > (len(limit), limit)
 
 
 async def _read(receive: Receive, max_bytes: int) -> bytes:
