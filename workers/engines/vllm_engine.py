@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import os
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -71,7 +72,12 @@ class VllmEngine(GenerateEngine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.step_stats = StepStats()
-        self._aborting: dict[str, asyncio.Event] = {}  # by request id, while its chunks flow
+        self._aborting: dict[str, asyncio.Event] = {}  # by request id, while it is in hand
+        # Prompts are tokenised on a thread of their own, as vLLM's server does: on the event
+        # loop a long chat held it for seconds (256 messages of 16000 characters, 5 s here), and
+        # every running job's tokens, cancels and touches waited. One thread: a fast tokenizer
+        # used from two at once can fail ("Already borrowed").
+        self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="vllm-tokenize")
 
     @classmethod
     def around(cls, engine: AsyncLLM, config: ModelConfig, variant: str) -> VllmEngine:
@@ -117,18 +123,26 @@ class VllmEngine(GenerateEngine):
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         """Yield one chunk per engine step that produced text; the last one says why it ended.
 
-        Closing this iterator early (client gone) aborts the request inside vLLM.
+        Closing this iterator early (client gone) aborts the request inside vLLM; so does
+        `abort` while its prompt is still being tokenised (it ends with an "abort" chunk then).
         """
         engine = self._running_engine()
-        prompt_ids = self.prompt_token_ids(request)
-        params = self.sampling_params(request, len(prompt_ids))
-        # vLLM's TokensInput, spelled as a dict so older vLLM (a TokensPrompt) accepts it too
-        engine_input: Any = {"type": "token", "prompt_token_ids": prompt_ids}
-        stream = engine.generate(engine_input, params, request.request_id)
-        chunks = self.chunks(stream, request.request_id, len(prompt_ids))
-        async with contextlib.aclosing(chunks):  # closing them closes (aborts) the stream
-            async for chunk in chunks:
-                yield chunk
+        with self._abortable(request.request_id) as aborted:
+            loop = asyncio.get_running_loop()
+            prompt_ids = await loop.run_in_executor(
+                self._tokenizing, self.prompt_token_ids, request
+            )
+            if aborted.is_set():  # vLLM never had it
+                yield _Tally(len(prompt_ids)).aborted()
+                return
+            params = self.sampling_params(request, len(prompt_ids))
+            # vLLM's TokensInput, spelled as a dict so older vLLM (a TokensPrompt) accepts it too
+            engine_input: Any = {"type": "token", "prompt_token_ids": prompt_ids}
+            stream = engine.generate(engine_input, params, request.request_id)
+            chunks = self.chunks(stream, request.request_id, len(prompt_ids))
+            async with contextlib.aclosing(chunks):  # closing them closes (aborts) the stream
+                async for chunk in chunks:
+                    yield chunk
 
     async def chunks(
         self, stream: AsyncGenerator[Any, None], request_id: str, prompt_tokens: int
@@ -137,9 +151,8 @@ class VllmEngine(GenerateEngine):
         `abort(request_id)` ends them with an "abort" chunk (once): vLLM before its PR #22283
         (August 2025) sent no last output for an aborted request, and its stream waited for
         ever, holding the job's slot and the worker's shutdown."""
-        aborted = self._aborting[request_id] = asyncio.Event()
         tally = _Tally(prompt_tokens)
-        try:
+        with self._abortable(request_id) as aborted:
             async with contextlib.aclosing(stream):
                 async for output in _until_set(stream, aborted):
                     if (chunk := tally.chunk(output)) is not None:
@@ -148,8 +161,18 @@ class VllmEngine(GenerateEngine):
                             return
             if aborted.is_set():
                 yield tally.aborted()
+
+    @contextlib.contextmanager
+    def _abortable(self, request_id: str) -> Iterator[asyncio.Event]:
+        """The event `abort(request_id)` sets, from the request's start (its prompt still being
+        tokenised) to its end: the one its `generate` holds already, else one held for this
+        block."""
+        held = self._aborting.get(request_id)
+        aborted = self._aborting[request_id] = held or asyncio.Event()
+        try:
+            yield aborted
         finally:
-            if self._aborting.get(request_id) is aborted:
+            if held is None and self._aborting.get(request_id) is aborted:
                 del self._aborting[request_id]
 
     async def abort(self, request_id: str) -> None:
@@ -163,6 +186,7 @@ class VllmEngine(GenerateEngine):
         return self._engine is not None and bool(self._engine.errored)
 
     async def close(self) -> None:
+        self._tokenizing.shutdown(wait=False, cancel_futures=True)
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
