@@ -12,15 +12,17 @@ from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from redis.connection import parse_url
 
 from shared.cpu_count import usable_cpus
 from shared.http_url import is_http_url
+from shared.model_repository import NAME_PATTERN
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 VISIBLE_ASCII = "[!-~]"  # a character class: ASCII without spaces or control characters
-PRINTABLE = re.compile(f"^{VISIBLE_ASCII}*$")
+PRINTABLE = re.compile(f"{VISIBLE_ASCII}*")  # fullmatch: `$` let a final newline through
 # `scheme://user:password@`: a URL's userinfo up to its password (a literal `@` in one is %40)
 URL_PASSWORD = re.compile(r"(://[^:/@\s,]*:)[^/@\s,]*@")
 # A token bucket's bounds (shared/rate_limit.py), for the defaults here and a key's own: its
@@ -31,6 +33,16 @@ MAX_BURST = 1_000_000_000
 # Longest wait a thread's or socket's timeout is given (a year): past threading.TIMEOUT_MAX
 # (292 years) Python raises OverflowError, as it did for `inf`; a sum of a few stays below it.
 MAX_TIMEOUT_S = 31_536_000
+# Longest TTL a key is given (a century, a batch's window added on top): past 2^63 ms Redis
+# refuses the EXPIRE, and a TTL that large was accepted, then failed every submit.
+MAX_TTL_S = 3_153_600_000
+# gc.set_threshold takes a C int: a larger one raised OverflowError as the process began to serve.
+MAX_GC_THRESHOLD = 2**31 - 1
+# Settings a refusal names without their value: its line goes to a terminal or a pod's log.
+SECRET_FIELDS = ("dev_api_key", "console_secret", "webhook_secret", "webhook_previous_secret")
+# Values a user writes whole, where surrounding whitespace could only be a mistake (a key prefix
+# and an instance id refuse any, and numbers, booleans and lists ignore it).
+UNTRIMMED_FIELDS = ("model_repository", "artifact_dir", "state_dir", "host", *SECRET_FIELDS)
 
 
 def _default_instance_id() -> str:
@@ -40,8 +52,11 @@ def _default_instance_id() -> str:
 def valid_key_prefix(value: str) -> str:
     """CONVEYOR_KEY_PREFIX's rule, `conveyor render keda --key-prefix`'s too: a brace would move
     every key's hash tag (shared/keys.py), scattering what one script touches over a cluster's
-    slots."""
-    if not PRINTABLE.match(value) or "{" in value or "}" in value:
+    slots. Empty (a script's unset variable) it was no default: a process given it used other
+    keys than its peers, and never saw their jobs."""
+    if not value:
+        raise ValueError("must not be empty: unset it for the default, cv:")
+    if not PRINTABLE.fullmatch(value) or "{" in value or "}" in value:
         raise ValueError("must be printable ASCII without spaces or braces")
     return value
 
@@ -99,10 +114,10 @@ class Settings(BaseSettings):
     # Longest wait on Redis for one command, a connection or a free pooled connection.
     redis_timeout_s: float = Field(default=2.0, gt=0, le=MAX_TIMEOUT_S)
     max_wait_s: float = Field(default=60.0, gt=0)
-    result_ttl_s: int = Field(default=86_400, ge=1)
+    result_ttl_s: int = Field(default=86_400, ge=1, le=MAX_TTL_S)
     # An LLM job's token stream once its final event is written (its text lives on in the
     # job's result); never longer than `result_ttl_s`. While written, it keeps `result_ttl_s`.
-    token_stream_ttl_s: int = Field(default=600, ge=1)
+    token_stream_ttl_s: int = Field(default=600, ge=1, le=MAX_TTL_S)
     log_level: str = "INFO"
 
     # API keys (shared/api_keys.py); `disabled` serves everyone as tenant "default" (local use).
@@ -143,7 +158,7 @@ class Settings(BaseSettings):
     # The secret before a rotation: while set, each delivery is signed with the owner's key from
     # both, so a receiver still holding its old key verifies until it has the new one.
     webhook_previous_secret: str = ""
-    webhook_retry_for_s: float = Field(default=3_600.0, ge=0)
+    webhook_retry_for_s: float = Field(default=3_600.0, ge=0, le=MAX_TTL_S)
     # At most 5 minutes: an attempt's claim lives the timeout and a minute more
     # (workers/webhook_delivery.py), and must lapse before kombu restores a dead worker's
     # attempt (shared/celery_broker.VISIBILITY_TIMEOUT_S, 15 minutes), or that copy finds it
@@ -159,7 +174,7 @@ class Settings(BaseSettings):
     # frozen out of every collection, and young collections every this many net allocations
     # (CPython's default is 700).
     gc_freeze: bool = True
-    gc_young_threshold: int = Field(default=10_000, ge=1)
+    gc_young_threshold: int = Field(default=10_000, ge=1, le=MAX_GC_THRESHOLD)
     # 0 would be BLOCK 0: wait forever, and never notice a stop.
     block_ms: int = Field(default=1_000, ge=1, le=MAX_TIMEOUT_S * 1_000)
     shutdown_grace_s: float = Field(default=30.0, ge=0, le=MAX_TIMEOUT_S)
@@ -215,12 +230,22 @@ class Settings(BaseSettings):
             raise ValueError(f"must not be empty: unset it for the default, or name {meant}")
         return value
 
+    @field_validator(*UNTRIMMED_FIELDS, mode="before")
+    @classmethod
+    def _trimmed(cls, value: object) -> object:
+        """A secret file's final newline (`kubectl create secret --from-file`) was kept: a path or
+        host ending in one named another, a secret was not the one its peers or a webhook's
+        receivers hold, a development key could never be sent. An empty one is `_not_empty`'s."""
+        if isinstance(value, str) and value.strip() and value != value.strip():
+            raise ValueError("must not begin or end with whitespace (a secret file's newline?)")
+        return value
+
     @field_validator("instance_id")
     @classmethod
     def _instance_id(cls, value: str) -> str:
         """It names the producer's Redis connections, and CLIENT SETNAME refuses spaces: every
         connection would fail."""
-        if not value or len(value) > 128 or not PRINTABLE.match(value):
+        if not value or len(value) > 128 or not PRINTABLE.fullmatch(value):
             raise ValueError("must be 1 to 128 printable ASCII characters without spaces")
         return value
 
@@ -243,6 +268,15 @@ class Settings(BaseSettings):
             raise ValueError(f"entry {bad[0]!r} is not http(s)://host[:port][/path-prefix]")
         return entries
 
+    @field_validator("models")
+    @classmethod
+    def _model_selectors(cls, selectors: list[str]) -> list[str]:
+        """A JSON list or a stray colon was taken as a model no repository has, refused only by
+        a worker's bootstep as a traceback, and `model:` served every variant."""
+        if bad := [s for s in selectors if not all(map(NAME_PATTERN.fullmatch, s.split(":", 1)))]:
+            raise ValueError(f"entry {bad[0]!r} is not model or model:variant (comma-separated)")
+        return selectors
+
     @field_validator("models", "webhook_allowlist", "webhook_internal_hosts", mode="before")
     @classmethod
     def _split_lists(cls, value: object) -> object:
@@ -258,6 +292,17 @@ class Settings(BaseSettings):
         if not isinstance(value, str):
             return value
         return [_host_port(part.strip()) for part in value.split(",") if part.strip()]
+
+    @field_validator("redis_cluster_nodes")
+    @classmethod
+    def _nodes_of_a_cluster(
+        cls, nodes: list[tuple[str, int]], info: ValidationInfo
+    ) -> list[tuple[str, int]]:
+        """Only a cluster's client reads them: without CONVEYOR_REDIS_CLUSTER=1 they were
+        ignored in silence, and a single server's client on a cluster's node failed on MOVED."""
+        if nodes and info.data.get("redis_cluster") is False:  # absent when it was refused
+            raise ValueError("names a cluster's nodes: set CONVEYOR_REDIS_CLUSTER=1 with it")
+        return nodes
 
     @field_validator("webhook_internal_hosts")
     @classmethod
@@ -280,11 +325,17 @@ def masked_url(text: str) -> str:
     return URL_PASSWORD.sub(r"\1***@", text)
 
 
+def _shown(error: ErrorDetails) -> str:
+    """The refused value as written, a secret's left out."""
+    return "***" if set(error["loc"]) & set(SECRET_FIELDS) else repr(error["input"])
+
+
 def bad_setting(exc: ValidationError) -> str:
     """A Settings validation error in one line naming each variable, its value and why; a URL's
-    password masked, since the line goes to a terminal or a pod's log."""
+    password masked and a secret's value left out, since the line goes to a terminal or a pod's
+    log."""
     problems = "; ".join(
-        f"CONVEYOR_{'_'.join(map(str, e['loc'])).upper()}={e['input']!r}: {e['msg']}"
+        f"CONVEYOR_{'_'.join(map(str, e['loc'])).upper()}={_shown(e)}: {e['msg']}"
         for e in exc.errors()
     )
     return masked_url(f"bad setting: {problems}")
