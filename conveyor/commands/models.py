@@ -6,7 +6,7 @@ import click
 
 from shared.model_repository import ModelRepository
 from shared.settings import get_settings
-from workers.model_prep import preparer
+from workers.model_prep import MissingSource, preparer
 
 
 @click.group("models")
@@ -42,7 +42,7 @@ def prepare(names: tuple[str, ...], force: bool) -> None:
         click.echo(f"preparing {config.name} → {out_dir}")
         try:
             preparer(config.prepare)(config, out_dir, force)
-        except OSError as exc:  # a folder that cannot be made or written: a traceback before
+        except (OSError, MissingSource) as exc:  # unwritable folder, no package: was a traceback
             raise click.ClickException(
                 f"cannot prepare {config.name} in {out_dir}: {exc}"
             ) from None

