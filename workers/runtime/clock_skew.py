@@ -19,11 +19,13 @@ EVERY_S = 30.0
 
 class ClockSkew:
     """Compares this host's clock with Redis's every `every_s`: one warning when they drift
-    apart by more than SKEW_WARN_S, one line when they agree again."""
+    apart by more than SKEW_WARN_S, another whenever the skew moves that far from the one last
+    told (a failover to a Redis on another host, a clock stepped), one line when they agree
+    again."""
 
     def __init__(self, every_s: float = EVERY_S) -> None:
         self.every_s = every_s
-        self.drifted = False
+        self.told: float | None = None  # the skew the log last warned of, while they disagree
         self._due = 0.0
 
     async def check(self, client: Any) -> float | None:
@@ -35,14 +37,18 @@ class ClockSkew:
         seconds, micros = await client.time()
         after = time.time()
         skew = (before + after) / 2 - (int(seconds) + int(micros) / 1_000_000)
-        drifted = abs(skew) > SKEW_WARN_S + (after - before) / 2
-        if drifted and not self.drifted:
-            log.warning(
-                "this host's clock is %+.1fs off Redis's: jobs' deadlines and queue times are "
-                "judged by it (ahead, they expire early; behind, they run late); check NTP",
-                skew,
-            )
-        elif self.drifted and not drifted:
+        bound_s = SKEW_WARN_S + (after - before) / 2
+        if abs(skew) > bound_s:
+            # a skew that jumped (from ahead to behind, say) made the one told a wrong account
+            if self.told is None or abs(skew - self.told) > bound_s:
+                log.warning(
+                    "this host's clock is %+.1fs off Redis's: jobs' deadlines and queue times "
+                    "are judged by it (ahead, they expire early; behind, they run late); check "
+                    "NTP",
+                    skew,
+                )
+                self.told = skew
+        elif self.told is not None:
             log.warning("this host's clock agrees with Redis's again (%+.3fs)", skew)
-        self.drifted = drifted
+            self.told = None
         return skew

@@ -67,6 +67,16 @@ async def _through_outages(call: Callable[[], Awaitable[object]], what: str) -> 
     await until_done(call, asyncio.Event(), what)
 
 
+class EngineLoadError(RuntimeError):
+    """An engine that failed to load, named with its cause in one line: the worker exits on it
+    with that line, where the engine's own error named neither model nor variant."""
+
+    def __init__(self, model: str, variant: str, cause: Exception) -> None:
+        super().__init__(
+            f"model {model!r}, variant {variant!r} failed to load: {type(cause).__name__}: {cause}"
+        )
+
+
 class PartitionLoop(Protocol):
     @property
     def stopping(self) -> asyncio.Event: ...  # read-only: a loop's may be a Stopping
@@ -193,9 +203,9 @@ class ConsumerRuntime:
         except asyncio.CancelledError:
             log.info("engine load given up: the worker stops")  # only a stop cancels it
         except BaseException as exc:
-            if not self._ready.done():
+            if not self._ready.done():  # the start raises it: a thread's traceback said it twice
                 self._ready.set_exception(exc)
-                raise
+                return
             log.critical(
                 "the consumer stopped on an unexpected error; the worker exits", exc_info=True
             )
@@ -253,13 +263,16 @@ class ConsumerRuntime:
         return MicroBatchLoop(partition, lanes, reader, writer, engine, block_ms)
 
     async def _load_engine(self, config: ModelConfig, variant: str) -> BatchEngine | GenerateEngine:
-        engine = create_engine(config, variant, self.settings.artifact_dir)
-        if isinstance(engine, GenerateEngine):
-            # on this loop: the engine's output handler lives on the loop that serves it
-            await engine.load()
-            await engine.warmup()
-        else:
-            await asyncio.to_thread(engine.load)
-            await asyncio.to_thread(engine.warmup)
+        try:
+            engine = create_engine(config, variant, self.settings.artifact_dir)
+            if isinstance(engine, GenerateEngine):
+                # on this loop: the engine's output handler lives on the loop that serves it
+                await engine.load()
+                await engine.warmup()
+            else:
+                await asyncio.to_thread(engine.load)
+                await asyncio.to_thread(engine.warmup)
+        except Exception as exc:
+            raise EngineLoadError(config.name, variant, exc) from exc
         self._engines.append(engine)
         return engine

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from shared.backlog import ServiceCost
 from shared.keys import Keys
 from shared.metrics import BATCH_SIZE, JOBS_FINISHED
-from shared.model_repository import ModelRepository
+from shared.model_repository import ModelConfigError, ModelRepository
 from shared.redis_client import connect
 from shared.settings import Settings, get_settings
 from shared.worker_registry import HEARTBEAT_S, Heartbeat, WorkerRegistry, WorkerState
@@ -133,7 +133,12 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
         self.beater: _Beater | None = None
 
     def start(self, worker: Any) -> None:
-        self.beater = _Beater(worker, get_settings())
+        try:
+            self.beater = _Beater(worker, get_settings())
+        except ModelConfigError:
+            # nothing to beat for: the stream consumer, next to start, refuses the same
+            # configuration in one line, where this step's error was Celery's traceback
+            return
         self.beater.start()
 
     def stop(self, worker: Any) -> None:

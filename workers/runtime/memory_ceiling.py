@@ -66,7 +66,9 @@ class MemoryCeiling:
 
     async def run(self) -> None:
         while not self.stopping.is_set():
-            used = resident_mib(os.getpid(), self.max_mib)
+            # on a thread: past the summed RSS, the PSS read takes ~10-20 ms a GiB, which held
+            # up the serving loop (a batch's write-back, a stream's tokens) once a second
+            used = await asyncio.to_thread(resident_mib, os.getpid(), self.max_mib)
             if used > self.max_mib:
                 log.warning(
                     "resident memory %.0f MiB (its engines' processes included) passed "

@@ -5,11 +5,15 @@ finish the batch in hand, acknowledge, exit)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import threading
+from types import FrameType
 from typing import Any
 
 from celery import bootsteps
+from celery.platforms import EX_FAILURE
 from celery.worker import state as celery_state
 
 from shared.settings import get_settings
@@ -17,6 +21,8 @@ from workers.runtime.consumer_runtime import ConsumerRuntime
 from workers.runtime.heartbeat import WorkerHeartbeat
 from workers.runtime.memory_ceiling import RECYCLED
 from workers.runtime.metrics_server import MetricsServer
+
+log = logging.getLogger(__name__)
 
 
 class StreamConsumer(bootsteps.StartStopStep):
@@ -28,15 +34,21 @@ class StreamConsumer(bootsteps.StartStopStep):
         self.runtime: ConsumerRuntime | None = None
 
     def start(self, worker: Any) -> None:
-        self.runtime = ConsumerRuntime(
-            get_settings(), on_crash=_exit_worker, on_recycle=_recycle_worker
-        )
+        _exit_on_a_second_sigterm()
         try:  # SIGTERM while the engines load raises WorkerShutdown here, as Celery's loop does
+            self.runtime = ConsumerRuntime(
+                get_settings(), on_crash=_exit_worker, on_recycle=_recycle_worker
+            )
             self.runtime.start(celery_state.maybe_shutdown)
-        except BaseException:
+        except BaseException as exc:
             # Celery stops no step of a worker that did not fully start; the runtime stopped
             # itself, but a load it gave up may still hold a pool thread
             _force_exit(get_settings().forced_exit_margin_s)
+            _leave_registry(worker)
+            if isinstance(exc, Exception):  # not a stop asked for: Celery's WorkerShutdown
+                # Celery's own report of it was two tracebacks with no line that said why
+                log.critical("the worker cannot start: %s", exc)
+                raise SystemExit(EX_FAILURE) from None
             raise
         worker.conveyor_runtime = self.runtime
 
@@ -45,6 +57,35 @@ class StreamConsumer(bootsteps.StartStopStep):
             if not self.runtime.stop():  # its jobs in hand stay pending, for a reclaim
                 _force_exit(get_settings().forced_exit_margin_s)
             self.runtime = None
+
+
+def _exit_on_a_second_sigterm() -> None:
+    """Wrap Celery's SIGTERM handler (set before any step starts) so that a second SIGTERM stops
+    the worker at once, as a second Ctrl-C stops a Celery worker: Celery ignores every SIGTERM
+    after the first, and a drain held up (an engine call that outlasts it) ran out its grace.
+    The jobs in hand stay pending, for a reclaim, as after a kill."""
+    celerys = signal.getsignal(signal.SIGTERM)
+    if not callable(celerys):  # not Celery's: left as it is
+        return
+    asked = False
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        nonlocal asked
+        if asked:
+            log.warning("a second SIGTERM: the worker exits now, its jobs in hand left pending")
+            os._exit(os.EX_SOFTWARE)
+        asked = True
+        celerys(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _leave_registry(worker: Any) -> None:
+    """Stop the heartbeat of a worker whose start failed, so that it leaves the registry as it
+    exits: Celery stops none of its steps then, and it showed as `warming` 10 s more."""
+    for step in worker.steps:
+        if isinstance(step, WorkerHeartbeat):
+            step.stop(worker)
 
 
 def _exit_worker() -> None:
