@@ -3,23 +3,15 @@ decimals the rates are shown in."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from producer_api.canary.controller import breach
-from shared.canary_store import Canary
+from tests.test_canary_rules_unit import CANARY as RULES
 
-CANARY = Canary(
-    model="ab",
-    variant="candidate",
-    baseline="stable",
-    steps=[50, 100],
-    interval_s=30,
-    max_error_rate=0.01,
-    max_p99_ms=750,
-    min_requests=100,
-)
+CANARY = replace(RULES, max_error_rate=0.01)
 
 
 def _numbers(errors: int) -> dict[str, Any]:
