@@ -10,6 +10,7 @@ class ContextLengthExceeded(ValueError):
     routes answer it with 400 as vLLM's does, not as the model failing on the request (422)."""
 
     def __init__(self, prompt_tokens: int, max_model_len: int) -> None:
+        self.prompt_tokens = prompt_tokens  # the job's usage counts them: it read its prompt
         super().__init__(
             f"This model's maximum context length is {max_model_len} tokens. However, your "
             f"prompt contains {prompt_tokens} input tokens, which leaves no room for any output "

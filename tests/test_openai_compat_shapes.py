@@ -168,3 +168,8 @@ def test_a_prompt_past_the_context_is_openais_400_saying_both_lengths(llm: str) 
     assert streamed.json()["error"]["message"].startswith(said), streamed.text
     with pytest.raises(BadRequestError, match="maximum context length"):
         _client(llm).chat.completions.create(model="smollm2", stream=True, **chat)
+    failed = httpx.post(f"{llm}/v1/models/smollm2/predict", json={"inputs": {"prompt": words}})
+    assert failed.status_code == 422, failed.text
+    job_id = failed.json()["error"]["message"].split()[1]  # "job <id> failed: ..."
+    job = httpx.get(f"{llm}/v1/jobs/{job_id}", timeout=30).json()
+    assert job["prompt_tokens"] == 2101, job  # what it read of its prompt: its usage said 0

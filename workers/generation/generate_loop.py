@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 from shared.codec import as_text, dumps
+from shared.generate_errors import ContextLengthExceeded
 from shared.job_states import TERMINAL, JobStatus
 from shared.job_store import now_ms
 from shared.metrics import BATCH_SIZE, GENERATE_BUSY, TOKENS, TPOT, TTFT
@@ -260,6 +261,8 @@ class GenerateLoop:
                 self._engine_died(exc)
             else:
                 job.error = engine_failure(exc)
+                if isinstance(exc, ContextLengthExceeded):  # its usage said 0 prompt tokens
+                    job.prompt_tokens = exc.prompt_tokens
         if job.error:
             log.warning("generation failed", extra={"job_id": job.job_id, "error": job.error})
         self._ended.append(job)
