@@ -55,6 +55,7 @@ class DeadLetter:
             "job_id": self.job_id,
             "reason": self.reason,
             "deliveries": self.deliveries,
+            "died_ms": stream_id(self.dlq_id)[0],  # its DLQ id is stamped as it died
             "lane": self.lane,
         }
         if self.undecodable is not None:
@@ -168,8 +169,15 @@ class DeadLetters:
             letters, rows = await pipe.execute()
         return int(letters), rows[0][0].decode() if rows else ""
 
-    async def every_entry(self) -> list[DeadLetter]:
-        return [letter async for page in self.pages() for letter in page]
+    async def shown(self, letter: DeadLetter) -> dict[str, Any]:
+        """The letter whole (`view`) with its job's `attempt_history` while the job's record is
+        kept (`result_ttl_s` after it failed): each attempt's worker, start, end and how it
+        ended. The letter says only how many deliveries it had, not who ran them or when."""
+        shown = letter.view()
+        record = await self.store.get(letter.job_id) if letter.job_id else None
+        if record is not None:
+            shown["attempt_history"] = record.view(history=True)["attempt_history"]
+        return shown
 
     async def depth(self) -> int:
         letters: int = await self.redis.xlen(self.stream)

@@ -51,6 +51,10 @@ async def _dead_letter(
     return entry.job_id
 
 
+async def _every_letter(letters: DeadLetters) -> list[DeadLetter]:
+    return [letter async for page in letters.pages() for letter in page]
+
+
 def _replayer(client: aioredis.Redis, both_read: asyncio.Barrier) -> DeadLetters:
     """A partition's dead letters, whose replay goes on only once `both_read` is passed: two
     replays at once both read every letter before either removes one."""
@@ -92,7 +96,7 @@ async def test_every_letter_past_the_first_page_is_listed_and_replayed(
     letter by its id when it lay past them."""
     dead = [await _dead_letter(aredis, "t") for _ in range(PAGE * 2 + 100)]
     letters = DeadLetters(JobStore(aredis, KEYS, 60), KEYS, MODEL, VARIANT)
-    every = await letters.every_entry()
+    every = await _every_letter(letters)
     assert [letter.job_id for letter in every] == dead
     assert await letters.depth() == len(dead)
 
@@ -256,7 +260,7 @@ async def test_a_letter_past_its_deadline_is_kept_not_replayed(aredis: aioredis.
     assert (named.replayed, named.kept) == ([], kept)
     replay = await letters.replay()
     assert [old for old, _ in replay.replayed] == [live] and replay.kept == kept
-    assert [letter.job_id for letter in await letters.every_entry()] == [past]
+    assert [letter.job_id for letter in await _every_letter(letters)] == [past]
     assert await aredis.xlen(KEYS.queue(MODEL, VARIANT)) == 1
     assert not await aredis.exists(KEYS.job(replay_job_id(MODEL, VARIANT, past, late.dlq_id)))
 
@@ -300,5 +304,5 @@ async def test_a_letter_its_lane_cannot_start_by_its_deadline_is_kept(
     result = await letters.replay()
     assert [old for old, _ in result.replayed] == [far]
     assert result.kept == [KeptLetter(first.dlq_id, near, DEADLINE_UNMEETABLE)]
-    assert [letter.job_id for letter in await letters.every_entry()] == [near]
+    assert [letter.job_id for letter in await _every_letter(letters)] == [near]
     assert await aredis.xlen(IDLE) == backlog + 1

@@ -5,6 +5,7 @@ through the SDK, with a live progress bar (rate, ETA), then write `FILE.output.j
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,24 +66,38 @@ def write_results(
     """Both files' lines as the server served them (what was absent stays absent, a null a
     null: OpenAI's errors lines carry `id` and `response` null for a line that never ran). A
     file that cannot be written is `failure`, naming the command that writes them elsewhere:
-    it was an OSError traceback."""
-    for path, lines in ((output, results.outputs), (errors, results.errors)):
-        try:
-            path.write_bytes(
-                b"".join(orjson.dumps(o.model_dump(exclude_unset=True)) + b"\n" for o in lines)
-            )
-        except OSError as exc:
-            raise failure(
-                f"cannot write {path}: {exc.strerror or exc}; `conveyor batch results "
-                f"{batch_id} PREFIX` writes them elsewhere"
-            ) from None
+    it was an OSError traceback.
+
+    Each is written whole under a hidden name beside its own, and both are renamed over theirs
+    only then: a write cut short (a full disk, Ctrl-C) left a truncated file that read as the
+    batch's whole results, beside the other file of an earlier run."""
+    drafts: dict[Path, Path] = {}
+    try:
+        for path, lines in ((output, results.outputs), (errors, results.errors)):
+            drafts[path] = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
+            with drafts[path].open("xb") as file:
+                file.writelines(
+                    orjson.dumps(o.model_dump(exclude_unset=True)) + b"\n" for o in lines
+                )
+                os.fsync(file.fileno())
+        for path, draft in drafts.items():
+            draft.replace(path)
+    except OSError as exc:
+        raise failure(
+            f"cannot write {path}: {exc.strerror or exc}; `conveyor batch results "
+            f"{batch_id} PREFIX` writes them elsewhere"
+        ) from None
+    finally:
+        for draft in drafts.values():
+            draft.unlink(missing_ok=True)
 
 
 def _writable(*paths: Path) -> None:
     """Refused before the batch is created: a result file that cannot be written (a folder of
-    its name, a folder without write access) was found only after the whole batch had run."""
+    its name, a folder without write access, where `write_results` makes it) was found only
+    after the whole batch had run."""
     for path in paths:
-        if path.is_dir() or not os.access(path if path.exists() else path.parent, os.W_OK):
+        if path.is_dir() or not os.access(path.parent, os.W_OK):
             message = f"cannot write {path}, where --wait writes its results"
             raise click.BadParameter(message, param_hint="FILE")
 
@@ -149,6 +164,15 @@ def _create_options(create: F) -> F:
     return create
 
 
+def _left_running(batch_id: str) -> str:
+    """What a follow cut short says: the batch runs on, so a Ctrl-C must not lose its results,
+    which the command writes only once it ended (it named only `get`, which shows no line)."""
+    return (
+        f"batch {batch_id} was created and runs on: `conveyor batch get {batch_id}` shows it, "
+        f"`conveyor batch results {batch_id} PREFIX` writes its results once it ended"
+    )
+
+
 @command.command("submit")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_create_options
@@ -166,9 +190,11 @@ def submit(
     api_key: str | None,
 ) -> None:
     """Submit FILE (one `{"custom_id", "body": {...}}` per line); prints the batch id. With
-    --wait, writes FILE.output.jsonl and FILE.errors.jsonl once it ends, and exits 0 if it
-    completed (its failed lines are in the errors file), 1 if it ended otherwise (cancelled,
-    expired, failed), 3 if an error kept it from learning how the batch ended."""
+    --wait, writes X.output.jsonl and X.errors.jsonl beside FILE (X: its name less `.jsonl`),
+    replacing any there, once it ends, and exits 0 if it completed (its failed lines are in the
+    errors file), 1 if it ended otherwise (cancelled, expired, failed), 2 before anything is
+    sent if those files cannot be written, 3 if an error kept it from learning how the batch
+    ended."""
     output, errors = result_paths(file)
     if wait:
         _writable(output, errors)
@@ -184,7 +210,7 @@ def submit(
         if not wait:
             click.echo(batch.id)
             return
-        with runs_on(f"batch {batch.id} was created: `conveyor batch get {batch.id}` shows it"):
+        with runs_on(_left_running(batch.id)):
             batch = follow(client, batch)
         with runs_on(f"`conveyor batch results {batch.id} PREFIX` writes its results"):
             results = client.batches.results(batch.id)
@@ -272,7 +298,8 @@ def cancel(batch_id: str, url: str | None, api_key: str | None) -> None:
 @click.argument("prefix", type=click.Path(dir_okay=False, path_type=Path))
 @connection_options
 def results(batch_id: str, prefix: Path, url: str | None, api_key: str | None) -> None:
-    """Write PREFIX.output.jsonl and PREFIX.errors.jsonl of an ended batch."""
+    """Write PREFIX.output.jsonl and PREFIX.errors.jsonl of an ended batch, replacing any
+    there."""
     output, errors = result_paths(prefix)
     with connect(url, api_key) as client:
         fetched = client.batches.results(batch_id)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 import redis.asyncio as aioredis
 
 from conveyor.local_stack import with_redis
 from producer_api.jobs.queue_eta import QueueEta
-from shared.codec import is_stream_id
+from shared.codec import as_text, is_stream_id
 from shared.dead_letters import (
     DEADLINE_UNMEETABLE,
     QUEUE_FULL,
@@ -38,6 +38,7 @@ def _run(
         keys = Keys(settings.key_prefix)
         store = JobStore(client, keys, settings.result_ttl_s)
         letters = DeadLetters(store, keys, model, variant)
+        await _refuse_another_type(client, letters.stream)
         if not await letters.partition_exists():
             raise click.ClickException(
                 f"no partition {model}:{variant} in this Redis (neither its queue nor its "
@@ -51,6 +52,18 @@ def _run(
         return await action(letters)
 
     return with_redis(on)
+
+
+async def _refuse_another_type(client: aioredis.Redis, stream: str) -> None:
+    """One line naming a DLQ key that is no stream (written by hand, or a prefix another
+    application shares): every command ended with Redis's WRONGTYPE traceback on it, and `show`
+    said its letter was not there."""
+    kind = as_text(await client.type(stream))
+    if kind not in ("stream", "none"):
+        raise click.ClickException(
+            f"{stream} is a {kind}, not a stream: not a dead-letter stream that"
+            " `conveyor dlq` can read (check CONVEYOR_KEY_PREFIX, or what wrote that key)"
+        )
 
 
 async def _admission(
@@ -98,10 +111,17 @@ ids_option = click.option("--id", "ids", multiple=True, help="Only these DLQ ent
 @model_argument
 @variant_option
 def list_letters(model: str, variant: str) -> None:
-    """Print each dead letter: DLQ id, job id, deliveries, reason."""
-    for letter in _run(model, variant, lambda d: d.every_entry()):
-        job_id = letter.job_id or "-"  # an undecodable letter may name none
-        click.echo(f"{letter.dlq_id}\t{job_id}\t{letter.deliveries}\t{letter.reason}")
+    """Print each dead letter, oldest first: DLQ id, job id, deliveries, reason. A page at a
+    time, as it is read: the whole stream, payloads and all, was read before the first line (a
+    DLQ of 100,000 letters held every one in memory at once)."""
+
+    async def echo(letters: DeadLetters) -> None:
+        async for page in letters.pages():
+            for letter in page:
+                job_id = letter.job_id or "-"  # an undecodable letter may name none
+                click.echo(f"{letter.dlq_id}\t{job_id}\t{letter.deliveries}\t{letter.reason}")
+
+    _run(model, variant, echo)
 
 
 @command.command("show")
@@ -109,12 +129,18 @@ def list_letters(model: str, variant: str) -> None:
 @click.argument("dlq_id")
 @variant_option
 def show(model: str, dlq_id: str, variant: str) -> None:
-    """Print one dead letter whole, as JSON: reason, deliveries, lane, tenant, deadline and the
-    job's payload (what it asked)."""
-    found = _run(model, variant, lambda d: d.letters_of([dlq_id]))
-    if not found:
+    """Print one dead letter whole, as JSON: reason, deliveries, when it died, lane, tenant,
+    deadline, the job's payload (what it asked) and, while the job's record is kept, its
+    attempts (each one's worker, start, end and outcome)."""
+
+    async def whole(letters: DeadLetters) -> dict[str, Any] | None:
+        found = await letters.letters_of([dlq_id])
+        return await letters.shown(found[0]) if found else None
+
+    shown = _run(model, variant, whole)
+    if shown is None:
         raise click.ClickException(_absent(f"{model}:{variant}", dlq_id))
-    click.echo(json.dumps(found[0].view(), indent=2))
+    click.echo(json.dumps(shown, indent=2))
 
 
 @command.command("replay")
