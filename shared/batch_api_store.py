@@ -551,7 +551,8 @@ class BatchApiStore(TenantIndexed):
 
     async def release(self, batch_id: str, fields: Mapping[str, str]) -> None:
         """Drop an ended batch's per-partition lists and move it from the active index to the
-        ended one (kept ENDED_KEPT_MS), in one round trip. Idempotent: the sweeper repeats it
+        ended one (kept ENDED_KEPT_MS, the index too: trimmed only as a batch ends, it outlived
+        the last one for ever), in one round trip. Idempotent: the sweeper repeats it
         for a finalizer that died after the commit."""
         now = now_ms()
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -562,6 +563,7 @@ class BatchApiStore(TenantIndexed):
             pipe.zrem(self.keys.batches_active, batch_id)
             pipe.zadd(self.keys.batches_ended, {batch_id: now})
             pipe.zremrangebyscore(self.keys.batches_ended, "-inf", now - ENDED_KEPT_MS)
+            pipe.pexpire(self.keys.batches_ended, ENDED_KEPT_MS)
             await pipe.execute()
 
     async def forget(self, batch_id: str) -> None:

@@ -6,10 +6,16 @@ enqueued once (Lua). Started and stopped by the app's lifespan (`producer_api/ap
 
 from __future__ import annotations
 
+import logging
+
+from redis.exceptions import RedisError
+
 from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.periodic import Periodic
 from shared.batch_api_store import BatchApiStore, BatchStatus, HeldLane, Refresh, held_lanes
 from shared.job_store import now_ms
+
+log = logging.getLogger(__name__)
 
 INTERVAL_S = 1.0
 COMPLETE_AFTER_MS = 10_000
@@ -22,24 +28,37 @@ class BatchApiSweeper:
         self._loop = Periodic("batch sweeper", INTERVAL_S, self.sweep)
 
     async def sweep(self) -> None:
+        """Each batch on its own: one whose keys Redis refuses (in a cluster, its slot's master
+        down) is tried again next sweep, while the others still end and are fed; raised out of
+        the loop, it held back every batch after it and every batch's feeding."""
         now = now_ms()
         held: list[HeldLane] = []
         for batch_id, expires_ms in await self.store.active():
-            # counted first: a batch whose last item finished just before its window ran out,
-            # with nobody looking, completes rather than expiring with every item done
-            progress = await self.progress.refresh(batch_id, window=0)
-            if progress is not None and (ending := _ending_due(progress, expires_ms <= now)):
-                await self.progress.end(batch_id, ending)
-                progress = await self.progress.refresh(batch_id, window=0)
-            if progress is None:
-                await self.store.forget(batch_id)
-            elif _left_by_its_finalizer(progress, now):
-                # Ended, yet still indexed: its finalizer died between the batch's commit and
-                # its webhook's hand-over or the release of its keys in other slots.
-                await self.progress.complete(batch_id, progress)
-            elif _feeds(progress):
-                held.extend(held_lanes(progress.fields))
+            try:
+                held.extend(await self._sweep_one(batch_id, expires_ms <= now, now))
+            except RedisError as exc:
+                log.warning(
+                    "batch %s not swept (%r); next sweep in %.1fs", batch_id, exc, INTERVAL_S
+                )
         await self.progress.feed(held)
+
+    async def _sweep_one(self, batch_id: str, past_window: bool, now: int) -> list[HeldLane]:
+        """Count, end or complete one batch; returns its held lanes to feed."""
+        # counted first: a batch whose last item finished just before its window ran out,
+        # with nobody looking, completes rather than expiring with every item done
+        progress = await self.progress.refresh(batch_id, window=0)
+        if progress is not None and (ending := _ending_due(progress, past_window)):
+            await self.progress.end(batch_id, ending)
+            progress = await self.progress.refresh(batch_id, window=0)
+        if progress is None:
+            await self.store.forget(batch_id)
+        elif _left_by_its_finalizer(progress, now):
+            # Ended, yet still indexed: its finalizer died between the batch's commit and
+            # its webhook's hand-over or the release of its keys in other slots.
+            await self.progress.complete(batch_id, progress)
+        elif _feeds(progress):
+            return held_lanes(progress.fields)
+        return []
 
     def start(self) -> None:
         self._loop.start()
