@@ -228,12 +228,15 @@ local function record_weight(fair, ring, tenant, weight)
 end
 
 -- A tenant left with no job still held (the rest of its list ended while held, or nothing
--- left): its weight leaves the sum, so that no position counts a turn of its in each round.
+-- left): its weight leaves the sum, so that no position counts a turn of its in each round, and
+-- its credit goes, as deficit round robin resets an emptied queue's: kept while its ended jobs'
+-- entries waited for a refill to drop them, it moved the job the tenant sent next turns early.
 local function unweigh(fair, tenant)
   local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM)
-  if not h[1] then return end
-  redis.call('HDEL', fair, 'w:' .. tenant)
-  if h[2] then redis.call('HSET', fair, WSUM, math.max(tonumber(h[2]) - tonumber(h[1]), 0)) end
+  redis.call('HDEL', fair, 'w:' .. tenant, 'd:' .. tenant)
+  if h[1] and h[2] then
+    redis.call('HSET', fair, WSUM, math.max(tonumber(h[2]) - tonumber(h[1]), 0))
+  end
 end
 
 -- Held jobs `ids` of lane `stream` that left its held lists (moved into the stream, dropped):
