@@ -60,8 +60,7 @@ class StagePipeline:
         micro-batch while this one runs; `done` gets its outcomes (job order) when it ends.
         `started`, if given, is called once it holds a slot: the wait for one is a wait for earlier
         micro-batches' write-backs (Redis refusing writes), which no engine time limit counts."""
-        self.raise_failure()
-        await self.slots.acquire()
+        await self._take_slot()
         if started is not None:
             started()
         try:
@@ -72,6 +71,17 @@ class StagePipeline:
         task = asyncio.create_task(self._complete(inputs, prepared, done))
         self.in_flight.add(task)
         task.add_done_callback(self._forget)
+
+    async def _take_slot(self) -> None:
+        """A slot is freed by a micro-batch that failed too (an engine that died, a write-back
+        a stop ended with Redis still refusing it): what it raised is raised once the slot is
+        taken, the slot given back. Run all the same, this micro-batch met the dead engine, or
+        ran past the stop only to have its results refused, its jobs run again elsewhere."""
+        self.raise_failure()
+        await self.slots.acquire()
+        if self.failures:
+            self.slots.release()
+            self.raise_failure()
 
     async def _complete(self, inputs: list[dict[str, Any]], prepared: Any, done: Done) -> None:
         """What a stage or the write-back raises is kept for the loop (`raise_failure`), before

@@ -8,12 +8,16 @@ A small helper process holds the read end of a pipe whose only write end the wor
 kernel closes it when the worker dies, by any signal. End of file with no word from the worker
 means it did not close its engine, and the helper stops the processes it was given (SIGTERM, then
 SIGKILL past `TERM_GRACE_S`), through pidfds opened while they ran, so a pid reused since is
-never hit."""
+never hit. A process the worker forks later (another partition's engine core, a pool process)
+would inherit that write end and hold the pipe open past the worker's death: forked children
+close it at once."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import weakref
 from collections.abc import Collection
 
 # argv: the seconds they get after SIGTERM, then the pids to end (one gone already is skipped).
@@ -38,6 +42,8 @@ if not sys.stdin.buffer.read():
 # What the engine's processes get to stop after SIGTERM (an engine core took 5 to 10 s).
 TERM_GRACE_S = 20.0
 _CLOSED = b"closed"
+# Every reaper whose write end this process holds: a forked child must not hold any.
+_WATCHING: weakref.WeakSet[EngineReaper] = weakref.WeakSet()
 
 
 class EngineReaper:
@@ -46,12 +52,15 @@ class EngineReaper:
     def __init__(self, pids: Collection[int]) -> None:
         # A session of its own: what is sent to the worker's process group (a terminal's Ctrl-C
         # or hangup, a group's SIGTERM) killed the helper, and the worker killed outright after
-        # it left its engine running; only the worker's end may end the helper.
+        # it left its engine running; only the worker's end may end the helper. Unbuffered: a
+        # forked child closes a bare file, which takes no lock a parent's thread held at the fork.
         self._helper = subprocess.Popen(
             [sys.executable, "-c", _HELPER, str(TERM_GRACE_S), *map(str, pids)],
             stdin=subprocess.PIPE,
+            bufsize=0,
             start_new_session=True,
         )
+        _WATCHING.add(self)
 
     @classmethod
     def watching(cls, pids: Collection[int]) -> EngineReaper | None:
@@ -62,3 +71,16 @@ class EngineReaper:
     def release(self) -> None:
         """The engine closed its processes: the helper exits without touching them."""
         self._helper.communicate(_CLOSED)
+
+    def _let_go(self) -> None:
+        """In a forked child: the worker's death must close the pipe, whoever it forked."""
+        if self._helper.stdin is not None:
+            self._helper.stdin.close()
+
+
+def _let_go_in_child() -> None:
+    for reaper in list(_WATCHING):
+        reaper._let_go()
+
+
+os.register_at_fork(after_in_child=_let_go_in_child)
