@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.codec import RequestEntry, is_stream_id, stream_id
+from shared.codec import RequestEntry, as_text, is_stream_id, stream_id
 from shared.job_store import JobStore, QueueFull, TooFarBack, stamp_ms
 from shared.keys import Keys, replay_job_id
 from shared.redis_client import executed
@@ -178,6 +178,19 @@ class DeadLetters:
         if record is not None:
             shown["attempt_history"] = record.view(history=True)["attempt_history"]
         return shown
+
+    async def unreadable(self) -> str | None:
+        """Why the letters cannot be read where their key holds another type than a stream
+        (written by hand, or a prefix another application shares): Redis refuses every read of
+        it with WRONGTYPE, which the CLI answered with a traceback and the console with a 500.
+        None for a stream, or no key."""
+        kind = as_text(await self.redis.type(self.stream))
+        if kind in ("stream", "none"):
+            return None
+        return (
+            f"{self.stream} is a {kind}, not a stream of dead letters (check CONVEYOR_KEY_PREFIX,"
+            " or what wrote that key)"
+        )
 
     async def depth(self) -> int:
         letters: int = await self.redis.xlen(self.stream)

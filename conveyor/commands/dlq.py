@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from conveyor.local_stack import with_redis
 from producer_api.jobs.queue_eta import QueueEta
-from shared.codec import as_text, is_stream_id
+from shared.codec import is_stream_id
 from shared.dead_letters import (
     DEADLINE_UNMEETABLE,
     QUEUE_FULL,
@@ -38,7 +38,8 @@ def _run(
         keys = Keys(settings.key_prefix)
         store = JobStore(client, keys, settings.result_ttl_s)
         letters = DeadLetters(store, keys, model, variant)
-        await _refuse_another_type(client, letters.stream)
+        if refused := await letters.unreadable():
+            raise click.ClickException(refused)
         if not await letters.partition_exists():
             raise click.ClickException(
                 f"no partition {model}:{variant} in this Redis (neither its queue nor its "
@@ -52,18 +53,6 @@ def _run(
         return await action(letters)
 
     return with_redis(on)
-
-
-async def _refuse_another_type(client: aioredis.Redis, stream: str) -> None:
-    """One line naming a DLQ key that is no stream (written by hand, or a prefix another
-    application shares): every command ended with Redis's WRONGTYPE traceback on it, and `show`
-    said its letter was not there."""
-    kind = as_text(await client.type(stream))
-    if kind not in ("stream", "none"):
-        raise click.ClickException(
-            f"{stream} is a {kind}, not a stream: not a dead-letter stream that"
-            " `conveyor dlq` can read (check CONVEYOR_KEY_PREFIX, or what wrote that key)"
-        )
 
 
 async def _admission(

@@ -50,7 +50,7 @@ from producer_api.state import ProducerState, producer_state
 from producer_api.stream_places import take_place
 from producer_api.stream_shutdown import GRACE_S, BoundedEventSource
 from shared.codec import as_text, dumps, is_stream_id
-from shared.dead_letters import DeadLetters
+from shared.dead_letters import DeadLetter, DeadLetters
 from shared.job_store import JobRecord
 
 HERE = Path(__file__).parent
@@ -409,20 +409,31 @@ def _dead_letters(state: ProducerState, current: ConsoleSession, partition: str)
     )
 
 
+async def _readable(state: ProducerState, current: ConsoleSession, partition: str) -> DeadLetters:
+    """`_dead_letters`, 409 where their key is no stream (`DeadLetters.unreadable`)."""
+    letters = _dead_letters(state, current, partition)
+    if refused := await letters.unreadable():
+        raise ConveyorError(409, "conflict", refused)
+    return letters
+
+
 @router.get("/dead-letters")
 async def dead_letters(request: Request, state: State, current: Admin) -> Response:
     """Each partition's oldest LETTERS_SHOWN letters, and how many it holds (the page said
-    200 entries of a partition holding 5,000, whose "Replay all" replays all 5,000)."""
-    partitions = []
+    200 entries of a partition holding 5,000, whose "Replay all" replays all 5,000), or why
+    it cannot read them (`DeadLetters.unreadable`)."""
+    partitions: list[tuple[str, list[DeadLetter], int, str]] = []
     for config in state.repository:
         if not current.principal.may_use(config.name):
             continue
         for variant in config.variants:
             name = f"{config.name}:{variant}"
             letters = _dead_letters(state, current, name)
-            partitions.append(
-                (name, await letters.entries(count=LETTERS_SHOWN), await letters.depth())
-            )
+            if refused := await letters.unreadable():
+                partitions.append((name, [], 0, refused))
+                continue
+            shown = await letters.entries(count=LETTERS_SHOWN)
+            partitions.append((name, shown, await letters.depth(), ""))
     return _page(request, "dead_letters.html", current, partitions=partitions)
 
 
@@ -433,7 +444,7 @@ async def confirm(
     """The confirmation step of replay and discard (a page, so it works without scripts)."""
     if action not in ("replay", "discard"):
         raise ConveyorError(404, "not_found", "no such action")
-    letters = _dead_letters(state, current, partition)
+    letters = await _readable(state, current, partition)
     if entry and not await letters.letters_of([entry]):  # not "Replay 1 dead letter?" for none
         raise ConveyorError(404, "not_found", f"no dead letter {entry!r} in {partition}")
     # "all" is what the operator was shown: a letter that dies before the click stays
@@ -456,7 +467,7 @@ async def act(
     """One letter (`entry`), or all up to the newest the confirmation showed (`upto`; none
     when it showed none)."""
     check_csrf(current, csrf)
-    letters = _dead_letters(state, current, partition)
+    letters = await _readable(state, current, partition)
     ids = [entry] if entry else None
     if ids is None and not is_stream_id(upto):
         ids = []  # the confirmation showed no letter: nothing is acted on
