@@ -7,6 +7,7 @@ slot is taken, and the micro-batch is left pending untouched. On a real Valkey."
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from shared.model_repository import ModelConfig
 from tests.conftest import until_async
 from tests.fault_engine import StagedFaultEngine
 from workers.batching.micro_batch_loop import MicroBatchLoop
+from workers.engines.base import EngineDied
 from workers.partition.finish import Finish
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
@@ -98,3 +100,39 @@ async def test_a_stop_hands_back_the_micro_batch_waiting_for_a_slot(
     for job_id in jobs:
         record = await store.get(job_id)
         assert record is not None and record.status != JobStatus.SUCCEEDED, job_id
+
+
+async def test_a_micro_batch_whose_engine_died_is_watched_no_more(
+    aredis: aioredis.Redis, tmp_path: Path
+) -> None:
+    """A staged micro-batch that failed in the background (its engine died) never reached the
+    write-back that ends its watch: its entries were re-claimed while the worker lived, and its
+    `max_run_s` ran out later, deeming the loop hung (cutting short another's write-back)."""
+    config = ModelConfig.model_validate(
+        {**CONFIG.model_dump(exclude_unset=True), "queue": {"max_run_s": 0.3}}
+    )
+    keys = Keys("r11-died:")
+    partition = Partition.of(keys, config, "default")
+    store = JobStore(aredis, keys, 60)
+    (tmp_path / "poisoned").touch()  # the fault engine's device dies on an item naming a file
+    entry = RequestEntry("dies", {"inputs": {"while": str(tmp_path / "poisoned")}}, now_ms())
+    await store.create(entry, partition.online, {"model": "m", "variant": "default"})
+    reader = StreamReader(aredis, keys, partition.streams, WORKER)
+    await reader.ensure_groups()
+    events = JobEvents("redis://unused")
+    writer = ResultWriter(aredis, keys, 60, events, WORKER)
+    engine = Counted(config, "default", "")
+    engine.load()
+    lanes = LaneScheduler(partition, reader, Reclaimer(aredis, keys, partition, WORKER, 60, events))
+    loop = MicroBatchLoop(partition, lanes, reader, writer, engine, 100)
+    assert loop.stages is not None
+    [(stream, deliveries)] = await reader.wait([partition.online], 1, None)
+    try:
+        await loop.process(stream, deliveries)
+        with pytest.raises(EngineDied):
+            await asyncio.wait_for(loop.stages.drain(), 5)
+        await asyncio.sleep(0.5)  # past its max_run_s
+    finally:
+        loop.stages.close()
+        await writer.close()
+    assert loop.hung is None, loop.hung

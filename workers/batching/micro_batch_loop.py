@@ -181,7 +181,7 @@ class MicroBatchLoop:
                     ]
                 done = partial(self.complete, claimed, span)
                 if self.stages is not None and inputs:  # bounded once it holds a pipeline slot
-                    await self.stages.submit(inputs, done, claimed.watch.started)
+                    await self.stages.submit(inputs, done, claimed.watch)
                     return
                 claimed.watch.started()
                 with stage_span("engine"):

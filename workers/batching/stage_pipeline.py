@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from workers.batching.device_schedule import DeviceSchedule
 from workers.batching.micro_batch_executor import (
@@ -27,6 +27,17 @@ from workers.engines.base import StagedBatchEngine
 
 T = TypeVar("T")
 Done = Callable[[list[Outcome]], Awaitable[None]]
+
+
+class Watch(Protocol):
+    """A micro-batch's watch (`LongRun`): its run bounded from `started`, its entries kept
+    claimed until `end`."""
+
+    def started(self) -> None: ...
+
+    def end(self) -> None: ...
+
+
 # Micro-batches past `prepare` at once: one on the device, one finishing and writing back.
 DEPTH = 2
 
@@ -54,21 +65,22 @@ class StagePipeline:
         self.raise_failure()
 
     async def submit(
-        self, inputs: list[dict[str, Any]], done: Done, started: Callable[[], None] | None = None
+        self, inputs: list[dict[str, Any]], done: Done, watch: Watch | None = None
     ) -> None:
         """Returns once `inputs` is prepared and queued, so the caller reads the next
         micro-batch while this one runs; `done` gets its outcomes (job order) when it ends.
-        `started`, if given, is called once it holds a slot: the wait for one is a wait for earlier
-        micro-batches' write-backs (Redis refusing writes), which no engine time limit counts."""
+        `watch`, if given, is started once it holds a slot (the wait for one is a wait for
+        earlier micro-batches' write-backs, Redis refusing writes, which no engine time limit
+        counts), and ended where the micro-batch fails before `done` has it."""
         await self._take_slot()
-        if started is not None:
-            started()
+        if watch is not None:
+            watch.started()
         try:
             prepared: Any = await self._on(self.host, self.engine.prepare, engine_inputs(inputs))
         except Exception:
             prepared = None  # bad input somewhere: `execute` bisects to the culprit
         self.schedule.given()
-        task = asyncio.create_task(self._complete(inputs, prepared, done))
+        task = asyncio.create_task(self._complete(inputs, prepared, done, watch))
         self.in_flight.add(task)
         task.add_done_callback(self._forget)
 
@@ -83,9 +95,14 @@ class StagePipeline:
             self.slots.release()
             self.raise_failure()
 
-    async def _complete(self, inputs: list[dict[str, Any]], prepared: Any, done: Done) -> None:
+    async def _complete(
+        self, inputs: list[dict[str, Any]], prepared: Any, done: Done, watch: Watch | None
+    ) -> None:
         """What a stage or the write-back raises is kept for the loop (`raise_failure`), before
-        the schedule is told: its wake-up may be the loop's cue to read (`until_wanted`)."""
+        the schedule is told: its wake-up may be the loop's cue to read (`until_wanted`). A
+        micro-batch that failed before its write-back has its watch ended, its entries left
+        pending untouched: watched on, they were re-claimed for as long as the worker lived, and
+        its `max_run_s` ran out later, cutting short another's write-back."""
         outcomes: list[Outcome] | None = None
         try:
             with stage_span("engine"):  # a child of the micro-batch's span: its context's
@@ -97,6 +114,8 @@ class StagePipeline:
                 self.failures.append(exc)
             if outcomes is None:
                 self.schedule.done(None)
+                if watch is not None:
+                    watch.end()
             raise
         finally:
             self.slots.release()
