@@ -21,7 +21,7 @@ from shared.codec import RequestEntry
 from shared.job_store import JobRecord, JobStore, QueueFull, now_ms, stamp_ms
 from shared.keys import Keys, new_job_id
 from shared.metrics import SHADOW_COPIES, SHADOW_PAIRS_DROPPED
-from shared.model_repository import ModelConfig, ModelRepository
+from shared.model_repository import ModelConfig, ModelRepository, QueueLimits
 from shared.routing import Routes
 from shared.shadow_compare import compare
 from shared.shadow_pairs import ShadowPair, ShadowPairs, Totals
@@ -32,8 +32,10 @@ log = logging.getLogger(__name__)
 PAIRS_PER_PAGE = 256
 # A pair still running this long after its submit is dropped uncompared (counted in
 # conveyor_shadow_pairs_dropped_total): past a queue's default max_queue_time_s (10 min), its
-# copy waits in a bulk lane that cannot keep up.
+# copy waits in a bulk lane that cannot keep up. A model whose jobs may wait longer keeps its
+# pairs that much longer (ShadowComparisons._max_age_ms).
 MAX_PAIR_AGE_MS = 15 * 60 * 1000
+DEFAULT_QUEUE_TIME_S: float = QueueLimits.model_fields["max_queue_time_s"].default
 # Copies a producer has in flight at once: each takes two round trips (~1 ms), so the bound
 # only bites while Redis is slow, when the tasks piled up without end, each holding its
 # request's payload and a connection of the producer's pool (64) that requests wait for. Half
@@ -118,31 +120,51 @@ class ShadowComparisons:
         self.stats = stats
         self.repository = repository
         self.budget_s = budget_s
+        self._starts: dict[str, int] = {}  # per model, the rank the next look starts at
 
     async def look(self) -> None:
         """Settle pages of every model's pending pairs, one page per model in turn, until no
         model's page settles anything or `budget_s` is spent (every model gets one page). One
         page a look held settling under ~500 pairs a second: past that, pairs piled up until
-        their jobs' hashes expired."""
+        their jobs' hashes expired. The next look goes on where this one stopped, back at the
+        first page after the last: begun at the first each time, a page of pairs still waiting
+        (a down shadow's) held up every pair behind it for MAX_PAIR_AGE_MS. A model whose page
+        Redis refuses (on a cluster, its jobs' master failing over) is left for this look, and
+        the refusal raised once the others are settled: raised at once, it held them all up."""
         deadline = time.monotonic() + self.budget_s
-        starts = {config.name: 0 for config in self.repository}
+        starts = {config.name: self._starts.get(config.name, 0) for config in self.repository}
+        refused: list[RedisError] = []
         while starts:
             for model, start in list(starts.items()):
-                after = await self.settle(model, start)
+                after = await self._page(model, start, refused)
                 if after is None:
                     del starts[model]
                 else:
                     starts[model] = after
             if time.monotonic() >= deadline:
-                return
+                break
+        if refused:
+            raise refused[0]
 
-    async def settle(self, model: str, start: int) -> int | None:
+    async def _page(self, model: str, start: int, refused: list[RedisError]) -> int | None:
+        """Settle `model`'s page at rank `start` and note where its next look starts. The rank
+        of the page this look reads next, None when it reads no more of the model's: the page
+        settled nothing, was the last, or Redis refused it (the error added to `refused`)."""
+        try:
+            after, settled = await self.settle(model, start)
+        except RedisError as exc:
+            refused.append(exc)
+            return None
+        self._starts[model] = after or 0
+        return after if settled else None
+
+    async def settle(self, model: str, start: int) -> tuple[int | None, bool]:
         """Settle one page of pending pairs, from rank `start`: compare those whose two jobs
         ended, drop those with a side vanished or too old to finish. The rank the next page
-        starts at (past the pairs left waiting), None when there is none worth reading (this
-        page settled nothing, or was the last). A few round trips a page, not three a pair."""
+        starts at (past the pairs left waiting; None after the last page), and whether this
+        page settled any pair. A few round trips a page, not three a pair."""
         page = await self.pairs.pending(model, PAIRS_PER_PAGE, start)
-        ended, dropped = await self._sort(page)
+        ended, dropped = await self._sort(page, now_ms() - self._max_age_ms(model))
         drop = [pair for pair, _ in dropped]
         taken, gone = await self.pairs.take(model, [pair for pair, _, _ in ended], drop=drop)
         for (pair, reason), ours in zip(dropped, gone, strict=True):
@@ -151,20 +173,26 @@ class ShadowComparisons:
         won = [both for both, ours in zip(ended, taken, strict=True) if ours]
         await self._count(model, won)
         waiting = len(page) - len(ended) - len(dropped)
-        if waiting == len(page) or len(page) < PAIRS_PER_PAGE:
-            return None
-        return start + waiting
+        after = None if len(page) < PAIRS_PER_PAGE else start + waiting
+        return after, waiting < len(page)
+
+    def _max_age_ms(self, model: str) -> float:
+        """MAX_PAIR_AGE_MS, plus however much longer than the default the model's copies may
+        wait in their lane: with `max_queue_time_s: 1800` a copy still queued at 15 minutes may
+        run at 29, and its pair was dropped before."""
+        config = self.repository.get(model)
+        longer_s = config.queue.max_queue_time_s - DEFAULT_QUEUE_TIME_S if config else 0.0
+        return MAX_PAIR_AGE_MS + max(0.0, longer_s) * 1000
 
     async def _sort(
-        self, page: list[tuple[ShadowPair, int]]
+        self, page: list[tuple[ShadowPair, int]], oldest: float
     ) -> tuple[list[Ended], list[tuple[ShadowPair, str]]]:
         """The page's pairs whose two jobs ended (with their records), and those to drop with
-        why: a side `vanished` (its hash expired), or `too_old`, older than MAX_PAIR_AGE_MS and
+        why: a side `vanished` (its hash expired), or `too_old`, submitted before `oldest` and
         still running. The rest wait."""
         ids = [job_id for pair, _ in page for job_id in (pair.primary_id, pair.shadow_id)]
         records = await self.jobs.get_many(ids)
         both = zip(records[::2], records[1::2], strict=True)
-        oldest = now_ms() - MAX_PAIR_AGE_MS
         ended: list[Ended] = []
         dropped: list[tuple[ShadowPair, str]] = []
         for (pair, at_ms), (primary, shadow) in zip(page, both, strict=True):
