@@ -59,6 +59,21 @@ class RefusingWriter(ResultWriter):
         raise OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
 
 
+async def _loop(
+    client: aioredis.Redis, keys: Keys, config: ModelConfig, writing: type[ResultWriter]
+) -> tuple[MicroBatchLoop, StreamReader, ResultWriter, Counted]:
+    """A staged micro-batch loop of `config`'s default variant, writing back with `writing`."""
+    partition = Partition.of(keys, config, "default")
+    reader = StreamReader(client, keys, partition.streams, WORKER)
+    await reader.ensure_groups()
+    events = JobEvents("redis://unused")
+    writer = writing(client, keys, 60, events, WORKER)
+    engine = Counted(config, "default", "")
+    engine.load()
+    lanes = LaneScheduler(partition, reader, Reclaimer(client, keys, partition, WORKER, 60, events))
+    return MicroBatchLoop(partition, lanes, reader, writer, engine, 100), reader, writer, engine
+
+
 async def test_a_stop_hands_back_the_micro_batch_waiting_for_a_slot(
     aredis: aioredis.Redis,
 ) -> None:
@@ -67,14 +82,7 @@ async def test_a_stop_hands_back_the_micro_batch_waiting_for_a_slot(
     for job_id in jobs:
         entry = RequestEntry(job_id, {"inputs": {"job": job_id}}, now_ms())
         await store.create(entry, PARTITION.online, {"model": "m", "variant": "default"})
-    reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER)
-    await reader.ensure_groups()
-    events = JobEvents("redis://unused")
-    writer = RefusingWriter(aredis, KEYS, 60, events, WORKER)
-    engine = Counted(CONFIG, "default", "")
-    engine.load()
-    lanes = LaneScheduler(PARTITION, reader, Reclaimer(aredis, KEYS, PARTITION, WORKER, 60, events))
-    loop = MicroBatchLoop(PARTITION, lanes, reader, writer, engine, 100)
+    loop, reader, writer, engine = await _loop(aredis, KEYS, CONFIG, RefusingWriter)
     assert loop.stages is not None
     [(stream, deliveries)] = await reader.wait([PARTITION.online], 3, None)
 
@@ -117,14 +125,7 @@ async def test_a_micro_batch_whose_engine_died_is_watched_no_more(
     (tmp_path / "poisoned").touch()  # the fault engine's device dies on an item naming a file
     entry = RequestEntry("dies", {"inputs": {"while": str(tmp_path / "poisoned")}}, now_ms())
     await store.create(entry, partition.online, {"model": "m", "variant": "default"})
-    reader = StreamReader(aredis, keys, partition.streams, WORKER)
-    await reader.ensure_groups()
-    events = JobEvents("redis://unused")
-    writer = ResultWriter(aredis, keys, 60, events, WORKER)
-    engine = Counted(config, "default", "")
-    engine.load()
-    lanes = LaneScheduler(partition, reader, Reclaimer(aredis, keys, partition, WORKER, 60, events))
-    loop = MicroBatchLoop(partition, lanes, reader, writer, engine, 100)
+    loop, reader, writer, _ = await _loop(aredis, keys, config, ResultWriter)
     assert loop.stages is not None
     [(stream, deliveries)] = await reader.wait([partition.online], 1, None)
     try:
