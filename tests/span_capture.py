@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from httpx import Response
 from opentelemetry import trace
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -36,22 +37,27 @@ def captured_spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExpo
     _EXPORTER.clear()
 
 
-def traced_predict(
-    spans: InMemorySpanExporter, settings: Settings, model: str, body: dict[str, Any]
-) -> tuple[ReadableSpan, Sequence[ReadableSpan]]:
-    """One predict of `model` (200) through an instrumented producer app and a worker runtime
-    serving `settings.models`, both in this process: the request's server span, and every span
-    finished by then."""
+def predict_in_process(settings: Settings, model: str, body: dict[str, Any]) -> Response:
+    """One predict of `model` through an instrumented producer app and a worker runtime serving
+    `settings.models`, both in this process."""
     runtime = ConsumerRuntime(settings)
     runtime.start()
     app = create_app(settings)
     FastAPIInstrumentor.instrument_app(app)
     try:
         with TestClient(app) as client:
-            response = client.post(f"/v1/models/{model}/predict", json=body)
-            assert response.status_code == 200, response.text
+            return client.post(f"/v1/models/{model}/predict", json=body)
     finally:
         runtime.stop()
+
+
+def traced_predict(
+    spans: InMemorySpanExporter, settings: Settings, model: str, body: dict[str, Any]
+) -> tuple[ReadableSpan, Sequence[ReadableSpan]]:
+    """One predict of `model` (200, `predict_in_process`): the request's server span, and every
+    span finished by then."""
+    response = predict_in_process(settings, model, body)
+    assert response.status_code == 200, response.text
     finished = spans.get_finished_spans()
     server = next(s for s in finished if s.name == "POST /v1/models/{model}/predict")
     return server, finished

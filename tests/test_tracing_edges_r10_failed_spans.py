@@ -9,21 +9,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi.testclient import TestClient
-from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from producer_api.app import create_app
 from shared.codec import RequestEntry
 from shared.settings import Settings
 from tests.conftest import REPO_ROOT
-from tests.span_capture import captured_spans  # noqa: F401 (`spans`)
+from tests.span_capture import captured_spans, predict_in_process  # noqa: F401 (`spans`)
 from workers.batching.micro_batch_executor import Outcome
 from workers.batching.micro_batch_telemetry import end_span, record_failures, start_batch_span
 from workers.partition.stream_reader import Delivery
-from workers.runtime.consumer_runtime import ConsumerRuntime
 
 SAMPLED = "00-" + "2" * 32 + "-" + "b" * 16 + "-01"
 
@@ -33,15 +29,7 @@ def failed_predict(
 ) -> tuple[str, Sequence[ReadableSpan]]:
     """One predict of `model` that fails its job: its error's message (which names the job),
     and every span finished then."""
-    runtime = ConsumerRuntime(settings)
-    runtime.start()
-    app = create_app(settings)
-    FastAPIInstrumentor.instrument_app(app)
-    try:
-        with TestClient(app) as client:
-            answer = client.post(f"/v1/models/{model}/predict", json=body)
-    finally:
-        runtime.stop()
+    answer = predict_in_process(settings, model, body)
     assert answer.status_code >= 400, answer.text
     return answer.json()["error"]["message"], spans.get_finished_spans()
 
