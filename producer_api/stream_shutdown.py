@@ -35,9 +35,8 @@ RECONNECT_MS = 1000
 # bound a stalled reader held its stream's task and its place in the token hub (which read its
 # job for it on) until it closed the socket. A client that reads never waits this long for room.
 SEND_TIMEOUT_S = 30.0
-MESSAGE = "the producer is shutting down; reconnect (with Last-Event-ID to resume)"
-UNREACHABLE = "the queue is unreachable; reconnect (with Last-Event-ID to resume)"
-REFUSED = "the queue's Redis refused to read the job's events ({}); reconnect to retry"
+RESUME = "reconnect (with Last-Event-ID to resume)"
+REFUSED = "the queue's Redis refused to read the job's events ({})"
 
 
 class BoundedEventSource(EventSourceResponse):
@@ -58,9 +57,20 @@ class BoundedEventSource(EventSourceResponse):
 
 @dataclass(frozen=True, slots=True)
 class Cut:
-    """A stream ended before its job did, not by the client: `message` says why."""
+    """A stream ended before its job did, not by the client: `reason` says why, `advice` what a
+    job-events client does next (an OpenAI stream takes none: its request, posted again, ran a
+    second job while the first ran on)."""
 
-    message: str
+    reason: str
+    advice: str = RESUME
+
+    @property
+    def message(self) -> str:
+        return f"{self.reason}; {self.advice}"
+
+
+SHUTDOWN = Cut("the producer is shutting down")
+UNREACHABLE = Cut("the queue is unreachable")
 
 
 async def until_shutdown(
@@ -107,11 +117,11 @@ async def until_cut(
                 yield item
     except OUT_OF_REACH as exc:  # a cluster failing over (CLUSTERDOWN) too
         log.info("a stream ends early: redis unavailable (%r)", exc)
-        yield Cut(UNREACHABLE)
+        yield UNREACHABLE
         return
     except RedisError as exc:  # a refusal: the key's (WRONGTYPE), a script's (BUSY)
         log.warning("a stream ends early: redis refused a read (%s)", exc)
-        yield Cut(REFUSED.format(exc))
+        yield Cut(REFUSED.format(exc), "reconnect to retry")
         return
     if shutdown.is_set() and not exhausted.is_set():
-        yield Cut(MESSAGE)
+        yield SHUTDOWN

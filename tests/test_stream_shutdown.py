@@ -40,7 +40,7 @@ from producer_api.events.api_router import server_sent
 from producer_api.events.protocol import JobEvent
 from producer_api.live_feed import while_holds
 from producer_api.reply_listener import ReplyListener
-from producer_api.stream_shutdown import GRACE_S, MESSAGE, UNREACHABLE, Cut, until_cut
+from producer_api.stream_shutdown import GRACE_S, SHUTDOWN, UNREACHABLE, until_cut
 from producer_api.task_cancel import RECANCEL_S, cancel_and_wait
 from shared.api_keys import ApiKeyStore, key_id_of
 from shared.job_store import JobStore
@@ -361,7 +361,7 @@ async def test_a_cluster_failing_over_ends_a_stream_as_an_outage_does() -> None:
 
     assert [event async for event in until_cut(events(), anyio.Event())] == [
         1,
-        Cut(UNREACHABLE),
+        UNREACHABLE,
     ]
 
 
@@ -395,7 +395,7 @@ async def test_a_shutdown_just_after_the_last_event_adds_no_error() -> None:
 
 async def test_a_shutdown_before_the_last_event_still_cuts_the_stream() -> None:
     seen = await _seen_when_shutdown_comes(until_cut, _ending_with("token", ends=False))
-    assert seen == ["token", Cut(MESSAGE)]
+    assert seen == ["token", SHUTDOWN]
 
 
 async def test_no_error_event_follows_a_final_one() -> None:

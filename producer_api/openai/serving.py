@@ -38,7 +38,7 @@ from producer_api.openai.protocol import (
     Usage,
 )
 from producer_api.state import ProducerState
-from producer_api.stream_shutdown import Cut, until_cut
+from producer_api.stream_shutdown import SHUTDOWN, UNREACHABLE, Cut, until_cut
 from producer_api.token_hub import TokenFollower
 from shared.generate_errors import ContextLengthExceeded
 from shared.job_states import JobStatus
@@ -47,11 +47,6 @@ from shared.redis_client import OUT_OF_REACH
 from shared.token_stream import TokenEvent
 
 DONE = "[DONE]"
-SHUTTING_DOWN, QUEUE_UNREACHABLE = "the producer is shutting down", "the queue is unreachable"
-# What follows why a stream was cut (producer_api/stream_shutdown.py): the job-events route's
-# advice to reconnect, to resume with Last-Event-ID or to retry a refused read. An OpenAI route
-# takes no resume, and posting the request again ran a second job while the first ran on.
-RECONNECT_ADVICE = "; reconnect"
 log = logging.getLogger(__name__)
 # How long a streamed request waits for its job's first event before its stream opens: a job
 # that failed by then (its prompt past the model's context) is answered as the whole request's
@@ -219,7 +214,7 @@ def _failed_first(first: asyncio.Future[TokenEvent], renderer: Renderer) -> Conv
     return _failure(event, renderer)
 
 
-def running_on(job_id: str, reason: str = SHUTTING_DOWN) -> ConveyorError:
+def running_on(job_id: str, reason: str = SHUTDOWN.reason) -> ConveyorError:
     """What a request waiting for its whole answer gets once the producer is asked to stop
     (producer_api/draining.py) or Redis stops answering: 503, the job running on, named in it.
     Not to be retried: an OpenAI SDK retries a 503 unless told not to, and each retry ran the
@@ -236,7 +231,7 @@ def awaiting(job_id: str) -> Iterator[None]:
         yield
     except OUT_OF_REACH as exc:
         log.info("an answer's wait ends early: redis unavailable (%r)", exc)
-        raise running_on(job_id, QUEUE_UNREACHABLE) from exc
+        raise running_on(job_id, UNREACHABLE.reason) from exc
 
 
 def _runs_on(reason: str, job_id: str) -> str:
@@ -424,9 +419,9 @@ class OpenAIService:
 
 
 def _cut(cut: Cut, job_id: str) -> str:
-    """A cut stream's error: why, and where the job that runs on is answered (an OpenAI stream
-    is not resumed)."""
-    return _runs_on(cut.message.partition(RECONNECT_ADVICE)[0], job_id)
+    """A cut stream's error: why, without the job-events route's advice (an OpenAI stream is
+    not resumed), and where the job that runs on is answered."""
+    return _runs_on(cut.reason, job_id)
 
 
 def _failure_chunk(failure: ConveyorError) -> str:
