@@ -195,13 +195,28 @@ def segment(value: str) -> str:
     return quoted.replace(".", "%2E") if value in (".", "..") else quoted
 
 
+# The collection of each kind of resource the SDK names by id.
+COLLECTIONS = {"job": "jobs", "file": "files", "batch": "batches"}
+
+
+class At(TypedDict):
+    path: str
+    subject: str
+
+
+def at(kind: str, resource_id: str, rest: str = "") -> At:
+    """A call's `path` to one resource (its id one `segment`, then `rest`) and the `subject` a
+    bare 404 of it names (`job a/b`)."""
+    path = f"/v1/{COLLECTIONS[kind]}/{segment(resource_id)}{rest}"
+    return At(path=path, subject=f"{kind} {resource_id}")
+
+
 def events_call(job_id: str, last_event_id: str | None) -> Call:
     """`GET /v1/jobs/{id}/events`, resumed after `last_event_id` when given. Its timeout is the
     stream's own, well past the server's 15 s pings: the client's (`Client(timeout=10)`) cut a
     quiet job's stream again and again, and StreamError ended it while the job ran on."""
     headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-    path = f"/v1/jobs/{segment(job_id)}/events"
-    return Call("GET", path, headers=headers, timeout=STREAM_TIMEOUT_S, subject=f"job {job_id}")
+    return Call("GET", **at("job", job_id, "/events"), headers=headers, timeout=STREAM_TIMEOUT_S)
 
 
 def submit(
@@ -223,8 +238,7 @@ def submit_call(
 
 def get(job_id: str, attempts: bool = False) -> Op[Job]:
     """`attempts`: with the job's `attempt_history`."""
-    path = f"/v1/jobs/{segment(job_id)}"
-    response = yield Call("GET", path, params=_attempts(attempts), subject=f"job {job_id}")
+    response = yield Call("GET", **at("job", job_id), params=_attempts(attempts))
     return parsed(Job, response)
 
 
@@ -234,12 +248,7 @@ def wait(job_id: str, timeout: float | None, attempts: bool = False) -> Op[Job]:
     while True:
         params = {"wait": _left(deadline, LONG_POLL_S), **_attempts(attempts)}
         response = yield Call(
-            "GET",
-            f"/v1/jobs/{segment(job_id)}",
-            params=params,
-            deadline=deadline,
-            wait_param="wait",
-            subject=f"job {job_id}",
+            "GET", **at("job", job_id), params=params, deadline=deadline, wait_param="wait"
         )
         job = parsed(Job, response)
         if job.done:
@@ -254,8 +263,7 @@ def _attempts(attempts: bool) -> dict[str, str]:
 
 def cancel(job_id: str, deadline: float | None = None) -> Op[Job]:
     """`deadline`: no retry after it."""
-    path = f"/v1/jobs/{segment(job_id)}"
-    call = Call("DELETE", path, deadline=deadline, subject=f"job {job_id}")
+    call = Call("DELETE", **at("job", job_id), deadline=deadline)
     return (yield from _cancel(call, Job, get, job_id))
 
 
@@ -443,8 +451,7 @@ def upload_file(source: bytes, filename: str, expires_after: int | None) -> Op[F
 
 
 def get_file(file_id: str) -> Op[FileObject]:
-    call = Call("GET", f"/v1/files/{segment(file_id)}", subject=f"file {file_id}")
-    return parsed(FileObject, (yield call))
+    return parsed(FileObject, (yield Call("GET", **at("file", file_id))))
 
 
 def list_files(limit: int, after: str | None, order: str) -> Op[FileList]:
@@ -457,8 +464,7 @@ def list_files(limit: int, after: str | None, order: str) -> Op[FileList]:
 def delete_file(file_id: str) -> Op[FileDeleted]:
     """A resend's 404 answers a first try that deleted the file but whose answer was lost (a
     dropped connection): the file is gone, as asked, rather than NotFound."""
-    path = f"/v1/files/{segment(file_id)}"
-    response = yield Call("DELETE", path, resent_to_op=404, subject=f"file {file_id}")
+    response = yield Call("DELETE", **at("file", file_id), resent_to_op=404)
     if response.status_code == 404:
         return FileDeleted(id=file_id, deleted=True)
     return parsed(FileDeleted, response)
@@ -466,15 +472,13 @@ def delete_file(file_id: str) -> Op[FileDeleted]:
 
 def file_content(file_id: str) -> Op[bytes]:
     """An upload's bytes, or an ended batch's output or errors file (JSONL)."""
-    path = f"/v1/files/{segment(file_id)}/content"
-    response = yield Call("GET", path, timeout=600, subject=f"file {file_id}")
+    response = yield Call("GET", **at("file", file_id, "/content"), timeout=600)
     return response.content
 
 
 def get_batch(batch_id: str, deadline: float | None = None) -> Op[Batch]:
     """`deadline`: a wait's (no retry after it)."""
-    path = f"/v1/batches/{segment(batch_id)}"
-    response = yield Call("GET", path, deadline=deadline, subject=f"batch {batch_id}")
+    response = yield Call("GET", **at("batch", batch_id), deadline=deadline)
     return parsed(Batch, response)
 
 
@@ -487,7 +491,7 @@ def list_batches(limit: int, after: str | None) -> Op[BatchList]:
 def cancel_batch(batch_id: str) -> Op[Batch]:
     """Resent after a lost answer, as a job's `cancel` is: the resend finds the batch no longer
     running (409) when the first try cancelled it."""
-    call = Call("POST", f"/v1/batches/{segment(batch_id)}/cancel", subject=f"batch {batch_id}")
+    call = Call("POST", **at("batch", batch_id, "/cancel"))
     return (yield from _cancel(call, Batch, get_batch, batch_id))
 
 
@@ -510,9 +514,8 @@ def wait_batch(
 
 
 def batch_results(batch_id: str) -> Op[BatchResults]:
-    path, subject = f"/v1/batches/{segment(batch_id)}", f"batch {batch_id}"
-    outputs = yield Call("GET", f"{path}/output", timeout=600, subject=subject)
-    errors = yield Call("GET", f"{path}/errors", timeout=600, subject=subject)
+    outputs = yield Call("GET", **at("batch", batch_id, "/output"), timeout=600)
+    errors = yield Call("GET", **at("batch", batch_id, "/errors"), timeout=600)
     return BatchResults(
         outputs=parsed_lines(BatchOutput, outputs), errors=parsed_lines(BatchError, errors)
     )
