@@ -10,6 +10,7 @@ from shared.job_states import lua_transition_table
 from shared.keys import (
     ADDED_SUFFIX,
     DRAINED_SUFFIX,
+    FAIR_PARKED_SUFFIX,
     FAIR_RING_SUFFIX,
     FAIR_SINCE_SUFFIX,
     FAIR_SUFFIX,
@@ -143,6 +144,7 @@ end
 local ADDED, FAIR, RECENT = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}', '{RECENT_SUFFIX}'
 local RECENT_KEPT, RECENT_SLACK = {RECENT_KEPT}, {RECENT_SLACK}
 local FAIR_RING, HELD, MOVED = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}', '{MOVED_FIELD}'
+local PARKED = '{FAIR_PARKED_SUFFIX}'
 local WSUM = 'wsum'  -- the fair hash's sum of the ring's tenants' weights
 local SINCE = '{FAIR_SINCE_SUFFIX}'
 local REFUSED, REFUSED_TTL = '{REFUSED_SUFFIX}', {REFUSED_TTL_S}
@@ -179,22 +181,63 @@ local WHOLE = 1 - 1e-9
   return math.max(tonumber(value) or 1, MIN_WEIGHT)
 end
 
--- A whole turn of the ring moved nothing (weights well below 1, each turn adding a fraction of a
--- credit): the turns deficit round robin would go on spending so, taken at once. Each tenant
--- gains (k - 1) weights, k the fewest turns any of them needs to reach a whole credit, so the
--- next turn of the ring moves what it would have; without this a weight of 0.001 cost a thousand
--- turns of the ring per job moved, all inside one script.
-local function fast_forward(fair, ring)
-  local tenants, credits, weights, k = here('LRANGE', ring, 0, -1) or {}, {}, {}, math.huge
-  for i, tenant in ipairs(tenants) do
-    local h = redis.call('HMGET', fair, 'd:' .. tenant, 'w:' .. tenant)
-    credits[i], weights[i] = tonumber(h[1]) or 0, spent(h[2])
-    k = math.min(k, math.ceil((WHOLE - credits[i]) / weights[i]))
+-- Deficit round robin visits every tenant once a round and adds its weight to its credit; a
+-- tenant of weight 0.001 beside one of weight 1 was visited a thousand times per job it moved,
+-- each visit only adding credit: a TAKE of 8 beside 999 such tenants ran some 48,000 commands.
+-- So the ring counts its rounds (the fair hash's `round`; `lr`, turns left in it: a round ends
+-- once as many turns have ended as the ring held when it began), and a tenant whose turn leaves
+-- it k > 1 rounds short of a whole credit is parked (PARKED, scored by round + k, `p:` the round
+-- it was parked in) rather than sent to the back; `due` is the soonest round any parked tenant
+-- waits for. The round that reaches it puts them back at the head of the ring with the credit
+-- the rounds they missed would have added (`unpark`): a light tenant costs O(log n) per job it
+-- moves, not a visit per round. Returns the round it waits for, or false: it goes to the back
+-- as before (also while the slot migrates and the parked set is not here).
+local function park(stream, fair, tenant, credit, weight, round)
+  local k = math.ceil((WHOLE - credit) / weight)
+  if k <= 1 or not select(2, here('ZADD', stream .. PARKED, round + k, tenant)) then
+    return false
   end
-  if k <= 1 or k == math.huge then return end
-  for i, tenant in ipairs(tenants) do
-    redis.call('HSET', fair, 'd:' .. tenant, credits[i] + (k - 1) * weights[i])
+  redis.call('HSET', fair, 'p:' .. tenant, round)
+  return round + k
+end
+
+-- Parked `tenants` credited for the rounds they missed up to `round` (their own turn in it adds
+-- the weight as any turn's does) and taken off the parked set.
+local function unpark(stream, fair, tenants, round)
+  for _, tenant in ipairs(tenants) do
+    local h = redis.call('HMGET', fair, 'd:' .. tenant, 'w:' .. tenant, 'p:' .. tenant)
+    local missed = math.max(0, round - (tonumber(h[3]) or round) - 1)
+    redis.call('HSET', fair, 'd:' .. tenant, (tonumber(h[1]) or 0) + missed * spent(h[2]))
+    redis.call('HDEL', fair, 'p:' .. tenant)
   end
+  redis.call('ZREM', stream .. PARKED, unpack(tenants))
+end
+
+-- The next round of the ring: tenants parked for it (1,000 a round at most: the rest join the
+-- next) go back at its head, soonest first; with no tenant left in the ring (all parked) it is
+-- the round the soonest waits for, read from the set (`due` may name one that left it). Returns
+-- the round, its turns (the ring's length: `lr`), the new `due` and whether the set was here.
+local function next_round(stream, fair, ring, round, due, empty)
+  local parked = stream .. PARKED
+  round = round + 1
+  if empty then
+    local soonest, served = here('ZRANGE', parked, 0, 0, 'WITHSCORES')
+    if not served then return round, 0, due, false end
+    due = tonumber(soonest[2])
+    if due then round = math.max(round, due) end
+  end
+  if due and due <= round then
+    local tenants, served = here('ZRANGEBYSCORE', parked, '-inf', round, 'LIMIT', 0, 1000)
+    if not served then return round, 0, due, false end
+    if #tenants > 0 then
+      unpark(stream, fair, tenants, round)
+      local reversed = {}
+      for i = #tenants, 1, -1 do reversed[#reversed + 1] = tenants[i] end
+      redis.call('LPUSH', ring, unpack(reversed))
+    end
+    due = tonumber(redis.call('ZRANGE', parked, 0, 0, 'WITHSCORES')[2])
+  end
+  return round, redis.call('LLEN', ring), due, true
 end
 
 -- The recorded weights (`w:`) of the ring's tenants with jobs still held, summed, kept in the
@@ -218,12 +261,19 @@ end
 -- with two keys between their weights, submit by submit (one job sent with its weight-1 key cut
 -- its weight-3 flood to a third); any of its keys may submit, so the highest is the share it
 -- can claim anyway.
-local function record_weight(fair, ring, tenant, weight)
-  local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM)
+-- A parked tenant whose weight rose goes back to the ring's tail, credited for the rounds it
+-- missed: parked for the turns its old weight needed, it would wait them out.
+local function record_weight(stream, tenant, weight)
+  local fair, ring = stream .. FAIR, stream .. FAIR_RING
+  local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM, 'round')
   local old = tonumber(h[1]) or 0
   if weight <= old and h[2] then return end
   weight = math.max(weight, old)
   local sum = (tonumber(h[2]) or ring_weight(fair, ring)) + weight - old
+  if old > 0 and here('ZSCORE', stream .. PARKED, tenant) then
+    unpark(stream, fair, {tenant}, tonumber(h[3]) or 0)
+    redis.call('RPUSH', ring, tenant)
+  end
   redis.call('HSET', fair, 'w:' .. tenant, weight, WSUM, math.max(sum, 0))
 end
 
@@ -233,7 +283,7 @@ end
 -- entries waited for a refill to drop them, it moved the job the tenant sent next turns early.
 local function unweigh(fair, tenant)
   local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM)
-  redis.call('HDEL', fair, 'w:' .. tenant, 'd:' .. tenant)
+  redis.call('HDEL', fair, 'w:' .. tenant, 'd:' .. tenant, 'p:' .. tenant)
   if h[1] and h[2] then
     redis.call('HSET', fair, WSUM, math.max(tonumber(h[2]) - tonumber(h[1]), 0))
   end
@@ -248,14 +298,16 @@ local function unheld(stream, ids)
   end
 end
 
--- A tenant taken off the ring (its held list emptied): its credit and weight go, and its weight
--- leaves the sum, which goes with the ring's last tenant (no float residue outlives the ring),
--- as does the lane's set of held jobs by submit time (nothing stale in it outlives the ring).
+-- A tenant taken off the ring or the parked set (its held list emptied): its credit and weight
+-- go, and its weight leaves the sum, which goes with the lane's last tenant (no float residue
+-- outlives the ring), as does the lane's set of held jobs by submit time (nothing stale in it
+-- outlives the ring).
 local function leave(stream, tenant)
   local fair = stream .. FAIR
-  redis.call('HDEL', fair, 'd:' .. tenant, 'e:' .. tenant)
-  if (here('LLEN', stream .. FAIR_RING) or 0) == 0 then  -- emptied: gone, which a migration
-    redis.call('HDEL', fair, WSUM, 'w:' .. tenant)         -- answers as moved
+  redis.call('HDEL', fair, 'd:' .. tenant, 'e:' .. tenant, 'p:' .. tenant)
+  -- emptied: gone, which a migration answers as moved
+  if (here('LLEN', stream .. FAIR_RING) or 0) + (here('ZCARD', stream .. PARKED) or 0) == 0 then
+    redis.call('HDEL', fair, WSUM, 'w:' .. tenant)
     here('DEL', stream .. SINCE)
   else
     unweigh(fair, tenant)
@@ -276,7 +328,9 @@ end
 -- that a worker blocked on the stream wakes. Entries moved in are committed ahead of any tenant
 -- that comes later, so no more are moved than the next read takes. The tenant at the head of the
 -- ring gets `weight` more credit when its turn starts and moves one entry per credit; a tenant
--- whose list empties leaves the ring (its credit reset), one out of credit goes to the back. A
+-- whose list empties leaves the ring (its credit reset), one out of credit goes to the back, or
+-- is parked until its round if more than one round short of a credit (`park`). A turn cut short
+-- (the stream full) keeps the tenant at the head with its credit and ends no turn. A
 -- moved job gets its `seq` then (it joins the stream now; the lane's counter is read once and
 -- grown once for all the refill moves), and its entry the MOVED field (so a worker that reads it
 -- knows more may be held); a held job no longer queued (cancelled, gone) or moved in already by
@@ -293,22 +347,29 @@ end
 -- a lane whose fair hash is not here moves none.
 local function refill(stream, group, job_prefix, upto)
   local fair, ring, held = stream .. FAIR, stream .. FAIR_RING, stream .. HELD
-  local left = tonumber((here('HGET', fair, 'held'))) or 0
+  local s = here('HMGET', fair, 'held', 'round', 'lr', 'due') or {}
+  local left = tonumber(s[1]) or 0
   if left <= 0 then return end
+  local round, lr, due = tonumber(s[2]) or 0, tonumber(s[3]) or 0, tonumber(s[4])
+  local lr_was = lr
   local room = upto - undelivered(stream, group)
-  local added, moved, idle = nil, 0, 0  -- idle: turns in a row that took nothing off a list
+  local added, moved = nil, 0
   local drops, dropped = 0, nil  -- dropped: the entry dropped last
   local gone = {}  -- ids of the held jobs taken off the lists (moved in or dropped)
   local stalled = false  -- a key the next move needs is not here (see `here`)
   while room > 0 and left > 0 and drops < MAX_DROPS and not stalled do
     local tenant, served = here('LINDEX', ring, 0)
     if not served then break end
-    if not tenant then left = 0; break end
+    if lr <= 0 or not tenant then
+      round, lr, due, served = next_round(stream, fair, ring, round, due, not tenant)
+      if not served then break end
+      tenant = redis.call('LINDEX', ring, 0)
+      if not tenant then left = 0; break end
+    end
     local list = held .. tenant
     local h = redis.call('HMGET', fair, 'd:' .. tenant, 'w:' .. tenant, 'e:' .. tenant)
     local credit, ended = tonumber(h[1]) or 0, tonumber(h[3]) or 0  -- ended: see `live`
     if credit < WHOLE then credit = credit + spent(h[2]) end
-    local before = left
     while credit >= WHOLE and room > 0 and drops < MAX_DROPS do
       local packed
       packed, served = here('LPOP', list)
@@ -359,15 +420,20 @@ local function refill(stream, group, job_prefix, upto)
     if entries == 0 then  -- emptied: gone, which a migration answers as moved
       redis.call('LPOP', ring)
       leave(stream, tenant)
+      lr = lr - 1
     else
       redis.call('HSET', fair, unpack(turn))
+      if credit < WHOLE then  -- the turn ends
+        local parked = park(stream, fair, tenant, credit, spent(h[2]), round)
+        if parked then
+          redis.call('LPOP', ring)
+          due = math.min(due or parked, parked)
+        else
+          redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
+        end
+        lr = lr - 1
+      end
       if entries <= ended then unweigh(fair, tenant) end  -- only ended jobs' entries left
-      if credit < WHOLE then redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT') end
-    end
-    idle = left == before and idle + 1 or 0
-    if idle > 0 and idle >= (here('LLEN', ring) or 0) then
-      fast_forward(fair, ring)
-      idle = 0
     end
   end
   if drops >= MAX_DROPS and moved == 0 and room > 0 and left > 0 then
@@ -375,6 +441,12 @@ local function refill(stream, group, job_prefix, upto)
     moved = 1
   end
   redis.call('HSET', fair, 'held', math.max(left, 0))
+  if lr ~= lr_was or round ~= (tonumber(s[2]) or 0) then
+    redis.call('HSET', fair, 'round', round, 'lr', lr)
+  end
+  if due ~= tonumber(s[4]) then
+    if due then redis.call('HSET', fair, 'due', due) else redis.call('HDEL', fair, 'due') end
+  end
   if moved > 0 then here('INCRBY', stream .. ADDED, moved) end
   unheld(stream, gone)
 end
@@ -410,6 +482,7 @@ local function sweep(stream, job_prefix, tenant)
   unheld(stream, gone)
   if #kept == 0 then
     redis.call('LREM', stream .. FAIR_RING, 0, tenant)
+    redis.call('ZREM', stream .. PARKED, tenant)
     leave(stream, tenant)
   else
     redis.call('HDEL', stream .. FAIR, 'e:' .. tenant)  -- no ended job's entry left
@@ -620,7 +693,7 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   redis.call('EXPIRE', jk, ttl)
   wrote = true
   if not hold then return {1, ahead, value} end
-  record_weight(stream .. FAIR, stream .. FAIR_RING, tenant, weight)
+  record_weight(stream, tenant, weight)
   if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(fields)) == 1 then
     redis.call('RPUSH', stream .. FAIR_RING, tenant)
   end
@@ -985,15 +1058,21 @@ return math.max(0, waiting - (added - tonumber(ARGV[2]) - gone) - 1)
 # What a cluster client loads on every node at start (shared/redis_client.preload): these run in
 # pipelines, where a cluster client does not load a missing script itself.
 # KEYS[1]=a fair lane's stream; ARGV[1]=how many at most. The ids of the jobs it holds back per
-# tenant (msgpack, which only a script reads), tenant by tenant in the ring's order: what the
-# console lists beside the stream's entries, which are only the fair window's.
+# tenant (msgpack, which only a script reads), tenant by tenant in the ring's order, then the
+# parked tenants' by their rounds: what the console lists beside the stream's entries, which are
+# only the fair window's.
 HELD_IDS = (
     f"""
 local FAIR_RING, HELD = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}'
+local PARKED = '{FAIR_PARKED_SUFFIX}'
 """
     + """
 local ids, left = {}, tonumber(ARGV[1])
-for _, tenant in ipairs(redis.call('LRANGE', KEYS[1] .. FAIR_RING, 0, -1)) do
+local tenants = redis.call('LRANGE', KEYS[1] .. FAIR_RING, 0, -1)
+for _, tenant in ipairs(redis.call('ZRANGE', KEYS[1] .. PARKED, 0, -1)) do
+  tenants[#tenants + 1] = tenant
+end
+for _, tenant in ipairs(tenants) do
   if left <= 0 then break end
   for _, packed in ipairs(redis.call('LRANGE', KEYS[1] .. HELD .. tenant, 0, left - 1)) do
     local entry = cmsgpack.unpack(packed)

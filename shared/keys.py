@@ -27,14 +27,18 @@ TAG_LEN = 4  # hex digits of a partition's tag, and so the first characters of i
 CONTROL = "{ctl}"
 # Keys of a fair lane, named after its stream (docs/architecture.md, "Fair queuing"): a hash of
 # counters (`held`, `w:<tenant>` weight, `d:<tenant>` deficit, `e:<tenant>` entries of
-# jobs that ended while held, `wsum` of the weights), the round-robin list of tenants with held
-# jobs, and one list of held entries per tenant (suffix + tenant).
+# jobs that ended while held, `p:<tenant>` the round a tenant was parked in, `wsum` of the
+# weights, `round` and `lr` the ring's round and its turns left, `due` the soonest parked
+# tenant's round), the round-robin list of tenants with held jobs, the tenants parked until
+# their round (a sorted set: light tenants, whose turns between would only add credit), and one
+# list of held entries per tenant (suffix + tenant).
 ADDED_SUFFIX = ":added"
 RECENT_SUFFIX = ":recent"
 RECENT_KEPT = 1_000  # what the console may list of a lane
 RECENT_SLACK = 1_000  # how far past that a lane's list grows before it is trimmed back
 FAIR_SUFFIX = ":fair"
 FAIR_RING_SUFFIX = ":fair:ring"
+FAIR_PARKED_SUFFIX = ":fair:parked"
 HELD_SUFFIX = ":held:"
 # The ids of jobs that ended while the lane held them (a set): they left the `held` count then,
 # and refill, dropping their entries later, must not count them off again. Kept with the lane,
@@ -175,6 +179,11 @@ class Keys:
     def fair_ring(self, stream: str) -> str:
         """Tenants of a fair lane with held jobs, in round-robin order (list)."""
         return f"{stream}{FAIR_RING_SUFFIX}"
+
+    def fair_parked(self, stream: str) -> str:
+        """Tenants of a fair lane parked out of its ring, each scored by the round of its next
+        turn that moves a job (sorted set)."""
+        return f"{stream}{FAIR_PARKED_SUFFIX}"
 
     def held(self, stream: str, tenant: str) -> str:
         """One tenant's jobs held back from a fair lane's stream, oldest first (list of packed
