@@ -34,6 +34,7 @@ import redis.asyncio as aioredis
 from shared.codec import as_text
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
+from shared.partition_stats import held_count
 from shared.redis_client import executed
 
 COST_TTL_S = 7 * 86_400  # a removed model's measurement goes; a pool idle for a week re-measures
@@ -140,7 +141,7 @@ READS = 5
 def backlog_from(config: ModelConfig, variant: str, replies: Sequence[Any]) -> Backlog:
     """The backlog from the READS replies `queue_backlog_read` asked for."""
     online, online_held, bulk, bulk_held, cost = replies
-    entries = int(online) + int(online_held or 0) + int(bulk) + int(bulk_held or 0)
+    entries = int(online) + held_count(online_held) + int(bulk) + held_count(bulk_held)
     return backlog_of(config, variant, entries, cost or {})
 
 

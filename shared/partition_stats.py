@@ -147,7 +147,7 @@ def _applied(partition: PartitionStats, replies: list[Any]) -> bool:
     for lane in (partition.online, partition.bulk):
         _apply_group(lane, next(results))
         lane.length = _int(next(results))
-        lane.held = _number(next(results))
+        lane.held = held_count(next(results))
         lane.lag = max(0, lane.length - lane.pending) + lane.held
         lane.length += lane.held
     partition.dlq_depth = _int(next(results))
@@ -192,8 +192,11 @@ async def _replies(pipe: Any) -> list[Any]:
     return replies
 
 
-# A WRONGTYPE refusal, as a command answers it or as a script that met it raises it
-_WRONG_TYPE = re.compile(r"(user_script:\d+: )?WRONGTYPE")
+# A WRONGTYPE refusal, as a command answers it, as a script that met it raises it, or as a
+# blocking client's pipeline raises it (its command named first)
+_WRONG_TYPE = re.compile(
+    r"(Command # \d+ \(.*\) of pipeline caused error: )?(user_script:\d+: )?WRONGTYPE"
+)
 
 
 def _no_such_key(error: RedisError) -> bool:
@@ -203,7 +206,8 @@ def _no_such_key(error: RedisError) -> bool:
 def wrong_type(reply: Any) -> bool:
     """Whether a reply is a key's refusal for holding another type (an operator's slip), which
     leaves its partition out of a read of them all rather than failing the read; a script's
-    (`OLDEST` reading a lane's held jobs) comes prefixed with the script's line."""
+    (`OLDEST` reading a lane's held jobs) comes prefixed with the script's line, and one a
+    blocking pipeline raised (the local autoscaler's backlog read) with its command."""
     return type(reply) is ResponseError and _WRONG_TYPE.match(str(reply)) is not None
 
 
@@ -211,6 +215,8 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) else 0
 
 
-def _number(value: Any) -> int:
-    """A counter read with HGET; none (a lane without fair queuing yet) reads as 0."""
-    return int(value) if isinstance(value, bytes | str) else 0
+def held_count(value: Any) -> int:
+    """A fair lane's `held` as HGET read it; none (a lane without fair queuing yet) reads as 0,
+    and so does one below 0 (a count drifted, which the fair lane's scripts clamp as they next
+    write it): added in, it hid as many queued jobs from the length, the lag and the backlog."""
+    return max(0, int(value)) if isinstance(value, bytes | str) else 0

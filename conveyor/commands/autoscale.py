@@ -19,6 +19,7 @@ from conveyor.stack import ChildNotReady, Stack
 from conveyor.state_dir_lock import state_dir_lock
 from shared.keys import Keys
 from shared.model_repository import ModelConfigError, ModelRepository
+from shared.partition_stats import wrong_type
 from shared.redis_client import OUT_OF_REACH, WRITES_REFUSED, topology_read
 from shared.settings import get_settings
 
@@ -83,6 +84,10 @@ def _release_leases(scalers: list[PoolScaler], client: redis.Redis) -> None:
         click.echo(f"leases left to lapse: redis unavailable ({exc})", err=True)
     except WRITES_REFUSED as exc:  # it ended the stop before the workers were drained
         click.echo(f"leases left to lapse: redis refuses writes ({exc})", err=True)
+    except redis.ResponseError as exc:  # a lease of another type (an operator's slip) too
+        if not wrong_type(exc):
+            raise
+        click.echo(f"leases left to lapse: a key of another type ({exc})", err=True)
 
 
 def _tick(scaler: PoolScaler, client: redis.Redis, now: float | None = None) -> None:
@@ -90,7 +95,8 @@ def _tick(scaler: PoolScaler, client: redis.Redis, now: float | None = None) -> 
     the next (as KEDA does): it stopped the autoscaler, and with it every worker it had started.
     A cluster's count too: one failing over (CLUSTERDOWN), one no node answers
     (ClusterUnreachable). So does a Redis that refuses writes (at its maxmemory with
-    noeviction, a failover's old master): the lease's renewal is a write."""
+    noeviction, a failover's old master): the lease's renewal is a write. And a key of the pool
+    of another type (an operator's slip), which the producer's queue state leaves out too."""
     try:
         with topology_read():
             count = scaler.tick(client, now)
@@ -99,6 +105,11 @@ def _tick(scaler: PoolScaler, client: redis.Redis, now: float | None = None) -> 
         return
     except WRITES_REFUSED as exc:
         click.echo(f"{scaler.name}: redis refuses writes ({exc}); replicas kept", err=True)
+        return
+    except redis.ResponseError as exc:  # one pool's slip ended the autoscaler, every pool's too
+        if not wrong_type(exc):
+            raise
+        click.echo(f"{scaler.name}: a key of another type ({exc}); replicas kept", err=True)
         return
     # it ended the autoscaler with a traceback, every worker too
     except (ChildNotReady, WorkerNotSpawned) as exc:
