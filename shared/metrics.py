@@ -4,7 +4,7 @@ Both processes import this one module; a family only appears in a process's scra
 process has observed it. Several producer processes sharing one port (`conveyor up --producers
 N`) keep their metrics in PROMETHEUS_MULTIPROC_DIR, so a scrape of any of them answers for all
 (producer_api/metrics): counters and histograms are summed, gauges read from Redis are the most
-recent any of them set, and a gauge of each process's own state keeps a series per live process
+recent any live one set, and a gauge of each process's own state keeps a series per live process
 (`pid` label). The modes are ignored elsewhere (a worker, a lone producer)."""
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ BATCH_BUCKETS = tuple(2**n for n in range((MAX_JOBS_PER_READ - 1).bit_length() +
 # A request may hold its connection up to 600 s (a long-poll's `wait`, a predict's `timeout`):
 # topped at 60 s, every quantile of those routes read 60.
 HTTP_BUCKETS = (*LATENCY_BUCKETS, 120, 300, 600)
-# Gauges under several producer processes (see above): one value, the latest any of them read
-# from Redis; or a series per live process, for what each applies itself.
+# Gauges under several producer processes (see above): one value, the latest a live one set;
+# or a series per live process, for what each applies itself.
 MULTIPROC_DIR: Final = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable
-FROM_REDIS: Final = "mostrecent"
+# A dead process's values are dropped (`remove` cannot clear a value another process's file
+# holds): a dead canary leader's, and what one read from Redis, which for a model taken out of
+# config.yaml before it came back no live process reads again, and stayed at its last values.
+LATEST_LIVE: Final = "livemostrecent"
 OWN: Final = "liveall"
-# What the canary leader shows: the latest value of a live process (a dead leader's is dropped;
-# `remove` cannot clear a value another process's file holds).
-LEADERS: Final = "livemostrecent"
 
 JOBS_SUBMITTED = Counter(
     "conveyor_jobs_submitted", "Jobs accepted by the producer", (*PARTITION, "lane")
@@ -84,32 +84,32 @@ PARTITION_LAG = Gauge(
     "conveyor_partition_lag",
     "Entries not yet delivered",
     (*PARTITION, "lane"),
-    multiprocess_mode=FROM_REDIS,
+    multiprocess_mode=LATEST_LIVE,
 )
 PARTITION_PENDING = Gauge(
     "conveyor_partition_pending",
     "Entries delivered, not yet acknowledged",
     (*PARTITION, "lane"),
-    multiprocess_mode=FROM_REDIS,
+    multiprocess_mode=LATEST_LIVE,
 )
-DLQ_DEPTH = Gauge("conveyor_dlq_depth", "Dead letters", PARTITION, multiprocess_mode=FROM_REDIS)
+DLQ_DEPTH = Gauge("conveyor_dlq_depth", "Dead letters", PARTITION, multiprocess_mode=LATEST_LIVE)
 BACKLOG_SECONDS = Gauge(
     "conveyor_backlog_seconds",
     "Seconds one replica needs for the partition's queued and running work",
     PARTITION,
-    multiprocess_mode=FROM_REDIS,
+    multiprocess_mode=LATEST_LIVE,
 )
 BACKLOG_SCALING_SECONDS = Gauge(
     "conveyor_backlog_scaling_seconds",
     "The backlog seconds a pool scales on: at most target_s per job (a job runs on one replica)",
     PARTITION,
-    multiprocess_mode=FROM_REDIS,
+    multiprocess_mode=LATEST_LIVE,
 )
 OLDEST_AGE = Gauge(
     "conveyor_oldest_queued_age_seconds",
     "Age of the oldest undelivered entry",
     (*PARTITION, "lane"),
-    multiprocess_mode=FROM_REDIS,
+    multiprocess_mode=LATEST_LIVE,
 )
 
 HTTP_REQUESTS = Counter("conveyor_http_requests", "HTTP requests", ("method", "route", "status"))
@@ -139,11 +139,11 @@ CANARY_WEIGHT = Gauge(
     "conveyor_canary_weight",
     "Percent of traffic on a canary",
     PARTITION,
-    multiprocess_mode=LEADERS,
+    multiprocess_mode=LATEST_LIVE,
 )
 CANARY_STATE = Gauge(
     "conveyor_canary_state",
     "1 for the canary's current state",
     (*PARTITION, "state"),
-    multiprocess_mode=LEADERS,
+    multiprocess_mode=LATEST_LIVE,
 )

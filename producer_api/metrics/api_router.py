@@ -17,8 +17,10 @@ import os
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+from fastapi import APIRouter, Depends, Path, Request
+from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.responses import Response
@@ -77,20 +79,26 @@ async def _refresh_gauges(state: ProducerState) -> None:
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics(state: Annotated[ProducerState, Depends(producer_state)]) -> Response:
+async def metrics(
+    request: Request, state: Annotated[ProducerState, Depends(producer_state)]
+) -> Response:
+    """In the format the scraper's Accept asks for: OpenMetrics, which Prometheus asks for
+    first, or the text format (where each counter's and histogram's `_created` is a gauge
+    series of its own)."""
     with contextlib.suppress(*_UNREAD):
         async with asyncio.timeout(READ_TIMEOUT_S):
             await _refresh_gauges(state)
-    return Response(_exposition(), media_type=CONTENT_TYPE_LATEST)
+    encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+    return Response(encoder(_registry()), media_type=content_type)
 
 
-def _exposition() -> bytes:
+def _registry() -> Collector:
     """Every producer process's metrics when they share a directory, else this one's."""
     if MULTIPROC_DIR not in os.environ:
-        return generate_latest()
+        return REGISTRY
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    return generate_latest(registry)
+    return registry
 
 
 @router.get("/metrics/backlog/{model}/{variant}", include_in_schema=False)

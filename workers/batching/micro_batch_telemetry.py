@@ -136,7 +136,10 @@ def record_batch(
         created = int(finish.context["created"])
         if "queue_wait_ms" in finish.fields:
             queue_wait.observe(float(finish.fields["queue_wait_ms"]) / 1e3)
-        e2e.observe((int(finish.fields["finished"]) - created) / 1e3)
+        # never below 0, as the queue wait: the end is stamped on the worker's clock, the submit
+        # on the producer's, and a producer's clock ahead took from the histogram's `_sum`,
+        # which `rate()` reads as a reset
+        e2e.observe(max(0, int(finish.fields["finished"]) - created) / 1e3)
     engine_time = _child(ENGINE_TIME, model, variant)
     batch_size = _child(BATCH_SIZE, model, variant)
     for outcome in calls:

@@ -211,11 +211,13 @@ class RunningJob:
 
     @property
     def ttft_ms(self) -> float | None:
-        """Submit to first token: what the client waits, queue wait included."""
+        """Submit to first token: what the client waits, queue wait included. Never below 0: the
+        first token is stamped on the worker's clock, the submit on the producer's, and a
+        producer's clock ahead took from the TTFT histogram's `_sum` (`rate()` reads a reset)."""
         entry = self.delivery.entry
         if not self.first_token_ms or entry is None:
             return None
-        return round(self.first_token_ms - entry.enqueued_ms, 3)
+        return round(max(0, self.first_token_ms - entry.enqueued_ms), 3)
 
     @property
     def tpot_ms(self) -> float | None:

@@ -12,7 +12,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from celery import bootsteps
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import REGISTRY
+from prometheus_client.exposition import choose_encoder
 
 from shared.settings import get_settings
 
@@ -49,10 +50,12 @@ def _handler(worker: Any) -> type[BaseHTTPRequestHandler]:
         head_only = False  # this request is a HEAD: the headers GET would send, no body
 
         def do_GET(self) -> None:
-            """By path alone: a scrape job's `params:` add a query string, which read 404."""
+            """By path alone: a scrape job's `params:` add a query string, which read 404.
+            Metrics in the format the Accept asks for: OpenMetrics, or the text format."""
             path = urlsplit(self.path).path
             if path == "/metrics":
-                self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)
+                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+                self._reply(200, encoder(REGISTRY), content_type)
             elif path == "/healthz":
                 runtime = getattr(worker, "conveyor_runtime", None)
                 alive = runtime is not None and runtime.alive
