@@ -61,7 +61,8 @@ class ReplyListener:
         self.keys = keys
         self.producer = producer
         self.jobs = jobs
-        self._waiters: dict[str, set[asyncio.Future[dict[str, Any]]]] = defaultdict(set)
+        # each job's waiters, with when each registered (`_idle`)
+        self._waiters: dict[str, dict[asyncio.Future[dict[str, Any]], float]] = defaultdict(dict)
         self._nodes: dict[Node, aioredis.client.PubSub] = {}
         self._channels: dict[str, Node] = {}
         self._made = 0  # subscriptions made so far: see `follow`
@@ -121,7 +122,7 @@ class ReplyListener:
         submitted here); without, the caller follows the channel its job names once it knows
         the job exists (a poll of an unknown id subscribed a channel)."""
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._waiters[job_id].add(future)
+        self._waiters[job_id][future] = future.get_loop().time()
         try:
             if follow:
                 await self.follow(self.channel(job_id), self._made)
@@ -133,7 +134,7 @@ class ReplyListener:
     def unregister(self, job_id: str, future: asyncio.Future[dict[str, Any]]) -> None:
         waiters = self._waiters.get(job_id)
         if waiters is not None:
-            waiters.discard(future)
+            waiters.pop(future, None)
             if not waiters:
                 del self._waiters[job_id]
 
@@ -223,16 +224,23 @@ class ReplyListener:
         return self._channels.get(channel) == node
 
     def _idle(self, node: Node) -> list[str]:
-        """Other producers' channels on `node` followed last `IDLE_S` ago or more, on whose
-        partitions nothing waits (a long-poll registers its waiter before it follows)."""
+        """Other producers' channels on `node` followed last `IDLE_S` ago or more, and not
+        since a waiter of their partition registered: a long-poll registers its waiter before
+        it follows, so a waiter that registered after a channel's last follow waits on another
+        (or follows this one again, subscribing it anew). Any waiter on the partition kept a
+        channel: under steady traffic one always waits, and every channel of every peer that
+        ever restarted was kept."""
         now = asyncio.get_running_loop().time()
-        waited = {job_tag(job_id) for job_id in self._waiters}
+        first: dict[str, float] = {}  # each waited partition's earliest registration
+        for job_id, waiters in self._waiters.items():
+            tag = job_tag(job_id)
+            first[tag] = min([first.get(tag, now), *waiters.values()])
         return [
             channel
             for channel, used in self._used.items()
             if now - used >= IDLE_S
             and self._channels.get(channel) == node
-            and _hash_tag(channel) not in waited
+            and used < first.get(_hash_tag(channel), now)
         ]
 
     async def _sweep(self, node: Node, pubsub: aioredis.client.PubSub) -> None:

@@ -255,9 +255,9 @@ def _hand(queue: asyncio.Queue[Delivery], delivery: Rows | StreamUnreadable) -> 
 
 class TokenFollower:
     """Follows one job's token stream from where the client left off: what already exists is
-    read directly, live entries come from the hub; as it opens, and whenever nothing came for
-    `block_ms`, a look at the job hash ends a stream whose job ended without a final event
-    (cancelled while queued, expired).
+    read directly, a page at a time, live entries come from the hub; as it opens, and whenever
+    nothing came for `block_ms`, a look at the job hash ends a stream whose job ended without a
+    final event (cancelled while queued, expired).
 
     A final ends the stream only as its last word. A worker appends it before FINISH writes the
     job's result; one that died in between left a final the hash never confirms, and a rerun's
@@ -281,20 +281,24 @@ class TokenFollower:
             if not over:  # a job over already ends at once, not after `block_ms`
                 events = await self._read(key, after)
             held: TokenEvent | None = None  # a final not known yet to be the stream's last word
+            fresh = False  # what was read ends with a final not looked into yet
             wait_s = block_s
             while True:
-                fresh = False  # what was read ends with a final not looked into yet
                 for event in events:
                     if stream_id(event.id) <= stream_id(after):
                         continue  # the hub's read and ours overlap
                     after, held, fresh = event.id, event if event.final else None, event.final
                     if not event.final:
                         yield event
+                if len(events) >= READ_COUNT:  # a full page: the next, once this one is sent
+                    events = await self._read(key, after)
+                    continue
                 if over:
                     if (final := await self._last_word(key, held, record)) is not None:
                         yield final
                     return
                 if fresh:
+                    fresh = False
                     events, over, record = await self._poll(job_id, key, after)
                     wait_s = FINISH_GRACE_S
                     continue
@@ -351,12 +355,8 @@ class TokenFollower:
         return final_from_job(record, last.id if last else None)
 
     async def _read(self, key: str, after: str) -> list[TokenEvent]:
-        """Everything the stream holds after `after` now (no blocking), however long."""
-        events: list[TokenEvent] = []
-        while True:
-            reply = await self.hub.read(key, after, READ_COUNT)
-            read = [TokenEvent.decode(eid, raw) for _, rows in reply or [] for eid, raw in rows]
-            events += read
-            if len(read) < READ_COUNT:
-                return events
-            after = read[-1].id
+        """The stream's next page after `after` now (READ_COUNT entries at most, no blocking);
+        `follow` reads the next once this one is sent. Read whole, the rest of a long
+        generation sat in memory for a client that opened late or read slowly."""
+        reply = await self.hub.read(key, after, READ_COUNT)
+        return [TokenEvent.decode(eid, raw) for _, rows in reply or [] for eid, raw in rows]
