@@ -17,6 +17,23 @@ from tokenizers import Tokenizer
 TOKENIZER_FILE = "tokenizer.json"
 MODEL_CONFIG_FILE = "config.json"  # the Hugging Face model's, beside its weights
 POSITIONS = "max_position_embeddings"
+# Model types whose position ids count on from the padding index (RoBERTa's scheme in
+# transformers): the first `pad_token_id + 1` positions are no token's, so XLM-R's 514 hold 512.
+PADDED_POSITIONS = frozenset(
+    {
+        "camembert",
+        "data2vec-text",
+        "ibert",
+        "longformer",
+        "mpnet",
+        "roberta",
+        "roberta-prelayernorm",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "xmod",
+    }
+)
+ROBERTA_PAD_ID = 1  # their configs' default pad_token_id
 # Upper bound on texts per engine call: a micro-batch of 32 jobs may carry 256 texts each, and one
 # padded call over all of them could need gigabytes of activations.
 DEFAULT_MAX_TEXTS_PER_CALL = 256
@@ -51,25 +68,39 @@ def check_positions(artifact_dir: Path, setting: str, tokens: int) -> None:
     """Refuse `tokens` per text (named by its `setting`) past the model's position embeddings,
     read from its config.json where the artifacts have one: a wider input fails in the model."""
     config = artifact_dir / MODEL_CONFIG_FILE
-    positions = _positions(config) if config.is_file() else None
-    if positions is not None and tokens > positions:
+    positions, skipped = _positions(config) if config.is_file() else (None, 0)
+    if positions is not None and tokens > positions - skipped:
+        less = f" less the {skipped} before its first token" if skipped else ""
         raise ValueError(
-            f"{setting} {tokens} exceeds the model's {positions} positions "
-            f"({POSITIONS} in {config})"
+            f"{setting} {tokens} exceeds the model's {positions - skipped} positions "
+            f"({POSITIONS} in {config}{less})"
         )
 
 
-def _positions(config: Path) -> int | None:
-    """The config's position count, if it names one. A file that is no JSON object (a Git LFS
-    pointer left by a clone without LFS, a cut download) or a count that is no integer is
-    refused naming the file: the worker's start failed with the parser's bare message."""
+def _positions(config: Path) -> tuple[int | None, int]:
+    """The config's position count, if it names one, and how many of them no token fills. A
+    file that is no JSON object (a Git LFS pointer left by a clone without LFS, a cut download)
+    or a count that is no integer is refused naming the file: the worker's start failed with
+    the parser's bare message."""
     try:
-        positions = orjson.loads(config.read_bytes()).get(POSITIONS)
+        fields = orjson.loads(config.read_bytes())
+        positions = fields.get(POSITIONS)
     except (orjson.JSONDecodeError, AttributeError) as exc:  # not JSON, or JSON but no object
         raise ValueError(f"{config} is not a JSON object: {exc}") from exc
     if positions is not None and type(positions) is not int:
         raise ValueError(f"{config} has {POSITIONS} {positions!r}, not an integer")
-    return positions
+    return positions, _skipped_positions(fields)
+
+
+def _skipped_positions(fields: dict[str, Any]) -> int:
+    """Positions before a RoBERTa-like model's first token (its padding index and those below):
+    counted as the text's, a max_seq_length of all 514 of XLM-R's passed, and every text longer
+    than 512 tokens failed its job with an index out of range instead of being truncated."""
+    model_type = fields.get("model_type")
+    if not isinstance(model_type, str) or model_type not in PADDED_POSITIONS:
+        return 0
+    pad = fields.get("pad_token_id")
+    return (pad if type(pad) is int else ROBERTA_PAD_ID) + 1
 
 
 class TextEncoder:
@@ -117,10 +148,12 @@ def _matrix(rows: list[list[int]], width: int) -> np.ndarray:
 
 def mean_pool_normalize(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     """sentence-transformers' mean pooling over real tokens, then L2 normalisation (same epsilons),
-    so a vector does not depend on how much padding its batch needed."""
-    mask = attention_mask.astype(np.float32)[:, :, None]
-    summed = (hidden.astype(np.float32) * mask).sum(axis=1)
-    pooled = summed / np.clip(mask.sum(axis=1), 1e-9, None)
+    so a vector does not depend on how much padding its batch needed. Padding is left out of the
+    sum, not multiplied by zero: a NaN or infinity an fp16 engine computed at a padding position
+    made the row's vector NaN, so a text failed beside a longer one and not alone."""
+    real = attention_mask.astype(bool)[:, :, None]
+    summed = np.where(real, hidden.astype(np.float32, copy=False), np.float32(0.0)).sum(axis=1)
+    pooled = summed / np.clip(real.sum(axis=1, dtype=np.float32), 1e-9, None)
     norms = np.linalg.norm(pooled, axis=1, keepdims=True)
     result: np.ndarray = pooled / np.clip(norms, 1e-12, None)
     return result
@@ -149,14 +182,16 @@ class JobSplit:
         value in the shortest text that reads back as the same float32 (42 % fewer bytes than
         float64's, a quarter less time). As base64: half those bytes again, a fifth of the time
         to write and no numbers for anyone to parse, which is what keeps a GPU's worker from
-        being the limit."""
+        being the limit. A job's vectors that are not all finite stay numbers, whichever it asked
+        for: the write-back fails a job on a NaN among its numbers, and base64 hid it there."""
         vectors = np.ascontiguousarray(embeddings, dtype="<f4")
         outputs: list[dict[str, Any]] = []
         start = 0
         for count, as_base64, tokens in zip(self.counts, self.base64, self.tokens, strict=True):
             rows = vectors[start : start + count]
             start += count
-            embedded = [b64encode(row.data).decode() for row in rows] if as_base64 else rows
+            packed = as_base64 and bool(np.isfinite(rows).all())
+            embedded = [b64encode(row.data).decode() for row in rows] if packed else rows
             usage = {"prompt_tokens": tokens, "total_tokens": tokens}
             outputs.append({"embeddings": embedded, "usage": usage})
         return outputs

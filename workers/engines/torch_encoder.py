@@ -60,6 +60,15 @@ class PooledEncoder(MaskedEncoder):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
     ) -> torch.Tensor:
         hidden = super().forward(input_ids, attention_mask, token_type_ids).float()
-        weights = attention_mask[:, :, None].float()
-        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+        pooled = mean_pool(hidden, attention_mask)
         return torch.nn.functional.normalize(pooled, p=2.0, dim=1, eps=1e-12)
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The mean of the real tokens' states. Padding is left out of the sum, not multiplied by
+    zero: a NaN or infinity computed at a padding position (fp16) made the row's mean NaN, so a
+    text failed beside a longer one and not alone."""
+    real = attention_mask[:, :, None].bool()
+    summed = torch.where(real, hidden, 0.0).sum(dim=1)
+    pooled: torch.Tensor = summed / real.sum(dim=1).float().clamp(min=1e-9)
+    return pooled
