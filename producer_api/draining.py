@@ -8,7 +8,8 @@ with the job's id): the job runs on, any producer answers for it. uvicorn says i
 `Server.handle_exit`, which sse-starlette patches to set `AppStatus.should_exit` (what ends its
 streams); a watcher sees that flag and then wakes every reply waiter at once (`ReplyListener.
 wake_all`: a long-poll or submit-and-wait pays nothing for it until then) and sets the future
-that a non-streamed OpenAI answer races (`first`)."""
+that a non-streamed OpenAI answer races (`first`). Readiness reads the flag at once (`exiting`):
+it said ready through the whole drain, and a load balancer kept sending new requests."""
 
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ class Draining:
     def asked(self) -> bool:
         """Whether the producer was asked to stop."""
         return self._stopping is not None and self._stopping.done()
+
+    def exiting(self) -> bool:
+        """Whether uvicorn was told to exit, `GRACE_S` before the waits end: readiness goes
+        false at once, so a load balancer stops sending before anything is cut short."""
+        return AppStatus.should_exit or self.asked()
 
     def begin(self) -> None:
         """The producer is stopping: every wait ends (the watcher's call)."""

@@ -1,6 +1,8 @@
 """A producer background loop that runs one step every few moments until stopped, and survives
 any error in a step (logged; Redis down is a warning), so a loop never dies with its first
-failure. Started and stopped by the app's lifespan."""
+failure. A step that keeps failing the same way is logged, with its traceback, once: the 100 ms
+routes poll logged ten tracebacks a second for as long as a live routes document stayed
+corrupt. Started and stopped by the app's lifespan."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class Periodic:
         self.interval_s = interval_s
         self.step = step
         self._task: asyncio.Task[None] | None = None
+        self._fault: str | None = None  # how the last step failed, otherwise than by Redis
 
     async def run(self) -> None:
         outage = RedisOutage(self.name)
@@ -30,11 +33,22 @@ class Periodic:
             try:
                 await self.step()
                 outage.recovered()
+                self._fault = None
             except RedisError as exc:
                 pause_s = max(pause_s, outage.failed(exc))
-            except Exception:
-                log.exception("%s failed; next step in %.1fs", self.name, self.interval_s)
+            except Exception as exc:
+                self._failed(exc)
             await asyncio.sleep(pause_s)
+
+    def _failed(self, exc: Exception) -> None:
+        """Log a step's failure with its traceback, unless it is the one logged last with no
+        good step since (then a debug line)."""
+        fault = repr(exc)
+        if fault == self._fault:
+            log.debug("%s still failing (%s)", self.name, fault)
+            return
+        self._fault = fault
+        log.error("%s failed; next step in %.1fs", self.name, self.interval_s, exc_info=exc)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name=self.name)

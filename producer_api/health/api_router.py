@@ -1,5 +1,6 @@
-"""`/healthz`: the process is alive; `/readyz`: it can serve (Redis answers, its Redis-side
-startup has run: `startup.py`, models known).
+"""`/healthz`: the process is alive; `/readyz`: it can serve (not asked to exit, Redis answers,
+its Redis-side startup has run: `startup.py`, models known). Asked to exit (SIGTERM), it is
+unready at once, before any wait is ended (`Draining.exiting`).
 Readiness answers within `READY_TIMEOUT_S` whatever Redis does, so a load balancer's probe sees
 a 503 rather than timing out on a frozen Redis. On a cluster, the Redis asked is the master of
 the control plane's slot (`{ctl}`: API keys, routes), which every authenticated request reads:
@@ -36,6 +37,8 @@ async def healthz(state: Annotated[ProducerState, Depends(producer_state)]) -> d
 @router.get("/readyz")
 @router.head("/readyz", include_in_schema=False)
 async def readyz(state: Annotated[ProducerState, Depends(producer_state)]) -> FastJSONResponse:
+    if state.draining.exiting():
+        return _unready("stopping: the producer was asked to exit")
     try:
         async with asyncio.timeout(READY_TIMEOUT_S):
             await _ping(state.redis, state.keys)

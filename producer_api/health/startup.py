@@ -32,8 +32,8 @@ class Startup:
         return self._unready
 
     async def run(self, steps: Steps) -> None:
-        """`steps` now, before the port opens; if Redis is out of reach, again in the
-        background, backing off, until they succeed."""
+        """`steps` now, before the port opens; if they fail (Redis out of reach, or otherwise),
+        again in the background, backing off, until they succeed."""
         outage = RedisOutage(NAME)
         delay = await self._try(steps, outage)
         if delay is not None:
@@ -43,23 +43,25 @@ class Startup:
         await cancel_and_wait(self._task)
 
     async def _retry(self, steps: Steps, outage: RedisOutage, delay: float | None) -> None:
-        """Tries until one succeeds; one that fails otherwise than by Redis (a bug, a bad value
-        read) is logged and tried again, so the producer never sits unready in silence."""
+        """Tries until one succeeds."""
         while delay is not None:
             await asyncio.sleep(delay)
-            try:
-                delay = await self._try(steps, outage)
-            except Exception as exc:
-                log.exception("%s failed; trying again", NAME)
-                self._unready = type(exc).__name__  # its message stays in the log, off a probe
-                delay = outage.failed(exc)
+            delay = await self._try(steps, outage)
 
     async def _try(self, steps: Steps, outage: RedisOutage) -> float | None:
-        """One try of `steps`: None once they ran whole, else the seconds to wait first."""
+        """One try of `steps`: None once they ran whole, else the seconds to wait first. A try
+        that fails otherwise than by Redis (a bug, a bad value read) is logged and tried again,
+        so the producer never sits unready in silence; the first try's too: raised out of the
+        app's startup, a live routes document that did not parse kept the producer from
+        starting at all (a crash loop)."""
         try:
             await steps()
         except (RedisError, *OUT_OF_REACH) as exc:
             self._unready = repr(exc)
+            return outage.failed(exc)
+        except Exception as exc:
+            log.exception("%s failed; trying again", NAME)
+            self._unready = type(exc).__name__  # its message stays in the log, off a probe
             return outage.failed(exc)
         outage.recovered()
         self._unready = None
