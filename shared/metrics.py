@@ -9,6 +9,7 @@ recent any live one set, and a gauge of each process's own state keeps a series 
 
 from __future__ import annotations
 
+import os
 from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -147,3 +148,15 @@ CANARY_STATE = Gauge(
     (*PARTITION, "state"),
     multiprocess_mode=LATEST_LIVE,
 )
+
+
+def hide(gauge: Gauge, *labels: str) -> None:
+    """Take a gauge's series out of the scrape. Under several producer processes `remove` cannot
+    (prometheus_client keeps the value in the process's file, and only warns): a canary leader
+    that stepped down, or whose canary's record was gone, showed its last weight and state for
+    as long as it lived. There the series reads 0, which a newer value from a live process
+    replaces."""
+    if MULTIPROC_DIR in os.environ:
+        gauge.labels(*labels).set(0)
+    else:
+        gauge.remove(*labels)

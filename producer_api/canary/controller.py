@@ -25,7 +25,7 @@ from redis.exceptions import LockError, RedisError
 
 from shared.canary_store import Canary, CanaryState, CanaryStore, NotLeading, stamp
 from shared.leader_lock import LeaderLock
-from shared.metrics import CANARY_STATE, CANARY_WEIGHT
+from shared.metrics import CANARY_STATE, CANARY_WEIGHT, hide
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.route_store import RouteStore, VersionConflict
 from shared.routing import InvalidRoutes, Routes, UnknownVariant, serving_variant
@@ -223,9 +223,9 @@ class CanaryController:
         """Remove the gauges of the model's canary this leader shows, if it shows one."""
         if (variant := self._shown.get(model)) is None:
             return
-        CANARY_WEIGHT.remove(model, variant)
+        hide(CANARY_WEIGHT, model, variant)
         for state in STATES:
-            CANARY_STATE.remove(model, variant, state)
+            hide(CANARY_STATE, model, variant, state)
 
     async def decide(self, canary: Canary) -> None:
         if reason := self.unservable(canary) or await self.unrouted(canary):
