@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from shared.codec import as_text
 from shared.job_store import JobStore
 from shared.keys import Keys, job_tag, new_job_id
 from shared.redis_client import RedisClient, connect
-from shared.token_stream import TokenEvent
+from shared.token_stream import READ_COUNT, TokenEvent
 
 KEYS = Keys()
 APPENDED = 3 * LISTENER_BACKLOG  # entries, each read by the hub in a batch of its own
@@ -91,3 +92,43 @@ async def test_a_follower_that_fell_behind_gets_every_event_once(
         await hub.stop()
     assert [event.id for event in rest] == ids
     assert "".join(event.text for event in rest) == "".join(f"{n} " for n in range(APPENDED))
+
+
+def _fields(event: TokenEvent) -> dict[Any, Any]:
+    """An entry's fields as the worker's writer appends them (redis-py's types are narrower)."""
+    return dict(event.encode())
+
+
+async def _append_tokens(client: RedisClient, key: str, count: int) -> list[str]:
+    async with client.pipeline(transaction=False) as pipe:
+        for n in range(count):
+            pipe.xadd(key, _fields(TokenEvent("token", f"{n} ", 1)))
+        return [as_text(entry_id) for entry_id in await pipe.execute()]
+
+
+async def test_a_follower_holds_one_page_of_what_its_client_did_not_take(
+    redis_url: str, client: RedisClient
+) -> None:
+    """It read all that the stream held after its client's last event in one go (as it opened,
+    after falling behind the hub, once the job ended): a client that opened late or read slowly
+    had the producer hold the rest of its generation in memory. It reads a page (READ_COUNT
+    entries) at a time now, each once the one before is sent. The probe: entries deleted from
+    Redis after the client took its first event are sent only if the producer held them."""
+    job_id = new_job_id("smollm2", "default")
+    key = KEYS.tokens(job_id)
+    await client.hset(KEYS.job(job_id), mapping={"status": "running", "model": "smollm2"})
+    ids = await _append_tokens(client, key, 2 * READ_COUNT)  # a long generation, sent already
+    hub = TokenHub(redis_url, client, KEYS, "pages-test")
+    events = TokenFollower(hub, JobStore(client, KEYS, 3600), KEYS).follow(job_id)
+    try:
+        assert (await anext(events)).id == ids[0]  # then the client reads on, slowly
+        await client.xdel(key, *ids[READ_COUNT:])  # what the producer did not hold is gone
+        final = TokenEvent("final", status="succeeded", finish_reason="length")
+        await client.xadd(key, _fields(final))
+        await client.hset(KEYS.job(job_id), "status", "succeeded")
+        rest = [event async for event in events]
+    finally:
+        await events.aclose()
+        await hub.stop()
+    assert [event.id for event in rest if not event.final] == ids[1:READ_COUNT]
+    assert rest[-1].final
