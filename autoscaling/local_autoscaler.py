@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import socket
 import time
@@ -63,10 +64,10 @@ class PoolScaler:
     HPA's count; down, one worker per tick, only to the highest count the HPA asked for over
     its scale-down stabilization window `window_s`; to zero only after `cooldown_s` without
     an active trigger (KEDA's cooldownPeriod, which gates that step alone). All only while it
-    holds the pool's lease (`lease_key`), renewed every tick: without it, another autoscaler
-    scales the pool, and this one starts nothing and stops every worker it had (they drain,
-    and leave the count at once, as on a scale-down); it takes over once that one stops
-    renewing."""
+    holds the pool's lease (`lease_key`), renewed every tick and before each start or stop:
+    without it, another autoscaler scales the pool, and this one starts nothing and stops every
+    worker it had (they drain, and leave the count at once, as on a scale-down); it takes over
+    once that one stops renewing."""
 
     name: str
     triggers: list[Trigger]
@@ -82,7 +83,7 @@ class PoolScaler:
     owner: str = field(default_factory=_lease_owner)
     leading: bool = False  # held the lease at the last tick
     workers: dict[str, float] = field(default_factory=dict)  # each with the tick that started it
-    last_active: float = 0.0
+    last_active: float = -math.inf  # never: an autoscaler that saw no work has no cooldown
     started: int = 0
     recommendations: deque[tuple[float, int]] = field(default_factory=deque)
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
@@ -122,28 +123,34 @@ class PoolScaler:
         Redis error leaves everything as it was, the lease too: neither of two autoscalers
         takes it over from the other while Redis is out of reach."""
         now = time.monotonic() if now is None else now
-        self.leading = self._lease(
-            client
-        ).hold()  # first: a failed start ends the tick (`_forget_dead`)
-        if not self.leading:
-            self._step_aside(now)
+        if not self._lead(client, now):  # first: a failed start ends the tick (`_forget_dead`)
             return 0
         self.held = ""
         self._forget_dead(now)
         current = len(self.workers)
         wanted = self._wanted(poll(client, self.triggers), current, now)
         if wanted > current:
-            self._scale_up(wanted - current, now)
-        elif wanted < current:
+            self._scale_up(client, wanted - current, now)
+        elif wanted < current and self._lead(client, now):
             self._scale_down(now)
         return len(self.workers)
 
+    def _lead(self, client: redis.Redis, now: float) -> bool:
+        """Take or renew the pool's lease, stepping aside without it; asked again before each
+        start or stop: a tick that outlasted the lease (a frozen Redis, a slow spawn) scaled
+        the pool beside the autoscaler that took it over meanwhile, up to twice its max."""
+        self.leading = self._lease(client).hold()
+        if not self.leading:
+            self._step_aside(now)
+        return self.leading
+
     def _wanted(self, readings: list[Reading], current: int, now: float) -> int:
-        """KEDA's zero once the pool has idled for `cooldown_s` (or is there already), else
-        the HPA's count, whose minimum is one, stabilized."""
+        """KEDA's zero once the pool has idled for `cooldown_s`, else the HPA's count, whose
+        minimum is one, stabilized. A pool whose workers all died meanwhile is not at zero: its
+        ScaledObject still asks for them (gated on the count, it went to zero at once)."""
         if any(r.active for r in readings):
             self.last_active = now
-        elif self.min_replicas == 0 and (current == 0 or now - self.last_active >= self.cooldown_s):
+        elif self.min_replicas == 0 and now - self.last_active >= self.cooldown_s:
             return 0
         floor = max(self.min_replicas, 1)
         count = desired_replicas(readings, floor, self.max_replicas, current)
@@ -212,13 +219,15 @@ class PoolScaler:
         self.backoff.stopped(now - self.workers.pop(name))
         return name
 
-    def _scale_up(self, count: int, now: float) -> None:
+    def _scale_up(self, client: redis.Redis, count: int, now: float) -> None:
         if now < self.start_after:
             wait_s = self.start_after - now
             self.held = f"backing off {wait_s:.1f}s more: {self.backoff.why()}"
             return
         log.info("scale up", extra={"pool": self.name, "from": len(self.workers), "by": count})
         for _ in range(count):
+            if not self._lead(client, now):
+                return
             self.started += 1
             try:
                 # The pool's own name, `:` included: `a-b:c` and `a:b-c` were both `a-b-c`.
