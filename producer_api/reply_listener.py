@@ -211,6 +211,10 @@ class ReplyListener:
                 if is_cluster(self.redis) and node != ONE_SERVER:
                     await self._move_off(node, exc)
                     return
+                if outage.failures:
+                    # lost, and not made again: Redis is away, and no reply can come (a
+                    # connection lost while Redis answers is made again at once, and wakes none)
+                    self.wake_all()
                 await asyncio.sleep(outage.failed(exc))
 
     def _held(self, node: Node, message: dict[str, Any]) -> bool:
@@ -312,7 +316,9 @@ class ReplyListener:
 
     def wake_all(self) -> None:
         """Answer every waiter with an empty view, "no end heard" (the producer is stopping:
-        producer_api/draining.py); each then reads its job as it stands."""
+        producer_api/draining.py; Redis is away); each then reads its job as it stands, which
+        fails at once (the house 503) while Redis is away: left waiting, a long-poll sat out
+        its whole wait before it said so."""
         for future in (f for waiters in self._waiters.values() for f in waiters):
             if not future.done():
                 future.set_result({})

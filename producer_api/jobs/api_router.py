@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Coroutine
 from typing import Annotated, Any, TypeGuard
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BeforeValidator
+from starlette.responses import Response
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
+from producer_api.client_disconnect import (
+    CLIENT_CLOSED_REQUEST,
+    ClientDisconnected,
+    unless_disconnected,
+)
 from producer_api.errors import ConveyorError, error_responses
 from producer_api.jobs.orjson_route import OrjsonRoute
 from producer_api.jobs.protocol import JobAccepted, JobRequest, JobView, PredictRequest
@@ -142,6 +149,16 @@ def _waited(
     return _waiting(request, job_id, model, variant, view)
 
 
+async def _unless_gone(request: Request, answer: Coroutine[Any, Any, Response]) -> Response:
+    """`answer`, or 499 once the client went away first: a wait noticed it only when it ran
+    out (up to `CONVEYOR_MAX_WAIT_S`), holding its handler and its reply waiter for nobody.
+    The job runs on: a client that stops waiting has not cancelled it."""
+    try:
+        return await unless_disconnected(request, answer)
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
 @router.post(
     "/v1/jobs",
     status_code=202,
@@ -155,14 +172,13 @@ def _waited(
 )
 async def submit_job(
     body: JobRequest, request: Request, service: SubmitService, wait: float = WAIT
-) -> FastJSONResponse:
+) -> Response:
     """Enqueue a job; with `wait`, answer 200 with the finished job if it ends in time. A
     repeated `Idempotency-Key` with the same body answers with the original job: 200, or,
     with `wait`, as the first request did (202 while it has not ended)."""
     key = idempotency_key(request)
     if wait > 0:
-        job_id, variant, view = await service.submit_and_wait(body.model, body, wait, key)
-        return _waited(request, job_id, body.model, variant, view)
+        return await _unless_gone(request, _submitted_and_waited(request, service, body, wait, key))
     submitted = await service.submit(body.model, body, key)
     if not submitted.created:
         return FastJSONResponse(await service.get(submitted.job_id, 0))
@@ -171,12 +187,30 @@ async def submit_job(
     )
 
 
+async def _submitted_and_waited(
+    request: Request, service: JobsService, body: JobRequest, wait: float, key: str | None
+) -> FastJSONResponse:
+    """`POST /v1/jobs?wait=`'s answer, raced against the client's leaving (`_unless_gone`)."""
+    job_id, variant, view = await service.submit_and_wait(body.model, body, wait, key)
+    return _waited(request, job_id, body.model, variant, view)
+
+
 @router.get("/v1/jobs/{job_id}", name="get_job", response_model=JobView, responses=_ERRORS)
 async def get_job(
-    service: ReadService, job_id: str = JOB_ID, wait: float = WAIT, attempts: ATTEMPTS = False
-) -> FastJSONResponse:
+    request: Request,
+    service: ReadService,
+    job_id: str = JOB_ID,
+    wait: float = WAIT,
+    attempts: ATTEMPTS = False,
+) -> Response:
     """Read a job; with `wait`, long-poll until it is terminal or the wait ends; with
     `attempts`, include every attempt at it (worker, times, outcome, error)."""
+    read = _read(service, job_id, wait, attempts)
+    return await (_unless_gone(request, read) if wait > 0 else read)
+
+
+async def _read(service: JobsService, job_id: str, wait: float, attempts: bool) -> FastJSONResponse:
+    """`get_job`'s answer: raced against the client's leaving when it waits (`_unless_gone`)."""
     return FastJSONResponse(await service.get(job_id, wait, attempts))
 
 
@@ -201,12 +235,24 @@ async def predict(
     service: SubmitService,
     model: str = Path(pattern=NAME),
     timeout: float = Query(default=30.0, gt=0, le=600, allow_inf_nan=False),
-) -> FastJSONResponse:
+) -> Response:
     """Submit and wait: 200 with outputs, 202 with the job's URLs if it is still running, or
     the error of a job that failed (422), was cancelled (409) or expired (504). A repeated
     `Idempotency-Key` with the same request waits on the job its first try made, as
     `POST /v1/jobs?wait=` does: a client's retry after a lost answer runs nothing twice."""
     key = idempotency_key(request)
+    return await _unless_gone(request, _predicted(request, service, model, body, timeout, key))
+
+
+async def _predicted(
+    request: Request,
+    service: JobsService,
+    model: str,
+    body: PredictRequest,
+    timeout: float,
+    key: str | None,
+) -> FastJSONResponse:
+    """`predict`'s answer, raced against the client's leaving (`_unless_gone`)."""
     job_id, variant, view = await service.submit_and_wait(model, body, timeout, key)
     if not _ended(view):
         return _waiting(request, job_id, model, variant, view)

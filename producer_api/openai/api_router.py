@@ -13,7 +13,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
-from producer_api.client_disconnect import ClientDisconnected, unless_disconnected
+from producer_api.client_disconnect import (
+    CLIENT_CLOSED_REQUEST,
+    ClientDisconnected,
+    unless_disconnected,
+)
 from producer_api.errors import ErrorBody, OpenAIErrorBody, error_responses
 from producer_api.jobs.serving import UNSUCCESSFUL_DESCRIPTIONS
 from producer_api.openai import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
@@ -44,7 +48,6 @@ JOB_HEADER = "X-Conveyor-Job-Id"
 REQUEST_ID_HEADER = "X-Request-ID"
 PING_S = FIRST_EVENT_S  # a stream waits no longer for its first event than for a ping
 T = TypeVar("T")
-CLIENT_CLOSED_REQUEST = 499  # nginx's code for it; nobody reads it, but logs and metrics do
 
 _DESCRIPTIONS = {
     413: "Body over CONVEYOR_MAX_BODY_BYTES (chunked too)",
