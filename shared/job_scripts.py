@@ -859,7 +859,9 @@ return out
 # one, cut off from Redis past the visibility timeout: its result is not written and its entry,
 # the new owner's now, is left out of the XACK and XDEL, so the new owner's result stands and no
 # attempt goes on record twice; its id is returned as taken, for the writer to hold its in-flight
-# slot again (freed beside this script, before its reply said so). Returns {written, taken}, job
+# slot again (freed beside this script, before its reply said so). Its write-back of a job the
+# API ended (a cancel) while the new owner ran it is left out alike, its `cancelled` record
+# unwritten, and not returned as taken (the end freed the slot). Returns {written, taken}, job
 # ids. Idempotent: a call rerun after its reply was lost (a torn
 # connection, a replica WAIT that timed out) changes nothing more, and returns and publishes the
 # results it wrote (a job whose hash holds the record's `status` and `write_id`, random per
@@ -882,10 +884,16 @@ while i <= #ARGV do
                                                 'attempt_history', 'write_id', 'created', 'worker')
   -- running under another consumer: taken over (RECLAIM) from this one, which lost Redis past
   -- the visibility timeout; the new owner's result stands, so this one neither writes its
-  -- result nor acknowledges the entry the new owner holds
-  local taken = cur[1] == 'running' and cur[6] and cur[6] ~= ARGV[4]
-  if taken then table.insert(taken_ids, jid) else table.insert(ids, eid) end
-  if status ~= '' and not taken then
+  -- result nor acknowledges the entry the new owner holds. So too once the API ended the job
+  -- while the new owner ran it: what the new owner's run reached is the job's record (this
+  -- older run's cancelled record overwrote its `started` and `attempts`, and the entry, which
+  -- this one acknowledged, was given up unwritten by the new owner, whose touch found it gone);
+  -- its slot, which the end freed, is not held again (not taken)
+  local other = cur[6] and cur[6] ~= ARGV[4]
+  local taken = other and cur[1] == 'running'
+  local left = other and (taken or not ALLOWED[cur[1]])
+  if taken then table.insert(taken_ids, jid) elseif not left then table.insert(ids, eid) end
+  if status ~= '' and not left then
     -- a job handed over by a plain XREADGROUP ran without its hash saying so: through running
     local from = (cur[1] == 'queued' and can('queued', 'running')) and 'running' or cur[1]
     -- this very result, written by a call whose reply was lost (the writer retries it)
