@@ -24,10 +24,14 @@ from shared.partition_stats import wrong_type
 # lane holds back (its fair hash's `held`; a worker's read can leave its stream with none
 # undelivered while a flood waits); then the entries in flight in them all (handed over, not yet
 # acknowledged: XLEN - undelivered), then the age in ms, on the server's clock, of the oldest job
-# in them (0: none): by its entry's id (its arrival), or its submit stamp where older (`enq`: a fair
-# lane moves a held job in under a new id, which read a flood as just arrived), or the oldest
-# held job's (the lane's `{lane}:fair:since` set), then each consumer holding entries in
-# them and how many (XPENDING's summary, name after count: a dead worker's stay until reclaimed).
+# waiting in them (0: none): by its entry's id (its arrival), or its submit stamp where older
+# (`enq`: a fair lane moves a held job in under a new id, which read a flood as just arrived), or
+# the oldest held job's (the lane's `{lane}:fair:since` set), then each consumer holding entries
+# in them and how many (XPENDING's summary, name after count: a dead worker's stay until
+# reclaimed). The oldest waiting entry is the first after the last one pending (acknowledged
+# entries are deleted, so every earlier one is in flight): the stream's first, a long job or a
+# dead worker's entry in hand, read a burst as waiting since before the last look, which timed
+# it from there, and a light load's arrivals measured as the workers' capacity.
 # Sent as EVAL, which a cluster pipeline routes without loading.
 WAITING = (
     LUA_UNDELIVERED
@@ -41,7 +45,9 @@ for i, stream in ipairs(KEYS) do
   local unread = undelivered(stream, ARGV[1])
   waiting[i] = math.max(0, unread) + math.max(0, held)
   in_flight = in_flight + redis.call('XLEN', stream) - unread
-  local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
+  local ok, pel = pcall(redis.call, 'XPENDING', stream, ARGV[1])
+  local after = ok and pel[3] and '(' .. pel[3] or '-'
+  local first = redis.call('XRANGE', stream, after, '+', 'COUNT', 1)[1]
   local since = redis.call('ZRANGE', stream .. '{FAIR_SINCE_SUFFIX}', 0, 0, 'WITHSCORES')[2]
   local arrived = tonumber(since) or math.huge
   if first then
@@ -49,7 +55,6 @@ for i, stream in ipairs(KEYS) do
     arrived = math.min(arrived, enq, tonumber(string.match(first[1], '^%d+')))
   end
   if arrived < math.huge then oldest = math.max(oldest, now_ms - arrived) end
-  local ok, pel = pcall(redis.call, 'XPENDING', stream, ARGV[1])
   for _, holder in ipairs(ok and pel[4] or {{}}) do
     holders[holder[1]] = (holders[holder[1]] or 0) + tonumber(holder[2])
   end
@@ -71,8 +76,8 @@ class LaneBacklog:
     entries its workers have in hand: a partition that finished nothing lately is idle only
     with none in flight (else its workers are busy on long jobs). `read_s` (Unix s), `drained`
     (entries finished per second, its lanes summed) and `oldest_s` (how long ago its oldest job
-    arrived) let two reads tell how much finished in between, and since when work was there;
-    `holders`, the entries in flight by the consumer holding them."""
+    waiting arrived) let two reads tell how much finished in between, and since when work
+    waited; `holders`, the entries in flight by the consumer holding them."""
 
     rates: list[float]
     waiting: list[int]
@@ -81,6 +86,11 @@ class LaneBacklog:
     drained: dict[int, int] = field(default_factory=dict)
     oldest_s: float = 0.0
     holders: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def window_from_s(self) -> float:
+        """When (Unix s) the rate window read began: its first second."""
+        return min(self.drained, default=self.read_s)
 
     def in_flight_at(self, workers: Collection[str]) -> int:
         """Entries in flight at `workers` (live ones): a dead worker's stay in its pending list

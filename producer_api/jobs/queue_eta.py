@@ -45,11 +45,15 @@ MIN_SPELL_S = 0.4
 @dataclass(frozen=True, slots=True)
 class BusySpell:
     """Since when (Unix s) a partition's work has waited, at each of `looks` since, and how
-    many entries finished meanwhile: finished / elapsed is how fast its workers go while busy."""
+    many entries finished meanwhile: finished / elapsed is how fast its workers go while busy.
+    `after_idle`: begun after a look that saw none waiting, so that `since_s` is when work
+    began to wait (else it may have waited longer: a first look, one whose clock went back, one
+    that saw work waiting with no worker serving)."""
 
     since_s: float
     finished: int
     looks: int = 1
+    after_idle: bool = False
 
     @classmethod
     def begun(cls, now: LaneBacklog, earlier: LaneBacklog | None) -> BusySpell:
@@ -59,11 +63,17 @@ class BusySpell:
         if earlier is None:
             return cls(now.read_s, 0)
         since = max(earlier.read_s, now.read_s - now.oldest_s)
-        return cls(since, now.finished_since(earlier))
+        return cls(since, now.finished_since(earlier), after_idle=not any(earlier.waiting))
 
     def went_on(self, now: LaneBacklog, earlier: LaneBacklog) -> BusySpell:
         finished = self.finished + now.finished_since(earlier)
-        return BusySpell(self.since_s, finished, self.looks + 1)
+        return BusySpell(self.since_s, finished, self.looks + 1, self.after_idle)
+
+    def covers(self, now: LaneBacklog) -> bool:
+        """Whether work waited over the whole of `now`'s rate window: five looks a second apart
+        reach four seconds back, the window up to six, and a window begun idle before a burst
+        set the capacity down by that idle second's share (a sixth, for one look a burst)."""
+        return not self.after_idle or self.since_s <= now.window_from_s
 
     def timed(self, now: LaneBacklog) -> bool:
         """Whether the spell has gone on long enough to time the workers by."""
@@ -199,7 +209,7 @@ class QueueEta:
             return  # as many as idle workers take at once, caught before they read them
         if spell.looks == 1 and earlier is not None and not spell.timed(now):
             return  # begun just now, after a look that saw none waiting: the window is idle's
-        busy_throughout = len(backlogged) == RATE_WINDOW_S and all(backlogged)
+        busy_throughout = len(backlogged) == RATE_WINDOW_S and all(backlogged) and spell.covers(now)
         rate = self._busy_rate(partition, load, spell, busy_throughout)
         rate /= sum(samples) / len(samples)
         floor = 0.0 if busy_throughout else self._capacity.get(partition, 0.0)
