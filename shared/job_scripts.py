@@ -339,9 +339,10 @@ end
 -- id in the lane's UNCOUNTED set, which outlives its hash).
 -- One call drops MAX_DROPS entries at most (a tenant's list of cancelled jobs would otherwise
 -- hold the server for as long as it takes to drop them all) and leaves the rest to the next
--- refill; one that stops so having moved nothing while jobs are still held moves the entry it
--- dropped last in after all (MOVED), so that a worker blocked on the stream wakes, treats it as
--- any job cancelled once in the stream (no result of it is written) and takes again. While the
+-- refill; one that stops so having moved nothing while jobs are still held moves the entry of
+-- an ended job it dropped last in after all (MOVED), so that a worker blocked on the stream
+-- wakes, treats it as any job cancelled once in the stream (no result of it is written) and
+-- takes again. While the
 -- slot migrates, a move that needs a key not here (a job's hash, the tenant's list, the lane's
 -- counters: not declared) puts its entry back and ends the refill there, nothing half moved;
 -- a lane whose fair hash is not here moves none.
@@ -400,7 +401,10 @@ local function refill(stream, group, job_prefix, upto)
         if uncounted == 1 or job[2] == UNCOUNTED_MARK then
           left, ended = left + 1, math.max(ended - 1, 0)
         end
-        drops, dropped = drops + 1, entry
+        drops = drops + 1
+        -- the wake-up's entry (below) only a job that ended: one moved in by another entry
+        -- waits in the stream or runs, and a second entry of it would run it twice
+        if not can(job[1], 'running') then dropped = entry end
       else
         local eid = redis.call('XADD', stream, '*', MOVED, '1', unpack(entry))
         moved = moved + 1
@@ -436,7 +440,7 @@ local function refill(stream, group, job_prefix, upto)
       if entries <= ended then unweigh(fair, tenant) end  -- only ended jobs' entries left
     end
   end
-  if drops >= MAX_DROPS and moved == 0 and room > 0 and left > 0 then
+  if drops >= MAX_DROPS and moved == 0 and room > 0 and left > 0 and dropped then
     redis.call('XADD', stream, '*', MOVED, '1', unpack(dropped))  -- the wake-up (see above)
     moved = 1
   end

@@ -108,3 +108,26 @@ async def test_a_tenant_near_its_bound_is_swept_once_per_max_length_submits(
     sweeps = sum(after < before for before, after in itertools.pairwise(lengths))
     assert sweeps <= cycles // max_length + 1, lengths
     assert max(lengths) <= 2 * max_length, lengths
+
+
+async def test_a_refill_wakes_no_worker_with_an_entry_of_a_job_still_queued(
+    aredis: aioredis.Redis,
+) -> None:
+    """A refill that dropped REFILL_MAX_DROPS entries and moved nothing moved the last one it
+    dropped in, to wake a blocked worker: an entry of a job moved in already by another (a
+    replay held twice) is such a drop, and moved in again, the job was handed out twice."""
+    config = _config(window=1)
+    store, reader, stream = await _lane(aredis, config)
+    first, twice = _job(config, "x"), _job(config, "a")
+    assert await store.create_many([first, twice]) == []  # x in the stream, a's job held
+    held = KEYS.held(stream, "a")
+    packed = await aredis.lindex(held, 0)
+    assert packed is not None
+    await aredis.rpush(held, *[packed] * REFILL_MAX_DROPS)
+    await aredis.hdel(KEYS.job(twice.entry.job_id), "held")  # as if moved in by another entry
+    await aredis.hset(KEYS.fair(stream), "held", 2 * REFILL_MAX_DROPS)
+
+    taken = await reader.take([stream], 2)
+    assert taken is not None
+    assert [d.entry.job_id for d in taken[1] if d.entry] == [first.entry.job_id]
+    assert await aredis.llen(held) == 1  # dropped, the next refill's to look at
