@@ -7,6 +7,7 @@ real Valkey with the paced test engine and no worker process."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -21,7 +22,7 @@ from tests.lane_rig import generate_loop
 from tests.paced_engine import PacedEngine
 from workers.engines.base import EngineDied, GenerateRequest, TokenChunk
 from workers.engines.vllm_engine import StepStats
-from workers.generation.generate_loop import GenerateLoop
+from workers.generation.generate_loop import STATUS_POLL_S, GenerateLoop
 from workers.partition.partition import Partition
 from workers.partition.stream_reader import StreamReader
 
@@ -155,3 +156,15 @@ async def test_cancels_do_not_keep_a_hung_engine_deemed_alive(
             await asyncio.wait_for(loop.run(), 60)  # a hang guard: it ran on for ever
     finally:
         clients.cancel()
+
+
+async def test_a_tick_just_short_of_the_status_poll_waits_only_for_what_is_left(
+    aredis: aioredis.Redis,
+) -> None:
+    """The publisher waited a whole STATUS_POLL_S after every tick: one 0.9 s after the last
+    poll, too early for the next, put it off to 1.9 s, and a silent job's cancel with it."""
+    reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER)
+    loop = generate_loop(aredis, KEYS, PARTITION, reader, PacedEngine(CONFIG, "default", ""))
+    assert loop._until_poll() > 0.5 * STATUS_POLL_S  # polled as it was made
+    loop._polled_at = time.monotonic() - 0.9 * STATUS_POLL_S
+    assert loop._until_poll() <= 0.1 * STATUS_POLL_S
