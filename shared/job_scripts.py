@@ -304,7 +304,8 @@ end
 -- outlives the ring).
 local function leave(stream, tenant)
   local fair = stream .. FAIR
-  redis.call('HDEL', fair, 'd:' .. tenant, 'e:' .. tenant, 'p:' .. tenant)
+  redis.call('HDEL', fair, 'd:' .. tenant, 'e:' .. tenant, 'p:' .. tenant, 'n:' .. tenant,
+             'o:' .. tenant)
   -- emptied: gone, which a migration answers as moved
   if (here('LLEN', stream .. FAIR_RING) or 0) + (here('ZCARD', stream .. PARKED) or 0) == 0 then
     redis.call('HDEL', fair, WSUM, 'w:' .. tenant)
@@ -368,8 +369,10 @@ local function refill(stream, group, job_prefix, upto)
       if not tenant then left = 0; break end
     end
     local list = held .. tenant
-    local h = redis.call('HMGET', fair, 'd:' .. tenant, 'w:' .. tenant, 'e:' .. tenant)
+    local h = redis.call('HMGET', fair, 'd:' .. tenant, 'w:' .. tenant, 'e:' .. tenant,
+                         'o:' .. tenant)
     local credit, ended = tonumber(h[1]) or 0, tonumber(h[3]) or 0  -- ended: see `live`
+    local popped = 0  -- entries the turn took off the list (`o:`, see POSITION)
     if credit < WHOLE then credit = credit + spent(h[2]) end
     while credit >= WHOLE and room > 0 and drops < MAX_DROPS do
       local packed
@@ -391,11 +394,11 @@ local function refill(stream, group, job_prefix, upto)
       if not served then  -- back in its place, for the first refill after the migration
         stalled = true
         if put_back(list, packed, stream) then
-          left, moved, gone[#gone + 1] = left - 1, moved + 1, jid
+          left, moved, gone[#gone + 1], popped = left - 1, moved + 1, jid, popped + 1
         end
         break
       end
-      left, gone[#gone + 1] = left - 1, jid
+      left, gone[#gone + 1], popped = left - 1, jid, popped + 1
       if not runs then  -- dropped: costs no credit
         -- its end took it off the count (the set, or the hash's mark: a rolling upgrade)
         if uncounted == 1 or job[2] == UNCOUNTED_MARK then
@@ -409,13 +412,16 @@ local function refill(stream, group, job_prefix, upto)
         local eid = redis.call('XADD', stream, '*', MOVED, '1', unpack(entry))
         moved = moved + 1
         redis.call('HSET', jk, 'seq', added + moved, 'entry', eid)
-        redis.call('HDEL', jk, 'held')
+        redis.call('HDEL', jk, 'held', 'hseq')
         room = room - 1
         credit = credit - 1
       end
     end
     local turn = {'d:' .. tenant, credit}  -- what the turn leaves in the fair hash
-    if h[3] then turn[3], turn[4] = 'e:' .. tenant, ended end
+    if h[3] then turn[#turn + 1], turn[#turn + 2] = 'e:' .. tenant, ended end
+    if popped > 0 then
+      turn[#turn + 1], turn[#turn + 2] = 'o:' .. tenant, (tonumber(h[4]) or 0) + popped
+    end
     if stalled then  -- the tenant's turn goes on in the next refill, its credit kept
       redis.call('HSET', fair, unpack(turn))
       break
@@ -490,6 +496,10 @@ local function sweep(stream, job_prefix, tenant)
     leave(stream, tenant)
   else
     redis.call('HDEL', stream .. FAIR, 'e:' .. tenant)  -- no ended job's entry left
+    -- the last kept entry is the last held (`n:`): counted from it, those before it are
+    -- counted no nearer the head than they are (POSITION takes the smaller of two bounds)
+    local holds = tonumber(redis.call('HGET', stream .. FAIR, 'n:' .. tenant))
+    if holds then redis.call('HSET', stream .. FAIR, 'o:' .. tenant, holds - #kept) end
   end
   if counted > 0 then
     local left = (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) - counted
@@ -693,7 +703,12 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
     eid = redis.call('XADD', stream, '*', unpack(ARGV, entry, last))
     length = length + 1
   end
-  redis.call('HSET', jk, mark, value, 'entry', eid or '', unpack(ARGV, first, entry - 1))
+  if hold then  -- `hseq`: its place among its tenant's holds (`n:`, see POSITION)
+    local place = redis.call('HINCRBY', stream .. FAIR, 'n:' .. tenant, 1)
+    redis.call('HSET', jk, mark, value, 'hseq', place, 'entry', '', unpack(ARGV, first, entry - 1))
+  else
+    redis.call('HSET', jk, mark, value, 'entry', eid or '', unpack(ARGV, first, entry - 1))
+  end
   redis.call('EXPIRE', jk, ttl)
   wrote = true
   if not hold then return {1, ahead, value} end
@@ -1042,22 +1057,28 @@ return {1, cur, withdrawn, job[10] or '', job[11] or ''}
 )
 
 # KEYS[1]=stream, KEYS[2]=its added counter; ARGV: group, the job's seq ('' for a job a fair
-# lane holds), its tenant. Read-only: how many entries are still undelivered ahead of the job
-# numbered seq (undelivered = XLEN - pending; those added after it are undelivered too while it
-# is, but for those a cancel withdrew: the lane's WITHDRAWN set), four commands in one round
-# trip, O(log withdrawn) at most. A held job: the undelivered entries plus the held
-# ones deficit round robin serves first, counting it as its tenant's last held job (its place
-# in the list is not kept): a bound, O(1) (the ring's weight sum is kept).
+# lane holds), its tenant, a held job's `hseq` ('' or none: held before it was kept). Read-only:
+# how many entries are still undelivered ahead of the job numbered seq (undelivered = XLEN -
+# pending; those added after it are undelivered too while it is, but for those a cancel
+# withdrew: the lane's WITHDRAWN set), four commands in one round trip, O(log withdrawn) at most.
+# A held job: the undelivered entries plus the held ones deficit round robin serves first, its
+# tenant's own ahead of it counted as the fewer of its tenant's other live held jobs and the
+# entries ahead of it in its list (its place among the tenant's holds, `hseq`, less those taken
+# off the list since, `o:`; ended jobs' entries count there until dropped): a bound, O(1) (the
+# ring's weight sum is kept). Counted as its tenant's last held job, a job's position grew with
+# each job its tenant held after it.
 POSITION = (
     _PRELUDE
     + """
 local waiting = undelivered(KEYS[1], ARGV[1])
 if ARGV[2] == '' then
   local fair, tenant = KEYS[1] .. FAIR, ARGV[3]
-  local h = redis.call('HMGET', fair, 'held', 'w:' .. tenant, 'e:' .. tenant)
+  local h = redis.call('HMGET', fair, 'held', 'w:' .. tenant, 'e:' .. tenant, 'o:' .. tenant)
   local held = (tonumber(h[1]) or 1) - 1
   local entries = redis.call('LLEN', KEYS[1] .. HELD .. tenant)
   local own = math.max(0, entries - (tonumber(h[3]) or 0) - 1)  -- its other jobs still held
+  local place = tonumber(ARGV[4])  -- its `hseq`: the entries ahead of it, ended ones too
+  if place then own = math.min(own, math.max(0, place - (tonumber(h[4]) or 0) - 1)) end
   local weight = tonumber(h[2])
   return math.max(0, waiting) + held_ahead(KEYS[1], spent(weight), weight or 0, held, own)
 end

@@ -27,7 +27,8 @@ TAG_LEN = 4  # hex digits of a partition's tag, and so the first characters of i
 CONTROL = "{ctl}"
 # Keys of a fair lane, named after its stream (docs/architecture.md, "Fair queuing"): a hash of
 # counters (`held`, `w:<tenant>` weight, `d:<tenant>` deficit, `e:<tenant>` entries of
-# jobs that ended while held, `p:<tenant>` the round a tenant was parked in, `wsum` of the
+# jobs that ended while held, `p:<tenant>` the round a tenant was parked in, `n:<tenant>` and
+# `o:<tenant>` the entries its list took in and gave up since it last emptied, `wsum` of the
 # weights, `round` and `lr` the ring's round and its turns left, `due` the soonest parked
 # tenant's round), the round-robin list of tenants with held jobs, the tenants parked until
 # their round (a sorted set: light tenants, whose turns between would only add credit), and one

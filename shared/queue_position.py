@@ -26,10 +26,13 @@ class QueuePositions:
         self.keys = keys
         self._position = client.register_script(job_scripts.POSITION)
 
-    async def position(self, stream: str, seq: int | None, tenant: str) -> int:
+    async def position(
+        self, stream: str, seq: int | None, tenant: str, place: str | None = None
+    ) -> int:
         """Entries still undelivered ahead of the job numbered `seq` in `stream`; for a job a
-        fair lane holds (no `seq` yet), those plus the held ones served before it."""
-        args: list[str | int] = [GROUP, "" if seq is None else seq, tenant]
+        fair lane holds (no `seq` yet; `place`, its `hseq`), those plus the held ones served
+        before it."""
+        args: list[str | int] = [GROUP, "" if seq is None else seq, tenant, place or ""]
         return int(await call_script(self._position, [stream, self.keys.added(stream)], args))
 
 

@@ -1,7 +1,8 @@
-"""Light tenants parked between their turns on a real Valkey, driven as a worker drives the
-lane (ENQUEUE through the job store, TAKE through the worker's reader): a tenant many rounds
-short of a whole credit leaves the ring until its round comes, keeps its deficit round robin
-share, costs a TAKE nothing while it waits, and still shows among the lane's held jobs."""
+"""A fair lane's tenants on a real Valkey, driven as a worker drives the lane (ENQUEUE through
+the job store, TAKE through the worker's reader): a tenant many rounds short of a whole credit
+is parked out of the ring until its round comes, keeps its deficit round robin share, costs a
+TAKE nothing while it waits, and still shows among the lane's held jobs; a held job's position
+counts its tenant's jobs ahead of it, not those held after it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import redis.asyncio as aioredis
 
 from shared import job_scripts
 from shared.codec import as_text
+from shared.job_states import JobStatus
+from shared.job_store import NewJob
+from shared.queue_position import QueuePositions
 from tests.test_fair_queuing import KEYS, _config, _enqueue, _job, _lane, _take_tenants
 from tests.test_fair_r11_drr import PER_JOB, _take_commands
 
@@ -68,3 +72,35 @@ async def test_a_parked_tenant_whose_weight_rises_is_served_in_the_next_round(
     await _enqueue(store, [_job(config, "b", 1.0)])
     assert await aredis.zcard(KEYS.fair_parked(stream)) == 0
     assert await _take_tenants(reader, stream, 3) == ["a", "b", "a"]
+
+
+async def _positions(aredis: aioredis.Redis, stream: str, jobs: list[NewJob]) -> list[int]:
+    """Each job's position as GET /v1/jobs/{id} reads it (QueueEta.of: its hash's fields)."""
+    positions = QueuePositions(aredis, KEYS)
+    read = []
+    for job in jobs:
+        fields = {
+            as_text(k): as_text(v)
+            for k, v in (await aredis.hgetall(KEYS.job(job.entry.job_id))).items()
+        }
+        seq = int(fields["seq"]) if "seq" in fields else None
+        read.append(await positions.position(stream, seq, "a", fields.get("hseq")))
+    return read
+
+
+async def test_a_held_jobs_position_grows_with_no_job_its_tenant_holds_after_it(
+    aredis: aioredis.Redis,
+) -> None:
+    """Counted as its tenant's last held job, each held job read the position of the last:
+    six read 0 to 5 on their 202s and 0, 5, 5, 5, 5, 5 on GET. Counted by its place among its
+    tenant's holds, each reads its own, and one nearer as entries ahead of it leave the list."""
+    config = _config(window=1)
+    store, reader, stream = await _lane(aredis, config)
+    jobs = [_job(config, "a") for _ in range(7)]
+    assert await _enqueue(store, jobs) == []  # the first in the stream (its window), six held
+    assert await _positions(aredis, stream, jobs) == [0, 1, 2, 3, 4, 5, 6]
+    await store.transition(jobs[2].entry.job_id, JobStatus.CANCELLED)  # its entry stays, ended
+    # an ended job's entry ahead counts until a refill drops it (bounded by the live ones)
+    assert await _positions(aredis, stream, jobs[3:]) == [3, 4, 5, 5]
+    assert len(await _take_tenants(reader, stream, 3)) == 3  # the first, then two moved in
+    assert await _positions(aredis, stream, jobs[4:]) == [0, 1, 2]

@@ -332,6 +332,7 @@ class QueueEta:
         if config is None or not stream or not (seq or fields.get("held")):
             return None
         tenant = fields.get("tenant", "default")
-        position = await self.positions.position(stream, int(seq) if seq else None, tenant)
+        place = fields.get("hseq")
+        position = await self.positions.position(stream, int(seq) if seq else None, tenant, place)
         bulk = stream == self.keys.bulk_queue(config.name, variant)
         return self.standing(config, variant, bulk, position)
