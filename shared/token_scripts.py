@@ -5,44 +5,92 @@ reader showed twice."""
 
 from __future__ import annotations
 
-# KEYS[1]=a job's token stream, KEYS[2] (optional) its lane stream; ARGV: ttl_s (0: the TTL stays; a
-# run's first write sets the result TTL, its final one the shorter token-stream TTL,
-# workers/partition/token_writer.py), the attempt (random per run of the job), the number of this
-# call's first event in the attempt, the group, lane entry id and consumer that must hold the entry
-# (read with KEYS[2]), then per event its field count and field/value pairs. A call whose consumer
-# no longer holds the lane entry is refused (0; else 1): another worker took the job over (a reclaim
-# while this run was cut off from Redis) or ended it, and this stale run's text, its first write's
-# too (no `restart` before it: it is no redelivery), would mix with the new run's, its `final` end
-# readers early. Each entry carries `a` (the attempt) and `n` (its number in it): events the
-# stream's last entry says this attempt appended already are skipped. A call that continues its
-# attempt (first event past 1) on a stream whose last entry is another attempt's is refused too: a
-# later run of the job wrote since (this worker's own reclaimer may have taken the entry back). The
-# lane stream and the token stream carry the partition's hash tag: one slot on a Cluster.
-APPEND = """
-if KEYS[2] then
-  local row = redis.pcall('XPENDING', KEYS[2], ARGV[4], ARGV[5], ARGV[5], 1)
-  if row.err or not row[1] or row[1][2] ~= ARGV[6] then return 0 end
+from shared.job_states import lua_transition_table
+
+# KEYS[1]=a job's token stream, KEYS[2] the job's hash, KEYS[3] (optional) its lane stream; ARGV:
+# ttl_s and how it is set ('': always, a run's first write the result TTL, its final one the
+# shorter token-stream TTL, workers/partition/token_writer.py; 'NX': only on a stream this call
+# made, the result TTL of a run's other writes, which recreate a stream evicted or lost in a
+# failover: it lived for ever; no EXPIRE for the others, every tick), the attempt (random per
+# run of the job), the number of this call's first event in the attempt, the group, lane entry
+# id and consumer that must hold the entry (read with KEYS[3]), then per event its field count
+# and field/value pairs, `kind` first
+# (TokenEvent.encode). A call whose consumer no longer holds the lane entry is refused (0; else
+# 1): another worker took the job over (a reclaim while this run was cut off from Redis) or ended
+# it, and this stale run's text, its first write's too (no `restart` before it: it is no
+# redelivery), would mix with the new run's, its `final` end readers early. Each entry carries `a`
+# (the attempt) and `n` (its number in it): events the stream's last entry says this attempt
+# appended already are skipped. A call that continues its attempt (first event past 1) on a stream
+# whose last entry is another attempt's is refused too: a later run of the job wrote since (this
+# worker's own reclaimer may have taken the entry back). A call with a final reads the job's
+# status: a job the API ended (a cancel) in the very step that ended its generation was not
+# watched by that step's tick, and its `succeeded` final contradicted the `cancelled` record
+# (readers dropped its usage, FINISH refused the result). The final then says what the record
+# will hold: the job's status and `abort`, as a run that saw the cancel writes it
+# (workers/generation/generate_job.py: RunningJob.final_event), and the call returns that status
+# (a resent call too), for the loop to end the run as it. The three keys carry the partition's
+# hash tag, the job id's first digits: one slot on a Cluster.
+APPEND = (
+    lua_transition_table()
+    + """
+-- The fields of the final event at ARGV[from..to] as a record that ended `status` holds them.
+local function ended_final(from, to, status)
+  local fields = {}
+  for j = from, to, 2 do
+    local name = ARGV[j]
+    if name ~= 'status' and name ~= 'finish_reason' and (name ~= 'error' or status == 'failed') then
+      table.insert(fields, name)
+      table.insert(fields, ARGV[j + 1])
+    end
+  end
+  table.insert(fields, 'status')
+  table.insert(fields, status)
+  table.insert(fields, 'finish_reason')
+  table.insert(fields, 'abort')
+  return fields
+end
+
+-- The terminal status the job's hash holds other than the final's at ARGV[from..to], if any.
+local function ended_as(from, to)
+  local cur = redis.call('HGET', KEYS[2], 'status')
+  if not cur or ALLOWED[cur] then return nil end
+  for j = from, to, 2 do
+    if ARGV[j] == 'status' and ARGV[j + 1] == cur then return nil end
+  end
+  return cur
+end
+
+if KEYS[3] then
+  local row = redis.pcall('XPENDING', KEYS[3], ARGV[5], ARGV[6], ARGV[6], 1)
+  if row.err or not row[1] or row[1][2] ~= ARGV[7] then return 0 end
 end
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
-local n, i = tonumber(ARGV[3]), 7
-local done = 0
+local n, i = tonumber(ARGV[4]), 8
+local done, ended = 0, nil
 if last then
   local a, at
   for j = 1, #last[2], 2 do
     local name = last[2][j]
     if name == 'a' then a = last[2][j + 1] elseif name == 'n' then at = last[2][j + 1] end
   end
-  if a == ARGV[2] then done = tonumber(at) elseif n > 1 then return 0 end
+  if a == ARGV[3] then done = tonumber(at) elseif n > 1 then return 0 end
 end
 while i <= #ARGV do
-  local count = tonumber(ARGV[i])
-  if n > done then
-    redis.call('XADD', KEYS[1], '*', 'a', ARGV[2], 'n', n, unpack(ARGV, i + 1, i + count * 2))
+  local from, to = i + 1, i + tonumber(ARGV[i]) * 2
+  local final = ARGV[from + 1] == 'final'
+  if final then ended = ended_as(from, to) end
+  if n > done and final and ended then
+    redis.call('XADD', KEYS[1], '*', 'a', ARGV[3], 'n', n, unpack(ended_final(from, to, ended)))
+  elseif n > done then
+    redis.call('XADD', KEYS[1], '*', 'a', ARGV[3], 'n', n, unpack(ARGV, from, to))
   end
-  n, i = n + 1, i + 1 + count * 2
+  n, i = n + 1, to + 1
 end
-if ARGV[1] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
-return 1
+if ARGV[2] == '' or not last then  -- NX: only a stream this call made (none before it)
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
+end
+return ended or 1
 """
+)
 
 ALL = (APPEND,)

@@ -4,9 +4,11 @@ seen (and aborted) after the next engine step without any extra Redis call (the 
 poll of jobs that yield nothing is the same call with no events). Each job's events go through
 APPEND (shared/token_scripts.py), so a trip resent after its reply was lost appends
 nothing twice, and a run whose job another worker took over (a reclaim) appends nothing more.
-A stream being written lives the result TTL (a long generation keeps its head); the write of
-its final event cuts that to CONVEYOR_TOKEN_STREAM_TTL_S: the text lives on in the job's result,
-and readers of an expired stream get the final event from the job's hash."""
+A stream being written lives the result TTL (a long generation keeps its head, and a write that
+recreates a lost stream gives it that TTL); the write of its final event cuts that to
+CONVEYOR_TOKEN_STREAM_TTL_S: the text lives on in the job's result, and readers of an expired
+stream get the final event from the job's hash. A final event says the status the job's hash
+ended with where the API ended the job (a cancel) in the step that ended its generation."""
 
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ class TokenAppend:
 @dataclass(frozen=True, slots=True)
 class TickWritten:
     """`refused`: the jobs whose events APPEND refused, as another run of theirs wrote their
-    streams since (give them up); `statuses`: each watched job's status (None: hash gone)."""
+    streams since (give them up); `statuses`: each watched job's status (None: hash gone), and
+    that of each job whose final APPEND wrote with the status the API ended the job with."""
 
     refused: list[str]
     statuses: dict[str, str | None]
@@ -76,17 +79,25 @@ class TokenWriter:
             self.redis, partial(self._queue, appends, watch), [self._append]
         )
         appended, statuses = replies[: len(appends)], replies[len(appends) :]
+        watched = {
+            job_id: None if status is None else as_text(status)
+            for job_id, status in zip(watch, statuses, strict=True)
+        }
+        # APPEND's reply to a final it wrote as the API ended the job: the loop ends the run so
+        ended: dict[str, str | None] = {
+            append.job_id: as_text(reply)
+            for append, reply in zip(appends, appended, strict=True)
+            if isinstance(reply, bytes | str)
+        }
         return TickWritten(
             [append.job_id for append, ok in zip(appends, appended, strict=True) if not ok],
-            {
-                job_id: None if status is None else as_text(status)
-                for job_id, status in zip(watch, statuses, strict=True)
-            },
+            watched | ended,
         )
 
     async def _queue(self, appends: Sequence[TokenAppend], watch: Sequence[str], pipe: Any) -> None:
         for append in appends:
-            keys, args = [self.keys.tokens(append.job_id)], _head(append, self._ttl(append))
+            keys = [self.keys.tokens(append.job_id), self.keys.job(append.job_id)]
+            args = _head(append, *self._ttl(append))
             if append.holder is not None:
                 keys.append(append.holder.stream)
             for event in append.events:
@@ -108,17 +119,19 @@ class TokenWriter:
                 pipe.expire(self.keys.tokens(job_id), self.final_ttl_s, lt=True)
             await pipe.execute()
 
-    def _ttl(self, append: TokenAppend) -> int:
-        """The TTL `append` sets: 0 (the stream's stays), the short one of a finished stream
-        (its final event is in it), or the long one of a stream being written."""
+    def _ttl(self, append: TokenAppend) -> tuple[int, str]:
+        """The TTL `append` sets and APPEND's EXPIRE option for it: the short one of a finished
+        stream (its final event is in it), the long one of a stream being written, or that one
+        only where the stream has none (NX: the stream's stays)."""
         if not append.expire:
-            return 0
-        return self.final_ttl_s if any(event.final for event in append.events) else self.ttl_s
+            return self.ttl_s, "NX"
+        final = any(event.final for event in append.events)
+        return (self.final_ttl_s if final else self.ttl_s), ""
 
 
-def _head(append: TokenAppend, ttl_s: int) -> list[Any]:
-    """APPEND's arguments before the events: TTL (0: unchanged), run, first number, and the
-    lane entry's group, id and consumer (empty when unchecked)."""
+def _head(append: TokenAppend, ttl_s: int, expire_option: str) -> list[Any]:
+    """APPEND's arguments before the events: TTL and its EXPIRE option, run, first number, and
+    the lane entry's group, id and consumer (empty when unchecked)."""
     holder = append.holder
     held = ("", "", "") if holder is None else (GROUP, holder.entry_id, holder.consumer)
-    return [ttl_s, append.attempt, append.first, *held]
+    return [ttl_s, expire_option, append.attempt, append.first, *held]
