@@ -11,12 +11,14 @@ too, so a process starts while the URL's node is down. Keys are named so that no
 or a transaction touches spans slots (shared/keys.py), so the same calls work against one server
 and a cluster; `RedisClient` is the one type both sides annotate with.
 
-Two kinds of call are sent once, never again by redis-py on a lost connection: a worker's reads
-of its consumer group (`sent_once`), and a cluster pipeline that carries a replica WAIT
-(`queue_replica_wait`). A read the server served whose reply was lost, sent again unseen, hid
-the outage from the loop that claims such entries back (they sat pending a visibility timeout);
-a pipeline sent again lost its WAIT's target (redis-py pops it as it routes), so the WAIT ran
-on the default node, on a connection that wrote nothing, and passed whatever the replicas held.
+Three kinds of call are sent once, never again by redis-py on a lost connection: a command that
+a second run changes the outcome of, alone or in a pipeline (`RUNS_TWICE`: a counter, an
+append), a worker's reads of its consumer group (`sent_once`), and a cluster pipeline that
+carries a replica WAIT (`queue_replica_wait`). A read the server served whose reply was lost,
+sent again unseen, hid the outage from the loop that claims such entries back (they sat pending
+a visibility timeout); a pipeline sent again lost its WAIT's target (redis-py pops it as it
+routes), so the WAIT ran on the default node, on a connection that wrote nothing, and passed
+whatever the replicas held.
 Nor are the writes of such a pipeline that a node redirected (its slot moved) sent again alone,
 without the WAIT. `run_pipeline` builds such a pipeline anew and runs it again instead."""
 
@@ -198,6 +200,28 @@ class CallerRetry(Retry):
             raise
 
 
+# Commands that a second run changes the outcome of: a counter counts twice, an append adds
+# twice, a pop takes one more. Sent again after a lost connection whose reply was lost (the
+# server ran it), a failed login counted twice and a canary's event was logged twice, so one is
+# sent once, and so is any pipeline that carries one; its caller meets the lost connection.
+# Scripts are sent again: those that write detect their reruns (shared/job_scripts.py).
+RUNS_TWICE = frozenset(
+    {
+        *("INCR", "INCRBY", "INCRBYFLOAT", "DECR", "DECRBY", "HINCRBY", "HINCRBYFLOAT"),
+        *("ZINCRBY", "XADD", "RPUSH", "LPUSH", "RPUSHX", "LPUSHX", "APPEND"),
+        *("LPOP", "RPOP", "SPOP", "LMOVE", "RPOPLPUSH", "LMPOP", "ZPOPMIN", "ZPOPMAX"),
+    }
+)
+
+
+def _once_where_one_runs_twice(names: Iterable[Any]) -> contextlib.AbstractContextManager[None]:
+    """`sent_once()` where one of the commands `names` is of `RUNS_TWICE`, else nothing. A
+    cluster pipeline's redirected command is still sent again, alone: its node ran nothing."""
+    if any(str(name).upper() in RUNS_TWICE for name in names):
+        return sent_once()
+    return contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def sent_once() -> Iterator[None]:
     """Commands sent inside (by this task) are not sent again by redis-py on a lost connection:
@@ -208,6 +232,31 @@ def sent_once() -> Iterator[None]:
         yield
     finally:
         _SENT_ONCE.reset(token)
+
+
+class ResendsSafely(aioredis.Redis):
+    """A client whose commands and pipelines are sent again through a lost connection only
+    where a second run changes nothing (`RUNS_TWICE`)."""
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        with _once_where_one_runs_twice(args[:1]):
+            return await super().execute_command(*args, **options)
+
+    def pipeline(
+        self, transaction: bool = True, shard_hint: str | None = None
+    ) -> aioredis.client.Pipeline:
+        return PipelineResendsSafely(
+            self.connection_pool, self.response_callbacks, transaction, shard_hint
+        )
+
+
+class PipelineResendsSafely(aioredis.client.Pipeline):
+    """A pipeline (a transaction too) that redis-py sends again whole through a lost
+    connection only where none of its commands is of `RUNS_TWICE`."""
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        with _once_where_one_runs_twice(args[0] for args, _ in self.command_stack):
+            return await super().execute(raise_on_error)
 
 
 class HiredisPacking(AbstractConnection):
@@ -459,7 +508,7 @@ class HiredisCluster(RedisCluster):
         return self
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        with topology_read():
+        with topology_read(), _once_where_one_runs_twice(args[:1]):
             return await super().execute_command(*args, **kwargs)
 
     async def _execute_command(self, target_node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
@@ -530,7 +579,10 @@ class TimeoutRaisingPipeline(PipelineStrategy):
 
     async def execute(self, *args: Any, **kwargs: Any) -> list[Any]:
         try:
-            with topology_read():
+            with (
+                topology_read(),
+                _once_where_one_runs_twice(c.args[0] for c in self._command_queue),
+            ):
                 return await super().execute(*args, **kwargs)
         except _Carried as carried:
             raise carried.error from carried.cause
@@ -588,7 +640,10 @@ class TimeoutRaisingTransaction(TransactionStrategy):
 
     async def execute(self, *args: Any, **kwargs: Any) -> list[Any]:
         try:
-            with topology_read():
+            with (
+                topology_read(),
+                _once_where_one_runs_twice(c.args[0] for c in self._command_queue),
+            ):
                 return await super().execute(*args, **kwargs)
         except AskError as exc:  # a MovedError too
             raise RedirectsExhausted(f"transaction's slot still moving: {exc}") from exc
@@ -612,9 +667,10 @@ def connect(
 ) -> RedisClient:
     """A client whose commands retry a few times through dropped connections (jittered backoff
     capped at 1 s) before they raise (not those sent once: `sent_once`, a cluster pipeline with
-    a WAIT); callers map what still fails to 503 or to their own backoff. A timeout is not
-    retried, on one server or a cluster: it would multiply the wait on a frozen server, and
-    send again a command the server may run once it wakes.
+    a WAIT, a command that a second run changes the outcome of and its pipeline: `RUNS_TWICE`);
+    callers map what still fails to 503 or to their own backoff. A timeout is not retried, on
+    one server or a cluster: it would multiply the wait on a frozen server, and send again a
+    command the server may run once it wakes.
 
     `name` labels its connections in CLIENT LIST (a worker uses its consumer name).
     `blocks_ms` is the longest BLOCK its commands use (default `CONVEYOR_BLOCK_MS`, what a
@@ -658,7 +714,7 @@ def connect(
         **options,
     )
     pool.connection_class = _HIREDIS_PACKING.get(pool.connection_class, pool.connection_class)
-    return aioredis.Redis.from_pool(pool)  # the client owns its pool: aclose() closes both
+    return ResendsSafely.from_pool(pool)  # the client owns its pool: aclose() closes both
 
 
 def blocking_cluster(
