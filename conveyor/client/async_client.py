@@ -101,13 +101,16 @@ class AsyncClient:
 
     async def _quietly(self, op: Op[object]) -> None:
         """Best effort, shielded from the cancellation that asked for it, and waited for no
-        longer than ABANDON_S (a request that hangs would hold up `wait_for`'s timeout): what
-        goes wrong (the producer gone, a second cancellation, which leaves it running on in
-        the background) is not raised over that cancellation."""
+        longer than ABANDON_S (a request that hangs would hold up `wait_for`'s timeout), then
+        ended: it ran on in the background, its request held open for the client's timeout.
+        What goes wrong (the producer gone, a second cancellation, which leaves it running on
+        in the background) is not raised over that cancellation."""
         task = asyncio.ensure_future(self.run(op))
         task.add_done_callback(_retrieve)
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(task), calls.ABANDON_S)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({task}, timeout=calls.ABANDON_S)
+            task.cancel()  # nothing once it ended
+            await asyncio.wait({task})
 
     async def chat(
         self, model: str, messages: list[dict[str, Any]], **params: Any

@@ -10,9 +10,11 @@ sync and async clients only sleep where it says."""
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import math
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +28,8 @@ REFUSED = 429
 UNAVAILABLE = frozenset({502, 503, 504})
 # Transport errors raised before any byte of the request went out.
 NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_MAX_DOUBLINGS = 1023  # 2.0**1024 is past the largest float
+_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")  # delay-seconds, a fraction allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,20 +48,20 @@ OnRetry = Callable[[RetryEvent], None]
 def retry_after_s(headers: httpx.Headers) -> float | None:
     """`Retry-After` as seconds (it may be a number or an HTTP date), or None. A number with a
     fraction (`0.5`) is honoured too: it fell back to the backoff, ignoring what was asked;
-    and `isdigit` took `²` for a digit, which `float` then refused with a ValueError."""
+    and `isdigit` took `²` for a digit, which `float` then refused with a ValueError. Only
+    ASCII digits are a number: `float` also read `1_000`, `1e3` and fullwidth digits as seconds."""
     value = headers.get("Retry-After")
     if value is None:
         return None
-    try:
+    if _SECONDS.fullmatch(value.strip()):
         seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        return seconds if math.isfinite(seconds) and seconds >= 0 else None
+        return seconds if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:  # asctime's and `-0000` dates: GMT, as every HTTP date, not local
+        when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, when.timestamp() - time.time())
 
 
@@ -101,8 +105,10 @@ class RetryPolicy:
 
     def backoff_s(self, attempt: int) -> float:
         """Full jitter (uniform up to the exponential step) spreads out clients that failed
-        together, which is what a 429 or 503 usually means."""
-        return random.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
+        together, which is what a 429 or 503 usually means. The step doubles 1023 times at
+        most: `2**1024` overflowed a float at a policy's 1024th retry."""
+        step = self.base_s * 2.0 ** min(attempt, _MAX_DOUBLINGS)
+        return random.uniform(0, min(self.cap_s, step))
 
     def after_response(
         self,
