@@ -51,12 +51,14 @@ from producer_api.stream_places import take_place
 from producer_api.stream_shutdown import GRACE_S, BoundedEventSource
 from shared.codec import as_text, dumps, is_stream_id
 from shared.dead_letters import DeadLetter, DeadLetters
+from shared.job_states import JobStatus
 from shared.job_store import JobRecord
 
 HERE = Path(__file__).parent
 LETTERS_SHOWN = 200  # per partition, oldest first
 BATCHES_SHOWN = 100  # per viewer, newest first, with how many it may see in all
 STATIC = {"console.js": "text/javascript", "console.css": "text/css"}
+STATUSES = [status.value for status in JobStatus]  # what the Jobs page filters by
 
 
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -78,12 +80,17 @@ Service = Annotated[Console, Depends(console)]
 async def signed_in(request: Request, state: State, service: Service) -> ConsoleSession:
     """The caller's console session; without one, a redirect to the login page. A session whose
     key no longer holds `read` (stored again with fewer scopes) is none: a login with that key
-    is refused, yet its session went on opening every page and feed."""
+    is refused, yet its session went on opening every page and feed. It is ended, not only
+    refused: it opened the console again once the key held `read` again, after a logout too
+    (sent to the login page, as every request of it)."""
     try:
         current = await current_session(state, service.signer, service.sessions, request)
     except LoginRequired:
         current = None
-    if current is None or not current.principal.may("read"):
+    if current is not None and not current.principal.may("read"):
+        await service.sessions.close(current.nonce)
+        current = None
+    if current is None:
         raise HTTPException(303, "login required", {"Location": "/console/login"})
     return current
 
@@ -312,6 +319,9 @@ async def jobs(
 ) -> Response:
     if id.strip():
         return _see(f"/console/jobs/{id.strip()}")
+    if status and status not in STATUSES:  # listed as none matching, though jobs had it
+        known = ", ".join(STATUSES)
+        raise ConveyorError(422, "invalid_request", f"no job status {status!r}: one of {known}")
     if not current.admin:
         tenant = current.principal.tenant
     wanted = JobFilter(status=status, model=model, tenant=tenant)

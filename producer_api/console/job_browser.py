@@ -10,12 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from producer_api.state import ProducerState
 from shared import job_scripts
 from shared.codec import RequestEntry, as_text, dumps
 from shared.job_store import JobRecord
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelRepository
+from shared.partition_stats import wrong_type
 from shared.redis_client import RedisClient, queue_script, run_pipeline
 
 READ_LIMIT = 5_000  # job hashes one listing reads at most
@@ -140,39 +143,73 @@ async def recent_jobs(
     return jobs[:SHOWN]
 
 
+@dataclass(slots=True)
+class _Sources:
+    """Where a listing finds the ids of the newest jobs of some models' partitions: the lanes'
+    and dead letters' streams, the lanes' lists of jobs that ended (`Keys.recent`) and the fair
+    lanes, whose held jobs are in no stream yet."""
+
+    streams: list[str]
+    ended: list[str]
+    fair: list[str]
+
+    @classmethod
+    def of(cls, keys: Keys, configs: list[ModelConfig]) -> _Sources:
+        partitions = [(c.name, v) for c in configs for v in c.variants]
+        lanes = [named(m, v) for m, v in partitions for named in (keys.queue, keys.bulk_queue)]
+        fair = [
+            named(c.name, v)
+            for c in configs
+            for v in c.variants
+            if c.fair_window_of(v)
+            for named in (keys.queue, keys.bulk_queue)
+        ]
+        streams = [*lanes, *(keys.dlq(m, v) for m, v in partitions)]
+        return cls(streams, [keys.recent(lane) for lane in lanes], fair)
+
+    def __len__(self) -> int:
+        return len(self.streams) + len(self.ended) + len(self.fair)
+
+
 async def _candidates(client: RedisClient, keys: Keys, configs: list[ModelConfig]) -> list[str]:
     """Ids of the newest jobs of every partition of `configs`: queued and running (the lanes'
     streams, and a fair lane's jobs held back per tenant, in no stream yet), ended there
     (`Keys.recent`) and dead letters, READ_LIMIT shared evenly among these sources (at least
     one id each: READ_LIMIT in all up to a thousand partitions); one pipeline of reads of one
-    slot each."""
-    partitions = [(c.name, v) for c in configs for v in c.variants]
-    lanes = [named(m, v) for m, v in partitions for named in (keys.queue, keys.bulk_queue)]
-    fair = [
-        named(c.name, v)
-        for c in configs
-        for v in c.variants
-        if c.fair_window_of(v)
-        for named in (keys.queue, keys.bulk_queue)
-    ]
-    streams = [*lanes, *(keys.dlq(m, v) for m, v in partitions)]
-    each = max(1, READ_LIMIT // max(len(streams) + len(lanes) + len(fair), 1))
+    slot each. A model one of whose keys is of another type (an operator's slip) is left out,
+    as the Overview leaves it out: it refused the read of them all, the Jobs list a 500."""
+    everywhere = _Sources.of(keys, configs)
+    each = max(1, READ_LIMIT // max(len(everywhere), 1))
+    ids = await _ids_in(client, everywhere, each)
+    if ids is None:  # read again a model at a time, to leave out only those refused
+        read = [await _ids_in(client, _Sources.of(keys, [c]), each) for c in configs]
+        ids = [job_id for model_ids in read for job_id in model_ids or ()]
+    return list(dict.fromkeys(ids))
+
+
+async def _ids_in(client: RedisClient, sources: _Sources, each: int) -> list[str] | None:
+    """Up to `each` ids from each of `sources`, or None where a key of them is of another
+    type."""
     held = client.register_script(job_scripts.HELD_IDS)
 
     async def fill(pipe: Any) -> None:
-        for stream in streams:
+        for stream in sources.streams:
             pipe.xrevrange(stream, count=each)
-        for lane in lanes:
-            pipe.lrange(keys.recent(lane), 0, each - 1)
-        for lane in fair:
+        for ended in sources.ended:
+            pipe.lrange(ended, 0, each - 1)
+        for lane in sources.fair:
             queue_script(pipe, held, [lane], [each])
 
-    _, replies = await run_pipeline(client, fill, [held])
-    entries: list[Any] = replies[: len(streams)]
-    listed: list[Any] = replies[len(streams) :]  # ended, then held
+    try:
+        _, replies = await run_pipeline(client, fill, [held])
+    except ResponseError as refused:
+        if wrong_type(refused):
+            return None
+        raise
+    entries: list[Any] = replies[: len(sources.streams)]
+    listed: list[Any] = replies[len(sources.streams) :]  # ended, then held
     ids = [as_text(fields[b"id"]) for rows in entries for _, fields in rows if b"id" in fields]
-    ids += [as_text(job_id) for rows in listed for job_id in rows]
-    return list(dict.fromkeys(ids))
+    return ids + [as_text(job_id) for rows in listed for job_id in rows]
 
 
 async def find_entry(state: ProducerState, record: JobRecord) -> RequestEntry | None:
@@ -192,11 +229,20 @@ async def find_entry(state: ProducerState, record: JobRecord) -> RequestEntry | 
         tenant = fields.get("tenant", "default")
         held = await _held_entry(state.redis, state.keys.held(lane, tenant), record.job_id, most)
         if held is not None:
-            return RequestEntry.decode(held)
+            return _decoded(held)
     for stream in (name for name in (lane, dlq) if name):
         if (entry := await _entry_in(state.redis, stream, start, record.job_id, most)) is not None:
-            return RequestEntry.decode(entry)
+            return _decoded(entry)
     return None
+
+
+def _decoded(fields: dict[bytes, bytes]) -> RequestEntry | None:
+    """The entry as a job; None for one no producer writes (a payload that is no JSON object,
+    which a worker fails its job for, keeping the inputs in its hash): its page was a 500."""
+    try:
+        return RequestEntry.decode(fields)
+    except (KeyError, ValueError):
+        return None
 
 
 async def _held_entry(
@@ -225,11 +271,16 @@ async def _entry_in(
 ) -> dict[bytes, bytes] | None:
     """The fields of `job_id`'s entry in `stream`, read on from `start` a page at a time (one
     read of ENTRY_SCAN missed it behind a burst of more jobs in the skew margin before it), up
-    to `most` entries."""
+    to `most` entries; none in a key of another type (an operator's slip: a 500)."""
     wanted = job_id.encode()
     while most > 0:
         count = min(ENTRY_SCAN, most)
-        rows: Any = await client.xrange(stream, min=start, count=count)
+        try:
+            rows: Any = await client.xrange(stream, min=start, count=count)
+        except ResponseError as refused:
+            if wrong_type(refused):
+                return None
+            raise
         found: dict[bytes, bytes] | None = next(
             (entry for _, entry in rows if entry.get(b"id") == wanted), None
         )
