@@ -1,12 +1,13 @@
 """A micro-batch that runs long: its jobs marked running once it has run RUNNING_MARK_S (so the
 job view shows it; a quick one never pays for the mark), then its entries re-claimed every third
-of the visibility timeout until its write-back. A bisection's reruns or a wait for the device
-could outlast the timeout: another worker reclaimed the entries, ran the jobs again and put a
-false `crashed` attempt on their records. The entries not run (expired, cancelled) are written
-back with the results, so they are re-claimed too: untouched, an expired job was reclaimed, and
-run as a redelivery (which `max_queue_time` does not bound). Its engine call has a ceiling,
-`queue.max_run_s`: one that never returns (a wedged kernel, a deadlocked library) kept its jobs
-claimed, and its partition reading nothing, for as long as the worker lived."""
+of the visibility timeout until its write-back (the first within two thirds of its oldest
+entry's read, however long the micro-batch gathered before). A bisection's reruns or a wait for
+the device could outlast the timeout: another worker reclaimed the entries, ran the jobs again
+and put a false `crashed` attempt on their records. The entries not run (expired, cancelled) are
+written back with the results, so they are re-claimed too: untouched, an expired job was
+reclaimed, and run as a redelivery (which `max_queue_time` does not bound). Its engine call has a
+ceiling, `queue.max_run_s`: one that never returns (a wedged kernel, a deadlocked library) kept
+its jobs claimed, and its partition reading nothing, for as long as the worker lived."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
 
+from shared.job_store import now_ms
 from workers.partition.stream_reader import Delivery, StreamReader
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,8 @@ class LongRun:
         self.reader = reader
         self.stream = stream
         self.entry_ids = [delivery.entry_id for delivery in entries]  # all kept claimed
+        # when the oldest was read (its idle time since, as the reclaimer sees it)
+        self.read_ms = min((delivery.claimed_ms for delivery in entries), default=now_ms())
         self.runnable = runnable  # marked running
         self.touch_every_s = touch_every_s
         self.max_run_s = max_run_s
@@ -82,11 +86,12 @@ class LongRun:
         long). Tried again only a period later, a micro-batch running through an outage as long
         as the visibility timeout stayed untouched up to a third of it after Redis was back,
         ample time for another worker's reclaimer to take it over and run it again."""
+        touching = self._touching
         try:
             if not self._marked:
                 await self.reader.mark_running(self.runnable)
                 self._marked = True
-            if self._touching and (lost := await self.reader.touch(self.stream, self.entry_ids)):
+            if touching and (lost := await self.reader.touch(self.stream, self.entry_ids)):
                 # another worker took them over all the same (this one could not reach Redis):
                 # FINISH refuses this one's results, the new owner's stand
                 log.warning("%d entries of a micro-batch were taken over", len(lost))
@@ -95,7 +100,15 @@ class LongRun:
             return min(self.touch_every_s, TOUCH_RETRY_S)
         finally:
             self._touching = True
-        return self.touch_every_s
+        return self.touch_every_s if touching else self._first_touch_in()
+
+    def _first_touch_in(self) -> float:
+        """Seconds from the mark to the first touch: a period, or less, so that the oldest entry
+        is touched within two periods of its read (a third of the timeout to spare). Its read
+        was not the watch's start: a gather held it untouched up to `max_queue_delay_ms` before,
+        and a period after the mark left it idle past the timeout once that was over a third."""
+        idle_s = (now_ms() - self.read_ms) / 1000.0
+        return max(0.0, min(self.touch_every_s, 2 * self.touch_every_s - idle_s))
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

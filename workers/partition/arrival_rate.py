@@ -1,8 +1,11 @@
 """How fast jobs reach a partition, so its loop holds a micro-batch open for more jobs only while
 more are likely to come: an idle partition serves a lone job at once. Two decaying estimates:
-the rate the worker reads jobs at, and what holding a micro-batch open actually gained. The
-second matters because the overall rate can mislead: a client at concurrency 1 sends its next
-job only after this one's answer, so nothing arrives while its job waits, whatever the rate."""
+the rate the worker reads jobs at, and what holding a micro-batch open actually gained against
+what that rate expected of it. The second matters because the overall rate can mislead: a
+client at concurrency 1 sends its next job only after this one's answer, so nothing arrives
+while its job waits, whatever the rate. It corrects the rate, rather than standing for one of
+its own: as a rate, what waits gained outlived the traffic (both its counts decay alike), and
+seconds after the last job a lone one still waited for more."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ class ArrivalRate:
         self._at = clock()
         self._arrived = 0.0  # decayed count of jobs read
         self._gained = 0.0  # decayed count of jobs gained while holding a micro-batch open
-        self._waited = 0.0  # decayed seconds spent holding one open
+        self._expected = 0.0  # decayed count of jobs the overall rate expected of those waits
 
     def arrived(self, count: int) -> None:
         """`count` jobs were read (any read: the first of a micro-batch or a top-up)."""
@@ -36,8 +39,7 @@ class ArrivalRate:
 
     def waited(self, seconds: float, gained: int) -> None:
         """A micro-batch was held open `seconds` and gained `gained` jobs meanwhile."""
-        self._decay()
-        self._waited += seconds
+        self._expected += self.overall() * seconds
         self._gained += gained
 
     def overall(self) -> float:
@@ -46,10 +48,14 @@ class ArrivalRate:
         return self._arrived * math.log(2) / self.half_life_s
 
     def while_waiting(self) -> float:
-        """Jobs per second expected while a micro-batch is held open: what recent waits gained,
-        with the overall rate as the prior (worth `prior_s` of waiting)."""
+        """Jobs per second expected while a micro-batch is held open: the overall rate, times
+        what recent waits gained for each job it expected of them, with a prior of `prior_s`
+        of waiting that gained what the rate expected (none: the rate as it is)."""
         overall = self.overall()
-        return (self._gained + overall * self.prior_s) / (self._waited + self.prior_s)
+        prior = overall * self.prior_s
+        expected = self._expected + prior
+        # none: no waits and no prior, or a silence long enough to leave nothing of either
+        return overall * (self._gained + prior) / expected if expected > 0.0 else overall
 
     def expects_more(self, within_s: float) -> bool:
         """Whether at least one more job is expected within `within_s` seconds."""
@@ -61,4 +67,4 @@ class ArrivalRate:
         self._at = now
         self._arrived *= factor
         self._gained *= factor
-        self._waited *= factor
+        self._expected *= factor

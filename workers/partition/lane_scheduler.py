@@ -6,6 +6,7 @@ still go first when they arrive."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from functools import partial
 
@@ -128,7 +129,8 @@ class LaneScheduler:
                 batch for lane in lanes for batch in await self.reader.held([lane], count, in_hand)
             ]
         self.backlog = any(self._left_waiting(deliveries, count) for _, deliveries in waited)
-        return [await top_up(b) for b in waited]
+        read_at = time.monotonic()
+        return [await top_up(b, read_at) for b in waited]
 
     def _blocking_read(self, max_items: int, slots: bool) -> tuple[list[str], int]:
         """The lanes the blocking read waits on, and its COUNT, which Redis applies to each
@@ -196,14 +198,23 @@ class LaneScheduler:
         in_hand: Collection[LaneEntry],
         stop: Stopping | None,
         batch: MicroBatch,
+        read_at: float | None = None,
     ) -> MicroBatch:
         """`batch` topped up while more are coming (`StreamReader.gather`), until `stop`: then
         what this consumer holds of its lane and is not running (a cut top-up's lost reply)
-        joins it, claimed back as after a cut blocking read, to finish before it stops."""
+        joins it, claimed back as after a cut blocking read, to finish before it stops.
+        Whether more are coming is the rate before `batch`: its own jobs count only once it is
+        topped up (counted first, a lone job on an idle partition made a rate that expected
+        another, and waited for it). `read_at` (time.monotonic()): when the blocking read that
+        handed `batch` over returned; the micro-batches of both lanes it hands over share one
+        `delay_ms` from then, since the first runs only once the second is topped up too (each
+        had its own: online jobs waited twice `max_queue_delay_ms`, on bulk arrivals)."""
+        if read_at is not None:
+            delay_ms -= (time.monotonic() - read_at) * 1000.0
         stream, deliveries = batch
-        arrivals = self.arrivals[stream]
-        arrivals.arrived(len(deliveries))
+        arrivals, read = self.arrivals[stream], len(deliveries)
         await self.reader.gather(batch, max_items, delay_ms, self.preferred, arrivals, stop)
+        arrivals.arrived(read)
         if stop is None or not stop.is_set() or delay_ms <= 0 or len(deliveries) >= max_items:
             return batch
         ours = {*in_hand, *((stream, d.entry_id) for d in deliveries)}
