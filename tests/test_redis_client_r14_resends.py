@@ -6,7 +6,6 @@ again, the login throttle counted one failed login twice and a canary logged an 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlparse
 
@@ -15,49 +14,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared.redis_client import RedisClient, connect
-
-
-class ReplyDropper:
-    """A TCP proxy to the server that, once, forwards a request holding `marker` (a command
-    name as RESP spells it), waits for the server's answer and closes the client's side
-    instead of passing it on."""
-
-    def __init__(self, host: str, port: int, marker: bytes) -> None:
-        self.target = (host, port)
-        self.marker = marker
-        self.dropped = 0
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-        back = asyncio.create_task(self._pipe(up_reader, writer))
-        try:
-            while data := await reader.read(1 << 16):
-                up_writer.write(data)
-                await up_writer.drain()
-                if self.marker in data and not self.dropped:
-                    self.dropped += 1
-                    back.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await back
-                    await up_reader.read(1 << 16)  # the server ran it
-                    break
-        finally:
-            back.cancel()
-            writer.close()
-            up_writer.close()
-
-    @staticmethod
-    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError):
-            while data := await source.read(1 << 16):
-                sink.write(data)
-                await sink.drain()
-
+from tests.reply_dropper import ReplyDropper
 
 Dropping = Callable[[bytes], Awaitable[RedisClient]]
 
@@ -77,8 +34,7 @@ async def dropping(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[Drop
     yield make
     for proxy, client in made:
         await client.aclose()
-        assert proxy.server is not None
-        proxy.server.close()
+        await proxy.stop()
         assert proxy.dropped == 1
 
 

@@ -2,15 +2,18 @@
 A touch an outage failed waited a whole third more: through an outage as long as the timeout,
 the entries stayed untouched up to a third of it after Redis was back, and another worker's
 reclaimer took over a micro-batch still running here (run twice, a false `crashed` attempt on
-each job, a delivery counted). It is tried again soon instead, as a generate loop's is. On a
-real Valkey: the reader's first touch meets an outage; the watch's sleeps are recorded, not
-slept."""
+each job, a delivery counted). It is tried again soon instead, as a generate loop's is. And a
+micro-batch held open long for more jobs (a `max_queue_delay_ms` near the visibility timeout,
+which the config allows) had its first touch a third of the timeout after the loop got it, its
+oldest entry, untouched through the gather too, idle past the timeout meanwhile. On a real
+Valkey; the watch's sleeps are recorded, not slept."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import redis.asyncio as aioredis
@@ -25,10 +28,12 @@ from workers.batching.long_run import LongRun
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.reclaim import Reclaimer
-from workers.partition.stream_reader import StreamReader
+from workers.partition.stream_reader import MicroBatch, StreamReader
 
 KEYS = Keys("long-touch:")
 WORKER = "box-3-33"
+PARTITION = abandoned_after(KEYS, 60)  # a touch every 20 s
+GATHERED_S = 45.0  # max_queue_delay_ms may be up to the visibility timeout
 
 
 class OutageOnce(StreamReader):
@@ -43,34 +48,65 @@ class OutageOnce(StreamReader):
         return await super().touch(stream, entry_ids)
 
 
-async def test_a_touch_an_outage_failed_is_tried_again_soon(
-    aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    partition = abandoned_after(KEYS, 60)  # a touch every 20 s
-    await queue_jobs(JobStore(aredis, KEYS, ttl_s=60), partition.online, "long")
-    reader = OutageOnce(aredis, KEYS, partition.streams, WORKER)
-    await reader.ensure_groups()
-    reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
-    [(stream, batch)] = await LaneScheduler(partition, reader, reclaimer).next_batch(1, 0, 50)
-    pauses: list[float] = []
+@pytest.fixture
+def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The watch's sleeps, recorded and not slept."""
+    recorded: list[float] = []
     real_sleep = asyncio.sleep
 
-    async def recorded(delay: float) -> None:
-        pauses.append(delay)
+    async def sleep(delay: float) -> None:
+        recorded.append(delay)
         await real_sleep(0)
 
     monkeypatch.setattr(
-        long_run, "asyncio", types.SimpleNamespace(**{**vars(asyncio), "sleep": recorded})
+        long_run, "asyncio", types.SimpleNamespace(**{**vars(asyncio), "sleep": sleep})
     )
-    watch = LongRun(reader, stream, batch, batch, partition.touch_every_s, 0, lambda: None)
+    return recorded
 
-    async def touched_after_the_outage() -> bool:
-        return reader.touches >= 2 and len(pauses) >= 3
+
+async def _read(aredis: aioredis.Redis, reader: StreamReader, job_id: str) -> MicroBatch:
+    """A micro-batch of job `job_id`, read by `reader` as a worker's loop reads it."""
+    await queue_jobs(JobStore(aredis, KEYS, ttl_s=60), PARTITION.online, job_id)
+    await reader.ensure_groups()
+    reclaimer = Reclaimer(aredis, KEYS, PARTITION, WORKER, 60, JobEvents("redis://unused"))
+    [batch] = await LaneScheduler(PARTITION, reader, reclaimer).next_batch(1, 0, 50)
+    return batch
+
+
+async def _watched(watch: LongRun, done: Callable[[], bool]) -> None:
+    async def ready() -> bool:
+        return done()
 
     try:
-        await until_async(touched_after_the_outage, timeout=5, every=0.01)
+        await until_async(ready, timeout=5, every=0.01)
     finally:
         watch.end()
-    every_s = partition.touch_every_s
+
+
+async def test_a_touch_an_outage_failed_is_tried_again_soon(
+    aredis: aioredis.Redis, pauses: list[float]
+) -> None:
+    reader = OutageOnce(aredis, KEYS, PARTITION.streams, WORKER)
+    stream, batch = await _read(aredis, reader, "long")
+    watch = LongRun(reader, stream, batch, batch, PARTITION.touch_every_s, 0, lambda: None)
+    await _watched(watch, lambda: reader.touches >= 2 and len(pauses) >= 3)
+    every_s = PARTITION.touch_every_s
     # after the mark a period; after the failed touch much less; touched again, a period
     assert pauses[:3] == [every_s, long_run.TOUCH_RETRY_S, every_s], pauses
+
+
+async def test_the_first_touch_comes_before_a_long_gathers_entries_go_idle(
+    aredis: aioredis.Redis, pauses: list[float]
+) -> None:
+    reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER)
+    stream, batch = await _read(aredis, reader, "gathered")
+    # read as the micro-batch's first job, GATHERED_S before the gather ended
+    gathered = [
+        dataclasses.replace(d, claimed_ms=d.claimed_ms - int(GATHERED_S * 1000)) for d in batch
+    ]
+    watch = LongRun(reader, stream, gathered, gathered, PARTITION.touch_every_s, 0, lambda: None)
+    await _watched(watch, lambda: len(pauses) >= 2)
+    # idle from its read to its first touch: the gather, the mark's wait, then the first pause
+    idle_s = GATHERED_S + long_run.RUNNING_MARK_S + pauses[0]
+    assert idle_s < 60 - PARTITION.touch_every_s / 2, pauses
+    assert pauses[1] == PARTITION.touch_every_s  # then a touch a period, as ever

@@ -6,7 +6,6 @@ written, so the loop's metrics count them once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from urllib.parse import urlparse
@@ -20,6 +19,7 @@ from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig
+from tests.reply_dropper import ReplyDropper
 from workers.partition.finish import Finish
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
@@ -31,50 +31,6 @@ KEYS = Keys("lost-reply:")
 WORKER = "box-1-11"
 PARTITION = Partition.of(KEYS, ModelConfig(name="m", kind="batch", backend="identity"), "v")
 STREAM = PARTITION.online
-
-
-class ReplyDropper:
-    """A TCP proxy to the server that, once, forwards a request holding EVALSHA, waits for the
-    server's answer and closes the client's side instead of passing it on."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.dropped = 0
-        self.answer = b""  # what the client never got
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
-        return f"redis://127.0.0.1:{port}"
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-        back = asyncio.create_task(self._pipe(up_reader, writer))
-        try:
-            while data := await reader.read(1 << 16):
-                up_writer.write(data)
-                await up_writer.drain()
-                if b"EVALSHA" in data and not self.dropped:
-                    self.dropped += 1
-                    back.cancel()
-                    self.answer = await up_reader.read(1 << 16)  # the server ran it
-                    break
-        finally:
-            back.cancel()
-            writer.close()
-            up_writer.close()
-
-    @staticmethod
-    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError):
-            while data := await source.read(1 << 16):
-                sink.write(data)
-                await sink.drain()
-
-    async def stop(self) -> None:
-        assert self.server is not None
-        self.server.close()
 
 
 @pytest.fixture
