@@ -173,6 +173,11 @@ class Keys:
         job id by the ms it ended), so that one lost with its worker is sent all the same."""
         return f"{stream}{WEBHOOKS_OWED_SUFFIX}"
 
+    def webhook_leases(self, stream: str) -> str:
+        """Which reclaimer holds each overdue id of a lane's owed set, until when (hash: id ->
+        "<reader> <until ms>"), so that one reclaimer re-sends each event."""
+        return f"{stream}{WEBHOOKS_OWED_SUFFIX}:leases"
+
     def fair(self, stream: str) -> str:
         """A fair lane's counters (hash: held, per-tenant weight and deficit)."""
         return f"{stream}{FAIR_SUFFIX}"

@@ -9,28 +9,59 @@ Errors are raised: each caller decides what an event left owed costs it."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Collection
 from typing import Any
 
 from shared.codec import as_text
 from shared.keys import Keys
-from shared.redis_client import RedisClient
+from shared.redis_client import RedisClient, call_script
+
+# The lane's overdue ids (KEYS[1], score <= ARGV[1], at most ARGV[2], oldest first) that no other
+# reader holds, each then leased to reader ARGV[3] (KEYS[2], `Keys.webhook_leases`, in the owed
+# set's slot) until ARGV[4] + ARGV[5] ms; a reader's own leases it takes again (its pass that
+# failed to hand one over sends it again).
+_TAKE_OVERDUE = """
+local now, lease_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
+local taken = {}
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])) do
+  local holder, till = string.match(redis.call('HGET', KEYS[2], id) or '', '^(%S+) (%d+)$')
+  if holder == nil or holder == ARGV[3] or tonumber(till) < now then
+    redis.call('HSET', KEYS[2], id, ARGV[3] .. ' ' .. string.format('%.0f', now + lease_ms))
+    taken[#taken + 1] = id
+  end
+end
+if #taken > 0 then redis.call('PEXPIRE', KEYS[2], lease_ms) end
+return taken
+"""
 
 
 class WebhookOutbox:
     def __init__(self, client: RedisClient, keys: Keys) -> None:
         self.redis = client
         self.keys = keys
+        self.reader = uuid.uuid4().hex  # whose leases `overdue` takes
+        self._take_overdue = client.register_script(_TAKE_OVERDUE)
 
     async def settle(self, stream: str, job_ids: Collection[str]) -> None:
-        """Take jobs whose events the broker has off the lane's owed set, in one ZREM (none for
-        no ids: a micro-batch without webhooks costs nothing)."""
+        """Take jobs whose events the broker has off the lane's owed set, and their leases, in
+        one round trip (none for no ids: a micro-batch without webhooks costs nothing)."""
         if job_ids:
-            await self.redis.zrem(self.keys.webhooks_owed(stream), *job_ids)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zrem(self.keys.webhooks_owed(stream), *job_ids)
+                pipe.hdel(self.keys.webhook_leases(stream), *job_ids)
+                await pipe.execute()
 
     async def overdue(self, stream: str, ended_by_ms: int, limit: int) -> list[str]:
         """Ids of the lane's jobs owed since `ended_by_ms` (epoch ms) or before, oldest first,
-        at most `limit`."""
-        key = self.keys.webhooks_owed(stream)
-        owed: list[Any] = await self.redis.zrangebyscore(key, "-inf", ended_by_ms, 0, limit)
+        at most `limit`, that no other reader holds; each is then this reader's for as long as
+        the caller waits before calling an event overdue (now less `ended_by_ms`). Two workers'
+        reclaimers both read every overdue id and both sent it: each event went out twice. A
+        reader that dies before settling one leaves it to another once that lease lapses."""
+        keys = [self.keys.webhooks_owed(stream), self.keys.webhook_leases(stream)]
+        now = time.time_ns() // 1_000_000
+        lease_ms = max(1, now - ended_by_ms)
+        args = [ended_by_ms, limit, self.reader, now, lease_ms]
+        owed: list[Any] = await call_script(self._take_overdue, keys, args)
         return [as_text(job_id) for job_id in owed]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import ipaddress
 import logging
 import math
@@ -113,6 +114,8 @@ def retry_after_s(status: int, value: str | None) -> float | None:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError, OverflowError):  # a year past C's int: OverflowError
         return None
+    if when.tzinfo is None:  # asctime's and `-0000` dates: GMT, as every HTTP date, not local
+        when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, when.timestamp() - time.time())
 
 
