@@ -12,6 +12,7 @@ clearing their alerts, where the metrics route keeps the last values of a read t
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -165,7 +166,8 @@ def _apply_group(lane: LaneStats, groups: Any) -> None:
 async def _oldest_ages(client: aioredis.Redis, job_prefix: str, lanes: list[LaneStats]) -> None:
     """How long the oldest job still waiting in each lane has waited (`OLDEST`), for the lanes
     with any waiting, in one round trip (sent as EVAL, which a cluster pipeline routes by the
-    lane without loading the script)."""
+    lane without loading the script). A stamp no clock gives (an infinity an operator wrote)
+    reads as none: its infinite age was no JSON number (null on GET /v1/models)."""
     busy = [lane for lane in lanes if lane.lag > 0]
     if not busy:
         return
@@ -174,8 +176,8 @@ async def _oldest_ages(client: aioredis.Redis, job_prefix: str, lanes: list[Lane
         pipe.execute_command("EVAL", OLDEST, 1, lane.stream, lane.last_delivered, job_prefix)
     now_ms = time.time() * 1000
     for lane, oldest in zip(busy, await _replies(pipe), strict=True):
-        if isinstance(oldest, bytes | str):
-            lane.oldest_age_s = max(0.0, (now_ms - float(oldest)) / 1000)
+        if isinstance(oldest, bytes | str) and math.isfinite(stamp := float(oldest)):
+            lane.oldest_age_s = max(0.0, (now_ms - stamp) / 1000)
 
 
 async def _replies(pipe: Any) -> list[Any]:
@@ -218,5 +220,10 @@ def _int(value: Any) -> int:
 def held_count(value: Any) -> int:
     """A fair lane's `held` as HGET read it; none (a lane without fair queuing yet) reads as 0,
     and so does one below 0 (a count drifted, which the fair lane's scripts clamp as they next
-    write it): added in, it hid as many queued jobs from the length, the lag and the backlog."""
-    return max(0, int(value)) if isinstance(value, bytes | str) else 0
+    write it): added in, it hid as many queued jobs from the length, the lag and the backlog.
+    One that is no integer (an operator's slip) reads as 0 too: it failed the read of every
+    partition, a 500 on every model's card and the gauges gone."""
+    try:
+        return max(0, int(value)) if isinstance(value, bytes | str) else 0
+    except ValueError:
+        return 0
