@@ -92,6 +92,12 @@ class ChildTooSlow(ChildNotReady):
     """It was still starting when `Stack.start_timeout_s` ran out."""
 
 
+class PortTaken(RuntimeError):
+    """Another server answers on the port a producer was started on: one that bound it after
+    `conveyor up` looked (another `up` started at the same time on another state dir), sharing
+    it with SO_REUSEPORT as `up`'s own producers do."""
+
+
 @dataclass
 class Stopping:
     """A child `terminate` signalled, killed with its group if they still run at `deadline`
@@ -211,7 +217,7 @@ class Stack:
         self._wait(lambda: _ready(base_url), name)
         answering = _instance(base_url)
         if answering != instance:
-            raise RuntimeError(
+            raise PortTaken(
                 f"{base_url} answers as producer {answering!r}, not {instance!r}: "
                 "another server has the port"
             )
@@ -247,7 +253,7 @@ class Stack:
                 return False
             seen.add(_instance(base_url))
             if not seen <= ids:
-                raise RuntimeError(
+                raise PortTaken(
                     f"{base_url} answers as producer {sorted(seen - ids)}, not one of "
                     f"{sorted(ids)}: another server has the port"
                 )

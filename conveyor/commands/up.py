@@ -19,9 +19,9 @@ import redis
 
 from conveyor.commands.keys import dev_key
 from conveyor.embedded_valkey import config_can_name, io_threads
-from conveyor.local_stack import StackState, refuse_unreachable
+from conveyor.local_stack import STATE_FILE, StackState, refuse_unreachable
 from conveyor.producer_server import family_of
-from conveyor.stack import ChildNotReady, Stack
+from conveyor.stack import ChildNotReady, PortTaken, Stack
 from conveyor.state_dir_lock import state_dir_lock
 from conveyor.supervisor import Supervisor
 from shared.cpu_count import usable_cpus
@@ -193,22 +193,35 @@ def _serve(
         click.echo(banner, nl=True)
         failed = _supervise(stack)
     finally:
-        _say("stopping: workers drain their batches first")
-        StackState.remove(state_dir)
-        stack.stop()
+        _stop(stack, state_dir)
     if failed:  # a run that lost a child for good is no clean run (a script, a service manager)
         raise click.ClickException(
             f"gave up on {', '.join(failed)} after repeated exits (last log lines above)"
         )
 
 
+def _stop(stack: Stack, state_dir: Path) -> None:
+    """Remove the state file, then stop every child whatever that did: a state file that could
+    not be removed (its state dir remounted read-only) raised before the stop, and `up` exited
+    with a traceback, its children left running, unwaited. One left behind names a process that
+    no longer runs, which every reader ignores (`local_stack._alive`)."""
+    try:
+        _say("stopping: workers drain their batches first")
+        StackState.remove(state_dir)
+    except OSError as exc:
+        _say(f"cannot remove {state_dir / STATE_FILE} ({exc.strerror or exc})", err=True)
+    finally:
+        stack.stop()
+
+
 @contextlib.contextmanager
 def _one_line_if_not_ready() -> Iterator[None]:
     """A child that does not get ready ends `up` with its name and the end of its log, not a
-    traceback of the wait."""
+    traceback of the wait; so does a port another server took after `_refuse_unbindable`
+    looked (a traceback of the RuntimeError it was)."""
     try:
         yield
-    except ChildNotReady as exc:
+    except (ChildNotReady, PortTaken) as exc:
         raise click.ClickException(str(exc)) from None
 
 
