@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import chain
+from typing import NamedTuple
 
 import redis.asyncio as aioredis
 from redis.typing import EncodableT
@@ -83,6 +84,14 @@ class OverBudget(Exception):
         self.held, self.size, self.budget = held, size, budget
 
 
+class StoredFile(NamedTuple):
+    """An uploaded file as its content is read: its owner, and its name for the download."""
+
+    tenant: str
+    filename: str
+    data: bytes
+
+
 class FileStore(TenantIndexed):
     def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
         self.redis = client
@@ -114,9 +123,9 @@ class FileStore(TenantIndexed):
     ) -> None:
         """Hold a file's `size` bytes against its tenant's `budget` until it expires (s;
         default a result TTL from now), OverBudget when they do not fit, before `put` stores
-        it: the two are in different slots, so a put that fails gives its hold back by
-        `discard`, and one whose discard fails too leaves the hold until the file would have
-        expired, erring on the side of the budget."""
+        it: the two are in different slots, so a put that fails (or a hold whose reply was
+        lost) gives its hold back by `discard`, and one whose discard fails too leaves the hold
+        until the file would have expired, erring on the side of the budget."""
         until = expires_at or self.expires_at()
         args = [now_ms(), file_id, size, until * 1000, budget, self.ttl_s]
         held, after = await call_script(self._hold, self._held_of(tenant), args)
@@ -137,8 +146,8 @@ class FileStore(TenantIndexed):
         await self.enlist(fields["tenant"], file_id)
 
     async def discard(self, tenant: str, file_id: str) -> None:
-        """Undo an upload whose `put` failed part-way or timed out (its client got no id, so
-        nobody could delete it): its key if it was written, then its hold. Kept, the hold
+        """Undo an upload whose `hold` or `put` failed part-way or timed out (its client got no
+        id, so nobody could delete it): its key if it was written, then its hold. Kept, the hold
         refused the client's retry as over budget, with no file to delete, for up to a result
         TTL. An index entry left behind is dropped by the next listing, as an expired file's."""
         await self.redis.delete(self.keys.file(file_id))
@@ -158,12 +167,14 @@ class FileStore(TenantIndexed):
             for values in rows
         ]
 
-    async def data(self, file_id: str) -> tuple[str, bytes] | None:
-        """(its owner, its bytes); None when there is no such file."""
-        tenant, data = await self.redis.hmget(self.keys.file(file_id), ("tenant", "data"))
+    async def data(self, file_id: str) -> StoredFile | None:
+        """The file with its owner and name; None when there is no such file."""
+        fields = ("tenant", "filename", "data")
+        tenant, filename, data = await self.redis.hmget(self.keys.file(file_id), fields)
         if tenant is None or data is None:
             return None
-        return as_text(tenant), data if isinstance(data, bytes) else data.encode()
+        content = data if isinstance(data, bytes) else data.encode()
+        return StoredFile(as_text(tenant), as_text(filename or ""), content)
 
     async def delete(self, file_id: str) -> bool:
         """Drop the file, give its bytes back to its tenant's budget and unlist it (once: the

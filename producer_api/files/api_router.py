@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, File, Form, Path, Query, Response, UploadFile
 
@@ -17,7 +18,7 @@ from producer_api.responses import (
     jsonl_route,
     page_response,
 )
-from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
+from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S, StoredFile
 
 # OpenAI's Files API, every route of it: its refusals answer in OpenAI's shape.
 router = APIRouter(tags=["files"], route_class=OpenAIRoute)
@@ -108,8 +109,22 @@ async def delete_file(service: Uploads, file_id: str = FILE_ID) -> Any:
 @router.get("/v1/files/{file_id}/content", **jsonl_route(_ERRORS))
 async def file_content(service: ReadService, file_id: str = FILE_ID) -> Response:
     """An uploaded file's bytes with their Content-Length (a client can tell a cut download
-    from a whole one), or an ended batch's output or errors file streamed (JSONL)."""
+    from a whole one), or an ended batch's output or errors file streamed (JSONL); either
+    named in a Content-Disposition (`attachment`)."""
     content = await service.content(file_id)
-    if isinstance(content, bytes):
-        return Response(content, media_type=JSONL)
-    return JsonlResponse(content)
+    if isinstance(content, StoredFile):
+        return Response(content.data, media_type=JSONL, headers=attachment(content.filename))
+    return JsonlResponse(content, headers=attachment(f"{file_id}.jsonl"))
+
+
+def attachment(filename: str) -> dict[str, str]:
+    """RFC 6266's Content-Disposition, so a browser or `curl -OJ` saves a download under its
+    name: `filename*` the name whole (UTF-8, percent-encoded), `filename` an ASCII stand-in
+    for clients that read only that. Sent raw, a quote, a backslash or a newline in an
+    uploaded name would end or split the header, and non-ASCII is not a header's."""
+    plain = "".join(
+        char if char.isascii() and char.isprintable() and char not in '"\\' else "_"
+        for char in filename
+    )
+    extended = quote(filename, safe="")
+    return {"Content-Disposition": f"attachment; filename=\"{plain}\"; filename*=UTF-8''{extended}"}

@@ -16,7 +16,7 @@ from producer_api.batch_api.progress import BATCH_FILE
 from producer_api.batch_api.serving import BatchApiService
 from producer_api.errors import NO_RETRY, ConveyorError
 from producer_api.state import ProducerState
-from shared.file_store import FILE_OVERHEAD_BYTES, OverBudget, charged
+from shared.file_store import FILE_OVERHEAD_BYTES, OverBudget, StoredFile, charged
 from shared.job_store import now_ms
 from shared.tenant_index import Page
 
@@ -116,18 +116,20 @@ class FilesService:
         budget, size = self.state.settings.max_file_bytes_per_tenant, charged(filename, len(data))
         try:
             await self.store.hold(self.principal.tenant, file_id, size, budget, expires_at)
+            await self.store.put(file_id, fields, data, expires_at)
         except OverBudget as refused:
             raise over_budget(refused) from None
-        try:
-            await self.store.put(file_id, fields, data, expires_at)
-        except BaseException:  # a cancelled request too: its client never learns the id
+        # A cancelled request too: its client never learns the id. A hold whose reply was lost
+        # (a timeout) may have run, so it is given back as well.
+        except BaseException:
             await self._discard(file_id)
             raise
         return file_object(file_id, fields)
 
     async def _discard(self, file_id: str) -> None:
-        """Give back an upload that failed after its hold, best effort: a Redis that refuses
-        this too keeps the hold until the file would have expired."""
+        """Give back an upload that failed at or after its hold, best effort (a hold that never
+        ran gives back nothing): a Redis that refuses this too keeps the hold until the file
+        would have expired."""
         try:
             await self.store.discard(self.principal.tenant, file_id)
         except RedisError as exc:
@@ -176,15 +178,18 @@ class FilesService:
 
     async def data(self, file_id: str) -> bytes:
         """An uploaded file's bytes (a batch's input); 404 for another tenant's."""
-        found = await self.store.data(file_id) if FILE_ID.fullmatch(file_id) else None
-        if found is None or found[0] != self.principal.tenant:
-            raise not_found(file_id)
-        return found[1]
+        return (await self._stored(file_id)).data
 
-    async def content(self, file_id: str) -> bytes | AsyncIterator[bytes]:
-        """An uploaded file's bytes, whole (one read of its hash, so its size is known), or an
-        ended batch's output or errors file, its lines as they are read (409 before it
+    async def _stored(self, file_id: str) -> StoredFile:
+        found = await self.store.data(file_id) if FILE_ID.fullmatch(file_id) else None
+        if found is None or found.tenant != self.principal.tenant:
+            raise not_found(file_id)
+        return found
+
+    async def content(self, file_id: str) -> StoredFile | AsyncIterator[bytes]:
+        """An uploaded file with its name, whole (one read of its hash, so its size is known),
+        or an ended batch's output or errors file, its lines as they are read (409 before it
         ends)."""
         if named := BATCH_FILE.fullmatch(file_id):
             return await BatchApiService(self.state, self.principal).file(named[1], named[2])
-        return await self.data(file_id)
+        return await self._stored(file_id)
