@@ -140,6 +140,9 @@ class SamplingRequest(SamplingParameters):
     response_format: TextFormat | None = Field(
         default=None, description='Not supported: only {"type": "text"}'
     )
+    # a chat's too, as vLLM's server takes it there: ignored, one sampled choice read as the best
+    # of several
+    best_of: OnlyOne | None = Field(default=None, description="Not supported: only 1")
     # vLLM's own fields that change the answer (structured output, beam search, token lists,
     # logprobs of the prompt): its server acts on them, so they are refused unless left at
     # their default, as OpenAI's unhonoured ones are, not ignored as other unknown fields
@@ -228,7 +231,14 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
+    # OpenAI's newer name for `max_tokens`: sent with it, it is the one that counts, as in
+    # vLLM's server (SDKs moving to it may still send both)
+    max_completion_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        strict=True,
+        description="OpenAI's newer max_tokens: sent with max_tokens, this one counts",
+    )
     tool_choice: Literal["none", "auto"] | None = Field(
         default=None, description="Not supported: only none or auto (the reply is text)"
     )
@@ -311,7 +321,6 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(default=16, ge=1, strict=True)
     echo: StrictBool | None = False
     suffix: Literal[""] | None = Field(default=None, description="Not supported: only empty")
-    best_of: OnlyOne | None = Field(default=None, description="Not supported: only 1")
     # 0 still asks for the chosen tokens' logprobs (OpenAI's and vLLM's answer carries them)
     logprobs: None = Field(default=None, description="Not supported: only null")
 
@@ -416,17 +425,21 @@ TEXT_ONLY = (
     "LangChain's OpenAIEmbeddings sends text with check_embedding_ctx_length=False)"
 )
 
+# No empty text, as OpenAI's API refuses it: it was embedded as the vector of no text at all.
+EmbeddedText = Annotated[str, Field(min_length=1)]
+
 
 class EmbeddingRequest(BaseModel):
-    """OpenAI's embeddings request. `input` is text (one string or a list): the model tokenises
-    it itself, so token arrays are refused. `dimensions` (shortened vectors) is refused unless
-    the model's vectors could be cut, which minilm's cannot."""
+    """OpenAI's embeddings request. `input` is text (one string or a list, none empty): the
+    model tokenises it itself, so token arrays are refused. `dimensions` (shortened vectors) is
+    refused unless the model's vectors could be cut, which minilm's cannot."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: ModelName
     input: Annotated[
-        Annotated[str, Tag("text")] | Annotated[list[str], Field(min_length=1), Tag("list")],
+        Annotated[EmbeddedText, Tag("text")]
+        | Annotated[list[EmbeddedText], Field(min_length=1), Tag("list")],
         BY_JSON_TYPE,
         AS_SENT,
         _text_only(TEXT_ONLY),
