@@ -17,9 +17,14 @@ import os
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request
-from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
-from prometheus_client.exposition import choose_encoder
+from fastapi import APIRouter, Depends, Path
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -79,17 +84,14 @@ async def _refresh_gauges(state: ProducerState) -> None:
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics(
-    request: Request, state: Annotated[ProducerState, Depends(producer_state)]
-) -> Response:
-    """In the format the scraper's Accept asks for: OpenMetrics, which Prometheus asks for
-    first, or the text format (where each counter's and histogram's `_created` is a gauge
-    series of its own)."""
+async def metrics(state: Annotated[ProducerState, Depends(producer_state)]) -> Response:
+    """In the text format whatever the scrape's Accept asks: OpenMetrics, which Prometheus asks
+    for first, fails a whole scrape on one family name another library's metrics clash with
+    (vLLM's `prompt_tokens_by_source`, in a process that loaded it)."""
     with contextlib.suppress(*_UNREAD):
         async with asyncio.timeout(READ_TIMEOUT_S):
             await _refresh_gauges(state)
-    encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-    return Response(encoder(_registry()), media_type=content_type)
+    return Response(generate_latest(_registry()), media_type=CONTENT_TYPE_LATEST)
 
 
 def _registry() -> Collector:

@@ -12,8 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from celery import bootsteps
-from prometheus_client import REGISTRY
-from prometheus_client.exposition import choose_encoder
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shared.settings import get_settings
 
@@ -51,11 +50,11 @@ def _handler(worker: Any) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             """By path alone: a scrape job's `params:` add a query string, which read 404.
-            Metrics in the format the Accept asks for: OpenMetrics, or the text format."""
+            Metrics in the text format whatever the Accept asks: a vLLM engine's metrics
+            clash in OpenMetrics (`prompt_tokens_by_source`), which fails a whole scrape."""
             path = urlsplit(self.path).path
             if path == "/metrics":
-                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                self._reply(200, encoder(REGISTRY), content_type)
+                self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
                 runtime = getattr(worker, "conveyor_runtime", None)
                 alive = runtime is not None and runtime.alive
