@@ -1,10 +1,14 @@
 """Edges of the reclaimer's settling of a lane's owed webhook events, on a real Valkey and the
 real Celery broker queue there: an owed job with nothing to deliver (its hash names no webhook)
 leaves the set on the pass that reads it, so it neither stays owed until the set's TTL nor
-takes a place of the pass's bounded read from an event that is due."""
+takes a place of the pass's bounded read from an event that is due; two workers' reclaimers
+racing hand each overdue event over once (both read the same overdue ids and both sent them,
+every receiver getting each event twice), and one whose reclaimer died before settling it is
+sent by another once its lease lapses."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 
@@ -15,6 +19,7 @@ from shared.codec import RequestEntry
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys, new_job_id
 from shared.model_repository import ModelConfig, QueueLimits
+from shared.webhook_outbox import WebhookOutbox
 from workers.partition import reclaim
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
@@ -39,6 +44,13 @@ async def _ended(client: aioredis.Redis, webhook: str) -> str:
     entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
     await JobStore(client, KEYS, ttl_s=60).create(entry, STREAM, fields)
     await client.hset(KEYS.job(job_id), "status", "succeeded")
+    return job_id
+
+
+async def _owed(client: aioredis.Redis) -> str:
+    """A job of the lane that ended `succeeded` with a webhook, owed since a second ago."""
+    job_id = await _ended(client, HOOK)
+    await client.zadd(OWED, {job_id: now_ms() - 1_000})
     return job_id
 
 
@@ -75,3 +87,30 @@ async def test_an_owed_job_whose_hash_is_gone_is_settled_at_once(
     await reclaimer.resend_owed(STREAM)
     assert await aredis.zcard(OWED) == 0
     assert await _handed_over(aredis) == []
+
+
+async def test_two_reclaimers_racing_hand_each_owed_event_over_once(
+    aredis: aioredis.Redis, redis_url: str
+) -> None:
+    jobs = [await _owed(aredis) for _ in range(3)]
+    first, second = (
+        Reclaimer(aredis, KEYS, PARTITION, f"worker-{n}", 60, JobEvents(redis_url)) for n in (1, 2)
+    )
+    await asyncio.gather(first.resend_owed(STREAM), second.resend_owed(STREAM))
+    assert sorted(await _handed_over(aredis)) == sorted(f"evt_{j}_succeeded" for j in jobs)
+    assert await aredis.zcard(OWED) == 0
+
+
+async def test_an_event_leased_by_a_reclaimer_that_died_is_taken_by_another_once_it_lapses(
+    aredis: aioredis.Redis,
+) -> None:
+    job_id = await _owed(aredis)
+    dead, live = WebhookOutbox(aredis, KEYS), WebhookOutbox(aredis, KEYS)
+    assert await dead.overdue(STREAM, now_ms() - 50, 10) == [job_id]  # then it dies unsettled
+    assert await live.overdue(STREAM, now_ms() - 50, 10) == []  # its lease holds
+    assert await dead.overdue(STREAM, now_ms() - 50, 10) == [job_id]  # its own pass sends again
+    await asyncio.sleep(0.1)  # past the lease: as long as the reclaimer waits for an overdue one
+    assert await live.overdue(STREAM, now_ms() - 50, 10) == [job_id]
+    await live.settle(STREAM, [job_id])
+    assert await aredis.zcard(OWED) == 0
+    assert await dead.overdue(STREAM, now_ms(), 10) == []
