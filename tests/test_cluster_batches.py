@@ -18,7 +18,7 @@ from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.batch_api.sweeper import COMPLETE_AFTER_MS, BatchApiSweeper
 from shared.batch_api_store import BatchApiStore, BatchStatus, open_lists
 from shared.codec import RequestEntry
-from shared.file_store import FileStore
+from shared.file_store import FileStore, StoredFile
 from shared.job_store import JobStore, NewJob, now_ms
 from shared.keys import Keys, new_job_id
 from shared.redis_client import RedisClient
@@ -161,7 +161,7 @@ async def test_input_files_and_the_tenant_index_work_across_masters(
     for n, file_id in enumerate(ids):
         await files.put(file_id, {"tenant": "acme", "bytes": "5"}, f"{n}\n".encode())
     assert len({cluster.master_of(KEYS.file(file_id)).port for file_id in ids}) > 1
-    assert await files.data(ids[7]) == ("acme", b"7\n")
+    assert await files.data(ids[7]) == StoredFile("acme", "", b"7\n")
     assert await files.fields_many([ids[7]]) == [{"tenant": "acme", "bytes": "5"}]
     assert set(await files.listed("acme", None, 50)) == set(ids)  # one index, every master's
     await files.delete(ids[7])
