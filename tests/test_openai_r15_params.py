@@ -1,7 +1,6 @@
 """Parameters OpenAI's API refuses, refused here too (400 in OpenAI's shape, `param` naming the
 field) rather than silently ignored or enqueued: a chat's `best_of` (vLLM's chat took it; it
-was dropped, one choice answered where the best of several was asked for) and an empty text
-to embed (OpenAI's API refuses it; it was embedded as a vector of nothing). A producer served
+was dropped, one choice answered where the best of several was asked for). A producer served
 in-process over a real Valkey; nothing reaches a worker, and nothing refused is enqueued."""
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from shared.keys import Keys
 from shared.settings import Settings
 from tests.app_client import app_client
 
-CHAT, EMBEDDINGS = "/v1/chat/completions", "/v1/embeddings"
+CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture
@@ -53,17 +52,6 @@ async def test_a_chats_best_of_past_one_is_refused_naming_it(
     """It was accepted and dropped: one sampled choice answered as the best of two."""
     body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "best_of": 2}
     assert await _refused_param(producer, aredis, CHAT, body) == "best_of"
-
-
-@pytest.mark.parametrize(
-    ("text", "param"), [("", "input"), ([""], "input.0"), (["a queue", ""], "input.1")]
-)
-async def test_an_empty_text_to_embed_is_refused_naming_it(
-    producer: httpx.AsyncClient, aredis: aioredis.Redis, text: str | list[str], param: str
-) -> None:
-    """As OpenAI's API refuses it: it was enqueued, and embedded as the vector of no text."""
-    body = {"model": "minilm", "input": text}
-    assert await _refused_param(producer, aredis, EMBEDDINGS, body) == param
 
 
 async def test_max_completion_tokens_counts_over_max_tokens_as_documented(

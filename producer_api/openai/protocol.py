@@ -425,21 +425,17 @@ TEXT_ONLY = (
     "LangChain's OpenAIEmbeddings sends text with check_embedding_ctx_length=False)"
 )
 
-# No empty text, as OpenAI's API refuses it: it was embedded as the vector of no text at all.
-EmbeddedText = Annotated[str, Field(min_length=1)]
-
 
 class EmbeddingRequest(BaseModel):
-    """OpenAI's embeddings request. `input` is text (one string or a list, none empty): the
-    model tokenises it itself, so token arrays are refused. `dimensions` (shortened vectors) is
-    refused unless the model's vectors could be cut, which minilm's cannot."""
+    """OpenAI's embeddings request. `input` is text (one string or a list): the model tokenises
+    it itself, so token arrays are refused. `dimensions` (shortened vectors) is refused unless
+    the model's vectors could be cut, which minilm's cannot."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: ModelName
     input: Annotated[
-        Annotated[EmbeddedText, Tag("text")]
-        | Annotated[list[EmbeddedText], Field(min_length=1), Tag("list")],
+        Annotated[str, Tag("text")] | Annotated[list[str], Field(min_length=1), Tag("list")],
         BY_JSON_TYPE,
         AS_SENT,
         _text_only(TEXT_ONLY),
