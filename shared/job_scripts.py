@@ -450,13 +450,18 @@ local function refill(stream, group, job_prefix, upto)
     redis.call('XADD', stream, '*', MOVED, '1', unpack(dropped))  -- the wake-up (see above)
     moved = 1
   end
-  redis.call('HSET', fair, 'held', math.max(left, 0))
+  local counts = {'held', math.max(left, 0)}  -- one HSET for what the refill changed
   if lr ~= lr_was or round ~= (tonumber(s[2]) or 0) then
-    redis.call('HSET', fair, 'round', round, 'lr', lr)
+    counts[3], counts[4], counts[5], counts[6] = 'round', round, 'lr', lr
   end
   if due ~= tonumber(s[4]) then
-    if due then redis.call('HSET', fair, 'due', due) else redis.call('HDEL', fair, 'due') end
+    if due then
+      counts[#counts + 1], counts[#counts + 2] = 'due', due
+    else
+      redis.call('HDEL', fair, 'due')
+    end
   end
+  redis.call('HSET', fair, unpack(counts))
   if moved > 0 then here('INCRBY', stream .. ADDED, moved) end
   unheld(stream, gone)
 end
