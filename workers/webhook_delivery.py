@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import ipaddress
 import logging
 import math
@@ -23,7 +22,6 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from email.utils import parsedate_to_datetime
 from functools import cache
 from typing import Any, TypeVar, cast
 
@@ -38,6 +36,7 @@ from shared.celery_broker import VISIBILITY_TIMEOUT_S
 from shared.codec import dumps
 from shared.keys import Keys
 from shared.redis_client import blocking_cluster
+from shared.retry_after import retry_after_s as parse_retry_after
 from shared.settings import Settings, get_settings
 from shared.webhook_events import TASK_NAME, TargetKind, allowed
 from shared.webhook_signing import HEADER, owner_secret, sign
@@ -101,22 +100,10 @@ def retry_delay_s(attempt: int, retry_after_s: float | None) -> float:
 
 
 def retry_after_s(status: int, value: str | None) -> float | None:
-    """The wait a 429 or 503 asks for in Retry-After (seconds, or an HTTP date); None when it
-    asks none or says nothing readable."""
+    """The wait a 429 or 503 asks for in Retry-After; None when it asks none."""
     if status not in (429, 503) or not value:
         return None
-    if value.strip().isdecimal():
-        try:
-            return float(value.strip())
-        except ValueError:  # digits float() does not read (other scripts')
-            return None
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, OverflowError):  # a year past C's int: OverflowError
-        return None
-    if when.tzinfo is None:  # asctime's and `-0000` dates: GMT, as every HTTP date, not local
-        when = when.replace(tzinfo=datetime.UTC)
-    return max(0.0, when.timestamp() - time.time())
+    return parse_retry_after(value)
 
 
 @cache

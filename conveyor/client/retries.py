@@ -10,11 +10,7 @@ sync and async clients only sleep where it says."""
 
 from __future__ import annotations
 
-import datetime
-import email.utils
-import math
 import random
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +18,7 @@ from dataclasses import dataclass
 import httpx
 
 from conveyor.client.errors import InvalidArgument, WireError
+from shared.retry_after import retry_after_s as parse_retry_after
 
 REFUSED = 429
 # A draining producer's 503, or a proxy's answer while the producer behind it restarts.
@@ -29,7 +26,6 @@ UNAVAILABLE = frozenset({502, 503, 504})
 # Transport errors raised before any byte of the request went out.
 NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _MAX_DOUBLINGS = 1023  # 2.0**1024 is past the largest float
-_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")  # delay-seconds, a fraction allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,23 +42,9 @@ OnRetry = Callable[[RetryEvent], None]
 
 
 def retry_after_s(headers: httpx.Headers) -> float | None:
-    """`Retry-After` as seconds (it may be a number or an HTTP date), or None. A number with a
-    fraction (`0.5`) is honoured too: it fell back to the backoff, ignoring what was asked;
-    and `isdigit` took `²` for a digit, which `float` then refused with a ValueError. Only
-    ASCII digits are a number: `float` also read `1_000`, `1e3` and fullwidth digits as seconds."""
+    """`Retry-After` as seconds (a number, a fraction allowed, or an HTTP date), or None."""
     value = headers.get("Retry-After")
-    if value is None:
-        return None
-    if _SECONDS.fullmatch(value.strip()):
-        seconds = float(value)
-        return seconds if math.isfinite(seconds) else None
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # asctime's and `-0000` dates: GMT, as every HTTP date, not local
-        when = when.replace(tzinfo=datetime.UTC)
-    return max(0.0, when.timestamp() - time.time())
+    return None if value is None else parse_retry_after(value)
 
 
 def _hopeless(response: httpx.Response, asked: float | None) -> bool:
