@@ -213,6 +213,13 @@ def wrong_type(reply: Any) -> bool:
     return type(reply) is ResponseError and _WRONG_TYPE.match(str(reply)) is not None
 
 
+def unless_wrong_type(refused: ResponseError) -> None:
+    """Raises `refused` again unless it is a WRONGTYPE refusal, which its caller tolerates (an
+    operator's slip keeps one key's reader from failing the whole read)."""
+    if not wrong_type(refused):
+        raise refused
+
+
 def _int(value: Any) -> int:
     return value if isinstance(value, int) else 0
 

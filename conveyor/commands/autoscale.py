@@ -19,7 +19,7 @@ from conveyor.stack import ChildNotReady, Stack
 from conveyor.state_dir_lock import state_dir_lock
 from shared.keys import Keys
 from shared.model_repository import ModelConfigError, ModelRepository
-from shared.partition_stats import wrong_type
+from shared.partition_stats import unless_wrong_type
 from shared.redis_client import OUT_OF_REACH, WRITES_REFUSED, topology_read
 from shared.settings import get_settings
 
@@ -85,8 +85,7 @@ def _release_leases(scalers: list[PoolScaler], client: redis.Redis) -> None:
     except WRITES_REFUSED as exc:  # it ended the stop before the workers were drained
         click.echo(f"leases left to lapse: redis refuses writes ({exc})", err=True)
     except redis.ResponseError as exc:  # a lease of another type (an operator's slip) too
-        if not wrong_type(exc):
-            raise
+        unless_wrong_type(exc)
         click.echo(f"leases left to lapse: a key of another type ({exc})", err=True)
 
 
@@ -107,8 +106,7 @@ def _tick(scaler: PoolScaler, client: redis.Redis, now: float | None = None) -> 
         click.echo(f"{scaler.name}: redis refuses writes ({exc}); replicas kept", err=True)
         return
     except redis.ResponseError as exc:  # one pool's slip ended the autoscaler, every pool's too
-        if not wrong_type(exc):
-            raise
+        unless_wrong_type(exc)
         click.echo(f"{scaler.name}: a key of another type ({exc}); replicas kept", err=True)
         return
     # it ended the autoscaler with a traceback, every worker too

@@ -18,7 +18,7 @@ from shared.codec import RequestEntry, as_text, dumps
 from shared.job_store import JobRecord
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelRepository
-from shared.partition_stats import wrong_type
+from shared.partition_stats import unless_wrong_type
 from shared.redis_client import RedisClient, queue_script, run_pipeline
 
 READ_LIMIT = 5_000  # job hashes one listing reads at most
@@ -203,9 +203,8 @@ async def _ids_in(client: RedisClient, sources: _Sources, each: int) -> list[str
     try:
         _, replies = await run_pipeline(client, fill, [held])
     except ResponseError as refused:
-        if wrong_type(refused):
-            return None
-        raise
+        unless_wrong_type(refused)
+        return None
     entries: list[Any] = replies[: len(sources.streams)]
     listed: list[Any] = replies[len(sources.streams) :]  # ended, then held
     ids = [as_text(fields[b"id"]) for rows in entries for _, fields in rows if b"id" in fields]
@@ -278,9 +277,8 @@ async def _entry_in(
         try:
             rows: Any = await client.xrange(stream, min=start, count=count)
         except ResponseError as refused:
-            if wrong_type(refused):
-                return None
-            raise
+            unless_wrong_type(refused)
+            return None
         found: dict[bytes, bytes] | None = next(
             (entry for _, entry in rows if entry.get(b"id") == wanted), None
         )
