@@ -72,6 +72,20 @@ async def test_a_partition_key_of_another_type_leaves_the_other_jobs_listed(
     assert "kept by the worker" in html.unescape(page.text)
 
 
+async def test_a_job_key_of_another_type_leaves_the_other_jobs_listed(
+    client: httpx.AsyncClient, aredis: aioredis.Redis
+) -> None:
+    """One job whose key an operator overwrote made the whole Jobs list a 500."""
+    listed_job = await _failed_job(aredis)
+    slipped = new_job_id("identity", "default")
+    for job_id in (listed_job, slipped):
+        await aredis.xadd(KEYS.dlq("identity", "default"), {"id": job_id, "payload": "{}"})
+    await aredis.set(KEYS.job(slipped), "not a hash")
+    listed = await client.get("/console/jobs")
+    assert listed.status_code == 200, listed.text
+    assert listed_job in listed.text and slipped not in listed.text
+
+
 async def test_a_status_no_job_has_is_refused_not_listed_as_no_match(
     client: httpx.AsyncClient,
 ) -> None:

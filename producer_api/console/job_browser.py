@@ -127,15 +127,18 @@ async def recent_jobs(
     (an admin key limited to some: a model it may not use lists nothing, as one that does not
     exist), among at most READ_LIMIT candidates (a console view, not an index: bounded cost on
     a large Redis). The job hashes are read with one pipeline, which a cluster client splits by
-    node."""
+    node; a job key of another type (an operator's slip) leaves that job out, not the list."""
     configs = [c for c in repository if wanted.model in ("", c.name) and reaches(c.name)]
     ids = await _candidates(client, keys, configs)
     async with client.pipeline(transaction=False) as pipe:
         for job_id in ids:
             pipe.hmget(keys.job(job_id), list(_LISTED))
-        rows = await pipe.execute()
+        rows = await pipe.execute(raise_on_error=False)
     jobs = []
     for job_id, values in zip(ids, rows, strict=True):
+        if isinstance(values, ResponseError):
+            unless_wrong_type(values)
+            continue
         row = {name: as_text(v) for name, v in zip(_LISTED, values, strict=True) if v is not None}
         if "status" in row and wanted.admits(row):
             jobs.append({"id": job_id, **row})
