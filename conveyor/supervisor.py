@@ -9,6 +9,7 @@ serving."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -78,7 +79,11 @@ class Supervisor:
 
     def _exited(self, name: str, child: Child, code: int, now: float) -> None:
         self.stack.exited(name)
-        self._ended(name, child, f"exited with {code}{_why(code)}", str(code), now)
+        if code < 0:  # Popen's returncode for a death by signal: -9 read as an exit status
+            signal_name = _signal_name(-code)
+            self._ended(name, child, f"was killed by {signal_name}", signal_name, now)
+        else:
+            self._ended(name, child, f"exited with {code}{_why(code)}", str(code), now)
 
     def _ended(self, name: str, child: Child, how: str, last: str, now: float) -> None:
         """Count a run that ended (`how`, in short `last`) in the crash loop: restart it after
@@ -95,6 +100,13 @@ class Supervisor:
             return
         child.restart_at = now + delay
         self.say(f"{name}: {how}; restarting in {delay:.1f}s")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal has no name here
+        return f"signal {number}"
 
 
 def _why(code: int) -> str:

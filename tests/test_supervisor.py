@@ -126,7 +126,9 @@ def test_killed_worker_is_replaced_and_no_accepted_job_is_lost(tmp_path: Path) -
             submitter.stop.set()
             submitter.join()
         assert submitter.refused == []
-        assert any("identity: exited with -9; restarting" in line for line in up.lines), up.lines
+        assert any("identity: was killed by SIGKILL; restarting" in line for line in up.lines), (
+            up.lines
+        )
         assert len(replaced) == 1
 
         def ended() -> list[object] | None:
@@ -567,3 +569,17 @@ def test_embedded_valkeys_started_at_once_each_get_a_port() -> None:
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_child_killed_by_a_signal_is_reported_by_the_signal_name(tmp_path: Path) -> None:
+    """Popen reports a death by signal as a negative status: `exited with -9` read as an exit
+    code a program chose."""
+    stack = Stack.create(tmp_path, redis_url=NO_REDIS)
+    stack.spawn("worker", [sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"], {})
+    said: list[str] = []
+    supervisor = Supervisor(stack, said.append)
+    try:
+        until(lambda: supervisor.check() or said)
+        assert said[0].startswith("worker: was killed by SIGKILL; restarting in"), said
+    finally:
+        stack.stop()
