@@ -3,6 +3,7 @@ drifts with the neighbours, but CPU milliseconds per request show which process 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -27,12 +28,19 @@ def _cpu_s(pid: int, children: bool) -> float:
     """User + system seconds of a process, and of its children when asked: those alive, and
     those already exited and reaped, whose time the kernel moved into their parent's
     children_user/system (a child forked and reaped within the window, as Valkey's AOF rewrite,
-    was otherwise lost, and one alive at the start and gone at the stop subtracted)."""
+    was otherwise lost, and one alive at the start and gone at the stop subtracted). NaN once
+    the process itself is gone: its time went with it, and the difference from a reading taken
+    while it ran was its whole CPU until then, negated (a negative cost per job)."""
+    members = _members(pid, children)
+    if not members:
+        return math.nan
     total = 0.0
-    for member in _members(pid, children):
+    for member in members:
         try:
             times = member.cpu_times()
         except psutil.NoSuchProcess:
+            if member.pid == pid:  # gone since it was listed
+                return math.nan
             continue
         total += times.user + times.system
         if children:

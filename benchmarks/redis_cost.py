@@ -292,10 +292,13 @@ def batch_round_trips(
     served = [c for c in mine if finishes and c.at <= finishes[-1]]
     serving = {c.pid for c in mine}
     earlier = [c for c in log.commands if c.pid in serving and c.at < start]
-    if earlier and earlier[-1].label in READ:
+    if finishes and earlier and earlier[-1].label in READ:
         served.append(earlier[-1])
     labels = Counter(c.label for c in served)
     count = len(batches)
+    # No write-back seen (none of the worker's connections attributed to it): its round trips
+    # went unmeasured, and the zero per batch they would read as was judged met.
+    measured = count if finishes else 0
     reads = sum(n for label, n in labels.items() if label in READ)
     writes = sum(n for label, n in labels.items() if label in WRITE_BACK)
     between = [c for c in served if finishes[0] < c.at <= finishes[-1] and c.label in READ]
@@ -303,10 +306,10 @@ def batch_round_trips(
         "batches": count,
         "mean_batch": round(ratio(batches.total(), count), 2),
         # Unrounded: targets are judged on them; the table rounds them.
-        "read_per_batch": ratio(reads, count),
-        "read_between_per_batch": ratio(len(between), len(finishes) - 1),
-        "write_back_per_batch": ratio(writes, count),
-        "other_per_batch": ratio(labels.total() - reads - writes, count),
+        "read_per_batch": ratio(reads, measured),
+        "read_between_per_batch": ratio(len(between), max(len(finishes) - 1, 0)),
+        "write_back_per_batch": ratio(writes, measured),
+        "other_per_batch": ratio(labels.total() - reads - writes, measured),
         "by_command": {k: round(ratio(v, count), 3) for k, v in labels.most_common()},
     }
 
