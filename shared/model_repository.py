@@ -4,6 +4,7 @@ autoscaling (KEDA rendering) and the benchmarks alike."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Sequence
 from functools import cached_property
@@ -215,6 +216,12 @@ class EncoderParameters(BaseModel):
         return self
 
 
+# The most tokens a generate model's limit or default may name: shared/backlog.py estimates a
+# job's work by them as a float, which past 2**53 no longer holds every count, and past ~1.8e308
+# raised OverflowError wherever the partition's backlog was read. No context is near it.
+MAX_TOKENS = 2**53
+
+
 class GenerateParameters(BaseModel):
     """The `parameters` of a generate model that Conveyor reads itself (the producer, the
     worker's loop, vLLM's cap), checked when the repository loads: PyYAML read `1e3` as a
@@ -223,8 +230,8 @@ class GenerateParameters(BaseModel):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
-    max_tokens_limit: int | None = Field(default=None, ge=1, strict=True)
-    default_max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    max_tokens_limit: int | None = Field(default=None, ge=1, le=MAX_TOKENS, strict=True)
+    default_max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS, strict=True)
 
     def default_past_limit(self) -> str | None:
         """Why the default is refused, if it is past the limit: the producer refuses a job's own
@@ -339,16 +346,25 @@ class AutoscalingHints(BaseModel):
 def quote(value: Any) -> str:
     """A refused value as a 422 quotes it: its JSON, cut at QUOTED_CHARS with its length (a
     refused 16 KB prompt or variant name was quoted whole)."""
-    quoted = dumps(value).decode()
+    quoted = _as_json(value)
     if len(quoted) <= QUOTED_CHARS:
         return quoted
     return f"{quoted[:QUOTED_CHARS]}… ({len(quoted)} characters of JSON)"
 
 
+def _as_json(value: Any) -> str:
+    """The value's JSON by orjson, else by the standard library: orjson refuses an integer past
+    64 bits (a typo's in a config.yaml), and its refusal escaped as a TypeError traceback."""
+    try:
+        return dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
+
+
 def _briefly(error: jsonschema_rs.ValidationError) -> str:
     """The error's message with the value it quotes cut short, once for every way it broke
     the schema."""
-    quoted = dumps(error.instance).decode()
+    quoted = _as_json(error.instance)
     if quoted not in error.message:
         return error.message
     return error.message.replace(quoted, quote(error.instance), 1)
@@ -701,11 +717,13 @@ def _settings(config_path: Path) -> dict[str, Any]:
     if len(text) > MAX_CONFIG_BYTES:
         raise ModelConfigError(f"{config_path}: larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        raw = yaml.load(text, Loader=_ConfigLoader) or {}
+        raw = yaml.load(text, Loader=_ConfigLoader)
     except yaml.YAMLError as exc:
         raise ModelConfigError(f"{config_path}: not YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:  # PyYAML composes nested collections recursively
         raise _too_deep(config_path) from None
+    if raw is None:  # read as `{}` (as was `[]`, `0` or `''`), it was refused for missing `kind`
+        raise ModelConfigError(f"{config_path}: empty, no settings")
     if not isinstance(raw, dict):
         raise ModelConfigError(f"{config_path}: not a mapping of settings")
     _ExpandedSize(config_path).of(raw, 0)
