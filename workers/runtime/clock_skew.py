@@ -14,6 +14,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 SKEW_WARN_S = 1.0  # past this (beyond the round trip's own uncertainty), the log says so
+# Within this once warned, they agree again: a skew about SKEW_WARN_S, measured either side of
+# it from one check to the next, warned and took it back every minute while it lasted.
+AGREE_S = SKEW_WARN_S / 2
 EVERY_S = 30.0
 
 
@@ -21,7 +24,7 @@ class ClockSkew:
     """Compares this host's clock with Redis's every `every_s`: one warning when they drift
     apart by more than SKEW_WARN_S, another whenever the skew moves that far from the one last
     told (a failover to a Redis on another host, a clock stepped), one line when they agree
-    again."""
+    again, within AGREE_S."""
 
     def __init__(self, every_s: float = EVERY_S) -> None:
         self.every_s = every_s
@@ -37,7 +40,8 @@ class ClockSkew:
         seconds, micros = await client.time()
         after = time.time()
         skew = (before + after) / 2 - (int(seconds) + int(micros) / 1_000_000)
-        bound_s = SKEW_WARN_S + (after - before) / 2
+        uncertainty_s = (after - before) / 2
+        bound_s = SKEW_WARN_S + uncertainty_s
         if abs(skew) > bound_s:
             # a skew that jumped (from ahead to behind, say) made the one told a wrong account
             if self.told is None or abs(skew - self.told) > bound_s:
@@ -48,7 +52,7 @@ class ClockSkew:
                     skew,
                 )
                 self.told = skew
-        elif self.told is not None:
+        elif self.told is not None and abs(skew) <= AGREE_S + uncertainty_s:
             log.warning("this host's clock agrees with Redis's again (%+.3fs)", skew)
             self.told = None
         return skew

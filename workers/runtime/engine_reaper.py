@@ -7,10 +7,12 @@ smollm2, wherever nothing killed the worker's whole process group or container (
 A small helper process holds the read end of a pipe whose only write end the worker holds: the
 kernel closes it when the worker dies, by any signal. End of file with no word from the worker
 means it did not close its engine, and the helper stops the processes it was given (SIGTERM, then
-SIGKILL past `TERM_GRACE_S`), through pidfds opened while they ran, so a pid reused since is
-never hit. A process the worker forks later (another partition's engine core, a pool process)
-would inherit that write end and hold the pipe open past the worker's death: forked children
-close it at once."""
+SIGKILL past `TERM_GRACE_S`), through pidfds the worker opened on its own children, so a pid
+reused since is never hit: a child's number is not reused before its parent reaps it, while the
+helper, opening them itself after its start, took whatever process held a number by then. A
+process the worker forks later (another partition's engine core, a pool process) would inherit
+that write end and hold the pipe open past the worker's death: forked children close it at
+once."""
 
 from __future__ import annotations
 
@@ -19,16 +21,14 @@ import subprocess
 import sys
 import weakref
 from collections.abc import Collection
+from pathlib import Path
 
-# argv: the seconds they get after SIGTERM, then the pids to end (one gone already is skipped).
+# argv: the seconds they get after SIGTERM, then the pidfds of the processes to end (inherited).
 # SIGTERM first: vLLM's engine core shuts down on it, while multiprocessing's resource tracker
 # (a child of the worker too) ignores it and exits, cleaning up, once its last user is gone.
 _HELPER = """
-import contextlib, os, select, signal, sys, time
-fds = []
-for pid in sys.argv[2:]:
-    with contextlib.suppress(ProcessLookupError):
-        fds.append(os.pidfd_open(int(pid)))
+import contextlib, select, signal, sys, time
+fds = [int(fd) for fd in sys.argv[2:]]
 if not sys.stdin.buffer.read():
     for fd in fds:
         with contextlib.suppress(ProcessLookupError):
@@ -54,12 +54,18 @@ class EngineReaper:
         # or hangup, a group's SIGTERM) killed the helper, and the worker killed outright after
         # it left its engine running; only the worker's end may end the helper. Unbuffered: a
         # forked child closes a bare file, which takes no lock a parent's thread held at the fork.
-        self._helper = subprocess.Popen(
-            [sys.executable, "-c", _HELPER, str(TERM_GRACE_S), *map(str, pids)],
-            stdin=subprocess.PIPE,
-            bufsize=0,
-            start_new_session=True,
-        )
+        fds = [fd for fd in map(_child_pidfd, pids) if fd is not None]
+        try:
+            self._helper = subprocess.Popen(
+                [sys.executable, "-c", _HELPER, str(TERM_GRACE_S), *map(str, fds)],
+                stdin=subprocess.PIPE,
+                bufsize=0,
+                start_new_session=True,
+                pass_fds=fds,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
         _WATCHING.add(self)
 
     @classmethod
@@ -76,6 +82,28 @@ class EngineReaper:
         """In a forked child: the worker's death must close the pipe, whoever it forked."""
         if self._helper.stdin is not None:
             self._helper.stdin.close()
+
+
+def _child_pidfd(pid: int) -> int | None:
+    """A pidfd on `pid` if it is this process's child; None for one gone already, or one whose
+    number another process took since it was listed (none of this worker's to end)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    if _parent(pid) == os.getpid():  # read after the open: the process the pidfd holds
+        return fd
+    os.close(fd)
+    return None
+
+
+def _parent(pid: int) -> int | None:
+    """The parent of process `pid`; None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # after the name, which may hold ")"
 
 
 def _let_go_in_child() -> None:
