@@ -41,6 +41,7 @@ from shared.redis_client import (
     HiredisCluster,
     MergedCall,
     RedisClient,
+    ResendsSafely,
     ScriptCall,
     connect,
     executed,
@@ -335,9 +336,11 @@ class GroupCommit:
         return sends
 
 
-class GroupCommitRedis(GroupCommit, aioredis.Redis):  # type: ignore[misc]
+class GroupCommitRedis(GroupCommit, ResendsSafely):  # type: ignore[misc]
     """Group commit over one server's pool, shared with the client it was made from (closed
-    with it)."""
+    with it). Its flushes, a lone command or a pipeline, are sent again through a lost
+    connection only where a second run changes nothing, as the client's own commands are
+    (`RUNS_TWICE`): a counter in a flush whose reply was lost counted twice."""
 
     def __init__(self, pool: aioredis.ConnectionPool) -> None:
         super().__init__(connection_pool=pool)
