@@ -149,17 +149,22 @@ return {cur, ARGV[1]}
 """
 
 # KEYS[1]=batch hash, then the batch's lists its files are read from; ARGV: ttl_s, when the
-# files expire (Unix s), then the fields of its ending. A finalizer's commit: its ending written,
-# the hash given `ttl_s` from now and the lists the files' expiry, only while the hash exists.
-# One that expired since the finalizer counted it stays gone: written, it came back a batch of
-# a `status` alone, with no tenant, counts or times. Returns 1 when committed, 0 when the batch
-# is gone.
+# files expire (Unix s), then the fields of its ending (`status` first). A finalizer's commit:
+# its ending written, the hash given `ttl_s` from now and the lists the files' expiry, only while
+# the hash exists and has not ended. One that expired since the finalizer counted it stays gone:
+# written, it came back a batch of a `status` alone, with no tenant, counts or times. One that
+# ended since keeps its end: a finalizer that went silent past STALE_MS, then woke, wrote its
+# own over its successor's (`completed` over the `expired` a client had read, counts and all).
+# Returns the status in force, false when the batch is gone.
 COMMIT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local ENDED = {completed=true, failed=true, cancelled=true, expired=true}
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return false end
+if ENDED[cur] then return cur end
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 for i = 2, #KEYS do redis.call('EXPIREAT', KEYS[i], ARGV[2]) end
-return 1
+return ARGV[4]
 """
 
 # KEYS[1]=batch hash; ARGV: field, value. HSETNX, only while the hash exists: on a hash that

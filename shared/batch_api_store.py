@@ -511,7 +511,8 @@ class BatchApiStore(TenantIndexed):
         every one having ended before it was asked, ends the batch `completed`, as a look a
         moment before it would have. Its counts are final once it is
         finalizing, and moved once: a finalizer that took over a silent one may find that one's
-        commit made, which it keeps. A batch whose hash expired meanwhile stays gone (`COMMIT`)."""
+        commit made, which it keeps; one the other commits while it reads the items is kept too,
+        and returned (`COMMIT`). A batch whose hash expired meanwhile stays gone (`COMMIT`)."""
         fields = await self.read(batch_id) or {}
         committed = "status" in fields and BatchStatus(fields["status"]).terminal
         if committed:  # kept
@@ -546,8 +547,8 @@ class BatchApiStore(TenantIndexed):
             self.keys.batch_items(batch_id),
             self.keys.batch_rejected(batch_id),
         ]
-        await self._commit(keys=names, args=[self.ttl_s, files_until, *_flat(ending)])
-        return status
+        kept = await self._commit(keys=names, args=[self.ttl_s, files_until, *_flat(ending)])
+        return BatchStatus(as_text(kept)) if kept else status
 
     async def release(self, batch_id: str, fields: Mapping[str, str]) -> None:
         """Drop an ended batch's per-partition lists and move it from the active index to the
