@@ -36,6 +36,7 @@ from conveyor.client.cli_options import (
 from conveyor.client.option_pairs import option_pairs
 from conveyor.client.sync_client import Client
 from conveyor.client.types import Batch, BatchResults
+from conveyor.commands.files import JSONL_FILE, jsonl_source
 from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 console = Console(stderr=True)
@@ -174,7 +175,7 @@ def _left_running(batch_id: str) -> str:
 
 
 @command.command("submit")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("file", type=JSONL_FILE)
 @_create_options
 @click.option("--wait", is_flag=True, help="Follow progress, then write the result files.")
 @connection_options
@@ -189,24 +190,31 @@ def submit(
     url: str | None,
     api_key: str | None,
 ) -> None:
-    """Submit FILE (one `{"custom_id", "body": {...}}` per line); prints the batch id. With
-    --wait, writes X.output.jsonl and X.errors.jsonl beside FILE (X: its name less `.jsonl`),
-    replacing any there, once it ends, and exits 0 if it completed (its failed lines are in the
-    errors file), 1 if it ended otherwise (cancelled, expired, failed), 2 before anything is
-    sent if those files cannot be written, 3 if an error kept it from learning how the batch
-    ended."""
+    """Submit FILE (one `{"custom_id", "body": {...}}` per line; `-`: standard input, without
+    --wait); prints the batch id. With --wait, writes X.output.jsonl and X.errors.jsonl beside
+    FILE (X: its name less `.jsonl`), replacing any there, once it ends, and exits 0 if it
+    completed (its failed lines are in the errors file), 1 if it ended otherwise (cancelled,
+    expired, failed), 2 before anything is sent if those files cannot be written, 3 if an
+    error kept it from learning how the batch ended."""
     output, errors = result_paths(file)
+    if wait and str(file) == "-":  # the results go beside FILE, and standard input has no folder
+        raise click.BadParameter(
+            "--wait writes its results beside FILE, and standard input has none: submit "
+            "without --wait, then `conveyor batch results ID PREFIX` writes them",
+            param_hint="FILE",
+        )
     if wait:
         _writable(output, errors)
     with connect(url, api_key, waits=wait) as client:
-        batch = client.batches.create(
-            file,
-            model,
-            completion_window,
-            webhook,
-            output_expires_after=output_expires_after,
-            metadata=metadata,
-        )
+        with jsonl_source(file) as source:
+            batch = client.batches.create(
+                source,
+                model,
+                completion_window,
+                webhook,
+                output_expires_after=output_expires_after,
+                metadata=metadata,
+            )
         if not wait:
             click.echo(batch.id)
             return

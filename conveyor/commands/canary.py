@@ -30,11 +30,20 @@ def seconds(_ctx: click.Context, _param: click.Parameter, text: str | None) -> f
 
 
 def steps(_ctx: click.Context, _param: click.Parameter, text: str) -> list[float]:
-    """`--steps` as percents; a callback, so a refusal names the option."""
+    """`--steps` as percents; a callback, so a refusal names the option. Held to the
+    producer's rule here: a `nan` failed as the body was written, naming no option, and `-5`
+    or `50,25` only at the producer, an outage's exit code when it was down."""
+    hint = (
+        f"{text!r}: ascending percents in (0, 100] like 5,25,50,100 (every number must be finite)"
+    )
     try:
-        return [float(part) for part in text.split(",") if part.strip()]
+        percents = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise click.BadParameter(f"{text!r}: comma-separated percents like 5,25,50,100") from None
+        raise click.BadParameter(hint) from None
+    in_range = all(0 < percent <= 100 for percent in percents)  # False for nan too
+    if not percents or not in_range or percents != sorted(set(percents)):
+        raise click.BadParameter(hint)
+    return percents
 
 
 @click.group("canary")

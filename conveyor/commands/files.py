@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -12,6 +14,22 @@ from conveyor.client.admin_http import utc_time
 from conveyor.client.cli_options import connect, connection_options, printable, terminal_safe
 from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
+# A JSONL file to send, or `-` for standard input (as kubectl's `-f -`): a generated batch
+# need not be written to disk first.
+JSONL_FILE = click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path)
+
+
+@contextmanager
+def jsonl_source(file: Path) -> Iterator[bytes | Path]:
+    """What `file` names, for the send in this block: standard input's bytes for `-`, else
+    the path (its name goes with the upload). A file that is there but fails to read is a
+    usage error naming it: an OSError traceback before."""
+    try:
+        yield sys.stdin.buffer.read() if str(file) == "-" else file
+    except OSError as exc:
+        message = f"cannot read {file}: {exc.strerror or exc}"
+        raise click.BadParameter(message, param_hint="FILE") from None
+
 
 @click.group("files")
 def command() -> None:
@@ -19,7 +37,7 @@ def command() -> None:
 
 
 @command.command("upload")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("file", type=JSONL_FILE)
 @click.option(
     "--expires-after",
     type=click.IntRange(EXPIRES_AFTER_MIN_S, EXPIRES_AFTER_MAX_S),
@@ -30,9 +48,9 @@ def command() -> None:
 )
 @connection_options
 def upload(file: Path, expires_after: int | None, url: str | None, api_key: str | None) -> None:
-    """Upload FILE (JSONL batch lines, purpose batch); prints its id."""
-    with connect(url, api_key) as client:
-        click.echo(client.files.create(file, expires_after=expires_after).id)
+    """Upload FILE (JSONL batch lines, purpose batch; `-`: standard input); prints its id."""
+    with connect(url, api_key) as client, jsonl_source(file) as source:
+        click.echo(client.files.create(source, expires_after=expires_after).id)
 
 
 @command.command("list")
@@ -69,16 +87,16 @@ def get(file_id: str, url: str | None, api_key: str | None) -> None:
 @click.option(
     "--output",
     "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
     default=None,
-    help="Write it here. [default: standard output]",
+    help="Write it here (`-`: standard output, as curl's). [default: standard output]",
 )
 @connection_options
 def content(file_id: str, output: Path | None, url: str | None, api_key: str | None) -> None:
     """Its bytes: an upload's, or an ended batch's output or errors JSONL."""
     with connect(url, api_key) as client:
         body = client.files.content(file_id)
-    if output is None:
+    if output is None or str(output) == "-":  # `-` wrote a file of that name
         _refuse_raw_to_terminal(file_id, body)
         sys.stdout.buffer.write(body)
         sys.stdout.buffer.flush()

@@ -4,7 +4,7 @@ within a second."""
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -16,15 +16,21 @@ from conveyor.client.option_pairs import option_pairs
 
 MAX_HISTORY = 1000  # the most changes `GET /v1/models/{model}/routes?history=` answers
 # What a `--weight` or `--shadow` value must be, said when one is not
-NUMBER = "VARIANT=NUMBER (every number must be finite)"
+PERCENT = "VARIANT=PERCENT (every number must be finite, in [0, 100])"
+RATE = "VARIANT=RATE (every number must be finite, in [0, 1])"
 
 
-def finite(text: str) -> float:
-    """`text` as a number JSON can carry: refused here, a `nan` was caught only once the routes
-    had been read, so a producer that is down turned a usage error into an outage."""
-    number = float(text)
-    if not math.isfinite(number):
-        raise ValueError(text)
+def number_in(low: float, high: float) -> Callable[[str], float]:
+    """A parser of numbers in [low, high], the producer's bounds: refused here, a `nan` or a
+    negative weight was caught only once the routes had been read, so a producer that is down
+    turned a usage error into an outage."""
+
+    def number(text: str) -> float:
+        value = float(text)
+        if not low <= value <= high:  # False for nan
+            raise ValueError(text)
+        return value
+
     return number
 
 
@@ -91,8 +97,8 @@ def set_routes(
         raise click.UsageError(
             "nothing to set: give --weight, --shadow, --no-shadows or --sticky-by"
         )
-    new_weights = option_pairs(weights, "--weight", NUMBER, finite)
-    new_shadows = option_pairs(shadows, "--shadow", NUMBER, finite)
+    new_weights = option_pairs(weights, "--weight", PERCENT, number_in(0, 100))
+    new_shadows = option_pairs(shadows, "--shadow", RATE, number_in(0, 1))
     current = admin_call("GET", f"/v1/models/{segment(model)}/routes?history=0", url, api_key)
     body = {
         "weights": new_weights or current["weights"],
