@@ -63,7 +63,10 @@ def compare(primary: dict[str, Any], shadow: dict[str, Any]) -> Comparison | Non
 
 
 def agreement(primary: Any, shadow: Any) -> tuple[bool, float]:
-    """(agree, similarity in [0, 1]) of two outputs."""
+    """(agree, similarity in [0, 1]) of two outputs. A missing answer agrees with none: two
+    succeeded jobs without outputs read as a full agreement, whatever the variants would say."""
+    if primary is None or shadow is None:
+        return False, 0.0
     if isinstance(primary, dict) and isinstance(shadow, dict):
         if "embeddings" in primary and "embeddings" in shadow:
             cosine = min_cosine(primary["embeddings"], shadow["embeddings"])

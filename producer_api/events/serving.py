@@ -27,6 +27,7 @@ from producer_api.state import ProducerState
 from producer_api.stream_places import take_place
 from producer_api.task_cancel import cancel_and_wait
 from producer_api.token_hub import TokenFollower
+from shared.codec import stream_id
 from shared.job_states import JobStatus
 from shared.job_store import JobRecord
 from shared.token_stream import final_id, made_final_id
@@ -40,6 +41,14 @@ SCALING = (
     "no worker serves this partition: the autoscaler starts one from its queue depth (KEDA"
     " activates from zero replicas on it; `conveyor autoscale` likewise)"
 )
+
+
+def _as_written(entry_id: str) -> str:
+    """`entry_id` as Redis writes it. Redis reads `00-1` as `0-1`, but the ids it is compared
+    with are text: the final's own id so spelled was not told 204 (the final came again), and
+    `00-0` passed for no START, reaching Redis as the range `(00-0` it refuses (a 500)."""
+    ms, seq = stream_id(entry_id)
+    return f"{ms}-{seq}"
 
 
 class EventsService:
@@ -56,6 +65,8 @@ class EventsService:
         expired meanwhile ends the stream within RECHECK_S with an `error` event (type
         `unauthorized`); the job runs on."""
         record = await self.jobs.owned(job_id)
+        if last_event_id is not None:
+            last_event_id = _as_written(last_event_id)
         config = self.state.repository.get(record.fields.get("model", ""))
         streams = config is not None and config.kind == "generate"
         if last_event_id is not None and not await self._resumes(record, last_event_id, streams):
