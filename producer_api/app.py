@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer_api.auth.rate_limit_headers import RateLimitHeadersMiddleware
 from producer_api.batch_api.api_router import JSONL_UPLOADS
@@ -170,6 +172,43 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.redis.aclose()
 
 
+class HeadAsGet:
+    """Answers a HEAD as the path's GET, without its body (RFC 9110 9.3.2), where no route takes
+    HEAD itself: FastAPI's routes, unlike Starlette's, take only the methods they name, so a load
+    balancer or uptime checker sending HEAD to a job, /v1/models or /metrics got 405. Once the
+    headers are sent the response is complete, so the server tells the app the client left
+    (ASGI) and a stream (events) ends instead of running on unread."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD" or _takes_head(scope):
+            await self.app(scope, receive, send)
+            return
+        done = False
+
+        async def headers_only(message: Message) -> None:
+            nonlocal done
+            if message["type"] == "http.response.start":
+                await send(message)
+            elif not done:  # the body's first part (or a pathsend): the response ends here
+                done = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        as_get = {**scope, "method": "GET"}
+        try:
+            await self.app(as_get, receive, headers_only)
+        finally:
+            if "route" in as_get:  # the route that answered, for the metrics (http_metrics)
+                scope["route"] = as_get["route"]
+
+
+def _takes_head(scope: Scope) -> bool:
+    """Whether a route of the app takes HEAD at the request's path itself (the probes)."""
+    return any(route.matches(scope)[0] is Match.FULL for route in scope["app"].routes)
+
+
 # Every resource's routes; a new resource adds its router here.
 ROUTERS = (
     jobs_router,
@@ -195,6 +234,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="Queue-driven asynchronous inference",
         lifespan=lifespan,
+        redirect_slashes=False,  # the error handlers' `_slash_twin` redirects, relative
     )
     app.state.settings = settings
     install_error_handlers(app)
@@ -206,6 +246,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_depth=settings.max_json_depth,
         own_format=JSONL_UPLOADS,
     )
+    app.add_middleware(HeadAsGet)  # outside the boundary: it authenticates the GET
     app.add_middleware(RateLimitHeadersMiddleware)
     app.add_middleware(ConsoleHeadersMiddleware)
     app.add_middleware(HttpMetricsMiddleware)

@@ -15,7 +15,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError
 from starlette.exceptions import HTTPException
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
@@ -298,6 +298,26 @@ def _allowed_methods(request: Request) -> str:
     return ", ".join(sorted(methods))
 
 
+def _slash_twin(request: Request) -> str | None:
+    """Where a request no route took is answered, its path's trailing slash added or dropped,
+    as a relative URL (RFC 9110 10.2.2); None where no route takes that path either. Starlette's
+    own redirect built an absolute one from the request's scheme and Host: behind a proxy that
+    ends TLS it sent clients to `http://`, and it echoed whatever Host the client named."""
+    path = request.scope["path"]
+    if "endpoint" in request.scope or path == "/":
+        return None
+    twin = {**request.scope, "path": _toggled_slash(path)}
+    if all(route.matches(twin)[0] is Match.NONE for route in request.app.router.routes):
+        return None
+    sent = request.scope.get("raw_path") or path.encode()  # as the client encoded it
+    query = request.scope.get("query_string", b"")
+    return _toggled_slash(sent.decode("latin-1")) + (f"?{query.decode('latin-1')}" if query else "")
+
+
+def _toggled_slash(path: str) -> str:
+    return path.rstrip("/") if path.endswith("/") else f"{path}/"
+
+
 def _without_fastapis_422(documented: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
     """The OpenAPI document without FastAPI's own 422 body (HTTPValidationError), which no
     route answers (`_invalid` does, in ErrorBody's or OpenAI's shape): FastAPI adds it to a route
@@ -332,7 +352,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(422, "invalid_request", message, param=_refused_field(exc))
 
     @app.exception_handler(HTTPException)
-    async def _http(request: Request, exc: HTTPException) -> ErrorResponse:
+    async def _http(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 404 and (twin := _slash_twin(request)):
+            return RedirectResponse(twin, 307)
         # a 400: a body that does not parse (a multipart form), an invalid request
         type_ = {400: "invalid_request", 404: "not_found"}.get(exc.status_code, "http_error")
         headers = dict(exc.headers) if exc.headers else None
