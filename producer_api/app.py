@@ -107,6 +107,7 @@ def build_state(settings: Settings) -> ProducerState:
         settings=settings,
         keys=keys,
         redis=client,
+        committing_redis=hot,
         repository=repository,
         replies=replies,
         tokens=TokenHub(settings.redis_url, client, keys, settings.instance_id),
@@ -169,6 +170,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await sweeper.stop()
         await state.tokens.stop()
         await state.replies.stop()
+        await state.committing_redis.aclose()  # a cluster's held connections of its own
         await state.redis.aclose()
 
 

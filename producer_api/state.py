@@ -24,6 +24,7 @@ from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.rate_limit import InFlightLimiter, RateLimiter, StreamLimiter
+from shared.redis_client import RedisClient
 from shared.settings import Settings
 from shared.webhook_events import WebhookDispatcher
 
@@ -33,6 +34,9 @@ class ProducerState:
     settings: Settings
     keys: Keys
     redis: aioredis.Redis
+    # the submit path's group-committing client (its own connections on a cluster, closed with
+    # the producer; over `redis`'s pool on one server)
+    committing_redis: RedisClient
     repository: ModelRepository
     replies: ReplyListener
     tokens: TokenHub

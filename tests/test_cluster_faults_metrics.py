@@ -72,6 +72,31 @@ def _repository(root: Path) -> Path:
     return root
 
 
+async def test_a_stopped_producer_leaves_no_connection_of_its_submit_path(
+    lone_node: LocalCluster, tmp_path: Path, settings_env: Callable[..., None]
+) -> None:
+    """On a cluster the submit path's group-committing client holds connections of its own,
+    which a stopped producer left open (each restart, each app a test built, kept its own)."""
+    settings_env(
+        CONVEYOR_REDIS_URL=f"redis://127.0.0.1:{lone_node.masters[0].port}/0",
+        CONVEYOR_REDIS_CLUSTER="1",
+        CONVEYOR_AUTH="disabled",
+        CONVEYOR_INSTANCE_ID="closes-hot",
+        CONVEYOR_MODEL_REPOSITORY=str(_repository(tmp_path / "models")),
+    )
+    with lone_node.masters[0].client() as node:
+
+        def held() -> list[str]:
+            names = [peer.get("name", "") for peer in node.client_list()]
+            return [name for name in names if name == "producer-closes-hot-hot"]
+
+        async with app_client(create_app(get_settings())) as client:
+            submitted = await client.post("/v1/jobs", json={"model": "echo", "inputs": {}})
+            assert submitted.status_code == 202, submitted.text
+            assert held()  # the submit went through it
+        assert held() == []
+
+
 async def test_a_scrape_answers_while_the_cluster_is_gone(
     lone_node: LocalCluster,
     tmp_path: Path,
