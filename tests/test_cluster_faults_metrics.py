@@ -72,18 +72,25 @@ def _repository(root: Path) -> Path:
     return root
 
 
+def _producer_on(
+    lone_node: LocalCluster, tmp_path: Path, settings_env: Callable[..., None], **env: str
+) -> None:
+    """A producer's settings on the lone node, serving one identity model (`echo`)."""
+    settings_env(
+        CONVEYOR_REDIS_URL=f"redis://127.0.0.1:{lone_node.masters[0].port}/0",
+        CONVEYOR_REDIS_CLUSTER="1",
+        CONVEYOR_AUTH="disabled",
+        CONVEYOR_MODEL_REPOSITORY=str(_repository(tmp_path / "models")),
+        **env,
+    )
+
+
 async def test_a_stopped_producer_leaves_no_connection_of_its_submit_path(
     lone_node: LocalCluster, tmp_path: Path, settings_env: Callable[..., None]
 ) -> None:
     """On a cluster the submit path's group-committing client holds connections of its own,
     which a stopped producer left open (each restart, each app a test built, kept its own)."""
-    settings_env(
-        CONVEYOR_REDIS_URL=f"redis://127.0.0.1:{lone_node.masters[0].port}/0",
-        CONVEYOR_REDIS_CLUSTER="1",
-        CONVEYOR_AUTH="disabled",
-        CONVEYOR_INSTANCE_ID="closes-hot",
-        CONVEYOR_MODEL_REPOSITORY=str(_repository(tmp_path / "models")),
-    )
+    _producer_on(lone_node, tmp_path, settings_env, CONVEYOR_INSTANCE_ID="closes-hot")
     with lone_node.masters[0].client() as node:
 
         def held() -> list[str]:
@@ -104,13 +111,7 @@ async def test_a_scrape_answers_while_the_cluster_is_gone(
     settings_env: Callable[..., None],
 ) -> None:
     """The module's last test: it stops the cluster."""
-    settings_env(
-        CONVEYOR_REDIS_URL=f"redis://127.0.0.1:{lone_node.masters[0].port}/0",
-        CONVEYOR_REDIS_CLUSTER="1",
-        CONVEYOR_REDIS_TIMEOUT_S="1",
-        CONVEYOR_AUTH="disabled",
-        CONVEYOR_MODEL_REPOSITORY=str(_repository(tmp_path / "models")),
-    )
+    _producer_on(lone_node, tmp_path, settings_env, CONVEYOR_REDIS_TIMEOUT_S="1")
     async with app_client(create_app(get_settings())) as client:
         assert (await client.get("/metrics")).status_code == 200
         lone_node.masters[0].server.stop()
