@@ -37,6 +37,7 @@ from producer_api.console.session import (
     check_csrf,
     check_login_csrf,
     current_session,
+    end_replaced,
     login_key,
     still_open,
 )
@@ -165,7 +166,8 @@ async def login(
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
     """A refusal, a lapsed form's included (its pre-login cookie lives LOGIN_MAX_AGE_S: a form
-    left open longer answered a bare JSON 403), shows the form again with why, ready to retry."""
+    left open longer answered a bare JSON 403), shows the form again with why, ready to retry.
+    A login ends the session the browser was signed in to (`end_replaced`)."""
     signer = service.signer
     try:
         check_login_csrf(signer, request.cookies.get(LOGIN_COOKIE, ""), csrf)
@@ -175,6 +177,7 @@ async def login(
         form = _login_form(request, signer, refused.message, refused.status)
         form.headers.update(refused.headers or {})  # a throttled login's Retry-After
         return form
+    await end_replaced(signer, service.sessions, request.cookies.get(COOKIE, ""))
     response = _see("/console")
     cookie, nonce = signer.issue(principal.key_id)
     await service.sessions.open(nonce)

@@ -149,34 +149,29 @@ async def recent_jobs(
 @dataclass(slots=True)
 class _Sources:
     """Where a listing finds the ids of the newest jobs of some models' partitions: the lanes'
-    and dead letters' streams, the lanes' lists of jobs that ended (`Keys.recent`) and the fair
-    lanes, whose held jobs are in no stream yet."""
+    and dead letters' streams, the lanes' lists of jobs that ended (`Keys.recent`) and the
+    lanes' held jobs, in no stream yet. Every lane's held jobs are read, not only a fair one's:
+    a lane whose `queue.fair` was switched off keeps its held jobs until they are refilled,
+    and they were listed nowhere meanwhile (a lane that holds none costs one empty read)."""
 
     streams: list[str]
     ended: list[str]
-    fair: list[str]
+    held: list[str]
 
     @classmethod
     def of(cls, keys: Keys, configs: list[ModelConfig]) -> _Sources:
         partitions = [(c.name, v) for c in configs for v in c.variants]
         lanes = [named(m, v) for m, v in partitions for named in (keys.queue, keys.bulk_queue)]
-        fair = [
-            named(c.name, v)
-            for c in configs
-            for v in c.variants
-            if c.fair_window_of(v)
-            for named in (keys.queue, keys.bulk_queue)
-        ]
         streams = [*lanes, *(keys.dlq(m, v) for m, v in partitions)]
-        return cls(streams, [keys.recent(lane) for lane in lanes], fair)
+        return cls(streams, [keys.recent(lane) for lane in lanes], lanes)
 
     def __len__(self) -> int:
-        return len(self.streams) + len(self.ended) + len(self.fair)
+        return len(self.streams) + len(self.ended) + len(self.held)
 
 
 async def _candidates(client: RedisClient, keys: Keys, configs: list[ModelConfig]) -> list[str]:
     """Ids of the newest jobs of every partition of `configs`: queued and running (the lanes'
-    streams, and a fair lane's jobs held back per tenant, in no stream yet), ended there
+    streams, and the jobs a fair lane held back per tenant, in no stream yet), ended there
     (`Keys.recent`) and dead letters, READ_LIMIT shared evenly among these sources (at least
     one id each: READ_LIMIT in all up to a thousand partitions); one pipeline of reads of one
     slot each. A model one of whose keys is of another type (an operator's slip) is left out,
@@ -200,7 +195,7 @@ async def _ids_in(client: RedisClient, sources: _Sources, each: int) -> list[str
             pipe.xrevrange(stream, count=each)
         for ended in sources.ended:
             pipe.lrange(ended, 0, each - 1)
-        for lane in sources.fair:
+        for lane in sources.held:
             queue_script(pipe, held, [lane], [each])
 
     try:

@@ -157,10 +157,22 @@ async def _usable_key(
     state: ProducerState, sessions: LiveSessions, key_id: str, nonce: str
 ) -> ApiKey | None:
     """The session's key, unless revoked or expired, or the session logged out of or idle
-    past its timeout; renews the session."""
+    past its timeout; renews the session. A session whose key is unusable is ended: refused
+    but renewed by each request, it opened the console again once the key was stored again
+    (the development key, at a producer's start)."""
     # the key's record and the session's renewal at once: one round trip's wait, not two
     key, open_ = await asyncio.gather(state.api_keys.usable(key_id), sessions.renewed(nonce))
+    if key is None and open_:
+        await sessions.close(nonce)
     return key if open_ else None
+
+
+async def end_replaced(signer: SessionSigner, sessions: LiveSessions, cookie: str) -> None:
+    """Ends the session a new login's browser still names: it stayed open until its idle
+    timeout, so a copy of its cookie went on opening the console, another user's session
+    once someone else logged in on that browser."""
+    if (read := signer.read(cookie)) is not None:
+        await sessions.close(read[1])
 
 
 def check_csrf(session: ConsoleSession, presented: str | None) -> None:
