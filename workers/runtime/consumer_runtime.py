@@ -47,6 +47,8 @@ ENGINE_CLOSE_S = 10.0
 MIN_START_WAIT_S = 600.0
 # How often a worker still loading its engines looks whether it was asked to stop.
 START_SLICE_S = 0.5
+# How often the runtime asks its generate engines whether they died (`EngineDeaths`).
+ENGINE_CHECK_S = 1.0
 
 
 def consumer_name() -> str:
@@ -101,6 +103,26 @@ async def run_together(loops: Sequence[PartitionLoop]) -> None:
             raise outcome
 
 
+class EngineDeaths:
+    """Runs beside the partition loops (`run_together`), stopped with them: asks each generate
+    engine, on the loop that serves it, whether it died, for `/healthz` to read from its own
+    thread. A partition loop asks only once a call of its own failed: an idle worker whose vLLM
+    engine core was killed answered the liveness probe 200 for ever. Batch engines are not
+    asked: their `dead()` probes the device (a warm-up call, a synchronize), meant for after a
+    failed call."""
+
+    def __init__(self) -> None:
+        self.engines: dict[str, GenerateEngine] = {}  # by partition name
+        self.dead: tuple[str, ...] = ()  # the partitions whose engine died, at the last look
+        self.stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        while not self.stopping.is_set():
+            self.dead = tuple(name for name, engine in self.engines.items() if engine.dead())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), ENGINE_CHECK_S)
+
+
 class ConsumerRuntime:
     def __init__(
         self,
@@ -134,8 +156,9 @@ class ConsumerRuntime:
         )
         self._ready: Future[None] = Future()
         self._serving: asyncio.Task[None] | None = None
-        self._loops: list[PartitionLoop] = []  # every partition's, and a MemoryCeiling
+        self._loops: list[PartitionLoop] = []  # every partition's, EngineDeaths, a MemoryCeiling
         self._engines: list[BatchEngine | GenerateEngine] = []
+        self._deaths = EngineDeaths()
         self._reclaim_turn = ReclaimTurn()  # every partition's: one reclaimed entry at a time
 
     def start(self, check_stop: Callable[[], None] = lambda: None) -> None:
@@ -166,6 +189,12 @@ class ConsumerRuntime:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and self._ready.done()
+
+    @property
+    def dead_engines(self) -> tuple[str, ...]:
+        """The partitions whose generate engine died, as last seen on the loop (every
+        ENGINE_CHECK_S): any thread may read it, where an engine's `dead()` is its loop's."""
+        return self._deaths.dead
 
     def stop(self) -> bool:
         """Warm shutdown: stop reading (or loading), finish the batch in hand, acknowledge,
@@ -225,6 +254,8 @@ class ConsumerRuntime:
             for config, variant in self.partitions:
                 partition = Partition.of(self.keys, config, variant)
                 self._loops.append(await self._build_loop(client, writer, events, partition))
+            if self._deaths.engines:
+                self._loops.append(self._deaths)
             if max_mib := self.settings.worker_max_memory_mb:
                 self._loops.append(MemoryCeiling(max_mib, self._recycle))
             settle_heap(self.settings)
@@ -257,6 +288,7 @@ class ConsumerRuntime:
         lanes = LaneScheduler(partition, reader, reclaimer, self._reclaim_turn)
         block_ms = self.settings.block_ms
         if isinstance(engine, GenerateEngine):
+            self._deaths.engines[partition.name] = engine
             tokens = TokenWriter(client, self.keys, ttl_s)
             drain_s = max(0.0, self.settings.shutdown_grace_s - ENGINE_CLOSE_S)
             return GenerateLoop(partition, lanes, reader, writer, tokens, engine, block_ms, drain_s)

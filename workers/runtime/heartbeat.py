@@ -97,7 +97,9 @@ class _Beater:
         asyncio.run(self._serve())
 
     async def _serve(self) -> None:
-        client = connect(self.settings.redis_url, name=f"{self.beat.name}-heartbeat")
+        # blocks_ms=0: it never blocks, and a worker's block time on top of its timeout held
+        # a beat against a frozen Redis that much longer, a long one past the beats' TTL
+        client = connect(self.settings.redis_url, name=f"{self.beat.name}-heartbeat", blocks_ms=0)
         registry = WorkerRegistry(client, Keys(self.settings.key_prefix))
         outage = OutageLog("heartbeat")  # one line per outage, not one per beat
         clock = ClockSkew()

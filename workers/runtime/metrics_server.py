@@ -1,7 +1,7 @@
 """Celery worker bootstep serving `/metrics` (Prometheus) and `/healthz` (the consumer thread is
-alive: the liveness probe; 503 while the engines load) on `CONVEYOR_METRICS_PORT`; 0 turns it
-off. It starts before the stream consumer: a port in use stopped a worker that had read a
-micro-batch, which Celery, not fully started, did not drain."""
+alive and no engine died: the liveness probe; 503 while the engines load) on
+`CONVEYOR_METRICS_PORT`; 0 turns it off. It starts before the stream consumer: a port in use
+stopped a worker that had read a micro-batch, which Celery, not fully started, did not drain."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from celery import bootsteps
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shared.settings import get_settings
+from workers.runtime.consumer_runtime import ConsumerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,7 @@ def _handler(worker: Any) -> type[BaseHTTPRequestHandler]:
             if path == "/metrics":
                 self._reply(200, generate_latest(), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
-                runtime = getattr(worker, "conveyor_runtime", None)
-                alive = runtime is not None and runtime.alive
-                self._reply(200 if alive else 503, b"ok" if alive else b"down", "text/plain")
+                self._health(getattr(worker, "conveyor_runtime", None))
             else:
                 self._reply(404, b"not found", "text/plain")
 
@@ -69,6 +68,16 @@ def _handler(worker: Any) -> type[BaseHTTPRequestHandler]:
                 self.do_GET()
             finally:
                 self.head_only = False
+
+        def _health(self, runtime: ConsumerRuntime | None) -> None:
+            """503 naming the partitions whose engine died: an idle worker's dead engine is
+            seen by no loop, and only the probe's restart mends it."""
+            if runtime is None or not runtime.alive:
+                self._reply(503, b"down", "text/plain")
+            elif dead := runtime.dead_engines:
+                self._reply(503, f"engine died: {', '.join(dead)}".encode(), "text/plain")
+            else:
+                self._reply(200, b"ok", "text/plain")
 
         def _reply(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)
