@@ -41,3 +41,21 @@ async def first_done(
         if not task.done():
             await cancel_and_wait(task)
     return task
+
+
+async def uninterrupted(work: Awaitable[T]) -> T:
+    """`work` run to its end though this task is cancelled meanwhile, the cancel raised after:
+    a clean-up that gives back what a failed submit claimed, cut short by a cancel repeated
+    while it waits on a slow Redis (the client-disconnect watch repeats one every RECANCEL_S),
+    left the claim standing with nothing behind it. Its own failure is raised first."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            cancelled = True
+    result = task.result()
+    if cancelled:
+        raise asyncio.CancelledError
+    return result

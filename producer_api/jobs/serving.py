@@ -9,9 +9,10 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NoReturn
 
 from pydantic import ValidationError
@@ -29,6 +30,7 @@ from producer_api.jobs.protocol import (
 from producer_api.jobs.queue_eta import Standing, StartBy
 from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
+from producer_api.task_cancel import uninterrupted
 from shared.codec import RequestEntry
 from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, stamp_ms
@@ -232,12 +234,14 @@ class JobsService:
         try:
             yield
         except BaseException as exc:
-            if await self._nothing_enqueued(entry.job_id, exc):
-                try:  # not raised over the failure it followed: a 429 is not made a 503
-                    await limiter.release(self.principal.key_id, entry.job_id)
-                except RedisError as lost:  # pruned at the cap: its job has no hash
-                    log.warning("the in-flight slot of job %s was kept (%r)", entry.job_id, lost)
+            await uninterrupted(self._given_back(entry.job_id, exc, self._release_slot))
             raise
+
+    async def _release_slot(self, job_id: str) -> None:
+        try:  # not raised over the failure it followed: a 429 is not made a 503
+            await self.state.in_flight.release(self.principal.key_id, job_id)
+        except RedisError as lost:  # pruned at the cap: its job has no hash
+            log.warning("the in-flight slot of job %s was kept (%r)", job_id, lost)
 
     async def submit(
         self, model: str, body: PredictRequest, idempotency_key: str | None = None
@@ -270,10 +274,18 @@ class JobsService:
             _refuse_past(body, entry.deadline_ms)
             position = await self.enqueue(entry, config, variant, body)
         except BaseException as exc:
-            if await self._nothing_enqueued(entry.job_id, exc):
-                await idempotency.release(tenant, key, entry.job_id)
+            release = partial(idempotency.release, tenant, key)
+            await uninterrupted(self._given_back(entry.job_id, exc, release))
             raise
         return self._submitted(entry, config, variant, body, position)
+
+    async def _given_back(
+        self, job_id: str, failure: BaseException, give_back: Callable[[str], Awaitable[None]]
+    ) -> None:
+        """`give_back(job_id)` when the failed enqueue left no job; run `uninterrupted` by its
+        callers, as the disconnect watch repeats its cancel while a slow Redis answers."""
+        if await self._nothing_enqueued(job_id, failure):
+            await give_back(job_id)
 
     async def _nothing_enqueued(self, job_id: str, failure: BaseException) -> bool:
         """Whether a failed enqueue left no job, so what it claimed (an idempotency key, an
