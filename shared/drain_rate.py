@@ -92,6 +92,16 @@ class LaneBacklog:
         """When (Unix s) the rate window read began: its first second."""
         return min(self.drained, default=self.read_s)
 
+    @property
+    def stalled_s(self) -> float:
+        """How long work has waited with nothing finished: since the end of the last second
+        anything finished in, or the oldest job waiting arrived if later (a burst after an idle
+        spell waited only since it came); 0 while none waits."""
+        if not any(self.waiting):
+            return 0.0
+        finished = max((second + 1 for second, count in self.drained.items() if count), default=0)
+        return max(0.0, self.read_s - max(finished, self.read_s - self.oldest_s))
+
     def in_flight_at(self, workers: Collection[str]) -> int:
         """Entries in flight at `workers` (live ones): a dead worker's stay in its pending list
         until reclaimed, while the live ones may have nothing in hand."""

@@ -10,7 +10,9 @@ should start running. A window's rate is the workers' capacity only while a lane
 waiting (else it is the arrival rate); so is what finished over a busy spell (the looks since
 work began to wait) over the spell's own time, which a window partly idle divides over seconds
 the workers had nothing to do. That capacity per worker is kept through a pause or a light
-load, so a burst after one gets ETAs at the speed the workers drain it."""
+load, so a burst after one gets ETAs at the speed the workers drain it. While waiting work goes
+unfinished past one micro-batch's time (a worker beats with its engine stuck), that time is a
+floor under the ETA, and a deadline it passes is refused: the capacity kept says nothing then."""
 
 from __future__ import annotations
 
@@ -168,6 +170,7 @@ class QueueEta:
         self._backlogs: dict[Partition, LaneBacklog] = {}  # at the last refresh
         self._capacity: dict[Partition, float] = {}  # entries/s per serving worker, both lanes
         self._spells: dict[Partition, BusySpell] = {}  # partitions whose work waits now
+        self._stalls: dict[Partition, int] = {}  # ms past one micro-batch with none finished
         self.refresher = Periodic("queue-eta", REFRESH_S, self.refresh)
 
     async def refresh(self) -> None:
@@ -184,6 +187,13 @@ class QueueEta:
         earlier, self._backlogs = self._backlogs, read
         for partition, load in self.loads.items():
             self._remember(partition, load, earlier.get(partition))
+        # read by every submit's standing: worked out here, once a refresh, not per request
+        self._stalls = {
+            (c.name, v): stall
+            for c in self.repository
+            for v in c.variants
+            if (stall := self._stall_ms(c, v)) > 0
+        }
 
     def _remember(
         self, partition: Partition, load: PartitionLoad, earlier: LaneBacklog | None
@@ -209,9 +219,11 @@ class QueueEta:
             return  # as many as idle workers take at once, caught before they read them
         if spell.looks == 1 and earlier is not None and not spell.timed(now):
             return  # begun just now, after a look that saw none waiting: the window is idle's
-        busy_throughout = len(backlogged) == RATE_WINDOW_S and all(backlogged) and spell.covers(now)
+        # a window with a look that saw no worker serving (a scale-up from zero) is not the
+        # workers' capacity: read so, it was set a few times too low for the window's length
+        busy = len(backlogged) == RATE_WINDOW_S and all(backlogged) and all(samples)
+        busy_throughout = busy and spell.covers(now)
         rate = self._busy_rate(partition, load, spell, busy_throughout)
-        rate /= sum(samples) / len(samples)
         floor = 0.0 if busy_throughout else self._capacity.get(partition, 0.0)
         if max(rate, floor) > 0:
             self._capacity[partition] = max(rate, floor)
@@ -223,13 +235,18 @@ class QueueEta:
         spell: BusySpell,
         busy_throughout: bool,
     ) -> float:
-        """Entries per second the partition drained while its work waited: the window's when
-        busy throughout (a long spell's rate lags a change), else the more of it and the busy
-        spell's. A window partly idle divides over seconds the workers had nothing to do: after
-        a light load, 11 of a burst of 20 jobs were refused by it, each of which the worker
-        started within its deadline."""
-        window = load.online_per_s + load.bulk_per_s
-        return window if busy_throughout else max(window, spell.rate(self._backlog(partition)))
+        """Entries per second per worker the partition drained while its work waited: the
+        window's when busy throughout (a long spell's rate lags a change), else the more of it
+        and the busy spell's. A window partly idle divides over seconds the workers had nothing
+        to do: after a light load, 11 of a burst of 20 jobs were refused by it, each of which
+        the worker started within its deadline. The window's rate is its workers' (their mean
+        over its looks), the spell's those now: over the window's mean, a spell begun as the
+        partition scaled up from zero read as several times the workers' speed."""
+        samples = self._serving[partition]
+        window = (load.online_per_s + load.bulk_per_s) / (sum(samples) / len(samples))
+        if busy_throughout:
+            return window
+        return max(window, spell.rate(self._backlog(partition)) / load.serving)
 
     def _spell(self, partition: Partition, earlier: LaneBacklog | None) -> BusySpell:
         """The partition's busy spell, begun or gone on by this look (work waits now); begun
@@ -261,12 +278,9 @@ class QueueEta:
         an online job a second was given its 0.2 share, ETAs six times too long."""
         partition = (config.name, variant)
         load = self.loads.get(partition, PartitionLoad())
-        samples = self._serving.get(partition) or deque([load.serving])
-        mean_serving = sum(samples) / len(samples)
-        if load.serving == 0 or mean_serving == 0:
+        total = self._partition_rate(partition)
+        if total <= 0:
             return 0.0
-        window = (load.online_per_s + load.bulk_per_s) / mean_serving
-        total = max(window, self._capacity.get(partition, 0.0)) * load.serving
         other_waiting = self._backlog(partition).waiting[0 if bulk else 1]
         other_per_s = load.online_per_s if bulk else load.bulk_per_s
         if other_per_s == 0 and other_waiting == 0:
@@ -274,11 +288,37 @@ class QueueEta:
         share = total * (config.bulk_share if bulk else 1.0) / (1 + config.bulk_share)
         return share if other_waiting > 0 else max(share, total - other_per_s)
 
+    def _partition_rate(self, partition: Partition) -> float:
+        """Entries per second both lanes should drain at with the workers now (0: unknown)."""
+        load = self.loads.get(partition, PartitionLoad())
+        samples = self._serving.get(partition) or deque([load.serving])
+        mean_serving = sum(samples) / len(samples)
+        if load.serving == 0 or mean_serving == 0:
+            return 0.0
+        window = (load.online_per_s + load.bulk_per_s) / mean_serving
+        return max(window, self._capacity.get(partition, 0.0)) * load.serving
+
+    def _stall_ms(self, config: ModelConfig, variant: str) -> int:
+        """How long the partition's waiting work has gone unfinished past one micro-batch's
+        time at its rate (a healthy worker's drains are that far apart): the floor under its
+        ETAs. A worker that beats with its engine stuck keeps the capacity measured before the
+        stall, so ETAs promised the old rate and deadline admission took jobs it could not
+        start in time, for as long as the stall went on."""
+        partition = (config.name, variant)
+        total = self._partition_rate(partition)
+        if total <= 0:
+            return 0
+        serving = self.loads[partition].serving
+        batch_s = config.max_batch_size_of(variant) * serving / total
+        return max(0, round((self._backlog(partition).stalled_s - batch_s) * 1000))
+
     def standing(self, config: ModelConfig, variant: str, bulk: bool, position: int) -> Standing:
         rate = self.lane_rate(config, variant, bulk)
         eta: int | None = None
         if rate > 0:
             eta = eta_ms(position, rate)
+            stall = self._stalls.get((config.name, variant), 0)
+            eta = None if eta is None else max(eta, stall)
         elif position == 0 and self._starts_at_once(config, variant, bulk):
             eta = 0
         return Standing(position, eta)
@@ -310,6 +350,8 @@ class QueueEta:
         rate = self.lane_rate(config, variant, bulk)
         if rate <= 0:
             return -1
+        if self._stalls.get((config.name, variant), 0) > start_by.budget_ms:
+            return 0  # none may wait ahead: the stall alone makes it late
         return most_ahead(rate, start_by.budget_ms)
 
     def admission(self, config: ModelConfig, variant: str) -> Admission:
