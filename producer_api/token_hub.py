@@ -259,9 +259,11 @@ class TokenFollower:
     nothing came for `block_ms`, a look at the job hash ends a stream whose job ended without a
     final event (cancelled while queued, expired).
 
-    A final ends the stream only as its last word. A worker appends it before FINISH writes the
-    job's result; one that died in between left a final the hash never confirms, and a rerun's
-    `restart`, text and final after it. So a final that entries follow is dropped unsent, and
+    A final ends the stream only as its last word. A worker appends it once FINISH wrote the
+    job's result (a release before that one appended it first, and one that died in between
+    left a final the hash never confirms, and a rerun's `restart`, text and final after it;
+    one that dies between FINISH and its final now leaves none, and the hash's look ends the
+    stream with a final made from the record). So a final that entries follow is dropped unsent, and
     one that ends what is read is held until a look at the hash finds the job over: one look
     as it comes, then (its worker still at FINISH, or dead) every FINISH_GRACE_S, doubling up
     to `block_ms`. The job's hash has the last word over a final it contradicts."""
@@ -334,8 +336,9 @@ class TokenFollower:
         """A look at the job: nothing while it runs; once it is over (or gone), what is left of
         its stream, and its record."""
         record = await self.store.get(job_id)
-        # The worker appends its final event before it marks the job terminal: once the hash is
-        # terminal, what is left in the stream is readable without blocking.
+        # Once the hash is terminal, what is left in the stream is readable without blocking:
+        # the worker's final follows FINISH by a round trip, and without it `_last_word` makes
+        # one from the record.
         if record is not None and not record.status.terminal:
             return [], False, None
         return await self._read(key, after), True, record

@@ -23,10 +23,11 @@ from shared.job_states import lua_transition_table
 # appended already are skipped. A call that continues its attempt (first event past 1) on a stream
 # whose last entry is another attempt's is refused too: a later run of the job wrote since (this
 # worker's own reclaimer may have taken the entry back). A call with a final reads the job's
-# status: a job the API ended (a cancel) in the very step that ended its generation was not
-# watched by that step's tick, and its `succeeded` final contradicted the `cancelled` record
-# (readers dropped its usage, FINISH refused the result). The final then says what the record
-# will hold: the job's status and `abort`, as a run that saw the cancel writes it
+# status (the loop appends finals after FINISH now, which wrote the record; this keeps a final
+# from contradicting a record an older worker, which appended its final first, had not yet
+# written: a cancel in the very step that ended its generation made the `succeeded` final
+# contradict the `cancelled` record). The final then says what the record holds: the job's
+# status and `abort`, as a run that saw the cancel writes it
 # (workers/generation/generate_job.py: RunningJob.final_event), and the call returns that status
 # (a resent call too), for the loop to end the run as it. The three keys carry the partition's
 # hash tag, the job id's first digits: one slot on a Cluster.

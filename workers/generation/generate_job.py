@@ -196,8 +196,9 @@ class RunningJob:
         return events
 
     def closing_events(self) -> list[TokenEvent]:
-        """The events its end appends: its final, after a `restart` its run still owes."""
-        return [*self._opening(), self.final_event()]
+        """The events its end appends before FINISH: a `restart` its run still owes. Its final
+        follows FINISH (`GenerateLoop._write_finals`), to say what the record ended as."""
+        return self._opening()
 
     def final_event(self) -> TokenEvent:
         status = self.status

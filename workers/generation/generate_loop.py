@@ -309,8 +309,8 @@ class GenerateLoop:
     async def _publish(
         self, chunks: list[tuple[RunningJob, TokenChunk, int]], ended: list[RunningJob]
     ) -> None:
-        """One tick: the step's token events, finals of ended jobs, one round trip; then abort
-        what the API cancelled and acknowledge what ended."""
+        """One tick: the step's token events, one round trip; then abort what the API cancelled,
+        acknowledge what ended, and append the finals of what ended."""
         self._clock_busy()
         running_now = self._engine_running()
         events: dict[str, tuple[RunningJob, list[TokenEvent]]] = {}
@@ -329,7 +329,7 @@ class GenerateLoop:
         await self._give_up(events[job_id][0] for job_id in written.refused)
         self._observe_step(chunks, len(stepped))
         await self._abort_ended(written.statuses)
-        await self._finish(ended)
+        await self._write_finals(await self._finish(ended))
 
     def _until_poll(self) -> float:
         """Seconds until every running job's status is due (`_watched`). A wait of a whole
@@ -338,18 +338,15 @@ class GenerateLoop:
         return max(0.0, self._polled_at + STATUS_POLL_S - time.monotonic())
 
     def _watched(self, stepped: dict[str, RunningJob], ended: list[RunningJob]) -> list[str]:
-        """The jobs whose statuses the tick reads back: those that stepped, and once per
-        `STATUS_POLL_S` every running one, for the jobs that yield nothing to be seen by."""
+        """The jobs whose statuses the tick reads back: those that stepped or ended (a cancel in
+        the step that ended one makes it end `cancelled`), and once per `STATUS_POLL_S` every
+        running one, for the jobs that yield nothing to be seen by."""
         jobs: Iterable[RunningJob] = stepped.values()
         if (now := time.monotonic()) >= self._polled_at + STATUS_POLL_S:
             self._polled_at = now
             jobs = self.running.values()
-        ended_ids = {job.job_id for job in ended}
-        return [
-            job.job_id
-            for job in jobs
-            if job.job_id not in ended_ids and job.ended_as is None and not job.abandoned
-        ]
+        due = (job for job in (*jobs, *ended) if job.ended_as is None and not job.abandoned)
+        return list(dict.fromkeys(job.job_id for job in due))
 
     def _append(self, job: RunningJob, events: list[TokenEvent]) -> TokenAppend:
         """The job's next append, taken only while this consumer still holds its lane entry."""
@@ -404,7 +401,9 @@ class GenerateLoop:
                 log.info("aborting %s job", job.ended_as, extra={"job_id": job_id})
                 await self._abort_quietly(job_id)
 
-    async def _finish(self, ended: list[RunningJob]) -> None:
+    async def _finish(self, ended: list[RunningJob]) -> list[RunningJob]:
+        """Write the results of the jobs that ended; returns those whose final is due: the ones
+        FINISH wrote, and the ones the API ended (their records say so)."""
         by_stream: dict[str, list[Finish]] = defaultdict(list)
         for job in ended:
             self.running.pop(job.job_id, None)
@@ -415,18 +414,37 @@ class GenerateLoop:
             self._observe_job(job)
         # in hand until written back, from now: the admit loop may read our pending list
         self.settling.update((s, f.entry_id) for s, finishes in by_stream.items() for f in finishes)
+        written: set[str] = set()
         for stream, finishes in by_stream.items():
-            await self._settle(stream, finishes, self._drained)
+            written |= await self._settle(stream, finishes, self._drained)
         if ended:
             self._slot_freed.set()
+        return [
+            job
+            for job in ended
+            if not job.abandoned and (job.ended_as is not None or job.job_id in written)
+        ]
 
-    async def _settle(self, stream: str, finishes: list[Finish], stop: asyncio.Event) -> None:
+    async def _write_finals(self, jobs: list[RunningJob]) -> None:
+        """Append the finals of ended jobs once FINISH made their records terminal. A final
+        written before FINISH let a cancel that landed in between win: the record `cancelled`,
+        its stream's final `succeeded`. Now a cancel after FINISH is refused as one of an ended
+        job (an abort after the last token is a no-op in vLLM too), and one before it is read by
+        the tick that ended the job, which then ends `cancelled`. Unchecked (no lane-entry
+        holder): FINISH acknowledged the entry, and wrote only what this consumer held."""
+        appends = [job.append([job.final_event()]) for job in jobs]
+        if appends:
+            write = self.tokens.write
+            await until_done(lambda: write(appends, []), self._drained, self.partition.name)
+
+    async def _settle(self, stream: str, finishes: list[Finish], stop: asyncio.Event) -> set[str]:
         """Write results, reply, XACK and XDEL in one script call, retried through an outage
         until `stop` (the admit loop's stop, the publisher's end of the drain), then notify and
         count. The entries stop counting as in hand once written back (`_finish` counts them
-        from when their jobs end; the admit loop's own settles finish before it reads again)."""
+        from when their jobs end; the admit loop's own settles finish before it reads again).
+        Returns the ids of the jobs whose results it wrote."""
         if not finishes:
-            return
+            return set()
         try:
             written = await until_done(
                 lambda: self.writer.finish(stream, finishes), stop, self.partition.name
@@ -442,6 +460,7 @@ class GenerateLoop:
             f for f in finishes if f.status in ENDED_BY_THE_API and f.job_id not in written_ids
         ]
         record_batch(self.partition, stream, [*written, *by_the_api], [])
+        return written_ids
 
     def _observe_job(self, job: RunningJob) -> None:
         partition = self.partition.labels
