@@ -24,7 +24,7 @@ from shared.model_repository import ModelConfig, ModelConfigError, ModelReposito
 from shared.redis_client import connect, preload
 from shared.settings import Settings
 from workers.batching.micro_batch_loop import MicroBatchLoop
-from workers.engines.base import BatchEngine, GenerateEngine
+from workers.engines.base import BatchEngine, EngineDied, GenerateEngine
 from workers.engines.cpu_budget import CPU_SHARES
 from workers.engines.registry import create_engine
 from workers.generation.generate_loop import GenerateLoop
@@ -49,6 +49,9 @@ MIN_START_WAIT_S = 600.0
 START_SLICE_S = 0.5
 # How often the runtime asks its generate engines whether they died (`EngineDeaths`).
 ENGINE_CHECK_S = 1.0
+# How long `/healthz` names a dead engine before `EngineDeaths` ends the worker: the probe, and
+# whoever reads it, learns why the worker is about to exit, where an ended one answers "down".
+DEATH_SHOWN_S = 2.0
 
 
 def consumer_name() -> str:
@@ -109,7 +112,9 @@ class EngineDeaths:
     thread. A partition loop asks only once a call of its own failed: an idle worker whose vLLM
     engine core was killed answered the liveness probe 200 for ever. Batch engines are not
     asked: their `dead()` probes the device (a warm-up call, a synchronize), meant for after a
-    failed call."""
+    failed call. A death ends the worker, as the engine contract says (`EngineDied`): with no
+    liveness probe (`conveyor up`, `conveyor autoscale`) an idle one lived on, its model served
+    by no one until a job reached it and failed a call."""
 
     def __init__(self) -> None:
         self.engines: dict[str, GenerateEngine] = {}  # by partition name
@@ -117,10 +122,18 @@ class EngineDeaths:
         self.stopping = asyncio.Event()
 
     async def run(self) -> None:
+        """Looks every ENGINE_CHECK_S; a death is shown on `/healthz` for DEATH_SHOWN_S, then
+        raised: `run_together` stops the partition loops as a stop does (a job in hand fails
+        its next call on the dead engine and is left pending), and the worker exits."""
         while not self.stopping.is_set():
             self.dead = tuple(name for name, engine in self.engines.items() if engine.dead())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), ENGINE_CHECK_S)
+            await self._pause(DEATH_SHOWN_S if self.dead else ENGINE_CHECK_S)
+            if self.dead and not self.stopping.is_set():
+                raise EngineDied(f"{', '.join(self.dead)}: the engine died")
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), seconds)
 
 
 class ConsumerRuntime:
