@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-from producer_api.task_cancel import cancel_and_wait
+from producer_api.task_cancel import cancel_and_wait, uninterrupted
 
 T = TypeVar("T")
 
@@ -68,11 +68,5 @@ async def _stop(read: asyncio.Future[Any] | None) -> None:
     """`cancel_and_wait(read)` seen through though this task is cancelled meanwhile (whoever
     stops it repeats the cancel while a token follower swallows one, gh-86296): cut short, the
     read would run on and closing its generator, still running, would fail. Raised after."""
-    cancelled = False
-    while read is not None and not read.done():
-        try:
-            await cancel_and_wait(read)
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
+    if read is not None and not read.done():
+        await uninterrupted(cancel_and_wait(read))

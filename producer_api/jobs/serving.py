@@ -220,22 +220,33 @@ class JobsService:
             yield
             return
         limiter = self.state.in_flight
-        if not await limiter.admit(self.principal.key_id, entry.job_id, quota.max_in_flight):
-            JOBS_REJECTED.labels(fields["model"], fields["variant"], "too_many_in_flight").inc()
-            raise ConveyorError(
-                429,
-                "too_many_in_flight",
-                f"this API key has {quota.max_in_flight} jobs queued or running; retry when"
-                " one ends",
-                {"Retry-After": "1"},
-            )
-        entry.inflight = self.state.keys.in_flight(self.principal.key_id)
-        fields["inflight"] = entry.inflight
+        # None while the admit's reply is awaited: a cancel raised once it came (group commit
+        # raises it after the flush) leaves the slot taken, so the clean-up covers the admit too
+        admitted: bool | None = None
         try:
+            admitted = await limiter.admit(self.principal.key_id, entry.job_id, quota.max_in_flight)
+            if not admitted:
+                raise self._too_many_in_flight(fields, quota.max_in_flight)
+            entry.inflight = self.state.keys.in_flight(self.principal.key_id)
+            fields["inflight"] = entry.inflight
             yield
         except BaseException as exc:
-            await uninterrupted(self._given_back(entry.job_id, exc, self._release_slot))
+            # refused, it took no slot; an admit that failed (an outage) is left to the prune,
+            # as its clean-up would wait on the same Redis
+            if admitted or (admitted is None and isinstance(exc, asyncio.CancelledError)):
+                await uninterrupted(self._given_back(entry.job_id, exc, self._release_slot))
             raise
+
+    @staticmethod
+    def _too_many_in_flight(fields: dict[str, str | int], cap: int) -> ConveyorError:
+        """The 429 of a key at its `max_in_flight`, counted as a rejection."""
+        JOBS_REJECTED.labels(fields["model"], fields["variant"], "too_many_in_flight").inc()
+        return ConveyorError(
+            429,
+            "too_many_in_flight",
+            f"this API key has {cap} jobs queued or running; retry when one ends",
+            {"Retry-After": "1"},
+        )
 
     async def _release_slot(self, job_id: str) -> None:
         try:  # not raised over the failure it followed: a 429 is not made a 503
