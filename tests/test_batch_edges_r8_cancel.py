@@ -22,6 +22,7 @@ from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.settings import Settings
 from tests.app_client import app_client
+from tests.conftest import until_async
 from tests.test_batch_sweeps import ITEMS, KEYS, TTL_S, WEBHOOKS, _running_batch
 
 
@@ -81,7 +82,14 @@ class _EndedFirst(BatchApiStore):
         await _finished(self.redis, batch_id, 3)
         sweeper = BatchApiProgress(JobStore(self.redis, KEYS, TTL_S), self, WEBHOOKS)
         await sweeper.refresh(batch_id, window=0)
+        # the app's own sweeper may be finalizing it meanwhile (then this refresh left it to
+        # that one): the cancel is to meet its end, not its finalization
+        await until_async(lambda: self._ended(batch_id))
         return await super().request_end(batch_id, ending)
+
+    async def _ended(self, batch_id: str) -> bool:
+        fields = await self.read(batch_id) or {}
+        return "status" in fields and BatchStatus(fields["status"]).terminal
 
 
 async def _refused_cancel(redis_url: str, aredis: aioredis.Redis, ends: str) -> None:
