@@ -208,6 +208,16 @@ variants:
 """
 
 
+async def submit_two_one_held(client: httpx.AsyncClient) -> list[str]:
+    """Two jobs of FAIR_MODEL: the first fills the stream's window of one, the second is held."""
+    ids = []
+    for n in range(2):
+        response = await client.post("/v1/jobs", json={"model": "fair", "inputs": {"n": n}})
+        assert response.status_code == 202, response.text
+        ids.append(response.json()["id"])
+    return ids
+
+
 async def test_a_job_held_back_from_a_fair_lane_shows_its_inputs(
     redis_url: str, aredis: aioredis.Redis, tmp_path: Path
 ) -> None:
@@ -223,11 +233,7 @@ async def test_a_job_held_back_from_a_fair_lane_shows_its_inputs(
         model_repository=str(tmp_path),
     )
     async with app_client(create_app(settings)) as client:
-        ids = []
-        for n in range(2):  # the first fills the stream's window of one; the second is held
-            response = await client.post("/v1/jobs", json={"model": "fair", "inputs": {"n": n}})
-            assert response.status_code == 202, response.text
-            ids.append(response.json()["id"])
+        ids = await submit_two_one_held(client)
         assert await aredis.hget(keys.job(ids[1]), "held")
         page = await client.get(f"/console/jobs/{ids[1]}")
     assert page.status_code == 200

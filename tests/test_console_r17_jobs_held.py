@@ -13,7 +13,7 @@ from producer_api.app import create_app
 from shared.keys import Keys
 from shared.settings import Settings
 from tests.app_client import app_client
-from tests.test_console_links import FAIR_MODEL
+from tests.test_console_links import FAIR_MODEL, submit_two_one_held
 
 KEYS = Keys("console-r17-held:")
 
@@ -28,11 +28,7 @@ async def test_a_job_held_by_a_lane_no_longer_fair_is_listed(
         redis_url=redis_url, key_prefix=KEYS.prefix, auth="disabled", model_repository=str(tmp_path)
     )
     async with app_client(create_app(settings)) as client:
-        ids = []
-        for n in range(2):  # the first fills the stream's window of one; the second is held
-            response = await client.post("/v1/jobs", json={"model": "fair", "inputs": {"n": n}})
-            assert response.status_code == 202, response.text
-            ids.append(response.json()["id"])
+        ids = await submit_two_one_held(client)
     assert await aredis.hget(KEYS.job(ids[1]), "held")
     config.write_text(FAIR_MODEL.replace("fair: true", "fair: false"))
     async with app_client(create_app(settings)) as client:

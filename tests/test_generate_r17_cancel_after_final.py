@@ -16,10 +16,10 @@ from shared.codec import RequestEntry, loads
 from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobRecord, JobStore, now_ms
 from shared.keys import Keys
-from shared.model_repository import ModelConfig
 from shared.token_stream import TokenEvent, usage_of
 from tests.lane_rig import generate_loop
 from tests.paced_engine import PacedEngine
+from tests.test_tokens_r14_cancel_at_end import CONFIG
 from workers.generation.generate_loop import GenerateLoop
 from workers.partition.finish import Finish
 from workers.partition.job_events import JobEvents
@@ -29,13 +29,6 @@ from workers.partition.stream_reader import StreamReader
 from workers.partition.token_writer import TickWritten, TokenAppend, TokenWriter
 
 KEYS = Keys("r17final:")
-CONFIG = ModelConfig(
-    name="m",
-    kind="generate",
-    backend="tests.paced_engine:PacedEngine",
-    parameters={"step_ms": 5},
-    max_num_seqs=2,
-)
 PARTITION = Partition.of(KEYS, CONFIG, "default")
 PAYLOAD = {"inputs": {"prompt": "one two three"}, "parameters": {"max_tokens": 3}}
 

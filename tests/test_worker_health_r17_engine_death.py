@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
@@ -20,28 +19,10 @@ import pytest
 
 from shared.settings import Settings
 from tests.conftest import until
-from tests.paced_engine import PacedEngine
+from tests.test_worker_health_r18_engine_death_exit import CoreEngine
 from workers.runtime import consumer_runtime
 from workers.runtime.consumer_runtime import ConsumerRuntime
 from workers.runtime.metrics_server import _handler
-
-
-class CoreEngine(PacedEngine):
-    """A paced engine with an engine-core process, as vLLM's: once that is gone, the engine is
-    dead. Records the threads that asked it so."""
-
-    async def load(self) -> None:
-        await super().load()
-        self.core = subprocess.Popen(["sleep", "600"])
-        self.asked_on: set[str] = set()
-
-    def dead(self) -> bool:
-        self.asked_on.add(threading.current_thread().name)
-        return super().dead() or self.core.poll() is not None
-
-    async def close(self) -> None:
-        self.core.kill()
-        self.core.wait()
 
 
 @pytest.fixture
@@ -53,7 +34,7 @@ def runtime(
     monkeypatch.setattr(consumer_runtime, "ENGINE_CHECK_S", 0.02)
     (tmp_path / "core").mkdir()
     (tmp_path / "core" / "config.yaml").write_text(
-        f"kind: generate\nbackend: {__name__}:CoreEngine\n"
+        f"kind: generate\nbackend: {CoreEngine.__module__}:CoreEngine\n"
     )
     settings = Settings(
         redis_url=redis_url,

@@ -9,6 +9,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,15 +34,18 @@ STREAM = KEYS.queue("core", "default")
 
 class CoreEngine(PacedEngine):
     """A paced engine with an engine-core process, as vLLM's: once that is gone, the engine is
-    dead and its generations fail at their next step. Counts the looks at it."""
+    dead and its generations fail at their next step. Counts the looks at it, and records the
+    threads that looked (tests/test_worker_health_r17_engine_death.py serves it too)."""
 
     async def load(self) -> None:
         await super().load()
         self.core = subprocess.Popen(["sleep", "600"])
         self.looks = 0
+        self.asked_on: set[str] = set()
 
     def dead(self) -> bool:
         self.looks += 1
+        self.asked_on.add(threading.current_thread().name)
         self._dead = self._dead or self.core.poll() is not None
         return self._dead
 
