@@ -242,8 +242,7 @@ class QueueEta:
         the worker started within its deadline. The window's rate is its workers' (their mean
         over its looks), the spell's those now: over the window's mean, a spell begun as the
         partition scaled up from zero read as several times the workers' speed."""
-        samples = self._serving[partition]
-        window = (load.online_per_s + load.bulk_per_s) / (sum(samples) / len(samples))
+        window = (load.online_per_s + load.bulk_per_s) / self._mean_serving(partition, load)
         if busy_throughout:
             return window
         return max(window, spell.rate(self._backlog(partition)) / load.serving)
@@ -291,12 +290,17 @@ class QueueEta:
     def _partition_rate(self, partition: Partition) -> float:
         """Entries per second both lanes should drain at with the workers now (0: unknown)."""
         load = self.loads.get(partition, PartitionLoad())
-        samples = self._serving.get(partition) or deque([load.serving])
-        mean_serving = sum(samples) / len(samples)
+        mean_serving = self._mean_serving(partition, load)
         if load.serving == 0 or mean_serving == 0:
             return 0.0
         window = (load.online_per_s + load.bulk_per_s) / mean_serving
         return max(window, self._capacity.get(partition, 0.0)) * load.serving
+
+    def _mean_serving(self, partition: Partition, load: PartitionLoad) -> float:
+        """Workers serving the partition over the rate window's looks, on average: its drained
+        counts are theirs (`load`'s alone before a look was kept)."""
+        samples = self._serving.get(partition) or deque([load.serving])
+        return sum(samples) / len(samples)
 
     def _stall_ms(self, config: ModelConfig, variant: str) -> int:
         """How long the partition's waiting work has gone unfinished past one micro-batch's

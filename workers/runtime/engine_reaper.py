@@ -16,12 +16,14 @@ once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import weakref
 from collections.abc import Collection
-from pathlib import Path
+
+from workers.runtime.process_tree import children
 
 # argv: the seconds they get after SIGTERM, then the pidfds of the processes to end (inherited).
 # SIGTERM first: vLLM's engine core shuts down on it, while multiprocessing's resource tracker
@@ -54,7 +56,7 @@ class EngineReaper:
         # or hangup, a group's SIGTERM) killed the helper, and the worker killed outright after
         # it left its engine running; only the worker's end may end the helper. Unbuffered: a
         # forked child closes a bare file, which takes no lock a parent's thread held at the fork.
-        fds = [fd for fd in map(_child_pidfd, pids) if fd is not None]
+        fds = _child_pidfds(pids)
         try:
             self._helper = subprocess.Popen(
                 [sys.executable, "-c", _HELPER, str(TERM_GRACE_S), *map(str, fds)],
@@ -84,26 +86,18 @@ class EngineReaper:
             self._helper.stdin.close()
 
 
-def _child_pidfd(pid: int) -> int | None:
-    """A pidfd on `pid` if it is this process's child; None for one gone already, or one whose
-    number another process took since it was listed (none of this worker's to end)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None
-    if _parent(pid) == os.getpid():  # read after the open: the process the pidfd holds
-        return fd
-    os.close(fd)
-    return None
-
-
-def _parent(pid: int) -> int | None:
-    """The parent of process `pid`; None once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])  # after the name, which may hold ")"
+def _child_pidfds(pids: Collection[int]) -> list[int]:
+    """Pidfds on those of `pids` that are this process's children, their list read after the
+    opens (so of the processes the pidfds hold); none for one gone already, or one whose number
+    another process took since it was listed (none of this worker's to end)."""
+    opened: dict[int, int] = {}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            opened[pid] = os.pidfd_open(pid)
+    mine = set(children(os.getpid()))
+    for pid in opened.keys() - mine:
+        os.close(opened.pop(pid))
+    return list(opened.values())
 
 
 def _let_go_in_child() -> None:
