@@ -19,6 +19,11 @@ class Latencies(BaseModel):
     total: Percentiles | None
 
 
+class SamplesNeeded(BaseModel):
+    baseline: int
+    variant: int
+
+
 class VersusBaseline(BaseModel):
     baseline: str
     success_rate_test: Literal["z", "fisher"] = Field(
@@ -28,7 +33,16 @@ class VersusBaseline(BaseModel):
     success_rate_z: float
     success_rate_p: float
     latency_u: float | None
-    latency_p: float | None
+    latency_p: float | None = Field(
+        description="Null until both arms have min_samples timed samples (service times)"
+    )
+    status: Literal["ok", "insufficient_data"] = Field(
+        description="insufficient_data until both arms have min_samples requests: the verdict "
+        "then says how many more each needs, and judges nothing"
+    )
+    samples_needed: SamplesNeeded = Field(
+        description="Requests each arm still needs before a verdict (0 once it has enough)"
+    )
     verdict: str
 
 
@@ -53,4 +67,5 @@ class ExperimentReport(BaseModel):
         "first 10 s bucket (up to 10 s more)"
     )
     baseline: str
+    min_samples: int = Field(description="Requests per arm before a verdict (?min_samples=)")
     variants: list[VariantReport]

@@ -9,7 +9,7 @@ from typing import Any
 
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
-from producer_api.experiments.statistics import summary, versus
+from producer_api.experiments.statistics import MIN_SAMPLES, summary, versus
 from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
 from shared.routing import Routes
@@ -21,7 +21,9 @@ class ExperimentsService:
         self.state = state
         self.principal = principal
 
-    async def report(self, model: str, window_s: float, baseline: str | None) -> dict[str, Any]:
+    async def report(
+        self, model: str, window_s: float, baseline: str | None, min_samples: int
+    ) -> dict[str, Any]:
         config = model_of(self.state, self.principal, model)
         baseline = baseline or config.default_variant
         if baseline not in config.variants:
@@ -35,13 +37,21 @@ class ExperimentsService:
         windows = await traffic.stats.window(model, config.variants, since, now)
         # off the event loop: the first comparison imports scipy.stats (about 1 s on 2 cores),
         # and a test on many samples is numpy work; every other request waits on the loop
-        variants = await asyncio.to_thread(compared, windows, baseline, routes)
+        variants = await asyncio.to_thread(compared, windows, baseline, routes, min_samples)
         # the span measured: whole buckets, so up to BUCKET_S more than asked for
         span_s = round(window_span_s(since, now), 3)
-        return {"model": model, "window_s": span_s, "baseline": baseline, "variants": variants}
+        return {
+            "model": model,
+            "window_s": span_s,
+            "baseline": baseline,
+            "min_samples": min_samples,
+            "variants": variants,
+        }
 
 
-def compared(windows: dict[str, Window], baseline: str, routes: Routes) -> list[dict[str, Any]]:
+def compared(
+    windows: dict[str, Window], baseline: str, routes: Routes, min_samples: int = MIN_SAMPLES
+) -> list[dict[str, Any]]:
     """Each variant's summary, role and weight, and its tests against the baseline's window."""
     return [
         {
@@ -52,7 +62,7 @@ def compared(windows: dict[str, Window], baseline: str, routes: Routes) -> list[
             **summary(window),
             "vs_baseline": None
             if name == baseline
-            else versus(baseline, windows[baseline], window),
+            else versus(baseline, windows[baseline], window, min_samples),
         }
         for name, window in windows.items()
     ]

@@ -2,7 +2,7 @@
 success rates, shadow agreement, and tests against the baseline — a two-proportion z-test on
 success rates (Fisher's exact test when an expected count is under MIN_EXPECTED, where the
 normal approximation fails) and Mann-Whitney U (scipy, asymptotic with continuity correction) on
-service times — with a verdict in plain words at ALPHA."""
+service times — with a verdict in plain words at ALPHA, once each arm has a minimum sample."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ from shared.variant_stats import Window
 ALPHA = 0.05
 MIN_EXPECTED = 5.0  # the usual validity rule of the z-test's normal approximation
 PERCENTILES = (50, 95, 99)
+# Requests per arm (and timed samples, for the latency test) before a verdict: below, "no
+# significant difference (p=1)" is true of one request per arm and reads as evidence, so the
+# verdict says how many more each arm needs instead. 100 keeps the rank test's normal
+# approximation sound and lets a few points of success rate show; `?min_samples=` tunes it.
+MIN_SAMPLES = 100
 
 
 def percentiles(values: list[float]) -> dict[str, float] | None:
@@ -88,21 +93,34 @@ def success_test(
     return "fisher", z, float(stats.fisher_exact(table, alternative="two-sided").pvalue)
 
 
-def versus(baseline_name: str, baseline: Window, other: Window) -> dict[str, Any] | None:
-    """Tests of `other` against the baseline, with a verdict; None without data on both."""
+def versus(
+    baseline_name: str, baseline: Window, other: Window, min_samples: int = MIN_SAMPLES
+) -> dict[str, Any] | None:
+    """Tests of `other` against the baseline, with a verdict once both arms have `min_samples`
+    requests; None without data on both. The success-rate test is reported below the minimum
+    too (Fisher's exact test holds at any size); the latency test needs `min_samples` timed
+    samples on each arm (an expired job is a request without one)."""
     if not baseline.requests or not other.requests:
         return None
     base_ok, other_ok = baseline.requests - baseline.errors, other.requests - other.errors
     test, z, p_success = success_test(base_ok, baseline.requests, other_ok, other.requests)
     mine = [s.service_ms for s in other.samples]
     theirs = [s.service_ms for s in baseline.samples]
-    words = [_success_words(baseline_name, baseline, other, p_success)]
     u, p_latency = None, None
-    if mine and theirs:
-        from scipy import stats
-
-        result = stats.mannwhitneyu(mine, theirs, alternative="two-sided", method="asymptotic")
-        u, p_latency = float(result.statistic), float(result.pvalue)
+    if min(len(mine), len(theirs)) >= min_samples:
+        u, p_latency = _mann_whitney(mine, theirs)
+    needed = {
+        "baseline": max(min_samples - baseline.requests, 0),
+        "variant": max(min_samples - other.requests, 0),
+    }
+    enough = not any(needed.values())
+    words = [_success_words(baseline_name, baseline, other, p_success)]
+    if u is None or p_latency is None:
+        words.append(
+            f"service time: too few timed samples to test ({len(mine)} vs {len(theirs)}, "
+            f"at least {min_samples} per arm)"
+        )
+    else:
         words.append(_latency_words(baseline_name, theirs, mine, u, p_latency))
     return {
         "baseline": baseline_name,
@@ -111,8 +129,30 @@ def versus(baseline_name: str, baseline: Window, other: Window) -> dict[str, Any
         "success_rate_p": p_success,
         "latency_u": u,
         "latency_p": p_latency,
-        "verdict": "; ".join(words),
+        "status": "ok" if enough else "insufficient_data",
+        "samples_needed": needed,
+        "verdict": "; ".join(words)
+        if enough
+        else _not_enough_words(baseline_name, needed, min_samples),
     }
+
+
+def _mann_whitney(mine: list[float], theirs: list[float]) -> tuple[float, float]:
+    """(U of `mine`, two-sided p): asymptotic, with scipy's tie and continuity corrections."""
+    from scipy import stats
+
+    result = stats.mannwhitneyu(mine, theirs, alternative="two-sided", method="asymptotic")
+    return float(result.statistic), float(result.pvalue)
+
+
+def _not_enough_words(name: str, needed: dict[str, int], min_samples: int) -> str:
+    """Names only the arms still short: "0 more on stable" says nothing."""
+    short = [
+        f"{n} more on this variant" if arm == "variant" else f"{n} more on {name}"
+        for arm, n in (("variant", needed["variant"]), ("baseline", needed["baseline"]))
+        if n
+    ]
+    return f"not enough data yet: {' and '.join(short)} (at least {min_samples} requests per arm)"
 
 
 def _success_words(name: str, baseline: Window, other: Window, p: float) -> str:
