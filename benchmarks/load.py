@@ -16,7 +16,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, TypeVar
@@ -236,6 +236,17 @@ class Target:
     async def _connect(self) -> Connection:
         return Connection(*await asyncio.open_connection(self.host, self.port))
 
+    async def warm(self, connections: int) -> None:
+        """Open idle connections up to `connections` before a timed window, as load tools warm
+        theirs: a closed loop's clients otherwise each timed a TCP handshake and the server's
+        accept with their first request. One that fails to open is left for a request to retry,
+        which then counts the failure."""
+        opened = await asyncio.gather(
+            *(self._connect() for _ in range(connections - len(self.idle))),
+            return_exceptions=True,
+        )
+        self.idle += [c for c in opened if isinstance(c, Connection)]
+
     def close(self) -> None:
         for connection in self.idle:
             connection.close()
@@ -243,12 +254,22 @@ class Target:
 
 
 async def closed_loop(
-    target: Target, concurrency: int, seconds: float, max_requests: int, warmup_s: float = 0.0
+    target: Target,
+    concurrency: int,
+    seconds: float,
+    max_requests: int,
+    warmup_s: float = 0.0,
+    measuring: Callable[[], None] | None = None,
 ) -> LoadResult:
-    """`concurrency` clients back to back for `seconds` (after an unmeasured warm-up)."""
+    """`concurrency` clients back to back for `seconds` (after an unmeasured warm-up), their
+    connections open before the timed window begins; `measuring` is called as it begins (part
+    A starts its CPU meter there, past the warm-up and the connects)."""
     try:
         if warmup_s > 0:
             await _closed_clients(target, concurrency, warmup_s, max_requests)
+        await target.warm(concurrency)
+        if measuring is not None:
+            measuring()
         return await _closed_clients(target, concurrency, seconds, max_requests)
     finally:
         target.close()

@@ -92,13 +92,14 @@ def run(scale: Scale, workdir: Path) -> PartResult:
 def measure(
     system: str, url: str, pids: dict[str, int], concurrency: int, scale: Scale
 ) -> dict[str, Any]:
-    """One round of one configuration: an unmeasured warm-up, then CPU and latency measured."""
+    """One round of one configuration: an unmeasured warm-up, then CPU and latency measured
+    on the warm-up's connections (reconnecting the clients was timed and metered with it)."""
     target = LoadTarget.post(url, [PAYLOAD])
-    drive(closed_loop(target, concurrency, scale.warmup_s, scale.max_requests))
     meter = CpuMeter(pids)
-    meter.start()
     seconds = scale.seconds / scale.rounds
-    load = drive(closed_loop(target, concurrency, seconds, scale.max_requests))
+    load = drive(
+        closed_loop(target, concurrency, seconds, scale.max_requests, scale.warmup_s, meter.start)
+    )
     cpu = per_request_ms(meter.stop(), load.completed)
     return {"system": system, "concurrency": concurrency, **load.summary(), "cpu_ms": cpu}
 

@@ -98,7 +98,7 @@ def test_part_b_saturation_is_judged_unrounded() -> None:
     unbatched = open_loop_point(NO_BATCHING, 400.0, _open_loop(401, 1.0))
     saturation = {p["config"]: p["achieved_per_s"] for p in (batching, unbatched)}
     engine = [{"sentences_per_s": 250.0}, {"sentences_per_s": 1000.0}]
-    [share, _] = part_b_targets(engine, saturation)
+    [share, _] = part_b_targets(engine, saturation, {})
     assert abs(share.measured - 0.84996) < 1e-9
     assert not share.met
 
