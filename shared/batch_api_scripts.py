@@ -15,16 +15,43 @@ applied; the next look counts those items again)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from enum import StrEnum
+
 from shared.job_scripts import LUA_HERE
 from shared.job_states import TERMINAL, JobStatus
 from shared.keys import LUA_JOB_KEY
+
+
+class BatchStatus(StrEnum):
+    """A batch hash's `status`, defined beside the scripts that read and write it (the store
+    imports them): COMMIT's ended statuses are rendered from `terminal`'s, where its Lua spelled
+    them out again and a status added to one alone was kept, or written over, wrongly."""
+
+    VALIDATING = "validating"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        return self in BATCH_ENDED
+
+
+# The statuses a batch ends in, for good.
+BATCH_ENDED = frozenset(
+    {BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.CANCELLED, BatchStatus.EXPIRED}
+)
 
 # The states an item ends in, in the enum's order: the order of counts in both scripts' replies.
 ITEM_STATES = tuple(status.value for status in JobStatus if status in TERMINAL)
 
 
-def _lua_table(value: str) -> str:
-    return "{" + ", ".join(f"{state}={value}" for state in ITEM_STATES) + "}"
+def _lua_table(value: str, states: Iterable[str] = ITEM_STATES) -> str:
+    return "{" + ", ".join(f"{state}={value}" for state in states) + "}"
 
 
 def _lua_list(table: str) -> str:
@@ -156,8 +183,9 @@ return {cur, ARGV[1]}
 # ended since keeps its end: a finalizer that went silent past STALE_MS, then woke, wrote its
 # own over its successor's (`completed` over the `expired` a client had read, counts and all).
 # Returns the status in force, false when the batch is gone.
-COMMIT = """
-local ENDED = {completed=true, failed=true, cancelled=true, expired=true}
+COMMIT = (
+    f"local ENDED = {_lua_table('true', sorted(BATCH_ENDED))}\n"
+    + """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return false end
 if ENDED[cur] then return cur end
@@ -166,6 +194,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 for i = 2, #KEYS do redis.call('EXPIREAT', KEYS[i], ARGV[2]) end
 return ARGV[4]
 """
+)
 
 # KEYS[1]=batch hash; ARGV: field, value. HSETNX, only while the hash exists: on a hash that
 # expired after its last read, HSETNX made a key of that field alone, with no TTL.

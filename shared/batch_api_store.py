@@ -14,7 +14,6 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from enum import StrEnum
 from itertools import chain
 from typing import Any
 
@@ -23,7 +22,7 @@ from redis.commands.core import AsyncScript
 from redis.typing import EncodableT
 
 from shared import batch_api_scripts
-from shared.batch_api_scripts import ITEM_STATES
+from shared.batch_api_scripts import ITEM_STATES, BatchStatus
 from shared.codec import RequestEntry, as_text, dumps, loads
 from shared.file_store import file_expiry
 from shared.job_states import JobStatus
@@ -41,20 +40,6 @@ CHUNK = 500
 BUDGET = 4 * CHUNK  # items one COUNT call may count: bounds how long it holds its server
 STALE_MS = 60_000  # a finalizer silent this long is replaced
 ENDED_KEPT_MS = 600_000  # how long an ended batch stays in the ended index (the console's)
-
-
-class BatchStatus(StrEnum):
-    VALIDATING = "validating"
-    IN_PROGRESS = "in_progress"
-    FINALIZING = "finalizing"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
-
-    @property
-    def terminal(self) -> bool:
-        return self in {self.COMPLETED, self.FAILED, self.CANCELLED, self.EXPIRED}
 
 
 # Why an item has no result when its batch's cancel or expiry stopped it (its error's message).

@@ -71,8 +71,13 @@ class BatchOptions(BaseModel):
         max_length=64,
         description="An uploaded file (POST /v1/files), not a body",
     )
+    # OpenAI's bounds: 16 pairs, keys of 1 to 64 characters, values of up to 512
     metadata: (
-        dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None
+        dict[
+            Annotated[str, Field(min_length=1, max_length=64)],
+            Annotated[str, Field(max_length=512)],
+        ]
+        | None
     ) = Field(default=None, max_length=16, description="Kept and shown with the batch, as OpenAI's")
     output_expires_after: OutputExpiresAfter | None = Field(
         default=None, description="OpenAI's: when its output and error files expire"
