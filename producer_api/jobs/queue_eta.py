@@ -348,15 +348,33 @@ class QueueEta:
         light load's rate is its arrivals, far below what a worker could start: weighed by it,
         a burst's jobs with a deadline a few seconds off were refused (14 of 20 at 1 job/s
         before, each of them started within 2 s)."""
-        measured = (config.name, variant) in self._capacity
-        if not config.queue.admit_by_deadline or not measured:
-            return -1
-        rate = self.lane_rate(config, variant, bulk)
+        rate = self._admitting_rate(config, variant, bulk)
         if rate <= 0:
             return -1
-        if self._stalls.get((config.name, variant), 0) > start_by.budget_ms:
+        if self.stalled_ahead(config, variant, bulk, start_by) is not None:
             return 0  # none may wait ahead: the stall alone makes it late
         return most_ahead(rate, start_by.budget_ms)
+
+    def stalled_ahead(
+        self, config: ModelConfig, variant: str, bulk: bool, start_by: StartBy
+    ) -> int | None:
+        """The entries waiting in the job's lane at the last refresh when the partition's stall
+        alone makes it start after `start_by`, else None: it is refused before ENQUEUE, whose
+        bound counts the entries ahead and so let in a job on an empty lane of a stalled
+        partition (its 202 showed the stall's ETA past its deadline, and it expired unrun)."""
+        partition = (config.name, variant)
+        if self._stalls.get(partition, 0) <= start_by.budget_ms:
+            return None
+        if self._admitting_rate(config, variant, bulk) <= 0:
+            return None
+        return self._backlog(partition).waiting[1 if bulk else 0]
+
+    def _admitting_rate(self, config: ModelConfig, variant: str, bulk: bool) -> float:
+        """The lane's rate when the model admits by deadline and the workers' capacity is
+        known, else 0 (no deadline admission)."""
+        if not config.queue.admit_by_deadline or (config.name, variant) not in self._capacity:
+            return 0.0
+        return self.lane_rate(config, variant, bulk)
 
     def admission(self, config: ModelConfig, variant: str) -> Admission:
         """`max_ahead` for a job of the partition enqueued other than by a submit (a dead

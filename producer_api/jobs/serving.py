@@ -192,6 +192,8 @@ class JobsService:
         start_by = StartBy.of(config, entry.enqueued_ms, entry.deadline_ms)
         max_ahead = eta.max_ahead(config, variant, bulk, start_by)
         try:
+            if (stalled := eta.stalled_ahead(config, variant, bulk, start_by)) is not None:
+                raise TooFarBack(stream, stalled)  # ENQUEUE admits it with none ahead
             return await self.state.job_store.create(
                 entry,
                 stream,
