@@ -13,7 +13,9 @@ by the lane's `queue.max_length`: once its lane is full the letters left for it 
 the lane that the API was refusing submits to with 429s); and, for a model that admits by
 deadline (`queue.admit_by_deadline`), by the producers' deadline admission: a letter that would
 start after its deadline given the lane's ETA stays (`DEADLINE_UNMEETABLE`), as its submit
-would be refused, rather than be enqueued only to expire.
+would be refused, rather than be enqueued only to expire. So does one that today's submit checks
+refuse (`submit_checks`): the model's input schema, or the webhook URL policy, may have changed
+since its job was submitted (`INPUT_INVALID`, `WEBHOOK_REFUSED`, with what the check said).
 
 The stream has no cap and no TTL (a cap would drop letters unseen): only a purge or replay
 shrinks it; the producer's `conveyor_dlq_depth` gauge and `conveyor dlq list` show it, and
@@ -29,7 +31,10 @@ from typing import Any
 from shared.codec import RequestEntry, as_text, is_stream_id, stream_id
 from shared.job_store import JobStore, QueueFull, TooFarBack, stamp_ms
 from shared.keys import Keys, replay_job_id
+from shared.model_repository import ModelConfig
 from shared.redis_client import executed
+from shared.settings import Settings
+from shared.webhook_events import refusal as webhook_refusal
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +84,10 @@ DEADLINE_UNMEETABLE = "deadline_unmeetable"
 # a kept letter's reason: its entry is no job (no id, a payload that is no JSON object), so
 # there is nothing to replay; it stays for an operator to `show` and purge
 UNDECODABLE = "undecodable"
+# a kept letter's reason: its job's inputs break the model's input schema as it is now
+INPUT_INVALID = "input_invalid"
+# a kept letter's reason: its job's webhook URL is one the webhook policy now refuses
+WEBHOOK_REFUSED = "webhook_refused"
 
 # The most entries that may wait ahead of a job for it to start in time, by (its lane is the
 # bulk one, its enqueue stamp in ms, its deadline in Unix ms or 0), -1 for any: the producers'
@@ -91,14 +100,43 @@ def admit_any(bulk: bool, enqueued_ms: float, deadline_ms: int) -> int:
     return -1
 
 
+# Why today's submit checks refuse a letter's job, as (a kept reason, what the check said), or
+# None where they admit it (`submit_checks`).
+Refusal = Callable[[RequestEntry], tuple[str, str] | None]
+
+
+def refuse_none(entry: RequestEntry) -> tuple[str, str] | None:
+    """No submit checks (a caller that gives none): every letter's job is admitted."""
+    return None
+
+
+def submit_checks(config: ModelConfig, webhooks: Settings | None) -> Refusal:
+    """The producers' submit checks of a job, run on a letter's job before its replay: its
+    inputs against the model's input schema and, given the webhook settings (`webhooks`), its
+    webhook URL against that policy, both as they are now. A replay they refuse could only fail
+    on the worker, or send its events where the policy no longer allows."""
+
+    def refusal(entry: RequestEntry) -> tuple[str, str] | None:
+        if problems := config.input_errors(entry.payload.get("inputs")):
+            return INPUT_INVALID, "; ".join(problems)
+        webhook = entry.payload.get("webhook")
+        if webhook and webhooks and (why := webhook_refusal(str(webhook), webhooks)):
+            return WEBHOOK_REFUSED, why
+        return None
+
+    return refusal
+
+
 @dataclass(frozen=True, slots=True)
 class KeptLetter:
     """A letter a replay left in the stream, and why (`DEADLINE_PASSED`, `QUEUE_FULL`,
-    `DEADLINE_UNMEETABLE`, `UNDECODABLE`)."""
+    `DEADLINE_UNMEETABLE`, `UNDECODABLE`, `INPUT_INVALID`, `WEBHOOK_REFUSED`); `detail`: what
+    the submit check that refused it said."""
 
     dlq_id: str
     job_id: str
     reason: str
+    detail: str = ""
 
 
 @dataclass(slots=True)
@@ -120,10 +158,12 @@ class DeadLetters:
         fair_window: int = 0,
         max_length: int = 0,
         admission: Admission = admit_any,
+        refusal: Refusal = refuse_none,
     ) -> None:
         """`fair_window`: the partition's (ModelConfig.fair_window_of; 0: not fair);
         `max_length`: its `queue.max_length`, which replays are admitted by (0: no cap);
-        `admission`: its deadline admission, which replays are admitted by too."""
+        `admission`: its deadline admission, which replays are admitted by too; `refusal`: its
+        submit checks (`submit_checks`), which each letter's job must pass to be replayed."""
         self.store = store
         self.redis = store.redis
         self.keys = keys
@@ -133,6 +173,7 @@ class DeadLetters:
         self.fair_window = fair_window
         self.max_length = max_length
         self.admission = admission
+        self.refusal = refusal
 
     async def partition_exists(self) -> bool:
         """Whether the partition was ever used here: its queue (a worker creates it) or its
@@ -211,7 +252,8 @@ class DeadLetters:
         if result.kept:
             message = (
                 "%s:%s: %d dead letters not replayed"
-                " (deadline passed or unmeetable, lane full, or undecodable): %s"
+                " (deadline passed or unmeetable, lane full, undecodable, or refused by"
+                " today's submit checks): %s"
             )
             kept = " ".join(letter.dlq_id for letter in result.kept)
             log.warning(message, self.model, self.variant, len(result.kept), kept)
@@ -226,7 +268,8 @@ class DeadLetters:
         the lanes found full so far) refused one: once full, a lane is not tried again for the
         rest of this replay, which would cost a round trip per letter for refusals. A letter
         too far back to start before its deadline is kept too (a later one, whose deadline is
-        further off, may still be admitted)."""
+        further off, may still be admitted), and so is one that today's submit checks refuse
+        (checked before its lane: a replay once the lane drains would be refused again)."""
         now = stamp_ms()
         for letter in letters:
             lane = self._lane(letter)
@@ -234,6 +277,8 @@ class DeadLetters:
                 result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, UNDECODABLE))
             elif 0 < letter.entry.deadline_ms <= now:
                 result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, DEADLINE_PASSED))
+            elif refused := self.refusal(letter.entry):
+                result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, *refused))
             elif lane in full:
                 result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, QUEUE_FULL))
             else:

@@ -839,7 +839,8 @@ for _, e in ipairs(claimed) do
   if deliveries > tonumber(ARGV[7]) then
     local job, served = {}, true
     if jk then job, served = here('HMGET', jk, 'status', 'webhook') end
-    if served then dead_letter(eid, fields, owner, deliveries, jk, job) end
+    -- the deliveries it had: this takeover, only to dead-letter it, runs nothing
+    if served then dead_letter(eid, fields, owner, deliveries - 1, jk, job) end
   else
     local status = jk and claim(jk, ARGV[6], ARGV[2], deliveries, owner) or 'missing'
     table.insert(out, {eid, fields, status, deliveries})

@@ -221,8 +221,8 @@ def _dead_letter(r: redis.Redis, inputs: dict[str, Any], deadline_ms: int = 0) -
     """A dead letter as a worker leaves one (the entry, why it died, its deliveries)."""
     job_id, now = new_job_id("faulty", "default"), int(time.time() * 1000)
     entry = RequestEntry(job_id, {"inputs": inputs}, now, deadline_ms)
-    reason = "dead-lettered after 3 deliveries without finishing (max_deliveries 2)"
-    fields: dict[Any, Any] = {"entry": "1-0", "reason": reason, "deliveries": 3}
+    reason = "dead-lettered after 2 deliveries without finishing (max_deliveries 2)"
+    fields: dict[Any, Any] = {"entry": "1-0", "reason": reason, "deliveries": 2}
     fields |= entry.encode()
     r.xadd(DLQ, fields)
     return entry.job_id

@@ -219,7 +219,7 @@ def test_crashing_entry_is_dead_lettered_then_replayed(
         assert (exit_code == 3) == (attempt < 2), (attempt, exit_code, process_pid)
     job = _job(r, job_id)
     assert job["status"] == "failed" and "DeadLettered" in job["error"]
-    assert "dead-lettered after 3 deliveries" in job["error"]
+    assert "dead-lettered after 2 deliveries without finishing (max_deliveries 2)" in job["error"]
     [runs] = _attempts(fault_stack, [job_id])
     history = [(run["consumer"], run["outcome"]) for run in runs]
     assert history == [

@@ -14,10 +14,13 @@ from producer_api.jobs.queue_eta import QueueEta
 from shared.codec import is_stream_id
 from shared.dead_letters import (
     DEADLINE_UNMEETABLE,
+    INPUT_INVALID,
     QUEUE_FULL,
+    WEBHOOK_REFUSED,
     Admission,
     DeadLetters,
     ReplayResult,
+    submit_checks,
 )
 from shared.job_store import JobStore
 from shared.keys import Keys
@@ -45,11 +48,14 @@ def _run(
                 f"no partition {model}:{variant} in this Redis (neither its queue nor its "
                 "dead-letter stream exists): check MODEL and --variant"
             )
-        if replays:  # queued fairly, and admitted by cap and deadline, as a submit would be
+        if replays:  # queued fairly, admitted by cap, deadline and checks, as a submit would be
             config = _served_config(settings, model, variant)
             fair_window, max_length = config.fair_window_of(variant), config.queue.max_length
             admission = await _admission(client, keys, config, variant)
-            letters = DeadLetters(store, keys, model, variant, fair_window, max_length, admission)
+            # the webhook policy is the producers': checked where this environment has it
+            checks = submit_checks(config, settings if settings.webhook_secret else None)
+            limits = (fair_window, max_length, admission, checks)
+            letters = DeadLetters(store, keys, model, variant, *limits)
         return await action(letters)
 
     return with_redis(on)
@@ -140,9 +146,10 @@ def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
     """Enqueue dead letters again as new jobs (prints old → new job id), all those the partition
     holds now or the given ids; a letter past its job's deadline, whose lane holds
     queue.max_length jobs, or (queue.admit_by_deadline) that would start past its deadline
-    behind the lane's backlog, is kept, not replayed (prints its job id, DLQ id for
-    `purge --id`, and why), then the counts. Refused for a partition the model repository no
-    longer has."""
+    behind the lane's backlog, or whose job today's submit checks refuse (its inputs against the
+    model's input schema, its webhook URL against the webhook policy), is kept, not replayed
+    (prints its job id, DLQ id for `purge --id`, and why), then the counts. Refused for a
+    partition the model repository no longer has."""
 
     async def act(letters: DeadLetters) -> ReplayResult:
         if ids:
@@ -156,7 +163,8 @@ def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
     for old, new in result.replayed:
         click.echo(f"{old} -> {new}")
     for letter in result.kept:
-        click.echo(f"kept {letter.job_id or '-'} (dead letter {letter.dlq_id}): {letter.reason}")
+        why = f"{letter.reason}: {letter.detail}" if letter.detail else letter.reason
+        click.echo(f"kept {letter.job_id or '-'} (dead letter {letter.dlq_id}): {why}")
     click.echo(f"replayed {len(result.replayed)}, kept {len(result.kept)}")
     reasons = {letter.reason for letter in result.kept}
     if QUEUE_FULL in reasons:
@@ -164,6 +172,11 @@ def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
     if DEADLINE_UNMEETABLE in reasons:
         hint = "too many jobs wait ahead to start before the deadline: replay once the lane drains"
         click.echo(f"{hint}, or purge", err=True)
+    if reasons & {INPUT_INVALID, WEBHOOK_REFUSED}:
+        hint = "a submit of that job would be refused now (the model's input_schema, or the"
+        click.echo(
+            f"{hint} webhook policy): purge it, or resubmit it as it is allowed now", err=True
+        )
 
 
 @command.command("purge")

@@ -51,7 +51,7 @@ from producer_api.state import ProducerState, producer_state
 from producer_api.stream_places import take_place
 from producer_api.stream_shutdown import GRACE_S, BoundedEventSource
 from shared.codec import as_text, dumps, is_stream_id
-from shared.dead_letters import DeadLetter, DeadLetters
+from shared.dead_letters import DeadLetter, DeadLetters, submit_checks
 from shared.job_states import JobStatus
 from shared.job_store import JobRecord
 
@@ -417,9 +417,9 @@ def _dead_letters(state: ProducerState, current: ConsoleSession, partition: str)
         raise ConveyorError(404, "not_found", f"no partition {partition!r}")
     fair_window, max_length = config.fair_window_of(variant), config.queue.max_length
     admission = state.queue_eta.admission(config, variant)  # a replay is admitted as a submit
-    return DeadLetters(
-        state.job_store, state.keys, model, variant, fair_window, max_length, admission
-    )
+    checks = submit_checks(config, state.settings)  # and checked as one, by today's rules
+    limits = (fair_window, max_length, admission, checks)
+    return DeadLetters(state.job_store, state.keys, model, variant, *limits)
 
 
 async def _readable(state: ProducerState, current: ConsoleSession, partition: str) -> DeadLetters:
