@@ -258,7 +258,7 @@ class GenerateLoop:
         except Exception as exc:
             if self.engine.dead():
                 job.abandoned = True
-                self._engine_died(exc)
+                self.engine_died(exc)
             else:
                 job.error = engine_failure(exc)
                 if isinstance(exc, ContextLengthExceeded):  # its usage said 0 prompt tokens
@@ -271,18 +271,26 @@ class GenerateLoop:
     def _hung(self) -> None:
         """No generation stepped or ended for `queue.max_run_s`: handled as a dead engine."""
         max_run_s = self._watch.max_run_s
-        self._engine_died(
+        self.engine_died(
             TimeoutError(
                 f"no generation stepped or ended for queue.max_run_s ({max_run_s:g} s): "
                 "the engine is deemed hung"
             )
         )
 
-    def _engine_died(self, cause: Exception) -> None:
+    def engine_dead(self) -> bool:
+        """Whether its engine died, by the engine's own look (the runtime's `EngineDeaths`)."""
+        return self.engine.dead()
+
+    def raised_for_death(self, error: BaseException) -> bool:
+        """Whether `error` is the EngineDied `run` raised for the death it logged."""
+        return self.engine_death is not None and error.__cause__ is self.engine_death
+
+    def engine_died(self, cause: Exception) -> None:
         """A dead engine fails every job at once, through no fault of theirs: failing them
         emptied the queue within seconds while the worker lived on. Its jobs are left pending
         (no result, no final event: a rerun elsewhere restarts its stream) and the loop stops,
-        so the worker exits."""
+        so the worker exits. Called by the runtime too, for a death its look found."""
         if self.engine_death is None:
             log.critical("the engine died: %r; handing jobs back and exiting", cause)
             self.engine_death = cause
@@ -403,7 +411,9 @@ class GenerateLoop:
 
     async def _finish(self, ended: list[RunningJob]) -> list[RunningJob]:
         """Write the results of the jobs that ended; returns those whose final is due: the ones
-        FINISH wrote, and the ones the API ended (their records say so)."""
+        FINISH wrote, and the ones the API ended (their records say so). One the API ended
+        after the tick read its status back, before FINISH, ends as the record says (its final
+        says `cancelled`, as the record does)."""
         by_stream: dict[str, list[Finish]] = defaultdict(list)
         for job in ended:
             self.running.pop(job.job_id, None)
@@ -414,15 +424,18 @@ class GenerateLoop:
             self._observe_job(job)
         # in hand until written back, from now: the admit loop may read our pending list
         self.settling.update((s, f.entry_id) for s, finishes in by_stream.items() for f in finishes)
-        written: set[str] = set()
+        settled: dict[str, str] = {}
         for stream, finishes in by_stream.items():
-            written |= await self._settle(stream, finishes, self._drained)
+            settled |= await self._settle(stream, finishes, self._drained)
         if ended:
             self._slot_freed.set()
+        for job in ended:
+            if job.ended_as is None and (status := settled.get(job.job_id)) in ENDED_BY_THE_API:
+                job.ended_as = status
         return [
             job
             for job in ended
-            if not job.abandoned and (job.ended_as is not None or job.job_id in written)
+            if not job.abandoned and (job.ended_as is not None or job.job_id in settled)
         ]
 
     async def _write_finals(self, jobs: list[RunningJob]) -> None:
@@ -430,37 +443,58 @@ class GenerateLoop:
         written before FINISH let a cancel that landed in between win: the record `cancelled`,
         its stream's final `succeeded`. Now a cancel after FINISH is refused as one of an ended
         job (an abort after the last token is a no-op in vLLM too), and one before it is read by
-        the tick that ended the job, which then ends `cancelled`. Unchecked (no lane-entry
+        the tick that ended the job, or, landing after that tick's read, once FINISH refused the
+        result (`_ended_by_the_api`); the job then ends `cancelled`. Unchecked (no lane-entry
         holder): FINISH acknowledged the entry, and wrote only what this consumer held."""
         appends = [job.append([job.final_event()]) for job in jobs]
         if appends:
             write = self.tokens.write
             await until_done(lambda: write(appends, []), self._drained, self.partition.name)
 
-    async def _settle(self, stream: str, finishes: list[Finish], stop: asyncio.Event) -> set[str]:
+    async def _settle(
+        self, stream: str, finishes: list[Finish], stop: asyncio.Event
+    ) -> dict[str, str]:
         """Write results, reply, XACK and XDEL in one script call, retried through an outage
         until `stop` (the admit loop's stop, the publisher's end of the drain), then notify and
         count. The entries stop counting as in hand once written back (`_finish` counts them
         from when their jobs end; the admit loop's own settles finish before it reads again).
-        Returns the ids of the jobs whose results it wrote."""
+        Returns the status each job ended as here: those whose results it wrote, and those the
+        API ended (`_ended_by_the_api`)."""
         if not finishes:
-            return set()
+            return {}
         try:
             written = await until_done(
                 lambda: self.writer.finish(stream, finishes), stop, self.partition.name
             )
         finally:
             self.settling.difference_update((stream, finish.entry_id) for finish in finishes)
-        # as written (a refused result did not finish here); a job the API ended while it ran
-        # (a cancel, its Batch API batch's expiry: the API counts only the queued jobs it
-        # withdraws) ended here all the same, unwritten: FINISH keeps what a cancelled one ran
-        # to, and counts no write. A job expired here (its deadline passed) was written.
         written_ids = {f.job_id for f in written}
-        by_the_api = [
-            f for f in finishes if f.status in ENDED_BY_THE_API and f.job_id not in written_ids
-        ]
-        record_batch(self.partition, stream, [*written, *by_the_api], [])
-        return written_ids
+        unwritten = [f for f in finishes if f.status and f.job_id not in written_ids]
+        ended = [*written, *await self._ended_by_the_api(unwritten, stop)]
+        record_batch(self.partition, stream, ended, [])
+        return {f.job_id: f.status for f in ended}
+
+    async def _ended_by_the_api(self, unwritten: list[Finish], stop: asyncio.Event) -> list[Finish]:
+        """The results FINISH did not write of jobs the API ended while they ran (a cancel, its
+        Batch API batch's expiry: the API counts only the queued jobs it withdraws), each with
+        the end the API gave it: they ended here all the same, unwritten (FINISH keeps what a
+        cancelled one ran to, and counts no write). A result of another status met an end the
+        API made after the tick read the job's status back, before FINISH: such a job counted
+        in no state and got no final. Its status is read once more; a job that ended as the
+        tick saw it costs no such read (one taken over reads `running`: not ours to count)."""
+        known = [f for f in unwritten if f.status in ENDED_BY_THE_API]
+        asked = [f for f in unwritten if f.status not in ENDED_BY_THE_API]
+        if not asked:
+            return known
+        job_ids = [f.job_id for f in asked]
+        read = self.tokens.write
+        statuses = (await until_done(lambda: read([], job_ids), stop, self.partition.name)).statuses
+        ended = (
+            replace(f, status=status)
+            for f in asked
+            if (status := statuses.get(f.job_id)) in ENDED_BY_THE_API
+        )
+        return [*known, *ended]
 
     def _observe_job(self, job: RunningJob) -> None:
         partition = self.partition.labels
