@@ -117,19 +117,23 @@ class EngineDeaths:
     by no one until a job reached it and failed a call."""
 
     def __init__(self) -> None:
-        self.engines: dict[str, GenerateEngine] = {}  # by partition name
+        self.loops: dict[str, GenerateLoop] = {}  # by partition name
         self.dead: tuple[str, ...] = ()  # the partitions whose engine died, at the last look
         self.stopping = asyncio.Event()
 
     async def run(self) -> None:
         """Looks every ENGINE_CHECK_S; a death is shown on `/healthz` for DEATH_SHOWN_S, then
-        raised: `run_together` stops the partition loops as a stop does (a job in hand fails
-        its next call on the dead engine and is left pending), and the worker exits."""
+        handed to its partition's loop as a failed call's is: the loop logs it, gives up its
+        generations at once, leaving their jobs pending, and raises EngineDied, which ends the
+        worker (`run_together`). A stop's drain waited out a dead engine's generations that
+        hung, never failing, and aborted them to no avail before the worker could exit."""
         while not self.stopping.is_set():
-            self.dead = tuple(name for name, engine in self.engines.items() if engine.dead())
+            self.dead = tuple(name for name, loop in self.loops.items() if loop.engine_dead())
             await self._pause(DEATH_SHOWN_S if self.dead else ENGINE_CHECK_S)
             if self.dead and not self.stopping.is_set():
-                raise EngineDied(f"{', '.join(self.dead)}: the engine died")
+                for name in self.dead:
+                    self.loops[name].engine_died(EngineDied("found dead by the runtime's look"))
+                return
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -173,6 +177,7 @@ class ConsumerRuntime:
         self._engines: list[BatchEngine | GenerateEngine] = []
         self._deaths = EngineDeaths()
         self._reclaim_turn = ReclaimTurn()  # every partition's: one reclaimed entry at a time
+        self._crashed_on: BaseException | None = None  # the error `_crash` reported
 
     def start(self, check_stop: Callable[[], None] = lambda: None) -> None:
         """Load every engine and start serving; returns once all partitions are being read.
@@ -248,12 +253,28 @@ class ConsumerRuntime:
             if not self._ready.done():  # the start raises it: a thread's traceback said it twice
                 self._ready.set_exception(exc)
                 return
-            log.critical(
-                "the consumer stopped on an unexpected error; the worker exits", exc_info=True
-            )
-            self._on_crash()
+            self._crash(exc)
         finally:
             self.loop.close()
+
+    def _crash(self, error: BaseException) -> None:
+        """Serving ended on `error`, that of the loops or, after them, of closing the engines:
+        it is logged critically (unless a generate loop logged it, its engine's death), and the
+        worker asked once to exit. The runtime said a death a second time, with a traceback,
+        and asked twice."""
+        if error is self._crashed_on:  # reported before the engines closed (`_serve`)
+            return
+        if not self._logged_death(error):
+            log.critical(
+                "the consumer stopped on an unexpected error; the worker exits", exc_info=error
+            )
+        if self._crashed_on is None:
+            self._on_crash()
+        self._crashed_on = error
+
+    def _logged_death(self, error: BaseException) -> bool:
+        """Whether `error` is a generate loop's EngineDied, raised from the death it logged."""
+        return any(loop.raised_for_death(error) for loop in self._deaths.loops.values())
 
     async def _serve(self) -> None:
         client = connect(self.settings.redis_url, name=self.consumer)
@@ -267,7 +288,7 @@ class ConsumerRuntime:
             for config, variant in self.partitions:
                 partition = Partition.of(self.keys, config, variant)
                 self._loops.append(await self._build_loop(client, writer, events, partition))
-            if self._deaths.engines:
+            if self._deaths.loops:
                 self._loops.append(self._deaths)
             if max_mib := self.settings.worker_max_memory_mb:
                 self._loops.append(MemoryCeiling(max_mib, self._recycle))
@@ -277,8 +298,8 @@ class ConsumerRuntime:
             log.info("serving %s as %s", served, self.consumer)
             try:
                 await run_together(self._loops)
-            except BaseException:
-                self._on_crash()  # before the engines close: a hung engine's close never returns
+            except BaseException as exc:
+                self._crash(exc)  # before the engines close: a hung engine's close never returns
                 raise
         finally:
             for engine in self._engines:
@@ -301,10 +322,13 @@ class ConsumerRuntime:
         lanes = LaneScheduler(partition, reader, reclaimer, self._reclaim_turn)
         block_ms = self.settings.block_ms
         if isinstance(engine, GenerateEngine):
-            self._deaths.engines[partition.name] = engine
             tokens = TokenWriter(client, self.keys, ttl_s)
             drain_s = max(0.0, self.settings.shutdown_grace_s - ENGINE_CLOSE_S)
-            return GenerateLoop(partition, lanes, reader, writer, tokens, engine, block_ms, drain_s)
+            generate_loop = GenerateLoop(
+                partition, lanes, reader, writer, tokens, engine, block_ms, drain_s
+            )
+            self._deaths.loops[partition.name] = generate_loop
+            return generate_loop
         return MicroBatchLoop(partition, lanes, reader, writer, engine, block_ms)
 
     async def _load_engine(self, config: ModelConfig, variant: str) -> BatchEngine | GenerateEngine:

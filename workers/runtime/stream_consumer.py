@@ -90,9 +90,8 @@ def _leave_registry(worker: Any) -> None:
 
 def _exit_worker() -> None:
     """Ask Celery's main loop to shut the worker down with EX_SOFTWARE, as a signal would (it
-    checks this flag on every turn): the consumer thread cannot stop it from where it runs."""
-    if celery_state.should_stop == os.EX_SOFTWARE:
-        return  # asked already (before the engines closed), its exit forced already
+    checks this flag on every turn): the consumer thread cannot stop it from where it runs.
+    The runtime asks once (`ConsumerRuntime._crash`)."""
     celery_state.should_stop = os.EX_SOFTWARE
     settings = get_settings()
     _force_exit(settings.shutdown_grace_s + settings.forced_exit_margin_s)
