@@ -5,7 +5,7 @@ the job was submitted, and a replay they would refuse stays a letter, the output
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +17,11 @@ from conveyor.cli import main
 from producer_api.app import create_app
 from shared.codec import RequestEntry
 from shared.job_store import now_ms
-from shared.keys import Keys, new_job_id
+from shared.keys import new_job_id
 from shared.settings import Settings
 from tests.app_client import app_client
+from tests.test_dlq_r11_operator import KEYS, r  # noqa: F401 (a fixture)
 
-KEYS = Keys("r19dlq:")
 MODEL = "strict"
 DLQ = KEYS.dlq(MODEL, "default")
 # the model as the repository has it now: its inputs need a `text`, which they once did not
@@ -34,15 +34,6 @@ input_schema:
   properties: {text: {type: string}}
 """
 HOOKS = "https://hooks.example.com/conveyor"  # the webhook allow-list's only entry, now
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    for key in client.scan_iter(match=f"{KEYS.prefix}*", count=1000):
-        client.delete(key)
-    yield client
-    client.close()
 
 
 @pytest.fixture
@@ -61,23 +52,25 @@ def dlq(settings_env: Callable[..., None], redis_url: str, tmp_path: Path) -> Ca
     return lambda *args: CliRunner().invoke(main, ["dlq", *args])
 
 
-def _letter(r: redis.Redis, payload: dict[str, Any]) -> tuple[str, str]:
+def _letter(client: redis.Redis, payload: dict[str, Any]) -> tuple[str, str]:
     """A dead letter as RECLAIM writes it: (its DLQ id, its job id)."""
     entry = RequestEntry(new_job_id(MODEL, "default"), payload, now_ms(), tenant="t1")
     fields: dict[Any, Any] = {"entry": "1-0", "lane": KEYS.queue(MODEL, "default")}
     fields |= {"reason": "dead-lettered", "deliveries": 3}
-    return str(r.xadd(DLQ, fields | entry.encode())), entry.job_id
+    return str(client.xadd(DLQ, fields | entry.encode())), entry.job_id
 
 
-def _queued(r: redis.Redis) -> list[str]:
+def _queued(client: redis.Redis) -> list[str]:
     """The ids of the jobs a replay enqueued, as replays of (`replay_of`)."""
-    rows: Any = r.xrange(KEYS.queue(MODEL, "default"))
+    rows: Any = client.xrange(KEYS.queue(MODEL, "default"))
     return [fields["replay_of"] for _, fields in rows]
 
 
 @pytest.mark.parametrize("by_id", [False, True])
 def test_a_letter_that_todays_submit_checks_refuse_is_kept_and_says_why(
-    r: redis.Redis, dlq: Callable[..., Result], by_id: bool
+    r: redis.Redis,  # noqa: F811
+    dlq: Callable[..., Result],
+    by_id: bool,
 ) -> None:
     """A replay enqueued a job whose inputs the model's schema no longer accepts (it could only
     fail) and one whose webhook URL the allow-list no longer has (its events went where the
@@ -104,7 +97,9 @@ def test_a_letter_that_todays_submit_checks_refuse_is_kept_and_says_why(
 
 
 def test_the_cli_leaves_the_webhook_policy_to_an_environment_that_has_it(
-    r: redis.Redis, dlq: Callable[..., Result], settings_env: Callable[..., None]
+    r: redis.Redis,  # noqa: F811
+    dlq: Callable[..., Result],
+    settings_env: Callable[..., None],
 ) -> None:
     """An operator's shell without the producers' CONVEYOR_WEBHOOK_SECRET does not know their
     webhook policy: read as "webhooks are disabled", it kept every letter with a webhook. The
@@ -119,7 +114,9 @@ def test_the_cli_leaves_the_webhook_policy_to_an_environment_that_has_it(
 
 
 async def test_the_consoles_replay_runs_todays_submit_checks_too(
-    r: redis.Redis, redis_url: str, tmp_path: Path
+    r: redis.Redis,  # noqa: F811
+    redis_url: str,
+    tmp_path: Path,
 ) -> None:
     """The console's replay (the producer's settings) keeps the letter the CLI keeps, and its
     page says why."""

@@ -17,15 +17,14 @@ import redis
 
 from shared.job_states import JobStatus
 from shared.keys import GROUP
-from shared.settings import Settings
 from tests.conftest import until
 from tests.test_worker_health_r18_engine_death_exit import (
-    KEYS,
     STREAM,
     CoreEngine,
     Worker,
     _enqueue,
     _statuses,
+    core_worker,
 )
 from workers.engines.base import EngineDied, GenerateRequest, TokenChunk
 from workers.runtime import consumer_runtime
@@ -65,22 +64,7 @@ def serving(
     started: list[Worker] = []
 
     def serve(engine: type[CoreEngine]) -> Worker:
-        model = tmp_path / "core"
-        model.mkdir()
-        (model / "config.yaml").write_text(
-            f"kind: generate\nbackend: {engine.__module__}:{engine.__name__}\n"
-            "parameters:\n  step_ms: 300\n"
-        )
-        settings = Settings(
-            redis_url=redis_url,
-            key_prefix=KEYS.prefix,
-            model_repository=tmp_path,
-            models=["core"],
-            gc_freeze=False,
-            block_ms=50,
-            shutdown_grace_s=10.5,
-        )
-        started.append(Worker(settings))
+        started.append(core_worker(tmp_path, redis_url, engine))
         return started[-1]
 
     try:

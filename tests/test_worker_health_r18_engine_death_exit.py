@@ -78,26 +78,33 @@ class Worker:
         return self.runtime._serving.exception()
 
 
+def core_worker(models: Path, redis_url: str, engine: type[CoreEngine]) -> Worker:
+    """A worker (not started) serving model `core` on `engine`, a step every 300 ms, a stop
+    draining for half a second."""
+    (models / "core").mkdir()
+    (models / "core" / "config.yaml").write_text(
+        f"kind: generate\nbackend: {engine.__module__}:{engine.__name__}\n"
+        "parameters:\n  step_ms: 300\n"
+    )
+    settings = Settings(
+        redis_url=redis_url,
+        key_prefix=KEYS.prefix,
+        model_repository=models,
+        models=["core"],
+        gc_freeze=False,
+        block_ms=50,
+        shutdown_grace_s=10.5,
+    )
+    return Worker(settings)
+
+
 @pytest.fixture
 def worker(tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Worker]:
     """Looks at the engine every 20 ms and shows a death for 50 ms; jobs take a step every
     300 ms, and a stop drains for half a second."""
     monkeypatch.setattr(consumer_runtime, "ENGINE_CHECK_S", 0.02)
     monkeypatch.setattr(consumer_runtime, "DEATH_SHOWN_S", 0.05)
-    (tmp_path / "core").mkdir()
-    (tmp_path / "core" / "config.yaml").write_text(
-        f"kind: generate\nbackend: {__name__}:CoreEngine\nparameters:\n  step_ms: 300\n"
-    )
-    settings = Settings(
-        redis_url=redis_url,
-        key_prefix=KEYS.prefix,
-        model_repository=tmp_path,
-        models=["core"],
-        gc_freeze=False,
-        block_ms=50,
-        shutdown_grace_s=10.5,
-    )
-    started = Worker(settings)
+    started = core_worker(tmp_path, redis_url, CoreEngine)
     try:
         yield started
     finally:
