@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from shared.codec import as_text
 from shared.keys import Keys
-from shared.redis_client import hgetall_many
+from shared.redis_client import check_replica_acks, hgetall_many, queue_replica_wait
 from shared.settings import MAX_BURST, MIN_RATE_PER_S, VISIBLE_ASCII
 
 Scope = Literal["submit", "read", "admin"]
@@ -237,8 +237,15 @@ class ApiKeyStore:
         return [ApiKey.from_fields(raw) for raw in raws if raw]
 
     async def revoke(self, key_id: str) -> bool:
-        """Mark a key revoked (kept for `list`); False if there is no such key."""
+        """Mark a key revoked (kept for `list`); False if there is no such key. Confirmed by
+        CONVEYOR_REPLICA_ACKS replicas as a job's 202 is, else ReplicaAckTimeout: written on
+        the primary alone, a failover could bring a leaked key back."""
         if await self.get(key_id) is None:
             return False
-        await self.redis.hset(self.keys.api_key(key_id), "revoked_at", str(time.time()))
+        name = self.keys.api_key(key_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(name, "revoked_at", str(time.time()))
+            await queue_replica_wait(self.redis, pipe, [name])
+            replies = await pipe.execute()
+        check_replica_acks(replies[1:])
         return True

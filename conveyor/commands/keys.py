@@ -27,7 +27,7 @@ from shared.api_keys import (
 )
 from shared.keys import Keys
 from shared.model_repository import ModelConfigError, ModelRepository
-from shared.redis_client import connect
+from shared.redis_client import ReplicaAckTimeout, connect
 from shared.settings import Settings, get_settings
 from shared.webhook_signing import OPERATOR, owner_secret
 
@@ -248,12 +248,24 @@ async def _revoked(store: ApiKeyStore, given: str) -> str | None:
     return record.key_id if record is not None and await store.revoke(record.key_id) else None
 
 
+async def _confirmed(revoking: Awaitable[T]) -> T:
+    """A revocation's outcome, refused in words of its own where the replicas fell short (not
+    as a Redis out of reach): written on the primary, a failover could still undo it."""
+    try:
+        return await revoking
+    except ReplicaAckTimeout as exc:
+        raise click.ClickException(
+            f"the revocation is not confirmed ({exc}): a failover now could bring the key back;"
+            " run this again (it is harmless to repeat)"
+        ) from None
+
+
 @command.command("revoke")
 @click.argument("key_id")
 def revoke(key_id: str) -> None:
     """Revoke a key by id (or by the key itself); every producer refuses it from the next
-    request on."""
-    revoked = _run(lambda store: _revoked(store, key_id))
+    request on. With CONVEYOR_REPLICA_ACKS, only once that many replicas hold the revocation."""
+    revoked = _run(lambda store: _confirmed(_revoked(store, key_id)))
     if revoked is None and KEY_ID.fullmatch(key_id):
         raise click.ClickException(f"no key with id {key_id}")
     if revoked is None:  # not repeated: what was given may be a key, into a terminal or a log
