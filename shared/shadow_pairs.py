@@ -2,15 +2,16 @@
 `cv:{ctl}shadow:{model}:pending` (sorted set by submit ms) until both ended; the look that
 compares them claims them into `…:pending:claimed` (sorted set by claim ms), stores their
 comparisons beside the primaries as `cv:{ctl}shadow:{primary id}` (hash, result TTL; a key the
-job API never reads, so a shadow result cannot reach the client), each naming its page under
-its shadow variant (a request copied to two shadows has two pairs and one primary), with the
-page's counts per shadow variant (`cv:{ctl}shadowpage:{page}`), adds those counts, then
-releases the claims and forgets the page. A claim not released within SETTLE_WITHIN_MS (its
-look failed: a Redis error) goes back to pending and a later look settles it: compared again if
-no result is stored, else only the counts of its page still kept are added again, once per
-variant at most (the counters' slot keeps the variants a page was added to). So a pair is
-counted once, not lost, across failures; only a look that stalls longer than SETTLE_WITHIN_MS
-between claiming and storing can have its pairs compared and counted by a second look too."""
+job API never reads, so a shadow result cannot reach the client), each with its page under
+fields named by its shadow variant (a request copied to two shadows has two pairs and one
+primary), with the page's counts per shadow variant (`cv:{ctl}shadowpage:{page}`), adds those
+counts, then releases the claims and forgets the page. A claim not released within
+SETTLE_WITHIN_MS (its look failed: a Redis error) goes back to pending and a later look settles
+it: compared again if no result is stored, else only the counts of its page still kept are added
+again, once per variant at most (the counters' slot keeps the variants a page was added to). So
+a pair is counted once, not lost, across failures; only a look that stalls longer than
+SETTLE_WITHIN_MS between claiming and storing can have its pairs compared and counted by a
+second look too."""
 
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ class ShadowPairs:
         was never counted."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for pair in pairs:
-                pipe.hget(self.keys.shadow_result(pair.primary_id), _page_field(pair))
+                pipe.hget(self.keys.shadow_result(pair.primary_id), _named("page", pair))
             named = await executed(pipe)
         before = {pair for pair, page in zip(pairs, named, strict=True) if page is not None}
         pages = sorted({as_text(page) for page in named if page is not None})
@@ -144,10 +145,9 @@ class ShadowPairs:
         the page's counts until `done` forgets it: one transaction (all share `{ctl}`'s slot),
         so none is left without its TTL and no result without the counts it adds."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            for pair, fields in results:
+            for pair, comparison in results:
                 key = self.keys.shadow_result(pair.primary_id)
-                named = ["shadow_id", pair.shadow_id, _page_field(pair), page, *_flat(fields)]
-                pipe.hset(key, items=named)
+                pipe.hset(key, items=_flat(_result_fields(page, pair, comparison)))
                 pipe.expire(key, self.ttl_s)
             kept = [part for variant, counts in totals.items() for part in (variant, dumps(counts))]
             pipe.hset(self.keys.shadow_page(page), items=kept)
@@ -179,7 +179,18 @@ def _flat(fields: Mapping[str, str]) -> list[str]:
     return [part for item in fields.items() for part in item]
 
 
-def _page_field(pair: ShadowPair) -> str:
-    """The field of a primary's result naming the page that compared its pair with `pair`'s
-    shadow variant."""
-    return f"page:{pair.shadow_variant}"
+def _result_fields(page: str, pair: ShadowPair, comparison: Mapping[str, str]) -> dict[str, str]:
+    """A primary's result fields for its pair with `pair`'s shadow variant: the shadow's id and
+    comparison named by the variant (`agree:mirror`), and its `page`; then the same unnamed, with
+    both variants, the shape a result of one shadow had. Unnamed only, the second shadow of a
+    request compared wrote over the first's comparison, lost to whoever read the result; the
+    unnamed fields are still the last compared shadow's."""
+    compared = {"shadow_id": pair.shadow_id, **comparison}
+    named = {_named(name, pair): value for name, value in {**compared, "page": page}.items()}
+    variants = {"primary_variant": pair.primary_variant, "shadow_variant": pair.shadow_variant}
+    return {**named, **variants, **compared}
+
+
+def _named(field: str, pair: ShadowPair) -> str:
+    """`field` of a primary's result as kept for its pair with `pair`'s shadow variant."""
+    return f"{field}:{pair.shadow_variant}"

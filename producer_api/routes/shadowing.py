@@ -235,7 +235,7 @@ class ShadowComparisons:
 
 
 def _compared(ended: Iterable[Ended]) -> tuple[Totals, list[tuple[ShadowPair, dict[str, str]]]]:
-    """The comparisons' counts summed per shadow variant, and each pair's result fields."""
+    """The comparisons' counts summed per shadow variant, and each pair's comparison fields."""
     totals: Totals = defaultdict(lambda: defaultdict(float))
     results: list[tuple[ShadowPair, dict[str, str]]] = []
     for pair, primary, shadow in ended:
@@ -244,6 +244,5 @@ def _compared(ended: Iterable[Ended]) -> tuple[Totals, list[tuple[ShadowPair, di
             continue
         for name, value in comparison.counts().items():
             totals[pair.shadow_variant][name] += value
-        fields = {"primary_variant": pair.primary_variant, **comparison.fields()}
-        results.append((pair, {"shadow_variant": pair.shadow_variant, **fields}))
+        results.append((pair, comparison.fields()))
     return totals, results
