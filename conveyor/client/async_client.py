@@ -222,18 +222,18 @@ class AsyncBatches:
         output_expires_after: int | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> Batch:
-        body = calls.jsonl(source)
-        return await self.client.run(
-            calls.create_batch(
-                body,
-                model,
-                completion_window,
-                webhook,
-                idempotency_key,
-                output_expires_after,
-                metadata,
+        with calls.jsonl(source) as body:
+            return await self.client.run(
+                calls.create_batch(
+                    body,
+                    model,
+                    completion_window,
+                    webhook,
+                    idempotency_key,
+                    output_expires_after,
+                    metadata,
+                )
             )
-        )
 
     async def create_from_file(
         self,
@@ -283,8 +283,9 @@ class AsyncFiles:
     ) -> FileObject:
         """Upload `source` (JSONL bytes, a file path, or lines), purpose `batch`;
         `expires_after`: seconds it is kept (3600 to 2592000), the result TTL at most."""
-        op = calls.upload_file(calls.jsonl(source), calls.filename_of(source), expires_after)
-        return await self.client.run(op)
+        with calls.jsonl(source) as body:
+            op = calls.upload_file(body, calls.filename_of(source), expires_after)
+            return await self.client.run(op)
 
     async def get(self, file_id: str) -> FileObject:
         return await self.client.run(calls.get_file(file_id))

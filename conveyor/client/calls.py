@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import IO, Any, TypedDict, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -49,6 +51,9 @@ LONG_POLL_S = 30.0  # one long-poll request; the server caps it at CONVEYOR_MAX_
 SLACK_S = 15.0  # HTTP timeout beyond the time the server was asked to wait
 STREAM_TIMEOUT_S = 60.0  # an event stream's: four of the server's keep-alive pings
 ABANDON_S = 10.0  # an abandoned predict's cancel is retried for no longer
+CHUNK_BYTES = 64 * 1024  # a file body is read and sent this much at a time, as httpx reads one
+Body = bytes | IO[bytes]  # a request body: its bytes, or a file sent as it is read
+Source = bytes | str | os.PathLike[str] | Iterable[Mapping[str, Any]]  # a batch's lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +64,9 @@ class Call:
     path: str
     params: Mapping[str, Any] | None = None
     json: Any = None
-    content: bytes | None = None
+    content: Body | None = None
     form: Mapping[str, str] | None = None  # a multipart form's fields, beside `files`
-    files: Mapping[str, tuple[str, bytes]] | None = None  # name: (filename, content)
+    files: Mapping[str, tuple[str, Body]] | None = None  # name: (filename, content)
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None
     repeatable: bool = True
@@ -79,15 +84,16 @@ class Call:
         """The request of this try: built again for each, so a retry asks for the time left."""
         params, timeout_s = self.bounded()
         timeout = client.timeout if timeout_s is None else _reading_for(client.timeout, timeout_s)
+        length, content = _streamed(self.content, isinstance(client, httpx.AsyncClient))
         return client.build_request(
             self.method,
             self.path,
             params=params,
             json=self.json,
-            content=self.content,
+            content=content,
             data=self.form,
             files=self.files,
-            headers=self.headers,
+            headers={**self.headers, **length},
             timeout=timeout,
         )
 
@@ -117,6 +123,27 @@ class Call:
             if self.subject is None or error.message != response.reason_phrase:
                 raise
             raise NotFound(404, error.type, f"{self.subject} not found", error.headers) from error
+
+
+def _streamed(
+    content: Body | None, for_async: bool
+) -> tuple[dict[str, str], bytes | Iterator[bytes] | AsyncIterator[bytes] | None]:
+    """A file body as chunks read while they are sent, from its start: a retry resends all of
+    it. Its Content-Length goes with it, as the bytes' did, so a server refuses one over its
+    limit before reading it, not after a chunked body of 100 MiB."""
+    if content is None or isinstance(content, bytes):
+        return {}, content
+    size = content.seek(0, os.SEEK_END)
+    content.seek(0)
+    chunks = iter(partial(content.read, CHUNK_BYTES), b"")
+    return {"Content-Length": str(size)}, _async(chunks) if for_async else chunks
+
+
+async def _async(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """`chunks` for an AsyncClient, which sends no sync stream (a local file's reads block no
+    longer than httpx's own multipart upload's do)."""
+    for chunk in chunks:
+        yield chunk
 
 
 def _reading_for(own: httpx.Timeout, seconds: float) -> httpx.Timeout:
@@ -357,23 +384,29 @@ class BatchFileOptions(TypedDict, total=False):
     idempotency_key: str | None
 
 
-def filename_of(source: bytes | str | os.PathLike[str] | Iterable[Mapping[str, Any]]) -> str:
+def filename_of(source: Source) -> str:
     """The name an upload of `source` gets: a path's own, else `batch.jsonl`."""
     return Path(source).name if isinstance(source, str | os.PathLike) else "batch.jsonl"
 
 
-def jsonl(source: bytes | str | os.PathLike[str] | Iterable[Mapping[str, Any]]) -> bytes:
+@contextmanager
+def jsonl(source: Source) -> Iterator[Body]:
     """A batch's JSONL from bytes, a file path, or an iterable of lines
-    (`{"custom_id", "body": {...}}` mappings)."""
-    if isinstance(source, bytes):
-        return source
+    (`{"custom_id", "body": {...}}` mappings), for the sends in this block. A path is opened,
+    not read: its bytes go out as they are read, where a file of CONVEYOR_MAX_UPLOAD_BYTES
+    (100 MiB) was held in memory whole first."""
     if isinstance(source, str | os.PathLike):
-        return Path(source).read_bytes()
-    return b"".join(orjson.dumps(line) + b"\n" for line in source)
+        with Path(source).open("rb") as file:
+            file.peek(1)  # one that fails to read fails here, not once a connection is made
+            yield file
+    elif isinstance(source, bytes):
+        yield source
+    else:
+        yield b"".join(orjson.dumps(line) + b"\n" for line in source)
 
 
 def create_batch(
-    source: bytes,
+    source: Body,
     model: str | None,
     completion_window: str | None,
     webhook: str | None,
@@ -430,7 +463,7 @@ def create_batch_from_file(
     return parsed(Batch, response)
 
 
-def upload_file(source: bytes, filename: str, expires_after: int | None) -> Op[FileObject]:
+def upload_file(source: Body, filename: str, expires_after: int | None) -> Op[FileObject]:
     """Not resent once it may have reached the server (`repeatable` off): the upload takes no
     Idempotency-Key, and a resend after a lost answer would store a second file."""
     form = {"purpose": "batch"}

@@ -215,18 +215,18 @@ class Batches:
         `output_expires_after`: seconds its output and error files are kept from its end
         (OpenAI's policy, 3600 to 2592000), the server's result TTL at most; None: that TTL.
         `metadata`: OpenAI's key-value pairs (16 at most), kept and shown with the batch."""
-        body = calls.jsonl(source)
-        return self.client.run(
-            calls.create_batch(
-                body,
-                model,
-                completion_window,
-                webhook,
-                idempotency_key,
-                output_expires_after,
-                metadata,
+        with calls.jsonl(source) as body:
+            return self.client.run(
+                calls.create_batch(
+                    body,
+                    model,
+                    completion_window,
+                    webhook,
+                    idempotency_key,
+                    output_expires_after,
+                    metadata,
+                )
             )
-        )
 
     def create_from_file(
         self,
@@ -279,8 +279,9 @@ class Files:
     ) -> FileObject:
         """Upload `source` (JSONL bytes, a file path, or lines), purpose `batch`;
         `expires_after`: seconds it is kept (3600 to 2592000), the result TTL at most."""
-        op = calls.upload_file(calls.jsonl(source), calls.filename_of(source), expires_after)
-        return self.client.run(op)
+        with calls.jsonl(source) as body:
+            op = calls.upload_file(body, calls.filename_of(source), expires_after)
+            return self.client.run(op)
 
     def get(self, file_id: str) -> FileObject:
         return self.client.run(calls.get_file(file_id))

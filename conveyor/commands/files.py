@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from tempfile import TemporaryDirectory
 
 import click
 
@@ -20,12 +22,20 @@ JSONL_FILE = click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=
 
 
 @contextmanager
-def jsonl_source(file: Path) -> Iterator[bytes | Path]:
-    """What `file` names, for the send in this block: standard input's bytes for `-`, else
-    the path (its name goes with the upload). A file that is there but fails to read is a
-    usage error naming it: an OSError traceback before."""
+def jsonl_source(file: Path) -> Iterator[Path]:
+    """What `file` names, for the send in this block: the path (its name goes with the
+    upload); for `-`, standard input copied to a `batch.jsonl` in a folder of its own, sent
+    from disk as a file is, where up to 100 MiB of it was read into memory first. A file that
+    is there but fails to read is a usage error naming it: an OSError traceback before."""
     try:
-        yield sys.stdin.buffer.read() if str(file) == "-" else file
+        if str(file) != "-":
+            yield file
+            return
+        with TemporaryDirectory(prefix="conveyor-stdin-") as folder:
+            copy = Path(folder) / "batch.jsonl"
+            with copy.open("xb") as spool:
+                shutil.copyfileobj(sys.stdin.buffer, spool)
+            yield copy
     except OSError as exc:
         message = f"cannot read {file}: {exc.strerror or exc}"
         raise click.BadParameter(message, param_hint="FILE") from None
