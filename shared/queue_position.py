@@ -3,16 +3,18 @@
 entries a cancel withdrew, one round trip),
 and what a partition drains and with how many workers (per-second drained counters and worker
 heartbeats), from which the producer estimates when the job will start (docs/architecture.md,
-"Queue position and ETA")."""
+"Queue position and ETA"); and a dead worker's entries per lane, which count ahead of the jobs
+queued behind them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
 from shared import job_scripts
+from shared.codec import as_text
 from shared.keys import GROUP, Keys
 from shared.redis_client import call_script
 from shared.worker_registry import WorkerRegistry
@@ -71,3 +73,27 @@ async def read_partition_loads(
             frozenset(b.name for b in mine),
         )
     return loads
+
+
+async def read_abandoned(
+    client: aioredis.Redis, lanes: Mapping[str, Collection[str]]
+) -> dict[str, int]:
+    """Entries each of `lanes` has in hand at consumers other than its live workers (the
+    lane's value): a dead worker's, pending until the reclaimer hands them to a live one, which
+    runs them before the lane's newer entries. One XPENDING summary per lane, one round trip; a
+    lane with no group yet (or a key of another type) has none."""
+    if not lanes:
+        return {}
+    async with client.pipeline(transaction=False) as pipe:
+        for stream in lanes:
+            pipe.xpending(stream, GROUP)
+        replies = await pipe.execute(raise_on_error=False)
+    return {
+        stream: sum(
+            holder["pending"]
+            for holder in reply["consumers"]
+            if as_text(holder["name"]) not in lanes[stream]
+        )
+        for stream, reply in zip(lanes, replies, strict=True)
+        if not isinstance(reply, Exception)
+    }

@@ -32,6 +32,7 @@ from shared.queue_position import (
     RATE_WINDOW_S,
     PartitionLoad,
     QueuePositions,
+    read_abandoned,
     read_partition_loads,
 )
 
@@ -171,13 +172,16 @@ class QueueEta:
         self._capacity: dict[Partition, float] = {}  # entries/s per serving worker, both lanes
         self._spells: dict[Partition, BusySpell] = {}  # partitions whose work waits now
         self._stalls: dict[Partition, int] = {}  # ms past one micro-batch with none finished
+        self._abandoned: dict[str, int] = {}  # a dead worker's entries per lane
         self.refresher = Periodic("queue-eta", REFRESH_S, self.refresh)
 
     async def refresh(self) -> None:
         """Every partition's load and its lanes' backlog: the lanes' drained counters, jobs
         waiting (undelivered, or held back by a fair lane) and entries in flight in one round
-        trip, then the worker registry's two. A partition with a key of another type is left
-        out (no load: its jobs' ETAs unknown), not every partition's refresh failed with it."""
+        trip, then the worker registry's two, and one more only while a consumer with no
+        heartbeat holds entries (its lanes' own counts of them). A partition with a key of
+        another type is left out (no load: its jobs' ETAs unknown), not every partition's
+        refresh failed with it."""
         partitions = [(c.name, v) for c in self.repository for v in c.variants]
         lanes = [(self.keys.queue(*p), self.keys.bulk_queue(*p)) for p in partitions]
         backlogs = await drain_rates_and_waiting(self.client, self.keys, lanes, RATE_WINDOW_S)
@@ -187,6 +191,7 @@ class QueueEta:
         earlier, self._backlogs = self._backlogs, read
         for partition, load in self.loads.items():
             self._remember(partition, load, earlier.get(partition))
+        self._abandoned = await read_abandoned(self.client, self._held_by_the_dead())
         # read by every submit's standing: worked out here, once a refresh, not per request
         self._stalls = {
             (c.name, v): stall
@@ -194,6 +199,17 @@ class QueueEta:
             for v in c.variants
             if (stall := self._stall_ms(c, v)) > 0
         }
+
+    def _held_by_the_dead(self) -> dict[str, frozenset[str]]:
+        """The lanes of the partitions where a consumer with no heartbeat holds entries, each
+        with its live workers: the backlog's holders are both lanes' summed, and only these
+        lanes need counting apart (none, the usual case: no round trip)."""
+        lanes = {}
+        for (model, variant), load in self.loads.items():
+            if set(self._backlog((model, variant)).holders) - load.workers:
+                lanes[self.keys.queue(model, variant)] = load.workers
+                lanes[self.keys.bulk_queue(model, variant)] = load.workers
+        return lanes
 
     def _remember(
         self, partition: Partition, load: PartitionLoad, earlier: LaneBacklog | None
@@ -317,15 +333,21 @@ class QueueEta:
         return max(0, round((self._backlog(partition).stalled_s - batch_s) * 1000))
 
     def standing(self, config: ModelConfig, variant: str, bulk: bool, position: int) -> Standing:
+        """Where a job stands behind `position` entries undelivered ahead of it and a dead
+        worker's entries in its lane at the last refresh: reclaimed, those run before it (read
+        as neither ahead nor running, a job behind them was told it stood that many nearer).
+        Undelivered none, it starts at once all the same while a live worker is idle."""
+        lane = (self.keys.bulk_queue if bulk else self.keys.queue)(config.name, variant)
+        ahead = position + self._abandoned.get(lane, 0)
         rate = self.lane_rate(config, variant, bulk)
         eta: int | None = None
         if rate > 0:
-            eta = eta_ms(position, rate)
+            eta = eta_ms(ahead, rate)
             stall = self._stalls.get((config.name, variant), 0)
             eta = None if eta is None else max(eta, stall)
         elif position == 0 and self._starts_at_once(config, variant, bulk):
             eta = 0
-        return Standing(position, eta)
+        return Standing(ahead, eta)
 
     def _starts_at_once(self, config: ModelConfig, variant: str, bulk: bool) -> bool:
         """Whether a job at the head of a lane with no rate known starts now: a worker serves
