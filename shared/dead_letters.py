@@ -90,9 +90,11 @@ INPUT_INVALID = "input_invalid"
 WEBHOOK_REFUSED = "webhook_refused"
 
 # The most entries that may wait ahead of a job for it to start in time, by (its lane is the
-# bulk one, its enqueue stamp in ms, its deadline in Unix ms or 0), -1 for any: the producers'
-# deadline admission (producer_api's `QueueEta.admission`), which shared code cannot import.
-Admission = Callable[[bool, float, int], int]
+# bulk one, its enqueue stamp in ms, its deadline in Unix ms or 0), -1 for any, None where it
+# would start too late however few wait (a stalled partition: ENQUEUE's bound, 0 ahead, admits
+# it on an empty lane): the producers' deadline admission (producer_api's
+# `QueueEta.admission`), which shared code cannot import.
+Admission = Callable[[bool, float, int], int | None]
 
 
 def admit_any(bulk: bool, enqueued_ms: float, deadline_ms: int) -> int:
@@ -342,6 +344,8 @@ class DeadLetters:
         max_ahead = (
             -1 if entry.batch else self.admission(bulk, entry.enqueued_ms, entry.deadline_ms)
         )
+        if max_ahead is None:  # late with none ahead, which ENQUEUE would admit
+            raise TooFarBack(stream, 0)
         fair = (self.fair_window, None)
         # a batch item's record lives out its window, then the result TTL, as its first did
         ttl_s = self.store.ttl_until(entry.deadline_ms) if entry.batch else 0

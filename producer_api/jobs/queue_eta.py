@@ -400,11 +400,15 @@ class QueueEta:
 
     def admission(self, config: ModelConfig, variant: str) -> Admission:
         """`max_ahead` for a job of the partition enqueued other than by a submit (a dead
-        letter's replay), by its lane, enqueue stamp and deadline: it is refused as a submit
-        would be, rather than enqueued only to expire. No Redis call: the last refresh's rates."""
+        letter's replay), by its lane, enqueue stamp and deadline, or None where the stall
+        alone makes it late (`stalled_ahead`, which ENQUEUE's bound cannot refuse on an empty
+        lane): it is refused as a submit would be, rather than enqueued only to expire. No
+        Redis call: the last refresh's rates and backlog."""
 
-        def max_ahead(bulk: bool, enqueued_ms: float, deadline_ms: int) -> int:
+        def max_ahead(bulk: bool, enqueued_ms: float, deadline_ms: int) -> int | None:
             start_by = StartBy.of(config, enqueued_ms, deadline_ms)
+            if self.stalled_ahead(config, variant, bulk, start_by) is not None:
+                return None
             return self.max_ahead(config, variant, bulk, start_by)
 
         return max_ahead
