@@ -24,26 +24,37 @@ RAN = ("succeeded", "failed")  # the ends a job reaches by running (a dead lette
 class Comparison:
     agree: bool
     similarity: float
-    latency_delta_ms: float  # shadow minus primary, service time (the queues differ by design)
+    # shadow minus primary, service time (the queues differ by design); None unless both ran
+    latency_delta_ms: float | None
     error_delta: int  # 1: only the shadow failed, -1: only the primary failed, 0: same fate
 
     def counts(self) -> dict[str, float]:
-        """What one comparison adds to the shadow variant's counters (shared/variant_stats)."""
-        return {
+        """What one comparison adds to the shadow variant's counters (shared/variant_stats). A
+        pair without a latency delta adds none and is counted in `shadow_untimed_pairs`, so the
+        mean delta is the sum over the pairs less those: a job failed before it ran read as a
+        service time of 0, and its delta as the other job's whole service time."""
+        counts: dict[str, float] = {
             "shadow_pairs": 1,
             "shadow_agree": int(self.agree),
             "shadow_similarity": self.similarity,
-            "shadow_latency_delta_ms": self.latency_delta_ms,
             "shadow_error_delta": self.error_delta,
         }
+        if self.latency_delta_ms is None:
+            counts["shadow_untimed_pairs"] = 1
+        else:
+            counts["shadow_latency_delta_ms"] = self.latency_delta_ms
+        return counts
 
     def fields(self) -> dict[str, str]:
-        return {
+        """The comparison as kept in the primary's result; no latency delta for an untimed pair."""
+        fields = {
             "agree": str(int(self.agree)),
             "similarity": f"{self.similarity:.6f}",
-            "latency_delta_ms": f"{self.latency_delta_ms:.3f}",
             "error_delta": str(self.error_delta),
         }
+        if self.latency_delta_ms is not None:
+            fields["latency_delta_ms"] = f"{self.latency_delta_ms:.3f}"
+        return fields
 
 
 def compare(primary: dict[str, Any], shadow: dict[str, Any]) -> Comparison | None:
@@ -57,9 +68,7 @@ def compare(primary: dict[str, Any], shadow: dict[str, Any]) -> Comparison | Non
         agree, similarity = agreement(primary.get("outputs"), shadow.get("outputs"))
     else:
         agree, similarity = ok_p == ok_s, float(ok_p == ok_s)
-    return Comparison(
-        agree, similarity, _service_ms(shadow) - _service_ms(primary), int(ok_p) - int(ok_s)
-    )
+    return Comparison(agree, similarity, _latency_delta_ms(primary, shadow), int(ok_p) - int(ok_s))
 
 
 def agreement(primary: Any, shadow: Any) -> tuple[bool, float]:
@@ -133,8 +142,17 @@ def _row_dots(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> npt.NDA
     return np.einsum("ij,ij->i", a, b)
 
 
-def _service_ms(view: dict[str, Any]) -> float:
+def _latency_delta_ms(primary: dict[str, Any], shadow: dict[str, Any]) -> float | None:
+    """The shadow's service time less the primary's; None unless both have one (a job failed
+    while queued, undecodable or dead-lettered before a run, has no `started` stamp)."""
+    shadow_ms, primary_ms = _service_ms(shadow), _service_ms(primary)
+    if shadow_ms is None or primary_ms is None:
+        return None
+    return shadow_ms - primary_ms
+
+
+def _service_ms(view: dict[str, Any]) -> float | None:
     timings = view.get("timings", {})
     if "started" in timings and "finished" in timings:
         return float((timings["finished"] - timings["started"]) * 1000.0)
-    return 0.0
+    return None

@@ -92,6 +92,10 @@ class ShadowPairs:
     async def add(self, model: str, pair: ShadowPair) -> None:
         await self.redis.zadd(self.keys.shadow_pairs(model), {pair.member(): now_ms()})
 
+    async def remove(self, model: str, pair: ShadowPair) -> None:
+        """Forget a pair whose shadow copy was refused (its lane full): nothing to compare."""
+        await self.redis.zrem(self.keys.shadow_pairs(model), pair.member())
+
     async def pending(self, model: str, limit: int, start: int = 0) -> list[tuple[ShadowPair, int]]:
         """`limit` pairs not yet compared, oldest first from rank `start`, with their submit ms
         (claim ms for one put back): abandoned claims go back first, in the same script."""

@@ -120,7 +120,8 @@ class Sample:
 @dataclass(slots=True)
 class Window:
     """What one variant did over a time window: counters (requests, errors, shadow_pairs,
-    shadow_agree, shadow_latency_delta_ms, shadow_error_delta) and the latency samples."""
+    shadow_agree, shadow_latency_delta_ms, shadow_untimed_pairs: those without a delta,
+    shadow_error_delta) and the latency samples."""
 
     counters: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     samples: list[Sample] = field(default_factory=list)

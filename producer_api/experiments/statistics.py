@@ -58,10 +58,18 @@ def summary(window: Window) -> dict[str, Any]:
             "pairs": pairs,
             "agreement": round(counters["shadow_agree"] / pairs, 6),
             "mean_similarity": round(counters["shadow_similarity"] / pairs, 6),
-            "mean_latency_delta_ms": round(counters["shadow_latency_delta_ms"] / pairs, 3),
+            "mean_latency_delta_ms": _mean_delta(counters, pairs),
             "error_delta": round(counters["shadow_error_delta"] / pairs, 6),
         },
     }
+
+
+def _mean_delta(counters: dict[str, float], pairs: int) -> float | None:
+    """The mean service-time delta over the pairs that have one: a pair with a job that never
+    ran (failed while queued) adds none (`shadow_untimed_pairs`), and counted in the divisor it
+    pulled the mean toward 0. None when no pair has one."""
+    timed = pairs - int(counters["shadow_untimed_pairs"])
+    return round(counters["shadow_latency_delta_ms"] / timed, 3) if timed > 0 else None
 
 
 def two_proportion_z(success_a: int, n_a: int, success_b: int, n_b: int) -> tuple[float, float]:

@@ -8,6 +8,7 @@ the outcome to the shadow's counters."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -91,16 +92,28 @@ class ShadowCopies:
             "deadline": copy.deadline_ms,
             "shadow_of": entry.job_id,
         }
+        pair = ShadowPair(entry.job_id, copy.job_id, variant, shadow)
         try:
+            await self.pairs.add(config.name, pair)
             limit, fair = config.queue.max_length, (config.fair_window_of(shadow), 1.0)
             await self.job_store.create(copy, stream, fields, limit, fair=fair)
-            pair = ShadowPair(entry.job_id, copy.job_id, variant, shadow)
-            await self.pairs.add(config.name, pair)
         except (QueueFull, RedisError) as exc:
-            SHADOW_COPIES.labels(config.name, shadow, "dropped").inc()
-            log.info("shadow copy of %s dropped: %r", entry.job_id, exc)
+            await self._dropped(config, pair, exc, unpair=isinstance(exc, QueueFull))
             return
         SHADOW_COPIES.labels(config.name, shadow, "enqueued").inc()
+
+    async def _dropped(
+        self, config: ModelConfig, pair: ShadowPair, exc: Exception, unpair: bool
+    ) -> None:
+        """Count a copy not enqueued. The pair is recorded before the copy, so a Redis error
+        between the two leaves a pair without its copy (dropped `vanished` by a later look)
+        rather than a copy that runs unpaired; a refused copy's pair is forgotten at once. A
+        pair left by a Redis error is kept: the copy may have been written all the same."""
+        SHADOW_COPIES.labels(config.name, pair.shadow_variant, "dropped").inc()
+        log.info("shadow copy of %s dropped: %r", pair.primary_id, exc)
+        if unpair:
+            with contextlib.suppress(RedisError):  # left for a later look to drop
+                await self.pairs.remove(config.name, pair)
 
     async def stop(self) -> None:
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -188,8 +201,9 @@ class ShadowComparisons:
         self, page: list[tuple[ShadowPair, int]], oldest: float
     ) -> tuple[list[Ended], list[tuple[ShadowPair, str]]]:
         """The page's pairs whose two jobs ended (with their records), and those to drop with
-        why: a side `vanished` (its hash expired), or `too_old`, submitted before `oldest` and
-        still running. The rest wait."""
+        why, once submitted before `oldest`: a side `vanished` (its hash expired, or the copy
+        was never written: its pair is recorded first), or `too_old`, still running. The rest
+        wait."""
         ids = [job_id for pair, _ in page for job_id in (pair.primary_id, pair.shadow_id)]
         records = await self.jobs.get_many(ids)
         both = zip(records[::2], records[1::2], strict=True)
@@ -197,7 +211,8 @@ class ShadowComparisons:
         dropped: list[tuple[ShadowPair, str]] = []
         for (pair, at_ms), (primary, shadow) in zip(page, both, strict=True):
             if primary is None or shadow is None:
-                dropped.append((pair, "vanished"))
+                if at_ms < oldest:  # a younger pair's copy may be written yet
+                    dropped.append((pair, "vanished"))
             elif primary.status.terminal and shadow.status.terminal:
                 ended.append((pair, primary, shadow))
             elif at_ms < oldest:
