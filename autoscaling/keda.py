@@ -18,7 +18,8 @@ read by KEDA's `metrics-api` scaler from the producer's `/metrics/backlog/{model
 
 The stream triggers carry what KEDA cannot learn from the Secret's `address`: the database the
 URL names (`databaseIndex`; without it KEDA reads DB 0, sees no stream and holds the pools at
-their minimum) and TLS for a `rediss://` URL (`enableTLS`). The password never goes in: KEDA
+their minimum) and TLS for a `rediss://` URL (`enableTLS`; `unsafeSsl` too where its
+`ssl_cert_reqs=none` has the pods skip the certificate check). The password never goes in: KEDA
 reads it from the Secret through the TriggerAuthentication."""
 
 from __future__ import annotations
@@ -86,23 +87,29 @@ class MetricSources:
 @dataclass(frozen=True, slots=True)
 class RedisTarget:
     """What of CONVEYOR_REDIS_URL KEDA needs besides the Secret's address and password: its
-    database, whether it is TLS, and whether it names an ACL user (whose name KEDA then reads
-    from the Secret's `username`; the values themselves never go into the manifest)."""
+    database, whether it is TLS, whether it names an ACL user (whose name KEDA then reads
+    from the Secret's `username`; the values themselves never go into the manifest), and
+    whether its TLS skips the certificate check (`ssl_cert_reqs=none`, a self-signed server)."""
 
     db: int = 0
     tls: bool = False
     user: bool = False
+    unverified: bool = False
 
     @classmethod
     def of_url(cls, url: str) -> RedisTarget:
         parsed = parse_url(url)
         tls = parsed.get("connection_class") is SSLConnection
-        return cls(int(parsed.get("db") or 0), tls, bool(parsed.get("username")))
+        unverified = tls and parsed.get("ssl_cert_reqs") == "none"  # redis-py's spelling only
+        return cls(int(parsed.get("db") or 0), tls, bool(parsed.get("username")), unverified)
 
     def metadata(self, cluster: bool) -> dict[str, str]:
-        """The triggers' connection metadata: a cluster has database 0 only."""
+        """The triggers' connection metadata: a cluster has database 0 only. A certificate the
+        pods take unchecked KEDA must too (`unsafeSsl`): it verified it, failed every handshake
+        with a self-signed server, and scaled no pool."""
         found = {} if cluster or not self.db else {"databaseIndex": str(self.db)}
-        return found | ({"enableTLS": "true"} if self.tls else {})
+        found |= {"enableTLS": "true"} if self.tls else {}
+        return found | ({"unsafeSsl": "true"} if self.unverified else {})
 
 
 def streams_scaler(cluster: bool) -> str:
