@@ -19,7 +19,7 @@ async def take_place(state: ProducerState, principal: Principal) -> str | None:
     if principal.quota is None:
         return None
     place, cap = uuid.uuid4().hex, principal.quota.max_streams
-    if not await state.open_streams.hold(principal.key_id, place, cap):
+    if not await state.open_streams.hold(principal.limits_id, place, cap):
         message = f"this API key has {cap} event streams open; retry when one is closed"
         raise ConveyorError(429, "too_many_streams", message, {"Retry-After": "1"})
     return place

@@ -15,7 +15,7 @@ import re
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Literal, cast, get_args
 
 import redis.asyncio as aioredis
@@ -124,6 +124,14 @@ class ApiKey:
     spec: KeySpec
     created_at: float = 0.0
     revoked_at: float = 0.0
+    # the key whose limits this one shares (a rotation's new key, so a tenant rotating a key
+    # does not double its capacity while both keys work); empty: its own
+    limits_of: str = ""
+
+    @property
+    def limits_id(self) -> str:
+        """The id that names this key's rate bucket, in-flight set and open-streams set."""
+        return self.limits_of or self.key_id
 
     def matches(self, key: str) -> bool:
         return hmac.compare_digest(self.digest, digest_of(key))
@@ -142,6 +150,8 @@ class ApiKey:
             "digest": self.digest,
             "created_at": str(self.created_at),
         }
+        if self.limits_of:
+            out["limits_of"] = self.limits_of
         for f in fields(self.spec):
             value = getattr(self.spec, f.name)
             if value is not None:
@@ -176,6 +186,7 @@ class ApiKey:
             spec=spec,
             created_at=float(text.get("created_at") or 0),
             revoked_at=float(text.get("revoked_at") or 0),
+            limits_of=text.get("limits_of", ""),
         )
 
 
@@ -190,17 +201,21 @@ class ApiKeyStore:
         self.redis = client
         self.keys = keys
 
-    async def create(self, spec: KeySpec, secret: str | None = None) -> tuple[str, ApiKey]:
+    async def create(
+        self, spec: KeySpec, secret: str | None = None, limits_of: str = ""
+    ) -> tuple[str, ApiKey]:
         """Store a new key and return it in plain text, the only time it exists outside the
         caller's hands. A given `secret` (the development key) is stored the same way; storing
-        it again replaces its record."""
+        it again replaces its record. `limits_of` names the key whose limits it shares."""
         spec.check()
         key = secret or new_key()
         # whole: `$` matched before a final newline, and a chosen key stored with one (a file
         # or Secret written by `echo`) was a key no client can send in a header
         if not PRESENTED.fullmatch(key):
             raise InvalidKeySpec("a key is 8 to 256 printable ASCII characters, no spaces")
-        record = ApiKey(key_id_of(key), digest_of(key), spec, created_at=time.time())
+        record = ApiKey(
+            key_id_of(key), digest_of(key), spec, created_at=time.time(), limits_of=limits_of
+        )
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(self.keys.api_key(record.key_id))
             flat = [part for pair in record.to_fields().items() for part in pair]
@@ -208,6 +223,14 @@ class ApiKeyStore:
             pipe.sadd(self.keys.api_key_index, record.key_id)
             await pipe.execute()
         return key, record
+
+    async def rotate(self, old: ApiKey, expires_at: float) -> tuple[str, ApiKey]:
+        """A new key with `old`'s spec (expiring at `expires_at`, 0: never) that shares its
+        limits, as OpenAI's and Stripe's rotations do: with limits of its own, a tenant had
+        twice its capacity while both keys worked. Links go to the first key of a chain, so
+        every key of it shares one set. `old` works on until revoked or expired."""
+        spec = replace(old.spec, expires_at=expires_at)
+        return await self.create(spec, limits_of=old.limits_id)
 
     async def verify(self, presented: str) -> ApiKey | None:
         """The record of a presented key, or None when no stored key matches it."""

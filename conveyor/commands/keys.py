@@ -1,4 +1,4 @@
-"""`conveyor keys create|list|revoke`: manage the API keys the producer accepts. A key is
+"""`conveyor keys create|rotate|list|revoke`: manage the API keys the producer accepts. A key is
 printed once, at creation; Redis keeps only its SHA-256. `conveyor keys webhook-secret` prints
 the key a tenant's webhook receiver verifies deliveries with."""
 
@@ -112,6 +112,14 @@ def _seconds(duration: str | None) -> float:
     return seconds
 
 
+def _expiry(lifetime: float, old: ApiKey | None = None) -> float:
+    """When a key made now expires (0: never): in `lifetime` seconds when given, else a rotated
+    key lives as long as the key it replaces did, so a rotation keeps a key's lifetime policy."""
+    if not lifetime and old is not None and old.spec.expires_at:
+        lifetime = old.spec.expires_at - old.created_at
+    return time.time() + lifetime if lifetime else 0.0
+
+
 def _warn_unknown(models: tuple[str, ...]) -> None:
     """A mistyped `--model` makes a key that is refused everywhere: say so. Only a warning, since
     keys may be made from a machine without the deployment's model repository, or ahead of a
@@ -147,6 +155,7 @@ def _describe(key: ApiKey) -> dict[str, Any]:
         "max_in_flight": spec.max_in_flight,
         "max_streams": spec.max_streams,
         "weight": spec.weight,
+        "limits_of": key.limits_of or None,
     }
 
 
@@ -201,7 +210,7 @@ def create(
         scopes=frozenset(scopes),
         models=frozenset(models),
         name=name,
-        expires_at=time.time() + lifetime if lifetime else 0.0,
+        expires_at=_expiry(lifetime),
         rate_per_s=rate,
         burst=burst,
         max_in_flight=max_in_flight,
@@ -213,13 +222,45 @@ def create(
     except InvalidKeySpec as exc:
         raise click.BadParameter(str(exc)) from None
     _warn_unknown(models)
+    _show(key, record, as_json)
+
+
+def _show(key: str, record: ApiKey, as_json: bool) -> None:
+    """Print a new key, the only time it is shown."""
     if as_json:
         click.echo(json.dumps({"key": key, **_describe(record)}))
         return
     click.echo(key)
     click.echo(
-        f"key id {record.key_id}, tenant {tenant}: store the key now; it is not kept", err=True
+        f"key id {record.key_id}, tenant {record.spec.tenant}: store the key now; it is not kept",
+        err=True,
     )
+
+
+async def _rotated(store: ApiKeyStore, key_id: str, lifetime: float) -> tuple[str, ApiKey]:
+    """The new key replacing `key_id`, refused for a key that is unknown or no longer usable:
+    a replacement for a revoked (maybe leaked) key would bring its access back."""
+    old = await store.get(key_id) if KEY_ID.fullmatch(key_id) else None
+    if old is None:
+        raise click.ClickException(f"no key with id {key_id}")
+    if reason := old.refusal(time.time()):
+        raise click.ClickException(f"{reason}: create a new key instead (`conveyor keys create`)")
+    return await store.rotate(old, _expiry(lifetime, old))
+
+
+@command.command("rotate")
+@click.argument("key_id")
+@click.option(
+    "--expires-in", default=None, help="Lifetime, e.g. 30d (default: the old key's lifetime)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the key and its record as JSON.")
+def rotate(key_id: str, expires_in: str | None, as_json: bool) -> None:
+    """Create a key that replaces KEY_ID and print it once: the same tenant, scopes, models and
+    limits, which both keys share (a rotation does not double the tenant's capacity). KEY_ID
+    works on until revoked (`conveyor keys revoke`) or expired."""
+    lifetime = _seconds(expires_in)
+    key, record = _run(lambda store: _rotated(store, key_id, lifetime))
+    _show(key, record, as_json)
 
 
 @command.command("list")
@@ -233,8 +274,10 @@ def list_keys(as_json: bool) -> None:
             continue
         models = ",".join(described["models"]) or "*"
         scopes = ",".join(described["scopes"])
+        # a rotated key's link comes last, so the name stays the sixth column
+        link = f"\tlimits of {record.limits_of}" if record.limits_of else ""
         click.echo(
-            f"{record.key_id}\t{described['tenant']}\t{scopes}\t{models}\t{described['state']}\t{described['name']}"
+            f"{record.key_id}\t{described['tenant']}\t{scopes}\t{models}\t{described['state']}\t{described['name']}{link}"
         )
 
 

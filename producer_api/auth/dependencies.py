@@ -103,7 +103,7 @@ async def throttle(state: ProducerState, principal: Principal) -> BucketState | 
     bucket after it (None for a key without a quota)."""
     if principal.quota is None:
         return None
-    bucket = await state.rate_limiter.take(principal.key_id, principal.quota)
+    bucket = await state.rate_limiter.take(principal.limits_id, principal.quota)
     if not bucket.allowed:
         message = (
             f"rate limit of {principal.quota.rate_per_s:g}/s (burst {principal.quota.burst})"

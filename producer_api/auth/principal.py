@@ -18,6 +18,15 @@ class Principal:
     key_id: str
     quota: Quota | None
     weight: float = 1.0  # the tenant's share in fair queuing
+    # the key whose limit buckets it shares: a rotated key's first key, so a rotation does not
+    # double a tenant's capacity; `key_id` stays the key's own (key watch, console sessions,
+    # audit text). Empty: its own.
+    limits_of: str = ""
+
+    @property
+    def limits_id(self) -> str:
+        """The id its rate bucket, in-flight set and open-streams set are named after."""
+        return self.limits_of or self.key_id
 
     def may(self, scope: str) -> bool:
         """`admin` includes `submit` and `read`."""
@@ -35,7 +44,9 @@ class Principal:
             max_in_flight=spec.max_in_flight or settings.max_in_flight,
             max_streams=spec.max_streams or settings.max_streams_per_key,
         )
-        return cls(spec.tenant, spec.scopes, spec.models, key.key_id, quota, spec.weight)
+        return cls(
+            spec.tenant, spec.scopes, spec.models, key.key_id, quota, spec.weight, key.limits_of
+        )
 
 
 # Every caller when CONVEYOR_AUTH=disabled: one tenant, every scope, no quota.

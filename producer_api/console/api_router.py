@@ -275,7 +275,7 @@ async def _holds(
     if place is None or quota is None:
         return True
     try:
-        return await state.open_streams.hold(current.principal.key_id, place, quota.max_streams)
+        return await state.open_streams.hold(current.principal.limits_id, place, quota.max_streams)
     except RedisError:
         return True
 
@@ -292,7 +292,7 @@ async def _given_back(
     finally:
         if place is not None:
             with anyio.CancelScope(shield=True), suppress(RedisError):
-                await state.open_streams.release(principal.key_id, place)
+                await state.open_streams.release(principal.limits_id, place)
 
 
 @router.get("/stream")

@@ -109,9 +109,9 @@ class EventsService:
     ) -> AsyncIterator[JobEvent]:
         """`events` while the key holds, renewing the stream's place on each look at the key
         and giving it back at the end (a stream never started keeps it until it lapses)."""
-        key_id, quota = self.principal.key_id, self.principal.quota
+        limits_id, quota = self.principal.limits_id, self.principal.quota
         renew = (
-            partial(self.state.open_streams.hold, key_id, stream_id, quota.max_streams)
+            partial(self.state.open_streams.hold, limits_id, stream_id, quota.max_streams)
             if stream_id and quota
             else None
         )
@@ -131,7 +131,7 @@ class EventsService:
         with Redis not answering, it lapses instead."""
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(RedisError):
-                await self.state.open_streams.release(self.principal.key_id, stream_id)
+                await self.state.open_streams.release(self.principal.limits_id, stream_id)
 
     async def _after_queue(
         self, job_id: str, then: AsyncGenerator[JobEvent, None]

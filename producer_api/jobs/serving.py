@@ -226,10 +226,12 @@ class JobsService:
         # raises it after the flush) leaves the slot taken, so the clean-up covers the admit too
         admitted: bool | None = None
         try:
-            admitted = await limiter.admit(self.principal.key_id, entry.job_id, quota.max_in_flight)
+            admitted = await limiter.admit(
+                self.principal.limits_id, entry.job_id, quota.max_in_flight
+            )
             if not admitted:
                 raise self._too_many_in_flight(fields, quota.max_in_flight)
-            entry.inflight = self.state.keys.in_flight(self.principal.key_id)
+            entry.inflight = self.state.keys.in_flight(self.principal.limits_id)
             fields["inflight"] = entry.inflight
             yield
         except BaseException as exc:
@@ -252,7 +254,7 @@ class JobsService:
 
     async def _release_slot(self, job_id: str) -> None:
         try:  # not raised over the failure it followed: a 429 is not made a 503
-            await self.state.in_flight.release(self.principal.key_id, job_id)
+            await self.state.in_flight.release(self.principal.limits_id, job_id)
         except RedisError as lost:  # pruned at the cap: its job has no hash
             log.warning("the in-flight slot of job %s was kept (%r)", job_id, lost)
 
