@@ -870,9 +870,13 @@ return out
 # set (one ZADD and EXPIRE per call, none for a call without such jobs), which the writer takes
 # it off once its event is handed over; `attempt` is this run's entry for the job's history, as
 # JSON (shared/job_store.attempt_json, the twin of `attempt` above); a job still `queued` ran
-# unmarked (see stream_reader.py) and moves as if from `running`. A `cancelled` record for a job
-# the API cancelled while it ran (a generation it aborted) writes its fields only: what it ran to,
-# its outputs so far (workers/partition/finish.py: Finish.record).
+# unmarked (see stream_reader.py) and moves as if from `running`. A result of this consumer's
+# that meets a record the API ended while it ran (`cancelled` or `expired`: a cancel, its batch's
+# expiry), whether the run saw that (a generation it aborted: a `cancelled` result) or not (a
+# cancel after its last status read), is not written and is returned as met, with the end it
+# met; a `cancelled` record takes what the run reached, its outputs so far and token counts, not
+# its end (`finished`, `error`) nor `write_id` (workers/partition/finish.py: Finish.record), of
+# any result but an `expired` one (which ran nothing).
 # Per written job two commands (HMGET, HSET; EXPIRE too for a job older than renew_before); per
 # micro-batch one SPUBLISH per reply
 # channel (a JSON array of the views written for it; the channel is in the partition's slot),
@@ -886,8 +890,8 @@ return out
 # attempt goes on record twice; its id is returned as taken, for the writer to hold its in-flight
 # slot again (freed beside this script, before its reply said so). Its write-back of a job the
 # API ended (a cancel) while the new owner ran it is left out alike, its `cancelled` record
-# unwritten, and not returned as taken (the end freed the slot). Returns {written, taken}, job
-# ids. Idempotent: a call rerun after its reply was lost (a torn
+# unwritten, and not returned as taken (the end freed the slot). Returns {written, taken, met}:
+# job ids, and {job id, status} pairs. Idempotent: a call rerun after its reply was lost (a torn
 # connection, a replica WAIT that timed out) changes nothing more, and returns and publishes the
 # results it wrote (a job whose hash holds the record's `status` and `write_id`, random per
 # result) again, so the writer still publishes them and hands their webhooks on, after a replica
@@ -898,8 +902,23 @@ FINISH = (
     + _OWE
     + """
 local i, renew_before = 8, tonumber(ARGV[5])
-local ids, written, fresh, owed, taken_ids = {}, {}, {}, {}, {}
+local ids, written, fresh, owed, taken_ids, met = {}, {}, {}, {}, {}, {}
 local replies, channels = {}, {}
+-- the ends the API gives a running job (a cancel, its Batch API batch's expiry)
+local ENDED = {cancelled = true, expired = true}
+-- a result's own fields, which a record the API ended does not take: its end (`finished`, and
+-- `error`, which a batch's end writes) is the API's, and it holds no result of this worker's
+local RESULT_ONLY = {write_id = true, finished = true, error = true}
+-- what a run reached (outputs so far, token counts), joined to the record of a job the API ended
+local function ran_to(jk, first, last)
+  local kept = {}
+  for f = first, last, 2 do
+    if not RESULT_ONLY[ARGV[f]] then
+      table.insert(kept, ARGV[f]); table.insert(kept, ARGV[f + 1])
+    end
+  end
+  if #kept > 0 then redis.call('HSET', jk, unpack(kept)) end
+end
 while i <= #ARGV do
   local eid, jid, reply, view, status = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
   local write_id, run, webhook = ARGV[i+5], ARGV[i+6], ARGV[i+7]
@@ -938,11 +957,14 @@ while i <= #ARGV do
       -- connection of its own, has written it, and a replica WAIT behind it waits for it (WAIT
       -- counts a connection's own writes: one that wrote nothing returned at once)
       redis.call('HSET', jk, 'write_id', write_id)
-    elseif status == 'cancelled' and cur[1] == 'cancelled' then
-      -- cancelled through the API while it ran: what it ran to (outputs so far, token counts)
-      -- joins the record, whose status, end and attempt the cancel wrote; no write is counted,
-      -- no reply or webhook sent (the cancel's were)
-      redis.call('HSET', jk, unpack(ARGV, first, last))
+    elseif ENDED[cur[1]] then
+      -- ended through the API while it ran here, whether its run saw that (a `cancelled`
+      -- result) or not (a cancel after its last status read): it ended as the API said, which
+      -- the reply tells. A cancelled one's run (outputs, token counts) joins the record, whose
+      -- status, end and attempt the cancel wrote; no write is counted, no reply or webhook sent
+      -- (the cancel's were); an expired result ran nothing
+      if cur[1] == 'cancelled' and status ~= 'expired' then ran_to(jk, first, last) end
+      table.insert(met, {jid, cur[1]})
     end
     if again then
       if reply ~= '' then
@@ -970,7 +992,7 @@ if #ids > 0 then
 end
 -- each write-back keeps a fair lane's stream awake
 if ARGV[6] == '1' then refill(KEYS[1], ARGV[1], ARGV[3], 1) end
-return {written, taken_ids}
+return {written, taken_ids, met}
 """
 )
 

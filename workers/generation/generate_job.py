@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.codec import dumps
+from shared.codec import dumps, loads
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.model_repository import unnamed_max_tokens
 from shared.token_stream import TokenEvent, usage_of
 from workers.engines.base import GenerateRequest, TokenChunk
+from workers.partition.finish import Finish
 from workers.partition.stream_reader import Delivery
 from workers.partition.token_writer import TokenAppend
 
@@ -209,6 +210,16 @@ class RunningJob:
             usage=usage_of(self.prompt_tokens, self.completion_tokens),
             error=self.failure if status == JobStatus.FAILED else None,
         )
+
+    def settle(self, finish: Finish) -> None:
+        """End as FINISH left the record, for the final to say the same: as the API ended it
+        (a cancel after the tick's status read, `Finish.met`), or failed with the error FINISH
+        wrote for a result too large to store, which APPEND otherwise turned into a `failed`
+        final with no error."""
+        if finish.met:
+            self.ended_as = finish.met
+        elif finish.status == JobStatus.FAILED and self.status != JobStatus.FAILED:
+            self.error = loads(finish.fields["error"])
 
     @property
     def ttft_ms(self) -> float | None:

@@ -24,7 +24,6 @@ from shared.job_store import now_ms
 from shared.metrics import BATCH_SIZE, GENERATE_BUSY, TOKENS, TPOT, TTFT
 from shared.token_stream import TokenEvent
 from workers.batching.micro_batch_telemetry import (
-    ENDED_BY_THE_API,
     batch_span,
     record_batch,
     record_ended,
@@ -413,7 +412,7 @@ class GenerateLoop:
         """Write the results of the jobs that ended; returns those whose final is due: the ones
         FINISH wrote, and the ones the API ended (their records say so). One the API ended
         after the tick read its status back, before FINISH, ends as the record says (its final
-        says `cancelled`, as the record does)."""
+        says `cancelled`, as the record does), and so does one FINISH failed for its size."""
         by_stream: dict[str, list[Finish]] = defaultdict(list)
         for job in ended:
             self.running.pop(job.job_id, None)
@@ -424,14 +423,14 @@ class GenerateLoop:
             self._observe_job(job)
         # in hand until written back, from now: the admit loop may read our pending list
         self.settling.update((s, f.entry_id) for s, finishes in by_stream.items() for f in finishes)
-        settled: dict[str, str] = {}
+        settled: dict[str, Finish] = {}
         for stream, finishes in by_stream.items():
             settled |= await self._settle(stream, finishes, self._drained)
         if ended:
             self._slot_freed.set()
         for job in ended:
-            if job.ended_as is None and (status := settled.get(job.job_id)) in ENDED_BY_THE_API:
-                job.ended_as = status
+            if (record := settled.get(job.job_id)) is not None:
+                job.settle(record)
         return [
             job
             for job in ended
@@ -443,8 +442,8 @@ class GenerateLoop:
         written before FINISH let a cancel that landed in between win: the record `cancelled`,
         its stream's final `succeeded`. Now a cancel after FINISH is refused as one of an ended
         job (an abort after the last token is a no-op in vLLM too), and one before it is read by
-        the tick that ended the job, or, landing after that tick's read, once FINISH refused the
-        result (`_ended_by_the_api`); the job then ends `cancelled`. Unchecked (no lane-entry
+        the tick that ended the job, or, landing after that tick's read, told by FINISH, which
+        met it (`Finish.met`); the job then ends `cancelled`. Unchecked (no lane-entry
         holder): FINISH acknowledged the entry, and wrote only what this consumer held."""
         appends = [job.append([job.final_event()]) for job in jobs]
         if appends:
@@ -453,13 +452,13 @@ class GenerateLoop:
 
     async def _settle(
         self, stream: str, finishes: list[Finish], stop: asyncio.Event
-    ) -> dict[str, str]:
+    ) -> dict[str, Finish]:
         """Write results, reply, XACK and XDEL in one script call, retried through an outage
         until `stop` (the admit loop's stop, the publisher's end of the drain), then notify and
         count. The entries stop counting as in hand once written back (`_finish` counts them
         from when their jobs end; the admit loop's own settles finish before it reads again).
-        Returns the status each job ended as here: those whose results it wrote, and those the
-        API ended (`_ended_by_the_api`)."""
+        Returns what each job ended as here: the results it wrote (one failed for its size
+        among them), and the ends the API gave the rest (`Finish.met`)."""
         if not finishes:
             return {}
         try:
@@ -468,33 +467,13 @@ class GenerateLoop:
             )
         finally:
             self.settling.difference_update((stream, finish.entry_id) for finish in finishes)
-        written_ids = {f.job_id for f in written}
-        unwritten = [f for f in finishes if f.status and f.job_id not in written_ids]
-        ended = [*written, *await self._ended_by_the_api(unwritten, stop)]
+        # jobs the API ended while they ran (a cancel, its Batch API batch's expiry: the API
+        # counts only the queued jobs it withdraws) ended here all the same, unwritten, as the
+        # API said: FINISH tells the end it met, even one made after the tick read the job's
+        # status back (such a job counted in no state and got no final)
+        ended = [*written, *(replace(f, status=f.met) for f in finishes if f.met)]
         record_batch(self.partition, stream, ended, [])
-        return {f.job_id: f.status for f in ended}
-
-    async def _ended_by_the_api(self, unwritten: list[Finish], stop: asyncio.Event) -> list[Finish]:
-        """The results FINISH did not write of jobs the API ended while they ran (a cancel, its
-        Batch API batch's expiry: the API counts only the queued jobs it withdraws), each with
-        the end the API gave it: they ended here all the same, unwritten (FINISH keeps what a
-        cancelled one ran to, and counts no write). A result of another status met an end the
-        API made after the tick read the job's status back, before FINISH: such a job counted
-        in no state and got no final. Its status is read once more; a job that ended as the
-        tick saw it costs no such read (one taken over reads `running`: not ours to count)."""
-        known = [f for f in unwritten if f.status in ENDED_BY_THE_API]
-        asked = [f for f in unwritten if f.status not in ENDED_BY_THE_API]
-        if not asked:
-            return known
-        job_ids = [f.job_id for f in asked]
-        read = self.tokens.write
-        statuses = (await until_done(lambda: read([], job_ids), stop, self.partition.name)).statuses
-        ended = (
-            replace(f, status=status)
-            for f in asked
-            if (status := statuses.get(f.job_id)) in ENDED_BY_THE_API
-        )
-        return [*known, *ended]
+        return {f.job_id: f for f in ended}
 
     def _observe_job(self, job: RunningJob) -> None:
         partition = self.partition.labels

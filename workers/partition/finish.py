@@ -29,6 +29,10 @@ class Finish:
     refill: bool = False  # the write-back moves a held job in (Partition.refills)
     # this result's own: a write-back retried after its reply was lost finds it in the hash
     write_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    # the end the API gave the job while it ran (`cancelled`, `expired`), which FINISH met
+    # instead of writing this result; the writer sets it, for the loop to count the job and
+    # end its token stream as the record says without reading the job's status again
+    met: str = ""
 
     def record(self) -> dict[str, str]:
         """The fields FINISH writes to the job's hash. A job the API cancelled while it ran

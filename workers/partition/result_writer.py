@@ -48,6 +48,8 @@ READ_AHEAD = 16 << 10
 # Both limits may be set to 1 MiB at least: a batch whose values are within this is never refused.
 SMALLEST_VALUE_LIMIT = (1 << 20) - READ_AHEAD
 DEFAULTS = {BULK_LIMIT: 512 << 20, QUERY_LIMIT: 1 << 30}
+# A write-back's written finishes, and the end FINISH met of each job the API ended meanwhile.
+Written = tuple[list[Finish], dict[str, str]]
 
 
 class ResultWriter:
@@ -67,8 +69,11 @@ class ResultWriter:
         """Write and acknowledge the batch, then hand the webhook events of the written ones to
         delivery (only then, so a redelivered job does not notify twice) and take them off the
         lane's owed set; returns the finishes whose results were written (the rest were
-        acknowledged only: already terminal, cancelled, or gone)."""
-        written = await self._write(stream, batch)
+        acknowledged only: already terminal, cancelled, or gone). Each finish whose job the API
+        ended while it ran gets the end FINISH met (`Finish.met`)."""
+        written, met = await self._write(stream, batch)
+        for item in batch:
+            item.met = met.get(item.job_id, "")
         lane = self._lane(stream, written)
         self.stats.add(
             {**i.context, **i.fields, "status": i.status, "lane": lane, "tenant": i.tenant}
@@ -100,7 +105,7 @@ class ResultWriter:
         """Send the variant statistics still gathered (`FinishedStats`)."""
         await self.stats.close()
 
-    async def _write(self, stream: str, batch: list[Finish]) -> list[Finish]:
+    async def _write(self, stream: str, batch: list[Finish]) -> Written:
         """The write-back; once more with the results too large for the server failed, if that
         is why it was refused: one over `proto-max-bulk-len` or `client-query-buffer-limit` (a
         protocol error, the connection closed, as in an outage) is refused at every try, and
@@ -155,20 +160,22 @@ class ResultWriter:
             return DEFAULTS[name]
         return int(config.get(name) or DEFAULTS[name])
 
-    async def _write_once(self, stream: str, batch: list[Finish]) -> list[Finish]:
+    async def _write_once(self, stream: str, batch: list[Finish]) -> Written:
+        """The written finishes, and the ends FINISH met instead, by job id."""
         if not batch:
-            return []
+            return [], {}
         waits, replies = await run_pipeline(
             self.redis, partial(self._queue_write, stream, batch), [self._finish]
         )
-        written_ids, taken_ids = ({as_text(job_id) for job_id in ids} for ids in replies[0])
+        written_ids, taken_ids = ({as_text(job_id) for job_id in ids} for ids in replies[0][:2])
+        met = {as_text(job_id): as_text(status) for job_id, status in replies[0][2]}
         written = [item for item in batch if item.job_id in written_ids]
         if waits:
             check_replica_acks(replies[-waits:])
             await self._publish(written)
         if taken_ids:
             await self._hold_again([item for item in batch if item.job_id in taken_ids])
-        return written
+        return written, met
 
     async def _hold_again(self, taken: list[Finish]) -> None:
         """The in-flight slots of jobs another worker took over, freed beside FINISH before its
