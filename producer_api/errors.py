@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from producer_api.openai import OPENAI_PATHS
 from producer_api.responses import FastJSONResponse
+from shared.job_parameters import client_named
 from shared.model_repository import QUOTED_CHARS, quote
 from shared.redis_client import OUT_OF_REACH, PersistenceError, ReplicasMissing, ScriptBusy
 
@@ -269,14 +270,6 @@ def _validation_message(request: Request, exc: RequestValidationError) -> str:
     for err in exc.errors():
         parts.append(f"{_where(err) or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts)
-
-
-def client_named(part: str | int) -> str:
-    """A step of an error's location, as the client named it: a field's name, a list's index,
-    or a key of the client's own, quoted cut short when long (an unknown field or a route's
-    variant named in 100 KB was quoted whole)."""
-    text = str(part)
-    return text if len(text) <= QUOTED_CHARS else quote(text)
 
 
 def _whole_body_refused(exc: RequestValidationError) -> bool:

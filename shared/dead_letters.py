@@ -14,8 +14,9 @@ the lane that the API was refusing submits to with 429s); and, for a model that 
 deadline (`queue.admit_by_deadline`), by the producers' deadline admission: a letter that would
 start after its deadline given the lane's ETA stays (`DEADLINE_UNMEETABLE`), as its submit
 would be refused, rather than be enqueued only to expire. So does one that today's submit checks
-refuse (`submit_checks`): the model's input schema, or the webhook URL policy, may have changed
-since its job was submitted (`INPUT_INVALID`, `WEBHOOK_REFUSED`, with what the check said).
+refuse (`submit_checks`): the model's input schema, its parameter limits (`max_tokens_limit`),
+or the webhook URL policy may have changed since its job was submitted (`INPUT_INVALID`,
+`PARAMETERS_INVALID`, `WEBHOOK_REFUSED`, with what the check said).
 
 The stream has no cap and no TTL (a cap would drop letters unseen): only a purge or replay
 shrinks it; the producer's `conveyor_dlq_depth` gauge and `conveyor dlq list` show it, and
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.codec import RequestEntry, as_text, is_stream_id, stream_id
+from shared.job_parameters import ParametersRefused, check_parameters
 from shared.job_store import JobStore, QueueFull, TooFarBack, stamp_ms
 from shared.keys import Keys, replay_job_id
 from shared.model_repository import ModelConfig
@@ -86,6 +88,9 @@ DEADLINE_UNMEETABLE = "deadline_unmeetable"
 UNDECODABLE = "undecodable"
 # a kept letter's reason: its job's inputs break the model's input schema as it is now
 INPUT_INVALID = "input_invalid"
+# a kept letter's reason: its job's parameters are ones the model refuses now (a generate
+# model's `max_tokens_limit` lowered; any for a batch model)
+PARAMETERS_INVALID = "parameters_invalid"
 # a kept letter's reason: its job's webhook URL is one the webhook policy now refuses
 WEBHOOK_REFUSED = "webhook_refused"
 
@@ -102,25 +107,33 @@ def admit_any(bulk: bool, enqueued_ms: float, deadline_ms: int) -> int:
     return -1
 
 
-# Why today's submit checks refuse a letter's job, as (a kept reason, what the check said), or
-# None where they admit it (`submit_checks`).
-Refusal = Callable[[RequestEntry], tuple[str, str] | None]
+# Why today's submit checks refuse a letter's job, given its variant, as (a kept reason, what the
+# check said), or None where they admit it (`submit_checks`).
+Refusal = Callable[[str, RequestEntry], tuple[str, str] | None]
 
 
-def refuse_none(entry: RequestEntry) -> tuple[str, str] | None:
+def refuse_none(variant: str, entry: RequestEntry) -> tuple[str, str] | None:
     """No submit checks (a caller that gives none): every letter's job is admitted."""
     return None
 
 
 def submit_checks(config: ModelConfig, webhooks: Settings | None) -> Refusal:
     """The producers' submit checks of a job, run on a letter's job before its replay: its
-    inputs against the model's input schema and, given the webhook settings (`webhooks`), its
-    webhook URL against that policy, both as they are now. A replay they refuse could only fail
-    on the worker, or send its events where the policy no longer allows."""
+    inputs against the model's input schema, its parameters against the variant's limits and,
+    given the webhook settings (`webhooks`), its webhook URL against that policy, all as they
+    are now. A replay they refuse could only fail on the worker, or send its events where the
+    policy no longer allows."""
 
-    def refusal(entry: RequestEntry) -> tuple[str, str] | None:
+    def refusal(variant: str, entry: RequestEntry) -> tuple[str, str] | None:
         if problems := config.input_errors(entry.payload.get("inputs")):
             return INPUT_INVALID, "; ".join(problems)
+        parameters = entry.payload.get("parameters") or {}
+        if not isinstance(parameters, dict):  # a letter written by hand: a submit takes none such
+            return PARAMETERS_INVALID, "parameters: not a JSON object"
+        try:
+            check_parameters(config, variant, parameters)
+        except ParametersRefused as refused:
+            return PARAMETERS_INVALID, refused.message
         webhook = entry.payload.get("webhook")
         if webhook and webhooks and (why := webhook_refusal(str(webhook), webhooks)):
             return WEBHOOK_REFUSED, why
@@ -132,8 +145,8 @@ def submit_checks(config: ModelConfig, webhooks: Settings | None) -> Refusal:
 @dataclass(frozen=True, slots=True)
 class KeptLetter:
     """A letter a replay left in the stream, and why (`DEADLINE_PASSED`, `QUEUE_FULL`,
-    `DEADLINE_UNMEETABLE`, `UNDECODABLE`, `INPUT_INVALID`, `WEBHOOK_REFUSED`); `detail`: what
-    the submit check that refused it said."""
+    `DEADLINE_UNMEETABLE`, `UNDECODABLE`, `INPUT_INVALID`, `PARAMETERS_INVALID`,
+    `WEBHOOK_REFUSED`); `detail`: what the submit check that refused it said."""
 
     dlq_id: str
     job_id: str
@@ -279,7 +292,7 @@ class DeadLetters:
                 result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, UNDECODABLE))
             elif 0 < letter.entry.deadline_ms <= now:
                 result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, DEADLINE_PASSED))
-            elif refused := self.refusal(letter.entry):
+            elif refused := self.refusal(self.variant, letter.entry):
                 result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, *refused))
             elif lane in full:
                 result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, QUEUE_FULL))

@@ -137,8 +137,9 @@ def test_readme_rows_name_every_field_of_their_bodies() -> None:
     """A field a response carries, or a request takes, and its route's row never names is one
     no reader finds (`GET /v1/models` lacked `default_variant` and `oldest_queued_age_s`)."""
     from producer_api.batch_api.protocol import BatchView
-    from producer_api.jobs.protocol import JobAccepted, JobRequest, JobView, SamplingParameters
+    from producer_api.jobs.protocol import JobAccepted, JobRequest, JobView
     from producer_api.models.protocol import ModelCard, PartitionStats
+    from shared.job_parameters import SamplingParameters
 
     openai_own = {"id", "object", "owned_by"}  # "OpenAI-style list" names them
     bodies: dict[str, list[Iterable[str]]] = {

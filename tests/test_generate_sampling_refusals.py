@@ -14,9 +14,9 @@ import pytest
 import redis
 
 from producer_api.errors import ConveyorError
-from producer_api.jobs.protocol import SamplingParameters
 from producer_api.jobs.serving import check_parameters
 from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from shared.job_parameters import SamplingParameters
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, Variant
 from workers.generation.generate_job import generate_request

@@ -15,6 +15,7 @@ from shared.codec import is_stream_id
 from shared.dead_letters import (
     DEADLINE_UNMEETABLE,
     INPUT_INVALID,
+    PARAMETERS_INVALID,
     QUEUE_FULL,
     WEBHOOK_REFUSED,
     Admission,
@@ -147,9 +148,9 @@ def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
     holds now or the given ids; a letter past its job's deadline, whose lane holds
     queue.max_length jobs, or (queue.admit_by_deadline) that would start past its deadline
     behind the lane's backlog, or whose job today's submit checks refuse (its inputs against the
-    model's input schema, its webhook URL against the webhook policy), is kept, not replayed
-    (prints its job id, DLQ id for `purge --id`, and why), then the counts. Refused for a
-    partition the model repository no longer has."""
+    model's input schema, its parameters against those the model takes, its webhook URL against
+    the webhook policy), is kept, not replayed (prints its job id, DLQ id for `purge --id`, and
+    why), then the counts. Refused for a partition the model repository no longer has."""
 
     async def act(letters: DeadLetters) -> ReplayResult:
         if ids:
@@ -172,10 +173,12 @@ def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
     if DEADLINE_UNMEETABLE in reasons:
         hint = "too many jobs wait ahead to start before the deadline: replay once the lane drains"
         click.echo(f"{hint}, or purge", err=True)
-    if reasons & {INPUT_INVALID, WEBHOOK_REFUSED}:
-        hint = "a submit of that job would be refused now (the model's input_schema, or the"
+    if reasons & {INPUT_INVALID, PARAMETERS_INVALID, WEBHOOK_REFUSED}:
+        hint = "a submit of that job would be refused now (the model's input_schema, the job"
         click.echo(
-            f"{hint} webhook policy): purge it, or resubmit it as it is allowed now", err=True
+            f"{hint} parameters it takes, or the webhook policy): purge it, or resubmit it as it"
+            " is allowed now",
+            err=True,
         )
 
 

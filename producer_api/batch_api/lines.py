@@ -12,9 +12,10 @@ from pydantic import ValidationError
 
 from producer_api.batch_api.protocol import BatchItemBody, BatchLine
 from producer_api.errors import ConveyorError
-from producer_api.jobs.protocol import AS_JOB_FIELDS, FieldNames, PredictRequest
+from producer_api.jobs.protocol import PredictRequest
 from producer_api.request_boundary import parse_json
 from shared.codec import RequestEntry
+from shared.job_parameters import AS_JOB_FIELDS, FieldNames
 from shared.model_repository import ModelConfig
 
 # a line's job, from its model, its body as the route reads it, and how a refusal names its fields

@@ -23,7 +23,7 @@ from producer_api.batch_api.progress import first_errors
 from producer_api.batch_api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, JOBS, BatchOptions
 from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import BodyPrint
-from producer_api.jobs.protocol import FieldNames, PredictRequest
+from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.serving import UNSUCCESSFUL_STATUS, JobsService
 from producer_api.models.serving import model_of
 from producer_api.openai.embedding_serving import EmbeddingService, embedding_list
@@ -42,6 +42,7 @@ from shared.batch_api_store import (
     window_end,
 )
 from shared.codec import RequestEntry, as_objects, as_written, dumps, loads
+from shared.job_parameters import FieldNames
 from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
 from shared.metrics import JOBS_SUBMITTED

@@ -2,78 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, Tag
+from pydantic import BaseModel, ConfigDict, Field
 
-from producer_api.json_unions import AS_SENT, BY_JSON_TYPE
-from shared.model_repository import NAME, in_inputs
-
-
-class FieldNames:
-    """How a refusal names a job's fields: as `/v1/jobs` takes them (`parameters.max_tokens`,
-    `inputs['prompt']`). An OpenAI route's request names them as its client sent them
-    (`producer_api.openai.protocol.SentNames`), so its 400 names a field it sent."""
-
-    def parameter(self, name: str) -> str:
-        """A parameter as a message cites it."""
-        return name
-
-    def where(self, name: str) -> str:
-        """Where a parameter is in the body: the refusal's `param`."""
-        return f"parameters.{self.parameter(name)}"
-
-    def input(self, path: Sequence[str | int]) -> str:
-        """A place in the job's inputs (keys and indexes)."""
-        return in_inputs(path)
-
-
-AS_JOB_FIELDS = FieldNames()
-StopString = Annotated[str, Field(min_length=1)]
-
-
-class SamplingParameters(BaseModel):
-    """A generate job's sampling parameters, within the bounds vLLM takes: a job whose values
-    it would refuse is refused at submit (422, nothing enqueued), not failed by the worker after
-    its wait in the queue. They are OpenAI's and the extra ones vLLM's own server takes; the
-    `vllm` backend maps each onto its SamplingParams. Other keys are not refused for a custom
-    engine's model (the job keeps them), and are for a `vllm` one (`unknown`): it drops them."""
-
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-
-    # strict: no `true`, "5" or 5.0 for a number (a float takes an integer, as in JSON)
-    max_tokens: int | None = Field(default=None, ge=1, strict=True)
-    temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
-    top_p: float | None = Field(default=None, gt=0, le=1, strict=True)
-    # no empty stop string, alone as in a list: vLLM's SamplingParams refuses [""], which is
-    # what a "" becomes, so such a job failed at the worker after its wait in the queue; its
-    # refusals name `stop.0`, not the union's branches (`stop.list[constrained-str].0`)
-    stop: (
-        Annotated[
-            Annotated[StopString, Tag("text")]
-            | Annotated[list[StopString], Field(max_length=4), Tag("list")],
-            BY_JSON_TYPE,
-            AS_SENT,
-        ]
-        | None
-    ) = None
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64, strict=True)
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
-    # vLLM's own beyond OpenAI's: 0 or -1 is every token (vLLM's disabled), as is one past the
-    # vocabulary
-    top_k: int | None = Field(default=None, ge=-1, strict=True)
-    min_p: float | None = Field(default=None, ge=0, le=1, strict=True)
-    repetition_penalty: float | None = Field(default=None, gt=0, strict=True)
-    # at most the job's max_tokens: checked where that is known (its default is the model's)
-    min_tokens: int | None = Field(default=None, ge=0, strict=True)
-    ignore_eos: StrictBool | None = None
-
-    @classmethod
-    def unknown(cls, parameters: Mapping[str, Any]) -> list[str]:
-        """The keys of `parameters` that are no sampling parameter, sorted."""
-        return sorted(parameters.keys() - cls.model_fields.keys())
+from shared.model_repository import NAME
 
 
 class PredictRequest(BaseModel):

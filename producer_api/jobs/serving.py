@@ -13,30 +13,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any
 
-from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from producer_api.auth.principal import Principal
-from producer_api.errors import NO_RETRY, REFUSALS, ConveyorError, client_named
+from producer_api.errors import NO_RETRY, REFUSALS, ConveyorError
 from producer_api.jobs.admission import BodyPrint
-from producer_api.jobs.protocol import (
-    AS_JOB_FIELDS,
-    FieldNames,
-    PredictRequest,
-    SamplingParameters,
-)
+from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.queue_eta import Standing, StartBy
 from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
 from producer_api.task_cancel import uninterrupted
+from shared import job_parameters
 from shared.codec import RequestEntry
+from shared.job_parameters import AS_JOB_FIELDS, FieldNames, ParametersRefused
 from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, stamp_ms
 from shared.keys import new_job_id
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
-from shared.model_repository import GENERATE_BACKENDS, ModelConfig
+from shared.model_repository import ModelConfig
 from shared.redis_client import OUT_OF_REACH
 from shared.routing import UnknownVariant
 from shared.telemetry import current_traceparent
@@ -484,70 +480,12 @@ def check_parameters(
     parameters: dict[str, Any],
     names: FieldNames = AS_JOB_FIELDS,
 ) -> None:
-    """A generate model's sampling parameters within vLLM's bounds (`SamplingParameters`),
-    `max_tokens` within the variant's `max_tokens_limit` (its own, else the model's) and
-    `min_tokens` within the job's max_tokens: refused here (422) rather than failed by the worker,
-    or silently cut by the engine. A `vllm` variant refuses other keys: it would drop them. A
-    batch model's job takes none: its engine runs each job on its inputs alone, and parameters
-    such as a `normalize: false` were stored and silently ignored. A refusal names the parameter
-    as `names` says the client sent it."""
-    if config.kind != "generate":
-        if parameters:
-            named = ", ".join(names.where(client_named(name)) for name in sorted(parameters))
-            message = (
-                f"{named}: model {config.name} takes no job parameters (kind {config.kind}: its "
-                "engine runs a job on its inputs alone; engine settings are its config.yaml's)"
-            )
-            raise ConveyorError(422, "invalid_request", message)
-        return
+    """The job's parameters as `shared.job_parameters.check_parameters` checks them (a dead
+    letter's replay checks them so too), a refusal answered as a 422 naming the parameter."""
     try:
-        sampling = SamplingParameters.model_validate(parameters)
-    except ValidationError as exc:
-        problems = (f"{names.where(_dotted(e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConveyorError(422, "invalid_request", "; ".join(problems)) from None
-    served = f"model {config.name}:{variant}"
-    backend = config.backend_of(variant)
-    if backend in GENERATE_BACKENDS and (unknown := SamplingParameters.unknown(parameters)):
-        named = ", ".join(names.where(name) for name in unknown)
-        taken = ", ".join(sorted(SamplingParameters.model_fields))
-        message = f"{named}: not taken by {served} (backend {backend}, which takes: {taken})"
-        raise ConveyorError(422, "invalid_request", message)
-    own = config.variant_parameters(variant)
-    limit = own.get("max_tokens_limit")
-    if sampling.max_tokens is not None and limit is not None and sampling.max_tokens > int(limit):
-        _refuse(names, "max_tokens", f"at most {limit} for {served}")
-    max_tokens = names.parameter("max_tokens")
-    default = own.get("default_max_tokens")
-    if (why := _min_tokens_refusal(sampling, default, limit, max_tokens)) is not None:
-        _refuse(names, "min_tokens", f"{why} for {served}")
-
-
-def _dotted(location: tuple[int | str, ...]) -> str:
-    return ".".join(map(str, location))
-
-
-def _refuse(names: FieldNames, parameter: str, why: str) -> NoReturn:
-    """A 422 naming `parameter` as the client sent it (OpenAI's 400 carries it as `param`)."""
-    where = names.where(parameter)
-    raise ConveyorError(422, "invalid_request", f"{where}: {why}", param=where)
-
-
-def _min_tokens_refusal(
-    sampling: SamplingParameters, default: Any, limit: Any, max_tokens: str
-) -> str | None:
-    """Why `min_tokens` exceeds the max_tokens the engine will run the job with (the job's own,
-    named `max_tokens` as the client sent it, else the model's default; within the limit), as
-    vLLM refuses it; None if it does not."""
-    if sampling.min_tokens is None:
-        return None
-    if sampling.max_tokens is not None:
-        cap, what = sampling.max_tokens, max_tokens
-    else:
-        known = [int(value) for value in (default, limit) if value is not None]
-        if not known:
-            return None  # the engine's own default: it cuts min_tokens to it
-        cap, what = min(known), "the max_tokens a job naming none runs with"
-    return f"at most {what} ({cap})" if sampling.min_tokens > cap else None
+        job_parameters.check_parameters(config, variant, parameters, names)
+    except ParametersRefused as refused:
+        raise ConveyorError(422, "invalid_request", refused.message, param=refused.param) from None
 
 
 def _deadline_ms(body: PredictRequest) -> int:

@@ -10,11 +10,12 @@ from typing import Any
 import orjson
 
 from producer_api.errors import ConveyorError
-from producer_api.jobs.protocol import FieldNames, PredictRequest
+from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.serving import unsuccessful
 from producer_api.openai.protocol import EmbeddingRequest
 from producer_api.openai.serving import OpenAIService, awaiting, running_on
 from shared.codec import as_objects, as_written, dumps
+from shared.job_parameters import FieldNames
 from shared.job_states import JobStatus
 
 

@@ -30,8 +30,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from producer_api.jobs.protocol import FieldNames, SamplingParameters
-from producer_api.json_unions import AS_SENT, BY_JSON_TYPE
+from shared.job_parameters import FieldNames, SamplingParameters
+from shared.json_unions import AS_SENT, BY_JSON_TYPE
 from shared.model_repository import NAME
 
 # The job's sampling parameters: OpenAI's and vLLM's extra ones (top_k, min_p, ...).

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
 from producer_api.errors import NO_RETRY, ConveyorError, OpenAIErrorBody, OpenAIErrorDetail
-from producer_api.jobs.protocol import FieldNames, PredictRequest
+from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.live_feed import stop_reading, while_holds
 from producer_api.openai.protocol import (
@@ -41,6 +41,7 @@ from producer_api.state import ProducerState
 from producer_api.stream_shutdown import SHUTDOWN, UNREACHABLE, Cut, until_cut
 from producer_api.token_hub import TokenFollower
 from shared.generate_errors import ContextLengthExceeded
+from shared.job_parameters import FieldNames
 from shared.job_states import JobStatus
 from shared.model_repository import ModelConfig
 from shared.redis_client import OUT_OF_REACH
