@@ -171,8 +171,8 @@ def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
     if QUEUE_FULL in reasons:
         click.echo("the lane is full (queue.max_length): replay again once it drains", err=True)
     if DEADLINE_UNMEETABLE in reasons:
-        hint = "too many jobs wait ahead to start before the deadline: replay once the lane drains"
-        click.echo(f"{hint}, or purge", err=True)
+        hint = "it cannot start before the deadline behind the lane's backlog, or its workers'"
+        click.echo(f"{hint} stall: replay once the lane drains, or purge", err=True)
     if reasons & {INPUT_INVALID, PARAMETERS_INVALID, WEBHOOK_REFUSED}:
         hint = "a submit of that job would be refused now (the model's input_schema, the job"
         click.echo(
