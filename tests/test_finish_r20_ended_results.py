@@ -7,9 +7,6 @@ with no error: the final now carries the failure the record holds."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 import redis.asyncio as aioredis
 
 from shared.codec import RequestEntry, loads
@@ -18,6 +15,7 @@ from shared.job_store import JobStore, now_ms
 from shared.token_stream import usage_of
 from tests.lane_rig import generate_loop
 from tests.paced_engine import PacedEngine
+from tests.test_finish_refused_for_size import LIMIT, limited  # noqa: F401 (a fixture)
 from tests.test_generate_r17_cancel_after_final import (
     KEYS,
     PARTITION,
@@ -33,27 +31,13 @@ from workers.partition.job_events import JobEvents
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import StreamReader
 
-LIMIT = 1 << 20  # the smallest proto-max-bulk-len Valkey takes
 WORD = "x" * (LIMIT // 8)  # each token event well within it, eleven of them together over
-
-
-@pytest.fixture
-async def limited(aredis: aioredis.Redis) -> AsyncIterator[aioredis.Redis]:
-    """`aredis`, its server taking values up to LIMIT for the test (the session's server)."""
-    before = (await aredis.config_get("proto-max-bulk-len"))["proto-max-bulk-len"]
-    await aredis.config_set("proto-max-bulk-len", LIMIT)
-    try:
-        yield aredis
-    finally:
-        await aredis.config_set("proto-max-bulk-len", before)
 
 
 async def test_a_cancel_before_finish_keeps_what_the_run_reached(aredis: aioredis.Redis) -> None:
     store = JobStore(aredis, KEYS, 60)
     loop = await _loop(aredis, store, "r20-kept")
-    writer = CancelBeforeFinish(aredis, KEYS, 60, JobEvents("redis://unused"), "box-1")
-    writer.store = store
-    loop.writer = writer
+    CancelBeforeFinish.on(aredis, store, loop)
     tokens = ReadsAfterTheEnd(aredis, KEYS, 60)
     tokens.loop, tokens.late_reads = loop, []
     loop.tokens = tokens
@@ -70,7 +54,7 @@ async def test_a_cancel_before_finish_keeps_what_the_run_reached(aredis: aioredi
 
 
 async def test_a_result_failed_for_its_size_has_a_final_that_says_so(
-    limited: aioredis.Redis,
+    limited: aioredis.Redis,  # noqa: F811
 ) -> None:
     store = JobStore(limited, KEYS, 60)
     payload = {"inputs": {"prompt": WORD}, "parameters": {"max_tokens": 11}}

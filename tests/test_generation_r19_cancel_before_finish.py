@@ -22,7 +22,6 @@ from tests.test_generate_r17_cancel_after_final import (
 )
 from tests.test_tokens_r14_cancel_at_end import _finished
 from workers.generation.generate_loop import GenerateLoop
-from workers.partition.job_events import JobEvents
 from workers.partition.token_writer import TickWritten, TokenAppend, TokenWriter
 
 
@@ -40,9 +39,7 @@ class ReadsAfterTheEnd(TokenWriter):
 async def test_a_cancel_before_finish_counts_once_as_cancelled(aredis: aioredis.Redis) -> None:
     store = JobStore(aredis, KEYS, 60)
     loop = await _loop(aredis, store, "r19-raced")
-    writer = CancelBeforeFinish(aredis, KEYS, 60, JobEvents("redis://unused"), "box-1")
-    writer.store = store
-    loop.writer = writer
+    CancelBeforeFinish.on(aredis, store, loop)
     cancelled, succeeded = _finished("cancelled"), _finished("succeeded")
     events = await _run(aredis, "r19-raced", loop)
     record = await _record(store, "r19-raced")

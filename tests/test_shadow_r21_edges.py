@@ -9,41 +9,19 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from prometheus_client import REGISTRY
 
 from producer_api.experiments.statistics import summary
 from producer_api.routes.shadowing import ShadowComparisons, ShadowCopies
 from shared.codec import RequestEntry, dumps
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
-from shared.keys import Keys, new_job_id
-from shared.model_repository import ModelConfig, ModelRepository, QueueLimits, Variant
-from shared.routing import Routes
+from shared.keys import new_job_id
+from shared.model_repository import ModelRepository
 from shared.shadow_pairs import ShadowPair, ShadowPairs
 from shared.variant_stats import VariantStats, Window
+from tests.test_shadow_copies import CONFIG, KEYS, MIRROR, ROUTES, _copies, _dropped
 
-KEYS = Keys("shadow-r21:")
-CONFIG = ModelConfig(
-    name="m",
-    kind="batch",
-    backend="identity",
-    default_variant="stable",
-    variants={"stable": Variant(), "mirror": Variant(weight=0, shadow=True)},
-    queue=QueueLimits(max_length=10),
-)
-ROUTES = Routes(weights={"stable": 100.0}, shadows={"mirror": 1.0})
-MIRROR = KEYS.bulk_queue("m", "mirror")
 OUTPUTS = {"embeddings": [[1.0, 0.0]]}
-
-
-def _copies(outcome: str) -> float:
-    labels = {"model": "m", "variant": "mirror", "outcome": outcome}
-    return REGISTRY.get_sample_value("conveyor_shadow_copies_total", labels) or 0.0
-
-
-def _dropped(reason: str) -> float:
-    labels = {"model": "m", "variant": "mirror", "reason": reason}
-    return REGISTRY.get_sample_value("conveyor_shadow_pairs_dropped_total", labels) or 0.0
 
 
 async def _job(store: JobStore, variant: str) -> RequestEntry:
