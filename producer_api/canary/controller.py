@@ -1,15 +1,15 @@
 """Drives running canaries, one decision per look (the traffic leader looks every LOOK_S): the
-first step at start; the next step once the step has lasted `interval_s` with `min_requests`
-seen and the bounds held; a rollback to 0 % the moment `min_requests` are seen and a bound is
-broken (error rate above the baseline's by more than `max_error_rate`, or p99 above
-`max_p99_ms`); completion after a healthy interval at the last step. A baseline short of
-`min_requests` in the step (at 100 % it gets no traffic) is taken over the whole canary, and
-if still short, the canary's error rate is held to `max_error_rate` itself. Every decision is
-an event with its numbers, and a `model.canary.*` webhook when the canary has one. A step still
-short of `min_requests` after `max_step_s` rolls back (its variant's workers may never take a
-job); live routes that no longer give the variant the canary's weight (an operator changed
-them) abort it, leaving them as they are, and so does a config.yaml that no longer serves its
-variant or baseline."""
+first step at start; the next step once the step has lasted `interval_s` with `min_requests` seen
+and the bounds held; a rollback to 0 % the moment `min_requests` are seen and a bound is broken
+(error rate above the baseline's by more than `max_error_rate`, or the p99 of at least
+`min_requests` online jobs above `max_p99_ms`); completion after a healthy interval at the last
+step. A baseline short of `min_requests` in the step (at 100 % it gets no traffic) is taken over
+the whole canary, and if still short, the canary's error rate is held to `max_error_rate` itself.
+Every decision is an event with its numbers, and a `model.canary.*` webhook when the canary has
+one. A step still short of `min_requests` after `max_step_s` rolls back (its variant's workers may
+never take a job); live routes that no longer give the variant the canary's weight (an operator
+changed them) abort it, leaving them as they are, and so does a config.yaml that no longer serves
+its variant or baseline."""
 
 from __future__ import annotations
 
@@ -47,13 +47,15 @@ RATIO_SLACK = 1e-9  # of the others' shares: the same ratios, but for the scalin
 _LEASE: ContextVar[LeaderLock | None] = ContextVar("traffic_lease", default=None)
 
 
-def numbers(window: Window) -> dict[str, Any]:
+def numbers(window: Window, least: int = 1) -> dict[str, Any]:
     """What a decision is based on, for one variant: every job's outcome, and the p99 of its
     online jobs (a Batch API item follows the live routes into the variant's bulk lane, where
     it waits behind online work by design, for minutes: a few made a healthy canary's p99
-    breach `max_p99_ms`)."""
+    breach `max_p99_ms`), None below `least` of them: the canary's is judged on `min_requests`
+    (39 items and one slow online job rolled a healthy canary back on a p99 of that one job),
+    the baseline's only shown."""
     totals = [s.total_ms for s in window.samples if not s.bulk]
-    p99 = float(np.percentile(totals, 99)) if totals else None
+    p99 = float(np.percentile(totals, 99)) if totals and len(totals) >= least else None
     return {
         "requests": window.requests,
         "errors": window.errors,
@@ -286,7 +288,7 @@ class CanaryController:
             self.stats.window(canary.model, [canary.baseline], began, samples=False),
         )
         return {
-            "canary": numbers(canary_window[canary.variant]),
+            "canary": numbers(canary_window[canary.variant], canary.min_requests),
             "baseline": numbers(baseline_window[canary.baseline]),
         }
 
