@@ -109,6 +109,12 @@ def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
 BATCH_FILE = re.compile(r"(batch_[0-9a-f]{32})-(output|errors)")  # matched whole
 
 
+def batch_file_name(batch_id: str, kind: str) -> str:
+    """A batch's output or errors file's name (`kind`: output, errors), as OpenAI's file object
+    names it; its download is saved under it too."""
+    return f"{batch_id}_{kind}.jsonl"
+
+
 def _file_ids(batch_id: str, ended: bool, outputs: int, errors: int) -> dict[str, str | None]:
     """An ended batch's file ids, each only when it holds a line, as OpenAI's: a client that
     fetches `error_file_id` when it is set read an empty file for a batch with no error."""

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api import lines
-from producer_api.batch_api.progress import first_errors
+from producer_api.batch_api.progress import batch_file_name, first_errors
 from producer_api.batch_api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, JOBS, BatchOptions
 from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import BodyPrint
@@ -470,7 +470,7 @@ class BatchApiService:
             "bytes": size,
             "created_at": created_at,
             "expires_at": expires_at,
-            "filename": f"{batch_id}_{kind}.jsonl",
+            "filename": batch_file_name(batch_id, kind),
             "purpose": "batch_output",
             "status": "processed",
         }

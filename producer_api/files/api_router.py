@@ -8,6 +8,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, File, Form, Path, Query, Response, UploadFile
 
 from producer_api.auth import AUTH_RESPONSES, acting_for
+from producer_api.batch_api.progress import batch_file_name
 from producer_api.errors import OpenAIErrorBody, OpenAIRoute
 from producer_api.files.protocol import FileDeleted, FileList, FileObject
 from producer_api.files.serving import FilesService, check_purpose, expires_after_s
@@ -114,17 +115,21 @@ async def file_content(service: ReadService, file_id: str = FILE_ID) -> Response
     content = await service.content(file_id)
     if isinstance(content, StoredFile):
         return Response(content.data, media_type=JSONL, headers=attachment(content.filename))
-    return JsonlResponse(content, headers=attachment(f"{file_id}.jsonl"))
+    batch_id, _, kind = file_id.rpartition("-")  # a batch's file: `{batch id}-{kind}`
+    return JsonlResponse(content, headers=attachment(batch_file_name(batch_id, kind)))
 
 
 def attachment(filename: str) -> dict[str, str]:
     """RFC 6266's Content-Disposition, so a browser or `curl -OJ` saves a download under its
-    name: `filename*` the name whole (UTF-8, percent-encoded), `filename` an ASCII stand-in
+    name: `filename*` the name (UTF-8, percent-encoded), `filename` an ASCII stand-in
     for clients that read only that. Sent raw, a quote, a backslash or a newline in an
-    uploaded name would end or split the header, and non-ASCII is not a header's."""
+    uploaded name would end or split the header, and non-ASCII is not a header's. A `/`
+    and a `\\` (a Windows client's separator) are made `_` in both: an uploaded `../../x.jsonl`
+    named so was saved outside the folder by a client that takes the name as given."""
+    segment = filename.replace("/", "_").replace("\\", "_")
     plain = "".join(
         char if char.isascii() and char.isprintable() and char not in '"\\' else "_"
-        for char in filename
+        for char in segment
     )
-    extended = quote(filename, safe="")
+    extended = quote(segment, safe="")
     return {"Content-Disposition": f"attachment; filename=\"{plain}\"; filename*=UTF-8''{extended}"}
