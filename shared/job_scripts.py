@@ -10,6 +10,7 @@ from shared.job_states import lua_transition_table
 from shared.keys import (
     ADDED_SUFFIX,
     DRAINED_SUFFIX,
+    FAIR_ENDED_SUFFIX,
     FAIR_PARKED_SUFFIX,
     FAIR_RING_SUFFIX,
     FAIR_SINCE_SUFFIX,
@@ -144,7 +145,7 @@ end
 local ADDED, FAIR, RECENT = '{ADDED_SUFFIX}', '{FAIR_SUFFIX}', '{RECENT_SUFFIX}'
 local RECENT_KEPT, RECENT_SLACK = {RECENT_KEPT}, {RECENT_SLACK}
 local FAIR_RING, HELD, MOVED = '{FAIR_RING_SUFFIX}', '{HELD_SUFFIX}', '{MOVED_FIELD}'
-local PARKED = '{FAIR_PARKED_SUFFIX}'
+local PARKED, ENDED = '{FAIR_PARKED_SUFFIX}', '{FAIR_ENDED_SUFFIX}'
 local WSUM = 'wsum'  -- the fair hash's sum of the ring's tenants' weights
 local SINCE = '{FAIR_SINCE_SUFFIX}'
 local REFUSED, REFUSED_TTL = '{REFUSED_SUFFIX}', {REFUSED_TTL_S}
@@ -420,7 +421,11 @@ local function refill(stream, group, job_prefix, upto)
     local turn = {'d:' .. tenant, credit}  -- what the turn leaves in the fair hash
     if h[3] then turn[#turn + 1], turn[#turn + 2] = 'e:' .. tenant, ended end
     if popped > 0 then
-      turn[#turn + 1], turn[#turn + 2] = 'o:' .. tenant, (tonumber(h[4]) or 0) + popped
+      local taken = (tonumber(h[4]) or 0) + popped
+      turn[#turn + 1], turn[#turn + 2] = 'o:' .. tenant, taken
+      if (tonumber(h[3]) or 0) > 0 then  -- the places of ended jobs it popped go too
+        here('ZREMRANGEBYSCORE', stream .. ENDED .. tenant, '-inf', taken)
+      end
     end
     if stalled then  -- the tenant's turn goes on in the next refill, its credit kept
       redis.call('HSET', fair, unpack(turn))
@@ -477,12 +482,13 @@ end
 -- refill's drop does. Returns the list's length.
 local function sweep(stream, job_prefix, tenant)
   local list = stream .. HELD .. tenant
-  local kept, counted, gone = {}, 0, {}
+  local kept, hashes, counted, gone = {}, {}, 0, {}
   for _, packed in ipairs(redis.call('LRANGE', list, 0, -1)) do
     local jid = field(cmsgpack.unpack(packed), 'id') or ''
-    local job = redis.call('HMGET', jobkey(job_prefix, jid), 'status', 'held')
+    local jk = jobkey(job_prefix, jid)
+    local job = redis.call('HMGET', jk, 'status', 'held')
     if waits(job) then
-      kept[#kept + 1] = packed
+      kept[#kept + 1], hashes[#hashes + 1] = packed, jk
     else
       gone[#gone + 1] = jid
       if redis.call('SREM', stream .. UNCOUNTED, jid) == 0 and job[2] ~= UNCOUNTED_MARK then
@@ -490,7 +496,7 @@ local function sweep(stream, job_prefix, tenant)
       end
     end
   end
-  redis.call('DEL', list)
+  redis.call('DEL', list, stream .. ENDED .. tenant)  -- no ended job's entry left
   for i = 1, #kept, 1000 do  -- unpack's stack holds a few thousand values at most
     redis.call('RPUSH', list, unpack(kept, i, math.min(i + 999, #kept)))
   end
@@ -500,11 +506,15 @@ local function sweep(stream, job_prefix, tenant)
     redis.call('ZREM', stream .. PARKED, tenant)
     leave(stream, tenant)
   else
-    redis.call('HDEL', stream .. FAIR, 'e:' .. tenant)  -- no ended job's entry left
-    -- the last kept entry is the last held (`n:`): counted from it, those before it are
-    -- counted no nearer the head than they are (POSITION takes the smaller of two bounds)
+    redis.call('HDEL', stream .. FAIR, 'e:' .. tenant)
+    -- the kept entries numbered again up to the last held (`n:`), in their order: a place less
+    -- `o:` counts the entries ahead of it only while the places run with no gap, and counted
+    -- from the last, a job read the swept places after it as taken off ahead of it
     local holds = tonumber(redis.call('HGET', stream .. FAIR, 'n:' .. tenant))
-    if holds then redis.call('HSET', stream .. FAIR, 'o:' .. tenant, holds - #kept) end
+    if holds then
+      redis.call('HSET', stream .. FAIR, 'o:' .. tenant, holds - #kept)
+      for i, jk in ipairs(hashes) do redis.call('HSET', jk, 'hseq', holds - #kept + i) end
+    end
   end
   if counted > 0 then
     local left = (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) - counted
@@ -1002,7 +1012,8 @@ return {written, taken_ids, met}
 # (the caller frees its in-flight slot, in the API key's slot), and ends the attempt of the
 # worker running the job (its `worker` since its `started`) on the job's attempt history, as
 # `cancelled`, `expired` or `failed`; a job a fair lane holds back leaves the lane's `held`
-# count then (admission counts it against max_length), not when refill later drops its entry.
+# count then (admission counts it against max_length), not when refill later drops its entry,
+# and its place (`hseq`) joins its tenant's ENDED set, which POSITION counts off later jobs'.
 # A terminal move that writes `ended_by` (JobStore.transition's: the API's cancel, which then
 # hands the job's event over) of a job with a webhook puts it on its lane's owed set, scored by
 # its `finished`; settle_many's (a batch's items, whose ends no job event reports) does not. A
@@ -1038,7 +1049,8 @@ local function withdraw(stream, eid, seq, ttl)
 end
 
 local job = redis.call('HMGET', KEYS[1], 'status', 'worker', 'started', 'attempt_history',
-                      'stream', 'held', 'webhook', 'seq', 'entry', 'model', 'variant', 'tenant')
+                      'stream', 'held', 'webhook', 'seq', 'entry', 'model', 'variant', 'tenant',
+                      'hseq')
 local cur = job[1]
 if not can(cur, ARGV[1]) then return {0, cur or false} end
 local args = {'status', ARGV[1]}
@@ -1056,6 +1068,9 @@ if not ALLOWED[ARGV[1]] and job[6] == '1' and job[5] then
   -- one, a turn of that tenant's in every round (its entry's `e:` count goes as refill drops it)
   local tenant = job[12] or 'default'
   local ended = redis.call('HINCRBY', job[5] .. FAIR, 'e:' .. tenant, 1)
+  -- and its place, which POSITION counts off the later jobs' (gone as refill pops it; not
+  -- here while a migration has the set elsewhere: those jobs count it until it is dropped)
+  if job[13] then here('ZADD', job[5] .. ENDED .. tenant, job[13], job[13]) end
   local entries, served = here('LLEN', job[5] .. HELD .. tenant)
   if served and entries <= ended then unweigh(job[5] .. FAIR, tenant) end
   table.insert(args, 'held')  -- the mark workers before the set read (a rolling upgrade)
@@ -1092,9 +1107,10 @@ return {1, cur, withdrawn, job[10] or '', job[11] or ''}
 # A held job: the undelivered entries plus the held ones deficit round robin serves first, its
 # tenant's own ahead of it counted as the fewer of its tenant's other live held jobs and the
 # entries ahead of it in its list (its place among the tenant's holds, `hseq`, less those taken
-# off the list since, `o:`; ended jobs' entries count there until dropped): a bound, O(1) (the
-# ring's weight sum is kept). Counted as its tenant's last held job, a job's position grew with
-# each job its tenant held after it.
+# off the list since, `o:`, and, while the tenant has any, the places of its jobs that ended while
+# held, ZCOUNT of its ENDED set: counted until a refill dropped their entries, they put each
+# later job behind them): a bound, O(log n) (the ring's weight sum is kept). Counted as its
+# tenant's last held job, a job's position grew with each job its tenant held after it.
 POSITION = (
     _PRELUDE
     + """
@@ -1106,7 +1122,14 @@ if ARGV[2] == '' then
   local entries = redis.call('LLEN', KEYS[1] .. HELD .. tenant)
   local own = math.max(0, entries - (tonumber(h[3]) or 0) - 1)  -- its other jobs still held
   local place = tonumber(ARGV[4])  -- its `hseq`: the entries ahead of it, ended ones too
-  if place then own = math.min(own, math.max(0, place - (tonumber(h[4]) or 0) - 1)) end
+  if place then
+    local taken = tonumber(h[4]) or 0
+    local ahead = place - taken - 1
+    if (tonumber(h[3]) or 0) > 0 then  -- less those of jobs that ended while held
+      ahead = ahead - redis.call('ZCOUNT', KEYS[1] .. ENDED .. tenant, '(' .. taken, '(' .. place)
+    end
+    own = math.min(own, math.max(0, ahead))
+  end
   local weight = tonumber(h[2])
   return math.max(0, waiting) + held_ahead(KEYS[1], spent(weight), weight or 0, held, own)
 end

@@ -41,6 +41,12 @@ FAIR_SUFFIX = ":fair"
 FAIR_RING_SUFFIX = ":fair:ring"
 FAIR_PARKED_SUFFIX = ":fair:parked"
 HELD_SUFFIX = ":held:"
+# The places (`hseq`) in a tenant's held list of its jobs that ended while held (a sorted set,
+# each scored by itself; suffix + tenant): POSITION counts those ahead of a held job off its
+# place, where each counted until a refill dropped its entry. Refill takes off the places it
+# pops, a sweep drops them all with the entries, and the last place goes with the list's last
+# entry.
+FAIR_ENDED_SUFFIX = ":fair:ended:"
 # The ids of jobs that ended while the lane held them (a set): they left the `held` count then,
 # and refill, dropping their entries later, must not count them off again. Kept with the lane,
 # not in the job's hash, which may have expired by then.

@@ -100,7 +100,7 @@ async def test_a_held_jobs_position_grows_with_no_job_its_tenant_holds_after_it(
     assert await _enqueue(store, jobs) == []  # the first in the stream (its window), six held
     assert await _positions(aredis, stream, jobs) == [0, 1, 2, 3, 4, 5, 6]
     await store.transition(jobs[2].entry.job_id, JobStatus.CANCELLED)  # its entry stays, ended
-    # an ended job's entry ahead counts until a refill drops it (bounded by the live ones)
-    assert await _positions(aredis, stream, jobs[3:]) == [3, 4, 5, 5]
+    # a job that ended while held counts ahead of none of its tenant's later jobs
+    assert await _positions(aredis, stream, jobs[3:]) == [2, 3, 4, 5]
     assert len(await _take_tenants(reader, stream, 3)) == 3  # the first, then two moved in
     assert await _positions(aredis, stream, jobs[4:]) == [0, 1, 2]
