@@ -69,7 +69,7 @@ async def test_a_model_no_name_could_be_is_not_found(producer: httpx.AsyncClient
     [
         (
             "/v1/chat/completions",
-            {"messages": [*MESSAGES, {"role": "assistant", "content": None}]},
+            {"messages": [*MESSAGES, {"role": "assistant", "content": 5}]},
             "messages.1.content",
         ),
         (

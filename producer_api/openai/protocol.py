@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     StrictBool,
     Tag,
@@ -209,6 +210,33 @@ class TextPart(BaseModel):
         return value
 
 
+class RefusalPart(BaseModel):
+    """An assistant's refusal in a chat's history, as OpenAI's API takes it: read as its text,
+    as vLLM's server reads it (refused as a part the model cannot read, a history replayed from
+    OpenAI's answers was a 400)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["refusal"]
+    refusal: str
+
+    @property
+    def text(self) -> str:
+        return self.refusal
+
+
+def _part_kind(value: Any) -> str:
+    """A part's model by its `type`: a refusal's, else a text's (which refuses other types)."""
+    return "refusal" if isinstance(value, dict) and value.get("type") == "refusal" else "text"
+
+
+Part = Annotated[
+    Annotated[TextPart, Tag("text")] | Annotated[RefusalPart, Tag("refusal")],
+    Discriminator(_part_kind),
+    AS_SENT,
+]
+
+
 class ChatMessage(BaseModel):
     """`developer` is OpenAI's newer name for `system`; text parts are joined by newlines, as
     vLLM's server joins them (joined bare, "What is" and "the capital?" read "What isthe")."""
@@ -216,15 +244,20 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: Annotated[
-        Annotated[str, Tag("text")] | Annotated[list[TextPart], Tag("list")],
-        BY_JSON_TYPE,
-        AS_SENT,
-    ]
+    # null: an assistant's turn as OpenAI answers a refusal or a tool call (its text elsewhere),
+    # which a client replaying its history sends back; read as empty, as vLLM's server does
+    content: (
+        Annotated[
+            Annotated[str, Tag("text")] | Annotated[list[Part], Tag("list")],
+            BY_JSON_TYPE,
+            AS_SENT,
+        ]
+        | None
+    )
 
     def as_input(self) -> dict[str, str]:
         role = "system" if self.role == "developer" else self.role
-        content = self.content
+        content = self.content or ""
         text = content if isinstance(content, str) else "\n".join(p.text for p in content)
         return {"role": role, "content": text}
 
