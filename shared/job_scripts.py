@@ -884,9 +884,9 @@ return out
 # that meets a record the API ended while it ran (`cancelled` or `expired`: a cancel, its batch's
 # expiry), whether the run saw that (a generation it aborted: a `cancelled` result) or not (a
 # cancel after its last status read), is not written and is returned as met, with the end it
-# met; a `cancelled` record takes what the run reached, its outputs so far and token counts, not
-# its end (`finished`, `error`) nor `write_id` (workers/partition/finish.py: Finish.record), of
-# any result but an `expired` one (which ran nothing).
+# met; a `cancelled` result's fields (what an aborted generation reached: its outputs so far and
+# token counts) join a `cancelled` record, never its end (`finished`, `error`) nor `write_id`
+# (workers/partition/finish.py: Finish.record); another result is dropped.
 # Per written job two commands (HMGET, HSET; EXPIRE too for a job older than renew_before); per
 # micro-batch one SPUBLISH per reply
 # channel (a JSON array of the views written for it; the channel is in the partition's slot),
@@ -970,10 +970,12 @@ while i <= #ARGV do
     elseif ENDED[cur[1]] then
       -- ended through the API while it ran here, whether its run saw that (a `cancelled`
       -- result) or not (a cancel after its last status read): it ended as the API said, which
-      -- the reply tells. A cancelled one's run (outputs, token counts) joins the record, whose
-      -- status, end and attempt the cancel wrote; no write is counted, no reply or webhook sent
-      -- (the cancel's were); an expired result ran nothing
-      if cur[1] == 'cancelled' and status ~= 'expired' then ran_to(jk, first, last) end
+      -- the reply tells; no write is counted, no reply or webhook sent (the cancel's were). A
+      -- run that saw its cancel (a generation aborted) leaves what it reached (outputs so far,
+      -- token counts) on the record, whose status, end and attempt the cancel wrote; a result
+      -- made for no one once the API had ended the job (an embedding computed after its cancel)
+      -- is dropped, as a revoked task's
+      if cur[1] == 'cancelled' and status == 'cancelled' then ran_to(jk, first, last) end
       table.insert(met, {jid, cur[1]})
     end
     if again then

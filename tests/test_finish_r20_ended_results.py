@@ -1,9 +1,9 @@
-"""What FINISH keeps of a generation, on a real Valkey with the paced test engine and no worker
-process. A cancel that landed after the tick's status read, before FINISH, left the `cancelled`
-record without what the run reached (FINISH kept that only of a `cancelled` result), and the loop
-read the job's status once more to learn of the cancel; FINISH now keeps it and says what it met.
-A result FINISH failed for its size got a `succeeded` final, which APPEND turned into `failed`
-with no error: the final now carries the failure the record holds."""
+"""What FINISH tells of a result it did not write, on a real Valkey with the paced test engine
+and no worker process. A cancel that landed after the tick's status read, before FINISH, made
+the loop read the job's status once more to learn of it; FINISH's reply now says the end it met
+(and drops a result made for no one, as before). A result FINISH failed for its size got a
+`succeeded` final, which APPEND turned into `failed` with no error: the final now carries the
+failure the record holds."""
 
 from __future__ import annotations
 
@@ -34,7 +34,10 @@ from workers.partition.stream_reader import StreamReader
 WORD = "x" * (LIMIT // 8)  # each token event well within it, eleven of them together over
 
 
-async def test_a_cancel_before_finish_keeps_what_the_run_reached(aredis: aioredis.Redis) -> None:
+async def test_a_cancel_before_finish_is_told_by_finish(aredis: aioredis.Redis) -> None:
+    """The generation ran to its end unaware of the cancel: FINISH drops its result (the
+    record says `cancelled` as the API wrote it) and says the end it met, so the loop writes a
+    `cancelled` final, with the usage it ran to, reading no status after the end."""
     store = JobStore(aredis, KEYS, 60)
     loop = await _loop(aredis, store, "r20-kept")
     CancelBeforeFinish.on(aredis, store, loop)
@@ -44,12 +47,9 @@ async def test_a_cancel_before_finish_keeps_what_the_run_reached(aredis: aioredi
     events = await _run(aredis, "r20-kept", loop)
     record = await _record(store, "r20-kept")
     assert record.status == JobStatus.CANCELLED
-    outputs = loads(record.fields["outputs"])
-    assert outputs["text"] == "one two three "
-    assert outputs["usage"] == usage_of(3, 3)
-    assert record.fields["completion_tokens"] == "3"
-    assert "write_id" not in record.fields  # no result of this worker's: a rerun replies nothing
-    assert [event.status for event in events if event.final] == [JobStatus.CANCELLED]
+    assert "outputs" not in record.fields and "write_id" not in record.fields
+    [final] = [event for event in events if event.final]
+    assert (final.status, final.usage) == (JobStatus.CANCELLED, usage_of(3, 3))
     assert tokens.late_reads == []  # FINISH's reply said what it met
 
 
@@ -74,10 +74,11 @@ async def test_a_result_failed_for_its_size_has_a_final_that_says_so(
     assert (final.status, final.error) == (JobStatus.FAILED, error)
 
 
-async def test_finish_keeps_a_run_of_a_cancelled_job_not_its_end(aredis: aioredis.Redis) -> None:
+async def test_finish_drops_a_result_made_after_its_jobs_cancel(aredis: aioredis.Redis) -> None:
     """Straight through the writer, as a micro-batch's or a Batch API item's write-back: results
-    that meet records the API cancelled are not written, say so, and leave their runs there, not
-    their ends (the error a batch's cancel wrote, its `finished`)."""
+    that meet records the API cancelled are not written, say so, and leave the records as the
+    cancel wrote them (the error a batch's cancel wrote, its `finished`): no outputs made for no
+    one."""
     store = JobStore(aredis, KEYS, 60)
     for job_id in ("r20-ok", "r20-bad"):
         await store.create(RequestEntry(job_id, PAYLOAD, now_ms()), PARTITION.bulk, {})
@@ -99,7 +100,7 @@ async def test_finish_keeps_a_run_of_a_cancelled_job_not_its_end(aredis: aioredi
     assert [f.met for f in finishes] == ["cancelled", "cancelled"]
     kept, failed = await _record(store, "r20-ok"), await _record(store, "r20-bad")
     assert (kept.status, failed.status) == (JobStatus.CANCELLED, JobStatus.CANCELLED)
-    assert kept.fields["outputs"] == outputs and failed.fields["batch_size"] == "2"
+    assert "outputs" not in kept.fields and "batch_size" not in failed.fields
     assert failed.fields["error"] == '{"by": "batch"}'
     assert kept.fields["finished"] == ended["r20-ok"]["finished"]
     assert "write_id" not in kept.fields
