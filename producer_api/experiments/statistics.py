@@ -122,14 +122,16 @@ def versus(
         "variant": max(min_samples - other.requests, 0),
     }
     enough = not any(needed.values())
-    words = [_success_words(baseline_name, baseline, other, p_success)]
-    if u is None or p_latency is None:
-        words.append(
-            f"service time: too few timed samples to test ({len(mine)} vs {len(theirs)}, "
-            f"at least {min_samples} per arm)"
+    if not enough:
+        verdict = _not_enough_words(baseline_name, needed, min_samples)
+    elif u is None or p_latency is None:
+        verdict = (
+            f"{_success_words(baseline_name, baseline, other, p_success)}; service time: too few"
+            f" timed samples to test ({len(mine)} vs {len(theirs)}, at least {min_samples} per arm)"
         )
     else:
-        words.append(_latency_words(baseline_name, theirs, mine, u, p_latency))
+        latency = _latency_words(baseline_name, theirs, mine, u, p_latency)
+        verdict = f"{_success_words(baseline_name, baseline, other, p_success)}; {latency}"
     return {
         "baseline": baseline_name,
         "success_rate_test": test,
@@ -139,9 +141,7 @@ def versus(
         "latency_p": p_latency,
         "status": "ok" if enough else "insufficient_data",
         "samples_needed": needed,
-        "verdict": "; ".join(words)
-        if enough
-        else _not_enough_words(baseline_name, needed, min_samples),
+        "verdict": verdict,
     }
 
 
