@@ -188,8 +188,11 @@ class JobsService:
         start_by = StartBy.of(config, entry.enqueued_ms, entry.deadline_ms)
         max_ahead = eta.max_ahead(config, variant, bulk, start_by)
         try:
-            if (stalled := eta.stalled_ahead(config, variant, bulk, start_by)) is not None:
-                raise TooFarBack(stream, stalled)  # ENQUEUE admits it with none ahead
+            # a stall lets none wait ahead (0), which ENQUEUE admits on an empty lane: looked
+            # at only then, not on every submit
+            stalled = eta.stalled_ahead(config, variant, bulk, start_by) if max_ahead == 0 else None
+            if stalled is not None:
+                raise TooFarBack(stream, stalled)
             return await self.state.job_store.create(
                 entry,
                 stream,
