@@ -20,7 +20,8 @@ The stream triggers carry what KEDA cannot learn from the Secret's `address`: th
 URL names (`databaseIndex`; without it KEDA reads DB 0, sees no stream and holds the pools at
 their minimum) and TLS for a `rediss://` URL (`enableTLS`; `unsafeSsl` too where its
 `ssl_cert_reqs=none` has the pods skip the certificate check). The password never goes in: KEDA
-reads it from the Secret through the TriggerAuthentication."""
+reads it from the Secret through the TriggerAuthentication, and a private CA or client
+certificate the URL makes the pods read from the Secret that `--redis-tls-secret` names."""
 
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ _DNS_LABEL_MAX = 63
 _HPA_MAX_WINDOW_S = 3600  # the HPA rejects longer stabilization windows
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 PROMETHEUS_URL = "http://prometheus-server.monitoring.svc"  # the prometheus Helm chart's Service
+DEFAULT_NAMESPACE = "conveyor"  # where the URLs and queries of a render without one point
+# Keys of the Secret `--redis-tls-secret` names (a `kubernetes.io/tls` Secret, cert-manager's).
+TLS_SECRET_KEYS = {"ca": "ca.crt", "cert": "tls.crt", "key": "tls.key"}
 
 
 def dns_label(*parts: str) -> str:
@@ -81,27 +85,60 @@ class MetricSources:
 
     @classmethod
     def for_namespace(cls, namespace: str | None) -> MetricSources:
-        return cls(producer_url=f"http://producer.{namespace or 'conveyor'}.svc")
+        return cls(producer_url=f"http://producer.{namespace or DEFAULT_NAMESPACE}.svc")
+
+
+class RedisTargetError(ValueError):
+    """CONVEYOR_REDIS_URL asks for TLS that KEDA's scaler cannot be given as rendered."""
 
 
 @dataclass(frozen=True, slots=True)
 class RedisTarget:
     """What of CONVEYOR_REDIS_URL KEDA needs besides the Secret's address and password: its
     database, whether it is TLS, whether it names an ACL user (whose name KEDA then reads
-    from the Secret's `username`; the values themselves never go into the manifest), and
-    whether its TLS skips the certificate check (`ssl_cert_reqs=none`, a self-signed server)."""
+    from the Secret's `username`; the values themselves never go into the manifest), whether
+    its TLS skips the certificate check (`ssl_cert_reqs=none`, a self-signed server), and which
+    of KEDA's TLS parameters (`ca`, `cert`, `key`) it reads from the Secret `tls_secret`."""
 
     db: int = 0
     tls: bool = False
     user: bool = False
     unverified: bool = False
+    tls_secret: str | None = None
+    tls_files: tuple[str, ...] = ()
 
     @classmethod
-    def of_url(cls, url: str) -> RedisTarget:
+    def of_url(cls, url: str, tls_secret: str | None = None) -> RedisTarget:
+        """Raises RedisTargetError for TLS KEDA would fail every handshake of: files the pods
+        read (a private CA, a client certificate) with no Secret to hand KEDA them, or a
+        hostname check skipped alone, which KEDA's scaler cannot do."""
         parsed = parse_url(url)
         tls = parsed.get("connection_class") is SSLConnection
         unverified = tls and parsed.get("ssl_cert_reqs") == "none"  # redis-py's spelling only
-        return cls(int(parsed.get("db") or 0), tls, bool(parsed.get("username")), unverified)
+        if tls and not unverified and parsed.get("ssl_check_hostname") is False:
+            raise RedisTargetError(
+                "CONVEYOR_REDIS_URL has ssl_check_hostname=false, and KEDA's redis scaler cannot "
+                "skip the hostname check alone (it would fail every handshake): give Redis a "
+                "certificate naming the Secret's address and drop ssl_check_hostname, or skip "
+                "certificate checks altogether with ssl_cert_reqs=none (KEDA's unsafeSsl)"
+            )
+        files = _tls_files(parsed) if tls else ()
+        if unverified:
+            files = tuple(f for f in files if f != "ca")  # unsafeSsl checks no chain
+        if files and tls_secret is None:
+            raise RedisTargetError(
+                f"CONVEYOR_REDIS_URL names TLS files KEDA cannot read from the pods "
+                f"({', '.join(files)}): pass --redis-tls-secret NAME, a Secret in the "
+                f"ScaledObjects' namespace holding "
+                f"{', '.join(TLS_SECRET_KEYS[f] for f in files)} (a kubernetes.io/tls Secret)"
+            )
+        if tls_secret is not None and not files:
+            raise RedisTargetError(
+                "--redis-tls-secret: CONVEYOR_REDIS_URL is not rediss:// with ssl_ca_certs or "
+                "ssl_certfile, so KEDA has nothing to read from that Secret"
+            )
+        user = bool(parsed.get("username"))
+        return cls(int(parsed.get("db") or 0), tls, user, unverified, tls_secret, files)
 
     def metadata(self, cluster: bool) -> dict[str, str]:
         """The triggers' connection metadata: a cluster has database 0 only. A certificate the
@@ -131,13 +168,14 @@ def pool_triggers(
     sources: MetricSources | None = None,
     cluster: bool = False,
     redis: RedisTarget = RedisTarget(),
+    namespace: str | None = None,
 ) -> list[dict[str, Any]]:
     """One `streamLength` trigger per lane, both scaling on the model's lag_per_replica, on
     `redis`'s database; or, for `metric: backlog_seconds`, one trigger on the pool's seconds of
-    backlog."""
+    backlog in `namespace`."""
     hints = config.autoscaling
     if hints.metric == "backlog_seconds":
-        return [backlog_trigger(config, variant, sources or MetricSources())]
+        return [backlog_trigger(config, variant, sources or MetricSources(), namespace)]
     lanes = (
         ("online", keys.queue(config.name, variant)),
         ("bulk", keys.bulk_queue(config.name, variant)),
@@ -159,17 +197,22 @@ def pool_triggers(
     ]
 
 
-def backlog_trigger(config: ModelConfig, variant: str, sources: MetricSources) -> dict[str, Any]:
+def backlog_trigger(
+    config: ModelConfig, variant: str, sources: MetricSources, namespace: str | None = None
+) -> dict[str, Any]:
     """Active above 0 s (one queued job wakes the pool); AverageValue `target_s` per replica.
     A base URL's trailing `/` is dropped: KEDA sends `…//metrics/backlog/…` as written, and the
-    producer answers that path 404."""
+    producer answers that path 404. The Prometheus query keeps to the pool's namespace (the
+    `namespace` label scraped pods carry): dev and prod seen by one Prometheus shared a backlog,
+    and each scaled on the larger one."""
     backlog = config.autoscaling.backlog
     target = f"{backlog.target_s:.15g}"  # as written: `:g` kept six digits (1234.57)
     if backlog.scaler == "prometheus":
-        # Every producer reports the same value (it is read from Redis): take one.
-        query = (
-            f'max(conveyor_backlog_scaling_seconds{{model="{config.name}",variant="{variant}"}})'
-        )
+        # Every producer reports the same value (it is read from Redis): take one. The
+        # namespace comes first: the dev overlay rewrites it as the query's second `"` field.
+        labels = f'namespace="{namespace or DEFAULT_NAMESPACE}",'
+        labels += f'model="{config.name}",variant="{variant}"'
+        query = f"max(conveyor_backlog_scaling_seconds{{{labels}}})"
         metadata = {
             "serverAddress": sources.prometheus_url.rstrip("/"),
             "query": query,
@@ -223,6 +266,7 @@ def scaled_object(
                 sources or MetricSources.for_namespace(namespace),
                 cluster,
                 redis,
+                namespace,
             ),
         },
     }
@@ -234,10 +278,16 @@ def trigger_authentication(
     """KEDA reads the Redis address (`addresses` of a cluster's nodes, any subset: the client
     discovers the rest), `password` and, for a URL naming an ACL user, `username` for every
     stream trigger from one Secret (without it KEDA authenticated as the default user with the
-    ACL user's password, refused, and scaled nothing)."""
+    ACL user's password, refused, and scaled nothing); a private CA and a client certificate
+    from `redis.tls_secret`."""
     address = "addresses" if cluster else "address"
     names = (address, "password", *(("username",) if redis.user else ()))
     refs = [{"parameter": p, "name": SECRET_NAME, "key": p} for p in names]
+    # KEDA's `tls` parameter would clash with the triggers' `enableTLS`: only the files here.
+    refs += [
+        {"parameter": f, "name": redis.tls_secret, "key": TLS_SECRET_KEYS[f]}
+        for f in redis.tls_files
+    ]
     return {
         "apiVersion": API_VERSION,
         "kind": "TriggerAuthentication",
@@ -322,6 +372,14 @@ def _metadata(
     if namespace:
         meta["namespace"] = namespace
     return meta
+
+
+def _tls_files(parsed: dict[str, Any]) -> tuple[str, ...]:
+    """KEDA's TLS parameters the URL's files stand for: a CA (file, folder or PEM) and a client
+    certificate with its key."""
+    ca = any(parsed.get(k) for k in ("ssl_ca_certs", "ssl_ca_path", "ssl_ca_data"))
+    client = bool(parsed.get("ssl_certfile"))
+    return (*(("ca",) if ca else ()), *(("cert", "key") if client else ()))
 
 
 def _check_unique(pools: list[tuple[ModelConfig, str]]) -> None:

@@ -202,7 +202,8 @@ def test_backlog_seconds_pools_render_one_valid_trigger_per_scaler():
     assert trigger["metadata"] == {
         "serverAddress": "http://prom.monitoring.svc:9090",
         "query": (
-            'max(conveyor_backlog_scaling_seconds{model="costly.prometheus",variant="default"})'
+            'max(conveyor_backlog_scaling_seconds{namespace="inference",'
+            'model="costly.prometheus",variant="default"})'
         ),
         "threshold": "12.5",
         "activationThreshold": "0",

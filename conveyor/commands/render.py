@@ -9,7 +9,14 @@ from urllib.parse import urlsplit
 
 import click
 
-from autoscaling.keda import PROMETHEUS_URL, MetricSources, RedisTarget, render, to_yaml
+from autoscaling.keda import (
+    PROMETHEUS_URL,
+    MetricSources,
+    RedisTarget,
+    RedisTargetError,
+    render,
+    to_yaml,
+)
 from shared.http_url import is_http_url
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
@@ -18,6 +25,10 @@ from shared.settings import get_settings, valid_key_prefix
 KEDA_FILE = "keda.yaml"
 # A Kubernetes namespace is an RFC 1123 label: anything else renders YAML the API server refuses.
 NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A Secret's name is an RFC 1123 subdomain: labels joined by dots, at most 253 in all.
+SUBDOMAIN = re.compile(
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
 
 
 def _namespace(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
@@ -26,6 +37,14 @@ def _namespace(_ctx: click.Context, _param: click.Parameter, value: str | None) 
         raise click.BadParameter(
             f"{value!r} is not a Kubernetes namespace (lowercase letters, digits and '-', "
             "at most 63, starting and ending with a letter or digit)"
+        )
+    return value
+
+
+def _secret_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not SUBDOMAIN.fullmatch(value):
+        raise click.BadParameter(
+            f"{value!r} is not a Secret name (lowercase letters, digits, '-' and '.')"
         )
     return value
 
@@ -117,6 +136,13 @@ def command() -> None:
     help="Scale on a Redis/Valkey Cluster (redis-cluster-streams triggers, the Secret's "
     "`addresses`) or on one server (default: CONVEYOR_REDIS_CLUSTER).",
 )
+@click.option(
+    "--redis-tls-secret",
+    default=None,
+    callback=_secret_name,
+    help="Secret KEDA reads the TLS files of CONVEYOR_REDIS_URL from (ssl_ca_certs: `ca.crt`; "
+    "ssl_certfile/ssl_keyfile: `tls.crt`/`tls.key`); required when the URL names them.",
+)
 def keda(
     namespace: str | None,
     out: str,
@@ -125,17 +151,22 @@ def keda(
     producer_url: str | None,
     prometheus_url: str,
     redis_cluster: bool | None,
+    redis_tls_secret: str | None,
 ) -> None:
     """TriggerAuthentication plus one ScaledObject per (model, variant), as multi-doc YAML. The
     stream triggers take CONVEYOR_REDIS_URL's database (`databaseIndex`) and TLS
-    (`rediss://`: `enableTLS`); its password stays in the Secret."""
+    (`rediss://`: `enableTLS`); its password stays in the Secret, its CA and client
+    certificate in the one `--redis-tls-secret` names."""
     settings = get_settings()
     repository = ModelRepository.load(model_repository or settings.model_repository)
     keys = Keys(key_prefix if key_prefix is not None else settings.key_prefix)
     default = MetricSources.for_namespace(namespace)
     sources = MetricSources(producer_url or default.producer_url, prometheus_url)
     cluster = settings.redis_cluster if redis_cluster is None else redis_cluster
-    redis = RedisTarget.of_url(settings.redis_url)  # its database and TLS, not its password
+    try:  # its database and TLS, not its password
+        redis = RedisTarget.of_url(settings.redis_url, redis_tls_secret)
+    except RedisTargetError as exc:
+        raise click.ClickException(str(exc)) from None
     text = to_yaml(render(repository, keys, namespace, sources, cluster, redis))
     if out == "-":
         click.echo(text, nl=False)
