@@ -18,6 +18,9 @@ from shared.codec import float32_values
 
 COSINE_THRESHOLD = 0.99
 RAN = ("succeeded", "failed")  # the ends a job reaches by running (a dead letter is failed)
+# every field `Comparison.fields` may hold: one a comparison lacks is dropped from a result that
+# an earlier pair's comparison wrote it to (shared/shadow_pairs.py)
+FIELDS = ("agree", "similarity", "error_delta", "latency_delta_ms")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from shared.codec import as_text, dumps, loads
 from shared.job_store import now_ms
 from shared.keys import Keys
 from shared.redis_client import executed
+from shared.shadow_compare import FIELDS
 
 SETTLE_WITHIN_MS = 60_000  # a page settles in milliseconds; a claim this old was abandoned
 
@@ -152,6 +153,8 @@ class ShadowPairs:
             for pair, comparison in results:
                 key = self.keys.shadow_result(pair.primary_id)
                 pipe.hset(key, items=_flat(_result_fields(page, pair, comparison)))
+                if absent := [name for name in FIELDS if name not in comparison]:
+                    pipe.hdel(key, *absent)  # else the unnamed one kept an earlier shadow's
                 pipe.expire(key, self.ttl_s)
             kept = [part for variant, counts in totals.items() for part in (variant, dumps(counts))]
             pipe.hset(self.keys.shadow_page(page), items=kept)
@@ -188,7 +191,7 @@ def _result_fields(page: str, pair: ShadowPair, comparison: Mapping[str, str]) -
     comparison named by the variant (`agree:mirror`), and its `page`; then the same unnamed, with
     both variants, the shape a result of one shadow had. Unnamed only, the second shadow of a
     request compared wrote over the first's comparison, lost to whoever read the result; the
-    unnamed fields are still the last compared shadow's."""
+    unnamed fields are still the last compared shadow's, and `store` drops those it lacks."""
     compared = {"shadow_id": pair.shadow_id, **comparison}
     named = {_named(name, pair): value for name, value in {**compared, "page": page}.items()}
     variants = {"primary_variant": pair.primary_variant, "shadow_variant": pair.shadow_variant}

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from redis.exceptions import RedisError
 
 from shared.codec import RequestEntry
+from shared.job_parameters import ParametersRefused, check_parameters
 from shared.job_store import JobRecord, JobStore, QueueFull, now_ms, stamp_ms
 from shared.keys import Keys, new_job_id
 from shared.metrics import SHADOW_COPIES, SHADOW_PAIRS_DROPPED
@@ -64,11 +65,16 @@ class ShadowCopies:
         """Start the sampled copies of one accepted online request; returns at once. None to
         the variant it runs on (a client named a shadow): that was a second job of the same
         variant, and a pair of it with itself, pushing its agreement toward 100 %. One past
-        `max_in_flight` copies is dropped and counted (`busy`), never waited for."""
+        `max_in_flight` copies is dropped and counted (`busy`), never waited for; so is one whose
+        parameters the shadow refuses (`refused`: its own `max_tokens_limit` or backend), as a
+        submit to it would be: a copy bypassed them, its answer cut or run past its limit."""
         for shadow, rate in routes.shadows.items():
             if shadow != variant and rate > 0 and random.random() < rate:
                 if len(self._tasks) >= self.max_in_flight:
                     SHADOW_COPIES.labels(config.name, shadow, "busy").inc()
+                    continue
+                if _refuses(config, shadow, entry):
+                    SHADOW_COPIES.labels(config.name, shadow, "refused").inc()
                     continue
                 task = asyncio.create_task(self._enqueue(config, shadow, entry, variant))
                 self._tasks.add(task)
@@ -117,6 +123,16 @@ class ShadowCopies:
 
     async def stop(self) -> None:
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _refuses(config: ModelConfig, shadow: str, entry: RequestEntry) -> bool:
+    """Whether `shadow`'s submit would refuse the request's parameters (the primary's took
+    them; a generate model's variants may set other limits or backends)."""
+    try:
+        check_parameters(config, shadow, entry.payload.get("parameters") or {})
+    except ParametersRefused:
+        return True
+    return False
 
 
 class ShadowComparisons:
@@ -201,9 +217,9 @@ class ShadowComparisons:
         self, page: list[tuple[ShadowPair, int]], oldest: float
     ) -> tuple[list[Ended], list[tuple[ShadowPair, str]]]:
         """The page's pairs whose two jobs ended (with their records), and those to drop with
-        why, once submitted before `oldest`: a side `vanished` (its hash expired, or the copy
-        was never written: its pair is recorded first), or `too_old`, still running. The rest
-        wait."""
+        why: `vanished` at once if the primary's hash is gone (it is written before its pair:
+        it expired), else once submitted before `oldest` if the copy's is (the copy is written
+        after its pair: young, it may be yet), or `too_old`, still running. The rest wait."""
         ids = [job_id for pair, _ in page for job_id in (pair.primary_id, pair.shadow_id)]
         records = await self.jobs.get_many(ids)
         both = zip(records[::2], records[1::2], strict=True)
@@ -211,7 +227,7 @@ class ShadowComparisons:
         dropped: list[tuple[ShadowPair, str]] = []
         for (pair, at_ms), (primary, shadow) in zip(page, both, strict=True):
             if primary is None or shadow is None:
-                if at_ms < oldest:  # a younger pair's copy may be written yet
+                if primary is None or at_ms < oldest:  # a younger pair's copy may be written yet
                     dropped.append((pair, "vanished"))
             elif primary.status.terminal and shadow.status.terminal:
                 ended.append((pair, primary, shadow))
