@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from producer_api.batch_api.protocol import BatchItemBody, BatchLine
@@ -75,7 +76,7 @@ class ParsedBatch:
     model: str | None
     build: Build
     readers: Mapping[str, Reader]
-    max_depth: int
+    max_depth: int  # CONVEYOR_MAX_JSON_DEPTH: of a line's body, as of the route's
     max_lines: int
     max_line_bytes: int  # CONVEYOR_MAX_BODY_BYTES: what the route a line names takes of a body
     url: str | None = None
@@ -101,9 +102,9 @@ class ParsedBatch:
             message = "custom_id already used by an earlier line"
             raise LineError("duplicate_custom_id", message, line.custom_id)
         self._seen.add(line.custom_id)
-        if len(raw) > self.max_line_bytes:
+        if (size := _body_bytes(raw, line, self.max_line_bytes)) > self.max_line_bytes:
             message = (
-                f"line is {len(raw)} bytes, over CONVEYOR_MAX_BODY_BYTES ({self.max_line_bytes}):"
+                f"body is {size} bytes, over CONVEYOR_MAX_BODY_BYTES ({self.max_line_bytes}):"
                 " a job's body is held to it here as on the route the line names"
             )
             raise LineError("payload_too_large", message, line.custom_id)
@@ -131,10 +132,19 @@ class ParsedBatch:
         return Item(number, line.custom_id, entry, config, variant)
 
 
+def _body_bytes(raw: bytes, line: BatchLine, limit: int) -> int:
+    """The size of a line's body, as OpenAI's Batch API holds each request's body to its
+    endpoint's limits: the line counted, its `custom_id`, `method` and `url` refused a body the
+    route takes. A line within `limit` is not measured again (its body is no larger)."""
+    return len(raw) if len(raw) <= limit else len(orjson.dumps(line.body))
+
+
 def _line(raw: bytes, max_depth: int) -> BatchLine:
-    """A line is held to what the request boundary asks of a JSON body."""
+    """A line's body is held to what the request boundary asks of a JSON body, its depth
+    counted from the body (the line's own object is one level more): a body the route takes
+    was refused as a line. A line's other fields are strings (`BatchLine` refuses the rest)."""
     try:
-        obj = parse_json(raw, max_depth)
+        obj = parse_json(raw, max_depth + 1)
     except ValueError as exc:  # UnstorableJson, JSONDecodeError, UnicodeDecodeError
         raise LineError("invalid_json", f"not acceptable JSON: {exc}") from None
     custom_id = obj.get("custom_id") if isinstance(obj, dict) else None

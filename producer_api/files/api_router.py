@@ -123,12 +123,13 @@ def attachment(filename: str) -> dict[str, str]:
     """RFC 6266's Content-Disposition, so a browser or `curl -OJ` saves a download under its
     name: `filename*` the name (UTF-8, percent-encoded), `filename` an ASCII stand-in
     for clients that read only that. Sent raw, a quote, a backslash or a newline in an
-    uploaded name would end or split the header, and non-ASCII is not a header's. A `/`
+    uploaded name would end or split the header, and non-ASCII is not a header's; a `%`
+    neither (RFC 6266 D: clients that percent-decode `filename` saved `a%20b` as `a b`). A `/`
     and a `\\` (a Windows client's separator) are made `_` in both: an uploaded `../../x.jsonl`
     named so was saved outside the folder by a client that takes the name as given."""
     segment = filename.replace("/", "_").replace("\\", "_")
     plain = "".join(
-        char if char.isascii() and char.isprintable() and char not in '"\\' else "_"
+        char if char.isascii() and char.isprintable() and char not in '"\\%' else "_"
         for char in segment
     )
     extended = quote(segment, safe="")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -25,8 +26,30 @@ FILE_ID = re.compile(r"file-[0-9a-f]{32}")  # matched whole: `$` lets a trailing
 MAX_FILENAME_BYTES = 255  # UTF-8; a name is stored with its file (multipart allows ~4 KB)
 
 
+# OpenAI's `param` for the file a retrieve, content or delete names: with it a refusal answers
+# in OpenAI's shape (`invalid_request_error`), which OpenAI's SDKs read its message from.
+FILE_PARAM = "id"
+
+
 def not_found(file_id: str) -> ConveyorError:
-    return ConveyorError(404, "not_found", f"file {file_id} not found")
+    return ConveyorError(404, "not_found", f"file {file_id} not found", param=FILE_PARAM)
+
+
+@contextmanager
+def naming_the_file(file_id: str) -> Iterator[None]:
+    """A batch's refusal of its output or errors file (404 unknown or expired, 409 not ended)
+    as the file's, naming it: the batch's own answered in Conveyor's shape on the Files API,
+    and an unknown batch's 404 named the batch, not the file the client asked for."""
+    try:
+        yield
+    except ConveyorError as exc:
+        if exc.param is not None or exc.code is not None:
+            raise
+        if exc.status == 404 and file_id not in exc.message:
+            raise not_found(file_id) from None
+        raise ConveyorError(
+            exc.status, exc.type, exc.message, exc.headers, exc.details, FILE_PARAM
+        ) from None
 
 
 def file_object(file_id: str, fields: dict[str, str]) -> dict[str, Any]:
@@ -138,8 +161,12 @@ class FilesService:
     async def get(self, file_id: str) -> dict[str, Any]:
         """An uploaded file's object, or an ended batch's output or errors file's."""
         if named := BATCH_FILE.fullmatch(file_id):
-            return await BatchApiService(self.state, self.principal).file_object(*named.groups())
+            with naming_the_file(file_id):
+                return await self._batches().file_object(*named.groups())
         return await self._uploaded(file_id)
+
+    def _batches(self) -> BatchApiService:
+        return BatchApiService(self.state, self.principal)
 
     async def _uploaded(self, file_id: str) -> dict[str, Any]:
         [found] = await self._owned([file_id]) if FILE_ID.fullmatch(file_id) else [None]
@@ -169,7 +196,8 @@ class FilesService:
         it has ended (OpenAI's clients delete them after reading), 409 before, 404 once the
         file expired (as its retrieve and content answer)."""
         if named := BATCH_FILE.fullmatch(file_id):
-            await BatchApiService(self.state, self.principal).kept(*named.groups())
+            with naming_the_file(file_id):
+                await self._batches().kept(*named.groups())
             return {"id": file_id, "object": "file", "deleted": False}
         await self._uploaded(file_id)
         if not await self.store.delete(file_id):  # a concurrent delete dropped it first
@@ -191,5 +219,6 @@ class FilesService:
         or an ended batch's output or errors file, its lines as they are read (409 before it
         ends)."""
         if named := BATCH_FILE.fullmatch(file_id):
-            return await BatchApiService(self.state, self.principal).file(named[1], named[2])
+            with naming_the_file(file_id):
+                return await self._batches().file(named[1], named[2])
         return await self._stored(file_id)

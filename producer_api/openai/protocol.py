@@ -3,9 +3,10 @@ serves them.
 Fields OpenAI defines that Conveyor does not honour (a chat's echo, suffix, best_of, logit_bias,
 response_format, tool_choice, function_call, logprobs, top_logprobs), and vLLM's own that change
 its answer (guided decoding and structured outputs, beam search, token id lists, prompt
-logprobs, chat template settings), are refused unless left at their defaults, where the client
-would otherwise get another answer than it asked for (other text, or plain text where its SDK
-reads JSON, a tool or function call or logprobs); `tools` (and the deprecated `functions`) alone
+logprobs, chat template settings, prompt truncation, special tokens, priority), are refused
+unless left at their defaults, where the client would otherwise get another answer than it
+asked for (other text, or plain text where its SDK reads JSON, a tool or function call or
+logprobs); `tools` (and the deprecated `functions`) alone
 leave the choice to the model (`auto`), which answers in text,
 so they are accepted and ignored."""
 
@@ -66,9 +67,32 @@ def _one_choice(value: Any) -> Any:
 OnlyZero = Annotated[Literal[0], _json_type(int)]
 OnlyFalse = Annotated[Literal[False], _json_type(bool)]
 OnlyTrue = Annotated[Literal[True], _json_type(bool)]
+
+
+def _not_served(value: Any) -> Any:
+    """Says why, where pydantic's "Input should be None" read as a wrong type."""
+    if value is not None:
+        raise PydanticCustomError("not_served", "vLLM's parameter; not served here: only null")
+    return value
+
+
 # A field of vLLM's server that Conveyor does not serve: only null (its default) is taken.
-NotServed = Annotated[None, Field(description="vLLM's; not served: only null")]
+NotServed = Annotated[
+    None, BeforeValidator(_not_served), Field(description="vLLM's; not served: only null")
+]
 Nothing = Annotated[list[Any], Field(max_length=0)]  # only an empty list
+
+
+class VllmRequest(BaseModel):
+    """vLLM's own fields that its generate and embeddings routes both take, refused unless left
+    at their defaults rather than ignored: the prompt's truncation (`truncate_prompt_tokens`,
+    vLLM's keeps its last N tokens) is the worker's tokenizer's to do and it does none, a
+    `priority` would not reorder a queue whose lanes are Conveyor's, and processor arguments
+    are for models Conveyor does not serve."""
+
+    truncate_prompt_tokens: NotServed = None
+    priority: OnlyZero | None = Field(default=None, description="vLLM's; not served: only 0")
+    mm_processor_kwargs: NotServed = None
 
 
 # A model's name as OpenAI's clients send it: any name, one no model has being unknown (404, as
@@ -120,7 +144,7 @@ class TextFormat(BaseModel):
     type: Literal["text"]
 
 
-class SamplingRequest(SamplingParameters):
+class SamplingRequest(SamplingParameters, VllmRequest):
     """What both endpoints share: the model, sampling (a job's bounds, vLLM's extra parameters
     with them: `extra_body` in OpenAI's SDK), streaming, and Conveyor's `variant`. `user`
     doubles as the routing key, so one user stays on one variant. A null is OpenAI's default,
@@ -158,6 +182,14 @@ class SamplingRequest(SamplingParameters):
     allowed_token_ids: Nothing | None = None
     bad_words: Nothing | None = None
     stop_token_ids: Nothing | None = None
+    # vLLM's detokenizing and output fields: its answer's text (special tokens) or its shape
+    # (token ids) would differ
+    skip_special_tokens: OnlyTrue | None = None
+    spaces_between_special_tokens: OnlyTrue | None = None
+    return_tokens_as_token_ids: OnlyFalse | None = None
+    return_token_ids: OnlyFalse | None = None
+    logits_processors: NotServed = None
+    vllm_xargs: NotServed = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)
@@ -288,6 +320,10 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: OnlyTrue | None = None
     continue_final_message: OnlyFalse | None = None
     echo: OnlyFalse | None = None
+    # vLLM's chat default: the template adds the special tokens
+    add_special_tokens: OnlyFalse | None = None
+    documents: NotServed = None
+    media_io_kwargs: NotServed = None
 
     def inputs(self) -> dict[str, Any]:
         return {"messages": [message.as_input() for message in self.messages]}
@@ -356,6 +392,8 @@ class CompletionRequest(SamplingRequest):
     suffix: Literal[""] | None = Field(default=None, description="Not supported: only empty")
     # 0 still asks for the chosen tokens' logprobs (OpenAI's and vLLM's answer carries them)
     logprobs: None = Field(default=None, description="Not supported: only null")
+    add_special_tokens: OnlyTrue | None = None  # vLLM's completions default
+    prompt_embeds: NotServed = None
 
     @field_validator("max_tokens", mode="after")
     @classmethod
@@ -459,10 +497,12 @@ TEXT_ONLY = (
 )
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(VllmRequest):
     """OpenAI's embeddings request. `input` is text (one string or a list): the model tokenises
     it itself, so token arrays are refused. `dimensions` (shortened vectors) is refused unless
-    the model's vectors could be cut, which minilm's cannot."""
+    the model's vectors could be cut, which minilm's cannot. vLLM's pooling fields are taken
+    at the defaults the engine answers with (special tokens added, vectors as the model pools
+    them, base64 as little-endian float32), refused otherwise."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -477,6 +517,13 @@ class EmbeddingRequest(BaseModel):
     dimensions: int | None = Field(default=None, ge=1, strict=True)
     user: str | None = Field(default=None, max_length=256)
     variant: str | None = Field(default=None, pattern=NAME, description="Conveyor: a variant")
+    add_special_tokens: OnlyTrue | None = None
+    truncation_side: NotServed = None
+    padding: NotServed = None
+    use_activation: OnlyTrue | None = None
+    normalize: OnlyTrue | None = None  # vLLM's older name for use_activation
+    embed_dtype: Literal["float32"] | None = None
+    endianness: Literal["native", "little"] | None = None
 
     def inputs(self) -> dict[str, Any]:
         """The job's inputs for a model of `task: embed`."""
