@@ -1,9 +1,9 @@
 """The one owner of canary state in Redis: `cv:canary:{model}` (hash, `doc`: the rollout as
-JSON, `start_call`: the token of the call that started it), its decisions
-`cv:canary:{model}:events` (list), `cv:canaries` (set of models with one running) and
-`cv:canary:{model}:lock` (a decision, a start, an abort: one at a time). State lives here, not in
-a process, so a canary outlives the producer that drives it: whichever producer leads next picks
-it up where it stood."""
+JSON, `start_call` and `save_call`: the tokens of the calls that started it and saved it last),
+its decisions `cv:canary:{model}:events` (list), `cv:canaries` (set of models with one running)
+and `cv:canary:{model}:lock` (a decision, a start, an abort: one at a time). State lives here,
+not in a process, so a canary outlives the producer that drives it: whichever producer leads
+next picks it up where it stood."""
 
 from __future__ import annotations
 
@@ -43,16 +43,31 @@ redis.call('SADD', KEYS[2], ARGV[2])
 redis.call('DEL', KEYS[3])
 return 1
 """
-# KEYS[1]=canary hash, KEYS[2]=active set, KEYS[3] (fenced saves only)=traffic lease; ARGV:
-# doc JSON, the model to drop from the active set ('' while running), the lease's owner. A
-# leader's save is refused once its lease is another's (a pause past it let a second leader
-# decide): checked and written in one step, so a stale leader never writes over the new one's.
+# KEYS[1]=canary hash, KEYS[2]=active set, KEYS[3]=events, KEYS[4] (fenced saves only)=traffic
+# lease; ARGV: doc JSON, the model to drop from the active set ('' while running), the decision's
+# event JSON ('' none), EVENTS_KEPT, the call's token, the lease's owner. A leader's save is
+# refused once its lease is another's (a pause past it let a second leader decide): checked and
+# written in one step, so a stale leader never writes over the new one's. The event is written
+# in the same step: recorded after the save, a Redis error between the two lost it for good (the
+# next look found the record as decided, nothing to take up), an ended canary's last word among
+# them. A save whose token is the last one's is its own, rerun (its reply was lost): the client
+# resends scripts, and its event was logged twice.
 _SAVE = """
-if KEYS[3] and redis.call('GET', KEYS[3]) ~= ARGV[3] then return 0 end
-redis.call('HSET', KEYS[1], 'doc', ARGV[1])
+if redis.call('HGET', KEYS[1], 'save_call') == ARGV[5] then return 1 end
+if KEYS[4] and redis.call('GET', KEYS[4]) ~= ARGV[6] then return 0 end
+redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'save_call', ARGV[5])
 if ARGV[2] ~= '' then redis.call('SREM', KEYS[2], ARGV[2]) end
+if ARGV[3] ~= '' then
+  redis.call('RPUSH', KEYS[3], ARGV[3])
+  redis.call('LTRIM', KEYS[3], -tonumber(ARGV[4]), -1)
+end
 return 1
 """
+
+
+def _call_token() -> str:
+    """A script call's own token, by which its rerun (the client resends scripts) knows itself."""
+    return uuid.uuid4().hex[:16]
 
 
 class NotLeading(Exception):
@@ -118,7 +133,7 @@ class CanaryStore:
         script whose reply was lost)."""
         model = canary.model
         keys = [self.keys.canary(model), self.keys.canaries_active, self.keys.canary_events(model)]
-        args: list[EncodableT] = [canary.to_json(), canary.model, uuid.uuid4().hex[:16]]
+        args: list[EncodableT] = [canary.to_json(), canary.model, _call_token()]
         return bool(await self._start(keys=keys, args=args))
 
     def lock(self, model: str, wait_s: float | None) -> Lock:
@@ -139,28 +154,30 @@ class CanaryStore:
         raw = await self.redis.hget(self.keys.canary(model), "doc")
         return Canary.of(raw) if raw is not None else None
 
-    async def save(self, canary: Canary, lease: LeaderLock | None = None) -> None:
-        """Store its new state; a canary that ended leaves the active set. `lease`: the
-        leader's, which must still be its own (NotLeading); None for a start or an abort, which
-        any producer may make."""
-        keys = [self.keys.canary(canary.model), self.keys.canaries_active]
-        ended = canary.model if canary.state != "running" else ""
-        args: list[EncodableT] = [canary.to_json(), ended]
+    async def save(
+        self, canary: Canary, lease: LeaderLock | None = None, event: dict[str, Any] | None = None
+    ) -> None:
+        """Store its new state and the `event` that decided it, if any, in one step; a canary
+        that ended leaves the active set. `lease`: the leader's, which must still be its own
+        (NotLeading); None for a start or an abort, which any producer may make."""
+        model = canary.model
+        keys = [self.keys.canary(model), self.keys.canaries_active, self.keys.canary_events(model)]
+        ended = model if canary.state != "running" else ""
+        args: list[EncodableT] = [
+            canary.to_json(),
+            ended,
+            dumps(event) if event else "",
+            EVENTS_KEPT,
+            _call_token(),
+        ]
         if lease is not None:
             keys.append(lease.key)
             args.append(lease.owner)
         if not await self._save(keys=keys, args=args):
-            raise NotLeading(canary.model)
+            raise NotLeading(model)
 
     async def active(self) -> list[str]:
         return sorted(as_text(m) for m in await self.redis.smembers(self.keys.canaries_active))
-
-    async def record(self, model: str, event: dict[str, Any]) -> None:
-        key = self.keys.canary_events(model)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.rpush(key, dumps(event))
-            pipe.ltrim(key, -EVENTS_KEPT, -1)
-            await pipe.execute()
 
     async def events(self, model: str, limit: int = 100) -> list[dict[str, Any]]:
         rows = await self.redis.lrange(self.keys.canary_events(model), -limit, -1)

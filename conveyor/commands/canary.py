@@ -12,6 +12,7 @@ from conveyor.client.admin_http import admin_call, clock
 from conveyor.client.calls import segment
 from conveyor.client.cli_options import connection_options
 from conveyor.finite_float import FiniteFloat
+from shared.canary_steps import INTERVAL_MAX_S, MAX_STEP_MAX_S, MAX_STEP_MIN_S, steps_refusal
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -29,20 +30,41 @@ def seconds(_ctx: click.Context, _param: click.Parameter, text: str | None) -> f
     return float(match[1]) * _UNITS[match[2] or "s"]
 
 
+def _within(text: str | None, value: float | None, low: float, high: float, open_low: bool) -> None:
+    """Refuse a duration outside the producer's bounds (shared/canary_steps.py), naming the
+    option: `--max-step 10s` or `--interval 0s` went to the producer, whose 422 read as an
+    outage (exit 1) while it was down."""
+    if value is None or (low < value <= high) or (value == low and not open_low):
+        return
+    least = "more than" if open_low else "at least"
+    raise click.BadParameter(f"{text!r}: {least} {low:g} s and at most {high:g} s")
+
+
+def interval(ctx: click.Context, param: click.Parameter, text: str) -> float | None:
+    """`--interval`'s seconds, within the producer's bounds for `interval_s`."""
+    value = seconds(ctx, param, text)
+    _within(text, value, 0.0, INTERVAL_MAX_S, open_low=True)
+    return value
+
+
+def max_step(ctx: click.Context, param: click.Parameter, text: str | None) -> float | None:
+    """`--max-step`'s seconds, within the producer's bounds for `max_step_s`."""
+    value = seconds(ctx, param, text)
+    _within(text, value, MAX_STEP_MIN_S, MAX_STEP_MAX_S, open_low=False)
+    return value
+
+
 def steps(_ctx: click.Context, _param: click.Parameter, text: str) -> list[float]:
     """`--steps` as percents; a callback, so a refusal names the option. Held to the
-    producer's rule here: a `nan` failed as the body was written, naming no option, and `-5`
-    or `50,25` only at the producer, an outage's exit code when it was down."""
-    hint = (
-        f"{text!r}: ascending percents in (0, 100] like 5,25,50,100 (every number must be finite)"
-    )
+    producer's rule (shared/canary_steps.py) here: a `nan` failed as the body was written,
+    naming no option, and `-5`, `50,25` or `5,5.0000005` only at the producer, an outage's
+    exit code when it was down."""
     try:
         percents = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise click.BadParameter(hint) from None
-    in_range = all(0 < percent <= 100 for percent in percents)  # False for nan too
-    if not percents or not in_range or percents != sorted(set(percents)):
-        raise click.BadParameter(hint)
+        percents = []  # refused below, as no steps are
+    if (why := steps_refusal(percents)) is not None:
+        raise click.BadParameter(f"{text!r}: {why}")
     return percents
 
 
@@ -86,7 +108,7 @@ def print_canary(view: dict[str, Any], events: int) -> None:
     help="The variant's percents of traffic, one per step, ascending to at most 100.",
 )
 @click.option(
-    "--interval", default="60s", show_default=True, callback=seconds, help="Time per step."
+    "--interval", default="60s", show_default=True, callback=interval, help="Time per step."
 )
 @click.option(
     "--max-error-rate",
@@ -112,7 +134,7 @@ def print_canary(view: dict[str, Any], events: int) -> None:
 @click.option(
     "--max-step",
     default=None,
-    callback=seconds,
+    callback=max_step,
     help="How long a step may stay short of --min-requests before it rolls back"
     " (default: 5 intervals, at least 120s).",
 )

@@ -1,12 +1,13 @@
 """Drives running canaries, one decision per look (the traffic leader looks every LOOK_S): the
 first step at start; the next step once the step has lasted `interval_s` with `min_requests` seen
-and the bounds held; a rollback to 0 % the moment `min_requests` are seen and a bound is broken
-(error rate above the baseline's by more than `max_error_rate`, or the p99 of at least
-`min_requests` online jobs above `max_p99_ms`); completion after a healthy interval at the last
-step. A baseline short of `min_requests` in the step (at 100 % it gets no traffic) is taken over
-the whole canary, and if still short, the canary's error rate is held to `max_error_rate` itself.
-Every decision is an event with its numbers, and a `model.canary.*` webhook when the canary has
-one. A step still short of `min_requests` after `max_step_s` rolls back (its variant's workers may
+(and as many online jobs, so its p99 was judged) and the bounds held; a rollback to 0 % the
+moment `min_requests` are seen and a bound is broken (error rate above the baseline's by more
+than `max_error_rate`, or the p99 of at least `min_requests` online jobs above `max_p99_ms`);
+completion after a healthy interval at the last step. A baseline short of `min_requests` in the
+step (at 100 % it gets no traffic) is taken over the whole canary, and if still short, the
+canary's error rate is held to `max_error_rate` itself. Every decision is an event with its
+numbers, and a `model.canary.*` webhook when the canary has one. A step still short of
+`min_requests` (or of online jobs) after `max_step_s` rolls back (its variant's workers may
 never take a job); live routes that no longer give the variant the canary's weight (an operator
 changed them) abort it, leaving them as they are, and so does a config.yaml that no longer serves
 its variant or baseline."""
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 from redis.exceptions import LockError, RedisError
 
+from shared.canary_steps import WEIGHT_SLACK
 from shared.canary_store import Canary, CanaryState, CanaryStore, NotLeading, stamp
 from shared.leader_lock import LeaderLock
 from shared.metrics import CANARY_STATE, CANARY_WEIGHT, hide
@@ -39,7 +41,7 @@ STATES: tuple[CanaryState, ...] = ("running", "completed", "rolled_back", "abort
 TURN_WAIT_S = 5.0  # a decision holds the model's canary lock for milliseconds
 ABORT_TRIES = 3  # an abort whose routes write meets a concurrent change reads them again
 LONGEST_LOOK_S = 6 * 3600.0  # of a step's window read per look, unless its interval is longer
-WEIGHT_SLACK = 1e-6  # percent: live routes that differ by more were changed by someone else
+UNJUDGED_P99 = "its p99 was never judged (Batch API items have none of their own)"
 RATE_DIGITS = 6  # of an error rate, as a decision's numbers show it
 RATIO_SLACK = 1e-9  # of the others' shares: the same ratios, but for the scaling's rounding
 # The traffic lease the look under way decides under: its writes are the leader's, fenced by
@@ -100,16 +102,16 @@ def since(canary: Canary, began: float) -> float:
     return max(first_bucket_after(began), time.time() - longest)
 
 
-def starved(canary: Canary, requests: int) -> str | None:
-    """Why a step short of `min_requests` must roll back: it has been so past `max_step_s`
-    (its variant's workers may never take a job: the jobs of its share wait in its lane, and
-    nothing is ever counted); None while it may wait on."""
+def starved(canary: Canary, short: str, hint: str) -> str | None:
+    """Why a step short of `min_requests` (`short`: of what, `hint`: the likely cause) must roll
+    back: it has been so past `max_step_s` (its variant's workers may never take a job: the
+    jobs of its share wait in its lane, and nothing is ever counted); None while it may wait."""
     waited = time.time() - canary.step_started_at
     if waited <= canary.max_step_s:
         return None
     return (
-        f"{requests} requests in {waited:.0f} s at {canary.weight:g} %, fewer than min_requests"
-        f" {canary.min_requests} within max_step_s {canary.max_step_s:g}: do its workers take jobs?"
+        f"{short} in {waited:.0f} s at {canary.weight:g} %, fewer than min_requests"
+        f" {canary.min_requests} within max_step_s {canary.max_step_s:g}: {hint}"
     )
 
 
@@ -196,7 +198,7 @@ class CanaryController:
         async with self.store.lock(canary.model, wait_s=TURN_WAIT_S):
             if not await self.store.start(canary):
                 return False
-            await self.announce(canary, "started", None, {})
+            await self.announce(canary, "started", None, {})  # saves it again, with its event
             return True
 
     async def abort(self, model: str, reason: str) -> bool:
@@ -242,7 +244,8 @@ class CanaryController:
         began = since(canary, canary.step_started_at)
         seen = await self.step_numbers(canary, began)
         if seen["canary"]["requests"] < canary.min_requests:
-            if reason := starved(canary, seen["canary"]["requests"]):
+            short = f"{seen['canary']['requests']} requests"
+            if reason := starved(canary, short, "do its workers take jobs?"):
                 seen = await self.timed(canary, seen, began)
                 await self.end(canary, "rolled_back", 0.0, reason, seen, read)
             return
@@ -252,6 +255,13 @@ class CanaryController:
         reason = breach(canary, seen["canary"], seen["baseline"])
         if reason is None and time.time() - canary.step_started_at < canary.interval_s:
             return
+        if reason is None and seen["canary"]["p99_ms"] is None:
+            # Mostly Batch API items (no p99 of their own): its latency is not judged yet, and
+            # a step does not pass unjudged (Flagger and Argo Rollouts wait for samples, then
+            # fail as inconclusive); it waits for min_requests online jobs up to max_step_s.
+            reason = starved(canary, "online jobs", UNJUDGED_P99)
+            if reason is None:
+                return
         if not whole_canary:
             seen = await self.timed(canary, seen, began)
         if reason:
@@ -309,8 +319,8 @@ class CanaryController:
         weight = live.weights.get(canary.variant, 0.0)  # Routes hold no -0.0 (shared/routing)
         if abs(weight - canary.weight) <= WEIGHT_SLACK:
             return live
-        if await self._own_write(canary, live.version, weight):
-            await self._resume(canary, live)
+        if (written_as := await self._own_write(canary, live.version, weight)) is not None:
+            await self._resume(canary, live, written_as)
             return None
         reason = (
             f"routes changed outside the canary (version {live.version}): {canary.variant}"
@@ -320,28 +330,37 @@ class CanaryController:
         await self.end(canary, "aborted", weight, reason, {})
         return None
 
-    async def _own_write(self, canary: Canary, version: int, weight: float) -> bool:
+    async def _own_write(self, canary: Canary, version: int, weight: float) -> CanaryState | None:
         """Whether the live routes, giving the variant `weight`, are the canary's own last
         write, its record's save lost (a Redis error, a leader that died between the two): no
         one else changed them. Its write must give that weight too: stored routes a redeploy
-        voided are served as config.yaml's at their version, and were taken for a rollback."""
+        voided are served as config.yaml's at their version, and were taken for a rollback.
+        Returns what wrote them, `aborted` for an abort's and `running` for a step's or a
+        rollback's; None when someone else did."""
         last = await self.routes.history(canary.model, 1)
-        if not last or (last[-1].version, last[-1].by) != (version, _author(canary)):
-            return False
+        if not last or last[-1].version != version:
+            return None
+        authors: dict[str, CanaryState] = {_author(canary, s): s for s in ("running", "aborted")}
+        written_as = authors.get(last[-1].by)
         written = Routes.of(last[-1].new).weights.get(canary.variant, 0.0)
-        return abs(written - weight) <= WEIGHT_SLACK
+        return written_as if abs(written - weight) <= WEIGHT_SLACK else None
 
-    async def _resume(self, canary: Canary, live: Routes) -> None:
-        """Take up the step (or rollback) the canary's routes, `live`, already show, and announce
+    async def _resume(self, canary: Canary, live: Routes, written_as: CanaryState) -> None:
+        """Take up the step, rollback or abort the canary's routes, `live`, already show (an
+        abort's are told apart by their author: it was recorded `rolled_back`), and announce
         it: the lost save was before its announcement, so no event or webhook told of it."""
         weight = live.weights.get(canary.variant, 0.0)
-        if weight <= WEIGHT_SLACK:
-            await self.end(canary, "rolled_back", 0.0, "its rollback's record was lost", {}, live)
+        if written_as == "aborted" or weight <= WEIGHT_SLACK:
+            canary.weight = weight  # at 0 % already: `end` writes no routes again
+            if written_as == "aborted":
+                await self.end(canary, "aborted", 0.0, "its abort's record was lost", {}, live)
+            else:
+                reason = "its rollback's record was lost"
+                await self.end(canary, "rolled_back", 0.0, reason, {}, live)
             return
         steps = [n for n, share in enumerate(canary.steps) if abs(share - weight) <= WEIGHT_SLACK]
         canary.step = steps[0] if steps else canary.step
         canary.weight, canary.step_started_at = weight, time.time()
-        await self.store.save(canary, _LEASE.get())
         await self.announce(canary, "step", "taken up: its record was lost", {})
 
     async def baseline_so_far(self, canary: Canary) -> dict[str, Any]:
@@ -366,7 +385,6 @@ class CanaryController:
         canary.weight = canary.steps[step]
         canary.step_started_at = time.time()
         await self.set_weight(canary, canary.weight, read)
-        await self.store.save(canary, _LEASE.get())
         await self.announce(canary, kind, reason, seen)
 
     async def end(
@@ -381,9 +399,8 @@ class CanaryController:
         """Finish the rollout; a rollback or an abort puts the canary back to 0 % first, from
         `read` as `move` does."""
         if weight != canary.weight:
-            await self.set_weight(canary, weight, read)
+            await self.set_weight(canary, weight, read, state)
         canary.state, canary.weight = state, weight
-        await self.store.save(canary, _LEASE.get())
         await self.announce(canary, state, reason, seen)
 
     async def unrouted(self, canary: Canary) -> str | None:
@@ -407,7 +424,13 @@ class CanaryController:
         routes, _ = await self.routes.served(config)
         return routes
 
-    async def set_weight(self, canary: Canary, percent: float, read: Routes | None) -> None:
+    async def set_weight(
+        self,
+        canary: Canary,
+        percent: float,
+        read: Routes | None,
+        state: CanaryState = "running",
+    ) -> None:
         """Give the variant `percent` of the routes `read`, those a decision judged (None where
         none was: the first step, an abort), conditional on their version: an operator's change
         made since wins (VersionConflict), and the next look aborts the canary on it. Read
@@ -418,7 +441,7 @@ class CanaryController:
         held = self._servable(canary.model, canary.others) or {canary.baseline: 1}
         routes = _restored(current.with_share(canary.variant, percent, held), held)
         await self.routes.put(
-            canary.model, routes, _author(canary), current.version, lease=_LEASE.get()
+            canary.model, routes, _author(canary, state), current.version, lease=_LEASE.get()
         )
 
     def _servable(self, model: str, weights: dict[str, float]) -> dict[str, float]:
@@ -434,8 +457,9 @@ class CanaryController:
     async def announce(
         self, canary: Canary, kind: str, reason: str | None, seen: dict[str, Any]
     ) -> None:
-        """The decision as an event (stored, logged, webhooked); the leader's look shows it in
-        the gauges."""
+        """Save the canary as decided with its decision's event, in one step (an event recorded
+        after the save was lost to a Redis error between the two), then log and webhook it; the
+        leader's look shows it in the gauges. Fenced by the look's lease, as every save is."""
         record = {
             "at": stamp(),
             "type": kind,
@@ -447,7 +471,7 @@ class CanaryController:
             "reason": reason,
             "numbers": seen,
         }
-        await self.store.record(canary.model, record)
+        await self.store.save(canary, _LEASE.get(), record)
         log.info("canary %s:%s %s at %g%%", canary.model, canary.variant, kind, canary.weight)
         if canary.webhook:
             body = event(f"model.canary.{kind}", OPERATOR, record)
@@ -492,6 +516,8 @@ def _restored(routes: Routes, held: dict[str, float]) -> Routes:
     return Routes(routes.weights | held, routes.shadows, routes.sticky_by, routes.version)
 
 
-def _author(canary: Canary) -> str:
-    """Who the route log says wrote the canary's changes."""
-    return f"canary:{canary.variant}"
+def _author(canary: Canary, state: CanaryState = "running") -> str:
+    """Who the route log says wrote the canary's changes, an abort's apart (its routes outlive
+    a lost save of its record, and were then taken up as a rollback's)."""
+    author = f"canary:{canary.variant}"
+    return f"{author} (aborted)" if state == "aborted" else author

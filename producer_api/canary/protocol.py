@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.canary_steps import INTERVAL_MAX_S, MAX_STEP_MAX_S, MAX_STEP_MIN_S
 from shared.model_repository import NAME
 
 
@@ -19,14 +20,14 @@ class CanaryStart(BaseModel):
     variant: str = Field(pattern=NAME)
     baseline: str | None = Field(default=None, description="Default: the model's default variant")
     steps: list[float] = Field(default=[5, 25, 50, 100], min_length=1, max_length=100)
-    interval_s: float = Field(default=60.0, gt=0, le=86_400)
+    interval_s: float = Field(default=60.0, gt=0, le=INTERVAL_MAX_S)
     max_error_rate: float = Field(default=0.01, ge=0, le=1)
     max_p99_ms: float = Field(default=500.0, gt=0)
     min_requests: int = Field(default=200, ge=1)
     max_step_s: float | None = Field(
         default=None,
-        ge=30,  # three 10 s buckets: a step's window counts from the first after it
-        le=7 * 86_400,
+        ge=MAX_STEP_MIN_S,
+        le=MAX_STEP_MAX_S,
         description="How long a step may stay short of min_requests before it rolls back."
         " Default: 5 intervals, at least 120 s",
     )

@@ -7,17 +7,16 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
-from itertools import pairwise
 from typing import Any
 
 from redis.exceptions import LockError
 
 from producer_api.auth.principal import Principal
-from producer_api.canary.controller import WEIGHT_SLACK
 from producer_api.canary.protocol import CanaryStart
 from producer_api.errors import ConveyorError
 from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
+from shared.canary_steps import steps_refusal
 from shared.canary_store import Canary
 from shared.model_repository import ModelConfig
 from shared.routing import InvalidRoutes, UnknownVariant, serving_variant
@@ -75,10 +74,8 @@ class CanaryService:
                 " (the model's default variant unless `baseline` names another)"
             )
             raise ConveyorError(422, "invalid_request", message)
-        if any(not 0 < s <= 100 for s in body.steps) or body.steps != sorted(set(body.steps)):
-            raise ConveyorError(422, "invalid_request", "steps: ascending percents in (0, 100]")
-        if (unmoved := _unmoved(body.steps)) is not None:
-            raise ConveyorError(422, "invalid_request", unmoved)
+        if (why := steps_refusal(body.steps)) is not None:
+            raise ConveyorError(422, "invalid_request", f"steps: {why}")
         if body.webhook and (why := refusal(body.webhook, self.state.settings)):
             raise ConveyorError(422, "invalid_request", why)
 
@@ -137,21 +134,6 @@ class CanaryService:
 
 def _running(model: str) -> ConveyorError:
     return ConveyorError(409, "conflict", f"model {model} has a canary running already")
-
-
-def _unmoved(steps: list[float]) -> str | None:
-    """Why a step cannot move the variant's weight: it is within WEIGHT_SLACK of the step
-    before it (of 0, the first), weights the controller takes for one another (live routes that
-    close are its own), so the step only waited out an interval, shown at the last step's
-    weight ("5 %" twice) or at an odd one ("5e-07 %"); None when every step moves it."""
-    for before, step in pairwise([0.0, *steps]):
-        if step - before <= WEIGHT_SLACK:
-            return (
-                f"steps: {step!r} % is within {WEIGHT_SLACK:g} % of the {before:g} % before it,"
-                f" which does not move the variant's weight: make each step more than"
-                f" {WEIGHT_SLACK:g} % above the last"
-            )
-    return None
 
 
 @asynccontextmanager
