@@ -10,20 +10,29 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import math
 import re
 import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Literal, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 import redis.asyncio as aioredis
 
 from shared.codec import as_text
 from shared.keys import Keys
-from shared.redis_client import check_replica_acks, hgetall_many, queue_replica_wait
+from shared.redis_client import (
+    check_replica_acks,
+    hgetall_many,
+    queue_replica_wait,
+    queue_script,
+    run_pipeline,
+)
 from shared.settings import MAX_BURST, MIN_RATE_PER_S, VISIBLE_ASCII
+
+log = logging.getLogger(__name__)
 
 Scope = Literal["submit", "read", "admin"]
 SCOPES: tuple[Scope, ...] = get_args(Scope)
@@ -39,6 +48,38 @@ MIN_WEIGHT, MAX_WEIGHT = 1e-9, 1000.0
 
 class InvalidKeySpec(ValueError):
     """A key that cannot be created as asked (bad tenant, scope or model name)."""
+
+
+class CorruptKeyRecord(ValueError):
+    """A stored key record that does not parse (a field missing or not a number)."""
+
+
+class KeyNotRotatable(ValueError):
+    """A rotation refused: the old key is unknown, revoked or expired (said by the message)."""
+
+
+# Stores a key's record and its id in the index; for a rotation (KEYS[3], the old key's record)
+# only while the old key is usable, checked in the same atomic step: a revoke read before the
+# write let a replacement of a revoked key through. ARGV: now, the new key's id, the old key's
+# expiry from now on ("": unchanged; only ever brought closer), the record's field/value pairs.
+# Replies "ok", or why the old key may not be rotated (ApiKey.refusal's words).
+STORE_KEY = """
+if #KEYS == 3 then
+  local old = redis.call('HMGET', KEYS[3], 'digest', 'revoked_at', 'expires_at')
+  if not old[1] then return 'unknown API key' end
+  if tonumber(old[2] or '0') ~= 0 then return 'API key revoked' end
+  local expires = tonumber(old[3] or '0') or 0
+  if expires > 0 and tonumber(ARGV[1]) >= expires then return 'API key expired' end
+  local cutoff = tonumber(ARGV[3])
+  if cutoff and (expires == 0 or cutoff < expires) then
+    redis.call('HSET', KEYS[3], 'expires_at', ARGV[3])
+  end
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('SADD', KEYS[2], ARGV[2])
+return 'ok'
+"""
 
 
 def digest_of(key: str) -> str:
@@ -162,7 +203,16 @@ class ApiKey:
 
     @classmethod
     def from_fields(cls, raw: Mapping[bytes | str, bytes | str]) -> ApiKey:
+        """The record stored as `raw`; CorruptKeyRecord when it does not parse."""
         text = {as_text(k): as_text(v) for k, v in raw.items()}
+        try:
+            return cls._parsed(text)
+        except (KeyError, ValueError) as exc:
+            raise CorruptKeyRecord(f"key {text.get('key_id', '?')}: {exc!r}") from None
+
+    @classmethod
+    def _parsed(cls, text: Mapping[str, str]) -> ApiKey:
+        """`from_fields` of decoded fields; KeyError or ValueError on a bad record."""
 
         def number(name: str, kind: type[float] | type[int]) -> float | int | None:
             value = text.get(name)
@@ -194,12 +244,38 @@ def _split(value: str) -> frozenset[str]:
     return frozenset(part for part in value.split(",") if part)
 
 
+def _issued(spec: KeySpec, secret: str | None, limits_of: str) -> tuple[str, ApiKey]:
+    """A new key (`secret`, else a random one) and its record, both checked; nothing stored."""
+    spec.check()
+    key = secret or new_key()
+    # whole: `$` matched before a final newline, and a chosen key stored with one (a file
+    # or Secret written by `echo`) was a key no client can send in a header
+    if not PRESENTED.fullmatch(key):
+        raise InvalidKeySpec("a key is 8 to 256 printable ASCII characters, no spaces")
+    record = ApiKey(
+        key_id_of(key), digest_of(key), spec, created_at=time.time(), limits_of=limits_of
+    )
+    return key, record
+
+
+def _parsed_or_none(raw: Mapping[bytes | str, bytes | str]) -> ApiKey | None:
+    """The record stored as `raw`, None when there is none or it is corrupt (logged)."""
+    if not raw:
+        return None
+    try:
+        return ApiKey.from_fields(raw)
+    except CorruptKeyRecord as exc:
+        log.error("unusable API key record, refused: %s", exc)
+        return None
+
+
 class ApiKeyStore:
     """Create, verify, list and revoke keys; the producer and `conveyor keys` share it."""
 
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self.redis = client
         self.keys = keys
+        self._store = client.register_script(STORE_KEY)
 
     async def create(
         self, spec: KeySpec, secret: str | None = None, limits_of: str = ""
@@ -207,30 +283,44 @@ class ApiKeyStore:
         """Store a new key and return it in plain text, the only time it exists outside the
         caller's hands. A given `secret` (the development key) is stored the same way; storing
         it again replaces its record. `limits_of` names the key whose limits it shares."""
-        spec.check()
-        key = secret or new_key()
-        # whole: `$` matched before a final newline, and a chosen key stored with one (a file
-        # or Secret written by `echo`) was a key no client can send in a header
-        if not PRESENTED.fullmatch(key):
-            raise InvalidKeySpec("a key is 8 to 256 printable ASCII characters, no spaces")
-        record = ApiKey(
-            key_id_of(key), digest_of(key), spec, created_at=time.time(), limits_of=limits_of
-        )
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self.keys.api_key(record.key_id))
-            flat = [part for pair in record.to_fields().items() for part in pair]
-            pipe.hset(self.keys.api_key(record.key_id), items=flat)
-            pipe.sadd(self.keys.api_key_index, record.key_id)
-            await pipe.execute()
+        key, record = _issued(spec, secret, limits_of)
+        await self._write(record)
         return key, record
 
-    async def rotate(self, old: ApiKey, expires_at: float) -> tuple[str, ApiKey]:
+    async def rotate(
+        self, old: ApiKey, expires_at: float, old_expires_at: float = 0.0
+    ) -> tuple[str, ApiKey]:
         """A new key with `old`'s spec (expiring at `expires_at`, 0: never) that shares its
         limits, as OpenAI's and Stripe's rotations do: with limits of its own, a tenant had
         twice its capacity while both keys worked. Links go to the first key of a chain, so
-        every key of it shares one set. `old` works on until revoked or expired."""
+        every key of it shares one set. `old` works on until revoked or expired, or until
+        `old_expires_at` (0: unchanged) where that is sooner: a grace period to roll clients
+        over. KeyNotRotatable, with nothing written, when `old` is no longer usable."""
         spec = replace(old.spec, expires_at=expires_at)
-        return await self.create(spec, limits_of=old.limits_id)
+        key, record = _issued(spec, None, old.limits_id)
+        await self._write(record, old.key_id, old_expires_at)
+        return key, record
+
+    async def _write(self, record: ApiKey, old_id: str = "", old_expires_at: float = 0.0) -> None:
+        """Store `record` (a rotation of `old_id`'s key: only while that key is usable),
+        confirmed by CONVEYOR_REPLICA_ACKS replicas as a revocation is (else ReplicaAckTimeout):
+        a key shown once and lost to a failover is refused to the client that stored it, and a
+        grace period lost brings back the old key it ended."""
+        names = [self.keys.api_key(record.key_id), self.keys.api_key_index]
+        if old_id:
+            names.append(self.keys.api_key(old_id))
+        flat = [part for pair in record.to_fields().items() for part in pair]
+        cutoff = str(old_expires_at) if old_expires_at else ""
+        args = [str(time.time()), record.key_id, cutoff, *flat]
+
+        async def fill(pipe: Any) -> int:
+            queue_script(pipe, self._store, names, args)
+            return await queue_replica_wait(self.redis, pipe, names)
+
+        _, replies = await run_pipeline(self.redis, fill, [self._store])
+        if (outcome := as_text(replies[0])) != "ok":
+            raise KeyNotRotatable(outcome)
+        check_replica_acks(replies[1:])
 
     async def verify(self, presented: str) -> ApiKey | None:
         """The record of a presented key, or None when no stored key matches it."""
@@ -242,10 +332,12 @@ class ApiKeyStore:
         return record
 
     async def get(self, key_id: str) -> ApiKey | None:
+        """The key's record; None when there is none, or it is corrupt: such a key is refused
+        as unknown (it was a 500 on every request that presented it, and ended its streams with
+        a traceback), and `revoke` still takes it."""
         if not KEY_ID.fullmatch(key_id):
             return None
-        raw = await self.redis.hgetall(self.keys.api_key(key_id))
-        return ApiKey.from_fields(raw) if raw else None
+        return _parsed_or_none(await self.redis.hgetall(self.keys.api_key(key_id)))
 
     async def usable(self, key_id: str) -> ApiKey | None:
         """The key, unless it is unknown, revoked or expired: what a session or a stream opened
@@ -257,15 +349,16 @@ class ApiKeyStore:
         """Every key, its records read in one pipelined round trip (not one per key)."""
         ids = sorted(as_text(i) for i in await self.redis.smembers(self.keys.api_key_index))
         raws = await hgetall_many(self.redis, [self.keys.api_key(key_id) for key_id in ids])
-        return [ApiKey.from_fields(raw) for raw in raws if raw]
+        return [record for raw in raws if (record := _parsed_or_none(raw)) is not None]
 
     async def revoke(self, key_id: str) -> bool:
         """Mark a key revoked (kept for `list`); False if there is no such key. Confirmed by
         CONVEYOR_REPLICA_ACKS replicas as a job's 202 is, else ReplicaAckTimeout: written on
         the primary alone, a failover could bring a leaked key back."""
-        if await self.get(key_id) is None:
-            return False
         name = self.keys.api_key(key_id)
+        # EXISTS, not a parse of the record: a corrupt one is revoked as any other
+        if not KEY_ID.fullmatch(key_id) or not await self.redis.exists(name):
+            return False
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(name, "revoked_at", str(time.time()))
             await queue_replica_wait(self.redis, pipe, [name])

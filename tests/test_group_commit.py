@@ -153,12 +153,15 @@ async def test_a_short_replica_wait_fails_the_writes_it_waited_for_alone(
     assert waits == 1
 
 
-async def _acked_app(redis_url: str, aredis: aioredis.Redis) -> tuple[str, str, FastAPI]:
-    """A new tenant, its key (submit, read), and an app on `redis_url` (replica acks as the
-    caller's settings say)."""
+async def _acked_app(
+    redis_url: str, aredis: aioredis.Redis, settings_env: Callable[..., None]
+) -> tuple[str, str, FastAPI]:
+    """A new tenant, its key (submit, read), and an app on `redis_url` asking one replica's
+    ack, which none gives (the key stored before: its creation would wait for one too)."""
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     spec = KeySpec(tenant=tenant, scopes=frozenset({"submit", "read"}))
     api_key, _ = await ApiKeyStore(aredis, Keys()).create(spec)
+    settings_env(CONVEYOR_REPLICA_ACKS="1", CONVEYOR_REDIS_TIMEOUT_S="0.5")
     settings = get_settings().model_copy(update={"redis_url": redis_url, "instance_id": "acked"})
     return tenant, api_key, create_app(settings)
 
@@ -169,8 +172,7 @@ async def test_an_api_with_unconfirmed_writes_still_answers_reads(
     """With `CONVEYOR_REPLICA_ACKS` and no replica, only writes that need one fail: every
     authenticated request takes a token from its key's bucket, and a queued job's view reads
     its position, both scripts; each ended in a WAIT, so reading a job answered 503."""
-    settings_env(CONVEYOR_REPLICA_ACKS="1", CONVEYOR_REDIS_TIMEOUT_S="0.5")
-    tenant, api_key, app = await _acked_app(redis_url, aredis)
+    tenant, api_key, app = await _acked_app(redis_url, aredis, settings_env)
     entry = RequestEntry(new_job_id("identity", "default"), {"inputs": {}}, now_ms(), tenant=tenant)
     fields = {"model": "identity", "variant": "default"}
     auth = {"Authorization": f"Bearer {api_key}"}
@@ -198,8 +200,7 @@ async def test_a_cancel_no_replica_confirmed_is_neither_answered_nor_announced(
     waiters hear nothing of it. TRANSITION ran on a pipeline without WAIT and published the end
     itself: a long-poll answered `cancelled` and DELETE 200 for a cancel that a failover undid,
     the job back `queued`, to run."""
-    settings_env(CONVEYOR_REPLICA_ACKS="1", CONVEYOR_REDIS_TIMEOUT_S="0.5")
-    tenant, api_key, app = await _acked_app(redis_url, aredis)
+    tenant, api_key, app = await _acked_app(redis_url, aredis, settings_env)
     channel = f"reply-{uuid.uuid4().hex}"  # one the API subscribes when a long-poll follows it
     job_id = new_job_id("identity", "default")
     entry = RequestEntry(job_id, {"inputs": {}}, now_ms(), tenant=tenant, reply=channel)

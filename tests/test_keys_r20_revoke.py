@@ -79,9 +79,14 @@ def test_a_revoke_waits_for_the_replica(
 
 
 def test_a_revoke_no_replica_confirmed_fails_saying_so(
-    keys_cli: Callable[..., Result], redis_url: str, replica: redis.Redis
+    keys_cli: Callable[..., Result],
+    redis_url: str,
+    replica: redis.Redis,
+    settings_env: Callable[..., None],
 ) -> None:
+    settings_env(CONVEYOR_REDIS_TIMEOUT_S="5")  # a key's creation waits for the replica too
     key_id = key_id_of(issue_key(redis_url, "acme", "read"))
+    settings_env(CONVEYOR_REDIS_TIMEOUT_S="0.5")
     pid = int(replica.info("server")["process_id"])
     os.kill(pid, signal.SIGSTOP)  # connected, but confirms nothing
     try:

@@ -9,6 +9,7 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ from shared.api_keys import (
     ApiKey,
     ApiKeyStore,
     InvalidKeySpec,
+    KeyNotRotatable,
     KeySpec,
     key_id_of,
 )
@@ -32,6 +34,15 @@ from shared.settings import Settings, get_settings
 from shared.webhook_signing import OPERATOR, owner_secret
 
 T = TypeVar("T")
+# What `_confirmed` says of a write its replicas did not confirm ({}: how they fell short).
+KEY_BACK = (
+    "the revocation is not confirmed ({}): a failover now could bring the key back; run this"
+    " again (it is harmless to repeat)"
+)
+NEW_KEY_LOST = (
+    "the new key is not confirmed ({}): a failover now could lose it, so it is not shown; run"
+    " this again (its record, never shown, can be revoked: `conveyor keys list`)"
+)
 DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 DEV_KEY_SPEC = KeySpec(tenant="dev", scopes=frozenset(SCOPES), name="development key (conveyor up)")
@@ -93,11 +104,11 @@ async def _revoke_dev_keys_but(store: ApiKeyStore, key_id: str) -> None:
             await store.revoke(record.key_id)
 
 
-def _seconds(duration: str | None) -> float:
+def _seconds(duration: str | None, hint: str = "--expires-in") -> float:
+    """The seconds of a duration option (`hint`: its name in errors); 0 when not given."""
     if duration is None:
         return 0.0
     match = DURATION.fullmatch(duration)
-    hint = "--expires-in"
     if match is None:
         raise click.BadParameter("use a number and a unit: 90s, 30m, 12h, 30d", param_hint=hint)
     # the expiry is a float of Unix seconds: a longer one ended `create` with a traceback, as
@@ -105,7 +116,7 @@ def _seconds(duration: str | None) -> float:
     try:
         seconds = float(int(match[1]) * _UNITS[match[2]])
     except (OverflowError, ValueError):
-        message = "too long a lifetime; leave --expires-in out for a key that never expires"
+        message = f"too long a lifetime; leave {hint} out for a key that never expires"
         raise click.BadParameter(message, param_hint=hint) from None
     if seconds == 0:  # an expiry of 0 is stored as "never": refuse it rather than invert it
         raise click.BadParameter("a lifetime must be longer than 0", param_hint=hint)
@@ -218,7 +229,7 @@ def create(
         weight=weight,
     )
     try:
-        key, record = _run(lambda store: store.create(spec))
+        key, record = _run(lambda store: _confirmed(store.create(spec), NEW_KEY_LOST))
     except InvalidKeySpec as exc:
         raise click.BadParameter(str(exc)) from None
     _warn_unknown(models)
@@ -237,15 +248,32 @@ def _show(key: str, record: ApiKey, as_json: bool) -> None:
     )
 
 
-async def _rotated(store: ApiKeyStore, key_id: str, lifetime: float) -> tuple[str, ApiKey]:
-    """The new key replacing `key_id`, refused for a key that is unknown or no longer usable:
-    a replacement for a revoked (maybe leaked) key would bring its access back."""
+async def _rotated(
+    store: ApiKeyStore, key_id: str, lifetime: float, grace: float
+) -> tuple[str, ApiKey, float]:
+    """The new key replacing `key_id`, its record, and when the old key stops working (0: not
+    before it is revoked). Refused for a key that is unknown or no longer usable, which the
+    store checks in the step that writes the new key: a replacement for a revoked (maybe
+    leaked) key would bring its access back. With `grace`, the old key stops working that many
+    seconds from now (or sooner, at its own expiry)."""
     old = await store.get(key_id) if KEY_ID.fullmatch(key_id) else None
     if old is None:
         raise click.ClickException(f"no key with id {key_id}")
-    if reason := old.refusal(time.time()):
-        raise click.ClickException(f"{reason}: create a new key instead (`conveyor keys create`)")
-    return await store.rotate(old, _expiry(lifetime, old))
+    cutoff = time.time() + grace if grace else 0.0
+    try:
+        key, record = await store.rotate(old, _expiry(lifetime, old), cutoff)
+    except KeyNotRotatable as exc:
+        raise click.ClickException(
+            f"{exc}: create a new key instead (`conveyor keys create`)"
+        ) from None
+    return key, record, min((t for t in (old.spec.expires_at, cutoff) if t), default=0.0)
+
+
+def _until(ends: float) -> str:
+    """When a key stops working, in words (`ends`: Unix seconds, 0: never)."""
+    if not ends:
+        return "until revoked (`conveyor keys revoke`)"
+    return f"until {datetime.fromtimestamp(ends, UTC).isoformat(timespec='seconds')}"
 
 
 @command.command("rotate")
@@ -253,14 +281,23 @@ async def _rotated(store: ApiKeyStore, key_id: str, lifetime: float) -> tuple[st
 @click.option(
     "--expires-in", default=None, help="Lifetime, e.g. 30d (default: the old key's lifetime)."
 )
+@click.option(
+    "--revoke-old-in",
+    default=None,
+    help="Keep KEY_ID working this long, e.g. 24h, to roll clients over (default: until revoked).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the key and its record as JSON.")
-def rotate(key_id: str, expires_in: str | None, as_json: bool) -> None:
+def rotate(key_id: str, expires_in: str | None, revoke_old_in: str | None, as_json: bool) -> None:
     """Create a key that replaces KEY_ID and print it once: the same tenant, scopes, models and
     limits, which both keys share (a rotation does not double the tenant's capacity). KEY_ID
-    works on until revoked (`conveyor keys revoke`) or expired."""
+    works on until revoked (`conveyor keys revoke`) or expired, or for --revoke-old-in."""
     lifetime = _seconds(expires_in)
-    key, record = _run(lambda store: _rotated(store, key_id, lifetime))
+    grace = _seconds(revoke_old_in, "--revoke-old-in")
+    key, record, ends = _run(
+        lambda store: _confirmed(_rotated(store, key_id, lifetime, grace), NEW_KEY_LOST)
+    )
     _show(key, record, as_json)
+    click.echo(f"key id {key_id} works on {_until(ends)}", err=True)
 
 
 @command.command("list")
@@ -291,16 +328,13 @@ async def _revoked(store: ApiKeyStore, given: str) -> str | None:
     return record.key_id if record is not None and await store.revoke(record.key_id) else None
 
 
-async def _confirmed(revoking: Awaitable[T]) -> T:
-    """A revocation's outcome, refused in words of its own where the replicas fell short (not
-    as a Redis out of reach): written on the primary, a failover could still undo it."""
+async def _confirmed(writing: Awaitable[T], unconfirmed: str = KEY_BACK) -> T:
+    """A write's outcome, refused in words of its own where the replicas fell short (not as a
+    Redis out of reach): written on the primary, a failover could still undo it."""
     try:
-        return await revoking
+        return await writing
     except ReplicaAckTimeout as exc:
-        raise click.ClickException(
-            f"the revocation is not confirmed ({exc}): a failover now could bring the key back;"
-            " run this again (it is harmless to repeat)"
-        ) from None
+        raise click.ClickException(unconfirmed.format(exc)) from None
 
 
 @command.command("revoke")
