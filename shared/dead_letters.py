@@ -34,7 +34,7 @@ from shared.job_parameters import ParametersRefused, check_parameters
 from shared.job_store import JobStore, QueueFull, TooFarBack, stamp_ms
 from shared.keys import Keys, replay_job_id
 from shared.model_repository import ModelConfig
-from shared.redis_client import executed
+from shared.redis_client import RedisClient, executed
 from shared.settings import Settings
 from shared.webhook_events import refusal as webhook_refusal
 
@@ -135,7 +135,10 @@ def submit_checks(config: ModelConfig, webhooks: Settings | None) -> Refusal:
         except ParametersRefused as refused:
             return PARAMETERS_INVALID, refused.message
         webhook = entry.payload.get("webhook")
-        if webhook and webhooks and (why := webhook_refusal(str(webhook), webhooks)):
+        # a submit takes a URL string only; handed to Redis, another type failed the whole replay
+        if webhook is not None and not isinstance(webhook, str):
+            return WEBHOOK_REFUSED, "webhook: not a string"
+        if webhook and webhooks and (why := webhook_refusal(webhook, webhooks)):
             return WEBHOOK_REFUSED, why
         return None
 
@@ -385,6 +388,21 @@ class DeadLetters:
         else:
             trimmed = await self.redis.xtrim(self.stream, minid=after, approximate=False)
         return trimmed
+
+
+async def lettered_partitions(redis: RedisClient, keys: Keys) -> list[tuple[str, str]]:
+    """Every partition (model, variant) that has dead-lettered a job, from the index the
+    reclaimer adds to (`enlist_lettered`), not from the model repository: a model or variant
+    taken out of it keeps its letters, which only `conveyor dlq MODEL --variant V` reached."""
+    names = (as_text(name).partition(":") for name in await redis.smembers(keys.lettered))
+    return sorted((model, variant) for model, _, variant in names if model and variant)
+
+
+async def enlist_lettered(redis: RedisClient, keys: Keys, model: str, variant: str) -> None:
+    """Note that the partition holds dead letters (the reclaimer, once RECLAIM dead-lettered
+    some: rare, so a round trip of its own; the index is in the control slot, RECLAIM in the
+    partition's)."""
+    await redis.sadd(keys.lettered, f"{model}:{variant}")
 
 
 def _next_id(entry_id: str) -> str | None:

@@ -270,6 +270,13 @@ class Keys:
         return f"{self.prefix}{CONTROL}canary:{model}:events"
 
     @property
+    def lettered(self) -> str:
+        """Partitions (`model:variant`) that have dead-lettered a job (set): the console and
+        `conveyor dlq partitions` list their letters, a model or variant taken out of the model
+        repository included, without a SCAN of the keyspace."""
+        return f"{self.prefix}{CONTROL}dlq-partitions"
+
+    @property
     def canaries_active(self) -> str:
         """Models with a canary in progress (set)."""
         return f"{self.prefix}{CONTROL}canaries"

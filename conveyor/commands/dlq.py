@@ -1,4 +1,5 @@
-"""`conveyor dlq list|show|replay|purge MODEL [--variant V]`: manage a partition's dead letters."""
+"""`conveyor dlq list|show|replay|purge MODEL [--variant V]`: manage a partition's dead letters;
+`conveyor dlq partitions`: which partitions hold any."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from shared.dead_letters import (
     Admission,
     DeadLetters,
     ReplayResult,
+    lettered_partitions,
     submit_checks,
 )
 from shared.job_store import JobStore
@@ -118,6 +120,25 @@ def list_letters(model: str, variant: str) -> None:
                 click.echo(f"{letter.dlq_id}\t{job_id}\t{letter.deliveries}\t{letter.reason}")
 
     _run(model, variant, echo)
+
+
+@command.command("partitions")
+def partitions() -> None:
+    """Print each partition that holds dead letters and how many (tab-separated), those of a
+    model or variant the model repository no longer has included: found by their keys in
+    Redis, as the console lists them. Their letters can be listed and purged, not replayed."""
+
+    async def each(client: aioredis.Redis, settings: Settings) -> None:
+        keys = Keys(settings.key_prefix)
+        store = JobStore(client, keys, settings.result_ttl_s)
+        for model, variant in await lettered_partitions(client, keys):
+            letters = DeadLetters(store, keys, model, variant)
+            if refused := await letters.unreadable():
+                click.echo(f"{model}:{variant}: {refused}", err=True)
+            elif depth := await letters.depth():  # an emptied stream stays behind: not listed
+                click.echo(f"{model}:{variant}\t{depth}")
+
+    with_redis(each)
 
 
 @command.command("show")

@@ -51,9 +51,10 @@ from producer_api.state import ProducerState, producer_state
 from producer_api.stream_places import take_place
 from producer_api.stream_shutdown import GRACE_S, BoundedEventSource
 from shared.codec import as_text, dumps, is_stream_id
-from shared.dead_letters import DeadLetter, DeadLetters, submit_checks
+from shared.dead_letters import DeadLetter, DeadLetters, lettered_partitions, submit_checks
 from shared.job_states import JobStatus
 from shared.job_store import JobRecord
+from shared.model_repository import ModelConfigError
 
 HERE = Path(__file__).parent
 LETTERS_SHOWN = 200  # per partition, oldest first
@@ -408,13 +409,12 @@ async def batch_file(state: State, current: Session, batch_id: str, kind: str) -
     return response
 
 
-def _dead_letters(state: ProducerState, current: ConsoleSession, partition: str) -> DeadLetters:
-    """A partition's dead letters; 404 for one that does not exist, or whose model the
-    session's key may not use (as the key's `GET /v1/models` does not list it)."""
-    model, _, variant = partition.partition(":")
-    config = state.repository.get(model) if current.principal.may_use(model) else None
+def _dead_letters(state: ProducerState, model: str, variant: str) -> DeadLetters:
+    """A partition's dead letters, replayed as its submits are admitted and checked where the
+    model repository serves it; where it does not (`_unserved`), listed and discarded only."""
+    config = state.repository.get(model)
     if config is None or variant not in config.variants:
-        raise ConveyorError(404, "not_found", f"no partition {partition!r}")
+        return DeadLetters(state.job_store, state.keys, model, variant)
     fair_window, max_length = config.fair_window_of(variant), config.queue.max_length
     admission = state.queue_eta.admission(config, variant)  # a replay is admitted as a submit
     checks = submit_checks(config, state.settings)  # and checked as one, by today's rules
@@ -422,11 +422,36 @@ def _dead_letters(state: ProducerState, current: ConsoleSession, partition: str)
     return DeadLetters(state.job_store, state.keys, model, variant, *limits)
 
 
-async def _readable(state: ProducerState, current: ConsoleSession, partition: str) -> DeadLetters:
-    """`_dead_letters`, 409 where their key is no stream (`DeadLetters.unreadable`)."""
-    letters = _dead_letters(state, current, partition)
+def _unserved(state: ProducerState, model: str, variant: str) -> str:
+    """Why the partition's letters cannot be replayed ('' where the repository serves it), in
+    the words `conveyor dlq replay` refuses with: no worker would run a replay, queued for ever."""
+    try:
+        if not variant:  # the selector `model:` is every variant of the model, not a partition
+            raise ModelConfigError(f"model {model} has no variant ''")
+        state.repository.partitions([f"{model}:{variant}"])
+    except ModelConfigError as exc:
+        why = "Its letters cannot be replayed (no worker would run them), only discarded"
+        return f"no longer served: {exc}. {why}"
+    return ""
+
+
+async def _readable(
+    state: ProducerState, current: ConsoleSession, partition: str, action: str = ""
+) -> DeadLetters:
+    """The partition's dead letters: 404 for one the repository does not serve that has neither
+    a queue nor letters (a typo), or whose model the session's key may not use (as the key's
+    `GET /v1/models` does not list it); 409 where their key is no stream
+    (`DeadLetters.unreadable`), or for a replay of a partition the repository no longer serves
+    (`_unserved`; its letters stay)."""
+    model, _, variant = partition.partition(":")
+    letters, unserved = _dead_letters(state, model, variant), _unserved(state, model, variant)
+    # one no longer served is known by its keys (as the CLI knows it): a typo has none
+    if not current.principal.may_use(model) or (unserved and not await letters.partition_exists()):
+        raise ConveyorError(404, "not_found", f"no partition {partition!r}")
     if refused := await letters.unreadable():
         raise ConveyorError(409, "conflict", refused)
+    if action == "replay" and unserved:
+        raise ConveyorError(409, "conflict", f"cannot replay {partition}: {unserved}")
     return letters
 
 
@@ -434,19 +459,23 @@ async def _readable(state: ProducerState, current: ConsoleSession, partition: st
 async def dead_letters(request: Request, state: State, current: Admin) -> Response:
     """Each partition's oldest LETTERS_SHOWN letters, and how many it holds (the page said
     200 entries of a partition holding 5,000, whose "Replay all" replays all 5,000), or why
-    it cannot read them (`DeadLetters.unreadable`)."""
-    partitions: list[tuple[str, list[DeadLetter], int, str]] = []
-    for config in state.repository:
-        if not current.principal.may_use(config.name):
+    it cannot read them (`DeadLetters.unreadable`): every partition the repository serves, and
+    every other that holds letters (`lettered_partitions`), said to be no longer served."""
+    served = [(config.name, variant) for config in state.repository for variant in config.variants]
+    lettered = set(await lettered_partitions(state.redis, state.keys)) - set(served)
+    partitions: list[tuple[str, list[DeadLetter], int, str, str]] = []
+    for model, variant in [*served, *sorted(lettered)]:
+        if not current.principal.may_use(model):
             continue
-        for variant in config.variants:
-            name = f"{config.name}:{variant}"
-            letters = _dead_letters(state, current, name)
-            if refused := await letters.unreadable():
-                partitions.append((name, [], 0, refused))
-                continue
-            shown = await letters.entries(count=LETTERS_SHOWN)
-            partitions.append((name, shown, await letters.depth(), ""))
+        name, letters = f"{model}:{variant}", _dead_letters(state, model, variant)
+        unserved = _unserved(state, model, variant)
+        if refused := await letters.unreadable():
+            partitions.append((name, [], 0, refused, unserved))
+            continue
+        shown, depth = await letters.entries(count=LETTERS_SHOWN), await letters.depth()
+        if unserved and not depth:  # all replayed or purged: an empty stream stays behind
+            continue
+        partitions.append((name, shown, depth, "", unserved))
     return _page(request, "dead_letters.html", current, partitions=partitions)
 
 
@@ -457,7 +486,7 @@ async def confirm(
     """The confirmation step of replay and discard (a page, so it works without scripts)."""
     if action not in ("replay", "discard"):
         raise ConveyorError(404, "not_found", "no such action")
-    letters = await _readable(state, current, partition)
+    letters = await _readable(state, current, partition, action)
     if entry and not await letters.letters_of([entry]):  # not "Replay 1 dead letter?" for none
         raise ConveyorError(404, "not_found", f"no dead letter {entry!r} in {partition}")
     # "all" is what the operator was shown: a letter that dies before the click stays
@@ -480,7 +509,7 @@ async def act(
     """One letter (`entry`), or all up to the newest the confirmation showed (`upto`; none
     when it showed none)."""
     check_csrf(current, csrf)
-    letters = await _readable(state, current, partition)
+    letters = await _readable(state, current, partition, action)
     ids = [entry] if entry else None
     if ids is None and not is_stream_id(upto):
         ids = []  # the confirmation showed no letter: nothing is acted on

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from shared import job_scripts
 from shared.codec import as_text
 from shared.consumer_groups import DELETE_IF_IDLE, recreating_groups
+from shared.dead_letters import enlist_lettered
 from shared.job_states import JobStatus
 from shared.job_store import JobRecord, JobStore, now_ms
 from shared.keys import GROUP, Keys
@@ -147,18 +148,22 @@ class Reclaimer:
         if deliveries:
             log.warning("reclaimed %d abandoned entries of %s", len(deliveries), stream)
         try:
-            await self._settle(stream, [d for d in dead if d.status == "dead"])
+            await self._settle(stream, [d for d in dead if d.status == "dead"], bool(dead))
         except OUTAGE as exc:
             log.warning("reclaim of %s committed; the rest waits for Redis: %r", stream, exc)
         return [d for d in deliveries if d.status not in DEAD]
 
-    async def _settle(self, stream: str, dead: list[Delivery]) -> None:
-        """What follows a RECLAIM that committed. An outage here costs at most what it does
-        (slots the in-flight scan frees later, events the next run sends, as owed, a prune the
-        next run does), not the claimed entries: raised, they come back through `held` as the
-        redeliveries they are (a `restart` for a generation's stream, attempts as delivered)."""
+    async def _settle(self, stream: str, dead: list[Delivery], lettered: bool) -> None:
+        """What follows a RECLAIM that committed (`lettered`: it dead-lettered entries). An
+        outage here costs at most what it does (slots the in-flight scan frees later, events the
+        next run sends, as owed, a prune the next run does, a partition the console lists once
+        it is served or letters die again), not the claimed entries: raised, they come back
+        through `held` as the redeliveries they are (a `restart` for a generation's stream,
+        attempts as delivered)."""
         if dead:  # before any await: an outage below must not lose the count
             JOBS_FINISHED.labels(*self.variant, JobStatus.FAILED).inc(len(dead))
+        if lettered:
+            await enlist_lettered(self.redis, self.keys, *self.variant)
         await self._free_slots(dead)
         if dead:  # a variant that crashes its workers fails: no canary may read it as healthy
             await self.stats.add_counts(*self.variant, {"requests": len(dead), "errors": len(dead)})
