@@ -3,8 +3,8 @@
 entries a cancel withdrew, one round trip),
 and what a partition drains and with how many workers (per-second drained counters and worker
 heartbeats), from which the producer estimates when the job will start (docs/architecture.md,
-"Queue position and ETA"); and a dead worker's entries per lane, which count ahead of the jobs
-queued behind them."""
+"Queue position and ETA"); and a dead worker's entries per lane, of jobs not ended, which
+count ahead of the jobs queued behind them."""
 
 from __future__ import annotations
 
@@ -15,12 +15,17 @@ import redis.asyncio as aioredis
 
 from shared import job_scripts
 from shared.codec import as_text
+from shared.job_states import TERMINAL
 from shared.keys import GROUP, Keys
 from shared.redis_client import call_script
 from shared.worker_registry import WorkerRegistry
 
 # Seconds of drained counters a rate is measured over (and the part of this one gone by).
 RATE_WINDOW_S = 5
+# A stream entry's id, or a field's name or value, as the client returns it.
+EntryId = bytes | str
+# What an entry that names no job (or is gone) is known by among AbandonedEntries' job ids.
+NO_JOB = ""
 
 
 class QueuePositions:
@@ -75,25 +80,101 @@ async def read_partition_loads(
     return loads
 
 
-async def read_abandoned(
-    client: aioredis.Redis, lanes: Mapping[str, Collection[str]]
-) -> dict[str, int]:
-    """Entries each of `lanes` has in hand at consumers other than its live workers (the
-    lane's value): a dead worker's, pending until the reclaimer hands them to a live one, which
-    runs them before the lane's newer entries. One XPENDING summary per lane, one round trip; a
-    lane with no group yet (or a key of another type) has none."""
-    if not lanes:
-        return {}
-    async with client.pipeline(transaction=False) as pipe:
-        for stream in lanes:
-            pipe.xpending(stream, GROUP)
-        replies = await pipe.execute(raise_on_error=False)
-    return {
-        stream: sum(
-            holder["pending"]
-            for holder in reply["consumers"]
-            if as_text(holder["name"]) not in lanes[stream]
-        )
-        for stream, reply in zip(lanes, replies, strict=True)
-        if not isinstance(reply, Exception)
-    }
+class AbandonedEntries:
+    """Entries each lane has in hand at consumers other than its live workers, of jobs that may
+    still run: a dead worker's, pending until the reclaimer hands them to a live one, which runs
+    them before the lane's newer entries. A cancelled (or otherwise ended) job's entry stays
+    pending at its consumer too, but the reclaimer only acknowledges it: counted, it put every
+    later job one further back than it stood. The job id of each entry read is kept (a dead
+    consumer's entries change only as the reclaimer takes them), so each entry's fields, its
+    payload, are read once, not on every refresh."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        # (lane, entry) → its job id (None: not read yet; NO_JOB: read, naming none)
+        self._jobs: dict[tuple[str, EntryId], str | None] = {}
+
+    async def read(self, lanes: Mapping[str, Collection[str]]) -> dict[str, int]:
+        """Each of `lanes`' entries held by consumers not among its live workers (the lane's
+        value), less those of ended jobs. One XPENDING summary per lane, one round trip; only
+        while such a consumer holds entries, two more: their ids, then their jobs' statuses
+        (and the fields of entries not seen before, whose jobs count as running until the next
+        read). A lane with no group yet (or a key of another type) has none."""
+        if not lanes:
+            self._jobs.clear()
+            return {}
+        dead = await self._dead_holders(lanes)
+        held = await self._held_ids(dead)
+        self._jobs = {entry: self._jobs.get(entry) for entry in held}
+        return await self._runnable(dead, held)
+
+    async def _dead_holders(
+        self, lanes: Mapping[str, Collection[str]]
+    ) -> dict[str, dict[str, int]]:
+        """Per lane, its consumers not among its live workers that hold entries, with how many."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for stream in lanes:
+                pipe.xpending(stream, GROUP)
+            replies = await pipe.execute(raise_on_error=False)
+        return {
+            stream: {
+                name: holder["pending"]
+                for holder in reply["consumers"]
+                if (name := as_text(holder["name"])) not in lanes[stream]
+            }
+            for stream, reply in zip(lanes, replies, strict=True)
+            if not isinstance(reply, Exception)
+        }
+
+    async def _held_ids(self, dead: Mapping[str, Mapping[str, int]]) -> list[tuple[str, EntryId]]:
+        """The (lane, entry id) of every entry the `dead` consumers hold (none read: no call)."""
+        calls = [(stream, name, count) for stream, by in dead.items() for name, count in by.items()]
+        if not calls:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for stream, name, count in calls:
+                pipe.xpending_range(stream, GROUP, "-", "+", count, consumername=name)
+            replies = await pipe.execute(raise_on_error=False)
+        return [
+            (stream, row["message_id"])
+            for (stream, _, _), rows in zip(calls, replies, strict=True)
+            if not isinstance(rows, Exception)
+            for row in rows
+        ]
+
+    async def _runnable(
+        self, dead: Mapping[str, Mapping[str, int]], held: list[tuple[str, EntryId]]
+    ) -> dict[str, int]:
+        """The dead consumers' entries per lane less those whose job is known to have ended,
+        in one round trip: the statuses of the jobs known, the fields of entries not yet seen
+        (an entry not read, or with no job, counts as one that runs)."""
+        counts = {stream: sum(holders.values()) for stream, holders in dead.items()}
+        asked = [key for key in held if self._jobs[key] != NO_JOB]
+        if not asked:
+            return counts
+        async with self.client.pipeline(transaction=False) as pipe:
+            for stream, entry in asked:
+                job_id = self._jobs[(stream, entry)]
+                if job_id is None:
+                    pipe.xrange(stream, entry, entry, count=1)
+                else:
+                    pipe.hget(self.keys.job(job_id), "status")
+            replies = await pipe.execute(raise_on_error=False)
+        for key, reply in zip(asked, replies, strict=True):
+            if isinstance(reply, Exception):
+                continue
+            if self._jobs[key] is None:
+                self._jobs[key] = _job_of(reply)
+            elif isinstance(reply, bytes | str) and as_text(reply) in TERMINAL:
+                counts[key[0]] -= 1
+        return counts
+
+
+def _job_of(rows: Sequence[tuple[EntryId, Mapping[EntryId, EntryId]]]) -> str:
+    """The job id an XRANGE reply's entry names (NO_JOB: no entry, or one that names none)."""
+    for _, fields in rows:
+        for name, value in fields.items():
+            if as_text(name) == "id":
+                return as_text(value)
+    return NO_JOB

@@ -30,9 +30,9 @@ from shared.job_store import JobRecord
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.queue_position import (
     RATE_WINDOW_S,
+    AbandonedEntries,
     PartitionLoad,
     QueuePositions,
-    read_abandoned,
     read_partition_loads,
 )
 
@@ -173,15 +173,16 @@ class QueueEta:
         self._spells: dict[Partition, BusySpell] = {}  # partitions whose work waits now
         self._stalls: dict[Partition, int] = {}  # ms past one micro-batch with none finished
         self._abandoned: dict[str, int] = {}  # a dead worker's entries per lane
+        self._dead_entries = AbandonedEntries(client, self.keys)
         self.refresher = Periodic("queue-eta", REFRESH_S, self.refresh)
 
     async def refresh(self) -> None:
         """Every partition's load and its lanes' backlog: the lanes' drained counters, jobs
         waiting (undelivered, or held back by a fair lane) and entries in flight in one round
-        trip, then the worker registry's two, and one more only while a consumer with no
-        heartbeat holds entries (its lanes' own counts of them). A partition with a key of
-        another type is left out (no load: its jobs' ETAs unknown), not every partition's
-        refresh failed with it."""
+        trip, then the worker registry's two, and up to three more only while a consumer with
+        no heartbeat holds entries (its lanes' own counts of them, less those of ended jobs).
+        A partition with a key of another type is left out (no load: its jobs' ETAs unknown),
+        not every partition's refresh failed with it."""
         partitions = [(c.name, v) for c in self.repository for v in c.variants]
         lanes = [(self.keys.queue(*p), self.keys.bulk_queue(*p)) for p in partitions]
         backlogs = await drain_rates_and_waiting(self.client, self.keys, lanes, RATE_WINDOW_S)
@@ -191,7 +192,7 @@ class QueueEta:
         earlier, self._backlogs = self._backlogs, read
         for partition, load in self.loads.items():
             self._remember(partition, load, earlier.get(partition))
-        self._abandoned = await read_abandoned(self.client, self._held_by_the_dead())
+        self._abandoned = await self._dead_entries.read(self._held_by_the_dead())
         # read by every submit's standing: worked out here, once a refresh, not per request
         self._stalls = {
             (c.name, v): stall
@@ -337,8 +338,7 @@ class QueueEta:
         worker's entries in its lane at the last refresh: reclaimed, those run before it (read
         as neither ahead nor running, a job behind them was told it stood that many nearer).
         Undelivered none, it starts at once all the same while a live worker is idle."""
-        lane = (self.keys.bulk_queue if bulk else self.keys.queue)(config.name, variant)
-        ahead = position + self._abandoned.get(lane, 0)
+        ahead = position + self._abandoned_in(config, variant, bulk)
         rate = self.lane_rate(config, variant, bulk)
         eta: int | None = None
         if rate > 0:
@@ -365,31 +365,47 @@ class QueueEta:
         return self._backlogs.get(partition, NO_BACKLOG)
 
     def max_ahead(self, config: ModelConfig, variant: str, bulk: bool, start_by: StartBy) -> int:
-        """Most entries that may wait ahead of a job for it to start by `start_by`, when the
-        model admits by deadline and the workers' capacity is known; else -1 (no limit). A
-        light load's rate is its arrivals, far below what a worker could start: weighed by it,
-        a burst's jobs with a deadline a few seconds off were refused (14 of 20 at 1 job/s
-        before, each of them started within 2 s)."""
+        """Most entries that may wait undelivered ahead of a job for it to start by `start_by`,
+        when the model admits by deadline and the workers' capacity is known; else -1 (no
+        limit). A light load's rate is its arrivals, far below what a worker could start:
+        weighed by it, a burst's jobs with a deadline a few seconds off were refused (14 of 20
+        at 1 job/s before, each of them started within 2 s)."""
         rate = self._admitting_rate(config, variant, bulk)
         if rate <= 0:
             return -1
-        if self.stalled_ahead(config, variant, bulk, start_by) is not None:
-            return 0  # none may wait ahead: the stall alone makes it late
-        return most_ahead(rate, start_by.budget_ms)
+        room = self._room(config, variant, bulk, start_by, rate)
+        return 0 if room is None else room  # None: late with none ahead (`stalled_ahead`)
 
     def stalled_ahead(
         self, config: ModelConfig, variant: str, bulk: bool, start_by: StartBy
     ) -> int | None:
-        """The entries waiting in the job's lane at the last refresh when the partition's stall
-        alone makes it start after `start_by`, else None: it is refused before ENQUEUE, whose
-        bound counts the entries ahead and so let in a job on an empty lane of a stalled
-        partition (its 202 showed the stall's ETA past its deadline, and it expired unrun)."""
-        partition = (config.name, variant)
-        if self._stalls.get(partition, 0) <= start_by.budget_ms:
+        """The entries waiting in the job's lane at the last refresh when the partition's stall,
+        or a dead worker's entries in the lane, alone make it start after `start_by`, else
+        None: it is refused before ENQUEUE, whose bound counts the entries ahead and so let in
+        a job on an empty lane of a stalled partition (its 202 showed the stall's ETA past its
+        deadline, and it expired unrun)."""
+        rate = self._admitting_rate(config, variant, bulk)
+        if rate <= 0 or self._room(config, variant, bulk, start_by, rate) is not None:
             return None
-        if self._admitting_rate(config, variant, bulk) <= 0:
+        return self._backlog((config.name, variant)).waiting[1 if bulk else 0]
+
+    def _room(
+        self, config: ModelConfig, variant: str, bulk: bool, start_by: StartBy, rate: float
+    ) -> int | None:
+        """Entries that may wait undelivered ahead of the job at `rate`, or None when it is late
+        with none: the stall alone passes `start_by`, or the lane's dead worker's entries (run
+        first once reclaimed, counted ahead by its position and ETA) take all of its budget.
+        ENQUEUE counts only the undelivered entries, so the bound leaves those out: it let in
+        jobs whose 202 ETA, which counts them, was past their deadline."""
+        if self._stalls.get((config.name, variant), 0) > start_by.budget_ms:
             return None
-        return self._backlog(partition).waiting[1 if bulk else 0]
+        room = most_ahead(rate, start_by.budget_ms) - self._abandoned_in(config, variant, bulk)
+        return None if room < 0 else room
+
+    def _abandoned_in(self, config: ModelConfig, variant: str, bulk: bool) -> int:
+        """A dead worker's entries in the lane at the last refresh (`AbandonedEntries`)."""
+        lane = (self.keys.bulk_queue if bulk else self.keys.queue)(config.name, variant)
+        return self._abandoned.get(lane, 0)
 
     def _admitting_rate(self, config: ModelConfig, variant: str, bulk: bool) -> float:
         """The lane's rate when the model admits by deadline and the workers' capacity is
