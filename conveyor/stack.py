@@ -36,6 +36,7 @@ PROC = Path("/proc")  # Linux's: the state and the process group of each process
 # What a stopped producer or Valkey gets past the grace at least (the margin every child had
 # before CONVEYOR_FORCED_EXIT_MARGIN_S, a worker's, could be set).
 CHILD_MARGIN_S = 20.0
+TAIL_BYTES = 1 << 20  # how much of a child's log end `Stack.log_tail` reads at most
 Server = Literal["uvicorn", "conveyor"]
 # A producer's command line but its address: uvicorn's (compose, Kubernetes), or the server
 # `conveyor up` runs (conveyor/producer_server.py: SO_REUSEPORT, several per port).
@@ -443,6 +444,11 @@ class Stack:
             return 2
         return 0 if name in self.metrics_ports else 1
 
+    def producer(self, name: str) -> bool:
+        """Whether child `name` runs a producer (under either server of `_SERVERS`)."""
+        command = self.commands[name][0]
+        return any(command[: len(server)] == list(server) for server in _SERVERS.values())
+
     def respawn(self, name: str) -> subprocess.Popen[bytes]:
         """Start `name` again as it was first started (same command, environment and log)."""
         return self.spawn(name, *self.commands[name])
@@ -483,10 +489,19 @@ class Stack:
         return self.log_dir / f"{name}.log"
 
     def log_tail(self, name: str, lines: int = 20) -> list[str]:
-        """The last `lines` lines `name` wrote."""
-        path = self.log_path(name)
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return text.splitlines()[-lines:]
+        """The last `lines` lines `name` wrote, from the log's last `TAIL_BYTES`: a log is
+        appended across runs and restarts, never rotated, and read whole (gigabytes after weeks
+        up) for a crash loop's report it took `conveyor up` out of memory."""
+        try:
+            with self.log_path(name).open("rb") as log:
+                start = max(0, log.seek(0, os.SEEK_END) - TAIL_BYTES)
+                log.seek(start)
+                tail = log.read().decode(errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
+        if start and len(tail) > 1:  # the window's first line is cut: shown only if alone
+            tail = tail[1:]
+        return tail[-lines:]
 
     def spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         """Start a child named `name`, its output appended to `<log_dir>/<name>.log`; it stops

@@ -5,7 +5,7 @@ jobs are reclaimed), and once what it left running in its process group is gone 
 Valkey wrapper's server held the port and the data: every restart failed on them). A child that
 keeps dying (`CRASH_LOOP_EXITS` runs in a row that each ended within `STABLE_AFTER_S` of their
 start) is given up on and reported with its last log lines, while every other child keeps
-serving."""
+serving, unless none can (`Supervisor.serving`)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,16 @@ class Supervisor:
     @property
     def failed(self) -> list[str]:
         return [name for name, child in self.children.items() if child.failed]
+
+    @property
+    def serving(self) -> bool:
+        """Whether the stack can still serve: not once its embedded Valkey, which every other
+        child needs, or all its producers, its only way in, were given up on. `conveyor up`
+        then stops, failed: it idled on, answering nothing, and a service manager saw it
+        running, so never restarted it."""
+        failed = set(self.failed)
+        producers = {name for name in self.stack.processes if self.stack.producer(name)}
+        return "valkey" not in failed and not (producers and producers <= failed)
 
     def _restart(self, name: str, child: Child, now: float) -> None:
         """Start `name` again. One that cannot be started (its program gone while the

@@ -72,6 +72,11 @@ def _host_port(address: str) -> tuple[str, int]:
     return host, port
 
 
+# The most processes `conveyor up` starts of one kind (producers; each model's workers): a typo
+# (`--producers 80000`) forked until the machine ran out of memory or pids, then a traceback.
+MAX_PROCESSES = 256
+
+
 class Settings(BaseSettings):
     """Every knob of the producer and the workers; README documents each one."""
 
@@ -128,7 +133,11 @@ class Settings(BaseSettings):
     # `conveyor up`'s producer processes on its one port: a quarter of the CPUs it may use (at
     # least one), since workers (the models) and Redis need the rest (README "Sizing a
     # deployment"). Those it may use: a container's CPU limit, not the host's cores.
-    producer_processes: int = Field(default_factory=lambda: max(1, usable_cpus() // 4), ge=1)
+    producer_processes: int = Field(
+        default_factory=lambda: min(MAX_PROCESSES, max(1, usable_cpus() // 4)),
+        ge=1,
+        le=MAX_PROCESSES,
+    )
     # Per-key defaults; a key may carry its own (`conveyor keys create --rate ...`).
     # within a bucket's bounds: a rate of 1e-16 answered every request 500
     rate_limit_per_s: float = Field(default=100.0, ge=MIN_RATE_PER_S)

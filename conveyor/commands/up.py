@@ -26,7 +26,7 @@ from conveyor.state_dir_lock import state_dir_lock
 from conveyor.supervisor import Supervisor
 from shared.cpu_count import usable_cpus
 from shared.model_repository import ModelRepository
-from shared.settings import get_settings, masked_url
+from shared.settings import MAX_PROCESSES, get_settings, masked_url
 
 BANNER = """{key_note}
 Conveyor is up: producer {url} ({producers}), workers for {models}.
@@ -103,13 +103,13 @@ def _state_dir(_ctx: click.Context, _param: click.Parameter, value: str | None) 
 @click.option(
     "--producers",
     default=None,
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_PROCESSES),
     help="Producer processes sharing the port (CONVEYOR_PRODUCER_PROCESSES, cores/4).",
 )
 @click.option(
     "--workers-per-model",
     default=None,
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_PROCESSES),
     help="Worker processes per model; default: the cores the producers leave, split over the "
     "batch models (an LLM's engine batches itself: one worker).",
 )
@@ -384,7 +384,8 @@ def _honoured(signals: Iterable[signal.Signals]) -> list[signal.Signals]:
 
 
 def _supervise(stack: Stack) -> list[str]:
-    """Restart children that die until SIGINT, SIGTERM or SIGHUP; returns those given up on."""
+    """Restart children that die until SIGINT, SIGTERM or SIGHUP, or until none can serve (the
+    embedded Valkey or every producer given up on); returns those given up on."""
     stopping = False
 
     def _stop(signum: int, _frame: object) -> None:
@@ -397,9 +398,11 @@ def _supervise(stack: Stack) -> list[str]:
         signal.signal(stop, _stop)
     supervisor = Supervisor(stack, lambda line: _say(line, err=True))
     try:
-        while not stopping:
+        while not stopping and supervisor.serving:
             supervisor.check()
             time.sleep(SUPERVISE_EVERY_S)
+        if not stopping:
+            _say("nothing left serving (see above): stopping", err=True)
     finally:
         # the stop that follows: a second Ctrl-C, SIGTERM or SIGHUP ends it, and Stack.stop
         # kills what is left (still swallowed here, one waited out every child's drain in turn)
