@@ -133,7 +133,7 @@ SHADOW_COPIES = Counter(
 )
 SHADOW_PAIRS_DROPPED = Counter(
     "conveyor_shadow_pairs_dropped",
-    "Shadow pairs dropped uncompared (a job vanished, or still running when too old)",
+    "Shadow pairs dropped uncompared (a job vanished or ended unrun, or ran on too long)",
     (*PARTITION, "reason"),
 )
 CANARY_WEIGHT = Gauge(

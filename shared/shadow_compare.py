@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.codec import float32_values
+from shared.variant_stats import UNRUN_ERRORS
 
 COSINE_THRESHOLD = 0.99
 RAN = ("succeeded", "failed")  # the ends a job reaches by running (a dead letter is failed)
@@ -147,7 +148,8 @@ def _row_dots(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> npt.NDA
 
 def _latency_delta_ms(primary: dict[str, Any], shadow: dict[str, Any]) -> float | None:
     """The shadow's service time less the primary's; None unless both have one (a job failed
-    while queued, undecodable or dead-lettered before a run, has no `started` stamp)."""
+    before it ran has none: dead-lettered before a run, it has no `started` stamp; failed unrun
+    by a worker, UNRUN_ERRORS, it has the worker's read as `started`)."""
     shadow_ms, primary_ms = _service_ms(shadow), _service_ms(primary)
     if shadow_ms is None or primary_ms is None:
         return None
@@ -155,7 +157,9 @@ def _latency_delta_ms(primary: dict[str, Any], shadow: dict[str, Any]) -> float 
 
 
 def _service_ms(view: dict[str, Any]) -> float | None:
-    timings = view.get("timings", {})
+    timings, error = view.get("timings", {}), view.get("error")
+    if isinstance(error, dict) and error.get("type") in UNRUN_ERRORS:
+        return None
     if "started" in timings and "finished" in timings:
         return float((timings["finished"] - timings["started"]) * 1000.0)
     return None

@@ -11,7 +11,8 @@ it: compared again if no result is stored, else only the counts of its page stil
 again, once per variant at most (the counters' slot keeps the variants a page was added to). So
 a pair is counted once, not lost, across failures; only a look that stalls longer than
 SETTLE_WITHIN_MS between claiming and storing can have its pairs compared and counted by a
-second look too."""
+second look too. Both sets expire `ttl_s` after the last look that read them (each look renews
+it): a model taken out of the repository is looked at no more, and its sets stayed for ever."""
 
 from __future__ import annotations
 
@@ -28,22 +29,28 @@ from shared.shadow_compare import FIELDS
 
 SETTLE_WITHIN_MS = 60_000  # a page settles in milliseconds; a claim this old was abandoned
 
-# KEYS[1]=pending, KEYS[2]=claimed; ARGV[1]=now ms, ARGV[2]=how many pairs to drop, then their
-# members, then those to claim. Removes the first from pending; moves each of the rest that is
-# still pending into claimed; a 1 per member this call removed (dropped or moved), else 0.
+# KEYS[1]=pending, KEYS[2]=claimed; ARGV[1]=now ms, ARGV[2]=the sets' ttl, ARGV[3]=how many
+# pairs to drop, then their members, then those to claim. Removes the first from pending; moves
+# each of the rest that is still pending into claimed (its ttl renewed, as `_PENDING` does); a 1
+# per member this call removed (dropped or moved), else 0.
 _TAKE = """
-local drops = tonumber(ARGV[2])
-local removed = {}
-for i = 3, #ARGV do
+local drops = tonumber(ARGV[3])
+local removed, claimed = {}, false
+for i = 4, #ARGV do
   local gone = redis.call('ZREM', KEYS[1], ARGV[i])
-  if gone == 1 and i > 2 + drops then redis.call('ZADD', KEYS[2], ARGV[1], ARGV[i]) end
+  if gone == 1 and i > 3 + drops then
+    redis.call('ZADD', KEYS[2], ARGV[1], ARGV[i])
+    claimed = true
+  end
   table.insert(removed, gone)
 end
+if claimed then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
 return removed
 """
 
 # KEYS[1]=pending, KEYS[2]=claimed; ARGV: claims at or before this ms are abandoned, first rank,
-# last rank. Puts abandoned claims back in pending (scored by their claim ms), then reads the
+# last rank, the sets' ttl. Puts abandoned claims back in pending (scored by their claim ms),
+# renews both sets' ttl (the look's, never the copy's: no per-request command), then reads the
 # page: {member, score, ...}.
 _PENDING = """
 local stale = redis.call('ZRANGE', KEYS[2], '-inf', ARGV[1], 'BYSCORE', 'WITHSCORES')
@@ -51,6 +58,8 @@ for i = 1, #stale, 2 do
   redis.call('ZADD', KEYS[1], 'NX', stale[i + 1], stale[i])
   redis.call('ZREM', KEYS[2], stale[i])
 end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
 return redis.call('ZRANGE', KEYS[1], ARGV[2], ARGV[3], 'WITHSCORES')
 """
 
@@ -102,7 +111,7 @@ class ShadowPairs:
         (claim ms for one put back): abandoned claims go back first, in the same script."""
         rows = await self._pending(
             keys=self._keys(model),
-            args=[now_ms() - self.settle_within_ms, start, start + limit - 1],
+            args=[now_ms() - self.settle_within_ms, start, start + limit - 1, self.ttl_s],
         )
         pairs = zip(rows[::2], rows[1::2], strict=True)
         return [(ShadowPair.of(member), int(float(score))) for member, score in pairs]
@@ -117,7 +126,8 @@ class ShadowPairs:
         removing its pairs lost them uncounted; a claim lasts until `done` releases it or,
         abandoned, it goes back to pending."""
         members = [pair.member() for pair in (*drop, *pairs)]
-        removed = await self._take(keys=self._keys(model), args=[now_ms(), len(drop), *members])
+        head = [now_ms(), self.ttl_s, len(drop)]
+        removed = await self._take(keys=self._keys(model), args=[*head, *members])
         flags = [bool(flag) for flag in removed]
         return flags[len(drop) :], flags[: len(drop)]
 

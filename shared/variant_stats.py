@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from shared.codec import as_text
+from shared.codec import as_text, loads
 from shared.keys import Keys
 
 BUCKET_S = 10
@@ -28,6 +28,12 @@ COUNTED = ("succeeded", "failed")
 # TENANT). One that expired counts not at all: it waited in the bulk lane behind online work, by
 # design, with its primary's deadline, which says nothing of its variant.
 SHADOW_TENANT = "~shadow"
+# The error types of a job the worker fails without running it: an entry that is no job
+# (workers/partition/partition.py) and parameters a generate engine refuses
+# (workers/generation/generate_loop.py). They carry the worker's read as `started`, so they read
+# as run in about 0 ms (the undecodable one's queue wait from its entry's own, untrusted, stamp):
+# errors counted untimed, as an expired job is.
+UNRUN_ERRORS = frozenset({"UndecodableEntry", "InvalidParameters"})
 Variant = tuple[str, str]  # (model, variant)
 
 # KEYS[1]=counters hash, KEYS[2]=samples list; ARGV: ttl, sample cap, n, n (field, increment)
@@ -141,13 +147,16 @@ class Window:
 
 def sample_of(fields: Mapping[str, str]) -> Sample | None:
     """The sample of a finished job from its hash fields (`status`; `created`, `started` and
-    `finished` in ms; `lane`; `tenant`): untimed if it expired (None for a shadow copy), None
-    unless it succeeded or failed with all three stamps otherwise."""
+    `finished` in ms; `lane`; `tenant`; `error`): untimed if it expired (None for a shadow
+    copy) or failed unrun (UNRUN_ERRORS), None unless it succeeded or failed with all three
+    stamps otherwise."""
     status = fields.get("status")
     bulk = fields.get("lane") == "bulk"
     if status == "expired":
         if fields.get("tenant") == SHADOW_TENANT:
             return None
+        return Sample(False, 0.0, 0.0, timed=False, bulk=bulk)
+    if status == "failed" and _error_type(fields.get("error")) in UNRUN_ERRORS:
         return Sample(False, 0.0, 0.0, timed=False, bulk=bulk)
     if status not in COUNTED:
         return None
@@ -158,6 +167,15 @@ def sample_of(fields: Mapping[str, str]) -> Sample | None:
     ok = status == "succeeded"
     queue_ms, service_ms = float(max(started - created, 0)), float(max(finished - started, 0))
     return Sample(ok, queue_ms, service_ms, bulk=bulk)
+
+
+def _error_type(error: str | None) -> str | None:
+    """The `type` of a failed job's `error` (JSON), None if it has none."""
+    try:
+        decoded = loads(error) if error else None
+    except ValueError:
+        return None
+    return decoded.get("type") if isinstance(decoded, dict) else None
 
 
 def finished_samples(jobs: Iterable[Mapping[str, str]]) -> dict[Variant, list[Sample]]:

@@ -25,7 +25,7 @@ from shared.keys import Keys, new_job_id
 from shared.metrics import SHADOW_COPIES, SHADOW_PAIRS_DROPPED
 from shared.model_repository import ModelConfig, ModelRepository, QueueLimits
 from shared.routing import Routes
-from shared.shadow_compare import compare
+from shared.shadow_compare import RAN, compare
 from shared.shadow_pairs import ShadowPair, ShadowPairs, Totals
 from shared.variant_stats import SHADOW_TENANT, VariantStats
 
@@ -219,7 +219,10 @@ class ShadowComparisons:
         """The page's pairs whose two jobs ended (with their records), and those to drop with
         why: `vanished` at once if the primary's hash is gone (it is written before its pair:
         it expired), else once submitted before `oldest` if the copy's is (the copy is written
-        after its pair: young, it may be yet), or `too_old`, still running. The rest wait."""
+        after its pair: young, it may be yet); `unran` at once if either job ended without
+        running (cancelled or expired: `compare` has nothing to compare, and the pair was read
+        again every look until the other ended, only to be released); or `too_old`, still
+        running. The rest wait."""
         ids = [job_id for pair, _ in page for job_id in (pair.primary_id, pair.shadow_id)]
         records = await self.jobs.get_many(ids)
         both = zip(records[::2], records[1::2], strict=True)
@@ -229,6 +232,8 @@ class ShadowComparisons:
             if primary is None or shadow is None:
                 if primary is None or at_ms < oldest:  # a younger pair's copy may be written yet
                     dropped.append((pair, "vanished"))
+            elif _unran(primary) or _unran(shadow):
+                dropped.append((pair, "unran"))
             elif primary.status.terminal and shadow.status.terminal:
                 ended.append((pair, primary, shadow))
             elif at_ms < oldest:
@@ -263,6 +268,11 @@ class ShadowComparisons:
             )
         )
         await self.pairs.done(model, claimed, pages)
+
+
+def _unran(record: JobRecord) -> bool:
+    """Whether the job ended without running to an answer (cancelled or expired)."""
+    return record.status.terminal and record.status not in RAN
 
 
 def _compared(ended: Iterable[Ended]) -> tuple[Totals, list[tuple[ShadowPair, dict[str, str]]]]:
