@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.lock import Lock
 from redis.typing import EncodableT
 
+from shared.canary_steps import default_max_step_s
 from shared.codec import as_text, dumps, loads
 from shared.keys import Keys
 from shared.leader_lock import LeaderLock
@@ -23,16 +24,14 @@ from shared.leader_lock import LeaderLock
 CanaryState = Literal["running", "completed", "rolled_back", "aborted"]
 EVENTS_KEPT = 500
 LOCK_S = 10.0  # a decision or an abort takes milliseconds; a holder that died frees it then
-# A step's default `max_step_s`: this many intervals, and never less than the floor (a step's
-# window counts from the first whole 10 s bucket after it; a producer may restart meanwhile).
-STEP_BOUND_INTERVALS = 5
-STEP_BOUND_FLOOR_S = 120.0
 
 # KEYS[1]=canary hash, KEYS[2]=active set, KEYS[3]=events; ARGV: doc JSON, model, the call's
-# token. Starts unless one is running; one running that this call's token started is its own,
-# rerun (its reply was lost): the doc alone cannot tell, two starts of one caller in one
-# millisecond write the same. A start drops the last canary's events with its record: they
-# were shown as the new one's decisions (its `aborted` under the new one's `started`).
+# token, the `started` event JSON ('' none). Starts unless one is running; one running that this
+# call's token started is its own, rerun (its reply was lost): the doc alone cannot tell, two
+# starts of one caller in one millisecond write the same. A start drops the last canary's events
+# with its record: they were shown as the new one's decisions (its `aborted` under the new one's
+# `started`). Its own event is written in the same step: saved by a second call, a Redis error
+# between the two answered 500 for a canary that ran with no `started` event.
 _START = """
 local doc = redis.call('HGET', KEYS[1], 'doc')
 if doc and cjson.decode(doc).state == 'running' then
@@ -41,6 +40,7 @@ end
 redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'start_call', ARGV[3])
 redis.call('SADD', KEYS[2], ARGV[2])
 redis.call('DEL', KEYS[3])
+if ARGV[4] ~= '' then redis.call('RPUSH', KEYS[3], ARGV[4]) end
 return 1
 """
 # KEYS[1]=canary hash, KEYS[2]=active set, KEYS[3]=events, KEYS[4] (fenced saves only)=traffic
@@ -109,8 +109,7 @@ class Canary:
 
     def __post_init__(self) -> None:
         if not self.max_step_s:  # not given, or stored before there was one
-            bound = STEP_BOUND_INTERVALS * self.interval_s
-            self.max_step_s = max(bound, STEP_BOUND_FLOOR_S)
+            self.max_step_s = default_max_step_s(self.interval_s)
 
     def to_json(self) -> bytes:
         return dumps(asdict(self))
@@ -127,13 +126,14 @@ class CanaryStore:
         self._start = client.register_script(_START)
         self._save = client.register_script(_SAVE)
 
-    async def start(self, canary: Canary) -> bool:
-        """Store a new running canary in place of the last one, its events with it; False if
-        the model has one running already (not one this call started: the client reruns a
-        script whose reply was lost)."""
+    async def start(self, canary: Canary, event: dict[str, Any] | None = None) -> bool:
+        """Store a new running canary in place of the last one, its events with it, and its
+        `started` `event`, if any, in one step; False if the model has one running already (not
+        one this call started: the client reruns a script whose reply was lost)."""
         model = canary.model
         keys = [self.keys.canary(model), self.keys.canaries_active, self.keys.canary_events(model)]
-        args: list[EncodableT] = [canary.to_json(), canary.model, _call_token()]
+        started = dumps(event) if event else ""
+        args: list[EncodableT] = [canary.to_json(), canary.model, _call_token(), started]
         return bool(await self._start(keys=keys, args=args))
 
     def lock(self, model: str, wait_s: float | None) -> Lock:

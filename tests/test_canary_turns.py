@@ -57,18 +57,17 @@ class _HeldDecision(_Producer):
 
 
 class _LookedAtWhileStarting(_Producer):
-    """A producer starting a canary, whose `started` event meets the leader's look."""
+    """A producer starting a canary, whose telling of its `started` event (its log and webhook,
+    after the start's script) meets the leader's look: the event must be on record by then."""
 
     def __init__(self, client: aioredis.Redis, leader: CanaryController) -> None:
         super().__init__(client)
         self.leader = leader
 
-    async def announce(
-        self, canary: Canary, kind: str, reason: str | None, seen: dict[str, Any]
-    ) -> None:
+    async def _tell(self, canary: Canary, kind: str, record: dict[str, Any]) -> None:
         if kind == "started":
             await self.leader.look()
-        await super().announce(canary, kind, reason, seen)
+        await super()._tell(canary, kind, record)
 
 
 def _canary() -> Canary:

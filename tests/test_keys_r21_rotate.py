@@ -7,6 +7,7 @@ first of a chain), and the producer counts both keys against that one set."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -130,7 +131,8 @@ def test_rotate_prints_a_new_key_with_the_old_spec_and_list_shows_the_link(
     assert new.matches(new_key) and new.limits_of == old_id and new.spec.expires_at
     assert new.spec.scopes == old.spec.scopes and new.spec.max_streams == 3
     lines = keys_cli("list").stdout.splitlines()
-    assert f"{new.key_id}\tacme\tread\t*\tactive\tci\tlimits of {old_id}" in lines
+    ends = datetime.fromtimestamp(new.spec.expires_at, UTC).isoformat(timespec="seconds")
+    assert f"{new.key_id}\tacme\tread\t*\tactive\tci\tlimits of {old_id}\texpires {ends}" in lines
     assert f"{old_id}\tacme\tread\t*\tactive\tci" in lines
 
 

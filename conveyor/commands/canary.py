@@ -12,7 +12,14 @@ from conveyor.client.admin_http import admin_call, clock
 from conveyor.client.calls import segment
 from conveyor.client.cli_options import connection_options
 from conveyor.finite_float import FiniteFloat
-from shared.canary_steps import INTERVAL_MAX_S, MAX_STEP_MAX_S, MAX_STEP_MIN_S, steps_refusal
+from shared.canary_steps import (
+    INTERVAL_MAX_S,
+    MAX_STEP_MAX_S,
+    MAX_STEP_MIN_S,
+    default_max_step_s,
+    min_requests_refusal,
+    steps_refusal,
+)
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -156,6 +163,10 @@ def start(
     api_key: str | None,
 ) -> None:
     """Start the canary and print it."""
+    # the producer's rule (422), held here before any call: an outage's exit code otherwise
+    bound_s = max_step or default_max_step_s(interval)
+    if (why := min_requests_refusal(min_requests, bound_s)) is not None:
+        raise click.BadParameter(why, param_hint="'--min-requests'")
     body = {
         "variant": variant,
         "steps": step_list,

@@ -273,7 +273,7 @@ def _until(ends: float) -> str:
     """When a key stops working, in words (`ends`: Unix seconds, 0: never)."""
     if not ends:
         return "until revoked (`conveyor keys revoke`)"
-    return f"until {datetime.fromtimestamp(ends, UTC).isoformat(timespec='seconds')}"
+    return f"until {_utc(ends)}"
 
 
 @command.command("rotate")
@@ -303,7 +303,9 @@ def rotate(key_id: str, expires_in: str | None, revoke_old_in: str | None, as_js
 @command.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def list_keys(as_json: bool) -> None:
-    """Every key's id, tenant, scopes, models and state (never the key itself)."""
+    """Every key's id, tenant, scopes, models, state, name, rotation link and expiry (never the
+    key itself)."""
+    now = time.time()
     for record in _run(lambda store: store.list()):
         described = _describe(record)
         if as_json:
@@ -311,11 +313,21 @@ def list_keys(as_json: bool) -> None:
             continue
         models = ",".join(described["models"]) or "*"
         scopes = ",".join(described["scopes"])
-        # a rotated key's link comes last, so the name stays the sixth column
+        # a rotated key's link and an expiring key's time follow the name, each named as it
+        # reads, so the name stays the sixth column (a rotation's `--revoke-old-in` was told
+        # nowhere but `--json`)
         link = f"\tlimits of {record.limits_of}" if record.limits_of else ""
+        ends = record.spec.expires_at
+        expiry = f"\t{'expired' if ends <= now else 'expires'} {_utc(ends)}" if ends else ""
         click.echo(
-            f"{record.key_id}\t{described['tenant']}\t{scopes}\t{models}\t{described['state']}\t{described['name']}{link}"
+            f"{record.key_id}\t{described['tenant']}\t{scopes}\t{models}\t{described['state']}"
+            f"\t{described['name']}{link}{expiry}"
         )
+
+
+def _utc(at: float) -> str:
+    """Unix seconds as UTC to the second, as `rotate` and `list` show a key's end."""
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
 
 
 async def _revoked(store: ApiKeyStore, given: str) -> str | None:

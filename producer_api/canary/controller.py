@@ -193,12 +193,15 @@ class CanaryController:
         return canary.variant if active else None
 
     async def start(self, canary: Canary) -> bool:
-        """Store a new running canary and announce it; False if the model has one running. In
-        its turn, so the leader's first step never comes before the `started` event."""
+        """Store a new running canary with its `started` event in one step, then log and
+        webhook it; False if the model has one running. Saved by a second call, a Redis error
+        between the two answered 500 for a canary that ran without the event. In its turn, so
+        the leader's first step never comes before the `started` event."""
         async with self.store.lock(canary.model, wait_s=TURN_WAIT_S):
-            if not await self.store.start(canary):
+            record = _record(canary, "started", None, {})
+            if not await self.store.start(canary, record):  # with its event, in one step
                 return False
-            await self.announce(canary, "started", None, {})  # saves it again, with its event
+            await self._tell(canary, "started", record)
             return True
 
     async def abort(self, model: str, reason: str) -> bool:
@@ -460,24 +463,33 @@ class CanaryController:
         """Save the canary as decided with its decision's event, in one step (an event recorded
         after the save was lost to a Redis error between the two), then log and webhook it; the
         leader's look shows it in the gauges. Fenced by the look's lease, as every save is."""
-        record = {
-            "at": stamp(),
-            "type": kind,
-            "model": canary.model,
-            "variant": canary.variant,
-            "baseline": canary.baseline,
-            "state": canary.state,
-            "weight": canary.weight,
-            "reason": reason,
-            "numbers": seen,
-        }
+        record = _record(canary, kind, reason, seen)
         await self.store.save(canary, _LEASE.get(), record)
+        await self._tell(canary, kind, record)
+
+    async def _tell(self, canary: Canary, kind: str, record: dict[str, Any]) -> None:
+        """Log and webhook a decision saved with its event `record`."""
         log.info("canary %s:%s %s at %g%%", canary.model, canary.variant, kind, canary.weight)
         if canary.webhook:
             body = event(f"model.canary.{kind}", OPERATOR, record)
             # handed over, never raised: the decision stands (a start or an abort answered 500
             # for a canary it had started or ended)
             await self.webhooks.hand_over("canary", canary.model, canary.webhook, body)
+
+
+def _record(canary: Canary, kind: str, reason: str | None, seen: dict[str, Any]) -> dict[str, Any]:
+    """A decision's event: the canary as decided, why, and the numbers behind it."""
+    return {
+        "at": stamp(),
+        "type": kind,
+        "model": canary.model,
+        "variant": canary.variant,
+        "baseline": canary.baseline,
+        "state": canary.state,
+        "weight": canary.weight,
+        "reason": reason,
+        "numbers": seen,
+    }
 
 
 def _serves(config: ModelConfig, name: str) -> bool:

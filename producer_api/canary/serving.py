@@ -16,7 +16,7 @@ from producer_api.canary.protocol import CanaryStart
 from producer_api.errors import ConveyorError
 from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
-from shared.canary_steps import steps_refusal
+from shared.canary_steps import default_max_step_s, min_requests_refusal, steps_refusal
 from shared.canary_store import Canary
 from shared.model_repository import ModelConfig
 from shared.routing import InvalidRoutes, UnknownVariant, serving_variant
@@ -76,6 +76,9 @@ class CanaryService:
             raise ConveyorError(422, "invalid_request", message)
         if (why := steps_refusal(body.steps)) is not None:
             raise ConveyorError(422, "invalid_request", f"steps: {why}")
+        max_step_s = body.max_step_s or default_max_step_s(body.interval_s)
+        if (why := min_requests_refusal(body.min_requests, max_step_s)) is not None:
+            raise ConveyorError(422, "invalid_request", f"min_requests: {why}")
         if body.webhook and (why := refusal(body.webhook, self.state.settings)):
             raise ConveyorError(422, "invalid_request", why)
 
