@@ -29,12 +29,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared import job_scripts
 from shared.codec import RequestEntry, as_text, is_stream_id, stream_id
 from shared.job_parameters import ParametersRefused, check_parameters
-from shared.job_store import JobStore, QueueFull, TooFarBack, stamp_ms
+from shared.job_store import JobStore, NewJob, QueueFull, TooFarBack, stamp_ms
 from shared.keys import Keys, replay_job_id
 from shared.model_repository import ModelConfig
-from shared.redis_client import RedisClient, executed
+from shared.redis_client import RedisClient, call_script, executed
 from shared.settings import Settings
 from shared.webhook_events import refusal as webhook_refusal
 
@@ -192,6 +193,7 @@ class DeadLetters:
         self.max_length = max_length
         self.admission = admission
         self.refusal = refusal
+        self._replay_letter = self.redis.register_script(job_scripts.REPLAY_LETTER)
 
     async def partition_exists(self) -> bool:
         """Whether the partition was ever used here: its queue (a worker creates it) or its
@@ -301,7 +303,8 @@ class DeadLetters:
                 result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, QUEUE_FULL))
             else:
                 try:
-                    result.replayed.append(await self._replay(letter, lane))
+                    if replayed := await self._replay(letter, lane):
+                        result.replayed.append(replayed)
                 except QueueFull:
                     full.add(lane)
                     result.kept.append(KeptLetter(letter.dlq_id, letter.job_id, QUEUE_FULL))
@@ -335,10 +338,12 @@ class DeadLetters:
             dlq_id for dlq_id in ids if not is_stream_id(dlq_id) or stream_id(dlq_id) not in found
         ]
 
-    async def _replay(self, letter: DeadLetter, stream: str) -> tuple[str, str]:
-        """Enqueue the letter's job again and remove the letter, admitted as its submit was:
-        by the lane's length, and by deadline (`admission`) unless it is a batch item, which
-        its batch's window bounds, not `max_queue_time_s`, and no submit refuses by deadline."""
+    async def _replay(self, letter: DeadLetter, stream: str) -> tuple[str, str] | None:
+        """Enqueue the letter's job again and remove the letter, in one step (REPLAY_LETTER),
+        admitted as its submit was: by the lane's length, and by deadline (`admission`) unless it
+        is a batch item, which its batch's window bounds, not `max_queue_time_s`, and no submit
+        refuses by deadline. None where the letter was purged since it was read: it is not
+        replayed (one replayed by another replay meanwhile is reported, its one job's ids)."""
         entry = RequestEntry(
             job_id=replay_job_id(self.model, self.variant, letter.job_id, letter.dlq_id),
             payload=letter.entry.payload,
@@ -365,11 +370,15 @@ class DeadLetters:
         fair = (self.fair_window, None)
         # a batch item's record lives out its window, then the result TTL, as its first did
         ttl_s = self.store.ttl_until(entry.deadline_ms) if entry.batch else 0
-        await self.store.create(
-            entry, stream, fields, self.max_length, max_ahead, fair, may_exist=True, ttl_s=ttl_s
-        )
-        await self.redis.xdel(self.stream, letter.dlq_id)
-        return letter.job_id, entry.job_id
+        job = NewJob(entry, stream, fields, *fair, ttl_s=ttl_s, may_exist=True)
+        keys, args = self.store.enqueue_call(job, self.max_length, max_ahead)
+        call = [*keys, self.stream], [*args, letter.dlq_id]
+        [(admitted, count, *_)] = await call_script(self._replay_letter, *call)
+        if admitted == 0:
+            raise QueueFull(stream, int(count))
+        if admitted == 2:
+            raise TooFarBack(stream, int(count))
+        return (letter.job_id, entry.job_id) if admitted == 1 else None
 
     async def purge(self, ids: list[str] | None = None, upto: str = "") -> int:
         """Remove the letters of `ids` (a malformed id removes nothing; Redis refused the

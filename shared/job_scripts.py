@@ -641,9 +641,7 @@ return out
 # each job's hash looked for.
 # Many jobs per call (the submits of one event-loop turn) share its fixed cost: the call, the
 # prelude, and reading the lane's length and pending count.
-ENQUEUE = (
-    _PRELUDE
-    + """
+_ENQUEUE_BODY = """
 local stream, added = KEYS[1], KEYS[2]
 local max_length, ttl, group = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local window, job_prefix = tonumber(ARGV[4]), ARGV[5]
@@ -755,6 +753,31 @@ settle()
 -- A call that refused its first job and wrote a later one leaves a marker, so that its rerun is
 -- known as one (a call that wrote nothing may well run again as if for the first time).
 if out[1][1] ~= 1 and wrote then redis.call('SET', KEYS[3] .. REFUSED, 1, 'EX', REFUSED_TTL) end
+return out
+"""
+ENQUEUE = _PRELUDE + _ENQUEUE_BODY
+
+# ENQUEUE's KEYS and ARGV for one job (a dead letter's replay, its id the letter's replay id),
+# then KEYS[4]=the partition's dead-letter stream (in the lane's slot), ARGV[#ARGV]=the letter's
+# id. ENQUEUE's call, which removes the letter once its job is admitted, run only while the
+# letter is there or its replay's job is (replayed by another replay: ENQUEUE leaves it alone,
+# one job however many replays read the letter): a letter is replayed or purged, never both (a
+# purge between a replay's read and its enqueue reported the letter discarded while the replay
+# enqueued it). Reply as ENQUEUE's, or {{3, 0}} where the letter is gone and no job replays it.
+REPLAY_LETTER = (
+    _PRELUDE
+    + """
+local dlq, letter = table.remove(KEYS), table.remove(ARGV)
+if #redis.call('XRANGE', dlq, letter, letter) == 0 and redis.call('EXISTS', KEYS[3]) == 0 then
+  return {{3, 0}}
+end
+local function enqueue_all()
+"""
+    + _ENQUEUE_BODY
+    + """
+end
+local out = enqueue_all()
+if out[1][1] == 1 then redis.call('XDEL', dlq, letter) end
 return out
 """
 )
@@ -1194,6 +1217,7 @@ ALL = (
     TAKE,
     MARK_RUNNING,
     ENQUEUE,
+    REPLAY_LETTER,
     RECLAIM,
     FINISH,
     TRANSITION,

@@ -15,6 +15,7 @@ import logging
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +132,26 @@ async def read_partition_stats(
     lanes = [lane for p in read for lane in (p.online, p.bulk)]
     await _oldest_ages(client, keys.job_prefix, lanes)
     return read
+
+
+async def read_dlq_depths(
+    client: aioredis.Redis, keys: Keys, partitions: Sequence[tuple[str, str]]
+) -> list[tuple[str, str, int]]:
+    """(model, variant, dead letters) of each of `partitions` in one round trip: those that hold
+    letters but that the repository no longer serves (`lettered_partitions`), which
+    `read_partition_stats` does not read (their letters raised no `conveyor_dlq_depth`). One
+    whose key holds another type is left out, as there."""
+    if not partitions:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for model, variant in partitions:
+        pipe.xlen(keys.dlq(model, variant))
+    replies = await _replies(pipe)
+    return [
+        (model, variant, depth)
+        for (model, variant), depth in zip(partitions, replies, strict=True)
+        if isinstance(depth, int)
+    ]
 
 
 def _applied(partition: PartitionStats, replies: list[Any]) -> bool:

@@ -456,26 +456,36 @@ async def _readable(
 
 
 @router.get("/dead-letters")
-async def dead_letters(request: Request, state: State, current: Admin) -> Response:
-    """Each partition's oldest LETTERS_SHOWN letters, and how many it holds (the page said
-    200 entries of a partition holding 5,000, whose "Replay all" replays all 5,000), or why
-    it cannot read them (`DeadLetters.unreadable`): every partition the repository serves, and
-    every other that holds letters (`lettered_partitions`), said to be no longer served."""
+async def dead_letters(
+    request: Request, state: State, current: Admin, partition: str = "", after: str = ""
+) -> Response:
+    """Each partition's oldest LETTERS_SHOWN letters (those of `partition` after its letter
+    `after`: the next page, linked from the one before, or only its oldest 200 were ever
+    reachable), and how many it holds (the page said 200 entries of a partition holding 5,000,
+    whose "Replay all" replays all 5,000), or why it cannot read them
+    (`DeadLetters.unreadable`): every partition the repository serves, and every other that
+    holds letters (`lettered_partitions`), said to be no longer served."""
+    if after and not is_stream_id(after):  # Redis refused the read: a 500
+        raise ConveyorError(422, "invalid_request", f"after: {after!r} is no dead-letter id")
     served = [(config.name, variant) for config in state.repository for variant in config.variants]
     lettered = set(await lettered_partitions(state.redis, state.keys)) - set(served)
-    partitions: list[tuple[str, list[DeadLetter], int, str, str]] = []
+    partitions: list[tuple[str, list[DeadLetter], int, str, str, str, str]] = []
     for model, variant in [*served, *sorted(lettered)]:
         if not current.principal.may_use(model):
             continue
         name, letters = f"{model}:{variant}", _dead_letters(state, model, variant)
         unserved = _unserved(state, model, variant)
         if refused := await letters.unreadable():
-            partitions.append((name, [], 0, refused, unserved))
+            partitions.append((name, [], 0, refused, unserved, "", ""))
             continue
-        shown, depth = await letters.entries(count=LETTERS_SHOWN), await letters.depth()
+        start = after if name == partition else ""
+        # one more than shown tells whether a next page has any
+        shown = await letters.entries(LETTERS_SHOWN + 1, start)
+        depth = await letters.depth()
         if unserved and not depth:  # all replayed or purged: an empty stream stays behind
             continue
-        partitions.append((name, shown, depth, "", unserved))
+        more = shown[LETTERS_SHOWN - 1].dlq_id if len(shown) > LETTERS_SHOWN else ""
+        partitions.append((name, shown[:LETTERS_SHOWN], depth, "", unserved, start, more))
     return _page(request, "dead_letters.html", current, partitions=partitions)
 
 

@@ -34,6 +34,7 @@ from producer_api.errors import ConveyorError
 from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
 from shared.backlog import read_backlogs
+from shared.dead_letters import lettered_partitions
 from shared.metrics import (
     BACKLOG_SCALING_SECONDS,
     BACKLOG_SECONDS,
@@ -44,7 +45,7 @@ from shared.metrics import (
     PARTITION_PENDING,
 )
 from shared.model_repository import NAME
-from shared.partition_stats import read_partition_stats
+from shared.partition_stats import read_dlq_depths, read_partition_stats
 
 router = APIRouter(tags=["health"])
 _REFRESH_S = 1.0
@@ -70,6 +71,7 @@ async def _refresh_gauges(state: ProducerState) -> None:
             PARTITION_PENDING.labels(*labels, lane_name).set(lane.pending)
             OLDEST_AGE.labels(*labels, lane_name).set(lane.oldest_age_s)
         DLQ_DEPTH.labels(*labels).set(partition.dlq_depth)
+    await _refresh_unserved_dlq_depths(state)
     # those read: one left out (a key of another type) would refuse the backlogs' read too
     shown = {(p.model, p.variant) for p in read}
     partitions = [
@@ -81,6 +83,17 @@ async def _refresh_gauges(state: ProducerState) -> None:
     for backlog in await read_backlogs(state.redis, state.keys, partitions):
         BACKLOG_SECONDS.labels(backlog.model, backlog.variant).set(backlog.seconds)
         BACKLOG_SCALING_SECONDS.labels(backlog.model, backlog.variant).set(backlog.scaling_seconds)
+
+
+async def _refresh_unserved_dlq_depths(state: ProducerState) -> None:
+    """`conveyor_dlq_depth` of the partitions holding letters that the repository no longer
+    serves (a variant or model taken out keeps its letters, which raised no gauge and no alert):
+    the index of partitions that dead-lettered (`lettered_partitions`), less the served ones."""
+    served = {(config.name, variant) for config in state.repository for variant in config.variants}
+    lettered = await lettered_partitions(state.redis, state.keys)
+    unserved = [partition for partition in lettered if partition not in served]
+    for model, variant, depth in await read_dlq_depths(state.redis, state.keys, unserved):
+        DLQ_DEPTH.labels(model, variant).set(depth)
 
 
 @router.get("/metrics", include_in_schema=False)
