@@ -125,10 +125,10 @@ class AsyncClient:
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """Closed early (`aclose`), or ended by an error chunk, it closes its response then: left
         to asyncio's finalizer, the connection, whose close cancels the job, outlived it."""
-        call = calls.chat_stream_call(model, messages, params)
-        async with contextlib.aclosing(self.events(EventStream(call, resumable=False))) as events:
+        stream = EventStream(calls.chat_stream_call(model, messages, params), resumable=False)
+        async with contextlib.aclosing(self.events(stream)) as events:
             async for event in events:
-                if (chunk := calls.chat_chunk(event)) is not None:
+                if (chunk := calls.chat_chunk(event, stream.headers)) is not None:
                     yield chunk
 
     def stream(

@@ -559,19 +559,21 @@ def chat_stream_call(model: str, messages: list[dict[str, Any]], params: dict[st
     return Call("POST", "/v1/chat/completions", json=body, timeout=600, repeatable=False)
 
 
-def chat_chunk(event: Event) -> ChatCompletionChunk | None:
+def chat_chunk(event: Event, headers: httpx.Headers | None = None) -> ChatCompletionChunk | None:
     """A chunk of a streamed chat completion; None for the closing `[DONE]`. An error chunk
     (`{"error": {type, message}}`, how the server ends a stream it cannot finish) raises
     StreamFailed: read as a chunk, it raised pydantic's ValidationError. Data that is no chunk
     (a proxy's page) is `invalid_response`, as `parsed` makes a whole answer that is not the
-    producer's: it was orjson's or pydantic's error, which no `except APIError` caught."""
+    producer's: it was orjson's or pydantic's error, which no `except APIError` caught.
+    `headers`: the stream's response's, so the error's `request_id` names the completion's job
+    (it was None)."""
     if event.data == "[DONE]":
         return None
     try:
         body = orjson.loads(event.data)
         if isinstance(body, dict) and isinstance(error := body.get("error"), dict):
-            raise StreamFailed(200, str(error.get("type")), str(error.get("message")))
+            raise StreamFailed(200, str(error.get("type")), str(error.get("message")), headers)
         return ChatCompletionChunk.model_validate(body)
     except ValueError as exc:  # orjson's JSONDecodeError, pydantic's ValidationError
         message = f"not the producer's chunk: {event.data[:200]!r}"
-        raise api_error(200, "invalid_response", message) from exc
+        raise api_error(200, "invalid_response", message, headers) from exc

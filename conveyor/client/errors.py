@@ -57,7 +57,10 @@ class RateLimited(APIError):
 
 
 class Unavailable(APIError):
-    """503 after the retries ran out."""
+    """503, or a proxy's 502 or 504 (a body that is not the producer's), after the retries ran
+    out: the statuses retried as an outage (`retries.UNAVAILABLE`); a proxy's were a bare
+    APIError, which `except Unavailable` missed. The producer's own 502 (an engine's output of
+    the wrong shape) and a predict's 504 (its job expired) stay APIErrors: no outage."""
 
 
 _BY_STATUS: dict[int, type[APIError]] = {
@@ -68,6 +71,8 @@ _BY_STATUS: dict[int, type[APIError]] = {
     429: RateLimited,
     503: Unavailable,
 }
+GATEWAY = frozenset({502, 504})  # a proxy's, when the body is not the producer's
+NOT_THE_PRODUCERS = "http_error"  # the type of an error whose body is not the producer's
 
 
 def api_error(
@@ -75,6 +80,8 @@ def api_error(
 ) -> APIError:
     """The error of `status` as its class (Conflict for 409, ...), whether the answer's status
     says it or a job's end does (a predict's job cancelled after its 202 hand-off)."""
+    if status in GATEWAY and type_ == NOT_THE_PRODUCERS:
+        return Unavailable(status, type_, message, headers)
     return _BY_STATUS.get(status, APIError)(status, type_, message, headers)
 
 
@@ -90,7 +97,7 @@ def raise_for_error(response: httpx.Response) -> httpx.Response:
         where = response.headers.get("Location", "nowhere named")
         message = f"redirected to {where}; set CONVEYOR_URL (or --url) to where it leads"
         raise api_error(status, "redirect", message, response.headers)
-    type_, message = "http_error", response.reason_phrase
+    type_, message = NOT_THE_PRODUCERS, response.reason_phrase
     try:
         body: Any = response.json()
         type_, message = body["error"]["type"], body["error"]["message"]

@@ -130,6 +130,8 @@ class EventStream:
     _empty_closes: int = 0
     _received: int = 0
     _opened: bool = False  # a response was served (a stream that is not resumable ends with it)
+    # The last served response's headers: its X-Request-ID goes with an error its events raise.
+    headers: httpx.Headers = field(default_factory=httpx.Headers)
 
     def __post_init__(self) -> None:
         if not self.reconnect_for_s >= 0:  # NaN: resumed forever, unnoticed
@@ -158,6 +160,7 @@ class EventStream:
         One that is no event stream (a proxy's login page answering 200) is an APIError: read
         as one, it held no event, and the stream ended as if whole, silently."""
         self._opened = True
+        self.headers = response.headers
         if self._failing_since is not None:
             self._failed_s += time.monotonic() - self._failing_since
             self._failing_since = None

@@ -117,9 +117,9 @@ class Client:
         self, model: str, messages: list[dict[str, Any]], **params: Any
     ) -> Iterator[ChatCompletionChunk]:
         """The same, streamed (`stream: true`): chunks until `data: [DONE]`."""
-        call = calls.chat_stream_call(model, messages, params)
-        for event in self.events(EventStream(call, resumable=False)):
-            if (chunk := calls.chat_chunk(event)) is not None:
+        stream = EventStream(calls.chat_stream_call(model, messages, params), resumable=False)
+        for event in self.events(stream):
+            if (chunk := calls.chat_chunk(event, stream.headers)) is not None:
                 yield chunk
 
     def stream(
