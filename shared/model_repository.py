@@ -27,8 +27,9 @@ NAME_PATTERN = re.compile(NAME)
 # named `package.module:Class` (as Triton's Python backend keeps a model's code beside it).
 BACKEND_NAMES = frozenset({"identity", "onnxruntime", "tensorrt", "torch", "vllm"})
 # Matched whole (fullmatch): `$` matched before a final newline, and such a name loaded while
-# no worker could import its class.
-CUSTOM_BACKEND = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+# no worker could import its class; so did a module path with an empty part (`pkg.:Engine`,
+# `pkg..engines:Engine`), which no import finds.
+CUSTOM_BACKEND = re.compile(r"[A-Za-z_]\w*(?:\.\w+)*:[A-Za-z_]\w*")
 # The named backends that generate (continuous batching); every other named one batches.
 GENERATE_BACKENDS = frozenset({"vllm"})
 # vLLM engine arguments the worker sets itself: the artifact folder, whose tokenizer turns
@@ -36,10 +37,15 @@ GENERATE_BACKENDS = frozenset({"vllm"})
 VLLM_ARTIFACT_ARGS = frozenset({"model", "tokenizer"})
 # The engines that tokenise texts themselves and read EncoderParameters.
 ENCODER_BACKENDS = frozenset({"onnxruntime", "tensorrt", "torch"})
+# The named engines that load what `prepare` builds (identity loads nothing).
+ARTIFACT_BACKENDS = ENCODER_BACKENDS | GENERATE_BACKENDS
 QUOTED_CHARS = 200  # of a refused value, quoted in its 422
 DEFAULT_MAX_SEQ_LENGTH = 256  # tokens per text, special ones included; longer texts are truncated
-# The artifact builders workers/model_prep knows by name (`prepare:`, `conveyor models prepare`).
-PREPARER_NAMES = frozenset({"minilm", "smollm2"})
+# The artifact builders workers/model_prep knows by name (`prepare:`, `conveyor models prepare`),
+# each with the kind of model it builds: an encoder's ONNX graph and weights, or vLLM's Hugging
+# Face folder. A named backend of the other kind failed every load on what was built.
+PREPARED_KINDS = {"minilm": "batch", "smollm2": "generate"}
+PREPARER_NAMES = frozenset(PREPARED_KINDS)
 # The token positions of the encoder a preparer builds (`max_position_embeddings` of the
 # config.json it writes), known before any artifact exists: a CUDA-graph seq bucket past them
 # fails capture at warm-up, and the worker restarts into the same failure.
@@ -417,9 +423,10 @@ class ModelConfig(BaseModel):
     def _inside_artifact_folder(cls, artifact: str | None) -> str | None:
         """The engines read it, and `conveyor models prepare` writes it, at the model's artifact
         folder joined with it: an absolute path or a `..` led out of that folder, and prepare
-        wrote the ONNX graph there (another model's folder, any file the CLI may write)."""
+        wrote the ONNX graph there (another model's folder, any file the CLI may write). `.`
+        named the folder itself, which no engine loads and prepare could not write over."""
         path = Path(artifact or "")
-        if path.is_absolute() or ".." in path.parts:
+        if path.is_absolute() or ".." in path.parts or (artifact and not path.parts):
             raise ValueError(
                 f"{artifact!r} is not a file inside the model's artifact folder "
                 "(CONVEYOR_ARTIFACT_DIR/<model>): name it relative to that folder, without `..`"
@@ -509,6 +516,12 @@ class ModelConfig(BaseModel):
             raise ModelConfigError(
                 f"model {self.name} variant {variant}: backend {backend} serves kind {serves}, "
                 f"not {self.kind}"
+            )
+        built = PREPARED_KINDS.get(self.prepare or "", self.kind)
+        if backend in ARTIFACT_BACKENDS and built != self.kind:  # a custom one reads what it will
+            raise ModelConfigError(
+                f"model {self.name} variant {variant}: `prepare: {self.prepare}` builds a "
+                f"{built} model, which backend {backend} (kind {self.kind}) cannot load"
             )
         sizes = self.preferred_batch_sizes_of(variant)
         largest = self.max_batch_size_of(variant)
