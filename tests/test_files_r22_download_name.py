@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 
+import httpx
 import redis.asyncio as aioredis
 from openai import AsyncOpenAI
 
@@ -21,12 +22,7 @@ async def test_a_download_of_a_file_named_with_a_path_is_named_by_one_segment(
     parameter, so it cannot climb out of (or into a folder below) where it is saved."""
     auth = await _key(aredis, f"acme-{uuid.uuid4().hex[:8]}")
     async with _producer(redis_url) as client:
-        sdk = AsyncOpenAI(
-            base_url="http://test/v1",
-            api_key=auth["Authorization"].removeprefix("Bearer "),
-            http_client=client,
-            max_retries=0,
-        )
+        sdk = openai_sdk(client, auth)
         uploaded = await sdk.files.create(file=("../../etc/x.jsonl", FILE), purpose="batch")
         assert uploaded.filename == "../../etc/x.jsonl"
         content = await sdk.files.with_raw_response.content(uploaded.id)
@@ -34,3 +30,13 @@ async def test_a_download_of_a_file_named_with_a_path_is_named_by_one_segment(
         assert "/" not in disposition, disposition
         assert named(disposition.encode()) == ".._.._etc_x.jsonl"
         assert content.content == FILE
+
+
+def openai_sdk(client: httpx.AsyncClient, auth: dict[str, str]) -> AsyncOpenAI:
+    """OpenAI's SDK on the in-process producer `client`, with the key of `auth`, no retries."""
+    return AsyncOpenAI(
+        base_url="http://test/v1",
+        api_key=auth["Authorization"].removeprefix("Bearer "),
+        http_client=client,
+        max_retries=0,
+    )

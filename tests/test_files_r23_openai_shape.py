@@ -10,10 +10,11 @@ from email.message import Message
 
 import pytest
 import redis.asyncio as aioredis
-from openai import AsyncOpenAI, ConflictError, NotFoundError
+from openai import ConflictError, NotFoundError
 
 from tests.test_files_api import FILE, _key, _producer
 from tests.test_files_r15_content import named
+from tests.test_files_r22_download_name import openai_sdk
 
 
 def plain_filename(disposition: str) -> str:
@@ -48,12 +49,7 @@ async def test_every_files_refusal_is_in_openais_shape(
     `invalid_request_error` with its message and the `id` it names, as OpenAI's API answers."""
     auth = await _key(aredis, f"acme-{uuid.uuid4().hex[:8]}")
     async with _producer(redis_url) as client:
-        sdk = AsyncOpenAI(
-            base_url="http://test/v1",
-            api_key=auth["Authorization"].removeprefix("Bearer "),
-            http_client=client,
-            max_retries=0,
-        )
+        sdk = openai_sdk(client, auth)
         created = await client.post(
             "/v1/batches",
             params={"model": "identity"},

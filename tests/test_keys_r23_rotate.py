@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import redis
 import redis.asyncio as aioredis
-from click.testing import CliRunner, Result
+from click.testing import Result
 
-from conveyor.cli import main
-from shared.api_keys import ApiKey, ApiKeyStore, KeyNotRotatable, KeySpec, key_id_of
+from shared.api_keys import ApiKeyStore, KeyNotRotatable, KeySpec, key_id_of
 from shared.keys import Keys
 from tests.conftest import issue_key
+from tests.test_keys_r21_rotate import (
+    _record,
+    keys_cli,  # noqa: F401 (a fixture)
+)
 
 KEYS = Keys()
 SPEC = KeySpec("acme", frozenset({"read"}), name="ci")
@@ -27,19 +29,6 @@ SPEC = KeySpec("acme", frozenset({"read"}), name="ci")
 @pytest.fixture
 async def store(aredis: aioredis.Redis) -> ApiKeyStore:
     return ApiKeyStore(aredis, KEYS)
-
-
-@pytest.fixture
-def keys_cli(
-    redis_url: str, redis_client: redis.Redis, settings_env: Callable[..., None], tmp_path: Path
-) -> Callable[..., Result]:
-    """`conveyor keys …` on the test's flushed Valkey (no `conveyor up` state)."""
-    settings_env(CONVEYOR_REDIS_URL=redis_url, CONVEYOR_STATE_DIR=str(tmp_path / "state"))
-    return lambda *args: CliRunner().invoke(main, ["keys", *args])
-
-
-def _record(client: redis.Redis, key_id: str) -> ApiKey:
-    return ApiKey.from_fields(client.hgetall(KEYS.api_key(key_id)))
 
 
 async def test_a_key_revoked_after_it_was_read_is_not_rotated(
@@ -61,7 +50,9 @@ async def test_an_expired_key_is_not_rotated(store: ApiKeyStore, aredis: aioredi
 
 
 def test_rotate_revoke_old_in_ends_the_old_key_after_the_grace(
-    keys_cli: Callable[..., Result], redis_url: str, redis_client: redis.Redis
+    keys_cli: Callable[..., Result],  # noqa: F811
+    redis_url: str,
+    redis_client: redis.Redis,
 ) -> None:
     old_id = key_id_of(issue_key(redis_url, "acme", "read"))
     before = time.time()
@@ -77,7 +68,9 @@ def test_rotate_revoke_old_in_ends_the_old_key_after_the_grace(
 
 
 def test_rotate_revoke_old_in_never_lengthens_the_old_keys_life(
-    keys_cli: Callable[..., Result], redis_url: str, redis_client: redis.Redis
+    keys_cli: Callable[..., Result],  # noqa: F811
+    redis_url: str,
+    redis_client: redis.Redis,
 ) -> None:
     expires_at = time.time() + 600
     old_id = key_id_of(issue_key(redis_url, "acme", "read", expires_at=expires_at))
@@ -87,7 +80,9 @@ def test_rotate_revoke_old_in_never_lengthens_the_old_keys_life(
 
 
 def test_rotate_without_revoke_old_in_leaves_the_old_key_alone(
-    keys_cli: Callable[..., Result], redis_url: str, redis_client: redis.Redis
+    keys_cli: Callable[..., Result],  # noqa: F811
+    redis_url: str,
+    redis_client: redis.Redis,
 ) -> None:
     old_id = key_id_of(issue_key(redis_url, "acme", "read"))
     rotated = keys_cli("rotate", old_id)
@@ -97,7 +92,9 @@ def test_rotate_without_revoke_old_in_leaves_the_old_key_alone(
 
 
 def test_rotate_refuses_a_bad_revoke_old_in(
-    keys_cli: Callable[..., Result], redis_url: str, redis_client: redis.Redis
+    keys_cli: Callable[..., Result],  # noqa: F811
+    redis_url: str,
+    redis_client: redis.Redis,
 ) -> None:
     old_id = key_id_of(issue_key(redis_url, "acme", "read"))
     refused = keys_cli("rotate", old_id, "--revoke-old-in", "0s")
@@ -108,7 +105,7 @@ def test_rotate_refuses_a_bad_revoke_old_in(
 
 @pytest.mark.parametrize("rotating", [False, True])
 def test_a_new_key_no_replica_confirmed_is_not_shown(
-    keys_cli: Callable[..., Result],
+    keys_cli: Callable[..., Result],  # noqa: F811
     redis_url: str,
     redis_client: redis.Redis,
     settings_env: Callable[..., None],

@@ -9,16 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.model_repository import ModelConfigError, ModelRepository
-
-
-def refusal(root: Path, text: str) -> str:
-    """The one line loading a repository of model `m` with this config.yaml is refused in."""
-    (root / "m").mkdir()
-    (root / "m" / "config.yaml").write_text(text)
-    with pytest.raises(ModelConfigError) as refused:
-        ModelRepository.load(root)
-    return str(refused.value)
+from shared.model_repository import ModelRepository
+from tests.test_model_repo_r16_refusals import refusal
 
 
 @pytest.mark.parametrize(
