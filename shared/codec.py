@@ -149,21 +149,18 @@ class RequestEntry:
         """What an entry `decode` refused still says of its job, its text fields as they read
         (id, reply channel, tenant, in-flight set): enough to fail the job, whose client
         otherwise polled it queued until its TTL. Its payload is empty, its enqueue stamp
-        `now_ms` unless its own reads; None for an entry that names no job."""
+        `now_ms`: its `enq` is as untrusted as the rest (one of 1 told the client its job was
+        created in 1970); None for an entry that names no job."""
 
         def text(name: bytes) -> str:
             return fields.get(name, b"").decode(errors="replace")
 
         if not (job_id := text(b"id")):
             return None
-        try:
-            enqueued_ms = _finite(fields[b"enq"])
-        except (KeyError, ValueError):
-            enqueued_ms = now_ms
         return cls(
             job_id,
             {},
-            enqueued_ms,
+            now_ms,
             tenant=text(b"tenant") or "default",
             reply=text(b"reply"),
             traceparent=text(b"tp"),

@@ -43,6 +43,12 @@ NEW_KEY_LOST = (
     "the new key is not confirmed ({}): a failover now could lose it, so it is not shown; run"
     " this again (its record, never shown, can be revoked: `conveyor keys list`)"
 )
+# What `dev_key` says when too few replicas confirmed its key's write (or an old key's revoke):
+# `conveyor up` said Redis was lost, though a single-node stack only needs acks off.
+DEV_KEY_UNCONFIRMED = (
+    "no replica confirmed the development key ({}): set CONVEYOR_REPLICA_ACKS=0 for a"
+    " single-node dev stack, or add replicas"
+)
 DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 DEV_KEY_SPEC = KeySpec(tenant="dev", scopes=frozenset(SCOPES), name="development key (conveyor up)")
@@ -65,9 +71,8 @@ def dev_key(settings: Settings, key_file: Path) -> str:
         client = connect(settings.redis_url, blocks_ms=0)
         try:
             store = ApiKeyStore(client, Keys(settings.key_prefix))
-            key = await _dev_key(store, settings.dev_api_key, previous)
-            await _revoke_dev_keys_but(store, key_id_of(key))
-            return key
+            chosen = _only_dev_key(store, settings.dev_api_key, previous)
+            return await _confirmed(chosen, DEV_KEY_UNCONFIRMED)
         finally:
             await client.aclose()
 
@@ -75,6 +80,13 @@ def dev_key(settings: Settings, key_file: Path) -> str:
     key_file.touch(mode=0o600)
     key_file.chmod(0o600)  # touch sets no mode on a file already there, maybe wider
     key_file.write_text(key + "\n")
+    return key
+
+
+async def _only_dev_key(store: ApiKeyStore, chosen: str, previous: str) -> str:
+    """The development key, stored, with every other one revoked."""
+    key = await _dev_key(store, chosen, previous)
+    await _revoke_dev_keys_but(store, key_id_of(key))
     return key
 
 
@@ -333,11 +345,13 @@ def _utc(at: float) -> str:
 async def _revoked(store: ApiKeyStore, given: str) -> str | None:
     """The id of the key revoked: `given` is its id or the key itself (an operator holding a
     leaked key need not work out its id); None when it names no stored key. An id that names
-    none may be a key itself: a chosen development key of 16 hex digits looks like an id."""
+    none may be a key itself: a chosen development key of 16 hex digits looks like an id. A
+    key's id is derived from the key, not read from its record: one whose record is corrupt
+    (which `verify` refuses) is revoked by the key too."""
     if KEY_ID.fullmatch(given) and await store.revoke(given):
         return given
-    record = await store.verify(given)
-    return record.key_id if record is not None and await store.revoke(record.key_id) else None
+    key_id = key_id_of(given)
+    return key_id if await store.revoke(key_id) else None
 
 
 async def _confirmed(writing: Awaitable[T], unconfirmed: str = KEY_BACK) -> T:

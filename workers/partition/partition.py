@@ -94,6 +94,9 @@ class Partition:
         named = replace(delivery, entry=refused.entry)
         finish = self.finish(named, JobStatus.FAILED, {"error": error})
         finish.fields |= _inputs(refused.payload)  # as it came, not the empty one it stands for
+        # no wait is known: the entry's stamp is untrusted, the hash's `created` (the truth,
+        # which FINISH leaves) unread here, and the stamp it stands for (the read) made one of 0
+        del finish.fields["queue_wait_ms"]
         return finish
 
     def finish(
