@@ -278,7 +278,7 @@ class Keys:
 
     @property
     def canaries_active(self) -> str:
-        """Models with a canary in progress (set)."""
+        """Models with a canary in progress, or ended owing a webhook (set)."""
         return f"{self.prefix}{CONTROL}canaries"
 
     @property

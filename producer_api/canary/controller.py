@@ -6,11 +6,12 @@ than `max_error_rate`, or the p99 of at least `min_requests` online jobs above `
 completion after a healthy interval at the last step. A baseline short of `min_requests` in the
 step (at 100 % it gets no traffic) is taken over the whole canary, and if still short, the
 canary's error rate is held to `max_error_rate` itself. Every decision is an event with its
-numbers, and a `model.canary.*` webhook when the canary has one. A step still short of
-`min_requests` (or of online jobs) after `max_step_s` rolls back (its variant's workers may
-never take a job); live routes that no longer give the variant the canary's weight (an operator
-changed them) abort it, leaving them as they are, and so does a config.yaml that no longer serves
-its variant or baseline."""
+numbers, and a `model.canary.*` webhook when the canary has one, owed from the decision's save
+until the broker has it (a look hands over what a producer that died in between left). A step
+still short of `min_requests` (or of online jobs) after `max_step_s` rolls back (its variant's
+workers may never take a job); live routes that no longer give the variant the canary's weight
+(an operator changed them) abort it, leaving them as they are, and so does a config.yaml that no
+longer serves its variant or baseline."""
 
 from __future__ import annotations
 
@@ -25,7 +26,14 @@ import numpy as np
 from redis.exceptions import LockError, RedisError
 
 from shared.canary_steps import WEIGHT_SLACK
-from shared.canary_store import Canary, CanaryState, CanaryStore, NotLeading, stamp
+from shared.canary_store import (
+    Canary,
+    CanaryState,
+    CanaryStore,
+    NotLeading,
+    OwedWebhook,
+    stamp,
+)
 from shared.leader_lock import LeaderLock
 from shared.metrics import CANARY_STATE, CANARY_WEIGHT, hide
 from shared.model_repository import ModelConfig, ModelRepository
@@ -179,11 +187,15 @@ class CanaryController:
         self._shown = shown
 
     async def _look_at(self, model: str, active: bool) -> str | None:
-        """Decide a model's canary and show it; returns its variant while it is to be shown."""
-        canary = await self.store.get(model)
+        """Hand over the webhooks its canary owes (a producer died before it did), decide the
+        canary and show it; returns its variant while it is to be shown."""
+        canary, owed = await self.store.owing(model)
         if canary is None:  # gone with a Redis restarted without its data: `running` no more
             self._hide(model)
             return None
+        for webhook in owed:
+            if not await self._hand_over(model, webhook):
+                break  # the broker refuses: the next look tries again
         try:
             if canary.state == "running":
                 await self.decide(canary)
@@ -199,9 +211,10 @@ class CanaryController:
         the leader's first step never comes before the `started` event."""
         async with self.store.lock(canary.model, wait_s=TURN_WAIT_S):
             record = _record(canary, "started", None, {})
-            if not await self.store.start(canary, record):  # with its event, in one step
+            owed = owed_webhook(canary, "started", record)
+            if not await self.store.start(canary, record, owed):  # with its event, in one step
                 return False
-            await self._tell(canary, "started", record)
+            await self._tell(canary, "started", owed)
             return True
 
     async def abort(self, model: str, reason: str) -> bool:
@@ -464,17 +477,28 @@ class CanaryController:
         after the save was lost to a Redis error between the two), then log and webhook it; the
         leader's look shows it in the gauges. Fenced by the look's lease, as every save is."""
         record = _record(canary, kind, reason, seen)
-        await self.store.save(canary, _LEASE.get(), record)
-        await self._tell(canary, kind, record)
+        owed = owed_webhook(canary, kind, record)
+        await self.store.save(canary, _LEASE.get(), record, owed)
+        await self._tell(canary, kind, owed)
 
-    async def _tell(self, canary: Canary, kind: str, record: dict[str, Any]) -> None:
-        """Log and webhook a decision saved with its event `record`."""
+    async def _tell(self, canary: Canary, kind: str, owed: OwedWebhook | None) -> None:
+        """Log a decision and hand over the webhook it was saved owing, if any."""
         log.info("canary %s:%s %s at %g%%", canary.model, canary.variant, kind, canary.weight)
-        if canary.webhook:
-            body = event(f"model.canary.{kind}", OPERATOR, record)
-            # handed over, never raised: the decision stands (a start or an abort answered 500
-            # for a canary it had started or ended)
-            await self.webhooks.hand_over("canary", canary.model, canary.webhook, body)
+        if owed is not None:
+            await self._hand_over(canary.model, owed)
+
+    async def _hand_over(self, model: str, owed: OwedWebhook) -> bool:
+        """Hand an owed webhook to the broker, then settle it; never raised: the decision stands
+        (a start or an abort answered 500 for a canary it had started or ended), and what stays
+        owed the leader's next look hands over again, under the same event id. False when the
+        broker refused it."""
+        if not await self.webhooks.hand_over("canary", model, owed.url, owed.body):
+            return False
+        try:
+            await self.store.settle(model, owed)
+        except RedisError as exc:
+            log.warning("canary of %s: its %s stays owed (%r)", model, owed.body["type"], exc)
+        return True
 
 
 def _record(canary: Canary, kind: str, reason: str | None, seen: dict[str, Any]) -> dict[str, Any]:
@@ -490,6 +514,14 @@ def _record(canary: Canary, kind: str, reason: str | None, seen: dict[str, Any])
         "reason": reason,
         "numbers": seen,
     }
+
+
+def owed_webhook(canary: Canary, kind: str, record: dict[str, Any]) -> OwedWebhook | None:
+    """The webhook a decision owes from its save, if the canary has one; its event id is
+    fixed here, so a re-send is the same event."""
+    if not canary.webhook:
+        return None
+    return OwedWebhook(canary.webhook, event(f"model.canary.{kind}", OPERATOR, record))
 
 
 def _serves(config: ModelConfig, name: str) -> bool:
