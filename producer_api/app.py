@@ -52,7 +52,7 @@ from shared.file_store import FileStore
 from shared.heap_tuning import settle_heap
 from shared.job_store import JobStore, merged_enqueues
 from shared.keys import Keys, partition_tag
-from shared.model_repository import ModelRepository
+from shared.model_repository import ModelConfigError, ModelRepository
 from shared.queue_position import QueuePositions
 from shared.rate_limit import InFlightLimiter, RateLimiter, StreamLimiter
 from shared.redis_client import connect, preload
@@ -259,5 +259,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-settings_or_exit()  # a bad CONVEYOR_* setting ends `uvicorn producer_api.app:app` in one line
+def _repository_or_exit(settings: Settings) -> None:
+    """Refuses a config.yaml the lifespan would refuse, before uvicorn starts it: Starlette hands
+    uvicorn a lifespan's error as its whole traceback, which it logged before `Application
+    startup failed`, the one line at its end. The lifespan loads the repository again."""
+    try:
+        ModelRepository.load(settings.model_repository, settings.result_ttl_s)
+    except ModelConfigError as exc:
+        raise SystemExit(f"Error: {exc}") from None
+
+
+# a bad CONVEYOR_* setting or config.yaml ends `uvicorn producer_api.app:app` in one line
+_repository_or_exit(settings_or_exit())
 app = create_app()

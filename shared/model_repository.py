@@ -832,9 +832,14 @@ class ModelRepository:
     @classmethod
     def load(cls, root: Path, result_ttl_s: int | None = None) -> ModelRepository:
         """Every `<model>/config.yaml` under `root`. An empty folder is an empty repository, but a
-        missing one is an error: a mistyped path would otherwise serve nothing, silently. With
-        the result TTL (the producer and the workers pass it), a queue wait it does not cover
-        is an error too."""
+        missing one is an error: a mistyped path would otherwise serve nothing, silently. A queue
+        wait the result TTL does not cover is an error too, for every loader: `result_ttl_s` is
+        that of a caller's own Settings, else this process's CONVEYOR_RESULT_TTL_S. Checked only
+        where callers passed it, `conveyor up` started a stack its producer then refused."""
+        if result_ttl_s is None:
+            from shared.settings import get_settings  # here: shared.settings imports this module
+
+            result_ttl_s = get_settings().result_ttl_s
         if not root.is_dir():
             raise ModelConfigError(f"model repository {root} is not a directory")
         models: dict[str, ModelConfig] = {}
@@ -851,8 +856,7 @@ class ModelRepository:
                 raise ModelConfigError(
                     f"{config_path}: name {config.name!r} must match its folder's"
                 )
-            if result_ttl_s is not None:
-                _check_queue_time(config_path, config.queue, result_ttl_s)
+            _check_queue_time(config_path, config.queue, result_ttl_s)
             models[config.name] = config
         return cls(models)
 

@@ -40,7 +40,7 @@ class _Beater:
     def __init__(self, worker: Any, settings: Settings) -> None:
         self.worker = worker
         self.settings = settings
-        repository = ModelRepository.load(settings.model_repository)
+        repository = ModelRepository.load(settings.model_repository, settings.result_ttl_s)
         partitions = repository.partitions(settings.models)
         self.beat = Heartbeat(
             name=consumer_name(),
