@@ -137,16 +137,21 @@ def refusal(url: str, settings: Settings) -> str | None:
 
 
 def event(
-    event_type: str, owner: str, data: dict[str, Any], event_id: str | None = None
+    event_type: str,
+    owner: str,
+    data: dict[str, Any],
+    event_id: str | None = None,
+    created: float | None = None,
 ) -> dict[str, Any]:
     """The JSON body of one delivery; `id` is stable across retries so receivers can dedupe
     (`event_id`: one that names the event itself, for an event two producers may both hand
-    over). `tenant` names its owner (a tenant, or `shared.webhook_signing.OPERATOR` for the
+    over), and so is `created` when given (Unix seconds the event happened; now if not).
+    `tenant` names its owner (a tenant, or `shared.webhook_signing.OPERATOR` for the
     operator's own events), whose key signs it (`workers/webhook_delivery.py`)."""
     return {
         "id": f"evt_{event_id or uuid.uuid4().hex}",
         "type": event_type,
-        "created": int(time.time()),
+        "created": int(time.time() if created is None else created),
         "tenant": owner,
         "data": data,
     }
@@ -156,9 +161,12 @@ def job_event(view: dict[str, Any], tenant: str) -> dict[str, Any]:
     """A job's event, `job.<status>`, from its public view, owned by the job's tenant. Its id
     names the job and the status it ended in: the same for the first hand-over and for any
     re-send of one a dead worker may have lost (the reclaimer's, workers/partition/reclaim.py),
-    so receivers dedupe on it."""
+    so receivers dedupe on it. Its `created` is the job's end (`timings.finished`), likewise
+    the same for each: a re-send stamped with its own clock told a receiver the event happened
+    a visibility timeout or more after it did."""
     status = view["status"]
-    return event(f"job.{status}", tenant, view, f"{view['id']}_{status}")
+    ended = view.get("timings", {}).get("finished")
+    return event(f"job.{status}", tenant, view, f"{view['id']}_{status}", ended)
 
 
 @dataclass

@@ -184,9 +184,17 @@ class ReceiverHolds:
         return max(left_ms, 0) / 1000.0
 
     def hold(self, url: str, seconds: float) -> None:
+        """Hold the receiver of `url` `seconds` from now, or longer if it is held longer: two
+        of its deliveries fail together on two threads, and the one that failed quicker, ending
+        last, shortened the hold the slower one set (a receiver that hangs was tried again a
+        second later). One round trip: the SET makes a hold, PEXPIRE GT lengthens one."""
+        key = self.keys.webhook_hold(_origin(url))
+        hold_ms = max(1, int(seconds * 1000))
         try:
-            hold_ms = max(1, int(seconds * 1000))
-            self.client().set(self.keys.webhook_hold(_origin(url)), 1, px=hold_ms)
+            with self.client().pipeline(transaction=False) as pipe:
+                pipe.set(key, 1, px=hold_ms, nx=True)
+                pipe.pexpire(key, hold_ms, gt=True)
+                pipe.execute()
         except UNREACHABLE as exc:
             log.warning("webhook hold of %s not set: %r", _origin(url), exc)
 
