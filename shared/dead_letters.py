@@ -25,7 +25,7 @@ shrinks it; the producer's `conveyor_dlq_depth` gauge and `conveyor dlq list` sh
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from shared.job_parameters import ParametersRefused, check_parameters
 from shared.job_store import JobStore, NewJob, QueueFull, TooFarBack, stamp_ms
 from shared.keys import Keys, replay_job_id
 from shared.model_repository import ModelConfig
-from shared.redis_client import RedisClient, call_script, executed
+from shared.redis_client import RedisClient, executed
 from shared.settings import Settings
 from shared.webhook_events import refusal as webhook_refusal
 
@@ -371,13 +371,10 @@ class DeadLetters:
         # a batch item's record lives out its window, then the result TTL, as its first did
         ttl_s = self.store.ttl_until(entry.deadline_ms) if entry.batch else 0
         job = NewJob(entry, stream, fields, *fair, ttl_s=ttl_s, may_exist=True)
-        keys, args = self.store.enqueue_call(job, self.max_length, max_ahead)
-        call = [*keys, self.stream], [*args, letter.dlq_id]
-        [(admitted, count, *_)] = await call_script(self._replay_letter, *call)
-        if admitted == 0:
-            raise QueueFull(stream, int(count))
-        if admitted == 2:
-            raise TooFarBack(stream, int(count))
+        letter_call = ([self.stream], [letter.dlq_id])  # REPLAY_LETTER's own, after ENQUEUE's
+        admitted, _ = await self.store.enqueue_through(
+            self._replay_letter, job, self.max_length, max_ahead, letter_call
+        )
         return (letter.job_id, entry.job_id) if admitted == 1 else None
 
     async def purge(self, ids: list[str] | None = None, upto: str = "") -> int:
@@ -412,6 +409,16 @@ async def enlist_lettered(redis: RedisClient, keys: Keys, model: str, variant: s
     some: rare, so a round trip of its own; the index is in the control slot, RECLAIM in the
     partition's)."""
     await redis.sadd(keys.lettered, f"{model}:{variant}")
+
+
+async def delist_lettered(
+    redis: RedisClient, keys: Keys, partitions: Sequence[tuple[str, str]]
+) -> None:
+    """Take partitions out of the index (one SREM; none sent for none): those the repository no
+    longer serves and that hold no letter (the producer's gauge refresh), which were listed,
+    their `conveyor_dlq_depth` reading 0, for ever."""
+    if partitions:
+        await redis.srem(keys.lettered, *(f"{model}:{variant}" for model, variant in partitions))
 
 
 def _next_id(entry_id: str) -> str | None:

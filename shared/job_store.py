@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from shared import job_scripts
@@ -259,13 +260,28 @@ class JobStore:
         On the producer's group-committing client the creates of one lane in one event-loop
         turn share one script call (`merged_enqueues`), each job admitted as if it came alone."""
         job = NewJob(entry, stream, fields, *fair, ttl_s=ttl_s, may_exist=may_exist)
+        _, ahead = await self.enqueue_through(self._enqueue, job, max_length, max_ahead)
+        return ahead
+
+    async def enqueue_through(
+        self,
+        script: AsyncScript,
+        job: NewJob,
+        max_length: int,
+        max_ahead: int = -1,
+        extra: ScriptCall = ([], []),
+    ) -> tuple[int, int]:
+        """Run `job`'s ENQUEUE call (`enqueue_call`) through `script`, ENQUEUE or one built
+        around its body (REPLAY_LETTER) with its own keys and arguments after ENQUEUE's
+        (`extra`), and read the reply: QueueFull or TooFarBack where the lane refused the job,
+        else (its reply code, 1 for admitted or the wrapping script's own; its count)."""
         keys, args = self.enqueue_call(job, max_length, max_ahead)
-        [(admitted, count, *_)] = await call_script(self._enqueue, keys, args)
+        [(admitted, count, *_)] = await call_script(script, keys + extra[0], args + extra[1])
         if admitted == 0:
-            raise QueueFull(stream, int(count))
+            raise QueueFull(job.stream, int(count))
         if admitted == 2:
-            raise TooFarBack(stream, int(count))
-        return int(count)
+            raise TooFarBack(job.stream, int(count))
+        return int(admitted), int(count)
 
     def ttl_until(self, deadline_ms: int) -> int:
         """The TTL of a job that may wait until `deadline_ms` (a batch item, to its window's

@@ -34,7 +34,7 @@ from producer_api.errors import ConveyorError
 from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
 from shared.backlog import read_backlogs
-from shared.dead_letters import lettered_partitions
+from shared.dead_letters import delist_lettered, lettered_partitions
 from shared.metrics import (
     BACKLOG_SCALING_SECONDS,
     BACKLOG_SECONDS,
@@ -43,6 +43,7 @@ from shared.metrics import (
     OLDEST_AGE,
     PARTITION_LAG,
     PARTITION_PENDING,
+    hide,
 )
 from shared.model_repository import NAME
 from shared.partition_stats import read_dlq_depths, read_partition_stats
@@ -51,6 +52,9 @@ router = APIRouter(tags=["health"])
 _REFRESH_S = 1.0
 READ_TIMEOUT_S = 1.0  # two pipelined round trips; a scrape's timeout is 10 s by default
 _last_refresh = 0.0
+# The unserved partitions whose `conveyor_dlq_depth` this process exports: one that leaves the
+# index is hidden, whichever process took it out.
+_unserved_shown: set[tuple[str, str]] = set()
 # What a gauge read raises while Redis, or the cluster, is out of reach or misconfigured: redis-py
 # raises a RedisClusterException (no RedisError) where shared/redis_client.py does not make it an
 # outage; a read past `READ_TIMEOUT_S`, a TimeoutError. The scrape still answers with the
@@ -88,12 +92,26 @@ async def _refresh_gauges(state: ProducerState) -> None:
 async def _refresh_unserved_dlq_depths(state: ProducerState) -> None:
     """`conveyor_dlq_depth` of the partitions holding letters that the repository no longer
     serves (a variant or model taken out keeps its letters, which raised no gauge and no alert):
-    the index of partitions that dead-lettered (`lettered_partitions`), less the served ones."""
+    the index of partitions that dead-lettered (`lettered_partitions`), less the served ones.
+    One found with no letter left (all purged or replayed, or its stream gone) leaves the index
+    (`delist_lettered`) and the scrape: it reported 0 for ever. A letter dying meanwhile is not
+    lost: the reclaimer enlists its partition again whenever it dead-letters."""
     served = {(config.name, variant) for config in state.repository for variant in config.variants}
     lettered = await lettered_partitions(state.redis, state.keys)
     unserved = [partition for partition in lettered if partition not in served]
+    emptied: list[tuple[str, str]] = []
     for model, variant, depth in await read_dlq_depths(state.redis, state.keys, unserved):
-        DLQ_DEPTH.labels(model, variant).set(depth)
+        if depth:
+            DLQ_DEPTH.labels(model, variant).set(depth)
+        else:
+            emptied.append((model, variant))
+    await delist_lettered(state.redis, state.keys, emptied)
+    shown = set(unserved) - set(emptied)
+    # and those another producer process delisted: this one no longer reads them
+    for partition in (_unserved_shown - shown - served) | set(emptied):
+        hide(DLQ_DEPTH, *partition)
+    _unserved_shown.clear()
+    _unserved_shown.update(shown)
 
 
 @router.get("/metrics", include_in_schema=False)
