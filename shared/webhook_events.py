@@ -6,6 +6,7 @@ deliveries survive producer restarts."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
 import time
@@ -60,6 +61,10 @@ UNSENDABLE = re.compile(r"[\x00-\x20\x7f]")
 # The longest name and label DNS carries (RFC 1035), in octets as the name is looked up.
 MAX_NAME_OCTETS = 253
 MAX_LABEL_OCTETS = 63
+# A host name's label (RFC 1123, and `_`, which DNS carries and Docker's and Compose's service
+# names use): letters, digits, underscores and inner hyphens; IDNA's `xn--` labels are of
+# these, and checked as IDNA by the HTTP client's decoding (`_sent_path`).
+HOST_LABEL = re.compile(rb"[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?", re.IGNORECASE)
 
 
 # What receivers (and proxies in front of them) may read otherwise than the HTTP client sends
@@ -73,13 +78,15 @@ AMBIGUOUS_PATH = re.compile(r"//|%2e|%2f|%5c|\\|;|%3b", re.IGNORECASE)
 def _sent_path(url: str) -> str | None:
     """The path the HTTP client sends for `url`, dot segments removed as it removes them
     (RFC 3986), decoded; None when it cannot send to `url` at all (a host label no IDNA
-    encoding takes, `\u0661.example.com`, matched a `*.` rule and was accepted at submit, then
+    encoding takes, `\u0661.example.com`, or an `xn--` label that decodes to none,
+    `xn--.example.com`, matched a `*.` rule and was accepted at submit, then
     failed its delivery with no attempt on record; a name DNS cannot carry, `_resolvable`) or
     when a receiver may read the path otherwise (`AMBIGUOUS_PATH`). A normalisation of the
     check's own (posixpath's drops empty segments before `..`) let `/admin//..//hooks/x`
     through as `/hooks/x`; it was sent as `/admin//hooks/x`."""
     try:
         target = httpx.URL(url)
+        target.host  # noqa: B018 - decodes each `xn--` label; IDNAError for one IDNA refuses
     except (httpx.InvalidURL, UnicodeError):
         return None
     if not _resolvable(target.raw_host):
@@ -89,11 +96,26 @@ def _sent_path(url: str) -> str | None:
 
 
 def _resolvable(host: bytes) -> bool:
-    """Whether DNS can carry `host` as sent (IDNA-encoded): a label over 63 octets or a name
-    over 253 matched a `*.` rule and was accepted at submit, then every attempt failed its
-    lookup for the whole retry window."""
+    """Whether DNS can carry `host` as sent (IDNA-encoded), or it is an IP literal: a label
+    over 63 octets or a name over 253 matched a `*.` rule and was accepted at submit, then
+    every attempt failed its lookup for the whole retry window. Labels are host-name labels
+    (`HOST_LABEL`): `evil.com\\.example.com` or `a%2e.example.com` matched `*.example.com`
+    too, and a resolver may read the `\\.` as an escaped dot, outside the rule's suffix."""
+    if _ip_literal(host):
+        return True
     labels = host.split(b".")
-    return len(host) <= MAX_NAME_OCTETS and all(len(label) <= MAX_LABEL_OCTETS for label in labels)
+    return len(host) <= MAX_NAME_OCTETS and all(
+        len(label) <= MAX_LABEL_OCTETS and HOST_LABEL.fullmatch(label) for label in labels
+    )
+
+
+def _ip_literal(host: bytes) -> bool:
+    """Whether `host` is an IPv4 or IPv6 address (a rule's exact host; no `*.` rule matches)."""
+    try:
+        ipaddress.ip_address(host.decode("ascii"))
+    except (ValueError, UnicodeError):
+        return False
+    return True
 
 
 def allowed(url: str, allowlist: list[str]) -> bool:

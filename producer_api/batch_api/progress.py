@@ -184,10 +184,12 @@ class BatchApiProgress:
             return True
         data = view(batch_id, progress, f"/v1/batches/{batch_id}")
         status = progress.fields["status"]
-        # one id for the batch's end: a sweeper completing a finalizer it took for dead may
-        # hand the same event over a second time, which receivers then drop as a repeat
+        # one id and one `created` (the batch's end) for the batch's end: a sweeper completing
+        # a finalizer it took for dead may hand the same event over a second time, which
+        # receivers then drop as a repeat; stamped with its own clock, it was created later
         owner = progress.fields.get("tenant", "default")
-        body = event(f"batch.{status}", owner, data, f"{batch_id}_{status}")
+        ended = data.get(f"{status}_at")
+        body = event(f"batch.{status}", owner, data, f"{batch_id}_{status}", ended)
         if not await self.webhooks.hand_over("batch", batch_id, url, body):
             return False
         await self.store.set_field_unless_set(batch_id, "webhook_status", "pending")
