@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import signals
+from celery import Celery, signals
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
+from redis.exceptions import RedisClusterException, RedisError
 
 from shared.celery_broker import broker_app
-from shared.settings import settings_or_exit
+from shared.settings import masked_url, settings_or_exit
 from shared.telemetry import configure_logging, configure_tracing
 from workers.runtime.broker_outage_log import BrokerOutageLog
 from workers.runtime.heartbeat import WorkerHeartbeat
@@ -35,7 +36,20 @@ def _keep_conveyor_logging(**_: Any) -> None:
 if configure_tracing("conveyor-worker"):
     CeleryInstrumentor().instrument()
 
-app = broker_app(settings.redis_url, include=["workers.webhook_delivery"])
+
+def _broker_app_or_exit() -> Celery:
+    """The worker's Celery app; a cluster whose topology it cannot read (CONVEYOR_REDIS_CLUSTER
+    with a server that is no cluster node, or no node answering) ends the worker in one line:
+    the read runs as Celery imports this module, which printed the error as Celery's traceback
+    under `Unable to load celery application` (exit 2)."""
+    try:
+        return broker_app(settings.redis_url, include=["workers.webhook_delivery"])
+    except (RedisError, RedisClusterException) as exc:
+        where = masked_url(settings.redis_url)
+        raise SystemExit(f"Error: cannot use the Redis cluster at {where}: {exc}") from None
+
+
+app = _broker_app_or_exit()
 app.conf.update(
     # the pool for a bare `celery -A workers.app worker` too; a `--pool` given still rules (one
     # delivery at a time needs no thread: the solo pool)

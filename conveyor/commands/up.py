@@ -26,6 +26,7 @@ from conveyor.state_dir_lock import state_dir_lock
 from conveyor.supervisor import Supervisor
 from shared.cpu_count import usable_cpus
 from shared.model_repository import ModelRepository
+from shared.redis_client import ReplicaAckTimeout
 from shared.settings import MAX_PROCESSES, get_settings, masked_url
 
 BANNER = """{key_note}
@@ -229,9 +230,17 @@ def _one_line_if_not_ready() -> Iterator[None]:
 def _one_line_if_redis_lost(url: str) -> Iterator[None]:
     """Redis lost while `up` starts (each look at a worker's readiness asks it, as does the
     development key) ends `up` with the Redis it lost, not a traceback of the wait; `_serve`
-    then stops every child it started."""
+    then stops every child it started. A write too few replicas confirmed is said as such:
+    ReplicaAckTimeout is a ConnectionError, and `up` called it a lost Redis."""
     try:
         yield
+    except ReplicaAckTimeout as exc:  # a ConnectionError, yet Redis answered: acks fell short
+        acks = get_settings().replica_acks
+        raise click.ClickException(
+            f"too few replicas confirmed a write to Redis at {masked_url(url)} while the stack"
+            f" started ({exc}): CONVEYOR_REPLICA_ACKS={acks} asks that many; set"
+            " CONVEYOR_REPLICA_ACKS=0 for a single-node dev stack, or add replicas"
+        ) from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         message = f"lost Redis at {masked_url(url)} ({exc}) while the stack started"
         raise click.ClickException(message) from None
