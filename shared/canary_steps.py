@@ -1,7 +1,7 @@
-"""The rules a canary's steps follow, in one place: the producer refuses a start that breaks
-them (422) and `conveyor canary start` before any call (a usage error naming the option); held
-only at the producer, a CLI's steps 1e-7 apart or `--max-step 10s` came back as an outage's exit
-code while it was down."""
+"""The rules a canary's steps follow (their percents, durations and `min_requests`), in one
+place: the producer refuses a start that breaks them (422) and `conveyor canary start` before
+any call (a usage error naming the option); held only at the producer, a CLI's steps 1e-7 apart
+or `--max-step 10s` came back as an outage's exit code while it was down."""
 
 from __future__ import annotations
 

@@ -13,32 +13,17 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from producer_api.canary.controller import CanaryController, owed_webhook
-from shared.canary_store import Canary, CanaryStore, stamp
+from shared.canary_store import CanaryStore, stamp
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore
 from shared.routing import Routes
 from shared.variant_stats import VariantStats
 from shared.webhook_events import WebhookDispatcher
+from tests.test_webhook_owed_edges_canary import MODEL, _canary
 
 KEYS = Keys("canary-owed:")
-MODEL = "ab"
-HOOK = "https://hooks.example.com/canaries"
 NO_BROKER = "redis://127.0.0.1:1"  # nothing listens there: every hand-over is refused
-
-
-def _canary() -> Canary:
-    return Canary(
-        model=MODEL,
-        variant="candidate",
-        baseline="stable",
-        steps=[10.0, 100.0],
-        interval_s=3600.0,
-        max_error_rate=0.05,
-        max_p99_ms=1_000.0,
-        min_requests=10,
-        webhook=HOOK,
-    )
 
 
 async def _producer(client: aioredis.Redis, broker_url: str) -> CanaryController:
