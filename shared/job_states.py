@@ -66,3 +66,11 @@ def lua_transition_table() -> str:
         for src, dsts in TRANSITIONS.items()
     )
     return "local ALLOWED = {" + rows + "}\n"
+
+
+# The error types of a job its worker fails without running it, which variant statistics and
+# shadow comparisons count untimed: an entry that is no job, and parameters a generate engine
+# refuses. Their worker stamps its read as `started`, so they read as run in about 0 ms.
+UNDECODABLE_ENTRY = "UndecodableEntry"
+INVALID_PARAMETERS = "InvalidParameters"
+UNRUN_ERRORS = frozenset({UNDECODABLE_ENTRY, INVALID_PARAMETERS})

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.codec import float32_values
-from shared.variant_stats import UNRUN_ERRORS
+from shared.job_states import UNRUN_ERRORS
 
 COSINE_THRESHOLD = 0.99
 RAN = ("succeeded", "failed")  # the ends a job reaches by running (a dead letter is failed)

@@ -16,6 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from shared.codec import as_text, loads
+from shared.job_states import UNRUN_ERRORS
 from shared.keys import Keys
 
 BUCKET_S = 10
@@ -28,12 +29,6 @@ COUNTED = ("succeeded", "failed")
 # TENANT). One that expired counts not at all: it waited in the bulk lane behind online work, by
 # design, with its primary's deadline, which says nothing of its variant.
 SHADOW_TENANT = "~shadow"
-# The error types of a job the worker fails without running it: an entry that is no job
-# (workers/partition/partition.py) and parameters a generate engine refuses
-# (workers/generation/generate_loop.py). They carry the worker's read as `started`, so they read
-# as run in about 0 ms (the undecodable one's queue wait from its entry's own, untrusted, stamp):
-# errors counted untimed, as an expired job is.
-UNRUN_ERRORS = frozenset({"UndecodableEntry", "InvalidParameters"})
 Variant = tuple[str, str]  # (model, variant)
 
 # KEYS[1]=counters hash, KEYS[2]=samples list; ARGV: ttl, sample cap, n, n (field, increment)

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from shared.codec import as_text, dumps
 from shared.generate_errors import ContextLengthExceeded
-from shared.job_states import TERMINAL, JobStatus
+from shared.job_states import INVALID_PARAMETERS, TERMINAL, JobStatus
 from shared.job_store import now_ms
 from shared.metrics import BATCH_SIZE, GENERATE_BUSY, TOKENS, TPOT, TTFT
 from shared.token_stream import TokenEvent
@@ -231,7 +231,7 @@ class GenerateLoop:
         try:
             request = generate_request(entry.job_id, entry.payload, self.engine.parameters)
         except (TypeError, ValueError) as exc:
-            error = dumps({"type": "InvalidParameters", "message": str(exc)}).decode()
+            error = dumps({"type": INVALID_PARAMETERS, "message": str(exc)}).decode()
             return self.partition.finish(delivery, JobStatus.FAILED, {"error": error})
         job = RunningJob(delivery, stream, request, delivery.redelivered)
         self._clock_busy()

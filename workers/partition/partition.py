@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, replace
 
 from shared.codec import dumps
-from shared.job_states import JobStatus
+from shared.job_states import UNDECODABLE_ENTRY, JobStatus
 from shared.job_store import stamp_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
@@ -90,7 +90,7 @@ class Partition:
         it stayed `queued` until its TTL, its client polling for a result that never came.
         FINISH fails it only from `queued` or `running`: a job that ended keeps its end."""
         message = f"its queue entry cannot be read as a job: {refused.reason}"
-        error = dumps({"type": "UndecodableEntry", "message": message}).decode()
+        error = dumps({"type": UNDECODABLE_ENTRY, "message": message}).decode()
         named = replace(delivery, entry=refused.entry)
         finish = self.finish(named, JobStatus.FAILED, {"error": error})
         finish.fields |= _inputs(refused.payload)  # as it came, not the empty one it stands for
