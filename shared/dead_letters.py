@@ -35,6 +35,7 @@ from shared.job_parameters import ParametersRefused, check_parameters
 from shared.job_store import JobStore, NewJob, QueueFull, TooFarBack, stamp_ms
 from shared.keys import Keys, replay_job_id
 from shared.model_repository import ModelConfig
+from shared.partition_stats import read_dlq_depths
 from shared.redis_client import RedisClient, executed
 from shared.settings import Settings
 from shared.webhook_events import refusal as webhook_refusal
@@ -400,25 +401,71 @@ async def lettered_partitions(redis: RedisClient, keys: Keys) -> list[tuple[str,
     """Every partition (model, variant) that has dead-lettered a job, from the index the
     reclaimer adds to (`enlist_lettered`), not from the model repository: a model or variant
     taken out of it keeps its letters, which only `conveyor dlq MODEL --variant V` reached."""
-    names = (as_text(name).partition(":") for name in await redis.smembers(keys.lettered))
-    return sorted((model, variant) for model, _, variant in names if model and variant)
+    return (await read_lettered(redis, keys))[0]
+
+
+async def read_lettered(
+    redis: RedisClient, keys: Keys
+) -> tuple[list[tuple[str, str]], list[bytes | str]]:
+    """The index's partitions (`lettered_partitions`) and its members that name none (written
+    by hand: no `model:variant`, or no UTF-8, whose decode failed every read of the index), for
+    the gauge refresh to remove (`delist_lettered`): skipped when read, they were kept for ever."""
+    partitions, malformed = [], []
+    for member in await redis.smembers(keys.lettered):
+        if partition := _partition(member):
+            partitions.append(partition)
+        else:
+            malformed.append(member)
+    return sorted(partitions), malformed
 
 
 async def enlist_lettered(redis: RedisClient, keys: Keys, model: str, variant: str) -> None:
     """Note that the partition holds dead letters (the reclaimer, once RECLAIM dead-lettered
     some: rare, so a round trip of its own; the index is in the control slot, RECLAIM in the
-    partition's)."""
-    await redis.sadd(keys.lettered, f"{model}:{variant}")
+    partition's). After the letters' XADD, never before: `delist_lettered` relies on it."""
+    await redis.sadd(keys.lettered, _member(model, variant))
 
 
 async def delist_lettered(
-    redis: RedisClient, keys: Keys, partitions: Sequence[tuple[str, str]]
-) -> None:
-    """Take partitions out of the index (one SREM; none sent for none): those the repository no
-    longer serves and that hold no letter (the producer's gauge refresh), which were listed,
-    their `conveyor_dlq_depth` reading 0, for ever."""
-    if partitions:
-        await redis.srem(keys.lettered, *(f"{model}:{variant}" for model, variant in partitions))
+    redis: RedisClient,
+    keys: Keys,
+    partitions: Sequence[tuple[str, str]],
+    malformed: Sequence[bytes | str] = (),
+) -> list[tuple[str, str]]:
+    """Take partitions out of the index (one SREM, with the `malformed` members; none sent for
+    none): those the repository no longer serves and that held no letter when the producer's
+    gauge refresh read them, which were listed, their `conveyor_dlq_depth` reading 0, for ever.
+    A letter may have died in one since that read, its SADD undone by the SREM: each one's
+    letters are counted again after it and one that holds some is listed again. Its writer
+    XADDs before it SADDs, so a letter this count misses SADDs after the SREM. (The index and
+    the streams are in different slots: no script may read one and write the other.) Returns
+    the partitions left out of the index."""
+    members: list[bytes | str] = [*(_member(*partition) for partition in partitions), *malformed]
+    if not members:
+        return []
+    await redis.srem(keys.lettered, *members)
+    refilled = [
+        (model, variant)
+        for model, variant, depth in await read_dlq_depths(redis, keys, partitions)
+        if depth
+    ]
+    if refilled:
+        await redis.sadd(keys.lettered, *(_member(*partition) for partition in refilled))
+    return [partition for partition in partitions if partition not in refilled]
+
+
+def _member(model: str, variant: str) -> str:
+    """A partition's member of the index."""
+    return f"{model}:{variant}"
+
+
+def _partition(member: bytes | str) -> tuple[str, str] | None:
+    """The partition (model, variant) a member of the index names; None for one naming none."""
+    try:
+        model, _, variant = as_text(member).partition(":")
+    except UnicodeDecodeError:
+        return None
+    return (model, variant) if model and variant else None
 
 
 def _next_id(entry_id: str) -> str | None:

@@ -11,8 +11,11 @@ it: compared again if no result is stored, else only the counts of its page stil
 again, once per variant at most (the counters' slot keeps the variants a page was added to). So
 a pair is counted once, not lost, across failures; only a look that stalls longer than
 SETTLE_WITHIN_MS between claiming and storing can have its pairs compared and counted by a
-second look too. Both sets expire `ttl_s` after the last look that read them (each look renews
-it): a model taken out of the repository is looked at no more, and its sets stayed for ever."""
+second look too. Both sets expire `ttl_s` after the last look that read them or the last copy
+added to them (each renews it): a model taken out of the repository is looked at no more, and its
+sets stayed for ever; so did a pending set no look ever read (no leader ran the comparisons).
+Pairs that expire so were never counted: their jobs' records expire as soon (result TTL), and a
+pair whose jobs are gone cannot be compared."""
 
 from __future__ import annotations
 
@@ -28,6 +31,14 @@ from shared.redis_client import executed
 from shared.shadow_compare import FIELDS
 
 SETTLE_WITHIN_MS = 60_000  # a page settles in milliseconds; a claim this old was abandoned
+
+# KEYS[1]=pending; ARGV[1]=submit ms, ARGV[2]=the set's ttl, ARGV[3]=the pair. Adds the pair and
+# renews the set's ttl in one command (the ZADD it replaces), so a set is never without one: one
+# created and never looked at (`_PENDING` renews it) was kept for ever.
+_ADD = """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+"""
 
 # KEYS[1]=pending, KEYS[2]=claimed; ARGV[1]=now ms, ARGV[2]=the sets' ttl, ARGV[3]=how many
 # pairs to drop, then their members, then those to claim. Removes the first from pending; moves
@@ -50,8 +61,8 @@ return removed
 
 # KEYS[1]=pending, KEYS[2]=claimed; ARGV: claims at or before this ms are abandoned, first rank,
 # last rank, the sets' ttl. Puts abandoned claims back in pending (scored by their claim ms),
-# renews both sets' ttl (the look's, never the copy's: no per-request command), then reads the
-# page: {member, score, ...}.
+# renews both sets' ttl (a copy renews pending's in `_ADD`, no command of its own), then reads
+# the page: {member, score, ...}.
 _PENDING = """
 local stale = redis.call('ZRANGE', KEYS[2], '-inf', ARGV[1], 'BYSCORE', 'WITHSCORES')
 for i = 1, #stale, 2 do
@@ -96,11 +107,15 @@ class ShadowPairs:
         self.keys = keys
         self.ttl_s = ttl_s
         self.settle_within_ms = settle_within_ms
+        self._add = client.register_script(_ADD)
         self._take = client.register_script(_TAKE)
         self._pending = client.register_script(_PENDING)
 
     async def add(self, model: str, pair: ShadowPair) -> None:
-        await self.redis.zadd(self.keys.shadow_pairs(model), {pair.member(): now_ms()})
+        """Record a pair as its copy is made, its set's TTL renewed (`_ADD`)."""
+        await self._add(
+            keys=[self.keys.shadow_pairs(model)], args=[now_ms(), self.ttl_s, pair.member()]
+        )
 
     async def remove(self, model: str, pair: ShadowPair) -> None:
         """Forget a pair whose shadow copy was refused (its lane full): nothing to compare."""

@@ -34,7 +34,7 @@ from producer_api.errors import ConveyorError
 from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
 from shared.backlog import read_backlogs
-from shared.dead_letters import delist_lettered, lettered_partitions
+from shared.dead_letters import delist_lettered, read_lettered
 from shared.metrics import (
     BACKLOG_SCALING_SECONDS,
     BACKLOG_SECONDS,
@@ -95,9 +95,10 @@ async def _refresh_unserved_dlq_depths(state: ProducerState) -> None:
     the index of partitions that dead-lettered (`lettered_partitions`), less the served ones.
     One found with no letter left (all purged or replayed, or its stream gone) leaves the index
     (`delist_lettered`) and the scrape: it reported 0 for ever. A letter dying meanwhile is not
-    lost: the reclaimer enlists its partition again whenever it dead-letters."""
+    lost: `delist_lettered` lists its partition again. Members naming no partition leave the
+    index in the same SREM."""
     served = {(config.name, variant) for config in state.repository for variant in config.variants}
-    lettered = await lettered_partitions(state.redis, state.keys)
+    lettered, malformed = await read_lettered(state.redis, state.keys)
     unserved = [partition for partition in lettered if partition not in served]
     emptied: list[tuple[str, str]] = []
     for model, variant, depth in await read_dlq_depths(state.redis, state.keys, unserved):
@@ -105,7 +106,7 @@ async def _refresh_unserved_dlq_depths(state: ProducerState) -> None:
             DLQ_DEPTH.labels(model, variant).set(depth)
         else:
             emptied.append((model, variant))
-    await delist_lettered(state.redis, state.keys, emptied)
+    emptied = await delist_lettered(state.redis, state.keys, emptied, malformed)
     shown = set(unserved) - set(emptied)
     # and those another producer process delisted: this one no longer reads them
     for partition in (_unserved_shown - shown - served) | set(emptied):
