@@ -429,9 +429,19 @@ def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
         outcome["error"] = f"{type(exc).__name__}: {exc}"
     took_s = time.monotonic() - started
     outcome["duration_ms"] = round(took_s * 1000, 1)
-    if outcome["error"] and took_s >= SLOW_FAILURE_TIMEOUTS * timeout_s:
+    if _overloaded(outcome, took_s, timeout_s):
         _receiver_holds().hold(url, HOLD_TIMES * took_s)
     return outcome
+
+
+def _overloaded(outcome: dict[str, Any], took_s: float, timeout_s: float) -> bool:
+    """Whether an attempt's failure says its origin is overloaded, so it is held: it failed
+    slowly, and not by a 4xx refused for good (a receiver that answers a client error about one
+    URL is up, and each such delivery fails at once, never retried: a shared receiver's, Slack's
+    or a gateway's, held every other tenant's deliveries there for one tenant's bad URL)."""
+    if not outcome["error"] or _refused_for_good(outcome["status_code"]):
+        return False
+    return took_s >= SLOW_FAILURE_TIMEOUTS * timeout_s
 
 
 def _held(url: str) -> dict[str, Any] | None:
@@ -500,6 +510,13 @@ def _queue_next(task: Task, delay_s: float, until: float) -> Retry:
             _wait_unless_stopping(wait_s)
 
 
+def _never_queued(number: int) -> dict[str, Any]:
+    """Attempt `number`, recorded as never made: the broker refused to queue it for the whole
+    retry window (`_queue_next`)."""
+    error = "not queued: the broker refused the next attempt for the whole retry window"
+    return {"attempt": number, "at": round(time.time(), 3), "status_code": None, "error": error}
+
+
 def _wait_unless_stopping(wait_s: float) -> None:
     """Sleep `wait_s`, unless the worker is asked to stop (SIGTERM, Ctrl-C, a crash or memory
     recycle of the consumer): then Celery's WorkerShutdown (WorkerTerminate) is raised out of
@@ -547,7 +564,11 @@ def deliver_webhook(
     if status == "retrying":
         # kept once the next attempt is queued: a worker that died before that left the claim
         # to lapse, and the copy kombu restores runs this attempt again, not "duplicate"
-        retry = _queue_next(self, delay, first_attempt_at + settings.webhook_retry_for_s)
+        try:
+            retry = _queue_next(self, delay, first_attempt_at + settings.webhook_retry_for_s)
+        except Reject:  # dropped: the hash says it will not be sent, not `retrying` for good
+            _record(kind, target_id, _never_queued(number + 1), "failed")
+            raise
         _keep_claim(self.request.id, self.request.retries)
         raise retry
     _keep_claim(self.request.id, self.request.retries)
