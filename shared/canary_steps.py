@@ -30,8 +30,9 @@ def default_max_step_s(interval_s: float) -> float:
 
 def most_samples(max_step_s: float) -> int:
     """The most latency samples a step's window can hold before `max_step_s` ends it: the
-    statistics keep SAMPLES_PER_BUCKET per 10 s bucket and WINDOW_SAMPLES per window read, so
-    a step's p99 is never judged over more online jobs than that."""
+    statistics keep SAMPLES_PER_BUCKET online ones per 10 s bucket (bulk ones only in the room
+    those leave) and WINDOW_SAMPLES per window read, so a step's p99 is never judged over more
+    online jobs than that."""
     return min(WINDOW_SAMPLES, SAMPLES_PER_BUCKET * math.ceil(max_step_s / BUCKET_S))
 
 

@@ -32,19 +32,31 @@ SHADOW_TENANT = "~shadow"
 Variant = tuple[str, str]  # (model, variant)
 
 # KEYS[1]=counters hash, KEYS[2]=samples list; ARGV: ttl, sample cap, n, n (field, increment)
-# pairs, then samples. Adds the increments, appends the samples while the bucket has room.
+# pairs, m, then m online samples and the bulk ones. Adds the increments and keeps the samples
+# while the bucket has room, online ones first: a step's p99 is judged on online samples
+# (shared/canary_steps.most_samples), and heavy Batch API traffic in the bulk lane filled the
+# cap, so none was. Online ones go to the head and take the room of bulk ones, kept at the tail
+# (a bulk one ends in ',1', Sample.encode); the bulk ones fill what room is left.
 _RECORD = """
 local n = tonumber(ARGV[3])
 for i = 4, 3 + n * 2, 2 do redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
-local first = 4 + n * 2
+local m, first = tonumber(ARGV[4 + n * 2]), 5 + n * 2
 if first > #ARGV then return 0 end
-local room = tonumber(ARGV[2]) - redis.call('LLEN', KEYS[2])
-if room <= 0 then return 0 end
-local last = math.min(#ARGV, first + room - 1)
-redis.call('RPUSH', KEYS[2], unpack(ARGV, first, last))
+local cap, length = tonumber(ARGV[2]), redis.call('LLEN', KEYS[2])
+local online = math.min(m, cap)
+while length > cap - online do
+  local last = redis.call('LINDEX', KEYS[2], -1)
+  if string.sub(last, -2) ~= ',1' then break end
+  redis.call('RPOP', KEYS[2])
+  length = length - 1
+end
+online = math.min(online, cap - length)
+if online > 0 then redis.call('LPUSH', KEYS[2], unpack(ARGV, first, first + online - 1)) end
+local bulk = math.min(#ARGV - first - m + 1, cap - length - online)
+if bulk > 0 then redis.call('RPUSH', KEYS[2], unpack(ARGV, first + m, first + m + bulk - 1)) end
 redis.call('EXPIRE', KEYS[2], ARGV[1])
-return last - first + 1
+return online + bulk
 """
 
 # KEYS[1]=counters hash, KEYS[2]=a page's added hash; ARGV: ttl, the page's ttl, variant, then
@@ -248,10 +260,12 @@ class VariantStats:
         self, model: str, variant: str, counts: Mapping[str, float], samples: list[Sample]
     ) -> Any:
         flat = [part for pair in counts.items() for part in pair]
-        args = [RETENTION_S, SAMPLES_PER_BUCKET, len(counts), *flat]
+        online = [s.encode() for s in samples if s.timed and not s.bulk]
+        bulk = [s.encode() for s in samples if s.timed and s.bulk]
+        args = [RETENTION_S, SAMPLES_PER_BUCKET, len(counts), *flat, len(online)]
         return await self._record(
             keys=self._bucket_keys(model, variant, [bucket_of(time.time())]),
-            args=[*args, *(s.encode() for s in samples if s.timed)],
+            args=[*args, *online, *bulk],
         )
 
     async def window(
@@ -265,8 +279,8 @@ class VariantStats:
         """Each variant's counters and samples (none without `samples`) over the buckets from
         `since_s` to `until_s` (now): one script call per variant, sent at once, summed in
         Redis. Buckets are whole (the window starts up to BUCKET_S early); past WINDOW_SAMPLES
-        samples, each bucket keeps its proportional share. A 6 h window (the API's longest,
-        ~2 200 buckets) costs about 25 ms of Redis time per variant."""
+        samples, each bucket keeps its proportional share, its online ones first. A 6 h window
+        (the API's longest, ~2 200 buckets) costs about 25 ms of Redis time per variant."""
         names = list(variants)
         buckets = range(bucket_of(since_s), bucket_of(until_s or time.time()) + 1)
         most = WINDOW_SAMPLES if samples else 0

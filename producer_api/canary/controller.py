@@ -7,11 +7,12 @@ completion after a healthy interval at the last step. A baseline short of `min_r
 step (at 100 % it gets no traffic) is taken over the whole canary, and if still short, the
 canary's error rate is held to `max_error_rate` itself. Every decision is an event with its
 numbers, and a `model.canary.*` webhook when the canary has one, owed from the decision's save
-until the broker has it (a look hands over what a producer that died in between left). A step
-still short of `min_requests` (or of online jobs) after `max_step_s` rolls back (its variant's
-workers may never take a job); live routes that no longer give the variant the canary's weight
-(an operator changed them) abort it, leaving them as they are, and so does a config.yaml that no
-longer serves its variant or baseline."""
+until the broker has it (a look hands over what a producer that died in between left; a broker
+that refuses is asked again after a back-off, not at every look). A step still short of
+`min_requests` (or of online jobs) after `max_step_s` rolls back (its variant's workers may
+never take a job); live routes that no longer give the variant the canary's weight (an operator
+changed them) abort it, leaving them as they are, and so does a config.yaml that no longer
+serves its variant or baseline."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 from redis.exceptions import LockError, RedisError
 
+from producer_api.redis_outage import RedisOutage
 from shared.canary_steps import WEIGHT_SLACK
 from shared.canary_store import (
     Canary,
@@ -144,6 +146,10 @@ class CanaryController:
         self.repository = repository
         self.webhooks = webhooks
         self._shown: dict[str, str] = {}  # model → canary variant this leader shows in gauges
+        # The broker's refusals of owed webhooks, and when it is asked again (monotonic): each
+        # look (every 0.5 s) asked it again, a refused publish holding the look 0.6 s.
+        self._broker = RedisOutage("canary webhooks")
+        self._hand_over_after = 0.0
 
     async def look(self, lease: LeaderLock | None = None) -> None:
         """Decide for each running canary under the traffic `lease` (None: unfenced), then show
@@ -491,14 +497,24 @@ class CanaryController:
         """Hand an owed webhook to the broker, then settle it; never raised: the decision stands
         (a start or an abort answered 500 for a canary it had started or ended), and what stays
         owed the leader's next look hands over again, under the same event id. False when the
-        broker refused it."""
-        if not await self.webhooks.hand_over("canary", model, owed.url, owed.body):
+        broker refused it, or refused the last one and its back-off (doubling from 0.1 s up to
+        5 s, producer_api/redis_outage.py) has not passed: it stays owed till then."""
+        if time.monotonic() < self._hand_over_after:
             return False
+        if not await self.webhooks.hand_over("canary", model, owed.url, owed.body):
+            refused = BrokerRefused(f"{owed.body['type']} of the canary of {model}")
+            self._hand_over_after = time.monotonic() + self._broker.failed(refused)
+            return False
+        self._broker.recovered()
         try:
             await self.store.settle(model, owed)
         except RedisError as exc:
             log.warning("canary of %s: its %s stays owed (%r)", model, owed.body["type"], exc)
         return True
+
+
+class BrokerRefused(Exception):
+    """The broker did not take an owed webhook (`WebhookDispatcher.hand_over` logged why)."""
 
 
 def _record(canary: Canary, kind: str, reason: str | None, seen: dict[str, Any]) -> dict[str, Any]:
