@@ -88,9 +88,10 @@ def _partition_tags(repository: ModelRepository, kind: str | None = None) -> set
     }
 
 
-def build_state(settings: Settings) -> ProducerState:
+def build_state(settings: Settings, repository: ModelRepository | None = None) -> ProducerState:
     """Every service of the producer, built once (no I/O yet): each store and limiter holds the
-    one Redis pool and registers its Lua scripts here, not per request."""
+    one Redis pool and registers its Lua scripts here, not per request. `repository`: the one
+    already loaded from `settings.model_repository` (else it is loaded here)."""
     keys = Keys(settings.key_prefix)
     name = f"producer-{settings.instance_id}"
     client = connect(settings.redis_url, name=name, blocks_ms=0, cluster=settings.redis_cluster)
@@ -101,7 +102,8 @@ def build_state(settings: Settings) -> ProducerState:
     job_store = JobStore(hot, keys, ttl_s)
     batch_store = BatchApiStore(client, keys, ttl_s)
     webhooks = WebhookDispatcher(settings.redis_url)
-    repository = ModelRepository.load(settings.model_repository, settings.result_ttl_s)
+    if repository is None:
+        repository = ModelRepository.load(settings.model_repository, settings.result_ttl_s)
     replies = ReplyListener(client, keys, settings.instance_id, job_store)
     return ProducerState(
         settings=settings,
@@ -147,7 +149,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Everything the producer starts, in order, and stops, in reverse order."""
     settings: Settings = app.state.settings
     configure_logging(settings.log_level)
-    state = build_state(settings)
+    state = build_state(settings, app.state.repository)
     app.state.conveyor = state
     await state.startup.run(lambda: _redis_side_startup(state))
     await state.tokens.start(_partition_tags(state.repository, "generate"))
@@ -228,7 +230,11 @@ ROUTERS = (
 )
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, repository: ModelRepository | None = None
+) -> FastAPI:
+    """The app; `repository`, where given, is the one its lifespan serves (loaded from
+    `settings.model_repository` by the caller), else the lifespan loads it."""
     settings = settings or get_settings()
 
     app = FastAPI(
@@ -239,6 +245,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redirect_slashes=False,  # the error handlers' `_slash_twin` redirects, relative
     )
     app.state.settings = settings
+    app.state.repository = repository
     install_error_handlers(app)
     app.add_middleware(
         RequestBoundaryMiddleware,
@@ -259,16 +266,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def _repository_or_exit(settings: Settings) -> None:
-    """Refuses a config.yaml the lifespan would refuse, before uvicorn starts it: Starlette hands
-    uvicorn a lifespan's error as its whole traceback, which it logged before `Application
-    startup failed`, the one line at its end. The lifespan loads the repository again."""
+def serving_app() -> FastAPI:
+    """The app `uvicorn producer_api.app:app` serves. A bad CONVEYOR_* setting or config.yaml
+    ends it in one line, before uvicorn starts the lifespan: Starlette hands uvicorn a
+    lifespan's error as its whole traceback, which it logged before `Application startup
+    failed`, the one line at its end. The repository loaded for that refusal is the one served:
+    the lifespan read every config.yaml again, and served the second read."""
+    settings = settings_or_exit()
     try:
-        ModelRepository.load(settings.model_repository, settings.result_ttl_s)
+        repository = ModelRepository.load(settings.model_repository, settings.result_ttl_s)
     except ModelConfigError as exc:
         raise SystemExit(f"Error: {exc}") from None
+    return create_app(settings, repository)
 
 
-# a bad CONVEYOR_* setting or config.yaml ends `uvicorn producer_api.app:app` in one line
-_repository_or_exit(settings_or_exit())
-app = create_app()
+app = serving_app()

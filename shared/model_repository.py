@@ -5,6 +5,7 @@ autoscaling (KEDA rendering) and the benchmarks alike."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator, Sequence
 from functools import cached_property
@@ -252,6 +253,12 @@ class GenerateParameters(BaseModel):
         )
 
 
+# The shortest `queue.max_run_s` but 0 (no ceiling): the ceiling is for a wedged engine, and
+# under a second it deemed hung an engine call as ordinary as a CPU micro-batch of an encoder,
+# a long prompt's prefill, a bisection's reruns or a staged engine's wait for the device.
+MIN_RUN_CEILING_S = 1.0
+
+
 class QueueLimits(BaseModel):
     model_config = STRICT
 
@@ -263,7 +270,8 @@ class QueueLimits(BaseModel):
     # wait for the device included), or a generate model's engine may go without a step (no
     # chunk, no generation ended) while it has generations, before the engine is deemed hung (a
     # wedged kernel, a deadlocked library, vLLM's engine core wedged): its entries are no longer
-    # re-claimed and the worker exits, as for a dead engine. 0: no ceiling.
+    # re-claimed and the worker exits, as for a dead engine. 0: no ceiling (else, in a
+    # config.yaml, MIN_RUN_CEILING_S at least).
     max_run_s: float = Field(default=600.0, ge=0, le=YEAR_S)
     # Refuse at submit (429 deadline_unmeetable) a job whose deadline, or whose enqueue plus
     # max_queue_time_s, falls before its ETA, rather than accept it and let it expire
@@ -438,6 +446,7 @@ class ModelConfig(BaseModel):
         for name in [self.name, *self.variants]:
             if not NAME_PATTERN.fullmatch(name):  # `$` alone matches before a final newline
                 raise ModelConfigError(f"{name!r} is not a valid model or variant name")
+        self._check_json_values()
         if self.default_variant not in self.variants:
             raise ModelConfigError(
                 f"model {self.name}: default_variant {self.default_variant!r} is not a variant"
@@ -493,6 +502,22 @@ class ModelConfig(BaseModel):
         for variant in self.variants:
             self._check_variant(variant)
         return self
+
+    def _check_json_values(self) -> None:
+        """Its free-form values (input_schema, each `parameters`) are JSON's, as what else holds
+        them sees them: engines take parameters as loaded, and a NaN, an infinity or a date
+        reached engines that check none of them."""
+        places = [
+            (f"model {self.name}", "input_schema", self.input_schema),
+            (f"model {self.name}", "parameters", self.parameters),
+        ]
+        places += [
+            (f"model {self.name} variant {name}", "parameters", variant.parameters)
+            for name, variant in self.variants.items()
+        ]
+        for owner, where, value in places:
+            if (problem := _not_json(value, where)) is not None:
+                raise ModelConfigError(f"{owner}: {problem}")
 
     def _check_embed_inputs(self) -> None:
         """/v1/embeddings submits `{texts, encoding_format}` (producer_api/openai/protocol.py):
@@ -645,6 +670,27 @@ class ModelConfig(BaseModel):
             ) from None
 
 
+def _not_json(value: Any, where: str) -> str | None:
+    """Why `value`, at `where` (dotted, as pydantic's places), has no JSON value, if it has none:
+    a number that is not finite (YAML's `.nan`, `.inf`, a `1e400`), a key that is no string, or
+    any other type (a YAML timestamp's date; a set or bytes of a config built in code)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{where}: key {quote(key)} is not a string, as JSON's keys are"
+            if (problem := _not_json(item, f"{where}.{key}")) is not None:
+                return problem
+        return None
+    if isinstance(value, list):
+        problems = (_not_json(item, f"{where}.{index}") for index, item in enumerate(value))
+        return next((problem for problem in problems if problem is not None), None)
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where}: {value} is not a finite number (JSON has no NaN or infinity)"
+    if value is None or isinstance(value, str | int | float):  # bool is an int
+        return None
+    return f"{where}: a {type(value).__name__} ({value}) has no JSON value (quote it for a string)"
+
+
 def _problems(exc: ValidationError, within: str = "") -> str:
     """pydantic's errors on one line, each at its dotted location (`within`: the object's own
     place, before each field's; an error of the whole object has none of its own); our own
@@ -720,17 +766,16 @@ _ConfigLoader.add_implicit_resolver(
 
 
 def _settings(config_path: Path) -> dict[str, Any]:
-    """A config.yaml's mapping; what is not one is refused in one line that names the file. Read
-    as bytes: PyYAML decodes them itself, and a file that is not UTF-8 is then its ReaderError."""
+    """A config.yaml's mapping; what is not one is refused in one line that names the file."""
     try:
         with config_path.open("rb") as file:
-            text = file.read(MAX_CONFIG_BYTES + 1)
+            data = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:  # unreadable, or a folder named config.yaml
         raise ModelConfigError(f"{config_path}: cannot read: {exc.strerror or exc}") from None
-    if len(text) > MAX_CONFIG_BYTES:
+    if len(data) > MAX_CONFIG_BYTES:
         raise ModelConfigError(f"{config_path}: larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        raw = yaml.load(text, Loader=_ConfigLoader)
+        raw = yaml.load(_utf8(data), Loader=_ConfigLoader)
     except yaml.YAMLError as exc:
         raise ModelConfigError(f"{config_path}: not YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:  # PyYAML composes nested collections recursively
@@ -741,6 +786,20 @@ def _settings(config_path: Path) -> dict[str, Any]:
         raise ModelConfigError(f"{config_path}: not a mapping of settings")
     _ExpandedSize(config_path).of(raw, 0)
     return raw
+
+
+def _utf8(data: bytes) -> str:
+    """The file's text, decoded here rather than by PyYAML: given bytes, it read a UTF-16 file
+    by its byte order mark, which loaded. One that is not UTF-8 (a UTF-8 mark, which YAML
+    allows, aside) is refused as PyYAML refuses a bad UTF-8 byte, at the first that is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        reason = f"{exc.reason} (not UTF-8)"
+        where = exc.start
+        raise yaml.reader.ReaderError(
+            "<byte string>", where, data[where], "utf-8", reason
+        ) from None
 
 
 def _too_deep(config_path: Path) -> ModelConfigError:
@@ -823,6 +882,21 @@ def _check_queue_time(config_path: Path, queue: QueueLimits, result_ttl_s: int) 
         )
 
 
+def _check_run_ceiling(config_path: Path, config: ModelConfig) -> None:
+    """Past `queue.max_run_s` an engine is deemed hung and its worker exits, its jobs left to run
+    again elsewhere: under MIN_RUN_CEILING_S an ordinary engine call was (at 0.0001 s, every
+    one run off the event loop, the worker exiting at its first micro-batch, restart after
+    restart). Checked where a config.yaml is read, as the result TTL is: a config built in
+    code (a test of the watch) may set a shorter ceiling."""
+    max_run_s = config.queue.max_run_s
+    if 0 < max_run_s < MIN_RUN_CEILING_S:
+        raise ModelConfigError(
+            f"{config_path}: model {config.name}: queue.max_run_s ({max_run_s:g} s) must be 0 "
+            f"(no ceiling) or at least {MIN_RUN_CEILING_S:g} s: past it an engine call is deemed "
+            "hung and the worker exits"
+        )
+
+
 class ModelRepository:
     """All models under one folder, discovered by walking it (like Triton's repository)."""
 
@@ -857,6 +931,7 @@ class ModelRepository:
                     f"{config_path}: name {config.name!r} must match its folder's"
                 )
             _check_queue_time(config_path, config.queue, result_ttl_s)
+            _check_run_ceiling(config_path, config)
             models[config.name] = config
         return cls(models)
 
