@@ -117,9 +117,14 @@ class EventsService:
         )
         watch = KeyWatch(self.state.api_keys, self.principal, renew)
         try:
-            async with contextlib.aclosing(events):  # `while_holds` left at a yield closes none
-                async for event in while_holds(events, watch.holds, RECHECK_S):
-                    yield event
+            # Closed at a yield, `while_holds` closes `events` (once begun; before, the outer
+            # one does). Left to the garbage collector, it was finalized while `events` was
+            # still closing, and asyncio logged its "already running" failure as an error.
+            async with contextlib.aclosing(events):
+                held = while_holds(events, watch.holds, RECHECK_S)
+                async with contextlib.aclosing(held):
+                    async for event in held:
+                        yield event
             if watch.revoked:
                 yield JobEvent("error", {"type": "unauthorized", "message": REVOKED})
         finally:
