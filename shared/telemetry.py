@@ -12,17 +12,29 @@ import sys
 from typing import NoReturn
 
 from opentelemetry import trace
+from opentelemetry.sdk.environment_variables import (
+    OTEL_SPAN_EVENT_COUNT_LIMIT,
+    OTEL_SPAN_LINK_COUNT_LIMIT,
+)
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.orjson import OrjsonFormatter
 
+from shared.model_repository import MAX_JOBS_PER_READ
+
 _PROPAGATOR = TraceContextTextMapPropagator()
 # What OTEL_TRACES_EXPORTER and the OTLP protocol variables may say here.
 EXPORTERS = "otlp, console or none"
 PROTOCOLS = "grpc or http/protobuf"
+# A micro-batch's span has a link per job and an event per failed job: the SDK's default of 128
+# each kept a batch's last 128, so the others' traces (its parent's among them) lost the link.
+_PER_JOB_LIMITS = {
+    OTEL_SPAN_LINK_COUNT_LIMIT: "max_links",
+    OTEL_SPAN_EVENT_COUNT_LIMIT: "max_events",
+}
 
 
 def configure_tracing(service_name: str) -> bool:
@@ -35,7 +47,7 @@ def configure_tracing(service_name: str) -> bool:
     if not names or _sdk_disabled():
         return False
     exporters = [_exporter(name) for name in names]
-    provider = TracerProvider(resource=_resource(service_name))
+    provider = TracerProvider(resource=_resource(service_name), span_limits=_span_limits())
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
@@ -54,6 +66,13 @@ def _resource(service_name: str) -> Resource:
     `unknown_service`."""
     named = OTELResourceDetector().detect().attributes.get(SERVICE_NAME)
     return Resource.create({} if named else {SERVICE_NAME: service_name})
+
+
+def _span_limits() -> SpanLimits:
+    """The SDK's limits, but room for every job of the largest micro-batch where the standard
+    variables set no link or event count limit."""
+    unset = [arg for variable, arg in _PER_JOB_LIMITS.items() if not os.environ.get(variable)]
+    return SpanLimits(**dict.fromkeys(unset, MAX_JOBS_PER_READ))
 
 
 def _exporter_names() -> list[str]:
