@@ -15,7 +15,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, cast, get_args
 
@@ -62,6 +62,9 @@ class KeyNotRotatable(ValueError):
 # only while the old key is usable, checked in the same atomic step: a revoke read before the
 # write let a replacement of a revoked key through. ARGV: now, the new key's id, the old key's
 # expiry from now on ("": unchanged; only ever brought closer), the record's field/value pairs.
+# The first cut keeps the old key's own expiry (`own_expires_at`, ApiKey.lifetime_s): a second
+# rotation of it (a rerun of one its replicas did not confirm) took the grace for its lifetime,
+# and its new key, of a key that never expired, stopped with the old one.
 # Replies "ok", or why the old key may not be rotated (ApiKey.refusal's words).
 STORE_KEY = """
 if #KEYS == 3 then
@@ -72,6 +75,7 @@ if #KEYS == 3 then
   if expires > 0 and tonumber(ARGV[1]) >= expires then return 'API key expired' end
   local cutoff = tonumber(ARGV[3])
   if cutoff and (expires == 0 or cutoff < expires) then
+    redis.call('HSETNX', KEYS[3], 'own_expires_at', old[3] or '0')
     redis.call('HSET', KEYS[3], 'expires_at', ARGV[3])
   end
 end
@@ -168,11 +172,21 @@ class ApiKey:
     # the key whose limits this one shares (a rotation's new key, so a tenant rotating a key
     # does not double its capacity while both keys work); empty: its own
     limits_of: str = ""
+    # the expiry it was made with (0: never), kept once a rotation's grace brought
+    # `spec.expires_at` closer (STORE_KEY); None: never cut
+    own_expires_at: float | None = None
 
     @property
     def limits_id(self) -> str:
         """The id that names this key's rate bucket, in-flight set and open-streams set."""
         return self.limits_of or self.key_id
+
+    @property
+    def lifetime_s(self) -> float:
+        """How long it was made to live (0: for ever), what its rotation gives the new key by
+        default: not shortened by a grace period a rotation gave it."""
+        own = self.spec.expires_at if self.own_expires_at is None else self.own_expires_at
+        return own - self.created_at if own else 0.0
 
     def matches(self, key: str) -> bool:
         return hmac.compare_digest(self.digest, digest_of(key))
@@ -193,6 +207,8 @@ class ApiKey:
         }
         if self.limits_of:
             out["limits_of"] = self.limits_of
+        if self.own_expires_at is not None:
+            out["own_expires_at"] = str(self.own_expires_at)
         for f in fields(self.spec):
             value = getattr(self.spec, f.name)
             if value is not None:
@@ -214,7 +230,7 @@ class ApiKey:
     def _parsed(cls, text: Mapping[str, str]) -> ApiKey:
         """`from_fields` of decoded fields; KeyError or ValueError on a bad record."""
 
-        def number(name: str, kind: type[float] | type[int]) -> float | int | None:
+        def number(name: str, kind: Callable[[str], float | int]) -> float | int | None:
             value = text.get(name)
             return kind(value) if value else None
 
@@ -223,21 +239,31 @@ class ApiKey:
             scopes=_split(text.get("scopes", "")),
             models=_split(text.get("models", "")),
             name=text.get("name", ""),
-            expires_at=float(text.get("expires_at") or 0),
-            rate_per_s=cast(float | None, number("rate_per_s", float)),
+            expires_at=_finite(text.get("expires_at") or "0"),
+            rate_per_s=cast(float | None, number("rate_per_s", _finite)),
             burst=cast(int | None, number("burst", int)),
             max_in_flight=cast(int | None, number("max_in_flight", int)),
             max_streams=cast(int | None, number("max_streams", int)),
-            weight=float(text.get("weight") or 1.0),
+            weight=_finite(text.get("weight") or "1.0"),
         )
         return cls(
             key_id=text["key_id"],
             digest=text["digest"],
             spec=spec,
-            created_at=float(text.get("created_at") or 0),
-            revoked_at=float(text.get("revoked_at") or 0),
+            created_at=_finite(text.get("created_at") or "0"),
+            revoked_at=_finite(text.get("revoked_at") or "0"),
             limits_of=text.get("limits_of", ""),
+            own_expires_at=cast(float | None, number("own_expires_at", _finite)),
         )
+
+
+def _finite(value: str) -> float:
+    """A stored number; ValueError for NaN or infinity (a hand edit), which `float` takes: a NaN
+    expiry never came (no comparison holds) and `keys list` could print neither."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{value!r} is not a finite number")
+    return number
 
 
 def _split(value: str) -> frozenset[str]:

@@ -43,6 +43,9 @@ NEW_KEY_LOST = (
     "the new key is not confirmed ({}): a failover now could lose it, so it is not shown; run"
     " this again (its record, never shown, can be revoked: `conveyor keys list`)"
 )
+# What a rotation with `--revoke-old-in` adds to NEW_KEY_LOST: its script ran on the primary, so
+# the old key's end is written there all the same (a rerun, whose cutoff is later, leaves it).
+OLD_KEY_CUT = "; key id {} works on {} all the same (its end was written with the new key)"
 # What `dev_key` says when too few replicas confirmed its key's write (or an old key's revoke):
 # `conveyor up` said Redis was lost, though a single-node stack only needs acks off.
 DEV_KEY_UNCONFIRMED = (
@@ -138,8 +141,8 @@ def _seconds(duration: str | None, hint: str = "--expires-in") -> float:
 def _expiry(lifetime: float, old: ApiKey | None = None) -> float:
     """When a key made now expires (0: never): in `lifetime` seconds when given, else a rotated
     key lives as long as the key it replaces did, so a rotation keeps a key's lifetime policy."""
-    if not lifetime and old is not None and old.spec.expires_at:
-        lifetime = old.spec.expires_at - old.created_at
+    if not lifetime and old is not None:
+        lifetime = old.lifetime_s
     return time.time() + lifetime if lifetime else 0.0
 
 
@@ -272,13 +275,17 @@ async def _rotated(
     if old is None:
         raise click.ClickException(f"no key with id {key_id}")
     cutoff = time.time() + grace if grace else 0.0
+    ends = min((t for t in (old.spec.expires_at, cutoff) if t), default=0.0)
+    # the cutoff is written with the new key: replicas short of it, the old key's end stands
+    unconfirmed = NEW_KEY_LOST + (OLD_KEY_CUT.format(key_id, _until(ends)) if grace else "")
     try:
-        key, record = await store.rotate(old, _expiry(lifetime, old), cutoff)
+        rotating = store.rotate(old, _expiry(lifetime, old), cutoff)
+        key, record = await _confirmed(rotating, unconfirmed)
     except KeyNotRotatable as exc:
         raise click.ClickException(
             f"{exc}: create a new key instead (`conveyor keys create`)"
         ) from None
-    return key, record, min((t for t in (old.spec.expires_at, cutoff) if t), default=0.0)
+    return key, record, ends
 
 
 def _until(ends: float) -> str:
@@ -305,9 +312,7 @@ def rotate(key_id: str, expires_in: str | None, revoke_old_in: str | None, as_js
     works on until revoked (`conveyor keys revoke`) or expired, or for --revoke-old-in."""
     lifetime = _seconds(expires_in)
     grace = _seconds(revoke_old_in, "--revoke-old-in")
-    key, record, ends = _run(
-        lambda store: _confirmed(_rotated(store, key_id, lifetime, grace), NEW_KEY_LOST)
-    )
+    key, record, ends = _run(lambda store: _rotated(store, key_id, lifetime, grace))
     _show(key, record, as_json)
     click.echo(f"key id {key_id} works on {_until(ends)}", err=True)
 
@@ -338,8 +343,13 @@ def list_keys(as_json: bool) -> None:
 
 
 def _utc(at: float) -> str:
-    """Unix seconds as UTC to the second, as `rotate` and `list` show a key's end."""
-    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+    """Unix seconds as UTC to the second, as `rotate` and `list` show a key's end; one past
+    what a date holds (year 9999: `--expires-in 99999999d`) as the seconds, which ended `list`
+    with a traceback for every key."""
+    try:
+        return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):
+        return f"{at:g} (Unix time)"
 
 
 async def _revoked(store: ApiKeyStore, given: str) -> str | None:

@@ -56,7 +56,7 @@ SCRIPTS = (RELEASE_OWN, TAKE_OVER)
 class BodyPrint:
     """A body's identity for an idempotent retry: the SHA-256 of its JSON with keys sorted, since
     a client may send the same object's keys in another order (JSON objects have none), and of
-    its JSON as sent, what producers before that stored: a claim lives a result TTL, and a retry
+    its JSON as sent, what producers before that stored: a claim lives `claim_ttl_s`, and a retry
     that a rolling upgrade sent to a newer producer is still the same request."""
 
     value: str
@@ -98,14 +98,23 @@ class Claim:
         return time.time() * 1000 - self.made_ms > ABANDONED_AFTER_S * 1000
 
 
+def claim_ttl_s(result_ttl_s: int) -> int:
+    """How long a key's claim lives: as long as the record of what it names may. A job's record
+    lives a result TTL from its submit, or from its end once it ends (so two at most: unended
+    a result TTL after its submit, it is gone); a batch's, its window (a result TTL at most) and
+    a result TTL. With one result TTL a retry made a second job, running the same work again,
+    while the first one's record still lived. A claim outliving its job is taken over (`claim`)."""
+    return 2 * result_ttl_s
+
+
 class IdempotencyKeys:
     """`cv:idem:{tenant}:{sha256(key)}` → `{job_id}:{body fingerprint}:{claimed ms}`, SET NX
-    with the result TTL; hashing the header keeps client text out of key names."""
+    with `claim_ttl_s`; hashing the header keeps client text out of key names."""
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, result_ttl_s: int) -> None:
         self.redis = client
         self.keys = keys
-        self.ttl_s = ttl_s
+        self.ttl_s = claim_ttl_s(result_ttl_s)
         self._release = client.register_script(RELEASE_OWN)
         self._take_over = client.register_script(TAKE_OVER)
 
@@ -127,14 +136,20 @@ class IdempotencyKeys:
         id that never exists should the first try fail (a full queue). So the retry waits for
         the job, or for the first try to give the key up, and then enqueues its own. A claim
         whose job never appeared within `ABANDONED_AFTER_S` is taken over: its submit could not
-        give it back, and would otherwise answer every retry 409 until the key expired."""
+        give it back, and would otherwise answer every retry 409 until the key expired; so is
+        one whose job has expired since (the claim outlives it), whatever the body: the key is
+        free once what it named is gone."""
         mine = Claim.new(job_id, body_print.value)
         deadline = time.monotonic() + IN_PROGRESS_WAIT_S
-        while (first := await self._claim(tenant, key, mine, body_print)) is not None:
+        while (first := await self._claim(tenant, key, mine)) is not None:
             if await enqueued(first.job_id):
+                if not body_print.matches(first.fingerprint):
+                    raise _other_body()
                 return first.job_id
             if first.abandoned() and await self._taken_over(tenant, key, first, mine):
                 return None
+            if not body_print.matches(first.fingerprint):
+                raise _other_body()
             if time.monotonic() >= deadline:
                 raise ConveyorError(
                     409,
@@ -145,23 +160,17 @@ class IdempotencyKeys:
             await asyncio.sleep(IN_PROGRESS_POLL_S)
         return None
 
-    async def _claim(
-        self, tenant: str, key: str, mine: Claim, body_print: BodyPrint
-    ) -> Claim | None:
+    async def _claim(self, tenant: str, key: str, mine: Claim) -> Claim | None:
         """None if this submit owns the key now; else the claim it was first used with."""
         redis_key = self._key(tenant, key)
         if await self.redis.set(redis_key, mine.value(), nx=True, ex=self.ttl_s):
             return None
         existing = await self.redis.get(redis_key)
         if existing is None:  # expired between the two calls: take it now
-            return await self._claim(tenant, key, mine, body_print)
+            return await self._claim(tenant, key, mine)
         first = Claim.parse(existing)
         if first.job_id == mine.job_id:  # this SET, rerun after its reply was lost, found itself
             return None
-        if not body_print.matches(first.fingerprint):
-            raise ConveyorError(
-                409, "conflict", "Idempotency-Key was already used with a different body"
-            )
         return first
 
     async def _taken_over(self, tenant: str, key: str, abandoned: Claim, mine: Claim) -> bool:
@@ -194,6 +203,10 @@ class IdempotencyKeys:
             await call_script(self._release, [self._key(tenant, key)], [f"{job_id}:"])
         except RedisError as exc:
             log.warning("could not give back an idempotency key: %r", exc)
+
+
+def _other_body() -> ConveyorError:
+    return ConveyorError(409, "conflict", "Idempotency-Key was already used with a different body")
 
 
 class Backpressure:
