@@ -50,6 +50,10 @@ SCALER_LABEL = "conveyor.dev/scaler"
 WORKER_PREFIX = "worker"
 PART_OF = "conveyor"
 _DNS_LABEL_MAX = 63
+# KEDA names a ScaledObject's HPA `keda-hpa-<name>`, which its admission webhook holds to 63
+# characters (a DNS label; kedacore/keda#7762): a longer pool name had `kubectl apply` refused.
+HPA_PREFIX = "keda-hpa-"
+_SCALED_OBJECT_MAX = _DNS_LABEL_MAX - len(HPA_PREFIX)
 _HPA_MAX_WINDOW_S = 3600  # the HPA rejects longer stabilization windows
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 PROMETHEUS_URL = "http://prometheus-server.monitoring.svc"  # the prometheus Helm chart's Service
@@ -58,21 +62,23 @@ DEFAULT_NAMESPACE = "conveyor"  # where the URLs and queries of a render without
 TLS_SECRET_KEYS = {"ca": "ca.crt", "cert": "tls.crt", "key": "tls.key"}
 
 
-def dns_label(*parts: str) -> str:
-    """Join parts into an RFC 1123 label; names that had to change (`.`/`_`, length) get a short
-    hash of the original so two pools never collapse onto one name (`v1.2` vs `v1_2`)."""
+def dns_label(*parts: str, max_len: int = _DNS_LABEL_MAX) -> str:
+    """Join parts into an RFC 1123 label of at most `max_len`; names that had to change
+    (`.`/`_`, length) get a short hash of the original so two pools never collapse onto one
+    name (`v1.2` vs `v1_2`)."""
     raw = "-".join(parts)
     clean = _NOT_DNS.sub("-", raw.lower()).strip("-")
     clean = re.sub(r"-{2,}", "-", clean)
-    if clean == raw and len(clean) <= _DNS_LABEL_MAX:
+    if clean == raw and len(clean) <= max_len:
         return clean
     digest = hashlib.sha256(raw.encode()).hexdigest()[:6]
-    return f"{clean[: _DNS_LABEL_MAX - 7].rstrip('-')}-{digest}"
+    return f"{clean[: max_len - 7].rstrip('-')}-{digest}"
 
 
 def worker_name(model: str, variant: str) -> str:
-    """Name shared by a pool's Deployment and its ScaledObject."""
-    return dns_label(WORKER_PREFIX, model, variant)
+    """Name shared by a pool's Deployment and its ScaledObject: short enough for the HPA KEDA
+    names after it."""
+    return dns_label(WORKER_PREFIX, model, variant, max_len=_SCALED_OBJECT_MAX)
 
 
 @dataclass(frozen=True, slots=True)

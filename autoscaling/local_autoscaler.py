@@ -89,6 +89,9 @@ class PoolScaler:
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
     start_after: float = 0.0  # no worker starts before: the backoff of the last that died
     held: str = ""  # why the last tick started fewer workers than the formula asked for
+    # The count the pool is scaled to (its Deployment's replicas), which the HPA's formula
+    # starts from: a worker that died is restarted, not subtracted.
+    replicas: int = 0
 
     @classmethod
     def for_partition(
@@ -127,11 +130,14 @@ class PoolScaler:
             return 0
         self.held = ""
         self._forget_dead(now)
-        current = len(self.workers)
-        wanted = self._wanted(poll(client, self.triggers), current, now)
-        if wanted > current:
-            self._scale_up(client, wanted - current, now)
-        elif wanted < current and self._lead(client, now):
+        # From the count scaled to, not the workers left: with one dead, the HPA's 10 %
+        # tolerance could keep the smaller count, and the pool stayed one short for good.
+        wanted = self._wanted(poll(client, self.triggers), self.replicas, now)
+        running = len(self.workers)
+        self.replicas = max(wanted, running - 1)  # scale-downs go one worker at a time
+        if wanted > running:
+            self._scale_up(client, wanted - running, now)
+        elif wanted < running and self._lead(client, now):
             self._scale_down(now)
         return len(self.workers)
 
@@ -207,6 +213,7 @@ class PoolScaler:
     def _step_aside(self, now: float) -> None:
         """Another autoscaler holds the pool: stop this one's workers, all at once (kept, they
         ran beside its own, up to its max; stopped one per tick, they went on taking jobs)."""
+        self.replicas = 0
         stopped = [self._stop(name, now) for name in list(self.workers)]
         if stopped:
             log.warning("%s: another autoscaler scales it; stopping %s", self.name, stopped)
