@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError
 from starlette.exceptions import HTTPException
 from starlette.responses import RedirectResponse, Response
@@ -76,6 +76,9 @@ class ErrorBody(BaseModel):
 
 
 class OpenAIErrorDetail(BaseModel):
+    # Conveyor's own fields of an error (`job`, `request_id`, `eta_ms`) ride along
+    model_config = ConfigDict(extra="allow")
+
     message: str
     type: str
     param: str | None = None  # the field refused, where the refusal names one
@@ -83,8 +86,9 @@ class OpenAIErrorDetail(BaseModel):
 
 
 class OpenAIErrorBody(BaseModel):
-    """An invalid request to one of OpenAI's routes, as OpenAI's API answers it (a 400; an
-    unknown model's 404, `code` model_not_found)."""
+    """An error on one of OpenAI's routes, as OpenAI's API answers it: an invalid request (a
+    400; an unknown model's 404, `code` model_not_found) `invalid_request_error`, any other
+    Conveyor's type with OpenAI's `code` where OpenAI's API has one (`OPENAI_CODES`)."""
 
     error: OpenAIErrorDetail
 
@@ -114,11 +118,13 @@ class ConveyorError(Exception):
         self.param = param  # the field refused: OpenAI's `param` (see `error_response`)
         self.code = code  # OpenAI's `code` for an error its API answers too (`_as_openai`)
 
-    def as_openai(self) -> OpenAIErrorBody | None:
-        """This error's body in OpenAI's shape, where it has one (`_as_openai`): what a stream,
-        its status sent already, ends with."""
-        openai = _as_openai(self.status, self.type, self.message, self.param, self.code)
-        return None if openai is None else openai[1]
+    def as_openai(self) -> OpenAIErrorBody:
+        """This error's body in OpenAI's shape (`_as_openai`): what a stream, its status sent
+        already, ends with."""
+        openai = _as_openai(
+            self.status, self.type, self.message, self.param, self.code, self.details
+        )
+        return openai[1]
 
 
 def unknown_model(model: str) -> ConveyorError:
@@ -163,51 +169,83 @@ class OpenAIRoute(APIRoute):
         return marked
 
 
+OPENAI_BASE = "/v1/"  # OpenAI's SDKs' base URL, where an unknown route answers in OpenAI's shape
+
+
 def _openai_request(scope: Scope) -> bool:
-    return scope.get("path") in OPENAI_PATHS or bool(scope.get("state", {}).get(OPENAI_ERRORS))
+    if scope.get("path") in OPENAI_PATHS or scope.get("state", {}).get(OPENAI_ERRORS):
+        return True
+    # refused before routing (the boundary's 401 or 413): by the route that would have run
+    return "endpoint" not in scope and "app" in scope and _openai_route(scope)
+
+
+def _openai_route(scope: Scope) -> bool:
+    """Whether the route the request's path and method name marks its requests OpenAI's."""
+    for route in scope["app"].router.routes:
+        if route.matches(scope)[0] is Match.FULL:
+            return isinstance(route, OpenAIRoute) or any(
+                depends.dependency is answer_as_openai
+                for depends in getattr(route, "dependencies", ())
+            )
+    return False
 
 
 class ErrorResponse(FastJSONResponse):
     """An error, in the shape of the route it answers, chosen as it is sent (from the request's
     path: the request boundary refuses a body before any route is matched; or as its route
-    marked it, `answer_as_openai`): `openai`, its status and body in OpenAI's shape, where it
-    has one (`_as_openai`)."""
+    marked it, `answer_as_openai`): `openai`, its status and body in OpenAI's shape
+    (`_as_openai`)."""
 
     def __init__(
         self,
         body: dict[str, Any],
         status: int,
         headers: dict[str, str] | None,
-        openai: tuple[int, OpenAIErrorBody] | None,
+        openai: tuple[int, OpenAIErrorBody],
     ) -> None:
         super().__init__(body, status_code=status, headers=headers)
         self.openai = openai
         self.given_headers = headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.openai is None or not _openai_request(scope):
+        if not _openai_request(scope):
             await super().__call__(scope, receive, send)
             return
         status, body = self.openai
         await FastJSONResponse(body.model_dump(), status, self.given_headers)(scope, receive, send)
 
 
+# OpenAI's documented `code` of the errors its API answers too, by Conveyor's type: its SDKs'
+# users read `e.code` (a 401's `invalid_api_key`, a 429's `rate_limit_exceeded`).
+OPENAI_CODES = {
+    "unauthorized": "invalid_api_key",
+    "rate_limited": "rate_limit_exceeded",
+    "insufficient_quota": "insufficient_quota",
+}
+
+
 def _as_openai(
-    status: int, type_: str, message: str, param: str | None, code: str | None
-) -> tuple[int, OpenAIErrorBody] | None:
-    """An error as OpenAI's API and vLLM's server answer it, `invalid_request_error` with
-    `param` and `code`, where OpenAI's SDKs expect that shape; None for the rest. An invalid
-    request is a 400: OpenAI's SDKs raise BadRequestError for it (a 422 raised
-    UnprocessableEntityError, which no OpenAI client expects of a bad request). An error with
-    OpenAI's `code` (`unknown_model`), or naming the field it refuses (a batch's unknown
-    `input_file_id`), keeps its status."""
+    status: int,
+    type_: str,
+    message: str,
+    param: str | None,
+    code: str | None,
+    details: dict[str, Any] | None = None,
+) -> tuple[int, OpenAIErrorBody]:
+    """An error as OpenAI's API and vLLM's server answer it: OpenAI's SDKs read `message`,
+    `type`, `param` and `code` of every error they get. An invalid request is a 400
+    `invalid_request_error`: OpenAI's SDKs raise BadRequestError for it (a 422 raised
+    UnprocessableEntityError, which no OpenAI client expects of a bad request); so is an error
+    with OpenAI's `code` (`unknown_model`), or naming the field it refuses (a batch's unknown
+    `input_file_id`), which keeps its status. Any other keeps Conveyor's type, as a stream's
+    error chunk does, with OpenAI's code where it has one (`OPENAI_CODES`)."""
+    openai_type = "invalid_request_error"
     if type_ == "invalid_request" and status in (400, 422):
         status = 400
     elif code is None and param is None:
-        return None
-    detail = OpenAIErrorDetail(
-        message=message, type="invalid_request_error", param=param, code=code
-    )
+        openai_type, code = type_, OPENAI_CODES.get(type_)
+    fields = {"message": message, "type": openai_type, "param": param, "code": code}
+    detail = OpenAIErrorDetail(**{**(details or {}), **fields})
     return status, OpenAIErrorBody(error=detail)
 
 
@@ -225,7 +263,8 @@ def error_response(
     body = {"error": {"type": type_, "message": message, **(details or {})}}
     if status in NOT_RETRIED and "Retry-After" not in (headers or {}):
         headers = {**NO_RETRY, **(headers or {})}
-    return ErrorResponse(body, status, headers, _as_openai(status, type_, message, param, code))
+    openai = _as_openai(status, type_, message, param, code, details)
+    return ErrorResponse(body, status, headers, openai)
 
 
 def _refused_field(exc: RequestValidationError) -> str | None:
@@ -307,6 +346,12 @@ def _slash_twin(request: Request) -> str | None:
     return _toggled_slash(sent.decode("latin-1")) + (f"?{query.decode('latin-1')}" if query else "")
 
 
+def _unrouted_openai(request: Request) -> bool:
+    """A request no route took under OpenAI's base URL: most likely one of OpenAI's APIs that
+    Conveyor lacks (`/v1/responses`), its SDK reading the 404 in OpenAI's shape."""
+    return "endpoint" not in request.scope and request.scope["path"].startswith(OPENAI_BASE)
+
+
 def _toggled_slash(path: str) -> str:
     return path.rstrip("/") if path.endswith("/") else f"{path}/"
 
@@ -348,6 +393,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 404 and (twin := _slash_twin(request)):
             return RedirectResponse(twin, 307)
+        if exc.status_code == 404 and _unrouted_openai(request):
+            mark_as_openai(request)
         # a 400: a body that does not parse (a multipart form), an invalid request
         type_ = {400: "invalid_request", 404: "not_found"}.get(exc.status_code, "http_error")
         headers = dict(exc.headers) if exc.headers else None
@@ -356,7 +403,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, type_, str(exc.detail), headers)
 
     @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> FastJSONResponse:
+    async def _internal(request: Request, exc: Exception) -> ErrorResponse:
         """The safety net: a bug still answers in the documented shape, and its traceback is
         logged under an id the client can quote."""
         request_id = uuid.uuid4().hex
@@ -368,14 +415,9 @@ def install_error_handlers(app: FastAPI) -> None:
             exc_info=exc,
             extra={"request_id": request_id},
         )
-        body = {
-            "error": {
-                "type": "internal",
-                "message": f"internal error; quote request id {request_id}",
-                "request_id": request_id,
-            }
-        }
-        return FastJSONResponse(body, status_code=500, headers={"X-Request-ID": request_id})
+        message = f"internal error; quote request id {request_id}"
+        headers = {"X-Request-ID": request_id}
+        return error_response(500, "internal", message, headers, {"request_id": request_id})
 
     async def _redis_down(_: Request, exc: Exception) -> FastJSONResponse:
         log.warning("redis unavailable: %r", exc)

@@ -18,7 +18,12 @@ State = Annotated[ProducerState, Depends(producer_state)]
 Reader = Annotated[Principal, Depends(require("read"))]
 
 
-@router.get("/v1/models", response_model=ModelList, responses=AUTH_RESPONSES)
+@router.get(
+    "/v1/models",
+    response_model=ModelList,
+    responses=AUTH_RESPONSES,
+    dependencies=[Depends(answer_as_openai)],
+)
 async def list_models(state: State, principal: Reader) -> FastJSONResponse:
     """Every model the caller's key may use, with its partitions' queue length, lag, pending,
     consumers and DLQ depth."""

@@ -63,16 +63,26 @@ def _invalid(what: str) -> dict[int | str, dict[str, Any]]:
 
 
 # An unknown model as OpenAI's API answers it (`producer_api.errors.unknown_model`); an unknown
-# variant, a field of Conveyor's own, in Conveyor's shape.
+# variant, a field of Conveyor's own, Conveyor's `not_found` in OpenAI's fields (ErrorBody's
+# `type` and `message` among them).
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {
         "model": OpenAIErrorBody | ErrorBody,
         "description": "Unknown model (OpenAI's shape, `code` model_not_found) or variant",
     }
 }
+
+
+def _as_openais(responses: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
+    """The responses, each with OpenAI's error body: every error of OpenAI's routes is in
+    OpenAI's shape (`producer_api.errors.ErrorResponse`)."""
+    return {code: {**response, "model": OpenAIErrorBody} for code, response in responses.items()}
+
+
 _RESPONSES: dict[int | str, dict[str, Any]] = {
-    **AUTH_RESPONSES,
-    **error_responses(_DESCRIPTIONS | UNSUCCESSFUL_DESCRIPTIONS | _FAILED),
+    **_as_openais(
+        {**AUTH_RESPONSES, **error_responses(_DESCRIPTIONS | UNSUCCESSFUL_DESCRIPTIONS | _FAILED)}
+    ),
     **_NOT_FOUND,
     **_invalid(
         "a malformed body or parameter, a model that does not generate text, or a prompt past"
@@ -81,8 +91,10 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 _EMBEDDING_RESPONSES = {
     **_RESPONSES,
-    **error_responses(
-        {502: "The model's outputs lack the `embeddings` and `usage` of a model of task embed"}
+    **_as_openais(
+        error_responses(
+            {502: "The model's outputs lack the `embeddings` and `usage` of a model of task embed"}
+        )
     ),
     **_invalid("a malformed body, a model that does not embed text, or `dimensions`"),
 }

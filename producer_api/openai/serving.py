@@ -19,7 +19,13 @@ from pydantic import BaseModel, ValidationError
 
 from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
-from producer_api.errors import NO_RETRY, ConveyorError, OpenAIErrorBody, OpenAIErrorDetail
+from producer_api.errors import (
+    NO_RETRY,
+    OPENAI_CODES,
+    ConveyorError,
+    OpenAIErrorBody,
+    OpenAIErrorDetail,
+)
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
 from producer_api.live_feed import stop_reading, while_holds
@@ -426,16 +432,16 @@ def _cut(cut: Cut, job_id: str) -> str:
 
 
 def _failure_chunk(failure: ConveyorError) -> str:
-    """A failed job's error chunk, in OpenAI's shape where its unstreamed answer has it (a
-    prompt past the context: `invalid_request_error` naming the field, which OpenAI's SDK reads
-    into its error's `type` and `param`), else Conveyor's type and message in that shape."""
-    if (openai := failure.as_openai()) is not None:
-        return openai.model_dump_json()
-    return _error_chunk(failure.type, failure.message)
+    """A failed job's error chunk, as its unstreamed answer's body (a prompt past the context:
+    `invalid_request_error` naming the field, which OpenAI's SDK reads into its error's `type`
+    and `param`)."""
+    return failure.as_openai().model_dump_json()
 
 
 def _error_chunk(type_: str, message: str) -> str:
-    """Conveyor's error in the fields of OpenAI's error object, `param` and `code` null, as
+    """Conveyor's error in the fields of OpenAI's error object, `param` null and `code`
+    OpenAI's where it has one (a revoked key's `invalid_api_key`, as its unstreamed 401's), as
     vLLM's server sends a stream's error: a client reading `error["code"]` failed on its
     absence."""
-    return OpenAIErrorBody(error=OpenAIErrorDetail(message=message, type=type_)).model_dump_json()
+    detail = OpenAIErrorDetail(message=message, type=type_, code=OPENAI_CODES.get(type_))
+    return OpenAIErrorBody(error=detail).model_dump_json()
