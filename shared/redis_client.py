@@ -49,6 +49,7 @@ from redis.cluster import PRIMARY
 from redis.commands.core import AsyncScript
 from redis.exceptions import (
     AskError,
+    AuthenticationError,
     ClusterDownError,
     ClusterError,
     DataError,
@@ -59,6 +60,7 @@ from redis.exceptions import (
     ReadOnlyError,
     RedisClusterException,
     RedisClusterUnreachableError,
+    RedisError,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
@@ -404,13 +406,34 @@ def topology_read() -> Iterator[None]:
 
 def _unreachable(error: RedisClusterException) -> bool:
     """An outage that passes (no node answered, a slot without a master), not a misconfiguration
-    (a URL of a server that is no cluster node), which must fail as itself."""
+    (a URL of a server that is no cluster node, credentials the nodes refuse: redis-py's
+    AuthenticationError is a ConnectionError), which must fail as itself."""
     cause = error.__cause__
     return (
         isinstance(error, RedisClusterUnreachableError)
-        or isinstance(cause, RedisConnectionError | RedisTimeoutError | OSError)
+        or (
+            isinstance(cause, RedisConnectionError | RedisTimeoutError | OSError)
+            and not isinstance(cause, AuthenticationError)
+        )
         or "not covered" in str(error)
     )
+
+
+class CredentialsRefused(RedisError):
+    """The server refused the client's credentials (a wrong password, none where one is asked
+    for). redis-py raises that as a ConnectionError, which every backoff waits out as an outage:
+    at start it is a misconfiguration no wait mends (`credentials_checked`)."""
+
+
+@contextlib.contextmanager
+def credentials_checked() -> Iterator[None]:
+    """A process's first commands, whose refused login is raised as CredentialsRefused, no
+    outage: the worker waited for a wrong password for its whole start timeout. A running
+    process's commands are left out: a password rotated under it is waited out."""
+    try:
+        yield
+    except AuthenticationError as exc:
+        raise CredentialsRefused(f"Redis refused CONVEYOR_REDIS_URL's credentials: {exc}") from exc
 
 
 class RedirectsExhausted(TryAgainError):

@@ -6,6 +6,7 @@ receiver's)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from celery import Celery, signals
@@ -13,9 +14,12 @@ from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from redis.exceptions import RedisClusterException, RedisError
 
 from shared.celery_broker import broker_app
+from shared.redis_client import topology_read
 from shared.settings import masked_url, settings_or_exit
 from shared.telemetry import configure_logging, configure_tracing
+from workers.partition.redis_backoff import until_done
 from workers.runtime.broker_outage_log import BrokerOutageLog
+from workers.runtime.consumer_runtime import start_wait_s
 from workers.runtime.heartbeat import WorkerHeartbeat
 from workers.runtime.metrics_server import MetricsServer
 from workers.runtime.stream_consumer import StreamConsumer
@@ -39,14 +43,32 @@ if configure_tracing("conveyor-worker"):
 
 def _broker_app_or_exit() -> Celery:
     """The worker's Celery app; a cluster whose topology it cannot read (CONVEYOR_REDIS_CLUSTER
-    with a server that is no cluster node, or no node answering) ends the worker in one line:
+    with a server that is no cluster node, credentials refused) ends the worker in one line:
     the read runs as Celery imports this module, which printed the error as Celery's traceback
-    under `Unable to load celery application` (exit 2)."""
+    under `Unable to load celery application` (exit 2). A cluster no node of which answers is
+    waited out, as a single server is, within the start's wait (`start_wait_s`): the worker
+    exited at once, where one started beside its Redis waits for it."""
+    if not settings.redis_cluster:  # nothing read: Celery's consumer waits for the server
+        return _broker_app()
+    wait_s = start_wait_s(settings)
     try:
-        return broker_app(settings.redis_url, include=["workers.webhook_delivery"])
-    except (RedisError, RedisClusterException) as exc:
+        return asyncio.run(asyncio.wait_for(_cluster_broker_app(), wait_s))
+    except (RedisError, RedisClusterException, TimeoutError) as exc:
         where = masked_url(settings.redis_url)
-        raise SystemExit(f"Error: cannot use the Redis cluster at {where}: {exc}") from None
+        why = f"no node answered within {wait_s:g}s" if isinstance(exc, TimeoutError) else exc
+        raise SystemExit(f"Error: cannot use the Redis cluster at {where}: {why}") from None
+
+
+def _broker_app() -> Celery:
+    """The app; on a cluster, built from the layout read now (`broker_app`)."""
+    with topology_read():  # no node answering: an outage (ClusterUnreachable)
+        return broker_app(settings.redis_url, include=["workers.webhook_delivery"])
+
+
+async def _cluster_broker_app() -> Celery:
+    """The app, its cluster's layout read through outages (one log line per outage)."""
+    what = "worker start: the cluster's layout"
+    return await until_done(lambda: asyncio.to_thread(_broker_app), asyncio.Event(), what)
 
 
 app = _broker_app_or_exit()

@@ -21,7 +21,7 @@ from shared import job_scripts, token_scripts
 from shared.heap_tuning import settle_heap
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelConfigError, ModelRepository
-from shared.redis_client import connect, preload
+from shared.redis_client import connect, credentials_checked, preload
 from shared.settings import Settings
 from workers.batching.micro_batch_loop import MicroBatchLoop
 from workers.engines.base import BatchEngine, EngineDied, GenerateEngine
@@ -68,8 +68,14 @@ async def _through_outages(call: Callable[[], Awaitable[object]], what: str) -> 
     """A start-up write of the worker's, waited out through an outage or a Redis refusing
     writes (its maxmemory, a failover) as the loops' are: the worker ended there, where Celery's
     consumer waits for the broker. A stop meanwhile cancels the start (`_stop_serving`); the
-    wait is bounded by CONVEYOR_START_TIMEOUT_S."""
-    await until_done(call, asyncio.Event(), what)
+    wait is bounded by CONVEYOR_START_TIMEOUT_S. Refused credentials are no outage: they end
+    the start at once."""
+
+    async def checked() -> object:
+        with credentials_checked():
+            return await call()
+
+    await until_done(checked, asyncio.Event(), what)
 
 
 class EngineLoadError(RuntimeError):

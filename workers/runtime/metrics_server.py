@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shared.settings import get_settings
 from workers.runtime.consumer_runtime import ConsumerRuntime
+from workers.runtime.start_refusal import refuse_start
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,8 @@ class MetricsServer(bootsteps.StartStopStep):
             return
         try:
             self.server = ThreadingHTTPServer(("0.0.0.0", port), _handler(worker))
-        except OSError as exc:  # Celery logs only the error: name the setting
-            raise OSError(exc.errno, f"CONVEYOR_METRICS_PORT={port}: {exc.strerror}") from exc
+        except OSError as exc:  # named by its setting: the bare OSError named none
+            refuse_start(f"CONVEYOR_METRICS_PORT={port}: {exc.strerror}")
         threading.Thread(target=self.server.serve_forever, name="metrics", daemon=True).start()
         log.info("metrics on :%d", port)
 

@@ -13,7 +13,6 @@ from types import FrameType
 from typing import Any
 
 from celery import bootsteps
-from celery.platforms import EX_FAILURE
 from celery.worker import state as celery_state
 
 from shared.settings import get_settings
@@ -21,6 +20,7 @@ from workers.runtime.consumer_runtime import ConsumerRuntime
 from workers.runtime.heartbeat import WorkerHeartbeat
 from workers.runtime.memory_ceiling import RECYCLED
 from workers.runtime.metrics_server import MetricsServer
+from workers.runtime.start_refusal import refuse_start
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,7 @@ class StreamConsumer(bootsteps.StartStopStep):
             _leave_registry(worker)
             if isinstance(exc, Exception):  # not a stop asked for: Celery's WorkerShutdown
                 # Celery's own report of it was two tracebacks with no line that said why
-                log.critical("the worker cannot start: %s", exc)
-                raise SystemExit(EX_FAILURE) from None
+                refuse_start(exc)
             raise
         worker.conveyor_runtime = self.runtime
 
