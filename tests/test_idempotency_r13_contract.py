@@ -164,7 +164,7 @@ async def test_a_malformed_key_is_a_422_that_says_why(producer: Producer, key: b
     assert "Idempotency-Key: 1 to 255 printable ASCII" in answer.json()["error"]["message"]
 
 
-async def test_a_key_lives_twice_the_result_ttl_and_a_new_job_follows_it(producer: Producer) -> None:
+async def test_a_key_lives_two_result_ttls_and_a_new_job_follows_it(producer: Producer) -> None:
     key, body = f"ttl-{uuid.uuid4().hex}", _body()
     headers = producer.keyed("alpha", key)
     first = await producer.client.post(JOBS, json=body, headers=headers)
