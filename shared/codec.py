@@ -88,6 +88,10 @@ class RequestEntry:
     tenant: str = "default"
     reply: str = ""
     traceparent: str = ""
+    # The client's W3C tracestate, as the producer's span holds it: field `ts`, written only
+    # when set, so an entry without one is no longer. An older worker skips it (`decode` reads
+    # only the fields it names), a newer one reads an older producer's entry as without one.
+    tracestate: str = ""
     # The API key's in-flight set holding the job (shared/rate_limit.py), freed by whoever
     # ends the job: it lives in the key's slot, so the ender frees it beside its script.
     inflight: str = ""
@@ -110,6 +114,8 @@ class RequestEntry:
             "reply": self.reply,
             "tp": self.traceparent,
         }
+        if self.tracestate:
+            fields["ts"] = self.tracestate
         if self.inflight:
             fields["inflight"] = self.inflight
         if self.batch:
@@ -132,6 +138,7 @@ class RequestEntry:
             tenant=fields.get(b"tenant", b"default").decode(),
             reply=fields.get(b"reply", b"").decode(),
             traceparent=fields.get(b"tp", b"").decode(),
+            tracestate=fields.get(b"ts", b"").decode(),
             inflight=fields.get(b"inflight", b"").decode(),
             batch=fields.get(b"batch", b"").decode(),
             batch_until=int(fields.get(b"batch_until", b"0")),
@@ -164,6 +171,7 @@ class RequestEntry:
             tenant=text(b"tenant") or "default",
             reply=text(b"reply"),
             traceparent=text(b"tp"),
+            tracestate=text(b"ts"),
             inflight=text(b"inflight"),
             replay_of=text(b"replay_of"),
         )

@@ -26,6 +26,9 @@ from pythonjsonlogger.orjson import OrjsonFormatter
 from shared.model_repository import MAX_JOBS_PER_READ
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+# The longest tracestate the propagator's extract keeps (OpenTelemetry's bound; W3C asks for
+# at least 512 characters to be passed on).
+TRACESTATE_MAX_CHARS = 8192
 # What OTEL_TRACES_EXPORTER and the OTLP protocol variables may say here.
 EXPORTERS = "otlp, console or none"
 PROTOCOLS = "grpc or http/protobuf"
@@ -119,19 +122,31 @@ def tracing_on() -> bool:
     return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
-def current_traceparent() -> str:
-    """The active span's context as a W3C traceparent ('' when nothing is being traced)."""
+def current_trace_context() -> tuple[str, str]:
+    """The active span's W3C traceparent and tracestate ('' each when absent), from one inject:
+    the tracestate is a client's vendor data (sampling, routing) for the worker's span too. One
+    longer than the propagator's extract keeps is '' here: the worker would drop it anyway,
+    and it would only grow the stream entry (a span context holds at most 32 members, but of
+    up to 16 KiB)."""
     if not tracing_on():
-        return ""
+        return "", ""
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier)
-    return carrier.get("traceparent", "")
+    tracestate = carrier.get("tracestate", "")
+    kept = tracestate if len(tracestate) <= TRACESTATE_MAX_CHARS else ""
+    return carrier.get("traceparent", ""), kept
 
 
-def span_context_of(traceparent: str) -> trace.SpanContext | None:
+def span_context_of(traceparent: str, tracestate: str = "") -> trace.SpanContext | None:
+    """The remote span context a stream entry names, its tracestate with it (the members the
+    propagator keeps: a header over 32 members, 8192 characters or with an invalid member is
+    dropped whole)."""
     if not traceparent:
         return None
-    ctx = _PROPAGATOR.extract({"traceparent": traceparent})
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    ctx = _PROPAGATOR.extract(carrier)
     span_context = trace.get_current_span(ctx).get_span_context()
     return span_context if span_context.is_valid else None
 

@@ -28,7 +28,7 @@ from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, QueueLimits
 from shared.settings import Settings
-from shared.telemetry import current_traceparent, tracing_on
+from shared.telemetry import current_trace_context, tracing_on
 from tests.conftest import running_stack, until
 from tests.paced_engine import PacedEngine
 from tests.span_capture import PROVIDER, captured_spans, traced_predict  # noqa: F401 (`spans`)
@@ -213,7 +213,7 @@ def test_without_a_tracer_provider_the_batch_loop_opens_no_span(
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
     assert not tracing_on()
     assert isinstance(stage_span("engine"), nullcontext)
-    assert current_traceparent() == ""
+    assert current_trace_context() == ("", "")
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", PROVIDER)  # the one the tracers bind to
     assert tracing_on()
     with stage_span("engine") as span:

@@ -35,7 +35,7 @@ from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.model_repository import ModelConfig
 from shared.redis_client import OUT_OF_REACH
 from shared.routing import UnknownVariant
-from shared.telemetry import current_traceparent
+from shared.telemetry import current_trace_context
 from shared.webhook_events import job_event, refusal
 from shared.webhook_outbox import WebhookOutbox
 
@@ -128,6 +128,7 @@ class JobsService:
     def build(self, model: str, body: PredictRequest) -> tuple[RequestEntry, ModelConfig, str]:
         config, variant = self.resolve(model, body)
         job_id = new_job_id(config.name, variant)
+        traceparent, tracestate = current_trace_context()
         entry = RequestEntry(
             job_id=job_id,
             payload={
@@ -139,7 +140,8 @@ class JobsService:
             deadline_ms=_deadline_ms(body),
             tenant=self.principal.tenant,
             reply=self.state.replies.channel(job_id),
-            traceparent=current_traceparent(),
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         return entry, config, variant
 

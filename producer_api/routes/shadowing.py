@@ -90,6 +90,7 @@ class ShadowCopies:
             deadline_ms=entry.deadline_ms,
             tenant=SHADOW_TENANT,  # no API key's: none can read the copy
             traceparent=entry.traceparent,
+            tracestate=entry.tracestate,
         )
         stream = self.keys.bulk_queue(config.name, shadow)
         fields: dict[str, str | int] = {

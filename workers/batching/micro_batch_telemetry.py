@@ -38,7 +38,11 @@ def start_batch_span(
     after the loop has moved on, and its span lasts until its write-back."""
     if not tracing_on():
         return None
-    contexts = [sc for d in runnable if d.entry and (sc := span_context_of(d.entry.traceparent))]
+    contexts = [
+        sc
+        for d in runnable
+        if d.entry and (sc := span_context_of(d.entry.traceparent, d.entry.tracestate))
+    ]
     first = contexts[0] if contexts else None
     chosen = next((sc for sc in contexts if sc.trace_flags.sampled), first)
     parent = trace.set_span_in_context(NonRecordingSpan(chosen)) if chosen else None
