@@ -895,7 +895,12 @@ return out
 # take the slack of shared/job_store.renew_before_ms), refill ('1': move a held job in, as a
 # fair lane's write-back does, or one after an entry round robin moved in; '': a plain lane's,
 # which then never looks at the fair hash: workers/partition/partition.Partition.refills),
-# now_ms, then per job a record:
+# now_ms, streamed ('1': generations, whose results keep what they ran to on a record a cancel
+# ended, see below; '': other results), n, then n job ids whose views were built without
+# `created` (an entry that was no job, UndecodableEntry, whose stamp was only its read): FINISH
+# puts the `created` and `total_ms` of their hashes in them (from the HMGET it makes anyway),
+# owes the events of those whose hashes hold a `webhook` (the unreadable payload named none; the
+# writer then declares the owed set), and returns both; then per job a record:
 #   entry_id, job_id, reply_channel, view, status, write_id, attempt, webhook, nfields, field,
 #   value, ...
 # status '' means only acknowledge (job already terminal, cancelled or gone; write_id and attempt
@@ -909,7 +914,10 @@ return out
 # cancel after its last status read), is not written and is returned as met, with the end it
 # met; a `cancelled` result's fields (what an aborted generation reached: its outputs so far and
 # token counts) join a `cancelled` record, never its end (`finished`, `error`) nor `write_id`
-# (workers/partition/finish.py: Finish.record); another result is dropped.
+# (workers/partition/finish.py: Finish.record), and so do a generation's other results (streamed:
+# its client read the tokens); another result is dropped. A result whose job's hash is gone
+# (expired or deleted while it ran) is not written and is returned as met `cancelled`, as the
+# generate loop reads a job whose hash is gone: it counted in no state.
 # Per written job two commands (HMGET, HSET; EXPIRE too for a job older than renew_before); per
 # micro-batch one SPUBLISH per reply
 # channel (a JSON array of the views written for it; the channel is in the partition's slot),
@@ -923,9 +931,11 @@ return out
 # attempt goes on record twice; its id is returned as taken, for the writer to hold its in-flight
 # slot again (freed beside this script, before its reply said so). Its write-back of a job the
 # API ended (a cancel) while the new owner ran it is left out alike, its `cancelled` record
-# unwritten, and not returned as taken (the end freed the slot). Returns {written, taken, met}:
-# job ids, and {job id, status} pairs. Idempotent: a call rerun after its reply was lost (a torn
-# connection, a replica WAIT that timed out) changes nothing more, and returns and publishes the
+# unwritten, and not returned as taken (the end freed the slot). Returns {written, taken, met,
+# stamps}: job ids, {job id, status} pairs, and {job id, created, webhook} triples ('' for
+# none) of the restamped jobs written. Idempotent: a call
+# rerun after its reply was lost (a torn connection, a replica WAIT that timed out) changes
+# nothing more, and returns and publishes the
 # results it wrote (a job whose hash holds the record's `status` and `write_id`, random per
 # result) again, so the writer still publishes them and hands their webhooks on, after a replica
 # WAIT that now counts them (the rerun writes each `write_id` again); the drained counter counts
@@ -934,8 +944,11 @@ FINISH = (
     _PRELUDE
     + _OWE
     + """
-local i, renew_before = 8, tonumber(ARGV[5])
-local ids, written, fresh, owed, taken_ids, met = {}, {}, {}, {}, {}, {}
+-- the jobs whose views take the `created` their hashes hold (ARGV[9] of them, from ARGV[10])
+local restamp = {}
+for r = 10, 9 + tonumber(ARGV[9]) do restamp[ARGV[r]] = true end
+local i, renew_before = 10 + tonumber(ARGV[9]), tonumber(ARGV[5])
+local ids, written, fresh, owed, taken_ids, met, stamps = {}, {}, {}, {}, {}, {}, {}
 local replies, channels = {}, {}
 -- the ends the API gives a running job (a cancel, its Batch API batch's expiry)
 local ENDED = {cancelled = true, expired = true}
@@ -952,13 +965,29 @@ local function ran_to(jk, first, last)
   end
   if #kept > 0 then redis.call('HSET', jk, unpack(kept)) end
 end
+-- `view`, built without `created` (so without `total_ms`), with the hash's `created` (ms) and
+-- the total from it to the record's `finished`, at the head of its timings (a JSON string
+-- escapes its quotes, so the first `"timings":{` is the key's)
+local function stamped(view, created, first, last)
+  local _, at = string.find(view, '"timings":{', 1, true)
+  if not at then return view end
+  local add = '"created":' .. tostring(created / 1000)
+  for f = first, last, 2 do
+    if ARGV[f] == 'finished' then
+      add = add .. ',"total_ms":' .. tostring(tonumber(ARGV[f + 1]) - created)
+    end
+  end
+  if string.sub(view, at + 1, at + 1) ~= '}' then add = add .. ',' end
+  return string.sub(view, 1, at) .. add .. string.sub(view, at + 1)
+end
 while i <= #ARGV do
   local eid, jid, reply, view, status = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3], ARGV[i+4]
   local write_id, run, webhook = ARGV[i+5], ARGV[i+6], ARGV[i+7]
   local first, last = i + 9, i + 8 + tonumber(ARGV[i+8]) * 2  -- the record's field/value pairs
   local jk = jobkey(ARGV[3], jid)
   local cur = status == '' and {} or redis.call('HMGET', jk, 'status', 'writes',
-                                                'attempt_history', 'write_id', 'created', 'worker')
+                                                'attempt_history', 'write_id', 'created', 'worker',
+                                                'webhook')
   -- running under another consumer: taken over (RECLAIM) from this one, which lost Redis past
   -- the visibility timeout; the new owner's result stands, so this one neither writes its
   -- result nor acknowledges the entry the new owner holds. So too once the API ended the job
@@ -983,7 +1012,8 @@ while i <= #ARGV do
         redis.call('EXPIRE', jk, ARGV[2], 'GT')  -- never shorter: see ENQUEUE's ttl
       end
       table.insert(fresh, jid)
-      if webhook == '1' then table.insert(owed, jid) end
+      -- a restamped job's webhook is its hash's: its entry's payload, which names it, is unread
+      if webhook == '1' or (restamp[jid] and cur[7]) then table.insert(owed, jid) end
       again = true
     elseif again then
       -- this very result, rerun: written again (as it is), so that this call, likely on a
@@ -997,11 +1027,22 @@ while i <= #ARGV do
       -- run that saw its cancel (a generation aborted) leaves what it reached (outputs so far,
       -- token counts) on the record, whose status, end and attempt the cancel wrote; a result
       -- made for no one once the API had ended the job (an embedding computed after its cancel)
-      -- is dropped, as a revoked task's
-      if cur[1] == 'cancelled' and status == 'cancelled' then ran_to(jk, first, last) end
+      -- is dropped, as a revoked task's; but a generation's (ARGV[8]), whose tokens its client
+      -- read as they came, keeps what it ran to, as an aborted one does
+      if cur[1] == 'cancelled' and (status == 'cancelled' or ARGV[8] == '1') then
+        ran_to(jk, first, last)
+      end
       table.insert(met, {jid, cur[1]})
+    elseif not cur[1] then
+      -- its hash gone (expired, deleted) while it ran: nothing to write; it ended as a job
+      -- read gone ends, `cancelled` (the generate loop's final says so), for it to count
+      table.insert(met, {jid, 'cancelled'})
     end
     if again then
+      if restamp[jid] then
+        table.insert(stamps, {jid, cur[5] or '', cur[7] or ''})
+        if reply ~= '' and cur[5] then view = stamped(view, tonumber(cur[5]), first, last) end
+      end
       if reply ~= '' then
         if not replies[reply] then replies[reply] = {}; table.insert(channels, reply) end
         table.insert(replies[reply], view)
@@ -1027,7 +1068,7 @@ if #ids > 0 then
 end
 -- each write-back keeps a fair lane's stream awake
 if ARGV[6] == '1' then refill(KEYS[1], ARGV[1], ARGV[3], 1) end
-return {written, taken_ids, met}
+return {written, taken_ids, met, stamps}
 """
 )
 

@@ -1,7 +1,8 @@
 """What FINISH tells of a result it did not write, on a real Valkey with the paced test engine
 and no worker process. A cancel that landed after the tick's status read, before FINISH, made
 the loop read the job's status once more to learn of it; FINISH's reply now says the end it met
-(and drops a result made for no one, as before). A result FINISH failed for its size got a
+(and drops a result made for no one, as before; a generation's, whose client read its
+tokens, keeps what it ran to). A result FINISH failed for its size got a
 `succeeded` final, which APPEND turned into `failed` with no error: the final now carries the
 failure the record holds."""
 
@@ -35,9 +36,10 @@ WORD = "x" * (LIMIT // 8)  # each token event well within it, eleven of them tog
 
 
 async def test_a_cancel_before_finish_is_told_by_finish(aredis: aioredis.Redis) -> None:
-    """The generation ran to its end unaware of the cancel: FINISH drops its result (the
-    record says `cancelled` as the API wrote it) and says the end it met, so the loop writes a
-    `cancelled` final, with the usage it ran to, reading no status after the end."""
+    """The generation ran to its end unaware of the cancel: FINISH keeps what it ran to on the
+    record, which says `cancelled` as the API wrote it (its client read the tokens), and says
+    the end it met, so the loop writes a `cancelled` final, with the usage it ran to, reading no
+    status after the end."""
     store = JobStore(aredis, KEYS, 60)
     loop = await _loop(aredis, store, "r20-kept")
     CancelBeforeFinish.on(aredis, store, loop)
@@ -47,7 +49,7 @@ async def test_a_cancel_before_finish_is_told_by_finish(aredis: aioredis.Redis) 
     events = await _run(aredis, "r20-kept", loop)
     record = await _record(store, "r20-kept")
     assert record.status == JobStatus.CANCELLED
-    assert "outputs" not in record.fields and "write_id" not in record.fields
+    assert "outputs" in record.fields and "write_id" not in record.fields
     [final] = [event for event in events if event.final]
     assert (final.status, final.usage) == (JobStatus.CANCELLED, usage_of(3, 3))
     assert tokens.late_reads == []  # FINISH's reply said what it met

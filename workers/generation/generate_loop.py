@@ -419,6 +419,7 @@ class GenerateLoop:
             if job.abandoned:
                 continue
             finish = self.partition.finish(job.delivery, job.status, job.fields())
+            finish.streamed = True  # its client read its tokens: a cancel met keeps them
             by_stream[job.stream].append(finish)
             self._observe_job(job)
         # in hand until written back, from now: the admit loop may read our pending list

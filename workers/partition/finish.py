@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shared.codec import OUTPUTS_TEXT, dumps
-from shared.job_states import JobStatus
+from shared.codec import OUTPUTS_TEXT, dumps, loads
+from shared.job_states import UNDECODABLE_ENTRY, JobStatus
 from shared.job_store import job_view
 
 
@@ -29,10 +29,39 @@ class Finish:
     refill: bool = False  # the write-back moves a held job in (Partition.refills)
     # this result's own: a write-back retried after its reply was lost finds it in the hash
     write_id: str = field(default_factory=lambda: secrets.token_hex(8))
-    # the end the API gave the job while it ran (`cancelled`, `expired`), which FINISH met
-    # instead of writing this result; the writer sets it, for the loop to count the job and
-    # end its token stream as the record says without reading the job's status again
+    # the end the API gave the job while it ran (`cancelled`, `expired`; `cancelled` too for
+    # a hash gone meanwhile, as the loop reads one), which FINISH met instead of writing this
+    # result; the writer sets it, for the loop to count the job and end its token stream as
+    # the record says without reading the job's status again
     met: str = ""
+    # a generation's: its client read its tokens as they came, so what it ran to stays on the
+    # record of a cancel FINISH meets, as an aborted generation's does (not made for no one)
+    streamed: bool = False
+
+    @property
+    def restamped(self) -> bool:
+        """Whether its view takes the `created` its job's hash holds, which FINISH reads: an
+        entry that was no job (UndecodableEntry) has only its read to stamp it with
+        (Partition.undecodable), and its reply said its job was created then."""
+        if self.status != JobStatus.FAILED:
+            return False
+        try:
+            error = loads(self.fields.get("error") or "null")
+        except ValueError:
+            return False
+        return isinstance(error, dict) and error.get("type") == UNDECODABLE_ENTRY
+
+    def unstamped(self) -> Finish:
+        """Itself without `created`, whose view FINISH stamps with its hash's (`restamped`)."""
+        return replace(self, context={k: v for k, v in self.context.items() if k != "created"})
+
+    def stamp(self, created: str, webhook: str) -> None:
+        """Take what FINISH read from the job's hash (`restamped`): its `created`, for its
+        webhook event and a reply sent after FINISH (`CONVEYOR_REPLICA_ACKS`), and its
+        `webhook`, which the unreadable payload did not name (FINISH owes its event)."""
+        if created:
+            self.context = {**self.context, "created": created}
+        self.webhook = self.webhook or webhook
 
     def record(self) -> dict[str, str]:
         """The fields FINISH writes to the job's hash. A job the API cancelled while it ran

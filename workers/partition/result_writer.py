@@ -169,7 +169,11 @@ class ResultWriter:
         )
         written_ids, taken_ids = ({as_text(job_id) for job_id in ids} for ids in replies[0][:2])
         met = {as_text(job_id): as_text(status) for job_id, status in replies[0][2]}
+        stamps = {as_text(job_id): (as_text(c), as_text(w)) for job_id, c, w in replies[0][3]}
         written = [item for item in batch if item.job_id in written_ids]
+        for item in written:
+            if item.job_id in stamps:
+                item.stamp(*stamps[item.job_id])
         if waits:
             check_replica_acks(replies[-waits:])
             await self._publish(written)
@@ -200,7 +204,8 @@ class ResultWriter:
         are together on one master, never a part of it (a result written, its entry left
         unacknowledged, its webhook owed by no one)."""
         keys = [stream, *(self.keys.job(item.job_id) for item in batch if item.status)]
-        if any(item.webhook and item.status for item in batch):
+        # a restamped job's webhook is in its hash only, which FINISH reads (Finish.restamped)
+        if any((item.webhook and item.status) or item.restamped for item in batch):
             keys.append(self.keys.webhooks_owed(stream))
         return keys
 
@@ -213,10 +218,12 @@ class ResultWriter:
         now = now_ms()
         renew_before = renew_before_ms(self.ttl_s, now)
         refill = "1" if any(item.refill for item in batch) else ""
+        streamed = "1" if any(item.streamed for item in batch) else ""
+        restamped = {item.job_id for item in batch if item.restamped}
         args: list[Any] = [GROUP, self.ttl_s, self.keys.job_prefix, self.worker, renew_before]
-        args += [refill, now]
+        args += [refill, now, streamed, len(restamped), *restamped]
         for item in batch:
-            reply, view = (item.reply, item.message()) if publish else ("", b"")
+            reply, view = (item.reply, _view(item, restamped)) if publish else ("", b"")
             args += [item.entry_id, item.job_id, reply, view, item.status]
             if item.status:
                 record = item.record()
@@ -267,6 +274,12 @@ def _messages(views: list[bytes]) -> list[bytes]:
         parts[-1].append(view)
         size += len(view) + 1
     return [b"[" + b",".join(part) + b"]" for part in parts]
+
+
+def _view(item: Finish, restamped: set[str]) -> bytes:
+    """The reply FINISH publishes for `item`; without `created` for FINISH to put in its
+    hash's when its own is untrusted (`Finish.restamped`)."""
+    return (item.unstamped() if item.job_id in restamped else item).message()
 
 
 def _largest(item: Finish) -> int:
