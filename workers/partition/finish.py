@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shared.codec import OUTPUTS_TEXT, dumps, loads
-from shared.job_states import UNDECODABLE_ENTRY, JobStatus
+from shared.codec import OUTPUTS_TEXT, dumps
+from shared.job_states import JobStatus
 from shared.job_store import job_view
 
 
@@ -37,19 +37,10 @@ class Finish:
     # a generation's: its client read its tokens as they came, so what it ran to stays on the
     # record of a cancel FINISH meets, as an aborted generation's does (not made for no one)
     streamed: bool = False
-
-    @property
-    def restamped(self) -> bool:
-        """Whether its view takes the `created` its job's hash holds, which FINISH reads: an
-        entry that was no job (UndecodableEntry) has only its read to stamp it with
-        (Partition.undecodable), and its reply said its job was created then."""
-        if self.status != JobStatus.FAILED:
-            return False
-        try:
-            error = loads(self.fields.get("error") or "null")
-        except ValueError:
-            return False
-        return isinstance(error, dict) and error.get("type") == UNDECODABLE_ENTRY
+    # its view takes the `created` its job's hash holds, which FINISH reads: an entry that was
+    # no job (UndecodableEntry, Partition.undecodable) has only its read to stamp it with, and
+    # its reply said its job was created then
+    restamped: bool = False
 
     def unstamped(self) -> Finish:
         """Itself without `created`, whose view FINISH stamps with its hash's (`restamped`)."""

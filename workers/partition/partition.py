@@ -93,6 +93,7 @@ class Partition:
         error = dumps({"type": UNDECODABLE_ENTRY, "message": message}).decode()
         named = replace(delivery, entry=refused.entry)
         finish = self.finish(named, JobStatus.FAILED, {"error": error})
+        finish.restamped = True  # its `created`, the read's, is its hash's once FINISH reads it
         finish.fields |= _inputs(refused.payload)  # as it came, not the empty one it stands for
         # no wait is known: the entry's stamp is untrusted, the hash's `created` (the truth,
         # which FINISH leaves) unread here, and the stamp it stands for (the read) made one of 0
