@@ -24,9 +24,10 @@ WAIT_BUCKETS = (*LATENCY_BUCKETS, 120, 300, 600, 1800, 3600, 21600, 86400)
 # Powers of 2 up to the largest batch a model may be configured for: topped at 256, every
 # quantile of a pool batching more read 256.
 BATCH_BUCKETS = tuple(2**n for n in range((MAX_JOBS_PER_READ - 1).bit_length() + 1))
-# A request may hold its connection up to 600 s (a long-poll's `wait`, a predict's `timeout`):
-# topped at 60 s, every quantile of those routes read 60.
-HTTP_BUCKETS = (*LATENCY_BUCKETS, 120, 300, 600)
+# Up to 600 s: a request may hold its connection that long (a long-poll's `wait`, a predict's
+# `timeout`), and a micro-batch may run on the engine that long (`queue.max_run_s`'s default);
+# topped at 60 s, every quantile of those routes, or of a slow CPU engine's calls, read 60.
+TEN_MINUTE_BUCKETS = (*LATENCY_BUCKETS, 120, 300, 600)
 # Gauges under several producer processes (see above): one value, the latest a live one set;
 # or a series per live process, for what each applies itself.
 MULTIPROC_DIR: Final = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable
@@ -54,7 +55,7 @@ QUEUE_WAIT = Histogram(
     buckets=WAIT_BUCKETS,
 )
 ENGINE_TIME = Histogram(
-    "conveyor_engine_seconds", "Engine time per micro-batch", PARTITION, buckets=LATENCY_BUCKETS
+    "conveyor_engine_seconds", "Engine time per micro-batch", PARTITION, buckets=TEN_MINUTE_BUCKETS
 )
 E2E_LATENCY = Histogram(
     "conveyor_e2e_latency_seconds",
@@ -118,7 +119,7 @@ HTTP_LATENCY = Histogram(
     "conveyor_http_request_seconds",
     "HTTP request latency",
     ("method", "route"),
-    buckets=HTTP_BUCKETS,
+    buckets=TEN_MINUTE_BUCKETS,
 )
 
 # Live traffic (issue 13): what the routes say, what shadows and canaries do.

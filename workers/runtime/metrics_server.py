@@ -19,6 +19,9 @@ from workers.runtime.consumer_runtime import ConsumerRuntime
 from workers.runtime.start_refusal import refuse_start
 
 log = logging.getLogger(__name__)
+# How long a connection may keep the server waiting for its request (a scrape sends it at once):
+# one that connected and sent nothing held its thread for ever, a thread per such connection.
+READ_TIMEOUT_S = 10.0
 
 
 class MetricsServer(bootsteps.StartStopStep):
@@ -49,6 +52,7 @@ class MetricsServer(bootsteps.StartStopStep):
 def _handler(worker: Any) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         head_only = False  # this request is a HEAD: the headers GET would send, no body
+        timeout = READ_TIMEOUT_S  # the socket's, from the connection's start (StreamRequestHandler)
 
         def do_GET(self) -> None:
             """By path alone: a scrape job's `params:` add a query string, which read 404.
