@@ -57,8 +57,13 @@ WINDOW = 256  # items looked at past each open head: micro-batches in flight fin
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def not_found(batch_id: str) -> ConveyorError:
-    return ConveyorError(404, "not_found", f"batch {batch_id} not found")
+class BatchNotFound(ConveyorError):
+    """A batch that is not there (unknown, expired, or another tenant's): the Files API answers
+    its output or errors file's 404 as the file's by this type, not by its message."""
+
+
+def not_found(batch_id: str) -> BatchNotFound:
+    return BatchNotFound(404, "not_found", f"batch {batch_id} not found")
 
 
 # OpenAI's codes for a line its batch never answered, having been cancelled or expired first

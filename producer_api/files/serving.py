@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api.progress import BATCH_FILE
-from producer_api.batch_api.serving import BatchApiService
+from producer_api.batch_api.serving import BatchApiService, BatchNotFound
 from producer_api.errors import NO_RETRY, ConveyorError
 from producer_api.state import ProducerState
 from shared.file_store import FILE_OVERHEAD_BYTES, OverBudget, StoredFile, charged
@@ -39,14 +39,16 @@ def not_found(file_id: str) -> ConveyorError:
 def naming_the_file(file_id: str) -> Iterator[None]:
     """A batch's refusal of its output or errors file (404 unknown or expired, 409 not ended)
     as the file's, naming it: the batch's own answered in Conveyor's shape on the Files API,
-    and an unknown batch's 404 named the batch, not the file the client asked for."""
+    and an unknown batch's 404 named the batch, not the file the client asked for. An unknown
+    batch is told by its error's type (`BatchNotFound`): a match on its message broke silently
+    when a message changed."""
     try:
         yield
+    except BatchNotFound:
+        raise not_found(file_id) from None
     except ConveyorError as exc:
         if exc.param is not None or exc.code is not None:
             raise
-        if exc.status == 404 and file_id not in exc.message:
-            raise not_found(file_id) from None
         raise ConveyorError(
             exc.status, exc.type, exc.message, exc.headers, exc.details, FILE_PARAM
         ) from None
