@@ -5,6 +5,7 @@ autoscaling (KEDA rendering) and the benchmarks alike."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,8 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shared.codec import dumps
+
+log = logging.getLogger(__name__)
 
 NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"  # a model's or a variant's name, wherever one is accepted
 NAME_PATTERN = re.compile(NAME)
@@ -111,6 +114,10 @@ MAX_REPLICAS = 2**31 - 1
 # KEDA parses a redis-streams trigger's counts (`streamLength`, `activationLagCount`) as int64:
 # past it the scaler is never built, and the pool never scales.
 MAX_KEDA_COUNT = 2**63 - 1
+# The largest AverageValue target the HPA reads whole: it reads one in thousandths as an int64
+# (resource.Quantity's MilliValue), which wraps past it, and the pool stayed at its minimum (a
+# negative target) or jumped to its maximum. `activationLagCount` stays KEDA's (compared whole).
+MAX_HPA_TARGET = MAX_KEDA_COUNT // 1000
 
 
 # Bounds on a config.yaml, which is a few KB: past them a file is a mistake or a YAML bomb.
@@ -337,7 +344,7 @@ class AutoscalingHints(BaseModel):
     # What the pool scales on: entries in its streams, or seconds of work they hold.
     metric: Literal["stream_length", "backlog_seconds"] = "stream_length"
     backlog: BacklogScaling = Field(default_factory=BacklogScaling)
-    lag_per_replica: int = Field(default=32, ge=1, le=MAX_KEDA_COUNT)
+    lag_per_replica: int = Field(default=32, ge=1)
     activation_lag: int = Field(default=0, ge=0, le=MAX_KEDA_COUNT)
     min_replicas: int = Field(default=0, ge=0, le=MAX_REPLICAS)
     max_replicas: int = Field(default=4, ge=1, le=MAX_REPLICAS)
@@ -346,6 +353,19 @@ class AutoscalingHints(BaseModel):
     # Longest one micro-batch (or, for generate models, one whole generation) may run: a
     # worker's drain timeout and the pod's termination grace period must both exceed it.
     slowest_batch_s: float = Field(default=30.0, gt=0, le=YEAR_S)
+
+    @field_validator("lag_per_replica")
+    @classmethod
+    def _hpa_can_read(cls, lag_per_replica: int) -> int:
+        """KEDA hands `streamLength` to the HPA as its target, which the HPA reads in
+        thousandths as an int64: past MAX_HPA_TARGET that wraps, silently."""
+        if lag_per_replica > MAX_HPA_TARGET:
+            raise ValueError(
+                f"{lag_per_replica} is above {MAX_HPA_TARGET}: the HPA reads this target in "
+                "thousandths as an int64, which it would overflow (the pool would scale on a "
+                "wrapped target)"
+            )
+        return lag_per_replica
 
     @model_validator(mode="after")
     def _ordered(self) -> AutoscalingHints:
@@ -897,6 +917,23 @@ def _check_run_ceiling(config_path: Path, config: ModelConfig) -> None:
         )
 
 
+def _warn_stranded_jobs(config_path: Path, config: ModelConfig) -> None:
+    """At zero replicas KEDA (and `conveyor autoscale`) wakes a pool only once a lane holds more
+    than `activation_lag` entries: fewer wait for company, however long. KEDA's documented
+    trade-off, so said at every load rather than refused (the config loaded silently)."""
+    hints = config.autoscaling
+    if hints.metric == "stream_length" and hints.activation_lag > 0 and hints.min_replicas == 0:
+        log.warning(
+            "%s: model %s: autoscaling.activation_lag is %d with min_replicas 0: at zero "
+            "replicas up to %d jobs per lane wait for more to arrive, however long (until their "
+            "record expires); set min_replicas to 1 or activation_lag to 0 if they must not",
+            config_path,
+            config.name,
+            hints.activation_lag,
+            hints.activation_lag,
+        )
+
+
 class ModelRepository:
     """All models under one folder, discovered by walking it (like Triton's repository)."""
 
@@ -932,6 +969,7 @@ class ModelRepository:
                 )
             _check_queue_time(config_path, config.queue, result_ttl_s)
             _check_run_ceiling(config_path, config)
+            _warn_stranded_jobs(config_path, config)
             models[config.name] = config
         return cls(models)
 

@@ -83,7 +83,9 @@ def test_a_linked_folder_that_leads_nowhere_is_refused_by_name(tmp_path: Path, t
     assert str(refused.value).startswith(f"{tmp_path / 'm'}: cannot read: a link to no folder")
 
 
-@pytest.mark.parametrize("field", ["lag_per_replica", "activation_lag"])
+@pytest.mark.parametrize(
+    "field", ["activation_lag"]
+)  # lag_per_replica: tests/test_model_repository_r27_autoscaling.py
 def test_a_lag_keda_cannot_parse_is_refused(tmp_path: Path, field: str) -> None:
     """KEDA parses a redis-streams trigger's counts as int64: `conveyor render` wrote a
     ScaledObject whose scaler KEDA never built, and the pool never scaled."""
