@@ -83,12 +83,11 @@ def test_a_linked_folder_that_leads_nowhere_is_refused_by_name(tmp_path: Path, t
     assert str(refused.value).startswith(f"{tmp_path / 'm'}: cannot read: a link to no folder")
 
 
-@pytest.mark.parametrize(
-    "field", ["activation_lag"]
-)  # lag_per_replica: tests/test_model_repository_r27_autoscaling.py
+@pytest.mark.parametrize("field", ["activation_lag"])
 def test_a_lag_keda_cannot_parse_is_refused(tmp_path: Path, field: str) -> None:
     """KEDA parses a redis-streams trigger's counts as int64: `conveyor render` wrote a
-    ScaledObject whose scaler KEDA never built, and the pool never scaled."""
+    ScaledObject whose scaler KEDA never built, and the pool never scaled. (`lag_per_replica`
+    has a lower bound, the HPA's: tests/test_model_repository_r27_autoscaling.py.)"""
     message = _refusal(tmp_path, f"autoscaling: {{{field}: {2**63}}}\n")
     assert f"autoscaling.{field}: Input should be less than or equal to {2**63 - 1}" in message
     (tmp_path / "ok").mkdir()
