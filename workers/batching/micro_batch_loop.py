@@ -32,7 +32,7 @@ from workers.batching.micro_batch_telemetry import (
 )
 from workers.batching.stage_pipeline import StagePipeline
 from workers.engines.base import BatchEngine, EngineDied, StagedBatchEngine
-from workers.partition.finish import Finish
+from workers.partition.finish import Finish, ended_as_finished
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
 from workers.partition.redis_backoff import Stopped, serve_until_stopped, until_done
@@ -226,10 +226,12 @@ class MicroBatchLoop:
             )
         self.in_hand.difference_update((stream, finish.entry_id) for finish in finishes)
         self.busy.held(claimed.read_at, time.monotonic())
-        # what FINISH refused (a job cancelled meanwhile, or run twice after a reclaim) did not
-        # finish here: counted, it showed as succeeded, and a twice-run job twice
+        # a job run twice after a reclaim counted once, where written; one the API ended while
+        # it ran, in the end FINISH met. The writer samples only what it wrote for the variant
+        # statistics: an end the API gave is none
+        ended = ended_as_finished(written, finishes)
         calls = engine_calls(outcomes)
-        record_batch(self.partition, stream, written, calls)
+        record_batch(self.partition, stream, ended, calls)
         for outcome in calls:
             self.budget.ran(outcome.batch_size, outcome.engine_ms / 1000.0)
         if runnable:

@@ -160,7 +160,7 @@ def record_ended(partition: Partition, deliveries: Iterable[Delivery]) -> None:
     entries are only acknowledged (`status` ''), so no written result counts them. Only jobs a
     worker had been handed when the API ended them reach here: the API withdraws any other
     entry, and JobStore counts that end. (One a blocking read handed over as queued runs, and
-    FINISH refuses its result without saying why: that cancel goes uncounted.)"""
+    FINISH, refusing its result, says the end it met: `finish.ended_as_finished` counts it.)"""
     for delivery in deliveries:
         if delivery.status in ENDED_BY_THE_API:
             _child(JOBS_FINISHED, *partition.labels, delivery.status).inc()

@@ -36,7 +36,7 @@ from workers.generation.generate_job import (
     engine_failure,
     generate_request,
 )
-from workers.partition.finish import Finish
+from workers.partition.finish import Finish, ended_as_finished
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
 from workers.partition.redis_backoff import (
@@ -468,11 +468,9 @@ class GenerateLoop:
             )
         finally:
             self.settling.difference_update((stream, finish.entry_id) for finish in finishes)
-        # jobs the API ended while they ran (a cancel, its Batch API batch's expiry: the API
-        # counts only the queued jobs it withdraws) ended here all the same, unwritten, as the
-        # API said: FINISH tells the end it met, even one made after the tick read the job's
+        # FINISH tells the end the API gave a job, even one made after the tick read the job's
         # status back (such a job counted in no state and got no final)
-        ended = [*written, *(replace(f, status=f.met) for f in finishes if f.met)]
+        ended = ended_as_finished(written, finishes)
         record_batch(self.partition, stream, ended, [])
         return {f.job_id: f for f in ended}
 

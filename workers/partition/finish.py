@@ -81,3 +81,11 @@ class Finish:
         if outputs is not None:
             view[OUTPUTS_TEXT] = outputs
         return dumps(view)
+
+
+def ended_as_finished(written: list[Finish], finishes: list[Finish]) -> list[Finish]:
+    """The jobs a write-back ended, each once, in the state it ended in: a written result in its
+    own, and a job the API ended while it ran (a cancel, its Batch API batch's expiry, its hash
+    gone) in the end FINISH met (`Finish.met`), which no other count takes: the API counts only
+    the queued jobs it withdraws, and such a job counted in no state."""
+    return [*written, *(replace(f, status=f.met) for f in finishes if f.met)]
