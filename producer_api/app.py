@@ -28,7 +28,7 @@ from producer_api.experiments.api_router import router as experiments_router
 from producer_api.files.api_router import FILE_UPLOADS
 from producer_api.files.api_router import router as files_router
 from producer_api.health.api_router import router as health_router
-from producer_api.health.startup import Startup
+from producer_api.health.startup import Startup, refuse_start
 from producer_api.http_metrics import HttpMetricsMiddleware
 from producer_api.jobs import admission
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
@@ -55,7 +55,7 @@ from shared.keys import Keys, partition_tag
 from shared.model_repository import ModelConfigError, ModelRepository
 from shared.queue_position import QueuePositions
 from shared.rate_limit import InFlightLimiter, RateLimiter, StreamLimiter
-from shared.redis_client import connect, preload
+from shared.redis_client import CredentialsRefused, connect, preload
 from shared.settings import Settings, get_settings, settings_or_exit
 from shared.telemetry import configure_logging, configure_tracing
 from shared.webhook_events import WebhookDispatcher
@@ -151,7 +151,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     configure_logging(settings.log_level)
     state = build_state(settings, app.state.repository)
     app.state.conveyor = state
-    await state.startup.run(lambda: _redis_side_startup(state))
+    try:
+        await state.startup.run(lambda: _redis_side_startup(state))
+    except CredentialsRefused as exc:  # a misconfiguration, no outage: no wait mends it
+        refuse_start(exc)
     await state.tokens.start(_partition_tags(state.repository, "generate"))
     sweeper = BatchApiSweeper(state.batch_store, state.batch_progress)
     sweeper.start()

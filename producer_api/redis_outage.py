@@ -9,6 +9,8 @@ import logging
 import math
 import time
 
+from redis.exceptions import AuthenticationError
+
 log = logging.getLogger(__name__)
 
 FIRST_RETRY_S = 0.1
@@ -29,9 +31,11 @@ class RedisOutage:
         wait before the next one."""
         if not self.failures:
             self._since = time.monotonic()
-            log.warning("%s: redis unavailable (%r); retrying with backoff", self.name, error)
+            log.warning(
+                "%s: redis unavailable (%s); retrying with backoff", self.name, named(error)
+            )
         else:
-            log.debug("%s: redis still unavailable (%r)", self.name, error)
+            log.debug("%s: redis still unavailable (%s)", self.name, named(error))
         delay = min(MAX_RETRY_S, FIRST_RETRY_S * 2 ** min(self.failures, _DOUBLINGS))
         self.failures += 1
         return delay
@@ -42,3 +46,12 @@ class RedisOutage:
             down_s = time.monotonic() - self._since
             log.warning("%s: redis reachable again after %.1fs", self.name, down_s)
             self.failures = 0
+
+
+def named(error: BaseException) -> str:
+    """An error as a log or a probe names it: its repr, but credentials Redis refuses said as
+    such, with the server's words. redis-py's repr of its errors is their class alone, and a
+    refused login (a ConnectionError) read "auth:AuthenticationError", an outage's name."""
+    if isinstance(error, AuthenticationError):
+        return f"credentials refused: {error}"
+    return repr(error)

@@ -13,9 +13,10 @@ import asyncio
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError
 
 from producer_api.errors import error_response
+from producer_api.redis_outage import named
 from producer_api.responses import FastJSONResponse
 from producer_api.state import ProducerState, producer_state
 from shared.keys import Keys
@@ -42,6 +43,8 @@ async def readyz(state: Annotated[ProducerState, Depends(producer_state)]) -> Fa
     try:
         async with asyncio.timeout(READY_TIMEOUT_S):
             await _ping(state.redis, state.keys)
+    except AuthenticationError as exc:  # a ConnectionError, but no outage: say what it is
+        return _unready(f"redis: {named(exc)}")
     except (RedisError, *OUT_OF_REACH, TimeoutError) as exc:
         return _unready(f"redis unreachable: {exc!r}")
     if (waiting := state.startup.unready()) is not None:
