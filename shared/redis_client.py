@@ -434,6 +434,13 @@ def credentials_checked() -> Iterator[None]:
         yield
     except AuthenticationError as exc:
         raise CredentialsRefused(f"Redis refused CONVEYOR_REDIS_URL's credentials: {exc}") from exc
+    except RedisClusterException as exc:  # a cluster's nodes refusing them, its layout unread
+        if not isinstance(exc.__cause__, AuthenticationError):
+            raise
+        refused = exc.__cause__
+        raise CredentialsRefused(
+            f"Redis refused CONVEYOR_REDIS_URL's credentials: {refused}"
+        ) from exc
 
 
 class RedirectsExhausted(TryAgainError):

