@@ -203,7 +203,8 @@ class BatchApiService:
         try:
             first = await idempotency.claim(tenant, key, batch_id, body_print, self._started)
             if first is None:
-                return batch_id, await self._created(batch_id, prepared)
+                async with idempotency.kept(tenant, key, batch_id, body_print):
+                    return batch_id, await self._created(batch_id, prepared)
         except BaseException:
             await idempotency.release(tenant, key, batch_id)
             raise
@@ -211,7 +212,9 @@ class BatchApiService:
 
     async def _started(self, batch_id: str) -> bool:
         """Whether the batch an Idempotency-Key was claimed for is there to answer with: past
-        `validating`, as its create's 202 shows it (a retry waits for it until then)."""
+        `validating`, as its create's 202 shows it. A retry waits for it until then, however
+        long its create takes: the create keeps the claim young (`IdempotencyKeys.kept`), so
+        only the claim of one whose producer died is taken over."""
         fields = await self.store.read(batch_id)
         return fields is not None and fields["status"] != BatchStatus.VALIDATING
 

@@ -8,7 +8,8 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import orjson
@@ -16,6 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from producer_api.errors import ConveyorError
+from producer_api.task_cancel import cancel_and_wait
 from shared.codec import as_text, dumps
 from shared.drain_rate import drain_rates
 from shared.keys import Keys
@@ -28,9 +30,13 @@ DRAIN_WINDOW_S = 10
 # key up), and how often it looks: enqueuing takes milliseconds.
 IN_PROGRESS_WAIT_S = 5.0
 IN_PROGRESS_POLL_S = 0.05
-# A claim whose job never appeared this long after it was made was abandoned: its submit failed
-# and could not give the key back (Redis went away). Far longer than an enqueue can take.
+# A claim whose job never appeared this long after it was made (or last renewed, `kept`) was
+# abandoned: its submit failed and could not give the key back (Redis went away), or its
+# producer died. Far longer than an enqueue can take.
 ABANDONED_AFTER_S = 60.0
+# How many times per ABANDONED_AFTER_S a claim `kept` is renewed: a renewal late by up to
+# three quarters of it (a busy event loop, a slow Redis) still keeps the claim.
+RENEWALS = 4
 # Give a key up only if this submit's claim (its job id) still holds it: another's (a retry
 # that took it over) stays.
 RELEASE_OWN = """
@@ -38,8 +44,9 @@ local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-# Take an abandoned claim (its job id) over, unless another submit changed it meanwhile (one
-# that holds this submit's claim already is this call's own, rerun after its reply was lost).
+# Take an abandoned claim (as read, `Claim.held`) over, unless another submit changed or its
+# own create renewed it meanwhile (one that holds this submit's claim already is this call's
+# own, rerun after its reply was lost); with a job id and `:`, renew one's own (`kept`).
 TAKE_OVER = """
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[2] then return 1 end
@@ -96,6 +103,12 @@ class Claim:
 
     def abandoned(self) -> bool:
         return time.time() * 1000 - self.made_ms > ABANDONED_AFTER_S * 1000
+
+    def held(self) -> str:
+        """What a take-over finds the key holding to replace it: this claim whole, as read, so
+        one renewed since (`IdempotencyKeys.kept`) stays; one from before claims carried their
+        time (never renewed) by its job id."""
+        return self.value() if self.made_ms else f"{self.job_id}:"
 
 
 def claim_ttl_s(result_ttl_s: int) -> int:
@@ -173,10 +186,42 @@ class IdempotencyKeys:
             return None
         return first
 
-    async def _taken_over(self, tenant: str, key: str, abandoned: Claim, mine: Claim) -> bool:
-        keys = [self._key(tenant, key)]
-        args = [f"{abandoned.job_id}:", mine.value(), self.ttl_s]
-        return bool(await call_script(self._take_over, keys, args))
+    async def _taken_over(self, tenant: str, key: str, held: Claim, mine: Claim) -> bool:
+        """Whether `mine` holds the key now, in place of `held` as it was read: False once
+        another's claim holds it, or `held` renewed since."""
+        return await self._replaced(tenant, key, held.held(), mine)
+
+    async def _replaced(self, tenant: str, key: str, held: str, mine: Claim) -> bool:
+        """Whether `mine` holds the key now, in place of the claim that starts with `held`."""
+        args = [held, mine.value(), self.ttl_s]
+        return bool(await call_script(self._take_over, [self._key(tenant, key)], args))
+
+    @asynccontextmanager
+    async def kept(
+        self, tenant: str, key: str, job_id: str, body_print: BodyPrint
+    ) -> AsyncIterator[None]:
+        """Keep the claim made for `job_id` young while what it names is being made: a batch's
+        create enqueues up to `CONVEYOR_MAX_BATCH_LINES` lines, which a slow Redis can stretch
+        past ABANDONED_AFTER_S, and a retry took that claim over as abandoned and created the
+        batch a second time. Renewed RENEWALS times per ABANDONED_AFTER_S, so the claim of a
+        producer that died still ages out; no Redis call for work done sooner."""
+        renewing = asyncio.create_task(
+            self._renew(tenant, key, Claim.new(job_id, body_print.value))
+        )
+        try:
+            yield
+        finally:
+            await cancel_and_wait(renewing)
+
+    async def _renew(self, tenant: str, key: str, mine: Claim) -> None:
+        while True:
+            await asyncio.sleep(ABANDONED_AFTER_S / RENEWALS)
+            renewed = Claim.new(mine.job_id, mine.fingerprint)
+            try:
+                if not await self._replaced(tenant, key, f"{mine.job_id}:", renewed):
+                    return  # given up, or taken over: another's to keep now
+            except RedisError as exc:  # the next renewal may get through
+                log.warning("could not renew an idempotency key: %r", exc)
 
     async def used_for(
         self,
