@@ -33,6 +33,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # stamp: once Redis's clock stepped back (a failover to a replica behind it) it refilled nothing
 # until the clock caught up, whatever Retry-After said. It never holds more than the burst, even
 # one filled at a higher burst (a lowered default rolled out beside replicas that had the old).
+# Its tokens are stored with 17 significant digits, a double's all: `tostring` keeps 14, so a
+# bucket of 10^8 tokens or more kept them to 1e-5 at best: a slow rate taken often never refilled.
 TOKEN_BUCKET = (
     _NOW_MS
     + """
@@ -45,7 +47,7 @@ local allowed = 0
 if tokens >= cost then allowed = 1 end
 if redis.call('SET', KEYS[2], allowed, 'NX', 'PX', ARGV[4]) then
   tokens = tokens - allowed * cost
-  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', now)
+  redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens), 'ts', now)
 else
   allowed = tonumber(redis.call('GET', KEYS[2]))
 end
@@ -94,10 +96,15 @@ return freed
 # stream: a member already is renewed (its score: now), a new one is added below the cap. Both
 # an open and each renewal are this script: a renewal the set lost meanwhile (Redis paused past
 # the lapse) takes its place back if there is room. Returns 1 if the set holds the stream now.
+# A member renewed ahead of now (Redis's clock stepped back: a failover to a replica behind it)
+# is stamped now first, so that it lapses unrenewed as any other, not once the clock caught up.
 HOLD_STREAM = (
     _NOW_MS
     + """
 local cap, lapse = tonumber(ARGV[1]), tonumber(ARGV[3])
+for _, ahead in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+  redis.call('ZADD', KEYS[1], now, ahead)
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - lapse)
 if not redis.call('ZSCORE', KEYS[1], ARGV[2]) and redis.call('ZCARD', KEYS[1]) >= cap then
   return 0
@@ -223,12 +230,15 @@ class InFlightLimiter:
     def _live(
         self, status: bytes | None, deadline: bytes | None, now_ms: int, admitted_ms: float
     ) -> bool:
-        """Queued or running; without a hash, only while its submit may still be writing it.
-        A job queued `GRACE_MS` past its deadline (the producer's clock, not Redis's) can only
-        expire: it held its slot until a worker read it, so jobs waiting on a partition no
-        worker serves kept the key from submitting to any other model."""
+        """Queued or running; without a hash, only while its submit may still be writing it:
+        admitted within `GRACE_MS` of now, either side (one admitted further ahead was stamped
+        by a clock Redis's stepped back from, a failover's, whose submit likely died with it:
+        its slot was held until the clock caught up). A job queued `GRACE_MS` past its deadline
+        (the producer's clock, not Redis's) can only expire: it held its slot until a worker
+        read it, so jobs waiting on a partition no worker serves kept the key from submitting
+        to any other model."""
         if status is None:
-            return now_ms - admitted_ms < self.GRACE_MS
+            return abs(now_ms - admitted_ms) < self.GRACE_MS
         deadline_ms = int(deadline or 0)  # 0: none
         if as_text(status) == JobStatus.QUEUED and deadline_ms:
             return now_ms < deadline_ms + self.GRACE_MS
