@@ -475,7 +475,7 @@ def test_autoscale_refuses_a_poll_interval_that_is_not_positive():
         result = CliRunner().invoke(
             main, ["autoscale", "--models", "identity", "--interval", value]
         )
-        assert result.exit_code == 2 and "is not in the range x>0" in result.output, result.output
+        assert result.exit_code == 2 and "is not in the range 0<x<=" in result.output, result.output
 
 
 # ---------------------------------------------------------------- scaling on a real stream

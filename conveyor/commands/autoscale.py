@@ -18,8 +18,8 @@ from conveyor.local_stack import NO_STACK, refuse_unreachable, stack_redis
 from conveyor.stack import ChildNotReady, Stack
 from conveyor.state_dir_lock import state_dir_lock
 from shared.keys import Keys
-from shared.model_repository import ModelConfigError, ModelRepository
-from shared.partition_stats import unless_wrong_type
+from shared.model_repository import YEAR_S, ModelConfigError, ModelRepository
+from shared.partition_stats import unless_wrong_type, wrong_type
 from shared.redis_client import OUT_OF_REACH, WRITES_REFUSED, topology_read
 from shared.settings import get_settings
 
@@ -29,7 +29,9 @@ from shared.settings import get_settings
 @click.option(
     "--interval",
     default=None,
-    type=FiniteFloat(min=0, min_open=True),
+    # a model's polling_interval_s bound: past it, the wait overflowed time_t (a traceback
+    # after the first poll, the workers drained) and the lease's milliseconds int64
+    type=FiniteFloat(min=0, min_open=True, max=YEAR_S),
     help="Seconds between polls (default: the models' polling_interval_s).",
 )
 @click.option(
@@ -68,14 +70,17 @@ def _autoscale(models: str, interval: float | None, state_dir: Path) -> None:
                 _tick(scaler, client)
             stopping.wait(period)
     finally:  # every pool's workers drain side by side, with those stopped before
-        _release_leases(scalers, client)
-        workers.drain([name for scaler in scalers for name in scaler.workers])
-        client.close()
+        try:
+            _release_leases(scalers, client)
+        finally:  # whatever the release raised: skipped, the drain left the workers running
+            workers.drain([name for scaler in scalers for name in scaler.workers])
+            client.close()
 
 
 def _release_leases(scalers: list[PoolScaler], client: redis.Redis) -> None:
-    """Each pool this autoscaler led is free for another at once; Redis out of reach, its lease
-    lapses as it would have."""
+    """Each pool this autoscaler led is free for another at once; Redis out of reach, or
+    refusing the release (a lease of another type, an ACL's NOPERM), its lease lapses as it
+    would have, and the stop goes on to the drain."""
     try:
         with topology_read():
             for scaler in scalers:
@@ -84,9 +89,9 @@ def _release_leases(scalers: list[PoolScaler], client: redis.Redis) -> None:
         click.echo(f"leases left to lapse: redis unavailable ({exc})", err=True)
     except WRITES_REFUSED as exc:  # it ended the stop before the workers were drained
         click.echo(f"leases left to lapse: redis refuses writes ({exc})", err=True)
-    except redis.ResponseError as exc:  # a lease of another type (an operator's slip) too
-        unless_wrong_type(exc)
-        click.echo(f"leases left to lapse: a key of another type ({exc})", err=True)
+    except redis.RedisError as exc:  # an ACL's NOPERM raised, a traceback past the drain
+        why = "a key of another type" if wrong_type(exc) else "redis refused the release"
+        click.echo(f"leases left to lapse: {why} ({exc})", err=True)
 
 
 def _tick(scaler: PoolScaler, client: redis.Redis, now: float | None = None) -> None:
