@@ -6,32 +6,17 @@ set limits of their own. The real SDK, its in-memory exporter."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, TraceFlags
-from opentelemetry.util._once import Once
 
 from shared.telemetry import configure_tracing
+from tests.test_telemetry_edges_r8_traces import installed  # noqa: F401 (a fixture)
 
 JOBS = 300  # a micro-batch above the SDK's default 128
-
-
-@pytest.fixture
-def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Room for `configure_tracing` to install its provider (OpenTelemetry sets its global one
-    once per process), taken away again after the test."""
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER_SET_ONCE", Once())
-    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
-    yield
-    provider = trace.get_tracer_provider()
-    if isinstance(provider, TracerProvider):
-        provider.shutdown()
 
 
 def _batch_span() -> tuple[int, int]:
@@ -53,14 +38,15 @@ def _batch_span() -> tuple[int, int]:
 
 
 def test_a_large_micro_batch_keeps_a_link_and_an_event_per_job(
-    installed: None,
+    installed: None,  # noqa: F811
 ) -> None:
     assert configure_tracing("conveyor-worker")
     assert _batch_span() == (JOBS, JOBS)
 
 
 def test_the_standard_limit_variables_still_rule(
-    installed: None, monkeypatch: pytest.MonkeyPatch
+    installed: None,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("OTEL_SPAN_LINK_COUNT_LIMIT", "10")
     monkeypatch.setenv("OTEL_SPAN_EVENT_COUNT_LIMIT", "20")
