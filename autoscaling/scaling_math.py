@@ -155,7 +155,9 @@ def replicas_for_metric(
     0.1 s target read 3.0000000000000004 replicas' worth, and asked for four."""
     usage, per_replica = _milli(value), _milli(target)
     if per_replica <= 0:
-        raise ValueError("an AverageValue target must be 0.001 or more (KEDA sends thousandths)")
+        raise ValueError(
+            "an AverageValue target must round to 0.001 or more (KEDA sends thousandths)"
+        )
     current = max(current, 1)
     if abs(1.0 - usage / (per_replica * current)) <= tolerance:
         return current
@@ -192,6 +194,11 @@ def _require_redis_7(client: redis.Redis) -> None:
 
 
 def _milli(value: float) -> int:
-    """A metric value or target as KEDA sends it to the HPA: a quantity in whole thousandths,
-    cut (`int64(value * 1000)`)."""
-    return int(value * 1000)
+    """A metric value or target as KEDA 2.20+ sends it to the HPA: a quantity parsed from
+    `%.3f`, the nearest whole thousandth of the exact binary value (Go's and Python's formatting
+    alike: 0.0995 is 100, 0.0005 is 1), with NaN, infinite or negative read as 0.
+    KEDA 2.12-2.19 cut instead (`int64(value * 1000)`): a metric one thousandth lower at most,
+    and a target no further off (BacklogScaling refuses any that would matter)."""
+    if not math.isfinite(value) or value < 0:
+        return 0
+    return int(f"{value:.3f}".replace(".", ""))  # its digits are the thousandths, exactly

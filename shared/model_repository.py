@@ -327,13 +327,21 @@ class BacklogScaling(BaseModel):
     @field_validator("target_s")
     @classmethod
     def _keda_can_send(cls, target_s: float) -> float:
-        """KEDA hands the HPA a target in whole thousandths (milli-units, cut, not rounded):
-        under 1 ms it sends 0, which the HPA refuses; raised to 1 ms, a pool would scale on a
-        target its config does not say."""
+        """KEDA hands the HPA a target in whole thousandths: cut (`int64(v * 1000)`) before
+        2.20, rounded (`%.3f`, kedacore/keda#7534) since. Under 1 ms the cut is 0, which the HPA
+        refuses. Under 10 ms one thousandth is over the HPA's 10 % tolerance of the target: one
+        between two (0.0015, sent as 0.001 or 0.002 by version) scaled a third or half off its
+        config, so there it must be whole thousandths, which both versions send as written."""
         if target_s < 0.001:
             raise ValueError(
                 f"{target_s:g} is below 0.001: KEDA sends the HPA 0.001 s at least (a target "
-                "in whole thousandths), and this one would be 0"
+                "in whole thousandths), and KEDA before 2.20 would send this one as 0"
+            )
+        if target_s < 0.01 and round(target_s, 3) != target_s:
+            raise ValueError(
+                f"{target_s:g} is not a whole number of thousandths: KEDA sends the HPA "
+                f"{int(target_s * 1000) / 1000:g} before 2.20 (cut) and {round(target_s, 3):g} "
+                "since (rounded), and one thousandth is over a tenth of a target under 0.01 s"
             )
         return target_s
 

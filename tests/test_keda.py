@@ -259,7 +259,7 @@ def test_metric_source_urls_ending_in_a_slash_still_name_the_endpoints(tmp_path)
 
 @pytest.mark.parametrize("target_s", [0.0009, 1e-7])
 def test_render_refuses_a_backlog_target_keda_would_send_as_zero(tmp_path, target_s):
-    """KEDA hands the HPA a target in thousandths, cut to a whole one: `target_s` under 1 ms
+    """KEDA hands the HPA a target in whole thousandths (cut before 2.20): `target_s` under 1 ms
     rendered a trigger the HPA got as 0 and refused. It is refused at load, by model and field;
     1 ms, the least KEDA can send, renders."""
     config = tmp_path / "eager" / "config.yaml"
