@@ -31,7 +31,7 @@ from shared.codec import as_text, is_stream_id, stream_id
 from shared.job_store import JobRecord, JobStore
 from shared.keys import Keys, job_tag
 from shared.redis_client import RedisClient, connect, is_cluster, read_streams
-from shared.token_stream import READ_COUNT, TokenEvent, confirms, final_from_job
+from shared.token_stream import READ_COUNT, TokenEvent, confirms, final_from_job, retold
 
 log = logging.getLogger(__name__)
 Rows = list[tuple[Any, Any]]
@@ -56,6 +56,7 @@ NO_STREAM = "WRONGTYPE"  # the one refusal of a read that is a key's fault, not 
 HUB_BLOCK_MS = 5000  # a read returns sooner whenever any followed stream (or the wake) grows
 WAKE_MAXLEN = 64
 WAKE_TTL_S = 86_400
+START = "0-0"  # a stream read from its first entry
 FINISH_GRACE_S = 0.005  # first wait to see FINISH confirm a final: a live worker is ~1 ms behind
 
 
@@ -164,7 +165,7 @@ class TagReader:
         entry. A resume's Last-Event-ID is the client's to choose; one from the far future set
         the cursor every later listener of the job shares, and none got a live token until the
         job ended. One read, and only for a resume (a new stream starts at 0-0)."""
-        if after == "0-0":
+        if after == START:
             return after
         try:
             newest: Any = await self.redis.xrevrange(key, count=1)
@@ -274,7 +275,7 @@ class TokenFollower:
         self.keys = keys
         self.block_ms = block_ms
 
-    async def follow(self, job_id: str, after: str = "0-0") -> AsyncGenerator[TokenEvent, None]:
+    async def follow(self, job_id: str, after: str = START) -> AsyncGenerator[TokenEvent, None]:
         """Every event after `after`, live ones as they come, ending with exactly one final."""
         key = self.keys.tokens(job_id)
         block_s = self.block_ms / 1000
@@ -296,8 +297,8 @@ class TokenFollower:
                     events = await self._read(key, after)
                     continue
                 if over:
-                    if (final := await self._last_word(key, held, record)) is not None:
-                        yield final
+                    for event in await self._last_words(key, held, record, after):
+                        yield event
                     return
                 if fresh:
                     fresh = False
@@ -343,19 +344,24 @@ class TokenFollower:
             return [], False, None
         return await self._read(key, after), True, record
 
-    async def _last_word(
-        self, key: str, final: TokenEvent | None, record: JobRecord | None
-    ) -> TokenEvent | None:
+    async def _last_words(
+        self, key: str, final: TokenEvent | None, record: JobRecord | None, after: str
+    ) -> list[TokenEvent]:
         """How a stream read to its end once its job was over ends: with its own last final,
         unless the hash contradicts it (its run died before FINISH, and the job ended otherwise:
         dead-lettered, cancelled, expired) or there is none; then with the hash's (none if it is
-        gone), whose id follows the stream's last entry."""
+        gone), whose id follows the stream's last entry. A stream gone (expired) under a reader
+        past its start (`after`: read between pages, or resumed) left that reader's text cut
+        short: the job's whole text comes again first (`retold`)."""
         if final is not None and confirms(record, final):
-            return final
+            return [final]
         if record is None:
-            return None
+            return []
         last = await self.hub.last(key)
-        return final_from_job(record, last.id if last else None)
+        made = final_from_job(record, last.id if last else None)
+        if last is None and after != START:
+            return [*retold(record), made]
+        return [made]
 
     async def _read(self, key: str, after: str) -> list[TokenEvent]:
         """The stream's next page after `after` now (READ_COUNT entries at most, no blocking);

@@ -31,6 +31,8 @@ class TokenEvent:
     usage: dict[str, int] = field(default_factory=dict)
     error: dict[str, str] | None = None
     id: str = ""
+    # made from the job's record, not read from its stream (never encoded): the stream was gone
+    retold: bool = False
 
     @property
     def final(self) -> bool:
@@ -114,26 +116,49 @@ def made_final_id(last_id: str | None) -> str:
     return f"{ms}-{seq + 1}" if seq < 2**64 - 1 else f"{ms + 1}-0"
 
 
+def _outputs(view: dict[str, Any]) -> dict[str, Any]:
+    outputs = view.get("outputs")
+    return outputs if isinstance(outputs, dict) else {}
+
+
+def _usage(view: dict[str, Any]) -> dict[str, int]:
+    usage: dict[str, int] = _outputs(view).get("usage") or (
+        usage_of(view["prompt_tokens"], view["completion_tokens"])
+        if "prompt_tokens" in view and "completion_tokens" in view
+        else {}
+    )
+    return usage
+
+
 def final_from_job(record: JobRecord, last_id: str | None) -> TokenEvent:
     """The final event of a job that ended without one in its stream (cancelled or expired
     while queued, dead-lettered, failed before its first token, stream expired); `last_id`
     is the stream's last entry (None: it holds none)."""
     view = record.view()
-    raw_outputs = view.get("outputs")
-    outputs: dict[str, Any] = raw_outputs if isinstance(raw_outputs, dict) else {}
-    usage = outputs.get("usage") or (
-        usage_of(view["prompt_tokens"], view["completion_tokens"])
-        if "prompt_tokens" in view and "completion_tokens" in view
-        else {}
-    )
     return TokenEvent(
         kind="final",
         status=str(view["status"]),
-        finish_reason=outputs.get("finish_reason"),
-        usage=usage,
+        finish_reason=_outputs(view).get("finish_reason"),
+        usage=_usage(view),
         error=view.get("error"),
         id=made_final_id(last_id),
     )
+
+
+def retold(record: JobRecord) -> list[TokenEvent]:
+    """What a reader that took part of a stream since gone (expired between its pages, or
+    before its resume) gets ahead of the job's final: a `restart`, dropping its partial text,
+    then the whole text of the job's result as one token event (its tokens: the usage's
+    `completion_tokens`, as a run's add up to). Nothing for a job whose result holds no text:
+    its final's status says it has none. Neither has an id: a resume after them tells all
+    again, since the stream is gone."""
+    view = record.view()
+    text = _outputs(view).get("text")
+    if not isinstance(text, str):
+        return []
+    tokens = _usage(view).get("completion_tokens", 0)
+    whole = TokenEvent("token", text=text, tokens=tokens, retold=True)
+    return [TokenEvent("restart", retold=True), whole]
 
 
 def ended_stream_ttl_s(result_ttl_s: int) -> int:

@@ -99,12 +99,17 @@ def test_a_finished_jobs_events_end_with_its_final_after_its_stream_expired(
         client.close()
 
     url = f"{paced.base_url}/v1/jobs/{job_id}/events"
-    for headers in ({}, {"Last-Event-ID": "1-0"}):  # a fresh reader, a resuming one
+    # a fresh reader; a resuming one, its text cut short, first told the job's whole text
+    resumed = ["restart", "token", "final"]
+    for headers, kinds in (({}, ["final"]), ({"Last-Event-ID": "1-0"}, resumed)):
         with httpx.stream("GET", url, headers=headers, timeout=60) as response:
             assert response.status_code == 200
             events = list(sse_events(response.iter_lines()))
-        assert [event["event"] for event in events] == ["final"]
-        final = json.loads(events[0]["data"])
+        assert [event["event"] for event in events] == kinds
+        if kinds == resumed:
+            told = json.loads(events[1]["data"])
+            assert told == {"text": "the keeper climbed ", "tokens": 3}
+        final = json.loads(events[-1]["data"])
         assert final["status"] == "succeeded"
         assert final["finish_reason"] == "length"
         assert final["usage"]["completion_tokens"] == 3

@@ -58,7 +58,9 @@ class Usage(BaseModel):
 class FinalData(BaseModel):
     """`event: final` of an LLM job: how it ended. (For other jobs the final event's data is
     the job itself, as `GET /v1/jobs/{id}` shows it.) `restart` (no data) means the job was
-    redelivered after its worker died: discard the text received so far."""
+    redelivered after its worker died, or its token stream expired before this reader read it
+    to its end (then one `token` with the job's whole text follows): discard the text received
+    so far."""
 
     status: str
     finish_reason: str | None = None

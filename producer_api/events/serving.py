@@ -26,13 +26,12 @@ from producer_api.live_feed import while_holds
 from producer_api.state import ProducerState
 from producer_api.stream_places import take_place
 from producer_api.task_cancel import cancel_and_wait
-from producer_api.token_hub import TokenFollower
+from producer_api.token_hub import START, TokenFollower
 from shared.codec import stream_id
 from shared.job_states import JobStatus
 from shared.job_store import JobRecord
 from shared.token_stream import final_id, made_final_id
 
-START = "0-0"
 # A stream's place among its key's open streams lapses after this long unrenewed (three missed
 # key checks): the place of a stream whose producer died before giving it back.
 LAPSE_S = 3 * RECHECK_S

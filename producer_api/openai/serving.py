@@ -362,10 +362,11 @@ class OpenAIService:
         and its job runs on. A restart (the job's worker died and another runs it again) ends
         the stream only once text was sent: before, nothing is to be taken back. A key revoked
         or expired meanwhile ends it within RECHECK_S with an `unauthorized` error chunk and
-        `[DONE]`, and cancels its job. Ended or closed, it lets go of the job's token stream at
-        once (`_let_go`): left to asyncio's finalizer, its listener stayed in the token hub,
-        which read the stream on for no one; closed at its opening chunk, for as long as the
-        job sent nothing."""
+        `[DONE]`, and cancels its job. A token stream that expired before this stream read it to
+        its end, text sent, ends it with a `stream_expired` error chunk (`_taken_back`). Ended
+        or closed, it lets go of the job's token stream at once (`_let_go`): left to asyncio's
+        finalizer, its listener stayed in the token hub, which read the stream on for no one;
+        closed at its opening chunk, for as long as the job sent nothing."""
         ended, sent = False, False
         watch = KeyWatch(self.state.api_keys, self.principal)
         try:
@@ -380,7 +381,8 @@ class OpenAIService:
                             yield _error_chunk("unavailable", _cut(event, job_id))
                         break
                     if event.kind == "restart" and sent:
-                        yield _error_chunk("restarted", "the job's worker died; retry the request")
+                        ended = event.retold  # the job is over: nothing to cancel
+                        yield _taken_back(event, job_id)
                         break
                     if event.kind == "token" and event.text:  # a step's tokens alone: no chunk
                         sent = True
@@ -423,6 +425,17 @@ class OpenAIService:
         except ConveyorError as exc:
             if exc.status not in (404, 409):
                 raise
+
+
+def _taken_back(restart: TokenEvent, job_id: str) -> str:
+    """The error chunk of a restart after text was sent, which a stream cannot take back: the
+    job's worker died and another runs it again, or (`retold`) its token stream expired before
+    this slow reader read it to its end, and the text sent is cut short; the job's whole text
+    is in its result."""
+    if restart.retold:
+        message = "the job's token stream expired before this stream read it to its end"
+        return _error_chunk("stream_expired", f"{message}; its whole text: GET /v1/jobs/{job_id}")
+    return _error_chunk("restarted", "the job's worker died; retry the request")
 
 
 def _cut(cut: Cut, job_id: str) -> str:
