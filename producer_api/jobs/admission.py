@@ -44,19 +44,44 @@ local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-# Take an abandoned claim (as read, `Claim.held`) over, unless another submit changed or its
-# own create renewed it meanwhile (one that holds this submit's claim already is this call's
-# own, rerun after its reply was lost); with a job id and `:`, renew one's own (`kept`).
-TAKE_OVER = """
+# A claim's time is Redis's (Unix ms), never a producer's: a producer whose clock was a minute
+# behind wrote claims that others took over as abandoned while they were live, and one whose
+# clock was ahead never took an abandoned one over.
+_NOW_MS = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return t[1] .. string.format('%03d', math.floor(t[2] / 1000))
+end
+"""
+# Claim a key (`{job_id}:{fingerprint}`, its time appended) unless one holds it; either way
+# the claim it holds and Redis's time, which the claim's age is judged by (`Claim.abandoned`).
+# One call, as the SET NX it replaces: a taken key's claim comes back with it.
+CLAIM = (
+    _NOW_MS
+    + """
+local now = now_ms()
 local held = redis.call('GET', KEYS[1])
-if held == ARGV[2] then return 1 end
+if held then return {held, now} end
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. now, 'EX', ARGV[2])
+return {'', now}
+"""
+)
+# Take an abandoned claim (as read, `Claim.held`) over, unless another submit changed or its
+# own create renewed it meanwhile; with a job id and `:`, renew one's own (`kept`). One that
+# holds this submit's claim already is this call's own, rerun after its reply was lost.
+TAKE_OVER = (
+    _NOW_MS
+    + """
+local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+  redis.call('SET', KEYS[1], ARGV[2] .. ':' .. now_ms(), 'EX', ARGV[3])
   return 1
 end
+if held and string.sub(held, 1, #ARGV[2] + 1) == ARGV[2] .. ':' then return 1 end
 return 0
 """
-SCRIPTS = (RELEASE_OWN, TAKE_OVER)
+)
+SCRIPTS = (RELEASE_OWN, CLAIM, TAKE_OVER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,33 +107,51 @@ class BodyPrint:
 @dataclass(frozen=True, slots=True)
 class Claim:
     """What a key's claim holds: the job it was made for, the body's fingerprint, and when (Unix
-    ms; 0 in a claim written before claims carried it)."""
+    ms on Redis's clock; a producer's in a claim an older release wrote, 0 in one written before
+    claims carried it); read back, Redis's time then (`read_ms`)."""
 
     job_id: str
     fingerprint: str
     made_ms: int
+    read_ms: int = 0
 
     @classmethod
     def new(cls, job_id: str, fingerprint: str) -> Claim:
-        return cls(job_id, fingerprint, int(time.time() * 1000))
+        """The claim a submit makes: Redis stamps its time as it writes it (`CLAIM`)."""
+        return cls(job_id, fingerprint, 0)
 
     @classmethod
-    def parse(cls, value: bytes | str) -> Claim:
+    def parse(cls, value: bytes | str, read_ms: int = 0) -> Claim:
         job_id, _, rest = as_text(value).partition(":")
         fingerprint, _, made_ms = rest.partition(":")
-        return cls(job_id, fingerprint, int(made_ms or 0))
+        return cls(job_id, fingerprint, int(made_ms or 0), read_ms)
 
     def value(self) -> str:
         return f"{self.job_id}:{self.fingerprint}:{self.made_ms}"
 
+    def stem(self) -> str:
+        """What the scripts write before the time they append."""
+        return f"{self.job_id}:{self.fingerprint}"
+
     def abandoned(self) -> bool:
-        return time.time() * 1000 - self.made_ms > ABANDONED_AFTER_S * 1000
+        """Made (or last renewed) over ABANDONED_AFTER_S before it was read, both on Redis's
+        clock: no producer's clock, skewed, judges another's claim."""
+        return self.read_ms - self.made_ms > ABANDONED_AFTER_S * 1000
 
     def held(self) -> str:
         """What a take-over finds the key holding to replace it: this claim whole, as read, so
         one renewed since (`IdempotencyKeys.kept`) stays; one from before claims carried their
         time (never renewed) by its job id."""
         return self.value() if self.made_ms else f"{self.job_id}:"
+
+
+@dataclass(slots=True)
+class Hold:
+    """A claim `IdempotencyKeys.kept` keeps: when a renewal last found it this request's
+    (monotonic s), and whether one found another's in its place."""
+
+    confirmed: float
+    lost: bool = False
 
 
 def claim_ttl_s(result_ttl_s: int) -> int:
@@ -129,6 +172,7 @@ class IdempotencyKeys:
         self.keys = keys
         self.ttl_s = claim_ttl_s(result_ttl_s)
         self._release = client.register_script(RELEASE_OWN)
+        self._claim_key = client.register_script(CLAIM)
         self._take_over = client.register_script(TAKE_OVER)
 
     def _key(self, tenant: str, key: str) -> str:
@@ -175,14 +219,12 @@ class IdempotencyKeys:
 
     async def _claim(self, tenant: str, key: str, mine: Claim) -> Claim | None:
         """None if this submit owns the key now; else the claim it was first used with."""
-        redis_key = self._key(tenant, key)
-        if await self.redis.set(redis_key, mine.value(), nx=True, ex=self.ttl_s):
+        args = [mine.stem(), self.ttl_s]
+        held, now = await call_script(self._claim_key, [self._key(tenant, key)], args)
+        if not held:
             return None
-        existing = await self.redis.get(redis_key)
-        if existing is None:  # expired between the two calls: take it now
-            return await self._claim(tenant, key, mine)
-        first = Claim.parse(existing)
-        if first.job_id == mine.job_id:  # this SET, rerun after its reply was lost, found itself
+        first = Claim.parse(held, int(now))
+        if first.job_id == mine.job_id:  # this claim, rerun after its reply was lost, found itself
             return None
         return first
 
@@ -193,35 +235,47 @@ class IdempotencyKeys:
 
     async def _replaced(self, tenant: str, key: str, held: str, mine: Claim) -> bool:
         """Whether `mine` holds the key now, in place of the claim that starts with `held`."""
-        args = [held, mine.value(), self.ttl_s]
+        args = [held, mine.stem(), self.ttl_s]
         return bool(await call_script(self._take_over, [self._key(tenant, key)], args))
 
     @asynccontextmanager
     async def kept(
         self, tenant: str, key: str, job_id: str, body_print: BodyPrint
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[Hold]:
         """Keep the claim made for `job_id` young while what it names is being made: a batch's
         create enqueues up to `CONVEYOR_MAX_BATCH_LINES` lines, which a slow Redis can stretch
         past ABANDONED_AFTER_S, and a retry took that claim over as abandoned and created the
         batch a second time. Renewed RENEWALS times per ABANDONED_AFTER_S, so the claim of a
-        producer that died still ages out; no Redis call for work done sooner."""
-        renewing = asyncio.create_task(
-            self._renew(tenant, key, Claim.new(job_id, body_print.value))
-        )
+        producer that died still ages out; no Redis call for work done sooner. The `Hold` says
+        whether the claim was lost to a take-over all the same (its producer stalled past
+        ABANDONED_AFTER_S): then what was made is a second one, for its maker to withdraw. A
+        renewal overdue at the end (the stall came last) is made then, to tell."""
+        mine, hold = Claim.new(job_id, body_print.value), Hold(time.monotonic())
+        renewing = asyncio.create_task(self._renew(tenant, key, mine, hold))
         try:
-            yield
+            yield hold
         finally:
             await cancel_and_wait(renewing)
+        if not hold.lost and time.monotonic() - hold.confirmed > ABANDONED_AFTER_S / 2:
+            await self._renewed(tenant, key, mine, hold)
 
-    async def _renew(self, tenant: str, key: str, mine: Claim) -> None:
+    async def _renew(self, tenant: str, key: str, mine: Claim, hold: Hold) -> None:
         while True:
             await asyncio.sleep(ABANDONED_AFTER_S / RENEWALS)
-            renewed = Claim.new(mine.job_id, mine.fingerprint)
-            try:
-                if not await self._replaced(tenant, key, f"{mine.job_id}:", renewed):
-                    return  # given up, or taken over: another's to keep now
-            except RedisError as exc:  # the next renewal may get through
-                log.warning("could not renew an idempotency key: %r", exc)
+            if not await self._renewed(tenant, key, mine, hold):
+                return  # taken over: another's to keep now
+
+    async def _renewed(self, tenant: str, key: str, mine: Claim, hold: Hold) -> bool:
+        """Renew `mine`: False once another request's claim holds the key (`hold.lost`). One
+        that Redis refused tells nothing: the next may get through."""
+        sent = time.monotonic()
+        try:
+            hold.lost = not await self._replaced(tenant, key, f"{mine.job_id}:", mine)
+        except RedisError as exc:
+            log.warning("could not renew an idempotency key: %r", exc)
+            return True
+        hold.confirmed = sent
+        return not hold.lost
 
     async def used_for(
         self,
