@@ -58,6 +58,12 @@ _STOPPED = frozenset(ending.value for ending in ENDED_EARLY)
 OUTPUT_EXPIRES_AFTER = "output_expires_after"
 
 
+def file_size_field(kind: str) -> str:
+    """The batch hash's field of its ended `output` or `errors` file's size (bytes), kept at the
+    file's first retrieve: its lines no longer change once the batch ended."""
+    return f"{kind}_bytes"
+
+
 # Marks the error of an item its batch's own end stopped (`by`), not its own cancel or deadline.
 BY_BATCH = "batch"
 
