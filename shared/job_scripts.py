@@ -256,26 +256,84 @@ local function ring_weight(fair, ring)
   return sum
 end
 
--- A tenant's weight as a submit of `weight` leaves it: the highest of the keys its held jobs
--- were submitted with since it last had none, recorded (`w:`, kept only while it has jobs still
--- held: none before) and the ring's sum moved by the change. The latest key's flipped a tenant
--- with two keys between their weights, submit by submit (one job sent with its weight-1 key cut
--- its weight-3 flood to a third); any of its keys may submit, so the highest is the share it
--- can claim anyway.
+-- A tenant's weight is the highest of the weights its jobs still held were submitted with: a
+-- raise counts at once (any of its keys may submit, so the highest is the share it can claim
+-- anyway; the latest key's flipped a tenant with two keys between their weights, submit by
+-- submit), a cut once the heavier jobs ahead of it are served (the highest since it last had
+-- none held kept a tenant that swapped its weight-3 key for a weight-1 one at 3 for as long as its
+-- flood never emptied). Kept as the maxima of a sliding window over its FIFO list: `w:` the
+-- highest, and `c:` the lower levels its later jobs wait at, "b1 w2 b2 w3 ... wk": level i
+-- holds until the job at place b_i (the last held at weight w_i, `hseq`) leaves the list; the
+-- newest level's last job is the newest held. Both only while it has jobs still held. A flat
+-- list {w1, b1, w2, ..., wk}.
+local function levels(top, cuts)
+  local out = {top}
+  for value in string.gmatch(cuts or '', '%S+') do out[#out + 1] = tonumber(value) end
+  return out
+end
+
+-- The fair hash's pairs that record `list` (see `levels`; `cuts`, the `c:` it replaces) and move
+-- the ring's sum from `old` (`sum`: its value, none on a lane held since before it was kept,
+-- which counts it itself). A tenant of one weight, the common case, has no `c:`.
+local function weigh(tenant, list, old, sum, cuts)
+  local out = {'w:' .. tenant, list[1]}
+  if #list > 1 or (cuts and cuts ~= '') then
+    out[#out + 1], out[#out + 2] = 'c:' .. tenant, table.concat(list, ' ', 2)
+  end
+  if sum then
+    out[#out + 1], out[#out + 2] = WSUM, math.max(tonumber(sum) + list[1] - old, 0)
+  end
+  return out
+end
+
+-- A job of `tenant` about to be held, submitted at `weight` (none: a dead letter's replay, which
+-- keeps its tenant's newest level; 1 if none), recorded (see `levels`): a lighter weight waits
+-- behind the heavier jobs held before it, a heavier one replaces the levels it outweighs.
+-- Returns the job's place among its tenant's holds (`n:`, its `hseq`), counted in the same
+-- HSET: one HMGET and one HSET per held job, as the HINCRBY of `n:` and the weight's HMGET were.
 -- A parked tenant whose weight rose goes back to the ring's tail, credited for the rounds it
 -- missed: parked for the turns its old weight needed, it would wait them out.
 local function record_weight(stream, tenant, weight)
   local fair, ring = stream .. FAIR, stream .. FAIR_RING
-  local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM, 'round')
+  local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM, 'round', 'c:' .. tenant,
+                       'n:' .. tenant)
+  local place = (tonumber(h[5]) or 0) + 1
   local old = tonumber(h[1]) or 0
-  if weight <= old and h[2] then return end
-  weight = math.max(weight, old)
-  local sum = (tonumber(h[2]) or ring_weight(fair, ring)) + weight - old
-  if old > 0 and here('ZSCORE', stream .. PARKED, tenant) then
+  local list = old > 0 and levels(old, h[4]) or {}
+  weight = weight or list[#list] or 1
+  if weight == list[#list] and h[2] then
+    redis.call('HSET', fair, 'n:' .. tenant, place)
+    return place
+  end
+  local n = #list  -- the last level that outweighs this job, if any
+  while n >= 1 and list[n] <= weight do n = n - 2 end
+  if n < 1 then
+    list = {weight}
+  else
+    if n == #list then list[n + 1] = place - 1 end  -- the job before this: the newest level's
+    list[n + 2] = weight
+    for i = #list, n + 3, -1 do list[i] = nil end
+  end
+  if old > 0 and list[1] > old and here('ZSCORE', stream .. PARKED, tenant) then
     unpark(stream, fair, {tenant}, tonumber(h[3]) or 0)
     redis.call('RPUSH', ring, tenant)
   end
-  redis.call('HSET', fair, 'w:' .. tenant, weight, WSUM, math.max(sum, 0))
+  local out = weigh(tenant, list, old, h[2] or ring_weight(fair, ring), h[4])
+  out[#out + 1], out[#out + 2] = 'n:' .. tenant, place
+  redis.call('HSET', fair, unpack(out))
+  return place
+end
+
+-- The levels of a tenant (`top`, `cuts`: its `w:` and `c:`) once the entries up to place
+-- `taken` (`o:`) have left its list: the fair hash's pairs that record them, or nil if they
+-- stand. The new weight is the first of the list.
+local function served_levels(tenant, top, cuts, taken, sum)
+  if not cuts or cuts == '' then return nil end
+  local list = levels(tonumber(top), cuts)
+  local first = 1
+  while first + 2 <= #list and list[first + 1] <= taken do first = first + 2 end
+  if first == 1 then return nil end
+  return weigh(tenant, {unpack(list, first)}, list[1], sum, cuts)
 end
 
 -- A tenant left with no job still held (the rest of its list ended while held, or nothing
@@ -284,7 +342,7 @@ end
 -- entries waited for a refill to drop them, it moved the job the tenant sent next turns early.
 local function unweigh(fair, tenant)
   local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM)
-  redis.call('HDEL', fair, 'w:' .. tenant, 'd:' .. tenant, 'p:' .. tenant)
+  redis.call('HDEL', fair, 'w:' .. tenant, 'c:' .. tenant, 'd:' .. tenant, 'p:' .. tenant)
   if h[1] and h[2] then
     redis.call('HSET', fair, WSUM, math.max(tonumber(h[2]) - tonumber(h[1]), 0))
   end
@@ -309,7 +367,7 @@ local function leave(stream, tenant)
              'o:' .. tenant)
   -- emptied: gone, which a migration answers as moved
   if (here('LLEN', stream .. FAIR_RING) or 0) + (here('ZCARD', stream .. PARKED) or 0) == 0 then
-    redis.call('HDEL', fair, WSUM, 'w:' .. tenant)
+    redis.call('HDEL', fair, WSUM, 'w:' .. tenant, 'c:' .. tenant)
     here('DEL', stream .. SINCE)
   else
     unweigh(fair, tenant)
@@ -371,7 +429,7 @@ local function refill(stream, group, job_prefix, upto)
     end
     local list = held .. tenant
     local h = redis.call('HMGET', fair, 'd:' .. tenant, 'w:' .. tenant, 'e:' .. tenant,
-                         'o:' .. tenant)
+                         'o:' .. tenant, 'c:' .. tenant, WSUM)
     local credit, ended = tonumber(h[1]) or 0, tonumber(h[3]) or 0  -- ended: see `live`
     local popped = 0  -- entries the turn took off the list (`o:`, see POSITION)
     if credit < WHOLE then credit = credit + spent(h[2]) end
@@ -419,12 +477,18 @@ local function refill(stream, group, job_prefix, upto)
       end
     end
     local turn = {'d:' .. tenant, credit}  -- what the turn leaves in the fair hash
+    local weight = spent(h[2])  -- the next turn's: a cut counts once its heavier jobs left
     if h[3] then turn[#turn + 1], turn[#turn + 2] = 'e:' .. tenant, ended end
     if popped > 0 then
       local taken = (tonumber(h[4]) or 0) + popped
       turn[#turn + 1], turn[#turn + 2] = 'o:' .. tenant, taken
       if (tonumber(h[3]) or 0) > 0 then  -- the places of ended jobs it popped go too
         here('ZREMRANGEBYSCORE', stream .. ENDED .. tenant, '-inf', taken)
+      end
+      local cut = served_levels(tenant, h[2], h[5], taken, h[6])
+      if cut then
+        for _, value in ipairs(cut) do turn[#turn + 1] = value end
+        weight = spent(cut[2])
       end
     end
     if stalled then  -- the tenant's turn goes on in the next refill, its credit kept
@@ -439,7 +503,7 @@ local function refill(stream, group, job_prefix, upto)
     else
       redis.call('HSET', fair, unpack(turn))
       if credit < WHOLE then  -- the turn ends
-        local parked = park(stream, fair, tenant, credit, spent(h[2]), round)
+        local parked = park(stream, fair, tenant, credit, weight, round)
         if parked then
           redis.call('LPOP', ring)
           due = math.min(due or parked, parked)
@@ -471,6 +535,22 @@ local function refill(stream, group, job_prefix, upto)
   unheld(stream, gone)
 end
 
+-- A tenant's weight levels (`cuts`, its `c:`: see `levels`) once a sweep renumbered its kept
+-- entries after `first` (their indexes in the list before, `at`; their places were `taken`, its
+-- `o:`, plus those): a level lasts until the last of its jobs a sweep kept leaves the list, and
+-- read by the places before, until entries behind it left in its stead.
+local function renumber_levels(cuts, taken, at, first)
+  local out, k = {}, 0
+  for value in string.gmatch(cuts, '%S+') do
+    if #out % 2 == 0 then  -- a level's last place, then the next level's weight
+      while k < #at and taken + at[k + 1] <= tonumber(value) do k = k + 1 end
+      value = first + k
+    end
+    out[#out + 1] = value
+  end
+  return table.concat(out, ' ')
+end
+
 -- A tenant's held list at ENQUEUE's bound (2 x max_length entries) loses its entries of jobs
 -- that ended while held, the order of the rest kept: such an entry left the `held` count when its
 -- job ended, and only a refill drops it, which runs only while a worker reads and jobs are held,
@@ -483,12 +563,13 @@ end
 local function sweep(stream, job_prefix, tenant)
   local list = stream .. HELD .. tenant
   local kept, hashes, counted, gone = {}, {}, 0, {}
-  for _, packed in ipairs(redis.call('LRANGE', list, 0, -1)) do
+  local at = {}  -- the kept entries' indexes in the list (their places less `o:`)
+  for index, packed in ipairs(redis.call('LRANGE', list, 0, -1)) do
     local jid = field(cmsgpack.unpack(packed), 'id') or ''
     local jk = jobkey(job_prefix, jid)
     local job = redis.call('HMGET', jk, 'status', 'held')
     if waits(job) then
-      kept[#kept + 1], hashes[#hashes + 1] = packed, jk
+      kept[#kept + 1], hashes[#hashes + 1], at[#at + 1] = packed, jk, index
     else
       gone[#gone + 1] = jid
       if redis.call('SREM', stream .. UNCOUNTED, jid) == 0 and job[2] ~= UNCOUNTED_MARK then
@@ -510,9 +591,15 @@ local function sweep(stream, job_prefix, tenant)
     -- the kept entries numbered again up to the last held (`n:`), in their order: a place less
     -- `o:` counts the entries ahead of it only while the places run with no gap, and counted
     -- from the last, a job read the swept places after it as taken off ahead of it
-    local holds = tonumber(redis.call('HGET', stream .. FAIR, 'n:' .. tenant))
+    local f = redis.call('HMGET', stream .. FAIR, 'n:' .. tenant, 'o:' .. tenant, 'c:' .. tenant)
+    local holds = tonumber(f[1])
     if holds then
-      redis.call('HSET', stream .. FAIR, 'o:' .. tenant, holds - #kept)
+      local renumbered = {'o:' .. tenant, holds - #kept}
+      if f[3] and f[3] ~= '' then  -- its weight levels' places too (see `levels`)
+        renumbered[3] = 'c:' .. tenant
+        renumbered[4] = renumber_levels(f[3], tonumber(f[2]) or 0, at, holds - #kept)
+      end
+      redis.call('HSET', stream .. FAIR, unpack(renumbered))
       for i, jk in ipairs(hashes) do redis.call('HSET', jk, 'hseq', holds - #kept + i) end
     end
   end
@@ -690,14 +777,15 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   end
   local ahead = math.max(0, length - pending)
   local hold = window > 0 and (held > 0 or ahead >= window)
-  local fields, tenant
+  local fields, tenant, own_weight  -- own_weight: the job's key's weight (none: a replay)
   if hold then
     fields = {unpack(ARGV, entry, last)}
     tenant = field(fields, 'tenant') or 'default'
     -- the tenant's weight once this job is held (see record_weight); a replay gives none
     local h = redis.call('HMGET', stream .. FAIR, 'w:' .. tenant, 'e:' .. tenant)
     local recorded = tonumber(h[1])  -- its weight in the ring's sum (none: not in it)
-    weight = spent(weight ~= '' and math.max(tonumber(weight), recorded or 0) or recorded)
+    own_weight = weight ~= '' and spent(weight) or nil
+    weight = spent(own_weight and math.max(own_weight, recorded or 0) or recorded)
     local entries = redis.call('LLEN', stream .. HELD .. tenant)
     local own = entries - (tonumber(h[2]) or 0)  -- its jobs still held
     if max_length > 0 and entries >= 2 * max_length then
@@ -717,7 +805,7 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
     length = length + 1
   end
   if hold then  -- `hseq`: its place among its tenant's holds (`n:`, see POSITION)
-    local place = redis.call('HINCRBY', stream .. FAIR, 'n:' .. tenant, 1)
+    local place = record_weight(stream, tenant, own_weight)
     redis.call('HSET', jk, mark, value, 'hseq', place, 'entry', '', unpack(ARGV, first, entry - 1))
   else
     redis.call('HSET', jk, mark, value, 'entry', eid or '', unpack(ARGV, first, entry - 1))
@@ -725,7 +813,6 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   redis.call('EXPIRE', jk, ttl)
   wrote = true
   if not hold then return {1, ahead, value} end
-  record_weight(stream, tenant, weight)
   if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(fields)) == 1 then
     redis.call('RPUSH', stream .. FAIR_RING, tenant)
   end
