@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from shared.variant_stats import WINDOW_SAMPLES
+
 
 class Percentiles(BaseModel):
     p50: float
@@ -34,7 +36,8 @@ class VersusBaseline(BaseModel):
     success_rate_p: float
     latency_u: float | None
     latency_p: float | None = Field(
-        description="Null until both arms have min_samples timed samples (service times)"
+        description="Null until both arms have min_samples timed samples (service times), "
+        f"or {WINDOW_SAMPLES} (the most a window reads) when min_samples is higher"
     )
     status: Literal["ok", "insufficient_data"] = Field(
         description="insufficient_data until both arms have min_samples requests: the verdict "

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shared.variant_stats import Window
+from shared.variant_stats import WINDOW_SAMPLES, Window
 
 # scipy.stats is imported where a test runs, not with the module: it is a third of the
 # producer's import time (about 1 of 3 s on 2 cores), paid at every start, and most producers
@@ -107,7 +107,7 @@ def versus(
     """Tests of `other` against the baseline, with a verdict once both arms have `min_samples`
     requests; None without data on both. The success-rate test is reported below the minimum
     too (Fisher's exact test holds at any size); the latency test needs `min_samples` timed
-    samples on each arm (an expired job is a request without one)."""
+    samples on each arm, at most WINDOW_SAMPLES (an expired job is a request without one)."""
     if not baseline.requests or not other.requests:
         return None
     base_ok, other_ok = baseline.requests - baseline.errors, other.requests - other.errors
@@ -115,7 +115,7 @@ def versus(
     mine = [s.service_ms for s in other.samples]
     theirs = [s.service_ms for s in baseline.samples]
     u, p_latency = None, None
-    if min(len(mine), len(theirs)) >= min_samples:
+    if min(len(mine), len(theirs)) >= _timed_needed(min_samples):
         u, p_latency = _mann_whitney(mine, theirs)
     needed = {
         "baseline": max(min_samples - baseline.requests, 0),
@@ -127,7 +127,8 @@ def versus(
     elif u is None or p_latency is None:
         verdict = (
             f"{_success_words(baseline_name, baseline, other, p_success)}; service time: too few"
-            f" timed samples to test ({len(mine)} vs {len(theirs)}, at least {min_samples} per arm)"
+            f" timed samples to test ({len(mine)} vs {len(theirs)}, at least"
+            f" {_timed_needed(min_samples)} per arm)"
         )
     else:
         latency = _latency_words(baseline_name, theirs, mine, u, p_latency)
@@ -143,6 +144,13 @@ def versus(
         "samples_needed": needed,
         "verdict": verdict,
     }
+
+
+def _timed_needed(min_samples: int) -> int:
+    """Timed samples per arm before the latency test: `min_samples`, but never more than a
+    window returns (WINDOW_SAMPLES): past it the arm is sampled, not short, and a higher
+    `?min_samples=` otherwise kept the test from ever running."""
+    return min(min_samples, WINDOW_SAMPLES)
 
 
 def _mann_whitney(mine: list[float], theirs: list[float]) -> tuple[float, float]:
@@ -165,12 +173,22 @@ def _not_enough_words(name: str, needed: dict[str, int], min_samples: int) -> st
 
 def _success_words(name: str, baseline: Window, other: Window, p: float) -> str:
     mine, theirs = 1 - other.error_rate, 1 - baseline.error_rate
+    a, b = _distinct_percents(mine, theirs)
     if p >= ALPHA:
-        return f"success rate {mine:.1%} vs {theirs:.1%}: no significant difference (p={p:.3g})"
+        return f"success rate {a} vs {b}: no significant difference (p={p:.3g})"
     better = "higher" if mine > theirs else "lower"
-    return (
-        f"success rate {mine:.1%} is significantly {better} than {name}'s {theirs:.1%} (p={p:.3g})"
-    )
+    return f"success rate {a} is significantly {better} than {name}'s {b} (p={p:.3g})"
+
+
+def _distinct_percents(a: float, b: float) -> tuple[str, str]:
+    """Two rates as percentages with one decimal, or as many more (up to 4) as it takes to tell
+    them apart: at scale 99.99 % against 99.96 % is significant, and read "100.0% is
+    significantly higher than 100.0%"."""
+    for decimals in range(1, 5):
+        text_a, text_b = f"{a:.{decimals}%}", f"{b:.{decimals}%}"
+        if text_a != text_b:
+            return text_a, text_b
+    return f"{a:.1%}", f"{b:.1%}"  # equal, or too close to matter: as usual
 
 
 def _latency_words(name: str, theirs: list[float], mine: list[float], u: float, p: float) -> str:
