@@ -173,7 +173,8 @@ class JobSplit:
         included, after truncation), from each engine call's first `rows` rows (the rest pad a
         CUDA graph's shape). OpenAI's `usage.prompt_tokens` of an embeddings request."""
         per_text = [int(n) for batch, rows in calls for n in batch.attention_mask[:rows].sum(1)]
-        bounds = pairwise(accumulate(self.counts, initial=0))
+        bounds = list(pairwise(accumulate(self.counts, initial=0)))
+        _refuse_tokenless(per_text, bounds)
         return JobSplit(self.counts, self.base64, [sum(per_text[a:b]) for a, b in bounds])
 
     def outputs(self, embeddings: np.ndarray) -> list[dict[str, Any]]:
@@ -195,6 +196,20 @@ class JobSplit:
             usage = {"prompt_tokens": tokens, "total_tokens": tokens}
             outputs.append({"embeddings": embedded, "usage": usage})
         return outputs
+
+
+def _refuse_tokenless(per_text: list[int], bounds: list[tuple[int, int]]) -> None:
+    """A text the tokenizer makes no token of (empty or whitespace only, with a tokenizer that
+    adds no special tokens) fails its job by name: beside a longer text it was embedded as a
+    zero vector, which no cosine can use, and alone it failed the model on a 0-wide input."""
+    if 0 not in per_text:
+        return
+    empty = per_text.index(0)
+    start = next(a for a, b in bounds if a <= empty < b)
+    raise ValueError(
+        f"inputs.texts[{empty - start}] has no tokens: the model's tokenizer adds no special "
+        "tokens and makes none of this text (empty or whitespace only)"
+    )
 
 
 def flatten_texts(inputs: list[dict[str, Any]]) -> tuple[list[str], JobSplit]:
