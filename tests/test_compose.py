@@ -31,7 +31,14 @@ PIPELINE = {"redis", "producer", "worker-cpu", "worker-gpu", "prometheus", "graf
 # Profile `cluster`: the pipeline's services on a Valkey Cluster, beside their single-Redis twins.
 CLUSTER_TWINS = {"producer-cluster": "producer", "worker-cpu-cluster": "worker-cpu"}
 CLUSTER_INIT = "valkey-cluster-init"
-REDIS_ENV = {"CONVEYOR_REDIS_URL", "CONVEYOR_REDIS_CLUSTER", "CONVEYOR_REPLICA_ACKS"}
+# What the cluster twins set apart: the URL, cluster mode with replica acks, and every node as a
+# seed, so a twin (re)started while the URL's node is down still starts.
+REDIS_ENV = {
+    "CONVEYOR_REDIS_URL",
+    "CONVEYOR_REDIS_CLUSTER",
+    "CONVEYOR_REPLICA_ACKS",
+    "CONVEYOR_REDIS_CLUSTER_NODES",
+}
 METRICS = {
     "conveyor_jobs_submitted_total",
     "conveyor_jobs_finished_total",

@@ -338,8 +338,10 @@ def test_prod_runs_bigger_pinned_and_without_in_cluster_redis(overlay):
 
 
 def test_prod_cluster_is_prod_in_cluster_mode_with_the_cluster_render(repository, monkeypatch):
-    """Every pod gets CONVEYOR_REDIS_CLUSTER and replica acks; KEDA's objects become what
-    `conveyor render keda --redis-cluster` emits, and nothing else of prod changes."""
+    """Every pod gets CONVEYOR_REDIS_CLUSTER, replica acks and the Secret's `addresses` as its
+    seed nodes (KEDA's list: a `url` naming one node, down, stopped every pod's start); KEDA's
+    objects become what `conveyor render keda --redis-cluster` emits, and nothing else of prod
+    changes."""
     prod, cluster = build("prod"), build("prod-cluster")
     rendered = {
         o["metadata"]["name"]: o
@@ -354,6 +356,10 @@ def test_prod_cluster_is_prod_in_cluster_mode_with_the_cluster_render(repository
             container["env"] += [
                 {"name": "CONVEYOR_REDIS_CLUSTER", "value": "1"},
                 {"name": "CONVEYOR_REPLICA_ACKS", "value": "1"},
+                {
+                    "name": "CONVEYOR_REDIS_CLUSTER_NODES",
+                    "valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": "addresses"}},
+                },
             ]
         elif kind == "TriggerAuthentication":
             expected["spec"] = rendered[name]["spec"]
