@@ -438,6 +438,27 @@ def test_cli_sets_and_shows_routes(traffic: Stack, urls: list[str], admin: dict[
     assert shown.exit_code == 0 and "sticky by routing_key" in shown.output
 
 
+def test_cli_weighting_a_shadow_keeps_the_other_shadows(
+    traffic: Stack, urls: list[str], admin: dict[str, str]
+) -> None:
+    """A variant given traffic stops shadowing, the other shadows kept: weighting a shadow was a
+    422 ("cannot both serve and shadow") short of --no-shadows, which dropped them all. A small
+    rate shows as itself (`0%` was printed for 0.4 %)."""
+    env = {"CONVEYOR_URL": urls[1], "CONVEYOR_API_KEY": admin["X-API-Key"]}
+    shadows = {"candidate": 0.004, "mirror": 0.5}
+    assert _put(urls[0], admin, weights={"stable": 100}, shadows=shadows).status_code == 200
+    shown = CliRunner().invoke(main, ["routes", "show", "ab"], env=env)
+    assert "candidate            shadow, 0.4 % of online requests" in shown.output, shown.output
+    weighted = ["routes", "set", "ab", "--weight", "stable=50", "--weight", "candidate=50"]
+    result = CliRunner().invoke(main, weighted, env=env)
+    assert result.exit_code == 0, result.output
+    routes = _routes(urls[0], admin)
+    assert (routes["weights"], routes["shadows"]) == (
+        {"stable": 50.0, "candidate": 50.0},
+        {"mirror": 0.5},
+    )
+
+
 def test_cli_resets_routes_to_config_yaml_on_every_producer(
     traffic: Stack, urls: list[str], admin: dict[str, str], client_key: dict[str, str]
 ) -> None:

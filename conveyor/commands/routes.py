@@ -44,7 +44,7 @@ def print_routes(view: dict[str, Any]) -> None:
     for name, weight in sorted(view["weights"].items(), key=lambda kv: -kv[1]):
         click.echo(f"  {name:<20} {weight:6.2f} %")
     for name, rate in view["shadows"].items():
-        click.echo(f"  {name:<20} shadow, {rate:.0%} of online requests")
+        click.echo(f"  {name:<20} shadow, {rate * 100:g} % of online requests")
     for change in view.get("history", []):
         new = change["new"]
         weights = ", ".join(f"{k} {v:g}" for k, v in new["weights"].items())
@@ -100,9 +100,13 @@ def set_routes(
     new_weights = option_pairs(weights, "--weight", PERCENT, number_in(0, 100))
     new_shadows = option_pairs(shadows, "--shadow", RATE, number_in(0, 1))
     current = admin_call("GET", f"/v1/models/{segment(model)}/routes?history=0", url, api_key)
+    # the shadows kept as they are, but those the new weights give traffic: a variant cannot
+    # both serve and shadow, and weighting a shadow was a 422 short of --no-shadows, which
+    # dropped every other shadow too
+    kept = {name: rate for name, rate in current["shadows"].items() if not new_weights.get(name)}
     body = {
         "weights": new_weights or current["weights"],
-        "shadows": {} if no_shadows else new_shadows or current["shadows"],
+        "shadows": {} if no_shadows else new_shadows or kept,
         "sticky_by": sticky_by or current["sticky_by"],
         "expected_version": current["version"],
     }
