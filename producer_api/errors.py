@@ -7,6 +7,7 @@ import logging
 import uuid
 from collections.abc import Callable, Coroutine
 from email.message import Message as MimeHeader
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -193,15 +194,16 @@ def _openai_route(scope: Scope) -> bool:
 class ErrorResponse(FastJSONResponse):
     """An error, in the shape of the route it answers, chosen as it is sent (from the request's
     path: the request boundary refuses a body before any route is matched; or as its route
-    marked it, `answer_as_openai`): `openai`, its status and body in OpenAI's shape
-    (`_as_openai`)."""
+    marked it, `answer_as_openai`): `openai` makes its status and body in OpenAI's shape
+    (`_as_openai`), only for a request of OpenAI's: every other error (a 429 under load among
+    them) built a body it never sent."""
 
     def __init__(
         self,
         body: dict[str, Any],
         status: int,
         headers: dict[str, str] | None,
-        openai: tuple[int, OpenAIErrorBody],
+        openai: Callable[[], tuple[int, OpenAIErrorBody]],
     ) -> None:
         super().__init__(body, status_code=status, headers=headers)
         self.openai = openai
@@ -211,7 +213,7 @@ class ErrorResponse(FastJSONResponse):
         if not _openai_request(scope):
             await super().__call__(scope, receive, send)
             return
-        status, body = self.openai
+        status, body = self.openai()
         await FastJSONResponse(body.model_dump(), status, self.given_headers)(scope, receive, send)
 
 
@@ -263,7 +265,7 @@ def error_response(
     body = {"error": {"type": type_, "message": message, **(details or {})}}
     if status in NOT_RETRIED and "Retry-After" not in (headers or {}):
         headers = {**NO_RETRY, **(headers or {})}
-    openai = _as_openai(status, type_, message, param, code, details)
+    openai = partial(_as_openai, status, type_, message, param, code, details)
     return ErrorResponse(body, status, headers, openai)
 
 

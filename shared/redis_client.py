@@ -432,12 +432,11 @@ def credentials_checked() -> Iterator[None]:
     process's commands are left out: a password rotated under it is waited out."""
     try:
         yield
-    except AuthenticationError as exc:
-        raise CredentialsRefused(f"Redis refused CONVEYOR_REDIS_URL's credentials: {exc}") from exc
-    except RedisClusterException as exc:  # a cluster's nodes refusing them, its layout unread
-        if not isinstance(exc.__cause__, AuthenticationError):
+    except (AuthenticationError, RedisClusterException) as exc:
+        # a cluster's nodes refusing them come as its layout unread, the refusal its cause
+        refused = exc if isinstance(exc, AuthenticationError) else exc.__cause__
+        if not isinstance(refused, AuthenticationError):
             raise
-        refused = exc.__cause__
         raise CredentialsRefused(
             f"Redis refused CONVEYOR_REDIS_URL's credentials: {refused}"
         ) from exc
