@@ -20,6 +20,7 @@ from shared.batch_api_store import file_size_field
 from shared.codec import dumps
 from shared.job_states import JobStatus
 from shared.model_repository import ModelConfig
+from tests.conftest import until_async
 from tests.test_files_api import KEYS, _key, _producer
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
@@ -76,8 +77,14 @@ async def ended(
         assert created.status_code == 202, created.text
         batch_id = created.json()["id"]
         await _run_items(aredis)
-        view = await client.get(f"/v1/batches/{batch_id}")
-        assert view.json()["status"] == "completed", view.text
+
+        async def completed() -> bool:
+            """Its end committed: a read while the producer's sweeper finalizes it (this read
+            waits for no other finalizer) says `finalizing`."""
+            view = await client.get(f"/v1/batches/{batch_id}")
+            return bool(view.json()["status"] == "completed")
+
+        await until_async(completed, timeout=30, every=0.05)
         yield client, batch_id
 
 
