@@ -12,9 +12,21 @@ import pytest
 
 from conveyor.stack import Stack
 from tests.conftest import issue_key
-from tests.test_console import admin_key, browser, console_stack, pytestmark  # noqa: F401
+from tests.test_console import browser, pytestmark  # noqa: F401
 
 ADMIN_PAGES = ("/console/dead-letters", "/console/routes")
+
+
+@pytest.fixture(scope="module")
+def console_stack(auth_stack: Stack) -> Stack:
+    """The session's pipeline with API keys enforced: these pages need no model of their own
+    (test_console.py's stack, with its models and workers, would be a second one to start)."""
+    return auth_stack
+
+
+@pytest.fixture(scope="module")
+def admin_key(console_stack: Stack) -> str:
+    return issue_key(console_stack.redis_url, "ops", "admin")
 
 
 @pytest.fixture
@@ -36,8 +48,8 @@ def _nav(tab: Any) -> list[str]:
 
 
 def test_a_read_only_key_is_not_offered_the_admin_pages(
-    console_stack: Stack,  # noqa: F811
-    admin_key: str,  # noqa: F811
+    console_stack: Stack,
+    admin_key: str,
     tab: Any,
 ) -> None:
     """The nav linked every key to Dead letters and Routes, which answer a read key a JSON 403."""
@@ -52,8 +64,8 @@ def test_a_read_only_key_is_not_offered_the_admin_pages(
 
 
 def test_a_lapsed_login_form_shows_itself_again_and_logs_in(
-    console_stack: Stack,  # noqa: F811
-    admin_key: str,  # noqa: F811
+    console_stack: Stack,
+    admin_key: str,
     tab: Any,
 ) -> None:
     """The pre-login cookie lasts 10 minutes: a form submitted after it lapsed (the browser
@@ -69,8 +81,8 @@ def test_a_lapsed_login_form_shows_itself_again_and_logs_in(
 
 
 def test_a_page_whose_session_ended_elsewhere_goes_to_the_login_page(
-    console_stack: Stack,  # noqa: F811
-    admin_key: str,  # noqa: F811
+    console_stack: Stack,
+    admin_key: str,
     tab: Any,
 ) -> None:
     """Its feed ends with the session and the reconnect is sent to the login page, which
