@@ -58,7 +58,39 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) ->
         CONVEYOR_WEBHOOK_ALLOWLIST=f"{receiver.base}/",
         CONVEYOR_WEBHOOK_SECRET="whsec-faults",
     ) as stack:
-        yield stack
+        _stacks.append(stack)
+        try:
+            yield stack
+        finally:
+            _stacks.remove(stack)
+
+
+# The faulty worker that tests in a row share (`shared_worker`): a start is seconds of one
+# process importing. Only tests that ask for it ever see it running.
+SHARED = "shared"
+_stacks: list[Stack] = []  # the module's stack, once it runs
+
+
+@pytest.fixture(autouse=True)
+def _shared_worker_only_where_asked(request: pytest.FixtureRequest) -> None:
+    """Stops the shared worker before a test that does not ask for it: its workers, and only
+    they, read the lanes."""
+    if "shared_worker" not in request.fixturenames:
+        for stack in _stacks:
+            if SHARED in stack.processes:
+                stack.stop_process(SHARED)
+
+
+@pytest.fixture
+def shared_worker(fault_stack: Stack) -> int:
+    """The pid of a faulty worker started by the first of the tests in a row that ask for it,
+    and kept for the next (one that exited meanwhile is replaced: each test asserts its own
+    worker lives on); stopped before the first test after them that does not ask for it."""
+    if SHARED in fault_stack.processes and fault_stack.processes[SHARED].poll() is not None:
+        fault_stack.stop_process(SHARED)
+    if SHARED not in fault_stack.processes:
+        fault_stack.start_worker("faulty", name=SHARED)
+    return fault_stack.processes[SHARED].pid
 
 
 @pytest.fixture
@@ -269,49 +301,6 @@ def test_crashing_entry_is_dead_lettered_then_replayed(
     assert r.xlen(KEYS.dlq("faulty", "default")) == 0
 
 
-def test_redis_restart_under_load_answers_503_and_loses_nothing(
-    fault_stack: Stack, r: redis.Redis
-) -> None:
-    fault_stack.start_worker("faulty", name="steady")
-    accepted: list[str] = []
-    statuses: list[int] = []
-    stop = threading.Event()
-
-    def load() -> None:
-        with httpx.Client(base_url=fault_stack.base_url, timeout=30) as client:
-            n = 0
-            while not stop.is_set():
-                response = client.post("/v1/jobs", json=_faulty({"n": n, "sleep_ms": 5}))
-                statuses.append(response.status_code)
-                if response.status_code == 202:
-                    accepted.append(response.json()["id"])
-                else:
-                    assert response.headers.get("Retry-After"), response.text
-                n += 1
-                time.sleep(0.01)
-
-    loader = threading.Thread(target=load)
-    loader.start()
-    try:
-        until(lambda: len(accepted) >= 50)  # under load
-        fault_stack.restart_valkey(down_s=2.0)
-        served_before = len(accepted)
-        until(lambda: len(accepted) >= served_before + 50)  # and under load again after
-    finally:
-        stop.set()
-        loader.join()
-    try:
-        assert 503 in statuses and 500 not in statuses
-        assert set(statuses) <= {202, 503}
-        assert statuses[-1] == 202
-        jobs = _wait_terminal(r, accepted)
-        assert [j["status"] for j in jobs] == ["succeeded"] * len(accepted)
-        ready = httpx.get(f"{fault_stack.base_url}/readyz")
-        assert ready.status_code == 200
-    finally:
-        fault_stack.stop_process("steady")
-
-
 def test_a_worker_whose_consumer_dies_exits_to_be_restarted(
     fault_stack: Stack, r: redis.Redis
 ) -> None:
@@ -355,14 +344,51 @@ def test_a_worker_past_its_memory_ceiling_drains_and_exits_to_be_restarted(
     assert "passed CONVEYOR_WORKER_MAX_MEMORY_MB=300" in log
 
 
-def test_an_output_json_cannot_hold_fails_alone(fault_stack: Stack, r: redis.Redis) -> None:
-    fault_stack.start_worker("faulty", name="odd-outputs")
+def test_redis_restart_under_load_answers_503_and_loses_nothing(
+    fault_stack: Stack, r: redis.Redis, shared_worker: int
+) -> None:
+    accepted: list[str] = []
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=fault_stack.base_url, timeout=30) as client:
+            n = 0
+            while not stop.is_set():
+                response = client.post("/v1/jobs", json=_faulty({"n": n, "sleep_ms": 5}))
+                statuses.append(response.status_code)
+                if response.status_code == 202:
+                    accepted.append(response.json()["id"])
+                else:
+                    assert response.headers.get("Retry-After"), response.text
+                n += 1
+                time.sleep(0.01)
+
+    loader = threading.Thread(target=load)
+    loader.start()
     try:
-        bodies = [_faulty({"n": i, "output": "bytes" if i == 3 else None}) for i in range(8)]
-        ids = asyncio.run(_submit_many(fault_stack.base_url, bodies, rate=1000))
-        jobs = _wait_terminal(r, ids, timeout=60)
+        until(lambda: len(accepted) >= 50)  # under load
+        fault_stack.restart_valkey(down_s=2.0)
+        served_before = len(accepted)
+        until(lambda: len(accepted) >= served_before + 50)  # and under load again after
     finally:
-        fault_stack.stop_process("odd-outputs")
+        stop.set()
+        loader.join()
+    assert 503 in statuses and 500 not in statuses
+    assert set(statuses) <= {202, 503}
+    assert statuses[-1] == 202
+    jobs = _wait_terminal(r, accepted)
+    assert [j["status"] for j in jobs] == ["succeeded"] * len(accepted)
+    ready = httpx.get(f"{fault_stack.base_url}/readyz")
+    assert ready.status_code == 200
+
+
+def test_an_output_json_cannot_hold_fails_alone(
+    fault_stack: Stack, r: redis.Redis, shared_worker: int
+) -> None:
+    bodies = [_faulty({"n": i, "output": "bytes" if i == 3 else None}) for i in range(8)]
+    ids = asyncio.run(_submit_many(fault_stack.base_url, bodies, rate=1000))
+    jobs = _wait_terminal(r, ids, timeout=60)
     assert [job["status"] for job in jobs] == ["succeeded"] * 3 + ["failed"] + ["succeeded"] * 4
     assert json.loads(jobs[3]["error"])["type"] == "InvalidOutput"
 
@@ -421,11 +447,12 @@ def test_a_redis_refusing_writes_is_a_503_and_a_worker_holds_its_results(
     r: redis.Redis,
     refusing: Callable[[redis.Redis], AbstractContextManager[None]],
     message: str,
+    shared_worker: int,
 ) -> None:
     """At its maxmemory (noeviction), unable to persist, or short of replicas, Redis refuses
     writes: a submit was a 500, and the worker's write-back stopped its consumer. Now the submit
     is a 503 to retry, and the worker keeps the result in hand until Redis takes it."""
-    pid = fault_stack.start_worker("faulty", name="refused")
+    pid = shared_worker
     running = _faulty({"n": 1, "sleep_ms": 1500})
     job_id = httpx.post(f"{fault_stack.base_url}/v1/jobs", json=running).json()["id"]
     until(lambda: _job(r, job_id).get("status") == "running", 30)  # marked after 0.1 s
@@ -436,21 +463,18 @@ def test_a_redis_refusing_writes_is_a_503_and_a_worker_holds_its_results(
     assert refused.status_code == 503, refused.text
     assert refused.headers["retry-after"] == "5"
     assert refused.json()["error"] == {"type": "unavailable", "message": message}
-    try:
-        assert _wait_terminal(r, [job_id], timeout=30)[0]["status"] == "succeeded"
-        assert psutil.Process(pid).is_running()  # the same worker wrote it
-    finally:
-        fault_stack.stop_process("refused")
+    assert _wait_terminal(r, [job_id], timeout=30)[0]["status"] == "succeeded"
+    assert psutil.Process(pid).is_running()  # the same worker wrote it
 
 
 def test_a_micro_batch_longer_than_the_visibility_timeout_runs_once(
-    fault_stack: Stack, r: redis.Redis
+    fault_stack: Stack, r: redis.Redis, shared_worker: int
 ) -> None:
     """A batch loop never re-claimed its entries (only a generate loop did): a micro-batch that
     ran past `visibility_timeout_s` (faulty's: 2 s) was reclaimed by the other worker and run
     again, and its record gained a false `crashed` attempt."""
-    names = [f"patient-{n}" for n in range(2)]
-    pids = _start_workers(fault_stack, *names)
+    names = ["patient"]  # and the shared worker: two
+    pids = [shared_worker, *_start_workers(fault_stack, *names)]
     try:
         body = _faulty({"n": 1, "sleep_ms": 5000})
         job_id = httpx.post(f"{fault_stack.base_url}/v1/jobs", json=body).json()["id"]
@@ -609,7 +633,8 @@ async def test_retry_after_counts_this_seconds_drain(aredis: aioredis.Redis) -> 
 
 
 def test_sigterm_drains_the_batch_in_hand(fault_stack: Stack, r: redis.Redis) -> None:
-    bodies = [_faulty({"n": i, "sleep_ms": 500}) for i in range(320)]
+    # five micro-batches: the one in hand when the stop comes, and more that stay queued
+    bodies = [_faulty({"n": i, "sleep_ms": 500}) for i in range(160)]
     # The worker starts while the jobs go in, and is stopped once it holds a micro-batch (its
     # first read may find one job come in): what it runs before the stop does not grow with
     # how long the submits take.
@@ -627,7 +652,7 @@ def test_sigterm_drains_the_batch_in_hand(fault_stack: Stack, r: redis.Redis) ->
     assert r.xpending_range(STREAM, "workers", "-", "+", 100, consumer) == []
     statuses = [job["status"] for job in _jobs(r, ids)]
     assert "running" not in statuses and "succeeded" in statuses and "queued" in statuses
-    finishers = ["finisher-1", "finisher-2"]  # two: the rest is ~4 s of work for one
+    finishers = ["finisher-1", "finisher-2"]  # two: the rest is ~2 s of work for one
     _start_workers(fault_stack, *finishers)
     try:
         assert {j["status"] for j in _wait_terminal(r, ids)} == {"succeeded"}

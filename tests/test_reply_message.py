@@ -150,6 +150,9 @@ async def test_another_producers_channel_left_idle_is_unsubscribed_and_heard_aga
     `IDLE_S` with no waiter on its partition is left (this producer's own never are), and one
     followed again is heard again, the read before it done again."""
     monkeypatch.setattr(reply_listener, "IDLE_S", 0.2)
+    # a sweep is looked for each time a read of the subscription returns (QUIET_S / 5): each
+    # 0.2 s here, not each second
+    monkeypatch.setattr(reply_listener, "QUIET_S", 1.0)
     client = connect(redis_url)
     keys = Keys()
     listener = ReplyListener(client, keys, "p1", JobStore(client, keys, 60))
@@ -211,12 +214,15 @@ class _SilentProxy:
 
 
 async def test_a_silent_subscription_is_noticed_and_what_it_missed_found(
-    redis_url: str, aredis: aioredis.Redis
+    redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A node whose host vanished without closing its sockets left the listener reading its
     connection forever: replies published elsewhere (a promoted replica) went unheard and every
     waiter sat out its whole wait. Now silence through a PING drops the connection: the
     listener reconnects and reads what it waits for."""
+    # a quiet period of 1 s, not 5 (it is sat out twice: before the PING and after it); the
+    # wait below stays bounded by the default's
+    monkeypatch.setattr(reply_listener, "QUIET_S", 1.0)
     proxy = _SilentProxy(redis_url)
     server = await proxy.start()
     client = connect(f"redis://127.0.0.1:{proxy.port}/0", timeout_s=1)
