@@ -149,14 +149,21 @@ async def cluster_client(cluster: LocalCluster) -> AsyncIterator[RedisClient]:
 
 @contextmanager
 def running_stack(
-    folder: Path, valkey_config: dict[str, str] | None = None, **env: str
+    folder: Path,
+    valkey_config: dict[str, str] | None = None,
+    workers: tuple[str, ...] = (),
+    **env: str,
 ) -> Iterator[Stack]:
     """Its own embedded Valkey and a producer on a free port, with `env` set for every process
-    it starts; stopped (workers included) on the way out."""
+    it starts, and `workers` (models as `start_worker` takes them) ready; stopped (workers
+    included) on the way out. The workers start beside the producer: each start is mostly one
+    process importing, seconds a test would otherwise wait twice."""
     pipeline = Stack.create(folder, valkey_config=valkey_config)
     pipeline.env.update(env)
     try:
+        names = [pipeline.spawn_worker(models) for models in workers]
         pipeline.start_producer(free_port())
+        pipeline.wait_ready(*names)
         yield pipeline
     finally:
         pipeline.stop()

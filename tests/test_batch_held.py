@@ -220,9 +220,11 @@ def test_a_held_batch_runs_through_a_real_worker_in_line_order(tmp_path: Path) -
         json.dumps({"custom_id": f"c{n}", "body": {"inputs": {"n": n}}}) + "\n" for n in numbers
     )
     with running_stack(
-        tmp_path / "stack", CONVEYOR_MODEL_REPOSITORY=str(root.parent), CONVEYOR_AUTH="disabled"
+        tmp_path / "stack",
+        CONVEYOR_MODEL_REPOSITORY=str(root.parent),
+        CONVEYOR_AUTH="disabled",
+        workers=("tight",),
     ) as stack:
-        stack.start_worker("tight")
         created = test_batches._create(stack.base_url, lines, model="tight")
         assert created["request_counts"]["total"] == LINES_END_TO_END
         batch = test_batches._wait_ended(stack.base_url, created["id"], timeout=120)

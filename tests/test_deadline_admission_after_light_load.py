@@ -26,16 +26,18 @@ TTL_S = 4.0  # the second burst's last job starts ~3 s after its submit
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     """A stack of its own, so that no earlier load has measured `steady`'s capacity."""
-    with running_stack(
-        tmp_path_factory.mktemp("light-load"),
-        CONVEYOR_AUTH="disabled",
-        CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
-        PYTHONPATH=str(REPO_ROOT),  # the fault engine lives in tests/
-        CONVEYOR_BLOCK_MS="100",
-    ) as stack:
-        stack.start_worker("steady")
-        with httpx.Client(base_url=stack.base_url, timeout=30) as client:
-            yield client
+    with (
+        running_stack(
+            tmp_path_factory.mktemp("light-load"),
+            CONVEYOR_AUTH="disabled",
+            CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
+            PYTHONPATH=str(REPO_ROOT),  # the fault engine lives in tests/
+            CONVEYOR_BLOCK_MS="100",
+            workers=("steady",),
+        ) as stack,
+        httpx.Client(base_url=stack.base_url, timeout=30) as client,
+    ):
+        yield client
 
 
 def _job(**extra: Any) -> dict[str, Any]:

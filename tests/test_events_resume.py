@@ -43,8 +43,13 @@ def idle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     folder = tmp_path_factory.mktemp("paced")
     repository = str(FIXTURES / "paced_repository")
-    with running_stack(folder, CONVEYOR_MODEL_REPOSITORY=repository, **OPEN) as stack:
-        stack.start_worker("paced", PYTHONPATH=str(REPO_ROOT))
+    with running_stack(
+        folder,
+        CONVEYOR_MODEL_REPOSITORY=repository,
+        PYTHONPATH=str(REPO_ROOT),  # the engine lives in tests/
+        workers=("paced",),
+        **OPEN,
+    ) as stack:
         yield stack
 
 

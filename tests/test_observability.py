@@ -165,8 +165,12 @@ def test_a_worker_logs_at_conveyor_log_level_not_celerys(tmp_path: Path) -> None
     """CONVEYOR_LOG_LEVEL=WARNING leaves out the worker's per-micro-batch lines, although its
     command line says `--loglevel=INFO`, as `conveyor.stack`'s does (Celery used to set the
     root logger to that; the manifests no longer pass one)."""
-    with running_stack(tmp_path, CONVEYOR_AUTH="disabled", CONVEYOR_LOG_LEVEL="WARNING") as quiet:
-        quiet.start_worker("identity:default")
+    with running_stack(
+        tmp_path,
+        CONVEYOR_AUTH="disabled",
+        CONVEYOR_LOG_LEVEL="WARNING",
+        workers=("identity:default",),
+    ) as quiet:
         url = f"{quiet.base_url}/v1/models/identity/predict"
         for n in range(3):
             response = httpx.post(url, json={"inputs": {"n": n}}, timeout=30)

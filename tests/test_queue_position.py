@@ -75,9 +75,9 @@ def queue_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         CONVEYOR_MODEL_REPOSITORY=str(_repository(tmp_path_factory.mktemp("queue") / "models")),
         PYTHONPATH=str(REPO_ROOT),  # the fault engine lives in tests/
         CONVEYOR_BLOCK_MS="100",  # a worker notices a stop once its read's block ends
+        workers=("steady",),
     ) as stack:
         stack.spawn_worker("brief")
-        stack.start_worker("steady")
         yield stack
 
 

@@ -25,8 +25,9 @@ JOBS = 40
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A worker no other test's jobs have measured before."""
-    with running_stack(tmp_path_factory.mktemp("cost"), CONVEYOR_AUTH="disabled") as stack:
-        stack.start_worker("identity:default")
+    with running_stack(
+        tmp_path_factory.mktemp("cost"), CONVEYOR_AUTH="disabled", workers=("identity:default",)
+    ) as stack:
         yield stack
 
 

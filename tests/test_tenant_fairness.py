@@ -34,7 +34,11 @@ CAP = 4
 BOUND_MS = 1250
 FLOOD_S = 6.0
 QUIET_EVERY_S = 0.4
-MAX_FLOOD = 160  # ten seconds of work for the worker
+MAX_FLOOD = 160  # ten seconds of work for the worker (the capped flood stays under it)
+# The control's flood: five seconds of work, drained by about when the quiet tenant stops
+# (FLOOD_S); a quiet job behind the backlog it stands at waits seconds, well past BOUND_MS.
+# MAX_FLOOD's ten seconds only lengthened the drain the test then sat out.
+CONTROL_FLOOD = 80
 NO_LIMITS = {"rate_per_s": 100_000.0, "burst": 100_000}
 
 
@@ -46,8 +50,8 @@ def fair_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         CONVEYOR_AUTH="enabled",
         CONVEYOR_MODEL_REPOSITORY=str(FIXTURES),
         PYTHONPATH=str(REPO_ROOT),  # the fault engine lives in tests/
+        workers=("slow",),
     ) as stack:
-        stack.start_worker("slow")
         yield stack
 
 
@@ -55,10 +59,12 @@ def _job(model: str = "slow", sleep_ms: int = BATCH_MS) -> dict[str, Any]:
     return {"model": model, "inputs": {"sleep_ms": sleep_ms}}
 
 
-async def _flood(client: httpx.AsyncClient, key: str, until: float, admitted: list[str]) -> None:
+async def _flood(
+    client: httpx.AsyncClient, key: str, until: float, admitted: list[str], most: int
+) -> None:
     """A misbehaving client: submits as fast as it can and retries 429s almost at once, until
-    `until` or until MAX_FLOOD jobs are in (which bounds how long the control takes to drain)."""
-    while time.monotonic() < until and len(admitted) < MAX_FLOOD:
+    `until` or until `most` jobs are in (which bounds how long the control takes to drain)."""
+    while time.monotonic() < until and len(admitted) < most:
         response = await client.post("/v1/jobs", json=_job(), headers={"X-API-Key": key})
         if response.status_code == 202:
             admitted.append(response.json()["id"])
@@ -104,13 +110,16 @@ def _p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
-async def _scenario(base_url: str, flooder: str, quiet: str) -> tuple[int, list[float]]:
-    """Run the flood and the quiet tenant side by side; the flood's count and quiet waits."""
+async def _scenario(
+    base_url: str, flooder: str, quiet: str, most: int = MAX_FLOOD
+) -> tuple[int, list[float]]:
+    """Run the flood (up to `most` jobs) and the quiet tenant side by side; the flood's count
+    and quiet waits."""
     limits = httpx.Limits(max_connections=64)
     async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as client:
         until = time.monotonic() + FLOOD_S
         admitted: list[str] = []
-        floods = [_flood(client, flooder, until, admitted) for _ in range(8)]
+        floods = [_flood(client, flooder, until, admitted, most) for _ in range(8)]
         quiet_ids = asyncio.ensure_future(_quiet(client, quiet, until))
         await asyncio.gather(quiet_ids, *floods)
         return len(admitted), await _queue_waits(client, quiet, quiet_ids.result())
@@ -123,7 +132,9 @@ def test_a_flooding_tenant_leaves_the_other_within_the_bound(fair_stack: Stack) 
     uncapped = issue_key(url, "flood", "submit", "read", max_in_flight=1_000_000, **NO_LIMITS)
 
     flooded, fair = asyncio.run(_scenario(fair_stack.base_url, capped, quiet))
-    unfair_flood, unfair = asyncio.run(_scenario(fair_stack.base_url, uncapped, quiet))
+    unfair_flood, unfair = asyncio.run(
+        _scenario(fair_stack.base_url, uncapped, quiet, CONTROL_FLOOD)
+    )
 
     report = (
         f"capped flood ({flooded} jobs admitted): quiet p99 {_p99(fair):.0f} ms, second worst"
@@ -177,7 +188,10 @@ async def _flood_then_quiet(
 
 
 def test_fair_queuing_lets_a_quiet_tenant_overtake_a_flood(fair_stack: Stack) -> None:
+    if "budgeted" not in fair_stack.processes:  # the next test's, started beside this one's
+        fair_stack.spawn_worker("budgeted")
     serve(fair_stack, "fair")
+    serve(fair_stack, "budgeted")  # ready, and idle, before either scenario begins
     url = fair_stack.redis_url
     quiet = issue_key(url, "quiet", "submit", "read", max_in_flight=1_000, **NO_LIMITS)
     flooder = issue_key(url, "flood", "submit", "read", max_in_flight=1_000_000, **NO_LIMITS)

@@ -71,8 +71,9 @@ def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         CONVEYOR_AUTH="disabled",
         CONVEYOR_MODEL_REPOSITORY=PACED,
         CONVEYOR_TOKEN_STREAM_TTL_S=str(TOKEN_TTL_S),
+        PYTHONPATH=str(REPO_ROOT),  # the engine lives in tests/
+        workers=("paced",),
     ) as stack:
-        stack.start_worker("paced", PYTHONPATH=str(REPO_ROOT))  # the engine lives in tests/
         yield stack
 
 

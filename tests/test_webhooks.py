@@ -55,8 +55,8 @@ def hook_stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> 
         CONVEYOR_AUTH="disabled",
         CONVEYOR_WEBHOOK_SECRET=SECRET,
         CONVEYOR_WEBHOOK_ALLOWLIST=f"{receiver.base}/hooks/",
+        workers=("identity:default",),
     ) as stack:
-        stack.start_worker("identity:default")
         yield stack
 
 
