@@ -3,6 +3,7 @@ where it hung; a test that ends in time, or has no time limit, is left alone."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,15 +33,22 @@ MARKED = SWALLOWS_TEMPLATE.format(mark="@pytest.mark.timeout(1)")
 
 def _pytest(tmp_path: Path, source: str, *options: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_guarded.py").write_text(source)
-    command = [sys.executable, "-m", "pytest", "-p", "tests.hang_guard", "-p", "no:cacheprovider"]
-    command += ["-o", "hang_guard_grace_s=2", *options, "--rootdir", str(tmp_path), str(tmp_path)]
+    # Only the plugins the guard works with: pytest-timeout, whose limit it reads, and itself
+    # (the installed ones besides, schemathesis and hypothesis among them, took seconds to load)
+    command = [sys.executable, "-m", "pytest", "-p", "pytest_timeout", "-p", "tests.hang_guard"]
+    command += ["-p", "no:cacheprovider", "-o", "hang_guard_grace_s=1", *options]
+    command += ["--rootdir", str(tmp_path), str(tmp_path)]
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     # `timeout` bounds this test only if the guard is broken
-    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def _ended_where_it_hung(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 1
-    assert "Timeout (0:00:03)!" in result.stderr  # the mark's or --timeout's 1 s, plus 2
+    # the mark's or --timeout's 1 s, plus the grace's 1
+    assert "Timeout (0:00:02)!" in result.stderr
     assert "in test_swallows_its_timeout" in result.stderr
     assert "test_after" not in result.stdout + result.stderr  # the run ended there
 
@@ -60,7 +68,8 @@ def test_a_test_that_ends_in_time_is_left_alone(tmp_path: Path) -> None:
 
 
 def test_a_test_with_no_time_limit_is_left_alone(tmp_path: Path) -> None:
-    source = "import time\n\n\ndef test_slow():\n    time.sleep(4)\n"
+    # 2 s past where the guard would end it with the grace (1 s) as its limit
+    source = "import time\n\n\ndef test_slow():\n    time.sleep(3)\n"
     result = _pytest(tmp_path, source, "-o", "timeout=0")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout and "Timeout" not in result.stderr

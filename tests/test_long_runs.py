@@ -54,7 +54,7 @@ def _repository(root: Path, **models: dict[str, Any]) -> Path:
 
 @pytest.fixture(scope="module")
 def long_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    wedged = {"queue": {"max_run_s": 2}}
+    wedged = {"queue": {"max_run_s": 1}}  # the shortest there is (MIN_RUN_CEILING_S)
     models = _repository(
         tmp_path_factory.mktemp("models"),
         faulty={},
@@ -66,10 +66,10 @@ def long_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         CONVEYOR_MODEL_REPOSITORY=str(models),
         PYTHONPATH=str(REPO_ROOT),  # the custom backend lives in tests/
         CONVEYOR_AUTH="disabled",
-        # a hung worker's exit is forced 6 s after, not 50 (the defaults: a grace of 30 s, then
+        # a hung worker's exit is forced 2 s after, not 50 (the defaults: a grace of 30 s, then
         # 20 s for Celery's exit)
         CONVEYOR_SHUTDOWN_GRACE_S="1",
-        CONVEYOR_FORCED_EXIT_MARGIN_S="5",
+        CONVEYOR_FORCED_EXIT_MARGIN_S="1",
     ) as stack:
         yield stack
 
@@ -190,9 +190,9 @@ def _settled(r: redis.Redis, job_id: str) -> list[dict[str, Any]] | None:
 def test_a_micro_batch_past_max_run_s_is_handed_back(long_stack: Stack, r: redis.Redis) -> None:
     """An engine call that never returns (a wedged kernel, a deadlocked library) kept its jobs
     running for as long as the worker lived: it re-claimed them every third of the visibility
-    timeout. Past `max_run_s` (2 s here) it stops, and the other worker takes the job over; a
+    timeout. Past `max_run_s` (1 s here) it stops, and the other worker takes the job over; a
     staged engine's pipeline alike. Both models run side by side: each hung worker's exit is
-    forced only ~6 s on (grace and CONVEYOR_FORCED_EXIT_MARGIN_S), and they sit those out
+    forced only ~2 s on (grace and CONVEYOR_FORCED_EXIT_MARGIN_S), and they sit those out
     together."""
     models = ("wedged", "staged")
     names = {model: [f"{model}-{n}" for n in range(2)] for model in models}
