@@ -240,8 +240,10 @@ def windowed(stack: Stack, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]
     (tmp_path / "windowed" / "config.yaml").write_text(yaml.safe_dump(config))
     env = {"CONVEYOR_MODEL_REPOSITORY": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
     try:
+        # side by side: the worker loads its engine while the producer starts
+        stack.spawn_worker("windowed:default", "windowed-default", **env)
         url = stack.start_producer(free_port(), "windowed-producer", **env)
-        stack.start_worker("windowed:default", "windowed-default", **env)
+        stack.wait_ready("windowed-default")
         yield url, env
     finally:
         stack.stop_processes([name for name in WINDOWED_WORKERS if name in stack.processes])

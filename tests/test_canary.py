@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -39,7 +40,10 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Stack]:
+def pipeline(
+    tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
+) -> Iterator[tuple[Stack, str]]:
+    """The stack, and the URL of its second producer (see `producers`)."""
     with running_stack(
         tmp_path_factory.mktemp("canary-stack"),
         CONVEYOR_MODEL_REPOSITORY=str(TRAFFIC),
@@ -47,11 +51,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Itera
         CONVEYOR_AUTH="disabled",  # rollouts, not keys, are under test (test_routes has scopes)
         CONVEYOR_WEBHOOK_SECRET=SECRET,
         CONVEYOR_WEBHOOK_ALLOWLIST=receiver.base,
-    ) as pipeline:
-        pipeline.start_worker("ab", name="ab-worker")
+    ) as running:
+        # the worker loads while the second producer starts, not before it
+        running.spawn_worker("ab", name="ab-worker")
         no_shadows = {"weights": {"stable": 100}, "shadows": {}}  # half the load on 2 cores
-        assert httpx.put(f"{pipeline.base_url}/v1/models/ab/routes", json=no_shadows).is_success
-        yield pipeline
+        assert httpx.put(f"{running.base_url}/v1/models/ab/routes", json=no_shadows).is_success
+        producer_b = running.start_producer(free_port(), name="producer-b")
+        running.wait_ready("ab-worker")
+        yield running, producer_b
+
+
+@pytest.fixture(scope="module")
+def stack(pipeline: tuple[Stack, str]) -> Stack:
+    return pipeline[0]
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +72,10 @@ def url(stack: Stack) -> str:
 
 
 @pytest.fixture(scope="module")
-def producers(stack: Stack, url: str) -> list[str]:
-    """A second producer competes for the traffic lease: one leader decides, never both."""
-    return [url, stack.start_producer(free_port(), name="producer-b")]
+def producers(pipeline: tuple[Stack, str], url: str) -> list[str]:
+    """A second producer competes for the traffic lease: one leader decides, never both
+    (started with the stack, while its worker loads)."""
+    return [url, pipeline[1]]
 
 
 def _until_gauged(producers: list[str], variant: str, state: str, weight: float) -> None:
@@ -82,32 +95,46 @@ def _until_gauged(producers: list[str], variant: str, state: str, weight: float)
 
 
 class Load:
-    """Distinct jobs for `ab` from a background thread (about 100 a second, random users)
-    until the block ends, so the canary always has fresh traffic to judge."""
+    """Distinct jobs for `ab` from background threads (about 100 a second, random users)
+    until the block ends, so the canary always has fresh traffic to judge. Paced to the rate,
+    from a few threads at once: one alone, waiting on each answer, sent a loaded machine's
+    ~30 a second, and each step waited three times as long for its `min_requests`."""
+
+    RATE = 100.0  # jobs a second
+    SENDERS = 3  # requests in flight at most
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(self.SENDERS)]
+        self.numbers = itertools.count()
+        self.lock = threading.Lock()
+        self.began = 0.0
         self.sent = 0
 
     def run(self) -> None:
         with httpx.Client(base_url=self.url, timeout=30) as client:
-            for n in itertools.count():
-                if self.stop.wait(0.05):
+            while True:
+                with self.lock:
+                    n = next(self.numbers)
+                due = self.began + n / self.RATE  # behind it (a slow answer): at once
+                if self.stop.wait(max(0.0, due - time.monotonic())):
                     return
-                for i in range(5):
-                    job = {"model": "ab", "inputs": {"n": n * 5 + i, "salt": uuid.uuid4().hex}}
-                    client.post("/v1/jobs", json={**job, "routing_key": uuid.uuid4().hex})
+                job = {"model": "ab", "inputs": {"n": n, "salt": uuid.uuid4().hex}}
+                client.post("/v1/jobs", json={**job, "routing_key": uuid.uuid4().hex})
+                with self.lock:
                     self.sent += 1
 
     def __enter__(self) -> Load:
-        self.thread.start()
+        self.began = time.monotonic()
+        for thread in self.threads:
+            thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self.stop.set()
-        self.thread.join()
+        for thread in self.threads:
+            thread.join()
 
 
 def _start(url: str, **body: Any) -> httpx.Response:

@@ -772,22 +772,34 @@ def test_a_redis_outage_keeps_the_pools_as_they_are(tmp_path: Path) -> None:
     """A poll that found Redis gone raised out of the loop: the autoscaler died, and stopped
     every worker it had started on its way out. Now it says so and polls again. (An
     unreachable Redis at start is one clear error.)"""
-    refused = subprocess.run(
+    # the refused one starts (seconds of imports) side by side with the stack and the other
+    refused = subprocess.Popen(
         [*AUTOSCALE, "--state-dir", str(tmp_path / "refused")],
         env={
             **os.environ,
             "CONVEYOR_REDIS_URL": "redis://127.0.0.1:1/0",
             "CONVEYOR_MODEL_REPOSITORY": str(FIXTURES),
         },
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
     )
-    assert refused.returncode == 1 and "Error: cannot reach Redis at" in refused.stderr
-    mine = Stack.create(tmp_path / "stack")
+    try:
+        mine = Stack.create(tmp_path / "stack")
+    except BaseException:
+        refused.kill()
+        refused.communicate()
+        raise
     env = {**mine.env, "CONVEYOR_MODEL_REPOSITORY": str(FIXTURES)}
     process, lines = _autoscaler(env, tmp_path / "scaler", "0.2")
     try:
+        try:
+            _, refused_stderr = refused.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # as subprocess.run's timeout: killed, then raised
+            refused.kill()
+            refused.communicate()
+            raise
+        assert refused.returncode == 1 and "Error: cannot reach Redis at" in refused_stderr
         _wait_for(lines, "elastic:default replicas=0", timeout=60)
         mine.restart_valkey(down_s=1.0)
         _wait_for(lines, "elastic:default: redis unavailable (", timeout=30, prefix=True)
