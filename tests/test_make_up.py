@@ -12,16 +12,19 @@ import re
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from conveyor.local_stack import StackState
 from conveyor.stack import free_port
 from tests.conftest import issue_key
-from tests.up_process import CONVEYOR, conveyor_up
+from tests.up_process import CONVEYOR, Up, conveyor_up
 
 DEV_KEY_LINE = "Development API key (tenant dev, all scopes): "
+DEV_KEY = "dev-key-for-make-up-test"
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -44,21 +47,6 @@ def _printed_key(lines: list[str]) -> str:
     return next(line for line in lines if line.startswith(DEV_KEY_LINE))[
         len(DEV_KEY_LINE) :
     ].strip()
-
-
-def test_conveyor_up_serves_embeddings_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    dev_key = "dev-key-for-make-up-test"
-    with conveyor_up(tmp_path, "identity,minilm", _env(CONVEYOR_DEV_API_KEY=dev_key)) as up:
-        assert f"{DEV_KEY_LINE}{dev_key}\n" in up.lines
-        console = f"{up.url}/console"
-        assert any(line.startswith(f"Operator console: {console} ") for line in up.lines)
-        assert httpx.get(console).headers["location"] == "/console/login"
-        url = f"{up.url}/v1/models/minilm/predict"
-        body = {"inputs": {"texts": ["a queue in front of a model", "hello world"]}}
-        assert httpx.post(url, json=body, timeout=60).status_code == 401
-        response = httpx.post(url, json=body, headers={"X-API-Key": dev_key}, timeout=60)
-        assert response.status_code == 200, response.text
-        assert len(response.json()["outputs"]["embeddings"]) == 2
 
 
 def test_make_up_reuses_its_dev_key_and_the_cli_finds_its_redis(tmp_path: Path) -> None:
@@ -119,26 +107,55 @@ def test_conveyor_up_refuses_a_taken_port(tmp_path: Path) -> None:
     assert not (tmp_path / "valkey").exists()  # refused before starting anything
 
 
-def test_a_second_conveyor_up_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def embeddings_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Up, Path]]:
+    """One `conveyor up` serving identity and minilm, auth on with a chosen development key,
+    and its state dir, for the tests that need one running (its start, minilm's load included,
+    was most of each one's time). `conveyor_up` stops it with Ctrl-C once the module's tests
+    are done, asserting that it exits cleanly (status 0) there."""
+    state_dir = tmp_path_factory.mktemp("embeddings-up")
+    with conveyor_up(state_dir, "identity,minilm", _env(CONVEYOR_DEV_API_KEY=DEV_KEY)) as up:
+        yield up, state_dir
+
+
+def test_conveyor_up_serves_embeddings_and_stops_on_ctrl_c(
+    embeddings_up: tuple[Up, Path],
+) -> None:
+    up, _ = embeddings_up
+    assert f"{DEV_KEY_LINE}{DEV_KEY}\n" in up.lines
+    console = f"{up.url}/console"
+    assert any(line.startswith(f"Operator console: {console} ") for line in up.lines)
+    assert httpx.get(console).headers["location"] == "/console/login"
+    url = f"{up.url}/v1/models/minilm/predict"
+    body = {"inputs": {"texts": ["a queue in front of a model", "hello world"]}}
+    assert httpx.post(url, json=body, timeout=60).status_code == 401
+    response = httpx.post(url, json=body, headers={"X-API-Key": DEV_KEY}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["outputs"]["embeddings"]) == 2
+
+
+def test_a_second_conveyor_up_on_the_same_state_dir_is_refused(
+    embeddings_up: tuple[Up, Path],
+) -> None:
     """On another port it started a second Valkey on the first one's data directory, and took
     the first one's `stack.json` and logs."""
+    up, state_dir = embeddings_up  # the first one
     env = _env(CONVEYOR_AUTH="disabled")
-    with conveyor_up(tmp_path, "identity", env) as up:
-        command = [str(CONVEYOR), "up", "--models", "identity", "--port", str(free_port())]
-        second = subprocess.Popen(
-            [*command, "--state-dir", str(tmp_path)], env=env, stderr=subprocess.PIPE, text=True
-        )
-        try:
-            _, stderr = second.communicate(timeout=120)
-        finally:
-            if second.poll() is None:  # as Ctrl-C: a kill would orphan what it started
-                second.send_signal(signal.SIGINT)
-                second.wait(timeout=90)
-        assert second.returncode == 1
-        assert stderr.strip() == (
-            f"Error: another `conveyor up` uses the state dir {tmp_path}: stop it, or give this "
-            "one a state dir of its own with --state-dir or CONVEYOR_STATE_DIR"
-        )
-        state = StackState.read(tmp_path)
-        assert state is not None and state.producer_url == up.url
-        assert httpx.get(f"{up.url}/readyz", timeout=10).status_code == 200
+    command = [str(CONVEYOR), "up", "--models", "identity", "--port", str(free_port())]
+    second = subprocess.Popen(
+        [*command, "--state-dir", str(state_dir)], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _, stderr = second.communicate(timeout=120)
+    finally:
+        if second.poll() is None:  # as Ctrl-C: a kill would orphan what it started
+            second.send_signal(signal.SIGINT)
+            second.wait(timeout=90)
+    assert second.returncode == 1
+    assert stderr.strip() == (
+        f"Error: another `conveyor up` uses the state dir {state_dir}: stop it, or give this "
+        "one a state dir of its own with --state-dir or CONVEYOR_STATE_DIR"
+    )
+    state = StackState.read(state_dir)
+    assert state is not None and state.producer_url == up.url
+    assert httpx.get(f"{up.url}/readyz", timeout=10).status_code == 200

@@ -15,17 +15,24 @@ import pytest
 
 from conveyor.commands import up
 from conveyor.stack import Stack, free_port
-from conveyor.supervisor import Supervisor
 from tests.conftest import until
+from tests.test_supervisor import BackoffSkipped
 
 pytestmark = pytest.mark.slow
 NO_REDIS = "redis://127.0.0.1:1/0"  # a stack that never talks to Redis
 CRASH = "import sys; print('cannot start: data dir unreadable', flush=True); sys.exit(1)"
 ASLEEP = "import time; time.sleep(600)"
 # What the test waits at most for `_supervise` to return on its own: well past a crash loop
-# (0.5 + 1 + 2 + 4 s of backoff), after which a SIGTERM ends it as it ends `up`.
+# (0.5 + 1 + 2 + 4 s of backoff, skipped here: `BackoffSkipped`), after which a SIGTERM ends it
+# as it ends `up`.
 GIVE_UP_WITHIN_S = 60.0
 BAD_SETTING = {"CONVEYOR_PORT": "99999"}  # a producer that exits at once, naming it
+
+
+@pytest.fixture
+def backoff_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up._supervise` supervising with `BackoffSkipped`."""
+    monkeypatch.setattr(up, "Supervisor", BackoffSkipped)
 
 
 @pytest.fixture
@@ -62,7 +69,7 @@ def _supervised_until_it_returns(stack: Stack) -> list[str]:
 
 
 def test_up_stops_once_its_embedded_valkey_is_given_up_on(
-    stack: Stack, capsys: pytest.CaptureFixture[str]
+    stack: Stack, capsys: pytest.CaptureFixture[str], backoff_skipped: None
 ) -> None:
     stack.spawn("valkey", [sys.executable, "-c", CRASH], {})
     survivor = stack.spawn("survivor", [sys.executable, "-c", ASLEEP], {})
@@ -75,7 +82,7 @@ def test_up_stops_once_its_embedded_valkey_is_given_up_on(
 
 
 def test_up_stops_once_every_producer_is_given_up_on(
-    stack: Stack, capsys: pytest.CaptureFixture[str]
+    stack: Stack, capsys: pytest.CaptureFixture[str], backoff_skipped: None
 ) -> None:
     port = free_port()
     for name in ("producer-1", "producer-2"):
@@ -89,7 +96,7 @@ def test_one_producer_left_keeps_the_stack_serving(stack: Stack) -> None:
     port = free_port()
     stack.start_producer_process(port, "producer-1", "conveyor", **BAD_SETTING)
     stack.start_producer_process(port, "producer-2", "conveyor")
-    supervisor = Supervisor(stack, lambda _line: None)
+    supervisor = BackoffSkipped(stack, lambda _line: None)
 
     def given_up() -> bool:
         supervisor.check()

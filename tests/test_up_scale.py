@@ -359,7 +359,7 @@ def test_a_child_slower_than_the_start_timeout_says_so(stack: Stack, tmp_path: P
         "kind: generate\nbackend: tests.paced_engine:PacedEngine\nparameters: {load_ms: 600000}\n"
     )
     mine = Stack.create(tmp_path, stack.redis_url)  # the session's Redis; its own processes
-    mine.start_timeout_s = 2
+    mine.start_timeout_s = 1  # the worker never gets ready: how long is not the point
     try:
         with pytest.raises(ChildTooSlow) as slow:
             mine.start_worker(
@@ -372,7 +372,7 @@ def test_a_child_slower_than_the_start_timeout_says_so(stack: Stack, tmp_path: P
         mine.stop()
     message = str(slow.value)
     assert message.startswith(
-        f"slow was not ready after 2s (CONVEYOR_START_TIMEOUT_S); the end of {tmp_path}/slow.log"
+        f"slow was not ready after 1s (CONVEYOR_START_TIMEOUT_S); the end of {tmp_path}/slow.log"
     ), message
 
 
