@@ -87,29 +87,51 @@ def _env(venv: Path) -> dict[str, str]:
     }
 
 
-def _run(venv: Path, folder: Path, *command: str) -> str:
-    """Run a program of the venv from an empty folder (so the installed packages are imported,
-    not the checkout's); it must succeed."""
+def _start(venv: Path, folder: Path, *command: str) -> subprocess.Popen[str]:
+    """Start a program of the venv from an empty folder (so the installed packages are
+    imported, not the checkout's)."""
     program, *args = command
-    done = subprocess.run(
+    return subprocess.Popen(
         [str(venv / "bin" / program), *args],
         env=_env(venv),
         cwd=folder,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
     )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+
+
+def _succeeded(process: subprocess.Popen[str]) -> str:
+    """The program's output; it must succeed."""
+    try:
+        stdout, stderr = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    assert process.returncode == 0, stderr
+    return stdout
 
 
 def test_cli_help_and_imports(base_venv: Path, tmp_path: Path) -> None:
-    assert "up" in _run(base_venv, tmp_path, "conveyor", "--help").split("Commands:")[1]
-    _run(base_venv, tmp_path, "python", "-c", "import producer_api.app, workers.app")
+    """Each check is a fresh process of its own; they run side by side (one waited on after
+    the other, they took most of this test's time)."""
     # the OTLP exporters each protocol loads (shared/telemetry.py), imported when tracing starts
-    for protocol in ("grpc", "http"):
-        module = f"opentelemetry.exporter.otlp.proto.{protocol}.trace_exporter"
-        _run(base_venv, tmp_path, "python", "-c", f"import {module}")
+    exporters = [f"opentelemetry.exporter.otlp.proto.{p}.trace_exporter" for p in ("grpc", "http")]
+    commands = [
+        ("conveyor", "--help"),
+        ("python", "-c", "import producer_api.app, workers.app"),
+        *(("python", "-c", f"import {module}") for module in exporters),
+    ]
+    processes = [_start(base_venv, tmp_path, *command) for command in commands]
+    try:
+        outputs = [_succeeded(process) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert "up" in outputs[0].split("Commands:")[1]
 
 
 def test_conveyor_up_serves_identity(base_venv: Path, tmp_path: Path) -> None:

@@ -96,17 +96,22 @@ def test_top_k_1_or_min_p_1_samples_the_greedy_text_whatever_the_seed(
 
 
 def test_min_tokens_holds_the_end_of_sequence_off(llm: str, greedy: dict[str, Any]) -> None:
-    """Greedy, the text runs on past where the model ended it, to `min_tokens` at least."""
+    """Greedy, the text runs on past where the model ended it, to `min_tokens` at least. Its
+    `max_tokens` is `min_tokens` too: the tokens past those add nothing to what is shown (an
+    end held off still ends the job at `min_tokens`, one let through ends it before)."""
     stops_at = greedy["usage"]["completion_tokens"]
     least = stops_at + 8
-    outputs = job(llm, temperature=0, min_tokens=least)
+    outputs = job(llm, temperature=0, min_tokens=least, max_tokens=least)
     assert outputs["usage"]["completion_tokens"] >= least, (outputs, stops_at)
     assert outputs["text"].startswith(text_of(greedy)), outputs
 
 
 def test_ignore_eos_generates_to_max_tokens(llm: str, greedy: dict[str, Any]) -> None:
-    answer = chat(llm, temperature=0, ignore_eos=True)
-    assert answer["usage"]["completion_tokens"] == MAX_TOKENS, answer
+    """Greedy, past where the model ended it, to a `max_tokens` 8 beyond that (not MAX_TOKENS:
+    the tokens further on show nothing more)."""
+    past_the_end = greedy["usage"]["completion_tokens"] + 8
+    answer = chat(llm, temperature=0, ignore_eos=True, max_tokens=past_the_end)
+    assert answer["usage"]["completion_tokens"] == past_the_end, answer
     assert answer["choices"][0]["finish_reason"] == "length", answer
     assert text_of(answer).startswith(text_of(greedy)), answer
 
