@@ -23,7 +23,7 @@ from producer_api.console import router as console_router
 from producer_api.draining import Draining
 from producer_api.errors import install_error_handlers
 from producer_api.events.api_router import router as events_router
-from producer_api.events.serving import LAPSE_S
+from producer_api.events.serving import LAPSE_CHECKS
 from producer_api.experiments.api_router import router as experiments_router
 from producer_api.files.api_router import FILE_UPLOADS
 from producer_api.files.api_router import router as files_router
@@ -120,7 +120,7 @@ def build_state(settings: Settings, repository: ModelRepository | None = None) -
         api_keys=ApiKeyStore(hot, keys),
         rate_limiter=RateLimiter(hot, keys),
         in_flight=InFlightLimiter(hot, keys, ttl_s),
-        open_streams=StreamLimiter(client, keys, LAPSE_S),
+        open_streams=StreamLimiter(client, keys, LAPSE_CHECKS * settings.stream_recheck_s),
         idempotency=IdempotencyKeys(hot, keys, ttl_s),
         backpressure=Backpressure(hot, keys),
         queue_eta=QueueEta(client, QueuePositions(hot, keys), repository),

@@ -146,6 +146,14 @@ class Settings(BaseSettings):
     # Job-event streams (`GET /v1/jobs/{id}/events`) one key may hold open at once: each reads
     # Redis about once a second while its job is queued, and holds a socket on a producer.
     max_streams_per_key: int = Field(default=100, ge=1)
+    # How soon an open stream (job events, OpenAI) or console live feed notices that its API key
+    # was revoked or expired or its session ended: each looks again this often (a job-event
+    # stream's place among its key's streams is renewed then too).
+    stream_recheck_s: float = Field(default=5.0, gt=0, le=MAX_TIMEOUT_S)
+    # How long a streamed OpenAI request waits for its job's first event before its headers
+    # are sent (a failure by then is the request's 4xx, after it an error chunk); its
+    # keep-alive ping period too.
+    stream_first_event_s: float = Field(default=15.0, gt=0, le=MAX_TIMEOUT_S)
 
     # Signs the operator console's session cookies (producer_api/console/session.py); empty:
     # a random secret per process (sessions then end when the producer restarts, and each
@@ -184,6 +192,12 @@ class Settings(BaseSettings):
     # (CPython's default is 700).
     gc_freeze: bool = True
     gc_young_threshold: int = Field(default=10_000, ge=1, le=MAX_GC_THRESHOLD)
+    # A worker's heartbeat (shared/worker_registry.py): it beats every this many seconds, and its
+    # record expires this long after its last beat (whole seconds, an EXPIRE's): only then do the
+    # producer, the console and the autoscaler read a killed worker as gone. The TTL must exceed
+    # the period (`_heartbeat_ttl`), or a live worker's record lapsed between its beats.
+    worker_heartbeat_s: float = Field(default=2.0, gt=0, le=MAX_TIMEOUT_S)
+    worker_heartbeat_ttl_s: int = Field(default=10, ge=1, le=MAX_TTL_S)
     # 0 would be BLOCK 0: wait forever, and never notice a stop.
     block_ms: int = Field(default=1_000, ge=1, le=MAX_TIMEOUT_S * 1_000)
     shutdown_grace_s: float = Field(default=30.0, ge=0, le=MAX_TIMEOUT_S)
@@ -228,6 +242,19 @@ class Settings(BaseSettings):
         if cluster and url is not None and (database := parse_url(url).get("db", 0)):
             raise ValueError(f"a cluster has database 0 only; CONVEYOR_REDIS_URL names {database}")
         return cluster
+
+    @field_validator("worker_heartbeat_ttl_s")
+    @classmethod
+    def _heartbeat_ttl(cls, ttl_s: int, info: ValidationInfo) -> int:
+        """A record that expires before the next beat rewrites it: a live worker read as gone
+        between its beats (no consumer for its partitions, `scaling` events, autoscaling)."""
+        period = info.data.get("worker_heartbeat_s")  # absent when it was refused itself
+        if period is not None and ttl_s <= period:
+            raise ValueError(
+                f"must be longer than CONVEYOR_WORKER_HEARTBEAT_S ({period:g} s): a worker's"
+                " record would expire between its beats"
+            )
+        return ttl_s
 
     @field_validator("model_repository", "artifact_dir", "state_dir", "host", mode="before")
     @classmethod

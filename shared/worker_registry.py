@@ -18,10 +18,12 @@ from shared.keys import Keys
 from shared.redis_client import hgetall_many
 
 WorkerState = Literal["warming", "serving", "draining"]
+# The defaults of CONVEYOR_WORKER_HEARTBEAT_S (a worker's beat period) and
+# CONVEYOR_WORKER_HEARTBEAT_TTL_S (its record expires this long after its last beat: a worker is
+# gone after missing TTL / period beats); shared/settings.py refuses a TTL not past the period.
 HEARTBEAT_S = 2.0
-# A worker is gone after missing this many heartbeats.
 TTL_S = 10
-# KEYS[1]=the index; ARGV: the worker, TTL_S. Indexes the worker at Redis's time and drops those
+# KEYS[1]=the index; ARGV: the worker, its TTL. Indexes the worker at Redis's time and drops those
 # that last beat a TTL before it, the index itself with the last of them. Judged by each host's
 # clock, a worker running a TTL fast dropped every other worker from the list, and a reader's
 # clock judged one running slow dead while its heartbeat lived.
@@ -60,9 +62,12 @@ class Heartbeat:
 
 
 class WorkerRegistry:
-    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_s: int = TTL_S) -> None:
+        """`ttl_s`: how long a record `publish` writes lives (CONVEYOR_WORKER_HEARTBEAT_TTL_S);
+        readers (`live`, `remove`) need none, the TTLs being Redis's own."""
         self.redis = client
         self.keys = keys
+        self.ttl_s = ttl_s
 
     async def publish(
         self, beat: Heartbeat, costs: Mapping[tuple[str, str], ServiceCost] | None = None
@@ -75,8 +80,8 @@ class WorkerRegistry:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(key)
             pipe.hset(key, mapping=beat.to_fields())  # type: ignore[arg-type]
-            pipe.expire(key, TTL_S)
-            pipe.execute_command("EVAL", _INDEX, 1, self.keys.workers, beat.name, TTL_S)
+            pipe.expire(key, self.ttl_s)
+            pipe.execute_command("EVAL", _INDEX, 1, self.keys.workers, beat.name, self.ttl_s)
             for (model, variant), cost in (costs or {}).items():
                 queue_cost_write(pipe, self.keys, model, variant, cost)
             await pipe.execute()

@@ -24,9 +24,9 @@ from playwright.sync_api import expect
 
 from conveyor.stack import Stack
 from producer_api.console.job_browser import ENTRY_SCAN
-from producer_api.console.session import RECHECK_S
 from shared.codec import RequestEntry, stream_id
 from shared.keys import Keys, new_job_id
+from shared.settings import Settings
 from tests.conftest import REPO_ROOT, issue_key, running_stack, until
 from tests.console_login import console_login
 from tests.fault_engine import FIXED_ENV
@@ -47,6 +47,9 @@ ARGS = [
 ]
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
 KEYS = Keys()
+# The console stack's CONVEYOR_STREAM_RECHECK_S (its default): a live feed looks at its session
+# this often.
+RECHECK_S: float = Settings.model_fields["stream_recheck_s"].default
 DLQ = KEYS.dlq("faulty", "default")
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 

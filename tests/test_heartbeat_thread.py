@@ -20,7 +20,9 @@ FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 
 
 def test_the_beat_holds_no_thread_the_exit_waits_for(redis_url: str) -> None:
-    settings = Settings(redis_url=redis_url, model_repository=FIXTURES, models=["tiny"])
+    settings = Settings(
+        redis_url=redis_url, model_repository=FIXTURES, models=["tiny"], worker_heartbeat_s=0.2
+    )
     before = set(threading.enumerate())
     beater = _Beater(object(), settings)
     beater.start()

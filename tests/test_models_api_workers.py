@@ -14,6 +14,9 @@ import httpx
 
 from tests.conftest import running_stack, until
 
+# A killed worker reads as gone once its record's TTL passes: 3 s here, not the default 10 s.
+HEARTBEAT = {"CONVEYOR_WORKER_HEARTBEAT_S": "0.5", "CONVEYOR_WORKER_HEARTBEAT_TTL_S": "3"}
+
 
 def _partition(base_url: str, variant: str, listed: bool = False) -> dict[str, Any]:
     """The partition as `GET /v1/models/identity` shows it, or as the list does."""
@@ -28,7 +31,7 @@ def _partition(base_url: str, variant: str, listed: bool = False) -> dict[str, A
 
 
 def test_a_killed_workers_partition_reads_as_served_by_none(tmp_path: Path) -> None:
-    with running_stack(tmp_path, CONVEYOR_AUTH="disabled") as stack:
+    with running_stack(tmp_path, CONVEYOR_AUTH="disabled", **HEARTBEAT) as stack:
         pid = stack.start_worker("identity:default")
         served = until(lambda: (p := _partition(stack.base_url, "default"))["serving"] and p)
         assert (served["serving"], served["warming"], served["consumers"]) == (1, 0, 1)

@@ -46,6 +46,7 @@ from tests.test_llm_pipeline import sse_events
 
 pytestmark = pytest.mark.slow
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "queue_repository"
+HEARTBEAT_TTL_S = 3  # the workers' CONVEYOR_WORKER_HEARTBEAT_TTL_S
 JOB_MS = 100  # one job per micro-batch, each sleeping this long: ~9 jobs/s with one worker
 KEYS = Keys()
 STEADY = KEYS.queue("steady", "default")
@@ -75,6 +76,9 @@ def queue_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         CONVEYOR_MODEL_REPOSITORY=str(_repository(tmp_path_factory.mktemp("queue") / "models")),
         PYTHONPATH=str(REPO_ROOT),  # the fault engine lives in tests/
         CONVEYOR_BLOCK_MS="100",  # a worker notices a stop once its read's block ends
+        # a killed worker's record expires HEARTBEAT_TTL_S after its last beat, not 10 s
+        CONVEYOR_WORKER_HEARTBEAT_S="0.5",
+        CONVEYOR_WORKER_HEARTBEAT_TTL_S=str(HEARTBEAT_TTL_S),
         workers=("steady",),
     ) as stack:
         stack.spawn_worker("brief")
@@ -460,11 +464,12 @@ def test_scaling_event_when_the_worker_dies_with_the_job_at_the_head(
     reader.start()
     try:
         # the stream has seen it at the head, a worker serving (whose heartbeat outlives it
-        # by up to TTL_S: a look late by some ticks sees it serving all the same)
+        # by up to HEARTBEAT_TTL_S: a look late by some ticks sees it serving all the same)
         time.sleep(QUEUED_EVERY_S)
         queue_stack.stop_process("steady", sig=signal.SIGKILL)
         # cancelled, its rerun (after the visibility timeout) does not hold the next worker
         assert api.delete(running["urls"]["self"]).json()["status"] == "cancelled"
+        # the hang guard as long as ever (the default TTL's): it only bounds a failure
         until(lambda: "scaling" in seen, timeout=TTL_S + 30, every=0.5)
     finally:
         queue_stack.start_worker("steady")

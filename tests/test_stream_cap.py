@@ -18,15 +18,16 @@ import pytest
 import redis
 
 from conveyor.stack import Stack
-from producer_api.auth.key_watch import RECHECK_S
 from shared.api_keys import ApiKey, key_id_of
 from shared.keys import Keys
-from shared.settings import get_settings
+from shared.settings import Settings, get_settings
 from tests.conftest import issue_key, until, until_async
 
 # No test serves minilm on the auth stack: its job stays queued, its streams open.
 QUEUED = {"model": "minilm", "inputs": {"texts": ["held"]}}
 CONVEYOR = str(Path(sys.executable).parent / "conveyor")
+# The auth stack's CONVEYOR_STREAM_RECHECK_S (its default): a stream renews its place this often.
+RECHECK_S = Settings.model_fields["stream_recheck_s"].default
 
 
 async def _opened(api: httpx.AsyncClient, url: str, streams: AsyncExitStack) -> httpx.Response:

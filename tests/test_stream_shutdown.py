@@ -11,7 +11,8 @@ paced generate engine, Valkey), keys on:
 - One tenant asking again and again to resume from an id beyond 64 bits (which once failed the
   shared token hub's read, stalling every stream ~0.5 s a time) does not slow another tenant's
   tokens.
-- A revoked key ends its streams within RECHECK_S, one of a queued job (nothing to send) too."""
+- A revoked key ends its streams within CONVEYOR_STREAM_RECHECK_S, one of a queued job (nothing
+  to send) too."""
 
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ from redis.exceptions import ClusterDownError
 
 from conveyor.client import Client, StreamFailed
 from conveyor.stack import Server, Stack, free_port
-from producer_api.auth.key_watch import RECHECK_S
 from producer_api.draining import Draining
 from producer_api.events.api_router import server_sent
 from producer_api.events.protocol import JobEvent
@@ -57,6 +57,11 @@ DOOMED = "doomed-producer"
 T = TypeVar("T")
 PROMPT = "the keeper climbed the stairs of the lighthouse as the storm came in"
 STEP_S = 0.05  # the paced model's step_ms: its tokens come no faster
+# The stack's CONVEYOR_STREAM_RECHECK_S (default 5 s): how soon an open stream notices its key
+# revoked. Its CONVEYOR_STREAM_FIRST_EVENT_S (default 15 s): how long a streamed chat request
+# waits for its job's first event before its headers are sent (a queued job's stream opens).
+RECHECK_S = 1.0
+FIRST_EVENT_S = 1.0
 # The longest stop of a producer with requests waiting that the test below accepts.
 STOPPED_WITHIN_S = GRACE_S + 7
 
@@ -73,6 +78,8 @@ def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         workers=("paced",),
         CONVEYOR_MODEL_REPOSITORY=PACED,
         CONVEYOR_SHUTDOWN_GRACE_S=grace,
+        CONVEYOR_STREAM_RECHECK_S=str(RECHECK_S),
+        CONVEYOR_STREAM_FIRST_EVENT_S=str(FIRST_EVENT_S),
         PYTHONPATH=str(REPO_ROOT),  # the engine lives in tests/
     ) as stack:
         yield stack

@@ -19,7 +19,6 @@ from shared.settings import Settings
 from shared.worker_registry import HEARTBEAT_S, TTL_S
 from tests.conftest import REPO_ROOT, until
 from workers.partition import redis_backoff
-from workers.runtime import heartbeat
 from workers.runtime.consumer_runtime import consumer_name
 from workers.runtime.heartbeat import _Beater
 
@@ -39,14 +38,17 @@ def own_redis_url() -> Iterator[str]:
 def test_a_frozen_redis_fails_a_beat_in_the_redis_timeout_not_the_block_time(
     own_redis_url: str,
     settings_env: Callable[..., None],
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A block time far past the TTL: a beat that waited it out would miss the TTL."""
     settings_env(CONVEYOR_REDIS_TIMEOUT_S="0.2", CONVEYOR_BLOCK_MS="60000")
-    monkeypatch.setattr(heartbeat, "HEARTBEAT_S", 0.02)
     caplog.set_level(logging.WARNING, logger=redis_backoff.__name__)
-    settings = Settings(redis_url=own_redis_url, model_repository=FIXTURES, models=["tiny"])
+    settings = Settings(
+        redis_url=own_redis_url,
+        model_repository=FIXTURES,
+        models=["tiny"],
+        worker_heartbeat_s=0.02,
+    )
     beater = _Beater(object(), settings)
     with redis.Redis.from_url(own_redis_url) as client:
         pid = int(client.info("server")["process_id"])

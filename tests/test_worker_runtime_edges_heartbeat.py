@@ -26,10 +26,11 @@ FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 
 
 @pytest.fixture
-def beater(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Beater]:
+def beater(redis_url: str) -> Iterator[_Beater]:
     """A beater on the fixtures' `tiny`, beating every 20 ms (not started)."""
-    monkeypatch.setattr(heartbeat, "HEARTBEAT_S", 0.02)
-    settings = Settings(redis_url=redis_url, model_repository=FIXTURES, models=["tiny"])
+    settings = Settings(
+        redis_url=redis_url, model_repository=FIXTURES, models=["tiny"], worker_heartbeat_s=0.02
+    )
     beater = _Beater(object(), settings)
     yield beater
     beater.stop()

@@ -11,7 +11,6 @@ from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.errors import ConveyorError
 from shared.api_keys import ApiKeyStore
 
-RECHECK_S = 5.0  # how often an open stream looks at its key again (one HGETALL)
 REVOKED = "API key revoked or expired"
 PLACE_LOST = (
     "this stream's place among the API key's open event streams lapsed unrenewed (its client"

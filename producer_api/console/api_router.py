@@ -30,7 +30,6 @@ from producer_api.console.session import (
     LOGIN_COOKIE,
     LOGIN_MAX_AGE_S,
     MAX_AGE_S,
-    RECHECK_S,
     ConsoleSession,
     LoginRequired,
     SessionSigner,
@@ -258,11 +257,11 @@ def _while_open(
     place: str | None = None,
 ) -> Feed:
     """A live feed that ends with its session (a logout, from any replica; the key revoked; the
-    session's expiry): looked at again every RECHECK_S, events or none. A feed holding a
-    `place` among its key's open streams renews it at each look, and ends once another
+    session's expiry): looked at again every CONVEYOR_STREAM_RECHECK_S, events or none. A feed
+    holding a `place` among its key's open streams renews it at each look, and ends once another
     stream took it (its place lapsed while the feed went unread)."""
     holds = partial(_holds, state, service, current, place)
-    return while_holds(feed, holds, RECHECK_S)
+    return while_holds(feed, holds, state.settings.stream_recheck_s)
 
 
 async def _holds(
@@ -300,7 +299,7 @@ async def _given_back(
 async def stream(state: State, current: Session, service: Service) -> Response:
     """The one live feed of every console page: a summary per second, batches cut to the
     viewer's tenant, an admin's to the models its key may use. Costs no Redis command per
-    viewer but its session's look and its place's renewal every RECHECK_S."""
+    viewer but its session's look and its place's renewal every CONVEYOR_STREAM_RECHECK_S."""
     place = await take_place(state, current.principal)
 
     async def events() -> Feed:

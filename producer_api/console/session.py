@@ -2,8 +2,8 @@
 only the key's public id in an HttpOnly, SameSite=Strict cookie signed with HMAC-SHA256
 (CONVEYOR_CONSOLE_SECRET, random per process when unset). Each request re-reads the key's record,
 so revocation and expiry end a session at once, and so do logging out and the idle timeout
-(`live_sessions.py`); a live feed opened in it ends within RECHECK_S (a Redis that does not
-answer ends none). Each session carries a nonce; its CSRF token is an HMAC of that nonce,
+(`live_sessions.py`); a live feed opened in it ends within CONVEYOR_STREAM_RECHECK_S (a Redis that
+does not answer ends none). Each session carries a nonce; its CSRF token is an HMAC of that nonce,
 checked on every POST."""
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ COOKIE = "conveyor_console"
 LOGIN_COOKIE = "conveyor_console_login"
 MAX_AGE_S = 12 * 3600
 LOGIN_MAX_AGE_S = 600
-RECHECK_S = 5.0  # a live feed's session is looked at again this often (two commands)
 
 
 class LoginRequired(Exception):

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 from redis.exceptions import RedisError
 
-from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
+from producer_api.auth.key_watch import REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.events.protocol import JobEvent
@@ -32,9 +32,10 @@ from shared.job_states import JobStatus
 from shared.job_store import JobRecord
 from shared.token_stream import final_id, made_final_id
 
-# A stream's place among its key's open streams lapses after this long unrenewed (three missed
-# key checks): the place of a stream whose producer died before giving it back.
-LAPSE_S = 3 * RECHECK_S
+# A stream's place among its key's open streams lapses after this many key checks
+# (CONVEYOR_STREAM_RECHECK_S) unrenewed: the place of a stream whose producer died before giving
+# it back.
+LAPSE_CHECKS = 3
 QUEUED_EVERY_S = 1.0
 SCALING = (
     "no worker serves this partition: the autoscaler starts one from its queue depth (KEDA"
@@ -61,8 +62,8 @@ class EventsService:
         (`last_event_id` is the final event of a job that ended); raises 404 (before any event
         is sent) when the job is unknown or another tenant's, 422 when `last_event_id` names no
         event of its stream, 429 when the key holds its cap of streams open. A key revoked or
-        expired meanwhile ends the stream within RECHECK_S with an `error` event (type
-        `unauthorized`); the job runs on."""
+        expired meanwhile ends the stream within CONVEYOR_STREAM_RECHECK_S with an `error` event
+        (type `unauthorized`); the job runs on."""
         record = await self.jobs.owned(job_id)
         if last_event_id is not None:
             last_event_id = _as_written(last_event_id)
@@ -120,7 +121,7 @@ class EventsService:
             # one does). Left to the garbage collector, it was finalized while `events` was
             # still closing, and asyncio logged its "already running" failure as an error.
             async with contextlib.aclosing(events):
-                held = while_holds(events, watch.holds, RECHECK_S)
+                held = while_holds(events, watch.holds, self.state.settings.stream_recheck_s)
                 async with contextlib.aclosing(held):
                     async for event in held:
                         yield event

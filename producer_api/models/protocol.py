@@ -12,7 +12,7 @@ class PartitionStats(BaseModel):
     lag: int | None
     pending: int
     consumers: int  # members of the consumer group: a killed worker's stays until pruned
-    serving: int  # workers that serve the partition now, by heartbeat (a killed one: within 10 s)
+    serving: int  # workers serving the partition now, by heartbeat (a killed one: within its TTL)
     warming: int  # workers loading their engines for it
     oldest_queued_age_s: float
     bulk_length: int

@@ -32,7 +32,6 @@ from producer_api.openai.protocol import (
     Sampling,
 )
 from producer_api.openai.serving import (
-    FIRST_EVENT_S,
     ChatRenderer,
     CompletionRenderer,
     OpenAIService,
@@ -46,7 +45,6 @@ router = APIRouter(tags=["openai"])
 JOB_HEADER = "X-Conveyor-Job-Id"
 # OpenAI's own: its SDK reads it as a response's `_request_id`, the id its users log and quote
 REQUEST_ID_HEADER = "X-Request-ID"
-PING_S = FIRST_EVENT_S  # a stream waits no longer for its first event than for a ping
 T = TypeVar("T")
 
 _DESCRIPTIONS = {
@@ -152,7 +150,8 @@ async def _answer(
     def streaming(opened: OpenedStream) -> Response:
         return BoundedEventSource(
             service.stream(job_id, opened, renderer, shutdown),
-            ping=PING_S,
+            # a stream waits no longer for its first event than for a ping
+            ping=service.state.settings.stream_first_event_s,
             headers=_job_headers(job_id),
             shutdown_event=shutdown,
             shutdown_grace_period=GRACE_S,

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ValidationError
 
-from producer_api.auth.key_watch import RECHECK_S, REVOKED, KeyWatch
+from producer_api.auth.key_watch import REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
 from producer_api.errors import (
     NO_RETRY,
@@ -55,13 +55,13 @@ from shared.token_stream import TokenEvent
 
 DONE = "[DONE]"
 log = logging.getLogger(__name__)
-# How long a streamed request waits for its job's first event before its stream opens: a job
-# that failed by then (its prompt past the model's context) is answered as the whole request's
-# failure is (400, as vLLM's server refuses a stream's too-long prompt before opening it: OpenAI's
-# SDK raises BadRequestError), not as a 200 whose one chunk is the error. Past it the stream
-# opens, its keep-alive pings flowing while the job waits its turn; a failure then is its error
-# chunk. The route's keep-alive period: a client waits no longer for its headers than for a ping.
-FIRST_EVENT_S = 15.0
+# CONVEYOR_STREAM_FIRST_EVENT_S: how long a streamed request waits for its job's first event
+# before its stream opens (`open_stream`): a job that failed by then (its prompt past the
+# model's context) is answered as the whole request's failure is (400, as vLLM's server refuses a
+# stream's too-long prompt before opening it: OpenAI's SDK raises BadRequestError), not as a 200
+# whose one chunk is the error. Past it the stream opens, its keep-alive pings flowing while the
+# job waits its turn; a failure then is its error chunk. The route's keep-alive period too: a
+# client waits no longer for its headers than for a ping.
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,11 +337,13 @@ class OpenAIService:
         raise ConveyorError(404, "not_found", f"job {job_id} expired")
 
     async def open_stream(
-        self, job_id: str, renderer: Renderer, wait_s: float = FIRST_EVENT_S
+        self, job_id: str, renderer: Renderer, wait_s: float | None = None
     ) -> OpenedStream:
         """The job's token events once its first came, `wait_s` passed or the producer is
         asked to stop; raises the request's error, as a whole answer does, when that first
-        event says the job failed (`FIRST_EVENT_S`)."""
+        event says the job failed (`wait_s`: CONVEYOR_STREAM_FIRST_EVENT_S unless given)."""
+        if wait_s is None:
+            wait_s = self.state.settings.stream_first_event_s
         events = self._follow(job_id)
         first = asyncio.ensure_future(anext(events))
         try:
@@ -361,18 +363,19 @@ class OpenAIService:
         producer's shutdown or by Redis not answering ends with an error chunk and `[DONE]`,
         and its job runs on. A restart (the job's worker died and another runs it again) ends
         the stream only once text was sent: before, nothing is to be taken back. A key revoked
-        or expired meanwhile ends it within RECHECK_S with an `unauthorized` error chunk and
-        `[DONE]`, and cancels its job. A token stream that expired before this stream read it to
-        its end, text sent, ends it with a `stream_expired` error chunk (`_taken_back`). Ended
-        or closed, it lets go of the job's token stream at once (`_let_go`): left to asyncio's
-        finalizer, its listener stayed in the token hub, which read the stream on for no one;
-        closed at its opening chunk, for as long as the job sent nothing."""
+        or expired meanwhile ends it within CONVEYOR_STREAM_RECHECK_S with an `unauthorized` error
+        chunk and `[DONE]`, and cancels its job. A token stream that expired before this stream
+        read it to its end, text sent, ends it with a `stream_expired` error chunk (`_taken_back`).
+        Ended or closed, it lets go of the job's token stream at once (`_let_go`): left to
+        asyncio's finalizer, its listener stayed in the token hub, which read the stream on for no
+        one; closed at its opening chunk, for as long as the job sent nothing."""
         ended, sent = False, False
         watch = KeyWatch(self.state.api_keys, self.principal)
         try:
             if (opening := renderer.opening()) is not None:
                 yield renderer.encode(opening)
-            held = while_holds(opened.events, watch.holds, RECHECK_S, opened.first)
+            recheck_s = self.state.settings.stream_recheck_s
+            held = while_holds(opened.events, watch.holds, recheck_s, opened.first)
             async with aclosing(until_cut(held, shutdown)) as events:
                 async for event in events:
                     if isinstance(event, Cut):

@@ -1,5 +1,6 @@
 """Celery worker bootstep that publishes this worker's heartbeat (shared/worker_registry.py)
-every HEARTBEAT_S from its own thread: state (warming while engines load, serving, draining on
+every CONVEYOR_WORKER_HEARTBEAT_S from its own thread, each record living
+CONVEYOR_WORKER_HEARTBEAT_TTL_S: state (warming while engines load, serving, draining on
 warm shutdown), models, engines, the mean micro-batch size since the last beat and jobs done,
 the last two read from this process's Prometheus counters so no loop has to report to it. The
 same beat carries what this worker measured its work to cost (cost_meter.py), and every 30 s
@@ -25,7 +26,7 @@ from shared.metrics import BATCH_SIZE, JOBS_FINISHED
 from shared.model_repository import ModelConfigError, ModelRepository
 from shared.redis_client import connect
 from shared.settings import Settings, get_settings
-from shared.worker_registry import HEARTBEAT_S, Heartbeat, WorkerRegistry, WorkerState
+from shared.worker_registry import Heartbeat, WorkerRegistry, WorkerState
 from workers.partition.redis_backoff import OutageLog
 from workers.runtime.clock_skew import ClockSkew
 from workers.runtime.consumer_runtime import consumer_name
@@ -100,7 +101,10 @@ class _Beater:
         # blocks_ms=0: it never blocks, and a worker's block time on top of its timeout held
         # a beat against a frozen Redis that much longer, a long one past the beats' TTL
         client = connect(self.settings.redis_url, name=f"{self.beat.name}-heartbeat", blocks_ms=0)
-        registry = WorkerRegistry(client, Keys(self.settings.key_prefix))
+        registry = WorkerRegistry(
+            client, Keys(self.settings.key_prefix), self.settings.worker_heartbeat_ttl_s
+        )
+        period = self.settings.worker_heartbeat_s
         outage = OutageLog("heartbeat")  # one line per outage, not one per beat
         clock = ClockSkew()
         try:
@@ -115,11 +119,11 @@ class _Beater:
                 except Exception:
                     # any other error ended the thread, the worker serving on unseen: its
                     # partitions read as having no consumer (console, scaling, queue ETAs)
-                    log.exception("heartbeat: a beat failed; the next is due in %gs", HEARTBEAT_S)
+                    log.exception("heartbeat: a beat failed; the next is due in %gs", period)
                 # on this thread, its loop's only task: an executor thread would be one the
                 # interpreter's exit joins, and a worker whose start failed (Celery stops none
                 # of its steps) waited up to a beat more to exit
-                self._stopping.wait(HEARTBEAT_S)
+                self._stopping.wait(period)
             await registry.remove(self.beat.name)
         except RedisError as exc:
             log.warning("heartbeat not removed (%r)", exc)
