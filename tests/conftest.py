@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +33,16 @@ from workers.model_prep.smollm2 import prepare as prepare_smollm2
 pytest_plugins = ["tests.hang_guard"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run started in the background of a shell without job control (`make test &` in a
+    script) inherits SIGINT ignored, and so did every process it started: `conveyor up` keeps an
+    ignored SIGINT ignored (as under nohup), so the tests' Ctrl-C stopped nothing, each `up`
+    waited out its 60 s and the tests failed. Its children get SIGINT's default, as from a
+    terminal (a handler, unlike SIG_IGN, is reset by exec)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
