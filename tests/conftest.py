@@ -103,6 +103,14 @@ def redis_url() -> Iterator[str]:
     if external:
         yield external
         return
+    with own_valkey() as url:
+        yield url
+
+
+@contextmanager
+def own_valkey() -> Iterator[str]:
+    """The URL of an embedded Valkey of the caller's own (what a test changes or empties is
+    server-wide), stopped on the way out."""
     server = start_embedded_valkey()
     try:
         yield server.connection_url

@@ -11,8 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis.asyncio as aioredis
 
-from conveyor.embedded_valkey import start_embedded_valkey
-from tests.conftest import until_async
+from tests.conftest import own_valkey, until_async
 from tests.test_canary_r25_owed_webhooks import _deliveries, _producer
 from tests.test_webhook_owed_edges_canary import MODEL, _canary
 
@@ -21,11 +20,8 @@ LOOKS = 3
 
 @pytest.fixture(scope="module")
 def broker_url() -> Iterator[str]:
-    server = start_embedded_valkey()
-    try:
-        yield server.connection_url
-    finally:
-        server.stop()
+    with own_valkey() as url:
+        yield url
 
 
 @pytest.fixture

@@ -15,12 +15,11 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from conveyor.embedded_valkey import start_embedded_valkey
 from shared.keys import Keys
 from shared.redis_client import connect
 from shared.settings import Settings, bad_setting, settings_or_exit
 from shared.worker_registry import HEARTBEAT_S, TTL_S, WorkerRegistry
-from tests.conftest import REPO_ROOT, until
+from tests.conftest import REPO_ROOT, own_valkey, until
 from workers.runtime.consumer_runtime import consumer_name
 from workers.runtime.heartbeat import _Beater
 
@@ -31,11 +30,8 @@ PERIOD_S, SHORT_TTL_S = 0.2, 2
 @pytest.fixture(scope="module")
 def own_redis_url() -> Iterator[str]:
     """One server for this module's beaters (each test empties it)."""
-    server = start_embedded_valkey()
-    try:
-        yield server.connection_url
-    finally:
-        server.stop()
+    with own_valkey() as url:
+        yield url
 
 
 @pytest.fixture

@@ -13,11 +13,10 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from conveyor.embedded_valkey import start_embedded_valkey
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.worker_registry import HEARTBEAT_S, TTL_S
-from tests.conftest import REPO_ROOT, until
+from tests.conftest import REPO_ROOT, own_valkey, until
 from workers.partition import redis_backoff
 from workers.runtime.consumer_runtime import consumer_name
 from workers.runtime.heartbeat import _Beater
@@ -28,11 +27,8 @@ FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
 @pytest.fixture
 def own_redis_url() -> Iterator[str]:
     """A server of the test's own, to freeze (the session's serves other tests)."""
-    server = start_embedded_valkey()
-    try:
-        yield server.connection_url
-    finally:
-        server.stop()
+    with own_valkey() as url:
+        yield url
 
 
 def test_a_frozen_redis_fails_a_beat_in_the_redis_timeout_not_the_block_time(
