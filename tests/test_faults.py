@@ -58,27 +58,23 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) ->
         CONVEYOR_WEBHOOK_ALLOWLIST=f"{receiver.base}/",
         CONVEYOR_WEBHOOK_SECRET="whsec-faults",
     ) as stack:
-        _stacks.append(stack)
-        try:
-            yield stack
-        finally:
-            _stacks.remove(stack)
+        yield stack
 
 
 # The faulty worker that tests in a row share (`shared_worker`): a start is seconds of one
 # process importing. Only tests that ask for it ever see it running.
 SHARED = "shared"
-_stacks: list[Stack] = []  # the module's stack, once it runs
 
 
 @pytest.fixture(autouse=True)
 def _shared_worker_only_where_asked(request: pytest.FixtureRequest) -> None:
-    """Stops the shared worker before a test that does not ask for it: its workers, and only
-    they, read the lanes."""
-    if "shared_worker" not in request.fixturenames:
-        for stack in _stacks:
-            if SHARED in stack.processes:
-                stack.stop_process(SHARED)
+    """Stops the shared worker before a test on the module's stack that does not ask for it:
+    that test's workers, and only they, read the lanes. A test off the stack has its own Valkey,
+    which the shared worker never reads."""
+    if "fault_stack" in request.fixturenames and "shared_worker" not in request.fixturenames:
+        stack: Stack = request.getfixturevalue("fault_stack")
+        if SHARED in stack.processes:
+            stack.stop_process(SHARED)
 
 
 @pytest.fixture

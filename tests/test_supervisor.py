@@ -501,7 +501,7 @@ def test_a_second_ctrl_c_after_supervising_reaches_the_stop(tmp_path: Path) -> N
     # `conveyor up` a later test starts would inherit an ignored SIGHUP (as under nohup)
     previous = {stop: signal.getsignal(stop) for stop in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        assert up._supervise(stack) == []
+        assert up._supervise(Supervisor(stack, up._warn)) == []
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         with pytest.raises(SystemExit):
             os.kill(os.getpid(), signal.SIGTERM)
@@ -529,7 +529,7 @@ def test_an_ignored_ctrl_c_stays_ignored_while_supervising(tmp_path: Path) -> No
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Timer(0.3, ctrl_c_then_term).start()
     try:
-        assert up._supervise(stack) == []
+        assert up._supervise(Supervisor(stack, up._warn)) == []
         assert termed.is_set()  # it ran on past the SIGINT, to the SIGTERM
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:

@@ -30,12 +30,6 @@ BAD_SETTING = {"CONVEYOR_PORT": "99999"}  # a producer that exits at once, namin
 
 
 @pytest.fixture
-def backoff_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`up._supervise` supervising with `BackoffSkipped`."""
-    monkeypatch.setattr(up, "Supervisor", BackoffSkipped)
-
-
-@pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
     stack = Stack.create(tmp_path, redis_url=NO_REDIS)
     # the supervisor's stop handlers, restored after: a later `conveyor up` would inherit them
@@ -50,8 +44,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 def _supervised_until_it_returns(stack: Stack) -> list[str]:
-    """`up._supervise(stack)`'s answer, which it must give on its own: a SIGTERM after
-    `GIVE_UP_WITHIN_S` ends it otherwise, and fails the test."""
+    """`up._supervise`'s answer, supervising with `BackoffSkipped`, which it must give on its
+    own: a SIGTERM after `GIVE_UP_WITHIN_S` ends it otherwise, and fails the test."""
     fired = threading.Event()
 
     def terminate() -> None:
@@ -61,7 +55,7 @@ def _supervised_until_it_returns(stack: Stack) -> list[str]:
     timer = threading.Timer(GIVE_UP_WITHIN_S, terminate)
     timer.start()
     try:
-        failed = up._supervise(stack)
+        failed = up._supervise(BackoffSkipped(stack, up._warn))
     finally:
         timer.cancel()
     assert not fired.is_set(), f"it idled on until SIGTERM, having given up on {failed}"
@@ -69,7 +63,7 @@ def _supervised_until_it_returns(stack: Stack) -> list[str]:
 
 
 def test_up_stops_once_its_embedded_valkey_is_given_up_on(
-    stack: Stack, capsys: pytest.CaptureFixture[str], backoff_skipped: None
+    stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:
     stack.spawn("valkey", [sys.executable, "-c", CRASH], {})
     survivor = stack.spawn("survivor", [sys.executable, "-c", ASLEEP], {})
@@ -82,7 +76,7 @@ def test_up_stops_once_its_embedded_valkey_is_given_up_on(
 
 
 def test_up_stops_once_every_producer_is_given_up_on(
-    stack: Stack, capsys: pytest.CaptureFixture[str], backoff_skipped: None
+    stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:
     port = free_port()
     for name in ("producer-1", "producer-2"):

@@ -192,7 +192,7 @@ def _serve(
             **auth,
         )
         click.echo(banner, nl=True)
-        failed = _supervise(stack)
+        failed = _supervise(Supervisor(stack, _warn))
     finally:
         _stop(stack, state_dir)
     if failed:  # a run that lost a child for good is no clean run (a script, a service manager)
@@ -251,6 +251,11 @@ def _say(line: str, err: bool = False) -> None:
     EIO, which skipped the stop and left every child running."""
     with contextlib.suppress(OSError):
         click.echo(line, err=err)
+
+
+def _warn(line: str) -> None:
+    """A line on stderr, beside the children's own (the supervisor's restarts and give-ups)."""
+    _say(line, err=True)
 
 
 def worker_names(workers: dict[str, int], taken: Collection[str] = ()) -> dict[str, str]:
@@ -392,9 +397,10 @@ def _honoured(signals: Iterable[signal.Signals]) -> list[signal.Signals]:
     return [stop for stop in signals if signal.getsignal(stop) != signal.SIG_IGN]
 
 
-def _supervise(stack: Stack) -> list[str]:
-    """Restart children that die until SIGINT, SIGTERM or SIGHUP, or until none can serve (the
-    embedded Valkey or every producer given up on); returns those given up on."""
+def _supervise(supervisor: Supervisor) -> list[str]:
+    """Run `supervisor` (restarting children that die) until SIGINT, SIGTERM or SIGHUP, or until
+    none can serve (the embedded Valkey or every producer given up on); returns those given up
+    on."""
     stopping = False
 
     def _stop(signum: int, _frame: object) -> None:
@@ -405,13 +411,12 @@ def _supervise(stack: Stack) -> list[str]:
     honoured = _honoured((signal.SIGINT, *STOP_SIGNALS))
     for stop in honoured:
         signal.signal(stop, _stop)
-    supervisor = Supervisor(stack, lambda line: _say(line, err=True))
     try:
         while not stopping and supervisor.serving:
             supervisor.check()
             time.sleep(SUPERVISE_EVERY_S)
         if not stopping:
-            _say("nothing left serving (see above): stopping", err=True)
+            _warn("nothing left serving (see above): stopping")
     finally:
         # the stop that follows: a second Ctrl-C, SIGTERM or SIGHUP ends it, and Stack.stop
         # kills what is left (still swallowed here, one waited out every child's drain in turn)
