@@ -16,13 +16,12 @@ from shared.backlog import ServiceCost, queue_cost_write
 from shared.codec import as_text, dumps, loads
 from shared.keys import Keys
 from shared.redis_client import hgetall_many
+from shared.settings import Settings
 
 WorkerState = Literal["warming", "serving", "draining"]
-# The defaults of CONVEYOR_WORKER_HEARTBEAT_S (a worker's beat period) and
-# CONVEYOR_WORKER_HEARTBEAT_TTL_S (its record expires this long after its last beat: a worker is
-# gone after missing TTL / period beats); shared/settings.py refuses a TTL not past the period.
-HEARTBEAT_S = 2.0
-TTL_S = 10
+# CONVEYOR_WORKER_HEARTBEAT_TTL_S's default: a record expires this long after its last beat, so
+# a worker is gone after missing TTL / period beats.
+TTL_S: int = Settings.model_fields["worker_heartbeat_ttl_s"].default
 # KEYS[1]=the index; ARGV: the worker, its TTL. Indexes the worker at Redis's time and drops those
 # that last beat a TTL before it, the index itself with the last of them. Judged by each host's
 # clock, a worker running a TTL fast dropped every other worker from the list, and a reader's

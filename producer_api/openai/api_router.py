@@ -150,8 +150,7 @@ async def _answer(
     def streaming(opened: OpenedStream) -> Response:
         return BoundedEventSource(
             service.stream(job_id, opened, renderer, shutdown),
-            # a stream waits no longer for its first event than for a ping
-            ping=service.state.settings.stream_first_event_s,
+            ping=service.ping_s,
             headers=_job_headers(job_id),
             shutdown_event=shutdown,
             shutdown_grace_period=GRACE_S,
