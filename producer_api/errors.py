@@ -138,6 +138,14 @@ def unknown_model(model: str) -> ConveyorError:
     )
 
 
+def unauthorized(message: str, presented: bool = True) -> ConveyorError:
+    """RFC 6750's challenge: `invalid_token` for a key that was presented and refused (unknown,
+    revoked, expired: at the request's door or found so while it waited), no error code for a
+    request that presented none."""
+    challenge = 'Bearer error="invalid_token"' if presented else "Bearer"
+    return ConveyorError(401, "unauthorized", message, {"WWW-Authenticate": challenge})
+
+
 # The request state's flag that its refusals answer in OpenAI's shape (`answer_as_openai`).
 OPENAI_ERRORS = "openai_errors"
 

@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.auth.rate_limit_headers import keep
-from producer_api.errors import ConveyorError, ErrorBody
+from producer_api.errors import ConveyorError, ErrorBody, unauthorized
 from producer_api.state import ProducerState, producer_state
 from shared.api_keys import ApiKey, Scope
 from shared.rate_limit import BucketState
@@ -41,13 +41,6 @@ AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _unauthorized(message: str, presented: bool = True) -> ConveyorError:
-    """RFC 6750's challenge: `invalid_token` for a key that was presented and refused (unknown,
-    revoked, expired), no error code for a request that presented none."""
-    challenge = 'Bearer error="invalid_token"' if presented else "Bearer"
-    return ConveyorError(401, "unauthorized", message, {"WWW-Authenticate": challenge})
-
-
 def _presented(bearer: HTTPAuthorizationCredentials | None, header: str | None) -> str | None:
     return bearer.credentials if bearer is not None else header
 
@@ -57,7 +50,7 @@ async def authenticate(state: ProducerState, presented: str | None) -> Principal
         return ANONYMOUS
     if not presented:
         message = "an API key is required: `Authorization: Bearer <key>` or X-API-Key"
-        raise _unauthorized(message, presented=False)
+        raise unauthorized(message, presented=False)
     return admit_key(state, await state.api_keys.verify(presented))
 
 
@@ -65,9 +58,9 @@ def admit_key(state: ProducerState, key: ApiKey | None) -> Principal:
     """The principal of a key read by the secret presented (None: no key has it), or the 401
     that refuses it: unknown, revoked or expired."""
     if key is None:
-        raise _unauthorized("unknown API key")
+        raise unauthorized("unknown API key")
     if reason := key.refusal(time.time()):
-        raise _unauthorized(reason)
+        raise unauthorized(reason)
     return Principal.of(key, state.settings)
 
 

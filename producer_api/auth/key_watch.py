@@ -3,12 +3,15 @@ events outlived the key's revocation or expiry for as long as the job ran."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from redis.exceptions import RedisError
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.errors import ConveyorError
+from producer_api.task_cancel import first_done
 from shared.api_keys import ApiKeyStore
 
 REVOKED = "API key revoked or expired"
@@ -48,3 +51,18 @@ class KeyWatch:
         except RedisError:
             return True
         return not self.revoked
+
+    async def wait(self, upcoming: asyncio.Future[Any], every_s: float) -> None:
+        """Until `upcoming` is done or the key, looked at every `every_s`, is found no longer
+        good (`revoked` then): a request that reads nothing while it waits (a streamed one's
+        queued job's first event) notices a revoked key all the same. The first look is one
+        period in: a wait over before costs no read."""
+        lapse = await first_done(self._lapse(every_s), [upcoming])
+        if not lapse.cancelled():
+            lapse.result()  # its error, if a look raised one
+
+    async def _lapse(self, every_s: float) -> None:
+        """Returns once `holds` says no."""
+        await asyncio.sleep(every_s)
+        while await self.holds():
+            await asyncio.sleep(every_s)

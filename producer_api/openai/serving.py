@@ -25,6 +25,7 @@ from producer_api.errors import (
     ConveyorError,
     OpenAIErrorBody,
     OpenAIErrorDetail,
+    unauthorized,
 )
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.serving import JobsService, unsuccessful
@@ -347,13 +348,21 @@ class OpenAIService:
     ) -> OpenedStream:
         """The job's token events once its first came, `wait_s` passed or the producer is
         asked to stop; raises the request's error, as a whole answer does, when that first
-        event says the job failed (`wait_s`: CONVEYOR_STREAM_FIRST_EVENT_S unless given)."""
+        event says the job failed (`wait_s`: CONVEYOR_STREAM_FIRST_EVENT_S unless given). Its
+        key is looked at every CONVEYOR_STREAM_RECHECK_S meanwhile, as the open stream's is:
+        found revoked or expired, the job is cancelled and the request answered 401 before
+        any byte is sent (a queued job's wait outlived the key by up to its whole length)."""
         if wait_s is None:
             wait_s = self.state.settings.stream_first_event_s
         events = self._follow(job_id)
         first = asyncio.ensure_future(anext(events))
+        watch = KeyWatch(self.state.api_keys, self.principal)
         try:
-            await self.state.draining.first(asyncio.wait({first}), wait_s)
+            recheck_s = self.state.settings.stream_recheck_s
+            await self.state.draining.first(watch.wait(first, recheck_s), wait_s)
+            if watch.revoked:
+                await self.cancel(job_id)
+                raise _revoked(job_id)
             if (failure := _failed_first(first, renderer)) is not None:
                 raise failure
         except BaseException:  # that, the client gone (`unless_disconnected`), a stop
@@ -402,7 +411,7 @@ class OpenAIService:
                     for chunk in self._closing(renderer, event):
                         yield chunk
             if watch.revoked:
-                yield _error_chunk("unauthorized", f"{REVOKED}; job {job_id} cancelled")
+                yield _failure_chunk(_revoked(job_id))
             yield DONE
         finally:
             with anyio.CancelScope(shield=True):
@@ -436,6 +445,13 @@ class OpenAIService:
                 raise
 
 
+def _revoked(job_id: str) -> ConveyorError:
+    """A request's end once its key is found revoked or expired, its job cancelled: the whole
+    answer of one still waiting for its first event, an open stream's last error chunk: the 401
+    a request with that key gets at the door (`invalid_api_key` on these routes)."""
+    return unauthorized(f"{REVOKED}; job {job_id} cancelled")
+
+
 def _taken_back(restart: TokenEvent, job_id: str) -> str:
     """The error chunk of a restart after text was sent, which a stream cannot take back: the
     job's worker died and another runs it again, or (`retold`) its token stream expired before
@@ -454,16 +470,15 @@ def _cut(cut: Cut, job_id: str) -> str:
 
 
 def _failure_chunk(failure: ConveyorError) -> str:
-    """A failed job's error chunk, as its unstreamed answer's body (a prompt past the context:
-    `invalid_request_error` naming the field, which OpenAI's SDK reads into its error's `type`
-    and `param`)."""
+    """An error's chunk, as its unstreamed answer's body: a failed job's (a prompt past the
+    context: `invalid_request_error` naming the field, which OpenAI's SDK reads into its error's
+    `type` and `param`), a revoked key's (`code` `invalid_api_key`, as its 401's)."""
     return failure.as_openai().model_dump_json()
 
 
 def _error_chunk(type_: str, message: str) -> str:
     """Conveyor's error in the fields of OpenAI's error object, `param` null and `code`
-    OpenAI's where it has one (a revoked key's `invalid_api_key`, as its unstreamed 401's), as
-    vLLM's server sends a stream's error: a client reading `error["code"]` failed on its
-    absence."""
+    OpenAI's where it has one (`OPENAI_CODES`), as vLLM's server sends a stream's error: a
+    client reading `error["code"]` failed on its absence."""
     detail = OpenAIErrorDetail(message=message, type=type_, code=OPENAI_CODES.get(type_))
     return OpenAIErrorBody(error=detail).model_dump_json()
