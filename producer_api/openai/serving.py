@@ -21,10 +21,7 @@ from producer_api.auth.key_watch import REVOKED, KeyWatch
 from producer_api.auth.principal import Principal
 from producer_api.errors import (
     NO_RETRY,
-    OPENAI_CODES,
     ConveyorError,
-    OpenAIErrorBody,
-    OpenAIErrorDetail,
     unauthorized,
 )
 from producer_api.jobs.protocol import PredictRequest
@@ -479,6 +476,6 @@ def _failure_chunk(failure: ConveyorError) -> str:
 def _error_chunk(type_: str, message: str) -> str:
     """Conveyor's error in the fields of OpenAI's error object, `param` null and `code`
     OpenAI's where it has one (`OPENAI_CODES`), as vLLM's server sends a stream's error: a
-    client reading `error["code"]` failed on its absence."""
-    detail = OpenAIErrorDetail(message=message, type=type_, code=OPENAI_CODES.get(type_))
-    return OpenAIErrorBody(error=detail).model_dump_json()
+    client reading `error["code"]` failed on its absence. A stream's status went out with its
+    first byte: the error's is none of the chunk's."""
+    return _failure_chunk(ConveyorError(500, type_, message))
