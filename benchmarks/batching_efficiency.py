@@ -9,12 +9,13 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
 
-from benchmarks.load import LoadResult, closed_loop, drive, open_loop
+from benchmarks.load import LoadResult, closed_loop, drive, open_loop, poisson_arrivals
 from benchmarks.load import Target as LoadTarget
 from benchmarks.pipeline_stack import (
     ARTIFACT_DIR,
@@ -38,6 +39,12 @@ NO_BATCHING = "max_batch_size 1"
 # stop rising after this many such points in a row (one alone may be a neighbour's burst).
 SATURATED = 0.9
 SATURATED_POINTS = 2
+MIN_REQUESTS_PER_POINT = 20
+"""Requests each open-loop point sends at least, its window lengthened past `scale.seconds`
+where its rate sends fewer: `achieved_rps` needs two answers and a percentile more than a
+handful. A busy machine's engine at ~10 sentences/s had the smoke scale's 0.3x for 0.5 s send
+1 or 2. The full scale's points (0.25x of hundreds of sentences/s for 4 s) send hundreds: the
+floor leaves them as they were."""
 IDENTITY_CONCURRENCY = 64
 BUCKETS = ((1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 10**9))
 VOCABULARY = (
@@ -87,7 +94,8 @@ def run(scale: Scale, workdir: Path) -> PartResult:
             "answers per second between the first and the last answer, which past saturation is "
             "the configuration's capacity. Rates stop rising for a configuration after "
             f"{SATURATED_POINTS} rates in a row where under {SATURATED:.0%} of the offered rate "
-            "is achieved.",
+            f"is achieved. Each rate sends for {scale.seconds:g} s, or until "
+            f"{MIN_REQUESTS_PER_POINT} requests were sent where that takes longer.",
             "p50 and p99 count every request not answered (dropped when 512 were in flight, "
             "failed, or still unanswered when the drain ended) as slower than every answer; "
             "where those decide a percentile (p99 from about 1 % unanswered) it was not "
@@ -180,16 +188,27 @@ def pipeline_sweep(
         name = f"minilm-{index}"
         start_worker(stack, workdir, "minilm:default", name, {"minilm": overrides})
         saturated = 0
-        for fraction in scale.rate_fractions:
-            point = _open_loop_point(
-                stack, target, scale, label, fraction * best["sentences_per_s"]
-            )
+        for rate in offered_rates(scale, best["sentences_per_s"]):
+            point = _open_loop_point(stack, target, scale, label, rate)
             points.append(point)
             saturated = saturated + 1 if _saturated(point) else 0
             if saturated == SATURATED_POINTS:
                 break
         stack.stop_process(name)
     return points
+
+
+def offered_rates(scale: Scale, engine_per_s: float) -> list[float]:
+    """Each configuration's rising open-loop rates: fractions of the engine's best in-process
+    speed (sentences/s), the capacity the pipeline is judged against."""
+    return [fraction * engine_per_s for fraction in scale.rate_fractions]
+
+
+def point_arrivals(scale: Scale, rate: float) -> Iterator[float]:
+    """A load point's send times: Poisson at `rate` for `scale.seconds`, or for as long as
+    `MIN_REQUESTS_PER_POINT` arrivals take where that is longer (a low rate), at most
+    `scale.max_requests`. Its offered rate stays `rate` either way; only its window grows."""
+    return poisson_arrivals(rate, scale.seconds, scale.max_requests, MIN_REQUESTS_PER_POINT)
 
 
 def _saturated(point: dict[str, Any]) -> bool:
@@ -204,7 +223,7 @@ def _minilm_target(stack: Stack, texts: list[str]) -> LoadTarget:
 def _open_loop_point(
     stack: Stack, target: LoadTarget, scale: Scale, label: str, rate: float
 ) -> dict[str, Any]:
-    load = drive(open_loop(target, rate, scale.seconds, scale.max_requests, drain_s=60.0))
+    load = drive(open_loop(target, point_arrivals(scale, rate), drain_s=60.0))
     wait_until_drained(stack, "minilm", "default", timeout=120.0)
     return open_loop_point(label, rate, load)
 
@@ -285,7 +304,10 @@ def _profile(
             scale.profile_s,
             workdir / "profile",
             f"{top['config']}, open loop at {rate:.0f} sentences/s (its capacity)",
-            open_loop(_minilm_target(stack, texts), rate, scale.profile_s, scale.max_requests),
+            open_loop(
+                _minilm_target(stack, texts),
+                poisson_arrivals(rate, scale.profile_s, scale.max_requests),
+            ),
         )
     finally:
         wait_until_drained(stack, "minilm", "default", timeout=120.0)

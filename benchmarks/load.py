@@ -16,7 +16,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, TypeVar
@@ -335,24 +335,36 @@ async def _closed_clients(
     return result
 
 
+def poisson_arrivals(
+    rate: float, seconds: float, max_requests: int, min_requests: int = 0, seed: int = 0
+) -> Iterator[float]:
+    """Seconds from the start of an open loop at which it sends: Poisson arrivals at `rate`/s
+    for `seconds`, and on past them until `min_requests` were sent (a low rate's window is
+    lengthened, its rate kept), never more than `max_requests`. Seeded: the same schedule for
+    every run at a rate."""
+    rng = random.Random(seed)
+    offset, sent = 0.0, 0
+    while sent < max_requests and (offset < seconds or sent < min_requests):
+        offset += rng.expovariate(rate)
+        sent += 1
+        yield offset
+
+
 async def open_loop(
     target: Target,
-    rate: float,
-    seconds: float,
-    max_requests: int,
+    arrivals: Iterable[float],
     max_in_flight: int = 512,
     drain_s: float = 30.0,
-    seed: int = 0,
 ) -> LoadResult:
-    """Poisson arrivals at `rate`/s for `seconds`; an arrival finding `max_in_flight` requests
-    outstanding is dropped (counted). See `achieved_rps` for what the system sustained."""
-    rng = random.Random(seed)
+    """A request at each of `arrivals` (seconds from the start: `poisson_arrivals`); one
+    finding `max_in_flight` requests outstanding is dropped (counted). See `achieved_rps` for
+    what the system sustained."""
     result = LoadResult()
     tasks: set[asyncio.Task[None]] = set()
-    begin = scheduled = time.perf_counter()
+    begin = time.perf_counter()
     try:
-        while scheduled - begin < seconds and result.offered < max_requests:
-            scheduled += rng.expovariate(rate)
+        for offset in arrivals:
+            scheduled = begin + offset
             await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
             result.offered += 1
             if len(tasks) >= max_in_flight:

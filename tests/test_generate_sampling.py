@@ -11,11 +11,13 @@ from typing import Any
 import httpx
 import pytest
 
+from conveyor.client import Client
 from conveyor.stack import Stack
 from tests.conftest import serve
 
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
 MAX_TOKENS = 48  # greedy, the model stops well before (test_llm_engine)
+GENERATION_S = 300  # hang guard for one generation on a loaded machine
 
 pytestmark = [
     pytest.mark.slow,
@@ -33,24 +35,25 @@ def llm(stack: Stack) -> str:
 def chat(base_url: str, **sampling: Any) -> dict[str, Any]:
     """The whole answer to PARIS, as `/v1/chat/completions` gives it, sampled as asked."""
     body = {"model": "smollm2", "messages": PARIS, "max_tokens": MAX_TOKENS, **sampling}
-    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=300)
+    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=GENERATION_S)
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     return answer
 
 
 def job(base_url: str, **parameters: Any) -> dict[str, Any]:
-    """The outputs of a `/v1/jobs` job answering PARIS, sampled as asked."""
-    body = {
-        "model": "smollm2",
-        "inputs": {"messages": PARIS},
-        "parameters": {"max_tokens": MAX_TOKENS, **parameters},
-    }
-    response = httpx.post(f"{base_url}/v1/jobs", params={"wait": 300}, json=body, timeout=330)
-    assert response.status_code == 200, response.text
-    finished: dict[str, Any] = response.json()
-    assert finished["status"] == "succeeded", finished
-    outputs: dict[str, Any] = finished["outputs"]
+    """The outputs of a `/v1/jobs` job answering PARIS, sampled as asked. Waited for in the
+    SDK's long polls: one submit's own wait ends at CONVEYOR_MAX_WAIT_S (60 s by default), and
+    a generation on a loaded machine can take longer (it answered 202)."""
+    with Client(base_url) as client:
+        submitted = client.submit(
+            "smollm2",
+            {"messages": PARIS},
+            parameters={"max_tokens": MAX_TOKENS, **parameters},
+        )
+        finished = client.wait(submitted.id, timeout=GENERATION_S)
+    assert finished.status == "succeeded", finished
+    outputs: dict[str, Any] = finished.outputs
     return outputs
 
 
