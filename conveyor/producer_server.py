@@ -18,8 +18,9 @@ from shared.telemetry import configure_logging
 
 APP = "producer_api.app:app"
 # Requests still running this long after SIGTERM are cut, inside a 30 s kill timeout (waits and
-# streams end within 3 s: producer_api/draining.py, stream_shutdown.py; tests/
-# test_stream_shutdown.py shows it under this server as under uvicorn's command line).
+# streams end within CONVEYOR_STREAM_SHUTDOWN_GRACE_S, 3 s: producer_api/draining.py,
+# stream_shutdown.py; tests/test_stream_shutdown.py shows it under this server as under
+# uvicorn's command line).
 GRACEFUL_SHUTDOWN_S = 25
 
 

@@ -126,7 +126,7 @@ def build_state(settings: Settings, repository: ModelRepository | None = None) -
         queue_eta=QueueEta(client, QueuePositions(hot, keys), repository),
         webhooks=webhooks,
         traffic=TrafficControl.build(client, keys, settings, repository, job_store, webhooks),
-        draining=Draining(replies),
+        draining=Draining(replies, settings.stream_shutdown_grace_s),
         startup=Startup(),
     )
 

@@ -1,11 +1,11 @@
-"""Streams end cleanly, never cut mid-body. When the producer stops (SIGTERM), sse-starlette
-sets each open stream's shutdown event and gives it `GRACE_S` to say goodbye before cutting
-it; when Redis stops answering mid-stream (frozen or gone past `CONVEYOR_REDIS_TIMEOUT_S`), or
-refuses to read the job's events (a key of another type where its token stream should be, a
-script running past its limit), there is nothing more to send for now. Either way a stream
-stops following its job at once and sends a last event telling the client to reconnect: the
-job keeps running, its token stream lives in Redis, so this producer (once Redis is back) or
-another resumes it from Last-Event-ID. A client that stops reading is the one cut mid-body:
+"""Streams end cleanly, never cut mid-body. When the producer stops (SIGTERM), sse-starlette sets
+each open stream's shutdown event and gives it `CONVEYOR_STREAM_SHUTDOWN_GRACE_S` to say goodbye
+before cutting it; when Redis stops answering mid-stream (frozen or gone past
+`CONVEYOR_REDIS_TIMEOUT_S`), or refuses to read the job's events (a key of another type where its
+token stream should be, a script running past its limit), there is nothing more to send for now.
+Either way a stream stops following its job at once and sends a last event telling the client to
+reconnect: the job keeps running, its token stream lives in Redis, so this producer (once Redis is
+back) or another resumes it from Last-Event-ID. A client that stops reading is the one cut mid-body:
 once a send has waited SEND_TIMEOUT_S for room (BoundedEventSource), for it to resume likewise."""
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from shared.redis_client import OUT_OF_REACH
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# Shorter than any orchestrator's kill timeout (Kubernetes: 30 s) and uvicorn's graceful one.
-GRACE_S = 3.0
 RECONNECT_MS = 1000
 # The longest one send may wait for a client that reads nothing (its window full): without a
 # bound a stalled reader held its stream's task and its place in the token hub (which read its

@@ -154,6 +154,13 @@ class Settings(BaseSettings):
     # are sent (a failure by then is the request's 4xx, after it an error chunk); its
     # keep-alive ping period too.
     stream_first_event_s: float = Field(default=15.0, gt=0, le=MAX_TIMEOUT_S)
+    # How long a stopping producer (SIGTERM) lets its open streams (job events, OpenAI, console
+    # live feeds) say goodbye before cutting them, and after how long its waiting requests
+    # (long-polls, submit-and-wait, whole OpenAI answers) answer with what they have
+    # (producer_api/draining.py). Keep it well inside uvicorn's graceful shutdown
+    # (`--timeout-graceful-shutdown`, 25 s as shipped) and any orchestrator's kill timeout
+    # (Kubernetes: 30 s): past them, waits are reset rather than answered.
+    stream_shutdown_grace_s: float = Field(default=3.0, gt=0, le=MAX_TIMEOUT_S)
 
     # Signs the operator console's session cookies (producer_api/console/session.py); empty:
     # a random secret per process (sessions then end when the producer restarts, and each

@@ -19,7 +19,6 @@ import redis
 from conveyor.stack import Stack, free_port
 from producer_api.errors import ConveyorError
 from producer_api.openai.embedding_serving import embedding_list
-from producer_api.stream_shutdown import GRACE_S
 from shared.codec import as_written, dumps, loads
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
@@ -32,6 +31,9 @@ from tests.minilm_reference import (
 )
 
 KEYS = Keys("cv:")
+# The stopped producer's CONVEYOR_STREAM_SHUTDOWN_GRACE_S (default 3 s): after how long its
+# waiting requests answer.
+STREAM_GRACE_S = 1.0
 
 
 def _embed(base_url: str, **body: Any) -> httpx.Response:
@@ -186,7 +188,8 @@ def test_a_producer_asked_to_stop_answers_a_waiting_embeddings_request(
     its worker is stopped): the producer never exited. It answers 503 naming the job, as a
     non-streamed completion does, and the job runs on."""
     name = "doomed-embeddings"
-    doomed = stack.start_producer(free_port(), name=name)
+    grace = {"CONVEYOR_STREAM_SHUTDOWN_GRACE_S": str(STREAM_GRACE_S)}
+    doomed = stack.start_producer(free_port(), name=name, **grace)
     before = set(stack_redis.scan_iter("cv:job:*"))
     os.kill(minilm_worker, signal.SIGSTOP)
     try:
@@ -199,7 +202,7 @@ def test_a_producer_asked_to_stop_answers_a_waiting_embeddings_request(
             answer = waiting.result(timeout=60)
     finally:
         os.kill(minilm_worker, signal.SIGCONT)
-    assert exit_code in (0, -signal.SIGTERM) and stopped_s < GRACE_S + 7, stopped_s
+    assert exit_code in (0, -signal.SIGTERM) and stopped_s < STREAM_GRACE_S + 7, stopped_s
     assert answer.status_code == 503 and answer.headers["Retry-After"] == "1", answer.text
     job_id = answer.json()["error"]["job"]
     view = httpx.get(f"{stack.base_url}/v1/jobs/{job_id}", params={"wait": 30}, timeout=60)

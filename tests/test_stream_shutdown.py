@@ -40,7 +40,7 @@ from producer_api.events.api_router import server_sent
 from producer_api.events.protocol import JobEvent
 from producer_api.live_feed import while_holds
 from producer_api.reply_listener import ReplyListener
-from producer_api.stream_shutdown import GRACE_S, SHUTDOWN, UNREACHABLE, until_cut
+from producer_api.stream_shutdown import SHUTDOWN, UNREACHABLE, until_cut
 from producer_api.task_cancel import RECANCEL_S, cancel_and_wait
 from shared.api_keys import ApiKeyStore, key_id_of
 from shared.job_store import JobStore
@@ -62,8 +62,11 @@ STEP_S = 0.05  # the paced model's step_ms: its tokens come no faster
 # waits for its job's first event before its headers are sent (a queued job's stream opens).
 RECHECK_S = 1.0
 FIRST_EVENT_S = 1.0
+# Its CONVEYOR_STREAM_SHUTDOWN_GRACE_S (default 3 s): how long a stopping producer lets its
+# streams say goodbye, and after how long its waiting requests answer.
+STREAM_GRACE_S = 1.0
 # The longest stop of a producer with requests waiting that the test below accepts.
-STOPPED_WITHIN_S = GRACE_S + 7
+STOPPED_WITHIN_S = STREAM_GRACE_S + 7
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +83,7 @@ def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         CONVEYOR_SHUTDOWN_GRACE_S=grace,
         CONVEYOR_STREAM_RECHECK_S=str(RECHECK_S),
         CONVEYOR_STREAM_FIRST_EVENT_S=str(FIRST_EVENT_S),
+        CONVEYOR_STREAM_SHUTDOWN_GRACE_S=str(STREAM_GRACE_S),
         PYTHONPATH=str(REPO_ROOT),  # the engine lives in tests/
     ) as stack:
         yield stack
@@ -201,8 +205,9 @@ def _resumes_and_runs_on(stack: Stack, key: str, sse: Reader, openai: Reader) ->
 def test_sigterm_ends_open_streams_cleanly_and_the_job_resumes_elsewhere(paced: Stack) -> None:
     key = issue_key(paced.redis_url, "shutdown", "submit", "read")
     doomed = paced.start_producer(free_port(), name=DOOMED)
-    # They end at the SIGTERM; one that did not would be cut GRACE_S later, its job still on.
-    sse, openai = _open_streams(doomed, key, GRACE_S + 2)
+    # They end at the SIGTERM; one that did not would be cut STREAM_GRACE_S later, its job
+    # still on.
+    sse, openai = _open_streams(doomed, key, STREAM_GRACE_S + 2)
 
     exit_code = paced.stop_process(DOOMED)  # SIGTERM, then waits for the exit
     sse.join(30)
@@ -433,7 +438,7 @@ async def test_a_producer_asked_to_stop_ends_every_wait(redis_url: str) -> None:
     client = connect(redis_url)
     keys = Keys("drain:")
     replies = ReplyListener(client, keys, "p1", JobStore(client, keys, 60))
-    draining = Draining(replies)
+    draining = Draining(replies, STREAM_GRACE_S)
     draining.start()
     finished = asyncio.Event()
 

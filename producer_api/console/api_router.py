@@ -48,7 +48,7 @@ from producer_api.live_feed import while_holds
 from producer_api.responses import JsonlResponse
 from producer_api.state import ProducerState, producer_state
 from producer_api.stream_places import take_place
-from producer_api.stream_shutdown import GRACE_S, BoundedEventSource
+from producer_api.stream_shutdown import BoundedEventSource
 from shared.codec import as_text, dumps, is_stream_id
 from shared.dead_letters import DeadLetter, DeadLetters, lettered_partitions, submit_checks
 from shared.job_states import JobStatus
@@ -379,7 +379,7 @@ async def job_tokens(
         _while_open(state, service, current, server_sent(events, shutdown)),
         ping=PING_S,
         shutdown_event=shutdown,
-        shutdown_grace_period=GRACE_S,
+        shutdown_grace_period=state.settings.stream_shutdown_grace_s,
     )
 
 

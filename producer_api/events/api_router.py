@@ -15,13 +15,8 @@ from producer_api.errors import ConveyorError, ErrorBody
 from producer_api.events.protocol import EVENT_ID, JobEvent
 from producer_api.events.serving import EventsService
 from producer_api.jobs.api_router import JOB_ID
-from producer_api.stream_shutdown import (
-    GRACE_S,
-    RECONNECT_MS,
-    BoundedEventSource,
-    Cut,
-    until_cut,
-)
+from producer_api.state import ProducerState, producer_state
+from producer_api.stream_shutdown import RECONNECT_MS, BoundedEventSource, Cut, until_cut
 from shared.codec import dumps, is_stream_id
 
 router = APIRouter(tags=["events"])
@@ -67,6 +62,7 @@ async def server_sent(
 @router.get("/v1/jobs/{job_id}/events", response_class=EventSourceResponse, responses=_RESPONSES)
 async def job_events(
     service: Annotated[EventsService, Depends(acting_for("read", EventsService))],
+    state: Annotated[ProducerState, Depends(producer_state)],
     job_id: str = JOB_ID,
     last_event_id: str | None = Header(default=None, alias="Last-Event-ID", pattern=EVENT_ID),
 ) -> Response:
@@ -98,5 +94,5 @@ async def job_events(
         server_sent(events, shutdown),
         ping=PING_S,
         shutdown_event=shutdown,
-        shutdown_grace_period=GRACE_S,
+        shutdown_grace_period=state.settings.stream_shutdown_grace_s,
     )

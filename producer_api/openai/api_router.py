@@ -39,7 +39,8 @@ from producer_api.openai.serving import (
     Renderer,
 )
 from producer_api.responses import FastJSONResponse
-from producer_api.stream_shutdown import GRACE_S, BoundedEventSource
+from producer_api.state import ProducerState, producer_state
+from producer_api.stream_shutdown import BoundedEventSource
 
 router = APIRouter(tags=["openai"])
 JOB_HEADER = "X-Conveyor-Job-Id"
@@ -99,6 +100,7 @@ _EMBEDDING_RESPONSES = {
 
 
 Service = Annotated[OpenAIService, Depends(acting_for("submit", OpenAIService))]
+State = Annotated[ProducerState, Depends(producer_state)]
 Embedder = Annotated[EmbeddingService, Depends(acting_for("submit", EmbeddingService))]
 
 
@@ -136,7 +138,11 @@ async def _unless_gone(
 
 
 async def _answer(
-    request: Request, service: OpenAIService, body: Sampling, renderer_of: Callable[[str], Renderer]
+    request: Request,
+    state: ProducerState,
+    service: OpenAIService,
+    body: Sampling,
+    renderer_of: Callable[[str], Renderer],
 ) -> Response:
     """Interactive requests, run as a job: a client that goes away (stream closed early, or
     the whole answer no longer awaited) cancels its job. `renderer_of` gives the job's renderer
@@ -150,10 +156,11 @@ async def _answer(
     def streaming(opened: OpenedStream) -> Response:
         return BoundedEventSource(
             service.stream(job_id, opened, renderer, shutdown),
-            ping=service.ping_s,
+            # a stream waits no longer for its first event than for a ping
+            ping=state.settings.stream_first_event_s,
             headers=_job_headers(job_id),
             shutdown_event=shutdown,
-            shutdown_grace_period=GRACE_S,
+            shutdown_grace_period=state.settings.stream_shutdown_grace_s,
         )
 
     return await _unless_gone(
@@ -163,25 +170,31 @@ async def _answer(
 
 @router.post(CHAT_PATH, response_model=ChatCompletion, responses=_RESPONSES)
 async def chat_completions(
-    request: Request, body: ChatCompletionRequest, service: Service
+    request: Request, body: ChatCompletionRequest, state: State, service: Service
 ) -> Response:
     """OpenAI's chat completion, run as a Conveyor job (its id in `X-Conveyor-Job-Id`); with
     `stream: true`, chunks as server-sent events. A client that disconnects before the answer
     (streamed or not) cancels the job."""
     return await _answer(
-        request, service, body, lambda job: ChatRenderer(job, body.model, body.include_usage)
+        request,
+        state,
+        service,
+        body,
+        lambda job: ChatRenderer(job, body.model, body.include_usage),
     )
 
 
 @router.post(COMPLETIONS_PATH, response_model=Completion, responses=_RESPONSES)
-async def completions(request: Request, body: CompletionRequest, service: Service) -> Response:
+async def completions(
+    request: Request, body: CompletionRequest, state: State, service: Service
+) -> Response:
     """OpenAI's (legacy) text completion of a raw prompt, run as a Conveyor job; with `echo`,
     the prompt comes first."""
 
     def renderer_of(job_id: str) -> CompletionRenderer:
         return CompletionRenderer(job_id, body.model, body.include_usage, body.echoed())
 
-    return await _answer(request, service, body, renderer_of)
+    return await _answer(request, state, service, body, renderer_of)
 
 
 @router.post(EMBEDDINGS_PATH, response_model=EmbeddingList, responses=_EMBEDDING_RESPONSES)

@@ -249,12 +249,6 @@ class OpenAIService:
         self.principal = principal
         self.jobs = JobsService(state, principal)
 
-    @property
-    def ping_s(self) -> float:
-        """The streamed answer's keep-alive period: no longer than its wait for the first event,
-        so a client's idle timeout never sees a silence that long."""
-        return self.state.settings.stream_first_event_s
-
     def usable(self, model: str) -> ModelConfig | None:
         """The model's config if it is known and the key may use it; else None: the submit
         answers (404, 403), before any 400 about what the model can do (which told a key what
