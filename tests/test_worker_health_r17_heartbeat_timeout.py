@@ -15,13 +15,14 @@ import redis
 
 from shared.keys import Keys
 from shared.settings import Settings
-from shared.worker_registry import HEARTBEAT_S, TTL_S
+from shared.worker_registry import TTL_S
 from tests.conftest import REPO_ROOT, own_valkey, until
 from workers.partition import redis_backoff
 from workers.runtime.consumer_runtime import consumer_name
 from workers.runtime.heartbeat import _Beater
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "model_repository"
+DEFAULT_PERIOD_S: float = Settings.model_fields["worker_heartbeat_s"].default
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ def test_a_frozen_redis_fails_a_beat_in_the_redis_timeout_not_the_block_time(
     os.kill(pid, signal.SIGSTOP)
     try:
         # a beat fails in time for the next to keep the worker's hash, were Redis back
-        until(lambda: "heartbeat: redis unavailable" in caplog.text, TTL_S - HEARTBEAT_S, 0.01)
+        until(lambda: "heartbeat: redis unavailable" in caplog.text, TTL_S - DEFAULT_PERIOD_S, 0.01)
     finally:
         os.kill(pid, signal.SIGCONT)
         beater.stop()
