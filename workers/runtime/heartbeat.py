@@ -100,7 +100,13 @@ class _Beater:
     async def _serve(self) -> None:
         # blocks_ms=0: it never blocks, and a worker's block time on top of its timeout held
         # a beat against a frozen Redis that much longer, a long one past the beats' TTL
-        client = connect(self.settings.redis_url, name=f"{self.beat.name}-heartbeat", blocks_ms=0)
+        retry_s = beat_timeout_s(self.settings)
+        client = connect(
+            self.settings.redis_url,
+            name=f"{self.beat.name}-heartbeat",
+            blocks_ms=0,
+            timeout_s=retry_s,
+        )
         registry = WorkerRegistry(
             client, Keys(self.settings.key_prefix), self.settings.worker_heartbeat_ttl_s
         )
@@ -109,6 +115,7 @@ class _Beater:
         clock = ClockSkew()
         try:
             while not self._stopping.is_set():
+                pause = period
                 try:
                     self._refresh()
                     await registry.publish(self.beat, self._costs())
@@ -116,6 +123,7 @@ class _Beater:
                     outage.recovered()
                 except RedisError as exc:
                     outage.failed(exc)
+                    pause = min(period, retry_s)  # the record lapses TTL after the last beat
                 except Exception:
                     # any other error ended the thread, the worker serving on unseen: its
                     # partitions read as having no consumer (console, scaling, queue ETAs)
@@ -123,12 +131,24 @@ class _Beater:
                 # on this thread, its loop's only task: an executor thread would be one the
                 # interpreter's exit joins, and a worker whose start failed (Celery stops none
                 # of its steps) waited up to a beat more to exit
-                self._stopping.wait(period)
+                self._stopping.wait(pause)
             await registry.remove(self.beat.name)
         except RedisError as exc:
             log.warning("heartbeat not removed (%r)", exc)
         finally:
             await client.aclose()
+
+
+def beat_timeout_s(settings: Settings) -> float:
+    """How long a beat waits on Redis: CONVEYOR_REDIS_TIMEOUT_S, at most a third of what the
+    TTL leaves past the period. A beat lost on a silent connection (a failover's old host gone
+    without a FIN or RST) waited the whole Redis timeout, then a period: the record, rewritten
+    `period + timeout + period` after the last beat, lapsed under a shorter TTL, the live worker
+    read as gone with Redis up. A failed try and the pause before its retry (each this long at
+    most) leave the retry a third of the slack. At the defaults (a 2 s period, a 10 s TTL) it is
+    the Redis timeout's 2 s, as before."""
+    slack_s = settings.worker_heartbeat_ttl_s - settings.worker_heartbeat_s
+    return min(settings.redis_timeout_s, slack_s / 3)
 
 
 class WorkerHeartbeat(bootsteps.StartStopStep):
