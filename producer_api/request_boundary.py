@@ -26,8 +26,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from producer_api.auth.dependencies import authenticate_early, keyed
 from producer_api.errors import error_response, read_as_json
 
-# The most (method, path) answers `RequestBoundaryMiddleware._keyed` keeps.
+# The most (method, path) answers `RequestBoundaryMiddleware._keyed` keeps, and the longest
+# path it keeps one for: a route's own paths, ids included, are far shorter, and uvicorn takes
+# paths of up to 64 kB, 4096 of which, sent before any key is checked, held some 270 MB.
 KEYED_PATHS_KEPT = 4096
+KEYED_PATH_MAX = 512
 # What orjson serialises: signed and unsigned 64-bit integers.
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 # Where the parsed body waits for the route (an ASGI scope key), so it is parsed once.
@@ -268,16 +271,19 @@ class RequestBoundaryMiddleware:
         """Whether the route the router will pick for the request (the first whose path and
         method match) takes an API key; None where no route takes it. The app's routes are
         classed at its first request, when every router is included; the answers kept are
-        forgotten past KEYED_PATHS_KEPT (paths holding ids are each new)."""
+        forgotten past KEYED_PATHS_KEPT (paths holding ids are each new), and none is kept for
+        a path past KEYED_PATH_MAX."""
         at = (scope["method"], scope["path"])
         if at in self.keyed_paths:
             return self.keyed_paths[at]
         if self.routes is None:
             self.routes = [(route, keyed(route)) for route in scope["app"].routes]
         full = (keys for route, keys in self.routes if route.matches(scope)[0] is Match.FULL)
-        if len(self.keyed_paths) >= KEYED_PATHS_KEPT:
-            self.keyed_paths.clear()
-        self.keyed_paths[at] = found = next(full, None)
+        found = next(full, None)
+        if len(at[1]) <= KEYED_PATH_MAX:
+            if len(self.keyed_paths) >= KEYED_PATHS_KEPT:
+                self.keyed_paths.clear()
+            self.keyed_paths[at] = found
         return found
 
     def _limit_of(self, scope: Scope) -> BodyLimit:

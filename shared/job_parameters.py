@@ -126,7 +126,7 @@ def check_parameters(
     served = f"model {config.name}:{variant}"
     backend = config.backend_of(variant)
     if backend in GENERATE_BACKENDS and (unknown := SamplingParameters.unknown(parameters)):
-        named = ", ".join(names.where(name) for name in unknown)
+        named = ", ".join(names.where(client_named(name)) for name in unknown)
         taken = ", ".join(sorted(SamplingParameters.model_fields))
         raise ParametersRefused(
             f"{named}: not taken by {served} (backend {backend}, which takes: {taken})"

@@ -27,7 +27,7 @@ from producer_api.state import ProducerState
 from producer_api.task_cancel import uninterrupted
 from shared import job_parameters
 from shared.codec import RequestEntry
-from shared.job_parameters import AS_JOB_FIELDS, FieldNames, ParametersRefused
+from shared.job_parameters import AS_JOB_FIELDS, FieldNames, ParametersRefused, client_named
 from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, stamp_ms
 from shared.keys import new_job_id
@@ -75,7 +75,9 @@ def unsuccessful(subject: str, status: str, error: dict[str, Any] | None) -> Con
 
 
 def not_found(job_id: str) -> ConveyorError:
-    return ConveyorError(404, "not_found", f"job {job_id} not found")
+    """404 naming the id as sent, cut short when long: an id is any path segment (10 kB of one
+    came back whole)."""
+    return ConveyorError(404, "not_found", f"job {client_named(job_id)} not found")
 
 
 def checked_id(job_id: str) -> str:
