@@ -128,7 +128,7 @@ class LaneScheduler:
             return [
                 batch for lane in lanes for batch in await self.reader.held([lane], count, in_hand)
             ]
-        self.backlog = any(self._left_waiting(deliveries, count) for _, deliveries in waited)
+        self.backlog = self._backlogged(waited, count)
         read_at = time.monotonic()
         return [await top_up(b, read_at) for b in waited]
 
@@ -180,14 +180,26 @@ class LaneScheduler:
         self.backlog = len(batch[1]) >= max_items
         return batch
 
+    def _backlogged(self, waited: list[MicroBatch], count: int) -> bool:
+        """Whether a blocking read (COUNT `count` a lane) likely left jobs waiting, so the next
+        read is a TAKE of the lane preferred now. A micro-batch of one is full whether or not
+        more wait: after each lone job, a TAKE found nothing before the blocking read, two read
+        round trips a job on an idle partition. There only both lanes' jobs in one read say so
+        (only TAKE serves them by `bulk_share`); under one lane's backlog, the blocking read
+        returns at once, one round trip a job as TAKE's."""
+        if count == 1 and len(waited) > 1:
+            return True
+        return any(self._left_waiting(deliveries, count) for _, deliveries in waited)
+
     def _left_waiting(self, deliveries: list[Delivery], max_items: int) -> bool:
         """Whether a blocking read that handed over `deliveries` likely left jobs waiting: it
-        filled a micro-batch, or jobs may be held (only a TAKE moves a micro-batch's worth of
-        them in; the stream keeps just one to wake a worker): round robin had moved one of its
-        jobs in (in any lane: a producer with `queue.fair` on holds jobs whatever this worker's
-        config says), or, in a fair lane, the read took the stream's whole window (later jobs
-        were held). A quiet fair lane is read as any other, one round trip per micro-batch."""
-        if len(deliveries) >= max_items or any(d.moved for d in deliveries):
+        filled a micro-batch of more than one, or jobs may be held (only a TAKE moves a micro-
+        batch's worth of them in; the stream keeps just one to wake a worker): round robin had
+        moved one of its jobs in (in any lane: a producer with `queue.fair` on holds jobs
+        whatever this worker's config says), or, in a fair lane, the read took the stream's
+        whole window (later jobs were held). A quiet fair lane is read as any other, one round
+        trip per micro-batch."""
+        if len(deliveries) >= max_items > 1 or any(d.moved for d in deliveries):
             return True
         return bool(self.fair_window) and len(deliveries) >= self.fair_window
 
