@@ -158,7 +158,7 @@ async def test_a_live_feed_ends_once_its_key_allows_less(
     key, record = await store.create(KeySpec(tenant="ops", scopes=frozenset(SCOPES)))
     state = build_state(Settings(redis_url=redis_url, key_prefix=KEYS.prefix))
     sessions = LiveSessions(aredis, KEYS, idle_s=600)
-    await sessions.open("feed")
+    await sessions.open("feed", record.key_id)
     session = ConsoleSession(Principal.of(record, state.settings), "csrf", "feed")
     try:
         assert await still_open(state, sessions, session)

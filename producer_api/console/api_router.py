@@ -180,7 +180,7 @@ async def login(
     await end_replaced(signer, service.sessions, request.cookies.get(COOKIE, ""))
     response = _see("/console")
     cookie, nonce = signer.issue(principal.key_id)
-    await service.sessions.open(nonce)
+    await service.sessions.open(nonce, principal.key_id)
     _set_cookie(request, response, COOKIE, cookie, MAX_AGE_S)
     response.delete_cookie(LOGIN_COOKIE, path="/console")
     return response

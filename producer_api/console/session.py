@@ -155,12 +155,14 @@ async def still_open(state: ProducerState, sessions: LiveSessions, session: Cons
 async def _usable_key(
     state: ProducerState, sessions: LiveSessions, key_id: str, nonce: str
 ) -> ApiKey | None:
-    """The session's key, unless revoked or expired, or the session logged out of or idle
-    past its timeout; renews the session. A session whose key is unusable is ended: refused
-    but renewed by each request, it opened the console again once the key was stored again
-    (the development key, at a producer's start)."""
+    """The session's key, unless revoked or expired, or the session logged out of, idle past
+    its timeout or opened for another key (`LiveSessions.renewed`); renews the session. A
+    session whose key is unusable is ended: refused but renewed by each request, it opened the
+    console again once the key was stored again (the development key, at a producer's start)."""
     # the key's record and the session's renewal at once: one round trip's wait, not two
-    key, open_ = await asyncio.gather(state.api_keys.usable(key_id), sessions.renewed(nonce))
+    key, open_ = await asyncio.gather(
+        state.api_keys.usable(key_id), sessions.renewed(nonce, key_id)
+    )
     if key is None and open_:
         await sessions.close(nonce)
     return key if open_ else None
