@@ -11,7 +11,14 @@ from typing import Annotated, Any, NoReturn
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, Tag, ValidationError
 
 from shared.json_unions import AS_SENT, BY_JSON_TYPE
-from shared.model_repository import GENERATE_BACKENDS, QUOTED_CHARS, ModelConfig, in_inputs, quote
+from shared.model_repository import (
+    GENERATE_BACKENDS,
+    QUOTED_CHARS,
+    ModelConfig,
+    in_inputs,
+    quote,
+    unnamed_max_tokens,
+)
 
 
 class ParametersRefused(Exception):
@@ -136,8 +143,7 @@ def check_parameters(
     if sampling.max_tokens is not None and limit is not None and sampling.max_tokens > int(limit):
         _refuse(names, "max_tokens", f"at most {limit} for {served}")
     max_tokens = names.parameter("max_tokens")
-    default = own.get("default_max_tokens")
-    if (why := _min_tokens_refusal(sampling, default, limit, max_tokens)) is not None:
+    if (why := _min_tokens_refusal(sampling, unnamed_max_tokens(own), max_tokens)) is not None:
         _refuse(names, "min_tokens", f"{why} for {served}")
 
 
@@ -152,19 +158,16 @@ def _refuse(names: FieldNames, parameter: str, why: str) -> NoReturn:
     raise ParametersRefused(f"{where}: {why}", param=where)
 
 
-def _min_tokens_refusal(
-    sampling: SamplingParameters, default: Any, limit: Any, max_tokens: str
-) -> str | None:
+def _min_tokens_refusal(sampling: SamplingParameters, unnamed: int, max_tokens: str) -> str | None:
     """Why `min_tokens` exceeds the max_tokens the engine will run the job with (the job's own,
-    named `max_tokens` as the client sent it, else the model's default; within the limit), as
-    vLLM refuses it; None if it does not."""
+    named `max_tokens` as the client sent it, else `unnamed`, what a job naming none runs with),
+    as vLLM refuses it; None if it does not. A variant with a limit but no default runs such a
+    job with UNNAMED_MAX_TOKENS, not its limit: checked against the limit, a larger min_tokens
+    was taken, and the engine cut it silently."""
     if sampling.min_tokens is None:
         return None
     if sampling.max_tokens is not None:
         cap, what = sampling.max_tokens, max_tokens
     else:
-        known = [int(value) for value in (default, limit) if value is not None]
-        if not known:
-            return None  # the engine's own default: it cuts min_tokens to it
-        cap, what = min(known), "the max_tokens a job naming none runs with"
+        cap, what = unnamed, "the max_tokens a job naming none runs with"
     return f"at most {what} ({cap})" if sampling.min_tokens > cap else None

@@ -119,6 +119,7 @@ class RunningJob:
     task: asyncio.Task[None] | None = None
     text: list[str] = field(default_factory=list)
     first_token_ms: int = 0
+    first_tokens: int = 0  # the tokens of the first chunk that had any
     last_token_ms: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -144,7 +145,8 @@ class RunningJob:
         events = self._opening()
         self.peak_running = max(self.peak_running, engine_running)
         if chunk.token_count:
-            self.first_token_ms = self.first_token_ms or at_ms
+            if not self.first_token_ms:
+                self.first_token_ms, self.first_tokens = at_ms, chunk.token_count
             self.last_token_ms = at_ms
         self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
         self.completion_tokens = chunk.completion_tokens or self.completion_tokens
@@ -233,9 +235,14 @@ class RunningJob:
 
     @property
     def tpot_ms(self) -> float | None:
-        if self.completion_tokens < 2:
+        """First chunk to last, per token after the first chunk's. A first chunk may carry
+        several: the tokens of steps whose text vLLM held back (a possible stop string, an
+        emoji's first bytes). Divided by all tokens but one, a generation whose text was held
+        back to its end (a stop string longer than it) read 0.0 ms per token."""
+        after_first = self.completion_tokens - self.first_tokens
+        if not self.first_token_ms or after_first < 1:
             return None
-        return round((self.last_token_ms - self.first_token_ms) / (self.completion_tokens - 1), 3)
+        return round((self.last_token_ms - self.first_token_ms) / after_first, 3)
 
     def fields(self) -> dict[str, str]:
         """The job-hash fields of the result (outputs or error, timings, token counts)."""
