@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer_api.auth.dependencies import authenticate_early, keyed
 from producer_api.errors import error_response, read_as_json
+from shared.job_parameters import client_named
 
 # The most (method, path) answers `RequestBoundaryMiddleware._keyed` keeps, and the longest
 # path it keeps one for: a route's own paths, ids included, are far shorter, and uvicorn takes
@@ -256,8 +257,8 @@ class RequestBoundaryMiddleware:
         store; None for a body the route may take, its JSON value left in the scope."""
         if coded := _content_coding(headers):
             message = (
-                f"Content-Encoding {coded} is not supported: send the body uncompressed "
-                "(no Content-Encoding)"
+                f"Content-Encoding {client_named(coded)} is not supported: send the body "
+                "uncompressed (no Content-Encoding)"
             )
             return error_response(415, "unsupported_media_type", message, UNCODED)
         if _is_json(scope, headers.get("content-type"), self.own_format):

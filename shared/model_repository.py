@@ -405,11 +405,26 @@ def _as_json(value: Any) -> str:
 
 def _briefly(error: jsonschema_rs.ValidationError) -> str:
     """The error's message with the value it quotes cut short, once for every way it broke
-    the schema."""
-    quoted = _as_json(error.instance)
-    if quoted not in error.message:
-        return error.message
-    return error.message.replace(quoted, quote(error.instance), 1)
+    the schema. An unexpected key (or item) is named in the message, not as its instance, and
+    a key refused by `propertyNames` only in the key's own error: each came back whole."""
+    match error.kind:
+        case jsonschema_rs.ValidationErrorKind.PropertyNames(error=own):
+            return _briefly(own)
+        case (
+            jsonschema_rs.ValidationErrorKind.AdditionalProperties(unexpected=unexpected)
+            | jsonschema_rs.ValidationErrorKind.UnevaluatedProperties(unexpected=unexpected)
+            | jsonschema_rs.ValidationErrorKind.UnevaluatedItems(unexpected=unexpected)
+        ):
+            named = ", ".join(f"'{name}'" for name in unexpected)
+            return _cut(error.message, named, unexpected)
+    return _cut(error.message, _as_json(error.instance), error.instance)
+
+
+def _cut(message: str, said: str, value: Any) -> str:
+    """`message` with `said`, how it quotes `value`, cut short where long."""
+    if len(said) <= QUOTED_CHARS or said not in message:
+        return message
+    return message.replace(said, quote(value), 1)
 
 
 class InputProblem(NamedTuple):
@@ -420,8 +435,11 @@ class InputProblem(NamedTuple):
 
 
 def in_inputs(path: Sequence[str | int]) -> str:
-    """A place in a job's inputs as `/v1/jobs` refusals name it: `inputs['messages'][0]`."""
-    return f"inputs{''.join(f'[{p!r}]' for p in path)}"
+    """A place in a job's inputs as `/v1/jobs` refusals name it: `inputs['messages'][0]`; a key
+    of the client's own (under `additionalProperties: {...}`) quoted cut short where long."""
+    return "inputs" + "".join(
+        f"[{p!r}]" if len(str(p)) <= QUOTED_CHARS else f"[{quote(p)}]" for p in path
+    )
 
 
 def _no_retrieval(uri: str) -> Any:

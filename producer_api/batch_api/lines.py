@@ -12,11 +12,11 @@ import orjson
 from pydantic import ValidationError
 
 from producer_api.batch_api.protocol import BatchItemBody, BatchLine
-from producer_api.errors import ConveyorError
+from producer_api.errors import ConveyorError, listed
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.request_boundary import parse_json
 from shared.codec import RequestEntry
-from shared.job_parameters import AS_JOB_FIELDS, FieldNames
+from shared.job_parameters import AS_JOB_FIELDS, FieldNames, client_named
 from shared.model_repository import ModelConfig
 
 # a line's job, from its model, its body as the route reads it, and how a refusal names its fields
@@ -62,9 +62,9 @@ def rejection(line: int, custom_id: str | None, type_: str, message: str) -> dic
 def _describe(exc: ValidationError, prefix: str) -> str:
     parts = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in (prefix, *err["loc"]) if p)
+        where = ".".join(client_named(p) for p in (prefix, *err["loc"]) if p)
         parts.append(f"{where or 'line'}: {err['msg']}")
-    return "; ".join(parts)
+    return listed(parts)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api import lines
 from producer_api.batch_api.progress import batch_file_name, first_errors
 from producer_api.batch_api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, JOBS, BatchOptions
-from producer_api.errors import ConveyorError
+from producer_api.errors import ConveyorError, listed
 from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.serving import UNSUCCESSFUL_STATUS, JobsService
@@ -43,7 +43,7 @@ from shared.batch_api_store import (
     window_end,
 )
 from shared.codec import RequestEntry, as_objects, as_written, dumps, loads
-from shared.job_parameters import FieldNames
+from shared.job_parameters import FieldNames, client_named
 from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
 from shared.metrics import JOBS_SUBMITTED
@@ -64,7 +64,7 @@ class BatchNotFound(ConveyorError):
 
 
 def not_found(batch_id: str) -> BatchNotFound:
-    return BatchNotFound(404, "not_found", f"batch {batch_id} not found")
+    return BatchNotFound(404, "not_found", f"batch {client_named(batch_id)} not found")
 
 
 # OpenAI's codes for a line its batch never answered, having been cancelled or expired first
@@ -135,8 +135,8 @@ def _options(options: dict[str, Any]) -> BatchOptions:
         return BatchOptions.model_validate(options)
     except ValidationError as exc:
         errors = exc.errors()
-        named = [".".join(map(str, e["loc"])) for e in errors]
-        message = "; ".join(f"{where}: {e['msg']}" for where, e in zip(named, errors, strict=True))
+        named = [".".join(map(client_named, e["loc"])) for e in errors]
+        message = listed([f"{where}: {e['msg']}" for where, e in zip(named, errors, strict=True)])
         raise ConveyorError(422, "invalid_request", message, param=named[0]) from None
 
 

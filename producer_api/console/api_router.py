@@ -51,6 +51,7 @@ from producer_api.stream_places import take_place
 from producer_api.stream_shutdown import BoundedEventSource
 from shared.codec import as_text, dumps, is_stream_id
 from shared.dead_letters import DeadLetter, DeadLetters, lettered_partitions, submit_checks
+from shared.job_parameters import client_named
 from shared.job_states import JobStatus
 from shared.job_store import JobRecord
 from shared.model_repository import ModelConfigError
@@ -324,7 +325,9 @@ async def jobs(
         return _see(f"/console/jobs/{id.strip()}")
     if status and status not in STATUSES:  # listed as none matching, though jobs had it
         known = ", ".join(STATUSES)
-        raise ConveyorError(422, "invalid_request", f"no job status {status!r}: one of {known}")
+        raise ConveyorError(
+            422, "invalid_request", f"no job status {client_named(status)}: one of {known}"
+        )
     if not current.admin:
         tenant = current.principal.tenant
     wanted = JobFilter(status=status, model=model, tenant=tenant)
@@ -446,7 +449,7 @@ async def _readable(
     letters, unserved = _dead_letters(state, model, variant), _unserved(state, model, variant)
     # one no longer served is known by its keys (as the CLI knows it): a typo has none
     if not current.principal.may_use(model) or (unserved and not await letters.partition_exists()):
-        raise ConveyorError(404, "not_found", f"no partition {partition!r}")
+        raise ConveyorError(404, "not_found", f"no partition {client_named(partition)}")
     if refused := await letters.unreadable():
         raise ConveyorError(409, "conflict", refused)
     if action == "replay" and unserved:
@@ -465,7 +468,9 @@ async def dead_letters(
     (`DeadLetters.unreadable`): every partition the repository serves, and every other that
     holds letters (`lettered_partitions`), said to be no longer served."""
     if after and not is_stream_id(after):  # Redis refused the read: a 500
-        raise ConveyorError(422, "invalid_request", f"after: {after!r} is no dead-letter id")
+        raise ConveyorError(
+            422, "invalid_request", f"after: {client_named(after)} is no dead-letter id"
+        )
     served = [(config.name, variant) for config in state.repository for variant in config.variants]
     lettered = set(await lettered_partitions(state.redis, state.keys)) - set(served)
     partitions: list[tuple[str, list[DeadLetter], int, str, str, str, str]] = []
@@ -497,7 +502,9 @@ async def confirm(
         raise ConveyorError(404, "not_found", "no such action")
     letters = await _readable(state, current, partition, action)
     if entry and not await letters.letters_of([entry]):  # not "Replay 1 dead letter?" for none
-        raise ConveyorError(404, "not_found", f"no dead letter {entry!r} in {partition}")
+        raise ConveyorError(
+            404, "not_found", f"no dead letter {client_named(entry)} in {partition}"
+        )
     # "all" is what the operator was shown: a letter that dies before the click stays
     count, upto = (1, "") if entry else await letters.counted()
     context = {"action": action, "partition": partition, "entry": entry, "count": count}

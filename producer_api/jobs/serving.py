@@ -18,7 +18,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from producer_api.auth.principal import Principal
-from producer_api.errors import NO_RETRY, REFUSALS, ConveyorError
+from producer_api.errors import NO_RETRY, REFUSALS, ConveyorError, listed
 from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.queue_eta import Standing, StartBy
@@ -120,8 +120,8 @@ class JobsService:
             raise ConveyorError(404, "not_found", str(exc)) from None
         if problems := config.input_problems(body.inputs):
             where = [self.names.input(problem.path) for problem in problems]
-            said = (f"{at}: {problem.why}" for at, problem in zip(where, problems, strict=True))
-            raise ConveyorError(422, "invalid_request", "; ".join(said), param=where[0])
+            said = [f"{at}: {problem.why}" for at, problem in zip(where, problems, strict=True)]
+            raise ConveyorError(422, "invalid_request", listed(said), param=where[0])
         check_parameters(config, variant, body.parameters, self.names)
         if body.webhook is not None and (why := refusal(body.webhook, self.state.settings)):
             raise ConveyorError(422, "invalid_request", why)

@@ -32,7 +32,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from shared.job_parameters import FieldNames, SamplingParameters
+from shared.job_parameters import FieldNames, SamplingParameters, client_named
 from shared.json_unions import AS_SENT, BY_JSON_TYPE
 from shared.model_repository import NAME
 
@@ -238,7 +238,7 @@ class TextPart(BaseModel):
         kind = value.get("type") if isinstance(value, dict) else None
         if isinstance(kind, str) and kind != "text":
             message = "{kind} parts are not taken: the model reads text only"
-            raise PydanticCustomError("part_not_served", message, {"kind": kind})
+            raise PydanticCustomError("part_not_served", message, {"kind": client_named(kind)})
         return value
 
 
