@@ -38,7 +38,14 @@ def test_the_defaults_are_the_constants_they_replace() -> None:
     assert settings.stream_first_event_s == DEFAULT_FIRST_EVENT_S
 
 
-@pytest.mark.parametrize("name", ["CONVEYOR_STREAM_RECHECK_S", "CONVEYOR_STREAM_FIRST_EVENT_S"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "CONVEYOR_STREAM_RECHECK_S",
+        "CONVEYOR_STREAM_FIRST_EVENT_S",
+        "CONVEYOR_STREAM_SHUTDOWN_GRACE_S",  # tests/test_settings_r33_stream_grace.py
+    ],
+)
 @pytest.mark.parametrize("value", ["0", "-1", str(MAX_TIMEOUT_S + 1), "nan"])
 def test_out_of_bounds_values_are_refused_at_start(
     settings_env: Callable[..., None], name: str, value: str
