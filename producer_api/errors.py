@@ -22,8 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from producer_api.openai import OPENAI_PATHS
 from producer_api.responses import FastJSONResponse
-from shared.job_parameters import client_named
-from shared.model_repository import QUOTED_CHARS, quote
+from shared.model_repository import QUOTED_CHARS, client_named, quote
 from shared.redis_client import OUT_OF_REACH, PersistenceError, ReplicasMissing, ScriptBusy
 
 log = logging.getLogger(__name__)

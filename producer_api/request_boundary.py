@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer_api.auth.dependencies import authenticate_early, keyed
 from producer_api.errors import error_response, read_as_json
-from shared.job_parameters import client_named
+from shared.model_repository import client_named
 
 # The most (method, path) answers `RequestBoundaryMiddleware._keyed` keeps, and the longest
 # path it keeps one for: a route's own paths, ids included, are far shorter, and uvicorn takes

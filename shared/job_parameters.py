@@ -13,10 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, Tag, ValidationEr
 from shared.json_unions import AS_SENT, BY_JSON_TYPE
 from shared.model_repository import (
     GENERATE_BACKENDS,
-    QUOTED_CHARS,
     ModelConfig,
+    client_named,
     in_inputs,
-    quote,
     unnamed_max_tokens,
 )
 
@@ -29,14 +28,6 @@ class ParametersRefused(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
-
-
-def client_named(part: str | int) -> str:
-    """A step of an error's location, as the client named it: a field's name, a list's index,
-    or a key of the client's own, quoted cut short when long (an unknown field or a route's
-    variant named in 100 KB was quoted whole)."""
-    text = str(part)
-    return text if len(text) <= QUOTED_CHARS else quote(text)
 
 
 class FieldNames:

@@ -394,6 +394,14 @@ def quote(value: Any) -> str:
     return f"{quoted[:QUOTED_CHARS]}… ({len(quoted)} characters of JSON)"
 
 
+def client_named(part: str | int) -> str:
+    """A value the client sent, named in an error as sent (a field's name, a list's index, a
+    key of its own, a header, a query value, an id), quoted cut short when long (an unknown
+    field or a route's variant named in 100 KB was quoted whole)."""
+    text = str(part)
+    return text if len(text) <= QUOTED_CHARS else quote(text)
+
+
 def _as_json(value: Any) -> str:
     """The value's JSON by orjson, else by the standard library: orjson refuses an integer past
     64 bits (a typo's in a config.yaml), and its refusal escaped as a TypeError traceback."""

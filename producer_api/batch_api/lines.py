@@ -16,8 +16,8 @@ from producer_api.errors import ConveyorError, listed
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.request_boundary import parse_json
 from shared.codec import RequestEntry
-from shared.job_parameters import AS_JOB_FIELDS, FieldNames, client_named
-from shared.model_repository import ModelConfig
+from shared.job_parameters import AS_JOB_FIELDS, FieldNames
+from shared.model_repository import ModelConfig, client_named
 
 # a line's job, from its model, its body as the route reads it, and how a refusal names its fields
 Build = Callable[[str, PredictRequest, FieldNames], tuple[RequestEntry, ModelConfig, str]]

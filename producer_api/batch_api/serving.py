@@ -43,11 +43,11 @@ from shared.batch_api_store import (
     window_end,
 )
 from shared.codec import RequestEntry, as_objects, as_written, dumps, loads
-from shared.job_parameters import FieldNames, client_named
+from shared.job_parameters import FieldNames
 from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
 from shared.metrics import JOBS_SUBMITTED
-from shared.model_repository import ModelConfig
+from shared.model_repository import ModelConfig, client_named
 from shared.tenant_index import Page
 from shared.webhook_events import refusal
 

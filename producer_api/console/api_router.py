@@ -51,10 +51,9 @@ from producer_api.stream_places import take_place
 from producer_api.stream_shutdown import BoundedEventSource
 from shared.codec import as_text, dumps, is_stream_id
 from shared.dead_letters import DeadLetter, DeadLetters, lettered_partitions, submit_checks
-from shared.job_parameters import client_named
 from shared.job_states import JobStatus
 from shared.job_store import JobRecord
-from shared.model_repository import ModelConfigError
+from shared.model_repository import ModelConfigError, client_named
 
 HERE = Path(__file__).parent
 LETTERS_SHOWN = 200  # per partition, oldest first

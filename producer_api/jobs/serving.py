@@ -27,12 +27,12 @@ from producer_api.state import ProducerState
 from producer_api.task_cancel import uninterrupted
 from shared import job_parameters
 from shared.codec import RequestEntry
-from shared.job_parameters import AS_JOB_FIELDS, FieldNames, ParametersRefused, client_named
+from shared.job_parameters import AS_JOB_FIELDS, FieldNames, ParametersRefused
 from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, stamp_ms
 from shared.keys import new_job_id
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
-from shared.model_repository import ModelConfig
+from shared.model_repository import ModelConfig, client_named
 from shared.redis_client import OUT_OF_REACH
 from shared.routing import UnknownVariant
 from shared.telemetry import current_trace_context

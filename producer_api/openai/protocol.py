@@ -32,9 +32,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from shared.job_parameters import FieldNames, SamplingParameters, client_named
+from shared.job_parameters import FieldNames, SamplingParameters
 from shared.json_unions import AS_SENT, BY_JSON_TYPE
-from shared.model_repository import NAME
+from shared.model_repository import NAME, client_named
 
 # The job's sampling parameters: OpenAI's and vLLM's extra ones (top_k, min_p, ...).
 SAMPLING = tuple(SamplingParameters.model_fields)
