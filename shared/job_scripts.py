@@ -1002,9 +1002,10 @@ return out
 # met; a `cancelled` result's fields (what an aborted generation reached: its outputs so far and
 # token counts) join a `cancelled` record, never its end (`finished`, `error`) nor `write_id`
 # (workers/partition/finish.py: Finish.record), and so do a generation's other results (streamed:
-# its client read the tokens); another result is dropped. A result whose job's hash is gone
-# (expired or deleted while it ran) is not written and is returned as met `cancelled`, as the
-# generate loop reads a job whose hash is gone: it counted in no state.
+# its client read the tokens), their outputs' finish_reason made `abort`; another result is
+# dropped. A result whose job's hash is gone (expired or deleted while it ran) is not written and
+# is returned as met `cancelled`, as the generate loop reads a job whose hash is gone: it counted
+# in no state.
 # Per written job two commands (HMGET, HSET; EXPIRE too for a job older than renew_before); per
 # micro-batch one SPUBLISH per reply
 # channel (a JSON array of the views written for it; the channel is in the partition's slot),
@@ -1042,12 +1043,24 @@ local ENDED = {cancelled = true, expired = true}
 -- a result's own fields, which a record the API ended does not take: its end (`finished`, and
 -- `error`, which a batch's end writes) is the API's, and it holds no result of this worker's
 local RESULT_ONLY = {write_id = true, finished = true, error = true}
--- what a run reached (outputs so far, token counts), joined to the record of a job the API ended
-local function ran_to(jk, first, last)
+-- what a run reached (outputs so far, token counts), joined to the record of a job the API ended;
+-- `cut`: a generation that ran on past the cancel, whose outputs' `finish_reason` (the engine's,
+-- `length`) becomes `abort`, as its final says (RunningJob.settle) and vLLM reports an aborted
+-- request. Decoded here, on this rare path only: FINISH's writes pass outputs through unread;
+-- outputs that are no JSON object stay as they are (an error here would fail the whole batch)
+local function aborted(outputs)
+  local ok, decoded = pcall(cjson.decode, outputs)
+  if not ok or type(decoded) ~= 'table' then return outputs end
+  decoded.finish_reason = 'abort'
+  return cjson.encode(decoded)
+end
+local function ran_to(jk, first, last, cut)
   local kept = {}
   for f = first, last, 2 do
     if not RESULT_ONLY[ARGV[f]] then
-      table.insert(kept, ARGV[f]); table.insert(kept, ARGV[f + 1])
+      local value = ARGV[f + 1]
+      if cut and ARGV[f] == 'outputs' then value = aborted(value) end
+      table.insert(kept, ARGV[f]); table.insert(kept, value)
     end
   end
   if #kept > 0 then redis.call('HSET', jk, unpack(kept)) end
@@ -1115,9 +1128,9 @@ while i <= #ARGV do
       -- token counts) on the record, whose status, end and attempt the cancel wrote; a result
       -- made for no one once the API had ended the job (an embedding computed after its cancel)
       -- is dropped, as a revoked task's; but a generation's (ARGV[8]), whose tokens its client
-      -- read as they came, keeps what it ran to, as an aborted one does
+      -- read as they came, keeps what it ran to, as an aborted one does, ended by `abort` too
       if cur[1] == 'cancelled' and (status == 'cancelled' or ARGV[8] == '1') then
-        ran_to(jk, first, last)
+        ran_to(jk, first, last, status ~= 'cancelled')
       end
       table.insert(met, {jid, cur[1]})
     elseif not cur[1] then

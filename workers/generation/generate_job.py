@@ -215,9 +215,9 @@ class RunningJob:
 
     def settle(self, finish: Finish) -> None:
         """End as FINISH left the record, for the final to say the same: as the API ended it
-        (a cancel after the tick's status read, `Finish.met`), or failed with the error FINISH
-        wrote for a result too large to store, which APPEND otherwise turned into a `failed`
-        final with no error."""
+        (a cancel after the tick's status read, `Finish.met`: `abort`, as FINISH wrote the
+        record's outputs), or failed with the error FINISH wrote for a result too large to
+        store, which APPEND otherwise turned into a `failed` final with no error."""
         if finish.met:
             self.ended_as = finish.met
         elif finish.status == JobStatus.FAILED and self.status != JobStatus.FAILED:
