@@ -80,6 +80,12 @@ def command() -> None:
     """Canary rollouts of a model's variants (needs an admin key)."""
 
 
+def _p99_text(p99_ms: float | None) -> str:
+    """A decision's p99 as read: none when too few online jobs were timed to judge it (the
+    baseline's over a whole canary is never timed), which printed as `None ms`."""
+    return "not judged" if p99_ms is None else f"{p99_ms} ms"
+
+
 def print_canary(view: dict[str, Any], events: int) -> None:
     canary = view["canary"]
     if canary is None:
@@ -93,7 +99,7 @@ def print_canary(view: dict[str, Any], events: int) -> None:
     for item in shown[max(len(shown) - events, 0) :]:  # not [-events:]: [-0:] is every one
         numbers = "".join(
             f"  {side} {seen['requests']} req, {seen['error_rate']:.2%} errors,"
-            f" p99 {seen['p99_ms']} ms"
+            f" p99 {_p99_text(seen['p99_ms'])}"
             for side, seen in item.get("numbers", {}).items()
         )
         reason = f" ({item['reason']})" if item.get("reason") else ""
