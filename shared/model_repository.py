@@ -44,6 +44,8 @@ ENCODER_BACKENDS = frozenset({"onnxruntime", "tensorrt", "torch"})
 # The named engines that load what `prepare` builds (identity loads nothing).
 ARTIFACT_BACKENDS = ENCODER_BACKENDS | GENERATE_BACKENDS
 QUOTED_CHARS = 200  # of a refused value, quoted in its 422
+DICT_KEY = "[key]"  # the last place pydantic gives a mapping's key of the wrong type
+NOT_A_STRING_KEY = "is not a string, as JSON's keys are"
 DEFAULT_MAX_SEQ_LENGTH = 256  # tokens per text, special ones included; longer texts are truncated
 # The artifact builders workers/model_prep knows by name (`prepare:`, `conveyor models prepare`),
 # each with the kind of model it builds: an encoder's ONNX graph and weights, or vLLM's Hugging
@@ -731,7 +733,7 @@ def _not_json(value: Any, where: str) -> str | None:
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                return f"{where}: key {quote(key)} is not a string, as JSON's keys are"
+                return f"{where}: key {quote(key)} {NOT_A_STRING_KEY}"
             if (problem := _not_json(item, f"{where}.{key}")) is not None:
                 return problem
         return None
@@ -753,9 +755,14 @@ def _problems(exc: ValidationError, within: str = "") -> str:
 
     def problem(error: Any) -> str:
         message = str(error["msg"]).removeprefix("Value error, ")
-        if str(error["type"]).endswith("_type"):
+        loc = list(error["loc"])
+        if loc[-1:] == [DICT_KEY]:
+            # a mapping's key of another type: pydantic places it at the key itself, as an
+            # integer (`parameters: {on: 1}` read as `parameters.1.[key]`), a place not in the file
+            loc, message = loc[:-2], f"key {quote(error['input'])} {NOT_A_STRING_KEY}"
+        elif str(error["type"]).endswith("_type"):
             message = f"{message}, not {quote(error['input'])}"
-        where = ".".join(map(str, [within, *error["loc"]] if within else error["loc"]))
+        where = ".".join(map(str, [within, *loc] if within else loc))
         return f"{where}: {message}" if where else message
 
     return "; ".join(problem(error) for error in exc.errors())

@@ -110,6 +110,13 @@ NAN = "nan is not a finite number (JSON has no NaN or infinity)"
             "parameters: {features: {on: [a]}}\n",
             "model m: parameters.features: key true is not a string, as JSON's keys are",
         ),
+        # a top-level key: pydantic placed it at the key itself, read as an integer
+        ("parameters: {on: 1}\n", "parameters: key true is not a string, as JSON's keys are"),
+        (
+            "variants: {default: {parameters: {off: 1}}}\n",
+            "variants.default.parameters: key false is not a string, as JSON's keys are",
+        ),
+        ("input_schema: {type: object, 3: 1}\n", "input_schema: key 3 is not a string"),
         (
             "variants: {default: {parameters: {scale: .nan}}}\n",
             f"model m variant default: parameters.scale: {NAN}",
