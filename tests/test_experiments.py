@@ -169,8 +169,12 @@ def test_a_faster_variant_with_the_same_median_is_called_faster() -> None:
     report = versus("stable", baseline, candidate)
     assert report is not None and report["latency_p"] < 1e-10
     assert "significantly faster than stable (median service 14.0 vs 14.0 ms" in report["verdict"]
+    # by how much, where the medians cannot say: the candidate's time is the shorter in 65 % of
+    # (candidate, baseline) pairs, ties counted half (counted pair by pair: 0.65)
+    assert "shorter in 65% of pairs" in report["verdict"]
     slower = versus("stable", candidate, baseline)
     assert slower is not None and "significantly slower than stable" in slower["verdict"]
+    assert "longer in 65% of pairs" in slower["verdict"]
 
 
 def test_bulk_lane_waits_leave_the_queue_and_total_percentiles_alone() -> None:

@@ -193,9 +193,17 @@ def _distinct_percents(a: float, b: float) -> tuple[str, str]:
 
 def _latency_words(name: str, theirs: list[float], mine: list[float], u: float, p: float) -> str:
     """The direction is U's (`mine`'s: below half the pairs means mostly shorter), not the
-    medians': with whole-ms service times they are often equal for a significant difference."""
+    medians': with whole-ms service times they are often equal for a significant difference
+    ("faster ... 2.0 vs 2.0 ms"), so the words give U's share of pairs too (the common-language
+    effect size: ties count half), which says by how much."""
     a, b = float(np.median(mine)), float(np.median(theirs))
     if p >= ALPHA:
         return f"median service {a:.1f} ms vs {b:.1f} ms: no significant difference (p={p:.3g})"
-    faster = "faster" if u < len(mine) * len(theirs) / 2 else "slower"
-    return f"significantly {faster} than {name} (median service {a:.1f} vs {b:.1f} ms, p={p:.3g})"
+    longer = u / (len(mine) * len(theirs))  # the share of pairs in which `mine` took longer
+    faster, took, share = (
+        ("faster", "shorter", 1 - longer) if longer < 0.5 else ("slower", "longer", longer)
+    )
+    return (
+        f"significantly {faster} than {name} (median service {a:.1f} vs {b:.1f} ms, {took} in"
+        f" {share:.0%} of pairs, p={p:.3g})"
+    )
