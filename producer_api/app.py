@@ -39,7 +39,7 @@ from producer_api.metrics.api_router import router as metrics_router
 from producer_api.models.api_router import router as models_router
 from producer_api.openai.api_router import router as openai_router
 from producer_api.reply_listener import ReplyListener
-from producer_api.request_boundary import BodyLimit, RequestBoundaryMiddleware
+from producer_api.request_boundary import BodyLimit, HostAllowList, RequestBoundaryMiddleware
 from producer_api.routes.api_router import router as routes_router
 from producer_api.state import ProducerState
 from producer_api.token_hub import TokenHub
@@ -257,6 +257,7 @@ def create_app(
         uploads=JSONL_UPLOADS | FILE_UPLOADS,
         max_depth=settings.max_json_depth,
         own_format=JSONL_UPLOADS,
+        hosts=HostAllowList.of(settings),
     )
     app.add_middleware(HeadAsGet)  # outside the boundary: it authenticates the GET
     app.add_middleware(RateLimitHeadersMiddleware)

@@ -279,6 +279,17 @@ def error_response(
     return ErrorResponse(body, status, headers, openai)
 
 
+def host_refused(host: str) -> ErrorResponse:
+    """The 400 of a request whose Host the producer does not serve with auth disabled
+    (request_boundary.HostAllowList): a DNS-rebinding page's, whose own name now points at
+    this machine."""
+    message = (
+        f"Host {quote(host)} is not served: with CONVEYOR_AUTH=disabled only localhost, IP "
+        "addresses, CONVEYOR_HOST and the names in CONVEYOR_ALLOWED_HOSTS are"
+    )
+    return error_response(400, "invalid_host", message)
+
+
 def _refused_field(exc: RequestValidationError) -> str | None:
     """The field the first error names, as the client named it (OpenAI's `param`): without its
     place (`body`, `query`, `path`), as OpenAI names a query's `limit`."""

@@ -1,18 +1,21 @@
-"""The one edge every request body crosses before a route sees it: a request to a route that takes
-an API key has its key verified first (401 whatever its body: `authenticate_early`), bodies are
-bounded (413, declared or chunked; batch input by its own, larger bound), sent as they are (415
-for one in a `Content-Encoding`: none is decoded), and a JSON body must hold only what Conveyor
-can store and serialise — valid Unicode (no lone surrogates), integers within 64 bits, finite
-numbers, at most `CONVEYOR_MAX_JSON_DEPTH` levels of nesting — anywhere, free-form `inputs` and
-`parameters` included (422). Checking here, once, means nothing deeper (orjson, pydantic, Redis)
-ever meets a value it would fail on."""
+"""The one edge every request body crosses before a route sees it: with auth disabled, a request
+whose Host is no loopback name, IP literal or allowed name is refused (400, `HostAllowList`: DNS
+rebinding); a request to a route that takes an API key has its key verified first (401 whatever
+its body: `authenticate_early`), bodies are bounded (413, declared or chunked; batch input by its
+own, larger bound), sent as they are (415 for one in a `Content-Encoding`: none is decoded), and
+a JSON body must hold only what Conveyor can store and serialise — valid Unicode (no lone
+surrogates), integers within 64 bits, finite numbers, at most `CONVEYOR_MAX_JSON_DEPTH` levels of
+nesting — anywhere, free-form `inputs` and `parameters` included (422). Checking here, once,
+means nothing deeper (orjson, pydantic, Redis) ever meets a value it would fail on."""
 
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import json
 import math
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +27,23 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer_api.auth.dependencies import authenticate_early, keyed
-from producer_api.errors import error_response, read_as_json
+from producer_api.errors import error_response, host_refused, read_as_json
 from shared.model_repository import client_named
+from shared.settings import Settings
 
 # The most (method, path) answers `RequestBoundaryMiddleware._keyed` keeps, and the longest
 # path it keeps one for: a route's own paths, ids included, are far shorter, and uvicorn takes
 # paths of up to 64 kB, 4096 of which, sent before any key is checked, held some 270 MB.
 KEYED_PATHS_KEPT = 4096
 KEYED_PATH_MAX = 512
+# The most Host values `HostAllowList` keeps its answer for, and the longest Host it serves (and
+# keeps one for): a DNS name's 253 characters and a port (an IP literal is shorter still).
+HOSTS_KEPT = 1024
+HOST_MAX = 262
+# A Host header: a name or IPv4 address, or an IPv6 one in brackets; then any port.
+HOST_FORM = re.compile(r"(\[[0-9a-f:.]+\]|[^\[\]:]*)(?::[0-9]*)?")
+# What a browser on this machine names it by, wherever the DNS points (RFC 6761 6.3).
+LOOPBACK_DOMAIN = ".localhost"
 # What orjson serialises: signed and unsigned 64-bit integers.
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 # Where the parsed body waits for the route (an ASGI scope key), so it is parsed once.
@@ -194,6 +206,61 @@ async def _unauthenticated(scope: Scope) -> Response | None:
     return None
 
 
+class HostAllowList:
+    """With auth disabled every caller is the admin, and a web page whose own name resolves to
+    this machine (DNS rebinding) is same-origin with the producer in the user's browser: only
+    a Host naming loopback (`localhost`, `*.localhost`), an IP literal (no DNS, so no rebinding;
+    a LAN address keeps working), the name the producer binds (CONVEYOR_HOST) or one of
+    CONVEYOR_ALLOWED_HOSTS is served, any port. A request with no Host (HTTP/1.0) is served: a
+    browser always sends one, so such a request is no page's. Each Host's answer is kept."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        domains = {name for name in names if name.startswith(".")} | {LOOPBACK_DOMAIN}
+        self.domains = tuple(domains)
+        # `.example.com` serves example.com itself too, as Django's ALLOWED_HOSTS does
+        self.names = frozenset(names) | {domain[1:] for domain in domains}
+        self.seen: dict[bytes, bool] = {}
+
+    @classmethod
+    def of(cls, settings: Settings) -> HostAllowList | None:
+        """None where every Host is served: auth enabled (a rebinding page holds no key) or `*`."""
+        if settings.auth != "disabled" or "*" in settings.allowed_hosts:
+            return None
+        return cls([*settings.allowed_hosts, settings.host.lower().rstrip(".")])
+
+    def refused(self, scope: Scope) -> str | None:
+        """The request's Host when it is not served, else None."""
+        for key, value in scope["headers"]:
+            if key == b"host" and not self.allows(value):
+                return value.decode("latin-1")
+        return None
+
+    def allows(self, host: bytes) -> bool:
+        if (known := self.seen.get(host)) is not None:
+            return known
+        if len(host) > HOST_MAX:
+            return False  # no name is this long: refused, and not kept (uvicorn takes 64 kB)
+        allowed = self._serves(host.decode("latin-1").strip().lower())
+        if len(self.seen) >= HOSTS_KEPT:  # a new Host per request costs no more than this
+            self.seen.clear()
+        self.seen[host] = allowed
+        return allowed
+
+    def _serves(self, host: str) -> bool:
+        if not host:
+            return True  # an empty Host (a target without authority): no browser sends one
+        if not (form := HOST_FORM.fullmatch(host)):
+            return False
+        name = form[1].rstrip(".")  # `localhost.`: the same name, fully qualified
+        if name in self.names or name.endswith(self.domains):
+            return True
+        try:
+            ipaddress.ip_address(name.strip("[]"))
+        except ValueError:
+            return False
+        return True
+
+
 class RequestBoundaryMiddleware:
     """Verifies the key of a request to a keyed route (else 401, its body unread), reads the
     whole body (up to its limit, else 413 before anything is parsed), checks a JSON body to a
@@ -211,8 +278,10 @@ class RequestBoundaryMiddleware:
         uploads: frozenset[str],
         max_depth: int,
         own_format: frozenset[str],
+        hosts: HostAllowList | None,
     ) -> None:
         self.app = app
+        self.hosts = hosts  # None: every Host served
         self.limit = limit
         self.upload_limit = upload_limit
         self.uploads = uploads
@@ -227,6 +296,9 @@ class RequestBoundaryMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self.hosts is not None and (host := self.hosts.refused(scope)) is not None:
+            await host_refused(host)(scope, receive, send)
             return
         keyed = self._keyed(scope)
         if keyed and (refusal := await _unauthenticated(scope)):

@@ -40,6 +40,8 @@ MAX_TTL_S = 3_153_600_000
 MAX_GC_THRESHOLD = 2**31 - 1
 # Settings a refusal names without their value: its line goes to a terminal or a pod's log.
 SECRET_FIELDS = ("dev_api_key", "console_secret", "webhook_secret", "webhook_previous_secret")
+# A CONVEYOR_ALLOWED_HOSTS entry: a name, or `.` and a domain (its subdomains too).
+HOST_ENTRY = re.compile(r"\.?[\w-]+(\.[\w-]+)*\.?", re.ASCII)
 # Values a user writes whole, where surrounding whitespace could only be a mistake (a key prefix
 # and an instance id refuse any, and numbers, booleans and lists ignore it).
 UNTRIMMED_FIELDS = ("model_repository", "artifact_dir", "state_dir", "host", *SECRET_FIELDS)
@@ -128,6 +130,12 @@ class Settings(BaseSettings):
     # API keys (shared/api_keys.py); `disabled` serves everyone as tenant "default" (local use).
     auth: Literal["enabled", "disabled"] = "enabled"
     dev_api_key: str = ""
+    # With auth disabled, the Host names served besides loopback ones (`localhost`,
+    # `*.localhost`), IP literals and `host`: any other Host is refused 400, so a web page that
+    # points its own name at 127.0.0.1 (DNS rebinding) cannot drive the producer from the
+    # user's browser (producer_api/request_boundary.py).
+    # Exact names, case-insensitive; `.example.com` allows its subdomains too, `*` every Host.
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # `conveyor up`'s logs, embedded Valkey data, dev key and stack.json (read by the CLI).
     state_dir: Path = Path("var/run")
     # `conveyor up`'s producer processes on its one port: a quarter of the CPUs it may use (at
@@ -320,7 +328,9 @@ class Settings(BaseSettings):
             raise ValueError(f"entry {bad[0]!r} is not model or model:variant (comma-separated)")
         return selectors
 
-    @field_validator("models", "webhook_allowlist", "webhook_internal_hosts", mode="before")
+    @field_validator(
+        "models", "webhook_allowlist", "webhook_internal_hosts", "allowed_hosts", mode="before"
+    )
     @classmethod
     def _split_lists(cls, value: object) -> object:
         if isinstance(value, str):
@@ -355,6 +365,18 @@ class Settings(BaseSettings):
         if bad := [host for host in hosts if not re.fullmatch(r"[A-Za-z0-9.-]+", host)]:
             raise ValueError(f"entry {bad[0]!r} is not a bare host name (no scheme, port or *)")
         return [host.lower() for host in hosts]
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _allowed_hosts(cls, hosts: list[str]) -> list[str]:
+        """Host names as a Host header names them, without its port: an entry with a scheme or
+        port would match no request, and every one from that name would be refused."""
+        if bad := [host for host in hosts if host != "*" and not HOST_ENTRY.fullmatch(host)]:
+            raise ValueError(
+                f"entry {bad[0]!r} is not a host name (no scheme or port; .example.com for its"
+                " subdomains too, * for any)"
+            )
+        return [host.lower().rstrip(".") for host in hosts]  # `name.`: the same name
 
 
 @lru_cache(maxsize=1)

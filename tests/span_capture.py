@@ -45,7 +45,7 @@ def predict_in_process(settings: Settings, model: str, body: dict[str, Any]) -> 
     app = create_app(settings)
     FastAPIInstrumentor.instrument_app(app)
     try:
-        with TestClient(app) as client:
+        with TestClient(app, base_url="http://localhost") as client:
             return client.post(f"/v1/models/{model}/predict", json=body)
     finally:
         runtime.stop()

@@ -38,7 +38,7 @@ async def test_a_cancelled_predict_answers_409_when_its_hash_cannot_be_read_agai
     closed = connect(f"redis://127.0.0.1:{free_port()}", blocks_ms=0, timeout_s=1)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             predict = asyncio.create_task(
                 client.post("/v1/models/identity/predict", json={"inputs": {"x": 1}}, timeout=60)
             )

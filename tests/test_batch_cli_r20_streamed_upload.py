@@ -106,10 +106,10 @@ def batch_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def sync_client(noted: Noted) -> AsyncIterator[Client]:
-    with Client("http://test") as client:
+    with Client("http://localhost") as client:
         client.http.close()
         bridge = Bridge(noted, asyncio.get_running_loop())
-        client.http = httpx.Client(transport=bridge, base_url="http://test")
+        client.http = httpx.Client(transport=bridge, base_url="http://localhost")
         yield client
 
 
@@ -123,9 +123,9 @@ async def test_a_batch_file_is_streamed_and_resent_whole_after_a_dropped_connect
 ) -> None:
     noted.drops = 1
     size = batch_file.stat().st_size
-    async with AsyncClient("http://test", retry=RetryPolicy(base_s=0)) as client:
+    async with AsyncClient("http://localhost", retry=RetryPolicy(base_s=0)) as client:
         await client.http.aclose()
-        client.http = httpx.AsyncClient(transport=noted, base_url="http://test")
+        client.http = httpx.AsyncClient(transport=noted, base_url="http://localhost")
         batch = await client.batches.create(batch_file)
         upload = await client.files.create(batch_file)
 

@@ -237,7 +237,7 @@ async def _create_through(
     async with app.router.lifespan_context(app):
         fault(app.state.conveyor)
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             response = await client.post(
                 "/v1/batches",
                 params={"model": "identity"},

@@ -141,7 +141,7 @@ async def test_readiness_follows_the_control_planes_master(
         redis = cast(Any, app.state.conveyor.redis)
         assert redis.get_default_node().port != control.port  # else this proves nothing
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             assert (await http.get("/readyz")).status_code == 200
             with frozen(control):
                 unready = await http.get("/readyz")

@@ -35,7 +35,7 @@ async def test_a_bugs_500_under_the_console_carries_the_security_headers(redis_u
     app.add_api_route("/console/broken", broken)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             answer = await client.get("/console/broken")
     assert answer.status_code == 500
     assert answer.json()["error"]["request_id"] == answer.headers["x-request-id"]

@@ -29,7 +29,7 @@ async def producer(redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
     )
     app = create_app(settings)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    client = httpx.AsyncClient(transport=transport, base_url="http://test")
+    client = httpx.AsyncClient(transport=transport, base_url="http://localhost")
     async with app.router.lifespan_context(app), client:
         yield client
 

@@ -23,7 +23,7 @@ DEEP = b"[" * 500 + b"]" * 500
 async def producer(redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
     settings = Settings(redis_url=redis_url, auth="disabled", instance_id="edge-r11-unrouted")
     app = create_app(settings)
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
     async with app.router.lifespan_context(app), client:
         yield client
 

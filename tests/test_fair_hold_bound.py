@@ -42,7 +42,7 @@ def test_a_tenant_cancelling_its_held_jobs_keeps_its_list_bounded_and_is_not_ref
     )
     stream = keys.queue("fair", "default")
     lengths: list[int] = []
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
         # the first job joins the stream (its window, never read): every later one is held
         assert client.post("/v1/jobs", json={"model": "fair", "inputs": {}}).status_code == 202
         for n in range(5 * MAX_LENGTH):

@@ -34,7 +34,7 @@ async def test_an_upload_the_store_refused_gives_its_bytes_back(
     files = {"file": ("a.jsonl", LINE)}
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             await aredis.set(keys.files_of("default"), "not an index")
             failed = await client.post("/v1/files", files=files, data={"purpose": "batch"})
             assert failed.status_code >= 500, failed.text

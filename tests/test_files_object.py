@@ -29,9 +29,9 @@ async def sdk(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[openai.As
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             yield openai.AsyncOpenAI(
-                base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0
+                base_url="http://localhost/v1", api_key="unused", http_client=http, max_retries=0
             )
 
 

@@ -36,7 +36,7 @@ async def transport(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[htt
 
 @pytest.fixture
 async def client(transport: httpx.ASGITransport) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         yield http
 
 
@@ -83,7 +83,7 @@ async def test_the_official_client_lists_every_file_past_files_gone_before_their
     new = [await _put(store, f"file-new-{n}") for n in range(2)]
     async with httpx.AsyncClient(transport=transport) as http:
         sdk = openai.AsyncOpenAI(
-            base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0
+            base_url="http://localhost/v1", api_key="unused", http_client=http, max_retries=0
         )
         listed = [file.id async for file in sdk.files.list(limit=LIMIT)]
     assert listed == new[::-1] + old[::-1]

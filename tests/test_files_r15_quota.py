@@ -49,7 +49,7 @@ async def test_an_upload_whose_hold_reply_was_lost_gives_its_bytes_back(
     async with app.router.lifespan_context(app):
         lose_the_first_reply(app.state.conveyor.file_store)
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             failed = await client.post("/v1/files", files=files, data={"purpose": "batch"})
             assert failed.status_code >= 500, failed.text
             held, _ = keys.file_budget_of("default")

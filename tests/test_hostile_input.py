@@ -412,7 +412,7 @@ async def test_an_unexpected_exception_answers_internal_with_a_request_id(
     app.add_api_route("/broken", broken)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     with caplog.at_level(logging.ERROR, logger="producer_api.errors"):
-        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             response = await client.get("/broken")
     error = _refused(response, 500)
     assert error["type"] == "internal"

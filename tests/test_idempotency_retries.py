@@ -145,7 +145,7 @@ async def test_a_job_written_before_its_enqueue_failed_keeps_its_key_and_slot(
             raise RedisConnectionError("the look for the job failed too")
 
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             monkeypatch.setattr(store, "create", written_then_lost)
             if check_fails:
                 monkeypatch.setattr(store, "exists", unreadable)
@@ -181,7 +181,9 @@ async def test_a_claim_its_replicas_did_not_confirm_is_given_back(
         body, headers = {"model": "identity", "inputs": {}}, {"Idempotency-Key": "order-8"}
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://localhost"
+            ) as client:
                 answers = [await client.post("/v1/jobs", json=body, headers=headers) for _ in "12"]
     finally:
         get_settings.cache_clear()
@@ -238,7 +240,7 @@ async def test_a_retry_whose_deadline_passed_while_it_waited_on_the_key_is_refus
     first = new_job_id("identity", "default")
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             body["deadline"] = time.time() + 0.5
             request = PredictRequest.model_validate({k: v for k, v in body.items() if k != "model"})
             print_ = BodyPrint.of({"model": body["model"], **request.model_dump(mode="json")})

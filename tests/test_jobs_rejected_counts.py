@@ -28,7 +28,7 @@ def _producer(redis_url: str, folder: Path, auth: str) -> Iterator[TestClient]:
         "kind: batch\nbackend: identity\ninput_schema: {type: object}\n"
     )
     settings = Settings(redis_url=redis_url, auth=auth, model_repository=folder)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
         yield client
 
 

@@ -70,7 +70,7 @@ class Leaving:
 
     def scope(self) -> dict[str, Any]:
         path, _, query = self.target.partition("?")
-        headers = [(b"host", b"test"), (b"content-type", b"application/json")]
+        headers = [(b"host", b"localhost"), (b"content-type", b"application/json")]
         return {
             "type": "http",
             "asgi": {"version": "3.0"},

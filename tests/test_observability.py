@@ -199,7 +199,7 @@ def test_probes_go_untraced_and_requests_to_a_host_named_metrics_do_not(
 ) -> None:
     """OpenTelemetry matches its exclusions anywhere in the URL, Host included: "metrics" left
     every request to a producer served as metrics.example.com without a span."""
-    app = create_app(Settings(auth="disabled"))
+    app = create_app(Settings(auth="disabled", allowed_hosts="metrics.example.com"))
     FastAPIInstrumentor.instrument_app(app, excluded_urls=UNTRACED)
     # no lifespan (no Redis): the model's route fails, as traced as any other answer
     client = TestClient(app, base_url="http://metrics.example.com", raise_server_exceptions=False)

@@ -346,7 +346,7 @@ def test_batch_items_count_as_bulk_submits_and_one_a_full_lane_refused_is_held(
     app = create_app(settings)
     source = "".join(_line(f"c{n}", {"inputs": {"n": n}}, url="/v1/jobs") + "\n" for n in range(3))
     part = {"model": "tight", "variant": "default"}
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://localhost") as client:
         state: ProducerState = app.state.conveyor
         store = _LaneFillsMeanwhile(state.job_store.redis, state.keys, settings.result_ttl_s)
         app.state.conveyor = replace(state, job_store=store)

@@ -48,7 +48,7 @@ async def test_a_restart_ends_the_stream_only_once_text_was_sent(
     body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             answer = asyncio.create_task(client.post("/v1/chat/completions", json=body))
             entry_id, job_id = await _next_job(aredis, after)
             await asyncio.sleep(0.3)  # the stream follows the job's token stream by now

@@ -287,7 +287,7 @@ async def test_a_producer_whose_cluster_is_down_starts_unready_and_answers_503()
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             ready = await client.get("/readyz")
             submit = await client.post("/v1/jobs", json={"model": "identity", "inputs": {}})
             metrics = await client.get("/metrics")

@@ -136,7 +136,7 @@ async def test_live_split_holds_over_10k_submissions(
     weights = {"stable": 70, "candidate": 20, "flaky": 10}
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             put = await client.put("/v1/models/ab/routes", json={"weights": weights, "shadows": {}})
             assert put.status_code == 200, put.text
 
@@ -209,7 +209,7 @@ async def test_shown_routes_are_the_ones_producers_serve(
     store = RouteStore(aredis, KEYS)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             served = await client.put("/v1/models/ab/routes", json={"weights": {"stable": 100}})
             assert served.json()["adjusted"] is None, served.text
             await store.put("ab", Routes({"candidate": 100.0, "removed": 0.0}), "test")
@@ -235,7 +235,7 @@ async def test_a_negative_zero_weight_is_stored_served_and_gauged_as_0(
     body = {"weights": {"stable": 100.0, "candidate": -0.0}, "shadows": {"mirror": -0.0}}
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             put = await client.put("/v1/models/ab/routes", json=body)
             assert put.status_code == 200, put.text
             shown = (await client.get("/v1/models/ab/routes")).json()

@@ -46,7 +46,7 @@ async def test_the_first_requests_follow_the_live_routes(
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
 
             async def submit() -> str:
                 body = {"model": "ab", "inputs": {}, "routing_key": uuid.uuid4().hex}

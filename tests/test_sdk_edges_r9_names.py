@@ -25,9 +25,9 @@ async def client(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[AsyncC
     settings = Settings(redis_url=redis_url, auth="disabled", instance_id="sdk-edges-r9")
     app = create_app(settings)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with app.router.lifespan_context(app), AsyncClient("http://test") as sdk:
+    async with app.router.lifespan_context(app), AsyncClient("http://localhost") as sdk:
         await sdk.http.aclose()
-        sdk.http = httpx.AsyncClient(transport=transport, base_url="http://test")
+        sdk.http = httpx.AsyncClient(transport=transport, base_url="http://localhost")
         yield sdk
 
 

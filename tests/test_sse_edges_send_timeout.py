@@ -81,7 +81,7 @@ async def test_a_send_the_client_never_takes_ends_the_stream(
         "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
-        "headers": [(b"host", b"test")],
+        "headers": [(b"host", b"localhost")],
         "client": ("127.0.0.1", 1),
         "server": ("test", 80),
     }

@@ -37,7 +37,7 @@ def _submitted(
     instrumented producer, as Valkey holds them."""
     app = create_app(Settings(redis_url=redis_url, auth="disabled", instance_id="r27-ts"))
     FastAPIInstrumentor.instrument_app(app)
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://localhost") as client:
         for tracestate in tracestates:
             headers = {"traceparent": TRACEPARENT}
             if tracestate is not None:

@@ -46,7 +46,7 @@ async def producers(redis_url: str) -> AsyncIterator[list[httpx.AsyncClient]]:
     async with apps[0].router.lifespan_context(apps[0]), apps[1].router.lifespan_context(apps[1]):
         for app in apps:
             transport = httpx.ASGITransport(app=app)
-            clients.append(httpx.AsyncClient(transport=transport, base_url="http://test"))
+            clients.append(httpx.AsyncClient(transport=transport, base_url="http://localhost"))
         yield clients
         await clients[0].put(ROUTES, json=seed_routes(AB).document())
         for client in clients:

@@ -192,7 +192,7 @@ async def test_the_apis_cancel_hands_its_event_over_under_its_stable_id(
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             body = {"model": "identity", "inputs": {}, "webhook": HOOK}
             created = await client.post("/v1/jobs", json=body)
             assert created.status_code == 202, created.text

@@ -373,7 +373,7 @@ async def test_a_cancel_whose_event_the_broker_refuses_still_answers_the_cancell
     async with app.router.lifespan_context(app):
         monkeypatch.setattr(app.state.conveyor.webhooks, "send", refused)
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             body = {"model": "identity", "inputs": {}, "webhook": hook}
             created = await client.post("/v1/jobs", json=body)
             assert created.status_code == 202, created.text
