@@ -67,6 +67,8 @@ async def stop_reading(events: AsyncGenerator[Any, None], read: asyncio.Future[A
 async def _stop(read: asyncio.Future[Any] | None) -> None:
     """`cancel_and_wait(read)` seen through though this task is cancelled meanwhile (whoever
     stops it repeats the cancel while a token follower swallows one, gh-86296): cut short, the
-    read would run on and closing its generator, still running, would fail. Raised after."""
-    if read is not None and not read.done():
+    read would run on and closing its generator, still running, would fail. Raised after. One
+    done already is waited for too, so its end is retrieved: a read that ended the events
+    (StopAsyncIteration) as the stream was cancelled was logged by asyncio as an error."""
+    if read is not None:
         await uninterrupted(cancel_and_wait(read))
