@@ -41,6 +41,9 @@ SUBMITTERS = 32  # the flood's concurrent clients
 WORKER = "worker"
 TARGET_RATIO = 2.0
 MOST_QUIET = 5_000  # B's jobs beside one flood, whatever happens to its drain
+# How closely B's first job follows the worker's first read: Stack's own wait looks every 0.2 s,
+# in which a quiet CPU drained a 100-job flood whole (0.22 s) before B sent anything.
+READY_POLL_S = 0.005
 NO_LIMITS: dict[str, Any] = {"rate_per_s": 1e6, "burst": 1_000_000, "max_in_flight": 10**7}
 
 
@@ -51,9 +54,8 @@ def run(scale: Scale, workdir: Path) -> PartResult:
         urls = {mode: _producer(stack, workdir, mode) for mode in (False, True)}
         repository = repository_copy(workdir, "repository-worker", {})
         start_worker = functools.partial(
-            stack.start_worker,
-            f"{MODEL}:{_variant()}",
-            WORKER,
+            _start_worker,
+            stack,
             CONVEYOR_MODEL_REPOSITORY=str(repository),
             CONVEYOR_ARTIFACT_DIR=str(ARTIFACT_DIR),
         )
@@ -73,6 +75,15 @@ def run(scale: Scale, workdir: Path) -> PartResult:
     finally:
         stack.stop()
     return _result(runs, scale)
+
+
+def _start_worker(stack: Stack, **env: str) -> None:
+    """The worker, once it reads: looked for every READY_POLL_S, so that B's first job meets
+    the flood it is started into."""
+    name = stack.spawn_worker(f"{MODEL}:{_variant()}", WORKER, **env)
+    deadline = time.monotonic() + stack.start_timeout_s
+    while not stack.poll_ready(name, deadline):
+        time.sleep(READY_POLL_S)
 
 
 def _producer(stack: Stack, workdir: Path, fair: bool) -> str:
