@@ -80,10 +80,9 @@ def run(scale: Scale, workdir: Path) -> PartResult:
 def _start_worker(stack: Stack, **env: str) -> None:
     """The worker, once it reads: looked for every READY_POLL_S, so that B's first job meets
     the flood it is started into."""
-    name = stack.spawn_worker(f"{MODEL}:{_variant()}", WORKER, **env)
-    deadline = time.monotonic() + stack.start_timeout_s
-    while not stack.poll_ready(name, deadline):
-        time.sleep(READY_POLL_S)
+    stack.wait_ready(
+        stack.spawn_worker(f"{MODEL}:{_variant()}", WORKER, **env), every_s=READY_POLL_S
+    )
 
 
 def _producer(stack: Stack, workdir: Path, fair: bool) -> str:

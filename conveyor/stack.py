@@ -36,6 +36,7 @@ PROC = Path("/proc")  # Linux's: the state and the process group of each process
 # What a stopped producer or Valkey gets past the grace at least (the margin every child had
 # before CONVEYOR_FORCED_EXIT_MARGIN_S, a worker's, could be set).
 CHILD_MARGIN_S = 20.0
+READY_POLL_S = 0.2  # how often a starting child is looked at
 TAIL_BYTES = 1 << 20  # how much of a child's log end `Stack.log_tail` reads at most
 Server = Literal["uvicorn", "conveyor"]
 # A producer's command line but its address: uvicorn's (compose, Kubernetes), or the server
@@ -320,11 +321,12 @@ class Stack:
         host = producer_url.rpartition(":")[0]
         return f"{host}:{self.metrics_ports[worker]}/metrics"
 
-    def wait_ready(self, *names: str) -> list[int]:
+    def wait_ready(self, *names: str, every_s: float = READY_POLL_S) -> list[int]:
         """The pids of the spawned workers `names`, once each has a reading consumer on every
-        one of its partitions (ChildNotReady for the first that dies or runs out of time)."""
+        one of its partitions (ChildNotReady for the first that dies or runs out of time),
+        looked for every `every_s`."""
         for name in names:
-            self._wait(self.readiness.pop(name), name)
+            self._wait(self.readiness.pop(name), name, every_s)
         return [self.processes[name].pid for name in names]
 
     def poll_ready(self, name: str, deadline: float) -> bool:
@@ -550,12 +552,12 @@ class Stack:
         finally:
             client.close()
 
-    def _wait(self, check: Callable[[], bool], child: str) -> None:
-        """Until `check` passes; ChildExited as soon as the child named `child` dies instead,
-        ChildTooSlow when `start_timeout_s` runs out."""
+    def _wait(self, check: Callable[[], bool], child: str, every_s: float = READY_POLL_S) -> None:
+        """Until `check` passes, looked at every `every_s`; ChildExited as soon as the child
+        named `child` dies instead, ChildTooSlow when `start_timeout_s` runs out."""
         deadline = time.monotonic() + self.start_timeout_s
         while not self._look(check, child, deadline):
-            time.sleep(0.2)
+            time.sleep(every_s)
 
     def _look(self, check: Callable[[], bool], child: str, deadline: float) -> bool:
         """One look of `_wait`'s: whether `check` passes; ChildExited if `child` died,

@@ -49,7 +49,7 @@ async def while_holds(
                 upcoming = None
                 yield event
         finally:
-            await _stop(upcoming)
+            await stop_read(upcoming)
 
 
 async def stop_reading(events: AsyncGenerator[Any, None], read: asyncio.Future[Any]) -> None:
@@ -58,13 +58,13 @@ async def stop_reading(events: AsyncGenerator[Any, None], read: asyncio.Future[A
     cancel cut its stop short stops that read and closes `events` itself (closing it here
     would raise, "already running")."""
     try:
-        await _stop(read)
+        await stop_read(read)
     finally:
         if not getattr(events, "ag_running", False):
             await events.aclose()
 
 
-async def _stop(read: asyncio.Future[Any] | None) -> None:
+async def stop_read(read: asyncio.Future[Any] | None) -> None:
     """`cancel_and_wait(read)` seen through though this task is cancelled meanwhile (whoever
     stops it repeats the cancel while a token follower swallows one, gh-86296): cut short, the
     read would run on and closing its generator, still running, would fail. Raised after. One

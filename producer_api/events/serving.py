@@ -22,10 +22,9 @@ from producer_api.auth.principal import Principal
 from producer_api.errors import ConveyorError
 from producer_api.events.protocol import JobEvent
 from producer_api.jobs.serving import REPLYLESS_POLL_S, JobsService, not_found
-from producer_api.live_feed import while_holds
+from producer_api.live_feed import stop_read, while_holds
 from producer_api.state import ProducerState
 from producer_api.stream_places import take_place
-from producer_api.task_cancel import cancel_and_wait, uninterrupted
 from producer_api.token_hub import START, TokenFollower
 from shared.codec import stream_id
 from shared.job_states import JobStatus
@@ -153,10 +152,9 @@ class EventsService:
                     yield event
                 if (head := await first) is None:
                     return
-            finally:  # a token follower's `wait_for` could swallow a single cancel (gh-86296);
-                # seen through a repeated cancel (anyio's, as a client leaves): cut short, the
-                # read ran on and closing `then` under it failed ("already running")
-                await uninterrupted(cancel_and_wait(first))
+            finally:  # a token follower's `wait_for` could swallow a single cancel (gh-86296),
+                # and a repeated one (anyio's, as a client leaves) cut a plain wait short
+                await stop_read(first)
             yield head
             async for event in then:
                 yield event
