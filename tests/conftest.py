@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -22,6 +23,7 @@ from conveyor.stack import Stack, free_port
 from conveyor.valkey_cluster import LocalCluster, local_cluster
 from shared import job_scripts
 from shared.api_keys import ApiKeyStore, KeySpec
+from shared.job_states import TERMINAL
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.redis_client import RedisClient, connect, preload
@@ -269,6 +271,19 @@ def until(check: Callable[[], Any], timeout: float = 30, every: float = 0.1) -> 
             return value
         time.sleep(every)
     raise AssertionError(f"not true after {timeout}s")
+
+
+def ended(job_url: str, within_s: float = 180) -> dict[str, Any]:
+    """The job at `job_url` once it ends, over as many 30 s long polls as it takes: one poll's
+    30 s is too short for a job a worker must first be started or take over to run on a loaded
+    2-core CI machine. Raises if it is still open after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        job: dict[str, Any] = httpx.get(job_url, params={"wait": 30}, timeout=45).json()
+        if job["status"] in TERMINAL:
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still {job['status']} after {within_s}s: {job}")
 
 
 async def until_async(

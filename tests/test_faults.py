@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from conveyor.stack import Stack, free_port
 from producer_api.jobs.admission import Backpressure
 from shared.keys import Keys
-from tests.conftest import REPO_ROOT, running_stack, until
+from tests.conftest import REPO_ROOT, ended, running_stack, until
 from tests.fault_engine import FIXED_ENV
 from tests.webhook_receiver import Receiver, serving
 from workers.runtime.broker_outage_log import CONNECTION_LOGGER, CONSUMER_LOGGER
@@ -565,7 +565,7 @@ def test_deadline_expires_without_running(fault_stack: Stack, r: redis.Redis) ->
     time.sleep(0.5)
     fault_stack.start_worker("faulty", name="late")
     try:
-        job = httpx.get(f"{fault_stack.base_url}/v1/jobs/{job_id}", params={"wait": 30}).json()
+        job = ended(f"{fault_stack.base_url}/v1/jobs/{job_id}")
     finally:
         fault_stack.stop_process("late")
     assert job["status"] == "expired" and job["error"]["type"] == "DeadlineExceeded"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -15,7 +16,7 @@ import yaml
 
 from conveyor.stack import Stack, free_port
 from shared.keys import GROUP, Keys
-from tests.conftest import REPO_ROOT, until
+from tests.conftest import REPO_ROOT, ended, until
 
 pytestmark = pytest.mark.slow
 PACED = REPO_ROOT / "tests" / "fixtures" / "paced_repository"
@@ -66,11 +67,8 @@ def _submit(
     return job_id
 
 
-def _ended(url: str, job_id: str) -> dict[str, object]:
-    job: dict[str, object] = httpx.get(
-        f"{url}/v1/jobs/{job_id}", params={"wait": 30}, timeout=40
-    ).json()
-    return job
+def _ended(url: str, job_id: str) -> dict[str, Any]:
+    return ended(f"{url}/v1/jobs/{job_id}")
 
 
 @pytest.mark.parametrize(("word", "kind"), [("<bytes>", "b'\\xff'"), ("<none>", "None")])
@@ -90,7 +88,7 @@ def test_a_chunk_no_stream_can_carry_fails_its_own_job(
         "completion_tokens=2)",
     }
     assert succeeded["status"] == "succeeded", succeeded
-    assert succeeded["outputs"]["text"] == "a job that runs "  # type: ignore[index]
+    assert succeeded["outputs"]["text"] == "a job that runs "
     after = _ended(paced_url, _submit(paced_url, "and one after"))
     assert after["status"] == "succeeded" and worker.is_running(), after
 
