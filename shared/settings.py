@@ -136,6 +136,11 @@ class Settings(BaseSettings):
     # user's browser (producer_api/request_boundary.py).
     # Exact names, case-insensitive; `.example.com` allows its subdomains too, `*` every Host.
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # The producer's address as clients reach it (`https://api.example.com`, or under a path
+    # prefix `https://example.com/conveyor`): the base of every link it hands out (a job's or
+    # batch's `urls` and `Location`, a batch webhook event's `urls`). Empty: links are built
+    # from each request's Host, which a client or a proxy in front chooses.
+    public_url: str = ""
     # `conveyor up`'s logs, embedded Valkey data, dev key and stack.json (read by the CLI).
     state_dir: Path = Path("var/run")
     # `conveyor up`'s producer processes on its one port: a quarter of the CPUs it may use (at
@@ -377,6 +382,19 @@ class Settings(BaseSettings):
                 " subdomains too, * for any)"
             )
         return [host.lower().rstrip(".") for host in hosts]  # `name.`: the same name
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str) -> str:
+        """A base every link is appended to: a query, fragment or password would be copied into
+        each one, and a value without scheme or host gave links no client can follow."""
+        if value and (
+            not PRINTABLE.fullmatch(value) or not is_http_url(value) or set("?#@") & set(value)
+        ):
+            raise ValueError(
+                "is not http(s)://host[:port][/path-prefix] (no credentials, query or fragment)"
+            )
+        return value.rstrip("/")
 
 
 @lru_cache(maxsize=1)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.datastructures import UploadFile
 
 from producer_api.auth import AUTH_RESPONSES, Principal, acting_for
-from producer_api.batch_api.progress import view
+from producer_api.batch_api.progress import batch_url, view
 from producer_api.batch_api.protocol import (
     WINDOW,
     BatchLine,
@@ -27,7 +27,7 @@ from producer_api.errors import (
     mark_as_openai,
 )
 from producer_api.files.serving import FilesService
-from producer_api.jobs.api_router import KEY_PARAMETER, LOCATED, idempotency_key
+from producer_api.jobs.api_router import KEY_PARAMETER, LOCATED, idempotency_key, link_base
 from producer_api.request_boundary import parse_json
 from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route, page_response
 from producer_api.state import ProducerState
@@ -89,7 +89,7 @@ OPENAI_ROUTE = [Depends(answer_as_openai)]
 
 def _respond(request: Request, batch_id: str, progress: Refresh, status: int = 200) -> Any:
     """The batch; a create's 202 names it in `Location` too, as the jobs' 202 does."""
-    base = str(request.url_for("get_batch", batch_id=batch_id))
+    base = batch_url(link_base(request), batch_id)
     headers = {"Location": base} if status == 202 else None
     return FastJSONResponse(view(batch_id, progress, base), status_code=status, headers=headers)
 
@@ -248,8 +248,10 @@ async def list_batches(
 ) -> Any:
     """The tenant's batches, newest first (OpenAI's list: `has_more`, `after` = `last_id`)."""
     page = await service.list(after, limit)
-    base = str(request.url_for("list_batches"))
-    data = [view(batch_id, progress, f"{base}/{batch_id}") for batch_id, progress in page.found]
+    base = link_base(request)
+    data = [
+        view(batch_id, progress, batch_url(base, batch_id)) for batch_id, progress in page.found
+    ]
     return page_response(data, page.more)
 
 

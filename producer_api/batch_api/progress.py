@@ -67,6 +67,11 @@ def first_errors(rejected: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     return {"errors": dumps([{**d, "param": None} for d in data]).decode()}
 
 
+def batch_url(base: str, batch_id: str) -> str:
+    """A batch's URL under `base` (a link base, `jobs.api_router.link_base`; empty: its path)."""
+    return f"{base}/v1/batches/{batch_id}"
+
+
 def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
     """The public shape of a batch (`BatchView`); `base` is its URL (or path)."""
     fields, counts = progress.fields, progress.counts
@@ -125,10 +130,19 @@ def _file_ids(batch_id: str, ended: bool, outputs: int, errors: int) -> dict[str
 
 
 class BatchApiProgress:
-    def __init__(self, jobs: JobStore, store: BatchApiStore, webhooks: WebhookDispatcher) -> None:
+    def __init__(
+        self,
+        jobs: JobStore,
+        store: BatchApiStore,
+        webhooks: WebhookDispatcher,
+        public_url: str = "",
+    ) -> None:
         self.jobs = jobs
         self.store = store
         self.webhooks = webhooks
+        # its webhook event's links' base (CONVEYOR_PUBLIC_URL): the sweeper sends it with no
+        # request to take one from, so unset they stay paths
+        self.public_url = public_url
         self.feeder = BatchFeeder(jobs, store)
 
     async def refresh(self, batch_id: str, window: int) -> Refresh | None:
@@ -182,7 +196,7 @@ class BatchApiProgress:
         url = progress.fields.get("webhook")
         if not url:
             return True
-        data = view(batch_id, progress, f"/v1/batches/{batch_id}")
+        data = view(batch_id, progress, batch_url(self.public_url, batch_id))
         status = progress.fields["status"]
         # one id and one `created` (the batch's end) for the batch's end: a sweeper completing
         # a finalizer it took for dead may hand the same event over a second time, which

@@ -24,6 +24,7 @@ from producer_api.jobs.serving import UNSUCCESSFUL_DESCRIPTIONS, JobsService, un
 from producer_api.responses import FastJSONResponse
 from shared.job_states import JobStatus
 from shared.model_repository import NAME
+from shared.settings import Settings
 
 router = APIRouter(tags=["jobs"], route_class=OrjsonRoute)
 # No length bound: an id of any length not shaped as one is an unknown job (404, as
@@ -103,6 +104,14 @@ def idempotency_key(request: Request) -> str | None:
     return key
 
 
+def link_base(request: Request) -> str:
+    """The base of every link the producer hands out: CONVEYOR_PUBLIC_URL, else the request's
+    own (scheme, Host and root path, as `url_for` builds on), which any client or proxy in front
+    chooses. The settings are the app's, loaded once; `base_url` is built only when unset."""
+    settings: Settings = request.app.state.settings
+    return settings.public_url or str(request.base_url).rstrip("/")
+
+
 def _accepted(
     request: Request,
     job_id: str,
@@ -114,7 +123,7 @@ def _accepted(
     """The 202 of a job not ended yet; `Location` names where to poll it, as an asynchronous
     request-reply API's 202 does for clients that follow it rather than read the body."""
     # What `url_for("get_job")` gives, without its scan of every route on each submit.
-    base = f"{str(request.base_url).rstrip('/')}/v1/jobs/{job_id}"
+    base = f"{link_base(request)}/v1/jobs/{job_id}"
     body = {
         "id": job_id,
         "status": status,
