@@ -11,7 +11,7 @@ import click
 
 from conveyor.client.admin_http import admin_call, clock
 from conveyor.client.calls import segment
-from conveyor.client.cli_options import connection_options
+from conveyor.client.cli_options import connection_options, printable
 from conveyor.client.option_pairs import option_pairs
 
 MAX_HISTORY = 1000  # the most changes `GET /v1/models/{model}/routes?history=` answers
@@ -53,6 +53,10 @@ def print_routes(view: dict[str, Any]) -> None:
             f"  v{change['version']} {clock(change['at'])} {change['by']}: {weights};"
             f" shadows {shadows}; sticky by {new['sticky_by']}"
         )
+    # why producers serve other routes than the stored ones (the history's last `new`): it was
+    # the API's alone, so the CLI showed config.yaml's split over a log of another, unexplained
+    if adjusted := view.get("adjusted"):
+        click.echo(f"warning: {printable(adjusted)}", err=True)
     for warning in view.get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
 
@@ -77,7 +81,12 @@ def show(model: str, history: int, url: str | None, api_key: str | None) -> None
 @command.command("set")
 @click.argument("model")
 @click.option("--weight", "weights", multiple=True, help="VARIANT=PERCENT; all must sum to 100.")
-@click.option("--shadow", "shadows", multiple=True, help="VARIANT=RATE (0..1); default: as now.")
+@click.option(
+    "--shadow",
+    "shadows",
+    multiple=True,
+    help="VARIANT=RATE (0..1); the shadows not given stay as now.",
+)
 @click.option("--no-shadows", is_flag=True, help="Stop every shadow.")
 @click.option("--sticky-by", type=click.Choice(["routing_key", "tenant"]), help="Default: as now.")
 @connection_options
@@ -102,11 +111,12 @@ def set_routes(
     current = admin_call("GET", f"/v1/models/{segment(model)}/routes?history=0", url, api_key)
     # the shadows kept as they are, but those the new weights give traffic: a variant cannot
     # both serve and shadow, and weighting a shadow was a 422 short of --no-shadows, which
-    # dropped every other shadow too
+    # dropped every other shadow too; a --shadow changes its own rate alone (it replaced them
+    # all, so retuning one shadow silently stopped the others)
     kept = {name: rate for name, rate in current["shadows"].items() if not new_weights.get(name)}
     body = {
         "weights": new_weights or current["weights"],
-        "shadows": {} if no_shadows else new_shadows or kept,
+        "shadows": {} if no_shadows else kept | new_shadows,
         "sticky_by": sticky_by or current["sticky_by"],
         "expected_version": current["version"],
     }
