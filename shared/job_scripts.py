@@ -1002,7 +1002,8 @@ return out
 # met; a `cancelled` result's fields (what an aborted generation reached: its outputs so far and
 # token counts) join a `cancelled` record, never its end (`finished`, `error`) nor `write_id`
 # (workers/partition/finish.py: Finish.record), and so do a generation's other results (streamed:
-# its client read the tokens), their outputs' finish_reason made `abort`; another result is
+# its client read the tokens), their outputs' finish_reason made `abort`: a failed one's outputs
+# are its OUTPUTS_SO_FAR, which its `failed` record, written, does not take; another result is
 # dropped. A result whose job's hash is gone (expired or deleted while it ran) is not written and
 # is returned as met `cancelled`, as the generate loop reads a job whose hash is gone: it counted
 # in no state.
@@ -1028,9 +1029,15 @@ return out
 # result) again, so the writer still publishes them and hands their webhooks on, after a replica
 # WAIT that now counts them (the rerun writes each `write_id` again); the drained counter counts
 # only entries XACK acknowledged.
+# A failed generation's outputs so far (its text, finish reason, usage), a field of its result
+# that FINISH writes only as the `outputs` of a `cancelled` record it meets (see above).
+OUTPUTS_SO_FAR = "outputs_so_far"
 FINISH = (
     _PRELUDE
     + _OWE
+    + f"""
+local SO_FAR = '{OUTPUTS_SO_FAR}'
+"""
     + """
 -- the jobs whose views take the `created` their hashes hold (ARGV[9] of them, from ARGV[10])
 local restamp = {}
@@ -1044,10 +1051,11 @@ local ENDED = {cancelled = true, expired = true}
 -- `error`, which a batch's end writes) is the API's, and it holds no result of this worker's
 local RESULT_ONLY = {write_id = true, finished = true, error = true}
 -- what a run reached (outputs so far, token counts), joined to the record of a job the API ended;
--- `cut`: a generation that ran on past the cancel, whose outputs' `finish_reason` (the engine's,
--- `length`) becomes `abort`, as its final says (RunningJob.settle) and vLLM reports an aborted
--- request. Decoded here, on this rare path only: FINISH's writes pass outputs through unread;
--- outputs that are no JSON object stay as they are (an error here would fail the whole batch)
+-- a failed generation's outputs are its text so far (SO_FAR). `cut`: a generation that ran on
+-- past the cancel, whose outputs' `finish_reason` (the engine's, `length`; a failed one's, none)
+-- becomes `abort`, as its final says (RunningJob.settle) and vLLM reports an aborted request.
+-- Decoded here, on this rare path only: FINISH's writes pass outputs through unread; outputs
+-- that are no JSON object stay as they are (an error here would fail the whole batch)
 local function aborted(outputs)
   local ok, decoded = pcall(cjson.decode, outputs)
   if not ok or type(decoded) ~= 'table' then return outputs end
@@ -1057,13 +1065,24 @@ end
 local function ran_to(jk, first, last, cut)
   local kept = {}
   for f = first, last, 2 do
-    if not RESULT_ONLY[ARGV[f]] then
-      local value = ARGV[f + 1]
-      if cut and ARGV[f] == 'outputs' then value = aborted(value) end
-      table.insert(kept, ARGV[f]); table.insert(kept, value)
+    local name, value = ARGV[f], ARGV[f + 1]
+    if name == SO_FAR then name = 'outputs' end
+    if not RESULT_ONLY[name] then
+      if cut and name == 'outputs' then value = aborted(value) end
+      table.insert(kept, name); table.insert(kept, value)
     end
   end
   if #kept > 0 then redis.call('HSET', jk, unpack(kept)) end
+end
+-- the field/value pairs a result's record takes: all but a failed generation's text so far,
+-- which is for a cancel it meets (ran_to); looked for on that rare path only
+local function recorded(status, first, last)
+  if status ~= 'failed' then return unpack(ARGV, first, last) end
+  local kept = {}
+  for f = first, last, 2 do
+    if ARGV[f] ~= SO_FAR then table.insert(kept, ARGV[f]); table.insert(kept, ARGV[f + 1]) end
+  end
+  return unpack(kept)
 end
 -- `view`, built without `created` (so without `total_ms`), with the hash's `created` (ms) and
 -- the total from it to the record's `finished`, at the head of its timings (a JSON string
@@ -1107,7 +1126,7 @@ while i <= #ARGV do
     if can(from, status) then
       redis.call('HSET', jk, 'status', status, 'worker', ARGV[4],
                  'writes', (tonumber(cur[2]) or 0) + 1, 'attempt_history', appended(cur[3], run),
-                 unpack(ARGV, first, last))
+                 recorded(status, first, last))
       if (tonumber(cur[5]) or 0) < renew_before then
         redis.call('EXPIRE', jk, ARGV[2], 'GT')  -- never shorter: see ENQUEUE's ttl
       end
@@ -1128,7 +1147,9 @@ while i <= #ARGV do
       -- token counts) on the record, whose status, end and attempt the cancel wrote; a result
       -- made for no one once the API had ended the job (an embedding computed after its cancel)
       -- is dropped, as a revoked task's; but a generation's (ARGV[8]), whose tokens its client
-      -- read as they came, keeps what it ran to, as an aborted one does, ended by `abort` too
+      -- read as they came, keeps what it ran to, as an aborted one does, ended by `abort` too;
+      -- a failed one its text so far, without its `error`: the cancel ended it, as its final
+      -- says (no error), and vLLM tells an aborted request's text so far, no error
       if cur[1] == 'cancelled' and (status == 'cancelled' or ARGV[8] == '1') then
         ran_to(jk, first, last, status ~= 'cancelled')
       end

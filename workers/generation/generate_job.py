@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.codec import dumps, loads
+from shared.job_scripts import OUTPUTS_SO_FAR
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.model_repository import unnamed_max_tokens
@@ -245,7 +246,10 @@ class RunningJob:
         return round((self.last_token_ms - self.first_token_ms) / after_first, 3)
 
     def fields(self) -> dict[str, str]:
-        """The job-hash fields of the result (outputs or error, timings, token counts)."""
+        """The job-hash fields of the result (outputs or error, timings, token counts). A
+        failed one brings its text so far too (OUTPUTS_SO_FAR), which FINISH writes only to
+        the record of a cancel it meets: the final then says `cancelled` and `abort`, and the
+        record keeps the text its client read, as a generation cancelled while it runs does."""
         fields = {
             "prompt_tokens": str(self.prompt_tokens),
             "completion_tokens": str(self.completion_tokens),
@@ -256,13 +260,14 @@ class RunningJob:
             fields["ttft_ms"] = str(ttft)
         if (tpot := self.tpot_ms) is not None:
             fields["tpot_ms"] = str(tpot)
+        outputs = {
+            "text": "".join(self.text),
+            "finish_reason": self.ending,
+            "usage": usage_of(self.prompt_tokens, self.completion_tokens),
+        }
         if self.status == JobStatus.FAILED:
             fields["error"] = dumps(self.failure).decode()
+            fields[OUTPUTS_SO_FAR] = dumps(outputs).decode()
         else:
-            outputs = {
-                "text": "".join(self.text),
-                "finish_reason": self.ending,
-                "usage": usage_of(self.prompt_tokens, self.completion_tokens),
-            }
             fields["outputs"] = dumps(outputs).decode()
         return fields
