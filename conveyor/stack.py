@@ -38,6 +38,10 @@ PROC = Path("/proc")  # Linux's: the state and the process group of each process
 CHILD_MARGIN_S = 20.0
 READY_POLL_S = 0.2  # how often a starting child is looked at
 TAIL_BYTES = 1 << 20  # how much of a child's log end `Stack.log_tail` reads at most
+# A child's log past this moves to `<name>.log.1` (as Docker's json-file max-size, max-file 2):
+# appended across runs and restarts, a worker's line per micro-batch (250 B, 36 more per job)
+# grew it by hundreds of MB a day under steady load, without bound.
+LOG_CAP_BYTES = 100 << 20
 Server = Literal["uvicorn", "conveyor"]
 # A producer's command line but its address: uvicorn's (compose, Kubernetes), or the server
 # `conveyor up` runs (conveyor/producer_server.py: SO_REUSEPORT, several per port).
@@ -130,6 +134,7 @@ class Stack:
     # lead another group by now (pids are reused once no process holds them)
     ended: set[subprocess.Popen[bytes]] = field(default_factory=set)
     start_timeout_s: float = 300.0  # how long a child may take to be ready
+    log_cap_bytes: int = LOG_CAP_BYTES  # each child's log and its one rotated file at most
 
     @classmethod
     def create(
@@ -492,8 +497,9 @@ class Stack:
 
     def log_tail(self, name: str, lines: int = 20) -> list[str]:
         """The last `lines` lines `name` wrote, from the log's last `TAIL_BYTES`: a log is
-        appended across runs and restarts, never rotated, and read whole (gigabytes after weeks
-        up) for a crash loop's report it took `conveyor up` out of memory."""
+        appended across runs and restarts (up to `log_cap_bytes`, 100 MiB), and read whole
+        (gigabytes after weeks up, before the cap) for a crash loop's report it took `conveyor
+        up` out of memory."""
         try:
             with self.log_path(name).open("rb") as log:
                 start = max(0, log.seek(0, os.SEEK_END) - TAIL_BYTES)
@@ -504,6 +510,20 @@ class Stack:
         if start and len(tail) > 1:  # the window's first line is cut: shown only if alone
             tail = tail[1:]
         return tail[-lines:]
+
+    def cap_logs(self) -> None:
+        """Rotate each child's log past `log_cap_bytes`: copied to `<name>.log.1` (the one
+        before dropped), then emptied in place, since the child holds it open; opened to append,
+        it writes on at the start. A line written between the copy and the cut is lost (as with
+        logrotate's copytruncate). One that cannot be rotated (a full disk) is left as it is."""
+        for name in self.processes:
+            log = self.log_path(name)
+            try:
+                if log.stat().st_size > self.log_cap_bytes:
+                    shutil.copyfile(log, log.with_name(f"{log.name}.1"))
+                    os.truncate(log, 0)
+            except OSError:
+                continue
 
     def spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         """Start a child named `name`, its output appended to `<log_dir>/<name>.log`; it stops

@@ -46,7 +46,9 @@ class Supervisor:
 
     def check(self) -> None:
         """One look at every child: note exits, restart those whose backoff is over and whose
-        exited run's processes are gone (`Stack.lingering`; never waited for here)."""
+        exited run's processes are gone (`Stack.lingering`; never waited for here); and rotate
+        the logs grown past their cap (`Stack.cap_logs`)."""
+        self.stack.cap_logs()
         now = self.clock()
         for name, process in list(self.stack.processes.items()):
             child = self.children.setdefault(name, Child(started_at=now))

@@ -383,7 +383,10 @@ def test_a_typo_is_one_clear_error_not_silence(
         named.result().stdout == "identity: nothing to prepare (its config.yaml has no `prepare`)\n"
     )
     for result in no_repository:
-        assert result.result().stderr == f"Error: model repository {missing} is not a directory\n"
+        assert result.result().stderr == (
+            f"Error: model repository {missing} is not a directory: set "
+            "CONVEYOR_MODEL_REPOSITORY to your models' folder\n"
+        )
     assert "CONVEYOR_ARTIFACT_DIR is the model repository" in in_place.result().stderr
     assert (tmp_path / "repository" / "smollm2" / "config.yaml").exists()
     said = broken_repository.result().stderr

@@ -13,12 +13,13 @@ import click
 import redis
 
 from autoscaling.local_autoscaler import PoolScaler, lease_ms_for, pool_scalers
+from conveyor.configured_repository import configured_repository
 from conveyor.finite_float import FiniteFloat
 from conveyor.local_stack import NO_STACK, refuse_unreachable, stack_redis
 from conveyor.stack import ChildNotReady, Stack
 from conveyor.state_dir_lock import state_dir_lock
 from shared.keys import Keys
-from shared.model_repository import YEAR_S, ModelConfigError, ModelRepository
+from shared.model_repository import YEAR_S, ModelConfigError
 from shared.partition_stats import unless_wrong_type, wrong_type
 from shared.redis_client import OUT_OF_REACH, WRITES_REFUSED, topology_read
 from shared.settings import get_settings
@@ -46,9 +47,9 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
 def _autoscale(models: str, interval: float | None, state_dir: Path) -> None:
     """The polls; each pool scaled only while this process holds its lease (`PoolScaler`)."""
     settings = stack_redis(get_settings())
+    partitions = configured_repository(settings).partitions(models.split(","))
     stack = Stack.create(state_dir, settings.redis_url, cluster=settings.redis_cluster)
     keys = Keys(settings.key_prefix)
-    partitions = ModelRepository.load(settings.model_repository).partitions(models.split(","))
     workers = PoolWorkers(stack)
     period = interval or min(c.autoscaling.polling_interval_s for c, _ in partitions)
     refuse_unreachable(stack.redis_url, NO_STACK)
@@ -66,6 +67,7 @@ def _autoscale(models: str, interval: float | None, state_dir: Path) -> None:
     try:
         while not stopping.is_set():
             stack.reap_stopped()
+            stack.cap_logs()
             for scaler in scalers:
                 _tick(scaler, client)
             stopping.wait(period)

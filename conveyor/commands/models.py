@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from shared.model_repository import ModelRepository
-from shared.settings import Settings, get_settings
+from conveyor.configured_repository import configured_repository
+from shared.settings import get_settings
 from workers.model_prep import MissingSource, preparer
 
 
@@ -26,7 +26,7 @@ def prepare(names: tuple[str, ...], force: bool) -> None:
             "build replaces its model's folder whole, config.yaml included; give artifacts a "
             "folder of their own"
         )
-    repository = _repository(settings)
+    repository = configured_repository(settings)
     unknown = [name for name in names if repository.get(name) is None]
     if unknown:
         known = ", ".join(config.name for config in repository)
@@ -51,14 +51,7 @@ def prepare(names: tuple[str, ...], force: bool) -> None:
 @command.command("list")
 def list_models() -> None:
     """Print each model with its kind, backend and variants."""
-    repository = _repository(get_settings())
+    repository = configured_repository(get_settings())
     for config in repository:
         variants = ", ".join(config.variants)
         click.echo(f"{config.name}\t{config.kind}\t{config.backend}\t{variants}")
-
-
-def _repository(settings: Settings) -> ModelRepository:
-    """The repository as the producer and the workers load it, result TTL included: without
-    it, a `queue.max_queue_time_s` past CONVEYOR_RESULT_TTL_S was listed (and prepared) while
-    both refused to start on it."""
-    return ModelRepository.load(settings.model_repository, settings.result_ttl_s)

@@ -17,6 +17,7 @@ from autoscaling.keda import (
     render,
     to_yaml,
 )
+from conveyor.configured_repository import configured_repository
 from shared.http_url import is_http_url
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
@@ -106,7 +107,7 @@ def command() -> None:
 )
 @click.option(
     "--model-repository",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
     default=None,
     help="The models to render pools for (default: CONVEYOR_MODEL_REPOSITORY).",
 )
@@ -158,7 +159,11 @@ def keda(
     (`rediss://`: `enableTLS`); its password stays in the Secret, its CA and client
     certificate in the one `--redis-tls-secret` names."""
     settings = get_settings()
-    repository = ModelRepository.load(model_repository or settings.model_repository)
+    repository = (  # a missing --model-repository is click's to refuse (`exists`)
+        configured_repository(settings)
+        if model_repository is None
+        else ModelRepository.load(model_repository)
+    )
     keys = Keys(key_prefix if key_prefix is not None else settings.key_prefix)
     default = MetricSources.for_namespace(namespace)
     sources = MetricSources(producer_url or default.producer_url, prometheus_url)

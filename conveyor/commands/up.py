@@ -18,6 +18,7 @@ import click
 import redis
 
 from conveyor.commands.keys import dev_key
+from conveyor.configured_repository import configured_repository
 from conveyor.embedded_valkey import config_can_name, io_threads
 from conveyor.local_stack import STATE_FILE, StackState, refuse_unreachable
 from conveyor.producer_server import family_of
@@ -127,7 +128,7 @@ def command(
     # absolute: stack.json and the banner name its key file, which the CLI read relative to
     # its own directory (`var/run/dev-api-key` from anywhere but the checkout)
     state_dir = (state_dir or settings.state_dir).absolute()
-    repository = ModelRepository.load(settings.model_repository)
+    repository = configured_repository(settings)
     names = (
         _all_models(repository, settings.model_repository)
         if models is None

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -31,6 +33,65 @@ OUTAGE = (
     *WRITES_REFUSED,
     *CLUSTER_OUTAGE,
 )
+
+
+# A thread that wakes every PAUSE_WATCH_S and was PAUSED_S late or more saw this process not run
+# (a scheduler's jitter is milliseconds); a timeout up to PAUSE_SEEN_S after such a pause ended
+# is the pause's, not Redis's (at a thaw both fire within milliseconds).
+PAUSE_WATCH_S = 0.5
+PAUSED_S = 1.0
+PAUSE_SEEN_S = 1.0
+
+
+class PauseWatch:
+    """How long this process last went without running (SIGSTOP, a paused container, a debugger,
+    a VM migrated): its calls' timeouts ran out meanwhile, Redis's answers unread in the socket,
+    and the thawed worker blamed Redis. A daemon thread notes how late it wakes, so a call that
+    succeeds pays nothing; read only when a call failed."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.awake_at = time.monotonic()
+        self.last = (0.0, 0.0)  # the last pause seen: (monotonic time it ended, seconds)
+
+    def start(self) -> None:
+        """Watch from now on (once per process; a forked child starts its own)."""
+        if self.thread is not None:
+            return
+        with self.lock:
+            if self.thread is None:
+                self.awake_at = time.monotonic()
+                self.thread = threading.Thread(target=self._watch, name="pause-watch", daemon=True)
+                self.thread.start()
+
+    def forked(self) -> None:
+        """In a forked child: the parent's thread is not there to watch."""
+        self.lock = threading.Lock()
+        self.thread = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(PAUSE_WATCH_S)
+            now = time.monotonic()
+            if (late := now - self.awake_at - PAUSE_WATCH_S) >= PAUSED_S:
+                self.last = (now, late)  # before awake_at: a reader in between sees it unseen
+            self.awake_at = now
+
+    def paused_s(self) -> float | None:
+        """Seconds this process was just paused: a pause the thread has not woken from yet (the
+        caller woke first), or one that ended within PAUSE_SEEN_S; None when it ran on."""
+        if self.thread is None:
+            return None
+        now = time.monotonic()
+        if (unseen := now - self.awake_at - PAUSE_WATCH_S) >= PAUSED_S:
+            return unseen
+        ended_at, lasted = self.last
+        return lasted if lasted and now - ended_at <= PAUSE_SEEN_S else None
+
+
+PAUSES = PauseWatch()
+os.register_at_fork(after_in_child=PAUSES.forked)
 
 
 class Stopped(Exception):
@@ -71,12 +132,30 @@ class OutageLog:
     def __init__(self, what: str) -> None:
         self.what = what
         self.spell = OutageSpell()
+        PAUSES.start()
 
     def failed(self, reason: BaseException) -> None:
+        if (paused_s := self._paused_s(reason)) is not None:
+            log.warning(
+                "%s: this process was paused for at least %.1fs (stopped, frozen or starved of "
+                "CPU), so a redis call timed out meanwhile (%s); retrying",
+                self.what,
+                paused_s,
+                reason,
+            )
+            return
         if self.spell.failed():
             log.warning("%s: redis unavailable (%s); retrying with backoff", self.what, reason)
         else:
             log.debug("%s: redis still unavailable (%s)", self.what, reason)
+
+    def _paused_s(self, reason: BaseException) -> float | None:
+        """How long this process was just paused, when that is why `reason` came: a timeout
+        that starts no spell (one under way is Redis's: the pause counts among its retries).
+        Not a spell either: the retry that fails too starts one, Redis's fault after all."""
+        if self.spell.since is not None or not isinstance(reason, RedisTimeoutError):
+            return None
+        return PAUSES.paused_s()
 
     def recovered(self) -> None:
         if (ended := self.spell.ended()) is not None:
