@@ -47,7 +47,9 @@ def charged(filename: str, size: int) -> int:
 # expires (sorted set, ms), both in the tenant index's slot; ARGV: now (ms), file id, its bytes,
 # its expiry (ms), the budget, the keys' TTL (s). Files past their expiry leave the sum first
 # (each once, so a call costs what expired since the last); a file the budget cannot take is
-# refused. Returns {1 if held else 0, the bytes held after}.
+# refused. A file held already is a rerun (the client sends a script again when its reply was
+# lost): held once, not charged twice and not refused as over budget by its own first run.
+# Returns {1 if held else 0, the bytes held after}.
 HOLD = """
 local now = tonumber(ARGV[1])
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
@@ -56,6 +58,7 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local held, size = tonumber(redis.call('HGET', KEYS[1], 'total') or '0'), tonumber(ARGV[3])
+if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then return {1, held} end
 if held + size > tonumber(ARGV[5]) then return {0, held} end
 redis.call('HSET', KEYS[1], ARGV[2], size)
 redis.call('HINCRBY', KEYS[1], 'total', size)
@@ -189,7 +192,13 @@ class FileStore(TenantIndexed):
             tenant, _ = await pipe.execute()
         if tenant is None:
             return False
-        owner = as_text(tenant)  # it was there, and this transaction dropped it
-        await call_script(self._release, self._held_of(owner), [file_id])
-        await self.unlist(owner, [file_id])
+        await self.forget(as_text(tenant), file_id)  # it was there, and this transaction dropped it
         return True
+
+    async def forget(self, tenant: str, file_id: str) -> None:
+        """Give a deleted file's bytes back to its tenant's budget and unlist it, once however
+        many calls (RELEASE, UNLIST): also after a delete that found the file gone, which may
+        have been its own first run, sent again by the client when its reply was lost; then
+        nothing gave the bytes back until the file would have expired."""
+        await call_script(self._release, self._held_of(tenant), [file_id])
+        await self.unlist(tenant, [file_id])

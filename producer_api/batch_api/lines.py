@@ -4,6 +4,7 @@ number and reason, so one bad line never sinks the batch. Runs in a thread (CPU-
 from __future__ import annotations
 
 import codecs
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,7 @@ from pydantic import ValidationError
 from producer_api.batch_api.protocol import BatchItemBody, BatchLine
 from producer_api.errors import ConveyorError, listed
 from producer_api.jobs.protocol import PredictRequest
-from producer_api.request_boundary import parse_json
+from producer_api.request_boundary import check_value, parse_json
 from shared.codec import RequestEntry
 from shared.job_parameters import AS_JOB_FIELDS, FieldNames
 from shared.model_repository import ModelConfig, client_named
@@ -146,13 +147,33 @@ def _line(raw: bytes, max_depth: int) -> BatchLine:
     try:
         obj = parse_json(raw, max_depth + 1)
     except ValueError as exc:  # UnstorableJson, JSONDecodeError, UnicodeDecodeError
-        raise LineError("invalid_json", f"not acceptable JSON: {exc}") from None
-    custom_id = obj.get("custom_id") if isinstance(obj, dict) else None
+        message = f"not acceptable JSON: {exc}"
+        raise LineError("invalid_json", message, _named_despite(raw)) from None
     try:
         return BatchLine.model_validate(obj)
     except ValidationError as exc:
-        known = custom_id if isinstance(custom_id, str) else None
-        raise LineError("invalid_request", _describe(exc, ""), known) from None
+        raise LineError("invalid_request", _describe(exc, ""), _custom_id(obj)) from None
+
+
+def _custom_id(obj: Any) -> str | None:
+    """The `custom_id` a line's JSON names, when it is a string."""
+    custom_id = obj.get("custom_id") if isinstance(obj, dict) else None
+    return custom_id if isinstance(custom_id, str) else None
+
+
+def _named_despite(raw: bytes) -> str | None:
+    """The `custom_id` of a line refused as JSON that still parses (a value no job may hold: an
+    integer past 64 bits, a number past a float's, a lone surrogate, a body nested too deep,
+    Python's `NaN`), read only for such a refused line: its errors line named no id, so a
+    client could not tell which request failed, and a later line with the id ran. None for
+    text that does not parse, or an id the errors file could not hold (a lone surrogate)."""
+    try:
+        custom_id = _custom_id(json.loads(raw))
+        if custom_id is not None:
+            check_value(custom_id, 1)
+    except (ValueError, RecursionError):  # JSONDecodeError, UnstorableJson, too deep to read
+        return None
+    return custom_id
 
 
 def parse(source: bytes, parsed: ParsedBatch) -> ParsedBatch:

@@ -201,10 +201,23 @@ class FilesService:
             with naming_the_file(file_id):
                 await self._batches().kept(*named.groups())
             return {"id": file_id, "object": "file", "deleted": False}
-        await self._uploaded(file_id)
-        if not await self.store.delete(file_id):  # a concurrent delete dropped it first
+        if not await self._dropped(file_id):
             raise not_found(file_id)
         return {"id": file_id, "object": "file", "deleted": True}
+
+    async def _dropped(self, file_id: str) -> bool:
+        """Whether this call dropped the tenant's uploaded file. Found gone, or never the
+        tenant's, what the tenant still holds for the id is given back (`FileStore.forget`; none
+        for an id it never held): a delete cut short once the file was gone (its transaction
+        sent again when its reply was lost, a timeout, a producer that died) gave none back, nor
+        did its retry's 404, until the file would have expired."""
+        if not FILE_ID.fullmatch(file_id):  # no id of a file (`total` is the budget's own field)
+            return False
+        [found] = await self._owned([file_id])
+        if found is not None and await self.store.delete(file_id):
+            return True
+        await self.store.forget(self.principal.tenant, file_id)
+        return False
 
     async def data(self, file_id: str) -> bytes:
         """An uploaded file's bytes (a batch's input); 404 for another tenant's."""
