@@ -10,6 +10,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import SplitResult, urlsplit
 
 import anyio
 from fastapi import APIRouter, Depends, Form, Header, HTTPException, Request
@@ -54,6 +55,7 @@ from shared.dead_letters import DeadLetter, DeadLetters, lettered_partitions, su
 from shared.job_states import JobStatus
 from shared.job_store import JobRecord
 from shared.model_repository import ModelConfigError, client_named
+from shared.settings import Settings
 
 HERE = Path(__file__).parent
 LETTERS_SHOWN = 200  # per partition, oldest first
@@ -92,7 +94,7 @@ async def signed_in(request: Request, state: State, service: Service) -> Console
         await service.sessions.close(current.nonce)
         current = None
     if current is None:
-        raise HTTPException(303, "login required", {"Location": "/console/login"})
+        raise HTTPException(303, "login required", {"Location": _home(request, "/login")})
     return current
 
 
@@ -120,13 +122,38 @@ async def admin(current: Session) -> ConsoleSession:
 Admin = Annotated[ConsoleSession, Depends(admin)]
 
 
+def _public_url(request: Request) -> SplitResult:
+    """CONVEYOR_PUBLIC_URL in parts, each empty where it is unset."""
+    settings: Settings = request.app.state.settings
+    return urlsplit(settings.public_url)
+
+
+def console_base(request: Request) -> str:
+    """The path the browser reaches the console under, before `/console` ('' by default): that
+    of CONVEYOR_PUBLIC_URL when set (a proxy that strips a prefix, as nginx's `location
+    /conveyor/ { proxy_pass http://producer/; }`, tells the producer nothing of it), else the
+    request's ASGI root_path (uvicorn --root-path). Every link, form, redirect, feed URL and
+    cookie path of the console starts with it: `/console` alone led out of the prefix."""
+    public = _public_url(request)
+    return public.path if public.scheme else str(request.scope.get("root_path", ""))
+
+
+def _home(request: Request, path: str = "") -> str:
+    """The browser's path of the console page `path` (`/login`; '' for the overview)."""
+    return f"{console_base(request)}/console{path}"
+
+
 def _page(request: Request, name: str, current: ConsoleSession | None, **context: Any) -> Response:
-    context |= {"session": current, "page": name.removesuffix(".html")}
+    context |= {
+        "session": current,
+        "page": name.removesuffix(".html"),
+        "base": console_base(request),
+    }
     return templates.TemplateResponse(request, name, context)
 
 
-def _see(path: str) -> Response:
-    return RedirectResponse(path, status_code=303)
+def _see(request: Request, path: str = "") -> Response:
+    return RedirectResponse(_home(request, path), status_code=303)
 
 
 @router.get("/static/{name}")
@@ -151,9 +178,18 @@ def _login_form(request: Request, signer: SessionSigner, error: str, status: int
 
 
 def _set_cookie(request: Request, response: Response, name: str, value: str, age: int) -> None:
-    secure = request.url.scheme == "https"
+    """A console cookie, or its removal (`age` 0), scoped to the console's path as the browser
+    sees it. Secure where the browser speaks https: to this producer, or to a proxy in front
+    that ends TLS (CONVEYOR_PUBLIC_URL https), which reaches the producer over plain http."""
+    secure = "https" in (request.url.scheme, _public_url(request).scheme)
     response.set_cookie(
-        name, value, max_age=age, path="/console", httponly=True, samesite="strict", secure=secure
+        name,
+        value,
+        max_age=age,
+        path=_home(request),
+        httponly=True,
+        samesite="strict",
+        secure=secure,
     )
 
 
@@ -178,23 +214,23 @@ async def login(
         form.headers.update(refused.headers or {})  # a throttled login's Retry-After
         return form
     await end_replaced(signer, service.sessions, request.cookies.get(COOKIE, ""))
-    response = _see("/console")
+    response = _see(request)
     cookie, nonce = signer.issue(principal.key_id)
     await service.sessions.open(nonce, principal.key_id)
     _set_cookie(request, response, COOKIE, cookie, MAX_AGE_S)
-    response.delete_cookie(LOGIN_COOKIE, path="/console")
+    _set_cookie(request, response, LOGIN_COOKIE, "", 0)
     return response
 
 
 @router.post("/logout")
 async def logout(
-    current: SignedIn, service: Service, csrf: Annotated[str, Form()] = ""
+    request: Request, current: SignedIn, service: Service, csrf: Annotated[str, Form()] = ""
 ) -> Response:
     check_csrf(current, csrf)
     if current.nonce:
         await service.sessions.close(current.nonce)
-    response = _see("/console/login")
-    response.delete_cookie(COOKIE, path="/console")
+    response = _see(request, "/login")
+    _set_cookie(request, response, COOKIE, "", 0)
     return response
 
 
@@ -321,7 +357,7 @@ async def jobs(
     tenant: str = "",
 ) -> Response:
     if id.strip():
-        return _see(f"/console/jobs/{id.strip()}")
+        return _see(request, f"/jobs/{id.strip()}")
     if status and status not in STATUSES:  # listed as none matching, though jobs had it
         known = ", ".join(STATUSES)
         raise ConveyorError(

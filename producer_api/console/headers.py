@@ -31,7 +31,11 @@ _NAMES = {name for name, _ in _RAW}
 SafetyNet = Callable[[Request, Exception], Awaitable[Response]]
 
 
-def is_console(path: str) -> bool:
+def is_console(scope: Scope) -> bool:
+    """Whether the request is the console's, its path read past the ASGI root_path, as the
+    router reads it: uvicorn --root-path puts that before the path, which the console's
+    answers under a prefix then went without their headers."""
+    path = scope["path"].removeprefix(scope.get("root_path", ""))
     return path == PREFIX or path.startswith(PREFIX + "/")
 
 
@@ -40,7 +44,7 @@ class ConsoleHeadersMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not is_console(scope["path"]):
+        if scope["type"] != "http" or not is_console(scope):
             await self.app(scope, receive, send)
             return
 

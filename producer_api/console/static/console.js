@@ -4,6 +4,13 @@
 
 const SVG = "http://www.w3.org/2000/svg";
 
+// Where the console is, as the browser reaches it: `/console` under the path prefix a proxy in
+// front strips (the page's `data-base`, computed once by the producer), or a feed and its links
+// led out of the prefix.
+function home(path = "") {
+  return `${document.body.dataset.base || ""}/console${path}`;
+}
+
 function cell(row, field) {
   return row.querySelector(`[data-field="${field}"]`);
 }
@@ -107,7 +114,7 @@ function renderBatches(batches, total) {
     const kinds = [["output", b.output_file_id], ["errors", b.error_file_id]].filter(([, id]) => id);
     kinds.forEach(([kind], i) => {
       if (i) files.append(" · ");
-      files.append(link(`/console/batches/${encodeURIComponent(b.id)}/${kind}`, kind));
+      files.append(link(home(`/batches/${encodeURIComponent(b.id)}/${kind}`), kind));
     });
     if (!kinds.length) files.textContent = "–";
     const tr = row([b.id, b.status, bar, b.counts.succeeded, b.counts.failed, b.counts.total, files]);
@@ -184,7 +191,7 @@ function follow() {
   let reopen = null;
   const open = () => {
     reopen = null;
-    const source = new EventSource("/console/stream");
+    const source = new EventSource(home("/stream"));
     current = source;
     source.addEventListener("summary", (event) => {
       arrived();
@@ -195,7 +202,7 @@ function follow() {
       live.classList.remove("on");
       if (source.readyState !== EventSource.CLOSED) return;
       if (await sessionEnded()) {
-        location.assign("/console/login");
+        location.assign(home("/login"));
         return;
       }
       if (current !== source) return;  // closed meanwhile: the page was hidden
@@ -221,7 +228,7 @@ function followTokens() {
   const view = document.getElementById("job-tokens");
   if (!view) return;
   const count = document.getElementById("token-count");
-  const source = new EventSource(`/console/jobs/${encodeURIComponent(view.dataset.job)}/tokens`);
+  const source = new EventSource(home(`/jobs/${encodeURIComponent(view.dataset.job)}/tokens`));
   let tokens = 0;
   source.addEventListener("token", (event) => {
     const data = JSON.parse(event.data);
