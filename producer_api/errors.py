@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from producer_api.openai import OPENAI_PATHS
 from producer_api.responses import FastJSONResponse
+from producer_api.route_path import route_path
 from shared.model_repository import QUOTED_CHARS, client_named, quote
 from shared.redis_client import OUT_OF_REACH, PersistenceError, ReplicasMissing, ScriptBusy
 
@@ -184,7 +185,7 @@ OPENAI_BASE = "/v1/"  # OpenAI's SDKs' base URL, where an unknown route answers 
 
 
 def _openai_request(scope: Scope) -> bool:
-    if scope.get("path") in OPENAI_PATHS or scope.get("state", {}).get(OPENAI_ERRORS):
+    if route_path(scope) in OPENAI_PATHS or scope.get("state", {}).get(OPENAI_ERRORS):
         return True
     # refused before routing (the boundary's 401 or 413): by the route that would have run
     return "endpoint" not in scope and "app" in scope and _openai_route(scope)
@@ -364,7 +365,7 @@ def _slash_twin(request: Request) -> str | None:
     own redirect built an absolute one from the request's scheme and Host: behind a proxy that
     ends TLS it sent clients to `http://`, and it echoed whatever Host the client named."""
     path = request.scope["path"]
-    if "endpoint" in request.scope or path == "/":
+    if "endpoint" in request.scope or route_path(request.scope) == "/":
         return None
     twin = {**request.scope, "path": _toggled_slash(path)}
     if all(route.matches(twin)[0] is Match.NONE for route in request.app.router.routes):
@@ -377,7 +378,7 @@ def _slash_twin(request: Request) -> str | None:
 def _unrouted_openai(request: Request) -> bool:
     """A request no route took under OpenAI's base URL: most likely one of OpenAI's APIs that
     Conveyor lacks (`/v1/responses`), its SDK reading the 404 in OpenAI's shape."""
-    return "endpoint" not in request.scope and request.scope["path"].startswith(OPENAI_BASE)
+    return "endpoint" not in request.scope and route_path(request.scope).startswith(OPENAI_BASE)
 
 
 def _toggled_slash(path: str) -> str:

@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer_api.auth.dependencies import authenticate_early, keyed
 from producer_api.errors import error_response, host_refused, read_as_json
+from producer_api.route_path import route_path
 from shared.model_repository import client_named
 from shared.settings import Settings
 
@@ -179,11 +180,11 @@ def _content_coding(headers: Headers) -> str:
     return codings if any(coding.lower() != "identity" for coding in named) else ""
 
 
-def _is_json(scope: Scope, raw: str | None, own_format: frozenset[str]) -> bool:
+def _is_json(at: tuple[str, str], raw: str | None, own_format: frozenset[str]) -> bool:
     """As FastAPI decides from the content type `raw` (`read_as_json`): a body it will not parse
     is left to the route, which refuses it for its type; routes in `own_format` (JSONL uploads)
-    parse and check their bodies themselves, line by line."""
-    if scope["path"] in own_format and scope["method"] == "POST":
+    parse and check their bodies themselves, line by line. `at` is (method, route path)."""
+    if at[1] in own_format and at[0] == "POST":
         return False
     return read_as_json(raw)
 
@@ -300,7 +301,9 @@ class RequestBoundaryMiddleware:
         if self.hosts is not None and (host := self.hosts.refused(scope)) is not None:
             await host_refused(host)(scope, receive, send)
             return
-        keyed = self._keyed(scope)
+        # (method, path past the root path): what the routes' own paths are compared with
+        at = (scope["method"], route_path(scope))
+        keyed = self._keyed(scope, at)
         if keyed and (refusal := await _unauthenticated(scope)):
             await refusal(scope, receive, send)
             return
@@ -308,7 +311,7 @@ class RequestBoundaryMiddleware:
         # repeated header's first value (a dict kept the last, and `application/json` then
         # `text/plain` reached the route unchecked).
         headers = Headers(scope=scope)
-        limit = self._limit_of(scope)
+        limit = self._limit_of(at)
         try:
             if _declares_over(headers.get("content-length", ""), limit.max_bytes):
                 raise BodyTooLarge
@@ -319,12 +322,14 @@ class RequestBoundaryMiddleware:
             await refusal(scope, receive, send)
             return
         # a request no route takes is the router's 404 or 405, whatever its body holds
-        if body and keyed is not None and (refusal := self._refusal(scope, headers, body)):
+        if body and keyed is not None and (refusal := self._refusal(scope, at, headers, body)):
             await refusal(scope, receive, send)
             return
         await self.app(scope, _replay(body, receive), send)
 
-    def _refusal(self, scope: Scope, headers: Headers, body: bytes) -> Response | None:
+    def _refusal(
+        self, scope: Scope, at: tuple[str, str], headers: Headers, body: bytes
+    ) -> Response | None:
         """The 415 of a body in a content coding, or the 422 of a JSON body Conveyor cannot
         store; None for a body the route may take, its JSON value left in the scope."""
         if coded := _content_coding(headers):
@@ -333,20 +338,19 @@ class RequestBoundaryMiddleware:
                 "uncompressed (no Content-Encoding)"
             )
             return error_response(415, "unsupported_media_type", message, UNCODED)
-        if _is_json(scope, headers.get("content-type"), self.own_format):
+        if _is_json(at, headers.get("content-type"), self.own_format):
             try:
                 scope[PARSED_JSON] = parse_json(body, self.max_depth)
             except ValueError as exc:  # UnstorableJson, JSONDecodeError, UnicodeDecodeError
                 return error_response(422, "invalid_request", f"body is not acceptable JSON: {exc}")
         return None
 
-    def _keyed(self, scope: Scope) -> bool | None:
+    def _keyed(self, scope: Scope, at: tuple[str, str]) -> bool | None:
         """Whether the route the router will pick for the request (the first whose path and
         method match) takes an API key; None where no route takes it. The app's routes are
         classed at its first request, when every router is included; the answers kept are
         forgotten past KEYED_PATHS_KEPT (paths holding ids are each new), and none is kept for
-        a path past KEYED_PATH_MAX."""
-        at = (scope["method"], scope["path"])
+        a path past KEYED_PATH_MAX. Kept by `at`, (method, route path): the routes match that."""
         if at in self.keyed_paths:
             return self.keyed_paths[at]
         if self.routes is None:
@@ -359,8 +363,8 @@ class RequestBoundaryMiddleware:
             self.keyed_paths[at] = found
         return found
 
-    def _limit_of(self, scope: Scope) -> BodyLimit:
-        upload = scope["method"] == "POST" and scope["path"] in self.uploads
+    def _limit_of(self, at: tuple[str, str]) -> BodyLimit:
+        upload = at[0] == "POST" and at[1] in self.uploads
         return self.upload_limit if upload else self.limit
 
 

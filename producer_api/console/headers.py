@@ -14,6 +14,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from producer_api.route_path import route_path
+
 PREFIX = "/console"
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -35,7 +37,7 @@ def is_console(scope: Scope) -> bool:
     """Whether the request is the console's, its path read past the ASGI root_path, as the
     router reads it: uvicorn --root-path puts that before the path, which the console's
     answers under a prefix then went without their headers."""
-    path = scope["path"].removeprefix(scope.get("root_path", ""))
+    path = route_path(scope)
     return path == PREFIX or path.startswith(PREFIX + "/")
 
 
