@@ -361,18 +361,30 @@ def _allowed_methods(request: Request) -> str:
 
 def _slash_twin(request: Request) -> str | None:
     """Where a request no route took is answered, its path's trailing slash added or dropped,
-    as a relative URL (RFC 9110 10.2.2); None where no route takes that path either. Starlette's
-    own redirect built an absolute one from the request's scheme and Host: behind a proxy that
-    ends TLS it sent clients to `http://`, and it echoed whatever Host the client named."""
+    as a relative reference (RFC 9110 10.2.2) to its last segment; None where no route takes
+    that path either. Starlette's own redirect built an absolute URL from the request's scheme
+    and Host: behind a proxy that ends TLS it sent clients to `http://`, and it echoed whatever
+    Host the client named; a path-absolute one led out of the prefix a proxy in front strips."""
     path = request.scope["path"]
-    if "endpoint" in request.scope or route_path(request.scope) == "/":
+    # `//`: no one slash away from a route, and a relative reference past an empty segment
+    # resolves differently in Python's urljoin (requests follows redirects with it) than in
+    # browsers
+    if "endpoint" in request.scope or route_path(request.scope) == "/" or path.endswith("//"):
         return None
     twin = {**request.scope, "path": _toggled_slash(path)}
     if all(route.matches(twin)[0] is Match.NONE for route in request.app.router.routes):
         return None
     sent = request.scope.get("raw_path") or path.encode()  # as the client encoded it
     query = request.scope.get("query_string", b"")
-    return _toggled_slash(sent.decode("latin-1")) + (f"?{query.decode('latin-1')}" if query else "")
+    return _relative_twin(sent.decode("latin-1")) + (f"?{query.decode('latin-1')}" if query else "")
+
+
+def _relative_twin(sent: str) -> str:
+    """`sent`'s slash twin relative to `sent` itself: `/v1/models/` → `../models`, `/v1/jobs`
+    → `./jobs/` (`./`: a segment with a `:` is no scheme)."""
+    if sent.endswith("/"):
+        return f"../{sent[:-1].rsplit('/', 1)[-1]}"
+    return f"./{sent.rsplit('/', 1)[-1]}/"
 
 
 def _unrouted_openai(request: Request) -> bool:
