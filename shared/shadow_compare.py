@@ -76,8 +76,12 @@ def compare(primary: dict[str, Any], shadow: dict[str, Any]) -> Comparison | Non
 
 
 def agreement(primary: Any, shadow: Any) -> tuple[bool, float]:
-    """(agree, similarity in [0, 1]) of two outputs. A missing answer agrees with none: two
-    succeeded jobs without outputs read as a full agreement, whatever the variants would say."""
+    """(agree, similarity) of two outputs. Similarity is in [0, 1] (difflib's ratio, 1 or 0 for
+    equality) but for embeddings: their lowest cosine, in [-1, 1], is negative for vectors
+    pointing away from each other, so a shadow's `mean_similarity` can be below 0 (a measure,
+    not an error: the threshold only asks for COSINE_THRESHOLD or more). A missing answer
+    agrees with none: two succeeded jobs without outputs read as a full agreement, whatever
+    the variants would say."""
     if primary is None or shadow is None:
         return False, 0.0
     if isinstance(primary, dict) and isinstance(shadow, dict):

@@ -117,7 +117,8 @@ async def test_statistics_match_a_hand_computation(api: httpx.AsyncClient) -> No
     assert versus["latency_p"] == pytest.approx(p_latency, rel=1e-9)
     assert "success rate 80.0% is significantly lower than stable's 95.0%" in versus["verdict"]
     assert "significantly faster than stable" in versus["verdict"]
-    assert stable["vs_baseline"] is None and by_name["flaky"]["vs_baseline"] is None
+    assert stable["vs_baseline"] is None
+    assert by_name["flaky"]["vs_baseline"]["status"] == "insufficient_data"
 
     mirror = by_name["mirror"]
     assert mirror["role"] == "shadow" and mirror["shadow_rate"] == 1.0

@@ -11,6 +11,7 @@ import click
 from conveyor.client.admin_http import admin_call, clock
 from conveyor.client.calls import segment
 from conveyor.client.cli_options import connection_options
+from conveyor.commands.routes import percent_text
 from conveyor.finite_float import FiniteFloat
 from shared.canary_steps import (
     INTERVAL_MAX_S,
@@ -93,7 +94,8 @@ def print_canary(view: dict[str, Any], events: int) -> None:
         return
     click.echo(
         f"{canary['model']}:{canary['variant']} vs {canary['baseline']}: {canary['state']},"
-        f" {canary['weight']:g} % (steps {','.join(f'{s:g}' for s in canary['steps'])})"
+        f" {percent_text(canary['weight'])} %"
+        f" (steps {','.join(percent_text(s) for s in canary['steps'])})"
     )
     shown = view["events"]  # this rollout's alone: a canary's start drops the last one's
     for item in shown[max(len(shown) - events, 0) :]:  # not [-events:]: [-0:] is every one
@@ -104,7 +106,7 @@ def print_canary(view: dict[str, Any], events: int) -> None:
         )
         reason = f" ({item['reason']})" if item.get("reason") else ""
         at = clock(item["at"])
-        click.echo(f"  {at} {item['type']} -> {item['weight']:g} %{reason}{numbers}")
+        click.echo(f"  {at} {item['type']} -> {percent_text(item['weight'])} %{reason}{numbers}")
     for warning in view.get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
 

@@ -13,6 +13,7 @@ from conveyor.client.admin_http import admin_call, clock
 from conveyor.client.calls import segment
 from conveyor.client.cli_options import connection_options, printable
 from conveyor.client.option_pairs import option_pairs
+from shared.canary_steps import WEIGHT_SLACK
 
 MAX_HISTORY = 1000  # the most changes `GET /v1/models/{model}/routes?history=` answers
 # What a `--weight` or `--shadow` value must be, said when one is not
@@ -39,15 +40,26 @@ def command() -> None:
     """Live routes of a model (needs an admin key)."""
 
 
+def percent_text(percent: float, least: int = 0) -> str:
+    """A percent with `least` decimals, or as many more as it takes to show it, up to the 6 of
+    the routes' tolerance (WEIGHT_SLACK): with two, a 0.001 % canary step read 0.00 % beside a
+    baseline of 100.00 %, and `:g`'s 6 digits read a 99.99999 % step as 100."""
+    for decimals in range(least, 6):
+        text = f"{percent:.{decimals}f}"
+        if abs(float(text) - percent) < WEIGHT_SLACK / 10:  # float noise, as 0.07 * 100
+            return text
+    return f"{percent:.6f}"
+
+
 def print_routes(view: dict[str, Any]) -> None:
     click.echo(f"{view['model']}  version {view['version']}  sticky by {view['sticky_by']}")
     for name, weight in sorted(view["weights"].items(), key=lambda kv: -kv[1]):
-        click.echo(f"  {name:<20} {weight:6.2f} %")
+        click.echo(f"  {name:<20} {percent_text(weight, least=2):>6} %")
     for name, rate in view["shadows"].items():
-        click.echo(f"  {name:<20} shadow, {rate * 100:g} % of online requests")
+        click.echo(f"  {name:<20} shadow, {percent_text(rate * 100)} % of online requests")
     for change in view.get("history", []):
         new = change["new"]
-        weights = ", ".join(f"{k} {v:g}" for k, v in new["weights"].items())
+        weights = ", ".join(f"{k} {percent_text(v)}" for k, v in new["weights"].items())
         shadows = ", ".join(f"{k} {v:g}" for k, v in new["shadows"].items()) or "none"
         click.echo(
             f"  v{change['version']} {clock(change['at'])} {change['by']}: {weights};"

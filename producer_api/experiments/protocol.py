@@ -28,12 +28,13 @@ class SamplesNeeded(BaseModel):
 
 class VersusBaseline(BaseModel):
     baseline: str
-    success_rate_test: Literal["z", "fisher"] = Field(
+    success_rate_test: Literal["z", "fisher"] | None = Field(
         description="The test behind success_rate_p: the two-proportion z-test, or Fisher's "
-        "exact test when an expected count is under 5 (success_rate_z is then informative only)"
+        "exact test when an expected count is under 5 (success_rate_z is then informative "
+        "only); null, as success_rate_z and success_rate_p, while an arm has no request"
     )
-    success_rate_z: float
-    success_rate_p: float
+    success_rate_z: float | None
+    success_rate_p: float | None
     latency_u: float | None
     latency_p: float | None = Field(
         description="Null until both arms have min_samples timed samples (service times), "

@@ -2,7 +2,8 @@
 success rates, shadow agreement, and tests against the baseline — a two-proportion z-test on
 success rates (Fisher's exact test when an expected count is under MIN_EXPECTED, where the
 normal approximation fails) and Mann-Whitney U (scipy, asymptotic with continuity correction) on
-service times — with a verdict in plain words at ALPHA, once each arm has a minimum sample."""
+service times, once each arm has SMALL_ARM of them — with a verdict in plain words at ALPHA,
+once each arm has a minimum sample."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ PERCENTILES = (50, 95, 99)
 # verdict says how many more each arm needs instead. 100 keeps the rank test's normal
 # approximation sound and lets a few points of success rate show; `?min_samples=` tunes it.
 MIN_SAMPLES = 100
+# The fewest timed samples per arm the latency test runs on, whatever `?min_samples=`: below
+# it scipy's normal approximation fails (its notes: exact under 8 samples, and with many ties
+# the tie-corrected variance nears 0), and one whole-ms sample against 1,000 read p = 1e-110,
+# where no test of a lone sample can go below 1/1,001.
+SMALL_ARM = 10
 
 
 def percentiles(values: list[float]) -> dict[str, float] | None:
@@ -103,15 +109,17 @@ def success_test(
 
 def versus(
     baseline_name: str, baseline: Window, other: Window, min_samples: int = MIN_SAMPLES
-) -> dict[str, Any] | None:
+) -> dict[str, Any]:
     """Tests of `other` against the baseline, with a verdict once both arms have `min_samples`
-    requests; None without data on both. The success-rate test is reported below the minimum
-    too (Fisher's exact test holds at any size); the latency test needs `min_samples` timed
-    samples on each arm, at most WINDOW_SAMPLES (an expired job is a request without one)."""
-    if not baseline.requests or not other.requests:
-        return None
-    base_ok, other_ok = baseline.requests - baseline.errors, other.requests - other.errors
-    test, z, p_success = success_test(base_ok, baseline.requests, other_ok, other.requests)
+    requests. The success-rate test is reported below the minimum too (Fisher's exact test
+    holds at any size), once each arm has a request; the latency test needs `min_samples` timed
+    samples on each arm, at least SMALL_ARM and at most WINDOW_SAMPLES (an expired job is a
+    request without one). An arm with no request is insufficient data as any short one (it
+    was a null report, so a variant at 0 % said nothing of the 100 requests it needs)."""
+    test, z, p_success = None, None, None
+    if baseline.requests and other.requests:
+        base_ok, other_ok = baseline.requests - baseline.errors, other.requests - other.errors
+        test, z, p_success = success_test(base_ok, baseline.requests, other_ok, other.requests)
     mine = [s.service_ms for s in other.samples]
     theirs = [s.service_ms for s in baseline.samples]
     u, p_latency = None, None
@@ -122,7 +130,7 @@ def versus(
         "variant": max(min_samples - other.requests, 0),
     }
     enough = not any(needed.values())
-    if not enough:
+    if not enough or p_success is None:  # None only with an arm at 0 requests: never enough
         verdict = _not_enough_words(baseline_name, needed, min_samples)
     elif u is None or p_latency is None:
         verdict = (
@@ -136,7 +144,7 @@ def versus(
     return {
         "baseline": baseline_name,
         "success_rate_test": test,
-        "success_rate_z": round(z, 6),
+        "success_rate_z": None if z is None else round(z, 6),
         "success_rate_p": p_success,
         "latency_u": u,
         "latency_p": p_latency,
@@ -147,10 +155,10 @@ def versus(
 
 
 def _timed_needed(min_samples: int) -> int:
-    """Timed samples per arm before the latency test: `min_samples`, but never more than a
-    window returns (WINDOW_SAMPLES): past it the arm is sampled, not short, and a higher
-    `?min_samples=` otherwise kept the test from ever running."""
-    return min(min_samples, WINDOW_SAMPLES)
+    """Timed samples per arm before the latency test: `min_samples`, at least SMALL_ARM, but
+    never more than a window returns (WINDOW_SAMPLES): past it the arm is sampled, not short,
+    and a higher `?min_samples=` otherwise kept the test from ever running."""
+    return min(max(min_samples, SMALL_ARM), WINDOW_SAMPLES)
 
 
 def _mann_whitney(mine: list[float], theirs: list[float]) -> tuple[float, float]:
