@@ -14,6 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from itertools import chain
 from typing import Any
 
@@ -271,13 +272,17 @@ class BatchApiStore(TenantIndexed):
         every producer was down, may do as late as that: 3 TTLs from its create."""
         return 3 * self.ttl_s
 
-    async def create(self, batch_id: str, fields: Mapping[str, str | int], ttl_s: int) -> None:
+    async def create(self, batch_id: str, fields: Mapping[str, str | int], ttl_s: int) -> int:
+        """Store a batch `validating`; returns its `created_at` (ms), which it is listed by
+        (`enlist`) once its create ends."""
         key = self.keys.batch(batch_id)
-        mapping = {**fields, "status": BatchStatus.VALIDATING.value, "created_at": now_ms()}
+        created_at = now_ms()
+        mapping = {**fields, "status": BatchStatus.VALIDATING.value, "created_at": created_at}
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(key, items=_flat(mapping))
             pipe.expire(key, ttl_s)
             await pipe.execute()
+        return created_at
 
     async def add_items(
         self,
@@ -318,25 +323,36 @@ class BatchApiStore(TenantIndexed):
         items: int,
         fields: Mapping[str, str | int],
         expires_ms: int,
+        files_kept_s: int | None = None,
     ) -> None:
         """validating → in_progress with `items` open in `lists`, held ones included (or
         straight to failed when no line was valid, indexed all the same: the sweeper then hands
-        over a webhook its create could not, and releases it).
+        over a webhook its create could not, and releases it). A failed batch ends here as a
+        finalizer's `finish` ends one (`COMMIT`): its error file, its refused lines, kept
+        `files_kept_s` (its create's `OUTPUT_EXPIRES_AFTER`) from now, the result TTL at most,
+        as that file's object says, not its window and a TTL from its create.
 
         The hash and the active index are in different slots, so this is two steps, the hash
         first: a crash between leaves a running batch outside the index whose id nobody was
         given (the create answered no 202), so nothing ever looks at it and its keys expire
         with their TTL. The other order could leave the index naming a batch that never runs."""
         status = BatchStatus.IN_PROGRESS if lists else BatchStatus.FAILED
+        started = now_ms()
         mapping = {
-            **fields,
             "status": status.value,
-            f"{status.value}_at": now_ms(),
+            f"{status.value}_at": started,
+            **fields,
             "open_lists": dumps(lists).decode(),
             "open": items,
         }
         key, active = self.keys.batch(batch_id), self.keys.batches_active
-        await self._confirmed(lambda pipe: pipe.hset(key, items=_flat(mapping)), [key])
+        if lists:
+            await self._confirmed(lambda pipe: pipe.hset(key, items=_flat(mapping)), [key])
+        else:
+            names = self._ended_keys(batch_id)
+            args = [self.ttl_s, self._files_until(started, files_kept_s), *_flat(mapping)]
+            queue = partial(queue_script, script=self._commit, keys=names, args=args)
+            await self._confirmed(queue, names, [self._commit])
         await self._confirmed(lambda pipe: pipe.zadd(active, {batch_id: expires_ms}), [active])
 
     async def _confirmed(
@@ -503,7 +519,8 @@ class BatchApiStore(TenantIndexed):
         moment before it would have. Its counts are final once it is
         finalizing, and moved once: a finalizer that took over a silent one may find that one's
         commit made, which it keeps; one the other commits while it reads the items is kept too,
-        and returned (`COMMIT`). A batch whose hash expired meanwhile stays gone (`COMMIT`)."""
+        and returned (`COMMIT`), its items given that end's expiry (`_expire_as_committed`). A
+        batch whose hash expired meanwhile stays gone (`COMMIT`)."""
         fields = await self.read(batch_id) or {}
         committed = "status" in fields and BatchStatus(fields["status"]).terminal
         if committed:  # kept
@@ -512,15 +529,13 @@ class BatchApiStore(TenantIndexed):
             until = _checked_until(status, fields)
         ended = now_ms()  # the files' `created_at`, so their keys expire when they say
         asked = fields.get(OUTPUT_EXPIRES_AFTER)
-        files_until = file_expiry(ended // 1000, int(asked) if asked else None, self.ttl_s)
+        kept_s = int(asked) if asked else None
+        files_until = self._files_until(ended, kept_s)
         late: Counter[str] = Counter()
         stopped = False  # an item the window stopped
         cut_short = False  # an item its early end stopped
         async for chunk in self.items(batch_id):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for item in chunk:
-                    pipe.expireat(self.keys.job(item.job_id), files_until)
-                await pipe.execute()
+            await self._expire_items(chunk, files_until)
             late.update(str(item.status) for item in chunk if item.late(until))
             stopped = stopped or any(item.expired_by_window(until) for item in chunk)
             cut_short = cut_short or any(item.stopped_by_batch() for item in chunk)
@@ -533,13 +548,47 @@ class BatchApiStore(TenantIndexed):
             f"{status.value}_at": ended,
             **_recounted(fields, late),
         }
-        names = [
+        names = self._ended_keys(batch_id)
+        kept = await self._commit(keys=names, args=[self.ttl_s, files_until, *_flat(ending)])
+        if not kept:
+            return status
+        in_force = BatchStatus(as_text(kept))
+        await self._expire_as_committed(batch_id, in_force, ended, kept_s)
+        return in_force
+
+    async def _expire_as_committed(
+        self, batch_id: str, in_force: BatchStatus, ended: int, kept_s: int | None
+    ) -> None:
+        """Give the items the expiry of the end in force where it is not this finalizer's
+        `ended`: another's, committed while this one was silent past STALE_MS (or before it
+        began). Left at its own, earlier end's, the items expired before the files that read
+        them, their last stretch "record expired" lines."""
+        at = await self.redis.hget(self.keys.batch(batch_id), f"{in_force.value}_at")
+        if at is None or int(at) == ended:
+            return
+        files_until = self._files_until(int(at), kept_s)
+        async for chunk in self.items(batch_id):
+            await self._expire_items(chunk, files_until)
+
+    async def _expire_items(self, chunk: Sequence[ItemState], files_until: int) -> None:
+        """The chunk's item job hashes expire with the files (Unix s), in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for item in chunk:
+                pipe.expireat(self.keys.job(item.job_id), files_until)
+            await pipe.execute()
+
+    def _ended_keys(self, batch_id: str) -> list[str]:
+        """`COMMIT`'s keys: the batch's hash, then the lists its files are read from."""
+        return [
             self.keys.batch(batch_id),
             self.keys.batch_items(batch_id),
             self.keys.batch_rejected(batch_id),
         ]
-        kept = await self._commit(keys=names, args=[self.ttl_s, files_until, *_flat(ending)])
-        return BatchStatus(as_text(kept)) if kept else status
+
+    def _files_until(self, ended_ms: int, kept_s: int | None) -> int:
+        """When the output and error files of a batch ended at `ended_ms` expire (Unix s):
+        `kept_s` (its create's `OUTPUT_EXPIRES_AFTER`) later, the result TTL at most."""
+        return file_expiry(ended_ms // 1000, kept_s, self.ttl_s)
 
     async def release(self, batch_id: str, fields: Mapping[str, str]) -> None:
         """Drop an ended batch's per-partition lists and move it from the active index to the

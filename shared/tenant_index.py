@@ -49,12 +49,13 @@ local function trim(now, keep)
 end
 """
 
-# ARGV: now (ms), how long a record is listed (s), the id. Indexed at `now`; the index lives as
-# long as what it lists.
+# ARGV: now (ms), how long a record is listed (s), the id, its record's creation (ms): the
+# score it lists by, as OpenAI's lists order by `created_at` (scored at `now`, a batch whose create
+# ran long listed as newer than ones created after it). The index lives as long as what it lists.
 ENLIST = (
     _PRELUDE
     + """
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
 trim(tonumber(ARGV[1]), tonumber(ARGV[2]))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
@@ -149,9 +150,11 @@ class TenantIndexed(ABC):
     def _keys(self, tenant: str) -> list[str]:
         return [self.index_of(tenant), self.unlisted_of(tenant)]
 
-    async def enlist(self, tenant: str, record_id: str) -> None:
-        """Index the record under its tenant, in one round trip."""
-        args = [now_ms(), self.listed_for_s, record_id]
+    async def enlist(self, tenant: str, record_id: str, at_ms: int | None = None) -> None:
+        """Index the record under its tenant by its creation, `at_ms` (default now), in one
+        round trip."""
+        now = now_ms()
+        args = [now, self.listed_for_s, record_id, now if at_ms is None else at_ms]
         await call_script(self._enlist, self._keys(tenant), args)
 
     async def listed(

@@ -266,7 +266,7 @@ class BatchApiService:
             **({"webhook": options.webhook} if options.webhook else {}),
         }
         ttl_s = window_s + self.state.settings.result_ttl_s
-        await self.store.create(batch_id, meta, ttl_s)
+        created_at = await self.store.create(batch_id, meta, ttl_s)
         try:
             jobs = [self._job(batch_id, item, expires_ms, ttl_s) for item in parsed.items]
             now, later = _split(parsed.items, jobs, rooms)
@@ -280,8 +280,9 @@ class BatchApiService:
             invalid: dict[str, str | int] = {"invalid": len(rejected)}
             invalid.update(first_errors(parsed.rejected))
             fields = {**invalid, **held_lists_field(lanes)}
-            await self.store.start(batch_id, open_lists, len(jobs), fields, expires_ms)
-            await self.store.enlist(self.principal.tenant, batch_id)
+            kept_s = _files_kept(options).get(OUTPUT_EXPIRES_AFTER)
+            await self.store.start(batch_id, open_lists, len(jobs), fields, expires_ms, kept_s)
+            await self.store.enlist(self.principal.tenant, batch_id, created_at)
             progress = await self._look(batch_id)
         except BaseException:
             await self._withdraw(batch_id, parsed.items)
