@@ -210,11 +210,11 @@ class InFlightLimiter:
         admitted, _, _ = await call_script(self._admit, keys, [cap, job_id, self.ttl_ms, 0])
         return bool(admitted)
 
-    async def _prune(self, in_flight: str, now_ms: int, rows: list[Any]) -> int:
+    async def _prune(self, in_flight: str, now_ms: int, rows: list[Any]) -> bool:
         """Remove the members whose job is terminal, queued past its deadline, or has no hash
-        `GRACE_MS` after its admission (a submit that died). One pipeline reads their statuses
-        and deadlines: each job hash is in its partition's slot, which a cluster pipeline
-        reaches node by node."""
+        `GRACE_MS` after its admission (a submit that died); whether there were any. One
+        pipeline reads their statuses and deadlines: each job hash is in its partition's slot,
+        which a cluster pipeline reaches node by node."""
         members = [(as_text(jid), float(ms)) for jid, ms in zip(rows[::2], rows[1::2], strict=True)]
         async with self.redis.pipeline(transaction=False) as pipe:
             for job_id, _ in members:
@@ -225,7 +225,12 @@ class InFlightLimiter:
             for (job_id, admitted_ms), (status, deadline) in zip(members, found, strict=True)
             if not self._live(status, deadline, now_ms, admitted_ms)
         ]
-        return int(await call_script(self._release, [in_flight], ended)) if ended else 0
+        if not ended:
+            return False
+        # Their slots are free now, whatever RELEASE counts: its rerun after a lost reply (the
+        # client resends scripts) found them gone and counted none, and the submit got a 429.
+        await call_script(self._release, [in_flight], ended)
+        return True
 
     def _live(
         self, status: bytes | None, deadline: bytes | None, now_ms: int, admitted_ms: float

@@ -19,6 +19,7 @@ pair whose jobs are gone cannot be compared."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ import redis.asyncio as aioredis
 from shared.codec import as_text, dumps, loads
 from shared.job_store import now_ms
 from shared.keys import Keys
+from shared.rate_limit import RateLimiter
 from shared.redis_client import executed
 from shared.shadow_compare import FIELDS
 
@@ -40,22 +42,28 @@ redis.call('ZADD', KEYS[1], ARGV[1], ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 """
 
-# KEYS[1]=pending, KEYS[2]=claimed; ARGV[1]=now ms, ARGV[2]=the sets' ttl, ARGV[3]=how many
-# pairs to drop, then their members, then those to claim. Removes the first from pending; moves
-# each of the rest that is still pending into claimed (its ttl renewed, as `_PENDING` does); a 1
-# per member this call removed (dropped or moved), else 0.
+# KEYS[1]=pending, KEYS[2]=claimed, KEYS[3]=the call's reply, kept for its rerun; ARGV[1]=now
+# ms, ARGV[2]=the sets' ttl, ARGV[3]=how many pairs to drop, ARGV[4]=ms the reply is kept, then
+# the members to drop, then those to claim. Removes the first from pending; moves each of the
+# rest that is still pending into claimed (its ttl renewed, as `_PENDING` does); a 1 per member
+# this call removed (dropped or moved), else 0. A rerun (the client resends a script whose reply
+# was lost) answers the first run's reply: it found its own pairs gone, and its look counted
+# none of them, left claimed until SETTLE_WITHIN_MS put them back.
 _TAKE = """
+local kept = redis.call('GET', KEYS[3])
+if kept then return cjson.decode(kept) end
 local drops = tonumber(ARGV[3])
 local removed, claimed = {}, false
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   local gone = redis.call('ZREM', KEYS[1], ARGV[i])
-  if gone == 1 and i > 3 + drops then
+  if gone == 1 and i > 4 + drops then
     redis.call('ZADD', KEYS[2], ARGV[1], ARGV[i])
     claimed = true
   end
   table.insert(removed, gone)
 end
 if claimed then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
+redis.call('SET', KEYS[3], cjson.encode(removed), 'PX', ARGV[4])
 return removed
 """
 
@@ -141,8 +149,10 @@ class ShadowPairs:
         removing its pairs lost them uncounted; a claim lasts until `done` releases it or,
         abandoned, it goes back to pending."""
         members = [pair.member() for pair in (*drop, *pairs)]
-        head = [now_ms(), self.ttl_s, len(drop)]
-        removed = await self._take(keys=self._keys(model), args=[*head, *members])
+        head = [now_ms(), self.ttl_s, len(drop), RateLimiter.RERUN_MS]
+        pending, claims = self._keys(model)
+        reply = f"{claims}:call:{uuid.uuid4().hex[:16]}"  # the sets' slot
+        removed = await self._take(keys=[pending, claims, reply], args=[*head, *members])
         flags = [bool(flag) for flag in removed]
         return flags[len(drop) :], flags[: len(drop)]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import redis.asyncio as aioredis
 from shared.codec import as_text, loads
 from shared.job_states import UNRUN_ERRORS
 from shared.keys import Keys
+from shared.rate_limit import RateLimiter
 
 BUCKET_S = 10
 SAMPLES_PER_BUCKET = 5_000
@@ -33,17 +35,21 @@ COUNTED = ("succeeded", "failed")
 SHADOW_TENANT = "~shadow"
 Variant = tuple[str, str]  # (model, variant)
 
-# KEYS[1]=counters hash, KEYS[2]=samples list; ARGV: ttl, sample cap, n, n (field, increment)
-# pairs, m, then m online samples and the bulk ones. Adds the increments and keeps the samples
-# while the bucket has room, online ones first: a step's p99 is judged on online samples
-# (shared/canary_steps.most_samples), and heavy Batch API traffic in the bulk lane filled the
-# cap, so none was. Online ones go to the head and take the room of bulk ones, kept at the tail
-# (a bulk one ends in ',1', Sample.encode); the bulk ones fill what room is left.
+# KEYS[1]=counters hash, KEYS[2]=samples list, KEYS[3]=the call's mark; ARGV: ttl, sample cap,
+# ms the mark is kept, n, n (field, increment) pairs, m, then m online samples and the bulk ones.
+# Adds the increments and keeps the samples while the bucket has room, online ones first: a
+# step's p99 is judged on online samples (shared/canary_steps.most_samples), and heavy Batch API
+# traffic in the bulk lane filled the cap, so none was. Online ones go to the head and take the
+# room of bulk ones, kept at the tail (a bulk one ends in ',1', Sample.encode); the bulk ones
+# fill what room is left. A call whose mark is set already is a rerun (the client resends a
+# script whose reply was lost) and adds nothing: its jobs were counted twice, samples too, in
+# what a canary's steps and an experiment's statistics are judged on. Returns the samples kept.
 _RECORD = """
-local n = tonumber(ARGV[3])
-for i = 4, 3 + n * 2, 2 do redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1]) end
+if not redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[3]) then return 0 end
+local n = tonumber(ARGV[4])
+for i = 5, 4 + n * 2, 2 do redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
-local m, first = tonumber(ARGV[4 + n * 2]), 5 + n * 2
+local m, first = tonumber(ARGV[5 + n * 2]), 6 + n * 2
 if first > #ARGV then return 0 end
 local cap, length = tonumber(ARGV[2]), redis.call('LLEN', KEYS[2])
 local online = math.min(m, cap)
@@ -276,10 +282,11 @@ class VariantStats:
         flat = [part for pair in counts.items() for part in pair]
         online = [s.encode() for s in samples if s.timed and not s.bulk]
         bulk = [s.encode() for s in samples if s.timed and s.bulk]
-        args = [RETENTION_S, SAMPLES_PER_BUCKET, len(counts), *flat, len(online)]
+        head = [RETENTION_S, SAMPLES_PER_BUCKET, RateLimiter.RERUN_MS, len(counts), *flat]
+        counters, listed = self._bucket_keys(model, variant, [bucket_of(time.time())])
+        mark = f"{counters}:call:{uuid.uuid4().hex[:16]}"  # its bucket's slot
         return await self._record(
-            keys=self._bucket_keys(model, variant, [bucket_of(time.time())]),
-            args=[*args, *online, *bulk],
+            keys=[counters, listed, mark], args=[*head, len(online), *online, *bulk]
         )
 
     async def window(
