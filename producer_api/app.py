@@ -62,8 +62,14 @@ from shared.webhook_events import WebhookDispatcher
 
 # Probes and scrapes, by path: OpenTelemetry searches the whole URL, Host included, so a bare
 # "metrics" left every request to a producer served as metrics.example.com (or to a model
-# named text-metrics) untraced.
-UNTRACED = r"^[a-z]+://[^/]*/(healthz|readyz|metrics)(/|$)"
+# named text-metrics) untraced. The path starts with uvicorn's --root-path, unknown here: any
+# prefix may come before the probe, except one holding a route's own `/v1/<collection>/` or
+# `/console/`, so a model or job named `metrics` keeps its span (`/v1/metrics/` is a root path
+# ending in v1 before the scrape `/metrics/backlog/...`). The Host is matched possessively, so
+# the look ahead runs once, not once per character of a long Host. No comma: it splits the list.
+UNTRACED = (
+    r"^[a-z]+://[^/]*+(?!.*/(v1/(?!metrics/)[^/]+|console)/)(/[^/]*)*/(healthz|readyz|metrics)(/|$)"
+)
 
 
 def _partition_streams(keys: Keys, repository: ModelRepository) -> list[str]:

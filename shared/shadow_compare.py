@@ -18,6 +18,10 @@ from shared.codec import float32_values
 from shared.job_states import UNRUN_ERRORS
 
 COSINE_THRESHOLD = 0.99
+# The similarity of embeddings that cannot be compared (another number of texts, a vector of
+# another width or of anything but finite numbers): cosine's least. At 0 a broken shadow read
+# more like the primary than one answering opposite vectors, and lifted its mean similarity.
+UNCOMPARABLE = -1.0
 RAN = ("succeeded", "failed")  # the ends a job reaches by running (a dead letter is failed)
 # every field `Comparison.fields` may hold: one a comparison lacks is dropped from a result that
 # an earlier pair's comparison wrote it to (shared/shadow_pairs.py)
@@ -95,12 +99,12 @@ def agreement(primary: Any, shadow: Any) -> tuple[bool, float]:
 
 
 def min_cosine(first: Any, second: Any) -> float:
-    """The lowest cosine similarity over the texts of a request: 0 if the shapes differ or a
-    vector is not one of finite numbers (a shadow build answering NaN disagrees; its pair raised,
-    and no pair after it was ever compared). Vectorised with numpy, rows of one width at a time:
-    a page of minilm pairs in pure Python took seconds."""
+    """The lowest cosine similarity over the texts of a request: UNCOMPARABLE if the shapes
+    differ or a vector is not one of finite numbers (a shadow build answering NaN disagrees; its
+    pair raised, and no pair after it was ever compared). Vectorised with numpy, rows of one
+    width at a time: a page of minilm pairs in pure Python took seconds."""
     if not (isinstance(first, list) and isinstance(second, list)) or len(first) != len(second):
-        return 0.0
+        return UNCOMPARABLE
     if not first:
         return 0.0
     lowest = math.inf
@@ -108,7 +112,7 @@ def min_cosine(first: Any, second: Any) -> float:
     for a, b in zip(first, second, strict=True):
         numbers_a, numbers_b = _numbers(a), _numbers(b)
         if numbers_a is None or numbers_b is None or len(numbers_a) != len(numbers_b):
-            lowest = 0.0
+            lowest = UNCOMPARABLE
         else:
             by_width[len(numbers_a)].append((numbers_a, numbers_b))
     for rows in by_width.values():
@@ -134,8 +138,9 @@ def _number_type(kind: type) -> bool:
 
 
 def _lowest_cosine(rows: list[tuple[list[float], list[float]]]) -> float:
-    """The lowest cosine of pairs of vectors of one width, row by row; 0 for a row with a
-    value that is not finite (orjson writes a NaN as null) or a cosine past float's range."""
+    """The lowest cosine of pairs of vectors of one width, row by row; UNCOMPARABLE for a row
+    with a value that is not finite (orjson writes a NaN as null) or a cosine past float's
+    range; 0 for a zero vector's (no direction: orthogonal to any)."""
     first = np.asarray([a for a, _ in rows], dtype=np.float64)
     second = np.asarray([b for _, b in rows], dtype=np.float64)
     finite = np.isfinite(first).all(axis=1) & np.isfinite(second).all(axis=1)
@@ -143,7 +148,7 @@ def _lowest_cosine(rows: list[tuple[list[float], list[float]]]) -> float:
         norm = np.sqrt(_row_dots(first, first)) * np.sqrt(_row_dots(second, second))
         dots = _row_dots(first, second)
         cosine = np.divide(dots, norm, out=np.zeros_like(dots), where=norm != 0)
-    return float(np.where(finite & np.isfinite(cosine), cosine, 0.0).min())
+    return float(np.where(finite & np.isfinite(cosine), cosine, UNCOMPARABLE).min())
 
 
 def _row_dots(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

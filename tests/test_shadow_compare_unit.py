@@ -29,7 +29,7 @@ def test_embeddings_agree_at_or_above_the_cosine_threshold() -> None:
     differed = compare(primary, far)
     assert not differed.agree and differed.similarity == pytest.approx(0.8)
     shapes = compare(primary, _job({"embeddings": [[1.0, 0.0]]}))
-    assert not shapes.agree and shapes.similarity == 0.0
+    assert not shapes.agree and shapes.similarity == -1.0
 
 
 def test_base64_embeddings_are_compared_as_their_float32_values() -> None:
@@ -67,18 +67,18 @@ def test_a_vector_of_anything_but_finite_numbers_disagrees(answer: Any) -> None:
     """It raised (None * None, a NaN into HINCRBYFLOAT), and its pair blocked every comparison
     after it."""
     compared = compare(_job({"embeddings": [[1.0, 0.0]]}), _job({"embeddings": answer}))
-    assert compared is not None and not compared.agree and compared.similarity == 0.0
+    assert compared is not None and not compared.agree and compared.similarity == -1.0
 
 
 def test_the_lowest_cosine_is_over_every_text_whatever_its_width() -> None:
     """Rows are compared a width at a time (numpy): a text with vectors of another width, or
-    one that is no vector of numbers (cosine 0), still counts, and a negative cosine is kept."""
+    one that is no vector of numbers (cosine -1), still counts, and a negative cosine is kept."""
     assert min_cosine([[1.0, 0.0], [0.0, 0.0, 2.0]], [[0.6, 0.8], [0, 0, 3]]) == pytest.approx(0.6)
     opposite = [[1.0, 0.0], [0.0, 0.0, 2.0]], [[-1.0, 0.0], [0.0, 0.0, 2.0]]
     assert min_cosine(*opposite) == pytest.approx(-1.0)
-    assert min_cosine([[1.0, 0.0], [1.0]], [[1.0, 0.0], [None]]) == 0.0
+    assert min_cosine([[1.0, 0.0], [1.0]], [[1.0, 0.0], [None]]) == -1.0
     assert min_cosine([[1.0, 0.0], [1.0]], [[-1.0, 0.0], [1.0, 2.0]]) == pytest.approx(-1.0)
-    assert min_cosine([[1e200, 1e200], [1.0]], [[1e200, 1e200], [1.0]]) == 0.0  # past float
+    assert min_cosine([[1e200, 1e200], [1.0]], [[1e200, 1e200], [1.0]]) == -1.0  # past float
 
 
 def test_generated_text_agrees_on_exact_match_with_a_similarity_beside_it() -> None:

@@ -67,7 +67,7 @@ async def test_an_arm_with_no_request_is_insufficient_data(api: httpx.AsyncClien
     assert flaky["status"] == "insufficient_data"
     assert flaky["samples_needed"] == {"baseline": 0, "variant": 1}
     assert flaky["verdict"] == (
-        "not enough data yet: 1 more on this variant (at least 1 requests per arm)"
+        "not enough data yet: 1 more on this variant (at least 1 request per arm)"
     )
     assert (flaky["success_rate_test"], flaky["success_rate_p"], flaky["latency_p"]) == (
         None,

@@ -100,7 +100,7 @@ def print_canary(view: dict[str, Any], events: int) -> None:
     shown = view["events"]  # this rollout's alone: a canary's start drops the last one's
     for item in shown[max(len(shown) - events, 0) :]:  # not [-events:]: [-0:] is every one
         numbers = "".join(
-            f"  {side} {seen['requests']} req, {seen['error_rate']:.2%} errors,"
+            f"  {side} {seen['requests']} req, {percent_text(seen['error_rate'] * 100, 2)}% errors,"
             f" p99 {_p99_text(seen['p99_ms'])}"
             for side, seen in item.get("numbers", {}).items()
         )

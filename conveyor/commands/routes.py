@@ -60,10 +60,10 @@ def print_routes(view: dict[str, Any]) -> None:
     for change in view.get("history", []):
         new = change["new"]
         weights = ", ".join(f"{k} {percent_text(v)}" for k, v in new["weights"].items())
-        shadows = ", ".join(f"{k} {v:g}" for k, v in new["shadows"].items()) or "none"
+        shadows = ", ".join(f"{k} {percent_text(v * 100)} %" for k, v in new["shadows"].items())
         click.echo(
             f"  v{change['version']} {clock(change['at'])} {change['by']}: {weights};"
-            f" shadows {shadows}; sticky by {new['sticky_by']}"
+            f" shadows {shadows or 'none'}; sticky by {new['sticky_by']}"
         )
     # why producers serve other routes than the stored ones (the history's last `new`): it was
     # the API's alone, so the CLI showed config.yaml's split over a log of another, unexplained

@@ -72,8 +72,9 @@ def batch_url(base: str, batch_id: str) -> str:
     return f"{base}/v1/batches/{batch_id}"
 
 
-def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
-    """The public shape of a batch (`BatchView`); `base` is its URL (or path)."""
+def view(batch_id: str, progress: Refresh, base: str | None) -> dict[str, Any]:
+    """The public shape of a batch (`BatchView`); `base` is its URL (or path), None for a view
+    without `urls` (the console's live feed, whose page links each batch under its own base)."""
     fields, counts = progress.fields, progress.counts
     total, invalid = int(fields.get("total", 0)), int(fields.get("invalid", 0))
     failed = invalid + counts["failed"] + counts["cancelled"] + counts["expired"]
@@ -102,8 +103,9 @@ def view(batch_id: str, progress: Refresh, base: str) -> dict[str, Any]:
         else None,
         **{f"{name}_at": _seconds(fields, f"{name}_at") for name in _TIMESTAMPS},
         "webhook": None,
-        "urls": {"self": base, "output": f"{base}/output", "errors": f"{base}/errors"},
     }
+    if base is not None:
+        body["urls"] = {"self": base, "output": f"{base}/output", "errors": f"{base}/errors"}
     if url := fields.get("webhook"):
         attempts = loads(fields.get("webhook_attempts") or "[]")
         body["webhook"] = {"url": url, "status": fields.get("webhook_status"), "attempts": attempts}

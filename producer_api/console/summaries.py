@@ -167,7 +167,7 @@ class ConsoleSummaries:
         for batch_id in dict.fromkeys([*self._in_turn(active), *unfinal[-MAX_BATCHES:]]):
             progress = await self.state.batch_progress.refresh(batch_id, window=0)
             if progress is not None:
-                body = batch_view(batch_id, progress, f"/console/batches/{batch_id}")
+                body = batch_view(batch_id, progress, None)  # console.js links it itself
                 body["tenant"] = progress.fields.get("tenant", "default")
                 body["files_expire_at"] = self._files_expire_at(body, progress.fields)
                 self._shown[batch_id] = body

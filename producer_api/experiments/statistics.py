@@ -176,7 +176,8 @@ def _not_enough_words(name: str, needed: dict[str, int], min_samples: int) -> st
         for arm, n in (("variant", needed["variant"]), ("baseline", needed["baseline"]))
         if n
     ]
-    return f"not enough data yet: {' and '.join(short)} (at least {min_samples} requests per arm)"
+    requests = "request" if min_samples == 1 else "requests"  # ?min_samples=1 read "1 requests"
+    return f"not enough data yet: {' and '.join(short)} (at least {min_samples} {requests} per arm)"
 
 
 def _success_words(name: str, baseline: Window, other: Window, p: float) -> str:
