@@ -45,15 +45,21 @@ return lost
 """
 
 
-# KEYS[1]=stream; ARGV: group, consumer, idle_ms (the visibility timeout), entry ids. Hands back
-# entries the consumer gave up unfinished at a drain (a generation outlasting the stop's grace):
-# each it still owns is made idle past the visibility timeout, with the given-up delivery
-# uncounted (XCLAIM IDLE, RETRYCOUNT one less, JUSTID), so the next reclaim anywhere (a rolling
-# update's new worker at its start) takes it, where it waited out the whole timeout, and two
-# graceful restarts no longer dead-letter a healthy job. Returns how many it handed back.
+# KEYS[1]=stream, KEYS[2]=the call's reply, kept for its rerun; ARGV: group, consumer, idle_ms
+# (the visibility timeout), ms the reply is kept, entry ids. Hands back entries the consumer
+# gave up unfinished at a drain (a generation outlasting the stop's grace): each it still owns
+# is made idle past the visibility timeout, with the given-up delivery uncounted (XCLAIM IDLE,
+# RETRYCOUNT one less, JUSTID), so the next reclaim anywhere (a rolling update's new worker at
+# its start) takes it, where it waited out the whole timeout, and two graceful restarts no
+# longer dead-letter a healthy job. Returns how many it handed back. A rerun (the client resends
+# a script whose reply was lost) answers the first run's count and lowers nothing again: it
+# found the entries still this consumer's, and a job already redelivered ran once more than
+# `max_deliveries` allows.
 HAND_BACK = """
+local kept = redis.call('GET', KEYS[2])
+if kept then return tonumber(kept) end
 local handed = 0
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   local row = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)[1]
   if row and row[2] == ARGV[2] then
     local count = math.max(tonumber(row[4]) - 1, 0)
@@ -62,6 +68,7 @@ for i = 4, #ARGV do
     handed = handed + 1
   end
 end
+redis.call('SET', KEYS[2], handed, 'PX', ARGV[4])
 return handed
 """
 

@@ -132,9 +132,15 @@ def _target_key(kind: TargetKind, target_id: str) -> str | None:
 # Appends an attempt (ARGV[1], a JSON object) to the hash's `webhook_attempts` array and sets
 # its `webhook_status` (ARGV[2]) at once, inside the hash's lifetime: a hash that expired (or
 # expires between two steps of a read-then-write) is not brought back as a key with no TTL.
+# A rerun (a cluster client resends a script whose reply was lost) finds its attempt there and
+# writes nothing: it was listed twice. An attempt carries its number and its time to the
+# millisecond, so two real ones do not match; and `{"` never occurs inside a JSON string (its
+# quote is escaped), so a match starts at an attempt of the flat array and, a whole object, is
+# that attempt.
 _APPEND_ATTEMPT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local current = redis.call('HGET', KEYS[1], 'webhook_attempts')
+if current and string.find(current, ARGV[1], 1, true) then return 1 end
 local attempts = '[' .. ARGV[1] .. ']'
 if current and #current > 2 then
   attempts = string.sub(current, 1, -2) .. ',' .. ARGV[1] .. ']'

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -31,6 +32,7 @@ from shared.consumer_groups import HAND_BACK, TOUCH, ensure_groups, recreating_g
 from shared.job_states import JobStatus
 from shared.job_store import now_ms
 from shared.keys import GROUP, Keys
+from shared.rate_limit import RateLimiter
 from shared.redis_client import call_script, read_streams, sent_once
 from shared.settings import get_settings
 from workers.partition.arrival_rate import ArrivalRate
@@ -289,13 +291,13 @@ class StreamReader:
         """Give up entries this consumer will not finish (a drain's), at once and uncounted
         (`consumer_groups.HAND_BACK`): they are due to the next reclaim; returns how many. A
         lane deleted meanwhile took them along (none handed back): its NOGROUP ended the drain
-        on an error."""
+        on an error. The call's reply is kept a while, for a resend of it to answer."""
+        reply = f"{stream}:call:{uuid.uuid4().hex[:16]}"  # the stream's slot
+        head = [GROUP, self.consumer, idle_ms, RateLimiter.RERUN_MS]
         handed = await recreating_groups(
             self.redis,
             self.streams,
-            lambda: call_script(
-                self._hand_back, [stream], [GROUP, self.consumer, idle_ms, *entry_ids]
-            ),
+            lambda: call_script(self._hand_back, [stream, reply], [*head, *entry_ids]),
         )
         return int(handed or 0)
 
