@@ -1,13 +1,18 @@
-"""A real HTTP server on a free loopback port, serving from a thread, for the SDK's tests of
-what a producer answers at its worst (dropped streams, 503s, separators in event data)."""
+"""A real HTTP server on a free loopback port, serving from a thread: for the SDK's tests of
+what a producer answers at its worst (dropped streams, 503s, separators in event data), and an
+ASGI app (a producer, a proxy in front of one) under uvicorn for a browser or the CLI."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
+
+import uvicorn
+from starlette.types import ASGIApp
 
 S = TypeVar("S", bound="LocalServer")
 
@@ -43,3 +48,23 @@ def serving(server: S) -> Iterator[S]:
         yield server
     finally:
         server.shutdown()
+
+
+@contextmanager
+def served_app(app: ASGIApp, port: int, lifespan: str = "auto") -> Iterator[str]:
+    """`app` served by uvicorn on 127.0.0.1:`port` from a thread, until the block ends; its URL."""
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, lifespan=lifespan, log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError(f"the app on port {port} did not start")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -7,14 +7,12 @@ the cap its API clients share, for good)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-import uvicorn
 
 from conveyor.stack import free_port
 from producer_api.app import create_app
@@ -22,6 +20,7 @@ from shared.api_keys import SCOPES, key_id_of
 from shared.keys import Keys, new_job_id
 from shared.settings import Settings
 from tests.conftest import issue_key, until
+from tests.local_http import served_app
 from tests.test_console import ARGS, CHROMIUM, playwright_api
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium not installed")
@@ -41,13 +40,8 @@ def producer(redis_url: str) -> Iterator[str]:
     """A producer with its console, served over HTTP from a thread of this process."""
     port = free_port()
     app = create_app(Settings(redis_url=redis_url, key_prefix=Keys().prefix))
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
-    serving = threading.Thread(target=server.run, daemon=True)
-    serving.start()
-    until(lambda: server.started)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    serving.join(timeout=10)
+    with served_app(app, port) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

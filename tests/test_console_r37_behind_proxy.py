@@ -8,10 +8,7 @@ prefix is the path of CONVEYOR_PUBLIC_URL, else the request's ASGI root_path (uv
 from __future__ import annotations
 
 import re
-import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +16,12 @@ import anyio
 import httpx
 import pytest
 import redis.asyncio as aioredis
-import uvicorn
 from playwright.sync_api import expect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor.stack import free_port
 from tests.conftest import issue_key, running_stack
+from tests.local_http import served_app
 from tests.test_console import CHROMIUM, browser  # noqa: F401  (the module's browser fixture)
 from tests.test_security_console import _console, _log_in
 
@@ -158,25 +155,6 @@ async def test_under_an_asgi_root_path_the_console_keeps_it_and_its_headers(
     assert unsigned.headers["location"] == "/conveyor/console/login"
 
 
-@contextmanager
-def _serving(app: ASGIApp, port: int) -> Iterator[None]:
-    """`app` served on 127.0.0.1:`port` from a thread, until the block ends."""
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("the proxy did not start")
-            time.sleep(0.05)
-        yield
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def proxied_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """A producer with no worker (jobs stay queued) and the proxy in front of it: the console's
@@ -186,7 +164,7 @@ def proxied_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     folder = tmp_path_factory.mktemp("behind-proxy")
     with running_stack(folder, CONVEYOR_AUTH="enabled", CONVEYOR_PUBLIC_URL=public_url) as stack:
         upstream = httpx.AsyncClient(base_url=stack.base_url, timeout=httpx.Timeout(10, read=None))
-        with _serving(StrippingProxy(upstream), port):
+        with served_app(StrippingProxy(upstream), port, lifespan="off"):
             yield public_url, issue_key(stack.redis_url, "ops", "admin")
 
 

@@ -6,13 +6,11 @@ ones (the API's `adjusted`, which the CLI never printed)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
-import uvicorn
 from click.testing import CliRunner
 
 from conveyor.cli import main
@@ -22,7 +20,8 @@ from shared.keys import Keys
 from shared.route_store import RouteStore
 from shared.routing import Routes
 from shared.settings import Settings
-from tests.conftest import REPO_ROOT, until
+from tests.conftest import REPO_ROOT
+from tests.local_http import served_app
 
 TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
 KEYS = Keys("traffic-r37-cli:")
@@ -39,13 +38,8 @@ def producer(redis_url: str) -> Iterator[str]:
         key_prefix=KEYS.prefix,
         instance_id="traffic-r37-cli",
     )
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), port=port, log_level="warning"))
-    serving = threading.Thread(target=server.run, daemon=True)
-    serving.start()
-    until(lambda: server.started)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    serving.join(timeout=10)
+    with served_app(create_app(settings), port) as url:
+        yield url
 
 
 def test_setting_one_shadows_rate_keeps_the_other_shadows(producer: str) -> None:
