@@ -1093,7 +1093,8 @@ local function stamped(view, created, first, last)
   local add = '"created":' .. tostring(created / 1000)
   for f = first, last, 2 do
     if ARGV[f] == 'finished' then
-      add = add .. ',"total_ms":' .. tostring(tonumber(ARGV[f + 1]) - created)
+      -- never below 0, as job_view's: `finished` is the worker's clock, `created` a producer's
+      add = add .. ',"total_ms":' .. tostring(math.max(0, tonumber(ARGV[f + 1]) - created))
     end
   end
   if string.sub(view, at + 1, at + 1) ~= '}' then add = add .. ',' end

@@ -84,7 +84,10 @@ def job_view(
         if (value := get(name)) is not None:
             timings[name] = float(value)
     if "finished" in timings and "created" in timings:
-        timings["total_ms"] = round((timings["finished"] - timings["created"]) * 1000.0, 3)
+        # never below 0: `created` is the producer's clock, `finished` the worker's, and a
+        # worker's running behind read a quick job's total as minus the skew
+        total_s = max(0.0, timings["finished"] - timings["created"])
+        timings["total_ms"] = round(total_s * 1000.0, 3)
     view["timings"] = timings
     if replay_of := get("replay_of"):
         view["replay_of"] = replay_of

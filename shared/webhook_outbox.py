@@ -20,10 +20,14 @@ from shared.redis_client import RedisClient, call_script
 
 # The lane's overdue ids (KEYS[1], score <= ARGV[1], at most ARGV[2], oldest first) that no other
 # reader holds, each then leased to reader ARGV[3] (KEYS[2], `Keys.webhook_leases`, in the owed
-# set's slot) until ARGV[4] + ARGV[5] ms; a reader's own leases it takes again (its pass that
-# failed to hand one over sends it again).
+# set's slot) for ARGV[4] ms; a reader's own leases it takes again (its pass that failed to hand
+# one over sends it again). A lease's end is stamped and judged on Redis's clock: judged by each
+# reader's own, one whose clock ran a lease ahead of the holder's took every event it held at
+# once, and both sent them.
 _TAKE_OVERDUE = """
-local now, lease_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local lease_ms = tonumber(ARGV[4])
 local taken = {}
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])) do
   local holder, till = string.match(redis.call('HGET', KEYS[2], id) or '', '^(%S+) (%d+)$')
@@ -60,8 +64,7 @@ class WebhookOutbox:
         reclaimers both read every overdue id and both sent it: each event went out twice. A
         reader that dies before settling one leaves it to another once that lease lapses."""
         keys = [self.keys.webhooks_owed(stream), self.keys.webhook_leases(stream)]
-        now = time.time_ns() // 1_000_000
-        lease_ms = max(1, now - ended_by_ms)
-        args = [ended_by_ms, limit, self.reader, now, lease_ms]
+        lease_ms = max(1, time.time_ns() // 1_000_000 - ended_by_ms)  # on the caller's clock
+        args = [ended_by_ms, limit, self.reader, lease_ms]
         owed: list[Any] = await call_script(self._take_overdue, keys, args)
         return [as_text(job_id) for job_id in owed]
