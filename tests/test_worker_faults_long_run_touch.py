@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.job_store import JobStore
 from shared.keys import Keys
@@ -46,6 +47,21 @@ class OutageOnce(StreamReader):
         if self.touches == 1:
             raise RedisConnectionError("Error 111 connecting to Redis. Connection refused.")
         return await super().touch(stream, entry_ids)
+
+
+class CancelLost(StreamReader):
+    """A reader whose touch, cancelled, raises a Redis timeout instead: the cancel a Redis call
+    can lose (asyncio.timeout's race with an outer cancel in Python 3.11)."""
+
+    touches = 0
+
+    async def touch(self, stream: str, entry_ids: Sequence[bytes | str]) -> list[str]:
+        self.touches += 1
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            raise RedisTimeoutError("Timeout reading from the server") from None
+        return []
 
 
 @pytest.fixture
@@ -110,3 +126,16 @@ async def test_the_first_touch_comes_before_a_long_gathers_entries_go_idle(
     idle_s = GATHERED_S + long_run.RUNNING_MARK_S + pauses[0]
     assert idle_s < 60 - PARTITION.touch_every_s / 2, pauses
     assert pauses[1] == PARTITION.touch_every_s  # then a touch a period, as ever
+
+
+async def test_an_ended_watch_stops_though_its_cancel_was_lost(
+    aredis: aioredis.Redis, pauses: list[float]
+) -> None:
+    """It touched its micro-batch's acknowledged entries every period, for good."""
+    reader = CancelLost(aredis, KEYS, PARTITION.streams, WORKER)
+    stream, batch = await _read(aredis, reader, "ended")
+    watch = LongRun(reader, stream, batch, batch, PARTITION.touch_every_s, 0, lambda: None)
+    await _watched(watch, lambda: reader.touches == 1)
+    for _ in range(20):  # the watch's sleeps are recorded, not slept: it would touch at once
+        await asyncio.sleep(0)
+    assert reader.touches == 1, pauses
