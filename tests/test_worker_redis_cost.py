@@ -159,10 +159,12 @@ async def test_a_result_finish_refused_counts_as_no_finished_job(aredis: aioredi
     reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
     lanes = LaneScheduler(partition, reader, reclaimer)
     engine = IdentityEngine(config, "default", "")
-    loop = MicroBatchLoop(partition, lanes, reader, _writer(aredis), engine, block_ms=100)
+    writer = _writer(aredis)
+    loop = MicroBatchLoop(partition, lanes, reader, writer, engine, block_ms=100)
     labels = {"model": "m", "variant": "default", "state": "succeeded"}
     before = REGISTRY.get_sample_value("conveyor_jobs_finished_total", labels) or 0.0
     await loop.process(stream, deliveries)
+    await writer.close()  # its statistics' timer outlived the test, firing in a later one
     after = REGISTRY.get_sample_value("conveyor_jobs_finished_total", labels)
     assert after == before + 1  # "kept"; "late" stays cancelled
     assert await aredis.hget(KEYS.job("late"), "status") == b"cancelled"

@@ -91,11 +91,21 @@ class MicroBatchLoop:
             if self.hung is None:
                 raise
             raise self.hung from None
+        if self.hung is not None:  # its cancel lost in a Redis call: `_serve` ended on the flag
+            raise self.hung
 
     async def _serve(self) -> None:
+        """Until stopped, or hung: the cancel `_hung` sends, should a Redis call turn it into
+        an error taken for an outage (asyncio.timeout's race in Python 3.11: the blocking read
+        is where the loop waits while a staged micro-batch runs), is backed by the flag. Lost
+        so, the loop served on for good with its engine hung, and the worker never exited."""
         try:
             await serve_until_stopped(
-                self.step, self.stopping, self.partition.name, self.lanes.outage
+                self.step,
+                self.stopping,
+                self.partition.name,
+                self.lanes.outage,
+                lambda: self.hung is None,
             )
         finally:  # a loop that failed, too: its engine is closed once nothing runs on it
             await self._drain()
