@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from shared.codec import RequestEntry
 from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
-from tests.test_finish_r27_end_records import KEYS, PARTITION, REPLY, WORKER, _reply
+from tests.test_finish_r27_end_records import KEYS, PARTITION, REPLY, WORKER, undecodable_reply
 from workers.partition.job_events import JobEvents
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import StreamReader
@@ -48,21 +48,6 @@ async def test_a_job_from_a_producer_ahead_of_its_worker_totals_no_less_than_0(
 async def test_an_undecodable_entrys_restamped_reply_totals_no_less_than_0(
     aredis: aioredis.Redis,
 ) -> None:
-    store = JobStore(aredis, KEYS, ttl_s=60)
-    entry = RequestEntry("odd-ahead", {}, now_ms() + AHEAD_MS)
-    await store.create(entry, PARTITION.online, {"model": "m"})
-    [(entry_id, _)] = await aredis.xrange(PARTITION.online)
-    await aredis.xdel(PARTITION.online, entry_id)  # its entry as a hand-written one
-    await aredis.xadd(PARTITION.online, {"id": "odd-ahead", "payload": b"[1]", "reply": REPLY})
-    reader = StreamReader(aredis, KEYS, list(PARTITION.streams), WORKER)
-    await reader.ensure_groups()
-    [(_, [delivery])] = await reader.wait([PARTITION.online], 10, None)
-    finish = PARTITION.skip_or_expire(delivery)
-    assert finish is not None
-    writer = ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), WORKER)
-    try:
-        view = await _reply(aredis, writer, finish)
-    finally:
-        await writer.close()
+    _, view = await undecodable_reply(aredis, "odd-ahead", now_ms() + AHEAD_MS)
     assert view["status"] == "failed" and view["timings"]["total_ms"] == 0
-    assert await _total_ms(store, "odd-ahead") == 0
+    assert await _total_ms(JobStore(aredis, KEYS, ttl_s=60), "odd-ahead") == 0

@@ -58,15 +58,16 @@ async def _reply(aredis: aioredis.Redis, writer: ResultWriter, finish: Finish) -
     raise AssertionError("no reply")
 
 
-async def test_an_undecodable_entrys_reply_shows_its_hashs_created(
-    aredis: aioredis.Redis,
-) -> None:
+async def undecodable_reply(
+    aredis: aioredis.Redis, job_id: str, created_ms: int
+) -> tuple[Finish, dict[str, Any]]:
+    """A job created at `created_ms` whose entry no worker can read (hand-written): its
+    failure, and the reply FINISH publishes for it."""
     store = JobStore(aredis, KEYS, ttl_s=60)
-    submitted = now_ms() - 5_000  # submitted well before its worker reads it
-    await store.create(RequestEntry("odd", {}, submitted), PARTITION.online, {"model": "m"})
+    await store.create(RequestEntry(job_id, {}, created_ms), PARTITION.online, {"model": "m"})
     [(entry_id, _)] = await aredis.xrange(PARTITION.online)
     await aredis.xdel(PARTITION.online, entry_id)  # its entry as a hand-written one
-    await aredis.xadd(PARTITION.online, {"id": "odd", "payload": b"[1]", "reply": REPLY})
+    await aredis.xadd(PARTITION.online, {"id": job_id, "payload": b"[1]", "reply": REPLY})
     reader = StreamReader(aredis, KEYS, list(PARTITION.streams), WORKER)
     await reader.ensure_groups()
     [(_, [delivery])] = await reader.wait([PARTITION.online], 10, None)
@@ -74,10 +75,17 @@ async def test_an_undecodable_entrys_reply_shows_its_hashs_created(
     assert finish is not None
     writer = ResultWriter(aredis, KEYS, 60, JobEvents("redis://unused"), WORKER)
     try:
-        view = await _reply(aredis, writer, finish)
+        return finish, await _reply(aredis, writer, finish)
     finally:
         await writer.close()
-    record = await _record(store, "odd")
+
+
+async def test_an_undecodable_entrys_reply_shows_its_hashs_created(
+    aredis: aioredis.Redis,
+) -> None:
+    submitted = now_ms() - 5_000  # submitted well before its worker reads it
+    finish, view = await undecodable_reply(aredis, "odd", submitted)
+    record = await _record(JobStore(aredis, KEYS, ttl_s=60), "odd")
     created = int(record.fields["created"])
     assert view["status"] == "failed" and view["error"]["type"] == "UndecodableEntry"
     assert view["timings"]["created"] == created / 1000  # was the worker's read, 5 s later
