@@ -6,36 +6,27 @@ worker."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import openai
 import pytest
 import redis.asyncio as aioredis
 
-from producer_api.app import create_app
-from shared.keys import Keys
-from shared.settings import Settings
-from tests.app_client import app_client, openai_sdk
+from tests.app_client import openai_sdk
+from tests.test_batch_output_expiry import (
+    KEYS,
+    TTL_S,
+    producer,  # noqa: F401 (a fixture)
+)
 
-KEYS = Keys("batch-failed-expiry:")
-TTL_S = 7200  # the result TTL: the longest a file is kept
 LINES = b'{"custom_id": "a", "body": {"model": "no-such-model", "inputs": {}}}\n'
-
-
-@pytest.fixture
-async def producer(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
-    """After `aredis` has flushed the database."""
-    settings = Settings(
-        redis_url=redis_url, key_prefix=KEYS.prefix, auth="disabled", result_ttl_s=TTL_S
-    )
-    async with app_client(create_app(settings)) as client:
-        yield client
 
 
 @pytest.mark.parametrize(("asked_s", "kept_s"), [(3600, 3600), (None, TTL_S)])
 async def test_a_failed_batchs_error_file_expires_as_its_create_asked(
-    producer: httpx.AsyncClient, aredis: aioredis.Redis, asked_s: int | None, kept_s: int
+    producer: httpx.AsyncClient,  # noqa: F811
+    aredis: aioredis.Redis,
+    asked_s: int | None,
+    kept_s: int,
 ) -> None:
     sdk: openai.AsyncOpenAI = openai_sdk(producer)
     upload = await sdk.files.create(file=("b.jsonl", LINES), purpose="batch")
