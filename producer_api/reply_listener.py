@@ -384,7 +384,8 @@ async def _heard(
     clock = asyncio.get_running_loop().time
     heard, pinged, swept = clock(), False, clock()
     while pubsub.subscribed:
-        message = await pubsub.get_message(timeout=QUIET_S / 5)
+        # a sweep is looked for at each return: often enough for a short `IDLE_S` too
+        message = await pubsub.get_message(timeout=min(QUIET_S, IDLE_S) / 5)
         if clock() - swept >= IDLE_S / 4:
             await sweep()
             swept = clock()

@@ -33,7 +33,6 @@ async def test_a_peer_channel_idle_under_steady_waits_is_left(
     redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(reply_listener, "IDLE_S", 0.2)
-    monkeypatch.setattr(reply_listener, "QUIET_S", 0.5)  # a sweep looked for every 0.1 s
     client = connect(redis_url)
     listener = ReplyListener(client, KEYS, "p1", JobStore(client, KEYS, 60))
     try:
