@@ -31,7 +31,9 @@ FIELDS = ("agree", "similarity", "error_delta", "latency_delta_ms")
 @dataclass(frozen=True, slots=True)
 class Comparison:
     agree: bool
-    similarity: float
+    # None unless both jobs answered: a failure has no answer to be like (at 0 a failed shadow
+    # read more like the primary than an opposite embedding); failures are the error delta's
+    similarity: float | None
     # shadow minus primary, service time (the queues differ by design); None unless both ran
     latency_delta_ms: float | None
     error_delta: int  # 1: only the shadow failed, -1: only the primary failed, 0: same fate
@@ -40,13 +42,17 @@ class Comparison:
         """What one comparison adds to the shadow variant's counters (shared/variant_stats). A
         pair without a latency delta adds none and is counted in `shadow_untimed_pairs`, so the
         mean delta is the sum over the pairs less those: a job failed before it ran read as a
-        service time of 0, and its delta as the other job's whole service time."""
+        service time of 0, and its delta as the other job's whole service time. Likewise a pair
+        with a failure adds no similarity and is counted in `shadow_unscored_pairs`."""
         counts: dict[str, float] = {
             "shadow_pairs": 1,
             "shadow_agree": int(self.agree),
-            "shadow_similarity": self.similarity,
             "shadow_error_delta": self.error_delta,
         }
+        if self.similarity is None:
+            counts["shadow_unscored_pairs"] = 1
+        else:
+            counts["shadow_similarity"] = self.similarity
         if self.latency_delta_ms is None:
             counts["shadow_untimed_pairs"] = 1
         else:
@@ -54,12 +60,11 @@ class Comparison:
         return counts
 
     def fields(self) -> dict[str, str]:
-        """The comparison as kept in the primary's result; no latency delta for an untimed pair."""
-        fields = {
-            "agree": str(int(self.agree)),
-            "similarity": f"{self.similarity:.6f}",
-            "error_delta": str(self.error_delta),
-        }
+        """The comparison as kept in the primary's result; no latency delta for an untimed pair,
+        no similarity for a pair with a failure."""
+        fields = {"agree": str(int(self.agree)), "error_delta": str(self.error_delta)}
+        if self.similarity is not None:
+            fields["similarity"] = f"{self.similarity:.6f}"
         if self.latency_delta_ms is not None:
             fields["latency_delta_ms"] = f"{self.latency_delta_ms:.3f}"
         return fields
@@ -72,10 +77,11 @@ def compare(primary: dict[str, Any], shadow: dict[str, Any]) -> Comparison | Non
     if primary.get("status") not in RAN or shadow.get("status") not in RAN:
         return None
     ok_p, ok_s = primary.get("status") == "succeeded", shadow.get("status") == "succeeded"
+    similarity: float | None = None
     if ok_p and ok_s:
         agree, similarity = agreement(primary.get("outputs"), shadow.get("outputs"))
     else:
-        agree, similarity = ok_p == ok_s, float(ok_p == ok_s)
+        agree = ok_p == ok_s
     return Comparison(agree, similarity, _latency_delta_ms(primary, shadow), int(ok_p) - int(ok_s))
 
 

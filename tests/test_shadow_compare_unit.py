@@ -109,7 +109,7 @@ def test_latency_and_error_deltas() -> None:
     assert both_failed.counts() == {
         "shadow_pairs": 1,
         "shadow_agree": 1,
-        "shadow_similarity": 1.0,
+        "shadow_unscored_pairs": 1,  # two failures compare no answers: no similarity
         "shadow_latency_delta_ms": 0.0,
         "shadow_error_delta": 0,
     }

@@ -63,19 +63,23 @@ def summary(window: Window) -> dict[str, Any]:
         else {
             "pairs": pairs,
             "agreement": round(counters["shadow_agree"] / pairs, 6),
-            "mean_similarity": round(counters["shadow_similarity"] / pairs, 6),
-            "mean_latency_delta_ms": _mean_delta(counters, pairs),
+            "mean_similarity": _mean_of(counters, "shadow_similarity", "shadow_unscored_pairs", 6),
+            "mean_latency_delta_ms": _mean_of(
+                counters, "shadow_latency_delta_ms", "shadow_untimed_pairs", 3
+            ),
             "error_delta": round(counters["shadow_error_delta"] / pairs, 6),
         },
     }
 
 
-def _mean_delta(counters: dict[str, float], pairs: int) -> float | None:
-    """The mean service-time delta over the pairs that have one: a pair with a job that never
-    ran (failed while queued) adds none (`shadow_untimed_pairs`), and counted in the divisor it
-    pulled the mean toward 0. None when no pair has one."""
-    timed = pairs - int(counters["shadow_untimed_pairs"])
-    return round(counters["shadow_latency_delta_ms"] / timed, 3) if timed > 0 else None
+def _mean_of(counters: dict[str, float], total: str, left_out: str, digits: int) -> float | None:
+    """The mean of the `total` counter over the pairs that add to it (those counted in
+    `left_out` do not), to `digits` decimals. A pair with a job that never ran (failed while
+    queued) adds no latency delta (`shadow_untimed_pairs`), one with a failed job no similarity
+    (`shadow_unscored_pairs`: failures are the error delta's and the shadow's success rate's);
+    counted in the divisor, they pulled the mean toward 0. None when no pair adds to it."""
+    added = int(counters["shadow_pairs"] - counters[left_out])
+    return round(counters[total] / added, digits) if added > 0 else None
 
 
 def two_proportion_z(success_a: int, n_a: int, success_b: int, n_b: int) -> tuple[float, float]:
