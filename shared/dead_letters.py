@@ -96,6 +96,20 @@ PARAMETERS_INVALID = "parameters_invalid"
 # a kept letter's reason: its job's webhook URL is one the webhook policy now refuses
 WEBHOOK_REFUSED = "webhook_refused"
 
+# A kept letter's detail names this many of its inputs' problems and counts the rest, as a
+# submit's 422 does; the replay's warning names this many kept letters and counts the rest. A
+# replay of 10,000 letters logged all 10,000 ids on one line, and a letter whose inputs broke the
+# schema 20,000 ways carried every one of them into the replay's answer.
+LISTED = 10
+
+
+def listed(items: Sequence[str], sep: str = "; ") -> str:
+    """The first LISTED of `items` joined by `sep`, then how many more there are."""
+    more = len(items) - LISTED
+    shown = sep.join(items[:LISTED])
+    return f"{shown}{sep}and {more} more" if more > 0 else shown
+
+
 # The most entries that may wait ahead of a job for it to start in time, by (its lane is the
 # bulk one, its enqueue stamp in ms, its deadline in Unix ms or 0), -1 for any, None where it
 # would start too late however few wait (a stalled partition: ENQUEUE's bound, 0 ahead, admits
@@ -128,7 +142,7 @@ def submit_checks(config: ModelConfig, webhooks: Settings | None) -> Refusal:
 
     def refusal(variant: str, entry: RequestEntry) -> tuple[str, str] | None:
         if problems := config.input_errors(entry.payload.get("inputs")):
-            return INPUT_INVALID, "; ".join(problems)
+            return INPUT_INVALID, listed(problems)
         parameters = entry.payload.get("parameters") or {}
         if not isinstance(parameters, dict):  # a letter written by hand: a submit takes none such
             return PARAMETERS_INVALID, "parameters: not a JSON object"
@@ -276,7 +290,7 @@ class DeadLetters:
                 " (deadline passed or unmeetable, lane full, undecodable, or refused by"
                 " today's submit checks): %s"
             )
-            kept = " ".join(letter.dlq_id for letter in result.kept)
+            kept = listed([letter.dlq_id for letter in result.kept], " ")
             log.warning(message, self.model, self.variant, len(result.kept), kept)
         return result
 
