@@ -13,15 +13,10 @@ import socket
 
 import uvicorn
 
-from shared.settings import settings_or_exit
+from shared.settings import Settings, settings_or_exit
 from shared.telemetry import configure_logging
 
 APP = "producer_api.app:app"
-# Requests still running this long after SIGTERM are cut, inside a 30 s kill timeout (waits and
-# streams end within CONVEYOR_STREAM_SHUTDOWN_GRACE_S, 3 s: producer_api/draining.py,
-# stream_shutdown.py; tests/test_stream_shutdown.py shows it under this server as under
-# uvicorn's command line).
-GRACEFUL_SHUTDOWN_S = 25
 
 
 def family_of(host: str) -> socket.AddressFamily:
@@ -38,23 +33,31 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def server_config(host: str, port: int, settings: Settings) -> uvicorn.Config:
+    """The server's config. Requests still running CONVEYOR_PRODUCER_SHUTDOWN_GRACE_S after
+    SIGTERM are cut (waits and streams end sooner, within CONVEYOR_STREAM_SHUTDOWN_GRACE_S:
+    producer_api/draining.py, stream_shutdown.py)."""
+    return uvicorn.Config(
+        APP,
+        host=host,
+        port=port,
+        access_log=False,
+        server_header=False,  # `server: uvicorn` told scanners what to try (OWASP)
+        log_config=None,  # the app's JSON logging (shared/telemetry.py), not uvicorn's text
+        timeout_graceful_shutdown=settings.producer_shutdown_grace_s,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
+    settings = settings_or_exit()
     # JSON from the first line on: uvicorn's own logging config wrote its start-up lines as
     # text (the app configures logging only once its lifespan starts)
-    configure_logging(settings_or_exit().log_level)
-    config = uvicorn.Config(
-        APP,
-        host=args.host,
-        port=args.port,
-        access_log=False,
-        server_header=False,  # `server: uvicorn` told scanners what to try (OWASP)
-        log_config=None,  # the app's JSON logging (shared/telemetry.py), not uvicorn's text
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-    )
+    configure_logging(settings.log_level)
+    config = server_config(args.host, args.port, settings)
     # The app before the server: importing it patches uvicorn's exit handler (sse-starlette),
     # which the server installs as it starts; loaded later, SIGTERM never told the app.
     config.load()

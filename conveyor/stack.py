@@ -352,19 +352,24 @@ class Stack:
         the worker forces its own exit). A fixed 30 s killed workers that were allowed longer."""
         return self.settings.shutdown_grace_s + self.settings.forced_exit_margin_s
 
-    def _stop_timeout_s(self, name: str) -> float:
-        """A worker's `stop_timeout_s`; a producer or Valkey gets the grace and CHILD_MARGIN_S
-        at least: a margin shortened for workers that hang (the tests') killed producers before
-        their streams said goodbye, and Valkey before it had written its data."""
+    def stop_timeout_of(self, name: str) -> float:
+        """How long child `name` may take to exit once stopped before it is killed: a worker
+        its `stop_timeout_s`; a producer its graceful shutdown (CONVEYOR_PRODUCER_SHUTDOWN_GRACE_S:
+        given the workers' grace, 0 allowed, it was killed while still in it) and Valkey the
+        workers' grace, each with CHILD_MARGIN_S at least: a margin shortened for workers that
+        hang (the tests') killed producers before their streams said goodbye, and Valkey before
+        it had written its data."""
         if self._tier(name) == 0:
             return self.stop_timeout_s
         margin = max(self.settings.forced_exit_margin_s, CHILD_MARGIN_S)
+        if self.producer(name):
+            return self.settings.producer_shutdown_grace_s + margin
         return self.settings.shutdown_grace_s + margin
 
     def stop_process(
         self, name: str, sig: int = signal.SIGTERM, timeout: float | None = None
     ) -> int:
-        """Signal child `name` and wait for its exit code (`timeout`: its `_stop_timeout_s`)."""
+        """Signal child `name` and wait for its exit code (`timeout`: its `stop_timeout_of`)."""
         return self.stop_processes([name], sig, timeout)[0]
 
     def stop_processes(
@@ -372,12 +377,12 @@ class Stack:
     ) -> list[int]:
         """Signal every child first, then wait for each: they drain side by side (one after
         another, N workers took N drains). Any still running `timeout` after the signal is
-        killed (by default each child's `_stop_timeout_s`), and so is what a child left in its
+        killed (by default each child's `stop_timeout_of`), and so is what a child left in its
         group (`_reap`). Exit codes in the order of `names`. Interrupted (a second Ctrl-C, a
         SIGTERM), it kills them all before it raises: in sessions of their own, they would run
         on."""
         named = list(names)
-        timeouts = [self._stop_timeout_s(name) if timeout is None else timeout for name in named]
+        timeouts = [self.stop_timeout_of(name) if timeout is None else timeout for name in named]
         processes = [self.processes.pop(name) for name in named]
         try:
             for process in processes:
@@ -475,7 +480,7 @@ class Stack:
         if metrics_dir := self.commands[name][1].get(MULTIPROC_DIR):
             multiprocess.mark_process_dead(pid, metrics_dir)
         _signal_group(pid, signal.SIGTERM)
-        self.leftovers[name] = time.monotonic() + self._stop_timeout_s(name)
+        self.leftovers[name] = time.monotonic() + self.stop_timeout_of(name)
 
     def lingering(self, name: str) -> bool:
         """Whether what child `name` left in its group when it exited (`exited`) still runs:

@@ -711,7 +711,9 @@ return out
 # ({0, length}), so does one with more than max_ahead entries undelivered ({2, ahead}: the job
 # would miss its deadline); nothing accepted is ever trimmed. Accepted: {1, ahead, seq}, where
 # ahead = XLEN - pending (every acknowledged entry is deleted) and seq numbers the job's entry in
-# its lane (stored in the hash; shared/queue_position.py reads positions from it).
+# its lane (stored in the hash; shared/queue_position.py reads positions from it). A job one of
+# whose commands fails (a key of the wrong type) replies {-1, the error} and fails alone: the
+# call's other jobs are enqueued or refused as they would be without it.
 # A fair lane whose stream holds `window` undelivered entries, or that holds jobs back already,
 # holds the job in its tenant's list instead (hash field `held` = 1, no seq until it joins the
 # stream; reply {1, ahead, 0}) for refill (TAKE, FINISH) to move by deficit round robin; its
@@ -825,6 +827,17 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   return {1, ahead, 0}
 end
 
+-- A job one of whose commands fails (a key of its own, or its tenant's, of the wrong type) fails
+-- alone, {-1, the error}: the call goes on with the next job. A merged call serves the submits
+-- of many callers, and its error failed them all while the jobs it had written stayed enqueued.
+-- What the job wrote before the error stays (a script is not rolled back); the lane's counter
+-- gives back the numbers it kept for the jobs after it, and its length is read anew.
+local function failed(err)
+  settle()
+  length = nil
+  return {-1, type(err) == 'table' and err.err or tostring(err)}
+end
+
 local out, i = {}, 6
 for k = 3, #KEYS do
   local first = i + 5
@@ -832,8 +845,9 @@ for k = 3, #KEYS do
   local last = entry + tonumber(ARGV[i + 3]) * 2 - 1
   local may_exist = ARGV[i + 4] == '1'
   local left = #KEYS - k + 1  -- this job and those after it
-  out[k - 2] = enqueue(KEYS[k], tonumber(ARGV[i]), ARGV[i + 1], may_exist, left, first, entry,
-                       last)
+  local ok, reply = pcall(enqueue, KEYS[k], tonumber(ARGV[i]), ARGV[i + 1], may_exist, left,
+                          first, entry, last)
+  out[k - 2] = ok and reply or failed(reply)
   i = last + 1
 end
 settle()

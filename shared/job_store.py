@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis._parsers.base import BaseParser
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
@@ -202,6 +203,19 @@ def renew_before_ms(ttl_s: int, now: int) -> int:
     return now - int(min(ttl_s * 1000 * RENEW_SLACK_SHARE, RENEW_SLACK_MAX_MS))
 
 
+# ENQUEUE's reply code for a job one of whose commands failed (`{-1, the error}`): it fails
+# alone, its call's other jobs have their own replies.
+ENQUEUE_FAILED = -1
+
+
+def _enqueued(reply: Sequence[Any]) -> Sequence[Any]:
+    """One job's ENQUEUE reply, or its error raised as redis-py raises a call's (its class by
+    its code: a key whose slot moved mid-migration is an outage, a wrong type a ResponseError)."""
+    if reply[0] == ENQUEUE_FAILED:
+        raise BaseParser.parse_error(as_text(reply[1]))
+    return reply
+
+
 # Jobs per ENQUEUE call at most: a script holds the server for its whole run (~10 us a job).
 ENQUEUE_JOBS = 64
 # An ENQUEUE call's keys and arguments before its jobs': what the jobs of one call share.
@@ -213,8 +227,8 @@ def merged_enqueues(calls: Sequence[ScriptCall]) -> list[MergedCall]:
     their jobs, of ENQUEUE_JOBS calls at most (a create's carries one job): how a
     group-committing client sends the creates of one event-loop turn
     (producer_api/jobs/group_commit.py), and `create_many` its jobs. Each job is still
-    admitted as if it came alone; the call, its prelude and reading the lane's length are paid
-    once."""
+    admitted as if it came alone, and fails alone (a key of the wrong type: `_enqueued`); the
+    call, its prelude and reading the lane's length are paid once."""
     lanes: dict[tuple[Any, ...], list[int]] = {}
     for index, (keys, args) in enumerate(calls):
         lanes.setdefault((*keys[:_SHARED_KEYS], *args[:_HEAD]), []).append(index)
@@ -279,7 +293,8 @@ class JobStore:
         (`extra`), and read the reply: QueueFull or TooFarBack where the lane refused the job,
         else (its reply code, 1 for admitted or the wrapping script's own; its count)."""
         keys, args = self.enqueue_call(job, max_length, max_ahead)
-        [(admitted, count, *_)] = await call_script(script, keys + extra[0], args + extra[1])
+        [reply] = await call_script(script, keys + extra[0], args + extra[1])
+        admitted, count, *_ = _enqueued(reply)
         if admitted == 0:
             raise QueueFull(job.stream, int(count))
         if admitted == 2:
@@ -297,7 +312,8 @@ class JobStore:
         indexes of the jobs refused because their partition was full. With
         `CONVEYOR_REPLICA_ACKS` the round trip ends with WAIT on each master written, as group
         commit's does (ReplicaAckTimeout when too few replicas confirm): a Batch API 202 rests on
-        these jobs. A rerun after NOSCRIPT sends every call again, which ENQUEUE tells apart."""
+        these jobs. A rerun after NOSCRIPT sends every call again, which ENQUEUE tells apart.
+        A job ENQUEUE could not write raises its error (`_enqueued`); the others stay written."""
         merged = merged_enqueues([self.enqueue_call(job, max_length) for job in jobs])
 
         async def fill(pipe: Any) -> int:
@@ -311,7 +327,7 @@ class JobStore:
         refused = [
             index
             for (_, parts), lane in zip(merged, replies[: len(merged)], strict=True)
-            for (index, _), (admitted, *_) in zip(parts, lane, strict=True)
+            for (index, _), (admitted, *_) in zip(parts, map(_enqueued, lane), strict=True)
             if not admitted
         ]
         return sorted(refused)

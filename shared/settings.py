@@ -167,12 +167,17 @@ class Settings(BaseSettings):
     # are sent (a failure by then is the request's 4xx, after it an error chunk); its
     # keep-alive ping period too.
     stream_first_event_s: float = Field(default=15.0, gt=0, le=MAX_TIMEOUT_S)
+    # How long a stopping producer under `conveyor up` (conveyor/producer_server.py) lets its
+    # requests in flight finish before cutting them (uvicorn's `timeout_graceful_shutdown`,
+    # whole seconds as uvicorn's `--timeout-graceful-shutdown` takes them: compose and
+    # Kubernetes pass that flag themselves); `conveyor up` kills a producer only past it.
+    producer_shutdown_grace_s: int = Field(default=25, ge=1, le=MAX_TIMEOUT_S)
     # How long a stopping producer (SIGTERM) lets its open streams (job events, OpenAI, console
     # live feeds) say goodbye before cutting them, and after how long its waiting requests
     # (long-polls, submit-and-wait, whole OpenAI answers) answer with what they have
-    # (producer_api/draining.py). Keep it well inside uvicorn's graceful shutdown
-    # (`--timeout-graceful-shutdown`, 25 s as shipped) and any orchestrator's kill timeout
-    # (Kubernetes: 30 s): past them, waits are reset rather than answered.
+    # (producer_api/draining.py). Below the producer's graceful shutdown (`_stream_grace`) and
+    # well inside any orchestrator's kill timeout (Kubernetes: 30 s): past them, waits are reset
+    # rather than answered.
     stream_shutdown_grace_s: float = Field(default=3.0, gt=0, le=MAX_TIMEOUT_S)
 
     # Signs the operator console's session cookies (producer_api/console/session.py); empty:
@@ -275,6 +280,19 @@ class Settings(BaseSettings):
                 " record would expire between its beats"
             )
         return ttl_s
+
+    @field_validator("stream_shutdown_grace_s")
+    @classmethod
+    def _stream_grace(cls, grace_s: float, info: ValidationInfo) -> float:
+        """Streams and waits end within the graceful shutdown, or uvicorn cuts them first: their
+        clients got a reset where a goodbye or the job as it stands was meant."""
+        shutdown_s = info.data.get("producer_shutdown_grace_s")  # absent when it was refused
+        if shutdown_s is not None and grace_s >= shutdown_s:
+            raise ValueError(
+                f"must be below CONVEYOR_PRODUCER_SHUTDOWN_GRACE_S ({shutdown_s} s): the producer"
+                " would cut its streams and waits before they end"
+            )
+        return grace_s
 
     @field_validator("model_repository", "artifact_dir", "state_dir", "host", mode="before")
     @classmethod
