@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import socket
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeAlias, TypeVar, cast
@@ -34,6 +35,7 @@ from typing import Any, TypeAlias, TypeVar, cast
 import hiredis
 import redis
 import redis.asyncio as aioredis
+import redis.retry
 from redis._parsers.base import BaseParser
 from redis.asyncio.cluster import (
     ClusterNode,
@@ -170,8 +172,12 @@ CLUSTER_RETRIED: tuple[type[Exception], ...] = (
     ClusterDownError,
     SlotNotCoveredError,
 )
-# How many times a client `connect` made sends a command again through lost connections.
+# How many times a client `connect` made sends a command again through lost connections, after
+# what pauses, for what errors (not timeouts, which redis-py's default adds: a cluster's loop
+# has its own list, `CLUSTER_RETRIED`); a `blocking_client` too.
 RETRIES = 3
+RESEND_BACKOFF = ExponentialWithJitterBackoff(base=0.02, cap=1.0)
+RESENT_ERRORS = (RedisConnectionError, *FAILOVER_REFUSALS)
 # redis-py's pause before it sends a cluster pipeline again; `run_pipeline`'s too.
 RESEND_PAUSE_S = 0.25
 _SENT_ONCE: ContextVar[bool] = ContextVar("sent_once", default=False)
@@ -713,12 +719,7 @@ def connect(
     block_s = (settings.block_ms if blocks_ms is None else blocks_ms) / 1000
     options: dict[str, Any] = {
         "client_name": name,
-        "retry": CallerRetry(
-            ExponentialWithJitterBackoff(base=0.02, cap=1.0),
-            retries=RETRIES,
-            # the default would retry timeouts too (a cluster's loop: `CLUSTER_RETRIED`)
-            supported_errors=(RedisConnectionError, *FAILOVER_REFUSALS),
-        ),
+        "retry": CallerRetry(RESEND_BACKOFF, retries=RETRIES, supported_errors=RESENT_ERRORS),
         "health_check_interval": 15,
         "socket_connect_timeout": timeout,
         "socket_timeout": timeout + block_s,
@@ -744,6 +745,53 @@ def connect(
     )
     pool.connection_class = _HIREDIS_PACKING.get(pool.connection_class, pool.connection_class)
     return ResendsSafely.from_pool(pool)  # the client owns its pool: aclose() closes both
+
+
+class ChainedRetry(redis.retry.Retry):
+    """A blocking client's Retry (`blocking_client`), whose error of each try has the error of
+    the try before it as its context: the error it finally raises tells whether any try may
+    have run (`may_have_run`). The last try's alone (a connection refused) said nothing was
+    sent where a first try had run and lost its reply."""
+
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        earlier: list[Exception] = []
+
+        def tried() -> T:
+            try:
+                return do()
+            except Exception as exc:
+                if earlier and earlier[-1] is not exc:
+                    exc.__context__ = earlier[-1]
+                earlier.append(exc)
+                raise
+
+        return super().call_with_retry(tried, fail, is_retryable, with_failure_count)
+
+
+def may_have_run(error: BaseException) -> bool:
+    """Whether a command of a blocking client (`blocking_client`) that failed with `error` may
+    have run on the server: unless every try of it met a connection refused (or a name not
+    resolved), which sent nothing."""
+    while isinstance(error.__cause__, ConnectionRefusedError | socket.gaierror):
+        if not isinstance(error.__context__, RedisError):
+            return False
+        error = error.__context__
+    return True
+
+
+def blocking_client(url: str, **options: Any) -> redis.Redis:
+    """A blocking client of the one server `url` names whose commands are sent again through
+    a dropped connection, as `connect`'s are (a timeout is not: a frozen server). redis-py's
+    `from_url` retries nothing, so a blip failed the command. Every command sent through it
+    must be safe to run twice (its reply lost, it is sent again unseen)."""
+    retry = ChainedRetry(RESEND_BACKOFF, retries=RETRIES, supported_errors=RESENT_ERRORS)
+    return redis.Redis.from_url(url, retry=retry, **options)
 
 
 def blocking_cluster(

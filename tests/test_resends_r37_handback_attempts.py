@@ -4,7 +4,7 @@ worst time, through a real proxy to a real Valkey), so that the client sent them
   already redelivered could run once more than `max_deliveries` allows;
 - a webhook attempt was appended twice to its job's or batch's `webhook_attempts` (what
   `GET /v1/batches/{id}` shows), by the worker's blocking client on a cluster (on one
-  server it sends nothing again: the write stands, logged as not recorded)."""
+  server too since it resends: tests/test_webhooks_r38_retry.py)."""
 
 from __future__ import annotations
 
@@ -72,8 +72,7 @@ def one_node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
 
 @contextmanager
 def cluster_reply_lost(cluster: LocalCluster, script: str) -> Iterator[redis.RedisCluster]:
-    """The webhook worker's client on a cluster (`blocking_cluster`: redis-py's blocking
-    client on one server never resends, its `from_url` retries nothing), reaching its node
+    """The webhook worker's client on a cluster (`blocking_cluster`), reaching its node
     through a proxy, run in a thread, that loses the reply to its first call of `script`."""
     port = cluster.masters[0].port
     with cluster.client() as direct:

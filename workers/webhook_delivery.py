@@ -35,7 +35,7 @@ from redis.exceptions import RedisClusterException
 from shared.celery_broker import VISIBILITY_TIMEOUT_S
 from shared.codec import dumps
 from shared.keys import Keys
-from shared.redis_client import blocking_cluster
+from shared.redis_client import blocking_client, blocking_cluster, may_have_run
 from shared.retry_after import retry_after_s as parse_retry_after
 from shared.settings import Settings, get_settings
 from shared.webhook_events import TASK_NAME, TargetKind, allowed
@@ -81,6 +81,11 @@ CLAIM_KEPT_MARGIN_S = VISIBILITY_TIMEOUT_S
 # a broker that takes writes again is found soon.
 REQUEUE_WAIT_CAP_S = 10.0
 STOP_CHECK_S = 0.25  # how often that wait looks whether the worker is asked to stop
+# What an attempt whose connection closed before an answer was read records (`_failure`).
+UNANSWERED = (
+    "connection closed before an answer was read (a receiver that answers a large body early,"
+    " a 413, and closes without reading it is read so: it must read or drain the body)"
+)
 
 
 def backoff_s(attempt: int) -> float:
@@ -116,7 +121,7 @@ def _redis() -> redis.Redis:
     if settings.redis_cluster:
         seeds = settings.redis_cluster_nodes
         return cast(redis.Redis, blocking_cluster(settings.redis_url, seeds, **options))
-    return redis.Redis.from_url(settings.redis_url, **options)
+    return blocking_client(settings.redis_url, **options)  # all its commands are safe to resend
 
 
 def _target_key(kind: TargetKind, target_id: str) -> str | None:
@@ -132,7 +137,7 @@ def _target_key(kind: TargetKind, target_id: str) -> str | None:
 # Appends an attempt (ARGV[1], a JSON object) to the hash's `webhook_attempts` array and sets
 # its `webhook_status` (ARGV[2]) at once, inside the hash's lifetime: a hash that expired (or
 # expires between two steps of a read-then-write) is not brought back as a key with no TTL.
-# A rerun (a cluster client resends a script whose reply was lost) finds its attempt there and
+# A rerun (the client resends a script whose reply was lost, `_redis`) finds its attempt there and
 # writes nothing: it was listed twice. An attempt carries its number and its time to the
 # millisecond, so two real ones do not match; and `{"` never occurs inside a JSON string (its
 # quote is escaped), so a match starts at an attempt of the flat array and, a whole object, is
@@ -277,7 +282,10 @@ def _record(kind: TargetKind, target_id: str, attempt: dict[str, Any], status: s
     try:
         _attempt_log().record(key, attempt, status)
     except UNREACHABLE as exc:
-        log.warning("webhook attempt on %s %s not recorded: %r", kind, target_id, exc)
+        # a try whose reply was lost may have recorded it (the client sends it again, and a
+        # record sent again adds nothing): only one that reached no server recorded nothing
+        outcome = "recorded or not, unknown" if may_have_run(exc) else "not recorded"
+        log.warning("webhook attempt on %s %s %s: %r", kind, target_id, outcome, exc)
 
 
 class PrivateAddress(httpx.TransportError):
@@ -432,12 +440,22 @@ def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
     except TimeoutError:
         outcome["error"] = f"TimeoutError: no answer within {timeout_s:g}s"
     except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:
-        outcome["error"] = f"{type(exc).__name__}: {exc}"
+        outcome["error"] = _failure(exc)
     took_s = time.monotonic() - started
     outcome["duration_ms"] = round(took_s * 1000, 1)
     if _overloaded(outcome, took_s, timeout_s):
         _receiver_holds().hold(url, HOLD_TIMES * took_s)
     return outcome
+
+
+def _failure(exc: Exception) -> str:
+    """An attempt's error as the HTTP client says it, or for a ReadError that says nothing (a
+    connection closed or reset before an answer was read) what it is: the attempt's record read
+    "ReadError: ". A receiver that answers a large body early (a 413) and closes without reading
+    it is read so, and retried: the HTTP client's asyncio stream reads only while a read waits,
+    and its failed write closes it, the answer unread (a blocking socket reads it)."""
+    said = str(exc) or (UNANSWERED if isinstance(exc, httpx.ReadError) else "")
+    return f"{type(exc).__name__}: {said}"
 
 
 def _overloaded(outcome: dict[str, Any], took_s: float, timeout_s: float) -> bool:
