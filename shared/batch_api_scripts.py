@@ -182,13 +182,19 @@ return {cur, ARGV[1]}
 # written, it came back a batch of a `status` alone, with no tenant, counts or times. One that
 # ended since keeps its end: a finalizer that went silent past STALE_MS, then woke, wrote its
 # own over its successor's (`completed` over the `expired` a client had read, counts and all).
-# Returns the status in force, false when the batch is gone.
+# Returns the status in force, false when the batch is gone; {status, its `<status>_at`} for an
+# end in force ended at another time than this one's (ARGV[6], its `_at`), whose items the
+# caller gives that end's expiry: read here, it cost the caller an HGET after every commit.
 COMMIT = (
     f"local ENDED = {_lua_table('true', sorted(BATCH_ENDED))}\n"
     + """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return false end
-if ENDED[cur] then return cur end
+if ENDED[cur] then
+  local at = redis.call('HGET', KEYS[1], cur .. '_at')
+  if at and at ~= ARGV[6] then return {cur, at} end
+  return cur
+end
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 for i = 2, #KEYS do redis.call('EXPIREAT', KEYS[i], ARGV[2]) end

@@ -552,21 +552,17 @@ class BatchApiStore(TenantIndexed):
         kept = await self._commit(keys=names, args=[self.ttl_s, files_until, *_flat(ending)])
         if not kept:
             return status
-        in_force = BatchStatus(as_text(kept))
-        await self._expire_as_committed(batch_id, in_force, ended, kept_s)
-        return in_force
+        if isinstance(kept, list):  # another's end, at another time (`COMMIT`)
+            kept, at = kept
+            await self._expire_as_committed(batch_id, int(at), kept_s)
+        return BatchStatus(as_text(kept))
 
-    async def _expire_as_committed(
-        self, batch_id: str, in_force: BatchStatus, ended: int, kept_s: int | None
-    ) -> None:
-        """Give the items the expiry of the end in force where it is not this finalizer's
-        `ended`: another's, committed while this one was silent past STALE_MS (or before it
+    async def _expire_as_committed(self, batch_id: str, at: int, kept_s: int | None) -> None:
+        """Give the items the expiry of the end in force, ended `at` (ms), which is not this
+        finalizer's: another's, committed while this one was silent past STALE_MS (or before it
         began). Left at its own, earlier end's, the items expired before the files that read
         them, their last stretch "record expired" lines."""
-        at = await self.redis.hget(self.keys.batch(batch_id), f"{in_force.value}_at")
-        if at is None or int(at) == ended:
-            return
-        files_until = self._files_until(int(at), kept_s)
+        files_until = self._files_until(at, kept_s)
         async for chunk in self.items(batch_id):
             await self._expire_items(chunk, files_until)
 

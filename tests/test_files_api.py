@@ -123,10 +123,12 @@ async def test_a_batchs_own_files_answer_openais_delete(
             http_client=client,
             max_retries=0,
         )
-        for file_id in (output, f"{batch_id}-errors"):
-            answer = await openai.files.delete(file_id)
-            assert (answer.id, answer.object, answer.deleted) == (file_id, "file", False)
-            assert (await openai.files.retrieve(file_id)).id == file_id  # still served
+        errors = f"{batch_id}-errors"
+        answer = await openai.files.delete(errors)
+        assert (answer.id, answer.object, answer.deleted) == (errors, "file", False)
+        assert (await openai.files.retrieve(errors)).id == errors  # still served
+        # no line succeeded: the batch names no output file, which is not there to delete
+        assert (await client.delete(f"/v1/files/{output}", headers=acme)).status_code == 404
 
 
 async def test_a_purpose_other_than_batch_is_refused_by_name(

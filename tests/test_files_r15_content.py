@@ -71,10 +71,12 @@ async def test_a_download_is_the_uploaded_bytes_named_by_their_filename(
         )
         batch_id = created.json()["id"]
         await client.post(f"/v1/batches/{batch_id}/cancel")
-        output = await client.get(f"/v1/files/{batch_id}-output/content")
-        assert output.status_code == 200, output.text
+        errors = await client.get(f"/v1/files/{batch_id}-errors/content")
+        assert errors.status_code == 200, errors.text
         # named as its file object names it, as OpenAI's
-        assert named(output.headers["content-disposition"].encode()) == f"{batch_id}_output.jsonl"
+        assert named(errors.headers["content-disposition"].encode()) == f"{batch_id}_errors.jsonl"
+        # no line succeeded: its view names no output file, so there is none (it was 200, empty)
+        assert (await client.get(f"/v1/files/{batch_id}-output/content")).status_code == 404
 
 
 def test_a_name_with_a_newline_or_a_quote_keeps_the_header_whole() -> None:

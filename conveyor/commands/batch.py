@@ -5,7 +5,6 @@ through the SDK, with a live progress bar (rate, ETA), then write `FILE.output.j
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +36,7 @@ from conveyor.client.option_pairs import option_pairs
 from conveyor.client.sync_client import Client
 from conveyor.client.types import Batch, BatchResults
 from conveyor.commands.files import JSONL_FILE, jsonl_source
+from conveyor.file_drafts import draft_of, write_draft
 from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 console = Console(stderr=True)
@@ -75,12 +75,9 @@ def write_results(
     drafts: dict[Path, Path] = {}
     try:
         for path, lines in ((output, results.outputs), (errors, results.errors)):
-            drafts[path] = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
-            with drafts[path].open("xb") as file:
-                file.writelines(
-                    orjson.dumps(o.model_dump(exclude_unset=True)) + b"\n" for o in lines
-                )
-                os.fsync(file.fileno())
+            drafts[path] = draft_of(path)
+            chunks = (orjson.dumps(o.model_dump(exclude_unset=True)) + b"\n" for o in lines)
+            write_draft(drafts[path], chunks)
         for path, draft in drafts.items():
             draft.replace(path)
     except OSError as exc:

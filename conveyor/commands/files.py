@@ -14,6 +14,7 @@ import click
 
 from conveyor.client.admin_http import utc_time
 from conveyor.client.cli_options import connect, connection_options, printable, terminal_safe
+from conveyor.file_drafts import write_whole
 from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 # A JSONL file to send, or `-` for standard input (as kubectl's `-f -`): a generated batch
@@ -112,7 +113,7 @@ def content(file_id: str, output: Path | None, url: str | None, api_key: str | N
         sys.stdout.buffer.flush()
         return
     try:
-        output.write_bytes(body)
+        write_whole(output, body)
     except OSError as exc:  # a folder that is not there: a traceback, after the download
         raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from None
 

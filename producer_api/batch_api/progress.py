@@ -77,7 +77,7 @@ def view(batch_id: str, progress: Refresh, base: str | None) -> dict[str, Any]:
     without `urls` (the console's live feed, whose page links each batch under its own base)."""
     fields, counts = progress.fields, progress.counts
     total, invalid = int(fields.get("total", 0)), int(fields.get("invalid", 0))
-    failed = invalid + counts["failed"] + counts["cancelled"] + counts["expired"]
+    failed = _failed(progress)
     body: dict[str, Any] = {
         "id": batch_id,
         "object": "batch",
@@ -96,7 +96,7 @@ def view(batch_id: str, progress: Refresh, base: str | None) -> dict[str, Any]:
         },
         "request_counts": {"total": total, "completed": counts["succeeded"], "failed": failed},
         "input_file_id": fields.get("input_file_id"),
-        **_file_ids(batch_id, BatchStatus(fields["status"]).terminal, counts["succeeded"], failed),
+        **file_ids(batch_id, progress),
         "metadata": loads(fields["metadata"]) if "metadata" in fields else None,
         "errors": {"object": "list", "data": loads(fields["errors"])}
         if "errors" in fields
@@ -122,9 +122,19 @@ def batch_file_name(batch_id: str, kind: str) -> str:
     return f"{batch_id}_{kind}.jsonl"
 
 
-def _file_ids(batch_id: str, ended: bool, outputs: int, errors: int) -> dict[str, str | None]:
+def _failed(progress: Refresh) -> int:
+    """The batch's lines that did not succeed: refused at create, failed, cancelled, expired."""
+    counts = progress.counts
+    invalid = int(progress.fields.get("invalid", 0))
+    return invalid + counts["failed"] + counts["cancelled"] + counts["expired"]
+
+
+def file_ids(batch_id: str, progress: Refresh) -> dict[str, str | None]:
     """An ended batch's file ids, each only when it holds a line, as OpenAI's: a client that
-    fetches `error_file_id` when it is set read an empty file for a batch with no error."""
+    fetches `error_file_id` when it is set read an empty file for a batch with no error. The
+    Files API serves these ids alone (`BatchApiService.kept`)."""
+    ended = BatchStatus(progress.fields["status"]).terminal
+    outputs, errors = progress.counts["succeeded"], _failed(progress)
     return {
         "output_file_id": f"{batch_id}-output" if ended and outputs else None,
         "error_file_id": f"{batch_id}-errors" if ended and errors else None,

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api import lines
-from producer_api.batch_api.progress import batch_file_name, first_errors
+from producer_api.batch_api.progress import batch_file_name, file_ids, first_errors
 from producer_api.batch_api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, JOBS, BatchOptions
 from producer_api.errors import ConveyorError, listed
 from producer_api.jobs.admission import BodyPrint
@@ -470,17 +470,20 @@ class BatchApiService:
         message = f"batch {batch_id} is {status.value}; cannot cancel"
         raise ConveyorError(409, "conflict", message)
 
-    async def file(self, batch_id: str, kind: str) -> AsyncIterator[bytes]:
+    async def file(
+        self, batch_id: str, kind: str, only_named: bool = False
+    ) -> AsyncIterator[bytes]:
         """The lines of an ended batch's `output` or `errors` file (a 409 before it ends: a
-        batch is completed, failed, cancelled or expired first; a 404 once it expired)."""
-        fields = await self.kept(batch_id, kind)
+        batch is completed, failed, cancelled or expired first; a 404 once it expired, and with
+        `only_named` one its view does not name, `kept`)."""
+        fields = await self.kept(batch_id, kind, only_named)
         return self._lines(batch_id, kind, fields)
 
     async def file_object(self, batch_id: str, kind: str) -> dict[str, Any]:
         """An ended batch's `output` or `errors` file as OpenAI's file object (purpose
         `batch_output`, made when the batch ended, kept as `_file_life` says): what OpenAI's
         SDK retrieves by the ids the batch gives; `bytes` is the length `file` serves."""
-        fields = await self.ended(batch_id)
+        fields = await self.kept(batch_id, kind, only_named=True)
         created_at, expires_at = self._file_life(batch_id, kind, fields)
         return {
             "id": f"{batch_id}-{kind}",
@@ -521,21 +524,28 @@ class BatchApiService:
             raise ConveyorError(404, "not_found", message)
         return created_at, expires_at
 
-    async def kept(self, batch_id: str, kind: str) -> Mapping[str, str]:
+    async def kept(self, batch_id: str, kind: str, only_named: bool = False) -> Mapping[str, str]:
         """The batch's fields while its `output` or `errors` file is there: a 409 before the
-        batch ends, a 404 once the file expired (its retrieve, content and delete alike)."""
-        fields = await self.ended(batch_id)
-        self._file_life(batch_id, kind, fields)
-        return fields
+        batch ends, a 404 once the file expired (its retrieve, content and delete alike). With
+        `only_named` (the Files API's ids), a 404 too for a file its view does not name, as it
+        holds no line, as OpenAI's for a file id that does not exist: it answered an empty
+        file."""
+        progress = await self.ended(batch_id)
+        file_id = f"{batch_id}-{kind}"
+        if only_named and file_id not in file_ids(batch_id, progress).values():
+            message = f"file {file_id} not found: batch {batch_id} has no {kind} line"
+            raise ConveyorError(404, "not_found", message)
+        self._file_life(batch_id, kind, progress.fields)
+        return progress.fields
 
-    async def ended(self, batch_id: str) -> Mapping[str, str]:
-        """The batch's fields once it has ended (a 409 before)."""
+    async def ended(self, batch_id: str) -> Refresh:
+        """The batch's progress once it has ended (a 409 before)."""
         progress = await self._look(batch_id)
         status = BatchStatus(progress.fields["status"])
         if not status.terminal:
             message = f"batch {batch_id} is {status.value}; its files are ready when it ends"
             raise ConveyorError(409, "conflict", message)
-        return progress.fields
+        return progress
 
     def _lines(self, batch_id: str, kind: str, fields: Mapping[str, str]) -> AsyncIterator[bytes]:
         return self.output(batch_id, fields) if kind == "output" else self.errors(batch_id, fields)

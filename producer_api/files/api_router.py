@@ -36,7 +36,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         "description": "A multipart body that does not parse; no file, an empty one, a filename "
         "over 255 bytes, a purpose not batch, or another invalid parameter (OpenAI's shape)",
     },
-    404: {"description": "Unknown file (or another tenant's)"},
+    404: {
+        "description": "Unknown file (or another tenant's), or a batch's output or errors file "
+        "its view does not name (`output_file_id` / `error_file_id` null: no line in it)"
+    },
     409: {"description": "The batch whose file it is has not ended"},
     413: {"description": "Body over CONVEYOR_MAX_UPLOAD_BYTES"},
     429: {"description": "The tenant's files would pass its storage budget (not retried)"},

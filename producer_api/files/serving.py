@@ -199,7 +199,7 @@ class FilesService:
         file expired (as its retrieve and content answer)."""
         if named := BATCH_FILE.fullmatch(file_id):
             with naming_the_file(file_id):
-                await self._batches().kept(*named.groups())
+                await self._batches().kept(named[1], named[2], only_named=True)
             return {"id": file_id, "object": "file", "deleted": False}
         if not await self._dropped(file_id):
             raise not_found(file_id)
@@ -235,5 +235,5 @@ class FilesService:
         ends)."""
         if named := BATCH_FILE.fullmatch(file_id):
             with naming_the_file(file_id):
-                return await self._batches().file(named[1], named[2])
+                return await self._batches().file(named[1], named[2], only_named=True)
         return await self._stored(file_id)
