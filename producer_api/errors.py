@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from email.message import Message as MimeHeader
 from functools import partial
 from typing import Any
@@ -24,6 +24,7 @@ from producer_api.openai import OPENAI_PATHS
 from producer_api.responses import FastJSONResponse
 from producer_api.route_path import route_path
 from shared.model_repository import QUOTED_CHARS, client_named, quote
+from shared.problem_list import listed
 from shared.redis_client import OUT_OF_REACH, PersistenceError, ReplicasMissing, ScriptBusy
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,6 @@ log = logging.getLogger(__name__)
 NO_RETRY = {"x-should-retry": "false"}
 NOT_RETRIED = frozenset({409, 502})
 FULL_RETRY_S = 5  # Retry-After while Redis is out of memory or cannot persist
-# ways a request breaks its schema that a refusal names, the rest counted: one for each of
-# 20,000 wrong chat messages made a 580 kB body's 400 2.8 MB
-LISTED_PROBLEMS = 10
 FAILING_OVER = "the queue's Redis is a replica for now (a failover?); retry shortly"
 # A Redis that refuses writes for a while, a state of the server and not an error of the
 # request: what the 503 says, and its Retry-After in seconds. A replica where the master was (a
@@ -331,13 +329,6 @@ def _validation_message(request: Request, exc: RequestValidationError) -> str:
             "curl needs -H 'Content-Type: application/json')"
         )
     return listed([f"{_where(err) or 'body'}: {err.get('msg', 'invalid')}" for err in exc.errors()])
-
-
-def listed(problems: Sequence[str]) -> str:
-    """A refusal's problems on one line: the first LISTED_PROBLEMS, and how many more."""
-    more = len(problems) - LISTED_PROBLEMS
-    shown = "; ".join(problems[:LISTED_PROBLEMS])
-    return f"{shown}; and {more} more" if more > 0 else shown
 
 
 def _whole_body_refused(exc: RequestValidationError) -> bool:

@@ -36,6 +36,7 @@ from shared.job_store import JobStore, NewJob, QueueFull, TooFarBack, stamp_ms
 from shared.keys import Keys, replay_job_id
 from shared.model_repository import ModelConfig
 from shared.partition_stats import read_dlq_depths
+from shared.problem_list import listed
 from shared.redis_client import RedisClient, executed
 from shared.settings import Settings
 from shared.webhook_events import refusal as webhook_refusal
@@ -95,20 +96,6 @@ INPUT_INVALID = "input_invalid"
 PARAMETERS_INVALID = "parameters_invalid"
 # a kept letter's reason: its job's webhook URL is one the webhook policy now refuses
 WEBHOOK_REFUSED = "webhook_refused"
-
-# A kept letter's detail names this many of its inputs' problems and counts the rest, as a
-# submit's 422 does; the replay's warning names this many kept letters and counts the rest. A
-# replay of 10,000 letters logged all 10,000 ids on one line, and a letter whose inputs broke the
-# schema 20,000 ways carried every one of them into the replay's answer.
-LISTED = 10
-
-
-def listed(items: Sequence[str], sep: str = "; ") -> str:
-    """The first LISTED of `items` joined by `sep`, then how many more there are."""
-    more = len(items) - LISTED
-    shown = sep.join(items[:LISTED])
-    return f"{shown}{sep}and {more} more" if more > 0 else shown
-
 
 # The most entries that may wait ahead of a job for it to start in time, by (its lane is the
 # bulk one, its enqueue stamp in ms, its deadline in Unix ms or 0), -1 for any, None where it

@@ -13,7 +13,7 @@ import pytest
 import redis
 from click.testing import Result
 
-from producer_api.errors import LISTED_PROBLEMS as LISTED  # as a submit lists them
+from shared.problem_list import LISTED_PROBLEMS as LISTED  # as a submit lists them
 from tests.test_dlq_r11_operator import r  # noqa: F401 (a fixture)
 from tests.test_dlq_r19_submit_checks import MODEL, _letter, _queued, dlq  # noqa: F401
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from producer_api.app import create_app
-from producer_api.errors import LISTED_PROBLEMS
 from shared.model_repository import QUOTED_CHARS, ModelConfig
+from shared.problem_list import LISTED_PROBLEMS
 from shared.settings import Settings
 from tests.app_client import app_client
 

@@ -13,12 +13,13 @@ import orjson
 from pydantic import ValidationError
 
 from producer_api.batch_api.protocol import BatchItemBody, BatchLine
-from producer_api.errors import ConveyorError, listed
+from producer_api.errors import ConveyorError
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.request_boundary import check_value, parse_json
 from shared.codec import RequestEntry
 from shared.job_parameters import AS_JOB_FIELDS, FieldNames
 from shared.model_repository import ModelConfig, client_named
+from shared.problem_list import listed
 
 # a line's job, from its model, its body as the route reads it, and how a refusal names its fields
 Build = Callable[[str, PredictRequest, FieldNames], tuple[RequestEntry, ModelConfig, str]]

@@ -21,7 +21,7 @@ from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.batch_api import lines
 from producer_api.batch_api.progress import batch_file_name, file_ids, first_errors
 from producer_api.batch_api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, JOBS, BatchOptions
-from producer_api.errors import ConveyorError, listed
+from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.serving import UNSUCCESSFUL_STATUS, JobsService
@@ -48,6 +48,7 @@ from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
 from shared.metrics import JOBS_SUBMITTED
 from shared.model_repository import ModelConfig, client_named
+from shared.problem_list import listed
 from shared.tenant_index import Page
 from shared.webhook_events import refusal
 

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import math
 import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from producer_api.auth.principal import Principal
-from producer_api.errors import NO_RETRY, REFUSALS, ConveyorError, listed
+from producer_api.errors import NO_RETRY, REFUSALS, ConveyorError
 from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import PredictRequest
 from producer_api.jobs.queue_eta import Standing, StartBy
@@ -33,7 +32,9 @@ from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, stam
 from shared.keys import new_job_id
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.model_repository import ModelConfig, client_named
+from shared.problem_list import listed
 from shared.redis_client import OUT_OF_REACH
+from shared.redis_clock import CLOCK
 from shared.routing import UnknownVariant
 from shared.telemetry import current_trace_context
 from shared.webhook_events import job_event, refusal
@@ -498,8 +499,9 @@ def check_parameters(
 def _deadline_ms(body: PredictRequest) -> int:
     """The job's deadline in Unix ms (0: none): with both `deadline` and `ttl_s` the sooner, as
     the job must not run past either (the `ttl_s` was dropped). One already past is refused
-    (422), since the job could only be accepted to expire."""
-    now = time.time()
+    (422), since the job could only be accepted to expire. Both on Redis's clock, which the
+    worker judges it by: a client's `deadline` is its statement, kept as given."""
+    now = CLOCK.now()
     if body.deadline is not None and body.deadline <= now:
         raise ConveyorError(422, "invalid_request", PAST_DEADLINE)
     limits = []
