@@ -25,7 +25,7 @@ from prometheus_client import multiprocess
 from shared.keys import GROUP, Keys
 from shared.metrics import MULTIPROC_DIR
 from shared.model_repository import ModelRepository
-from shared.redis_client import blocking_cluster
+from shared.redis_client import blocking_client, blocking_cluster
 from shared.settings import Settings
 
 BIN = Path(sys.executable).parent
@@ -167,13 +167,17 @@ class Stack:
 
     def client(self) -> redis.Redis:
         """A blocking client of the stack's Redis (a cluster client on a cluster), whose commands
-        fail after CONVEYOR_REDIS_TIMEOUT_S on a frozen server rather than hang."""
+        fail after CONVEYOR_REDIS_TIMEOUT_S on a frozen server rather than hang, and are sent
+        again through a dropped connection (a blip failed `up`'s readiness looks and an
+        autoscaler's poll). Each is safe to run twice: reads (PING, XINFO, XLEN, XPENDING, HGET,
+        HGETALL, INFO) and the pool leases' scripts, which their owner's token makes idempotent
+        (shared/leader_lock.py)."""
         timeout = self.settings.redis_timeout_s
         options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
         if self.settings.redis_cluster:
             seeds = self.settings.redis_cluster_nodes
             return cast(redis.Redis, blocking_cluster(self.redis_url, seeds, **options))
-        return redis.Redis.from_url(self.redis_url, **options)
+        return blocking_client(self.redis_url, **options)
 
     def start_valkey(self, config: dict[str, str]) -> None:
         port = free_port()

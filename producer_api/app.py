@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 from fastapi import FastAPI
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
@@ -38,6 +39,7 @@ from producer_api.jobs.queue_eta import QueueEta
 from producer_api.metrics.api_router import router as metrics_router
 from producer_api.models.api_router import router as models_router
 from producer_api.openai.api_router import router as openai_router
+from producer_api.periodic import Periodic
 from producer_api.reply_listener import ReplyListener
 from producer_api.request_boundary import BodyLimit, HostAllowList, RequestBoundaryMiddleware
 from producer_api.routes.api_router import router as routes_router
@@ -56,6 +58,7 @@ from shared.model_repository import ModelConfigError, ModelRepository
 from shared.queue_position import QueuePositions
 from shared.rate_limit import InFlightLimiter, RateLimiter, StreamLimiter
 from shared.redis_client import CredentialsRefused, connect, preload
+from shared.redis_clock import CLOCK, EVERY_S
 from shared.settings import Settings, get_settings, settings_or_exit
 from shared.telemetry import configure_logging, configure_tracing
 from shared.webhook_events import WebhookDispatcher
@@ -167,6 +170,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.traffic.start()
     state.queue_eta.refresher.start()
     state.draining.start()
+    # the enqueue and `ttl_s` stamps on Redis's clock, which workers judge them by
+    clock = Periodic("redis-clock", EVERY_S, partial(CLOCK.sync, state.redis))
+    clock.start()
     app.state.console = console = Console.build(state)
     console.start()
     settle_heap(settings)
@@ -176,6 +182,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.draining.stop()
         await state.startup.stop()
         await console.stop()
+        await clock.stop()
         await state.queue_eta.refresher.stop()
         await state.traffic.stop()
         await sweeper.stop()

@@ -1210,16 +1210,18 @@ return {written, taken_ids, met, stamps}
 
 # KEYS[1]=job key; ARGV: target status, reply channel, message, ttl_s, job id, field, value, ...
 # Returns {0, status before}, or {1, status before, withdrawn (0|1: see `withdraw`), model,
-# variant}. A terminal target puts the job on its lane's recent list
-# (the caller frees its in-flight slot, in the API key's slot), and ends the attempt of the
-# worker running the job (its `worker` since its `started`) on the job's attempt history, as
-# `cancelled`, `expired` or `failed`; a job a fair lane holds back leaves the lane's `held`
-# count then (admission counts it against max_length), not when refill later drops its entry,
-# and its place (`hseq`) joins its tenant's ENDED set, which POSITION counts off later jobs'.
-# A terminal move that writes `ended_by` (JobStore.transition's: the API's cancel, which then
-# hands the job's event over) of a job with a webhook puts it on its lane's owed set, scored by
-# its `finished`; settle_many's (a batch's items, whose ends no job event reports) does not. A
-# queued job's end withdraws its stream entry unless a consumer holds it (`withdraw`).
+# variant}; {0, status, withdrawn, model, variant} for a rerun of a move that wrote `ended_by` (its
+# reply lost, the call sent again), which finds its own token: what its first run withdrew, kept
+# beside the token (`withdrawn`), so the caller counts that end once. A terminal target puts the job
+# on its lane's recent list (the caller frees its in-flight slot, in the API key's slot), and ends
+# the attempt of the worker running the job (its `worker` since its `started`) on the job's attempt
+# history, as `cancelled`, `expired` or `failed`; a job a fair lane holds back leaves the lane's
+# `held` count then (admission counts it against max_length), not when refill later drops its entry,
+# and its place (`hseq`) joins its tenant's ENDED set, which POSITION counts off later jobs'. A
+# terminal move that writes `ended_by` (JobStore.transition's: the API's cancel, which then hands
+# the job's event over) of a job with a webhook puts it on its lane's owed set, scored by its
+# `finished`; settle_many's (a batch's items, whose ends no job event reports) does not. A queued
+# job's end withdraws its stream entry unless a consumer holds it (`withdraw`).
 TRANSITION = (
     _PRELUDE
     + _OWE
@@ -1252,11 +1254,17 @@ end
 
 local job = redis.call('HMGET', KEYS[1], 'status', 'worker', 'started', 'attempt_history',
                       'stream', 'held', 'webhook', 'seq', 'entry', 'model', 'variant', 'tenant',
-                      'hseq')
+                      'hseq', 'ended_by', 'withdrawn')
 local cur = job[1]
-if not can(cur, ARGV[1]) then return {0, cur or false} end
 local args = {'status', ARGV[1]}
 for j = 6, #ARGV do table.insert(args, ARGV[j]) end
+local token = field(args, 'ended_by')
+if not can(cur, ARGV[1]) then
+  if token and cur == ARGV[1] and job[14] == token then
+    return {0, cur, tonumber(job[15]) or 0, job[10] or '', job[11] or ''}
+  end
+  return {0, cur or false}
+end
 if not ALLOWED[ARGV[1]] and job[6] == '1' and job[5] then
   -- ended while its fair lane held it back: no longer counted where admission counts held jobs
   -- (its entry stays in its tenant's list until refill drops it). The set first: neither key is
@@ -1282,6 +1290,10 @@ local withdrawn = 0
 if cur == 'queued' and not ALLOWED[ARGV[1]] and job[5] and job[8] and (job[9] or '') ~= ''
    and withdraw(job[5], job[9], job[8], ARGV[4]) then
   withdrawn = 1
+end
+if token then  -- for a rerun of this call (above)
+  table.insert(args, 'withdrawn')
+  table.insert(args, withdrawn)
 end
 if cur == 'running' and not ALLOWED[ARGV[1]] then
   local run = attempt(job[2], job[3], field(args, 'finished'), ARGV[1], field(args, 'error'))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from shared.redis_client import (
     run_pipeline,
     run_script,
 )
+from shared.redis_clock import CLOCK
 from shared.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -46,13 +46,15 @@ _ATTEMPT_FIELDS = ("consumer", "host", "pid", "started", "ended", "outcome", "er
 
 
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    """Redis's clock as this host reads it (shared/redis_clock.py), in ms: what one host stamps
+    on a job, another judges."""
+    return CLOCK.now_ns() // 1_000_000
 
 
 def stamp_ms() -> float:
-    """The wall clock in ms to the µs, for the ends of a job's queue wait: on a GPU a
-    micro-batch, and so a wait behind one, takes a fraction of a millisecond."""
-    return time.time_ns() // 1_000 / 1_000
+    """Redis's clock as this host reads it in ms to the µs, for the ends of a job's queue wait:
+    on a GPU a micro-batch, and so a wait behind one, takes a fraction of a millisecond."""
+    return CLOCK.now_ns() // 1_000 / 1_000
 
 
 def job_view(
@@ -441,9 +443,11 @@ class JobStore:
 
 def _count_withdrawn(target: JobStatus, replies: Sequence[Sequence[Any]]) -> None:
     """Count the ends of the jobs whose entries TRANSITION withdrew: no worker reads them, and a
-    worker counted a job the API ended while queued when it read the entry."""
-    for ok, _before, *withdrawn in replies:
-        if ok and withdrawn and withdrawn[0] == 1:
+    worker counted a job the API ended while queued when it read the entry. A rerun of the
+    call (its reply lost) says what its first run withdrew: counted, as the first run's was
+    not."""
+    for _ok, _before, *withdrawn in replies:
+        if withdrawn and withdrawn[0] == 1:
             model, variant = as_text(withdrawn[1]), as_text(withdrawn[2])
             JOBS_FINISHED.labels(model, variant, target.value).inc()
 

@@ -1,9 +1,11 @@
-"""A worker's own clock decides whether a job it reads has passed its deadline or its queue
+"""A worker's own clock decided whether a job it read had passed its deadline or its queue
 time (the producers stamped them with theirs): a worker whose clock ran 11 minutes fast expired
-50 of 50 jobs, every one as if on time, and one running slow runs jobs past their deadlines.
+50 of 50 jobs, every one as if on time, and one running slow ran jobs past their deadlines.
 Redis's clock, which every producer and worker reaches, is the reference: the heartbeat thread
-compares the two now and then and says so in the log when they drift apart, as Celery warns of
-a drift between its workers' clocks. Nothing is corrected: NTP is the cure."""
+measures the skew now and then, corrects the process's stamps and judgements by it
+(shared/redis_clock.py), and says so in the log when the clocks drift apart, as Celery warns of
+a drift between its workers' clocks: the correction is as good as the last measure, NTP is the
+cure."""
 
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ import logging
 import time
 from typing import Any
 
+from shared.redis_clock import EVERY_S, RedisClock, measure
+
 log = logging.getLogger(__name__)
 
 SKEW_WARN_S = 1.0  # past this (beyond the round trip's own uncertainty), the log says so
 # Within this once warned, they agree again: a skew about SKEW_WARN_S, measured either side of
 # it from one check to the next, warned and took it back every minute while it lasted.
 AGREE_S = SKEW_WARN_S / 2
-EVERY_S = 30.0
 
 
 class ClockSkew:
@@ -26,8 +29,11 @@ class ClockSkew:
     told (a failover to a Redis on another host, a clock stepped), one line when they agree
     again, within AGREE_S."""
 
-    def __init__(self, every_s: float = EVERY_S) -> None:
+    def __init__(self, every_s: float = EVERY_S, corrects: RedisClock | None = None) -> None:
+        """`corrects`: the clock each measure is adopted by (the process's, from the heartbeat);
+        None: the skew is only told."""
         self.every_s = every_s
+        self.corrects = corrects
         self.told: float | None = None  # the skew the log last warned of, while they disagree
         self._due = 0.0
 
@@ -36,20 +42,20 @@ class ClockSkew:
         if time.monotonic() < self._due:
             return None
         self._due = time.monotonic() + self.every_s
-        before = time.time()
-        seconds, micros = await client.time()
-        after = time.time()
-        skew = (before + after) / 2 - (int(seconds) + int(micros) / 1_000_000)
-        uncertainty_s = (after - before) / 2
+        measured = await measure(client)
+        if self.corrects is not None:
+            self.corrects.adopt(measured)
+        skew, uncertainty_s = measured.skew_s, measured.uncertainty_s
         bound_s = SKEW_WARN_S + uncertainty_s
         if abs(skew) > bound_s:
             # a skew that jumped (from ahead to behind, say) made the one told a wrong account
             if self.told is None or abs(skew - self.told) > bound_s:
                 log.warning(
-                    "this host's clock is %+.1fs off Redis's: jobs' deadlines and queue times "
-                    "are judged by it (ahead, they expire early; behind, they run late); check "
-                    "NTP",
+                    "this host's clock is %+.1fs off Redis's: jobs' times are stamped and "
+                    "judged on Redis's, corrected by the skew measured every %gs (off by any "
+                    "drift since); check NTP",
                     skew,
+                    self.every_s,
                 )
                 self.told = skew
         elif self.told is not None and abs(skew) <= AGREE_S + uncertainty_s:

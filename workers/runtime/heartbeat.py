@@ -4,16 +4,20 @@ CONVEYOR_WORKER_HEARTBEAT_TTL_S: state (warming while engines load, serving, dra
 warm shutdown), models, engines, the mean micro-batch size since the last beat and jobs done,
 the last two read from this process's Prometheus counters so no loop has to report to it. The
 same beat carries what this worker measured its work to cost (cost_meter.py), and every 30 s
-it compares this host's clock with Redis's (clock_skew.py)."""
+it measures this host's clock against Redis's, which the process's job times then read
+(clock_skew.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery import bootsteps
@@ -25,6 +29,7 @@ from shared.keys import Keys
 from shared.metrics import BATCH_SIZE, JOBS_FINISHED
 from shared.model_repository import ModelConfigError, ModelRepository
 from shared.redis_client import connect
+from shared.redis_clock import CLOCK
 from shared.settings import Settings, get_settings
 from shared.worker_registry import Heartbeat, WorkerRegistry, WorkerState
 from workers.partition.redis_backoff import OutageLog
@@ -35,12 +40,39 @@ from workers.runtime.cost_meter import CostMeter, labelled_total
 log = logging.getLogger(__name__)
 
 
-class _Beater:
-    """The heartbeat thread: one asyncio loop and one Redis client for the worker's life."""
+@dataclass
+class Cadence:
+    """When the next beat is due: a period after the last one was due, not after it ended, so a
+    beat's own time (a slow Redis) does not push every later beat back by as much (beats drifted
+    a beat's length further apart each time, the record rewritten past its TTL). One overdue goes
+    at once and the beats missed meanwhile are skipped, not sent in a burst. `clock` is
+    monotonic seconds."""
 
-    def __init__(self, worker: Any, settings: Settings) -> None:
+    period_s: float
+    clock: Callable[[], float] = time.monotonic
+    due: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.due = self.clock()
+
+    def pause_s(self, retry_s: float = math.inf) -> float:
+        """How long until the next beat, which is due a period after the last was, or
+        `retry_s` from now if sooner (a failed beat's retry), or now if overdue."""
+        now = self.clock()
+        self.due = max(min(self.due + self.period_s, now + retry_s), now)
+        return self.due - now
+
+
+class _Beater:
+    """The heartbeat thread: one asyncio loop and one Redis client for the worker's life;
+    `monotonic` the clock its beats are scheduled on."""
+
+    def __init__(
+        self, worker: Any, settings: Settings, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self.worker = worker
         self.settings = settings
+        self.monotonic = monotonic
         repository = ModelRepository.load(settings.model_repository, settings.result_ttl_s)
         partitions = repository.partitions(settings.models)
         self.beat = Heartbeat(
@@ -112,10 +144,11 @@ class _Beater:
         )
         period = self.settings.worker_heartbeat_s
         outage = OutageLog("heartbeat")  # one line per outage, not one per beat
-        clock = ClockSkew()
+        clock = ClockSkew(corrects=CLOCK)  # the process's stamps and expiry judgements
+        cadence = Cadence(period, self.monotonic)
         try:
             while not self._stopping.is_set():
-                pause = period
+                retry = math.inf
                 try:
                     self._refresh()
                     await registry.publish(self.beat, self._costs())
@@ -123,7 +156,7 @@ class _Beater:
                     outage.recovered()
                 except RedisError as exc:
                     outage.failed(exc)
-                    pause = min(period, retry_s)  # the record lapses TTL after the last beat
+                    retry = retry_s  # the record lapses TTL after the last beat
                 except Exception:
                     # any other error ended the thread, the worker serving on unseen: its
                     # partitions read as having no consumer (console, scaling, queue ETAs)
@@ -131,7 +164,7 @@ class _Beater:
                 # on this thread, its loop's only task: an executor thread would be one the
                 # interpreter's exit joins, and a worker whose start failed (Celery stops none
                 # of its steps) waited up to a beat more to exit
-                self._stopping.wait(pause)
+                self._stopping.wait(cadence.pause_s(retry))
             await registry.remove(self.beat.name)
         except RedisError as exc:
             log.warning("heartbeat not removed (%r)", exc)
