@@ -13,6 +13,7 @@ import redis
 from shared.keys import Keys
 from shared.settings import Settings
 from tests.conftest import REPO_ROOT, until
+from workers.partition.redis_backoff import PAUSES
 from workers.runtime.consumer_runtime import consumer_name
 from workers.runtime.heartbeat import _Beater
 
@@ -23,6 +24,7 @@ def test_the_beat_holds_no_thread_the_exit_waits_for(redis_url: str) -> None:
     settings = Settings(
         redis_url=redis_url, model_repository=FIXTURES, models=["tiny"], worker_heartbeat_s=0.2
     )
+    PAUSES.start()  # the process's pause watch, a daemon the first outage log starts, once
     before = set(threading.enumerate())
     beater = _Beater(object(), settings)
     beater.start()
