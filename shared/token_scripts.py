@@ -29,10 +29,19 @@ from shared.job_states import lua_transition_table
 # contradict the `cancelled` record). The final then says what the record holds: the job's
 # status and `abort`, as a run that saw the cancel writes it
 # (workers/generation/generate_job.py: RunningJob.final_event), and the call returns that status
-# (a resent call too), for the loop to end the run as it. The three keys carry the partition's
-# hash tag, the job id's first digits: one slot on a Cluster.
+# (a resent call too), for the loop to end the run as it. A final appended to an ended job's
+# stream also leaves its id in the job's hash (FINAL_EVENT), which outlives the stream: once the
+# stream expired, a reader resuming after that id is still told that nothing follows
+# (producer_api/events/serving.py), where it got the job's whole text again. Only a terminal
+# hash gets it: no hash is made for a job whose hash is gone (it would never expire), and a job
+# not ended yet may end otherwise. The three keys carry the partition's hash tag, the job id's
+# first digits: one slot on a Cluster.
+FINAL_EVENT = "final_event"
 APPEND = (
     lua_transition_table()
+    + f"""
+local FINAL_EVENT = '{FINAL_EVENT}'
+"""
     + """
 -- The fields of the final event at ARGV[from..to] as a record that ended `status` holds them.
 local function ended_final(from, to, status)
@@ -51,14 +60,15 @@ local function ended_final(from, to, status)
   return fields
 end
 
--- The terminal status the job's hash holds other than the final's at ARGV[from..to], if any.
+-- The terminal status the job's hash holds (nil: none, or no hash), and that status again if
+-- the final at ARGV[from..to] says another.
 local function ended_as(from, to)
   local cur = redis.call('HGET', KEYS[2], 'status')
-  if not cur or ALLOWED[cur] then return nil end
+  if not cur or ALLOWED[cur] then return nil, nil end
   for j = from, to, 2 do
-    if ARGV[j] == 'status' and ARGV[j + 1] == cur then return nil end
+    if ARGV[j] == 'status' and ARGV[j + 1] == cur then return cur, nil end
   end
-  return cur
+  return cur, cur
 end
 
 if KEYS[3] then
@@ -78,12 +88,17 @@ if last then
 end
 while i <= #ARGV do
   local from, to = i + 1, i + tonumber(ARGV[i]) * 2
-  local final = ARGV[from + 1] == 'final'
-  if final then ended = ended_as(from, to) end
-  if n > done and final and ended then
-    redis.call('XADD', KEYS[1], '*', 'a', ARGV[3], 'n', n, unpack(ended_final(from, to, ended)))
-  elseif n > done then
-    redis.call('XADD', KEYS[1], '*', 'a', ARGV[3], 'n', n, unpack(ARGV, from, to))
+  local final, terminal = ARGV[from + 1] == 'final', nil
+  if final then terminal, ended = ended_as(from, to) end
+  if n > done then
+    local id
+    if final and ended then
+      local fields = ended_final(from, to, ended)
+      id = redis.call('XADD', KEYS[1], '*', 'a', ARGV[3], 'n', n, unpack(fields))
+    else
+      id = redis.call('XADD', KEYS[1], '*', 'a', ARGV[3], 'n', n, unpack(ARGV, from, to))
+    end
+    if terminal then redis.call('HSET', KEYS[2], FINAL_EVENT, id) end
   end
   n, i = n + 1, to + 1
 end

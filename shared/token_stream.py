@@ -14,6 +14,7 @@ from typing import Any, Literal
 from shared.codec import as_text, dumps, loads, stream_id
 from shared.job_store import JobRecord
 from shared.settings import get_settings
+from shared.token_scripts import FINAL_EVENT
 
 # token: new text of one engine step; final: the job ended (status, finish reason, usage);
 # restart: a redelivered job starts over (its worker died mid-generation): drop the text so far.
@@ -104,6 +105,14 @@ def final_id(record: JobRecord, last: TokenEvent | None) -> str:
     if last is not None and confirms(record, last):
         return last.id
     return made_final_id(last.id if last else None)
+
+
+def appended_final_id(record: JobRecord) -> str | None:
+    """The id of the final its worker appended to the ended job `record`'s stream, as APPEND
+    keeps it in the hash: it tells that final once the stream is gone (expired), when its id
+    reads like a token's. None for a job whose stream got no final (ended while queued,
+    dead-lettered) or whose record an older worker wrote."""
+    return record.fields.get(FINAL_EVENT)
 
 
 def made_final_id(last_id: str | None) -> str:

@@ -29,7 +29,7 @@ from producer_api.token_hub import START, TokenFollower
 from shared.codec import stream_id
 from shared.job_states import JobStatus
 from shared.job_store import JobRecord
-from shared.token_stream import final_id, made_final_id
+from shared.token_stream import appended_final_id, final_id, made_final_id
 
 # A stream's place among its key's open streams lapses after this many key checks
 # (CONVEYOR_STREAM_RECHECK_S) unrenewed: the place of a stream whose producer died before giving
@@ -81,8 +81,11 @@ class EventsService:
         An id other than START or an entry of the job's stream is refused (422): one from the
         far future had the stream send nothing until the job's end, another job's skipped this
         one's text up to it. A token stream (`streams`) gone (expired) after its job ended
-        cannot tell: its final follows. A job that streams no tokens never had one: its only id
-        is its final's."""
+        cannot tell: its final follows, unless the id is the one its worker's final had, which
+        the record keeps (an EventSource reconnects after every final: it was sent the whole
+        text again). A job that streams no tokens never had one: its only id is its final's."""
+        if record.status.terminal and last_event_id == appended_final_id(record):
+            return False
         key = self.state.keys.tokens(record.job_id)
         last = await self.state.tokens.last(key)
         if record.status.terminal and last_event_id == final_id(record, last):
