@@ -81,7 +81,7 @@ def _criticals(caplog: pytest.LogCaptureFixture) -> list[str]:
 def _in_hand(redis_url: str, job_ids: list[str]) -> None:
     asyncio.run(_enqueue(redis_url, job_ids))
     running = [JobStatus.RUNNING] * len(job_ids)
-    until(lambda: asyncio.run(_statuses(redis_url, job_ids)) == running, 3, every=0.05)
+    until(lambda: asyncio.run(_statuses(redis_url, job_ids)) == running, 30, every=0.05)
 
 
 def test_a_failed_generation_on_a_dead_engine_is_logged_and_exits_once(

@@ -220,7 +220,10 @@ def test_poison_item_fails_alone(fault_stack: Stack, r: redis.Redis) -> None:
         assert '"type":"ValueError"' in jobs[13]["error"] and "bad-13" in jobs[13]["error"]
         assert max(int(j["batch_size"]) for j in jobs) > 1
         after = httpx.post(
-            f"{fault_stack.base_url}/v1/jobs", json=_faulty({"ok": 1}), params={"wait": 30}
+            f"{fault_stack.base_url}/v1/jobs",
+            json=_faulty({"ok": 1}),
+            params={"wait": 30},
+            timeout=60,  # past the wait: httpx's default 5 s cut a long-poll on a loaded machine
         )
         assert after.json()["status"] == "succeeded"
     finally:

@@ -22,6 +22,7 @@ from shared.api_keys import ApiKeyStore, KeySpec
 from shared.keys import Keys, new_job_id
 from shared.settings import Settings
 from tests.app_client import app_client
+from tests.conftest import until_async
 
 KEYS = Keys("idem-r28:")
 TENANT, BODY = "acme", BodyPrint("fingerprint")
@@ -107,8 +108,13 @@ async def test_a_renewal_stamps_redis_time(
     assert await keys.claim(TENANT, "kept", creating, BODY, _never) is None
     async with keys.kept(TENANT, "kept", creating, BODY):
         await aredis.set(keys._key(TENANT, "kept"), Claim(creating, BODY.value, 1).value())
-        await asyncio.sleep(0.15)  # a renewal or two since
-        renewed = Claim.parse(await aredis.get(keys._key(TENANT, "kept")) or b"")
+
+        async def renewed_since() -> Claim | None:
+            claim = Claim.parse(await aredis.get(keys._key(TENANT, "kept")) or b"")
+            return claim if claim.made_ms != 1 else None
+
+        # waited for, not slept to: a renewal late on a loaded machine left the claim unrenewed
+        renewed = await until_async(renewed_since, timeout=30, every=0.01)
     assert renewed.job_id == creating
     assert abs(renewed.made_ms - await _redis_ms(aredis)) < 5_000
 

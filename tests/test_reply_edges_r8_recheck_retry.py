@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis.asyncio as aioredis
 
+from producer_api.redis_outage import MAX_RETRY_S
 from producer_api.reply_listener import ReplyListener
 from shared.job_store import JobStore
 from shared.keys import Keys
@@ -21,6 +22,11 @@ from tests.conftest import until_async
 
 USER = "reply-recheck-r8"
 ENDED: dict[Any, Any] = {"status": "succeeded", "model": "m", "variant": "default", "outputs": "{}"}
+# Bounds, not timings: the refused read is retried with a backoff that doubles up to
+# MAX_RETRY_S, so a test stalled a second or two on a loaded machine (more refusals before it
+# grants the read again) waits that much longer for the retry that gets through.
+RETRIED_WITHIN_S = 2 * MAX_RETRY_S
+REFUSED_WITHIN_S = 30
 
 
 @pytest.fixture
@@ -56,9 +62,9 @@ async def test_a_recheck_refused_once_is_retried(user_url: str, aredis: aioredis
         await aredis.hset(keys.job(job_id), mapping=ENDED)  # its reply never sent
         await aredis.execute_command("ACL", "SETUSER", USER, "-hgetall")
         await _kill_subscriptions(aredis)
-        await until_async(lambda: _refused_hgetall(aredis), timeout=2, every=0.02)
+        await until_async(lambda: _refused_hgetall(aredis), timeout=REFUSED_WITHIN_S, every=0.02)
         await aredis.execute_command("ACL", "SETUSER", USER, "+hgetall")
-        assert (await asyncio.wait_for(waiting, timeout=2))["status"] == "succeeded"
+        assert (await asyncio.wait_for(waiting, timeout=RETRIED_WITHIN_S))["status"] == "succeeded"
     finally:
         await listener.stop()
         await client.aclose()
@@ -73,7 +79,7 @@ async def test_stop_ends_a_recheck_still_retrying(user_url: str, aredis: aioredi
         await listener.register("abcd" + "8" * 28)
         await aredis.execute_command("ACL", "SETUSER", USER, "-hgetall")
         await _kill_subscriptions(aredis)
-        await until_async(lambda: _refused_hgetall(aredis), timeout=2, every=0.02)
+        await until_async(lambda: _refused_hgetall(aredis), timeout=REFUSED_WITHIN_S, every=0.02)
     finally:
         await listener.stop()
         await client.aclose()

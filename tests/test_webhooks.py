@@ -220,6 +220,7 @@ def test_job_webhooks_fire_once_on_success_and_on_cancel(
         f"{hook_stack.base_url}/v1/jobs",
         json={"model": "identity", "inputs": {"n": 1}, "webhook": url},
         params={"wait": 30},
+        timeout=60,  # past the wait: httpx's default 5 s cut a long-poll on a loaded machine
     ).json()
     assert done["status"] == "succeeded"
     queued = httpx.post(
@@ -262,6 +263,7 @@ def test_a_tenants_event_is_signed_with_its_own_key_and_names_it(
         json={"model": "identity", "inputs": {}, "webhook": f"{receiver.base}/hooks/tenant"},
         params={"wait": 30},
         headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
     ).json()
     assert done["status"] == "succeeded", done
     (delivery,) = until(lambda: receiver.at("/hooks/tenant"))

@@ -75,6 +75,6 @@ def test_an_idle_engine_that_died_fails_the_liveness_probe(
     engine = runtime._engines[0]
     assert isinstance(engine, CoreEngine)
     os.kill(engine.core.pid, signal.SIGKILL)  # no job in hand: no loop calls the engine
-    down = until(lambda: (got := httpx.get(healthz, timeout=5)).status_code == 503 and got, 3)
+    down = until(lambda: (got := httpx.get(healthz, timeout=5)).status_code == 503 and got, 30)
     assert "core:default" in down.text
     assert engine.asked_on == {"conveyor-consumer"}  # never on the probe's thread
