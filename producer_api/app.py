@@ -58,7 +58,7 @@ from shared.model_repository import ModelConfigError, ModelRepository
 from shared.queue_position import QueuePositions
 from shared.rate_limit import InFlightLimiter, RateLimiter, StreamLimiter
 from shared.redis_client import CredentialsRefused, connect, preload
-from shared.redis_clock import CLOCK, EVERY_S
+from shared.redis_clock import CLOCK, EVERY_S, ClockSkew
 from shared.settings import Settings, get_settings, settings_or_exit
 from shared.telemetry import configure_logging, configure_tracing
 from shared.webhook_events import WebhookDispatcher
@@ -170,8 +170,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.traffic.start()
     state.queue_eta.refresher.start()
     state.draining.start()
-    # the enqueue and `ttl_s` stamps on Redis's clock, which workers judge them by
-    clock = Periodic("redis-clock", EVERY_S, partial(CLOCK.sync, state.redis))
+    # the enqueue and `ttl_s` stamps on Redis's clock, which workers judge them by; a skew
+    # the log tells, as a worker's heartbeat does
+    skew = ClockSkew(EVERY_S, corrects=CLOCK)
+    clock = Periodic("redis-clock", EVERY_S, partial(skew.sync, state.redis))
     clock.start()
     app.state.console = console = Console.build(state)
     console.start()

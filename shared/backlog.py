@@ -24,7 +24,6 @@ the local autoscaler, and the one owner of `cv:cost:{model}:{variant}`.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from shared.codec import as_text
+from shared.job_store import now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
 from shared.partition_stats import held_count
@@ -163,7 +163,7 @@ async def read_backlogs(
 def queue_cost_write(pipe: Any, keys: Keys, model: str, variant: str, cost: ServiceCost) -> None:
     """Add the write of a replica's latest measurement to a pipeline (the heartbeat's)."""
     key = keys.service_cost(model, variant)
-    pipe.hset(key, mapping=cost.fields(int(time.time() * 1000)))
+    pipe.hset(key, mapping=cost.fields(now_ms()))
     pipe.expire(key, COST_TTL_S)
 
 

@@ -10,7 +10,6 @@ leader's look hands over what a producer that died in between never did."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from shared.canary_steps import default_max_step_s
 from shared.codec import as_text, dumps, loads
 from shared.keys import Keys
 from shared.leader_lock import LeaderLock
+from shared.redis_clock import CLOCK
 
 CanaryState = Literal["running", "completed", "rolled_back", "aborted"]
 EVENTS_KEPT = 500
@@ -100,9 +100,11 @@ class NotLeading(Exception):
 
 
 def stamp() -> float:
-    """Now in seconds, to the millisecond, for a canary's start and its events alike: rounded
-    the same way, the `started` event is never earlier than the canary's `started_at`."""
-    return round(time.time(), 3)
+    """Now on Redis's clock in seconds, to the millisecond, for a canary's start and its
+    events alike (and a routes change's): rounded the same way, the `started` event is never
+    earlier than the canary's `started_at`; on one clock, whichever producer reads them next
+    reads them as the one that wrote them did."""
+    return round(CLOCK.now(), 3)
 
 
 @dataclass(slots=True)

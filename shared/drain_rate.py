@@ -7,7 +7,6 @@ finished between two reads and how long ago the oldest job there arrived."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from shared.codec import as_text
 from shared.job_scripts import LUA_FIELD, LUA_UNDELIVERED
 from shared.keys import FAIR_SINCE_SUFFIX, FAIR_SUFFIX, GROUP, Keys
 from shared.partition_stats import wrong_type
+from shared.redis_clock import CLOCK
 
 # KEYS: lanes sharing one hash tag (a partition's two); ARGV[1]: the group. Jobs waiting in each:
 # entries no consumer has been handed yet, as the POSITION script counts them, plus those a fair
@@ -127,7 +127,9 @@ class _Window:
 
     @classmethod
     def last(cls, window_s: int) -> _Window:
-        now = time.time()
+        """The window ending now on Redis's clock, the one each worker's FINISH files its
+        counts by: a producer off it read the seconds a skew away from those just drained."""
+        now = CLOCK.now()
         second = int(now)
         return cls(range(second - window_s, second + 1), window_s + now - second, now)
 

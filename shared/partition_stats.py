@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from shared.codec import as_text
 from shared.job_scripts import LUA_FIELD, LUA_HERE
+from shared.job_store import now_ms
 from shared.keys import FAIR_SINCE_SUFFIX, GROUP, LUA_JOB_KEY, Keys
 from shared.model_repository import ModelRepository
 from shared.redis_client import executed
@@ -195,10 +195,10 @@ async def _oldest_ages(client: aioredis.Redis, job_prefix: str, lanes: list[Lane
     pipe = client.pipeline(transaction=False)
     for lane in busy:
         pipe.execute_command("EVAL", OLDEST, 1, lane.stream, lane.last_delivered, job_prefix)
-    now_ms = time.time() * 1000
+    now = now_ms()  # Redis's clock, which the producers stamp jobs by
     for lane, oldest in zip(busy, await _replies(pipe), strict=True):
         if isinstance(oldest, bytes | str) and math.isfinite(stamp := float(oldest)):
-            lane.oldest_age_s = max(0.0, (now_ms - stamp) / 1000)
+            lane.oldest_age_s = max(0.0, (now - stamp) / 1000)
 
 
 async def _replies(pipe: Any) -> list[Any]:

@@ -7,7 +7,6 @@ traffic leader's write is refused once its lease is another's."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from shared.canary_store import NotLeading
+from shared.canary_store import NotLeading, stamp
 from shared.codec import as_text, dumps, loads
 from shared.keys import Keys
 from shared.leader_lock import LeaderLock
@@ -111,7 +110,7 @@ class RouteStore:
         args: list[str | bytes | int | float] = [
             dumps(routes.document()),
             by,
-            round(time.time(), 3),
+            stamp(),
             "" if expected is None else expected,
             "1" if only_if_absent else "0",
             LOG_LENGTH,

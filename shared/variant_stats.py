@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -20,6 +19,7 @@ from shared.codec import as_text, loads
 from shared.job_states import UNRUN_ERRORS
 from shared.keys import Keys
 from shared.rate_limit import RateLimiter
+from shared.redis_clock import CLOCK
 
 BUCKET_S = 10
 SAMPLES_PER_BUCKET = 5_000
@@ -270,7 +270,7 @@ class VariantStats:
         (remembered `keep_s`), in one script: a page of shadow comparisons retried after a
         failure adds only what it had not, never a variant's counts twice."""
         flat = [part for pair in counts.items() for part in pair]
-        counters = self._bucket_keys(model, variant, [bucket_of(time.time())])[0]
+        counters = self._bucket_keys(model, variant, [bucket_of(CLOCK.now())])[0]
         await self._add_once(
             keys=[counters, self.keys.shadow_page_added(model, page)],
             args=[RETENTION_S, keep_s, variant, *flat],
@@ -283,7 +283,7 @@ class VariantStats:
         online = [s.encode() for s in samples if s.timed and not s.bulk]
         bulk = [s.encode() for s in samples if s.timed and s.bulk]
         head = [RETENTION_S, SAMPLES_PER_BUCKET, RateLimiter.RERUN_MS, len(counts), *flat]
-        counters, listed = self._bucket_keys(model, variant, [bucket_of(time.time())])
+        counters, listed = self._bucket_keys(model, variant, [bucket_of(CLOCK.now())])
         mark = f"{counters}:call:{uuid.uuid4().hex[:16]}"  # its bucket's slot
         return await self._record(
             keys=[counters, listed, mark], args=[*head, len(online), *online, *bulk]
@@ -303,7 +303,7 @@ class VariantStats:
         samples, each bucket keeps its proportional share, its online ones first. A 6 h window
         (the API's longest, ~2 200 buckets) costs about 25 ms of Redis time per variant."""
         names = list(variants)
-        buckets = range(bucket_of(since_s), bucket_of(until_s or time.time()) + 1)
+        buckets = range(bucket_of(since_s), bucket_of(until_s or CLOCK.now()) + 1)
         most = WINDOW_SAMPLES if samples else 0
         replies = await asyncio.gather(
             *(self._sum(keys=self._bucket_keys(model, v, buckets), args=[most]) for v in names)

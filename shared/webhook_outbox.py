@@ -9,12 +9,12 @@ Errors are raised: each caller decides what an event left owed costs it."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Collection
 from typing import Any
 
 from shared.codec import as_text
+from shared.job_store import now_ms
 from shared.keys import Keys
 from shared.redis_client import RedisClient, call_script
 
@@ -62,9 +62,11 @@ class WebhookOutbox:
         at most `limit`, that no other reader holds; each is then this reader's for as long as
         the caller waits before calling an event overdue (now less `ended_by_ms`). Two workers'
         reclaimers both read every overdue id and both sent it: each event went out twice. A
-        reader that dies before settling one leaves it to another once that lease lapses."""
+        reader that dies before settling one leaves it to another once that lease lapses. Now
+        is read on Redis's clock, as `ended_by_ms` was (`now_ms`): off the raw host clock, a host
+        30 s behind Redis leased each event for 1 ms, not the timeout, and two readers sent it."""
         keys = [self.keys.webhooks_owed(stream), self.keys.webhook_leases(stream)]
-        lease_ms = max(1, time.time_ns() // 1_000_000 - ended_by_ms)  # on the caller's clock
+        lease_ms = max(1, now_ms() - ended_by_ms)
         args = [ended_by_ms, limit, self.reader, lease_ms]
         owed: list[Any] = await call_script(self._take_overdue, keys, args)
         return [as_text(job_id) for job_id in owed]

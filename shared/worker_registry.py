@@ -5,7 +5,6 @@ beating: its hash expires and `live()` leaves it out, so nobody has to clean up 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -16,6 +15,7 @@ from shared.backlog import ServiceCost, queue_cost_write
 from shared.codec import as_text, dumps, loads
 from shared.keys import Keys
 from shared.redis_client import hgetall_many
+from shared.redis_clock import CLOCK
 from shared.settings import Settings
 
 WorkerState = Literal["warming", "serving", "draining"]
@@ -74,7 +74,7 @@ class WorkerRegistry:
         """Rewrite the worker's hash, renew its TTL and index it (`_INDEX`), in one transaction.
         The same transaction carries the worker's latest measured cost of each (model, variant)
         it ran (shared/backlog.py)."""
-        beat.last_beat = time.time()
+        beat.last_beat = CLOCK.now()  # Redis's clock: a console on another host reads it
         key = self.keys.worker(beat.name)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(key)

@@ -257,7 +257,7 @@ def test_a_shadowed_request_notifies_only_its_own_webhook(
     assert httpx.put(routes, json=shadowing).is_success
     hook = f"{receiver.base}/shadowed"
     body = {"model": "ab", "inputs": {"salt": uuid.uuid4().hex}, "webhook": hook}
-    done = httpx.post(f"{url}/v1/jobs", json=body, params={"wait": 30}).json()
+    done = httpx.post(f"{url}/v1/jobs", json=body, params={"wait": 30}, timeout=60).json()
     assert done["status"] == "succeeded", done
     client = redis.Redis.from_url(stack.redis_url)
     try:
@@ -336,7 +336,7 @@ def test_the_started_event_is_never_earlier_than_its_canary(
     """Clients keep a rollout's events by `at >= started_at`: the two are stamped alike, so the
     `started` event, a moment after the canary, cannot round to before it (it did, 1 run in
     some dozens, when `started_at` kept full precision and events were rounded to the ms)."""
-    clock = iter([1_000.123_456_7, 1_000.123_456_9])  # the canary, then its event: 0.2 µs later
-    monkeypatch.setattr("shared.canary_store.time.time", lambda: next(clock))
+    clock = iter([1_000_123_456_700, 1_000_123_456_900])  # the canary, then its event: 0.2 µs on
+    monkeypatch.setattr(time, "time_ns", lambda: next(clock))
     canary = Canary("m", "b", "a", [50.0], 1.0, 0.1, 100.0, 1)
     assert stamp() >= canary.started_at

@@ -15,18 +15,17 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer_api.app import create_app
+from shared import redis_clock
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, QueueLimits
-from shared.redis_clock import CLOCK, Skew
+from shared.redis_clock import CLOCK, ClockSkew, Skew
 from shared.settings import Settings
 from tests.app_client import app_client
 from tests.conftest import until_async
 from workers.partition.partition import Partition
 from workers.partition.stream_reader import StreamReader
-from workers.runtime import clock_skew
-from workers.runtime.clock_skew import ClockSkew
 
 AHEAD_S = 30.0
 NEAR_MS = 5_000  # well under the skew: a stamp this close to Redis's time is on its clock
@@ -59,14 +58,14 @@ async def _redis_ms(client: aioredis.Redis) -> float:
 
 async def test_a_healthy_hosts_clock_is_left_uncorrected(aredis: aioredis.Redis) -> None:
     """A skew within the measure's uncertainty and APPLY_S is no skew: no jitter per measure."""
-    await CLOCK.sync(aredis)
+    await ClockSkew(corrects=CLOCK).sync(aredis)
     assert CLOCK.skew_ns == 0
 
 
 async def test_a_worker_ahead_of_redis_does_not_expire_a_fresh_job(
     aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger=clock_skew.__name__)
+    caplog.set_level(logging.WARNING, logger=redis_clock.__name__)
     store = JobStore(aredis, KEYS, ttl_s=60)
     entry = RequestEntry("fresh", {"inputs": {}}, now_ms(), reply="r38-clock:reply")
     await store.create(entry, PARTITION.online, {"model": "m", "variant": "default"})

@@ -10,8 +10,8 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from workers.runtime import clock_skew
-from workers.runtime.clock_skew import ClockSkew
+from shared import redis_clock
+from shared.redis_clock import ClockSkew
 
 AHEAD_S = 660.0  # eleven minutes fast
 
@@ -20,20 +20,20 @@ async def test_a_host_clock_off_redis_is_warned_of_once_and_its_return_said(
     aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     real = time.time
-    caplog.set_level(logging.WARNING, logger=clock_skew.__name__)
+    caplog.set_level(logging.WARNING, logger=redis_clock.__name__)
     seldom = ClockSkew()
-    assert abs(await seldom.check(aredis) or 0.0) < clock_skew.SKEW_WARN_S  # in step: silent
+    assert abs(await seldom.check(aredis) or 0.0) < redis_clock.SKEW_WARN_S  # in step: silent
     assert await seldom.check(aredis) is None  # not due again for EVERY_S
     assert caplog.records == []
 
     skew = ClockSkew(every_s=0)
-    monkeypatch.setattr(clock_skew.time, "time", lambda: real() + AHEAD_S)
+    monkeypatch.setattr(redis_clock.time, "time", lambda: real() + AHEAD_S)
     for _ in range(2):
         measured = await skew.check(aredis)
         assert measured is not None and abs(measured - AHEAD_S) < 1.0
     [warned] = caplog.records  # once a drift, not every check
     assert "+660" in warned.getMessage() and "NTP" in warned.getMessage()
 
-    monkeypatch.setattr(clock_skew.time, "time", real)
+    monkeypatch.setattr(redis_clock.time, "time", real)
     await skew.check(aredis)
     assert len(caplog.records) == 2 and "agrees" in caplog.records[1].getMessage()

@@ -2,17 +2,15 @@
 ahead. Each lease's end was stamped by its holder's clock and judged by the next reader's: a
 worker 30 s ahead of the holder read a 20 s lease (a 20 s visibility timeout) as lapsed at once,
 took the event too, and both sent it. Leases are stamped and judged on Redis's clock. On a real
-Valkey; the skewed host's clock is its `time`."""
+Valkey; the skewed host's clock is its `time.time_ns`, read before any skew is measured."""
 
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import pytest
 import redis.asyncio as aioredis
 
-from shared import webhook_outbox
 from shared.job_store import now_ms
 from shared.keys import Keys
 from shared.webhook_outbox import WebhookOutbox
@@ -31,8 +29,8 @@ async def test_a_lease_holds_against_a_reader_whose_clock_runs_ahead(
     holder, ahead = WebhookOutbox(aredis, KEYS), WebhookOutbox(aredis, KEYS)
     assert await holder.overdue(LANE, now_ms() - IDLE_MS, 10) == ["job-1"]
 
-    skewed = SimpleNamespace(time_ns=lambda: time.time_ns() + SKEW_NS)
-    monkeypatch.setattr(webhook_outbox, "time", skewed)
-    ahead_ms = skewed.time_ns() // 1_000_000
+    real_ns = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real_ns() + SKEW_NS)  # uncorrected: no measure
+    ahead_ms = now_ms()
     assert await ahead.overdue(LANE, ahead_ms - IDLE_MS, 10) == []  # the holder's lease holds
     assert await holder.overdue(LANE, ahead_ms - IDLE_MS, 10) == ["job-1"]  # its own, again

@@ -9,7 +9,6 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from shared import worker_registry
 from shared.keys import Keys
 from shared.worker_registry import Heartbeat, WorkerRegistry
 
@@ -21,11 +20,11 @@ async def test_workers_on_clocks_off_by_more_than_the_ttl_are_all_listed(
 ) -> None:
     keys = Keys("registry-skew:")
     registry = WorkerRegistry(aredis, keys)
-    real = time.time
+    real = time.time_ns
     for name, skew in (("on-time", 0.0), ("slow", -SKEW_S), ("fast", SKEW_S)):
-        monkeypatch.setattr(worker_registry.time, "time", lambda skew=skew: real() + skew)
+        monkeypatch.setattr(time, "time_ns", lambda skew=skew: real() + int(skew * 1e9))
         await registry.publish(Heartbeat(name, "h", 1, "serving"))
-    monkeypatch.setattr(worker_registry.time, "time", real)
+    monkeypatch.setattr(time, "time_ns", real)
     assert [beat.name for beat in await registry.live()] == ["fast", "on-time", "slow"]
 
 

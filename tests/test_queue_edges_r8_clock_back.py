@@ -5,18 +5,17 @@ long done), and a spell begun in what is now the future was timed from there: on
 came back, hundreds of entries over half a second read as the capacity, and deadline admission
 accepted jobs the workers could not start in time. Such a look times nothing: the spell starts
 over from it. On a real Valkey with a real worker heartbeat; the drained counters are set as a
-worker's FINISH keeps them, the producer's clock is the rate window's."""
+worker's FINISH keeps them, the producer's clock (`time.time_ns`, which Redis's clock as it
+reads it follows) the rate window's."""
 
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import pytest
 import redis.asyncio as aioredis
 
 from producer_api.jobs.queue_eta import QueueEta
-from shared import drain_rate
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
 from shared.queue_position import QueuePositions
@@ -50,7 +49,7 @@ async def test_a_clock_stepped_back_mid_spell_times_nothing(
     eta = QueueEta(aredis, QueuePositions(aredis, KEYS), ModelRepository.load(FIXTURES))
     config = eta.repository.models["steady"]
     for clock in (second + 0.5, second - 2.5, second + 1.0):  # stepped back 3 s, then on
-        monkeypatch.setattr(drain_rate, "time", SimpleNamespace(time=lambda at=clock: at))
+        monkeypatch.setattr(time, "time_ns", lambda at=clock: int(at * 1e9))
         await eta.refresh()
     # a job a second, as the window says: the busy minute's 150 over 0.5 s read as 300 a second
     assert eta.lane_rate(config, "default", bulk=False) < 5

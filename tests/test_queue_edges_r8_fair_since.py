@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from types import SimpleNamespace
 
 import pytest
 import redis.asyncio as aioredis
 
 from producer_api.jobs.queue_eta import QueueEta
-from shared import drain_rate
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, NewJob
 from shared.keys import GROUP, Keys
@@ -44,7 +42,7 @@ async def _flood(client: aioredis.Redis, submitted_s: float) -> None:
 
 
 async def _look(eta: QueueEta, monkeypatch: pytest.MonkeyPatch, clock: float) -> None:
-    monkeypatch.setattr(drain_rate, "time", SimpleNamespace(time=lambda: clock))
+    monkeypatch.setattr(time, "time_ns", lambda: int(clock * 1e9))
     await eta.refresh()
 
 

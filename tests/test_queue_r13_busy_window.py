@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import math
 import time
-from types import SimpleNamespace
 
 import pytest
 import redis.asyncio as aioredis
 
 from producer_api.jobs.queue_eta import QueueEta
-from shared import drain_rate
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
 from shared.queue_position import RATE_WINDOW_S, QueuePositions
@@ -65,7 +63,7 @@ async def _rates(
     rates = []
     for look in range(looks):
         clock = first + look
-        monkeypatch.setattr(drain_rate, "time", SimpleNamespace(time=lambda at=clock: at))
+        monkeypatch.setattr(time, "time_ns", lambda at=clock: int(at * 1e9))
         if look == 1 and not await client.xlen(STEADY):
             await _backlog(client, clock - busy_from)
         if clock >= busy_from:

@@ -10,13 +10,11 @@ producer's clock is the rate window's."""
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import pytest
 import redis.asyncio as aioredis
 
 from producer_api.jobs.queue_eta import QueueEta, StartBy
-from shared import drain_rate
 from shared.drain_rate import drain_rates_and_waiting
 from shared.job_store import stamp_ms
 from shared.keys import GROUP, Keys
@@ -71,7 +69,7 @@ async def test_a_burst_seen_as_it_arrives_beside_an_entry_in_hand_measures_nothi
     config = eta.repository.models["steady"]
     first = time.time()
     for clock in (first, first + 1.0):
-        monkeypatch.setattr(drain_rate, "time", SimpleNamespace(time=lambda at=clock: at))
+        monkeypatch.setattr(time, "time_ns", lambda at=clock: int(at * 1e9))
         await eta.refresh()
         if clock == first:
             await _burst(aredis)

@@ -10,22 +10,22 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from workers.runtime import clock_skew
-from workers.runtime.clock_skew import ClockSkew
+from shared import redis_clock
+from shared.redis_clock import ClockSkew
 
 
 async def test_a_skew_about_the_threshold_is_warned_of_once(
     aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     real = time.time
-    caplog.set_level(logging.WARNING, logger=clock_skew.__name__)
+    caplog.set_level(logging.WARNING, logger=redis_clock.__name__)
     skew = ClockSkew(every_s=0)
     for off_s in (1.3, 0.8, 1.3, 0.8):  # either side of SKEW_WARN_S by more than a round trip
-        monkeypatch.setattr(clock_skew.time, "time", lambda off_s=off_s: real() + off_s)
+        monkeypatch.setattr(redis_clock.time, "time", lambda off_s=off_s: real() + off_s)
         await skew.check(aredis)
     [warned] = caplog.records
     assert "+1.3" in warned.getMessage()
 
-    monkeypatch.setattr(clock_skew.time, "time", real)
+    monkeypatch.setattr(redis_clock.time, "time", real)
     await skew.check(aredis)  # in step again: said once
     assert len(caplog.records) == 2 and "agrees" in caplog.records[1].getMessage()

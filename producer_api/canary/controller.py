@@ -39,6 +39,7 @@ from shared.canary_store import (
 from shared.leader_lock import LeaderLock
 from shared.metrics import CANARY_STATE, CANARY_WEIGHT, hide
 from shared.model_repository import ModelConfig, ModelRepository
+from shared.redis_clock import CLOCK
 from shared.route_store import RouteStore, VersionConflict
 from shared.routing import InvalidRoutes, Routes, UnknownVariant, serving_variant
 from shared.variant_stats import VariantStats, Window, first_bucket_after
@@ -109,14 +110,14 @@ def since(canary: Canary, began: float) -> float:
     LONGEST_LOOK_S) back, so a step long past its interval (short of min_requests) is judged
     on its latest part, not on a window that grows without end."""
     longest = max(canary.interval_s, LONGEST_LOOK_S)
-    return max(first_bucket_after(began), time.time() - longest)
+    return max(first_bucket_after(began), CLOCK.now() - longest)
 
 
 def starved(canary: Canary, short: str, hint: str) -> str | None:
     """Why a step short of `min_requests` (`short`: of what, `hint`: the likely cause) must roll
     back: it has been so past `max_step_s` (its variant's workers may never take a job: the
     jobs of its share wait in its lane, and nothing is ever counted); None while it may wait."""
-    waited = time.time() - canary.step_started_at
+    waited = CLOCK.now() - canary.step_started_at
     if waited <= canary.max_step_s:
         return None
     return (
@@ -275,7 +276,7 @@ class CanaryController:
         if whole_canary:  # at 100 % it gets no traffic
             seen["baseline"] = await self.baseline_so_far(canary)
         reason = breach(canary, seen["canary"], seen["baseline"])
-        if reason is None and time.time() - canary.step_started_at < canary.interval_s:
+        if reason is None and CLOCK.now() - canary.step_started_at < canary.interval_s:
             return
         if reason is None and seen["canary"]["p99_ms"] is None:
             # Mostly Batch API items (no p99 of their own): its latency is not judged yet, and
@@ -382,7 +383,7 @@ class CanaryController:
             return
         steps = [n for n, share in enumerate(canary.steps) if abs(share - weight) <= WEIGHT_SLACK]
         canary.step = steps[0] if steps else canary.step
-        canary.weight, canary.step_started_at = weight, time.time()
+        canary.weight, canary.step_started_at = weight, CLOCK.now()
         await self.announce(canary, "step", "taken up: its record was lost", {})
 
     async def baseline_so_far(self, canary: Canary) -> dict[str, Any]:
@@ -405,7 +406,7 @@ class CanaryController:
         """Take `step`, its routes built from `read` (the routes judged; None: read them now)."""
         canary.step = step
         canary.weight = canary.steps[step]
-        canary.step_started_at = time.time()
+        canary.step_started_at = CLOCK.now()
         await self.set_weight(canary, canary.weight, read)
         await self.announce(canary, kind, reason, seen)
 

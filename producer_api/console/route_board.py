@@ -4,13 +4,13 @@ shadow variant's comparisons over the last hour, as `GET /v1/experiments` report
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from producer_api.experiments.statistics import summary
 from producer_api.traffic_control import TrafficControl
+from shared.redis_clock import CLOCK
 
 SHADOW_WINDOW_S = 3600.0
 
@@ -28,7 +28,7 @@ class RouteRow:
 
 async def route_board(traffic: TrafficControl, shown: Callable[[str], bool]) -> list[RouteRow]:
     """A row per model that `shown` accepts (the others' routes and stats are not read)."""
-    now = time.time()
+    now = CLOCK.now()  # the stats buckets' clock
     rows = []
     for config in traffic.repository:
         if not shown(config.name):

@@ -6,7 +6,6 @@ exactly what one does."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import suppress
@@ -20,6 +19,7 @@ from producer_api.periodic import Periodic
 from producer_api.state import ProducerState
 from shared.batch_api_store import ENDED_KEPT_MS, OUTPUT_EXPIRES_AFTER, BatchStatus
 from shared.partition_stats import PartitionStats, read_partition_stats
+from shared.redis_clock import CLOCK
 from shared.variant_stats import VariantStats, Window, window_span_s
 from shared.worker_registry import WorkerRegistry
 
@@ -88,7 +88,7 @@ class ConsoleSummaries:
         )
         workers = await self.workers.live()
         batches = await self._batches()
-        at = time.time()
+        at = CLOCK.now()  # Redis's clock, as the workers' beats and the batches' ends are
         snapshot = {
             "at": at,
             "partitions": [self._partition(p) for p in partitions],
@@ -142,7 +142,7 @@ class ConsoleSummaries:
 
     async def _read_rates(self) -> None:
         """Jobs per second and service-time p50/p99 over the last minute, per variant."""
-        now = time.time()
+        now = CLOCK.now()
         since = now - STATS_WINDOW_S
         for config in self.state.repository:
             windows = await self.stats.window(config.name, config.variants, since, now)
@@ -162,7 +162,7 @@ class ConsoleSummaries:
         active = [batch_id for batch_id, _ in await store.active()]
         # an ended batch is read until its final view is held: once more if it was shown
         # running, once if it ran and ended between two looks
-        ended = await store.ended_since(int((time.time() - ENDED_BATCH_KEEP_S) * 1000))
+        ended = await store.ended_since(int((CLOCK.now() - ENDED_BATCH_KEEP_S) * 1000))
         unfinal = [batch_id for batch_id in ended if not self._final(batch_id)]
         for batch_id in dict.fromkeys([*self._in_turn(active), *unfinal[-MAX_BATCHES:]]):
             progress = await self.state.batch_progress.refresh(batch_id, window=0)

@@ -4,7 +4,6 @@ workers and producers keep in Redis, tested against the baseline."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from producer_api.auth.principal import Principal
@@ -12,6 +11,7 @@ from producer_api.errors import ConveyorError
 from producer_api.experiments.statistics import MIN_SAMPLES, summary, versus
 from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
+from shared.redis_clock import CLOCK
 from shared.routing import Routes
 from shared.variant_stats import Window, window_span_s
 
@@ -32,7 +32,7 @@ class ExperimentsService:
             )
         traffic = self.state.traffic
         routes = traffic.routes.of(config)
-        now = time.time()
+        now = CLOCK.now()  # the buckets' clock: the workers' and producers' that file them
         since = now - window_s
         windows = await traffic.stats.window(model, config.variants, since, now)
         # off the event loop: the first comparison imports scipy.stats (about 1 s on 2 cores),

@@ -5,7 +5,7 @@ warm shutdown), models, engines, the mean micro-batch size since the last beat a
 the last two read from this process's Prometheus counters so no loop has to report to it. The
 same beat carries what this worker measured its work to cost (cost_meter.py), and every 30 s
 it measures this host's clock against Redis's, which the process's job times then read
-(clock_skew.py)."""
+(shared/redis_clock.py)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,10 @@ from shared.keys import Keys
 from shared.metrics import BATCH_SIZE, JOBS_FINISHED
 from shared.model_repository import ModelConfigError, ModelRepository
 from shared.redis_client import connect
-from shared.redis_clock import CLOCK
+from shared.redis_clock import CLOCK, ClockSkew
 from shared.settings import Settings, get_settings
 from shared.worker_registry import Heartbeat, WorkerRegistry, WorkerState
 from workers.partition.redis_backoff import OutageLog
-from workers.runtime.clock_skew import ClockSkew
 from workers.runtime.consumer_runtime import consumer_name
 from workers.runtime.cost_meter import CostMeter, labelled_total
 
