@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+from collections.abc import Iterator
 
 
 class ReplyDropper:
@@ -52,3 +54,28 @@ class ReplyDropper:
             while data := await source.read(1 << 16):
                 sink.write(data)
                 await sink.drain()
+
+
+@contextlib.contextmanager
+def served_in_thread(proxy: ReplyDropper) -> Iterator[str]:
+    """`proxy` serving from an event loop of its own thread, for a blocking client: its URL.
+    On exit it stops, and the connections it still serves end."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield asyncio.run_coroutine_threadsafe(proxy.start(), loop).result()
+    finally:
+        asyncio.run_coroutine_threadsafe(_stopped(proxy), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+async def _stopped(proxy: ReplyDropper) -> None:
+    """The proxy stopped, and the connections it still serves ended."""
+    await proxy.stop()
+    serving = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in serving:
+        task.cancel()
+    await asyncio.gather(*serving, return_exceptions=True)

@@ -7,9 +7,7 @@ lease taken, then renewed by its owner; a release that finds the lease gone does
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +22,7 @@ from conveyor.commands.autoscale import _release_leases
 from conveyor.stack import Stack
 from shared import leader_lock
 from shared.keys import Keys
-from tests.reply_dropper import ReplyDropper
+from tests.reply_dropper import ReplyDropper, served_in_thread
 
 LEASE_KEY = Keys("cv:").autoscale_leader("r38", "default")
 STREAM = "r38-resends"
@@ -38,19 +36,12 @@ def _sha(script: str) -> bytes:
 def _stack_through(proxy: ReplyDropper, log_dir: Path) -> Iterator[redis.Redis]:
     """The stack's client (`Stack.client`) reaching Redis through `proxy`, which runs on a loop of
     its own thread (the client blocks)."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    url = asyncio.run_coroutine_threadsafe(proxy.start(), loop).result()
-    client = Stack.create(log_dir, url).client()
-    try:
-        yield client
-    finally:
-        client.close()
-        asyncio.run_coroutine_threadsafe(proxy.stop(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
+    with served_in_thread(proxy) as url:
+        client = Stack.create(log_dir, url).client()
+        try:
+            yield client
+        finally:
+            client.close()
 
 
 def _dropping(redis_url: str, script: str) -> ReplyDropper:

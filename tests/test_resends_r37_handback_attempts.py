@@ -8,10 +8,8 @@ worst time, through a real proxy to a real Valkey), so that the client sent them
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
@@ -27,7 +25,7 @@ from shared.job_store import JobStore
 from shared.keys import GROUP, Keys
 from shared.redis_client import blocking_cluster
 from tests.lane_rig import abandoned_after, queue_jobs
-from tests.reply_dropper import ReplyDropper
+from tests.reply_dropper import ReplyDropper, served_in_thread
 from tests.test_resends_r37_reruns import reply_lost
 from workers import webhook_delivery
 from workers.partition.stream_reader import StreamReader
@@ -79,21 +77,14 @@ def cluster_reply_lost(cluster: LocalCluster, script: str) -> Iterator[redis.Red
         direct.script_load(script)  # the reply lost is the run's, not a NOSCRIPT
     marker = hashlib.sha1(script.encode()).hexdigest().encode()
     proxy = ReplyDropper("127.0.0.1", port, marker)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    url = asyncio.run_coroutine_threadsafe(proxy.start(), loop).result()
-    to_proxy = ("127.0.0.1", urlparse(url).port)
-    client = blocking_cluster(url, [], address_remap=lambda node: to_proxy)
-    try:
-        yield client
-        assert proxy.dropped == 1
-    finally:
-        client.close()
-        asyncio.run_coroutine_threadsafe(proxy.stop(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
+    with served_in_thread(proxy) as url:
+        to_proxy = ("127.0.0.1", urlparse(url).port)
+        client = blocking_cluster(url, [], address_remap=lambda node: to_proxy)
+        try:
+            yield client
+            assert proxy.dropped == 1
+        finally:
+            client.close()
 
 
 def _attempts(client: redis.Redis | redis.RedisCluster) -> list[dict[str, Any]]:

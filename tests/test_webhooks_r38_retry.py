@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +21,7 @@ import redis
 
 from shared.keys import Keys
 from shared.settings import get_settings
-from tests.reply_dropper import ReplyDropper
+from tests.reply_dropper import ReplyDropper, served_in_thread
 from workers import webhook_delivery
 
 MARKER = hashlib.sha1(webhook_delivery._APPEND_ATTEMPT.encode()).hexdigest().encode()
@@ -41,33 +40,17 @@ class _DropsThenCloses(ReplyDropper):
 def _worker_through(proxy: ReplyDropper, settings_env: Callable[..., None]) -> Iterator[None]:
     """The webhook worker's own client (`_redis`) reaching Redis through `proxy`, which runs on
     a loop of its own thread (the client blocks)."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    url = asyncio.run_coroutine_threadsafe(proxy.start(), loop).result()
-    settings_env(CONVEYOR_REDIS_URL=url, CONVEYOR_REDIS_CLUSTER="0")
-    clients = (webhook_delivery._redis, webhook_delivery._attempt_log)
-    for cache in clients:
-        cache.cache_clear()
-    try:
-        yield
-    finally:
-        webhook_delivery._redis().close()
+    with served_in_thread(proxy) as url:
+        settings_env(CONVEYOR_REDIS_URL=url, CONVEYOR_REDIS_CLUSTER="0")
+        clients = (webhook_delivery._redis, webhook_delivery._attempt_log)
         for cache in clients:
             cache.cache_clear()
-        asyncio.run_coroutine_threadsafe(_stopped(proxy), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
-
-
-async def _stopped(proxy: ReplyDropper) -> None:
-    """The proxy stopped, and the connections it still serves ended."""
-    await proxy.stop()
-    serving = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-    for task in serving:
-        task.cancel()
-    await asyncio.gather(*serving, return_exceptions=True)
+        try:
+            yield
+        finally:
+            webhook_delivery._redis().close()
+            for cache in clients:
+                cache.cache_clear()
 
 
 def _job(redis_client: redis.Redis) -> tuple[str, str]:
