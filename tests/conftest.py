@@ -27,6 +27,7 @@ from shared.job_states import TERMINAL
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.redis_client import RedisClient, connect, preload
+from shared.redis_clock import CLOCK, Skew
 from shared.settings import get_settings
 from workers.engines.registry import create_engine
 from workers.engines.vllm_engine import VllmEngine
@@ -45,6 +46,15 @@ def pytest_configure(config: pytest.Config) -> None:
     terminal (a handler, unlike SIG_IGN, is reset by exec)."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def uncorrected_clock() -> Iterator[None]:
+    """The process's clock uncorrected after each test, as before any measure: a skew adopted
+    in one (a host run off Redis's clock, a producer's `redis-clock` loop or a heartbeat that
+    measured a patched clock) stamped every later test's jobs off by as much."""
+    yield
+    CLOCK.adopt(Skew(0.0, 0.0))
 
 
 @pytest.fixture(scope="session", autouse=True)

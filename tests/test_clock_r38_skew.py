@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -20,7 +19,7 @@ from shared.codec import RequestEntry
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, QueueLimits
-from shared.redis_clock import CLOCK, ClockSkew, Skew
+from shared.redis_clock import CLOCK, ClockSkew
 from shared.settings import Settings
 from tests.app_client import app_client
 from tests.conftest import until_async
@@ -35,13 +34,6 @@ PARTITION = Partition.of(
     ModelConfig(name="m", kind="batch", backend="identity", queue=QueueLimits(max_queue_time_s=10)),
     "default",
 )
-
-
-@pytest.fixture(autouse=True)
-def process_clock() -> Iterator[None]:
-    """The process's clock uncorrected after each test, as before any measure."""
-    yield
-    CLOCK.adopt(Skew(0.0, 0.0))
 
 
 def _run_ahead(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -28,7 +27,7 @@ from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.partition_stats import read_partition_stats
-from shared.redis_clock import CLOCK, ClockSkew, Skew
+from shared.redis_clock import CLOCK, ClockSkew
 from shared.settings import Settings
 from shared.variant_stats import VariantStats
 from shared.webhook_outbox import WebhookOutbox
@@ -40,13 +39,6 @@ SKEW_S = 30.0
 NEAR_S = 5.0  # well under the skew: a time this close to Redis's is on its clock
 KEYS = Keys("r38-sweep:")
 LANE = KEYS.queue("m", "default")
-
-
-@pytest.fixture(autouse=True)
-def process_clock() -> Iterator[None]:
-    """The process's clock uncorrected after each test, as before any measure."""
-    yield
-    CLOCK.adopt(Skew(0.0, 0.0))
 
 
 async def _host_off(client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch, off_s: float) -> None:
