@@ -5,7 +5,6 @@ real `model_repository/` is never edited)."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -99,17 +98,7 @@ def spawn_worker(
 
 def spawn(stack: Stack, name: str, command: list[str], env: dict[str, str]) -> int:
     """Start a process the stack stops with its own, in reverse start order; returns its pid."""
-    log = (stack.log_dir / f"{name}.log").open("ab")
-    process = subprocess.Popen(
-        command,
-        cwd=REPO_ROOT,
-        env={**stack.env, "PYTHONPATH": str(REPO_ROOT), **env},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    stack.processes[name] = process
-    return process.pid
+    return stack.spawn(name, command, {"PYTHONPATH": str(REPO_ROOT), **env}).pid
 
 
 def spawn_api(stack: Stack, name: str, app: str, port: int, env: dict[str, str]) -> int:
