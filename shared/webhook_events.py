@@ -20,6 +20,7 @@ import httpx
 from celery import Celery
 
 from shared.celery_broker import broker_app
+from shared.redis_clock import CLOCK
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -226,6 +227,7 @@ class WebhookDispatcher:
                 "target_id": target_id,
                 "url": url,
                 "event": body,
-                "first_attempt_at": time.time(),
+                # Redis's clock: the webhook worker, on another host, ends the retry window
+                "first_attempt_at": CLOCK.now(),
             },
         )

@@ -58,6 +58,9 @@ def long_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     models = _repository(
         tmp_path_factory.mktemp("models"),
         faulty={},
+        # touched every 1.7 s, taken over past 5 s: a worker or test stalled a second or two (a
+        # loaded CI machine) lets no other worker take what a live one holds
+        patient={"queue": {"visibility_timeout_s": 5}},
         wedged=wedged,
         staged={**wedged, "backend": "tests.fault_engine:StagedFaultEngine"},
     )
@@ -115,12 +118,12 @@ def test_a_second_lanes_micro_batch_is_kept_claimed_while_the_first_runs(
     """One blocking read returned both lanes; the bulk micro-batch's entries were first
     re-claimed only once the online one had run: past the visibility timeout another worker
     took the bulk job over and ran it, the first ran it again, and its record showed a false
-    `crashed` attempt."""
-    online_id = _submit(long_stack, "faulty", {"sleep_ms": 15_000})
-    bulk_id = _submit_bulk(long_stack, r, "faulty", {"n": 1})
-    first = long_stack.start_worker("faulty", name="both-lanes")  # reads both in one read
+    `crashed` attempt. The run is three visibility timeouts long."""
+    online_id = _submit(long_stack, "patient", {"sleep_ms": 15_000})
+    bulk_id = _submit_bulk(long_stack, r, "patient", {"n": 1})
+    first = long_stack.start_worker("patient", name="both-lanes")  # reads both in one read
     time.sleep(0.5)
-    long_stack.start_worker("faulty", name="reclaimer")
+    long_stack.start_worker("patient", name="reclaimer")
     try:
         # the second worker came up while the first still ran the online job
         assert _job(r, online_id)["status"] == "running"

@@ -36,6 +36,7 @@ from shared.celery_broker import VISIBILITY_TIMEOUT_S
 from shared.codec import dumps
 from shared.keys import Keys
 from shared.redis_client import blocking_client, blocking_cluster, may_have_run
+from shared.redis_clock import CLOCK
 from shared.retry_after import retry_after_s as parse_retry_after
 from shared.settings import Settings, get_settings
 from shared.webhook_events import TASK_NAME, TargetKind, allowed
@@ -490,7 +491,8 @@ def after_attempt(
     if _refused_for_good(attempt.get("status_code")):
         return "failed", 0.0
     delay = retry_delay_s(number, attempt.get("retry_after_s"))
-    out_of_time = time.time() + delay > first_attempt_at + settings.webhook_retry_for_s
+    # Redis's clock, as the dispatching host (a producer, a worker) stamped `first_attempt_at`
+    out_of_time = CLOCK.now() + delay > first_attempt_at + settings.webhook_retry_for_s
     return ("failed" if out_of_time else "retrying"), delay
 
 
@@ -504,7 +506,7 @@ def _queue_next(task: Task, delay_s: float, until: float) -> Retry:
     Valkey at maxmemory refusing writes, a connection lost past kombu's retries), and nothing
     owes it any more: the webhook was never sent again, its status `retrying` for good. So the
     publish is tried again here, with backoff, until the broker takes it or the retry window
-    ends (`until`, Unix seconds; then it is dropped, logged). The delivery this attempt runs
+    ends (`until`, on Redis's clock; then it is dropped, logged). The delivery this attempt runs
     stays unacknowledged meanwhile: kombu restores it a visibility timeout after it was taken
     if this worker dies (or is still waiting then), and that copy, this attempt's claim lapsed,
     posts the attempt again (receivers drop a repeat by its id); the next attempt's claim lets
@@ -519,7 +521,7 @@ def _queue_next(task: Task, delay_s: float, until: float) -> Retry:
         except Reject as refused:
             tries += 1
             wait_s = min(backoff_s(tries), REQUEUE_WAIT_CAP_S)
-            if time.time() + wait_s > until:
+            if CLOCK.now() + wait_s > until:
                 log.error(
                     "webhook delivery %s dropped: no next attempt queued within its window",
                     task.request.id,

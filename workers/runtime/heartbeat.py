@@ -149,9 +149,11 @@ class _Beater:
             while not self._stopping.is_set():
                 retry = math.inf
                 try:
+                    # measured first (due at start): the first beat's stamp, and the jobs
+                    # read meanwhile, were on the raw host clock for up to a beat
+                    await clock.check(client)
                     self._refresh()
                     await registry.publish(self.beat, self._costs())
-                    await clock.check(client)
                     outage.recovered()
                 except RedisError as exc:
                     outage.failed(exc)
