@@ -8,7 +8,6 @@ producer's `redis-clock` loop measure it."""
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 import redis.asyncio as aioredis
@@ -23,6 +22,7 @@ from shared.redis_clock import CLOCK, ClockSkew
 from shared.settings import Settings
 from tests.app_client import app_client
 from tests.conftest import until_async
+from tests.test_clock_r38_sweep import _read_off
 from workers.partition.partition import Partition
 from workers.partition.stream_reader import StreamReader
 
@@ -34,13 +34,6 @@ PARTITION = Partition.of(
     ModelConfig(name="m", kind="batch", backend="identity", queue=QueueLimits(max_queue_time_s=10)),
     "default",
 )
-
-
-def _run_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    """This host's clock from now on AHEAD_S fast (Redis's stays true)."""
-    real_s, real_ns = time.time, time.time_ns
-    monkeypatch.setattr(time, "time", lambda: real_s() + AHEAD_S)
-    monkeypatch.setattr(time, "time_ns", lambda: real_ns() + int(AHEAD_S * 1e9))
 
 
 async def _redis_ms(client: aioredis.Redis) -> float:
@@ -61,7 +54,7 @@ async def test_a_worker_ahead_of_redis_does_not_expire_a_fresh_job(
     store = JobStore(aredis, KEYS, ttl_s=60)
     entry = RequestEntry("fresh", {"inputs": {}}, now_ms(), reply="r38-clock:reply")
     await store.create(entry, PARTITION.online, {"model": "m", "variant": "default"})
-    _run_ahead(monkeypatch)  # the worker's host
+    _read_off(monkeypatch, AHEAD_S)  # the worker's host
     await ClockSkew(every_s=0, corrects=CLOCK).check(aredis)  # the heartbeat's measure
     [warned] = caplog.records  # still told: the correction is only as good as the last measure
     assert "+30" in warned.getMessage() and "NTP" in warned.getMessage()
@@ -77,7 +70,7 @@ async def test_a_worker_ahead_of_redis_does_not_expire_a_fresh_job(
 async def test_a_producer_ahead_of_redis_stamps_its_jobs_on_redis_clock(
     redis_url: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _run_ahead(monkeypatch)  # the producer's host
+    _read_off(monkeypatch, AHEAD_S)  # the producer's host
     settings = Settings(redis_url=redis_url, auth="disabled", instance_id="r38-clock")
     async with app_client(create_app(settings)) as client:
         await until_async(_adopted)  # the `redis-clock` loop's first measure, at start

@@ -48,10 +48,16 @@ async def _host_off(client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch, off
     assert abs(CLOCK.skew_ns / 1e9 - off_s) < 1.0
 
 
+# The host's own clock, as read before any test patched it: a second `_read_off` in a test (two
+# producers' clocks in turn) sets the clock `off_s` off the true one, not off the last fake.
+_REAL_S, _REAL_NS = time.time, time.time_ns
+
+
 def _read_off(monkeypatch: pytest.MonkeyPatch, off_s: float) -> None:
-    real_s, real_ns = time.time, time.time_ns
-    monkeypatch.setattr(time, "time", lambda: real_s() + off_s)
-    monkeypatch.setattr(time, "time_ns", lambda: real_ns() + int(off_s * 1e9))
+    """This host's clock `off_s` off Redis's as everything here reads it: `time.time` (a skew's
+    measure) and `time.time_ns` (CLOCK's stamps, `now_ms`)."""
+    monkeypatch.setattr(time, "time", lambda: _REAL_S() + off_s)
+    monkeypatch.setattr(time, "time_ns", lambda: _REAL_NS() + int(off_s * 1e9))
 
 
 async def _redis_s(client: aioredis.Redis) -> float:

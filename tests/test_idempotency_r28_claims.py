@@ -1,9 +1,11 @@
 """An Idempotency-Key's claim is judged abandoned on Redis's clock, on a real Valkey: each
 producer stamped a claim with its own wall clock and judged another's by its own, so two
 producers whose clocks differed by a minute took a live claim over (a second job) or never took
-a dead one over (409 until the key expired). A producer's clock is its `admission.time` here:
-the system clock cannot be skewed, but what admission reads it through can. And a batch create
-whose claim a retry took over while it ran (its producer stalled) withdraws its batch."""
+a dead one over (409 until the key expired). A producer's clock is this process's `time.time`
+and `time.time_ns` here (`_read_off`), whichever admission would read: its own `time` or Redis's
+clock as a host reads it (`now_ms`); a fake `admission.time` alone reached no code once admission
+read no wall clock, and let a claim judged by `now_ms` pass. And a batch create whose claim a
+retry took over while it ran (its producer stalled) withdraws its batch."""
 
 from __future__ import annotations
 
@@ -23,23 +25,11 @@ from shared.keys import Keys, new_job_id
 from shared.settings import Settings
 from tests.app_client import app_client
 from tests.conftest import until_async
+from tests.test_clock_r38_sweep import _read_off
 
 KEYS = Keys("idem-r28:")
 TENANT, BODY = "acme", BodyPrint("fingerprint")
 SKEW_S = 120.0  # two producers' clocks this far apart: twice ABANDONED_AFTER_S
-
-
-class _Clock:
-    """A producer's clocks: its wall clock `skew_s` off, its monotonic clock as it is."""
-
-    def __init__(self, skew_s: float) -> None:
-        self.skew_s = skew_s
-
-    def time(self) -> float:
-        return time.time() + self.skew_s
-
-    def monotonic(self) -> float:
-        return time.monotonic()
 
 
 async def _never(job_id: str) -> bool:
@@ -68,11 +58,11 @@ async def test_a_live_claim_is_not_taken_over_whatever_the_producers_clocks(
     """A first try claims the key on one producer; its retry, at once, on another whose clock
     is SKEW_S ahead of the first's: the claim read two minutes old, was taken over, and the
     retry enqueued a second job beside the first try's."""
-    monkeypatch.setattr(admission, "time", _Clock(claimer_skew_s))
+    _read_off(monkeypatch, claimer_skew_s)
     first = new_job_id("m", "default")
     assert await keys.claim(TENANT, "live", first, BODY, _never) is None
 
-    monkeypatch.setattr(admission, "time", _Clock(retry_skew_s))
+    _read_off(monkeypatch, retry_skew_s)
     with pytest.raises(ConveyorError) as waited:  # still being enqueued: retry later
         await keys.claim(TENANT, "live", new_job_id("m", "default"), BODY, _never)
     assert waited.value.status == 409 and waited.value.headers == {"Retry-After": "1"}
@@ -90,7 +80,7 @@ async def test_a_dead_claim_is_taken_over_by_a_producer_whose_clock_is_behind(
     expired."""
     dead = Claim(new_job_id("m", "default"), BODY.value, await _redis_ms(aredis) - 61_000)
     await aredis.set(keys._key(TENANT, "dead"), dead.value(), ex=600)
-    monkeypatch.setattr(admission, "time", _Clock(-SKEW_S))
+    _read_off(monkeypatch, -SKEW_S)
     retry = new_job_id("m", "default")
     assert await keys.claim(TENANT, "dead", retry, BODY, _never) is None  # taken over
     assert Claim.parse(await aredis.get(keys._key(TENANT, "dead")) or b"").job_id == retry
@@ -103,7 +93,7 @@ async def test_a_renewal_stamps_redis_time(
     clock behind, each renewal made the claim look older, and another producer took it over
     while the create ran."""
     monkeypatch.setattr(admission, "ABANDONED_AFTER_S", 0.2)  # renewed every 0.05 s
-    monkeypatch.setattr(admission, "time", _Clock(-SKEW_S))
+    _read_off(monkeypatch, -SKEW_S)
     creating = f"batch_{new_job_id('m', 'default')}"
     assert await keys.claim(TENANT, "kept", creating, BODY, _never) is None
     async with keys.kept(TENANT, "kept", creating, BODY):
