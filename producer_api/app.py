@@ -140,8 +140,11 @@ def build_state(settings: Settings, repository: ModelRepository | None = None) -
     )
 
 
-async def _redis_side_startup(state: ProducerState) -> None:
+async def _redis_side_startup(state: ProducerState, skew: ClockSkew) -> None:
     """What the producer sets up in Redis before it is ready (`Startup` retries it)."""
+    # Redis's clock measured before the first request: stamped until the `redis-clock` loop's
+    # first measure, a restarted producer's first jobs were on its raw host clock
+    await skew.sync(state.redis)
     streams = _partition_streams(state.keys, state.repository)
     await ensure_groups_where_streams_fit(state.redis, streams)
     # admission's scripts run when a submit failed, maybe on a server whose replicas do
@@ -160,8 +163,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     configure_logging(settings.log_level)
     state = build_state(settings, app.state.repository)
     app.state.conveyor = state
+    # the enqueue and `ttl_s` stamps on Redis's clock, which workers judge them by; a skew
+    # the log tells, as a worker's heartbeat does
+    skew = ClockSkew(EVERY_S, corrects=CLOCK)
     try:
-        await state.startup.run(lambda: _redis_side_startup(state))
+        await state.startup.run(lambda: _redis_side_startup(state, skew))
     except CredentialsRefused as exc:  # a misconfiguration, no outage: no wait mends it
         refuse_start(exc)
     await state.tokens.start(_partition_tags(state.repository, "generate"))
@@ -170,9 +176,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.traffic.start()
     state.queue_eta.refresher.start()
     state.draining.start()
-    # the enqueue and `ttl_s` stamps on Redis's clock, which workers judge them by; a skew
-    # the log tells, as a worker's heartbeat does
-    skew = ClockSkew(EVERY_S, corrects=CLOCK)
     clock = Periodic("redis-clock", EVERY_S, partial(skew.sync, state.redis))
     clock.start()
     app.state.console = console = Console.build(state)

@@ -742,6 +742,7 @@ local length, pending  -- the lane's, read when first wanted and counted on (re-
 -- has left (so one INCRBY numbers them all when all are accepted), and what refusals left unused
 -- is given back when settled (before a refill, which numbers the jobs it moves, and at the end).
 local seq, unused = nil, 0
+local unhashed  -- the entry XADD just added for a job whose hash is not written yet (`failed`)
 
 local function next_seq(left)
   if not seq then
@@ -804,13 +805,14 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   if not hold then
     mark, value = 'seq', next_seq(left)
     eid = redis.call('XADD', stream, '*', unpack(ARGV, entry, last))
-    length = length + 1
+    length, unhashed = length + 1, eid
   end
   if hold then  -- `hseq`: its place among its tenant's holds (`n:`, see POSITION)
     local place = record_weight(stream, tenant, own_weight)
     redis.call('HSET', jk, mark, value, 'hseq', place, 'entry', '', unpack(ARGV, first, entry - 1))
   else
     redis.call('HSET', jk, mark, value, 'entry', eid or '', unpack(ARGV, first, entry - 1))
+    unhashed = nil
   end
   redis.call('EXPIRE', jk, ttl)
   wrote = true
@@ -830,9 +832,16 @@ end
 -- A job one of whose commands fails (a key of its own, or its tenant's, of the wrong type) fails
 -- alone, {-1, the error}: the call goes on with the next job. A merged call serves the submits
 -- of many callers, and its error failed them all while the jobs it had written stayed enqueued.
--- What the job wrote before the error stays (a script is not rolled back); the lane's counter
--- gives back the numbers it kept for the jobs after it, and its length is read anew.
+-- What the job wrote before the error stays (a script is not rolled back), but for an entry
+-- whose hash its HSET could not write (its key of the wrong type): deleted, with its number,
+-- as no worker could read it (TAKE's `claim` failed on the key, every read of the lane with it).
+-- The lane's counter gives back the numbers it kept for the jobs after it, and its length is
+-- read anew.
 local function failed(err)
+  if unhashed then
+    redis.call('XDEL', stream, unhashed)
+    unused, unhashed = unused + 1, nil
+  end
   settle()
   length = nil
   return {-1, type(err) == 'table' and err.err or tostring(err)}

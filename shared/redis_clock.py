@@ -55,10 +55,16 @@ class RedisClock:
         self.skew_ns = 0  # applied: the host clock less Redis's, in ns
 
     def adopt(self, measured: Skew) -> None:
-        """Apply `measured`, or no correction when it is within its uncertainty or APPLY_S."""
-        off_s = abs(measured.skew_s)
-        applies = off_s > APPLY_S and off_s > measured.uncertainty_s
-        self.skew_ns = round(measured.skew_s * 1e9) if applies else 0
+        """Apply `measured`, or no correction when it is within its uncertainty or APPLY_S. A
+        correction in force that the measure bears out (within its uncertainty and APPLY_S)
+        stands: a slow TIME (a stalled event loop, a busy server) read the skew off by up to
+        half its round trip, which a host 0.5 s off adopted (0.8 s after a 0.6 s stall), or
+        dropped (its skew within that uncertainty), for the next EVERY_S of stamps."""
+        skew_s, uncertainty_s = measured.skew_s, measured.uncertainty_s
+        if abs(skew_s - self.skew_ns / 1e9) <= uncertainty_s + APPLY_S:
+            return
+        applies = abs(skew_s) > APPLY_S and abs(skew_s) > uncertainty_s
+        self.skew_ns = round(skew_s * 1e9) if applies else 0
 
     def now_ns(self) -> int:
         """Redis's time as this host reads it, in ns since the epoch."""
@@ -93,8 +99,8 @@ class ClockSkew:
         """This clock minus Redis's, in seconds, when a check was due (None otherwise)."""
         if time.monotonic() < self._due:
             return None
+        await self.sync(client)  # one that failed (Redis away) is tried again at the next beat
         self._due = time.monotonic() + self.every_s
-        await self.sync(client)
         return self.skew_s
 
     async def sync(self, client: Any) -> None:

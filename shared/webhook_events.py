@@ -9,7 +9,6 @@ import asyncio
 import ipaddress
 import logging
 import re
-import time
 import uuid
 from dataclasses import dataclass
 from functools import cached_property
@@ -168,13 +167,14 @@ def event(
 ) -> dict[str, Any]:
     """The JSON body of one delivery; `id` is stable across retries so receivers can dedupe
     (`event_id`: one that names the event itself, for an event two producers may both hand
-    over), and so is `created` when given (Unix seconds the event happened; now if not).
+    over), and so is `created` when given (Unix seconds the event happened; now if not, on
+    Redis's clock as a job event's `finished` is, so receivers order both kinds alike).
     `tenant` names its owner (a tenant, or `shared.webhook_signing.OPERATOR` for the
     operator's own events), whose key signs it (`workers/webhook_delivery.py`)."""
     return {
         "id": f"evt_{event_id or uuid.uuid4().hex}",
         "type": event_type,
-        "created": int(time.time() if created is None else created),
+        "created": int(CLOCK.now() if created is None else created),
         "tenant": owner,
         "data": data,
     }

@@ -52,7 +52,7 @@ async def test_a_bad_job_key_fails_its_own_submit_only(
     assert FLUSHES._value.get() - flushes == 1  # one merged call
     bad = results.pop(2)
     assert isinstance(bad, ResponseError) and "WRONGTYPE" in str(bad)
-    assert results == [0, 1, 3, 4]  # their queue positions: the bad job's entry was added
+    assert results == [0, 1, 2, 3]  # their queue positions: the bad job's entry is deleted
     good = entries[:2] + entries[3:]
     assert await _statuses(aredis, good) == [b"queued"] * 4
     # the lane's counter numbers the entries written, none left over (positions read it)

@@ -81,8 +81,9 @@ class _Beater:
             state="warming",
             models=[f"{config.name}:{variant}" for config, variant in partitions],
             engines=sorted({config.backend_of(variant) for config, variant in partitions}),
-            started_at=time.time(),
+            started_at=time.time(),  # the host's until the first measure (`_stamp_start`)
         )
+        self._started: float | None = time.monotonic()  # until stamped on Redis's clock
         self.costs = CostMeter(partitions)
         self._stopping = threading.Event()
         self._batches = (0.0, 0.0)
@@ -101,6 +102,15 @@ class _Beater:
             return "draining"
         runtime = getattr(self.worker, "conveyor_runtime", None)
         return "serving" if runtime is not None and runtime.alive else "warming"
+
+    def _stamp_start(self, clock: ClockSkew) -> None:
+        """`started_at` on Redis's clock, as `last_beat` is (a console's uptime is the two's
+        difference), once: when the first measure of the skew ran, dated back by the time
+        since the worker started. On the host clock, a skewed worker's uptime was off by the
+        skew."""
+        if self._started is not None and clock.skew_s is not None:
+            self.beat.started_at = CLOCK.now() - (time.monotonic() - self._started)
+            self._started = None
 
     def _refresh(self) -> None:
         total, count = (
@@ -152,6 +162,7 @@ class _Beater:
                     # measured first (due at start): the first beat's stamp, and the jobs
                     # read meanwhile, were on the raw host clock for up to a beat
                     await clock.check(client)
+                    self._stamp_start(clock)
                     self._refresh()
                     await registry.publish(self.beat, self._costs())
                     outage.recovered()
