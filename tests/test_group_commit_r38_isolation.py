@@ -17,6 +17,7 @@ from shared import job_scripts
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, NewJob, merged_enqueues, now_ms
 from shared.keys import Keys, new_job_id
+from workers.partition.stream_reader import StreamReader
 
 KEYS = Keys("gc-r38:")
 STREAM = KEYS.queue("m", "v")
@@ -87,3 +88,30 @@ async def test_a_batch_with_a_bad_job_key_raises_that_jobs_error(
     await aredis.set(KEYS.job(jobs[1].entry.job_id), "not a hash")
     with pytest.raises(ResponseError, match="WRONGTYPE"):
         await store.create_many(jobs)
+
+
+async def test_a_failed_jobs_entry_leaves_the_lane_readable(
+    aredis: aioredis.Redis, store: JobStore
+) -> None:
+    """A job whose key is of the wrong type fails at its HSET, after XADD added its entry.
+    That entry, naming a job with no hash, stayed in the lane: every worker read that reached it
+    failed on the key (TAKE's `claim`), the good jobs delivered in the same read left pending
+    with nobody running them. The failed job's entry goes with it."""
+    lane = KEYS.queue("m", "read")
+    entries = [_entry() for _ in range(3)]
+    await aredis.set(KEYS.job(entries[1].job_id), "not a hash")
+    results = await asyncio.gather(
+        *(store.create(entry, lane, FIELDS) for entry in entries), return_exceptions=True
+    )
+    assert isinstance(results[1], ResponseError) and "WRONGTYPE" in str(results[1])
+    assert [results[0], results[2]] == [0, 1]  # no entry of the failed job ahead of the last
+    assert await aredis.xlen(lane) == 2
+    assert int(await aredis.get(KEYS.added(lane)) or 0) == 2  # numbers only the entries kept
+    reader = StreamReader(aredis, KEYS, [lane], "review-r38")
+    await reader.ensure_groups()
+    taken = await reader.take([lane], 10)  # raised WRONGTYPE on the failed job's entry
+    assert taken is not None
+    _, deliveries = taken
+    ids = [delivery.entry.job_id for delivery in deliveries if delivery.entry is not None]
+    assert ids == [entries[0].job_id, entries[2].job_id]
+    assert [delivery.status for delivery in deliveries] == ["queued", "queued"]
