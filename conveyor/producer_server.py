@@ -36,7 +36,9 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
 def server_config(host: str, port: int, settings: Settings) -> uvicorn.Config:
     """The server's config. Requests still running CONVEYOR_PRODUCER_SHUTDOWN_GRACE_S after
     SIGTERM are cut (waits and streams end sooner, within CONVEYOR_STREAM_SHUTDOWN_GRACE_S:
-    producer_api/draining.py, stream_shutdown.py)."""
+    producer_api/draining.py, stream_shutdown.py). A request's client address and scheme are
+    what X-Forwarded-For and X-Forwarded-Proto say only from CONVEYOR_FORWARDED_ALLOW_IPS'
+    peers (the console's login throttle counts per client, behind a proxy too)."""
     return uvicorn.Config(
         APP,
         host=host,
@@ -45,6 +47,7 @@ def server_config(host: str, port: int, settings: Settings) -> uvicorn.Config:
         server_header=False,  # `server: uvicorn` told scanners what to try (OWASP)
         log_config=None,  # the app's JSON logging (shared/telemetry.py), not uvicorn's text
         timeout_graceful_shutdown=settings.producer_shutdown_grace_s,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -141,6 +142,13 @@ class Settings(BaseSettings):
     # batch's `urls` and `Location`, a batch webhook event's `urls`). Empty: links are built
     # from each request's Host, which a client or a proxy in front chooses.
     public_url: str = ""
+    # Peers whose X-Forwarded-For and X-Forwarded-Proto `conveyor up`'s producers believe
+    # (uvicorn's `forwarded_allow_ips`, its default here): addresses or networks, or `*` for any
+    # peer. Behind an ingress or load balancer, its addresses: without them every request
+    # came from the proxy's address, and one client's failed console logins locked out all.
+    forwarded_allow_ips: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["127.0.0.1", "::1"]
+    )
     # `conveyor up`'s logs, embedded Valkey data, dev key and stack.json (read by the CLI).
     state_dir: Path = Path("var/run")
     # `conveyor up`'s producer processes on its one port: a quarter of the CPUs it may use (at
@@ -352,7 +360,12 @@ class Settings(BaseSettings):
         return selectors
 
     @field_validator(
-        "models", "webhook_allowlist", "webhook_internal_hosts", "allowed_hosts", mode="before"
+        "models",
+        "webhook_allowlist",
+        "webhook_internal_hosts",
+        "allowed_hosts",
+        "forwarded_allow_ips",
+        mode="before",
     )
     @classmethod
     def _split_lists(cls, value: object) -> object:
@@ -400,6 +413,22 @@ class Settings(BaseSettings):
                 " subdomains too, * for any)"
             )
         return [host.lower().rstrip(".") for host in hosts]  # `name.`: the same name
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _trusted_proxies(cls, entries: list[str]) -> list[str]:
+        """uvicorn takes any other entry (a name, a network with host bits, `*` beside others)
+        as text no peer's address equals: the proxy it meant was distrusted in silence."""
+        if entries == ["*"]:
+            return entries
+        for entry in entries:
+            try:
+                ipaddress.ip_network(entry)
+            except ValueError:
+                raise ValueError(
+                    f"entry {entry!r} is not an IP address or network (10.0.0.0/8), or * alone"
+                ) from None
+        return entries
 
     @field_validator("public_url")
     @classmethod
