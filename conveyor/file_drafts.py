@@ -5,9 +5,22 @@ Ctrl-C) left a truncated file that read as whole, over a good copy of an earlier
 from __future__ import annotations
 
 import os
+import stat
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+
+
+def landing_of(path: Path) -> Path:
+    """Where a write to `path` lands: a symlink's final target (a dangling one's too), as a
+    write in place went, else `path`. Renamed over, the link itself became a regular file and
+    its target kept the old content. A loop of links raises OSError (ELOOP), as opening it did."""
+    if not path.is_symlink():
+        return path
+    try:
+        return Path(os.path.realpath(path, strict=True))
+    except FileNotFoundError:
+        return Path(os.path.realpath(path))
 
 
 def draft_of(path: Path) -> Path:
@@ -15,18 +28,33 @@ def draft_of(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
 
 
-def write_draft(draft: Path, chunks: Iterable[bytes]) -> None:
-    """`chunks` written to a new `draft` and on disk (fsync) before it is renamed."""
+def write_draft(draft: Path, chunks: Iterable[bytes], like: Path | None = None) -> None:
+    """`chunks` written to a new `draft` and on disk (fsync) before it is renamed; with the
+    mode of `like`, the file it will replace, if there is one, set before a byte is written:
+    renamed over, a 0600 file became the umask's default (0644, readable by all)."""
+    mode = _mode_of(like)
     with draft.open("xb") as file:
+        if mode is not None:
+            os.fchmod(file.fileno(), mode)
         file.writelines(chunks)
         os.fsync(file.fileno())
 
 
-def write_whole(path: Path, body: bytes) -> None:
-    """`body` as `path`, whole; on failure the draft goes and any earlier `path` stays."""
-    draft = draft_of(path)
+def _mode_of(path: Path | None) -> int | None:
+    """The permission bits of the file at `path`; None if there is none."""
     try:
-        write_draft(draft, [body])
-        draft.replace(path)
+        return stat.S_IMODE(path.stat().st_mode) if path is not None else None
+    except FileNotFoundError:
+        return None
+
+
+def write_whole(path: Path, body: bytes) -> None:
+    """`body` as `path` (written through a symlink, keeping an earlier file's mode), whole; on
+    failure the draft goes and any earlier `path` stays."""
+    landing = landing_of(path)
+    draft = draft_of(landing)
+    try:
+        write_draft(draft, [body], like=landing)
+        draft.replace(landing)
     finally:
         draft.unlink(missing_ok=True)

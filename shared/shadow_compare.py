@@ -1,6 +1,7 @@
 """How a shadow variant's answer compares with the primary's for the same request: agreement by
 output kind (embeddings: cosine at or above a threshold; generated text: exact match, with a
-cheap similarity beside it; anything else: equality), the latency delta and the error delta."""
+cheap similarity beside it; anything else: equality) over the pairs where both jobs answered,
+the latency delta, and which of the two failed otherwise."""
 
 from __future__ import annotations
 
@@ -26,13 +27,23 @@ RAN = ("succeeded", "failed")  # the ends a job reaches by running (a dead lette
 # every field `Comparison.fields` may hold: one a comparison lacks is dropped from a result that
 # an earlier pair's comparison wrote it to (shared/shadow_pairs.py)
 FIELDS = ("agree", "similarity", "error_delta", "latency_delta_ms")
+# The counter a pair with a failure adds, by its error delta. Counted apart, as shadow tests
+# report error rates: summed as a delta, a shadow failing where the primary answered and one
+# answering where it failed netted to 0, and two failures read as an agreement.
+FAILED = {
+    1: "shadow_failed_shadow_only",
+    -1: "shadow_failed_primary_only",
+    0: "shadow_failed_both",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
-    agree: bool
+    # None unless both jobs answered: a failure has no answer to agree with (two failures read
+    # as agreeing, a failed shadow beside a good primary as disagreeing); FAILED counts them
+    agree: bool | None
     # None unless both jobs answered: a failure has no answer to be like (at 0 a failed shadow
-    # read more like the primary than an opposite embedding); failures are the error delta's
+    # read more like the primary than an opposite embedding)
     similarity: float | None
     # shadow minus primary, service time (the queues differ by design); None unless both ran
     latency_delta_ms: float | None
@@ -43,12 +54,15 @@ class Comparison:
         pair without a latency delta adds none and is counted in `shadow_untimed_pairs`, so the
         mean delta is the sum over the pairs less those: a job failed before it ran read as a
         service time of 0, and its delta as the other job's whole service time. Likewise a pair
-        with a failure adds no similarity and is counted in `shadow_unscored_pairs`."""
-        counts: dict[str, float] = {
-            "shadow_pairs": 1,
-            "shadow_agree": int(self.agree),
-            "shadow_error_delta": self.error_delta,
-        }
+        with a failure adds no similarity and is counted in `shadow_unscored_pairs`, and no
+        agreement: it adds to its FAILED counter. Agreement is counted under names of its own
+        (`shadow_answered`, `shadow_agreed`): `shadow_agree` of buckets written before counted
+        two failures as agreeing, and mixed into a window it would read over 100 %."""
+        counts: dict[str, float] = {"shadow_pairs": 1}
+        if self.agree is None:
+            counts[FAILED[self.error_delta]] = 1
+        else:
+            counts |= {"shadow_answered": 1, "shadow_agreed": int(self.agree)}
         if self.similarity is None:
             counts["shadow_unscored_pairs"] = 1
         else:
@@ -61,8 +75,10 @@ class Comparison:
 
     def fields(self) -> dict[str, str]:
         """The comparison as kept in the primary's result; no latency delta for an untimed pair,
-        no similarity for a pair with a failure."""
-        fields = {"agree": str(int(self.agree)), "error_delta": str(self.error_delta)}
+        no agreement or similarity for a pair with a failure (its error delta says whose)."""
+        fields = {"error_delta": str(self.error_delta)}
+        if self.agree is not None:
+            fields["agree"] = str(int(self.agree))
         if self.similarity is not None:
             fields["similarity"] = f"{self.similarity:.6f}"
         if self.latency_delta_ms is not None:
@@ -77,11 +93,10 @@ def compare(primary: dict[str, Any], shadow: dict[str, Any]) -> Comparison | Non
     if primary.get("status") not in RAN or shadow.get("status") not in RAN:
         return None
     ok_p, ok_s = primary.get("status") == "succeeded", shadow.get("status") == "succeeded"
+    agree: bool | None = None
     similarity: float | None = None
     if ok_p and ok_s:
         agree, similarity = agreement(primary.get("outputs"), shadow.get("outputs"))
-    else:
-        agree = ok_p == ok_s
     return Comparison(agree, similarity, _latency_delta_ms(primary, shadow), int(ok_p) - int(ok_s))
 
 

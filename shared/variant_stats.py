@@ -140,9 +140,14 @@ class Sample:
 
 @dataclass(slots=True)
 class Window:
-    """What one variant did over a time window: counters (requests, errors, shadow_pairs,
-    shadow_agree, shadow_latency_delta_ms, shadow_untimed_pairs: those without a delta,
-    shadow_error_delta) and the latency samples."""
+    """What one variant did over a time window: counters (requests, errors; a shadow's
+    shadow_pairs, shadow_answered: those whose two jobs answered, shadow_agreed: of those, the
+    agreeing ones, shadow_similarity, shadow_unscored_pairs: those without a similarity,
+    shadow_latency_delta_ms, shadow_untimed_pairs: those without a delta, and the pairs with a
+    failure by whose, shared/shadow_compare.FAILED) and the latency samples. Buckets written
+    before carry shadow_agree and shadow_error_delta, read by nothing now: the first counted
+    two failures as an agreement, the second netted the shadow's failures against the
+    primary's."""
 
     counters: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     samples: list[Sample] = field(default_factory=list)

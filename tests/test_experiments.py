@@ -124,10 +124,13 @@ async def test_statistics_match_a_hand_computation(api: httpx.AsyncClient) -> No
     assert mirror["role"] == "shadow" and mirror["shadow_rate"] == 1.0
     assert mirror["shadow"] == {
         "pairs": 10,
+        "answered_pairs": 10,
         "agreement": 0.8,
         "mean_similarity": 0.9,
         "mean_latency_delta_ms": 2.0,
-        "error_delta": 0.0,
+        "shadow_only_failed": 0,
+        "primary_only_failed": 0,
+        "both_failed": 0,
     }
 
 

@@ -101,17 +101,16 @@ def test_latency_and_error_deltas() -> None:
     slower = compare(_job({"x": 1}, service_s=0.010), _job({"x": 1}, service_s=0.035))
     assert slower.latency_delta_ms == pytest.approx(25.0)
     only_shadow_failed = compare(_job({"x": 1}), _job(None, status="failed"))
-    assert only_shadow_failed.error_delta == 1 and not only_shadow_failed.agree
+    assert only_shadow_failed.error_delta == 1 and only_shadow_failed.agree is None
     only_primary_failed = compare(_job(None, status="failed"), _job({"x": 1}))
     assert only_primary_failed.error_delta == -1
     both_failed = compare(_job(None, status="failed"), _job(None, status="failed"))
-    assert both_failed.agree and both_failed.error_delta == 0
+    assert both_failed.agree is None and both_failed.error_delta == 0
     assert both_failed.counts() == {
         "shadow_pairs": 1,
-        "shadow_agree": 1,
-        "shadow_unscored_pairs": 1,  # two failures compare no answers: no similarity
+        "shadow_failed_both": 1,  # two failures compare no answers: no agreement,
+        "shadow_unscored_pairs": 1,  # no similarity
         "shadow_latency_delta_ms": 0.0,
-        "shadow_error_delta": 0,
     }
 
 

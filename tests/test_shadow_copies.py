@@ -179,7 +179,7 @@ async def test_pairs_are_counted_once_and_one_that_cannot_compare_blocks_none(
 
     assert await pairs.pending("m", 10) == []
     window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
-    assert window.counters["shadow_pairs"] == 3 and window.counters["shadow_agree"] == 1
+    assert window.counters["shadow_pairs"] == 3 and window.counters["shadow_agreed"] == 1
 
 
 def _fail_once(monkeypatch: pytest.MonkeyPatch, owner: object, method: str) -> None:
@@ -215,7 +215,7 @@ async def test_a_page_that_fails_after_claiming_is_settled_by_a_later_look(
 
     assert await pairs.pending("m", 100) == []
     window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
-    assert window.counters["shadow_pairs"] == 10 and window.counters["shadow_agree"] == 10
+    assert window.counters["shadow_pairs"] == 10 and window.counters["shadow_agreed"] == 10
     for pair in made:
         assert (await pairs.result(pair.primary_id))["agree"] == "1"
     assert await aredis.keys(KEYS.shadow_page("*")) == []  # each page forgotten once added
@@ -316,7 +316,7 @@ async def _settles_every_page(client: RedisClient) -> None:
 
     assert await pairs.pending("m", 1_000) == []
     window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
-    assert window.counters["shadow_pairs"] == 1_000 and window.counters["shadow_agree"] == 1_000
+    assert window.counters["shadow_pairs"] == 1_000 and window.counters["shadow_agreed"] == 1_000
     for pair in (made[0], made[-1]):
         result = await pairs.result(pair.primary_id)
         assert result["shadow_id"] == pair.shadow_id and result["agree"] == "1"
@@ -385,4 +385,4 @@ async def test_comparing_a_page_leaves_the_event_loop_free(aredis: aioredis.Redi
     assert waits and max(waits) < took / 4
     window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
     assert window.counters["shadow_pairs"] == PAIRS_PER_PAGE
-    assert window.counters["shadow_agree"] == PAIRS_PER_PAGE
+    assert window.counters["shadow_agreed"] == PAIRS_PER_PAGE

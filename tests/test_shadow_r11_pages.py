@@ -76,7 +76,7 @@ async def test_a_page_of_waiting_pairs_does_not_hold_up_the_pairs_behind_it(
         await comparisons.look()
 
     window = (await stats.window("m", ["echo"], time.time() - 60))["echo"]
-    assert window.counters["shadow_pairs"] == 10 and window.counters["shadow_agree"] == 10
+    assert window.counters["shadow_pairs"] == 10 and window.counters["shadow_agreed"] == 10
     left = {pair.shadow_variant for pair, _ in await pairs.pending("m", 1_000)}
     assert left == {"down"} and len(await pairs.pending("m", 1_000)) == waiting
 

@@ -66,7 +66,7 @@ async def test_a_job_failed_before_it_ran_adds_no_latency_delta(aredis: aioredis
     counters = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"].counters
     assert counters["shadow_latency_delta_ms"] == pytest.approx(15.0, abs=0.01)
     assert counters["shadow_pairs"] == 2 and counters["shadow_untimed_pairs"] == 1
-    assert counters["shadow_error_delta"] == -1
+    assert counters["shadow_failed_primary_only"] == 1
     untimed = await pairs.result(untimed_primary.job_id)
     assert untimed["error_delta:mirror"] == "-1" and "latency_delta_ms:mirror" not in untimed
     assert (await pairs.result(timed_primary.job_id))["latency_delta_ms:mirror"] == "15.000"

@@ -79,6 +79,6 @@ async def test_a_pair_with_a_job_failed_unrun_has_no_latency_delta(
     await _ran(store, shadow, 400)
     await ShadowComparisons(pairs, store, stats, ModelRepository({"m": CONFIG}), 60).look()
     counters = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"].counters
-    assert counters["shadow_pairs"] == 1 and counters["shadow_error_delta"] == -1
+    assert counters["shadow_pairs"] == 1 and counters["shadow_failed_primary_only"] == 1
     assert counters["shadow_untimed_pairs"] == 1
     assert counters["shadow_latency_delta_ms"] == 0  # none added

@@ -1,9 +1,9 @@
 """A pair one of whose jobs failed compares no answers: it read as similarity 0 (or, both failed,
 1), summed into the shadow's `mean_similarity`. For embeddings 0 is better than an opposite
 answer (-1), so a shadow failing half its copies of agreeing answers read 0.5. Failures are
-counted apart (the shadow's own success rate, its pairs' error delta) and the mean similarity is
-over the pairs whose two jobs answered. On a real Valkey, in process, as the traffic leader
-compares pairs."""
+counted apart (the shadow's own success rate, its pairs' failures by whose) and the mean
+similarity is over the pairs whose two jobs answered. On a real Valkey, in process, as the
+traffic leader compares pairs."""
 
 from __future__ import annotations
 
@@ -56,9 +56,8 @@ async def test_a_failed_job_is_no_similarity(aredis: aioredis.Redis) -> None:
 
     window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
     compared = summary(window)["shadow"]
-    assert compared["pairs"] == 4 and compared["agreement"] == 0.5
+    assert compared["pairs"] == 4 and compared["agreement"] == 1.0  # "both"'s alone
     assert compared["mean_similarity"] == 1.0  # "both"'s alone: equal embeddings
-    assert compared["error_delta"] == 0.0  # "shadow" +1, "primary" -1
     assert (await pairs.result(primaries.pop("both")))["similarity:mirror"] == "1.000000"
     for primary_id in primaries.values():
         result = await pairs.result(primary_id)
@@ -69,10 +68,14 @@ def test_no_similarity_before_a_pair_of_answers() -> None:
     """Every pair with a failure: no mean similarity, not 0, and the console's Routes page says
     so (it formatted the figure as a number)."""
     window = Window()
-    window.counters |= {"shadow_pairs": 2, "shadow_unscored_pairs": 2, "shadow_error_delta": 2}
+    window.counters |= {
+        "shadow_pairs": 2,
+        "shadow_unscored_pairs": 2,
+        "shadow_failed_shadow_only": 2,
+    }
     compared = summary(window)["shadow"]
     assert compared["mean_similarity"] is None
     shadows = [{"variant": "mirror", "rate": 1.0, "compared": compared}]
     row = RouteRow("m", 1, "none", {"stable": 100.0}, shadows, None, None)
     page = templates.get_template("routes.html").render(rows=[row], session=None, base="")
-    assert "2 pairs · 0% agree · similarity \u2013 · latency" in page
+    assert "2 pairs · \u2013 agree (0 answered) · similarity \u2013 · latency" in page

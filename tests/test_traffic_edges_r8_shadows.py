@@ -62,6 +62,6 @@ async def test_the_second_shadow_of_one_primary_is_compared_in_a_later_look(
     assert await pairs.pending("m", 10) == []
     windows = await stats.window("m", ["mirror", "echo"], time.time() - 60)
     counted = {
-        v: (w.counters["shadow_pairs"], w.counters["shadow_agree"]) for v, w in windows.items()
+        v: (w.counters["shadow_pairs"], w.counters["shadow_agreed"]) for v, w in windows.items()
     }
     assert counted == {"mirror": (1, 1), "echo": (1, 1)}

@@ -36,7 +36,7 @@ from conveyor.client.option_pairs import option_pairs
 from conveyor.client.sync_client import Client
 from conveyor.client.types import Batch, BatchResults
 from conveyor.commands.files import JSONL_FILE, jsonl_source
-from conveyor.file_drafts import draft_of, write_draft
+from conveyor.file_drafts import draft_of, landing_of, write_draft
 from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 console = Console(stderr=True)
@@ -75,9 +75,10 @@ def write_results(
     drafts: dict[Path, Path] = {}
     try:
         for path, lines in ((output, results.outputs), (errors, results.errors)):
-            drafts[path] = draft_of(path)
+            landing = landing_of(path)  # through a symlink, keeping an earlier file's mode
+            drafts[landing] = draft_of(landing)
             chunks = (orjson.dumps(o.model_dump(exclude_unset=True)) + b"\n" for o in lines)
-            write_draft(drafts[path], chunks)
+            write_draft(drafts[landing], chunks, like=landing)
         for path, draft in drafts.items():
             draft.replace(path)
     except OSError as exc:

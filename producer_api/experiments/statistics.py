@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from shared.shadow_compare import FAILED
 from shared.variant_stats import WINDOW_SAMPLES, Window
 
 # scipy.stats is imported where a test runs, not with the module: it is a third of the
@@ -62,21 +63,37 @@ def summary(window: Window) -> dict[str, Any]:
         if not pairs
         else {
             "pairs": pairs,
-            "agreement": round(counters["shadow_agree"] / pairs, 6),
+            "answered_pairs": int(counters["shadow_answered"]),
+            "agreement": _agreement(counters),
             "mean_similarity": _mean_of(counters, "shadow_similarity", "shadow_unscored_pairs", 6),
             "mean_latency_delta_ms": _mean_of(
                 counters, "shadow_latency_delta_ms", "shadow_untimed_pairs", 3
             ),
-            "error_delta": round(counters["shadow_error_delta"] / pairs, 6),
+            **{shown: int(counters[name]) for shown, name in FAILED_SHOWN.items()},
         },
     }
+
+
+# The pairs with a failure, by whose, as `summary` shows them (shared/shadow_compare.FAILED)
+FAILED_SHOWN = {
+    "shadow_only_failed": FAILED[1],
+    "primary_only_failed": FAILED[-1],
+    "both_failed": FAILED[0],
+}
+
+
+def _agreement(counters: dict[str, float]) -> float | None:
+    """The share of agreeing pairs among those whose two jobs answered (a failure has no answer
+    to agree with: it is counted in FAILED_SHOWN's); None when no pair answered."""
+    answered = counters["shadow_answered"]
+    return round(counters["shadow_agreed"] / answered, 6) if answered else None
 
 
 def _mean_of(counters: dict[str, float], total: str, left_out: str, digits: int) -> float | None:
     """The mean of the `total` counter over the pairs that add to it (those counted in
     `left_out` do not), to `digits` decimals. A pair with a job that never ran (failed while
     queued) adds no latency delta (`shadow_untimed_pairs`), one with a failed job no similarity
-    (`shadow_unscored_pairs`: failures are the error delta's and the shadow's success rate's);
+    (`shadow_unscored_pairs`: failures are counted by whose and in the shadow's success rate);
     counted in the divisor, they pulled the mean toward 0. None when no pair adds to it."""
     added = int(counters["shadow_pairs"] - counters[left_out])
     return round(counters[total] / added, digits) if added > 0 else None
