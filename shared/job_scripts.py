@@ -716,10 +716,11 @@ return out
 # call's other jobs are enqueued or refused as they would be without it.
 # A fair lane whose stream holds `window` undelivered entries, or that holds jobs back already,
 # holds the job in its tenant's list instead (hash field `held` = 1, no seq until it joins the
-# stream; reply {1, ahead, 0}) for refill (TAKE, FINISH) to move by deficit round robin; its
-# ahead counts the held jobs the round robin serves first, and so does deadline admission. A
-# tenant's list that holds 2 x max_length entries is swept of its ended jobs' entries first
-# (`sweep`), so it holds at most that many.
+# stream; reply {1, ahead, 0}, even when the refill that follows it fails on another tenant's
+# key: that error is logged, not the job's) for refill (TAKE, FINISH) to move by deficit round
+# robin; its ahead counts the held jobs the round robin serves first, and so does deadline
+# admission. A tenant's list that holds 2 x max_length entries is swept of its ended jobs'
+# entries first (`sweep`), so it holds at most that many.
 # A job whose hash exists already changes nothing (reply {1, 0, its seq}; its `created` is
 # written again, as it is, for a replica WAIT): a call retried after its reply was lost (a
 # connection torn mid-pipeline, a failover) must not enqueue it twice. A retry resends the call
@@ -756,6 +757,11 @@ end
 local function settle()
   if unused > 0 then redis.call('INCRBY', added, -unused) end
   seq, unused = nil, 0
+end
+
+-- A caught error's text (a command's error is a table, a script's own a string).
+local function message(err)
+  return type(err) == 'table' and err.err or tostring(err)
 end
 
 -- The job whose hash is `jk`, its hash pairs ARGV[first..entry - 1], its entry's ARGV[entry..last].
@@ -824,7 +830,11 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   if enq then here('ZADD', stream .. SINCE, enq, field(fields, 'id')) end
   redis.call('HINCRBY', stream .. FAIR, 'held', 1)
   settle()
-  refill(stream, group, job_prefix, 1)
+  -- the lane's step, not the job's: the job is written, and admitted whatever the refill meets
+  -- (another tenant's list of the wrong type failed it, and told this job's caller it failed:
+  -- a retry enqueued it twice); the error is logged, and the lane's next refill meets it again
+  local moved, err = pcall(refill, stream, group, job_prefix, 1)
+  if not moved then redis.log(redis.LOG_WARNING, 'refill of ' .. stream .. ': ' .. message(err)) end
   length = nil  -- refill may have moved held jobs into the stream
   return {1, ahead, 0}
 end
@@ -844,7 +854,7 @@ local function failed(err)
   end
   settle()
   length = nil
-  return {-1, type(err) == 'table' and err.err or tostring(err)}
+  return {-1, message(err)}
 end
 
 local out, i = {}, 6
