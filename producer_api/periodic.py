@@ -19,15 +19,27 @@ log = logging.getLogger(__name__)
 
 
 class Periodic:
-    def __init__(self, name: str, interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        name: str,
+        interval_s: float,
+        step: Callable[[], Awaitable[None]],
+        first_after_s: float = 0.0,
+    ) -> None:
+        """`first_after_s`: how long after `start` the first step runs (at once by default); a
+        loop whose step the startup has just run waits a period, else the two run back to back
+        (the `redis-clock` loop sent a second TIME as the producer started)."""
         self.name = name
         self.interval_s = interval_s
         self.step = step
+        self.first_after_s = first_after_s
         self._task: asyncio.Task[None] | None = None
         self._fault: str | None = None  # how the last step failed, otherwise than by Redis
 
     async def run(self) -> None:
         outage = RedisOutage(self.name)
+        if self.first_after_s > 0:
+            await asyncio.sleep(self.first_after_s)
         while True:
             pause_s = self.interval_s
             try:

@@ -31,7 +31,6 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from shared.codec import as_text
-from shared.job_store import now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig
 from shared.partition_stats import held_count
@@ -48,11 +47,10 @@ class ServiceCost:
     seconds_per_unit: float
     units_per_job: float = 1.0
 
-    def fields(self, at_ms: int) -> dict[str, str]:
+    def fields(self) -> dict[str, str]:
         return {
             "seconds_per_unit": f"{self.seconds_per_unit:.9g}",
             "units_per_job": f"{self.units_per_job:.9g}",
-            "updated_ms": str(at_ms),
         }
 
 
@@ -97,7 +95,7 @@ class Backlog:
 
 def backlog_of(config: ModelConfig, variant: str, entries: int, cost: Mapping[Any, Any]) -> Backlog:
     """The formula: `cost` is the partition's cost hash as read (empty: not measured yet)."""
-    fields = {as_text(k): _measure(v) for k, v in cost.items() if as_text(k) != "updated_ms"}
+    fields = {as_text(k): _measure(v) for k, v in cost.items()}
     seconds_per_unit = fields.get("seconds_per_unit", 0.0)
     measured = seconds_per_unit > 0
     units_per_job = fields.get("units_per_job", 0.0)
@@ -163,7 +161,7 @@ async def read_backlogs(
 def queue_cost_write(pipe: Any, keys: Keys, model: str, variant: str, cost: ServiceCost) -> None:
     """Add the write of a replica's latest measurement to a pipeline (the heartbeat's)."""
     key = keys.service_cost(model, variant)
-    pipe.hset(key, mapping=cost.fields(now_ms()))
+    pipe.hset(key, mapping=cost.fields())
     pipe.expire(key, COST_TTL_S)
 
 

@@ -1,8 +1,9 @@
 """Deadline admission on the real stack, a light load then bursts: the capacity the first
-burst's looks measured was its rate window's, divided over the light load's idle seconds, so a
-second burst 1.5 s later had 9 to 11 of its 20 jobs refused `deadline_unmeetable` (429), each of
-which the worker would have started within its `ttl_s`. A deadline the worker cannot meet is
-still refused. `steady`'s worker runs one job of JOB_MS at a time: ~9 jobs/s."""
+burst's looks measured was its rate window's, divided over the light load's idle seconds (~2
+jobs/s), so a second burst 1.5 s later had 9 to 11 of its 20 jobs with `ttl_s` 4 refused
+`deadline_unmeetable` (429), each of which the worker would have started in time. A deadline the
+worker cannot meet is still refused. `steady`'s worker runs one job of JOB_MS at a time: ~9
+jobs/s."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ FIXTURES = REPO_ROOT / "tests" / "fixtures" / "queue_repository"
 JOB_MS = 100
 LIGHT_S = 8  # one job a second: the rate window reads arrivals, the worker mostly idle
 BURST = 20
-TTL_S = 4.0  # the second burst's last job starts ~3 s after its submit
+# The second burst's last job starts ~3 s after its submit: 8 s leave room for a 3 s stall of
+# the machine (at 4 s, a 2.5 s one expired it); measured at ~2 jobs/s, ~7 of the 40 are refused.
+TTL_S = 8.0
 
 
 @pytest.fixture(scope="module")
