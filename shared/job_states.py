@@ -1,7 +1,7 @@
 """Job states and the only transitions allowed between them; terminal states never change.
 
-The same table drives the Python checks and the Lua scripts (rendered from it), so the state
-machine is defined once."""
+The Lua scripts that move a job check its transitions against this table, rendered into them
+(`lua_transition_table`), so the state machine is defined once."""
 
 from __future__ import annotations
 
@@ -50,13 +50,6 @@ class IllegalTransition(Exception):
         self.job_id = job_id
         self.current = current
         self.target = target
-
-
-def allowed(current: str | None, target: str) -> bool:
-    if current is None:
-        return False
-    targets = TRANSITIONS.get(JobStatus(current), frozenset())
-    return JobStatus(target) in targets
 
 
 def lua_transition_table() -> str:

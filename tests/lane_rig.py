@@ -10,6 +10,7 @@ from shared.codec import RequestEntry
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, QueueLimits
+from tests.conftest import until_async
 from workers.engines.base import GenerateEngine
 from workers.generation.generate_loop import GenerateLoop
 from workers.partition.job_events import JobEvents
@@ -19,6 +20,16 @@ from workers.partition.reclaim import Reclaimer
 from workers.partition.result_writer import ResultWriter
 from workers.partition.stream_reader import StreamReader
 from workers.partition.token_writer import TokenWriter
+
+
+async def until_blocked_in_read(client: aioredis.Redis) -> None:
+    """Wait until a connection of the server blocks in XREADGROUP: a worker's read, parked."""
+
+    async def blocked() -> bool:
+        clients = await client.client_list()
+        return any(c["cmd"] == "xreadgroup" and "b" in c["flags"] for c in clients)
+
+    await until_async(blocked)
 
 
 def abandoned_after(keys: Keys, visibility_timeout_s: float, model: str = "m") -> Partition:

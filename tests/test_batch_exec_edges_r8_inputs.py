@@ -15,8 +15,8 @@ import pytest
 
 from shared.codec import dumps, loads
 from shared.model_repository import ModelConfig
-from workers.batching.micro_batch_executor import Outcome, execute
-from workers.batching.stage_pipeline import StagePipeline
+from tests.test_worker_writeback_engine_inputs import RUNS
+from workers.batching.micro_batch_executor import execute
 from workers.engines.base import BatchEngine, StagedBatchEngine
 
 CONFIG = ModelConfig(name="editing", kind="batch", backend="tests.unused:Tokens")
@@ -44,27 +44,6 @@ class Tokens(StagedBatchEngine):
 
     def finish(self, running: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{"tokens": item["tokens"]} for item in running]
-
-
-async def _staged(engine: Tokens, inputs: list[dict[str, Any]]) -> list[Outcome]:
-    pipeline = StagePipeline(engine)
-    written: list[Outcome] = []
-
-    async def done(outcomes: list[Outcome]) -> None:
-        written.extend(outcomes)
-
-    try:
-        await pipeline.submit(inputs, done)
-        await pipeline.drain()
-    finally:
-        pipeline.close()
-    return written
-
-
-RUNS: dict[str, Callable[[Tokens, list[dict[str, Any]]], Any]] = {
-    "execute": execute,
-    "staged": _staged,
-}
 
 
 def _jobs() -> list[dict[str, Any]]:

@@ -19,8 +19,7 @@ from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, QueueLimits
 from shared.redis_client import connect
-from tests.conftest import until_async
-from tests.lane_rig import generate_loop
+from tests.lane_rig import generate_loop, until_blocked_in_read
 from tests.paced_engine import PacedEngine
 from workers.partition.job_events import JobEvents
 from workers.partition.partition import Partition
@@ -169,11 +168,7 @@ async def test_an_idle_loop_asked_to_stop_ends_its_blocking_read_at_once(
     loop = generate_loop(patient, KEYS, partition, reader, engine, block_ms=600_000)
     running = asyncio.create_task(loop.run())
 
-    async def blocked() -> bool:
-        clients = await aredis.client_list()
-        return any(c["cmd"] == "xreadgroup" and "b" in c["flags"] for c in clients)
-
-    await until_async(blocked)
+    await until_blocked_in_read(aredis)
     loop.stopping.set()
     try:
         await asyncio.wait_for(running, 30)  # a hang guard: the read's block is 10 minutes

@@ -19,8 +19,7 @@ from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, QueueLimits
 from shared.redis_client import connect
-from tests.conftest import until_async
-from tests.lane_rig import abandoned_after, queue_jobs
+from tests.lane_rig import abandoned_after, queue_jobs, until_blocked_in_read
 from workers.partition.arrival_rate import ArrivalRate
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
@@ -101,12 +100,8 @@ async def _cut_read(aredis: aioredis.Redis, redis_url: str, max_items: int) -> l
     stop = Stopping()
     reading = asyncio.create_task(lanes.next_batch(max_items, 0, 600_000, stop=stop))
 
-    async def blocked() -> bool:
-        clients = await aredis.client_list()
-        return any(c["cmd"] == "xreadgroup" and "b" in c["flags"] for c in clients)
-
     try:
-        await until_async(blocked)
+        await until_blocked_in_read(aredis)
         stop.set()
         return await asyncio.wait_for(reading, 30)  # a bound: the block is 10 min
     finally:

@@ -15,26 +15,8 @@ import redis.asyncio as aioredis
 
 from producer_api.openai.protocol import ChatCompletionRequest, ChatMessage
 from producer_api.openai.serving import DONE, ChatRenderer
-from shared.generate_errors import ContextLengthExceeded
-from shared.job_states import JobStatus
-from shared.keys import Keys
 from tests.test_openai_stream_cut import openai_service
-from workers.engines.base import GenerateRequest
-from workers.generation.generate_job import RunningJob
-from workers.partition.stream_reader import Delivery
-from workers.partition.token_writer import TokenAppend, TokenWriter
-
-TOO_LONG = ContextLengthExceeded(3000, 2048)
-
-
-async def _fail(aredis: aioredis.Redis, job_id: str, error: dict[str, str]) -> None:
-    """The job's worker ends it failed with `error`, as it writes a failure."""
-    delivery = Delivery(b"1-0", None, JobStatus.RUNNING.value, 0)
-    job = RunningJob(delivery, "lane", GenerateRequest(job_id), redelivered=False)
-    job.error = error
-    final = TokenAppend(job_id, job.attempt, 1, [job.final_event()], expire=True)
-    await TokenWriter(aredis, Keys(), 60).write([final], [])
-    await aredis.hset(Keys().job(job_id), "status", JobStatus.FAILED.value)
+from tests.test_openai_stream_open import TOO_LONG, fail
 
 
 async def test_a_prompt_refused_after_the_stream_opened_ends_it_as_openais_400(
@@ -46,7 +28,7 @@ async def test_a_prompt_refused_after_the_stream_opened_ends_it_as_openais_400(
         job_id = await service.submit(request)
         renderer = ChatRenderer(job_id, "smollm2")
         opened = await service.open_stream(job_id, renderer, wait_s=0.05)  # queued: it opens
-        await _fail(aredis, job_id, {"type": "ContextLengthExceeded", "message": str(TOO_LONG)})
+        await fail(aredis, job_id, {"type": "ContextLengthExceeded", "message": str(TOO_LONG)})
         with anyio.fail_after(30):  # a hang guard only
             chunks = [
                 chunk async for chunk in service.stream(job_id, opened, renderer, anyio.Event())

@@ -27,6 +27,17 @@ from workers.partition.token_writer import TokenAppend, TokenWriter
 TOO_LONG = ContextLengthExceeded(3000, 2048)
 
 
+async def fail(aredis: aioredis.Redis, job_id: str, error: dict[str, str]) -> None:
+    """The job's worker ends it failed with `error` before its first token, as it writes a
+    failure (tests/test_openai_edges_stream_error.py too)."""
+    delivery = Delivery(b"1-0", None, JobStatus.RUNNING.value, 0)
+    job = RunningJob(delivery, "lane", GenerateRequest(job_id), redelivered=False)
+    job.error = error
+    final = TokenAppend(job_id, job.attempt, 1, [job.final_event()], expire=True)
+    await TokenWriter(aredis, Keys(), 60).write([final], [])
+    await aredis.hset(Keys().job(job_id), "status", JobStatus.FAILED.value)
+
+
 @pytest.mark.parametrize(
     ("error", "status", "type_"),
     [
@@ -41,12 +52,7 @@ async def test_a_job_that_failed_before_its_first_token_is_the_requests_error(
         message = ChatMessage(role="user", content="hi")
         request = ChatCompletionRequest(model="smollm2", messages=[message], stream=True)
         job_id = await service.submit(request)
-        delivery = Delivery(b"1-0", None, JobStatus.RUNNING.value, 0)
-        job = RunningJob(delivery, "lane", GenerateRequest(job_id), redelivered=False)
-        job.error = error
-        final = TokenAppend(job_id, job.attempt, 1, [job.final_event()], expire=True)
-        await TokenWriter(aredis, Keys(), 60).write([final], [])
-        await aredis.hset(Keys().job(job_id), "status", JobStatus.FAILED.value)
+        await fail(aredis, job_id, error)
         with anyio.fail_after(30), pytest.raises(ConveyorError) as refused:  # a hang guard
             await service.open_stream(job_id, ChatRenderer(job_id, "smollm2"))
     assert (refused.value.status, refused.value.type) == (status, type_), refused.value

@@ -11,42 +11,14 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from producer_api.traffic_control import TrafficControl
-from shared.canary_store import Canary, NotLeading
-from shared.job_store import JobStore
-from shared.keys import Keys
+from shared.canary_store import NotLeading
 from shared.leader_lock import LeaderLock
-from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore
 from shared.routing import Routes
-from shared.settings import Settings
-from shared.webhook_events import WebhookDispatcher
-from tests.conftest import REPO_ROOT
+from tests.test_canary_turns import MODEL, _canary
+from tests.test_traffic_edges_r8_fencing import KEYS, _producer
 
-KEYS = Keys("r9-fence:")
-TRAFFIC = ModelRepository.load(REPO_ROOT / "tests" / "fixtures" / "traffic_repository")
-MODEL = "ab"
 SEED = Routes({"stable": 100.0, "candidate": 0.0})
-
-
-@pytest.fixture(autouse=True)
-async def _clean(aredis: aioredis.Redis) -> None:
-    """Each test starts without the others' routes, canary or lease."""
-    keys = [key async for key in aredis.scan_iter(match=f"{KEYS.prefix}*")]
-    if keys:
-        await aredis.delete(*keys)
-
-
-def _producer(client: aioredis.Redis, redis_url: str, name: str) -> TrafficControl:
-    settings = Settings(redis_url=redis_url, auth="disabled", instance_id=name)
-    return TrafficControl.build(
-        client,
-        KEYS,
-        settings,
-        TRAFFIC,
-        JobStore(client, KEYS, 60),
-        WebhookDispatcher("redis://unused"),  # the canary has no webhook: never sent
-    )
 
 
 def _pause_before_write(store: RouteStore, successor: LeaderLock) -> None:
@@ -68,9 +40,7 @@ async def test_a_leader_paused_before_its_route_write_does_not_write(
     """The paused leader's step leaves the routes as they were; the new leader takes it, once."""
     first, second = _producer(aredis, redis_url, "first"), _producer(aredis, redis_url, "second")
     await first.route_store.seed(MODEL, SEED)
-    assert await first.canaries.start(
-        Canary(MODEL, "candidate", "stable", [10.0, 50.0, 100.0], 60.0, 0.05, 1_000.0, 10)
-    )
+    assert await first.canaries.start(_canary())
     _pause_before_write(first.route_store, second.lease)
 
     await first.lead()

@@ -12,20 +12,16 @@ from prometheus_client import REGISTRY
 from redis.exceptions import ResponseError
 
 from producer_api.traffic_control import TrafficControl
-from shared.canary_store import Canary
 from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.leader_lock import LeaderLock
-from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore
 from shared.routing import Routes
 from shared.settings import Settings
 from shared.webhook_events import WebhookDispatcher
-from tests.conftest import REPO_ROOT
+from tests.test_canary_turns import MODEL, TRAFFIC, _canary
 
 KEYS = Keys("r8-fence:")
-TRAFFIC = ModelRepository.load(REPO_ROOT / "tests" / "fixtures" / "traffic_repository")
-MODEL = "ab"
 
 
 def _producer(client: aioredis.Redis, redis_url: str, name: str) -> TrafficControl:
@@ -76,19 +72,6 @@ class _PausedBeforeSave(RouteStore):
         await self.redis.delete(KEYS.traffic_leader)
         assert await self.successor.hold()
         return written
-
-
-def _canary() -> Canary:
-    return Canary(
-        model=MODEL,
-        variant="candidate",
-        baseline="stable",
-        steps=[10.0, 50.0, 100.0],
-        interval_s=60.0,
-        max_error_rate=0.05,
-        max_p99_ms=1_000.0,
-        min_requests=10,
-    )
 
 
 async def _started(first: TrafficControl) -> None:

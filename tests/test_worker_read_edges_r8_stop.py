@@ -10,8 +10,7 @@ import redis.asyncio as aioredis
 from shared.job_store import JobStore
 from shared.keys import GROUP, Keys
 from shared.redis_client import connect
-from tests.conftest import until_async
-from tests.lane_rig import abandoned_after, queue_jobs
+from tests.lane_rig import abandoned_after, queue_jobs, until_blocked_in_read
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.reclaim import Reclaimer
@@ -48,12 +47,8 @@ async def test_a_stop_ends_the_top_up_and_claims_back_what_its_cut_reply_handed_
     stop = Stopping()
     reading = asyncio.create_task(lanes.next_batch(10, LONG_MS, LONG_MS, in_hand, stop=stop))
 
-    async def blocked() -> bool:
-        clients = await aredis.client_list()
-        return any(c["cmd"] == "xreadgroup" and "b" in c["flags"] for c in clients)
-
     try:
-        await until_async(blocked)
+        await until_blocked_in_read(aredis)
         stop.set()
         ((stream, deliveries),) = await asyncio.wait_for(reading, 5)  # a bound, not a timing
     finally:

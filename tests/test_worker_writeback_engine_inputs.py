@@ -56,7 +56,8 @@ def _ends(outcomes: list[Outcome]) -> list[int | str]:
     return [o.output["n"] if o.output else o.error["type"] if o.error else "?" for o in outcomes]
 
 
-async def _staged(engine: QueueingEngine, inputs: list[dict[str, Any]]) -> list[Outcome]:
+async def _staged(engine: StagedBatchEngine, inputs: list[dict[str, Any]]) -> list[Outcome]:
+    """`inputs` as one micro-batch through the stage pipeline: its outcomes as written back."""
     pipeline = StagePipeline(engine)
     written: list[Outcome] = []
 
@@ -71,7 +72,8 @@ async def _staged(engine: QueueingEngine, inputs: list[dict[str, Any]]) -> list[
     return written
 
 
-RUNS: dict[str, Callable[[QueueingEngine, list[dict[str, Any]]], Any]] = {
+# The two ways a micro-batch reaches an engine (tests/test_batch_exec_edges_r8_inputs.py too).
+RUNS: dict[str, Callable[[StagedBatchEngine, list[dict[str, Any]]], Any]] = {
     "execute": execute,
     "staged": _staged,
 }

@@ -29,7 +29,6 @@ import httpx
 import redis
 from celery import Task
 from celery.exceptions import Reject, Retry
-from celery.worker import state as worker_state
 from redis.exceptions import RedisClusterException
 
 from shared.celery_broker import VISIBILITY_TIMEOUT_S
@@ -42,6 +41,7 @@ from shared.settings import Settings, get_settings
 from shared.webhook_events import TASK_NAME, TargetKind, allowed
 from shared.webhook_signing import HEADER, owner_secret, sign
 from workers.app import app
+from workers.runtime.broker_consumer import stoppable_sleep
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -81,7 +81,6 @@ CLAIM_KEPT_MARGIN_S = VISIBILITY_TIMEOUT_S
 # The longest wait between two tries to queue a next attempt the broker refused (`_queue_next`):
 # a broker that takes writes again is found soon.
 REQUEUE_WAIT_CAP_S = 10.0
-STOP_CHECK_S = 0.25  # how often that wait looks whether the worker is asked to stop
 # What an attempt whose connection closed before an answer was read records (`_failure`).
 UNANSWERED = (
     "connection closed before an answer was read (a receiver that answers a large body early,"
@@ -512,7 +511,7 @@ def _queue_next(task: Task, delay_s: float, until: float) -> Retry:
     posts the attempt again (receivers drop a repeat by its id); the next attempt's claim lets
     one of the two go on. Not requeued: kombu's requeue writes to the broker too, and when the
     broker refused it as well, Celery stopped the worker ("Unrecoverable error"). A worker asked
-    to stop meanwhile stops (`_wait_unless_stopping`)."""
+    to stop meanwhile stops (`stoppable_sleep`)."""
     due = time.monotonic() + delay_s
     tries = 0
     while True:
@@ -533,7 +532,12 @@ def _queue_next(task: Task, delay_s: float, until: float) -> Retry:
                 refused.reason,
                 wait_s,
             )
-            _wait_unless_stopping(wait_s)
+            # A worker asked to stop (SIGTERM, Ctrl-C, a crash or memory recycle of the
+            # consumer) raises WorkerShutdown out of the task, leaving the delivery unacknowledged
+            # for kombu to restore. The wait runs on a pool thread, which a stopping worker waits
+            # for (on the solo pool it was the main thread, which looks at the stop flags only
+            # between tasks: the worker ran on until it was killed).
+            stoppable_sleep(wait_s)
 
 
 def _never_queued(number: int) -> dict[str, Any]:
@@ -541,19 +545,6 @@ def _never_queued(number: int) -> dict[str, Any]:
     retry window (`_queue_next`)."""
     error = "not queued: the broker refused the next attempt for the whole retry window"
     return {"attempt": number, "at": round(time.time(), 3), "status_code": None, "error": error}
-
-
-def _wait_unless_stopping(wait_s: float) -> None:
-    """Sleep `wait_s`, unless the worker is asked to stop (SIGTERM, Ctrl-C, a crash or memory
-    recycle of the consumer): then Celery's WorkerShutdown (WorkerTerminate) is raised out of
-    the task, which leaves the delivery unacknowledged for kombu to restore. The wait runs on
-    a pool thread, which a stopping worker waits for (on the solo pool it was the main thread,
-    which looks at the stop flags only between tasks: the worker ran on until it was killed)."""
-    until = time.monotonic() + wait_s
-    while (left := until - time.monotonic()) > 0:
-        worker_state.maybe_shutdown()
-        time.sleep(min(left, STOP_CHECK_S))
-    worker_state.maybe_shutdown()
 
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True, max_retries=None)

@@ -4,7 +4,7 @@ profile in FP32, FP16 or INT8, then runs each micro-batch through preallocated p
 
 Tokenisation and pooling are those of the ONNX Runtime engine (`text_encoding`), so both serve
 the same vectors. tensorrt and pycuda are imported inside methods: this module imports on any
-machine, and `tensorrt_available()` tells whether it can run.
+machine, and a load where they are missing says so (`require_gpu_packages`).
 
 Precision, reviewed against the TensorRT 10 and 11 Python API docs: FP16 here is "weak typing"
 (BuilderFlag.FP16 plus per-layer precision constraints, deprecated in 10.12) and INT8 is implicit
@@ -75,19 +75,6 @@ def require_gpu_packages() -> None:
             "install the project's `gpu` extra (`pip install '.[gpu]'`: TensorRT 10 and pycuda) "
             "on a machine with an NVIDIA GPU and CUDA, or serve this variant on another backend"
         )
-
-
-def tensorrt_available() -> bool:
-    """True where tensorrt and pycuda import and a CUDA device exists (the guard for GPU code)."""
-    if missing_gpu_packages():
-        return False
-    try:
-        import pycuda.driver as cuda
-
-        cuda.init()
-        return bool(cuda.Device.count() > 0)
-    except Exception:
-        return False
 
 
 @dataclass(frozen=True, slots=True)

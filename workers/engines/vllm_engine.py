@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shared.generate_errors import ContextLengthExceeded
@@ -41,25 +40,22 @@ class StepStats:
     """What vLLM's scheduler reported after each engine step, fed by a vLLM stat logger.
 
     This is the seam for observing continuous batching: `max_running` is the most requests the
-    engine decoded in one step, `running_per_step` counts steps by their batch size.
+    engine decoded in one step.
     """
 
     steps: int = 0
     max_running: int = 0
     last_running: int = 0
     last_waiting: int = 0
-    running_per_step: Counter[int] = field(default_factory=Counter)
 
     def record(self, running: int, waiting: int) -> None:
         self.steps += 1
         self.last_running, self.last_waiting = running, waiting
         self.max_running = max(self.max_running, running)
-        self.running_per_step[running] += 1
 
     def reset(self) -> None:
         """Forget history (e.g. after warmup) so a measurement starts clean."""
         self.steps = self.max_running = self.last_running = self.last_waiting = 0
-        self.running_per_step.clear()
 
 
 class VllmEngine(GenerateEngine):

@@ -27,7 +27,8 @@ SLICE_S = 0.1
 
 
 def stoppable_sleep(delay_s: float) -> None:
-    """Sleep `delay_s`, ended by a stop as Celery's own loop ends (WorkerShutdown)."""
+    """Sleep `delay_s`, ended by a stop as Celery's own loop ends (WorkerShutdown): a
+    consumer restart's wait, and a webhook delivery's wait to queue its next attempt."""
     deadline = time.monotonic() + delay_s
     while (left := deadline - time.monotonic()) > 0:
         celery_state.maybe_shutdown()
