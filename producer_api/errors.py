@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from redis.exceptions import MasterDownError, OutOfMemoryError, ReadOnlyError
 from starlette.exceptions import HTTPException
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 from starlette.types import Receive, Scope, Send
 
 from producer_api.openai import OPENAI_PATHS
@@ -193,11 +193,23 @@ def _openai_route(scope: Scope) -> bool:
     """Whether the route the request's path and method name marks its requests OpenAI's."""
     for route in scope["app"].router.routes:
         if route.matches(scope)[0] is Match.FULL:
-            return isinstance(route, OpenAIRoute) or any(
-                depends.dependency is answer_as_openai
-                for depends in getattr(route, "dependencies", ())
-            )
+            return _marks_openai(route)
     return False
+
+
+def _marks_openai(route: BaseRoute) -> bool:
+    return isinstance(route, OpenAIRoute) or any(
+        depends.dependency is answer_as_openai for depends in getattr(route, "dependencies", ())
+    )
+
+
+def _wrong_method_on_openai(request: Request) -> bool:
+    """A 405 on a path one of OpenAI's routes takes with another method (`PUT /v1/files`): its
+    route never ran to mark the request, and OpenAI's SDK read no `e.code` of Conveyor's shape."""
+    return any(
+        route.matches(request.scope)[0] is Match.PARTIAL and _marks_openai(route)
+        for route in request.app.router.routes
+    )
 
 
 class ErrorResponse(FastJSONResponse):
@@ -426,6 +438,8 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404 and (twin := _slash_twin(request)):
             return RedirectResponse(twin, 307)
         if exc.status_code == 404 and _unrouted_openai(request):
+            mark_as_openai(request)
+        if exc.status_code == 405 and _wrong_method_on_openai(request):
             mark_as_openai(request)
         # a 400: a body that does not parse (a multipart form), an invalid request
         type_ = {400: "invalid_request", 404: "not_found"}.get(exc.status_code, "http_error")
