@@ -33,7 +33,7 @@ from workers.engines.registry import create_engine
 from workers.engines.vllm_engine import VllmEngine
 from workers.model_prep.smollm2 import prepare as prepare_smollm2
 
-pytest_plugins = ["tests.hang_guard"]
+pytest_plugins = ["tests.hang_guard", "tests.webhook_receiver_fixture"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

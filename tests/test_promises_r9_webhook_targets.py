@@ -4,20 +4,11 @@ range before `fc00::/7`) too, which Python's `is_global` calls global. On real l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 import pytest
 
 from tests.test_webhook_edges_targets import EVENT, _resolving
-from tests.webhook_receiver import Receiver, serving
+from tests.webhook_receiver import Receiver
 from workers.webhook_delivery import _post
-
-
-@pytest.fixture
-def receiver(settings_env: Callable[..., None]) -> Iterator[Receiver]:
-    settings_env(CONVEYOR_WEBHOOK_TIMEOUT_S="1", CONVEYOR_WEBHOOK_SECRET="whsec-test")
-    with serving() as server:
-        yield server
 
 
 @pytest.mark.parametrize("address", ["fec0::1", "feed:beef::a9fe:a9fe"])

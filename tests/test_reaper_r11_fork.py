@@ -6,14 +6,8 @@ a real engine process and a plain forked child stand in for celery's and vLLM's.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-
-from tests.conftest import REPO_ROOT, until
-from tests.test_worker_engine_reaper import _running
+from tests.conftest import until
+from tests.test_worker_engine_reaper import _running, spawned_worker
 
 # A worker: an engine watched by a reaper, then a child forked as multiprocessing's fork start
 # method does, unwatched and living on; prints both pids and sleeps until killed.
@@ -32,22 +26,8 @@ time.sleep(60)
 
 
 def test_a_child_forked_after_the_reaper_leaves_it_guarding_the_engine() -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-c", WORKER],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )
-    assert process.stdout is not None
-    engine, forked = map(int, process.stdout.readline().split())
-    try:
+    with spawned_worker(WORKER) as (process, [engine, forked]):
         process.kill()  # as kill -9 or the OOM killer: no code of the worker runs
         process.wait()
         until(lambda: not _running(engine), timeout=5)
         assert _running(forked)  # not the reaper's to end: it only let go of the pipe
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(engine, signal.SIGKILL)

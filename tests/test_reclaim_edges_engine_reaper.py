@@ -6,15 +6,12 @@ vLLM's, each living through the SIGINT as those do."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 
-from tests.conftest import REPO_ROOT, until
-from tests.test_worker_engine_reaper import _running
+from tests.conftest import until
+from tests.test_worker_engine_reaper import _running, spawned_worker
 
 # An engine that lives through SIGINT, ready once it says so.
 ENGINE = (
@@ -35,25 +32,10 @@ time.sleep(60)
 
 
 def test_a_ctrl_c_leaves_the_reaper_guarding_the_engine() -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-c", WORKER],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )
-    assert process.stdout is not None
-    engine = int(process.stdout.readline())
-    try:
+    with spawned_worker(WORKER) as (process, [engine]):
         os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C
         time.sleep(0.2)  # taken by the group, the worker and its engine live on
         assert process.poll() is None and _running(engine)
         process.kill()  # then killed outright: no code of the worker runs
         process.wait()
         until(lambda: not _running(engine), timeout=5)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(engine, signal.SIGKILL)
-        process.wait()

@@ -5,8 +5,6 @@ had decided on after another producer took the lease over."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
@@ -21,17 +19,28 @@ from tests.test_traffic_edges_r8_fencing import KEYS, _producer
 SEED = Routes({"stable": 100.0, "candidate": 0.0})
 
 
-def _pause_before_write(store: RouteStore, successor: LeaderLock) -> None:
-    """The store's process pauses past its lease right before PUT runs (after every check made
-    before it), and the successor takes the lease over meanwhile."""
-    script = store._put
+class _PausedBeforePut(RouteStore):
+    """The first leader's route store: its process pauses past its lease right before PUT runs
+    (after every check made before it: `put` makes none before its script), and the successor
+    takes the lease over meanwhile. A pause in that gap is the fault: no Redis state set before
+    the step can stand in (a lease already another's fails the step's `hold()`, r8's test), and
+    tests/reply_dropper.py loses a reply after the server ran a request, never delays one."""
 
-    async def paused(**call: Any) -> Any:
-        await store.redis.delete(successor.key)
-        assert await successor.hold()
-        return await script(**call)
+    def __init__(self, client: aioredis.Redis, successor: LeaderLock) -> None:
+        super().__init__(client, KEYS)
+        self.successor = successor
 
-    store._put = paused  # type: ignore[assignment]
+    async def put(
+        self,
+        model: str,
+        routes: Routes,
+        by: str,
+        expected: int | None = None,
+        lease: LeaderLock | None = None,
+    ) -> int:
+        await self.redis.delete(self.successor.key)
+        assert await self.successor.hold()
+        return await super().put(model, routes, by, expected, lease)
 
 
 async def test_a_leader_paused_before_its_route_write_does_not_write(
@@ -41,7 +50,7 @@ async def test_a_leader_paused_before_its_route_write_does_not_write(
     first, second = _producer(aredis, redis_url, "first"), _producer(aredis, redis_url, "second")
     await first.route_store.seed(MODEL, SEED)
     assert await first.canaries.start(_canary())
-    _pause_before_write(first.route_store, second.lease)
+    first.controller.routes = _PausedBeforePut(aredis, second.lease)
 
     await first.lead()
 

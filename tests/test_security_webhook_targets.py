@@ -7,23 +7,16 @@ address written in the URL itself is the operator's: the allow-list names it lit
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.webhook_receiver import Receiver, serving
+from tests.webhook_receiver import Receiver
 from workers import webhook_delivery
 from workers.webhook_delivery import _post
 
 EVENT = {"id": "evt_1", "type": "job.succeeded"}
-
-
-@pytest.fixture
-def receiver(settings_env: Callable[..., None]) -> Iterator[Receiver]:
-    settings_env(CONVEYOR_WEBHOOK_TIMEOUT_S="1", CONVEYOR_WEBHOOK_SECRET="whsec-test")
-    with serving() as server:
-        yield server
 
 
 def _resolving(monkeypatch: pytest.MonkeyPatch, name: str, *answers: str) -> list[str]:

@@ -5,7 +5,7 @@ addresses of which the first is down, and allow-list entries naming a port no UR
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,17 +13,10 @@ from pydantic import ValidationError
 
 from shared.http_url import is_http_url
 from shared.settings import Settings
-from tests.webhook_receiver import Receiver, serving
+from tests.webhook_receiver import Receiver
 from workers.webhook_delivery import _post
 
 EVENT = {"id": "evt_1", "type": "job.succeeded"}
-
-
-@pytest.fixture
-def receiver(settings_env: Callable[..., None]) -> Iterator[Receiver]:
-    settings_env(CONVEYOR_WEBHOOK_TIMEOUT_S="1", CONVEYOR_WEBHOOK_SECRET="whsec-test")
-    with serving() as server:
-        yield server
 
 
 def _resolving(monkeypatch: pytest.MonkeyPatch, name: str, *addresses: str) -> None:

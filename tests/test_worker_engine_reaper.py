@@ -40,24 +40,33 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.fixture
-def worker(request: pytest.FixtureRequest) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """The worker (in a session of its own, killed with all it left) and its engine's pid."""
+@contextlib.contextmanager
+def spawned_worker(script: str, *args: str) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """A worker running `script` (with `args`) in a session of its own, and the pids it prints
+    on its first line (its engine's first); on the way out it is killed with its whole process
+    group, which holds the engines and children it started (the reaper's helper, in a session
+    of its own, ends with the worker)."""
     process = subprocess.Popen(
-        [sys.executable, "-c", WORKER, request.param],
+        [sys.executable, "-c", script, *args],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
-    assert process.stdout is not None
-    engine = int(process.stdout.readline())
     try:
-        yield process, engine
+        assert process.stdout is not None
+        yield process, [int(pid) for pid in process.stdout.readline().split()]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+@pytest.fixture
+def worker(request: pytest.FixtureRequest) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """The worker (killed with all it left) and its engine's pid."""
+    with spawned_worker(WORKER, request.param) as (process, [engine]):
+        yield process, engine
 
 
 @pytest.mark.parametrize("worker", ["keep"], indirect=True)
