@@ -352,13 +352,16 @@ def _whole_body_refused(exc: RequestValidationError) -> bool:
 def _allowed_methods(request: Request) -> str:
     """Every method the request's path takes, as a 405's Allow must list them (RFC 9110
     15.5.6): FastAPI makes a route of each method, and Starlette's 405 names only the methods
-    of the first route whose path matched. Empty where no route names its methods (the 405's
+    of the first route whose path matched. HEAD wherever GET is: every GET route answers it
+    (app.HeadAsGet), though none names it. Empty where no route names its methods (the 405's
     own Allow stands)."""
     methods: set[str] = set()
     for route in request.app.router.routes:
         match, _ = route.matches(request.scope)
         if match is not Match.NONE:
             methods |= getattr(route, "methods", None) or set()
+    if "GET" in methods:
+        methods.add("HEAD")
     return ", ".join(sorted(methods))
 
 

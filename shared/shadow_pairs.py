@@ -147,8 +147,11 @@ class ShadowPairs:
         that claimed or dropped it, the one to settle or count it (two leaders a lapsed lease let
         overlap counted it twice). Claimed rather than removed: a page that failed after
         removing its pairs lost them uncounted; a claim lasts until `done` releases it or,
-        abandoned, it goes back to pending."""
+        abandoned, it goes back to pending. Nothing to claim or drop sends nothing: every look
+        of every model (twice a second) wrote the call's reply key, kept RERUN_MS, for none."""
         members = [pair.member() for pair in (*drop, *pairs)]
+        if not members:
+            return [], []
         head = [now_ms(), self.ttl_s, len(drop), RateLimiter.RERUN_MS]
         pending, claims = self._keys(model)
         reply = f"{claims}:call:{uuid.uuid4().hex[:16]}"  # the sets' slot

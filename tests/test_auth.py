@@ -229,7 +229,7 @@ def test_cli_create_list_revoke(auth_stack: Stack, api: httpx.Client) -> None:
     assert revoked.status_code == 401
     assert revoked.json()["error"]["message"] == "API key revoked"
     states = [json.loads(line) for line in _cli(auth_stack, "list", "--json").splitlines()]
-    assert {"key_id": key_id, "state": "API key revoked"}.items() <= next(
+    assert {"key_id": key_id, "state": "revoked"}.items() <= next(
         s for s in states if s["key_id"] == key_id
     ).items()
 

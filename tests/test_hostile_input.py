@@ -473,8 +473,8 @@ def test_a_webhook_cannot_leave_its_allowed_prefix_through_dot_segments(url: str
 @pytest.mark.parametrize(
     ("method", "path", "allowed"),
     [
-        ("PUT", "/v1/jobs/0123", "DELETE, GET"),
-        ("PATCH", "/v1/models/identity/canary", "DELETE, GET, POST"),
+        ("PUT", "/v1/jobs/0123", "DELETE, GET, HEAD"),
+        ("PATCH", "/v1/models/identity/canary", "DELETE, GET, HEAD, POST"),
         ("DELETE", "/v1/jobs", "POST"),
     ],
 )

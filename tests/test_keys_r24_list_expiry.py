@@ -41,5 +41,5 @@ def test_list_shows_each_keys_expiry_and_an_expired_one(
     lines = listed.stdout.splitlines()
     assert f"{old_id}\tacme\tread\t*\tactive\tci\texpires {_utc(cutoff)}" in lines, lines
     assert f"{new_id}\tacme\tread\t*\tactive\tci\tlimits of {old_id}" in lines, lines  # never
-    expired = f"{gone_id}\tacme\tread\t*\tAPI key expired\told\texpired {_utc(gone_at)}"
+    expired = f"{gone_id}\tacme\tread\t*\texpired\told\texpired {_utc(gone_at)}"
     assert expired in lines, lines

@@ -35,10 +35,10 @@ async def test_a_wrong_method_on_openais_routes_is_openais_405(
     producer: httpx.AsyncClient,
 ) -> None:
     for method, path, allow in [
-        ("PUT", "/v1/files", "GET, POST"),
-        ("PATCH", "/v1/files/file-abc", "DELETE, GET"),
-        ("DELETE", "/v1/models", "GET"),
-        ("PUT", "/v1/models/minilm", "GET"),
+        ("PUT", "/v1/files", "GET, HEAD, POST"),
+        ("PATCH", "/v1/files/file-abc", "DELETE, GET, HEAD"),
+        ("DELETE", "/v1/models", "GET, HEAD"),
+        ("PUT", "/v1/models/minilm", "GET, HEAD"),
     ]:
         answer = await producer.request(method, path)
         assert answer.status_code == 405, (path, answer.text)

@@ -25,14 +25,15 @@ class ErrorInfo(_Open):
 class Attempt(_Open):
     """One delivery of a job to a worker (`get(job_id, attempts=True)`): who ran it, from when
     to when (Unix seconds) and how it ended (`succeeded`, `failed`, `crashed`, `expired`,
-    `cancelled`, `dead-lettered`)."""
+    `cancelled`, `dead-lettered`). Fields in the API's order: a dump (`jobs get --attempts`)
+    prints them so."""
 
-    outcome: str
     consumer: str | None = None
     host: str | None = None
     pid: int | None = None
     started: float | None = None
     ended: float | None = None
+    outcome: str
     error: ErrorInfo | None = None
 
 

@@ -175,7 +175,7 @@ def _describe(key: ApiKey) -> dict[str, Any]:
         "name": spec.name,
         "created_at": key.created_at,
         "expires_at": spec.expires_at or None,
-        "state": key.refusal(time.time()) or "active",
+        "state": _state(key, time.time()),
         "rate_per_s": spec.rate_per_s,
         "burst": spec.burst,
         "max_in_flight": spec.max_in_flight,
@@ -183,6 +183,14 @@ def _describe(key: ApiKey) -> dict[str, Any]:
         "weight": spec.weight,
         "limits_of": key.limits_of or None,
     }
+
+
+def _state(key: ApiKey, now: float) -> str:
+    """`active`, `revoked` or `expired`: a token a script can match, where the auth refusal's
+    message (`API key revoked`) was shown. Revoked first, as the refusal says."""
+    if key.refusal(now) is None:
+        return "active"
+    return "revoked" if key.revoked_at else "expired"
 
 
 @click.group("keys")

@@ -76,6 +76,13 @@ def _not_served(value: Any) -> Any:
     return value
 
 
+def _no_suffix(value: Any) -> Any:
+    """Says what is taken, where pydantic's "Input should be ''" read as if only "" were."""
+    if value is not None and value != "":
+        raise PydanticCustomError("suffix_not_served", "not supported: send null or omit it")
+    return value
+
+
 # A field of vLLM's server that Conveyor does not serve: only null (its default) is taken.
 NotServed = Annotated[
     None, BeforeValidator(_not_served), Field(description="vLLM's; not served: only null")
@@ -389,7 +396,9 @@ class CompletionRequest(SamplingRequest):
     prompt: Prompt
     max_tokens: int | None = Field(default=16, ge=1, strict=True)
     echo: StrictBool | None = False
-    suffix: Literal[""] | None = Field(default=None, description="Not supported: only empty")
+    suffix: Annotated[Literal[""] | None, BeforeValidator(_no_suffix)] = Field(
+        default=None, description="Not supported: only null (or empty)"
+    )
     # 0 still asks for the chosen tokens' logprobs (OpenAI's and vLLM's answer carries them)
     logprobs: None = Field(default=None, description="Not supported: only null")
     add_special_tokens: OnlyTrue | None = None  # vLLM's completions default
