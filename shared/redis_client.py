@@ -242,12 +242,42 @@ def sent_once() -> Iterator[None]:
         _SENT_ONCE.reset(token)
 
 
+class _KeepsCancel:
+    """Around each Redis call of a client `connect` makes: a cancel of this task during the call
+    (`cancelling()` grew) that did not come out of it as CancelledError is raised as one, from
+    the Redis timeout or connection error redis-py raised in its place (under Python 3.11, a
+    socket timeout's `asyncio.timeout` or `wait_for` racing the cancel), or after a call that
+    returned all the same (a retry of that error answered, or a `wait_for` that swallowed it).
+    A loop that waits out an outage took the error for one and ran on for good. A call whose
+    task was cancelled before it (a clean-up after a cancel) gets its errors as they came, and
+    so does a task not being cancelled (a timeout's own cancel is taken back before redis-py
+    raises)."""
+
+    __slots__ = ("before", "task")
+
+    def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.before = 0 if self.task is None else self.task.cancelling()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        if self.task is None or self.task.cancelling() <= self.before:
+            return
+        if error is None:
+            raise asyncio.CancelledError
+        if isinstance(error, RedisConnectionError | RedisTimeoutError):
+            raise asyncio.CancelledError from error
+
+
 class ResendsSafely(aioredis.Redis):
     """A client whose commands and pipelines are sent again through a lost connection only
-    where a second run changes nothing (`RUNS_TWICE`)."""
+    where a second run changes nothing (`RUNS_TWICE`), and whose errors under a cancel are the
+    cancel (`_KeepsCancel`)."""
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        with _once_where_one_runs_twice(args[:1]):
+        with _KeepsCancel(), _once_where_one_runs_twice(args[:1]):
             return await super().execute_command(*args, **options)
 
     def pipeline(
@@ -263,7 +293,7 @@ class PipelineResendsSafely(aioredis.client.Pipeline):
     connection only where none of its commands is of `RUNS_TWICE`."""
 
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
-        with _once_where_one_runs_twice(args[0] for args, _ in self.command_stack):
+        with _KeepsCancel(), _once_where_one_runs_twice(args[0] for args, _ in self.command_stack):
             return await super().execute(raise_on_error)
 
 
@@ -538,12 +568,12 @@ class HiredisCluster(RedisCluster):
             node.connection_class = packing
 
     async def initialize(self, *args: Any, **kwargs: Any) -> HiredisCluster:
-        with topology_read():
+        with _KeepsCancel(), topology_read():
             await super().initialize(*args, **kwargs)
         return self
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        with topology_read(), _once_where_one_runs_twice(args[:1]):
+        with _KeepsCancel(), topology_read(), _once_where_one_runs_twice(args[:1]):
             return await super().execute_command(*args, **kwargs)
 
     async def _execute_command(self, target_node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
@@ -613,14 +643,15 @@ class TimeoutRaisingPipeline(PipelineStrategy):
     resends = True
 
     async def execute(self, *args: Any, **kwargs: Any) -> list[Any]:
-        try:
-            with (
-                topology_read(),
-                _once_where_one_runs_twice(c.args[0] for c in self._command_queue),
-            ):
-                return await super().execute(*args, **kwargs)
-        except _Carried as carried:
-            raise carried.error from carried.cause
+        with _KeepsCancel():  # around what is carried too: a lost cancel comes out as that
+            try:
+                with (
+                    topology_read(),
+                    _once_where_one_runs_twice(c.args[0] for c in self._command_queue),
+                ):
+                    return await super().execute(*args, **kwargs)
+            except _Carried as carried:
+                raise carried.error from carried.cause
 
     async def _execute(
         self,
@@ -676,6 +707,7 @@ class TimeoutRaisingTransaction(TransactionStrategy):
     async def execute(self, *args: Any, **kwargs: Any) -> list[Any]:
         try:
             with (
+                _KeepsCancel(),
                 topology_read(),
                 _once_where_one_runs_twice(c.args[0] for c in self._command_queue),
             ):

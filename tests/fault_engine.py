@@ -3,23 +3,38 @@ returns its inputs, but an item can make the batch raise, make the process die m
 `sys.exit` (as a library may), get an output JSON cannot hold, poison the engine for good (as a
 CUDA error does, while the file an item names in `while` exists), keep `hold_mb` MiB for good
 (as a leaking library does), or the batch can take time, so the tests inject faults through
-ordinary job inputs."""
+ordinary job inputs. Also the rigs fault tests share: a staged engine's micro-batch loop
+(`staged_loop`), and a client whose Redis calls lose a cancel (`cancel_losing_client`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import math
 import os
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.codec import dumps
+from shared.keys import Keys
+from shared.model_repository import ModelConfig
+from shared.redis_client import HiredisConnection, RedisClient, connect
+from workers.batching.micro_batch_loop import MicroBatchLoop
 from workers.engines.base import BatchEngine, StagedBatchEngine
+from workers.partition.job_events import JobEvents
+from workers.partition.lane_scheduler import LaneScheduler
+from workers.partition.partition import Partition
+from workers.partition.reclaim import Reclaimer
+from workers.partition.result_writer import ResultWriter
+from workers.partition.stream_reader import StreamReader
 
 FIXED_ENV = "CONVEYOR_TEST_POISON_FIXED"
 # An item's `output`: an engine's output that no job can store (the engine returns it as is).
@@ -101,3 +116,65 @@ class StagedFaultEngine(FaultEngine, StagedBatchEngine):
 
     def finish(self, running: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return running
+
+
+async def staged_loop(
+    client: RedisClient,
+    keys: Keys,
+    config: ModelConfig,
+    worker: str,
+    reader: type[StreamReader] = StreamReader,
+    writer: type[ResultWriter] = ResultWriter,
+    reader_client: RedisClient | None = None,
+) -> MicroBatchLoop:
+    """The micro-batch loop of `config`'s default variant on a loaded StagedFaultEngine, as
+    `worker` (its consumer group made): reading through a `reader` on `reader_client` (else
+    `client`), writing back through a `writer`, a read blocking 100 ms."""
+    partition = Partition.of(keys, config, "default")
+    lanes_reader = reader(reader_client or client, keys, partition.streams, worker)
+    await lanes_reader.ensure_groups()
+    events = JobEvents("redis://unused")
+    reclaimer = Reclaimer(client, keys, partition, worker, 60, events)
+    engine = StagedFaultEngine(config, "default", "")
+    engine.load()
+    lanes = LaneScheduler(partition, lanes_reader, reclaimer)
+    results = writer(client, keys, 60, events, worker)
+    return MicroBatchLoop(partition, lanes, lanes_reader, results, engine, 100)
+
+
+class LosesCancels(HiredisConnection):
+    """A connection whose read, cancelled, raises a Redis timeout in the cancel's place: the
+    cancel a Redis call can lose (shared/redis_client.py, `_KeepsCancel`), every time."""
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except asyncio.CancelledError:
+            raise RedisTimeoutError("Timeout reading from the server") from None
+
+
+class SwallowsCancels(HiredisConnection):
+    """A connection whose read, cancelled, answers nil as if the server had: a cancel swallowed
+    whole (a retry of the error it was lost as that succeeded, a `wait_for` that dropped it)."""
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except asyncio.CancelledError:
+            await self.disconnect(nowait=True)  # its reply unread: the connection is spent
+            return None
+
+
+@contextlib.asynccontextmanager
+async def cancel_losing_client(
+    url: str, losing: type[HiredisConnection] = LosesCancels
+) -> AsyncIterator[RedisClient]:
+    """A client of `url` as a process makes one (`connect`), on connections that lose a cancel
+    (`losing`: as an error, or whole); its reads may block up to a minute. Closed on the way
+    out."""
+    client = connect(url, max_connections=4, blocks_ms=60_000)
+    client.connection_pool.connection_class = losing
+    try:
+        yield client
+    finally:
+        await client.aclose()

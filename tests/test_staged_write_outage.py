@@ -16,15 +16,10 @@ from shared.job_states import JobStatus
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, QueueLimits
-from tests.fault_engine import StagedFaultEngine
-from workers.batching.micro_batch_loop import MicroBatchLoop
+from tests.fault_engine import staged_loop
 from workers.partition.finish import Finish
-from workers.partition.job_events import JobEvents
-from workers.partition.lane_scheduler import LaneScheduler
 from workers.partition.partition import Partition
-from workers.partition.reclaim import Reclaimer
 from workers.partition.result_writer import ResultWriter
-from workers.partition.stream_reader import StreamReader
 
 KEYS = Keys("staged-oom:")
 WORKER = "box-9-99"
@@ -55,15 +50,10 @@ async def test_a_wait_for_a_pipeline_slot_is_not_engine_time(aredis: aioredis.Re
     for job_id in jobs:
         entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
         await store.create(entry, PARTITION.online, {"model": "m", "variant": "default"})
-    reader = StreamReader(aredis, KEYS, PARTITION.streams, WORKER)
-    await reader.ensure_groups()
-    events = JobEvents("redis://unused")
-    writer = RefusingWriter(aredis, KEYS, 60, events, WORKER)
-    engine = StagedFaultEngine(CONFIG, "default", "")
-    engine.load()
-    lanes = LaneScheduler(PARTITION, reader, Reclaimer(aredis, KEYS, PARTITION, WORKER, 60, events))
-    loop = MicroBatchLoop(PARTITION, lanes, reader, writer, engine, 100)
-    [(stream, deliveries)] = await reader.wait([PARTITION.online], 3, None)
+    loop = await staged_loop(aredis, KEYS, CONFIG, WORKER, writer=RefusingWriter)
+    writer = loop.writer
+    assert isinstance(writer, RefusingWriter)
+    [(stream, deliveries)] = await loop.reader.wait([PARTITION.online], 3, None)
 
     # two micro-batches fill the pipeline's slots and retry their write-backs; the third waits
     running = [asyncio.create_task(loop.process(stream, [d])) for d in deliveries]

@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.job_store import JobStore
 from shared.keys import Keys
 from tests.conftest import until_async
+from tests.fault_engine import cancel_losing_client
 from tests.lane_rig import abandoned_after, queue_jobs
 from workers.batching import long_run
 from workers.batching.long_run import LongRun
@@ -50,17 +50,17 @@ class OutageOnce(StreamReader):
 
 
 class CancelLost(StreamReader):
-    """A reader whose touch, cancelled, raises a Redis timeout instead: the cancel a Redis call
-    can lose (asyncio.timeout's race with an outer cancel in Python 3.11)."""
+    """A reader (on a client whose connections lose a cancel: `cancel_losing_client`) whose
+    first touch waits in a Redis call until cancelled (a BLPOP of a list nobody fills): the
+    cancel lands there, lost (asyncio.timeout's race with an outer cancel in Python 3.11). Its
+    later touches return at once, so a watch that ran on still ends with the test's loop."""
 
     touches = 0
 
     async def touch(self, stream: str, entry_ids: Sequence[bytes | str]) -> list[str]:
         self.touches += 1
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            raise RedisTimeoutError("Timeout reading from the server") from None
+        if self.touches == 1:
+            await self.redis.blpop([f"{stream}:unfilled"], 60)
         return []
 
 
@@ -129,13 +129,14 @@ async def test_the_first_touch_comes_before_a_long_gathers_entries_go_idle(
 
 
 async def test_an_ended_watch_stops_though_its_cancel_was_lost(
-    aredis: aioredis.Redis, pauses: list[float]
+    aredis: aioredis.Redis, redis_url: str, pauses: list[float]
 ) -> None:
     """It touched its micro-batch's acknowledged entries every period, for good."""
-    reader = CancelLost(aredis, KEYS, PARTITION.streams, WORKER)
-    stream, batch = await _read(aredis, reader, "ended")
-    watch = LongRun(reader, stream, batch, batch, PARTITION.touch_every_s, 0, lambda: None)
-    await _watched(watch, lambda: reader.touches == 1)
-    for _ in range(20):  # the watch's sleeps are recorded, not slept: it would touch at once
-        await asyncio.sleep(0)
-    assert reader.touches == 1, pauses
+    async with cancel_losing_client(redis_url) as losing:
+        reader = CancelLost(losing, KEYS, PARTITION.streams, WORKER)
+        stream, batch = await _read(aredis, reader, "ended")
+        watch = LongRun(reader, stream, batch, batch, PARTITION.touch_every_s, 0, lambda: None)
+        await _watched(watch, lambda: reader.touches == 1)
+        for _ in range(20):  # the watch's sleeps are recorded, not slept: it would touch at once
+            await asyncio.sleep(0)
+        assert reader.touches == 1, pauses

@@ -50,7 +50,7 @@ class LongRun:
         self.max_run_s = max_run_s
         self.hung = hung
         self._task: asyncio.Task[None] | None = None
-        self._marked = self._touching = self._ended = False
+        self._marked = self._touching = False
         self._ceiling: asyncio.TimerHandle | None = None
         self._timer = asyncio.get_running_loop().call_later(RUNNING_MARK_S, self._start)
 
@@ -61,7 +61,6 @@ class LongRun:
             self._ceiling = asyncio.get_running_loop().call_later(self.max_run_s, self._overran)
 
     def end(self) -> None:
-        self._ended = True
         self._timer.cancel()
         if self._ceiling is not None:
             self._ceiling.cancel()
@@ -78,10 +77,9 @@ class LongRun:
         self._task.add_done_callback(_log_failure)
 
     async def _watch(self) -> None:
-        """Until `end`: its cancel, or, should a Redis call have turned that cancel into an
-        error `_tick` takes for an outage (asyncio.timeout's race in Python 3.11), the flag.
-        Lost so, the watch touched its acknowledged entries every period for good."""
-        while not self._ended:
+        """Until `end` cancels it (a Redis call that lost the cancel raises it all the same:
+        shared/redis_client.py)."""
+        while True:
             await asyncio.sleep(await self._tick())
 
     async def _tick(self) -> float:

@@ -91,21 +91,13 @@ class MicroBatchLoop:
             if self.hung is None:
                 raise
             raise self.hung from None
-        if self.hung is not None:  # its cancel lost in a Redis call: `_serve` ended on the flag
-            raise self.hung
 
     async def _serve(self) -> None:
-        """Until stopped, or hung: the cancel `_hung` sends, should a Redis call turn it into
-        an error taken for an outage (asyncio.timeout's race in Python 3.11: the blocking read
-        is where the loop waits while a staged micro-batch runs), is backed by the flag. Lost
-        so, the loop served on for good with its engine hung, and the worker never exited."""
+        """Until stopped, or hung: `_hung` cancels it (a Redis call that lost the cancel raises
+        it all the same: shared/redis_client.py)."""
         try:
             await serve_until_stopped(
-                self.step,
-                self.stopping,
-                self.partition.name,
-                self.lanes.outage,
-                lambda: self.hung is None,
+                self.step, self.stopping, self.partition.name, self.lanes.outage
             )
         finally:  # a loop that failed, too: its engine is closed once nothing runs on it
             await self._drain()
