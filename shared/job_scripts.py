@@ -293,11 +293,14 @@ end
 -- HSET: one HMGET and one HSET per held job, as the HINCRBY of `n:` and the weight's HMGET were.
 -- A parked tenant whose weight rose goes back to the ring's tail, credited for the rounds it
 -- missed: parked for the turns its old weight needed, it would wait them out.
-local function record_weight(stream, tenant, weight)
+local function record_weight(stream, tenant, weight, listed)
   local fair, ring = stream .. FAIR, stream .. FAIR_RING
   local h = redis.call('HMGET', fair, 'w:' .. tenant, WSUM, 'round', 'c:' .. tenant,
-                       'n:' .. tenant)
-  local place = (tonumber(h[5]) or 0) + 1
+                       'o:' .. tenant)
+  -- after the places taken off the list (`o:`) and the entries on it (`listed`): `n:` + 1 as
+  -- this release alone numbers them, but an older one (80ccdc1) held entries unnumbered, and
+  -- emptied lists without dropping `n:`, which numbered a job behind its holds as if first
+  local place = (tonumber(h[5]) or 0) + listed + 1
   local old = tonumber(h[1]) or 0
   local list = old > 0 and levels(old, h[4]) or {}
   weight = weight or list[#list] or 1
@@ -383,6 +386,31 @@ local function put_back(list, packed, stream)
   return true
 end
 
+-- The jobs a fair lane holds, counted off its tenants' lists (the ring's and the parked set's:
+-- each list's entries less those of its jobs that ended while held, `e:`), for a `held` count
+-- of none while a tenant is parked (`due`). A release before parking (80ccdc1) sees no parked
+-- set: its refill, finding the ring empty, wrote `held` 0, and the parked tenant's jobs were
+-- never moved, even once every worker was upgraded. Made only in that state, never when the
+-- count says jobs are held; a list not here (its slot migrating) counts none. A `due` that names
+-- no parked tenant (one that left the set) goes, so that an idle lane's reads make no recount.
+local function recount(stream, fair, ring)
+  local tenants, served = here('LRANGE', ring, 0, -1)
+  local parked, also = here('ZRANGE', stream .. PARKED, 0, -1)
+  if not (served and also) then return 0 end
+  if #parked == 0 then redis.call('HDEL', fair, 'due') end
+  for _, tenant in ipairs(parked) do tenants[#tenants + 1] = tenant end
+  local count, seen = 0, {}  -- seen: a tenant in both (the older sweep left it parked) once
+  for _, tenant in ipairs(tenants) do
+    if not seen[tenant] then
+      seen[tenant] = true
+      local entries = here('LLEN', stream .. HELD .. tenant) or 0
+      local ended = tonumber(redis.call('HGET', fair, 'e:' .. tenant)) or 0
+      count = count + math.max(0, entries - ended)
+    end
+  end
+  return count
+end
+
 -- Fair lanes: move held entries into the stream by weighted deficit round robin until it holds
 -- `upto` undelivered ones: a read, the micro-batch it is about to take; anything else, one, so
 -- that a worker blocked on the stream wakes. Entries moved in are committed ahead of any tenant
@@ -410,6 +438,7 @@ local function refill(stream, group, job_prefix, upto)
   local fair, ring, held = stream .. FAIR, stream .. FAIR_RING, stream .. HELD
   local s = here('HMGET', fair, 'held', 'round', 'lr', 'due') or {}
   local left = tonumber(s[1]) or 0
+  if left <= 0 and s[4] then left = recount(stream, fair, ring) end  -- a tenant parked
   if left <= 0 then return end
   local round, lr, due = tonumber(s[2]) or 0, tonumber(s[3]) or 0, tonumber(s[4])
   local lr_was = lr
@@ -787,6 +816,7 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   local ahead = math.max(0, length - pending)
   local hold = window > 0 and (held > 0 or ahead >= window)
   local fields, tenant, own_weight  -- own_weight: the job's key's weight (none: a replay)
+  local listed  -- the entries in the tenant's held list before this job
   if hold then
     fields = {unpack(ARGV, entry, last)}
     tenant = field(fields, 'tenant') or 'default'
@@ -795,10 +825,11 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
     local recorded = tonumber(h[1])  -- its weight in the ring's sum (none: not in it)
     own_weight = weight ~= '' and spent(weight) or nil
     weight = spent(own_weight and math.max(own_weight, recorded or 0) or recorded)
-    local entries = redis.call('LLEN', stream .. HELD .. tenant)
-    local own = entries - (tonumber(h[2]) or 0)  -- its jobs still held
-    if max_length > 0 and entries >= 2 * max_length then
+    listed = redis.call('LLEN', stream .. HELD .. tenant)
+    local own = listed - (tonumber(h[2]) or 0)  -- its jobs still held
+    if max_length > 0 and listed >= 2 * max_length then
       own = sweep(stream, job_prefix, tenant)
+      listed = own  -- the sweep kept only those
       if own == 0 then recorded = nil end  -- swept out of the ring
     end
     ahead = ahead + held_ahead(stream, weight, recorded or 0, held, own)
@@ -814,7 +845,7 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
     length, unhashed = length + 1, eid
   end
   if hold then  -- `hseq`: its place among its tenant's holds (`n:`, see POSITION)
-    local place = record_weight(stream, tenant, own_weight)
+    local place = record_weight(stream, tenant, own_weight, listed)
     redis.call('HSET', jk, mark, value, 'hseq', place, 'entry', '', unpack(ARGV, first, entry - 1))
   else
     redis.call('HSET', jk, mark, value, 'entry', eid or '', unpack(ARGV, first, entry - 1))
