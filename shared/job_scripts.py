@@ -59,12 +59,17 @@ LUA_HERE = """
 -- key's slot migrates, one that is not here (moved ahead of the keys the script declares, or not
 -- made yet, which only the importing master may do) is refused, and the script goes on without
 -- it rather than failing part-way (docs/redis-cluster.md, "Resharding"). Other errors are raised.
-local function here(...)
-  local ok, reply = pcall(redis.call, ...)
+-- `here_all` runs a function of several such commands alike: stopped at the first not here.
+local function here_all(fn, ...)
+  local ok, reply = pcall(fn, ...)
   if ok then return reply, true end
   local err = type(reply) == 'table' and reply.err or tostring(reply)
   if not string.find(err, 'non local key', 1, true) then error(reply) end
   return nil, false
+end
+
+local function here(...)
+  return here_all(redis.call, ...)
 end
 """
 _PRELUDE = (
@@ -386,28 +391,115 @@ local function put_back(list, packed, stream)
   return true
 end
 
+-- A tenant's weight levels (`cuts`, its `c:`: see `levels`) once a sweep renumbered its kept
+-- entries after `first` (their indexes in the list before, `at`; their places were `taken`, its
+-- `o:`, plus those): a level lasts until the last of its jobs a sweep kept leaves the list, and
+-- read by the places before, until entries behind it left in its stead.
+local function renumber_levels(cuts, taken, at, first)
+  local out, k = {}, 0
+  for value in string.gmatch(cuts, '%S+') do
+    if #out % 2 == 0 then  -- a level's last place, then the next level's weight
+      while k < #at and taken + at[k + 1] <= tonumber(value) do k = k + 1 end
+      value = first + k
+    end
+    out[#out + 1] = value
+  end
+  return table.concat(out, ' ')
+end
+
+-- A tenant's held list at ENQUEUE's bound (2 x max_length entries) loses its entries of jobs
+-- that ended while held, the order of the rest kept: such an entry left the `held` count when its
+-- job ended, and only a refill drops it, which runs only while a worker reads and jobs are held,
+-- so a tenant that submits and cancels would grow its list without bound. Its live entries are
+-- fewer than `held`, which admission holds under max_length, so a sweep drops max_length entries
+-- at least: one O(list) sweep per max_length submits at most (swept at max_length, a tenant with
+-- nearly max_length live held jobs was swept every few submits). One whose hash is gone (never
+-- uncounted), or whose job another entry moved in already (`waits`), leaves the count as a
+-- refill's drop does. Returns the list's length.
+local function sweep(stream, job_prefix, tenant)
+  local list = stream .. HELD .. tenant
+  local kept, hashes, counted, gone = {}, {}, 0, {}
+  local at = {}  -- the kept entries' indexes in the list (their places less `o:`)
+  for index, packed in ipairs(redis.call('LRANGE', list, 0, -1)) do
+    local jid = field(cmsgpack.unpack(packed), 'id') or ''
+    local jk = jobkey(job_prefix, jid)
+    local job = redis.call('HMGET', jk, 'status', 'held')
+    if waits(job) then
+      kept[#kept + 1], hashes[#hashes + 1], at[#at + 1] = packed, jk, index
+    else
+      gone[#gone + 1] = jid
+      if redis.call('SREM', stream .. UNCOUNTED, jid) == 0 and job[2] ~= UNCOUNTED_MARK then
+        counted = counted + 1
+      end
+    end
+  end
+  redis.call('DEL', list, stream .. ENDED .. tenant)  -- no ended job's entry left
+  for i = 1, #kept, 1000 do  -- unpack's stack holds a few thousand values at most
+    redis.call('RPUSH', list, unpack(kept, i, math.min(i + 999, #kept)))
+  end
+  unheld(stream, gone)
+  if #kept == 0 then
+    redis.call('LREM', stream .. FAIR_RING, 0, tenant)
+    redis.call('ZREM', stream .. PARKED, tenant)
+    leave(stream, tenant)
+  else
+    redis.call('HDEL', stream .. FAIR, 'e:' .. tenant)
+    -- the kept entries numbered again up to the last held (`n:`), in their order: a place less
+    -- `o:` counts the entries ahead of it only while the places run with no gap, and counted
+    -- from the last, a job read the swept places after it as taken off ahead of it
+    local f = redis.call('HMGET', stream .. FAIR, 'n:' .. tenant, 'o:' .. tenant, 'c:' .. tenant)
+    local holds = tonumber(f[1])
+    if holds then
+      local renumbered = {'o:' .. tenant, holds - #kept}
+      if f[3] and f[3] ~= '' then  -- its weight levels' places too (see `levels`)
+        renumbered[3] = 'c:' .. tenant
+        renumbered[4] = renumber_levels(f[3], tonumber(f[2]) or 0, at, holds - #kept)
+      end
+      redis.call('HSET', stream .. FAIR, unpack(renumbered))
+      for i, jk in ipairs(hashes) do redis.call('HSET', jk, 'hseq', holds - #kept + i) end
+    end
+  end
+  if counted > 0 then
+    local left = (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) - counted
+    redis.call('HSET', stream .. FAIR, 'held', math.max(left, 0))
+  end
+  return #kept
+end
+
 -- The jobs a fair lane holds, counted off its tenants' lists (the ring's and the parked set's:
 -- each list's entries less those of its jobs that ended while held, `e:`), for a `held` count
 -- of none while a tenant is parked (`due`). A release before parking (80ccdc1) sees no parked
 -- set: its refill, finding the ring empty, wrote `held` 0, and the parked tenant's jobs were
 -- never moved, even once every worker was upgraded. Made only in that state, never when the
--- count says jobs are held; a list not here (its slot migrating) counts none. A `due` that names
--- no parked tenant (one that left the set) goes, so that an idle lane's reads make no recount.
-local function recount(stream, fair, ring)
+-- count says jobs are held; a list not here (its slot migrating) counts none. That state is
+-- also this release's own once a parked tenant's held jobs all ended while held (their entries
+-- still listed, in `e:`): a parked tenant with no live entry is swept (`sweep`: its list, its
+-- ended places and their UNCOUNTED ids go, and it leaves the lane), and `due` goes with the
+-- last parked tenant, so that the lane's next refills (each TAKE, each FINISH) make no recount
+-- that would find the same nothing; a sweep a migration stops leaves it for a later refill.
+local function recount(stream, job_prefix, fair, ring)
   local tenants, served = here('LRANGE', ring, 0, -1)
   local parked, also = here('ZRANGE', stream .. PARKED, 0, -1)
   if not (served and also) then return 0 end
-  if #parked == 0 then redis.call('HDEL', fair, 'due') end
-  for _, tenant in ipairs(parked) do tenants[#tenants + 1] = tenant end
-  local count, seen = 0, {}  -- seen: a tenant in both (the older sweep left it parked) once
+  local waits_round = {}  -- the parked tenants, swept when they hold nothing live
+  for _, tenant in ipairs(parked) do
+    tenants[#tenants + 1], waits_round[tenant] = tenant, true
+  end
+  local count, seen, swept = 0, {}, 0  -- seen: a tenant in both (the older sweep left it parked)
   for _, tenant in ipairs(tenants) do
     if not seen[tenant] then
       seen[tenant] = true
-      local entries = here('LLEN', stream .. HELD .. tenant) or 0
+      local entries, listed = here('LLEN', stream .. HELD .. tenant)
       local ended = tonumber(redis.call('HGET', fair, 'e:' .. tenant)) or 0
-      count = count + math.max(0, entries - ended)
+      local live = math.max(0, (entries or 0) - ended)
+      if live == 0 and listed and waits_round[tenant] then
+        live = here_all(sweep, stream, job_prefix, tenant)
+        if live == 0 then swept = swept + 1 end  -- nil: not here, still parked
+      end
+      count = count + (live or 0)
     end
   end
+  if swept == #parked then redis.call('HDEL', fair, 'due') end
   return count
 end
 
@@ -438,7 +530,9 @@ local function refill(stream, group, job_prefix, upto)
   local fair, ring, held = stream .. FAIR, stream .. FAIR_RING, stream .. HELD
   local s = here('HMGET', fair, 'held', 'round', 'lr', 'due') or {}
   local left = tonumber(s[1]) or 0
-  if left <= 0 and s[4] then left = recount(stream, fair, ring) end  -- a tenant parked
+  if left <= 0 and s[4] then  -- a tenant parked
+    left = recount(stream, job_prefix, fair, ring)
+  end
   if left <= 0 then return end
   local round, lr, due = tonumber(s[2]) or 0, tonumber(s[3]) or 0, tonumber(s[4])
   local lr_was = lr
@@ -562,81 +656,6 @@ local function refill(stream, group, job_prefix, upto)
   redis.call('HSET', fair, unpack(counts))
   if moved > 0 then here('INCRBY', stream .. ADDED, moved) end
   unheld(stream, gone)
-end
-
--- A tenant's weight levels (`cuts`, its `c:`: see `levels`) once a sweep renumbered its kept
--- entries after `first` (their indexes in the list before, `at`; their places were `taken`, its
--- `o:`, plus those): a level lasts until the last of its jobs a sweep kept leaves the list, and
--- read by the places before, until entries behind it left in its stead.
-local function renumber_levels(cuts, taken, at, first)
-  local out, k = {}, 0
-  for value in string.gmatch(cuts, '%S+') do
-    if #out % 2 == 0 then  -- a level's last place, then the next level's weight
-      while k < #at and taken + at[k + 1] <= tonumber(value) do k = k + 1 end
-      value = first + k
-    end
-    out[#out + 1] = value
-  end
-  return table.concat(out, ' ')
-end
-
--- A tenant's held list at ENQUEUE's bound (2 x max_length entries) loses its entries of jobs
--- that ended while held, the order of the rest kept: such an entry left the `held` count when its
--- job ended, and only a refill drops it, which runs only while a worker reads and jobs are held,
--- so a tenant that submits and cancels would grow its list without bound. Its live entries are
--- fewer than `held`, which admission holds under max_length, so a sweep drops max_length entries
--- at least: one O(list) sweep per max_length submits at most (swept at max_length, a tenant with
--- nearly max_length live held jobs was swept every few submits). One whose hash is gone (never
--- uncounted), or whose job another entry moved in already (`waits`), leaves the count as a
--- refill's drop does. Returns the list's length.
-local function sweep(stream, job_prefix, tenant)
-  local list = stream .. HELD .. tenant
-  local kept, hashes, counted, gone = {}, {}, 0, {}
-  local at = {}  -- the kept entries' indexes in the list (their places less `o:`)
-  for index, packed in ipairs(redis.call('LRANGE', list, 0, -1)) do
-    local jid = field(cmsgpack.unpack(packed), 'id') or ''
-    local jk = jobkey(job_prefix, jid)
-    local job = redis.call('HMGET', jk, 'status', 'held')
-    if waits(job) then
-      kept[#kept + 1], hashes[#hashes + 1], at[#at + 1] = packed, jk, index
-    else
-      gone[#gone + 1] = jid
-      if redis.call('SREM', stream .. UNCOUNTED, jid) == 0 and job[2] ~= UNCOUNTED_MARK then
-        counted = counted + 1
-      end
-    end
-  end
-  redis.call('DEL', list, stream .. ENDED .. tenant)  -- no ended job's entry left
-  for i = 1, #kept, 1000 do  -- unpack's stack holds a few thousand values at most
-    redis.call('RPUSH', list, unpack(kept, i, math.min(i + 999, #kept)))
-  end
-  unheld(stream, gone)
-  if #kept == 0 then
-    redis.call('LREM', stream .. FAIR_RING, 0, tenant)
-    redis.call('ZREM', stream .. PARKED, tenant)
-    leave(stream, tenant)
-  else
-    redis.call('HDEL', stream .. FAIR, 'e:' .. tenant)
-    -- the kept entries numbered again up to the last held (`n:`), in their order: a place less
-    -- `o:` counts the entries ahead of it only while the places run with no gap, and counted
-    -- from the last, a job read the swept places after it as taken off ahead of it
-    local f = redis.call('HMGET', stream .. FAIR, 'n:' .. tenant, 'o:' .. tenant, 'c:' .. tenant)
-    local holds = tonumber(f[1])
-    if holds then
-      local renumbered = {'o:' .. tenant, holds - #kept}
-      if f[3] and f[3] ~= '' then  -- its weight levels' places too (see `levels`)
-        renumbered[3] = 'c:' .. tenant
-        renumbered[4] = renumber_levels(f[3], tonumber(f[2]) or 0, at, holds - #kept)
-      end
-      redis.call('HSET', stream .. FAIR, unpack(renumbered))
-      for i, jk in ipairs(hashes) do redis.call('HSET', jk, 'hseq', holds - #kept + i) end
-    end
-  end
-  if counted > 0 then
-    local left = (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) - counted
-    redis.call('HSET', stream .. FAIR, 'held', math.max(left, 0))
-  end
-  return #kept
 end
 
 -- Held jobs that deficit round robin moves into the stream before a job of a tenant of weight
