@@ -322,21 +322,30 @@ def render(
     ]
 
 
+# A plain scalar Go's YAML reads as a number, once stripped of every `_` (go-yaml's resolve.go
+# removes them before strconv.ParseInt, base 0: 0x, 0b, 0o, a leading 0; or its float syntax).
+_GO_NUMBER = re.compile(
+    r"[-+]?(?:0[xX][0-9a-fA-F]+|0[bB][01]+|0[oO][0-7]+"
+    r"|(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?)"
+)
+_STR_TAG, _FLOAT_TAG = "tag:yaml.org,2002:str", "tag:yaml.org,2002:float"
+
+
 class _KubeDumper(yaml.SafeDumper):
     """Quotes the strings Go's YAML (kubectl, kustomize) reads as numbers or booleans and PyYAML's
-    YAML 1.1 does not (`1e3`, `2_5e1`, `0o17`, `y`, `n`): a model named `1e3` rendered a label
-    kubectl refused as a number, one named `y` a label it refused as `true`. Quoting a string
-    that needs none changes nothing."""
+    YAML 1.1 does not (`1e3`, `2_5e1`, `0o17`, `0_x1f`, `y`, `n`): a model named `1e3` rendered
+    a label kubectl refused as a number, one named `y` a label it refused as `true`. Quoting a
+    string that needs none changes nothing."""
+
+    def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> str:
+        """A string Go reads as a number is tagged as one, so the emitter quotes it: underscores
+        anywhere (`0_x1f`, `0e_-1`) were beyond a regex over the string as written."""
+        tag = super().resolve(kind, value, implicit)
+        if tag != _STR_TAG or kind is not yaml.ScalarNode or not implicit[0]:
+            return tag
+        return _FLOAT_TAG if _GO_NUMBER.fullmatch(value.replace("_", "")) else tag
 
 
-_KubeDumper.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\.[0-9_]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9_]+)?$"),
-    list("-+.0123456789"),
-)
-_KubeDumper.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^[-+]?0[oO][0-7_]+$"), list("-+0")
-)
 _KubeDumper.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^[yYnN]$"), list("yYnN"))
 
 

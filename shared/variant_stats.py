@@ -249,10 +249,6 @@ class VariantStats:
         self._sum = client.register_script(_SUM)
         self._add_once = client.register_script(_ADD_ONCE)
 
-    async def record_finished(self, jobs: Iterable[Mapping[str, str]]) -> None:
-        """Count finished jobs (their hash fields) and keep their latencies."""
-        await self.record_samples(finished_samples(jobs))
-
     async def record_samples(self, by_variant: Mapping[Variant, list[Sample]]) -> None:
         """Count the samples and keep them: one script call per variant, all sent at once. Not
         pipelined: after NOSCRIPT from one node `run_pipeline` reruns every call, and counts

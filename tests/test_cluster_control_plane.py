@@ -17,6 +17,7 @@ from shared.model_repository import ModelConfig, ModelRepository
 from shared.rate_limit import InFlightLimiter
 from shared.redis_client import RedisClient
 from shared.variant_stats import BUCKET_S, VariantStats, bucket_of
+from workers.partition.finished_stats import FinishedStats
 
 pytestmark = pytest.mark.slow
 KEYS = Keys()
@@ -82,7 +83,9 @@ async def test_variant_stats_record_and_sum_on_the_models_masters(
         for variant in ("a", "b")
         for n in range(1, 9)
     ]
-    await stats.record_finished(finished)
+    recorder = FinishedStats(stats)  # what a worker's write-back records finished jobs through
+    recorder.add(finished)
+    await recorder.close()
     earlier = bucket_of(now) - 3  # a bucket written half a minute ago: the sum spans buckets
     await client.hincrbyfloat(f"{KEYS.variant_stats(models[0], 'b')}{earlier}", "requests", 5)
     await stats.add_counts(models[1], "a", {"shadow_pairs": 1, "shadow_agree": 1})

@@ -24,6 +24,7 @@ from shared.shadow_compare import Comparison
 from shared.variant_stats import BUCKET_S, Sample, VariantStats, Window
 from tests.app_client import app_client
 from tests.conftest import REPO_ROOT
+from workers.partition.finished_stats import FinishedStats
 
 TRAFFIC = REPO_ROOT / "tests" / "fixtures" / "traffic_repository"
 
@@ -64,8 +65,10 @@ def _normal_two_sided(z: float) -> float:
 @pytest.fixture
 async def api(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
     stats = VariantStats(aredis, Keys())
-    await stats.record_finished(_job("stable", *row) for row in STABLE)
-    await stats.record_finished(_job("candidate", *row) for row in CANDIDATE)
+    recorder = FinishedStats(stats)  # what a worker's write-back records finished jobs through
+    recorder.add(_job("stable", *row) for row in STABLE)
+    recorder.add(_job("candidate", *row) for row in CANDIDATE)
+    await recorder.close()
     for comparison in COMPARISONS:
         await stats.add_counts("ab", "mirror", comparison.counts())
     settings = Settings(

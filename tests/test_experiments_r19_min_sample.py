@@ -20,6 +20,7 @@ from shared.settings import Settings
 from shared.variant_stats import Sample, VariantStats, Window
 from tests.app_client import app_client
 from tests.test_experiments import TRAFFIC, _job
+from workers.partition.finished_stats import FinishedStats
 
 
 def _arm(requests: int, errors: int = 0, timed: int | None = None) -> Window:
@@ -87,9 +88,10 @@ def test_identical_arms_with_no_variance_read_no_difference() -> None:
 @pytest.fixture
 async def api(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
     """Model `ab` with 120 finished jobs on stable and 40 on candidate."""
-    stats = VariantStats(aredis, Keys())
-    await stats.record_finished(_job("stable", 2, 10 + i % 9, True) for i in range(120))
-    await stats.record_finished(_job("candidate", 3, 11 + i % 5, True) for i in range(40))
+    recorder = FinishedStats(VariantStats(aredis, Keys()))  # a worker's, as its write-back's
+    recorder.add(_job("stable", 2, 10 + i % 9, True) for i in range(120))
+    recorder.add(_job("candidate", 3, 11 + i % 5, True) for i in range(40))
+    await recorder.close()
     settings = Settings(
         redis_url=redis_url, model_repository=TRAFFIC, auth="disabled", instance_id="r19"
     )

@@ -5,6 +5,8 @@ them."""
 from __future__ import annotations
 
 import copy
+import json
+import math
 import re
 from functools import cache
 from pathlib import Path
@@ -280,39 +282,116 @@ def test_render_refuses_a_backlog_target_keda_would_send_as_zero(tmp_path, targe
     assert trigger["metadata"]["targetValue"] == "0.001"
 
 
+# How Go's YAML reads a plain (unquoted) scalar, written from go-yaml v3's resolve.go (`resolve`:
+# its map of words, then, for a scalar starting with a digit or sign, a timestamp, Go's
+# strconv.ParseInt/ParseUint in base 0 with `_` removed, then `yamlStyleFloat`; for one starting
+# with `.`, strconv.ParseFloat), with v2's YAML 1.1 booleans: sigs.k8s.io/yaml, which kubectl
+# and kustomize read manifests with, decodes with go-yaml v2. Not from autoscaling/keda.py's
+# dumper, so a rule the dumper lacks shows up here as a value Go reads as another type.
+_GO_WORDS: dict[str, Any] = {
+    **dict.fromkeys(
+        ["true", "True", "TRUE", "y", "Y", "yes", "Yes", "YES", "on", "On", "ON"], True
+    ),
+    **dict.fromkeys(
+        ["false", "False", "FALSE", "n", "N", "no", "No", "NO", "off", "Off", "OFF"], False
+    ),
+    **dict.fromkeys(["", "~", "null", "Null", "NULL"], None),
+    **dict.fromkeys([".nan", ".NaN", ".NAN"], math.nan),
+    **dict.fromkeys([".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF"], math.inf),
+    **dict.fromkeys(["-.inf", "-.Inf", "-.INF"], -math.inf),
+}
+_GO_HINTED = frozenset("+-0123456789yYnNtTfFoO~.")  # resolveTable: others are strings at once
+# strconv.ParseInt(s, 0, 64)'s syntax: a sign, then 0x/0X, 0b/0B, 0o/0O, a leading 0 (octal)
+_GO_INT = re.compile(r"([-+]?)(0[xX][0-9a-fA-F]+|0[bB][01]+|0[oO][0-7]+|0[0-7]*|[1-9][0-9]*)")
+_GO_YAML_STYLE_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+# strconv.ParseFloat of a scalar starting with `.`: `_` only between digits (underscoreOK)
+_GO_DOT_FLOAT = re.compile(r"\.[0-9](_?[0-9])*([eE][-+]?[0-9](_?[0-9])*)?")
+_GO_DATE = re.compile(r"[0-9]{4}-")  # parseTimestamp's quick check
+
+
+def go_int(plain: str) -> int | None:
+    """strconv.ParseInt(plain, 0, 64), else ParseUint (no sign): None where both fail."""
+    if not (found := _GO_INT.fullmatch(plain)):
+        return None
+    sign, digits = found.groups()
+    octal = digits[:1] == "0" and digits[1:2].isdigit()  # Go's 017; Python's int() refuses it
+    value = int(digits, 8) if octal else int(digits, 0)
+    value = -value if sign == "-" else value
+    fits = -(2**63) <= value < 2**63 or (not sign and value < 2**64)
+    return value if fits else None
+
+
+def go_plain(text: str) -> Any:
+    """The value Go's YAML decodes a plain scalar `text` to (into an interface{}, as
+    sigs.k8s.io/yaml does before converting to JSON): a timestamp stays a string there."""
+    if text[:1] not in _GO_HINTED and text:
+        return text
+    if text in _GO_WORDS:
+        return _GO_WORDS[text]
+    if text.startswith("."):
+        return float(text.replace("_", "")) if _GO_DOT_FLOAT.fullmatch(text) else text
+    if text[:1] not in "+-0123456789" or _GO_DATE.match(text):
+        return text  # a word's first letter not in the map; a timestamp, decoded as a string
+    plain = text.replace("_", "")
+    if (value := go_int(plain)) is not None:
+        return value
+    if _GO_YAML_STYLE_FLOAT.fullmatch(plain) and math.isfinite(number := float(plain)):
+        return number  # ParseFloat's overflow is an error: Go keeps the string
+    return text
+
+
 class GoYamlLoader(yaml.SafeLoader):
-    """Reads plain scalars as Go's YAML (kubectl, kustomize) does: `1e3` and `1_0e3` floats,
-    `0o17` an int. PyYAML, on YAML 1.1, takes all three for strings."""
+    """Reads YAML as Go's YAML (kubectl, kustomize) does: PyYAML parses the structure, every
+    plain scalar is resolved by `go_plain` (quoted ones are strings, as everywhere)."""
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
+        if kind is yaml.ScalarNode and implicit[0]:
+            return "!go-plain"
+        return super().resolve(kind, value, implicit)
 
 
-GoYamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\.[0-9_]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9_]+)?$"),
-    list("-+.0123456789"),
-)
-GoYamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^[-+]?0[oO][0-7_]+$"), list("-+0")
-)
+GoYamlLoader.add_constructor("!go-plain", lambda loader, node: go_plain(node.value))
+
+
+def test_the_go_reader_reads_plain_scalars_as_resolve_go_does():
+    """The reader the render is checked with, against go-yaml's own resolution of each family."""
+    read = {
+        **{"1e3": 1000.0, "2_5e1": 250.0, ".5": 0.5, "08": 8.0, "1_e3": 1000.0},
+        **{"0o17": 15, "017": 15, "0x1f": 31, "0_x1f": 31, "0B11": 3, "1_000": 1000, "-0b1": -1},
+        **{"y": True, "on": True, "TRUE": True, "n": False, "off": False, "~": None, "": None},
+        **{"2001-12-14": "2001-12-14", "1e400": "1e400", "._5": "._5", "0x": "0x", "nan": "nan"},
+    }
+    assert {text: go_plain(text) for text in read} == read
+    assert {type(go_plain(text)) for text in ("1_000", "0_x1f")} == {int}
+
+
+# model `1e3`'s variants: each a family of plain scalars Go's YAML reads as a number or a boolean
+ODD_VARIANTS = ("default", "0o17", "2_5e1", "0_x1f", "0_b1", "0e_-1", "1_000", "08", "y", "on")
 
 
 def test_names_that_read_as_numbers_stay_strings_for_kubectl(tmp_path):
     """A model named `1e3` rendered `conveyor.dev/model: 1e3`: kubectl read a number there and
-    refused the file (`cannot unmarshal number into … labels of type string`)."""
+    refused the file (`cannot unmarshal number into … labels of type string`); one named `0_x1f`
+    rendered unquoted too (Go drops `_` before parsing: 31). Read as Go reads it, every value of
+    the render is what PyYAML wrote (a string a string, a number a number)."""
     folder = tmp_path / "1e3"
     folder.mkdir()
     body = {
         "kind": "batch",
         "backend": "identity",
-        "variants": {"default": {}, "0o17": {}, "2_5e1": {}},
+        "variants": {name: {} for name in ODD_VARIANTS},
     }
     (folder / "config.yaml").write_text(yaml.safe_dump(body))
     args = ["render", "keda", "--model-repository", str(tmp_path)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    scaled = list(yaml.load_all(result.stdout, Loader=GoYamlLoader))[1:]
+    documents = list(yaml.load_all(result.stdout, Loader=GoYamlLoader))
+    scaled = documents[1:]
     models = {o["metadata"]["labels"]["conveyor.dev/model"] for o in scaled}
     variants = {o["metadata"]["labels"]["conveyor.dev/variant"] for o in scaled}
-    assert (models, variants) == ({"1e3"}, {"default", "0o17", "2_5e1"})
+    assert (models, variants) == ({"1e3"}, set(ODD_VARIANTS))
+    written = list(yaml.safe_load_all(result.stdout))
+    assert json.dumps(documents) == json.dumps(written)  # by type: 1 is not "1", nor 1.0
 
 
 def test_committed_manifest_is_a_fresh_render():

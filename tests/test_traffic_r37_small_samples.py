@@ -22,6 +22,7 @@ from shared.settings import Settings
 from shared.variant_stats import Sample, VariantStats, Window
 from tests.app_client import app_client
 from tests.test_experiments import TRAFFIC, _job
+from workers.partition.finished_stats import FinishedStats
 
 
 def _window(service_ms: list[float]) -> Window:
@@ -35,9 +36,10 @@ def _window(service_ms: list[float]) -> Window:
 @pytest.fixture
 async def api(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
     """Model `ab`: one stable job of 3 ms, 200 candidate jobs of 2 ms, nothing on flaky."""
-    recorder = VariantStats(aredis, Keys())
-    await recorder.record_finished([_job("stable", 1, 3, True)])
-    await recorder.record_finished(_job("candidate", 1, 2, True) for _ in range(200))
+    recorder = FinishedStats(VariantStats(aredis, Keys()))  # a worker's, as its write-back's
+    recorder.add([_job("stable", 1, 3, True)])
+    recorder.add(_job("candidate", 1, 2, True) for _ in range(200))
+    await recorder.close()
     settings = Settings(
         redis_url=redis_url, model_repository=TRAFFIC, auth="disabled", instance_id="r37-small"
     )

@@ -12,6 +12,7 @@ so they are accepted and ignored."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -52,7 +53,26 @@ def _json_type(kind: type) -> BeforeValidator:
     return BeforeValidator(check)
 
 
-OnlyOne = Annotated[Literal[1], _json_type(int)]
+def _only(*taken: Any, unsaid: tuple[Any, ...] = ()) -> BeforeValidator:
+    """A field served at its default only (`taken`, or null), whose refusal says what is taken:
+    pydantic's "Input should be None" read as a wrong type, "Input should be False" spelled
+    JSON's `false` as Python's. `unsaid`: also taken, equal in effect, left out of the message
+    (a suffix of "", which adds nothing). A value of another JSON type is refused (`0` is no
+    `false`, `{}` no `[]`)."""
+    accepted = (*taken, *unsaid)
+    shown = ", ".join(json.dumps(value) for value in taken)
+
+    def check(value: Any) -> Any:
+        if value is None or any(type(value) is type(t) and value == t for t in accepted):
+            return value
+        message = "not supported: send {taken} or omit it"
+        raise PydanticCustomError("not_served", message, {"taken": shown})
+
+    return BeforeValidator(check)
+
+
+# The JSON type is checked first (outermost), so `true` for 1 reads as the wrong type it is.
+OnlyOne = Annotated[Literal[1], _only(1), _json_type(int)]
 
 
 def _one_choice(value: Any) -> Any:
@@ -64,30 +84,15 @@ def _one_choice(value: Any) -> Any:
     return value
 
 
-OnlyZero = Annotated[Literal[0], _json_type(int)]
-OnlyFalse = Annotated[Literal[False], _json_type(bool)]
-OnlyTrue = Annotated[Literal[True], _json_type(bool)]
-
-
-def _not_served(value: Any) -> Any:
-    """Says why, where pydantic's "Input should be None" read as a wrong type."""
-    if value is not None:
-        raise PydanticCustomError("not_served", "vLLM's parameter; not served here: only null")
-    return value
-
-
-def _no_suffix(value: Any) -> Any:
-    """Says what is taken, where pydantic's "Input should be ''" read as if only "" were."""
-    if value is not None and value != "":
-        raise PydanticCustomError("suffix_not_served", "not supported: send null or omit it")
-    return value
-
-
+OnlyZero = Annotated[Literal[0], _only(0), _json_type(int)]
+OnlyFalse = Annotated[Literal[False], _only(False), _json_type(bool)]
+OnlyTrue = Annotated[Literal[True], _only(True), _json_type(bool)]
 # A field of vLLM's server that Conveyor does not serve: only null (its default) is taken.
-NotServed = Annotated[
-    None, BeforeValidator(_not_served), Field(description="vLLM's; not served: only null")
-]
-Nothing = Annotated[list[Any], Field(max_length=0)]  # only an empty list
+NotServed = Annotated[None, _only(None), Field(description="vLLM's; not served: only null")]
+Nothing = Annotated[list[Any], Field(max_length=0), _only([])]  # only an empty list
+NoEntries = Annotated[dict[str, Any], Field(max_length=0), _only({})]  # only an empty object
+# Only the reply as text (a tool or function call is not made)
+TextReply = Annotated[Literal["none", "auto"], _only("none", "auto")]
 
 
 class VllmRequest(BaseModel):
@@ -166,9 +171,7 @@ class SamplingRequest(SamplingParameters, VllmRequest):
     )
     # Fields that would change the answer and are not honoured: refused unless left at their
     # default, not ignored (the client would get another answer than it asked for).
-    logit_bias: Annotated[dict[str, Any], Field(max_length=0)] | None = Field(
-        default=None, description="Not supported: only empty"
-    )
+    logit_bias: NoEntries | None = Field(default=None, description="Not supported: only empty")
     response_format: TextFormat | None = Field(
         default=None, description='Not supported: only {"type": "text"}'
     )
@@ -311,11 +314,11 @@ class ChatCompletionRequest(SamplingRequest):
         strict=True,
         description="OpenAI's newer max_tokens: sent with max_tokens, this one counts",
     )
-    tool_choice: Literal["none", "auto"] | None = Field(
+    tool_choice: TextReply | None = Field(
         default=None, description="Not supported: only none or auto (the reply is text)"
     )
     # the deprecated `tool_choice` of `functions`, which OpenAI's SDKs still send
-    function_call: Literal["none", "auto"] | None = Field(
+    function_call: TextReply | None = Field(
         default=None, description="Not supported: only none or auto (the reply is text)"
     )
     logprobs: OnlyFalse | None = Field(default=None, description="Not supported: only false")
@@ -323,7 +326,7 @@ class ChatCompletionRequest(SamplingRequest):
     # vLLM's chat template fields and chat `echo`: the prompt is rendered by the model's own
     # template, with a generation prompt
     chat_template: NotServed = None
-    chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=0)] | None = None
+    chat_template_kwargs: NoEntries | None = None
     add_generation_prompt: OnlyTrue | None = None
     continue_final_message: OnlyFalse | None = None
     echo: OnlyFalse | None = None
@@ -396,11 +399,11 @@ class CompletionRequest(SamplingRequest):
     prompt: Prompt
     max_tokens: int | None = Field(default=16, ge=1, strict=True)
     echo: StrictBool | None = False
-    suffix: Annotated[Literal[""] | None, BeforeValidator(_no_suffix)] = Field(
+    suffix: Annotated[Literal[""] | None, _only(None, unsaid=("",))] = Field(
         default=None, description="Not supported: only null (or empty)"
     )
     # 0 still asks for the chosen tokens' logprobs (OpenAI's and vLLM's answer carries them)
-    logprobs: None = Field(default=None, description="Not supported: only null")
+    logprobs: NotServed = Field(default=None, description="Not supported: only null")
     add_special_tokens: OnlyTrue | None = None  # vLLM's completions default
     prompt_embeds: NotServed = None
 
@@ -531,8 +534,8 @@ class EmbeddingRequest(VllmRequest):
     padding: NotServed = None
     use_activation: OnlyTrue | None = None
     normalize: OnlyTrue | None = None  # vLLM's older name for use_activation
-    embed_dtype: Literal["float32"] | None = None
-    endianness: Literal["native", "little"] | None = None
+    embed_dtype: Annotated[Literal["float32"], _only("float32")] | None = None
+    endianness: Annotated[Literal["native", "little"], _only("native", "little")] | None = None
 
     def inputs(self) -> dict[str, Any]:
         """The job's inputs for a model of `task: embed`."""
