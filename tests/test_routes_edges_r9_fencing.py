@@ -1,7 +1,10 @@
 """The traffic leader's route writes fenced by its lease inside PUT's own step, on a real Valkey
 without a stack: two producers' traffic control in one process. The leader checked its lease
 just before the write, so one paused between that check and the write still wrote the routes it
-had decided on after another producer took the lease over."""
+had decided on after another producer took the lease over. The pause is a route store whose
+`put` lets the successor take the lease first: no Redis state set before the step can stand in
+(a lease already another's fails the step's `hold()`, r8's test), and tests/reply_dropper.py
+loses a reply after the server ran a request, never delays one."""
 
 from __future__ import annotations
 
@@ -13,34 +16,10 @@ from shared.canary_store import NotLeading
 from shared.leader_lock import LeaderLock
 from shared.route_store import RouteStore
 from shared.routing import Routes
-from tests.test_canary_turns import MODEL, _canary
-from tests.test_traffic_edges_r8_fencing import KEYS, _producer
+from tests.test_canary_turns import MODEL
+from tests.test_traffic_edges_r8_fencing import KEYS, _producer, _started, _TakenOverAtPut
 
 SEED = Routes({"stable": 100.0, "candidate": 0.0})
-
-
-class _PausedBeforePut(RouteStore):
-    """The first leader's route store: its process pauses past its lease right before PUT runs
-    (after every check made before it: `put` makes none before its script), and the successor
-    takes the lease over meanwhile. A pause in that gap is the fault: no Redis state set before
-    the step can stand in (a lease already another's fails the step's `hold()`, r8's test), and
-    tests/reply_dropper.py loses a reply after the server ran a request, never delays one."""
-
-    def __init__(self, client: aioredis.Redis, successor: LeaderLock) -> None:
-        super().__init__(client, KEYS)
-        self.successor = successor
-
-    async def put(
-        self,
-        model: str,
-        routes: Routes,
-        by: str,
-        expected: int | None = None,
-        lease: LeaderLock | None = None,
-    ) -> int:
-        await self.redis.delete(self.successor.key)
-        assert await self.successor.hold()
-        return await super().put(model, routes, by, expected, lease)
 
 
 async def test_a_leader_paused_before_its_route_write_does_not_write(
@@ -48,9 +27,8 @@ async def test_a_leader_paused_before_its_route_write_does_not_write(
 ) -> None:
     """The paused leader's step leaves the routes as they were; the new leader takes it, once."""
     first, second = _producer(aredis, redis_url, "first"), _producer(aredis, redis_url, "second")
-    await first.route_store.seed(MODEL, SEED)
-    assert await first.canaries.start(_canary())
-    first.controller.routes = _PausedBeforePut(aredis, second.lease)
+    await _started(first)
+    first.controller.routes = _TakenOverAtPut(aredis, second.lease, before=True)
 
     await first.lead()
 

@@ -8,6 +8,7 @@ traffic leader compares pairs."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -41,7 +42,11 @@ FATES = {
 }
 
 
-async def test_a_failed_job_is_no_similarity(aredis: aioredis.Redis) -> None:
+async def compared_fates(
+    aredis: aioredis.Redis,
+) -> tuple[dict[str, Any], ShadowPairs, dict[str, str]]:
+    """One pair of each of FATES compared as the traffic leader compares them: the shadow's
+    summary, the pairs' store, and each fate's primary job id."""
     await aredis.flushdb()
     store, pairs = JobStore(aredis, KEYS, ttl_s=60), ShadowPairs(aredis, KEYS, ttl_s=60)
     stats = VariantStats(aredis, KEYS)
@@ -55,7 +60,11 @@ async def test_a_failed_job_is_no_similarity(aredis: aioredis.Redis) -> None:
     await ShadowComparisons(pairs, store, stats, ModelRepository({"m": CONFIG}), 60).look()
 
     window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
-    compared = summary(window)["shadow"]
+    return summary(window)["shadow"], pairs, primaries
+
+
+async def test_a_failed_job_is_no_similarity(aredis: aioredis.Redis) -> None:
+    compared, pairs, primaries = await compared_fates(aredis)
     assert compared["pairs"] == 4 and compared["agreement"] == 1.0  # "both"'s alone
     assert compared["mean_similarity"] == 1.0  # "both"'s alone: equal embeddings
     assert (await pairs.result(primaries.pop("both")))["similarity:mirror"] == "1.000000"

@@ -14,34 +14,16 @@ import redis.asyncio as aioredis
 from producer_api.console.api_router import templates
 from producer_api.console.route_board import RouteRow
 from producer_api.experiments.statistics import summary
-from producer_api.routes.shadowing import ShadowComparisons
-from shared.job_store import JobStore
-from shared.model_repository import ModelRepository
 from shared.shadow_compare import compare
-from shared.shadow_pairs import ShadowPairs
 from shared.variant_stats import VariantStats
-from tests.test_shadow_copies import CONFIG, KEYS
-from tests.test_shadow_r21_edges import _paired, _ran
-from tests.test_shadow_r38_failures import FATES, _failed
+from tests.test_shadow_copies import KEYS
+from tests.test_shadow_r38_failures import compared_fates
 
 
 async def test_agreement_is_over_answered_pairs_and_failures_are_counted_by_whose(
     aredis: aioredis.Redis,
 ) -> None:
-    await aredis.flushdb()
-    store, pairs = JobStore(aredis, KEYS, ttl_s=60), ShadowPairs(aredis, KEYS, ttl_s=60)
-    stats = VariantStats(aredis, KEYS)
-    primaries = {}
-    for name, fates in FATES.items():
-        jobs = await _paired(store, pairs)
-        for job, answered in zip(jobs, fates, strict=True):
-            await (_ran(store, job, 10) if answered else _failed(store, job))
-        primaries[name] = jobs[0].job_id
-
-    await ShadowComparisons(pairs, store, stats, ModelRepository({"m": CONFIG}), 60).look()
-
-    window = (await stats.window("m", ["mirror"], time.time() - 60))["mirror"]
-    compared = summary(window)["shadow"]
+    compared, pairs, primaries = await compared_fates(aredis)
     assert "error_delta" not in compared
     shown = {k: compared[k] for k in ("pairs", "answered_pairs", "agreement")}
     assert shown == {"pairs": 4, "answered_pairs": 1, "agreement": 1.0}  # was 0.5: "none" agreed

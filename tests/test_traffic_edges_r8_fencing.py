@@ -52,13 +52,16 @@ class _PausedAfterHold(LeaderLock):
         return held
 
 
-class _PausedBeforeSave(RouteStore):
-    """The first leader's route store: its process pauses past the lease between the step's
-    route write and its save, and the second producer takes the lease over meanwhile."""
+class _TakenOverAtPut(RouteStore):
+    """The first leader's route store: its process pauses past the lease at the step's route
+    write, right before PUT runs (`before`: after every check made before it, `put` making none
+    before its script) or between it and the step's save, and the second producer takes the
+    lease over meanwhile."""
 
-    def __init__(self, client: aioredis.Redis, successor: LeaderLock) -> None:
+    def __init__(self, client: aioredis.Redis, successor: LeaderLock, before: bool) -> None:
         super().__init__(client, KEYS)
         self.successor = successor
+        self.before = before
 
     async def put(
         self,
@@ -68,10 +71,16 @@ class _PausedBeforeSave(RouteStore):
         expected: int | None = None,
         lease: LeaderLock | None = None,
     ) -> int:
+        if self.before:
+            await self._taken_over()
         written = await super().put(model, routes, by, expected, lease)
-        await self.redis.delete(KEYS.traffic_leader)
-        assert await self.successor.hold()
+        if not self.before:
+            await self._taken_over()
         return written
+
+    async def _taken_over(self) -> None:
+        await self.redis.delete(KEYS.traffic_leader)  # lapsed during the pause
+        assert await self.successor.hold()
 
 
 async def _started(first: TrafficControl) -> None:
@@ -112,7 +121,7 @@ async def test_a_leader_that_lost_its_lease_mid_step_does_not_save_it(
     the script that checks the lease, and the new leader takes the step up from the routes."""
     first, second = _producer(aredis, redis_url, "first"), _producer(aredis, redis_url, "second")
     await _started(first)
-    first.controller.routes = _PausedBeforeSave(aredis, second.lease)
+    first.controller.routes = _TakenOverAtPut(aredis, second.lease, before=False)
 
     await first.lead()
 
