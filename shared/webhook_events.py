@@ -17,6 +17,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import httpx
 from celery import Celery
+from celery.signals import before_task_publish
 
 from shared.celery_broker import broker_app
 from shared.redis_clock import CLOCK
@@ -190,6 +191,24 @@ def job_event(view: dict[str, Any], tenant: str) -> dict[str, Any]:
     status = view["status"]
     ended = view.get("timings", {}).get("finished")
     return event(f"job.{status}", tenant, view, f"{view['id']}_{status}", ended)
+
+
+def _log_safe_arguments(headers: dict[str, Any] | None = None, body: Any = None, **_: Any) -> None:
+    """Sets what Celery logs of a delivery's arguments (its `kwargsrepr`, in the worker's "Task
+    … received" and "… succeeded" lines at INFO) to the delivery's target and event id. Celery's
+    own repr named the URL in full, whose path and query often carry the receiver's credential
+    (the worker's own lines name its origin alone), and the event's data. Connected to every
+    publish of the task, so a retry's, which Celery builds without the first's, gets it too."""
+    kwargs = body[1] if isinstance(body, (list, tuple)) and len(body) > 1 else None
+    if headers is None or not isinstance(kwargs, dict):
+        return
+    event = kwargs.get("event")
+    event_id = event.get("id") if isinstance(event, dict) else None
+    shown = {"kind": kwargs.get("kind"), "target_id": kwargs.get("target_id"), "event": event_id}
+    headers["kwargsrepr"] = repr(shown)
+
+
+before_task_publish.connect(_log_safe_arguments, sender=TASK_NAME, weak=False)
 
 
 @dataclass
