@@ -225,15 +225,18 @@ def test_a_receiver_that_ran_out_the_timeout_is_held_for_its_other_deliveries(
 
 
 @contextmanager
-def failing_receiver(delay_s: float) -> Iterator[tuple[str, list[bytes]]]:
-    """A receiver that answers every POST with a 500, `delay_s` after taking it; its URL and
-    the requests it took (each counted before its answer)."""
+def failing_receiver(
+    delay_s: float, on_take: Callable[[], None] = lambda: None
+) -> Iterator[tuple[str, list[bytes]]]:
+    """A receiver that answers every POST with a 500, `delay_s` after taking it (and calling
+    `on_take`); its URL and the requests it took (each counted before its answer)."""
     listener = socket.create_server(("127.0.0.1", 0))
     taken: list[bytes] = []
 
     def answer(connection: socket.socket) -> None:
         with connection:
             taken.append(connection.recv(65536))
+            on_take()
             time.sleep(delay_s)
             connection.sendall(b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n")
 

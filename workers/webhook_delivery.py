@@ -444,7 +444,9 @@ def _post(url: str, body: bytes, event: dict[str, Any]) -> dict[str, Any]:
     took_s = time.monotonic() - started
     outcome["duration_ms"] = round(took_s * 1000, 1)
     if _overloaded(outcome, took_s, timeout_s):
-        _receiver_holds().hold(url, HOLD_TIMES * took_s)
+        # the receiver's part is the timeout at most: past it, this worker did not run (a
+        # SIGSTOP, a VM migrated) and held a healthy receiver 120 s for a 10 s timeout
+        _receiver_holds().hold(url, HOLD_TIMES * min(took_s, timeout_s))
     return outcome
 
 
