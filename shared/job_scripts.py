@@ -135,7 +135,8 @@ local function claim(jk, now, worker, attempts, owner)
   end
   local args = {'status', 'running', 'started', now, 'worker', worker, 'attempts', attempts}
   if owner then
-    local err = {type = 'WorkerLost', message = 'no result from ' .. owner[2] .. ' after '
+    -- idle: since its last sign of life (a read, a touch, a claim), not since the attempt began
+    local err = {type = 'WorkerLost', message = 'no sign of life from ' .. owner[2] .. ' for '
       .. owner[3] .. ' ms; taken over by ' .. worker}
     table.insert(args, 'attempt_history')
     table.insert(args, abandoned(jk, owner, now, 'crashed', err))
