@@ -5,7 +5,6 @@ Ctrl-C) left a truncated file that read as whole, over a good copy of an earlier
 from __future__ import annotations
 
 import os
-import stat
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,17 +40,24 @@ def write_draft(draft: Path, chunks: Iterable[bytes], like: Path | None = None) 
 
 
 def _mode_of(path: Path | None) -> int | None:
-    """The permission bits of the file at `path`; None if there is none."""
+    """The permission bits of the file at `path`, but setuid, setgid and sticky (a write in
+    place cleared them); None if there is none."""
     try:
-        return stat.S_IMODE(path.stat().st_mode) if path is not None else None
+        return path.stat().st_mode & 0o777 if path is not None else None
     except FileNotFoundError:
         return None
 
 
 def write_whole(path: Path, body: bytes) -> None:
     """`body` as `path` (written through a symlink, keeping an earlier file's mode), whole; on
-    failure the draft goes and any earlier `path` stays."""
+    failure the draft goes and any earlier `path` stays. A path that is no regular file (a
+    pipe, a terminal: `-o /dev/stdout`) is written in place: nothing could be renamed over it,
+    and a draft beside it, in /dev or /proc, could not be made."""
     landing = landing_of(path)
+    if landing.exists() and not landing.is_file():
+        with landing.open("wb") as stream:
+            stream.write(body)
+        return
     draft = draft_of(landing)
     try:
         write_draft(draft, [body], like=landing)

@@ -4,7 +4,9 @@ became a regular file (its target kept the old content), and an existing file's 
 
 from __future__ import annotations
 
+import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -79,3 +81,24 @@ def test_batch_results_write_through_symlinks_keeping_modes(tmp_path: Path) -> N
     assert link.is_symlink() and outputs.read_bytes() == b""
     assert _mode(outputs) == 0o600 and errors.read_bytes() == b""
     assert _drafts(tmp_path) == []
+
+
+def test_a_pipe_is_written_in_place(tmp_path: Path) -> None:
+    """`-o /dev/stdout` on a pipe: nothing could be renamed over it, no draft made beside it."""
+    fifo = tmp_path / "out"
+    os.mkfifo(fifo)
+    read: list[bytes] = []
+    reader = threading.Thread(target=lambda: read.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    write_whole(fifo, b"body")
+    reader.join(5)
+    assert read == [b"body"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert _drafts(tmp_path) == []
+
+
+def test_setuid_is_not_carried_to_new_content(tmp_path: Path) -> None:
+    path = tmp_path / "tool"
+    path.write_bytes(b"old")
+    path.chmod(0o4755)
+    write_whole(path, b"new")
+    assert _mode(path) == 0o755

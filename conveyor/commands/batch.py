@@ -72,14 +72,16 @@ def write_results(
     Each is written whole under a hidden name beside its own, and both are renamed over theirs
     only then: a write cut short (a full disk, Ctrl-C) left a truncated file that read as the
     batch's whole results, beside the other file of an earlier run."""
-    drafts: dict[Path, Path] = {}
+    # (a draft, where it lands): one per path, though both paths may land on one file
+    drafts: list[tuple[Path, Path]] = []
     try:
         for path, lines in ((output, results.outputs), (errors, results.errors)):
             landing = landing_of(path)  # through a symlink, keeping an earlier file's mode
-            drafts[landing] = draft_of(landing)
+            draft = draft_of(landing)
+            drafts.append((draft, landing))
             chunks = (orjson.dumps(o.model_dump(exclude_unset=True)) + b"\n" for o in lines)
-            write_draft(drafts[landing], chunks, like=landing)
-        for path, draft in drafts.items():
+            write_draft(draft, chunks, like=landing)
+        for draft, path in drafts:
             draft.replace(path)
     except OSError as exc:
         raise failure(
@@ -87,16 +89,21 @@ def write_results(
             f"{batch_id} PREFIX` writes them elsewhere"
         ) from None
     finally:
-        for draft in drafts.values():
+        for draft, _ in drafts:
             draft.unlink(missing_ok=True)
 
 
 def _writable(*paths: Path) -> None:
     """Refused before the batch is created: a result file that cannot be written (a folder of
     its name, a folder without write access, where `write_results` makes it) was found only
-    after the whole batch had run."""
+    after the whole batch had run. Looked at where it lands (`landing_of`: a symlink's target,
+    beside which its draft is made), not beside the link; a loop of links cannot be written."""
     for path in paths:
-        if path.is_dir() or not os.access(path.parent, os.W_OK):
+        try:
+            landing = landing_of(path)
+        except OSError:  # ELOOP
+            landing = None
+        if landing is None or landing.is_dir() or not os.access(landing.parent, os.W_OK):
             message = f"cannot write {path}, where --wait writes its results"
             raise click.BadParameter(message, param_hint="FILE")
 
