@@ -29,6 +29,10 @@ def test_celery_logs_neither_the_webhooks_credential_nor_its_event(bare_stack: S
             "identity:default",
             CONVEYOR_WEBHOOK_SECRET="whsec-logged",
             CONVEYOR_WEBHOOK_ALLOWLIST=receiver.base,
+            # a 503 is a slow failure past a tenth of the timeout, and its receiver is held six
+            # times as long: at 10 s, a 5 s stall of either side held the retry past `until`'s
+            # 30 s. Nothing here waits on the timeout.
+            CONVEYOR_WEBHOOK_TIMEOUT_S="300",
             CONVEYOR_SHUTDOWN_GRACE_S="1",
         )
         bare_stack.wait_ready(name)

@@ -19,6 +19,9 @@ from tests.webhook_receiver import delivering_to
 from workers import webhook_delivery
 
 PAUSE_S = 20.0
+# Room for the receiver's thread to stall before it takes the request (at 1 s, a 2 s stall there
+# timed the attempt out unpaused); the pause still outlasts it fourfold.
+TIMEOUT_S = 5.0
 
 
 class _PausedClock:
@@ -47,7 +50,7 @@ def test_a_worker_paused_mid_attempt_holds_its_receiver_for_the_timeout_at_most(
     monkeypatch.setattr(webhook_delivery, "time", clock)
     with failing_receiver(0.3, on_take=clock.pause) as (origin, taken):
         keys = delivering_to(origin, "r39-pause:", redis_client, settings_env, monkeypatch)
-        settings_env(CONVEYOR_WEBHOOK_TIMEOUT_S="1")
+        settings_env(CONVEYOR_WEBHOOK_TIMEOUT_S=str(TIMEOUT_S))
         for job_id in ("j1", "j2"):
             redis_client.hset(keys.job(job_id), "status", "succeeded")
             with pytest.raises(Retry):
@@ -59,4 +62,4 @@ def test_a_worker_paused_mid_attempt_holds_its_receiver_for_the_timeout_at_most(
     (held,) = json.loads(redis_client.hget(keys.job("j2"), "webhook_attempts") or "")
     assert failed["duration_ms"] >= PAUSE_S * 1000, failed  # the pause, as the attempt saw it
     assert held["error"].startswith("held:"), held
-    assert held["retry_after_s"] <= 6 * 1.0, held  # was 6 x 20.3 s
+    assert held["retry_after_s"] <= 6 * TIMEOUT_S, held  # was 6 x 20.3 s
