@@ -84,7 +84,7 @@ def test_make_up_reuses_its_dev_key_and_the_cli_finds_its_redis(tmp_path: Path) 
             for line in _cli(tmp_path, "keys", "list", "--json").stdout.splitlines()
         ]
         dev = [key for key in keys if key["tenant"] == "dev"]
-        assert sorted(key["state"] for key in dev) == ["API key revoked", "active"]
+        assert sorted(key["state"] for key in dev) == ["active", "revoked"]
         response = httpx.get(f"{up.url}/v1/models", headers={"X-API-Key": first}, timeout=30)
         assert response.status_code == 200, response.text
 
