@@ -158,8 +158,9 @@ class StreamReader:
         """Up to `count` entries of `streams` this consumer was handed and is not running (not
         `in_hand`): a read whose reply an outage lost leaves them in its pending list, where
         nobody would run them before reclaim, a visibility timeout later. The pending list is
-        listed (XPENDING counts no delivery) and what is not in hand claimed again (XCLAIM: one
-        delivery more each), two round trips after an outage. Reading the consumer's history
+        listed (XPENDING counts no delivery) and what is not in hand claimed again, its delivery
+        count kept (XCLAIM's RETRYCOUNT: the lost read ran nothing; counted again, a cut read
+        brought a job one delivery nearer its dead letter), two round trips after an outage. Reading the consumer's history
         (XREADGROUP id 0) instead counted a delivery of every entry it returned, those still
         running too, which a later crash would then dead-letter before their time. An entry
         delivered more than once before (a RECLAIM whose reply was lost took it over from a dead
@@ -192,7 +193,14 @@ class StreamReader:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for stream, row in lost:
                     idle_ms = row["time_since_delivered"]
-                    pipe.xclaim(stream, GROUP, self.consumer, idle_ms, [row["message_id"]])
+                    pipe.xclaim(
+                        stream,
+                        GROUP,
+                        self.consumer,
+                        idle_ms,
+                        [row["message_id"]],
+                        retrycount=row["times_delivered"],
+                    )
                 claimed = await pipe.execute()
         now = now_ms()
         by_stream: dict[str, list[Delivery]] = {}
@@ -210,7 +218,7 @@ class StreamReader:
         trip). A mark refused because the jobs' slot is migrating (their hashes split between
         two masters) leaves them unmarked, taken as queued (as TAKE hands over a job whose hash
         moved ahead): raised, it left them in the pending list, and each retry claimed them back
-        a delivery more (`held`) until the slot had moved."""
+        (`held`) until the slot had moved."""
         if self.mark_on_read:
             for _, deliveries in batches:
                 try:
