@@ -160,11 +160,12 @@ class StreamReader:
         nobody would run them before reclaim, a visibility timeout later. The pending list is
         listed (XPENDING counts no delivery) and what is not in hand claimed again, its delivery
         count kept (XCLAIM's RETRYCOUNT: the lost read ran nothing; counted again, a cut read
-        brought a job one delivery nearer its dead letter), two round trips after an outage. Reading the consumer's history
-        (XREADGROUP id 0) instead counted a delivery of every entry it returned, those still
-        running too, which a later crash would then dead-letter before their time. An entry
-        delivered more than once before (a RECLAIM whose reply was lost took it over from a dead
-        consumer) is handed over as redelivered, so a generation run again starts `restart`."""
+        brought a job one delivery nearer its dead letter), two round trips after an outage.
+        Reading the consumer's history (XREADGROUP id 0) instead counted a delivery of every
+        entry it returned, those still running too, which a later crash would then dead-letter
+        before their time. An entry delivered more than once before (a RECLAIM whose reply was
+        lost took it over from a dead consumer) is handed over as redelivered, so a generation
+        run again starts `restart`."""
         batches = await recreating_groups(
             self.redis, self.streams, lambda: self._claim_back(streams, count, in_hand)
         )
