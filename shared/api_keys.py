@@ -4,7 +4,12 @@ A key is shown once, at creation, and stored only as its SHA-256 (`cv:apikey:{ke
 `key_id` is the first 16 hex digits of that digest): keys are 256-bit random tokens, so a fast
 hash is enough (a slow password hash protects low-entropy secrets), and a leaked Redis dump
 yields no usable key. Lookup goes by `key_id`, then the full digest is compared in constant
-time. Revocation and expiry take effect on the next request, on every producer replica."""
+time. Revocation and expiry take effect on the next request, on every producer replica.
+
+Every key time (`created_at`, `revoked_at`, an expiry and the moment it is judged against) is on
+Redis's clock (`shared/redis_clock.py`), as a job's are: on each host's own, two producers a
+minute apart let a key live a minute longer on one, and `conveyor keys` wrote an operator's
+laptop's time as the key's."""
 
 from __future__ import annotations
 
@@ -14,7 +19,6 @@ import logging
 import math
 import re
 import secrets
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, cast, get_args
@@ -30,6 +34,7 @@ from shared.redis_client import (
     queue_script,
     run_pipeline,
 )
+from shared.redis_clock import CLOCK
 from shared.settings import MAX_BURST, MIN_RATE_PER_S, VISIBLE_ASCII
 
 log = logging.getLogger(__name__)
@@ -279,7 +284,7 @@ def _issued(spec: KeySpec, secret: str | None, limits_of: str) -> tuple[str, Api
     if not PRESENTED.fullmatch(key):
         raise InvalidKeySpec("a key is 8 to 256 printable ASCII characters, no spaces")
     record = ApiKey(
-        key_id_of(key), digest_of(key), spec, created_at=time.time(), limits_of=limits_of
+        key_id_of(key), digest_of(key), spec, created_at=CLOCK.now(), limits_of=limits_of
     )
     return key, record
 
@@ -337,7 +342,7 @@ class ApiKeyStore:
             names.append(self.keys.api_key(old_id))
         flat = [part for pair in record.to_fields().items() for part in pair]
         cutoff = str(old_expires_at) if old_expires_at else ""
-        args = [str(time.time()), record.key_id, cutoff, *flat]
+        args = [str(CLOCK.now()), record.key_id, cutoff, *flat]
 
         async def fill(pipe: Any) -> int:
             queue_script(pipe, self._store, names, args)
@@ -369,7 +374,7 @@ class ApiKeyStore:
         """The key, unless it is unknown, revoked or expired: what a session or a stream opened
         under it looks at again while it lasts."""
         key = await self.get(key_id)
-        return key if key is not None and key.refusal(time.time()) is None else None
+        return key if key is not None and key.refusal(CLOCK.now()) is None else None
 
     async def list(self) -> list[ApiKey]:
         """Every key, its records read in one pipelined round trip (not one per key)."""
@@ -386,7 +391,7 @@ class ApiKeyStore:
         if not KEY_ID.fullmatch(key_id) or not await self.redis.exists(name):
             return False
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(name, "revoked_at", str(time.time()))
+            pipe.hset(name, "revoked_at", str(CLOCK.now()))
             await queue_replica_wait(self.redis, pipe, [name])
             replies = await pipe.execute()
         check_replica_acks(replies[1:])

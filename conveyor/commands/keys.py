@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import redis.asyncio as aioredis
 
 from conveyor.local_stack import with_redis
 from shared.api_keys import (
@@ -30,6 +31,7 @@ from shared.api_keys import (
 from shared.keys import Keys
 from shared.model_repository import ModelConfigError, ModelRepository
 from shared.redis_client import ReplicaAckTimeout, connect
+from shared.redis_clock import CLOCK, ClockSkew
 from shared.settings import Settings, get_settings
 from shared.webhook_signing import OPERATOR, owner_secret
 
@@ -58,9 +60,20 @@ DEV_KEY_SPEC = KeySpec(tenant="dev", scopes=frozenset(SCOPES), name="development
 
 
 def _run(action: Callable[[ApiKeyStore], Awaitable[T]]) -> T:
-    return with_redis(
-        lambda client, settings: action(ApiKeyStore(client, Keys(settings.key_prefix)))
-    )
+    """`action` on the store, on Redis's clock (`_on_redis_clock`)."""
+
+    async def on(client: aioredis.Redis, settings: Settings) -> T:
+        return await action(await _on_redis_clock(client, settings))
+
+    return with_redis(on)
+
+
+async def _on_redis_clock(client: aioredis.Redis, settings: Settings) -> ApiKeyStore:
+    """The store, with this process's clock corrected to Redis's first (one TIME), as a
+    producer's is: a key's times written from an operator's laptop a minute off were a minute
+    off on every producer (its expiry, its rotation's grace), and its state read so."""
+    await ClockSkew(corrects=CLOCK).sync(client)
+    return ApiKeyStore(client, Keys(settings.key_prefix))
 
 
 def dev_key(settings: Settings, key_file: Path) -> str:
@@ -73,7 +86,7 @@ def dev_key(settings: Settings, key_file: Path) -> str:
     async def choose() -> str:
         client = connect(settings.redis_url, blocks_ms=0)
         try:
-            store = ApiKeyStore(client, Keys(settings.key_prefix))
+            store = await _on_redis_clock(client, settings)
             chosen = _only_dev_key(store, settings.dev_api_key, previous)
             return await _confirmed(chosen, DEV_KEY_UNCONFIRMED)
         finally:
@@ -102,7 +115,7 @@ async def _dev_key(store: ApiKeyStore, chosen: str, previous: str) -> str:
         )
     if not chosen and previous:
         record = await store.verify(previous)
-        if record is not None and record.refusal(time.time()) is None:
+        if record is not None and record.refusal(CLOCK.now()) is None:
             return previous
     try:
         key, _ = await store.create(DEV_KEY_SPEC, chosen or None)
@@ -112,7 +125,7 @@ async def _dev_key(store: ApiKeyStore, chosen: str, previous: str) -> str:
 
 
 async def _revoke_dev_keys_but(store: ApiKeyStore, key_id: str) -> None:
-    now = time.time()
+    now = CLOCK.now()
     for record in await store.list():
         is_dev = record.spec.name == DEV_KEY_SPEC.name and record.spec.tenant == DEV_KEY_SPEC.tenant
         if is_dev and record.key_id != key_id and record.refusal(now) is None:
@@ -143,7 +156,7 @@ def _expiry(lifetime: float, old: ApiKey | None = None) -> float:
     key lives as long as the key it replaces did, so a rotation keeps a key's lifetime policy."""
     if not lifetime and old is not None:
         lifetime = old.lifetime_s
-    return time.time() + lifetime if lifetime else 0.0
+    return CLOCK.now() + lifetime if lifetime else 0.0
 
 
 def _warn_unknown(models: tuple[str, ...]) -> None:
@@ -175,7 +188,7 @@ def _describe(key: ApiKey) -> dict[str, Any]:
         "name": spec.name,
         "created_at": key.created_at,
         "expires_at": spec.expires_at or None,
-        "state": _state(key, time.time()),
+        "state": _state(key, CLOCK.now()),
         "rate_per_s": spec.rate_per_s,
         "burst": spec.burst,
         "max_in_flight": spec.max_in_flight,
@@ -244,15 +257,20 @@ def create(
         scopes=frozenset(scopes),
         models=frozenset(models),
         name=name,
-        expires_at=_expiry(lifetime),
         rate_per_s=rate,
         burst=burst,
         max_in_flight=max_in_flight,
         max_streams=max_streams,
         weight=weight,
     )
+
+    def created(store: ApiKeyStore) -> Awaitable[tuple[str, ApiKey]]:
+        """Its expiry from now on Redis's clock, read once the store has measured it."""
+        timed = replace(spec, expires_at=_expiry(lifetime))
+        return _confirmed(store.create(timed), NEW_KEY_LOST)
+
     try:
-        key, record = _run(lambda store: _confirmed(store.create(spec), NEW_KEY_LOST))
+        key, record = _run(created)
     except InvalidKeySpec as exc:
         raise click.BadParameter(str(exc)) from None
     _warn_unknown(models)
@@ -282,7 +300,7 @@ async def _rotated(
     old = await store.get(key_id) if KEY_ID.fullmatch(key_id) else None
     if old is None:
         raise click.ClickException(f"no key with id {key_id}")
-    cutoff = time.time() + grace if grace else 0.0
+    cutoff = CLOCK.now() + grace if grace else 0.0
     ends = min((t for t in (old.spec.expires_at, cutoff) if t), default=0.0)
     # the cutoff is written with the new key: replicas short of it, the old key's end stands
     unconfirmed = NEW_KEY_LOST + (OLD_KEY_CUT.format(key_id, _until(ends)) if grace else "")
@@ -330,8 +348,9 @@ def rotate(key_id: str, expires_in: str | None, revoke_old_in: str | None, as_js
 def list_keys(as_json: bool) -> None:
     """Every key's id, tenant, scopes, models, state, name, rotation link and expiry (never the
     key itself)."""
-    now = time.time()
-    for record in _run(lambda store: store.list()):
+    records = _run(lambda store: store.list())
+    now = CLOCK.now()  # Redis's, measured by `_run`
+    for record in records:
         described = _describe(record)
         if as_json:
             click.echo(json.dumps(described))

@@ -8,7 +8,6 @@ principal."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from functools import cache
 from typing import Annotated, Any, TypeVar
@@ -25,6 +24,7 @@ from producer_api.errors import ConveyorError, ErrorBody, unauthorized
 from producer_api.state import ProducerState, producer_state
 from shared.api_keys import ApiKey, Scope
 from shared.rate_limit import BucketState
+from shared.redis_clock import CLOCK
 
 _BEARER = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
 _HEADER = APIKeyHeader(name="X-API-Key", auto_error=False, description="The API key")
@@ -59,7 +59,7 @@ def admit_key(state: ProducerState, key: ApiKey | None) -> Principal:
     that refuses it: unknown, revoked or expired."""
     if key is None:
         raise unauthorized("unknown API key")
-    if reason := key.refusal(time.time()):
+    if reason := key.refusal(CLOCK.now()):
         raise unauthorized(reason)
     return Principal.of(key, state.settings)
 

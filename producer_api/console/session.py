@@ -4,7 +4,9 @@ only the key's public id in an HttpOnly, SameSite=Strict cookie signed with HMAC
 so revocation and expiry end a session at once, and so do logging out and the idle timeout
 (`live_sessions.py`); a live feed opened in it ends within CONVEYOR_STREAM_RECHECK_S (a Redis that
 does not answer ends none). Each session carries a nonce; its CSRF token is an HMAC of that nonce,
-checked on every POST."""
+checked on every POST. A session's expiry is stamped and judged on Redis's clock
+(`shared/redis_clock.py`), as its key's is: replicas sharing CONVEYOR_CONSOLE_SECRET on hosts a
+minute apart kept a cookie a minute longer on one."""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ import hashlib
 import hmac
 import math
 import secrets
-import time
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -28,6 +29,7 @@ from producer_api.errors import ConveyorError
 from producer_api.state import ProducerState
 from shared.api_keys import ApiKey
 from shared.codec import dumps, loads
+from shared.redis_clock import CLOCK
 
 COOKIE = "conveyor_console"
 LOGIN_COOKIE = "conveyor_console_login"
@@ -77,7 +79,7 @@ class SessionSigner:
         whose `csrf` token goes with it. The login form gets one with no key id, so logging in
         needs a token too (no login CSRF)."""
         nonce = secrets.token_hex(16)
-        payload = dumps({"k": key_id, "n": nonce, "e": time.time() + max_age_s})
+        payload = dumps({"k": key_id, "n": nonce, "e": CLOCK.now() + max_age_s})
         body = base64.urlsafe_b64encode(payload).decode()
         return f"{body}.{self._mac('session', body.encode())}", nonce
 
@@ -87,7 +89,7 @@ class SessionSigner:
         if not same(mac, self._mac("session", body.encode())):
             return None
         payload = loads(base64.urlsafe_b64decode(body))
-        if payload["e"] < time.time():
+        if payload["e"] < CLOCK.now():
             return None
         return str(payload["k"]), str(payload["n"]), float(payload["e"])
 
@@ -143,7 +145,7 @@ async def still_open(state: ProducerState, sessions: LiveSessions, session: Cons
     EventSource gave up for good, every open page stopped."""
     if not session.nonce:
         return True
-    if session.expires < time.time():
+    if session.expires < CLOCK.now():
         return False
     try:
         key = await _usable_key(state, sessions, session.principal.key_id, session.nonce)

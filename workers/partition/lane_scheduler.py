@@ -213,8 +213,8 @@ class LaneScheduler:
         read_at: float | None = None,
     ) -> MicroBatch:
         """`batch` topped up while more are coming (`StreamReader.gather`), until `stop`: then
-        what this consumer holds of its lane and is not running (a cut top-up's lost reply)
-        joins it, claimed back as after a cut blocking read, to finish before it stops.
+        what a top-up read it cut had handed over (its reply lost) joins it, claimed back as
+        after a cut blocking read, to finish before it stops (none not `in_hand`: running).
         Whether more are coming is the rate before `batch`: its own jobs count only once it is
         topped up (counted first, a lone job on an idle partition made a rate that expected
         another, and waited for it). `read_at` (time.monotonic()): when the blocking read that
@@ -225,11 +225,7 @@ class LaneScheduler:
             delay_ms -= (time.monotonic() - read_at) * 1000.0
         stream, deliveries = batch
         arrivals, read = self.arrivals[stream], len(deliveries)
-        await self.reader.gather(batch, max_items, delay_ms, self.preferred, arrivals, stop)
+        reader, preferred = self.reader, self.preferred
+        await reader.gather(batch, max_items, delay_ms, preferred, arrivals, stop, in_hand)
         arrivals.arrived(read)
-        if stop is None or not stop.is_set() or delay_ms <= 0 or len(deliveries) >= max_items:
-            return batch
-        ours = {*in_hand, *((stream, d.entry_id) for d in deliveries)}
-        for _, lost in await self.reader.held([stream], max_items - len(deliveries), ours):
-            deliveries.extend(lost)
         return batch

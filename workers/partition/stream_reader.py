@@ -238,6 +238,7 @@ class StreamReader:
         preferred: Sequence[int] = (),
         arrivals: ArrivalRate | None = None,
         stop: Stopping | None = None,
+        in_hand: Collection[LaneEntry] = (),
     ) -> MicroBatch:
         """Top a non-empty batch up from its own stream until full or `delay_ms` has passed,
         while `arrivals` (when given) expects another job before then: a lone job on an idle
@@ -247,7 +248,11 @@ class StreamReader:
         takes several: one read blocking for all of it (up to a minute) outlasted the socket
         timeout, and the micro-batch was lost to a timeout and claimed back a delivery more.
         `stop`, set, ends the top-up (its read cut as `Stopping.unless_set` cuts it): a micro-
-        batch held open at a stop waited out the delay, reading jobs queued after the stop."""
+        batch held open at a stop waited out the delay, reading jobs queued after the stop. What
+        a cut read's lost reply handed over joins the batch, claimed back (`held`: entries of
+        this consumer neither in the batch nor `in_hand`), to finish before it stops; only a cut
+        read: with none cut, no reply was lost, and the XPENDING that listed them at every stop
+        could find nothing it had handed over."""
         stream, deliveries = batch
         if not deliveries or delay_ms <= 0:
             return batch
@@ -266,9 +271,23 @@ class StreamReader:
                 arrivals.waited(time.monotonic() - started, len(more))
                 arrivals.arrived(len(more))
             deliveries.extend(more)
+            if waited is None:  # cut: its lost reply may have handed over what the batch lacks
+                await self._claimed_back_into(batch, max_items, in_hand)
+                break
             if not more and at_preferred:
                 break
         return batch
+
+    async def _claimed_back_into(
+        self, batch: MicroBatch, max_items: int, in_hand: Collection[LaneEntry]
+    ) -> None:
+        """`batch` filled up with its lane's entries this consumer holds that neither it nor
+        `in_hand` has: those a cut top-up read handed over (at most what the batch lacked,
+        its COUNT), listed behind the running ones (`held` lists as many more as those)."""
+        stream, deliveries = batch
+        ours = {*in_hand, *((stream, d.entry_id) for d in deliveries)}
+        for _, lost in await self.held([stream], max_items - len(deliveries), ours):
+            deliveries.extend(lost)
 
     async def mark_running(self, deliveries: Sequence[Delivery]) -> None:
         """Mark jobs running (those still queued or running), one round trip for all; each
