@@ -186,29 +186,26 @@ def _openai_request(scope: Scope) -> bool:
     if route_path(scope) in OPENAI_PATHS or scope.get("state", {}).get(OPENAI_ERRORS):
         return True
     # refused before routing (the boundary's 401 or 413): by the route that would have run
-    return "endpoint" not in scope and "app" in scope and _openai_route(scope)
+    return "endpoint" not in scope and "app" in scope and _openai_match(scope) is Match.FULL
 
 
-def _openai_route(scope: Scope) -> bool:
-    """Whether the route the request's path and method name marks its requests OpenAI's."""
+def _openai_match(scope: Scope) -> Match:
+    """How the request matches a route that marks its requests OpenAI's, in one walk of the
+    app's routes: FULL where the route its path and method name (the first full match) marks
+    them, PARTIAL where none takes it and one on its path does (another method), else NONE."""
+    found = Match.NONE
     for route in scope["app"].router.routes:
-        if route.matches(scope)[0] is Match.FULL:
-            return _marks_openai(route)
-    return False
+        match = route.matches(scope)[0]
+        if match is Match.FULL:
+            return Match.FULL if _marks_openai(route) else Match.NONE
+        if match is Match.PARTIAL and _marks_openai(route):
+            found = Match.PARTIAL
+    return found
 
 
 def _marks_openai(route: BaseRoute) -> bool:
     return isinstance(route, OpenAIRoute) or any(
         depends.dependency is answer_as_openai for depends in getattr(route, "dependencies", ())
-    )
-
-
-def _wrong_method_on_openai(request: Request) -> bool:
-    """A 405 on a path one of OpenAI's routes takes with another method (`PUT /v1/files`): its
-    route never ran to mark the request, and OpenAI's SDK read no `e.code` of Conveyor's shape."""
-    return any(
-        route.matches(request.scope)[0] is Match.PARTIAL and _marks_openai(route)
-        for route in request.app.router.routes
     )
 
 
@@ -442,7 +439,9 @@ def install_error_handlers(app: FastAPI) -> None:
             return RedirectResponse(twin, 307)
         if exc.status_code == 404 and _unrouted_openai(request):
             mark_as_openai(request)
-        if exc.status_code == 405 and _wrong_method_on_openai(request):
+        # a 405 on a path one of OpenAI's routes takes with another method (`PUT /v1/files`):
+        # its route never ran to mark the request, and OpenAI's SDK read no `e.code` of ours
+        if exc.status_code == 405 and _openai_match(request.scope) is Match.PARTIAL:
             mark_as_openai(request)
         # a 400: a body that does not parse (a multipart form), an invalid request
         type_ = {400: "invalid_request", 404: "not_found"}.get(exc.status_code, "http_error")

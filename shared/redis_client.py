@@ -848,7 +848,34 @@ def subscriber(client: RedisClient, node: tuple[str, int] | None = None) -> aior
         connection_class, kwargs = owner.connection_class, owner.connection_kwargs
     kwargs = {**kwargs, "retry": Retry(NoBackoff(), 0)}
     pool = aioredis.ConnectionPool(connection_class=connection_class, **kwargs)
-    return aioredis.Redis(connection_pool=pool)
+    return Subscriber(connection_pool=pool)
+
+
+class Subscriber(aioredis.Redis):
+    """A client whose pub/sub keeps a cancel (`PubSubKeepsCancel`)."""
+
+    def pubsub(self, **kwargs: Any) -> aioredis.client.PubSub:
+        return PubSubKeepsCancel(self.connection_pool, **kwargs)
+
+
+class PubSubKeepsCancel(aioredis.client.PubSub):
+    """A subscription whose reads (`get_message`, `listen`), commands and reconnection raise a
+    cancel lost inside them as the cancel (`_KeepsCancel`), as a client's commands do: its calls
+    are not the client's. The reply listener's task, its cancel lost in a read as a Redis
+    timeout, took it for an outage, reconnected and listened on; lost as a nil read, it read on,
+    and a stop that cancels again lost each cancel there too."""
+
+    async def parse_response(self, block: bool = True, timeout: float = 0) -> Any:
+        with _KeepsCancel():
+            return await super().parse_response(block, timeout)
+
+    async def execute_command(self, *args: Any) -> Any:
+        with _KeepsCancel():
+            return await super().execute_command(*args)
+
+    async def connect(self) -> None:
+        with _KeepsCancel():
+            await super().connect()
 
 
 async def push_as_received(message: Any) -> Any:

@@ -10,7 +10,7 @@ import math
 import struct
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -27,13 +27,21 @@ RAN = ("succeeded", "failed")  # the ends a job reaches by running (a dead lette
 # every field `Comparison.fields` may hold: one a comparison lacks is dropped from a result that
 # an earlier pair's comparison wrote it to (shared/shadow_pairs.py)
 FIELDS = ("agree", "similarity", "error_delta", "latency_delta_ms")
-# The counter a pair with a failure adds, by its error delta. Counted apart, as shadow tests
-# report error rates: summed as a delta, a shadow failing where the primary answered and one
-# answering where it failed netted to 0, and two failures read as an agreement.
+
+
+class FailedCount(NamedTuple):
+    counter: str  # in the shadow variant's window (shared/variant_stats)
+    shown: str  # as an experiment's summary names it (producer_api/experiments/statistics)
+
+
+# The counter a pair with a failure adds, by its error delta, and its name where it is shown.
+# Counted apart, as shadow tests report error rates: summed as a delta, a shadow failing where
+# the primary answered and one answering where it failed netted to 0, and two failures read as
+# an agreement.
 FAILED = {
-    1: "shadow_failed_shadow_only",
-    -1: "shadow_failed_primary_only",
-    0: "shadow_failed_both",
+    1: FailedCount("shadow_failed_shadow_only", "shadow_only_failed"),
+    -1: FailedCount("shadow_failed_primary_only", "primary_only_failed"),
+    0: FailedCount("shadow_failed_both", "both_failed"),
 }
 
 
@@ -60,7 +68,7 @@ class Comparison:
         two failures as agreeing, and mixed into a window it would read over 100 %."""
         counts: dict[str, float] = {"shadow_pairs": 1}
         if self.agree is None:
-            counts[FAILED[self.error_delta]] = 1
+            counts[FAILED[self.error_delta].counter] = 1
         else:
             counts |= {"shadow_answered": 1, "shadow_agreed": int(self.agree)}
         if self.similarity is None:

@@ -5,12 +5,13 @@ through the SDK, with a live progress bar (rate, ETA), then write `FILE.output.j
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 import orjson
+from pydantic import BaseModel
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -36,7 +37,7 @@ from conveyor.client.option_pairs import option_pairs
 from conveyor.client.sync_client import Client
 from conveyor.client.types import Batch, BatchResults
 from conveyor.commands.files import JSONL_FILE, jsonl_source
-from conveyor.file_drafts import draft_of, landing_of, write_draft
+from conveyor.file_drafts import NotWritten, landing_of, write_all_whole
 from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 console = Console(stderr=True)
@@ -69,28 +70,21 @@ def write_results(
     file that cannot be written is `failure`, naming the command that writes them elsewhere:
     it was an OSError traceback.
 
-    Each is written whole under a hidden name beside its own, and both are renamed over theirs
-    only then: a write cut short (a full disk, Ctrl-C) left a truncated file that read as the
-    batch's whole results, beside the other file of an earlier run."""
-    # (a draft, where it lands): one per path, though both paths may land on one file
-    drafts: list[tuple[Path, Path]] = []
+    Both are written whole (`write_all_whole`): a write cut short (a full disk, Ctrl-C) left a
+    truncated file that read as the batch's whole results, beside the other file of an earlier
+    run. A path that is a pipe (a FIFO, a link to /dev/stdout) is written in place: renamed
+    over, the FIFO became a regular file and its reader never heard a line."""
     try:
-        for path, lines in ((output, results.outputs), (errors, results.errors)):
-            landing = landing_of(path)  # through a symlink, keeping an earlier file's mode
-            draft = draft_of(landing)
-            drafts.append((draft, landing))
-            chunks = (orjson.dumps(o.model_dump(exclude_unset=True)) + b"\n" for o in lines)
-            write_draft(draft, chunks, like=landing)
-        for draft, path in drafts:
-            draft.replace(path)
-    except OSError as exc:
+        write_all_whole([(output, _jsonl(results.outputs)), (errors, _jsonl(results.errors))])
+    except NotWritten as exc:
         raise failure(
-            f"cannot write {path}: {exc.strerror or exc}; `conveyor batch results "
+            f"cannot write {exc.path}: {exc.strerror}; `conveyor batch results "
             f"{batch_id} PREFIX` writes them elsewhere"
         ) from None
-    finally:
-        for draft, _ in drafts:
-            draft.unlink(missing_ok=True)
+
+
+def _jsonl(lines: Iterable[BaseModel]) -> Iterator[bytes]:
+    return (orjson.dumps(line.model_dump(exclude_unset=True)) + b"\n" for line in lines)
 
 
 def _writable(*paths: Path) -> None:

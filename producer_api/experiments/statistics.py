@@ -69,22 +69,15 @@ def summary(window: Window) -> dict[str, Any]:
             "mean_latency_delta_ms": _mean_of(
                 counters, "shadow_latency_delta_ms", "shadow_untimed_pairs", 3
             ),
-            **{shown: int(counters[name]) for shown, name in FAILED_SHOWN.items()},
+            **{failed.shown: int(counters[failed.counter]) for failed in FAILED.values()},
         },
     }
 
 
-# The pairs with a failure, by whose, as `summary` shows them (shared/shadow_compare.FAILED)
-FAILED_SHOWN = {
-    "shadow_only_failed": FAILED[1],
-    "primary_only_failed": FAILED[-1],
-    "both_failed": FAILED[0],
-}
-
-
 def _agreement(counters: dict[str, float]) -> float | None:
     """The share of agreeing pairs among those whose two jobs answered (a failure has no answer
-    to agree with: it is counted in FAILED_SHOWN's); None when no pair answered."""
+    to agree with: it is counted by whose, shared/shadow_compare.FAILED); None when no pair
+    answered."""
     answered = counters["shadow_answered"]
     return round(counters["shadow_agreed"] / answered, 6) if answered else None
 
