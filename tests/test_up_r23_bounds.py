@@ -7,35 +7,33 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from conveyor.cli import main
 from conveyor.commands.up import MAX_PROCESSES
 from conveyor.stack import TAIL_BYTES, Stack, free_port
 from shared.settings import Settings
 from tests.conftest import REPO_ROOT
-from tests.up_process import CONVEYOR
 
 LOG_GIB = 8  # a sparse log: no disk, but more than the reader's address space
 MEMORY_GIB = 2  # the reader's address space: its imports take well under it
 
 
 @pytest.mark.parametrize("option", ["--producers", "--workers-per-model"])
-def test_a_process_count_past_the_bound_is_a_usage_error(tmp_path: Path, option: str) -> None:
+def test_a_process_count_past_the_bound_is_a_usage_error(
+    tmp_path: Path, settings_env: Callable[..., None], option: str
+) -> None:
     """`--producers 80000` forked until the machine ran out of pids or memory. A Redis that
-    does not answer: were the count let through, `up` would stop there with another error."""
-    env = {**os.environ, "CONVEYOR_REDIS_URL": "redis://127.0.0.1:1/0"}
+    does not answer: were the count let through, `up` would stop there with another error.
+    In-process, as the `conveyor` entry point runs `main` (a usage error is exit 2)."""
+    settings_env(CONVEYOR_REDIS_URL="redis://127.0.0.1:1/0")
     args = [option, str(MAX_PROCESSES + 1), "--port", str(free_port()), "--state-dir"]
-    result = subprocess.run(
-        [str(CONVEYOR), "up", *args, str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 2, result.stderr
+    result = CliRunner().invoke(main, ["up", *args, str(tmp_path)])
+    assert result.exit_code == 2, (result.stderr, result.exception)
     assert f"Invalid value for '{option}'" in result.stderr, result.stderr
     assert f"1<=x<={MAX_PROCESSES}" in result.stderr, result.stderr
 

@@ -18,8 +18,10 @@ import httpx
 import psutil
 import pytest
 import redis
+from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+from conveyor.cli import main
 from conveyor.commands.up import examples, workers_by_model
 from conveyor.embedded_valkey import io_threads
 from conveyor.local_stack import StackState
@@ -162,19 +164,25 @@ def _up_refused(
     ],
 )
 def test_bad_process_counts_are_refused(tmp_path: Path, option: str, value: str) -> None:
-    result = _up_refused(tmp_path, [option, value], {})
-    assert result.returncode == 2
+    """In-process, as the `conveyor` entry point runs `main` (click's usage error is exit 2, an
+    uncaught exception exit 1): a process per case cost seconds of imports and proved no more."""
+    result = CliRunner().invoke(main, ["up", option, value, "--state-dir", str(tmp_path)])
+    assert result.exit_code == 2, (result.stderr, result.exception)
     assert f"Invalid value for '{option}'" in result.stderr, result.stderr
     assert not (tmp_path / "valkey").exists()  # refused before starting anything
 
 
 @pytest.mark.parametrize("models", ["", "identity,"])
-def test_an_empty_model_name_is_refused(tmp_path: Path, models: str) -> None:
+def test_an_empty_model_name_is_refused(
+    tmp_path: Path, settings_env: Callable[..., None], models: str
+) -> None:
     """`--models ""` (a script's unset variable) started every model, an LLM too. A Redis that
-    does not answer: what it would start, were the name let through, stops there."""
-    args = ["--models", models, "--port", str(free_port())]
-    result = _up_refused(tmp_path, args, {"CONVEYOR_REDIS_URL": "redis://127.0.0.1:1/0"})
-    assert result.returncode == 2, result.stderr
+    does not answer: what it would start, were the name let through, stops there. In-process,
+    as test_bad_process_counts_are_refused."""
+    settings_env(CONVEYOR_REDIS_URL="redis://127.0.0.1:1/0")
+    args = ["up", "--models", models, "--port", str(free_port()), "--state-dir", str(tmp_path)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, (result.stderr, result.exception)
     said = f"Invalid value for '--models': {models!r} has an empty model name"
     assert said in result.stderr, result.stderr
 
