@@ -13,7 +13,7 @@ from benchmarks.load import Target as LoadTarget
 from benchmarks.load import closed_loop, drive
 from benchmarks.minimal_hop import start_minimal_hop
 from benchmarks.pipeline_stack import IDENTITY_PAYLOAD as PAYLOAD
-from benchmarks.pipeline_stack import running_stack, start_worker
+from benchmarks.pipeline_stack import compact_aof, running_stack, start_worker
 from benchmarks.process_cpu import LOAD_GENERATOR, CpuMeter, per_request_ms
 from benchmarks.profiling import profile_during
 from benchmarks.report import PartResult, Plot, Series, Table, Target, ratio
@@ -47,7 +47,9 @@ def run(scale: Scale, workdir: Path) -> PartResult:
         }
         # Systems interleaved per concurrency, so drift on a shared machine hits them all.
         rounds = [
-            measure(system, url, pids, concurrency, scale)
+            measure(
+                system, url, pids, concurrency, scale, stack.redis_url if "valkey" in pids else ""
+            )
             for _ in range(scale.rounds)
             for concurrency in scale.concurrencies
             for system, (url, pids) in systems.items()
@@ -78,7 +80,10 @@ def run(scale: Scale, workdir: Path) -> PartResult:
             "systems interleaved, the best round shown (`rounds_rps` in the JSON has all). CPU "
             "ms per request sums the processes that serve it (Conveyor: producer, worker, Valkey; "
             "baseline: API, Celery worker, Valkey; minimal hop: API, worker, Valkey), read from "
-            "/proc over the measured window; the load generator's own cost is listed apart.",
+            "/proc over the measured window; the load generator's own cost is listed apart. "
+            "Before each window of a system that uses Valkey, its append-only file is rewritten "
+            "(BGREWRITEAOF, waited for): a rewrite another system's writes set off fell in the "
+            "next window otherwise, its forked child's CPU counted as that system's Valkey CPU.",
             "The minimal hop (benchmarks/minimal_hop.py) is the floor of Conveyor's design on "
             "these parts: an endpoint that appends the job to a stream and awaits its reply on "
             "pub/sub, and a worker that blocks on the stream and publishes the inputs back, with "
@@ -90,10 +95,18 @@ def run(scale: Scale, workdir: Path) -> PartResult:
 
 
 def measure(
-    system: str, url: str, pids: dict[str, int], concurrency: int, scale: Scale
+    system: str,
+    url: str,
+    pids: dict[str, int],
+    concurrency: int,
+    scale: Scale,
+    redis_url: str = "",
 ) -> dict[str, Any]:
     """One round of one configuration: an unmeasured warm-up, then CPU and latency measured
-    on the warm-up's connections (reconnecting the clients was timed and metered with it)."""
+    on the warm-up's connections (reconnecting the clients was timed and metered with it).
+    `redis_url`: the Valkey the system uses, whose AOF is compacted first (`compact_aof`)."""
+    if redis_url:
+        compact_aof(redis_url)
     target = LoadTarget.post(url, [PAYLOAD])
     meter = CpuMeter(pids)
     seconds = scale.seconds / scale.rounds

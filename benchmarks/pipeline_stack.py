@@ -129,6 +129,32 @@ def wait_until_answers(url: str, body: dict[str, Any], timeout: float = 120.0) -
     raise TimeoutError(f"{url} did not answer 200 within {timeout:.0f}s: {last}")
 
 
+def compact_aof(url: str, timeout: float = 120.0) -> None:
+    """Rewrite the server's append-only file now and block until the rewrite is reaped. Systems
+    measured on one Valkey grow one AOF: a rewrite the growth of an earlier system's traffic
+    set off (auto-aof-rewrite-percentage) then forked, and its child's CPU, reaped into the
+    server's, fell inside whichever system's window came next. Rewritten before each window, the
+    file starts it compact: a rewrite inside it is one its own writes set off."""
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout
+    try:
+        _wait_rewrite_idle(client, deadline)  # one under way refuses another
+        client.bgrewriteaof()
+        _wait_rewrite_idle(client, deadline)
+    finally:
+        client.close()
+
+
+def _wait_rewrite_idle(client: redis.Redis, deadline: float) -> None:
+    """Block until no AOF rewrite is under way or scheduled (one waits for a snapshot's end)."""
+    while time.monotonic() < deadline:
+        info = client.info("persistence")
+        if not (info["aof_rewrite_in_progress"] or info["aof_rewrite_scheduled"]):
+            return
+        time.sleep(0.05)
+    raise TimeoutError("the AOF rewrite did not end in time")
+
+
 def wait_until_drained(stack: Stack, model: str, variant: str, timeout: float = 60.0) -> None:
     """Block until a partition's stream is empty (workers delete entries as they acknowledge
     them), so one configuration's leftovers never run during the next one's measurement."""

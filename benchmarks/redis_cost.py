@@ -129,20 +129,30 @@ def _parse(line: str) -> tuple[float, int, str] | None:
     return float(stamp), int(address.rsplit(":", 1)[1]), name
 
 
+# A snapshot: when, the commands run so far, and the append-only file's size and rewrites so far
+# (None without an AOF).
+Snapshot = tuple[float, Counter[str], tuple[int, int] | None]
+
+
 class CommandStats:
-    """INFO commandstats snapshots; the meter's own INFO, XLEN and ECHO calls are taken out."""
+    """INFO commandstats and persistence snapshots; the meter's own INFO, XLEN and ECHO calls
+    are taken out."""
 
     def __init__(self, url: str) -> None:
         self.client = redis.Redis.from_url(url, decode_responses=True)
         self.own: Counter[str] = Counter()
 
-    def snapshot(self) -> tuple[float, Counter[str]]:
+    def snapshot(self) -> Snapshot:
         stats = self.client.info("commandstats")
+        persistence = self.client.info("persistence")
         at = time.time()
         calls = Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
         calls.subtract(self.own)
-        self.own["info"] += 1
-        return at, calls
+        self.own["info"] += 2
+        aof = None
+        if persistence.get("aof_enabled"):
+            aof = (int(persistence["aof_current_size"]), int(persistence["aof_rewrites"]))
+        return at, calls, aof
 
     def wait_empty(self, stream: str, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -163,25 +173,34 @@ class CommandStats:
 
 @dataclass
 class Window:
-    """Commands the server ran between two snapshots (every one, scripts' included)."""
+    """Commands the server ran between two snapshots (every one, scripts' included), and the
+    bytes its append-only file grew by: what each write costs the server again, formatted and
+    written to disk (None without an AOF, or with a rewrite between, which shrank the file)."""
 
     start: float
     end: float
     commands: Counter[str]
+    aof_bytes: float | None = None
 
     @classmethod
-    def of(cls, before: tuple[float, Counter[str]], after: tuple[float, Counter[str]]) -> Window:
+    def of(cls, before: Snapshot, after: Snapshot) -> Window:
         commands = Counter(after[1])
         commands.subtract(before[1])
-        return cls(before[0], after[0], +commands)
+        grown = None
+        if before[2] is not None and after[2] is not None and before[2][1] == after[2][1]:
+            grown = after[2][0] - before[2][0]
+        return cls(before[0], after[0], +commands, grown)
 
     def minus_idle(self, idle: Window) -> Window:
         """Take away what idle processes send in the same time (blocking reads timing out,
         Celery's broker poll), at the rate measured while nothing ran."""
         share = ratio(self.end - self.start, idle.end - idle.start)
         rest = {k: v - idle.commands[k] * share for k, v in self.commands.items()}
+        aof = None
+        if self.aof_bytes is not None and idle.aof_bytes is not None:
+            aof = self.aof_bytes - idle.aof_bytes * share
         return Window(
-            self.start, self.end, Counter({k: round(v) for k, v in rest.items() if v > 0})
+            self.start, self.end, Counter({k: round(v) for k, v in rest.items() if v > 0}), aof
         )
 
 
@@ -360,6 +379,10 @@ def summarise(
         "FastAPI + Celery": ratio(celery_window.commands.total(), celery["jobs"]),
     }
     shown = {k: round(v, 2) for k, v in comparison.items()}
+    aof = {
+        "Conveyor (submit and wait)": _aof_per_job(steady_window, steady["jobs"]),
+        "FastAPI + Celery": _aof_per_job(celery_window, celery["jobs"]),
+    }
     idle_trips = Counter(c.process for c in log.between(idle.start, idle.end))
     idle_seconds = idle.end - idle.start
     backlog_batch = micro["backlog"]
@@ -371,8 +394,8 @@ def summarise(
             _batch_table(micro),
             Table(
                 f"Every Redis command per job, closed loop at concurrency {CONCURRENCY}",
-                ["system", "commands/job"],
-                [[k, v] for k, v in shown.items()],
+                ["system", "commands/job", "AOF bytes/job"],
+                [[k, v, _shown(aof[k])] for k, v in shown.items()],
             ),
         ],
         targets=[
@@ -417,13 +440,16 @@ def summarise(
             "by their SHA. The worker's reads are TAKE (read with the jobs' statuses, after "
             "a full micro-batch; `bulk` when the bulk lane is preferred) and XREADGROUP (idle "
             "or keeping up: it blocks and hands the jobs over, no claim follows); its "
-            "write-back is FINISH.",
+            "write-back is FINISH. AOF bytes per job: how much the append-only file grew "
+            "over the window (INFO persistence, idle growth subtracted): every write is "
+            "formatted into it and written again.",
         ],
         data={
             "jobs": jobs,
             "phases": phases,
             "micro_batches": micro,
             "commands_per_job": shown,
+            "aof_bytes_per_job": aof,
             "closed_loop_commands_per_job": {
                 k: round(ratio(v, steady["jobs"]), 3)
                 for k, v in steady_window.commands.most_common()
@@ -431,6 +457,14 @@ def summarise(
             "idle_round_trips_per_s": {k: ratio(v, idle_seconds) for k, v in idle_trips.items()},
         },
     )
+
+
+def _aof_per_job(window: Window, jobs: int) -> float | None:
+    return None if window.aof_bytes is None else ratio(window.aof_bytes, jobs)
+
+
+def _shown(value: float | None) -> str | int:
+    return "n/a" if value is None else round(value)
 
 
 def _phase_table(phases: dict[str, Any], jobs: int) -> Table:

@@ -91,6 +91,9 @@ class RequestEntry:
     # The client's W3C tracestate, as the producer's span holds it: field `ts`, written only
     # when set, so an entry without one is no longer. An older worker skips it (`decode` reads
     # only the fields it names), a newer one reads an older producer's entry as without one.
+    # So too `tp` and `deadline`, written only when set: every release's `decode` reads a
+    # missing one as none, and each cost every untraced job without a deadline four arguments
+    # through ENQUEUE and its stream entry and AOF 21 bytes.
     tracestate: str = ""
     # The API key's in-flight set holding the job (shared/rate_limit.py), freed by whoever
     # ends the job: it lives in the key's slot, so the ender frees it beside its script.
@@ -109,11 +112,13 @@ class RequestEntry:
             "id": self.job_id,
             "payload": dumps(self.payload),
             "enq": self.enqueued_ms,
-            "deadline": self.deadline_ms,
             "tenant": self.tenant,
             "reply": self.reply,
-            "tp": self.traceparent,
         }
+        if self.deadline_ms:
+            fields["deadline"] = self.deadline_ms
+        if self.traceparent:
+            fields["tp"] = self.traceparent
         if self.tracestate:
             fields["ts"] = self.tracestate
         if self.inflight:

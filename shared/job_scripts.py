@@ -857,7 +857,8 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   if max_ahead >= 0 and ahead > max_ahead then return {2, ahead} end
   -- ARGV's pairs go to HSET and XADD as they are: copying them into tables took a fifth of
   -- a lone job's script time. The hash keeps its entry's id (`entry`), which a cancel deletes
-  -- while no consumer has been handed it (TRANSITION): no command more than before.
+  -- while no consumer has been handed it (TRANSITION): no command more than before; and its
+  -- lane (`stream`, where its position is read), KEYS[1], not sent again among its pairs.
   local mark, value, eid = 'held', 1, nil
   if not hold then
     mark, value = 'seq', next_seq(left)
@@ -866,9 +867,11 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   end
   if hold then  -- `hseq`: its place among its tenant's holds (`n:`, see POSITION)
     local place = record_weight(stream, tenant, own_weight, listed)
-    redis.call('HSET', jk, mark, value, 'hseq', place, 'entry', '', unpack(ARGV, first, entry - 1))
+    redis.call('HSET', jk, mark, value, 'hseq', place, 'entry', '', 'stream', stream,
+               unpack(ARGV, first, entry - 1))
   else
-    redis.call('HSET', jk, mark, value, 'entry', eid or '', unpack(ARGV, first, entry - 1))
+    redis.call('HSET', jk, mark, value, 'entry', eid or '', 'stream', stream,
+               unpack(ARGV, first, entry - 1))
     unhashed = nil
   end
   redis.call('EXPIRE', jk, ttl)

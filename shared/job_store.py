@@ -343,8 +343,7 @@ class JobStore:
             "created": int(entry.enqueued_ms),
             "reply": entry.reply,
             "tenant": entry.tenant,
-            "stream": stream,  # where its queue position is read (shared/queue_position.py)
-        }
+        }  # and `stream`, where its queue position is read, which ENQUEUE writes from its key
         encoded = entry.encode()
         keys = [stream, self.keys.added(stream), self.keys.job(entry.job_id)]  # _SHARED_KEYS, 1
         ttl_s = job.ttl_s or self.ttl_s
