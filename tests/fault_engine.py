@@ -16,11 +16,12 @@ import os
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.codec import dumps
@@ -178,3 +179,20 @@ async def cancel_losing_client(
         yield client
     finally:
         await client.aclose()
+
+
+# Each way a connection loses a cancel, and what the error raised in its place is (none: whole)
+LOSING = pytest.mark.parametrize(
+    ("losing", "cause"),
+    [(LosesCancels, RedisTimeoutError), (SwallowsCancels, type(None))],
+    ids=["as-a-timeout", "whole"],
+)
+
+
+async def raised_by(call: Awaitable[object]) -> BaseException | None:
+    """What `call` raised, as the code around it sees it (None: it returned)."""
+    try:
+        await call
+    except BaseException as exc:
+        return exc
+    return None

@@ -19,14 +19,15 @@ from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.redis_client import subscriber
 from tests.conftest import until_async
-from tests.fault_engine import LosesCancels, SwallowsCancels, cancel_losing_client
+from tests.fault_engine import (
+    LOSING,
+    LosesCancels,
+    SwallowsCancels,
+    cancel_losing_client,
+    raised_by,
+)
 
 CHANNEL = "leftover:{t1}:unheard"  # a channel nobody publishes on: a read waits until cut
-LOSING = pytest.mark.parametrize(
-    ("losing", "cause"),
-    [(LosesCancels, RedisTimeoutError), (SwallowsCancels, type(None))],
-    ids=["as-a-timeout", "whole"],
-)
 
 
 async def _get_message(pubsub: aioredis.client.PubSub) -> object:
@@ -37,15 +38,6 @@ async def _listen(pubsub: aioredis.client.PubSub) -> object:
     async for message in pubsub.listen():
         if message["type"] == "smessage":
             return message
-    return None
-
-
-async def _raised(call: Awaitable[object]) -> BaseException | None:
-    """What `call` raised, as the code around it sees it (None: it returned)."""
-    try:
-        await call
-    except BaseException as exc:
-        return exc
     return None
 
 
@@ -62,7 +54,7 @@ async def test_a_cancel_a_pubsub_read_lost_is_raised_as_the_cancel(
         try:
             await pubsub.ssubscribe(CHANNEL)
             assert (await pubsub.get_message(timeout=5) or {}).get("type") == "ssubscribe"
-            reading = asyncio.create_task(_raised(read(pubsub)))
+            reading = asyncio.create_task(raised_by(read(pubsub)))
             await asyncio.sleep(0.2)  # into its read: nothing is published
             reading.cancel()
             await asyncio.wait({reading}, timeout=5)
@@ -123,7 +115,7 @@ async def test_a_cancel_lost_while_connecting_is_raised_as_the_cancel(
     try:
         async with cancel_losing_client(f"redis://127.0.0.1:{port}") as client:
             pubsub = subscriber(client).pubsub()
-            calling = asyncio.create_task(_raised(call(pubsub)))
+            calling = asyncio.create_task(raised_by(call(pubsub)))
             await asyncio.wait_for(accepted.wait(), timeout=5)
             await asyncio.sleep(0.1)  # into the handshake's read
             calling.cancel()

@@ -15,7 +15,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.redis_client import RedisClient, connect
 from tests.conftest import until_async
-from tests.fault_engine import LosesCancels, SwallowsCancels, cancel_losing_client
+from tests.fault_engine import (
+    LOSING,
+    LosesCancels,
+    SwallowsCancels,
+    cancel_losing_client,
+    raised_by,
+)
 
 LIST = "r39-cancel:unfilled"  # a list nobody fills: a BLPOP of it waits until cut
 
@@ -30,25 +36,12 @@ async def _piped_blpop(client: RedisClient) -> object:
         return await pipe.execute()
 
 
-async def _raised(call: Awaitable[object]) -> BaseException | None:
-    """What `call` raised, as the code around it sees it (None: it returned)."""
-    try:
-        await call
-    except BaseException as exc:
-        return exc
-    return None
-
-
 async def _blocked(aredis: aioredis.Redis) -> bool:
     return int((await aredis.info("clients"))["blocked_clients"]) > 0
 
 
 @pytest.mark.parametrize("call", [_blpop, _piped_blpop], ids=["command", "pipeline"])
-@pytest.mark.parametrize(
-    ("losing", "cause"),
-    [(LosesCancels, RedisTimeoutError), (SwallowsCancels, type(None))],
-    ids=["as-a-timeout", "whole"],
-)
+@LOSING
 async def test_a_cancel_a_redis_call_lost_is_raised_as_the_cancel(
     aredis: aioredis.Redis,
     redis_url: str,
@@ -57,7 +50,7 @@ async def test_a_cancel_a_redis_call_lost_is_raised_as_the_cancel(
     cause: type[BaseException | None],
 ) -> None:
     async with cancel_losing_client(redis_url, losing) as client:
-        waiting = asyncio.create_task(_raised(call(client)))
+        waiting = asyncio.create_task(raised_by(call(client)))
         await until_async(lambda: _blocked(aredis), timeout=5, every=0.01)
         waiting.cancel()
         raised = await waiting
