@@ -12,11 +12,21 @@ import argparse
 import socket
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shared.settings import Settings, settings_or_exit
 from shared.telemetry import configure_logging
 
 APP = "producer_api.app:app"
+# The most bytes a request's line and headers may take (nginx takes 32 KiB by default): a bearer
+# key, a session cookie and trace headers are far shorter.
+HEAD_MAX_BYTES = 64 * 1024
+_HEAD_REFUSAL = b"request line and headers over 64 KiB\n"
+HEAD_TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large\r\n%s\r\n%s" % (
+    b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+    b"content-length: %d\r\n" % len(_HEAD_REFUSAL),
+    _HEAD_REFUSAL,
+)
 
 
 def family_of(host: str) -> socket.AddressFamily:
@@ -31,6 +41,41 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     return sock
+
+
+class BoundedHeadProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the request's head (its line and headers) bounded: a
+    head still unfinished once HEAD_MAX_BYTES were read is answered 431 at the next read, and
+    the connection closed (asyncio reads 256 KiB at most at a time, so some 320 KiB are parsed
+    at most). Unbounded, one client sending a 128 MB header held the event loop (httptools
+    gathers a header's value there, slower as it grows): every other request waited up to 9 s
+    at a time, for 29 s."""
+
+    _head_bytes = 0
+    _in_head = True
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            if self._head_bytes > HEAD_MAX_BYTES:
+                self._refuse_head()
+                return
+            self._head_bytes += len(data)
+        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_head, self._head_bytes = True, 0  # a kept-alive connection's next request
+        super().on_message_complete()
+
+    def _refuse_head(self) -> None:
+        """431, unless an earlier request's answer is still being written (pipelined): then the
+        connection is only closed, the 431 would be written into that answer."""
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.write(HEAD_TOO_LARGE)
+        self.transport.close()
 
 
 def server_config(host: str, port: int, settings: Settings) -> uvicorn.Config:
@@ -48,6 +93,7 @@ def server_config(host: str, port: int, settings: Settings) -> uvicorn.Config:
         log_config=None,  # the app's JSON logging (shared/telemetry.py), not uvicorn's text
         timeout_graceful_shutdown=settings.producer_shutdown_grace_s,
         forwarded_allow_ips=settings.forwarded_allow_ips,
+        http=BoundedHeadProtocol,
     )
 
 

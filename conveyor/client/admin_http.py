@@ -38,6 +38,8 @@ def admin_call(
             response = client.request(method, path, content=content, headers=headers)
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach the producer: {exc!r}") from None
+    except httpx.InvalidURL as exc:  # a model name past httpx's 65536 characters: a traceback
+        raise click.UsageError(f"the request's URL cannot be sent: {exc}") from None
     try:
         raise_for_error(response)
     except APIError as exc:  # a redirect too: it was read as an empty answer, None

@@ -85,17 +85,24 @@ class Call:
         params, timeout_s = self.bounded()
         timeout = client.timeout if timeout_s is None else _reading_for(client.timeout, timeout_s)
         length, content = _streamed(self.content, isinstance(client, httpx.AsyncClient))
-        return client.build_request(
-            self.method,
-            self.path,
-            params=params,
-            json=self.json,
-            content=content,
-            data=self.form,
-            files=self.files,
-            headers={**self.headers, **length},
-            timeout=timeout,
-        )
+        try:
+            return client.build_request(
+                self.method,
+                self.path,
+                params=params,
+                json=self.json,
+                content=content,
+                data=self.form,
+                files=self.files,
+                headers={**self.headers, **length},
+                timeout=timeout,
+            )
+        except httpx.InvalidURL as exc:  # an id or a query past httpx's 65536 characters
+            raise InvalidArgument(f"the request's URL cannot be sent: {exc}") from None
+        except (ValueError, RecursionError) as exc:
+            if self.json is None:
+                raise
+            raise _unsendable(exc) from None
 
     def bounded(self) -> tuple[Mapping[str, Any] | None, float | None]:
         """`params` and the HTTP timeout of a try: a call that asks the server to wait
@@ -123,6 +130,19 @@ class Call:
             if self.subject is None or error.message != response.reason_phrase:
                 raise
             raise NotFound(404, error.type, f"{self.subject} not found", error.headers) from error
+
+
+def _unsendable(exc: ValueError | RecursionError) -> InvalidArgument:
+    """Why httpx could not encode a request's JSON (a lone surrogate such as `"\\ud800"`, a
+    NaN, nesting past Python's recursion limit), as the argument error it is: it escaped as
+    httpx's own traceback, a CLI's too. A surrogate is named escaped: printed raw, it failed."""
+    if isinstance(exc, UnicodeEncodeError):
+        why = f"a string holds {exc.object[exc.start : exc.end]!r}, a lone surrogate"
+    elif isinstance(exc, RecursionError):
+        why = "it is nested too deeply"
+    else:
+        why = str(exc)
+    return InvalidArgument(f"the request's JSON body cannot be sent: {why}")
 
 
 def _streamed(

@@ -159,6 +159,8 @@ def json_argument(text: str, option: str) -> Any:
         raise click.BadParameter(message, param_hint=option) from None
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint=option) from None
+    except RecursionError:  # json's decoder recurses per level: Python's limit, some 1000
+        raise click.BadParameter("JSON nested too deeply to read", param_hint=option) from None
 
 
 def echo_waited(job: Job) -> None:
