@@ -1,13 +1,15 @@
-"""`conveyor keys` at its edges, on the real embedded Valkey: a key made to expire past year 9999
-(`--expires-in 99999999d`, accepted) made `keys list` end with a traceback for every key, and so
-did a record whose expiry reads as NaN or infinity (a hand edit `float` takes): such a record is
-corrupt (README: refused as unknown, left out of the list), where a NaN expiry never came."""
+"""`conveyor keys` at its edges, on the real embedded Valkey: a key expiring past year 9999
+(`--expires-in 99999999d`, accepted then) made `keys list` end with a traceback for every key,
+and so did a record whose expiry reads as NaN or infinity (a hand edit `float` takes): such a
+record is corrupt (README: refused as unknown, left out of the list), where a NaN expiry never
+came. A lifetime past a century is refused now."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
+import pytest
 import redis
 from click.testing import Result
 
@@ -31,13 +33,37 @@ def _verified(redis_url: str, key: str) -> ApiKey | None:
 
 def test_list_shows_a_key_expiring_past_year_9999(
     keys_cli: Callable[..., Result],  # noqa: F811
+    redis_url: str,
+    redis_client: redis.Redis,
 ) -> None:
-    created = keys_cli("create", "--tenant", "acme", "--expires-in", "99999999d")
-    assert created.exit_code == 0, created.output
+    """A record written so (by a release that took such a lifetime, or by hand) still lists."""
+    key = issue_key(redis_url, "acme", "read")
+    redis_client.hset(Keys().api_key(key_id_of(key)), "expires_at", "1e12")
     listed = keys_cli("list")
     assert listed.exit_code == 0, listed.output
-    assert f"{key_id_of(created.stdout.strip())}\tacme" in listed.stdout
+    assert f"{key_id_of(key)}\tacme" in listed.stdout
     assert "(Unix time)" in listed.stdout
+
+
+@pytest.mark.parametrize(
+    "lifetime", ["36501d", "876025h", "99999999999999999999d", "9" * 5000 + "s"]
+)
+def test_a_lifetime_past_a_century_is_refused(
+    keys_cli: Callable[..., Result],  # noqa: F811
+    lifetime: str,
+) -> None:
+    """`--expires-in 99999999999999999999d` made a key listed as expiring `8.64e+27 (Unix
+    time)`; a lifetime of 5,000 digits was a traceback before the bound at 4,300 digits."""
+    created = keys_cli("create", "--tenant", "acme", "--expires-in", lifetime)
+    assert created.exit_code == 2, created.output
+    assert "at most 36500d (100 years); leave --expires-in out" in created.stderr
+    assert keys_cli("list").stdout == ""
+
+
+def test_a_lifetime_of_a_century_is_taken(keys_cli: Callable[..., Result]) -> None:  # noqa: F811
+    created = keys_cli("create", "--tenant", "acme", "--expires-in", "36500d")
+    assert created.exit_code == 0, created.output
+    assert "expires 2126-" in keys_cli("list").stdout
 
 
 def test_a_record_with_a_non_finite_number_is_refused_and_left_out_of_the_list(

@@ -56,6 +56,9 @@ DEV_KEY_UNCONFIRMED = (
 )
 DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# The longest lifetime or grace given (100 years): `--expires-in 99999999999999999999d` made a
+# key listed as expiring `8.64e+27 (Unix time)`, a lifetime no one meant
+MAX_LIFETIME_S = 36_500 * 86_400
 DEV_KEY_SPEC = KeySpec(tenant="dev", scopes=frozenset(SCOPES), name="development key (conveyor up)")
 
 
@@ -139,13 +142,12 @@ def _seconds(duration: str | None, hint: str = "--expires-in") -> float:
     match = DURATION.fullmatch(duration)
     if match is None:
         raise click.BadParameter("use a number and a unit: 90s, 30m, 12h, 30d", param_hint=hint)
-    # the expiry is a float of Unix seconds: a longer one ended `create` with a traceback, as
-    # did more digits than Python parses into an int (4300, a ValueError)
-    try:
-        seconds = float(int(match[1]) * _UNITS[match[2]])
-    except (OverflowError, ValueError):
-        message = f"too long a lifetime; leave {hint} out for a key that never expires"
-        raise click.BadParameter(message, param_hint=hint) from None
+    # more digits than Python parses into an int (4300) were a ValueError's traceback
+    digits = match[1].lstrip("0") or "0"
+    if len(digits) > 12 or int(digits) * _UNITS[match[2]] > MAX_LIFETIME_S:
+        never = f"; leave {hint} out for a key that never expires" if hint == "--expires-in" else ""
+        raise click.BadParameter(f"at most 36500d (100 years){never}", param_hint=hint)
+    seconds = float(int(digits) * _UNITS[match[2]])
     if seconds == 0:  # an expiry of 0 is stored as "never": refuse it rather than invert it
         raise click.BadParameter("a lifetime must be longer than 0", param_hint=hint)
     return seconds
