@@ -4,7 +4,9 @@ process that dies takes only its own socket away (the others keep answering whil
 `conveyor up` restarts it), and with it the connections it had accepted or the kernel had
 queued on it: those are reset, for their clients to retry. Each runs with its own
 CONVEYOR_INSTANCE_ID, hence its own reply channel: a job's result is published to the
-process that waits for it."""
+process that waits for it. Compose, Kubernetes and the image run it too, one per container
+(`--host 0.0.0.0 --port 8000`): uvicorn's own command line lacks the head bound below, and its
+flags kept settings apart from the CONVEYOR_ variables."""
 
 from __future__ import annotations
 
@@ -83,7 +85,8 @@ def server_config(host: str, port: int, settings: Settings) -> uvicorn.Config:
     SIGTERM are cut (waits and streams end sooner, within CONVEYOR_STREAM_SHUTDOWN_GRACE_S:
     producer_api/draining.py, stream_shutdown.py). A request's client address and scheme are
     what X-Forwarded-For and X-Forwarded-Proto say only from CONVEYOR_FORWARDED_ALLOW_IPS'
-    peers (the console's login throttle counts per client, behind a proxy too)."""
+    peers (the console's login throttle counts per client, behind a proxy too). Idle
+    connections stay open CONVEYOR_KEEP_ALIVE_S, past a proxy's reuse of them."""
     return uvicorn.Config(
         APP,
         host=host,
@@ -92,6 +95,7 @@ def server_config(host: str, port: int, settings: Settings) -> uvicorn.Config:
         server_header=False,  # `server: uvicorn` told scanners what to try (OWASP)
         log_config=None,  # the app's JSON logging (shared/telemetry.py), not uvicorn's text
         timeout_graceful_shutdown=settings.producer_shutdown_grace_s,
+        timeout_keep_alive=settings.keep_alive_s,
         forwarded_allow_ips=settings.forwarded_allow_ips,
         http=BoundedHeadProtocol,
     )

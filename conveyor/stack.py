@@ -43,8 +43,9 @@ TAIL_BYTES = 1 << 20  # how much of a child's log end `Stack.log_tail` reads at 
 # grew it by hundreds of MB a day under steady load, without bound.
 LOG_CAP_BYTES = 100 << 20
 Server = Literal["uvicorn", "conveyor"]
-# A producer's command line but its address: uvicorn's (compose, Kubernetes), or the server
-# `conveyor up` runs (conveyor/producer_server.py: SO_REUSEPORT, several per port).
+# A producer's command line but its address: uvicorn's own, or the server `conveyor up`,
+# compose, Kubernetes and the image run (conveyor/producer_server.py: SO_REUSEPORT, several per
+# port, request heads bounded).
 _SERVERS: dict[Server, tuple[str, ...]] = {
     "uvicorn": (
         str(BIN / "uvicorn"),
@@ -286,7 +287,7 @@ class Stack:
         self, port: int, name: str = "producer", server: Server = "uvicorn", **env: str
     ) -> subprocess.Popen[bytes]:
         """Spawn a producer on `port` without waiting for it (it may never be ready): under
-        uvicorn's command line (compose, Kubernetes) or `conveyor up`'s own server."""
+        uvicorn's command line or the deployments' own server (conveyor/producer_server.py)."""
         command = [
             *_SERVERS[server],
             "--host",

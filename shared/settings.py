@@ -175,11 +175,14 @@ class Settings(BaseSettings):
     # are sent (a failure by then is the request's 4xx, after it an error chunk); its
     # keep-alive ping period too.
     stream_first_event_s: float = Field(default=15.0, gt=0, le=MAX_TIMEOUT_S)
-    # How long a stopping producer under `conveyor up` (conveyor/producer_server.py) lets its
-    # requests in flight finish before cutting them (uvicorn's `timeout_graceful_shutdown`,
-    # whole seconds as uvicorn's `--timeout-graceful-shutdown` takes them: compose and
-    # Kubernetes pass that flag themselves); `conveyor up` kills a producer only past it.
+    # How long a stopping producer (conveyor/producer_server.py: `conveyor up`, compose,
+    # Kubernetes, the image) lets its requests in flight finish before cutting them (uvicorn's
+    # `timeout_graceful_shutdown`, whole seconds); `conveyor up` kills a producer only past it.
     producer_shutdown_grace_s: int = Field(default=25, ge=1, le=MAX_TIMEOUT_S)
+    # How long a producer keeps an idle connection open (uvicorn's `timeout_keep_alive`): past
+    # the 60 s for which ingress-nginx and cloud load balancers reuse one, else a request they
+    # sent as the producer closed it got a 502 (uvicorn's own 5 s did that).
+    keep_alive_s: int = Field(default=75, ge=1, le=MAX_TIMEOUT_S)
     # How long a stopping producer (SIGTERM) lets its open streams (job events, OpenAI, console
     # live feeds) say goodbye before cutting them, and after how long its waiting requests
     # (long-polls, submit-and-wait, whole OpenAI answers) answer with what they have

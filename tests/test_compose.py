@@ -239,7 +239,7 @@ def _metrics_address(name: str) -> str | None:
     """Where service `name` serves /metrics: a producer on its `--port`, a worker on its
     CONVEYOR_METRICS_PORT; None for a service of neither kind."""
     args = argv(name)
-    if "producer_api.app:app" in args:
+    if "conveyor.producer_server" in args:
         return f"{name}:{args[args.index('--port') + 1]}"
     port = env(name).get("CONVEYOR_METRICS_PORT")
     return f"{name}:{port}" if port else None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_k8s import KUBECTL, OVERLAYS, of_kind
+from shared.settings import Settings
+from tests.test_k8s import KUBECTL, OVERLAYS, env_of, of_kind
 
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
@@ -16,9 +17,10 @@ PROXY_IDLE_TIMEOUT_S = 60
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_producer_keeps_idle_connections_open_longer_than_the_proxy(overlay: str) -> None:
     """uvicorn closed an idle connection after 5 s, while the proxy in front kept reusing it for
-    60: a request it sent as uvicorn closed got a 502."""
+    60: a request it sent as uvicorn closed got a 502. The producer's CONVEYOR_KEEP_ALIVE_S,
+    from the manifest or its default (tests/test_deploy_producer_server.py runs it)."""
     spec = of_kind(overlay, "Deployment")["producer"]["spec"]["template"]["spec"]
-    (command,) = [c["command"] for c in spec["containers"]]
-    assert "--timeout-keep-alive" in command, "uvicorn's default keep-alive is 5 s"
-    keep_alive_s = float(command[command.index("--timeout-keep-alive") + 1])
+    (container,) = spec["containers"]
+    default = Settings.model_fields["keep_alive_s"].default
+    keep_alive_s = float(env_of(container).get("CONVEYOR_KEEP_ALIVE_S", default))
     assert keep_alive_s > PROXY_IDLE_TIMEOUT_S

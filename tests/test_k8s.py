@@ -221,15 +221,12 @@ def test_grace_period_outlasts_the_slowest_batch(overlay, repository):
         assert spec["terminationGracePeriodSeconds"] > drain + margin, name
 
 
-def option(argv: list[str], name: str) -> str:
-    return argv[argv.index(name) + 1]
-
-
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_producer_leaves_its_endpoints_before_it_stops_listening(overlay):
-    """uvicorn closes its socket at SIGTERM, while Services and ingresses route to the pod until
-    they see it leave the endpoints: a preStop wait comes first, and the grace period holds it
-    and uvicorn's graceful shutdown. Without it, requests in that window were refused."""
+    """The producer closes its socket at SIGTERM, while Services and ingresses route to the pod
+    until they see it leave the endpoints: a preStop wait comes first, and the grace period
+    holds it and the producer's graceful shutdown (CONVEYOR_PRODUCER_SHUTDOWN_GRACE_S).
+    Without it, requests in that window were refused."""
     spec = of_kind(overlay, "Deployment")["producer"]["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     pre_stop = container.get("lifecycle", {}).get("preStop", {})
@@ -237,7 +234,10 @@ def test_producer_leaves_its_endpoints_before_it_stops_listening(overlay):
     assert command[:1] == ["sleep"], "no preStop wait"
     wait_s = float(command[1])
     assert wait_s >= 5
-    graceful_s = float(option(container["command"], "--timeout-graceful-shutdown"))
+    env = env_of(container)
+    graceful_s = float(
+        env.get("CONVEYOR_PRODUCER_SHUTDOWN_GRACE_S", Settings().producer_shutdown_grace_s)
+    )
     assert spec["terminationGracePeriodSeconds"] > wait_s + graceful_s
 
 

@@ -59,7 +59,7 @@ def test_a_queue_wait_past_the_result_ttl_stops_every_command_at_once(
 
 
 def test_uvicorn_refuses_the_repository_in_one_line(tmp_path: Path) -> None:
-    """`uvicorn producer_api.app:app`, as compose and Kubernetes run it."""
+    """`uvicorn producer_api.app:app`, uvicorn's own command line (README names it)."""
     config = _repository(tmp_path / "repo")
     env = {
         **os.environ,

@@ -1,5 +1,5 @@
 """Credentials Redis refuses are a misconfiguration at a producer's start, not an outage: the
-producer (`uvicorn producer_api.app:app`, as compose and Kubernetes run it) ends in one plain
+producer (under uvicorn's command line, `uvicorn producer_api.app:app`) ends in one plain
 `Error:` line, exit 1, before it serves, where it retried for ever, answered `/readyz` 503 and
 logged "redis unavailable (auth:AuthenticationError)". Refused later (a password rotated under
 a running producer, or one started while Redis was away), they are waited out, and named as
