@@ -16,20 +16,29 @@ from conveyor.stack import Stack
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
-from shared.model_repository import ModelConfig, QueueLimits
 from tests.conftest import REPO_ROOT, running_stack, until
 from tests.lane_rig import abandoned_after, queue_jobs
 from tests.test_faults import FIXTURES, _faulty, _job
 from tests.test_lost_reads import _jobs
 from workers.partition.job_events import JobEvents
 from workers.partition.lane_scheduler import LaneScheduler
-from workers.partition.partition import Partition
 from workers.partition.reclaim import Reclaimer
 from workers.partition.reclaim_turn import ReclaimTurn
 from workers.partition.stream_reader import StreamReader
 
 KEYS = Keys("poison:")
 WORKER = "box-7-77"
+# Far longer than a test runs: only the dead worker's entries, made idle a minute, are
+# abandoned. At 0.2 s, this worker's own (claimed, or read as new work, never written back)
+# went idle past it on a busy machine and were reclaimed again out of turn.
+VISIBILITY_S = 30
+
+
+async def _read_by_dead_worker(aredis: aioredis.Redis, stream: str) -> None:
+    """Consumer dead-1 read what waits in `stream` a minute ago and died (XCLAIM's IDLE sets
+    exactly that idle time): abandoned with no sleep past the visibility timeout."""
+    ((_, deliveries),) = await aredis.xreadgroup(GROUP, "dead-1", {stream: ">"})
+    await aredis.xclaim(stream, GROUP, "dead-1", 0, [eid for eid, _ in deliveries], idle=60_000)
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +91,12 @@ async def test_reclaimed_entries_run_one_at_a_time_between_new_work(
     """A dead consumer's three entries come back one per micro-batch, the next claimed only
     once the one before is no longer in hand; new work gets a turn after each, and the whole
     backlog is served without waiting a reclaim interval in between."""
-    partition = abandoned_after(KEYS, 0.2)
+    partition = abandoned_after(KEYS, VISIBILITY_S)
     store = JobStore(aredis, KEYS, ttl_s=60)
     await queue_jobs(store, partition.online, "a0", "a1", "a2")
     reader = StreamReader(aredis, KEYS, partition.streams, WORKER)
     await reader.ensure_groups()
-    await aredis.xreadgroup(GROUP, "dead-1", {partition.online: ">"})  # then it died
-    await asyncio.sleep(0.3)  # past the visibility timeout
+    await _read_by_dead_worker(aredis, partition.online)
     await queue_jobs(store, partition.online, "n0", "n1")
     reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
     lanes = LaneScheduler(partition, reader, reclaimer)
@@ -115,14 +123,13 @@ async def test_two_partitions_of_a_worker_run_their_reclaimed_entries_one_at_a_t
     turn = ReclaimTurn()
     schedulers = []
     for name in ("pa", "pb"):
-        partition = abandoned_after(KEYS, 0.2, name)
+        partition = abandoned_after(KEYS, VISIBILITY_S, name)
         await queue_jobs(store, partition.online, f"{name}-0")
         reader = StreamReader(aredis, KEYS, partition.streams, WORKER)
         await reader.ensure_groups()
-        await aredis.xreadgroup(GROUP, "dead-1", {partition.online: ">"})  # then it died
+        await _read_by_dead_worker(aredis, partition.online)
         reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
         schedulers.append((partition, LaneScheduler(partition, reader, reclaimer, turn)))
-    await asyncio.sleep(0.3)  # past the visibility timeout
     (pa, first), (pb, second) = schedulers
     taken = await first.next_batch(32, 0, 50)
     assert _jobs(taken) == ["pa-0"] and taken[0][1][0].redelivered
@@ -143,19 +150,14 @@ async def test_one_reclaim_finds_an_entry_abandoned_behind_ten_live_ones(
     pending entries a call): a dead consumer's entry behind a live worker's long micro-batch
     of 12, kept from going idle, is still found by one reclaim, its abandoning consumer on the
     job's attempt history."""
-    config = ModelConfig(
-        name="m", kind="batch", backend="identity", queue=QueueLimits(visibility_timeout_s=30)
-    )
-    partition = Partition.of(KEYS, config, "default")
+    partition = abandoned_after(KEYS, VISIBILITY_S)
     store = JobStore(aredis, KEYS, ttl_s=60)
     for job_id in [f"live{i}" for i in range(12)] + ["abandoned"]:
         entry = RequestEntry(job_id, {"inputs": {}}, now_ms())
         await store.create(entry, partition.online, {"model": "m", "variant": "default"})
     await StreamReader(aredis, KEYS, partition.streams, WORKER).ensure_groups()
     await aredis.xreadgroup(GROUP, "live-1", {partition.online: ">"}, count=12)  # still running
-    ((_, [(entry_id, _)]),) = await aredis.xreadgroup(GROUP, "dead-1", {partition.online: ">"})
-    # dead-1 read it a minute ago and died (XCLAIM's IDLE sets exactly that idle time)
-    await aredis.xclaim(partition.online, GROUP, "dead-1", 0, [entry_id], idle=60_000)
+    await _read_by_dead_worker(aredis, partition.online)
     reclaimer = Reclaimer(aredis, KEYS, partition, WORKER, 60, JobEvents("redis://unused"))
 
     reclaimed = await reclaimer.due(1)
