@@ -106,11 +106,13 @@ async def test_an_event_leased_by_a_reclaimer_that_died_is_taken_by_another_once
 ) -> None:
     job_id = await _owed(aredis)
     dead, live = WebhookOutbox(aredis, KEYS), WebhookOutbox(aredis, KEYS)
-    assert await dead.overdue(STREAM, now_ms() - 50, 10) == [job_id]  # then it dies unsettled
-    assert await live.overdue(STREAM, now_ms() - 50, 10) == []  # its lease holds
-    assert await dead.overdue(STREAM, now_ms() - 50, 10) == [job_id]  # its own pass sends again
-    await asyncio.sleep(0.1)  # past the lease: as long as the reclaimer waits for an overdue one
-    assert await live.overdue(STREAM, now_ms() - 50, 10) == [job_id]
+    # a lease of 500 ms (as long as the reclaimer waits for an overdue one): the next two calls
+    # fall within it on a loaded machine too (of 50 ms, a stall between them failed the test)
+    assert await dead.overdue(STREAM, now_ms() - 500, 10) == [job_id]  # then it dies unsettled
+    assert await live.overdue(STREAM, now_ms() - 500, 10) == []  # its lease holds
+    assert await dead.overdue(STREAM, now_ms() - 500, 10) == [job_id]  # its own pass sends again
+    await asyncio.sleep(0.6)  # past the lease
+    assert await live.overdue(STREAM, now_ms() - 500, 10) == [job_id]
     await live.settle(STREAM, [job_id])
     assert await aredis.zcard(OWED) == 0
     assert await dead.overdue(STREAM, now_ms(), 10) == []
