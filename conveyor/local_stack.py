@@ -13,16 +13,14 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TypeVar, get_type_hints
+from typing import TYPE_CHECKING, TypeVar, get_type_hints
 
 import click
-import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shared.redis_client import connect
 from shared.settings import Settings, get_settings, masked_url
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 T = TypeVar("T")
 STATE_FILE = "stack.json"
@@ -152,7 +150,15 @@ def stack_redis(settings: Settings) -> Settings:
 
 
 def with_redis(action: Callable[[aioredis.Redis, Settings], Awaitable[T]]) -> T:
-    """Run `action` on a client of the CLI's Redis; unreachable or unusable is one clear line."""
+    """Run `action` on a client of the CLI's Redis; unreachable or unusable is one clear line.
+    Redis is imported by the two functions that connect, not by this module: every SDK-backed
+    command reads StackState, and importing redis cost each a third of a second of CPU."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from shared.redis_client import connect
+
     settings = stack_redis(get_settings())
     url = settings.redis_url
 
@@ -188,6 +194,11 @@ def unreachable(url: str, error: Exception, advice: str) -> click.ClickException
 def refuse_unreachable(url: str, advice: str, cluster: bool | None = None) -> None:
     """One line before anything starts, for a Redis that does not answer, or answers with an
     error (a command that starts processes would otherwise wait on, or die with a traceback)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from shared.redis_client import connect
 
     async def ping() -> None:
         client = connect(url, blocks_ms=0, cluster=cluster)

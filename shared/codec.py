@@ -9,7 +9,6 @@ from base64 import b64decode
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import orjson
 
 _ID_PART_MAX = 2**64 - 1  # each half of a stream entry id is an unsigned 64-bit integer
@@ -29,6 +28,8 @@ def _array_as_written(value: Any) -> Any:
     none for (complex) then refused by name. Each failed its job `InvalidOutput`; one of strings
     or complex numbers, given back as it came, failed it as "default serializer exceeds
     recursion limit". Anything else is refused as before."""
+    import numpy as np  # not at the top: the CLI and SDK read JSON here and never meet an array
+
     if not isinstance(value, np.ndarray):
         raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
     if value.flags.c_contiguous:

@@ -9,17 +9,15 @@ import re
 import socket
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from redis.connection import parse_url
 
 from shared.cpu_count import usable_cpus
 from shared.http_url import is_http_url
-from shared.model_repository import NAME_PATTERN
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 VISIBLE_ASCII = "[!-~]"  # a character class: ASCII without spaces or control characters
@@ -64,6 +62,15 @@ def valid_key_prefix(value: str) -> str:
     return value
 
 
+def _parse_url(url: str) -> dict[str, Any]:
+    """redis-py's own reading of a Redis URL. Imported here, when a URL is checked: importing
+    redis (a third of a second) was a cost of every `conveyor` command, most of which never
+    connect to Redis."""
+    from redis.connection import parse_url
+
+    return parse_url(url)
+
+
 def _host_port(address: str) -> tuple[str, int]:
     try:
         parts = urlsplit(f"//{address}")
@@ -87,7 +94,10 @@ class Settings(BaseSettings):
     # (CONVEYOR_SHUTDOWN_GRACE_S), and NaN was refused as if out of range.
     model_config = SettingsConfigDict(env_prefix="CONVEYOR_", extra="ignore", allow_inf_nan=False)
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    # A default is not validated (pydantic-settings' validate_default) where its check imports
+    # a heavy module (redis, the model repository) for every process, every `conveyor` command:
+    # it is valid as written.
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", validate_default=False)
     # `redis_url` names any node of a Redis/Valkey Cluster (shared/redis_client.py).
     redis_cluster: bool = False
     # More nodes of that cluster (`host:port,host:port`), tried before `redis_url`'s to read
@@ -101,7 +111,7 @@ class Settings(BaseSettings):
     key_prefix: Annotated[str, AfterValidator(valid_key_prefix)] = "cv:"
     model_repository: Path = Path("model_repository")
     artifact_dir: Path = Path("var/models")
-    models: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    models: Annotated[list[str], NoDecode] = Field(default_factory=list, validate_default=False)
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65_535)
@@ -257,7 +267,7 @@ class Settings(BaseSettings):
         if not value.startswith(REDIS_SCHEMES):
             raise ValueError(f"must start with one of {', '.join(REDIS_SCHEMES)}")
         try:
-            options = parse_url(value)
+            options = _parse_url(value)
         except ValueError as exc:
             raise ValueError(str(exc).rstrip(".")) from None
         database = "" if value.startswith("unix://") else urlsplit(value).path.strip("/")
@@ -275,7 +285,7 @@ class Settings(BaseSettings):
         """A cluster has database 0 only: redis-py's RedisCluster refuses any other as each
         process connects, with a traceback."""
         url = info.data.get("redis_url")  # absent when it was refused itself
-        if cluster and url is not None and (database := parse_url(url).get("db", 0)):
+        if cluster and url is not None and (database := _parse_url(url).get("db", 0)):
             raise ValueError(f"a cluster has database 0 only; CONVEYOR_REDIS_URL names {database}")
         return cluster
 
@@ -357,7 +367,10 @@ class Settings(BaseSettings):
     @classmethod
     def _model_selectors(cls, selectors: list[str]) -> list[str]:
         """A JSON list or a stray colon was taken as a model no repository has, refused only by
-        a worker's bootstep as a traceback, and `model:` served every variant."""
+        a worker's bootstep as a traceback, and `model:` served every variant. The model
+        repository is imported here, as redis is in `_parse_url`."""
+        from shared.model_repository import NAME_PATTERN
+
         if bad := [s for s in selectors if not all(map(NAME_PATTERN.fullmatch, s.split(":", 1)))]:
             raise ValueError(f"entry {bad[0]!r} is not model or model:variant (comma-separated)")
         return selectors
