@@ -100,9 +100,10 @@ class Call:
         except httpx.InvalidURL as exc:  # an id or a query past httpx's 65536 characters
             raise InvalidArgument(f"the request's URL cannot be sent: {exc}") from None
         except (ValueError, RecursionError) as exc:
-            if self.json is None:
+            unsendable = _unsendable(exc, self.json is not None)
+            if unsendable is None:
                 raise
-            raise _unsendable(exc) from None
+            raise unsendable from None
 
     def bounded(self) -> tuple[Mapping[str, Any] | None, float | None]:
         """`params` and the HTTP timeout of a try: a call that asks the server to wait
@@ -132,10 +133,17 @@ class Call:
             raise NotFound(404, error.type, f"{self.subject} not found", error.headers) from error
 
 
-def _unsendable(exc: ValueError | RecursionError) -> InvalidArgument:
-    """Why httpx could not encode a request's JSON (a lone surrogate such as `"\\ud800"`, a
-    NaN, nesting past Python's recursion limit), as the argument error it is: it escaped as
-    httpx's own traceback, a CLI's too. A surrogate is named escaped: printed raw, it failed."""
+def _unsendable(exc: ValueError | RecursionError, has_json: bool) -> InvalidArgument | None:
+    """Why httpx could not encode a request (None: not known to be its header or JSON): a
+    header value past ASCII (an Idempotency-Key `clé`, read as the JSON's "lone surrogate"
+    before), or its JSON (a lone surrogate such as `"\\ud800"`, a NaN, nesting past Python's
+    recursion limit), as the argument error it is: it escaped as httpx's own traceback, a CLI's
+    too. A character is named escaped: printed raw, a surrogate failed."""
+    if isinstance(exc, UnicodeEncodeError) and exc.encoding == "ascii":  # httpx's headers
+        held = exc.object[exc.start : exc.end]
+        return InvalidArgument(f"a header cannot be sent: it holds {held!r}, not ASCII")
+    if not has_json:
+        return None
     if isinstance(exc, UnicodeEncodeError):
         why = f"a string holds {exc.object[exc.start : exc.end]!r}, a lone surrogate"
     elif isinstance(exc, RecursionError):
