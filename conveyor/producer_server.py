@@ -11,6 +11,7 @@ flags kept settings apart from the CONVEYOR_ variables."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import socket
 
 import uvicorn
@@ -23,12 +24,18 @@ APP = "producer_api.app:app"
 # The most bytes a request's line and headers may take (nginx takes 32 KiB by default): a bearer
 # key, a session cookie and trace headers are far shorter.
 HEAD_MAX_BYTES = 64 * 1024
-_HEAD_REFUSAL = b"request line and headers over 64 KiB\n"
-HEAD_TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large\r\n%s\r\n%s" % (
-    b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-    b"content-length: %d\r\n" % len(_HEAD_REFUSAL),
-    _HEAD_REFUSAL,
+
+
+def _refusal(status: bytes, text: bytes) -> bytes:
+    """A whole HTTP answer of `status` with `text`, written before any request was parsed."""
+    fields = b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+    return b"HTTP/1.1 %s\r\n%scontent-length: %d\r\n\r\n%s" % (status, fields, len(text), text)
+
+
+HEAD_TOO_LARGE = _refusal(
+    b"431 Request Header Fields Too Large", b"request line and headers over 64 KiB\n"
 )
+HEAD_TOO_SLOW = _refusal(b"408 Request Timeout", b"request line and headers not sent in time\n")
 
 
 def family_of(host: str) -> socket.AddressFamily:
@@ -51,33 +58,59 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     the connection closed (asyncio reads 256 KiB at most at a time, so some 320 KiB are parsed
     at most). Unbounded, one client sending a 128 MB header held the event loop (httptools
     gathers a header's value there, slower as it grows): every other request waited up to 9 s
-    at a time, for 29 s."""
+    at a time, for 29 s. A head still unfinished `head_timeout_s` after its first bytes is
+    answered 408 and the connection closed: uvicorn waits for one for ever, and a client
+    trickling heads (slowloris) held a connection each, as many as it opened."""
 
+    head_timeout_s = 60.0
     _head_bytes = 0
     _in_head = True
+    _head_timer: asyncio.TimerHandle | None = None
 
     def data_received(self, data: bytes) -> None:
         if self._in_head:
             if self._head_bytes > HEAD_MAX_BYTES:
-                self._refuse_head()
+                self._refuse_head(HEAD_TOO_LARGE)
                 return
+            if self._head_timer is None:
+                timer = self.loop.call_later(self.head_timeout_s, self._refuse_head, HEAD_TOO_SLOW)
+                self._head_timer = timer
             self._head_bytes += len(data)
         super().data_received(data)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._stop_head_timer()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._in_head, self._head_bytes = True, 0  # a kept-alive connection's next request
         super().on_message_complete()
 
-    def _refuse_head(self) -> None:
-        """431, unless an earlier request's answer is still being written (pipelined): then the
-        connection is only closed, the 431 would be written into that answer."""
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _refuse_head(self, answer: bytes) -> None:
+        """`answer`, unless an earlier request's answer is still being written (pipelined):
+        then the connection is only closed, the refusal would be written into that answer."""
+        self._stop_head_timer()
         if self.cycle is None or self.cycle.response_complete:
-            self.transport.write(HEAD_TOO_LARGE)
+            self.transport.write(answer)
         self.transport.close()
+
+
+def bounded_head_protocol(head_timeout_s: float) -> type[BoundedHeadProtocol]:
+    """BoundedHeadProtocol with heads timed out after `head_timeout_s` (uvicorn makes the
+    protocol itself, from its class)."""
+    return type(
+        BoundedHeadProtocol.__name__, (BoundedHeadProtocol,), {"head_timeout_s": head_timeout_s}
+    )
 
 
 def server_config(host: str, port: int, settings: Settings) -> uvicorn.Config:
@@ -97,7 +130,7 @@ def server_config(host: str, port: int, settings: Settings) -> uvicorn.Config:
         timeout_graceful_shutdown=settings.producer_shutdown_grace_s,
         timeout_keep_alive=settings.keep_alive_s,
         forwarded_allow_ips=settings.forwarded_allow_ips,
-        http=BoundedHeadProtocol,
+        http=bounded_head_protocol(settings.request_head_timeout_s),
     )
 
 

@@ -193,6 +193,9 @@ class Settings(BaseSettings):
     # the 60 s for which ingress-nginx and cloud load balancers reuse one, else a request they
     # sent as the producer closed it got a 502 (uvicorn's own 5 s did that).
     keep_alive_s: int = Field(default=75, ge=1, le=MAX_TIMEOUT_S)
+    # How long a producer waits for a request's line and headers once their first bytes came
+    # (conveyor/producer_server.py), nginx's `client_header_timeout`: past it, 408 and closed.
+    request_head_timeout_s: float = Field(default=60.0, gt=0, le=MAX_TIMEOUT_S)
     # How long a stopping producer (SIGTERM) lets its open streams (job events, OpenAI, console
     # live feeds) say goodbye before cutting them, and after how long its waiting requests
     # (long-polls, submit-and-wait, whole OpenAI answers) answer with what they have

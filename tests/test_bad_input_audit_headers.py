@@ -1,7 +1,9 @@
 """`conveyor up`'s producer server bounds a request's head (its line and headers) to 64 KiB:
 past it the answer is 431 and the connection closes. Unbounded, one client's 128 MB header held
 the producer's event loop for 29 s (httptools gathers a header's value there), every other
-request waiting seconds at a time. A kept-alive connection's next request gets a fresh bound."""
+request waiting seconds at a time. A kept-alive connection's next request gets a fresh bound.
+A head unfinished CONVEYOR_REQUEST_HEAD_TIMEOUT_S after its first bytes is answered 408: one
+trickled (slowloris) held its connection for ever."""
 
 from __future__ import annotations
 
@@ -15,12 +17,16 @@ from conveyor.producer_server import HEAD_MAX_BYTES
 from conveyor.stack import Stack, free_port
 
 NAME = "producer-head-bound"
+HEAD_TIMEOUT_S = 4  # past `_answers`' pauses between a head's pieces
 
 
 @pytest.fixture(scope="module")
 def address(stack: Stack) -> Iterator[tuple[str, int]]:
     port = free_port()
-    stack.start_producer(port, name=NAME, server="conveyor")
+    timeout = str(HEAD_TIMEOUT_S)
+    stack.start_producer(
+        port, name=NAME, server="conveyor", CONVEYOR_REQUEST_HEAD_TIMEOUT_S=timeout
+    )
     try:
         yield "127.0.0.1", port
     finally:
@@ -66,3 +72,35 @@ def test_heads_within_the_bound_are_served_on_one_kept_alive_connection(
 
     assert answer.count(b"HTTP/1.1 200 OK\r\n") == 3, answer[:300]
     assert b"431" not in answer
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def test_a_head_unfinished_past_its_timeout_is_refused_408(address: tuple[str, int]) -> None:
+    with socket.create_connection(address, timeout=60) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and no more
+
+        answer = _until_closed(sock)  # before: no answer, the connection held for ever
+
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:200]
+
+
+def test_an_idle_kept_alive_connection_is_not_timed_as_a_head(address: tuple[str, int]) -> None:
+    """The head's clock starts at its first bytes: a connection idle between requests longer
+    than the head timeout is the keep-alive's (CONVEYOR_KEEP_ALIVE_S, 75 s) to close."""
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection(address, timeout=60) as sock:
+        sock.sendall(request)
+        first = sock.recv(65536)
+        time.sleep(HEAD_TIMEOUT_S + 1)
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        second = _until_closed(sock)
+
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n"), first[:200]
+    assert second.startswith(b"HTTP/1.1 200 OK\r\n"), second[:200]
