@@ -25,7 +25,7 @@ from redis.typing import EncodableT
 from shared import batch_api_scripts
 from shared.batch_api_scripts import ITEM_STATES, BatchStatus
 from shared.codec import RequestEntry, as_text, dumps, loads
-from shared.file_store import file_expiry
+from shared.file_expiry import file_expiry
 from shared.job_states import JobStatus
 from shared.job_store import NewJob, now_ms
 from shared.keys import Keys

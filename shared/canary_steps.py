@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from itertools import pairwise
 
-from shared.variant_stats import BUCKET_S, SAMPLES_PER_BUCKET, WINDOW_SAMPLES
+from shared.stats_window import BUCKET_S, SAMPLES_PER_BUCKET, WINDOW_SAMPLES
 
 WEIGHT_SLACK = 1e-6  # percent: live routes that differ by more were changed by someone else
 INTERVAL_MAX_S = 86_400.0  # a step's `interval_s`: more than 0, at most a day

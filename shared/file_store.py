@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
 from shared.codec import as_text
+from shared.file_expiry import file_expiry
 from shared.job_store import now_ms
 from shared.keys import Keys
 from shared.redis_client import call_script, executed
@@ -24,18 +25,6 @@ FIELDS = ("tenant", "filename", "purpose", "bytes", "created_at", "expires_at")
 # and entries (its hash's fields, its index, budget and expiry entries, its id unlisted once
 # deleted), so a loop of tiny files is held to the budget too.
 FILE_OVERHEAD_BYTES = 512
-
-
-# OpenAI's expiry policy for a file (an upload's `expires_after`, a batch's
-# `output_expires_after` for its output and error files): this many seconds from its `created_at`.
-EXPIRES_AFTER_MIN_S, EXPIRES_AFTER_MAX_S = 3600, 2_592_000
-
-
-def file_expiry(created_at: int, asked_s: int | None, ttl_s: int) -> int:
-    """When a file created at `created_at` (s) expires: `asked_s` later (OpenAI's expiry
-    policy), the result TTL `ttl_s` at most, since its tenant's index and budget keys, or its
-    batch's, last no longer."""
-    return created_at + min(asked_s or ttl_s, ttl_s)
 
 
 def charged(filename: str, size: int) -> int:

@@ -1,4 +1,4 @@
-"""Per-variant counters and latency samples in Redis, in time buckets of BUCKET_S seconds, so
+"""Per-variant counters and latency samples in Redis, in time buckets (shared/stats_window.py), so
 every worker (where jobs finish) and every producer (shadow comparisons) contributes to one
 picture that canaries and experiment statistics read. Writes are aggregated: one script call
 per variant for many jobs (a worker sends a second's worth), never one command per job."""
@@ -6,7 +6,6 @@ per variant for many jobs (a worker sends a second's worth), never one command p
 from __future__ import annotations
 
 import asyncio
-import math
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -20,10 +19,8 @@ from shared.job_states import UNRUN_ERRORS
 from shared.keys import Keys
 from shared.rate_limit import RateLimiter
 from shared.redis_clock import CLOCK
+from shared.stats_window import SAMPLES_PER_BUCKET, WINDOW_SAMPLES, bucket_of
 
-BUCKET_S = 10
-SAMPLES_PER_BUCKET = 5_000
-WINDOW_SAMPLES = 100_000
 # Samples a window decodes on the event loop (a few ms); more go to a thread (see `window`).
 DECODED_ON_THE_LOOP = 2_000
 RETENTION_S = 2 * 86_400
@@ -210,23 +207,6 @@ def finished_samples(jobs: Iterable[Mapping[str, str]]) -> dict[Variant, list[Sa
 
 def _counts(samples: list[Sample]) -> dict[str, float]:
     return {"requests": len(samples), "errors": sum(1 for s in samples if not s.ok)}
-
-
-def bucket_of(at_s: float) -> int:
-    return int(at_s // BUCKET_S)
-
-
-def window_span_s(since_s: float, until_s: float) -> float:
-    """The seconds a `window` from `since_s` to `until_s` counts over: its buckets are whole,
-    so it starts at the start of `since_s`'s bucket (up to BUCKET_S early, not always BUCKET_S:
-    a rate over `until_s - since_s + BUCKET_S` read up to a seventh low over a minute)."""
-    return max(until_s - bucket_of(since_s) * BUCKET_S, 1.0)
-
-
-def first_bucket_after(at_s: float) -> float:
-    """The start of the first bucket wholly after `at_s`: a window from there holds nothing
-    counted before `at_s` (one from `at_s` itself starts up to BUCKET_S early)."""
-    return math.ceil(at_s / BUCKET_S) * BUCKET_S
 
 
 def _windows(names: list[str], replies: list[Any]) -> dict[str, Window]:

@@ -15,7 +15,7 @@ from redis.typing import EncodableT
 from producer_api.batch_api.progress import BatchApiProgress
 from shared.batch_api_store import STALE_MS, BatchApiStore, BatchStatus
 from shared.codec import as_text
-from shared.file_store import file_expiry
+from shared.file_expiry import file_expiry
 from shared.job_store import JobStore, now_ms
 from tests.conftest import until_async
 from tests.test_batch_r16_finalizers import _reading, _SilentFinalizer

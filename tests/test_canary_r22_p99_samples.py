@@ -14,7 +14,8 @@ from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore
 from shared.routing import Routes
-from shared.variant_stats import BUCKET_S, Sample, VariantStats, bucket_of
+from shared.stats_window import BUCKET_S, bucket_of
+from shared.variant_stats import Sample, VariantStats
 from shared.webhook_events import WebhookDispatcher
 
 CANARY = Canary(

@@ -16,7 +16,8 @@ from shared.keys import Keys
 from shared.model_repository import ModelRepository
 from shared.route_store import RouteStore
 from shared.routing import Routes
-from shared.variant_stats import BUCKET_S, SAMPLES_PER_BUCKET, Sample, VariantStats, bucket_of
+from shared.stats_window import BUCKET_S, SAMPLES_PER_BUCKET, bucket_of
+from shared.variant_stats import Sample, VariantStats
 from shared.webhook_events import WebhookDispatcher
 from tests.test_canary_r22_p99_samples import CANARY
 

@@ -16,7 +16,8 @@ from shared.keys import Keys, new_job_id
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.rate_limit import InFlightLimiter
 from shared.redis_client import RedisClient
-from shared.variant_stats import BUCKET_S, VariantStats, bucket_of
+from shared.stats_window import BUCKET_S, bucket_of
+from shared.variant_stats import VariantStats
 from workers.partition.finished_stats import FinishedStats
 
 pytestmark = pytest.mark.slow

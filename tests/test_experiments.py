@@ -21,7 +21,8 @@ from producer_api.experiments.statistics import percentiles, summary, versus
 from shared.keys import Keys
 from shared.settings import Settings
 from shared.shadow_compare import Comparison
-from shared.variant_stats import BUCKET_S, Sample, VariantStats, Window
+from shared.stats_window import BUCKET_S
+from shared.variant_stats import Sample, VariantStats, Window
 from tests.app_client import app_client
 from tests.conftest import REPO_ROOT
 from workers.partition.finished_stats import FinishedStats

@@ -5,7 +5,7 @@ rates that differ significantly are never printed as the same percentage."""
 from __future__ import annotations
 
 from producer_api.experiments.statistics import versus
-from shared.variant_stats import WINDOW_SAMPLES
+from shared.stats_window import WINDOW_SAMPLES
 from tests.test_experiments_r19_min_sample import _arm
 
 

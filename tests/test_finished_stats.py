@@ -12,7 +12,8 @@ import redis.asyncio as aioredis
 from shared.job_states import JobStatus
 from shared.job_store import JobStore
 from shared.keys import Keys
-from shared.variant_stats import BUCKET_S, VariantStats, window_span_s
+from shared.stats_window import BUCKET_S, window_span_s
+from shared.variant_stats import VariantStats
 from tests.conftest import until_async
 from tests.lane_rig import abandoned_after, queue_jobs
 from workers.partition.finished_stats import FinishedStats

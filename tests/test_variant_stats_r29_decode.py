@@ -12,7 +12,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.keys import Keys
-from shared.variant_stats import BUCKET_S, DECODED_ON_THE_LOOP, Sample, VariantStats
+from shared.stats_window import BUCKET_S
+from shared.variant_stats import DECODED_ON_THE_LOOP, Sample, VariantStats
 
 KEYS = Keys("stats-r29-decode:")
 FAST = Sample(True, 1.0, 5.0)

@@ -38,7 +38,7 @@ from conveyor.client.sync_client import Client
 from conveyor.client.types import Batch, BatchResults
 from conveyor.commands.files import JSONL_FILE, jsonl_source
 from conveyor.file_drafts import NotWritten, landing_of, write_all_whole
-from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
+from shared.file_expiry import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])

@@ -15,7 +15,7 @@ import click
 from conveyor.client.admin_http import utc_time
 from conveyor.client.cli_options import connect, connection_options, printable, terminal_safe
 from conveyor.file_drafts import write_whole
-from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
+from shared.file_expiry import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
 # A JSONL file to send, or `-` for standard input (as kubectl's `-f -`): a generated batch
 # need not be written to disk first.

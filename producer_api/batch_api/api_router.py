@@ -32,7 +32,7 @@ from producer_api.request_boundary import parse_json
 from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route, page_response
 from producer_api.state import ProducerState
 from shared.batch_api_store import Refresh
-from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
+from shared.file_expiry import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 from shared.model_repository import NAME
 from shared.settings import get_settings
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from producer_api.jobs.protocol import PredictRequest
-from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
+from shared.file_expiry import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 from shared.model_repository import NAME
 
 WINDOW = r"^[1-9][0-9]{0,6}[smhd]$"

@@ -42,7 +42,8 @@ from shared.model_repository import ModelConfig, ModelRepository
 from shared.redis_clock import CLOCK
 from shared.route_store import RouteStore, VersionConflict
 from shared.routing import InvalidRoutes, Routes, UnknownVariant, serving_variant
-from shared.variant_stats import VariantStats, Window, first_bucket_after
+from shared.stats_window import first_bucket_after
+from shared.variant_stats import VariantStats, Window
 from shared.webhook_events import WebhookDispatcher, event
 from shared.webhook_signing import OPERATOR
 

@@ -20,7 +20,8 @@ from producer_api.state import ProducerState
 from shared.batch_api_store import ENDED_KEPT_MS, OUTPUT_EXPIRES_AFTER, BatchStatus
 from shared.partition_stats import PartitionStats, read_partition_stats
 from shared.redis_clock import CLOCK
-from shared.variant_stats import VariantStats, Window, window_span_s
+from shared.stats_window import window_span_s
+from shared.variant_stats import VariantStats, Window
 from shared.worker_registry import WorkerRegistry
 
 INTERVAL_S = 1.0

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from shared.variant_stats import WINDOW_SAMPLES
+from shared.stats_window import WINDOW_SAMPLES
 
 
 class Percentiles(BaseModel):

@@ -13,7 +13,8 @@ from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
 from shared.redis_clock import CLOCK
 from shared.routing import Routes
-from shared.variant_stats import Window, window_span_s
+from shared.stats_window import window_span_s
+from shared.variant_stats import Window
 
 
 class ExperimentsService:

@@ -13,7 +13,8 @@ from typing import Any, Literal
 import numpy as np
 
 from shared.shadow_compare import FAILED
-from shared.variant_stats import WINDOW_SAMPLES, Window
+from shared.stats_window import WINDOW_SAMPLES
+from shared.variant_stats import Window
 
 # scipy.stats is imported where a test runs, not with the module: it is a third of the
 # producer's import time (about 1 of 3 s on 2 cores), paid at every start, and most producers

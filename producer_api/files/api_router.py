@@ -19,7 +19,8 @@ from producer_api.responses import (
     jsonl_route,
     page_response,
 )
-from shared.file_store import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S, StoredFile
+from shared.file_expiry import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
+from shared.file_store import StoredFile
 
 # OpenAI's Files API, every route of it: its refusals answer in OpenAI's shape.
 router = APIRouter(tags=["files"], route_class=OpenAIRoute)
