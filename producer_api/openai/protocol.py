@@ -290,12 +290,24 @@ class ChatMessage(BaseModel):
     # which a client replaying its history sends back; read as empty, as vLLM's server does
     content: (
         Annotated[
-            Annotated[str, Tag("text")] | Annotated[list[Part], Tag("list")],
+            # no empty list of parts, as OpenAI's API refuses it (an empty string it takes)
+            Annotated[str, Tag("text")] | Annotated[list[Part], Field(min_length=1), Tag("list")],
             BY_JSON_TYPE,
             AS_SENT,
         ]
         | None
     )
+
+    @field_validator("content", mode="after")
+    @classmethod
+    def _null_for_an_assistant(cls, value: Any, info: ValidationInfo) -> Any:
+        """Only an assistant's turn has no content (its refusal or tool call elsewhere), as
+        OpenAI's API takes it: another's null was read as an empty message, where OpenAI's
+        refuses it. A `role` itself refused is not in `info.data`: its own refusal says enough."""
+        if value is None and info.data.get("role", "assistant") != "assistant":
+            message = "null is taken for an assistant's turn only: send a string or a list of parts"
+            raise PydanticCustomError("content_null", message)
+        return value
 
     def as_input(self) -> dict[str, str]:
         role = "system" if self.role == "developer" else self.role
@@ -509,6 +521,11 @@ TEXT_ONLY = (
 )
 
 
+# A text to embed: never empty, alone or in a list, as OpenAI's API refuses it ("cannot be an
+# empty string"); an empty one was embedded as the special tokens alone, a vector of nothing.
+EmbedText = Annotated[str, Field(min_length=1)]
+
+
 class EmbeddingRequest(VllmRequest):
     """OpenAI's embeddings request. `input` is text (one string or a list): the model tokenises
     it itself, so token arrays are refused. `dimensions` (shortened vectors) is refused unless
@@ -520,7 +537,8 @@ class EmbeddingRequest(VllmRequest):
 
     model: ModelName
     input: Annotated[
-        Annotated[str, Tag("text")] | Annotated[list[str], Field(min_length=1), Tag("list")],
+        Annotated[EmbedText, Tag("text")]
+        | Annotated[list[EmbedText], Field(min_length=1), Tag("list")],
         BY_JSON_TYPE,
         AS_SENT,
         _text_only(TEXT_ONLY),
