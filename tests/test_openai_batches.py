@@ -43,7 +43,7 @@ from tests.minilm_reference import (
 from tests.test_batches import _create, _jsonl, _wait_ended
 
 pytestmark = pytest.mark.slow
-TEXTS = SENTENCES[:4]
+TEXTS = [s for s in SENTENCES if s][:4]  # an empty text is refused, as OpenAI refuses it
 
 
 def _line(custom_id: str, body: dict[str, Any], url: str = "/v1/embeddings") -> str:
