@@ -32,6 +32,11 @@ from shared.keys import (
 # cancelled jobs are dropped over as many refills as it takes, none holding the server long.
 REFILL_MAX_DROPS = 256
 
+# ENQUEUE's max_ahead for a job that any number of entries may wait ahead of and whose caller
+# reads no position from the reply (submit-and-wait, a batch's items): a plain lane's call of
+# only such jobs reads no pending count (XPENDING), a command fewer per call (benchmark part D).
+UNPLACED = -2
+
 # Entries of a lane stream no consumer has been handed yet: the one definition, which the
 # scripts here and shared/drain_rate.py's WAITING share.
 LUA_UNDELIVERED = """
@@ -751,18 +756,21 @@ return out
 
 # KEYS[1]=a lane's stream, KEYS[2]=its added counter, KEYS[3...]=the keys of the jobs to enqueue
 # (in the lane's slot); ARGV: max_length (0: none), ttl_s, group, fair window (0: not a fair
-# lane), job-key prefix, then per job: max_ahead (-1: none), the tenant's weight ('': none given,
-# a dead letter's replay, which keeps the weight recorded for the tenant, else 1), n hash pairs,
-# m entry pairs, may_exist (1: an id used before, a dead letter's replay), the hash's n
-# field/value pairs, the entry's m. One reply per job, in order.
+# lane), job-key prefix, then per job: max_ahead (-1: none; UNPLACED: none, and its caller does
+# not read its position), the tenant's weight ('': none given, a dead letter's replay, which
+# keeps the weight recorded for the tenant, else 1), n hash pairs, m entry pairs, may_exist (1:
+# an id used before, a dead letter's replay), the hash's n field/value pairs, the entry's m. One
+# reply per job, in order.
 # Admission control and enqueue in one atomic step per job, as if each came alone in turn (the
 # lane's length read once, then counted on): a full partition (stream plus held jobs) refuses
 # ({0, length}), so does one with more than max_ahead entries undelivered ({2, ahead}: the job
 # would miss its deadline); nothing accepted is ever trimmed. Accepted: {1, ahead, seq}, where
 # ahead = XLEN - pending (every acknowledged entry is deleted) and seq numbers the job's entry in
-# its lane (stored in the hash; shared/queue_position.py reads positions from it). A job one of
-# whose commands fails (a key of the wrong type) replies {-1, the error} and fails alone: the
-# call's other jobs are enqueued or refused as they would be without it.
+# its lane (stored in the hash; shared/queue_position.py reads positions from it); ahead is -1,
+# not counted, for an UNPLACED job of a plain lane: a call of only such jobs (submit-and-wait's,
+# a batch's items) reads no XPENDING. A job one of whose commands fails (a key of the wrong type)
+# replies {-1, the error} and fails alone: the call's other jobs are enqueued or refused as they
+# would be without it.
 # A fair lane whose stream holds `window` undelivered entries, or that holds jobs back already,
 # holds the job in its tenant's list instead (hash field `held` = 1, no seq until it joins the
 # stream; reply {1, ahead, 0}, even when the refill that follows it fails on another tenant's
@@ -779,8 +787,13 @@ return out
 # wrote a later one; only then, and for a job marked may_exist or named twice in the call, is
 # each job's hash looked for.
 # Many jobs per call (the submits of one event-loop turn) share its fixed cost: the call, the
-# prelude, and reading the lane's length and pending count.
-_ENQUEUE_BODY = """
+# prelude, the EXISTS above, reading the lane's length (XLEN) and pending count (XPENDING, read
+# only once a job needs it) and the counter's INCRBY.
+_ENQUEUE_BODY = (
+    f"""
+local UNPLACED = {UNPLACED}
+"""
+    + """
 local stream, added = KEYS[1], KEYS[2]
 local max_length, ttl, group = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local window, job_prefix = tonumber(ARGV[4]), ARGV[5]
@@ -824,16 +837,19 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
     if h[2] then redis.call('HSET', jk, 'created', h[2]) end
     return {1, 0, tonumber(h[1]) or 0}
   end
-  if not length then
-    length = redis.call('XLEN', stream)
-    local ok, pel = pcall(redis.call, 'XPENDING', stream, group)
-    pending = ok and pel[1] or 0
-  end
+  if not length then length, pending = redis.call('XLEN', stream), nil end
   local held = window > 0 and (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) or 0
   if max_length > 0 and length + held >= max_length then
     return {0, length + held}
   end
-  local ahead = math.max(0, length - pending)
+  local ahead = -1  -- not counted: no bound and its position not asked for, on a plain lane
+  if window > 0 or max_ahead ~= UNPLACED then
+    if not pending then
+      local ok, pel = pcall(redis.call, 'XPENDING', stream, group)
+      pending = ok and pel[1] or 0
+    end
+    ahead = math.max(0, length - pending)
+  end
   local hold = window > 0 and (held > 0 or ahead >= window)
   local fields, tenant, own_weight  -- own_weight: the job's key's weight (none: a replay)
   local listed  -- the entries in the tenant's held list before this job
@@ -929,6 +945,7 @@ settle()
 if out[1][1] ~= 1 and wrote then redis.call('SET', KEYS[3] .. REFUSED, 1, 'EX', REFUSED_TTL) end
 return out
 """
+)
 ENQUEUE = _PRELUDE + _ENQUEUE_BODY
 
 # ENQUEUE's KEYS and ARGV for one job (a dead letter's replay, its id the letter's replay id),

@@ -272,7 +272,9 @@ class JobStore:
         """Write the queued job and append its entry atomically (never one alone), unless the
         partition already holds `max_length` entries (QueueFull) or more than `max_ahead` (if
         not -1) wait undelivered in the lane (TooFarBack): then write nothing. Returns the
-        number of entries ahead of the job: its queue position, from the same round trip.
+        number of entries ahead of the job: its queue position, from the same round trip;
+        -1, not counted, on a plain lane for `max_ahead` UNPLACED (any number may wait, and
+        the caller shows no position: the call reads no pending count).
         `fair`: (window, tenant weight) of a fair lane, whose job may be held (NewJob);
         `may_exist`: the id may have been enqueued before (NewJob); `ttl_s`: the record's
         TTL, 0 for the store's (NewJob).
@@ -316,7 +318,9 @@ class JobStore:
         commit's does (ReplicaAckTimeout when too few replicas confirm): a Batch API 202 rests on
         these jobs. A rerun after NOSCRIPT sends every call again, which ENQUEUE tells apart.
         A job ENQUEUE could not write raises its error (`_enqueued`); the others stay written."""
-        merged = merged_enqueues([self.enqueue_call(job, max_length) for job in jobs])
+        merged = merged_enqueues(
+            [self.enqueue_call(job, max_length, job_scripts.UNPLACED) for job in jobs]
+        )
 
         async def fill(pipe: Any) -> int:
             for (keys, args), _ in merged:
@@ -335,7 +339,8 @@ class JobStore:
         return sorted(refused)
 
     def enqueue_call(self, job: NewJob, max_length: int, max_ahead: int = -1) -> ScriptCall:
-        """One job's ENQUEUE call (`max_ahead` -1: any number of entries may be ahead of it)."""
+        """One job's ENQUEUE call (`max_ahead` -1: any number of entries may be ahead of it;
+        UNPLACED: so too, and its position is not read from the reply)."""
         entry, stream = job.entry, job.stream
         mapping: dict[str, str | int] = {
             **job.fields,

@@ -27,6 +27,7 @@ from producer_api.task_cancel import uninterrupted
 from shared import job_parameters
 from shared.codec import RequestEntry
 from shared.job_parameters import AS_JOB_FIELDS, FieldNames, ParametersRefused
+from shared.job_scripts import UNPLACED
 from shared.job_states import IllegalTransition, JobStatus
 from shared.job_store import JobNotFound, JobRecord, QueueFull, TooFarBack, stamp_ms
 from shared.keys import new_job_id
@@ -149,13 +150,18 @@ class JobsService:
         return entry, config, variant
 
     async def enqueue(
-        self, entry: RequestEntry, config: ModelConfig, variant: str, body: PredictRequest
+        self,
+        entry: RequestEntry,
+        config: ModelConfig,
+        variant: str,
+        body: PredictRequest,
+        placed: bool = True,
     ) -> int:
         """Append to the partition, or 429 when it holds `queue.max_length` entries already,
         the key has its `max_in_flight` jobs queued or running, or (`queue.admit_by_deadline`)
         the job would start after its deadline or after `queue.max_queue_time_s` (either way a
         worker would only expire it); each refusal, a 503 too, counted by reason. Returns the
-        job's position in its queue."""
+        job's position in its queue (`placed`; else -1 where not counted: see _create)."""
         fields: dict[str, str | int] = {
             "model": config.name,
             "variant": variant,
@@ -165,7 +171,7 @@ class JobsService:
             fields["webhook"] = body.webhook
         try:
             async with self._in_flight_slot(entry, fields):
-                position = await self._create(entry, config, variant, body, fields)
+                position = await self._create(entry, config, variant, body, fields, placed)
         except UNAVAILABLE:
             JOBS_REJECTED.labels(config.name, variant, "unavailable").inc()
             raise
@@ -184,14 +190,19 @@ class JobsService:
         variant: str,
         body: PredictRequest,
         fields: dict[str, str | int],
+        placed: bool,
     ) -> int:
         """ENQUEUE the job, admitted by the partition's length and (`admit_by_deadline`) the
-        entries that may wait ahead of it; a refusal is a 429, counted by reason."""
+        entries that may wait ahead of it; a refusal is a 429, counted by reason. Unless
+        `placed`, a job no bound admits is enqueued UNPLACED: no position shown, none counted
+        (one command fewer per ENQUEUE call of a plain lane)."""
         bulk, keys = body.priority == "bulk", self.state.keys
         stream = (keys.bulk_queue if bulk else keys.queue)(config.name, variant)
         eta = self.state.queue_eta
         start_by = StartBy.of(config, entry.enqueued_ms, entry.deadline_ms)
         max_ahead = eta.max_ahead(config, variant, bulk, start_by)
+        if max_ahead == -1 and not placed:  # no bound: none counted
+            max_ahead = UNPLACED
         try:
             # a stall lets none wait ahead (0), which ENQUEUE admits on an empty lane: looked
             # at only then, not on every submit
@@ -350,7 +361,7 @@ class JobsService:
         entry, config, variant = self.build(model, body)
         future = await self.state.replies.register(entry.job_id)
         try:
-            await self.enqueue(entry, config, variant, body)
+            await self.enqueue(entry, config, variant, body, placed=False)
             view = await self._await_reply(entry.job_id, future, timeout)
         finally:
             self.state.replies.unregister(entry.job_id, future)
