@@ -1,7 +1,8 @@
 """A job's parameters as the producers check them at submit, here so that a dead letter's replay
 checks them as today's submit would (`shared.dead_letters.submit_checks`): a generate model's
-sampling parameters within vLLM's bounds and the model's limits, none for a batch model. A
-refusal is a `ParametersRefused`, which the producer answers as a 422."""
+sampling parameters within vLLM's bounds and the model's limits, none for a batch model but
+an embed model's `truncate`. A refusal is a `ParametersRefused`, which the producer answers
+as a 422."""
 
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ class FieldNames:
 
 
 AS_JOB_FIELDS = FieldNames()
+# An embed model's job parameter: false fails a job whose text is longer than the model's
+# `max_seq_length` (`ContextLengthExceeded`, as OpenAI's and vLLM's servers refuse it) rather
+# than embed its first tokens. A worker of a version that reads no parameters truncates.
+TRUNCATE = "truncate"
+EMBED_PARAMETERS = frozenset({TRUNCATE})
 StopString = Annotated[str, Field(min_length=1)]
 
 
@@ -105,16 +111,11 @@ def check_parameters(
     `max_tokens` within the variant's `max_tokens_limit` (its own, else the model's) and
     `min_tokens` within the job's max_tokens: refused (`ParametersRefused`) rather than failed by
     the worker, or silently cut by the engine. A `vllm` variant refuses other keys: it would drop
-    them. A batch model's job takes none: its engine runs each job on its inputs alone, and
-    parameters such as a `normalize: false` were stored and silently ignored. A refusal names the
-    parameter as `names` says the client sent it."""
+    them. A batch model's job takes none but an embed model's `truncate`
+    (`_check_batch_parameters`). A refusal names the parameter as `names` says the client sent
+    it."""
     if config.kind != "generate":
-        if parameters:
-            named = ", ".join(names.where(client_named(name)) for name in sorted(parameters))
-            raise ParametersRefused(
-                f"{named}: model {config.name} takes no job parameters (kind {config.kind}: its "
-                "engine runs a job on its inputs alone; engine settings are its config.yaml's)"
-            )
+        _check_batch_parameters(config, parameters, names)
         return
     try:
         sampling = SamplingParameters.model_validate(parameters)
@@ -136,6 +137,24 @@ def check_parameters(
     max_tokens = names.parameter("max_tokens")
     if (why := _min_tokens_refusal(sampling, unnamed_max_tokens(own), max_tokens)) is not None:
         _refuse(names, "min_tokens", f"{why} for {served}")
+
+
+def _check_batch_parameters(
+    config: ModelConfig, parameters: dict[str, Any], names: FieldNames
+) -> None:
+    """A batch model's job takes no parameters, but for an embed model's `truncate`
+    (`EMBED_PARAMETERS`): parameters such as a `normalize: false` were stored and silently
+    ignored."""
+    taken = EMBED_PARAMETERS if config.task == "embed" else frozenset()
+    if unknown := sorted(parameters.keys() - taken):
+        named = ", ".join(names.where(client_named(name)) for name in unknown)
+        but = f" but {', '.join(sorted(taken))}" if taken else ""
+        raise ParametersRefused(
+            f"{named}: model {config.name} takes no job parameters{but} (kind {config.kind}: "
+            "its engine runs a job on its inputs alone; engine settings are its config.yaml's)"
+        )
+    if TRUNCATE in parameters and type(parameters[TRUNCATE]) is not bool:
+        _refuse(names, TRUNCATE, "must be a boolean")
 
 
 def _dotted(location: tuple[int | str, ...]) -> str:

@@ -24,6 +24,7 @@ from starlette.testclient import TestClient
 from conveyor.client import Client
 from conveyor.commands.batch import write_results
 from producer_api.app import create_app
+from producer_api.batch_api.protocol import EMBEDDINGS
 from producer_api.batch_api.serving import _error, _openai_error
 from producer_api.errors import ConveyorError
 from producer_api.openai.serving import Generation, generation_of
@@ -285,11 +286,11 @@ def test_lines_a_cancel_stopped_carry_openais_batch_cancelled(
 def test_a_failed_job_answers_in_the_errors_file_as_its_route_would() -> None:
     """A job the model failed on: the status `/predict` answers (422), its error as the body."""
     raised = b'{"type": "ValueError", "message": "no tokens"}'
-    line = _openai_error(_error(ItemState("j1", "failed", "a", 3, None, raised)))
+    line = _openai_error(_error(ItemState("j1", "failed", "a", 3, None, raised)), EMBEDDINGS)
     error = {"type": "ValueError", "message": "no tokens", "code": "ValueError"}
     assert line["error"] == error and (line["id"], line["line"]) == ("j1", 3)
     assert line["response"] == {"status_code": 422, "request_id": "j1", "body": {"error": error}}
-    expired = _openai_error(_error(ItemState("j2", None, "b", 4, None, None)))
+    expired = _openai_error(_error(ItemState("j2", None, "b", 4, None, None)), EMBEDDINGS)
     assert (expired["response"], expired["error"]["code"]) == (None, "batch_expired")
 
 

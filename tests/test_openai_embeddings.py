@@ -50,7 +50,9 @@ def test_the_official_client_gets_the_reference_vectors_and_usage(
     sent: list[dict[str, Any]] = []
     http = httpx.Client(event_hooks={"request": [lambda r: sent.append(loads(r.content))]})
     client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, http_client=http)
-    texts = [s for s in SENTENCES if s]  # an empty one is refused, as OpenAI refuses it
+    # an empty text is refused, as OpenAI refuses it, and so is the last, past the model's
+    # context (tests/test_openai_r41_long_inputs.py)
+    texts = [s for s in SENTENCES[:-1] if s]
     expected = reference_embeddings(texts)
     for answer in (
         client.embeddings.create(model="minilm", input=texts),

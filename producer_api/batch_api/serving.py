@@ -24,11 +24,21 @@ from producer_api.batch_api.protocol import CHAT, COMPLETIONS, EMBEDDINGS, JOBS,
 from producer_api.errors import ConveyorError
 from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import PredictRequest
-from producer_api.jobs.serving import UNSUCCESSFUL_STATUS, JobsService
+from producer_api.jobs.serving import JobsService
 from producer_api.models.serving import model_of
-from producer_api.openai.embedding_serving import EmbeddingService, embedding_list
+from producer_api.openai.embedding_serving import (
+    EMBEDDING_INPUT,
+    EmbeddingService,
+    embedding_list,
+)
 from producer_api.openai.protocol import ChatCompletionRequest, CompletionRequest
-from producer_api.openai.serving import ChatRenderer, CompletionRenderer, generation_of
+from producer_api.openai.serving import (
+    ChatRenderer,
+    CompletionRenderer,
+    context_exceeded,
+    generation_of,
+    job_failure,
+)
 from producer_api.state import ProducerState
 from shared.batch_api_store import (
     BY_BATCH,
@@ -566,7 +576,8 @@ class BatchApiService:
         error: {type, message}}` (plus `id` for lines that became jobs); in a batch of lines for
         one of OpenAI's routes, OpenAI's `response` and `error.code` as well (`_openai_error`).
         An expired batch's results that came after its window are `expired` lines here."""
-        render = _openai_error if fields.get("endpoint", JOBS) != JOBS else dict
+        endpoint = fields.get("endpoint", JOBS)
+        render = partial(_openai_error, endpoint=endpoint) if endpoint != JOBS else dict
         rejected: list[dict[str, Any]] = []
         async for chunk in self.store.rejected(batch_id):
             rejected.extend(chunk)
@@ -621,22 +632,34 @@ def _answer(endpoint: str, model: str, item: ItemState) -> Any:
     return renderer.response(generation).model_dump(mode="json")
 
 
-def _openai_error(record: dict[str, Any]) -> dict[str, Any]:
+def _openai_error(record: dict[str, Any], endpoint: str) -> dict[str, Any]:
     """An errors-file line OpenAI's readers read too (its batch lines' shape, `{id, custom_id,
     response, error: {code, message}}`), keeping Conveyor's fields: a job that failed carries the
     `response` its route would have answered (the status `/predict` answers, the error as its
     body, the job id as request id); a line that never ran, or was cancelled or expired before
     it did, `response: null`, and when its batch's cancel or expiry stopped it (its error marked
-    `by` the batch) OpenAI's `batch_cancelled` or `batch_expired` as its code."""
+    `by` the batch) OpenAI's `batch_cancelled` or `batch_expired` as its code. An input past the
+    model's context is the route's 400 and its body (`job_failure`), as OpenAI's batch answers
+    such a line: it was a 422."""
     error = as_objects(record["error"])
     status = str(record["status"])
     never_answered = _NEVER_ANSWERED.get(status) if error.get("by") == BY_BATCH else None
     error = {**error, "code": never_answered or error.get("type", status)}
     response = None
     if status == JobStatus.FAILED:
-        code = UNSUCCESSFUL_STATUS[status]
-        response = {"status_code": code, "request_id": record["id"], "body": {"error": error}}
+        failure = job_failure("job", status, error, _INPUT_FIELDS[endpoint])
+        body = failure.as_openai().model_dump() if context_exceeded(error) else {"error": error}
+        response = {"status_code": failure.status, "request_id": record["id"], "body": body}
     return {"id": None, **record, "response": response, "error": error}
+
+
+# The field of each OpenAI route's body that holds what the model reads, which a refusal of its
+# length names.
+_INPUT_FIELDS: dict[str, str] = {
+    CHAT: ChatRenderer.prompt,
+    COMPLETIONS: CompletionRenderer.prompt,
+    EMBEDDINGS: EMBEDDING_INPUT,
+}
 
 
 def _error(item: ItemState) -> dict[str, Any]:

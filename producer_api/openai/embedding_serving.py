@@ -11,12 +11,14 @@ import orjson
 
 from producer_api.errors import ConveyorError
 from producer_api.jobs.protocol import PredictRequest
-from producer_api.jobs.serving import unsuccessful
 from producer_api.openai.protocol import EmbeddingRequest
-from producer_api.openai.serving import OpenAIService, awaiting, running_on
+from producer_api.openai.serving import OpenAIService, awaiting, job_failure, running_on
 from shared.codec import as_objects, as_written, dumps
-from shared.job_parameters import FieldNames
+from shared.job_parameters import TRUNCATE, FieldNames
 from shared.job_states import JobStatus
+
+# The request's field that holds its texts, which a refusal of a text's length names.
+EMBEDDING_INPUT = "input"
 
 
 class EmbeddingService(OpenAIService):
@@ -33,18 +35,24 @@ class EmbeddingService(OpenAIService):
     def embedding_job(self, request: EmbeddingRequest) -> PredictRequest:
         """The job an embeddings request is (a batch line's too). `dimensions` is refused: no
         example model's vectors may be cut short (vLLM refuses it the same way for a model
-        not trained for it)."""
+        not trained for it). A text longer than the model reads fails the job (`truncate`
+        false), answered 400 as OpenAI's and vLLM's servers refuse it, where `/v1/jobs`
+        embeds its first tokens."""
         usable = self.check_serves(request.model, lambda c: c.task == "embed", "embed text")
         if request.dimensions is not None and usable is not None:
             message = f"dimensions: model {request.model!r} gives whole vectors only"
             raise ConveyorError(400, "invalid_request", message, param="dimensions")
         return PredictRequest(
-            inputs=request.inputs(), routing_key=request.user, variant=request.variant
+            inputs=request.inputs(),
+            parameters={TRUNCATE: False},
+            routing_key=request.user,
+            variant=request.variant,
         )
 
     async def embedded(self, job_id: str, model: str) -> dict[str, Any]:
         """OpenAI's answer once the job ends, waited for in long polls of `max_wait_s`; raises
-        as `/predict` answers a job that did not succeed, and as a non-streamed completion
+        as `/predict` answers a job that did not succeed (a text past the model's context as
+        vLLM's server refuses it, `job_failure`), and as a non-streamed completion
         does once the producer is asked to stop (each poll then returned at once: the request
         spun, reading the job, until the server cut it) or Redis stops answering."""
         wait = self.state.settings.max_wait_s
@@ -55,7 +63,7 @@ class EmbeddingService(OpenAIService):
                     raise running_on(job_id)
                 view = await self.jobs.get(job_id, wait)
         if view["status"] != JobStatus.SUCCEEDED:
-            raise unsuccessful(f"job {job_id}", view["status"], view.get("error"))
+            raise job_failure(f"job {job_id}", view["status"], view.get("error"), EMBEDDING_INPUT)
         return embedding_list(model, view.get("outputs"))
 
 

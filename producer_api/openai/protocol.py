@@ -98,7 +98,10 @@ TextReply = Annotated[Literal["none", "auto"], _only("none", "auto")]
 class VllmRequest(BaseModel):
     """vLLM's own fields that its generate and embeddings routes both take, refused unless left
     at their defaults rather than ignored: the prompt's truncation (`truncate_prompt_tokens`,
-    vLLM's keeps its last N tokens) is the worker's tokenizer's to do and it does none, a
+    vLLM's keeps its last N tokens unless `truncation_side` says right) is the worker's
+    tokenizer's to do, and a job's one setting of it would cut every job of its micro-batch
+    (an embedding's text past the context is refused, as vLLM's server refuses it without
+    the field; an embed worker's tokenizer would keep the first tokens), a
     `priority` would not reorder a queue whose lanes are Conveyor's, and processor arguments
     are for models Conveyor does not serve."""
 

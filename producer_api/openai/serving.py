@@ -197,15 +197,26 @@ class CompletionRenderer(Renderer):
 
 
 def _failure(final: TokenEvent, renderer: Renderer) -> ConveyorError:
-    """As `/predict` answers a job that did not succeed; but a prompt past the model's context
-    as vLLM's server refuses it, 400 (OpenAI's `invalid_request_error`) naming the prompt's
-    field, with the context's length and the prompt's: it was the failed job's 422, which
-    OpenAI's SDK raises as UnprocessableEntityError, not BadRequestError."""
-    error = final.error or {}
-    if error.get("type") == ContextLengthExceeded.__name__:
-        message = error.get("message", "")
-        return ConveyorError(400, "invalid_request", message, param=renderer.prompt)
-    return unsuccessful("job", final.status, final.error)
+    return job_failure("job", final.status, final.error, renderer.prompt)
+
+
+def job_failure(
+    subject: str, status: str, error: dict[str, Any] | None, prompt: str
+) -> ConveyorError:
+    """As `/predict` answers a job (`subject`) that did not succeed; but an input past the
+    model's context (a prompt, a text to embed) as vLLM's server refuses it, 400 (OpenAI's
+    `invalid_request_error`) naming the input's field (`prompt`), with the context's length and
+    the input's: it was the failed job's 422, which OpenAI's SDK raises as
+    UnprocessableEntityError, not BadRequestError."""
+    if context_exceeded(error):
+        message = (error or {}).get("message", "")
+        return ConveyorError(400, "invalid_request", message, param=prompt)
+    return unsuccessful(subject, status, error)
+
+
+def context_exceeded(error: dict[str, Any] | None) -> bool:
+    """Whether a failed job's `error` is its input past the model's context."""
+    return (error or {}).get("type") == ContextLengthExceeded.__name__
 
 
 def _failed_first(first: asyncio.Future[TokenEvent], renderer: Renderer) -> ConveyorError | None:

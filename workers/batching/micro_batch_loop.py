@@ -11,6 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from opentelemetry.trace import Span
 
@@ -41,6 +42,17 @@ from workers.partition.stopping import Stopping
 from workers.partition.stream_reader import Delivery, LaneEntry, StreamReader
 
 log = logging.getLogger(__name__)
+
+
+def engine_item(payload: dict[str, Any]) -> Any:
+    """A job's inputs as its engine reads them, with its parameters (`parameters`) where it has
+    some: only an embed model's job takes any (`truncate`, `shared.job_parameters`). The
+    inputs of a job without are passed as they are, no copy made."""
+    inputs = payload.get("inputs", {})
+    parameters = payload.get("parameters")
+    if parameters and isinstance(inputs, dict):
+        return {**inputs, "parameters": parameters}
+    return inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +190,7 @@ class MicroBatchLoop:
         try:
             with current_span(span):
                 with stage_span("decode"):
-                    inputs = [
-                        d.entry.payload.get("inputs", {}) for d in claimed.runnable if d.entry
-                    ]
+                    inputs = [engine_item(d.entry.payload) for d in claimed.runnable if d.entry]
                 done = partial(self.complete, claimed, span)
                 if self.stages is not None and inputs:  # bounded once it holds a pipeline slot
                     await self.stages.submit(inputs, done, claimed.watch)

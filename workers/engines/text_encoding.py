@@ -12,7 +12,10 @@ from typing import Any
 
 import numpy as np
 import orjson
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
+
+from shared.generate_errors import ContextLengthExceeded
+from shared.job_parameters import TRUNCATE
 
 TOKENIZER_FILE = "tokenizer.json"
 MODEL_CONFIG_FILE = "config.json"  # the Hugging Face model's, beside its weights
@@ -43,12 +46,33 @@ ENCODINGS = ("float", "base64")
 
 
 @dataclass(frozen=True, slots=True)
+class AtLimit:
+    """The rows of one engine call as long as `max_seq_length`, which truncation may have cut,
+    with their encodings, and how many special tokens the tokenizer adds to each piece of a
+    cut text. A text's whole length is read from its overflow only when asked (for a job that
+    refuses a cut text): reading it took 4 % of a long micro-batch's tokenisation."""
+
+    rows: dict[int, Encoding] = field(default_factory=dict)
+    added: int = 0
+
+    def whole_tokens(self, row: int) -> int | None:
+        """The row's text's tokens, special ones included, if truncation cut it; else None."""
+        encoding = self.rows.get(row)
+        if encoding is None or not encoding.overflowing:
+            return None
+        pieces = encoding.overflowing
+        return len(encoding.ids) + sum(len(piece.ids) - self.added for piece in pieces)
+
+
+@dataclass(frozen=True, slots=True)
 class TokenBatch:
-    """Encoder inputs of one engine call, padded to the longest text of that call."""
+    """Encoder inputs of one engine call, padded to the longest text of that call, and its
+    texts that truncation may have cut (`at_limit`)."""
 
     input_ids: np.ndarray
     attention_mask: np.ndarray
     token_type_ids: np.ndarray
+    at_limit: AtLimit = field(default_factory=AtLimit)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -110,6 +134,7 @@ class TextEncoder:
     def __init__(self, tokenizer: Tokenizer, max_seq_length: int) -> None:
         self.max_seq_length = max_seq_length
         self._tokenizer = tokenizer
+        self._added = tokenizer.num_special_tokens_to_add(is_pair=False)
         tokenizer.enable_truncation(max_length=max_seq_length)
         # tokenizer.json pads every text to a fixed 128; padding happens per call in `tokenize`.
         tokenizer.no_padding()
@@ -128,13 +153,23 @@ class TextEncoder:
         `widths` that holds it (a CUDA graph's shape bucket), or padded or cut to exactly
         `pad_to` tokens (for a fixed shape, like INT8 calibration's)."""
         encodings = self._tokenizer.encode_batch(list(texts))
-        longest = max(len(e.ids) for e in encodings)
+        lengths = [len(e.ids) for e in encodings]
+        longest = max(lengths)
         width = pad_to or next((w for w in widths if w >= longest), longest)
         return TokenBatch(
             input_ids=_matrix([e.ids for e in encodings], width),
             attention_mask=_matrix([e.attention_mask for e in encodings], width),
             token_type_ids=_matrix([e.type_ids for e in encodings], width),
+            at_limit=self._at_limit(encodings, lengths),
         )
+
+    def _at_limit(self, encodings: list[Encoding], lengths: list[int]) -> AtLimit:
+        """The texts as long as `max_seq_length`: only they may have been cut."""
+        limit = self.max_seq_length
+        rows = {
+            row: e for row, (e, n) in enumerate(zip(encodings, lengths, strict=True)) if n >= limit
+        }
+        return AtLimit(rows, self._added) if rows else AtLimit()
 
 
 def _matrix(rows: list[list[int]], width: int) -> np.ndarray:
@@ -162,20 +197,31 @@ def mean_pool_normalize(hidden: np.ndarray, attention_mask: np.ndarray) -> np.nd
 @dataclass(frozen=True, slots=True)
 class JobSplit:
     """How a micro-batch's vectors go back to its jobs: how many texts each brought, whether it
-    asked for them as base64, and (once tokenised, `counted`) how many tokens it had."""
+    asked for them as base64, (once tokenised, `counted`) how many tokens it had, and whether
+    it refuses a text longer than the model reads (`whole`: its `truncate` parameter false)."""
 
     counts: list[int]
     base64: list[bool]
     tokens: list[int] = field(default_factory=list)
+    whole: list[bool] = field(default_factory=list)
 
     def counted(self, calls: Iterable[tuple[TokenBatch, int]]) -> JobSplit:
         """This split with each job's tokens: what the model read of its texts (special tokens
         included, after truncation), from each engine call's first `rows` rows (the rest pad a
         CUDA graph's shape). OpenAI's `usage.prompt_tokens` of an embeddings request."""
-        per_text = [int(n) for batch, rows in calls for n in batch.attention_mask[:rows].sum(1)]
+        per_text: list[int] = []
+        at_limit: dict[int, tuple[AtLimit, int]] = {}
+        for batch, rows in calls:
+            limit = batch.at_limit
+            at_limit.update((len(per_text) + row, (limit, row)) for row in limit.rows)
+            per_text.extend(int(n) for n in batch.attention_mask[:rows].sum(1))
         bounds = list(pairwise(accumulate(self.counts, initial=0)))
         _refuse_tokenless(per_text, bounds)
-        return JobSplit(self.counts, self.base64, [sum(per_text[a:b]) for a, b in bounds])
+        if at_limit and any(self.whole):
+            refusing = [b for b, whole in zip(bounds, self.whole, strict=True) if whole]
+            _refuse_cut(per_text, at_limit, refusing)
+        tokens = [sum(per_text[a:b]) for a, b in bounds]
+        return JobSplit(self.counts, self.base64, tokens, self.whole)
 
     def outputs(self, embeddings: np.ndarray) -> list[dict[str, Any]]:
         """One output per job in input order, with its `usage` as OpenAI counts it. As numbers:
@@ -212,6 +258,21 @@ def _refuse_tokenless(per_text: list[int], bounds: list[tuple[int, int]]) -> Non
     )
 
 
+def _refuse_cut(
+    per_text: list[int],
+    at_limit: dict[int, tuple[AtLimit, int]],
+    whole_jobs: list[tuple[int, int]],
+) -> None:
+    """A text that truncation cut, of a job that refuses that (OpenAI's embeddings route asks
+    it), fails its job as vLLM's server refuses it: `ContextLengthExceeded`, which that route
+    answers 400. The model's context is what the cut text kept, `max_seq_length`."""
+    for start, end in whole_jobs:
+        for text in (i for i in range(start, end) if i in at_limit):
+            limit, row = at_limit[text]
+            if (whole := limit.whole_tokens(row)) is not None:
+                raise ContextLengthExceeded(whole, per_text[text], embedding=True)
+
+
 def flatten_texts(inputs: list[dict[str, Any]]) -> tuple[list[str], JobSplit]:
     """All texts of a micro-batch in job order, and how to hand the vectors back per job, so one
     engine call serves every job."""
@@ -229,7 +290,17 @@ def flatten_texts(inputs: list[dict[str, Any]]) -> tuple[list[str], JobSplit]:
         texts.extend(job_texts)
         split.counts.append(len(job_texts))
         split.base64.append(encoding == "base64")
+        split.whole.append(_refuses_cut(item))
     return texts, split
+
+
+def _refuses_cut(item: dict[str, Any]) -> bool:
+    """Whether the job's `truncate` parameter is false (`shared.job_parameters`, checked at
+    submit): its texts are embedded whole or the job fails. A job with none truncates."""
+    parameters = item.get("parameters") or {}
+    if not isinstance(parameters, dict) or type(parameters.get(TRUNCATE, True)) is not bool:
+        raise ValueError(f"parameters.{TRUNCATE} must be a boolean")
+    return parameters.get(TRUNCATE) is False
 
 
 def chunks(texts: list[str], size: int) -> Iterator[list[str]]:

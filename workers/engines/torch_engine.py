@@ -105,8 +105,8 @@ def pad_rows(batch: TokenBatch, rows: int) -> TokenBatch:
     extra = rows - batch.shape[0]
     if extra == 0:
         return batch
-    padded = (np.pad(a, ((0, extra), (0, 0))) for a in (*batch.feeds().values(),))
-    return TokenBatch(*padded)
+    ids, mask, types = (np.pad(a, ((0, extra), (0, 0))) for a in batch.feeds().values())
+    return TokenBatch(ids, mask, types, batch.at_limit)
 
 
 def compile_encoder(model: torch.nn.Module, buckets: CudaGraphBuckets | None) -> torch.nn.Module:
