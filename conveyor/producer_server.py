@@ -4,17 +4,22 @@ process that dies takes only its own socket away (the others keep answering whil
 `conveyor up` restarts it), and with it the connections it had accepted or the kernel had
 queued on it: those are reset, for their clients to retry. Each runs with its own
 CONVEYOR_INSTANCE_ID, hence its own reply channel: a job's result is published to the
-process that waits for it. Compose, Kubernetes and the image run it too, one per container
-(`--host 0.0.0.0 --port 8000`): uvicorn's own command line lacks the head bound below, and its
-flags kept settings apart from the CONVEYOR_ variables."""
+process that waits for it. Compose, Kubernetes and the image run it too, one per container:
+uvicorn's own command line lacks the head bound below, and its flags kept settings apart from
+the CONVEYOR_ variables. Its address is theirs too (CONVEYOR_HOST, CONVEYOR_PORT; the image sets
+CONVEYOR_HOST=0.0.0.0): Kubernetes set CONVEYOR_PORT beside a `--port` flag that alone counted,
+so a port changed there changed nothing. `--host`/`--port` override them (`conveyor up`'s)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import socket
+import sys
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shared.settings import Settings, settings_or_exit
@@ -24,6 +29,7 @@ APP = "producer_api.app:app"
 # The most bytes a request's line and headers may take (nginx takes 32 KiB by default): a bearer
 # key, a session cookie and trace headers are far shorter.
 HEAD_MAX_BYTES = 64 * 1024
+log = logging.getLogger(__name__)
 
 
 def _refusal(status: bytes, text: bytes) -> bytes:
@@ -134,20 +140,35 @@ def server_config(host: str, port: int, settings: Settings) -> uvicorn.Config:
     )
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """`reuse_port_socket`, or the start ends (uvicorn's exit status for one that failed) on
+    one log line naming the address, as uvicorn's command line ends it: a port taken ended this
+    server in an OSError's traceback."""
+    try:
+        return reuse_port_socket(host, port)
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        log.error("error while attempting to bind on address %r: %s", (host, port), reason)
+        sys.exit(STARTUP_FAILURE)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", help="the address to listen on (default: CONVEYOR_HOST)")
+    parser.add_argument("--port", type=int, help="the port (default: CONVEYOR_PORT)")
     args = parser.parse_args(argv)
     settings = settings_or_exit()
     # JSON from the first line on: uvicorn's own logging config wrote its start-up lines as
     # text (the app configures logging only once its lifespan starts)
     configure_logging(settings.log_level)
-    config = server_config(args.host, args.port, settings)
+    host = settings.host if args.host is None else args.host
+    port = settings.port if args.port is None else args.port
+    sock = listening_socket(host, port)
+    config = server_config(host, port, settings)
     # The app before the server: importing it patches uvicorn's exit handler (sse-starlette),
     # which the server installs as it starts; loaded later, SIGTERM never told the app.
     config.load()
-    uvicorn.Server(config).run(sockets=[reuse_port_socket(args.host, args.port)])
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 if __name__ == "__main__":

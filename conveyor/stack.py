@@ -219,10 +219,11 @@ class Stack:
         return f"{socket.gethostname()}-{pid}"
 
     def start_producer(
-        self, port: int, name: str = "producer", server: Server = "uvicorn", **env: str
+        self, port: int, name: str = "producer", server: Server = "conveyor", **env: str
     ) -> str:
         """Start a producer and return its URL once it is ready and answers as itself (its
-        instance id), not as some other server that already had the port."""
+        instance id), not as some other server that already had the port. The deployments'
+        server by default, so that what a test exercises is what ships."""
         instance = env.get("CONVEYOR_INSTANCE_ID", name)
         self.start_producer_process(port, name, server, **env)
         base_url = f"http://127.0.0.1:{port}"
@@ -284,10 +285,11 @@ class Stack:
         return path
 
     def start_producer_process(
-        self, port: int, name: str = "producer", server: Server = "uvicorn", **env: str
+        self, port: int, name: str = "producer", server: Server = "conveyor", **env: str
     ) -> subprocess.Popen[bytes]:
         """Spawn a producer on `port` without waiting for it (it may never be ready): under
-        uvicorn's command line or the deployments' own server (conveyor/producer_server.py)."""
+        the deployments' own server (conveyor/producer_server.py), or uvicorn's command line
+        for a test that compares the two."""
         command = [
             *_SERVERS[server],
             "--host",

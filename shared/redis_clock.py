@@ -128,3 +128,11 @@ class ClockSkew:
         elif self.told is not None and abs(skew) <= AGREE_S + uncertainty_s:
             log.warning("this host's clock agrees with Redis's again (%+.3fs)", skew)
             self.told = None
+
+
+async def adopt_redis_clock(client: Any) -> None:
+    """Measure Redis's clock once (one TIME) and correct this process's CLOCK by it: for a
+    one-off command (the CLI's), which has no heartbeat or loop to keep it measured, yet
+    stamps and judges as producers do (an operator's laptop a minute off wrote a key's times a
+    minute off)."""
+    await ClockSkew(corrects=CLOCK).sync(client)

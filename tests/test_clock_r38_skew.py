@@ -18,7 +18,7 @@ from shared.codec import RequestEntry
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, QueueLimits
-from shared.redis_clock import CLOCK, ClockSkew
+from shared.redis_clock import CLOCK, ClockSkew, adopt_redis_clock
 from shared.settings import Settings
 from tests.app_client import app_client
 from tests.conftest import until_async
@@ -43,7 +43,7 @@ async def _redis_ms(client: aioredis.Redis) -> float:
 
 async def test_a_healthy_hosts_clock_is_left_uncorrected(aredis: aioredis.Redis) -> None:
     """A skew within the measure's uncertainty and APPLY_S is no skew: no jitter per measure."""
-    await ClockSkew(corrects=CLOCK).sync(aredis)
+    await adopt_redis_clock(aredis)
     assert CLOCK.skew_ns == 0
 
 

@@ -27,7 +27,7 @@ from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelConfig, ModelRepository
 from shared.partition_stats import read_partition_stats
-from shared.redis_clock import CLOCK, ClockSkew
+from shared.redis_clock import CLOCK, adopt_redis_clock
 from shared.settings import Settings
 from shared.variant_stats import VariantStats
 from shared.webhook_outbox import WebhookOutbox
@@ -44,7 +44,7 @@ LANE = KEYS.queue("m", "default")
 async def _host_off(client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch, off_s: float) -> None:
     """This host's clock from now on `off_s` off Redis's, and that skew measured and adopted."""
     _read_off(monkeypatch, off_s)
-    await ClockSkew(corrects=CLOCK).sync(client)
+    await adopt_redis_clock(client)
     assert abs(CLOCK.skew_ns / 1e9 - off_s) < 1.0
 
 

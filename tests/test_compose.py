@@ -21,6 +21,7 @@ import yaml
 from jsonschema import Draft7Validator
 
 from shared.model_repository import ModelConfig, ModelRepository
+from shared.settings import Settings
 from workers.engines.registry import BACKENDS
 from workers.model_prep import PREPARERS
 
@@ -236,11 +237,10 @@ def test_workers_run_celery_and_the_gpu_one_reserves_a_gpu():
 
 
 def _metrics_address(name: str) -> str | None:
-    """Where service `name` serves /metrics: a producer on its `--port`, a worker on its
+    """Where service `name` serves /metrics: a producer on its CONVEYOR_PORT, a worker on its
     CONVEYOR_METRICS_PORT; None for a service of neither kind."""
-    args = argv(name)
-    if "conveyor.producer_server" in args:
-        return f"{name}:{args[args.index('--port') + 1]}"
+    if "conveyor.producer_server" in argv(name):
+        return f"{name}:{env(name).get('CONVEYOR_PORT', Settings.model_fields['port'].default)}"
     port = env(name).get("CONVEYOR_METRICS_PORT")
     return f"{name}:{port}" if port else None
 

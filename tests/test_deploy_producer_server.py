@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 import socket
 import sys
 import time
@@ -29,7 +30,8 @@ from tests.test_compose import COMPOSE_DIR, argv, env, parse_dockerfile, service
 from tests.test_k8s import KUBECTL, OVERLAYS, env_of, of_kind
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-COMMAND = ["python", "-m", "conveyor.producer_server", "--host", "0.0.0.0", "--port", "8000"]
+# No --host or --port: its address is CONVEYOR_HOST's (the image's 0.0.0.0) and CONVEYOR_PORT's
+COMMAND = ["python", "-m", "conveyor.producer_server"]
 # Past what asyncio reads at once (256 KiB) beyond the 64 KiB bound: refused whatever the reads.
 HUGE_HEAD_BYTES = 330 * 1024
 
@@ -37,6 +39,13 @@ HUGE_HEAD_BYTES = 330 * 1024
 class Deployed(NamedTuple):
     command: list[str]
     env: dict[str, str]  # the literal values it sets (not those from a Secret)
+
+
+def image_env() -> dict[str, str]:
+    """What the producer's image sets (its last stage's ENV), under every deployment's own."""
+    _, stages = parse_dockerfile(COMPOSE_DIR / "Dockerfile")
+    words = [word for rest in stages[-1].args("ENV") for word in shlex.split(rest)]
+    return {name: value for name, _, value in (word.partition("=") for word in words)}
 
 
 def _compose(name: str) -> Deployed:
@@ -102,9 +111,10 @@ def deployed_address(request: pytest.FixtureRequest, stack: Stack) -> Iterator[t
     command, manifest_env = DEPLOYMENTS[request.param]()
     port = free_port()
     command = [str(Path(sys.executable).parent / command[0]), *command[1:]]  # the image's PATH
-    command[command.index("--port") + 1] = str(port)
     name = f"producer-deployed-{request.param}"
     own = {k: v for k, v in manifest_env.items() if k.startswith("CONVEYOR_")}
+    # the image's address (its paths are the container's), the manifest's over it
+    own = {"CONVEYOR_HOST": image_env()["CONVEYOR_HOST"], **own, "CONVEYOR_PORT": str(port)}
     stack.spawn(
         name, command, {**own, "CONVEYOR_REDIS_URL": stack.redis_url, "CONVEYOR_INSTANCE_ID": name}
     )

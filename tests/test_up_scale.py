@@ -223,7 +223,7 @@ def test_a_cluster_without_its_url_is_refused_before_starting(tmp_path: Path) ->
 @pytest.mark.parametrize(
     "entry",
     [
-        ["python", "-m", "conveyor.producer_server", "--port", "8000"],
+        ["python", "-m", "conveyor.producer_server"],
         ["celery", "-A", "workers.app", "worker"],
     ],
 )

@@ -29,7 +29,7 @@ from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelConfigError, ModelRepository
 from shared.queue_position import QueuePositions
-from shared.redis_clock import CLOCK, ClockSkew
+from shared.redis_clock import adopt_redis_clock
 from shared.settings import Settings
 
 T = TypeVar("T")
@@ -56,7 +56,7 @@ def _run(
             config = _served_config(settings, model, variant)
             # its jobs' stamps and the lanes' drain-rate window on Redis's clock, as a
             # producer's: workers judge them there (this host 30 s behind expired them all)
-            await ClockSkew(corrects=CLOCK).sync(client)
+            await adopt_redis_clock(client)
             fair_window, max_length = config.fair_window_of(variant), config.queue.max_length
             admission = await _admission(client, keys, config, variant)
             # the webhook policy is the producers': checked where this environment has it

@@ -31,7 +31,7 @@ from shared.api_keys import (
 from shared.keys import Keys
 from shared.model_repository import ModelConfigError, ModelRepository
 from shared.redis_client import ReplicaAckTimeout, connect
-from shared.redis_clock import CLOCK, ClockSkew
+from shared.redis_clock import CLOCK, adopt_redis_clock
 from shared.settings import Settings, get_settings
 from shared.webhook_signing import OPERATOR, owner_secret
 
@@ -75,7 +75,7 @@ async def _on_redis_clock(client: aioredis.Redis, settings: Settings) -> ApiKeyS
     """The store, with this process's clock corrected to Redis's first (one TIME), as a
     producer's is: a key's times written from an operator's laptop a minute off were a minute
     off on every producer (its expiry, its rotation's grace), and its state read so."""
-    await ClockSkew(corrects=CLOCK).sync(client)
+    await adopt_redis_clock(client)
     return ApiKeyStore(client, Keys(settings.key_prefix))
 
 
