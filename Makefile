@@ -37,8 +37,12 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
+# Two xdist workers: the tests mostly wait on the processes they start (a Valkey, producers,
+# workers), one at a time used 0.6 of 2 cores. A module runs on one worker, and so do all that
+# share smollm2 (tests/conftest.py: ModulesAndSmollm2). TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 2
 unit: venv models browser
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The console tests drive Debian's chromium (Playwright cannot download its own browser here).
 browser:

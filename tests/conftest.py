@@ -17,6 +17,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio import RedisCluster
+from xdist.scheduler import LoadFileScheduling
 
 from conveyor.embedded_valkey import start_embedded_valkey
 from conveyor.stack import Stack, free_port
@@ -46,6 +47,61 @@ def pytest_configure(config: pytest.Config) -> None:
     terminal (a handler, unlike SIG_IGN, is reset by exec)."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# The session fixtures of the shared smollm2 (vLLM: an engine and a worker, a minute or more of
+# both cores each to start), and the modules whose tests use them: under `make test`'s xdist
+# workers they all run on one (`ModulesAndSmollm2`), where each worker would start its own;
+# with them the one that starts an engine of its own, so that no more vLLM engines run at once
+# than one process ran (each holds gigabytes).
+SHARED_SMOLLM2 = frozenset({"smollm2_engine", "smollm2_worker"})
+SHARED_SMOLLM2_MODULES = frozenset(
+    f"tests/{name}.py"
+    for name in (
+        "test_engine_edges_token_limits",
+        "test_generate_quiet_cancel",
+        "test_generate_r11_tokenising",
+        "test_generate_r35_held_back_tpot",
+        "test_generate_sampling",
+        "test_generate_token_counts",
+        "test_llm_engine",
+        "test_llm_pipeline",
+        "test_llm_streaming_benchmark",
+        "test_openai_compat_shapes",
+        "test_readme_curls",
+    )
+)
+
+
+class ModulesAndSmollm2(LoadFileScheduling):
+    """`make test`'s xdist schedule (its tests mostly wait on the processes they start): a
+    module's tests on one worker, its module fixtures (a Valkey Cluster) made once, and every
+    module of SHARED_SMOLLM2_MODULES on one worker too. xdist's own `xdist_group` marks do not
+    group under pytest 9.2, whose node ids xdist 3.8 can no longer rename."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = super()._split_scope(nodeid)
+        return "smollm2" if module in SHARED_SMOLLM2_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> ModulesAndSmollm2:
+    return ModulesAndSmollm2(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A module using the shared smollm2 that SHARED_SMOLLM2_MODULES does not name stops the run:
+    scheduled apart, it would start a second one beside the first."""
+    unnamed = {
+        item.nodeid.split("::")[0]
+        for item in items
+        if SHARED_SMOLLM2 & set(getattr(item, "fixturenames", ()))
+    } - SHARED_SMOLLM2_MODULES
+    if unnamed:
+        raise pytest.UsageError(
+            f"{sorted(unnamed)} use the shared smollm2: name them in SHARED_SMOLLM2_MODULES "
+            "(tests/conftest.py)"
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -217,6 +273,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # these tests are not about keys (test_auth is)
     with running_stack(tmp_path_factory.mktemp("stack"), CONVEYOR_AUTH="disabled") as pipeline:
         yield pipeline
+
+
+@pytest.fixture(scope="session")
+def smollm2_worker(stack: Stack) -> None:
+    """The shared stack's smollm2 worker (vLLM), started by the first test that needs it, or
+    spawned beside the in-process engine (`smollm2_engine`) and now waited for."""
+    serve(stack, "smollm2")
 
 
 @pytest.fixture(scope="session")

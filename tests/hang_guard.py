@@ -1,7 +1,8 @@
 """A test still running well after its pytest-timeout limit (a loop that swallowed the timeout's
 failure, a teardown that hangs after it) dumps every thread's stack to the terminal and ends
-the run. Without this, one such hang ran on silently until CI's own limit killed the whole job,
-and its log said nothing of where."""
+its process (under `make test`, its xdist worker: the test fails as crashed and a new worker
+goes on). Without this, one such hang ran on silently until CI's own limit killed the whole
+job, and its log said nothing of where."""
 
 from __future__ import annotations
 

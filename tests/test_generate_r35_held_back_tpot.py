@@ -10,7 +10,6 @@ import pytest
 
 from conveyor.client import Client
 from conveyor.stack import Stack
-from tests.conftest import serve
 
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
 NEVER_MET = "x" * 96  # longer than the answer's whole text: vLLM holds all of it back
@@ -19,8 +18,9 @@ GENERATION_S = 300  # hang guard for one generation on a loaded machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # may pay for the worker's start
 
 
-def test_an_answer_held_back_to_its_end_reports_no_time_per_token(stack: Stack) -> None:
-    serve(stack, "smollm2")
+def test_an_answer_held_back_to_its_end_reports_no_time_per_token(
+    stack: Stack, smollm2_worker: None
+) -> None:
     with Client(stack.base_url) as client:
         submitted = client.submit(
             "smollm2",

@@ -13,7 +13,6 @@ import pytest
 
 from conveyor.client import Client
 from conveyor.stack import Stack
-from tests.conftest import serve
 
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
 MAX_TOKENS = 48  # greedy, the model stops well before (test_llm_engine)
@@ -26,9 +25,8 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def llm(stack: Stack) -> str:
+def llm(stack: Stack, smollm2_worker: None) -> str:
     """The producer's URL once a smollm2 worker reads its partition."""
-    serve(stack, "smollm2")
     return stack.base_url
 
 

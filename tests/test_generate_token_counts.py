@@ -18,7 +18,6 @@ from producer_api.openai.serving import DONE, CompletionRenderer
 from shared.job_states import JobStatus
 from shared.keys import Keys
 from shared.token_stream import TokenEvent
-from tests.conftest import serve
 from tests.test_llm_pipeline import read_events, submit_job
 from tests.test_openai_stream_cut import openai_service
 from workers.engines.base import GenerateRequest, TokenChunk
@@ -67,10 +66,11 @@ async def test_an_openai_stream_sends_no_chunk_for_a_step_without_text(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # a smollm2 worker's start
-def test_a_generation_that_stops_by_itself_counts_every_token_in_its_events(stack: Stack) -> None:
+def test_a_generation_that_stops_by_itself_counts_every_token_in_its_events(
+    stack: Stack, smollm2_worker: None
+) -> None:
     """On the real engine: SmolLM2 ends this answer with its end-of-sequence token, a step
     that decodes no text."""
-    serve(stack, "smollm2")
     inputs = {"messages": [{"role": "user", "content": "Say just yes."}]}
     job_id = submit_job(stack.base_url, inputs, 40)
     events = read_events(stack.base_url, job_id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from urllib.parse import urlsplit
 
@@ -35,7 +35,7 @@ from shared.rate_limit import (
 )
 from shared.redis_client import ReplicaAckTimeout, connect, preload
 from shared.settings import get_settings
-from tests.conftest import REPO_ROOT, until_async
+from tests.conftest import REPO_ROOT, own_valkey, until_async
 
 
 def _entry() -> RequestEntry:
@@ -47,7 +47,18 @@ async def _reads(client: aioredis.Redis) -> int:
     return int((await client.info("stats"))["total_reads_processed"])
 
 
-async def test_one_turn_of_enqueues_is_one_round_trip(aredis: aioredis.Redis) -> None:
+@pytest.fixture
+async def alone() -> AsyncIterator[aioredis.Redis]:
+    """A client of a Valkey no one else uses: the session's counted a read of another test's
+    client left running (`make test` runs the tests on two workers, in another order)."""
+    with own_valkey() as url:
+        client = aioredis.Redis.from_url(url)
+        yield client
+        await client.aclose()
+
+
+async def test_one_turn_of_enqueues_is_one_round_trip(alone: aioredis.Redis) -> None:
+    aredis = alone
     hot = group_committing(aredis, "", "hot")
     store = JobStore(hot, Keys("cv"), 60)
     await hot.ping()  # connect the pool and load nothing yet: the flush below is the first
@@ -68,6 +79,7 @@ async def test_a_refused_or_failing_command_fails_alone(aredis: aioredis.Redis) 
     hot = group_committing(aredis, "", "hot")
     store = JobStore(hot, Keys("cv"), 60)
     await aredis.set("cv:plain", "not a list")
+    await store.create(_entry(), "cv:q:warm", {"model": "m"})  # the script is loaded now
     flushes = FLUSHES._value.get()
     results = await asyncio.gather(
         *(store.create(_entry(), "cv:q:small", {"model": "m"}, max_length=3) for _ in range(5)),

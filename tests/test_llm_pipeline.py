@@ -22,7 +22,7 @@ from conveyor.client import AsyncClient, Client
 from conveyor.stack import Stack
 from producer_api.jobs.protocol import JobView
 from shared.keys import Keys
-from tests.conftest import serve, until
+from tests.conftest import until
 from tests.test_llm_engine import QUESTIONS
 from workers.engines.base import GenerateRequest
 from workers.engines.vllm_engine import VllmEngine
@@ -58,9 +58,8 @@ async def engine_greedy(smollm2_engine: VllmEngine) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def llm(stack: Stack, engine_greedy: dict[str, str]) -> str:
+def llm(stack: Stack, engine_greedy: dict[str, str], smollm2_worker: None) -> str:
     """The producer's URL once a smollm2 worker reads its partition."""
-    serve(stack, "smollm2")
     return stack.base_url
 
 

@@ -15,7 +15,6 @@ from benchmarks.llm_streaming import ENGINE, PIPELINE, measured
 from benchmarks.report import machine, started_now, write_part, write_report
 from benchmarks.scales import SMOKE
 from conveyor.stack import Stack
-from tests.conftest import serve
 from tests.test_benchmarks_smoke import check_common
 from workers.engines.vllm_engine import VllmEngine
 
@@ -26,9 +25,8 @@ pytestmark = [
 
 
 async def test_part_c_llm_streaming(
-    tmp_path: Path, smollm2_engine: VllmEngine, stack: Stack
+    tmp_path: Path, smollm2_engine: VllmEngine, stack: Stack, smollm2_worker: None
 ) -> None:
-    serve(stack, "smollm2")
     started, at_start, begin = started_now(), machine(), time.perf_counter()
     result = await measured(smollm2_engine, stack.base_url, SMOKE)
     write_part(result, tmp_path, SMOKE.name, started, time.perf_counter() - begin, at_start)

@@ -13,7 +13,6 @@ from openai import BadRequestError, OpenAI
 
 from conveyor.stack import Stack
 from shared.codec import loads
-from tests.conftest import serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the worker's engine starts slowly
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -21,8 +20,7 @@ PROMPT = "Once upon a time"
 
 
 @pytest.fixture(scope="module")
-def llm(stack: Stack) -> str:
-    serve(stack, "smollm2")
+def llm(stack: Stack, smollm2_worker: None) -> str:
     return stack.base_url
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from conveyor.stack import Stack, free_port
-from tests.conftest import REPO_ROOT, issue_key, serve
+from tests.conftest import REPO_ROOT, issue_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 README = REPO_ROOT / "README.md"
@@ -98,12 +98,13 @@ class Session:
 
 
 @pytest.fixture(scope="module")
-def readme_url(stack: Stack, identity_worker: int, minilm_worker: int) -> Iterator[str]:
+def readme_url(
+    stack: Stack, identity_worker: int, minilm_worker: int, smollm2_worker: None
+) -> Iterator[str]:
     """The README's models served, as `make up` serves them, behind a producer of their own
     with API keys enforced, as in production. It joins the shared stack, whose smollm2 worker
     the LLM tests started (a vLLM start is about a minute on 2 cores), and stops with the
     module; the README's curls change no state other tests read (jobs and a key only)."""
-    serve(stack, "smollm2")
     url = stack.start_producer(free_port(), name=PRODUCER, CONVEYOR_AUTH="enabled")
     yield url.removeprefix("http://")
     stack.stop_process(PRODUCER)
