@@ -146,8 +146,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
     server in an OSError's traceback."""
     try:
         return reuse_port_socket(host, port)
-    except OSError as exc:
-        reason = (exc.strerror or str(exc)).lower()
+    except (OSError, OverflowError) as exc:  # OverflowError: a --port past 65535
+        reason = (getattr(exc, "strerror", None) or str(exc)).lower()
         log.error("error while attempting to bind on address %r: %s", (host, port), reason)
         sys.exit(STARTUP_FAILURE)
 

@@ -32,6 +32,9 @@ from tests.test_k8s import KUBECTL, OVERLAYS, env_of, of_kind
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # No --host or --port: its address is CONVEYOR_HOST's (the image's 0.0.0.0) and CONVEYOR_PORT's
 COMMAND = ["python", "-m", "conveyor.producer_server"]
+# Kubernetes passes them, CONVEYOR_PORT's value put in by the kubelet: an image of an earlier
+# release, which overlays pin, took no address from the env (and required --port)
+KUBERNETES_COMMAND = [*COMMAND, "--host", "0.0.0.0", "--port", "$(CONVEYOR_PORT)"]
 # Past what asyncio reads at once (256 KiB) beyond the 64 KiB bound: refused whatever the reads.
 HUGE_HEAD_BYTES = 330 * 1024
 
@@ -82,13 +85,14 @@ DEPLOYMENTS: dict[str, Callable[[], Deployed]] = {
 def test_every_deployment_runs_conveyor_ups_producer_server(deployment: str) -> None:
     """Not uvicorn's command line: its server has no head bound, and a flag there would hold a
     setting the CONVEYOR_ variables no longer decide."""
-    assert DEPLOYMENTS[deployment]().command == COMMAND
+    command = KUBERNETES_COMMAND if deployment == "kubernetes" else COMMAND
+    assert DEPLOYMENTS[deployment]().command == command
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_no_overlay_patches_the_producers_command(overlay: str) -> None:
-    assert _container(of_kind(overlay, "Deployment")["producer"]).command == COMMAND
+    assert _container(of_kind(overlay, "Deployment")["producer"]).command == KUBERNETES_COMMAND
 
 
 @pytest.mark.parametrize("name", ["producer", "producer-cluster"])
@@ -115,6 +119,8 @@ def deployed_address(request: pytest.FixtureRequest, stack: Stack) -> Iterator[t
     own = {k: v for k, v in manifest_env.items() if k.startswith("CONVEYOR_")}
     # the image's address (its paths are the container's), the manifest's over it
     own = {"CONVEYOR_HOST": image_env()["CONVEYOR_HOST"], **own, "CONVEYOR_PORT": str(port)}
+    # as the kubelet puts a container's variables in its command's $(NAME)s
+    command = [re.sub(r"\$\((\w+)\)", lambda m: own[m.group(1)], word) for word in command]
     stack.spawn(
         name, command, {**own, "CONVEYOR_REDIS_URL": stack.redis_url, "CONVEYOR_INSTANCE_ID": name}
     )

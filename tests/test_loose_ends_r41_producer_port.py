@@ -6,12 +6,16 @@ probes is the port it listens on."""
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 
 import httpx
+import pytest
 import yaml
+from uvicorn.config import STARTUP_FAILURE
 
+from conveyor.producer_server import listening_socket
 from conveyor.stack import Stack, free_port
 from shared.settings import Settings
 from tests.conftest import REPO_ROOT, until
@@ -63,3 +67,13 @@ def test_the_image_exposes_and_probes_the_port_its_producer_listens_on() -> None
     (health,) = stages[-1].args("HEALTHCHECK")
     assert str(DEFAULT_PORT) in stages[-1].args("EXPOSE")[-1].split()
     assert re.findall(r"127\.0\.0\.1:(\d+)/", health) == [str(DEFAULT_PORT)]
+
+
+def test_a_port_past_65535_ends_the_start_on_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    """`--port 99999` ended in an OverflowError's traceback, where a taken port ends on one
+    line and uvicorn's exit status for a failed start."""
+    with pytest.raises(SystemExit) as ended, caplog.at_level(logging.ERROR):
+        listening_socket("127.0.0.1", 99999)
+    assert ended.value.code == STARTUP_FAILURE
+    (record,) = caplog.records
+    assert "error while attempting to bind on address ('127.0.0.1', 99999)" in record.getMessage()

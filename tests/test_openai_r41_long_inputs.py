@@ -33,7 +33,7 @@ from tests.minilm_reference import (
     reference_embeddings,
 )
 from tests.test_batches import _create, _jsonl, _wait_ended
-from workers.batching.micro_batch_executor import execute
+from workers.batching.micro_batch_executor import engine_calls, execute
 from workers.batching.micro_batch_loop import engine_item
 from workers.engines.onnxruntime_engine import OnnxRuntimeEngine
 from workers.engines.text_encoding import TOKENIZER_FILE, TextEncoder
@@ -91,6 +91,8 @@ async def test_a_too_long_text_fails_its_job_alone_in_its_micro_batch(
     ]
     outcomes = await execute(engine, [engine_item(job) for job in jobs])
 
+    # one engine call served them all: raising failed the call, whose bisection made it 6
+    assert len(engine_calls(outcomes)) == 1
     failed = {i: o.error for i, o in enumerate(outcomes) if o.error is not None}
     assert failed == {
         1: {"type": "ContextLengthExceeded", "message": _refusal(_whole_tokens(LONG))},

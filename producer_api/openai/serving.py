@@ -197,6 +197,7 @@ class CompletionRenderer(Renderer):
 
 
 def _failure(final: TokenEvent, renderer: Renderer) -> ConveyorError:
+    """A generation's failed final as its route answers it, its prompt's field named."""
     return job_failure("job", final.status, final.error, renderer.prompt)
 
 

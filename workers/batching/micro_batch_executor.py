@@ -18,7 +18,7 @@ import numpy as np
 
 from shared.codec import dumps
 from shared.job_store import stamp_ms
-from workers.engines.base import BatchEngine, EngineDied
+from workers.engines.base import BatchEngine, EngineDied, FailedJob
 
 T = TypeVar("T")
 
@@ -79,12 +79,15 @@ async def execute(
 
 
 def _error(exc: Exception) -> dict[str, str]:
-    """A job's error: the exception's type and message, a lone surrogate in it (a file name
-    decoded with `surrogateescape`) escaped. JSON cannot hold one: as it was, it stopped the
-    worker's consumer where the micro-batch was written back, every other job with it."""
-    message = str(exc) or repr(exc)
-    escaped = message.encode("utf-8", "backslashreplace").decode()
-    return {"type": type(exc).__name__, "message": escaped}
+    """A job's error: the exception's type and message (`_escaped`)."""
+    return _escaped({"type": type(exc).__name__, "message": str(exc) or repr(exc)})
+
+
+def _escaped(error: dict[str, str]) -> dict[str, str]:
+    """`error` with a lone surrogate in its message (a file name decoded with
+    `surrogateescape`) escaped. JSON cannot hold one: as it was, it stopped the worker's
+    consumer where the micro-batch was written back, every other job with it."""
+    return {**error, "message": error["message"].encode("utf-8", "backslashreplace").decode()}
 
 
 def succeeded(
@@ -92,12 +95,17 @@ def succeeded(
 ) -> list[Outcome]:
     """One engine call's outcomes: same batch id, size, start and engine time for every job.
     An output that is not a JSON object (bytes, a set, a string) fails its own job: it used to
-    stop the worker's consumer where the batch was written back, every other job with it."""
+    stop the worker's consumer where the batch was written back, every other job with it. So
+    does a `FailedJob`, with its error."""
     engine_ms = _ms_since(start.perf)
     batch_id = uuid.uuid4().hex
     outcomes = []
     for output in outputs:
         outcome = Outcome(output, None, engine_ms, len(inputs), batch_id, start.wall_ms)
+        if isinstance(output, FailedJob):
+            outcome.output, outcome.error = None, _escaped(dict(output))
+            outcomes.append(outcome)
+            continue
         try:
             outcome.written = _stored(output)
         except (TypeError, ValueError) as exc:  # orjson's JSONEncodeError is a TypeError

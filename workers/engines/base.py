@@ -15,6 +15,15 @@ class MissingArtifacts(FileNotFoundError):
     """A model's files are not where its worker looks for them."""
 
 
+class FailedJob(dict[str, str]):
+    """An engine's output that fails its own job with `exc`'s type and message (the job's
+    `error`), its micro-batch's other jobs served by the same call: raising instead failed the
+    whole call, whose bisection reran every other job in ever smaller calls to find it."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(type=type(exc).__name__, message=str(exc))
+
+
 class EngineBase(ABC):  # noqa: B024 (the two kinds below declare the abstract methods)
     """What every engine is built from: its model's config, variant and artifact folder."""
 
@@ -73,7 +82,8 @@ class BatchEngine(EngineBase):
 
     @abstractmethod
     def infer(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Run one micro-batch; raising fails the batch (the loop bisects to find the culprit)."""
+        """Run one micro-batch; raising fails the batch (the loop bisects to find the culprit),
+        a `FailedJob` in a job's place fails that job alone."""
 
     def close(self) -> None:
         """Release engine resources on warm shutdown."""

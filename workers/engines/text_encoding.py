@@ -16,6 +16,7 @@ from tokenizers import Encoding, Tokenizer
 
 from shared.generate_errors import ContextLengthExceeded
 from shared.job_parameters import TRUNCATE
+from workers.engines.base import FailedJob
 
 TOKENIZER_FILE = "tokenizer.json"
 MODEL_CONFIG_FILE = "config.json"  # the Hugging Face model's, beside its weights
@@ -204,6 +205,7 @@ class JobSplit:
     base64: list[bool]
     tokens: list[int] = field(default_factory=list)
     whole: list[bool] = field(default_factory=list)
+    refused: dict[int, Exception] = field(default_factory=dict)  # by job: its output's place
 
     def counted(self, calls: Iterable[tuple[TokenBatch, int]]) -> JobSplit:
         """This split with each job's tokens: what the model read of its texts (special tokens
@@ -217,11 +219,11 @@ class JobSplit:
             per_text.extend(int(n) for n in batch.attention_mask[:rows].sum(1))
         bounds = list(pairwise(accumulate(self.counts, initial=0)))
         _refuse_tokenless(per_text, bounds)
+        refused: dict[int, Exception] = {}
         if at_limit and any(self.whole):
-            refusing = [b for b, whole in zip(bounds, self.whole, strict=True) if whole]
-            _refuse_cut(per_text, at_limit, refusing)
+            refused = _refused_cut(per_text, at_limit, bounds, self.whole)
         tokens = [sum(per_text[a:b]) for a, b in bounds]
-        return JobSplit(self.counts, self.base64, tokens, self.whole)
+        return JobSplit(self.counts, self.base64, tokens, self.whole, refused)
 
     def outputs(self, embeddings: np.ndarray) -> list[dict[str, Any]]:
         """One output per job in input order, with its `usage` as OpenAI counts it. As numbers:
@@ -234,9 +236,14 @@ class JobSplit:
         vectors = np.ascontiguousarray(embeddings, dtype="<f4")
         outputs: list[dict[str, Any]] = []
         start = 0
-        for count, as_base64, tokens in zip(self.counts, self.base64, self.tokens, strict=True):
+        for job, (count, as_base64, tokens) in enumerate(
+            zip(self.counts, self.base64, self.tokens, strict=True)
+        ):
             rows = vectors[start : start + count]
             start += count
+            if refusal := self.refused.get(job):
+                outputs.append(FailedJob(refusal))
+                continue
             packed = as_base64 and bool(np.isfinite(rows).all())
             embedded = [b64encode(row.data).decode() for row in rows] if packed else rows
             usage = {"prompt_tokens": tokens, "total_tokens": tokens}
@@ -258,19 +265,23 @@ def _refuse_tokenless(per_text: list[int], bounds: list[tuple[int, int]]) -> Non
     )
 
 
-def _refuse_cut(
+def _refused_cut(
     per_text: list[int],
     at_limit: dict[int, tuple[AtLimit, int]],
-    whole_jobs: list[tuple[int, int]],
-) -> None:
-    """A text that truncation cut, of a job that refuses that (OpenAI's embeddings route asks
-    it), fails its job as vLLM's server refuses it: `ContextLengthExceeded`, which that route
-    answers 400. The model's context is what the cut text kept, `max_seq_length`."""
-    for start, end in whole_jobs:
-        for text in (i for i in range(start, end) if i in at_limit):
+    bounds: list[tuple[int, int]],
+    whole: list[bool],
+) -> dict[int, Exception]:
+    """The jobs that refuse a cut text (OpenAI's embeddings route asks it) and had one, each
+    failed alone as vLLM's server refuses it: `ContextLengthExceeded`, which that route answers
+    400. The model's context is what the cut text kept, `max_seq_length`."""
+    refused: dict[int, Exception] = {}
+    for job, (start, end) in enumerate(bounds):
+        for text in (i for i in range(start, end) if whole[job] and i in at_limit):
             limit, row = at_limit[text]
-            if (whole := limit.whole_tokens(row)) is not None:
-                raise ContextLengthExceeded(whole, per_text[text], embedding=True)
+            if (tokens := limit.whole_tokens(row)) is not None:
+                refused[job] = ContextLengthExceeded(tokens, per_text[text], embedding=True)
+                break
+    return refused
 
 
 def flatten_texts(inputs: list[dict[str, Any]]) -> tuple[list[str], JobSplit]:
