@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -188,12 +189,14 @@ def measure(
         list(pool.map(_load, urls, variants, c, [scale.warmup_s] * k, n))
         meter = CpuMeter(pids)
         meter.start()
-        machine = psutil.cpu_times()
+        machine, began = psutil.cpu_times(), time.monotonic()
         loads = list(pool.map(_load, urls, variants, c, [scale.seconds] * k, n))
-        cpu_s = meter.stop()
+        # utilisation over the meter's own window, as part E's: what it counts, the generators'
+        # wall time (their dispatch left out) did not span
+        cpu_s, seconds = meter.stop(), time.monotonic() - began
         busy = busy_share(machine, psutil.cpu_times())
     merged = MergedRuns.of(loads)
-    jobs, wall_s = merged.jobs, merged.wall_s
+    jobs = merged.jobs
     per_master = [len(x["latencies_s"]) / x["elapsed_s"] for x in loads]
     by_group = {g: sum(v for name, v in cpu_s.items() if name.startswith(g)) for g in GROUPS}
     by_group[LOAD_GENERATOR] = merged.cpu_s  # theirs, on the same cores
@@ -206,7 +209,7 @@ def measure(
         "p50_ms": round(merged.percentile_ms(50), 2),
         "p99_ms": round(merged.percentile_ms(99), 2),
         "cpu_ms": {g: _per_job_ms(s, jobs) for g, s in by_group.items()},
-        "master_utilisation": [round(cpu_s[f"redis-{i}"] / wall_s, 3) for i in range(1, k + 1)],
+        "master_utilisation": [round(cpu_s[f"redis-{i}"] / seconds, 3) for i in range(1, k + 1)],
         "master_cpu_ms": [
             _per_job_ms(cpu_s[f"redis-{i}"], len(load["latencies_s"]))
             for i, load in enumerate(loads, 1)

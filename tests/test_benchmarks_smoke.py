@@ -157,7 +157,10 @@ def test_part_ec_cluster_scale(tmp_path: Path) -> None:
         assert step["jobs"] > 0 and step["errors"] == 0, step
         assert len(set(step["slots"])) == step["masters"] == len(step["jobs_per_s_by_master"])
         assert all(rate > 0 for rate in step["jobs_per_s_by_master"]), step
-        assert all(0 < u <= 1.5 for u in step["master_utilisation"]), step
+        # read in the kernel's 10 ms ticks: a master that served ~150 jobs in the smoke run's
+        # half second, another test's processes beside it, read 0.0 once
+        utilisation = step["master_utilisation"]
+        assert all(0 <= u <= 1.5 for u in utilisation) and sum(utilisation) > 0, step
         assert all(v > 0 for v in step["cpu_ms"].values()), step
     [target] = document["targets"]
     assert target["measured"] == pytest.approx(steps[1]["jobs_per_s"] / steps[0]["jobs_per_s"])
