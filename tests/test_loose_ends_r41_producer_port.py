@@ -6,9 +6,13 @@ probes is the port it listens on."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
+import subprocess
 import sys
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -62,11 +66,17 @@ def test_compose_publishes_and_probes_the_port_its_producers_listen_on() -> None
         assert probed == [str(listens)], name
 
 
-def test_the_image_exposes_and_probes_the_port_its_producer_listens_on() -> None:
+def test_the_image_exposes_and_probes_the_port_its_producer_listens_on(stack: Stack) -> None:
+    """Its health check run as the image runs it, CONVEYOR_PORT set to where a producer answers
+    (`docker run -e CONVEYOR_PORT=9000` was unhealthy: the check probed 8000)."""
     _, stages = parse_dockerfile(COMPOSE_DIR / "Dockerfile")
     (health,) = stages[-1].args("HEALTHCHECK")
     assert str(DEFAULT_PORT) in stages[-1].args("EXPOSE")[-1].split()
-    assert re.findall(r"127\.0\.0\.1:(\d+)/", health) == [str(DEFAULT_PORT)]
+    program, *args = json.loads(health[health.index("CMD") + len("CMD") :])
+    assert program == "python"
+    port = str(urlsplit(stack.base_url).port)
+    probe = subprocess.run([sys.executable, *args], env={**os.environ, "CONVEYOR_PORT": port})
+    assert probe.returncode == 0
 
 
 def test_a_port_past_65535_ends_the_start_on_one_line(caplog: pytest.LogCaptureFixture) -> None:
