@@ -1,14 +1,18 @@
-"""One of several producer processes serving one port (`conveyor up --producers N`): each binds
-its own SO_REUSEPORT socket, so the kernel spreads new connections across the live ones and a
-process that dies takes only its own socket away (the others keep answering while
-`conveyor up` restarts it), and with it the connections it had accepted or the kernel had
-queued on it: those are reset, for their clients to retry. Each runs with its own
-CONVEYOR_INSTANCE_ID, hence its own reply channel: a job's result is published to the
-process that waits for it. Compose, Kubernetes and the image run it too, one per container:
-uvicorn's own command line lacks the head bound below, and its flags kept settings apart from
-the CONVEYOR_ variables. Its address is theirs too (CONVEYOR_HOST, CONVEYOR_PORT; the image sets
-CONVEYOR_HOST=0.0.0.0): Kubernetes set CONVEYOR_PORT beside a `--port` flag that alone counted,
-so a port changed there changed nothing. `--host`/`--port` override them (`conveyor up`'s)."""
+"""The producer's server: alone on its port, or sharing it when started with --share-port.
+`conveyor up --producers N` (N > 1) starts each so: each binds its own SO_REUSEPORT socket, so
+the kernel spreads new connections across the live ones and a process that dies takes only its
+own socket away (the others keep answering while `conveyor up` restarts it, with `--share-port`
+too), and with it the connections it had accepted or the kernel had queued on it: those are
+reset, for their clients to retry. Without the flag a taken port ends the start, as uvicorn's
+command line ends it: always shared, a second server started by mistake on a port (another
+deployment's, a test's on a port another test process also picked) silently took half its
+connections. Each runs with its own CONVEYOR_INSTANCE_ID, hence its own reply channel: a job's
+result is published to the process that waits for it. Compose, Kubernetes and the image run it
+too, one per container: uvicorn's own command line lacks the head bound below, and its flags
+kept settings apart from the CONVEYOR_ variables. Its address is theirs too (CONVEYOR_HOST,
+CONVEYOR_PORT; the image sets CONVEYOR_HOST=0.0.0.0): Kubernetes set CONVEYOR_PORT beside a
+`--port` flag that alone counted, so a port changed there changed nothing. `--host`/`--port`
+override them (`conveyor up`'s)."""
 
 from __future__ import annotations
 
@@ -49,12 +53,22 @@ def family_of(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to `host:port` that other processes of this user may bind as well."""
+def server_socket(host: str, port: int, share: bool) -> socket.socket:
+    """A socket listening on `host:port`. With `share`, other processes of this user asking to
+    share may listen there as well (SO_REUSEPORT), else it fails on a port another socket
+    listens on. Listening here, not in uvicorn: two started at once may both bind (SO_REUSEADDR)
+    and only the second `listen` fails. SO_REUSEADDR as uvicorn binds: a producer restarted
+    after its death rebinds while its old connections linger in TIME_WAIT."""
     sock = socket.socket(family_of(host), socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    if share:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen()
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
@@ -140,12 +154,12 @@ def server_config(host: str, port: int, settings: Settings) -> uvicorn.Config:
     )
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """`reuse_port_socket`, or the start ends (uvicorn's exit status for one that failed) on
+def listening_socket(host: str, port: int, share: bool = False) -> socket.socket:
+    """`server_socket`, or the start ends (uvicorn's exit status for one that failed) on
     one log line naming the address, as uvicorn's command line ends it: a port taken ended this
     server in an OSError's traceback."""
     try:
-        return reuse_port_socket(host, port)
+        return server_socket(host, port, share)
     except (OSError, OverflowError) as exc:  # OverflowError: a --port past 65535
         reason = (getattr(exc, "strerror", None) or str(exc)).lower()
         log.error("error while attempting to bind on address %r: %s", (host, port), reason)
@@ -156,6 +170,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", help="the address to listen on (default: CONVEYOR_HOST)")
     parser.add_argument("--port", type=int, help="the port (default: CONVEYOR_PORT)")
+    parser.add_argument(
+        "--share-port",
+        action="store_true",
+        help="share the port with other producers started with this flag (SO_REUSEPORT)",
+    )
     args = parser.parse_args(argv)
     settings = settings_or_exit()
     # JSON from the first line on: uvicorn's own logging config wrote its start-up lines as
@@ -163,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(settings.log_level)
     host = settings.host if args.host is None else args.host
     port = settings.port if args.port is None else args.port
-    sock = listening_socket(host, port)
+    sock = listening_socket(host, port, args.share_port)
     config = server_config(host, port, settings)
     # The app before the server: importing it patches uvicorn's exit handler (sse-starlette),
     # which the server installs as it starts; loaded later, SIGTERM never told the app.

@@ -44,8 +44,8 @@ TAIL_BYTES = 1 << 20  # how much of a child's log end `Stack.log_tail` reads at 
 LOG_CAP_BYTES = 100 << 20
 Server = Literal["uvicorn", "conveyor"]
 # A producer's command line but its address: uvicorn's own, or the server `conveyor up`,
-# compose, Kubernetes and the image run (conveyor/producer_server.py: SO_REUSEPORT, several per
-# port, request heads bounded).
+# compose, Kubernetes and the image run (conveyor/producer_server.py: several per port when
+# asked to share it, request heads bounded).
 _SERVERS: dict[Server, tuple[str, ...]] = {
     "uvicorn": (
         str(BIN / "uvicorn"),
@@ -102,7 +102,8 @@ class ChildTooSlow(ChildNotReady):
 class PortTaken(RuntimeError):
     """Another server answers on the port a producer was started on: one that bound it after
     `conveyor up` looked (another `up` started at the same time on another state dir), sharing
-    it with SO_REUSEPORT as `up`'s own producers do."""
+    it with SO_REUSEPORT as `up`'s own producers do when there are several, or answering before
+    a lone producer, which cannot bind beside it, has exited."""
 
 
 @dataclass
@@ -240,15 +241,17 @@ class Stack:
     def start_producers(
         self, port: int, count: int, instance: str, host: str = "127.0.0.1", **env: str
     ) -> str:
-        """Start `count` producer processes sharing `host:port` (SO_REUSEPORT,
-        `conveyor/producer_server.py`), named `producer` when alone else `producer-<i>`, with
-        instance ids `<instance>` or `<instance>-<i>`; returns the URL once every one of them
-        has answered there, and no other server has."""
+        """Start `count` producer processes on `host:port`, sharing it when several
+        (`--share-port`, `conveyor/producer_server.py`; a restart runs the same command, so a
+        replacement binds beside the live ones), named `producer` when alone else
+        `producer-<i>`, with instance ids `<instance>` or `<instance>-<i>`; returns the URL once
+        every one of them has answered there, and no other server has."""
         numbers = [""] if count == 1 else [f"-{i}" for i in range(1, count + 1)]
         ids = {f"{instance}{number}" for number in numbers}
+        command = [*_SERVERS["conveyor"], "--host", host, "--port", str(port)]
         if count > 1:
             env = {**env, MULTIPROC_DIR: str(self._fresh_metrics_dir())}
-        command = [*_SERVERS["conveyor"], "--host", host, "--port", str(port)]
+            command.append("--share-port")
         processes = {
             f"producer{n}": self.spawn(
                 f"producer{n}", command, {**env, "CONVEYOR_INSTANCE_ID": f"{instance}{n}"}

@@ -17,7 +17,7 @@ import pytest
 
 from conveyor.commands import up
 from conveyor.local_stack import STATE_FILE
-from conveyor.producer_server import reuse_port_socket
+from conveyor.producer_server import server_socket
 from conveyor.stack import Stack, free_port
 
 NO_REDIS = "redis://127.0.0.1:1/0"  # a stack that never talks to Redis
@@ -58,11 +58,12 @@ class _Intruder(BaseHTTPRequestHandler):
 
 @contextlib.contextmanager
 def _intruder(port: int) -> Iterator[None]:
-    """`_Intruder` bound as `up`'s producers bind (SO_REUSEPORT): one that took the port after
-    `up` looked (`_refuse_unbindable`), say another `up` started at once on another state dir."""
+    """`_Intruder` bound as `up`'s producers bind when several (SO_REUSEPORT): one that took the
+    port after `up` looked (`_refuse_unbindable`), say another `up` started at once on another
+    state dir."""
     server = HTTPServer(("127.0.0.1", port), _Intruder, bind_and_activate=False)
     server.socket.close()
-    server.socket = reuse_port_socket("127.0.0.1", port)
+    server.socket = server_socket("127.0.0.1", port, share=True)
     server.server_activate()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -76,11 +77,13 @@ def _intruder(port: int) -> Iterator[None]:
 def test_a_port_another_server_took_meanwhile_is_one_line_and_stops_its_producer(
     tmp_path: Path,
 ) -> None:
-    """It ended `up` with a traceback of the RuntimeError."""
+    """It ended `up` with a traceback of the RuntimeError. Two producers: only producers asked
+    to share the port bind beside the intruder (a lone one fails to bind, tests/
+    test_port_sharing_r41.py)."""
     stack = Stack.create(tmp_path, redis_url=NO_REDIS)
     port = free_port()
     with _intruder(port), pytest.raises(click.ClickException) as refused:
-        up._serve(stack, tmp_path, "127.0.0.1", port, producers=1, workers={})
+        up._serve(stack, tmp_path, "127.0.0.1", port, producers=2, workers={})
     said = refused.value.message
     assert "answers as producer ['intruder']" in said and "has the port" in said, said
     assert not stack.processes, "its producer was not stopped"
