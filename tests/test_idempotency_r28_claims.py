@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -140,10 +141,18 @@ async def test_a_batch_create_whose_claim_was_taken_over_withdraws_its_batch(
         retry = Claim(f"batch_{new_job_id('m', 'default')}", first.fingerprint, first.made_ms)
         await aredis.set(claim_key, retry.value())
         answer = await create
-        withdrawn = await client.get(f"/v1/batches/{first.job_id}", headers=auth)
+
+        async def ended() -> dict[str, Any] | None:
+            """The withdrawn batch once it has ended: the end it asked for is written by its
+            sweep, which may still be `finalizing` it when the 409 has gone out (it was, under
+            load)."""
+            batch = (await client.get(f"/v1/batches/{first.job_id}", headers=auth)).json()
+            return batch if batch["status"] != "finalizing" else None
+
+        withdrawn = await until_async(ended, timeout=60)
     assert answer.status_code == 409, answer.text
     assert answer.headers["Retry-After"] == "1"
-    assert withdrawn.json()["status"] == "cancelled", withdrawn.text
+    assert withdrawn["status"] == "cancelled", withdrawn
     assert Claim.parse(await aredis.get(claim_key) or b"").job_id == retry.job_id  # the retry's
 
 
