@@ -79,15 +79,12 @@ async def execute(
 
 
 def _error(exc: Exception) -> dict[str, str]:
-    """A job's error: the exception's type and message (`_escaped`)."""
-    return _escaped({"type": type(exc).__name__, "message": str(exc) or repr(exc)})
-
-
-def _escaped(error: dict[str, str]) -> dict[str, str]:
-    """`error` with a lone surrogate in its message (a file name decoded with
-    `surrogateescape`) escaped. JSON cannot hold one: as it was, it stopped the worker's
-    consumer where the micro-batch was written back, every other job with it."""
-    return {**error, "message": error["message"].encode("utf-8", "backslashreplace").decode()}
+    """A job's error: the exception's type and message, a lone surrogate in it (a file name
+    decoded with `surrogateescape`) escaped. JSON cannot hold one: as it was, it stopped the
+    worker's consumer where the micro-batch was written back, every other job with it."""
+    message = str(exc) or repr(exc)
+    escaped = message.encode("utf-8", "backslashreplace").decode()
+    return {"type": type(exc).__name__, "message": escaped}
 
 
 def succeeded(
@@ -103,7 +100,7 @@ def succeeded(
     for output in outputs:
         outcome = Outcome(output, None, engine_ms, len(inputs), batch_id, start.wall_ms)
         if isinstance(output, FailedJob):
-            outcome.output, outcome.error = None, _escaped(dict(output))
+            outcome.output, outcome.error = None, _error(output.exc)
             outcomes.append(outcome)
             continue
         try:

@@ -15,13 +15,15 @@ class MissingArtifacts(FileNotFoundError):
     """A model's files are not where its worker looks for them."""
 
 
-class FailedJob(dict[str, str]):
-    """An engine's output that fails its own job with `exc`'s type and message (the job's
-    `error`), its micro-batch's other jobs served by the same call: raising instead failed the
-    whole call, whose bisection reran every other job in ever smaller calls to find it."""
+class FailedJob(dict[str, Any]):
+    """An engine's output that fails its own job with `exc` (its error, as a raised one's),
+    its micro-batch's other jobs served by the same call: raising instead failed the whole
+    call, whose bisection reran every other job in ever smaller calls to find it. A dict only
+    to stand in an output's place."""
 
     def __init__(self, exc: Exception) -> None:
-        super().__init__(type=type(exc).__name__, message=str(exc))
+        super().__init__()
+        self.exc = exc
 
 
 class EngineBase(ABC):  # noqa: B024 (the two kinds below declare the abstract methods)
