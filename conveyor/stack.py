@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,6 +35,9 @@ BIN = Path(sys.executable).parent
 _PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
 _PR_SET_PDEATHSIG = 1
 PROC = Path("/proc")  # Linux's: the state and the process group of each process
+EPHEMERAL_PORTS = PROC / "sys/net/ipv4/ip_local_port_range"  # the kernel's, for outgoing ports
+LOWEST_PICKED_PORT = 10_000  # free_port's band starts here (well-known services sit lower)
+PORT_TRIES = 200  # ports of the band free_port tries before the kernel's pick
 # What a stopped producer or Valkey gets past the grace at least (the margin every child had
 # before CONVEYOR_FORCED_EXIT_MARGIN_S, a worker's, could be set).
 CHILD_MARGIN_S = 20.0
@@ -65,11 +70,46 @@ def reachable(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def _port_band() -> range:
+    """Where `free_port` picks: below the kernel's ephemeral range, where no outgoing connection's
+    port lands between the pick and the child's bind; under pytest-xdist, the worker's own share
+    of it, so that two workers never pick the same port. Empty where the range is unknown."""
+    try:
+        low = int(EPHEMERAL_PORTS.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return range(0)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    width = (low - LOWEST_PICKED_PORT) // max(workers, 1)
+    share = int(worker) % workers if worker.isdigit() and workers > 0 else 0
+    start = LOWEST_PICKED_PORT + share * width
+    return range(start, start + width)
+
+
+def _ports() -> Iterator[int]:
+    """The band's ports in turn, from a random one: a process never picks a port twice in a row
+    of the band's width, where the kernel's random pick (bind to port 0) could hand back one it
+    had just given for a child still starting."""
+    band = _port_band()
+    if not band:
+        return
+    first = random.randrange(len(band))
+    yield from itertools.cycle([*band[first:], *band[:first]])
+
+
+_PORTS = _ports()
+
+
 def free_port() -> int:
+    """A port nothing on this machine listens on now, for a child to bind."""
+    for port in itertools.islice(_PORTS, PORT_TRIES):
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind(("127.0.0.1", port))
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+        return picked
 
 
 class ChildNotReady(RuntimeError):
