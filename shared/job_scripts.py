@@ -756,21 +756,23 @@ return out
 
 # KEYS[1]=a lane's stream, KEYS[2]=its added counter, KEYS[3...]=the keys of the jobs to enqueue
 # (in the lane's slot); ARGV: max_length (0: none), ttl_s, group, fair window (0: not a fair
-# lane), job-key prefix, then per job: max_ahead (-1: none; UNPLACED: none, and its caller does
-# not read its position), the tenant's weight ('': none given, a dead letter's replay, which
-# keeps the weight recorded for the tenant, else 1), n hash pairs, m entry pairs, may_exist (1:
-# an id used before, a dead letter's replay), the hash's n field/value pairs, the entry's m. One
-# reply per job, in order.
+# lane), job-key prefix, the lane's floor ('': none; see below), then per job: max_ahead (-1:
+# none; UNPLACED: none, and its caller does not read its position), the tenant's weight ('':
+# none given, a dead letter's replay, which keeps the weight recorded for the tenant, else 1), n
+# hash pairs, m entry pairs, may_exist (1: an id used before, a dead letter's replay), the
+# hash's n field/value pairs, the entry's m. One reply per job, in order.
 # Admission control and enqueue in one atomic step per job, as if each came alone in turn (the
 # lane's length read once, then counted on): a full partition (stream plus held jobs) refuses
 # ({0, length}), so does one with more than max_ahead entries undelivered ({2, ahead}: the job
-# would miss its deadline); nothing accepted is ever trimmed. Accepted: {1, ahead, seq}, where
-# ahead = XLEN - pending (every acknowledged entry is deleted) and seq numbers the job's entry in
-# its lane (stored in the hash; shared/queue_position.py reads positions from it); ahead is -1,
-# not counted, for an UNPLACED job of a plain lane: a call of only such jobs (submit-and-wait's,
-# a batch's items) reads no XPENDING. A job one of whose commands fails (a key of the wrong type)
-# replies {-1, the error} and fails alone: the call's other jobs are enqueued or refused as they
-# would be without it.
+# would miss its deadline); nothing accepted is ever trimmed. Accepted: {1, ahead, seq, floor},
+# where ahead = XLEN - pending (every acknowledged entry is deleted) and seq numbers the job's
+# entry in its lane (stored in the hash; shared/queue_position.py reads positions from it); ahead
+# is -1, not counted, for an UNPLACED job of a plain lane: a call of only such jobs (submit-and-
+# wait's, a batch's items) reads no XPENDING, nor XLEN while the floor it is given shows the lane
+# below max_length (`below_bound`): `floor` (seq less the length, in a reply only where the call
+# read the length) is what the producer gives the lane's next calls. A job one of whose commands
+# fails (a key of the wrong type) replies {-1, the error} and fails alone: the call's other jobs
+# are enqueued or refused as they would be without it.
 # A fair lane whose stream holds `window` undelivered entries, or that holds jobs back already,
 # holds the job in its tenant's list instead (hash field `held` = 1, no seq until it joins the
 # stream; reply {1, ahead, 0}, even when the refill that follows it fails on another tenant's
@@ -787,8 +789,8 @@ return out
 # wrote a later one; only then, and for a job marked may_exist or named twice in the call, is
 # each job's hash looked for.
 # Many jobs per call (the submits of one event-loop turn) share its fixed cost: the call, the
-# prelude, the EXISTS above, reading the lane's length (XLEN) and pending count (XPENDING, read
-# only once a job needs it) and the counter's INCRBY.
+# prelude, the EXISTS above, reading the lane's length (XLEN) and pending count (XPENDING), each
+# read only once a job needs it, and the counter's INCRBY.
 _ENQUEUE_BODY = (
     f"""
 local UNPLACED = {UNPLACED}
@@ -796,7 +798,7 @@ local UNPLACED = {UNPLACED}
     + """
 local stream, added = KEYS[1], KEYS[2]
 local max_length, ttl, group = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local window, job_prefix = tonumber(ARGV[4]), ARGV[5]
+local window, job_prefix, floor = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
 local rerun = redis.call('EXISTS', KEYS[3], KEYS[3] .. REFUSED) > 0
 local named = {}  -- the call's job keys so far
 local wrote = false  -- whether the call has written a job
@@ -804,16 +806,33 @@ local length, pending  -- the lane's, read when first wanted and counted on (re-
 -- The lane's counter is grown once, at a call's first accepted job, by as many jobs as the call
 -- has left (so one INCRBY numbers them all when all are accepted), and what refusals left unused
 -- is given back when settled (before a refill, which numbers the jobs it moves, and at the end).
-local seq, unused = nil, 0
+local seq, unused = nil, 0  -- the last number handed out (or before the call's), those kept
 local unhashed  -- the entry XADD just added for a job whose hash is not written yet (`failed`)
 
+-- The number the call's next entry takes (its numbers kept here, if not yet).
+local function upcoming(left)
+  if not seq then seq, unused = redis.call('INCRBY', added, left) - left, left end
+  return seq + 1
+end
+
 local function next_seq(left)
-  if not seq then
-    seq, unused = redis.call('INCRBY', added, left) - left + 1, left - 1
-  else
-    seq, unused = seq + 1, unused - 1
-  end
-  return seq
+  local n = upcoming(left)
+  seq, unused = n, unused - 1
+  return n
+end
+
+-- Whether a plain lane is shown below its max_length without reading its length. Entries join
+-- it only numbered by its counter (every release numbers them, and gives back what it kept
+-- unused) and leave it, so its length is at most the highest number handed out less `floor`:
+-- that number less the length, at a read of it the producer was told of (ENQUEUE's reply) and
+-- hands back. A floor above the numbers (the counter lost since) shows nothing. A failover that
+-- lost writes may leave a floor read after them too high by the entries those writes drained:
+-- the lane then takes as many (max_length at most) past its cap until the length is read.
+local function below_bound(left)
+  if max_length == 0 then return true end
+  if not floor then return false end
+  local handed = upcoming(left) - 1
+  return handed >= floor and handed - floor < max_length
 end
 
 local function settle()
@@ -837,13 +856,18 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
     if h[2] then redis.call('HSET', jk, 'created', h[2]) end
     return {1, 0, tonumber(h[1]) or 0}
   end
-  if not length then length, pending = redis.call('XLEN', stream), nil end
+  -- the length only where a place needs it, or the floor does not show the bound: a plain
+  -- lane's UNPLACED jobs read none while far from full (benchmark part D)
+  local placed = window > 0 or max_ahead ~= UNPLACED
+  if not length and (placed or not below_bound(left)) then
+    length, pending = redis.call('XLEN', stream), nil
+  end
   local held = window > 0 and (tonumber(redis.call('HGET', stream .. FAIR, 'held')) or 0) or 0
-  if max_length > 0 and length + held >= max_length then
+  if length and max_length > 0 and length + held >= max_length then
     return {0, length + held}
   end
   local ahead = -1  -- not counted: no bound and its position not asked for, on a plain lane
-  if window > 0 or max_ahead ~= UNPLACED then
+  if placed then
     if not pending then
       local ok, pel = pcall(redis.call, 'XPENDING', stream, group)
       pending = ok and pel[1] or 0
@@ -879,7 +903,7 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   if not hold then
     mark, value = 'seq', next_seq(left)
     eid = redis.call('XADD', stream, '*', unpack(ARGV, entry, last))
-    length, unhashed = length + 1, eid
+    length, unhashed = length and length + 1, eid
   end
   if hold then  -- `hseq`: its place among its tenant's holds (`n:`, see POSITION)
     local place = record_weight(stream, tenant, own_weight, listed)
@@ -892,7 +916,8 @@ local function enqueue(jk, max_ahead, weight, may_exist, left, first, entry, las
   end
   redis.call('EXPIRE', jk, ttl)
   wrote = true
-  if not hold then return {1, ahead, value} end
+  -- a floor from the length read (none if not read): for the producer to hand back
+  if not hold then return {1, ahead, value, length and value - length} end
   if redis.call('RPUSH', stream .. HELD .. tenant, cmsgpack.pack(fields)) == 1 then
     redis.call('RPUSH', stream .. FAIR_RING, tenant)
   end
@@ -927,7 +952,7 @@ local function failed(err)
   return {-1, message(err)}
 end
 
-local out, i = {}, 6
+local out, i = {}, 7
 for k = 3, #KEYS do
   local first = i + 5
   local entry = first + tonumber(ARGV[i + 2]) * 2

@@ -221,7 +221,7 @@ def _enqueued(reply: Sequence[Any]) -> Sequence[Any]:
 # Jobs per ENQUEUE call at most: a script holds the server for its whole run (~10 us a job).
 ENQUEUE_JOBS = 64
 # An ENQUEUE call's keys and arguments before its jobs': what the jobs of one call share.
-_SHARED_KEYS, _HEAD = 2, 5
+_SHARED_KEYS, _HEAD = 2, 6
 
 
 def merged_enqueues(calls: Sequence[ScriptCall]) -> list[MergedCall]:
@@ -255,6 +255,9 @@ class JobStore:
         self.redis = client
         self.keys = keys
         self.ttl_s = ttl_s
+        # each lane's floor, as ENQUEUE last read it (job_scripts' below_bound): handed back,
+        # it spares a submit-and-wait's call the read of the lane's length while far from full
+        self._floors: dict[str, int] = {}
         self._transition = client.register_script(job_scripts.TRANSITION)
         self._enqueue = client.register_script(job_scripts.ENQUEUE)
 
@@ -298,7 +301,7 @@ class JobStore:
         else (its reply code, 1 for admitted or the wrapping script's own; its count)."""
         keys, args = self.enqueue_call(job, max_length, max_ahead)
         [reply] = await call_script(script, keys + extra[0], args + extra[1])
-        admitted, count, *_ = _enqueued(reply)
+        admitted, count, *_ = self._lane_reply(job.stream, reply)
         if admitted == 0:
             raise QueueFull(job.stream, int(count))
         if admitted == 2:
@@ -332,8 +335,10 @@ class JobStore:
         check_replica_acks(replies[len(merged) :])  # the WAITs' replies, if any
         refused = [
             index
-            for (_, parts), lane in zip(merged, replies[: len(merged)], strict=True)
-            for (index, _), (admitted, *_) in zip(parts, map(_enqueued, lane), strict=True)
+            for ((keys, _), parts), lane in zip(merged, replies[: len(merged)], strict=True)
+            for (index, _), (admitted, *_) in zip(
+                parts, [self._lane_reply(keys[0], reply) for reply in lane], strict=True
+            )
             if not admitted
         ]
         return sorted(refused)
@@ -352,12 +357,19 @@ class JobStore:
         encoded = entry.encode()
         keys = [stream, self.keys.added(stream), self.keys.job(entry.job_id)]  # _SHARED_KEYS, 1
         ttl_s = job.ttl_s or self.ttl_s
-        args: list[Any] = [max_length, ttl_s, GROUP, job.fair_window, self.keys.job_prefix]
+        floor = self._floors.get(stream, "")
+        args: list[Any] = [max_length, ttl_s, GROUP, job.fair_window, self.keys.job_prefix, floor]
         weight = "" if job.weight is None else job.weight
         args += [max_ahead, weight, len(mapping), len(encoded), int(job.may_exist)]
         args += [part for pair in mapping.items() for part in pair]
         args += [part for pair in encoded.items() for part in pair]
         return keys, args
+
+    def _lane_reply(self, stream: str, reply: Sequence[Any]) -> Sequence[Any]:
+        """`_enqueued`, keeping the lane's floor where the reply tells one."""
+        if len(_enqueued(reply)) > 3:
+            self._floors[stream] = int(reply[3])
+        return reply
 
     async def get(self, job_id: str) -> JobRecord | None:
         return _record(job_id, await self.redis.hgetall(self.keys.job(job_id)))
