@@ -222,6 +222,21 @@ def test_producer_and_workers_share_one_redis():
         assert service(name)["depends_on"]["redis"]["condition"] == "service_healthy", name
 
 
+def test_every_service_of_a_local_image_builds_it_on_each_up():
+    """An image of an older checkout, left under the same tag, ran that checkout's command
+    (one that needed flags the new one reads from the environment) unless `--build` was
+    given: every service that runs Conveyor's image builds it on each `up`."""
+    local = {
+        name: spec
+        for name, spec in compose()["services"].items()
+        if spec["image"].endswith(":local")
+    }
+    assert {"producer", "worker-cpu", "worker-gpu", "producer-cluster"} <= local.keys()
+    for name, spec in local.items():
+        assert spec["build"]["context"] == "..", name
+        assert spec.get("pull_policy") == "build", name
+
+
 def test_workers_run_celery_and_the_gpu_one_reserves_a_gpu():
     for name in ("worker-cpu", "worker-gpu"):
         # no --pool: workers/app.py's threads pool, CONVEYOR_WEBHOOK_CONCURRENCY deliveries
