@@ -119,10 +119,11 @@ async def test_submit_and_wait_enqueues_unplaced_and_a_202_placed(
             ready, runs = threading.Event(), [[""]]
             watch = threading.Thread(target=_script_runs, args=(redis_url, ready, runs))
             watch.start()
-            ready.wait(5)
+            assert ready.wait(60), "MONITOR did not start"
             response = await producer.post(path, json=body)
             await aredis.echo("end")
-            watch.join(5)
+            watch.join(60)
+            assert not watch.is_alive(), "MONITOR did not see the end"
             assert response.status_code == 202, response.text
             [enqueue] = [run for run in runs if run[0].startswith(f"EVALSHA {sha}")]
             read = [command.split()[0] for command in enqueue[1:]]

@@ -156,14 +156,15 @@ async def test_the_producer_hands_a_lanes_floor_from_submit_to_submit(
     ready, runs = threading.Event(), [[""]]
     watch = threading.Thread(target=_script_runs, args=(redis_url, ready, runs))
     watch.start()
-    ready.wait(5)
+    assert ready.wait(60), "MONITOR did not start"
     async with app_client(create_app(settings)) as producer:
         for _ in range(3):
             path = "/v1/models/identity/predict?timeout=0.01"
             response = await producer.post(path, json={"inputs": {"x": 1}})
             assert response.status_code == 202, response.text
     await aredis.echo("end")
-    watch.join(5)
+    watch.join(60)
+    assert not watch.is_alive(), "MONITOR did not see the end"
 
     enqueues = [run for run in runs if run[0].startswith(f"EVALSHA {sha}")]
     reads = [[command.split()[0] for command in run[1:]].count("XLEN") for run in enqueues]
