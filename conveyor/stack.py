@@ -87,8 +87,8 @@ def _port_band() -> range:
 
 
 def _ports() -> Iterator[int]:
-    """The band's ports in turn, from a random one: a process never picks a port twice in a row
-    of the band's width, where the kernel's random pick (bind to port 0) could hand back one it
+    """The band's ports in turn, from a random one: a process picks no port again before it has
+    gone round the band, where the kernel's random pick (bind to port 0) could hand back one it
     had just given for a child still starting."""
     band = _port_band()
     if not band:
@@ -97,12 +97,16 @@ def _ports() -> Iterator[int]:
     yield from itertools.cycle([*band[first:], *band[:first]])
 
 
-_PORTS = _ports()
+_PORTS, _PORTS_LOCK = _ports(), threading.Lock()  # a generator runs in one thread at a time
 
 
 def free_port() -> int:
     """A port nothing on this machine listens on now, for a child to bind."""
-    for port in itertools.islice(_PORTS, PORT_TRIES):
+    for _ in range(PORT_TRIES):
+        with _PORTS_LOCK:
+            port = next(_PORTS, None)
+        if port is None:
+            break
         with socket.socket() as sock, contextlib.suppress(OSError):
             sock.bind(("127.0.0.1", port))
             return port

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from conveyor.stack import EPHEMERAL_PORTS, LOWEST_PICKED_PORT, free_port
 from tests.conftest import REPO_ROOT
@@ -50,3 +51,11 @@ def test_a_port_something_listens_on_is_skipped() -> None:
         assert following not in (picked, picked + 1)
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", following))  # free indeed
+
+
+def test_threads_picking_at_once_get_ports_of_their_own() -> None:
+    """`conveyor up` and the tests may start children from several threads: each pick is a
+    port of its own (a generator stepped by two threads at once raises)."""
+    with ThreadPoolExecutor(8) as pool:
+        picks = list(pool.map(lambda _: free_port(), range(PICKS)))
+    assert len(set(picks)) == PICKS
