@@ -20,6 +20,7 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shared.codec import dumps
+from shared.limits import YEAR_S
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +76,6 @@ EMBED_INPUTS = {"texts": ["x"], "encoding_format": "base64"}
 # value of another type is one too: lax, `max_batch_size: yes` batched by 1, `1.0` and '8' passed
 # as integers and `fair: 1` or 'false' as booleans (YAML's own `true`, `yes`, `on` still are).
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
-# The longest any of a config's durations may be: longer ones are typos, and Redis's millisecond
-# arguments overflow far past it.
-YEAR_S = 365 * 86_400.0
 
 
 # max_tokens of a generate job that names none, on a model that names no `default_max_tokens`

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.cpu_count import usable_cpus
 from shared.http_url import is_http_url
+from shared.limits import MAX_PROCESSES
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 VISIBLE_ASCII = "[!-~]"  # a character class: ASCII without spaces or control characters
@@ -80,11 +81,6 @@ def _host_port(address: str) -> tuple[str, int]:
     if not host or not port or parts.netloc != address or "@" in address:
         raise ValueError(f"{address!r} is no host:port (an IPv6 host as [::1]:7000)")
     return host, port
-
-
-# The most processes `conveyor up` starts of one kind (producers; each model's workers): a typo
-# (`--producers 80000`) forked until the machine ran out of memory or pids, then a traceback.
-MAX_PROCESSES = 256
 
 
 class Settings(BaseSettings):

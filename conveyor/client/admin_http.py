@@ -9,11 +9,8 @@ import time
 from typing import Any
 
 import click
-import httpx
 
 from conveyor.client.cli_options import bad_url, printable, stack_target
-from conveyor.client.connection import http_options
-from conveyor.client.errors import APIError, raise_for_error
 
 
 def admin_call(
@@ -24,6 +21,11 @@ def admin_call(
     (`nan`: a traceback before), an answer that is not JSON (a proxy's HTML page: the same), a
     redirect (an ingress sending http to https: `routes set` read its empty body as the routes,
     a TypeError traceback)."""
+    import httpx  # here, not above: `routes` and `canary` import this module for their `--help`
+
+    from conveyor.client.connection import http_options
+    from conveyor.client.errors import APIError, raise_for_error
+
     try:
         options = http_options(*stack_target(url, api_key), 30.0)
     except ValueError as exc:

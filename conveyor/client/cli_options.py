@@ -9,18 +9,19 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import httpx
 
-from conveyor.client.connection import InvalidApiKey
-from conveyor.client.errors import ConveyorError, InvalidArgument, WaitTimeout
-from conveyor.client.retries import RetryEvent
-from conveyor.client.sync_client import Client
-from conveyor.client.types import Job
-from conveyor.local_stack import StackState
-from shared.settings import get_settings
+# The SDK (httpx, pydantic) and the settings are imported in the functions that use them: every
+# SDK-backed command imports this module for its options, and its `--help` needs neither.
+if TYPE_CHECKING:
+    import httpx
+
+    from conveyor.client.errors import ConveyorError
+    from conveyor.client.retries import RetryEvent
+    from conveyor.client.sync_client import Client
+    from conveyor.client.types import Job
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,6 +45,8 @@ def bad_url(exc: ValueError) -> click.BadParameter:
     """The URL (or CONVEYOR_URL) cannot be a producer's, or the API key (or CONVEYOR_API_KEY)
     cannot be sent: a usage error naming its option, not an outage (a bad key was blamed on
     `--url`)."""
+    from conveyor.client.connection import InvalidApiKey
+
     option = "'--api-key'" if isinstance(exc, InvalidApiKey) else "'--url'"
     return click.BadParameter(str(exc), param_hint=option)
 
@@ -51,6 +54,9 @@ def bad_url(exc: ValueError) -> click.BadParameter:
 def stack_target(url: str | None, api_key: str | None) -> tuple[str | None, str | None]:
     """`url` and `api_key`; without a URL, the running `conveyor up`'s producer (with its
     development key unless a key is given), else the SDK's default (None)."""
+    from conveyor.local_stack import StackState
+    from shared.settings import get_settings
+
     local = StackState.read(get_settings().state_dir) if url is None else None
     if local is not None:
         return local.producer_url, api_key or local.dev_key
@@ -76,6 +82,11 @@ class OutcomeUnknown(click.ClickException):
 def connect(url: str | None, api_key: str | None, waits: bool = False) -> Iterator[Client]:
     """A client of `url` (`stack_target`). `waits`: the command reports how a job ended, so
     an error exits OUTCOME_UNKNOWN."""
+    import httpx
+
+    from conveyor.client.errors import ConveyorError, InvalidArgument
+    from conveyor.client.sync_client import Client
+
     url, api_key = stack_target(url, api_key)
     try:
         client = Client(url, api_key, on_retry=_say_retry)
@@ -93,6 +104,8 @@ def connect(url: str | None, api_key: str | None, waits: bool = False) -> Iterat
 
 def _failed(exc: ConveyorError | httpx.HTTPError) -> str:
     """A call's failure as the CLI says it: the producer's refusal, or why it was not reached."""
+    from conveyor.client.errors import ConveyorError
+
     if isinstance(exc, ConveyorError):
         return printable(str(exc))
     return f"cannot reach the producer: {exc!r}"
@@ -119,6 +132,10 @@ def runs_on(note: str) -> Iterator[None]:
     """A wait after a create, which its failure or Ctrl-C leaves running: the error says
     `note` (its id, and the command that follows it up), which nothing had printed, so a
     script told "outcome unknown" (3) could not learn it."""
+    import httpx
+
+    from conveyor.client.errors import ConveyorError
+
     try:
         yield
     except (ConveyorError, httpx.HTTPError) as exc:
@@ -175,6 +192,8 @@ def echo_waited(job: Job) -> None:
 def wait_or_last(client: Client, job_id: str, timeout: float, attempts: bool = False) -> Job:
     """The job once it ends, or as it stands when `timeout` runs out (`attempts`: with its
     attempt history)."""
+    from conveyor.client.errors import WaitTimeout
+
     try:
         return client.wait(job_id, timeout, attempts)
     except WaitTimeout as late:

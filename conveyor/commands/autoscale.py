@@ -8,21 +8,21 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import redis
 
-from autoscaling.local_autoscaler import PoolScaler, lease_ms_for, pool_scalers
-from conveyor.configured_repository import configured_repository
 from conveyor.finite_float import FiniteFloat
-from conveyor.local_stack import NO_STACK, refuse_unreachable, stack_redis
-from conveyor.stack import ChildNotReady, Stack
 from conveyor.state_dir_lock import state_dir_lock
-from shared.keys import Keys
-from shared.model_repository import YEAR_S, ModelConfigError
-from shared.partition_stats import unless_wrong_type, wrong_type
-from shared.redis_client import OUT_OF_REACH, WRITES_REFUSED, topology_read
-from shared.settings import get_settings
+from shared.limits import YEAR_S
+
+# Redis, the stack and the model repository are imported in the functions that use them:
+# `conveyor autoscale --help` and a usage error need none of them.
+if TYPE_CHECKING:
+    import redis
+
+    from autoscaling.local_autoscaler import PoolScaler
+    from conveyor.stack import Stack
 
 
 @click.command("autoscale")
@@ -46,6 +46,13 @@ def command(models: str, interval: float | None, state_dir: Path) -> None:
 
 def _autoscale(models: str, interval: float | None, state_dir: Path) -> None:
     """The polls; each pool scaled only while this process holds its lease (`PoolScaler`)."""
+    from autoscaling.local_autoscaler import lease_ms_for, pool_scalers
+    from conveyor.configured_repository import configured_repository
+    from conveyor.local_stack import NO_STACK, refuse_unreachable, stack_redis
+    from conveyor.stack import Stack
+    from shared.keys import Keys
+    from shared.settings import get_settings
+
     settings = stack_redis(get_settings())
     partitions = configured_repository(settings).partitions(models.split(","))
     stack = Stack.create(state_dir, settings.redis_url, cluster=settings.redis_cluster)
@@ -83,6 +90,11 @@ def _release_leases(scalers: list[PoolScaler], client: redis.Redis) -> None:
     """Each pool this autoscaler led is free for another at once; Redis out of reach, or
     refusing the release (a lease of another type, an ACL's NOPERM), its lease lapses as it
     would have, and the stop goes on to the drain."""
+    import redis
+
+    from shared.partition_stats import wrong_type
+    from shared.redis_client import OUT_OF_REACH, WRITES_REFUSED, topology_read
+
     try:
         with topology_read():
             for scaler in scalers:
@@ -103,6 +115,12 @@ def _tick(scaler: PoolScaler, client: redis.Redis, now: float | None = None) -> 
     (ClusterUnreachable). So does a Redis that refuses writes (at its maxmemory with
     noeviction, a failover's old master): the lease's renewal is a write. And a key of the pool
     of another type (an operator's slip), which the producer's queue state leaves out too."""
+    import redis
+
+    from conveyor.stack import ChildNotReady
+    from shared.partition_stats import unless_wrong_type
+    from shared.redis_client import OUT_OF_REACH, WRITES_REFUSED, topology_read
+
     try:
         with topology_read():
             count = scaler.tick(client, now)
@@ -147,6 +165,8 @@ class PoolWorkers:
 
     def start(self, pool: str, name: str) -> str:
         """Spawn a worker serving `pool`; the polls after confirm it gets ready (`alive`)."""
+        from shared.model_repository import ModelConfigError
+
         try:
             self.stack.spawn_worker(pool, name=name)
         except BaseException as exc:  # spawned, then failed: it ran on, counted by no pool
@@ -166,6 +186,8 @@ class PoolWorkers:
         answers (stopped, an LLM worker lost minutes of loading to a one-second restart). One
         that died is stopped as a scaled-down one is: what it left in its process group goes
         too (counted out and forgotten, a killed LLM worker's engine-core process ran on)."""
+        from shared.redis_client import OUT_OF_REACH, topology_read
+
         if name in self.ready_by:
             try:
                 with topology_read():

@@ -7,24 +7,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import orjson
-from pydantic import BaseModel
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.text import Text
 
 from conveyor.client.cli_options import (
     NOT_SUCCEEDED,
@@ -34,22 +19,17 @@ from conveyor.client.cli_options import (
     runs_on,
 )
 from conveyor.client.option_pairs import option_pairs
-from conveyor.client.sync_client import Client
-from conveyor.client.types import Batch, BatchResults
 from conveyor.commands.files import JSONL_FILE, jsonl_source
 from conveyor.file_drafts import NotWritten, landing_of, write_all_whole
 from shared.file_expiry import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 
-console = Console(stderr=True)
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from conveyor.client.sync_client import Client
+    from conveyor.client.types import Batch, BatchResults
+
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class RateColumn(ProgressColumn):
-    """Items finished per second (rich's own speed column counts bytes)."""
-
-    def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text(f"{speed:,.0f}/s" if speed else "-/s", style="progress.data.speed")
 
 
 def result_paths(source: Path) -> tuple[Path, Path]:
@@ -84,6 +64,8 @@ def write_results(
 
 
 def _jsonl(lines: Iterable[BaseModel]) -> Iterator[bytes]:
+    import orjson  # only the commands that write results need it, not `--help`
+
     return (orjson.dumps(line.model_dump(exclude_unset=True)) + b"\n" for line in lines)
 
 
@@ -104,18 +86,9 @@ def _writable(*paths: Path) -> None:
 
 def follow(client: Client, batch: Batch) -> Batch:
     """Wait for the batch with a progress bar of finished lines (succeeded + failed)."""
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TaskProgressColumn(),
-        RateColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[failed]} failed"),
-    )
-    with Progress(*columns, console=console) as bar:
+    from conveyor.batch_progress import progress_bar  # rich: only a wait draws it, not `--help`
+
+    with progress_bar() as bar:
         task = bar.add_task(batch.id, total=batch.counts.total, failed=0)
 
         def update(seen: Batch) -> None:

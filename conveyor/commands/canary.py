@@ -9,9 +9,8 @@ from typing import Any
 import click
 
 from conveyor.client.admin_http import admin_call, clock
-from conveyor.client.calls import segment
 from conveyor.client.cli_options import connection_options
-from conveyor.commands.routes import percent_text
+from conveyor.commands.routes import model_path, percent_text
 from conveyor.finite_float import FiniteFloat
 from shared.canary_steps import (
     INTERVAL_MAX_S,
@@ -186,7 +185,7 @@ def start(
         "baseline": baseline,
         "webhook": webhook,
     }
-    print_canary(admin_call("POST", f"/v1/models/{segment(model)}/canary", url, api_key, body), 5)
+    print_canary(admin_call("POST", model_path(model, "canary"), url, api_key, body), 5)
 
 
 @command.command("status")
@@ -202,7 +201,7 @@ def start(
 def status(model: str, events: int, url: str | None, api_key: str | None) -> None:
     """Print the latest canary and its decisions with their numbers. The producer is asked for
     as many as shown: it answers 100 unless asked, so `--events 300` showed 100."""
-    path = f"/v1/models/{segment(model)}/canary?events={max(events, 1)}"
+    path = model_path(model, f"canary?events={max(events, 1)}")
     print_canary(admin_call("GET", path, url, api_key), events)
 
 
@@ -211,4 +210,4 @@ def status(model: str, events: int, url: str | None, api_key: str | None) -> Non
 @connection_options
 def abort(model: str, url: str | None, api_key: str | None) -> None:
     """Stop the running canary and put it back to 0 %."""
-    print_canary(admin_call("DELETE", f"/v1/models/{segment(model)}/canary", url, api_key), 1)
+    print_canary(admin_call("DELETE", model_path(model, "canary"), url, api_key), 1)

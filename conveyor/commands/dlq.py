@@ -5,32 +5,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import redis.asyncio as aioredis
 
-from conveyor.local_stack import with_redis
-from producer_api.jobs.queue_eta import QueueEta
-from shared.codec import is_stream_id
-from shared.dead_letters import (
-    DEADLINE_UNMEETABLE,
-    INPUT_INVALID,
-    PARAMETERS_INVALID,
-    QUEUE_FULL,
-    WEBHOOK_REFUSED,
-    Admission,
-    DeadLetters,
-    ReplayResult,
-    lettered_partitions,
-    submit_checks,
-)
-from shared.job_store import JobStore
 from shared.keys import Keys
-from shared.model_repository import ModelConfig, ModelConfigError, ModelRepository
-from shared.queue_position import QueuePositions
-from shared.redis_clock import adopt_redis_clock
-from shared.settings import Settings
+
+# Redis, the job store and the model repository are imported in the functions that use them:
+# `conveyor dlq --help` and a usage error need none of them.
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from shared.dead_letters import Admission, DeadLetters, ReplayResult
+    from shared.model_repository import ModelConfig
+    from shared.settings import Settings
 
 T = TypeVar("T")
 
@@ -40,6 +28,10 @@ def _run(
 ) -> T:
     """`action` on the partition's dead letters; `replays`: it enqueues jobs, so the partition
     must still be served (`_served_limits`)."""
+    from conveyor.local_stack import with_redis
+    from shared.dead_letters import DeadLetters, submit_checks
+    from shared.job_store import JobStore
+    from shared.redis_clock import adopt_redis_clock
 
     async def on(client: aioredis.Redis, settings: Settings) -> T:
         keys = Keys(settings.key_prefix)
@@ -73,6 +65,10 @@ async def _admission(
 ) -> Admission:
     """The producers' deadline admission of the partition, by its lanes' drain rate read once
     now (one refresh: a few round trips per replay, none per letter)."""
+    from producer_api.jobs.queue_eta import QueueEta
+    from shared.model_repository import ModelRepository
+    from shared.queue_position import QueuePositions
+
     eta = QueueEta(client, QueuePositions(client, keys), ModelRepository({config.name: config}))
     await eta.refresh()
     return eta.admission(config, variant)
@@ -84,6 +80,8 @@ def _served_config(settings: Settings, model: str, variant: str) -> ModelConfig:
     nor to start past its deadline). A partition the repository lacks (or a repository that
     cannot be read) is refused: no worker serves it, and its replays would stay queued for ever
     (the producers refuse its submits as unknown)."""
+    from shared.model_repository import ModelConfigError, ModelRepository
+
     try:
         ((config, _),) = ModelRepository.load(settings.model_repository).partitions(
             [f"{model}:{variant}"]
@@ -131,6 +129,9 @@ def partitions() -> None:
     """Print each partition that holds dead letters and how many (tab-separated), those of a
     model or variant the model repository no longer has included: found by their keys in
     Redis, as the console lists them. Their letters can be listed and purged, not replayed."""
+    from conveyor.local_stack import with_redis
+    from shared.dead_letters import DeadLetters, lettered_partitions
+    from shared.job_store import JobStore
 
     async def each(client: aioredis.Redis, settings: Settings) -> None:
         keys = Keys(settings.key_prefix)
@@ -176,6 +177,14 @@ def replay(model: str, variant: str, ids: tuple[str, ...]) -> None:
     model's input schema, its parameters against those the model takes, its webhook URL against
     the webhook policy), is kept, not replayed (prints its job id, DLQ id for `purge --id`, and
     why), then the counts. Refused for a partition the model repository no longer has."""
+    from shared.dead_letters import (
+        DEADLINE_UNMEETABLE,
+        INPUT_INVALID,
+        PARAMETERS_INVALID,
+        QUEUE_FULL,
+        WEBHOOK_REFUSED,
+        ReplayResult,
+    )
 
     async def act(letters: DeadLetters) -> ReplayResult:
         if ids:
@@ -238,6 +247,8 @@ async def _say_absent(letters: DeadLetters, ids: list[str]) -> None:
 
 
 def _absent(partition: str, dlq_id: str) -> str:
+    from shared.codec import is_stream_id
+
     if not is_stream_id(dlq_id):
         return f"{dlq_id!r} is not a dead letter's id (as `conveyor dlq list` prints them)"
     return f"no dead letter {dlq_id} in {partition} (replayed or purged already, or never one)"

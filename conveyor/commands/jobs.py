@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
-from conveyor.client import Event
 from conveyor.client.cli_options import connect, connection_options, echo_waited, wait_or_last
 from conveyor.finite_float import FiniteFloat
+
+if TYPE_CHECKING:
+    from conveyor.client import Event
 
 
 @click.group("jobs")
@@ -103,6 +104,8 @@ class Progress:
 def _progress_line() -> Iterator[Any]:
     """A live status line on a terminal; one line per change otherwise (logs, pipes), whole:
     rich wrapped it at 80 columns there, splitting a line in two."""
+    from rich.console import Console  # only `jobs wait` draws: not for the others, nor `--help`
+
     console = Console(stderr=True)
     if not console.is_terminal:
         yield lambda line: click.echo(line, err=True)

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import click
 
-from conveyor.configured_repository import configured_repository
-from shared.settings import get_settings
-from workers.model_prep import MissingSource, preparer
-
 
 @click.group("models")
 def command() -> None:
@@ -19,6 +15,11 @@ def command() -> None:
 @click.option("--force", is_flag=True, help="Rebuild even when cached artifacts exist.")
 def prepare(names: tuple[str, ...], force: bool) -> None:
     """Build artifacts for the models that need preparing (all by default); cached."""
+    # here, not above: the settings and the model repository are not for `--help`
+    from conveyor.configured_repository import configured_repository
+    from shared.settings import get_settings
+    from workers.model_prep import MissingSource, preparer
+
     settings = get_settings()
     if settings.artifact_dir.resolve() == settings.model_repository.resolve():  # Triton's habit
         raise click.UsageError(
@@ -51,6 +52,9 @@ def prepare(names: tuple[str, ...], force: bool) -> None:
 @command.command("list")
 def list_models() -> None:
     """Print each model with its kind, backend and variants."""
+    from conveyor.configured_repository import configured_repository
+    from shared.settings import get_settings
+
     repository = configured_repository(get_settings())
     for config in repository:
         variants = ", ".join(config.variants)

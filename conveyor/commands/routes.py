@@ -10,7 +10,6 @@ from typing import Any
 import click
 
 from conveyor.client.admin_http import admin_call, clock
-from conveyor.client.calls import segment
 from conveyor.client.cli_options import connection_options, printable
 from conveyor.client.option_pairs import option_pairs
 from shared.canary_steps import WEIGHT_SLACK
@@ -33,6 +32,13 @@ def number_in(low: float, high: float) -> Callable[[str], float]:
         return value
 
     return number
+
+
+def model_path(model: str, tail: str) -> str:
+    """The admin path `/v1/models/MODEL/TAIL`, MODEL as one path segment."""
+    from conveyor.client.calls import segment  # the SDK (httpx): not for `--help`
+
+    return f"/v1/models/{segment(model)}/{tail}"
 
 
 @click.group("routes")
@@ -85,9 +91,7 @@ def print_routes(view: dict[str, Any]) -> None:
 @connection_options
 def show(model: str, history: int, url: str | None, api_key: str | None) -> None:
     """Print the routes, their version and the latest changes."""
-    print_routes(
-        admin_call("GET", f"/v1/models/{segment(model)}/routes?history={history}", url, api_key)
-    )
+    print_routes(admin_call("GET", model_path(model, f"routes?history={history}"), url, api_key))
 
 
 @command.command("set")
@@ -120,7 +124,7 @@ def set_routes(
         )
     new_weights = option_pairs(weights, "--weight", PERCENT, number_in(0, 100))
     new_shadows = option_pairs(shadows, "--shadow", RATE, number_in(0, 1))
-    current = admin_call("GET", f"/v1/models/{segment(model)}/routes?history=0", url, api_key)
+    current = admin_call("GET", model_path(model, "routes?history=0"), url, api_key)
     # the shadows kept as they are, but those the new weights give traffic: a variant cannot
     # both serve and shadow, and weighting a shadow was a 422 short of --no-shadows, which
     # dropped every other shadow too; a --shadow changes its own rate alone (it replaced them
@@ -132,7 +136,7 @@ def set_routes(
         "sticky_by": sticky_by or current["sticky_by"],
         "expected_version": current["version"],
     }
-    view = admin_call("PUT", f"/v1/models/{segment(model)}/routes", url, api_key, body)
+    view = admin_call("PUT", model_path(model, "routes"), url, api_key, body)
     print_routes({**view, "history": view["history"][-1:]})
 
 
@@ -146,7 +150,7 @@ def set_routes(
 @connection_options
 def reset(model: str, expected_version: int | None, url: str | None, api_key: str | None) -> None:
     """Put config.yaml's routes back (a new version, logged) and print them."""
-    path = f"/v1/models/{segment(model)}/routes"
+    path = model_path(model, "routes")
     if expected_version is not None:
         path += f"?expected_version={expected_version}"
     view = admin_call("DELETE", path, url, api_key)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from conveyor.client.calls import JobOptions
 from conveyor.client.cli_options import (
     connect,
     connection_options,
@@ -14,6 +15,9 @@ from conveyor.client.cli_options import (
     wait_or_last,
 )
 from conveyor.finite_float import FiniteFloat
+
+if TYPE_CHECKING:
+    from conveyor.client.calls import JobOptions
 
 
 @click.command("submit")

@@ -13,22 +13,20 @@ import socket
 import time
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import redis
 
-from conveyor.commands.keys import dev_key
-from conveyor.configured_repository import configured_repository
-from conveyor.embedded_valkey import config_can_name, io_threads
-from conveyor.local_stack import STATE_FILE, StackState, refuse_unreachable
-from conveyor.producer_server import family_of
-from conveyor.stack import ChildNotReady, PortTaken, Stack
 from conveyor.state_dir_lock import state_dir_lock
-from conveyor.supervisor import Supervisor
 from shared.cpu_count import usable_cpus
-from shared.model_repository import ModelRepository
-from shared.redis_client import ReplicaAckTimeout
-from shared.settings import MAX_PROCESSES, get_settings, masked_url
+from shared.limits import MAX_PROCESSES
+
+# The stack, Redis, the settings and the model repository are imported in the functions that
+# use them: `conveyor up --help` and a usage error need none of them (most of a second).
+if TYPE_CHECKING:
+    from conveyor.stack import Stack
+    from conveyor.supervisor import Supervisor
+    from shared.model_repository import ModelRepository
 
 BANNER = """{key_note}
 Conveyor is up: producer {url} ({producers}), workers for {models}.
@@ -123,6 +121,12 @@ def command(
     workers_per_model: int | None,
 ) -> None:
     """Run the pipeline: embedded Valkey (unless CONVEYOR_REDIS_URL), producers, workers."""
+    from conveyor.configured_repository import configured_repository
+    from conveyor.embedded_valkey import config_can_name, io_threads
+    from conveyor.local_stack import refuse_unreachable
+    from conveyor.stack import Stack
+    from shared.settings import get_settings
+
     settings = get_settings()
     port, host = port or settings.port, settings.host
     # absolute: stack.json and the banner name its key file, which the CLI read relative to
@@ -168,6 +172,10 @@ def _serve(
 ) -> None:
     """Start the producers and workers, show the banner and supervise until Ctrl-C; then stop
     everything, whatever ended it."""
+    from conveyor.local_stack import StackState
+    from conveyor.supervisor import Supervisor
+    from shared.settings import get_settings
+
     settings = get_settings()
     try:
         # One console secret for all producers: a session cookie is good on whichever answers.
@@ -207,6 +215,8 @@ def _stop(stack: Stack, state_dir: Path) -> None:
     not be removed (its state dir remounted read-only) raised before the stop, and `up` exited
     with a traceback, its children left running, unwaited. One left behind names a process that
     no longer runs, which every reader ignores (`local_stack._alive`)."""
+    from conveyor.local_stack import STATE_FILE, StackState
+
     try:
         _say("stopping: workers drain their batches first")
         StackState.remove(state_dir)
@@ -221,6 +231,8 @@ def _one_line_if_not_ready() -> Iterator[None]:
     """A child that does not get ready ends `up` with its name and the end of its log, not a
     traceback of the wait; so does a port another server took after `_refuse_unbindable`
     looked (a traceback of the RuntimeError it was)."""
+    from conveyor.stack import ChildNotReady, PortTaken
+
     try:
         yield
     except (ChildNotReady, PortTaken) as exc:
@@ -233,6 +245,11 @@ def _one_line_if_redis_lost(url: str) -> Iterator[None]:
     development key) ends `up` with the Redis it lost, not a traceback of the wait; `_serve`
     then stops every child it started. A write too few replicas confirmed is said as such:
     ReplicaAckTimeout is a ConnectionError, and `up` called it a lost Redis."""
+    import redis
+
+    from shared.redis_client import ReplicaAckTimeout
+    from shared.settings import get_settings, masked_url
+
     try:
         yield
     except ReplicaAckTimeout as exc:  # a ConnectionError, yet Redis answered: acks fell short
@@ -336,6 +353,8 @@ def _batches(repository: ModelRepository, name: str) -> bool:
 def _refuse_unbindable(host: str, port: int) -> None:
     """Another server on the port would answer in our place, and an address this machine does
     not have would fail in every producer: say so instead of starting."""
+    from conveyor.producer_server import family_of
+
     with socket.socket(family_of(host)) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
@@ -364,6 +383,9 @@ def _unbindable(host: str, port: int, exc: OSError) -> str:
 def _auth(stack: Stack, key_file: Path) -> dict[str, str]:
     """Auth stays on under `make up`: a development key is chosen (reused from the previous
     run when it still works) and shown instead."""
+    from conveyor.commands.keys import dev_key
+    from shared.settings import get_settings
+
     settings = get_settings()
     if settings.auth == "disabled":
         note = "\nAuth is disabled (CONVEYOR_AUTH=disabled)."
