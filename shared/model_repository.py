@@ -21,11 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shared.codec import dumps
 from shared.limits import YEAR_S
+from shared.model_names import NAME_PATTERN
+from shared.settings import get_settings
 
 log = logging.getLogger(__name__)
-
-NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"  # a model's or a variant's name, wherever one is accepted
-NAME_PATTERN = re.compile(NAME)
 
 
 # The engines workers/engines/registry.py knows by name; any other backend is a custom engine
@@ -987,8 +986,6 @@ class ModelRepository:
         that of a caller's own Settings, else this process's CONVEYOR_RESULT_TTL_S. Checked only
         where callers passed it, `conveyor up` started a stack its producer then refused."""
         if result_ttl_s is None:
-            from shared.settings import get_settings  # here: shared.settings imports this module
-
             result_ttl_s = get_settings().result_ttl_s
         if not root.is_dir():
             raise ModelConfigError(f"model repository {root} is not a directory")

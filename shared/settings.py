@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from shared.cpu_count import usable_cpus
 from shared.http_url import is_http_url
 from shared.limits import MAX_PROCESSES
+from shared.model_names import NAME_PATTERN
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 VISIBLE_ASCII = "[!-~]"  # a character class: ASCII without spaces or control characters
@@ -366,10 +367,7 @@ class Settings(BaseSettings):
     @classmethod
     def _model_selectors(cls, selectors: list[str]) -> list[str]:
         """A JSON list or a stray colon was taken as a model no repository has, refused only by
-        a worker's bootstep as a traceback, and `model:` served every variant. The model
-        repository is imported here, as redis is in `_parse_url`."""
-        from shared.model_repository import NAME_PATTERN
-
+        a worker's bootstep as a traceback, and `model:` served every variant."""
         if bad := [s for s in selectors if not all(map(NAME_PATTERN.fullmatch, s.split(":", 1)))]:
             raise ValueError(f"entry {bad[0]!r} is not model or model:variant (comma-separated)")
         return selectors

@@ -279,7 +279,7 @@ def _warn(line: str) -> None:
 def worker_names(workers: dict[str, int], taken: Collection[str] = ()) -> dict[str, str]:
     """Each worker's name (its log `<state dir>/<name>.log`, its Celery hostname) and the model
     it serves: a model's first worker is named as the model, its others `<model>+<n>`. `+` is
-    in no model's or variant's name (`shared.model_repository.NAME`): with `-` (then `_`, which
+    in no model's or variant's name (`shared.model_names.NAME`): with `-` (then `_`, which
     names may have too), model `a`'s second worker and model `a-2`'s (`a_2`'s) first were both
     `a-2`, one of them overwritten in the stack and never started or stopped. Refused: a name
     one of the stack's other children (`taken`) has, say a model named `valkey`."""

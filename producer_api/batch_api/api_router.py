@@ -33,7 +33,7 @@ from producer_api.responses import FastJSONResponse, JsonlResponse, jsonl_route,
 from producer_api.state import ProducerState
 from shared.batch_api_store import Refresh
 from shared.file_expiry import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
-from shared.model_repository import NAME
+from shared.model_names import NAME
 from shared.settings import get_settings
 
 router = APIRouter(tags=["batches"])

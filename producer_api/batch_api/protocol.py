@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from producer_api.jobs.protocol import PredictRequest
 from shared.file_expiry import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
-from shared.model_repository import NAME
+from shared.model_names import NAME
 
 WINDOW = r"^[1-9][0-9]{0,6}[smhd]$"
 

@@ -11,7 +11,7 @@ from producer_api.canary.protocol import CanaryStart, CanaryView
 from producer_api.canary.serving import CanaryService
 from producer_api.errors import ErrorBody
 from producer_api.responses import FastJSONResponse
-from shared.model_repository import NAME
+from shared.model_names import NAME
 
 router = APIRouter(tags=["canary"])
 MODEL = Path(pattern=NAME)

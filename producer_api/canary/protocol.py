@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.canary_steps import INTERVAL_MAX_S, MAX_STEP_MAX_S, MAX_STEP_MIN_S
-from shared.model_repository import NAME
+from shared.model_names import NAME
 
 
 class CanaryStart(BaseModel):

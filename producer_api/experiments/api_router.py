@@ -12,7 +12,7 @@ from producer_api.experiments.protocol import ExperimentReport
 from producer_api.experiments.serving import ExperimentsService
 from producer_api.experiments.statistics import MIN_SAMPLES
 from producer_api.responses import FastJSONResponse
-from shared.model_repository import NAME
+from shared.model_names import NAME
 
 router = APIRouter(tags=["experiments"])
 

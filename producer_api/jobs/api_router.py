@@ -23,7 +23,7 @@ from producer_api.jobs.queue_eta import STANDING_FIELDS
 from producer_api.jobs.serving import UNSUCCESSFUL_DESCRIPTIONS, JobsService, unsuccessful
 from producer_api.responses import FastJSONResponse
 from shared.job_states import JobStatus
-from shared.model_repository import NAME
+from shared.model_names import NAME
 from shared.settings import Settings
 
 router = APIRouter(tags=["jobs"], route_class=OrjsonRoute)

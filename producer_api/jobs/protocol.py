@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.model_repository import NAME
+from shared.model_names import NAME
 
 
 class PredictRequest(BaseModel):

@@ -45,7 +45,7 @@ from shared.metrics import (
     PARTITION_PENDING,
     hide,
 )
-from shared.model_repository import NAME
+from shared.model_names import NAME
 from shared.partition_stats import read_dlq_depths, read_partition_stats
 
 router = APIRouter(tags=["health"])

@@ -35,7 +35,8 @@ from pydantic_core import PydanticCustomError
 
 from shared.job_parameters import FieldNames, SamplingParameters
 from shared.json_unions import AS_SENT, BY_JSON_TYPE
-from shared.model_repository import NAME, client_named
+from shared.model_names import NAME
+from shared.model_repository import client_named
 
 # The job's sampling parameters: OpenAI's and vLLM's extra ones (top_k, min_p, ...).
 SAMPLING = tuple(SamplingParameters.model_fields)

@@ -11,7 +11,7 @@ from producer_api.errors import ErrorBody
 from producer_api.responses import FastJSONResponse
 from producer_api.routes.protocol import RoutesBody, RoutesView
 from producer_api.routes.serving import RoutesService
-from shared.model_repository import NAME
+from shared.model_names import NAME
 
 router = APIRouter(tags=["routes"])
 MODEL = Path(pattern=NAME)
