@@ -5,7 +5,7 @@ processes are started or stopped between min and max replicas, none waited for: 
 worker counts at once and the polls after confirm it got ready (`alive`), a stopped one (SIGTERM,
 so it drains) leaves the count at once, as a terminating pod leaves the HPA's. A worker that died
 (killed for memory, crashed) leaves the count at the next poll and the formula replaces it, as
-Kubernetes restarts a pod: after a backoff (`conveyor.restart_backoff`, `conveyor up`'s policy),
+Kubernetes restarts a pod: after a backoff (`shared.restart_backoff`, `conveyor up`'s policy),
 which doubles while the pool's workers keep dying soon after their start (CrashLoopBackOff), and
 meanwhile the pool starts none. One autoscaler scales a pool at a time, the holder of its lease in
 Redis (as one KEDA operator scales a ScaledObject): two of them on one pool each started up to
@@ -35,10 +35,10 @@ from autoscaling.scaling_math import (
     desired_replicas,
     poll,
 )
-from conveyor.restart_backoff import RestartBackoff
 from shared.keys import Keys
 from shared.leader_lock import BlockingLeaderLock
 from shared.model_repository import ModelConfig
+from shared.restart_backoff import RestartBackoff
 
 log = logging.getLogger(__name__)
 

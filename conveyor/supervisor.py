@@ -1,5 +1,5 @@
 """`conveyor up` keeps its pipeline serving: a child that exits (a worker, the producer, the
-embedded Valkey) is started again after an exponential backoff (`conveyor.restart_backoff`, the
+embedded Valkey) is started again after an exponential backoff (`shared.restart_backoff`, the
 policy `conveyor autoscale` follows too), since the queue design survives a dead process (its
 jobs are reclaimed), and once what it left running in its process group is gone (the killed
 Valkey wrapper's server held the port and the data: every restart failed on them). A child that
@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from conveyor.restart_backoff import STABLE_AFTER_S, RestartBackoff
 from conveyor.stack import Stack
+from shared.restart_backoff import STABLE_AFTER_S, RestartBackoff
 from workers.runtime.memory_ceiling import RECYCLED
 
 CRASH_LOOP_EXITS = 5

@@ -30,10 +30,10 @@ from redis.exceptions import ClusterDownError, RedisClusterException
 from autoscaling.local_autoscaler import PoolScaler, pool_scalers
 from autoscaling.scaling_math import StreamTrigger
 from conveyor.commands.autoscale import PoolWorkers, _tick
-from conveyor.restart_backoff import MAX_BACKOFF_S, STABLE_AFTER_S
 from conveyor.stack import ChildTooSlow, Stack
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
+from shared.restart_backoff import MAX_BACKOFF_S, STABLE_AFTER_S
 from tests.conftest import REPO_ROOT, running_stack, until
 
 KEYS = Keys("cv:")
