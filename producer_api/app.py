@@ -35,7 +35,6 @@ from producer_api.jobs import admission
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
 from producer_api.jobs.api_router import router as jobs_router
 from producer_api.jobs.group_commit import group_committing
-from producer_api.jobs.queue_eta import QueueEta
 from producer_api.metrics.api_router import router as metrics_router
 from producer_api.models.api_router import router as models_router
 from producer_api.openai.api_router import router as openai_router
@@ -55,6 +54,8 @@ from shared.heap_tuning import settle_heap
 from shared.job_store import JobStore, merged_enqueues
 from shared.keys import Keys, partition_tag
 from shared.model_repository import ModelConfigError, ModelRepository
+from shared.queue_eta import REFRESH_S as ETA_REFRESH_S
+from shared.queue_eta import QueueEta
 from shared.queue_position import QueuePositions
 from shared.rate_limit import InFlightLimiter, RateLimiter, StreamLimiter
 from shared.redis_client import CredentialsRefused, connect, preload
@@ -114,6 +115,7 @@ def build_state(settings: Settings, repository: ModelRepository | None = None) -
     if repository is None:
         repository = ModelRepository.load(settings.model_repository, settings.result_ttl_s)
     replies = ReplyListener(client, keys, settings.instance_id, job_store)
+    eta = QueueEta(client, QueuePositions(hot, keys), repository)
     return ProducerState(
         settings=settings,
         keys=keys,
@@ -132,7 +134,8 @@ def build_state(settings: Settings, repository: ModelRepository | None = None) -
         open_streams=StreamLimiter(client, keys, LAPSE_CHECKS * settings.stream_recheck_s),
         idempotency=IdempotencyKeys(hot, keys, ttl_s),
         backpressure=Backpressure(hot, keys),
-        queue_eta=QueueEta(client, QueuePositions(hot, keys), repository),
+        queue_eta=eta,
+        eta_refresher=Periodic("queue-eta", ETA_REFRESH_S, eta.refresh),
         webhooks=webhooks,
         traffic=TrafficControl.build(client, keys, settings, repository, job_store, webhooks),
         draining=Draining(replies, settings.stream_shutdown_grace_s),
@@ -174,7 +177,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     sweeper = BatchApiSweeper(state.batch_store, state.batch_progress)
     sweeper.start()
     state.traffic.start()
-    state.queue_eta.refresher.start()
+    state.eta_refresher.start()
     state.draining.start()
     # the startup has just measured: the loop's first measure is a period on (two TIMEs at once)
     clock = Periodic("redis-clock", EVERY_S, partial(skew.sync, state.redis), first_after_s=EVERY_S)
@@ -189,7 +192,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await state.startup.stop()
         await console.stop()
         await clock.stop()
-        await state.queue_eta.refresher.stop()
+        await state.eta_refresher.stop()
         await state.traffic.stop()
         await sweeper.stop()
         await state.tokens.stop()

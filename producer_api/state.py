@@ -13,7 +13,7 @@ from producer_api.batch_api.progress import BatchApiProgress
 from producer_api.draining import Draining
 from producer_api.health.startup import Startup
 from producer_api.jobs.admission import Backpressure, IdempotencyKeys
-from producer_api.jobs.queue_eta import QueueEta
+from producer_api.periodic import Periodic
 from producer_api.reply_listener import ReplyListener
 from producer_api.token_hub import TokenHub
 from producer_api.traffic_control import TrafficControl
@@ -23,6 +23,7 @@ from shared.file_store import FileStore
 from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.model_repository import ModelRepository
+from shared.queue_eta import QueueEta
 from shared.rate_limit import InFlightLimiter, RateLimiter, StreamLimiter
 from shared.redis_client import RedisClient
 from shared.settings import Settings
@@ -51,6 +52,7 @@ class ProducerState:
     idempotency: IdempotencyKeys
     backpressure: Backpressure
     queue_eta: QueueEta
+    eta_refresher: Periodic  # refreshes `queue_eta` every REFRESH_S
     webhooks: WebhookDispatcher
     traffic: TrafficControl
     draining: Draining

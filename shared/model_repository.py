@@ -281,7 +281,7 @@ class QueueLimits(BaseModel):
     max_run_s: float = Field(default=600.0, ge=0, le=YEAR_S)
     # Refuse at submit (429 deadline_unmeetable) a job whose deadline, or whose enqueue plus
     # max_queue_time_s, falls before its ETA, rather than accept it and let it expire
-    # (producer_api/jobs/queue_eta.py).
+    # (shared/queue_eta.py).
     admit_by_deadline: bool = False
     # Serve tenants by weighted deficit round robin instead of in arrival order: once the lane's
     # stream holds `fair_window` undelivered entries (default: max_batch_size), new jobs are held

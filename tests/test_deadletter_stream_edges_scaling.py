@@ -31,7 +31,7 @@ async def queued(redis_url: str) -> AsyncIterator[tuple[EventsService, str]]:
     app = create_app(settings)
     async with app_client(app) as client:
         state: ProducerState = app.state.conveyor
-        await state.queue_eta.refresher.stop()
+        await state.eta_refresher.stop()
         state.queue_eta.loads = {}
         body = {"model": "smollm2", "inputs": {"prompt": "hi"}, "parameters": {"max_tokens": 4}}
         job_id = (await client.post("/v1/jobs", json=body)).json()["id"]

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from producer_api.jobs.queue_eta import QueueEta
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, now_ms
 from shared.keys import GROUP, Keys, new_job_id
 from shared.model_repository import ModelRepository
+from shared.queue_eta import QueueEta
 from shared.queue_position import QueuePositions
 from shared.worker_registry import Heartbeat, WorkerRegistry
 from tests.conftest import REPO_ROOT

@@ -67,7 +67,9 @@ async def test_a_submit_whose_eta_counting_the_dead_entries_is_late_gets_429(
     app = create_app(settings)
     async with app_client(app) as api:
         eta = app.state.conveyor.queue_eta
-        await eta.refresher.stop()  # the rate read below is the one the submits are weighed by
+        await (
+            app.state.conveyor.eta_refresher.stop()
+        )  # the rate read below is the one the submits are weighed by
         await eta.refresh()
         config = eta.repository.models["idle"]
         shown = eta.standing(config, "default", False, UNDELIVERED).eta_ms

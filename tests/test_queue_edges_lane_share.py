@@ -14,10 +14,10 @@ import time
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from producer_api.jobs.queue_eta import QueueEta, StartBy
 from shared.job_store import stamp_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
+from shared.queue_eta import QueueEta, StartBy
 from shared.queue_position import QueuePositions
 from shared.worker_registry import Heartbeat, WorkerRegistry
 from tests.conftest import REPO_ROOT

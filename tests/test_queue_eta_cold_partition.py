@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from producer_api.jobs.queue_eta import QueueEta
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
+from shared.queue_eta import QueueEta
 from shared.queue_position import QueuePositions
 from shared.worker_registry import Heartbeat, WorkerRegistry
 from tests.conftest import REPO_ROOT

@@ -13,12 +13,12 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
-from producer_api.jobs import queue_eta
-from producer_api.jobs.queue_eta import Partition, QueueEta, StartBy
+from shared import queue_eta
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, NewJob, now_ms, stamp_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
+from shared.queue_eta import Partition, QueueEta, StartBy
 from shared.queue_position import RATE_WINDOW_S, PartitionLoad, QueuePositions
 from tests.conftest import REPO_ROOT
 

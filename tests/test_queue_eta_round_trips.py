@@ -14,11 +14,11 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, ConnectionPool
 
 from conveyor.valkey_cluster import LocalCluster
-from producer_api.jobs.queue_eta import QueueEta, StartBy
 from shared.drain_rate import drain_rates_and_waiting
 from shared.job_store import stamp_ms
 from shared.keys import GROUP, Keys
 from shared.model_repository import ModelRepository
+from shared.queue_eta import QueueEta, StartBy
 from shared.queue_position import RATE_WINDOW_S, QueuePositions
 from shared.redis_client import RedisClient
 from shared.worker_registry import Heartbeat, WorkerRegistry

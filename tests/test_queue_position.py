@@ -32,12 +32,12 @@ from conveyor.client import Client, RetryEvent
 from conveyor.client.errors import APIError
 from conveyor.stack import Stack
 from producer_api.events.serving import QUEUED_EVERY_S
-from producer_api.jobs import queue_eta
-from producer_api.jobs.queue_eta import MIN_SPELL_S, REFRESH_S, Partition, QueueEta, StartBy
+from shared import queue_eta
 from shared.codec import RequestEntry
 from shared.job_store import JobStore, stamp_ms
 from shared.keys import GROUP, Keys, new_job_id
 from shared.model_repository import ModelRepository
+from shared.queue_eta import MIN_SPELL_S, REFRESH_S, Partition, QueueEta, StartBy
 from shared.queue_position import RATE_WINDOW_S, PartitionLoad, QueuePositions
 from shared.worker_registry import TTL_S
 from tests.conftest import REPO_ROOT, running_stack, serve, until
@@ -181,7 +181,9 @@ def test_a_wait_that_runs_out_answers_where_the_job_stands(
     """A submit-and-wait whose wait ran out answered 202 `queued` whatever the job was doing;
     now it says what a GET then would: queued with its position, or running."""
     _drained(store)
-    _submit(api, 5)
+    # ten ahead: with five, a machine slow enough to take 300 ms over six submits had drained
+    # three of them (position 2)
+    _submit(api, 10)
     body = {"inputs": {"sleep_ms": JOB_MS}}
     behind = api.post("/v1/models/steady/predict", params={"timeout": 0.05}, json=body)
     assert behind.status_code == 202, behind.text

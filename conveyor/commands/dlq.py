@@ -65,8 +65,8 @@ async def _admission(
 ) -> Admission:
     """The producers' deadline admission of the partition, by its lanes' drain rate read once
     now (one refresh: a few round trips per replay, none per letter)."""
-    from producer_api.jobs.queue_eta import QueueEta
     from shared.model_repository import ModelRepository
+    from shared.queue_eta import QueueEta
     from shared.queue_position import QueuePositions
 
     eta = QueueEta(client, QueuePositions(client, keys), ModelRepository({config.name: config}))

@@ -19,11 +19,11 @@ from producer_api.client_disconnect import (
 from producer_api.errors import ConveyorError, error_responses
 from producer_api.jobs.orjson_route import OrjsonRoute
 from producer_api.jobs.protocol import JobAccepted, JobRequest, JobView, PredictRequest
-from producer_api.jobs.queue_eta import STANDING_FIELDS
 from producer_api.jobs.serving import UNSUCCESSFUL_DESCRIPTIONS, JobsService, unsuccessful
 from producer_api.responses import FastJSONResponse
 from shared.job_states import JobStatus
 from shared.model_names import NAME
+from shared.queue_eta import STANDING_FIELDS
 from shared.settings import Settings
 
 router = APIRouter(tags=["jobs"], route_class=OrjsonRoute)

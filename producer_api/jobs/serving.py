@@ -20,7 +20,6 @@ from producer_api.auth.principal import Principal
 from producer_api.errors import NO_RETRY, REFUSALS, ConveyorError
 from producer_api.jobs.admission import BodyPrint
 from producer_api.jobs.protocol import PredictRequest
-from producer_api.jobs.queue_eta import Standing, StartBy
 from producer_api.models.serving import model_of
 from producer_api.state import ProducerState
 from producer_api.task_cancel import uninterrupted
@@ -34,6 +33,7 @@ from shared.keys import new_job_id
 from shared.metrics import JOBS_REJECTED, JOBS_SUBMITTED
 from shared.model_repository import ModelConfig, client_named
 from shared.problem_list import listed
+from shared.queue_eta import Standing, StartBy
 from shared.redis_client import OUT_OF_REACH
 from shared.redis_clock import CLOCK
 from shared.routing import UnknownVariant

@@ -23,7 +23,6 @@ from dataclasses import fields as dataclass_fields
 
 import redis.asyncio as aioredis
 
-from producer_api.periodic import Periodic
 from shared.dead_letters import Admission
 from shared.drain_rate import LaneBacklog, drain_rates_and_waiting
 from shared.job_store import JobRecord
@@ -174,7 +173,6 @@ class QueueEta:
         self._stalls: dict[Partition, int] = {}  # ms past one micro-batch with none finished
         self._abandoned: dict[str, int] = {}  # a dead worker's entries per lane
         self._dead_entries = AbandonedEntries(client, self.keys)
-        self.refresher = Periodic("queue-eta", REFRESH_S, self.refresh)
 
     async def refresh(self) -> None:
         """Every partition's load and its lanes' backlog: the lanes' drained counters, jobs
