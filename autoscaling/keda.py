@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 from redis.connection import SSLConnection, parse_url
 
+from autoscaling.prometheus_url import PROMETHEUS_URL
 from shared.keys import Keys
 from shared.model_repository import ModelConfig, ModelConfigError, ModelRepository
 
@@ -56,7 +57,6 @@ HPA_PREFIX = "keda-hpa-"
 _SCALED_OBJECT_MAX = _DNS_LABEL_MAX - len(HPA_PREFIX)
 _HPA_MAX_WINDOW_S = 3600  # the HPA rejects longer stabilization windows
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
-PROMETHEUS_URL = "http://prometheus-server.monitoring.svc"  # the prometheus Helm chart's Service
 DEFAULT_NAMESPACE = "conveyor"  # where the URLs and queries of a render without one point
 # Keys of the Secret `--redis-tls-secret` names (a `kubernetes.io/tls` Secret, cert-manager's).
 TLS_SECRET_KEYS = {"ca": "ca.crt", "cert": "tls.crt", "key": "tls.key"}

@@ -21,10 +21,11 @@ import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, cast, get_args
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 
+from shared.api_key_scopes import SCOPES
 from shared.codec import as_text
 from shared.keys import Keys
 from shared.redis_client import (
@@ -39,8 +40,6 @@ from shared.settings import MAX_BURST, MIN_RATE_PER_S, VISIBLE_ASCII
 
 log = logging.getLogger(__name__)
 
-Scope = Literal["submit", "read", "admin"]
-SCOPES: tuple[Scope, ...] = get_args(Scope)
 TENANT = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 # What a presented key may look like before anything is hashed or looked up.

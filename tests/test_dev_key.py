@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import pytest
 
-from conveyor.commands.keys import DEV_KEY_SPEC, dev_key
+from conveyor.commands.keys import dev_key, dev_key_spec
 from shared.api_keys import ApiKey, ApiKeyStore, key_id_of
 from shared.keys import Keys
 from shared.redis_client import connect
@@ -28,7 +28,7 @@ def _on_store(redis_url: str, action: str) -> ApiKey | None:
         try:
             store = ApiKeyStore(client, Keys())
             if action == "revoked":
-                await store.create(DEV_KEY_SPEC, CHOSEN)
+                await store.create(dev_key_spec(), CHOSEN)
                 await store.revoke(key_id_of(CHOSEN))
             return await store.verify(CHOSEN)
         finally:

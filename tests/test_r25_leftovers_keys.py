@@ -15,7 +15,7 @@ import redis
 import redis.asyncio as aioredis
 from click.testing import Result
 
-from conveyor.commands.keys import DEV_KEY_SPEC, dev_key
+from conveyor.commands.keys import dev_key, dev_key_spec
 from shared.api_keys import ApiKeyStore, key_id_of
 from shared.keys import Keys
 from shared.settings import Settings
@@ -44,7 +44,7 @@ def _another_dev_key(redis_url: str) -> str:
     async def store() -> str:
         client = aioredis.Redis.from_url(redis_url)
         try:
-            return (await ApiKeyStore(client, KEYS).create(DEV_KEY_SPEC))[0]
+            return (await ApiKeyStore(client, KEYS).create(dev_key_spec()))[0]
         finally:
             await client.aclose()
 

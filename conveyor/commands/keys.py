@@ -4,36 +4,28 @@ the key a tenant's webhook receiver verifies deliveries with."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import redis.asyncio as aioredis
 
-from conveyor.local_stack import with_redis
-from shared.api_keys import (
-    KEY_ID,
-    SCOPES,
-    TENANT,
-    ApiKey,
-    ApiKeyStore,
-    InvalidKeySpec,
-    KeyNotRotatable,
-    KeySpec,
-    key_id_of,
-)
+from shared.api_key_scopes import SCOPES
 from shared.keys import Keys
-from shared.model_repository import ModelConfigError, ModelRepository
-from shared.redis_client import ReplicaAckTimeout, connect
 from shared.redis_clock import CLOCK, adopt_redis_clock
-from shared.settings import Settings, get_settings
 from shared.webhook_signing import OPERATOR, owner_secret
+
+# The key store, Redis, the settings and the model repository are imported in the functions that
+# use them: `conveyor keys --help` and a usage error need none of them.
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from shared.api_keys import ApiKey, ApiKeyStore, KeySpec
+    from shared.settings import Settings
 
 T = TypeVar("T")
 # What `_confirmed` says of a write its replicas did not confirm ({}: how they fell short).
@@ -59,11 +51,19 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # The longest lifetime or grace given (100 years): `--expires-in 99999999999999999999d` made a
 # key listed as expiring `8.64e+27 (Unix time)`, a lifetime no one meant
 MAX_LIFETIME_S = 36_500 * 86_400
-DEV_KEY_SPEC = KeySpec(tenant="dev", scopes=frozenset(SCOPES), name="development key (conveyor up)")
+
+
+def dev_key_spec() -> KeySpec:
+    """The development key's spec (its tenant and name pick out earlier ones to revoke): built
+    when asked, since KeySpec's module imports Redis and the settings, which help needs not."""
+    from shared.api_keys import KeySpec
+
+    return KeySpec(tenant="dev", scopes=frozenset(SCOPES), name="development key (conveyor up)")
 
 
 def _run(action: Callable[[ApiKeyStore], Awaitable[T]]) -> T:
     """`action` on the store, on Redis's clock (`_on_redis_clock`)."""
+    from conveyor.local_stack import with_redis
 
     async def on(client: aioredis.Redis, settings: Settings) -> T:
         return await action(await _on_redis_clock(client, settings))
@@ -75,6 +75,8 @@ async def _on_redis_clock(client: aioredis.Redis, settings: Settings) -> ApiKeyS
     """The store, with this process's clock corrected to Redis's first (one TIME), as a
     producer's is: a key's times written from an operator's laptop a minute off were a minute
     off on every producer (its expiry, its rotation's grace), and its state read so."""
+    from shared.api_keys import ApiKeyStore
+
     await adopt_redis_clock(client)
     return ApiKeyStore(client, Keys(settings.key_prefix))
 
@@ -84,6 +86,10 @@ def dev_key(settings: Settings, key_file: Path) -> str:
     CONVEYOR_DEV_API_KEY if set (so scripts can use a known key), else the previous run's key
     while Redis still accepts it, else a fresh one. Every other development key is revoked, so
     repeated `make up` leaves one admin key active, not one more each time."""
+    import asyncio
+
+    from shared.redis_client import connect
+
     previous = key_file.read_text().strip() if key_file.exists() else ""
 
     async def choose() -> str:
@@ -104,6 +110,8 @@ def dev_key(settings: Settings, key_file: Path) -> str:
 
 async def _only_dev_key(store: ApiKeyStore, chosen: str, previous: str) -> str:
     """The development key, stored, with every other one revoked."""
+    from shared.api_keys import key_id_of
+
     key = await _dev_key(store, chosen, previous)
     await _revoke_dev_keys_but(store, key_id_of(key))
     return key
@@ -112,6 +120,8 @@ async def _only_dev_key(store: ApiKeyStore, chosen: str, previous: str) -> str:
 async def _dev_key(store: ApiKeyStore, chosen: str, previous: str) -> str:
     """A chosen key that was revoked stays revoked: storing it again (every `conveyor up` with
     the same CONVEYOR_DEV_API_KEY) brought it back to life, a leaked key with it."""
+    from shared.api_keys import InvalidKeySpec
+
     if chosen and (record := await store.verify(chosen)) is not None and record.revoked_at:
         raise click.ClickException(
             f"CONVEYOR_DEV_API_KEY names key {record.key_id}, which was revoked; choose another"
@@ -121,16 +131,16 @@ async def _dev_key(store: ApiKeyStore, chosen: str, previous: str) -> str:
         if record is not None and record.refusal(CLOCK.now()) is None:
             return previous
     try:
-        key, _ = await store.create(DEV_KEY_SPEC, chosen or None)
+        key, _ = await store.create(dev_key_spec(), chosen or None)
     except InvalidKeySpec as exc:  # a traceback from `conveyor up`; the value is not repeated
         raise click.ClickException(f"CONVEYOR_DEV_API_KEY is not a usable key: {exc}") from None
     return key
 
 
 async def _revoke_dev_keys_but(store: ApiKeyStore, key_id: str) -> None:
-    now = CLOCK.now()
+    now, dev = CLOCK.now(), dev_key_spec()
     for record in await store.list():
-        is_dev = record.spec.name == DEV_KEY_SPEC.name and record.spec.tenant == DEV_KEY_SPEC.tenant
+        is_dev = record.spec.name == dev.name and record.spec.tenant == dev.tenant
         if is_dev and record.key_id != key_id and record.refusal(now) is None:
             await store.revoke(record.key_id)
 
@@ -165,6 +175,9 @@ def _warn_unknown(models: tuple[str, ...]) -> None:
     """A mistyped `--model` makes a key that is refused everywhere: say so. Only a warning, since
     keys may be made from a machine without the deployment's model repository, or ahead of a
     model's rollout."""
+    from shared.model_repository import ModelConfigError, ModelRepository
+    from shared.settings import get_settings
+
     root = get_settings().model_repository
     try:
         served = ModelRepository.load(root).models
@@ -253,6 +266,8 @@ def create(
     as_json: bool,
 ) -> None:
     """Create a key and print it: this is the only time it is shown."""
+    from shared.api_keys import InvalidKeySpec, KeySpec
+
     lifetime = _seconds(expires_in)
     spec = KeySpec(
         tenant=tenant,
@@ -299,6 +314,8 @@ async def _rotated(
     store checks in the step that writes the new key: a replacement for a revoked (maybe
     leaked) key would bring its access back. With `grace`, the old key stops working that many
     seconds from now (or sooner, at its own expiry)."""
+    from shared.api_keys import KEY_ID, KeyNotRotatable
+
     old = await store.get(key_id) if KEY_ID.fullmatch(key_id) else None
     if old is None:
         raise click.ClickException(f"no key with id {key_id}")
@@ -387,6 +404,8 @@ async def _revoked(store: ApiKeyStore, given: str) -> str | None:
     none may be a key itself: a chosen development key of 16 hex digits looks like an id. A
     key's id is derived from the key, not read from its record: one whose record is corrupt
     (which `verify` refuses) is revoked by the key too."""
+    from shared.api_keys import KEY_ID, key_id_of
+
     if KEY_ID.fullmatch(given) and await store.revoke(given):
         return given
     key_id = key_id_of(given)
@@ -396,6 +415,8 @@ async def _revoked(store: ApiKeyStore, given: str) -> str | None:
 async def _confirmed(writing: Awaitable[T], unconfirmed: str = KEY_BACK) -> T:
     """A write's outcome, refused in words of its own where the replicas fell short (not as a
     Redis out of reach): written on the primary, a failover could still undo it."""
+    from shared.redis_client import ReplicaAckTimeout
+
     try:
         return await writing
     except ReplicaAckTimeout as exc:
@@ -407,6 +428,8 @@ async def _confirmed(writing: Awaitable[T], unconfirmed: str = KEY_BACK) -> T:
 def revoke(key_id: str) -> None:
     """Revoke a key by id (or by the key itself); every producer refuses it from the next
     request on. With CONVEYOR_REPLICA_ACKS, only once that many replicas hold the revocation."""
+    from shared.api_keys import KEY_ID
+
     revoked = _run(lambda store: _confirmed(_revoked(store, key_id)))
     if revoked is None and KEY_ID.fullmatch(key_id):
         raise click.ClickException(f"no key with id {key_id}")
@@ -423,6 +446,9 @@ def revoke(key_id: str) -> None:
 def webhook_secret(tenant: str | None, operator: bool) -> None:
     """Print the key that signs one tenant's webhook deliveries (derived from
     CONVEYOR_WEBHOOK_SECRET, which no receiver needs): give it to that tenant only."""
+    from shared.api_keys import TENANT
+    from shared.settings import get_settings
+
     if operator == (tenant is not None):
         raise click.UsageError("give one of --tenant NAME or --operator")
     if tenant is not None and not TENANT.fullmatch(tenant):

@@ -9,19 +9,9 @@ from urllib.parse import urlsplit
 
 import click
 
-from autoscaling.keda import (
-    PROMETHEUS_URL,
-    MetricSources,
-    RedisTarget,
-    RedisTargetError,
-    render,
-    to_yaml,
-)
-from conveyor.configured_repository import configured_repository
+from autoscaling.prometheus_url import PROMETHEUS_URL
 from shared.http_url import is_http_url
 from shared.keys import Keys
-from shared.model_repository import ModelRepository
-from shared.settings import get_settings, valid_key_prefix
 
 KEDA_FILE = "keda.yaml"
 # A Kubernetes namespace is an RFC 1123 label: anything else renders YAML the API server refuses.
@@ -53,6 +43,8 @@ def _secret_name(_ctx: click.Context, _param: click.Parameter, value: str | None
 def _key_prefix(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     """CONVEYOR_KEY_PREFIX's rule: triggers for a prefix the pods refuse watch streams no one
     writes."""
+    from shared.settings import valid_key_prefix
+
     if value is None:
         return value
     try:
@@ -158,6 +150,13 @@ def keda(
     stream triggers take CONVEYOR_REDIS_URL's database (`databaseIndex`) and TLS
     (`rediss://`: `enableTLS`); its password stays in the Secret, its CA and client
     certificate in the one `--redis-tls-secret` names."""
+    # The renderer, Redis's URL parser, the settings and the model repository are imported
+    # here: `conveyor render --help` and a usage error need none of them.
+    from autoscaling.keda import MetricSources, RedisTarget, RedisTargetError, render, to_yaml
+    from conveyor.configured_repository import configured_repository
+    from shared.model_repository import ModelRepository
+    from shared.settings import get_settings
+
     settings = get_settings()
     repository = (  # a missing --model-repository is click's to refuse (`exists`)
         configured_repository(settings)

@@ -22,7 +22,8 @@ from producer_api.auth.principal import ANONYMOUS, Principal
 from producer_api.auth.rate_limit_headers import keep
 from producer_api.errors import ConveyorError, ErrorBody, unauthorized
 from producer_api.state import ProducerState, producer_state
-from shared.api_keys import ApiKey, Scope
+from shared.api_key_scopes import Scope
+from shared.api_keys import ApiKey
 from shared.rate_limit import BucketState
 from shared.redis_clock import CLOCK
 
