@@ -1,71 +1,24 @@
 """A job's hash names its `deadline` only when the job has one, as its stream entry does
 (`tests/test_valkey_cost_enqueue.py`): a `deadline: 0` cost Valkey a field per job without one
 (ENQUEUE's arguments, the hash's memory, the append-only file). Written so by every job writer:
-a submit, a shadow copy, a dead letter's replay. Every release's readers of the hash (the
-in-flight prune, a Batch API item's state) read a missing one as none."""
+a submit (tests/test_queue_eta_deadlines.py), a shadow copy, a dead letter's replay. Every
+release's readers of the hash (the in-flight prune, a Batch API item's state) read a missing one
+as none."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator
-
-import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from producer_api.app import create_app
 from producer_api.routes.shadowing import ShadowCopies
 from shared.codec import RequestEntry
 from shared.dead_letters import DeadLetters
 from shared.job_store import JobStore, now_ms
 from shared.keys import Keys, new_job_id
-from shared.settings import Settings
 from shared.shadow_pairs import ShadowPairs
-from tests.app_client import app_client
 from tests.test_dead_letter_replays import KEYS as DLQ_KEYS
 from tests.test_dead_letter_replays import _dead_letter
-from tests.test_queue_eta_deadlines import FIXTURES
-from tests.test_queue_eta_deadlines import KEYS as API_KEYS
 from tests.test_shadow_copies import CONFIG, ROUTES
-
-
-@pytest.fixture
-async def api(redis_url: str, aredis: aioredis.Redis) -> AsyncIterator[httpx.AsyncClient]:
-    """A producer in this process on the real server, serving the queue fixtures."""
-    settings = Settings(
-        redis_url=redis_url,
-        key_prefix=API_KEYS.prefix,
-        auth="disabled",
-        model_repository=str(FIXTURES),
-    )
-    async with app_client(create_app(settings)) as client:
-        yield client
-
-
-async def _submitted(
-    api: httpx.AsyncClient, aredis: aioredis.Redis, **body: float
-) -> dict[bytes, bytes]:
-    """The hash of a job submitted to a lane no worker serves (its fields stay as written)."""
-    response = await api.post("/v1/jobs", json={"model": "idle", "inputs": {}, **body})
-    assert response.status_code == 202, response.text
-    job = await aredis.hgetall(API_KEYS.job(response.json()["id"]))
-    assert job[b"status"] == b"queued" and job[b"model"] == b"idle", job
-    return job
-
-
-async def test_a_submitted_job_without_a_deadline_names_none(
-    api: httpx.AsyncClient, aredis: aioredis.Redis
-) -> None:
-    job = await _submitted(api, aredis)
-    assert b"deadline" not in job, job
-
-
-async def test_a_submitted_job_with_a_deadline_holds_it_in_ms(
-    api: httpx.AsyncClient, aredis: aioredis.Redis
-) -> None:
-    deadline = time.time() + 60
-    job = await _submitted(api, aredis, deadline=deadline)
-    assert job[b"deadline"] == str(int(deadline * 1000)).encode(), job
 
 
 async def test_a_replay_of_a_job_without_a_deadline_names_none(aredis: aioredis.Redis) -> None:

@@ -101,6 +101,17 @@ async def _job_deadline(client: aioredis.Redis, job_id: str) -> int:
     return int(await client.hget(KEYS.job(job_id), "deadline") or 0)
 
 
+async def test_a_job_without_a_deadline_names_none_in_its_hash(
+    api: httpx.AsyncClient, aredis: aioredis.Redis
+) -> None:
+    """Its hash leaves `deadline` out, as its stream entry does: a `deadline: 0` cost Valkey a
+    field per job (tests/test_job_hash_fields.py has the other job writers)."""
+    response = await api.post("/v1/jobs", json={"model": "idle", "inputs": {}})
+    assert response.status_code == 202, response.text
+    job = await aredis.hgetall(KEYS.job(response.json()["id"]))
+    assert job[b"status"] == b"queued" and b"deadline" not in job, job
+
+
 async def test_a_ttl_sooner_than_the_deadline_bounds_the_job(
     api: httpx.AsyncClient, aredis: aioredis.Redis
 ) -> None:
