@@ -131,15 +131,6 @@ class RequestEntry:
             fields["replay_of"] = self.replay_of
         return fields
 
-    def hash_fields(self, model: str, variant: str) -> dict[str, str | int]:
-        """The job hash's first fields, which every job writer starts from: its `deadline` only
-        when set, as `encode` leaves it out (each cost a deadline-less job a field of its hash,
-        in memory and the AOF); every release's reader of the hash reads a missing one as none."""
-        fields: dict[str, str | int] = {"model": model, "variant": variant}
-        if self.deadline_ms:
-            fields["deadline"] = self.deadline_ms
-        return fields
-
     @classmethod
     def decode(cls, fields: dict[bytes, bytes]) -> RequestEntry:
         """The entry a stream holds; KeyError or ValueError for one no producer writes (the

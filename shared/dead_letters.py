@@ -355,8 +355,11 @@ class DeadLetters:
             batch=letter.entry.batch,  # a batch item's window bounds its wait, as its job's
             replay_of=letter.job_id,
         )
-        # as a submitted job's record holds them
-        fields = {**entry.hash_fields(self.model, self.variant), "replay_of": letter.job_id}
+        fields: dict[str, str | int] = {
+            "model": self.model,
+            "variant": self.variant,
+            "replay_of": letter.job_id,
+        }
         if webhook := letter.entry.payload.get("webhook"):
             fields["webhook"] = webhook  # where a cancel or a dead letter finds it, as any job's
         bulk = stream == self.keys.bulk_queue(self.model, self.variant)

@@ -354,6 +354,10 @@ class JobStore:
             "reply": entry.reply,
             "tenant": entry.tenant,
         }  # and `stream`, where its queue position is read, which ENQUEUE writes from its key
+        # the deadline only when set, as `encode` leaves it out of the entry: a `deadline: 0`
+        # cost every job without one a field; every release's reader reads a missing one as none
+        if entry.deadline_ms:
+            mapping["deadline"] = entry.deadline_ms
         encoded = entry.encode()
         keys = [stream, self.keys.added(stream), self.keys.job(entry.job_id)]  # _SHARED_KEYS, 1
         ttl_s = job.ttl_s or self.ttl_s

@@ -162,7 +162,7 @@ class JobsService:
         the job would start after its deadline or after `queue.max_queue_time_s` (either way a
         worker would only expire it); each refusal, a 503 too, counted by reason. Returns the
         job's position in its queue (`placed`; else -1 where not counted: see _create)."""
-        fields = entry.hash_fields(config.name, variant)
+        fields: dict[str, str | int] = {"model": config.name, "variant": variant}
         if body.webhook:
             fields["webhook"] = body.webhook
         try:

@@ -93,7 +93,11 @@ class ShadowCopies:
             tracestate=entry.tracestate,
         )
         stream = self.keys.bulk_queue(config.name, shadow)
-        fields = {**copy.hash_fields(config.name, shadow), "shadow_of": entry.job_id}
+        fields: dict[str, str | int] = {
+            "model": config.name,
+            "variant": shadow,
+            "shadow_of": entry.job_id,
+        }
         pair = ShadowPair(entry.job_id, copy.job_id, variant, shadow)
         try:
             await self.pairs.add(config.name, pair)
